@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs the Debian packages Railyard needs. Idempotent and quiet when everything is present.
+# Usage: scripts/install-deps.sh [--with-torch]   (--with-torch adds python3-torch for reference tests
+# and benchmarks; the test command passes it).
+set -euo pipefail
+
+pkgs=(
+  build-essential cmake ccache pkg-config git curl openssl jq rsync procps iproute2
+  libcpp-httplib-dev nlohmann-json3-dev libyaml-cpp-dev doctest-dev libgloo-dev libopenblas-dev
+  libssl-dev zlib1g-dev
+  etcd-server golang-go dpkg-dev
+)
+for arg in "$@"; do
+  case "$arg" in
+    --with-torch) pkgs+=(python3-torch python3-numpy) ;;
+    *) echo "install-deps.sh: unknown option '$arg' (known: --with-torch)" >&2; exit 2 ;;
+  esac
+done
+
+missing=()
+for p in "${pkgs[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "install-deps: installing ${missing[*]}" >&2
+sudo=""
+[ "$(id -u)" -ne 0 ] && sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+# Refresh the package lists only when they are missing or older than a day.
+if [ -z "$(find /var/lib/apt/lists -maxdepth 1 -name '*Packages*' -mtime -1 2>/dev/null | head -1)" ]; then
+  $sudo apt-get update -qq >/dev/null
+fi
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,51 @@
+// GPT-2-style model shape and the layout of its flat parameter buffer.
+//
+// The parameter tensors live in one flat fp32 buffer in exactly llm.c's order and shapes, so weights move
+// between Railyard, llm.c and PyTorch without reordering:
+//   wte (Vp, C)  wpe (maxT, C)  ln1w (L, C)  ln1b (L, C)  qkvw (L, 3C, C)  qkvb (L, 3C)
+//   attprojw (L, C, C)  attprojb (L, C)  ln2w (L, C)  ln2b (L, C)  fcw (L, 4C, C)  fcb (L, 4C)
+//   fcprojw (L, C, 4C)  fcprojb (L, C)  lnfw (C)  lnfb (C)
+// Linear weights are (out, in), as in PyTorch's nn.Linear. The LM head is tied to wte.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace railyard::worker {
+
+struct GptConfig {
+  int max_seq_len = 0;        // maxT
+  int vocab_size = 0;         // V: real vocabulary
+  int padded_vocab_size = 0;  // Vp: V rounded up to a multiple of 128 (rows >= V are never predicted)
+  int num_layers = 0;         // L
+  int num_heads = 0;          // NH
+  int channels = 0;           // C
+
+  bool operator==(const GptConfig&) const = default;
+};
+
+inline constexpr int kNumParamTensors = 16;
+
+// Names in buffer order; also the names used in checkpoints and llm.c interop.
+inline constexpr std::array<std::string_view, kNumParamTensors> kParamNames = {
+    "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+    "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
+
+// Element count of each parameter tensor, in buffer order.
+inline std::array<size_t, kNumParamTensors> param_sizes(const GptConfig& c) {
+  const size_t Vp = c.padded_vocab_size, T = c.max_seq_len, L = c.num_layers, C = c.channels;
+  return {Vp * C, T * C, L * C, L * C, L * 3 * C * C, L * 3 * C, L * C * C, L * C,
+          L * C, L * C, L * 4 * C * C, L * 4 * C, L * C * 4 * C, L * C, C, C};
+}
+
+inline size_t num_parameters(const GptConfig& c) {
+  size_t n = 0;
+  for (size_t s : param_sizes(c)) n += s;
+  return n;
+}
+
+inline int pad_vocab(int vocab_size) { return (vocab_size + 127) / 128 * 128; }
+
+}  // namespace railyard::worker
