@@ -29,10 +29,14 @@ std::atomic<int>& threshold() {
 
 const char* level_name(Level l) {
   switch (l) {
-    case Level::Debug: return "DEBUG";
-    case Level::Info: return "INFO ";
-    case Level::Warn: return "WARN ";
-    case Level::Error: return "ERROR";
+    case Level::Debug:
+      return "DEBUG";
+    case Level::Info:
+      return "INFO ";
+    case Level::Warn:
+      return "WARN ";
+    case Level::Error:
+      return "ERROR";
   }
   return "?????";
 }

@@ -8,7 +8,7 @@ pkgs=(
   build-essential cmake ccache pkg-config git curl openssl jq rsync procps iproute2
   libcpp-httplib-dev nlohmann-json3-dev libyaml-cpp-dev doctest-dev libgloo-dev libopenblas-dev
   libssl-dev zlib1g-dev
-  etcd-server golang-go dpkg-dev
+  etcd-server golang-go dpkg-dev prometheus
 )
 for arg in "$@"; do
   case "$arg" in

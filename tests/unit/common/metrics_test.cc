@@ -1,0 +1,140 @@
+#include "common/metrics/metrics.h"
+
+#include <doctest/doctest.h>
+#include <httplib.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace railyard::metrics;
+
+namespace {
+
+int promtool_check(const std::string& text, std::string* output) {
+  auto path = std::filesystem::temp_directory_path() / ("railyard-metrics-" + std::to_string(::getpid()) + ".txt");
+  std::ofstream(path) << text;
+  std::string cmd = "promtool check metrics < " + path.string() + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  REQUIRE_MESSAGE(p != nullptr, "cannot run promtool (install the prometheus package)");
+  char buf[512];
+  while (std::fgets(buf, sizeof buf, p)) *output += buf;
+  int status = ::pclose(p);
+  std::filesystem::remove(path);
+  return WEXITSTATUS(status);
+}
+
+}  // namespace
+
+TEST_CASE("exposition of counters, gauges and histograms in text format 0.0.4") {
+  Registry r;
+  auto& steps = r.counter("railyard_worker_steps_total", "Training steps completed.", {{"job", "j1"}});
+  steps.add({{"rank", "0"}}).increment(3);
+  r.gauge("railyard_worker_loss", "Training loss of the last step.").add({}).set(2.5);
+  auto& h = r.histogram("railyard_worker_step_duration_seconds", "Step time.", {0.1, 1.0}).add({{"rank", "0"}});
+  h.observe(0.05);
+  h.observe(0.5);
+  h.observe(7);
+  std::string expected =
+      "# HELP railyard_worker_steps_total Training steps completed.\n"
+      "# TYPE railyard_worker_steps_total counter\n"
+      "railyard_worker_steps_total{job=\"j1\",rank=\"0\"} 3\n"
+      "# HELP railyard_worker_loss Training loss of the last step.\n"
+      "# TYPE railyard_worker_loss gauge\n"
+      "railyard_worker_loss 2.5\n"
+      "# HELP railyard_worker_step_duration_seconds Step time.\n"
+      "# TYPE railyard_worker_step_duration_seconds histogram\n"
+      "railyard_worker_step_duration_seconds_bucket{rank=\"0\",le=\"0.1\"} 1\n"
+      "railyard_worker_step_duration_seconds_bucket{rank=\"0\",le=\"1\"} 2\n"
+      "railyard_worker_step_duration_seconds_bucket{rank=\"0\",le=\"+Inf\"} 3\n"
+      "railyard_worker_step_duration_seconds_sum{rank=\"0\"} 7.55\n"
+      "railyard_worker_step_duration_seconds_count{rank=\"0\"} 3\n";
+  CHECK(r.serialize() == expected);
+  std::string out;
+  CHECK_MESSAGE(promtool_check(r.serialize(), &out) == 0, out);
+  // The check itself is not vacuous: promtool refuses a bad escape.
+  std::string bad_out;
+  CHECK(promtool_check("# HELP railyard_x bad \\t escape\n# TYPE railyard_x gauge\nrailyard_x 1\n", &bad_out) != 0);
+}
+
+TEST_CASE("label values and help text are escaped exactly and promtool accepts them") {
+  CHECK(escape_label_value("a\\b\"c\nd") == "a\\\\b\\\"c\\nd");
+  CHECK(escape_help("x\\y\nz \"q\"") == "x\\\\y\\nz \"q\"");
+  CHECK(format_value(std::numeric_limits<double>::infinity()) == "+Inf");
+  CHECK(format_value(-std::numeric_limits<double>::infinity()) == "-Inf");
+  CHECK(format_value(std::nan("")) == "NaN");
+  CHECK(format_value(1e-7) == "1e-07");
+  Registry r;
+  r.gauge("railyard_test_value", "Help with \\ backslash\nand newline.")
+      .add({{"node", "we\"ird\\name\nx"}})
+      .set(std::nan(""));
+  std::string out;
+  CHECK_MESSAGE(promtool_check(r.serialize(), &out) == 0, out);
+}
+
+TEST_CASE("histogram +Inf bucket equals _count and buckets are cumulative under concurrency") {
+  Histogram h(exponential_buckets(0.001, 2, 12));
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 4; ++t)
+    ts.emplace_back([&h, t] {
+      for (int i = 0; i < 20000; ++i) h.observe(0.0001 * ((i * 7 + t) % 5000));
+    });
+  for (auto& t : ts) t.join();
+  auto s = h.snapshot();
+  CHECK(s.count == 80000);
+  CHECK(s.cumulative.back() == s.count);
+  for (size_t i = 1; i < s.cumulative.size(); ++i) CHECK(s.cumulative[i] >= s.cumulative[i - 1]);
+}
+
+TEST_CASE("counters are exact under concurrent increments and refuse to go down") {
+  Registry r;
+  auto& c = r.counter("railyard_test_events_total", "Events.").add({});
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 4; ++t)
+    ts.emplace_back([&c] {
+      for (int i = 0; i < 50000; ++i) c.increment();
+    });
+  for (auto& t : ts) t.join();
+  CHECK(c.value() == 200000);
+  CHECK_THROWS_AS(c.increment(-1), std::invalid_argument);
+}
+
+TEST_CASE("bad names and bucket bounds are refused with the rule") {
+  Registry r;
+  CHECK_THROWS_WITH_AS(r.counter("railyard_steps", "x"), doctest::Contains("must end in _total"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(r.gauge("1bad", "x"), doctest::Contains("[a-zA-Z_:]"), std::invalid_argument);
+  auto& g = r.gauge("railyard_ok", "x");
+  CHECK_THROWS_WITH_AS(g.add({{"__x", "1"}}), doctest::Contains("must not start with __"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(g.add({{"bad-name", "1"}}), doctest::Contains("label name"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(r.histogram("railyard_h", "x", {1.0, 0.5}), doctest::Contains("strictly increasing"),
+                       std::invalid_argument);
+  // Same name, other type.
+  CHECK_THROWS_WITH_AS(r.histogram("railyard_ok", "x", {1.0}), doctest::Contains("another type"),
+                       std::invalid_argument);
+  // Same name, same type: the same family.
+  CHECK(&r.gauge("railyard_ok", "x") == &g);
+}
+
+TEST_CASE("the exposer serves /metrics over HTTP on loopback") {
+  Registry r;
+  r.gauge("railyard_test_up", "Up.").add({}).set(1);
+  Exposer ex(r, "127.0.0.1", 0);
+  REQUIRE(ex.port() > 0);
+  httplib::Client cli("127.0.0.1", ex.port());
+  auto res = cli.Get("/metrics");
+  REQUIRE(res);
+  CHECK(res->status == 200);
+  CHECK(res->get_header_value("Content-Type").find("version=0.0.4") != std::string::npos);
+  CHECK(res->body.find("railyard_test_up 1\n") != std::string::npos);
+  r.gauge("railyard_test_up", "Up.").add({}).set(0);
+  res = cli.Get("/metrics");
+  REQUIRE(res);
+  CHECK(res->body.find("railyard_test_up 0\n") != std::string::npos);
+}
