@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Railyard's local Kubernetes control plane on 127.0.0.1: etcd, kube-apiserver (TLS, token auth, RBAC),
+# kube-controller-manager and, when built, railyard-node-agent (simulated GPU nodes). A local/test runtime,
+# not a production cluster. See docs/local-cluster.md.
+#
+#   cluster.sh build
+#   cluster.sh up [--state-dir DIR] [--nodes N | --topology FILE] [--node-agent PATH | --no-node-agent]
+#   cluster.sh down|status|env|restart-apiserver [--state-dir DIR]
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+PROG="cluster.sh"
+
+die() {
+  echo "$PROG: error: $*" >&2
+  exit 1
+}
+info() { echo "$PROG: $*" >&2; }
+
+# shellcheck source=lib/build.sh
+source "$REPO_ROOT/deploy/local/lib/build.sh"
+# shellcheck source=lib/control_plane.sh
+source "$REPO_ROOT/deploy/local/lib/control_plane.sh"
+
+usage() {
+  cat <<EOF
+usage: $PROG COMMAND [options]
+  build                 build kube-apiserver, kube-controller-manager and kubectl v$K8S_VERSION into
+                        \${RAILYARD_CACHE_DIR:-\$HOME/.cache/railyard}/kubernetes/$K8S_VERSION/bin (once)
+  up                    start a cluster (idempotent); options:
+      --state-dir DIR   where state, logs and kubeconfigs live
+                        (default \${RAILYARD_STATE_DIR:-\$HOME/.local/state/railyard/cluster})
+      --nodes N         simulated nodes the node agent registers (default 4)
+      --topology FILE   topology file for the node agent (instead of --nodes)
+      --node-agent PATH railyard-node-agent binary (default: <repo>/build/bin/railyard-node-agent if present)
+      --no-node-agent   control plane only
+  down                  stop what 'up' started (by pid) and remove the state dir
+  status                show components, pids, ports and health (exit 0 only if healthy)
+  env                   print shell exports (KUBECONFIG, PATH with the matching kubectl)
+  restart-apiserver     restart the API server (same flags, ports and data), then the controller manager
+EOF
+}
+
+[ $# -ge 1 ] || {
+  usage >&2
+  exit 2
+}
+command="$1"
+shift
+case "$command" in
+  build | up | down | status | env | restart-apiserver) ;;
+  help | -h | --help)
+    usage
+    exit 0
+    ;;
+  *) die "unknown command '$command' (known: build, up, down, status, env, restart-apiserver, help)" ;;
+esac
+
+STATE_DIR="${RAILYARD_STATE_DIR:-$HOME/.local/state/railyard/cluster}"
+NODES=""
+TOPOLOGY=""
+NODE_AGENT=""
+NO_NODE_AGENT=0
+
+need_value() { [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value (see '$PROG help')"; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --state-dir)
+      need_value "$@"
+      STATE_DIR="$2"
+      shift 2
+      ;;
+    --state-dir=*)
+      STATE_DIR="${1#*=}"
+      shift
+      ;;
+    --nodes | --topology | --node-agent | --no-node-agent)
+      [ "$command" = up ] || die "$1 is an option of 'up' only"
+      case "$1" in
+        --nodes)
+          need_value "$@"
+          NODES="$2"
+          shift 2
+          ;;
+        --topology)
+          need_value "$@"
+          TOPOLOGY="$2"
+          shift 2
+          ;;
+        --node-agent)
+          need_value "$@"
+          NODE_AGENT="$2"
+          shift 2
+          ;;
+        --no-node-agent)
+          NO_NODE_AGENT=1
+          shift
+          ;;
+      esac
+      ;;
+    -h | --help)
+      usage
+      exit 0
+      ;;
+    *) die "unknown option '$1' for '$command' (see '$PROG help')" ;;
+  esac
+done
+
+[ -n "$STATE_DIR" ] || die "--state-dir is empty"
+STATE_DIR="$(realpath -m -- "$STATE_DIR")"
+[ "$STATE_DIR" != "/" ] && [ "$STATE_DIR" != "$HOME" ] && [ "$STATE_DIR" != "$REPO_ROOT" ] ||
+  die "--state-dir $STATE_DIR is not a dedicated directory; pick a new one (it is removed by 'down')"
+
+case "$command" in
+  build) cmd_build ;;
+  up) cmd_up ;;
+  down) cmd_down ;;
+  status) cmd_status ;;
+  env) cmd_env ;;
+  restart-apiserver) cmd_restart_apiserver ;;
+esac
