@@ -1,0 +1,36 @@
+// `railyard data prepare`: text files -> byte-tokenized train/val shards.
+//
+// The inputs are concatenated in the order given (no separator: the byte vocabulary has no spare token). Of the N
+// bytes, the first N - floor(N * val_fraction) become the train split and the rest the val split, each cut into
+// shards of at most shard_tokens tokens: DIR/train_000000.bin ..., DIR/val_000000.bin ... plus DIR/prepare.json
+// describing the run. Shards are staged in a hidden directory and renamed into place only when all are complete.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace railyard::worker {
+
+struct PrepareOptions {
+  std::vector<std::string> inputs;
+  std::string output_dir;
+  double val_fraction = 0.1;
+  uint64_t shard_tokens = 100'000'000;  // llm.c's shard size
+  bool force = false;                   // replace existing shards in output_dir
+};
+
+struct PrepareResult {
+  uint64_t total_tokens = 0;
+  uint64_t train_tokens = 0;  // also the byte offset in the concatenated input where val starts
+  uint64_t val_tokens = 0;
+  std::vector<std::string> train_shards;
+  std::vector<std::string> val_shards;
+  std::string manifest;  // path of prepare.json
+};
+
+// Throws railyard::ConfigError naming the option or file at fault.
+PrepareResult prepare_dataset(const PrepareOptions& options);
+
+}  // namespace railyard::worker
