@@ -48,4 +48,22 @@ inline size_t num_parameters(const GptConfig& c) {
 
 inline int pad_vocab(int vocab_size) { return (vocab_size + 127) / 128 * 128; }
 
+// Presets (docs/worker.md): "tiny" (L4 C128 NH4, maxT 256, byte-level V 256 = Vp 256), "gpt2-124m" (L12 C768 NH12),
+// "gpt2-350m" (L24 C1024 NH16), "gpt2-774m" (L36 C1280 NH20), "gpt2-1.5b" (L48 C1600 NH25); the GPT-2 presets
+// have V 50257 (Vp 50304) and maxT 1024. Throws railyard::ConfigError listing the presets for an unknown name.
+GptConfig model_preset(std::string_view name);
+
+// A preset name, or a custom shape "l=2,c=64,nh=4,t=128,v=256" (keys l, c, nh, t = maxT, v = real vocab; every key
+// required). Throws railyard::ConfigError naming the bad key or value.
+GptConfig parse_model_spec(std::string_view spec);
+
+// Builds and validates a shape (positive sizes, C divisible by NH); pads the vocabulary.
+GptConfig make_gpt_config(int num_layers, int channels, int num_heads, int max_seq_len, int vocab_size);
+
+// Throws railyard::ConfigError when a config read from elsewhere (e.g. a checkpoint header) is inconsistent.
+void validate(const GptConfig& c);
+
+// "L12 C768 NH12 maxT1024 V50257 (Vp50304), 124.4M params"
+std::string describe(const GptConfig& c);
+
 }  // namespace railyard::worker

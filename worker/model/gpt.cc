@@ -1,0 +1,300 @@
+#include "worker/model/gpt.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <random>
+
+#include "common/error.h"
+#include "worker/kernels/cpu/kernels.h"
+
+namespace railyard::worker {
+
+template <typename T>
+AlignedBuffer<T>::AlignedBuffer(size_t n) : size_(n) {
+  void* p = nullptr;
+  const size_t bytes = (n * sizeof(T) + 63) / 64 * 64;
+  if (n > 0 && posix_memalign(&p, 64, bytes) != 0) throw std::bad_alloc();
+  if (p != nullptr) std::memset(p, 0, bytes);
+  data_.reset(static_cast<T*>(p));
+}
+
+template <typename T>
+void AlignedBuffer<T>::Free::operator()(T* p) const {
+  std::free(p);
+}
+
+template <typename T>
+std::array<T*, kNumParamTensors> split_tensors(T* flat, const GptConfig& c) {
+  std::array<T*, kNumParamTensors> out{};
+  auto sizes = param_sizes(c);
+  for (int i = 0; i < kNumParamTensors; ++i) {
+    out[i] = flat;
+    flat += sizes[i];
+  }
+  return out;
+}
+
+namespace {
+
+// Element counts of the activation views, in allocation order.
+struct ActLayout {
+  size_t encoded, ln1, ln1_mean, ln1_rstd, qkv, atty, att, residual2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu,
+      residual3, lnf, lnf_mean, lnf_rstd, logits, losses, dres, dc, d4c, dqkv, att_scratch, proj;
+  size_t total() const {
+    return encoded + ln1 + ln1_mean + ln1_rstd + qkv + atty + att + residual2 + ln2 + ln2_mean + ln2_rstd + fch +
+           fch_gelu + residual3 + lnf + lnf_mean + lnf_rstd + logits + losses + dres + dc + d4c + dqkv +
+           att_scratch + proj;
+  }
+};
+
+ActLayout act_layout(const GptConfig& c, int B, int T, int threads) {
+  const size_t L = c.num_layers, C = c.channels, NH = c.num_heads, Vp = c.padded_vocab_size;
+  const size_t N = static_cast<size_t>(B) * T;
+  ActLayout a{};
+  a.encoded = N * C;                             // (B, T, C)
+  a.ln1 = L * N * C;                             // (L, B, T, C)
+  a.ln1_mean = a.ln1_rstd = L * N;               // (L, B, T)
+  a.qkv = L * N * 3 * C;                         // (L, B, T, 3C)
+  a.atty = L * N * C;                            // (L, B, T, C)
+  a.att = L * B * NH * static_cast<size_t>(T) * T;  // (L, B, NH, T, T)
+  a.residual2 = L * N * C;                       // (L, B, T, C)
+  a.ln2 = L * N * C;
+  a.ln2_mean = a.ln2_rstd = L * N;
+  a.fch = a.fch_gelu = L * N * 4 * C;  // (L, B, T, 4C)
+  a.residual3 = L * N * C;
+  a.lnf = N * C;
+  a.lnf_mean = a.lnf_rstd = N;
+  a.logits = N * Vp;  // (B, T, Vp); dlogits in place after a kTrain forward
+  a.losses = N;
+  a.dres = a.dc = N * C;
+  a.d4c = N * 4 * C;
+  a.dqkv = N * 3 * C;
+  a.att_scratch = static_cast<size_t>(threads) * T * T;
+  a.proj = N * C;
+  return a;
+}
+
+// Standard normal from two uniforms (Box-Muller); written out so the stream is the same on every platform
+// (std::normal_distribution's algorithm is implementation-defined).
+struct NormalRng {
+  explicit NormalRng(uint64_t seed) : gen(seed) {}
+  double uniform() { return (static_cast<double>(gen() >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
+  double next() {
+    if (have_spare) {
+      have_spare = false;
+      return spare;
+    }
+    const double u1 = uniform(), u2 = uniform();
+    const double r = std::sqrt(-2.0 * std::log(u1)), th = 2.0 * M_PI * u2;
+    spare = r * std::sin(th);
+    have_spare = true;
+    return r * std::cos(th);
+  }
+  std::mt19937_64 gen;
+  double spare = 0;
+  bool have_spare = false;
+};
+
+}  // namespace
+
+size_t activation_bytes(const GptConfig& c, int B, int T, int threads) {
+  return act_layout(c, B, T, threads).total() * sizeof(float) + static_cast<size_t>(B) * T * sizeof(int32_t);
+}
+
+template <typename T>
+void init_gpt2_weights(T* params, const GptConfig& c, uint64_t seed) {
+  auto p = split_tensors(params, c);
+  auto sizes = param_sizes(c);
+  NormalRng rng(seed);
+  const double std_w = 0.02, std_proj = 0.02 / std::sqrt(2.0 * c.num_layers);
+  const size_t C = c.channels;
+  for (int i = 0; i < kNumParamTensors; ++i) {
+    const std::string_view name = kParamNames[i];
+    T* t = p[i];
+    if (name == "wte") {
+      const size_t real = static_cast<size_t>(c.vocab_size) * C;
+      for (size_t j = 0; j < real; ++j) t[j] = static_cast<T>(std_w * rng.next());
+      for (size_t j = real; j < sizes[i]; ++j) t[j] = 0;
+    } else if (name == "wpe" || name == "qkvw" || name == "fcw") {
+      for (size_t j = 0; j < sizes[i]; ++j) t[j] = static_cast<T>(std_w * rng.next());
+    } else if (name == "attprojw" || name == "fcprojw") {
+      for (size_t j = 0; j < sizes[i]; ++j) t[j] = static_cast<T>(std_proj * rng.next());
+    } else if (name == "ln1w" || name == "ln2w" || name == "lnfw") {
+      for (size_t j = 0; j < sizes[i]; ++j) t[j] = 1;
+    } else {
+      for (size_t j = 0; j < sizes[i]; ++j) t[j] = 0;
+    }
+  }
+}
+
+template <typename T>
+Gpt<T>::Gpt(const GptConfig& config, int B, int Tn, ThreadPool& pool) : config_(config), B_(B), T_(Tn), pool_(pool) {
+  validate(config_);
+  if (B <= 0) throw ConfigError("batch (B) must be positive, got " + std::to_string(B));
+  if (Tn <= 0 || Tn > config.max_seq_len) {
+    throw ConfigError("sequence length T=" + std::to_string(Tn) + " must be in 1.." +
+                      std::to_string(config.max_seq_len) + " (the model's maxT)");
+  }
+  cpu::init_blas_single_threaded();
+  params_ = AlignedBuffer<T>(num_parameters(config_));
+  grads_ = AlignedBuffer<T>(num_parameters(config_));
+  const ActLayout a = act_layout(config_, B, Tn, pool.size());
+  acts_ = AlignedBuffer<T>(a.total());
+  inputs_ = AlignedBuffer<int32_t>(static_cast<size_t>(B) * Tn);
+  T* p = acts_.data();
+  auto take = [&p](size_t n) {
+    T* r = p;
+    p += n;
+    return r;
+  };
+  encoded_ = take(a.encoded);
+  ln1_ = take(a.ln1);
+  ln1_mean_ = take(a.ln1_mean);
+  ln1_rstd_ = take(a.ln1_rstd);
+  qkv_ = take(a.qkv);
+  atty_ = take(a.atty);
+  att_ = take(a.att);
+  residual2_ = take(a.residual2);
+  ln2_ = take(a.ln2);
+  ln2_mean_ = take(a.ln2_mean);
+  ln2_rstd_ = take(a.ln2_rstd);
+  fch_ = take(a.fch);
+  fch_gelu_ = take(a.fch_gelu);
+  residual3_ = take(a.residual3);
+  lnf_ = take(a.lnf);
+  lnf_mean_ = take(a.lnf_mean);
+  lnf_rstd_ = take(a.lnf_rstd);
+  logits_ = take(a.logits);
+  losses_ = take(a.losses);
+  dres_ = take(a.dres);
+  dc_ = take(a.dc);
+  d4c_ = take(a.d4c);
+  dqkv_ = take(a.dqkv);
+  att_scratch_ = take(a.att_scratch);
+  proj_ = take(a.proj);
+}
+
+template <typename T>
+size_t Gpt<T>::activation_bytes() const {
+  return acts_.size() * sizeof(T) + inputs_.size() * sizeof(int32_t);
+}
+
+template <typename T>
+void Gpt<T>::zero_grad() {
+  pool_.parallel_for(grads_.size(), [&](size_t b, size_t e) { std::memset(grads_.data() + b, 0, (e - b) * sizeof(T)); });
+}
+
+template <typename T>
+T Gpt<T>::forward(const int32_t* inputs, const int32_t* targets, Mode mode, T dloss) {
+  using namespace cpu;
+  const int B = B_, Tn = T_, C = config_.channels, NH = config_.num_heads, V = config_.vocab_size,
+            Vp = config_.padded_vocab_size;
+  const size_t L = config_.num_layers, N = static_cast<size_t>(B) * Tn;
+  for (size_t i = 0; i < N; ++i) {
+    if (inputs[i] < 0 || inputs[i] >= V || targets[i] < 0 || targets[i] >= V) {
+      throw Error("forward: token " + std::to_string(inputs[i] < 0 || inputs[i] >= V ? inputs[i] : targets[i]) +
+                  " at position " + std::to_string(i) + " is outside the vocabulary [0, " + std::to_string(V) +
+                  "): the data was tokenized for another vocabulary");
+    }
+  }
+  std::memcpy(inputs_.data(), inputs, N * sizeof(int32_t));
+  auto w = split_tensors(params_.data(), config_);
+  T *wte = w[0], *wpe = w[1], *ln1w = w[2], *ln1b = w[3], *qkvw = w[4], *qkvb = w[5], *attprojw = w[6],
+    *attprojb = w[7], *ln2w = w[8], *ln2b = w[9], *fcw = w[10], *fcb = w[11], *fcprojw = w[12], *fcprojb = w[13],
+    *lnfw = w[14], *lnfb = w[15];
+
+  encoder_forward(pool_, encoded_, inputs, wte, wpe, B, Tn, C);  // (B,T,C)
+  for (size_t l = 0; l < L; ++l) {
+    const T* residual = l == 0 ? encoded_ : residual3_ + (l - 1) * N * C;
+    T* ln1 = ln1_ + l * N * C;
+    T* qkv = qkv_ + l * N * 3 * C;
+    T* atty = atty_ + l * N * C;
+    T* att = att_ + l * B * NH * static_cast<size_t>(Tn) * Tn;
+    T* residual2 = residual2_ + l * N * C;
+    T* ln2 = ln2_ + l * N * C;
+    T* fch = fch_ + l * N * 4 * C;
+    T* fch_gelu = fch_gelu_ + l * N * 4 * C;
+    T* residual3 = residual3_ + l * N * C;
+    const size_t lc = l * C;
+    // attention block: residual2 = residual + attproj(attn(qkv(ln1(residual))))
+    layernorm_forward(pool_, ln1, ln1_mean_ + l * N, ln1_rstd_ + l * N, residual, ln1w + lc, ln1b + lc, N, C);
+    matmul_forward(pool_, qkv, ln1, qkvw + l * 3 * C * C, qkvb + 3 * lc, N, C, 3 * C);  // (B,T,3C)
+    attention_forward(pool_, atty, att, qkv, B, Tn, C, NH);                             // (B,T,C), (B,NH,T,T)
+    matmul_forward(pool_, proj_, atty, attprojw + l * C * C, attprojb + lc, N, C, C);  // (B,T,C)
+    residual_forward(pool_, residual2, residual, proj_, N * C);
+    // MLP block: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
+    layernorm_forward(pool_, ln2, ln2_mean_ + l * N, ln2_rstd_ + l * N, residual2, ln2w + lc, ln2b + lc, N, C);
+    matmul_forward(pool_, fch, ln2, fcw + l * 4 * C * C, fcb + 4 * lc, N, C, 4 * C);  // (B,T,4C)
+    gelu_forward(pool_, fch_gelu, fch, N * 4 * C);
+    matmul_forward(pool_, proj_, fch_gelu, fcprojw + l * 4 * C * C, fcprojb + lc, N, 4 * C, C);  // (B,T,C)
+    residual_forward(pool_, residual3, residual2, proj_, N * C);
+  }
+  layernorm_forward(pool_, lnf_, lnf_mean_, lnf_rstd_, residual3_ + (L - 1) * N * C, lnfw, lnfb, N, C);
+  matmul_forward(pool_, logits_, lnf_, wte, static_cast<const T*>(nullptr), N, C, Vp);  // (B,T,Vp), tied head
+  if (mode == Mode::kTrain) {
+    crossentropy_fused_backward(pool_, losses_, logits_, targets, N, V, Vp, dloss / static_cast<T>(N));
+    have_dlogits_ = true;
+  } else {
+    crossentropy_forward(pool_, losses_, logits_, targets, N, V, Vp);
+    have_dlogits_ = false;
+  }
+  T sum = 0;
+  for (size_t i = 0; i < N; ++i) sum += losses_[i];
+  return sum / static_cast<T>(N);
+}
+
+template <typename T>
+void Gpt<T>::backward() {
+  using namespace cpu;
+  if (!have_dlogits_) throw Error("Gpt::backward() needs a forward() in kTrain mode first");
+  have_dlogits_ = false;
+  const int B = B_, Tn = T_, C = config_.channels, NH = config_.num_heads, Vp = config_.padded_vocab_size;
+  const size_t L = config_.num_layers, N = static_cast<size_t>(B) * Tn;
+  auto w = split_tensors(params_.data(), config_);
+  auto g = split_tensors(grads_.data(), config_);
+
+  // LM head (tied): dlnf (B,T,C) = dlogits (B,T,Vp) @ wte (Vp,C); dwte += dlogits^T @ lnf
+  matmul_backward(pool_, dc_, false, g[0], static_cast<T*>(nullptr), logits_, lnf_, w[0], N, C, Vp);
+  std::memset(dres_, 0, N * C * sizeof(T));
+  layernorm_backward(pool_, dres_, g[14], g[15], dc_, residual3_ + (L - 1) * N * C, w[14], lnf_mean_, lnf_rstd_, N,
+                     C);
+  // dres_ now holds d(loss)/d(residual stream) and flows down through the layers.
+  for (size_t li = L; li-- > 0;) {
+    const size_t l = li;
+    const T* residual = l == 0 ? encoded_ : residual3_ + (l - 1) * N * C;
+    const size_t lc = l * C;
+    // MLP block
+    matmul_backward(pool_, d4c_, false, g[12] + l * 4 * C * C, g[13] + lc, dres_, fch_gelu_ + l * N * 4 * C,
+                    w[12] + l * 4 * C * C, N, 4 * C, C);  // d fch_gelu (B,T,4C)
+    gelu_backward(pool_, d4c_, fch_ + l * N * 4 * C, d4c_, N * 4 * C);  // d fch (B,T,4C)
+    matmul_backward(pool_, dc_, false, g[10] + l * 4 * C * C, g[11] + 4 * lc, d4c_, ln2_ + l * N * C,
+                    w[10] + l * 4 * C * C, N, C, 4 * C);  // d ln2 (B,T,C)
+    layernorm_backward(pool_, dres_, g[8] + lc, g[9] + lc, dc_, residual2_ + l * N * C, w[8] + lc,
+                       ln2_mean_ + l * N, ln2_rstd_ + l * N, N, C);  // += d residual2
+    // attention block
+    matmul_backward(pool_, dc_, false, g[6] + l * C * C, g[7] + lc, dres_, atty_ + l * N * C, w[6] + l * C * C, N, C,
+                    C);  // d atty (B,T,C)
+    attention_backward(pool_, dqkv_, att_scratch_, dc_, qkv_ + l * N * 3 * C,
+                       att_ + l * B * NH * static_cast<size_t>(Tn) * Tn, B, Tn, C, NH);  // d qkv (B,T,3C)
+    matmul_backward(pool_, dc_, false, g[4] + l * 3 * C * C, g[5] + 3 * lc, dqkv_, ln1_ + l * N * C,
+                    w[4] + l * 3 * C * C, N, C, 3 * C);  // d ln1 (B,T,C)
+    layernorm_backward(pool_, dres_, g[2] + lc, g[3] + lc, dc_, residual, w[2] + lc, ln1_mean_ + l * N,
+                       ln1_rstd_ + l * N, N, C);  // += d residual
+  }
+  encoder_backward(pool_, g[0], g[1], dres_, inputs_.data(), B, Tn, C);
+}
+
+template class AlignedBuffer<float>;
+template class AlignedBuffer<double>;
+template class AlignedBuffer<int32_t>;
+template std::array<float*, kNumParamTensors> split_tensors(float*, const GptConfig&);
+template std::array<double*, kNumParamTensors> split_tensors(double*, const GptConfig&);
+template std::array<const float*, kNumParamTensors> split_tensors(const float*, const GptConfig&);
+template void init_gpt2_weights(float*, const GptConfig&, uint64_t);
+template void init_gpt2_weights(double*, const GptConfig&, uint64_t);
+template class Gpt<float>;
+template class Gpt<double>;
+
+}  // namespace railyard::worker

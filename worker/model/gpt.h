@@ -1,0 +1,102 @@
+// GPT-2 on the CPU: one flat buffer for the parameters (llm.c order, gpt_config.h), one for their gradients and one
+// for the activations of a fixed micro-batch shape (B, T). Explicit forward and backward, layer by layer.
+//
+// Templated on the float type: Gpt<float> trains; Gpt<double> is the finite-difference reference of the gradient
+// check. The AdamW moments live in the optimizer (worker/optim), in buffers of the same layout.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "worker/kernels/cpu/thread_pool.h"
+#include "worker/model/gpt_config.h"
+
+namespace railyard::worker {
+
+// A zero-filled, 64-byte aligned array (whole cache lines / AVX-512 vectors). Allocated once, never resized.
+template <typename T>
+class AlignedBuffer {
+ public:
+  AlignedBuffer() = default;
+  explicit AlignedBuffer(size_t n);
+  T* data() { return data_.get(); }
+  const T* data() const { return data_.get(); }
+  size_t size() const { return size_; }
+  T& operator[](size_t i) { return data_[i]; }
+  const T& operator[](size_t i) const { return data_[i]; }
+
+ private:
+  struct Free {
+    void operator()(T* p) const;
+  };
+  std::unique_ptr<T[], Free> data_;
+  size_t size_ = 0;
+};
+
+// Pointers to the 16 tensors inside one flat buffer (params, grads, or AdamW m/v).
+template <typename T>
+std::array<T*, kNumParamTensors> split_tensors(T* flat, const GptConfig& c);
+
+// Bytes of the activation buffer plus backward scratch that Gpt allocates for (B, T) and a pool of `threads`.
+size_t activation_bytes(const GptConfig& c, int B, int T, int threads);
+
+// GPT-2 initialisation: weights N(0, 0.02), the two residual projections (attprojw, fcprojw) N(0, 0.02/sqrt(2L)),
+// biases 0, LayerNorm weights 1; wte rows >= V (padding) are 0. Deterministic in seed (mt19937_64 + Box-Muller).
+template <typename T>
+void init_gpt2_weights(T* params, const GptConfig& c, uint64_t seed);
+
+template <typename T>
+class Gpt {
+ public:
+  enum class Mode {
+    kEval,   // keeps the logits; loss only
+    kTrain,  // fused cross entropy: the logits buffer ends up holding dlogits for backward()
+  };
+
+  // B sequences of T tokens per forward (T <= maxT). Allocates everything here; forward/backward never allocate.
+  Gpt(const GptConfig& config, int B, int seq_len, ThreadPool& pool);
+
+  const GptConfig& config() const { return config_; }
+  int batch() const { return B_; }
+  int seq_len() const { return T_; }
+  size_t num_params() const { return params_.size(); }
+  T* params() { return params_.data(); }
+  const T* params() const { return params_.data(); }
+  T* grads() { return grads_.data(); }
+  const T* grads() const { return grads_.data(); }
+  size_t activation_bytes() const;
+
+  void init_weights(uint64_t seed) { init_gpt2_weights(params_.data(), config_, seed); }
+
+  // inputs, targets: (B, T) token ids in [0, V). Returns the mean loss over the B*T positions. In kTrain mode
+  // dloss is d(objective)/d(mean loss) (1 / micro-steps under gradient accumulation) and backward() may follow.
+  T forward(const int32_t* inputs, const int32_t* targets, Mode mode, T dloss = T(1));
+  // Accumulates (+=) this micro-batch's gradients into grads(); call zero_grad() at the start of a step.
+  void backward();
+  void zero_grad();
+
+  // (B, T, Vp) logits of the last kEval forward.
+  const T* logits() const { return logits_; }
+  // Per-position losses (B, T) of the last forward.
+  const T* losses() const { return losses_; }
+
+ private:
+  GptConfig config_;
+  int B_, T_;
+  ThreadPool& pool_;
+  AlignedBuffer<T> params_, grads_, acts_;
+  AlignedBuffer<int32_t> inputs_;
+  bool have_dlogits_ = false;
+  // Views into acts_. Per-layer tensors are stacked [L, ...].
+  T *encoded_, *ln1_, *ln1_mean_, *ln1_rstd_, *qkv_, *atty_, *att_, *residual2_, *ln2_, *ln2_mean_, *ln2_rstd_;
+  T *fch_, *fch_gelu_, *residual3_, *lnf_, *lnf_mean_, *lnf_rstd_, *logits_, *losses_;
+  // Backward scratch (one layer at a time) and the forward's projection output.
+  T *dres_, *dc_, *d4c_, *dqkv_, *att_scratch_, *proj_;
+};
+
+extern template class Gpt<float>;
+extern template class Gpt<double>;
+
+}  // namespace railyard::worker

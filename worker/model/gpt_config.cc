@@ -1,0 +1,113 @@
+#include "worker/model/gpt_config.h"
+
+#include <charconv>
+#include <cstdio>
+#include <map>
+
+#include "common/error.h"
+
+namespace railyard::worker {
+
+namespace {
+
+struct Preset {
+  const char* name;
+  int L, C, NH, maxT, V;
+};
+
+constexpr Preset kPresets[] = {
+    {"tiny", 4, 128, 4, 256, 256},
+    {"gpt2-124m", 12, 768, 12, 1024, 50257},
+    {"gpt2-350m", 24, 1024, 16, 1024, 50257},
+    {"gpt2-774m", 36, 1280, 20, 1024, 50257},
+    {"gpt2-1.5b", 48, 1600, 25, 1024, 50257},
+};
+
+std::string preset_names() {
+  std::string s;
+  for (const auto& p : kPresets) s += (s.empty() ? "" : ", ") + std::string(p.name);
+  return s;
+}
+
+}  // namespace
+
+void validate(const GptConfig& c) {
+  auto bad = [](const std::string& what) { throw ConfigError("model: " + what); };
+  if (c.num_layers <= 0) bad("layers (l) must be positive, got " + std::to_string(c.num_layers));
+  if (c.channels <= 0) bad("channels (c) must be positive, got " + std::to_string(c.channels));
+  if (c.num_heads <= 0) bad("heads (nh) must be positive, got " + std::to_string(c.num_heads));
+  if (c.channels % c.num_heads != 0) {
+    bad("channels (c=" + std::to_string(c.channels) + ") must be divisible by heads (nh=" +
+        std::to_string(c.num_heads) + ")");
+  }
+  if (c.max_seq_len <= 0) bad("max sequence length (t) must be positive, got " + std::to_string(c.max_seq_len));
+  if (c.vocab_size <= 0 || c.vocab_size > 1 << 24) bad("vocab (v) must be in 1..16777216");
+  if (c.padded_vocab_size < c.vocab_size || c.padded_vocab_size % 128 != 0) {
+    bad("padded vocab " + std::to_string(c.padded_vocab_size) + " must be a multiple of 128 and >= vocab " +
+        std::to_string(c.vocab_size));
+  }
+}
+
+GptConfig make_gpt_config(int num_layers, int channels, int num_heads, int max_seq_len, int vocab_size) {
+  GptConfig c;
+  c.num_layers = num_layers;
+  c.channels = channels;
+  c.num_heads = num_heads;
+  c.max_seq_len = max_seq_len;
+  c.vocab_size = vocab_size;
+  c.padded_vocab_size = vocab_size > 0 ? pad_vocab(vocab_size) : 0;
+  validate(c);
+  return c;
+}
+
+GptConfig model_preset(std::string_view name) {
+  for (const auto& p : kPresets) {
+    if (name == p.name) return make_gpt_config(p.L, p.C, p.NH, p.maxT, p.V);
+  }
+  throw ConfigError("model: unknown preset '" + std::string(name) + "': use one of " + preset_names() +
+                    ", or a custom shape like l=2,c=64,nh=4,t=128,v=256");
+}
+
+GptConfig parse_model_spec(std::string_view spec) {
+  if (spec.find('=') == std::string_view::npos) return model_preset(spec);
+  std::map<std::string, int> kv;
+  size_t pos = 0;
+  while (pos <= spec.size()) {
+    size_t comma = spec.find(',', pos);
+    if (comma == std::string_view::npos) comma = spec.size();
+    std::string_view item = spec.substr(pos, comma - pos);
+    pos = comma + 1;
+    if (item.empty()) continue;
+    size_t eq = item.find('=');
+    if (eq == std::string_view::npos) {
+      throw ConfigError("model: '" + std::string(item) + "' in '" + std::string(spec) + "' is not key=value");
+    }
+    std::string key(item.substr(0, eq));
+    std::string_view val = item.substr(eq + 1);
+    if (key != "l" && key != "c" && key != "nh" && key != "t" && key != "v") {
+      throw ConfigError("model: unknown key '" + key + "' in '" + std::string(spec) + "': keys are l, c, nh, t, v");
+    }
+    int n = 0;
+    auto [end, ec] = std::from_chars(val.data(), val.data() + val.size(), n);
+    if (ec != std::errc() || end != val.data() + val.size()) {
+      throw ConfigError("model: " + key + "='" + std::string(val) + "' is not an integer");
+    }
+    kv[key] = n;
+  }
+  for (const char* k : {"l", "c", "nh", "t", "v"}) {
+    if (!kv.count(k)) {
+      throw ConfigError(std::string("model: custom shape '") + std::string(spec) + "' lacks " + k +
+                        "=N (all of l, c, nh, t, v are required)");
+    }
+  }
+  return make_gpt_config(kv["l"], kv["c"], kv["nh"], kv["t"], kv["v"]);
+}
+
+std::string describe(const GptConfig& c) {
+  char buf[200];
+  std::snprintf(buf, sizeof(buf), "L%d C%d NH%d maxT%d V%d (Vp%d), %.2fM params", c.num_layers, c.channels,
+                c.num_heads, c.max_seq_len, c.vocab_size, c.padded_vocab_size, num_parameters(c) / 1e6);
+  return buf;
+}
+
+}  // namespace railyard::worker

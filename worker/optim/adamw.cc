@@ -1,0 +1,82 @@
+#include "worker/optim/adamw.h"
+
+#include <cmath>
+
+namespace railyard::worker {
+
+namespace {
+constexpr size_t kNormChunk = 1 << 16;
+}
+
+double LrSchedule::at(int64_t step) const {
+  if (warmup_steps > 0 && step < warmup_steps) return max_lr * static_cast<double>(step + 1) / warmup_steps;
+  const double min_lr = max_lr * min_lr_frac;
+  const int64_t span = std::max<int64_t>(1, static_cast<int64_t>(total_steps) - warmup_steps);
+  double r = static_cast<double>(step - warmup_steps) / static_cast<double>(span);
+  r = std::min(1.0, std::max(0.0, r));
+  return min_lr + 0.5 * (1.0 + std::cos(M_PI * r)) * (max_lr - min_lr);
+}
+
+bool decays(int i) {
+  const auto name = kParamNames[i];
+  return name == "wte" || name == "wpe" || name == "qkvw" || name == "attprojw" || name == "fcw" || name == "fcprojw";
+}
+
+float clip_factor(double norm, double max_norm) {
+  if (max_norm <= 0 || !std::isfinite(norm)) return 1.0f;
+  const double f = max_norm / (norm + 1e-6);
+  return f < 1.0 ? static_cast<float>(f) : 1.0f;
+}
+
+AdamW::AdamW(const GptConfig& config, const AdamWHyper& hyper, ThreadPool& pool)
+    : config_(config),
+      hyper_(hyper),
+      pool_(pool),
+      m_(num_parameters(config)),
+      v_(num_parameters(config)),
+      partials_((num_parameters(config) + kNormChunk - 1) / kNormChunk) {}
+
+double AdamW::global_norm(const float* g) {
+  const size_t n = m_.size(), chunks = partials_.size();
+  pool_.parallel_for(chunks, [&](size_t c0, size_t c1) {
+    for (size_t c = c0; c < c1; ++c) {
+      const size_t b = c * kNormChunk, e = std::min(n, b + kNormChunk);
+      double s = 0;
+      for (size_t i = b; i < e; ++i) s += static_cast<double>(g[i]) * g[i];
+      partials_[c] = s;
+    }
+  });
+  double total = 0;
+  for (double p : partials_) total += p;
+  return std::sqrt(total);
+}
+
+void AdamW::update(float* params, const float* grads, float lr, float grad_scale) {
+  ++t_;
+  const float b1 = hyper_.beta1, b2 = hyper_.beta2, eps = hyper_.eps;
+  const float bc1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(b1), static_cast<double>(t_)));
+  const float bc2 = 1.0f - static_cast<float>(std::pow(static_cast<double>(b2), static_cast<double>(t_)));
+  const float step_size = lr / bc1, bc2_sqrt = std::sqrt(bc2);
+  auto sizes = param_sizes(config_);
+  size_t offset = 0;
+  for (int ti = 0; ti < kNumParamTensors; ++ti) {
+    const float decay = decays(ti) ? 1.0f - lr * hyper_.weight_decay : 1.0f;
+    float* p = params + offset;
+    const float* g = grads + offset;
+    float* m = m_.data() + offset;
+    float* v = v_.data() + offset;
+    pool_.parallel_for(sizes[ti], [&](size_t b, size_t e) {
+      for (size_t i = b; i < e; ++i) {
+        const float gi = g[i] * grad_scale;
+        const float mi = b1 * m[i] + (1.0f - b1) * gi;
+        const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = p[i] * decay - step_size * mi / (std::sqrt(vi) / bc2_sqrt + eps);
+      }
+    });
+    offset += sizes[ti];
+  }
+}
+
+}  // namespace railyard::worker

@@ -1,0 +1,66 @@
+#include "worker/train/perf.h"
+
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+#include "worker/kernels/cpu/kernels.h"
+#include "worker/model/gpt.h"
+
+namespace railyard::worker {
+
+double flops_per_token(const GptConfig& c, int T) {
+  const double n = static_cast<double>(num_parameters(c)) - static_cast<double>(c.max_seq_len) * c.channels;
+  return 6.0 * n + 12.0 * c.num_layers * static_cast<double>(c.channels) * T;
+}
+
+MemoryBudget memory_budget(const GptConfig& c, int B, int T, int threads) {
+  MemoryBudget m;
+  m.params = num_parameters(c) * sizeof(float);
+  m.grads = m.params;
+  m.adam = 2 * m.params;
+  m.activations = activation_bytes(c, B, T, threads);
+  return m;
+}
+
+std::string MemoryBudget::describe() const {
+  char buf[256];
+  std::snprintf(buf, sizeof(buf), "params=%zu grads=%zu adam_m_v=%zu activations=%zu total=%zu (%.1f MiB)", params,
+                grads, adam, activations, total(), total() / 1048576.0);
+  return buf;
+}
+
+double measure_gemm_rate(ThreadPool& pool, const GptConfig& c, int B, int T, int reps) {
+  cpu::init_blas_single_threaded();
+  const int N = B * T, C = c.channels, Vp = c.padded_vocab_size;
+  struct Shape {
+    int ic, oc;
+  };
+  const Shape shapes[] = {{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}, {C, Vp}};
+  size_t max_w = 0, max_io = 0;
+  for (auto s : shapes) {
+    max_w = std::max(max_w, static_cast<size_t>(s.ic) * s.oc);
+    max_io = std::max(max_io, static_cast<size_t>(N) * std::max(s.ic, s.oc));
+  }
+  // Small random-ish values: denormals or NaNs would distort the timing.
+  std::vector<float> w(max_w), dw(max_w), x(max_io), y(max_io), dx(max_io);
+  for (size_t i = 0; i < max_w; ++i) w[i] = static_cast<float>((i * 2654435761u) % 1000) * 1e-4f;
+  for (size_t i = 0; i < max_io; ++i) x[i] = y[i] = static_cast<float>((i * 40503u) % 1000) * 1e-4f;
+  double flops = 0;
+  for (auto s : shapes) flops += 3 * 2.0 * N * s.ic * s.oc;
+  double best = 0;
+  for (int r = 0; r <= reps; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    for (auto s : shapes) {
+      // forward: y = x @ w^T; backward: dx = y @ w; dw = y^T @ x  (the same calls the model makes)
+      cpu::gemm<float>(pool, false, true, N, s.oc, s.ic, 1.0f, x.data(), s.ic, w.data(), s.ic, 0.0f, y.data(), s.oc);
+      cpu::gemm<float>(pool, false, false, N, s.ic, s.oc, 1.0f, y.data(), s.oc, w.data(), s.ic, 0.0f, dx.data(), s.ic);
+      cpu::gemm<float>(pool, true, false, s.oc, s.ic, N, 1.0f, y.data(), s.oc, x.data(), s.ic, 0.0f, dw.data(), s.ic);
+    }
+    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r > 0) best = std::max(best, flops / sec);  // r == 0 warms caches and OpenBLAS's buffers
+  }
+  return best;
+}
+
+}  // namespace railyard::worker

@@ -1,0 +1,32 @@
+// Throughput accounting: FLOPs per token, the memory budget, and the machine's measured GEMM rate.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "worker/kernels/cpu/thread_pool.h"
+#include "worker/model/gpt_config.h"
+
+namespace railyard::worker {
+
+// Training FLOPs per token (forward + backward) of the model at sequence length T:
+//   6 * N  +  12 * L * C * T
+// N = all parameters except wpe (the position table is a lookup, no FLOPs; wte counts because it is the LM head's
+// matrix, computed over the padded Vp rows). The attention term is QK^T and AV at full T (2 * 2 * T * C per layer
+// forward, times 3 for forward + backward), as in the PaLM appendix and nanoGPT.
+double flops_per_token(const GptConfig& c, int T);
+
+struct MemoryBudget {
+  size_t params = 0, grads = 0, adam = 0, activations = 0;  // bytes; adam = m + v
+  size_t total() const { return params + grads + adam + activations; }
+  std::string describe() const;
+};
+MemoryBudget memory_budget(const GptConfig& c, int B, int T, int threads);
+
+// FLOP/s that our GEMM path (OpenBLAS single-threaded per pool thread, output split across the pool) reaches on
+// the step's own GEMM shapes: one layer's four linear layers and the LM head, forward and both backward GEMMs, for
+// B*T rows. Best of `reps` timed passes after a warm-up. This is the floor a step can approach; MFU is reported
+// against it unless a peak is given.
+double measure_gemm_rate(ThreadPool& pool, const GptConfig& c, int B, int T, int reps = 3);
+
+}  // namespace railyard::worker

@@ -1,0 +1,210 @@
+#include "worker/train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "common/log.h"
+
+namespace railyard::worker {
+
+namespace {
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), f, v);
+  return buf;
+}
+
+}  // namespace
+
+int TrainConfig::micro_steps() const {
+  const int64_t per = static_cast<int64_t>(batch) * seq_len;
+  return global_batch_tokens <= 0 ? 1 : static_cast<int>(global_batch_tokens / per);
+}
+
+void TrainConfig::validate(const GptConfig& model) const {
+  auto bad = [](const std::string& m) { throw ConfigError(m); };
+  if (steps < 0) bad("--steps must be >= 0");
+  if (batch <= 0) bad("--batch must be positive (sequences per micro-batch)");
+  if (seq_len <= 0 || seq_len > model.max_seq_len) {
+    bad("--seq " + std::to_string(seq_len) + " must be in 1.." + std::to_string(model.max_seq_len) +
+        " (the model's maxT)");
+  }
+  const int64_t per = static_cast<int64_t>(batch) * seq_len;
+  if (global_batch_tokens < 0 || (global_batch_tokens > 0 && global_batch_tokens % per != 0)) {
+    bad("--global-batch " + std::to_string(global_batch_tokens) + " (tokens) must be a positive multiple of " +
+        "batch*seq = " + std::to_string(per));
+  }
+  if (!(lr > 0) || !std::isfinite(lr)) bad("--lr must be a positive number");
+  if (warmup_steps < 0) bad("--warmup must be >= 0");
+  if (min_lr_frac < 0 || min_lr_frac > 1) bad("--min-lr-frac must be in [0, 1]");
+  if (weight_decay < 0) bad("--weight-decay must be >= 0");
+  if (val_every < 0 || val_steps <= 0) bad("--val-every must be >= 0 and --val-steps positive");
+  if (max_bad_steps <= 0) bad("--max-bad-steps must be positive");
+}
+
+Trainer::Trainer(const GptConfig& model, const TrainConfig& config, ThreadPool& pool, BatchSource& train,
+                 BatchSource* val)
+    : gpt_(model),
+      cfg_(config),
+      pool_(pool),
+      train_(train),
+      val_(val),
+      model_((config.validate(model), model), config.batch, config.seq_len, pool),
+      opt_(model, AdamWHyper{config.beta1, config.beta2, config.eps, static_cast<float>(config.weight_decay)}, pool),
+      inputs_(static_cast<size_t>(config.batch) * config.seq_len),
+      targets_(static_cast<size_t>(config.batch) * config.seq_len) {
+  schedule_ = LrSchedule{cfg_.lr, cfg_.warmup_steps, cfg_.steps, cfg_.min_lr_frac};
+  model_.init_weights(cfg_.seed);
+  peak_flops_ = cfg_.peak_flops;
+  if (!cfg_.log_json.empty()) {
+    json_ = std::make_unique<std::ofstream>(cfg_.log_json, std::ios::app);
+    if (!*json_) throw ConfigError("--log-json " + cfg_.log_json + ": cannot open for writing");
+  }
+}
+
+MemoryBudget Trainer::memory_budget() const {
+  return railyard::worker::memory_budget(gpt_, cfg_.batch, cfg_.seq_len, pool_.size());
+}
+
+StepResult Trainer::step() {
+  const auto t0 = std::chrono::steady_clock::now();
+  StepResult r;
+  r.step = step_;
+  r.lr = schedule_.at(step_);
+  const int micro = cfg_.micro_steps();
+  model_.zero_grad();
+  double loss_sum = 0;
+  for (int m = 0; m < micro; ++m) {
+    train_.next_batch(inputs_.data(), targets_.data());
+    loss_sum += model_.forward(inputs_.data(), targets_.data(), Gpt<float>::Mode::kTrain, 1.0f / micro);
+    model_.backward();
+  }
+  r.loss = loss_sum / micro;
+  r.grad_norm = opt_.global_norm(model_.grads());
+  if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
+    r.skipped = true;
+    ++bad_total_;
+    ++bad_consecutive_;
+  } else {
+    bad_consecutive_ = 0;
+    opt_.update(model_.params(), model_.grads(), static_cast<float>(r.lr), clip_factor(r.grad_norm, cfg_.grad_clip));
+  }
+  ++step_;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double tokens = static_cast<double>(micro) * cfg_.batch * cfg_.seq_len;
+  r.tokens_per_second = tokens / r.seconds;
+  r.flops_per_second = r.tokens_per_second * flops_per_token(gpt_, cfg_.seq_len);
+  r.mfu = peak_flops_ > 0 ? r.flops_per_second / peak_flops_ : 0;
+  return r;
+}
+
+double Trainer::validate() {
+  if (val_ == nullptr) throw Error("validate(): no validation data was given");
+  val_->reset();
+  double sum = 0;
+  for (int i = 0; i < cfg_.val_steps; ++i) {
+    val_->next_batch(inputs_.data(), targets_.data());
+    sum += model_.forward(inputs_.data(), targets_.data(), Gpt<float>::Mode::kEval);
+  }
+  return sum / cfg_.val_steps;
+}
+
+void Trainer::log_step(const StepResult& r) {
+  if (r.skipped) {
+    log::warn("worker", "non-finite loss or gradient norm: update skipped",
+              {{"step", std::to_string(r.step)},
+               {"loss", fmt("%.6g", r.loss)},
+               {"grad_norm", fmt("%.6g", r.grad_norm)},
+               {"bad_steps_total", std::to_string(bad_total_)},
+               {"bad_steps_consecutive", std::to_string(bad_consecutive_)}});
+  }
+  if (!cfg_.quiet) {
+    log::info("worker", "step",
+              {{"step", std::to_string(r.step + 1) + "/" + std::to_string(cfg_.steps)},
+               {"loss", fmt("%.6f", r.loss)},
+               {"lr", fmt("%.4e", r.lr)},
+               {"grad_norm", fmt("%.4f", r.grad_norm)},
+               {"tok_per_s", fmt("%.1f", r.tokens_per_second)},
+               {"step_ms", fmt("%.1f", r.seconds * 1e3)},
+               {"flops_per_s", fmt("%.4g", r.flops_per_second)},
+               {"mfu", fmt("%.3f", r.mfu)}});
+  }
+  if (json_) {
+    nlohmann::json j = {{"event", "step"},       {"step", r.step + 1},           {"loss", r.loss},
+                        {"lr", r.lr},            {"grad_norm", r.grad_norm},     {"skipped", r.skipped},
+                        {"step_ms", r.seconds * 1e3}, {"tokens_per_s", r.tokens_per_second},
+                        {"flops_per_s", r.flops_per_second}, {"mfu", r.mfu}};
+    if (!std::isfinite(r.loss)) j["loss"] = nullptr;
+    if (!std::isfinite(r.grad_norm)) j["grad_norm"] = nullptr;
+    *json_ << j.dump() << '\n';
+    json_->flush();
+  }
+}
+
+int Trainer::run() {
+  const MemoryBudget mem = memory_budget();
+  if (peak_flops_ <= 0) peak_flops_ = measure_gemm_rate(pool_, gpt_, cfg_.batch, cfg_.seq_len);
+  log::info("worker", "model", {{"shape", describe(gpt_)}, {"threads", std::to_string(pool_.size())}});
+  log::info("worker", "memory budget",
+            {{"params_bytes", std::to_string(mem.params)},
+             {"grads_bytes", std::to_string(mem.grads)},
+             {"adamw_m_v_bytes", std::to_string(mem.adam)},
+             {"activations_bytes", std::to_string(mem.activations)},
+             {"total_bytes", std::to_string(mem.total())}});
+  log::info("worker", "training",
+            {{"steps", std::to_string(cfg_.steps)},
+             {"micro_batch", std::to_string(cfg_.batch)},
+             {"seq", std::to_string(cfg_.seq_len)},
+             {"micro_steps", std::to_string(cfg_.micro_steps())},
+             {"global_batch_tokens", std::to_string(static_cast<int64_t>(cfg_.micro_steps()) * cfg_.batch * cfg_.seq_len)},
+             {"flops_per_token", fmt("%.6g", flops_per_token(gpt_, cfg_.seq_len))},
+             {"peak_flops", fmt("%.4g", peak_flops_)},
+             {"peak_source", cfg_.peak_flops > 0 ? "flag" : "measured_gemm_rate"}});
+  auto do_val = [&](int64_t s) {
+    const double v = validate();
+    val_history_.emplace_back(s, v);
+    log::info("worker", "validation", {{"step", std::to_string(s)}, {"val_loss", fmt("%.6f", v)}});
+    if (json_) *json_ << nlohmann::json{{"event", "validation"}, {"step", s}, {"val_loss", v}}.dump() << std::endl;
+  };
+  if (val_ != nullptr && cfg_.val_every > 0) do_val(0);
+  while (step_ < cfg_.steps) {
+    const StepResult r = step();
+    log_step(r);
+    if (bad_consecutive_ >= cfg_.max_bad_steps) {
+      log::error("worker", "too many consecutive non-finite steps: stopping",
+                 {{"consecutive", std::to_string(bad_consecutive_)},
+                  {"limit", std::to_string(cfg_.max_bad_steps)},
+                  {"hint", "lower --lr, raise --warmup or set --grad-clip"}});
+      return 3;
+    }
+    if (val_ != nullptr && cfg_.val_every > 0 && (step_ % cfg_.val_every == 0 || step_ == cfg_.steps)) do_val(step_);
+  }
+  return 0;
+}
+
+TrainerState Trainer::state() {
+  TrainerState s;
+  s.step = step_;
+  s.adam_t = opt_.t();
+  s.bad_steps_total = bad_total_;
+  s.bad_steps_consecutive = bad_consecutive_;
+  s.seed = cfg_.seed;
+  s.params = model_.params();
+  s.adam_m = opt_.m();
+  s.adam_v = opt_.v();
+  s.num_params = model_.num_params();
+  return s;
+}
+
+void Trainer::restore_counters(const TrainerState& s) {
+  step_ = s.step;
+  opt_.set_t(s.adam_t);
+  bad_total_ = s.bad_steps_total;
+  bad_consecutive_ = s.bad_steps_consecutive;
+}
+
+}  // namespace railyard::worker

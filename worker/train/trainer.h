@@ -1,0 +1,123 @@
+// The single-process training loop: micro-batches with gradient accumulation, global-norm clipping, AdamW with
+// warmup + cosine LR, periodic validation, NaN/Inf detection, and one log line per step.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "worker/kernels/cpu/thread_pool.h"
+#include "worker/model/gpt.h"
+#include "worker/optim/adamw.h"
+#include "worker/train/perf.h"
+
+namespace railyard::worker {
+
+// Where batches come from. The data helper's DataLoader fits through LoaderBatchSource (loader_source.h);
+// tests may feed in-memory tokens.
+class BatchSource {
+ public:
+  virtual ~BatchSource() = default;
+  // B*T inputs and the B*T next tokens as targets, row-major (B, T).
+  virtual void next_batch(int32_t* inputs, int32_t* targets) = 0;
+  // Back to the first batch (validation starts from the same batches every time).
+  virtual void reset() {}
+};
+
+struct TrainConfig {
+  int steps = 10;
+  int batch = 4;                  // micro-batch B (sequences)
+  int seq_len = 64;               // T
+  int64_t global_batch_tokens = 0;  // tokens per optimizer step; 0 = one micro-batch (B*T). Must be a multiple of B*T
+  double lr = 6e-4;
+  int warmup_steps = 0;
+  double min_lr_frac = 0.1;
+  double weight_decay = 0.1;
+  double grad_clip = 1.0;  // max global grad norm; <= 0 disables
+  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
+  uint64_t seed = 1337;
+  int val_every = 0;  // validate every N steps (and after the last); 0 = never
+  int val_steps = 10;
+  int max_bad_steps = 3;    // consecutive non-finite steps before run() fails
+  double peak_flops = 0;    // FLOP/s for MFU; 0 = measure the GEMM rate at start
+  std::string log_json;     // optional JSON-lines log file
+  bool quiet = false;       // no per-step log lines (tests)
+
+  int micro_steps() const;  // global batch / (B*T)
+  void validate(const GptConfig& model) const;  // throws ConfigError naming the flag
+};
+
+struct StepResult {
+  int64_t step = 0;  // 0-based index of the step just taken
+  double loss = 0;   // mean over the global batch
+  double lr = 0;
+  double grad_norm = 0;  // before clipping
+  bool skipped = false;  // non-finite loss or gradients: no update
+  double seconds = 0;
+  double tokens_per_second = 0;
+  double flops_per_second = 0;
+  double mfu = 0;  // flops_per_second / peak (0 if no peak known)
+};
+
+// What a checkpoint needs besides the loader's own state (which the BatchSource owner keeps): views of the flat
+// buffers plus the counters. There is no training-time RNG (no dropout); the seed only fixes the initial weights.
+struct TrainerState {
+  int64_t step = 0;            // steps taken (including skipped ones)
+  int64_t adam_t = 0;          // updates applied
+  int64_t bad_steps_total = 0;
+  int64_t bad_steps_consecutive = 0;
+  uint64_t seed = 0;
+  float* params = nullptr;  // num_params each, gpt_config.h order
+  float* adam_m = nullptr;
+  float* adam_v = nullptr;
+  size_t num_params = 0;
+};
+
+class Trainer {
+ public:
+  Trainer(const GptConfig& model, const TrainConfig& config, ThreadPool& pool, BatchSource& train,
+          BatchSource* val = nullptr);
+
+  Gpt<float>& model() { return model_; }
+  AdamW& optimizer() { return opt_; }
+  const TrainConfig& config() const { return cfg_; }
+
+  // One optimizer step over micro_steps() micro-batches.
+  StepResult step();
+  // Mean loss over val_steps batches of the validation source (reset first).
+  double validate();
+  // The whole loop with logging. Returns 0, or 3 after max_bad_steps consecutive non-finite steps.
+  int run();
+
+  TrainerState state();
+  // Restores counters from a checkpoint (the buffers are written through state()'s pointers).
+  void restore_counters(const TrainerState& s);
+
+  MemoryBudget memory_budget() const;
+  double peak_flops() const { return peak_flops_; }
+  // Losses of the validations run() performed, as (step, loss).
+  const std::vector<std::pair<int64_t, double>>& val_history() const { return val_history_; }
+
+ private:
+  void log_step(const StepResult& r);
+
+  GptConfig gpt_;
+  TrainConfig cfg_;
+  ThreadPool& pool_;
+  BatchSource& train_;
+  BatchSource* val_;
+  Gpt<float> model_;
+  AdamW opt_;
+  LrSchedule schedule_;
+  AlignedBuffer<int32_t> inputs_, targets_;
+  int64_t step_ = 0;
+  int64_t bad_total_ = 0, bad_consecutive_ = 0;
+  double peak_flops_ = 0;
+  std::vector<std::pair<int64_t, double>> val_history_;
+  std::unique_ptr<std::ofstream> json_;
+};
+
+}  // namespace railyard::worker
