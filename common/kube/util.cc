@@ -86,12 +86,19 @@ std::string resource_path(const Resource& res, const std::string& ns, const std:
   if (res.version.empty() || res.plural.empty()) {
     throw Error("resource_path: resource with empty version or plural (kind '" + res.kind + "')");
   }
-  std::string p = res.group.empty() ? "/api/" + res.version : "/apis/" + res.group + "/" + res.version;
-  if (res.namespaced && !ns.empty()) p += "/namespaces/" + url_encode(ns);
-  p += "/" + res.plural;
+  // Built by appends only (GCC 12 reports a false -Wrestrict for `"/" + str` here).
+  std::string p;
+  if (res.group.empty()) {
+    p.append("/api/");
+  } else {
+    p.append("/apis/").append(res.group).append("/");
+  }
+  p.append(res.version);
+  if (res.namespaced && !ns.empty()) p.append("/namespaces/").append(url_encode(ns));
+  p.append("/").append(res.plural);
   if (!name.empty()) {
-    p += "/" + url_encode(name);
-    if (!subresource.empty()) p += "/" + subresource;
+    p.append("/").append(url_encode(name));
+    if (!subresource.empty()) p.append("/").append(subresource);
   } else if (!subresource.empty()) {
     throw Error("resource_path: subresource '" + subresource + "' of " + res.plural + " needs an object name");
   }
@@ -251,7 +258,7 @@ std::string format_time(std::chrono::system_clock::time_point t, bool micro) {
   std::string out = buf;
   if (micro) {
     auto us = std::chrono::duration_cast<std::chrono::microseconds>(t - secs).count();
-    char frac[16];
+    char frac[32];
     std::snprintf(frac, sizeof(frac), ".%06lld", static_cast<long long>(us));
     out += frac;
   }

@@ -1,0 +1,172 @@
+#include "common/kube/leader_elector.h"
+
+#include <cmath>
+
+#include "common/log.h"
+
+namespace railyard::kube {
+
+LeaderElector::LeaderElector(Client& client, LeaderElectorOptions opts) : client_(client), opts_(std::move(opts)) {
+  if (opts_.lease_name.empty() || opts_.lease_namespace.empty() || opts_.identity.empty()) {
+    throw ConfigError("leader election: lease_namespace, lease_name and identity must all be set");
+  }
+  if (opts_.renew_deadline >= opts_.lease_duration || opts_.retry_period >= opts_.renew_deadline) {
+    throw ConfigError("leader election: need retry_period < renew_deadline < lease_duration (got " +
+                      std::to_string(opts_.retry_period.count()) + " ms, " +
+                      std::to_string(opts_.renew_deadline.count()) + " ms, " +
+                      std::to_string(opts_.lease_duration.count()) + " ms)");
+  }
+}
+
+LeaderElector::~LeaderElector() { stop(); }
+
+void LeaderElector::on_started_leading(std::function<void()> fn) { started_fn_ = std::move(fn); }
+void LeaderElector::on_stopped_leading(std::function<void()> fn) { stopped_fn_ = std::move(fn); }
+void LeaderElector::on_new_leader(std::function<void(const std::string&)> fn) { new_leader_fn_ = std::move(fn); }
+
+std::string LeaderElector::observed_leader() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return observed_holder_;
+}
+
+void LeaderElector::start() {
+  if (thread_.joinable()) throw Error("leader election " + opts_.lease_name + ": start() called twice");
+  thread_ = std::thread([this] { run(); });
+}
+
+void LeaderElector::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+bool LeaderElector::sleep_interruptible(std::chrono::milliseconds d) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return !cv_.wait_for(lock, d, [this] { return stopping_; });
+}
+
+bool LeaderElector::try_acquire_or_renew() {
+  const auto now = std::chrono::system_clock::now();
+  const std::string now_s = format_rfc3339_micro(now);
+  const int64_t duration_s =
+      std::max<int64_t>(1, static_cast<int64_t>(std::ceil(static_cast<double>(opts_.lease_duration.count()) / 1000.0)));
+  try {
+    std::optional<Json> lease = client_.try_get(resources::leases, opts_.lease_namespace, opts_.lease_name);
+    if (!lease) {
+      Json obj = {{"apiVersion", "coordination.k8s.io/v1"},
+                  {"kind", "Lease"},
+                  {"metadata", {{"name", opts_.lease_name}, {"namespace", opts_.lease_namespace}}},
+                  {"spec",
+                   {{"holderIdentity", opts_.identity},
+                    {"leaseDurationSeconds", duration_s},
+                    {"acquireTime", now_s},
+                    {"renewTime", now_s},
+                    {"leaseTransitions", 0}}}};
+      client_.create(resources::leases, opts_.lease_namespace, obj);
+      std::lock_guard<std::mutex> lock(mu_);
+      observed_record_ = opts_.identity + "|" + now_s;
+      observed_holder_ = opts_.identity;
+      observed_time_ = std::chrono::steady_clock::now();
+      return true;
+    }
+    Json spec = lease->value("spec", Json::object());
+    std::string holder = spec.value("holderIdentity", "");
+    std::string renew = spec.value("renewTime", "");
+    int64_t their_duration = spec.value("leaseDurationSeconds", duration_s);
+    std::string record = holder + "|" + renew;
+    bool expired;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (record != observed_record_) {
+        observed_record_ = record;
+        observed_time_ = std::chrono::steady_clock::now();
+      }
+      observed_holder_ = holder;
+      expired = std::chrono::steady_clock::now() > observed_time_ + std::chrono::seconds(their_duration);
+    }
+    if (!holder.empty() && holder != opts_.identity && !expired) return false;
+
+    Json nspec = spec;
+    nspec["holderIdentity"] = opts_.identity;
+    nspec["leaseDurationSeconds"] = duration_s;
+    nspec["renewTime"] = now_s;
+    if (holder != opts_.identity) {
+      nspec["acquireTime"] = now_s;
+      nspec["leaseTransitions"] = spec.value("leaseTransitions", 0) + (holder.empty() && renew.empty() ? 0 : 1);
+    }
+    Json updated = *lease;
+    updated["spec"] = nspec;  // metadata.resourceVersion stays: a concurrent writer makes this a Conflict
+    client_.update(resources::leases, opts_.lease_namespace, updated);
+    std::lock_guard<std::mutex> lock(mu_);
+    observed_record_ = opts_.identity + "|" + now_s;
+    observed_holder_ = opts_.identity;
+    observed_time_ = std::chrono::steady_clock::now();
+    return true;
+  } catch (const Conflict&) {
+    return false;  // someone else wrote first; look again next round
+  } catch (const std::exception& e) {
+    log::warn("kube.leader", "lease update failed",
+              {{"lease", opts_.lease_namespace + "/" + opts_.lease_name}, {"error", e.what()}});
+    return false;
+  }
+}
+
+void LeaderElector::release() {
+  try {
+    Json lease = client_.get(resources::leases, opts_.lease_namespace, opts_.lease_name);
+    if (lease["spec"].value("holderIdentity", "") != opts_.identity) return;
+    lease["spec"]["holderIdentity"] = "";
+    lease["spec"]["leaseDurationSeconds"] = 1;
+    lease["spec"]["renewTime"] = format_rfc3339_micro(std::chrono::system_clock::now());
+    client_.update(resources::leases, opts_.lease_namespace, lease);
+  } catch (const std::exception& e) {
+    log::warn("kube.leader", "could not release the lease; others take over after it expires",
+              {{"lease", opts_.lease_namespace + "/" + opts_.lease_name}, {"error", e.what()}});
+  }
+}
+
+void LeaderElector::run() {
+  std::string last_leader;
+  auto report_leader = [&] {
+    std::string l = observed_leader();
+    if (l != last_leader) {
+      last_leader = l;
+      if (new_leader_fn_ && !l.empty()) new_leader_fn_(l);
+    }
+  };
+  while (true) {
+    bool got = try_acquire_or_renew();
+    report_leader();
+    if (got) {
+      leader_.store(true);
+      log::info("kube.leader", "became leader", {{"identity", opts_.identity}, {"lease", opts_.lease_name}});
+      if (started_fn_) started_fn_();
+      auto last_renew = std::chrono::steady_clock::now();
+      bool stopped = false;
+      while (true) {
+        if (!sleep_interruptible(opts_.retry_period)) {
+          stopped = true;
+          break;
+        }
+        if (try_acquire_or_renew()) {
+          last_renew = std::chrono::steady_clock::now();
+        } else if (std::chrono::steady_clock::now() - last_renew > opts_.renew_deadline) {
+          log::warn("kube.leader", "lost leadership: could not renew within the renew deadline",
+                    {{"identity", opts_.identity}, {"lease", opts_.lease_name}});
+          break;
+        }
+      }
+      leader_.store(false);
+      if (stopped && opts_.release_on_stop) release();
+      if (stopped_fn_) stopped_fn_();
+      if (stopped) return;
+      continue;
+    }
+    if (!sleep_interruptible(opts_.retry_period)) return;
+  }
+}
+
+}  // namespace railyard::kube

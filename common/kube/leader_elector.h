@@ -1,0 +1,67 @@
+// Leader election on a coordination.k8s.io/v1 Lease, compatible with client-go's LeaseLock.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "common/kube/client.h"
+
+namespace railyard::kube {
+
+struct LeaderElectorOptions {
+  std::string lease_namespace;
+  std::string lease_name;
+  std::string identity;                             // unique per candidate (e.g. pod name + random suffix)
+  std::chrono::milliseconds lease_duration{15000};  // others wait this long after the last renewal they saw
+  std::chrono::milliseconds renew_deadline{10000};  // the leader gives up if it could not renew for this long
+  std::chrono::milliseconds retry_period{2000};     // between attempts to acquire or renew
+  bool release_on_stop = true;                      // clear holderIdentity on stop so a successor takes over at once
+};
+
+// Expiry is judged by the local time at which this candidate last saw the lease record change (like client-go),
+// never by comparing clocks across machines. Callbacks run on the elector's thread and must return promptly.
+// After losing the lease (without stop()) the elector becomes a candidate again.
+class LeaderElector {
+ public:
+  LeaderElector(Client& client, LeaderElectorOptions opts);
+  ~LeaderElector();
+  LeaderElector(const LeaderElector&) = delete;
+  LeaderElector& operator=(const LeaderElector&) = delete;
+
+  void on_started_leading(std::function<void()> fn);
+  void on_stopped_leading(std::function<void()> fn);
+  void on_new_leader(std::function<void(const std::string& identity)> fn);
+
+  void start();
+  void stop();  // releases the lease if leading and release_on_stop; calls on_stopped_leading
+  bool is_leader() const { return leader_.load(); }
+  std::string observed_leader();
+
+  // One acquire-or-renew attempt (what the loop does every retry_period). Public for tests.
+  bool try_acquire_or_renew();
+
+ private:
+  void run();
+  void release();
+  bool sleep_interruptible(std::chrono::milliseconds d);
+
+  Client& client_;
+  LeaderElectorOptions opts_;
+  std::function<void()> started_fn_, stopped_fn_;
+  std::function<void(const std::string&)> new_leader_fn_;
+  std::atomic<bool> leader_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  std::string observed_record_;  // holder + renewTime + rv last seen
+  std::string observed_holder_;
+  std::chrono::steady_clock::time_point observed_time_{};
+  std::thread thread_;
+};
+
+}  // namespace railyard::kube
