@@ -21,6 +21,8 @@ step "dependencies"
 bash scripts/install-deps.sh --with-torch
 
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/ccache}
+# Paths relative to the checkout, so a fresh clone elsewhere reuses the compile cache.
+export CCACHE_BASEDIR=$root
 step "configure"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >build-configure.log 2>&1 || { cat build-configure.log; exit 1; }
 rm -f build-configure.log
