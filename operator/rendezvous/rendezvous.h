@@ -1,0 +1,102 @@
+// The rendezvous service: the operator's side of the agent protocol (docs/rendezvous.md). Served only by the
+// leader; the operator constructs it on gaining leadership and destroys it on losing it. Agents re-join from
+// scratch when a new leader has forgotten their job, so the service keeps no persistent state.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace railyard::op {
+
+// One rendezvous round of a job. open_generation() validates it and throws std::invalid_argument naming the field.
+struct GenerationSpec {
+  std::string job_key;            // "namespace/name"
+  int64_t generation = 0;         // > 0; increases with every restart/resize (status.generation)
+  std::vector<std::string> pods;  // pod names in replica order: pod i holds global ranks [i*procs, (i+1)*procs)
+  int procs_per_pod = 1;
+  // Resolved training config handed to every worker as RAILYARD_CONFIG. Keys the service itself reads:
+  //   "layout": {"dp": D, "tp": T, "pp": P} with D*T*P == pods.size()*procs_per_pod (absent: dp = world, tp = pp = 1)
+  //   "restore": checkpoint path to restore from (string; absent or "" = start fresh)
+  nlohmann::json config = nlohmann::json::object();
+  std::string token;  // the job's secret (Secret <job>-rendezvous, key "token"); compared in constant time
+};
+
+// A worker process of the current generation ended (reported by its agent). Delivered once per
+// (generation, pod, local_rank). reason: "exited" (the process ended on its own), "stopped" (the agent stopped
+// it because the agent itself got SIGTERM/SIGINT, e.g. pod deletion), "agent_restarted" (a new agent instance
+// joined a generation that had already started: the world is broken; local_rank/global_rank are -1).
+struct WorkerExit {
+  std::string job_key;
+  int64_t generation = 0;
+  std::string pod;
+  int local_rank = -1;
+  int global_rank = -1;
+  int exit_code = -1;  // -1 when killed by a signal
+  int signal = 0;      // 0 when it exited normally
+  std::string reason = "exited";
+};
+
+// The world did not complete within join_timeout after a pod started waiting for it.
+struct JoinTimeout {
+  std::string job_key;
+  int64_t generation = 0;
+  std::vector<std::string> missing;  // pods that never joined
+  std::vector<std::string> joined;
+};
+
+struct RendezvousOptions {
+  // How long a pod waits for the rest of the world before it gets 408 (then it retries, starting a new window).
+  std::chrono::milliseconds join_timeout{300000};
+  // Upper bound for one long-poll request (join/status "wait_ms"); the agent re-polls after it.
+  std::chrono::milliseconds max_poll{10000};
+  int threads = 64;  // HTTP worker threads; long-polls each hold one
+  // Base for the bootstrap store port when rank 0's agent reported none (29500 + fnv1a(job_key) % 1000).
+  int default_store_port_base = 29500;
+};
+
+class RendezvousService {
+ public:
+  // Binds host:port (port 0 = any free port) and starts serving; throws railyard::Error when it cannot bind.
+  RendezvousService(std::string host, int port, RendezvousOptions options = {});
+  ~RendezvousService();  // stops the server and joins its threads
+  RendezvousService(const RendezvousService&) = delete;
+  RendezvousService& operator=(const RendezvousService&) = delete;
+
+  int port() const;
+
+  // Replaces the job's older generation: agents waiting on or running it learn promptly that it is superseded.
+  // Re-opening the current generation with the same number is a no-op (idempotent reconcile); a lower number
+  // than the current one is ignored (stale).
+  void open_generation(const GenerationSpec& spec);
+  // Forgets the job; agents then see status "closed" and stop. Their requests keep being authenticated.
+  void close_job(const std::string& job_key);
+
+  // Called from a service thread, outside the service's lock (it may call back into the service).
+  void set_exit_handler(std::function<void(const WorkerExit&)> handler);
+  void set_join_timeout_handler(std::function<void(const JoinTimeout&)> handler);
+
+  struct Progress {
+    int64_t generation = 0;
+    int64_t step = 0;  // from the lowest global rank that reported
+    double loss = 0;
+    double tokens_per_second = 0;
+    int ranks_done = 0;  // ranks of this generation that exited with code 0
+    int world_size = 0;
+    bool all_succeeded = false;
+    bool world_complete = false;       // every pod joined this generation
+    std::vector<std::string> missing;  // pods that have not joined yet
+  };
+  std::optional<Progress> progress(const std::string& job_key) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace railyard::op
