@@ -1,0 +1,127 @@
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "tests/unit/worker_data/test_util.h"
+#include "worker/data/shard.h"
+#include "worker/interop/llmc_model.h"
+
+using namespace railyard;
+using railyard::test::run_command;
+using railyard::test::TempDir;
+
+namespace {
+
+std::string cli() {
+  const char* bin = std::getenv("RAILYARD_BIN_DIR");
+  REQUIRE_MESSAGE(bin != nullptr, "RAILYARD_BIN_DIR is not set: run this test through ctest");
+  const std::string path = std::string(bin) + "/railyard";
+  REQUIRE_MESSAGE(std::filesystem::exists(path), (path + " is missing: build the `railyard` target"));
+  return path;
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("railyard --help and usage errors exit 0 and 2") {
+  const std::string bin = cli();
+  auto r = run_command(bin + " --help");
+  CHECK(r.code == 0);
+  CHECK(contains(r.output, "data prepare --input FILE..."));
+  CHECK(contains(r.output, "model inspect FILE"));
+
+  r = run_command(bin);
+  CHECK(r.code == 2);
+  CHECK(contains(r.output, "no command given"));
+  r = run_command(bin + " frobnicate");
+  CHECK(r.code == 2);
+  CHECK(contains(r.output, "unknown command 'frobnicate'"));
+  r = run_command(bin + " --frob");
+  CHECK(r.code == 2);
+  CHECK(contains(r.output, "unknown flag '--frob'"));
+  r = run_command(bin + " data shuffle");
+  CHECK(r.code == 2);
+  CHECK(contains(r.output, "unknown subcommand 'shuffle'"));
+  r = run_command(bin + " data prepare --input /usr/share/common-licenses/GPL-3 --outptu /tmp/x");
+  CHECK(r.code == 2);
+  CHECK(contains(r.output, "unknown flag '--outptu'"));
+  r = run_command(bin + " data prepare --input /usr/share/common-licenses/GPL-3");
+  CHECK(r.code == 2);
+  CHECK(contains(r.output, "--output DIR is required"));
+  r = run_command(bin + " data prepare --input a --output b --shard-tokens 12k");
+  CHECK(r.code == 2);
+  CHECK(contains(r.output, "--shard-tokens '12k' is not a non-negative integer"));
+  r = run_command(bin + " data prepare --input a --output b --val-fraction 1.5");
+  CHECK(r.code == 2);
+  r = run_command(bin + " model inspect");
+  CHECK(r.code == 2);
+  r = run_command(bin + " model export x");
+  CHECK(r.code == 2);
+}
+
+TEST_CASE("railyard data prepare and inspect on a real text file") {
+  const std::string bin = cli();
+  TempDir dir;
+  const std::string out = dir.file("data");
+  auto r = run_command(bin + " data prepare --input /usr/share/common-licenses/GPL-3 --output " + out +
+                       " --val-fraction 0.2 --shard-tokens 10000");
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const std::string text = test::slurp("/usr/share/common-licenses/GPL-3");
+  const size_t train = text.size() - static_cast<size_t>(text.size() * 0.2);
+  CHECK(contains(r.output, "train: " + std::to_string(train) + " tokens"));
+  CHECK(contains(r.output, "input bytes [0, " + std::to_string(train) + ")"));
+  CHECK(std::filesystem::exists(out + "/train_000000.bin"));
+  CHECK(std::filesystem::exists(out + "/val_000000.bin"));
+
+  r = run_command(bin + " data inspect " + out + "/train_000000.bin --tokens 30");
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK(contains(r.output, "tokens:   10000"));
+  CHECK(contains(r.output, "magic:    20240520"));
+  CHECK(contains(r.output, text.substr(0, 30)));
+
+  // Running again without --force fails (exit 1) and says why.
+  r = run_command(bin + " data prepare --input /usr/share/common-licenses/GPL-3 --output " + out);
+  CHECK(r.code == 1);
+  CHECK(contains(r.output, "pass --force"));
+
+  // A bad shard: exit 1, with the file and byte offset.
+  std::vector<uint16_t> tokens(10, 65);
+  tokens[3] = 700;
+  worker::write_shard(dir.file("bad.bin"), tokens.data(), tokens.size());
+  r = run_command(bin + " data inspect " + dir.file("bad.bin") + " --vocab 256");
+  CHECK(r.code == 1);
+  CHECK(contains(r.output, "shard " + dir.file("bad.bin") + ": token 700 at byte offset 1030 is >= vocab size 256"));
+  r = run_command(bin + " data inspect " + dir.file("bad.bin"));
+  CHECK(r.code == 0);
+  CHECK(contains(r.output, "not decoded"));
+}
+
+TEST_CASE("railyard model inspect shows the llm.c header and parameter count") {
+  const std::string bin = cli();
+  TempDir dir;
+  worker::GptConfig c;
+  c.max_seq_len = 32;
+  c.vocab_size = 256;
+  c.padded_vocab_size = 256;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.channels = 16;
+  std::vector<float> params(worker::num_parameters(c), 1.0f);
+  const std::string path = dir.file("m.bin");
+  worker::save_llmc_model(path, c, params.data());
+  auto r = run_command(bin + " model inspect " + path);
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK(contains(r.output, "version 3 (fp32)"));
+  CHECK(contains(r.output, "parameters:  " + std::to_string(params.size())));
+  CHECK(contains(r.output, "layers:      2"));
+  // wte starts right after the header; wpe after wte's 256*16 floats.
+  CHECK(contains(r.output, "  wte 4096 1024\n"));
+  CHECK(contains(r.output, "  wpe 512 17408\n"));
+
+  std::filesystem::resize_file(path, 2000);
+  r = run_command(bin + " model inspect " + path);
+  CHECK(r.code == 1);
+  CHECK(contains(r.output, "file has 2000 bytes, expected"));
+}

@@ -1,0 +1,28 @@
+// The `railyard` user CLI: a thin front over library code. Each command group parses its own arguments and
+// returns the process exit code: 0 success, 1 the operation failed (bad input file, I/O), 2 usage error.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace railyard::cli {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailed = 1;
+inline constexpr int kExitUsage = 2;
+
+// Thrown for a bad command line; main prints it with a pointer to --help and exits 2.
+struct UsageError {
+  std::string message;
+};
+
+using Args = std::vector<std::string>;
+
+int run_data(const Args& args);   // railyard data ...
+int run_model(const Args& args);  // railyard model ...
+
+// Strict numbers for flags: the whole text must parse; throws UsageError naming the flag.
+unsigned long long parse_count(const std::string& flag, const std::string& text);
+double parse_fraction(const std::string& flag, const std::string& text);
+
+}  // namespace railyard::cli

@@ -1,0 +1,79 @@
+// railyard: the user CLI (data preparation and inspection, model inspection; plan and ckpt join here).
+#include <charconv>
+#include <cstdio>
+#include <iostream>
+#include <string>
+
+#include "common/error.h"
+#include "worker/cli/cli.h"
+
+namespace railyard::cli {
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: railyard <command> [args]
+
+Commands:
+  data prepare --input FILE... --output DIR [--val-fraction F] [--shard-tokens N] [--force]
+                       tokenize text files byte-wise (vocab 256) into llm.c .bin shards:
+                       DIR/train_000000.bin..., DIR/val_000000.bin..., DIR/prepare.json
+                       (defaults: --val-fraction 0.1 = the last 10% of the bytes, --shard-tokens 100000000)
+  data inspect FILE [--tokens N] [--vocab V]
+                       validate a shard and show its header and first N tokens (default 64), decoded when
+                       they are bytes; --vocab (default 65536) refuses tokens >= V
+  model inspect FILE   show an llm.c GPT-2 checkpoint's header, parameter count and tensor layout
+  help, --help, -h     this text
+
+Exit codes: 0 ok, 1 the operation failed (message on stderr), 2 bad command line.
+See docs/data.md.
+)";
+
+}  // namespace
+
+unsigned long long parse_count(const std::string& flag, const std::string& text) {
+  unsigned long long v = 0;
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || p != text.data() + text.size()) {
+    throw UsageError{flag + " '" + text + "' is not a non-negative integer"};
+  }
+  return v;
+}
+
+double parse_fraction(const std::string& flag, const std::string& text) {
+  double v = 0;
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || p != text.data() + text.size()) {
+    throw UsageError{flag + " '" + text + "' is not a number"};
+  }
+  return v;
+}
+
+int run(const Args& args) {
+  if (args.empty()) throw UsageError{"no command given"};
+  const std::string& cmd = args[0];
+  const Args rest(args.begin() + 1, args.end());
+  if (cmd == "help" || cmd == "--help" || cmd == "-h") {
+    std::cout << kUsage;
+    return kExitOk;
+  }
+  if (cmd == "data") return run_data(rest);
+  if (cmd == "model") return run_model(rest);
+  if (!cmd.empty() && cmd[0] == '-') throw UsageError{"unknown flag '" + cmd + "'"};
+  throw UsageError{"unknown command '" + cmd + "' (commands: data, model, help)"};
+}
+
+}  // namespace railyard::cli
+
+int main(int argc, char** argv) {
+  using namespace railyard;
+  cli::Args args(argv + 1, argv + argc);
+  try {
+    return cli::run(args);
+  } catch (const cli::UsageError& e) {
+    std::cerr << "railyard: " << e.message << "\nRun 'railyard --help' for usage.\n";
+    return cli::kExitUsage;
+  } catch (const std::exception& e) {
+    std::cerr << "railyard: error: " << e.what() << "\n";
+    return cli::kExitFailed;
+  }
+}
