@@ -1,0 +1,201 @@
+// railyard-worker: the training process. `railyard-worker train ...` trains a GPT on token shards on this machine's
+// CPUs (docs/worker.md lists every flag); `railyard-worker gemm-rate ...` prints the GEMM rate MFU is measured
+// against. Exit codes: 0 done, 2 bad flags or input, 3 too many consecutive non-finite steps, 1 anything else.
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "worker/interop/llmc_model.h"
+#include "worker/kernels/cpu/thread_pool.h"
+#include "worker/train/loader_source.h"
+#include "worker/train/perf.h"
+#include "worker/train/trainer.h"
+
+using namespace railyard;
+using namespace railyard::worker;
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: railyard-worker train [flags]
+  --model SPEC         preset (tiny, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b) or l=L,c=C,nh=NH,t=maxT,v=V
+                       (default tiny; with --init-from, the file's shape unless given)
+  --data DIR           token shards: DIR/train_*.bin (and DIR/val_*.bin for validation), from `railyard data prepare`
+  --steps N            optimizer steps (default 10)
+  --batch B            sequences per micro-batch (default 4)
+  --seq T              tokens per sequence (default 64, <= maxT)
+  --global-batch TOK   tokens per optimizer step, a multiple of B*T (default B*T; more = gradient accumulation)
+  --lr X               peak learning rate (default 6e-4)
+  --warmup N           linear warmup steps (default 0)
+  --min-lr-frac F      cosine decays to lr*F at the last step (default 0.1)
+  --weight-decay X     AdamW decay on 2-D weights (default 0.1)
+  --grad-clip X        global-norm clip, 0 = off (default 1.0)
+  --seed N             weight init and data order (default 1337)
+  --val-every N        validate every N steps, 0 = never (default 0)
+  --val-steps N        batches per validation (default 10)
+  --threads N          compute threads (default RAILYARD_NUM_THREADS, else the CPUs this process may use)
+  --init-from FILE     start from an llm.c GPT-2 model file
+  --export FILE        write the final weights as an llm.c GPT-2 model file (fp32, version 3)
+  --log-json FILE      append one JSON object per step/validation
+  --peak-flops X       FLOP/s that MFU is relative to (default: the measured GEMM rate of this step's shapes)
+  --max-bad-steps K    exit 3 after K consecutive steps with non-finite loss/gradients (default 3)
+       railyard-worker gemm-rate [--model SPEC] [--batch B] [--seq T] [--threads N]
+)";
+
+[[noreturn]] void usage_error(const std::string& msg) {
+  std::fprintf(stderr, "railyard-worker: %s\n%s", msg.c_str(), kUsage);
+  std::exit(2);
+}
+
+std::map<std::string, std::string> parse_flags(int argc, char** argv, int first,
+                                               const std::vector<std::string>& known) {
+  std::map<std::string, std::string> out;
+  for (int i = first; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "-h" || a == "--help") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    }
+    if (a.rfind("--", 0) != 0) usage_error("unexpected argument '" + a + "'");
+    std::string key = a.substr(2), value;
+    if (auto eq = key.find('='); eq != std::string::npos) {
+      value = key.substr(eq + 1);
+      key = key.substr(0, eq);
+    } else {
+      if (i + 1 >= argc) usage_error("--" + key + " needs a value");
+      value = argv[++i];
+    }
+    bool ok = false;
+    for (const auto& k : known) ok |= k == key;
+    if (!ok) usage_error("unknown flag --" + key);
+    out[key] = value;
+  }
+  return out;
+}
+
+long long to_int(const std::map<std::string, std::string>& f, const std::string& key, long long fallback) {
+  auto it = f.find(key);
+  if (it == f.end()) return fallback;
+  char* end = nullptr;
+  long long v = std::strtoll(it->second.c_str(), &end, 10);
+  if (it->second.empty() || *end != '\0') throw ConfigError("--" + key + " '" + it->second + "' is not an integer");
+  return v;
+}
+
+double to_double(const std::map<std::string, std::string>& f, const std::string& key, double fallback) {
+  auto it = f.find(key);
+  if (it == f.end()) return fallback;
+  char* end = nullptr;
+  double v = std::strtod(it->second.c_str(), &end);
+  if (it->second.empty() || *end != '\0') throw ConfigError("--" + key + " '" + it->second + "' is not a number");
+  return v;
+}
+
+int threads_from(const std::map<std::string, std::string>& f) {
+  const long long t = to_int(f, "threads", 0);
+  if (t < 0 || t > 4096) throw ConfigError("--threads must be in 1..4096");
+  return t > 0 ? static_cast<int>(t) : default_num_threads();
+}
+
+int cmd_gemm_rate(int argc, char** argv) {
+  auto f = parse_flags(argc, argv, 2, {"model", "batch", "seq", "threads"});
+  const GptConfig cfg = parse_model_spec(f.count("model") ? f["model"] : "gpt2-124m");
+  const int B = static_cast<int>(to_int(f, "batch", 4)), T = static_cast<int>(to_int(f, "seq", 64));
+  ThreadPool pool(threads_from(f));
+  const double rate = measure_gemm_rate(pool, cfg, B, T, 5);
+  std::printf("{\"gemm_flops_per_s\": %.6g, \"threads\": %d, \"model\": \"%s\", \"B\": %d, \"T\": %d}\n", rate,
+              pool.size(), describe(cfg).c_str(), B, T);
+  return 0;
+}
+
+int cmd_train(int argc, char** argv) {
+  auto f = parse_flags(argc, argv, 2,
+                       {"model", "data", "steps", "batch", "seq", "global-batch", "lr", "warmup", "min-lr-frac",
+                        "weight-decay", "grad-clip", "seed", "val-every", "val-steps", "threads", "init-from",
+                        "export", "log-json", "peak-flops", "max-bad-steps"});
+  if (!f.count("data")) usage_error("--data DIR is required (make shards with `railyard data prepare`)");
+
+  std::optional<GptConfig> cfg;
+  if (f.count("model")) cfg = parse_model_spec(f["model"]);
+  if (f.count("init-from")) {
+    const GptConfig file_cfg = read_llmc_header(f["init-from"]);
+    if (cfg && !(*cfg == file_cfg)) {
+      throw ConfigError("--init-from " + f["init-from"] + " holds " + describe(file_cfg) + " but --model says " +
+                        describe(*cfg) + ": drop --model or pick the matching shape");
+    }
+    cfg = file_cfg;
+  }
+  if (!cfg) cfg = model_preset("tiny");
+
+  TrainConfig tc;
+  tc.steps = static_cast<int>(to_int(f, "steps", 10));
+  tc.batch = static_cast<int>(to_int(f, "batch", 4));
+  tc.seq_len = static_cast<int>(to_int(f, "seq", 64));
+  tc.global_batch_tokens = to_int(f, "global-batch", 0);
+  tc.lr = to_double(f, "lr", 6e-4);
+  tc.warmup_steps = static_cast<int>(to_int(f, "warmup", 0));
+  tc.min_lr_frac = to_double(f, "min-lr-frac", 0.1);
+  tc.weight_decay = to_double(f, "weight-decay", 0.1);
+  tc.grad_clip = to_double(f, "grad-clip", 1.0);
+  tc.seed = static_cast<uint64_t>(to_int(f, "seed", 1337));
+  tc.val_every = static_cast<int>(to_int(f, "val-every", 0));
+  tc.val_steps = static_cast<int>(to_int(f, "val-steps", 10));
+  tc.peak_flops = to_double(f, "peak-flops", 0);
+  tc.max_bad_steps = static_cast<int>(to_int(f, "max-bad-steps", 3));
+  if (f.count("log-json")) tc.log_json = f["log-json"];
+  tc.validate(*cfg);
+
+  const std::string data = f["data"];
+  if (!std::filesystem::is_directory(data)) {
+    throw ConfigError("--data " + data + ": not a directory (make one with `railyard data prepare --output DIR`)");
+  }
+  LoaderBatchSource train(
+      std::make_unique<DataLoader>(data, tc.batch, tc.seq_len, 0, 1, tc.seed, cfg->vocab_size, true));
+  std::unique_ptr<LoaderBatchSource> val;
+  if (tc.val_every > 0) {
+    val = std::make_unique<LoaderBatchSource>(std::make_unique<DataLoader>(
+        data + "/val_*.bin", tc.batch, tc.seq_len, 0, 1, tc.seed, cfg->vocab_size, false));
+  }
+
+  ThreadPool pool(threads_from(f));
+  Trainer trainer(*cfg, tc, pool, train, val.get());
+  if (f.count("init-from")) {
+    load_llmc_model(f["init-from"], *cfg, trainer.model().params());
+    log::info("worker", "initialised from llm.c model", {{"path", f["init-from"]}});
+  }
+  const int rc = trainer.run();
+  if (rc == 0 && f.count("export")) {
+    save_llmc_model(f["export"], *cfg, trainer.model().params());
+    log::info("worker", "exported llm.c model", {{"path", f["export"]}});
+  }
+  return rc;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) usage_error("missing command (train or gemm-rate)");
+  const std::string cmd = argv[1];
+  try {
+    if (cmd == "train") return cmd_train(argc, argv);
+    if (cmd == "gemm-rate") return cmd_gemm_rate(argc, argv);
+    if (cmd == "-h" || cmd == "--help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    usage_error("unknown command '" + cmd + "' (train or gemm-rate)");
+  } catch (const ConfigError& e) {
+    log::error("worker", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    log::error("worker", e.what());
+    return 1;
+  }
+}
