@@ -1,0 +1,289 @@
+#include "checkpoint/reader.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+
+#include "checkpoint/crc32c.h"
+#include "checkpoint/fs_util.h"
+#include "common/error.h"
+
+namespace railyard::ckpt {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+class FdCache {
+ public:
+  explicit FdCache(std::string dir) : dir_(std::move(dir)) {}
+  ~FdCache() {
+    for (auto& [name, fd] : fds_) ::close(fd);
+  }
+  FdCache(const FdCache&) = delete;
+  FdCache& operator=(const FdCache&) = delete;
+  int get(const std::string& file, const std::string& label) {
+    auto it = fds_.find(file);
+    if (it != fds_.end()) return it->second;
+    int fd = ::open((dir_ + "/" + file).c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw Error(label + ": shard " + file + ": cannot open: " + detail::errno_text(errno));
+    fds_[file] = fd;
+    return fd;
+  }
+
+ private:
+  std::string dir_;
+  std::map<std::string, int> fds_;
+};
+
+std::string base_name(const std::string& path) { return fs::path(path).filename().string(); }
+
+// Files present with the sizes the manifest records; returns problems.
+std::vector<std::string> check_files(const std::string& step_dir, const Manifest& m) {
+  std::vector<std::string> problems;
+  const std::string label = base_name(step_dir);
+  for (const auto& [file, bytes] : m.files) {
+    std::error_code ec;
+    auto size = fs::file_size(step_dir + "/" + file, ec);
+    if (ec) {
+      problems.push_back(label + ": shard " + file + " is missing (" + ec.message() + ")");
+    } else if (size != bytes) {
+      problems.push_back(label + ": shard " + file + " has " + std::to_string(size) + " bytes, manifest says " +
+                         std::to_string(bytes) + (size < bytes ? " (truncated)" : ""));
+    }
+  }
+  return problems;
+}
+
+// Reads one slice into buf and checks its checksum.
+void read_slice(FdCache& fds, const std::string& label, const SliceRecord& s, std::vector<unsigned char>& buf) {
+  buf.resize(s.bytes);
+  int fd = fds.get(s.file, label);
+  try {
+    detail::pread_all(fd, buf.data(), s.bytes, s.offset, s.file);
+  } catch (const Error& e) {
+    throw Error(label + ": shard " + s.file + ": slice " + slice_label(s) + ": " + e.what());
+  }
+  if (crc32c(buf.data(), buf.size()) != s.crc32c) {
+    throw Error(label + ": shard " + s.file + ": CRC32C mismatch at slice " + slice_label(s));
+  }
+}
+
+}  // namespace
+
+std::vector<CheckpointInfo> list_checkpoints(const std::string& root) {
+  std::vector<CheckpointInfo> out;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    if (!entry.is_directory()) continue;
+    const std::string name = entry.path().filename().string();
+    CheckpointInfo info;
+    info.name = name;
+    size_t dot = name.find('.');
+    auto step = parse_step_dir(name.substr(0, dot));
+    if (!step) continue;
+    info.step = *step;
+    if (dot != std::string::npos) {
+      info.temporary = true;
+      info.problem = name.find(".tmp-") != std::string::npos ? "not committed (save in progress or abandoned)"
+                                                               : "leftover of a replaced checkpoint";
+    } else {
+      const std::string m = entry.path().string() + "/" + kManifestName;
+      if (!detail::exists(m)) {
+        info.problem = "incomplete: no manifest.json";
+      } else {
+        try {
+          Manifest man = parse_manifest(read_file(m), m);
+          auto problems = check_files(entry.path().string(), man);
+          if (problems.empty()) {
+            info.complete = true;
+          } else {
+            info.problem = problems.front();
+          }
+        } catch (const Error& e) {
+          info.problem = e.what();
+        }
+      }
+    }
+    for (const auto& f : fs::directory_iterator(entry.path(), ec)) {
+      if (f.is_regular_file()) info.bytes += f.file_size(ec);
+    }
+    struct stat st;
+    if (::stat(entry.path().c_str(), &st) == 0) info.modified = st.st_mtime;
+    out.push_back(std::move(info));
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+    return a.step != b.step ? a.step < b.step : a.name < b.name;
+  });
+  return out;
+}
+
+VerifyReport verify_checkpoint(const std::string& root, int64_t step, bool checksums) {
+  VerifyReport r;
+  r.step = step;
+  const std::string label = step_dir_name(step);
+  const std::string dir = root + "/" + label;
+  Manifest m;
+  try {
+    const std::string path = dir + "/" + kManifestName;
+    if (!detail::exists(path)) throw Error(label + ": incomplete: no manifest.json");
+    m = parse_manifest(read_file(path), label + "/" + kManifestName);
+    validate_coverage(m);
+  } catch (const Error& e) {
+    r.ok = false;
+    r.problems.push_back(e.what());
+    return r;
+  }
+  auto file_problems = check_files(dir, m);
+  r.problems.insert(r.problems.end(), file_problems.begin(), file_problems.end());
+  if (checksums) {
+    FdCache fds(dir);
+    std::vector<unsigned char> buf;
+    for (const auto& s : m.slices) {
+      try {
+        read_slice(fds, label, s, buf);
+        r.bytes_checked += s.bytes;
+      } catch (const Error& e) {
+        r.problems.push_back(e.what());
+      }
+    }
+  }
+  r.ok = r.problems.empty();
+  return r;
+}
+
+uint64_t load_from_manifest(const std::string& step_dir, const Manifest& m, const std::vector<LoadTarget>& targets) {
+  const std::string label = base_name(step_dir);
+  struct Use {
+    size_t target;
+    Box region;
+  };
+  std::vector<std::vector<Use>> uses(m.slices.size());
+  std::vector<int64_t> covered(targets.size(), 0);
+  for (size_t ti = 0; ti < targets.size(); ++ti) {
+    const LoadTarget& t = targets[ti];
+    const TensorRecord* rec = m.find_tensor(t.name);
+    if (rec == nullptr) throw Error(label + ": tensor '" + t.name + "' is not in the checkpoint");
+    if (rec->dtype != t.dtype) {
+      throw Error(label + ": tensor '" + t.name + "' is " + std::string(dtype_name(rec->dtype)) + ", asked for " +
+                  std::string(dtype_name(t.dtype)));
+    }
+    if (!box_within(t.box, rec->shape)) {
+      throw Error(label + ": tensor '" + t.name + "': requested box " + box_to_string(t.box) + " is outside " +
+                  shape_to_string(rec->shape));
+    }
+    if (t.data == nullptr && t.box.volume() > 0) throw Error("load target '" + t.name + "' has no destination");
+    for (size_t si = 0; si < m.slices.size(); ++si) {
+      if (m.slices[si].tensor != t.name) continue;
+      if (auto region = intersect(m.slices[si].box, t.box)) {
+        covered[ti] += region->volume();
+        uses[si].push_back({ti, *region});
+      }
+    }
+    if (covered[ti] != t.box.volume()) {
+      throw Error(label + ": tensor '" + t.name + "' box " + box_to_string(t.box) + ": stored slices cover " +
+                  std::to_string(covered[ti]) + " of " + std::to_string(t.box.volume()) + " elements");
+    }
+  }
+  // Read in file order so each shard is read sequentially.
+  std::vector<size_t> order;
+  for (size_t si = 0; si < m.slices.size(); ++si) {
+    if (!uses[si].empty()) order.push_back(si);
+  }
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const auto &x = m.slices[a], &y = m.slices[b];
+    return x.file != y.file ? x.file < y.file : x.offset < y.offset;
+  });
+  FdCache fds(step_dir);
+  std::vector<unsigned char> buf;
+  uint64_t bytes = 0;
+  for (size_t si : order) {
+    const SliceRecord& s = m.slices[si];
+    read_slice(fds, label, s, buf);
+    bytes += s.bytes;
+    for (const Use& u : uses[si]) {
+      const LoadTarget& t = targets[u.target];
+      copy_region(buf.data(), s.box, t.data, t.box, u.region, dtype_size(t.dtype));
+    }
+  }
+  return bytes;
+}
+
+std::vector<int64_t> Reader::complete_steps() const {
+  std::vector<int64_t> steps;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root_, ec)) {
+    auto s = parse_step_dir(entry.path().filename().string());
+    if (s && entry.is_directory() && detail::exists(entry.path().string() + "/" + kManifestName)) steps.push_back(*s);
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  return steps;
+}
+
+std::optional<int64_t> Reader::latest_pointer() const {
+  const std::string p = root_ + "/" + kLatestName;
+  if (!detail::exists(p)) return std::nullopt;
+  try {
+    std::string t = read_file(p);
+    while (!t.empty() && (t.back() == '\n' || t.back() == ' ')) t.pop_back();
+    return parse_step_dir(t);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
+Manifest Reader::read_manifest(int64_t step) const {
+  const std::string label = step_dir_name(step);
+  const std::string path = root_ + "/" + label + "/" + kManifestName;
+  if (!detail::exists(path)) throw Error(label + ": incomplete: no manifest.json");
+  return parse_manifest(read_file(path), label + "/" + kManifestName);
+}
+
+LoadResult Reader::load_step(int64_t step, const std::vector<LoadTarget>& targets) const {
+  LoadResult r;
+  r.manifest = read_manifest(step);
+  const std::string dir = root_ + "/" + step_dir_name(step);
+  auto problems = check_files(dir, r.manifest);
+  if (!problems.empty()) throw Error(problems.front());
+  r.bytes_read = load_from_manifest(dir, r.manifest, targets);
+  r.step = step;
+  return r;
+}
+
+LoadResult Reader::load_latest(const std::vector<LoadTarget>& targets, const LoadOptions& options) const {
+  std::vector<int64_t> steps = complete_steps();
+  // `latest` normally names the newest complete step; if it names a step whose directory is gone, say so.
+  std::vector<std::string> skipped;
+  if (auto lp = latest_pointer(); lp && std::find(steps.begin(), steps.end(), *lp) == steps.end()) {
+    skipped.push_back(step_dir_name(*lp) + ": named by 'latest' but not a complete checkpoint directory");
+  }
+  // Newer directories that never committed are reported too, so the caller knows what was passed over.
+  for (const auto& info : list_checkpoints(root_)) {
+    if (!info.complete && (steps.empty() || info.step > steps.back()) && !detail::exists(root_ + "/" + info.name + "/" + kManifestName)) {
+      skipped.push_back(info.name + ": " + info.problem);
+    }
+  }
+  for (int64_t step : steps) {
+    if (options.max_step && step > *options.max_step) continue;
+    try {
+      if (options.full_verify) {
+        VerifyReport v = verify_checkpoint(root_, step, true);
+        if (!v.ok) throw Error(v.problems.front());
+      }
+      LoadResult r = load_step(step, targets);
+      r.skipped = std::move(skipped);
+      return r;
+    } catch (const Error& e) {
+      skipped.push_back(e.what());
+    }
+  }
+  std::string all;
+  for (const auto& s : skipped) all += "\n  " + s;
+  throw Error("no loadable checkpoint under " + root_ + (all.empty() ? ": the directory holds none" : ":" + all));
+}
+
+}  // namespace railyard::ckpt

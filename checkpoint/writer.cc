@@ -1,0 +1,617 @@
+#include "checkpoint/writer.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+
+#include "checkpoint/crc32c.h"
+#include "checkpoint/fs_util.h"
+#include "common/error.h"
+#include "common/log.h"
+
+namespace railyard::ckpt {
+
+namespace fs = std::filesystem;
+using detail::errno_text;
+
+namespace {
+
+constexpr uint64_t kAlign = 64;  // slices start on cache-line boundaries in shard files and snapshot buffers
+
+uint64_t align_up(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::string done_name(int rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "rank-%05d.done", rank);
+  return buf;
+}
+
+std::string failed_name(int rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "rank-%05d.failed", rank);
+  return buf;
+}
+
+// Parses "step-00001000.tmp-RUN" into (step, RUN).
+bool parse_temp_dir(const std::string& name, int64_t* step, std::string* run) {
+  size_t dot = name.find(".tmp-");
+  if (dot == std::string::npos) return false;
+  auto s = parse_step_dir(name.substr(0, dot));
+  if (!s) return false;
+  *step = *s;
+  *run = name.substr(dot + 5);
+  return true;
+}
+
+std::optional<int64_t> latest_step(const std::string& root) {
+  std::error_code ec;
+  if (!fs::exists(root + "/" + kLatestName, ec)) return std::nullopt;
+  try {
+    std::string t = read_file(root + "/" + kLatestName);
+    while (!t.empty() && (t.back() == '\n' || t.back() == ' ')) t.pop_back();
+    return parse_step_dir(t);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
+std::string_view save_state_name(SaveState s) {
+  switch (s) {
+    case SaveState::Queued:
+      return "queued";
+    case SaveState::Persisting:
+      return "persisting";
+    case SaveState::Committed:
+      return "committed";
+    case SaveState::Failed:
+      return "failed";
+  }
+  return "?";
+}
+
+std::string temp_dir_name(int64_t step, const std::string& run_id) { return step_dir_name(step) + ".tmp-" + run_id; }
+
+// ---------------------------------------------------------------------------------------------------------------
+// FsCoordinator
+
+std::vector<RankRecord> FsCoordinator::gather(const std::string& tmp_dir, const RankRecord& mine, int world_size,
+                                              Clock::time_point deadline) {
+  detail::write_file_durable(tmp_dir + "/" + done_name(mine.rank), to_json(mine).dump(), true);
+  if (mine.rank != 0) return {};
+  std::vector<RankRecord> records(static_cast<size_t>(world_size));
+  std::vector<bool> have(static_cast<size_t>(world_size), false);
+  have[0] = true;
+  records[0] = mine;
+  while (true) {
+    std::string missing;
+    for (int r = 1; r < world_size; ++r) {
+      if (have[static_cast<size_t>(r)]) continue;
+      std::string failed = tmp_dir + "/" + failed_name(r);
+      if (detail::exists(failed)) {
+        std::string why;
+        try {
+          why = read_file(failed);
+        } catch (const Error&) {
+        }
+        throw Error("rank " + std::to_string(r) + " failed to write its shard: " + why);
+      }
+      std::string done = tmp_dir + "/" + done_name(r);
+      if (detail::exists(done)) {
+        auto rec = rank_record_from_json(nlohmann::json::parse(read_file(done), nullptr, false), done);
+        if (rec.rank != r || rec.step != mine.step || rec.run_id != mine.run_id) {
+          throw Error(done + ": record is for rank " + std::to_string(rec.rank) + " step " + std::to_string(rec.step) +
+                      " run " + rec.run_id + ", expected rank " + std::to_string(r) + " step " +
+                      std::to_string(mine.step) + " run " + mine.run_id + " (are two jobs sharing the directory?)");
+        }
+        records[static_cast<size_t>(r)] = std::move(rec);
+        have[static_cast<size_t>(r)] = true;
+        continue;
+      }
+      if (!missing.empty()) missing.push_back(',');
+      missing.append(std::to_string(r));
+    }
+    if (missing.empty()) return records;
+    if (Clock::now() > deadline) {
+      throw Error("commit barrier timed out waiting for rank(s) " + missing + " to finish step " +
+                  std::to_string(mine.step) + " in " + tmp_dir);
+    }
+    std::this_thread::sleep_for(poll_);
+  }
+}
+
+void FsCoordinator::report_failure(const std::string& tmp_dir, int rank, const std::string& error) {
+  try {
+    std::error_code ec;
+    fs::create_directories(tmp_dir, ec);
+    detail::write_file_durable(tmp_dir + "/" + failed_name(rank), error, false);
+  } catch (const Error&) {
+    // The directory may be gone (rank 0 aborted) or the disk full; rank 0 then times out or has already aborted.
+  }
+}
+
+bool FsCoordinator::wait_commit(const std::string& step_dir, const std::string& tmp_dir, const std::string& run_id,
+                                Clock::time_point deadline) {
+  auto committed = [&]() {
+    std::string m = step_dir + "/" + kManifestName;
+    if (!detail::exists(m)) return false;
+    try {
+      return parse_manifest(read_file(m), m).run_id == run_id;
+    } catch (const Error&) {
+      return false;
+    }
+  };
+  while (true) {
+    if (committed()) return true;
+    if (!detail::exists(tmp_dir)) return committed();
+    if (Clock::now() > deadline) return false;
+    std::this_thread::sleep_for(poll_);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Protocol pieces
+
+RankRecord write_rank_shard(const std::string& dir, int rank, int64_t step, const std::string& run_id,
+                            const std::vector<TensorRecord>& tensors, std::vector<PendingSlice>& slices,
+                            bool fsync_files) {
+  RankRecord rec;
+  rec.rank = rank;
+  rec.step = step;
+  rec.run_id = run_id;
+  rec.tensors = tensors;
+  if (slices.empty()) return rec;
+  rec.file = rank_file_name(rank);
+  const std::string path = dir + "/" + rec.file;
+  uint64_t offset = 0;
+  for (auto& s : slices) {
+    const TensorRecord* t = nullptr;
+    for (const auto& tr : tensors) {
+      if (tr.name == s.record.tensor) t = &tr;
+    }
+    if (t == nullptr) throw Error("slice of tensor " + s.record.tensor + " has no tensor record");
+    s.record.file = rec.file;
+    s.record.offset = offset;
+    s.record.bytes = static_cast<uint64_t>(s.record.box.volume()) * dtype_size(t->dtype);
+    s.record.crc32c = crc32c(s.data, s.record.bytes);
+    offset = align_up(offset + s.record.bytes);
+  }
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error("cannot create " + path + ": " + errno_text(errno));
+  try {
+    uint64_t end = 0;
+    for (const auto& s : slices) {
+      detail::pwrite_all(fd, s.data, s.record.bytes, s.record.offset, path);
+      end = s.record.offset + s.record.bytes;
+    }
+    if (fsync_files && ::fsync(fd) != 0) throw Error("fsync " + path + ": " + errno_text(errno));
+    rec.file_bytes = end;
+  } catch (...) {
+    ::close(fd);
+    ::unlink(path.c_str());
+    throw;
+  }
+  if (::close(fd) != 0) {
+    int e = errno;
+    ::unlink(path.c_str());
+    throw Error("close " + path + ": " + errno_text(e));
+  }
+  for (const auto& s : slices) rec.slices.push_back(s.record);
+  return rec;
+}
+
+void commit_checkpoint(const std::string& root, const std::string& tmp_dir, Manifest manifest, int keep,
+                       bool fsync_files) {
+  validate_coverage(manifest);
+  for (const auto& [file, bytes] : manifest.files) {
+    std::error_code ec;
+    auto size = fs::file_size(tmp_dir + "/" + file, ec);
+    if (ec || size != bytes) {
+      throw Error("shard " + tmp_dir + "/" + file + " is missing or has the wrong size before commit");
+    }
+  }
+  const std::string text = serialize_manifest(manifest);
+  detail::write_file_durable(tmp_dir + "/" + kManifestName, text, fsync_files);
+  if (fsync_files) detail::fsync_path(tmp_dir);
+  const std::string final_dir = root + "/" + step_dir_name(manifest.step);
+  std::string old_dir;
+  if (detail::exists(final_dir)) {  // the same step saved again (e.g. after a restart): replace it
+    old_dir = final_dir + ".old-" + manifest.run_id;
+    detail::remove_all_quiet(old_dir);
+    if (::rename(final_dir.c_str(), old_dir.c_str()) != 0) {
+      throw Error("rename " + final_dir + " to " + old_dir + ": " + errno_text(errno));
+    }
+  }
+  if (::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) {
+    throw Error("rename " + tmp_dir + " to " + final_dir + ": " + errno_text(errno));
+  }
+  try {
+    if (fsync_files) detail::fsync_path(root);
+    detail::write_file_durable(root + "/" + kLatestName, step_dir_name(manifest.step) + "\n", fsync_files);
+    if (fsync_files) detail::fsync_path(root);
+  } catch (...) {
+    // Without `latest` moved the save has failed: take the step back out so nothing half-done stays visible.
+    detail::remove_all_quiet(final_dir);
+    throw;
+  }
+  if (!old_dir.empty()) detail::remove_all_quiet(old_dir);
+  try {
+    apply_retention(root, keep);
+  } catch (const std::exception& e) {
+    log::warn("ckpt", "retention failed", {{"root", root}, {"error", e.what()}});
+  }
+}
+
+std::vector<std::string> clean_orphans(const std::string& root, const std::string& current_run_id) {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    const std::string name = entry.path().filename().string();
+    const std::string path = entry.path().string();
+    int64_t step = 0;
+    std::string run;
+    bool orphan = false;
+    if (parse_temp_dir(name, &step, &run)) {
+      orphan = run != current_run_id;
+    } else if (name.find(".old-") != std::string::npos && name.rfind("step-", 0) == 0) {
+      orphan = true;
+    } else if (parse_step_dir(name)) {
+      orphan = entry.is_directory() && !detail::exists(path + "/" + kManifestName);
+    } else if (name.rfind(std::string(kLatestName) + ".tmp", 0) == 0) {
+      orphan = true;
+    }
+    if (orphan) {
+      detail::remove_all_quiet(path);
+      removed.push_back(name);
+    }
+  }
+  return removed;
+}
+
+std::vector<std::string> apply_retention(const std::string& root, int keep) {
+  std::vector<std::string> removed;
+  std::vector<int64_t> complete;
+  std::vector<std::pair<int64_t, std::string>> temps;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    const std::string name = entry.path().filename().string();
+    int64_t step = 0;
+    std::string run;
+    if (auto s = parse_step_dir(name); s && detail::exists(entry.path().string() + "/" + kManifestName)) {
+      complete.push_back(*s);
+    } else if (parse_temp_dir(name, &step, &run)) {
+      temps.emplace_back(step, name);
+    }
+  }
+  std::sort(complete.rbegin(), complete.rend());
+  const auto latest = latest_step(root);
+  if (keep > 0) {
+    for (size_t i = static_cast<size_t>(keep); i < complete.size(); ++i) {
+      if (latest && *latest == complete[i]) continue;
+      detail::remove_all_quiet(root + "/" + step_dir_name(complete[i]));
+      removed.push_back(step_dir_name(complete[i]));
+    }
+  }
+  // Every rank persists in step order and rank 0 commits a step only after all ranks wrote it, so a temporary
+  // directory of a step at or below the newest committed one belongs to an abandoned save.
+  if (!complete.empty()) {
+    for (const auto& [step, name] : temps) {
+      if (step <= complete.front()) {
+        detail::remove_all_quiet(root + "/" + name);
+        removed.push_back(name);
+      }
+    }
+  }
+  return removed;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Writer
+
+struct Writer::Buffer {
+  std::unique_ptr<std::byte[]> data;
+  uint64_t capacity = 0;
+  bool busy = false;
+};
+
+struct Writer::Job {
+  int64_t step = 0;
+  Buffer* buffer = nullptr;
+  std::vector<TensorRecord> tensors;
+  std::vector<PendingSlice> slices;
+  nlohmann::json state;
+  double snapshot_seconds = 0;
+};
+
+Writer::Writer(WriterOptions options) : options_(std::move(options)) {
+  if (options_.root.empty()) throw ConfigError("checkpoint writer: root directory is empty: set WriterOptions.root");
+  if (options_.world_size < 1 || options_.rank < 0 || options_.rank >= options_.world_size) {
+    throw ConfigError("checkpoint writer: rank " + std::to_string(options_.rank) + " is outside world_size " +
+                      std::to_string(options_.world_size));
+  }
+  if (options_.buffers < 1 || options_.buffers > 2) {
+    throw ConfigError("checkpoint writer: buffers=" + std::to_string(options_.buffers) + " must be 1 or 2");
+  }
+  if (options_.run_id.empty()) {
+    if (options_.world_size > 1) {
+      throw ConfigError("checkpoint writer: run_id is required when world_size > 1 (use the same id on every rank)");
+    }
+    options_.run_id = detail::random_hex(8);
+  }
+  for (char c : options_.run_id) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') {
+      throw ConfigError("checkpoint writer: run_id '" + options_.run_id + "' may only hold letters, digits, - and _");
+    }
+  }
+  if (!options_.coordinator) options_.coordinator = std::make_shared<FsCoordinator>();
+  std::error_code ec;
+  fs::create_directories(options_.root, ec);
+  if (ec) throw ConfigError("checkpoint directory " + options_.root + ": cannot create: " + ec.message());
+  if (options_.rank == 0) {
+    for (const auto& name : clean_orphans(options_.root, options_.run_id)) {
+      log::info("ckpt", "removed orphan", {{"root", options_.root}, {"entry", name}});
+    }
+  }
+  for (int i = 0; i < options_.buffers; ++i) buffers_.push_back(std::make_unique<Buffer>());
+  thread_ = std::thread([this] { run(); });
+}
+
+Writer::~Writer() {
+  {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return queue_.empty(); });
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+SaveStatus Writer::snapshot(int64_t step, const std::vector<TensorShard>& shards, const nlohmann::json& state) {
+  const auto t0 = Clock::now();
+  if (step < 0) throw Error("checkpoint step " + std::to_string(step) + " must be >= 0");
+  // Validate and plan everything before touching a buffer, so a bad call changes nothing.
+  auto job = std::make_unique<Job>();
+  job->step = step;
+  job->state = state;
+  struct Part {
+    const TensorShard* shard;
+    Box box;
+  };
+  std::vector<Part> parts;
+  uint64_t total = 0;
+  for (const auto& s : shards) {
+    const std::string what = "checkpoint tensor '" + s.name + "'";
+    if (s.name.empty()) throw Error("checkpoint tensor with an empty name: every TensorShard needs a name");
+    if (s.data == nullptr && s.box.volume() > 0) throw Error(what + ": data is null");
+    if (!box_within(s.box, s.global_shape)) {
+      throw Error(what + ": box " + box_to_string(s.box) + " is not inside the global shape " +
+                  shape_to_string(s.global_shape));
+    }
+    if (s.num_replicas < 1 || s.replica_index < 0 || s.replica_index >= s.num_replicas) {
+      throw Error(what + ": replica_index " + std::to_string(s.replica_index) + " is outside num_replicas " +
+                  std::to_string(s.num_replicas));
+    }
+    auto it = std::find_if(job->tensors.begin(), job->tensors.end(), [&](const auto& t) { return t.name == s.name; });
+    if (it == job->tensors.end()) {
+      job->tensors.push_back({s.name, s.dtype, s.global_shape});
+    } else if (it->dtype != s.dtype || it->shape != s.global_shape) {
+      throw Error(what + ": shards disagree on dtype or global shape");
+    }
+    // Replicas split the box along its longest dimension; each writes one part, so every element is written once.
+    Box mine = s.box;
+    if (s.num_replicas > 1) {
+      if (s.box.size.empty()) {
+        if (s.replica_index != 0) continue;
+      } else {
+        int dim = static_cast<int>(std::max_element(s.box.size.begin(), s.box.size.end()) - s.box.size.begin());
+        mine = split_box(s.box, dim, s.num_replicas, s.replica_index);
+      }
+    }
+    if (mine.volume() == 0) continue;
+    parts.push_back({&s, mine});
+    total = align_up(total + static_cast<uint64_t>(mine.volume()) * dtype_size(s.dtype));
+  }
+  Buffer* buf = nullptr;
+  {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] {
+      for (auto& b : buffers_) {
+        if (!b->busy) return true;
+      }
+      return false;
+    });
+    for (auto& b : buffers_) {
+      if (!b->busy) {
+        buf = b.get();
+        break;
+      }
+    }
+    buf->busy = true;
+  }
+  if (buf->capacity < total) {
+    buf->data.reset();
+    buf->data.reset(new std::byte[std::max<uint64_t>(total, 1)]);
+    buf->capacity = total;
+  }
+  uint64_t offset = 0;
+  for (const auto& p : parts) {
+    const size_t es = dtype_size(p.shard->dtype);
+    std::byte* dst = buf->data.get() + offset;
+    copy_region(p.shard->data, p.shard->box, dst, p.box, p.box, es);
+    PendingSlice ps;
+    ps.record.tensor = p.shard->name;
+    ps.record.box = p.box;
+    ps.data = dst;
+    job->slices.push_back(std::move(ps));
+    offset = align_up(offset + static_cast<uint64_t>(p.box.volume()) * es);
+  }
+  job->buffer = buf;
+  job->snapshot_seconds = seconds_since(t0);
+  SaveStatus st;
+  st.step = step;
+  st.state = SaveState::Queued;
+  st.snapshot_seconds = job->snapshot_seconds;
+  {
+    std::lock_guard lock(mu_);
+    statuses_[step] = st;
+    last_step_ = step;
+    while (statuses_.size() > 64) statuses_.erase(statuses_.begin());
+    queue_.push_back(std::move(job));
+  }
+  cv_.notify_all();
+  return st;
+}
+
+SaveStatus Writer::save_now_and_wait(int64_t step, const std::vector<TensorShard>& shards,
+                                     const nlohmann::json& state, Clock::time_point deadline) {
+  snapshot(step, shards, state);
+  return wait(step, deadline);
+}
+
+SaveStatus Writer::status(int64_t step) const {
+  std::lock_guard lock(mu_);
+  auto it = statuses_.find(step);
+  if (it != statuses_.end()) return it->second;
+  SaveStatus s;
+  s.step = step;
+  s.state = SaveState::Failed;
+  s.error = "unknown step " + std::to_string(step) + ": no snapshot was taken";
+  return s;
+}
+
+SaveStatus Writer::last_status() const {
+  int64_t step;
+  {
+    std::lock_guard lock(mu_);
+    step = last_step_;
+  }
+  return status(step);
+}
+
+SaveStatus Writer::wait(int64_t step, Clock::time_point deadline) const {
+  std::unique_lock lock(mu_);
+  cv_.wait_until(lock, deadline, [&] {
+    auto it = statuses_.find(step);
+    return it == statuses_.end() || it->second.done();
+  });
+  auto it = statuses_.find(step);
+  if (it != statuses_.end()) return it->second;
+  SaveStatus s;
+  s.step = step;
+  s.state = SaveState::Failed;
+  s.error = "unknown step " + std::to_string(step);
+  return s;
+}
+
+void Writer::flush() {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] {
+    if (!queue_.empty()) return false;
+    for (const auto& b : buffers_) {
+      if (b->busy) return false;
+    }
+    return true;
+  });
+}
+
+void Writer::set_status(const SaveStatus& s) {
+  {
+    std::lock_guard lock(mu_);
+    statuses_[s.step] = s;
+  }
+  cv_.notify_all();
+}
+
+void Writer::run() {
+  while (true) {
+    Job* job = nullptr;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      job = queue_.front().get();
+    }
+    persist(*job);
+    {
+      std::lock_guard lock(mu_);
+      job->buffer->busy = false;
+      queue_.pop_front();
+    }
+    cv_.notify_all();
+  }
+}
+
+void Writer::persist(Job& job) {
+  const auto t0 = Clock::now();
+  SaveStatus st;
+  st.step = job.step;
+  st.snapshot_seconds = job.snapshot_seconds;
+  st.state = SaveState::Persisting;
+  set_status(st);
+  const std::string tmp_dir = options_.root + "/" + temp_dir_name(job.step, options_.run_id);
+  const std::string step_dir = options_.root + "/" + step_dir_name(job.step);
+  const auto deadline = Clock::now() + options_.commit_timeout;
+  bool shard_written = false;
+  std::string shard_path;
+  try {
+    std::error_code ec;
+    fs::create_directories(tmp_dir, ec);
+    if (ec) throw Error("cannot create " + tmp_dir + ": " + ec.message());
+    RankRecord rec = write_rank_shard(tmp_dir, options_.rank, job.step, options_.run_id, job.tensors, job.slices,
+                                      options_.fsync);
+    rec.state = job.state;
+    shard_written = !rec.file.empty();
+    shard_path = tmp_dir + "/" + rec.file;
+    st.bytes = rec.file_bytes;
+    if (options_.fsync) detail::fsync_path(tmp_dir);
+    std::vector<RankRecord> records = options_.coordinator->gather(tmp_dir, rec, options_.world_size, deadline);
+    if (options_.rank == 0) {
+      Manifest m;
+      m.step = job.step;
+      m.run_id = options_.run_id;
+      m.created = detail::now_iso8601();
+      m.world_size = options_.world_size;
+      m.layout = options_.layout;
+      for (const auto& r : records) {
+        for (const auto& t : r.tensors) {
+          const TensorRecord* have = m.find_tensor(t.name);
+          if (have == nullptr) {
+            m.tensors.push_back(t);
+          } else if (!(*have == t)) {
+            throw Error("ranks disagree on tensor " + t.name + ": " + std::string(dtype_name(have->dtype)) +
+                        shape_to_string(have->shape) + " vs " + std::string(dtype_name(t.dtype)) +
+                        shape_to_string(t.shape));
+          }
+        }
+        m.slices.insert(m.slices.end(), r.slices.begin(), r.slices.end());
+        if (!r.file.empty()) m.files[r.file] = r.file_bytes;
+        if (!r.state.is_null()) m.rank_state[r.rank] = r.state;
+      }
+      commit_checkpoint(options_.root, tmp_dir, std::move(m), options_.keep, options_.fsync);
+    } else if (!options_.coordinator->wait_commit(step_dir, tmp_dir, options_.run_id, deadline)) {
+      throw Error("rank 0 did not commit step " + std::to_string(job.step) + " (see rank 0's status)");
+    }
+    st.state = SaveState::Committed;
+  } catch (const std::exception& e) {
+    st.state = SaveState::Failed;
+    st.error = e.what();
+    if (options_.rank == 0) {
+      detail::remove_all_quiet(tmp_dir);  // abandons the save for every rank
+    } else {
+      if (shard_written) ::unlink(shard_path.c_str());
+      options_.coordinator->report_failure(tmp_dir, options_.rank, e.what());
+    }
+    log::error("ckpt", "save failed", {{"step", std::to_string(job.step)}, {"rank", std::to_string(options_.rank)},
+                                       {"error", e.what()}});
+  }
+  st.persist_seconds = seconds_since(t0);
+  set_status(st);
+}
+
+}  // namespace railyard::ckpt
