@@ -1,0 +1,282 @@
+// JSON shapes of the rendezvous protocol between the operator's RendezvousService and `railyard-worker agent`
+// (docs/rendezvous.md). Shared by both sides, which may not depend on each other. Parsing validates every field
+// and throws ProtocolError naming the field, which the service turns into a 400.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace railyard::rdzv {
+
+inline constexpr const char* kJoinPath = "/v1/join";
+inline constexpr const char* kStatusPath = "/v1/status";
+inline constexpr const char* kExitPath = "/v1/exit";
+inline constexpr const char* kProgressPath = "/v1/progress";
+
+class ProtocolError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+namespace detail {
+
+inline const nlohmann::json& field(const nlohmann::json& j, const char* name) {
+  if (!j.is_object()) throw ProtocolError("request body must be a JSON object");
+  auto it = j.find(name);
+  if (it == j.end()) throw ProtocolError(std::string("field '") + name + "' is required");
+  return *it;
+}
+
+inline std::string get_string(const nlohmann::json& j, const char* name, bool allow_empty = false) {
+  const auto& v = field(j, name);
+  if (!v.is_string()) throw ProtocolError(std::string("field '") + name + "' must be a string");
+  auto s = v.get<std::string>();
+  if (s.empty() && !allow_empty) throw ProtocolError(std::string("field '") + name + "' must not be empty");
+  return s;
+}
+
+inline int64_t get_int(const nlohmann::json& j, const char* name, int64_t min, int64_t max) {
+  const auto& v = field(j, name);
+  if (!v.is_number_integer()) throw ProtocolError(std::string("field '") + name + "' must be an integer");
+  int64_t x = v.get<int64_t>();
+  if (x < min || x > max) {
+    throw ProtocolError(std::string("field '") + name + "' must be in [" + std::to_string(min) + ", " +
+                        std::to_string(max) + "], got " + std::to_string(x));
+  }
+  return x;
+}
+
+inline int64_t get_int_or(const nlohmann::json& j, const char* name, int64_t min, int64_t max, int64_t fallback) {
+  if (!j.is_object() || !j.contains(name)) return fallback;
+  return get_int(j, name, min, max);
+}
+
+inline double get_number(const nlohmann::json& j, const char* name) {
+  const auto& v = field(j, name);
+  if (!v.is_number()) throw ProtocolError(std::string("field '") + name + "' must be a number");
+  return v.get<double>();
+}
+
+}  // namespace detail
+
+// Every request names its job and pod; the token travels as "Authorization: Bearer <token>".
+struct JobRef {
+  std::string ns;   // "namespace"
+  std::string job;  // "job"
+  std::string pod;  // "pod"
+  std::string key() const { return ns + "/" + job; }
+};
+
+inline void to_json(nlohmann::json& j, const JobRef& r) { j = {{"namespace", r.ns}, {"job", r.job}, {"pod", r.pod}}; }
+inline JobRef parse_job_ref(const nlohmann::json& j) {
+  return {detail::get_string(j, "namespace"), detail::get_string(j, "job"), detail::get_string(j, "pod")};
+}
+
+struct JoinRequest {
+  JobRef ref;
+  int64_t generation = 0;  // the generation the agent last ran (0: none yet); informational
+  int local_procs = 1;     // must equal the generation's procs_per_pod
+  std::string pod_ip;
+  int store_port = 0;    // a free port on pod_ip the agent offers for the bootstrap store if it gets rank 0 (0: none)
+  std::string agent_id;  // random per agent process: tells a retried join from a restarted agent
+  int64_t wait_ms = 0;   // long-poll: hold the request up to this long while the world is incomplete
+};
+
+inline nlohmann::json to_json(const JoinRequest& r) {
+  nlohmann::json j = r.ref;
+  j["generation"] = r.generation;
+  j["local_procs"] = r.local_procs;
+  j["pod_ip"] = r.pod_ip;
+  j["store_port"] = r.store_port;
+  j["agent_id"] = r.agent_id;
+  j["wait_ms"] = r.wait_ms;
+  return j;
+}
+
+inline JoinRequest parse_join_request(const nlohmann::json& j) {
+  JoinRequest r;
+  r.ref = parse_job_ref(j);
+  r.generation = detail::get_int(j, "generation", 0, INT64_MAX);
+  r.local_procs = static_cast<int>(detail::get_int(j, "local_procs", 1, 4096));
+  r.pod_ip = detail::get_string(j, "pod_ip");
+  r.store_port = static_cast<int>(detail::get_int_or(j, "store_port", 0, 65535, 0));
+  r.agent_id = detail::get_string(j, "agent_id");
+  r.wait_ms = detail::get_int_or(j, "wait_ms", 0, 3600000, 0);
+  return r;
+}
+
+struct Layout {
+  int dp = 1, tp = 1, pp = 1;
+};
+
+// 200 from /v1/join: the agent's place in the world.
+struct Assignment {
+  int64_t generation = 0;
+  int world_size = 0;
+  int num_pods = 0;
+  int pod_index = 0;
+  int local_world_size = 0;
+  std::vector<int> ranks;  // global ranks of local ranks 0..local_world_size-1
+  Layout layout;
+  std::string master_addr;  // rank 0's pod IP: the bootstrap store
+  int master_port = 0;
+  std::string restore;  // checkpoint to restore from, "" = fresh start
+  std::vector<std::string> pods;
+  nlohmann::json config = nlohmann::json::object();
+};
+
+inline nlohmann::json to_json(const Assignment& a) {
+  return {{"status", "ready"},
+          {"generation", a.generation},
+          {"world_size", a.world_size},
+          {"num_pods", a.num_pods},
+          {"pod_index", a.pod_index},
+          {"local_world_size", a.local_world_size},
+          {"ranks", a.ranks},
+          {"layout", {{"dp", a.layout.dp}, {"tp", a.layout.tp}, {"pp", a.layout.pp}}},
+          {"master_addr", a.master_addr},
+          {"master_port", a.master_port},
+          {"restore", a.restore},
+          {"pods", a.pods},
+          {"config", a.config}};
+}
+
+inline Assignment parse_assignment(const nlohmann::json& j) {
+  Assignment a;
+  a.generation = detail::get_int(j, "generation", 1, INT64_MAX);
+  a.world_size = static_cast<int>(detail::get_int(j, "world_size", 1, 1 << 24));
+  a.num_pods = static_cast<int>(detail::get_int(j, "num_pods", 1, 1 << 24));
+  a.pod_index = static_cast<int>(detail::get_int(j, "pod_index", 0, a.num_pods - 1));
+  a.local_world_size = static_cast<int>(detail::get_int(j, "local_world_size", 1, 4096));
+  const auto& ranks = detail::field(j, "ranks");
+  if (!ranks.is_array() || static_cast<int>(ranks.size()) != a.local_world_size) {
+    throw ProtocolError("field 'ranks' must be an array of local_world_size integers");
+  }
+  for (const auto& r : ranks) {
+    if (!r.is_number_integer()) throw ProtocolError("field 'ranks' must hold integers");
+    a.ranks.push_back(r.get<int>());
+  }
+  const auto& layout = detail::field(j, "layout");
+  a.layout.dp = static_cast<int>(detail::get_int(layout, "dp", 1, 1 << 24));
+  a.layout.tp = static_cast<int>(detail::get_int(layout, "tp", 1, 1 << 24));
+  a.layout.pp = static_cast<int>(detail::get_int(layout, "pp", 1, 1 << 24));
+  a.master_addr = detail::get_string(j, "master_addr");
+  a.master_port = static_cast<int>(detail::get_int(j, "master_port", 1, 65535));
+  a.restore = detail::get_string(j, "restore", true);
+  const auto& pods = detail::field(j, "pods");
+  if (!pods.is_array()) throw ProtocolError("field 'pods' must be an array of strings");
+  for (const auto& p : pods) {
+    if (!p.is_string()) throw ProtocolError("field 'pods' must be an array of strings");
+    a.pods.push_back(p.get<std::string>());
+  }
+  a.config = detail::field(j, "config");
+  return a;
+}
+
+struct StatusRequest {
+  JobRef ref;
+  int64_t generation = 0;  // the generation the agent runs
+  int64_t wait_ms = 0;     // long-poll: hold while the answer would be "running"
+};
+
+inline nlohmann::json to_json(const StatusRequest& r) {
+  nlohmann::json j = r.ref;
+  j["generation"] = r.generation;
+  j["wait_ms"] = r.wait_ms;
+  return j;
+}
+
+inline StatusRequest parse_status_request(const nlohmann::json& j) {
+  return {parse_job_ref(j), detail::get_int(j, "generation", 0, INT64_MAX),
+          detail::get_int_or(j, "wait_ms", 0, 3600000, 0)};
+}
+
+// Reasons an exit report carries (see WorkerExit in operator/rendezvous/rendezvous.h).
+inline constexpr const char* kExitExited = "exited";
+inline constexpr const char* kExitStopped = "stopped";
+
+struct ExitReport {
+  JobRef ref;
+  int64_t generation = 0;
+  int local_rank = 0;
+  int exit_code = 0;  // -1 when killed by a signal
+  int signal = 0;
+  std::string reason = kExitExited;
+};
+
+inline nlohmann::json to_json(const ExitReport& r) {
+  nlohmann::json j = r.ref;
+  j["generation"] = r.generation;
+  j["local_rank"] = r.local_rank;
+  j["exit_code"] = r.exit_code;
+  j["signal"] = r.signal;
+  j["reason"] = r.reason;
+  return j;
+}
+
+inline ExitReport parse_exit_report(const nlohmann::json& j) {
+  ExitReport r;
+  r.ref = parse_job_ref(j);
+  r.generation = detail::get_int(j, "generation", 1, INT64_MAX);
+  r.local_rank = static_cast<int>(detail::get_int(j, "local_rank", 0, 4095));
+  r.exit_code = static_cast<int>(detail::get_int(j, "exit_code", -1, 255));
+  r.signal = static_cast<int>(detail::get_int(j, "signal", 0, 128));
+  r.reason = detail::get_string(j, "reason");
+  if (r.reason != kExitExited && r.reason != kExitStopped) {
+    throw ProtocolError("field 'reason' must be \"exited\" or \"stopped\", got \"" + r.reason + "\"");
+  }
+  return r;
+}
+
+struct ProgressReport {
+  JobRef ref;
+  int64_t generation = 0;
+  int local_rank = 0;
+  int64_t step = 0;
+  double loss = 0;
+  double tokens_per_second = 0;
+};
+
+inline nlohmann::json to_json(const ProgressReport& r) {
+  nlohmann::json j = r.ref;
+  j["generation"] = r.generation;
+  j["local_rank"] = r.local_rank;
+  j["step"] = r.step;
+  j["loss"] = r.loss;
+  j["tokens_per_second"] = r.tokens_per_second;
+  return j;
+}
+
+inline ProgressReport parse_progress_report(const nlohmann::json& j) {
+  ProgressReport r;
+  r.ref = parse_job_ref(j);
+  r.generation = detail::get_int(j, "generation", 1, INT64_MAX);
+  r.local_rank = static_cast<int>(detail::get_int(j, "local_rank", 0, 4095));
+  r.step = detail::get_int(j, "step", 0, INT64_MAX);
+  r.loss = detail::get_number(j, "loss");
+  r.tokens_per_second = detail::get_number(j, "tokens_per_second");
+  return r;
+}
+
+// The "status" values of responses (docs/rendezvous.md has the status code of each).
+namespace status {
+inline constexpr const char* kReady = "ready";              // 200 join: the assignment
+inline constexpr const char* kWaiting = "waiting";          // 202 join / 200 status: world incomplete
+inline constexpr const char* kRunning = "running";          // 200 status: generation current and started
+inline constexpr const char* kSuperseded = "superseded";    // 409 join / 200 status: a newer generation exists
+inline constexpr const char* kDone = "done";                // 200 status: every rank of the generation exited 0
+inline constexpr const char* kClosed = "closed";            // 410 / 200 status: the operator closed the job
+inline constexpr const char* kUnknownJob = "unknown_job";   // 404: the service does not know the job (yet)
+inline constexpr const char* kNotMember = "not_member";     // 409 join: pod is not part of the generation
+inline constexpr const char* kStarted = "already_started";  // 409 join: the generation started without this agent
+inline constexpr const char* kTimeout = "timeout";          // 408 join: the world did not complete in time
+inline constexpr const char* kRecorded = "recorded";        // 200 exit/progress
+inline constexpr const char* kDuplicate = "duplicate";      // 200 exit: already recorded
+inline constexpr const char* kStale = "stale";              // 200 exit/progress: for an older generation
+inline constexpr const char* kError = "error";              // 400/401/403: body "error" says why
+}  // namespace status
+
+}  // namespace railyard::rdzv

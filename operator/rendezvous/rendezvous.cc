@@ -1,0 +1,578 @@
+#include "operator/rendezvous/rendezvous.h"
+
+#include <httplib.h>
+#include <openssl/crypto.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <thread>
+#include <unordered_set>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "common/rendezvous_protocol.h"
+
+namespace railyard::op {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+namespace st = rdzv::status;
+
+constexpr const char* kComponent = "rendezvous";
+
+uint32_t fnv1a(const std::string& s) {
+  uint32_t h = 2166136261u;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 16777619u;
+  }
+  return h;
+}
+
+bool tokens_equal(const std::string& a, const std::string& b) {
+  // Length is not secret (tokens have a fixed length); the content comparison is constant time.
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+std::string join_names(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+rdzv::Layout layout_of(const GenerationSpec& spec, int world) {
+  rdzv::Layout l;
+  l.dp = world;
+  if (!spec.config.is_object() || !spec.config.contains("layout")) return l;
+  const auto& j = spec.config["layout"];
+  auto get = [&](const char* k) {
+    if (!j.is_object() || !j.contains(k) || !j[k].is_number_integer() || j[k].get<int64_t>() < 1) {
+      throw std::invalid_argument(std::string("GenerationSpec.config.layout.") + k +
+                                  " must be a positive integer (layout is {dp, tp, pp})");
+    }
+    return j[k].get<int>();
+  };
+  l.dp = get("dp");
+  l.tp = get("tp");
+  l.pp = get("pp");
+  if (static_cast<int64_t>(l.dp) * l.tp * l.pp != world) {
+    throw std::invalid_argument("GenerationSpec.config.layout: dp*tp*pp = " + std::to_string(l.dp * l.tp * l.pp) +
+                                " but the world has " + std::to_string(world) +
+                                " ranks (pods x procs_per_pod): make them equal");
+  }
+  return l;
+}
+
+void validate(const GenerationSpec& spec) {
+  auto bad = [](const std::string& m) { throw std::invalid_argument("GenerationSpec." + m); };
+  auto slash = spec.job_key.find('/');
+  if (slash == std::string::npos || slash == 0 || slash + 1 == spec.job_key.size()) {
+    bad("job_key must be \"namespace/name\", got \"" + spec.job_key + "\"");
+  }
+  if (spec.generation < 1) bad("generation must be >= 1");
+  if (spec.pods.empty()) bad("pods must name at least one pod");
+  std::unordered_set<std::string> seen;
+  for (const auto& p : spec.pods) {
+    if (p.empty()) bad("pods must not contain an empty name");
+    if (!seen.insert(p).second) bad("pods lists \"" + p + "\" twice");
+  }
+  if (spec.procs_per_pod < 1 || spec.procs_per_pod > 4096) bad("procs_per_pod must be in [1, 4096]");
+  if (spec.token.empty()) bad("token must not be empty");
+  if (!spec.config.is_object()) bad("config must be a JSON object");
+  if (spec.config.contains("restore") && !spec.config["restore"].is_string() && !spec.config["restore"].is_null()) {
+    bad("config.restore must be a string (checkpoint path)");
+  }
+}
+
+struct Member {
+  std::string ip;
+  int store_port = 0;
+  std::string agent_id;
+  Clock::time_point wait_start;
+  bool window_open = false;  // a 408 closes the window; the next join opens a new one
+};
+
+struct Job {
+  GenerationSpec spec;
+  bool closed = false;
+  rdzv::Layout layout;
+  std::string restore;
+  std::map<std::string, int> index;  // pod -> replica index
+  std::map<std::string, Member> joined;
+  bool complete = false;
+  std::string master_addr;
+  int master_port = 0;
+  std::set<std::pair<std::string, int>> exits;  // (pod, local_rank) already delivered; local_rank -1 = agent restart
+  int ranks_ok = 0;
+  std::map<int, rdzv::ProgressReport> progress;  // by global rank
+  bool timeout_reported = false;
+
+  int world() const { return static_cast<int>(spec.pods.size()) * spec.procs_per_pod; }
+  std::vector<std::string> missing() const {
+    std::vector<std::string> out;
+    for (const auto& p : spec.pods)
+      if (!joined.count(p)) out.push_back(p);
+    return out;
+  }
+  std::vector<std::string> joined_names() const {
+    std::vector<std::string> out;
+    for (const auto& p : spec.pods)
+      if (joined.count(p)) out.push_back(p);
+    return out;
+  }
+};
+
+struct Reply {
+  int code = 200;
+  json body;
+};
+
+Reply error_reply(int code, const char* status, const std::string& message) {
+  return {code, {{"status", status}, {"error", message}}};
+}
+
+}  // namespace
+
+struct RendezvousService::Impl {
+  RendezvousOptions opts;
+  httplib::Server server;
+  std::thread thread;
+  int port = 0;
+
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  bool stopping = false;
+  std::map<std::string, Job> jobs;
+
+  std::mutex handler_mu;
+  std::function<void(const WorkerExit&)> on_exit;
+  std::function<void(const JoinTimeout&)> on_timeout;
+
+  // Events produced under `mu`, delivered after it is released.
+  struct Events {
+    std::vector<WorkerExit> exits;
+    std::vector<JoinTimeout> timeouts;
+  };
+
+  void deliver(const Events& ev) {
+    std::function<void(const WorkerExit&)> ex;
+    std::function<void(const JoinTimeout&)> to;
+    {
+      std::lock_guard<std::mutex> l(handler_mu);
+      ex = on_exit;
+      to = on_timeout;
+    }
+    for (const auto& e : ev.exits) {
+      if (!ex) continue;
+      try {
+        ex(e);
+      } catch (const std::exception& err) {
+        log::error(kComponent, "exit handler threw", {{"job", e.job_key}, {"error", err.what()}});
+      }
+    }
+    for (const auto& t : ev.timeouts) {
+      if (!to) continue;
+      try {
+        to(t);
+      } catch (const std::exception& err) {
+        log::error(kComponent, "join timeout handler threw", {{"job", t.job_key}, {"error", err.what()}});
+      }
+    }
+  }
+
+  rdzv::Assignment assignment(const Job& job, const std::string& pod) const {
+    rdzv::Assignment a;
+    a.generation = job.spec.generation;
+    a.world_size = job.world();
+    a.num_pods = static_cast<int>(job.spec.pods.size());
+    a.pod_index = job.index.at(pod);
+    a.local_world_size = job.spec.procs_per_pod;
+    for (int l = 0; l < a.local_world_size; ++l) a.ranks.push_back(a.pod_index * a.local_world_size + l);
+    a.layout = job.layout;
+    a.master_addr = job.master_addr;
+    a.master_port = job.master_port;
+    a.restore = job.restore;
+    a.pods = job.spec.pods;
+    a.config = job.spec.config;
+    return a;
+  }
+
+  // Looks up the job and checks the token; on failure returns the reply to send.
+  std::optional<Reply> authorize(const std::string& key, const std::string& token, Job** out) {
+    auto it = jobs.find(key);
+    if (it == jobs.end()) {
+      return error_reply(404, st::kUnknownJob,
+                         "job " + key +
+                             " has no open generation at this rendezvous service (the operator may be starting up "
+                             "or has not created it yet): retry");
+    }
+    if (!tokens_equal(token, it->second.spec.token)) {
+      return error_reply(403, st::kError,
+                         "token does not match job " + key +
+                             ": RAILYARD_RENDEZVOUS_TOKEN must come from the job's Secret " +
+                             key.substr(key.find('/') + 1) + "-rendezvous (key token)");
+    }
+    *out = &it->second;
+    return std::nullopt;
+  }
+
+  Reply join(const rdzv::JoinRequest& req, const std::string& token, Events& ev) {
+    std::unique_lock<std::mutex> lock(mu);
+    Job* job = nullptr;
+    if (auto r = authorize(req.ref.key(), token, &job)) return *r;
+    if (job->closed) return error_reply(410, st::kClosed, "job " + req.ref.key() + " was closed by the operator");
+    const int64_t gen = job->spec.generation;
+    if (!job->index.count(req.ref.pod)) {
+      Reply r = error_reply(409, st::kNotMember,
+                            "pod " + req.ref.pod + " is not part of generation " + std::to_string(gen) + " of job " +
+                                req.ref.key() + " (pods: " + join_names(job->spec.pods) +
+                                "); wait for the operator to open a generation with it");
+      r.body["generation"] = gen;
+      return r;
+    }
+    if (req.local_procs != job->spec.procs_per_pod) {
+      return error_reply(
+          400, st::kError,
+          "field 'local_procs' is " + std::to_string(req.local_procs) + " but generation " + std::to_string(gen) +
+              " runs " + std::to_string(job->spec.procs_per_pod) +
+              " processes per pod: set RAILYARD_PROCS_PER_POD=" + std::to_string(job->spec.procs_per_pod));
+    }
+    if (job->complete) {
+      const Member& m = job->joined.at(req.ref.pod);
+      if (m.agent_id == req.agent_id) return {200, rdzv::to_json(assignment(*job, req.ref.pod))};
+      if (job->exits.insert({req.ref.pod, -1}).second) {
+        ev.exits.push_back({req.ref.key(), gen, req.ref.pod, -1, -1, -1, 0, "agent_restarted"});
+      }
+      Reply r = error_reply(409, st::kStarted,
+                            "generation " + std::to_string(gen) + " of job " + req.ref.key() +
+                                " already started with another agent on pod " + req.ref.pod +
+                                "; wait for the operator to open a new generation");
+      r.body["generation"] = gen;
+      return r;
+    }
+
+    const auto now = Clock::now();
+    Member& m = job->joined[req.ref.pod];
+    if (m.agent_id != req.agent_id || !m.window_open) {
+      m.wait_start = now;
+      m.window_open = true;
+    }
+    m.agent_id = req.agent_id;
+    m.ip = req.pod_ip;
+    m.store_port = req.store_port;
+
+    if (job->joined.size() == job->spec.pods.size()) {
+      job->complete = true;
+      const Member& zero = job->joined.at(job->spec.pods.front());
+      job->master_addr = zero.ip;
+      job->master_port = zero.store_port > 0
+                             ? zero.store_port
+                             : opts.default_store_port_base + static_cast<int>(fnv1a(req.ref.key()) % 1000);
+      log::info(kComponent, "world complete",
+                {{"job", req.ref.key()},
+                 {"generation", std::to_string(gen)},
+                 {"world_size", std::to_string(job->world())},
+                 {"master", job->master_addr + ":" + std::to_string(job->master_port)}});
+      cv.notify_all();
+      return {200, rdzv::to_json(assignment(*job, req.ref.pod))};
+    }
+
+    const auto hold = std::min<int64_t>(req.wait_ms, opts.max_poll.count());
+    const auto hold_until = now + std::chrono::milliseconds(hold);
+    const auto deadline = m.wait_start + opts.join_timeout;
+    const std::string key = req.ref.key();
+    const std::string pod = req.ref.pod;
+    const std::string agent_id = req.agent_id;
+    while (true) {
+      auto it = jobs.find(key);
+      if (stopping) return error_reply(503, st::kError, "rendezvous service is shutting down: retry");
+      if (it == jobs.end()) return error_reply(404, st::kUnknownJob, "job " + key + " was forgotten: retry");
+      Job& j = it->second;
+      if (j.closed) return error_reply(410, st::kClosed, "job " + key + " was closed by the operator");
+      if (j.spec.generation != gen) {
+        Reply r = error_reply(409, st::kSuperseded,
+                              "generation " + std::to_string(gen) + " was superseded by generation " +
+                                  std::to_string(j.spec.generation) + ": join again");
+        r.body["generation"] = j.spec.generation;
+        return r;
+      }
+      if (j.complete) {
+        auto mit = j.joined.find(pod);
+        if (mit != j.joined.end() && mit->second.agent_id == agent_id) return {200, rdzv::to_json(assignment(j, pod))};
+        return error_reply(409, st::kStarted, "generation started without this agent: wait for a new generation");
+      }
+      const auto t = Clock::now();
+      if (t >= deadline) {
+        auto missing = j.missing();
+        auto mit = j.joined.find(pod);
+        if (mit != j.joined.end()) mit->second.window_open = false;
+        const std::string msg = "generation " + std::to_string(gen) + " of job " + key + " did not complete within " +
+                                std::to_string(opts.join_timeout.count()) + " ms: missing pods " + join_names(missing);
+        log::warn(kComponent, "join timed out", {{"job", key}, {"pod", pod}, {"missing", join_names(missing)}});
+        if (!j.timeout_reported) {
+          j.timeout_reported = true;
+          ev.timeouts.push_back({key, gen, missing, j.joined_names()});
+        }
+        Reply r = error_reply(408, st::kTimeout, msg);
+        r.body["missing"] = missing;
+        r.body["generation"] = gen;
+        return r;
+      }
+      if (t >= hold_until) {
+        auto missing = j.missing();
+        return {202,
+                {{"status", st::kWaiting},
+                 {"generation", gen},
+                 {"missing", missing},
+                 {"joined", j.joined.size()},
+                 {"expected", j.spec.pods.size()}}};
+      }
+      cv.wait_until(lock, std::min(deadline, hold_until));
+    }
+  }
+
+  Reply status(const rdzv::StatusRequest& req, const std::string& token) {
+    std::unique_lock<std::mutex> lock(mu);
+    Job* job = nullptr;
+    if (auto r = authorize(req.ref.key(), token, &job)) return *r;
+    const std::string key = req.ref.key();
+    const auto hold_until =
+        Clock::now() + std::chrono::milliseconds(std::min<int64_t>(req.wait_ms, opts.max_poll.count()));
+    while (true) {
+      auto it = jobs.find(key);
+      if (it == jobs.end()) return error_reply(404, st::kUnknownJob, "job " + key + " was forgotten: retry");
+      const Job& j = it->second;
+      const char* s = nullptr;
+      if (j.closed) {
+        s = st::kClosed;
+      } else if (j.spec.generation != req.generation) {
+        s = st::kSuperseded;
+      } else if (!j.complete) {
+        s = st::kWaiting;
+      } else if (j.ranks_ok == j.world()) {
+        s = st::kDone;
+      } else {
+        s = st::kRunning;
+      }
+      if (s != st::kRunning || stopping || Clock::now() >= hold_until) {
+        return {200, {{"status", s}, {"generation", j.spec.generation}}};
+      }
+      cv.wait_until(lock, hold_until);
+    }
+  }
+
+  Reply exit(const rdzv::ExitReport& req, const std::string& token, Events& ev) {
+    std::lock_guard<std::mutex> lock(mu);
+    Job* job = nullptr;
+    if (auto r = authorize(req.ref.key(), token, &job)) return *r;
+    if (job->closed || job->spec.generation != req.generation || !job->index.count(req.ref.pod)) {
+      return {200, {{"status", st::kStale}, {"generation", job->spec.generation}}};
+    }
+    if (req.local_rank >= job->spec.procs_per_pod) {
+      return error_reply(400, st::kError,
+                         "field 'local_rank' is " + std::to_string(req.local_rank) + " but the generation runs " +
+                             std::to_string(job->spec.procs_per_pod) + " processes per pod");
+    }
+    if (!job->exits.insert({req.ref.pod, req.local_rank}).second) {
+      return {200, {{"status", st::kDuplicate}, {"generation", job->spec.generation}}};
+    }
+    const int global = job->index.at(req.ref.pod) * job->spec.procs_per_pod + req.local_rank;
+    if (req.exit_code == 0 && req.signal == 0 && req.reason == rdzv::kExitExited) ++job->ranks_ok;
+    log::info(kComponent, "worker exit",
+              {{"job", req.ref.key()},
+               {"generation", std::to_string(req.generation)},
+               {"pod", req.ref.pod},
+               {"rank", std::to_string(global)},
+               {"exit_code", std::to_string(req.exit_code)},
+               {"signal", std::to_string(req.signal)},
+               {"reason", req.reason}});
+    ev.exits.push_back(
+        {req.ref.key(), req.generation, req.ref.pod, req.local_rank, global, req.exit_code, req.signal, req.reason});
+    cv.notify_all();
+    return {200, {{"status", st::kRecorded}, {"generation", job->spec.generation}}};
+  }
+
+  Reply progress_report(const rdzv::ProgressReport& req, const std::string& token) {
+    std::lock_guard<std::mutex> lock(mu);
+    Job* job = nullptr;
+    if (auto r = authorize(req.ref.key(), token, &job)) return *r;
+    if (job->closed || job->spec.generation != req.generation || !job->index.count(req.ref.pod)) {
+      return {200, {{"status", st::kStale}, {"generation", job->spec.generation}}};
+    }
+    if (req.local_rank >= job->spec.procs_per_pod) {
+      return error_reply(400, st::kError, "field 'local_rank' is out of range for the generation's processes per pod");
+    }
+    const int global = job->index.at(req.ref.pod) * job->spec.procs_per_pod + req.local_rank;
+    job->progress[global] = req;
+    return {200, {{"status", st::kRecorded}, {"generation", job->spec.generation}}};
+  }
+
+  // Shared request plumbing: token header, JSON body, typed parse, reply, event delivery.
+  template <typename Parse, typename Handle>
+  void route(const char* path, Parse parse, Handle handle) {
+    server.Post(path, [this, parse, handle](const httplib::Request& req, httplib::Response& res) {
+      Reply reply;
+      Events ev;
+      const std::string auth = req.get_header_value("Authorization");
+      const std::string prefix = "Bearer ";
+      if (auth.size() <= prefix.size() || auth.compare(0, prefix.size(), prefix) != 0) {
+        reply = error_reply(401, st::kError,
+                            "missing 'Authorization: Bearer <token>' header: set RAILYARD_RENDEZVOUS_TOKEN from the "
+                            "job's Secret <job>-rendezvous");
+        res.set_header("WWW-Authenticate", "Bearer");
+      } else {
+        const std::string token = auth.substr(prefix.size());
+        json body = json::parse(req.body, nullptr, false);
+        if (body.is_discarded()) {
+          reply = error_reply(400, st::kError, "request body is not valid JSON");
+        } else {
+          try {
+            reply = handle(parse(body), token, ev);
+          } catch (const rdzv::ProtocolError& e) {
+            reply = error_reply(400, st::kError, e.what());
+          } catch (const std::exception& e) {
+            log::error(kComponent, "request failed", {{"path", req.path}, {"error", e.what()}});
+            reply = error_reply(500, st::kError, std::string("internal error: ") + e.what());
+          }
+        }
+      }
+      res.status = reply.code;
+      res.set_content(reply.body.dump(), "application/json");
+      deliver(ev);
+    });
+  }
+};
+
+RendezvousService::RendezvousService(std::string host, int port, RendezvousOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& s = *impl_;
+  s.opts = options;
+  const int threads = std::max(4, options.threads);
+  s.server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  // Agents open one connection per call; a short keep-alive stops idle connections from pinning workers.
+  s.server.set_keep_alive_timeout(1);
+  s.server.set_read_timeout(10, 0);
+  s.server.set_write_timeout(10, 0);
+  s.server.set_payload_max_length(1 << 20);
+
+  s.route(rdzv::kJoinPath, rdzv::parse_join_request,
+          [&s](const rdzv::JoinRequest& r, const std::string& t, Impl::Events& ev) { return s.join(r, t, ev); });
+  s.route(rdzv::kStatusPath, rdzv::parse_status_request,
+          [&s](const rdzv::StatusRequest& r, const std::string& t, Impl::Events&) { return s.status(r, t); });
+  s.route(rdzv::kExitPath, rdzv::parse_exit_report,
+          [&s](const rdzv::ExitReport& r, const std::string& t, Impl::Events& ev) { return s.exit(r, t, ev); });
+  s.route(rdzv::kProgressPath, rdzv::parse_progress_report,
+          [&s](const rdzv::ProgressReport& r, const std::string& t, Impl::Events&) { return s.progress_report(r, t); });
+  s.server.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    json b = {{"status", st::kError},
+              {"error", "no such endpoint " + req.method + " " + req.path +
+                            " (endpoints: POST /v1/join, /v1/status, /v1/exit, /v1/progress)"}};
+    res.set_content(b.dump(), "application/json");
+  });
+
+  if (port == 0) {
+    s.port = s.server.bind_to_any_port(host);
+    if (s.port <= 0) throw Error("rendezvous: cannot bind " + host + " on any port");
+  } else {
+    if (!s.server.bind_to_port(host, port)) {
+      throw Error("rendezvous: cannot bind " + host + ":" + std::to_string(port) +
+                  " (port in use? choose another with --rendezvous-port)");
+    }
+    s.port = port;
+  }
+  s.thread = std::thread([&s] { s.server.listen_after_bind(); });
+  log::info(kComponent, "serving", {{"address", host + ":" + std::to_string(s.port)}});
+}
+
+RendezvousService::~RendezvousService() {
+  {
+    std::lock_guard<std::mutex> l(impl_->mu);
+    impl_->stopping = true;
+  }
+  impl_->cv.notify_all();
+  impl_->server.stop();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+int RendezvousService::port() const { return impl_->port; }
+
+void RendezvousService::open_generation(const GenerationSpec& spec) {
+  validate(spec);
+  const int world = static_cast<int>(spec.pods.size()) * spec.procs_per_pod;
+  rdzv::Layout layout = layout_of(spec, world);
+  std::lock_guard<std::mutex> l(impl_->mu);
+  auto it = impl_->jobs.find(spec.job_key);
+  if (it != impl_->jobs.end() && !it->second.closed && it->second.spec.generation >= spec.generation) {
+    if (it->second.spec.generation > spec.generation) {
+      log::warn(kComponent, "ignoring stale generation",
+                {{"job", spec.job_key},
+                 {"generation", std::to_string(spec.generation)},
+                 {"current", std::to_string(it->second.spec.generation)}});
+    }
+    return;
+  }
+  Job job;
+  job.spec = spec;
+  job.layout = layout;
+  if (spec.config.contains("restore") && spec.config["restore"].is_string()) {
+    job.restore = spec.config["restore"].get<std::string>();
+  }
+  for (size_t i = 0; i < spec.pods.size(); ++i) job.index[spec.pods[i]] = static_cast<int>(i);
+  impl_->jobs[spec.job_key] = std::move(job);
+  log::info(kComponent, "generation open",
+            {{"job", spec.job_key},
+             {"generation", std::to_string(spec.generation)},
+             {"pods", std::to_string(spec.pods.size())},
+             {"procs_per_pod", std::to_string(spec.procs_per_pod)}});
+  impl_->cv.notify_all();
+}
+
+void RendezvousService::close_job(const std::string& job_key) {
+  std::lock_guard<std::mutex> l(impl_->mu);
+  auto it = impl_->jobs.find(job_key);
+  if (it == impl_->jobs.end() || it->second.closed) return;
+  it->second.closed = true;
+  it->second.joined.clear();
+  it->second.progress.clear();
+  log::info(kComponent, "job closed", {{"job", job_key}});
+  impl_->cv.notify_all();
+}
+
+void RendezvousService::set_exit_handler(std::function<void(const WorkerExit&)> handler) {
+  std::lock_guard<std::mutex> l(impl_->handler_mu);
+  impl_->on_exit = std::move(handler);
+}
+
+void RendezvousService::set_join_timeout_handler(std::function<void(const JoinTimeout&)> handler) {
+  std::lock_guard<std::mutex> l(impl_->handler_mu);
+  impl_->on_timeout = std::move(handler);
+}
+
+std::optional<RendezvousService::Progress> RendezvousService::progress(const std::string& job_key) const {
+  std::lock_guard<std::mutex> l(impl_->mu);
+  auto it = impl_->jobs.find(job_key);
+  if (it == impl_->jobs.end() || it->second.closed) return std::nullopt;
+  const Job& j = it->second;
+  Progress p;
+  p.generation = j.spec.generation;
+  p.world_size = j.world();
+  p.ranks_done = j.ranks_ok;
+  p.all_succeeded = j.ranks_ok == j.world();
+  p.world_complete = j.complete;
+  p.missing = j.missing();
+  if (!j.progress.empty()) {
+    const auto& r = j.progress.begin()->second;
+    p.step = r.step;
+    p.loss = r.loss;
+    p.tokens_per_second = r.tokens_per_second;
+  }
+  return p;
+}
+
+}  // namespace railyard::op
