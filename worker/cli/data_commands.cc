@@ -1,8 +1,10 @@
 // railyard data prepare | inspect
 #include <algorithm>
 #include <iostream>
+#include <nlohmann/json.hpp>
 
 #include "worker/cli/cli.h"
+#include "worker/data/data_loader.h"
 #include "worker/data/prepare.h"
 #include "worker/data/shard.h"
 #include "worker/data/tokenizer.h"
@@ -100,14 +102,78 @@ int inspect(const Args& a) {
   return kExitOk;
 }
 
+int sample(const Args& a) {
+  std::string source;
+  int B = 2, T = 64, rank = 0, world = 1, vocab = worker::kByteVocabSize;
+  unsigned long long seed = 1, steps = 1, skip = 0;
+  bool shuffle = true;
+  auto small = [](const std::string& flag, unsigned long long v, unsigned long long lo) {
+    if (v < lo || v > 1'000'000'000ULL) throw UsageError{flag + " " + std::to_string(v) + " is out of range"};
+    return static_cast<int>(v);
+  };
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] == "--batch") {
+      B = small("--batch", parse_count("--batch", flag_value(a, i)), 1);
+    } else if (a[i] == "--seq") {
+      T = small("--seq", parse_count("--seq", flag_value(a, i)), 1);
+    } else if (a[i] == "--rank") {
+      rank = small("--rank", parse_count("--rank", flag_value(a, i)), 0);
+    } else if (a[i] == "--world") {
+      world = small("--world", parse_count("--world", flag_value(a, i)), 1);
+    } else if (a[i] == "--vocab") {
+      vocab = small("--vocab", parse_count("--vocab", flag_value(a, i)), 1);
+    } else if (a[i] == "--seed") {
+      seed = parse_count("--seed", flag_value(a, i));
+    } else if (a[i] == "--steps") {
+      steps = parse_count("--steps", flag_value(a, i));
+    } else if (a[i] == "--skip") {
+      skip = parse_count("--skip", flag_value(a, i));
+    } else if (a[i] == "--no-shuffle") {
+      shuffle = false;
+    } else if (is_flag(a[i])) {
+      throw UsageError{"data sample: unknown flag '" + a[i] + "'"};
+    } else if (source.empty()) {
+      source = a[i];
+    } else {
+      throw UsageError{"data sample: one DIR or PATTERN expected, got '" + source + "' and '" + a[i] + "'"};
+    }
+  }
+  if (source.empty()) throw UsageError{"data sample: DIR or PATTERN is required"};
+  worker::DataLoader loader(source, B, T, rank, world, seed, vocab, shuffle);
+  std::cout << "source: " << source << ": " << loader.num_shards() << " shard(s), " << loader.num_tokens()
+            << " tokens, " << loader.samples_per_epoch() << " samples of T+1=" << T + 1 << ", "
+            << loader.steps_per_epoch() << " steps per epoch at B*world=" << B * world << "\n";
+  const size_t n = static_cast<size_t>(B) * static_cast<size_t>(T);
+  std::vector<int32_t> in(n), tg(n);
+  for (unsigned long long i = 0; i < skip; ++i) loader.next_batch(in.data(), tg.data());
+  for (unsigned long long s = 0; s < steps; ++s) {
+    loader.next_batch(in.data(), tg.data());
+    std::cout << "step " << skip + s << " (epoch " << loader.epoch() << "), rank " << rank << ":\n";
+    for (int b = 0; b < B; ++b) {
+      const int32_t* row = in.data() + static_cast<size_t>(b) * T;
+      std::cout << "  [" << b << "] ";
+      if (std::all_of(row, row + T, [](int32_t x) { return x < worker::kByteVocabSize; })) {
+        std::cout << nlohmann::json(worker::byte_decode(row, static_cast<size_t>(T)))
+                         .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      } else {
+        for (int t = 0; t < T; ++t) std::cout << (t ? " " : "") << row[t];
+      }
+      std::cout << "\n";
+    }
+  }
+  std::cout << "state: " << nlohmann::json(loader.state()).dump() << "\n";
+  return kExitOk;
+}
+
 }  // namespace
 
 int run_data(const Args& args) {
-  if (args.empty()) throw UsageError{"data: subcommand required (prepare, inspect)"};
+  if (args.empty()) throw UsageError{"data: subcommand required (prepare, inspect, sample)"};
   const Args rest(args.begin() + 1, args.end());
   if (args[0] == "prepare") return prepare(rest);
   if (args[0] == "inspect") return inspect(rest);
-  throw UsageError{"data: unknown subcommand '" + args[0] + "' (prepare, inspect)"};
+  if (args[0] == "sample") return sample(rest);
+  throw UsageError{"data: unknown subcommand '" + args[0] + "' (prepare, inspect, sample)"};
 }
 
 }  // namespace railyard::cli

@@ -21,6 +21,10 @@ Commands:
   data inspect FILE [--tokens N] [--vocab V]
                        validate a shard and show its header and first N tokens (default 64), decoded when
                        they are bytes; --vocab (default 65536) refuses tokens >= V
+  data sample DIR|PATTERN [--batch B] [--seq T] [--rank R] [--world W] [--seed S] [--steps N] [--skip K]
+                       [--vocab V] [--no-shuffle]
+                       print the batches the training loader yields (decoded as JSON strings when they are
+                       bytes; defaults B 2, T 64, rank 0 of 1, seed 1, 1 step, vocab 256) and its final state
   model inspect FILE   show an llm.c GPT-2 checkpoint's header, parameter count and tensor layout
   help, --help, -h     this text
 

@@ -69,6 +69,7 @@ void check_config(const std::string& path, const GptConfig& c) {
 LlmcModelInfo inspect_fd(int fd, const std::string& path) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) throw ConfigError(path + ": cannot stat: " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) throw ConfigError(path + ": not a regular file");
   const size_t size = static_cast<size_t>(st.st_size);
   if (size < kLlmcHeaderBytes) {
     throw ConfigError(path + ": file has " + std::to_string(size) + " bytes, shorter than the " +

@@ -81,6 +81,21 @@ TEST_CASE("railyard data prepare and inspect on a real text file") {
   CHECK(contains(r.output, "magic:    20240520"));
   CHECK(contains(r.output, text.substr(0, 30)));
 
+  // data sample runs the training loader: deterministic, and skipping k steps lands where k steps of output end.
+  const std::string sample = bin + " data sample " + out + " --batch 2 --seq 24 --seed 5";
+  auto s1 = run_command(sample + " --steps 3");
+  REQUIRE_MESSAGE(s1.code == 0, s1.output);
+  CHECK(s1.output == run_command(sample + " --steps 3").output);
+  CHECK(contains(s1.output, "\"position\":6"));
+  auto s2 = run_command(sample + " --skip 2 --steps 1");
+  REQUIRE_MESSAGE(s2.code == 0, s2.output);
+  const size_t from1 = s1.output.find("step 2 (epoch 0)"), from2 = s2.output.find("step 2 (epoch 0)");
+  REQUIRE(from1 != std::string::npos);
+  REQUIRE(from2 != std::string::npos);
+  CHECK(s1.output.substr(from1) == s2.output.substr(from2));
+  CHECK(run_command(bin + " data sample " + dir.file("nothing_*.bin")).code == 1);
+  CHECK(run_command(bin + " data sample " + out + " --batch 0").code == 2);
+
   // Running again without --force fails (exit 1) and says why.
   r = run_command(bin + " data prepare --input /usr/share/common-licenses/GPL-3 --output " + out);
   CHECK(r.code == 1);

@@ -219,6 +219,7 @@ TEST_CASE("mismatched, truncated and foreign model files are refused, naming the
   }
   SUBCASE("missing file") {
     CHECK(message([&] { read_llmc_header(dir.file("none.bin")); }).find("none.bin: cannot open") != std::string::npos);
+    CHECK(message([&] { read_llmc_header(dir.path().string()); }) == dir.path().string() + ": not a regular file");
   }
   SUBCASE("saving a bad config is refused before anything is written") {
     GptConfig bad = c;
