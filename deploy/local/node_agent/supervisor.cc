@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,7 +24,8 @@ void make_dirs(const std::string& dir, const char* what) {
 }
 
 // Child side of fork: only async-signal-safe calls from here on.
-[[noreturn]] void child_exec(int log_fd, int err_fd, const char* cwd, char* const argv[], char* const envp[]) {
+[[noreturn]] void child_exec(int log_fd, int err_fd, const char* cwd, char* const argv[], char* const envp[],
+                             pid_t parent) {
   auto report = [&](int code) {
     int e = errno;
     (void)code;
@@ -32,6 +34,9 @@ void make_dirs(const std::string& dir, const char* what) {
     ::_exit(127);
   };
   ::setsid();
+  // If the agent dies (even by SIGKILL), the pod's main process goes with it instead of running unsupervised.
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) ::_exit(127);
   // Undo what the agent may have changed so the pod starts with default signal handling.
   sigset_t all;
   sigemptyset(&all);
@@ -96,6 +101,7 @@ pid_t Supervisor::start(const std::string& key, const SpawnSpec& spec) {
   for (auto& e : env_strings) envp.push_back(e.data());
   envp.push_back(nullptr);
 
+  pid_t parent = ::getpid();
   pid_t pid = ::fork();
   if (pid < 0) {
     int e = errno;
@@ -104,7 +110,7 @@ pid_t Supervisor::start(const std::string& key, const SpawnSpec& spec) {
     ::close(pipefd[1]);
     throw SpawnError(std::string("fork: ") + std::strerror(e));
   }
-  if (pid == 0) child_exec(log_fd, pipefd[1], spec.working_dir.c_str(), argv.data(), envp.data());
+  if (pid == 0) child_exec(log_fd, pipefd[1], spec.working_dir.c_str(), argv.data(), envp.data(), parent);
   ::close(log_fd);
   ::close(pipefd[1]);
   // The pipe closes on a successful exec (EOF) or carries the child's errno.

@@ -53,7 +53,8 @@ class Supervisor {
   Supervisor& operator=(const Supervisor&) = delete;
 
   // Starts a process under `key` (one live process per key). Throws SpawnError if exec fails (command not found,
-  // working dir not creatable, ...) or if a process for the key is still running.
+  // working dir not creatable, ...) or if a process for the key is still running. The process is killed if the
+  // calling thread exits (PR_SET_PDEATHSIG follows the forking thread): call this from a long-lived thread.
   pid_t start(const std::string& key, const SpawnSpec& spec);
 
   // Sends a signal to the whole process group. False if there is no live process for the key.
