@@ -78,6 +78,13 @@ std::string_view save_state_name(SaveState s) {
 
 std::string temp_dir_name(int64_t step, const std::string& run_id) { return step_dir_name(step) + ".tmp-" + run_id; }
 
+Box replica_part(const Box& box, int index, int replicas) {
+  if (replicas <= 1) return box;
+  if (box.size.empty()) return index == 0 ? box : Box{{0}, {0}};
+  int dim = static_cast<int>(std::max_element(box.size.begin(), box.size.end()) - box.size.begin());
+  return split_box(box, dim, replicas, index);
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // FsCoordinator
 
@@ -403,16 +410,8 @@ SaveStatus Writer::snapshot(int64_t step, const std::vector<TensorShard>& shards
     } else if (it->dtype != s.dtype || it->shape != s.global_shape) {
       throw Error(what + ": shards disagree on dtype or global shape");
     }
-    // Replicas split the box along its longest dimension; each writes one part, so every element is written once.
-    Box mine = s.box;
-    if (s.num_replicas > 1) {
-      if (s.box.size.empty()) {
-        if (s.replica_index != 0) continue;
-      } else {
-        int dim = static_cast<int>(std::max_element(s.box.size.begin(), s.box.size.end()) - s.box.size.begin());
-        mine = split_box(s.box, dim, s.num_replicas, s.replica_index);
-      }
-    }
+    // Replicas split the box; each writes one part, so every element is written once.
+    Box mine = replica_part(s.box, s.replica_index, s.num_replicas);
     if (mine.volume() == 0) continue;
     parts.push_back({&s, mine});
     total = align_up(total + static_cast<uint64_t>(mine.volume()) * dtype_size(s.dtype));

@@ -162,6 +162,10 @@ std::vector<std::string> clean_orphans(const std::string& root, const std::strin
 // Keeps the newest `keep` complete checkpoints; returns what was removed.
 std::vector<std::string> apply_retention(const std::string& root, int keep);
 
-std::string temp_dir_name(int64_t step, const std::string& run_id);  // "step-00001000.tmp-RUNID"
+std::string temp_dir_name(int64_t step, const std::string& run_id);
+
+// The part of a replicated box that replica `index` of `replicas` writes: the box split along its longest
+// dimension (a scalar goes to replica 0). The parts of all replicas tile the box.
+Box replica_part(const Box& box, int index, int replicas);  // "step-00001000.tmp-RUNID"
 
 }  // namespace railyard::ckpt

@@ -1,0 +1,215 @@
+#include "checkpoint/shm_store.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "checkpoint/crc32c.h"
+#include "checkpoint/fs_util.h"
+#include "common/error.h"
+
+namespace railyard::ckpt {
+namespace {
+
+constexpr char kMagic[8] = {'R', 'Y', 'C', 'K', 'S', 'H', 'M', '1'};
+constexpr uint32_t kVersion = 1;
+constexpr uint32_t kStateWriting = 1;
+constexpr uint32_t kStateComplete = 2;
+constexpr uint64_t kHeaderBytes = 4096;
+
+struct Header {
+  char magic[8];
+  uint32_t version;
+  uint32_t state;       // written last (release) when complete; kStateWriting while a put runs
+  uint64_t generation;  // bumped by every put, so a reader can notice a put that ran while it read
+  int64_t step;
+  uint64_t meta_bytes;
+  uint64_t data_offset;
+  uint64_t data_bytes;
+  uint32_t crc;         // CRC32C of meta and data
+  uint32_t header_crc;  // CRC32C of the fields above, state set to complete
+};
+static_assert(sizeof(Header) <= kHeaderBytes);
+
+uint32_t header_crc(Header h) {
+  h.state = kStateComplete;
+  h.header_crc = 0;
+  return crc32c(&h, offsetof(Header, header_crc));
+}
+
+uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+}  // namespace
+
+ShmStore::ShmStore(std::string name) : name_(std::move(name)) {
+  if (name_.size() < 2 || name_[0] != '/' || name_.find('/', 1) != std::string::npos || name_.size() > 250) {
+    throw ConfigError("shared-memory name '" + name_ + "' must be '/' followed by a name without '/' (see name_for)");
+  }
+}
+
+ShmStore::~ShmStore() {
+  if (map_ != nullptr) ::munmap(map_, map_size_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+std::string ShmStore::name_for(std::string_view job, int rank) {
+  std::string s = "/railyard-";
+  for (char c : job) s += (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-') ? c : '_';
+  return s + "-r" + std::to_string(rank);
+}
+
+void ShmStore::remove(const std::string& name) { ::shm_unlink(name.c_str()); }
+
+void ShmStore::put(int64_t step, const std::vector<TensorShard>& shards, const nlohmann::json& state) {
+  nlohmann::json meta;
+  meta["state"] = state;
+  meta["tensors"] = nlohmann::json::array();
+  meta["slices"] = nlohmann::json::array();
+  uint64_t data_bytes = 0;
+  for (const auto& s : shards) {
+    if (!box_within(s.box, s.global_shape)) {
+      throw Error("shared-memory snapshot: tensor '" + s.name + "' box " + box_to_string(s.box) +
+                  " is outside its shape " + shape_to_string(s.global_shape));
+    }
+    const uint64_t bytes = static_cast<uint64_t>(s.box.volume()) * dtype_size(s.dtype);
+    meta["tensors"].push_back({{"name", s.name}, {"dtype", std::string(dtype_name(s.dtype))}, {"shape", s.global_shape}});
+    meta["slices"].push_back(
+        {{"tensor", s.name}, {"offset", s.box.offset}, {"size", s.box.size}, {"at", data_bytes}, {"bytes", bytes}});
+    data_bytes = align_up(data_bytes + bytes, 64);
+  }
+  const std::string meta_text = meta.dump();
+  const uint64_t data_offset = align_up(kHeaderBytes + meta_text.size(), 4096);
+  const uint64_t total = data_offset + data_bytes;
+
+  if (fd_ < 0) {
+    fd_ = ::shm_open(name_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd_ < 0) throw Error("shm_open " + name_ + ": " + detail::errno_text(errno));
+  }
+  struct stat st;
+  if (::fstat(fd_, &st) != 0) throw Error("fstat " + name_ + ": " + detail::errno_text(errno));
+  if (static_cast<uint64_t>(st.st_size) < total) {
+    // Reserve the pages now: writing into an unbacked page of a full tmpfs would kill us with SIGBUS.
+    int rc = ::posix_fallocate(fd_, 0, static_cast<off_t>(total));
+    if (rc != 0) {
+      throw Error("shared memory " + name_ + ": cannot reserve " + std::to_string(total) +
+                  " bytes: " + detail::errno_text(rc) + " (is /dev/shm large enough?)");
+    }
+  }
+  if (map_ == nullptr || map_size_ < total) {
+    if (map_ != nullptr) ::munmap(map_, map_size_);
+    map_ = nullptr;
+    if (::fstat(fd_, &st) != 0) throw Error("fstat " + name_ + ": " + detail::errno_text(errno));
+    map_size_ = static_cast<uint64_t>(st.st_size);
+    void* p = ::mmap(nullptr, map_size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+    if (p == MAP_FAILED) throw Error("mmap " + name_ + ": " + detail::errno_text(errno));
+    map_ = p;
+  }
+  auto* base = static_cast<unsigned char*>(map_);
+  auto* h = reinterpret_cast<Header*>(base);
+  __atomic_store_n(&h->state, kStateWriting, __ATOMIC_SEQ_CST);
+  const uint64_t generation = h->generation + 1;
+  __atomic_store_n(&h->generation, generation, __ATOMIC_SEQ_CST);
+  std::memcpy(base + kHeaderBytes, meta_text.data(), meta_text.size());
+  uint64_t at = 0;
+  for (const auto& s : shards) {
+    const uint64_t bytes = static_cast<uint64_t>(s.box.volume()) * dtype_size(s.dtype);
+    if (bytes > 0) std::memcpy(base + data_offset + at, s.data, bytes);
+    at = align_up(at + bytes, 64);
+  }
+  Header nh{};
+  std::memcpy(nh.magic, kMagic, sizeof kMagic);
+  nh.version = kVersion;
+  nh.state = kStateWriting;
+  nh.generation = generation;
+  nh.step = step;
+  nh.meta_bytes = meta_text.size();
+  nh.data_offset = data_offset;
+  nh.data_bytes = data_bytes;
+  uint32_t crc = crc32c(base + kHeaderBytes, meta_text.size());
+  nh.crc = crc32c(base + data_offset, data_bytes, crc);
+  nh.header_crc = header_crc(nh);
+  std::memcpy(h, &nh, sizeof nh);
+  __atomic_store_n(&h->state, kStateComplete, __ATOMIC_RELEASE);
+}
+
+std::optional<int64_t> ShmStore::get(const std::vector<LoadTarget>& targets, nlohmann::json* state, std::string* why,
+                                     bool verify) const {
+  auto fail = [&](const std::string& reason) -> std::optional<int64_t> {
+    if (why != nullptr) *why = "shared memory " + name_ + ": " + reason;
+    return std::nullopt;
+  };
+  int fd = ::shm_open(name_.c_str(), O_RDONLY | O_CLOEXEC, 0);
+  if (fd < 0) return fail("no snapshot (" + detail::errno_text(errno) + ")");
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < kHeaderBytes) {
+    ::close(fd);
+    return fail("segment smaller than its header: torn or never written");
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) return fail("mmap: " + detail::errno_text(errno));
+  struct Unmap {
+    void* p;
+    uint64_t n;
+    ~Unmap() { ::munmap(p, n); }
+  } unmap{p, size};
+  const auto* base = static_cast<const unsigned char*>(p);
+  const auto* hp = reinterpret_cast<const Header*>(base);
+  if (__atomic_load_n(&hp->state, __ATOMIC_ACQUIRE) != kStateComplete) {
+    return fail("torn snapshot: a writer started but did not finish (state word not complete)");
+  }
+  Header h;
+  std::memcpy(&h, hp, sizeof h);
+  if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) return fail("bad magic: not a railyard snapshot");
+  if (h.version != kVersion) return fail("version " + std::to_string(h.version) + " not supported");
+  if (h.header_crc != header_crc(h)) return fail("torn snapshot: header checksum mismatch");
+  if (h.data_offset < kHeaderBytes + h.meta_bytes || h.data_offset + h.data_bytes > size) {
+    return fail("torn snapshot: header sizes exceed the segment");
+  }
+  if (verify) {
+    uint32_t crc = crc32c(base + kHeaderBytes, h.meta_bytes);
+    crc = crc32c(base + h.data_offset, h.data_bytes, crc);
+    if (crc != h.crc) return fail("CRC32C mismatch over the snapshot contents (step " + std::to_string(h.step) + ")");
+  }
+  nlohmann::json meta = nlohmann::json::parse(base + kHeaderBytes, base + kHeaderBytes + h.meta_bytes, nullptr, false);
+  if (meta.is_discarded()) return fail("snapshot metadata is not valid JSON");
+  try {
+    for (const auto& t : targets) {
+      const nlohmann::json* tensor = nullptr;
+      for (const auto& tj : meta.at("tensors")) {
+        if (tj.at("name") == t.name) tensor = &tj;
+      }
+      if (tensor == nullptr) return fail("tensor '" + t.name + "' not stored");
+      if (parse_dtype(tensor->at("dtype").get<std::string>()) != t.dtype) return fail("tensor '" + t.name + "' dtype differs");
+      int64_t covered = 0;
+      for (const auto& sj : meta.at("slices")) {
+        if (sj.at("tensor") != t.name) continue;
+        Box b{sj.at("offset").get<Shape>(), sj.at("size").get<Shape>()};
+        const uint64_t at = sj.at("at").get<uint64_t>(), bytes = sj.at("bytes").get<uint64_t>();
+        if (h.data_offset + at + bytes > size) return fail("slice of '" + t.name + "' lies outside the segment");
+        if (auto region = intersect(b, t.box)) {
+          copy_region(base + h.data_offset + at, b, t.data, t.box, *region, dtype_size(t.dtype));
+          covered += region->volume();
+        }
+      }
+      if (covered != t.box.volume()) {
+        return fail("tensor '" + t.name + "' box " + box_to_string(t.box) + " is not fully stored (layout changed?)");
+      }
+    }
+    if (state != nullptr) *state = meta.value("state", nlohmann::json());
+  } catch (const std::exception& e) {
+    return fail(std::string("bad snapshot metadata: ") + e.what());
+  }
+  // A put that started while we copied would have bumped the generation.
+  if (__atomic_load_n(&hp->generation, __ATOMIC_ACQUIRE) != h.generation ||
+      __atomic_load_n(&hp->state, __ATOMIC_ACQUIRE) != kStateComplete) {
+    return fail("torn snapshot: overwritten while reading");
+  }
+  return h.step;
+}
+
+}  // namespace railyard::ckpt
