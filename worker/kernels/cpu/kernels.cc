@@ -3,7 +3,9 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <mutex>
 #include <type_traits>
 
@@ -25,6 +27,45 @@ void gemm_serial(bool ta, bool tb, int M, int N, int K, T alpha, const T* A, int
     cblas_sgemm(CblasRowMajor, a, b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   } else {
     cblas_dgemm(CblasRowMajor, a, b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  }
+}
+
+// exp for float without a library call, so the loops around it vectorise (libm's expf is a scalar call, and the
+// softmax, cross entropy and GELU spend most of their time in it). Range reduction x = n ln2 + r, |r| <= ln2/2, then
+// Cephes' degree-5 minimax polynomial for e^r: max relative error ~2 ulp over the clamped range. Inputs are clamped
+// to [-87.3, 88.3] (results below e^-87.3 ~ 1e-38 become that, harmless in the softmax). Double keeps std::exp:
+// it is the precise reference of the gradient check.
+inline float exp_approx(float x) {
+  x = std::min(88.3f, std::max(-87.3f, x));
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;  // ln2 split in a short high part and a low part
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = p * r * r + r + 1.0f;
+  return y * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
+}
+
+template <typename T>
+inline T exp_k(T x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return exp_approx(x);
+  } else {
+    return std::exp(x);
+  }
+}
+
+// tanh(u) = 1 - 2 / (1 + e^{2u}), through exp_k so it vectorises; |u| is clamped at 10 where tanh is +-1 in float.
+template <typename T>
+inline T tanh_k(T u) {
+  if constexpr (std::is_same_v<T, float>) {
+    u = std::min(10.0f, std::max(-10.0f, u));
+    return 1.0f - 2.0f / (1.0f + exp_approx(2.0f * u));
+  } else {
+    return std::tanh(u);
   }
 }
 
@@ -219,7 +260,7 @@ void attention_forward(ThreadPool& pool, T* out, T* att, const T* qkv, int B, in
         for (int s = 1; s <= t; ++s) mx = std::max(mx, row[s]);
         T sum = 0;
         for (int s = 0; s <= t; ++s) {
-          row[s] = std::exp(row[s] - mx);
+          row[s] = exp_k(row[s] - mx);
           sum += row[s];
         }
         const T inv = T(1) / sum;
@@ -282,7 +323,7 @@ void gelu_forward(ThreadPool& pool, T* out, const T* inp, size_t n) {
     for (size_t i = begin; i < end; ++i) {
       const T x = inp[i];
       const T cube = T(0.044715) * x * x * x;
-      out[i] = T(0.5) * x * (T(1) + std::tanh(kGeluScale<T> * (x + cube)));
+      out[i] = T(0.5) * x * (T(1) + tanh_k(kGeluScale<T> * (x + cube)));
     }
   });
 }
@@ -293,7 +334,7 @@ void gelu_backward(ThreadPool& pool, T* dinp, const T* inp, const T* dout, size_
     for (size_t i = begin; i < end; ++i) {
       const T x = inp[i];
       const T u = kGeluScale<T> * (x + T(0.044715) * x * x * x);
-      const T th = std::tanh(u);
+      const T th = tanh_k(u);
       const T du = kGeluScale<T> * (T(1) + T(3 * 0.044715) * x * x);
       const T grad = T(0.5) * (T(1) + th) + T(0.5) * x * (T(1) - th * th) * du;
       dinp[i] = grad * dout[i];
@@ -320,7 +361,7 @@ void crossentropy_forward(ThreadPool& pool, T* losses, const T* logits, const in
       T mx = z[0];
       for (int v = 1; v < V; ++v) mx = std::max(mx, z[v]);
       T sum = 0;
-      for (int v = 0; v < V; ++v) sum += std::exp(z[v] - mx);
+      for (int v = 0; v < V; ++v) sum += exp_k(z[v] - mx);
       losses[r] = std::log(sum) + mx - z[targets[r]];
     }
   });
@@ -338,7 +379,7 @@ void crossentropy_fused_backward(ThreadPool& pool, T* losses, T* logits, const i
       const T z_target = z[target];
       T sum = 0;
       for (int v = 0; v < V; ++v) {
-        z[v] = std::exp(z[v] - mx);
+        z[v] = exp_k(z[v] - mx);
         sum += z[v];
       }
       losses[r] = std::log(sum) + mx - z_target;

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Benchmark: railyard-worker vs PyTorch CPU, GPT-2 124M, B=4, T=64, AdamW, same thread count, in one run.
+# Also: the fraction of the machine's GEMM rate (measured by railyard-worker on the step's own GEMM shapes at start)
+# that a step reaches, and peak RSS against the declared memory budget.
+# Usage: tests/bench/worker/train_vs_torch.sh [BIN_DIR]   (env: STEPS=6 THREADS=2 MODEL=gpt2-124m B=4 T=64)
+# Prints a summary table and a JSON line; exits 1 if a run fails. Results go to docs/benchmarks.md by hand.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+src=$(cd "$here/../../.." && pwd)
+bin=${1:-${RAILYARD_BIN_DIR:-$src/build/bin}}
+STEPS=${STEPS:-6}
+THREADS=${THREADS:-2}
+B=${B:-4}
+T=${T:-64}
+for f in "$bin/railyard-worker" "$bin/railyard"; do
+  [ -x "$f" ] || { echo "train_vs_torch.sh: $f missing: build with cmake --build build --target railyard-worker railyard" >&2; exit 1; }
+done
+/usr/bin/python3 -c 'import torch' 2>/dev/null || { echo "train_vs_torch.sh: /usr/bin/python3 has no torch: scripts/install-deps.sh --with-torch" >&2; exit 1; }
+blas=$(update-alternatives --query libblas.so.3-x86_64-linux-gnu 2>/dev/null | awk '/^Value:/ {print $2}')
+case "$blas" in
+  *openblas*) ;;
+  *) echo "train_vs_torch.sh: libblas.so.3 points to '$blas', not OpenBLAS: PyTorch would run ~15x slower than it can (install libopenblas0-pthread)" >&2; exit 1 ;;
+esac
+
+work=$(mktemp -d /tmp/railyard-bench-XXXXXX)
+trap 'rm -rf "$work"' EXIT
+"$bin/railyard" data prepare --input /usr/share/common-licenses/* --output "$work/data" >/dev/null
+
+echo "== railyard-worker (gpt2-124m, B=$B, T=$T, threads=$THREADS, $STEPS steps)" >&2
+/usr/bin/time -v -o "$work/time.txt" "$bin/railyard-worker" train --model gpt2-124m --data "$work/data" \
+  --steps "$STEPS" --batch "$B" --seq "$T" --threads "$THREADS" --log-json "$work/ours.jsonl" 2> "$work/ours.log"
+grep -E "memory budget|peak_flops" "$work/ours.log" >&2 || true
+budget=$(sed -n 's/.*memory budget.* total_bytes=\([0-9]*\).*/\1/p' "$work/ours.log")
+gemm_rate=$(sed -n 's/.* peak_flops=\([0-9.e+]*\) .*/\1/p' "$work/ours.log")
+rss_kb=$(awk -F: '/Maximum resident set size/ {gsub(/ /,"",$2); print $2}' "$work/time.txt")
+
+echo "== PyTorch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)') (same shapes, threads=$THREADS)" >&2
+/usr/bin/python3 "$here/train_torch.py" --batch "$B" --seq "$T" --steps "$STEPS" --threads "$THREADS" > "$work/torch.json"
+
+/usr/bin/python3 - "$work/ours.jsonl" "$work/torch.json" "$budget" "$gemm_rate" "$rss_kb" "$B" "$T" <<'PY'
+import json, statistics, sys
+ours_path, torch_path, budget, gemm_rate, rss_kb, B, T = sys.argv[1:]
+steps = [json.loads(l) for l in open(ours_path) if '"event":"step"' in l.replace(" ", "")]
+tor = json.load(open(torch_path))
+tokens = int(B) * int(T)
+# the first step warms caches and page-faults the optimizer state in both implementations: drop it
+ours_s = statistics.median([s["step_ms"] / 1e3 for s in steps[1:]])
+torch_s = statistics.median(tor["step_seconds"][1:])
+flops = statistics.median([s["flops_per_s"] for s in steps[1:]])
+res = {
+    "ours_step_s": round(ours_s, 3), "ours_tokens_per_s": round(tokens / ours_s, 1),
+    "torch_step_s": round(torch_s, 3), "torch_tokens_per_s": round(tokens / torch_s, 1),
+    "speedup_vs_torch": round(torch_s / ours_s, 2),
+    "gemm_rate_flops": float(gemm_rate), "step_flops_per_s": flops,
+    "fraction_of_gemm_rate": round(flops / float(gemm_rate), 3),
+    "declared_budget_bytes": int(budget), "peak_rss_bytes": int(rss_kb) * 1024,
+    "rss_over_budget": round(int(rss_kb) * 1024 / int(budget), 3),
+}
+for k, v in res.items():
+    print(f"{k:24s} {v}", file=sys.stderr)
+print(json.dumps(res))
+PY
