@@ -3,7 +3,9 @@
 #include <cstdio>
 #include <iostream>
 #include <string>
+#include <vector>
 
+#include "checkpoint/cli.h"
 #include "common/error.h"
 #include "worker/cli/cli.h"
 
@@ -26,6 +28,8 @@ Commands:
                        print the batches the training loader yields (decoded as JSON strings when they are
                        bytes; defaults B 2, T 64, rank 0 of 1, seed 1, 1 step, vocab 256) and its final state
   model inspect FILE   show an llm.c GPT-2 checkpoint's header, parameter count and tensor layout
+  ckpt ls|inspect|verify|reshard DIR ...
+                       list, inspect, verify and reshard checkpoints (railyard ckpt --help)
   help, --help, -h     this text
 
 Exit codes: 0 ok, 1 the operation failed (message on stderr), 2 bad command line.
@@ -62,8 +66,16 @@ int run(const Args& args) {
   }
   if (cmd == "data") return run_data(rest);
   if (cmd == "model") return run_model(rest);
+  if (cmd == "ckpt") {
+    // The checkpoint library owns its command line; it expects argv[0] == "ckpt".
+    std::vector<std::string> owned(args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : owned) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    return ckpt::cli_main(static_cast<int>(owned.size()), argv.data());
+  }
   if (!cmd.empty() && cmd[0] == '-') throw UsageError{"unknown flag '" + cmd + "'"};
-  throw UsageError{"unknown command '" + cmd + "' (commands: data, model, help)"};
+  throw UsageError{"unknown command '" + cmd + "' (commands: data, model, ckpt, help)"};
 }
 
 }  // namespace railyard::cli

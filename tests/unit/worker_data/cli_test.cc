@@ -55,6 +55,10 @@ TEST_CASE("railyard --help and usage errors exit 0 and 2") {
   CHECK(contains(r.output, "--shard-tokens '12k' is not a non-negative integer"));
   r = run_command(bin + " data prepare --input a --output b --val-fraction 1.5");
   CHECK(r.code == 2);
+  // `ckpt` is dispatched to the checkpoint library's command line.
+  r = run_command(bin + " ckpt");
+  CHECK(r.code == 2);
+  CHECK(contains(r.output, "usage: railyard ckpt"));
   r = run_command(bin + " model inspect");
   CHECK(r.code == 2);
   r = run_command(bin + " model export x");
