@@ -15,6 +15,7 @@
 
 #include "checkpoint/format.h"
 #include "checkpoint/layout.h"
+#include "common/error.h"
 #include "checkpoint/reader.h"
 #include "checkpoint/writer.h"
 
