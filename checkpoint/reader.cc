@@ -256,17 +256,24 @@ LoadResult Reader::load_step(int64_t step, const std::vector<LoadTarget>& target
 
 LoadResult Reader::load_latest(const std::vector<LoadTarget>& targets, const LoadOptions& options) const {
   std::vector<int64_t> steps = complete_steps();
-  // `latest` normally names the newest complete step; if it names a step whose directory is gone, say so.
-  std::vector<std::string> skipped;
+  // Everything passed over, with its step, so the result lists what is newer than the step loaded.
+  std::vector<std::pair<int64_t, std::string>> passed;
   if (auto lp = latest_pointer(); lp && std::find(steps.begin(), steps.end(), *lp) == steps.end()) {
-    skipped.push_back(step_dir_name(*lp) + ": named by 'latest' but not a complete checkpoint directory");
+    passed.emplace_back(*lp, step_dir_name(*lp) + ": named by 'latest' but not a complete checkpoint directory");
   }
-  // Newer directories that never committed are reported too, so the caller knows what was passed over.
   for (const auto& info : list_checkpoints(root_)) {
-    if (!info.complete && (steps.empty() || info.step > steps.back()) && !detail::exists(root_ + "/" + info.name + "/" + kManifestName)) {
-      skipped.push_back(info.name + ": " + info.problem);
+    if (!info.complete && !detail::exists(root_ + "/" + info.name + "/" + kManifestName)) {
+      passed.emplace_back(info.step, info.name + ": " + info.problem);
     }
   }
+  auto report = [&](int64_t loaded) {
+    std::stable_sort(passed.begin(), passed.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    std::vector<std::string> out;
+    for (const auto& [step, why] : passed) {
+      if (step > loaded) out.push_back(why);
+    }
+    return out;
+  };
   for (int64_t step : steps) {
     if (options.max_step && step > *options.max_step) continue;
     try {
@@ -275,14 +282,14 @@ LoadResult Reader::load_latest(const std::vector<LoadTarget>& targets, const Loa
         if (!v.ok) throw Error(v.problems.front());
       }
       LoadResult r = load_step(step, targets);
-      r.skipped = std::move(skipped);
+      r.skipped = report(step);
       return r;
     } catch (const Error& e) {
-      skipped.push_back(e.what());
+      passed.emplace_back(step, e.what());
     }
   }
   std::string all;
-  for (const auto& s : skipped) all += "\n  " + s;
+  for (const auto& s : report(-1)) all += "\n  " + s;
   throw Error("no loadable checkpoint under " + root_ + (all.empty() ? ": the directory holds none" : ":" + all));
 }
 
