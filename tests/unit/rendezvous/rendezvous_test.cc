@@ -1,0 +1,451 @@
+// RendezvousService against real HTTP on 127.0.0.1, driven by the agent's RendezvousClient from threads that play
+// the pods' agents.
+#include "operator/rendezvous/rendezvous.h"
+
+#include <doctest/doctest.h>
+#include <httplib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <future>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "worker/agent/rendezvous_client.h"
+
+using railyard::op::GenerationSpec;
+using railyard::op::JoinTimeout;
+using railyard::op::RendezvousOptions;
+using railyard::op::RendezvousService;
+using railyard::op::WorkerExit;
+using railyard::worker::RendezvousAuthError;
+using railyard::worker::RendezvousClient;
+using railyard::worker::RendezvousRequestError;
+using Outcome = RendezvousClient::Outcome;
+using Clock = std::chrono::steady_clock;
+namespace rdzv = railyard::rdzv;
+
+namespace {
+
+const std::string kToken = "tok-aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+
+GenerationSpec spec(int64_t gen, std::vector<std::string> pods, int procs, std::string key = "ns1/job1",
+                    std::string token = kToken) {
+  GenerationSpec s;
+  s.job_key = std::move(key);
+  s.generation = gen;
+  s.pods = std::move(pods);
+  s.procs_per_pod = procs;
+  s.token = std::move(token);
+  int world = static_cast<int>(s.pods.size()) * procs;
+  s.config = {{"layout", {{"dp", world}, {"tp", 1}, {"pp", 1}}}, {"restore", "/ckpt/step-100"}, {"lr", 0.001}};
+  return s;
+}
+
+rdzv::JoinRequest join_req(const std::string& pod, int procs, int64_t wait_ms, const std::string& agent_id = "",
+                           int store_port = 0, std::string ns = "ns1", std::string job = "job1") {
+  rdzv::JoinRequest r;
+  r.ref = {std::move(ns), std::move(job), pod};
+  r.generation = 0;
+  r.local_procs = procs;
+  r.pod_ip = "127.0.0." + std::to_string(10 + (pod.back() - '0'));
+  r.store_port = store_port;
+  r.agent_id = agent_id.empty() ? "agent-" + pod : agent_id;
+  r.wait_ms = wait_ms;
+  return r;
+}
+
+RendezvousClient client(const RendezvousService& svc, const std::string& token = kToken) {
+  railyard::worker::RendezvousClientOptions o;
+  o.max_attempts = 2;
+  o.backoff_initial = std::chrono::milliseconds(50);
+  return RendezvousClient("127.0.0.1:" + std::to_string(svc.port()), token, o);
+}
+
+// Avoids GCC 12's false -Wrestrict on `"p" + std::to_string(i)`.
+std::string numbered(const char* prefix, int i) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%s%d", prefix, i);
+  return buf;
+}
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+httplib::Result raw_post(const RendezvousService& svc, const char* path, const std::string& body,
+                         const std::string& token) {
+  httplib::Client cli("127.0.0.1", svc.port());
+  httplib::Headers h;
+  if (!token.empty()) h.insert({"Authorization", "Bearer " + token});
+  return cli.Post(path, h, body, "application/json");
+}
+
+}  // namespace
+
+TEST_CASE("ranks are unique and correct, and joins block until the last pod joins") {
+  RendezvousService svc("127.0.0.1", 0);
+  svc.open_generation(spec(1, {"p0", "p1", "p2"}, 2));
+  auto c = client(svc);
+
+  std::vector<std::future<RendezvousClient::Result>> early;
+  auto start = Clock::now();
+  for (std::string pod : {"p2", "p0"}) {
+    early.push_back(std::async(std::launch::async, [&c, pod] {
+      RendezvousClient::Result r;
+      do {
+        r = c.join(join_req(pod, 2, 5000, "", pod == "p0" ? 31111 : 32222));
+      } while (r.outcome == Outcome::Waiting);
+      return r;
+    }));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  for (auto& f : early) {
+    REQUIRE(f.wait_for(std::chrono::milliseconds(0)) == std::future_status::timeout);  // still blocked
+  }
+  auto last = c.join(join_req("p1", 2, 5000));
+  REQUIRE(last.outcome == Outcome::Ready);
+  std::vector<rdzv::Assignment> all = {last.assignment};
+  for (auto& f : early) {
+    auto r = f.get();
+    REQUIRE(r.outcome == Outcome::Ready);
+    all.push_back(r.assignment);
+  }
+  CHECK(seconds_since(start) < 3.0);  // released at once, not at the long-poll limit
+  std::set<int> ranks;
+  for (const auto& a : all) {
+    CHECK(a.generation == 1);
+    CHECK(a.world_size == 6);
+    CHECK(a.num_pods == 3);
+    CHECK(a.local_world_size == 2);
+    REQUIRE(a.ranks.size() == 2);
+    CHECK(a.ranks[0] == a.pod_index * 2);
+    CHECK(a.ranks[1] == a.pod_index * 2 + 1);
+    CHECK(a.pods == std::vector<std::string>{"p0", "p1", "p2"});
+    CHECK(a.master_addr == "127.0.0.10");  // p0's IP
+    CHECK(a.master_port == 31111);         // the port p0 offered
+    CHECK(a.layout.dp == 6);
+    CHECK(a.restore == "/ckpt/step-100");
+    CHECK(a.config.at("lr").get<double>() == doctest::Approx(0.001));
+    ranks.insert(a.ranks.begin(), a.ranks.end());
+  }
+  CHECK(ranks == std::set<int>{0, 1, 2, 3, 4, 5});
+  CHECK(all[0].pod_index == 1);  // p1 is replica 1 whatever the join order
+
+  // A retried join of the same agent gets the same answer (the reply may have been lost).
+  auto again = c.join(join_req("p1", 2, 0));
+  REQUIRE(again.outcome == Outcome::Ready);
+  CHECK(again.assignment.ranks == last.assignment.ranks);
+
+  auto st = c.status({{"ns1", "job1", "p0"}, 1, 0});
+  CHECK(st.outcome == Outcome::Running);
+}
+
+TEST_CASE("incomplete world answers waiting with the missing pods; the join timeout gives 408 naming them") {
+  RendezvousOptions o;
+  o.join_timeout = std::chrono::milliseconds(800);
+  RendezvousService svc("127.0.0.1", 0, o);
+  std::mutex mu;
+  std::vector<JoinTimeout> timeouts;
+  svc.set_join_timeout_handler([&](const JoinTimeout& t) {
+    std::lock_guard<std::mutex> l(mu);
+    timeouts.push_back(t);
+  });
+  svc.open_generation(spec(1, {"p0", "p1", "p2"}, 1));
+  auto c = client(svc);
+
+  auto w = c.join(join_req("p0", 1, 200));
+  CHECK(w.outcome == Outcome::Waiting);
+  CHECK(w.http_status == 202);
+  CHECK(w.missing == std::vector<std::string>{"p1", "p2"});
+  auto p = svc.progress("ns1/job1");
+  REQUIRE(p);
+  CHECK_FALSE(p->world_complete);
+  CHECK(p->missing == std::vector<std::string>{"p1", "p2"});
+
+  auto start = Clock::now();
+  auto t = c.join(join_req("p0", 1, 5000));
+  double took = seconds_since(start);
+  CHECK(t.outcome == Outcome::Timeout);
+  CHECK(t.http_status == 408);
+  CHECK(t.message.find("p1, p2") != std::string::npos);
+  CHECK(t.missing == std::vector<std::string>{"p1", "p2"});
+  CHECK(took < 1.5);  // bounded by the 800 ms window, not the 5 s long-poll
+  {
+    std::lock_guard<std::mutex> l(mu);
+    REQUIRE(timeouts.size() == 1);
+    CHECK(timeouts[0].missing == std::vector<std::string>{"p1", "p2"});
+    CHECK(timeouts[0].joined == std::vector<std::string>{"p0"});
+  }
+  // The retry opens a new window: it waits again instead of failing at once.
+  auto retry = c.join(join_req("p0", 1, 200));
+  CHECK(retry.outcome == Outcome::Waiting);
+}
+
+TEST_CASE("requests without the job's token are refused") {
+  RendezvousService svc("127.0.0.1", 0);
+  svc.open_generation(spec(1, {"p0"}, 1));
+  svc.open_generation(spec(1, {"q0"}, 1, "ns2/other", "tok-other-bbbbbbbbbbbbbbbbbbbbbbbbbbbb"));
+  const std::string body = rdzv::to_json(join_req("p0", 1, 0)).dump();
+
+  auto none = raw_post(svc, rdzv::kJoinPath, body, "");
+  REQUIRE(none);
+  CHECK(none->status == 401);
+  CHECK(none->body.find("RAILYARD_RENDEZVOUS_TOKEN") != std::string::npos);
+
+  auto wrong = raw_post(svc, rdzv::kJoinPath, body, "tok-aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaab");
+  REQUIRE(wrong);
+  CHECK(wrong->status == 403);
+  CHECK(wrong->body.find("ns1/job1") != std::string::npos);
+
+  // Another job's valid token does not open this job.
+  auto other = raw_post(svc, rdzv::kJoinPath, body, "tok-other-bbbbbbbbbbbbbbbbbbbbbbbbbbbb");
+  REQUIRE(other);
+  CHECK(other->status == 403);
+
+  auto c = client(svc, "tok-nope");
+  CHECK_THROWS_AS(c.join(join_req("p0", 1, 0)), RendezvousAuthError);
+  CHECK_THROWS_AS(c.status({{"ns1", "job1", "p0"}, 1, 0}), RendezvousAuthError);
+  CHECK_THROWS_AS(c.report_exit({{"ns1", "job1", "p0"}, 1, 0, 1, 0, "exited"}), RendezvousAuthError);
+  CHECK(client(svc).join(join_req("p0", 1, 0)).outcome == Outcome::Ready);
+}
+
+TEST_CASE("malformed bodies get 400 naming the field") {
+  RendezvousService svc("127.0.0.1", 0);
+  svc.open_generation(spec(1, {"p0", "p1"}, 2));
+  auto post = [&](const std::string& body) {
+    auto r = raw_post(svc, rdzv::kJoinPath, body, kToken);
+    REQUIRE(r);
+    return std::make_pair(r->status, r->body);
+  };
+  auto [c1, b1] = post("{not json");
+  CHECK(c1 == 400);
+  CHECK(b1.find("not valid JSON") != std::string::npos);
+  auto [c2, b2] = post("[1,2]");
+  CHECK(c2 == 400);
+  CHECK(b2.find("JSON object") != std::string::npos);
+
+  auto good = rdzv::to_json(join_req("p0", 2, 0));
+  auto without = [&](const char* f) {
+    auto j = good;
+    j.erase(f);
+    return j.dump();
+  };
+  for (const char* f : {"namespace", "job", "pod", "generation", "local_procs", "pod_ip", "agent_id"}) {
+    auto [code, body] = post(without(f));
+    CHECK_MESSAGE(code == 400, f);
+    CHECK_MESSAGE(body.find(std::string("'") + f + "'") != std::string::npos, body);
+  }
+  auto wrong_type = good;
+  wrong_type["local_procs"] = "two";
+  auto [c3, b3] = post(wrong_type.dump());
+  CHECK(c3 == 400);
+  CHECK(b3.find("'local_procs' must be an integer") != std::string::npos);
+  auto bad_port = good;
+  bad_port["store_port"] = 70000;
+  auto [c4, b4] = post(bad_port.dump());
+  CHECK(c4 == 400);
+  CHECK(b4.find("'store_port'") != std::string::npos);
+
+  // Valid shape, wrong value: local_procs disagrees with the generation.
+  auto c = client(svc);
+  try {
+    c.join(join_req("p0", 3, 0));
+    FAIL("expected RendezvousRequestError");
+  } catch (const RendezvousRequestError& e) {
+    CHECK(std::string(e.what()).find("RAILYARD_PROCS_PER_POD=2") != std::string::npos);
+  }
+  auto exit_body = rdzv::to_json(rdzv::ExitReport{{"ns1", "job1", "p0"}, 1, 0, 0, 0, "exited"});
+  exit_body["reason"] = "bored";
+  auto r = raw_post(svc, rdzv::kExitPath, exit_body.dump(), kToken);
+  REQUIRE(r);
+  CHECK(r->status == 400);
+  CHECK(r->body.find("'reason'") != std::string::npos);
+
+  auto nf = raw_post(svc, "/v1/nope", "{}", kToken);
+  REQUIRE(nf);
+  CHECK(nf->status == 404);
+
+  // A bad GenerationSpec is refused by open_generation itself.
+  auto bad = spec(2, {"p0", "p1"}, 2);
+  bad.config["layout"] = {{"dp", 3}, {"tp", 1}, {"pp", 1}};
+  CHECK_THROWS_WITH_AS(svc.open_generation(bad), doctest::Contains("dp*tp*pp"), std::invalid_argument);
+  bad = spec(2, {"p0", "p0"}, 1);
+  CHECK_THROWS_AS(svc.open_generation(bad), std::invalid_argument);
+  bad = spec(2, {"p0"}, 1);
+  bad.token.clear();
+  CHECK_THROWS_WITH_AS(svc.open_generation(bad), doctest::Contains("token"), std::invalid_argument);
+}
+
+TEST_CASE("a new generation supersedes waiting and running agents within a second") {
+  RendezvousService svc("127.0.0.1", 0);
+  svc.open_generation(spec(1, {"p0", "p1"}, 1));
+  auto c = client(svc);
+
+  // Waiting: p0 is long-polling a join that cannot complete.
+  auto waiting = std::async(std::launch::async, [&] { return c.join(join_req("p0", 1, 8000)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto t0 = Clock::now();
+  svc.open_generation(spec(2, {"p0", "p1"}, 1));
+  auto w = waiting.get();
+  CHECK(seconds_since(t0) < 1.0);
+  CHECK(w.outcome == Outcome::Superseded);
+  CHECK(w.generation == 2);
+
+  // Running: both join generation 2, then p0 long-polls status while generation 3 opens.
+  auto j0 = std::async(std::launch::async, [&] { return c.join(join_req("p0", 1, 5000)); });
+  auto j1 = c.join(join_req("p1", 1, 5000));
+  REQUIRE(j1.outcome == Outcome::Ready);
+  REQUIRE(j0.get().outcome == Outcome::Ready);
+  CHECK(c.status({{"ns1", "job1", "p0"}, 2, 0}).outcome == Outcome::Running);
+  auto watching = std::async(std::launch::async, [&] { return c.status({{"ns1", "job1", "p0"}, 2, 8000}); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  t0 = Clock::now();
+  svc.open_generation(spec(3, {"p0", "p1", "p2"}, 1));
+  auto s = watching.get();
+  CHECK(seconds_since(t0) < 1.0);
+  CHECK(s.outcome == Outcome::Superseded);
+  CHECK(s.generation == 3);
+
+  // Re-opening the current generation is a no-op, an older one is ignored.
+  svc.open_generation(spec(3, {"p0", "p1", "p2"}, 1));
+  svc.open_generation(spec(2, {"p0", "p1"}, 1));
+  CHECK(svc.progress("ns1/job1")->generation == 3);
+  CHECK(svc.progress("ns1/job1")->world_size == 3);
+
+  // A pod outside the generation is told so.
+  auto nm = c.join(join_req("p9", 1, 0));
+  CHECK(nm.outcome == Outcome::NotMember);
+  CHECK(nm.message.find("p9") != std::string::npos);
+}
+
+TEST_CASE("exits are delivered once each, progress is aggregated, and the job reports done") {
+  RendezvousService svc("127.0.0.1", 0);
+  std::mutex mu;
+  std::vector<WorkerExit> exits;
+  svc.set_exit_handler([&](const WorkerExit& e) {
+    std::lock_guard<std::mutex> l(mu);
+    exits.push_back(e);
+  });
+  svc.open_generation(spec(1, {"p0", "p1"}, 2));
+  auto c = client(svc);
+  auto j0 = std::async(std::launch::async, [&] { return c.join(join_req("p0", 2, 5000)); });
+  REQUIRE(c.join(join_req("p1", 2, 5000)).outcome == Outcome::Ready);
+  REQUIRE(j0.get().outcome == Outcome::Ready);
+
+  // Progress from two ranks: the lowest global rank's report is the job's.
+  CHECK(c.report_progress({{"ns1", "job1", "p1"}, 1, 1, 40, 3.5, 1000}).outcome == Outcome::Recorded);
+  CHECK(c.report_progress({{"ns1", "job1", "p0"}, 1, 0, 42, 3.25, 2000}).outcome == Outcome::Recorded);
+  auto p = svc.progress("ns1/job1");
+  REQUIRE(p);
+  CHECK(p->step == 42);
+  CHECK(p->loss == doctest::Approx(3.25));
+  CHECK(p->tokens_per_second == doctest::Approx(2000));
+  CHECK(p->world_complete);
+
+  // A failure: reported twice (the agent retried), delivered once.
+  rdzv::ExitReport kill{{"ns1", "job1", "p1"}, 1, 1, -1, 9, "exited"};
+  CHECK(c.report_exit(kill).outcome == Outcome::Recorded);
+  CHECK(c.report_exit(kill).outcome == Outcome::Duplicate);
+  {
+    std::lock_guard<std::mutex> l(mu);
+    REQUIRE(exits.size() == 1);
+    CHECK(exits[0].job_key == "ns1/job1");
+    CHECK(exits[0].pod == "p1");
+    CHECK(exits[0].local_rank == 1);
+    CHECK(exits[0].global_rank == 3);
+    CHECK(exits[0].signal == 9);
+    CHECK(exits[0].exit_code == -1);
+    CHECK(exits[0].reason == "exited");
+  }
+  // Generation 2: exits of generation 1 are stale and not delivered.
+  svc.open_generation(spec(2, {"p0", "p1"}, 2));
+  CHECK(c.report_exit({{"ns1", "job1", "p0"}, 1, 0, -1, 15, "exited"}).outcome == Outcome::Stale);
+  CHECK(c.report_progress({{"ns1", "job1", "p0"}, 1, 0, 50, 3.0, 1}).outcome == Outcome::Stale);
+  auto k0 = std::async(std::launch::async, [&] { return c.join(join_req("p0", 2, 5000)); });
+  REQUIRE(c.join(join_req("p1", 2, 5000)).outcome == Outcome::Ready);
+  REQUIRE(k0.get().outcome == Outcome::Ready);
+  p = svc.progress("ns1/job1");
+  CHECK(p->generation == 2);
+  CHECK(p->step == 0);  // progress starts over with the generation
+  for (std::string pod : {"p0", "p1"}) {
+    for (int l = 0; l < 2; ++l) {
+      CHECK(c.status({{"ns1", "job1", pod}, 2, 0}).outcome == Outcome::Running);
+      CHECK(c.report_exit({{"ns1", "job1", pod}, 2, l, 0, 0, "exited"}).outcome == Outcome::Recorded);
+    }
+  }
+  p = svc.progress("ns1/job1");
+  CHECK(p->ranks_done == 4);
+  CHECK(p->all_succeeded);
+  CHECK(c.status({{"ns1", "job1", "p0"}, 2, 0}).outcome == Outcome::Done);
+  {
+    std::lock_guard<std::mutex> l(mu);
+    CHECK(exits.size() == 5);
+    std::set<int> ranks;
+    for (size_t i = 1; i < exits.size(); ++i) {
+      CHECK(exits[i].generation == 2);
+      CHECK(exits[i].exit_code == 0);
+      ranks.insert(exits[i].global_rank);
+    }
+    CHECK(ranks == std::set<int>{0, 1, 2, 3});
+  }
+}
+
+TEST_CASE("a restarted agent, an unknown job and a closed job") {
+  RendezvousService svc("127.0.0.1", 0);
+  std::atomic<int> restarted{0};
+  svc.set_exit_handler([&](const WorkerExit& e) {
+    if (e.reason == "agent_restarted" && e.pod == "p0" && e.global_rank == -1) ++restarted;
+  });
+  auto c = client(svc);
+  CHECK(c.join(join_req("p0", 1, 0)).outcome == Outcome::UnknownJob);
+  svc.open_generation(spec(4, {"p0"}, 1));
+  REQUIRE(c.join(join_req("p0", 1, 0, "first")).outcome == Outcome::Ready);
+  auto again = c.join(join_req("p0", 1, 0, "second"));
+  CHECK(again.outcome == Outcome::Started);
+  CHECK(c.join(join_req("p0", 1, 0, "second")).outcome == Outcome::Started);
+  CHECK(restarted.load() == 1);
+
+  auto watching = std::async(std::launch::async, [&] { return c.status({{"ns1", "job1", "p0"}, 4, 8000}); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  svc.close_job("ns1/job1");
+  CHECK(watching.get().outcome == Outcome::Closed);
+  CHECK(c.join(join_req("p0", 1, 0)).outcome == Outcome::Closed);
+  CHECK_FALSE(svc.progress("ns1/job1"));
+  // Closed jobs still check tokens.
+  CHECK_THROWS_AS(client(svc, "tok-x").status({{"ns1", "job1", "p0"}, 4, 0}), RendezvousAuthError);
+  // The job can be opened again (deleted and re-created under the same name).
+  svc.open_generation(spec(1, {"p0"}, 1));
+  CHECK(c.join(join_req("p0", 1, 0)).outcome == Outcome::Ready);
+}
+
+TEST_CASE("many pods with long-polls beyond the default thread count") {
+  RendezvousOptions o;
+  o.threads = 48;
+  RendezvousService svc("127.0.0.1", 0, o);
+  const int n = 32;
+  std::vector<std::string> pods;
+  for (int i = 0; i < n; ++i) pods.push_back(numbered("p", i));
+  svc.open_generation(spec(1, pods, 1));
+  auto c = client(svc);
+  std::vector<std::future<rdzv::Assignment>> fs;
+  auto start = Clock::now();
+  for (int i = 0; i < n; ++i) {
+    fs.push_back(std::async(std::launch::async, [&c, i] {
+      rdzv::JoinRequest r = join_req("p0", 1, 8000);
+      r.ref.pod = numbered("p", i);
+      r.agent_id = numbered("a", i);
+      while (true) {
+        auto res = c.join(r);
+        if (res.outcome == Outcome::Ready) return res.assignment;
+        REQUIRE(res.outcome == Outcome::Waiting);
+      }
+    }));
+  }
+  std::set<int> ranks;
+  for (auto& f : fs) ranks.insert(f.get().ranks.at(0));
+  CHECK(ranks.size() == static_cast<size_t>(n));
+  CHECK(*ranks.rbegin() == n - 1);
+  CHECK(seconds_since(start) < 5.0);
+}
