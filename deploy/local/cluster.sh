@@ -6,6 +6,7 @@
 #   cluster.sh build
 #   cluster.sh up [--state-dir DIR] [--nodes N | --topology FILE] [--node-agent PATH | --no-node-agent]
 #   cluster.sh down|status|env|restart-apiserver [--state-dir DIR]
+# shellcheck source-path=SCRIPTDIR
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"

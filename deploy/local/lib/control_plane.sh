@@ -29,7 +29,8 @@ start_component() {
   shift
   mkdir -p "$STATE_DIR/logs" "$STATE_DIR/pids"
   echo "--- $(date -u +%FT%TZ) starting: $*" >>"$STATE_DIR/logs/$name.log"
-  setsid "$@" </dev/null >>"$STATE_DIR/logs/$name.log" 2>&1 &
+  # fd 8/9 are our flock locks: a child holding them would block every later cluster.sh.
+  setsid "$@" </dev/null >>"$STATE_DIR/logs/$name.log" 2>&1 8>&- 9>&- &
   local pid=$!
   echo "$pid" >"$STATE_DIR/pids/$name.pid"
 }
@@ -412,7 +413,9 @@ cmd_up() {
   if [ -f "$STATE_DIR/$MARKER_NAME" ] && control_plane_healthy; then
     info "up: cluster in $STATE_DIR already running (API server https://127.0.0.1:$APISERVER_PORT)"
     if [ -n "$AGENT" ] && ! component_alive node-agent; then
+      trap 'rc=$?; if [ $rc -ne 0 ]; then stop_component node-agent 15; fi' EXIT
       start_node_agent "$AGENT" "$(expected_nodes)"
+      trap - EXIT
     fi
     return 0
   fi
@@ -425,6 +428,7 @@ cmd_up() {
   mkdir -p "$STATE_DIR"/{logs,pids}
   touch "$STATE_DIR/$MARKER_NAME"
   # Whatever fails from here leaves nothing running; logs stay in the state dir for a look.
+  # shellcheck disable=SC2154
   trap 'rc=$?; if [ $rc -ne 0 ]; then info "up failed, stopping what was started (logs: $STATE_DIR/logs)"; stop_all; fi' EXIT
 
   pick_ports

@@ -80,14 +80,14 @@ case_rbac() {
   if out=$("$KUBECTL" --kubeconfig "$agent_kc" get secrets -n kube-system 2>&1); then
     fail "node agent user could list secrets in kube-system: $out"
   fi
-  grep -q 'Forbidden' <<<"$out" || fail "expected Forbidden for node agent secrets list, got: $out"
+  grep -qi 'forbidden' <<<"$out" || fail "expected Forbidden for node agent secrets list, got: $out"
   grep -q 'system:railyard-node-agent' <<<"$out" || fail "denial does not name the user: $out"
   if out=$("$KUBECTL" --kubeconfig "$agent_kc" create clusterrolebinding railyard-escalate \
     --clusterrole cluster-admin --user system:railyard-node-agent 2>&1); then
     "$KUBECTL" delete clusterrolebinding railyard-escalate >/dev/null 2>&1 || true
     fail "node agent user could create a cluster-admin binding: $out"
   fi
-  grep -q 'Forbidden' <<<"$out" || fail "expected Forbidden for node agent escalation, got: $out"
+  grep -qi 'forbidden' <<<"$out" || fail "expected Forbidden for node agent escalation, got: $out"
   pass "node agent user is denied secrets in kube-system and RBAC changes"
 
   "$KUBECTL" get secrets -n kube-system -o name >/dev/null || fail "admin cannot list secrets in kube-system"
@@ -95,9 +95,9 @@ case_rbac() {
   pass "admin (system:masters) can"
 
   # The controller manager's serviceaccount controllers run: default SA and its token secret appear.
-  local ns="railyard-e2e-rbac-$$" i
+  local ns="railyard-e2e-rbac-$$"
   "$KUBECTL" create namespace "$ns" >/dev/null
-  for i in $(seq 1 60); do
+  for _ in $(seq 1 60); do
     "$KUBECTL" get serviceaccount default -n "$ns" -o jsonpath='{.secrets[0].name}' 2>/dev/null | grep -q . && break
     sleep 0.5
   done
