@@ -1,0 +1,129 @@
+// Crash safety: a child process saves a checkpoint large enough to take a while and is SIGKILLed at a random
+// moment, 50 times (seeded). After each kill the reader must load either the previous good checkpoint or the new
+// complete one, element-exact, never anything else; the next writer start removes the orphans.
+#include <doctest/doctest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <random>
+
+#include "checkpoint/reader.h"
+#include "checkpoint/writer.h"
+#include "test_util.h"
+
+using namespace railyard::ckpt;
+using namespace railyard::ckpt::test;
+
+namespace {
+
+// ~24 MiB of fp32 state in a GPT shape: L=4 C=256 maxT=256 Vp=2048, with AdamW m and v.
+std::vector<TensorDef> crash_defs() { return gpt_tensor_defs(4, 256, 256, 2048, true); }
+
+// Forks a child that generates the state of `step`, writes one byte to the pipe, then saves and exits 0 when
+// committed. Returns the pid and the read end of the pipe.
+std::pair<pid_t, int> start_saver(const std::string& root, int64_t step) {
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::close(fds[0]);
+    int code = 1;
+    try {
+      GlobalState g = GlobalState::make(crash_defs(), static_cast<uint64_t>(step));
+      RankState rs = rank_state(g, Layout{}, 0);
+      WriterOptions o;
+      o.root = root;
+      o.keep = 2;
+      Writer w(o);
+      char b = 'x';
+      if (::write(fds[1], &b, 1) != 1) ::_exit(5);
+      w.snapshot(step, rs.shards, {{"step", step}});
+      code = w.wait(step, Clock::now() + std::chrono::seconds(60)).state == SaveState::Committed ? 0 : 3;
+    } catch (...) {
+      code = 4;
+    }
+    ::_exit(code);
+  }
+  ::close(fds[1]);
+  return {pid, fds[0]};
+}
+
+void wait_ready(int fd) {
+  char b = 0;
+  ssize_t n = ::read(fd, &b, 1);
+  ::close(fd);
+  REQUIRE(n == 1);
+}
+
+}  // namespace
+
+TEST_CASE("crash safety: SIGKILL during save, 50 times, never loads a wrong checkpoint") {
+  TempDir dir("ckpt-crash");
+  const std::string root = dir.path();
+  const auto defs = crash_defs();
+
+  // Step 1 is saved completely and is the first known-good checkpoint; it also measures a save's duration.
+  auto t0 = Clock::now();
+  auto [pid0, fd0] = start_saver(root, 1);
+  wait_ready(fd0);
+  auto t_ready = Clock::now();
+  int st = 0;
+  ::waitpid(pid0, &st, 0);
+  REQUIRE((WIFEXITED(st) && WEXITSTATUS(st) == 0));
+  const double save_s = std::chrono::duration<double>(Clock::now() - t_ready).count();
+  int64_t elements = 0;
+  for (const auto& d : defs) elements += shape_volume(d.shape);
+  MESSAGE("one save of " << elements * 4 / (1 << 20) << " MiB takes " << save_s << " s (child total "
+                         << std::chrono::duration<double>(Clock::now() - t0).count() << " s)");
+
+  std::mt19937_64 rng(20261122);
+  std::uniform_real_distribution<double> frac(0.0, 1.2);
+  int64_t good = 1;
+  int loaded_new = 0, loaded_old = 0, finished = 0;
+  for (int i = 0; i < 50; ++i) {
+    const int64_t step = 2 + i;
+    CAPTURE(step);
+    auto [pid, fd] = start_saver(root, step);
+    wait_ready(fd);
+    std::this_thread::sleep_for(std::chrono::duration<double>(frac(rng) * save_s));
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &st, 0);
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 0) ++finished;
+
+    FullTargets full(defs);
+    LoadResult r = Reader(root).load_latest(full.targets);
+    REQUIRE((r.step == good || r.step == step));
+    CHECK(r.manifest.rank_state.at(0)["step"] == r.step);
+    GlobalState want = GlobalState::make(defs, static_cast<uint64_t>(r.step));
+    REQUIRE(count_mismatches(want, full.data) == 0);
+    (r.step == step ? loaded_new : loaded_old)++;
+    good = r.step;
+  }
+  MESSAGE("after 50 kills: new checkpoint loaded " << loaded_new << " times, previous " << loaded_old
+                                                   << " times; children that finished before the kill: " << finished);
+  CHECK(loaded_old > 0);  // some kills must have landed inside a save
+  CHECK(loaded_new > 0);
+
+  // The next writer start removes every orphan of the killed runs.
+  int orphans = 0;
+  for (const auto& e : std::filesystem::directory_iterator(root)) {
+    orphans += e.path().filename().string().find(".tmp-") != std::string::npos;
+  }
+  MESSAGE("orphaned temporary directories before the final writer start: " << orphans);
+  {
+    WriterOptions o;
+    o.root = root;
+    Writer w(o);
+  }
+  for (const auto& e : std::filesystem::directory_iterator(root)) {
+    const std::string name = e.path().filename().string();
+    CAPTURE(name);
+    if (name == "latest") continue;
+    CHECK(parse_step_dir(name).has_value());  // no .tmp-*, .old-* or stray temp files
+    CHECK(std::filesystem::exists(e.path() / "manifest.json"));
+  }
+  for (const auto& info : list_checkpoints(root)) CHECK(info.complete);
+}
