@@ -1,0 +1,854 @@
+#include "operator/controller/controller.h"
+
+#include <openssl/evp.h>
+
+#include <algorithm>
+#include <set>
+
+#include "common/log.h"
+#include "operator/controller/failure_policy.h"
+#include "operator/controller/status.h"
+
+namespace railyard::op {
+
+namespace {
+
+constexpr const char* kLog = "controller";
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+const std::vector<std::string> kPhases = {"Pending",  "Created",   "Scheduled", "Running", "Restarting",
+                                          "Resizing", "Suspended", "Succeeded", "Failed",  "Invalid"};
+
+std::pair<std::string, std::string> split_key(const std::string& key) {
+  auto slash = key.find('/');
+  if (slash == std::string::npos) return {"", key};
+  return {key.substr(0, slash), key.substr(slash + 1)};
+}
+
+std::string base64_decode(const std::string& in) {
+  if (in.empty()) return "";
+  std::string out(in.size() / 4 * 3 + 3, '\0');
+  int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                          reinterpret_cast<const unsigned char*>(in.data()), static_cast<int>(in.size()));
+  if (n < 0) throw Error("rendezvous Secret: data.token is not valid base64");
+  size_t pad = 0;
+  if (in.size() >= 1 && in[in.size() - 1] == '=') pad++;
+  if (in.size() >= 2 && in[in.size() - 2] == '=') pad++;
+  out.resize(static_cast<size_t>(n) - pad);
+  return out;
+}
+
+std::string phase_of(const Json& pod) { return pod.contains("status") ? pod["status"].value("phase", "") : ""; }
+std::string node_of(const Json& pod) { return pod.contains("spec") ? pod["spec"].value("nodeName", "") : ""; }
+bool terminating(const Json& pod) { return pod["metadata"].contains("deletionTimestamp"); }
+std::string uid_of(const Json& obj) { return obj["metadata"].value("uid", ""); }
+
+// The worker container's exit code from a Failed pod; -1 when the pod failed without one (e.g. evicted).
+int pod_exit_code(const Json& pod) {
+  if (!pod.contains("status")) return -1;
+  for (const Json& cs : pod["status"].value("containerStatuses", Json::array())) {
+    if (cs.value("name", "") != "worker") continue;
+    const Json state = cs.value("state", Json::object());
+    if (state.contains("terminated")) return state["terminated"].value("exitCode", -1);
+  }
+  return -1;
+}
+
+// A job whose template sets its own command runs no agent, so nobody joins the rendezvous: pod phases decide.
+bool uses_agent(const Json& job) {
+  const Json& spec = job["spec"];
+  if (!spec.contains("template") || !spec["template"].is_object()) return true;
+  const Json tspec = spec["template"].value("spec", Json::object());
+  const Json cs = tspec.value("containers", Json::array());
+  return !(cs.is_array() && !cs.empty() && cs[0].is_object() && cs[0].contains("command"));
+}
+
+}  // namespace
+
+Controller::Controller(kube::Client& client, metrics::Registry& registry, ControllerOptions opts,
+                       std::unique_ptr<Placement> placement)
+    : client_(client),
+      registry_(registry),
+      opts_(std::move(opts)),
+      placement_(placement ? std::move(placement) : std::make_unique<SimplePlacement>()),
+      recorder_(client, kube::EventRecorderOptions{"railyard-operator", "", std::chrono::seconds(600)}),
+      jobs_by_phase_(registry.gauge("railyard_operator_jobs", "TrainingJobs by phase, from the informer cache.")),
+      restarts_(registry.counter("railyard_operator_restarts_total", "Restarts (new generations) by reason.")),
+      errors_(registry.counter("railyard_operator_reconcile_errors_total", "Reconciles that ended in an error.")),
+      placement_seconds_(registry.histogram("railyard_operator_placement_seconds",
+                                            "Time to compute one gang placement.",
+                                            metrics::exponential_buckets(0.0001, 4, 10))),
+      wq_depth_(registry.gauge("workqueue_depth", "Current depth of the work queue.")),
+      wq_adds_(registry.counter("workqueue_adds_total", "Adds handled by the work queue.")),
+      wq_retries_(registry.counter("workqueue_retries_total", "Rate-limited retries handled by the work queue.")),
+      cr_total_(registry.counter("controller_runtime_reconcile_total", "Reconciles per controller and result.")),
+      cr_errors_(registry.counter("controller_runtime_reconcile_errors_total", "Reconcile errors per controller.")),
+      cr_time_(registry.histogram("controller_runtime_reconcile_time_seconds", "Length of reconciles per controller.",
+                                  metrics::exponential_buckets(0.001, 2, 16))) {
+  for (const auto& p : kPhases) jobs_by_phase_.add({{"phase", p}}).set(0);
+  const metrics::Labels c{{"controller", opts_.controller_name}};
+  errors_.add(c);
+  cr_errors_.add(c);
+  for (const char* r : {"success", "error", "requeue", "requeue_after"})
+    cr_total_.add({{"controller", opts_.controller_name}, {"result", r}});
+  wq_depth_.add({{"name", opts_.controller_name}});
+  wq_adds_.add({{"name", opts_.controller_name}});
+  wq_retries_.add({{"name", opts_.controller_name}});
+
+  kube::InformerOptions jo;
+  jo.ns = opts_.ns;
+  jo.resync_period = opts_.resync;
+  jobs_ = std::make_unique<kube::Informer>(client_, kube::resources::trainingjobs, jo);
+  kube::InformerOptions po;
+  po.ns = opts_.ns;
+  po.label_selector = kJobLabel;
+  pods_ = std::make_unique<kube::Informer>(client_, kube::resources::pods, po);
+  nodes_ = std::make_unique<kube::Informer>(client_, kube::resources::nodes, kube::InformerOptions{});
+
+  jobs_->on_add([this](const Json& j) { enqueue(kube::key_of(j)); });
+  jobs_->on_update([this](const Json&, const Json& j) { enqueue(kube::key_of(j)); });
+  jobs_->on_delete([this](const Json& j) { enqueue(kube::key_of(j)); });
+  auto pod_key = [this](const Json& p) {
+    const Json labels = p["metadata"].value("labels", Json::object());
+    if (labels.contains(kJobLabel) && labels[kJobLabel].is_string())
+      enqueue(kube::namespace_of(p) + "/" + labels[kJobLabel].get<std::string>());
+  };
+  pods_->on_add(pod_key);
+  pods_->on_update([pod_key](const Json&, const Json& p) { pod_key(p); });
+  pods_->on_delete(pod_key);
+  // Nodes change often (conditions' heartbeat times); only readiness, cordons and taints matter to jobs.
+  auto node_shape = [](const Json& n) {
+    return Json{node_ready(n), n.value("spec", Json::object()).value("unschedulable", false),
+                n.value("spec", Json::object()).value("taints", Json::array())};
+  };
+  nodes_->on_add([this](const Json&) { enqueue_all_jobs(); });
+  nodes_->on_delete([this](const Json&) { enqueue_all_jobs(); });
+  nodes_->on_update([this, node_shape](const Json& a, const Json& b) {
+    if (node_shape(a) != node_shape(b)) enqueue_all_jobs();
+  });
+}
+
+Controller::~Controller() { stop(); }
+
+void Controller::start_informers() {
+  nodes_->start();
+  pods_->start();
+  jobs_->start();
+}
+
+bool Controller::wait_for_sync(milliseconds timeout) {
+  auto deadline = Clock::now() + timeout;
+  for (kube::Informer* inf : {nodes_.get(), pods_.get(), jobs_.get()}) {
+    auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0 || !inf->wait_for_sync(left)) return false;
+  }
+  synced_ = true;
+  return true;
+}
+
+void Controller::set_rendezvous(RendezvousService* rdzv, const std::string& advertised_addr) {
+  {
+    std::lock_guard lock(mu_);
+    if (!advertised_addr.empty()) opts_.pod.rendezvous_addr = advertised_addr;
+    rdzv_ = rdzv;
+    opened_.clear();
+  }
+  if (rdzv) {
+    rdzv->set_exit_handler([this](const WorkerExit& e) { report_exit(e); });
+    rdzv->set_join_timeout_handler([this](const JoinTimeout& t) { report_join_timeout(t); });
+  }
+}
+
+void Controller::start_workers() {
+  for (int i = 0; i < std::max(1, opts_.workers); ++i) workers_.emplace_back([this] { worker_loop(); });
+}
+
+void Controller::stop() {
+  if (stopping_.exchange(true)) return;
+  queue_.shut_down();
+  for (auto& t : workers_)
+    if (t.joinable()) t.join();
+  workers_.clear();
+  jobs_->stop();
+  pods_->stop();
+  nodes_->stop();
+}
+
+void Controller::report_exit(const WorkerExit& exit) {
+  {
+    std::lock_guard lock(mu_);
+    exits_[exit.job_key].push_back(exit);
+  }
+  enqueue(exit.job_key);
+}
+
+void Controller::report_join_timeout(const JoinTimeout& timeout) {
+  {
+    std::lock_guard lock(mu_);
+    timeouts_[timeout.job_key].push_back(timeout);
+  }
+  enqueue(timeout.job_key);
+}
+
+void Controller::enqueue(const std::string& key) {
+  queue_.add(key);
+  wq_adds_.add({{"name", opts_.controller_name}}).increment();
+  wq_depth_.add({{"name", opts_.controller_name}}).set(static_cast<double>(queue_.size()));
+}
+
+void Controller::enqueue_all_jobs() {
+  for (const auto& key : jobs_->keys()) enqueue(key);
+}
+
+void Controller::worker_loop() {
+  const metrics::Labels c{{"controller", opts_.controller_name}};
+  std::string key;
+  while (queue_.get(key)) {
+    wq_depth_.add({{"name", opts_.controller_name}}).set(static_cast<double>(queue_.size()));
+    auto t0 = Clock::now();
+    std::string result = "success";
+    try {
+      milliseconds after = reconcile(key);
+      queue_.forget(key);
+      if (after.count() > 0) {
+        queue_.add_after(key, after);
+        result = "requeue_after";
+      }
+    } catch (const kube::Conflict& e) {
+      // Someone else changed the job or a pod since we read it: read again, promptly.
+      log::info(kLog, "conflict, re-reading", {{"job", key}, {"error", e.what()}});
+      queue_.add_rate_limited(key);
+      wq_retries_.add({{"name", opts_.controller_name}}).increment();
+      result = "requeue";
+    } catch (const std::exception& e) {
+      log::warn(kLog, "reconcile failed", {{"job", key}, {"error", e.what()}});
+      errors_.add(c).increment();
+      cr_errors_.add(c).increment();
+      queue_.add_rate_limited(key);
+      wq_retries_.add({{"name", opts_.controller_name}}).increment();
+      result = "error";
+    }
+    queue_.done(key);
+    cr_total_.add({{"controller", opts_.controller_name}, {"result", result}}).increment();
+    cr_time_.add(c).observe(std::chrono::duration<double>(Clock::now() - t0).count());
+    update_phase_gauge();
+  }
+}
+
+void Controller::update_phase_gauge() {
+  std::map<std::string, int> counts;
+  for (const Json& j : jobs_->list()) {
+    std::string phase = j.contains("status") ? j["status"].value("phase", "") : "";
+    counts[phase.empty() ? "Pending" : phase]++;
+  }
+  for (const auto& p : kPhases) jobs_by_phase_.add({{"phase", p}}).set(counts[p]);
+}
+
+std::vector<Json> Controller::pods_of(const std::string& ns, const std::string& name) {
+  std::vector<Json> out;
+  for (Json& p : pods_->list()) {
+    if (kube::namespace_of(p) != ns) continue;
+    const Json labels = p["metadata"].value("labels", Json::object());
+    if (labels.value(kJobLabel, "") == name) out.push_back(std::move(p));
+  }
+  return out;
+}
+
+void Controller::forget_job(const std::string& key) {
+  RendezvousService* rdzv = nullptr;
+  {
+    std::lock_guard lock(mu_);
+    rdzv = rdzv_;
+    exits_.erase(key);
+    timeouts_.erase(key);
+    tokens_.erase(key);
+    if (opened_.erase(key) == 0) rdzv = nullptr;
+  }
+  if (rdzv) rdzv->close_job(key);
+}
+
+std::string Controller::ensure_token(const Json& job) {
+  const std::string key = kube::key_of(job), uid = uid_of(job);
+  {
+    std::lock_guard lock(mu_);
+    auto it = tokens_.find(key);
+    if (it != tokens_.end() && it->second.first == uid) return it->second.second;
+  }
+  const std::string ns = kube::namespace_of(job), name = token_secret_name(kube::name_of(job));
+  auto secret = client_.try_get(kube::resources::secrets, ns, name);
+  if (secret) {
+    bool ours = false;
+    for (const Json& o : secret->at("metadata").value("ownerReferences", Json::array()))
+      if (o.value("uid", "") == uid) ours = true;
+    if (!ours) {
+      // Left over from an earlier job of the same name (the garbage collector has not caught up): replace it.
+      client_.remove(kube::resources::secrets, ns, name);
+      throw kube::Conflict(409, "Conflict", "Secret " + ns + "/" + name + " belongs to an older job; replacing it");
+    }
+  } else {
+    try {
+      secret = client_.create(kube::resources::secrets, ns, build_token_secret(job, random_token()));
+    } catch (const kube::AlreadyExists&) {
+      secret = client_.get(kube::resources::secrets, ns, name);
+    }
+  }
+  const Json data = secret->value("data", Json::object());
+  if (!data.contains(kTokenKey)) throw Error("Secret " + ns + "/" + name + " has no data.token: delete it");
+  std::string token = base64_decode(data[kTokenKey].get<std::string>());
+  std::lock_guard lock(mu_);
+  tokens_[key] = {uid, token};
+  return token;
+}
+
+Json Controller::write_status(const Json& job, const Json& status) {
+  Json obj = job;
+  obj["status"] = status;
+  return client_.update_status(kube::resources::trainingjobs, kube::namespace_of(job), obj);
+}
+
+void Controller::emit(const Json& job, const std::vector<PendingEvent>& events) {
+  for (const auto& e : events) {
+    if (e.warning)
+      recorder_.warning(job, e.reason, e.message);
+    else
+      recorder_.normal(job, e.reason, e.message);
+  }
+}
+
+void Controller::delete_pod(const std::string& ns, const std::string& name, bool force) {
+  kube::DeleteOptions o;
+  if (force) o.grace_period_seconds = 0;
+  try {
+    client_.remove(kube::resources::pods, ns, name, o);
+  } catch (const kube::NotFound&) {
+  }
+}
+
+std::chrono::milliseconds Controller::finish(const Json& job, const JobSpec& spec, Json& status, const Json& orig,
+                                             std::vector<PendingEvent>& events, const std::vector<Json>& pods) {
+  const std::string ns = kube::namespace_of(job), key = kube::key_of(job);
+  // Persist the outcome before cleaning up, so a crash in between cannot lose it.
+  Json current = job;
+  if (status_differs(orig, status)) current = write_status(job, status);
+  emit(job, events);
+  for (const Json& p : pods) {
+    if (terminating(p)) continue;
+    const std::string phase = phase_of(p);
+    bool active = phase != "Succeeded" && phase != "Failed";
+    if (spec.clean_pod_policy == "All" || (spec.clean_pod_policy == "Running" && active))
+      delete_pod(ns, kube::name_of(p), false);
+  }
+  {
+    std::lock_guard lock(mu_);
+    exits_.erase(key);
+    timeouts_.erase(key);
+  }
+  RendezvousService* rdzv = nullptr;
+  {
+    std::lock_guard lock(mu_);
+    if (opened_.erase(key)) rdzv = rdzv_;
+  }
+  if (rdzv) rdzv->close_job(key);
+  if (spec.ttl_seconds_after_finished && status.contains("completionTime")) {
+    auto done = kube::parse_rfc3339(status["completionTime"].get<std::string>());
+    auto expire = done + std::chrono::seconds(*spec.ttl_seconds_after_finished);
+    auto now = std::chrono::system_clock::now();
+    if (now >= expire) {
+      log::info(kLog, "deleting finished job after ttlSecondsAfterFinished", {{"job", key}});
+      kube::DeleteOptions o;
+      o.propagation_policy = "Background";
+      try {
+        client_.remove(kube::resources::trainingjobs, ns, kube::name_of(job), o);
+      } catch (const kube::NotFound&) {
+      }
+      return milliseconds(0);
+    }
+    return std::chrono::duration_cast<milliseconds>(expire - now) + milliseconds(100);
+  }
+  return milliseconds(0);
+}
+
+std::chrono::milliseconds Controller::reconcile(const std::string& key) {
+  auto [ns, name] = split_key(key);
+  // Read the job from the server, not the cache: a status we just wrote must be seen, or a restart is counted twice.
+  auto fetched = client_.try_get(kube::resources::trainingjobs, ns, name);
+  if (!fetched || (*fetched)["metadata"].contains("deletionTimestamp")) {
+    forget_job(key);
+    return milliseconds(0);
+  }
+  Json job = *fetched;
+  const auto now = std::chrono::system_clock::now();
+  const std::string now_s = kube::format_rfc3339(now);
+  Json status = job.contains("status") && job["status"].is_object() ? job["status"] : Json::object();
+  Json orig = status;
+  std::vector<PendingEvent> events;
+  milliseconds requeue{0};
+  auto keep_min = [&requeue](milliseconds d) {
+    if (d.count() > 0 && (requeue.count() == 0 || d < requeue)) requeue = d;
+  };
+
+  status["observedGeneration"] = job["metadata"].value("generation", 0);
+  status["selector"] = job_selector(name);
+  std::vector<Json> pods = pods_of(ns, name);
+  int existing = 0;
+  for (const Json& p : pods)
+    if (!terminating(p)) existing++;
+
+  ParsedJob parsed = parse_job(job);
+  if (parsed.violation) {
+    const Violation& v = *parsed.violation;
+    if (set_condition(status, "Invalid", true, v.reason, v.message, now_s))
+      events.push_back({true, "Invalid", v.message});
+    status["phase"] = "Invalid";
+    status["replicas"] = existing;
+    if (status_differs(orig, status)) write_status(job, status);
+    emit(job, events);
+    return milliseconds(0);
+  }
+  if (find_condition(orig, "Invalid"))
+    set_condition(status, "Invalid", false, "Valid", "the spec passed validation", now_s);
+  const JobSpec& spec = parsed.spec;
+  const int n = spec.replicas;
+  status["totalSteps"] = spec.steps;
+  if (!status.contains("restarts")) status["restarts"] = 0;
+  if (!status.contains("generation")) status["generation"] = 0;
+  if (!status.contains("step")) status["step"] = 0;
+  status["progress"] = std::to_string(status["step"].get<int64_t>()) + "/" + std::to_string(spec.steps);
+
+  const std::string phase = status.value("phase", "");
+  if (phase == "Succeeded" || phase == "Failed") {
+    status["replicas"] = existing;
+    return finish(job, spec, status, orig, events, pods);
+  }
+
+  // Suspend: no pods, keep the job; resuming starts a new generation.
+  if (spec.suspend) {
+    for (const Json& p : pods)
+      if (!terminating(p)) delete_pod(ns, kube::name_of(p), false);
+    if (set_condition(status, "Suspended", true, "Suspended", "runPolicy.suspend is true: pods deleted", now_s))
+      events.push_back({false, "Suspended", "runPolicy.suspend is true: deleting the job's pods"});
+    if (find_condition(status, "Running"))
+      set_condition(status, "Running", false, "Suspended", "the job is suspended", now_s);
+    status["phase"] = "Suspended";
+    status["replicas"] = 0;
+    if (status_differs(orig, status)) write_status(job, status);
+    emit(job, events);
+    RendezvousService* rdzv = nullptr;
+    {
+      std::lock_guard lock(mu_);
+      if (opened_.erase(key)) rdzv = rdzv_;
+    }
+    if (rdzv) rdzv->close_job(key);
+    return milliseconds(0);
+  }
+  bool resumed = false;
+  if (condition_true(orig, "Suspended")) {
+    set_condition(status, "Suspended", false, "Resumed", "runPolicy.suspend is false: pods recreated", now_s);
+    events.push_back({false, "Resumed", "runPolicy.suspend is false: recreating pods in a new generation"});
+    resumed = true;
+  }
+
+  int64_t gen = status["generation"].get<int64_t>();
+  int restarts = status["restarts"].get<int>();
+
+  // Deadline.
+  if (spec.active_deadline_seconds && status.contains("startTime")) {
+    auto start = kube::parse_rfc3339(status["startTime"].get<std::string>());
+    auto deadline = start + std::chrono::seconds(*spec.active_deadline_seconds);
+    if (now >= deadline) {
+      std::string msg = "runPolicy.activeDeadlineSeconds=" + std::to_string(*spec.active_deadline_seconds) +
+                        " passed since the job started";
+      status["phase"] = "Failed";
+      status["completionTime"] = now_s;
+      set_condition(status, "Failed", true, "DeadlineExceeded", msg, now_s);
+      set_condition(status, "Running", false, "DeadlineExceeded", msg, now_s);
+      events.push_back({true, "Failed", "DeadlineExceeded: " + msg});
+      status["replicas"] = existing;
+      return finish(job, spec, status, orig, events, pods);
+    }
+    keep_min(std::chrono::duration_cast<milliseconds>(deadline - now) + milliseconds(100));
+  }
+
+  // What the rendezvous service saw.
+  RendezvousService* rdzv = nullptr;
+  std::vector<WorkerExit> exits;
+  std::vector<JoinTimeout> timeouts;
+  {
+    std::lock_guard lock(mu_);
+    rdzv = rdzv_;
+    if (auto it = exits_.find(key); it != exits_.end()) {
+      exits = std::move(it->second);
+      exits_.erase(it);
+    }
+    if (auto it = timeouts_.find(key); it != timeouts_.end()) {
+      timeouts = std::move(it->second);
+      timeouts_.erase(it);
+    }
+  }
+  std::optional<RendezvousService::Progress> progress;
+  if (rdzv && gen > 0) {
+    progress = rdzv->progress(key);
+    if (progress && progress->generation != gen) progress.reset();
+  }
+  for (const JoinTimeout& t : timeouts) {
+    if (t.generation != gen) continue;
+    std::string missing;
+    for (const auto& m : t.missing) missing += (missing.empty() ? "" : ", ") + m;
+    events.push_back({true, "JoinTimeout",
+                      "generation " + std::to_string(gen) + ": pods never joined the rendezvous: " + missing});
+  }
+
+  std::map<int, Json> by_index;
+  std::vector<Json> extra;
+  for (const Json& p : pods) {
+    int i = replica_index_of(p);
+    if (i >= 0 && i < n && !by_index.count(i))
+      by_index[i] = p;
+    else
+      extra.push_back(p);
+  }
+
+  // Completion: every rank reported exit 0, or (jobs without an agent) every pod Succeeded.
+  int succeeded = 0;
+  for (const auto& [i, p] : by_index)
+    if (phase_of(p) == "Succeeded") succeeded++;
+  const bool agent = uses_agent(job);
+  bool done_rdzv = progress && progress->all_succeeded;
+  if (gen > 0 && ((n > 0 && succeeded == n) || done_rdzv)) {
+    std::string how = done_rdzv ? "every rank of generation " + std::to_string(gen) + " exited 0"
+                                : "all " + std::to_string(n) + " worker pods succeeded";
+    status["phase"] = "Succeeded";
+    status["completionTime"] = now_s;
+    if (done_rdzv) status["step"] = std::max<int64_t>(status["step"].get<int64_t>(), progress->step);
+    if (done_rdzv || !agent) status["step"] = spec.steps;
+    status["progress"] = std::to_string(status["step"].get<int64_t>()) + "/" + std::to_string(spec.steps);
+    set_condition(status, "Succeeded", true, done_rdzv ? "AllRanksSucceeded" : "AllPodsSucceeded", how, now_s);
+    set_condition(status, "Running", false, "Completed", how, now_s);
+    if (find_condition(status, "Restarting"))
+      set_condition(status, "Restarting", false, "Completed", "the job finished", now_s);
+    events.push_back({false, "Succeeded", how});
+    status["replicas"] = existing;
+    return finish(job, spec, status, orig, events, pods);
+  }
+
+  // Restart triggers.
+  std::set<std::string> handled;
+  if (status.contains("lastRestart") && status["lastRestart"].contains("podUIDs"))
+    for (const Json& u : status["lastRestart"]["podUIDs"])
+      if (u.is_string()) handled.insert(u.get<std::string>());
+  const bool was_running = condition_true(orig, "Running");
+  const bool in_transition = condition_true(orig, "Restarting") || condition_true(orig, "Resizing");
+  std::vector<Trigger> triggers;
+  std::vector<std::pair<std::string, bool>> to_delete;  // (pod, force)
+  std::map<std::string, std::string> node_by_pod;
+  for (int i = 0; i < n && gen > 0; ++i) {
+    const std::string pod_name = worker_pod_name(name, i);
+    auto it = by_index.find(i);
+    if (it == by_index.end()) {
+      if (was_running && !in_transition)
+        triggers.push_back({"PodLost", "pod " + pod_name + " disappeared", pod_name, "", "operator", "", i * spec.procs_per_replica});
+      continue;
+    }
+    const Json& p = it->second;
+    const std::string uid = uid_of(p), node = node_of(p), ph = phase_of(p);
+    node_by_pod[pod_name] = node;
+    if (ph == "Failed") {
+      if (!handled.count(uid)) {
+        int code = pod_exit_code(p);
+        bool permanent = code > 0 && classify_exit(spec, code) == ExitClass::Permanent;
+        triggers.push_back({"PodFailed", "pod " + pod_name + " failed with exit code " + std::to_string(code), pod_name,
+                            node, "operator", uid, i * spec.procs_per_replica, permanent});
+      }
+      if (!terminating(p)) to_delete.push_back({pod_name, true});
+    } else if (terminating(p)) {
+      if (!handled.count(uid) && !in_transition && ph != "Succeeded")
+        triggers.push_back({"PodDeleted", "pod " + pod_name + " is being deleted", pod_name, node, "operator", uid,
+                            i * spec.procs_per_replica});
+    } else if (!node.empty()) {
+      auto n_obj = nodes_->get(node);
+      if (!n_obj || !node_ready(*n_obj)) {
+        if (!handled.count(uid))
+          triggers.push_back({"NodeLost", "node " + node + " of pod " + pod_name + " is " + (n_obj ? "not Ready" : "gone"),
+                              pod_name, node, "operator", uid, i * spec.procs_per_replica});
+        to_delete.push_back({pod_name, true});
+      }
+    }
+  }
+  for (const WorkerExit& e : exits) {
+    if (e.generation != gen || e.reason == "stopped") continue;
+    if (e.reason == "agent_restarted") {
+      triggers.push_back({"AgentRestarted", "the agent of pod " + e.pod + " restarted during generation " +
+                                                std::to_string(gen),
+                          e.pod, node_by_pod[e.pod], "agent", "", -1});
+      continue;
+    }
+    if (e.exit_code == 0 && e.signal == 0) continue;
+    ExitClass cls = classify_exit(spec, e.exit_code, e.signal);
+    std::string how = e.signal > 0 ? "was killed by signal " + std::to_string(e.signal)
+                                   : "exited with code " + std::to_string(e.exit_code);
+    triggers.push_back({"WorkerExit", "rank " + std::to_string(e.global_rank) + " (pod " + e.pod + ") " + how, e.pod,
+                        node_by_pod[e.pod], "agent", "", e.global_rank, cls == ExitClass::Permanent});
+  }
+  std::string restart_request;
+  {
+    const Json ann = job["metadata"].value("annotations", Json::object());
+    std::string req = ann.value(kRestartRequestAnnotation, "");
+    if (!req.empty() && req != status.value("restartRequestHandled", "")) {
+      restart_request = req;
+      status["restartRequestHandled"] = req;
+      if (gen > 0)
+        triggers.push_back({"RestartRequested", "restart requested (" + std::string(kRestartRequestAnnotation) + "=" + req + ")",
+                            "", "", ann.value(kRestartDetectorAnnotation, "annotation"), "", -1});
+    }
+  }
+
+  bool restarted_now = false;
+  if (!triggers.empty()) {
+    const Trigger* t = &triggers.front();
+    for (const Trigger& x : triggers)
+      if (x.permanent) {
+        t = &x;
+        break;
+      }
+    RestartDecision d = decide_restart(spec, restarts, gen, t->reason, t->detail, t->permanent);
+    Json uids = Json::array();
+    for (const auto& u : handled) uids.push_back(u);
+    for (const Trigger& x : triggers)
+      if (!x.uid.empty()) uids.push_back(x.uid);
+    while (uids.size() > 32) uids.erase(uids.begin());
+    Json last = {{"reason", t->reason}, {"detector", t->detector}, {"time", now_s}, {"podUIDs", uids},
+                 {"message", t->detail}};
+    if (t->rank >= 0) last["rank"] = t->rank;
+    if (!t->pod.empty()) last["pod"] = t->pod;
+    if (!t->node.empty()) last["node"] = t->node;
+    if (d.fail) {
+      status["phase"] = "Failed";
+      status["completionTime"] = now_s;
+      status["lastFailure"] = last;
+      set_condition(status, "Failed", true, d.reason, d.message, now_s);
+      set_condition(status, "Running", false, d.reason, d.message, now_s);
+      if (find_condition(status, "Restarting"))
+        set_condition(status, "Restarting", false, d.reason, "the job failed", now_s);
+      events.push_back({true, "Failed", d.reason + ": " + d.message});
+      status["replicas"] = existing;
+      milliseconds after = finish(job, spec, status, orig, events, pods);
+      if (!restart_request.empty())
+        client_.patch(kube::resources::trainingjobs, ns, name,
+                      {{"metadata", {{"annotations", {{kRestartHandledAnnotation, restart_request}}}}}});
+      return after;
+    }
+    restarted_now = true;
+    gen = d.next_generation;
+    restarts = d.restarts;
+    status["generation"] = gen;
+    status["restarts"] = restarts;
+    status["lastRestart"] = last;
+    set_condition(status, "Restarting", true, t->reason, d.message, now_s);
+    restarts_.add({{"namespace", ns}, {"job", name}, {"reason", t->reason}}).increment();
+    events.push_back({true, "Restarting",
+                      "generation " + std::to_string(gen) + ": " + t->reason + ": " + d.message + " (restart " +
+                          std::to_string(restarts) + " of at most " + std::to_string(spec.max_restarts) + ")"});
+  }
+
+  // Resize (kubectl scale) within bounds: a new generation with the new world.
+  int world_replicas = 0;
+  if (status.contains("world") && status["world"].contains("size"))
+    world_replicas = status["world"]["size"].get<int>() / std::max(1, spec.procs_per_replica);
+  if (gen > 0 && !resumed && world_replicas > 0 && world_replicas != n) {
+    if (!restarted_now) {
+      gen++;
+      status["generation"] = gen;
+    }
+    std::string msg = "replicas " + std::to_string(world_replicas) + " -> " + std::to_string(n) + " in generation " +
+                      std::to_string(gen);
+    set_condition(status, "Resizing", true, n > world_replicas ? "ScaledUp" : "ScaledDown", msg, now_s);
+    events.push_back({false, "Resizing", msg});
+  }
+  if (gen == 0 || resumed) {
+    gen++;
+    status["generation"] = gen;
+  }
+  if (!status.contains("startTime")) status["startTime"] = now_s;
+  WorldLayout w = world_layout(spec, n);
+  status["world"] = {{"size", w.size}, {"data", w.data}, {"tensor", w.tensor}, {"pipeline", w.pipeline}};
+
+  // A restart or failure decision is made durable before acting on it, so a crash cannot count it twice or lose it.
+  if (restarted_now || status["generation"] != orig.value("generation", Json(0))) {
+    Json written = write_status(job, status);
+    job["metadata"]["resourceVersion"] = written["metadata"]["resourceVersion"];
+    orig = status;  // what we just wrote is the baseline for the final comparison
+  }
+  if (!restart_request.empty())
+    client_.patch(kube::resources::trainingjobs, ns, name,
+                  {{"metadata", {{"annotations", {{kRestartHandledAnnotation, restart_request}}}}}});
+
+  // Pods: delete lost/failed and surplus ones, create missing ones, bind the unbound part of the gang.
+  const std::string token = ensure_token(job);
+  for (const auto& [pod_name, force] : to_delete) {
+    delete_pod(ns, pod_name, force);
+    for (auto it = by_index.begin(); it != by_index.end(); ++it)
+      if (kube::name_of(it->second) == pod_name) {
+        by_index.erase(it);
+        break;
+      }
+  }
+  for (const Json& p : extra)
+    if (!terminating(p)) delete_pod(ns, kube::name_of(p), false);
+  if (!extra.empty() && std::any_of(extra.begin(), extra.end(), [](const Json& p) { return !terminating(p); }))
+    events.push_back({false, "DeletedPods", "deleted " + std::to_string(extra.size()) + " surplus pods (replicas " +
+                                                std::to_string(n) + ")"});
+  std::vector<std::string> created, unbound;
+  const bool deleting = !to_delete.empty();
+  for (int i = 0; i < n; ++i) {
+    auto it = by_index.find(i);
+    if (it != by_index.end()) {
+      const Json& p = it->second;
+      if (!terminating(p) && node_of(p).empty() && phase_of(p) != "Failed") unbound.push_back(kube::name_of(p));
+      continue;
+    }
+    if (deleting && std::any_of(to_delete.begin(), to_delete.end(),
+                                [&](const auto& d) { return d.first == worker_pod_name(name, i); }))
+      continue;  // the old pod of this name is still going; its deletion event brings us back
+    Json pod = build_worker_pod(job, spec, i, gen, opts_.pod);
+    try {
+      client_.create(kube::resources::pods, ns, pod);
+      created.push_back(worker_pod_name(name, i));
+      unbound.push_back(worker_pod_name(name, i));
+    } catch (const kube::AlreadyExists&) {
+      // A pod of that name exists but is not in the cache yet (ours, just created) or is still terminating.
+    }
+  }
+  if (!created.empty()) {
+    std::string names;
+    for (const auto& c : created) names += (names.empty() ? "" : ", ") + c;
+    events.push_back({false, "CreatedPods", "created " + names + " (generation " + std::to_string(gen) + ")"});
+  }
+
+  int bound_now = 0;
+  if (!unbound.empty()) {
+    PlacementRequest req;
+    req.job_key = key;
+    req.pods = static_cast<int>(unbound.size());
+    req.gpus_per_pod = pod_resource(build_worker_pod(job, spec, 0, gen, opts_.pod), kGpuResource);
+    req.node_selector = spec.node_selector;
+    if (job["spec"].contains("template") && job["spec"]["template"].is_object())
+      req.tolerations = job["spec"]["template"].value("spec", Json::object()).value("tolerations", Json::array());
+    auto t0 = Clock::now();
+    PlacementResult r = placement_->place(req, build_inventory(nodes_->list(), pods_->list()));
+    placement_seconds_.add({}).observe(std::chrono::duration<double>(Clock::now() - t0).count());
+    if (r.ok) {
+      std::string summary;
+      for (size_t i = 0; i < unbound.size(); ++i) {
+        Json binding = {{"apiVersion", "v1"},
+                        {"kind", "Binding"},
+                        {"metadata", {{"name", unbound[i]}}},
+                        {"target", {{"apiVersion", "v1"}, {"kind", "Node"}, {"name", r.nodes[i]}}}};
+        try {
+          client_.create_subresource(kube::resources::pods, ns, unbound[i], "binding", binding);
+        } catch (const kube::Conflict&) {
+          // Already bound (an earlier attempt whose answer we did not see).
+        }
+        node_by_pod[unbound[i]] = r.nodes[i];
+        summary += (summary.empty() ? "" : ", ") + unbound[i] + " -> " + r.nodes[i];
+        bound_now++;
+      }
+      events.push_back({false, "Bound", "bound " + std::to_string(unbound.size()) + " pods: " + summary});
+    } else {
+      if (set_condition(status, "Scheduled", false, "Unschedulable", r.message, now_s) || created.size())
+        events.push_back({true, "Unschedulable", r.message});
+      keep_min(opts_.unschedulable_retry);
+    }
+  }
+
+  // Observed state -> conditions and phase.
+  int exist = 0, bound = 0, running = 0;
+  Json placed = Json::array();
+  for (int i = 0; i < n; ++i) {
+    const std::string pod_name = worker_pod_name(name, i);
+    auto it = by_index.find(i);
+    bool just_created = std::find(created.begin(), created.end(), pod_name) != created.end();
+    if (it == by_index.end() && !just_created) continue;
+    if (it != by_index.end() && terminating(it->second)) continue;
+    exist++;
+    std::string node = it != by_index.end() ? node_of(it->second) : "";
+    if (node.empty() && node_by_pod.count(pod_name)) node = node_by_pod[pod_name];
+    if (!node.empty()) {
+      bound++;
+      placed.push_back(node);
+    }
+    if (it != by_index.end() && phase_of(it->second) == "Running") running++;
+  }
+  status["replicas"] = exist;
+  if (bound == n) status["placement"] = {{"nodes", placed}};
+  set_condition(status, "Created", exist == n, exist == n ? "PodsCreated" : "CreatingPods",
+                std::to_string(exist) + " of " + std::to_string(n) + " worker pods exist", now_s);
+  if (bound == n)
+    set_condition(status, "Scheduled", true, "Bound", "all " + std::to_string(n) + " pods are bound to nodes", now_s);
+  bool world_up = running == n;
+  if (world_up && agent && rdzv) world_up = progress && progress->world_complete;
+  if (world_up) {
+    set_condition(status, "Running", true, "AllPodsRunning",
+                  agent && rdzv ? "every pod joined generation " + std::to_string(gen)
+                                : "all " + std::to_string(n) + " worker pods are running",
+                  now_s);
+    if (condition_true(status, "Restarting"))
+      set_condition(status, "Restarting", false, "Recovered", "generation " + std::to_string(gen) + " is running",
+                    now_s);
+    if (condition_true(status, "Resizing"))
+      set_condition(status, "Resizing", false, "Resized",
+                    "generation " + std::to_string(gen) + " runs " + std::to_string(n) + " replicas", now_s);
+  } else {
+    set_condition(status, "Running", false, "PodsNotRunning",
+                  std::to_string(running) + " of " + std::to_string(n) + " worker pods running", now_s);
+  }
+  if (condition_true(status, "Restarting"))
+    status["phase"] = "Restarting";
+  else if (condition_true(status, "Resizing"))
+    status["phase"] = "Resizing";
+  else if (world_up)
+    status["phase"] = "Running";
+  else if (bound == n)
+    status["phase"] = "Scheduled";
+  else if (exist == n)
+    status["phase"] = "Created";
+  else
+    status["phase"] = "Pending";
+  if (progress) {
+    status["step"] = progress->step;
+    status["loss"] = progress->loss;
+    status["tokensPerSecond"] = progress->tokens_per_second;
+    status["progress"] = std::to_string(progress->step) + "/" + std::to_string(spec.steps);
+  }
+  if (status_differs(orig, status)) write_status(job, status);
+  emit(job, events);
+
+  // Open the (durable) generation at the rendezvous service once per generation and leader.
+  if (rdzv && agent) {
+    bool open = false;
+    {
+      std::lock_guard lock(mu_);
+      auto it = opened_.find(key);
+      open = it == opened_.end() || it->second != gen;
+    }
+    if (open) {
+      GenerationSpec g;
+      g.job_key = key;
+      g.generation = gen;
+      for (int i = 0; i < n; ++i) g.pods.push_back(worker_pod_name(name, i));
+      g.procs_per_pod = spec.procs_per_replica;
+      g.config = resolved_config(spec, n);
+      g.config["spec"] = job["spec"];
+      g.config["generation"] = gen;
+      if (gen > 1 && job["spec"].contains("checkpoint") && job["spec"]["checkpoint"].contains("path"))
+        g.config["restore"] = job["spec"]["checkpoint"]["path"];
+      g.token = token;
+      rdzv->open_generation(g);
+      std::lock_guard lock(mu_);
+      opened_[key] = gen;
+    }
+  }
+  return requeue;
+}
+
+}  // namespace railyard::op

@@ -1,0 +1,122 @@
+// The TrainingJob controller: informers on TrainingJobs, worker Pods and Nodes feed a work queue of job keys;
+// reconcile(key) converges one job (validate, secret, pods, gang binding, generations, restarts, status, events).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/kube/client.h"
+#include "common/kube/event_recorder.h"
+#include "common/kube/informer.h"
+#include "common/kube/work_queue.h"
+#include "common/metrics/metrics.h"
+#include "operator/controller/job_spec.h"
+#include "operator/controller/placement.h"
+#include "operator/controller/pod_builder.h"
+#include "operator/rendezvous/rendezvous.h"
+
+namespace railyard::op {
+
+inline constexpr const char* kRestartRequestAnnotation = "railyard.dev/restart-request";
+inline constexpr const char* kRestartHandledAnnotation = "railyard.dev/restart-handled";
+inline constexpr const char* kRestartDetectorAnnotation = "railyard.dev/restart-detector";
+
+struct ControllerOptions {
+  std::string ns;  // "" watches every namespace
+  int workers = 2;
+  PodOptions pod;
+  std::chrono::milliseconds unschedulable_retry{5000};
+  std::chrono::seconds resync{30};
+  std::string controller_name = "trainingjob";
+};
+
+class Controller {
+ public:
+  Controller(kube::Client& client, metrics::Registry& registry, ControllerOptions opts,
+             std::unique_ptr<Placement> placement = nullptr);
+  ~Controller();
+  Controller(const Controller&) = delete;
+  Controller& operator=(const Controller&) = delete;
+
+  void start_informers();
+  bool wait_for_sync(std::chrono::milliseconds timeout);
+  bool synced() const { return synced_.load(); }
+  // The leader's rendezvous service (null when none): generations are opened there, exits come back from it.
+  // `advertised_addr` (host:port) goes into new pods' RAILYARD_RENDEZVOUS_ADDR when not empty. Call before
+  // start_workers().
+  void set_rendezvous(RendezvousService* rdzv, const std::string& advertised_addr = "");
+  void start_workers();
+  void stop();
+
+  // Thread-safe entry points for the rendezvous service's callbacks.
+  void report_exit(const WorkerExit& exit);
+  void report_join_timeout(const JoinTimeout& timeout);
+
+  // Converges one job. Returns a requeue delay (zero: none). Throws kube::ApiError / Error on failures the caller
+  // retries with backoff (kube::Conflict: state changed under us, re-read at once).
+  std::chrono::milliseconds reconcile(const std::string& key);
+
+  kube::WorkQueue& queue() { return queue_; }
+
+ private:
+  struct Trigger {
+    std::string reason, detail, pod, node, detector, uid;
+    int rank = -1;
+    bool permanent = false;
+  };
+  struct PendingEvent {
+    bool warning;
+    std::string reason, message;
+  };
+
+  void enqueue(const std::string& key);
+  void enqueue_all_jobs();
+  void worker_loop();
+  std::vector<Json> pods_of(const std::string& ns, const std::string& name);
+  std::string ensure_token(const Json& job);
+  Json write_status(const Json& job, const Json& status);
+  std::chrono::milliseconds finish(const Json& job, const JobSpec& spec, Json& status, const Json& orig,
+                                   std::vector<PendingEvent>& events, const std::vector<Json>& pods);
+  void emit(const Json& job, const std::vector<PendingEvent>& events);
+  void delete_pod(const std::string& ns, const std::string& name, bool force);
+  void forget_job(const std::string& key);
+  void update_phase_gauge();
+
+  kube::Client& client_;
+  metrics::Registry& registry_;
+  ControllerOptions opts_;
+  std::unique_ptr<Placement> placement_;
+  kube::EventRecorder recorder_;
+  kube::WorkQueue queue_;
+  std::unique_ptr<kube::Informer> jobs_, pods_, nodes_;
+  std::atomic<bool> synced_{false};
+  std::atomic<bool> stopping_{false};
+  std::vector<std::thread> workers_;
+
+  std::mutex mu_;  // the maps below
+  RendezvousService* rdzv_ = nullptr;
+  std::map<std::string, std::vector<WorkerExit>> exits_;
+  std::map<std::string, std::vector<JoinTimeout>> timeouts_;
+  std::map<std::string, int64_t> opened_;                             // job key -> generation opened
+  std::map<std::string, std::pair<std::string, std::string>> tokens_;  // job key -> (uid, token)
+
+  // Metrics.
+  metrics::Family<metrics::Gauge>& jobs_by_phase_;
+  metrics::Family<metrics::Counter>& restarts_;
+  metrics::Family<metrics::Counter>& errors_;
+  metrics::Family<metrics::Histogram>& placement_seconds_;
+  metrics::Family<metrics::Gauge>& wq_depth_;
+  metrics::Family<metrics::Counter>& wq_adds_;
+  metrics::Family<metrics::Counter>& wq_retries_;
+  metrics::Family<metrics::Counter>& cr_total_;
+  metrics::Family<metrics::Counter>& cr_errors_;
+  metrics::Family<metrics::Histogram>& cr_time_;
+};
+
+}  // namespace railyard::op

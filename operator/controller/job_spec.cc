@@ -1,0 +1,374 @@
+#include "operator/controller/job_spec.h"
+
+#include <algorithm>
+#include <cctype>
+#include <set>
+
+#include "common/model_presets.h"
+
+namespace railyard::op {
+namespace {
+
+// "spec.parallelism.tensor" -> "InvalidParallelismTensor" (the spec. prefix adds nothing to a reason).
+std::string reason_for(const std::string& field) {
+  std::string out = "Invalid";
+  bool upper = true;
+  std::string_view f = field;
+  if (f.rfind("spec.", 0) == 0) f.remove_prefix(5);
+  for (char c : f) {
+    if (c == '.' || c == '[' || c == ']' || c == '-' || c == '_') {
+      upper = true;
+      continue;
+    }
+    if (!std::isalnum(static_cast<unsigned char>(c))) continue;
+    out += upper ? static_cast<char>(std::toupper(static_cast<unsigned char>(c))) : c;
+    upper = false;
+  }
+  return out;
+}
+
+// Collects the first violation; later checks become no-ops so messages stay about the root cause.
+class Checker {
+ public:
+  bool ok() const { return !violation_; }
+  void fail(const std::string& field, const std::string& what, const std::string& fix) {
+    if (violation_) return;
+    violation_ = Violation{field, reason_for(field), field + ": " + what + ": " + fix};
+  }
+  std::optional<Violation> take() { return std::move(violation_); }
+
+  // Reads an optional integer field of `obj`; type or range errors become violations.
+  std::optional<int64_t> integer(const Json& obj, const char* key, const std::string& field, int64_t min,
+                                 int64_t max) {
+    if (!obj.is_object() || !obj.contains(key) || obj[key].is_null()) return std::nullopt;
+    const Json& v = obj[key];
+    if (!v.is_number_integer() && !(v.is_number_float() && v.get<double>() == static_cast<int64_t>(v.get<double>()))) {
+      fail(field, "must be an integer, got " + v.dump(), "write a whole number");
+      return std::nullopt;
+    }
+    int64_t x = v.is_number_integer() ? v.get<int64_t>() : static_cast<int64_t>(v.get<double>());
+    if (x < min || x > max) {
+      fail(field, std::to_string(x) + " is out of range",
+           "use a value from " + std::to_string(min) + " to " + std::to_string(max));
+      return std::nullopt;
+    }
+    return x;
+  }
+  std::optional<std::string> string(const Json& obj, const char* key, const std::string& field) {
+    if (!obj.is_object() || !obj.contains(key) || obj[key].is_null()) return std::nullopt;
+    if (!obj[key].is_string()) {
+      fail(field, "must be a string, got " + obj[key].dump(), "quote the value");
+      return std::nullopt;
+    }
+    return obj[key].get<std::string>();
+  }
+  std::optional<bool> boolean(const Json& obj, const char* key, const std::string& field) {
+    if (!obj.is_object() || !obj.contains(key) || obj[key].is_null()) return std::nullopt;
+    if (!obj[key].is_boolean()) {
+      fail(field, "must be true or false, got " + obj[key].dump(), "write true or false");
+      return std::nullopt;
+    }
+    return obj[key].get<bool>();
+  }
+  // An optional nested object; a present non-object is a violation. Returns null Json when absent.
+  Json object(const Json& obj, const char* key, const std::string& field) {
+    if (!obj.is_object() || !obj.contains(key) || obj[key].is_null()) return Json::object();
+    if (!obj[key].is_object()) {
+      fail(field, "must be an object, got " + obj[key].dump(), "give a mapping of fields");
+      return Json::object();
+    }
+    return obj[key];
+  }
+
+ private:
+  std::optional<Violation> violation_;
+};
+
+std::string divisors_of(int n) {
+  std::string out;
+  for (int d = 1; d <= n && out.size() < 40; ++d)
+    if (n % d == 0) out += (out.empty() ? "" : ", ") + std::to_string(d);
+  return out;
+}
+
+void read_exit_codes(Checker& c, const Json& fp, const char* key, const std::string& field, std::vector<int>& out) {
+  if (!fp.contains(key) || fp[key].is_null()) return;
+  if (!fp[key].is_array()) {
+    c.fail(field, "must be a list of exit codes, got " + fp[key].dump(), "write e.g. [1, 2]");
+    return;
+  }
+  for (size_t i = 0; i < fp[key].size(); ++i) {
+    Json holder = {{"v", fp[key][i]}};
+    auto v = c.integer(holder, "v", field + "[" + std::to_string(i) + "]", 1, 255);
+    if (v) out.push_back(static_cast<int>(*v));
+  }
+}
+
+}  // namespace
+
+ParsedJob parse_job(const Json& job) {
+  ParsedJob out;
+  JobSpec& s = out.spec;
+  Checker c;
+  if (!job.is_object()) {
+    c.fail("metadata", "the object is not a JSON object", "apply a TrainingJob manifest");
+    out.violation = c.take();
+    return out;
+  }
+  const Json meta = job.value("metadata", Json::object());
+  s.name = meta.value("name", "");
+  s.ns = meta.value("namespace", "");
+  if (s.name.size() > kMaxJobNameLength)
+    c.fail("metadata.name", "'" + s.name + "' is " + std::to_string(s.name.size()) + " characters long",
+           "use at most " + std::to_string(kMaxJobNameLength) + " so pod names and labels fit in 63");
+  if (!job.contains("spec") || !job["spec"].is_object()) {
+    c.fail("spec", "is missing or not an object", "give spec.model, spec.data and spec.training");
+    out.violation = c.take();
+    return out;
+  }
+  const Json& spec = job["spec"];
+
+  if (auto v = c.integer(spec, "replicas", "spec.replicas", 1, 100000)) s.replicas = static_cast<int>(*v);
+  if (auto v = c.integer(spec, "procsPerReplica", "spec.procsPerReplica", 1, 64))
+    s.procs_per_replica = static_cast<int>(*v);
+  if (auto v = c.string(spec, "device", "spec.device")) {
+    if (*v != "auto" && *v != "cpu" && *v != "cuda")
+      c.fail("spec.device", "'" + *v + "' is not a device", "use auto, cpu or cuda");
+    s.device = *v;
+  }
+  if (auto v = c.string(spec, "image", "spec.image")) s.image = *v;
+
+  Json elastic = c.object(spec, "elastic", "spec.elastic");
+  if (auto v = c.integer(elastic, "minReplicas", "spec.elastic.minReplicas", 1, 100000))
+    s.min_replicas = static_cast<int>(*v);
+  if (auto v = c.integer(elastic, "maxReplicas", "spec.elastic.maxReplicas", 1, 100000))
+    s.max_replicas = static_cast<int>(*v);
+
+  // Model.
+  Json model = c.object(spec, "model", "spec.model");
+  if (c.ok() && !spec.contains("model"))
+    c.fail("spec.model", "is missing", "set spec.model.preset (e.g. tiny) or a custom shape");
+  auto preset = c.string(model, "preset", "spec.model.preset");
+  if (c.ok() && !preset) c.fail("spec.model.preset", "is missing", "set it to one of " + model_preset_names() + ", custom");
+  if (preset) {
+    s.preset = *preset;
+    if (*preset == "custom") {
+      const char* keys[] = {"layers", "hidden", "heads", "seqLen", "vocab"};
+      int* dst[] = {&s.model.layers, &s.model.hidden, &s.model.heads, &s.model.seq_len, &s.model.vocab};
+      const int64_t maxes[] = {1024, 65536, 1024, 1048576, 1048576};
+      for (int i = 0; i < 5; ++i) {
+        std::string field = std::string("spec.model.") + keys[i];
+        auto v = c.integer(model, keys[i], field, i == 4 ? 2 : 1, maxes[i]);
+        if (!v && c.ok()) c.fail(field, "is required for preset custom", "set every size: layers, hidden, heads, seqLen, vocab");
+        if (v) *dst[i] = static_cast<int>(*v);
+      }
+      if (c.ok() && s.model.hidden % s.model.heads != 0)
+        c.fail("spec.model.hidden", std::to_string(s.model.hidden) + " is not divisible by heads " +
+                                        std::to_string(s.model.heads),
+               "use a multiple of " + std::to_string(s.model.heads));
+    } else if (auto p = find_model_preset(*preset)) {
+      s.model = {p->layers, p->hidden, p->heads, p->seq_len, p->vocab};
+    } else {
+      c.fail("spec.model.preset", "unknown preset '" + *preset + "'",
+             "use one of " + model_preset_names() + ", custom");
+    }
+  }
+
+  // Data.
+  Json data = c.object(spec, "data", "spec.data");
+  auto train = c.string(data, "train", "spec.data.train");
+  if (c.ok() && (!train || train->empty()))
+    c.fail("spec.data.train", "is missing", "set a glob of training shards, e.g. /data/train_*.bin");
+  c.string(data, "val", "spec.data.val");
+
+  // Training.
+  Json training = c.object(spec, "training", "spec.training");
+  if (auto v = c.integer(training, "steps", "spec.training.steps", 1, int64_t{1} << 40)) s.steps = static_cast<int>(*v);
+  else if (c.ok()) c.fail("spec.training.steps", "is missing", "set the number of optimizer steps");
+  if (auto v = c.integer(training, "globalBatch", "spec.training.globalBatch", 1, 1 << 30))
+    s.global_batch = static_cast<int>(*v);
+  if (auto v = c.integer(training, "microBatch", "spec.training.microBatch", 1, 1 << 30))
+    s.micro_batch = static_cast<int>(*v);
+  s.seq_len = s.model.seq_len;
+  if (auto v = c.integer(training, "seqLen", "spec.training.seqLen", 1, 1048576)) {
+    s.seq_len = static_cast<int>(*v);
+    if (c.ok() && s.model.seq_len > 0 && s.seq_len > s.model.seq_len)
+      c.fail("spec.training.seqLen", std::to_string(s.seq_len) + " exceeds the model's seqLen " +
+                                         std::to_string(s.model.seq_len),
+             "use at most " + std::to_string(s.model.seq_len) + " or a model with a longer context");
+  }
+
+  // Parallelism.
+  Json par = c.object(spec, "parallelism", "spec.parallelism");
+  if (auto v = c.boolean(par, "auto", "spec.parallelism.auto")) s.auto_parallel = *v;
+  if (auto v = c.integer(par, "tensor", "spec.parallelism.tensor", 1, 1024)) s.tensor = static_cast<int>(*v);
+  if (auto v = c.integer(par, "pipeline", "spec.parallelism.pipeline", 1, 1024)) s.pipeline = static_cast<int>(*v);
+  if (auto v = c.integer(par, "data", "spec.parallelism.data", 1, 1 << 24)) s.data = static_cast<int>(*v);
+  if (auto v = c.integer(par, "zero", "spec.parallelism.zero", 0, 1)) s.zero = static_cast<int>(*v);
+  if (auto v = c.integer(par, "microBatches", "spec.parallelism.microBatches", 1, 1 << 20))
+    s.micro_batches = static_cast<int>(*v);
+
+  // Checkpoint and placement: types only (their semantics belong to the worker and the scheduler).
+  Json ckpt = c.object(spec, "checkpoint", "spec.checkpoint");
+  c.string(ckpt, "path", "spec.checkpoint.path");
+  c.integer(ckpt, "intervalSteps", "spec.checkpoint.intervalSteps", 1, int64_t{1} << 40);
+  c.integer(ckpt, "keep", "spec.checkpoint.keep", 1, 1000000);
+  Json placement = c.object(spec, "placement", "spec.placement");
+  Json selector = c.object(placement, "nodeSelector", "spec.placement.nodeSelector");
+  for (auto it = selector.begin(); it != selector.end(); ++it) {
+    if (!it.value().is_string())
+      c.fail("spec.placement.nodeSelector." + it.key(), "must be a string", "quote the label value");
+    else
+      s.node_selector[it.key()] = it.value().get<std::string>();
+  }
+
+  // Failure and run policy.
+  Json fp = c.object(spec, "failurePolicy", "spec.failurePolicy");
+  if (auto v = c.integer(fp, "maxRestarts", "spec.failurePolicy.maxRestarts", 0, 1000000))
+    s.max_restarts = static_cast<int>(*v);
+  read_exit_codes(c, fp, "permanentExitCodes", "spec.failurePolicy.permanentExitCodes", s.permanent_exit_codes);
+  read_exit_codes(c, fp, "retryableExitCodes", "spec.failurePolicy.retryableExitCodes", s.retryable_exit_codes);
+  for (int code : s.permanent_exit_codes)
+    if (std::find(s.retryable_exit_codes.begin(), s.retryable_exit_codes.end(), code) != s.retryable_exit_codes.end())
+      c.fail("spec.failurePolicy.retryableExitCodes",
+             "exit code " + std::to_string(code) + " is also in permanentExitCodes", "list each code in one list only");
+  Json rp = c.object(spec, "runPolicy", "spec.runPolicy");
+  s.active_deadline_seconds =
+      c.integer(rp, "activeDeadlineSeconds", "spec.runPolicy.activeDeadlineSeconds", 1, int64_t{1} << 40);
+  s.ttl_seconds_after_finished =
+      c.integer(rp, "ttlSecondsAfterFinished", "spec.runPolicy.ttlSecondsAfterFinished", 0, int64_t{1} << 40);
+  if (auto v = c.boolean(rp, "suspend", "spec.runPolicy.suspend")) s.suspend = *v;
+  if (auto v = c.string(rp, "cleanPodPolicy", "spec.runPolicy.cleanPodPolicy")) {
+    if (*v != "All" && *v != "Running" && *v != "None")
+      c.fail("spec.runPolicy.cleanPodPolicy", "'" + *v + "' is not a policy", "use All, Running or None");
+    s.clean_pod_policy = *v;
+  }
+  if (spec.contains("template") && !spec["template"].is_null()) {
+    const Json& t = spec["template"];
+    if (!t.is_object()) {
+      c.fail("spec.template", "must be an object, got " + t.dump(), "give a pod template (metadata, spec)");
+    } else {
+      Json tspec = c.object(t, "spec", "spec.template.spec");
+      c.object(t, "metadata", "spec.template.metadata");
+      if (tspec.contains("containers")) {
+        const Json& cs = tspec["containers"];
+        if (!cs.is_array())
+          c.fail("spec.template.spec.containers", "must be a list", "give a list of containers");
+        else
+          for (size_t i = 0; i < cs.size(); ++i) {
+            std::string f = "spec.template.spec.containers[" + std::to_string(i) + "]";
+            if (!cs[i].is_object()) {
+              c.fail(f, "must be an object", "give name, command, args, env");
+              continue;
+            }
+            for (const char* k : {"command", "args"}) {
+              if (!cs[i].contains(k)) continue;
+              bool good = cs[i][k].is_array() &&
+                          std::all_of(cs[i][k].begin(), cs[i][k].end(), [](const Json& x) { return x.is_string(); });
+              if (!good) c.fail(f + "." + k, "must be a list of strings", "write e.g. [\"sh\", \"-c\", \"...\"]");
+            }
+          }
+      }
+    }
+  }
+
+  // Cross-field checks.
+  if (c.ok() && s.min_replicas && s.max_replicas && *s.min_replicas > *s.max_replicas)
+    c.fail("spec.elastic.minReplicas",
+           std::to_string(*s.min_replicas) + " is greater than maxReplicas " + std::to_string(*s.max_replicas),
+           "make minReplicas <= maxReplicas");
+  if (c.ok() && s.min_replicas && s.replicas < *s.min_replicas)
+    c.fail("spec.replicas", std::to_string(s.replicas) + " is below elastic.minReplicas " +
+                                std::to_string(*s.min_replicas),
+           "scale to at least " + std::to_string(*s.min_replicas));
+  if (c.ok() && s.max_replicas && s.replicas > *s.max_replicas)
+    c.fail("spec.replicas", std::to_string(s.replicas) + " is above elastic.maxReplicas " +
+                                std::to_string(*s.max_replicas),
+           "scale to at most " + std::to_string(*s.max_replicas));
+  if (c.ok() && !s.auto_parallel) {
+    const int world = s.replicas * s.procs_per_replica;
+    if (s.model.heads % s.tensor != 0)
+      c.fail("spec.parallelism.tensor",
+             std::to_string(s.tensor) + " does not divide the model's " + std::to_string(s.model.heads) + " heads",
+             "use one of " + divisors_of(s.model.heads));
+    else if (s.tensor > s.procs_per_replica)
+      c.fail("spec.parallelism.tensor",
+             std::to_string(s.tensor) + " exceeds procsPerReplica " + std::to_string(s.procs_per_replica),
+             "keep tensor groups inside one pod: tensor <= procsPerReplica");
+    else if (s.procs_per_replica % s.tensor != 0)
+      c.fail("spec.parallelism.tensor",
+             std::to_string(s.tensor) + " does not divide procsPerReplica " + std::to_string(s.procs_per_replica),
+             "use one of " + divisors_of(s.procs_per_replica));
+    else if (s.model.layers % s.pipeline != 0)
+      c.fail("spec.parallelism.pipeline",
+             std::to_string(s.pipeline) + " does not divide the model's " + std::to_string(s.model.layers) + " layers",
+             "use one of " + divisors_of(s.model.layers));
+    else if (s.data && *s.data * s.tensor * s.pipeline != world)
+      c.fail("spec.parallelism.data",
+             "data*tensor*pipeline = " + std::to_string(*s.data * s.tensor * s.pipeline) +
+                 " differs from the world size replicas*procsPerReplica = " + std::to_string(world),
+             "set data to " + (world % (s.tensor * s.pipeline) == 0 ? std::to_string(world / (s.tensor * s.pipeline))
+                                                                     : std::string("world/(tensor*pipeline)")) +
+                 " or leave it out");
+    else if (world % (s.tensor * s.pipeline) != 0)
+      c.fail("spec.parallelism.pipeline",
+             "tensor*pipeline = " + std::to_string(s.tensor * s.pipeline) + " does not divide the world size " +
+                 std::to_string(world),
+             "choose degrees whose product divides replicas*procsPerReplica");
+  }
+  if (c.ok()) {
+    const int dp = world_layout(s, s.replicas).data;
+    if (s.global_batch % (s.micro_batch * dp) != 0)
+      c.fail("spec.training.globalBatch",
+             std::to_string(s.global_batch) + " is not divisible by microBatch*data = " +
+                 std::to_string(s.micro_batch) + "*" + std::to_string(dp),
+             "use a multiple of " + std::to_string(s.micro_batch * dp));
+  }
+  if (c.ok() && s.micro_batches && s.pipeline > 1 && *s.micro_batches < s.pipeline)
+    c.fail("spec.parallelism.microBatches",
+           std::to_string(*s.micro_batches) + " is fewer than the pipeline degree " + std::to_string(s.pipeline),
+           "use at least " + std::to_string(s.pipeline) + " so every stage has work");
+  out.violation = c.take();
+  return out;
+}
+
+WorldLayout world_layout(const JobSpec& spec, int replicas) {
+  WorldLayout w;
+  w.size = replicas * spec.procs_per_replica;
+  w.tensor = spec.auto_parallel ? 1 : spec.tensor;
+  w.pipeline = spec.auto_parallel ? 1 : spec.pipeline;
+  w.data = std::max(1, w.size / std::max(1, w.tensor * w.pipeline));
+  return w;
+}
+
+Json resolved_config(const JobSpec& spec, int replicas) {
+  WorldLayout w = world_layout(spec, replicas);
+  Json cfg = {
+      {"model",
+       {{"preset", spec.preset},
+        {"layers", spec.model.layers},
+        {"hidden", spec.model.hidden},
+        {"heads", spec.model.heads},
+        {"seqLen", spec.model.seq_len},
+        {"vocab", spec.model.vocab}}},
+      {"training",
+       {{"steps", spec.steps},
+        {"globalBatch", spec.global_batch},
+        {"microBatch", spec.micro_batch},
+        {"seqLen", spec.seq_len},
+        {"gradAccumulation", spec.global_batch / std::max(1, spec.micro_batch * w.data)}}},
+      {"layout",
+       {{"world", w.size},
+        {"dp", w.data},
+        {"tp", w.tensor},
+        {"pp", w.pipeline},
+        {"zero", spec.zero},
+        {"procsPerReplica", spec.procs_per_replica},
+        {"replicas", replicas}}},
+      {"device", spec.device},
+  };
+  if (spec.micro_batches) cfg["layout"]["microBatches"] = *spec.micro_batches;
+  return cfg;
+}
+
+}  // namespace railyard::op

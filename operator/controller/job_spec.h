@@ -1,0 +1,74 @@
+// A TrainingJob's spec read into plain values with the CRD's defaults, and the checks the schema cannot express.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace railyard::op {
+
+using Json = nlohmann::json;
+
+struct ModelShape {
+  int layers = 0, hidden = 0, heads = 0, seq_len = 0, vocab = 0;
+};
+
+struct JobSpec {
+  std::string name, ns;
+  int replicas = 1;
+  std::optional<int> min_replicas, max_replicas;
+  int procs_per_replica = 1;
+  std::string device = "auto";
+  std::string image;
+  std::string preset;
+  ModelShape model;
+  int steps = 0;
+  int global_batch = 8;
+  int micro_batch = 1;
+  int seq_len = 0;  // training sequence length (model's when not given)
+  bool auto_parallel = false;
+  int tensor = 1, pipeline = 1;
+  std::optional<int> data;  // explicit data-parallel degree
+  int zero = 0;
+  std::optional<int> micro_batches;
+  int max_restarts = 3;
+  std::vector<int> permanent_exit_codes, retryable_exit_codes;
+  std::optional<int64_t> active_deadline_seconds, ttl_seconds_after_finished;
+  bool suspend = false;
+  std::string clean_pod_policy = "Running";
+  std::map<std::string, std::string> node_selector;
+};
+
+// What is wrong and how to fix it. `reason` is a CamelCase condition reason naming the field
+// (InvalidParallelismTensor); `message` starts with the field path and ends with the fix.
+struct Violation {
+  std::string field, reason, message;
+};
+
+struct ParsedJob {
+  JobSpec spec;
+  std::optional<Violation> violation;
+};
+
+// Reads a whole TrainingJob object. Wrong types, out-of-range values and cross-field inconsistencies come back as
+// the first violation found; nothing throws.
+ParsedJob parse_job(const Json& job);
+
+struct WorldLayout {
+  int size = 0, data = 0, tensor = 1, pipeline = 1;
+  bool operator==(const WorldLayout&) const = default;
+};
+
+// The layout of `replicas` pods (tensor fastest-varying; data fills the rest). Assumes a validated spec.
+WorldLayout world_layout(const JobSpec& spec, int replicas);
+
+// The resolved training configuration handed to every agent through the rendezvous service.
+Json resolved_config(const JobSpec& spec, int replicas);
+
+// Longest job name whose pod names (`<job>-worker-<index>`) and label values still fit in 63 characters.
+inline constexpr size_t kMaxJobNameLength = 52;
+
+}  // namespace railyard::op

@@ -1,0 +1,169 @@
+#include "operator/controller/pod_builder.h"
+
+#include <openssl/rand.h>
+
+#include <charconv>
+
+#include "common/error.h"
+
+namespace railyard::op {
+
+std::string worker_pod_name(const std::string& job_name, int index) {
+  return job_name + "-worker-" + std::to_string(index);
+}
+std::string token_secret_name(const std::string& job_name) { return job_name + "-rendezvous"; }
+std::string job_selector(const std::string& job_name) { return std::string(kJobLabel) + "=" + job_name; }
+
+Json owner_reference(const Json& job) {
+  return {{"apiVersion", job.value("apiVersion", "railyard.dev/v1alpha1")},
+          {"kind", job.value("kind", "TrainingJob")},
+          {"name", job["metadata"].value("name", "")},
+          {"uid", job["metadata"].value("uid", "")},
+          {"controller", true},
+          {"blockOwnerDeletion", true}};
+}
+
+namespace {
+
+Json env_value(const std::string& name, const std::string& value) { return {{"name", name}, {"value", value}}; }
+Json env_field(const std::string& name, const std::string& path) {
+  return {{"name", name}, {"valueFrom", {{"fieldRef", {{"apiVersion", "v1"}, {"fieldPath", path}}}}}};
+}
+
+// Appends `extra` entries to `list` (both arrays of objects with "name"), replacing entries of the same name.
+void merge_named(Json& list, const Json& extra) {
+  if (!extra.is_array()) return;
+  for (const Json& e : extra) {
+    if (!e.is_object() || !e.contains("name")) continue;
+    bool replaced = false;
+    for (Json& x : list)
+      if (x.value("name", "") == e["name"]) {
+        x = e;
+        replaced = true;
+      }
+    if (!replaced) list.push_back(e);
+  }
+}
+
+}  // namespace
+
+Json build_worker_pod(const Json& job, const JobSpec& spec, int index, int64_t generation, const PodOptions& opts) {
+  const std::string job_name = job["metadata"].value("name", "");
+  const std::string ns = job["metadata"].value("namespace", "");
+  const Json tmpl = job.contains("spec") && job["spec"].contains("template") && job["spec"]["template"].is_object()
+                        ? job["spec"]["template"]
+                        : Json::object();
+  const Json tmeta = tmpl.value("metadata", Json::object());
+  const Json tspec = tmpl.value("spec", Json::object());
+
+  Json labels = tmeta.value("labels", Json::object());
+  labels[kJobLabel] = job_name;
+  labels[kReplicaIndexLabel] = std::to_string(index);
+  labels[kGenerationLabel] = std::to_string(generation);
+  Json annotations = tmeta.value("annotations", Json::object());
+
+  std::vector<std::string> command = opts.worker_command;
+  Json container = {{"name", "worker"},
+                    {"image", spec.image.empty() ? opts.worker_image : spec.image},
+                    {"command", command},
+                    {"args", Json::array({"agent"})}};
+  Json env = Json::array({
+      env_value("RAILYARD_JOB_NAME", job_name),
+      env_value("RAILYARD_JOB_NAMESPACE", ns),
+      env_value("RAILYARD_REPLICA_INDEX", std::to_string(index)),
+      env_value("RAILYARD_PROCS_PER_REPLICA", std::to_string(spec.procs_per_replica)),
+      env_value("RAILYARD_PROCS_PER_POD", std::to_string(spec.procs_per_replica)),
+      env_value("RAILYARD_DEVICE", spec.device),
+      env_value("RAILYARD_RENDEZVOUS_ADDR", opts.rendezvous_addr),
+      env_field("RAILYARD_POD_NAME", "metadata.name"),
+      env_field("RAILYARD_POD_NAMESPACE", "metadata.namespace"),
+      env_field("RAILYARD_POD_IP", "status.podIP"),
+      env_field("RAILYARD_NODE_NAME", "spec.nodeName"),
+      {{"name", "RAILYARD_RENDEZVOUS_TOKEN"},
+       {"valueFrom", {{"secretKeyRef", {{"name", token_secret_name(job_name)}, {"key", kTokenKey}}}}}},
+  });
+
+  // Resources: the job's, plus GPUs for cuda jobs that did not ask for them explicitly.
+  Json resources = job["spec"].value("resources", Json::object());
+  if (spec.device == "cuda") {
+    for (const char* part : {"limits", "requests"})
+      if (!resources.contains(part) || !resources[part].contains("nvidia.com/gpu"))
+        resources[part]["nvidia.com/gpu"] = spec.procs_per_replica;
+  }
+  if (!resources.empty()) container["resources"] = resources;
+
+  Json pod_spec = tspec;  // pod-level fields (volumes, tolerations, serviceAccountName, ...) come from the template
+  Json containers = Json::array();
+  if (tspec.contains("containers") && tspec["containers"].is_array() && !tspec["containers"].empty()) {
+    const Json& tc = tspec["containers"][0];
+    if (tc.is_object()) {
+      for (auto it = tc.begin(); it != tc.end(); ++it) {
+        if (it.key() == "env" || it.key() == "name") continue;
+        if (it.key() == "resources" && it.value().is_object()) {
+          for (auto r = it.value().begin(); r != it.value().end(); ++r) container["resources"][r.key()] = r.value();
+          continue;
+        }
+        container[it.key()] = it.value();
+      }
+      // A template command without args means "run exactly this", not "this plus the agent's args".
+      if (tc.contains("command") && !tc.contains("args")) container.erase("args");
+      merge_named(env, tc.value("env", Json::array()));
+    }
+    for (size_t i = 1; i < tspec["containers"].size(); ++i) containers.push_back(tspec["containers"][i]);
+  }
+  container["env"] = env;
+  containers.insert(containers.begin(), container);
+  pod_spec["containers"] = containers;
+  pod_spec["schedulerName"] = kSchedulerName;
+  pod_spec["restartPolicy"] = "Never";
+  pod_spec.erase("nodeName");  // binding is the operator's job, all of a gang or none
+  pod_spec["hostname"] = worker_pod_name(job_name, index);
+
+  Json pod = {{"apiVersion", "v1"},
+              {"kind", "Pod"},
+              {"metadata",
+               {{"name", worker_pod_name(job_name, index)},
+                {"namespace", ns},
+                {"labels", labels},
+                {"ownerReferences", Json::array({owner_reference(job)})}}},
+              {"spec", pod_spec}};
+  if (!annotations.empty()) pod["metadata"]["annotations"] = annotations;
+  return pod;
+}
+
+Json build_token_secret(const Json& job, const std::string& token) {
+  const std::string job_name = job["metadata"].value("name", "");
+  return {{"apiVersion", "v1"},
+          {"kind", "Secret"},
+          {"type", "Opaque"},
+          {"metadata",
+           {{"name", token_secret_name(job_name)},
+            {"namespace", job["metadata"].value("namespace", "")},
+            {"labels", {{kJobLabel, job_name}}},
+            {"ownerReferences", Json::array({owner_reference(job)})}}},
+          {"stringData", {{kTokenKey, token}}}};
+}
+
+std::string random_token() {
+  unsigned char buf[32];
+  if (RAND_bytes(buf, sizeof buf) != 1) throw Error("rendezvous token: OpenSSL RAND_bytes failed");
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned char b : buf) {
+    out += hex[b >> 4];
+    out += hex[b & 15];
+  }
+  return out;
+}
+
+int replica_index_of(const Json& pod) {
+  const Json& labels = pod["metadata"].value("labels", Json::object());
+  if (!labels.contains(kReplicaIndexLabel) || !labels[kReplicaIndexLabel].is_string()) return -1;
+  const std::string v = labels[kReplicaIndexLabel].get<std::string>();
+  int out = -1;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+  if (ec != std::errc() || p != v.data() + v.size() || out < 0) return -1;
+  return out;
+}
+
+}  // namespace railyard::op

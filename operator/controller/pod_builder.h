@@ -1,0 +1,47 @@
+// Worker pods and the per-job rendezvous Secret, built from a TrainingJob (pure: no API calls).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "operator/controller/job_spec.h"
+
+namespace railyard::op {
+
+inline constexpr const char* kJobLabel = "railyard.dev/job";
+inline constexpr const char* kReplicaIndexLabel = "railyard.dev/replica-index";
+inline constexpr const char* kGenerationLabel = "railyard.dev/generation";
+inline constexpr const char* kSchedulerName = "railyard";
+inline constexpr const char* kTokenKey = "token";
+
+struct PodOptions {
+  std::string worker_image = "railyard/worker:latest";
+  // The agent's argv before "agent"; on the local cluster the absolute path of build/bin/railyard-worker.
+  std::vector<std::string> worker_command = {"railyard-worker"};
+  std::string rendezvous_addr;  // host:port agents reach the rendezvous service at
+};
+
+std::string worker_pod_name(const std::string& job_name, int index);
+std::string token_secret_name(const std::string& job_name);
+// "railyard.dev/job=<name>": the scale subresource's selector and the pod informer's filter.
+std::string job_selector(const std::string& job_name);
+
+// ownerReference to the job: controller=true, blockOwnerDeletion=true.
+Json owner_reference(const Json& job);
+
+// One worker pod: the agent command and env, labels, owner reference, schedulerName railyard, restartPolicy Never,
+// merged with spec.template (labels, annotations, pod-level fields, container command/args/env/mounts override).
+// Railyard's own labels, schedulerName, restartPolicy and owner always win.
+Json build_worker_pod(const Json& job, const JobSpec& spec, int index, int64_t generation, const PodOptions& opts);
+
+// The Secret holding the job's rendezvous token, owned by the job.
+Json build_token_secret(const Json& job, const std::string& token);
+
+// 32 random bytes as hex (OpenSSL RAND_bytes); throws railyard::Error if the RNG fails.
+std::string random_token();
+
+// Replica index from a pod's label; -1 when absent or malformed.
+int replica_index_of(const Json& pod);
+
+}  // namespace railyard::op

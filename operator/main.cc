@@ -1,0 +1,307 @@
+// railyard-operator: runs the TrainingJob controller (and, as leader, the rendezvous service). See README.md.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <httplib.h>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "common/error.h"
+#include "common/kube/client.h"
+#include "common/kube/leader_elector.h"
+#include "common/log.h"
+#include "common/metrics/metrics.h"
+#include "operator/controller/controller.h"
+#include "operator/controller/pod_builder.h"
+#include "operator/rendezvous/rendezvous.h"
+
+namespace {
+
+using namespace railyard;
+constexpr const char* kLog = "operator";
+
+struct Flags {
+  std::string kubeconfig, context, ns;
+  std::string metrics_addr = "127.0.0.1:8080";
+  std::string health_addr = "127.0.0.1:8081";
+  bool leader_elect = true;
+  std::string le_namespace, le_name = "railyard-operator";
+  double lease_duration = 15, renew_deadline = 10, retry_period = 2;
+  std::string worker_image = "railyard/worker:latest";
+  std::string worker_command = "railyard-worker";
+  std::string rendezvous_bind = "127.0.0.1:9090";
+  std::string rendezvous_addr;
+  int workers = 2;
+};
+
+const char* kUsage = R"(usage: railyard-operator [flags]
+Runs the TrainingJob controller against the cluster of $KUBECONFIG (or --kubeconfig, or the in-cluster config).
+  --kubeconfig PATH                 kubeconfig file (default $KUBECONFIG, ~/.kube/config, in-cluster)
+  --context NAME                    kubeconfig context (default: current-context)
+  --namespace NS                    watch one namespace (default: all)
+  --metrics-addr HOST:PORT          Prometheus /metrics (default 127.0.0.1:8080; port 0 picks one)
+  --health-addr HOST:PORT           /healthz and /readyz (default 127.0.0.1:8081; port 0 picks one)
+  --leader-elect[=true|false]       elect a leader through a Lease (default true)
+  --leader-election-namespace NS    namespace of the Lease (default: the pod's namespace in-cluster, else
+                                    railyard-system; the namespace must exist)
+  --leader-election-id NAME         Lease name (default railyard-operator)
+  --lease-duration S, --renew-deadline S, --retry-period S   leader election timing (15, 10, 2 seconds)
+  --worker-image IMAGE              worker image when spec.image is empty (default railyard/worker:latest)
+  --worker-command PATH             agent binary run as `PATH agent` (default railyard-worker; on the local
+                                    cluster the absolute path of build/bin/railyard-worker)
+  --rendezvous-bind HOST:PORT       where the leader's rendezvous service listens (default 127.0.0.1:9090)
+  --rendezvous-addr HOST:PORT       what pods are told to dial (default: the bound address)
+  --workers N                       reconcile threads (default 2)
+  --log-level debug|info|warn|error
+)";
+
+[[noreturn]] void usage_error(const std::string& msg) {
+  std::cerr << "railyard-operator: " << msg << "\n" << kUsage;
+  std::exit(2);
+}
+
+std::pair<std::string, int> split_addr(const std::string& flag, const std::string& addr) {
+  auto colon = addr.rfind(':');
+  if (colon == std::string::npos || colon == 0) usage_error(flag + " '" + addr + "': expected HOST:PORT");
+  try {
+    size_t used = 0;
+    int port = std::stoi(addr.substr(colon + 1), &used);
+    if (used != addr.size() - colon - 1 || port < 0 || port > 65535) throw std::invalid_argument("port");
+    return {addr.substr(0, colon), port};
+  } catch (const std::exception&) {
+    usage_error(flag + " '" + addr + "': the port must be a number from 0 to 65535");
+  }
+}
+
+Flags parse_flags(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i], value;
+    bool has_value = false;
+    if (auto eq = a.find('='); eq != std::string::npos) {
+      value = a.substr(eq + 1);
+      a = a.substr(0, eq);
+      has_value = true;
+    }
+    auto next = [&]() -> std::string {
+      if (has_value) return value;
+      if (i + 1 >= argc) usage_error(a + " needs a value");
+      return argv[++i];
+    };
+    auto number = [&](const std::string& v) {
+      try {
+        size_t used = 0;
+        double d = std::stod(v, &used);
+        if (used != v.size() || d <= 0) throw std::invalid_argument("");
+        return d;
+      } catch (const std::exception&) {
+        usage_error(a + " '" + v + "': expected a positive number of seconds");
+      }
+    };
+    if (a == "-h" || a == "--help") {
+      std::cout << kUsage;
+      std::exit(0);
+    } else if (a == "--kubeconfig") {
+      f.kubeconfig = next();
+    } else if (a == "--context") {
+      f.context = next();
+    } else if (a == "--namespace") {
+      f.ns = next();
+    } else if (a == "--metrics-addr") {
+      f.metrics_addr = next();
+    } else if (a == "--health-addr") {
+      f.health_addr = next();
+    } else if (a == "--leader-elect") {
+      std::string v = has_value ? value : "true";
+      if (v != "true" && v != "false") usage_error("--leader-elect='" + v + "': use true or false");
+      f.leader_elect = v == "true";
+    } else if (a == "--leader-election-namespace") {
+      f.le_namespace = next();
+    } else if (a == "--leader-election-id") {
+      f.le_name = next();
+    } else if (a == "--lease-duration") {
+      f.lease_duration = number(next());
+    } else if (a == "--renew-deadline") {
+      f.renew_deadline = number(next());
+    } else if (a == "--retry-period") {
+      f.retry_period = number(next());
+    } else if (a == "--worker-image") {
+      f.worker_image = next();
+    } else if (a == "--worker-command") {
+      f.worker_command = next();
+    } else if (a == "--rendezvous-bind") {
+      f.rendezvous_bind = next();
+    } else if (a == "--rendezvous-addr") {
+      f.rendezvous_addr = next();
+    } else if (a == "--workers") {
+      std::string v = next();
+      try {
+        f.workers = std::stoi(v);
+      } catch (const std::exception&) {
+        f.workers = 0;
+      }
+      if (f.workers < 1 || f.workers > 64) usage_error("--workers '" + v + "': use 1 to 64");
+    } else if (a == "--log-level") {
+      std::string v = next();
+      try {
+        log::set_level(log::parse_level(v));
+      } catch (const std::exception& e) {
+        usage_error(std::string("--log-level: ") + e.what());
+      }
+    } else {
+      usage_error("unknown flag '" + a + "'");
+    }
+  }
+  if (f.renew_deadline >= f.lease_duration) usage_error("--renew-deadline must be shorter than --lease-duration");
+  split_addr("--metrics-addr", f.metrics_addr);
+  split_addr("--health-addr", f.health_addr);
+  split_addr("--rendezvous-bind", f.rendezvous_bind);
+  if (!f.rendezvous_addr.empty()) split_addr("--rendezvous-addr", f.rendezvous_addr);
+  return f;
+}
+
+std::string default_lease_namespace() {
+  const char* path = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+  if (access(path, R_OK) == 0) {
+    try {
+      std::string ns = read_file(path);
+      while (!ns.empty() && (ns.back() == '\n' || ns.back() == ' ')) ns.pop_back();
+      if (!ns.empty()) return ns;
+    } catch (const std::exception&) {
+    }
+  }
+  return "railyard-system";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags = parse_flags(argc, argv);
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);  // every thread inherits this; main waits for them below
+  signal(SIGPIPE, SIG_IGN);
+
+  std::unique_ptr<kube::Client> client;
+  try {
+    kube::Config cfg = flags.kubeconfig.empty() ? kube::default_config()
+                                                : kube::load_kubeconfig(flags.kubeconfig, flags.context);
+    client = std::make_unique<kube::Client>(cfg);
+  } catch (const std::exception& e) {
+    std::cerr << "railyard-operator: " << e.what() << "\n";
+    return 2;
+  }
+
+  metrics::Registry registry;
+  auto& leader_gauge = registry.gauge("railyard_operator_leader", "1 while this replica is the leader.").add({});
+  op::ControllerOptions copts;
+  copts.ns = flags.ns;
+  copts.workers = flags.workers;
+  copts.pod.worker_image = flags.worker_image;
+  copts.pod.worker_command = {flags.worker_command};
+  copts.pod.rendezvous_addr = flags.rendezvous_addr;
+  op::Controller controller(*client, registry, copts);
+
+  std::unique_ptr<metrics::Exposer> exposer;
+  httplib::Server health;
+  std::thread health_thread;
+  auto [hhost, hport] = split_addr("--health-addr", flags.health_addr);
+  try {
+    auto [mhost, mport] = split_addr("--metrics-addr", flags.metrics_addr);
+    exposer = std::make_unique<metrics::Exposer>(registry, mhost, mport);
+    health.Get("/healthz", [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
+    health.Get("/readyz", [&controller](const httplib::Request&, httplib::Response& res) {
+      if (controller.synced()) {
+        res.set_content("ok\n", "text/plain");
+      } else {
+        res.status = 503;
+        res.set_content("informers not synced\n", "text/plain");
+      }
+    });
+    if (hport == 0) {
+      hport = health.bind_to_any_port(hhost);
+    } else if (!health.bind_to_port(hhost, hport)) {
+      hport = -1;
+    }
+    if (hport < 0) throw Error("--health-addr " + flags.health_addr + ": cannot listen (port in use?)");
+    health_thread = std::thread([&health] { health.listen_after_bind(); });
+  } catch (const std::exception& e) {
+    std::cerr << "railyard-operator: " << e.what() << "\n";
+    return 2;
+  }
+  log::info(kLog, "serving", {{"metrics", "127.0.0.1:" + std::to_string(exposer->port())},
+                              {"health", hhost + ":" + std::to_string(hport)}});
+
+  controller.start_informers();
+  while (!controller.wait_for_sync(std::chrono::seconds(10)))
+    log::warn(kLog, "informers not synced yet (is the CRD installed? kubectl apply -f deploy/crds/)");
+  log::info(kLog, "informers synced");
+
+  std::unique_ptr<op::RendezvousService> rdzv;
+  std::atomic<bool> shutting_down{false};
+  std::atomic<int> exit_code{0};
+  auto start_leading = [&] {
+    auto [rhost, rport] = split_addr("--rendezvous-bind", flags.rendezvous_bind);
+    try {
+      rdzv = std::make_unique<op::RendezvousService>(rhost, rport);
+    } catch (const std::exception& e) {
+      log::error(kLog, "cannot start the rendezvous service", {{"error", e.what()}});
+      exit_code = 1;
+      kill(getpid(), SIGTERM);
+      return;
+    }
+    std::string addr = flags.rendezvous_addr.empty() ? rhost + ":" + std::to_string(rdzv->port()) : flags.rendezvous_addr;
+    controller.set_rendezvous(rdzv.get(), addr);
+    controller.start_workers();
+    leader_gauge.set(1);
+    log::info(kLog, "leading: reconciling", {{"rendezvous", addr}, {"workers", std::to_string(flags.workers)}});
+  };
+
+  std::unique_ptr<kube::LeaderElector> elector;
+  if (flags.leader_elect) {
+    kube::LeaderElectorOptions lo;
+    lo.lease_namespace = flags.le_namespace.empty() ? default_lease_namespace() : flags.le_namespace;
+    lo.lease_name = flags.le_name;
+    char host[256] = {0};
+    gethostname(host, sizeof host - 1);
+    lo.identity = std::string(host) + "_" + op::random_token().substr(0, 10);
+    auto ms = [](double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); };
+    lo.lease_duration = ms(flags.lease_duration);
+    lo.renew_deadline = ms(flags.renew_deadline);
+    lo.retry_period = ms(flags.retry_period);
+    elector = std::make_unique<kube::LeaderElector>(*client, lo);
+    elector->on_started_leading(start_leading);
+    elector->on_stopped_leading([&] {
+      leader_gauge.set(0);
+      if (shutting_down) return;
+      // Like controller-runtime: a replica that lost its lease exits, and its restart becomes a candidate again.
+      log::error(kLog, "lost the leader lease; exiting");
+      exit_code = 1;
+      kill(getpid(), SIGTERM);
+    });
+    elector->on_new_leader([](const std::string& id) { log::info(kLog, "leader", {{"identity", id}}); });
+    log::info(kLog, "waiting for leadership",
+              {{"lease", lo.lease_namespace + "/" + lo.lease_name}, {"identity", lo.identity}});
+    elector->start();
+  } else {
+    start_leading();
+  }
+
+  int sig = 0;
+  sigwait(&sigs, &sig);
+  shutting_down = true;
+  log::info(kLog, "shutting down", {{"signal", std::to_string(sig)}});
+  controller.stop();
+  if (elector) elector->stop();
+  controller.set_rendezvous(nullptr);
+  rdzv.reset();
+  health.stop();
+  if (health_thread.joinable()) health_thread.join();
+  return exit_code.load();
+}
