@@ -81,16 +81,16 @@ struct RetryPolicy {
 };
 
 struct Config {
-  std::string server;  // https://host:port (TLS only; an http:// server is refused)
-  std::string ca_pem;  // trusted CA bundle, PEM; required (TLS is always verified)
-  std::string client_cert_pem, client_key_pem;
-  std::string token;
-  std::string token_file;  // re-read about once a minute, so rotated service-account tokens keep working
+  std::string server{};  // https://host:port (TLS only; an http:// server is refused)
+  std::string ca_pem{};  // trusted CA bundle, PEM; required (TLS is always verified)
+  std::string client_cert_pem{}, client_key_pem{};
+  std::string token{};
+  std::string token_file{};  // re-read about once a minute, so rotated service-account tokens keep working
   std::string default_namespace = "default";
-  std::string source;  // where this came from ("kubeconfig /path context x"), for messages
+  std::string source{};  // where this came from ("kubeconfig /path context x"), for messages
   double qps = 50;
   int burst = 100;
-  RetryPolicy retry;
+  RetryPolicy retry{};
   std::chrono::seconds connect_timeout{5};
   std::chrono::seconds request_timeout{30};  // per read of a non-watch request
   int max_connections = 8;                   // pooled connections for non-watch requests
@@ -112,10 +112,10 @@ Config default_config();
 // ---------------------------------------------------------------------------------------------------------------
 
 struct Resource {
-  std::string group;  // "" for the core group
-  std::string version;
-  std::string plural;
-  std::string kind;
+  std::string group{};  // "" for the core group
+  std::string version{};
+  std::string plural{};
+  std::string kind{};
   bool namespaced = true;
 
   std::string api_version() const { return group.empty() ? version : group + "/" + version; }
@@ -137,21 +137,21 @@ std::string url_encode(const std::string& s);
 // ---------------------------------------------------------------------------------------------------------------
 
 struct ListOptions {
-  std::string label_selector;
-  std::string field_selector;
+  std::string label_selector{};
+  std::string field_selector{};
   int64_t limit = 0;  // 0: no limit
-  std::string continue_token;
-  std::string resource_version;
+  std::string continue_token{};
+  std::string resource_version{};
   std::string query() const;  // "?labelSelector=...&limit=..." or ""
 };
 
 enum class PatchType { Merge, Json, StrategicMerge, Apply };
 
 struct DeleteOptions {
-  std::optional<int64_t> grace_period_seconds;
-  std::string propagation_policy;  // "", "Foreground", "Background", "Orphan"
-  std::string precondition_uid;
-  std::string precondition_resource_version;
+  std::optional<int64_t> grace_period_seconds{};
+  std::string propagation_policy{};  // "", "Foreground", "Background", "Orphan"
+  std::string precondition_uid{};
+  std::string precondition_resource_version{};
 };
 
 // Cancels a running watch (or several) from another thread: the blocking read returns at once.
@@ -171,18 +171,18 @@ class StopToken {
 };
 
 struct WatchOptions {
-  std::string label_selector;
-  std::string field_selector;
-  std::string resource_version;
+  std::string label_selector{};
+  std::string field_selector{};
+  std::string resource_version{};
   bool allow_bookmarks = true;
-  int timeout_seconds = 300;        // the server ends the stream after this; callers re-watch from the last RV
-  std::shared_ptr<StopToken> stop;  // optional
+  int timeout_seconds = 300;          // the server ends the stream after this; callers re-watch from the last RV
+  std::shared_ptr<StopToken> stop{};  // optional
 };
 
 struct WatchEvent {
   enum class Type { Added, Modified, Deleted, Bookmark };
   Type type = Type::Added;
-  Json object;
+  Json object{};
 };
 const char* to_string(WatchEvent::Type t);
 

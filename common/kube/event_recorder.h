@@ -11,8 +11,8 @@
 namespace railyard::kube {
 
 struct EventRecorderOptions {
-  std::string component;                       // source.component, e.g. "railyard-operator"
-  std::string host;                            // source.host, optional
+  std::string component{};                     // source.component, e.g. "railyard-operator"
+  std::string host{};                          // source.host, optional
   std::chrono::seconds aggregate_window{600};  // a repeat within this window bumps count instead of a new Event
 };
 

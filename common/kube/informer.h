@@ -16,9 +16,9 @@
 namespace railyard::kube {
 
 struct InformerOptions {
-  std::string ns;  // "" for all namespaces (or a cluster-scoped resource)
-  std::string label_selector;
-  std::string field_selector;
+  std::string ns{};  // "" for all namespaces (or a cluster-scoped resource)
+  std::string label_selector{};
+  std::string field_selector{};
   std::chrono::seconds resync_period{0};  // 0: no resync; else on_update(obj, obj) for every object each period
   int watch_timeout_seconds = 300;
   int64_t page_size = 500;

@@ -14,9 +14,9 @@
 namespace railyard::kube {
 
 struct LeaderElectorOptions {
-  std::string lease_namespace;
-  std::string lease_name;
-  std::string identity;                             // unique per candidate (e.g. pod name + random suffix)
+  std::string lease_namespace{};
+  std::string lease_name{};
+  std::string identity{};                           // unique per candidate (e.g. pod name + random suffix)
   std::chrono::milliseconds lease_duration{15000};  // others wait this long after the last renewal they saw
   std::chrono::milliseconds renew_deadline{10000};  // the leader gives up if it could not renew for this long
   std::chrono::milliseconds retry_period{2000};     // between attempts to acquire or renew
