@@ -1,0 +1,553 @@
+#include "worker/agent/agent.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "worker/agent/rendezvous_client.h"
+
+extern char** environ;
+
+namespace railyard::worker {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Outcome = RendezvousClient::Outcome;
+constexpr const char* kComponent = "agent";
+
+std::string required_env(const char* name, const char* what) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') {
+    throw ConfigError(std::string(name) + " is not set: it must hold " + what +
+                      " (the operator sets it in the pod spec; see docs/rendezvous.md)");
+  }
+  return v;
+}
+
+int64_t int_env(const char* name, int64_t fallback, int64_t min, int64_t max) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  errno = 0;
+  long long x = std::strtoll(v, &end, 10);
+  if (errno != 0 || end == v || *end != '\0' || x < min || x > max) {
+    throw ConfigError(std::string(name) + "=\"" + v + "\" must be an integer in [" + std::to_string(min) + ", " +
+                      std::to_string(max) + "]");
+  }
+  return x;
+}
+
+std::string random_id() {
+  std::random_device rd;
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%08x%08x", rd(), rd());
+  return buf;
+}
+
+// A port that is free on ip right now, offered to the service as the bootstrap store port in case this pod gets
+// rank 0. 0 when ip is not local (the service then falls back to its fixed port).
+int free_port(const std::string& ip) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = 0;
+  int port = 0;
+  if (::inet_pton(AF_INET, ip.c_str(), &a.sin_addr) == 1 &&
+      ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+    socklen_t len = sizeof a;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) port = ntohs(a.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+struct Worker {
+  int local_rank = 0;
+  int global_rank = 0;
+  pid_t pid = -1;
+  bool running = false;
+  int exit_code = -1;
+  int signal = 0;
+  std::string progress_file;
+  int64_t last_step = -1;
+};
+
+enum class After { Rejoin, Exit };
+
+class AgentRun {
+ public:
+  AgentRun(const AgentConfig& cfg, const std::atomic<int>& stop)
+      : cfg_(cfg), stop_(stop), client_(cfg.rendezvous_addr, cfg.token, client_options()), agent_id_(random_id()) {}
+
+  int run() {
+    log::info(kComponent, "starting",
+              {{"job", cfg_.ns + "/" + cfg_.job},
+               {"pod", cfg_.pod},
+               {"pod_ip", cfg_.pod_ip},
+               {"rendezvous", cfg_.rendezvous_addr},
+               {"procs", std::to_string(cfg_.procs_per_pod)},
+               {"agent_id", agent_id_}});
+    std::string last_notice;
+    while (true) {
+      if (int s = stop_.load()) {
+        log::info(kComponent, "stopping on signal before workers started", {{"signal", std::to_string(s)}});
+        return 128 + s;
+      }
+      rdzv::JoinRequest req;
+      req.ref = ref();
+      req.generation = last_generation_;
+      req.local_procs = cfg_.procs_per_pod;
+      req.pod_ip = cfg_.pod_ip;
+      req.store_port = free_port(cfg_.pod_ip);
+      req.agent_id = agent_id_;
+      req.wait_ms = cfg_.join_wait.count();
+      RendezvousClient::Result r;
+      try {
+        r = client_.join(req);
+      } catch (const ConfigError& e) {
+        log::error(kComponent, e.what());
+        return kAgentConfigError;
+      } catch (const RendezvousUnavailable& e) {
+        if (unreachable_for_too_long(e.what())) return kAgentUnreachable;
+        sleep_interruptible(std::chrono::milliseconds(1000));
+        continue;
+      }
+      unreachable_since_.reset();
+      auto notice = [&](const std::string& what, log::Level level) {
+        // Said once per situation, not on every poll.
+        if (what == last_notice) return;
+        last_notice = what;
+        log::write(level, kComponent, what);
+      };
+      switch (r.outcome) {
+        case Outcome::Ready: {
+          last_notice.clear();
+          auto [after, code] = run_generation(r.assignment);
+          if (after == After::Exit) return code;
+          continue;
+        }
+        case Outcome::Waiting: {
+          std::string missing;
+          for (const auto& m : r.missing) missing += (missing.empty() ? "" : ",") + m;
+          notice("waiting for generation " + std::to_string(r.generation) + " to complete; missing pods: " + missing,
+                 log::Level::Info);
+          continue;
+        }
+        case Outcome::Superseded:
+          continue;
+        case Outcome::Timeout:
+          log::error(kComponent, "join timed out, retrying: " + r.message);
+          last_notice.clear();
+          sleep_interruptible(std::chrono::milliseconds(1000));
+          continue;
+        case Outcome::NotMember:
+        case Outcome::Started:
+        case Outcome::UnknownJob:
+          notice(r.message, log::Level::Warn);
+          sleep_interruptible(std::chrono::milliseconds(1000));
+          continue;
+        case Outcome::Closed:
+          log::info(kComponent, "job closed by the operator; exiting",
+                    {{"local_workers_succeeded", last_all_ok_ ? "true" : "false"}});
+          return last_all_ok_ ? kAgentSucceeded : kAgentFailed;
+        default:
+          log::warn(kComponent, std::string("unexpected join answer: ") + to_string(r.outcome));
+          sleep_interruptible(std::chrono::milliseconds(1000));
+      }
+    }
+  }
+
+ private:
+  static RendezvousClientOptions client_options() {
+    RendezvousClientOptions o;
+    o.connect_timeout = std::chrono::milliseconds(3000);
+    o.read_timeout = std::chrono::milliseconds(5000);
+    o.max_attempts = 3;
+    return o;
+  }
+
+  rdzv::JobRef ref() const { return {cfg_.ns, cfg_.job, cfg_.pod}; }
+
+  void sleep_interruptible(std::chrono::milliseconds d) {
+    auto until = Clock::now() + d;
+    while (Clock::now() < until && stop_.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+
+  bool unreachable_for_too_long(const std::string& why) {
+    auto now = Clock::now();
+    if (!unreachable_since_) unreachable_since_ = now;
+    auto gone = std::chrono::duration_cast<std::chrono::milliseconds>(now - *unreachable_since_);
+    if (gone >= cfg_.unreachable_limit) {
+      log::error(kComponent, "rendezvous service unreachable for too long; giving up",
+                 {{"seconds", std::to_string(gone.count() / 1000)}, {"error", why}});
+      return true;
+    }
+    log::warn(kComponent, "rendezvous service unreachable; retrying", {{"error", why}});
+    return false;
+  }
+
+  std::string generation_dir(int64_t gen) const { return cfg_.work_dir + "/gen-" + std::to_string(gen); }
+
+  void spawn(const rdzv::Assignment& a) {
+    const std::string dir = generation_dir(a.generation);
+    std::filesystem::create_directories(dir);
+    nlohmann::json config = a.config.is_object() ? a.config : nlohmann::json::object();
+    config["layout"] = {{"dp", a.layout.dp}, {"tp", a.layout.tp}, {"pp", a.layout.pp}};
+    config["restore"] = a.restore;
+    config["generation"] = a.generation;
+    config["world_size"] = a.world_size;
+    const std::string config_path = dir + "/config.json";
+    write_file_atomic(config_path, config.dump(2) + "\n");
+
+    std::vector<std::string> command = cfg_.command;
+    if (command.empty()) {
+      std::error_code ec;
+      auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+      command = {ec ? std::string("railyard-worker") : self.string(), "train", "--config", config_path};
+    }
+
+    // Everything the child needs is built before fork: between fork and exec only async-signal-safe calls.
+    static const std::set<std::string> kOverridden = {
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "GROUP_RANK",
+        "RAILYARD_GENERATION",
+        "RAILYARD_CONFIG",
+        "RAILYARD_RESTORE",
+        "RAILYARD_POD_INDEX",
+        "RAILYARD_NUM_PODS",
+        "RAILYARD_DP",
+        "RAILYARD_TP",
+        "RAILYARD_PP",
+        "RAILYARD_PROGRESS_FILE",
+        "RAILYARD_RENDEZVOUS_TOKEN"  // workers never talk to the service: keep the secret in the agent
+    };
+    std::vector<std::string> base_env;
+    for (char** e = environ; *e != nullptr; ++e) {
+      std::string kv = *e;
+      if (!kOverridden.count(kv.substr(0, kv.find('=')))) base_env.push_back(std::move(kv));
+    }
+    std::vector<char*> argv;
+    for (auto& s : command) argv.push_back(s.data());
+    argv.push_back(nullptr);
+
+    workers_.clear();
+    for (int l = 0; l < a.local_world_size; ++l) {
+      Worker w;
+      w.local_rank = l;
+      w.global_rank = a.ranks[l];
+      w.progress_file = dir + "/progress-" + std::to_string(l) + ".json";
+      std::vector<std::string> env = base_env;
+      auto add = [&](const char* k, const std::string& v) { env.push_back(std::string(k) + "=" + v); };
+      add("RANK", std::to_string(w.global_rank));
+      add("LOCAL_RANK", std::to_string(l));
+      add("WORLD_SIZE", std::to_string(a.world_size));
+      add("LOCAL_WORLD_SIZE", std::to_string(a.local_world_size));
+      add("GROUP_RANK", std::to_string(a.pod_index));
+      add("MASTER_ADDR", a.master_addr);
+      add("MASTER_PORT", std::to_string(a.master_port));
+      add("RAILYARD_GENERATION", std::to_string(a.generation));
+      add("RAILYARD_CONFIG", config_path);
+      add("RAILYARD_RESTORE", a.restore);
+      add("RAILYARD_POD_INDEX", std::to_string(a.pod_index));
+      add("RAILYARD_NUM_PODS", std::to_string(a.num_pods));
+      add("RAILYARD_DP", std::to_string(a.layout.dp));
+      add("RAILYARD_TP", std::to_string(a.layout.tp));
+      add("RAILYARD_PP", std::to_string(a.layout.pp));
+      add("RAILYARD_PROGRESS_FILE", w.progress_file);
+      std::vector<char*> envp;
+      for (auto& s : env) envp.push_back(s.data());
+      envp.push_back(nullptr);
+      const pid_t parent = ::getpid();
+
+      pid_t pid = ::fork();
+      if (pid < 0) throw Error(std::string("agent: fork failed: ") + std::strerror(errno));
+      if (pid == 0) {
+        ::setpgid(0, 0);  // own group: signals reach the whole worker tree, and the pod's group signal does not
+        ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a killed agent
+        if (::getppid() != parent) ::_exit(127);
+        sigset_t none;
+        sigemptyset(&none);
+        ::sigprocmask(SIG_SETMASK, &none, nullptr);
+        ::signal(SIGPIPE, SIG_DFL);
+        ::execvpe(argv[0], argv.data(), envp.data());
+        const char msg[] = "railyard agent: cannot exec the worker command\n";
+        (void)!::write(2, msg, sizeof msg - 1);
+        ::_exit(127);
+      }
+      ::setpgid(pid, pid);
+      w.pid = pid;
+      w.running = true;
+      workers_.push_back(w);
+      log::info(kComponent, "worker started",
+                {{"generation", std::to_string(a.generation)},
+                 {"rank", std::to_string(w.global_rank)},
+                 {"local_rank", std::to_string(l)},
+                 {"pid", std::to_string(pid)}});
+    }
+  }
+
+  void record_exit(Worker& w, int status, const char* reason) {
+    w.running = false;
+    if (WIFEXITED(status)) {
+      w.exit_code = WEXITSTATUS(status);
+      w.signal = 0;
+    } else if (WIFSIGNALED(status)) {
+      w.exit_code = -1;
+      w.signal = WTERMSIG(status);
+    }
+    log::info(kComponent, "worker exited",
+              {{"generation", std::to_string(generation_)},
+               {"rank", std::to_string(w.global_rank)},
+               {"exit_code", std::to_string(w.exit_code)},
+               {"signal", std::to_string(w.signal)}});
+    if (reason != nullptr) {
+      pending_.push_back({ref(), generation_, w.local_rank, w.exit_code, w.signal, reason});
+    }
+  }
+
+  void reap(const char* reason) {
+    for (auto& w : workers_) {
+      if (!w.running) continue;
+      int status = 0;
+      pid_t r = ::waitpid(w.pid, &status, WNOHANG);
+      if (r == w.pid) record_exit(w, status, reason);
+    }
+  }
+
+  bool any_running() const {
+    for (const auto& w : workers_)
+      if (w.running) return true;
+    return false;
+  }
+
+  // Signals every worker's group, waits up to the grace period, then SIGKILLs what is left. reason: the exit
+  // reason reported to the service, or nullptr to report nothing (the generation is already superseded).
+  void stop_workers(int sig, const char* reason) {
+    for (auto& w : workers_)
+      if (w.running) ::kill(-w.pid, sig);
+    auto until = Clock::now() + cfg_.grace;
+    while (any_running() && Clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      reap(reason);
+    }
+    for (auto& w : workers_) {
+      ::kill(-w.pid, SIGKILL);  // also orphans left in the group by a worker that already exited
+      if (!w.running) continue;
+      int status = 0;
+      if (::waitpid(w.pid, &status, 0) == w.pid) record_exit(w, status, reason);
+    }
+  }
+
+  // Sends queued exit reports; keeps those that could not be delivered.
+  void flush_reports() {
+    std::vector<rdzv::ExitReport> keep;
+    for (const auto& rep : pending_) {
+      try {
+        auto r = client_.report_exit(rep);
+        if (r.outcome == Outcome::UnknownJob) keep.push_back(rep);  // delivered once the job is re-opened
+      } catch (const RendezvousUnavailable& e) {
+        log::warn(kComponent, "exit report not delivered yet", {{"error", e.what()}});
+        keep.push_back(rep);
+      } catch (const ConfigError& e) {
+        log::error(kComponent, std::string("exit report refused: ") + e.what());
+      }
+    }
+    pending_ = std::move(keep);
+  }
+
+  void forward_progress() {
+    for (auto& w : workers_) {
+      std::ifstream in(w.progress_file);
+      if (!in) continue;
+      nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+      if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) continue;
+      int64_t step = j["step"].get<int64_t>();
+      if (step == w.last_step) continue;
+      rdzv::ProgressReport rep;
+      rep.ref = ref();
+      rep.generation = generation_;
+      rep.local_rank = w.local_rank;
+      rep.step = step;
+      rep.loss = j.value("loss", 0.0);
+      rep.tokens_per_second = j.value("tokens_per_second", 0.0);
+      try {
+        client_.report_progress(rep);
+        w.last_step = step;
+      } catch (const std::exception& e) {
+        log::debug(kComponent, "progress report failed", {{"error", e.what()}});
+      }
+    }
+  }
+
+  bool all_ok() const {
+    if (workers_.empty()) return false;
+    for (const auto& w : workers_)
+      if (w.running || w.exit_code != 0 || w.signal != 0) return false;
+    return true;
+  }
+
+  std::pair<After, int> finish(int sig, const char* reason, After after, int code) {
+    stop_workers(sig, reason);
+    if (reason != nullptr) flush_reports();
+    return {after, code};
+  }
+
+  std::pair<After, int> run_generation(const rdzv::Assignment& a) {
+    generation_ = a.generation;
+    last_generation_ = a.generation;
+    pending_.clear();
+    log::info(kComponent, "joined",
+              {{"generation", std::to_string(a.generation)},
+               {"world_size", std::to_string(a.world_size)},
+               {"pod_index", std::to_string(a.pod_index)},
+               {"first_rank", std::to_string(a.ranks.front())},
+               {"master", a.master_addr + ":" + std::to_string(a.master_port)}});
+    try {
+      spawn(a);
+    } catch (const std::exception& e) {
+      log::error(kComponent, std::string("cannot start workers: ") + e.what());
+      return finish(SIGKILL, nullptr, After::Exit, kAgentConfigError);
+    }
+    auto next_poll = Clock::now();
+    bool said_forgotten = false;
+    while (true) {
+      if (int s = stop_.load()) {
+        log::info(kComponent, "forwarding signal to workers", {{"signal", std::to_string(s)}});
+        return finish(s, rdzv::kExitStopped, After::Exit, 128 + s);
+      }
+      reap(rdzv::kExitExited);
+      if (!pending_.empty()) flush_reports();
+      last_all_ok_ = all_ok();
+      if (Clock::now() < next_poll) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        continue;
+      }
+      next_poll = Clock::now() + cfg_.poll_interval;
+      forward_progress();
+      RendezvousClient::Result r;
+      try {
+        r = client_.status({ref(), generation_, 0});
+      } catch (const ConfigError& e) {
+        log::error(kComponent, e.what());
+        return finish(SIGTERM, nullptr, After::Exit, kAgentConfigError);
+      } catch (const RendezvousUnavailable& e) {
+        if (unreachable_for_too_long(e.what())) return finish(SIGTERM, nullptr, After::Exit, kAgentUnreachable);
+        continue;
+      }
+      unreachable_since_.reset();
+      switch (r.outcome) {
+        case Outcome::Running:
+          said_forgotten = false;
+          break;
+        case Outcome::Done:
+          if (last_all_ok_) {
+            log::info(kComponent, "job done; all local workers succeeded");
+            return {After::Exit, kAgentSucceeded};
+          }
+          break;
+        case Outcome::Superseded:
+          log::info(kComponent, "generation superseded; stopping workers and re-joining",
+                    {{"generation", std::to_string(generation_)}, {"new_generation", std::to_string(r.generation)}});
+          return finish(SIGTERM, nullptr, After::Rejoin, 0);
+        case Outcome::Closed:
+          log::info(kComponent, "job closed by the operator", {{"local_workers_succeeded", last_all_ok_ ? "1" : "0"}});
+          return finish(SIGTERM, nullptr, After::Exit, last_all_ok_ ? kAgentSucceeded : kAgentFailed);
+        case Outcome::UnknownJob:
+          if (!said_forgotten) {
+            log::warn(kComponent, "rendezvous service forgot the job (operator restarting?); workers keep running");
+            said_forgotten = true;
+          }
+          break;
+        case Outcome::Waiting: {
+          // The operator re-opened this generation after a restart: re-attach with the running assignment.
+          rdzv::JoinRequest req{ref(), generation_, cfg_.procs_per_pod, cfg_.pod_ip, a.master_port, agent_id_, 0};
+          try {
+            auto j = client_.join(req);
+            if (j.outcome == Outcome::Ready) {
+              const auto& b = j.assignment;
+              if (b.ranks == a.ranks && b.world_size == a.world_size && b.master_addr == a.master_addr &&
+                  b.master_port == a.master_port) {
+                log::info(kComponent, "re-attached to the re-opened generation");
+              } else {
+                log::info(kComponent, "re-opened generation has another world; restarting workers");
+                return finish(SIGTERM, nullptr, After::Rejoin, 0);
+              }
+            } else if (j.outcome == Outcome::Superseded || j.outcome == Outcome::Started ||
+                       j.outcome == Outcome::NotMember) {
+              return finish(SIGTERM, nullptr, After::Rejoin, 0);
+            }
+          } catch (const ConfigError& e) {
+            log::error(kComponent, e.what());
+            return finish(SIGTERM, nullptr, After::Exit, kAgentConfigError);
+          } catch (const RendezvousUnavailable&) {
+          }
+          break;
+        }
+        default:
+          break;
+      }
+    }
+  }
+
+  const AgentConfig& cfg_;
+  const std::atomic<int>& stop_;
+  RendezvousClient client_;
+  std::string agent_id_;
+  std::vector<Worker> workers_;
+  std::vector<rdzv::ExitReport> pending_;
+  int64_t generation_ = 0;
+  int64_t last_generation_ = 0;
+  bool last_all_ok_ = false;
+  std::optional<Clock::time_point> unreachable_since_;
+};
+
+}  // namespace
+
+AgentConfig AgentConfig::from_env(std::vector<std::string> command) {
+  AgentConfig c;
+  c.ns = required_env("RAILYARD_JOB_NAMESPACE", "the TrainingJob's namespace");
+  c.job = required_env("RAILYARD_JOB_NAME", "the TrainingJob's name");
+  c.pod = required_env("RAILYARD_POD_NAME", "this pod's name (fieldRef metadata.name)");
+  c.pod_ip = required_env("RAILYARD_POD_IP", "this pod's IP (fieldRef status.podIP)");
+  c.rendezvous_addr = required_env("RAILYARD_RENDEZVOUS_ADDR", "the operator's rendezvous service as host:port");
+  c.token = required_env("RAILYARD_RENDEZVOUS_TOKEN", "the job's token (secretKeyRef <job>-rendezvous/token)");
+  c.procs_per_pod = static_cast<int>(int_env("RAILYARD_PROCS_PER_POD", 1, 1, 4096));
+  c.command = std::move(command);
+  const char* tmp = std::getenv("TMPDIR");
+  c.work_dir = env_or("RAILYARD_AGENT_DIR",
+                      std::string(tmp && *tmp ? tmp : "/tmp") + "/railyard-agent/" + c.ns + "_" + c.job + "_" + c.pod);
+  c.poll_interval = std::chrono::milliseconds(int_env("RAILYARD_AGENT_POLL_MS", 500, 50, 1000));
+  c.grace = std::chrono::seconds(int_env("RAILYARD_AGENT_GRACE_SECONDS", 10, 0, 3600));
+  c.unreachable_limit = std::chrono::seconds(int_env("RAILYARD_AGENT_UNREACHABLE_SECONDS", 600, 1, 86400));
+  return c;
+}
+
+int run_agent(const AgentConfig& config, const std::atomic<int>& stop_signal) {
+  AgentRun run(config, stop_signal);
+  return run.run();
+}
+
+}  // namespace railyard::worker

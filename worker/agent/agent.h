@@ -1,0 +1,42 @@
+// `railyard-worker agent`: the pod-level launcher. Joins the job's rendezvous, starts one worker process per local
+// rank with the env a worker needs, reports exits and progress, re-joins in place when the generation is
+// superseded, and forwards SIGTERM/SIGINT to its workers. Contract in docs/rendezvous.md.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace railyard::worker {
+
+struct AgentConfig {
+  std::string ns;                    // RAILYARD_JOB_NAMESPACE
+  std::string job;                   // RAILYARD_JOB_NAME
+  std::string pod;                   // RAILYARD_POD_NAME
+  std::string pod_ip;                // RAILYARD_POD_IP
+  std::string rendezvous_addr;       // RAILYARD_RENDEZVOUS_ADDR host:port
+  std::string token;                 // RAILYARD_RENDEZVOUS_TOKEN
+  int procs_per_pod = 1;             // RAILYARD_PROCS_PER_POD
+  std::vector<std::string> command;  // worker command; empty = `<this binary> train --config $RAILYARD_CONFIG`
+  std::string work_dir;              // RAILYARD_AGENT_DIR: per-generation config and progress files
+  std::chrono::milliseconds poll_interval{500};         // RAILYARD_AGENT_POLL_MS: status poll period
+  std::chrono::milliseconds join_wait{2000};            // long-poll hold of one join request
+  std::chrono::milliseconds grace{10000};               // RAILYARD_AGENT_GRACE_SECONDS: SIGTERM -> SIGKILL
+  std::chrono::milliseconds unreachable_limit{600000};  // RAILYARD_AGENT_UNREACHABLE_SECONDS: then exit 3
+
+  // Reads the environment; throws ConfigError naming the variable and the fix.
+  static AgentConfig from_env(std::vector<std::string> command);
+};
+
+// Exit codes of the agent (and so of the pod's container).
+inline constexpr int kAgentSucceeded = 0;    // all local workers exited 0 and the service said the job is done
+inline constexpr int kAgentFailed = 1;       // the job was closed while local workers had failed
+inline constexpr int kAgentConfigError = 2;  // bad env, token refused, request refused: retrying cannot help
+inline constexpr int kAgentUnreachable = 3;  // the service stayed unreachable for unreachable_limit
+
+// Runs until the job is done/closed, a fatal error, or *stop_signal becomes non-zero (then returns 128 + signal
+// after stopping the workers).
+int run_agent(const AgentConfig& config, const std::atomic<int>& stop_signal);
+
+}  // namespace railyard::worker

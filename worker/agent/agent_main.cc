@@ -1,0 +1,80 @@
+#include "worker/agent/agent_main.h"
+
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "worker/agent/agent.h"
+
+namespace railyard::worker {
+namespace {
+
+constexpr const char* kUsage = R"(usage: railyard-worker agent [-- COMMAND [ARGS...]]
+Joins the job's rendezvous and runs one worker process per local rank (RAILYARD_PROCS_PER_POD).
+The worker command is everything after `--`; by default `railyard-worker train --config $RAILYARD_CONFIG`.
+Environment (set by the operator; docs/rendezvous.md has the whole contract):
+  RAILYARD_JOB_NAMESPACE, RAILYARD_JOB_NAME   the TrainingJob
+  RAILYARD_POD_NAME, RAILYARD_POD_IP          this pod (downward API)
+  RAILYARD_RENDEZVOUS_ADDR                    host:port of the operator's rendezvous service
+  RAILYARD_RENDEZVOUS_TOKEN                   the job's token (Secret <job>-rendezvous, key token)
+  RAILYARD_PROCS_PER_POD                      local ranks (default 1)
+  RAILYARD_AGENT_DIR                          config/progress files (default $TMPDIR/railyard-agent/<ns>_<job>_<pod>)
+  RAILYARD_AGENT_GRACE_SECONDS                SIGTERM -> SIGKILL grace for workers (default 10)
+  RAILYARD_AGENT_POLL_MS                      status poll period, 50..1000 (default 500)
+  RAILYARD_AGENT_UNREACHABLE_SECONDS          give up (exit 3) after the service is unreachable this long (default 600)
+Exit codes: 0 job done, 1 job closed after a local failure, 2 configuration/token error, 3 service unreachable,
+128+N stopped by signal N.
+)";
+
+std::atomic<int> g_stop{0};
+
+extern "C" void on_stop_signal(int sig) { g_stop.store(sig); }
+
+}  // namespace
+
+int agent_main(int argc, char** argv) {
+  std::vector<std::string> command;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--") {
+      for (int k = i + 1; k < argc; ++k) command.emplace_back(argv[k]);
+      if (command.empty()) {
+        std::fprintf(stderr, "railyard-worker agent: nothing after `--`: give the worker command\n%s", kUsage);
+        return kAgentConfigError;
+      }
+      break;
+    }
+    if (a == "-h" || a == "--help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    std::fprintf(stderr, "railyard-worker agent: unknown argument \"%s\" (the worker command goes after `--`)\n%s",
+                 a.c_str(), kUsage);
+    return kAgentConfigError;
+  }
+  static_assert(std::atomic<int>::is_always_lock_free, "the signal handler needs a lock-free atomic");
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);  // a service that goes away mid-request must not kill the agent
+  try {
+    AgentConfig cfg = AgentConfig::from_env(std::move(command));
+    return run_agent(cfg, g_stop);
+  } catch (const ConfigError& e) {
+    log::error("agent", e.what());
+    return kAgentConfigError;
+  } catch (const std::exception& e) {
+    log::error("agent", std::string("fatal: ") + e.what());
+    return kAgentFailed;
+  }
+}
+
+}  // namespace railyard::worker
