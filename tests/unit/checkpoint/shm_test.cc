@@ -1,0 +1,170 @@
+// The shared-memory tier: a snapshot put by one process is restored by another; torn or damaged snapshots are
+// detected (and the caller would use storage instead).
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <random>
+
+#include "checkpoint/shm_store.h"
+#include "test_util.h"
+
+using namespace railyard::ckpt;
+using namespace railyard::ckpt::test;
+
+namespace {
+
+std::string unique_name(const char* what) {
+  return ShmStore::name_for(std::string("test-") + what + "-" + std::to_string(::getpid()), 0);
+}
+
+// Forks a child that puts the (2,2,2)-layout rank 5 state of `seed` at `step` and exits.
+int put_in_child(const std::string& name, const GlobalState& g, int64_t step) {
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    int code = 0;
+    try {
+      RankState rs = rank_state(g, Layout{2, 2, 2, 1}, 5);
+      ShmStore store(name);
+      store.put(step, rs.shards, {{"rng", 1234}, {"step", step}});
+    } catch (...) {
+      code = 1;
+    }
+    ::_exit(code);
+  }
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+struct Targets {
+  RankState want;
+  std::vector<std::vector<float>> got;
+  std::vector<LoadTarget> targets;
+  Targets(const GlobalState& g, const Layout& l, int rank) : want(rank_state(g, l, rank)) {
+    for (const auto& b : want.boxes) got.emplace_back(static_cast<size_t>(b.box.volume()), -1.0f);
+    for (size_t i = 0; i < got.size(); ++i) targets.push_back({want.boxes[i].tensor, DType::F32, want.boxes[i].box, got[i].data()});
+  }
+  bool equal() const {
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (std::memcmp(got[i].data(), want.buffers[i].data(), got[i].size() * 4) != 0) return false;
+    }
+    return true;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("shm: a snapshot put by another process restores element-exact") {
+  const std::string name = unique_name("rt");
+  GlobalState g = GlobalState::make(small_gpt(true), 42);
+  REQUIRE(put_in_child(name, g, 300) == 0);
+  ShmStore store(name);
+  Targets t(g, Layout{2, 2, 2, 1}, 5);
+  nlohmann::json state;
+  std::string why;
+  auto step = store.get(t.targets, &state, &why);
+  REQUIRE_MESSAGE(step.has_value(), why);
+  CHECK(*step == 300);
+  CHECK(state["rng"] == 1234);
+  CHECK(t.equal());
+  // A different layout's boxes are not all in this rank's snapshot: refused with a reason, not garbage.
+  Targets other(g, Layout{1, 1, 1, 0}, 0);
+  CHECK_FALSE(store.get(other.targets, nullptr, &why));
+  CHECK_MESSAGE(why.find("stored") != std::string::npos, why);
+  // A newer put replaces it.
+  GlobalState g2 = GlobalState::make(small_gpt(true), 43);
+  REQUIRE(put_in_child(name, g2, 301) == 0);
+  Targets t2(g2, Layout{2, 2, 2, 1}, 5);
+  CHECK(store.get(t2.targets, nullptr, &why) == 301);
+  CHECK(t2.equal());
+  ShmStore::remove(name);
+  CHECK_FALSE(store.get(t2.targets, nullptr, &why));
+  CHECK(why.find("no snapshot") != std::string::npos);
+}
+
+TEST_CASE("shm: torn header and damaged contents are detected") {
+  const std::string name = unique_name("torn");
+  GlobalState g = GlobalState::make(small_gpt(true), 7);
+  REQUIRE(put_in_child(name, g, 10) == 0);
+  int fd = ::shm_open(name.c_str(), O_RDWR, 0);
+  REQUIRE(fd >= 0);
+  const size_t size = static_cast<size_t>(::lseek(fd, 0, SEEK_END));
+  auto* p = static_cast<unsigned char*>(::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+  ::close(fd);
+  REQUIRE(p != MAP_FAILED);
+  Targets t(g, Layout{2, 2, 2, 1}, 5);
+  std::string why;
+  REQUIRE(ShmStore(name).get(t.targets, nullptr, &why) == 10);
+
+  uint32_t state_word;
+  std::memcpy(&state_word, p + 12, 4);  // magic[8], version, state
+  const uint32_t writing = 1;
+  std::memcpy(p + 12, &writing, 4);  // as a writer killed mid-put leaves it
+  CHECK_FALSE(ShmStore(name).get(t.targets, nullptr, &why));
+  CHECK(why.find("torn") != std::string::npos);
+  std::memcpy(p + 12, &state_word, 4);
+
+  p[24] ^= 0x10;  // the step field: the header checksum no longer matches
+  CHECK_FALSE(ShmStore(name).get(t.targets, nullptr, &why));
+  CHECK(why.find("header checksum") != std::string::npos);
+  p[24] ^= 0x10;
+
+  p[size - 100] ^= 0xFF;  // inside the data
+  CHECK_FALSE(ShmStore(name).get(t.targets, nullptr, &why));
+  CHECK(why.find("CRC32C mismatch") != std::string::npos);
+  p[size - 100] ^= 0xFF;
+  CHECK(ShmStore(name).get(t.targets, nullptr, &why) == 10);
+  ::munmap(p, size);
+  ShmStore::remove(name);
+}
+
+TEST_CASE("shm: a writer killed mid-put never yields a wrong snapshot") {
+  const std::string name = unique_name("kill");
+  const auto defs = gpt_tensor_defs(4, 256, 256, 2048, true);  // ~24 MiB
+  GlobalState g1 = GlobalState::make(defs, 1);
+  std::mt19937 rng(5);
+  int torn = 0, complete = 0;
+  for (int i = 0; i < 8; ++i) {
+    const int64_t step = 100 + i;
+    GlobalState g = GlobalState::make(defs, static_cast<uint64_t>(step));
+    int fds[2];
+    REQUIRE(::pipe(fds) == 0);
+    pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      ::close(fds[0]);
+      RankState rs = rank_state(g, Layout{}, 0);
+      ShmStore store(name);
+      store.put(step, rs.shards);
+      char b = 'x';
+      if (::write(fds[1], &b, 1) != 1) ::_exit(2);
+      for (int k = 0; k < 1000; ++k) store.put(step, rs.shards);  // keep writing until killed
+      ::_exit(0);
+    }
+    ::close(fds[1]);
+    char b = 0;
+    REQUIRE(::read(fds[0], &b, 1) == 1);
+    ::close(fds[0]);
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 30000));
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    FullTargets full(defs);
+    std::string why;
+    auto got = ShmStore(name).get(full.targets, nullptr, &why);
+    if (got) {
+      ++complete;
+      CHECK(*got == step);
+      CHECK(count_mismatches(g, full.data) == 0);
+    } else {
+      ++torn;
+      CHECK_MESSAGE(why.find("torn") != std::string::npos, why);
+    }
+  }
+  MESSAGE("killed puts: " << torn << " torn (detected), " << complete << " complete and exact");
+  ShmStore::remove(name);
+}
