@@ -279,26 +279,6 @@ apply_node_agent_rbac() {
     die "up: kubectl apply -f $rbac failed (see $STATE_DIR/logs/kubectl.log)"
 }
 
-# Expected node count for a topology file: top-level `nodes:` if given, else units * nodesPerUnit
-# (defaults 2 and 2, as in deploy/local/node_agent/topology.h).
-topology_node_count() {
-  awk '
-    /^[A-Za-z]/ {
-      line = $0; sub(/#.*/, "", line)
-      n = split(line, kv, ":")
-      if (n < 2) next
-      key = kv[1]; val = kv[2]; gsub(/[ \t"\047]/, "", val)
-      if (key == "nodes") nodes = val
-      if (key == "units") units = val
-      if (key == "nodesPerUnit") npu = val
-    }
-    END {
-      if (units == "") units = 2
-      if (npu == "") npu = 2
-      if (nodes != "") print nodes; else print units * npu
-    }' "$1"
-}
-
 ready_sim_nodes() {
   kubectl_admin get nodes -l "$SIM_LABEL" \
     -o jsonpath='{range .items[*]}{range .status.conditions[?(@.type=="Ready")]}{.status}{"\n"}{end}{end}' \
@@ -379,12 +359,25 @@ resolve_node_agent() {
   fi
 }
 
-expected_nodes() {
-  if [ -n "$TOPOLOGY" ]; then
-    topology_node_count "$TOPOLOGY"
-  else
-    echo "${NODES:-4}"
+# The agent itself expands the topology, so the count (and any error in the file) is exactly what it will use.
+compute_expected_nodes() {
+  EXPECTED="${NODES:-4}"
+  [ -n "$TOPOLOGY" ] || return 0
+  if [ -z "$AGENT" ]; then
+    info "up: --topology given but no node agent to use it; control plane only"
+    return 0
   fi
+  local names err
+  err=$(mktemp)
+  if ! names=$("$AGENT" nodes --topology "$TOPOLOGY" 2>"$err"); then
+    local msg
+    msg=$(head -1 "$err")
+    rm -f "$err"
+    die "up: --topology $TOPOLOGY rejected by the node agent: ${msg:-no reason given}"
+  fi
+  rm -f "$err"
+  EXPECTED=$(grep -c . <<<"$names" || true)
+  [ "$EXPECTED" -ge 1 ] || die "up: --topology $TOPOLOGY gives no nodes"
 }
 
 cmd_up() {
@@ -395,11 +388,9 @@ cmd_up() {
   if [ -n "$TOPOLOGY" ]; then
     [ -f "$TOPOLOGY" ] && [ -r "$TOPOLOGY" ] || die "up: --topology $TOPOLOGY is not a readable file"
     TOPOLOGY="$(realpath -- "$TOPOLOGY")"
-    local n
-    n=$(topology_node_count "$TOPOLOGY")
-    [[ "$n" =~ ^[1-9][0-9]*$ ]] || die "up: --topology $TOPOLOGY: cannot tell how many nodes it has (nodes/units/nodesPerUnit)"
   fi
   resolve_node_agent
+  compute_expected_nodes
   for tool in openssl curl ss setsid flock etcd base64 sha256sum; do
     command -v "$tool" >/dev/null || bash "$REPO_ROOT/scripts/install-deps.sh" >&2 ||
       die "up: '$tool' missing and scripts/install-deps.sh failed"
@@ -413,8 +404,9 @@ cmd_up() {
   if [ -f "$STATE_DIR/$MARKER_NAME" ] && control_plane_healthy; then
     info "up: cluster in $STATE_DIR already running (API server https://127.0.0.1:$APISERVER_PORT)"
     if [ -n "$AGENT" ] && ! component_alive node-agent; then
+      # shellcheck disable=SC2154
       trap 'rc=$?; if [ $rc -ne 0 ]; then stop_component node-agent 15; fi' EXIT
-      start_node_agent "$AGENT" "$(expected_nodes)"
+      start_node_agent "$AGENT" "$EXPECTED"
       trap - EXIT
     fi
     return 0
@@ -449,7 +441,7 @@ cmd_up() {
   write_cluster_env
 
   if [ -n "$AGENT" ]; then
-    start_node_agent "$AGENT" "$(expected_nodes)"
+    start_node_agent "$AGENT" "$EXPECTED"
   else
     info "up: no railyard-node-agent binary (build/bin/railyard-node-agent), control plane only"
   fi

@@ -240,6 +240,14 @@ case_bad_args() {
   expect_error "unknown option '--bogus'" up --state-dir "$tmp/s" --bogus
   expect_error "unknown command 'frobnicate'" frobnicate
   expect_error "--nodes is an option of 'up' only" down --nodes 3
+  local agent="${RAILYARD_BIN_DIR:-}/railyard-node-agent"
+  if [ -x "$agent" ]; then
+    printf 'units: many\n' >"$tmp/bad-topology.yaml"
+    expect_error "bad-topology.yaml rejected by the node agent: .*units" \
+      up --state-dir "$tmp/s" --node-agent "$agent" --topology "$tmp/bad-topology.yaml"
+  else
+    echo "note: no $agent, topology validation through the agent not checked"
+  fi
   [ ! -e "$tmp/s" ] || fail "a refused up created $tmp/s"
   mkdir -p "$tmp/foreign" && echo keep >"$tmp/foreign/file"
   expect_error "not created by cluster.sh" down --state-dir "$tmp/foreign"
