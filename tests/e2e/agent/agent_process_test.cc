@@ -1,0 +1,348 @@
+// The real agent binary as local processes (one per simulated pod) against a RendezvousService in this process:
+// worker env, exit reporting, in-place re-join on a new generation, signal forwarding, success and bad-token exits.
+// Needs no Kubernetes: each "pod" is an agent process with its own loopback IP.
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "operator/rendezvous/rendezvous.h"
+
+namespace fs = std::filesystem;
+using railyard::op::GenerationSpec;
+using railyard::op::RendezvousService;
+using railyard::op::WorkerExit;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+const std::string kToken = "agent-test-token-0123456789abcdef";
+
+std::string agent_binary() {
+  const char* dir = std::getenv("RAILYARD_BIN_DIR");
+  REQUIRE_MESSAGE(dir != nullptr, "RAILYARD_BIN_DIR is not set (run through ctest)");
+  for (const char* name : {"railyard-agent", "railyard-worker"}) {
+    std::string p = std::string(dir) + "/" + name;
+    if (fs::exists(p)) return p;
+  }
+  FAIL("no railyard-agent in " << dir);
+  return {};
+}
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    char tmpl[] = "/tmp/railyard-agent-test-XXXXXX";
+    REQUIRE(::mkdtemp(tmpl) != nullptr);
+    path = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+bool wait_for(const std::function<bool()>& cond, double seconds) {
+  auto until = Clock::now() + std::chrono::duration<double>(seconds);
+  while (Clock::now() < until) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return cond();
+}
+
+// One simulated pod: the agent process, stopped by pid when the test ends.
+struct AgentProcess {
+  pid_t pid = -1;
+  fs::path log;
+  int status = -1;
+
+  AgentProcess(const std::string& pod, const std::string& ip, int port, int procs, const fs::path& dir,
+               const std::vector<std::string>& command, const std::string& token = kToken,
+               const std::string& job = "job1") {
+    log = dir / (pod + ".log");
+    std::map<std::string, std::string> env;
+    for (const char* k : {"PATH", "HOME"}) {
+      if (const char* v = std::getenv(k)) env[k] = v;
+    }
+    env["RAILYARD_JOB_NAMESPACE"] = "ns1";
+    env["RAILYARD_JOB_NAME"] = job;
+    env["RAILYARD_POD_NAME"] = pod;
+    env["RAILYARD_POD_IP"] = ip;
+    env["RAILYARD_RENDEZVOUS_ADDR"] = "127.0.0.1:" + std::to_string(port);
+    env["RAILYARD_RENDEZVOUS_TOKEN"] = token;
+    env["RAILYARD_PROCS_PER_POD"] = std::to_string(procs);
+    env["RAILYARD_AGENT_DIR"] = (dir / ("agent-" + pod)).string();
+    env["RAILYARD_AGENT_GRACE_SECONDS"] = "2";
+    env["RAILYARD_AGENT_POLL_MS"] = "200";
+    env["TEST_OUT"] = dir.string();
+    std::vector<std::string> args = {agent_binary(), "agent", "--"};
+    args.insert(args.end(), command.begin(), command.end());
+    std::vector<std::string> envs;
+    for (auto& [k, v] : env) envs.push_back(k + "=" + v);
+    std::vector<char*> argv, envp;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    for (auto& e : envs) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    std::string log_path = log.string();
+    pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd >= 0) {
+        ::dup2(fd, 1);
+        ::dup2(fd, 2);
+      }
+      ::execve(argv[0], argv.data(), envp.data());
+      ::_exit(127);
+    }
+  }
+  ~AgentProcess() {
+    if (running()) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+    }
+  }
+  bool running() {
+    if (status != -1) return false;
+    int s = 0;
+    if (::waitpid(pid, &s, WNOHANG) == pid) {
+      status = s;
+      return false;
+    }
+    return true;
+  }
+  // Exit code, or 128+signal; -1 if still running after `seconds`.
+  int wait_exit(double seconds) {
+    wait_for([&] { return !running(); }, seconds);
+    if (status == -1) return -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+};
+
+GenerationSpec spec(int64_t gen, std::vector<std::string> pods, int procs) {
+  GenerationSpec s;
+  s.job_key = "ns1/job1";
+  s.generation = gen;
+  s.pods = std::move(pods);
+  s.procs_per_pod = procs;
+  s.token = kToken;
+  int world = static_cast<int>(s.pods.size()) * procs;
+  s.config = {{"layout", {{"dp", world}, {"tp", 1}, {"pp", 1}}}, {"restore", "/ckpt/gen" + std::to_string(gen)}};
+  return s;
+}
+
+// Prints the env a worker got, publishes its pid and progress, then runs until signalled (recording SIGTERM).
+const char* kWorkerScript = R"(
+f="$TEST_OUT/gen$RAILYARD_GENERATION-rank$RANK"
+echo "$RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT $RAILYARD_GENERATION $RAILYARD_RESTORE ${RAILYARD_RENDEZVOUS_TOKEN:-notoken} $RAILYARD_CONFIG" > "$f.tmp" && mv "$f.tmp" "$f.env"
+echo $$ > "$f.pid.tmp" && mv "$f.pid.tmp" "$f.pid"
+if [ "$RANK" = 0 ]; then
+  echo '{"step": 7, "loss": 2.5, "tokens_per_second": 123.0}' > "$RAILYARD_PROGRESS_FILE.tmp" && mv "$RAILYARD_PROGRESS_FILE.tmp" "$RAILYARD_PROGRESS_FILE"
+fi
+trap 'echo term > "$f.term"; exit 143' TERM
+while true; do sleep 0.05; done
+)";
+
+std::vector<std::string> fields(const std::string& line) {
+  std::istringstream in(line);
+  std::vector<std::string> out;
+  std::string w;
+  while (in >> w) out.push_back(w);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("agents run workers with the right env, report a kill -9, re-join a new generation, forward SIGTERM") {
+  TempDir tmp;
+  RendezvousService svc("127.0.0.1", 0);
+  std::mutex mu;
+  std::vector<WorkerExit> exits;
+  svc.set_exit_handler([&](const WorkerExit& e) {
+    std::lock_guard<std::mutex> l(mu);
+    exits.push_back(e);
+  });
+  const std::vector<std::string> pods = {"pod0", "pod1", "pod2"};
+  svc.open_generation(spec(1, pods, 2));
+  const std::vector<std::string> cmd = {"sh", "-c", kWorkerScript};
+  std::vector<std::unique_ptr<AgentProcess>> agents;
+  // Pod IPs 127.0.10.1.. like the node agent's per-pod loopback addresses; pod2 starts last.
+  for (int i : {2, 0, 1}) {
+    agents.push_back(
+        std::make_unique<AgentProcess>(pods[i], "127.0.10." + std::to_string(i + 1), svc.port(), 2, tmp.path, cmd));
+  }
+  auto file = [&](int gen, int rank, const char* ext) {
+    return tmp.path / ("gen" + std::to_string(gen) + "-rank" + std::to_string(rank) + "." + ext);
+  };
+  auto all_env = [&](int gen) {
+    for (int r = 0; r < 6; ++r)
+      if (!fs::exists(file(gen, r, "env")) || !fs::exists(file(gen, r, "pid"))) return false;
+    return true;
+  };
+  bool started = wait_for([&] { return all_env(1); }, 20);
+  if (!started) {
+    for (auto& a : agents) MESSAGE(slurp(a->log));
+  }
+  REQUIRE(started);
+
+  int master_port = -1;
+  for (int r = 0; r < 6; ++r) {
+    auto f = fields(slurp(file(1, r, "env")));
+    REQUIRE(f.size() == 10);
+    CHECK(f[0] == std::to_string(r));      // RANK
+    CHECK(f[1] == std::to_string(r % 2));  // LOCAL_RANK
+    CHECK(f[2] == "6");                    // WORLD_SIZE
+    CHECK(f[3] == "2");                    // LOCAL_WORLD_SIZE
+    CHECK(f[4] == "127.0.10.1");           // MASTER_ADDR: pod0's IP
+    if (master_port < 0) master_port = std::stoi(f[5]);
+    CHECK(std::stoi(f[5]) == master_port);  // one bootstrap store for all
+    CHECK(master_port > 0);
+    CHECK(f[6] == "1");           // RAILYARD_GENERATION
+    CHECK(f[7] == "/ckpt/gen1");  // RAILYARD_RESTORE
+    CHECK(f[8] == "notoken");     // the secret stays in the agent
+    auto config = nlohmann::json::parse(slurp(f[9]));
+    CHECK(config["layout"]["dp"] == 6);
+    CHECK(config["restore"] == "/ckpt/gen1");
+  }
+  // Progress from rank 0's file reaches the service.
+  CHECK(wait_for(
+      [&] {
+        auto p = svc.progress("ns1/job1");
+        return p && p->step == 7;
+      },
+      5));
+  CHECK(svc.progress("ns1/job1")->loss == doctest::Approx(2.5));
+
+  // kill -9 one worker: its agent reports the exit at once; nobody else's.
+  const pid_t victim = std::stoi(slurp(file(1, 3, "pid")));
+  REQUIRE(::kill(victim, SIGKILL) == 0);
+  REQUIRE(wait_for(
+      [&] {
+        std::lock_guard<std::mutex> l(mu);
+        return !exits.empty();
+      },
+      5));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  {
+    std::lock_guard<std::mutex> l(mu);
+    REQUIRE(exits.size() == 1);
+    CHECK(exits[0].generation == 1);
+    CHECK(exits[0].pod == "pod1");
+    CHECK(exits[0].global_rank == 3);
+    CHECK(exits[0].signal == 9);
+    CHECK(exits[0].reason == "exited");
+  }
+
+  // The operator opens generation 2: agents stop the old workers and re-join in place.
+  auto t0 = Clock::now();
+  svc.open_generation(spec(2, pods, 2));
+  bool regen = wait_for([&] { return all_env(2); }, 20);
+  if (!regen) {
+    for (auto& a : agents) MESSAGE(slurp(a->log));
+  }
+  REQUIRE(regen);
+  MESSAGE("new generation running after " << std::chrono::duration<double>(Clock::now() - t0).count() << " s");
+  for (int r = 0; r < 6; ++r) {
+    if (r != 3) CHECK_MESSAGE(fs::exists(file(1, r, "term")), "rank " << r << " of gen 1 got no SIGTERM");
+    const pid_t old = std::stoi(slurp(file(1, r, "pid")));
+    CHECK(::kill(old, 0) == -1);  // gone
+    auto f = fields(slurp(file(2, r, "env")));
+    REQUIRE(f.size() == 10);
+    CHECK(f[0] == std::to_string(r));
+    CHECK(f[6] == "2");
+    CHECK(f[7] == "/ckpt/gen2");
+  }
+  for (auto& a : agents) CHECK(a->running());  // re-joined in place, no agent restart
+  {
+    std::lock_guard<std::mutex> l(mu);
+    CHECK(exits.size() == 1);  // the workers stopped for the new generation are not reported as failures
+  }
+
+  // SIGTERM to pod2's agent (replica 2, ranks 4 and 5) reaches its workers, is reported as "stopped", and the
+  // agent exits 128+15.
+  AgentProcess& pod2 = *agents[0];
+  REQUIRE(::kill(pod2.pid, SIGTERM) == 0);
+  CHECK(pod2.wait_exit(10) == 143);
+  CHECK(fs::exists(file(2, 4, "term")));
+  CHECK(fs::exists(file(2, 5, "term")));
+  CHECK(::kill(std::stoi(slurp(file(2, 4, "pid"))), 0) == -1);
+  {
+    std::lock_guard<std::mutex> l(mu);
+    int stopped = 0;
+    for (const auto& e : exits)
+      if (e.generation == 2 && e.pod == "pod2" && e.reason == "stopped") ++stopped;
+    CHECK(stopped == 2);
+  }
+
+  // Closing the job stops the remaining agents; their workers had not succeeded, so they exit 1.
+  svc.close_job("ns1/job1");
+  CHECK(agents[1]->wait_exit(10) == 1);
+  CHECK(agents[2]->wait_exit(10) == 1);
+  CHECK(::kill(std::stoi(slurp(file(2, 0, "pid"))), 0) == -1);
+}
+
+TEST_CASE("agents exit 0 once every rank succeeded and the service says the job is done") {
+  TempDir tmp;
+  RendezvousService svc("127.0.0.1", 0);
+  svc.open_generation(spec(1, {"pod0", "pod1"}, 1));
+  // pod1's worker finishes a second after pod0's: pod0's agent must wait for the whole job, not just its workers.
+  const std::vector<std::string> cmd = {"sh", "-c", "[ \"$RANK\" = 1 ] && sleep 1; exit 0"};
+  AgentProcess a0("pod0", "127.0.11.1", svc.port(), 1, tmp.path, cmd);
+  AgentProcess a1("pod1", "127.0.11.2", svc.port(), 1, tmp.path, cmd);
+  CHECK(a0.wait_exit(20) == 0);
+  CHECK(a1.wait_exit(20) == 0);
+  auto p = svc.progress("ns1/job1");
+  REQUIRE(p);
+  CHECK(p->all_succeeded);
+  CHECK(p->ranks_done == 2);
+}
+
+TEST_CASE("a refused token or missing env ends the agent with exit 2 and a clear message") {
+  TempDir tmp;
+  RendezvousService svc("127.0.0.1", 0);
+  svc.open_generation(spec(1, {"pod0"}, 1));
+  AgentProcess bad("pod0", "127.0.12.1", svc.port(), 1, tmp.path, {"true"}, "not-the-token");
+  CHECK(bad.wait_exit(15) == 2);
+  CHECK(slurp(bad.log).find("refused the token") != std::string::npos);
+
+  // No RAILYARD_POD_IP etc.: run the binary with an almost empty environment.
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  std::string log = (tmp.path / "noenv.log").string();
+  std::string bin = agent_binary();
+  if (pid == 0) {
+    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 2);
+    char* argv[] = {bin.data(), const_cast<char*>("agent"), nullptr};
+    char* envp[] = {const_cast<char*>("RAILYARD_JOB_NAMESPACE=ns1"), nullptr};
+    ::execve(argv[0], argv, envp);
+    ::_exit(127);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 2);
+  CHECK(slurp(log).find("RAILYARD_JOB_NAME is not set") != std::string::npos);
+}
