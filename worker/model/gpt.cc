@@ -1,5 +1,6 @@
 #include "worker/model/gpt.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -104,27 +105,45 @@ size_t activation_bytes(const GptConfig& c, int B, int T, int threads) {
 }
 
 template <typename T>
-void init_gpt2_weights(T* params, const GptConfig& c, uint64_t seed) {
+void init_gpt2_weights(T* params, const GptConfig& c, uint64_t seed, ThreadPool* pool) {
+  constexpr size_t kChunk = 1 << 16;
   auto p = split_tensors(params, c);
   auto sizes = param_sizes(c);
-  NormalRng rng(seed);
   const double std_w = 0.02, std_proj = 0.02 / std::sqrt(2.0 * c.num_layers);
-  const size_t C = c.channels;
+  const size_t real_wte = static_cast<size_t>(c.vocab_size) * c.channels;
   for (int i = 0; i < kNumParamTensors; ++i) {
     const std::string_view name = kParamNames[i];
     T* t = p[i];
-    if (name == "wte") {
-      const size_t real = static_cast<size_t>(c.vocab_size) * C;
-      for (size_t j = 0; j < real; ++j) t[j] = static_cast<T>(std_w * rng.next());
-      for (size_t j = real; j < sizes[i]; ++j) t[j] = 0;
-    } else if (name == "wpe" || name == "qkvw" || name == "fcw") {
-      for (size_t j = 0; j < sizes[i]; ++j) t[j] = static_cast<T>(std_w * rng.next());
+    const size_t n = sizes[i];
+    double stddev = 0, constant = 0;
+    if (name == "wte" || name == "wpe" || name == "qkvw" || name == "fcw") {
+      stddev = std_w;
     } else if (name == "attprojw" || name == "fcprojw") {
-      for (size_t j = 0; j < sizes[i]; ++j) t[j] = static_cast<T>(std_proj * rng.next());
+      stddev = std_proj;
     } else if (name == "ln1w" || name == "ln2w" || name == "lnfw") {
-      for (size_t j = 0; j < sizes[i]; ++j) t[j] = 1;
+      constant = 1;
+    }
+    const size_t limit = name == "wte" ? real_wte : n;  // padded vocabulary rows stay 0
+    auto fill = [&](size_t c0, size_t c1) {
+      for (size_t k = c0; k < c1; ++k) {
+        const size_t b = k * kChunk, e = std::min(n, b + kChunk);
+        if (stddev == 0) {
+          for (size_t j = b; j < e; ++j) t[j] = static_cast<T>(constant);
+          continue;
+        }
+        // splitmix64 of (seed, tensor, chunk): independent, well-mixed streams per chunk
+        uint64_t z = seed + 0x9E3779B97F4A7C15ull * (1 + (static_cast<uint64_t>(i) << 32) + k);
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        NormalRng rng(z ^ (z >> 31));
+        for (size_t j = b; j < e; ++j) t[j] = j < limit ? static_cast<T>(stddev * rng.next()) : T(0);
+      }
+    };
+    const size_t chunks = (n + kChunk - 1) / kChunk;
+    if (pool != nullptr) {
+      pool->parallel_for(chunks, fill);
     } else {
-      for (size_t j = 0; j < sizes[i]; ++j) t[j] = 0;
+      fill(0, chunks);
     }
   }
 }
@@ -292,8 +311,8 @@ template class AlignedBuffer<int32_t>;
 template std::array<float*, kNumParamTensors> split_tensors(float*, const GptConfig&);
 template std::array<double*, kNumParamTensors> split_tensors(double*, const GptConfig&);
 template std::array<const float*, kNumParamTensors> split_tensors(const float*, const GptConfig&);
-template void init_gpt2_weights(float*, const GptConfig&, uint64_t);
-template void init_gpt2_weights(double*, const GptConfig&, uint64_t);
+template void init_gpt2_weights(float*, const GptConfig&, uint64_t, ThreadPool*);
+template void init_gpt2_weights(double*, const GptConfig&, uint64_t, ThreadPool*);
 template class Gpt<float>;
 template class Gpt<double>;
 

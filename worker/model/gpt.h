@@ -43,9 +43,11 @@ std::array<T*, kNumParamTensors> split_tensors(T* flat, const GptConfig& c);
 size_t activation_bytes(const GptConfig& c, int B, int T, int threads);
 
 // GPT-2 initialisation: weights N(0, 0.02), the two residual projections (attprojw, fcprojw) N(0, 0.02/sqrt(2L)),
-// biases 0, LayerNorm weights 1; wte rows >= V (padding) are 0. Deterministic in seed (mt19937_64 + Box-Muller).
+// biases 0, LayerNorm weights 1; wte rows >= V (padding) are 0. Deterministic in seed: each tensor is drawn in
+// chunks of 64 Ki elements, chunk k of tensor i from mt19937_64 seeded by a hash of (seed, i, k) through our own
+// Box-Muller, so the values do not depend on the platform or on whether a pool fills the chunks in parallel.
 template <typename T>
-void init_gpt2_weights(T* params, const GptConfig& c, uint64_t seed);
+void init_gpt2_weights(T* params, const GptConfig& c, uint64_t seed, ThreadPool* pool = nullptr);
 
 template <typename T>
 class Gpt {
@@ -68,7 +70,7 @@ class Gpt {
   const T* grads() const { return grads_.data(); }
   size_t activation_bytes() const;
 
-  void init_weights(uint64_t seed) { init_gpt2_weights(params_.data(), config_, seed); }
+  void init_weights(uint64_t seed) { init_gpt2_weights(params_.data(), config_, seed, &pool_); }
 
   // inputs, targets: (B, T) token ids in [0, V). Returns the mean loss over the B*T positions. In kTrain mode
   // dloss is d(objective)/d(mean loss) (1 / micro-steps under gradient accumulation) and backward() may follow.

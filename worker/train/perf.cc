@@ -30,7 +30,8 @@ std::string MemoryBudget::describe() const {
   return buf;
 }
 
-double measure_gemm_rate(ThreadPool& pool, const GptConfig& c, int B, int T, int reps) {
+double measure_gemm_rate(ThreadPool& pool, const GptConfig& c, int B, int T, int reps, float* scratch,
+                         size_t scratch_len) {
   cpu::init_blas_single_threaded();
   const int N = B * T, C = c.channels, Vp = c.padded_vocab_size;
   struct Shape {
@@ -43,7 +44,13 @@ double measure_gemm_rate(ThreadPool& pool, const GptConfig& c, int B, int T, int
     max_io = std::max(max_io, static_cast<size_t>(N) * std::max(s.ic, s.oc));
   }
   // Small random-ish values: denormals or NaNs would distort the timing.
-  std::vector<float> w(max_w), dw(max_w), x(max_io), y(max_io), dx(max_io);
+  const size_t need = 2 * max_w + 3 * max_io;
+  std::vector<float> owned;
+  if (scratch == nullptr || scratch_len < need) {
+    owned.resize(need);
+    scratch = owned.data();
+  }
+  float *w = scratch, *dw = w + max_w, *x = dw + max_w, *y = x + max_io, *dx = y + max_io;
   for (size_t i = 0; i < max_w; ++i) w[i] = static_cast<float>((i * 2654435761u) % 1000) * 1e-4f;
   for (size_t i = 0; i < max_io; ++i) x[i] = y[i] = static_cast<float>((i * 40503u) % 1000) * 1e-4f;
   double flops = 0;
@@ -53,9 +60,9 @@ double measure_gemm_rate(ThreadPool& pool, const GptConfig& c, int B, int T, int
     auto t0 = std::chrono::steady_clock::now();
     for (auto s : shapes) {
       // forward: y = x @ w^T; backward: dx = y @ w; dw = y^T @ x  (the same calls the model makes)
-      cpu::gemm<float>(pool, false, true, N, s.oc, s.ic, 1.0f, x.data(), s.ic, w.data(), s.ic, 0.0f, y.data(), s.oc);
-      cpu::gemm<float>(pool, false, false, N, s.ic, s.oc, 1.0f, y.data(), s.oc, w.data(), s.ic, 0.0f, dx.data(), s.ic);
-      cpu::gemm<float>(pool, true, false, s.oc, s.ic, N, 1.0f, y.data(), s.oc, x.data(), s.ic, 0.0f, dw.data(), s.ic);
+      cpu::gemm<float>(pool, false, true, N, s.oc, s.ic, 1.0f, x, s.ic, w, s.ic, 0.0f, y, s.oc);
+      cpu::gemm<float>(pool, false, false, N, s.ic, s.oc, 1.0f, y, s.oc, w, s.ic, 0.0f, dx, s.ic);
+      cpu::gemm<float>(pool, true, false, s.oc, s.ic, N, 1.0f, y, s.oc, x, s.ic, 0.0f, dw, s.ic);
     }
     const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (r > 0) best = std::max(best, flops / sec);  // r == 0 warms caches and OpenBLAS's buffers

@@ -27,6 +27,9 @@ MemoryBudget memory_budget(const GptConfig& c, int B, int T, int threads);
 // the step's own GEMM shapes: one layer's four linear layers and the LM head, forward and both backward GEMMs, for
 // B*T rows. Best of `reps` timed passes after a warm-up. This is the floor a step can approach; MFU is reported
 // against it unless a peak is given.
-double measure_gemm_rate(ThreadPool& pool, const GptConfig& c, int B, int T, int reps = 3);
+// scratch (optional, scratch_len floats): operand memory to reuse, e.g. the gradient buffer before the first step,
+// so the measurement adds nothing to the process's peak memory; used when large enough, else it allocates.
+double measure_gemm_rate(ThreadPool& pool, const GptConfig& c, int B, int T, int reps = 3, float* scratch = nullptr,
+                         size_t scratch_len = 0);
 
 }  // namespace railyard::worker

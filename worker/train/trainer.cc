@@ -147,7 +147,11 @@ void Trainer::log_step(const StepResult& r) {
 
 int Trainer::run() {
   const MemoryBudget mem = memory_budget();
-  if (peak_flops_ <= 0) peak_flops_ = measure_gemm_rate(pool_, gpt_, cfg_.batch, cfg_.seq_len);
+  if (peak_flops_ <= 0) {
+    // The gradient buffer is free until the first step zeroes it: borrow it so the measurement costs no memory.
+    peak_flops_ = measure_gemm_rate(pool_, gpt_, cfg_.batch, cfg_.seq_len, 3, model_.grads(), model_.num_params());
+    model_.zero_grad();
+  }
   log::info("worker", "model", {{"shape", describe(gpt_)}, {"threads", std::to_string(pool_.size())}});
   log::info("worker", "memory budget",
             {{"params_bytes", std::to_string(mem.params)},
