@@ -392,7 +392,8 @@ struct Agent::Impl {
     auto obj = client.try_get(res, ns, name);
     if (!obj) return std::nullopt;
     std::map<std::string, std::string> out;
-    for (const auto& [k, v] : obj->value("data", Json::object()).items()) {
+    const Json data = obj->value("data", Json::object());  // named: items() of a temporary would dangle
+    for (const auto& [k, v] : data.items()) {
       if (!v.is_string()) continue;
       out[k] = kind == RefKind::Secret ? base64_decode(v.get<std::string>()) : v.get<std::string>();
     }

@@ -89,7 +89,8 @@ struct TestNamespace {
   std::string name;
   std::string dir;  // a scratch dir the pods' scripts write markers into
   explicit TestNamespace(const std::string& prefix) : name(prefix + "-" + random_suffix()) {
-    admin().create(resources::namespaces, "", {{"apiVersion", "v1"}, {"kind", "Namespace"}, {"metadata", {{"name", name}}}});
+    admin().create(resources::namespaces, "",
+                   {{"apiVersion", "v1"}, {"kind", "Namespace"}, {"metadata", {{"name", name}}}});
     dir = (fs::temp_directory_path() / ("na-e2e-" + name)).string();
     fs::create_directories(dir);
   }
@@ -235,8 +236,9 @@ TEST_CASE("env: literal, fieldRef, secretKeyRef, configMapKeyRef and RAILYARD_PO
                   {"kind", "Secret"},
                   {"metadata", {{"name", "creds"}}},
                   {"stringData", {{"token", "s3cr3t-value"}}}});
-  admin().create(resources::configmaps, ns.name,
-                 {{"apiVersion", "v1"}, {"kind", "ConfigMap"}, {"metadata", {{"name", "cfg"}}}, {"data", {{"lr", "0.25"}}}});
+  admin().create(
+      resources::configmaps, ns.name,
+      {{"apiVersion", "v1"}, {"kind", "ConfigMap"}, {"metadata", {{"name", "cfg"}}}, {"data", {{"lr", "0.25"}}}});
   Json pod = pod_manifest("env", node,
                           "echo \"name=$POD_NAME ns=$POD_NS node=$NODE ip=$POD_IP rip=$RAILYARD_POD_IP token=$TOKEN "
                           "lr=$LR lit=$LIT\"");
