@@ -1,10 +1,10 @@
 // railyard-operator: runs the TrainingJob controller (and, as leader, the rendezvous service). See README.md.
+#include <httplib.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdlib>
-#include <httplib.h>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -190,8 +190,8 @@ int main(int argc, char** argv) {
 
   std::unique_ptr<kube::Client> client;
   try {
-    kube::Config cfg = flags.kubeconfig.empty() ? kube::default_config()
-                                                : kube::load_kubeconfig(flags.kubeconfig, flags.context);
+    kube::Config cfg =
+        flags.kubeconfig.empty() ? kube::default_config() : kube::load_kubeconfig(flags.kubeconfig, flags.context);
     client = std::make_unique<kube::Client>(cfg);
   } catch (const std::exception& e) {
     std::cerr << "railyard-operator: " << e.what() << "\n";
@@ -215,7 +215,8 @@ int main(int argc, char** argv) {
   try {
     auto [mhost, mport] = split_addr("--metrics-addr", flags.metrics_addr);
     exposer = std::make_unique<metrics::Exposer>(registry, mhost, mport);
-    health.Get("/healthz", [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
+    health.Get("/healthz",
+               [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
     health.Get("/readyz", [&controller](const httplib::Request&, httplib::Response& res) {
       if (controller.synced()) {
         res.set_content("ok\n", "text/plain");
@@ -235,8 +236,9 @@ int main(int argc, char** argv) {
     std::cerr << "railyard-operator: " << e.what() << "\n";
     return 2;
   }
-  log::info(kLog, "serving", {{"metrics", "127.0.0.1:" + std::to_string(exposer->port())},
-                              {"health", hhost + ":" + std::to_string(hport)}});
+  log::info(
+      kLog, "serving",
+      {{"metrics", "127.0.0.1:" + std::to_string(exposer->port())}, {"health", hhost + ":" + std::to_string(hport)}});
 
   controller.start_informers();
   while (!controller.wait_for_sync(std::chrono::seconds(10)))
@@ -256,7 +258,8 @@ int main(int argc, char** argv) {
       kill(getpid(), SIGTERM);
       return;
     }
-    std::string addr = flags.rendezvous_addr.empty() ? rhost + ":" + std::to_string(rdzv->port()) : flags.rendezvous_addr;
+    std::string addr =
+        flags.rendezvous_addr.empty() ? rhost + ":" + std::to_string(rdzv->port()) : flags.rendezvous_addr;
     controller.set_rendezvous(rdzv.get(), addr);
     controller.start_workers();
     leader_gauge.set(1);

@@ -495,8 +495,8 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
     if (t.generation != gen) continue;
     std::string missing;
     for (const auto& m : t.missing) missing += (missing.empty() ? "" : ", ") + m;
-    events.push_back({true, "JoinTimeout",
-                      "generation " + std::to_string(gen) + ": pods never joined the rendezvous: " + missing});
+    events.push_back(
+        {true, "JoinTimeout", "generation " + std::to_string(gen) + ": pods never joined the rendezvous: " + missing});
   }
 
   std::map<int, Json> by_index;
@@ -547,7 +547,8 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
     auto it = by_index.find(i);
     if (it == by_index.end()) {
       if (was_running && !in_transition)
-        triggers.push_back({"PodLost", "pod " + pod_name + " disappeared", pod_name, "", "operator", "", i * spec.procs_per_replica});
+        triggers.push_back(
+            {"PodLost", "pod " + pod_name + " disappeared", pod_name, "", "operator", "", i * spec.procs_per_replica});
       continue;
     }
     const Json& p = it->second;
@@ -569,7 +570,8 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
       auto n_obj = nodes_->get(node);
       if (!n_obj || !node_ready(*n_obj)) {
         if (!handled.count(uid))
-          triggers.push_back({"NodeLost", "node " + node + " of pod " + pod_name + " is " + (n_obj ? "not Ready" : "gone"),
+          triggers.push_back({"NodeLost",
+                              "node " + node + " of pod " + pod_name + " is " + (n_obj ? "not Ready" : "gone"),
                               pod_name, node, "operator", uid, i * spec.procs_per_replica});
         to_delete.push_back({pod_name, true});
       }
@@ -578,9 +580,9 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
   for (const WorkerExit& e : exits) {
     if (e.generation != gen || e.reason == "stopped") continue;
     if (e.reason == "agent_restarted") {
-      triggers.push_back({"AgentRestarted", "the agent of pod " + e.pod + " restarted during generation " +
-                                                std::to_string(gen),
-                          e.pod, node_by_pod[e.pod], "agent", "", -1});
+      triggers.push_back({"AgentRestarted",
+                          "the agent of pod " + e.pod + " restarted during generation " + std::to_string(gen), e.pod,
+                          node_by_pod[e.pod], "agent", "", -1});
       continue;
     }
     if (e.exit_code == 0 && e.signal == 0) continue;
@@ -598,8 +600,9 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
       restart_request = req;
       status["restartRequestHandled"] = req;
       if (gen > 0)
-        triggers.push_back({"RestartRequested", "restart requested (" + std::string(kRestartRequestAnnotation) + "=" + req + ")",
-                            "", "", ann.value(kRestartDetectorAnnotation, "annotation"), "", -1});
+        triggers.push_back({"RestartRequested",
+                            "restart requested (" + std::string(kRestartRequestAnnotation) + "=" + req + ")", "", "",
+                            ann.value(kRestartDetectorAnnotation, "annotation"), "", -1});
     }
   }
 
@@ -617,8 +620,8 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
     for (const Trigger& x : triggers)
       if (!x.uid.empty()) uids.push_back(x.uid);
     while (uids.size() > 32) uids.erase(uids.begin());
-    Json last = {{"reason", t->reason}, {"detector", t->detector}, {"time", now_s}, {"podUIDs", uids},
-                 {"message", t->detail}};
+    Json last = {
+        {"reason", t->reason}, {"detector", t->detector}, {"time", now_s}, {"podUIDs", uids}, {"message", t->detail}};
     if (t->rank >= 0) last["rank"] = t->rank;
     if (!t->pod.empty()) last["pod"] = t->pod;
     if (!t->node.empty()) last["node"] = t->node;
@@ -696,8 +699,9 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
   for (const Json& p : extra)
     if (!terminating(p)) delete_pod(ns, kube::name_of(p), false);
   if (!extra.empty() && std::any_of(extra.begin(), extra.end(), [](const Json& p) { return !terminating(p); }))
-    events.push_back({false, "DeletedPods", "deleted " + std::to_string(extra.size()) + " surplus pods (replicas " +
-                                                std::to_string(n) + ")"});
+    events.push_back(
+        {false, "DeletedPods",
+         "deleted " + std::to_string(extra.size()) + " surplus pods (replicas " + std::to_string(n) + ")"});
   std::vector<std::string> created, unbound;
   const bool deleting = !to_delete.empty();
   for (int i = 0; i < n; ++i) {

@@ -103,7 +103,7 @@ class Controller {
   RendezvousService* rdzv_ = nullptr;
   std::map<std::string, std::vector<WorkerExit>> exits_;
   std::map<std::string, std::vector<JoinTimeout>> timeouts_;
-  std::map<std::string, int64_t> opened_;                             // job key -> generation opened
+  std::map<std::string, int64_t> opened_;                              // job key -> generation opened
   std::map<std::string, std::pair<std::string, std::string>> tokens_;  // job key -> (uid, token)
 
   // Metrics.

@@ -14,11 +14,11 @@ enum class ExitClass { Success, Permanent, Retryable };
 ExitClass classify_exit(const JobSpec& spec, int exit_code, int signal = 0);
 
 struct RestartDecision {
-  bool fail = false;         // the job fails instead of restarting
-  std::string reason;        // condition reason (e.g. PermanentExitCode, MaxRestartsExceeded, or the trigger)
+  bool fail = false;   // the job fails instead of restarting
+  std::string reason;  // condition reason (e.g. PermanentExitCode, MaxRestartsExceeded, or the trigger)
   std::string message;
   int64_t next_generation = 0;
-  int restarts = 0;          // the count after this decision
+  int restarts = 0;  // the count after this decision
 };
 
 // A restart was triggered with `trigger_reason`; decides with the budget left.

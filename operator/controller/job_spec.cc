@@ -38,8 +38,7 @@ class Checker {
   std::optional<Violation> take() { return std::move(violation_); }
 
   // Reads an optional integer field of `obj`; type or range errors become violations.
-  std::optional<int64_t> integer(const Json& obj, const char* key, const std::string& field, int64_t min,
-                                 int64_t max) {
+  std::optional<int64_t> integer(const Json& obj, const char* key, const std::string& field, int64_t min, int64_t max) {
     if (!obj.is_object() || !obj.contains(key) || obj[key].is_null()) return std::nullopt;
     const Json& v = obj[key];
     if (!v.is_number_integer() && !(v.is_number_float() && v.get<double>() == static_cast<int64_t>(v.get<double>()))) {
@@ -149,7 +148,8 @@ ParsedJob parse_job(const Json& job) {
   if (c.ok() && !spec.contains("model"))
     c.fail("spec.model", "is missing", "set spec.model.preset (e.g. tiny) or a custom shape");
   auto preset = c.string(model, "preset", "spec.model.preset");
-  if (c.ok() && !preset) c.fail("spec.model.preset", "is missing", "set it to one of " + model_preset_names() + ", custom");
+  if (c.ok() && !preset)
+    c.fail("spec.model.preset", "is missing", "set it to one of " + model_preset_names() + ", custom");
   if (preset) {
     s.preset = *preset;
     if (*preset == "custom") {
@@ -159,12 +159,13 @@ ParsedJob parse_job(const Json& job) {
       for (int i = 0; i < 5; ++i) {
         std::string field = std::string("spec.model.") + keys[i];
         auto v = c.integer(model, keys[i], field, i == 4 ? 2 : 1, maxes[i]);
-        if (!v && c.ok()) c.fail(field, "is required for preset custom", "set every size: layers, hidden, heads, seqLen, vocab");
+        if (!v && c.ok())
+          c.fail(field, "is required for preset custom", "set every size: layers, hidden, heads, seqLen, vocab");
         if (v) *dst[i] = static_cast<int>(*v);
       }
       if (c.ok() && s.model.hidden % s.model.heads != 0)
-        c.fail("spec.model.hidden", std::to_string(s.model.hidden) + " is not divisible by heads " +
-                                        std::to_string(s.model.heads),
+        c.fail("spec.model.hidden",
+               std::to_string(s.model.hidden) + " is not divisible by heads " + std::to_string(s.model.heads),
                "use a multiple of " + std::to_string(s.model.heads));
     } else if (auto p = find_model_preset(*preset)) {
       s.model = {p->layers, p->hidden, p->heads, p->seq_len, p->vocab};
@@ -183,8 +184,10 @@ ParsedJob parse_job(const Json& job) {
 
   // Training.
   Json training = c.object(spec, "training", "spec.training");
-  if (auto v = c.integer(training, "steps", "spec.training.steps", 1, int64_t{1} << 40)) s.steps = static_cast<int>(*v);
-  else if (c.ok()) c.fail("spec.training.steps", "is missing", "set the number of optimizer steps");
+  if (auto v = c.integer(training, "steps", "spec.training.steps", 1, int64_t{1} << 40))
+    s.steps = static_cast<int>(*v);
+  else if (c.ok())
+    c.fail("spec.training.steps", "is missing", "set the number of optimizer steps");
   if (auto v = c.integer(training, "globalBatch", "spec.training.globalBatch", 1, 1 << 30))
     s.global_batch = static_cast<int>(*v);
   if (auto v = c.integer(training, "microBatch", "spec.training.microBatch", 1, 1 << 30))
@@ -193,8 +196,8 @@ ParsedJob parse_job(const Json& job) {
   if (auto v = c.integer(training, "seqLen", "spec.training.seqLen", 1, 1048576)) {
     s.seq_len = static_cast<int>(*v);
     if (c.ok() && s.model.seq_len > 0 && s.seq_len > s.model.seq_len)
-      c.fail("spec.training.seqLen", std::to_string(s.seq_len) + " exceeds the model's seqLen " +
-                                         std::to_string(s.model.seq_len),
+      c.fail("spec.training.seqLen",
+             std::to_string(s.seq_len) + " exceeds the model's seqLen " + std::to_string(s.model.seq_len),
              "use at most " + std::to_string(s.model.seq_len) + " or a model with a longer context");
   }
 
@@ -278,12 +281,12 @@ ParsedJob parse_job(const Json& job) {
            std::to_string(*s.min_replicas) + " is greater than maxReplicas " + std::to_string(*s.max_replicas),
            "make minReplicas <= maxReplicas");
   if (c.ok() && s.min_replicas && s.replicas < *s.min_replicas)
-    c.fail("spec.replicas", std::to_string(s.replicas) + " is below elastic.minReplicas " +
-                                std::to_string(*s.min_replicas),
+    c.fail("spec.replicas",
+           std::to_string(s.replicas) + " is below elastic.minReplicas " + std::to_string(*s.min_replicas),
            "scale to at least " + std::to_string(*s.min_replicas));
   if (c.ok() && s.max_replicas && s.replicas > *s.max_replicas)
-    c.fail("spec.replicas", std::to_string(s.replicas) + " is above elastic.maxReplicas " +
-                                std::to_string(*s.max_replicas),
+    c.fail("spec.replicas",
+           std::to_string(s.replicas) + " is above elastic.maxReplicas " + std::to_string(*s.max_replicas),
            "scale to at most " + std::to_string(*s.max_replicas));
   if (c.ok() && !s.auto_parallel) {
     const int world = s.replicas * s.procs_per_replica;
@@ -307,8 +310,9 @@ ParsedJob parse_job(const Json& job) {
       c.fail("spec.parallelism.data",
              "data*tensor*pipeline = " + std::to_string(*s.data * s.tensor * s.pipeline) +
                  " differs from the world size replicas*procsPerReplica = " + std::to_string(world),
-             "set data to " + (world % (s.tensor * s.pipeline) == 0 ? std::to_string(world / (s.tensor * s.pipeline))
-                                                                     : std::string("world/(tensor*pipeline)")) +
+             "set data to " +
+                 (world % (s.tensor * s.pipeline) == 0 ? std::to_string(world / (s.tensor * s.pipeline))
+                                                       : std::string("world/(tensor*pipeline)")) +
                  " or leave it out");
     else if (world % (s.tensor * s.pipeline) != 0)
       c.fail("spec.parallelism.pipeline",
@@ -320,8 +324,8 @@ ParsedJob parse_job(const Json& job) {
     const int dp = world_layout(s, s.replicas).data;
     if (s.global_batch % (s.micro_batch * dp) != 0)
       c.fail("spec.training.globalBatch",
-             std::to_string(s.global_batch) + " is not divisible by microBatch*data = " +
-                 std::to_string(s.micro_batch) + "*" + std::to_string(dp),
+             std::to_string(s.global_batch) +
+                 " is not divisible by microBatch*data = " + std::to_string(s.micro_batch) + "*" + std::to_string(dp),
              "use a multiple of " + std::to_string(s.micro_batch * dp));
   }
   if (c.ok() && s.micro_batches && s.pipeline > 1 && *s.micro_batches < s.pipeline)

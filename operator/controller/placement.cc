@@ -112,8 +112,8 @@ PlacementResult SimplePlacement::place(const PlacementRequest& req, const std::v
       auto it = n->labels.find(kv.first);
       return it != n->labels.end() && it->second == kv.second;
     });
-    bool tolerated = std::all_of(n->taints.begin(), n->taints.end(),
-                                 [&](const Json& t) { return tolerates(req.tolerations, t); });
+    bool tolerated =
+        std::all_of(n->taints.begin(), n->taints.end(), [&](const Json& t) { return tolerates(req.tolerations, t); });
     if (!selected || !tolerated) {
       filtered++;
       continue;

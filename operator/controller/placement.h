@@ -22,15 +22,15 @@ struct NodeInfo {
   std::map<std::string, std::string> labels;
   Json taints = Json::array();
   int64_t gpu_allocatable = 0;
-  int64_t gpu_used = 0;     // requested by non-terminated pods bound here
-  int worker_pods = 0;      // Railyard worker pods (any job) bound here
+  int64_t gpu_used = 0;        // requested by non-terminated pods bound here
+  int worker_pods = 0;         // Railyard worker pods (any job) bound here
   std::set<std::string> jobs;  // "ns/name" of jobs with a pod here
 };
 
 struct PlacementRequest {
   std::string job_key;
-  int pods = 0;                // pods to place now (the unbound part of the gang)
-  int64_t gpus_per_pod = 0;    // 0: CPU pods, one Railyard worker pod per node
+  int pods = 0;              // pods to place now (the unbound part of the gang)
+  int64_t gpus_per_pod = 0;  // 0: CPU pods, one Railyard worker pod per node
   std::map<std::string, std::string> node_selector;
   Json tolerations = Json::array();
 };

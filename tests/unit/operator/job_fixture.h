@@ -1,0 +1,30 @@
+// A valid TrainingJob for tests to start from and break one field at a time.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+namespace railyard::op::testing {
+
+inline nlohmann::json valid_job() {
+  return nlohmann::json::parse(R"({
+    "apiVersion": "railyard.dev/v1alpha1", "kind": "TrainingJob",
+    "metadata": {"name": "tiny", "namespace": "team-a", "uid": "uid-1", "generation": 1},
+    "spec": {
+      "replicas": 2, "procsPerReplica": 1, "device": "cpu",
+      "model": {"preset": "tiny"},
+      "data": {"train": "/data/train_*.bin"},
+      "training": {"steps": 200, "globalBatch": 8, "microBatch": 4, "seqLen": 64},
+      "parallelism": {"data": 2},
+      "failurePolicy": {"maxRestarts": 3}
+    }
+  })");
+}
+
+// valid_job() with a JSON merge patch applied (null deletes a field).
+inline nlohmann::json job_with(const nlohmann::json& patch) {
+  nlohmann::json j = valid_job();
+  j.merge_patch(patch);
+  return j;
+}
+
+}  // namespace railyard::op::testing

@@ -1,0 +1,121 @@
+// Worker pod construction: owner references, labels, agent command and env, template merge.
+#include "operator/controller/pod_builder.h"
+
+#include <doctest/doctest.h>
+
+#include "tests/unit/operator/job_fixture.h"
+
+using namespace railyard::op;
+using railyard::op::testing::job_with;
+using railyard::op::testing::valid_job;
+using Json = nlohmann::json;
+
+namespace {
+const Json* find_env(const Json& pod, const std::string& name) {
+  for (const Json& e : pod["spec"]["containers"][0]["env"])
+    if (e["name"] == name) return &e;
+  return nullptr;
+}
+PodOptions options() {
+  PodOptions o;
+  o.worker_image = "img:1";
+  o.worker_command = {"/abs/bin/railyard-worker"};
+  o.rendezvous_addr = "127.0.0.1:9090";
+  return o;
+}
+}  // namespace
+
+TEST_CASE("a worker pod carries owner, labels, scheduler and the agent command") {
+  Json job = valid_job();
+  JobSpec spec = parse_job(job).spec;
+  Json pod = build_worker_pod(job, spec, 1, 3, options());
+  CHECK(pod["metadata"]["name"] == "tiny-worker-1");
+  CHECK(pod["metadata"]["namespace"] == "team-a");
+  const Json& owner = pod["metadata"]["ownerReferences"][0];
+  CHECK(owner["uid"] == "uid-1");
+  CHECK(owner["kind"] == "TrainingJob");
+  CHECK(owner["controller"] == true);
+  CHECK(owner["blockOwnerDeletion"] == true);
+  CHECK(pod["metadata"]["labels"][kJobLabel] == "tiny");
+  CHECK(pod["metadata"]["labels"][kReplicaIndexLabel] == "1");
+  CHECK(pod["metadata"]["labels"][kGenerationLabel] == "3");
+  CHECK(pod["spec"]["schedulerName"] == "railyard");
+  CHECK(pod["spec"]["restartPolicy"] == "Never");
+  CHECK_FALSE(pod["spec"].contains("nodeName"));
+  const Json& c = pod["spec"]["containers"][0];
+  CHECK(c["image"] == "img:1");
+  CHECK(c["command"] == Json::array({"/abs/bin/railyard-worker"}));
+  CHECK(c["args"] == Json::array({"agent"}));
+  CHECK(replica_index_of(pod) == 1);
+}
+
+TEST_CASE("the agent env names the job, the pod through the downward API, and the token through a Secret") {
+  Json job = valid_job();
+  Json pod = build_worker_pod(job, parse_job(job).spec, 0, 1, options());
+  REQUIRE(find_env(pod, "RAILYARD_JOB_NAME"));
+  CHECK((*find_env(pod, "RAILYARD_JOB_NAME"))["value"] == "tiny");
+  CHECK((*find_env(pod, "RAILYARD_JOB_NAMESPACE"))["value"] == "team-a");
+  CHECK((*find_env(pod, "RAILYARD_RENDEZVOUS_ADDR"))["value"] == "127.0.0.1:9090");
+  CHECK((*find_env(pod, "RAILYARD_PROCS_PER_POD"))["value"] == "1");
+  CHECK((*find_env(pod, "RAILYARD_POD_IP"))["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP");
+  CHECK((*find_env(pod, "RAILYARD_POD_NAME"))["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name");
+  const Json& token = (*find_env(pod, "RAILYARD_RENDEZVOUS_TOKEN"))["valueFrom"]["secretKeyRef"];
+  CHECK(token["name"] == "tiny-rendezvous");
+  CHECK(token["key"] == "token");
+}
+
+TEST_CASE("the template merges labels, pod fields, env and overrides the command") {
+  Json job = job_with(Json::parse(R"({"spec": {"image": "user:2", "template": {
+      "metadata": {"labels": {"team": "nlp", "railyard.dev/job": "spoofed"}, "annotations": {"a": "b"}},
+      "spec": {"tolerations": [{"key": "k", "operator": "Exists"}], "volumes": [{"name": "data", "hostPath": {"path": "/d"}}],
+               "schedulerName": "default-scheduler", "nodeName": "n9",
+               "containers": [{"command": ["sh", "-c", "exit 0"],
+                               "env": [{"name": "FOO", "value": "1"}, {"name": "RAILYARD_DEVICE", "value": "cuda"}],
+                               "volumeMounts": [{"name": "data", "mountPath": "/d"}]},
+                              {"name": "sidecar", "image": "side:1"}]}}}})"));
+  Json pod = build_worker_pod(job, parse_job(job).spec, 0, 1, options());
+  CHECK(pod["metadata"]["labels"]["team"] == "nlp");
+  CHECK(pod["metadata"]["labels"]["railyard.dev/job"] == "tiny");  // ours win
+  CHECK(pod["metadata"]["annotations"]["a"] == "b");
+  CHECK(pod["spec"]["tolerations"][0]["key"] == "k");
+  CHECK(pod["spec"]["volumes"][0]["name"] == "data");
+  CHECK(pod["spec"]["schedulerName"] == "railyard");
+  CHECK_FALSE(pod["spec"].contains("nodeName"));
+  const Json& c = pod["spec"]["containers"][0];
+  CHECK(c["name"] == "worker");
+  CHECK(c["image"] == "user:2");
+  CHECK(c["command"] == Json::array({"sh", "-c", "exit 0"}));
+  CHECK_FALSE(c.contains("args"));  // a user command runs as given
+  CHECK(c["volumeMounts"][0]["mountPath"] == "/d");
+  CHECK((*find_env(pod, "FOO"))["value"] == "1");
+  CHECK((*find_env(pod, "RAILYARD_DEVICE"))["value"] == "cuda");  // user env replaces ours by name
+  CHECK(find_env(pod, "RAILYARD_RENDEZVOUS_TOKEN"));              // and keeps the rest
+  REQUIRE(pod["spec"]["containers"].size() == 2);
+  CHECK(pod["spec"]["containers"][1]["name"] == "sidecar");
+}
+
+TEST_CASE("cuda jobs request one GPU per local rank unless they say otherwise") {
+  Json job = job_with(Json::parse(R"({"spec": {"device": "cuda", "procsPerReplica": 4}})"));
+  Json pod = build_worker_pod(job, parse_job(job).spec, 0, 1, options());
+  CHECK(pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 4);
+  Json job2 = job_with(Json::parse(R"({"spec": {"device": "cuda", "procsPerReplica": 4,
+      "resources": {"limits": {"nvidia.com/gpu": 2}, "requests": {"nvidia.com/gpu": 2}}}})"));
+  Json pod2 = build_worker_pod(job2, parse_job(job2).spec, 0, 1, options());
+  CHECK(pod2["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 2);
+}
+
+TEST_CASE("the token Secret is owned by the job and tokens are random") {
+  Json s = build_token_secret(valid_job(), "abc");
+  CHECK(s["metadata"]["name"] == "tiny-rendezvous");
+  CHECK(s["metadata"]["ownerReferences"][0]["uid"] == "uid-1");
+  CHECK(s["stringData"]["token"] == "abc");
+  std::string a = random_token(), b = random_token();
+  CHECK(a.size() == 64);
+  CHECK(a != b);
+}
+
+TEST_CASE("replica index parsing refuses malformed labels") {
+  CHECK(replica_index_of(Json::parse(R"({"metadata": {"labels": {"railyard.dev/replica-index": "12"}}})")) == 12);
+  CHECK(replica_index_of(Json::parse(R"({"metadata": {"labels": {"railyard.dev/replica-index": "1x"}}})")) == -1);
+  CHECK(replica_index_of(Json::parse(R"({"metadata": {"labels": {}}})")) == -1);
+}

@@ -1,0 +1,76 @@
+// Status bookkeeping and restart decisions.
+#include <doctest/doctest.h>
+
+#include "operator/controller/failure_policy.h"
+#include "operator/controller/status.h"
+#include "tests/unit/operator/job_fixture.h"
+
+using namespace railyard::op;
+using railyard::op::testing::job_with;
+using railyard::op::testing::valid_job;
+using Json = nlohmann::json;
+
+TEST_CASE("lastTransitionTime changes only when a condition flips") {
+  Json status = Json::object();
+  CHECK(set_condition(status, "Running", false, "PodsNotRunning", "0 of 2", "T1"));
+  CHECK(find_condition(status, "Running")->at("lastTransitionTime") == "T1");
+  // Same value, new message: changed, but the transition time stays.
+  CHECK(set_condition(status, "Running", false, "PodsNotRunning", "1 of 2", "T2"));
+  CHECK(find_condition(status, "Running")->at("lastTransitionTime") == "T1");
+  CHECK(find_condition(status, "Running")->at("message") == "1 of 2");
+  // Identical: no change, so no status write.
+  Json before = status;
+  CHECK_FALSE(set_condition(status, "Running", false, "PodsNotRunning", "1 of 2", "T3"));
+  CHECK_FALSE(status_differs(before, status));
+  // A flip moves the time.
+  CHECK(set_condition(status, "Running", true, "AllPodsRunning", "2 of 2", "T4"));
+  CHECK(find_condition(status, "Running")->at("lastTransitionTime") == "T4");
+  CHECK(condition_true(status, "Running"));
+  CHECK(status_differs(before, status));
+  CHECK(status["conditions"].size() == 1);
+  CHECK_FALSE(condition_true(status, "Failed"));
+}
+
+TEST_CASE("exit codes: Kubeflow's default classes, overridable by lists") {
+  JobSpec spec = parse_job(valid_job()).spec;
+  CHECK(classify_exit(spec, 0) == ExitClass::Success);
+  CHECK(classify_exit(spec, 1) == ExitClass::Permanent);
+  CHECK(classify_exit(spec, 127) == ExitClass::Permanent);
+  CHECK(classify_exit(spec, 128) == ExitClass::Retryable);
+  CHECK(classify_exit(spec, 137) == ExitClass::Retryable);
+  CHECK(classify_exit(spec, -1, 9) == ExitClass::Retryable);  // SIGKILL
+  JobSpec listed =
+      parse_job(job_with(Json::parse(
+                    R"({"spec": {"failurePolicy": {"retryableExitCodes": [1], "permanentExitCodes": [137]}}})")))
+          .spec;
+  CHECK(classify_exit(listed, 1) == ExitClass::Retryable);
+  CHECK(classify_exit(listed, 137) == ExitClass::Permanent);
+  CHECK(classify_exit(listed, -1, 9) == ExitClass::Permanent);  // 128+9
+  CHECK(classify_exit(listed, 2) == ExitClass::Retryable);      // an explicit permanent list replaces the range
+}
+
+TEST_CASE("restarts open a new generation until maxRestarts is spent") {
+  JobSpec spec = parse_job(valid_job()).spec;  // maxRestarts 3
+  int restarts = 0;
+  int64_t gen = 1;
+  for (int i = 0; i < 3; ++i) {
+    RestartDecision d = decide_restart(spec, restarts, gen, "WorkerExit", "rank 1 exited with code 137", false);
+    REQUIRE_FALSE(d.fail);
+    CHECK(d.restarts == restarts + 1);
+    CHECK(d.next_generation == gen + 1);
+    CHECK(d.reason == "WorkerExit");
+    restarts = d.restarts;
+    gen = d.next_generation;
+  }
+  RestartDecision d = decide_restart(spec, restarts, gen, "WorkerExit", "rank 1 exited with code 137", false);
+  CHECK(d.fail);
+  CHECK(d.reason == "MaxRestartsExceeded");
+  CHECK(d.message.find("WorkerExit") != std::string::npos);
+  CHECK(d.message.find("maxRestarts=3") != std::string::npos);
+  CHECK(d.next_generation == gen);
+
+  RestartDecision p = decide_restart(spec, 0, 1, "WorkerExit", "rank 0 exited with code 2", true);
+  CHECK(p.fail);
+  CHECK(p.reason == "PermanentExitCode");
+  CHECK(p.restarts == 0);
+}

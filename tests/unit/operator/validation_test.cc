@@ -1,0 +1,139 @@
+// Cross-field validation of TrainingJobs: each malformed manifest is Invalid with a reason and message naming the
+// field and a fix.
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "operator/controller/job_spec.h"
+#include "tests/unit/operator/job_fixture.h"
+
+using namespace railyard::op;
+using railyard::op::testing::job_with;
+using railyard::op::testing::valid_job;
+using Json = nlohmann::json;
+
+TEST_CASE("a valid job parses with the CRD defaults and resolves its preset") {
+  ParsedJob p = parse_job(valid_job());
+  REQUIRE_FALSE(p.violation);
+  CHECK(p.spec.replicas == 2);
+  CHECK(p.spec.model.layers == 4);
+  CHECK(p.spec.model.heads == 4);
+  CHECK(p.spec.model.hidden == 128);
+  CHECK(p.spec.seq_len == 64);
+  CHECK(p.spec.max_restarts == 3);
+  CHECK(p.spec.clean_pod_policy == "Running");
+  CHECK(*p.spec.data == 2);
+}
+
+TEST_CASE("a gpt2 preset with tensor and pipeline parallelism is valid") {
+  Json j = job_with(Json::parse(R"({"spec": {"replicas": 4, "procsPerReplica": 8, "device": "cuda",
+      "model": {"preset": "gpt2-350m"}, "training": {"globalBatch": 64, "microBatch": 2, "seqLen": 1024},
+      "parallelism": {"tensor": 8, "pipeline": 2, "data": 2}}})"));
+  ParsedJob p = parse_job(j);
+  CHECK_FALSE(p.violation);
+  WorldLayout w = world_layout(p.spec, 4);
+  CHECK(w.size == 32);
+  CHECK(w.tensor == 8);
+  CHECK(w.pipeline == 2);
+  CHECK(w.data == 2);
+}
+
+struct BadCase {
+  const char* what;
+  const char* patch;
+  const char* field;
+};
+
+TEST_CASE("malformed manifests are Invalid, naming the field and the fix") {
+  const std::vector<BadCase> cases = {
+      {"tensor does not divide heads", R"({"spec": {"procsPerReplica": 4, "replicas": 1,
+          "parallelism": {"tensor": 3, "data": null}}})",
+       "spec.parallelism.tensor"},
+      {"tensor exceeds procs per pod", R"({"spec": {"parallelism": {"tensor": 2, "data": 1}}})",
+       "spec.parallelism.tensor"},
+      {"pipeline does not divide layers", R"({"spec": {"replicas": 3, "parallelism": {"pipeline": 3, "data": 1}}})",
+       "spec.parallelism.pipeline"},
+      {"dp*tp*pp differs from world", R"({"spec": {"parallelism": {"data": 3}}})", "spec.parallelism.data"},
+      {"world not divisible by tp*pp", R"({"spec": {"replicas": 3, "parallelism": {"pipeline": 2, "data": null}}})",
+       "spec.parallelism.pipeline"},
+      {"global batch not divisible", R"({"spec": {"training": {"globalBatch": 6}}})", "spec.training.globalBatch"},
+      {"min above max", R"({"spec": {"elastic": {"minReplicas": 4, "maxReplicas": 2}}})", "spec.elastic.minReplicas"},
+      {"replicas below min", R"({"spec": {"elastic": {"minReplicas": 3, "maxReplicas": 4}}})", "spec.replicas"},
+      {"replicas above max", R"({"spec": {"elastic": {"minReplicas": 1, "maxReplicas": 1}}})", "spec.replicas"},
+      {"custom preset missing a size", R"({"spec": {"model": {"preset": "custom", "layers": 2, "hidden": 64,
+          "heads": 4, "seqLen": 128}}})",
+       "spec.model.vocab"},
+      {"custom hidden not divisible by heads", R"({"spec": {"model": {"preset": "custom", "layers": 2,
+          "hidden": 66, "heads": 4, "seqLen": 128, "vocab": 256}}})",
+       "spec.model.hidden"},
+      {"unknown preset", R"({"spec": {"model": {"preset": "gpt5"}}})", "spec.model.preset"},
+      {"negative replicas", R"({"spec": {"replicas": -1}})", "spec.replicas"},
+      {"replicas as a string", R"({"spec": {"replicas": "two"}})", "spec.replicas"},
+      {"zero procs per replica", R"({"spec": {"procsPerReplica": 0}})", "spec.procsPerReplica"},
+      {"steps missing", R"({"spec": {"training": {"steps": null}}})", "spec.training.steps"},
+      {"training seqLen longer than the model's", R"({"spec": {"training": {"seqLen": 512}}})", "spec.training.seqLen"},
+      {"no training data", R"({"spec": {"data": {"train": null}}})", "spec.data.train"},
+      {"model missing", R"({"spec": {"model": null}})", "spec.model"},
+      {"unknown device", R"({"spec": {"device": "tpu"}})", "spec.device"},
+      {"template not an object", R"({"spec": {"template": "sh -c true"}})", "spec.template"},
+      {"template command not a list", R"({"spec": {"template": {"spec": {"containers": [{"command": "sh"}]}}}})",
+       "spec.template.spec.containers[0].command"},
+      {"exit code out of range", R"({"spec": {"failurePolicy": {"permanentExitCodes": [1, 300]}}})",
+       "spec.failurePolicy.permanentExitCodes[1]"},
+      {"exit code in both lists", R"({"spec": {"failurePolicy": {"permanentExitCodes": [3],
+          "retryableExitCodes": [3]}}})",
+       "spec.failurePolicy.retryableExitCodes"},
+      {"unknown cleanPodPolicy", R"({"spec": {"runPolicy": {"cleanPodPolicy": "Some"}}})",
+       "spec.runPolicy.cleanPodPolicy"},
+      {"suspend not a boolean", R"({"spec": {"runPolicy": {"suspend": "yes"}}})", "spec.runPolicy.suspend"},
+      {"name too long for pod names",
+       R"({"metadata": {"name": "a-very-long-training-job-name-that-exceeds-the-limits"}})", "metadata.name"},
+      {"fewer microBatches than stages", R"({"spec": {"replicas": 4, "parallelism": {"pipeline": 2, "data": 2,
+          "microBatches": 1}}})",
+       "spec.parallelism.microBatches"},
+  };
+  CHECK(cases.size() >= 15);
+  for (const auto& c : cases) {
+    std::string what = c.what;
+    CAPTURE(what);
+    ParsedJob p = parse_job(job_with(Json::parse(c.patch)));
+    REQUIRE(p.violation);
+    CHECK(p.violation->field == c.field);
+    // The message starts with the field and carries a fix after the last colon.
+    CHECK(p.violation->message.rfind(c.field, 0) == 0);
+    CHECK(p.violation->message.size() > std::string(c.field).size() + 10);
+    CHECK(p.violation->reason.rfind("Invalid", 0) == 0);
+    CHECK(p.violation->reason.find('.') == std::string::npos);
+  }
+}
+
+TEST_CASE("reasons are CamelCase names of the field") {
+  ParsedJob p = parse_job(job_with(Json::parse(R"({"spec": {"procsPerReplica": 4, "replicas": 1,
+      "parallelism": {"tensor": 3, "data": null}}})")));
+  REQUIRE(p.violation);
+  CHECK(p.violation->reason == "InvalidParallelismTensor");
+  CHECK(p.violation->message.find("use one of 1, 2, 4") != std::string::npos);
+}
+
+TEST_CASE("non-object input never throws") {
+  CHECK(parse_job(Json::array()).violation);
+  CHECK(parse_job(Json::parse(R"({"metadata": {"name": "x"}})")).violation->field == "spec");
+  CHECK(parse_job(Json::parse(R"({"metadata": {"name": "x"}, "spec": 5})")).violation->field == "spec");
+}
+
+TEST_CASE("data-parallel degree follows the replica count when not given (generation math on resize)") {
+  Json j = job_with(Json::parse(R"({"spec": {"replicas": 4, "elastic": {"minReplicas": 2, "maxReplicas": 4},
+      "training": {"globalBatch": 16, "microBatch": 2}, "parallelism": {"data": null}}})"));
+  ParsedJob p = parse_job(j);
+  REQUIRE_FALSE(p.violation);
+  CHECK(world_layout(p.spec, 4).data == 4);
+  CHECK(world_layout(p.spec, 2).data == 2);
+  Json cfg4 = resolved_config(p.spec, 4), cfg2 = resolved_config(p.spec, 2);
+  CHECK(cfg4["layout"]["dp"] == 4);
+  CHECK(cfg2["layout"]["dp"] == 2);
+  // Global batch stays constant: accumulation absorbs the change.
+  CHECK(cfg4["training"]["gradAccumulation"] == 2);
+  CHECK(cfg2["training"]["gradAccumulation"] == 4);
+  CHECK(cfg2["training"]["globalBatch"] == 16);
+}
