@@ -36,7 +36,10 @@ void gemm_serial(bool ta, bool tb, int M, int N, int K, T alpha, const T* A, int
 // to [-87.3, 88.3] (results below e^-87.3 ~ 1e-38 become that, harmless in the softmax). Double keeps std::exp:
 // it is the precise reference of the gradient check.
 inline float exp_approx(float x) {
-  x = std::min(88.3f, std::max(-87.3f, x));
+  // Clamp with comparisons that are false for NaN, so a NaN stays NaN (std::min/max would turn it into a bound and
+  // hide a diverged run from the NaN detector).
+  x = x > 88.3f ? 88.3f : x;
+  x = x < -87.3f ? -87.3f : x;
   const float n = std::floor(x * 1.44269504088896341f + 0.5f);
   const float r = x - n * 0.693359375f + n * 2.12194440e-4f;  // ln2 split in a short high part and a low part
   float p = 1.9875691500e-4f;
@@ -46,7 +49,10 @@ inline float exp_approx(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   const float y = p * r * r + r + 1.0f;
-  return y * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
+  // 2^n from the integer n in the low mantissa bits of n + 1.5 * 2^23: no float-to-int conversion, which is
+  // undefined for NaN.
+  const int32_t k = std::bit_cast<int32_t>(n + 12582912.0f) - std::bit_cast<int32_t>(12582912.0f);
+  return y * std::bit_cast<float>((k + 127) << 23);
 }
 
 template <typename T>
@@ -62,7 +68,8 @@ inline T exp_k(T x) {
 template <typename T>
 inline T tanh_k(T u) {
   if constexpr (std::is_same_v<T, float>) {
-    u = std::min(10.0f, std::max(-10.0f, u));
+    u = u > 10.0f ? 10.0f : u;  // NaN-preserving clamp, as in exp_approx
+    u = u < -10.0f ? -10.0f : u;
     return 1.0f - 2.0f / (1.0f + exp_approx(2.0f * u));
   } else {
     return std::tanh(u);
