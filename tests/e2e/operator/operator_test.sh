@@ -1,0 +1,215 @@
+#!/usr/bin/env bash
+# E2E: railyard-operator on the real local cluster. Jobs run a short shell command from spec.template (no agent),
+# so this covers the controller: pods created and bound as a gang, Created -> Running -> Succeeded, printer
+# columns, events, garbage collection, Invalid, failure policy, restart request, scale, lost pod, operator restart
+# without duplicates, and leader hand-over between two replicas.
+set -euo pipefail
+src=${RAILYARD_SOURCE_DIR:?}
+state=${RAILYARD_E2E_STATE_DIR:?}
+bin=${RAILYARD_BIN_DIR:?}
+eval "$(bash "$src/deploy/local/cluster.sh" env --state-dir "$state")"
+ns=op-e2e-$$
+lease=op-e2e-$$
+work=$(mktemp -d /tmp/op-e2e.XXXXXX)
+pids=()
+fail() {
+  echo "FAIL: $*" >&2
+  for f in "$work"/op-*.log; do echo "--- $f (tail)"; tail -n 30 "$f"; done >&2
+  exit 1
+}
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  kubectl delete namespace "$ns" --wait=false >/dev/null 2>&1 || true
+  kubectl delete lease -n railyard-system "$lease" >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# wait_for SECONDS DESCRIPTION COMMAND...: polls every 0.3 s until COMMAND succeeds.
+wait_for() {
+  local limit=$1 what=$2 t0=$SECONDS
+  shift 2
+  until "$@" >/dev/null 2>&1; do
+    [ $((SECONDS - t0)) -lt "$limit" ] || fail "timed out after ${limit}s waiting for $what"
+    sleep 0.3
+  done
+}
+jp() { kubectl get tj "$1" -n "$ns" -o jsonpath="$2" 2>/dev/null; }
+phase_is() { [ "$(jp "$1" '{.status.phase}')" = "$2" ]; }
+pod_count() { kubectl get pods -n "$ns" -l "railyard.dev/job=$1" --no-headers 2>/dev/null | grep -vc Terminating || true; }
+pods_gone() { [ "$(kubectl get pods -n "$ns" -l "railyard.dev/job=$1" --no-headers 2>/dev/null | wc -l)" = 0 ]; }
+all_bound() {
+  local nodes
+  nodes=$(kubectl get pods -n "$ns" -l "railyard.dev/job=$1" -o jsonpath='{range .items[*]}{.spec.nodeName}{"\n"}{end}')
+  [ "$(grep -c . <<<"$nodes")" = "$2" ]
+}
+
+# start_operator NAME: runs one replica in the background; its pid goes to $work/NAME.pid.
+start_operator() {
+  local name=$1 hp
+  hp=$(free_port)
+  "$bin/railyard-operator" --namespace "$ns" --leader-elect --leader-election-namespace railyard-system \
+    --leader-election-id "$lease" --lease-duration 6 --renew-deadline 4 --retry-period 1 \
+    --metrics-addr "127.0.0.1:$(free_port)" --health-addr "127.0.0.1:$hp" --rendezvous-bind 127.0.0.1:0 \
+    >"$work/op-$name.log" 2>&1 &
+  local pid=$!
+  pids+=("$pid")
+  echo "$pid" >"$work/$name.pid"
+  echo "$hp" >"$work/$name.health"
+}
+leading() { grep -q "leading: reconciling" "$work/op-$1.log"; }
+
+job() { # job NAME REPLICAS COMMAND [EXTRA-SPEC-YAML]
+  cat <<YAML
+apiVersion: railyard.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: $1}
+spec:
+  replicas: $2
+  device: cpu
+  model: {preset: tiny}
+  data: {train: /tmp/none/train_*.bin}
+  training: {steps: 10, globalBatch: 8, microBatch: 1}
+  failurePolicy: {maxRestarts: 1}
+  template:
+    spec:
+      containers:
+        - command: ["sh", "-c", "$3"]
+${4:-}
+YAML
+}
+
+kubectl apply -f "$src/deploy/crds/trainingjobs.railyard.dev.yaml" >/dev/null
+kubectl wait --for=condition=Established --timeout=60s crd/trainingjobs.railyard.dev >/dev/null
+kubectl get namespace railyard-system >/dev/null 2>&1 || kubectl create namespace railyard-system >/dev/null
+kubectl create namespace "$ns" >/dev/null
+wait_for 60 "the default service account token" \
+  bash -c "kubectl get sa default -n $ns -o jsonpath='{.secrets[0].name}' | grep -q ."
+
+start_operator a
+wait_for 30 "operator a to lead" leading a
+curl -fsS "http://127.0.0.1:$(cat "$work/a.health")/healthz" | grep -q ok || fail "/healthz"
+wait_for 20 "/readyz" curl -fsS "http://127.0.0.1:$(cat "$work/a.health")/readyz"
+metrics_port=$(grep -o 'metrics=127.0.0.1:[0-9]*' "$work/op-a.log" | head -1 | cut -d: -f2)
+
+# 1. A job runs to completion: pods created and bound as a gang, Created -> Running -> Succeeded.
+job ok 2 "sleep 6; exit 0" | kubectl apply -n "$ns" -f - >/dev/null
+seen=""
+t0=$SECONDS
+while [ $((SECONDS - t0)) -lt 90 ]; do
+  p=$(jp ok '{.status.phase}')
+  [ -n "$p" ] && [[ " $seen " != *" $p "* ]] && seen="$seen $p"
+  [ "$p" = Succeeded ] && break
+  sleep 0.2
+done
+echo "phases seen:$seen"
+[[ "$seen" == *Running*Succeeded* ]] || fail "job ok did not go Running -> Succeeded (saw:$seen)"
+kubectl get pods -n "$ns" -l railyard.dev/job=ok -o json |
+  python3 -c 'import json,sys; d=json.load(sys.stdin)["items"]; assert len(d)==2, len(d)
+for p in d:
+  assert p["spec"]["nodeName"], "unbound"
+  assert p["spec"]["schedulerName"]=="railyard"
+  o=p["metadata"]["ownerReferences"][0]; assert o["kind"]=="TrainingJob" and o["controller"]
+assert len({p["spec"]["nodeName"] for p in d})==2, "two pods on one node"' || fail "pods of job ok"
+[ "$(jp ok '{.status.conditions[?(@.type=="Created")].status}')" = True ] || fail "Created condition"
+[ "$(jp ok '{.status.conditions[?(@.type=="Scheduled")].status}')" = True ] || fail "Scheduled condition"
+[ -n "$(jp ok '{.status.completionTime}')" ] || fail "completionTime"
+[ "$(jp ok '{.status.progress}')" = "10/10" ] || fail "progress $(jp ok '{.status.progress}')"
+header=$(kubectl get tj -n "$ns" | head -1)
+for col in NAME PHASE PROGRESS LOSS RESTARTS AGE; do grep -qw "$col" <<<"$header" || fail "column $col: $header"; done
+kubectl get tj ok -n "$ns" | grep -q Succeeded || fail "kubectl get tj shows no Succeeded"
+events=$(kubectl get events -n "$ns" --field-selector involvedObject.name=ok -o jsonpath='{range .items[*]}{.reason}{" "}{end}')
+for r in CreatedPods Bound Succeeded; do grep -qw "$r" <<<"$events" || fail "event $r missing: $events"; done
+kubectl describe tj ok -n "$ns" | grep -q "CreatedPods" || fail "describe shows no events"
+echo "job ok: Succeeded, events: $events"
+
+# Deleting the job removes its pods through the garbage collector (a new CRD type takes up to ~30 s to be seen).
+kubectl delete tj ok -n "$ns" >/dev/null
+wait_for 60 "garbage collection of ok's pods" pods_gone ok
+kubectl get secret ok-rendezvous -n "$ns" >/dev/null 2>&1 && wait_for 30 "the token secret GC" \
+  bash -c "! kubectl get secret ok-rendezvous -n $ns"
+echo "job ok: pods garbage-collected"
+
+# 2. A malformed manifest (tensor degree not dividing heads) ends Invalid, with no pods.
+job bad 1 "true" | sed 's/^spec:/spec:\n  procsPerReplica: 4\n  parallelism: {tensor: 3}/' | kubectl apply -n "$ns" -f - >/dev/null
+wait_for 30 "job bad to be Invalid" phase_is bad Invalid
+msg=$(jp bad '{.status.conditions[?(@.type=="Invalid")].message}')
+grep -q "spec.parallelism.tensor" <<<"$msg" || fail "Invalid message does not name the field: $msg"
+[ "$(pod_count bad)" = 0 ] || fail "an Invalid job got pods"
+echo "job bad: Invalid: $msg"
+
+# 3. Failure policy: a permanent exit code fails at once; a retryable one restarts until maxRestarts.
+job perm 1 "exit 3" | kubectl apply -n "$ns" -f - >/dev/null
+wait_for 60 "job perm to fail" phase_is perm Failed
+[ "$(jp perm '{.status.conditions[?(@.type=="Failed")].reason}')" = PermanentExitCode ] || fail "perm reason"
+[ "$(jp perm '{.status.restarts}')" = 0 ] || fail "perm restarted"
+job flaky 1 "sleep 1; exit 137" | kubectl apply -n "$ns" -f - >/dev/null
+wait_for 90 "job flaky to fail" phase_is flaky Failed
+[ "$(jp flaky '{.status.conditions[?(@.type=="Failed")].reason}')" = MaxRestartsExceeded ] || fail "flaky reason"
+[ "$(jp flaky '{.status.restarts}')" = 1 ] || fail "flaky restarts $(jp flaky '{.status.restarts}')"
+[ "$(jp flaky '{.status.lastRestart.reason}')" = PodFailed ] || fail "flaky lastRestart"
+[ "$(jp flaky '{.status.generation}')" = 2 ] || fail "flaky generation"
+echo "failure policy: permanent fails at once; retryable restarted once, then MaxRestartsExceeded"
+kubectl delete tj perm flaky bad -n "$ns" >/dev/null
+
+# 4. A long job: restart request, lost pod, scale, operator restart, leader hand-over.
+job long 3 "sleep 600" "  elastic: {minReplicas: 1, maxReplicas: 4}" | kubectl apply -n "$ns" -f - >/dev/null
+wait_for 60 "job long to run" phase_is long Running
+g0=$(jp long '{.status.generation}')
+kubectl annotate tj long -n "$ns" railyard.dev/restart-request=manual-1 >/dev/null
+wait_for 30 "the restart request to be handled" \
+  bash -c "[ \"\$(kubectl get tj long -n $ns -o jsonpath='{.status.lastRestart.reason}')\" = RestartRequested ]"
+[ "$(jp long '{.status.generation}')" = $((g0 + 1)) ] || fail "restart request did not open a new generation"
+[ "$(jp long '{.metadata.annotations.railyard\.dev/restart-handled}')" = manual-1 ] || fail "restart-handled"
+[ "$(pod_count long)" = 3 ] || fail "restart request changed pods"
+wait_for 30 "job long to run again" phase_is long Running
+
+uid_before=$(kubectl get pod long-worker-1 -n "$ns" -o jsonpath='{.metadata.uid}')
+kubectl delete pod long-worker-1 -n "$ns" --wait=false >/dev/null
+wait_for 60 "a replacement pod" bash -c "u=\$(kubectl get pod long-worker-1 -n $ns -o jsonpath='{.metadata.uid}' 2>/dev/null); [ -n \"\$u\" ] && [ \"\$u\" != $uid_before ]"
+wait_for 60 "job long to run after the lost pod" phase_is long Running
+[ "$(jp long '{.status.generation}')" = $((g0 + 2)) ] || fail "lost pod: generation $(jp long '{.status.generation}')"
+[ "$(jp long '{.status.restarts}')" = 2 ] || fail "lost pod: restarts $(jp long '{.status.restarts}')"
+echo "restart request and lost pod: generations $g0 -> $((g0 + 2)), restarts 2"
+
+kubectl scale tj/long -n "$ns" --replicas=2 >/dev/null
+wait_for 60 "scale down to 2" bash -c "[ \"\$(kubectl get pods -n $ns -l railyard.dev/job=long --no-headers | wc -l)\" = 2 ]"
+wait_for 60 "job long to run at 2" phase_is long Running
+[ "$(jp long '{.status.world.size}')" = 2 ] || fail "world after scale"
+[ "$(jp long '{.status.generation}')" = $((g0 + 3)) ] || fail "scale did not open a generation"
+echo "scale: world 2 in generation $((g0 + 3))"
+
+curl -fsS "http://127.0.0.1:$metrics_port/metrics" >"$work/metrics.txt" || fail "/metrics"
+for m in railyard_operator_jobs workqueue_depth workqueue_adds_total controller_runtime_reconcile_total \
+  controller_runtime_reconcile_time_seconds_bucket railyard_operator_restarts_total; do
+  grep -q "^$m" "$work/metrics.txt" || fail "metric $m missing"
+done
+if command -v promtool >/dev/null; then promtool check metrics <"$work/metrics.txt" >/dev/null 2>&1 || true; fi
+
+# Kill the operator hard and start it again: it converges with no duplicate pods and no lost counts.
+kill -9 "$(cat "$work/a.pid")"
+start_operator b
+wait_for 30 "operator b to lead" leading b
+sleep 3
+[ "$(pod_count long)" = 2 ] || fail "duplicate or missing pods after operator restart: $(pod_count long)"
+[ "$(jp long '{.status.restarts}')" = 2 ] || fail "restart count changed after operator restart"
+[ "$(jp long '{.status.generation}')" = $((g0 + 3)) ] || fail "generation changed after operator restart"
+phase_is long Running || fail "job long not Running after operator restart"
+echo "operator restart: converged, 2 pods, restarts 2"
+
+# Two replicas: killing the leader hands over within one lease duration (6 s) plus a retry period.
+start_operator c
+sleep 2
+leading c && fail "two leaders"
+t0=$(date +%s.%N)
+kill -9 "$(cat "$work/b.pid")"
+wait_for 15 "operator c to take over" leading c
+dt=$(python3 -c "import time; print(round(time.time() - $t0, 1))")
+python3 -c "import sys; sys.exit(0 if $dt <= 8 else 1)" || fail "hand-over took ${dt}s (lease 6 s)"
+kubectl scale tj/long -n "$ns" --replicas=3 >/dev/null
+wait_for 60 "the new leader to scale up" bash -c "[ \"\$(kubectl get tj long -n $ns -o jsonpath='{.status.world.size}')\" = 3 ]"
+wait_for 60 "job long to run at 3" phase_is long Running
+echo "leader hand-over in ${dt}s; the new leader resized the job"
+echo "operator e2e: ok"
