@@ -1,6 +1,8 @@
 // railyard-worker: the training process. `railyard-worker train ...` trains a GPT on token shards on this machine's
 // CPUs (docs/worker.md lists every flag); `railyard-worker gemm-rate ...` prints the GEMM rate MFU is measured
 // against. Exit codes: 0 done, 2 bad flags or input, 3 too many consecutive non-finite steps, 1 anything else.
+#include <cblas.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -14,6 +16,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "worker/interop/llmc_model.h"
+#include "worker/kernels/cpu/kernels.h"
 #include "worker/kernels/cpu/thread_pool.h"
 #include "worker/train/loader_source.h"
 #include "worker/train/perf.h"
@@ -46,7 +49,8 @@ constexpr const char* kUsage = R"(usage: railyard-worker train [flags]
   --log-json FILE      append one JSON object per step/validation
   --peak-flops X       FLOP/s that MFU is relative to (default: the measured GEMM rate of this step's shapes)
   --max-bad-steps K    exit 3 after K consecutive steps with non-finite loss/gradients (default 3)
-       railyard-worker gemm-rate [--model SPEC] [--batch B] [--seq T] [--threads N]
+       railyard-worker gemm-rate [--model SPEC] [--batch B] [--seq T] [--threads N] [--split pool|openblas]
+         (pool: our split over single-threaded OpenBLAS, what training uses; openblas: OpenBLAS's own threads)
 )";
 
 [[noreturn]] void usage_error(const std::string& msg) {
@@ -105,13 +109,22 @@ int threads_from(const std::map<std::string, std::string>& f) {
 }
 
 int cmd_gemm_rate(int argc, char** argv) {
-  auto f = parse_flags(argc, argv, 2, {"model", "batch", "seq", "threads"});
+  auto f = parse_flags(argc, argv, 2, {"model", "batch", "seq", "threads", "split"});
   const GptConfig cfg = parse_model_spec(f.count("model") ? f["model"] : "gpt2-124m");
   const int B = static_cast<int>(to_int(f, "batch", 4)), T = static_cast<int>(to_int(f, "seq", 64));
-  ThreadPool pool(threads_from(f));
-  const double rate = measure_gemm_rate(pool, cfg, B, T, 5);
-  std::printf("{\"gemm_flops_per_s\": %.6g, \"threads\": %d, \"model\": \"%s\", \"B\": %d, \"T\": %d}\n", rate,
-              pool.size(), describe(cfg).c_str(), B, T);
+  const std::string split = f.count("split") ? f["split"] : "pool";
+  if (split != "pool" && split != "openblas") throw ConfigError("--split must be pool or openblas");
+  const int threads = threads_from(f);
+  ThreadPool pool(split == "pool" ? threads : 1);
+  double rate;
+  if (split == "openblas") {
+    cpu::init_blas_single_threaded();  // consumes the one-time switch, then hand OpenBLAS its threads back
+    openblas_set_num_threads(threads);
+  }
+  rate = measure_gemm_rate(pool, cfg, B, T, 5);
+  std::printf("{\"gemm_flops_per_s\": %.6g, \"threads\": %d, \"split\": \"%s\", \"model\": \"%s\", \"B\": %d, "
+              "\"T\": %d}\n",
+              rate, threads, split.c_str(), describe(cfg).c_str(), B, T);
   return 0;
 }
 
