@@ -2,7 +2,7 @@
 # `cluster.sh build`: Kubernetes v1.20.2 binaries from Debian's source package, cached outside the repo.
 # Sourced by cluster.sh (which sets -euo pipefail and defines die/info/REPO_ROOT).
 
-K8S_VERSION="${K8S_VERSION:-1.20.2}"
+K8S_VERSION="1.20.2"
 K8S_DEB_SOURCE_VERSION="1.20.5+really1.20.2-1.1+deb12u1"
 K8S_BINARIES=(kube-apiserver kube-controller-manager kubectl)
 CACHE_ROOT="${RAILYARD_CACHE_DIR:-$HOME/.cache/railyard}"
@@ -75,9 +75,12 @@ cmd_build() {
   local orig
   orig=$(find "$dl" -maxdepth 1 -name 'kubernetes_*.orig.tar.*' | head -1)
   if [ -z "$orig" ]; then
-    (cd "$dl" && apt-get source --download-only "kubernetes=$K8S_DEB_SOURCE_VERSION") >>"$BUILD_LOG" 2>&1 ||
+    if ! (cd "$dl" && apt-get source --download-only "kubernetes=$K8S_DEB_SOURCE_VERSION") >>"$BUILD_LOG" 2>&1; then
+      # The source index may be missing or stale (e.g. a deb-src entry added by hand without an update).
+      as_root apt-get update -qq >>"$BUILD_LOG" 2>&1 || die "build: apt-get update failed (see $BUILD_LOG)"
       (cd "$dl" && apt-get source --download-only kubernetes) >>"$BUILD_LOG" 2>&1 ||
-      die "build: apt-get source --download-only kubernetes failed (see $BUILD_LOG)"
+        die "build: apt-get source --download-only kubernetes failed (see $BUILD_LOG)"
+    fi
     orig=$(find "$dl" -maxdepth 1 -name 'kubernetes_*.orig.tar.*' | head -1)
   fi
   [ -n "$orig" ] || die "build: no kubernetes_*.orig.tar.* in $dl after download"
@@ -120,6 +123,8 @@ cmd_build() {
     [ -x "$out/$b" ] || die "build: $out/$b was not built (see $BUILD_LOG)"
     cp "$out/$b" "$CACHE_BIN.tmp/$b"
   done
+  "$CACHE_BIN.tmp/kube-apiserver" --version 2>&1 | grep -q "v$K8S_VERSION" ||
+    die "build: built kube-apiserver is not v$K8S_VERSION: $("$CACHE_BIN.tmp/kube-apiserver" --version 2>&1)"
   rm -rf "$CACHE_BIN"
   mv "$CACHE_BIN.tmp" "$CACHE_BIN"
   echo "$((SECONDS - t0))" >"$K8S_CACHE/build-seconds"

@@ -421,7 +421,7 @@ cmd_up() {
   touch "$STATE_DIR/$MARKER_NAME"
   # Whatever fails from here leaves nothing running; logs stay in the state dir for a look.
   # shellcheck disable=SC2154
-  trap 'rc=$?; if [ $rc -ne 0 ]; then info "up failed, stopping what was started (logs: $STATE_DIR/logs)"; stop_all; fi' EXIT
+  trap 'rc=$?; if [ $rc -ne 0 ]; then info "up failed, stopping what was started (logs: $STATE_DIR/logs)"; stop_all; rm -f "$STATE_DIR/cluster.env"; fi' EXIT
 
   pick_ports
   gen_pki
