@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end checks of deploy/local/cluster.sh against the shared fixture cluster (RAILYARD_E2E_STATE_DIR)
 # and, for the isolation case, a second cluster of its own.
-# usage: cluster_test.sh api_tls|rbac|status_env|second_cluster|bad_args
+# usage: cluster_test.sh api_tls|rbac|reflect2|status_env|second_cluster|bad_args
 set -euo pipefail
 
 SRC="${RAILYARD_SOURCE_DIR:?RAILYARD_SOURCE_DIR must point at the repo}"
@@ -135,6 +135,68 @@ case_status_env() {
   pass "warm build is a no-op"
 }
 
+# The reflect2 swap in `build`: without it the API server corrupts memory encoding maps (custom resources,
+# pretty-printed responses for curl's default User-Agent) and dies.
+case_reflect2() {
+  need_fixture
+  local api_pid crd=crwidgets.e2e.railyard.dev ns="railyard-e2e-reflect2-$$"
+  api_pid=$(cat "$STATE/pids/kube-apiserver.pid")
+  # shellcheck disable=SC2064
+  trap "'$KUBECTL' delete namespace '$ns' --wait=false >/dev/null 2>&1 || true; '$KUBECTL' delete crd '$crd' --wait=false >/dev/null 2>&1 || true" EXIT
+  "$KUBECTL" create namespace "$ns" >/dev/null
+  "$KUBECTL" apply -f - >/dev/null <<YAML
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: $crd}
+spec:
+  group: e2e.railyard.dev
+  scope: Namespaced
+  names: {plural: crwidgets, singular: crwidget, kind: CrWidget}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec:
+            type: object
+            properties:
+              size: {type: integer, default: 3}
+              tags: {type: object, additionalProperties: {type: string}}
+YAML
+  "$KUBECTL" wait --for condition=established --timeout=60s "crd/$crd" >/dev/null || fail "CRD $crd not established"
+  local i
+  for i in $(seq 1 40); do
+    "$KUBECTL" apply -f - >/dev/null 2>&1 <<YAML && break
+apiVersion: e2e.railyard.dev/v1
+kind: CrWidget
+metadata: {name: w1, namespace: $ns, labels: {a: b, c: d}}
+spec: {tags: {rail: "0", unit: u1}}
+YAML
+    [ "$i" -lt 40 ] || fail "could not create a CrWidget"
+    sleep 0.5
+  done
+  local body
+  body=$(curl -sf --cacert "$STATE/pki/ca.crt" -H "Authorization: Bearer $ADMIN_TOKEN" \
+    "$APISERVER_URL/apis/e2e.railyard.dev/v1/namespaces/$ns/crwidgets/w1") || fail "GET of the custom resource failed"
+  grep -Eq '"size": ?3' <<<"$body" || fail "schema default not applied: $body"
+  grep -Eq '"unit": ?"u1"' <<<"$body" || fail "map field lost: $body"
+  # curl's default User-Agent makes the API server pretty-print built-in objects: a map-encoding path too.
+  "$KUBECTL" create configmap cm1 -n "$ns" --from-literal=alpha=1 --from-literal=beta=2 >/dev/null
+  body=$(curl -sf --cacert "$STATE/pki/ca.crt" -H "Authorization: Bearer $ADMIN_TOKEN" \
+    "$APISERVER_URL/api/v1/namespaces/$ns/configmaps/cm1") || fail "GET of a configmap failed"
+  grep -q '"beta": "2"' <<<"$body" || fail "configmap not pretty-printed with its data: $body"
+  "$KUBECTL" get crwidgets -n "$ns" -o yaml | grep -q 'rail: "0"' || fail "kubectl get of the custom resource failed"
+  if [ "$(cat "$STATE/pids/kube-apiserver.pid")" != "$api_pid" ] || ! kill -0 "$api_pid"; then
+    fail "API server $api_pid died handling a custom resource (see $STATE/logs/kube-apiserver.log)"
+  fi
+  [ "$(curl -s --cacert "$STATE/pki/ca.crt" -H "Authorization: Bearer $ADMIN_TOKEN" "$APISERVER_URL/readyz")" = ok ] ||
+    fail "API server not ready after custom resource requests"
+  pass "custom resource with defaults and maps, pretty-printed, API server still up"
+}
+
 c2_pids() { cat "$1"/pids/*.pid 2>/dev/null | tr '\n' ' '; }
 
 case_second_cluster() {
@@ -256,6 +318,6 @@ case_bad_args() {
 }
 
 case "${1:-}" in
-  api_tls | rbac | status_env | second_cluster | bad_args) "case_$1" ;;
-  *) fail "usage: $0 api_tls|rbac|status_env|second_cluster|bad_args" ;;
+  api_tls | rbac | reflect2 | status_env | second_cluster | bad_args) "case_$1" ;;
+  *) fail "usage: $0 api_tls|rbac|reflect2|status_env|second_cluster|bad_args" ;;
 esac
