@@ -85,9 +85,11 @@ cmd_build() {
   fi
   [ -n "$orig" ] || die "build: no kubernetes_*.orig.tar.* in $dl after download"
 
-  build_step "3/6 unpack $(basename "$orig")"
   local src="$K8S_CACHE/src/kubernetes-$K8S_VERSION"
-  if [ ! -f "$src/.railyard-unpacked" ]; then
+  if [ -f "$src/.railyard-unpacked" ]; then
+    build_step "3/6 unpack: $src already there (keeps the Go build cache in _output/)"
+  else
+    build_step "3/6 unpack $(basename "$orig")"
     rm -rf "$K8S_CACHE/src"
     mkdir -p "$K8S_CACHE/src"
     tar -xf "$orig" -C "$K8S_CACHE/src" >>"$BUILD_LOG" 2>&1 || die "build: unpacking $orig failed"
@@ -107,12 +109,12 @@ cmd_build() {
   cp "$REFLECT2_SRC"/*.go "$vr"/
   rm -f "$vr"/*_test.go
 
-  build_step "5/6 go build kube-apiserver kube-controller-manager kubectl (about 10 min cold, 2 min warm)"
+  build_step "5/6 go build kube-apiserver kube-controller-manager kubectl (10-20 min cold on 2 cores, about 1 min with the Go cache)"
   mkdir -p "$src/.go/src/k8s.io" "$K8S_CACHE/go-home"
   ln -sfn ../../.. "$src/.go/src/k8s.io/kubernetes"
   (cd "$src" && env GOPATH="$src/.go" CGO_ENABLED=0 HOME="$K8S_CACHE/go-home" \
     make WHAT="cmd/kube-apiserver cmd/kube-controller-manager cmd/kubectl") >>"$BUILD_LOG" 2>&1 ||
-    die "build: make failed (tail of $BUILD_LOG:)$(printf '\n')$(tail -20 "$BUILD_LOG")"
+    die "build: make failed; last lines of $BUILD_LOG:"$'\n'"$(tail -20 "$BUILD_LOG")"
 
   build_step "6/6 install into $CACHE_BIN"
   local out b
