@@ -292,8 +292,11 @@ struct Client::Impl {
         if (err == httplib::Error::SSLServerVerification || err == httplib::Error::SSLLoadingCerts) {
           throw TransportError(cfg.server + ": " + context + ": " + last_failure);
         }
-        // A request that may have reached the server is only repeated when repeating is harmless.
-        retryable = is_connect_error(err) || method == "GET";
+        // A request that may have reached the server is only repeated when repeating is harmless: a failed
+        // connect or write (e.g. a keep-alive connection the server closed while restarting) never delivered
+        // it; after a failed read, only idempotent verbs are sent again.
+        retryable = is_connect_error(err) || err == httplib::Error::Write || method == "GET" || method == "PUT" ||
+                    method == "DELETE";
         wait = backoff_delay(rp, attempt, jitter());
       } else if (res.status == 429 || res.status >= 500) {
         retryable = true;

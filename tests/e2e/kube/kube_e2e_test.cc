@@ -268,10 +268,16 @@ TEST_CASE("watch delivers add, update, delete in order; stop() ends it promptly"
   CHECK(end2 == WatchEnd::Stopped);
   CHECK(Clock::now() - t0 < 3s);
 
-  // An expired resourceVersion ends the stream with 410 Gone.
-  WatchOptions old;
-  old.resource_version = "1";
-  CHECK_THROWS_AS(c.watch(resources::configmaps, ns.name, old, [](const WatchEvent&) { return true; }), Gone);
+  // Once etcd has been compacted past it, an exact list at an old resourceVersion is HTTP 410 Gone. (The watch
+  // stream's 410 ERROR event is checked after the API-server restart below.)
+  c.create(resources::configmaps, ns.name, configmap("w2", "1"));
+  c.patch(resources::configmaps, ns.name, "w2", {{"data", {{"value", "2"}}}});
+  Json rev = etcd_post("/v3/kv/range", {{"key", "AA=="}});
+  etcd_post("/v3/kv/compaction", {{"revision", rev["header"]["revision"]}, {"physical", true}});
+
+  CHECK_THROWS_AS(
+      c.raw("GET", resource_path(resources::configmaps, ns.name) + "?resourceVersionMatch=Exact&resourceVersion=" + rv),
+      Gone);
 }
 
 TEST_CASE("1,000 ConfigMaps listed through pagination") {
@@ -517,12 +523,23 @@ TEST_CASE("informer survives an API-server restart and relists after 410 without
 
   // Restart the API server. While it is down, delete inf-2 directly in etcd: no watch can report that, only
   // the relist after 410 Gone can.
+  const std::string rv_before_restart = inf.last_resource_version();
   auto ce = cluster_env();
   int api_port = std::stoi(ce.at("APISERVER_PORT"));
+  // The old process must be gone, not just its port closed: while it drains it still forwards etcd's changes
+  // to open watches.
+  std::string old_pid;
+  std::ifstream(env("RAILYARD_E2E_STATE_DIR") + "/pids/kube-apiserver.pid") >> old_pid;
+  REQUIRE_FALSE(old_pid.empty());
+  auto old_alive = [&] {
+    std::ifstream st("/proc/" + old_pid + "/stat");
+    std::string pid, comm, state;
+    return static_cast<bool>(st >> pid >> comm >> state) && state != "Z";
+  };
   std::atomic<bool> deleted_while_down{false};
   std::thread watcher([&] {
-    auto deadline = Clock::now() + 60s;
-    while (Clock::now() < deadline && port_open(api_port)) std::this_thread::sleep_for(20ms);
+    auto deadline = Clock::now() + 90s;
+    while (Clock::now() < deadline && (old_alive() || port_open(api_port))) std::this_thread::sleep_for(10ms);
     if (Clock::now() >= deadline) return;
     etcd_post("/v3/kv/deleterange", {{"key", b64("/registry/configmaps/" + ns.name + "/inf-2")}});
     deleted_while_down = true;
@@ -534,8 +551,14 @@ TEST_CASE("informer survives an API-server restart and relists after 410 without
   REQUIRE(rc == 0);
   REQUIRE(deleted_while_down.load());
 
-  // More changes right after the restart: create, update, delete.
+  // The restarted server's watch cache starts after every old resourceVersion: a watch from one is Gone.
   Client& a = admin();
+  WatchOptions old;
+  old.resource_version = rv_before_restart;
+  old.timeout_seconds = 10;
+  CHECK_THROWS_AS(a.watch(resources::configmaps, ns.name, old, [](const WatchEvent&) { return true; }), Gone);
+
+  // More changes right after the restart: create, update, delete.
   a.create(resources::configmaps, ns.name, configmap("inf-new", "n0"));
   a.patch(resources::configmaps, ns.name, "inf-3", {{"data", {{"value", "v3"}}}});
   a.remove(resources::configmaps, ns.name, "inf-4");
