@@ -781,7 +781,8 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
       bound++;
       placed.push_back(node);
     }
-    if (it != by_index.end() && phase_of(it->second) == "Running") running++;
+    // A pod whose worker already finished still counts: the job runs until every pod is done.
+    if (it != by_index.end() && (phase_of(it->second) == "Running" || phase_of(it->second) == "Succeeded")) running++;
   }
   status["replicas"] = exist;
   if (bound == n) status["placement"] = {{"nodes", placed}};

@@ -14,6 +14,8 @@ work=$(mktemp -d /tmp/op-e2e.XXXXXX)
 pids=()
 fail() {
   echo "FAIL: $*" >&2
+  kubectl get tj,pods -n "$ns" -o wide >&2 || true
+  kubectl get tj -n "$ns" -o jsonpath='{range .items[*]}{.metadata.name}{": "}{.status}{"\n"}{end}' >&2 || true
   for f in "$work"/op-*.log; do echo "--- $f (tail)"; tail -n 30 "$f"; done >&2
   exit 1
 }
@@ -71,8 +73,8 @@ spec:
   device: cpu
   model: {preset: tiny}
   data: {train: /tmp/none/train_*.bin}
-  training: {steps: 10, globalBatch: 8, microBatch: 1}
-  failurePolicy: {maxRestarts: 1}
+  training: {steps: 10, globalBatch: 12, microBatch: 1}
+  failurePolicy: {maxRestarts: ${MAXR:-1}}
   template:
     spec:
       containers:
@@ -117,12 +119,13 @@ assert len({p["spec"]["nodeName"] for p in d})==2, "two pods on one node"' || fa
 [ "$(jp ok '{.status.conditions[?(@.type=="Scheduled")].status}')" = True ] || fail "Scheduled condition"
 [ -n "$(jp ok '{.status.completionTime}')" ] || fail "completionTime"
 [ "$(jp ok '{.status.progress}')" = "10/10" ] || fail "progress $(jp ok '{.status.progress}')"
-header=$(kubectl get tj -n "$ns" | head -1)
+header=$(kubectl get tj -n "$ns" | sed -n 1p)
 for col in NAME PHASE PROGRESS LOSS RESTARTS AGE; do grep -qw "$col" <<<"$header" || fail "column $col: $header"; done
 kubectl get tj ok -n "$ns" | grep -q Succeeded || fail "kubectl get tj shows no Succeeded"
 events=$(kubectl get events -n "$ns" --field-selector involvedObject.name=ok -o jsonpath='{range .items[*]}{.reason}{" "}{end}')
 for r in CreatedPods Bound Succeeded; do grep -qw "$r" <<<"$events" || fail "event $r missing: $events"; done
-kubectl describe tj ok -n "$ns" | grep -q "CreatedPods" || fail "describe shows no events"
+described=$(kubectl describe tj ok -n "$ns")
+grep -q "CreatedPods" <<<"$described" || fail "describe shows no events"
 echo "job ok: Succeeded, events: $events"
 
 # Deleting the job removes its pods through the garbage collector (a new CRD type takes up to ~30 s to be seen).
@@ -155,7 +158,7 @@ echo "failure policy: permanent fails at once; retryable restarted once, then Ma
 kubectl delete tj perm flaky bad -n "$ns" >/dev/null
 
 # 4. A long job: restart request, lost pod, scale, operator restart, leader hand-over.
-job long 3 "sleep 600" "  elastic: {minReplicas: 1, maxReplicas: 4}" | kubectl apply -n "$ns" -f - >/dev/null
+MAXR=5 job long 3 "sleep 600" "  elastic: {minReplicas: 1, maxReplicas: 4}" | kubectl apply -n "$ns" -f - >/dev/null
 wait_for 60 "job long to run" phase_is long Running
 g0=$(jp long '{.status.generation}')
 kubectl annotate tj long -n "$ns" railyard.dev/restart-request=manual-1 >/dev/null
