@@ -443,7 +443,8 @@ TEST_CASE("many pods with long-polls beyond the default thread count") {
         while (seconds_since(start) < 30) {
           auto res = c.join(r);
           if (res.outcome == Outcome::Ready) return numbered("rank", res.assignment.ranks.at(0));
-          if (res.outcome != Outcome::Waiting) return std::string("unexpected ") + railyard::worker::to_string(res.outcome);
+          if (res.outcome != Outcome::Waiting)
+            return std::string("unexpected ") + railyard::worker::to_string(res.outcome);
         }
         return "gave up";
       } catch (const std::exception& e) {
