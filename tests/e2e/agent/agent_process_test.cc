@@ -82,7 +82,7 @@ struct AgentProcess {
                const std::string& job = "job1") {
     log = dir / (pod + ".log");
     std::map<std::string, std::string> env;
-    for (const char* k : {"PATH", "HOME"}) {
+    for (const char* k : {"PATH", "HOME", "RAILYARD_AGENT_UNREACHABLE_SECONDS"}) {
       if (const char* v = std::getenv(k)) env[k] = v;
     }
     env["RAILYARD_JOB_NAMESPACE"] = "ns1";
@@ -345,4 +345,77 @@ TEST_CASE("a refused token or missing env ends the agent with exit 2 and a clear
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 2);
   CHECK(slurp(log).find("RAILYARD_JOB_NAME is not set") != std::string::npos);
+}
+
+TEST_CASE("after an operator restart agents keep their workers, re-attach, and deliver exits made meanwhile") {
+  TempDir tmp;
+  auto svc = std::make_unique<RendezvousService>("127.0.0.1", 0);
+  const int port = svc->port();
+  const std::vector<std::string> pods = {"pod0", "pod1"};
+  svc->open_generation(spec(5, pods, 1));
+  const std::vector<std::string> cmd = {"sh", "-c", kWorkerScript};
+  AgentProcess a0("pod0", "127.0.13.1", port, 1, tmp.path, cmd);
+  AgentProcess a1("pod1", "127.0.13.2", port, 1, tmp.path, cmd);
+  auto file = [&](int rank, const char* ext) { return tmp.path / ("gen5-rank" + std::to_string(rank) + "." + ext); };
+  REQUIRE(wait_for([&] { return fs::exists(file(0, "pid")) && fs::exists(file(1, "pid")); }, 20));
+  const std::string env0 = slurp(file(0, "env"));
+  const pid_t w0 = std::stoi(slurp(file(0, "pid")));
+  const pid_t w1 = std::stoi(slurp(file(1, "pid")));
+
+  // The leader goes away; while it is gone, pod1's worker dies.
+  svc.reset();
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  REQUIRE(::kill(w1, SIGKILL) == 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+
+  // A new leader serves the same address and re-opens the current generation.
+  std::mutex mu;
+  std::vector<WorkerExit> exits;
+  RendezvousService again("127.0.0.1", port);
+  again.set_exit_handler([&](const WorkerExit& e) {
+    std::lock_guard<std::mutex> l(mu);
+    exits.push_back(e);
+  });
+  again.open_generation(spec(5, pods, 1));
+  REQUIRE(wait_for(
+      [&] {
+        auto p = again.progress("ns1/job1");
+        return p && p->world_complete;
+      },
+      15));
+  CHECK(wait_for(
+      [&] {
+        std::lock_guard<std::mutex> l(mu);
+        return exits.size() == 1;
+      },
+      10));
+  {
+    std::lock_guard<std::mutex> l(mu);
+    REQUIRE(exits.size() == 1);
+    CHECK(exits[0].global_rank == 1);
+    CHECK(exits[0].signal == 9);
+  }
+  // pod0's worker was neither restarted nor signalled, and its world is the same.
+  CHECK(::kill(w0, 0) == 0);
+  CHECK_FALSE(fs::exists(file(0, "term")));
+  CHECK(slurp(file(0, "env")) == env0);
+  CHECK(a0.running());
+  CHECK(a1.running());
+  again.close_job("ns1/job1");
+  CHECK(a0.wait_exit(10) == 1);
+  CHECK(a1.wait_exit(10) == 1);
+}
+
+TEST_CASE("an unreachable service ends the agent with exit 3 after RAILYARD_AGENT_UNREACHABLE_SECONDS") {
+  TempDir tmp;
+  int port = 0;
+  {
+    RendezvousService probe("127.0.0.1", 0);  // a port that was free a moment ago and now has no listener
+    port = probe.port();
+  }
+  ::setenv("RAILYARD_AGENT_UNREACHABLE_SECONDS", "1", 1);
+  AgentProcess a("pod0", "127.0.14.1", port, 1, tmp.path, {"true"});
+  ::unsetenv("RAILYARD_AGENT_UNREACHABLE_SECONDS");
+  CHECK(a.wait_exit(30) == 3);
+  CHECK(slurp(a.log).find("unreachable") != std::string::npos);
 }
