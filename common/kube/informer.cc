@@ -47,14 +47,14 @@ std::optional<Json> Informer::get(const std::string& key) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = cache_.find(key);
   if (it == cache_.end()) return std::nullopt;
-  return it->second;
+  return *it->second;
 }
 
 std::vector<Json> Informer::list() {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<Json> out;
   out.reserve(cache_.size());
-  for (const auto& [k, v] : cache_) out.push_back(v);
+  for (const auto& [k, v] : cache_) out.push_back(*v);
   return out;
 }
 
@@ -105,24 +105,29 @@ void Informer::relist() {
   std::string rv;
   std::vector<Json> items = client_.list_all(res_, opts_.ns, lo, &rv);
 
-  std::map<std::string, Json> fresh;
+  std::map<std::string, ObjPtr> fresh;
   for (auto& it : items) {
     // List items carry no apiVersion/kind; fill them so handlers see the same shape as from a watch.
     if (!it.contains("apiVersion")) it["apiVersion"] = res_.api_version();
     if (!it.contains("kind")) it["kind"] = res_.kind;
     std::string k = key_of(it);
-    fresh.emplace(std::move(k), std::move(it));
+    fresh.emplace(std::move(k), std::make_shared<const Json>(std::move(it)));
   }
-  std::vector<Json> added, deleted;
-  std::vector<std::pair<Json, Json>> updated;
+  items.clear();
+  items.shrink_to_fit();
+  std::vector<ObjPtr> added, deleted;
+  std::vector<std::pair<ObjPtr, ObjPtr>> updated;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& [k, obj] : fresh) {
+    for (auto& [k, obj] : fresh) {
       auto old = cache_.find(k);
       if (old == cache_.end()) {
         added.push_back(obj);
-      } else if (resource_version_of(old->second) != resource_version_of(obj)) {
+      } else if (resource_version_of(*old->second) != resource_version_of(*obj)) {
         updated.emplace_back(old->second, obj);
+      } else {
+        // Unchanged: keep the object already cached (the same content) and drop the fresh copy.
+        obj = old->second;
       }
     }
     for (const auto& [k, obj] : cache_) {
@@ -135,11 +140,11 @@ void Informer::relist() {
   {
     std::lock_guard<std::mutex> hl(handler_mu_);
     for (const auto& o : deleted)
-      for (auto& fn : delete_fns_) call_safely("delete", [&] { fn(o); });
+      for (auto& fn : delete_fns_) call_safely("delete", [&] { fn(*o); });
     for (const auto& o : added)
-      for (auto& fn : add_fns_) call_safely("add", [&] { fn(o); });
+      for (auto& fn : add_fns_) call_safely("add", [&] { fn(*o); });
     for (const auto& [o, n] : updated)
-      for (auto& fn : update_fns_) call_safely("update", [&] { fn(o, n); });
+      for (auto& fn : update_fns_) call_safely("update", [&] { fn(*o, *n); });
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -156,7 +161,8 @@ bool Informer::apply(const WatchEvent& ev) {
     return true;
   }
   std::string k = key_of(ev.object);
-  std::optional<Json> old;
+  ObjPtr old;
+  ObjPtr now;
   bool changed = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -171,7 +177,10 @@ bool Informer::apply(const WatchEvent& ev) {
     } else {
       // An event for a version we already hold (seen through a relist) is not delivered twice.
       changed = !old || resource_version_of(*old) != rv;
-      if (changed) cache_[k] = ev.object;
+      if (changed) {
+        now = std::make_shared<const Json>(ev.object);
+        cache_[k] = now;
+      }
     }
   }
   if (!changed) return true;
@@ -244,10 +253,15 @@ void Informer::run() {
 
 void Informer::resync_loop() {
   while (sleep_interruptible(std::chrono::duration_cast<std::chrono::milliseconds>(opts_.resync_period))) {
-    std::vector<Json> objs = list();
+    std::vector<ObjPtr> objs;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      objs.reserve(cache_.size());
+      for (const auto& [k, v] : cache_) objs.push_back(v);
+    }
     std::lock_guard<std::mutex> hl(handler_mu_);
     for (const auto& o : objs)
-      for (auto& fn : update_fns_) call_safely("resync", [&] { fn(o, o); });
+      for (auto& fn : update_fns_) call_safely("resync", [&] { fn(*o, *o); });
   }
 }
 

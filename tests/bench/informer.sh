@@ -17,13 +17,21 @@ while [ $# -gt 0 ]; do
     *) echo "informer.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
+KUBECTL="$(command -v kubectl || true)"
 if [ -n "$STATE_DIR" ]; then
   [ -f "$STATE_DIR/kubeconfig" ] || { echo "informer.sh: no cluster in $STATE_DIR (no kubeconfig)" >&2; exit 1; }
   export KUBECONFIG="$STATE_DIR/kubeconfig"
+  # The kubectl built with the local cluster matches its version (see docs/local-cluster.md).
+  CACHE_BIN="$(sed -n 's/^export CACHE_BIN=//p' "$STATE_DIR/cluster.env" 2>/dev/null || true)"
+  [ -x "$CACHE_BIN/kubectl" ] && KUBECTL="$CACHE_BIN/kubectl"
+fi
+# Baseline: client-go (kubectl) listing the same pods in pages of 500 and holding them to print JSON.
+if [ -n "$KUBECTL" ] && [ -x /usr/bin/time ]; then
+  ARGS+=(--baseline-cmd "/usr/bin/time -f 'kubectl get pods -o json --chunk-size=500: %e s wall, %U s user, %M KiB max RSS' $KUBECTL get pods -n \"\$BENCH_NAMESPACE\" --chunk-size=500 -o json >/dev/null")
 fi
 [ -n "${KUBECONFIG:-}" ] || { echo "informer.sh: set KUBECONFIG or pass --state-dir" >&2; exit 1; }
 BIN="$BUILD_DIR/bin/bench_informer"
 [ -x "$BIN" ] || { echo "informer.sh: $BIN missing; build it: cmake --build $BUILD_DIR --target bench_informer" >&2; exit 1; }
 echo "date: $(date -u +%FT%TZ)"
 echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr)"
-exec "$BIN" "${ARGS[@]}"
+exec "$BIN" ${ARGS[@]+"${ARGS[@]}"}

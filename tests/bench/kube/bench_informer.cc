@@ -43,7 +43,8 @@ Json pending_pod(const std::string& name) {
 }
 
 int usage() {
-  std::cerr << "usage: bench_informer [--pods N] [--threads T] [--keep]\n"
+  std::cerr << "usage: bench_informer [--pods N] [--threads T] [--keep] [--baseline-cmd CMD]\n"
+               "  CMD runs (sh -c) after the informer measurement with BENCH_NAMESPACE set, e.g. a kubectl list\n"
                "  needs KUBECONFIG pointing at a cluster (tests/bench/informer.sh sets it)\n";
   return 2;
 }
@@ -54,12 +55,15 @@ int main(int argc, char** argv) {
   int pods = 10000;
   int threads = 8;
   bool keep = false;
+  std::string baseline;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--pods" && i + 1 < argc) {
       pods = std::atoi(argv[++i]);
     } else if (a == "--threads" && i + 1 < argc) {
       threads = std::atoi(argv[++i]);
+    } else if (a == "--baseline-cmd" && i + 1 < argc) {
+      baseline = argv[++i];
     } else if (a == "--keep") {
       keep = true;
     } else {
@@ -118,6 +122,15 @@ int main(int argc, char** argv) {
                 static_cast<double>(rss_after - rss_before) / std::max<size_t>(cached, 1),
                 status_kib("VmHWM:") / 1024.0);
     inf.stop();
+
+    if (!baseline.empty()) {
+      setenv("BENCH_NAMESPACE", ns.c_str(), 1);
+      std::printf("baseline: %s\n", baseline.c_str());
+      std::fflush(stdout);
+      auto tb = Clock::now();
+      int rc = std::system(baseline.c_str());
+      std::printf("baseline finished in %.3f s (exit %d)\n", seconds_since(tb), rc);
+    }
 
     if (!keep) {
       auto t2 = Clock::now();

@@ -47,16 +47,17 @@ opt = torch.optim.AdamW(
      {"params": [P[n] for n in NAMES if n not in DECAY], "weight_decay": 0.0}],
     lr=6e-4, betas=(0.9, 0.95), eps=1e-8)
 rng = np.random.default_rng(0)
-times, losses = [], []
+times, cpu, losses = [], [], []
 for step in range(a.steps):
     tok = torch.from_numpy(rng.integers(0, 256, size=(a.batch, a.seq + 1)).astype(np.int64))
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     opt.zero_grad(set_to_none=True)
     _, loss = forward(P, tok[:, :-1], tok[:, 1:], c)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(params, 1.0)
     opt.step()
     times.append(time.perf_counter() - t0)
+    cpu.append(time.process_time() - c0)
     losses.append(loss.item())
 print(json.dumps({"impl": "torch", "torch": torch.__version__, "threads": torch.get_num_threads(),
-                  "step_seconds": times, "losses": losses}))
+                  "step_seconds": times, "cpu_seconds": cpu, "losses": losses}))
