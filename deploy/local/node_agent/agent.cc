@@ -483,6 +483,12 @@ struct Agent::Impl {
     std::string msg = "railyard-node-agent restarted; the pod's process from the previous agent run is gone";
     log::info(kComp, "marking pod of an earlier agent run failed", {{"pod", rec.key()}});
     Json term = {{"exitCode", 137}, {"reason", "NodeAgentRestarted"}, {"message", msg}, {"finishedAt", now3339()}};
+    auto old = rec.pod.value("status", Json::object()).value("containerStatuses", Json::array());
+    if (!old.empty()) {
+      auto started = old[0].value("state", Json::object()).value("running", Json::object()).value("startedAt", "");
+      if (!started.empty()) term["startedAt"] = started;
+      rec.restart_count = old[0].value("restartCount", 0);
+    }
     Json cs = container_status(rec, {{"terminated", term}}, false);
     patch_status(rec, "Failed", false, cs, "NodeAgentRestarted", msg);
   }
@@ -851,14 +857,16 @@ void Agent::run(const std::atomic<bool>& stop) {
     if (d.shutting_down) return;
     d.post([&d, key, pid, s] { d.on_exit(key, pid, s); });
   });
+  // The control endpoint comes first so that control.port appears as early as possible; requests wait in the
+  // queue until the loop below runs.
+  d.control = std::make_unique<ControlServer>(
+      d.opts.state_dir, [&d](const std::string& action, const Json& args) { return d.control_action(action, args); });
+  log::info(kComp, "control endpoint listening", {{"address", "127.0.0.1:" + std::to_string(d.control->port())}});
   d.register_nodes();
   log::info(kComp, "nodes ready", {{"count", std::to_string(d.nodes.size())}, {"state_dir", d.opts.state_dir}});
 
   std::thread heartbeat([&d] { d.heartbeat_loop(); });
   std::thread watcher([&d] { d.watch_loop(); });
-  d.control = std::make_unique<ControlServer>(
-      d.opts.state_dir, [&d](const std::string& action, const Json& args) { return d.control_action(action, args); });
-  log::info(kComp, "control endpoint listening", {{"address", "127.0.0.1:" + std::to_string(d.control->port())}});
 
   // The loop thread is the one that forks pod processes; their PDEATHSIG is tied to it, so it must outlive them.
   d.loop(stop);

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -112,10 +113,15 @@ int run_agent(const Args& a) {
 
   // One agent per state dir: a second one would fight over the same nodes, processes and addresses.
   std::string lock_path = opts.state_dir + "/agent.lock";
+  // A predecessor that is still shutting down gets 15 s to let go.
   int lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (lock_fd < 0 || ::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+  bool locked = false;
+  for (int i = 0; lock_fd >= 0 && i < 150 && !(locked = ::flock(lock_fd, LOCK_EX | LOCK_NB) == 0); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (!locked) {
     throw ConfigError("--state-dir " + opts.state_dir + ": another railyard-node-agent is running with it (" +
-                      lock_path + " is locked)");
+                      lock_path + " stayed locked for 15 s): stop it first");
   }
 
   // Signals are taken by a dedicated thread; every other thread (and, via the supervisor, no pod) blocks them.

@@ -1,6 +1,7 @@
 // railyard-node-agent against the real local cluster: the fixture started the agent with --nodes 4.
 // Env: KUBECONFIG (admin), RAILYARD_E2E_STATE_DIR (node-agent/ holds the agent's state), RAILYARD_BIN_DIR.
 #include <doctest/doctest.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -384,4 +385,54 @@ TEST_CASE("node-down: the node turns NotReady and its pods are evicted; node-up 
   // And it runs pods again.
   admin().create(resources::pods, ns.name, pod_manifest("after", node, "exit 0"));
   CHECK(wait_phase(ns, "after", "Succeeded"));
+}
+
+TEST_CASE("agent restart: a pod whose process died with the old agent is marked Failed (NodeAgentRestarted)") {
+  std::string state = env("RAILYARD_E2E_STATE_DIR");
+  std::string pid_file = state + "/pids/node-agent.pid";
+  REQUIRE_MESSAGE(fs::exists(pid_file), "cluster.sh keeps the agent's pid in " << pid_file);
+  TestNamespace ns("na-restart-agent");
+  Json pod = pod_manifest("orphan", first_node(), "sleep 300 & wait");
+  // Tolerate the unreachable/not-ready taints forever, so the pod outlives the agent's short absence.
+  pod["spec"]["tolerations"] = Json::array({{{"operator", "Exists"}, {"effect", "NoExecute"}}});
+  admin().create(resources::pods, ns.name, pod);
+  REQUIRE(wait_phase(ns, "orphan", "Running"));
+  auto st = Json::parse(cli("status --json").out);
+  int old_pid = 0;
+  for (const auto& p : st["pods"]) {
+    if (p["namespace"] == ns.name && p["name"] == "orphan") old_pid = p.value("pid", 0);
+  }
+  REQUIRE(old_pid > 0);
+
+  // Whatever happens below, the shared cluster gets its agent back (cluster.sh up restarts a dead agent).
+  struct Restore {
+    std::string cmd;
+    ~Restore() { (void)std::system(cmd.c_str()); }
+  } restore{"bash " + env("RAILYARD_SOURCE_DIR") + "/deploy/local/cluster.sh up --state-dir " + state +
+            " --nodes 4 --node-agent " + agent_bin() + " >/dev/null 2>&1"};
+  pid_t agent_pid = std::stoi(slurp(pid_file));
+  REQUIRE(::kill(agent_pid, SIGKILL) == 0);  // a crash: no chance to clean up
+  // Restart at once, the way cluster.sh starts it (own session, its log, its pid file), so the nodes' leases never
+  // lapse: with all nodes NotReady the v1.20 node controller enters master disruption mode, and after it leaves
+  // that mode it no longer adds NoExecute taints, which would break evictions for every later test.
+  fs::remove(agent_state() + "/control.port");
+  std::string start = "cd / && setsid " + agent_bin() + " run --kubeconfig " + state + "/node-agent.kubeconfig" +
+                      " --state-dir " + agent_state() + " --nodes 4 </dev/null >>" + state +
+                      "/logs/node-agent.log 2>&1 & echo $! > " + pid_file;
+  REQUIRE(std::system(start.c_str()) == 0);
+  // The pod's main process died with its agent (PR_SET_PDEATHSIG).
+  CHECK(wait_for(
+      [&] {
+        return ::kill(old_pid, 0) != 0 ||
+               slurp("/proc/" + std::to_string(old_pid) + "/stat").find(") Z") != std::string::npos;
+      },
+      5s));
+  REQUIRE(wait_for([&] { return cli("status").rc == 0; }, 20s));
+  REQUIRE(wait_phase(ns, "orphan", "Failed", 30s));
+  auto p = get_pod(ns, "orphan");
+  CHECK(p["status"].value("reason", "") == "NodeAgentRestarted");
+  CHECK(terminated_state(p).value("reason", "") == "NodeAgentRestarted");
+  // The new agent runs new pods.
+  admin().create(resources::pods, ns.name, pod_manifest("fresh", first_node(), "exit 0"));
+  CHECK(wait_phase(ns, "fresh", "Succeeded"));
 }
