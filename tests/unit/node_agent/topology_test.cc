@@ -2,6 +2,8 @@
 
 #include <doctest/doctest.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <set>
 
 #include "common/error.h"
@@ -107,4 +109,26 @@ TEST_CASE("quantities and DNS labels") {
   CHECK(na::is_dns_label("rynode"));
   CHECK_FALSE(na::is_dns_label("-x"));
   CHECK_FALSE(na::is_dns_label("A"));
+}
+
+TEST_CASE("every shipped topology file parses; default-4.yaml matches --nodes 4") {
+  const char* src = std::getenv("RAILYARD_SOURCE_DIR");
+  REQUIRE_MESSAGE(src != nullptr, "RAILYARD_SOURCE_DIR is set by ctest");
+  std::string dir = std::string(src) + "/deploy/local/topologies";
+  int files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".yaml") continue;
+    CAPTURE(entry.path().string());
+    auto t = na::load_topology_file(entry.path().string());
+    CHECK(!na::expand_nodes(t).empty());
+    ++files;
+  }
+  CHECK(files >= 3);
+  auto from_file = na::expand_nodes(na::load_topology_file(dir + "/default-4.yaml"));
+  auto from_flag = na::expand_nodes(na::default_topology(4));
+  REQUIRE(from_file.size() == from_flag.size());
+  for (size_t i = 0; i < from_file.size(); ++i) CHECK(from_file[i].name == from_flag[i].name);
+  auto sixteen = na::expand_nodes(na::load_topology_file(dir + "/a100-16node-2spine.yaml"));
+  REQUIRE(sixteen.size() == 16);
+  CHECK(sixteen[15].spine == 1);
 }
