@@ -825,6 +825,8 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
     status["tokensPerSecond"] = progress->tokens_per_second;
     status["progress"] = std::to_string(progress->step) + "/" + std::to_string(spec.steps);
   }
+  // The rendezvous service has no callback for a completed world or progress: poll it while the job runs.
+  if (agent && rdzv) keep_min(world_up ? milliseconds(5000) : milliseconds(500));
   if (status_differs(orig, status)) write_status(job, status);
   emit(job, events);
 

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# E2E: railyard-operator with the worker agent and the rendezvous service on the real local cluster. Pods run
+# `railyard-agent agent -- sh -c ...` (the operator's --worker-command plus the job's template args), join the
+# leader's rendezvous, and the operator sees process exits through it: a retryable exit restarts every agent's
+# workers in a new generation without new pods, a permanent exit fails the job at once, and a clean finish of
+# every rank makes the job Succeeded.
+set -euo pipefail
+src=${RAILYARD_SOURCE_DIR:?}
+state=${RAILYARD_E2E_STATE_DIR:?}
+bin=${RAILYARD_BIN_DIR:?}
+agent_bin=${RAILYARD_AGENT_BIN:-$bin/railyard-agent}
+[ -x "$agent_bin" ] || { echo "SKIP: no agent binary at $agent_bin (build the railyard-agent target)"; exit 0; }
+eval "$(bash "$src/deploy/local/cluster.sh" env --state-dir "$state")"
+ns=op-agent-e2e-$$
+work=$(mktemp -d /tmp/op-agent-e2e.XXXXXX)
+op_pid=""
+fail() {
+  echo "FAIL: $*" >&2
+  kubectl get tj,pods -n "$ns" -o wide >&2 || true
+  kubectl get tj -n "$ns" -o jsonpath='{range .items[*]}{.metadata.name}{": "}{.status}{"\n"}{end}' >&2 || true
+  tail -n 40 "$work/op.log" >&2
+  exit 1
+}
+cleanup() {
+  [ -n "$op_pid" ] && kill "$op_pid" 2>/dev/null && wait "$op_pid" 2>/dev/null || true
+  kubectl delete namespace "$ns" --wait=false >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_for() {
+  local limit=$1 what=$2 t0=$SECONDS
+  shift 2
+  until "$@" >/dev/null 2>&1; do
+    [ $((SECONDS - t0)) -lt "$limit" ] || fail "timed out after ${limit}s waiting for $what"
+    sleep 0.3
+  done
+}
+jp() { kubectl get tj "$1" -n "$ns" -o jsonpath="$2" 2>/dev/null; }
+phase_is() { [ "$(jp "$1" '{.status.phase}')" = "$2" ]; }
+restarts_is() { [ "$(jp "$1" '{.status.restarts}')" = "$2" ]; }
+pod_uids() { kubectl get pods -n "$ns" -l "railyard.dev/job=$1" -o jsonpath='{.items[*].metadata.uid}'; }
+
+job() { # job NAME REPLICAS PROCS SCRIPT
+  cat <<YAML
+apiVersion: railyard.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: $1}
+spec:
+  replicas: $2
+  procsPerReplica: $3
+  device: cpu
+  model: {preset: tiny}
+  data: {train: /tmp/none/train_*.bin}
+  training: {steps: 10, globalBatch: 12, microBatch: 1}
+  failurePolicy: {maxRestarts: 2}
+  template:
+    spec:
+      containers:
+        - args: ["agent", "--", "sh", "-c", "$4"]
+YAML
+}
+
+kubectl apply -f "$src/deploy/crds/trainingjobs.railyard.dev.yaml" >/dev/null
+kubectl wait --for=condition=Established --timeout=60s crd/trainingjobs.railyard.dev >/dev/null
+kubectl create namespace "$ns" >/dev/null
+wait_for 60 "the default service account token" \
+  bash -c "kubectl get sa default -n $ns -o jsonpath='{.secrets[0].name}' | grep -q ."
+"$bin/railyard-operator" --namespace "$ns" --leader-elect=false --worker-command "$agent_bin" \
+  --metrics-addr "127.0.0.1:$(free_port)" --health-addr "127.0.0.1:$(free_port)" --rendezvous-bind 127.0.0.1:0 \
+  >"$work/op.log" 2>&1 &
+op_pid=$!
+wait_for 30 "the operator to start" grep -q "leading: reconciling" "$work/op.log"
+
+# Rank 1 dies with a retryable code (137) in generation 1; generation 2 runs to the end.
+job inplace 2 2 'echo rank $RANK of $WORLD_SIZE gen $RAILYARD_GENERATION; if [ $RAILYARD_GENERATION = 1 ] && [ $RANK = 1 ]; then sleep 2; exit 137; fi; sleep 6' |
+  kubectl apply -n "$ns" -f - >/dev/null
+wait_for 60 "job inplace to run" phase_is inplace Running
+uids=$(pod_uids inplace)
+wait_for 60 "the in-place restart" restarts_is inplace 1
+[ "$(jp inplace '{.status.lastRestart.reason}')" = WorkerExit ] || fail "lastRestart.reason $(jp inplace '{.status.lastRestart.reason}')"
+[ "$(jp inplace '{.status.lastRestart.rank}')" = 1 ] || fail "lastRestart.rank $(jp inplace '{.status.lastRestart.rank}')"
+[ "$(jp inplace '{.status.lastRestart.detector}')" = agent ] || fail "lastRestart.detector"
+wait_for 30 "generation 2 to run" phase_is inplace Running
+[ "$(pod_uids inplace)" = "$uids" ] || fail "pods were re-created for a process failure"
+wait_for 90 "job inplace to succeed" phase_is inplace Succeeded
+[ "$(jp inplace '{.status.generation}')" = 2 ] || fail "generation $(jp inplace '{.status.generation}')"
+[ "$(jp inplace '{.status.conditions[?(@.type=="Succeeded")].reason}')" = AllRanksSucceeded ] || fail "Succeeded reason"
+echo "in-place restart: WorkerExit rank 1 -> generation 2 with the same pods -> Succeeded"
+
+# A permanent exit code (3) fails the job at once.
+job perm 1 1 'sleep 1; exit 3' | kubectl apply -n "$ns" -f - >/dev/null
+wait_for 60 "job perm to fail" phase_is perm Failed
+[ "$(jp perm '{.status.conditions[?(@.type=="Failed")].reason}')" = PermanentExitCode ] || fail "perm reason"
+[ "$(jp perm '{.status.restarts}')" = 0 ] || fail "perm restarted"
+echo "permanent exit through the agent: Failed at once"
+echo "operator agent e2e: ok"
