@@ -122,17 +122,18 @@ int cmd_gemm_rate(int argc, char** argv) {
     openblas_set_num_threads(threads);
   }
   rate = measure_gemm_rate(pool, cfg, B, T, 5);
-  std::printf("{\"gemm_flops_per_s\": %.6g, \"threads\": %d, \"split\": \"%s\", \"model\": \"%s\", \"B\": %d, "
-              "\"T\": %d}\n",
-              rate, threads, split.c_str(), describe(cfg).c_str(), B, T);
+  std::printf(
+      "{\"gemm_flops_per_s\": %.6g, \"threads\": %d, \"split\": \"%s\", \"model\": \"%s\", \"B\": %d, "
+      "\"T\": %d}\n",
+      rate, threads, split.c_str(), describe(cfg).c_str(), B, T);
   return 0;
 }
 
 int cmd_train(int argc, char** argv) {
-  auto f = parse_flags(argc, argv, 2,
-                       {"model", "data", "steps", "batch", "seq", "global-batch", "lr", "warmup", "min-lr-frac",
-                        "weight-decay", "grad-clip", "seed", "val-every", "val-steps", "threads", "init-from",
-                        "export", "log-json", "peak-flops", "max-bad-steps"});
+  auto f = parse_flags(
+      argc, argv, 2, {"model",   "data",        "steps",        "batch",     "seq",        "global-batch", "lr",
+                      "warmup",  "min-lr-frac", "weight-decay", "grad-clip", "seed",       "val-every",    "val-steps",
+                      "threads", "init-from",   "export",       "log-json",  "peak-flops", "max-bad-steps"});
   if (!f.count("data")) usage_error("--data DIR is required (make shards with `railyard data prepare`)");
 
   std::optional<GptConfig> cfg;
@@ -173,8 +174,8 @@ int cmd_train(int argc, char** argv) {
       std::make_unique<DataLoader>(data, tc.batch, tc.seq_len, 0, 1, tc.seed, cfg->vocab_size, true));
   std::unique_ptr<LoaderBatchSource> val;
   if (tc.val_every > 0) {
-    val = std::make_unique<LoaderBatchSource>(std::make_unique<DataLoader>(
-        data + "/val_*.bin", tc.batch, tc.seq_len, 0, 1, tc.seed, cfg->vocab_size, false));
+    val = std::make_unique<LoaderBatchSource>(
+        std::make_unique<DataLoader>(data + "/val_*.bin", tc.batch, tc.seq_len, 0, 1, tc.seed, cfg->vocab_size, false));
   }
 
   ThreadPool pool(threads_from(f));

@@ -41,12 +41,12 @@ namespace {
 
 // Element counts of the activation views, in allocation order.
 struct ActLayout {
-  size_t encoded, ln1, ln1_mean, ln1_rstd, qkv, atty, att, residual2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu,
-      residual3, lnf, lnf_mean, lnf_rstd, logits, losses, dres, dc, d4c, dqkv, att_scratch, proj;
+  size_t encoded, ln1, ln1_mean, ln1_rstd, qkv, atty, att, residual2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu, residual3,
+      lnf, lnf_mean, lnf_rstd, logits, losses, dres, dc, d4c, dqkv, att_scratch, proj;
   size_t total() const {
     return encoded + ln1 + ln1_mean + ln1_rstd + qkv + atty + att + residual2 + ln2 + ln2_mean + ln2_rstd + fch +
-           fch_gelu + residual3 + lnf + lnf_mean + lnf_rstd + logits + losses + dres + dc + d4c + dqkv +
-           att_scratch + proj;
+           fch_gelu + residual3 + lnf + lnf_mean + lnf_rstd + logits + losses + dres + dc + d4c + dqkv + att_scratch +
+           proj;
   }
 };
 
@@ -54,13 +54,13 @@ ActLayout act_layout(const GptConfig& c, int B, int T, int threads) {
   const size_t L = c.num_layers, C = c.channels, NH = c.num_heads, Vp = c.padded_vocab_size;
   const size_t N = static_cast<size_t>(B) * T;
   ActLayout a{};
-  a.encoded = N * C;                             // (B, T, C)
-  a.ln1 = L * N * C;                             // (L, B, T, C)
-  a.ln1_mean = a.ln1_rstd = L * N;               // (L, B, T)
-  a.qkv = L * N * 3 * C;                         // (L, B, T, 3C)
-  a.atty = L * N * C;                            // (L, B, T, C)
+  a.encoded = N * C;                                // (B, T, C)
+  a.ln1 = L * N * C;                                // (L, B, T, C)
+  a.ln1_mean = a.ln1_rstd = L * N;                  // (L, B, T)
+  a.qkv = L * N * 3 * C;                            // (L, B, T, 3C)
+  a.atty = L * N * C;                               // (L, B, T, C)
   a.att = L * B * NH * static_cast<size_t>(T) * T;  // (L, B, NH, T, T)
-  a.residual2 = L * N * C;                       // (L, B, T, C)
+  a.residual2 = L * N * C;                          // (L, B, T, C)
   a.ln2 = L * N * C;
   a.ln2_mean = a.ln2_rstd = L * N;
   a.fch = a.fch_gelu = L * N * 4 * C;  // (L, B, T, 4C)
@@ -202,7 +202,8 @@ size_t Gpt<T>::activation_bytes() const {
 
 template <typename T>
 void Gpt<T>::zero_grad() {
-  pool_.parallel_for(grads_.size(), [&](size_t b, size_t e) { std::memset(grads_.data() + b, 0, (e - b) * sizeof(T)); });
+  pool_.parallel_for(grads_.size(),
+                     [&](size_t b, size_t e) { std::memset(grads_.data() + b, 0, (e - b) * sizeof(T)); });
 }
 
 template <typename T>
@@ -241,7 +242,7 @@ T Gpt<T>::forward(const int32_t* inputs, const int32_t* targets, Mode mode, T dl
     layernorm_forward(pool_, ln1, ln1_mean_ + l * N, ln1_rstd_ + l * N, residual, ln1w + lc, ln1b + lc, N, C);
     matmul_forward(pool_, qkv, ln1, qkvw + l * 3 * C * C, qkvb + 3 * lc, N, C, 3 * C);  // (B,T,3C)
     attention_forward(pool_, atty, att, qkv, B, Tn, C, NH);                             // (B,T,C), (B,NH,T,T)
-    matmul_forward(pool_, proj_, atty, attprojw + l * C * C, attprojb + lc, N, C, C);  // (B,T,C)
+    matmul_forward(pool_, proj_, atty, attprojw + l * C * C, attprojb + lc, N, C, C);   // (B,T,C)
     residual_forward(pool_, residual2, residual, proj_, N * C);
     // MLP block: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
     layernorm_forward(pool_, ln2, ln2_mean_ + l * N, ln2_rstd_ + l * N, residual2, ln2w + lc, ln2b + lc, N, C);
@@ -277,8 +278,7 @@ void Gpt<T>::backward() {
   // LM head (tied): dlnf (B,T,C) = dlogits (B,T,Vp) @ wte (Vp,C); dwte += dlogits^T @ lnf
   matmul_backward(pool_, dc_, false, g[0], static_cast<T*>(nullptr), logits_, lnf_, w[0], N, C, Vp);
   std::memset(dres_, 0, N * C * sizeof(T));
-  layernorm_backward(pool_, dres_, g[14], g[15], dc_, residual3_ + (L - 1) * N * C, w[14], lnf_mean_, lnf_rstd_, N,
-                     C);
+  layernorm_backward(pool_, dres_, g[14], g[15], dc_, residual3_ + (L - 1) * N * C, w[14], lnf_mean_, lnf_rstd_, N, C);
   // dres_ now holds d(loss)/d(residual stream) and flows down through the layers.
   for (size_t li = L; li-- > 0;) {
     const size_t l = li;
@@ -286,12 +286,12 @@ void Gpt<T>::backward() {
     const size_t lc = l * C;
     // MLP block
     matmul_backward(pool_, d4c_, false, g[12] + l * 4 * C * C, g[13] + lc, dres_, fch_gelu_ + l * N * 4 * C,
-                    w[12] + l * 4 * C * C, N, 4 * C, C);  // d fch_gelu (B,T,4C)
+                    w[12] + l * 4 * C * C, N, 4 * C, C);                // d fch_gelu (B,T,4C)
     gelu_backward(pool_, d4c_, fch_ + l * N * 4 * C, d4c_, N * 4 * C);  // d fch (B,T,4C)
     matmul_backward(pool_, dc_, false, g[10] + l * 4 * C * C, g[11] + 4 * lc, d4c_, ln2_ + l * N * C,
                     w[10] + l * 4 * C * C, N, C, 4 * C);  // d ln2 (B,T,C)
-    layernorm_backward(pool_, dres_, g[8] + lc, g[9] + lc, dc_, residual2_ + l * N * C, w[8] + lc,
-                       ln2_mean_ + l * N, ln2_rstd_ + l * N, N, C);  // += d residual2
+    layernorm_backward(pool_, dres_, g[8] + lc, g[9] + lc, dc_, residual2_ + l * N * C, w[8] + lc, ln2_mean_ + l * N,
+                       ln2_rstd_ + l * N, N, C);  // += d residual2
     // attention block
     matmul_backward(pool_, dc_, false, g[6] + l * C * C, g[7] + lc, dres_, atty_ + l * N * C, w[6] + l * C * C, N, C,
                     C);  // d atty (B,T,C)

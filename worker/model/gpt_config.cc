@@ -37,8 +37,8 @@ void validate(const GptConfig& c) {
   if (c.channels <= 0) bad("channels (c) must be positive, got " + std::to_string(c.channels));
   if (c.num_heads <= 0) bad("heads (nh) must be positive, got " + std::to_string(c.num_heads));
   if (c.channels % c.num_heads != 0) {
-    bad("channels (c=" + std::to_string(c.channels) + ") must be divisible by heads (nh=" +
-        std::to_string(c.num_heads) + ")");
+    bad("channels (c=" + std::to_string(c.channels) +
+        ") must be divisible by heads (nh=" + std::to_string(c.num_heads) + ")");
   }
   if (c.max_seq_len <= 0) bad("max sequence length (t) must be positive, got " + std::to_string(c.max_seq_len));
   if (c.vocab_size <= 0 || c.vocab_size > 1 << 24) bad("vocab (v) must be in 1..16777216");
@@ -105,8 +105,8 @@ GptConfig parse_model_spec(std::string_view spec) {
 
 std::string describe(const GptConfig& c) {
   char buf[200];
-  std::snprintf(buf, sizeof(buf), "L%d C%d NH%d maxT%d V%d (Vp%d), %.2fM params", c.num_layers, c.channels,
-                c.num_heads, c.max_seq_len, c.vocab_size, c.padded_vocab_size, num_parameters(c) / 1e6);
+  std::snprintf(buf, sizeof(buf), "L%d C%d NH%d maxT%d V%d (Vp%d), %.2fM params", c.num_layers, c.channels, c.num_heads,
+                c.max_seq_len, c.vocab_size, c.padded_vocab_size, num_parameters(c) / 1e6);
   return buf;
 }
 

@@ -30,14 +30,14 @@ inline constexpr int kNumParamTensors = 16;
 
 // Names in buffer order; also the names used in checkpoints and llm.c interop.
 inline constexpr std::array<std::string_view, kNumParamTensors> kParamNames = {
-    "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
-    "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
+    "wte",  "wpe",  "ln1w", "ln1b", "qkvw",    "qkvb",    "attprojw", "attprojb",
+    "ln2w", "ln2b", "fcw",  "fcb",  "fcprojw", "fcprojb", "lnfw",     "lnfb"};
 
 // Element count of each parameter tensor, in buffer order.
 inline std::array<size_t, kNumParamTensors> param_sizes(const GptConfig& c) {
   const size_t Vp = c.padded_vocab_size, T = c.max_seq_len, L = c.num_layers, C = c.channels;
-  return {Vp * C, T * C, L * C, L * C, L * 3 * C * C, L * 3 * C, L * C * C, L * C,
-          L * C, L * C, L * 4 * C * C, L * 4 * C, L * C * 4 * C, L * C, C, C};
+  return {Vp * C, T * C, L * C,         L * C,     L * 3 * C * C, L * 3 * C, L * C * C, L * C,
+          L * C,  L * C, L * 4 * C * C, L * 4 * C, L * C * 4 * C, L * C,     C,         C};
 }
 
 inline size_t num_parameters(const GptConfig& c) {

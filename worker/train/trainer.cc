@@ -1,5 +1,7 @@
 #include "worker/train/trainer.h"
 
+#include <time.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -11,6 +13,12 @@
 namespace railyard::worker {
 
 namespace {
+
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
+}
 
 std::string fmt(const char* f, double v) {
   char buf[64];
@@ -72,6 +80,7 @@ MemoryBudget Trainer::memory_budget() const {
 
 StepResult Trainer::step() {
   const auto t0 = std::chrono::steady_clock::now();
+  const double cpu0 = process_cpu_seconds();
   StepResult r;
   r.step = step_;
   r.lr = schedule_.at(step_);
@@ -95,6 +104,7 @@ StepResult Trainer::step() {
   }
   ++step_;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.cpu_seconds = process_cpu_seconds() - cpu0;
   const double tokens = static_cast<double>(micro) * cfg_.batch * cfg_.seq_len;
   r.tokens_per_second = tokens / r.seconds;
   r.flops_per_second = r.tokens_per_second * flops_per_token(gpt_, cfg_.seq_len);
@@ -134,10 +144,17 @@ void Trainer::log_step(const StepResult& r) {
                {"mfu", fmt("%.3f", r.mfu)}});
   }
   if (json_) {
-    nlohmann::json j = {{"event", "step"},       {"step", r.step + 1},           {"loss", r.loss},
-                        {"lr", r.lr},            {"grad_norm", r.grad_norm},     {"skipped", r.skipped},
-                        {"step_ms", r.seconds * 1e3}, {"tokens_per_s", r.tokens_per_second},
-                        {"flops_per_s", r.flops_per_second}, {"mfu", r.mfu}};
+    nlohmann::json j = {{"event", "step"},
+                        {"step", r.step + 1},
+                        {"loss", r.loss},
+                        {"lr", r.lr},
+                        {"grad_norm", r.grad_norm},
+                        {"skipped", r.skipped},
+                        {"step_ms", r.seconds * 1e3},
+                        {"cpu_ms", r.cpu_seconds * 1e3},
+                        {"tokens_per_s", r.tokens_per_second},
+                        {"flops_per_s", r.flops_per_second},
+                        {"mfu", r.mfu}};
     if (!std::isfinite(r.loss)) j["loss"] = nullptr;
     if (!std::isfinite(r.grad_norm)) j["grad_norm"] = nullptr;
     *json_ << j.dump() << '\n';
@@ -159,15 +176,16 @@ int Trainer::run() {
              {"adamw_m_v_bytes", std::to_string(mem.adam)},
              {"activations_bytes", std::to_string(mem.activations)},
              {"total_bytes", std::to_string(mem.total())}});
-  log::info("worker", "training",
-            {{"steps", std::to_string(cfg_.steps)},
-             {"micro_batch", std::to_string(cfg_.batch)},
-             {"seq", std::to_string(cfg_.seq_len)},
-             {"micro_steps", std::to_string(cfg_.micro_steps())},
-             {"global_batch_tokens", std::to_string(static_cast<int64_t>(cfg_.micro_steps()) * cfg_.batch * cfg_.seq_len)},
-             {"flops_per_token", fmt("%.6g", flops_per_token(gpt_, cfg_.seq_len))},
-             {"peak_flops", fmt("%.4g", peak_flops_)},
-             {"peak_source", cfg_.peak_flops > 0 ? "flag" : "measured_gemm_rate"}});
+  log::info(
+      "worker", "training",
+      {{"steps", std::to_string(cfg_.steps)},
+       {"micro_batch", std::to_string(cfg_.batch)},
+       {"seq", std::to_string(cfg_.seq_len)},
+       {"micro_steps", std::to_string(cfg_.micro_steps())},
+       {"global_batch_tokens", std::to_string(static_cast<int64_t>(cfg_.micro_steps()) * cfg_.batch * cfg_.seq_len)},
+       {"flops_per_token", fmt("%.6g", flops_per_token(gpt_, cfg_.seq_len))},
+       {"peak_flops", fmt("%.4g", peak_flops_)},
+       {"peak_source", cfg_.peak_flops > 0 ? "flag" : "measured_gemm_rate"}});
   auto do_val = [&](int64_t s) {
     const double v = validate();
     val_history_.emplace_back(s, v);

@@ -29,8 +29,8 @@ class BatchSource {
 
 struct TrainConfig {
   int steps = 10;
-  int batch = 4;                  // micro-batch B (sequences)
-  int seq_len = 64;               // T
+  int batch = 4;                    // micro-batch B (sequences)
+  int seq_len = 64;                 // T
   int64_t global_batch_tokens = 0;  // tokens per optimizer step; 0 = one micro-batch (B*T). Must be a multiple of B*T
   double lr = 6e-4;
   int warmup_steps = 0;
@@ -41,12 +41,12 @@ struct TrainConfig {
   uint64_t seed = 1337;
   int val_every = 0;  // validate every N steps (and after the last); 0 = never
   int val_steps = 10;
-  int max_bad_steps = 3;    // consecutive non-finite steps before run() fails
-  double peak_flops = 0;    // FLOP/s for MFU; 0 = measure the GEMM rate at start
-  std::string log_json;     // optional JSON-lines log file
-  bool quiet = false;       // no per-step log lines (tests)
+  int max_bad_steps = 3;  // consecutive non-finite steps before run() fails
+  double peak_flops = 0;  // FLOP/s for MFU; 0 = measure the GEMM rate at start
+  std::string log_json;   // optional JSON-lines log file
+  bool quiet = false;     // no per-step log lines (tests)
 
-  int micro_steps() const;  // global batch / (B*T)
+  int micro_steps() const;                      // global batch / (B*T)
   void validate(const GptConfig& model) const;  // throws ConfigError naming the flag
 };
 
@@ -57,6 +57,7 @@ struct StepResult {
   double grad_norm = 0;  // before clipping
   bool skipped = false;  // non-finite loss or gradients: no update
   double seconds = 0;
+  double cpu_seconds = 0;  // process CPU time of the step (all threads): less sensitive to a busy machine
   double tokens_per_second = 0;
   double flops_per_second = 0;
   double mfu = 0;  // flops_per_second / peak (0 if no peak known)
@@ -65,8 +66,8 @@ struct StepResult {
 // What a checkpoint needs besides the loader's own state (which the BatchSource owner keeps): views of the flat
 // buffers plus the counters. There is no training-time RNG (no dropout); the seed only fixes the initial weights.
 struct TrainerState {
-  int64_t step = 0;            // steps taken (including skipped ones)
-  int64_t adam_t = 0;          // updates applied
+  int64_t step = 0;    // steps taken (including skipped ones)
+  int64_t adam_t = 0;  // updates applied
   int64_t bad_steps_total = 0;
   int64_t bad_steps_consecutive = 0;
   uint64_t seed = 0;

@@ -77,8 +77,8 @@ TEST_CASE("double-precision analytic gradients match central finite differences 
     numeric[i] = (up - down) / (2 * h);
   }
   // Bound: central differences in double have truncation error O(h^2 * f''') ~ 1e-8 and rounding ~ 1e-16 / h
-  // ~ 1e-12 (relative errors of 1e-9..1e-7 measured); 1e-6 leaves room for small tensors and still catches any real bug (a
-  // wrong term typically gives 1e-2 or worse).
+  // ~ 1e-12 (relative errors of 1e-9..1e-7 measured); 1e-6 leaves room for small tensors and still catches any real bug
+  // (a wrong term typically gives 1e-2 or worse).
   auto sizes = param_sizes(f.cfg);
   size_t off = 0;
   for (int i = 0; i < kNumParamTensors; ++i) {

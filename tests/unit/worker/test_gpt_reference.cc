@@ -2,13 +2,13 @@
 // python3-torch): logits, loss, all gradients after one forward/backward, and the losses of 10 AdamW steps with the
 // same schedule, clipping and weight-decay groups. Fails (never skips) when torch is missing.
 #include <doctest/doctest.h>
+#include <sys/wait.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <sys/wait.h>
 
 #include "tests/unit/worker/worker_test_util.h"
 #include "worker/train/trainer.h"
@@ -64,12 +64,23 @@ TEST_CASE("forward, backward and 10 AdamW steps match PyTorch") {
 
   TempDir dir;
   const std::string d = dir.path();
-  nlohmann::json jc = {{"L", cfg.num_layers},   {"C", cfg.channels},     {"NH", cfg.num_heads},
-                       {"maxT", cfg.max_seq_len}, {"V", cfg.vocab_size}, {"Vp", cfg.padded_vocab_size},
-                       {"B", tc.batch},         {"T", tc.seq_len},       {"lr", tc.lr},
-                       {"warmup", tc.warmup_steps}, {"steps", tc.steps}, {"min_lr_frac", tc.min_lr_frac},
-                       {"weight_decay", tc.weight_decay}, {"grad_clip", tc.grad_clip}, {"beta1", tc.beta1},
-                       {"beta2", tc.beta2},     {"eps", tc.eps}};
+  nlohmann::json jc = {{"L", cfg.num_layers},
+                       {"C", cfg.channels},
+                       {"NH", cfg.num_heads},
+                       {"maxT", cfg.max_seq_len},
+                       {"V", cfg.vocab_size},
+                       {"Vp", cfg.padded_vocab_size},
+                       {"B", tc.batch},
+                       {"T", tc.seq_len},
+                       {"lr", tc.lr},
+                       {"warmup", tc.warmup_steps},
+                       {"steps", tc.steps},
+                       {"min_lr_frac", tc.min_lr_frac},
+                       {"weight_decay", tc.weight_decay},
+                       {"grad_clip", tc.grad_clip},
+                       {"beta1", tc.beta1},
+                       {"beta2", tc.beta2},
+                       {"eps", tc.eps}};
   std::ofstream(d + "/config.json") << jc.dump();
   write_binary(d + "/params.bin", m.params(), m.num_params());
   write_binary(d + "/inputs.bin", inputs.data(), inputs.size());
@@ -87,8 +98,9 @@ TEST_CASE("forward, backward and 10 AdamW steps match PyTorch") {
     INFO("command: " << cmd << "\nstderr: " << err);
     // 77 = torch or numpy missing (the script says how to install them); any other failure is a bug.
     REQUIRE_MESSAGE(WIFEXITED(rc), "the reference script did not exit normally");
-    REQUIRE_MESSAGE(WEXITSTATUS(rc) == 0, "reference script failed (77 means: install python3-torch via "
-                                          "scripts/install-deps.sh --with-torch)");
+    REQUIRE_MESSAGE(WEXITSTATUS(rc) == 0,
+                    "reference script failed (77 means: install python3-torch via "
+                    "scripts/install-deps.sh --with-torch)");
   }
 
   const auto result = nlohmann::json::parse(std::ifstream(d + "/result.json"));
@@ -102,7 +114,8 @@ TEST_CASE("forward, backward and 10 AdamW steps match PyTorch") {
   std::vector<float> logits(ref_logits.size());
   for (int r = 0; r < N; ++r) {
     for (int v = 0; v < cfg.vocab_size; ++v) {
-      logits[static_cast<size_t>(r) * cfg.vocab_size + v] = m.logits()[static_cast<size_t>(r) * cfg.padded_vocab_size + v];
+      logits[static_cast<size_t>(r) * cfg.vocab_size + v] =
+          m.logits()[static_cast<size_t>(r) * cfg.padded_vocab_size + v];
     }
   }
   const double logit_err = rel_err(logits.data(), ref_logits.data(), logits.size());

@@ -119,8 +119,7 @@ TEST_CASE("model specs, presets and their errors") {
   CHECK_THROWS_WITH_AS(parse_model_spec("l=2,c=64,nh=5,t=8,v=9"), doctest::Contains("divisible"),
                        railyard::ConfigError);
   CHECK_THROWS_WITH_AS(parse_model_spec("l=2,c=64,t=8,v=9"), doctest::Contains("lacks nh"), railyard::ConfigError);
-  CHECK_THROWS_WITH_AS(parse_model_spec("l=x,c=64,nh=4,t=8,v=9"), doctest::Contains("l='x'"),
-                       railyard::ConfigError);
+  CHECK_THROWS_WITH_AS(parse_model_spec("l=x,c=64,nh=4,t=8,v=9"), doctest::Contains("l='x'"), railyard::ConfigError);
   // 6N + 12 L C T, N without wpe
   CHECK(flops_per_token(g, 64) == doctest::Approx(6.0 * (124475904.0 - 1024 * 768) + 12.0 * 12 * 768 * 64));
 }
@@ -136,8 +135,8 @@ TEST_CASE("warmup + cosine schedule, and the clipping factor") {
   CHECK(clip_factor(0.5, 1.0) == 1.0f);
   CHECK(clip_factor(4.0, 1.0) == doctest::Approx(0.25).epsilon(1e-5));
   CHECK(clip_factor(4.0, 0.0) == 1.0f);
-  CHECK(decays(0));   // wte
-  CHECK(decays(4));   // qkvw
-  CHECK(!decays(5));  // qkvb
-  CHECK(!decays(14)); // lnfw
+  CHECK(decays(0));    // wte
+  CHECK(decays(4));    // qkvw
+  CHECK(!decays(5));   // qkvb
+  CHECK(!decays(14));  // lnfw
 }

@@ -1,11 +1,11 @@
 // Training behaviour: validation loss falls on real text, runs are bitwise reproducible, NaNs are caught.
 #include <doctest/doctest.h>
+#include <glob.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <fstream>
-#include <glob.h>
 
 #include "tests/unit/worker/worker_test_util.h"
 #include "worker/data/prepare.h"
@@ -64,8 +64,8 @@ TEST_CASE("validation loss on the prepared license corpus drops from ln(256) to 
   tc.warmup_steps = 20;
   LoaderBatchSource train(
       std::make_unique<DataLoader>(po.output_dir, tc.batch, tc.seq_len, 0, 1, tc.seed, kSmall.vocab_size, true));
-  LoaderBatchSource val(std::make_unique<DataLoader>(po.output_dir + "/val_*.bin", tc.batch, tc.seq_len, 0, 1,
-                                                     tc.seed, kSmall.vocab_size, false));
+  LoaderBatchSource val(std::make_unique<DataLoader>(po.output_dir + "/val_*.bin", tc.batch, tc.seq_len, 0, 1, tc.seed,
+                                                     kSmall.vocab_size, false));
   ThreadPool pool(default_num_threads());
   Trainer trainer(kSmall, tc, pool, train, &val);
   const auto t0 = std::chrono::steady_clock::now();

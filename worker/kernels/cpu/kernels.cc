@@ -19,8 +19,8 @@ void init_blas_single_threaded() {
 namespace {
 
 template <typename T>
-void gemm_serial(bool ta, bool tb, int M, int N, int K, T alpha, const T* A, int lda, const T* B, int ldb, T beta,
-                 T* C, int ldc) {
+void gemm_serial(bool ta, bool tb, int M, int N, int K, T alpha, const T* A, int lda, const T* B, int ldb, T beta, T* C,
+                 int ldc) {
   if (M <= 0 || N <= 0) return;
   const CBLAS_TRANSPOSE a = ta ? CblasTrans : CblasNoTrans, b = tb ? CblasTrans : CblasNoTrans;
   if constexpr (std::is_same_v<T, float>) {
@@ -174,8 +174,8 @@ void layernorm_forward(ThreadPool& pool, T* out, T* mean, T* rstd, const T* inp,
 }
 
 template <typename T>
-void layernorm_backward(ThreadPool& pool, T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w,
-                        const T* mean, const T* rstd, size_t N, int C) {
+void layernorm_backward(ThreadPool& pool, T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w, const T* mean,
+                        const T* rstd, size_t N, int C) {
   // Rows for dinp (each row is independent) ...
   pool.parallel_for(N, [&](size_t begin, size_t end) {
     for (size_t r = begin; r < end; ++r) {
@@ -281,8 +281,8 @@ void attention_forward(ThreadPool& pool, T* out, T* att, const T* qkv, int B, in
 }
 
 template <typename T>
-void attention_backward(ThreadPool& pool, T* dqkv, T* scratch, const T* dout, const T* qkv, const T* att, int B,
-                        int Tn, int C, int NH) {
+void attention_backward(ThreadPool& pool, T* dqkv, T* scratch, const T* dout, const T* qkv, const T* att, int B, int Tn,
+                        int C, int NH) {
   const int hs = C / NH, C3 = 3 * C;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
   pool.parallel_for_indexed(static_cast<size_t>(B) * NH, [&](size_t begin, size_t end, int thread) {
@@ -400,12 +400,12 @@ void crossentropy_fused_backward(ThreadPool& pool, T* losses, T* logits, const i
 
 // ----------------------------------------------------------------------------------------------------------------
 
-#define RAILYARD_INSTANTIATE(T)                                                                                     \
+#define RAILYARD_INSTANTIATE(T)                                                                                    \
   template void gemm<T>(ThreadPool&, bool, bool, int, int, int, T, const T*, int, const T*, int, T, T*, int);      \
   template void encoder_forward<T>(ThreadPool&, T*, const int32_t*, const T*, const T*, int, int, int);            \
   template void encoder_backward<T>(ThreadPool&, T*, T*, const T*, const int32_t*, int, int, int);                 \
-  template void layernorm_forward<T>(ThreadPool&, T*, T*, T*, const T*, const T*, const T*, size_t, int);         \
-  template void layernorm_backward<T>(ThreadPool&, T*, T*, T*, const T*, const T*, const T*, const T*, const T*,  \
+  template void layernorm_forward<T>(ThreadPool&, T*, T*, T*, const T*, const T*, const T*, size_t, int);          \
+  template void layernorm_backward<T>(ThreadPool&, T*, T*, T*, const T*, const T*, const T*, const T*, const T*,   \
                                       size_t, int);                                                                \
   template void matmul_forward<T>(ThreadPool&, T*, const T*, const T*, const T*, size_t, int, int);                \
   template void matmul_backward<T>(ThreadPool&, T*, bool, T*, T*, const T*, const T*, const T*, size_t, int, int); \

@@ -22,8 +22,8 @@ void init_blas_single_threaded();
 // Row-major C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C, with the output split across the pool along its
 // larger dimension. lda/ldb/ldc are row strides of the matrices as stored.
 template <typename T>
-void gemm(ThreadPool& pool, bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A, int lda,
-          const T* B, int ldb, T beta, T* C, int ldc);
+void gemm(ThreadPool& pool, bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A, int lda, const T* B,
+          int ldb, T beta, T* C, int ldc);
 
 // out (B,T,C) = wte[inp[b,t]] + wpe[t]
 template <typename T>
@@ -38,8 +38,8 @@ void layernorm_forward(ThreadPool& pool, T* out, T* mean, T* rstd, const T* inp,
                        int C);
 // dinp (N,C) +=, dw (C) +=, db (C) +=.
 template <typename T>
-void layernorm_backward(ThreadPool& pool, T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w,
-                        const T* mean, const T* rstd, size_t N, int C);
+void layernorm_backward(ThreadPool& pool, T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w, const T* mean,
+                        const T* rstd, size_t N, int C);
 
 // out (N,OC) = inp (N,IC) @ w (OC,IC)^T + bias (OC, may be null).
 template <typename T>
@@ -55,8 +55,8 @@ template <typename T>
 void attention_forward(ThreadPool& pool, T* out, T* att, const T* qkv, int B, int Tn, int C, int NH);
 // dqkv (B,T,3C) = (overwritten). scratch: pool.size() * T * T elements.
 template <typename T>
-void attention_backward(ThreadPool& pool, T* dqkv, T* scratch, const T* dout, const T* qkv, const T* att, int B,
-                        int Tn, int C, int NH);
+void attention_backward(ThreadPool& pool, T* dqkv, T* scratch, const T* dout, const T* qkv, const T* att, int B, int Tn,
+                        int C, int NH);
 
 // tanh-approximated GELU, as GPT-2 and torch's gelu(approximate="tanh").
 template <typename T>

@@ -46,7 +46,7 @@ ThreadPool::~ThreadPool() {
 void ThreadPool::worker_loop(int index) {
   unsigned long seen = 0;
   for (;;) {
-    const std::function<void(int)>* job;
+    const FunctionRef<void(int)>* job;
     {
       std::unique_lock<std::mutex> lock(mu_);
       start_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
@@ -62,7 +62,7 @@ void ThreadPool::worker_loop(int index) {
   }
 }
 
-void ThreadPool::run(const std::function<void(int)>& fn) {
+void ThreadPool::run(FunctionRef<void(int)> fn) {
   if (num_threads_ == 1) {
     fn(0);
     return;
@@ -80,11 +80,11 @@ void ThreadPool::run(const std::function<void(int)>& fn) {
   job_ = nullptr;
 }
 
-void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, size_t)>& fn) {
+void ThreadPool::parallel_for(size_t n, FunctionRef<void(size_t, size_t)> fn) {
   parallel_for_indexed(n, [&](size_t begin, size_t end, int) { fn(begin, end); });
 }
 
-void ThreadPool::parallel_for_indexed(size_t n, const std::function<void(size_t, size_t, int)>& fn) {
+void ThreadPool::parallel_for_indexed(size_t n, FunctionRef<void(size_t, size_t, int)> fn) {
   if (n == 0) return;
   const size_t nt = static_cast<size_t>(num_threads_);
   if (nt == 1 || n == 1) {

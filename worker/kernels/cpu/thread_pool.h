@@ -9,12 +9,33 @@
 
 #include <condition_variable>
 #include <cstddef>
-#include <functional>
 #include <mutex>
 #include <thread>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace railyard::worker {
+
+// A non-owning reference to a callable (like C++26 std::function_ref): unlike std::function it never allocates,
+// so a kernel launch costs no heap traffic. The callable must outlive the call it is passed to.
+template <typename Sig>
+class FunctionRef;
+template <typename R, typename... Args>
+class FunctionRef<R(Args...)> {
+ public:
+  template <typename F>
+  requires(!std::is_same_v<std::remove_cvref_t<F>, FunctionRef>)
+      FunctionRef(F&& f)  // NOLINT(google-explicit-constructor): implicit, as std::function
+      : obj_(const_cast<void*>(static_cast<const void*>(&f))), call_([](void* o, Args... a) -> R {
+          return (*static_cast<std::remove_reference_t<F>*>(o))(std::forward<Args>(a)...);
+        }) {}
+  R operator()(Args... a) const { return call_(obj_, std::forward<Args>(a)...); }
+
+ private:
+  void* obj_;
+  R (*call_)(void*, Args...);
+};
 
 // Threads the worker should use: RAILYARD_NUM_THREADS if set (must be a positive integer), else the number of
 // CPUs in this process's affinity mask (sched_getaffinity), which respects cgroup cpusets and taskset.
@@ -31,13 +52,13 @@ class ThreadPool {
 
   // Calls fn(thread_index) once on each of the pool's threads (the caller is thread 0) and returns when all are
   // done. Not reentrant: fn must not call run() again.
-  void run(const std::function<void(int)>& fn);
+  void run(FunctionRef<void(int)> fn);
 
   // Splits [0, n) into size() contiguous chunks (chunk i goes to thread i) and calls fn(begin, end) for the
   // non-empty ones. The split depends only on n and size().
-  void parallel_for(size_t n, const std::function<void(size_t, size_t)>& fn);
+  void parallel_for(size_t n, FunctionRef<void(size_t, size_t)> fn);
   // Same split, and fn also gets the thread index (for per-thread scratch buffers).
-  void parallel_for_indexed(size_t n, const std::function<void(size_t, size_t, int)>& fn);
+  void parallel_for_indexed(size_t n, FunctionRef<void(size_t, size_t, int)> fn);
 
  private:
   void worker_loop(int index);
@@ -47,7 +68,7 @@ class ThreadPool {
   std::mutex mu_;
   std::condition_variable start_cv_;
   std::condition_variable done_cv_;
-  const std::function<void(int)>* job_ = nullptr;
+  const FunctionRef<void(int)>* job_ = nullptr;
   unsigned long generation_ = 0;
   int pending_ = 0;
   bool stop_ = false;
