@@ -157,6 +157,16 @@ wait_for 90 "job flaky to fail" phase_is flaky Failed
 echo "failure policy: permanent fails at once; retryable restarted once, then MaxRestartsExceeded"
 kubectl delete tj perm flaky bad -n "$ns" >/dev/null
 
+# runPolicy: activeDeadlineSeconds fails a job and cleans its running pods; ttlSecondsAfterFinished deletes it.
+job dl 1 "sleep 600" "  runPolicy: {activeDeadlineSeconds: 3}" | kubectl apply -n "$ns" -f - >/dev/null
+wait_for 30 "job dl to hit its deadline" phase_is dl Failed
+[ "$(jp dl '{.status.conditions[?(@.type=="Failed")].reason}')" = DeadlineExceeded ] || fail "dl reason"
+wait_for 30 "dl's running pod to be cleaned up" pods_gone dl
+job ttl 1 "exit 0" "  runPolicy: {ttlSecondsAfterFinished: 2}" | kubectl apply -n "$ns" -f - >/dev/null
+wait_for 60 "job ttl to be deleted after finishing" bash -c "! kubectl get tj ttl -n $ns"
+kubectl delete tj dl -n "$ns" >/dev/null
+echo "runPolicy: DeadlineExceeded with pods cleaned; deleted after ttlSecondsAfterFinished"
+
 # 4. A long job: restart request, lost pod, scale, operator restart, leader hand-over.
 MAXR=5 job long 3 "sleep 600" "  elastic: {minReplicas: 1, maxReplicas: 4}" | kubectl apply -n "$ns" -f - >/dev/null
 wait_for 60 "job long to run" phase_is long Running
@@ -215,4 +225,15 @@ kubectl scale tj/long -n "$ns" --replicas=3 >/dev/null
 wait_for 60 "the new leader to scale up" bash -c "[ \"\$(kubectl get tj long -n $ns -o jsonpath='{.status.world.size}')\" = 3 ]"
 wait_for 60 "job long to run at 3" phase_is long Running
 echo "leader hand-over in ${dt}s; the new leader resized the job"
+
+# Suspend deletes the pods and keeps the job; resume recreates them in a new generation.
+g=$(jp long '{.status.generation}')
+kubectl patch tj long -n "$ns" --type=merge -p '{"spec":{"runPolicy":{"suspend":true}}}' >/dev/null
+wait_for 30 "job long to be suspended" phase_is long Suspended
+wait_for 60 "suspended pods to go" pods_gone long
+kubectl patch tj long -n "$ns" --type=merge -p '{"spec":{"runPolicy":{"suspend":false}}}' >/dev/null
+wait_for 60 "job long to resume" phase_is long Running
+[ "$(jp long '{.status.generation}')" = $((g + 1)) ] || fail "resume did not open a new generation"
+[ "$(pod_count long)" = 3 ] || fail "resume: $(pod_count long) pods"
+echo "suspend/resume: pods deleted and recreated in generation $((g + 1))"
 echo "operator e2e: ok"
