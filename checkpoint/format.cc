@@ -268,8 +268,9 @@ const TensorRecord* Manifest::find_tensor(std::string_view name) const {
 }
 
 nlohmann::json to_json(const RankRecord& r) {
-  nlohmann::json j{{"rank", r.rank}, {"step", r.step},       {"run_id", r.run_id},
-                   {"file", r.file}, {"file_bytes", r.file_bytes}, {"state", r.state}};
+  nlohmann::json j{
+      {"rank", r.rank},  {"step", r.step}, {"run_id", r.run_id}, {"file", r.file}, {"file_bytes", r.file_bytes},
+      {"state", r.state}};
   j["tensors"] = nlohmann::json::array();
   for (const auto& t : r.tensors) j["tensors"].push_back(tensor_json(t));
   j["slices"] = nlohmann::json::array();
@@ -377,7 +378,8 @@ void validate_coverage(const Manifest& m) {
     const auto& slices = by_tensor[t.name];
     int64_t covered = 0;
     for (const auto* s : slices) {
-      if (!box_within(s->box, t.shape)) throw Error("tensor " + t.name + ": slice " + slice_label(*s) + " out of bounds");
+      if (!box_within(s->box, t.shape))
+        throw Error("tensor " + t.name + ": slice " + slice_label(*s) + " out of bounds");
       covered += s->box.volume();
     }
     if (covered != shape_volume(t.shape)) {

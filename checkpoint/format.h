@@ -20,7 +20,7 @@ inline constexpr const char* kLatestName = "latest";
 enum class DType { F32, BF16, F16, F64, I32, I64, U8, I8 };
 
 size_t dtype_size(DType t);
-std::string_view dtype_name(DType t);  // "f32", "bf16", ...
+std::string_view dtype_name(DType t);      // "f32", "bf16", ...
 DType parse_dtype(std::string_view name);  // throws railyard::Error listing the accepted names
 
 using Shape = std::vector<int64_t>;
@@ -40,8 +40,8 @@ Box full_box(const Shape& shape);
 int64_t shape_volume(const Shape& shape);
 bool box_within(const Box& b, const Shape& shape);
 std::optional<Box> intersect(const Box& a, const Box& b);  // nullopt when they share no element
-std::string box_to_string(const Box& b);                    // "[0:4,768:1536]" (half-open ranges)
-std::string shape_to_string(const Shape& s);                // "(12,2304,768)"
+std::string box_to_string(const Box& b);                   // "[0:4,768:1536]" (half-open ranges)
+std::string shape_to_string(const Shape& s);               // "(12,2304,768)"
 
 // Part `index` of `parts` near-equal contiguous parts of b along dimension dim (may be empty).
 Box split_box(const Box& b, int dim, int parts, int index);
@@ -77,20 +77,20 @@ struct RankRecord {
   int rank = 0;
   int64_t step = 0;
   std::string run_id;
-  std::string file;         // shard file name, "" when this rank had nothing to write
+  std::string file;  // shard file name, "" when this rank had nothing to write
   uint64_t file_bytes = 0;
   std::vector<TensorRecord> tensors;
   std::vector<SliceRecord> slices;
-  nlohmann::json state;     // opaque per-rank state (RNG, data loader position, ...)
+  nlohmann::json state;  // opaque per-rank state (RNG, data loader position, ...)
 };
 
 struct Manifest {
   int format_version = kFormatVersion;
   int64_t step = 0;
   std::string run_id;
-  std::string created;      // UTC, ISO 8601
+  std::string created;  // UTC, ISO 8601
   int world_size = 1;
-  nlohmann::json layout;    // {"dp":..,"tp":..,"pp":..,"zero":..} as given by the writer
+  nlohmann::json layout;  // {"dp":..,"tp":..,"pp":..,"zero":..} as given by the writer
   std::vector<TensorRecord> tensors;
   std::vector<SliceRecord> slices;
   std::map<std::string, uint64_t> files;  // shard file -> size in bytes
@@ -113,7 +113,7 @@ void validate_coverage(const Manifest& m);
 
 std::string step_dir_name(int64_t step);  // "step-00001000"
 std::optional<int64_t> parse_step_dir(std::string_view name);
-std::string rank_file_name(int rank);      // "rank-00003.bin"
+std::string rank_file_name(int rank);           // "rank-00003.bin"
 std::string slice_label(const SliceRecord& s);  // "qkvw[0:4,0:2304,0:768]"
 
 }  // namespace railyard::ckpt

@@ -125,11 +125,11 @@ int rank_of(const Layout& l, const RankCoord& c) { return c.tp + l.tp * (c.dp + 
 
 std::vector<SplitRule> gpt_rules() {
   return {
-      {"wte", Stage::First, -1, 0, 1},       {"wpe", Stage::First, -1, -1, 1},    {"ln1w", Stage::Layers, 0, -1, 1},
-      {"ln1b", Stage::Layers, 0, -1, 1},     {"qkvw", Stage::Layers, 0, 1, 3},    {"qkvb", Stage::Layers, 0, 1, 3},
-      {"attprojw", Stage::Layers, 0, 2, 1},  {"attprojb", Stage::Layers, 0, -1, 1}, {"ln2w", Stage::Layers, 0, -1, 1},
-      {"ln2b", Stage::Layers, 0, -1, 1},     {"fcw", Stage::Layers, 0, 1, 1},     {"fcb", Stage::Layers, 0, 1, 1},
-      {"fcprojw", Stage::Layers, 0, 2, 1},   {"fcprojb", Stage::Layers, 0, -1, 1}, {"lnfw", Stage::Last, -1, -1, 1},
+      {"wte", Stage::First, -1, 0, 1},      {"wpe", Stage::First, -1, -1, 1},      {"ln1w", Stage::Layers, 0, -1, 1},
+      {"ln1b", Stage::Layers, 0, -1, 1},    {"qkvw", Stage::Layers, 0, 1, 3},      {"qkvb", Stage::Layers, 0, 1, 3},
+      {"attprojw", Stage::Layers, 0, 2, 1}, {"attprojb", Stage::Layers, 0, -1, 1}, {"ln2w", Stage::Layers, 0, -1, 1},
+      {"ln2b", Stage::Layers, 0, -1, 1},    {"fcw", Stage::Layers, 0, 1, 1},       {"fcb", Stage::Layers, 0, 1, 1},
+      {"fcprojw", Stage::Layers, 0, 2, 1},  {"fcprojb", Stage::Layers, 0, -1, 1},  {"lnfw", Stage::Last, -1, -1, 1},
       {"lnfb", Stage::Last, -1, -1, 1},
   };
 }
@@ -138,11 +138,21 @@ std::vector<TensorDef> gpt_tensor_defs(int layers, int channels, int max_seq_len
                                        bool with_optimizer) {
   const int64_t L = layers, C = channels, T = max_seq_len, V = padded_vocab;
   std::vector<TensorDef> p = {
-      {"wte", DType::F32, {V, C}},           {"wpe", DType::F32, {T, C}},          {"ln1w", DType::F32, {L, C}},
-      {"ln1b", DType::F32, {L, C}},          {"qkvw", DType::F32, {L, 3 * C, C}},  {"qkvb", DType::F32, {L, 3 * C}},
-      {"attprojw", DType::F32, {L, C, C}},   {"attprojb", DType::F32, {L, C}},     {"ln2w", DType::F32, {L, C}},
-      {"ln2b", DType::F32, {L, C}},          {"fcw", DType::F32, {L, 4 * C, C}},   {"fcb", DType::F32, {L, 4 * C}},
-      {"fcprojw", DType::F32, {L, C, 4 * C}}, {"fcprojb", DType::F32, {L, C}},     {"lnfw", DType::F32, {C}},
+      {"wte", DType::F32, {V, C}},
+      {"wpe", DType::F32, {T, C}},
+      {"ln1w", DType::F32, {L, C}},
+      {"ln1b", DType::F32, {L, C}},
+      {"qkvw", DType::F32, {L, 3 * C, C}},
+      {"qkvb", DType::F32, {L, 3 * C}},
+      {"attprojw", DType::F32, {L, C, C}},
+      {"attprojb", DType::F32, {L, C}},
+      {"ln2w", DType::F32, {L, C}},
+      {"ln2b", DType::F32, {L, C}},
+      {"fcw", DType::F32, {L, 4 * C, C}},
+      {"fcb", DType::F32, {L, 4 * C}},
+      {"fcprojw", DType::F32, {L, C, 4 * C}},
+      {"fcprojb", DType::F32, {L, C}},
+      {"lnfw", DType::F32, {C}},
       {"lnfb", DType::F32, {C}},
   };
   if (!with_optimizer) return p;

@@ -21,7 +21,7 @@ struct Layout {
   int world_size() const { return dp * tp * pp; }
   nlohmann::json to_json() const;
   static Layout from_json(const nlohmann::json& j);  // throws railyard::Error naming the bad field
-  void validate() const;                              // throws railyard::ConfigError
+  void validate() const;                             // throws railyard::ConfigError
 };
 
 struct RankCoord {
@@ -36,9 +36,9 @@ enum class Stage { Layers, First, Last };
 struct SplitRule {
   std::string pattern;  // tensor base name (after the last '/'); '*' matches any run of characters
   Stage stage = Stage::Layers;
-  int layer_dim = -1;   // with Stage::Layers: the layer dimension, split into pp contiguous parts
-  int tp_dim = -1;      // split into tp parts (-1: replicated across tp)
-  int tp_groups = 1;    // tp_dim holds this many stacked blocks (qkv: 3), each split into tp parts
+  int layer_dim = -1;  // with Stage::Layers: the layer dimension, split into pp contiguous parts
+  int tp_dim = -1;     // split into tp parts (-1: replicated across tp)
+  int tp_groups = 1;   // tp_dim holds this many stacked blocks (qkv: 3), each split into tp parts
 };
 
 // llm.c GPT-2: wte vocab-parallel (stage first), wpe (first), qkv/fc column-parallel, attproj/fcproj

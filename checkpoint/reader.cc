@@ -90,7 +90,7 @@ std::vector<CheckpointInfo> list_checkpoints(const std::string& root) {
     if (dot != std::string::npos) {
       info.temporary = true;
       info.problem = name.find(".tmp-") != std::string::npos ? "not committed (save in progress or abandoned)"
-                                                               : "leftover of a replaced checkpoint";
+                                                             : "leftover of a replaced checkpoint";
     } else {
       const std::string m = entry.path().string() + "/" + kManifestName;
       if (!detail::exists(m)) {
@@ -116,9 +116,8 @@ std::vector<CheckpointInfo> list_checkpoints(const std::string& root) {
     if (::stat(entry.path().c_str(), &st) == 0) info.modified = st.st_mtime;
     out.push_back(std::move(info));
   }
-  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
-    return a.step != b.step ? a.step < b.step : a.name < b.name;
-  });
+  std::sort(out.begin(), out.end(),
+            [](const auto& a, const auto& b) { return a.step != b.step ? a.step < b.step : a.name < b.name; });
   return out;
 }
 

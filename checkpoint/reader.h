@@ -14,10 +14,10 @@ namespace railyard::ckpt {
 
 struct CheckpointInfo {
   int64_t step = 0;
-  std::string name;      // directory name
-  bool complete = false; // a committed step directory with a readable, checksummed manifest
+  std::string name;       // directory name
+  bool complete = false;  // a committed step directory with a readable, checksummed manifest
   bool temporary = false;
-  std::string problem;   // why not complete
+  std::string problem;  // why not complete
   uint64_t bytes = 0;
   std::time_t modified = 0;
 };

@@ -75,7 +75,8 @@ void ShmStore::put(int64_t step, const std::vector<TensorShard>& shards, const n
                   " is outside its shape " + shape_to_string(s.global_shape));
     }
     const uint64_t bytes = static_cast<uint64_t>(s.box.volume()) * dtype_size(s.dtype);
-    meta["tensors"].push_back({{"name", s.name}, {"dtype", std::string(dtype_name(s.dtype))}, {"shape", s.global_shape}});
+    meta["tensors"].push_back(
+        {{"name", s.name}, {"dtype", std::string(dtype_name(s.dtype))}, {"shape", s.global_shape}});
     meta["slices"].push_back(
         {{"tensor", s.name}, {"offset", s.box.offset}, {"size", s.box.size}, {"at", data_bytes}, {"bytes", bytes}});
     data_bytes = align_up(data_bytes + bytes, 64);
@@ -184,7 +185,8 @@ std::optional<int64_t> ShmStore::get(const std::vector<LoadTarget>& targets, nlo
         if (tj.at("name") == t.name) tensor = &tj;
       }
       if (tensor == nullptr) return fail("tensor '" + t.name + "' not stored");
-      if (parse_dtype(tensor->at("dtype").get<std::string>()) != t.dtype) return fail("tensor '" + t.name + "' dtype differs");
+      if (parse_dtype(tensor->at("dtype").get<std::string>()) != t.dtype)
+        return fail("tensor '" + t.name + "' dtype differs");
       int64_t covered = 0;
       for (const auto& sj : meta.at("slices")) {
         if (sj.at("tensor") != t.name) continue;

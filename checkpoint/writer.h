@@ -68,7 +68,7 @@ class FsCoordinator : public Coordinator {
 };
 
 struct WriterOptions {
-  std::string root;        // checkpoint directory, shared by all ranks
+  std::string root;  // checkpoint directory, shared by all ranks
   int rank = 0;
   int world_size = 1;
   // Same on every rank of one run, different for every run (e.g. "<job-uid>-g<generation>"): it names the
@@ -76,7 +76,7 @@ struct WriterOptions {
   // id (allowed only with world_size 1).
   std::string run_id;
   nlohmann::json layout = nlohmann::json::object();  // recorded in the manifest (Layout::to_json())
-  int keep = 3;            // complete checkpoints kept by rank 0 (0 keeps all)
+  int keep = 3;                                      // complete checkpoints kept by rank 0 (0 keeps all)
   // Snapshot buffers. 1: a snapshot taken while the previous save is still persisting waits for it (memory =
   // one copy of the rank's state). 2: double buffering, the next snapshot proceeds at once (two copies).
   int buffers = 1;
@@ -124,6 +124,11 @@ class Writer {
   SaveStatus wait(int64_t step, Clock::time_point deadline) const;
   void flush();  // waits for every queued save
 
+  // Allocates and touches the snapshot buffers for `bytes` per snapshot, so the first snapshot does not pay the page
+  // faults of a fresh multi-GB buffer inside the training step. Optional; call it at startup with
+  // snapshot_bytes(shards).
+  void reserve(uint64_t bytes);
+
   const WriterOptions& options() const { return options_; }
 
  private:
@@ -166,6 +171,9 @@ std::string temp_dir_name(int64_t step, const std::string& run_id);
 
 // The part of a replicated box that replica `index` of `replicas` writes: the box split along its longest
 // dimension (a scalar goes to replica 0). The parts of all replicas tile the box.
-Box replica_part(const Box& box, int index, int replicas);  // "step-00001000.tmp-RUNID"
+Box replica_part(const Box& box, int index, int replicas);
+
+// Snapshot buffer bytes one snapshot of these shards needs (this rank's replica parts, 64-byte aligned).
+uint64_t snapshot_bytes(const std::vector<TensorShard>& shards);  // "step-00001000.tmp-RUNID"
 
 }  // namespace railyard::ckpt

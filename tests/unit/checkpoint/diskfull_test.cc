@@ -27,7 +27,7 @@ namespace {
 // With tight=true (tmpfs only) it also fills the disk so that the shard fits but the commit records do not.
 std::string disk_full_scenario(const std::string& root, const std::string& expect_error, bool tight) {
   std::ostringstream bad;
-  const auto small = small_gpt(true);                         // ~0.65 MiB
+  const auto small = small_gpt(true);                        // ~0.65 MiB
   const auto large = gpt_tensor_defs(4, 80, 64, 512, true);  // ~4.3 MiB: cannot fit
   WriterOptions o;
   o.root = root;
@@ -51,7 +51,8 @@ std::string disk_full_scenario(const std::string& root, const std::string& expec
   if (s1.state != SaveState::Committed) bad << "step 1 not committed: " << s1.error << "; ";
   SaveStatus s2 = save(2, large);
   if (s2.state != SaveState::Failed) bad << "step 2 did not fail; ";
-  if (s2.error.find(expect_error) == std::string::npos) bad << "step 2 error lacks '" << expect_error << "': " << s2.error << "; ";
+  if (s2.error.find(expect_error) == std::string::npos)
+    bad << "step 2 error lacks '" << expect_error << "': " << s2.error << "; ";
   for (const auto& e : std::filesystem::directory_iterator(root)) {
     const std::string name = e.path().filename().string();
     if (name != "latest" && name != step_dir_name(1)) bad << "left behind: " << name << "; ";
@@ -80,7 +81,8 @@ std::string disk_full_scenario(const std::string& root, const std::string& expec
   if (s4.error.find(expect_error) == std::string::npos) bad << "step 4 error: " << s4.error << "; ";
   for (const auto& e : std::filesystem::directory_iterator(root)) {
     const std::string name = e.path().filename().string();
-    if (name != "latest" && name != step_dir_name(1) && name != step_dir_name(3)) bad << "left behind: " << name << "; ";
+    if (name != "latest" && name != step_dir_name(1) && name != step_dir_name(3))
+      bad << "left behind: " << name << "; ";
   }
   if (Reader(root).latest_pointer() != 3) bad << "latest moved on step 4; ";
   load_is(3, small);
@@ -121,7 +123,9 @@ TEST_CASE("disk full during save fails cleanly and keeps the previous checkpoint
   if (pid == 0) {
     ::close(fds[0]);
     ::signal(SIGXFSZ, SIG_IGN);
-    struct rlimit lim{2u << 20, 2u << 20};
+    struct rlimit lim {
+      2u << 20, 2u << 20
+    };
     ::setrlimit(RLIMIT_FSIZE, &lim);
     std::string problems;
     try {

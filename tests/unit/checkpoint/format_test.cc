@@ -1,10 +1,11 @@
 // Pure logic: CRC32C, box arithmetic, manifest serialisation, layout rules.
+#include "checkpoint/format.h"
+
 #include <doctest/doctest.h>
 
 #include <random>
 
 #include "checkpoint/crc32c.h"
-#include "checkpoint/format.h"
 #include "checkpoint/layout.h"
 #include "checkpoint/writer.h"
 #include "common/error.h"
@@ -157,8 +158,8 @@ void check_written_once(const Layout& layout, const std::vector<TensorDef>& defs
 TEST_CASE("layout: every element is written exactly once for many layouts, with and without ZeRO") {
   auto defs = gpt_tensor_defs(4, 32, 16, 128, true);
   for (int zero : {0, 1}) {
-    for (Layout l : {Layout{1, 1, 1, 0}, Layout{2, 2, 2, 0}, Layout{4, 1, 2, 0}, Layout{2, 2, 1, 0},
-                     Layout{3, 4, 4, 0}, Layout{1, 2, 3, 0}}) {
+    for (Layout l : {Layout{1, 1, 1, 0}, Layout{2, 2, 2, 0}, Layout{4, 1, 2, 0}, Layout{2, 2, 1, 0}, Layout{3, 4, 4, 0},
+                     Layout{1, 2, 3, 0}}) {
       l.zero = zero;
       check_written_once(l, defs);
     }

@@ -95,8 +95,8 @@ TEST_CASE("round trip: (2,2,2) saved by 8 writer threads, loaded under (1,1,1), 
     LoadResult r = reader.load_latest(full.targets);
     CHECK(r.step == 100);
     CHECK(count_mismatches(g, full.data) == 0);
-    for (Layout to : {Layout{1, 1, 1, 0}, Layout{4, 1, 2, 0}, Layout{2, 2, 1, 0}, Layout{4, 1, 2, 1},
-                      Layout{2, 2, 1, 1}}) {
+    for (Layout to :
+         {Layout{1, 1, 1, 0}, Layout{4, 1, 2, 0}, Layout{2, 2, 1, 0}, Layout{4, 1, 2, 1}, Layout{2, 2, 1, 1}}) {
       CAPTURE(to.to_json().dump());
       CHECK(load_and_compare(dir.path(), g, to) == 0);
     }

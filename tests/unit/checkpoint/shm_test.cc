@@ -47,7 +47,8 @@ struct Targets {
   std::vector<LoadTarget> targets;
   Targets(const GlobalState& g, const Layout& l, int rank) : want(rank_state(g, l, rank)) {
     for (const auto& b : want.boxes) got.emplace_back(static_cast<size_t>(b.box.volume()), -1.0f);
-    for (size_t i = 0; i < got.size(); ++i) targets.push_back({want.boxes[i].tensor, DType::F32, want.boxes[i].box, got[i].data()});
+    for (size_t i = 0; i < got.size(); ++i)
+      targets.push_back({want.boxes[i].tensor, DType::F32, want.boxes[i].box, got[i].data()});
   }
   bool equal() const {
     for (size_t i = 0; i < got.size(); ++i) {

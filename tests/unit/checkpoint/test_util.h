@@ -15,9 +15,9 @@
 
 #include "checkpoint/format.h"
 #include "checkpoint/layout.h"
-#include "common/error.h"
 #include "checkpoint/reader.h"
 #include "checkpoint/writer.h"
+#include "common/error.h"
 
 namespace railyard::ckpt::test {
 
