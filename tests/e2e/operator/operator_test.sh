@@ -187,6 +187,20 @@ wait_for 60 "job long to run after the lost pod" phase_is long Running
 [ "$(jp long '{.status.restarts}')" = 2 ] || fail "lost pod: restarts $(jp long '{.status.restarts}')"
 echo "restart request and lost pod: generations $g0 -> $((g0 + 2)), restarts 2"
 
+# A node that goes down takes its pod with it: the pod is replaced on another node in a new generation.
+lost_node=$(kubectl get pod long-worker-2 -n "$ns" -o jsonpath='{.spec.nodeName}')
+"$bin/railyard-node-agent" node-down "$lost_node" --state-dir "$state/node-agent" >/dev/null
+wait_for 60 "a replacement of long-worker-2 off $lost_node" bash -c \
+  "n=\$(kubectl get pod long-worker-2 -n $ns -o jsonpath='{.spec.nodeName}' 2>/dev/null); [ -n \"\$n\" ] && [ \"\$n\" != $lost_node ]"
+wait_for 60 "job long to run after the node loss" phase_is long Running
+"$bin/railyard-node-agent" node-up "$lost_node" --state-dir "$state/node-agent" >/dev/null
+reason=$(jp long '{.status.lastRestart.reason}')
+[[ "$reason" == NodeLost || "$reason" == PodDeleted ]] || fail "node loss: lastRestart.reason $reason"
+[ "$(jp long '{.status.restarts}')" = 3 ] || fail "node loss: restarts $(jp long '{.status.restarts}')"
+[ "$(jp long '{.status.generation}')" = $((g0 + 3)) ] || fail "node loss: generation $(jp long '{.status.generation}')"
+g0=$((g0 + 1))
+echo "node loss ($lost_node): replaced, reason $reason, restarts 3"
+
 kubectl scale tj/long -n "$ns" --replicas=2 >/dev/null
 wait_for 60 "scale down to 2" bash -c "[ \"\$(kubectl get pods -n $ns -l railyard.dev/job=long --no-headers | wc -l)\" = 2 ]"
 wait_for 60 "job long to run at 2" phase_is long Running
@@ -207,10 +221,10 @@ start_operator b
 wait_for 30 "operator b to lead" leading b
 sleep 3
 [ "$(pod_count long)" = 2 ] || fail "duplicate or missing pods after operator restart: $(pod_count long)"
-[ "$(jp long '{.status.restarts}')" = 2 ] || fail "restart count changed after operator restart"
+[ "$(jp long '{.status.restarts}')" = 3 ] || fail "restart count changed after operator restart"
 [ "$(jp long '{.status.generation}')" = $((g0 + 3)) ] || fail "generation changed after operator restart"
 phase_is long Running || fail "job long not Running after operator restart"
-echo "operator restart: converged, 2 pods, restarts 2"
+echo "operator restart: converged, 2 pods, restarts 3"
 
 # Two replicas: killing the leader hands over within one lease duration (6 s) plus a retry period.
 start_operator c
