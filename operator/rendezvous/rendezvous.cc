@@ -4,6 +4,7 @@
 #include <openssl/crypto.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -142,6 +143,7 @@ struct RendezvousService::Impl {
   RendezvousOptions opts;
   httplib::Server server;
   std::thread thread;
+  std::atomic<bool> listen_returned{false};
   int port = 0;
 
   mutable std::mutex mu;
@@ -486,7 +488,16 @@ RendezvousService::RendezvousService(std::string host, int port, RendezvousOptio
     }
     s.port = port;
   }
-  s.thread = std::thread([&s] { s.server.listen_after_bind(); });
+  s.thread = std::thread([&s] {
+    s.server.listen_after_bind();
+    s.listen_returned = true;
+  });
+  // Server::stop() is a no-op until the accept loop runs, so a destructor racing the start would hang in join().
+  while (!s.server.is_running() && !s.listen_returned) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (!s.server.is_running()) {
+    s.thread.join();
+    throw Error("rendezvous: server on " + host + ":" + std::to_string(s.port) + " stopped at once");
+  }
   log::info(kComponent, "serving", {{"address", host + ":" + std::to_string(s.port)}});
 }
 
