@@ -66,6 +66,11 @@ std::vector<std::string> Informer::keys() {
   return out;
 }
 
+size_t Informer::size() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cache_.size();
+}
+
 std::string Informer::last_resource_version() {
   std::lock_guard<std::mutex> lock(mu_);
   return rv_;

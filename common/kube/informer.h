@@ -53,6 +53,7 @@ class Informer {
   std::optional<Json> get(const std::string& key);
   std::vector<Json> list();
   std::vector<std::string> keys();
+  size_t size();
   std::string last_resource_version();
   int relists();         // completed lists (the first one included)
   int watch_restarts();  // watches started after the first
