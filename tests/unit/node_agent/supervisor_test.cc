@@ -39,6 +39,10 @@ struct Exits {
       by_key[key] = s;
     };
   }
+  void forget(const std::string& key) {
+    std::lock_guard<std::mutex> l(mu);
+    by_key.erase(key);
+  }
   std::optional<na::ExitStatus> get(const std::string& key) {
     // The callback runs right after the process is removed; give it a moment.
     for (int i = 0; i < 100; ++i) {
@@ -112,6 +116,7 @@ TEST_CASE("supervisor: exit codes, env, working dir and log file") {
   CHECK(log.find("err") != std::string::npos);
   CHECK(log.find(d.path + "/work/sub") != std::string::npos);
 
+  exits.forget("a");
   sup.start("a", sh(d, "exit 0"));  // the key is free again once the process ended
   REQUIRE(sup.wait("a", 5s));
   CHECK(exits.get("a")->code == 0);
