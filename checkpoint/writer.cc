@@ -455,7 +455,18 @@ SaveStatus Writer::snapshot(int64_t step, const std::vector<TensorShard>& shards
   }
   if (buf->capacity < total) {
     buf->data.reset();
-    buf->data.reset(new std::byte[std::max<uint64_t>(total, 1)]);
+    buf->capacity = 0;
+    try {
+      buf->data.reset(new std::byte[std::max<uint64_t>(total, 1)]);
+    } catch (const std::bad_alloc&) {
+      {
+        std::lock_guard lock(mu_);
+        buf->busy = false;
+      }
+      cv_.notify_all();
+      throw Error("checkpoint snapshot of step " + std::to_string(step) + ": cannot allocate " + std::to_string(total) +
+                  " bytes of host memory for the snapshot buffer");
+    }
     buf->capacity = total;
   }
   uint64_t offset = 0;

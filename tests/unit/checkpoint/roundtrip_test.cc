@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <thread>
 
 #include "checkpoint/cli.h"
@@ -243,4 +244,40 @@ TEST_CASE("CLI: ls, inspect, verify and reshard") {
   CHECK(Reader(out).load_latest(full.targets).step == 5);
   CHECK(count_mismatches(g, full.data) == 0);
   CHECK(load_and_compare(out, g, Layout{2, 2, 2, 1}) == 0);
+}
+
+TEST_CASE("multi-rank failure: one rank cannot write, every rank's save fails and the previous step stays") {
+  TempDir dir;
+  GlobalState g1 = GlobalState::make(small_gpt(false), 1), g2 = GlobalState::make(small_gpt(false), 2);
+  Layout l{2, 1, 1, 0};
+  for (const auto& s : save_with_threads(dir.path(), g1, l, 1, "ok")) REQUIRE(s.state == SaveState::Committed);
+  // Rank 1's shard path is a directory, so its open() fails with EISDIR.
+  std::filesystem::create_directories(dir / (temp_dir_name(2, "bad") + "/" + rank_file_name(1)));
+  auto statuses = save_with_threads(dir.path(), g2, l, 2, "bad");
+  REQUIRE(statuses.size() == 2);
+  CHECK(statuses[1].state == SaveState::Failed);
+  CHECK(statuses[1].error.find("Is a directory") != std::string::npos);
+  CHECK(statuses[0].state == SaveState::Failed);
+  CHECK_MESSAGE(statuses[0].error.find("rank 1 failed to write its shard") != std::string::npos, statuses[0].error);
+  Reader reader(dir.path());
+  CHECK(reader.latest_pointer() == 1);
+  FullTargets full(g1.defs);
+  CHECK(reader.load_latest(full.targets).step == 1);
+  CHECK(count_mismatches(g1, full.data) == 0);
+}
+
+TEST_CASE("multi-rank barrier: a missing rank times out with the rank named") {
+  TempDir dir;
+  GlobalState g = GlobalState::make(small_gpt(false), 1);
+  Layout l{2, 1, 1, 0};
+  WriterOptions o = writer_options(dir.path(), l, 0, "lonely");
+  o.commit_timeout = std::chrono::milliseconds(300);
+  Writer w(o);
+  RankState rs = rank_state(g, l, 0);
+  w.snapshot(1, rs.shards);
+  SaveStatus s = w.wait(1, Clock::now() + std::chrono::seconds(10));
+  CHECK(s.state == SaveState::Failed);
+  CHECK_MESSAGE(s.error.find("waiting for rank(s) 1") != std::string::npos, s.error);
+  CHECK(Reader(dir.path()).complete_steps().empty());
+  CHECK_FALSE(std::filesystem::exists(dir / temp_dir_name(1, "lonely")));
 }
