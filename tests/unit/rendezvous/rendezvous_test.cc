@@ -14,6 +14,7 @@
 #include <set>
 #include <thread>
 
+#include "worker/agent/agent.h"
 #include "worker/agent/rendezvous_client.h"
 
 using railyard::op::GenerationSpec;
@@ -461,4 +462,75 @@ TEST_CASE("many pods with long-polls beyond the default thread count") {
   CHECK(ranks.size() == static_cast<size_t>(n));
   CHECK(ranks.count(numbered("rank", n - 1)) == 1);
   CHECK(seconds_since(start) < 15.0);
+}
+
+TEST_CASE("garbage on every endpoint gets 400 naming the problem, never a crash") {
+  RendezvousService svc("127.0.0.1", 0);
+  svc.open_generation(spec(1, {"p0"}, 1));
+  std::string deep(20000, '[');
+  deep += std::string(20000, ']');
+  const std::vector<std::string> bodies = {"",
+                                           "null",
+                                           "{}",
+                                           "[]",
+                                           "\"text\"",
+                                           "12",
+                                           deep,
+                                           R"({"namespace": 1, "job": "job1", "pod": "p0"})",
+                                           R"({"namespace": "ns1", "job": "", "pod": "p0"})",
+                                           R"({"namespace": "ns1", "job": "job1", "pod": "p0", "generation": 1e30})",
+                                           R"({"namespace": "ns1", "job": "job1", "pod": "p0", "generation": -1})",
+                                           R"({"namespace": "ns1", "job": "job1", "pod": "p0", "generation": "1"})"};
+  for (const char* path : {rdzv::kJoinPath, rdzv::kStatusPath, rdzv::kExitPath, rdzv::kProgressPath}) {
+    for (const auto& body : bodies) {
+      auto r = raw_post(svc, path, body, kToken);
+      REQUIRE(r);
+      CHECK_MESSAGE(r->status == 400, path << " " << body.substr(0, 80));
+      auto j = nlohmann::json::parse(r->body, nullptr, false);
+      REQUIRE(j.is_object());
+      CHECK(j["status"] == "error");
+      CHECK_FALSE(j["error"].get<std::string>().empty());
+    }
+  }
+  auto progress = rdzv::to_json(rdzv::ProgressReport{{"ns1", "job1", "p0"}, 1, 0, 5, 1.0, 1.0});
+  progress["loss"] = "low";
+  auto r = raw_post(svc, rdzv::kProgressPath, progress.dump(), kToken);
+  REQUIRE(r);
+  CHECK(r->status == 400);
+  CHECK(r->body.find("'loss' must be a number") != std::string::npos);
+  // The service still works.
+  CHECK(client(svc).join(join_req("p0", 1, 0)).outcome == Outcome::Ready);
+}
+
+TEST_CASE("the agent's configuration errors name the variable") {
+  CHECK_THROWS_WITH_AS(RendezvousClient("nohost", kToken), doctest::Contains("RAILYARD_RENDEZVOUS_ADDR"),
+                       railyard::ConfigError);
+  CHECK_THROWS_AS(RendezvousClient("host:", kToken), railyard::ConfigError);
+  CHECK_THROWS_WITH_AS(RendezvousClient("host:99999", kToken), doctest::Contains("port"), railyard::ConfigError);
+  CHECK_THROWS_AS(RendezvousClient("host:8x", kToken), railyard::ConfigError);
+  CHECK_THROWS_WITH_AS(RendezvousClient("host:80", ""), doctest::Contains("RAILYARD_RENDEZVOUS_TOKEN"),
+                       railyard::ConfigError);
+  CHECK(RendezvousClient("10.1.2.3:8477", kToken).port() == 8477);
+
+  const std::vector<std::pair<const char*, const char*>> env = {
+      {"RAILYARD_JOB_NAMESPACE", "ns1"}, {"RAILYARD_JOB_NAME", "job1"},       {"RAILYARD_POD_NAME", "p0"},
+      {"RAILYARD_POD_IP", "127.0.0.1"},  {"RAILYARD_RENDEZVOUS_ADDR", "h:1"}, {"RAILYARD_RENDEZVOUS_TOKEN", "t"},
+      {"RAILYARD_PROCS_PER_POD", "2"},   {"RAILYARD_AGENT_DIR", "/tmp/x"}};
+  for (auto [k, v] : env) ::setenv(k, v, 1);
+  auto cfg = railyard::worker::AgentConfig::from_env({"echo", "hi"});
+  CHECK(cfg.procs_per_pod == 2);
+  CHECK(cfg.work_dir == "/tmp/x");
+  CHECK(cfg.command == std::vector<std::string>{"echo", "hi"});
+  ::setenv("RAILYARD_PROCS_PER_POD", "two", 1);
+  CHECK_THROWS_WITH_AS(railyard::worker::AgentConfig::from_env({}), doctest::Contains("RAILYARD_PROCS_PER_POD"),
+                       railyard::ConfigError);
+  ::setenv("RAILYARD_PROCS_PER_POD", "2", 1);
+  ::setenv("RAILYARD_AGENT_POLL_MS", "5000", 1);
+  CHECK_THROWS_WITH_AS(railyard::worker::AgentConfig::from_env({}), doctest::Contains("RAILYARD_AGENT_POLL_MS"),
+                       railyard::ConfigError);
+  ::unsetenv("RAILYARD_AGENT_POLL_MS");
+  ::unsetenv("RAILYARD_POD_IP");
+  CHECK_THROWS_WITH_AS(railyard::worker::AgentConfig::from_env({}), doctest::Contains("RAILYARD_POD_IP is not set"),
+                       railyard::ConfigError);
+  for (auto [k, v] : env) ::unsetenv(k);
 }
