@@ -103,7 +103,8 @@ struct Agent::Impl {
   kube::Client& client;
   std::vector<SimNode> nodes;
   std::set<std::string> node_names;
-  std::map<std::string, std::string> node_uids;
+  std::mutex lease_mu;  // lease calls come from the heartbeat thread and (node-up) the loop thread
+  std::map<std::string, std::string> node_uids;  // guarded by lease_mu
 
   std::mutex nodes_mu;
   std::set<std::string> down;            // guarded by nodes_mu
@@ -151,7 +152,11 @@ struct Agent::Impl {
   // ------------------------------------------------------------------------------------------------------------
 
   void register_nodes() {
-    for (const auto& n : nodes) {
+    for (const auto& n : nodes) register_node(n);
+  }
+
+  void register_node(const SimNode& n) {
+    {
       Json obj = node_object(opts.topology, n, now3339());
       Json stored;
       try {
@@ -164,12 +169,16 @@ struct Agent::Impl {
                               kube::PatchType::StrategicMerge, "status");
         log::info(kComp, "node updated", {{"node", n.name}});
       }
-      node_uids[n.name] = str_at(stored["metadata"], "uid");
+      {
+        std::lock_guard<std::mutex> l(lease_mu);
+        node_uids[n.name] = str_at(stored["metadata"], "uid");
+      }
       renew_lease(n.name);
     }
   }
 
   void renew_lease(const std::string& node) {
+    std::lock_guard<std::mutex> l(lease_mu);
     std::string now = kube::format_rfc3339_micro(SysClock::now());
     try {
       try {
@@ -199,8 +208,13 @@ struct Agent::Impl {
     }
   }
 
-  void patch_ready(const std::string& node) {
-    client.patch(kube::resources::nodes, "", node, {{"status", {{"conditions", node_conditions(now3339())}}}},
+  // `transition`: the node comes (back) up, so lastTransitionTime moves too; otherwise only the heartbeat time.
+  void patch_ready(const std::string& node, bool transition) {
+    Json conditions = node_conditions(now3339());
+    if (!transition) {
+      for (auto& cond : conditions) cond.erase("lastTransitionTime");
+    }
+    client.patch(kube::resources::nodes, "", node, {{"status", {{"conditions", conditions}}}},
                  kube::PatchType::StrategicMerge, "status");
   }
 
@@ -223,7 +237,17 @@ struct Agent::Impl {
         renew_lease(n);
         if (status_due || ready_now.count(n)) {
           try {
-            patch_ready(n);
+            patch_ready(n, ready_now.count(n) > 0);
+          } catch (const kube::NotFound&) {
+            // Someone deleted the Node: register it again, as a kubelet would.
+            log::warn(kComp, "node object is gone, registering it again", {{"node", n}});
+            try {
+              for (const auto& sn : nodes) {
+                if (sn.name == n) register_node(sn);
+              }
+            } catch (const std::exception& e) {
+              log::warn(kComp, "node registration failed", {{"node", n}, {"error", e.what()}});
+            }
           } catch (const std::exception& e) {
             log::warn(kComp, "node status update failed", {{"node", n}, {"error", e.what()}});
           }
@@ -753,7 +777,7 @@ struct Agent::Impl {
       }
       renew_lease(node);
       try {
-        patch_ready(node);
+        patch_ready(node, true);
       } catch (const std::exception& e) {
         std::lock_guard<std::mutex> l(nodes_mu);
         ready_asap.insert(node);  // the heartbeat thread retries
