@@ -249,6 +249,8 @@ class AgentRun {
       std::string kv = *e;
       if (!kOverridden.count(kv.substr(0, kv.find('=')))) base_env.push_back(std::move(kv));
     }
+    const std::string exec_error = "railyard agent: cannot exec the worker command \"" + command.front() +
+                                   "\" (not found or not executable); exit code 127\n";
     std::vector<char*> argv;
     for (auto& s : command) argv.push_back(s.data());
     argv.push_back(nullptr);
@@ -293,8 +295,7 @@ class AgentRun {
         ::sigprocmask(SIG_SETMASK, &none, nullptr);
         ::signal(SIGPIPE, SIG_DFL);
         ::execvpe(argv[0], argv.data(), envp.data());
-        const char msg[] = "railyard agent: cannot exec the worker command\n";
-        (void)!::write(2, msg, sizeof msg - 1);
+        (void)!::write(2, exec_error.data(), exec_error.size());
         ::_exit(127);
       }
       ::setpgid(pid, pid);

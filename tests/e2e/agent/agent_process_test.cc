@@ -419,3 +419,30 @@ TEST_CASE("an unreachable service ends the agent with exit 3 after RAILYARD_AGEN
   CHECK(a.wait_exit(30) == 3);
   CHECK(slurp(a.log).find("unreachable") != std::string::npos);
 }
+
+TEST_CASE("a worker command that cannot be executed is reported as exit code 127 with a message") {
+  TempDir tmp;
+  RendezvousService svc("127.0.0.1", 0);
+  std::mutex mu;
+  std::vector<WorkerExit> exits;
+  svc.set_exit_handler([&](const WorkerExit& e) {
+    std::lock_guard<std::mutex> l(mu);
+    exits.push_back(e);
+  });
+  svc.open_generation(spec(1, {"pod0"}, 1));
+  AgentProcess a("pod0", "127.0.15.1", svc.port(), 1, tmp.path, {"/nonexistent/railyard-train"});
+  REQUIRE(wait_for(
+      [&] {
+        std::lock_guard<std::mutex> l(mu);
+        return !exits.empty();
+      },
+      15));
+  {
+    std::lock_guard<std::mutex> l(mu);
+    CHECK(exits[0].exit_code == 127);
+    CHECK(exits[0].signal == 0);
+  }
+  svc.close_job("ns1/job1");
+  CHECK(a.wait_exit(10) == 1);
+  CHECK(slurp(a.log).find("cannot exec the worker command \"/nonexistent/railyard-train\"") != std::string::npos);
+}
