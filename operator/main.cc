@@ -35,6 +35,7 @@ struct Flags {
   std::string worker_command = "railyard-worker";
   std::string rendezvous_bind = "127.0.0.1:9090";
   std::string rendezvous_addr;
+  double join_timeout = 300;
   int workers = 2;
 };
 
@@ -55,6 +56,8 @@ Runs the TrainingJob controller against the cluster of $KUBECONFIG (or --kubecon
                                     cluster the absolute path of build/bin/railyard-worker)
   --rendezvous-bind HOST:PORT       where the leader's rendezvous service listens (default 127.0.0.1:9090)
   --rendezvous-addr HOST:PORT       what pods are told to dial (default: the bound address)
+  --join-timeout S                  how long a joined pod waits for the rest of its generation before the
+                                    service reports a join timeout (default 300)
   --workers N                       reconcile threads (default 2)
   --log-level debug|info|warn|error
 )";
@@ -137,6 +140,8 @@ Flags parse_flags(int argc, char** argv) {
       f.rendezvous_bind = next();
     } else if (a == "--rendezvous-addr") {
       f.rendezvous_addr = next();
+    } else if (a == "--join-timeout") {
+      f.join_timeout = number(next());
     } else if (a == "--workers") {
       std::string v = next();
       try {
@@ -251,7 +256,9 @@ int main(int argc, char** argv) {
   auto start_leading = [&] {
     auto [rhost, rport] = split_addr("--rendezvous-bind", flags.rendezvous_bind);
     try {
-      rdzv = std::make_unique<op::RendezvousService>(rhost, rport);
+      op::RendezvousOptions ro;
+      ro.join_timeout = std::chrono::milliseconds(static_cast<int64_t>(flags.join_timeout * 1000));
+      rdzv = std::make_unique<op::RendezvousService>(rhost, rport, ro);
     } catch (const std::exception& e) {
       log::error(kLog, "cannot start the rendezvous service", {{"error", e.what()}});
       exit_code = 1;

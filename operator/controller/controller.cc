@@ -491,12 +491,20 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
     progress = rdzv->progress(key);
     if (progress && progress->generation != gen) progress.reset();
   }
+  std::string join_timeout;  // why the world is incomplete, for the Running condition
   for (const JoinTimeout& t : timeouts) {
     if (t.generation != gen) continue;
     std::string missing;
     for (const auto& m : t.missing) missing += (missing.empty() ? "" : ", ") + m;
-    events.push_back(
-        {true, "JoinTimeout", "generation " + std::to_string(gen) + ": pods never joined the rendezvous: " + missing});
+    join_timeout = "generation " + std::to_string(gen) + ": pods never joined the rendezvous: " + missing;
+    events.push_back({true, "JoinTimeout", join_timeout});
+  }
+  if (join_timeout.empty()) {
+    // A timeout seen by an earlier reconcile stays visible until the world completes or the generation moves on.
+    auto c = find_condition(orig, "Running");
+    if (c && c->value("reason", "") == "JoinTimeout" &&
+        c->value("message", "").rfind("generation " + std::to_string(gen) + ":", 0) == 0)
+      join_timeout = c->value("message", "");
   }
 
   std::map<int, Json> by_index;
@@ -649,9 +657,14 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
     status["lastRestart"] = last;
     set_condition(status, "Restarting", true, t->reason, d.message, now_s);
     restarts_.add({{"namespace", ns}, {"job", name}, {"reason", t->reason}}).increment();
+    std::string where = "detector " + t->detector;
+    if (!t->pod.empty()) where += ", pod " + t->pod;
+    if (!t->node.empty()) where += ", node " + t->node;
+    if (t->rank >= 0) where += ", rank " + std::to_string(t->rank);
     events.push_back({true, "Restarting",
-                      "generation " + std::to_string(gen) + ": " + t->reason + ": " + d.message + " (restart " +
-                          std::to_string(restarts) + " of at most " + std::to_string(spec.max_restarts) + ")"});
+                      "generation " + std::to_string(gen) + ": " + t->reason + ": " + d.message + " [" + where +
+                          "] (restart " + std::to_string(restarts) + " of at most " +
+                          std::to_string(spec.max_restarts) + ")"});
   }
 
   // Resize (kubectl scale) within bounds: a new generation with the new world.
@@ -804,8 +817,11 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
       set_condition(status, "Resizing", false, "Resized",
                     "generation " + std::to_string(gen) + " runs " + std::to_string(n) + " replicas", now_s);
   } else {
-    set_condition(status, "Running", false, "PodsNotRunning",
-                  std::to_string(running) + " of " + std::to_string(n) + " worker pods running", now_s);
+    if (!join_timeout.empty() && running == n)
+      set_condition(status, "Running", false, "JoinTimeout", join_timeout, now_s);
+    else
+      set_condition(status, "Running", false, "PodsNotRunning",
+                    std::to_string(running) + " of " + std::to_string(n) + " worker pods running", now_s);
   }
   if (condition_true(status, "Restarting"))
     status["phase"] = "Restarting";

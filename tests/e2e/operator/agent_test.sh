@@ -66,7 +66,7 @@ kubectl wait --for=condition=Established --timeout=60s crd/trainingjobs.railyard
 kubectl create namespace "$ns" >/dev/null
 wait_for 60 "the default service account token" \
   bash -c "kubectl get sa default -n $ns -o jsonpath='{.secrets[0].name}' | grep -q ."
-"$bin/railyard-operator" --namespace "$ns" --leader-elect=false --worker-command "$agent_bin" \
+"$bin/railyard-operator" --namespace "$ns" --leader-elect=false --worker-command "$agent_bin" --join-timeout 3 \
   --metrics-addr "127.0.0.1:$(free_port)" --health-addr "127.0.0.1:$(free_port)" --rendezvous-bind 127.0.0.1:0 \
   >"$work/op.log" 2>&1 &
 op_pid=$!
@@ -94,4 +94,19 @@ wait_for 60 "job perm to fail" phase_is perm Failed
 [ "$(jp perm '{.status.conditions[?(@.type=="Failed")].reason}')" = PermanentExitCode ] || fail "perm reason"
 [ "$(jp perm '{.status.restarts}')" = 0 ] || fail "perm restarted"
 echo "permanent exit through the agent: Failed at once"
+kubectl delete tj inplace perm -n "$ns" >/dev/null
+
+# A pod that cannot re-join (its processes frozen) surfaces as Running=False, reason JoinTimeout, naming the pod;
+# once thawed, its agent joins the new generation and the job runs again.
+job stuck 2 1 'sleep 600' | kubectl apply -n "$ns" -f - >/dev/null
+wait_for 60 "job stuck to run" phase_is stuck Running
+"$bin/railyard-node-agent" freeze "$ns/stuck-worker-1" --state-dir "$state/node-agent" >/dev/null
+kubectl annotate tj stuck -n "$ns" railyard.dev/restart-request=r1 >/dev/null
+running_reason() { [ "$(jp stuck '{.status.conditions[?(@.type=="Running")].reason}')" = "$1" ]; }
+wait_for 60 "the join timeout condition" running_reason JoinTimeout
+msg=$(jp stuck '{.status.conditions[?(@.type=="Running")].message}')
+grep -q "stuck-worker-1" <<<"$msg" || fail "JoinTimeout message does not name the pod: $msg"
+"$bin/railyard-node-agent" thaw "$ns/stuck-worker-1" --state-dir "$state/node-agent" >/dev/null
+wait_for 60 "job stuck to run again" phase_is stuck Running
+echo "join timeout: $msg; thawed pod re-joined"
 echo "operator agent e2e: ok"

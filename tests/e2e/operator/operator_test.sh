@@ -198,6 +198,8 @@ reason=$(jp long '{.status.lastRestart.reason}')
 [[ "$reason" == NodeLost || "$reason" == PodDeleted ]] || fail "node loss: lastRestart.reason $reason"
 [ "$(jp long '{.status.restarts}')" = 3 ] || fail "node loss: restarts $(jp long '{.status.restarts}')"
 [ "$(jp long '{.status.generation}')" = $((g0 + 3)) ] || fail "node loss: generation $(jp long '{.status.generation}')"
+events=$(kubectl get events -n "$ns" --field-selector involvedObject.name=long,reason=Restarting -o jsonpath='{range .items[*]}{.message}{"\n"}{end}')
+grep -q "node $lost_node" <<<"$events" || fail "no Restarting event names node $lost_node: $events"
 g0=$((g0 + 1))
 echo "node loss ($lost_node): replaced, reason $reason, restarts 3"
 
