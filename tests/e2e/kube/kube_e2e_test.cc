@@ -280,6 +280,49 @@ TEST_CASE("watch delivers add, update, delete in order; stop() ends it promptly"
       Gone);
 }
 
+TEST_CASE("subresources: pods/binding, pods/status, update_status") {
+  TestNamespace ns("kube-sub");
+  Client& c = admin();
+  const std::string node = "kube-e2e-node-" + random_suffix();
+  c.create(resources::nodes, "", {{"metadata", {{"name", node}}}});
+  struct NodeCleanup {
+    std::string name;
+    ~NodeCleanup() {
+      try {
+        admin().remove(resources::nodes, "", name);
+      } catch (const std::exception&) {
+      }
+    }
+  } cleanup{node};
+  Json pod = {
+      {"metadata", {{"name", "p"}}},
+      {"spec",
+       {{"schedulerName", "kube-e2e-none"}, {"containers", Json::array({{{"name", "c"}, {"image", "busybox"}}})}}}};
+  c.create(resources::pods, ns.name, pod);
+  Json binding = {{"apiVersion", "v1"},
+                  {"kind", "Binding"},
+                  {"metadata", {{"name", "p"}}},
+                  {"target", {{"apiVersion", "v1"}, {"kind", "Node"}, {"name", node}}}};
+  c.create_subresource(resources::pods, ns.name, "p", "binding", binding);
+  CHECK(c.get(resources::pods, ns.name, "p")["spec"]["nodeName"] == node);
+  CHECK_THROWS_AS(c.create_subresource(resources::pods, ns.name, "p", "binding", binding), Conflict);  // bound once
+
+  Json st = c.patch(resources::pods, ns.name, "p", {{"status", {{"phase", "Running"}, {"podIP", "127.0.9.9"}}}},
+                    PatchType::Merge, "status");
+  CHECK(st["status"]["phase"] == "Running");
+  Json got = c.get(resources::pods, ns.name, "p");
+  got["status"]["phase"] = "Succeeded";
+  got["spec"]["activeDeadlineSeconds"] = 5;  // ignored by the status endpoint
+  Json after = c.update_status(resources::pods, ns.name, got);
+  CHECK(after["status"]["phase"] == "Succeeded");
+  CHECK_FALSE(after["spec"].contains("activeDeadlineSeconds"));
+
+  DeleteOptions now;
+  now.grace_period_seconds = 0;
+  c.remove(resources::pods, ns.name, "p", now);
+  CHECK(eventually([&] { return !c.try_get(resources::pods, ns.name, "p").has_value(); }, 5s));
+}
+
 TEST_CASE("1,000 ConfigMaps listed through pagination") {
   TestNamespace ns("kube-page");
   Client& c = admin();
