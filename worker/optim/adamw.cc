@@ -72,7 +72,9 @@ void AdamW::update(float* params, const float* grads, float lr, float grad_scale
     const float* g = grads + offset;
     float* m = m_.data() + offset;
     float* v = v_.data() + offset;
-    pool_.parallel_for(sizes[ti], [&](size_t b, size_t e) {
+    // Captured by value: float scalars captured by reference could alias the float stores below, which keeps GCC
+    // from hoisting them and from vectorising the loop.
+    pool_.parallel_for(sizes[ti], [=](size_t b, size_t e) {
       for (size_t i = b; i < e; ++i) {
         const float gi = g[i] * grad_scale;
         const float mi = b1 * m[i] + (1.0f - b1) * gi;

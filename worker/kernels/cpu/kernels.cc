@@ -40,7 +40,12 @@ inline float exp_approx(float x) {
   // hide a diverged run from the NaN detector).
   x = x > 88.3f ? 88.3f : x;
   x = x < -87.3f ? -87.3f : x;
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  // n = round(x / ln2) by the 1.5 * 2^23 trick: adding it leaves round-to-nearest(x / ln2) in the low mantissa
+  // bits, which also give 2^n below without a float-to-int conversion (undefined for NaN) or a libm floor call
+  // (which GCC does not inline here, and which would stop the loop from vectorising).
+  const float shifted = x * 1.44269504088896341f + 12582912.0f;
+  const float n = shifted - 12582912.0f;
+  const int32_t k = std::bit_cast<int32_t>(shifted) - std::bit_cast<int32_t>(12582912.0f);
   const float r = x - n * 0.693359375f + n * 2.12194440e-4f;  // ln2 split in a short high part and a low part
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -49,9 +54,6 @@ inline float exp_approx(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   const float y = p * r * r + r + 1.0f;
-  // 2^n from the integer n in the low mantissa bits of n + 1.5 * 2^23: no float-to-int conversion, which is
-  // undefined for NaN.
-  const int32_t k = std::bit_cast<int32_t>(n + 12582912.0f) - std::bit_cast<int32_t>(12582912.0f);
   return y * std::bit_cast<float>((k + 127) << 23);
 }
 
@@ -285,7 +287,7 @@ void attention_backward(ThreadPool& pool, T* dqkv, T* scratch, const T* dout, co
                         int C, int NH) {
   const int hs = C / NH, C3 = 3 * C;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
-  pool.parallel_for_indexed(static_cast<size_t>(B) * NH, [&](size_t begin, size_t end, int thread) {
+  pool.parallel_for_indexed(static_cast<size_t>(B) * NH, [&, scale](size_t begin, size_t end, int thread) {
     T* datt = scratch + static_cast<size_t>(thread) * Tn * Tn;
     for (size_t bh = begin; bh < end; ++bh) {
       const size_t b = bh / NH, h = bh % NH;

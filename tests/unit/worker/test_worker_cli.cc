@@ -1,0 +1,102 @@
+// railyard-worker as a user runs it: prepare shards with `railyard data prepare`, train, export an llm.c model,
+// resume from it, and get exit code 2 with a message naming the flag for bad input.
+#include <doctest/doctest.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "tests/unit/worker/worker_test_util.h"
+
+using namespace railyard::worker::testing;
+
+namespace {
+
+std::string bin_dir() {
+  const char* b = std::getenv("RAILYARD_BIN_DIR");
+  return b && *b ? b : RAILYARD_BIN_DIR_FALLBACK;
+}
+
+struct Run {
+  int code;
+  std::string err;
+};
+
+Run run(const std::string& args, const std::string& dir) {
+  const std::string cmd = bin_dir() + "/" + args + " > " + dir + "/out.txt 2> " + dir + "/err.txt";
+  const int rc = std::system(cmd.c_str());
+  std::ifstream f(dir + "/err.txt");
+  std::string err((std::istreambuf_iterator<char>(f)), {});
+  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, err};
+}
+
+}  // namespace
+
+TEST_CASE("railyard-worker train: prepare, train with validation, export, resume, and bad flags") {
+  REQUIRE_MESSAGE(std::filesystem::exists(bin_dir() + "/railyard-worker"),
+                  "build railyard-worker and railyard first (cmake --build <dir> --target railyard-worker railyard)");
+  REQUIRE(std::filesystem::exists(bin_dir() + "/railyard"));
+  TempDir dir;
+  const std::string d = dir.path();
+  Run r =
+      run("railyard data prepare --input /usr/share/common-licenses/GPL-3 /usr/share/common-licenses/Apache-2.0 "
+          "--output " +
+              d + "/data",
+          d);
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+
+  const std::string model = "--model l=2,c=64,nh=4,t=64,v=256";
+  r = run("railyard-worker train " + model + " --data " + d + "/data --steps 12 --batch 4 --seq 32 " +
+              "--global-batch 256 --lr 3e-3 --warmup 2 --val-every 6 --val-steps 2 --threads 2 --peak-flops 1e11 " +
+              "--log-json " + d + "/log.jsonl --export " + d + "/model.bin",
+          d);
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  CHECK(r.err.find("memory budget") != std::string::npos);
+  CHECK(r.err.find("micro_steps=2") != std::string::npos);  // 256 tokens / (4 x 32)
+  std::ifstream log(d + "/log.jsonl");
+  int steps = 0, vals = 0;
+  double first = 0, last = 0;
+  for (std::string line; std::getline(log, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j["event"] == "step") {
+      ++steps;
+      CHECK(j["mfu"].get<double>() > 0);
+      CHECK(j["tokens_per_s"].get<double>() > 0);
+    } else if (j["event"] == "validation") {
+      (vals++ == 0 ? first : last) = j["val_loss"].get<double>();
+    }
+  }
+  CHECK(steps == 12);
+  CHECK(vals == 3);  // steps 0, 6, 12
+  CHECK(last < first);
+  REQUIRE(std::filesystem::exists(d + "/model.bin"));
+
+  // Resume from the exported weights: the first validation must match where the last run ended.
+  r = run("railyard-worker train --init-from " + d + "/model.bin --data " + d + "/data --steps 1 --batch 4 " +
+              "--seq 32 --val-every 1 --val-steps 2 --threads 2 --peak-flops 1e11 --log-json " + d + "/log2.jsonl",
+          d);
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  std::ifstream log2(d + "/log2.jsonl");
+  std::string line;
+  std::getline(log2, line);
+  CHECK(nlohmann::json::parse(line)["val_loss"].get<double>() == doctest::Approx(last).epsilon(1e-6));
+
+  // Bad input: exit 2 and a message that names the problem.
+  r = run("railyard-worker train --data " + d + "/data --model gpt9", d);
+  CHECK(r.code == 2);
+  CHECK(r.err.find("unknown preset 'gpt9'") != std::string::npos);
+  r = run("railyard-worker train --data " + d + "/data " + model + " --batch 4 --seq 32 --global-batch 100", d);
+  CHECK(r.code == 2);
+  CHECK(r.err.find("--global-batch 100") != std::string::npos);
+  r = run("railyard-worker train --data " + d + "/nope", d);
+  CHECK(r.code == 2);
+  CHECK(r.err.find("--data") != std::string::npos);
+  r = run("railyard-worker train --data " + d + "/data --init-from " + d + "/model.bin --model tiny", d);
+  CHECK(r.code == 2);
+  CHECK(r.err.find("drop --model") != std::string::npos);
+  r = run("railyard-worker train --data " + d + "/data --stpes 3", d);
+  CHECK(r.code == 2);
+  CHECK(r.err.find("unknown flag --stpes") != std::string::npos);
+}
