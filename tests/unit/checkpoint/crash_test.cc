@@ -18,8 +18,23 @@ using namespace railyard::ckpt::test;
 
 namespace {
 
-// ~24 MiB of fp32 state in a GPT shape: L=4 C=256 maxT=256 Vp=2048, with AdamW m and v.
-std::vector<TensorDef> crash_defs() { return gpt_tensor_defs(4, 256, 256, 2048, true); }
+// ~13 MiB of fp32 state in a GPT shape: L=2 C=192 maxT=128 Vp=1024, with AdamW m and v.
+std::vector<TensorDef> crash_defs() { return gpt_tensor_defs(2, 192, 128, 1024, true); }
+
+// The state of `step`: a random base (generated once) plus the step, so every step differs in every element and is
+// cheap to produce in each child.
+GlobalState step_state(const GlobalState& base, int64_t step) {
+  GlobalState g = base;
+  for (auto& [name, v] : g.data) {
+    for (float& x : v) x += static_cast<float>(step);
+  }
+  return g;
+}
+
+const GlobalState& base_state() {
+  static const GlobalState base = GlobalState::make(crash_defs(), 20261122);
+  return base;
+}
 
 // Forks a child that generates the state of `step`, writes one byte to the pipe, then saves and exits 0 when
 // committed. Returns the pid and the read end of the pipe.
@@ -32,7 +47,7 @@ std::pair<pid_t, int> start_saver(const std::string& root, int64_t step) {
     ::close(fds[0]);
     int code = 1;
     try {
-      GlobalState g = GlobalState::make(crash_defs(), static_cast<uint64_t>(step));
+      GlobalState g = step_state(base_state(), step);
       RankState rs = rank_state(g, Layout{}, 0);
       WriterOptions o;
       o.root = root;
@@ -64,6 +79,7 @@ TEST_CASE("crash safety: SIGKILL during save, 50 times, never loads a wrong chec
   TempDir dir("ckpt-crash");
   const std::string root = dir.path();
   const auto defs = crash_defs();
+  base_state();  // generated before the first fork, shared copy-on-write by every child
 
   // Step 1 is saved completely and is the first known-good checkpoint; it also measures a save's duration.
   auto t0 = Clock::now();
@@ -82,7 +98,7 @@ TEST_CASE("crash safety: SIGKILL during save, 50 times, never loads a wrong chec
   std::mt19937_64 rng(20261122);
   std::uniform_real_distribution<double> frac(0.0, 1.2);
   int64_t good = 1;
-  int loaded_new = 0, loaded_old = 0, finished = 0;
+  int loaded_new = 0, loaded_old = 0, finished = 0, orphans_seen = 0;
   for (int i = 0; i < 50; ++i) {
     const int64_t step = 2 + i;
     CAPTURE(step);
@@ -93,17 +109,27 @@ TEST_CASE("crash safety: SIGKILL during save, 50 times, never loads a wrong chec
     ::waitpid(pid, &st, 0);
     if (WIFEXITED(st) && WEXITSTATUS(st) == 0) ++finished;
 
+    // The child's writer start removed the previous kill's orphan, so at most its own can be left.
+    int orphans_now = 0;
+    for (const auto& e : std::filesystem::directory_iterator(root)) {
+      orphans_now += e.path().filename().string().find(".tmp-") != std::string::npos;
+    }
+    CHECK(orphans_now <= 1);
+    orphans_seen += orphans_now;
+
     FullTargets full(defs);
     LoadResult r = Reader(root).load_latest(full.targets);
     REQUIRE((r.step == good || r.step == step));
     CHECK(r.manifest.rank_state.at(0)["step"] == r.step);
-    GlobalState want = GlobalState::make(defs, static_cast<uint64_t>(r.step));
+    GlobalState want = step_state(base_state(), r.step);
     REQUIRE(count_mismatches(want, full.data) == 0);
     (r.step == step ? loaded_new : loaded_old)++;
     good = r.step;
   }
   MESSAGE("after 50 kills: new checkpoint loaded " << loaded_new << " times, previous " << loaded_old
                                                    << " times; children that finished before the kill: " << finished);
+  MESSAGE("kills that left an orphaned temporary directory (removed by the next writer start): " << orphans_seen);
+  CHECK(orphans_seen > 0);
   CHECK(loaded_old > 0);  // some kills must have landed inside a save
   CHECK(loaded_new > 0);
 
