@@ -1,0 +1,390 @@
+#include "monitor/rules.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+namespace railyard::monitor {
+namespace {
+
+using nlohmann::json;
+
+bool finite(double v) { return std::isfinite(v); }
+
+std::string fmt(double v, int prec = 2) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", prec, v);
+  return buf;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return nan_value();
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+bool parse_rank(const std::string& s, int* out) {
+  if (s.empty() || s.size() > 9) return false;
+  for (char c : s)
+    if (c < '0' || c > '9') return false;
+  *out = std::stoi(s);
+  return true;
+}
+
+}  // namespace
+
+Policy policy_for_job(const json& job, const Policy& defaults) {
+  Policy p = defaults;
+  if (!job.is_object() || !job.contains("spec") || !job["spec"].is_object()) return p;
+  const json& spec = job["spec"];
+  if (spec.contains("failurePolicy") && spec["failurePolicy"].is_object()) {
+    const json& fp = spec["failurePolicy"];
+    if (fp.contains("hangTimeoutSeconds") && fp["hangTimeoutSeconds"].is_number() && fp["hangTimeoutSeconds"] > 0)
+      p.hang_timeout_s = fp["hangTimeoutSeconds"].get<double>();
+    if (fp.contains("stragglerFactor") && fp["stragglerFactor"].is_number() && fp["stragglerFactor"] >= 1)
+      p.straggler_factor = fp["stragglerFactor"].get<double>();
+    if (fp.contains("excludeFailedNodes") && fp["excludeFailedNodes"].is_boolean())
+      p.exclude_failed_nodes = fp["excludeFailedNodes"].get<bool>();
+  }
+  if (spec.contains("checkpoint") && spec["checkpoint"].is_object()) {
+    const json& ck = spec["checkpoint"];
+    p.checkpoint_interval_steps = 100;  // the CRD's default
+    if (ck.contains("intervalSteps") && ck["intervalSteps"].is_number_integer() && ck["intervalSteps"] > 0)
+      p.checkpoint_interval_steps = ck["intervalSteps"].get<int>();
+  }
+  return p;
+}
+
+std::map<JobKey, std::map<int, RankObs>> group_samples(const std::vector<Sample>& samples) {
+  std::map<JobKey, std::map<int, RankObs>> out;
+  for (const Sample& s : samples) {
+    std::string ns = s.label("namespace"), job = s.label("job");
+    int rank = -1;
+    if (ns.empty() || job.empty() || !parse_rank(s.label("rank"), &rank)) continue;
+    RankObs& r = out[{ns, job}][rank];
+    r.rank = rank;
+    if (r.node.empty()) r.node = s.label("node");
+    if (r.generation.empty()) r.generation = s.label("generation");
+    const std::string& n = s.name;
+    if (n == "up") r.reachable = s.value == 1;
+    else if (n == "railyard_worker_step") r.step = s.value;
+    else if (n == "railyard_worker_last_step_timestamp_seconds") r.last_step_ts = s.value;
+    else if (n == "railyard_worker_step_duration_seconds") r.step_duration = s.value;
+    else if (n == "railyard_worker_step_duration_seconds_sum") r.duration_sum = s.value;
+    else if (n == "railyard_worker_step_duration_seconds_count") r.duration_count = s.value;
+    else if (n == "railyard_worker_loss") {
+      r.loss = s.value;
+      r.loss_present = true;
+    }
+    else if (n == "railyard_worker_nonfinite_total") r.nonfinite_total = s.value;
+    else if (n == "railyard_checkpoint_last_step") r.checkpoint_step = s.value;
+    else if (n == "railyard_checkpoint_last_timestamp_seconds") r.checkpoint_ts = s.value;
+  }
+  return out;
+}
+
+void Evaluator::mark_fired(const JobKey& job, int64_t generation) {
+  JobState& st = jobs_[job];
+  if (st.generation != generation) {
+    st = JobState{};
+    st.generation = generation;
+    st.first_seen = -1;
+  }
+  st.fired = true;
+}
+
+bool Evaluator::fired(const JobKey& job, int64_t generation) const {
+  auto it = jobs_.find(job);
+  return it != jobs_.end() && it->second.generation == generation && it->second.fired;
+}
+
+void Evaluator::forget(const JobKey& job) { jobs_.erase(job); }
+
+std::optional<Verdict> Evaluator::evaluate(const JobKey& job, int64_t generation, const std::map<int, RankObs>& all,
+                                           const Policy& p, double now) {
+  JobState& st = jobs_[job];
+  if (st.generation != generation) {
+    st = JobState{};
+    st.generation = generation;
+  }
+  if (st.fired) return std::nullopt;
+  // Series of another generation are leftovers of processes that are being replaced.
+  std::map<int, RankObs> ranks;
+  const std::string gen_s = std::to_string(generation);
+  for (const auto& [r, o] : all)
+    if (o.generation.empty() || o.generation == gen_s) ranks.emplace(r, o);
+  if (ranks.empty() && st.ranks.empty()) return std::nullopt;  // nothing of this job seen yet
+  if (st.first_seen <= 0) {
+    st.first_seen = now;
+    st.progress_at = now;
+  }
+
+  // Per-rank bookkeeping: node, step time, reachability.
+  std::vector<double> durations;
+  for (const auto& [r, o] : ranks) {
+    RankState& rs = st.ranks[r];
+    if (!o.node.empty()) rs.node = o.node;
+    if (finite(o.step_duration) && o.step_duration > 0) {
+      rs.duration = o.step_duration;
+    } else if (finite(o.duration_sum) && finite(o.duration_count) && o.duration_count > 0) {
+      if (finite(rs.prev_count) && o.duration_count > rs.prev_count)
+        rs.duration = (o.duration_sum - rs.prev_sum) / (o.duration_count - rs.prev_count);
+      else if (!finite(rs.prev_count) || o.duration_count < rs.prev_count)
+        rs.duration = o.duration_sum / o.duration_count;  // first sight or a reset counter: mean since start
+      rs.prev_sum = o.duration_sum;
+      rs.prev_count = o.duration_count;
+    }
+    if (finite(rs.duration) && rs.duration > 0 && o.reachable) durations.push_back(rs.duration);
+  }
+  auto node_of = [&](int r) { return r >= 0 && st.ranks.count(r) ? st.ranks[r].node : std::string(); };
+  auto verdict = [&](const std::string& rule, const std::string& reason, int rank, const std::string& evidence,
+                     double onset, bool suspect) {
+    st.fired = true;
+    Verdict v;
+    v.rule = rule;
+    v.reason = reason;
+    v.rank = rank;
+    v.node = node_of(rank);
+    v.evidence = evidence;
+    v.generation = generation;
+    v.onset = onset;
+    v.at = now;
+    v.node_suspect = suspect;
+    return v;
+  };
+
+  // Unreachable bookkeeping: a rank seen in this generation whose target is down or whose series vanished.
+  std::vector<int> down;
+  for (auto& [r, rs] : st.ranks) {
+    auto it = ranks.find(r);
+    bool is_down = it == ranks.end() || !it->second.reachable;
+    if (is_down) {
+      if (rs.down_since < 0) rs.down_since = now;
+      ++rs.down_evals;
+      down.push_back(r);
+    } else {
+      rs.down_since = -1;
+      rs.down_evals = 0;
+    }
+  }
+
+  // 1. Non-finite loss: certain, no debounce.
+  for (const auto& [r, o] : ranks) {
+    bool bad_loss = o.loss_present && !finite(o.loss);
+    bool counted = finite(o.nonfinite_total) && o.nonfinite_total > 0;
+    if (bad_loss || counted) {
+      std::string ev = counted ? "railyard_worker_nonfinite_total=" + fmt(o.nonfinite_total, 0) : "";
+      if (bad_loss)
+        ev += std::string(ev.empty() ? "" : "; ") + "loss=" + (std::isnan(o.loss) ? "NaN" : o.loss > 0 ? "+Inf" : "-Inf");
+      ev += " at step " + (finite(o.step) ? fmt(o.step, 0) : std::string("?"));
+      return verdict("nonfinite", "NonFiniteLoss", r, ev, now, false);
+    }
+  }
+
+  // 2. Stall: no step progress anywhere in the job for longer than the threshold.
+  double max_step = nan_value(), latest_ts = nan_value();
+  for (const auto& [r, o] : ranks) {
+    if (finite(o.step)) max_step = finite(max_step) ? std::max(max_step, o.step) : o.step;
+    if (finite(o.last_step_ts) && o.reachable)
+      latest_ts = finite(latest_ts) ? std::max(latest_ts, o.last_step_ts) : o.last_step_ts;
+  }
+  if (finite(max_step) && (!finite(st.max_step) || max_step > st.max_step)) {
+    if (finite(st.max_step)) st.progress_at = now;
+    st.max_step = max_step;
+  }
+  double progress_at = st.progress_at;
+  if (finite(latest_ts)) progress_at = std::max(progress_at, std::min(latest_ts, now));
+  double typical = median(durations);
+  double threshold = p.hang_timeout_s;
+  std::string basis = "hangTimeoutSeconds (no step time known yet)";
+  if (finite(typical)) {
+    double t = std::max(p.stall_factor * typical, p.stall_floor_s);
+    if (t < threshold) {
+      threshold = t;
+      basis = "max(" + fmt(p.stall_factor, 0) + " x typical step " + fmt(typical, 3) + "s, " + fmt(p.stall_floor_s, 0) +
+              "s)";
+    } else {
+      basis = "hangTimeoutSeconds";
+    }
+  }
+  if (now - progress_at > threshold) {
+    int blame = -1;
+    std::string why;
+    if (!down.empty()) {
+      blame = down.front();
+      why = "rank " + std::to_string(blame) + (ranks.count(blame) ? " unreachable (scrape target down)" : " series missing");
+    } else {
+      double lo = nan_value(), lo_ts = nan_value();
+      for (const auto& [r, o] : ranks) {
+        if (!finite(o.step)) continue;
+        if (!finite(lo) || o.step < lo || (o.step == lo && finite(o.last_step_ts) && o.last_step_ts < lo_ts)) {
+          lo = o.step;
+          lo_ts = o.last_step_ts;
+          blame = r;
+        }
+      }
+      bool behind = finite(lo) && finite(max_step) && lo < max_step;
+      if (behind) {
+        why = "rank " + std::to_string(blame) + " is behind at step " + fmt(lo, 0);
+      } else {
+        blame = -1;
+        why = "all ranks stopped at the same step";
+      }
+    }
+    std::string ev = "no step progress for " + fmt(now - progress_at, 1) + "s (threshold " + fmt(threshold, 1) +
+                     "s = " + basis + "); last step " + (finite(max_step) ? fmt(max_step, 0) : std::string("none")) +
+                     "; " + why;
+    return verdict("stall", "Hang", blame, ev, progress_at, blame >= 0);
+  }
+
+  // 3. Unreachable rank.
+  for (int r : down) {
+    const RankState& rs = st.ranks[r];
+    if (now - rs.down_since >= p.unreachable_s && rs.down_evals >= p.debounce_evals) {
+      std::string ev = "rank " + std::to_string(r) + (ranks.count(r) ? " scrape target down" : " series missing") +
+                       " for " + fmt(now - rs.down_since, 1) + "s (threshold " + fmt(p.unreachable_s, 0) + "s, " +
+                       std::to_string(rs.down_evals) + " evaluations)";
+      return verdict("unreachable", "RankUnreachable", r, ev, rs.down_since, true);
+    }
+  }
+
+  // 4. Straggler: a rank's step time above factor x the median of the other ranks, for a window.
+  for (auto& [r, rs] : st.ranks) {
+    std::vector<double> others;
+    for (const auto& [r2, rs2] : st.ranks)
+      if (r2 != r && finite(rs2.duration) && rs2.duration > 0 && ranks.count(r2) && ranks.at(r2).reachable)
+        others.push_back(rs2.duration);
+    double med = median(others);
+    bool slow = ranks.count(r) && ranks.at(r).reachable && finite(rs.duration) && finite(med) &&
+                rs.duration > p.straggler_factor * med;
+    if (!slow) {
+      rs.slow_since = -1;
+      rs.slow_evals = 0;
+      continue;
+    }
+    if (rs.slow_since < 0) rs.slow_since = now;
+    ++rs.slow_evals;
+    if (now - rs.slow_since >= p.straggler_window_s && rs.slow_evals >= p.debounce_evals) {
+      std::string ev = "rank " + std::to_string(r) + " step time " + fmt(rs.duration, 3) + "s > " +
+                       fmt(p.straggler_factor, 2) + " x median of the other ranks " + fmt(med, 3) + "s for " +
+                       fmt(now - rs.slow_since, 1) + "s";
+      return verdict("straggler", "Straggler", r, ev, rs.slow_since, true);
+    }
+  }
+
+  // 5. Loss spike: a new step's loss far above the rank's moving window (z-score and ratio), on consecutive steps.
+  for (const auto& [r, o] : ranks) {
+    RankState& rs = st.ranks[r];
+    if (!finite(o.loss) || !finite(o.step) || (finite(rs.last_loss_step) && o.step <= rs.last_loss_step)) continue;
+    rs.last_loss_step = o.step;
+    bool spike = false;
+    double mean = 0, sd = 0;
+    if (static_cast<int>(rs.losses.size()) >= p.loss_min_points) {
+      for (double l : rs.losses) mean += l;
+      mean /= rs.losses.size();
+      for (double l : rs.losses) sd += (l - mean) * (l - mean);
+      sd = std::sqrt(sd / rs.losses.size());
+      double floor_sd = std::max(1e-6, 0.01 * std::fabs(mean));
+      double z = (o.loss - mean) / std::max(sd, floor_sd);
+      spike = z > p.loss_spike_z && o.loss > p.loss_spike_ratio * mean;
+    }
+    if (!spike) {
+      rs.spike_steps = 0;
+      rs.losses.push_back(o.loss);
+      if (static_cast<int>(rs.losses.size()) > p.loss_window) rs.losses.erase(rs.losses.begin());
+      continue;
+    }
+    if (++rs.spike_steps >= p.debounce_evals) {
+      std::string ev = "rank " + std::to_string(r) + " loss " + fmt(o.loss, 4) + " at step " + fmt(o.step, 0) +
+                       " vs window mean " + fmt(mean, 4) + " (sd " + fmt(sd, 4) + ", " +
+                       std::to_string(rs.spike_steps) + " consecutive steps)";
+      return verdict("loss_spike", "LossSpike", r, ev, now, false);
+    }
+  }
+
+  // 6. Checkpoint too old while the job makes progress.
+  if (p.checkpoint_interval_steps > 0 && finite(typical)) {
+    double max_age = p.checkpoint_max_age_s > 0
+                         ? p.checkpoint_max_age_s
+                         : std::max(3.0 * p.checkpoint_interval_steps * typical, p.checkpoint_age_floor_s);
+    double last = nan_value();
+    for (const auto& [r, o] : ranks)
+      if (finite(o.checkpoint_ts)) last = finite(last) ? std::max(last, o.checkpoint_ts) : o.checkpoint_ts;
+    double since = finite(last) ? std::max(last, st.first_seen) : st.first_seen;
+    if (now - since > max_age) {
+      if (st.ckpt_old_since < 0) st.ckpt_old_since = now;
+      if (++st.ckpt_old_evals >= p.debounce_evals) {
+        std::string ev = "last checkpoint " +
+                         (finite(last) ? fmt(now - last, 1) + "s ago" : std::string("never seen in this generation")) +
+                         " (threshold " + fmt(max_age, 0) + "s)";
+        return verdict("checkpoint_age", "CheckpointTooOld", -1, ev, since + max_age, false);
+      }
+    } else {
+      st.ckpt_old_since = -1;
+      st.ckpt_old_evals = 0;
+    }
+  }
+  return std::nullopt;
+}
+
+std::string format_restart_request(const RestartRequest& r) {
+  json j = json::object();
+  j["reason"] = r.reason;
+  j["rule"] = r.rule;
+  j["rank"] = r.rank;
+  j["node"] = r.node;
+  j["evidence"] = r.evidence;
+  j["generation"] = r.generation;
+  j["detector"] = r.detector;
+  j["source"] = r.source;
+  j["time"] = r.time;
+  return j.dump();
+}
+
+std::optional<RestartRequest> parse_restart_request(const std::string& value) {
+  json j = json::parse(value, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("generation") || !j["generation"].is_number_integer())
+    return std::nullopt;
+  RestartRequest r;
+  r.generation = j["generation"].get<int64_t>();
+  auto str = [&](const char* k, std::string* out) {
+    if (j.contains(k) && j[k].is_string()) *out = j[k].get<std::string>();
+  };
+  str("reason", &r.reason);
+  str("rule", &r.rule);
+  str("node", &r.node);
+  str("evidence", &r.evidence);
+  str("detector", &r.detector);
+  str("source", &r.source);
+  str("time", &r.time);
+  if (j.contains("rank") && j["rank"].is_number_integer()) r.rank = j["rank"].get<int>();
+  return r;
+}
+
+RestartRequest request_from_verdict(const Verdict& v, const std::string& time) {
+  RestartRequest r;
+  r.reason = v.reason;
+  r.rule = v.rule;
+  r.rank = v.rank;
+  r.node = v.node;
+  r.evidence = v.evidence;
+  r.generation = v.generation;
+  r.time = time;
+  return r;
+}
+
+std::string add_to_node_list(const std::string& list, const std::string& node) {
+  std::vector<std::string> parts;
+  std::stringstream ss(list);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty() && std::find(parts.begin(), parts.end(), item) == parts.end()) parts.push_back(item);
+  if (!node.empty() && std::find(parts.begin(), parts.end(), node) == parts.end()) parts.push_back(node);
+  std::string out;
+  for (const auto& p : parts) out += (out.empty() ? "" : ",") + p;
+  return out;
+}
+
+}  // namespace railyard::monitor

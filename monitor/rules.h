@@ -1,0 +1,136 @@
+// Health rules over per-rank observations of a TrainingJob. Pure logic (time is passed in), so every rule, its
+// debounce and the once-per-generation guarantee are unit-tested on synthetic series. docs/monitor.md describes the
+// rules and their defaults.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "monitor/samples.h"
+
+namespace railyard::monitor {
+
+struct Policy {
+  double hang_timeout_s = 300;  // spec.failurePolicy.hangTimeoutSeconds: upper bound of the stall threshold
+  double stall_factor = 3;      // stall threshold = min(hang_timeout, max(stall_factor x typical step, stall_floor))
+  double stall_floor_s = 10;
+  double straggler_factor = 2.0;  // spec.failurePolicy.stragglerFactor (vs the median of the other ranks)
+  double straggler_window_s = 30;
+  double unreachable_s = 30;  // a rank's target down or its series gone for this long
+  int loss_window = 20;       // losses of the last N steps per rank
+  int loss_min_points = 10;
+  double loss_spike_z = 6;
+  double loss_spike_ratio = 1.5;
+  int checkpoint_interval_steps = 0;  // spec.checkpoint.intervalSteps; 0: no checkpoint rule
+  double checkpoint_max_age_s = 0;    // 0: max(3 x intervalSteps x typical step, checkpoint_age_floor)
+  double checkpoint_age_floor_s = 600;
+  int debounce_evals = 2;  // consecutive evaluations a count-based condition must hold
+  bool exclude_failed_nodes = true;
+};
+
+// The defaults overlaid with the job's spec (failurePolicy, checkpoint). Fields of the wrong type are ignored (the
+// CRD schema already refuses them).
+Policy policy_for_job(const nlohmann::json& job, const Policy& defaults);
+
+inline double nan_value() { return std::numeric_limits<double>::quiet_NaN(); }
+
+struct RankObs {
+  int rank = -1;
+  std::string node;
+  std::string generation;  // the series' generation label ("" when absent)
+  bool reachable = true;   // false: the scrape target is down
+  double step = nan_value();
+  double last_step_ts = nan_value();
+  double step_duration = nan_value();  // last step's wall time, if the worker exports the gauge
+  double duration_sum = nan_value();   // else the histogram's _sum and _count
+  double duration_count = nan_value();
+  double loss = nan_value();
+  bool loss_present = false;  // a NaN loss and a missing loss both read as NaN
+  double nonfinite_total = nan_value();
+  double checkpoint_step = nan_value();
+  double checkpoint_ts = nan_value();
+};
+
+struct JobKey {
+  std::string ns, name;
+  auto operator<=>(const JobKey&) const = default;
+};
+
+// Groups worker samples (railyard_worker_*, railyard_checkpoint_last_*, up) by namespace/job and rank. Series
+// without namespace, job or an integer rank label are skipped: they are not a training worker's.
+std::map<JobKey, std::map<int, RankObs>> group_samples(const std::vector<Sample>& samples);
+
+struct Verdict {
+  std::string rule;    // stall | unreachable | straggler | nonfinite | loss_spike | checkpoint_age
+  std::string reason;  // the restart reason: Hang, RankUnreachable, Straggler, NonFiniteLoss, LossSpike, ...
+  int rank = -1;       // -1: no single rank to blame
+  std::string node;
+  std::string evidence;
+  int64_t generation = 0;
+  double onset = 0;  // when the condition started (unix seconds): detection latency = at - onset
+  double at = 0;
+  bool node_suspect = false;  // the node may be at fault (stall, unreachable, straggler)
+};
+
+class Evaluator {
+ public:
+  // One evaluation of one job at time `now` (unix seconds). Returns at most one verdict per job and generation:
+  // after one fired (or mark_fired was called) the generation stays quiet, and a new generation starts afresh.
+  std::optional<Verdict> evaluate(const JobKey& job, int64_t generation, const std::map<int, RankObs>& ranks,
+                                  const Policy& policy, double now);
+  // A restart was already requested for this generation (read back from the annotation after a monitor restart,
+  // or by the Alertmanager path).
+  void mark_fired(const JobKey& job, int64_t generation);
+  bool fired(const JobKey& job, int64_t generation) const;
+  void forget(const JobKey& job);
+
+ private:
+  struct RankState {
+    std::string node;
+    double down_since = -1;
+    int down_evals = 0;
+    double slow_since = -1;
+    int slow_evals = 0;
+    double prev_sum = nan_value(), prev_count = nan_value();
+    double duration = nan_value();
+    std::vector<double> losses;
+    double last_loss_step = nan_value();
+    int spike_steps = 0;
+  };
+  struct JobState {
+    int64_t generation = -1;
+    bool fired = false;
+    double first_seen = 0;
+    double max_step = nan_value();
+    double progress_at = 0;
+    double ckpt_old_since = -1;
+    int ckpt_old_evals = 0;
+    std::map<int, RankState> ranks;
+  };
+  std::map<JobKey, JobState> jobs_;
+};
+
+// The annotation contract (docs/monitor.md).
+inline constexpr const char* kRestartRequestAnnotation = "railyard.dev/restart-request";
+inline constexpr const char* kRestartDetectorAnnotation = "railyard.dev/restart-detector";
+inline constexpr const char* kExcludeNodesAnnotation = "railyard.dev/exclude-nodes";
+inline constexpr const char* kMetricsPortAnnotation = "railyard.dev/metrics-port";
+
+struct RestartRequest {
+  std::string reason, rule, node, evidence, detector = "monitor", source = "rules", time;
+  int rank = -1;
+  int64_t generation = 0;
+};
+std::string format_restart_request(const RestartRequest& r);  // compact JSON, stable key order
+// nullopt when the value is not a JSON object with an integer "generation" (e.g. a hand-written "now").
+std::optional<RestartRequest> parse_restart_request(const std::string& value);
+RestartRequest request_from_verdict(const Verdict& v, const std::string& time);
+// "a,b" + "c" -> "a,b,c" (no duplicates, empty parts dropped).
+std::string add_to_node_list(const std::string& list, const std::string& node);
+
+}  // namespace railyard::monitor
