@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -142,6 +143,23 @@ std::string b64(const std::string& in) {
   }
   if (bits > -6) out.push_back(t[((val << 8) >> (bits + 8)) & 0x3F]);
   while (out.size() % 4) out.push_back('=');
+  return out;
+}
+
+std::string b64_decode(const std::string& in) {
+  static const char* t = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  int val = 0, bits = -8;
+  for (char ch : in) {
+    const char* pos = std::strchr(t, ch);
+    if (ch == '=' || ch == '\0' || pos == nullptr) break;
+    val = (val << 6) + static_cast<int>(pos - t);
+    bits += 6;
+    if (bits >= 0) {
+      out.push_back(static_cast<char>((val >> bits) & 0xFF));
+      bits -= 8;
+    }
+  }
   return out;
 }
 
@@ -439,6 +457,40 @@ TEST_CASE("credentials and transport failures give clear, bounded errors") {
     CHECK(Clock::now() - t0 < 5s);  // not retried
     fs::remove_all(dir);
   }
+}
+
+TEST_CASE("a service account without RBAC is Forbidden, for requests and for watches") {
+  TestNamespace ns("kube-rbac");
+  Client& c = admin();
+  c.create(resources::serviceaccounts, ns.name, {{"metadata", {{"name", "nobody"}}}});
+  // The controller manager's token controller writes the account's token secret.
+  std::string token;
+  REQUIRE(eventually(
+      [&] {
+        for (const auto& sec : c.list_all(resources::secrets, ns.name)) {
+          if (sec.value("type", "") == "kubernetes.io/service-account-token" &&
+              sec["metadata"]["annotations"].value("kubernetes.io/service-account.name", "") == "nobody" &&
+              sec.contains("data") && sec["data"].contains("token")) {
+            token = b64_decode(sec["data"]["token"].get<std::string>());
+            return true;
+          }
+        }
+        return false;
+      },
+      30s));
+  Config cfg = admin_config();
+  cfg.token = token;
+  Client sa(cfg);
+  try {
+    sa.list(resources::namespaces, "");
+    FAIL("an account without RBAC could list namespaces");
+  } catch (const Forbidden& e) {
+    CHECK(e.code() == 403);
+    CHECK(std::string(e.what()).find("system:serviceaccount:" + ns.name + ":nobody") != std::string::npos);
+  }
+  WatchOptions wo;
+  wo.timeout_seconds = 5;
+  CHECK_THROWS_AS(sa.watch(resources::configmaps, ns.name, wo, [](const WatchEvent&) { return true; }), Forbidden);
 }
 
 TEST_CASE("events are recorded and repeats aggregated") {
