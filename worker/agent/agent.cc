@@ -362,16 +362,23 @@ class AgentRun {
     }
   }
 
-  // Sends queued exit reports; keeps those that could not be delivered.
+  // Sends queued exit reports; keeps those that could not be delivered. Stops at the first unreachable answer so
+  // that a dead service costs one call's retries, not one per report.
   void flush_reports() {
     std::vector<rdzv::ExitReport> keep;
+    bool reachable = true;
     for (const auto& rep : pending_) {
+      if (!reachable) {
+        keep.push_back(rep);
+        continue;
+      }
       try {
         auto r = client_.report_exit(rep);
         if (r.outcome == Outcome::UnknownJob) keep.push_back(rep);  // delivered once the job is re-opened
       } catch (const RendezvousUnavailable& e) {
         log::warn(kComponent, "exit report not delivered yet", {{"error", e.what()}});
         keep.push_back(rep);
+        reachable = false;
       } catch (const ConfigError& e) {
         log::error(kComponent, std::string("exit report refused: ") + e.what());
       }
