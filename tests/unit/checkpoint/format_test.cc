@@ -25,6 +25,14 @@ TEST_CASE("crc32c matches the standard check value and both implementations agre
       CHECK(crc32c(buf.data() + start, len) == crc32c_portable(buf.data() + start, len));
     }
   }
+  // Long buffers take the three-stream path: it must agree too, at every alignment and tail length.
+  std::vector<unsigned char> big(3 * 3 * 4096 + 777);
+  for (auto& b : big) b = static_cast<unsigned char>(rng());
+  for (size_t start : {0u, 5u}) {
+    for (size_t len : std::vector<size_t>{3 * 4096 - 1, 3 * 4096, 3 * 4096 + 9, 6 * 4096 + 100, big.size() - 5}) {
+      CHECK(crc32c(big.data() + start, len) == crc32c_portable(big.data() + start, len));
+    }
+  }
   // Extending a CRC over a split buffer gives the CRC of the whole.
   uint32_t a = crc32c(buf.data(), 1234);
   CHECK(crc32c(buf.data() + 1234, buf.size() - 1234, a) == crc32c(buf.data(), buf.size()));
