@@ -164,7 +164,7 @@ TEST_CASE("token bucket: burst, then one token per 1/qps") {
   for (int i = 0; i < 5; ++i) r.acquire();
   auto took = std::chrono::steady_clock::now() - s;
   CHECK(took >= 75ms);
-  CHECK(took < 500ms);
+  CHECK(took < 2s);
 }
 
 TEST_CASE("backoff grows, is capped and jittered") {
