@@ -90,7 +90,6 @@ void Evaluator::mark_fired(const JobKey& job, int64_t generation) {
   if (st.generation != generation) {
     st = JobState{};
     st.generation = generation;
-    st.first_seen = -1;
   }
   st.fired = true;
 }
@@ -116,7 +115,7 @@ std::optional<Verdict> Evaluator::evaluate(const JobKey& job, int64_t generation
   for (const auto& [r, o] : all)
     if (o.generation.empty() || o.generation == gen_s) ranks.emplace(r, o);
   if (ranks.empty() && st.ranks.empty()) return std::nullopt;  // nothing of this job seen yet
-  if (st.first_seen <= 0) {
+  if (st.first_seen < 0) {
     st.first_seen = now;
     st.progress_at = now;
   }

@@ -105,7 +105,7 @@ class Evaluator {
   struct JobState {
     int64_t generation = -1;
     bool fired = false;
-    double first_seen = 0;
+    double first_seen = -1;
     double max_step = nan_value();
     double progress_at = 0;
     double ckpt_old_since = -1;

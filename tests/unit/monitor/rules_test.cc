@@ -1,0 +1,347 @@
+// The health rules on synthetic series: each fires when it should and not when it should not, debounces, fires
+// once per generation and again in the next one.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "monitor/rules.h"
+
+using namespace railyard::monitor;
+
+namespace {
+
+const JobKey kJob{"ns", "job"};
+
+// A healthy rank at `step`, last step at `ts`, step time `dur`.
+RankObs rank(int r, double step, double ts, double dur = 0.5, const std::string& node = "") {
+  RankObs o;
+  o.rank = r;
+  o.node = node.empty() ? "node-" + std::to_string(r) : node;
+  o.step = step;
+  o.last_step_ts = ts;
+  o.step_duration = dur;
+  o.loss = 3.0;
+  o.loss_present = true;
+  return o;
+}
+
+Policy fast_policy() {
+  Policy p;
+  p.stall_floor_s = 10;
+  p.unreachable_s = 5;
+  p.straggler_window_s = 6;
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("stall: fires after max(k x step time, floor), not before, blaming the unreachable rank") {
+  Evaluator ev;
+  Policy p = fast_policy();
+  p.unreachable_s = 30;  // the default: a hang is named a stall before the down rank counts as unreachable
+  double t = 1000;
+  // Two ranks making progress, one step every 0.5 s, evaluated every second.
+  for (int i = 0; i < 20; ++i, t += 1)
+    CHECK_FALSE(ev.evaluate(kJob, 0, {{0, rank(0, i * 2, t)}, {1, rank(1, i * 2, t)}}, p, t));
+  // Step 38 was the last one (at t-1). Rank 1 freezes: its target goes down, rank 0 waits in a collective.
+  double frozen_at = t - 1;
+  std::optional<Verdict> v;
+  for (; t < frozen_at + 30 && !v; t += 1) {
+    RankObs r1 = rank(1, 38, frozen_at);
+    r1.reachable = false;
+    v = ev.evaluate(kJob, 0, {{0, rank(0, 38, frozen_at)}, {1, r1}}, p, t);
+    if (!v) CHECK(t - frozen_at <= 10.0);
+  }
+  REQUIRE(v);
+  CHECK(v->rule == "stall");
+  CHECK(v->reason == "Hang");
+  CHECK(v->rank == 1);
+  CHECK(v->node == "node-1");
+  CHECK(v->node_suspect);
+  CHECK(v->at - frozen_at > 10.0);
+  CHECK(v->at - frozen_at <= 11.0);
+  CHECK(v->evidence.find("no step progress") != std::string::npos);
+  CHECK(v->evidence.find("rank 1 unreachable") != std::string::npos);
+  CHECK(v->onset == doctest::Approx(frozen_at));
+}
+
+TEST_CASE("stall: a slow job's threshold scales with its step time and is capped by hangTimeoutSeconds") {
+  Evaluator ev;
+  Policy p = fast_policy();
+  p.hang_timeout_s = 100;
+  double t = 0;
+  CHECK_FALSE(ev.evaluate(kJob, 0, {{0, rank(0, 1, t, 20)}}, p, t));
+  // 3 x 20 s = 60 s: quiet at 50 s, fires after 60 s.
+  CHECK_FALSE(ev.evaluate(kJob, 0, {{0, rank(0, 1, 0, 20)}}, p, 50));
+  auto v = ev.evaluate(kJob, 0, {{0, rank(0, 1, 0, 20)}}, p, 61);
+  REQUIRE(v);
+  CHECK(v->rank == -1);  // a single rank stopped at the same step as everyone: no one to blame
+  CHECK_FALSE(v->node_suspect);
+
+  Evaluator ev2;
+  CHECK_FALSE(ev2.evaluate(kJob, 0, {{0, rank(0, 1, 0, 60)}}, p, 0));
+  CHECK_FALSE(ev2.evaluate(kJob, 0, {{0, rank(0, 1, 0, 60)}}, p, 99));  // 3 x 60 = 180 > cap 100
+  CHECK(ev2.evaluate(kJob, 0, {{0, rank(0, 1, 0, 60)}}, p, 101));
+}
+
+TEST_CASE("stall: progress keeps it quiet; the same verdict never fires twice per generation, again in the next") {
+  Evaluator ev;
+  Policy p = fast_policy();
+  for (int i = 0; i < 60; ++i) CHECK_FALSE(ev.evaluate(kJob, 0, {{0, rank(0, i, i)}}, p, i));
+  auto v = ev.evaluate(kJob, 0, {{0, rank(0, 59, 59)}}, p, 75);
+  REQUIRE(v);
+  CHECK(v->generation == 0);
+  CHECK(ev.fired(kJob, 0));
+  for (double t = 76; t < 200; t += 1) CHECK_FALSE(ev.evaluate(kJob, 0, {{0, rank(0, 59, 59)}}, p, t));
+  // Generation 1: fresh state, fires again when it hangs again.
+  CHECK_FALSE(ev.fired(kJob, 1));
+  CHECK_FALSE(ev.evaluate(kJob, 1, {{0, rank(0, 60, 200)}}, p, 200));
+  CHECK_FALSE(ev.evaluate(kJob, 1, {{0, rank(0, 61, 201)}}, p, 201));
+  auto v2 = ev.evaluate(kJob, 1, {{0, rank(0, 61, 201)}}, p, 212);
+  REQUIRE(v2);
+  CHECK(v2->generation == 1);
+}
+
+TEST_CASE("mark_fired (annotation read back after a monitor restart) suppresses the generation") {
+  Evaluator ev;
+  Policy p = fast_policy();
+  ev.mark_fired(kJob, 4);
+  CHECK(ev.fired(kJob, 4));
+  for (double t = 0; t < 100; t += 1) CHECK_FALSE(ev.evaluate(kJob, 4, {{0, rank(0, 1, 0)}}, p, t));
+  CHECK(ev.evaluate(kJob, 5, {{0, rank(0, 1, 0)}}, p, 100) == std::nullopt);
+  CHECK(ev.evaluate(kJob, 5, {{0, rank(0, 1, 0)}}, p, 111));
+}
+
+TEST_CASE("series of another generation are ignored") {
+  Evaluator ev;
+  Policy p = fast_policy();
+  RankObs old = rank(0, 5, 0);
+  old.generation = "0";
+  old.loss = std::numeric_limits<double>::quiet_NaN();
+  CHECK_FALSE(ev.evaluate(kJob, 1, {{0, old}}, p, 0));
+  CHECK_FALSE(ev.evaluate(kJob, 1, {{0, old}}, p, 50));
+}
+
+TEST_CASE("unreachable: a rank down longer than the threshold and for N evaluations, but not a blip") {
+  Evaluator ev;
+  Policy p = fast_policy();
+  p.stall_floor_s = 1000;  // keep the stall rule out of the way
+  p.hang_timeout_s = 1000;
+  double t = 0;
+  for (int i = 0; i < 5; ++i, t += 1)
+    CHECK_FALSE(ev.evaluate(kJob, 0, {{0, rank(0, i, t)}, {1, rank(1, i, t)}}, p, t));
+  // A single failed scrape, then back: nothing.
+  RankObs down = rank(1, 5, t);
+  down.reachable = false;
+  CHECK_FALSE(ev.evaluate(kJob, 0, {{0, rank(0, 5, t)}, {1, down}}, p, t));
+  t += 1;
+  CHECK_FALSE(ev.evaluate(kJob, 0, {{0, rank(0, 6, t)}, {1, rank(1, 6, t)}}, p, t));
+  // Now rank 1's series vanish entirely (pod gone) while rank 0 keeps stepping.
+  std::optional<Verdict> v;
+  double since = t + 1;
+  for (int i = 7; i < 30 && !v; ++i) {
+    t += 1;
+    v = ev.evaluate(kJob, 0, {{0, rank(0, i, t)}}, p, t);
+  }
+  REQUIRE(v);
+  CHECK(v->rule == "unreachable");
+  CHECK(v->rank == 1);
+  CHECK(v->node == "node-1");
+  CHECK(v->at - since >= 5);
+  CHECK(v->at - since <= 6);
+  CHECK(v->evidence.find("series missing") != std::string::npos);
+}
+
+TEST_CASE("straggler: above factor x median of the others for the window; a short slowdown is not") {
+  Evaluator ev;
+  Policy p = fast_policy();
+  double t = 0;
+  auto world = [&](double slow_dur, int step) {
+    return std::map<int, RankObs>{{0, rank(0, step, t, 0.5)},
+                                  {1, rank(1, step, t, 0.5)},
+                                  {2, rank(2, step, t, slow_dur)},
+                                  {3, rank(3, step, t, 0.6)}};
+  };
+  for (int i = 0; i < 5; ++i, t += 1) CHECK_FALSE(ev.evaluate(kJob, 0, world(0.55, i), p, t));
+  // 3 s of 1.9x: below the factor 2.0 -> nothing, however long.
+  for (int i = 5; i < 20; ++i, t += 1) CHECK_FALSE(ev.evaluate(kJob, 0, world(0.95, i), p, t));
+  // 4 s of 3x: shorter than the 6 s window -> nothing.
+  for (int i = 20; i < 24; ++i, t += 1) CHECK_FALSE(ev.evaluate(kJob, 0, world(1.5, i), p, t));
+  CHECK_FALSE(ev.evaluate(kJob, 0, world(0.5, 24), p, t));
+  t += 1;
+  std::optional<Verdict> v;
+  double start = t;
+  for (int i = 25; i < 60 && !v; ++i, t += 1) v = ev.evaluate(kJob, 0, world(1.5, i), p, t);
+  REQUIRE(v);
+  CHECK(v->rule == "straggler");
+  CHECK(v->rank == 2);
+  CHECK(v->node_suspect);
+  CHECK(v->at - start >= 6);
+  CHECK(v->at - start <= 7);
+}
+
+TEST_CASE("straggler: step time from the histogram's _sum/_count deltas") {
+  Evaluator ev;
+  Policy p = fast_policy();
+  double t = 0;
+  std::optional<Verdict> v;
+  for (int i = 1; i < 40 && !v; ++i, t += 1) {
+    std::map<int, RankObs> m;
+    for (int r = 0; r < 3; ++r) {
+      RankObs o = rank(r, i, t, 0);
+      o.step_duration = std::numeric_limits<double>::quiet_NaN();
+      // Ranks 0,1: 0.5 s per step always. Rank 2: 0.5 s for 10 steps, then 2 s per step.
+      o.duration_count = i;
+      o.duration_sum = r < 2 ? 0.5 * i : (i <= 10 ? 0.5 * i : 5 + 2.0 * (i - 10));
+      m[r] = o;
+    }
+    v = ev.evaluate(kJob, 0, m, p, t);
+    if (i <= 10) CHECK_FALSE(v);
+  }
+  REQUIRE(v);
+  CHECK(v->rule == "straggler");
+  CHECK(v->rank == 2);
+  CHECK(v->evidence.find("2.000s") != std::string::npos);
+}
+
+TEST_CASE("nonfinite: a NaN or Inf loss, or a non-zero counter, fires at once") {
+  Policy p = fast_policy();
+  for (double bad : {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
+    Evaluator ev;
+    CHECK_FALSE(ev.evaluate(kJob, 0, {{0, rank(0, 1, 0)}, {1, rank(1, 1, 0)}}, p, 0));
+    RankObs r1 = rank(1, 2, 1);
+    r1.loss = bad;
+    auto v = ev.evaluate(kJob, 0, {{0, rank(0, 2, 1)}, {1, r1}}, p, 1);
+    REQUIRE(v);
+    CHECK(v->rule == "nonfinite");
+    CHECK(v->reason == "NonFiniteLoss");
+    CHECK(v->rank == 1);
+    CHECK_FALSE(v->node_suspect);
+  }
+  Evaluator ev;
+  RankObs r0 = rank(0, 3, 0);
+  r0.nonfinite_total = 0;
+  CHECK_FALSE(ev.evaluate(kJob, 0, {{0, r0}}, p, 0));
+  r0.nonfinite_total = 2;
+  auto v = ev.evaluate(kJob, 0, {{0, r0}}, p, 1);
+  REQUIRE(v);
+  CHECK(v->evidence.find("railyard_worker_nonfinite_total=2") != std::string::npos);
+  // A rank without a loss series at all is not a NaN.
+  Evaluator ev2;
+  RankObs no_loss = rank(0, 1, 0);
+  no_loss.loss_present = false;
+  no_loss.loss = std::numeric_limits<double>::quiet_NaN();
+  CHECK_FALSE(ev2.evaluate(kJob, 0, {{0, no_loss}}, p, 0));
+}
+
+TEST_CASE("loss spike: z-score and ratio over the window, on consecutive steps; noise and a single blip do not fire") {
+  Evaluator ev;
+  Policy p = fast_policy();
+  double t = 0;
+  auto at = [&](int step, double loss) {
+    RankObs o = rank(0, step, t);
+    o.loss = loss;
+    t += 1;
+    return ev.evaluate(kJob, 0, {{0, o}}, p, t - 1);
+  };
+  int s = 0;
+  for (; s < 30; ++s) CHECK_FALSE(at(s, 3.0 - 0.01 * s + 0.05 * ((s % 3) - 1)));  // noisy, slowly decreasing
+  CHECK_FALSE(at(s++, 9.0));                                                   // one blip
+  CHECK_FALSE(at(s++, 2.7));
+  CHECK_FALSE(at(s++, 9.0));  // first of a run
+  auto v = at(s++, 9.5);
+  REQUIRE(v);
+  CHECK(v->rule == "loss_spike");
+  CHECK(v->reason == "LossSpike");
+  CHECK(v->evidence.find("consecutive") != std::string::npos);
+}
+
+TEST_CASE("checkpoint too old, only when the job checkpoints") {
+  Policy p = fast_policy();
+  p.checkpoint_interval_steps = 10;
+  p.checkpoint_age_floor_s = 60;  // max(3 x 10 x 0.5 s, 60 s) = 60 s
+  p.stall_floor_s = 1e9;
+  p.hang_timeout_s = 1e9;
+  Evaluator ev;
+  std::optional<Verdict> v;
+  double t = 0;
+  for (int i = 0; i < 200 && !v; ++i, t += 1) {
+    RankObs o = rank(0, i * 2, t);
+    o.checkpoint_ts = 5;  // one checkpoint at t=5, then never again
+    v = ev.evaluate(kJob, 0, {{0, o}}, p, t);
+    if (t <= 65) CHECK_FALSE(v);
+  }
+  REQUIRE(v);
+  CHECK(v->rule == "checkpoint_age");
+  CHECK(t - 1 <= 67);
+  Policy off = p;
+  off.checkpoint_interval_steps = 0;
+  Evaluator ev2;
+  for (int i = 0; i < 200; ++i) CHECK_FALSE(ev2.evaluate(kJob, 0, {{0, rank(0, i, i)}}, off, i));
+}
+
+TEST_CASE("policy from the TrainingJob spec overrides the defaults") {
+  auto job = nlohmann::json::parse(R"({"spec":{"failurePolicy":{"hangTimeoutSeconds":42,"stragglerFactor":1.5,
+      "excludeFailedNodes":false},"checkpoint":{"intervalSteps":7}}})");
+  Policy p = policy_for_job(job, Policy{});
+  CHECK(p.hang_timeout_s == 42);
+  CHECK(p.straggler_factor == 1.5);
+  CHECK_FALSE(p.exclude_failed_nodes);
+  CHECK(p.checkpoint_interval_steps == 7);
+  Policy d = policy_for_job(nlohmann::json::parse(R"({"spec":{}})"), Policy{});
+  CHECK(d.hang_timeout_s == 300);
+  CHECK(d.checkpoint_interval_steps == 0);
+}
+
+TEST_CASE("group_samples: by namespace/job/rank; foreign series skipped") {
+  std::vector<Sample> s = {
+      {"railyard_worker_step", {{"namespace", "a"}, {"job", "j"}, {"rank", "1"}, {"node", "n1"}}, 7},
+      {"railyard_worker_loss", {{"namespace", "a"}, {"job", "j"}, {"rank", "1"}}, 2.5},
+      {"up", {{"namespace", "a"}, {"job", "j"}, {"rank", "0"}}, 0},
+      {"railyard_worker_step", {{"namespace", "a"}, {"job", "j"}, {"rank", "x"}}, 1},
+      {"railyard_worker_step", {{"job", "j"}, {"rank", "2"}}, 1},
+      {"process_cpu_seconds_total", {{"namespace", "a"}, {"job", "j"}, {"rank", "3"}}, 1},
+  };
+  auto g = group_samples(s);
+  REQUIRE(g.size() == 1);
+  auto& ranks = g[{"a", "j"}];
+  CHECK(ranks.size() == 3);  // 0, 1 and 3 (3 carries no worker series: all NaN)
+  CHECK(ranks[1].step == 7);
+  CHECK(ranks[1].loss == 2.5);
+  CHECK(ranks[1].loss_present);
+  CHECK(ranks[1].node == "n1");
+  CHECK_FALSE(ranks[0].reachable);
+  CHECK(ranks[1].reachable);
+}
+
+TEST_CASE("restart-request annotation: format, parse back, hand-written values") {
+  Verdict v;
+  v.rule = "stall";
+  v.reason = "Hang";
+  v.rank = 3;
+  v.node = "gpu-2";
+  v.evidence = "no step progress for 12.0s \"quoted\"";
+  v.generation = 5;
+  auto req = request_from_verdict(v, "2026-11-22T03:00:00Z");
+  std::string s = format_restart_request(req);
+  auto j = nlohmann::json::parse(s);
+  CHECK(j["reason"] == "Hang");
+  CHECK(j["rank"] == 3);
+  CHECK(j["node"] == "gpu-2");
+  CHECK(j["generation"] == 5);
+  CHECK(j["detector"] == "monitor");
+  CHECK(j["time"] == "2026-11-22T03:00:00Z");
+  CHECK(j["evidence"] == v.evidence);
+  auto back = parse_restart_request(s);
+  REQUIRE(back);
+  CHECK(back->generation == 5);
+  CHECK(back->rank == 3);
+  CHECK(back->evidence == v.evidence);
+  CHECK_FALSE(parse_restart_request("now"));
+  CHECK_FALSE(parse_restart_request("{\"reason\":\"x\"}"));
+  CHECK_FALSE(parse_restart_request("{\"generation\":\"1\"}"));
+  CHECK(add_to_node_list("", "a") == "a");
+  CHECK(add_to_node_list("a,b", "a") == "a,b");
+  CHECK(add_to_node_list("a,,b", "c") == "a,b,c");
+}
