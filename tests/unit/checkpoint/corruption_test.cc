@@ -116,6 +116,11 @@ TEST_CASE("corruption: a deleted shard") {
   TwoSteps t;
   std::filesystem::remove(t.step2("rank-00001.bin"));
   expect_fallback(t, "shard rank-00001.bin is missing");
+  auto infos = list_checkpoints(t.dir.path());  // what `railyard ckpt ls` shows
+  REQUIRE(infos.size() == 2);
+  CHECK(infos[0].complete);
+  CHECK_FALSE(infos[1].complete);
+  CHECK(infos[1].problem.find("rank-00001.bin is missing") != std::string::npos);
 }
 
 TEST_CASE("corruption: every checkpoint damaged is one clear error listing each") {

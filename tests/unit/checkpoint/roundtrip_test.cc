@@ -222,8 +222,34 @@ TEST_CASE("CLI: ls, inspect, verify and reshard") {
     for (auto& a : args) argv.push_back(a.data());
     return cli_main(static_cast<int>(argv.size()), argv.data());
   };
-  CHECK(run({"ckpt", "ls", dir.path()}) == 0);
-  CHECK(run({"ckpt", "inspect", dir.path()}) == 0);
+  // Captures what a CLI command prints on stdout.
+  auto output_of = [&](std::vector<std::string> args, int* code) {
+    const std::string file = dir / "stdout.txt";
+    std::fflush(stdout);
+    int saved_fd = ::dup(1);
+    FILE* f = std::fopen(file.c_str(), "w");
+    REQUIRE(f != nullptr);
+    ::dup2(::fileno(f), 1);
+    *code = run(std::move(args));
+    std::fflush(stdout);
+    ::dup2(saved_fd, 1);
+    ::close(saved_fd);
+    std::fclose(f);
+    std::string text = railyard::read_file(file);
+    std::filesystem::remove(file);
+    return text;
+  };
+  int code = -1;
+  std::string ls = output_of({"ckpt", "ls", dir.path()}, &code);
+  CHECK(code == 0);
+  CHECK_MESSAGE(ls.find("step-00000005") != std::string::npos, ls);
+  CHECK_MESSAGE(ls.find("complete") != std::string::npos, ls);
+  CHECK_MESSAGE(ls.find("latest") != std::string::npos, ls);
+  std::string inspect = output_of({"ckpt", "inspect", dir.path()}, &code);
+  CHECK(code == 0);
+  CHECK_MESSAGE(inspect.find("qkvw") != std::string::npos, inspect);
+  CHECK_MESSAGE(inspect.find("(4,96,32)") != std::string::npos, inspect);
+  CHECK_MESSAGE(inspect.find("8 ranks") != std::string::npos, inspect);
   CHECK(run({"ckpt", "inspect", dir.path(), "--step", "5", "--json"}) == 0);
   CHECK(run({"ckpt", "verify", dir.path()}) == 0);
   CHECK(run({"ckpt", "verify", dir.path(), "--step", "6"}) == 1);
