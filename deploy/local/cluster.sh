@@ -5,6 +5,7 @@
 #
 #   cluster.sh build
 #   cluster.sh up [--state-dir DIR] [--nodes N | --topology FILE] [--node-agent PATH | --no-node-agent]
+#                 [--prometheus]
 #   cluster.sh down|status|env|restart-apiserver [--state-dir DIR]
 # shellcheck source-path=SCRIPTDIR
 set -euo pipefail
@@ -22,6 +23,8 @@ info() { echo "$PROG: $*" >&2; }
 source "$REPO_ROOT/deploy/local/lib/build.sh"
 # shellcheck source=lib/control_plane.sh
 source "$REPO_ROOT/deploy/local/lib/control_plane.sh"
+# shellcheck source=lib/prometheus.sh
+source "$REPO_ROOT/deploy/local/lib/prometheus.sh"
 
 usage() {
   cat <<EOF
@@ -35,6 +38,8 @@ usage: $PROG COMMAND [options]
       --topology FILE   topology file for the node agent (instead of --nodes)
       --node-agent PATH railyard-node-agent binary (default: <repo>/build/bin/railyard-node-agent if present)
       --no-node-agent   control plane only
+      --prometheus      also start Prometheus on 127.0.0.1 (PROMETHEUS_URL in 'env'), scraping the
+                        file-SD lists STATE/prometheus/targets/*.json (see docs/monitor.md)
   down                  stop what 'up' started (by pid) and remove the state dir
   status                show components, pids, ports and health (exit 0 only if healthy)
   env                   print shell exports (KUBECONFIG, PATH with the matching kubectl)
@@ -62,6 +67,7 @@ NODES=""
 TOPOLOGY=""
 NODE_AGENT=""
 NO_NODE_AGENT=0
+PROMETHEUS=0
 
 need_value() { [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value (see '$PROG help')"; }
 while [ $# -gt 0 ]; do
@@ -73,6 +79,11 @@ while [ $# -gt 0 ]; do
       ;;
     --state-dir=*)
       STATE_DIR="${1#*=}"
+      shift
+      ;;
+    --prometheus)
+      [ "$command" = up ] || die "$1 is an option of 'up' only"
+      PROMETHEUS=1
       shift
       ;;
     --nodes | --topology | --node-agent | --no-node-agent)
@@ -114,8 +125,14 @@ STATE_DIR="$(realpath -m -- "$STATE_DIR")"
 
 case "$command" in
   build) cmd_build ;;
-  up) cmd_up ;;
-  down) cmd_down ;;
+  up)
+    cmd_up
+    if [ "$PROMETHEUS" = 1 ]; then prometheus_up; fi
+    ;;
+  down)
+    prometheus_down
+    cmd_down
+    ;;
   status) cmd_status ;;
   env) cmd_env ;;
   restart-apiserver) cmd_restart_apiserver ;;
