@@ -507,6 +507,18 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
       join_timeout = c->value("message", "");
   }
 
+  // The pods of the current generation's world (status.world.pods; older statuses only have world.size).
+  std::vector<std::string> old_members;
+  if (status.contains("world") && status["world"].is_object()) {
+    if (status["world"].contains("pods") && status["world"]["pods"].is_array()) {
+      for (const Json& p : status["world"]["pods"])
+        if (p.is_string()) old_members.push_back(p.get<std::string>());
+    } else if (status["world"].contains("size")) {
+      int size = status["world"]["size"].get<int>() / std::max(1, spec.procs_per_replica);
+      for (int i = 0; i < size; ++i) old_members.push_back(worker_pod_name(name, i));
+    }
+  }
+
   std::map<int, Json> by_index;
   std::vector<Json> extra;
   for (const Json& p : pods) {
@@ -520,12 +532,15 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
   // Completion: every rank reported exit 0, or (jobs without an agent) every pod Succeeded.
   int succeeded = 0;
   for (const auto& [i, p] : by_index)
-    if (phase_of(p) == "Succeeded") succeeded++;
+    if (phase_of(p) == "Succeeded" && (old_members.empty() || std::find(old_members.begin(), old_members.end(),
+                                                                        kube::name_of(p)) != old_members.end()))
+      succeeded++;
+  const int world_pods = old_members.empty() ? n : static_cast<int>(old_members.size());
   const bool agent = uses_agent(job);
   bool done_rdzv = progress && progress->all_succeeded;
-  if (gen > 0 && ((n > 0 && succeeded == n) || done_rdzv)) {
+  if (gen > 0 && ((world_pods > 0 && succeeded == world_pods) || done_rdzv)) {
     std::string how = done_rdzv ? "every rank of generation " + std::to_string(gen) + " exited 0"
-                                : "all " + std::to_string(n) + " worker pods succeeded";
+                                : "all " + std::to_string(world_pods) + " worker pods succeeded";
     status["phase"] = "Succeeded";
     status["completionTime"] = now_s;
     if (done_rdzv) status["step"] = std::max<int64_t>(status["step"].get<int64_t>(), progress->step);
@@ -667,27 +682,16 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
                           std::to_string(spec.max_restarts) + ")"});
   }
 
-  // Resize (kubectl scale) within bounds: a new generation with the new world.
-  int world_replicas = 0;
-  if (status.contains("world") && status["world"].contains("size"))
-    world_replicas = status["world"]["size"].get<int>() / std::max(1, spec.procs_per_replica);
-  if (gen > 0 && !resumed && world_replicas > 0 && world_replicas != n) {
-    if (!restarted_now) {
-      gen++;
-      status["generation"] = gen;
-    }
-    std::string msg = "replicas " + std::to_string(world_replicas) + " -> " + std::to_string(n) + " in generation " +
-                      std::to_string(gen);
-    set_condition(status, "Resizing", true, n > world_replicas ? "ScaledUp" : "ScaledDown", msg, now_s);
-    events.push_back({false, "Resizing", msg});
-  }
   if (gen == 0 || resumed) {
     gen++;
     status["generation"] = gen;
   }
   if (!status.contains("startTime")) status["startTime"] = now_s;
-  WorldLayout w = world_layout(spec, n);
-  status["world"] = {{"size", w.size}, {"data", w.data}, {"tensor", w.tensor}, {"pipeline", w.pipeline}};
+  // A change of the world (kubectl scale, or an elastic job losing or regaining capacity) opens a new generation
+  // below, once the pods are placed; pods created for a scale-up carry that coming generation.
+  const bool started_now = gen != orig.value("generation", Json(0)).get<int64_t>() && !restarted_now;
+  const int64_t label_gen =
+      gen + ((!restarted_now && !started_now && static_cast<int>(old_members.size()) != n) ? 1 : 0);
 
   // A restart or failure decision is made durable before acting on it, so a crash cannot count it twice or lose it.
   if (restarted_now || status["generation"] != orig.value("generation", Json(0))) {
@@ -727,7 +731,7 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
     if (deleting && std::any_of(to_delete.begin(), to_delete.end(),
                                 [&](const auto& d) { return d.first == worker_pod_name(name, i); }))
       continue;  // the old pod of this name is still going; its deletion event brings us back
-    Json pod = build_worker_pod(job, spec, i, gen, opts_.pod);
+    Json pod = build_worker_pod(job, spec, i, label_gen, opts_.pod);
     try {
       client_.create(kube::resources::pods, ns, pod);
       created.push_back(worker_pod_name(name, i));
@@ -743,6 +747,7 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
   }
 
   int bound_now = 0;
+  bool capacity_short = false;
   if (!unbound.empty()) {
     PlacementRequest req;
     req.job_key = key;
@@ -752,7 +757,26 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
     if (job["spec"].contains("template") && job["spec"]["template"].is_object())
       req.tolerations = job["spec"]["template"].value("spec", Json::object()).value("tolerations", Json::array());
     auto t0 = Clock::now();
-    PlacementResult r = placement_->place(req, build_inventory(nodes_->list(), pods_->list()));
+    const auto inventory = build_inventory(nodes_->list(), pods_->list());
+    PlacementResult r = placement_->place(req, inventory);
+    if (!r.ok && spec.min_replicas) {
+      // Elastic: bind the part that fits now; the world shrinks to the pods placed (never below minReplicas) and
+      // grows back when the rest fit.
+      capacity_short = true;
+      std::string why = r.message;
+      for (int k = req.pods - 1; k >= 1 && !r.ok; --k) {
+        PlacementRequest part = req;
+        part.pods = k;
+        r = placement_->place(part, inventory);
+      }
+      if (r.ok) {
+        unbound.resize(r.nodes.size());
+        set_condition(status, "Scheduled", false, "Unschedulable",
+                      why + "; elastic: bound " + std::to_string(r.nodes.size()) + " of them", now_s);
+      } else {
+        r.message = why;
+      }
+    }
     placement_seconds_.add({}).observe(std::chrono::duration<double>(Clock::now() - t0).count());
     if (r.ok) {
       std::string summary;
@@ -772,6 +796,7 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
       }
       events.push_back({false, "Bound", "bound " + std::to_string(unbound.size()) + " pods: " + summary});
     } else {
+      capacity_short = true;
       if (set_condition(status, "Scheduled", false, "Unschedulable", r.message, now_s) || created.size())
         events.push_back({true, "Unschedulable", r.message});
       keep_min(opts_.unschedulable_retry);
@@ -779,8 +804,10 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
   }
 
   // Observed state -> conditions and phase.
-  int exist = 0, bound = 0, running = 0;
+  int exist = 0, bound = 0;
   Json placed = Json::array();
+  std::vector<std::string> healthy;  // bound, not terminating, not failed; index order
+  std::map<std::string, bool> up;    // pod -> running (or already finished)
   for (int i = 0; i < n; ++i) {
     const std::string pod_name = worker_pod_name(name, i);
     auto it = by_index.find(i);
@@ -794,34 +821,64 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
       bound++;
       placed.push_back(node);
     }
+    if (!node.empty() && (it == by_index.end() || phase_of(it->second) != "Failed")) healthy.push_back(pod_name);
     // A pod whose worker already finished still counts: the job runs until every pod is done.
-    if (it != by_index.end() && (phase_of(it->second) == "Running" || phase_of(it->second) == "Succeeded")) running++;
+    up[pod_name] = it != by_index.end() && (phase_of(it->second) == "Running" || phase_of(it->second) == "Succeeded");
   }
+  // The world: every replica, or for an elastic job short of capacity the healthy pods it can run with.
+  std::vector<std::string> members;
+  if (capacity_short) {
+    int k = elastic_world_replicas(spec, static_cast<int>(healthy.size()));
+    if (k > 0) members.assign(healthy.begin(), healthy.begin() + k);
+  }
+  if (members.empty())
+    for (int i = 0; i < n; ++i) members.push_back(worker_pod_name(name, i));
+  const int m = static_cast<int>(members.size());
+  if (gen > 0 && !old_members.empty() && members != old_members && !resumed) {
+    if (!restarted_now) {
+      gen++;
+      status["generation"] = gen;
+    }
+    std::string msg = "replicas " + std::to_string(old_members.size()) + " -> " + std::to_string(m) +
+                      " in generation " + std::to_string(gen);
+    if (m < n)
+      msg += " (capacity for " + std::to_string(m) + " of " + std::to_string(n) + " pods, elastic.minReplicas " +
+             std::to_string(spec.min_replicas.value_or(n)) + ")";
+    set_condition(status, "Resizing", true, m > static_cast<int>(old_members.size()) ? "ScaledUp" : "ScaledDown", msg,
+                  now_s);
+    events.push_back({false, "Resizing", msg});
+  }
+  WorldLayout w = world_layout(spec, m);
+  status["world"] = {
+      {"size", w.size}, {"data", w.data}, {"tensor", w.tensor}, {"pipeline", w.pipeline}, {"pods", members}};
+  int running = 0;
+  for (const auto& pod_name : members)
+    if (up[pod_name]) running++;
   status["replicas"] = exist;
   if (bound == n) status["placement"] = {{"nodes", placed}};
   set_condition(status, "Created", exist == n, exist == n ? "PodsCreated" : "CreatingPods",
                 std::to_string(exist) + " of " + std::to_string(n) + " worker pods exist", now_s);
   if (bound == n)
     set_condition(status, "Scheduled", true, "Bound", "all " + std::to_string(n) + " pods are bound to nodes", now_s);
-  bool world_up = running == n;
+  bool world_up = running == m;
   if (world_up && agent && rdzv) world_up = progress && progress->world_complete;
   if (world_up) {
     set_condition(status, "Running", true, "AllPodsRunning",
                   agent && rdzv ? "every pod joined generation " + std::to_string(gen)
-                                : "all " + std::to_string(n) + " worker pods are running",
+                                : std::to_string(m) + " of " + std::to_string(n) + " worker pods are running",
                   now_s);
     if (condition_true(status, "Restarting"))
       set_condition(status, "Restarting", false, "Recovered", "generation " + std::to_string(gen) + " is running",
                     now_s);
     if (condition_true(status, "Resizing"))
       set_condition(status, "Resizing", false, "Resized",
-                    "generation " + std::to_string(gen) + " runs " + std::to_string(n) + " replicas", now_s);
+                    "generation " + std::to_string(gen) + " runs " + std::to_string(m) + " replicas", now_s);
   } else {
-    if (!join_timeout.empty() && running == n)
+    if (!join_timeout.empty() && running == m)
       set_condition(status, "Running", false, "JoinTimeout", join_timeout, now_s);
     else
       set_condition(status, "Running", false, "PodsNotRunning",
-                    std::to_string(running) + " of " + std::to_string(n) + " worker pods running", now_s);
+                    std::to_string(running) + " of " + std::to_string(m) + " worker pods of the world running", now_s);
   }
   if (condition_true(status, "Restarting"))
     status["phase"] = "Restarting";
@@ -858,9 +915,9 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
       GenerationSpec g;
       g.job_key = key;
       g.generation = gen;
-      for (int i = 0; i < n; ++i) g.pods.push_back(worker_pod_name(name, i));
+      g.pods = members;
       g.procs_per_pod = spec.procs_per_replica;
-      g.config = resolved_config(spec, n);
+      g.config = resolved_config(spec, m);
       g.config["spec"] = job["spec"];
       g.config["generation"] = gen;
       if (gen > 1 && job["spec"].contains("checkpoint") && job["spec"]["checkpoint"].contains("path"))

@@ -345,6 +345,17 @@ WorldLayout world_layout(const JobSpec& spec, int replicas) {
   return w;
 }
 
+int elastic_world_replicas(const JobSpec& spec, int available) {
+  if (!spec.min_replicas || spec.data) return 0;
+  for (int k = std::min(available, spec.replicas); k >= *spec.min_replicas && k >= 1; --k) {
+    WorldLayout w = world_layout(spec, k);
+    if (w.size % (w.tensor * w.pipeline) != 0) continue;
+    if (spec.global_batch % (spec.micro_batch * w.data) != 0) continue;
+    return k;
+  }
+  return 0;
+}
+
 Json resolved_config(const JobSpec& spec, int replicas) {
   WorldLayout w = world_layout(spec, replicas);
   Json cfg = {

@@ -65,6 +65,11 @@ struct WorldLayout {
 // The layout of `replicas` pods (tensor fastest-varying; data fills the rest). Assumes a validated spec.
 WorldLayout world_layout(const JobSpec& spec, int replicas);
 
+// The largest world (in replicas) an elastic job can run with `available` healthy pods: within
+// elastic.minReplicas..replicas, with tensor*pipeline dividing the world and globalBatch divisible by
+// microBatch*data. 0 when no size fits (or the job is not elastic, or gives an explicit data degree).
+int elastic_world_replicas(const JobSpec& spec, int available);
+
 // The resolved training configuration handed to every agent through the rendezvous service.
 Json resolved_config(const JobSpec& spec, int replicas);
 

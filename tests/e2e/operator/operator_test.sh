@@ -255,4 +255,25 @@ wait_for 60 "job long to resume" phase_is long Running
 [ "$(jp long '{.status.generation}')" = $((g + 1)) ] || fail "resume did not open a new generation"
 [ "$(pod_count long)" = 3 ] || fail "resume: $(pod_count long) pods"
 echo "suspend/resume: pods deleted and recreated in generation $((g + 1))"
+kubectl delete tj long -n "$ns" >/dev/null
+wait_for 60 "long's pods to go" pods_gone long
+
+# Elastic: losing a node with no spare capacity shrinks the world (>= minReplicas) in a new generation; the
+# replacement pod waits unbound and the world grows back when the node returns.
+MAXR=5 job el 4 "sleep 600" "  elastic: {minReplicas: 2, maxReplicas: 4}" | kubectl apply -n "$ns" -f - >/dev/null
+wait_for 60 "job el to run on 4 nodes" phase_is el Running
+ge=$(jp el '{.status.generation}')
+down=$(kubectl get pod el-worker-3 -n "$ns" -o jsonpath='{.spec.nodeName}')
+"$bin/railyard-node-agent" node-down "$down" --state-dir "$state/node-agent" >/dev/null
+world_is() { [ "$(jp el '{.status.world.size}')" = "$1" ] && phase_is el Running; }
+wait_for 60 "job el to run on 3 pods" world_is 3
+[ "$(jp el '{.status.conditions[?(@.type=="Scheduled")].reason}')" = Unschedulable ] || fail "el: Scheduled reason"
+[ -z "$(kubectl get pod el-worker-3 -n "$ns" -o jsonpath='{.spec.nodeName}')" ] || fail "el-worker-3 bound while its node is down"
+g_small=$(jp el '{.status.generation}')
+[ "$g_small" -gt "$ge" ] || fail "shrinking did not open a generation"
+"$bin/railyard-node-agent" node-up "$down" --state-dir "$state/node-agent" >/dev/null
+wait_for 90 "job el to grow back to 4" world_is 4
+[ "$(jp el '{.status.generation}')" -gt "$g_small" ] || fail "growing did not open a generation"
+[ "$(pod_count el)" = 4 ] || fail "el pods: $(pod_count el)"
+echo "elastic: 4 -> 3 pods (generation $g_small) on node loss, back to 4 (generation $(jp el '{.status.generation}'))"
 echo "operator e2e: ok"

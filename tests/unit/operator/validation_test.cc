@@ -137,3 +137,16 @@ TEST_CASE("data-parallel degree follows the replica count when not given (genera
   CHECK(cfg2["training"]["gradAccumulation"] == 4);
   CHECK(cfg2["training"]["globalBatch"] == 16);
 }
+
+TEST_CASE("an elastic job shrinks to the largest world its batch and degrees allow, never below minReplicas") {
+  Json j = job_with(Json::parse(R"({"spec": {"replicas": 4, "elastic": {"minReplicas": 2, "maxReplicas": 4},
+      "training": {"globalBatch": 16, "microBatch": 2}, "parallelism": {"data": null}}})"));
+  JobSpec s = parse_job(j).spec;
+  CHECK(elastic_world_replicas(s, 4) == 4);
+  CHECK(elastic_world_replicas(s, 3) == 2);  // 16 % (2*3) != 0: run 2 of the 3 healthy pods
+  CHECK(elastic_world_replicas(s, 2) == 2);
+  CHECK(elastic_world_replicas(s, 1) == 0);     // below minReplicas: wait instead
+  CHECK(elastic_world_replicas(s, 9) == 4);     // never above replicas
+  JobSpec fixed = parse_job(valid_job()).spec;  // not elastic
+  CHECK(elastic_world_replicas(fixed, 1) == 0);
+}
