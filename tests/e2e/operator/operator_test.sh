@@ -300,4 +300,35 @@ wait_for 90 "job el to grow back to 4" world_is 4
 [ "$(jp el '{.status.generation}')" -gt "$g_small" ] || fail "growing did not open a generation"
 [ "$(pod_count el)" = 4 ] || fail "el pods: $(pod_count el)"
 echo "elastic: 4 -> 3 pods (generation $g_small) on node loss, back to 4 (generation $(jp el '{.status.generation}'))"
+kubectl delete tj el -n "$ns" >/dev/null
+wait_for 60 "el's pods to go" pods_gone el
+
+# Kill the operator at random points while it handles restart requests: every request is counted exactly once,
+# no pod is re-created or duplicated.
+for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+start_single() {
+  "$bin/railyard-operator" --namespace "$ns" --leader-elect=false --metrics-addr 127.0.0.1:0 \
+    --health-addr 127.0.0.1:0 --rendezvous-bind 127.0.0.1:0 >>"$work/op-chaos.log" 2>&1 &
+  chaos_pid=$!
+  pids+=("$chaos_pid")
+}
+start_single
+MAXR=20 job chaos 3 "sleep 600" | kubectl apply -n "$ns" -f - >/dev/null
+wait_for 60 "job chaos to run" phase_is chaos Running
+gc0=$(jp chaos '{.status.generation}')
+uids=$(kubectl get pods -n "$ns" -l railyard.dev/job=chaos -o jsonpath='{.items[*].metadata.uid}')
+handled_is() { [ "$(jp chaos '{.status.restartRequestHandled}')" = "$1" ]; }
+for i in 1 2 3 4 5; do
+  kubectl annotate --overwrite tj chaos -n "$ns" railyard.dev/restart-request="chaos-$i" >/dev/null
+  sleep "$(python3 -c 'import random; print(round(random.uniform(0, 0.6), 2))')"
+  kill -9 "$chaos_pid"
+  start_single
+  wait_for 60 "request chaos-$i to be handled" handled_is "chaos-$i"
+done
+wait_for 60 "job chaos to run after the chaos" phase_is chaos Running
+[ "$(jp chaos '{.status.restarts}')" = 5 ] || fail "chaos: restarts $(jp chaos '{.status.restarts}') (want 5)"
+[ "$(jp chaos '{.status.generation}')" = $((gc0 + 5)) ] || fail "chaos: generation $(jp chaos '{.status.generation}')"
+[ "$(kubectl get pods -n "$ns" -l railyard.dev/job=chaos -o jsonpath='{.items[*].metadata.uid}')" = "$uids" ] ||
+  fail "chaos: pods were re-created or duplicated"
+echo "chaos: operator killed 5 times mid-restart; restarts 5, generation $((gc0 + 5)), same 3 pods"
 echo "operator e2e: ok"
