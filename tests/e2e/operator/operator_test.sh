@@ -239,7 +239,9 @@ for m in railyard_operator_jobs workqueue_depth workqueue_adds_total controller_
   controller_runtime_reconcile_time_seconds_bucket railyard_operator_restarts_total; do
   grep -q "^$m" "$work/metrics.txt" || fail "metric $m missing"
 done
-if command -v promtool >/dev/null; then promtool check metrics <"$work/metrics.txt" >/dev/null 2>&1 || true; fi
+if command -v promtool >/dev/null; then
+  promtool check metrics <"$work/metrics.txt" >"$work/promtool.txt" 2>&1 || fail "promtool: $(cat "$work/promtool.txt")"
+fi
 
 # Kill the operator hard and start it again: it converges with no duplicate pods and no lost counts.
 kill -9 "$(cat "$work/a.pid")"
