@@ -163,6 +163,16 @@ std::vector<TensorDef> gpt_tensor_defs(int layers, int channels, int max_seq_len
   return all;
 }
 
+std::vector<FlatView> flat_views(const std::vector<TensorDef>& defs, void* base) {
+  std::vector<FlatView> out;
+  auto* p = static_cast<unsigned char*>(base);
+  for (const auto& d : defs) {
+    out.push_back({d, p});
+    p += static_cast<size_t>(shape_volume(d.shape)) * dtype_size(d.dtype);
+  }
+  return out;
+}
+
 const SplitRule& match_rule(const std::string& tensor, const std::vector<SplitRule>& rules) {
   size_t slash = tensor.rfind('/');
   std::string base = slash == std::string::npos ? tensor : tensor.substr(slash + 1);

@@ -57,6 +57,14 @@ struct TensorDef {
 std::vector<TensorDef> gpt_tensor_defs(int layers, int channels, int max_seq_len, int padded_vocab,
                                        bool with_optimizer);
 
+// For a buffer holding every tensor in full, concatenated in definition order (llm.c's flat parameter buffer,
+// or params followed by m and v): the per-tensor pointers into it, as (name, dtype, global shape, pointer).
+struct FlatView {
+  TensorDef def;
+  void* data;
+};
+std::vector<FlatView> flat_views(const std::vector<TensorDef>& defs, void* base);
+
 inline const std::vector<std::string>& optimizer_prefixes() {
   static const std::vector<std::string> p = {"adam_m/", "adam_v/", "opt/"};
   return p;

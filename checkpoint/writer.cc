@@ -654,6 +654,13 @@ void Writer::persist(Job& job) {
   }
   st.persist_seconds = seconds_since(t0);
   set_status(st);
+  if (options_.on_finished) {
+    try {
+      options_.on_finished(st);
+    } catch (const std::exception& e) {
+      log::warn("ckpt", "on_finished callback threw", {{"error", e.what()}});
+    }
+  }
 }
 
 }  // namespace railyard::ckpt

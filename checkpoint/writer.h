@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -67,6 +68,19 @@ class FsCoordinator : public Coordinator {
   std::chrono::milliseconds poll_;
 };
 
+enum class SaveState { Queued, Persisting, Committed, Failed };
+std::string_view save_state_name(SaveState s);
+
+struct SaveStatus {
+  int64_t step = -1;
+  SaveState state = SaveState::Queued;
+  std::string error;            // set when Failed: what failed, with the file and errno text
+  double snapshot_seconds = 0;  // training stall: waiting for a buffer + copying
+  double persist_seconds = 0;   // background: checksums, writes, fsyncs, commit
+  uint64_t bytes = 0;           // bytes this rank wrote
+  bool done() const { return state == SaveState::Committed || state == SaveState::Failed; }
+};
+
 struct WriterOptions {
   std::string root;  // checkpoint directory, shared by all ranks
   int rank = 0;
@@ -83,19 +97,9 @@ struct WriterOptions {
   std::chrono::milliseconds commit_timeout{std::chrono::minutes(10)};
   bool fsync = true;
   std::shared_ptr<Coordinator> coordinator;  // default: FsCoordinator
-};
-
-enum class SaveState { Queued, Persisting, Committed, Failed };
-std::string_view save_state_name(SaveState s);
-
-struct SaveStatus {
-  int64_t step = -1;
-  SaveState state = SaveState::Queued;
-  std::string error;            // set when Failed: what failed, with the file and errno text
-  double snapshot_seconds = 0;  // training stall: waiting for a buffer + copying
-  double persist_seconds = 0;   // background: checksums, writes, fsyncs, commit
-  uint64_t bytes = 0;           // bytes this rank wrote
-  bool done() const { return state == SaveState::Committed || state == SaveState::Failed; }
+  // Called on the persist thread when a save is committed or has failed (e.g. to export metrics such as
+  // railyard_checkpoint_persist_seconds without this library depending on the metrics module). Must not block.
+  std::function<void(const SaveStatus&)> on_finished;
 };
 
 class Writer {

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <thread>
 
@@ -146,6 +147,8 @@ TEST_CASE("asynchronous saves: several steps in flight, retention keeps the last
     o.root = dir / ("b" + std::to_string(buffers));
     o.keep = 2;
     o.buffers = buffers;
+    std::atomic<int> finished{0};
+    o.on_finished = [&](const SaveStatus& st) { finished += st.state == SaveState::Committed ? 1 : 0; };
     Writer w(o);
     std::vector<GlobalState> states;
     for (int step = 1; step <= 5; ++step) {
@@ -156,6 +159,7 @@ TEST_CASE("asynchronous saves: several steps in flight, retention keeps the last
       for (auto& b : rs.buffers) std::fill(b.begin(), b.end(), 0.0f);
     }
     w.flush();
+    CHECK(finished == 5);
     for (int step = 1; step <= 5; ++step) CHECK(w.status(step * 10).state == SaveState::Committed);
     CHECK(w.status(999).state == SaveState::Failed);
     Reader reader(o.root);
@@ -306,4 +310,27 @@ TEST_CASE("multi-rank barrier: a missing rank times out with the rank named") {
   CHECK_MESSAGE(s.error.find("waiting for rank(s) 1") != std::string::npos, s.error);
   CHECK(Reader(dir.path()).complete_steps().empty());
   CHECK_FALSE(std::filesystem::exists(dir / temp_dir_name(1, "lonely")));
+}
+
+TEST_CASE("llm.c-style flat buffer: save from one contiguous buffer, load into another") {
+  TempDir dir;
+  auto defs = small_gpt(true);
+  GlobalState g = GlobalState::make(defs, 8);
+  std::vector<float> flat, back;
+  for (const auto& d : defs) flat.insert(flat.end(), g.data.at(d.name).begin(), g.data.at(d.name).end());
+  back.assign(flat.size(), 0.0f);
+  std::vector<TensorShard> shards;
+  for (const auto& v : flat_views(defs, flat.data())) {
+    shards.push_back({v.def.name, v.def.dtype, v.def.shape, full_box(v.def.shape), v.data, 0, 1});
+  }
+  std::vector<LoadTarget> targets;
+  for (const auto& v : flat_views(defs, back.data())) {
+    targets.push_back({v.def.name, v.def.dtype, full_box(v.def.shape), v.data});
+  }
+  WriterOptions o;
+  o.root = dir.path();
+  Writer w(o);
+  REQUIRE(w.save_now_and_wait(3, shards, {}, Clock::now() + std::chrono::seconds(30)).state == SaveState::Committed);
+  CHECK(Reader(dir.path()).load_latest(targets).step == 3);
+  CHECK(std::memcmp(flat.data(), back.data(), flat.size() * sizeof(float)) == 0);
 }
