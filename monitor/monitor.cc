@@ -328,7 +328,11 @@ bool Monitor::request_restart(const kube::Json& job, const RestartRequest& req, 
   std::string msg = req.reason + (req.rank >= 0 ? " on rank " + std::to_string(req.rank) : std::string()) +
                     (req.node.empty() ? "" : " (node " + req.node + ")") + ": " + req.evidence +
                     "; checkpoint-restart requested" + (excluding ? ", node marked for exclusion" : "");
-  recorder_.warning(job, req.reason, msg);
+  // Items of a list carry no apiVersion/kind, which the Event's involvedObject needs.
+  kube::Json ref = job;
+  ref["apiVersion"] = kube::resources::trainingjobs.api_version();
+  ref["kind"] = kube::resources::trainingjobs.kind;
+  recorder_.warning(ref, req.reason, msg);
   log::warn(kLog, "restart requested",
             {{"job", key},
              {"reason", req.reason},

@@ -1,0 +1,346 @@
+// E2E: a real Prometheus (deploy/local/lib/prometheus.sh, own temp dir and port) scrapes fake workers; a TrainingJob
+// lives on the shared local cluster; railyard-monitor, querying that Prometheus, must turn a frozen rank (SIGSTOP)
+// into exactly one restart-request per generation, naming the rank and the evidence, survive its own restart, and
+// take Alertmanager webhooks only with the bearer token.
+#include <arpa/inet.h>
+#include <doctest/doctest.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/error.h"
+#include "common/kube/client.h"
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) throw railyard::Error(std::string("environment variable ") + name + " is not set (run through ctest)");
+  return v;
+}
+
+int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  int port = ntohs(a.sin_port);
+  close(fd);
+  return port;
+}
+
+// A child process, stopped by pid (SIGCONT first, in case the test froze it) when it goes out of scope.
+class Child {
+ public:
+  Child(std::vector<std::string> argv, const std::string& log) {
+    std::vector<char*> args;
+    for (auto& s : argv) args.push_back(s.data());
+    args.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    int rc = posix_spawn(&pid_, args[0], &fa, nullptr, args.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    REQUIRE_MESSAGE(rc == 0, "cannot start " << argv[0]);
+  }
+  ~Child() { stop(SIGKILL); }
+  void signal(int sig) {
+    if (pid_ > 0) ::kill(pid_, sig);
+  }
+  void stop(int sig = SIGTERM) {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGCONT);
+    ::kill(pid_, sig);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+  }
+  bool alive() const { return pid_ > 0 && waitpid(pid_, nullptr, WNOHANG) == 0; }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+bool wait_until(double seconds, const std::function<bool()>& pred) {
+  auto deadline = Clock::now() + std::chrono::duration<double>(seconds);
+  while (Clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return pred();
+}
+
+std::string read_all(const fs::path& p) {
+  std::ifstream in(p);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+struct Env {
+  std::string src = env("RAILYARD_SOURCE_DIR"), bin = env("RAILYARD_BIN_DIR"), state = env("RAILYARD_E2E_STATE_DIR");
+  fs::path tmp;
+  Env() {
+    char t[] = "/tmp/railyard-monitor-e2e-XXXXXX";
+    REQUIRE(mkdtemp(t));
+    tmp = t;
+  }
+  int sh(const std::string& cmd) const { return std::system(("bash -c '" + cmd + "'").c_str()); }
+};
+
+class Workers {
+ public:
+  Workers(const Env& e, const std::string& ns, const std::string& job, int generation, int world) {
+    fs::path dir = e.tmp / ("gen" + std::to_string(generation));
+    fs::create_directories(dir / "barrier");
+    for (int r = 0; r < world; ++r) {
+      std::string pf = (dir / ("port" + std::to_string(r))).string();
+      procs_.push_back(std::make_unique<Child>(
+          std::vector<std::string>{e.bin + "/railyard-test-fake-worker", "--namespace", ns, "--job", job, "--rank",
+                                   std::to_string(r), "--world", std::to_string(world), "--node",
+                                   "sim-node-" + std::to_string(r), "--generation", std::to_string(generation),
+                                   "--step-seconds", "0.2", "--port-file", pf, "--barrier-dir",
+                                   (dir / "barrier").string()},
+          (e.tmp / ("worker" + std::to_string(r) + ".log")).string()));
+      REQUIRE(wait_until(10, [&] { return fs::exists(pf); }));
+      ports.push_back(std::stoi(read_all(pf)));
+    }
+    // The file-SD list: target labels make `up` attributable to a rank.
+    json targets = json::array();
+    for (int r = 0; r < world; ++r)
+      targets.push_back({{"targets", {"127.0.0.1:" + std::to_string(ports[r])}},
+                         {"labels", {{"namespace", ns}, {"job", job}, {"rank", std::to_string(r)},
+                                     {"node", "sim-node-" + std::to_string(r)}}}});
+    { std::ofstream(dir / "targets.json") << targets.dump(); }
+    REQUIRE(e.sh("bash " + e.src + "/deploy/local/lib/prometheus.sh write-targets " + (e.tmp / "prom").string() +
+                 " workers \"$(cat " + (dir / "targets.json").string() + ")\"") == 0);
+  }
+  Child& rank(int r) { return *procs_.at(r); }
+  std::vector<int> ports;
+
+ private:
+  std::vector<std::unique_ptr<Child>> procs_;
+};
+
+json query(const std::string& prom, const std::string& q) {
+  auto origin = prom;
+  httplib::Client cli(origin);
+  auto res = cli.Get("/api/v1/query?query=" + railyard::kube::url_encode(q));
+  if (!res || res->status != 200) return json::array();
+  return json::parse(res->body)["data"]["result"];
+}
+
+json restart_request(railyard::kube::Client& c, const std::string& ns, const std::string& name) {
+  auto job = c.get(railyard::kube::resources::trainingjobs, ns, name);
+  auto ann = job["metadata"].value("annotations", json::object());
+  if (!ann.contains("railyard.dev/restart-request")) return nullptr;
+  return json::parse(ann["railyard.dev/restart-request"].get<std::string>());
+}
+
+}  // namespace
+
+TEST_CASE("monitor against a real Prometheus: stall -> one restart request per generation; webhook with token") {
+  Env e;
+  auto client = std::make_unique<railyard::kube::Client>(railyard::kube::load_kubeconfig(e.state + "/kubeconfig"));
+  auto& c = *client;
+  // The CRD, a namespace, a TrainingJob (no operator runs here: the test plays its part by bumping the generation).
+  REQUIRE(e.sh("eval \"$(bash " + e.src + "/deploy/local/cluster.sh env --state-dir " + e.state +
+               ")\" && kubectl apply -f " + e.src +
+               "/deploy/crds/trainingjobs.railyard.dev.yaml >/dev/null && kubectl wait --for=condition=Established "
+               "--timeout=60s crd/trainingjobs.railyard.dev >/dev/null") == 0);
+  std::string ns = "monitor-e2e-" + std::to_string(getpid()), name = "gpt";
+  c.create(railyard::kube::resources::namespaces, "", {{"apiVersion", "v1"}, {"kind", "Namespace"},
+                                                       {"metadata", {{"name", ns}}}});
+  struct NsCleanup {
+    railyard::kube::Client& c;
+    std::string ns;
+    ~NsCleanup() {
+      try {
+        c.remove(railyard::kube::resources::namespaces, "", ns);
+      } catch (...) {
+      }
+    }
+  } ns_cleanup{c, ns};
+  // Wait for the namespace's default service account machinery is not needed: TrainingJobs need only the namespace.
+  c.create(railyard::kube::resources::trainingjobs, ns,
+           json::parse(R"({"apiVersion":"railyard.dev/v1alpha1","kind":"TrainingJob","metadata":{"name":"gpt"},
+             "spec":{"replicas":2,"model":{"preset":"tiny"},"data":{"train":"/tmp/none_*.bin"},
+                     "training":{"steps":100000},"failurePolicy":{"hangTimeoutSeconds":60,"excludeFailedNodes":true}}})"));
+
+  // Prometheus, through the same script cluster.sh uses.
+  std::string prom_dir = (e.tmp / "prom").string();
+  REQUIRE(e.sh("bash " + e.src + "/deploy/local/lib/prometheus.sh up " + prom_dir) == 0);
+  struct PromCleanup {
+    const Env& e;
+    std::string dir;
+    ~PromCleanup() { e.sh("bash " + e.src + "/deploy/local/lib/prometheus.sh down " + dir); }
+  } prom_cleanup{e, prom_dir};
+  std::string env_text = read_all(fs::path(prom_dir) / "prometheus" / "prometheus.env");
+  auto at = env_text.find("PROMETHEUS_URL=");
+  REQUIRE(at != std::string::npos);
+  std::string prom = env_text.substr(at + 15, env_text.find('\n', at) - at - 15);
+  MESSAGE("prometheus at " << prom);
+
+  auto workers = std::make_unique<Workers>(e, ns, name, 0, 2);
+  // Both ranks stepping, as Prometheus sees them (file-SD pick-up takes up to ~6 s).
+  REQUIRE(wait_until(30, [&] {
+    auto r = query(prom, "railyard_worker_step{namespace=\"" + ns + "\"} > 5");
+    return r.size() == 2;
+  }));
+
+  std::string token = "s3cret-" + std::to_string(getpid());
+  { std::ofstream(e.tmp / "token") << token << "\n"; }
+  int mport = free_port();
+  auto start_monitor = [&] {
+    return std::make_unique<Child>(
+        std::vector<std::string>{e.bin + "/railyard-monitor", "--kubeconfig", e.state + "/kubeconfig",
+                                 "--prometheus-url", prom, "--interval", "1", "--listen",
+                                 "127.0.0.1:" + std::to_string(mport), "--webhook-token-file",
+                                 (e.tmp / "token").string(), "--namespace", ns},
+        (e.tmp / "monitor.log").string());
+  };
+  auto monitor = start_monitor();
+  httplib::Client mcli("127.0.0.1", mport);
+  REQUIRE(wait_until(15, [&] {
+    auto r = mcli.Get("/healthz");
+    return r && r->status == 200;
+  }));
+  // Healthy for a while: no request.
+  std::this_thread::sleep_for(std::chrono::seconds(4));
+  CHECK(restart_request(c, ns, name).is_null());
+
+  // Freeze rank 1: rank 0 stops at the next barrier but keeps serving metrics.
+  auto frozen_at = Clock::now();
+  workers->rank(1).signal(SIGSTOP);
+  json req;
+  REQUIRE(wait_until(40, [&] { return !(req = restart_request(c, ns, name)).is_null(); }));
+  double detect_s = std::chrono::duration<double>(Clock::now() - frozen_at).count();
+  MESSAGE("stall detected " << detect_s << " s after SIGSTOP: " << req.dump());
+  CHECK(req["rule"] == "stall");
+  CHECK(req["reason"] == "Hang");
+  CHECK(req["rank"] == 1);
+  CHECK(req["node"] == "sim-node-1");
+  CHECK(req["generation"] == 0);
+  CHECK(req["detector"] == "monitor");
+  CHECK(req["evidence"].get<std::string>().find("no step progress") != std::string::npos);
+  // Bound: 10 s threshold (max(3 x 0.2 s, 10 s)) + 1 s scrape + 1 s evaluation + API round trips.
+  CHECK(detect_s < 10 + 5);
+  CHECK(detect_s > 9);
+  auto job = c.get(railyard::kube::resources::trainingjobs, ns, name);
+  CHECK(job["metadata"]["annotations"].value("railyard.dev/exclude-nodes", "") == "sim-node-1");
+  CHECK(job["metadata"]["annotations"].value("railyard.dev/restart-detector", "") == "monitor");
+  auto events = c.list(railyard::kube::resources::events, ns);
+  bool event = false;
+  for (auto& ev : events["items"])
+    if (ev["involvedObject"].value("name", "") == name && ev.value("reason", "") == "Hang") event = true;
+  CHECK(event);
+
+  // Exactly once in this generation, also across a monitor restart (the annotation is read back).
+  std::string first_time = req["time"];
+  std::this_thread::sleep_for(std::chrono::seconds(4));
+  CHECK(restart_request(c, ns, name)["time"] == first_time);
+  auto metrics = mcli.Get("/metrics");
+  REQUIRE(metrics);
+  CHECK(metrics->body.find("railyard_monitor_verdicts_total{rule=\"stall\"} 1\n") != std::string::npos);
+  monitor->stop(SIGTERM);
+  monitor = start_monitor();
+  REQUIRE(wait_until(15, [&] {
+    auto r = mcli.Get("/healthz");
+    return r && r->status == 200;
+  }));
+  std::this_thread::sleep_for(std::chrono::seconds(5));
+  CHECK(restart_request(c, ns, name)["time"] == first_time);
+  metrics = mcli.Get("/metrics");
+  REQUIRE(metrics);
+  CHECK(metrics->body.find("railyard_monitor_verdicts_total{rule=") == std::string::npos);
+  CHECK(metrics->body.find("railyard_monitor_evaluations_total 0\n") == std::string::npos);
+
+  // Generation 1 (the operator's part): new workers; this time rank 0 freezes.
+  workers.reset();
+  c.patch(railyard::kube::resources::trainingjobs, ns, name, {{"status", {{"generation", 1}}}},
+          railyard::kube::PatchType::Merge, "status");
+  workers = std::make_unique<Workers>(e, ns, name, 1, 2);
+  REQUIRE(wait_until(30, [&] {
+    return query(prom, "railyard_worker_step{namespace=\"" + ns + "\",generation=\"1\"} > 5").size() == 2;
+  }));
+  frozen_at = Clock::now();
+  workers->rank(0).signal(SIGSTOP);
+  REQUIRE(wait_until(40, [&] {
+    req = restart_request(c, ns, name);
+    return req["generation"] == 1;
+  }));
+  detect_s = std::chrono::duration<double>(Clock::now() - frozen_at).count();
+  MESSAGE("generation 1: detected " << detect_s << " s after SIGSTOP: " << req.dump());
+  CHECK(req["rank"] == 0);
+  CHECK(req["node"] == "sim-node-0");
+  CHECK(detect_s < 15);
+  job = c.get(railyard::kube::resources::trainingjobs, ns, name);
+  CHECK(job["metadata"]["annotations"].value("railyard.dev/exclude-nodes", "") == "sim-node-1,sim-node-0");
+
+  // Alertmanager webhook: refused without the token, deduplicated within a generation, accepted in the next.
+  json alert = {{"version", "4"},
+                {"status", "firing"},
+                {"receiver", "railyard"},
+                {"groupKey", "{}:{alertname=\"GpuXidError\"}"},
+                {"alerts",
+                 {{{"status", "firing"},
+                   {"labels", {{"alertname", "GpuXidError"}, {"namespace", ns}, {"job", name}, {"rank", "1"}}},
+                   {"annotations", {{"summary", "XID 79 on rank 1"}}},
+                   {"startsAt", "2026-11-22T03:00:00Z"}}}}};
+  auto post = [&](const std::string& auth, const std::string& body) {
+    httplib::Headers h;
+    if (!auth.empty()) h.emplace("Authorization", auth);
+    auto r = mcli.Post("/webhook/alertmanager", h, body, "application/json");
+    REQUIRE(r);
+    return std::make_pair(r->status, r->body);
+  };
+  CHECK(post("", alert.dump()).first == 401);
+  CHECK(post("Bearer wrong", alert.dump()).first == 401);
+  auto [code, body] = post("Bearer " + token, alert.dump());
+  CHECK(code == 200);
+  CHECK(json::parse(body)["duplicates"] == 1);  // generation 1 already has a request
+  c.patch(railyard::kube::resources::trainingjobs, ns, name, {{"status", {{"generation", 2}}}},
+          railyard::kube::PatchType::Merge, "status");
+  std::tie(code, body) = post("Bearer " + token, alert.dump());
+  CHECK(code == 200);
+  CHECK(json::parse(body)["accepted"] == 1);
+  req = restart_request(c, ns, name);
+  CHECK(req["generation"] == 2);
+  CHECK(req["reason"] == "GpuXidError");
+  CHECK(req["source"] == "alertmanager");
+  CHECK(req["rank"] == 1);
+  CHECK(req["evidence"] == "XID 79 on rank 1");
+  std::tie(code, body) = post("Bearer " + token, alert.dump());
+  CHECK(json::parse(body)["duplicates"] == 1);
+  CHECK(restart_request(c, ns, name)["time"] == req["time"]);
+  alert["version"] = "3";
+  std::tie(code, body) = post("Bearer " + token, alert.dump());
+  CHECK(code == 400);
+  CHECK(body.find("'version' is \\\"3\\\"") != std::string::npos);
+
+  monitor->stop(SIGTERM);
+  workers.reset();
+  fs::remove_all(e.tmp);
+}
