@@ -81,26 +81,29 @@ TEST_CASE("crash safety: SIGKILL during save, 50 times, never loads a wrong chec
   const auto defs = crash_defs();
   base_state();  // generated before the first fork, shared copy-on-write by every child
 
-  // Step 1 is saved completely and is the first known-good checkpoint; it also measures a save's duration.
-  auto t0 = Clock::now();
-  auto [pid0, fd0] = start_saver(root, 1);
-  wait_ready(fd0);
-  auto t_ready = Clock::now();
-  int st = 0;
-  ::waitpid(pid0, &st, 0);
-  REQUIRE((WIFEXITED(st) && WEXITSTATUS(st) == 0));
-  const double save_s = std::chrono::duration<double>(Clock::now() - t_ready).count();
+  // Steps 1-3 are saved completely (step 3 is the first known-good checkpoint); the fastest of them sets the
+  // range of kill delays, so a slow outlier on a busy machine does not push every kill past the commit.
+  double save_s = 1e9;
+  for (int64_t step = 1; step <= 3; ++step) {
+    auto [pid0, fd0] = start_saver(root, step);
+    wait_ready(fd0);
+    auto t_ready = Clock::now();
+    int st0 = 0;
+    ::waitpid(pid0, &st0, 0);
+    REQUIRE((WIFEXITED(st0) && WEXITSTATUS(st0) == 0));
+    save_s = std::min(save_s, std::chrono::duration<double>(Clock::now() - t_ready).count());
+  }
   int64_t elements = 0;
   for (const auto& d : defs) elements += shape_volume(d.shape);
-  MESSAGE("one save of " << elements * 4 / (1 << 20) << " MiB takes " << save_s << " s (child total "
-                         << std::chrono::duration<double>(Clock::now() - t0).count() << " s)");
+  MESSAGE("one save of " << elements * 4 / (1 << 20) << " MiB takes " << save_s << " s (fastest of 3)");
+  int st = 0;
 
   std::mt19937_64 rng(20261122);
   std::uniform_real_distribution<double> frac(0.0, 1.2);
-  int64_t good = 1;
+  int64_t good = 3;
   int loaded_new = 0, loaded_old = 0, finished = 0, orphans_seen = 0;
   for (int i = 0; i < 50; ++i) {
-    const int64_t step = 2 + i;
+    const int64_t step = 4 + i;
     CAPTURE(step);
     auto [pid, fd] = start_saver(root, step);
     wait_ready(fd);
