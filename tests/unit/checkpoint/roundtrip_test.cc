@@ -334,3 +334,41 @@ TEST_CASE("llm.c-style flat buffer: save from one contiguous buffer, load into a
   CHECK(Reader(dir.path()).load_latest(targets).step == 3);
   CHECK(std::memcmp(flat.data(), back.data(), flat.size() * sizeof(float)) == 0);
 }
+
+TEST_CASE("replicas with less data than ranks: empty parts write no file, scalars are written once") {
+  TempDir dir;
+  const int world = 8;
+  std::vector<float> scale = {1.5f, -2.0f, 3.25f};
+  int32_t counter = 424242;
+  std::vector<SaveStatus> statuses(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      WriterOptions o;
+      o.root = dir.path();
+      o.rank = r;
+      o.world_size = world;
+      o.run_id = "tiny";
+      Writer w(o);
+      std::vector<TensorShard> shards = {
+          {"scale", DType::F32, {3}, Box{{0}, {3}}, scale.data(), r, world},
+          {"counter", DType::I32, {}, Box{{}, {}}, &counter, r, world},
+      };
+      statuses[static_cast<size_t>(r)] = w.save_now_and_wait(1, shards, {}, Clock::now() + std::chrono::seconds(30));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& s : statuses) CHECK_MESSAGE(s.state == SaveState::Committed, s.error);
+  Manifest m = Reader(dir.path()).read_manifest(1);
+  // "scale" splits into parts of 0/1 elements: ranks 2, 5, 7 write one each, rank 0 the scalar, the rest nothing.
+  CHECK(m.files.size() == 4);
+  CHECK(m.files.count(rank_file_name(1)) == 0);
+  CHECK(m.slices.size() == 4);
+  std::vector<float> scale_back(3, 0.0f);
+  int32_t counter_back = 0;
+  Reader(dir.path())
+      .load_step(1, {{"scale", DType::F32, Box{{0}, {3}}, scale_back.data()},
+                     {"counter", DType::I32, Box{{}, {}}, &counter_back}});
+  CHECK(scale_back == scale);
+  CHECK(counter_back == 424242);
+}
