@@ -5,6 +5,7 @@
 #include <openssl/err.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <condition_variable>
@@ -113,9 +114,16 @@ const char* content_type_of(PatchType t) {
 struct Client::Impl {
   Config cfg;
   ServerUrl url;
-  std::string ca_file;  // the CA bundle as a private file: cpp-httplib then trusts exactly it, no system roots
-  X509* cert = nullptr;
-  EVP_PKEY* key = nullptr;
+  std::string ca_file;  // its /proc/self/fd path: cpp-httplib then trusts exactly it, no system roots
+  // Owned through unique_ptrs so that a constructor failing half-way frees what it had.
+  std::unique_ptr<X509, decltype(&X509_free)> cert{nullptr, &X509_free};
+  std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> key{nullptr, &EVP_PKEY_free};
+  struct Fd {
+    int fd = -1;
+    ~Fd() {
+      if (fd >= 0) ::close(fd);
+    }
+  } ca_fd;  // memfd holding the CA bundle
   TokenBucket bucket;
   std::shared_ptr<StopToken> stop_all = std::make_shared<StopToken>();
 
@@ -148,42 +156,44 @@ struct Client::Impl {
     }
     if (!cfg.client_cert_pem.empty()) {
       BIO* bio = BIO_new_mem_buf(cfg.client_cert_pem.data(), static_cast<int>(cfg.client_cert_pem.size()));
-      cert = PEM_read_bio_X509(bio, nullptr, nullptr, nullptr);
+      cert.reset(PEM_read_bio_X509(bio, nullptr, nullptr, nullptr));
       BIO_free(bio);
       if (cert == nullptr) throw ConfigError(where + ": client certificate is not PEM: " + openssl_error());
       bio = BIO_new_mem_buf(cfg.client_key_pem.data(), static_cast<int>(cfg.client_key_pem.size()));
-      key = PEM_read_bio_PrivateKey(bio, nullptr, nullptr, nullptr);
+      key.reset(PEM_read_bio_PrivateKey(bio, nullptr, nullptr, nullptr));
       BIO_free(bio);
       if (key == nullptr) {
-        X509_free(cert);
         throw ConfigError(where + ": client key is not a PEM private key: " + openssl_error());
       }
     }
-    std::string dir = env_or("TMPDIR", "/tmp");
-    std::string tmpl = dir + "/railyard-kube-ca-XXXXXX";
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    int fd = ::mkstemp(buf.data());
-    if (fd < 0) throw Error("cannot create a temporary CA file in " + dir + ": " + std::strerror(errno));
-    ::close(fd);
-    ca_file = buf.data();
-    write_file_atomic(ca_file, cfg.ca_pem);
+    // cpp-httplib loads a CA only from a path (a CA store would be mixed with the system roots). The bundle lives
+    // in an anonymous memory file reached as /proc/self/fd/N: nothing on disk, nothing left behind after a crash.
+    ca_fd.fd = ::memfd_create("railyard-kube-ca", MFD_CLOEXEC);
+    if (ca_fd.fd < 0) throw Error("cannot create an in-memory CA file: " + std::string(std::strerror(errno)));
+    const char* p = cfg.ca_pem.data();
+    size_t left = cfg.ca_pem.size();
+    while (left > 0) {
+      ssize_t n = ::write(ca_fd.fd, p, left);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        throw Error("cannot write the in-memory CA file: " + std::string(std::strerror(errno)));
+      }
+      p += n;
+      left -= static_cast<size_t>(n);
+    }
+    ca_file = "/proc/self/fd/" + std::to_string(ca_fd.fd);
     token = cfg.token;
     token_read = std::chrono::steady_clock::now();
     // cpp-httplib's client does not guard against SIGPIPE; an interrupted TLS write would kill the process.
     std::signal(SIGPIPE, SIG_IGN);
   }
 
-  ~Impl() {
-    idle.clear();
-    if (cert) X509_free(cert);
-    if (key) EVP_PKEY_free(key);
-    if (!ca_file.empty()) ::unlink(ca_file.c_str());
-  }
+  ~Impl() { idle.clear(); }
 
   std::unique_ptr<httplib::SSLClient> make_conn(std::chrono::seconds read_timeout) {
-    std::unique_ptr<httplib::SSLClient> c = cert ? std::make_unique<httplib::SSLClient>(url.host, url.port, cert, key)
-                                                 : std::make_unique<httplib::SSLClient>(url.host, url.port);
+    std::unique_ptr<httplib::SSLClient> c =
+        cert ? std::make_unique<httplib::SSLClient>(url.host, url.port, cert.get(), key.get())
+             : std::make_unique<httplib::SSLClient>(url.host, url.port);
     if (!c->is_valid()) throw ConfigError(cfg.source + ": client certificate and key do not match or are unusable");
     c->set_ca_cert_path(ca_file.c_str());
     c->enable_server_certificate_verification(true);

@@ -643,8 +643,9 @@ TEST_CASE("informer survives an API-server restart and relists after 410 without
                     env("RAILYARD_E2E_STATE_DIR");
   int rc = std::system(cmd.c_str());
   watcher.join();
-  REQUIRE(rc == 0);
-  REQUIRE(deleted_while_down.load());
+  REQUIRE_MESSAGE(rc == 0, "cluster.sh restart-apiserver failed (exit status " << rc << "); see its output above");
+  REQUIRE_MESSAGE(deleted_while_down.load(),
+                  "never saw the old API server (pid " << old_pid << ") gone with the port closed within 90 s");
 
   // The restarted server's watch cache starts after every old resourceVersion: a watch from one is Gone.
   Client& a = admin();
