@@ -203,6 +203,24 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  const std::string lease_ns = flags.le_namespace.empty() ? default_lease_namespace() : flags.le_namespace;
+  if (flags.leader_elect) {
+    // A missing namespace would otherwise only show as a candidate that never leads.
+    try {
+      if (!client->try_get(kube::resources::namespaces, "", lease_ns)) {
+        std::cerr << "railyard-operator: --leader-election-namespace: namespace '" << lease_ns
+                  << "' does not exist: create it (kubectl create namespace " << lease_ns
+                  << "), pass another namespace, or run with --leader-elect=false\n";
+        return 2;
+      }
+    } catch (const kube::Forbidden&) {
+      // No permission to read namespaces: the Lease calls will tell.
+    } catch (const std::exception& e) {
+      std::cerr << "railyard-operator: " << e.what() << "\n";
+      return 1;
+    }
+  }
+
   metrics::Registry registry;
   auto& leader_gauge = registry.gauge("railyard_operator_leader", "1 while this replica is the leader.").add({});
   op::ControllerOptions copts;
@@ -276,7 +294,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<kube::LeaderElector> elector;
   if (flags.leader_elect) {
     kube::LeaderElectorOptions lo;
-    lo.lease_namespace = flags.le_namespace.empty() ? default_lease_namespace() : flags.le_namespace;
+    lo.lease_namespace = lease_ns;
     lo.lease_name = flags.le_name;
     char host[256] = {0};
     gethostname(host, sizeof host - 1);
