@@ -600,6 +600,7 @@ void Writer::persist(Job& job) {
   const std::string step_dir = options_.root + "/" + step_dir_name(job.step);
   const auto deadline = Clock::now() + options_.commit_timeout;
   bool shard_written = false;
+  bool handed_over = false;
   std::string shard_path;
   try {
     std::error_code ec;
@@ -613,6 +614,9 @@ void Writer::persist(Job& job) {
     st.bytes = rec.file_bytes;
     if (options_.fsync) detail::fsync_path(tmp_dir);
     std::vector<RankRecord> records = options_.coordinator->gather(tmp_dir, rec, options_.world_size, deadline);
+    // From here on the shard belongs to the coordinator's commit: deleting it after a local timeout could race
+    // with a late commit and leave a committed step without its file.
+    handed_over = true;
     if (options_.rank == 0) {
       Manifest m;
       m.step = job.step;
@@ -646,8 +650,10 @@ void Writer::persist(Job& job) {
     if (options_.rank == 0) {
       detail::remove_all_quiet(tmp_dir);  // abandons the save for every rank
     } else {
-      if (shard_written) ::unlink(shard_path.c_str());
-      options_.coordinator->report_failure(tmp_dir, options_.rank, e.what());
+      if (!handed_over) {
+        if (shard_written) ::unlink(shard_path.c_str());
+        options_.coordinator->report_failure(tmp_dir, options_.rank, e.what());
+      }
     }
     log::error("ckpt", "save failed",
                {{"step", std::to_string(job.step)}, {"rank", std::to_string(options_.rank)}, {"error", e.what()}});
