@@ -274,6 +274,15 @@ Manifest Reader::read_manifest(int64_t step) const {
   return parse_manifest(read_file(path), label + "/" + kManifestName);
 }
 
+std::optional<int64_t> Reader::newest_valid_step(std::vector<std::string>* skipped) const {
+  for (int64_t step : complete_steps()) {
+    VerifyReport v = verify_checkpoint(root_, step, true);
+    if (v.ok) return step;
+    if (skipped != nullptr) skipped->push_back(v.problems.front());
+  }
+  return std::nullopt;
+}
+
 LoadResult Reader::load_step(int64_t step, const std::vector<LoadTarget>& targets) const {
   LoadResult r;
   r.manifest = read_manifest(step);

@@ -67,6 +67,10 @@ class Reader {
 
   Manifest read_manifest(int64_t step) const;  // throws railyard::Error
 
+  // For multi-rank restores: the newest step that fully verifies (every checksum), and in *skipped why newer ones
+  // did not. One rank calls this and broadcasts the step; every rank then calls load_step(step, its boxes).
+  std::optional<int64_t> newest_valid_step(std::vector<std::string>* skipped = nullptr) const;
+
   // Newest checkpoint that verifies and loads; older ones are tried when a newer one is incomplete or corrupt
   // (reasons in LoadResult::skipped). Throws railyard::Error listing every reason when none loads.
   LoadResult load_latest(const std::vector<LoadTarget>& targets, const LoadOptions& options = {}) const;

@@ -69,6 +69,10 @@ void expect_fallback(const TwoSteps& t, const std::string& why) {
   CHECK_FALSE(v.ok);
   REQUIRE_FALSE(v.problems.empty());
   CHECK_MESSAGE(v.problems.front().find(why) != std::string::npos, v.problems.front());
+  std::vector<std::string> skipped;
+  CHECK(Reader(t.dir.path()).newest_valid_step(&skipped) == 1);
+  REQUIRE(skipped.size() == 1);
+  CHECK_MESSAGE(skipped.front().find(why) != std::string::npos, skipped.front());
   CHECK(cli({"ckpt", "verify", t.dir.path(), "--step", "2"}) == 1);
   CHECK(cli({"ckpt", "verify", t.dir.path(), "--step", "1"}) == 0);
   for (bool full : {false, true}) {
