@@ -8,7 +8,12 @@ set -euo pipefail
 src=${RAILYARD_SOURCE_DIR:?}
 state=${RAILYARD_E2E_STATE_DIR:?}
 bin=${RAILYARD_BIN_DIR:?}
-agent_bin=${RAILYARD_AGENT_BIN:-$bin/railyard-agent}
+# `railyard-worker agent` once the worker binary dispatches it, else the stand-alone railyard-agent.
+if [ -z "${RAILYARD_AGENT_BIN:-}" ] && "$bin/railyard-worker" agent --help >/dev/null 2>&1; then
+  agent_bin=$bin/railyard-worker
+else
+  agent_bin=${RAILYARD_AGENT_BIN:-$bin/railyard-agent}
+fi
 [ -x "$agent_bin" ] || { echo "SKIP: no agent binary at $agent_bin (build the railyard-agent target)"; exit 0; }
 eval "$(bash "$src/deploy/local/cluster.sh" env --state-dir "$state")"
 ns=op-agent-e2e-$$
