@@ -121,11 +121,12 @@ int cmd_gemm_rate(int argc, char** argv) {
     cpu::init_blas_single_threaded();  // consumes the one-time switch, then hand OpenBLAS its threads back
     openblas_set_num_threads(threads);
   }
-  rate = measure_gemm_rate(pool, cfg, B, T, 5);
+  double per_cpu = 0;
+  rate = measure_gemm_rate(pool, cfg, B, T, 5, nullptr, 0, &per_cpu);
   std::printf(
-      "{\"gemm_flops_per_s\": %.6g, \"threads\": %d, \"split\": \"%s\", \"model\": \"%s\", \"B\": %d, "
-      "\"T\": %d}\n",
-      rate, threads, split.c_str(), describe(cfg).c_str(), B, T);
+      "{\"gemm_flops_per_s\": %.6g, \"gemm_flops_per_cpu_s\": %.6g, \"threads\": %d, \"split\": \"%s\", "
+      "\"model\": \"%s\", \"B\": %d, \"T\": %d}\n",
+      rate, per_cpu, threads, split.c_str(), describe(cfg).c_str(), B, T);
   return 0;
 }
 

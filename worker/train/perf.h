@@ -29,7 +29,9 @@ MemoryBudget memory_budget(const GptConfig& c, int B, int T, int threads);
 // against it unless a peak is given.
 // scratch (optional, scratch_len floats): operand memory to reuse, e.g. the gradient buffer before the first step,
 // so the measurement adds nothing to the process's peak memory; used when large enough, else it allocates.
+// per_cpu_second (optional) receives the same FLOPs divided by the process CPU time of the best pass: a rate per
+// busy core-second that other load on a shared machine disturbs much less than wall time.
 double measure_gemm_rate(ThreadPool& pool, const GptConfig& c, int B, int T, int reps = 3, float* scratch = nullptr,
-                         size_t scratch_len = 0);
+                         size_t scratch_len = 0, double* per_cpu_second = nullptr);
 
 }  // namespace railyard::worker
