@@ -21,14 +21,14 @@ Evaluates health rules (stall, unreachable rank, straggler, NaN/Inf loss or loss
 TrainingJob and requests a checkpoint-restart through the railyard.dev/restart-request annotation.
   --kubeconfig PATH          kubeconfig (default $KUBECONFIG, ~/.kube/config, in-cluster)
   --prometheus-url URL       Prometheus to query (e.g. http://127.0.0.1:9090); empty: scrape the pods directly
-  --interval SECONDS         evaluation period (default 2)
+  --interval SECONDS         evaluation period (default 1)
   --listen HOST:PORT         webhook + /metrics + /healthz (default 127.0.0.1:9402; port 0 picks one)
   --webhook-token-file PATH  bearer token for POST /webhook/alertmanager (or $RAILYARD_MONITOR_WEBHOOK_TOKEN);
                              without one the webhook answers 503
   --namespace NS             only this namespace (default: all)
   --metrics-port PORT        embedded mode: worker port when a pod has no railyard.dev/metrics-port (default 9400)
-  --stall-floor SECONDS      lower bound of the stall threshold (default 10)
-  --stall-factor K           stall threshold = max(K x typical step time, floor), at most hangTimeoutSeconds (3)
+  --stall-floor SECONDS      lower bound of the stall threshold (default 6)
+  --stall-factor K           stall threshold = max(K x typical step time, floor), at most hangTimeoutSeconds (2)
   --unreachable SECONDS      a rank's target down this long is a verdict (default 30)
   --straggler-window SECONDS a straggler must stay slow this long (default 30)
   --debounce N               consecutive evaluations for count-based rules (default 2)

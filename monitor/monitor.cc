@@ -21,9 +21,7 @@ constexpr const char* kWorkerQuery =
     "railyard_checkpoint_last_(step|timestamp_seconds)\"}";
 constexpr const char* kUpQuery = "up{rank!=\"\"}";
 
-double unix_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
+double unix_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
 int64_t generation_of(const kube::Json& job) {
   if (job.contains("status") && job["status"].is_object() && job["status"].contains("generation") &&
@@ -87,8 +85,8 @@ Monitor::Monitor(kube::Client& client, Options opts)
   evaluations_ = &registry_.counter("railyard_monitor_evaluations_total", "Evaluation rounds over all jobs.").add({});
   verdicts_ = &registry_.counter("railyard_monitor_verdicts_total",
                                  "Restart requests made, by rule (alertmanager for the webhook path).");
-  errors_ = &registry_.counter("railyard_monitor_query_errors_total",
-                               "Failed reads, by source (prometheus, scrape, kube).");
+  errors_ =
+      &registry_.counter("railyard_monitor_query_errors_total", "Failed reads, by source (prometheus, scrape, kube).");
   webhook_requests_ =
       &registry_.counter("railyard_monitor_webhook_requests_total", "Alertmanager webhook requests, by HTTP code.");
   detection_latency_ = &registry_
@@ -96,11 +94,11 @@ Monitor::Monitor(kube::Client& client, Options opts)
                                        "From the onset of a condition (e.g. the last step progress) to the verdict.",
                                        metrics::exponential_buckets(1, 2, 12))
                             .add({});
-  evaluation_duration_ = &registry_
-                              .histogram("railyard_monitor_evaluation_duration_seconds",
-                                         "Wall time of one evaluation round (reads included).",
-                                         metrics::exponential_buckets(0.001, 2, 14))
-                              .add({});
+  evaluation_duration_ =
+      &registry_
+           .histogram("railyard_monitor_evaluation_duration_seconds",
+                      "Wall time of one evaluation round (reads included).", metrics::exponential_buckets(0.001, 2, 14))
+           .add({});
   series_ = &registry_.gauge("railyard_monitor_series", "Worker series read in the last evaluation.").add({});
   if (!opts_.prometheus_url.empty()) split_url(opts_.prometheus_url);  // validate early
   if (opts_.interval_s <= 0) throw ConfigError("--interval must be > 0 seconds");
@@ -146,7 +144,7 @@ void Monitor::run(const std::atomic<bool>& stop) {
     if (next < now) next = now;
     while (!stop.load() && std::chrono::steady_clock::now() < next)
       std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(next - std::chrono::steady_clock::now(),
-                                                                                 std::chrono::milliseconds(100)));
+                                                                                std::chrono::milliseconds(100)));
   }
 }
 
@@ -349,8 +347,9 @@ std::pair<int, std::string> Monitor::handle_webhook(const std::string& authoriza
     return std::make_pair(code, j.dump());
   };
   if (opts_.webhook_token.empty())
-    return reply(503, {{"error", "webhook disabled: start railyard-monitor with --webhook-token-file or "
-                                 "RAILYARD_MONITOR_WEBHOOK_TOKEN"}});
+    return reply(503, {{"error",
+                        "webhook disabled: start railyard-monitor with --webhook-token-file or "
+                        "RAILYARD_MONITOR_WEBHOOK_TOKEN"}});
   const std::string bearer = "Bearer ";
   if (authorization.rfind(bearer, 0) != 0 ||
       !constant_time_equal(authorization.substr(bearer.size()), opts_.webhook_token))

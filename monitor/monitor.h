@@ -20,7 +20,7 @@ namespace railyard::monitor {
 
 struct Options {
   std::string prometheus_url;  // empty: embedded mode (scrape the pods directly)
-  double interval_s = 2;
+  double interval_s = 1;
   std::string listen = "127.0.0.1:9402";  // webhook + /metrics + /healthz; port 0 picks one
   std::string webhook_token;              // empty: the webhook answers 503
   std::string ns;                         // "" watches every namespace

@@ -68,19 +68,27 @@ std::map<JobKey, std::map<int, RankObs>> group_samples(const std::vector<Sample>
     if (r.node.empty()) r.node = s.label("node");
     if (r.generation.empty()) r.generation = s.label("generation");
     const std::string& n = s.name;
-    if (n == "up") r.reachable = s.value == 1;
-    else if (n == "railyard_worker_step") r.step = s.value;
-    else if (n == "railyard_worker_last_step_timestamp_seconds") r.last_step_ts = s.value;
-    else if (n == "railyard_worker_step_duration_seconds") r.step_duration = s.value;
-    else if (n == "railyard_worker_step_duration_seconds_sum") r.duration_sum = s.value;
-    else if (n == "railyard_worker_step_duration_seconds_count") r.duration_count = s.value;
+    if (n == "up")
+      r.reachable = s.value == 1;
+    else if (n == "railyard_worker_step")
+      r.step = s.value;
+    else if (n == "railyard_worker_last_step_timestamp_seconds")
+      r.last_step_ts = s.value;
+    else if (n == "railyard_worker_step_duration_seconds")
+      r.step_duration = s.value;
+    else if (n == "railyard_worker_step_duration_seconds_sum")
+      r.duration_sum = s.value;
+    else if (n == "railyard_worker_step_duration_seconds_count")
+      r.duration_count = s.value;
     else if (n == "railyard_worker_loss") {
       r.loss = s.value;
       r.loss_present = true;
-    }
-    else if (n == "railyard_worker_nonfinite_total") r.nonfinite_total = s.value;
-    else if (n == "railyard_checkpoint_last_step") r.checkpoint_step = s.value;
-    else if (n == "railyard_checkpoint_last_timestamp_seconds") r.checkpoint_ts = s.value;
+    } else if (n == "railyard_worker_nonfinite_total")
+      r.nonfinite_total = s.value;
+    else if (n == "railyard_checkpoint_last_step")
+      r.checkpoint_step = s.value;
+    else if (n == "railyard_checkpoint_last_timestamp_seconds")
+      r.checkpoint_ts = s.value;
   }
   return out;
 }
@@ -176,7 +184,10 @@ std::optional<Verdict> Evaluator::evaluate(const JobKey& job, int64_t generation
     if (bad_loss || counted) {
       std::string ev = counted ? "railyard_worker_nonfinite_total=" + fmt(o.nonfinite_total, 0) : "";
       if (bad_loss)
-        ev += std::string(ev.empty() ? "" : "; ") + "loss=" + (std::isnan(o.loss) ? "NaN" : o.loss > 0 ? "+Inf" : "-Inf");
+        ev += std::string(ev.empty() ? "" : "; ") + "loss=" +
+              (std::isnan(o.loss) ? "NaN"
+               : o.loss > 0       ? "+Inf"
+                                  : "-Inf");
       ev += " at step " + (finite(o.step) ? fmt(o.step, 0) : std::string("?"));
       return verdict("nonfinite", "NonFiniteLoss", r, ev, now, false);
     }
@@ -213,7 +224,8 @@ std::optional<Verdict> Evaluator::evaluate(const JobKey& job, int64_t generation
     std::string why;
     if (!down.empty()) {
       blame = down.front();
-      why = "rank " + std::to_string(blame) + (ranks.count(blame) ? " unreachable (scrape target down)" : " series missing");
+      why = "rank " + std::to_string(blame) +
+            (ranks.count(blame) ? " unreachable (scrape target down)" : " series missing");
     } else {
       double lo = nan_value(), lo_ts = nan_value();
       for (const auto& [r, o] : ranks) {

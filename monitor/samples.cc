@@ -46,10 +46,14 @@ class LineParser {
       if (c == '\\') {
         if (done()) fail("unterminated escape in label value");
         char e = s_[pos_++];
-        if (e == '\\') out += '\\';
-        else if (e == '"') out += '"';
-        else if (e == 'n') out += '\n';
-        else fail(std::string("invalid escape sequence '\\") + e + "' in label value (only \\\\, \\\" and \\n)");
+        if (e == '\\')
+          out += '\\';
+        else if (e == '"')
+          out += '"';
+        else if (e == 'n')
+          out += '\n';
+        else
+          fail(std::string("invalid escape sequence '\\") + e + "' in label value (only \\\\, \\\" and \\n)");
       } else {
         out += c;
       }
@@ -96,7 +100,8 @@ class LineParser {
 
 double parse_value(const std::string& text, const std::string& what) {
   if (text == "NaN" || text == "nan") return std::numeric_limits<double>::quiet_NaN();
-  if (text == "+Inf" || text == "Inf" || text == "+inf" || text == "inf") return std::numeric_limits<double>::infinity();
+  if (text == "+Inf" || text == "Inf" || text == "+inf" || text == "inf")
+    return std::numeric_limits<double>::infinity();
   if (text == "-Inf" || text == "-inf") return -std::numeric_limits<double>::infinity();
   if (text.empty()) throw Error(what + ": empty value");
   const char* begin = text.c_str();

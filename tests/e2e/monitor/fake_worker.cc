@@ -21,9 +21,7 @@ namespace {
 std::atomic<bool> g_stop{false};
 void on_signal(int) { g_stop = true; }
 
-double unix_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
+double unix_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
 long read_step(const std::filesystem::path& p) {
   std::ifstream in(p);
@@ -48,22 +46,35 @@ int main(int argc, char** argv) {
         if (i + 1 >= argc) throw ConfigError(a + " needs a value");
         return argv[++i];
       };
-      if (a == "--namespace") ns = next();
-      else if (a == "--job") job = next();
-      else if (a == "--node") node = next();
-      else if (a == "--generation") gen = next();
-      else if (a == "--rank") rank = std::stoi(next());
-      else if (a == "--world") world = std::stoi(next());
-      else if (a == "--port") port = std::stoi(next());
-      else if (a == "--port-file") port_file = next();
-      else if (a == "--barrier-dir") barrier = next();
-      else if (a == "--step-seconds") step_s = std::stod(next());
-      else if (a == "--slow-factor") slow = std::stod(next());
-      else if (a == "--checkpoint-every") ckpt_every = std::stoi(next());
+      if (a == "--namespace")
+        ns = next();
+      else if (a == "--job")
+        job = next();
+      else if (a == "--node")
+        node = next();
+      else if (a == "--generation")
+        gen = next();
+      else if (a == "--rank")
+        rank = std::stoi(next());
+      else if (a == "--world")
+        world = std::stoi(next());
+      else if (a == "--port")
+        port = std::stoi(next());
+      else if (a == "--port-file")
+        port_file = next();
+      else if (a == "--barrier-dir")
+        barrier = next();
+      else if (a == "--step-seconds")
+        step_s = std::stod(next());
+      else if (a == "--slow-factor")
+        slow = std::stod(next());
+      else if (a == "--checkpoint-every")
+        ckpt_every = std::stoi(next());
       else if (a == "--nan-at-step") {
         nan_at_step = true;
         nan_step = std::stol(next());
-      } else throw ConfigError("unknown flag '" + a + "'");
+      } else
+        throw ConfigError("unknown flag '" + a + "'");
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "railyard-test-fake-worker: error: %s\n", e.what());
@@ -73,7 +84,8 @@ int main(int argc, char** argv) {
   signal(SIGINT, on_signal);
 
   metrics::Registry reg;
-  metrics::Labels l{{"namespace", ns}, {"job", job}, {"generation", gen}, {"rank", std::to_string(rank)}, {"node", node}};
+  metrics::Labels l{
+      {"namespace", ns}, {"job", job}, {"generation", gen}, {"rank", std::to_string(rank)}, {"node", node}};
   auto& step_g = reg.gauge("railyard_worker_step", "Last completed training step.").add(l);
   auto& last_g = reg.gauge("railyard_worker_last_step_timestamp_seconds", "When the last step completed.").add(l);
   auto& dur_h = reg.histogram("railyard_worker_step_duration_seconds", "Wall time of one training step.",
@@ -96,7 +108,8 @@ int main(int argc, char** argv) {
       bool all = false;
       while (!g_stop && !all) {
         all = true;
-        for (int r = 0; r < world && all; ++r) all = read_step(fs::path(barrier) / (std::to_string(r) + ".step")) >= step;
+        for (int r = 0; r < world && all; ++r)
+          all = read_step(fs::path(barrier) / (std::to_string(r) + ".step")) >= step;
         if (!all) std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
     }

@@ -1,11 +1,11 @@
 // The health rules on synthetic series: each fires when it should and not when it should not, debounces, fires
 // once per generation and again in the next one.
+#include "monitor/rules.h"
+
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <limits>
-
-#include "monitor/rules.h"
 
 using namespace railyard::monitor;
 
@@ -28,6 +28,7 @@ RankObs rank(int r, double step, double ts, double dur = 0.5, const std::string&
 
 Policy fast_policy() {
   Policy p;
+  p.stall_factor = 3;
   p.stall_floor_s = 10;
   p.unreachable_s = 5;
   p.straggler_window_s = 6;
@@ -129,8 +130,7 @@ TEST_CASE("unreachable: a rank down longer than the threshold and for N evaluati
   p.stall_floor_s = 1000;  // keep the stall rule out of the way
   p.hang_timeout_s = 1000;
   double t = 0;
-  for (int i = 0; i < 5; ++i, t += 1)
-    CHECK_FALSE(ev.evaluate(kJob, 0, {{0, rank(0, i, t)}, {1, rank(1, i, t)}}, p, t));
+  for (int i = 0; i < 5; ++i, t += 1) CHECK_FALSE(ev.evaluate(kJob, 0, {{0, rank(0, i, t)}, {1, rank(1, i, t)}}, p, t));
   // A single failed scrape, then back: nothing.
   RankObs down = rank(1, 5, t);
   down.reachable = false;
@@ -247,7 +247,7 @@ TEST_CASE("loss spike: z-score and ratio over the window, on consecutive steps; 
   };
   int s = 0;
   for (; s < 30; ++s) CHECK_FALSE(at(s, 3.0 - 0.01 * s + 0.05 * ((s % 3) - 1)));  // noisy, slowly decreasing
-  CHECK_FALSE(at(s++, 9.0));                                                   // one blip
+  CHECK_FALSE(at(s++, 9.0));                                                      // one blip
   CHECK_FALSE(at(s++, 2.7));
   CHECK_FALSE(at(s++, 9.0));  // first of a run
   auto v = at(s++, 9.5);
