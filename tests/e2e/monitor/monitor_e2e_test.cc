@@ -357,3 +357,75 @@ TEST_CASE("monitor against a real Prometheus: stall -> one restart request per g
   monitor->stop(SIGTERM);
   workers.reset();
 }
+
+TEST_CASE("embedded mode: the monitor scrapes the job's pods itself (pod IP + railyard.dev/metrics-port)") {
+  Env e;
+  auto client = std::make_unique<railyard::kube::Client>(railyard::kube::load_kubeconfig(e.state + "/kubeconfig"));
+  auto& c = *client;
+  REQUIRE(e.sh("eval \"$(bash " + e.src + "/deploy/local/cluster.sh env --state-dir " + e.state +
+               ")\" && kubectl apply -f " + e.src +
+               "/deploy/crds/trainingjobs.railyard.dev.yaml >/dev/null && kubectl wait --for=condition=Established "
+               "--timeout=60s crd/trainingjobs.railyard.dev >/dev/null") == 0);
+  std::string ns = "monitor-emb-" + std::to_string(getpid()), name = "emb";
+  c.create(railyard::kube::resources::namespaces, "",
+           {{"apiVersion", "v1"}, {"kind", "Namespace"}, {"metadata", {{"name", ns}}}});
+  struct NsCleanup {
+    railyard::kube::Client& c;
+    std::string ns;
+    ~NsCleanup() {
+      try {
+        c.remove(railyard::kube::resources::namespaces, "", ns);
+      } catch (...) {
+      }
+    }
+  } ns_cleanup{c, ns};
+  c.create(railyard::kube::resources::trainingjobs, ns,
+           json::parse(R"({"apiVersion":"railyard.dev/v1alpha1","kind":"TrainingJob","metadata":{"name":"emb"},
+             "spec":{"replicas":2,"model":{"preset":"tiny"},"data":{"train":"/tmp/none_*.bin"},
+                     "training":{"steps":100000}}})"));
+  // Workers without Prometheus: the prometheus dir only receives an unused target list.
+  fs::create_directories(e.tmp / "prom");
+  Workers workers(e, ns, name, 0, 2);
+  // The pods the operator would have made, as a kubelet would report them: Running, with an IP and the port.
+  for (int r = 0; r < 2; ++r) {
+    std::string pod = name + "-worker-" + std::to_string(r);
+    c.create(railyard::kube::resources::pods, ns,
+             {{"apiVersion", "v1"},
+              {"kind", "Pod"},
+              {"metadata",
+               {{"name", pod},
+                {"labels", {{"railyard.dev/job", name}, {"railyard.dev/replica-index", std::to_string(r)}}},
+                {"annotations", {{"railyard.dev/metrics-port", std::to_string(workers.ports[r])}}}}},
+              {"spec", {{"containers", {{{"name", "worker"}, {"image", "railyard/none"}}}}}}});
+    c.patch(railyard::kube::resources::pods, ns, pod, {{"status", {{"phase", "Running"}, {"podIP", "127.0.0.1"}}}},
+            railyard::kube::PatchType::Merge, "status");
+  }
+  int mport = free_port();
+  Child monitor({e.bin + "/railyard-monitor", "--kubeconfig", e.state + "/kubeconfig", "--interval", "1", "--listen",
+                 "127.0.0.1:" + std::to_string(mport), "--namespace", ns},
+                (e.tmp / "monitor.log").string());
+  httplib::Client mcli("127.0.0.1", mport);
+  // Scraped: the monitor reads the workers' series.
+  REQUIRE(wait_until(20, [&] {
+    auto r = mcli.Get("/metrics");
+    if (!r) return false;
+    auto at = r->body.find("\nrailyard_monitor_series ");
+    // Two ranks' full expositions (7 contract series each, histogram buckets on top) plus a synthesized `up` each.
+    return at != std::string::npos && std::stod(r->body.substr(at + 25)) >= 2 * 8;
+  }));
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  CHECK(restart_request(c, ns, name).is_null());
+  auto frozen_at = Clock::now();
+  workers.rank(1).signal(SIGSTOP);
+  json req;
+  REQUIRE(wait_until(40, [&] { return !(req = restart_request(c, ns, name)).is_null(); }));
+  double detect_s = std::chrono::duration<double>(Clock::now() - frozen_at).count();
+  MESSAGE("embedded mode: detected " << detect_s << " s after SIGSTOP: " << req.dump());
+  CHECK(req["rule"] == "stall");
+  CHECK(req["rank"] == 1);
+  CHECK(req["node"] == "sim-node-1");
+  // 6 s threshold + scrape timeouts of the frozen target (2 s each) + 1 s interval.
+  CHECK(detect_s > 5.5);
+  CHECK(detect_s < 6 + 6);
+  monitor.stop(SIGTERM);
+}
