@@ -134,6 +134,9 @@ case "$command" in
     cmd_down
     ;;
   status) cmd_status ;;
-  env) cmd_env ;;
+  env)
+    cmd_env
+    prometheus_env
+    ;;
   restart-apiserver) cmd_restart_apiserver ;;
 esac

@@ -21,8 +21,9 @@ prometheus_pick_port() {
 
 prometheus_up() {
   local dir="$STATE_DIR/prometheus"
-  command -v prometheus >/dev/null && command -v promtool >/dev/null ||
+  if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
     die "prometheus: 'prometheus' and 'promtool' are not installed (apt-get install prometheus)"
+  fi
   if component_alive prometheus && [ -f "$dir/prometheus.env" ]; then
     info "prometheus: already running ($(sed -n 's/^export PROMETHEUS_URL=//p' "$dir/prometheus.env"))"
     return 0
@@ -58,6 +59,14 @@ prometheus_up() {
   info "prometheus: http://127.0.0.1:$port (targets: $dir/targets/*.json)"
 }
 
+# For `cluster.sh env`: PROMETHEUS_URL and PROMETHEUS_TARGETS_DIR when this cluster has a Prometheus.
+prometheus_env() {
+  if [ -f "$STATE_DIR/prometheus/prometheus.env" ] && component_alive prometheus; then
+    cat "$STATE_DIR/prometheus/prometheus.env"
+  fi
+  return 0
+}
+
 prometheus_down() {
   [ -d "$STATE_DIR/prometheus" ] || return 0
   stop_component prometheus 10
@@ -85,7 +94,7 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   }
   info() { echo "$PROG: $*" >&2; }
   REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
-  # shellcheck source=control_plane.sh
+  # shellcheck disable=SC1091
   source "$REPO_ROOT/deploy/local/lib/control_plane.sh"
   [ $# -ge 2 ] || die "usage: $PROG up|down|write-targets DIR [NAME JSON]"
   cmd="$1"
