@@ -1,8 +1,6 @@
 // railyard-worker: the training process. `railyard-worker train ...` trains a GPT on token shards on this machine's
 // CPUs (docs/worker.md lists every flag); `railyard-worker gemm-rate ...` prints the GEMM rate MFU is measured
 // against. Exit codes: 0 done, 2 bad flags or input, 3 too many consecutive non-finite steps, 1 anything else.
-#include <cblas.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -49,6 +47,8 @@ constexpr const char* kUsage = R"(usage: railyard-worker train [flags]
   --log-json FILE      append one JSON object per step/validation
   --peak-flops X       FLOP/s that MFU is relative to (default: the measured GEMM rate of this step's shapes)
   --max-bad-steps K    exit 3 after K consecutive steps with non-finite loss/gradients (default 3)
+  --gemm-split MODE    pool (default: our threads split each GEMM over single-threaded OpenBLAS) or openblas
+                       (OpenBLAS's own threads run the GEMMs); for measuring the threading choice
        railyard-worker gemm-rate [--model SPEC] [--batch B] [--seq T] [--threads N] [--split pool|openblas]
          (pool: our split over single-threaded OpenBLAS, what training uses; openblas: OpenBLAS's own threads)
 )";
@@ -115,12 +115,9 @@ int cmd_gemm_rate(int argc, char** argv) {
   const std::string split = f.count("split") ? f["split"] : "pool";
   if (split != "pool" && split != "openblas") throw ConfigError("--split must be pool or openblas");
   const int threads = threads_from(f);
-  ThreadPool pool(split == "pool" ? threads : 1);
+  ThreadPool pool(threads);
   double rate;
-  if (split == "openblas") {
-    cpu::init_blas_single_threaded();  // consumes the one-time switch, then hand OpenBLAS its threads back
-    openblas_set_num_threads(threads);
-  }
+  cpu::set_gemm_threading(split == "pool" ? cpu::GemmThreading::kPool : cpu::GemmThreading::kOpenBlas, threads);
   double per_cpu = 0;
   rate = measure_gemm_rate(pool, cfg, B, T, 5, nullptr, 0, &per_cpu);
   std::printf(
@@ -131,10 +128,11 @@ int cmd_gemm_rate(int argc, char** argv) {
 }
 
 int cmd_train(int argc, char** argv) {
-  auto f = parse_flags(
-      argc, argv, 2, {"model",   "data",        "steps",        "batch",     "seq",        "global-batch", "lr",
-                      "warmup",  "min-lr-frac", "weight-decay", "grad-clip", "seed",       "val-every",    "val-steps",
-                      "threads", "init-from",   "export",       "log-json",  "peak-flops", "max-bad-steps"});
+  auto f =
+      parse_flags(argc, argv, 2,
+                  {"model",   "data",        "steps",        "batch",     "seq",        "global-batch",  "lr",
+                   "warmup",  "min-lr-frac", "weight-decay", "grad-clip", "seed",       "val-every",     "val-steps",
+                   "threads", "init-from",   "export",       "log-json",  "peak-flops", "max-bad-steps", "gemm-split"});
   if (!f.count("data")) usage_error("--data DIR is required (make shards with `railyard data prepare`)");
 
   std::optional<GptConfig> cfg;
@@ -179,7 +177,11 @@ int cmd_train(int argc, char** argv) {
         std::make_unique<DataLoader>(data + "/val_*.bin", tc.batch, tc.seq_len, 0, 1, tc.seed, cfg->vocab_size, false));
   }
 
-  ThreadPool pool(threads_from(f));
+  const int threads = threads_from(f);
+  const std::string split = f.count("gemm-split") ? f["gemm-split"] : "pool";
+  if (split != "pool" && split != "openblas") throw ConfigError("--gemm-split must be pool or openblas");
+  ThreadPool pool(threads);
+  cpu::set_gemm_threading(split == "pool" ? cpu::GemmThreading::kPool : cpu::GemmThreading::kOpenBlas, threads);
   Trainer trainer(*cfg, tc, pool, train, val.get());
   if (f.count("init-from")) {
     load_llmc_model(f["init-from"], *cfg, trainer.model().params());

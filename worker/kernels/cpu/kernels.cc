@@ -11,10 +11,22 @@
 
 namespace railyard::worker::cpu {
 
+namespace {
+std::once_flag blas_once;
+GemmThreading g_gemm_threading = GemmThreading::kPool;
+}  // namespace
+
 void init_blas_single_threaded() {
-  static std::once_flag once;
-  std::call_once(once, [] { openblas_set_num_threads(1); });
+  std::call_once(blas_once, [] { openblas_set_num_threads(1); });
 }
+
+void set_gemm_threading(GemmThreading mode, int threads) {
+  init_blas_single_threaded();
+  g_gemm_threading = mode;
+  openblas_set_num_threads(mode == GemmThreading::kOpenBlas ? threads : 1);
+}
+
+GemmThreading gemm_threading() { return g_gemm_threading; }
 
 namespace {
 
@@ -92,7 +104,7 @@ template <typename T>
 void gemm(ThreadPool& pool, bool ta, bool tb, int M, int N, int K, T alpha, const T* A, int lda, const T* B, int ldb,
           T beta, T* C, int ldc) {
   const int parts = pool.size();
-  if (parts == 1 || (static_cast<long>(M) * N * K) < 32L * 32 * 32) {
+  if (parts == 1 || g_gemm_threading == GemmThreading::kOpenBlas || (static_cast<long>(M) * N * K) < 32L * 32 * 32) {
     gemm_serial(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }

@@ -19,6 +19,14 @@ namespace railyard::worker::cpu {
 // Makes OpenBLAS single-threaded: its GEMMs run inside our pool's regions (see thread_pool.h). Idempotent.
 void init_blas_single_threaded();
 
+// Who parallelises the large GEMMs: kPool (default) splits each GEMM's output across our pool, each thread calling
+// single-threaded OpenBLAS; kOpenBlas hands whole GEMMs to OpenBLAS with `threads` of its own threads while our
+// pool sleeps (OpenBLAS's threads then spin between GEMMs and compete with our loops; kept to measure that
+// choice, see docs/worker.md). Process-wide; set it before training starts.
+enum class GemmThreading { kPool, kOpenBlas };
+void set_gemm_threading(GemmThreading mode, int threads);
+GemmThreading gemm_threading();
+
 // Row-major C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C, with the output split across the pool along its
 // larger dimension. lda/ldb/ldc are row strides of the matrices as stored.
 template <typename T>
