@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -117,18 +118,34 @@ struct Env {
 
 class Workers {
  public:
-  Workers(const Env& e, const std::string& ns, const std::string& job, int generation, int world) {
-    fs::path dir = e.tmp / ("gen" + std::to_string(generation));
+  // `extra[r]`: more flags for rank r (e.g. --slow-factor 3, --nan-at-step 40). Lock step unless `independent`.
+  Workers(const Env& e, const std::string& ns, const std::string& job, int generation, int world,
+          std::map<int, std::vector<std::string>> extra = {}, bool independent = false) {
+    fs::path dir = e.tmp / (job + "-gen" + std::to_string(generation));
     fs::create_directories(dir / "barrier");
     for (int r = 0; r < world; ++r) {
       std::string pf = (dir / ("port" + std::to_string(r))).string();
-      procs_.push_back(std::make_unique<Child>(
-          std::vector<std::string>{e.bin + "/railyard-test-fake-worker", "--namespace", ns, "--job", job, "--rank",
-                                   std::to_string(r), "--world", std::to_string(world), "--node",
-                                   "sim-node-" + std::to_string(r), "--generation", std::to_string(generation),
-                                   "--step-seconds", "0.2", "--port-file", pf, "--barrier-dir",
-                                   (dir / "barrier").string()},
-          (e.tmp / ("worker" + std::to_string(r) + ".log")).string()));
+      std::vector<std::string> argv{e.bin + "/railyard-test-fake-worker",
+                                    "--namespace",
+                                    ns,
+                                    "--job",
+                                    job,
+                                    "--rank",
+                                    std::to_string(r),
+                                    "--world",
+                                    std::to_string(world),
+                                    "--node",
+                                    "sim-node-" + std::to_string(r),
+                                    "--generation",
+                                    std::to_string(generation),
+                                    "--step-seconds",
+                                    "0.2",
+                                    "--port-file",
+                                    pf};
+      if (!independent) argv.insert(argv.end(), {"--barrier-dir", (dir / "barrier").string()});
+      argv.insert(argv.end(), extra[r].begin(), extra[r].end());
+      procs_.push_back(
+          std::make_unique<Child>(argv, (e.tmp / (job + "-worker" + std::to_string(r) + ".log")).string()));
       REQUIRE(wait_until(10, [&] { return fs::exists(pf); }));
       ports.push_back(std::stoi(read_all(pf)));
     }
@@ -278,6 +295,9 @@ TEST_CASE("monitor against a real Prometheus: stall -> one restart request per g
   auto metrics = mcli.Get("/metrics");
   REQUIRE(metrics);
   CHECK(metrics->body.find("railyard_monitor_verdicts_total{rule=\"stall\"} 1\n") != std::string::npos);
+  // The monitor's exposition passes promtool's lint, like every /metrics endpoint must.
+  { std::ofstream(e.tmp / "monitor.metrics") << metrics->body; }
+  CHECK(std::system(("promtool check metrics < " + (e.tmp / "monitor.metrics").string()).c_str()) == 0);
   monitor->stop(SIGTERM);
   monitor = start_monitor();
   REQUIRE(wait_until(15, [&] {
@@ -427,5 +447,84 @@ TEST_CASE("embedded mode: the monitor scrapes the job's pods itself (pod IP + ra
   // 6 s threshold + scrape timeouts of the frozen target (2 s each) + 1 s interval.
   CHECK(detect_s > 5.5);
   CHECK(detect_s < 6 + 6);
+  monitor.stop(SIGTERM);
+}
+
+TEST_CASE("straggler and NaN loss over Prometheus: the fake workers' test knobs turn into verdicts") {
+  Env e;
+  auto client = std::make_unique<railyard::kube::Client>(railyard::kube::load_kubeconfig(e.state + "/kubeconfig"));
+  auto& c = *client;
+  REQUIRE(e.sh("eval \"$(bash " + e.src + "/deploy/local/cluster.sh env --state-dir " + e.state +
+               ")\" && kubectl apply -f " + e.src +
+               "/deploy/crds/trainingjobs.railyard.dev.yaml >/dev/null && kubectl wait --for=condition=Established "
+               "--timeout=60s crd/trainingjobs.railyard.dev >/dev/null") == 0);
+  std::string ns = "monitor-knobs-" + std::to_string(getpid());
+  c.create(railyard::kube::resources::namespaces, "",
+           {{"apiVersion", "v1"}, {"kind", "Namespace"}, {"metadata", {{"name", ns}}}});
+  struct NsCleanup {
+    railyard::kube::Client& c;
+    std::string ns;
+    ~NsCleanup() {
+      try {
+        c.remove(railyard::kube::resources::namespaces, "", ns);
+      } catch (...) {
+      }
+    }
+  } ns_cleanup{c, ns};
+  for (const char* name : {"slow", "nan"})
+    c.create(railyard::kube::resources::trainingjobs, ns,
+             {{"apiVersion", "railyard.dev/v1alpha1"},
+              {"kind", "TrainingJob"},
+              {"metadata", {{"name", name}}},
+              {"spec",
+               {{"replicas", 3},
+                {"model", {{"preset", "tiny"}}},
+                {"data", {{"train", "/tmp/none_*.bin"}}},
+                {"training", {{"steps", 100000}}},
+                {"failurePolicy", {{"stragglerFactor", 2.0}}}}}});
+  std::string prom_dir = (e.tmp / "prom").string();
+  REQUIRE(e.sh("bash " + e.src + "/deploy/local/lib/prometheus.sh up " + prom_dir) == 0);
+  struct PromCleanup {
+    const Env& e;
+    std::string dir;
+    ~PromCleanup() { e.sh("bash " + e.src + "/deploy/local/lib/prometheus.sh down " + dir); }
+  } prom_cleanup{e, prom_dir};
+  std::string env_text = read_all(fs::path(prom_dir) / "prometheus" / "prometheus.env");
+  auto at = env_text.find("PROMETHEUS_URL=");
+  REQUIRE(at != std::string::npos);
+  std::string prom = env_text.substr(at + 15, env_text.find('\n', at) - at - 15);
+  // "slow": independent ranks, rank 2 takes 3x as long per step. "nan": rank 1's loss turns NaN at step 60.
+  // Each Workers writes the whole target list, so the second list is written under another name.
+  Workers slow(e, ns, "slow", 0, 3, {{2, {"--slow-factor", "3"}}}, true);
+  fs::rename(fs::path(prom_dir) / "prometheus" / "targets" / "workers.json",
+             fs::path(prom_dir) / "prometheus" / "targets" / "slow.json");
+  Workers nan(e, ns, "nan", 0, 3, {{1, {"--nan-at-step", "60"}}});
+  REQUIRE(
+      wait_until(30, [&] { return query(prom, "railyard_worker_step{namespace=\"" + ns + "\"} > 2").size() == 6; }));
+  int mport = free_port();
+  Child monitor(
+      {e.bin + "/railyard-monitor", "--kubeconfig", e.state + "/kubeconfig", "--prometheus-url", prom, "--interval",
+       "1", "--straggler-window", "5", "--listen", "127.0.0.1:" + std::to_string(mport), "--namespace", ns},
+      (e.tmp / "monitor.log").string());
+  json slow_req, nan_req;
+  REQUIRE(wait_until(60, [&] {
+    if (slow_req.is_null()) slow_req = restart_request(c, ns, "slow");
+    if (nan_req.is_null()) nan_req = restart_request(c, ns, "nan");
+    return !slow_req.is_null() && !nan_req.is_null();
+  }));
+  MESSAGE("straggler: " << slow_req.dump());
+  MESSAGE("nan: " << nan_req.dump());
+  CHECK(slow_req["rule"] == "straggler");
+  CHECK(slow_req["reason"] == "Straggler");
+  CHECK(slow_req["rank"] == 2);
+  CHECK(slow_req["node"] == "sim-node-2");
+  CHECK(nan_req["rule"] == "nonfinite");
+  CHECK(nan_req["reason"] == "NonFiniteLoss");
+  CHECK(nan_req["rank"] == 1);
+  // A NaN is not the node's fault; a straggler's node is excluded (excludeFailedNodes defaults to true).
+  auto nan_job = c.get(railyard::kube::resources::trainingjobs, ns, "nan");
+  CHECK(nan_job["metadata"]["annotations"].value("railyard.dev/exclude-nodes", "") == "");
+  auto slow_job = c.get(railyard::kube::resources::trainingjobs, ns, "slow");
+  CHECK(slow_job["metadata"]["annotations"].value("railyard.dev/exclude-nodes", "") == "sim-node-2");
   monitor.stop(SIGTERM);
 }
