@@ -1,12 +1,15 @@
 // railyard-worker: the training process. `railyard-worker train ...` trains a GPT on token shards on this machine's
 // CPUs (docs/worker.md lists every flag); `railyard-worker gemm-rate ...` prints the GEMM rate MFU is measured
 // against. Exit codes: 0 done, 2 bad flags or input, 3 too many consecutive non-finite steps, 1 anything else.
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <new>
 #include <optional>
 #include <string>
 #include <vector>
@@ -178,6 +181,16 @@ int cmd_train(int argc, char** argv) {
   }
 
   const int threads = threads_from(f);
+  // Refuse up front what cannot fit, instead of dying in an allocation or the OOM killer later.
+  const MemoryBudget need = memory_budget(*cfg, tc.batch, tc.seq_len, threads);
+  const double phys = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  if (phys > 0 && static_cast<double>(need.total()) > phys) {
+    char buf[160];
+    std::snprintf(buf, sizeof(buf), "needs %.2f GiB (%s) but the machine has %.2f GiB", need.total() / 1073741824.0,
+                  "params + grads + AdamW m, v + activations", phys / 1073741824.0);
+    throw ConfigError(std::string("--model/--batch/--seq: training ") + buf +
+                      ": use a smaller model, --batch or --seq (and --global-batch to keep the batch)");
+  }
   const std::string split = f.count("gemm-split") ? f["gemm-split"] : "pool";
   if (split != "pool" && split != "openblas") throw ConfigError("--gemm-split must be pool or openblas");
   ThreadPool pool(threads);
@@ -208,6 +221,11 @@ int main(int argc, char** argv) {
       return 0;
     }
     usage_error("unknown command '" + cmd + "' (train or gemm-rate)");
+  } catch (const std::bad_alloc&) {
+    log::error("worker",
+               "out of memory allocating the training buffers: lower --batch or --seq, or use a smaller "
+               "--model");
+    return 1;
   } catch (const ConfigError& e) {
     log::error("worker", e.what());
     return 2;
