@@ -1,6 +1,7 @@
 // railyard-worker: the training process. `railyard-worker train ...` trains a GPT on token shards on this machine's
 // CPUs (docs/worker.md lists every flag); `railyard-worker gemm-rate ...` prints the GEMM rate MFU is measured
-// against. Exit codes: 0 done, 2 bad flags or input, 3 too many consecutive non-finite steps, 1 anything else.
+// against; `railyard-worker agent ...` is the pod-level launcher (worker/agent, when built). Exit codes: 0 done, 2 bad
+// flags or input, 3 too many consecutive non-finite steps, 1 anything else.
 #include <unistd.h>
 
 #include <cstdio>
@@ -10,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <new>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -17,6 +19,9 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "worker/interop/llmc_model.h"
+#ifdef RAILYARD_WITH_AGENT
+#include "worker/agent/agent_main.h"
+#endif
 #include "worker/kernels/cpu/kernels.h"
 #include "worker/kernels/cpu/thread_pool.h"
 #include "worker/train/loader_source.h"
@@ -50,6 +55,8 @@ constexpr const char* kUsage = R"(usage: railyard-worker train [flags]
   --log-json FILE      append one JSON object per step/validation
   --peak-flops X       FLOP/s that MFU is relative to (default: the measured GEMM rate of this step's shapes)
   --max-bad-steps K    exit 3 after K consecutive steps with non-finite loss/gradients (default 3)
+  --config FILE        JSON training config (the agent's RAILYARD_CONFIG: model, training, layout, data); flags
+                       given on the command line override it
   --gemm-split MODE    pool (default: our threads split each GEMM over single-threaded OpenBLAS) or openblas
                        (OpenBLAS's own threads run the GEMMs); for measuring the threading choice
        railyard-worker gemm-rate [--model SPEC] [--batch B] [--seq T] [--threads N] [--split pool|openblas]
@@ -130,13 +137,86 @@ int cmd_gemm_rate(int argc, char** argv) {
   return 0;
 }
 
+// Maps a JSON training config (the operator's resolved config, docs/rendezvous.md) onto flags that were not given
+// explicitly. The operator's globalBatch counts sequences; --global-batch counts tokens.
+void apply_config_file(const std::string& path, std::map<std::string, std::string>& f) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_file(path, "--config"));
+  } catch (const nlohmann::json::exception& e) {
+    throw ConfigError("--config " + path + ": not valid JSON (" + e.what() + ")");
+  }
+  auto set = [&](const std::string& flag, const nlohmann::json& v) {
+    if (f.count(flag) || v.is_null()) return;
+    f[flag] = v.is_string() ? v.get<std::string>() : v.dump();
+  };
+  const auto get = [](const nlohmann::json& o, const char* k) {
+    return o.is_object() && o.contains(k) ? o[k] : nullptr;
+  };
+  const nlohmann::json layout = get(j, "layout");
+  if (const auto world = get(layout, "world"); world.is_number_integer() && world.get<int>() > 1) {
+    throw ConfigError("--config " + path + ": layout.world = " + world.dump() +
+                      ", but this worker trains in one process (data/tensor/pipeline parallel training is not built "
+                      "yet): run with 1 replica and 1 proc per replica");
+  }
+  const nlohmann::json model = get(j, "model");
+  if (model.is_object() && !f.count("model")) {
+    const auto preset = get(model, "preset");
+    if (preset.is_string() && preset.get<std::string>() != "custom") {
+      f["model"] = preset.get<std::string>();
+    } else {
+      std::string spec;
+      for (auto [key, field] :
+           {std::pair{"l", "layers"}, {"c", "hidden"}, {"nh", "heads"}, {"t", "seqLen"}, {"v", "vocab"}}) {
+        const auto v = get(model, field);
+        if (!v.is_number_integer()) throw ConfigError("--config " + path + ": model." + field + " is missing");
+        spec += (spec.empty() ? "" : ",") + std::string(key) + "=" + v.dump();
+      }
+      f["model"] = spec;
+    }
+  }
+  const nlohmann::json tr = get(j, "training");
+  set("steps", get(tr, "steps"));
+  set("batch", get(tr, "microBatch"));
+  set("seq", get(tr, "seqLen"));
+  if (const auto gb = get(tr, "globalBatch"), sl = get(tr, "seqLen");
+      gb.is_number_integer() && sl.is_number_integer()) {
+    set("global-batch", gb.get<int64_t>() * sl.get<int64_t>());
+  }
+  for (auto [flag, key] : {std::pair{"lr", "lr"},
+                           {"warmup", "warmupSteps"},
+                           {"min-lr-frac", "minLrFraction"},
+                           {"weight-decay", "weightDecay"},
+                           {"grad-clip", "gradClip"},
+                           {"seed", "seed"},
+                           {"val-every", "valEvery"},
+                           {"val-steps", "valSteps"}}) {
+    set(flag, get(tr, key));
+  }
+  const nlohmann::json data = get(j, "data");
+  set("data", data.is_string() ? data : get(data, "path"));
+  const auto restore = get(j, "restore");
+  if (restore.is_string() && !restore.get<std::string>().empty() && !f.count("init-from")) {
+    log::warn("worker", "config asks to restore a checkpoint, which this worker cannot read yet: starting fresh",
+              {{"restore", restore.get<std::string>()}});
+  }
+}
+
 int cmd_train(int argc, char** argv) {
-  auto f =
-      parse_flags(argc, argv, 2,
-                  {"model",   "data",        "steps",        "batch",     "seq",        "global-batch",  "lr",
-                   "warmup",  "min-lr-frac", "weight-decay", "grad-clip", "seed",       "val-every",     "val-steps",
-                   "threads", "init-from",   "export",       "log-json",  "peak-flops", "max-bad-steps", "gemm-split"});
-  if (!f.count("data")) usage_error("--data DIR is required (make shards with `railyard data prepare`)");
+  auto f = parse_flags(argc, argv, 2,
+                       {"model",      "data",          "steps",       "batch",        "seq",       "global-batch",
+                        "lr",         "warmup",        "min-lr-frac", "weight-decay", "grad-clip", "seed",
+                        "val-every",  "val-steps",     "threads",     "init-from",    "export",    "log-json",
+                        "peak-flops", "max-bad-steps", "gemm-split",  "config"});
+  if (f.count("config")) apply_config_file(f["config"], f);
+  if (!f.count("data")) {
+    if (const char* d = std::getenv("RAILYARD_DATA_DIR"); d != nullptr && *d != '\0') f["data"] = d;
+  }
+  if (!f.count("data")) {
+    usage_error(
+        "--data DIR is required (make shards with `railyard data prepare`; or data.path in --config, or "
+        "RAILYARD_DATA_DIR)");
+  }
 
   std::optional<GptConfig> cfg;
   if (f.count("model")) cfg = parse_model_spec(f["model"]);
@@ -166,6 +246,7 @@ int cmd_train(int argc, char** argv) {
   tc.peak_flops = to_double(f, "peak-flops", 0);
   tc.max_bad_steps = static_cast<int>(to_int(f, "max-bad-steps", 3));
   if (f.count("log-json")) tc.log_json = f["log-json"];
+  if (const char* p = std::getenv("RAILYARD_PROGRESS_FILE"); p != nullptr && *p != '\0') tc.progress_file = p;
   tc.validate(*cfg);
 
   const std::string data = f["data"];
@@ -211,16 +292,19 @@ int cmd_train(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) usage_error("missing command (train or gemm-rate)");
+  if (argc < 2) usage_error("missing command (train, gemm-rate or agent)");
   const std::string cmd = argv[1];
   try {
     if (cmd == "train") return cmd_train(argc, argv);
     if (cmd == "gemm-rate") return cmd_gemm_rate(argc, argv);
+#ifdef RAILYARD_WITH_AGENT
+    if (cmd == "agent") return agent_main(argc - 1, argv + 1);  // argv[0] of agent_main is "agent"
+#endif
     if (cmd == "-h" || cmd == "--help") {
       std::fputs(kUsage, stdout);
       return 0;
     }
-    usage_error("unknown command '" + cmd + "' (train or gemm-rate)");
+    usage_error("unknown command '" + cmd + "' (train, gemm-rate or agent)");
   } catch (const std::bad_alloc&) {
     log::error("worker",
                "out of memory allocating the training buffers: lower --batch or --seq, or use a smaller "

@@ -5,29 +5,13 @@
 #include <map>
 
 #include "common/error.h"
+#include "common/model_presets.h"
 
 namespace railyard::worker {
 
 namespace {
 
-struct Preset {
-  const char* name;
-  int L, C, NH, maxT, V;
-};
-
-constexpr Preset kPresets[] = {
-    {"tiny", 4, 128, 4, 256, 256},
-    {"gpt2-124m", 12, 768, 12, 1024, 50257},
-    {"gpt2-350m", 24, 1024, 16, 1024, 50257},
-    {"gpt2-774m", 36, 1280, 20, 1024, 50257},
-    {"gpt2-1.5b", 48, 1600, 25, 1024, 50257},
-};
-
-std::string preset_names() {
-  std::string s;
-  for (const auto& p : kPresets) s += (s.empty() ? "" : ", ") + std::string(p.name);
-  return s;
-}
+std::string preset_names() { return model_preset_names(); }
 
 }  // namespace
 
@@ -61,9 +45,8 @@ GptConfig make_gpt_config(int num_layers, int channels, int num_heads, int max_s
 }
 
 GptConfig model_preset(std::string_view name) {
-  for (const auto& p : kPresets) {
-    if (name == p.name) return make_gpt_config(p.L, p.C, p.NH, p.maxT, p.V);
-  }
+  // The table lives in common/model_presets.h so the operator validates jobs against the same shapes.
+  if (auto p = find_model_preset(name)) return make_gpt_config(p->layers, p->hidden, p->heads, p->seq_len, p->vocab);
   throw ConfigError("model: unknown preset '" + std::string(name) + "': use one of " + preset_names() +
                     ", or a custom shape like l=2,c=64,nh=4,t=128,v=256");
 }

@@ -143,6 +143,17 @@ void Trainer::log_step(const StepResult& r) {
                {"flops_per_s", fmt("%.4g", r.flops_per_second)},
                {"mfu", fmt("%.3f", r.mfu)}});
   }
+  if (!cfg_.progress_file.empty() && std::isfinite(r.loss)) {
+    // The agent forwards this file to the rendezvous service (docs/rendezvous.md); a failed write must not stop
+    // training, so it is logged and dropped.
+    try {
+      write_file_atomic(
+          cfg_.progress_file,
+          nlohmann::json{{"step", r.step + 1}, {"loss", r.loss}, {"tokens_per_second", r.tokens_per_second}}.dump());
+    } catch (const std::exception& e) {
+      log::warn("worker", "cannot write the progress file", {{"path", cfg_.progress_file}, {"error", e.what()}});
+    }
+  }
   if (json_) {
     nlohmann::json j = {{"event", "step"},
                         {"step", r.step + 1},

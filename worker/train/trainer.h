@@ -41,10 +41,11 @@ struct TrainConfig {
   uint64_t seed = 1337;
   int val_every = 0;  // validate every N steps (and after the last); 0 = never
   int val_steps = 10;
-  int max_bad_steps = 3;  // consecutive non-finite steps before run() fails
-  double peak_flops = 0;  // FLOP/s for MFU; 0 = measure the GEMM rate at start
-  std::string log_json;   // optional JSON-lines log file
-  bool quiet = false;     // no per-step log lines (tests)
+  int max_bad_steps = 3;      // consecutive non-finite steps before run() fails
+  double peak_flops = 0;      // FLOP/s for MFU; 0 = measure the GEMM rate at start
+  std::string log_json;       // optional JSON-lines log file
+  std::string progress_file;  // optional: {"step", "loss", "tokens_per_second"} rewritten atomically each step
+  bool quiet = false;         // no per-step log lines (tests)
 
   int micro_steps() const;                      // global batch / (B*T)
   void validate(const GptConfig& model) const;  // throws ConfigError naming the flag

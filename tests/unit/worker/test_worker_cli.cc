@@ -83,6 +83,34 @@ TEST_CASE("railyard-worker train: prepare, train with validation, export, resume
   std::getline(log2, line);
   CHECK(nlohmann::json::parse(line)["val_loss"].get<double>() == doctest::Approx(last).epsilon(1e-6));
 
+  // The agent's way: a JSON config (operator's resolved config: globalBatch in sequences) plus RAILYARD_PROGRESS_FILE.
+  std::ofstream(d + "/config.json") << nlohmann::json{
+      {"model", {{"preset", "custom"}, {"layers", 1}, {"hidden", 32}, {"heads", 2}, {"seqLen", 32}, {"vocab", 256}}},
+      {"training", {{"steps", 3}, {"globalBatch", 4}, {"microBatch", 2}, {"seqLen", 16}}},
+      {"layout", {{"world", 1}, {"dp", 1}, {"tp", 1}, {"pp", 1}}},
+      {"data", {{"path", d + "/data"}}}}.dump();
+  r = run("railyard-worker train --config " + d + "/config.json --threads 1 --peak-flops 1e11", d);
+  REQUIRE_MESSAGE(r.code == 0, r.err);  // (no progress file without the variable)
+  CHECK(r.err.find("L1 C32 NH2 maxT32 V256") != std::string::npos);
+  CHECK(r.err.find("micro_steps=2") != std::string::npos);  // 4 sequences / 2 per micro-batch
+  CHECK(r.err.find("step=3/3") != std::string::npos);
+  // with the agent's progress file variable set
+  const std::string cmd = "RAILYARD_PROGRESS_FILE=" + d + "/progress.json " + bin_dir() +
+                          "/railyard-worker train --config " + d + "/config.json --steps 2 --threads 1 " +
+                          "--peak-flops 1e11 2> " + d + "/err2.txt";
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  const auto progress = nlohmann::json::parse(std::ifstream(d + "/progress.json"));
+  CHECK(progress["step"] == 2);
+  CHECK(progress["loss"].get<double>() > 0);
+  CHECK(progress["tokens_per_second"].get<double>() > 0);
+  std::ofstream(d + "/world2.json") << nlohmann::json{
+      {"model", {{"preset", "tiny"}}},
+      {"layout", {{"world", 2}}},
+      {"data", {{"path", d + "/data"}}}}.dump();
+  r = run("railyard-worker train --config " + d + "/world2.json", d);
+  CHECK(r.code == 2);
+  CHECK(r.err.find("layout.world = 2") != std::string::npos);
+
   // Bad input: exit 2 and a message that names the problem.
   r = run("railyard-worker train --data " + d + "/data --model gpt9", d);
   CHECK(r.code == 2);
