@@ -403,6 +403,7 @@ std::pair<int, std::string> Monitor::handle_webhook(const std::string& authoriza
     req.evidence = ann.count("summary") ? ann["summary"] : ann.count("description") ? ann["description"] : "";
     if (req.evidence.empty()) req.evidence = "alert " + req.reason + " firing since " + alert.starts_at;
     req.time = kube::format_rfc3339(std::chrono::system_clock::now());
+    req.onset = alert.starts_at;
     Policy policy = policy_for_job(job, opts_.defaults);
     if (!request_restart(job, req, !req.node.empty(), policy.exclude_failed_nodes))
       return reply(503, {{"error", "cannot annotate TrainingJob " + ns + "/" + name}});

@@ -1,8 +1,10 @@
 #include "monitor/rules.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <sstream>
 
 namespace railyard::monitor {
@@ -351,6 +353,7 @@ std::string format_restart_request(const RestartRequest& r) {
   j["detector"] = r.detector;
   j["source"] = r.source;
   j["time"] = r.time;
+  if (!r.onset.empty()) j["onset"] = r.onset;
   return j.dump();
 }
 
@@ -370,6 +373,7 @@ std::optional<RestartRequest> parse_restart_request(const std::string& value) {
   str("detector", &r.detector);
   str("source", &r.source);
   str("time", &r.time);
+  str("onset", &r.onset);
   if (j.contains("rank") && j["rank"].is_number_integer()) r.rank = j["rank"].get<int>();
   return r;
 }
@@ -383,6 +387,14 @@ RestartRequest request_from_verdict(const Verdict& v, const std::string& time) {
   r.evidence = v.evidence;
   r.generation = v.generation;
   r.time = time;
+  auto onset = std::chrono::system_clock::time_point(
+      std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::duration<double>(v.onset)));
+  std::time_t secs = std::chrono::system_clock::to_time_t(onset);
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  if (v.onset > 0) r.onset = buf;
   return r;
 }
 

@@ -125,6 +125,8 @@ inline constexpr const char* kMetricsPortAnnotation = "railyard.dev/metrics-port
 
 struct RestartRequest {
   std::string reason, rule, node, evidence, detector = "monitor", source = "rules", time;
+  std::string
+      onset;  // when the condition began (RFC 3339): time to detect = time - onset; the alert's startsAt for webhooks
   int rank = -1;
   int64_t generation = 0;
 };

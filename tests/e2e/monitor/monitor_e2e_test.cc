@@ -366,6 +366,7 @@ TEST_CASE("monitor against a real Prometheus: stall -> one restart request per g
   CHECK(req["source"] == "alertmanager");
   CHECK(req["rank"] == 1);
   CHECK(req["evidence"] == "XID 79 on rank 1");
+  CHECK(req["onset"] == "2026-11-22T03:00:00Z");
   std::tie(code, body) = post("Bearer " + token, alert.dump());
   CHECK(json::parse(body)["duplicates"] == 1);
   CHECK(restart_request(c, ns, name)["time"] == req["time"]);

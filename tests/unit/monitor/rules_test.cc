@@ -323,6 +323,7 @@ TEST_CASE("restart-request annotation: format, parse back, hand-written values")
   v.node = "gpu-2";
   v.evidence = "no step progress for 12.0s \"quoted\"";
   v.generation = 5;
+  v.onset = 1795316400.4;  // 2026-11-22T03:00:00Z
   auto req = request_from_verdict(v, "2026-11-22T03:00:00Z");
   std::string s = format_restart_request(req);
   auto j = nlohmann::json::parse(s);
@@ -333,11 +334,13 @@ TEST_CASE("restart-request annotation: format, parse back, hand-written values")
   CHECK(j["detector"] == "monitor");
   CHECK(j["time"] == "2026-11-22T03:00:00Z");
   CHECK(j["evidence"] == v.evidence);
+  CHECK(j["onset"] == "2026-11-22T03:00:00Z");
   auto back = parse_restart_request(s);
   REQUIRE(back);
   CHECK(back->generation == 5);
   CHECK(back->rank == 3);
   CHECK(back->evidence == v.evidence);
+  CHECK(back->onset == "2026-11-22T03:00:00Z");
   CHECK_FALSE(parse_restart_request("now"));
   CHECK_FALSE(parse_restart_request("{\"reason\":\"x\"}"));
   CHECK_FALSE(parse_restart_request("{\"generation\":\"1\"}"));
