@@ -15,7 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
-#include "worker/data/atomic_file.h"
+#include "common/atomic_file.h"
 #include "worker/data/shard.h"
 #include "worker/data/tokenizer.h"
 

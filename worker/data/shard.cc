@@ -12,7 +12,7 @@
 #include <utility>
 
 #include "common/error.h"
-#include "worker/data/atomic_file.h"
+#include "common/atomic_file.h"
 
 namespace railyard::worker {
 

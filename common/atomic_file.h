@@ -1,11 +1,11 @@
-// Streaming atomic file writer: data goes to a temp file next to the target, and commit() fsyncs it, renames it
+// Streaming atomic file writer (shared by every module that publishes files): data goes to a temp file next to the target, and commit() fsyncs it, renames it
 // over the target and fsyncs the directory, so readers see either the old file or the complete new one.
 #pragma once
 
 #include <cstddef>
 #include <string>
 
-namespace railyard::worker {
+namespace railyard {
 
 class AtomicFileWriter {
  public:
@@ -29,4 +29,4 @@ class AtomicFileWriter {
 // fsync a directory so renames inside it survive a crash; throws railyard::Error.
 void fsync_directory(const std::string& dir);
 
-}  // namespace railyard::worker
+}  // namespace railyard

@@ -1,4 +1,4 @@
-#include "worker/data/atomic_file.h"
+#include "common/atomic_file.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -10,7 +10,7 @@
 
 #include "common/error.h"
 
-namespace railyard::worker {
+namespace railyard {
 
 namespace {
 std::string errno_text(int e) { return std::strerror(e); }
@@ -64,4 +64,4 @@ void fsync_directory(const std::string& dir) {
   if (rc != 0) throw Error("cannot fsync directory " + dir + ": " + errno_text(e));
 }
 
-}  // namespace railyard::worker
+}  // namespace railyard
