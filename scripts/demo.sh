@@ -17,7 +17,7 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j2 --target railyard-node-agent railyard-worker railyard >/dev/null
 
 step "local cluster (state in $state)"
-topology=deploy/local/topologies/demo.yaml
+topology=deploy/local/topologies/h100-8node.yaml
 bash deploy/local/cluster.sh up --state-dir "$state" --topology "$topology" --node-agent "$root/build/bin/railyard-node-agent"
 eval "$(bash deploy/local/cluster.sh env --state-dir "$state")"
 kubectl get nodes -L railyard.dev/unit,railyard.dev/leaf,railyard.dev/gpu-type,railyard.dev/rails
