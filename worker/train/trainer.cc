@@ -230,6 +230,7 @@ TrainerState Trainer::state() {
   s.adam_m = opt_.m();
   s.adam_v = opt_.v();
   s.num_params = model_.num_params();
+  s.loader = train_.loader_state();
   return s;
 }
 
@@ -238,6 +239,7 @@ void Trainer::restore_counters(const TrainerState& s) {
   opt_.set_t(s.adam_t);
   bad_total_ = s.bad_steps_total;
   bad_consecutive_ = s.bad_steps_consecutive;
+  if (s.loader) train_.restore_loader(*s.loader);
 }
 
 }  // namespace railyard::worker

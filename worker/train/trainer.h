@@ -6,9 +6,11 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "worker/data/data_loader.h"
 #include "worker/kernels/cpu/thread_pool.h"
 #include "worker/model/gpt.h"
 #include "worker/optim/adamw.h"
@@ -25,6 +27,9 @@ class BatchSource {
   virtual void next_batch(int32_t* inputs, int32_t* targets) = 0;
   // Back to the first batch (validation starts from the same batches every time).
   virtual void reset() {}
+  // The position in the data, for checkpoints; sources without one (in-memory test data) return nullopt.
+  virtual std::optional<LoaderState> loader_state() const { return std::nullopt; }
+  virtual void restore_loader(const LoaderState&) {}
 };
 
 struct TrainConfig {
@@ -76,6 +81,7 @@ struct TrainerState {
   float* adam_m = nullptr;
   float* adam_v = nullptr;
   size_t num_params = 0;
+  std::optional<LoaderState> loader;  // the training source's position, when it has one
 };
 
 class Trainer {
@@ -95,7 +101,8 @@ class Trainer {
   int run();
 
   TrainerState state();
-  // Restores counters from a checkpoint (the buffers are written through state()'s pointers).
+  // Restores counters and the loader position from a checkpoint (the buffers are written through state()'s
+  // pointers).
   void restore_counters(const TrainerState& s);
 
   MemoryBudget memory_budget() const;

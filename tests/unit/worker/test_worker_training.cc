@@ -81,6 +81,14 @@ TEST_CASE("validation loss on the prepared license corpus drops from ln(256) to 
   CHECK(h.back().second < 2.9);
   CHECK(h[1].second < h.front().second);
   CHECK(h.back().second < h[1].second);
+
+  // The checkpointable state carries the loader's position (one global step per optimizer step here).
+  const TrainerState st = trainer.state();
+  CHECK(st.step == 300);
+  CHECK(st.adam_t == 300);
+  REQUIRE(st.loader.has_value());
+  CHECK(st.loader->steps == 300);
+  CHECK(st.num_params == num_parameters(kSmall));
 }
 
 TEST_CASE("same seed, data and threads give bitwise-identical losses and weights") {
