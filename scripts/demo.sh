@@ -24,7 +24,7 @@ kubectl get nodes -L railyard.dev/unit,railyard.dev/leaf,railyard.dev/gpu-type,r
 
 step "prepare a text corpus into token shards"
 data=$state/demo-data
-build/bin/railyard data prepare --input /usr/share/common-licenses/* --output "$data"
+build/bin/railyard data prepare --force --input /usr/share/common-licenses/* --output "$data"
 
 step "train a tiny GPT in a pod on a simulated node"
 node=$(kubectl get nodes -l railyard.dev/simulated=true -o jsonpath='{.items[0].metadata.name}')
