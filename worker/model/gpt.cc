@@ -266,7 +266,7 @@ T Gpt<T>::forward(const int32_t* inputs, const int32_t* targets, Mode mode, T dl
 }
 
 template <typename T>
-void Gpt<T>::backward() {
+void Gpt<T>::backward(bool accumulate) {
   using namespace cpu;
   if (!have_dlogits_) throw Error("Gpt::backward() needs a forward() in kTrain mode first");
   have_dlogits_ = false;
@@ -274,9 +274,20 @@ void Gpt<T>::backward() {
   const size_t L = config_.num_layers, N = static_cast<size_t>(B) * Tn;
   auto w = split_tensors(params_.data(), config_);
   auto g = split_tensors(grads_.data(), config_);
+  if (!accumulate) {
+    // Everything that only += (embeddings' position table, LayerNorm parameters, biases) starts from 0; the matrices
+    // (wte through the LM head, qkvw, attprojw, fcw, fcprojw) are assigned by their dW GEMMs below.
+    auto sizes = param_sizes(config_);
+    for (int i = 0; i < kNumParamTensors; ++i) {
+      const auto name = kParamNames[i];
+      if (name == "wte" || name == "qkvw" || name == "attprojw" || name == "fcw" || name == "fcprojw") continue;
+      std::memset(g[i], 0, sizes[i] * sizeof(T));
+    }
+  }
+  const bool acc = accumulate;
 
   // LM head (tied): dlnf (B,T,C) = dlogits (B,T,Vp) @ wte (Vp,C); dwte += dlogits^T @ lnf
-  matmul_backward(pool_, dc_, false, g[0], static_cast<T*>(nullptr), logits_, lnf_, w[0], N, C, Vp);
+  matmul_backward(pool_, dc_, false, g[0], static_cast<T*>(nullptr), logits_, lnf_, w[0], N, C, Vp, acc);
   std::memset(dres_, 0, N * C * sizeof(T));
   layernorm_backward(pool_, dres_, g[14], g[15], dc_, residual3_ + (L - 1) * N * C, w[14], lnf_mean_, lnf_rstd_, N, C);
   // dres_ now holds d(loss)/d(residual stream) and flows down through the layers.
@@ -286,19 +297,19 @@ void Gpt<T>::backward() {
     const size_t lc = l * C;
     // MLP block
     matmul_backward(pool_, d4c_, false, g[12] + l * 4 * C * C, g[13] + lc, dres_, fch_gelu_ + l * N * 4 * C,
-                    w[12] + l * 4 * C * C, N, 4 * C, C);                // d fch_gelu (B,T,4C)
+                    w[12] + l * 4 * C * C, N, 4 * C, C, acc);           // d fch_gelu (B,T,4C)
     gelu_backward(pool_, d4c_, fch_ + l * N * 4 * C, d4c_, N * 4 * C);  // d fch (B,T,4C)
     matmul_backward(pool_, dc_, false, g[10] + l * 4 * C * C, g[11] + 4 * lc, d4c_, ln2_ + l * N * C,
-                    w[10] + l * 4 * C * C, N, C, 4 * C);  // d ln2 (B,T,C)
+                    w[10] + l * 4 * C * C, N, C, 4 * C, acc);  // d ln2 (B,T,C)
     layernorm_backward(pool_, dres_, g[8] + lc, g[9] + lc, dc_, residual2_ + l * N * C, w[8] + lc, ln2_mean_ + l * N,
                        ln2_rstd_ + l * N, N, C);  // += d residual2
     // attention block
-    matmul_backward(pool_, dc_, false, g[6] + l * C * C, g[7] + lc, dres_, atty_ + l * N * C, w[6] + l * C * C, N, C,
-                    C);  // d atty (B,T,C)
+    matmul_backward(pool_, dc_, false, g[6] + l * C * C, g[7] + lc, dres_, atty_ + l * N * C, w[6] + l * C * C, N, C, C,
+                    acc);  // d atty (B,T,C)
     attention_backward(pool_, dqkv_, att_scratch_, dc_, qkv_ + l * N * 3 * C,
                        att_ + l * B * NH * static_cast<size_t>(Tn) * Tn, B, Tn, C, NH);  // d qkv (B,T,3C)
     matmul_backward(pool_, dc_, false, g[4] + l * 3 * C * C, g[5] + 3 * lc, dqkv_, ln1_ + l * N * C,
-                    w[4] + l * 3 * C * C, N, C, 3 * C);  // d ln1 (B,T,C)
+                    w[4] + l * 3 * C * C, N, C, 3 * C, acc);  // d ln1 (B,T,C)
     layernorm_backward(pool_, dres_, g[2] + lc, g[3] + lc, dc_, residual, w[2] + lc, ln1_mean_ + l * N,
                        ln1_rstd_ + l * N, N, C);  // += d residual
   }

@@ -75,8 +75,10 @@ class Gpt {
   // inputs, targets: (B, T) token ids in [0, V). Returns the mean loss over the B*T positions. In kTrain mode
   // dloss is d(objective)/d(mean loss) (1 / micro-steps under gradient accumulation) and backward() may follow.
   T forward(const int32_t* inputs, const int32_t* targets, Mode mode, T dloss = T(1));
-  // Accumulates (+=) this micro-batch's gradients into grads(); call zero_grad() at the start of a step.
-  void backward();
+  // Accumulates (+=) this micro-batch's gradients into grads(); call zero_grad() at the start of a step. With
+  // accumulate = false the gradients are overwritten instead (no zero_grad() needed): the big weight gradients are
+  // written by their GEMMs with beta = 0 and only the small vectors are zeroed, which saves a pass over grads().
+  void backward(bool accumulate = true);
   void zero_grad();
 
   // (B, T, Vp) logits of the last kEval forward.

@@ -85,12 +85,11 @@ StepResult Trainer::step() {
   r.step = step_;
   r.lr = schedule_.at(step_);
   const int micro = cfg_.micro_steps();
-  model_.zero_grad();
   double loss_sum = 0;
   for (int m = 0; m < micro; ++m) {
     train_.next_batch(inputs_.data(), targets_.data());
     loss_sum += model_.forward(inputs_.data(), targets_.data(), Gpt<float>::Mode::kTrain, 1.0f / micro);
-    model_.backward();
+    model_.backward(/*accumulate=*/m > 0);  // the first micro-batch overwrites: no zero_grad() pass
   }
   r.loss = loss_sum / micro;
   r.grad_norm = opt_.global_norm(model_.grads());

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -114,4 +115,19 @@ TEST_CASE("fp32 gradients match the double-precision gradients (2 threads)") {
     CHECK(err < 1e-5);  // fp32 epsilon is 6e-8; a few hundred accumulations stay well inside 1e-5
     off += sizes[i];
   }
+}
+
+TEST_CASE("backward(accumulate=false) over stale gradients equals zero_grad() + backward()") {
+  Fixture f;
+  ThreadPool pool(2);
+  Gpt<float> m(f.cfg, f.B, f.T, pool);
+  m.init_weights(3);
+  m.zero_grad();
+  m.forward(f.inputs.data(), f.targets.data(), Gpt<float>::Mode::kTrain);
+  m.backward();
+  const std::vector<float> ref(m.grads(), m.grads() + m.num_params());
+  for (size_t i = 0; i < m.num_params(); ++i) m.grads()[i] = std::nanf("");  // stale garbage must not leak in
+  m.forward(f.inputs.data(), f.targets.data(), Gpt<float>::Mode::kTrain);
+  m.backward(/*accumulate=*/false);
+  CHECK(std::memcmp(ref.data(), m.grads(), ref.size() * sizeof(float)) == 0);
 }

@@ -243,12 +243,12 @@ void matmul_forward(ThreadPool& pool, T* out, const T* inp, const T* w, const T*
 
 template <typename T>
 void matmul_backward(ThreadPool& pool, T* dinp, bool accumulate_dinp, T* dw, T* dbias, const T* dout, const T* inp,
-                     const T* w, size_t N, int IC, int OC) {
+                     const T* w, size_t N, int IC, int OC, bool accumulate_dw) {
   const int n = static_cast<int>(N);
   // dinp (N,IC) = dout (N,OC) @ w (OC,IC)
   gemm<T>(pool, false, false, n, IC, OC, T(1), dout, OC, w, IC, accumulate_dinp ? T(1) : T(0), dinp, IC);
   // dw (OC,IC) += dout^T (OC,N) @ inp (N,IC)
-  gemm<T>(pool, true, false, OC, IC, n, T(1), dout, OC, inp, IC, T(1), dw, IC);
+  gemm<T>(pool, true, false, OC, IC, n, T(1), dout, OC, inp, IC, accumulate_dw ? T(1) : T(0), dw, IC);
   if (dbias != nullptr) {
     pool.parallel_for(static_cast<size_t>(OC), [&](size_t o0, size_t o1) {
       for (size_t r = 0; r < N; ++r) {
@@ -414,21 +414,22 @@ void crossentropy_fused_backward(ThreadPool& pool, T* losses, T* logits, const i
 
 // ----------------------------------------------------------------------------------------------------------------
 
-#define RAILYARD_INSTANTIATE(T)                                                                                    \
-  template void gemm<T>(ThreadPool&, bool, bool, int, int, int, T, const T*, int, const T*, int, T, T*, int);      \
-  template void encoder_forward<T>(ThreadPool&, T*, const int32_t*, const T*, const T*, int, int, int);            \
-  template void encoder_backward<T>(ThreadPool&, T*, T*, const T*, const int32_t*, int, int, int);                 \
-  template void layernorm_forward<T>(ThreadPool&, T*, T*, T*, const T*, const T*, const T*, size_t, int);          \
-  template void layernorm_backward<T>(ThreadPool&, T*, T*, T*, const T*, const T*, const T*, const T*, const T*,   \
-                                      size_t, int);                                                                \
-  template void matmul_forward<T>(ThreadPool&, T*, const T*, const T*, const T*, size_t, int, int);                \
-  template void matmul_backward<T>(ThreadPool&, T*, bool, T*, T*, const T*, const T*, const T*, size_t, int, int); \
-  template void attention_forward<T>(ThreadPool&, T*, T*, const T*, int, int, int, int);                           \
-  template void attention_backward<T>(ThreadPool&, T*, T*, const T*, const T*, const T*, int, int, int, int);      \
-  template void gelu_forward<T>(ThreadPool&, T*, const T*, size_t);                                                \
-  template void gelu_backward<T>(ThreadPool&, T*, const T*, const T*, size_t);                                     \
-  template void residual_forward<T>(ThreadPool&, T*, const T*, const T*, size_t);                                  \
-  template void crossentropy_forward<T>(ThreadPool&, T*, const T*, const int32_t*, size_t, int, int);              \
+#define RAILYARD_INSTANTIATE(T)                                                                                   \
+  template void gemm<T>(ThreadPool&, bool, bool, int, int, int, T, const T*, int, const T*, int, T, T*, int);     \
+  template void encoder_forward<T>(ThreadPool&, T*, const int32_t*, const T*, const T*, int, int, int);           \
+  template void encoder_backward<T>(ThreadPool&, T*, T*, const T*, const int32_t*, int, int, int);                \
+  template void layernorm_forward<T>(ThreadPool&, T*, T*, T*, const T*, const T*, const T*, size_t, int);         \
+  template void layernorm_backward<T>(ThreadPool&, T*, T*, T*, const T*, const T*, const T*, const T*, const T*,  \
+                                      size_t, int);                                                               \
+  template void matmul_forward<T>(ThreadPool&, T*, const T*, const T*, const T*, size_t, int, int);               \
+  template void matmul_backward<T>(ThreadPool&, T*, bool, T*, T*, const T*, const T*, const T*, size_t, int, int, \
+                                   bool);                                                                         \
+  template void attention_forward<T>(ThreadPool&, T*, T*, const T*, int, int, int, int);                          \
+  template void attention_backward<T>(ThreadPool&, T*, T*, const T*, const T*, const T*, int, int, int, int);     \
+  template void gelu_forward<T>(ThreadPool&, T*, const T*, size_t);                                               \
+  template void gelu_backward<T>(ThreadPool&, T*, const T*, const T*, size_t);                                    \
+  template void residual_forward<T>(ThreadPool&, T*, const T*, const T*, size_t);                                 \
+  template void crossentropy_forward<T>(ThreadPool&, T*, const T*, const int32_t*, size_t, int, int);             \
   template void crossentropy_fused_backward<T>(ThreadPool&, T*, T*, const int32_t*, size_t, int, int, T);
 
 RAILYARD_INSTANTIATE(float)

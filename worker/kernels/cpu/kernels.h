@@ -52,10 +52,11 @@ void layernorm_backward(ThreadPool& pool, T* dinp, T* dw, T* db, const T* dout, 
 // out (N,OC) = inp (N,IC) @ w (OC,IC)^T + bias (OC, may be null).
 template <typename T>
 void matmul_forward(ThreadPool& pool, T* out, const T* inp, const T* w, const T* bias, size_t N, int IC, int OC);
-// dinp (N,IC) = (or += when accumulate_dinp) dout @ w; dw (OC,IC) += dout^T @ inp; dbias (OC) += column sums.
+// dinp (N,IC) = (or += when accumulate_dinp) dout @ w; dw (OC,IC) += dout^T @ inp (= when !accumulate_dw, which
+// saves reading and zeroing dw on a step's first micro-batch); dbias (OC) += column sums.
 template <typename T>
 void matmul_backward(ThreadPool& pool, T* dinp, bool accumulate_dinp, T* dw, T* dbias, const T* dout, const T* inp,
-                     const T* w, size_t N, int IC, int OC);
+                     const T* w, size_t N, int IC, int OC, bool accumulate_dw = true);
 
 // Causal self-attention. qkv (B,T,3C) holds q|k|v per token; att (B,NH,T,T) receives the softmax probabilities
 // (zero above the diagonal); out (B,T,C) the heads' outputs side by side.
