@@ -18,6 +18,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/metrics/metrics.h"
 #include "worker/interop/llmc_model.h"
 #ifdef RAILYARD_WITH_AGENT
 #include "worker/agent/agent_main.h"
@@ -26,6 +27,7 @@
 #include "worker/kernels/cpu/thread_pool.h"
 #include "worker/train/loader_source.h"
 #include "worker/train/perf.h"
+#include "worker/train/train_metrics.h"
 #include "worker/train/trainer.h"
 
 using namespace railyard;
@@ -55,6 +57,9 @@ constexpr const char* kUsage = R"(usage: railyard-worker train [flags]
   --log-json FILE      append one JSON object per step/validation
   --peak-flops X       FLOP/s that MFU is relative to (default: the measured GEMM rate of this step's shapes)
   --max-bad-steps K    exit 3 after K consecutive steps with non-finite loss/gradients (default 3)
+  --metrics-port P     serve Prometheus /metrics on P (0 = any free port; default RAILYARD_METRICS_PORT + LOCAL_RANK
+                       when that is set, else off); labels from the agent's env (docs/worker.md)
+  --metrics-host H     address to listen on (default RAILYARD_POD_IP, else 127.0.0.1)
   --config FILE        JSON training config (the agent's RAILYARD_CONFIG: model, training, layout, data); flags
                        given on the command line override it
   --gemm-split MODE    pool (default: our threads split each GEMM over single-threaded OpenBLAS) or openblas
@@ -204,10 +209,10 @@ void apply_config_file(const std::string& path, std::map<std::string, std::strin
 
 int cmd_train(int argc, char** argv) {
   auto f = parse_flags(argc, argv, 2,
-                       {"model",      "data",          "steps",       "batch",        "seq",       "global-batch",
-                        "lr",         "warmup",        "min-lr-frac", "weight-decay", "grad-clip", "seed",
-                        "val-every",  "val-steps",     "threads",     "init-from",    "export",    "log-json",
-                        "peak-flops", "max-bad-steps", "gemm-split",  "config"});
+                       {"model",      "data",          "steps",       "batch",        "seq",          "global-batch",
+                        "lr",         "warmup",        "min-lr-frac", "weight-decay", "grad-clip",    "seed",
+                        "val-every",  "val-steps",     "threads",     "init-from",    "export",       "log-json",
+                        "peak-flops", "max-bad-steps", "gemm-split",  "config",       "metrics-port", "metrics-host"});
   if (f.count("config")) apply_config_file(f["config"], f);
   if (!f.count("data")) {
     if (const char* d = std::getenv("RAILYARD_DATA_DIR"); d != nullptr && *d != '\0') f["data"] = d;
@@ -277,6 +282,27 @@ int cmd_train(int argc, char** argv) {
   ThreadPool pool(threads);
   cpu::set_gemm_threading(split == "pool" ? cpu::GemmThreading::kPool : cpu::GemmThreading::kOpenBlas, threads);
   Trainer trainer(*cfg, tc, pool, train, val.get());
+  // Metrics: the same numbers as the step log line, for Prometheus and railyard-monitor.
+  std::optional<int64_t> metrics_port;
+  if (f.count("metrics-port")) {
+    metrics_port = to_int(f, "metrics-port", 0);
+  } else if (const char* p = std::getenv("RAILYARD_METRICS_PORT"); p != nullptr && *p != '\0') {
+    char* end = nullptr;
+    const long base = std::strtol(p, &end, 10);
+    if (*end != '\0' || base < 0) throw ConfigError(std::string("RAILYARD_METRICS_PORT '") + p + "' is not a port");
+    metrics_port = base + std::atol(env_or("LOCAL_RANK", "0").c_str());
+  }
+  metrics::Registry registry;
+  std::unique_ptr<TrainMetrics> train_metrics;
+  std::unique_ptr<metrics::Exposer> exposer;
+  if (metrics_port) {
+    if (*metrics_port < 0 || *metrics_port > 65535) throw ConfigError("--metrics-port must be in 0..65535");
+    const std::string host = f.count("metrics-host") ? f["metrics-host"] : env_or("RAILYARD_POD_IP", "127.0.0.1");
+    train_metrics = std::make_unique<TrainMetrics>(registry, TrainMetrics::labels_from_env());
+    trainer.set_metrics(train_metrics.get());
+    exposer = std::make_unique<metrics::Exposer>(registry, host, static_cast<int>(*metrics_port));
+    log::info("worker", "serving metrics", {{"address", host + ":" + std::to_string(exposer->port())}});
+  }
   if (f.count("init-from")) {
     load_llmc_model(f["init-from"], *cfg, trainer.model().params());
     log::info("worker", "initialised from llm.c model", {{"path", f["init-from"]}});

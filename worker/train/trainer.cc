@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "worker/train/train_metrics.h"
 
 namespace railyard::worker {
 
@@ -123,6 +124,7 @@ double Trainer::validate() {
 }
 
 void Trainer::log_step(const StepResult& r) {
+  if (metrics_ != nullptr) metrics_->on_step(r, cfg_.steps);
   if (r.skipped) {
     log::warn("worker", "non-finite loss or gradient norm: update skipped",
               {{"step", std::to_string(r.step)},
@@ -199,6 +201,7 @@ int Trainer::run() {
   auto do_val = [&](int64_t s) {
     const double v = validate();
     val_history_.emplace_back(s, v);
+    if (metrics_ != nullptr) metrics_->on_validation(v);
     log::info("worker", "validation", {{"step", std::to_string(s)}, {"val_loss", fmt("%.6f", v)}});
     if (json_) *json_ << nlohmann::json{{"event", "validation"}, {"step", s}, {"val_loss", v}}.dump() << std::endl;
   };

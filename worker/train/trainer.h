@@ -84,6 +84,8 @@ struct TrainerState {
   std::optional<LoaderState> loader;  // the training source's position, when it has one
 };
 
+class TrainMetrics;
+
 class Trainer {
  public:
   Trainer(const GptConfig& model, const TrainConfig& config, ThreadPool& pool, BatchSource& train,
@@ -104,6 +106,9 @@ class Trainer {
   // Restores counters and the loader position from a checkpoint (the buffers are written through state()'s
   // pointers).
   void restore_counters(const TrainerState& s);
+
+  // Optional: every step and validation is also published as Prometheus series (train_metrics.h).
+  void set_metrics(TrainMetrics* m) { metrics_ = m; }
 
   MemoryBudget memory_budget() const;
   double peak_flops() const { return peak_flops_; }
@@ -127,6 +132,7 @@ class Trainer {
   double peak_flops_ = 0;
   std::vector<std::pair<int64_t, double>> val_history_;
   std::unique_ptr<std::ofstream> json_;
+  TrainMetrics* metrics_ = nullptr;
 };
 
 }  // namespace railyard::worker

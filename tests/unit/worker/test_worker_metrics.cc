@@ -1,0 +1,83 @@
+// The trainer publishes each step as Prometheus series that promtool accepts and that match the step results.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "tests/unit/worker/worker_test_util.h"
+#include "worker/train/train_metrics.h"
+#include "worker/train/trainer.h"
+
+using namespace railyard;
+using namespace railyard::worker;
+using namespace railyard::worker::testing;
+
+namespace {
+
+// The value of the one sample whose line starts with `prefix` (name plus labels).
+double sample(const std::string& text, const std::string& prefix) {
+  std::string needle(1, '\n');  // (built in steps: GCC 12 warns falsely on "\n" + string)
+  needle.append(prefix);
+  size_t at = text.find(needle);
+  REQUIRE_MESSAGE(at != std::string::npos, "no sample " << prefix << " in\n" << text);
+  size_t sp = text.find(' ', at + 1 + prefix.size());
+  return std::stod(text.substr(sp + 1, text.find('\n', sp) - sp - 1));
+}
+
+}  // namespace
+
+TEST_CASE("each step is published as metrics that match the step results and pass promtool") {
+  const GptConfig g = make_gpt_config(/*L=*/1, /*C=*/32, /*NH=*/2, /*maxT=*/16, /*V=*/64);
+  TrainConfig tc;
+  tc.batch = 2;
+  tc.seq_len = 16;
+  tc.steps = 3;
+  tc.peak_flops = 1e9;
+  tc.quiet = true;
+  std::vector<int32_t> tokens(4096);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 7 + i / 13) % 64);
+  WindowSource train(tokens, tc.batch, tc.seq_len, 5);
+  ThreadPool pool(1);
+  Trainer trainer(g, tc, pool, train);
+
+  metrics::Registry registry;
+  TrainMetrics tm(registry, {{"namespace", "ns"}, {"job", "j"}, {"generation", "2"}, {"rank", "1"}, {"node", "n"}});
+  trainer.set_metrics(&tm);
+  REQUIRE(trainer.run() == 0);
+  std::string text(1, '\n');
+  text.append(registry.serialize());
+  const std::string l = "{generation=\"2\",job=\"j\",namespace=\"ns\",node=\"n\",rank=\"1\"}";
+  CHECK(sample(text, "railyard_worker_step" + l) == 3);
+  CHECK(sample(text, "railyard_worker_steps_total" + l) == 3);
+  CHECK(sample(text, "railyard_worker_total_steps" + l) == 3);
+  CHECK(sample(text, "railyard_worker_step_duration_seconds_count" + l) == 3);
+  CHECK(sample(text, "railyard_worker_nonfinite_total" + l) == 0);
+  const double loss = sample(text, "railyard_worker_loss" + l);
+  CHECK(loss > 0);
+  CHECK(loss < 5.0);  // ~ln(64) = 4.16 for an untrained model
+  CHECK(sample(text, "railyard_worker_mfu_ratio" + l) > 0);
+  CHECK(sample(text, "railyard_worker_last_step_timestamp_seconds" + l) > 1.7e9);
+
+  // A NaN weight makes the next step non-finite: the counter moves and the loss gauge shows NaN.
+  trainer.model().params()[0] = std::nanf("");
+  const StepResult bad = trainer.step();
+  tm.on_step(bad, tc.steps);
+  CHECK(bad.skipped);
+  std::string text2(1, '\n');
+  text2.append(registry.serialize());
+  CHECK(sample(text2, "railyard_worker_nonfinite_total" + l) == 1);
+  CHECK(text2.find("railyard_worker_loss" + l + " NaN") != std::string::npos);
+
+  auto path = std::filesystem::temp_directory_path() / ("railyard-worker-metrics-" + std::to_string(::getpid()));
+  std::ofstream(path) << registry.serialize();
+  FILE* p = ::popen(("promtool check metrics < " + path.string() + " 2>&1").c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::string out;
+  char buf[512];
+  while (std::fgets(buf, sizeof buf, p)) out += buf;
+  CHECK_MESSAGE(WEXITSTATUS(::pclose(p)) == 0, out);
+  std::filesystem::remove(path);
+}

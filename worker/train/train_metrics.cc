@@ -1,0 +1,53 @@
+#include "worker/train/train_metrics.h"
+
+#include <cmath>
+
+#include "common/error.h"
+
+namespace railyard::worker {
+
+TrainMetrics::TrainMetrics(metrics::Registry& r, const metrics::Labels& l)
+    : step_(r.gauge("railyard_worker_step", "Last completed training step.").add(l)),
+      total_steps_(r.gauge("railyard_worker_total_steps", "Steps the run is configured for.").add(l)),
+      steps_total_(r.counter("railyard_worker_steps_total", "Optimizer steps taken by this process.").add(l)),
+      last_step_ts_(r.gauge("railyard_worker_last_step_timestamp_seconds", "When the last step completed.").add(l)),
+      step_seconds_(r.histogram("railyard_worker_step_duration_seconds", "Wall time of one training step.",
+                                metrics::exponential_buckets(0.01, 2, 14))
+                        .add(l)),
+      loss_(r.gauge("railyard_worker_loss", "Training loss of the last step (NaN when non-finite).").add(l)),
+      val_loss_(r.gauge("railyard_worker_validation_loss", "Loss of the last validation.").add(l)),
+      lr_(r.gauge("railyard_worker_learning_rate", "Learning rate of the last step.").add(l)),
+      grad_norm_(r.gauge("railyard_worker_grad_norm", "Global gradient norm before clipping.").add(l)),
+      tokens_per_second_(r.gauge("railyard_worker_tokens_per_second", "Training throughput of the last step.").add(l)),
+      flops_per_second_(
+          r.gauge("railyard_worker_flops_per_second", "Model FLOP/s of the last step (6N + 12LCT per token).").add(l)),
+      mfu_(
+          r.gauge("railyard_worker_mfu_ratio", "FLOP/s of the last step over the peak it is measured against.").add(l)),
+      nonfinite_(r.counter("railyard_worker_nonfinite_total", "Steps with a non-finite loss or gradient.").add(l)) {}
+
+void TrainMetrics::on_step(const StepResult& res, int64_t total_steps) {
+  step_.set(static_cast<double>(res.step + 1));
+  total_steps_.set(static_cast<double>(total_steps));
+  steps_total_.increment();
+  last_step_ts_.set_to_current_time();
+  step_seconds_.observe(res.seconds);
+  loss_.set(res.loss);
+  lr_.set(res.lr);
+  grad_norm_.set(res.grad_norm);
+  tokens_per_second_.set(res.tokens_per_second);
+  flops_per_second_.set(res.flops_per_second);
+  mfu_.set(res.mfu);
+  if (res.skipped) nonfinite_.increment();
+}
+
+void TrainMetrics::on_validation(double val_loss) { val_loss_.set(val_loss); }
+
+metrics::Labels TrainMetrics::labels_from_env() {
+  return {{"namespace", env_or("RAILYARD_JOB_NAMESPACE", "")},
+          {"job", env_or("RAILYARD_JOB_NAME", "")},
+          {"generation", env_or("RAILYARD_GENERATION", "")},
+          {"rank", env_or("RANK", "0")},
+          {"node", env_or("RAILYARD_NODE_NAME", "")}};
+}
+
+}  // namespace railyard::worker

@@ -1,0 +1,36 @@
+// The trainer's Prometheus series: the same numbers as the per-step log line, plus what the monitor's rules read
+// (docs/monitor.md "metric contract"). Labels: namespace, job, generation, rank, node.
+#pragma once
+
+#include "common/metrics/metrics.h"
+#include "worker/train/trainer.h"
+
+namespace railyard::worker {
+
+class TrainMetrics {
+ public:
+  TrainMetrics(metrics::Registry& registry, const metrics::Labels& labels);
+  void on_step(const StepResult& r, int64_t total_steps);
+  void on_validation(double val_loss);
+
+  // Labels of this process from the agent's environment (RAILYARD_JOB_NAMESPACE, RAILYARD_JOB_NAME,
+  // RAILYARD_GENERATION, RANK, RAILYARD_NODE_NAME); missing values become "" (rank "0").
+  static metrics::Labels labels_from_env();
+
+ private:
+  metrics::Gauge& step_;
+  metrics::Gauge& total_steps_;
+  metrics::Counter& steps_total_;
+  metrics::Gauge& last_step_ts_;
+  metrics::Histogram& step_seconds_;
+  metrics::Gauge& loss_;
+  metrics::Gauge& val_loss_;
+  metrics::Gauge& lr_;
+  metrics::Gauge& grad_norm_;
+  metrics::Gauge& tokens_per_second_;
+  metrics::Gauge& flops_per_second_;
+  metrics::Gauge& mfu_;
+  metrics::Counter& nonfinite_;
+};
+
+}  // namespace railyard::worker
