@@ -180,7 +180,15 @@ void apply_config_file(const std::string& path, std::map<std::string, std::strin
       f["model"] = spec;
     }
   }
-  const nlohmann::json tr = get(j, "training");
+  // The operator's resolved config carries the normalised model/training/layout at the top and the job's whole
+  // spec under "spec" (docs/rendezvous.md): what the resolved part lacks comes from the spec.
+  const nlohmann::json spec = get(j, "spec");
+  nlohmann::json tr = get(j, "training");
+  if (const auto spec_tr = get(spec, "training"); spec_tr.is_object()) {
+    if (!tr.is_object()) tr = nlohmann::json::object();
+    for (const auto& [k, v] : spec_tr.items())
+      if (!tr.contains(k)) tr[k] = v;
+  }
   set("steps", get(tr, "steps"));
   set("batch", get(tr, "microBatch"));
   set("seq", get(tr, "seqLen"));
@@ -188,6 +196,7 @@ void apply_config_file(const std::string& path, std::map<std::string, std::strin
       gb.is_number_integer() && sl.is_number_integer()) {
     set("global-batch", gb.get<int64_t>() * sl.get<int64_t>());
   }
+  set("lr", get(tr, "learningRate"));  // the TrainingJob's name for it
   for (auto [flag, key] : {std::pair{"lr", "lr"},
                            {"warmup", "warmupSteps"},
                            {"min-lr-frac", "minLrFraction"},
@@ -198,7 +207,20 @@ void apply_config_file(const std::string& path, std::map<std::string, std::strin
                            {"val-steps", "valSteps"}}) {
     set(flag, get(tr, key));
   }
-  const nlohmann::json data = get(j, "data");
+  nlohmann::json data = get(j, "data");
+  if (data.is_null()) data = get(spec, "data");
+  if (const auto train = get(data, "train"); train.is_string() && !f.count("data")) {
+    // spec.data.train is a glob; the loader takes DIR (DIR/train_*.bin, validation from DIR/val_*.bin).
+    const std::filesystem::path glob = train.get<std::string>();
+    if (std::filesystem::is_directory(glob)) {
+      f["data"] = glob.string();
+    } else if (glob.filename() == "train_*.bin") {
+      f["data"] = glob.parent_path().string();
+    } else {
+      throw ConfigError("--config " + path + ": data.train '" + glob.string() +
+                        "' must be a directory or DIR/train_*.bin (the layout `railyard data prepare` writes)");
+    }
+  }
   set("data", data.is_string() ? data : get(data, "path"));
   const auto restore = get(j, "restore");
   if (restore.is_string() && !restore.get<std::string>().empty() && !f.count("init-from")) {

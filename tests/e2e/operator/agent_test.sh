@@ -14,7 +14,7 @@ if [ -z "${RAILYARD_AGENT_BIN:-}" ] && "$bin/railyard-worker" agent --help >/dev
 else
   agent_bin=${RAILYARD_AGENT_BIN:-$bin/railyard-agent}
 fi
-[ -x "$agent_bin" ] || { echo "SKIP: no agent binary at $agent_bin (build the railyard-agent target)"; exit 0; }
+[ -x "$agent_bin" ] || { echo "FAIL: no agent binary at $agent_bin (build railyard-worker)" >&2; exit 1; }
 eval "$(bash "$src/deploy/local/cluster.sh" env --state-dir "$state")"
 ns=op-agent-e2e-$$
 work=$(mktemp -d /tmp/op-agent-e2e.XXXXXX)
