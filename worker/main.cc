@@ -159,8 +159,11 @@ void apply_config_file(const std::string& path, std::map<std::string, std::strin
     return o.is_object() && o.contains(k) ? o[k] : nullptr;
   };
   const nlohmann::json layout = get(j, "layout");
-  if (const auto world = get(layout, "world"); world.is_number_integer() && world.get<int>() > 1) {
-    throw ConfigError("--config " + path + ": layout.world = " + world.dump() +
+  // The agent writes the world size at the top (world_size); the operator's resolved layout has it as layout.world.
+  nlohmann::json world = get(j, "world_size");
+  if (!world.is_number_integer()) world = get(layout, "world");
+  if (world.is_number_integer() && world.get<int>() > 1) {
+    throw ConfigError("--config " + path + ": world size " + world.dump() +
                       ", but this worker trains in one process (data/tensor/pipeline parallel training is not built "
                       "yet): run with 1 replica and 1 proc per replica");
   }

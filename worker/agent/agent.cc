@@ -261,6 +261,9 @@ class AgentRun {
       w.local_rank = l;
       w.global_rank = a.ranks[l];
       w.progress_file = dir + "/progress-" + std::to_string(l) + ".json";
+      // A pod re-created with the same name gets the same work dir: never forward a previous run's progress.
+      std::error_code rm_ec;
+      std::filesystem::remove(w.progress_file, rm_ec);
       std::vector<std::string> env = base_env;
       auto add = [&](const char* k, const std::string& v) { env.push_back(std::string(k) + "=" + v); };
       add("RANK", std::to_string(w.global_rank));

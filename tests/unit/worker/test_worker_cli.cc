@@ -109,7 +109,16 @@ TEST_CASE("railyard-worker train: prepare, train with validation, export, resume
       {"data", {{"path", d + "/data"}}}}.dump();
   r = run("railyard-worker train --config " + d + "/world2.json", d);
   CHECK(r.code == 2);
-  CHECK(r.err.find("layout.world = 2") != std::string::npos);
+  CHECK(r.err.find("world size 2") != std::string::npos);
+  // The agent's form: world_size at the top, layout without "world", data from the job spec's train glob.
+  std::ofstream(d + "/agent_world2.json")
+      << nlohmann::json{{"world_size", 2},
+                        {"layout", {{"dp", 2}, {"tp", 1}, {"pp", 1}}},
+                        {"spec", {{"data", {{"train", d + "/data/train_*.bin"}}}, {"training", {{"steps", 1}}}}}}
+             .dump();
+  r = run("railyard-worker train --config " + d + "/agent_world2.json", d);
+  CHECK(r.code == 2);
+  CHECK(r.err.find("world size 2") != std::string::npos);
 
   // Bad input: exit 2 and a message that names the problem.
   r = run("railyard-worker train --data " + d + "/data --model gpt9", d);
