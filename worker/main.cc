@@ -20,9 +20,7 @@
 #include "common/log.h"
 #include "common/metrics/metrics.h"
 #include "worker/interop/llmc_model.h"
-#ifdef RAILYARD_WITH_AGENT
 #include "worker/agent/agent_main.h"
-#endif
 #include "worker/kernels/cpu/kernels.h"
 #include "worker/kernels/cpu/thread_pool.h"
 #include "worker/train/loader_source.h"
@@ -348,9 +346,7 @@ int main(int argc, char** argv) {
   try {
     if (cmd == "train") return cmd_train(argc, argv);
     if (cmd == "gemm-rate") return cmd_gemm_rate(argc, argv);
-#ifdef RAILYARD_WITH_AGENT
     if (cmd == "agent") return agent_main(argc - 1, argv + 1);  // argv[0] of agent_main is "agent"
-#endif
     if (cmd == "-h" || cmd == "--help") {
       std::fputs(kUsage, stdout);
       return 0;

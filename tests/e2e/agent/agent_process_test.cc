@@ -34,12 +34,9 @@ const std::string kToken = "agent-test-token-0123456789abcdef";
 std::string agent_binary() {
   const char* dir = std::getenv("RAILYARD_BIN_DIR");
   REQUIRE_MESSAGE(dir != nullptr, "RAILYARD_BIN_DIR is not set (run through ctest)");
-  for (const char* name : {"railyard-agent", "railyard-worker"}) {
-    std::string p = std::string(dir) + "/" + name;
-    if (fs::exists(p)) return p;
-  }
-  FAIL("no railyard-agent in " << dir);
-  return {};
+  std::string p = std::string(dir) + "/railyard-worker";
+  REQUIRE_MESSAGE(fs::exists(p), "no railyard-worker in " << dir);
+  return p;
 }
 
 struct TempDir {

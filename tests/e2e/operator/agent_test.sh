@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # E2E: railyard-operator with the worker agent and the rendezvous service on the real local cluster. Pods run
-# `railyard-agent agent -- sh -c ...` (the operator's --worker-command plus the job's template args), join the
+# `railyard-worker agent -- sh -c ...` (the operator's --worker-command plus the job's template args), join the
 # leader's rendezvous, and the operator sees process exits through it: a retryable exit restarts every agent's
 # workers in a new generation without new pods, a permanent exit fails the job at once, and a clean finish of
 # every rank makes the job Succeeded.
@@ -8,12 +8,7 @@ set -euo pipefail
 src=${RAILYARD_SOURCE_DIR:?}
 state=${RAILYARD_E2E_STATE_DIR:?}
 bin=${RAILYARD_BIN_DIR:?}
-# `railyard-worker agent` once the worker binary dispatches it, else the stand-alone railyard-agent.
-if [ -z "${RAILYARD_AGENT_BIN:-}" ] && "$bin/railyard-worker" agent --help >/dev/null 2>&1; then
-  agent_bin=$bin/railyard-worker
-else
-  agent_bin=${RAILYARD_AGENT_BIN:-$bin/railyard-agent}
-fi
+agent_bin=$bin/railyard-worker
 [ -x "$agent_bin" ] || { echo "FAIL: no agent binary at $agent_bin (build railyard-worker)" >&2; exit 1; }
 eval "$(bash "$src/deploy/local/cluster.sh" env --state-dir "$state")"
 ns=op-agent-e2e-$$
