@@ -27,15 +27,8 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_for() {
-  local limit=$1 what=$2 t0=$SECONDS
-  shift 2
-  until "$@" >/dev/null 2>&1; do
-    [ $((SECONDS - t0)) -lt "$limit" ] || fail "timed out after ${limit}s waiting for $what"
-    sleep 0.3
-  done
-}
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
 jp() { kubectl get tj "$1" -n "$ns" -o jsonpath="$2" 2>/dev/null; }
 phase_is() { [ "$(jp "$1" '{.status.phase}')" = "$2" ]; }
 restarts_is() { [ "$(jp "$1" '{.status.restarts}')" = "$2" ]; }
@@ -61,8 +54,7 @@ spec:
 YAML
 }
 
-kubectl apply -f "$src/deploy/crds/trainingjobs.railyard.dev.yaml" >/dev/null
-kubectl wait --for=condition=Established --timeout=60s crd/trainingjobs.railyard.dev >/dev/null
+install_crd "$src"
 kubectl create namespace "$ns" >/dev/null
 wait_for 60 "the default service account token" \
   bash -c "kubectl get sa default -n $ns -o jsonpath='{.secrets[0].name}' | grep -q ."

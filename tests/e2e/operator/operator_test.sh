@@ -28,16 +28,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-# wait_for SECONDS DESCRIPTION COMMAND...: polls every 0.3 s until COMMAND succeeds.
-wait_for() {
-  local limit=$1 what=$2 t0=$SECONDS
-  shift 2
-  until "$@" >/dev/null 2>&1; do
-    [ $((SECONDS - t0)) -lt "$limit" ] || fail "timed out after ${limit}s waiting for $what"
-    sleep 0.3
-  done
-}
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
 jp() { kubectl get tj "$1" -n "$ns" -o jsonpath="$2" 2>/dev/null; }
 phase_is() { [ "$(jp "$1" '{.status.phase}')" = "$2" ]; }
 pod_count() { kubectl get pods -n "$ns" -l "railyard.dev/job=$1" --no-headers 2>/dev/null | grep -vc Terminating || true; }
@@ -83,8 +75,7 @@ ${4:-}
 YAML
 }
 
-kubectl apply -f "$src/deploy/crds/trainingjobs.railyard.dev.yaml" >/dev/null
-kubectl wait --for=condition=Established --timeout=60s crd/trainingjobs.railyard.dev >/dev/null
+install_crd "$src"
 kubectl get namespace railyard-system >/dev/null 2>&1 || kubectl create namespace railyard-system >/dev/null
 kubectl create namespace "$ns" >/dev/null
 wait_for 60 "the default service account token" \

@@ -25,12 +25,12 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
 jp() { kubectl get tj tiny -n "$ns" -o jsonpath="$1" 2>/dev/null; }
 
 "$bin/railyard" data prepare --input /usr/share/common-licenses/* --output "$work/data" >/dev/null
-kubectl apply -f "$src/deploy/crds/trainingjobs.railyard.dev.yaml" >/dev/null
-kubectl wait --for=condition=Established --timeout=60s crd/trainingjobs.railyard.dev >/dev/null 2>&1
+install_crd "$src"
 kubectl create namespace "$ns" >/dev/null
 "$bin/railyard-operator" --namespace "$ns" --leader-elect=false --worker-command "$bin/railyard-worker" \
   --metrics-addr "127.0.0.1:$(free_port)" --health-addr "127.0.0.1:$(free_port)" --rendezvous-bind 127.0.0.1:0 \
