@@ -37,6 +37,7 @@ struct Flags {
   std::string rendezvous_addr;
   double join_timeout = 300;
   int workers = 2;
+  int worker_metrics_port = 9400, agent_metrics_port = 9399;
 };
 
 const char* kUsage = R"(usage: railyard-operator [flags]
@@ -59,6 +60,8 @@ Runs the TrainingJob controller against the cluster of $KUBECONFIG (or --kubecon
   --join-timeout S                  how long a joined pod waits for the rest of its generation before the
                                     service reports a join timeout (default 300)
   --workers N                       reconcile threads (default 2)
+  --worker-metrics-port P           worker pods serve /metrics on P + local rank (default 9400; 0 = off)
+  --agent-metrics-port P            the pods' agents serve /metrics on P (default 9399; 0 = off)
   --log-level debug|info|warn|error
 )";
 
@@ -142,6 +145,15 @@ Flags parse_flags(int argc, char** argv) {
       f.rendezvous_addr = next();
     } else if (a == "--join-timeout") {
       f.join_timeout = number(next());
+    } else if (a == "--worker-metrics-port" || a == "--agent-metrics-port") {
+      const std::string v = next();
+      int port = -1;
+      try {
+        port = std::stoi(v);
+      } catch (const std::exception&) {
+      }
+      if (port < 0 || port > 65535) usage_error(a + " '" + v + "': use a port number, or 0 to turn it off");
+      (a == "--worker-metrics-port" ? f.worker_metrics_port : f.agent_metrics_port) = port;
     } else if (a == "--workers") {
       std::string v = next();
       try {
@@ -229,6 +241,8 @@ int main(int argc, char** argv) {
   copts.pod.worker_image = flags.worker_image;
   copts.pod.worker_command = {flags.worker_command};
   copts.pod.rendezvous_addr = flags.rendezvous_addr;
+  copts.pod.worker_metrics_port = flags.worker_metrics_port;
+  copts.pod.agent_metrics_port = flags.agent_metrics_port;
   op::Controller controller(*client, registry, copts);
 
   std::unique_ptr<metrics::Exposer> exposer;

@@ -111,6 +111,23 @@ Json build_worker_pod(const Json& job, const JobSpec& spec, int index, int64_t g
     }
     for (size_t i = 1; i < tspec["containers"].size(); ++i) containers.push_back(tspec["containers"][i]);
   }
+  // Metrics ports: env for the processes, named container ports for PodMonitors and people. Appended after the
+  // template's env so a template cannot silently disagree with the ports declared here.
+  Json ports = container.value("ports", Json::array());
+  if (opts.worker_metrics_port > 0) {
+    merge_named(env, Json::array({env_value("RAILYARD_METRICS_PORT", std::to_string(opts.worker_metrics_port))}));
+    for (int l = 0; l < spec.procs_per_replica && l < 8; ++l) {
+      // Port names are at most 15 characters: metrics, metrics-1 ... metrics-7 (more local ranks serve unnamed).
+      ports.push_back({{"name", l == 0 ? std::string("metrics") : "metrics-" + std::to_string(l)},
+                       {"containerPort", opts.worker_metrics_port + l},
+                       {"protocol", "TCP"}});
+    }
+  }
+  if (opts.agent_metrics_port > 0) {
+    merge_named(env, Json::array({env_value("RAILYARD_AGENT_METRICS_PORT", std::to_string(opts.agent_metrics_port))}));
+    ports.push_back({{"name", "agent-metrics"}, {"containerPort", opts.agent_metrics_port}, {"protocol", "TCP"}});
+  }
+  if (!ports.empty()) container["ports"] = ports;
   container["env"] = env;
   containers.insert(containers.begin(), container);
   pod_spec["containers"] = containers;

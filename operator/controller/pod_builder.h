@@ -20,6 +20,9 @@ struct PodOptions {
   // The agent's argv before "agent"; on the local cluster the absolute path of build/bin/railyard-worker.
   std::vector<std::string> worker_command = {"railyard-worker"};
   std::string rendezvous_addr;  // host:port agents reach the rendezvous service at
+  // /metrics of the workers (port + local rank) and of the agent, on the pod IP; 0 = not served.
+  int worker_metrics_port = 9400;
+  int agent_metrics_port = 9399;
 };
 
 std::string worker_pod_name(const std::string& job_name, int index);

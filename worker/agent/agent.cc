@@ -21,6 +21,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/metrics/metrics.h"
 #include "worker/agent/rendezvous_client.h"
 
 extern char** environ;
@@ -92,10 +93,64 @@ struct Worker {
 
 enum class After { Rejoin, Exit };
 
+// The agent's own series (docs/rendezvous.md "Agent metrics"). Labels namespace, job, pod, node: bounded by the job's
+// pods. Served only when RAILYARD_AGENT_METRICS_PORT is set, on the pod IP like the worker's metrics.
+struct AgentMetrics {
+  metrics::Registry registry;
+  metrics::Labels labels;
+  metrics::Gauge& generation;
+  metrics::Counter& generations;
+  metrics::Histogram& rendezvous_wait;
+  metrics::Counter& worker_starts;
+  metrics::Family<metrics::Counter>& worker_exits;
+  metrics::Counter& unreachable;
+  std::unique_ptr<metrics::Exposer> exposer;
+
+  explicit AgentMetrics(const AgentConfig& c)
+      : labels{{"namespace", c.ns}, {"job", c.job}, {"pod", c.pod}, {"node", c.node}},
+        generation(registry.gauge("railyard_agent_generation", "Generation this agent's workers run in (0: none).")
+                       .add(labels)),
+        generations(registry
+                        .counter("railyard_agent_generations_total",
+                                 "Generations this agent joined; every one after the first is an in-place restart.")
+                        .add(labels)),
+        rendezvous_wait(registry
+                            .histogram("railyard_agent_rendezvous_wait_seconds",
+                                       "From the first join request of a round to the assignment.",
+                                       metrics::exponential_buckets(0.05, 2, 14))
+                            .add(labels)),
+        worker_starts(
+            registry.counter("railyard_agent_worker_starts_total", "Worker processes this agent started.").add(labels)),
+        worker_exits(registry.counter("railyard_agent_worker_exits_total",
+                                      "Worker process exits by outcome (succeeded, failed, signaled).")),
+        unreachable(registry
+                        .counter("railyard_agent_rendezvous_errors_total",
+                                 "Requests to the rendezvous service that failed (unreachable, 5xx).")
+                        .add(labels)) {
+    for (const char* outcome : {"succeeded", "failed", "signaled"}) worker_exits.add(with_outcome(outcome));
+    if (c.metrics_port >= 0) exposer = std::make_unique<metrics::Exposer>(registry, c.pod_ip, c.metrics_port);
+  }
+
+  metrics::Labels with_outcome(const char* outcome) const {
+    metrics::Labels l = labels;
+    l["outcome"] = outcome;
+    return l;
+  }
+};
+
 class AgentRun {
  public:
   AgentRun(const AgentConfig& cfg, const std::atomic<int>& stop)
-      : cfg_(cfg), stop_(stop), client_(cfg.rendezvous_addr, cfg.token, client_options()), agent_id_(random_id()) {}
+      : cfg_(cfg),
+        stop_(stop),
+        client_(cfg.rendezvous_addr, cfg.token, client_options()),
+        agent_id_(random_id()),
+        metrics_(cfg) {
+    if (metrics_.exposer) {
+      log::info(kComponent, "serving metrics",
+                {{"address", cfg.pod_ip + ":" + std::to_string(metrics_.exposer->port()) + "/metrics"}});
+    }
+  }
 
   int run() {
     log::info(kComponent, "starting",
@@ -106,7 +161,9 @@ class AgentRun {
                {"procs", std::to_string(cfg_.procs_per_pod)},
                {"agent_id", agent_id_}});
     std::string last_notice;
+    std::optional<Clock::time_point> round_start;  // first join request since the last generation ended
     while (true) {
+      if (!round_start) round_start = Clock::now();
       if (int s = stop_.load()) {
         log::info(kComponent, "stopping on signal before workers started", {{"signal", std::to_string(s)}});
         return 128 + s;
@@ -126,6 +183,7 @@ class AgentRun {
         log::error(kComponent, e.what());
         return kAgentConfigError;
       } catch (const RendezvousUnavailable& e) {
+        metrics_.unreachable.increment();
         if (unreachable_for_too_long(e.what())) return kAgentUnreachable;
         sleep_interruptible(std::chrono::milliseconds(1000));
         continue;
@@ -140,6 +198,8 @@ class AgentRun {
       switch (r.outcome) {
         case Outcome::Ready: {
           last_notice.clear();
+          metrics_.rendezvous_wait.observe(std::chrono::duration<double>(Clock::now() - *round_start).count());
+          round_start.reset();
           auto [after, code] = run_generation(r.assignment);
           if (after == After::Exit) return code;
           continue;
@@ -305,6 +365,7 @@ class AgentRun {
       w.pid = pid;
       w.running = true;
       workers_.push_back(w);
+      metrics_.worker_starts.increment();
       log::info(kComponent, "worker started",
                 {{"generation", std::to_string(a.generation)},
                  {"rank", std::to_string(w.global_rank)},
@@ -322,6 +383,11 @@ class AgentRun {
       w.exit_code = -1;
       w.signal = WTERMSIG(status);
     }
+    metrics_.worker_exits
+        .add(metrics_.with_outcome(w.signal != 0      ? "signaled"
+                                   : w.exit_code == 0 ? "succeeded"
+                                                      : "failed"))
+        .increment();
     log::info(kComponent, "worker exited",
               {{"generation", std::to_string(generation_)},
                {"rank", std::to_string(w.global_rank)},
@@ -430,6 +496,8 @@ class AgentRun {
     generation_ = a.generation;
     last_generation_ = a.generation;
     pending_.clear();
+    metrics_.generation.set(static_cast<double>(a.generation));
+    metrics_.generations.increment();
     log::info(kComponent, "joined",
               {{"generation", std::to_string(a.generation)},
                {"world_size", std::to_string(a.world_size)},
@@ -465,6 +533,7 @@ class AgentRun {
         log::error(kComponent, e.what());
         return finish(SIGTERM, nullptr, After::Exit, kAgentConfigError);
       } catch (const RendezvousUnavailable& e) {
+        metrics_.unreachable.increment();
         if (unreachable_for_too_long(e.what())) return finish(SIGTERM, nullptr, After::Exit, kAgentUnreachable);
         continue;
       }
@@ -533,6 +602,7 @@ class AgentRun {
   int64_t last_generation_ = 0;
   bool last_all_ok_ = false;
   std::optional<Clock::time_point> unreachable_since_;
+  AgentMetrics metrics_;
 };
 
 }  // namespace
@@ -553,6 +623,8 @@ AgentConfig AgentConfig::from_env(std::vector<std::string> command) {
   c.poll_interval = std::chrono::milliseconds(int_env("RAILYARD_AGENT_POLL_MS", 500, 50, 1000));
   c.grace = std::chrono::seconds(int_env("RAILYARD_AGENT_GRACE_SECONDS", 10, 0, 3600));
   c.unreachable_limit = std::chrono::seconds(int_env("RAILYARD_AGENT_UNREACHABLE_SECONDS", 600, 1, 86400));
+  c.metrics_port = static_cast<int>(int_env("RAILYARD_AGENT_METRICS_PORT", -1, 0, 65535));
+  c.node = env_or("RAILYARD_NODE_NAME", "");
   return c;
 }
 

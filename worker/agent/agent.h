@@ -24,6 +24,8 @@ struct AgentConfig {
   std::chrono::milliseconds join_wait{2000};            // long-poll hold of one join request
   std::chrono::milliseconds grace{10000};               // RAILYARD_AGENT_GRACE_SECONDS: SIGTERM -> SIGKILL
   std::chrono::milliseconds unreachable_limit{600000};  // RAILYARD_AGENT_UNREACHABLE_SECONDS: then exit 3
+  int metrics_port = -1;  // RAILYARD_AGENT_METRICS_PORT: /metrics on pod_ip:port (0 picks one); -1 = off
+  std::string node;       // RAILYARD_NODE_NAME (label of the agent's series; may be empty)
 
   // Reads the environment; throws ConfigError naming the variable and the fix.
   static AgentConfig from_env(std::vector<std::string> command);

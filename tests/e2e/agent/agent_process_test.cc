@@ -3,11 +3,13 @@
 // Needs no Kubernetes: each "pod" is an agent process with its own loopback IP.
 #include <doctest/doctest.h>
 #include <fcntl.h>
+#include <httplib.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -76,7 +78,7 @@ struct AgentProcess {
 
   AgentProcess(const std::string& pod, const std::string& ip, int port, int procs, const fs::path& dir,
                const std::vector<std::string>& command, const std::string& token = kToken,
-               const std::string& job = "job1") {
+               const std::string& job = "job1", const std::map<std::string, std::string>& extra_env = {}) {
     log = dir / (pod + ".log");
     std::map<std::string, std::string> env;
     for (const char* k : {"PATH", "HOME", "RAILYARD_AGENT_UNREACHABLE_SECONDS"}) {
@@ -93,6 +95,7 @@ struct AgentProcess {
     env["RAILYARD_AGENT_GRACE_SECONDS"] = "2";
     env["RAILYARD_AGENT_POLL_MS"] = "200";
     env["TEST_OUT"] = dir.string();
+    for (const auto& [k, v] : extra_env) env[k] = v;
     std::vector<std::string> args = {agent_binary(), "agent", "--"};
     args.insert(args.end(), command.begin(), command.end());
     std::vector<std::string> envs;
@@ -162,6 +165,28 @@ trap 'echo term > "$f.term"; exit 143' TERM
 while true; do sleep 0.05; done
 )";
 
+// The value of the first sample line of `name` whose labels contain `label` ("" matches any); NaN if absent.
+double sample(const std::string& text, const std::string& name, const std::string& label = "") {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(name, 0) != 0 || (line.size() > name.size() && line[name.size()] != '{' && line[name.size()] != ' '))
+      continue;
+    if (!label.empty() && line.find(label) == std::string::npos) continue;
+    return std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return std::nan("");
+}
+
+std::string scrape(const std::string& host, int port) {
+  httplib::Client c(host, port);
+  c.set_connection_timeout(2);
+  auto r = c.Get("/metrics");
+  REQUIRE_MESSAGE(r, "no answer from " << host << ":" << port << "/metrics");
+  REQUIRE(r->status == 200);
+  return r->body;
+}
+
 std::vector<std::string> fields(const std::string& line) {
   std::istringstream in(line);
   std::vector<std::string> out;
@@ -186,9 +211,13 @@ TEST_CASE("agents run workers with the right env, report a kill -9, re-join a ne
   const std::vector<std::string> cmd = {"sh", "-c", kWorkerScript};
   std::vector<std::unique_ptr<AgentProcess>> agents;
   // Pod IPs 127.0.10.1.. like the node agent's per-pod loopback addresses; pod2 starts last.
+  // pod1's agent also serves its metrics (RAILYARD_AGENT_METRICS_PORT), checked after the re-join below.
+  const int metrics_port = 9399;
   for (int i : {2, 0, 1}) {
-    agents.push_back(
-        std::make_unique<AgentProcess>(pods[i], "127.0.10." + std::to_string(i + 1), svc.port(), 2, tmp.path, cmd));
+    std::map<std::string, std::string> extra;
+    if (i == 1) extra = {{"RAILYARD_AGENT_METRICS_PORT", std::to_string(metrics_port)}, {"RAILYARD_NODE_NAME", "n1"}};
+    agents.push_back(std::make_unique<AgentProcess>(pods[i], "127.0.10." + std::to_string(i + 1), svc.port(), 2,
+                                                    tmp.path, cmd, kToken, "job1", extra));
   }
   auto file = [&](int gen, int rank, const char* ext) {
     return tmp.path / ("gen" + std::to_string(gen) + "-rank" + std::to_string(rank) + "." + ext);
@@ -272,6 +301,22 @@ TEST_CASE("agents run workers with the right env, report a kill -9, re-join a ne
     CHECK(f[7] == "/ckpt/gen2");
   }
   for (auto& a : agents) CHECK(a->running());  // re-joined in place, no agent restart
+
+  // pod1's agent counted all of it: two generations (one in-place restart), two rounds of rendezvous, four worker
+  // starts, the kill -9 as "signaled" and its SIGTERM'd rank 2 (the script exits 143) as "failed".
+  {
+    const std::string m = scrape("127.0.10.2", metrics_port);
+    INFO(m);
+    CHECK(sample(m, "railyard_agent_generation", "pod=\"pod1\"") == 2);
+    CHECK(sample(m, "railyard_agent_generations_total") == 2);
+    CHECK(sample(m, "railyard_agent_rendezvous_wait_seconds_count") == 2);
+    CHECK(sample(m, "railyard_agent_rendezvous_wait_seconds_sum") > 0);
+    CHECK(sample(m, "railyard_agent_worker_starts_total") == 4);
+    CHECK(sample(m, "railyard_agent_worker_exits_total", "outcome=\"signaled\"") == 1);
+    CHECK(sample(m, "railyard_agent_worker_exits_total", "outcome=\"failed\"") == 1);
+    CHECK(sample(m, "railyard_agent_worker_exits_total", "outcome=\"succeeded\"") == 0);
+    CHECK(m.find("node=\"n1\"") != std::string::npos);
+  }
   {
     std::lock_guard<std::mutex> l(mu);
     CHECK(exits.size() == 1);  // the workers stopped for the new generation are not reported as failures

@@ -119,3 +119,29 @@ TEST_CASE("replica index parsing refuses malformed labels") {
   CHECK(replica_index_of(Json::parse(R"({"metadata": {"labels": {"railyard.dev/replica-index": "1x"}}})")) == -1);
   CHECK(replica_index_of(Json::parse(R"({"metadata": {"labels": {}}})")) == -1);
 }
+
+TEST_CASE("metrics ports: env for the worker and agent, one named container port per local rank, or none") {
+  Json job = valid_job();
+  job["spec"]["procsPerReplica"] = 2;
+  JobSpec spec = parse_job(job).spec;
+  REQUIRE(spec.procs_per_replica == 2);
+  Json pod = build_worker_pod(job, spec, 0, 1, options());
+  REQUIRE(find_env(pod, "RAILYARD_METRICS_PORT"));
+  CHECK((*find_env(pod, "RAILYARD_METRICS_PORT"))["value"] == "9400");
+  CHECK((*find_env(pod, "RAILYARD_AGENT_METRICS_PORT"))["value"] == "9399");
+  const Json& ports = pod["spec"]["containers"][0]["ports"];
+  REQUIRE(ports.size() == 3);
+  CHECK(ports[0] == Json({{"name", "metrics"}, {"containerPort", 9400}, {"protocol", "TCP"}}));
+  CHECK(ports[1]["name"] == "metrics-1");
+  CHECK(ports[1]["containerPort"] == 9401);
+  CHECK(ports[2]["name"] == "agent-metrics");
+  CHECK(ports[2]["containerPort"] == 9399);
+
+  PodOptions off = options();
+  off.worker_metrics_port = 0;
+  off.agent_metrics_port = 0;
+  Json quiet = build_worker_pod(job, spec, 0, 1, off);
+  CHECK(find_env(quiet, "RAILYARD_METRICS_PORT") == nullptr);
+  CHECK(find_env(quiet, "RAILYARD_AGENT_METRICS_PORT") == nullptr);
+  CHECK_FALSE(quiet["spec"]["containers"][0].contains("ports"));
+}
