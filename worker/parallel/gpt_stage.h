@@ -1,0 +1,85 @@
+// One pipeline stage of the GPT, tensor-sharded Megatron-style over the tp group (docs/parallel.md):
+//   - QKV and MLP-up column-parallel (rank r holds the q, k, v rows of heads [r NHl, (r+1) NHl) and rows
+//     [r 4Cl, (r+1) 4Cl) of fcw), attention-out and MLP-down row-parallel (the matching input columns); the f
+//     operator (identity forward, all-reduce backward) sits before each column-parallel layer, g (all-reduce
+//     forward, identity backward) after each row-parallel one, whose bias tp rank 0 adds so it counts once.
+//   - wte split by vocabulary rows: the embedding all-reduces its output, the tied LM head produces (N, Vl) logits
+//     and the cross entropy all-reduces the row max and the sum of exponentials: no rank ever holds full logits.
+// Parameters and gradients live in one flat local buffer each, in llm.c tensor order with local shapes
+// (local_param_sizes); shard_map() says which global slice each piece is. Activations are kept for `slots`
+// micro-batches in flight (the 1F1B schedule in parallel_model.h picks the slot).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "worker/comm/communicator.h"
+#include "worker/kernels/cpu/thread_pool.h"
+#include "worker/model/gpt.h"
+#include "worker/parallel/stage_plan.h"
+
+namespace railyard::worker::parallel {
+
+class GptStage {
+ public:
+  // (B, T) micro-batches; tp is the tensor-parallel group (nullptr or size 1 when tp_size == 1).
+  GptStage(const StageShape& shape, int B, int seq_len, int slots, ThreadPool& pool, comm::Communicator* tp);
+
+  const StageShape& shape() const { return shape_; }
+  int slots() const { return slots_; }
+  size_t num_params() const { return params_.size(); }
+  float* params() { return params_.data(); }
+  float* grads() { return grads_.data(); }
+  const std::vector<ShardSlice>& shard_map() const { return map_; }
+  void zero_grad();
+
+  // Every rank initialises the same full llm.c buffer (init_gpt2_weights, same seed) and keeps its slices, so any
+  // layout starts from identical weights.
+  void scatter_from_full(const float* full);
+  // Writes this rank's slices of `local` (params(), grads() or a buffer of that layout) into the full buffer.
+  void gather_into_full(const float* local, float* full) const;
+
+  // (B,T,C) the residual stream entering this stage's first layer: stage > 0 receives it here before forward().
+  float* input(int slot);
+  // (B,T,C) the residual stream leaving the last layer (what stage s+1 receives); valid until the slot is reused.
+  const float* output(int slot) const;
+  // (B,T,C) d(output): stage < last receives it here before backward().
+  float* grad_output() { return dres_; }
+  // (B,T,C) d(input) after backward(slot): what stage s-1 receives.
+  const float* grad_input(int slot) const;
+
+  // One micro-batch forward into activation slot `slot`. inputs are read on the first stage, targets on the last
+  // (both (B,T), ids in [0, V)). On the last stage returns the mean loss and leaves dloss/(B*T) * d(loss)/d(logits)
+  // for backward (fused cross entropy); returns 0 elsewhere.
+  double forward(int slot, const int32_t* inputs, const int32_t* targets, float dloss);
+  // Accumulates (+=) the micro-batch's gradients into grads(); leaves d(input) in grad_input(slot) on stage > 0.
+  void backward(int slot);
+
+  // Seconds spent in tp all-reduces since the last call (then reset).
+  double take_tp_comm_seconds();
+
+ private:
+  struct Slot {
+    float *input, *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu,
+        *res3, *lnf, *lnf_mean, *lnf_rstd, *logits, *losses, *dinput;
+    int32_t* tokens;
+  };
+  void all_reduce(float* buf, size_t n, comm::ReduceOp op);
+
+  StageShape shape_;
+  int B_, T_, slots_;
+  ThreadPool& pool_;
+  comm::Communicator* tp_;
+  std::vector<ShardSlice> map_;
+  std::array<size_t, kNumParamTensors> sizes_{};
+  AlignedBuffer<float> params_, grads_, acts_, scratch_;
+  AlignedBuffer<int32_t> tokens_;
+  std::vector<Slot> slot_;
+  // Shared by all slots (one micro-batch computes at a time): backward scratch, the row-parallel outputs, and the
+  // cross entropy's per-row max and [sum exp | target logit].
+  float *dres_, *dc_, *d4c_, *dqkv_, *att_scratch_, *proj_, *ce_max_, *ce_sums_;
+  double tp_seconds_ = 0;
+};
+
+}  // namespace railyard::worker::parallel

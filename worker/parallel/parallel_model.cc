@@ -1,0 +1,157 @@
+#include "worker/parallel/parallel_model.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <string>
+
+#include "common/error.h"
+
+namespace railyard::worker::parallel {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+int size_of(const comm::Communicator* c) { return c == nullptr ? 1 : c->size(); }
+int rank_of(const comm::Communicator* c) { return c == nullptr ? 0 : c->rank(); }
+
+// Distinct tags per (call, micro-batch, direction), so a late message can never match another one.
+uint32_t tag(uint32_t step, int m, int dir) {
+  return ((step & 0x3fffu) << 18) | (static_cast<uint32_t>(m) << 1) | static_cast<uint32_t>(dir);
+}
+
+}  // namespace
+
+ParallelModel::ParallelModel(const GptConfig& config, int B, int seq_len, int max_micro_batches, ThreadPool& pool,
+                             const ModelGroups& groups, const std::vector<int>& boundaries)
+    : config_(config), B_(B), T_(seq_len), max_m_(max_micro_batches), pool_(pool), groups_(groups) {
+  if (max_micro_batches < 1 || max_micro_batches >= (1 << 17)) {
+    throw ConfigError("micro-batches per step must be in 1..131071, got " + std::to_string(max_micro_batches));
+  }
+  const int pp = size_of(groups.pp), stage = rank_of(groups.pp);
+  const StageShape shape =
+      make_stage_shape(config, seq_len, size_of(groups.tp), rank_of(groups.tp), pp, stage, boundaries);
+  const int slots = std::min(max_micro_batches, pp - stage);
+  stage_ = std::make_unique<GptStage>(shape, B, seq_len, slots, pool, groups.tp);
+  count_once_ = count_once_ranges(stage_->shard_map(), shape.tp_rank);
+  send_fwd_.resize(slots);
+  send_bwd_.resize(slots);
+  if (pp > 1 && (shape.first() || shape.last()) && (groups.embedding == nullptr || groups.embedding->size() != 2)) {
+    throw ConfigError("pipeline degree " + std::to_string(pp) +
+                      " needs the embedding group (first and last stage, 2 ranks) on stage " + std::to_string(stage));
+  }
+}
+
+void ParallelModel::init_weights(uint64_t seed) {
+  AlignedBuffer<float> full(num_parameters(config_));
+  init_gpt2_weights(full.data(), config_, seed, &pool_);
+  stage_->scatter_from_full(full.data());
+}
+
+void ParallelModel::wait(std::unique_ptr<comm::Request>& r, double* waited) {
+  if (!r) return;
+  const auto t0 = Clock::now();
+  r->wait();
+  r.reset();
+  *waited += since(t0);
+}
+
+double ParallelModel::forward_backward(int M, const std::function<void(int32_t*, int32_t*)>& next_micro_batch,
+                                       float dloss, StepTimes* times) {
+  return run(M, next_micro_batch, dloss, true, times);
+}
+
+double ParallelModel::evaluate(int M, const std::function<void(int32_t*, int32_t*)>& next_micro_batch,
+                               StepTimes* times) {
+  return run(M, next_micro_batch, 0.0f, false, times);
+}
+
+double ParallelModel::run(int M, const std::function<void(int32_t*, int32_t*)>& next, float dloss, bool backward,
+                          StepTimes* times) {
+  if (M < 1 || M > max_m_) {
+    throw ConfigError("micro-batches M=" + std::to_string(M) + " must be in 1.." + std::to_string(max_m_) +
+                      " (the model was built for at most that many)");
+  }
+  const auto t_start = Clock::now();
+  const size_t N = static_cast<size_t>(B_) * T_, C = config_.channels;
+  batch_.resize(static_cast<size_t>(M) * 2 * N);
+  for (int m = 0; m < M; ++m) next(batch_.data() + m * 2 * N, batch_.data() + m * 2 * N + N);
+
+  GptStage& st = *stage_;
+  const StageShape& sh = st.shape();
+  const int P = sh.pp_size, s = sh.pp_rank, K = st.slots();
+  comm::Communicator* pp = groups_.pp;
+  const uint32_t step = step_++;
+  double waited = 0, loss_sum = 0;
+  st.take_tp_comm_seconds();
+
+  auto fwd = [&](int m) {
+    const int k = m % K;
+    wait(send_fwd_[k], &waited);  // the slot's previous output has left
+    if (!sh.first()) {
+      auto r = pp->irecv(st.input(k), N * C, comm::DType::kFloat32, s - 1, tag(step, m, 0));
+      wait(r, &waited);
+    }
+    const int32_t* in = batch_.data() + m * 2 * N;
+    loss_sum += st.forward(k, in, in + N, dloss);
+    if (!sh.last()) send_fwd_[k] = pp->isend(st.output(k), N * C, comm::DType::kFloat32, s + 1, tag(step, m, 0));
+  };
+  auto bwd = [&](int m) {
+    const int k = m % K;
+    if (!sh.last()) {
+      auto r = pp->irecv(st.grad_output(), N * C, comm::DType::kFloat32, s + 1, tag(step, m, 1));
+      wait(r, &waited);
+    }
+    wait(send_bwd_[k], &waited);  // the slot's previous d(input) has left
+    st.backward(k);
+    if (!sh.first()) send_bwd_[k] = pp->isend(st.grad_input(k), N * C, comm::DType::kFloat32, s - 1, tag(step, m, 1));
+  };
+
+  if (backward) {
+    // 1F1B: stage s runs P-s-1 warm-up forwards, then alternates one forward and one backward, then drains the
+    // remaining backwards. At most P-s micro-batches are in flight here, hence K = min(M, P-s) activation slots.
+    const int warmup = std::min(P - s - 1, M);
+    for (int m = 0; m < warmup; ++m) fwd(m);
+    for (int i = 0; i < M - warmup; ++i) {
+      fwd(warmup + i);
+      bwd(i);
+    }
+    for (int i = M - warmup; i < M; ++i) bwd(i);
+  } else {
+    for (int m = 0; m < M; ++m) fwd(m);  // slot reuse waits for the previous send of that slot
+  }
+  for (auto& r : send_fwd_) wait(r, &waited);
+  for (auto& r : send_bwd_) wait(r, &waited);
+
+  double loss = loss_sum / M;
+  if (P > 1) {
+    // the mean loss lives on the last stage (identical on its tp ranks); 8 bytes broadcast as one int64
+    const auto t0 = Clock::now();
+    int64_t bits = 0;
+    std::memcpy(&bits, &loss, sizeof bits);
+    pp->broadcast(&bits, 1, comm::DType::kInt64, P - 1);
+    std::memcpy(&loss, &bits, sizeof bits);
+    waited += since(t0);
+  }
+  if (times != nullptr) {
+    const double tp = st.take_tp_comm_seconds();
+    times->tp_comm += tp;
+    times->pp_wait += waited;
+    times->compute += std::max(0.0, since(t_start) - tp - waited);
+  }
+  return loss;
+}
+
+void ParallelModel::finish_grads(StepTimes* times) {
+  const StageShape& sh = stage_->shape();
+  if (sh.pp_size == 1 || !(sh.first() || sh.last())) return;
+  const auto t0 = Clock::now();
+  // wte is the first local tensor on both stages
+  const size_t n = static_cast<size_t>(sh.local_vocab()) * sh.config.channels;
+  groups_.embedding->all_reduce(stage_->grads(), n, comm::DType::kFloat32, comm::ReduceOp::kSum);
+  if (times != nullptr) times->pp_wait += since(t0);
+}
+
+}  // namespace railyard::worker::parallel

@@ -1,0 +1,79 @@
+// The tensor- and pipeline-parallel GPT as the trainer sees it: this rank's GptStage plus the 1F1B schedule
+// (docs/parallel.md, "Pipeline parallelism"). One object per rank; all ranks of a model replica (tp x pp) call the
+// same methods in the same order.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "worker/comm/communicator.h"
+#include "worker/parallel/gpt_stage.h"
+#include "worker/parallel/step_times.h"
+
+namespace railyard::worker::parallel {
+
+// The groups this rank belongs to; a null group means degree 1. embedding: the first and the last pipeline stage of
+// this (dp, tp) coordinate (only used when pp > 1, on those two stages).
+struct ModelGroups {
+  comm::Communicator* tp = nullptr;
+  comm::Communicator* pp = nullptr;
+  comm::Communicator* embedding = nullptr;
+};
+
+class ParallelModel {
+ public:
+  // (B, T) micro-batches, at most max_micro_batches per forward_backward (activation memory is allocated here for
+  // min(max_micro_batches, pp - stage) micro-batches). boundaries: stage split (empty = balance_stages).
+  ParallelModel(const GptConfig& config, int B, int seq_len, int max_micro_batches, ThreadPool& pool,
+                const ModelGroups& groups, const std::vector<int>& boundaries = {});
+
+  // Forward and backward of M micro-batches through the pipeline (1F1B), accumulating (+=) gradients scaled by
+  // dloss (e.g. 1/(M*dp)) into grads(); call zero_grad() first. next_micro_batch fills (B,T) inputs and targets; it
+  // is called M times on EVERY rank in micro-batch order (so every rank's loader advances alike) before the
+  // schedule starts. Returns the mean loss over the M micro-batches on every rank (sent from the last stage).
+  // times (optional) gets compute, tp_comm and pp_wait added.
+  double forward_backward(int M, const std::function<void(int32_t* inputs, int32_t* targets)>& next_micro_batch,
+                          float dloss, StepTimes* times = nullptr);
+  // Forward only (validation): mean loss over M micro-batches, on every rank. Gradients untouched.
+  double evaluate(int M, const std::function<void(int32_t* inputs, int32_t* targets)>& next_micro_batch,
+                  StepTimes* times = nullptr);
+
+  float* params() { return stage_->params(); }
+  float* grads() { return stage_->grads(); }
+  size_t num_params() const { return stage_->num_params(); }
+  void zero_grad() { stage_->zero_grad(); }
+  // With pp > 1 the first and last stages each hold wte (tied embedding / LM head): sums their wte gradients over
+  // the embedding group so both copies take the same optimizer step. Call once per step after the last
+  // forward_backward and before the data-parallel reduction/optimizer. Time is added to times->pp_wait.
+  void finish_grads(StepTimes* times = nullptr);
+
+  const StageShape& shape() const { return stage_->shape(); }
+  const std::vector<ShardSlice>& shard_map() const { return stage_->shard_map(); }
+  // Local element ranges to count in global sums (grad norm): see count_once_ranges in stage_plan.h.
+  const std::vector<ElementRange>& count_once() const { return count_once_; }
+  void scatter_from_full(const float* full) { stage_->scatter_from_full(full); }
+  void gather_into_full(const float* local, float* full) const { stage_->gather_into_full(local, full); }
+  // init_gpt2_weights(seed) of the full model, then this rank's slices.
+  void init_weights(uint64_t seed);
+
+  GptStage& stage() { return *stage_; }
+
+ private:
+  double run(int M, const std::function<void(int32_t*, int32_t*)>& next, float dloss, bool backward, StepTimes* times);
+  void wait(std::unique_ptr<comm::Request>& r, double* waited);
+
+  GptConfig config_;
+  int B_, T_, max_m_;
+  ThreadPool& pool_;
+  ModelGroups groups_;
+  std::unique_ptr<GptStage> stage_;
+  std::vector<ElementRange> count_once_;
+  std::vector<int32_t> batch_;  // (M, 2, B, T): inputs and targets of the step's micro-batches
+  std::vector<std::unique_ptr<comm::Request>> send_fwd_, send_bwd_;  // per slot
+  uint32_t step_ = 0;                                                // tag space per call
+};
+
+}  // namespace railyard::worker::parallel
