@@ -1,0 +1,184 @@
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/error.h"
+#include "worker/comm/communicator.h"
+#include "worker/comm/gloo_communicator.h"
+#include "worker/comm/tcp_store.h"
+
+using namespace railyard::worker::comm;
+using std::chrono::milliseconds;
+
+namespace {
+std::vector<char> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+std::string text(const std::vector<char>& v) { return {v.begin(), v.end()}; }
+double since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+TEST_CASE("set, get and wait across two clients; a waiting get returns once another client sets the key") {
+  TcpStoreServer server("127.0.0.1", 0);
+  REQUIRE(server.port() > 0);
+  TcpStore a("127.0.0.1", server.port(), "g0", milliseconds(5000));
+  TcpStore b("127.0.0.1", server.port(), "g0", milliseconds(5000));
+  a.set("x", bytes("hello"));
+  CHECK(text(b.get("x")) == "hello");
+  CHECK(b.check({"x"}));
+  CHECK_FALSE(b.check({"x", "y"}));
+
+  std::thread setter([&] {
+    std::this_thread::sleep_for(milliseconds(100));
+    a.set("late", bytes(std::string(100000, 'z')));  // larger than one TCP segment
+  });
+  auto t0 = std::chrono::steady_clock::now();
+  auto v = b.get("late");
+  setter.join();
+  CHECK(v.size() == 100000);
+  CHECK(v[99999] == 'z');
+  CHECK(since(t0) >= 90);
+  CHECK(a.add("counter", 3) == 3);
+  CHECK(b.add("counter", -1) == 2);
+  CHECK(server.key_count() == 3);
+}
+
+TEST_CASE("generations are isolated by prefix") {
+  TcpStoreServer server("127.0.0.1", 0);
+  TcpStore g0("127.0.0.1", server.port(), "g0", milliseconds(300));
+  TcpStore g1("127.0.0.1", server.port(), "g1", milliseconds(300));
+  g0.set("0", bytes("old address"));
+  CHECK_FALSE(g1.check({"0"}));
+  CHECK_THROWS_AS(g1.get("0"), CommTimeout);
+}
+
+TEST_CASE("wait throws CommTimeout naming the missing key within the timeout") {
+  TcpStoreServer server("127.0.0.1", 0);
+  TcpStore s("127.0.0.1", server.port(), "g7", milliseconds(5000));
+  s.set("present", bytes("1"));
+  auto t0 = std::chrono::steady_clock::now();
+  std::string msg;
+  try {
+    s.wait({"present", "absent"}, milliseconds(400));
+  } catch (const CommTimeout& e) {
+    msg = e.what();
+  }
+  double took = since(t0);
+  CHECK(msg.find("absent") != std::string::npos);
+  CHECK(msg.find("g7") != std::string::npos);
+  CHECK(msg.find("present") == std::string::npos);
+  CHECK(took >= 390);
+  CHECK(took < 1500);
+}
+
+TEST_CASE("connecting to a port nobody serves fails with the address after the timeout") {
+  int port;
+  {
+    TcpStoreServer probe("127.0.0.1", 0);
+    port = probe.port();
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    TcpStore s("127.0.0.1", port, "g0", milliseconds(300));
+    FAIL("connected to a closed port");
+  } catch (const CommTimeout& e) {
+    CHECK(std::string(e.what()).find("127.0.0.1:" + std::to_string(port)) != std::string::npos);
+  }
+  CHECK(since(t0) < 1500);
+}
+
+TEST_CASE("a client whose server went away gets a CommError, not a hang") {
+  auto server = std::make_unique<TcpStoreServer>("127.0.0.1", 0);
+  TcpStore s("127.0.0.1", server->port(), "g0", milliseconds(2000));
+  s.set("a", bytes("1"));
+  server.reset();
+  CHECK_THROWS_AS(s.set("b", bytes("2")), CommError);
+}
+
+TEST_CASE("a second server on a taken port names the port") {
+  TcpStoreServer first("127.0.0.1", 0);
+  try {
+    TcpStoreServer second("127.0.0.1", first.port());
+    FAIL("bound twice");
+  } catch (const CommError& e) {
+    CHECK(std::string(e.what()).find(std::to_string(first.port())) != std::string::npos);
+  }
+}
+
+TEST_CASE("gloo_options_from_env names the variable at fault") {
+  ::setenv("WORLD_SIZE", "4", 1);
+  ::setenv("RANK", "2", 1);
+  ::setenv("MASTER_ADDR", "127.0.0.5", 1);
+  ::setenv("MASTER_PORT", "29500", 1);
+  ::setenv("RAILYARD_GENERATION", "3", 1);
+  ::unsetenv("RAILYARD_POD_IP");
+  ::unsetenv("RAILYARD_COMM_TIMEOUT_MS");
+  auto o = gloo_options_from_env();
+  CHECK(o.size == 4);
+  CHECK(o.rank == 2);
+  CHECK(o.store_host == "127.0.0.5");
+  CHECK(o.store_port == 29500);
+  CHECK(o.prefix == "g3");
+  CHECK(o.bind_host == "127.0.0.1");
+  CHECK(o.timeout == milliseconds(30000));
+
+  ::setenv("RANK", "4", 1);
+  CHECK_THROWS_WITH_AS(gloo_options_from_env(), doctest::Contains("RANK='4'"), railyard::ConfigError);
+  ::setenv("RANK", "1", 1);
+  ::setenv("MASTER_PORT", "http", 1);
+  CHECK_THROWS_WITH_AS(gloo_options_from_env(), doctest::Contains("MASTER_PORT"), railyard::ConfigError);
+  ::setenv("MASTER_PORT", "29500", 1);
+  ::setenv("MASTER_ADDR", "10.0.0.1", 1);
+  CHECK_THROWS_WITH_AS(gloo_options_from_env(), doctest::Contains("RAILYARD_POD_IP"), railyard::ConfigError);
+  ::setenv("RAILYARD_POD_IP", "10.0.0.2", 1);
+  ::setenv("RAILYARD_COMM_TIMEOUT_MS", "1500", 1);
+  o = gloo_options_from_env();
+  CHECK(o.bind_host == "10.0.0.2");
+  CHECK(o.timeout == milliseconds(1500));
+  ::unsetenv("MASTER_ADDR");
+  CHECK_THROWS_WITH_AS(gloo_options_from_env(), doctest::Contains("MASTER_ADDR"), railyard::ConfigError);
+  ::unsetenv("WORLD_SIZE");
+  CHECK_THROWS_WITH_AS(gloo_options_from_env(), doctest::Contains("WORLD_SIZE"), railyard::ConfigError);
+}
+
+TEST_CASE("connect_gloo: bad options name the field") {
+  GlooOptions o;
+  o.store_port = 1234;
+  o.size = 2;
+  o.rank = 2;
+  CHECK_THROWS_WITH_AS(connect_gloo(o), doctest::Contains("GlooOptions.rank"), std::invalid_argument);
+  o.rank = 0;
+  o.store_port = 0;
+  CHECK_THROWS_WITH_AS(connect_gloo(o), doctest::Contains("store_port"), std::invalid_argument);
+}
+
+TEST_CASE("connect_gloo with rank 0 serving the store on a fixed port, as under the agent") {
+  int port;
+  {
+    TcpStoreServer probe("127.0.0.1", 0);
+    port = probe.port();
+  }
+  std::vector<float> got(2);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r) {
+    ts.emplace_back([&, r] {
+      GlooOptions o;
+      o.store_port = port;
+      o.rank = r;
+      o.size = 2;
+      o.timeout = milliseconds(10000);
+      auto c = connect_gloo(o);
+      float x = static_cast<float>(r + 1);
+      c->all_reduce(&x, 1, DType::kFloat32, ReduceOp::kSum);
+      got[static_cast<size_t>(r)] = x;
+      c->barrier();
+    });
+  }
+  for (auto& t : ts) t.join();
+  CHECK(got[0] == 3.0f);
+  CHECK(got[1] == 3.0f);
+}

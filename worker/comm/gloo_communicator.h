@@ -1,0 +1,37 @@
+// Gloo backend of Communicator: collectives over TCP between CPU buffers. Bootstrap through TcpStore (rank 0 serves
+// it). See docs/parallel.md "Communication".
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "worker/comm/communicator.h"
+
+namespace railyard::worker::comm {
+
+struct GlooOptions {
+  std::string store_host = "127.0.0.1";  // MASTER_ADDR: where rank 0 serves the store
+  int store_port = 0;                    // MASTER_PORT
+  int rank = 0;
+  int size = 1;
+  std::string bind_host = "127.0.0.1";  // this rank's address for Gloo's pairs (RAILYARD_POD_IP under the agent)
+  std::chrono::milliseconds timeout{30000};
+  std::string prefix = "g0";  // one per generation, so a restarted world never reads old keys
+  // Rank 0 runs the store server (bound to store_host:store_port) for as long as any communicator of this world
+  // lives. False when the caller runs the TcpStoreServer itself (tests, run_local_world).
+  bool serve_store = true;
+  std::string name = "world";
+};
+
+// Connects rank `rank` of the world; returns when every rank has connected (or throws CommError/CommTimeout naming
+// what is missing). Bad options throw std::invalid_argument naming the field.
+std::unique_ptr<Communicator> connect_gloo(const GlooOptions& options);
+
+// From the launcher's environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (required), RAILYARD_GENERATION
+// (prefix "g<generation>", default 0), RAILYARD_POD_IP (bind address, default MASTER_ADDR when it is a loopback
+// address, else 0.0.0.0 is refused: set it), RAILYARD_COMM_TIMEOUT_MS (default 30000). Throws ConfigError naming the
+// variable and the fix.
+GlooOptions gloo_options_from_env();
+
+}  // namespace railyard::worker::comm

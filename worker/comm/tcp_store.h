@@ -1,0 +1,74 @@
+// The bootstrap key-value store of one generation: rank 0 serves it (TcpStoreServer, in a thread of its process);
+// every rank talks to it through TcpStore, which is the gloo::rendezvous::Store that Gloo's connectFullMesh uses and
+// that carries the NCCL unique id. Debian's Gloo ships no TCP store, hence this one.
+//
+// Wire format (one request, one reply, on a persistent connection): u8 op, u32 key length, key, u32 value length,
+// value; reply u8 status, u32 value length, value. Integers little-endian. Keys are plain bytes.
+#pragma once
+
+#include <gloo/rendezvous/store.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace railyard::worker::comm {
+
+class TcpStoreServer {
+ public:
+  // Binds host:port (port 0: the kernel picks a free one, see port()). Throws CommError naming host:port on failure.
+  TcpStoreServer(const std::string& host, int port);
+  // Stops accepting, closes every connection and joins its threads.
+  ~TcpStoreServer();
+  TcpStoreServer(const TcpStoreServer&) = delete;
+  TcpStoreServer& operator=(const TcpStoreServer&) = delete;
+
+  int port() const;
+  const std::string& host() const;
+  size_t key_count() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// A client. Thread-safe (one request at a time on the connection); waits poll the server, so two threads waiting on
+// different keys never block each other for longer than a round trip.
+class TcpStore : public gloo::rendezvous::Store {
+ public:
+  // Connects to host:port, retrying until `timeout` (rank 0 may start later). Every key is stored as prefix + "/" +
+  // key, so a new generation (another prefix) never sees the keys of an old one. Throws CommTimeout naming host:port.
+  TcpStore(const std::string& host, int port, std::string prefix, std::chrono::milliseconds timeout);
+  ~TcpStore() override;
+
+  void set(const std::string& key, const std::vector<char>& value) override;
+  // Waits (up to the store's timeout) until the key exists, then returns its value.
+  std::vector<char> get(const std::string& key) override;
+  void wait(const std::vector<std::string>& keys) override;
+  // Throws CommTimeout naming the missing keys when they do not all exist within `timeout`.
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
+  // Whether every key exists now.
+  bool check(const std::vector<std::string>& keys);
+  // Atomically adds delta to the integer stored at key (0 if absent) and returns the new value.
+  int64_t add(const std::string& key, int64_t delta);
+
+  const std::string& prefix() const { return prefix_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  std::string address() const;
+
+ private:
+  std::vector<char> request(uint8_t op, const std::string& key, const std::vector<char>& value, uint8_t* status);
+  std::string full_key(const std::string& key) const { return prefix_ + "/" + key; }
+
+  std::string host_;
+  int port_;
+  std::string prefix_;
+  std::chrono::milliseconds timeout_;
+  std::mutex mu_;
+  int fd_ = -1;
+};
+
+}  // namespace railyard::worker::comm
