@@ -290,6 +290,12 @@ void Gpt<T>::backward(bool accumulate) {
   matmul_backward(pool_, dc_, false, g[0], static_cast<T*>(nullptr), logits_, lnf_, w[0], N, C, Vp, acc);
   std::memset(dres_, 0, N * C * sizeof(T));
   layernorm_backward(pool_, dres_, g[14], g[15], dc_, residual3_ + (L - 1) * N * C, w[14], lnf_mean_, lnf_rstd_, N, C);
+  // Flat offset of tensor i (+ element e) in grads_, for the ready hook.
+  auto ready = [&](int i, size_t e, size_t n) {
+    if (grad_ready_) grad_ready_(static_cast<size_t>(g[i] - grads_.data()) + e, n);
+  };
+  ready(14, 0, C);
+  ready(15, 0, C);
   // dres_ now holds d(loss)/d(residual stream) and flows down through the layers.
   for (size_t li = L; li-- > 0;) {
     const size_t l = li;
@@ -312,8 +318,15 @@ void Gpt<T>::backward(bool accumulate) {
                     w[4] + l * 3 * C * C, N, C, 3 * C, acc);  // d ln1 (B,T,C)
     layernorm_backward(pool_, dres_, g[2] + lc, g[3] + lc, dc_, residual, w[2] + lc, ln1_mean_ + l * N,
                        ln1_rstd_ + l * N, N, C);  // += d residual
+    if (grad_ready_) {
+      // Layer l's slices of the 12 stacked tensors (ln1w .. fcprojb) are final now.
+      const auto sizes = param_sizes(config_);
+      for (int i = 2; i < 14; ++i) ready(i, l * (sizes[i] / L), sizes[i] / L);
+    }
   }
   encoder_backward(pool_, g[0], g[1], dres_, inputs_.data(), B, Tn, C);
+  ready(0, 0, static_cast<size_t>(config_.padded_vocab_size) * C);
+  ready(1, 0, static_cast<size_t>(config_.max_seq_len) * C);
 }
 
 template class AlignedBuffer<float>;

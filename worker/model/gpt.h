@@ -8,6 +8,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "worker/kernels/cpu/thread_pool.h"
@@ -81,6 +82,13 @@ class Gpt {
   void backward(bool accumulate = true);
   void zero_grad();
 
+  // Optional: backward() reports each flat range of grads() as soon as it holds its final value for this backward
+  // (per layer: its 12 slices of the stacked tensors; wte and wpe last), so a data-parallel reducer can start on
+  // finished buckets while the lower layers are still computing (worker/parallel/data_parallel.h). Every element is
+  // reported exactly once per backward().
+  using GradReadyHook = std::function<void(size_t offset, size_t count)>;
+  void set_grad_ready_hook(GradReadyHook hook) { grad_ready_ = std::move(hook); }
+
   // (B, T, Vp) logits of the last kEval forward.
   const T* logits() const { return logits_; }
   // Per-position losses (B, T) of the last forward.
@@ -93,6 +101,7 @@ class Gpt {
   AlignedBuffer<T> params_, grads_, acts_;
   AlignedBuffer<int32_t> inputs_;
   bool have_dlogits_ = false;
+  GradReadyHook grad_ready_;
   // Views into acts_. Per-layer tensors are stacked [L, ...].
   T *encoded_, *ln1_, *ln1_mean_, *ln1_rstd_, *qkv_, *atty_, *att_, *residual2_, *ln2_, *ln2_mean_, *ln2_rstd_;
   T *fch_, *fch_gelu_, *residual3_, *lnf_, *lnf_mean_, *lnf_rstd_, *logits_, *losses_;

@@ -56,23 +56,41 @@ void TrainConfig::validate(const GptConfig& model) const {
 }
 
 Trainer::Trainer(const GptConfig& model, const TrainConfig& config, ThreadPool& pool, BatchSource& train,
-                 BatchSource* val)
+                 BatchSource* val, GradSync* sync)
     : gpt_(model),
       cfg_(config),
       pool_(pool),
       train_(train),
       val_(val),
       model_((config.validate(model), model), config.batch, config.seq_len, pool),
-      opt_(model, AdamWHyper{config.beta1, config.beta2, config.eps, static_cast<float>(config.weight_decay)}, pool),
+      sync_(sync),
       inputs_(static_cast<size_t>(config.batch) * config.seq_len),
       targets_(static_cast<size_t>(config.batch) * config.seq_len) {
   schedule_ = LrSchedule{cfg_.lr, cfg_.warmup_steps, cfg_.steps, cfg_.min_lr_frac};
+  if (sync_ == nullptr || sync_->zero_stage() == 0) {
+    opt_.emplace(model, AdamWHyper{cfg_.beta1, cfg_.beta2, cfg_.eps, static_cast<float>(cfg_.weight_decay)}, pool);
+  }
+  if (sync_ != nullptr) {
+    const int micro = cfg_.micro_steps(), dp = sync_->size();
+    if (micro % dp != 0) {
+      throw ConfigError("--global-batch: " + std::to_string(micro) + " micro-batches of batch*seq tokens per step " +
+                        "do not divide over dp=" + std::to_string(dp) + " replicas: make it a multiple of " +
+                        std::to_string(static_cast<int64_t>(dp) * cfg_.batch * cfg_.seq_len) + " tokens");
+    }
+    // Buckets start reducing while backward still runs (a no-op unless the step armed the reducer).
+    model_.set_grad_ready_hook([this](size_t offset, size_t count) { sync_->grads_ready(offset, count); });
+  }
   model_.init_weights(cfg_.seed);
   peak_flops_ = cfg_.peak_flops;
   if (!cfg_.log_json.empty()) {
     json_ = std::make_unique<std::ofstream>(cfg_.log_json, std::ios::app);
     if (!*json_) throw ConfigError("--log-json " + cfg_.log_json + ": cannot open for writing");
   }
+}
+
+AdamW& Trainer::optimizer() {
+  if (!opt_) throw Error("Trainer::optimizer(): under ZeRO the AdamW state is sharded in the GradSync");
+  return *opt_;
 }
 
 MemoryBudget Trainer::memory_budget() const {
@@ -86,25 +104,84 @@ StepResult Trainer::step() {
   r.step = step_;
   r.lr = schedule_.at(step_);
   const int micro = cfg_.micro_steps();
+  const auto phase = [](std::chrono::steady_clock::time_point a) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
+  };
   double loss_sum = 0;
-  for (int m = 0; m < micro; ++m) {
-    train_.next_batch(inputs_.data(), targets_.data());
-    loss_sum += model_.forward(inputs_.data(), targets_.data(), Gpt<float>::Mode::kTrain, 1.0f / micro);
-    model_.backward(/*accumulate=*/m > 0);  // the first micro-batch overwrites: no zero_grad() pass
+  if (sync_ == nullptr) {
+    for (int m = 0; m < micro; ++m) {
+      train_.next_batch(inputs_.data(), targets_.data());
+      loss_sum += model_.forward(inputs_.data(), targets_.data(), Gpt<float>::Mode::kTrain, 1.0f / micro);
+      model_.backward(/*accumulate=*/m > 0);  // the first micro-batch overwrites: no zero_grad() pass
+    }
+    r.loss = loss_sum / micro;
+    r.times.compute = phase(t0);
+  } else if (sync_->deterministic()) {
+    // Virtual micro-batch v of the job's sequence is a leaf of the fixed tree; this rank owns [r*A, (r+1)*A).
+    const int A = micro / sync_->size(), first = sync_->rank() * A;
+    std::vector<double> leaf_losses;
+    for (int v = 0; v < micro; ++v) {
+      train_.next_batch(inputs_.data(), targets_.data());
+      if (v < first || v >= first + A) continue;
+      leaf_losses.push_back(
+          model_.forward(inputs_.data(), targets_.data(), Gpt<float>::Mode::kTrain, 1.0f / static_cast<float>(micro)));
+      model_.backward(/*accumulate=*/false);
+      sync_->add_leaf(model_.grads());
+    }
+    r.times.compute = phase(t0);
+    sync_->finish(model_.grads());
+    for (double l : sync_->all_gather(leaf_losses)) loss_sum += l;  // virtual order, whatever D is
+    r.loss = loss_sum / micro;
+    r.times.dp_comm = sync_->take_comm_seconds();
+  } else {
+    const int A = micro / sync_->size();
+    for (int m = 0; m < A; ++m) {
+      train_.next_batch(inputs_.data(), targets_.data());
+      loss_sum += model_.forward(inputs_.data(), targets_.data(), Gpt<float>::Mode::kTrain, 1.0f / A);
+      if (m == A - 1) sync_->arm(model_.grads());  // only the last micro-batch's backward communicates
+      model_.backward(/*accumulate=*/m > 0);
+    }
+    r.times.compute = phase(t0);
+    sync_->finish(model_.grads());
+    double sum = 0;
+    for (double l : sync_->all_gather({loss_sum / A})) sum += l;  // rank order: the same bits on every rank
+    r.loss = sum / sync_->size();
+    r.times.dp_comm = sync_->take_comm_seconds();
   }
-  r.loss = loss_sum / micro;
-  r.grad_norm = opt_.global_norm(model_.grads());
-  if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
+  const auto t_opt = std::chrono::steady_clock::now();
+  const bool zero = sync_ != nullptr && sync_->zero_stage() > 0;
+  r.grad_norm = zero ? sync_->grad_norm(model_.grads()) : opt_->global_norm(model_.grads());
+  bool bad = !std::isfinite(r.loss) || !std::isfinite(r.grad_norm);
+  if (sync_ != nullptr && sync_->size() > 1) {
+    // Every replica must take the same branch, or the next collective pairs up wrong calls.
+    bad = false;
+    for (double f : sync_->all_gather({std::isfinite(r.loss) && std::isfinite(r.grad_norm) ? 0.0 : 1.0})) {
+      bad = bad || f != 0;
+    }
+  }
+  if (bad) {
     r.skipped = true;
     ++bad_total_;
     ++bad_consecutive_;
   } else {
     bad_consecutive_ = 0;
-    opt_.update(model_.params(), model_.grads(), static_cast<float>(r.lr), clip_factor(r.grad_norm, cfg_.grad_clip));
+    if (hooks_.before_update) hooks_.before_update();
+    const float lr = static_cast<float>(r.lr), scale = clip_factor(r.grad_norm, cfg_.grad_clip);
+    if (zero) {
+      sync_->update(model_.params(), model_.grads(), lr, scale);
+    } else {
+      opt_->update(model_.params(), model_.grads(), lr, scale);
+    }
   }
+  if (sync_ != nullptr) {
+    sync_->take_comm_seconds();  // the norm/flag gathers belong to the optimizer phase
+    sync_->take_gather_seconds();
+  }
+  r.times.optimizer = phase(t_opt);
   ++step_;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.cpu_seconds = process_cpu_seconds() - cpu0;
+  // Tokens of the whole job's step: with data parallelism every replica reports the global rate.
   const double tokens = static_cast<double>(micro) * cfg_.batch * cfg_.seq_len;
   r.tokens_per_second = tokens / r.seconds;
   r.flops_per_second = r.tokens_per_second * flops_per_token(gpt_, cfg_.seq_len);
@@ -142,7 +219,11 @@ void Trainer::log_step(const StepResult& r) {
                {"tok_per_s", fmt("%.1f", r.tokens_per_second)},
                {"step_ms", fmt("%.1f", r.seconds * 1e3)},
                {"flops_per_s", fmt("%.4g", r.flops_per_second)},
-               {"mfu", fmt("%.3f", r.mfu)}});
+               {"mfu", fmt("%.3f", r.mfu)},
+               // compute/tp-comm/pp-wait/dp-comm/optimizer (docs/parallel.md "Running it")
+               {"split_ms", fmt("%.1f", r.times.compute * 1e3) + "/" + fmt("%.1f", r.times.tp_comm * 1e3) + "/" +
+                                fmt("%.1f", r.times.pp_wait * 1e3) + "/" + fmt("%.1f", r.times.dp_comm * 1e3) + "/" +
+                                fmt("%.1f", r.times.optimizer * 1e3)}});
   }
   if (!cfg_.progress_file.empty() && std::isfinite(r.loss)) {
     // The agent forwards this file to the rendezvous service (docs/rendezvous.md); a failed write must not stop
@@ -166,7 +247,12 @@ void Trainer::log_step(const StepResult& r) {
                         {"cpu_ms", r.cpu_seconds * 1e3},
                         {"tokens_per_s", r.tokens_per_second},
                         {"flops_per_s", r.flops_per_second},
-                        {"mfu", r.mfu}};
+                        {"mfu", r.mfu},
+                        {"compute_ms", r.times.compute * 1e3},
+                        {"tp_comm_ms", r.times.tp_comm * 1e3},
+                        {"pp_wait_ms", r.times.pp_wait * 1e3},
+                        {"dp_comm_ms", r.times.dp_comm * 1e3},
+                        {"optimizer_ms", r.times.optimizer * 1e3}};
     if (!std::isfinite(r.loss)) j["loss"] = nullptr;
     if (!std::isfinite(r.grad_norm)) j["grad_norm"] = nullptr;
     *json_ << j.dump() << '\n';
@@ -182,6 +268,11 @@ int Trainer::run() {
     model_.zero_grad();
   }
   log::info("worker", "model", {{"shape", describe(gpt_)}, {"threads", std::to_string(pool_.size())}});
+  if (sync_ != nullptr || !layout_.empty()) {
+    log::info("worker", "layout",
+              {{"groups", layout_.empty() ? "single process" : layout_},
+               {"data_parallel", sync_ != nullptr ? sync_->describe() : "dp=1"}});
+  }
   log::info("worker", "memory budget",
             {{"params_bytes", std::to_string(mem.params)},
              {"grads_bytes", std::to_string(mem.grads)},
@@ -216,6 +307,9 @@ int Trainer::run() {
                   {"hint", "lower --lr, raise --warmup or set --grad-clip"}});
       return 3;
     }
+    if (hooks_.after_step) {
+      if (const std::optional<int> rc = hooks_.after_step(r)) return *rc;
+    }
     if (val_ != nullptr && cfg_.val_every > 0 && (step_ % cfg_.val_every == 0 || step_ == cfg_.steps)) do_val(step_);
   }
   return 0;
@@ -224,13 +318,13 @@ int Trainer::run() {
 TrainerState Trainer::state() {
   TrainerState s;
   s.step = step_;
-  s.adam_t = opt_.t();
+  s.adam_t = opt_ ? opt_->t() : sync_->adam_t();
   s.bad_steps_total = bad_total_;
   s.bad_steps_consecutive = bad_consecutive_;
   s.seed = cfg_.seed;
   s.params = model_.params();
-  s.adam_m = opt_.m();
-  s.adam_v = opt_.v();
+  s.adam_m = opt_ ? opt_->m() : nullptr;
+  s.adam_v = opt_ ? opt_->v() : nullptr;
   s.num_params = model_.num_params();
   s.loader = train_.loader_state();
   return s;
@@ -238,7 +332,11 @@ TrainerState Trainer::state() {
 
 void Trainer::restore_counters(const TrainerState& s) {
   step_ = s.step;
-  opt_.set_t(s.adam_t);
+  if (opt_) {
+    opt_->set_t(s.adam_t);
+  } else {
+    sync_->set_adam_t(s.adam_t);
+  }
   bad_total_ = s.bad_steps_total;
   bad_consecutive_ = s.bad_steps_consecutive;
   if (s.loader) train_.restore_loader(*s.loader);

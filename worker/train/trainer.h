@@ -14,6 +14,8 @@
 #include "worker/kernels/cpu/thread_pool.h"
 #include "worker/model/gpt.h"
 #include "worker/optim/adamw.h"
+#include "worker/parallel/step_times.h"
+#include "worker/train/grad_sync.h"
 #include "worker/train/perf.h"
 
 namespace railyard::worker {
@@ -66,7 +68,8 @@ struct StepResult {
   double cpu_seconds = 0;  // process CPU time of the step (all threads): less sensitive to a busy machine
   double tokens_per_second = 0;
   double flops_per_second = 0;
-  double mfu = 0;  // flops_per_second / peak (0 if no peak known)
+  double mfu = 0;             // flops_per_second / peak (0 if no peak known)
+  parallel::StepTimes times;  // where the step's wall time went (compute, tp/pp/dp communication, optimizer)
 };
 
 // What a checkpoint needs besides the loader's own state (which the BatchSource owner keeps): views of the flat
@@ -78,6 +81,7 @@ struct TrainerState {
   int64_t bad_steps_consecutive = 0;
   uint64_t seed = 0;
   float* params = nullptr;  // num_params each, gpt_config.h order
+  // AdamW moments; null under ZeRO (each rank then holds only its shard: GradSync::shard_m/shard_v/shard_size).
   float* adam_m = nullptr;
   float* adam_v = nullptr;
   size_t num_params = 0;
@@ -86,13 +90,27 @@ struct TrainerState {
 
 class TrainMetrics;
 
+// Optional callbacks (worker/train/checkpointing.h): before_update runs in step() just before the optimizer writes
+// params and AdamW state (a background snapshot of them must be complete by then); after_step runs in run() after
+// each step, and an exit code it returns ends run() with that code (e.g. after the SIGTERM save).
+struct TrainerHooks {
+  std::function<void()> before_update;
+  std::function<std::optional<int>(const StepResult&)> after_step;
+};
+
 class Trainer {
  public:
+  // sync: the data-parallel group's reduction (worker/parallel/data_parallel.h), or null for one process. With it,
+  // TrainConfig's global batch is the whole job's: each of the D replicas runs micro_steps()/D micro-batches from
+  // its own `train` source (a DataLoader built with the dp rank and size). In deterministic mode every replica's
+  // `train` must instead yield the job's whole sequence of micro-batches (a DataLoader with rank 0 of world 1): rank
+  // r computes virtual micro-batches [r*A, (r+1)*A) and skips the others, so each leaf's data does not depend on D.
+  // Under ZeRO (sync->zero_stage() > 0) the optimizer state lives in `sync`, sharded; optimizer() must not be used.
   Trainer(const GptConfig& model, const TrainConfig& config, ThreadPool& pool, BatchSource& train,
-          BatchSource* val = nullptr);
+          BatchSource* val = nullptr, GradSync* sync = nullptr);
 
   Gpt<float>& model() { return model_; }
-  AdamW& optimizer() { return opt_; }
+  AdamW& optimizer();
   const TrainConfig& config() const { return cfg_; }
 
   // One optimizer step over micro_steps() micro-batches.
@@ -109,6 +127,9 @@ class Trainer {
 
   // Optional: every step and validation is also published as Prometheus series (train_metrics.h).
   void set_metrics(TrainMetrics* m) { metrics_ = m; }
+  void set_hooks(TrainerHooks h) { hooks_ = std::move(h); }
+  // The process-group layout (ProcessGroups::describe()) for the line run() logs at start.
+  void set_layout(std::string description) { layout_ = std::move(description); }
 
   MemoryBudget memory_budget() const;
   double peak_flops() const { return peak_flops_; }
@@ -124,7 +145,8 @@ class Trainer {
   BatchSource& train_;
   BatchSource* val_;
   Gpt<float> model_;
-  AdamW opt_;
+  GradSync* sync_ = nullptr;
+  std::optional<AdamW> opt_;  // absent under ZeRO
   LrSchedule schedule_;
   AlignedBuffer<int32_t> inputs_, targets_;
   int64_t step_ = 0;
@@ -133,6 +155,8 @@ class Trainer {
   std::vector<std::pair<int64_t, double>> val_history_;
   std::unique_ptr<std::ofstream> json_;
   TrainMetrics* metrics_ = nullptr;
+  TrainerHooks hooks_;
+  std::string layout_;
 };
 
 }  // namespace railyard::worker

@@ -1,0 +1,239 @@
+// Data parallelism and ZeRO through the real Trainer over real Gloo sockets (every rank a thread with its own TCP
+// communicator): dp=2 and dp=4 train 10 steps to the same losses and parameters as one process with the same global
+// batch (1e-5 relative); ZeRO-1 and ZeRO-2 equal plain dp; the deterministic mode gives bitwise-identical losses and
+// parameters for dp=4, dp=2 x accumulation 2 and dp=1 x accumulation 4.
+//
+// Model: L2 C64 NH4 maxT32 V256 (about 120k parameters), B=2, T=32, 4 micro-batches per step: big enough for several
+// buckets (with a small --bucket-mb) and a padded last bucket, small enough for ten steps of four ranks in seconds.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "common/error.h"
+#include "tests/unit/worker/worker_test_util.h"
+#include "worker/comm/local_world.h"
+#include "worker/parallel/data_parallel.h"
+#include "worker/train/trainer.h"
+
+using namespace railyard::worker;
+using namespace railyard::worker::parallel;
+namespace comm = railyard::worker::comm;
+
+namespace {
+
+const GptConfig kCfg = make_gpt_config(/*L=*/2, /*C=*/64, /*NH=*/4, /*maxT=*/32, /*V=*/256);
+constexpr int kB = 2, kT = 32, kMicro = 4, kSteps = 10;
+
+const std::vector<int32_t>& corpus() {
+  static const std::vector<int32_t> c = testing::license_corpus();
+  return c;
+}
+
+// The DataLoader's data-parallel contract on an in-memory corpus: one global sequence of samples; call k of rank r
+// in a world of D gets samples [(k*D + r)*B, +B).
+class StreamSource : public BatchSource {
+ public:
+  StreamSource(int rank, int world) : rank_(rank), world_(world) {}
+  void next_batch(int32_t* inputs, int32_t* targets) override {
+    const auto& c = corpus();
+    for (int b = 0; b < kB; ++b) {
+      const uint64_t sample = (calls_ * world_ + rank_) * kB + b;
+      const size_t start = (sample * 7919) % (c.size() - kT - 1);
+      for (int t = 0; t < kT; ++t) {
+        inputs[b * kT + t] = c[start + t];
+        targets[b * kT + t] = c[start + t + 1];
+      }
+    }
+    ++calls_;
+  }
+
+ private:
+  uint64_t rank_, world_;
+  uint64_t calls_ = 0;
+};
+
+TrainConfig train_config() {
+  TrainConfig tc;
+  tc.steps = kSteps;
+  tc.batch = kB;
+  tc.seq_len = kT;
+  tc.global_batch_tokens = static_cast<int64_t>(kMicro) * kB * kT;
+  tc.lr = 3e-3;
+  tc.warmup_steps = 2;
+  tc.grad_clip = 1.0;
+  tc.quiet = true;
+  return tc;
+}
+
+struct Run {
+  std::vector<double> losses, norms;
+  std::vector<float> params;
+};
+
+Run single_process() {
+  ThreadPool pool(1);
+  StreamSource src(0, 1);
+  Trainer tr(kCfg, train_config(), pool, src);
+  Run out;
+  for (int s = 0; s < kSteps; ++s) {
+    const StepResult r = tr.step();
+    out.losses.push_back(r.loss);
+    out.norms.push_back(r.grad_norm);
+  }
+  out.params.assign(tr.model().params(), tr.model().params() + tr.model().num_params());
+  return out;
+}
+
+// dp ranks over real sockets; every rank's run is returned (they must agree with each other too).
+std::vector<Run> data_parallel(int dp, DataParallelOptions opt) {
+  std::vector<Run> runs(dp);
+  comm::run_local_world(dp, [&](comm::Communicator& c) {
+    ThreadPool pool(1);
+    // Deterministic mode reads the job's whole sequence on every rank and skips the other ranks' leaves.
+    StreamSource src(opt.deterministic ? 0 : c.rank(), opt.deterministic ? 1 : dp);
+    const TrainConfig tc = train_config();
+    auto sync = gpt_data_parallel(&c, kCfg, tc, pool, opt);
+    Trainer tr(kCfg, tc, pool, src, nullptr, sync.get());
+    Run& out = runs[c.rank()];
+    for (int s = 0; s < kSteps; ++s) {
+      const StepResult r = tr.step();
+      out.losses.push_back(r.loss);
+      out.norms.push_back(r.grad_norm);
+    }
+    out.params.assign(tr.model().params(), tr.model().params() + tr.model().num_params());
+  });
+  return runs;
+}
+
+void check_close(const Run& got, const Run& want, double rel, const char* what) {
+  INFO(what);
+  REQUIRE(got.losses.size() == want.losses.size());
+  for (size_t s = 0; s < want.losses.size(); ++s) {
+    INFO("step " << s << ": loss " << got.losses[s] << " vs " << want.losses[s]);
+    CHECK(std::abs(got.losses[s] - want.losses[s]) <= rel * std::abs(want.losses[s]));
+    CHECK(std::abs(got.norms[s] - want.norms[s]) <= 1e-4 * std::abs(want.norms[s]));
+  }
+  REQUIRE(got.params.size() == want.params.size());
+  // Parameters: relative to the tensor scale (biases start at 0, so a pure per-element ratio means nothing there).
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < want.params.size(); ++i) {
+    worst = std::max(worst, static_cast<double>(std::abs(got.params[i] - want.params[i])));
+    scale = std::max(scale, static_cast<double>(std::abs(want.params[i])));
+  }
+  INFO("max |param diff| " << worst << " of max |param| " << scale);
+  CHECK(worst <= rel * scale);
+}
+
+bool bitwise_equal(const Run& a, const Run& b) {
+  return a.losses == b.losses && a.norms == b.norms && a.params.size() == b.params.size() &&
+         std::memcmp(a.params.data(), b.params.data(), a.params.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("tree_sum is the pairwise tree: ((a+b)+(c+d))+e, not a left fold") {
+  ThreadPool pool(1);
+  // Values chosen so that every association order gives a different float.
+  std::vector<std::vector<float>> v = {{1e8f}, {1.0f}, {-1e8f}, {0.75f}, {3.0f}};
+  std::vector<float*> items;
+  for (auto& x : v) items.push_back(x.data());
+  tree_sum(items, 1, pool);
+  const float want = ((1e8f + 1.0f) + (-1e8f + 0.75f)) + 3.0f;
+  CHECK(items[0] == v[0].data());
+  CHECK(v[0][0] == want);
+  const float left_fold = (((1e8f + 1.0f) + -1e8f) + 0.75f) + 3.0f;
+  CHECK(want != left_fold);  // otherwise this test could not tell the trees apart
+}
+
+TEST_CASE("BucketLayout: buckets are multiples of dp, pieces tile the buffer once") {
+  for (int dp : {1, 2, 3, 4}) {
+    const size_t n = 1003;
+    BucketLayout L(n, dp, 100);
+    std::vector<int> seen(n, 0);
+    size_t shard = 0;
+    for (size_t b = 0; b < L.buckets().size(); ++b) {
+      const auto& k = L.buckets()[b];
+      if (b + 1 < L.buckets().size()) CHECK(k.size() % dp == 0);
+      CHECK(L.bucket_of(k.begin) == b);
+      CHECK(L.bucket_of(k.end - 1) == b);
+      for (int r = 0; r < dp; ++r) {
+        auto [s, e] = L.own(b, r);
+        for (size_t i = s; i < e; ++i) ++seen[i];
+      }
+      shard += k.piece;
+    }
+    CHECK(shard == L.shard_size());
+    CHECK(std::all_of(seen.begin(), seen.end(), [](int x) { return x == 1; }));
+  }
+}
+
+TEST_CASE("dp=2 and dp=4 equal one process with the same global batch (10 steps)") {
+  const Run ref = single_process();
+  CHECK(ref.losses.back() < ref.losses.front());  // it trains at all
+  for (int dp : {2, 4}) {
+    DataParallelOptions opt;
+    opt.bucket_bytes = 64 << 10;  // several buckets, overlapped with backward
+    const auto runs = data_parallel(dp, opt);
+    for (int r = 0; r < dp; ++r) {
+      CHECK(runs[r].losses == runs[0].losses);  // every replica reports the same loss bits
+      CHECK(std::memcmp(runs[r].params.data(), runs[0].params.data(), runs[0].params.size() * sizeof(float)) == 0);
+    }
+    check_close(runs[0], ref, 1e-5, dp == 2 ? "dp=2" : "dp=4");
+  }
+}
+
+TEST_CASE("ZeRO-1 and ZeRO-2 equal plain data parallelism") {
+  DataParallelOptions plain;
+  plain.bucket_bytes = 48 << 10;  // 12288 elements: the last bucket is padded for dp=2 and dp=4
+  const auto base = data_parallel(2, plain);
+  for (int stage : {1, 2}) {
+    DataParallelOptions z = plain;
+    z.zero_stage = stage;
+    const auto runs = data_parallel(2, z);
+    CHECK(std::memcmp(runs[1].params.data(), runs[0].params.data(), runs[0].params.size() * sizeof(float)) == 0);
+    check_close(runs[0], base[0], 1e-5, stage == 1 ? "zero-1" : "zero-2");
+  }
+  DataParallelOptions z4 = plain;
+  z4.zero_stage = 2;
+  const auto four = data_parallel(4, z4);
+  check_close(four[3], single_process(), 1e-5, "zero-2 dp=4");
+}
+
+TEST_CASE("deterministic mode: dp=4, dp=2 x 2 and dp=1 x 4 are bitwise identical") {
+  DataParallelOptions det;
+  det.deterministic = true;
+  const auto d1 = data_parallel(1, det);
+  const auto d2 = data_parallel(2, det);
+  const auto d4 = data_parallel(4, det);
+  CHECK(d1[0].losses.back() < d1[0].losses.front());
+  CHECK(bitwise_equal(d2[0], d1[0]));
+  CHECK(bitwise_equal(d2[1], d1[0]));
+  CHECK(bitwise_equal(d4[0], d1[0]));
+  CHECK(bitwise_equal(d4[3], d1[0]));
+  // And it is the same training as the ordinary mode, up to rounding.
+  check_close(d1[0], single_process(), 1e-5, "deterministic vs plain");
+}
+
+TEST_CASE("bad options are refused with the flag named") {
+  ThreadPool pool(1);
+  DataParallelOptions o;
+  o.zero_stage = 3;
+  CHECK_THROWS_WITH_AS(gpt_data_parallel(nullptr, kCfg, train_config(), pool, o), doctest::Contains("--zero 3"),
+                       railyard::ConfigError);
+  o.zero_stage = 1;
+  o.deterministic = true;
+  CHECK_THROWS_WITH_AS(gpt_data_parallel(nullptr, kCfg, train_config(), pool, o), doctest::Contains("--deterministic"),
+                       railyard::ConfigError);
+  // 4 micro-batches do not divide over 3 replicas.
+  comm::run_local_world(3, [&](comm::Communicator& c) {
+    ThreadPool p(1);
+    StreamSource src(c.rank(), 3);
+    auto sync = gpt_data_parallel(&c, kCfg, train_config(), p, {});
+    CHECK_THROWS_WITH_AS(Trainer(kCfg, train_config(), p, src, nullptr, sync.get()),
+                         doctest::Contains("--global-batch"), railyard::ConfigError);
+  });
+}

@@ -1,0 +1,327 @@
+#include "worker/parallel/data_parallel.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "common/error.h"
+
+namespace railyard::worker::parallel {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// a[i] = a[i] + b[i]: one node of the tree. Element-wise, so the bits do not depend on the thread split.
+void add_into(float* a, const float* b, size_t n, ThreadPool& pool) {
+  pool.parallel_for(n, [=](size_t s, size_t e) {
+    for (size_t i = s; i < e; ++i) a[i] = a[i] + b[i];
+  });
+}
+
+bool power_of_two(int x) { return x > 0 && (x & (x - 1)) == 0; }
+
+}  // namespace
+
+void tree_sum(std::vector<float*>& items, size_t n, ThreadPool& pool) {
+  size_t k = items.size();
+  while (k > 1) {
+    const size_t half = k / 2;
+    for (size_t i = 0; i < half; ++i) {
+      add_into(items[2 * i], items[2 * i + 1], n, pool);
+      items[i] = items[2 * i];
+    }
+    if (k % 2 == 1) items[half] = items[k - 1];
+    k = half + k % 2;
+  }
+}
+
+DataParallel::DataParallel(comm::Communicator* dp, size_t num_params, std::vector<TensorSpan> spans,
+                           const AdamWHyper& hyper, ThreadPool& pool, const DataParallelOptions& options)
+    : dp_(dp),
+      rank_(dp != nullptr ? dp->rank() : 0),
+      size_(dp != nullptr ? dp->size() : 1),
+      n_(num_params),
+      opt_(options),
+      pool_(pool),
+      layout_(num_params, size_, std::max<size_t>(1, options.bucket_bytes / sizeof(float))) {
+  if (opt_.zero_stage < 0 || opt_.zero_stage > 2) {
+    throw ConfigError("--zero " + std::to_string(opt_.zero_stage) + ": the ZeRO stage must be 0, 1 or 2");
+  }
+  if (opt_.deterministic && opt_.zero_stage > 0) {
+    throw ConfigError("--deterministic with --zero " + std::to_string(opt_.zero_stage) +
+                      ": not supported (the deterministic tree reduces whole buffers); use --zero 0");
+  }
+  if (options.bucket_bytes < sizeof(float)) throw ConfigError("--bucket-mb must be positive");
+  chunk_ = (n_ + static_cast<size_t>(size_) - 1) / static_cast<size_t>(size_);
+  if (opt_.zero_stage > 0) {
+    zero_ = std::make_unique<ZeroAdamW>(layout_, rank_, std::move(spans), hyper, pool_);
+    if (opt_.zero_stage == 2) shard_grads_ = AlignedBuffer<float>(layout_.shard_size());
+    const auto& last = layout_.buckets().back();
+    pad_in_ = AlignedBuffer<float>(last.piece * static_cast<size_t>(size_));
+    pad_out_ = AlignedBuffer<float>(layout_.buckets().front().piece);
+  }
+  if (size_ > 1 && !opt_.deterministic) {
+    grad_comm_ = dp_->dup("dp-grad");
+    thread_ = std::thread([this] { reducer_loop(); });
+  }
+}
+
+DataParallel::~DataParallel() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void DataParallel::arm(float* grads) {
+  std::lock_guard<std::mutex> lk(mu_);
+  grads_ = grads;
+  armed_ = true;
+  remaining_.clear();
+  for (const auto& b : layout_.buckets()) remaining_.push_back(b.size());
+  enqueued_ = done_ = 0;
+  queue_.clear();
+}
+
+void DataParallel::grads_ready(size_t offset, size_t count) {
+  if (!armed_) return;
+  const size_t end = offset + count;
+  if (end > n_) throw Error("data-parallel: gradient range beyond the buffer reported by the model");
+  for (size_t i = offset; i < end;) {
+    const size_t b = layout_.bucket_of(i);
+    const size_t take = std::min(layout_.buckets()[b].end, end) - i;
+    if (take > remaining_[b]) throw Error("data-parallel: the model reported gradient elements final twice");
+    remaining_[b] -= take;
+    i += take;
+    if (remaining_[b] != 0) continue;
+    if (!thread_.joinable()) {
+      reduce_bucket(b);  // one replica: nothing to overlap with
+      ++enqueued_;
+      ++done_;
+      continue;
+    }
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      queue_.push_back(b);
+      ++enqueued_;
+    }
+    cv_.notify_all();
+  }
+}
+
+void DataParallel::reducer_loop() {
+  for (;;) {
+    size_t b;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      b = queue_.front();
+      queue_.pop_front();
+      if (error_) {  // the communicator is dead after an error: skip the rest, finish() rethrows
+        ++done_;
+        cv_.notify_all();
+        continue;
+      }
+    }
+    try {
+      reduce_bucket(b);
+    } catch (...) {
+      std::lock_guard<std::mutex> lk(mu_);
+      error_ = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      ++done_;
+    }
+    cv_.notify_all();
+  }
+}
+
+void DataParallel::reduce_bucket(size_t b) {
+  const auto& k = layout_.buckets()[b];
+  float* g = grads_ + k.begin;
+  if (opt_.zero_stage == 0) {
+    if (size_ > 1) grad_comm_->all_reduce(g, k.size(), comm::DType::kFloat32, comm::ReduceOp::kAvg);
+    return;
+  }
+  const auto [own_b, own_e] = layout_.own(b, rank_);
+  float* out = opt_.zero_stage == 2 ? shard_grads_.data() + k.shard_offset : pad_out_.data();
+  if (size_ == 1) {
+    std::memcpy(out, g, k.size() * sizeof(float));
+  } else {
+    const float* in = g;
+    if (k.padded(size_)) {
+      std::memcpy(pad_in_.data(), g, k.size() * sizeof(float));
+      std::memset(pad_in_.data() + k.size(), 0, (pad_in_.size() - k.size()) * sizeof(float));
+      in = pad_in_.data();
+    }
+    grad_comm_->reduce_scatter(in, out, k.piece, comm::DType::kFloat32, comm::ReduceOp::kAvg);
+  }
+  // Stage 1 keeps the full-size gradient buffer: the reduced piece goes back to its place in it.
+  if (opt_.zero_stage == 1 && own_e > own_b) std::memcpy(grads_ + own_b, out, (own_e - own_b) * sizeof(float));
+}
+
+void DataParallel::add_leaf(const float* grads) {
+  std::unique_ptr<AlignedBuffer<float>> buf;
+  if (!spare_.empty()) {
+    buf = std::move(spare_.back());
+    spare_.pop_back();
+  } else {
+    buf = std::make_unique<AlignedBuffer<float>>(chunk_ * static_cast<size_t>(size_));  // zero padding stays zero
+  }
+  std::memcpy(buf->data(), grads, n_ * sizeof(float));
+  stack_.push_back({0, std::move(buf)});
+  ++leaves_;
+  // Binary counter: two subtrees of the same height are siblings in the pairwise tree.
+  while (stack_.size() >= 2 && stack_[stack_.size() - 1].level == stack_[stack_.size() - 2].level) {
+    Node right = std::move(stack_.back());
+    stack_.pop_back();
+    add_into(stack_.back().buf->data(), right.buf->data(), n_, pool_);
+    ++stack_.back().level;
+    spare_.push_back(std::move(right.buf));
+  }
+}
+
+void DataParallel::fold_leaves_to_root() {
+  // What is left are subtrees of decreasing size; folding from the right gives the pairwise tree's upper nodes.
+  while (stack_.size() >= 2) {
+    Node right = std::move(stack_.back());
+    stack_.pop_back();
+    add_into(stack_.back().buf->data(), right.buf->data(), n_, pool_);
+    spare_.push_back(std::move(right.buf));
+  }
+}
+
+void DataParallel::finish(float* grads) {
+  if (opt_.deterministic) {
+    if (stack_.empty()) throw Error("data-parallel: finish() without any add_leaf() in deterministic mode");
+    if (size_ > 1 && !power_of_two(leaves_)) {
+      throw ConfigError("--deterministic with dp=" + std::to_string(size_) + " needs a power-of-two number of " +
+                        "micro-batches per rank, got " + std::to_string(leaves_) +
+                        ": change --global-batch so that global/(batch*seq*dp) is 1, 2, 4, ...");
+    }
+    fold_leaves_to_root();
+    std::unique_ptr<AlignedBuffer<float>> root = std::move(stack_.back().buf);
+    stack_.clear();
+    leaves_ = 0;
+    if (size_ == 1) {
+      std::memcpy(grads, root->data(), n_ * sizeof(float));
+    } else {
+      const auto t0 = Clock::now();
+      std::unique_ptr<AlignedBuffer<float>> recv;
+      if (!spare_.empty()) {
+        recv = std::move(spare_.back());
+        spare_.pop_back();
+      } else {
+        recv = std::make_unique<AlignedBuffer<float>>(chunk_ * static_cast<size_t>(size_));
+      }
+      // Chunk j of every rank's root goes to rank j; rank j folds the D roots of its chunk in rank order.
+      dp_->all_to_all(root->data(), recv->data(), chunk_, comm::DType::kFloat32);
+      std::vector<float*> items;
+      for (int j = 0; j < size_; ++j) items.push_back(recv->data() + static_cast<size_t>(j) * chunk_);
+      tree_sum(items, chunk_, pool_);
+      dp_->all_gather(recv->data(), root->data(), chunk_, comm::DType::kFloat32);
+      std::memcpy(grads, root->data(), n_ * sizeof(float));
+      comm_seconds_ += since(t0);
+      spare_.push_back(std::move(recv));
+    }
+    spare_.push_back(std::move(root));
+    return;
+  }
+  if (!armed_) throw Error("data-parallel: finish() without arm()");
+  armed_ = false;
+  const auto t0 = Clock::now();
+  std::unique_lock<std::mutex> lk(mu_);
+  if (enqueued_ != layout_.buckets().size()) {
+    size_t missing = 0;
+    for (size_t r : remaining_) missing += r;
+    throw Error("data-parallel: backward reported only " + std::to_string(n_ - missing) + " of " + std::to_string(n_) +
+                " gradient elements as final (the model's grad-ready hook is incomplete)");
+  }
+  cv_.wait(lk, [&] { return done_ == enqueued_; });
+  comm_seconds_ += since(t0);
+  if (error_) std::rethrow_exception(error_);
+}
+
+std::vector<double> DataParallel::all_gather(const std::vector<double>& local) {
+  if (size_ == 1) return local;
+  const auto t0 = Clock::now();
+  std::vector<double> out(local.size() * static_cast<size_t>(size_));
+  // Doubles travel as their 64-bit patterns: no arithmetic on the way, so every rank gets the same bits.
+  static_assert(sizeof(double) == sizeof(int64_t));
+  dp_->all_gather(local.data(), out.data(), local.size(), comm::DType::kInt64);
+  comm_seconds_ += since(t0);
+  return out;
+}
+
+double DataParallel::grad_norm(const float* grads) {
+  if (!zero_) throw Error("data-parallel: grad_norm() is the ZeRO path; without ZeRO the trainer's AdamW computes it");
+  const double local = zero_->sum_squares(opt_.zero_stage == 2 ? shard_grads_.data() : grads, opt_.zero_stage == 2);
+  double total = 0;
+  for (double s : all_gather({local})) total += s;  // rank order: the same sum on every rank
+  return std::sqrt(total);
+}
+
+void DataParallel::update(float* params, const float* grads, float lr, float grad_scale) {
+  if (!zero_) throw Error("data-parallel: update() is the ZeRO path; without ZeRO the trainer's AdamW updates");
+  zero_->update(params, opt_.zero_stage == 2 ? shard_grads_.data() : grads, opt_.zero_stage == 2, lr, grad_scale);
+  if (size_ == 1) return;
+  const auto t0 = Clock::now();
+  for (size_t b = 0; b < layout_.buckets().size(); ++b) {
+    const auto& k = layout_.buckets()[b];
+    const auto [s, e] = layout_.own(b, rank_);
+    if (!k.padded(size_)) {
+      // Our piece is chunk rank() of the output already: all_gather allows that alias.
+      dp_->all_gather(params + s, params + k.begin, k.piece, comm::DType::kFloat32);
+      continue;
+    }
+    std::memset(pad_out_.data(), 0, k.piece * sizeof(float));
+    if (e > s) std::memcpy(pad_out_.data(), params + s, (e - s) * sizeof(float));
+    dp_->all_gather(pad_out_.data(), pad_in_.data(), k.piece, comm::DType::kFloat32);
+    std::memcpy(params + k.begin, pad_in_.data(), k.size() * sizeof(float));
+  }
+  gather_seconds_ += since(t0);
+}
+
+std::unique_ptr<DataParallel> gpt_data_parallel(comm::Communicator* dp, const GptConfig& model,
+                                                const TrainConfig& train, ThreadPool& pool,
+                                                const DataParallelOptions& options) {
+  const AdamWHyper hyper{train.beta1, train.beta2, train.eps, static_cast<float>(train.weight_decay)};
+  return std::make_unique<DataParallel>(dp, num_parameters(model), gpt_tensor_spans(model), hyper, pool, options);
+}
+
+double DataParallel::take_comm_seconds() {
+  const double s = comm_seconds_;
+  comm_seconds_ = 0;
+  return s;
+}
+
+double DataParallel::take_gather_seconds() {
+  const double s = gather_seconds_;
+  gather_seconds_ = 0;
+  return s;
+}
+
+size_t DataParallel::bytes_saved() const {
+  if (!zero_ || size_ == 1) return 0;
+  const size_t not_held = n_ > layout_.shard_size() ? n_ - layout_.shard_size() : 0;
+  return not_held * sizeof(float) * (opt_.zero_stage == 2 ? 3 : 2);
+}
+
+std::string DataParallel::describe() const {
+  char buf[256];
+  const auto& b = layout_.buckets();
+  std::snprintf(buf, sizeof(buf), "dp=%d zero=%d%s buckets=%zu x %.2f MiB, optimizer state saved %.2f MiB/rank", size_,
+                opt_.zero_stage, opt_.deterministic ? " deterministic" : "", b.size(),
+                static_cast<double>(b.front().size() * sizeof(float)) / 1048576.0,
+                static_cast<double>(bytes_saved()) / 1048576.0);
+  return buf;
+}
+
+}  // namespace railyard::worker::parallel

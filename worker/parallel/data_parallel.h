@@ -1,0 +1,128 @@
+// Data-parallel gradient reduction (docs/parallel.md "Data parallelism and ZeRO"), the GradSync the trainer calls.
+//
+// Overlapped mode: the flat gradient buffer is cut into buckets (~25 MiB); during the last micro-batch's backward the
+// model reports finished ranges (Gpt::set_grad_ready_hook), and a bucket whose every element is final is reduced at
+// once by a background thread on its own communicator (dp.dup("dp-grad")) while backward goes on. ZeRO-1/2 replace
+// the all-reduce by a reduce-scatter into this rank's pieces, update only those, and all-gather the parameters.
+//
+// Deterministic mode: the global batch is V virtual micro-batches; rank r computes leaves [r*A, (r+1)*A) (A = V/D,
+// a power of two unless D = 1), each into its own buffer, summed pairwise level by level (an odd node passes up) --
+// the same binary tree whatever D is. Across ranks the subtree roots are exchanged with all_to_all in chunks and each
+// rank folds its chunk over the D roots in rank order (the upper levels of the same tree), then all_gather: no
+// reduction whose order depends on the transport.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "worker/comm/communicator.h"
+#include "worker/kernels/cpu/thread_pool.h"
+#include "worker/model/gpt.h"
+#include "worker/parallel/zero.h"
+#include "worker/train/grad_sync.h"
+#include "worker/train/trainer.h"
+
+namespace railyard::worker::parallel {
+
+struct DataParallelOptions {
+  size_t bucket_bytes = size_t{25} << 20;
+  int zero_stage = 0;  // 0, 1 or 2
+  bool deterministic = false;
+};
+
+class DataParallel final : public GradSync {
+ public:
+  // dp: the data-parallel group (its members hold replicas of the same parameters), or nullptr for one replica (the
+  // deterministic tree still applies). spans: the flat buffer's tensors, for ZeRO's per-tensor weight decay.
+  // Throws ConfigError for a stage outside 0..2 or deterministic mode combined with ZeRO.
+  DataParallel(comm::Communicator* dp, size_t num_params, std::vector<TensorSpan> spans, const AdamWHyper& hyper,
+               ThreadPool& pool, const DataParallelOptions& options);
+  ~DataParallel() override;
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int zero_stage() const override { return opt_.zero_stage; }
+  bool deterministic() const override { return opt_.deterministic; }
+
+  void arm(float* grads) override;
+  void grads_ready(size_t offset, size_t count) override;
+  void add_leaf(const float* grads) override;
+  void finish(float* grads) override;
+  std::vector<double> all_gather(const std::vector<double>& local) override;
+
+  double grad_norm(const float* grads) override;
+  void update(float* params, const float* grads, float lr, float grad_scale) override;
+  float* shard_m() override { return zero_ ? zero_->m() : nullptr; }
+  float* shard_v() override { return zero_ ? zero_->v() : nullptr; }
+  size_t shard_size() const override { return zero_ ? zero_->size() : 0; }
+  int64_t adam_t() const override { return zero_ ? zero_->t() : 0; }
+  void set_adam_t(int64_t t) override {
+    if (zero_) zero_->set_t(t);
+  }
+  double take_comm_seconds() override;
+  double take_gather_seconds() override;
+  std::string describe() const override;
+
+  const BucketLayout& layout() const { return layout_; }
+  // Bytes of AdamW moments (and, stage 2, reduced gradients) this rank does not hold compared with plain dp.
+  size_t bytes_saved() const;
+
+ private:
+  void reducer_loop();
+  void reduce_bucket(size_t b);
+  void fold_leaves_to_root();
+
+  comm::Communicator* dp_;
+  std::unique_ptr<comm::Communicator> grad_comm_;  // the background thread's own stream
+  int rank_ = 0, size_ = 1;
+  size_t n_;
+  DataParallelOptions opt_;
+  ThreadPool& pool_;
+  BucketLayout layout_;
+  std::unique_ptr<ZeroAdamW> zero_;
+  AlignedBuffer<float> shard_grads_;  // stage 2: this rank's reduced pieces
+  AlignedBuffer<float> pad_in_;       // the last bucket padded to D * piece (reduce-scatter / all-gather)
+  AlignedBuffer<float> pad_out_;
+
+  // Overlapped reduction state. Written by the main thread (grads_ready) and the reducer thread under mu_.
+  float* grads_ = nullptr;
+  bool armed_ = false;
+  std::vector<size_t> remaining_;  // per bucket: elements not yet final
+  size_t enqueued_ = 0, done_ = 0;
+  std::deque<size_t> queue_;
+  std::exception_ptr error_;
+  bool stop_ = false;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::thread thread_;
+
+  // Deterministic tree: a stack of (level, buffer) and spare buffers, each D * chunk long.
+  struct Node {
+    int level;
+    std::unique_ptr<AlignedBuffer<float>> buf;
+  };
+  std::vector<Node> stack_;
+  std::vector<std::unique_ptr<AlignedBuffer<float>>> spare_;
+  size_t chunk_ = 0;  // ceil(n / D)
+  int leaves_ = 0;
+
+  double comm_seconds_ = 0, gather_seconds_ = 0;
+};
+
+// The reducer of the plain Gpt<float> trainer (dp only): the full llm.c buffer, AdamW settings from `train`.
+std::unique_ptr<DataParallel> gpt_data_parallel(comm::Communicator* dp, const GptConfig& model,
+                                                const TrainConfig& train, ThreadPool& pool,
+                                                const DataParallelOptions& options);
+
+// The pairwise-level sum of k buffers of n floats in place into items[0] (items[2i] + items[2i+1], an odd last one
+// passes up, until one is left). Exposed for the unit test of the tree's shape.
+void tree_sum(std::vector<float*>& items, size_t n, ThreadPool& pool);
+
+}  // namespace railyard::worker::parallel

@@ -1,0 +1,111 @@
+#include "worker/parallel/zero.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/error.h"
+
+namespace railyard::worker::parallel {
+
+std::vector<TensorSpan> gpt_tensor_spans(const GptConfig& c) {
+  std::vector<TensorSpan> spans;
+  size_t off = 0;
+  const auto sizes = param_sizes(c);
+  for (int i = 0; i < kNumParamTensors; ++i) {
+    spans.push_back({off, sizes[i], decays(i)});
+    off += sizes[i];
+  }
+  return spans;
+}
+
+BucketLayout::BucketLayout(size_t n, int dp, size_t bucket_elems) : n_(n), dp_(dp) {
+  if (dp < 1) throw ConfigError("data-parallel degree must be >= 1, got " + std::to_string(dp));
+  if (n == 0) throw Error("BucketLayout: empty buffer");
+  const size_t d = static_cast<size_t>(dp);
+  // Whole multiples of D, so every bucket but the last reduce-scatters in place.
+  per_bucket_ = std::max(d, bucket_elems / d * d);
+  for (size_t b = 0; b < n; b += per_bucket_) {
+    Bucket k;
+    k.begin = b;
+    k.end = std::min(n, b + per_bucket_);
+    k.piece = (k.size() + d - 1) / d;
+    k.shard_offset = shard_size_;
+    shard_size_ += k.piece;
+    buckets_.push_back(k);
+  }
+}
+
+std::pair<size_t, size_t> BucketLayout::own(size_t b, int r) const {
+  const Bucket& k = buckets_[b];
+  const size_t s = std::min(k.end, k.begin + static_cast<size_t>(r) * k.piece);
+  return {s, std::min(k.end, s + k.piece)};
+}
+
+size_t BucketLayout::bucket_of(size_t i) const { return i / per_bucket_; }
+
+ZeroAdamW::ZeroAdamW(const BucketLayout& layout, int rank, std::vector<TensorSpan> spans, const AdamWHyper& hyper,
+                     ThreadPool& pool)
+    : layout_(layout),
+      rank_(rank),
+      spans_(std::move(spans)),
+      hyper_(hyper),
+      pool_(pool),
+      m_(layout.shard_size()),
+      v_(layout.shard_size()) {}
+
+template <typename F>
+void ZeroAdamW::for_each_run(F&& f) const {
+  const auto& bs = layout_.buckets();
+  for (size_t b = 0; b < bs.size(); ++b) {
+    auto [s, e] = layout_.own(b, rank_);
+    // Split the piece where a tensor ends: the decay flag is per tensor.
+    auto it = std::upper_bound(spans_.begin(), spans_.end(), s,
+                               [](size_t x, const TensorSpan& t) { return x < t.offset + t.count; });
+    while (s < e && it != spans_.end()) {
+      const size_t run_end = std::min(e, it->offset + it->count);
+      f(s, run_end, bs[b].shard_offset + (s - bs[b].begin - static_cast<size_t>(rank_) * bs[b].piece), it->decay);
+      s = run_end;
+      ++it;
+    }
+  }
+}
+
+void ZeroAdamW::update(float* params, const float* grads, bool shard_layout, float lr, float grad_scale) {
+  ++t_;
+  const float b1 = hyper_.beta1, b2 = hyper_.beta2, eps = hyper_.eps;
+  const float bc1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(b1), static_cast<double>(t_)));
+  const float bc2 = 1.0f - static_cast<float>(std::pow(static_cast<double>(b2), static_cast<double>(t_)));
+  const float step_size = lr / bc1, bc2_sqrt = std::sqrt(bc2);
+  float* mb = m_.data();
+  float* vb = v_.data();
+  for_each_run([&](size_t s, size_t e, size_t so, bool decays_here) {
+    const float decay = decays_here ? 1.0f - lr * hyper_.weight_decay : 1.0f;
+    float* p = params + s;
+    const float* g = shard_layout ? grads + so : grads + s;
+    float* m = mb + so;
+    float* v = vb + so;
+    pool_.parallel_for(e - s, [=](size_t b, size_t en) {
+      for (size_t i = b; i < en; ++i) {
+        const float gi = g[i] * grad_scale;
+        const float mi = b1 * m[i] + (1.0f - b1) * gi;
+        const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = p[i] * decay - step_size * mi / (std::sqrt(vi) / bc2_sqrt + eps);
+      }
+    });
+  });
+}
+
+double ZeroAdamW::sum_squares(const float* grads, bool shard_layout) const {
+  double total = 0;
+  for_each_run([&](size_t s, size_t e, size_t so, bool) {
+    const float* g = shard_layout ? grads + so : grads + s;
+    double acc = 0;
+    for (size_t i = 0; i < e - s; ++i) acc += static_cast<double>(g[i]) * g[i];
+    total += acc;
+  });
+  return total;
+}
+
+}  // namespace railyard::worker::parallel
