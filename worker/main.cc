@@ -23,6 +23,8 @@
 #include "worker/agent/agent_main.h"
 #include "worker/kernels/cpu/kernels.h"
 #include "worker/kernels/cpu/thread_pool.h"
+#include "checkpoint/shm_store.h"
+#include "worker/train/checkpointing.h"
 #include "worker/train/loader_source.h"
 #include "worker/train/perf.h"
 #include "worker/train/train_metrics.h"
@@ -60,6 +62,22 @@ constexpr const char* kUsage = R"(usage: railyard-worker train [flags]
   --metrics-host H     address to listen on (default RAILYARD_POD_IP, else 127.0.0.1)
   --config FILE        JSON training config (the agent's RAILYARD_CONFIG: model, training, layout, data); flags
                        given on the command line override it
+  --ckpt-dir DIR       checkpoint root (spec.checkpoint.path); saves params, AdamW m/v, counters, loader and LR position
+  --ckpt-every N       save every N steps (default spec.checkpoint.intervalSteps, else 0: only at the end / SIGTERM)
+  --ckpt-keep K        complete checkpoints kept (default 3)
+  --ckpt-async on|off  copy the snapshot during the next step's forward/backward (default on)
+  --ckpt-shm-every N   also keep the newest snapshot in shared memory every N steps (default 0: off)
+  --ckpt-term-budget S on SIGTERM: finish the step, save within S seconds of the signal, exit 143 (default 8)
+  --resume MODE        auto (newest valid checkpoint in --ckpt-dir; the default without --config), never, or PATH (a
+                       checkpoint root or one step-N directory; default RAILYARD_RESTORE / the config's restore)
+  --nproc N            launch N local processes of this command as one world (RANK, WORLD_SIZE, MASTER_ADDR=127.0.0.1,
+                       MASTER_PORT = a free port); output prefixed "[rank R]"; SIGINT/SIGTERM forwarded; fails as a
+                       whole when one rank fails. Under `railyard-worker agent` the world comes from the environment
+  --tp T, --pp P       tensor / pipeline degree (default 1; dp = world / (T*P)); from the config's layout when given
+  --zero S             ZeRO stage over the dp group: 0 off, 1 AdamW moments sharded, 2 gradients sharded too
+  --deterministic      fixed reduction order independent of dp: bitwise-identical results for dp=4, dp=2 x
+                       accumulation 2, dp=1 x accumulation 4 (needs a power-of-two accumulation per rank)
+  --bucket-mb X        data-parallel all-reduce bucket size in MiB (default 25)
   --gemm-split MODE    pool (default: our threads split each GEMM over single-threaded OpenBLAS) or openblas
                        (OpenBLAS's own threads run the GEMMs); for measuring the threading choice
        railyard-worker gemm-rate [--model SPEC] [--batch B] [--seq T] [--threads N] [--split pool|openblas]
@@ -223,10 +241,17 @@ void apply_config_file(const std::string& path, std::map<std::string, std::strin
     }
   }
   set("data", data.is_string() ? data : get(data, "path"));
+  // Checkpoints: spec.checkpoint; the operator names the checkpoint to restore (restarts) in "restore", and "" or
+  // nothing means a fresh start even when the directory holds checkpoints of an earlier job.
+  nlohmann::json ck = get(j, "checkpoint");
+  if (!ck.is_object()) ck = get(spec, "checkpoint");
+  set("ckpt-dir", get(ck, "path"));
+  set("ckpt-every", get(ck, "intervalSteps"));
+  set("ckpt-keep", get(ck, "keep"));
+  if (const auto a = get(ck, "async"); a.is_boolean()) set("ckpt-async", a.get<bool>() ? "on" : "off");
   const auto restore = get(j, "restore");
-  if (restore.is_string() && !restore.get<std::string>().empty() && !f.count("init-from")) {
-    log::warn("worker", "config asks to restore a checkpoint, which this worker cannot read yet: starting fresh",
-              {{"restore", restore.get<std::string>()}});
+  if (!f.count("init-from")) {
+    set("resume", restore.is_string() && !restore.get<std::string>().empty() ? restore : nlohmann::json("never"));
   }
 }
 
@@ -235,7 +260,9 @@ int cmd_train(int argc, char** argv) {
                        {"model",      "data",          "steps",       "batch",        "seq",          "global-batch",
                         "lr",         "warmup",        "min-lr-frac", "weight-decay", "grad-clip",    "seed",
                         "val-every",  "val-steps",     "threads",     "init-from",    "export",       "log-json",
-                        "peak-flops", "max-bad-steps", "gemm-split",  "config",       "metrics-port", "metrics-host"});
+                        "peak-flops", "max-bad-steps", "gemm-split",  "config",       "metrics-port", "metrics-host",
+                        "ckpt-dir",   "ckpt-every",    "ckpt-keep",   "ckpt-async",   "ckpt-shm-every",
+                        "ckpt-term-budget", "resume"});
   if (f.count("config")) apply_config_file(f["config"], f);
   if (!f.count("data")) {
     if (const char* d = std::getenv("RAILYARD_DATA_DIR"); d != nullptr && *d != '\0') f["data"] = d;
@@ -330,7 +357,32 @@ int cmd_train(int argc, char** argv) {
     load_llmc_model(f["init-from"], *cfg, trainer.model().params());
     log::info("worker", "initialised from llm.c model", {{"path", f["init-from"]}});
   }
+  // Checkpoints (docs/checkpointing.md): restore before the first step, save every --ckpt-every steps, and on
+  // SIGTERM save and exit 143.
+  if (!f.count("resume")) {
+    if (const char* r = std::getenv("RAILYARD_RESTORE"); r != nullptr && *r != '\0') f["resume"] = r;
+  }
+  CheckpointOptions co;
+  if (f.count("ckpt-dir")) co.dir = f["ckpt-dir"];
+  co.every = static_cast<int>(to_int(f, "ckpt-every", 0));
+  co.keep = static_cast<int>(to_int(f, "ckpt-keep", 3));
+  const std::string async = f.count("ckpt-async") ? f["ckpt-async"] : "on";
+  if (async != "on" && async != "off") throw ConfigError("--ckpt-async must be on or off");
+  co.async = async == "on";
+  co.shm_every = static_cast<int>(to_int(f, "ckpt-shm-every", 0));
+  co.term_budget_seconds = to_double(f, "ckpt-term-budget", 8);
+  co.resume = f.count("resume") ? f["resume"] : "auto";
+  if (co.resume == "auto" && co.dir.empty() && co.shm_every == 0) co.resume = "never";
+  const std::string job_id = env_or("RAILYARD_JOB_NAMESPACE", "") + "_" + env_or("RAILYARD_JOB_NAME", "local");
+  co.shm_name = ckpt::ShmStore::name_for(job_id, static_cast<int>(std::atol(env_or("RANK", "0").c_str())));
+  co.layout = nlohmann::json{{"dp", 1}, {"tp", 1}, {"pp", 1}, {"zero", 0}};
+  Checkpointer checkpointer(co, *cfg, trainer, full_state_shards(*cfg, trainer.state()),
+                            train_metrics ? &registry : nullptr, TrainMetrics::labels_from_env());
+  checkpointer.restore();
+  checkpointer.attach();
+  Checkpointer::install_signal_handlers();
   const int rc = trainer.run();
+  checkpointer.finish();
   if (rc == 0 && f.count("export")) {
     save_llmc_model(f["export"], *cfg, trainer.model().params());
     log::info("worker", "exported llm.c model", {{"path", f["export"]}});

@@ -1,0 +1,248 @@
+// Checkpoints of the real trainer, through the railyard-worker binary as the agent runs it: resume gives bitwise
+// the same losses and weights as an uninterrupted run, a corrupt newest checkpoint is skipped with a warning, the
+// async snapshot writes the same bytes as a synchronous one, SIGTERM mid-run leaves a complete verifiable
+// checkpoint (exit 143), and the checkpoint metrics are served.
+#include <doctest/doctest.h>
+#include <httplib.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/unit/checkpoint/test_util.h"
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+using railyard::ckpt::test::TempDir;
+
+std::string bin_dir() {
+  const char* b = std::getenv("RAILYARD_BIN_DIR");
+  REQUIRE_MESSAGE((b != nullptr && *b != '\0'), "RAILYARD_BIN_DIR is not set (run through ctest)");
+  return b;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), {});
+}
+
+// Starts bin_dir()/argv[0] with stdout/stderr into `log`; returns the pid.
+pid_t spawn(std::vector<std::string> args, const std::string& log) {
+  args[0] = bin_dir() + "/" + args[0];
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  REQUIRE_MESSAGE(rc == 0, "cannot start " << args[0]);
+  return pid;
+}
+
+int wait_exit(pid_t pid) {
+  int st = 0;
+  REQUIRE(waitpid(pid, &st, 0) == pid);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+int run(const std::vector<std::string>& args, const std::string& log) { return wait_exit(spawn(args, log)); }
+
+// One JSON object per line of the trainer's --log-json, steps only: step (1-based) -> the loss as printed (the
+// exact double).
+std::map<int, std::string> step_losses(const std::string& path) {
+  std::map<int, std::string> out;
+  std::istringstream in(slurp(path));
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.value("event", "") == "step") out[j["step"].get<int>()] = j["loss"].dump();
+  }
+  return out;
+}
+
+struct Fixture {
+  TempDir dir{"trainer-ckpt"};
+  std::string data = dir / "data";
+  Fixture() {
+    const int rc = run({"railyard", "data", "prepare", "--input", "/usr/share/common-licenses/GPL-3",
+                        "/usr/share/common-licenses/Apache-2.0", "--output", data},
+                       dir / "prepare.log");
+    REQUIRE_MESSAGE(rc == 0, slurp(dir / "prepare.log"));
+  }
+  // A small model so that a step takes milliseconds; two threads as in CI.
+  std::vector<std::string> train(int steps, const std::string& ckpt, const std::vector<std::string>& extra) const {
+    std::vector<std::string> a = {"railyard-worker",
+                                  "train",
+                                  "--model",
+                                  "l=2,c=64,nh=4,t=64,v=256",
+                                  "--data",
+                                  data,
+                                  "--steps",
+                                  std::to_string(steps),
+                                  "--batch",
+                                  "4",
+                                  "--seq",
+                                  "32",
+                                  "--lr",
+                                  "3e-3",
+                                  "--warmup",
+                                  "2",
+                                  "--threads",
+                                  "2",
+                                  "--peak-flops",
+                                  "1e11",
+                                  "--ckpt-dir",
+                                  ckpt};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("resume from step 3 continues bitwise like the uninterrupted run; a corrupt newest checkpoint is skipped") {
+  Fixture fx;
+  const std::string ck = fx.dir / "ck";
+  // Uninterrupted: 6 steps, checkpoints at 3 and 6 (--ckpt-every 3).
+  REQUIRE_MESSAGE(
+      run(fx.train(6, ck, {"--ckpt-every", "3", "--log-json", fx.dir / "a.jsonl", "--export", fx.dir / "a.bin"}),
+          fx.dir / "a.log") == 0,
+      slurp(fx.dir / "a.log"));
+  REQUIRE(fs::exists(ck + "/step-00000003/manifest.json"));
+  REQUIRE(fs::exists(ck + "/step-00000006/manifest.json"));
+  const auto a = step_losses(fx.dir / "a.jsonl");
+  REQUIRE(a.size() == 6);
+
+  SUBCASE("kill after step 3: a new process resumes from the step-3 checkpoint") {
+    // The process that wrote step 3 is gone; remove what came after it, as if it had been killed at step 4.
+    fs::remove_all(ck + "/step-00000006");
+    REQUIRE(run(fx.train(6, ck, {"--ckpt-every", "3", "--log-json", fx.dir / "b.jsonl", "--export", fx.dir / "b.bin"}),
+                fx.dir / "b.log") == 0);
+    const std::string log = slurp(fx.dir / "b.log");
+    CHECK_MESSAGE(log.find("restored step=3") != std::string::npos, log);
+    const auto b = step_losses(fx.dir / "b.jsonl");
+    REQUIRE(b.size() == 3);
+    for (int s = 4; s <= 6; ++s) CHECK_MESSAGE(b.at(s) == a.at(s), "step " << s);
+    CHECK_MESSAGE(slurp(fx.dir / "b.bin") == slurp(fx.dir / "a.bin"), "final weights differ");
+    CHECK(slurp(fx.dir / "a.bin").size() > 400000);
+  }
+  SUBCASE("a flipped byte in the newest checkpoint: fall back to step 3 with a warning") {
+    const std::string shard = ck + "/step-00000006/rank-00000.bin";
+    {
+      std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekg(1000);
+      char c = 0;
+      f.read(&c, 1);
+      c = static_cast<char>(c ^ 0x10);
+      f.seekp(1000);
+      f.write(&c, 1);
+    }
+    REQUIRE(run(fx.train(6, fx.dir / "ck",
+                         {"--ckpt-every", "100", "--ckpt-keep", "5", "--log-json", fx.dir / "c.jsonl", "--export",
+                          fx.dir / "c.bin"}),
+                fx.dir / "c.log") == 0);
+    const std::string log = slurp(fx.dir / "c.log");
+    CHECK_MESSAGE(log.find("WARN  checkpoint: skipped a checkpoint that does not verify") != std::string::npos, log);
+    CHECK_MESSAGE(log.find("step-00000006") != std::string::npos, log);
+    CHECK_MESSAGE(log.find("restored step=3") != std::string::npos, log);
+    const auto c = step_losses(fx.dir / "c.jsonl");
+    REQUIRE(c.size() == 3);
+    for (int s = 4; s <= 6; ++s) CHECK_MESSAGE(c.at(s) == a.at(s), "step " << s);
+    CHECK(slurp(fx.dir / "c.bin") == slurp(fx.dir / "a.bin"));
+  }
+  SUBCASE("the async snapshot (overlapped with the next step) saves the same bytes as a synchronous one") {
+    const std::string sync = fx.dir / "sync";
+    REQUIRE(run(fx.train(6, sync, {"--ckpt-every", "3", "--ckpt-async", "off"}), fx.dir / "s.log") == 0);
+    for (const char* step : {"step-00000003", "step-00000006"}) {
+      const std::string x = slurp(ck + "/" + step + "/rank-00000.bin");
+      CHECK(x.size() > 1000000);  // params + m + v
+      CHECK_MESSAGE(x == slurp(sync + "/" + step + "/rank-00000.bin"), step);
+    }
+  }
+  SUBCASE("--resume never starts fresh; a checkpoint of another model is refused naming it") {
+    REQUIRE(run(fx.train(3, ck, {"--resume", "never", "--log-json", fx.dir / "n.jsonl", "--ckpt-every", "0"}),
+                fx.dir / "n.log") == 0);
+    const auto n = step_losses(fx.dir / "n.jsonl");
+    REQUIRE(n.size() == 3);
+    CHECK(n.at(1) == a.at(1));  // the same first step as the fresh run A
+    auto other = fx.train(6, ck, {});
+    other[3] = "l=1,c=64,nh=4,t=64,v=256";
+    CHECK(run(other, fx.dir / "m.log") != 0);
+    const std::string log = slurp(fx.dir / "m.log");
+    CHECK_MESSAGE((log.find("holds model") != std::string::npos || log.find("qkvw") != std::string::npos), log);
+    CHECK(run(fx.train(6, ck, {"--ckpt-async", "maybe"}), fx.dir / "f.log") == 2);
+    CHECK(slurp(fx.dir / "f.log").find("--ckpt-async must be on or off") != std::string::npos);
+  }
+}
+
+TEST_CASE("SIGTERM mid-run: complete verifiable checkpoint of the current step, exit 143; metrics are served") {
+  Fixture fx;
+  const std::string ck = fx.dir / "ck";
+  const std::string log = fx.dir / "t.log";
+  const pid_t pid = spawn(fx.train(1000000, ck,
+                                   {"--ckpt-every", "50", "--metrics-port", "0", "--metrics-host", "127.0.0.1",
+                                    "--log-json", fx.dir / "t.jsonl"}),
+                          log);
+  // Wait for the first committed checkpoint, then read /metrics.
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!fs::exists(ck + "/latest") && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60))
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  REQUIRE_MESSAGE(fs::exists(ck + "/latest"), slurp(log));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::smatch m;
+  const std::string text = slurp(log);
+  REQUIRE_MESSAGE(std::regex_search(text, m, std::regex("serving metrics address=127\\.0\\.0\\.1:(\\d+)")), text);
+  httplib::Client cli("127.0.0.1", std::stoi(m[1]));
+  auto res = cli.Get("/metrics");
+  REQUIRE(res);
+  const std::string metrics = res->body;
+  CHECK(std::regex_search(metrics, std::regex("\\nrailyard_checkpoint_last_step\\{[^}]*\\} [1-9][0-9]*")));
+  CHECK(std::regex_search(metrics, std::regex("\\nrailyard_checkpoint_last_timestamp_seconds\\{[^}]*\\} 1[0-9.e+]+")));
+  CHECK(std::regex_search(metrics, std::regex("\\nrailyard_checkpoint_snapshot_seconds_count\\{[^}]*\\} [1-9]")));
+  CHECK(std::regex_search(metrics, std::regex("\\nrailyard_checkpoint_saves_total\\{[^}]*result=\"committed\"[^}]*\\} "
+                                              "[1-9]")));
+  CHECK(std::regex_search(metrics, std::regex("\\nrailyard_checkpoint_save_bytes\\{[^}]*\\} [1-9]")));
+  {
+    std::ofstream(fx.dir / "metrics.txt") << metrics;
+    const std::string cmd =
+        "promtool check metrics < " + (fx.dir / "metrics.txt") + " > " + (fx.dir / "pt.txt") + " 2>&1";
+    if (std::system("command -v promtool >/dev/null 2>&1") == 0) {
+      CHECK_MESSAGE(std::system(cmd.c_str()) == 0, slurp(fx.dir / "pt.txt"));
+    }
+  }
+
+  REQUIRE(kill(pid, SIGTERM) == 0);
+  const int code = wait_exit(pid);
+  const std::string out = slurp(log);
+  REQUIRE_MESSAGE(code == 143, out);
+  CHECK(out.find("saved on stop signal") != std::string::npos);
+  // The checkpoint is of the last step the log reports, complete and verified by the CLI.
+  const auto losses = step_losses(fx.dir / "t.jsonl");
+  REQUIRE(!losses.empty());
+  const int last = losses.rbegin()->first;
+  char name[32];
+  std::snprintf(name, sizeof(name), "step-%08d", last);
+  CHECK_MESSAGE(slurp(ck + "/latest").rfind(name, 0) == 0, "latest is " << slurp(ck + "/latest") << ", want " << name);
+  CHECK(run({"railyard", "ckpt", "verify", ck, "--step", std::to_string(last)}, fx.dir / "v.log") == 0);
+  // And a new process continues from it.
+  REQUIRE(run(fx.train(last + 2, ck, {"--log-json", fx.dir / "r.jsonl"}), fx.dir / "r.log") == 0);
+  CHECK(slurp(fx.dir / "r.log").find("restored step=" + std::to_string(last)) != std::string::npos);
+  CHECK(step_losses(fx.dir / "r.jsonl").size() == 2);
+}

@@ -1,0 +1,441 @@
+#include "worker/train/checkpointing.h"
+
+#include <signal.h>
+#include <time.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "checkpoint/layout.h"
+#include "checkpoint/reader.h"
+#include "checkpoint/shm_store.h"
+#include "checkpoint/writer.h"
+#include "common/error.h"
+#include "common/log.h"
+
+namespace railyard::worker {
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+std::atomic<int64_t> g_stop_ns{0};  // CLOCK_MONOTONIC of the first signal (steady_clock on Linux)
+
+void on_stop_signal(int) {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);  // async-signal-safe
+  int64_t expected = 0;
+  g_stop_ns.compare_exchange_strong(expected, static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec);
+  g_stop.store(true);
+}
+
+double since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string fmt_s(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.3f", v);
+  return buf;
+}
+
+// "ROOT/step-00000042" -> 42; nullopt when the name is not a step directory.
+std::optional<int64_t> step_of_dir(const std::filesystem::path& p) {
+  const std::string n = p.filename().string();
+  if (n.rfind("step-", 0) != 0 || n.size() == 5) return std::nullopt;
+  for (size_t i = 5; i < n.size(); ++i)
+    if (n[i] < '0' || n[i] > '9') return std::nullopt;
+  return std::stoll(n.substr(5));
+}
+
+}  // namespace
+
+struct Checkpointer::Metrics {
+  metrics::Registry& reg;
+  metrics::Labels labels;
+  metrics::Histogram& snapshot;
+  metrics::Histogram& stall;
+  metrics::Histogram& persist;
+  metrics::Gauge& save_bytes;
+  metrics::Family<metrics::Counter>& saves;
+  metrics::Gauge& restore_seconds;
+  metrics::Gauge& restore_bytes;
+  metrics::Gauge& restored_step;
+  // Created at the first commit: a timestamp of 0 would read as an ancient checkpoint to the monitor's age rule.
+  metrics::Family<metrics::Gauge>& last_step;
+  metrics::Family<metrics::Gauge>& last_ts;
+
+  Metrics(metrics::Registry& r, const metrics::Labels& l)
+      : reg(r),
+        labels(l),
+        snapshot(r.histogram("railyard_checkpoint_snapshot_seconds",
+                             "Time to copy the state into the snapshot buffer (overlapped with the next step when "
+                             "async).",
+                             metrics::exponential_buckets(0.001, 2, 16))
+                     .add(l)),
+        stall(r.histogram("railyard_checkpoint_stall_seconds",
+                          "Time a training step waited for a checkpoint snapshot (the training cost of a save).",
+                          metrics::exponential_buckets(0.0001, 2, 18))
+                  .add(l)),
+        persist(r.histogram("railyard_checkpoint_persist_seconds",
+                            "Background time to checksum, write, fsync and commit a checkpoint.",
+                            metrics::exponential_buckets(0.01, 2, 14))
+                    .add(l)),
+        save_bytes(r.gauge("railyard_checkpoint_save_bytes", "Bytes this rank wrote for its last checkpoint.").add(l)),
+        saves(r.counter("railyard_checkpoint_saves_total", "Checkpoint saves by result (committed or failed).")),
+        restore_seconds(
+            r.gauge("railyard_checkpoint_restore_seconds", "Time the restore at start took (0: fresh start).").add(l)),
+        restore_bytes(r.gauge("railyard_checkpoint_restore_bytes", "Bytes read by the restore at start.").add(l)),
+        restored_step(r.gauge("railyard_checkpoint_restored_step", "Step restored at start (0: fresh start).").add(l)),
+        last_step(r.gauge("railyard_checkpoint_last_step", "Step of the last complete checkpoint.")),
+        last_ts(r.gauge("railyard_checkpoint_last_timestamp_seconds", "Unix time the last checkpoint completed.")) {
+    for (const char* res : {"committed", "failed"}) {
+      metrics::Labels x = l;
+      x["result"] = res;
+      saves.add(x);
+    }
+  }
+  void result(const char* res) {
+    metrics::Labels x = labels;
+    x["result"] = res;
+    saves.add(x).increment();
+  }
+};
+
+std::vector<ShardSpec> full_state_shards(const GptConfig& m, const TrainerState& s) {
+  const auto defs = ckpt::gpt_tensor_defs(m.num_layers, m.channels, m.max_seq_len, m.padded_vocab_size, false);
+  size_t total = 0;
+  for (const auto& d : defs) total += static_cast<size_t>(ckpt::Box{ckpt::Shape(d.shape.size(), 0), d.shape}.volume());
+  if (total != s.num_params) {
+    throw Error("checkpoint: the GPT tensor list has " + std::to_string(total) + " elements but the trainer holds " +
+                std::to_string(s.num_params) + " parameters");
+  }
+  std::vector<ShardSpec> out;
+  for (auto [prefix, base] :
+       {std::pair<const char*, float*>{"", s.params}, {"adam_m/", s.adam_m}, {"adam_v/", s.adam_v}}) {
+    for (const auto& v : ckpt::flat_views(defs, base)) {
+      ShardSpec sh;
+      sh.name = prefix + v.def.name;
+      sh.global_shape = v.def.shape;
+      sh.box = ckpt::Box{ckpt::Shape(v.def.shape.size(), 0), v.def.shape};
+      sh.data = static_cast<float*>(v.data);
+      out.push_back(std::move(sh));
+    }
+  }
+  return out;
+}
+
+Checkpointer::Checkpointer(CheckpointOptions options, const GptConfig& model, Trainer& trainer,
+                           std::vector<ShardSpec> shards, metrics::Registry* registry, const metrics::Labels& labels)
+    : opt_(std::move(options)), model_(model), trainer_(trainer), shards_(std::move(shards)) {
+  if (opt_.every < 0) throw ConfigError("--ckpt-every must be >= 0 (0: only at the end and on SIGTERM)");
+  if (opt_.keep < 1) throw ConfigError("--ckpt-keep must be >= 1 (spec.checkpoint.keep)");
+  if (opt_.shm_every < 0) throw ConfigError("--ckpt-shm-every must be >= 0");
+  if (!(opt_.term_budget_seconds > 0)) throw ConfigError("--ckpt-term-budget must be a positive number of seconds");
+  if (opt_.resume.empty()) opt_.resume = "auto";
+  if (registry != nullptr) metrics_ = std::make_unique<Metrics>(*registry, labels);
+  if (!opt_.dir.empty()) {
+    ckpt::WriterOptions w;
+    w.root = opt_.dir;
+    w.rank = opt_.rank;
+    w.world_size = opt_.world_size;
+    w.run_id = opt_.run_id;
+    w.layout = opt_.layout;
+    w.keep = opt_.keep;
+    w.on_finished = [this](const ckpt::SaveStatus& st) {
+      on_finished(st.step, st.state == ckpt::SaveState::Committed, st.persist_seconds, st.bytes);
+      if (st.state == ckpt::SaveState::Failed) {
+        log::warn("checkpoint", "save failed: training goes on, the previous checkpoint stays",
+                  {{"step", std::to_string(st.step)}, {"error", st.error}});
+      }
+    };
+    writer_ = std::make_unique<ckpt::Writer>(std::move(w));
+  }
+  if (opt_.shm_every > 0) {
+    if (opt_.shm_name.empty()) throw ConfigError("--ckpt-shm-every needs a shared-memory name");
+    shm_ = std::make_unique<ckpt::ShmStore>(opt_.shm_name);
+  }
+}
+
+Checkpointer::~Checkpointer() {
+  try {
+    finish();
+  } catch (const std::exception& e) {
+    log::error("checkpoint", std::string("while finishing: ") + e.what());
+  }
+}
+
+void Checkpointer::install_signal_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+}
+
+bool Checkpointer::stop_requested() { return g_stop.load(); }
+
+void Checkpointer::reset_stop_for_tests() {
+  g_stop.store(false);
+  g_stop_ns.store(0);
+}
+
+int64_t Checkpointer::last_committed_step() const { return committed_step_.load(); }
+
+nlohmann::json Checkpointer::state_json(const TrainerState& s) const {
+  const TrainConfig& c = trainer_.config();
+  nlohmann::json j = {{"step", s.step},
+                      {"adam_t", s.adam_t},
+                      {"bad_steps_total", s.bad_steps_total},
+                      {"bad_steps_consecutive", s.bad_steps_consecutive},
+                      {"seed", s.seed},
+                      {"model", describe(model_)},
+                      // The LR schedule is a pure function of the step and these settings: the position is `step`.
+                      {"lr_schedule",
+                       {{"position", s.step},
+                        {"lr", c.lr},
+                        {"warmup_steps", c.warmup_steps},
+                        {"total_steps", c.steps},
+                        {"min_lr_frac", c.min_lr_frac}}}};
+  j["loader"] = s.loader ? nlohmann::json(*s.loader) : nlohmann::json(nullptr);
+  return j;
+}
+
+void Checkpointer::apply_state(const nlohmann::json& j, int64_t step) {
+  auto need = [&](const char* k) -> const nlohmann::json& {
+    if (!j.is_object() || !j.contains(k)) {
+      throw Error("checkpoint of step " + std::to_string(step) + ": rank state has no '" + k +
+                  "' (not written by railyard-worker train?)");
+    }
+    return j.at(k);
+  };
+  if (need("model").get<std::string>() != describe(model_)) {
+    throw ConfigError("checkpoint of step " + std::to_string(step) + " holds model " +
+                      need("model").get<std::string>() + " but this run trains " + describe(model_) +
+                      ": use the same --model or another --ckpt-dir");
+  }
+  TrainerState s;
+  s.step = need("step").get<int64_t>();
+  s.adam_t = need("adam_t").get<int64_t>();
+  s.bad_steps_total = need("bad_steps_total").get<int64_t>();
+  s.bad_steps_consecutive = need("bad_steps_consecutive").get<int64_t>();
+  s.seed = need("seed").get<uint64_t>();
+  if (!need("loader").is_null()) s.loader = need("loader").get<LoaderState>();
+  const TrainConfig& c = trainer_.config();
+  if (s.seed != c.seed) {
+    log::warn("checkpoint", "the checkpoint was trained with another --seed: the data order changes from here",
+              {{"checkpoint_seed", std::to_string(s.seed)}, {"seed", std::to_string(c.seed)}});
+  }
+  if (const auto& lr = j.value("lr_schedule", nlohmann::json::object());
+      lr.value("total_steps", c.steps) != c.steps || lr.value("warmup_steps", c.warmup_steps) != c.warmup_steps ||
+      lr.value("lr", c.lr) != c.lr) {
+    log::warn("checkpoint", "the learning-rate schedule differs from the checkpoint's: the run continues on this one",
+              {{"checkpoint_schedule", lr.dump()}});
+  }
+  if (s.step > c.steps) {
+    throw ConfigError("checkpoint is at step " + std::to_string(s.step) + ", beyond --steps " +
+                      std::to_string(c.steps) + ": raise --steps or start from another checkpoint");
+  }
+  trainer_.restore_counters(s);
+}
+
+std::optional<RestoreInfo> Checkpointer::restore() {
+  if (opt_.resume == "never") return std::nullopt;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<ckpt::LoadTarget> targets;
+  for (const auto& s : shards_) targets.push_back({s.name, ckpt::DType::F32, s.box, s.data});
+
+  std::string root = opt_.resume == "auto" ? opt_.dir : opt_.resume;
+  std::optional<int64_t> exact_step;
+  if (opt_.resume != "auto" && std::filesystem::exists(std::filesystem::path(root) / "manifest.json")) {
+    exact_step = step_of_dir(root);
+    if (!exact_step) throw ConfigError("--resume " + root + ": holds a manifest.json but is not named step-N");
+    root = std::filesystem::path(root).lexically_normal().parent_path().string();
+  }
+  std::vector<int64_t> disk;
+  if (!root.empty() && std::filesystem::is_directory(root)) disk = ckpt::Reader(root).complete_steps();
+
+  RestoreInfo info;
+  if (shm_ && !exact_step) {
+    nlohmann::json state;
+    std::string why;
+    if (auto s = shm_->get(targets, &state, &why); s && (disk.empty() || *s >= disk.front())) {
+      apply_state(state, *s);
+      info.step = *s;
+      info.source = "memory";
+      for (const auto& t : targets) info.bytes += static_cast<uint64_t>(t.box.volume()) * sizeof(float);
+    } else if (s) {
+      log::info("checkpoint", "the in-memory snapshot is older than the newest on disk: reading the disk",
+                {{"memory_step", std::to_string(*s)}, {"disk_step", std::to_string(disk.front())}});
+    } else {
+      log::info("checkpoint", "no usable in-memory snapshot", {{"why", why}});
+      if (disk.empty()) {
+        // get() may have written into some targets before it found the damage: start from a clean initialisation.
+        trainer_.model().init_weights(trainer_.config().seed);
+        TrainerState st = trainer_.state();
+        std::memset(st.adam_m, 0, st.num_params * sizeof(float));
+        std::memset(st.adam_v, 0, st.num_params * sizeof(float));
+      }
+    }
+  }
+  if (info.source.empty()) {
+    if (!exact_step && disk.empty()) {
+      if (opt_.resume != "auto") {
+        log::warn("checkpoint", "asked to restore but no complete checkpoint exists there: starting fresh",
+                  {{"path", root}});
+      } else if (!root.empty()) {
+        log::info("checkpoint", "no checkpoint yet: starting fresh", {{"dir", root}});
+      }
+      return std::nullopt;
+    }
+    ckpt::Reader reader(root);
+    ckpt::LoadResult r = exact_step ? reader.load_step(*exact_step, targets) : reader.load_latest(targets);
+    for (const auto& why : r.skipped) {
+      log::warn("checkpoint", "skipped a checkpoint that does not verify: falling back to an older one",
+                {{"reason", why}});
+    }
+    // A checkpoint written by fewer ranks (a grown job) still carries the counters and loader position of rank 0.
+    auto it = r.manifest.rank_state.find(opt_.rank);
+    if (it == r.manifest.rank_state.end()) it = r.manifest.rank_state.find(0);
+    if (it == r.manifest.rank_state.end()) {
+      throw Error("checkpoint " + root + " step " + std::to_string(r.step) + ": no rank state for rank " +
+                  std::to_string(opt_.rank) + " or rank 0");
+    }
+    apply_state(it->second, r.step);
+    info.step = r.step;
+    char name[32];
+    std::snprintf(name, sizeof(name), "step-%08lld", static_cast<long long>(r.step));
+    info.source = (std::filesystem::path(root) / name).string();
+    info.skipped = r.skipped;
+    info.bytes = r.bytes_read;
+  }
+  info.seconds = since(t0);
+  if (metrics_) {
+    metrics_->restore_seconds.set(info.seconds);
+    metrics_->restore_bytes.set(static_cast<double>(info.bytes));
+    metrics_->restored_step.set(static_cast<double>(info.step));
+  }
+  log::info("checkpoint", "restored",
+            {{"step", std::to_string(info.step)},
+             {"from", info.source},
+             {"bytes", std::to_string(info.bytes)},
+             {"seconds", fmt_s(info.seconds)},
+             {"skipped", std::to_string(info.skipped.size())}});
+  return info;
+}
+
+void Checkpointer::attach() {
+  TrainerHooks h;
+  h.before_update = [this] { join_copy(); };
+  h.after_step = [this](const StepResult& r) { return after_step(r); };
+  trainer_.set_hooks(std::move(h));
+}
+
+void Checkpointer::join_copy() {
+  if (!copy_.joinable()) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  copy_.join();
+  const double waited = since(t0);
+  stall_seconds_ += waited;
+  if (metrics_) metrics_->stall.observe(waited);
+}
+
+void Checkpointer::start_save(int64_t step, bool async, bool to_disk, bool to_shm) {
+  join_copy();
+  const nlohmann::json state = state_json(trainer_.state());
+  std::vector<ckpt::TensorShard> ts;
+  ts.reserve(shards_.size());
+  for (const auto& s : shards_)
+    ts.push_back({s.name, ckpt::DType::F32, s.global_shape, s.box, s.data, s.replica_index, s.num_replicas});
+  last_snapshot_step_ = to_disk ? step : last_snapshot_step_;
+  auto work = [this, step, state, ts = std::move(ts), to_disk, to_shm] {
+    try {
+      if (to_disk) {
+        const ckpt::SaveStatus st = writer_->snapshot(step, ts, state);
+        if (metrics_) metrics_->snapshot.observe(st.snapshot_seconds);
+      }
+      if (to_shm) shm_->put(step, ts, state);
+    } catch (const std::exception& e) {
+      log::error("checkpoint", "snapshot failed: training goes on",
+                 {{"step", std::to_string(step)}, {"error", e.what()}});
+    }
+  };
+  if (async) {
+    copy_ = std::thread(std::move(work));
+  } else {
+    const auto t0 = std::chrono::steady_clock::now();
+    work();
+    const double waited = since(t0);
+    stall_seconds_ += waited;
+    if (metrics_) metrics_->stall.observe(waited);
+  }
+}
+
+std::optional<int> Checkpointer::after_step(const StepResult& r) {
+  const int64_t step = r.step + 1;  // steps completed
+  if (stop_requested()) return save_on_stop(step);
+  const int64_t total = trainer_.config().steps;
+  const bool disk_due = writer_ && ((opt_.every > 0 && step % opt_.every == 0) || (opt_.save_final && step == total));
+  const bool shm_due = shm_ && step % opt_.shm_every == 0;
+  if (disk_due || shm_due) start_save(step, opt_.async && step != total, disk_due, shm_due);
+  return std::nullopt;
+}
+
+std::optional<int> Checkpointer::save_on_stop(int64_t step) {
+  const int64_t ns = g_stop_ns.load();
+  const auto signalled =
+      ns > 0 ? std::chrono::steady_clock::time_point(std::chrono::nanoseconds(ns)) : std::chrono::steady_clock::now();
+  const auto deadline = signalled + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                        std::chrono::duration<double>(opt_.term_budget_seconds));
+  if (!writer_) {
+    log::warn("checkpoint", "stop signal: no checkpoint directory, exiting without a save",
+              {{"step", std::to_string(step)}});
+    return kPreemptedExitCode;
+  }
+  log::info("checkpoint", "stop signal: saving a checkpoint before exiting",
+            {{"step", std::to_string(step)}, {"budget_seconds", fmt_s(opt_.term_budget_seconds)}});
+  join_copy();
+  const auto t0 = std::chrono::steady_clock::now();
+  ckpt::SaveStatus st;
+  if (last_snapshot_step_ == step) {
+    st = writer_->wait(step, deadline);  // this step's save is already queued
+  } else {
+    std::vector<ckpt::TensorShard> ts;
+    for (const auto& s : shards_)
+      ts.push_back({s.name, ckpt::DType::F32, s.global_shape, s.box, s.data, s.replica_index, s.num_replicas});
+    last_snapshot_step_ = step;
+    st = writer_->save_now_and_wait(step, ts, state_json(trainer_.state()), deadline);
+  }
+  if (st.state == ckpt::SaveState::Committed) {
+    log::info("checkpoint", "saved on stop signal",
+              {{"step", std::to_string(step)}, {"seconds", fmt_s(since(t0))}, {"dir", opt_.dir}});
+  } else {
+    log::error("checkpoint", "the save on stop signal did not complete: the previous checkpoint stays",
+               {{"step", std::to_string(step)},
+                {"state", std::string(ckpt::save_state_name(st.state))},
+                {"error", st.error.empty() ? "deadline passed (--ckpt-term-budget)" : st.error}});
+  }
+  return kPreemptedExitCode;
+}
+
+void Checkpointer::on_finished(int64_t step, bool ok, double persist_seconds, uint64_t bytes) {
+  if (ok) {
+    int64_t prev = committed_step_.load();
+    while (prev < step && !committed_step_.compare_exchange_weak(prev, step)) {
+    }
+  }
+  if (!metrics_) return;
+  metrics_->result(ok ? "committed" : "failed");
+  if (!ok) return;
+  metrics_->persist.observe(persist_seconds);
+  metrics_->save_bytes.set(static_cast<double>(bytes));
+  metrics_->last_step.add(metrics_->labels).set(static_cast<double>(step));
+  metrics_->last_ts.add(metrics_->labels).set_to_current_time();
+}
+
+void Checkpointer::finish() {
+  join_copy();
+  if (writer_) writer_->flush();
+}
+
+}  // namespace railyard::worker

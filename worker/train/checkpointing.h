@@ -1,0 +1,126 @@
+// Checkpoints of the trainer's state (params, AdamW m/v, counters, loader position, LR-schedule position) through
+// ckpt::Writer, restore on start (RAILYARD_RESTORE, --resume, or the newest valid checkpoint, falling back past
+// damaged ones), the in-memory tier (ckpt::ShmStore), and the SIGTERM (preemption) save. docs/checkpointing.md.
+//
+// The stall: params and m/v change only in the optimizer update at the end of a step, so the snapshot copy of step
+// N runs on a helper thread while step N+1 does its forward and backward; step N+1 waits for it (if at all) just
+// before its update (Trainer hook before_update).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "checkpoint/format.h"
+#include "common/metrics/metrics.h"
+#include "worker/train/trainer.h"
+
+namespace railyard::ckpt {
+class Writer;
+class ShmStore;
+}  // namespace railyard::ckpt
+
+namespace railyard::worker {
+
+// What this rank holds of one tensor: its global shape and the box of it in local memory (dense, row-major).
+// Data-parallel replicas of a box pass replica_index 0..num_replicas-1; each writes only its part.
+struct ShardSpec {
+  std::string name;
+  ckpt::Shape global_shape;
+  ckpt::Box box;
+  float* data = nullptr;
+  int replica_index = 0;
+  int num_replicas = 1;
+};
+
+// The dp = tp = pp = 1 list: every parameter ("wte", ...) and AdamW state ("adam_m/wte", ...) in full, pointing
+// into the trainer's flat buffers. A parallel model passes its own list (e.g. from a shard_map()) instead.
+std::vector<ShardSpec> full_state_shards(const GptConfig& model, const TrainerState& state);
+
+// Process exit code of a clean preemption: the state was saved on SIGTERM (128 + SIGTERM, a retryable code for
+// the operator's failure policy).
+inline constexpr int kPreemptedExitCode = 143;
+
+struct CheckpointOptions {
+  std::string dir;                 // checkpoint root; empty = never save
+  int every = 0;                   // save every N steps (0: only at the end and on SIGTERM)
+  int keep = 3;                    // complete checkpoints kept
+  bool async = true;               // overlap the snapshot copy with the next step's forward/backward
+  bool save_final = true;          // save after the last step
+  std::string resume = "auto";     // auto (newest valid under dir) | never | PATH (a root or one step-N directory)
+  int shm_every = 0;               // also keep the snapshot in shared memory every N steps (0 = off)
+  std::string shm_name;            // ShmStore name (ckpt::ShmStore::name_for(job, rank))
+  double term_budget_seconds = 8;  // SIGTERM: deadline for the final save, from the signal
+  std::string run_id;              // unique per run and generation; empty = random (one rank only)
+  int rank = 0;
+  int world_size = 1;
+  nlohmann::json layout = nlohmann::json::object();
+};
+
+struct RestoreInfo {
+  int64_t step = 0;
+  std::string source;  // "memory" or the step directory
+  std::vector<std::string> skipped;
+  double seconds = 0;
+  uint64_t bytes = 0;
+};
+
+class Checkpointer {
+ public:
+  // registry may be null (no metrics). Throws ConfigError for bad options.
+  Checkpointer(CheckpointOptions options, const GptConfig& model, Trainer& trainer, std::vector<ShardSpec> shards,
+               metrics::Registry* registry = nullptr, const metrics::Labels& labels = {});
+  ~Checkpointer();
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
+
+  // Restores per options.resume (memory tier first when it is at least as new). nullopt: fresh start. Throws
+  // railyard::Error when an explicit PATH does not load, or the checkpoint belongs to another model.
+  std::optional<RestoreInfo> restore();
+
+  // Installs before_update / after_step into the trainer.
+  void attach();
+  // Waits for the snapshot in flight and every queued save (call after Trainer::run()).
+  void finish();
+
+  // SIGTERM/SIGINT set a flag the training loop reads after each step (the handler itself does nothing else).
+  static void install_signal_handlers();
+  static bool stop_requested();
+  static void reset_stop_for_tests();
+
+  // For the bench and tests: stall the step waited for the snapshot, summed over saves.
+  double stall_seconds() const { return stall_seconds_; }
+  int64_t last_committed_step() const;
+
+ private:
+  nlohmann::json state_json(const TrainerState& s) const;
+  void apply_state(const nlohmann::json& state, int64_t step);
+  void join_copy();
+  void start_save(int64_t step, bool async, bool to_disk, bool to_shm);
+  std::optional<int> after_step(const StepResult& r);
+  std::optional<int> save_on_stop(int64_t step);
+  void on_finished(int64_t step, bool ok, double persist_seconds, uint64_t bytes);
+
+  CheckpointOptions opt_;
+  GptConfig model_;
+  Trainer& trainer_;
+  std::vector<ShardSpec> shards_;
+  std::unique_ptr<ckpt::Writer> writer_;
+  std::unique_ptr<ckpt::ShmStore> shm_;
+  std::thread copy_;
+  std::chrono::steady_clock::time_point copy_started_{};
+  double stall_seconds_ = 0;
+  std::atomic<int64_t> committed_step_{-1};
+  int64_t last_snapshot_step_ = -1;
+
+  struct Metrics;
+  std::unique_ptr<Metrics> metrics_;
+};
+
+}  // namespace railyard::worker
