@@ -97,8 +97,9 @@ struct State {
     check_usable(op);
     try {
       f();
-    } catch (const CommError&) {
-      throw;
+    } catch (const CommError& e) {
+      if (!error.empty()) throw;  // ours, already in the group's terms
+      fail(op, e.what(), peer);   // the store's: say which group was bootstrapping
     } catch (const std::invalid_argument&) {
       throw;
     } catch (const std::exception& e) {  // gloo::IoException, gloo::EnforceNotMet, our store's errors

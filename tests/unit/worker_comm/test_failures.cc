@@ -1,0 +1,242 @@
+// A rank dies (SIGKILL) or hangs (SIGSTOP) mid-collective: every survivor must get a CommError naming the group
+// within the deadline, never hang. The victim is a separate process (worker_comm_peer); survivors are threads here.
+#include <doctest/doctest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "worker/comm/gloo_communicator.h"
+#include "worker/comm/tcp_store.h"
+
+using namespace railyard::worker::comm;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+#ifndef WORKER_COMM_PEER
+#error "WORKER_COMM_PEER must name the worker_comm_peer binary"
+#endif
+
+namespace {
+
+constexpr int kDeadlineMs = 1500;
+
+// The victim process; SIGKILLed and reaped on scope exit whatever happens in the test.
+class Peer {
+ public:
+  Peer(int port, int rank, int size, const char* mode) {
+    std::string p = std::to_string(port), r = std::to_string(rank), s = std::to_string(size),
+                t = std::to_string(kDeadlineMs);
+    pid_ = ::fork();
+    REQUIRE(pid_ >= 0);
+    if (pid_ == 0) {
+      ::execl(WORKER_COMM_PEER, WORKER_COMM_PEER, "127.0.0.1", p.c_str(), r.c_str(), s.c_str(), t.c_str(), mode,
+              static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+  }
+  ~Peer() {
+    ::kill(pid_, SIGKILL);
+    ::kill(pid_, SIGCONT);
+    int status;
+    ::waitpid(pid_, &status, 0);
+  }
+  void signal(int sig) { REQUIRE(::kill(pid_, sig) == 0); }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+struct Outcome {
+  bool threw = false;
+  bool timeout = false;
+  std::string message;
+  double after_fault_ms = -1;
+  bool second_call_threw = false;
+};
+
+// Runs `size` ranks except `victim` as threads, all-reducing until the victim is hit by `sig`.
+std::vector<Outcome> run_fault(int size, int victim, int sig) {
+  TcpStoreServer server("127.0.0.1", 0);
+  Peer peer(server.port(), victim, size, "all_reduce");
+  std::atomic<int> min_iterations{0};
+  std::vector<std::atomic<int>> iterations(static_cast<size_t>(size));
+  std::atomic<int64_t> fault_at_ns{0};
+  std::vector<Outcome> out(static_cast<size_t>(size));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    if (r == victim) continue;
+    threads.emplace_back([&, r] {
+      Outcome& o = out[static_cast<size_t>(r)];
+      std::unique_ptr<Communicator> comm;
+      try {
+        GlooOptions opt;
+        opt.store_port = server.port();
+        opt.rank = r;
+        opt.size = size;
+        opt.timeout = milliseconds(kDeadlineMs);
+        opt.serve_store = false;
+        opt.prefix = "failure";
+        comm = connect_gloo(opt);
+        std::vector<float> buf(1 << 16, 1.0f);
+        for (;;) {
+          comm->all_reduce(buf.data(), buf.size(), DType::kFloat32, ReduceOp::kAvg);
+          ++iterations[static_cast<size_t>(r)];
+          if (iterations[static_cast<size_t>(r)].load() > 100000) return;  // never: the fault ends the loop
+        }
+      } catch (const CommError& e) {
+        o.threw = true;
+        o.timeout = dynamic_cast<const CommTimeout*>(&e) != nullptr;
+        o.message = e.what();
+        int64_t f = fault_at_ns.load();
+        o.after_fault_ms = f ? static_cast<double>(Clock::now().time_since_epoch().count() - f) / 1e6 : -1;
+        if (comm) {
+          float x = 0;
+          try {
+            comm->all_reduce(&x, 1, DType::kFloat32, ReduceOp::kSum);
+          } catch (const CommError&) {
+            o.second_call_threw = true;
+          }
+        }
+      }
+    });
+  }
+  // Let every survivor do a few all-reduces with the victim, then strike.
+  auto give_up = Clock::now() + std::chrono::seconds(15);
+  for (;;) {
+    int lowest = 1 << 30;
+    for (int r = 0; r < size; ++r) {
+      if (r != victim) lowest = std::min(lowest, iterations[static_cast<size_t>(r)].load());
+    }
+    if (lowest >= 5 || Clock::now() > give_up) break;
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  fault_at_ns = Clock::now().time_since_epoch().count();
+  peer.signal(sig);
+  for (auto& t : threads) t.join();
+  out.erase(out.begin() + victim);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("SIGKILL of one rank mid all_reduce: every survivor throws CommError naming the group, fast") {
+  auto outcomes = run_fault(4, 2, SIGKILL);
+  REQUIRE(outcomes.size() == 3);
+  for (const auto& o : outcomes) {
+    INFO(o.message);
+    CHECK(o.threw);
+    CHECK(o.message.find("all_reduce on group 'world'") != std::string::npos);
+    CHECK(o.after_fault_ms >= 0);
+    CHECK(o.after_fault_ms < kDeadlineMs + 1000);
+    CHECK(o.second_call_threw);
+  }
+}
+
+TEST_CASE("SIGSTOP of one rank mid all_reduce: every survivor times out within the deadline") {
+  auto outcomes = run_fault(3, 1, SIGSTOP);
+  REQUIRE(outcomes.size() == 2);
+  bool some_timeout = false;
+  for (const auto& o : outcomes) {
+    INFO(o.message);
+    CHECK(o.threw);
+    CHECK(o.message.find("group 'world'") != std::string::npos);
+    CHECK(o.after_fault_ms >= 0);
+    CHECK(o.after_fault_ms < kDeadlineMs + 1000);
+    some_timeout = some_timeout || o.timeout;
+  }
+  // The ones waiting on the frozen rank time out; others may fail sooner when those close their connections.
+  CHECK(some_timeout);
+}
+
+TEST_CASE("recv from a peer that never sends times out naming the peer") {
+  TcpStoreServer server("127.0.0.1", 0);
+  Peer peer(server.port(), 1, 2, "idle");
+  GlooOptions opt;
+  opt.store_port = server.port();
+  opt.rank = 0;
+  opt.size = 2;
+  opt.timeout = milliseconds(kDeadlineMs);
+  opt.serve_store = false;
+  opt.prefix = "failure";
+  auto comm = connect_gloo(opt);
+  float x = 0;
+  auto t0 = Clock::now();
+  std::string msg;
+  try {
+    comm->recv(&x, 1, DType::kFloat32, 1, 7);
+  } catch (const CommTimeout& e) {
+    msg = e.what();
+  }
+  double took = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  CHECK(msg.find("recv on group 'world' (rank 0 of 2): timed out after 1500 ms waiting for rank 1") == 0);
+  CHECK(took >= kDeadlineMs - 50);
+  CHECK(took < kDeadlineMs + 1000);
+  CHECK_THROWS_WITH_AS(comm->barrier(), doctest::Contains("unusable after an earlier error"), CommError);
+}
+
+TEST_CASE("a rank that never shows up makes connect fail within the deadline, naming the missing rank's key") {
+  TcpStoreServer server("127.0.0.1", 0);
+  GlooOptions opt;
+  opt.store_port = server.port();
+  opt.rank = 0;
+  opt.size = 2;
+  opt.timeout = milliseconds(800);
+  opt.serve_store = false;
+  auto t0 = Clock::now();
+  std::string msg;
+  try {
+    connect_gloo(opt);
+  } catch (const CommError& e) {
+    msg = e.what();
+  }
+  double took = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  INFO(msg);
+  CHECK(msg.find("connect on group 'world'") != std::string::npos);
+  CHECK(msg.find("timed out") != std::string::npos);
+  CHECK(took < 800 + 1000);
+}
+
+TEST_CASE("abort() releases a peer blocked in a collective at once") {
+  TcpStoreServer server("127.0.0.1", 0);
+  std::string msg;
+  double took = 0;
+  std::thread waiter([&] {
+    GlooOptions opt;
+    opt.store_port = server.port();
+    opt.rank = 1;
+    opt.size = 2;
+    opt.timeout = milliseconds(10000);
+    opt.serve_store = false;
+    auto comm = connect_gloo(opt);
+    float x = 1;
+    auto t0 = Clock::now();
+    try {
+      comm->all_reduce(&x, 1, DType::kFloat32, ReduceOp::kSum);
+    } catch (const CommError& e) {
+      msg = e.what();
+    }
+    took = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  });
+  GlooOptions opt;
+  opt.store_port = server.port();
+  opt.rank = 0;
+  opt.size = 2;
+  opt.timeout = milliseconds(10000);
+  opt.serve_store = false;
+  auto comm = connect_gloo(opt);
+  std::this_thread::sleep_for(milliseconds(200));
+  comm->abort();
+  waiter.join();
+  CHECK(msg.find("all_reduce on group 'world' (rank 1 of 2)") == 0);
+  CHECK(took < 3000);
+  float y = 0;
+  CHECK_THROWS_WITH_AS(comm->all_reduce(&y, 1, DType::kFloat32, ReduceOp::kSum), doctest::Contains("aborted"),
+                       CommError);
+}
