@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# E2E: railyard-operator talks to the API server only through railyard-chaos-proxy, which adds latency, refuses,
+# stalls and resets connections, cuts watch streams mid-event and answers 429/500/503, while jobs run, fail,
+# restart and get restart requests. Every job must end correct: its phase, its exact restart count and generation,
+# and no pod created more often than its restarts require. Then the network heals and a new job must complete
+# within seconds. kubectl (the test's own view) talks to the API server directly.
+set -euo pipefail
+src=${RAILYARD_SOURCE_DIR:?}
+state=${RAILYARD_E2E_STATE_DIR:?}
+bin=${RAILYARD_BIN_DIR:?}
+eval "$(bash "$src/deploy/local/cluster.sh" env --state-dir "$state")"
+ns=chaos-e2e-$$
+work=$(mktemp -d /tmp/chaos-e2e.XXXXXX)
+pids=()
+t_start=$SECONDS
+fail() {
+  echo "FAIL: $*" >&2
+  kubectl get tj,pods -n "$ns" -o wide >&2 || true
+  kubectl get tj -n "$ns" -o jsonpath='{range .items[*]}{.metadata.name}{": "}{.status}{"\n"}{end}' >&2 || true
+  echo "--- proxy stats: $(cat "$work/stats.json" 2>/dev/null)" >&2
+  for f in "$work"/op.log "$work"/proxy.log; do echo "--- $f (tail)"; tail -n 40 "$f"; done >&2
+  exit 1
+}
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  kubectl delete namespace "$ns" --wait=false >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# shellcheck source=../e2e/operator/lib.sh
+source "$src/tests/e2e/operator/lib.sh"
+jp() { kubectl get tj "$1" -n "$ns" -o jsonpath="$2" 2>/dev/null; }
+phase_is() { [ "$(jp "$1" '{.status.phase}')" = "$2" ]; }
+
+job() { # job NAME REPLICAS MAXRESTARTS COMMAND
+  cat <<YAML
+apiVersion: railyard.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: $1}
+spec:
+  replicas: $2
+  device: cpu
+  model: {preset: tiny}
+  data: {train: /tmp/none/train_*.bin}
+  training: {steps: 10, globalBatch: 12, microBatch: 1}
+  failurePolicy: {maxRestarts: $3}
+  template:
+    spec:
+      containers:
+        - command: ["sh", "-c", "$4"]
+YAML
+}
+
+install_crd "$src"
+kubectl create namespace "$ns" >/dev/null
+wait_for 60 "the default service account token" \
+  bash -c "kubectl get sa default -n $ns -o jsonpath='{.secrets[0].name}' | grep -q ."
+
+# The proxy terminates TLS with the API server's own serving certificate (SAN 127.0.0.1, signed by the cluster CA
+# the kubeconfig trusts) and verifies the real API server against that CA.
+server=$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')
+upstream=${server#https://}
+"$bin/railyard-chaos-proxy" --upstream "$upstream" --port-file "$work/port" --stats-file "$work/stats.json" \
+  --tls-cert "$state/pki/apiserver.crt" --tls-key "$state/pki/apiserver.key" --upstream-ca "$state/pki/ca.crt" \
+  --seed "${RAILYARD_CHAOS_SEED:-$$}" --latency-ms 40 --refuse 0.05 --reset 0.15 --reset-max 4 --stall 0.03 \
+  --truncate-watch 0.5 --http-error 0.1 >"$work/proxy.log" 2>&1 &
+proxy_pid=$!
+pids+=("$proxy_pid")
+wait_for 10 "the proxy to listen" test -s "$work/port"
+sed "s#server: $server#server: https://127.0.0.1:$(cat "$work/port")#" "$KUBECONFIG" >"$work/kubeconfig"
+grep -q "127.0.0.1:$(cat "$work/port")" "$work/kubeconfig" || fail "could not point the kubeconfig at the proxy"
+
+# Every pod ever created, from the test's own watch (direct to the API server): name uid job.
+kubectl get pods -n "$ns" -w --no-headers \
+  -o 'custom-columns=NAME:.metadata.name,UID:.metadata.uid,JOB:.metadata.labels.railyard\.dev/job' \
+  >"$work/pods.txt" 2>"$work/pods-watch.err" &
+pids+=("$!")
+
+KUBECONFIG=$work/kubeconfig "$bin/railyard-operator" --namespace "$ns" --leader-elect=false \
+  --metrics-addr 127.0.0.1:0 --health-addr 127.0.0.1:0 --rendezvous-bind 127.0.0.1:0 >"$work/op.log" 2>&1 &
+op_pid=$!
+pids+=("$op_pid")
+wait_for 60 "the operator to reconcile through the proxy" grep -q "leading: reconciling" "$work/op.log"
+echo "operator up through the proxy after $((SECONDS - t_start))s (faults on)"
+
+marker=$work/flaky-ran-once
+job ok-a 1 1 "sleep 2; exit 0" | kubectl apply -n "$ns" -f - >/dev/null
+job ok-b 2 1 "sleep 4; exit 0" | kubectl apply -n "$ns" -f - >/dev/null
+job ok-c 1 1 "sleep 7; exit 0" | kubectl apply -n "$ns" -f - >/dev/null
+job perm 1 2 "sleep 1; exit 3" | kubectl apply -n "$ns" -f - >/dev/null
+job flaky 1 3 "if [ -e $marker ]; then sleep 2; exit 0; fi; touch $marker; sleep 1; exit 137" |
+  kubectl apply -n "$ns" -f - >/dev/null
+job rr 2 3 "sleep 600" | kubectl apply -n "$ns" -f - >/dev/null
+
+wait_for 60 "job rr to run" phase_is rr Running
+g0=$(jp rr '{.status.generation}')
+kubectl annotate tj rr -n "$ns" railyard.dev/restart-request=chaos-1 >/dev/null
+wait_for 60 "the restart request to be handled" \
+  bash -c "[ \"\$(kubectl get tj rr -n $ns -o jsonpath='{.status.restartRequestHandled}')\" = chaos-1 ]"
+for j in ok-a ok-b ok-c flaky; do wait_for 60 "job $j to succeed" phase_is "$j" Succeeded; done
+wait_for 60 "job perm to fail" phase_is perm Failed
+wait_for 60 "job rr to run again" phase_is rr Running
+echo "all jobs reached their phase with faults on after $((SECONDS - t_start))s; stats: $(cat "$work/stats.json")"
+
+# Heal the network; a new job must complete within seconds, and nothing may change afterwards.
+kill -USR1 "$proxy_pid"
+t_heal=$(date +%s.%N)
+job after 1 1 "exit 0" | kubectl apply -n "$ns" -f - >/dev/null
+wait_for 30 "job after to succeed once healed" phase_is after Succeeded
+recovery=$(python3 -c "import time; print(round(time.time() - $t_heal, 1))")
+python3 -c "import sys; sys.exit(0 if $recovery <= 15 else 1)" || fail "recovery after healing took ${recovery}s"
+sleep 2
+
+check() { # check JOB PHASE RESTARTS GENERATION PODS-EVER-CREATED
+  local j=$1
+  [ "$(jp "$j" '{.status.phase}')" = "$2" ] || fail "$j: phase $(jp "$j" '{.status.phase}'), want $2"
+  [ "$(jp "$j" '{.status.restarts}')" = "$3" ] || fail "$j: restarts $(jp "$j" '{.status.restarts}'), want $3"
+  [ "$(jp "$j" '{.status.generation}')" = "$4" ] || fail "$j: generation $(jp "$j" '{.status.generation}'), want $4"
+  local created
+  created=$(awk -v j="$j" '$3 == j {print $2}' "$work/pods.txt" | sort -u | wc -l)
+  [ "$created" = "$5" ] || fail "$j: $created pods created over its life, want $5 (duplicates or lost pods)"
+}
+check ok-a Succeeded 0 1 1
+check ok-b Succeeded 0 1 2
+check ok-c Succeeded 0 1 1
+check after Succeeded 0 1 1
+check perm Failed 0 1 1
+[ "$(jp perm '{.status.conditions[?(@.type=="Failed")].reason}')" = PermanentExitCode ] || fail "perm: reason"
+check flaky Succeeded 1 2 2
+[ "$(jp flaky '{.status.lastRestart.reason}')" = PodFailed ] || fail "flaky: lastRestart.reason"
+# A restart request re-runs the generation in place: same pods.
+check rr Running 1 $((g0 + 1)) 2
+[ "$(jp rr '{.status.lastRestart.reason}')" = RestartRequested ] || fail "rr: lastRestart.reason"
+
+stats=$(cat "$work/stats.json")
+python3 - "$stats" <<'PY' || fail "the proxy did not inject every fault kind: $stats"
+import json, sys
+s = json.loads(sys.argv[1])
+http = s["http_429"] + s["http_500"] + s["http_503"]
+tcp = s["resets"] + s["stalls"] + s["refused"]
+assert http > 0 and tcp > 0 and s["truncated_watches"] > 0 and s["delayed_chunks"] > 0, s
+assert not s["faults"], "still injecting after SIGUSR1"
+PY
+kill -0 "$op_pid" 2>/dev/null || fail "the operator exited"
+echo "chaos e2e: ok in $((SECONDS - t_start))s; recovery after healing ${recovery}s; faults injected: $stats"
