@@ -28,6 +28,10 @@ Commands:
                        print the batches the training loader yields (decoded as JSON strings when they are
                        bytes; defaults B 2, T 64, rank 0 of 1, seed 1, 1 step, vocab 256) and its final state
   model inspect FILE   show an llm.c GPT-2 checkpoint's header, parameter count and tensor layout
+  plan --model M --gpus N --gpu TYPE --global-batch B [--tokens T] [--topology FILE] [--top N] [--json]
+                       rank parallel layouts by predicted step time (railyard plan --help; docs/planner.md)
+  plan --calibrate [--output FILE]
+                       measure this machine's CPU kernels into a planner calibration file
   ckpt ls|inspect|verify|reshard DIR ...
                        list, inspect, verify and reshard checkpoints (railyard ckpt --help)
   help, --help, -h     this text
@@ -66,6 +70,7 @@ int run(const Args& args) {
   }
   if (cmd == "data") return run_data(rest);
   if (cmd == "model") return run_model(rest);
+  if (cmd == "plan") return run_plan(rest);
   if (cmd == "ckpt") {
     // The checkpoint library owns its command line; it expects argv[0] == "ckpt".
     std::vector<std::string> owned(args.begin(), args.end());
@@ -75,7 +80,7 @@ int run(const Args& args) {
     return ckpt::cli_main(static_cast<int>(owned.size()), argv.data());
   }
   if (!cmd.empty() && cmd[0] == '-') throw UsageError{"unknown flag '" + cmd + "'"};
-  throw UsageError{"unknown command '" + cmd + "' (commands: data, model, ckpt, help)"};
+  throw UsageError{"unknown command '" + cmd + "' (commands: data, model, plan, ckpt, help)"};
 }
 
 }  // namespace railyard::cli

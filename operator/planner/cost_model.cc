@@ -1,0 +1,355 @@
+#include "operator/planner/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "common/error.h"
+
+namespace railyard::plan {
+
+namespace {
+
+// Tiers a ring or a point-to-point transfer runs on, with the switch hops one same-rail message takes.
+enum Tier { kNode = 0, kUnit = 1, kLeaf = 2, kSpine = 3 };
+constexpr const char* kTierNames[] = {"node", "unit", "leaf", "spine"};
+constexpr double kTierHops[] = {0, 1, 3, 5};
+
+// The tier that contains `count` consecutive nodes starting at `start`, the job packed from a unit boundary (what
+// the rail-aware scheduler aims for).
+Tier tier_of_block(long long start, long long count, const Topology& t) {
+  if (count <= 1) return kNode;
+  const long long last = start + count - 1;
+  const long long unit = t.nodes_per_unit, leaf = unit * t.units_per_leaf;
+  if (start / unit == last / unit) return kUnit;
+  if (start / leaf == last / leaf) return kLeaf;
+  return kSpine;
+}
+
+double tier_factor(Tier tier, const Topology& t) {
+  if (tier == kLeaf) return t.leaf_bandwidth_factor;
+  if (tier == kSpine) return t.spine_bandwidth_factor;
+  return 1.0;
+}
+
+// A link: bus bandwidth (bytes/s) and latency per ring step.
+struct Link {
+  double bandwidth = 0;
+  double latency = 0;
+  Tier tier = kNode;
+};
+
+Link nvlink(const DeviceProfile& d) {
+  return {d.nvlink_bandwidth * d.nvlink_efficiency, d.collective_latency_s, kNode};
+}
+
+Link rail(const DeviceProfile& d, const Topology& t, Tier tier) {
+  if (tier == kNode) return nvlink(d);
+  return {d.nic_bandwidth * d.nic_efficiency * tier_factor(tier, t),
+          d.collective_latency_s + kTierHops[tier] * d.hop_latency_s, tier};
+}
+
+// Ring collectives on n members (nccl-tests' bus-bandwidth model).
+double all_reduce(double bytes, int n, const Link& l) {
+  if (n <= 1 || bytes <= 0) return 0;
+  return 2.0 * (n - 1) / n * bytes / l.bandwidth + 2.0 * (n - 1) * l.latency;
+}
+double reduce_scatter(double bytes, int n, const Link& l) {  // also all-gather
+  if (n <= 1 || bytes <= 0) return 0;
+  return 1.0 * (n - 1) / n * bytes / l.bandwidth + 1.0 * (n - 1) * l.latency;
+}
+
+// One GEMM of M x N x K (batch of them): roofline of a size-dependent efficiency and the operands' traffic.
+double gemm_time(const DeviceProfile& d, double M, double N, double K, double batch = 1) {
+  const double flops = 2.0 * M * N * K * batch;
+  const double eff = d.gemm_efficiency * flops / (flops + d.gemm_half_flops);
+  const double compute = flops / (d.peak_flops * eff);
+  const double bytes = d.activation_bytes * (M * K + K * N + M * N) * batch;
+  const double memory = bytes / (d.memory_bandwidth * d.memory_efficiency);
+  return std::max(compute, memory) + d.kernel_overhead_s;
+}
+
+double memory_time(const DeviceProfile& d, double bytes, int kernels) {
+  return bytes / (d.memory_bandwidth * d.memory_efficiency) + kernels * d.kernel_overhead_s;
+}
+
+// Per-GPU times of one transformer layer for one micro-batch.
+struct LayerTime {
+  double forward = 0, backward = 0, recompute = 0;  // compute
+  double tp_comm = 0;                               // incl. the recomputed forward's collectives
+};
+
+LayerTime layer_time(const ModelShape& m, const DeviceProfile& d, const Layout& l, const Link& tp_link) {
+  const double b = l.micro_batch, s = m.seq, h = m.hidden, a = m.heads, t = l.tp;
+  const double n = b * s;
+  const double linear = gemm_time(d, n, 3 * h / t, h) + gemm_time(d, n, h, h / t) + gemm_time(d, n, 4 * h / t, h) +
+                        gemm_time(d, n, h, 4 * h / t);
+  // QK^T and AV over b*a/t heads: 2 * 2 * b * s^2 * h / t FLOPs forward.
+  const double attention_flops = 4.0 * b * s * s * h / t;
+  const double attention = attention_flops / (d.peak_flops * d.attention_efficiency) + 2 * d.kernel_overhead_s;
+  // Scale, mask, softmax (read + write) and dropout (read, write, 1-byte mask) over the b*a/t*s*s scores.
+  const double scores = b * (a / t) * s * s;
+  const double softmax = d.flash_attention ? 0.0 : memory_time(d, scores * (4 * d.activation_bytes + 1), 2);
+  // Two layernorms (read + write h), two bias+dropout+residual (read 2h, write h, mask), bias+GELU on 4h/t.
+  const double token_h = l.sequence_parallel ? h / t : h;
+  const double elementwise = memory_time(d, n * (d.activation_bytes * (10 * token_h + 8 * h / t) + 2 * token_h), 8);
+  LayerTime r;
+  r.forward = linear + attention + softmax + elementwise;
+  // Backward: data and weight gradients (2x the GEMMs), the attention core twice (flash recomputes the scores in
+  // its backward: 2.5x), elementwise passes twice.
+  r.backward = 2 * linear + (d.flash_attention ? 2.5 : 2.0) * attention + 2 * softmax + 2 * elementwise;
+  if (l.recompute == Recompute::kFull) r.recompute = r.forward;
+  if (l.recompute == Recompute::kSelective && !d.flash_attention) r.recompute = attention + softmax;
+  if (l.tp > 1) {
+    // Two all-reduces forward and two backward (or, with sequence parallelism, the same volume as all-gather +
+    // reduce-scatter pairs), of the b*s*h activations; the full recomputation repeats the forward's two.
+    const double bytes = n * h * d.activation_bytes;
+    const int count = 4 + (l.recompute == Recompute::kFull ? 2 : 0);
+    r.tp_comm = count * all_reduce(bytes, l.tp, tp_link);
+  }
+  return r;
+}
+
+// Parameters of one layer held by one tensor-parallel rank: the four weight matrices and the column-parallel
+// biases split t ways; the row-parallel biases and the layernorms replicated.
+double layer_params_local(const ModelShape& m, int tp) {
+  const double h = m.hidden;
+  return 12 * h * h / tp + 7 * h / tp + 6 * h;
+}
+
+}  // namespace
+
+const char* to_string(Recompute r) {
+  switch (r) {
+    case Recompute::kNone:
+      return "none";
+    case Recompute::kSelective:
+      return "selective";
+    case Recompute::kFull:
+      return "full";
+  }
+  return "?";
+}
+
+std::string describe(const Layout& l) {
+  char buf[160];
+  std::snprintf(buf, sizeof(buf), "dp%d tp%d pp%d mb%d zero%d recompute=%s%s v%d", l.dp, l.tp, l.pp, l.micro_batch,
+                l.zero, to_string(l.recompute), l.sequence_parallel ? " sp" : "", l.interleave);
+  return buf;
+}
+
+void validate(const ModelShape& m) {
+  auto positive = [&](int v, const char* field) {
+    if (v <= 0) throw ConfigError(std::string("model ") + field + " must be positive (got " + std::to_string(v) + ")");
+  };
+  positive(m.layers, "layers");
+  positive(m.hidden, "hidden");
+  positive(m.heads, "heads");
+  positive(m.seq, "seq");
+  positive(m.vocab, "vocab");
+  if (m.hidden % m.heads != 0) {
+    throw ConfigError("model hidden " + std::to_string(m.hidden) + " is not divisible by heads " +
+                      std::to_string(m.heads) + ": pick heads that divide hidden");
+  }
+}
+
+double parameter_count(const ModelShape& m) {
+  const double L = m.layers, h = m.hidden;
+  return L * (12 * h * h + 13 * h) + double(m.vocab) * h + double(m.seq) * h + 2 * h;
+}
+
+double model_flops_per_token(const ModelShape& m) {
+  const double L = m.layers, h = m.hidden, s = m.seq, V = m.vocab;
+  return 72 * L * h * h * (1 + s / (6 * h) + V / (12 * L * h));
+}
+
+double bubble_fraction(int pp, int micro_batches, int interleave) {
+  if (pp <= 1) return 0;
+  const double idle = double(pp - 1) / interleave;
+  return idle / (micro_batches + idle);
+}
+
+double layer_activation_bytes(const ModelShape& m, const DeviceProfile& d, const Layout& l) {
+  // Korthikanti et al. 2022, bytes per layer at 2-byte activations and 1-byte dropout masks, scaled to this
+  // device's activation width.
+  const double S = double(m.seq) * l.micro_batch * m.hidden, t = l.tp;
+  const double scores = d.flash_attention ? 0.0 : 5.0 * m.heads * m.seq / m.hidden;
+  const double scale = d.activation_bytes / 2.0;
+  switch (l.recompute) {
+    case Recompute::kFull:
+      return scale * 2 * S / (l.sequence_parallel ? t : 1);
+    case Recompute::kSelective:
+      return scale * S * (l.sequence_parallel ? 34 / t : 10 + 24 / t);
+    case Recompute::kNone:
+      break;
+  }
+  return scale * S * (l.sequence_parallel ? (34 + scores) / t : 10 + 24 / t + scores / t);
+}
+
+std::string check_layout(const Job& job, const Cluster& c, const Layout& l) {
+  const ModelShape& m = job.model;
+  auto str = [](auto v) { return std::to_string(v); };
+  if (l.dp < 1 || l.tp < 1 || l.pp < 1) return "dp, tp and pp must be at least 1";
+  if (l.micro_batch < 1) return "micro-batch must be at least 1";
+  if (l.interleave < 1) return "interleave must be at least 1";
+  if (l.zero < 0 || l.zero > 3) return "ZeRO stage " + str(l.zero) + " is not 0, 1, 2 or 3";
+  if (static_cast<long long>(l.dp) * l.tp * l.pp != c.gpus) {
+    return "dp*tp*pp = " + str(static_cast<long long>(l.dp) * l.tp * l.pp) + " but the cluster has " + str(c.gpus) +
+           " GPUs";
+  }
+  if (m.heads % l.tp != 0) return "tp " + str(l.tp) + " does not divide the " + str(m.heads) + " attention heads";
+  const int gpn = c.topology.gpus_per_node;
+  if (l.tp > gpn || gpn % l.tp != 0) {
+    return "tp " + str(l.tp) + " does not fit a node of " + str(gpn) + " GPUs (tensor parallelism stays on NVLink)";
+  }
+  if (m.layers % (l.pp * l.interleave) != 0) {
+    return "pp " + str(l.pp) + (l.interleave > 1 ? " x interleave " + str(l.interleave) : "") +
+           " does not divide the " + str(m.layers) + " layers";
+  }
+  if (job.global_batch % (static_cast<long long>(l.dp) * l.micro_batch) != 0) {
+    return "global batch " + str(job.global_batch) +
+           " is not divisible by dp*micro-batch = " + str(static_cast<long long>(l.dp) * l.micro_batch);
+  }
+  const long long micro_batches = job.global_batch / (static_cast<long long>(l.dp) * l.micro_batch);
+  if (l.zero >= 2 && l.pp > 1) {
+    return "ZeRO-" + str(l.zero) +
+           " shards the gradients that pipeline micro-batches accumulate: use zero <= 1 with pp > 1";
+  }
+  if (l.sequence_parallel && l.tp == 1) return "sequence parallelism needs tp > 1";
+  if (l.interleave > 1 && l.pp == 1) return "interleaving needs pp > 1";
+  if (l.interleave > 1 && micro_batches % l.pp != 0) {
+    return "the interleaved schedule needs the " + str(micro_batches) + " micro-batches to be a multiple of pp " +
+           str(l.pp);
+  }
+  const long long nodes_needed = (c.gpus + gpn - 1) / gpn;
+  if (c.topology.nodes > 0 && nodes_needed > c.topology.nodes) {
+    return str(c.gpus) + " GPUs need " + str(nodes_needed) + " nodes of " + str(gpn) + " but the topology (" +
+           c.topology.origin + ") has " + str(c.topology.nodes);
+  }
+  return "";
+}
+
+Estimate estimate(const Job& job, const Cluster& c, const Layout& l) {
+  const std::string why = check_layout(job, c, l);
+  if (!why.empty()) throw ConfigError("layout " + describe(l) + ": " + why);
+  const ModelShape& m = job.model;
+  const DeviceProfile& d = c.device;
+  const Topology& topo = c.topology;
+  const int gpn = topo.gpus_per_node;
+  Estimate e;
+  e.layout = l;
+  const long long mb = job.global_batch / (static_cast<long long>(l.dp) * l.micro_batch);
+  e.micro_batches = static_cast<int>(mb);
+  e.params_total = parameter_count(m);
+
+  // Placement: tensor ranks fastest, then data, then pipeline (rank = (pp_rank*dp + dp_rank)*tp + tp_rank), packed
+  // from a unit boundary. A stage is dp*tp GPUs.
+  const long long stage_gpus = static_cast<long long>(l.dp) * l.tp;
+  const long long stage_nodes = (stage_gpus + gpn - 1) / gpn;
+  Tier dp_tier = kNode, pp_tier = kNode;
+  if (stage_gpus > gpn) {
+    for (int k = 0; k < l.pp; ++k) dp_tier = std::max(dp_tier, tier_of_block(k * stage_nodes, stage_nodes, topo));
+  }
+  if (l.pp > 1 && 2 * stage_gpus > gpn) {
+    for (int k = 0; k + 1 < l.pp; ++k) {
+      pp_tier = std::max(pp_tier, tier_of_block(k * stage_nodes, std::max<long long>(2, 2 * stage_nodes), topo));
+    }
+  }
+  e.dp_tier = l.dp == 1 ? "none" : kTierNames[dp_tier];
+  const Link tp_link = nvlink(d), dp_link = rail(d, topo, dp_tier), pp_link = rail(d, topo, pp_tier);
+
+  // Compute per micro-batch of the first and the last stage (embedding on the first, LM head + loss on the last).
+  const double layers_per_stage = double(m.layers) / l.pp;
+  const LayerTime lt = layer_time(m, d, l, tp_link);
+  const double n = double(l.micro_batch) * m.seq, h = m.hidden, V = m.vocab, t = l.tp;
+  const double head = 3 * gemm_time(d, n, V / t, h) + memory_time(d, n * V / t * 4 * 4, 4);
+  const double embed = memory_time(d, 3 * n * h * d.activation_bytes, 2);
+  const double layers_compute = layers_per_stage * (lt.forward + lt.backward + lt.recompute);
+  const double first = layers_compute + embed + (l.pp == 1 ? head : 0);
+  const double last = layers_compute + head;
+  const double stage_compute = std::max(first, last);
+  const double stage_tp = layers_per_stage * lt.tp_comm;
+  // Send activations forward, gradients backward; Megatron's scatter-gather sends 1/t of them per tensor rank.
+  double stage_pp = 0;
+  if (l.pp > 1) {
+    const double bytes = n * h * d.activation_bytes / t;
+    stage_pp = 2.0 * l.interleave * (bytes / pp_link.bandwidth + pp_link.latency);
+  }
+  const double per_micro_batch = stage_compute + stage_tp + stage_pp;
+  e.time.compute = mb * stage_compute;
+  e.time.tp_comm = mb * stage_tp;
+  e.time.pp_comm = mb * stage_pp;
+  e.time.bubble = l.pp > 1 ? double(l.pp - 1) / l.interleave * per_micro_batch : 0;
+  const double pipeline = mb * per_micro_batch + e.time.bubble;
+  e.bubble_fraction = pipeline > 0 ? e.time.bubble / pipeline : 0;
+
+  // Parameters per GPU of the first and last stages (the last holds the tied LM head's copy of the embedding).
+  const double layer_local = layers_per_stage * layer_params_local(m, l.tp);
+  const double first_params = layer_local + V * h / t + double(m.seq) * h + (l.pp == 1 ? 2 * h : 0);
+  const double last_params = layer_local + V * h / t + 2 * h;
+  const double local_params = l.pp == 1 ? first_params : std::max(first_params, last_params);
+  e.params_per_gpu = local_params;
+
+  // Data-parallel reduction of this GPU's gradients (ring on the dp group's tier).
+  const double grad_bytes = local_params * d.grad_bytes, weight_bytes = local_params * d.weight_bytes;
+  double reduce = 0, gather = 0;
+  if (l.zero == 0) {
+    reduce = all_reduce(grad_bytes, l.dp, dp_link);
+  } else {
+    reduce = reduce_scatter(grad_bytes, l.dp, dp_link);
+    gather = reduce_scatter(weight_bytes, l.dp, dp_link);  // all-gather of the updated weights
+    if (l.zero == 3) gather = 2.0 * mb * gather;           // weights gathered for every forward and backward
+  }
+  e.time.dp_comm = reduce + gather;
+  const double window = d.overlap_dp ? lt.backward * layers_per_stage : 0;
+  e.time.dp_exposed = std::max(0.0, reduce - window) + gather;
+
+  const double optimizer_params = local_params / (l.zero >= 1 ? l.dp : 1);
+  e.time.optimizer = memory_time(d, optimizer_params * d.optimizer_step_bytes, 4);
+  e.time.step = pipeline + e.time.dp_exposed + e.time.optimizer;
+
+  // Memory of the first stage (most micro-batches in flight) and the last (LM head logits); keep the larger.
+  auto sharded = [&](double per_param, int from_stage) { return per_param / (l.zero >= from_stage ? l.dp : 1); };
+  const double layer_act = layer_activation_bytes(m, d, l);
+  const double in_flight = l.pp == 1 ? 1.0
+                           : l.interleave == 1
+                               ? std::min<double>(mb, l.pp)
+                               : std::min<double>(mb * l.interleave, l.pp + double(l.pp - 1) / l.interleave);
+  // The layer being recomputed holds its full activations during its backward.
+  Layout no_recompute = l;
+  no_recompute.recompute = Recompute::kNone;
+  const double working = l.recompute == Recompute::kFull ? layer_activation_bytes(m, d, no_recompute) : 0;
+  const double embed_act = n * h * d.activation_bytes / (l.sequence_parallel ? t : 1);
+  const double logits = n * V / t * (d.activation_bytes + 4);
+  const double first_act =
+      layers_per_stage * layer_act * in_flight + working + in_flight * embed_act + (l.pp == 1 ? logits : 0);
+  const double last_act = layers_per_stage * layer_act + working + logits;
+  auto memory_of = [&](double params, double act) {
+    MemoryBreakdown mem;
+    mem.params = sharded(params * d.weight_bytes, 3);
+    mem.grads = sharded(params * d.grad_bytes, 2);
+    mem.optimizer = sharded(params * d.optimizer_bytes, 1);
+    mem.activations = act;
+    mem.workspace = d.workspace_bytes;
+    return mem;
+  };
+  const MemoryBreakdown mf = memory_of(first_params, first_act);
+  const MemoryBreakdown ml = memory_of(last_params, last_act);
+  e.memory = (l.pp == 1 || mf.total() >= ml.total()) ? mf : ml;
+  e.memory_capacity = d.memory_bytes * d.usable_memory_fraction;
+  e.fits = e.memory.total() <= e.memory_capacity;
+
+  const double tokens_per_step = double(job.global_batch) * m.seq;
+  e.tokens_per_s = tokens_per_step / e.time.step;
+  const double model_flops = model_flops_per_token(m);
+  double extra = 0;  // recomputation, per token
+  if (l.recompute == Recompute::kFull) extra = m.layers * (24 * h * h + 4.0 * m.seq * h);
+  if (l.recompute == Recompute::kSelective) extra = m.layers * 4.0 * m.seq * h;
+  e.model_flops_per_gpu = model_flops * e.tokens_per_s / c.gpus;
+  e.hardware_flops_per_gpu = (model_flops + extra) * e.tokens_per_s / c.gpus;
+  e.mfu = e.model_flops_per_gpu / d.peak_flops;
+  e.days = job.tokens > 0 ? job.tokens / e.tokens_per_s / 86400.0 : 0;
+  return e;
+}
+
+}  // namespace railyard::plan

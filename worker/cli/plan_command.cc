@@ -1,0 +1,480 @@
+// railyard plan: the planner's front end (operator/planner), and `plan --calibrate`, which measures this machine's
+// CPU kernels into a calibration file. docs/planner.md.
+#include <sys/utsname.h>
+#include <time.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "common/model_presets.h"
+#include "operator/planner/calibration.h"
+#include "operator/planner/cost_model.h"
+#include "operator/planner/search.h"
+#include "worker/cli/cli.h"
+#include "worker/kernels/cpu/kernels.h"
+#include "worker/kernels/cpu/thread_pool.h"
+#include "worker/model/gpt_config.h"
+#include "worker/train/perf.h"
+
+namespace railyard::cli {
+
+namespace {
+
+constexpr const char* kPlanUsage =
+    R"(usage: railyard plan (--model NAME | --layers L --hidden H --heads A --seq S --vocab V)
+                     --global-batch B [--gpus N] [--gpu TYPE|FILE] [--topology FILE] [--tokens T]
+                     [--top N] [--json] [--tp N] [--pp N] [--dp N] [--micro-batch N] [--zero 0-3]
+                     [--recompute none|selective|full] [--sp on|off] [--interleave V]
+       railyard plan --calibrate [--output FILE] [--threads N]
+
+Ranks the data/tensor/pipeline layouts that fit in memory by predicted step time and prints the best --top (5)
+with the memory and time breakdown, tokens/s, TFLOP/s per GPU, MFU and days to the --tokens budget.
+  --model        a preset: gpt3-175b, gpt3-13b, gpt3-6.7b, gpt3-2.7b, gpt3-1.3b, or one of the worker's presets
+                 (tiny, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b); --layers/--hidden/... override its fields
+  --global-batch sequences per step
+  --gpus         GPU count (default: every GPU of --topology)
+  --gpu          a100, h100, h200, cpu (built-in calibration files, deploy/planner/) or a calibration file path;
+                 default: the topology's gpuType
+  --topology     a cluster description (deploy/local/topologies/*.yaml); default: 8 GPUs per node, 20 nodes per
+                 unit, 20 units per leaf (the rail-optimised layout of the Baidu article)
+  --tokens       token budget, e.g. 300e9 (for "days")
+  --tp/--pp/...  pin a choice instead of searching it
+  --calibrate    measure this machine's GEMM rate, memory bandwidth and attention kernel into a CPU profile
+                 (stdout, or --output FILE)
+Exit codes: 0 ok, 1 nothing fits / operation failed, 2 bad command line.
+)";
+
+// GPT-3 paper (Brown et al. 2020, Table 2.1) shapes, sequence 2048, GPT-2 vocabulary.
+struct Preset {
+  const char* name;
+  int layers, hidden, heads, seq, vocab;
+};
+constexpr Preset kGpt3Presets[] = {{"gpt3-1.3b", 24, 2048, 16, 2048, 50257},
+                                   {"gpt3-2.7b", 32, 2560, 32, 2048, 50257},
+                                   {"gpt3-6.7b", 32, 4096, 32, 2048, 50257},
+                                   {"gpt3-13b", 40, 5120, 40, 2048, 50257},
+                                   {"gpt3-175b", 96, 12288, 96, 2048, 50257}};
+
+std::optional<plan::ModelShape> find_preset(const std::string& name) {
+  for (const auto& p : kGpt3Presets)
+    if (name == p.name) return plan::ModelShape{p.name, p.layers, p.hidden, p.heads, p.seq, p.vocab};
+  if (auto p = find_model_preset(name)) {
+    return plan::ModelShape{std::string(p->name), p->layers, p->hidden, p->heads, p->seq_len, p->vocab};
+  }
+  return std::nullopt;
+}
+
+std::string preset_names() {
+  std::string out;
+  for (const auto& p : kGpt3Presets) out += std::string(out.empty() ? "" : ", ") + p.name;
+  return out + ", " + model_preset_names();
+}
+
+int positive_int(const std::string& flag, const std::string& text, long long max = 1LL << 30) {
+  const unsigned long long v = parse_count(flag, text);
+  if (v == 0 || v > static_cast<unsigned long long>(max)) {
+    throw UsageError{flag + " '" + text + "' must be in 1.." + std::to_string(max)};
+  }
+  return static_cast<int>(v);
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), f, v);
+  return buf;
+}
+std::string gb(double bytes) { return fmt("%.1f", bytes / 1e9); }
+std::string secs(double s) { return s >= 1 ? fmt("%.2f s", s) : fmt("%.1f ms", s * 1e3); }
+
+nlohmann::json to_json(const plan::Estimate& e, const std::string& why) {
+  const auto& l = e.layout;
+  nlohmann::json j = {{"layout",
+                       {{"dp", l.dp},
+                        {"tp", l.tp},
+                        {"pp", l.pp},
+                        {"microBatch", l.micro_batch},
+                        {"microBatches", e.micro_batches},
+                        {"zero", l.zero},
+                        {"recompute", plan::to_string(l.recompute)},
+                        {"sequenceParallel", l.sequence_parallel},
+                        {"interleave", l.interleave}}},
+                      {"stepSeconds", e.time.step},
+                      {"time",
+                       {{"compute", e.time.compute},
+                        {"tensorParallel", e.time.tp_comm},
+                        {"pipelineSendRecv", e.time.pp_comm},
+                        {"bubble", e.time.bubble},
+                        {"dataParallel", e.time.dp_comm},
+                        {"dataParallelExposed", e.time.dp_exposed},
+                        {"optimizer", e.time.optimizer}}},
+                      {"bubbleFraction", e.bubble_fraction},
+                      {"memoryBytes",
+                       {{"params", e.memory.params},
+                        {"grads", e.memory.grads},
+                        {"optimizer", e.memory.optimizer},
+                        {"activations", e.memory.activations},
+                        {"workspace", e.memory.workspace},
+                        {"total", e.memory.total()},
+                        {"capacity", e.memory_capacity}}},
+                      {"dataParallelTier", e.dp_tier},
+                      {"tokensPerSecond", e.tokens_per_s},
+                      {"modelFlopsPerGpu", e.model_flops_per_gpu},
+                      {"hardwareFlopsPerGpu", e.hardware_flops_per_gpu},
+                      {"mfu", e.mfu},
+                      {"days", e.days}};
+  if (!why.empty()) j["slowerBecause"] = why;
+  return j;
+}
+
+void print_plan(std::ostream& out, int rank, const plan::Estimate& e, const std::string& why, double tokens) {
+  const auto& t = e.time;
+  const auto& m = e.memory;
+  out << "#" << rank << " " << plan::describe(e.layout) << "  (" << e.micro_batches << " micro-batches)\n";
+  out << "   step " << secs(t.step) << " = compute " << secs(t.compute) << " + tp " << secs(t.tp_comm) << " + pp "
+      << secs(t.pp_comm) << " + bubble " << secs(t.bubble) << " (" << fmt("%.1f", 100 * e.bubble_fraction) << "%) + dp "
+      << secs(t.dp_exposed) << " exposed of " << secs(t.dp_comm) << " (ring: " << e.dp_tier << ") + optimizer "
+      << secs(t.optimizer) << "\n";
+  out << "   memory/GPU " << gb(m.total()) << " GB of " << gb(e.memory_capacity) << ": params " << gb(m.params)
+      << " + grads " << gb(m.grads) << " + optimizer " << gb(m.optimizer) << " + activations " << gb(m.activations)
+      << " + workspace " << gb(m.workspace) << "\n";
+  out << "   " << fmt("%.4g", e.tokens_per_s) << " tokens/s, " << fmt("%.4g", e.hardware_flops_per_gpu / 1e12)
+      << " TFLOP/s per GPU incl. recomputation (model " << fmt("%.4g", e.model_flops_per_gpu / 1e12) << "), MFU "
+      << fmt("%.1f", 100 * e.mfu) << "%";
+  if (tokens > 0) out << ", " << fmt("%.1f", e.days) << " days for " << fmt("%.3g", tokens) << " tokens";
+  out << "\n";
+  if (!why.empty()) out << "   slower than #1: " << why << "\n";
+}
+
+// --- calibrate: measure this machine's kernels ---
+
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+template <typename F>
+double best_time(int reps, F&& fn) {
+  fn();  // warm-up
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const double t0 = now_s();
+    fn();
+    best = std::min(best, now_s() - t0);
+  }
+  return best;
+}
+
+plan::DeviceProfile calibrate_cpu(int threads) {
+  using namespace railyard::worker;
+  cpu::init_blas_single_threaded();
+  ThreadPool pool(threads);
+  plan::DeviceProfile p = plan::builtin_profile("cpu");  // keeps the assumed fields
+  const std::string when = [] {
+    char buf[32];
+    const time_t t = time(nullptr);
+    tm utc{};
+    gmtime_r(&t, &utc);
+    std::strftime(buf, sizeof(buf), "%Y-%m-%d", &utc);
+    return std::string(buf);
+  }();
+  utsname u{};
+  uname(&u);
+  const std::string where = " on " + std::string(u.nodename) + ", " + std::to_string(threads) + " threads, " + when;
+  auto measured = [&](const std::string& key, const std::string& how) {
+    p.sources[key] = "measured by railyard plan --calibrate (" + how + ")" + where;
+  };
+
+  // GEMMs: the worker's own GEMM path on gpt2-124m's shapes at B*T = 256 rows (railyard-worker gemm-rate).
+  const GptConfig cfg = model_preset("gpt2-124m");
+  p.peak_flops = measure_gemm_rate(pool, cfg, 4, 64, 5);
+  measured("peak_flops", "our GEMM path on gpt2-124m's layer and LM-head shapes, 256 rows");
+  p.gemm_efficiency = 1.0;
+  p.sources["gemm_efficiency"] = "definition (peak_flops is the measured GEMM rate)";
+  // Small GEMMs: the rate at 8 rows against the rate above gives the half-efficiency size.
+  {
+    const int M = 8, N = 768, K = 768;
+    std::vector<float> a(size_t(M) * K, 0.01f), b(size_t(N) * K, 0.02f), c(size_t(M) * N);
+    const int inner = 50;
+    const double t = best_time(3, [&] {
+      for (int i = 0; i < inner; ++i)
+        cpu::gemm<float>(pool, false, true, M, N, K, 1.0f, a.data(), K, b.data(), K, 0.0f, c.data(), N);
+    });
+    const double flops = 2.0 * M * N * K;
+    const double eff = std::min(0.99, flops * inner / t / p.peak_flops);
+    p.gemm_half_flops = flops * (1 - eff) / eff;  // eff = W / (W + half)
+    measured("gemm_half_flops", "rate of an 8x768x768 GEMM against peak_flops");
+  }
+  // Memory bandwidth: the residual add (reads 2, writes 1) over 3 x 128 MiB.
+  {
+    const size_t n = size_t(32) << 20;
+    std::vector<float> x(n, 1.0f), y(n, 2.0f), z(n);
+    const double t = best_time(3, [&] { cpu::residual_forward<float>(pool, z.data(), x.data(), y.data(), n); });
+    p.memory_bandwidth = 3.0 * n * sizeof(float) / t;
+    p.memory_efficiency = 1.0;
+    measured("memory_bandwidth", "our residual-add kernel over 3 x 128 MiB");
+    p.sources["memory_efficiency"] = "definition (memory_bandwidth is what our kernels reach)";
+  }
+  // Kernel overhead: one pool dispatch of a tiny kernel.
+  {
+    std::vector<float> x(64, 1.0f), y(64, 2.0f), z(64);
+    const int inner = 2000;
+    const double t = best_time(3, [&] {
+      for (int i = 0; i < inner; ++i) cpu::residual_forward<float>(pool, z.data(), x.data(), y.data(), 64);
+    });
+    p.kernel_overhead_s = t / inner;
+    measured("kernel_overhead_s", "a 64-element kernel through the thread pool");
+  }
+  // Attention core: our fused causal attention forward + backward at gpt2-124m's width, T = 256.
+  {
+    const int B = 2, T = 256, C = 768, NH = 12;
+    std::vector<float> qkv(size_t(B) * T * 3 * C), att(size_t(B) * NH * T * T), out(size_t(B) * T * C);
+    std::vector<float> dout(out.size(), 1e-3f), dqkv(qkv.size()), scratch(size_t(pool.size()) * T * T);
+    for (size_t i = 0; i < qkv.size(); ++i) qkv[i] = float((i * 2654435761u) % 1000) * 1e-4f;
+    const double t = best_time(3, [&] {
+      cpu::attention_forward<float>(pool, out.data(), att.data(), qkv.data(), B, T, C, NH);
+      cpu::attention_backward<float>(pool, dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), B, T, C,
+                                     NH);
+    });
+    // The cost model charges 4*b*s^2*h FLOPs forward and twice that backward at attention_efficiency, plus the
+    // softmax's memory passes; fit the efficiency so the model reproduces this time.
+    const double flops = 3 * 4.0 * B * double(T) * T * C;
+    const double scores = double(B) * NH * T * T;
+    const double softmax = 3 * (scores * (4 * p.activation_bytes + 1)) / p.memory_bandwidth;
+    const double compute = std::max(t - softmax, 0.25 * t);
+    p.attention_efficiency = std::min(1.0, flops / compute / p.peak_flops);
+    measured("attention_efficiency", "our attention forward + backward, B2 T256 C768 NH12");
+  }
+  p.memory_bytes = 0;
+  {
+    std::ifstream mi("/proc/meminfo");
+    std::string key;
+    double kb = 0;
+    std::string unit;
+    while (mi >> key >> kb >> unit) {
+      if (key == "MemTotal:") {
+        p.memory_bytes = kb * 1024;
+        break;
+      }
+    }
+    if (p.memory_bytes <= 0) p.memory_bytes = 8e9;
+    measured("memory_bytes", "/proc/meminfo MemTotal");
+  }
+  return p;
+}
+
+int run_calibrate(const std::map<std::string, std::string>& f) {
+  const int threads =
+      f.count("threads") ? positive_int("--threads", f.at("threads"), 4096) : railyard::worker::default_num_threads();
+  const plan::DeviceProfile p = calibrate_cpu(threads);
+  const std::string text = plan::profile_to_yaml(
+      p,
+      "CPU profile of one railyard-worker process, written by `railyard plan --calibrate`.\n"
+      "Fields not marked \"measured\" keep the values of the built-in cpu profile. Format: docs/planner.md.");
+  plan::parse_profile(text, "generated profile");  // what we write must load
+  if (f.count("output")) {
+    write_file_atomic(f.at("output"), text);
+    std::cerr << "railyard plan: wrote " << f.at("output") << "\n";
+  } else {
+    std::cout << text;
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+int run_plan(const Args& args) {
+  static const std::vector<std::string> kValueFlags = {
+      "model", "layers",    "hidden", "heads",      "seq",    "vocab",  "global-batch", "gpus",
+      "gpu",   "topology",  "tokens", "top",        "tp",     "pp",     "dp",           "micro-batch",
+      "zero",  "recompute", "sp",     "interleave", "output", "threads"};
+  static const std::vector<std::string> kSwitches = {"json", "calibrate"};
+  std::map<std::string, std::string> f;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--help" || a == "-h" || a == "help") {
+      std::cout << kPlanUsage;
+      return kExitOk;
+    }
+    if (a.rfind("--", 0) != 0) throw UsageError{"plan: unexpected argument '" + a + "'"};
+    std::string name = a.substr(2), value;
+    const size_t eq = name.find('=');
+    const bool has_eq = eq != std::string::npos;
+    if (has_eq) {
+      value = name.substr(eq + 1);
+      name.resize(eq);
+    }
+    if (std::find(kSwitches.begin(), kSwitches.end(), name) != kSwitches.end()) {
+      if (has_eq) throw UsageError{"plan: --" + name + " takes no value"};
+      f[name] = "1";
+      continue;
+    }
+    if (std::find(kValueFlags.begin(), kValueFlags.end(), name) == kValueFlags.end()) {
+      throw UsageError{"plan: unknown flag '--" + name + "' (railyard plan --help)"};
+    }
+    if (!has_eq) {
+      if (i + 1 >= args.size()) throw UsageError{"plan: --" + name + " needs a value"};
+      value = args[++i];
+    }
+    if (f.count(name)) throw UsageError{"plan: --" + name + " given twice"};
+    f[name] = value;
+  }
+  if (f.count("calibrate")) return run_calibrate(f);
+
+  // Model: preset, then field overrides.
+  plan::ModelShape model;
+  if (f.count("model")) {
+    auto p = find_preset(f["model"]);
+    if (!p) throw UsageError{"--model '" + f["model"] + "' is not a preset (" + preset_names() + ")"};
+    model = *p;
+  } else {
+    model.name = "custom";
+  }
+  const std::pair<const char*, int plan::ModelShape::*> fields[] = {{"layers", &plan::ModelShape::layers},
+                                                                    {"hidden", &plan::ModelShape::hidden},
+                                                                    {"heads", &plan::ModelShape::heads},
+                                                                    {"seq", &plan::ModelShape::seq},
+                                                                    {"vocab", &plan::ModelShape::vocab}};
+  for (const auto& [flag, member] : fields) {
+    if (f.count(flag)) {
+      model.*member = positive_int(std::string("--") + flag, f[flag]);
+      if (model.name != "custom") model.name += "*";
+    } else if (!f.count("model")) {
+      throw UsageError{std::string("--") + flag + " is required without --model (or give --model " + preset_names() +
+                       ")"};
+    }
+  }
+  if (model.hidden % model.heads != 0) {
+    throw UsageError{"--hidden " + std::to_string(model.hidden) + " is not divisible by --heads " +
+                     std::to_string(model.heads)};
+  }
+  if (!f.count("global-batch")) throw UsageError{"--global-batch (sequences per step) is required"};
+  plan::Job job;
+  job.model = model;
+  job.global_batch = positive_int("--global-batch", f["global-batch"]);
+  if (f.count("tokens")) {
+    job.tokens = parse_fraction("--tokens", f["tokens"]);
+    if (!(job.tokens > 0) || !std::isfinite(job.tokens)) throw UsageError{"--tokens must be a positive number"};
+  }
+
+  // Cluster: topology (optional), device profile, GPU count.
+  plan::Cluster cluster;
+  if (f.count("topology")) {
+    cluster.topology = plan::load_topology(f["topology"]);
+  } else {
+    cluster.topology.origin = "default";
+  }
+  std::string gpu = f.count("gpu") ? f["gpu"] : cluster.topology.gpu_type;
+  if (gpu.empty()) throw UsageError{"--gpu is required (a100, h100, h200, cpu or a calibration file)"};
+  const bool is_file = gpu.find('/') != std::string::npos || gpu.find(".yaml") != std::string::npos ||
+                       gpu.find(".json") != std::string::npos;
+  try {
+    cluster.device = is_file ? plan::load_profile(gpu) : plan::builtin_profile(gpu);
+  } catch (const ConfigError& e) {
+    if (is_file) throw;
+    throw UsageError{std::string("--gpu: ") + e.what()};
+  }
+  if (!f.count("topology")) cluster.topology.gpus_per_node = cluster.device.gpus_per_node;
+  if (f.count("gpus")) {
+    cluster.gpus = positive_int("--gpus", f["gpus"], 1 << 24);
+  } else if (f.count("topology")) {
+    cluster.gpus = cluster.topology.nodes * cluster.topology.gpus_per_node;
+  } else {
+    throw UsageError{"--gpus is required without --topology"};
+  }
+
+  plan::SearchOptions o;
+  if (f.count("top")) o.top = positive_int("--top", f["top"], 1000);
+  if (f.count("tp")) o.tp = positive_int("--tp", f["tp"]);
+  if (f.count("pp")) o.pp = positive_int("--pp", f["pp"]);
+  if (f.count("dp")) o.dp = positive_int("--dp", f["dp"]);
+  if (f.count("micro-batch")) {
+    o.micro_batch = positive_int("--micro-batch", f["micro-batch"]);
+    o.max_micro_batch = std::max(o.max_micro_batch, *o.micro_batch);
+  }
+  if (f.count("interleave")) {
+    o.interleave = positive_int("--interleave", f["interleave"], 64);
+    o.interleaves = {*o.interleave};
+  }
+  if (f.count("zero")) {
+    const unsigned long long z = parse_count("--zero", f["zero"]);
+    if (z > 3) throw UsageError{"--zero must be 0, 1, 2 or 3"};
+    o.zero = static_cast<int>(z);
+  }
+  if (f.count("recompute")) {
+    const std::string r = f["recompute"];
+    if (r == "none")
+      o.recompute = plan::Recompute::kNone;
+    else if (r == "selective")
+      o.recompute = plan::Recompute::kSelective;
+    else if (r == "full")
+      o.recompute = plan::Recompute::kFull;
+    else
+      throw UsageError{"--recompute must be none, selective or full"};
+  }
+  if (f.count("sp")) {
+    if (f["sp"] != "on" && f["sp"] != "off") throw UsageError{"--sp must be on or off"};
+    o.sequence_parallel = f["sp"] == "on";
+  }
+
+  const plan::SearchResult r = plan::search(job, cluster, o);
+  const bool json = f.count("json") > 0;
+  if (json) {
+    nlohmann::json j;
+    j["model"] = {{"name", model.name},
+                  {"layers", model.layers},
+                  {"hidden", model.hidden},
+                  {"heads", model.heads},
+                  {"seq", model.seq},
+                  {"vocab", model.vocab},
+                  {"parameters", plan::parameter_count(model)}};
+    j["cluster"] = {{"gpus", cluster.gpus},
+                    {"gpu", cluster.device.name},
+                    {"gpusPerNode", cluster.topology.gpus_per_node},
+                    {"topology", cluster.topology.origin}};
+    j["globalBatch"] = job.global_batch;
+    j["tokens"] = job.tokens;
+    j["evaluated"] = r.evaluated;
+    j["rejectedMemory"] = r.rejected_memory;
+    j["invalid"] = r.invalid;
+    j["plans"] = nlohmann::json::array();
+    for (const auto& p : r.plans) j["plans"].push_back(to_json(p.estimate, p.why));
+    std::cout << j.dump(2) << "\n";
+  } else {
+    std::cout << "model " << model.name << ": L" << model.layers << " h" << model.hidden << " a" << model.heads << " s"
+              << model.seq << " V" << model.vocab << ", " << fmt("%.4g", plan::parameter_count(model) / 1e9)
+              << "B parameters; global batch " << job.global_batch << " sequences ("
+              << fmt("%.3g", double(job.global_batch) * model.seq) << " tokens) per step\n";
+    std::cout << "cluster: " << cluster.gpus << " x " << cluster.device.name << " (" << cluster.topology.gpus_per_node
+              << " per node, " << cluster.topology.nodes_per_unit << " nodes per unit, topology "
+              << cluster.topology.origin << ")\n";
+    long long invalid = 0;
+    for (const auto& kv : r.invalid) invalid += kv.second;
+    std::cout << "searched " << r.evaluated + invalid << " layouts: " << r.evaluated - r.rejected_memory << " fit, "
+              << r.rejected_memory << " over memory, " << invalid << " invalid\n\n";
+    int rank = 0;
+    for (const auto& p : r.plans) print_plan(std::cout, ++rank, p.estimate, p.why, job.tokens);
+  }
+  if (r.plans.empty()) {
+    std::string msg = "no layout fits: ";
+    if (r.smallest_nonfitting) {
+      msg += "the smallest needs " + gb(r.smallest_nonfitting->memory.total()) + " GB per GPU (" +
+             plan::describe(r.smallest_nonfitting->layout) + ") but " + gb(r.smallest_nonfitting->memory_capacity) +
+             " GB are usable; add GPUs or use larger ones";
+    } else {
+      msg += "no valid layout (";
+      for (const auto& kv : r.invalid) msg += kv.first + ": " + std::to_string(kv.second) + "; ";
+      msg += "check --gpus against heads, layers and --global-batch)";
+    }
+    std::cerr << "railyard plan: " << msg << "\n";
+    return kExitFailed;
+  }
+  return kExitOk;
+}
+
+}  // namespace railyard::cli
