@@ -9,6 +9,7 @@ pkgs=(
   libcpp-httplib-dev nlohmann-json3-dev libyaml-cpp-dev doctest-dev libgloo-dev libopenblas-dev
   libssl-dev zlib1g-dev
   etcd-server golang-go dpkg-dev prometheus
+  golang-github-masterminds-sprig-dev golang-k8s-sigs-yaml-dev golang-github-xeipuuv-gojsonschema-dev
 )
 for arg in "$@"; do
   case "$arg" in

@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# install_chart_render: the Helm chart rendered offline by minihelm for the default and three other value sets, checked
+# against the intent of each value; wrong values refused naming the value; the chart's copies of the CRD, rules and
+# dashboards byte-identical to deploy/; `kubectl kustomize deploy/` equal to the default render; the PrometheusRule
+# content accepted by promtool; the dashboards' JSON checked against Grafana's dashboard model. No cluster needed.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+
+# --- copies -------------------------------------------------------------------------------------------------------
+same_files() { # DIR_A DIR_B GLOB: the same file names, byte-identical
+  local a=$1 b=$2 g=$3
+  [ "$(cd "$a" && ls $g)" = "$(cd "$b" && ls $g)" ] || { echo "  $a and $b hold different $g files" >&2; return 1; }
+  for f in $(cd "$a" && ls $g); do cmp "$a/$f" "$b/$f" || { echo "  copy it: cp $a/$f $b/$f" >&2; return 1; }; done
+}
+check "charts/railyard/crds is a byte-identical copy of deploy/crds" same_files "$src/deploy/crds" "$chart/crds" '*.yaml'
+check "chart dashboards are byte-identical copies of deploy/grafana" \
+  same_files "$src/deploy/grafana" "$chart/files/dashboards" '*.json'
+check "chart rules are a byte-identical copy of deploy/prometheus/rules/railyard.rules.yml" \
+  cmp "$src/deploy/prometheus/rules/railyard.rules.yml" "$chart/files/railyard.rules.yml"
+
+# --- default values -------------------------------------------------------------------------------------------------
+render "$work/default.yaml" --include-crds || fail "the default values do not render"
+objects "$work/default.yaml" >"$work/default.json"
+q() { jq -e -s "$1" "$2" >/dev/null; }
+check "default: CRD, 2 Deployments, 3 Services, PDB, ClusterRoles, Lease Role, 2 dashboards" q '
+  (map(.kind) | sort) == (["ClusterRole","ClusterRole","ClusterRoleBinding","ClusterRoleBinding","ConfigMap",
+    "ConfigMap","CustomResourceDefinition","Deployment","Deployment","PodDisruptionBudget","Role","RoleBinding",
+    "Service","Service","Service","ServiceAccount","ServiceAccount"])' "$work/default.json"
+check "default: every Deployment is non-root, read-only, drops ALL, RuntimeDefault seccomp, has requests and probes" q '
+  [.[] | select(.kind == "Deployment") | .spec.template.spec as $p | $p.containers[] |
+    ($p.securityContext.runAsNonRoot == true and $p.securityContext.seccompProfile.type == "RuntimeDefault"
+     and .securityContext.readOnlyRootFilesystem == true and .securityContext.allowPrivilegeEscalation == false
+     and .securityContext.capabilities.drop == ["ALL"] and (.resources.requests | has("cpu") and has("memory"))
+     and .livenessProbe.httpGet.path != null and .readinessProbe.httpGet.path != null
+     and ([.ports[].name] | index("metrics") != null))] | length == 2 and all' "$work/default.json"
+check "default: operator probes /healthz and /readyz on its health port, leader election on, rendezvous on 9090" q '
+  [.[] | select(.kind == "Deployment" and .metadata.name == "railyard-operator") | .spec.template.spec.containers[0]] |
+  .[0] as $c | $c.livenessProbe.httpGet.path == "/healthz" and $c.readinessProbe.httpGet.path == "/readyz"
+  and ($c.args | index("--leader-elect=true") != null) and ($c.args | index("--rendezvous-bind=0.0.0.0:9090") != null)
+  and ($c.args | index("--rendezvous-addr=railyard-rendezvous.railyard-system.svc:9090") != null)
+  and $c.image == "railyard/operator:0.1.0" and ($c.args | index("--worker-image=railyard/worker:0.1.0") != null)' \
+  "$work/default.json"
+check "default: the operator ClusterRole has no wildcard, no secrets list/watch, no nodes write" q '
+  [.[] | select(.kind == "ClusterRole" and .metadata.name == "railyard-operator") | .rules[]] as $r |
+  ($r | map(.verbs[], .resources[], .apiGroups[]) | index("*") == null)
+  and ([$r[] | select(.resources | index("secrets")) | .verbs[]] | (index("list") == null and index("watch") == null))
+  and ([$r[] | select(.resources | index("nodes")) | .verbs] == [["get","list","watch"]])' "$work/default.json"
+check "default: PodDisruptionBudget minAvailable 1 selects the operator pods" q '
+  [.[] | select(.kind == "PodDisruptionBudget")][0] as $p | [.[] | select(.kind == "Deployment" and
+  .metadata.name == "railyard-operator")][0] as $d | $p.spec.minAvailable == 1
+  and $p.spec.selector.matchLabels == $d.spec.selector.matchLabels' "$work/default.json"
+check "default: no prometheus-operator objects without monitoring.coreos.com/v1" q \
+  'map(select(.apiVersion == "monitoring.coreos.com/v1")) | length == 0' "$work/default.json"
+check "default: dashboards ConfigMaps labelled grafana_dashboard=1 hold valid JSON" q '
+  [.[] | select(.kind == "ConfigMap")] | length == 2 and all(.metadata.labels.grafana_dashboard == "1"
+  and (.data | to_entries[0].value | fromjson | .uid != null))' "$work/default.json"
+"$minihelm" template "$chart" --notes >"$work/notes.txt" || fail "NOTES.txt does not render"
+check "default: NOTES.txt names the namespace and the next steps" grep -q "kubectl get tj -w" "$work/notes.txt"
+
+# --- the plain manifests agree with the chart ----------------------------------------------------------------------
+kubectl kustomize "$src/deploy" >"$work/kustomize.yaml" || fail "kubectl kustomize deploy/ failed"
+canonical "$work/default.yaml" >"$work/chart.canon"
+canonical "$work/kustomize.yaml" >"$work/kustomize.canon"
+check "kubectl kustomize deploy/ equals the chart's default render (modulo Helm's labels)" \
+  diff <(jq -c '[.kind, .metadata.name]' "$work/chart.canon") <(jq -c '[.kind, .metadata.name]' "$work/kustomize.canon")
+check "... object by object" cmp -s "$work/chart.canon" "$work/kustomize.canon"
+check "kustomize: the Namespace railyard-system with restricted Pod Security" q \
+  'map(select(.kind == "Namespace" and .metadata.name == "railyard-system" and
+   .metadata.labels["pod-security.kubernetes.io/enforce"] == "restricted")) | length == 1' \
+  <(objects "$work/kustomize.yaml")
+
+# --- non-default value sets ----------------------------------------------------------------------------------------
+render "$work/ns.yaml" -f "$values_dir/namespace-scope.yaml" || fail "namespace-scope.yaml does not render"
+objects "$work/ns.yaml" >"$work/ns.json"
+check "namespace scope: operator and monitor Roles in team-a, cluster rights only on nodes and its namespace" q '
+  ([.[] | select(.kind == "Role" and .metadata.namespace == "team-a") | .metadata.name] | sort)
+    == ["railyard-monitor","railyard-operator"]
+  and ([.[] | select(.kind == "ClusterRole") | .rules[] | .resources[]] | sort) == ["namespaces","nodes"]
+  and ([.[] | select(.kind == "ClusterRole") | .rules[] | select(.resources == ["namespaces"]) | .resourceNames]
+    == [["railyard-system"]])' "$work/ns.json"
+check "namespace scope: operator and monitor watch team-a; monitor queries Prometheus, needs no pods rule" q '
+  ([.[] | select(.kind == "Deployment") | .spec.template.spec.containers[0].args | index("--namespace=team-a")]
+    | all(. != null))
+  and ([.[] | select(.kind == "Deployment" and .metadata.name == "railyard-monitor") | .spec.template.spec.containers[0]
+    .args[]] | index("--prometheus-url=http://prometheus-operated.monitoring.svc:9090") != null)
+  and ([.[] | select(.kind == "Role" and .metadata.name == "railyard-monitor") | .rules[].resources[]]
+    | index("pods") == null)' "$work/ns.json"
+check "namespace scope: webhook token mounted from the Secret, worker SA without token, 1 replica so no PDB" q '
+  ([.[] | select(.kind == "Deployment" and .metadata.name == "railyard-monitor") | .spec.template.spec |
+    .volumes[0].secret.secretName == "railyard-webhook" and
+    (.containers[0].args | index("--webhook-token-file=/etc/railyard/webhook/token") != null)] == [true])
+  and ([.[] | select(.kind == "ServiceAccount" and .metadata.name == "railyard-worker") |
+    [.metadata.namespace, .automountServiceAccountToken]] == [["team-a", false]])
+  and (map(select(.kind == "PodDisruptionBudget")) | length == 0)' "$work/ns.json"
+check "namespace scope: PodMonitor requested but not rendered without monitoring.coreos.com/v1" q \
+  'map(select(.kind == "PodMonitor")) | length == 0' "$work/ns.json"
+
+render "$work/nomon.yaml" -f "$values_dir/no-monitor.yaml" || fail "no-monitor.yaml does not render"
+objects "$work/nomon.yaml" >"$work/nomon.json"
+check "no monitor: no monitor objects, no dashboards; 3 operator replicas from the private registry" q '
+  (map(select(.metadata.name | test("monitor|dashboard"))) | length == 0)
+  and ([.[] | select(.kind == "Deployment")] | length == 1 and .[0].spec.replicas == 3 and
+    .[0].spec.template.spec.containers[0].image == "registry.example.com:5000/ml/railyard-operator:1.2.3" and
+    .[0].spec.template.spec.imagePullSecrets == [{"name": "regcred"}] and
+    (.[0].spec.template.spec.containers[0].args | index("--lease-duration=30") != null and
+     index("--worker-image=registry.example.com:5000/ml/railyard-worker:1.2.3") != null and
+     index("--rendezvous-bind=0.0.0.0:29400") != null))
+  and ([.[] | select(.kind == "Service" and .metadata.name == "railyard-rendezvous") | .spec.ports[0].port] == [29400])'\
+  "$work/nomon.json"
+
+render "$work/po.yaml" -f "$values_dir/prometheus-operator.yaml" --api-versions monitoring.coreos.com/v1 ||
+  fail "prometheus-operator.yaml does not render"
+objects "$work/po.yaml" >"$work/po.json"
+check "prometheus-operator: ServiceMonitor, PodMonitor, PrometheusRule with the release label; dashboards in monitoring" q '
+  ([.[] | select(.apiVersion == "monitoring.coreos.com/v1") | [.kind, .metadata.labels.release]] | sort)
+    == [["PodMonitor","kube-prometheus-stack"],["PrometheusRule","kube-prometheus-stack"],
+        ["ServiceMonitor","kube-prometheus-stack"]]
+  and ([.[] | select(.kind == "ConfigMap") | .metadata.namespace] == ["monitoring","monitoring"])
+  and ([.[] | select(.kind == "PodMonitor") | .spec.podMetricsEndpoints[0].honorLabels] == [true])' "$work/po.json"
+jq -s '.[] | select(.kind == "PrometheusRule") | .spec' "$work/po.json" >"$work/prometheusrule.json"
+check "prometheus-operator: promtool check rules accepts the PrometheusRule content" \
+  promtool check rules --lint-fatal "$work/prometheusrule.json"
+check "prometheus-operator: the PrometheusRule has every rule of deploy/prometheus/rules" \
+  test "$(jq '[.groups[].rules[]] | length' "$work/prometheusrule.json")" = \
+  "$(objects "$src/deploy/prometheus/rules/railyard.rules.yml" | jq '[.groups[].rules[]] | length')"
+
+# --- wrong values fail, naming the value ---------------------------------------------------------------------------
+refuses() { # MESSAGE-REGEX minihelm-args...: rendering fails with exit 1 and a message matching the regex
+  local want=$1 rc=0
+  shift
+  "$minihelm" template "$chart" "$@" >/dev/null 2>"$work/err" || rc=$?
+  [ "$rc" -eq 1 ] && grep -Eq -- "$want" "$work/err" || { echo "  rc=$rc: $(cat "$work/err")" >&2; return 1; }
+}
+check "negative replica count" refuses '^- operator\.replicas: Must be greater than or equal to 1' --set operator.replicas=-1
+check "missing operator image" refuses '^- operator\.image\.repository: String length must be' \
+  --set operator.image.repository=
+check "removed operator image" refuses '^- operator\.image: repository is required' --set operator.image.repository=null
+check "unknown RBAC scope" refuses '^- rbac\.scope: .*"cluster", "namespace"' --set rbac.scope=everything
+check "misspelt value" refuses 'operator: Additional property replica is not allowed' --set operator.replica=2
+check "two replicas without leader election" refuses '^- operator\.replicas: Must be less than or equal to 1' \
+  --set operator.leaderElection.enabled=false
+check "rendezvous port out of range" refuses '^- rendezvous\.port: Must be less than or equal to 65535' \
+  --set rendezvous.port=70000
+check "replicas as a string" refuses '^- operator\.replicas: Invalid type' --set-string operator.replicas=two
+check "bad Prometheus URL" refuses '^- monitor\.prometheusUrl: Does not match pattern' \
+  --set monitor.prometheusUrl=prometheus:9090
+printf 'operator:\n  replicas: [\n' >"$work/notyaml.yaml"
+check "a values file that is not YAML names the file" refuses 'notyaml\.yaml' -f "$work/notyaml.yaml"
+
+jqe() { jq -e "$@" >/dev/null; }
+# --- dashboards: Grafana's dashboard model -------------------------------------------------------------------------
+for d in "$src"/deploy/grafana/*.json; do
+  name=$(basename "$d")
+  check "$name: uid, title, schemaVersion, datasource variable, editable JSON" jqe '
+    (.uid | type == "string" and test("^[a-z0-9-]{1,40}$")) and (.title | length > 0) and .schemaVersion >= 36
+    and ([.templating.list[] | select(.type == "datasource" and .query == "prometheus" and .name == "datasource")]
+      | length == 1) and (.panels | length > 0)' "$d"
+  check "$name: panels have unique ids, a type, a grid position, the datasource variable, targets and a unit" jqe '
+    ([.panels[].id] | length == (unique | length)) and all(.panels[];
+      (.type | IN("timeseries", "stat", "heatmap", "gauge", "bargauge", "table", "text"))
+      and (.gridPos | .x >= 0 and .y >= 0 and .w > 0 and .h > 0 and .x + .w <= 24)
+      and .datasource.uid == "${datasource}" and (.title | length > 0)
+      and (.fieldConfig.defaults.unit | type == "string" and length > 0)
+      and (.targets | length > 0 and all(.expr | length > 0) and ([.[].refId] | length == (unique | length))))' "$d"
+  check "$name: panels do not overlap" jqe '
+    [.panels[] | .gridPos as $g | range($g.y; $g.y + $g.h) as $y | range($g.x; $g.x + $g.w) as $x | "\($x),\($y)"]
+    | length == (unique | length)' "$d"
+  check "$name: every query variable uses the datasource variable" jqe \
+    'all(.templating.list[] | select(.type == "query"); .datasource.uid == "${datasource}")' "$d"
+done
+check "dashboard uids are distinct" test "$(jq -r .uid "$src"/deploy/grafana/*.json | sort -u | wc -l)" = \
+  "$(ls "$src"/deploy/grafana/*.json | wc -l)"
+check "training dashboard: namespace and job variables, restart annotations" jqe '
+  ([.templating.list[].name] | index("namespace") != null and index("job") != null)
+  and ([.annotations.list[] | select(.expr != null) | .expr] | any(test("railyard_operator_restarts_total")))' \
+  "$src/deploy/grafana/railyard-training-job.json"
+finish
