@@ -53,22 +53,29 @@ std::vector<int> balance_stages(const GptConfig& c, int seq_len, int pp) {
     }
   }
   const double target = best[pp][L] * (1 + 1e-12);
-  // Walk back from the last stage, giving each stage the most layers that keep it and the remaining prefix within
-  // the optimum.
-  std::vector<int> b(pp + 1, 0);
-  b[pp] = L;
-  for (int s = pp; s >= 1; --s) {
-    const int j = b[s];
-    int chosen = -1;
-    for (int i = s - 1; i < j; ++i) {  // smallest i = most layers for stage s-1
-      if (best[s - 1][i] <= target && cost_of(k, j - i, s == 1, s == pp) <= target) {
-        chosen = i;
-        break;
+  // Second pass: among the splits whose every stage stays within that bottleneck, the most even one (smallest sum
+  // of squared stage costs); ties go to the split found first (fewer layers on earlier stages).
+  std::vector<std::vector<double>> sq(pp + 1, std::vector<double>(L + 1, inf));
+  std::vector<std::vector<int>> from(pp + 1, std::vector<int>(L + 1, -1));
+  sq[0][0] = 0;
+  for (int s = 1; s <= pp; ++s) {
+    for (int j = s; j <= L - (pp - s); ++j) {
+      for (int i = s - 1; i < j; ++i) {
+        if (sq[s - 1][i] == inf) continue;
+        const double here = cost_of(k, j - i, s == 1, s == pp);
+        if (here > target) continue;
+        const double v = sq[s - 1][i] + here * here;
+        if (v < sq[s][j]) {
+          sq[s][j] = v;
+          from[s][j] = i;
+        }
       }
     }
-    if (chosen < 0 || (s == 1 && chosen != 0)) throw Error("balance_stages: internal error (no feasible split)");
-    b[s - 1] = chosen;
   }
+  if (from[pp][L] < 0) throw Error("balance_stages: internal error (no feasible split)");
+  std::vector<int> b(pp + 1, 0);
+  b[pp] = L;
+  for (int s = pp; s >= 1; --s) b[s - 1] = from[s][b[s]];
   return b;
 }
 

@@ -20,9 +20,9 @@ struct StageCosts {
 StageCosts stage_costs(const GptConfig& c, int seq_len);
 
 // Splits the L layers into `pp` contiguous stages, every stage at least one layer, so that the most expensive stage
-// (layers * layer cost, + embedding on stage 0, + head on stage pp-1) is as cheap as possible; among the optimal
-// splits, later stages get as many layers as they can (earlier stages hold more in-flight micro-batches in 1F1B,
-// so they are the ones to relieve). Returns b[0] = 0 < b[1] < ... < b[pp] = L: stage s owns layers [b[s], b[s+1]).
+// (layers * layer cost, + embedding on stage 0, + head on stage pp-1) is as cheap as possible; among those splits,
+// the most even one (smallest sum of squared stage costs; on a tie, fewer layers on earlier stages, which hold more
+// in-flight micro-batches in 1F1B). Returns b[0] = 0 < b[1] < ... < b[pp] = L: stage s owns layers [b[s], b[s+1]).
 // Throws ConfigError when pp < 1 or pp > L.
 std::vector<int> balance_stages(const GptConfig& c, int seq_len, int pp);
 // The cost of stage s under boundaries b (the quantity balance_stages minimises the maximum of).
