@@ -1,0 +1,385 @@
+#include "worker/comm/nccl_communicator.h"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "worker/comm/tcp_store.h"
+
+namespace railyard::worker::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::kFloat32:
+      return ncclFloat32;
+    case DType::kBFloat16:
+      return ncclBfloat16;
+    case DType::kInt32:
+      return ncclInt32;
+    case DType::kInt64:
+      return ncclInt64;
+  }
+  throw std::invalid_argument("nccl: unknown dtype");
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kAvg:
+      return ncclAvg;
+    case ReduceOp::kMax:
+      return ncclMax;
+  }
+  throw std::invalid_argument("nccl: unknown reduce op");
+}
+
+void cuda_check(cudaError_t e, const std::string& what) {
+  if (e != cudaSuccess) {
+    throw CommError(what + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")" +
+                    (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver ? "; no usable GPU on this host" : ""));
+  }
+}
+
+struct Bootstrap {
+  std::unique_ptr<TcpStoreServer> server;
+  std::unique_ptr<TcpStore> store;
+};
+
+// The p2p ops queued since the last launch; launched together in one NCCL group.
+struct P2pOp {
+  void* buf;
+  size_t count;
+  DType dtype;
+  int peer;
+  bool is_send;
+};
+struct Batch {
+  std::vector<P2pOp> ops;
+  cudaEvent_t done = nullptr;
+  bool launched = false;
+  ~Batch() {
+    if (done) cudaEventDestroy(done);
+  }
+};
+
+struct State {
+  std::shared_ptr<Bootstrap> boot;
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+  int device = 0;
+  std::string name;
+  std::string prefix;
+  int rank = 0;
+  int size = 1;
+  std::chrono::milliseconds timeout{30000};
+  bool aborted = false;
+  std::string error;
+  std::shared_ptr<Batch> pending;  // isend/irecv not launched yet
+  cudaEvent_t done = nullptr;      // completion of the last collective
+  void* scratch = nullptr;         // barrier's device word
+
+  ~State() {
+    if (comm) {
+      // A healthy communicator is finalized (flushes outstanding work) and destroyed; one that does not finish within
+      // the deadline is aborted. A failed one was aborted already (comm == nullptr).
+      ncclResult_t st = ncclCommFinalize(comm);
+      auto deadline = Clock::now() + timeout;
+      while (st == ncclInProgress && Clock::now() < deadline) {
+        if (ncclCommGetAsyncError(comm, &st) != ncclSuccess) break;
+        std::this_thread::yield();
+      }
+      if (st == ncclSuccess) {
+        ncclCommDestroy(comm);
+      } else {
+        ncclCommAbort(comm);
+      }
+    }
+    if (done) cudaEventDestroy(done);
+    if (scratch) cudaFree(scratch);
+    if (stream) cudaStreamDestroy(stream);
+  }
+
+  std::string where(const std::string& op) const {
+    return op + " on group '" + name + "' (rank " + std::to_string(rank) + " of " + std::to_string(size) + ")";
+  }
+  void check_usable(const std::string& op) const {
+    if (aborted) throw CommError(where(op) + ": communicator was aborted");
+    if (!error.empty()) throw CommError(where(op) + ": communicator is unusable after an earlier error: " + error);
+  }
+  void abort_comm() {
+    if (comm) {
+      ncclCommAbort(comm);
+      comm = nullptr;
+    }
+  }
+  [[noreturn]] void fail(const std::string& op, const std::string& detail, bool timed_out, int peer = -1) {
+    std::string msg =
+        where(op) + ": " +
+        (timed_out ? "timed out after " + std::to_string(timeout.count()) + " ms" : std::string("failed")) +
+        (peer >= 0 ? " waiting for rank " + std::to_string(peer) : std::string()) +
+        (detail.empty() ? std::string() : " (" + detail + ")");
+    if (error.empty()) error = msg;
+    abort_comm();  // frees the GPU from kernels that would spin forever on the dead peer
+    if (timed_out) throw CommTimeout(msg);
+    throw CommError(msg);
+  }
+
+  // Checks the return of an NCCL call made on the non-blocking communicator: ncclInProgress is fine (finished by
+  // wait()), anything else is an error.
+  void nccl_call(ncclResult_t r, const std::string& op, const char* call) {
+    if (r == ncclSuccess || r == ncclInProgress) return;
+    fail(op, std::string(call) + ": " + ncclGetErrorString(r) + (comm ? std::string(" ") + ncclGetLastError(comm) : ""),
+         false);
+  }
+
+  // Waits for the comm's pending state and, when given, an event, with the deadline; aborts on error or timeout.
+  void wait_done(const std::string& op, cudaEvent_t event, Clock::time_point deadline, int peer = -1) {
+    for (;;) {
+      ncclResult_t st = ncclSuccess;
+      ncclResult_t r = ncclCommGetAsyncError(comm, &st);
+      if (r != ncclSuccess) fail(op, std::string("ncclCommGetAsyncError: ") + ncclGetErrorString(r), false, peer);
+      if (st != ncclSuccess && st != ncclInProgress) {
+        fail(op, std::string(ncclGetErrorString(st)) + " " + ncclGetLastError(comm), false, peer);
+      }
+      bool launched = st == ncclSuccess;
+      if (launched && event == nullptr) return;
+      if (launched) {
+        cudaError_t q = cudaEventQuery(event);
+        if (q == cudaSuccess) return;
+        if (q != cudaErrorNotReady) fail(op, std::string("cudaEventQuery: ") + cudaGetErrorString(q), false, peer);
+      }
+      if (Clock::now() >= deadline) fail(op, "", true, peer);
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+
+  // Launches the queued p2p ops as one group and records their completion event.
+  void flush(const std::string& op) {
+    if (!pending || pending->ops.empty()) return;
+    auto batch = std::move(pending);
+    pending.reset();
+    cuda_check(cudaEventCreateWithFlags(&batch->done, cudaEventDisableTiming), where(op) + ": cudaEventCreate");
+    ncclResult_t r = ncclGroupStart();
+    for (const auto& p : batch->ops) {
+      if (r != ncclSuccess && r != ncclInProgress) break;
+      r = p.is_send ? ncclSend(p.buf, p.count, nccl_type(p.dtype), p.peer, comm, stream)
+                    : ncclRecv(p.buf, p.count, nccl_type(p.dtype), p.peer, comm, stream);
+    }
+    ncclResult_t e = ncclGroupEnd();
+    nccl_call(r == ncclSuccess || r == ncclInProgress ? e : r, op, "ncclSend/ncclRecv");
+    wait_done(op, nullptr, Clock::now() + timeout);  // the group is enqueued
+    cuda_check(cudaEventRecord(batch->done, stream), where(op) + ": cudaEventRecord");
+    batch->launched = true;
+  }
+
+  void wait_request(std::shared_ptr<Batch>& batch, bool is_send, int peer) {
+    const std::string op = is_send ? "send" : "recv";
+    check_usable(op);
+    if (!batch->launched) flush(op);
+    wait_done(op, batch->done, Clock::now() + timeout, peer);
+  }
+
+  template <class Launch>
+  void run(const std::string& op, Launch&& launch) {
+    check_usable(op);
+    flush(op);
+    cuda_check(cudaSetDevice(device), where(op) + ": cudaSetDevice");
+    nccl_call(launch(), op, op.c_str());
+    if (!done) cuda_check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), where(op));
+    auto deadline = Clock::now() + timeout;
+    wait_done(op, nullptr, deadline);
+    cuda_check(cudaEventRecord(done, stream), where(op) + ": cudaEventRecord");
+    wait_done(op, done, deadline);
+  }
+};
+
+class NcclRequest : public Request {
+ public:
+  NcclRequest(std::shared_ptr<State> st, std::shared_ptr<Batch> batch, bool is_send, int peer)
+      : st_(std::move(st)), batch_(std::move(batch)), is_send_(is_send), peer_(peer) {}
+  ~NcclRequest() override {
+    try {
+      wait();
+    } catch (...) {
+    }
+  }
+  void wait() override;
+
+ private:
+  std::shared_ptr<State> st_;
+  std::shared_ptr<Batch> batch_;
+  bool is_send_;
+  int peer_;
+  bool done_ = false;
+};
+
+class NcclCommunicator : public Communicator {
+ public:
+  explicit NcclCommunicator(std::shared_ptr<State> st) : st_(std::move(st)) {}
+
+  int rank() const override { return st_->rank; }
+  int size() const override { return st_->size; }
+  const std::string& name() const override { return st_->name; }
+  std::chrono::milliseconds timeout() const override { return st_->timeout; }
+
+  void all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) override {
+    st_->run("all_reduce",
+             [&] { return ncclAllReduce(buf, buf, count, nccl_type(dtype), nccl_op(op), st_->comm, st_->stream); });
+  }
+  void reduce_scatter(const void* in, void* out, size_t count, DType dtype, ReduceOp op) override {
+    st_->run("reduce_scatter",
+             [&] { return ncclReduceScatter(in, out, count, nccl_type(dtype), nccl_op(op), st_->comm, st_->stream); });
+  }
+  void all_gather(const void* in, void* out, size_t count, DType dtype) override {
+    st_->run("all_gather", [&] { return ncclAllGather(in, out, count, nccl_type(dtype), st_->comm, st_->stream); });
+  }
+  void broadcast(void* buf, size_t count, DType dtype, int root) override {
+    if (root < 0 || root >= st_->size) {
+      throw std::invalid_argument(st_->where("broadcast") + ": root " + std::to_string(root) + " is not a rank");
+    }
+    st_->run("broadcast",
+             [&] { return ncclBroadcast(buf, buf, count, nccl_type(dtype), root, st_->comm, st_->stream); });
+  }
+  void all_to_all(const void* in, void* out, size_t count, DType dtype) override {
+    if (in == out) throw std::invalid_argument(st_->where("all_to_all") + ": in and out must not alias on NCCL");
+    const size_t chunk = count * dtype_size(dtype);
+    st_->run("all_to_all", [&] {
+      ncclResult_t r = ncclGroupStart();
+      for (int j = 0; j < st_->size && (r == ncclSuccess || r == ncclInProgress); ++j) {
+        r = ncclSend(static_cast<const char*>(in) + static_cast<size_t>(j) * chunk, count, nccl_type(dtype), j,
+                     st_->comm, st_->stream);
+        if (r == ncclSuccess || r == ncclInProgress) {
+          r = ncclRecv(static_cast<char*>(out) + static_cast<size_t>(j) * chunk, count, nccl_type(dtype), j, st_->comm,
+                       st_->stream);
+        }
+      }
+      ncclResult_t e = ncclGroupEnd();
+      return r == ncclSuccess || r == ncclInProgress ? e : r;
+    });
+  }
+
+  std::unique_ptr<Request> isend(const void* buf, size_t count, DType dtype, int peer, uint32_t tag) override {
+    return post(const_cast<void*>(buf), count, dtype, peer, tag, true);
+  }
+  std::unique_ptr<Request> irecv(void* buf, size_t count, DType dtype, int peer, uint32_t tag) override {
+    return post(buf, count, dtype, peer, tag, false);
+  }
+
+  void barrier() override {
+    if (!st_->scratch) cuda_check(cudaMalloc(&st_->scratch, sizeof(float)), st_->where("barrier") + ": cudaMalloc");
+    st_->run("barrier", [&] {
+      return ncclAllReduce(st_->scratch, st_->scratch, 1, ncclFloat32, ncclSum, st_->comm, st_->stream);
+    });
+  }
+
+  std::unique_ptr<Communicator> split(const std::vector<int>& ranks, const std::string& name) override {
+    const std::string op = "split '" + name + "'";
+    int sub_rank = -1;
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      if (ranks[i] < 0 || ranks[i] >= st_->size || (i > 0 && ranks[i] <= ranks[i - 1])) {
+        throw std::invalid_argument(st_->where(op) + ": ranks must be ascending, distinct and in [0, " +
+                                    std::to_string(st_->size) + ")");
+      }
+      if (ranks[i] == st_->rank) sub_rank = static_cast<int>(i);
+    }
+    if (sub_rank < 0) throw std::invalid_argument(st_->where(op) + ": ranks do not contain this rank");
+    st_->check_usable(op);
+    st_->flush(op);
+    auto sub = std::make_shared<State>();
+    sub->boot = st_->boot;
+    sub->device = st_->device;
+    sub->name = name;
+    sub->rank = sub_rank;
+    sub->size = static_cast<int>(ranks.size());
+    sub->timeout = st_->timeout;
+    cuda_check(cudaStreamCreateWithFlags(&sub->stream, cudaStreamNonBlocking), st_->where(op) + ": cudaStreamCreate");
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    config.commName = sub->name.c_str();
+    // Disjoint groups of one call differ by their lowest member, which is therefore the color.
+    st_->nccl_call(ncclCommSplit(st_->comm, ranks.front(), st_->rank, &sub->comm, &config), op, "ncclCommSplit");
+    st_->wait_done(op, nullptr, Clock::now() + st_->timeout);
+    sub->wait_done(op, nullptr, Clock::now() + st_->timeout);
+    return std::make_unique<NcclCommunicator>(sub);
+  }
+
+  void abort() override {
+    st_->aborted = true;
+    st_->abort_comm();
+  }
+
+ private:
+  std::unique_ptr<Request> post(void* buf, size_t count, DType dtype, int peer, uint32_t tag, bool is_send) {
+    (void)tag;  // NCCL matches sends and receives by order per peer; callers keep one order per (peer, tag) anyway
+    const char* op = is_send ? "isend" : "irecv";
+    if (peer < 0 || peer >= st_->size || peer == st_->rank) {
+      throw std::invalid_argument(st_->where(op) + ": peer " + std::to_string(peer) + " is not another rank");
+    }
+    st_->check_usable(op);
+    if (!st_->pending) st_->pending = std::make_shared<Batch>();
+    st_->pending->ops.push_back(P2pOp{buf, count, dtype, peer, is_send});
+    return std::make_unique<NcclRequest>(st_, st_->pending, is_send, peer);
+  }
+
+  std::shared_ptr<State> st_;
+};
+
+void NcclRequest::wait() {
+  if (done_) return;
+  done_ = true;
+  st_->wait_request(batch_, is_send_, peer_);
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> connect_nccl(const GlooOptions& o, int cuda_device) {
+  if (o.size < 1 || o.rank < 0 || o.rank >= o.size) {
+    throw std::invalid_argument("connect_nccl: rank " + std::to_string(o.rank) + " / size " + std::to_string(o.size) +
+                                " is not a valid rank (GlooOptions.rank, GlooOptions.size)");
+  }
+  if (o.store_port < 1 || o.store_port > 65535) {
+    throw std::invalid_argument("connect_nccl: GlooOptions.store_port = " + std::to_string(o.store_port) +
+                                ": must be in 1..65535 (MASTER_PORT)");
+  }
+  auto st = std::make_shared<State>();
+  st->name = o.name;
+  st->rank = o.rank;
+  st->size = o.size;
+  st->timeout = o.timeout;
+  st->device = cuda_device;
+  const std::string op = "connect";
+  cuda_check(cudaSetDevice(cuda_device), st->where(op) + ": cudaSetDevice(" + std::to_string(cuda_device) + ")");
+  cuda_check(cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking), st->where(op) + ": cudaStreamCreate");
+
+  st->boot = std::make_shared<Bootstrap>();
+  if (o.serve_store && o.rank == 0) st->boot->server = std::make_unique<TcpStoreServer>(o.store_host, o.store_port);
+  st->boot->store = std::make_unique<TcpStore>(o.store_host, o.store_port, o.prefix, o.timeout);
+  ncclUniqueId id;
+  if (o.rank == 0) {
+    ncclResult_t r = ncclGetUniqueId(&id);
+    if (r != ncclSuccess) throw CommError(st->where(op) + ": ncclGetUniqueId: " + ncclGetErrorString(r));
+    st->boot->store->set("nccl_id", std::vector<char>(id.internal, id.internal + sizeof id.internal));
+  }
+  auto bytes = st->boot->store->get("nccl_id");
+  if (bytes.size() != sizeof id.internal) throw CommError(st->where(op) + ": malformed nccl_id in the store");
+  std::memcpy(id.internal, bytes.data(), sizeof id.internal);
+
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  config.commName = st->name.c_str();
+  st->nccl_call(ncclCommInitRankConfig(&st->comm, o.size, id, o.rank, &config), op, "ncclCommInitRankConfig");
+  st->wait_done(op, nullptr, Clock::now() + o.timeout);
+  return std::make_unique<NcclCommunicator>(st);
+}
+
+}  // namespace railyard::worker::comm
