@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "worker/comm/communicator.h"
+#include "worker/comm/process_groups.h"
 #include "worker/parallel/gpt_stage.h"
 #include "worker/parallel/step_times.h"
 
@@ -22,6 +23,8 @@ struct ModelGroups {
   comm::Communicator* pp = nullptr;
   comm::Communicator* embedding = nullptr;
 };
+// The model's groups out of the worker's process groups (which must outlive the model).
+inline ModelGroups model_groups(comm::ProcessGroups& g) { return {&g.tp(), &g.pp(), g.embedding()}; }
 
 class ParallelModel {
  public:

@@ -81,7 +81,7 @@ struct Result {
   std::vector<StepTimes> times;
 };
 
-// Runs dp=1, tp x pp ranks; rank = tp_rank + tp * pp_rank (tensor fastest, as worker/comm's layout).
+// Runs dp=1, tp x pp ranks with the worker's process groups (rank = tp + T*(dp + D*pp)).
 Result run_parallel(int tp, int pp, const Data& d, int M, bool finish = true) {
   const int n = tp * pp;
   Result res;
@@ -91,22 +91,10 @@ Result run_parallel(int tp, int pp, const Data& d, int M, bool finish = true) {
   res.tied.assign(num_parameters(kCfg), 0);
   std::mutex mu;
   comm::run_local_world(n, [&](comm::Communicator& world) {
-    const int rank = world.rank(), tr = rank % tp, pr = rank / tp;
-    std::vector<int> tp_ranks, pp_ranks, emb_ranks;
-    for (int r = 0; r < tp; ++r) tp_ranks.push_back(r + tp * pr);
-    for (int p = 0; p < pp; ++p) pp_ranks.push_back(tr + tp * p);
-    if (pr == 0 || pr == pp - 1) {
-      emb_ranks = {tr, tr + tp * (pp - 1)};
-      emb_ranks.erase(std::unique(emb_ranks.begin(), emb_ranks.end()), emb_ranks.end());
-    } else {
-      emb_ranks = {rank};
-    }
-    auto tpc = world.split(tp_ranks, "tp");
-    auto ppc = world.split(pp_ranks, "pp");
-    auto emb = world.split(emb_ranks, "embedding");
+    comm::ProcessGroups groups(world, comm::Layout{.dp = 1, .tp = tp, .pp = pp});
+    const int rank = world.rank();
     ThreadPool pool(1);
-    ModelGroups g{tpc.get(), ppc.get(), emb.get()};
-    ParallelModel model(kCfg, kB, kT, M, pool, g);
+    ParallelModel model(kCfg, kB, kT, M, pool, model_groups(groups));
     model.init_weights(kSeed);
     model.zero_grad();
     int next = 0;
