@@ -18,6 +18,20 @@ check "chart dashboards are byte-identical copies of deploy/grafana" \
 check "chart rules are a byte-identical copy of deploy/prometheus/rules/railyard.rules.yml" \
   cmp "$src/deploy/prometheus/rules/railyard.rules.yml" "$chart/files/railyard.rules.yml"
 
+# A plain scalar in a YAML flow mapping ends at a comma: `{description: a, b}` makes "b" a schema keyword, which the
+# API server refuses ("unknown field") once kustomize turns it into a string.
+crd_stray_keys() {
+  local bad
+  bad=$(objects "$src/deploy/crds/trainingjobs.railyard.dev.yaml" |
+    jq -r '[paths | select(.[-1] | type == "string" and test(" ")) | map(tostring) | join(".")] | .[]')
+  [ -z "$bad" ] && return 0
+  echo "  stray keys (quote the description in deploy/crds/trainingjobs.railyard.dev.yaml, then copy it to" \
+    "charts/railyard/crds/):" >&2
+  sed 's/^/    /' <<<"$bad" >&2
+  return 1
+}
+check "deploy/crds: no schema key made of a description split at a comma" crd_stray_keys
+
 # --- default values -------------------------------------------------------------------------------------------------
 render "$work/default.yaml" --include-crds || fail "the default values do not render"
 objects "$work/default.yaml" >"$work/default.json"

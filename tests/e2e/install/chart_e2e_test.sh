@@ -1,0 +1,195 @@
+#!/usr/bin/env bash
+# e2e_install_chart, against the local cluster's real API server:
+#  1. the chart rendered for the default and three other value sets (with the cluster's own API versions, as helm
+#     does) passes `kubectl apply --dry-run=server`, and so does `kubectl kustomize deploy/` (minus its PDB when the
+#     server predates policy/v1);
+#  2. the RBAC of the default (cluster scope) and of the namespace-scope release applied for real, then
+#     `kubectl auth can-i --as system:serviceaccount:...` grants exactly what the operator and the monitor use and
+#     refuses what they must not do;
+#  3. railyard-operator run with the namespace-scope ServiceAccount's own token (exactly the shipped Role, ClusterRole
+#     and Lease Role) runs a 2-replica TrainingJob to Succeeded on the simulated nodes.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+: "${KUBECONFIG:?KUBECONFIG must point at the local cluster (run through ctest, or cluster.sh env)}"
+
+ns=railyard-install-e2e        # release namespace
+team=railyard-install-team     # job namespace of the namespace-scope release
+rel=railyard-e2e               # cluster-scope release
+reln=railyard-e2e-ns           # namespace-scope release
+op_pid=""
+cleanup() {
+  [ -n "$op_pid" ] && kill "$op_pid" 2>/dev/null && wait "$op_pid" 2>/dev/null
+  kubectl delete namespace "$ns" "$team" --wait=false >/dev/null 2>&1 || true
+  kubectl delete clusterrole,clusterrolebinding -l "app.kubernetes.io/instance in ($rel,$reln)" >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+fail() {
+  echo "FAIL: $*" >&2
+  [ -f "$work/operator.log" ] && { echo "--- operator log (tail)" >&2; tail -30 "$work/operator.log" >&2; }
+  kubectl get tj,pods -n "$team" -o wide >&2 2>/dev/null || true
+  exit 1
+}
+wait_for() { # SECONDS DESCRIPTION COMMAND...
+  local limit=$1 what=$2 t0=$SECONDS
+  shift 2
+  until "$@" >/dev/null 2>&1; do
+    [ $((SECONDS - t0)) -lt "$limit" ] || fail "timed out after ${limit}s waiting for $what"
+    sleep 0.3
+  done
+}
+
+kubectl apply -f "$src/deploy/crds/trainingjobs.railyard.dev.yaml" >/dev/null
+kubectl wait --for=condition=Established --timeout=60s crd/trainingjobs.railyard.dev >/dev/null
+for n in "$ns" "$team"; do kubectl get namespace "$n" >/dev/null 2>&1 || kubectl create namespace "$n" >/dev/null; done
+
+# What helm install would see: the server's version and its API group/versions.
+apis=$(kubectl api-versions | paste -sd, -)
+kver=$(kubectl version -o json 2>/dev/null | jq -r .serverVersion.gitVersion)
+cluster_render() { # OUT RELEASE [flags]
+  local out=$1 r=$2
+  shift 2
+  "$minihelm" template "$chart" --name "$r" --namespace "$ns" --only-api-versions --api-versions "$apis" \
+    --kube-version "$kver" "$@" >"$out"
+}
+sed "s/team-a/$team/g" "$values_dir/namespace-scope.yaml" >"$work/namespace-scope.yaml"
+
+jqe() { jq -e "$@" >/dev/null; }
+# --- 1. server-side dry runs -------------------------------------------------------------------------------------
+dry_run() { kubectl apply --dry-run=server -f "$1" >"$work/dry.out" 2>&1 || { cat "$work/dry.out" >&2; return 1; }; }
+cluster_render "$work/default.yaml" "$rel" --include-crds || fail "default values do not render"
+check "default values: kubectl apply --dry-run=server" dry_run "$work/default.yaml"
+check "default values: the PDB uses the API version the server has (policy/v1 only from 1.21)" \
+  jqe -s --arg apis "$apis" '[.[] | select(.kind == "PodDisruptionBudget") | .apiVersion] ==
+    [if ($apis | split(",") | index("policy/v1")) then "policy/v1" else "policy/v1beta1" end]' \
+  <("$minihelm" yaml2json "$work/default.yaml")
+cluster_render "$work/ns.yaml" "$reln" -f "$work/namespace-scope.yaml" || fail "namespace-scope values do not render"
+check "namespace-scope values: kubectl apply --dry-run=server" dry_run "$work/ns.yaml"
+cluster_render "$work/nomon.yaml" "$rel" -f "$values_dir/no-monitor.yaml" || fail "no-monitor values do not render"
+check "no-monitor values: kubectl apply --dry-run=server" dry_run "$work/nomon.yaml"
+cluster_render "$work/po.yaml" "$rel" -f "$values_dir/prometheus-operator.yaml" ||
+  fail "prometheus-operator values do not render"
+if grep -q "monitoring.coreos.com/v1" <<<"${apis//,/$'\n'}"; then
+  check "prometheus-operator values: kubectl apply --dry-run=server" dry_run "$work/po.yaml"
+else
+  # The local cluster has no prometheus-operator: the gated objects must be left out, so that the rest applies.
+  check "prometheus-operator values: no monitoring.coreos.com objects on a cluster without them" \
+    bash -c "! grep -q 'apiVersion: monitoring.coreos.com' '$work/po.yaml'"
+  sed -i "s/namespace: monitoring/namespace: $ns/" "$work/po.yaml"
+  check "prometheus-operator values: kubectl apply --dry-run=server" dry_run "$work/po.yaml"
+fi
+kubectl kustomize "$src/deploy" >"$work/kustomize.yaml"
+if ! grep -qx policy/v1 <<<"${apis//,/$'\n'}"; then # a pre-1.21 server: no policy/v1 PodDisruptionBudget
+  "$minihelm" yaml2json "$work/kustomize.yaml" | jq -c 'select(.kind != "PodDisruptionBudget")' >"$work/kustomize.json"
+  mv "$work/kustomize.json" "$work/kustomize.yaml"
+fi
+# The Namespace is only created in a dry run, so the objects in it would not find it: create it for real first.
+kubectl get namespace railyard-system >/dev/null 2>&1 || kubectl create namespace railyard-system >/dev/null
+check "kubectl kustomize deploy/ | kubectl apply --dry-run=server" dry_run "$work/kustomize.yaml"
+
+# --- 2. RBAC for real, then kubectl auth can-i ---------------------------------------------------------------------
+rbac_only() { "$minihelm" yaml2json "$1" | jq -c 'select(.kind | test("^(ServiceAccount|(Cluster)?Role(Binding)?)$"))'; }
+rbac_only "$work/default.yaml" | kubectl apply -f - >/dev/null || fail "applying the default RBAC"
+rbac_only "$work/ns.yaml" | kubectl apply -f - >/dev/null || fail "applying the namespace-scope RBAC"
+can() { # yes|no SA VERB RESOURCE [kubectl auth can-i flags]
+  local want=$1 sa=$2
+  shift 2
+  local got
+  got=$(kubectl auth can-i --as "system:serviceaccount:$ns:$sa" "$@" 2>/dev/null || true)
+  [ "$got" = "$want" ] && return 0
+  echo "  $sa: can-i $* = '$got', want $want" >&2
+  return 1
+}
+op=$rel-operator
+mon=$rel-monitor
+# Everything the operator calls (docs/operator.md "RBAC the operator needs"), in any namespace.
+for v in get list watch patch delete; do check "operator may $v trainingjobs" can yes "$op" "$v" trainingjobs.railyard.dev -A; done
+check "operator may update trainingjobs/status" can yes "$op" update trainingjobs.railyard.dev --subresource=status -n "$team"
+for v in get list watch create delete; do check "operator may $v pods" can yes "$op" "$v" pods -A; done
+check "operator may create pods/binding" can yes "$op" create pods --subresource=binding -n "$team"
+for v in get create delete; do check "operator may $v secrets in a job namespace" can yes "$op" "$v" secrets -n "$team"; done
+for v in get list watch; do check "operator may $v nodes" can yes "$op" "$v" nodes; done
+for v in create patch; do check "operator may $v events" can yes "$op" "$v" events -n "$team"; done
+for v in get create update; do check "operator may $v leases in $ns" can yes "$op" "$v" leases.coordination.k8s.io -n "$ns"; done
+check "operator may get its own namespace" can yes "$op" get "namespace/$ns"
+# ... and nothing else.
+check "operator may not delete nodes" can no "$op" delete nodes
+check "operator may not patch nodes" can no "$op" patch nodes
+check "operator may not list secrets" can no "$op" list secrets -A
+check "operator may not watch secrets" can no "$op" watch secrets -n "$team"
+check "operator may not update secrets" can no "$op" update secrets -n "$team"
+check "operator may not update pods (no pod writes besides create/delete/binding)" can no "$op" update pods -n "$team"
+check "operator may not create pods/exec" can no "$op" create pods --subresource=exec -n "$team"
+check "operator may not update trainingjobs (spec)" can no "$op" update trainingjobs.railyard.dev -n "$team"
+check "operator may not create trainingjobs" can no "$op" create trainingjobs.railyard.dev -n "$team"
+check "operator may not touch leases outside $ns" can no "$op" update leases.coordination.k8s.io -n kube-system
+check "operator may not get other namespaces" can no "$op" get namespace/kube-system
+check "operator may not create deployments" can no "$op" create deployments.apps -n "$ns"
+check "operator may not create clusterroles" can no "$op" create clusterroles.rbac.authorization.k8s.io
+check "operator may not read configmaps" can no "$op" get configmaps -n "$team"
+# The monitor (docs/monitor.md).
+for v in get list patch; do check "monitor may $v trainingjobs" can yes "$mon" "$v" trainingjobs.railyard.dev -A; done
+for v in create patch; do check "monitor may $v events" can yes "$mon" "$v" events -n "$team"; done
+check "monitor may list pods (embedded mode)" can yes "$mon" list pods -A
+check "monitor may not watch trainingjobs" can no "$mon" watch trainingjobs.railyard.dev -A
+check "monitor may not delete trainingjobs" can no "$mon" delete trainingjobs.railyard.dev -n "$team"
+check "monitor may not update trainingjobs/status" can no "$mon" update trainingjobs.railyard.dev --subresource=status -A
+check "monitor may not get pods" can no "$mon" get pods -n "$team"
+check "monitor may not read secrets" can no "$mon" get secrets -n "$team"
+check "monitor may not list nodes" can no "$mon" list nodes
+# Namespace scope: the same verbs, only in the job namespace.
+opn=$reln-operator
+check "namespace scope: operator may list trainingjobs in $team" can yes "$opn" list trainingjobs.railyard.dev -n "$team"
+check "namespace scope: operator may create pods in $team" can yes "$opn" create pods -n "$team"
+check "namespace scope: operator may still list nodes" can yes "$opn" list nodes
+check "namespace scope: operator may not list trainingjobs cluster-wide" can no "$opn" list trainingjobs.railyard.dev -A
+check "namespace scope: operator may not create pods in default" can no "$opn" create pods -n default
+check "namespace scope: operator may not get secrets in default" can no "$opn" get secrets -n default
+check "namespace scope: monitor may not list pods (Prometheus mode)" can no "$reln-monitor" list pods -n "$team"
+check "namespace scope: monitor may patch trainingjobs in $team" can yes "$reln-monitor" patch trainingjobs.railyard.dev -n "$team"
+check "namespace scope: worker ServiceAccount mounts no token" \
+  test "$(kubectl get sa railyard-worker -n "$team" -o jsonpath='{.automountServiceAccountToken}')" = false
+
+# --- 3. the operator with exactly the shipped namespace-scope RBAC runs a job --------------------------------------
+[ "$(kubectl get nodes -o name | wc -l)" -ge 2 ] || fail "the cluster has fewer than 2 nodes (start it with the node agent)"
+wait_for 60 "the token Secret of $opn" bash -c "kubectl get sa $opn -n $ns -o jsonpath='{.secrets[0].name}' | grep -q ."
+token=$(kubectl get secret -n "$ns" "$(kubectl get sa "$opn" -n "$ns" -o jsonpath='{.secrets[0].name}')" \
+  -o jsonpath='{.data.token}' | base64 -d)
+sed "s|^\(\s*\)token: .*|\1token: $token|" "$KUBECONFIG" >"$work/operator.kubeconfig"
+check "the operator's kubeconfig is not the admin's" bash -c "! cmp -s '$KUBECONFIG' '$work/operator.kubeconfig'"
+# The chart's own arguments for this release, with loopback addresses and the local worker binary instead of images.
+mapfile -t args < <("$minihelm" yaml2json "$work/ns.yaml" | jq -r 'select(.kind == "Deployment" and
+  .metadata.name == "'"$opn"'") | .spec.template.spec.containers[0].args[]' |
+  grep -vE '^--(metrics-addr|health-addr|rendezvous-bind|rendezvous-addr|worker-command|worker-image)=')
+"$bin/railyard-operator" --kubeconfig "$work/operator.kubeconfig" "${args[@]}" --metrics-addr 127.0.0.1:0 \
+  --health-addr 127.0.0.1:0 --rendezvous-bind 127.0.0.1:0 --worker-command "$bin/railyard-worker" \
+  --lease-duration 4 --renew-deadline 3 --retry-period 1 >"$work/operator.log" 2>&1 &
+op_pid=$!
+wait_for 40 "the operator to lead under its own ServiceAccount" grep -q "leading: reconciling" "$work/operator.log"
+cat <<YAML | kubectl apply -n "$team" -f - >/dev/null
+apiVersion: railyard.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: rbac-check}
+spec:
+  replicas: 2
+  device: cpu
+  model: {preset: tiny}
+  data: {train: /tmp/none/train_*.bin}
+  training: {steps: 10, globalBatch: 12, microBatch: 1}
+  template:
+    spec:
+      containers:
+        - command: ["sh", "-c", "sleep 1; exit 0"]
+YAML
+phase() { kubectl get tj rbac-check -n "$team" -o jsonpath='{.status.phase}'; }
+wait_for 60 "the job to succeed under the shipped RBAC" bash -c "[ \"\$(kubectl get tj rbac-check -n $team \
+  -o jsonpath='{.status.phase}')\" = Succeeded ]"
+check "job Succeeded with the operator's namespace-scope RBAC" test "$(phase)" = Succeeded
+check "the operator logged no Forbidden" bash -c "! grep -qi forbidden '$work/operator.log'"
+check "the operator created the rendezvous Secret and bound the pods" bash -c \
+  "kubectl get secret rbac-check-rendezvous -n $team >/dev/null && kubectl get pods -n $team \
+   -l railyard.dev/job=rbac-check -o jsonpath='{.items[*].spec.nodeName}' | grep -q ."
+kill "$op_pid"
+wait "$op_pid" 2>/dev/null || true
+op_pid=""
+kubectl delete tj rbac-check -n "$team" --wait=false >/dev/null
+finish
