@@ -154,4 +154,27 @@ void ParallelModel::finish_grads(StepTimes* times) {
   if (times != nullptr) times->pp_wait += since(t0);
 }
 
+double ParallelModel::sum_squares_once(const float* buf) {
+  double local = 0;
+  for (const ElementRange& r : count_once_) {
+    for (size_t i = r.begin; i < r.end; ++i) local += static_cast<double>(buf[i]) * buf[i];
+  }
+  // Communicator has no fp64: the doubles travel as int64 bit patterns and are summed here in rank order.
+  auto sum_over = [](comm::Communicator* g, double x) {
+    if (g == nullptr || g->size() == 1) return x;
+    int64_t bits = 0;
+    std::memcpy(&bits, &x, sizeof bits);
+    std::vector<int64_t> all(g->size());
+    g->all_gather(&bits, all.data(), 1, comm::DType::kInt64);
+    double sum = 0;
+    for (int64_t b : all) {
+      double v = 0;
+      std::memcpy(&v, &b, sizeof v);
+      sum += v;
+    }
+    return sum;
+  };
+  return sum_over(groups_.pp, sum_over(groups_.tp, local));
+}
+
 }  // namespace railyard::worker::parallel

@@ -57,6 +57,10 @@ class ParallelModel {
   const std::vector<ShardSlice>& shard_map() const { return stage_->shard_map(); }
   // Local element ranges to count in global sums (grad norm): see count_once_ranges in stage_plan.h.
   const std::vector<ElementRange>& count_once() const { return count_once_; }
+  // Sum of squares of a buffer of the local layout (e.g. grads() after the dp reduction) over the whole model
+  // replica, each llm.c element counted once; identical bits on every rank of the replica (gathered over tp, then
+  // pp, summed in rank order). sqrt of it is the global grad norm; a NaN/Inf anywhere makes it non-finite.
+  double sum_squares_once(const float* buf);
   void scatter_from_full(const float* full) { stage_->scatter_from_full(full); }
   void gather_into_full(const float* local, float* full) const { stage_->gather_into_full(local, full); }
   // init_gpt2_weights(seed) of the full model, then this rank's slices.

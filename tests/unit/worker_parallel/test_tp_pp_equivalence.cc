@@ -76,6 +76,7 @@ double rel_err(const float* a, const float* b, size_t n) {
 
 struct Result {
   std::vector<double> losses;  // per rank
+  std::vector<double> sumsq;   // per rank: sum_squares_once(grads)
   std::vector<float> grads;    // gathered primary slices
   std::vector<float> tied;     // the last stage's wte copy (pp > 1), gathered into a full buffer
   std::vector<StepTimes> times;
@@ -86,6 +87,7 @@ Result run_parallel(int tp, int pp, const Data& d, int M, bool finish = true) {
   const int n = tp * pp;
   Result res;
   res.losses.assign(n, 0);
+  res.sumsq.assign(n, 0);
   res.times.assign(n, StepTimes{});
   res.grads.assign(num_parameters(kCfg), 0);
   res.tied.assign(num_parameters(kCfg), 0);
@@ -109,8 +111,10 @@ Result run_parallel(int tp, int pp, const Data& d, int M, bool finish = true) {
         },
         1.0f / M, &t);
     if (finish) model.finish_grads(&t);
+    const double sq = model.sum_squares_once(model.grads());
     std::lock_guard<std::mutex> lock(mu);
     res.losses[rank] = loss;
+    res.sumsq[rank] = sq;
     res.times[rank] = t;
     std::vector<ShardSlice> primary, copies;
     for (const ShardSlice& sl : model.shard_map()) (sl.tied_copy ? copies : primary).push_back(sl);
@@ -129,6 +133,13 @@ void check_equal(const Result& got, const Reference& ref, int pp) {
     const double e = rel_err(got.grads.data() + off, ref.grads.data() + off, sizes[i]);
     CHECK(e <= 1e-5);
     off += sizes[i];
+  }
+  // the replica-wide sum of squares counts every llm.c element once, the same on every rank
+  double ref_sq = 0;
+  for (float x : ref.grads) ref_sq += double(x) * x;
+  for (double sq : got.sumsq) {
+    CHECK(std::fabs(sq - ref_sq) <= 1e-5 * ref_sq);
+    CHECK(sq == got.sumsq[0]);
   }
   if (pp > 1) {  // the tied copy took the same summed gradient
     CHECK(rel_err(got.tied.data(), ref.grads.data(), sizes[0]) <= 1e-5);
