@@ -18,6 +18,7 @@
 #include "operator/controller/controller.h"
 #include "operator/controller/pod_builder.h"
 #include "operator/rendezvous/rendezvous.h"
+#include "operator/scheduler/rail_aware.h"
 
 namespace {
 
@@ -37,6 +38,7 @@ struct Flags {
   std::string rendezvous_addr;
   double join_timeout = 300;
   int workers = 2;
+  std::string placement = "rail-aware";
   int worker_metrics_port = 9400, agent_metrics_port = 9399;
 };
 
@@ -60,6 +62,7 @@ Runs the TrainingJob controller against the cluster of $KUBECONFIG (or --kubecon
   --join-timeout S                  how long a joined pod waits for the rest of its generation before the
                                     service reports a join timeout (default 300)
   --workers N                       reconcile threads (default 2)
+  --placement rail-aware|simple     gang placement: rail-aware (default; docs/scheduler.md) or simple first fit
   --worker-metrics-port P           worker pods serve /metrics on P + local rank (default 9400; 0 = off)
   --agent-metrics-port P            the pods' agents serve /metrics on P (default 9399; 0 = off)
   --log-level debug|info|warn|error
@@ -154,6 +157,10 @@ Flags parse_flags(int argc, char** argv) {
       }
       if (port < 0 || port > 65535) usage_error(a + " '" + v + "': use a port number, or 0 to turn it off");
       (a == "--worker-metrics-port" ? f.worker_metrics_port : f.agent_metrics_port) = port;
+    } else if (a == "--placement") {
+      f.placement = next();
+      if (f.placement != "rail-aware" && f.placement != "simple")
+        usage_error("--placement '" + f.placement + "': use rail-aware or simple");
     } else if (a == "--workers") {
       std::string v = next();
       try {
@@ -243,7 +250,13 @@ int main(int argc, char** argv) {
   copts.pod.rendezvous_addr = flags.rendezvous_addr;
   copts.pod.worker_metrics_port = flags.worker_metrics_port;
   copts.pod.agent_metrics_port = flags.agent_metrics_port;
-  op::Controller controller(*client, registry, copts);
+  op::placement_hops(registry);  // exported from the start, observed at each gang placement
+  std::unique_ptr<op::Placement> placement;
+  if (flags.placement == "simple")
+    placement = std::make_unique<op::SimplePlacement>();
+  else
+    placement = std::make_unique<op::sched::RailAwarePlacement>();
+  op::Controller controller(*client, registry, copts, std::move(placement));
 
   std::unique_ptr<metrics::Exposer> exposer;
   httplib::Server health;

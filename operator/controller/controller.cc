@@ -556,6 +556,8 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
   }
 
   // Restart triggers.
+  PlacementRequest job_placement;  // spec.placement and the failure exclusions (excludeFailedNodes)
+  apply_job_options(job, job_placement);
   std::set<std::string> handled;
   if (status.contains("lastRestart") && status["lastRestart"].contains("podUIDs"))
     for (const Json& u : status["lastRestart"]["podUIDs"])
@@ -596,6 +598,13 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
           triggers.push_back({"NodeLost",
                               "node " + node + " of pod " + pod_name + " is " + (n_obj ? "not Ready" : "gone"),
                               pod_name, node, "operator", uid, i * spec.procs_per_replica});
+        to_delete.push_back({pod_name, true});
+      } else if (job_placement.excluded_nodes.count(node)) {
+        // The node was blamed for a failure (railyard.dev/exclude-nodes): move the pod off it.
+        if (!handled.count(uid))
+          triggers.push_back({"NodeExcluded",
+                              "node " + node + " of pod " + pod_name + " is in " + kExcludeNodesAnnotation, pod_name,
+                              node, "operator", uid, i * spec.procs_per_replica});
         to_delete.push_back({pod_name, true});
       }
     }
@@ -747,15 +756,27 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
   }
 
   int bound_now = 0;
+  int placed_hops = -1;  // the gang's worst same-rail hops, when placed now
   bool capacity_short = false;
   if (!unbound.empty()) {
-    PlacementRequest req;
+    PlacementRequest req = job_placement;
     req.job_key = key;
     req.pods = static_cast<int>(unbound.size());
     req.gpus_per_pod = pod_resource(build_worker_pod(job, spec, 0, gen, opts_.pod), kGpuResource);
     req.node_selector = spec.node_selector;
     if (job["spec"].contains("template") && job["spec"]["template"].is_object())
       req.tolerations = job["spec"]["template"].value("spec", Json::object()).value("tolerations", Json::array());
+    for (int i = 0; i < n; ++i) {
+      const std::string pod_name = worker_pod_name(name, i);
+      if (std::find(unbound.begin(), unbound.end(), pod_name) != unbound.end())
+        req.pod_indices.push_back(i);
+      else if (auto it = by_index.find(i); it != by_index.end() && !node_of(it->second).empty())
+        req.bound[i] = node_of(it->second);
+    }
+    req.procs_per_pod = spec.procs_per_replica;
+    const WorldLayout layout = world_layout(spec, n);
+    req.tensor = layout.tensor;
+    req.pipeline = layout.pipeline;
     auto t0 = Clock::now();
     const auto inventory = build_inventory(nodes_->list(), pods_->list());
     PlacementResult r = placement_->place(req, inventory);
@@ -767,6 +788,7 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
       for (int k = req.pods - 1; k >= 1 && !r.ok; --k) {
         PlacementRequest part = req;
         part.pods = k;
+        part.pod_indices.resize(k);
         r = placement_->place(part, inventory);
       }
       if (r.ok) {
@@ -794,7 +816,13 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
         summary += (summary.empty() ? "" : ", ") + unbound[i] + " -> " + r.nodes[i];
         bound_now++;
       }
-      events.push_back({false, "Bound", "bound " + std::to_string(unbound.size()) + " pods: " + summary});
+      events.push_back({false, "Bound",
+                        "bound " + std::to_string(unbound.size()) + " pods: " + summary +
+                            (r.message.empty() ? "" : " (" + r.message + ")")});
+      if (r.worst_hops >= 0) {
+        placement_hops(registry_).add({}).observe(r.worst_hops);
+        placed_hops = r.worst_hops;
+      }
     } else {
       capacity_short = true;
       if (set_condition(status, "Scheduled", false, "Unschedulable", r.message, now_s) || created.size())
@@ -855,7 +883,15 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
   for (const auto& pod_name : members)
     if (up[pod_name]) running++;
   status["replicas"] = exist;
-  if (bound == n) status["placement"] = {{"nodes", placed}};
+  if (bound == n) {
+    Json pl = {{"nodes", placed}};
+    if (placed_hops >= 0)
+      pl["hops"] = placed_hops;
+    else if (orig.contains("placement") && orig["placement"].value("nodes", Json()) == placed &&
+             orig["placement"].contains("hops"))
+      pl["hops"] = orig["placement"]["hops"];
+    status["placement"] = pl;
+  }
   set_condition(status, "Created", exist == n, exist == n ? "PodsCreated" : "CreatingPods",
                 std::to_string(exist) + " of " + std::to_string(n) + " worker pods exist", now_s);
   if (bound == n)

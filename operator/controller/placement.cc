@@ -96,16 +96,128 @@ std::vector<NodeInfo> build_inventory(const std::vector<Json>& nodes, const std:
   return out;
 }
 
+std::set<std::string> parse_node_list(const std::string& list) {
+  std::set<std::string> out;
+  size_t start = 0;
+  while (start <= list.size()) {
+    size_t comma = list.find(',', start);
+    if (comma == std::string::npos) comma = list.size();
+    std::string item = list.substr(start, comma - start);
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    if (!item.empty()) out.insert(item);
+    start = comma + 1;
+  }
+  return out;
+}
+
+void apply_job_options(const Json& job, PlacementRequest& req) {
+  const Json spec = job.value("spec", Json::object());
+  const Json pl = spec.value("placement", Json::object());
+  if (pl.is_object()) {
+    if (pl.contains("railAware") && pl["railAware"].is_boolean()) req.rail_aware = pl["railAware"].get<bool>();
+    req.hard = pl.value("mode", "soft") == "hard";
+    for (const Json& k : pl.value("topologyKeys", Json::array()))
+      if (k.is_string() && !k.get<std::string>().empty()) req.topology_keys.push_back(k.get<std::string>());
+  }
+  const Json tmpl = spec.value("template", Json::object());
+  if (tmpl.is_object()) {
+    const Json tspec = tmpl.value("spec", Json::object());
+    if (tspec.is_object() && tspec.contains("affinity") && tspec["affinity"].is_object() &&
+        tspec["affinity"].contains("nodeAffinity"))
+      req.node_affinity = tspec["affinity"]["nodeAffinity"];
+  }
+  const Json fp = spec.value("failurePolicy", Json::object());
+  bool exclude = true;  // the CRD default
+  if (fp.is_object() && fp.contains("excludeFailedNodes") && fp["excludeFailedNodes"].is_boolean())
+    exclude = fp["excludeFailedNodes"].get<bool>();
+  if (!exclude) return;
+  const Json ann = job.contains("metadata") ? job["metadata"].value("annotations", Json::object()) : Json::object();
+  if (ann.contains(kExcludeNodesAnnotation) && ann[kExcludeNodesAnnotation].is_string())
+    req.excluded_nodes = parse_node_list(ann[kExcludeNodesAnnotation].get<std::string>());
+  const Json status = job.value("status", Json::object());
+  if (status.is_object() && status.contains("lastRestart") && status["lastRestart"].is_object()) {
+    const Json& last = status["lastRestart"];
+    if (last.value("reason", "") == "NodeLost" && !last.value("node", "").empty())
+      req.avoided_nodes.insert(last.value("node", ""));
+  }
+}
+
+namespace {
+bool label_expression_holds(const Json& e, const std::map<std::string, std::string>& labels) {
+  const std::string key = e.value("key", ""), op = e.value("operator", "");
+  const Json values = e.value("values", Json::array());
+  auto it = labels.find(key);
+  const bool has = it != labels.end();
+  auto in_values = [&] {
+    if (!has) return false;
+    for (const Json& v : values)
+      if (v.is_string() && v.get<std::string>() == it->second) return true;
+    return false;
+  };
+  auto compare = [&](bool greater) {
+    if (!has || values.size() != 1 || !values[0].is_string()) return false;
+    try {
+      long long have = std::stoll(it->second), want = std::stoll(values[0].get<std::string>());
+      return greater ? have > want : have < want;
+    } catch (...) {
+      return false;
+    }
+  };
+  if (op == "In") return in_values();
+  if (op == "NotIn") return !in_values();
+  if (op == "Exists") return has;
+  if (op == "DoesNotExist") return !has;
+  if (op == "Gt") return compare(true);
+  if (op == "Lt") return compare(false);
+  return false;  // an unknown operator matches nothing, as in kube-scheduler
+}
+}  // namespace
+
+bool matches_node_affinity(const Json& node_affinity, const NodeInfo& node) {
+  if (!node_affinity.is_object()) return true;
+  const Json req = node_affinity.value("requiredDuringSchedulingIgnoredDuringExecution", Json());
+  if (!req.is_object()) return true;
+  const Json terms = req.value("nodeSelectorTerms", Json::array());
+  if (!terms.is_array() || terms.empty()) return true;
+  const std::map<std::string, std::string> fields{{"metadata.name", node.name}};
+  for (const Json& term : terms) {
+    if (!term.is_object()) continue;
+    const Json exprs = term.value("matchExpressions", Json::array());
+    const Json field_exprs = term.value("matchFields", Json::array());
+    if (exprs.empty() && field_exprs.empty()) continue;  // an empty term matches no objects
+    bool all = true;
+    for (const Json& e : exprs) all = all && e.is_object() && label_expression_holds(e, node.labels);
+    for (const Json& e : field_exprs) all = all && e.is_object() && label_expression_holds(e, fields);
+    if (all) return true;
+  }
+  return false;
+}
+
+metrics::Family<metrics::Histogram>& placement_hops(metrics::Registry& registry) {
+  return registry.histogram("railyard_operator_placement_hops",
+                            "Worst same-rail switch hops between communicating pods of each gang placed (0: one node, "
+                            "1: one unit, 3: one leaf, 5: one spine).",
+                            {0, 1, 3, 5, 7, 9});
+}
+
 PlacementResult SimplePlacement::place(const PlacementRequest& req, const std::vector<NodeInfo>& nodes) {
   PlacementResult r;
   std::vector<const NodeInfo*> sorted;
   for (const NodeInfo& n : nodes) sorted.push_back(&n);
-  std::sort(sorted.begin(), sorted.end(), [](auto* a, auto* b) { return a->name < b->name; });
-  int not_ready = 0, busy = 0, filtered = 0;
+  // Name order, with the nodes to avoid last.
+  std::sort(sorted.begin(), sorted.end(), [&](auto* a, auto* b) {
+    return std::pair(req.avoided_nodes.count(a->name), a->name) < std::pair(req.avoided_nodes.count(b->name), b->name);
+  });
+  int not_ready = 0, busy = 0, filtered = 0, excluded = 0;
   for (const NodeInfo* n : sorted) {
     if (static_cast<int>(r.nodes.size()) == req.pods) break;
     if (!n->ready || n->unschedulable) {
       not_ready++;
+      continue;
+    }
+    if (req.excluded_nodes.count(n->name)) {
+      excluded++;
       continue;
     }
     bool selected = std::all_of(req.node_selector.begin(), req.node_selector.end(), [&](const auto& kv) {
@@ -114,7 +226,7 @@ PlacementResult SimplePlacement::place(const PlacementRequest& req, const std::v
     });
     bool tolerated =
         std::all_of(n->taints.begin(), n->taints.end(), [&](const Json& t) { return tolerates(req.tolerations, t); });
-    if (!selected || !tolerated) {
+    if (!selected || !tolerated || !matches_node_affinity(req.node_affinity, *n)) {
       filtered++;
       continue;
     }
@@ -137,7 +249,8 @@ PlacementResult SimplePlacement::place(const PlacementRequest& req, const std::v
   r.nodes.clear();
   r.message = std::to_string(r.missing) + " of " + std::to_string(req.pods) + " pods do not fit (" +
               std::to_string(nodes.size()) + " nodes: " + std::to_string(not_ready) + " not ready or cordoned, " +
-              std::to_string(filtered) + " excluded by selector or taints, " + std::to_string(busy) +
+              (excluded ? std::to_string(excluded) + " excluded by failure, " : "") + std::to_string(filtered) +
+              " excluded by selector, affinity or taints, " + std::to_string(busy) +
               (req.gpus_per_pod > 0 ? " without " + std::to_string(req.gpus_per_pod) + " free GPUs"
                                     : " already running a worker pod") +
               "); none bound";

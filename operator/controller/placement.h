@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/metrics/metrics.h"
 #include "operator/controller/job_spec.h"
 
 namespace railyard::op {
@@ -27,19 +28,40 @@ struct NodeInfo {
   std::set<std::string> jobs;  // "ns/name" of jobs with a pod here
 };
 
+inline constexpr const char* kExcludeNodesAnnotation = "railyard.dev/exclude-nodes";
+
 struct PlacementRequest {
   std::string job_key;
   int pods = 0;              // pods to place now (the unbound part of the gang)
   int64_t gpus_per_pod = 0;  // 0: CPU pods, one Railyard worker pod per node
   std::map<std::string, std::string> node_selector;
   Json tolerations = Json::array();
+  // The pod template's spec.affinity.nodeAffinity (null: none). Its required terms filter nodes.
+  Json node_affinity{};
+  // Never used: the job's railyard.dev/exclude-nodes (failurePolicy.excludeFailedNodes).
+  std::set<std::string> excluded_nodes{};
+  // Used only when nothing else fits: nodes that lost one of the job's pods (excludeFailedNodes), so that an elastic
+  // job can still grow back onto a node that returned.
+  std::set<std::string> avoided_nodes{};
+  // The gang as a whole, for the rail-aware cost: replica index of each pod to place (empty: 0..pods-1), the nodes of
+  // the replicas already bound, and the world layout (tensor fastest-varying, then data, then pipeline).
+  std::vector<int> pod_indices{};
+  std::map<int, std::string> bound{};
+  int procs_per_pod = 1, tensor = 1, pipeline = 1;
+  // spec.placement: railAware=false places first-fit; hard keeps the gang inside one domain of the widest topology
+  // key; topology_keys (narrowest first) replace railyard.dev/unit, leaf, spine.
+  bool rail_aware = true;
+  bool hard = false;
+  std::vector<std::string> topology_keys{};
 };
 
 struct PlacementResult {
   bool ok = false;
   std::vector<std::string> nodes;  // one per requested pod, in order, when ok
   int missing = 0;                 // pods that did not fit, when !ok
-  std::string message;             // why, for the Scheduled condition
+  std::string message;             // why (for the Scheduled condition), or on success how (for the event)
+  int worst_hops = -1;             // switch hops of the gang's costliest communication edge (-1: not computed)
+  double mean_hops = 0;
 };
 
 class Placement {
@@ -55,6 +77,22 @@ class SimplePlacement : public Placement {
  public:
   PlacementResult place(const PlacementRequest& req, const std::vector<NodeInfo>& nodes) override;
 };
+
+// Fills the request's placement options from a TrainingJob: spec.placement (railAware, mode, topologyKeys), the
+// template's node affinity, and with failurePolicy.excludeFailedNodes (default true) the exclude-nodes annotation and
+// the node of a NodeLost restart (status.lastRestart).
+void apply_job_options(const Json& job, PlacementRequest& req);
+
+// A comma-separated node list (the exclude-nodes annotation) as a set; blanks are dropped.
+std::set<std::string> parse_node_list(const std::string& list);
+
+// True when the node passes the required terms of `node_affinity` (spec.affinity.nodeAffinity): any term matches,
+// every expression of a term holds (In, NotIn, Exists, DoesNotExist, Gt, Lt; matchFields on metadata.name).
+bool matches_node_affinity(const Json& node_affinity, const NodeInfo& node);
+
+// railyard_operator_placement_hops: the worst same-rail switch hops of each gang placed (registered once; the
+// operator's main registers it at start so it is exported before the first placement).
+metrics::Family<metrics::Histogram>& placement_hops(metrics::Registry& registry);
 
 // The inventory from Node objects and pods (pods of other nodes or unbound pods are ignored).
 std::vector<NodeInfo> build_inventory(const std::vector<Json>& nodes, const std::vector<Json>& pods);

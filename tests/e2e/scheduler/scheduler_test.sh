@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# E2E: the operator's default rail-aware placement on the real local cluster (the fixture's 4 H100 nodes: units u0
+# and u1 of 2 nodes each, one leaf). GPU-shaped jobs (device cuda, 8 GPUs a pod) run `sleep` from spec.template.
+#  1. a 4-GPU pod takes a node; a 2-pod 8-GPU gang then lands whole in the other unit (first fit would split it);
+#     status.placement.hops is 1, the Bound event explains the choice, /metrics has the hops histogram;
+#  2. railyard.dev/exclude-nodes on the job moves its pod off the named node (restart reason NodeExcluded) and the
+#     replacement never lands there;
+#  3. a gang that does not fit waits Unschedulable with a message saying why, with none of its pods bound, and
+#     starts once capacity returns, inside one unit (placement.mode hard, topologyKeys [unit]).
+set -euo pipefail
+src=${RAILYARD_SOURCE_DIR:?}
+state=${RAILYARD_E2E_STATE_DIR:?}
+bin=${RAILYARD_BIN_DIR:?}
+eval "$(bash "$src/deploy/local/cluster.sh" env --state-dir "$state")"
+ns=sched-e2e-$$
+work=$(mktemp -d /tmp/sched-e2e.XXXXXX)
+op_pid=
+fail() {
+  echo "FAIL: $*" >&2
+  kubectl get tj,pods -n "$ns" -o wide >&2 || true
+  kubectl get tj -n "$ns" -o jsonpath='{range .items[*]}{.metadata.name}{": "}{.status}{"\n"}{end}' >&2 || true
+  kubectl get events -n "$ns" --sort-by=.lastTimestamp >&2 || true
+  echo "--- operator log (tail)" >&2
+  tail -n 40 "$work/op.log" >&2 || true
+  exit 1
+}
+cleanup() {
+  [ -z "$op_pid" ] || { kill "$op_pid" 2>/dev/null || true; wait "$op_pid" 2>/dev/null || true; }
+  kubectl delete namespace "$ns" --wait=false >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+# shellcheck source=../operator/lib.sh
+source "$src/tests/e2e/operator/lib.sh"
+
+jp() { kubectl get tj "$1" -n "$ns" -o jsonpath="$2" 2>/dev/null; }
+node_of() { kubectl get pod "$1" -n "$ns" -o jsonpath='{.spec.nodeName}' 2>/dev/null; }
+unit_of() { kubectl get node "$1" -o jsonpath='{.metadata.labels.railyard\.dev/unit}'; }
+bound() { [ -n "$(node_of "$1")" ]; }
+job() { # job NAME REPLICAS PROCS [EXTRA-SPEC-YAML]
+  cat <<YAML
+apiVersion: railyard.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: $1}
+spec:
+  replicas: $2
+  procsPerReplica: $3
+  device: cuda
+  model: {preset: tiny}
+  data: {train: /tmp/none/train_*.bin}
+  training: {steps: 10, globalBatch: 16, microBatch: 1}
+  failurePolicy: {maxRestarts: 5}
+  template:
+    spec:
+      containers:
+        - command: ["sh", "-c", "sleep 600"]
+${4:-}
+YAML
+}
+
+install_crd "$src"
+kubectl create namespace "$ns" >/dev/null
+nodes=$(kubectl get nodes -l railyard.dev/simulated=true -o name | wc -l)
+[ "$nodes" -eq 4 ] || fail "expected the fixture's 4 simulated nodes, found $nodes"
+mport=$(free_port)
+"$bin/railyard-operator" --namespace "$ns" --leader-elect=false --metrics-addr "127.0.0.1:$mport" \
+  --health-addr "127.0.0.1:$(free_port)" --rendezvous-bind 127.0.0.1:0 >"$work/op.log" 2>&1 &
+op_pid=$!
+
+# 1. Best fit: the half-node job fills a node; the 2-node gang goes whole into the unit it did not touch.
+job half 1 4 | kubectl apply -n "$ns" -f - >/dev/null
+wait_for 60 "half-worker-0 bound" bound half-worker-0
+half_node=$(node_of half-worker-0)
+job pair 2 8 | kubectl apply -n "$ns" -f - >/dev/null
+wait_for 60 "pair bound" bash -c "[ -n \"\$(kubectl get pod pair-worker-1 -n $ns -o jsonpath='{.spec.nodeName}')\" ] &&
+  [ -n \"\$(kubectl get pod pair-worker-0 -n $ns -o jsonpath='{.spec.nodeName}')\" ]"
+p0=$(node_of pair-worker-0)
+p1=$(node_of pair-worker-1)
+[ "$(unit_of "$p0")" = "$(unit_of "$p1")" ] || fail "pair split across units: $p0, $p1"
+[ "$(unit_of "$p0")" != "$(unit_of "$half_node")" ] || fail "pair shares a unit with the half-full node $half_node"
+wait_for 30 "status.placement.hops of pair" bash -c "[ \"\$(kubectl get tj pair -n $ns -o jsonpath='{.status.placement.hops}')\" = 1 ]"
+events=$(kubectl get events -n "$ns" --field-selector involvedObject.name=pair,reason=Bound -o jsonpath='{.items[*].message}')
+grep -q "rail-aware: unit $(unit_of "$p0"), 1 unit, same-rail hops worst 1" <<<"$events" ||
+  fail "Bound event without the placement: $events"
+metrics=$(curl -sf "http://127.0.0.1:$mport/metrics") || fail "no /metrics"
+grep -q '^railyard_operator_placement_hops_bucket{le="1"} 2$' <<<"$metrics" ||
+  fail "railyard_operator_placement_hops does not show the two placements within one unit"
+echo "best fit: half on $half_node; pair on $p0 + $p1 (unit $(unit_of "$p0")), hops 1"
+
+# 2. Exclusion: the node of pair-worker-1 is blamed; the pod moves off it and never comes back to it.
+uid1=$(kubectl get pod pair-worker-1 -n "$ns" -o jsonpath='{.metadata.uid}')
+kubectl annotate tj pair -n "$ns" "railyard.dev/exclude-nodes=$p1" >/dev/null
+wait_for 60 "a replacement of pair-worker-1 bound" bash -c \
+  "u=\$(kubectl get pod pair-worker-1 -n $ns -o jsonpath='{.metadata.uid}' 2>/dev/null); [ -n \"\$u\" ] && [ \"\$u\" != $uid1 ] &&
+   [ -n \"\$(kubectl get pod pair-worker-1 -n $ns -o jsonpath='{.spec.nodeName}')\" ]"
+r1=$(node_of pair-worker-1)
+[ "$r1" != "$p1" ] || fail "the replacement landed on the excluded node $p1"
+[ "$r1" != "$half_node" ] || fail "the replacement landed on $half_node, which has 4 free GPUs"
+[ "$(node_of pair-worker-0)" = "$p0" ] || fail "pair-worker-0 moved"
+[ "$(jp pair '{.status.lastRestart.reason}')" = NodeExcluded ] || fail "restart reason is not NodeExcluded"
+wait_for 30 "hops 3 after the move" bash -c "[ \"\$(kubectl get tj pair -n $ns -o jsonpath='{.status.placement.hops}')\" = 3 ]"
+echo "exclusion: pair-worker-1 moved $p1 -> $r1 (reason NodeExcluded), hops 3"
+
+# 3. All or nothing: 2 more 8-GPU pods do not fit (only the node pair left is free); none is bound, the condition
+# says why; deleting pair frees a whole unit and the hard-mode gang starts inside it.
+job wait 2 8 "  placement: {mode: hard, topologyKeys: [railyard.dev/unit]}" | kubectl apply -n "$ns" -f - >/dev/null
+wait_for 60 "wait Unschedulable" bash -c \
+  "kubectl get tj wait -n $ns -o jsonpath='{.status.conditions[?(@.type==\"Scheduled\")].reason}' | grep -qx Unschedulable"
+msg=$(jp wait '{.status.conditions[?(@.type=="Scheduled")].message}')
+grep -q "needs 2 nodes with 8 free nvidia.com/gpu in one unit (placement.mode hard); 1 of 4 nodes fit, 3 without 8 free nvidia.com/gpu; none bound" <<<"$msg" ||
+  fail "unexpected Unschedulable message: $msg"
+for i in 0 1; do
+  [ -z "$(node_of wait-worker-$i)" ] || fail "wait-worker-$i was bound while its gang does not fit"
+done
+echo "waiting: $msg"
+kubectl delete tj pair -n "$ns" --wait=false >/dev/null
+wait_for 90 "wait bound" bash -c "[ -n \"\$(kubectl get pod wait-worker-0 -n $ns -o jsonpath='{.spec.nodeName}')\" ] &&
+  [ -n \"\$(kubectl get pod wait-worker-1 -n $ns -o jsonpath='{.spec.nodeName}')\" ]"
+w0=$(node_of wait-worker-0)
+w1=$(node_of wait-worker-1)
+[ "$(unit_of "$w0")" = "$(unit_of "$w1")" ] || fail "hard-mode gang split across units: $w0, $w1"
+echo "wait: started on $w0 + $w1 once pair was gone"
+echo "PASS"

@@ -1,0 +1,389 @@
+// Rail-aware gang placement on the h100-8node topology (deploy/local/topologies/h100-8node.yaml): 4 units of 2
+// nodes, 2 units per leaf, both leaves under one spine; 8 GPUs per node.
+#include "operator/scheduler/rail_aware.h"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <set>
+
+#include "operator/scheduler/topology.h"
+
+using namespace railyard::op;
+using namespace railyard::op::sched;
+
+namespace {
+
+// Node k of the topology, labelled the way railyard-node-agent labels it.
+NodeInfo h100_node(int unit, int index) {
+  NodeInfo n;
+  n.name = "rynode-u" + std::to_string(unit) + "-n" + std::to_string(index);
+  n.ready = true;
+  n.gpu_allocatable = 8;
+  n.labels = {{"railyard.dev/unit", "u" + std::to_string(unit)},
+              {"railyard.dev/leaf", "leaf" + std::to_string(unit / 2)},
+              {"railyard.dev/spine", "spine0"},
+              {"railyard.dev/gpu-type", "H100"},
+              {"railyard.dev/rails", "8"}};
+  return n;
+}
+
+std::vector<NodeInfo> h100_8node() {
+  std::vector<NodeInfo> v;
+  for (int u = 0; u < 4; ++u)
+    for (int i = 0; i < 2; ++i) v.push_back(h100_node(u, i));
+  return v;
+}
+
+NodeInfo& find(std::vector<NodeInfo>& nodes, const std::string& name) {
+  for (auto& n : nodes)
+    if (n.name == name) return n;
+  FAIL("no node " << name);
+  return nodes.front();
+}
+
+void occupy(std::vector<NodeInfo>& nodes, const std::string& name, int64_t gpus = 8) {
+  NodeInfo& n = find(nodes, name);
+  n.gpu_used += gpus;
+  n.worker_pods++;
+  n.jobs.insert("other/job");
+}
+
+PlacementRequest gpu_job(int pods, int64_t gpus = 8) {
+  PlacementRequest r;
+  r.job_key = "ns/j";
+  r.pods = pods;
+  r.gpus_per_pod = gpus;
+  r.procs_per_pod = 8;
+  return r;
+}
+
+std::string unit_of(const std::string& node) { return node.substr(7, 2); }  // "rynode-u2-n1" -> "u2"
+int leaf_of(const std::string& node) { return (node[8] - '0') / 2; }
+
+}  // namespace
+
+TEST_CASE("topology: hops by tier, rails, and defaults for unlabelled nodes") {
+  auto nodes = h100_8node();
+  NodeInfo bare;
+  bare.name = "plain-a";
+  bare.ready = true;
+  bare.gpu_allocatable = 4;
+  NodeInfo bare2 = bare;
+  bare2.name = "plain-b";
+  nodes.push_back(bare);
+  nodes.push_back(bare2);
+  Topology t(nodes);
+  const int u0n0 = t.index("rynode-u0-n0"), u0n1 = t.index("rynode-u0-n1"), u1n0 = t.index("rynode-u1-n0"),
+            u2n0 = t.index("rynode-u2-n0"), pa = t.index("plain-a"), pb = t.index("plain-b");
+  REQUIRE(u0n0 >= 0);
+  CHECK(t.index("nope") == -1);
+  CHECK(t.same_rail(u0n0, u0n0).hops == 0);
+  CHECK(t.same_rail(u0n0, u0n0).nvlink);
+  CHECK(t.same_rail(u0n0, u0n1).hops == 1);
+  CHECK(t.same_rail(u0n0, u1n0).hops == 3);
+  CHECK(t.same_rail(u0n0, u2n0).hops == 5);
+  // Another rail inside one unit goes through the leaf.
+  CHECK(t.cross_rail(u0n0, u0n1).hops == 3);
+  CHECK(t.cross_rail(u0n0, u2n0).hops == 5);
+  CHECK(t.same_rail(u0n0, u0n1).gbps == doctest::Approx(50));
+  CHECK(t.same_rail(u0n0, u0n0).gbps == doctest::Approx(450));
+  CHECK(t.rails(u0n0) == 8);
+  CHECK(t.rails(pa) == 4);  // no rails label: one rail per GPU
+  // Unlabelled: each its own unit and leaf, one shared default spine.
+  CHECK(t.domain(pa, 0) != t.domain(pb, 0));
+  CHECK(t.domain(pa, 1) != t.domain(pb, 1));
+  CHECK(t.same_rail(pa, pb).hops == 5);
+  CHECK(t.tier(u0n0, u2n0) == 3);
+  // A second spine label: 7 hops, and the oversubscribed core tier has less bandwidth.
+  nodes[6].labels["railyard.dev/spine"] = "spine1";
+  Topology t2(nodes);
+  CHECK(t2.same_rail(u0n0, t2.index(nodes[6].name)).hops == 7);
+  CHECK(t2.same_rail(u0n0, t2.index(nodes[6].name)).gbps < t2.same_rail(u0n0, u0n1).gbps);
+}
+
+TEST_CASE("topology: custom keys, and a unit label reused under another leaf is another unit") {
+  std::vector<NodeInfo> nodes;
+  for (int i = 0; i < 4; ++i) {
+    NodeInfo n;
+    n.name = "n" + std::to_string(i);
+    n.ready = true;
+    n.labels = {{"rack", "r1"}, {"row", i < 2 ? "a" : "b"}};
+    nodes.push_back(n);
+  }
+  Topology t(nodes, {"rack", "row"});
+  CHECK(t.levels() == 2);
+  CHECK(t.level_noun(0) == "rack");
+  CHECK(t.same_rail(0, 1).hops == 1);
+  CHECK(t.domain(0, 0) != t.domain(2, 0));  // "r1" in row a and "r1" in row b are different racks
+  CHECK(t.same_rail(0, 2).hops == 5);       // no shared row: beyond the widest key
+}
+
+TEST_CASE("gang edges: data-parallel rings, pipeline neighbours, tensor groups across pods") {
+  // 4 pods of 8 ranks, pure data parallel: a ring over the pods.
+  auto e = gang_edges(4, 8, 1, 1);
+  std::set<std::pair<int, int>> pairs;
+  for (const auto& x : e) pairs.insert({x.a, x.b});
+  CHECK(pairs == std::set<std::pair<int, int>>{{0, 1}, {1, 2}, {2, 3}, {0, 3}});
+  // Pipeline of 4 stages, one pod each: a chain, no wrap-around.
+  e = gang_edges(4, 8, 8, 4);
+  pairs.clear();
+  for (const auto& x : e) pairs.insert({x.a, x.b});
+  CHECK(pairs == std::set<std::pair<int, int>>{{0, 1}, {1, 2}, {2, 3}});
+  // Tensor 16 over pods of 8: the two pods of a tensor group talk with the heavy weight.
+  e = gang_edges(2, 8, 16, 1);
+  REQUIRE(e.size() == 1);
+  CHECK(e[0].weight > 4.0);
+  CHECK(gang_edges(1, 8, 1, 1).empty());
+}
+
+TEST_CASE("a 2-pod job lands in one unit, a 4-pod job in one leaf") {
+  auto nodes = h100_8node();
+  RailAwarePlacement p;
+  auto r = p.place(gpu_job(2), nodes);
+  REQUIRE(r.ok);
+  REQUIRE(r.nodes.size() == 2);
+  CHECK(unit_of(r.nodes[0]) == unit_of(r.nodes[1]));
+  CHECK(r.worst_hops == 1);
+  CHECK(r.message.find("rail-aware: unit") != std::string::npos);
+
+  occupy(nodes, "rynode-u0-n0");  // leaf0 now has 3 free nodes
+  r = p.place(gpu_job(4), nodes);
+  REQUIRE(r.ok);
+  std::set<int> leaves;
+  for (const auto& n : r.nodes) leaves.insert(leaf_of(n));
+  CHECK(leaves == std::set<int>{1});
+  CHECK(r.worst_hops == 3);
+  // Topology order: both nodes of a unit are neighbours in replica order.
+  CHECK(unit_of(r.nodes[0]) == unit_of(r.nodes[1]));
+  CHECK(unit_of(r.nodes[2]) == unit_of(r.nodes[3]));
+}
+
+TEST_CASE("a job crosses the spine only when no leaf holds it") {
+  auto nodes = h100_8node();
+  RailAwarePlacement p;
+  occupy(nodes, "rynode-u0-n0");
+  occupy(nodes, "rynode-u3-n1");
+  auto r = p.place(gpu_job(3), nodes);  // each leaf has 3 free: stays in one
+  REQUIRE(r.ok);
+  CHECK(leaf_of(r.nodes[0]) == leaf_of(r.nodes[2]));
+  CHECK(r.worst_hops == 3);
+  r = p.place(gpu_job(4), nodes);  // no leaf has 4: crosses, the ring's worst edge goes over the spine
+  REQUIRE(r.ok);
+  std::set<int> leaves;
+  for (const auto& n : r.nodes) leaves.insert(leaf_of(n));
+  CHECK(leaves.size() == 2);
+  CHECK(r.worst_hops == 5);
+  CHECK(r.message.find("spine") != std::string::npos);
+}
+
+TEST_CASE("fragmentation: best fit into the fullest domain keeps a unit whole that first fit would split") {
+  auto rail = h100_8node(), simple = h100_8node();
+  occupy(rail, "rynode-u1-n0");
+  occupy(simple, "rynode-u1-n0");
+  RailAwarePlacement p;
+  SimplePlacement first_fit;
+  // A 1-pod job: first fit takes the first name (splitting u0); best fit fills u1's free node.
+  auto r = p.place(gpu_job(1), rail);
+  auto f = first_fit.place(gpu_job(1), simple);
+  REQUIRE(r.ok);
+  REQUIRE(f.ok);
+  CHECK(r.nodes == std::vector<std::string>{"rynode-u1-n1"});
+  CHECK(f.nodes == std::vector<std::string>{"rynode-u0-n0"});
+  occupy(rail, r.nodes[0]);
+  occupy(simple, f.nodes[0]);
+  // A 4-pod job takes leaf1 either way; then a 2-pod job still gets a whole unit only after best fit.
+  for (auto* inv : {&rail, &simple}) {
+    auto big = p.place(gpu_job(4), *inv);
+    REQUIRE(big.ok);
+    for (const auto& n : big.nodes) occupy(*inv, n);
+  }
+  auto r2 = p.place(gpu_job(2), rail);
+  auto f2 = p.place(gpu_job(2), simple);
+  REQUIRE(r2.ok);
+  REQUIRE(f2.ok);
+  CHECK(r2.worst_hops == 1);
+  CHECK(f2.worst_hops == 3);
+  // Among equal units the one in the fuller leaf wins.
+  auto nodes = h100_8node();
+  occupy(nodes, "rynode-u2-n0");
+  occupy(nodes, "rynode-u2-n1");
+  r = p.place(gpu_job(2), nodes);
+  REQUIRE(r.ok);
+  CHECK(unit_of(r.nodes[0]) == "u3");
+}
+
+TEST_CASE("an excluded node is never chosen, and the message names it") {
+  auto nodes = h100_8node();
+  RailAwarePlacement p;
+  auto req = gpu_job(2);
+  req.excluded_nodes = {"rynode-u0-n0", "rynode-u0-n1", "rynode-u1-n0"};
+  for (int pods = 1; pods <= 5; ++pods) {
+    req.pods = pods;
+    auto r = p.place(req, nodes);
+    REQUIRE(r.ok);
+    for (const auto& n : r.nodes) CHECK_FALSE(req.excluded_nodes.count(n));
+  }
+  req.pods = 6;
+  auto r = p.place(req, nodes);
+  CHECK_FALSE(r.ok);
+  CHECK(r.nodes.empty());
+  CHECK(r.missing == 1);
+  CHECK(r.message ==
+        "needs 6 nodes with 8 free nvidia.com/gpu; 5 of 8 nodes fit, 3 excluded by failure (rynode-u0-n0, "
+        "rynode-u0-n1, rynode-u1-n0); none bound");
+}
+
+TEST_CASE("hard mode: one domain of the widest key or nothing, with a message that says why") {
+  auto nodes = h100_8node();
+  occupy(nodes, "rynode-u3-n0", 4);  // 4 GPUs left: not enough for an 8-GPU pod
+  RailAwarePlacement p;
+  auto req = gpu_job(4);
+  req.topology_keys = {"railyard.dev/unit", "railyard.dev/leaf"};
+  req.hard = true;
+  req.excluded_nodes = {"rynode-u1-n1"};
+  auto r = p.place(req, nodes);
+  CHECK_FALSE(r.ok);
+  CHECK(r.nodes.empty());
+  CHECK(r.missing == 1);
+  CHECK(r.message ==
+        "needs 4 nodes with 8 free nvidia.com/gpu in one leaf (placement.mode hard); largest leaf leaf0 has 3 "
+        "(rynode-u1-n1 excluded by failure); none bound");
+  req.hard = false;  // soft: takes the best available across the spine
+  r = p.place(req, nodes);
+  REQUIRE(r.ok);
+  CHECK(r.worst_hops == 5);
+  // The same gang at 4 GPUs a pod fits in leaf1 (u3-n0 has 4 left).
+  req.hard = true;
+  req.gpus_per_pod = 4;
+  r = p.place(req, nodes);
+  REQUIRE(r.ok);
+  for (const auto& n : r.nodes) CHECK(leaf_of(n) == 1);
+}
+
+TEST_CASE("taints, node selectors and required node affinity are honoured") {
+  auto nodes = h100_8node();
+  find(nodes, "rynode-u0-n0").taints = Json::array({{{"key", "maint"}, {"effect", "NoSchedule"}}});
+  find(nodes, "rynode-u0-n1").labels["pool"] = "b";
+  RailAwarePlacement p;
+  auto req = gpu_job(1);
+  auto r = p.place(req, nodes);
+  REQUIRE(r.ok);
+  CHECK(r.nodes[0] != "rynode-u0-n0");
+  req.tolerations = Json::array({{{"key", "maint"}, {"operator", "Exists"}}});
+  req.node_selector = {{"railyard.dev/unit", "u0"}};
+  req.pods = 2;
+  r = p.place(req, nodes);
+  REQUIRE(r.ok);
+  CHECK(r.nodes == std::vector<std::string>{"rynode-u0-n0", "rynode-u0-n1"});
+  req.tolerations = Json::array();
+  r = p.place(req, nodes);
+  CHECK_FALSE(r.ok);
+  CHECK(r.message.find("1 tainted") != std::string::npos);
+  CHECK(r.message.find("6 not selected by nodeSelector or affinity") != std::string::npos);
+  // Affinity: NotIn leaf0 and the pool label must not exist.
+  req = gpu_job(4);
+  req.node_affinity = Json::parse(R"({"requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[
+      {"matchExpressions":[{"key":"railyard.dev/leaf","operator":"NotIn","values":["leaf1"]},
+                           {"key":"pool","operator":"DoesNotExist"}]}]}})");
+  find(nodes, "rynode-u0-n0").taints = Json::array();
+  r = p.place(req, nodes);
+  CHECK_FALSE(r.ok);  // leaf0 minus the pool-b node leaves 3
+  req.pods = 3;
+  r = p.place(req, nodes);
+  REQUIRE(r.ok);
+  for (const auto& n : r.nodes) {
+    CHECK(leaf_of(n) == 0);
+    CHECK(n != "rynode-u0-n1");
+  }
+}
+
+TEST_CASE("avoided nodes are used only when nothing else fits") {
+  auto nodes = h100_8node();
+  RailAwarePlacement p;
+  auto req = gpu_job(2);
+  req.avoided_nodes = {"rynode-u0-n0"};
+  for (const char* busy : {"rynode-u1-n0", "rynode-u2-n0", "rynode-u3-n0"}) occupy(nodes, busy);
+  auto r = p.place(req, nodes);  // u0 is the only whole unit but holds the avoided node: cross units instead
+  REQUIRE(r.ok);
+  CHECK(std::find(r.nodes.begin(), r.nodes.end(), "rynode-u0-n0") == r.nodes.end());
+  req.pods = 5;
+  r = p.place(req, nodes);
+  REQUIRE(r.ok);
+  CHECK(std::find(r.nodes.begin(), r.nodes.end(), "rynode-u0-n0") != r.nodes.end());
+  CHECK(r.message.find("nothing else fits") != std::string::npos);
+}
+
+TEST_CASE("a replacement pod lands next to its bound gang") {
+  auto nodes = h100_8node();
+  occupy(nodes, "rynode-u2-n0");
+  nodes[4].jobs = {"ns/j"};  // rynode-u2-n0 runs replica 0 of this job
+  RailAwarePlacement p;
+  auto req = gpu_job(1);
+  req.pod_indices = {1};
+  req.bound = {{0, "rynode-u2-n0"}};
+  auto r = p.place(req, nodes);
+  REQUIRE(r.ok);
+  CHECK(r.nodes == std::vector<std::string>{"rynode-u2-n1"});
+  CHECK(r.worst_hops == 1);
+}
+
+TEST_CASE("pipeline stages follow the topology order") {
+  auto nodes = h100_8node();
+  occupy(nodes, "rynode-u0-n0");
+  occupy(nodes, "rynode-u3-n1");
+  RailAwarePlacement p;
+  auto req = gpu_job(6);
+  req.tensor = 8;
+  req.pipeline = 6;
+  auto r = p.place(req, nodes);
+  REQUIRE(r.ok);
+  // 6 stages over 6 nodes in 4 units and 2 leaves: the chain crosses the spine once and each leaf's units once.
+  CHECK(r.worst_hops == 5);
+  int spine_crossings = 0;
+  for (size_t i = 0; i + 1 < r.nodes.size(); ++i) spine_crossings += leaf_of(r.nodes[i]) != leaf_of(r.nodes[i + 1]);
+  CHECK(spine_crossings == 1);
+}
+
+TEST_CASE("railAware false is first fit; cpu pods go one per node") {
+  auto nodes = h100_8node();
+  occupy(nodes, "rynode-u1-n0");
+  RailAwarePlacement p;
+  auto req = gpu_job(1);
+  req.rail_aware = false;
+  auto r = p.place(req, nodes);
+  REQUIRE(r.ok);
+  CHECK(r.nodes == std::vector<std::string>{"rynode-u0-n0"});
+  CHECK(r.message.find("first fit") == 0);
+  req = gpu_job(8, 0);  // CPU pods: a node with a worker pod is taken
+  r = p.place(req, nodes);
+  CHECK_FALSE(r.ok);
+  CHECK(r.message.find("needs 8 nodes without a Railyard worker pod; 7 of 8 nodes fit, 1 already running") == 0);
+}
+
+TEST_CASE("placement request from a TrainingJob: options, affinity, exclusions") {
+  Json job = Json::parse(R"({
+    "metadata": {"name": "j", "annotations": {"railyard.dev/exclude-nodes": " a, b ,,c"}},
+    "spec": {"placement": {"railAware": false, "mode": "hard", "topologyKeys": ["rack", "row"]},
+             "template": {"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+               {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["x"]}]}]}}}}},
+             "failurePolicy": {}},
+    "status": {"lastRestart": {"reason": "NodeLost", "node": "d"}}})");
+  PlacementRequest req;
+  apply_job_options(job, req);
+  CHECK_FALSE(req.rail_aware);
+  CHECK(req.hard);
+  CHECK(req.topology_keys == std::vector<std::string>{"rack", "row"});
+  CHECK(req.excluded_nodes == std::set<std::string>{"a", "b", "c"});
+  CHECK(req.avoided_nodes == std::set<std::string>{"d"});
+  NodeInfo x, y;
+  x.name = "x";
+  y.name = "y";
+  CHECK(matches_node_affinity(req.node_affinity, x));
+  CHECK_FALSE(matches_node_affinity(req.node_affinity, y));
+  job["spec"]["failurePolicy"]["excludeFailedNodes"] = false;
+  PlacementRequest off;
+  apply_job_options(job, off);
+  CHECK(off.excluded_nodes.empty());
+  CHECK(off.avoided_nodes.empty());
+}
