@@ -130,7 +130,9 @@ check "prometheus-operator: ServiceMonitor, PodMonitor, PrometheusRule with the 
     == [["PodMonitor","kube-prometheus-stack"],["PrometheusRule","kube-prometheus-stack"],
         ["ServiceMonitor","kube-prometheus-stack"]]
   and ([.[] | select(.kind == "ConfigMap") | .metadata.namespace] == ["monitoring","monitoring"])
-  and ([.[] | select(.kind == "PodMonitor") | .spec.podMetricsEndpoints[0].honorLabels] == [true])' "$work/po.json"
+  and ([.[] | select(.kind == "PodMonitor") | .spec.podMetricsEndpoints[0].honorLabels] == [true])
+  and ([.[] | select(.kind == "ServiceMonitor") | .spec.endpoints[0] | [.port, .honorLabels]] == [["metrics", true]])' \
+  "$work/po.json"
 jq -s '.[] | select(.kind == "PrometheusRule") | .spec' "$work/po.json" >"$work/prometheusrule.json"
 check "prometheus-operator: promtool check rules accepts the PrometheusRule content" \
   promtool check rules --lint-fatal "$work/prometheusrule.json"
