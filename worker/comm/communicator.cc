@@ -1,5 +1,7 @@
 #include "worker/comm/communicator.h"
 
+#include <stdexcept>
+
 namespace railyard::worker::comm {
 
 size_t dtype_size(DType t) {
@@ -28,6 +30,32 @@ const char* dtype_name(DType t) {
       return "i64";
   }
   return "?";
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string s = "[";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(ranks[i]);
+  }
+  s += ']';
+  return s;
+}
+
+int split_index(const std::vector<int>& ranks, int rank, int size, const std::string& where) {
+  int index = -1;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] < 0 || ranks[i] >= size || (i > 0 && ranks[i] <= ranks[i - 1])) {
+      throw std::invalid_argument(where + ": ranks must be ascending, distinct and in [0, " + std::to_string(size) +
+                                  "), got " + rank_list(ranks));
+    }
+    if (ranks[i] == rank) index = static_cast<int>(i);
+  }
+  if (index < 0) {
+    throw std::invalid_argument(where + ": ranks " + rank_list(ranks) + " do not contain this rank " +
+                                std::to_string(rank));
+  }
+  return index;
 }
 
 std::unique_ptr<Communicator> Communicator::dup(const std::string& name) {

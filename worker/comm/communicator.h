@@ -32,6 +32,12 @@ const char* dtype_name(DType t);
 
 enum class ReduceOp : uint8_t { kSum, kAvg, kMax };
 
+// "[0,2,4]": group members in logs and errors.
+std::string rank_list(const std::vector<int>& ranks);
+// Checks split()'s `ranks` (ascending, distinct, within [0, size), containing `rank`) and returns the index of `rank`
+// in them; otherwise throws std::invalid_argument starting with `where`.
+int split_index(const std::vector<int>& ranks, int rank, int size, const std::string& where);
+
 // A peer died, the deadline passed, or the group was aborted. what() names the operation, the group and the peer
 // when known, e.g. "all_reduce on group 'dp' (rank 1 of 2): timed out after 2000 ms waiting for rank 0".
 class CommError : public std::runtime_error {

@@ -328,25 +328,14 @@ class GlooCommunicator : public Communicator {
   std::unique_ptr<Communicator> split(const std::vector<int>& ranks, const std::string& name) override {
     const std::string op = "split '" + name + "'";
     if (name.empty()) throw std::invalid_argument(st_->where(op) + ": name is empty");
-    int sub_rank = -1;
-    for (size_t i = 0; i < ranks.size(); ++i) {
-      if (ranks[i] < 0 || ranks[i] >= st_->size || (i > 0 && ranks[i] <= ranks[i - 1])) {
-        throw std::invalid_argument(st_->where(op) + ": ranks must be ascending, distinct and in [0, " +
-                                    std::to_string(st_->size) + "), got " + join(ranks));
-      }
-      if (ranks[i] == st_->rank) sub_rank = static_cast<int>(i);
-    }
-    if (sub_rank < 0) {
-      throw std::invalid_argument(st_->where(op) + ": ranks " + join(ranks) + " do not contain this rank " +
-                                  std::to_string(st_->rank));
-    }
+    const int sub_rank = split_index(ranks, st_->rank, st_->size, st_->where(op));
     st_->check_usable(op);
     auto sub = std::make_shared<State>();
     sub->boot = st_->boot;
     sub->name = name;
     // Counter first: every member calls split in the same order, so the n-th split agrees across ranks; the rank
     // list tells apart the disjoint groups that one call creates.
-    sub->prefix = st_->prefix + "/" + std::to_string(splits_++) + "." + name + join(ranks);
+    sub->prefix = st_->prefix + "/" + std::to_string(splits_++) + "." + name + rank_list(ranks);
     sub->rank = sub_rank;
     sub->size = static_cast<int>(ranks.size());
     sub->timeout = st_->timeout;
@@ -373,16 +362,6 @@ class GlooCommunicator : public Communicator {
   }
 
  private:
-  static std::string join(const std::vector<int>& v) {
-    std::string s = "[";
-    for (size_t i = 0; i < v.size(); ++i) {
-      if (i) s += ',';
-      s += std::to_string(v[i]);
-    }
-    s += ']';
-    return s;
-  }
-
   void check_peer(int peer, const char* op, const char* what, bool self_ok) const {
     if (peer < 0 || peer >= st_->size || (!self_ok && peer == st_->rank)) {
       throw std::invalid_argument(st_->where(op) + ": " + what + " " + std::to_string(peer) + " is not " +

@@ -284,15 +284,7 @@ class NcclCommunicator : public Communicator {
 
   std::unique_ptr<Communicator> split(const std::vector<int>& ranks, const std::string& name) override {
     const std::string op = "split '" + name + "'";
-    int sub_rank = -1;
-    for (size_t i = 0; i < ranks.size(); ++i) {
-      if (ranks[i] < 0 || ranks[i] >= st_->size || (i > 0 && ranks[i] <= ranks[i - 1])) {
-        throw std::invalid_argument(st_->where(op) + ": ranks must be ascending, distinct and in [0, " +
-                                    std::to_string(st_->size) + ")");
-      }
-      if (ranks[i] == st_->rank) sub_rank = static_cast<int>(i);
-    }
-    if (sub_rank < 0) throw std::invalid_argument(st_->where(op) + ": ranks do not contain this rank");
+    const int sub_rank = split_index(ranks, st_->rank, st_->size, st_->where(op));
     st_->check_usable(op);
     st_->flush(op);
     auto sub = std::make_shared<State>();

@@ -3,20 +3,6 @@
 #include "common/error.h"
 
 namespace railyard::worker::comm {
-namespace {
-
-std::string list(const std::vector<int>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (i) s += ',';
-    s += std::to_string(v[i]);
-  }
-  s += ']';
-  return s;
-}
-
-}  // namespace
-
 void validate_layout(const Layout& l, int world_size) {
   for (auto [field, v] : {std::pair{"dp", l.dp}, std::pair{"tp", l.tp}, std::pair{"pp", l.pp}}) {
     if (v < 1) throw ConfigError(std::string("layout.") + field + " = " + std::to_string(v) + ": must be >= 1");
@@ -95,9 +81,9 @@ std::string ProcessGroups::describe() const {
   s += " dp=" + std::to_string(coord_.dp) + "/" + std::to_string(layout_.dp);
   s += " tp=" + std::to_string(coord_.tp) + "/" + std::to_string(layout_.tp);
   s += " pp=" + std::to_string(coord_.pp) + "/" + std::to_string(layout_.pp);
-  s += " tp-group " + list(tp_group(layout_, r));
-  s += " dp-group " + list(dp_group(layout_, r));
-  s += " pp-group " + list(pp_group(layout_, r));
+  s += " tp-group " + rank_list(tp_group(layout_, r));
+  s += " dp-group " + rank_list(dp_group(layout_, r));
+  s += " pp-group " + rank_list(pp_group(layout_, r));
   return s;
 }
 

@@ -53,6 +53,18 @@ class Peer {
   pid_t pid_ = -1;
 };
 
+// A survivor's options: the test process serves the store.
+GlooOptions survivor(int port, int rank, int size, int timeout_ms = kDeadlineMs) {
+  GlooOptions o;
+  o.store_port = port;
+  o.rank = rank;
+  o.size = size;
+  o.timeout = milliseconds(timeout_ms);
+  o.serve_store = false;
+  o.prefix = "failure";
+  return o;
+}
+
 struct Outcome {
   bool threw = false;
   bool timeout = false;
@@ -76,13 +88,7 @@ std::vector<Outcome> run_fault(int size, int victim, int sig) {
       Outcome& o = out[static_cast<size_t>(r)];
       std::unique_ptr<Communicator> comm;
       try {
-        GlooOptions opt;
-        opt.store_port = server.port();
-        opt.rank = r;
-        opt.size = size;
-        opt.timeout = milliseconds(kDeadlineMs);
-        opt.serve_store = false;
-        opt.prefix = "failure";
+        GlooOptions opt = survivor(server.port(), r, size);
         comm = connect_gloo(opt);
         std::vector<float> buf(1 << 16, 1.0f);
         for (;;) {
@@ -158,13 +164,7 @@ TEST_CASE("SIGSTOP of one rank mid all_reduce: every survivor times out within t
 TEST_CASE("recv from a peer that never sends times out naming the peer") {
   TcpStoreServer server("127.0.0.1", 0);
   Peer peer(server.port(), 1, 2, "idle");
-  GlooOptions opt;
-  opt.store_port = server.port();
-  opt.rank = 0;
-  opt.size = 2;
-  opt.timeout = milliseconds(kDeadlineMs);
-  opt.serve_store = false;
-  opt.prefix = "failure";
+  GlooOptions opt = survivor(server.port(), 0, 2);
   auto comm = connect_gloo(opt);
   float x = 0;
   auto t0 = Clock::now();
@@ -183,12 +183,7 @@ TEST_CASE("recv from a peer that never sends times out naming the peer") {
 
 TEST_CASE("a rank that never shows up makes connect fail within the deadline, naming the missing rank's key") {
   TcpStoreServer server("127.0.0.1", 0);
-  GlooOptions opt;
-  opt.store_port = server.port();
-  opt.rank = 0;
-  opt.size = 2;
-  opt.timeout = milliseconds(800);
-  opt.serve_store = false;
+  GlooOptions opt = survivor(server.port(), 0, 2, 800);
   auto t0 = Clock::now();
   std::string msg;
   try {
@@ -208,12 +203,7 @@ TEST_CASE("abort() releases a peer blocked in a collective at once") {
   std::string msg;
   double took = 0;
   std::thread waiter([&] {
-    GlooOptions opt;
-    opt.store_port = server.port();
-    opt.rank = 1;
-    opt.size = 2;
-    opt.timeout = milliseconds(10000);
-    opt.serve_store = false;
+    GlooOptions opt = survivor(server.port(), 1, 2, 10000);
     auto comm = connect_gloo(opt);
     float x = 1;
     auto t0 = Clock::now();
@@ -224,12 +214,7 @@ TEST_CASE("abort() releases a peer blocked in a collective at once") {
     }
     took = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   });
-  GlooOptions opt;
-  opt.store_port = server.port();
-  opt.rank = 0;
-  opt.size = 2;
-  opt.timeout = milliseconds(10000);
-  opt.serve_store = false;
+  GlooOptions opt = survivor(server.port(), 0, 2, 10000);
   auto comm = connect_gloo(opt);
   std::this_thread::sleep_for(milliseconds(200));
   comm->abort();
