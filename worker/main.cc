@@ -29,6 +29,10 @@
 #include "worker/train/perf.h"
 #include "worker/train/train_metrics.h"
 #include "worker/train/trainer.h"
+#include "worker/comm/gloo_communicator.h"
+#include "worker/comm/process_groups.h"
+#include "worker/parallel/data_parallel.h"
+#include "worker/parallel/dist_launcher.h"
 
 using namespace railyard;
 using namespace railyard::worker;
@@ -103,6 +107,8 @@ std::map<std::string, std::string> parse_flags(int argc, char** argv, int first,
     if (auto eq = key.find('='); eq != std::string::npos) {
       value = key.substr(eq + 1);
       key = key.substr(0, eq);
+    } else if (key == "deterministic") {  // a switch: no value
+      value = "true";
     } else {
       if (i + 1 >= argc) usage_error("--" + key + " needs a value");
       value = argv[++i];
@@ -179,10 +185,19 @@ void apply_config_file(const std::string& path, std::map<std::string, std::strin
   nlohmann::json world = get(j, "world_size");
   if (!world.is_number_integer()) world = get(layout, "world");
   if (world.is_number_integer() && world.get<int>() > 1) {
-    throw ConfigError("--config " + path + ": world size " + world.dump() +
-                      ", but this worker trains in one process (data/tensor/pipeline parallel training is not built "
-                      "yet): run with 1 replica and 1 proc per replica");
+    // A world is joined through the launcher's environment (the agent, or --nproc); the config only describes it.
+    const std::string env_world = env_or("WORLD_SIZE", "");
+    if (env_world != world.dump()) {
+      throw ConfigError("--config " + path + ": world size " + world.dump() + ", but WORLD_SIZE is '" + env_world +
+                        "': run it under `railyard-worker agent`, or locally with `railyard-worker train --nproc " +
+                        world.dump() + "`");
+    }
   }
+  for (const char* k : {"tp", "pp"}) set(k, get(layout, k));
+  nlohmann::json par = get(j, "parallelism");
+  if (!par.is_object()) par = get(get(j, "spec"), "parallelism");
+  set("zero", get(par, "zero"));
+  if (const auto det = get(par, "deterministic"); det.is_boolean() && det.get<bool>()) set("deterministic", "true");
   const nlohmann::json model = get(j, "model");
   if (model.is_object() && !f.count("model")) {
     const auto preset = get(model, "preset");
@@ -255,6 +270,76 @@ void apply_config_file(const std::string& path, std::map<std::string, std::strin
   }
 }
 
+// The distributed side of `train` (docs/parallel.md "Running it").
+struct DistSetup {
+  std::unique_ptr<comm::ProcessGroups> groups;  // null: one process
+  std::unique_ptr<parallel::DataParallel> sync;
+  int zero = 0;
+  bool deterministic = false;
+  size_t bucket_bytes = size_t{25} << 20;
+};
+
+DistSetup join_world(std::map<std::string, std::string>& f, TrainConfig& tc) {
+  DistSetup d;
+  const long long zero = to_int(f, "zero", 0);
+  if (zero < 0 || zero > 2) throw ConfigError("--zero " + std::to_string(zero) + ": must be 0, 1 or 2");
+  d.zero = static_cast<int>(zero);
+  d.deterministic = f.count("deterministic") && f["deterministic"] != "false" && f["deterministic"] != "0";
+  const double mb = to_double(f, "bucket-mb", 25);
+  if (!(mb > 0) || mb > 65536) throw ConfigError("--bucket-mb must be a positive number of MiB");
+  d.bucket_bytes = static_cast<size_t>(mb * 1048576.0);
+  const long long tp = to_int(f, "tp", 1), pp = to_int(f, "pp", 1);
+  if (tp < 1 || pp < 1) throw ConfigError("--tp and --pp must be >= 1");
+  if (tp * pp > 1) {
+    throw ConfigError("--tp " + std::to_string(tp) + " --pp " + std::to_string(pp) +
+                      ": the tensor/pipeline-parallel model (worker/parallel) is not wired into this trainer yet; "
+                      "run data parallel only (--tp 1 --pp 1)");
+  }
+  const std::string ws = env_or("WORLD_SIZE", "");
+  char* end = nullptr;
+  const long world = ws.empty() ? 1 : std::strtol(ws.c_str(), &end, 10);
+  if (!ws.empty() && (*end != '\0' || world < 1)) {
+    throw ConfigError("WORLD_SIZE '" + ws + "' is not a positive integer");
+  }
+  if (world == 1) return d;
+  const comm::Layout layout{static_cast<int>(world / (tp * pp)), static_cast<int>(tp), static_cast<int>(pp)};
+  comm::validate_layout(layout, static_cast<int>(world));
+  d.groups = std::make_unique<comm::ProcessGroups>(comm::connect_gloo(comm::gloo_options_from_env()), layout);
+  if (d.groups->rank() != 0) {
+    // Files and step lines that speak for the whole job come from rank 0 only.
+    tc.progress_file.clear();
+    tc.log_json.clear();
+    tc.quiet = true;
+  }
+  return d;
+}
+
+// `train --nproc N ...`: N copies of this command (without --nproc) as one local world.
+int launch_train_world(int argc, char** argv, const std::map<std::string, std::string>& f) {
+  const long long n = to_int(f, "nproc", 1);
+  if (n < 1 || n > 256) throw ConfigError("--nproc must be in 1..256");
+  if (const std::string ws = env_or("WORLD_SIZE", ""); !ws.empty()) {
+    throw ConfigError("--nproc inside a world (WORLD_SIZE=" + ws + " is set): the agent already launched the ranks");
+  }
+  parallel::LaunchOptions o;
+  o.nproc = static_cast<int>(n);
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--nproc") {
+      ++i;
+      continue;
+    }
+    if (a.rfind("--nproc=", 0) == 0) continue;
+    o.args.push_back(a);
+  }
+  if (!f.count("threads") && env_or("RAILYARD_NUM_THREADS", "").empty()) {
+    // The ranks share this machine's cores.
+    o.args.push_back("--threads");
+    o.args.push_back(std::to_string(std::max(1, default_num_threads() / o.nproc)));
+  }
+  return parallel::launch_local_world(o);
+}
+
 int cmd_train(int argc, char** argv) {
   auto f = parse_flags(argc, argv, 2,
                        {"model",      "data",          "steps",       "batch",        "seq",          "global-batch",
@@ -262,7 +347,9 @@ int cmd_train(int argc, char** argv) {
                         "val-every",  "val-steps",     "threads",     "init-from",    "export",       "log-json",
                         "peak-flops", "max-bad-steps", "gemm-split",  "config",       "metrics-port", "metrics-host",
                         "ckpt-dir",   "ckpt-every",    "ckpt-keep",   "ckpt-async",   "ckpt-shm-every",
-                        "ckpt-term-budget", "resume"});
+                        "ckpt-term-budget", "resume",
+                        "nproc", "tp", "pp", "zero", "deterministic", "bucket-mb"});
+  if (f.count("nproc")) return launch_train_world(argc, argv, f);
   if (f.count("config")) apply_config_file(f["config"], f);
   if (!f.count("data")) {
     if (const char* d = std::getenv("RAILYARD_DATA_DIR"); d != nullptr && *d != '\0') f["data"] = d;
@@ -308,8 +395,14 @@ int cmd_train(int argc, char** argv) {
   if (!std::filesystem::is_directory(data)) {
     throw ConfigError("--data " + data + ": not a directory (make one with `railyard data prepare --output DIR`)");
   }
+  // Joins the world the launcher (--nproc or the agent) describes in RANK/WORLD_SIZE/MASTER_*; one process otherwise.
+  DistSetup dist = join_world(f, tc);
+  // Data parallel: replica r reads its run of every global step; deterministic mode reads the job's whole sequence
+  // and the trainer keeps this replica's virtual micro-batches (trainer.h).
+  const bool whole_sequence = dist.deterministic || dist.groups == nullptr;
   LoaderBatchSource train(
-      std::make_unique<DataLoader>(data, tc.batch, tc.seq_len, 0, 1, tc.seed, cfg->vocab_size, true));
+      std::make_unique<DataLoader>(data, tc.batch, tc.seq_len, whole_sequence ? 0 : dist.groups->dp().rank(),
+                                   whole_sequence ? 1 : dist.groups->dp().size(), tc.seed, cfg->vocab_size, true));
   std::unique_ptr<LoaderBatchSource> val;
   if (tc.val_every > 0) {
     val = std::make_unique<LoaderBatchSource>(
@@ -331,11 +424,21 @@ int cmd_train(int argc, char** argv) {
   if (split != "pool" && split != "openblas") throw ConfigError("--gemm-split must be pool or openblas");
   ThreadPool pool(threads);
   cpu::set_gemm_threading(split == "pool" ? cpu::GemmThreading::kPool : cpu::GemmThreading::kOpenBlas, threads);
-  Trainer trainer(*cfg, tc, pool, train, val.get());
+  if (dist.groups != nullptr || dist.deterministic || dist.zero > 0) {
+    parallel::DataParallelOptions dpo;
+    dpo.zero_stage = dist.zero;
+    dpo.deterministic = dist.deterministic;
+    dpo.bucket_bytes = dist.bucket_bytes;
+    dist.sync = parallel::gpt_data_parallel(dist.groups ? &dist.groups->dp() : nullptr, *cfg, tc, pool, dpo);
+  }
+  Trainer trainer(*cfg, tc, pool, train, val.get(), dist.sync.get());
+  if (dist.groups != nullptr) trainer.set_layout(dist.groups->describe());
   // Metrics: the same numbers as the step log line, for Prometheus and railyard-monitor.
   std::optional<int64_t> metrics_port;
   if (f.count("metrics-port")) {
     metrics_port = to_int(f, "metrics-port", 0);
+    // One flag for a whole --nproc world: rank r serves on P + LOCAL_RANK (0 stays "any free port").
+    if (*metrics_port > 0) *metrics_port += std::atol(env_or("LOCAL_RANK", "0").c_str());
   } else if (const char* p = std::getenv("RAILYARD_METRICS_PORT"); p != nullptr && *p != '\0') {
     char* end = nullptr;
     const long base = std::strtol(p, &end, 10);

@@ -1,0 +1,178 @@
+// `railyard-worker train --nproc N` as a user runs it, on shards made by `railyard data prepare`: both ranks run and
+// rank 0 reports the loss; the 2-rank losses equal the single-process run with the same global batch (the loader's
+// data-parallel split end to end), bitwise in --deterministic mode; a rank killed mid-run fails the whole world
+// within the collective deadline; SIGINT to the launcher reaches every rank.
+#include <doctest/doctest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/unit/worker/worker_test_util.h"
+
+using namespace railyard::worker::testing;
+
+namespace {
+
+std::string bin_dir() {
+  const char* b = std::getenv("RAILYARD_BIN_DIR");
+  REQUIRE_MESSAGE((b && *b), "RAILYARD_BIN_DIR is not set (run through ctest)");
+  return b;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+int sh(const std::string& cmd) {
+  const int rc = std::system(cmd.c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+std::vector<double> losses(const std::string& log_json) {
+  std::vector<double> out;
+  std::ifstream f(log_json);
+  for (std::string line; std::getline(f, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j["event"] == "step") out.push_back(j["loss"].get<double>());
+  }
+  return out;
+}
+
+const std::string kModel = "--model l=2,c=64,nh=4,t=64,v=256 --batch 2 --seq 32 --global-batch 256 --peak-flops 1e11";
+
+// Starts `cmd` (via sh) in the background; returns its pid.
+pid_t spawn(const std::string& cmd) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
+}
+
+// Waits for pid up to `seconds`; returns its exit code (128 + signal), or -1 on timeout (then kills it).
+int wait_for(pid_t pid, double seconds) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < until) {
+    int st = 0;
+    if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  return -1;
+}
+
+// The launcher's child whose environment has RANK=rank.
+pid_t child_with_rank(pid_t launcher, int rank) {
+  std::ifstream f("/proc/" + std::to_string(launcher) + "/task/" + std::to_string(launcher) + "/children");
+  for (pid_t c; f >> c;) {
+    std::stringstream env(slurp("/proc/" + std::to_string(c) + "/environ"));
+    for (std::string kv; std::getline(env, kv, '\0');) {
+      if (kv == "RANK=" + std::to_string(rank)) return c;
+    }
+  }
+  return -1;
+}
+
+bool any_line_with(const std::string& text, const std::string& a, const std::string& b) {
+  std::stringstream ss(text);
+  for (std::string line; std::getline(ss, line);) {
+    if (line.find(a) != std::string::npos && line.find(b) != std::string::npos) return true;
+  }
+  return false;
+}
+
+bool wait_for_text(const std::string& path, const std::string& text, double seconds) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < until) {
+    if (slurp(path).find(text) != std::string::npos) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("train --nproc 2: both ranks run, rank 0 reports, losses equal one process; failures stop the world") {
+  const std::string bin = bin_dir();
+  TempDir dir;
+  const std::string d = dir.path();
+  REQUIRE(sh(bin + "/railyard data prepare --input /usr/share/common-licenses/GPL-3 " +
+             "/usr/share/common-licenses/Apache-2.0 --output " + d + "/data > " + d + "/prep.txt 2>&1") == 0);
+  const std::string common = bin + "/railyard-worker train " + kModel + " --data " + d + "/data --steps 4 ";
+
+  SUBCASE("data parallel run equals the single process") {
+    REQUIRE(sh(common + "--threads 1 --log-json " + d + "/one.jsonl 2> " + d + "/one.txt") == 0);
+    REQUIRE(sh(common + "--nproc 2 --log-json " + d + "/two.jsonl > " + d + "/two_out.txt 2> " + d + "/two.txt") == 0);
+    const std::string err = slurp(d + "/two.txt");
+    CHECK(err.find("[rank 0] ") != std::string::npos);
+    CHECK(err.find("[rank 1] ") != std::string::npos);
+    CHECK(err.find("dp-group [0,1]") != std::string::npos);  // the layout line of both ranks
+    CHECK(any_line_with(err, "[rank 0] ", "step=4/4"));
+    CHECK(!any_line_with(err, "[rank 1] ", "step=1/4"));  // step lines speak for the job: rank 0 only
+    CHECK(err.find("split_ms=") != std::string::npos);
+    const auto one = losses(d + "/one.jsonl"), two = losses(d + "/two.jsonl");
+    REQUIRE(one.size() == 4);
+    REQUIRE(two.size() == 4);  // rank 0 alone writes the job's log
+    for (size_t i = 0; i < one.size(); ++i) CHECK(std::abs(one[i] - two[i]) <= 1e-5 * one[i]);
+  }
+
+  SUBCASE("deterministic: two ranks are bitwise the single process") {
+    REQUIRE(sh(common + "--deterministic --threads 1 --log-json " + d + "/d1.jsonl 2> " + d + "/d1.txt") == 0);
+    REQUIRE(sh(common + "--deterministic --nproc 2 --threads 1 --log-json " + d + "/d2.jsonl 2> " + d + "/d2.txt") ==
+            0);
+    const auto one = losses(d + "/d1.jsonl"), two = losses(d + "/d2.jsonl");
+    REQUIRE(one.size() == 4);
+    CHECK(one == two);
+  }
+
+  SUBCASE("a killed rank fails the whole world within the deadline") {
+    const auto t0 = std::chrono::steady_clock::now();
+    const pid_t launcher =
+        spawn("env RAILYARD_COMM_TIMEOUT_MS=2000 " + bin + "/railyard-worker train " + kModel + " --data " + d +
+              "/data --steps 100000 --nproc 2 > " + d + "/k_out.txt 2> " + d + "/k.txt");
+    REQUIRE(wait_for_text(d + "/k.txt", "step=2/", 30));
+    const pid_t victim = child_with_rank(launcher, 1);
+    REQUIRE(victim > 0);
+    kill(victim, SIGKILL);
+    const int code = wait_for(launcher, 20);
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const std::string err = slurp(d + "/k.txt");
+    INFO(err.substr(err.size() > 3000 ? err.size() - 3000 : 0));
+    CHECK(code == 128 + SIGKILL);  // the first failure's code
+    CHECK(err.find("a rank failed") != std::string::npos);
+    // Rank 0 gave up on its own with an error naming the collective, well before the launcher's grace ran out.
+    CHECK(any_line_with(err, "[rank 0] ", "on group '"));  // CommError naming the collective and group
+    CHECK(err.find("every rank finished") == std::string::npos);
+    CHECK(took < 20);
+  }
+
+  SUBCASE("SIGINT to the launcher reaches every rank") {
+    const pid_t launcher = spawn(bin + "/railyard-worker train " + kModel + " --data " + d +
+                                 "/data --steps 100000 --nproc 2 > " + d + "/i_out.txt 2> " + d + "/i.txt");
+    REQUIRE(wait_for_text(d + "/i.txt", "step=2/", 30));
+    const pid_t r0 = child_with_rank(launcher, 0), r1 = child_with_rank(launcher, 1);
+    REQUIRE(r0 > 0);
+    REQUIRE(r1 > 0);
+    kill(launcher, SIGINT);
+    const int code = wait_for(launcher, 15);
+    CHECK(code != 0);
+    CHECK(code != -1);
+    CHECK(slurp(d + "/i.txt").find("forwarding signal") != std::string::npos);
+    CHECK(kill(r0, 0) != 0);  // both ranks are gone (reaped by the launcher)
+    CHECK(kill(r1, 0) != 0);
+  }
+}
