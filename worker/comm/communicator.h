@@ -69,7 +69,8 @@ class Communicator {
 
   // In place: buf holds count elements on every rank; afterwards the reduction over ranks.
   virtual void all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) = 0;
-  // in: size()*count elements; out: count elements = the reduction of chunk rank() (chunks in rank order).
+  // in: size()*count elements; out: count elements = the reduction of chunk rank() (chunks in rank order). out may
+  // alias chunk rank() of in.
   virtual void reduce_scatter(const void* in, void* out, size_t count, DType dtype, ReduceOp op) = 0;
   // in: count elements; out: size()*count elements, chunk j from rank j. in may alias chunk rank() of out.
   virtual void all_gather(const void* in, void* out, size_t count, DType dtype) = 0;

@@ -222,33 +222,24 @@ class GlooCommunicator : public Communicator {
     check_op(dtype, op, "reduce_scatter");
     st_->check_usable("reduce_scatter");
     if (count == 0) return;
-    const size_t n = static_cast<size_t>(st_->size), r = static_cast<size_t>(st_->rank);
     st_->guarded("reduce_scatter", -1, [&] {
       switch (dtype) {
-        case DType::kFloat32: {
-          std::vector<float> acc(static_cast<const float*>(in), static_cast<const float*>(in) + n * count);
-          ring_reduce_scatter(acc.data(), count, op);
-          std::memcpy(out, acc.data() + r * count, count * sizeof(float));
+        case DType::kFloat32:
+          ring_reduce_scatter(static_cast<const float*>(in), static_cast<float*>(out), count, op);
           break;
-        }
         case DType::kBFloat16: {
-          auto acc = widen(in, n * count);
-          ring_reduce_scatter(acc.data(), count, op);
-          narrow(acc.data() + r * count, count, out);
+          auto wide = widen(in, count * static_cast<size_t>(st_->size));
+          std::vector<float> result(count);
+          ring_reduce_scatter(wide.data(), result.data(), count, op);
+          narrow(result.data(), count, out);
           break;
         }
-        case DType::kInt32: {
-          std::vector<int32_t> acc(static_cast<const int32_t*>(in), static_cast<const int32_t*>(in) + n * count);
-          ring_reduce_scatter(acc.data(), count, op);
-          std::memcpy(out, acc.data() + r * count, count * sizeof(int32_t));
+        case DType::kInt32:
+          ring_reduce_scatter(static_cast<const int32_t*>(in), static_cast<int32_t*>(out), count, op);
           break;
-        }
-        case DType::kInt64: {
-          std::vector<int64_t> acc(static_cast<const int64_t*>(in), static_cast<const int64_t*>(in) + n * count);
-          ring_reduce_scatter(acc.data(), count, op);
-          std::memcpy(out, acc.data() + r * count, count * sizeof(int64_t));
+        case DType::kInt64:
+          ring_reduce_scatter(static_cast<const int64_t*>(in), static_cast<int64_t*>(out), count, op);
           break;
-        }
       }
     });
   }
@@ -380,36 +371,43 @@ class GlooCommunicator : public Communicator {
     if (op == ReduceOp::kAvg) divide(buf, count, st_->size);
   }
 
-  // Ring reduce-scatter over `acc` (size() chunks of count elements, reduced in place): after size()-1 steps chunk
-  // rank() holds the reduction over all ranks. Each rank sends (n-1)/n of the data once, like NCCL's ring. Gloo's
-  // own ReduceScatterHalvingDoubling uses the old bound-buffer API without per-op deadlines, hence this.
+  // Ring reduce-scatter: in step s a rank receives from its left neighbour the partial reduction of chunk
+  // (rank - 2 - s) mod n, adds its own input chunk and passes the sum on to the right; after n-1 steps it holds the
+  // full reduction of chunk rank(). Each rank sends (n-1)/n of the data once (NCCL's ring), and needs two chunks of
+  // scratch, never a copy of the whole input. Gloo's own ReduceScatterHalvingDoubling uses the old bound-buffer API
+  // without per-operation deadlines, hence this.
   template <typename T>
-  void ring_reduce_scatter(T* acc, size_t count, ReduceOp op) {
+  void ring_reduce_scatter(const T* in, T* out, size_t count, ReduceOp op) {
     const int n = st_->size, r = st_->rank;
-    if (n > 1) {
-      const int right = (r + 1) % n, left = (r - 1 + n) % n;
-      const size_t bytes = count * sizeof(T);
-      std::vector<T> incoming(count);
-      auto recv_buf = st_->ctx->createUnboundBuffer(incoming.data(), bytes);
-      auto deadline = Clock::now() + st_->timeout;
-      auto remaining = [&] { return std::max(ms(1), std::chrono::duration_cast<ms>(deadline - Clock::now())); };
-      for (int s = 0; s < n - 1; ++s) {
-        const size_t send_idx = static_cast<size_t>(((r - 1 - s) % n + n) % n);
-        const size_t recv_idx = static_cast<size_t>(((r - 2 - s) % n + n) % n);
-        auto send_buf = st_->ctx->createUnboundBuffer(acc + send_idx * count, bytes);
-        recv_buf->recv(left, kReduceScatterSlot);
-        send_buf->send(right, kReduceScatterSlot);
-        if (!recv_buf->waitRecv(remaining())) throw std::runtime_error("recv from rank " + std::to_string(left));
-        if (!send_buf->waitSend(remaining())) throw std::runtime_error("send to rank " + std::to_string(right));
-        T* dst = acc + recv_idx * count;
-        if (op == ReduceOp::kMax) {
-          reduce_max<T>(dst, dst, incoming.data(), count);
-        } else {
-          reduce_sum<T>(dst, dst, incoming.data(), count);
-        }
+    const size_t bytes = count * sizeof(T);
+    auto chunk = [&](int i) { return in + static_cast<size_t>(((i % n) + n) % n) * count; };
+    if (n == 1) {
+      std::memmove(out, in, bytes);
+      return;
+    }
+    const int right = (r + 1) % n, left = (r - 1 + n) % n;
+    std::vector<T> incoming(count), partial(count);
+    auto recv_buf = st_->ctx->createUnboundBuffer(incoming.data(), bytes);
+    auto partial_buf = st_->ctx->createUnboundBuffer(partial.data(), bytes);
+    // Step 0 sends our own input chunk as it is (Gloo only reads a send buffer).
+    auto first_buf = st_->ctx->createUnboundBuffer(const_cast<T*>(chunk(r - 1)), bytes);
+    auto deadline = Clock::now() + st_->timeout;
+    auto remaining = [&] { return std::max(ms(1), std::chrono::duration_cast<ms>(deadline - Clock::now())); };
+    for (int s = 0; s < n - 1; ++s) {
+      auto& send_buf = s == 0 ? first_buf : partial_buf;
+      recv_buf->recv(left, kReduceScatterSlot);
+      send_buf->send(right, kReduceScatterSlot);
+      if (!recv_buf->waitRecv(remaining())) throw std::runtime_error("recv from rank " + std::to_string(left));
+      if (!send_buf->waitSend(remaining())) throw std::runtime_error("send to rank " + std::to_string(right));
+      // The send has completed, so `partial` may be overwritten with what goes out next (or, last, the result).
+      T* dst = s == n - 2 ? out : partial.data();
+      if (op == ReduceOp::kMax) {
+        reduce_max<T>(dst, chunk(r - 2 - s), incoming.data(), count);
+      } else {
+        reduce_sum<T>(dst, chunk(r - 2 - s), incoming.data(), count);
       }
     }
-    if (op == ReduceOp::kAvg) divide(acc + static_cast<size_t>(r) * count, count, n);
+    if (op == ReduceOp::kAvg) divide(out, count, n);
   }
 
   std::unique_ptr<Request> post(void* buf, size_t count, DType dtype, int peer, uint32_t tag, bool is_send) {

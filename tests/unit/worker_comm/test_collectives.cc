@@ -151,6 +151,24 @@ TEST_CASE("reduce_scatter sum/avg/max for fp32, bf16, int32, int64 on 1..4 ranks
   }
 }
 
+TEST_CASE("reduce_scatter in place: out is chunk rank() of in") {
+  for (int n = 1; n <= 4; ++n) {
+    CAPTURE(n);
+    run_local_world(n, [&](Communicator& c) {
+      const size_t count = 3001;
+      auto buf = fill<float>(c.rank(), count * static_cast<size_t>(n));
+      float* mine = buf.data() + static_cast<size_t>(c.rank()) * count;
+      c.reduce_scatter(buf.data(), mine, count, DType::kFloat32, ReduceOp::kSum);
+      int bad = 0;
+      for (size_t i = 0; i < count; ++i) {
+        size_t g = static_cast<size_t>(c.rank()) * count + i;
+        if (mine[i] != static_cast<float>(expect(n, g, ReduceOp::kSum, false))) ++bad;
+      }
+      CHECK(bad == 0);
+    });
+  }
+}
+
 TEST_CASE("all_gather, in place and not, fp32 and bf16, on 1..4 ranks") {
   for (int n = 1; n <= 4; ++n) {
     CAPTURE(n);
