@@ -78,6 +78,18 @@ double ParallelModel::run(int M, const std::function<void(int32_t*, int32_t*)>& 
   const size_t N = static_cast<size_t>(B_) * T_, C = config_.channels;
   batch_.resize(static_cast<size_t>(M) * 2 * N);
   for (int m = 0; m < M; ++m) next(batch_.data() + m * 2 * N, batch_.data() + m * 2 * N + N);
+  // Every rank checks every token (all hold the batch), so bad data fails all ranks alike instead of one stage
+  // throwing while its peers wait for it until the deadline.
+  const int V = config_.vocab_size;
+  for (size_t i = 0; i < batch_.size(); ++i) {
+    if (batch_[i] < 0 || batch_[i] >= V) {
+      const size_t m = i / (2 * N), within = i % (2 * N);
+      throw Error(std::string("micro-batch ") + std::to_string(m) + ": " + (within < N ? "input" : "target") +
+                  " token " + std::to_string(batch_[i]) + " at position " + std::to_string(within % N) +
+                  " is outside the vocabulary [0, " + std::to_string(V) +
+                  "): the data was tokenized for another vocabulary");
+    }
+  }
 
   GptStage& st = *stage_;
   const StageShape& sh = st.shape();

@@ -8,12 +8,14 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <mutex>
 #include <random>
 #include <vector>
 
+#include "common/error.h"
 #include "worker/comm/local_world.h"
 #include "worker/model/gpt.h"
 #include "worker/parallel/parallel_model.h"
@@ -32,9 +34,9 @@ struct Data {
   std::vector<int32_t> in, tgt;  // (M, B, T)
 };
 
-Data make_data(int M) {
+Data make_data(int M, uint32_t seed = 11) {
   Data d;
-  std::mt19937 rng(11);
+  std::mt19937 rng(seed);
   for (int i = 0; i < M * kB * kT; ++i) {
     d.in.push_back(static_cast<int32_t>(rng() % kCfg.vocab_size));
     d.tgt.push_back(static_cast<int32_t>(rng() % kCfg.vocab_size));
@@ -188,4 +190,104 @@ TEST_CASE("without the tied-embedding all-reduce the wte gradient is wrong (the 
   const Reference ref = reference(d, M);
   const Result r = run_parallel(1, 2, d, M, /*finish=*/false);
   CHECK(rel_err(r.grads.data(), ref.grads.data(), param_sizes(kCfg)[0]) > 1e-3);
+}
+
+TEST_CASE("three SGD steps and a validation pass: tp=2 x pp=2 parameters and losses follow the single process") {
+  // SGD (p -= lr g) is elementwise, so it runs on the local shards unchanged; after each step the parameters,
+  // including both copies of the tied wte, must still be the single-process ones.
+  const int M = 2, steps = 3;
+  const float lr = 0.5f;
+  std::vector<Data> data;
+  for (int s = 0; s < steps; ++s) data.push_back(make_data(M, 100 + s));  // different batches per step
+  ThreadPool ref_pool(1);
+  Gpt<float> ref(kCfg, kB, kT, ref_pool);
+  ref.init_weights(kSeed);
+  std::vector<double> ref_losses;
+  const size_t N = kB * kT;
+  for (const Data& d : data) {
+    double loss = 0;
+    for (int m = 0; m < M; ++m) {
+      loss += ref.forward(d.in.data() + m * N, d.tgt.data() + m * N, Gpt<float>::Mode::kTrain, 1.0f / M);
+      ref.backward(m > 0);
+    }
+    ref_losses.push_back(loss / M);
+    for (size_t i = 0; i < ref.num_params(); ++i) ref.params()[i] -= lr * ref.grads()[i];
+  }
+  const double ref_eval = ref.forward(data[0].in.data(), data[0].tgt.data(), Gpt<float>::Mode::kEval);
+
+  const int tp = 2, pp = 2;
+  std::vector<float> params(num_parameters(kCfg), 0), tied(num_parameters(kCfg), 0);
+  std::vector<std::vector<double>> losses(tp * pp);
+  std::vector<double> evals(tp * pp);
+  std::mutex mu;
+  comm::run_local_world(tp * pp, [&](comm::Communicator& world) {
+    comm::ProcessGroups groups(world, comm::Layout{.dp = 1, .tp = tp, .pp = pp});
+    ThreadPool pool(1);
+    ParallelModel model(kCfg, kB, kT, M, pool, model_groups(groups));
+    model.init_weights(kSeed);
+    std::vector<double> mine;
+    for (const Data& d : data) {
+      int next = 0;
+      auto feed = [&](int32_t* in, int32_t* tgt) {
+        std::memcpy(in, d.in.data() + next * N, N * sizeof(int32_t));
+        std::memcpy(tgt, d.tgt.data() + next * N, N * sizeof(int32_t));
+        ++next;
+      };
+      model.zero_grad();
+      mine.push_back(model.forward_backward(M, feed, 1.0f / M));
+      model.finish_grads();
+      for (size_t i = 0; i < model.num_params(); ++i) model.params()[i] -= lr * model.grads()[i];
+    }
+    int next = 0;
+    const double eval = model.evaluate(1, [&](int32_t* in, int32_t* tgt) {
+      std::memcpy(in, data[0].in.data() + next * N, N * sizeof(int32_t));
+      std::memcpy(tgt, data[0].tgt.data() + next * N, N * sizeof(int32_t));
+      ++next;
+    });
+    std::lock_guard<std::mutex> lock(mu);
+    losses[world.rank()] = mine;
+    evals[world.rank()] = eval;
+    std::vector<ShardSlice> primary, copies;
+    for (const ShardSlice& sl : model.shard_map()) (sl.tied_copy ? copies : primary).push_back(sl);
+    copy_local_to_full(primary, kCfg, model.params(), params.data());
+    copy_local_to_full(copies, kCfg, model.params(), tied.data());
+  });
+  for (int r = 0; r < tp * pp; ++r) {
+    for (int s = 0; s < steps; ++s) CHECK(std::fabs(losses[r][s] - ref_losses[s]) <= 1e-5 * ref_losses[s]);
+    CHECK(std::fabs(evals[r] - ref_eval) <= 1e-5 * ref_eval);
+  }
+  CHECK(ref_losses[2] < ref_losses[0] + 1.0);  // sanity: the steps did not blow up
+  const auto sizes = param_sizes(kCfg);
+  size_t off = 0;
+  for (int i = 0; i < kNumParamTensors; ++i) {
+    CAPTURE(kParamNames[i]);
+    CHECK(rel_err(params.data() + off, ref.params() + off, sizes[i]) <= 1e-5);
+    off += sizes[i];
+  }
+  CHECK(rel_err(tied.data(), ref.params(), sizes[0]) <= 1e-5);  // the last stage's wte copy moved alike
+}
+
+TEST_CASE("a token outside the vocabulary fails every rank with the same clear error") {
+  const int M = 1;
+  std::atomic<int> errors{0};
+  CHECK_THROWS_WITH(comm::run_local_world(2,
+                                          [&](comm::Communicator& world) {
+                                            comm::ProcessGroups groups(world, comm::Layout{.dp = 1, .tp = 1, .pp = 2});
+                                            ThreadPool pool(1);
+                                            ParallelModel model(kCfg, kB, kT, M, pool, model_groups(groups));
+                                            try {
+                                              model.forward_backward(
+                                                  M,
+                                                  [&](int32_t* in, int32_t* tgt) {
+                                                    for (int i = 0; i < kB * kT; ++i) in[i] = tgt[i] = 1;
+                                                    tgt[5] = 100;  // V = 100
+                                                  },
+                                                  1.0f);
+                                            } catch (const railyard::Error&) {
+                                              ++errors;
+                                              throw;
+                                            }
+                                          }),
+                    doctest::Contains("micro-batch 0: target token 100 at position 5 is outside the vocabulary"));
+  CHECK(errors == 2);  // both stages refused before any communication
 }
