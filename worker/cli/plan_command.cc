@@ -143,10 +143,10 @@ void print_plan(std::ostream& out, int rank, const plan::Estimate& e, const std:
       << secs(t.pp_comm) << " + bubble " << secs(t.bubble) << " (" << fmt("%.1f", 100 * e.bubble_fraction) << "%) + dp "
       << secs(t.dp_exposed) << " exposed of " << secs(t.dp_comm) << " (ring: " << e.dp_tier << ") + optimizer "
       << secs(t.optimizer) << "\n";
-  out << "   memory/GPU " << gb(m.total()) << " GB of " << gb(e.memory_capacity) << ": params " << gb(m.params)
+  out << "   memory/GPU " << gb(m.total()) << " GB of " << gb(e.memory_capacity) << " usable: params " << gb(m.params)
       << " + grads " << gb(m.grads) << " + optimizer " << gb(m.optimizer) << " + activations " << gb(m.activations)
       << " + workspace " << gb(m.workspace) << "\n";
-  out << "   " << fmt("%.4g", e.tokens_per_s) << " tokens/s, " << fmt("%.4g", e.hardware_flops_per_gpu / 1e12)
+  out << "   " << fmt("%.0f", e.tokens_per_s) << " tokens/s, " << fmt("%.4g", e.hardware_flops_per_gpu / 1e12)
       << " TFLOP/s per GPU incl. recomputation (model " << fmt("%.4g", e.model_flops_per_gpu / 1e12) << "), MFU "
       << fmt("%.1f", 100 * e.mfu) << "%";
   if (tokens > 0) out << ", " << fmt("%.1f", e.days) << " days for " << fmt("%.3g", tokens) << " tokens";
