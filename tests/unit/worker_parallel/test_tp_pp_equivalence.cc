@@ -84,9 +84,11 @@ struct Result {
   std::vector<StepTimes> times;
 };
 
-// Runs dp=1, tp x pp ranks with the worker's process groups (rank = tp + T*(dp + D*pp)).
-Result run_parallel(int tp, int pp, const Data& d, int M, bool finish = true) {
-  const int n = tp * pp;
+// Runs dp x tp x pp ranks with the worker's process groups (rank = tp + T*(dp + D*pp)). `d` holds dp*M micro-batches:
+// replica r takes [r*M, (r+1)*M). With dp > 1 the gradients are averaged over the dp group by a plain all-reduce
+// (what the data-parallel reducer does) and the losses likewise.
+Result run_parallel(int tp, int pp, const Data& d, int M, bool finish = true, int dp = 1) {
+  const int n = dp * tp * pp;
   Result res;
   res.losses.assign(n, 0);
   res.sumsq.assign(n, 0);
@@ -95,29 +97,36 @@ Result run_parallel(int tp, int pp, const Data& d, int M, bool finish = true) {
   res.tied.assign(num_parameters(kCfg), 0);
   std::mutex mu;
   comm::run_local_world(n, [&](comm::Communicator& world) {
-    comm::ProcessGroups groups(world, comm::Layout{.dp = 1, .tp = tp, .pp = pp});
-    const int rank = world.rank();
+    comm::ProcessGroups groups(world, comm::Layout{.dp = dp, .tp = tp, .pp = pp});
+    const int rank = world.rank(), replica = groups.coord().dp;
     ThreadPool pool(1);
     ParallelModel model(kCfg, kB, kT, M, pool, model_groups(groups));
     model.init_weights(kSeed);
     model.zero_grad();
-    int next = 0;
+    int next = replica * M;
     const size_t N = kB * kT;
     StepTimes t;
-    const double loss = model.forward_backward(
+    double loss = model.forward_backward(
         M,
         [&](int32_t* in, int32_t* tgt) {
           std::memcpy(in, d.in.data() + next * N, N * sizeof(int32_t));
           std::memcpy(tgt, d.tgt.data() + next * N, N * sizeof(int32_t));
           ++next;
         },
-        1.0f / M, &t);
+        1.0f / (M * dp), &t);
     if (finish) model.finish_grads(&t);
+    if (dp > 1) {
+      groups.dp().all_reduce(model.grads(), model.num_params(), comm::DType::kFloat32, comm::ReduceOp::kSum);
+      float l = static_cast<float>(loss);
+      groups.dp().all_reduce(&l, 1, comm::DType::kFloat32, comm::ReduceOp::kAvg);
+      loss = l;
+    }
     const double sq = model.sum_squares_once(model.grads());
     std::lock_guard<std::mutex> lock(mu);
     res.losses[rank] = loss;
     res.sumsq[rank] = sq;
     res.times[rank] = t;
+    if (replica != 0) return;  // the replicas now hold the same gradients
     std::vector<ShardSlice> primary, copies;
     for (const ShardSlice& sl : model.shard_map()) (sl.tied_copy ? copies : primary).push_back(sl);
     copy_local_to_full(primary, kCfg, model.grads(), res.grads.data());
@@ -141,7 +150,7 @@ void check_equal(const Result& got, const Reference& ref, int pp) {
   for (float x : ref.grads) ref_sq += double(x) * x;
   for (double sq : got.sumsq) {
     CHECK(std::fabs(sq - ref_sq) <= 1e-5 * ref_sq);
-    CHECK(sq == got.sumsq[0]);
+    CHECK(sq == got.sumsq[0]);  // identical bits on every rank: clipping and NaN skips agree
   }
   if (pp > 1) {  // the tied copy took the same summed gradient
     CHECK(rel_err(got.tied.data(), ref.grads.data(), sizes[0]) <= 1e-5);
@@ -182,6 +191,13 @@ TEST_CASE("tp=2 x pp=2 equals the single process") {
   const Data d = make_data(M);
   const Reference ref = reference(d, M);
   check_equal(run_parallel(2, 2, d, M), ref, 2);
+}
+
+TEST_CASE("dp=2 x tp=2 x pp=2: each replica's pipeline, averaged over dp, equals the single process") {
+  const int M = 2, dp = 2;  // the reference runs all dp*M micro-batches
+  const Data d = make_data(M * dp);
+  const Reference ref = reference(d, M * dp);
+  check_equal(run_parallel(2, 2, d, M, true, dp), ref, 2);
 }
 
 TEST_CASE("without the tied-embedding all-reduce the wte gradient is wrong (the check can fail)") {
