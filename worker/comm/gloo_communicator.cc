@@ -20,6 +20,7 @@
 #include <stdexcept>
 
 #include "common/error.h"
+#include "common/log.h"
 #include "worker/comm/bf16.h"
 #include "worker/comm/tcp_store.h"
 
@@ -473,7 +474,11 @@ std::unique_ptr<Communicator> connect_gloo(const GlooOptions& o) {
   });
 
   auto boot = std::make_shared<Bootstrap>();
-  if (o.serve_store && o.rank == 0) boot->server = std::make_unique<TcpStoreServer>(o.store_host, o.store_port);
+  if (o.serve_store && o.rank == 0) {
+    boot->server = std::make_unique<TcpStoreServer>(o.store_host, o.store_port, o.timeout);
+    log::info("comm", "serving the bootstrap store",
+              {{"address", o.store_host + ":" + std::to_string(o.store_port)}, {"prefix", o.prefix}});
+  }
   boot->store = std::make_unique<TcpStore>(o.store_host, o.store_port, o.prefix, o.timeout);
   try {
     gloo::transport::tcp::attr attr;
@@ -493,6 +498,11 @@ std::unique_ptr<Communicator> connect_gloo(const GlooOptions& o) {
   st->guarded("connect", -1, [&] { st->ctx = GlooCommunicator::make_context(*st); });
   auto comm = std::make_unique<GlooCommunicator>(st);
   comm->barrier();
+  log::debug("comm", "gloo group connected",
+             {{"group", o.name},
+              {"rank", std::to_string(o.rank)},
+              {"size", std::to_string(o.size)},
+              {"timeout_ms", std::to_string(o.timeout.count())}});
   return comm;
 }
 

@@ -181,18 +181,26 @@ struct TcpStoreServer::Impl {
   }
 };
 
-TcpStoreServer::TcpStoreServer(const std::string& host, int port) : impl_(std::make_unique<Impl>()) {
+TcpStoreServer::TcpStoreServer(const std::string& host, int port, std::chrono::milliseconds retry_for)
+    : impl_(std::make_unique<Impl>()) {
   impl_->host = host;
   std::string where = "TcpStore server " + host + ":" + std::to_string(port);
   sockaddr_in addr = resolve(host, port, where.c_str());
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw CommError(where + ": socket: " + errno_text(errno));
-  int one = 1;
-  // A restarted generation binds the same MASTER_PORT while the old connections sit in TIME_WAIT.
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd, 128) != 0) {
+  const auto give_up = std::chrono::steady_clock::now() + retry_for;
+  int fd = -1;
+  for (;;) {
+    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) throw CommError(where + ": socket: " + errno_text(errno));
+    int one = 1;
+    // A restarted generation binds the same MASTER_PORT while the old connections sit in TIME_WAIT.
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 && ::listen(fd, 128) == 0) break;
     int err = errno;
     ::close(fd);
+    if (err == EADDRINUSE && std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      continue;
+    }
     throw CommError(where + ": cannot listen: " + errno_text(err) +
                     (err == EADDRINUSE ? " (another process holds the port: pick another MASTER_PORT)" : ""));
   }

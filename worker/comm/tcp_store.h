@@ -19,8 +19,9 @@ namespace railyard::worker::comm {
 
 class TcpStoreServer {
  public:
-  // Binds host:port (port 0: the kernel picks a free one, see port()). Throws CommError naming host:port on failure.
-  TcpStoreServer(const std::string& host, int port);
+  // Binds host:port (port 0: the kernel picks a free one, see port()). A port still held by someone else is retried
+  // for up to `retry_for` (the previous generation's rank 0 may still be exiting). Throws CommError naming host:port.
+  TcpStoreServer(const std::string& host, int port, std::chrono::milliseconds retry_for = std::chrono::milliseconds(0));
   // Stops accepting, closes every connection and joins its threads.
   ~TcpStoreServer();
   TcpStoreServer(const TcpStoreServer&) = delete;

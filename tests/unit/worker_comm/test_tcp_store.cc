@@ -109,6 +109,23 @@ TEST_CASE("a second server on a taken port names the port") {
   }
 }
 
+TEST_CASE("a server retries a taken port while the previous owner exits") {
+  auto first = std::make_unique<TcpStoreServer>("127.0.0.1", 0);
+  const int port = first->port();
+  std::thread release([&] {
+    std::this_thread::sleep_for(milliseconds(200));
+    first.reset();
+  });
+  auto t0 = std::chrono::steady_clock::now();
+  TcpStoreServer second("127.0.0.1", port, milliseconds(5000));
+  release.join();
+  CHECK(second.port() == port);
+  CHECK(since(t0) >= 150);
+  TcpStore client("127.0.0.1", port, "g1", milliseconds(1000));
+  client.set("k", bytes("v"));
+  CHECK(text(client.get("k")) == "v");
+}
+
 TEST_CASE("gloo_options_from_env names the variable at fault") {
   ::setenv("WORLD_SIZE", "4", 1);
   ::setenv("RANK", "2", 1);
