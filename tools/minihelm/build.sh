@@ -16,7 +16,7 @@ done
 tmp=$(mktemp "$out/.minihelm.XXXXXX")
 trap 'rm -f "$tmp"' EXIT
 (cd "$src" && GO111MODULE=off GOPATH=/usr/share/gocode GOFLAGS= GOPROXY=off GOCACHE="$out/../gocache" \
-  go build -trimpath -o "$tmp" .)
+  go build -o "$tmp" .)
 mv -f "$tmp" "$out/minihelm"
 trap - EXIT
 echo "$out/minihelm"

@@ -3,9 +3,10 @@
 # source exists in the build context (the repository root), every directory the root CMakeLists.txt adds is copied
 # into the build stage, every binary copied out of the build stage is a target the `cmake --build` line builds and a
 # railyard_binary of the source tree, the runtime stage installs the Debian package of every shared library that
-# binary links (from ldd of the binary built here), and the image runs as a numeric non-root user.
+# binary links (from ldd of the binary built here; directly or as a dependency of a listed package), and the image
+# runs as a numeric non-root user.
 set -euo pipefail
-source "$(dirname "$0")/lib.sh"
+NEED_MINIHELM=0 source "$(dirname "$0")/lib.sh"
 
 # What every Debian 12 image has: the required and essential packages, apt, and what they depend on directly.
 base=$(dpkg-query -W -f '${Package} ${Priority} ${Essential}\n' | awk '$2 == "required" || $3 == "yes" {print $1}')
@@ -40,6 +41,12 @@ for df in "$src"/deploy/docker/Dockerfile.*; do
   targets=$(grep -oE 'cmake --build .* --target .*' "$work/$name.flat" | sed 's/.*--target //' | tr ' ' '\n')
   runtime_pkgs=$(awk '/^FROM /{stage++} stage == '"$stages"' && /apt-get install/' "$work/$name.flat" |
     tr ' ' '\n' | grep -E '^[a-z0-9][a-z0-9.+-]+$' | grep -vE '^(apt-get|install|rm|update)$' || true)
+  # apt installs dependencies too: close the list over Depends/Pre-Depends (as installed on this Debian 12 machine).
+  closure=$runtime_pkgs
+  for _ in 1 2 3 4 5 6; do
+    closure=$( (echo "$closure"; dpkg-query -W -f '${Depends}, ${Pre-Depends}\n' $closure 2>/dev/null |
+      tr ',|' '\n\n' | awk 'NF {print $1}' | sed 's/:any$//') | sort -u)
+  done
   for out in $(grep -E '^COPY --from=build ' "$work/$name.flat" | awk '{for (i = 3; i < NF; i++) print $i}'); do
     b=$(basename "$out")
     check "$name: $b is built by the cmake --build line" grep -qx "$b" <<<"$targets"
@@ -53,7 +60,7 @@ for df in "$src"/deploy/docker/Dockerfile.*; do
         head -1 | cut -d: -f1)
       [ -n "$pkg" ] || continue # a library of the build tree or outside dpkg: not a runtime package
       grep -qx "$pkg" <<<"$base" && continue # in every Debian image
-      grep -qx "$pkg" <<<"$runtime_pkgs" || need+=" $pkg"
+      grep -qx "$pkg" <<<"$closure" || need+=" $pkg"
     done
     need=$(tr ' ' '\n' <<<"$need" | sort -u | xargs)
     check "$name: the runtime stage installs the packages $b links against${need:+ (missing: $need)}" test -z "$need"
