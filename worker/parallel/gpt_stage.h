@@ -56,6 +56,11 @@ class GptStage {
   // Accumulates (+=) the micro-batch's gradients into grads(); leaves d(input) in grad_input(slot) on stage > 0.
   void backward(int slot);
 
+  // Bytes allocated for activations (all slots), backward scratch and the first stage's token copies.
+  size_t activation_bytes() const {
+    return (acts_.size() + scratch_.size()) * sizeof(float) + tokens_.size() * sizeof(int32_t);
+  }
+
   // Seconds spent in tp all-reduces since the last call (then reset).
   double take_tp_comm_seconds();
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -187,6 +188,19 @@ double ParallelModel::sum_squares_once(const float* buf) {
     return sum;
   };
   return sum_over(groups_.pp, sum_over(groups_.tp, local));
+}
+
+std::string ParallelModel::describe() const {
+  const StageShape& sh = stage_->shape();
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "stage %d/%d layers [%d,%d) tp %d/%d (heads %d-%d, vocab rows %d-%d): %.2fM params, activations %.1f "
+                "MiB in %d slot(s)",
+                sh.pp_rank, sh.pp_size, sh.layer_begin, sh.layer_end, sh.tp_rank, sh.tp_size,
+                sh.tp_rank * sh.local_heads(), (sh.tp_rank + 1) * sh.local_heads() - 1, sh.vocab_begin(),
+                sh.vocab_begin() + sh.local_vocab() - 1, stage_->num_params() / 1e6,
+                stage_->activation_bytes() / (1024.0 * 1024.0), stage_->slots());
+  return buf;
 }
 
 }  // namespace railyard::worker::parallel

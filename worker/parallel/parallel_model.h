@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "worker/comm/communicator.h"
@@ -67,6 +68,10 @@ class ParallelModel {
   void init_weights(uint64_t seed);
 
   GptStage& stage() { return *stage_; }
+  size_t activation_bytes() const { return stage_->activation_bytes(); }
+  // For logs: "stage 1/2 layers [2,4) tp 0/2 (heads 0-1, vocab rows 0-63): 0.11M params, activations 1.3 MiB in 1
+  // slot(s)".
+  std::string describe() const;
 
  private:
   double run(int M, const std::function<void(int32_t*, int32_t*)>& next, float dloss, bool backward, StepTimes* times);

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <mutex>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "common/error.h"
@@ -122,6 +123,9 @@ Result run_parallel(int tp, int pp, const Data& d, int M, bool finish = true, in
       loss = l;
     }
     const double sq = model.sum_squares_once(model.grads());
+    const std::string desc = model.describe();
+    CHECK(desc.find("stage " + std::to_string(groups.coord().pp) + "/" + std::to_string(pp)) == 0);
+    CHECK(model.activation_bytes() > 0);
     std::lock_guard<std::mutex> lock(mu);
     res.losses[rank] = loss;
     res.sumsq[rank] = sq;
