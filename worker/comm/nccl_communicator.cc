@@ -72,6 +72,9 @@ struct Batch {
   }
 };
 
+// The stream is an ordinary (blocking) stream: it orders after work on the legacy default stream, so buffers written
+// by kernels there are complete before a collective reads them. Work on other streams must be synchronized by the
+// caller; calls return only when the NCCL work is done, so results can be read right after on any stream.
 struct State {
   std::shared_ptr<Bootstrap> boot;
   ncclComm_t comm = nullptr;
@@ -168,6 +171,7 @@ struct State {
     if (!pending || pending->ops.empty()) return;
     auto batch = std::move(pending);
     pending.reset();
+    cuda_check(cudaSetDevice(device), where(op) + ": cudaSetDevice");
     cuda_check(cudaEventCreateWithFlags(&batch->done, cudaEventDisableTiming), where(op) + ": cudaEventCreate");
     ncclResult_t r = ncclGroupStart();
     for (const auto& p : batch->ops) {
@@ -294,7 +298,7 @@ class NcclCommunicator : public Communicator {
     sub->rank = sub_rank;
     sub->size = static_cast<int>(ranks.size());
     sub->timeout = st_->timeout;
-    cuda_check(cudaStreamCreateWithFlags(&sub->stream, cudaStreamNonBlocking), st_->where(op) + ": cudaStreamCreate");
+    cuda_check(cudaStreamCreate(&sub->stream), st_->where(op) + ": cudaStreamCreate");
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     config.commName = sub->name.c_str();
@@ -351,7 +355,7 @@ std::unique_ptr<Communicator> connect_nccl(const GlooOptions& o, int cuda_device
   st->device = cuda_device;
   const std::string op = "connect";
   cuda_check(cudaSetDevice(cuda_device), st->where(op) + ": cudaSetDevice(" + std::to_string(cuda_device) + ")");
-  cuda_check(cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking), st->where(op) + ": cudaStreamCreate");
+  cuda_check(cudaStreamCreate(&st->stream), st->where(op) + ": cudaStreamCreate");
 
   st->boot = std::make_shared<Bootstrap>();
   if (o.serve_store && o.rank == 0) {

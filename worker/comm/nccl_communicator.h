@@ -14,7 +14,8 @@ namespace railyard::worker::comm {
 // name; bind_host is unused): rank 0 makes the NCCL unique id and publishes it under "<prefix>/nccl_id". The
 // communicator is non-blocking (ncclConfig.blocking = 0) and owns a CUDA stream on `cuda_device`; every call waits for
 // its work with the deadline, polling ncclCommGetAsyncError, and calls ncclCommAbort when the deadline passes or NCCL
-// reports an error, so survivors of a dead peer fail within timeout().
+// reports an error, so survivors of a dead peer fail within timeout(). The stream orders after the legacy default
+// stream; buffers produced on other streams must be synchronized by the caller first.
 //
 // isend/irecv are batched: they are queued and launched together (one ncclGroupStart/End) at the first wait() or
 // collective, so exchanges such as "isend to the right, irecv from the left, wait both" never deadlock.
