@@ -20,6 +20,13 @@ StageCosts stage_costs(const GptConfig& c, int seq_len) {
 
 namespace {
 
+void check_pipeline_degree(const GptConfig& c, int pp) {
+  if (pp < 1 || pp > c.num_layers) {
+    throw ConfigError("pipeline degree pp=" + std::to_string(pp) + " must be in 1.." + std::to_string(c.num_layers) +
+                      " (the model's layers): every stage holds at least one layer");
+  }
+}
+
 double cost_of(const StageCosts& k, int layers, bool first, bool last) {
   return layers * k.layer + (first ? k.embedding : 0.0) + (last ? k.head : 0.0);
 }
@@ -33,45 +40,38 @@ double stage_cost(const StageCosts& k, const std::vector<int>& b, int s) {
 
 std::vector<int> balance_stages(const GptConfig& c, int seq_len, int pp) {
   const int L = c.num_layers;
-  if (pp < 1 || pp > L) {
-    throw ConfigError("pipeline degree pp=" + std::to_string(pp) + " must be in 1.." + std::to_string(L) +
-                      " (the model's layers): every stage holds at least one layer");
-  }
+  check_pipeline_degree(c, pp);
   const StageCosts k = stage_costs(c, seq_len);
   const double inf = std::numeric_limits<double>::infinity();
-  // best[s][j]: the smallest possible maximum stage cost when stages 0..s-1 hold layers [0, j) (stage s-1 is not
-  // the last stage unless s == pp, which is when the head is added).
-  std::vector<std::vector<double>> best(pp + 1, std::vector<double>(L + 1, inf));
-  best[0][0] = 0;
-  for (int s = 1; s <= pp; ++s) {
-    for (int j = s; j <= L - (pp - s); ++j) {
-      for (int i = s - 1; i < j; ++i) {
-        if (best[s - 1][i] == inf) continue;
-        const double here = cost_of(k, j - i, s == 1, s == pp);
-        best[s][j] = std::min(best[s][j], std::max(best[s - 1][i], here));
+  // Both passes below are dynamic programs over (stages s, layers j): stage s-1 takes layers [i, j) after stages
+  // 0..s-2 took [0, i); the head is added when s == pp.
+  auto sweep = [&](auto&& relax) {
+    for (int s = 1; s <= pp; ++s) {
+      for (int j = s; j <= L - (pp - s); ++j) {
+        for (int i = s - 1; i < j; ++i) relax(s, j, i, cost_of(k, j - i, s == 1, s == pp));
       }
     }
-  }
+  };
+  // best[s][j]: the smallest possible maximum stage cost when stages 0..s-1 hold layers [0, j).
+  std::vector<std::vector<double>> best(pp + 1, std::vector<double>(L + 1, inf));
+  best[0][0] = 0;
+  sweep([&](int s, int j, int i, double here) {
+    if (best[s - 1][i] != inf) best[s][j] = std::min(best[s][j], std::max(best[s - 1][i], here));
+  });
   const double target = best[pp][L] * (1 + 1e-12);
   // Second pass: among the splits whose every stage stays within that bottleneck, the most even one (smallest sum
   // of squared stage costs); ties go to the split found first (fewer layers on earlier stages).
   std::vector<std::vector<double>> sq(pp + 1, std::vector<double>(L + 1, inf));
   std::vector<std::vector<int>> from(pp + 1, std::vector<int>(L + 1, -1));
   sq[0][0] = 0;
-  for (int s = 1; s <= pp; ++s) {
-    for (int j = s; j <= L - (pp - s); ++j) {
-      for (int i = s - 1; i < j; ++i) {
-        if (sq[s - 1][i] == inf) continue;
-        const double here = cost_of(k, j - i, s == 1, s == pp);
-        if (here > target) continue;
-        const double v = sq[s - 1][i] + here * here;
-        if (v < sq[s][j]) {
-          sq[s][j] = v;
-          from[s][j] = i;
-        }
-      }
+  sweep([&](int s, int j, int i, double here) {
+    if (sq[s - 1][i] == inf || here > target) return;
+    const double v = sq[s - 1][i] + here * here;
+    if (v < sq[s][j]) {
+      sq[s][j] = v;
+      from[s][j] = i;
     }
-  }
+  });
   if (from[pp][L] < 0) throw Error("balance_stages: internal error (no feasible split)");
   std::vector<int> b(pp + 1, 0);
   b[pp] = L;
@@ -91,10 +91,7 @@ void validate_layout(const GptConfig& c, int tp, int pp) {
     throw ConfigError("tensor-parallel degree tp=" + std::to_string(tp) + " must divide the padded vocabulary Vp=" +
                       std::to_string(c.padded_vocab_size) + " (the embedding is split by vocabulary rows)");
   }
-  if (pp < 1 || pp > c.num_layers) {
-    throw ConfigError("pipeline degree pp=" + std::to_string(pp) + " must be in 1.." + std::to_string(c.num_layers) +
-                      " (the model's layers): every stage holds at least one layer");
-  }
+  check_pipeline_degree(c, pp);
 }
 
 StageShape make_stage_shape(const GptConfig& c, int seq_len, int tp_size, int tp_rank, int pp_size, int pp_rank,
