@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "worker/comm/bf16.h"
@@ -307,4 +308,42 @@ TEST_CASE("run_local_world rethrows the first failure and the other ranks fail f
                     "rank 1 gave up");
   double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   CHECK(took < 10.0);  // the default deadline is 20 s: the others were released by the abort, not the timeout
+}
+
+TEST_CASE("a dup() used from a second thread runs concurrently with the original (bucket reducer pattern)") {
+  run_local_world(3, [&](Communicator& c) {
+    auto side = c.dup("bucket");
+    const int n = c.size();
+    int bad_main = 0, bad_side = 0;
+    std::thread t([&] {
+      for (int i = 0; i < 40; ++i) {
+        std::vector<float> v(5000, static_cast<float>(c.rank() + i));
+        side->all_reduce(v.data(), v.size(), DType::kFloat32, ReduceOp::kSum);
+        if (v[4999] != static_cast<float>(n * (n - 1) / 2 + n * i)) ++bad_side;
+      }
+    });
+    for (int i = 0; i < 40; ++i) {
+      int64_t x = c.rank() * 1000 + i;
+      c.all_reduce(&x, 1, DType::kInt64, ReduceOp::kMax);
+      if (x != (n - 1) * 1000 + i) ++bad_main;
+    }
+    t.join();
+    CHECK(bad_main == 0);
+    CHECK(bad_side == 0);
+  });
+}
+
+TEST_CASE("a pending isend/irecv does not mix with a collective on the same communicator") {
+  run_local_world(2, [&](Communicator& c) {
+    const int peer = 1 - c.rank();
+    std::vector<int32_t> out(100, c.rank() + 10), in(100, -1);
+    auto r = c.irecv(in.data(), in.size(), DType::kInt32, peer, 9);
+    auto s = c.isend(out.data(), out.size(), DType::kInt32, peer, 9);
+    float x = 1;
+    c.all_reduce(&x, 1, DType::kFloat32, ReduceOp::kSum);
+    CHECK(x == 2.0f);
+    r->wait();
+    s->wait();
+    CHECK(in == std::vector<int32_t>(100, peer + 10));
+  });
 }
