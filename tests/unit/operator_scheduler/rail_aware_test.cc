@@ -5,6 +5,8 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <random>
 #include <set>
 
 #include "operator/scheduler/topology.h"
@@ -386,4 +388,97 @@ TEST_CASE("placement request from a TrainingJob: options, affinity, exclusions")
   apply_job_options(job, off);
   CHECK(off.excluded_nodes.empty());
   CHECK(off.avoided_nodes.empty());
+}
+
+namespace {
+// A synthetic cluster: `nodes` nodes in units of `per_unit`, 4 units a leaf, 4 leaves a spine.
+std::vector<NodeInfo> synthetic(int nodes, int per_unit) {
+  std::vector<NodeInfo> v;
+  for (int i = 0; i < nodes; ++i) {
+    const int unit = i / per_unit, leaf = unit / 4;
+    NodeInfo n;
+    char name[32];
+    std::snprintf(name, sizeof name, "s%04d", i);
+    n.name = name;
+    n.ready = true;
+    n.gpu_allocatable = 8;
+    n.labels = {{"railyard.dev/unit", "u" + std::to_string(unit)},
+                {"railyard.dev/leaf", "l" + std::to_string(leaf)},
+                {"railyard.dev/spine", "s" + std::to_string(leaf / 4)}};
+    v.push_back(n);
+  }
+  return v;
+}
+}  // namespace
+
+TEST_CASE("256 nodes: a job larger than a unit gets the fewest units under one leaf") {
+  auto nodes = synthetic(256, 8);
+  // Leaf l0's units: u0 has 3 free nodes, u1 5, u2 and u3 whole; a 16-pod job takes u2 and u3, not 3 partial units.
+  for (int i : {0, 1, 2, 3, 4, 8, 9, 10}) {
+    nodes[i].gpu_used = 8;
+    nodes[i].worker_pods = 1;
+  }
+  // Every other leaf loses one node, so l0 (24 free) is no longer the only leaf with room, but the fullest.
+  for (int leaf = 1; leaf < 8; ++leaf) nodes[leaf * 32].gpu_used = 8;
+  Topology t(nodes);
+  RailAwarePlacement p;
+  auto r = p.place(gpu_job(16), nodes);
+  REQUIRE(r.ok);
+  std::set<int> units, leaves;
+  for (const auto& n : r.nodes) {
+    units.insert(t.domain(t.index(n), 0));
+    leaves.insert(t.domain(t.index(n), 1));
+  }
+  CHECK(units.size() == 2);
+  CHECK(leaves.size() == 1);
+  CHECK(r.worst_hops == 3);
+  CHECK(t.domain_name(1, *leaves.begin()) == "l0");
+}
+
+TEST_CASE("random clusters: hard constraints are never broken, and a gang is all or nothing") {
+  std::mt19937 rng(12345);
+  RailAwarePlacement p;
+  int placed = 0, refused = 0;
+  for (int round = 0; round < 200; ++round) {
+    auto nodes = synthetic(64, 2);  // 2 spines of 32 nodes
+    for (auto& n : nodes) {
+      const unsigned x = rng() % 20;
+      if (x == 0) n.ready = false;
+      if (x == 1) n.unschedulable = true;
+      if (x == 2) n.taints = Json::array({{{"key", "k"}, {"effect", "NoSchedule"}}});
+      if (x == 3) n.labels["pool"] = "other";
+      if (x >= 4 && x < 8) n.gpu_used = static_cast<int64_t>(rng() % 9);
+    }
+    auto req = gpu_job(1 + static_cast<int>(rng() % 24), 1 + static_cast<int64_t>(rng() % 8));
+    for (int k = 0; k < 4; ++k) req.excluded_nodes.insert(nodes[rng() % nodes.size()].name);
+    req.node_affinity = Json::parse(R"({"requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[
+        {"matchExpressions":[{"key":"pool","operator":"NotIn","values":["other"]}]}]}})");
+    req.hard = rng() % 3 == 0;
+    auto r = p.place(req, nodes);
+    if (!r.ok) {
+      refused++;
+      CHECK(r.nodes.empty());
+      CHECK(r.missing >= 1);
+      CHECK(r.message.find("none bound") != std::string::npos);
+      continue;
+    }
+    placed++;
+    REQUIRE(static_cast<int>(r.nodes.size()) == req.pods);
+    std::set<std::string> distinct(r.nodes.begin(), r.nodes.end());
+    CHECK(distinct.size() == r.nodes.size());
+    std::set<std::string> spines;
+    for (const auto& name : r.nodes) {
+      const NodeInfo& n = find(nodes, name);
+      CHECK(n.ready);
+      CHECK_FALSE(n.unschedulable);
+      CHECK(n.taints.empty());
+      CHECK(n.labels.count("pool") == 0);
+      CHECK_FALSE(req.excluded_nodes.count(name));
+      CHECK(n.gpu_allocatable - n.gpu_used >= req.gpus_per_pod);
+      spines.insert(n.labels.at("railyard.dev/spine"));
+    }
+    if (req.hard) CHECK(spines.size() == 1);
+  }
+  CHECK(placed > 50);  // the generator makes both outcomes common
+  CHECK(refused > 10);
 }
