@@ -7,7 +7,8 @@
 #     `kubectl auth can-i --as system:serviceaccount:...` grants exactly what the operator and the monitor use and
 #     refuses what they must not do;
 #  3. railyard-operator run with the namespace-scope ServiceAccount's own token (exactly the shipped Role, ClusterRole
-#     and Lease Role) runs a 2-replica TrainingJob to Succeeded on the simulated nodes.
+#     and Lease Role) runs a 2-replica TrainingJob to Succeeded on the simulated nodes, while railyard-monitor runs
+#     with the cluster-scope monitor ServiceAccount's token without a Kubernetes error.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 : "${KUBECONFIG:?KUBECONFIG must point at the local cluster (run through ctest, or cluster.sh env)}"
@@ -17,8 +18,9 @@ team=railyard-install-team     # job namespace of the namespace-scope release
 rel=railyard-e2e               # cluster-scope release
 reln=railyard-e2e-ns           # namespace-scope release
 op_pid=""
+mon_pid=""
 cleanup() {
-  [ -n "$op_pid" ] && kill "$op_pid" 2>/dev/null && wait "$op_pid" 2>/dev/null
+  for p in $op_pid $mon_pid; do kill "$p" 2>/dev/null && wait "$p" 2>/dev/null; done
   kubectl delete namespace "$ns" "$team" --wait=false >/dev/null 2>&1 || true
   kubectl delete clusterrole,clusterrolebinding -l "app.kubernetes.io/instance in ($rel,$reln)" >/dev/null 2>&1 || true
 }
@@ -29,18 +31,9 @@ fail() {
   kubectl get tj,pods -n "$team" -o wide >&2 2>/dev/null || true
   exit 1
 }
-wait_for() { # SECONDS DESCRIPTION COMMAND...
-  local limit=$1 what=$2 t0=$SECONDS
-  shift 2
-  until "$@" >/dev/null 2>&1; do
-    [ $((SECONDS - t0)) -lt "$limit" ] || fail "timed out after ${limit}s waiting for $what"
-    sleep 0.3
-  done
-}
 
-kubectl apply -f "$src/deploy/crds/trainingjobs.railyard.dev.yaml" >/dev/null
-kubectl wait --for=condition=Established --timeout=60s crd/trainingjobs.railyard.dev >/dev/null
-for n in "$ns" "$team"; do kubectl get namespace "$n" >/dev/null 2>&1 || kubectl create namespace "$n" >/dev/null; done
+install_crd "$src" || fail "installing the CRD"
+for n in "$ns" "$team"; do fresh_namespace "$n"; done
 
 # What helm install would see: the server's version and its API group/versions.
 apis=$(kubectl api-versions | paste -sd, -)
@@ -151,11 +144,16 @@ check "namespace scope: worker ServiceAccount mounts no token" \
 
 # --- 3. the operator with exactly the shipped namespace-scope RBAC runs a job --------------------------------------
 [ "$(kubectl get nodes -o name | wc -l)" -ge 2 ] || fail "the cluster has fewer than 2 nodes (start it with the node agent)"
-wait_for 60 "the token Secret of $opn" bash -c "kubectl get sa $opn -n $ns -o jsonpath='{.secrets[0].name}' | grep -q ."
-token=$(kubectl get secret -n "$ns" "$(kubectl get sa "$opn" -n "$ns" -o jsonpath='{.secrets[0].name}')" \
-  -o jsonpath='{.data.token}' | base64 -d)
-sed "s|^\(\s*\)token: .*|\1token: $token|" "$KUBECONFIG" >"$work/operator.kubeconfig"
-check "the operator's kubeconfig is not the admin's" bash -c "! cmp -s '$KUBECONFIG' '$work/operator.kubeconfig'"
+sa_kubeconfig() { # SA OUT: the admin kubeconfig with the ServiceAccount's token instead of the admin's
+  wait_for 60 "the token Secret of $1" bash -c "kubectl get sa $1 -n $ns -o jsonpath='{.secrets[0].name}' | grep -q ."
+  local token
+  token=$(kubectl get secret -n "$ns" "$(kubectl get sa "$1" -n "$ns" -o jsonpath='{.secrets[0].name}')" \
+    -o jsonpath='{.data.token}' | base64 -d)
+  sed "s|^\(\s*\)token: .*|\1token: $token|" "$KUBECONFIG" >"$2"
+  ! cmp -s "$KUBECONFIG" "$2" || fail "$2: could not put the token of $1 into the kubeconfig"
+}
+sa_kubeconfig "$opn" "$work/operator.kubeconfig"
+sa_kubeconfig "$mon" "$work/monitor.kubeconfig"
 # The chart's own arguments for this release, with loopback addresses and the local worker binary instead of images.
 mapfile -t args < <("$minihelm" yaml2json "$work/ns.yaml" | jq -r 'select(.kind == "Deployment" and
   .metadata.name == "'"$opn"'") | .spec.template.spec.containers[0].args[]' |
@@ -164,6 +162,11 @@ mapfile -t args < <("$minihelm" yaml2json "$work/ns.yaml" | jq -r 'select(.kind 
   --health-addr 127.0.0.1:0 --rendezvous-bind 127.0.0.1:0 --worker-command "$bin/railyard-worker" \
   --lease-duration 4 --renew-deadline 3 --retry-period 1 >"$work/operator.log" 2>&1 &
 op_pid=$!
+# The cluster-scope monitor (embedded mode: it lists pods) with its own token, limited to the job namespace so that it
+# never judges other tests' jobs.
+"$bin/railyard-monitor" --kubeconfig "$work/monitor.kubeconfig" --namespace "$team" --listen 127.0.0.1:0 \
+  --interval 0.5 >"$work/monitor.log" 2>&1 &
+mon_pid=$!
 wait_for 40 "the operator to lead under its own ServiceAccount" grep -q "leading: reconciling" "$work/operator.log"
 cat <<YAML | kubectl apply -n "$team" -f - >/dev/null
 apiVersion: railyard.dev/v1alpha1
@@ -188,8 +191,15 @@ check "the operator logged no Forbidden" bash -c "! grep -qi forbidden '$work/op
 check "the operator created the rendezvous Secret and bound the pods" bash -c \
   "kubectl get secret rbac-check-rendezvous -n $team >/dev/null && kubectl get pods -n $team \
    -l railyard.dev/job=rbac-check -o jsonpath='{.items[*].spec.nodeName}' | grep -q ."
-kill "$op_pid"
-wait "$op_pid" 2>/dev/null || true
+mport=$(grep -oE 'listen=[0-9.]+:[0-9]+' "$work/monitor.log" | head -1 | cut -d: -f2)
+curl -fsS "http://127.0.0.1:$mport/metrics" >"$work/monitor.prom" || fail "monitor /metrics"
+check "the monitor evaluated the job namespace with its own token: evaluations, no Kubernetes errors" bash -c "
+  awk '/^railyard_monitor_evaluations_total/ {e += \$2} /^railyard_monitor_query_errors_total.*source=\"kube\"/ {k += \$2}
+       END {exit !(e > 0 && k == 0)}' '$work/monitor.prom'"
+check "the monitor logged no Forbidden" bash -c "! grep -qi forbidden '$work/monitor.log'"
+kill "$op_pid" "$mon_pid"
+wait "$op_pid" "$mon_pid" 2>/dev/null || true
 op_pid=""
+mon_pid=""
 kubectl delete tj rbac-check -n "$team" --wait=false >/dev/null
 finish

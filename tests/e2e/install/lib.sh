@@ -10,6 +10,8 @@ fail() {
   echo "FAIL: $*" >&2
   exit 1
 }
+# free_port, wait_for SECONDS WHAT COMMAND..., install_crd SRC (they call the script's fail()).
+source "$src/tests/e2e/operator/lib.sh"
 # check DESCRIPTION COMMAND...: records a failure and goes on, so one run lists every problem.
 check() {
   local what=$1
@@ -41,4 +43,11 @@ canonical() {
   objects "$1" | jq -c 'walk(if type == "object" then del(."helm.sh/chart", ."app.kubernetes.io/managed-by")
       | with_entries(select(.value != null and .value != "")) else . end) | select(.kind != "Namespace")' |
     jq -s -c 'sort_by(.kind, .metadata.namespace // "", .metadata.name)[]'
+}
+# fresh_namespace NAME: creates NAME, first waiting for a deleted one of an earlier run to be gone.
+fresh_namespace() {
+  if [ "$(kubectl get namespace "$1" -o jsonpath='{.status.phase}' 2>/dev/null)" = Terminating ]; then
+    wait_for 120 "namespace $1 of an earlier run to be deleted" bash -c "! kubectl get namespace $1"
+  fi
+  kubectl get namespace "$1" >/dev/null 2>&1 || kubectl create namespace "$1" >/dev/null
 }

@@ -14,20 +14,16 @@ cleanup() {
   kubectl delete namespace "$ns" --wait=false >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_for() {
-  local limit=$1 what=$2 t0=$SECONDS
-  shift 2
-  until "$@" >/dev/null 2>&1; do
-    [ $((SECONDS - t0)) -lt "$limit" ] || fail "timed out after ${limit}s waiting for $what (logs in $work)"
-    sleep 0.3
-  done
+fail() {
+  echo "FAIL: $*" >&2
+  for l in "$work"/*.log; do [ -f "$l" ] && { echo "--- $l (tail)" >&2; tail -5 "$l" >&2; }; done
+  exit 1
 }
 for b in railyard-operator railyard-monitor railyard-worker railyard; do
   [ -x "$bin/$b" ] || fail "$bin/$b is not built (cmake --build <dir> --target $b)"
 done
-kubectl apply -f "$src/deploy/crds/trainingjobs.railyard.dev.yaml" >/dev/null
-kubectl get namespace "$ns" >/dev/null 2>&1 || kubectl create namespace "$ns" >/dev/null
+install_crd "$src" || fail "installing the CRD"
+fresh_namespace "$ns"
 
 # The operator watches an empty namespace (no other test's jobs), without leader election.
 "$bin/railyard-operator" --namespace "$ns" --leader-elect=false --metrics-addr 127.0.0.1:0 --health-addr 127.0.0.1:0 \
