@@ -213,7 +213,7 @@ double GptStage::forward(int slot, const int32_t* inputs, const int32_t* targets
   return sum / static_cast<double>(N);
 }
 
-void GptStage::backward(int slot) {
+void GptStage::backward(int slot, const GradReadyHook* ready) {
   using namespace cpu;
   using comm::ReduceOp;
   Slot& a = slot_.at(slot);
@@ -230,6 +230,9 @@ void GptStage::backward(int slot) {
       d += sizes_[i];
     }
   }
+  auto report = [&](int i, size_t begin, size_t count) {
+    if (ready != nullptr && count > 0) (*ready)(static_cast<size_t>(g[i] - grads_.data()) + begin, count);
+  };
   if (shape_.last()) {
     // LM head: dlnf (B,T,C) = dlogits (B,T,Vl) @ wte_local (Vl,C), summed over tp (f backward); dwte_local +=
     // dlogits^T @ lnf
@@ -237,6 +240,8 @@ void GptStage::backward(int slot) {
     all_reduce(dc_, N * C, ReduceOp::kSum);
     std::memset(dres_, 0, N * C * sizeof(float));
     layernorm_backward(pool_, dres_, g[14], g[15], dc_, a.res3 + (Ls - 1) * N * C, w[14], a.lnf_mean, a.lnf_rstd, N, C);
+    report(14, 0, C);
+    report(15, 0, C);
   }
   // dres_ holds d(loss)/d(residual stream), identical on every tp rank, and flows down through the layers.
   for (size_t l = Ls; l-- > 0;) {
@@ -260,11 +265,14 @@ void GptStage::backward(int slot) {
                     w[4] + l * 3 * Cl * C, N, C, 3 * Cl);  // d ln1 (B,T,C) partial
     all_reduce(dc_, N * C, ReduceOp::kSum);                // f backward
     layernorm_backward(pool_, dres_, g[2] + lc, g[3] + lc, dc_, residual, w[2] + lc, a.ln1_mean + l * N,
-                       a.ln1_rstd + l * N, N, C);  // += d residual
+                       a.ln1_rstd + l * N, N, C);                                  // += d residual
+    for (int i = 2; i < 14; ++i) report(i, l * (sizes_[i] / Ls), sizes_[i] / Ls);  // layer l's slices are final
   }
   if (shape_.first()) {
     // the embedding's all-reduce is g-like: its backward is the identity, each rank scatters into its own rows
     vocab_embedding_backward(pool_, g[0], g[1], dres_, a.tokens, v0, Vl, B, Tn, C);
+    report(1, 0, sizes_[1]);
+    if (shape_.last()) report(0, 0, sizes_[0]);  // pp == 1: both uses of wte are done
   } else {
     std::memcpy(a.dinput, dres_, N * C * sizeof(float));
   }

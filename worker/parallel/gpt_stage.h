@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "worker/comm/communicator.h"
@@ -54,7 +55,12 @@ class GptStage {
   // for backward (fused cross entropy); returns 0 elsewhere.
   double forward(int slot, const int32_t* inputs, const int32_t* targets, float dloss);
   // Accumulates (+=) the micro-batch's gradients into grads(); leaves d(input) in grad_input(slot) on stage > 0.
-  void backward(int slot);
+  // With `ready`, reports each local range of grads() as soon as this backward has finished it (lnf first, then
+  // each layer's 12 slices, top layer first, then wpe): for the last micro-batch of a step, so that a data-parallel
+  // reducer can start early. wte is reported here only when this stage holds both its uses (pp == 1); with pp > 1
+  // ParallelModel::finish_grads reports it after the tied-embedding all-reduce.
+  using GradReadyHook = std::function<void(size_t offset, size_t count)>;
+  void backward(int slot, const GradReadyHook* ready = nullptr);
 
   // Bytes allocated for activations (all slots), backward scratch and the first stage's token copies.
   size_t activation_bytes() const {

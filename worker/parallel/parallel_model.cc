@@ -117,8 +117,8 @@ double ParallelModel::run(int M, const std::function<void(int32_t*, int32_t*)>& 
       auto r = pp->irecv(st.grad_output(), N * C, comm::DType::kFloat32, s + 1, tag(step, m, 1));
       wait(r, &waited);
     }
-    wait(send_bwd_[k], &waited);  // the slot's previous d(input) has left
-    st.backward(k);
+    wait(send_bwd_[k], &waited);                               // the slot's previous d(input) has left
+    st.backward(k, ready_ && m == M - 1 ? &ready_ : nullptr);  // 1F1B ends every stage with micro-batch M-1
     if (!sh.first()) send_bwd_[k] = pp->isend(st.grad_input(k), N * C, comm::DType::kFloat32, s - 1, tag(step, m, 1));
   };
 
@@ -165,6 +165,7 @@ void ParallelModel::finish_grads(StepTimes* times) {
   const size_t n = static_cast<size_t>(sh.local_vocab()) * sh.config.channels;
   groups_.embedding->all_reduce(stage_->grads(), n, comm::DType::kFloat32, comm::ReduceOp::kSum);
   if (times != nullptr) times->pp_wait += since(t0);
+  if (ready_) ready_(0, n);
 }
 
 double ParallelModel::sum_squares_once(const float* buf) {

@@ -53,6 +53,9 @@ class ParallelModel {
   // the embedding group so both copies take the same optimizer step. Call once per step after the last
   // forward_backward and before the data-parallel reduction/optimizer. Time is added to times->pp_wait.
   void finish_grads(StepTimes* times = nullptr);
+  // Optional (data-parallel overlap): during each forward_backward's last micro-batch, and in finish_grads for the
+  // tied wte when pp > 1, reports every local range of grads() once, as soon as it is final. See GptStage::backward.
+  void set_grad_ready_hook(GptStage::GradReadyHook hook) { ready_ = std::move(hook); }
 
   const StageShape& shape() const { return stage_->shape(); }
   const std::vector<ShardSlice>& shard_map() const { return stage_->shard_map(); }
@@ -85,7 +88,8 @@ class ParallelModel {
   std::vector<ElementRange> count_once_;
   std::vector<int32_t> batch_;  // (M, 2, B, T): inputs and targets of the step's micro-batches
   std::vector<std::unique_ptr<comm::Request>> send_fwd_, send_bwd_;  // per slot
-  uint32_t step_ = 0;                                                // tag space per call
+  GptStage::GradReadyHook ready_;
+  uint32_t step_ = 0;  // tag space per call
 };
 
 }  // namespace railyard::worker::parallel

@@ -311,3 +311,48 @@ TEST_CASE("a token outside the vocabulary fails every rank with the same clear e
                     doctest::Contains("micro-batch 0: target token 100 at position 5 is outside the vocabulary"));
   CHECK(errors == 2);  // both stages refused before any communication
 }
+
+TEST_CASE("the grad-ready hook reports every local gradient once, already final") {
+  const int M = 3;
+  const Data d = make_data(M);
+  for (int pp : {1, 2}) {
+    CAPTURE(pp);
+    const int tp = 2;
+    std::atomic<int> ok_ranks{0};
+    comm::run_local_world(tp * pp, [&](comm::Communicator& world) {
+      comm::ProcessGroups groups(world, comm::Layout{.dp = 1, .tp = tp, .pp = pp});
+      ThreadPool pool(1);
+      ParallelModel model(kCfg, kB, kT, M, pool, model_groups(groups));
+      model.init_weights(kSeed);
+      std::vector<int> seen(model.num_params(), 0);
+      std::vector<float> snapshot(model.num_params(), 0);
+      model.set_grad_ready_hook([&](size_t offset, size_t count) {
+        for (size_t i = offset; i < offset + count; ++i) {
+          ++seen[i];
+          snapshot[i] = model.grads()[i];
+        }
+      });
+      model.zero_grad();
+      int next = 0;
+      const size_t N = kB * kT;
+      model.forward_backward(
+          M,
+          [&](int32_t* in, int32_t* tgt) {
+            std::memcpy(in, d.in.data() + next * N, N * sizeof(int32_t));
+            std::memcpy(tgt, d.tgt.data() + next * N, N * sizeof(int32_t));
+            ++next;
+          },
+          1.0f / M);
+      model.finish_grads();
+      bool once = true, final = true;
+      for (size_t i = 0; i < model.num_params(); ++i) {
+        once = once && seen[i] == 1;
+        final = final && snapshot[i] == model.grads()[i];
+      }
+      CHECK(once);
+      CHECK(final);
+      if (once && final) ++ok_ranks;
+    });
+    CHECK(ok_ranks == tp * pp);
+  }
+}
