@@ -147,6 +147,13 @@ std::optional<Verdict> Evaluator::evaluate(const JobKey& job, int64_t generation
     }
     if (finite(rs.duration) && rs.duration > 0 && o.reachable) durations.push_back(rs.duration);
   }
+  // When no rank is reachable (a one-rank job whose only process hangs takes its /metrics endpoint with it), the
+  // last known step times still say what "typical" is; without them the stall threshold would fall back to
+  // hangTimeoutSeconds and the unreachable rule (30 s) would always win.
+  if (durations.empty()) {
+    for (const auto& [r, rs] : st.ranks)
+      if (finite(rs.duration) && rs.duration > 0) durations.push_back(rs.duration);
+  }
   auto node_of = [&](int r) { return r >= 0 && st.ranks.count(r) ? st.ranks[r].node : std::string(); };
   auto verdict = [&](const std::string& rule, const std::string& reason, int rank, const std::string& evidence,
                      double onset, bool suspect) {

@@ -47,6 +47,14 @@ std::optional<int64_t> step_of_dir(const std::filesystem::path& p) {
   return std::stoll(n.substr(5));
 }
 
+std::vector<ckpt::TensorShard> tensor_shards(const std::vector<ShardSpec>& shards) {
+  std::vector<ckpt::TensorShard> ts;
+  ts.reserve(shards.size());
+  for (const auto& s : shards)
+    ts.push_back({s.name, ckpt::DType::F32, s.global_shape, s.box, s.data, s.replica_index, s.num_replicas});
+  return ts;
+}
+
 }  // namespace
 
 struct Checkpointer::Metrics {
@@ -149,6 +157,8 @@ Checkpointer::Checkpointer(CheckpointOptions options, const GptConfig& model, Tr
       }
     };
     writer_ = std::make_unique<ckpt::Writer>(std::move(w));
+    // Touch the snapshot buffer now, so the first save does not pay its page faults inside a step.
+    writer_->reserve(ckpt::snapshot_bytes(tensor_shards(shards_)));
   }
   if (opt_.shm_every > 0) {
     if (opt_.shm_name.empty()) throw ConfigError("--ckpt-shm-every needs a shared-memory name");
@@ -343,10 +353,7 @@ void Checkpointer::join_copy() {
 void Checkpointer::start_save(int64_t step, bool async, bool to_disk, bool to_shm) {
   join_copy();
   const nlohmann::json state = state_json(trainer_.state());
-  std::vector<ckpt::TensorShard> ts;
-  ts.reserve(shards_.size());
-  for (const auto& s : shards_)
-    ts.push_back({s.name, ckpt::DType::F32, s.global_shape, s.box, s.data, s.replica_index, s.num_replicas});
+  std::vector<ckpt::TensorShard> ts = tensor_shards(shards_);
   last_snapshot_step_ = to_disk ? step : last_snapshot_step_;
   auto work = [this, step, state, ts = std::move(ts), to_disk, to_shm] {
     try {
@@ -400,11 +407,8 @@ std::optional<int> Checkpointer::save_on_stop(int64_t step) {
   if (last_snapshot_step_ == step) {
     st = writer_->wait(step, deadline);  // this step's save is already queued
   } else {
-    std::vector<ckpt::TensorShard> ts;
-    for (const auto& s : shards_)
-      ts.push_back({s.name, ckpt::DType::F32, s.global_shape, s.box, s.data, s.replica_index, s.num_replicas});
     last_snapshot_step_ = step;
-    st = writer_->save_now_and_wait(step, ts, state_json(trainer_.state()), deadline);
+    st = writer_->save_now_and_wait(step, tensor_shards(shards_), state_json(trainer_.state()), deadline);
   }
   if (st.state == ckpt::SaveState::Committed) {
     log::info("checkpoint", "saved on stop signal",

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# E2E: the whole restart loop of issue 7 with the real trainer and checkpoints on. The operator runs a TrainingJob
+# (one pod: railyard-worker agent -> railyard-worker train, checkpoint every 20 steps); railyard-monitor scrapes the
+# worker itself (embedded mode). The worker process is frozen (SIGSTOP) -> the monitor's stall rule annotates a
+# restart request -> the operator opens generation 2 -> the agent replaces the worker, which restores the newest
+# checkpoint (the step after the restart continues from it, not 0) -> the job Succeeds. Prints the time to detect
+# and to recover.
+set -euo pipefail
+src=${RAILYARD_SOURCE_DIR:?}
+state=${RAILYARD_E2E_STATE_DIR:?}
+bin=${RAILYARD_BIN_DIR:?}
+eval "$(bash "$src/deploy/local/cluster.sh" env --state-dir "$state")"
+ns=ckpt-loop-e2e-$$
+job=loop
+work=$(mktemp -d /tmp/ckpt-loop-e2e.XXXXXX)
+op_pid="" mon_pid="" frozen=""
+fail() {
+  echo "FAIL: $*" >&2
+  kubectl get tj,pods -n "$ns" -o wide >&2 || true
+  kubectl get tj "$job" -n "$ns" -o jsonpath='{.status}' >&2 || true
+  echo >&2
+  echo "== operator" >&2 && tail -n 25 "$work/op.log" >&2
+  echo "== monitor" >&2 && tail -n 15 "$work/mon.log" >&2
+  for f in "$state"/node-agent/pods/"${ns}"_*/*.log; do [ -f "$f" ] && { echo "== $f" >&2; tail -n 25 "$f" >&2; }; done
+  exit 1
+}
+cleanup() {
+  [ -n "$frozen" ] && kill -CONT "$frozen" 2>/dev/null || true
+  [ -n "$mon_pid" ] && kill "$mon_pid" 2>/dev/null && wait "$mon_pid" 2>/dev/null || true
+  [ -n "$op_pid" ] && kill "$op_pid" 2>/dev/null && wait "$op_pid" 2>/dev/null || true
+  kubectl delete namespace "$ns" --wait=false >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+# shellcheck source=../operator/lib.sh
+source "$src/tests/e2e/operator/lib.sh"
+jp() { kubectl get tj "$job" -n "$ns" -o jsonpath="$1" 2>/dev/null; }
+now() { date +%s.%N; }
+
+"$bin/railyard" data prepare --input /usr/share/common-licenses/* --output "$work/data" >/dev/null
+install_crd "$src"
+kubectl create namespace "$ns" >/dev/null
+op_metrics=127.0.0.1:$(free_port)
+"$bin/railyard-operator" --namespace "$ns" --leader-elect=false --worker-command "$bin/railyard-worker" \
+  --metrics-addr "$op_metrics" --health-addr "127.0.0.1:$(free_port)" --rendezvous-bind 127.0.0.1:0 \
+  >"$work/op.log" 2>&1 &
+op_pid=$!
+"$bin/railyard-monitor" --namespace "$ns" --listen 127.0.0.1:0 --interval 1 >"$work/mon.log" 2>&1 &
+mon_pid=$!
+
+ckpt=$work/ckpt
+kubectl apply -n "$ns" -f - >/dev/null <<EOF
+apiVersion: railyard.dev/v1alpha1
+kind: TrainingJob
+metadata:
+  name: $job
+spec:
+  replicas: 1
+  procsPerReplica: 1
+  device: cpu
+  model: {preset: tiny}
+  data: {train: $work/data/train_*.bin}
+  training: {steps: 300, globalBatch: 4, microBatch: 4, seqLen: 64, learningRate: 0.001, warmupSteps: 10}
+  checkpoint: {path: $ckpt, intervalSteps: 20, keep: 3}
+  failurePolicy: {maxRestarts: 2, hangTimeoutSeconds: 60, excludeFailedNodes: false}
+EOF
+
+# Generation 1 trains and checkpoints.
+wait_for 120 "generation 1 at step >= 45 with a checkpoint" \
+  bash -c "[ -f '$ckpt/latest' ] && s=\$(kubectl get tj $job -n $ns -o jsonpath='{.status.step}') && [ \"\${s:-0}\" -ge 45 ]"
+[ "$(jp '{.status.generation}')" = 1 ] || fail "generation is '$(jp '{.status.generation}')' before the freeze"
+
+# Freeze the training process (the agent's child; the agent itself keeps running, as with a hung CUDA kernel).
+agent_pid=$("$bin/railyard-node-agent" status --json --state-dir "$state/node-agent" |
+  python3 -c "import json,sys; print(next(p['pid'] for p in json.load(sys.stdin)['pods'] if p['namespace']=='$ns'))")
+worker_pid=$(cat /proc/"$agent_pid"/task/*/children | tr ' ' '\n' | grep -m1 .) || fail "no worker under agent $agent_pid"
+grep -q "train" /proc/"$worker_pid"/cmdline || fail "pid $worker_pid is not the trainer"
+kill -STOP "$worker_pid"
+frozen=$worker_pid
+t_freeze=$(now)
+log=$(ls "$state"/node-agent/pods/"${ns}"_"${job}"-worker-0/*.log | head -1)
+sleep 0.5
+step_frozen=$(grep -o 'step=[0-9]*/300' "$log" | tail -1 | grep -o '=[0-9]*' | tr -d =)
+echo "froze worker pid $worker_pid at step $step_frozen"
+
+# Detection: the monitor's restart request.
+wait_for 40 "the monitor's restart request" bash -c "kubectl get tj $job -n $ns -o json | python3 -c \
+  'import json,sys; a=json.load(sys.stdin)[\"metadata\"].get(\"annotations\",{}); sys.exit(0 if \"railyard.dev/restart-request\" in a else 1)'"
+t_detect=$(now)
+req=$(kubectl get tj "$job" -n "$ns" -o json | python3 -c \
+  'import json,sys; print(json.load(sys.stdin)["metadata"]["annotations"]["railyard.dev/restart-request"])')
+echo "restart request: $req"
+python3 - "$req" <<'PY' || fail "restart request is not a Hang from the monitor's stall rule: $req"
+import json, sys
+r = json.loads(sys.argv[1])
+sys.exit(0 if r["reason"] == "Hang" and r["rule"] == "stall" and r["detector"] == "monitor" and r["generation"] == 1 else 1)
+PY
+# The frozen worker is the agent's to stop (SIGTERM stays pending while stopped, then SIGKILL after the grace).
+frozen=""
+
+# Recovery: generation 2 restores the newest checkpoint and trains on.
+wait_for 90 "generation 2" bash -c "[ \"\$(kubectl get tj $job -n $ns -o jsonpath='{.status.generation}')\" = 2 ]"
+wait_for 60 "the restored worker's first step" bash -c "grep -A400 'checkpoint: restored' '$log' | grep -q 'step=[0-9]*/300'"
+t_recover=$(now)
+restored=$(grep -o 'checkpoint: restored step=[0-9]*' "$log" | tail -1 | grep -o '[0-9]*$')
+[ -n "$restored" ] || fail "the new worker did not restore a checkpoint"
+first=$(grep -A400 'checkpoint: restored' "$log" | grep -o 'step=[0-9]*/300' | head -1 | grep -o '=[0-9]*' | tr -d =)
+echo "generation 2 restored step $restored; its first step is $first (frozen at step $step_frozen)"
+[ "$restored" -ge 40 ] && [ $((restored % 20)) = 0 ] || fail "restored step $restored is not a checkpoint >= 40"
+[ "$first" = $((restored + 1)) ] || fail "first step after the restart is $first, want $((restored + 1))"
+[ "$restored" -le "$step_frozen" ] || fail "restored step $restored is after the frozen step $step_frozen"
+
+wait_for 180 "Succeeded" bash -c "[ \"\$(kubectl get tj $job -n $ns -o jsonpath='{.status.phase}')\" = Succeeded ]"
+[ "$(jp '{.status.progress}')" = "300/300" ] || fail "progress is '$(jp '{.status.progress}')'"
+[ "$(jp '{.status.restarts}')" = 1 ] || fail "restarts: $(jp '{.status.restarts}')"
+[ "$(jp '{.status.lastRestart.detector}')" = monitor ] || fail "lastRestart.detector: '$(jp '{.status.lastRestart.detector}')'"
+# The operator records a monitor's request as RestartRequested with the request (reason Hang) in the message.
+[ "$(jp '{.status.lastRestart.reason}')" = RestartRequested ] || fail "lastRestart.reason: '$(jp '{.status.lastRestart.reason}')'"
+jp '{.status.lastRestart.message}' | grep -q '"reason":"Hang"' || fail "lastRestart.message: $(jp '{.status.lastRestart.message}')"
+detect=$(python3 -c "print(f'{$t_detect - $t_freeze:.1f}')")
+recover=$(python3 -c "print(f'{$t_recover - $t_detect:.1f}')")
+annotated=$(python3 -c "import json,sys; from datetime import datetime as d; r=json.loads(sys.argv[1]); f='%Y-%m-%dT%H:%M:%SZ'; \
+print((d.strptime(r['time'],f)-d.strptime(r['onset'],f)).total_seconds())" "$req")
+echo "times: freeze -> restart request ${detect} s (annotation time - onset ${annotated} s); request -> first step of generation 2 ${recover} s"
+# What the operator records about them (see docs/monitor.md "The loop"): status and metrics.
+echo "status.lastRestart: $(jp '{.status.lastRestart}')"
+echo "operator metrics on restarts: $(curl -s "http://$op_metrics/metrics" | grep -E '^railyard_operator_(restart|time_to|detect|recover)' | tr '\n' ' ')"
+echo "restart loop e2e: ok"
