@@ -42,6 +42,31 @@ struct Bootstrap {
   std::unique_ptr<TcpStoreServer> server;
   std::unique_ptr<TcpStore> store;
   std::shared_ptr<gloo::transport::Device> device;
+
+  // Every context of this world in this process. A failure in one group ends the generation, so it closes the
+  // connections of all of them: a peer blocked on us in another group (a tp peer waiting while we hit a dead dp
+  // peer) then fails at once instead of at its deadline, and so on down the chain.
+  std::mutex mu;
+  std::vector<std::weak_ptr<gloo::Context>> contexts;
+  void add(const std::shared_ptr<gloo::Context>& ctx) {
+    std::lock_guard<std::mutex> lock(mu);
+    contexts.push_back(ctx);
+  }
+  void close_all() {
+    std::vector<std::shared_ptr<gloo::Context>> live;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      for (auto& w : contexts) {
+        if (auto c = w.lock()) live.push_back(std::move(c));
+      }
+    }
+    for (auto& c : live) {
+      try {
+        c->closeConnections();
+      } catch (...) {
+      }
+    }
+  }
   ~Bootstrap() {
     device.reset();
     store.reset();
@@ -84,11 +109,9 @@ struct State {
         (timed_out ? "timed out after " + std::to_string(timeout.count()) + " ms" : std::string("failed")) +
         (peer >= 0 ? " waiting for rank " + std::to_string(peer) : std::string()) + " (" + detail + ")";
     if (error.empty()) error = msg;
-    // Close our side so that peers blocked on us fail now instead of at their own deadline.
-    try {
-      if (ctx) ctx->closeConnections();
-    } catch (...) {
-    }
+    // Close our side so that peers blocked on us (in this group or any other of this world) fail now instead of at
+    // their own deadline.
+    if (boot) boot->close_all();
     if (timed_out) throw CommTimeout(msg);
     throw CommError(msg);
   }
@@ -332,6 +355,7 @@ class GlooCommunicator : public Communicator {
     sub->size = static_cast<int>(ranks.size());
     sub->timeout = st_->timeout;
     st_->guarded(op, -1, [&] { sub->ctx = make_context(*sub); });
+    sub->boot->add(sub->ctx);
     auto comm = std::make_unique<GlooCommunicator>(sub);
     comm->barrier();  // every member finished its rendezvous before anyone may tear the store down
     return comm;
@@ -496,6 +520,7 @@ std::unique_ptr<Communicator> connect_gloo(const GlooOptions& o) {
   st->size = o.size;
   st->timeout = o.timeout;
   st->guarded("connect", -1, [&] { st->ctx = GlooCommunicator::make_context(*st); });
+  boot->add(st->ctx);
   auto comm = std::make_unique<GlooCommunicator>(st);
   comm->barrier();
   log::debug("comm", "gloo group connected",

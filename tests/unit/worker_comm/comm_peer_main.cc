@@ -1,6 +1,6 @@
 // A rank in its own process, for the failure tests (worker_comm_failures): the test SIGKILLs or SIGSTOPs it.
-// Usage: worker_comm_peer HOST PORT RANK SIZE TIMEOUT_MS MODE. MODE "all_reduce": all-reduce forever; "idle": connect,
-// then sleep (a peer that never sends).
+// Usage: worker_comm_peer HOST PORT RANK SIZE TIMEOUT_MS MODE. MODE "all_reduce" or "groups": the FaultWorkload
+// forever; "idle": connect, then sleep (a peer that never sends).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -8,13 +8,14 @@
 #include <thread>
 #include <vector>
 
+#include "tests/unit/worker_comm/fault_workload.h"
 #include "worker/comm/gloo_communicator.h"
 
 using namespace railyard::worker::comm;
 
 int main(int argc, char** argv) {
   if (argc != 7) {
-    std::fprintf(stderr, "usage: %s HOST PORT RANK SIZE TIMEOUT_MS all_reduce|idle\n", argv[0]);
+    std::fprintf(stderr, "usage: %s HOST PORT RANK SIZE TIMEOUT_MS all_reduce|groups|idle\n", argv[0]);
     return 2;
   }
   try {
@@ -29,14 +30,11 @@ int main(int argc, char** argv) {
     o.prefix = "failure";
     auto comm = connect_gloo(o);
     std::string mode = argv[6];
-    std::vector<float> buf(1 << 16, 1.0f);
-    for (;;) {
-      if (mode == "all_reduce") {
-        comm->all_reduce(buf.data(), buf.size(), DType::kFloat32, ReduceOp::kAvg);
-      } else {
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      }
+    if (mode == "idle") {
+      for (;;) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
+    testing::FaultWorkload work(*comm, mode);
+    for (;;) work.step();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "worker_comm_peer: %s\n", e.what());
     return 1;

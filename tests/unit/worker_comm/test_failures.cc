@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/unit/worker_comm/fault_workload.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/tcp_store.h"
 
@@ -30,9 +31,9 @@ constexpr int kDeadlineMs = 1500;
 // The victim process; SIGKILLed and reaped on scope exit whatever happens in the test.
 class Peer {
  public:
-  Peer(int port, int rank, int size, const char* mode) {
+  Peer(int port, int rank, int size, const char* mode, int deadline_ms = kDeadlineMs) {
     std::string p = std::to_string(port), r = std::to_string(rank), s = std::to_string(size),
-                t = std::to_string(kDeadlineMs);
+                t = std::to_string(deadline_ms);
     pid_ = ::fork();
     REQUIRE(pid_ >= 0);
     if (pid_ == 0) {
@@ -73,12 +74,13 @@ struct Outcome {
   bool second_call_threw = false;
 };
 
-// Runs `size` ranks except `victim` as threads, all-reducing until the victim is hit by `sig`.
-std::vector<Outcome> run_fault(int size, int victim, int sig) {
+// Runs `size` ranks except `victim` as threads, running the FaultWorkload `mode` until the victim is hit by `sig`.
+std::vector<Outcome> run_fault(int size, int victim, int sig, const char* mode = "all_reduce",
+                               int deadline_ms = kDeadlineMs) {
   TcpStoreServer server("127.0.0.1", 0);
-  Peer peer(server.port(), victim, size, "all_reduce");
-  std::atomic<int> min_iterations{0};
+  Peer peer(server.port(), victim, size, mode, deadline_ms);
   std::vector<std::atomic<int>> iterations(static_cast<size_t>(size));
+  std::atomic<int> failed{0};
   std::atomic<int64_t> fault_at_ns{0};
   std::vector<Outcome> out(static_cast<size_t>(size));
   std::vector<std::thread> threads;
@@ -86,13 +88,15 @@ std::vector<Outcome> run_fault(int size, int victim, int sig) {
     if (r == victim) continue;
     threads.emplace_back([&, r] {
       Outcome& o = out[static_cast<size_t>(r)];
+      // Both outlive the error: a survivor that lingers (logging, checkpointing) must not keep its peers waiting.
       std::unique_ptr<Communicator> comm;
+      std::unique_ptr<testing::FaultWorkload> work;
       try {
-        GlooOptions opt = survivor(server.port(), r, size);
+        GlooOptions opt = survivor(server.port(), r, size, deadline_ms);
         comm = connect_gloo(opt);
-        std::vector<float> buf(1 << 16, 1.0f);
+        work = std::make_unique<testing::FaultWorkload>(*comm, mode);
         for (;;) {
-          comm->all_reduce(buf.data(), buf.size(), DType::kFloat32, ReduceOp::kAvg);
+          work->step();
           ++iterations[static_cast<size_t>(r)];
           if (iterations[static_cast<size_t>(r)].load() > 100000) return;  // never: the fault ends the loop
         }
@@ -111,6 +115,9 @@ std::vector<Outcome> run_fault(int size, int victim, int sig) {
           }
         }
       }
+      ++failed;
+      auto linger_until = Clock::now() + std::chrono::seconds(10);
+      while (failed.load() < size - 1 && Clock::now() < linger_until) std::this_thread::sleep_for(milliseconds(5));
     });
   }
   // Let every survivor do a few all-reduces with the victim, then strike.
@@ -159,6 +166,21 @@ TEST_CASE("SIGSTOP of one rank mid all_reduce: every survivor times out within t
   }
   // The ones waiting on the frozen rank time out; others may fail sooner when those close their connections.
   CHECK(some_timeout);
+}
+
+TEST_CASE("SIGKILL in a dp x tp grid: a rank sharing no group with the victim fails fast too, not at the deadline") {
+  // Deadline 5 s: everyone must fail well before it, which only happens if the failure travels across groups (rank 0
+  // is in tp [0,1] and dp [0,2]; the victim 3 is in tp [2,3] and dp [1,3]).
+  auto outcomes = run_fault(4, 3, SIGKILL, "groups", 5000);
+  REQUIRE(outcomes.size() == 3);
+  for (const auto& o : outcomes) {
+    INFO(o.message);
+    CHECK(o.threw);
+    CHECK(o.message.find("all_reduce on group '") != std::string::npos);
+    CHECK_FALSE(o.timeout);
+    CHECK(o.after_fault_ms >= 0);
+    CHECK(o.after_fault_ms < 2000);
+  }
 }
 
 TEST_CASE("recv from a peer that never sends times out naming the peer") {
