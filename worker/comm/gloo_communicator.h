@@ -25,7 +25,8 @@ struct GlooOptions {
 };
 
 // Connects rank `rank` of the world; returns when every rank has connected (or throws CommError/CommTimeout naming
-// what is missing). Bad options throw std::invalid_argument naming the field.
+// what is missing). Bad options throw std::invalid_argument naming the field. A CommError on this communicator or on
+// any split of it closes the connections of all of them (the generation is over): peers fail fast in every group.
 std::unique_ptr<Communicator> connect_gloo(const GlooOptions& options);
 
 // From the launcher's environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (required), RAILYARD_GENERATION
