@@ -47,11 +47,13 @@ std::optional<int64_t> step_of_dir(const std::filesystem::path& p) {
   return std::stoll(n.substr(5));
 }
 
-std::vector<ckpt::TensorShard> tensor_shards(const std::vector<ShardSpec>& shards) {
+// The pieces this rank writes (all of them for the in-memory tier, which keeps what the rank holds).
+std::vector<ckpt::TensorShard> tensor_shards(const std::vector<ShardSpec>& shards, bool all = false) {
   std::vector<ckpt::TensorShard> ts;
   ts.reserve(shards.size());
   for (const auto& s : shards)
-    ts.push_back({s.name, ckpt::DType::F32, s.global_shape, s.box, s.data, s.replica_index, s.num_replicas});
+    if (all || s.write)
+      ts.push_back({s.name, ckpt::DType::F32, s.global_shape, s.box, s.data, s.replica_index, s.num_replicas});
   return ts;
 }
 
@@ -355,13 +357,14 @@ void Checkpointer::start_save(int64_t step, bool async, bool to_disk, bool to_sh
   const nlohmann::json state = state_json(trainer_.state());
   std::vector<ckpt::TensorShard> ts = tensor_shards(shards_);
   last_snapshot_step_ = to_disk ? step : last_snapshot_step_;
-  auto work = [this, step, state, ts = std::move(ts), to_disk, to_shm] {
+  std::vector<ckpt::TensorShard> held = to_shm ? tensor_shards(shards_, true) : std::vector<ckpt::TensorShard>{};
+  auto work = [this, step, state, ts = std::move(ts), held = std::move(held), to_disk, to_shm] {
     try {
       if (to_disk) {
         const ckpt::SaveStatus st = writer_->snapshot(step, ts, state);
         if (metrics_) metrics_->snapshot.observe(st.snapshot_seconds);
       }
-      if (to_shm) shm_->put(step, ts, state);
+      if (to_shm) shm_->put(step, held, state);
     } catch (const std::exception& e) {
       log::error("checkpoint", "snapshot failed: training goes on",
                  {{"step", std::to_string(step)}, {"error", e.what()}});

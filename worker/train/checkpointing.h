@@ -37,11 +37,40 @@ struct ShardSpec {
   float* data = nullptr;
   int replica_index = 0;
   int num_replicas = 1;
+  bool write = true;  // false: restored but never saved (a copy whose primary another rank writes, e.g. tied wte)
 };
 
 // The dp = tp = pp = 1 list: every parameter ("wte", ...) and AdamW state ("adam_m/wte", ...) in full, pointing
 // into the trainer's flat buffers. A parallel model passes its own list (e.g. from a shard_map()) instead.
 std::vector<ShardSpec> full_state_shards(const GptConfig& model, const TrainerState& state);
+
+// From a tensor/pipeline-parallel stage's shard_map() (worker/parallel/stage_plan.h ShardSlice: tensor index into
+// kParamNames, global_shape, offset, extent, local_offset, tp_replicated, tied_copy), for params and AdamW m/v that
+// are laid out like the local params buffer (no ZeRO). Every element is written once in the whole job: slices
+// replicated across tp are split among the tp x dp replicas, the others among the dp replicas; the last stage's tied
+// wte copy is restored but not written. A template so that this library does not depend on worker/parallel.
+template <typename Slice>
+std::vector<ShardSpec> shards_from_slices(const std::vector<Slice>& map, float* params, float* adam_m, float* adam_v,
+                                          int tp_rank, int tp_size, int dp_rank, int dp_size) {
+  std::vector<ShardSpec> out;
+  for (auto [prefix, base] : {std::pair<const char*, float*>{"", params}, {"adam_m/", adam_m}, {"adam_v/", adam_v}}) {
+    for (const Slice& s : map) {
+      ShardSpec sh;
+      sh.name = std::string(prefix) + std::string(kParamNames[static_cast<size_t>(s.tensor)]);
+      for (size_t d = 0; d < s.global_shape.size(); ++d) {
+        sh.global_shape.push_back(static_cast<int64_t>(s.global_shape[d]));
+        sh.box.offset.push_back(static_cast<int64_t>(s.offset[d]));
+        sh.box.size.push_back(static_cast<int64_t>(s.extent[d]));
+      }
+      sh.data = base + s.local_offset;
+      sh.write = !s.tied_copy;
+      sh.num_replicas = s.tp_replicated ? tp_size * dp_size : dp_size;
+      sh.replica_index = s.tp_replicated ? dp_rank * tp_size + tp_rank : dp_rank;
+      out.push_back(std::move(sh));
+    }
+  }
+  return out;
+}
 
 // Process exit code of a clean preemption: the state was saved on SIGTERM (128 + SIGTERM, a retryable code for
 // the operator's failure policy).

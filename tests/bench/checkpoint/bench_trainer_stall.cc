@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
   }
   try {
     log::set_level(log::Level::Warn);
-    const GptConfig model = model_preset(f["model"]);
+    const GptConfig model = parse_model_spec(f["model"]);
     TrainConfig tc;
     tc.steps = std::stoi(f["steps"]);
     tc.batch = std::stoi(f["batch"]);
