@@ -33,6 +33,7 @@
 #include "worker/comm/process_groups.h"
 #include "worker/parallel/data_parallel.h"
 #include "worker/parallel/dist_launcher.h"
+#include "worker/parallel/dist_model.h"
 
 using namespace railyard;
 using namespace railyard::worker;
@@ -274,6 +275,7 @@ void apply_config_file(const std::string& path, std::map<std::string, std::strin
 struct DistSetup {
   std::unique_ptr<comm::ProcessGroups> groups;  // null: one process
   std::unique_ptr<parallel::DataParallel> sync;
+  std::unique_ptr<parallel::ParallelGpt> sharded;  // tp * pp > 1
   int zero = 0;
   bool deterministic = false;
   size_t bucket_bytes = size_t{25} << 20;
@@ -290,10 +292,8 @@ DistSetup join_world(std::map<std::string, std::string>& f, TrainConfig& tc) {
   d.bucket_bytes = static_cast<size_t>(mb * 1048576.0);
   const long long tp = to_int(f, "tp", 1), pp = to_int(f, "pp", 1);
   if (tp < 1 || pp < 1) throw ConfigError("--tp and --pp must be >= 1");
-  if (tp * pp > 1) {
-    throw ConfigError("--tp " + std::to_string(tp) + " --pp " + std::to_string(pp) +
-                      ": the tensor/pipeline-parallel model (worker/parallel) is not wired into this trainer yet; "
-                      "run data parallel only (--tp 1 --pp 1)");
+  if (tp * pp > 1 && (f.count("init-from") || f.count("export"))) {
+    throw ConfigError("--init-from/--export with --tp/--pp > 1: not supported yet (each rank holds only its slices)");
   }
   const std::string ws = env_or("WORLD_SIZE", "");
   char* end = nullptr;
@@ -301,7 +301,14 @@ DistSetup join_world(std::map<std::string, std::string>& f, TrainConfig& tc) {
   if (!ws.empty() && (*end != '\0' || world < 1)) {
     throw ConfigError("WORLD_SIZE '" + ws + "' is not a positive integer");
   }
-  if (world == 1) return d;
+  if (world == 1) {
+    if (tp * pp > 1) {
+      throw ConfigError("--tp " + std::to_string(tp) + " --pp " + std::to_string(pp) + " needs " +
+                        std::to_string(tp * pp) + "+ ranks: add --nproc " + std::to_string(tp * pp) +
+                        " (or run under `railyard-worker agent`)");
+    }
+    return d;
+  }
   const comm::Layout layout{static_cast<int>(world / (tp * pp)), static_cast<int>(tp), static_cast<int>(pp)};
   comm::validate_layout(layout, static_cast<int>(world));
   d.groups = std::make_unique<comm::ProcessGroups>(comm::connect_gloo(comm::gloo_options_from_env()), layout);
@@ -312,6 +319,18 @@ DistSetup join_world(std::map<std::string, std::string>& f, TrainConfig& tc) {
     tc.quiet = true;
   }
   return d;
+}
+
+// The checkpoint's tensor list: the full model, unless the state is sharded (tp/pp slices or ZeRO moments), whose
+// checkpoints are not written yet.
+std::vector<ShardSpec> checkpoint_shards(const CheckpointOptions& co, const GptConfig& cfg, Trainer& trainer,
+                                         const DistSetup& dist) {
+  if (dist.sharded == nullptr && dist.zero == 0) return full_state_shards(cfg, trainer.state());
+  if (!co.dir.empty() || co.shm_every > 0) {
+    throw ConfigError("--ckpt-dir/--ckpt-shm-every with --tp/--pp > 1 or --zero > 0: checkpoints of sharded state "
+                      "are not written yet; train data parallel with --zero 0 to checkpoint");
+  }
+  return {};
 }
 
 // `train --nproc N ...`: N copies of this command (without --nproc) as one local world.
@@ -424,14 +443,28 @@ int cmd_train(int argc, char** argv) {
   if (split != "pool" && split != "openblas") throw ConfigError("--gemm-split must be pool or openblas");
   ThreadPool pool(threads);
   cpu::set_gemm_threading(split == "pool" ? cpu::GemmThreading::kPool : cpu::GemmThreading::kOpenBlas, threads);
-  if (dist.groups != nullptr || dist.deterministic || dist.zero > 0) {
+  const bool model_parallel = dist.groups != nullptr && dist.groups->layout().tp * dist.groups->layout().pp > 1;
+  if (model_parallel) {
+    comm::ProcessGroups& g = *dist.groups;
+    dist.sharded = std::make_unique<parallel::ParallelGpt>(*cfg, tc, tc.micro_steps() / g.layout().dp, pool, g.world(),
+                                                           parallel::ModelGroups{&g.tp(), &g.pp(), g.embedding()});
+    log::info("worker", "model-parallel stage", {{"stage", dist.sharded->describe()}});
+    if (g.layout().dp > 1 || dist.zero > 0 || dist.deterministic) {
+      parallel::DataParallelOptions dpo;
+      dpo.zero_stage = dist.zero;
+      dpo.deterministic = dist.deterministic;
+      dpo.bucket_bytes = dist.bucket_bytes;
+      dist.sync = std::make_unique<parallel::DataParallel>(&g.dp(), dist.sharded->num_params(),
+                                                           std::vector<parallel::TensorSpan>{}, AdamWHyper{}, pool, dpo);
+    }
+  } else if (dist.groups != nullptr || dist.deterministic || dist.zero > 0) {
     parallel::DataParallelOptions dpo;
     dpo.zero_stage = dist.zero;
     dpo.deterministic = dist.deterministic;
     dpo.bucket_bytes = dist.bucket_bytes;
     dist.sync = parallel::gpt_data_parallel(dist.groups ? &dist.groups->dp() : nullptr, *cfg, tc, pool, dpo);
   }
-  Trainer trainer(*cfg, tc, pool, train, val.get(), dist.sync.get());
+  Trainer trainer(*cfg, tc, pool, train, val.get(), dist.sync.get(), dist.sharded.get());
   if (dist.groups != nullptr) trainer.set_layout(dist.groups->describe());
   // Metrics: the same numbers as the step log line, for Prometheus and railyard-monitor.
   std::optional<int64_t> metrics_port;
@@ -479,7 +512,7 @@ int cmd_train(int argc, char** argv) {
   const std::string job_id = env_or("RAILYARD_JOB_NAMESPACE", "") + "_" + env_or("RAILYARD_JOB_NAME", "local");
   co.shm_name = ckpt::ShmStore::name_for(job_id, static_cast<int>(std::atol(env_or("RANK", "0").c_str())));
   co.layout = nlohmann::json{{"dp", 1}, {"tp", 1}, {"pp", 1}, {"zero", 0}};
-  Checkpointer checkpointer(co, *cfg, trainer, full_state_shards(*cfg, trainer.state()),
+  Checkpointer checkpointer(co, *cfg, trainer, checkpoint_shards(co, *cfg, trainer, dist),
                             train_metrics ? &registry : nullptr, TrainMetrics::labels_from_env());
   checkpointer.restore();
   checkpointer.attach();

@@ -56,18 +56,26 @@ void TrainConfig::validate(const GptConfig& model) const {
 }
 
 Trainer::Trainer(const GptConfig& model, const TrainConfig& config, ThreadPool& pool, BatchSource& train,
-                 BatchSource* val, GradSync* sync)
+                 BatchSource* val, GradSync* sync, ShardedModel* sharded)
     : gpt_(model),
       cfg_(config),
       pool_(pool),
       train_(train),
       val_(val),
-      model_((config.validate(model), model), config.batch, config.seq_len, pool),
+      // With a sharded model the built-in one needs no activations: one token.
+      model_((config.validate(model), model), sharded != nullptr ? 1 : config.batch,
+             sharded != nullptr ? 1 : config.seq_len, pool),
       sync_(sync),
+      sharded_(sharded),
       inputs_(static_cast<size_t>(config.batch) * config.seq_len),
       targets_(static_cast<size_t>(config.batch) * config.seq_len) {
   schedule_ = LrSchedule{cfg_.lr, cfg_.warmup_steps, cfg_.steps, cfg_.min_lr_frac};
-  if (sync_ == nullptr || sync_->zero_stage() == 0) {
+  if (sharded_ != nullptr) {
+    if (sync_ != nullptr && (sync_->zero_stage() > 0 || sync_->deterministic())) {
+      throw ConfigError("--zero and --deterministic are not supported with --tp/--pp > 1 yet: use --zero 0");
+    }
+    sharded_->init_weights(cfg_.seed);
+  } else if (sync_ == nullptr || sync_->zero_stage() == 0) {
     opt_.emplace(model, AdamWHyper{cfg_.beta1, cfg_.beta2, cfg_.eps, static_cast<float>(cfg_.weight_decay)}, pool);
   }
   if (sync_ != nullptr) {
@@ -78,7 +86,9 @@ Trainer::Trainer(const GptConfig& model, const TrainConfig& config, ThreadPool& 
                         std::to_string(static_cast<int64_t>(dp) * cfg_.batch * cfg_.seq_len) + " tokens");
     }
     // Buckets start reducing while backward still runs (a no-op unless the step armed the reducer).
-    model_.set_grad_ready_hook([this](size_t offset, size_t count) { sync_->grads_ready(offset, count); });
+    if (sharded_ == nullptr) {
+      model_.set_grad_ready_hook([this](size_t offset, size_t count) { sync_->grads_ready(offset, count); });
+    }
   }
   model_.init_weights(cfg_.seed);
   peak_flops_ = cfg_.peak_flops;
@@ -108,7 +118,24 @@ StepResult Trainer::step() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
   };
   double loss_sum = 0;
-  if (sync_ == nullptr) {
+  if (sharded_ != nullptr) {
+    // Tensor/pipeline parallel: the schedule runs this replica's A micro-batches; the dp reduction follows (not
+    // overlapped: the sharded model has no grad-ready hook yet).
+    const int dp = sync_ != nullptr ? sync_->size() : 1, A = micro / dp;
+    r.loss = sharded_->forward_backward(
+        A, [&](int32_t* in, int32_t* tgt) { train_.next_batch(in, tgt); }, 1.0f / static_cast<float>(A), &r.times);
+    if (sync_ != nullptr && dp > 1) {
+      const auto t_dp = std::chrono::steady_clock::now();
+      sync_->arm(sharded_->grads());
+      sync_->grads_ready(0, sharded_->num_params());
+      sync_->finish(sharded_->grads());
+      double sum = 0;
+      for (double l : sync_->all_gather({r.loss})) sum += l;
+      r.loss = sum / dp;
+      sync_->take_comm_seconds();
+      r.times.dp_comm = phase(t_dp);
+    }
+  } else if (sync_ == nullptr) {
     for (int m = 0; m < micro; ++m) {
       train_.next_batch(inputs_.data(), targets_.data());
       loss_sum += model_.forward(inputs_.data(), targets_.data(), Gpt<float>::Mode::kTrain, 1.0f / micro);
@@ -150,9 +177,15 @@ StepResult Trainer::step() {
   }
   const auto t_opt = std::chrono::steady_clock::now();
   const bool zero = sync_ != nullptr && sync_->zero_stage() > 0;
-  r.grad_norm = zero ? sync_->grad_norm(model_.grads()) : opt_->global_norm(model_.grads());
+  if (sharded_ != nullptr) {
+    r.grad_norm = sharded_->grad_norm(sharded_->grads());
+  } else {
+    r.grad_norm = zero ? sync_->grad_norm(model_.grads()) : opt_->global_norm(model_.grads());
+  }
   bool bad = !std::isfinite(r.loss) || !std::isfinite(r.grad_norm);
-  if (sync_ != nullptr && sync_->size() > 1) {
+  if (sharded_ != nullptr) {
+    bad = sharded_->any(bad);  // over the whole world: tp/pp peers and dp replicas take the same branch
+  } else if (sync_ != nullptr && sync_->size() > 1) {
     // Every replica must take the same branch, or the next collective pairs up wrong calls.
     bad = false;
     for (double f : sync_->all_gather({std::isfinite(r.loss) && std::isfinite(r.grad_norm) ? 0.0 : 1.0})) {
@@ -167,7 +200,9 @@ StepResult Trainer::step() {
     bad_consecutive_ = 0;
     if (hooks_.before_update) hooks_.before_update();
     const float lr = static_cast<float>(r.lr), scale = clip_factor(r.grad_norm, cfg_.grad_clip);
-    if (zero) {
+    if (sharded_ != nullptr) {
+      sharded_->update(sharded_->params(), sharded_->grads(), lr, scale);
+    } else if (zero) {
       sync_->update(model_.params(), model_.grads(), lr, scale);
     } else {
       opt_->update(model_.params(), model_.grads(), lr, scale);
@@ -192,6 +227,9 @@ StepResult Trainer::step() {
 double Trainer::validate() {
   if (val_ == nullptr) throw Error("validate(): no validation data was given");
   val_->reset();
+  if (sharded_ != nullptr) {
+    return sharded_->evaluate(cfg_.val_steps, [&](int32_t* in, int32_t* tgt) { val_->next_batch(in, tgt); });
+  }
   double sum = 0;
   for (int i = 0; i < cfg_.val_steps; ++i) {
     val_->next_batch(inputs_.data(), targets_.data());
@@ -318,14 +356,14 @@ int Trainer::run() {
 TrainerState Trainer::state() {
   TrainerState s;
   s.step = step_;
-  s.adam_t = opt_ ? opt_->t() : sync_->adam_t();
+  s.adam_t = opt_ ? opt_->t() : sharded_ != nullptr ? sharded_->adam_t() : sync_->adam_t();
   s.bad_steps_total = bad_total_;
   s.bad_steps_consecutive = bad_consecutive_;
   s.seed = cfg_.seed;
-  s.params = model_.params();
+  s.params = sharded_ != nullptr ? sharded_->params() : model_.params();  // sharded: this rank's local buffer
   s.adam_m = opt_ ? opt_->m() : nullptr;
   s.adam_v = opt_ ? opt_->v() : nullptr;
-  s.num_params = model_.num_params();
+  s.num_params = sharded_ != nullptr ? sharded_->num_params() : model_.num_params();
   s.loader = train_.loader_state();
   return s;
 }
@@ -335,7 +373,11 @@ void Trainer::restore_counters(const TrainerState& s) {
   if (opt_) {
     opt_->set_t(s.adam_t);
   } else {
-    sync_->set_adam_t(s.adam_t);
+    if (sharded_ != nullptr) {
+      sharded_->set_adam_t(s.adam_t);
+    } else {
+      sync_->set_adam_t(s.adam_t);
+    }
   }
   bad_total_ = s.bad_steps_total;
   bad_consecutive_ = s.bad_steps_consecutive;

@@ -17,6 +17,7 @@
 #include "worker/parallel/step_times.h"
 #include "worker/train/grad_sync.h"
 #include "worker/train/perf.h"
+#include "worker/train/sharded_model.h"
 
 namespace railyard::worker {
 
@@ -106,8 +107,13 @@ class Trainer {
   // `train` must instead yield the job's whole sequence of micro-batches (a DataLoader with rank 0 of world 1): rank
   // r computes virtual micro-batches [r*A, (r+1)*A) and skips the others, so each leaf's data does not depend on D.
   // Under ZeRO (sync->zero_stage() > 0) the optimizer state lives in `sync`, sharded; optimizer() must not be used.
+  //
+  // sharded: a tensor/pipeline-parallel model (worker/parallel/dist_model.h) trained instead of the built-in Gpt<float>
+  // (which then only keeps a full-size parameter buffer, e.g. for --init-from/--export, and no activations). Every
+  // rank of a replica reads the replica's micro-batches; `sync` (if any) reduces over the dp group. Not combined with
+  // ZeRO or the deterministic mode yet.
   Trainer(const GptConfig& model, const TrainConfig& config, ThreadPool& pool, BatchSource& train,
-          BatchSource* val = nullptr, GradSync* sync = nullptr);
+          BatchSource* val = nullptr, GradSync* sync = nullptr, ShardedModel* sharded = nullptr);
 
   Gpt<float>& model() { return model_; }
   AdamW& optimizer();
@@ -146,6 +152,7 @@ class Trainer {
   BatchSource* val_;
   Gpt<float> model_;
   GradSync* sync_ = nullptr;
+  ShardedModel* sharded_ = nullptr;
   std::optional<AdamW> opt_;  // absent under ZeRO
   LrSchedule schedule_;
   AlignedBuffer<int32_t> inputs_, targets_;

@@ -1,0 +1,59 @@
+#include "worker/parallel/dist_model.h"
+
+#include <cmath>
+#include <cstring>
+
+namespace railyard::worker::parallel {
+
+std::vector<TensorSpan> local_tensor_spans(const StageShape& shape) {
+  std::vector<TensorSpan> spans;
+  size_t off = 0;
+  const auto sizes = local_param_sizes(shape);
+  for (int i = 0; i < kNumParamTensors; ++i) {
+    if (sizes[i] == 0) continue;
+    spans.push_back({off, sizes[i], decays(i)});
+    off += sizes[i];
+  }
+  return spans;
+}
+
+ParallelGpt::ParallelGpt(const GptConfig& config, const TrainConfig& train, int max_micro_batches, ThreadPool& pool,
+                         comm::Communicator& world, const ModelGroups& groups)
+    : world_(world),
+      model_(config, train.batch, train.seq_len, max_micro_batches, pool, groups),
+      whole_(model_.num_params(), 1, model_.num_params()),
+      adam_(whole_, 0, local_tensor_spans(model_.shape()),
+            AdamWHyper{train.beta1, train.beta2, train.eps, static_cast<float>(train.weight_decay)}, pool) {}
+
+double ParallelGpt::forward_backward(int M, const NextBatch& next, float dloss, StepTimes* times) {
+  model_.zero_grad();
+  const double loss = model_.forward_backward(M, next, dloss, times);
+  model_.finish_grads(times);
+  return loss;
+}
+
+double ParallelGpt::grad_norm(const float* grads) { return std::sqrt(model_.sum_squares_once(grads)); }
+
+bool ParallelGpt::any(bool local) {
+  if (world_.size() == 1) return local;
+  std::vector<int32_t> all(static_cast<size_t>(world_.size()));
+  const int32_t mine = local ? 1 : 0;
+  world_.all_gather(&mine, all.data(), 1, comm::DType::kInt32);
+  for (int32_t v : all) {
+    if (v != 0) return true;
+  }
+  return false;
+}
+
+void ParallelGpt::update(float* params, const float* grads, float lr, float grad_scale) {
+  adam_.update(params, grads, /*shard_layout=*/false, lr, grad_scale);
+}
+
+std::string ParallelGpt::describe() const {
+  const StageShape& s = model_.shape();
+  return "stage " + std::to_string(s.pp_rank) + "/" + std::to_string(s.pp_size) + " layers [" +
+         std::to_string(s.layer_begin) + "," + std::to_string(s.layer_end) + ") tp " + std::to_string(s.tp_rank) + "/" +
+         std::to_string(s.tp_size) + ", " + std::to_string(model_.num_params()) + " local params";
+}
+
+}  // namespace railyard::worker::parallel

@@ -1,0 +1,50 @@
+// hB's tensor/pipeline-parallel ParallelModel as the trainer's ShardedModel (worker/train/sharded_model.h): the
+// schedule, the tied-embedding sync, the count-once grad norm over tp x pp, a skip flag agreed over the whole world,
+// and AdamW over the local flat buffer with the decay rule of the llm.c tensor each local piece comes from.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "worker/comm/communicator.h"
+#include "worker/parallel/parallel_model.h"
+#include "worker/parallel/zero.h"
+#include "worker/train/sharded_model.h"
+#include "worker/train/trainer.h"
+
+namespace railyard::worker::parallel {
+
+class ParallelGpt final : public ShardedModel {
+ public:
+  // world: every rank of the job (for any()); groups: this rank's tp/pp/embedding groups. B, T, max_micro_batches as
+  // ParallelModel.
+  ParallelGpt(const GptConfig& config, const TrainConfig& train, int max_micro_batches, ThreadPool& pool,
+              comm::Communicator& world, const ModelGroups& groups);
+
+  size_t num_params() const override { return model_.num_params(); }
+  float* params() override { return model_.params(); }
+  float* grads() override { return model_.grads(); }
+  void init_weights(uint64_t seed) override { model_.init_weights(seed); }
+  double forward_backward(int M, const NextBatch& next, float dloss, StepTimes* times) override;
+  double evaluate(int M, const NextBatch& next) override { return model_.evaluate(M, next); }
+  double grad_norm(const float* grads) override;
+  bool any(bool local) override;
+  void update(float* params, const float* grads, float lr, float grad_scale) override;
+  int64_t adam_t() const override { return adam_.t(); }
+  void set_adam_t(int64_t t) override { adam_.set_t(t); }
+  std::string describe() const override;
+
+  ParallelModel& model() { return model_; }
+
+ private:
+  comm::Communicator& world_;
+  ParallelModel model_;
+  BucketLayout whole_;  // one bucket, one owner: ZeroAdamW then is plain AdamW over the local buffer
+  ZeroAdamW adam_;
+};
+
+// The 16 local tensors' spans of a stage's flat buffer (local_param_sizes order) with AdamW's decay rule.
+std::vector<TensorSpan> local_tensor_spans(const StageShape& shape);
+
+}  // namespace railyard::worker::parallel
