@@ -20,6 +20,7 @@
 #include "operator/planner/cost_model.h"
 #include "operator/planner/search.h"
 #include "worker/cli/cli.h"
+#include "worker/comm/local_world.h"
 #include "worker/kernels/cpu/kernels.h"
 #include "worker/kernels/cpu/thread_pool.h"
 #include "worker/model/gpt_config.h"
@@ -34,7 +35,7 @@ constexpr const char* kPlanUsage =
                      --global-batch B [--gpus N] [--gpu TYPE|FILE] [--topology FILE] [--tokens T]
                      [--top N] [--json] [--tp N] [--pp N] [--dp N] [--micro-batch N] [--zero 0-3]
                      [--recompute none|selective|full] [--sp on|off] [--interleave V]
-       railyard plan --calibrate [--output FILE] [--threads N]
+       railyard plan --calibrate [--output FILE] [--threads N] [--clock cpu|wall]
 
 Ranks the data/tensor/pipeline layouts that fit in memory by predicted step time and prints the best --top (5)
 with the memory and time breakdown, tokens/s, TFLOP/s per GPU, MFU and days to the --tokens budget.
@@ -49,7 +50,8 @@ with the memory and time breakdown, tokens/s, TFLOP/s per GPU, MFU and days to t
   --tokens       token budget, e.g. 300e9 (for "days")
   --tp/--pp/...  pin a choice instead of searching it
   --calibrate    measure this machine's GEMM rate, memory bandwidth and attention kernel into a CPU profile
-                 (stdout, or --output FILE)
+                 (stdout, or --output FILE); --clock cpu (default) times kernels by process CPU time per thread,
+                 which other load on a shared machine disturbs much less than wall time
 Exit codes: 0 ok, 1 nothing fits / operation failed, 2 bad command line.
 )";
 
@@ -158,19 +160,29 @@ void print_plan(std::ostream& out, int rank, const plan::Estimate& e, const std:
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
+double process_cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
+}
+
+// Best of `reps` timed runs after a warm-up. With per_thread_cpu, a run's time is the process CPU time divided by the
+// threads (what the run takes on an otherwise idle machine, assuming all threads are busy); on a machine shared
+// with other load, wall time measures the load as much as the kernels.
 template <typename F>
-double best_time(int reps, F&& fn) {
+double best_time(int reps, bool per_thread_cpu, int threads, F&& fn) {
   fn();  // warm-up
   double best = 1e30;
   for (int r = 0; r < reps; ++r) {
-    const double t0 = now_s();
+    const double t0 = per_thread_cpu ? process_cpu_s() : now_s();
     fn();
-    best = std::min(best, now_s() - t0);
+    const double t = per_thread_cpu ? (process_cpu_s() - t0) / threads : now_s() - t0;
+    best = std::min(best, t);
   }
   return best;
 }
 
-plan::DeviceProfile calibrate_cpu(int threads) {
+plan::DeviceProfile calibrate_cpu(int threads, bool cpu_clock) {
   using namespace railyard::worker;
   cpu::init_blas_single_threaded();
   ThreadPool pool(threads);
@@ -185,14 +197,17 @@ plan::DeviceProfile calibrate_cpu(int threads) {
   }();
   utsname u{};
   uname(&u);
-  const std::string where = " on " + std::string(u.nodename) + ", " + std::to_string(threads) + " threads, " + when;
+  const std::string where = " on " + std::string(u.nodename) + ", " + std::to_string(threads) + " threads, " +
+                            (cpu_clock ? "per-thread CPU time" : "wall time") + ", " + when;
   auto measured = [&](const std::string& key, const std::string& how) {
     p.sources[key] = "measured by railyard plan --calibrate (" + how + ")" + where;
   };
 
   // GEMMs: the worker's own GEMM path on gpt2-124m's shapes at B*T = 256 rows (railyard-worker gemm-rate).
   const GptConfig cfg = model_preset("gpt2-124m");
-  p.peak_flops = measure_gemm_rate(pool, cfg, 4, 64, 5);
+  double per_cpu_second = 0;
+  p.peak_flops = measure_gemm_rate(pool, cfg, 4, 64, 5, nullptr, 0, &per_cpu_second);
+  if (cpu_clock) p.peak_flops = per_cpu_second * threads;
   measured("peak_flops", "our GEMM path on gpt2-124m's layer and LM-head shapes, 256 rows");
   p.gemm_efficiency = 1.0;
   p.sources["gemm_efficiency"] = "definition (peak_flops is the measured GEMM rate)";
@@ -201,7 +216,7 @@ plan::DeviceProfile calibrate_cpu(int threads) {
     const int M = 8, N = 768, K = 768;
     std::vector<float> a(size_t(M) * K, 0.01f), b(size_t(N) * K, 0.02f), c(size_t(M) * N);
     const int inner = 50;
-    const double t = best_time(3, [&] {
+    const double t = best_time(3, cpu_clock, threads, [&] {
       for (int i = 0; i < inner; ++i)
         cpu::gemm<float>(pool, false, true, M, N, K, 1.0f, a.data(), K, b.data(), K, 0.0f, c.data(), N);
     });
@@ -214,7 +229,8 @@ plan::DeviceProfile calibrate_cpu(int threads) {
   {
     const size_t n = size_t(32) << 20;
     std::vector<float> x(n, 1.0f), y(n, 2.0f), z(n);
-    const double t = best_time(3, [&] { cpu::residual_forward<float>(pool, z.data(), x.data(), y.data(), n); });
+    const double t =
+        best_time(3, cpu_clock, threads, [&] { cpu::residual_forward<float>(pool, z.data(), x.data(), y.data(), n); });
     p.memory_bandwidth = 3.0 * n * sizeof(float) / t;
     p.memory_efficiency = 1.0;
     measured("memory_bandwidth", "our residual-add kernel over 3 x 128 MiB");
@@ -224,7 +240,7 @@ plan::DeviceProfile calibrate_cpu(int threads) {
   {
     std::vector<float> x(64, 1.0f), y(64, 2.0f), z(64);
     const int inner = 2000;
-    const double t = best_time(3, [&] {
+    const double t = best_time(3, cpu_clock, threads, [&] {
       for (int i = 0; i < inner; ++i) cpu::residual_forward<float>(pool, z.data(), x.data(), y.data(), 64);
     });
     p.kernel_overhead_s = t / inner;
@@ -236,7 +252,7 @@ plan::DeviceProfile calibrate_cpu(int threads) {
     std::vector<float> qkv(size_t(B) * T * 3 * C), att(size_t(B) * NH * T * T), out(size_t(B) * T * C);
     std::vector<float> dout(out.size(), 1e-3f), dqkv(qkv.size()), scratch(size_t(pool.size()) * T * T);
     for (size_t i = 0; i < qkv.size(); ++i) qkv[i] = float((i * 2654435761u) % 1000) * 1e-4f;
-    const double t = best_time(3, [&] {
+    const double t = best_time(3, cpu_clock, threads, [&] {
       cpu::attention_forward<float>(pool, out.data(), att.data(), qkv.data(), B, T, C, NH);
       cpu::attention_backward<float>(pool, dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), B, T, C,
                                      NH);
@@ -249,6 +265,40 @@ plan::DeviceProfile calibrate_cpu(int threads) {
     const double compute = std::max(t - softmax, 0.25 * t);
     p.attention_efficiency = std::min(1.0, flops / compute / p.peak_flops);
     measured("attention_efficiency", "our attention forward + backward, B2 T256 C768 NH12");
+  }
+  // Collectives between processes of this machine: a 2-rank Gloo world over loopback TCP (what `railyard-worker
+  // train --nproc` uses). Bus bandwidth from a 64 MiB all-reduce, latency per ring step from a 1-element one.
+  {
+    const size_t count = size_t(16) << 20;
+    double big = 1e30, small = 1e30;
+    comm::run_local_world(2, [&](comm::Communicator& c) {
+      std::vector<float> buf(count, 1.0f);
+      for (int r = 0; r < 4; ++r) {
+        c.barrier();
+        const double t0 = now_s();
+        c.all_reduce(buf.data(), count, comm::DType::kFloat32, comm::ReduceOp::kSum);
+        const double t = now_s() - t0;
+        if (c.rank() == 0 && r > 0) big = std::min(big, t);
+      }
+      for (int r = 0; r < 50; ++r) {
+        c.barrier();
+        const double t0 = now_s();
+        c.all_reduce(buf.data(), 1, comm::DType::kFloat32, comm::ReduceOp::kSum);
+        const double t = now_s() - t0;
+        if (c.rank() == 0 && r > 0) small = std::min(small, t);
+      }
+    });
+    // Ring model on n = 2: time = 2 (n-1)/n S / busbw + 2 (n-1) latency.
+    p.collective_latency_s = small / 2;
+    p.nvlink_bandwidth = (count * sizeof(float)) / std::max(big - small, 1e-9);
+    p.nic_bandwidth = p.nvlink_bandwidth;
+    p.nvlink_efficiency = p.nic_efficiency = 1.0;
+    const std::string how = "2-rank Gloo all-reduce over loopback TCP, 64 MiB";
+    measured("nvlink_bandwidth", how + " (between processes of one machine)");
+    measured("nic_bandwidth", how + " (the same loopback path; a real NIC is not modelled)");
+    measured("collective_latency_s", "2-rank Gloo all-reduce of one float over loopback TCP");
+    p.sources["nvlink_efficiency"] = p.sources["nic_efficiency"] =
+        "definition (the bandwidths are measured bus bandwidths)";
   }
   p.memory_bytes = 0;
   {
@@ -271,7 +321,9 @@ plan::DeviceProfile calibrate_cpu(int threads) {
 int run_calibrate(const std::map<std::string, std::string>& f) {
   const int threads =
       f.count("threads") ? positive_int("--threads", f.at("threads"), 4096) : railyard::worker::default_num_threads();
-  const plan::DeviceProfile p = calibrate_cpu(threads);
+  std::string clock = f.count("clock") ? f.at("clock") : "cpu";
+  if (clock != "cpu" && clock != "wall") throw UsageError{"--clock must be cpu or wall"};
+  const plan::DeviceProfile p = calibrate_cpu(threads, clock == "cpu");
   const std::string text = plan::profile_to_yaml(
       p,
       "CPU profile of one railyard-worker process, written by `railyard plan --calibrate`.\n"
@@ -290,9 +342,9 @@ int run_calibrate(const std::map<std::string, std::string>& f) {
 
 int run_plan(const Args& args) {
   static const std::vector<std::string> kValueFlags = {
-      "model", "layers",    "hidden", "heads",      "seq",    "vocab",  "global-batch", "gpus",
-      "gpu",   "topology",  "tokens", "top",        "tp",     "pp",     "dp",           "micro-batch",
-      "zero",  "recompute", "sp",     "interleave", "output", "threads"};
+      "model", "layers",    "hidden", "heads",      "seq",    "vocab",   "global-batch", "gpus",
+      "gpu",   "topology",  "tokens", "top",        "tp",     "pp",      "dp",           "micro-batch",
+      "zero",  "recompute", "sp",     "interleave", "output", "threads", "clock"};
   static const std::vector<std::string> kSwitches = {"json", "calibrate"};
   std::map<std::string, std::string> f;
   for (size_t i = 0; i < args.size(); ++i) {
