@@ -54,11 +54,13 @@ for df in "$src"/deploy/docker/Dockerfile.*; do
       grep -rqE "railyard_binary\($b( |$)" --include=CMakeLists.txt "$src"
     [ -x "$bin/$b" ] || fail "$bin/$b is not built: build the project first (cmake --build <dir> --target $b)"
     need=""
-    for lib in $(ldd "$bin/$b" | awk '/=>/ {print $3}'); do
+    # Owning packages of the linked libraries, in one dpkg call (merged /usr: a library may be registered under
+    # /lib or /usr/lib, by its real name or its soname link).
+    paths=$(ldd "$bin/$b" | awk '/=>/ {print $3}' | while read -r lib; do
       real=$(readlink -f "$lib")
-      pkg=$( (dpkg -S "$real" || dpkg -S "${real#/usr}" || dpkg -S "$lib" || dpkg -S "/usr$lib") 2>/dev/null |
-        head -1 | cut -d: -f1)
-      [ -n "$pkg" ] || continue # a library of the build tree or outside dpkg: not a runtime package
+      printf '%s\n' "$lib" "/usr$lib" "$real" "${real#/usr}"
+    done | sort -u)
+    for pkg in $(dpkg -S $paths 2>/dev/null | cut -d: -f1 | tr ',' '\n' | sed 's/^ *//' | sort -u); do
       grep -qx "$pkg" <<<"$base" && continue # in every Debian image
       grep -qx "$pkg" <<<"$closure" || need+=" $pkg"
     done
