@@ -27,6 +27,9 @@ class ParallelGpt final : public ShardedModel {
   float* grads() override { return model_.grads(); }
   void init_weights(uint64_t seed) override { model_.init_weights(seed); }
   double forward_backward(int M, const NextBatch& next, float dloss, StepTimes* times) override;
+  void set_grad_ready_hook(std::function<void(size_t, size_t)> hook) override {
+    model_.set_grad_ready_hook(std::move(hook));
+  }
   double evaluate(int M, const NextBatch& next) override { return model_.evaluate(M, next); }
   double grad_norm(const float* grads) override;
   bool any(bool local) override;

@@ -27,6 +27,9 @@ class ShardedModel {
   // Forward and backward of M micro-batches, gradients overwritten (not accumulated across calls) and scaled by
   // dloss; tied copies synchronised. Returns the mean loss over the M micro-batches on every rank of the replica.
   virtual double forward_backward(int M, const NextBatch& next, float dloss, parallel::StepTimes* times) = 0;
+  // Reports, during the last micro-batch's backward of each forward_backward (and the tied-copy sync after it),
+  // every local range of grads() once as soon as it is final: the data-parallel reducer overlaps with backward.
+  virtual void set_grad_ready_hook(std::function<void(size_t offset, size_t count)> hook) = 0;
   // Mean loss over M micro-batches, forward only.
   virtual double evaluate(int M, const NextBatch& next) = 0;
   // sqrt of the sum over every model element, counted once, of grads^2: the same value on every rank of the replica.

@@ -88,6 +88,8 @@ Trainer::Trainer(const GptConfig& model, const TrainConfig& config, ThreadPool& 
     // Buckets start reducing while backward still runs (a no-op unless the step armed the reducer).
     if (sharded_ == nullptr) {
       model_.set_grad_ready_hook([this](size_t offset, size_t count) { sync_->grads_ready(offset, count); });
+    } else {
+      sharded_->set_grad_ready_hook([this](size_t offset, size_t count) { sync_->grads_ready(offset, count); });
     }
   }
   model_.init_weights(cfg_.seed);
@@ -119,15 +121,14 @@ StepResult Trainer::step() {
   };
   double loss_sum = 0;
   if (sharded_ != nullptr) {
-    // Tensor/pipeline parallel: the schedule runs this replica's A micro-batches; the dp reduction follows (not
-    // overlapped: the sharded model has no grad-ready hook yet).
+    // Tensor/pipeline parallel: the schedule runs this replica's A micro-batches; dp buckets are reduced as the
+    // last micro-batch's backward finishes them.
     const int dp = sync_ != nullptr ? sync_->size() : 1, A = micro / dp;
+    if (sync_ != nullptr && dp > 1) sync_->arm(sharded_->grads());
     r.loss = sharded_->forward_backward(
         A, [&](int32_t* in, int32_t* tgt) { train_.next_batch(in, tgt); }, 1.0f / static_cast<float>(A), &r.times);
     if (sync_ != nullptr && dp > 1) {
       const auto t_dp = std::chrono::steady_clock::now();
-      sync_->arm(sharded_->grads());
-      sync_->grads_ready(0, sharded_->num_params());
       sync_->finish(sharded_->grads());
       double sum = 0;
       for (double l : sync_->all_gather({r.loss})) sum += l;
