@@ -176,7 +176,7 @@ TEST_CASE("tensor parallel tp=2 and tp=4 equal the single process") {
 }
 
 TEST_CASE("pipeline parallel pp=2 and pp=4 (1F1B) equal the single process") {
-  for (int M : {3, 6}) {  // M < pp (warm-up capped) and M > pp (steady state with slot reuse)
+  for (int M : {1, 3, 6}) {  // one micro-batch, M < pp (warm-up capped), M > pp (steady state, slot reuse)
     const Data d = make_data(M);
     const Reference ref = reference(d, M);
     for (int pp : {2, 4}) {
