@@ -202,9 +202,10 @@ std::string check_layout(const Job& job, const Cluster& c, const Layout& l) {
   if (l.tp > gpn || gpn % l.tp != 0) {
     return "tp " + str(l.tp) + " does not fit a node of " + str(gpn) + " GPUs (tensor parallelism stays on NVLink)";
   }
-  if (m.layers % (l.pp * l.interleave) != 0) {
-    return "pp " + str(l.pp) + (l.interleave > 1 ? " x interleave " + str(l.interleave) : "") +
-           " does not divide the " + str(m.layers) + " layers";
+  // Stages may be uneven (the slowest, with ceil(L/(p v)) layers per chunk, sets the pace).
+  if (static_cast<long long>(l.pp) * l.interleave > m.layers) {
+    return "pp " + str(l.pp) + (l.interleave > 1 ? " x interleave " + str(l.interleave) : "") + " exceeds the " +
+           str(m.layers) + " layers";
   }
   if (job.global_batch % (static_cast<long long>(l.dp) * l.micro_batch) != 0) {
     return "global batch " + str(job.global_batch) +
@@ -259,7 +260,9 @@ Estimate estimate(const Job& job, const Cluster& c, const Layout& l) {
   const Link tp_link = nvlink(d), dp_link = rail(d, topo, dp_tier), pp_link = rail(d, topo, pp_tier);
 
   // Compute per micro-batch of the first and the last stage (embedding on the first, LM head + loss on the last).
-  const double layers_per_stage = double(m.layers) / l.pp;
+  // The bottleneck stage's layers: v chunks of ceil(L/(p v)) (chunks differ by at most one layer).
+  const int chunks = l.pp * l.interleave;
+  const double layers_per_stage = double(l.interleave) * ((m.layers + chunks - 1) / chunks);
   const LayerTime lt = layer_time(m, d, l, tp_link);
   const double n = double(l.micro_batch) * m.seq, h = m.hidden, V = m.vocab, t = l.tp;
   const double head = 3 * gemm_time(d, n, V / t, h) + memory_time(d, n * V / t * 4 * 4, 4);

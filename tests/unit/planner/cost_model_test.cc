@@ -194,7 +194,10 @@ TEST_CASE("invalid layouts are rejected with the reason") {
   CHECK(why(Layout{4, 8, 1}).find("dp*tp*pp = 32 but the cluster has 64 GPUs") != std::string::npos);
   CHECK(why(Layout{16, 4, 1}) == "");
   CHECK(why(Layout{4, 16, 1}).find("does not fit a node of 8 GPUs") != std::string::npos);
-  CHECK(why(Layout{2, 8, 4}).find("pp 4 does not divide the 30 layers") != std::string::npos);
+  CHECK(why(Layout{2, 8, 4}) == "");  // uneven stages (8, 8, 7, 7 layers) are fine
+  CHECK(why(Layout{1, 1, 64}).find("pp 64 exceeds the 30 layers") != std::string::npos);
+  const Layout chunks{1, 2, 32, 1, 0, Recompute::kNone, false, 2};
+  CHECK(why(chunks).find("pp 32 x interleave 2 exceeds the 30 layers") != std::string::npos);
   CHECK(why(Layout{64, 1, 1}).find("global batch 96 is not divisible by dp*micro-batch = 64") != std::string::npos);
   CHECK(why(Layout{4, 8, 2, 1, 2}).find("ZeRO-2") != std::string::npos);
   CHECK(why(Layout{8, 8, 1, 1, 0, Recompute::kNone, false, 2}).find("interleaving needs pp > 1") != std::string::npos);
