@@ -1,5 +1,6 @@
 #include "worker/train/train_metrics.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "common/error.h"
@@ -23,7 +24,21 @@ TrainMetrics::TrainMetrics(metrics::Registry& r, const metrics::Labels& l)
           r.gauge("railyard_worker_flops_per_second", "Model FLOP/s of the last step (6N + 12LCT per token).").add(l)),
       mfu_(
           r.gauge("railyard_worker_mfu_ratio", "FLOP/s of the last step over the peak it is measured against.").add(l)),
-      nonfinite_(r.counter("railyard_worker_nonfinite_total", "Steps with a non-finite loss or gradient.").add(l)) {}
+      nonfinite_(r.counter("railyard_worker_nonfinite_total", "Steps with a non-finite loss or gradient.").add(l)) {
+  auto& phases = r.counter("railyard_worker_step_phase_seconds_total",
+                           "Step wall time by phase: compute, tp_comm (tensor-parallel all-reduces), pp_wait (pipeline "
+                           "recv/send waits), dp_comm (data-parallel reduction not hidden by backward), optimizer.");
+  auto with = [&](const char* phase) {
+    metrics::Labels x = l;
+    x["phase"] = phase;
+    return &phases.add(x);
+  };
+  phase_compute_ = with("compute");
+  phase_tp_ = with("tp_comm");
+  phase_pp_ = with("pp_wait");
+  phase_dp_ = with("dp_comm");
+  phase_opt_ = with("optimizer");
+}
 
 void TrainMetrics::on_step(const StepResult& res, int64_t total_steps) {
   step_.set(static_cast<double>(res.step + 1));
@@ -38,6 +53,11 @@ void TrainMetrics::on_step(const StepResult& res, int64_t total_steps) {
   flops_per_second_.set(res.flops_per_second);
   mfu_.set(res.mfu);
   if (res.skipped) nonfinite_.increment();
+  phase_compute_->increment(std::max(0.0, res.times.compute));
+  phase_tp_->increment(std::max(0.0, res.times.tp_comm));
+  phase_pp_->increment(std::max(0.0, res.times.pp_wait));
+  phase_dp_->increment(std::max(0.0, res.times.dp_comm));
+  phase_opt_->increment(std::max(0.0, res.times.optimizer));
 }
 
 void TrainMetrics::on_validation(double val_loss) { val_loss_.set(val_loss); }

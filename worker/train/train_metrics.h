@@ -31,6 +31,8 @@ class TrainMetrics {
   metrics::Gauge& flops_per_second_;
   metrics::Gauge& mfu_;
   metrics::Counter& nonfinite_;
+  // railyard_worker_step_phase_seconds_total{phase}: compute, tp_comm, pp_wait, dp_comm, optimizer.
+  metrics::Counter *phase_compute_, *phase_tp_, *phase_pp_, *phase_dp_, *phase_opt_;
 };
 
 }  // namespace railyard::worker

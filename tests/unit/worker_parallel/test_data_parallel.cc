@@ -17,6 +17,7 @@
 #include "tests/unit/worker/worker_test_util.h"
 #include "worker/comm/local_world.h"
 #include "worker/parallel/data_parallel.h"
+#include "worker/train/train_metrics.h"
 #include "worker/train/trainer.h"
 
 using namespace railyard::worker;
@@ -235,5 +236,26 @@ TEST_CASE("bad options are refused with the flag named") {
     auto sync = gpt_data_parallel(&c, kCfg, train_config(), p, {});
     CHECK_THROWS_WITH_AS(Trainer(kCfg, train_config(), p, src, nullptr, sync.get()),
                          doctest::Contains("--global-batch"), railyard::ConfigError);
+  });
+}
+
+TEST_CASE("the step's time split reaches the log fields and railyard_worker_step_phase_seconds_total") {
+  comm::run_local_world(2, [&](comm::Communicator& c) {
+    ThreadPool pool(1);
+    StreamSource src(c.rank(), 2);
+    auto sync = gpt_data_parallel(&c, kCfg, train_config(), pool, {});
+    Trainer tr(kCfg, train_config(), pool, src, nullptr, sync.get());
+    railyard::metrics::Registry registry;
+    TrainMetrics m(registry, {{"rank", std::to_string(c.rank())}});
+    const StepResult r = tr.step();
+    m.on_step(r, kSteps);
+    CHECK(r.times.compute > 0);
+    CHECK(r.times.dp_comm > 0);  // at least the loss gather is data-parallel communication
+    CHECK(r.times.optimizer > 0);
+    CHECK(r.times.tp_comm == 0);
+    CHECK(r.times.total() <= r.seconds * 1.01 + 1e-4);  // the phases do not overlap in wall time
+    const std::string text = registry.serialize();
+    CHECK(text.find("railyard_worker_step_phase_seconds_total{") != std::string::npos);
+    CHECK(text.find("phase=\"dp_comm\"") != std::string::npos);
   });
 }
