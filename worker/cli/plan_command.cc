@@ -18,6 +18,7 @@
 #include "common/model_presets.h"
 #include "operator/planner/calibration.h"
 #include "operator/planner/cost_model.h"
+#include "operator/planner/hetero.h"
 #include "operator/planner/search.h"
 #include "worker/cli/cli.h"
 #include "worker/comm/local_world.h"
@@ -35,6 +36,7 @@ constexpr const char* kPlanUsage =
                      --global-batch B [--gpus N] [--gpu TYPE|FILE] [--topology FILE] [--tokens T]
                      [--top N] [--json] [--tp N] [--pp N] [--dp N] [--micro-batch N] [--zero 0-3]
                      [--recompute none|selective|full] [--sp on|off] [--interleave V]
+       railyard plan ... --mixed TYPE:GPUS,TYPE:GPUS [--tp N] [--pp N] ...
        railyard plan --calibrate [--output FILE] [--threads N] [--clock cpu|wall]
 
 Ranks the data/tensor/pipeline layouts that fit in memory by predicted step time and prints the best --top (5)
@@ -49,6 +51,8 @@ with the memory and time breakdown, tokens/s, TFLOP/s per GPU, MFU and days to t
                  unit, 20 units per leaf (the rail-optimised layout of the Baidu article)
   --tokens       token budget, e.g. 300e9 (for "days")
   --tp/--pp/...  pin a choice instead of searching it
+  --mixed        TYPE:GPUS,TYPE:GPUS... a cluster of several GPU types (replaces --gpu/--gpus): plans the layout
+                 on the smallest-memory type, then compares the even batch split with the speed-balanced one
   --calibrate    measure this machine's GEMM rate, memory bandwidth and attention kernel into a CPU profile
                  (stdout, or --output FILE); --clock cpu (default) times kernels by process CPU time per thread,
                  which other load on a shared machine disturbs much less than wall time
@@ -338,13 +342,116 @@ int run_calibrate(const std::map<std::string, std::string>& f) {
   return kExitOk;
 }
 
+plan::DeviceProfile profile_arg(const std::string& flag, const std::string& gpu) {
+  const bool is_file = gpu.find('/') != std::string::npos || gpu.find(".yaml") != std::string::npos ||
+                       gpu.find(".json") != std::string::npos;
+  if (is_file) return plan::load_profile(gpu);
+  try {
+    return plan::builtin_profile(gpu);
+  } catch (const ConfigError& e) {
+    throw UsageError{flag + ": " + e.what()};
+  }
+}
+
+// --mixed a100:64,h100:64: Whale-style data parallelism over replicas of different GPU types.
+int run_mixed(const plan::Job& job, std::map<std::string, std::string>& f) {
+  for (const char* clash : {"gpu", "gpus", "topology", "dp"}) {
+    if (f.count(clash)) throw UsageError{std::string("--mixed replaces --") + clash + ": give one or the other"};
+  }
+  struct Part {
+    plan::DeviceProfile device;
+    int gpus;
+  };
+  std::vector<Part> parts;
+  const std::string spec = f["mixed"];
+  size_t start = 0;
+  while (start <= spec.size()) {
+    size_t end = spec.find(',', start);
+    if (end == std::string::npos) end = spec.size();
+    const std::string item = spec.substr(start, end - start);
+    const size_t colon = item.rfind(':');
+    if (colon == std::string::npos || colon == 0) {
+      throw UsageError{"--mixed '" + item + "' is not TYPE:GPUS (e.g. --mixed a100:64,h100:64)"};
+    }
+    parts.push_back({profile_arg("--mixed", item.substr(0, colon)), positive_int("--mixed", item.substr(colon + 1))});
+    start = end + 1;
+  }
+  if (parts.size() < 2) throw UsageError{"--mixed needs at least two TYPE:GPUS groups"};
+  // The layout must fit on every type: search it on the smallest-memory one with all the GPUs.
+  const Part* smallest = &parts[0];
+  int total = 0;
+  for (const auto& p : parts) {
+    total += p.gpus;
+    if (p.device.memory_bytes * p.device.usable_memory_fraction <
+        smallest->device.memory_bytes * smallest->device.usable_memory_fraction)
+      smallest = &p;
+  }
+  plan::Cluster cluster;
+  cluster.device = smallest->device;
+  cluster.topology.origin = "default";
+  cluster.topology.gpus_per_node = cluster.device.gpus_per_node;
+  cluster.gpus = total;
+  plan::SearchOptions o;
+  o.top = 1;
+  if (f.count("tp")) o.tp = positive_int("--tp", f["tp"]);
+  if (f.count("pp")) o.pp = positive_int("--pp", f["pp"]);
+  if (f.count("micro-batch")) o.micro_batch = positive_int("--micro-batch", f["micro-batch"]);
+  o.interleave = 1;
+  o.interleaves = {1};
+  const plan::SearchResult r = plan::search(job, cluster, o);
+  if (r.plans.empty()) {
+    std::cerr << "railyard plan: no layout fits on " << cluster.device.name << " with " << total << " GPUs\n";
+    return kExitFailed;
+  }
+  plan::Layout layout = r.plans[0].estimate.layout;
+  const int replica_gpus = layout.tp * layout.pp;
+  std::vector<plan::ReplicaGroup> groups;
+  for (const auto& p : parts) {
+    if (p.gpus % replica_gpus != 0) {
+      throw UsageError{"--mixed: " + std::to_string(p.gpus) + " " + p.device.name + " GPUs do not hold whole " +
+                       std::to_string(replica_gpus) + "-GPU replicas (tp " + std::to_string(layout.tp) + " x pp " +
+                       std::to_string(layout.pp) + "); pin --tp/--pp or change the counts"};
+    }
+    groups.push_back({p.device, p.gpus / replica_gpus});
+  }
+  const plan::HeteroEstimate even = plan::estimate_mixed_dp(job, cluster.topology, groups, layout, false);
+  const plan::HeteroEstimate balanced = plan::estimate_mixed_dp(job, cluster.topology, groups, layout, true);
+  const double tokens_per_step = double(job.global_batch) * job.model.seq;
+  nlohmann::json j;
+  j["layout"] = plan::describe(layout);
+  j["evenStepSeconds"] = even.step;
+  j["balancedStepSeconds"] = balanced.step;
+  j["speedup"] = even.step / balanced.step;
+  j["balancedMicroBatchesPerReplica"] = balanced.micro_batches;
+  j["balancedTokensPerSecond"] = tokens_per_step / balanced.step;
+  if (job.tokens > 0) j["balancedDays"] = job.tokens / (tokens_per_step / balanced.step) / 86400;
+  if (f.count("json")) {
+    std::cout << j.dump(2) << "\n";
+    return kExitOk;
+  }
+  std::cout << "mixed cluster: ";
+  for (size_t i = 0; i < parts.size(); ++i)
+    std::cout << (i ? " + " : "") << parts[i].gpus << " x " << parts[i].device.name;
+  std::cout << "; replica layout " << plan::describe(layout) << " (planned on " << cluster.device.name << ")\n";
+  std::cout << "even split:     step " << secs(even.step) << "\n";
+  std::cout << "balanced split: step " << secs(balanced.step) << " (" << fmt("%.2f", even.step / balanced.step)
+            << "x); micro-batches per replica by group:";
+  size_t k = 0;
+  for (const auto& g : groups) {
+    std::cout << " " << g.device.name << " " << balanced.micro_batches[k];
+    k += g.replicas;
+  }
+  std::cout << "\n";
+  return kExitOk;
+}
+
 }  // namespace
 
 int run_plan(const Args& args) {
   static const std::vector<std::string> kValueFlags = {
       "model", "layers",    "hidden", "heads",      "seq",    "vocab",   "global-batch", "gpus",
       "gpu",   "topology",  "tokens", "top",        "tp",     "pp",      "dp",           "micro-batch",
-      "zero",  "recompute", "sp",     "interleave", "output", "threads", "clock"};
+      "zero",  "recompute", "sp",     "interleave", "output", "threads", "clock",        "mixed"};
   static const std::vector<std::string> kSwitches = {"json", "calibrate"};
   std::map<std::string, std::string> f;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -413,6 +520,8 @@ int run_plan(const Args& args) {
     job.tokens = parse_fraction("--tokens", f["tokens"]);
     if (!(job.tokens > 0) || !std::isfinite(job.tokens)) throw UsageError{"--tokens must be a positive number"};
   }
+
+  if (f.count("mixed")) return run_mixed(job, f);
 
   // Cluster: topology (optional), device profile, GPU count.
   plan::Cluster cluster;

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -63,6 +64,21 @@ TEST_CASE("railyard plan: text output on a topology file") {
   CHECK(r.out.find("#2 dp") != std::string::npos);
   CHECK(r.out.find("tokens/s") != std::string::npos);
   CHECK(r.out.find("MFU") != std::string::npos);
+}
+
+TEST_CASE("railyard plan --mixed: the speed-balanced split beats the even one") {
+  const Run r = plan("--model gpt3-13b --global-batch 512 --mixed a100:64,h100:64 --json", false);
+  REQUIRE(r.code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(j["balancedStepSeconds"].get<double>() < j["evenStepSeconds"].get<double>());
+  CHECK(j["speedup"].get<double>() > 1.2);
+  // The H100 replicas (listed after the A100 ones) take more micro-batches.
+  const auto mbs = j["balancedMicroBatchesPerReplica"].get<std::vector<int>>();
+  REQUIRE(mbs.size() >= 2);
+  CHECK(mbs.back() > mbs.front());
+  const Run bad = plan("--model gpt3-13b --global-batch 512 --mixed a100:64,h100");
+  CHECK(bad.code == 2);
+  CHECK(bad.out.find("--mixed 'h100' is not TYPE:GPUS") != std::string::npos);
 }
 
 TEST_CASE("railyard plan: bad input names the flag and exits 2 (1 when nothing fits)") {
