@@ -98,6 +98,7 @@ std::string fmt(const char* f, double v) {
   std::snprintf(buf, sizeof(buf), f, v);
   return buf;
 }
+std::string params_text(double n) { return n >= 1e9 ? fmt("%.4gB", n / 1e9) : fmt("%.4gM", n / 1e6); }
 std::string gb(double bytes) { return fmt("%.1f", bytes / 1e9); }
 std::string secs(double s) { return s >= 1 ? fmt("%.2f s", s) : fmt("%.1f ms", s * 1e3); }
 
@@ -608,8 +609,8 @@ int run_plan(const Args& args) {
     std::cout << j.dump(2) << "\n";
   } else {
     std::cout << "model " << model.name << ": L" << model.layers << " h" << model.hidden << " a" << model.heads << " s"
-              << model.seq << " V" << model.vocab << ", " << fmt("%.4g", plan::parameter_count(model) / 1e9)
-              << "B parameters; global batch " << job.global_batch << " sequences ("
+              << model.seq << " V" << model.vocab << ", " << params_text(plan::parameter_count(model))
+              << " parameters; global batch " << job.global_batch << " sequences ("
               << fmt("%.3g", double(job.global_batch) * model.seq) << " tokens) per step\n";
     std::cout << "cluster: " << cluster.gpus << " x " << cluster.device.name << " (" << cluster.topology.gpus_per_node
               << " per node, " << cluster.topology.nodes_per_unit << " nodes per unit, topology "
