@@ -256,7 +256,7 @@ int main(int argc, char** argv) {
     placement = std::make_unique<op::SimplePlacement>();
   else
     placement = std::make_unique<op::sched::RailAwarePlacement>();
-  op::Controller controller(*client, registry, copts, std::move(placement));
+  op::Controller controller(*client, registry, copts, std::make_unique<op::ReservingPlacement>(std::move(placement)));
 
   std::unique_ptr<metrics::Exposer> exposer;
   httplib::Server health;

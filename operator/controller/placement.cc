@@ -96,6 +96,41 @@ std::vector<NodeInfo> build_inventory(const std::vector<Json>& nodes, const std:
   return out;
 }
 
+ReservingPlacement::ReservingPlacement(std::unique_ptr<Placement> inner, std::chrono::milliseconds hold)
+    : inner_(std::move(inner)), hold_(hold) {}
+
+PlacementResult ReservingPlacement::place(const PlacementRequest& req, const std::vector<NodeInfo>& nodes) {
+  std::lock_guard lock(mu_);
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<NodeInfo> view = nodes;
+  std::map<std::string, NodeInfo*> by_name;
+  for (NodeInfo& n : view) by_name[n.name] = &n;
+  std::vector<int> indices = req.pod_indices;
+  for (int i = static_cast<int>(indices.size()); i < req.pods; ++i) indices.push_back(i);
+  const std::set<int> placing(indices.begin(), indices.end());
+  std::vector<Reservation> kept;
+  for (Reservation& r : reserved_) {
+    auto it = by_name.find(r.node);
+    // Gone when it expired, when the cache shows the job on that node (the binding has arrived), or when the same pod
+    // is being placed again.
+    if (r.until <= now || (it != by_name.end() && it->second->jobs.count(r.job_key)) ||
+        (r.job_key == req.job_key && placing.count(r.index)))
+      continue;
+    if (it != by_name.end()) {
+      it->second->gpu_used += r.gpus;
+      it->second->worker_pods++;
+      it->second->jobs.insert(r.job_key);
+    }
+    kept.push_back(std::move(r));
+  }
+  reserved_ = std::move(kept);
+  PlacementResult result = inner_->place(req, view);
+  if (result.ok)
+    for (size_t k = 0; k < result.nodes.size() && k < indices.size(); ++k)
+      reserved_.push_back({req.job_key, result.nodes[k], indices[k], req.gpus_per_pod, now + hold_});
+  return result;
+}
+
 std::set<std::string> parse_node_list(const std::string& list) {
   std::set<std::string> out;
   size_t start = 0;

@@ -1,9 +1,11 @@
 // Gang placement behind an interface, so the rail-aware scheduler can replace the simple first-fit one.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -76,6 +78,29 @@ class Placement {
 class SimplePlacement : public Placement {
  public:
   PlacementResult place(const PlacementRequest& req, const std::vector<NodeInfo>& nodes) override;
+};
+
+// Wraps a placement so that pods it placed count against their nodes until the informer cache shows them bound
+// there, `hold` passes, or the same pod (job and replica index) is placed again (it was replaced): two jobs
+// reconciled at the same moment never book the same GPUs twice although neither sees the other's bindings in the
+// cache yet. Thread-safe: placements through one wrapper are serialized.
+class ReservingPlacement : public Placement {
+ public:
+  explicit ReservingPlacement(std::unique_ptr<Placement> inner,
+                              std::chrono::milliseconds hold = std::chrono::seconds(5));
+  PlacementResult place(const PlacementRequest& req, const std::vector<NodeInfo>& nodes) override;
+
+ private:
+  struct Reservation {
+    std::string job_key, node;
+    int index;
+    int64_t gpus;
+    std::chrono::steady_clock::time_point until;
+  };
+  std::unique_ptr<Placement> inner_;
+  std::chrono::milliseconds hold_;
+  std::mutex mu_;
+  std::vector<Reservation> reserved_;
 };
 
 // Fills the request's placement options from a TrainingJob: spec.placement (railAware, mode, topologyKeys), the

@@ -6,7 +6,8 @@
 #  2. railyard.dev/exclude-nodes on the job moves its pod off the named node (restart reason NodeExcluded) and the
 #     replacement never lands there;
 #  3. a gang that does not fit waits Unschedulable with a message saying why, with none of its pods bound, and
-#     starts once capacity returns, inside one unit (placement.mode hard, topologyKeys [unit]).
+#     starts once capacity returns, inside one unit (placement.mode hard, topologyKeys [unit]);
+#  4. two gangs submitted at once land whole in separate units.
 set -euo pipefail
 src=${RAILYARD_SOURCE_DIR:?}
 state=${RAILYARD_E2E_STATE_DIR:?}
@@ -120,4 +121,17 @@ w0=$(node_of wait-worker-0)
 w1=$(node_of wait-worker-1)
 [ "$(unit_of "$w0")" = "$(unit_of "$w1")" ] || fail "hard-mode gang split across units: $w0, $w1"
 echo "wait: started on $w0 + $w1 once pair was gone"
+
+# 4. Two gangs submitted at once (reconciled by two workers at the same moment) land whole in separate units.
+kubectl delete tj half wait -n "$ns" --wait=false >/dev/null
+wait_for 90 "the pods of half and wait gone" bash -c "[ -z \"\$(kubectl get pods -n $ns -o name)\" ]"
+{ job east 2 8; echo "---"; job west 2 8; } | kubectl apply -n "$ns" -f - >/dev/null
+for j in east west; do
+  wait_for 60 "$j bound" bash -c "[ -n \"\$(kubectl get pod $j-worker-0 -n $ns -o jsonpath='{.spec.nodeName}')\" ] &&
+    [ -n \"\$(kubectl get pod $j-worker-1 -n $ns -o jsonpath='{.spec.nodeName}')\" ]"
+done
+e0=$(unit_of "$(node_of east-worker-0)") e1=$(unit_of "$(node_of east-worker-1)")
+v0=$(unit_of "$(node_of west-worker-0)") v1=$(unit_of "$(node_of west-worker-1)")
+[ "$e0" = "$e1" ] && [ "$v0" = "$v1" ] && [ "$e0" != "$v0" ] || fail "east ($e0, $e1) and west ($v0, $v1) are not whole in separate units"
+echo "two at once: east in $e0, west in $v0"
 echo "PASS"

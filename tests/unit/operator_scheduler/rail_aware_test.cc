@@ -402,9 +402,12 @@ std::vector<NodeInfo> synthetic(int nodes, int per_unit) {
     n.name = name;
     n.ready = true;
     n.gpu_allocatable = 8;
-    n.labels = {{"railyard.dev/unit", "u" + std::to_string(unit)},
-                {"railyard.dev/leaf", "l" + std::to_string(leaf)},
-                {"railyard.dev/spine", "s" + std::to_string(leaf / 4)}};
+    // snprintf, not "u" + std::to_string(): GCC 12 flags the latter with a false -Wrestrict when inlined at -O3.
+    char unit_s[16], leaf_s[16], spine_s[16];
+    std::snprintf(unit_s, sizeof unit_s, "u%d", unit);
+    std::snprintf(leaf_s, sizeof leaf_s, "l%d", leaf);
+    std::snprintf(spine_s, sizeof spine_s, "s%d", leaf / 4);
+    n.labels = {{"railyard.dev/unit", unit_s}, {"railyard.dev/leaf", leaf_s}, {"railyard.dev/spine", spine_s}};
     v.push_back(n);
   }
   return v;
@@ -481,4 +484,65 @@ TEST_CASE("random clusters: hard constraints are never broken, and a gang is all
   }
   CHECK(placed > 50);  // the generator makes both outcomes common
   CHECK(refused > 10);
+}
+
+TEST_CASE("reservations: a stale inventory never books the same GPUs twice") {
+  auto nodes = h100_8node();
+  ReservingPlacement p(std::make_unique<RailAwarePlacement>());
+  auto a = gpu_job(2);
+  a.job_key = "ns/a";
+  auto b = gpu_job(2);
+  b.job_key = "ns/b";
+  auto ra = p.place(a, nodes);
+  auto rb = p.place(b, nodes);  // the same (stale) inventory: a's nodes are held
+  REQUIRE(ra.ok);
+  REQUIRE(rb.ok);
+  std::set<std::string> all(ra.nodes.begin(), ra.nodes.end());
+  all.insert(rb.nodes.begin(), rb.nodes.end());
+  CHECK(all.size() == 4);
+  CHECK(unit_of(rb.nodes[0]) == unit_of(rb.nodes[1]));
+  // Once the cache shows a's pods bound, the reservation gives way to the real usage (no double count): a 4-pod job
+  // still fits in the 4 nodes left.
+  for (const auto& n : ra.nodes) {
+    occupy(nodes, n);
+    find(nodes, n).jobs = {"ns/a"};
+  }
+  auto c = gpu_job(4);
+  c.job_key = "ns/c";
+  auto rc = p.place(c, nodes);
+  REQUIRE(rc.ok);
+  for (const auto& n : rc.nodes) CHECK(all.count(n) == 0);
+  // b (still unseen) and c hold 6 nodes, a uses 2: nothing is left.
+  auto d = gpu_job(1);
+  d.job_key = "ns/d";
+  CHECK_FALSE(p.place(d, nodes).ok);
+  // Reservations expire.
+  ReservingPlacement quick(std::make_unique<RailAwarePlacement>(), std::chrono::milliseconds(0));
+  auto fresh = h100_8node();
+  REQUIRE(quick.place(gpu_job(8), fresh).ok);
+  CHECK(quick.place(gpu_job(8), fresh).ok);
+}
+
+TEST_CASE("reservations: placing a replica again releases its earlier node") {
+  auto nodes = h100_8node();
+  ReservingPlacement p(std::make_unique<RailAwarePlacement>());
+  auto a = gpu_job(2);
+  a.job_key = "ns/a";
+  auto ra = p.place(a, nodes);
+  REQUIRE(ra.ok);
+  // Replica 1 was lost before the cache ever showed it; its replacement goes elsewhere.
+  auto again = gpu_job(1);
+  again.job_key = "ns/a";
+  again.pod_indices = {1};
+  again.excluded_nodes = {ra.nodes[1]};
+  auto r1 = p.place(again, nodes);
+  REQUIRE(r1.ok);
+  CHECK(r1.nodes[0] != ra.nodes[1]);
+  // Held: replica 0's node and the replacement's; free: the other 6, including replica 1's first node.
+  auto b = gpu_job(6);
+  b.job_key = "ns/b";
+  auto rb = p.place(b, nodes);
+  REQUIRE(rb.ok);
+  CHECK(std::find(rb.nodes.begin(), rb.nodes.end(), ra.nodes[1]) != rb.nodes.end());
+  CHECK(std::find(rb.nodes.begin(), rb.nodes.end(), ra.nodes[0]) == rb.nodes.end());
 }
