@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing, builds everything, and runs every test (unit and e2e; e2e tests
 # bring up their own local cluster in build/e2e-cluster and take it down afterwards). Benchmarks are not run.
-# Options: --unit (unit tests only), any other argument is passed to ctest (e.g. -R kube).
+# Options: --unit (unit tests only), --no-hardening (skip the sanitizer/fuzz stages), --hardening-only (only them),
+# any other argument is passed to ctest (e.g. -R kube).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 
 labels=(-LE bench)
 extra=()
+hardening=1
+main=1
 for arg in "$@"; do
   case "$arg" in
-    --unit) labels=(-L unit) ;;
+    --unit) labels=(-L unit) hardening=0 ;;
+    --no-hardening) hardening=0 ;;
+    --hardening-only) main=0 ;;
     *) extra+=("$arg") ;;
   esac
 done
@@ -23,6 +28,7 @@ bash scripts/install-deps.sh --with-torch
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/ccache}
 # Paths relative to the checkout, so a fresh clone elsewhere reuses the compile cache.
 export CCACHE_BASEDIR=$root
+if [ "$main" = 1 ]; then
 step "configure"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >build-configure.log 2>&1 || { cat build-configure.log; exit 1; }
 rm -f build-configure.log
@@ -38,3 +44,34 @@ step "tests"
 cd build
 # Tests run one at a time: the machine has 2 cores and the trainer tests use both.
 ctest --output-on-failure --no-tests=error "${labels[@]}" "${extra[@]}"
+fi
+
+if [ "$hardening" = 1 ]; then
+  # docs/hardening.md. Two more trees, each building only what it runs: clang with ASan+UBSan+libFuzzer (the fuzzers
+  # for RAILYARD_FUZZ_SECONDS each, then the unit tests of build-fuzz/hardening/asan.txt), and gcc with TSan (the
+  # concurrency tests of build-tsan/hardening/tsan.txt).
+  cd "$root"
+  sanitizer_flags=(-DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-g1 -O1" "-DCMAKE_C_FLAGS_DEBUG=-g1 -O1")
+  step "hardening: clang ASan+UBSan+libFuzzer tree"
+  cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ "${sanitizer_flags[@]}" \
+    -DRAILYARD_FUZZ=ON -DRAILYARD_SANITIZE=address >build-fuzz-configure.log 2>&1 ||
+    { cat build-fuzz-configure.log; exit 1; }
+  rm -f build-fuzz-configure.log
+  cmake --build build-fuzz -j2 --target railyard_fuzz_targets railyard_asan_tests
+  step "hardening: fuzzers"
+  (cd build-fuzz && ctest --output-on-failure --no-tests=error -L fuzz)
+  step "hardening: unit tests under ASan+UBSan"
+  asan_tests=$(paste -sd'|' build-fuzz/hardening/asan.txt)
+  (cd build-fuzz && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    ctest --output-on-failure --no-tests=error -R "^($asan_tests)\$")
+
+  step "hardening: gcc TSan tree"
+  cmake -S . -B build-tsan "${sanitizer_flags[@]}" -DRAILYARD_SANITIZE=thread >build-tsan-configure.log 2>&1 ||
+    { cat build-tsan-configure.log; exit 1; }
+  rm -f build-tsan-configure.log
+  cmake --build build-tsan -j2 --target railyard_tsan_tests
+  step "hardening: concurrency tests under TSan"
+  tsan_tests=$(paste -sd'|' build-tsan/hardening/tsan.txt)
+  (cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$root/tests/fuzz/tsan.supp" \
+    ctest --output-on-failure --no-tests=error -R "^($tsan_tests)\$")
+fi

@@ -148,8 +148,9 @@ void Informer::relist() {
       for (auto& fn : delete_fns_) call_safely("delete", [&] { fn(*o); });
     for (const auto& o : added)
       for (auto& fn : add_fns_) call_safely("add", [&] { fn(*o); });
-    for (const auto& [o, n] : updated)
-      for (auto& fn : update_fns_) call_safely("update", [&] { fn(*o, *n); });
+    // Not a structured binding: clang before 16 cannot capture those in a lambda (the RAILYARD_FUZZ build is clang).
+    for (const auto& change : updated)
+      for (auto& fn : update_fns_) call_safely("update", [&] { fn(*change.first, *change.second); });
   }
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -370,7 +370,10 @@ std::chrono::milliseconds Controller::finish(const Json& job, const JobSpec& spe
 }
 
 std::chrono::milliseconds Controller::reconcile(const std::string& key) {
-  auto [ns, name] = split_key(key);
+  // Plain variables, not a structured binding: lambdas below capture them, which clang before 16 refuses.
+  const auto key_parts = split_key(key);
+  const std::string& ns = key_parts.first;
+  const std::string& name = key_parts.second;
   // Read the job from the server, not the cache: a status we just wrote must be seen, or a restart is counted twice.
   auto fetched = client_.try_get(kube::resources::trainingjobs, ns, name);
   if (!fetched || (*fetched)["metadata"].contains("deletionTimestamp")) {

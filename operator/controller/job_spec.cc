@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
+#include <cstdint>
 #include <set>
 
 #include "common/model_presets.h"
@@ -41,8 +43,17 @@ class Checker {
   std::optional<int64_t> integer(const Json& obj, const char* key, const std::string& field, int64_t min, int64_t max) {
     if (!obj.is_object() || !obj.contains(key) || obj[key].is_null()) return std::nullopt;
     const Json& v = obj[key];
-    if (!v.is_number_integer() && !(v.is_number_float() && v.get<double>() == static_cast<int64_t>(v.get<double>()))) {
+    if (!v.is_number_integer() && !(v.is_number_float() && v.get<double>() == std::trunc(v.get<double>()))) {
       fail(field, "must be an integer, got " + v.dump(), "write a whole number");
+      return std::nullopt;
+    }
+    // Beyond int64 (2e116, 18446744073709551615) converting would be undefined or wrap: out of range as written.
+    const bool too_big = v.is_number_unsigned() ? v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)
+                         : v.is_number_float()  ? !(std::fabs(v.get<double>()) < 9.2e18)
+                                                : false;
+    if (too_big) {
+      fail(field, v.dump() + " is out of range",
+           "use a value from " + std::to_string(min) + " to " + std::to_string(max));
       return std::nullopt;
     }
     int64_t x = v.is_number_integer() ? v.get<int64_t>() : static_cast<int64_t>(v.get<double>());
@@ -114,9 +125,13 @@ ParsedJob parse_job(const Json& job) {
     out.violation = c.take();
     return out;
   }
-  const Json meta = job.value("metadata", Json::object());
-  s.name = meta.value("name", "");
-  s.ns = meta.value("namespace", "");
+  // Type-checked reads: Json::value() throws on a non-object metadata or a non-string name, and nothing here throws.
+  const Json meta = job.contains("metadata") && job["metadata"].is_object() ? job["metadata"] : Json::object();
+  auto meta_string = [&meta](const char* key) {
+    return meta.contains(key) && meta[key].is_string() ? meta[key].get<std::string>() : std::string();
+  };
+  s.name = meta_string("name");
+  s.ns = meta_string("namespace");
   if (s.name.size() > kMaxJobNameLength)
     c.fail("metadata.name", "'" + s.name + "' is " + std::to_string(s.name.size()) + " characters long",
            "use at most " + std::to_string(kMaxJobNameLength) + " so pod names and labels fit in 63");

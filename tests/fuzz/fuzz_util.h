@@ -18,16 +18,17 @@ inline std::string as_string(const uint8_t* data, size_t size) {
 
 // One directory per fuzzing process (libFuzzer may run several jobs side by side), removed at exit.
 inline const std::string& scratch_dir() {
-  static const std::string dir = [] {
+  // Leaked on purpose: the atexit cleanup runs after static destructors would have freed a plain static string.
+  static const std::string* dir = [] {
     std::string tmpl = (std::filesystem::temp_directory_path() / "railyard-fuzz-XXXXXX").string();
     if (mkdtemp(tmpl.data()) == nullptr) {
       std::perror("railyard fuzz: mkdtemp");
       std::abort();
     }
     std::atexit([] { std::filesystem::remove_all(scratch_dir()); });
-    return tmpl;
+    return new std::string(tmpl);
   }();
-  return dir;
+  return *dir;
 }
 
 // Writes bytes to <scratch>/<name> (replacing it) and returns the path. Aborts on I/O errors: those are the test
