@@ -211,7 +211,8 @@ std::optional<WatchEvent> parse_watch_line(std::string_view line, const std::str
   }
   // ADDED/MODIFIED/DELETED without an object would reach the informer's cache under an empty key.
   if (ev.type != WatchEvent::Type::Bookmark && !(j.contains("object") && j["object"].is_object())) {
-    throw Error(context + ": malformed watch event: " + type + " without an object: " + std::string(line.substr(0, 200)));
+    throw Error(context + ": malformed watch event: " + type +
+                " without an object: " + std::string(line.substr(0, 200)));
   }
   if (j.contains("object")) ev.object = std::move(j["object"]);
   return ev;
