@@ -11,14 +11,14 @@
 # outside [1/FACTOR, FACTOR]. Whether the layout the planner ranks first is among the two fastest measured is printed
 # but not enforced: rank 0's CPU time does not count the time it sleeps in Gloo, so the CPU clock favours dp = 2,
 # and wall time on the shared 2-core machine measures the other load (see docs/planner.md).
-# Usage: tests/bench/planner/cpu_step.sh [BIN_DIR]   (env: STEPS=4 THREADS=2 FACTOR=2)
+# Usage: tests/bench/planner/cpu_step.sh [BIN_DIR]   (env: STEPS=4 THREADS=2 FACTOR=1.5)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 src=$(cd "$here/../../.." && pwd)
 bin=${1:-${RAILYARD_BIN_DIR:-$src/build/bin}}
 STEPS=${STEPS:-4}
 THREADS=${THREADS:-2}
-FACTOR=${FACTOR:-2}
+FACTOR=${FACTOR:-1.5}
 for f in "$bin/railyard-worker" "$bin/railyard"; do
   [ -x "$f" ] || { echo "cpu_step.sh: $f missing: build the railyard-worker and railyard targets" >&2; exit 1; }
 done
