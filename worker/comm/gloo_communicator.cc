@@ -12,6 +12,7 @@
 #include <gloo/transport/unbound_buffer.h>
 
 #include <algorithm>
+#include <cctype>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -80,8 +81,7 @@ bool looks_like_timeout(const std::string& what) {
   return lower.find("timed out") != std::string::npos || lower.find("timeout") != std::string::npos;
 }
 
-// State shared by a communicator and its pending requests (a request may outlive nothing but must be able to
-// report errors in the group's terms).
+// State of one group, shared by its communicator and its pending requests (which report errors in the group's terms).
 struct State {
   std::shared_ptr<Bootstrap> boot;
   std::shared_ptr<gloo::Context> ctx;
