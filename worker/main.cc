@@ -4,6 +4,7 @@
 // flags or input, 3 too many consecutive non-finite steps, 1 anything else.
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -454,8 +455,9 @@ int cmd_train(int argc, char** argv) {
       dpo.zero_stage = dist.zero;
       dpo.deterministic = dist.deterministic;
       dpo.bucket_bytes = dist.bucket_bytes;
-      dist.sync = std::make_unique<parallel::DataParallel>(&g.dp(), dist.sharded->num_params(),
-                                                           std::vector<parallel::TensorSpan>{}, AdamWHyper{}, pool, dpo);
+      dist.sync = parallel::parallel_gpt_data_parallel(&g.dp(), *dist.sharded,
+                                                       parallel::ModelGroups{&g.tp(), &g.pp(), g.embedding()}, tc,
+                                                       pool, dpo);
     }
   } else if (dist.groups != nullptr || dist.deterministic || dist.zero > 0) {
     parallel::DataParallelOptions dpo;
@@ -512,8 +514,35 @@ int cmd_train(int argc, char** argv) {
   const std::string job_id = env_or("RAILYARD_JOB_NAMESPACE", "") + "_" + env_or("RAILYARD_JOB_NAME", "local");
   co.shm_name = ckpt::ShmStore::name_for(job_id, static_cast<int>(std::atol(env_or("RANK", "0").c_str())));
   co.layout = nlohmann::json{{"dp", 1}, {"tp", 1}, {"pp", 1}, {"zero", 0}};
-  Checkpointer checkpointer(co, *cfg, trainer, checkpoint_shards(co, *cfg, trainer, dist),
-                            train_metrics ? &registry : nullptr, TrainMetrics::labels_from_env());
+  std::vector<ShardSpec> ckpt_shards = checkpoint_shards(co, *cfg, trainer, dist);
+  if (const int world = std::atoi(env_or("WORLD_SIZE", "1").c_str()); world > 1) {
+    // Every rank of the world saves into the same directory under its global rank, with one run id for all ranks
+    // of this world; data-parallel replicas split the writes of their identical state, and all ranks stop at the
+    // same step on SIGTERM.
+    co.rank = std::atoi(env_or("RANK", "0").c_str());
+    co.world_size = world;
+    co.run_id = job_id + "-g" + env_or("RAILYARD_GENERATION", "0") + "-" + env_or("MASTER_ADDR", "") + "-" +
+                env_or("MASTER_PORT", "");
+    for (char& c : co.run_id)
+      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') c = '-';
+    if (dist.groups != nullptr) {
+      const auto& l = dist.groups->layout();
+      co.layout = nlohmann::json{{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"zero", dist.zero}};
+      for (auto& s : ckpt_shards) {
+        s.replica_index = dist.groups->dp().rank();
+        s.num_replicas = dist.groups->dp().size();
+      }
+    }
+    if (dist.sync != nullptr) {
+      co.any_rank = [&dist](bool mine) {
+        for (double v : dist.sync->all_gather({mine ? 1.0 : 0.0}))
+          if (v != 0) return true;
+        return false;
+      };
+    }
+  }
+  Checkpointer checkpointer(co, *cfg, trainer, std::move(ckpt_shards), train_metrics ? &registry : nullptr,
+                            TrainMetrics::labels_from_env());
   checkpointer.restore();
   checkpointer.attach();
   Checkpointer::install_signal_handlers();

@@ -262,9 +262,18 @@ std::vector<double> DataParallel::all_gather(const std::vector<double>& local) {
 
 double DataParallel::grad_norm(const float* grads) {
   if (!zero_) throw Error("data-parallel: grad_norm() is the ZeRO path; without ZeRO the trainer's AdamW computes it");
-  const double local = zero_->sum_squares(opt_.zero_stage == 2 ? shard_grads_.data() : grads, opt_.zero_stage == 2);
+  const double local =
+      zero_->sum_squares(opt_.zero_stage == 2 ? shard_grads_.data() : grads, opt_.zero_stage == 2, &opt_.count_once);
   double total = 0;
   for (double s : all_gather({local})) total += s;  // rank order: the same sum on every rank
+  // Model-parallel peers hold other parts of the replica: their sums are added in group rank order.
+  for (comm::Communicator* g : opt_.norm_groups) {
+    if (g == nullptr || g->size() == 1) continue;
+    std::vector<double> all(static_cast<size_t>(g->size()));
+    g->all_gather(&total, all.data(), 1, comm::DType::kInt64);
+    total = 0;
+    for (double s : all) total += s;
+  }
   return std::sqrt(total);
 }
 

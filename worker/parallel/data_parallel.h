@@ -33,6 +33,10 @@ struct DataParallelOptions {
   size_t bucket_bytes = size_t{25} << 20;
   int zero_stage = 0;  // 0, 1 or 2
   bool deterministic = false;
+  // Tensor/pipeline-parallel models: the local ranges that count in the global grad norm (count_once_ranges) and
+  // the groups whose partial sums add up to the whole replica's (tp, then pp). Empty: every element, dp only.
+  std::vector<std::pair<size_t, size_t>> count_once;
+  std::vector<comm::Communicator*> norm_groups;
 };
 
 class DataParallel final : public GradSync {

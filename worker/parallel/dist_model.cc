@@ -49,6 +49,16 @@ void ParallelGpt::update(float* params, const float* grads, float lr, float grad
   adam_.update(params, grads, /*shard_layout=*/false, lr, grad_scale);
 }
 
+std::unique_ptr<DataParallel> parallel_gpt_data_parallel(comm::Communicator* dp, ParallelGpt& model,
+                                                         const ModelGroups& groups, const TrainConfig& train,
+                                                         ThreadPool& pool, DataParallelOptions options) {
+  for (const ElementRange& r : model.model().count_once()) options.count_once.emplace_back(r.begin, r.end);
+  options.norm_groups = {groups.tp, groups.pp};
+  const AdamWHyper hyper{train.beta1, train.beta2, train.eps, static_cast<float>(train.weight_decay)};
+  return std::make_unique<DataParallel>(dp, model.num_params(), local_tensor_spans(model.model().shape()), hyper, pool,
+                                        options);
+}
+
 std::string ParallelGpt::describe() const {
   const StageShape& s = model_.shape();
   return "stage " + std::to_string(s.pp_rank) + "/" + std::to_string(s.pp_size) + " layers [" +

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "worker/comm/communicator.h"
+#include "worker/parallel/data_parallel.h"
 #include "worker/parallel/parallel_model.h"
 #include "worker/parallel/zero.h"
 #include "worker/train/sharded_model.h"
@@ -46,6 +47,12 @@ class ParallelGpt final : public ShardedModel {
   BucketLayout whole_;  // one bucket, one owner: ZeroAdamW then is plain AdamW over the local buffer
   ZeroAdamW adam_;
 };
+
+// The data-parallel reducer of a ParallelGpt replica: its local buffer, ZeRO's AdamW per local tensor, and the
+// count-once grad norm summed over dp, then tp and pp (`groups`).
+std::unique_ptr<DataParallel> parallel_gpt_data_parallel(comm::Communicator* dp, ParallelGpt& model,
+                                                         const ModelGroups& groups, const TrainConfig& train,
+                                                         ThreadPool& pool, DataParallelOptions options);
 
 // The 16 local tensors' spans of a stage's flat buffer (local_param_sizes order) with AdamW's decay rule.
 std::vector<TensorSpan> local_tensor_spans(const StageShape& shape);

@@ -97,13 +97,22 @@ void ZeroAdamW::update(float* params, const float* grads, bool shard_layout, flo
   });
 }
 
-double ZeroAdamW::sum_squares(const float* grads, bool shard_layout) const {
+double ZeroAdamW::sum_squares(const float* grads, bool shard_layout,
+                              const std::vector<std::pair<size_t, size_t>>* only) const {
   double total = 0;
   for_each_run([&](size_t s, size_t e, size_t so, bool) {
-    const float* g = shard_layout ? grads + so : grads + s;
-    double acc = 0;
-    for (size_t i = 0; i < e - s; ++i) acc += static_cast<double>(g[i]) * g[i];
-    total += acc;
+    const float* g = shard_layout ? grads + so : grads + s;  // g[i - s] is element i
+    auto add = [&](size_t b, size_t en) {
+      for (size_t i = b; i < en; ++i) total += static_cast<double>(g[i - s]) * g[i - s];
+    };
+    if (only == nullptr || only->empty()) {
+      add(s, e);
+      return;
+    }
+    for (const auto& [ob, oe] : *only) {
+      if (oe <= s || ob >= e) continue;
+      add(std::max(s, ob), std::min(e, oe));
+    }
   });
   return total;
 }

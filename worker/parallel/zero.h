@@ -62,8 +62,11 @@ class ZeroAdamW {
   // grads: the full flat buffer (stage 1: reduced values at this rank's pieces) or, shard_layout, this rank's shard
   // (stage 2). Updates this rank's pieces of params only.
   void update(float* params, const float* grads, bool shard_layout, float lr, float grad_scale);
-  // Sum of squares of this rank's pieces of the reduced gradient, in double over a fixed order.
-  double sum_squares(const float* grads, bool shard_layout) const;
+  // Sum of squares of this rank's pieces of the reduced gradient, in double over a fixed order; with `only` (sorted,
+  // disjoint [begin, end) ranges of the flat buffer, e.g. a tensor-parallel stage's count-once ranges) just the
+  // elements inside them.
+  double sum_squares(const float* grads, bool shard_layout,
+                     const std::vector<std::pair<size_t, size_t>>* only = nullptr) const;
 
   float* m() { return m_.data(); }
   float* v() { return v_.data(); }

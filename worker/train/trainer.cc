@@ -71,8 +71,8 @@ Trainer::Trainer(const GptConfig& model, const TrainConfig& config, ThreadPool& 
       targets_(static_cast<size_t>(config.batch) * config.seq_len) {
   schedule_ = LrSchedule{cfg_.lr, cfg_.warmup_steps, cfg_.steps, cfg_.min_lr_frac};
   if (sharded_ != nullptr) {
-    if (sync_ != nullptr && (sync_->zero_stage() > 0 || sync_->deterministic())) {
-      throw ConfigError("--zero and --deterministic are not supported with --tp/--pp > 1 yet: use --zero 0");
+    if (sync_ != nullptr && sync_->deterministic()) {
+      throw ConfigError("--deterministic is not supported with --tp/--pp > 1 yet");
     }
     sharded_->init_weights(cfg_.seed);
   } else if (sync_ == nullptr || sync_->zero_stage() == 0) {
@@ -124,10 +124,10 @@ StepResult Trainer::step() {
     // Tensor/pipeline parallel: the schedule runs this replica's A micro-batches; dp buckets are reduced as the
     // last micro-batch's backward finishes them.
     const int dp = sync_ != nullptr ? sync_->size() : 1, A = micro / dp;
-    if (sync_ != nullptr && dp > 1) sync_->arm(sharded_->grads());
+    if (sync_ != nullptr) sync_->arm(sharded_->grads());
     r.loss = sharded_->forward_backward(
         A, [&](int32_t* in, int32_t* tgt) { train_.next_batch(in, tgt); }, 1.0f / static_cast<float>(A), &r.times);
-    if (sync_ != nullptr && dp > 1) {
+    if (sync_ != nullptr) {
       const auto t_dp = std::chrono::steady_clock::now();
       sync_->finish(sharded_->grads());
       double sum = 0;
@@ -179,7 +179,7 @@ StepResult Trainer::step() {
   const auto t_opt = std::chrono::steady_clock::now();
   const bool zero = sync_ != nullptr && sync_->zero_stage() > 0;
   if (sharded_ != nullptr) {
-    r.grad_norm = sharded_->grad_norm(sharded_->grads());
+    r.grad_norm = zero ? sync_->grad_norm(sharded_->grads()) : sharded_->grad_norm(sharded_->grads());
   } else {
     r.grad_norm = zero ? sync_->grad_norm(model_.grads()) : opt_->global_norm(model_.grads());
   }
@@ -201,7 +201,9 @@ StepResult Trainer::step() {
     bad_consecutive_ = 0;
     if (hooks_.before_update) hooks_.before_update();
     const float lr = static_cast<float>(r.lr), scale = clip_factor(r.grad_norm, cfg_.grad_clip);
-    if (sharded_ != nullptr) {
+    if (sharded_ != nullptr && zero) {
+      sync_->update(sharded_->params(), sharded_->grads(), lr, scale);  // own pieces, then all-gather over dp
+    } else if (sharded_ != nullptr) {
       sharded_->update(sharded_->params(), sharded_->grads(), lr, scale);
     } else if (zero) {
       sync_->update(model_.params(), model_.grads(), lr, scale);

@@ -110,8 +110,8 @@ class Trainer {
   //
   // sharded: a tensor/pipeline-parallel model (worker/parallel/dist_model.h) trained instead of the built-in Gpt<float>
   // (which then only keeps a full-size parameter buffer, e.g. for --init-from/--export, and no activations). Every
-  // rank of a replica reads the replica's micro-batches; `sync` (if any) reduces over the dp group. Not combined with
-  // ZeRO or the deterministic mode yet.
+  // rank of a replica reads the replica's micro-batches; `sync` (if any) reduces over the dp group (ZeRO: `sync` also
+  // owns the sharded optimizer and the count-once norm). Not combined with the deterministic mode yet.
   Trainer(const GptConfig& model, const TrainConfig& config, ThreadPool& pool, BatchSource& train,
           BatchSource* val = nullptr, GradSync* sync = nullptr, ShardedModel* sharded = nullptr);
 
