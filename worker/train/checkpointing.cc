@@ -301,7 +301,11 @@ std::optional<RestoreInfo> Checkpointer::restore() {
       return std::nullopt;
     }
     ckpt::Reader reader(root);
-    ckpt::LoadResult r = exact_step ? reader.load_step(*exact_step, targets) : reader.load_latest(targets);
+    // Ranks read different slices: verifying every checksum makes them all settle on the same step.
+    ckpt::LoadOptions load_options;
+    load_options.full_verify = opt_.world_size > 1;
+    ckpt::LoadResult r =
+        exact_step ? reader.load_step(*exact_step, targets) : reader.load_latest(targets, load_options);
     for (const auto& why : r.skipped) {
       log::warn("checkpoint", "skipped a checkpoint that does not verify: falling back to an older one",
                 {{"reason", why}});
@@ -383,7 +387,9 @@ void Checkpointer::start_save(int64_t step, bool async, bool to_disk, bool to_sh
 
 std::optional<int> Checkpointer::after_step(const StepResult& r) {
   const int64_t step = r.step + 1;  // steps completed
-  if (stop_requested()) return save_on_stop(step);
+  bool stop = stop_requested();
+  if (opt_.any_rank) stop = opt_.any_rank(stop);
+  if (stop) return save_on_stop(step);
   const int64_t total = trainer_.config().steps;
   const bool disk_due = writer_ && ((opt_.every > 0 && step % opt_.every == 0) || (opt_.save_final && step == total));
   const bool shm_due = shm_ && step % opt_.shm_every == 0;

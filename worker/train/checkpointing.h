@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -90,6 +91,9 @@ struct CheckpointOptions {
   int rank = 0;
   int world_size = 1;
   nlohmann::json layout = nlohmann::json::object();
+  // More than one rank: true on every rank if any rank passes true (a collective, called by every rank after every
+  // step), so that all ranks stop at the same step on SIGTERM. Null: this process decides alone.
+  std::function<bool(bool)> any_rank;
 };
 
 struct RestoreInfo {
