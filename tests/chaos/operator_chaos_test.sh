@@ -58,14 +58,16 @@ kubectl create namespace "$ns" >/dev/null
 wait_for 60 "the default service account token" \
   bash -c "kubectl get sa default -n $ns -o jsonpath='{.secrets[0].name}' | grep -q ."
 
+seed=${RAILYARD_CHAOS_SEED:-$$}
+echo "proxy seed $seed (rerun with RAILYARD_CHAOS_SEED=$seed)"
 # The proxy terminates TLS with the API server's own serving certificate (SAN 127.0.0.1, signed by the cluster CA
 # the kubeconfig trusts) and verifies the real API server against that CA.
 server=$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')
 upstream=${server#https://}
 "$bin/railyard-chaos-proxy" --upstream "$upstream" --port-file "$work/port" --stats-file "$work/stats.json" \
   --tls-cert "$state/pki/apiserver.crt" --tls-key "$state/pki/apiserver.key" --upstream-ca "$state/pki/ca.crt" \
-  --seed "${RAILYARD_CHAOS_SEED:-$$}" --latency-ms 40 --refuse 0.05 --reset 0.15 --reset-max 4 --stall 0.03 \
-  --truncate-watch 0.5 --http-error 0.1 >"$work/proxy.log" 2>&1 &
+  --seed "$seed" --latency-ms 40 --refuse 0.05 --reset 0.3 --reset-max 4 --stall 0.05 \
+  --truncate-watch 0.5 --http-error 0.12 >"$work/proxy.log" 2>&1 &
 proxy_pid=$!
 pids+=("$proxy_pid")
 wait_for 10 "the proxy to listen" test -s "$work/port"
@@ -78,10 +80,13 @@ kubectl get pods -n "$ns" -w --no-headers \
   >"$work/pods.txt" 2>"$work/pods-watch.err" &
 pids+=("$!")
 
-KUBECONFIG=$work/kubeconfig "$bin/railyard-operator" --namespace "$ns" --leader-elect=false \
-  --metrics-addr 127.0.0.1:0 --health-addr 127.0.0.1:0 --rendezvous-bind 127.0.0.1:0 >"$work/op.log" 2>&1 &
-op_pid=$!
-pids+=("$op_pid")
+start_operator() {
+  KUBECONFIG=$work/kubeconfig "$bin/railyard-operator" --namespace "$ns" --leader-elect=false \
+    --metrics-addr 127.0.0.1:0 --health-addr 127.0.0.1:0 --rendezvous-bind 127.0.0.1:0 >>"$work/op.log" 2>&1 &
+  op_pid=$!
+  pids+=("$op_pid")
+}
+start_operator
 wait_for 60 "the operator to reconcile through the proxy" grep -q "leading: reconciling" "$work/op.log"
 echo "operator up through the proxy after $((SECONDS - t_start))s (faults on)"
 
@@ -99,9 +104,19 @@ g0=$(jp rr '{.status.generation}')
 kubectl annotate tj rr -n "$ns" railyard.dev/restart-request=chaos-1 >/dev/null
 wait_for 60 "the restart request to be handled" \
   bash -c "[ \"\$(kubectl get tj rr -n $ns -o jsonpath='{.status.restartRequestHandled}')\" = chaos-1 ]"
-for j in ok-a ok-b ok-c flaky; do wait_for 60 "job $j to succeed" phase_is "$j" Succeeded; done
-wait_for 60 "job perm to fail" phase_is perm Failed
 wait_for 60 "job rr to run again" phase_is rr Running
+# Resize under faults: a new generation with 3 pods (of the 4 nodes, one stays free for ok-d and after).
+kubectl scale tj/rr -n "$ns" --replicas=3 >/dev/null
+# The operator killed hard mid-flow (right after more jobs arrive) and restarted, still behind the faulty network.
+job ok-d 1 1 "sleep 3; exit 0" | kubectl apply -n "$ns" -f - >/dev/null
+sleep 0.5
+kill -9 "$op_pid"
+start_operator
+wait_for 60 "job rr to run at 3 pods" \
+  bash -c "[ \"\$(kubectl get tj rr -n $ns -o jsonpath='{.status.world.size}')\" = 3 ] && \
+           [ \"\$(kubectl get tj rr -n $ns -o jsonpath='{.status.phase}')\" = Running ]"
+for j in ok-a ok-b ok-c ok-d flaky; do wait_for 60 "job $j to succeed" phase_is "$j" Succeeded; done
+wait_for 60 "job perm to fail" phase_is perm Failed
 echo "all jobs reached their phase with faults on after $((SECONDS - t_start))s; stats: $(cat "$work/stats.json")"
 
 # Heal the network; a new job must complete within seconds, and nothing may change afterwards.
@@ -125,13 +140,14 @@ check() { # check JOB PHASE RESTARTS GENERATION PODS-EVER-CREATED
 check ok-a Succeeded 0 1 1
 check ok-b Succeeded 0 1 2
 check ok-c Succeeded 0 1 1
+check ok-d Succeeded 0 1 1
 check after Succeeded 0 1 1
 check perm Failed 0 1 1
 [ "$(jp perm '{.status.conditions[?(@.type=="Failed")].reason}')" = PermanentExitCode ] || fail "perm: reason"
 check flaky Succeeded 1 2 2
 [ "$(jp flaky '{.status.lastRestart.reason}')" = PodFailed ] || fail "flaky: lastRestart.reason"
-# A restart request re-runs the generation in place: same pods.
-check rr Running 1 $((g0 + 1)) 2
+# A restart request re-runs the generation in place (same pods); the resize adds one pod and one generation.
+check rr Running 1 $((g0 + 2)) 3
 [ "$(jp rr '{.status.lastRestart.reason}')" = RestartRequested ] || fail "rr: lastRestart.reason"
 
 stats=$(cat "$work/stats.json")
