@@ -236,6 +236,24 @@ metrics::Family<metrics::Histogram>& placement_hops(metrics::Registry& registry)
                             {0, 1, 3, 5, 7, 9});
 }
 
+int64_t preferred_affinity_score(const Json& node_affinity, const NodeInfo& node) {
+  if (!node_affinity.is_object()) return 0;
+  const Json terms = node_affinity.value("preferredDuringSchedulingIgnoredDuringExecution", Json::array());
+  if (!terms.is_array()) return 0;
+  int64_t score = 0;
+  for (const Json& t : terms) {
+    if (!t.is_object() || !t.contains("preference") || !t["preference"].is_object()) continue;
+    const Json& pref = t["preference"];
+    const Json exprs = pref.value("matchExpressions", Json::array());
+    if (!exprs.is_array() || exprs.empty()) continue;
+    bool all = true;
+    for (const Json& e : exprs) all = all && e.is_object() && label_expression_holds(e, node.labels);
+    const Json w = t.value("weight", Json(0));
+    if (all && w.is_number_integer()) score += w.get<int64_t>();
+  }
+  return score;
+}
+
 PlacementResult SimplePlacement::place(const PlacementRequest& req, const std::vector<NodeInfo>& nodes) {
   PlacementResult r;
   std::vector<const NodeInfo*> sorted;

@@ -115,6 +115,10 @@ std::set<std::string> parse_node_list(const std::string& list);
 // every expression of a term holds (In, NotIn, Exists, DoesNotExist, Gt, Lt; matchFields on metadata.name).
 bool matches_node_affinity(const Json& node_affinity, const NodeInfo& node);
 
+// The sum of the weights of the preferred terms of `node_affinity` (preferredDuringSchedulingIgnoredDuringExecution)
+// that the node matches: the rail-aware placement's tie-break after the communication cost.
+int64_t preferred_affinity_score(const Json& node_affinity, const NodeInfo& node);
+
 // railyard_operator_placement_hops: the worst same-rail switch hops of each gang placed (registered once; the
 // operator's main registers it at start so it is exported before the first placement).
 metrics::Family<metrics::Histogram>& placement_hops(metrics::Registry& registry);

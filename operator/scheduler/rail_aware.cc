@@ -119,7 +119,11 @@ class Search {
       : topo_(topo), nodes_(nodes), req_(req), levels_(topo.levels()) {
     const int n = topo.size();
     why_.resize(n);
-    for (int i = 0; i < n; ++i) why_[i] = classify(nodes[i], req, avoid);
+    preferred_.resize(n);
+    for (int i = 0; i < n; ++i) {
+      why_[i] = classify(nodes[i], req, avoid);
+      preferred_[i] = preferred_affinity_score(req.node_affinity, nodes[i]);
+    }
     // Level levels_ is the whole cluster (one domain).
     count_.assign(levels_ + 1, {});
     anchors_.assign(levels_ + 1, {});
@@ -170,7 +174,7 @@ class Search {
     const int total_anchors = static_cast<int>(anchor_nodes_.size());
     for (int l = 0; l <= max_level; ++l) {
       Choice best;
-      std::tuple<double, std::vector<int>, std::string> best_key;
+      std::tuple<double, int64_t, std::vector<int>, std::string> best_key;
       for (int d = 0; d < domains(l); ++d) {
         if (count_[l][d] < pods || anchors_[l][d] != total_anchors) continue;
         std::vector<int> chosen;
@@ -181,12 +185,14 @@ class Search {
           if (index >= 0 && index < gang) node_of_pod[index] = topo_.index(node);
         for (int k = 0; k < pods; ++k) node_of_pod[indices[k]] = chosen[k];
         GangCost c = gang_cost(topo_, node_of_pod, edges);
-        // Least cost, then the fullest domain, then the fullest parent, ... (best fit leaves the emptier domains
-        // whole for larger gangs).
+        // Least cost, then the user's preferred node affinity, then the fullest domain, then the fullest parent, ...
+        // (best fit leaves the emptier domains whole for larger gangs).
+        int64_t preferred = 0;
+        for (int node : chosen) preferred += preferred_[node];
         std::vector<int> fullness{count_[l][d]};
         if (const int rep = any_node(l, d); rep >= 0)
           for (int up = l + 1; up <= levels_; ++up) fullness.push_back(count_[up][dom(rep, up)]);
-        auto key = std::make_tuple(c.cost, fullness, domain_name(l, d));
+        auto key = std::make_tuple(c.cost, -preferred, fullness, domain_name(l, d));
         if (best.nodes.empty() || key < best_key) {
           best = {std::move(chosen), c, l, d};
           best_key = key;
@@ -228,10 +234,11 @@ class Search {
     if (r <= 0) return;
     if (level == 0) {
       std::vector<int> ns = children_[0][d];
-      // The fullest nodes first (fewest GPUs left after the pod), so whole nodes stay free.
+      // Preferred nodes first, then the fullest (fewest GPUs left after the pod), so whole nodes stay free.
       std::sort(ns.begin(), ns.end(), [&](int a, int b) {
         auto fa = nodes_[a].gpu_allocatable - nodes_[a].gpu_used, fb = nodes_[b].gpu_allocatable - nodes_[b].gpu_used;
-        return std::tie(fa, topo_.name(a)) < std::tie(fb, topo_.name(b));
+        auto pa = -preferred_[a], pb = -preferred_[b];
+        return std::tie(pa, fa, topo_.name(a)) < std::tie(pb, fb, topo_.name(b));
       });
       for (int k = 0; k < r && k < static_cast<int>(ns.size()); ++k) out.push_back(ns[k]);
       return;
@@ -280,6 +287,7 @@ class Search {
   const PlacementRequest& req_;
   const int levels_;
   std::vector<Why> why_;
+  std::vector<int64_t> preferred_;  // preferred node affinity score per node
   std::vector<std::vector<int>> count_, anchors_;
   std::vector<std::vector<std::vector<int>>> children_;
   std::vector<int> anchor_nodes_;

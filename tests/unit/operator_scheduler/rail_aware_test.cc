@@ -546,3 +546,24 @@ TEST_CASE("reservations: placing a replica again releases its earlier node") {
   CHECK(std::find(rb.nodes.begin(), rb.nodes.end(), ra.nodes[1]) != rb.nodes.end());
   CHECK(std::find(rb.nodes.begin(), rb.nodes.end(), ra.nodes[0]) == rb.nodes.end());
 }
+
+TEST_CASE("preferred node affinity breaks ties after the communication cost") {
+  auto nodes = h100_8node();
+  RailAwarePlacement p;
+  auto req = gpu_job(2);
+  req.node_affinity = Json::parse(R"({"preferredDuringSchedulingIgnoredDuringExecution":[
+      {"weight": 10, "preference": {"matchExpressions": [{"key": "railyard.dev/unit", "operator": "In", "values": ["u3"]}]}},
+      {"weight": 1, "preference": {"matchExpressions": [{"key": "railyard.dev/unit", "operator": "In", "values": ["u2"]}]}}]})");
+  auto r = p.place(req, nodes);
+  REQUIRE(r.ok);
+  CHECK(unit_of(r.nodes[0]) == "u3");
+  CHECK(unit_of(r.nodes[1]) == "u3");
+  CHECK(preferred_affinity_score(req.node_affinity, find(nodes, "rynode-u2-n0")) == 1);
+  CHECK(preferred_affinity_score(req.node_affinity, find(nodes, "rynode-u0-n0")) == 0);
+  // A preference never buys a worse network: with u3 half taken, the gang stays in one whole unit (u2).
+  occupy(nodes, "rynode-u3-n0");
+  r = p.place(req, nodes);
+  REQUIRE(r.ok);
+  CHECK(r.worst_hops == 1);
+  CHECK(unit_of(r.nodes[0]) == "u2");
+}
