@@ -46,16 +46,16 @@ DataParallel::DataParallel(comm::Communicator* dp, size_t num_params, std::vecto
       n_(num_params),
       opt_(options),
       pool_(pool),
-      layout_(num_params, size_, std::max<size_t>(1, options.bucket_bytes / sizeof(float))) {
+      layout_(num_params, size_,
+              options.deterministic ? num_params * 2 + kNormBlock * 4
+                                    : std::max<size_t>(1, options.bucket_bytes / sizeof(float)),
+              options.deterministic && options.zero_stage > 0 ? kNormBlock : 1) {
   if (opt_.zero_stage < 0 || opt_.zero_stage > 2) {
     throw ConfigError("--zero " + std::to_string(opt_.zero_stage) + ": the ZeRO stage must be 0, 1 or 2");
   }
-  if (opt_.deterministic && opt_.zero_stage > 0) {
-    throw ConfigError("--deterministic with --zero " + std::to_string(opt_.zero_stage) +
-                      ": not supported (the deterministic tree reduces whole buffers); use --zero 0");
-  }
   if (options.bucket_bytes < sizeof(float)) throw ConfigError("--bucket-mb must be positive");
   chunk_ = (n_ + static_cast<size_t>(size_) - 1) / static_cast<size_t>(size_);
+  if (opt_.deterministic && opt_.zero_stage > 0) chunk_ = layout_.buckets().front().piece;  // own piece = own chunk
   if (opt_.zero_stage > 0) {
     zero_ = std::make_unique<ZeroAdamW>(layout_, rank_, std::move(spans), hyper, pool_);
     if (opt_.zero_stage == 2) shard_grads_ = AlignedBuffer<float>(layout_.shard_size());
@@ -210,8 +210,10 @@ void DataParallel::finish(float* grads) {
     std::unique_ptr<AlignedBuffer<float>> root = std::move(stack_.back().buf);
     stack_.clear();
     leaves_ = 0;
-    if (size_ == 1) {
+    if (size_ == 1 && opt_.zero_stage == 0) {
       std::memcpy(grads, root->data(), n_ * sizeof(float));
+    } else if (size_ == 1) {
+      std::memcpy(opt_.zero_stage == 2 ? shard_grads_.data() : grads, root->data(), n_ * sizeof(float));
     } else {
       const auto t0 = Clock::now();
       std::unique_ptr<AlignedBuffer<float>> recv;
@@ -226,8 +228,15 @@ void DataParallel::finish(float* grads) {
       std::vector<float*> items;
       for (int j = 0; j < size_; ++j) items.push_back(recv->data() + static_cast<size_t>(j) * chunk_);
       tree_sum(items, chunk_, pool_);
-      dp_->all_gather(recv->data(), root->data(), chunk_, comm::DType::kFloat32);
-      std::memcpy(grads, root->data(), n_ * sizeof(float));
+      if (opt_.zero_stage == 0) {
+        dp_->all_gather(recv->data(), root->data(), chunk_, comm::DType::kFloat32);
+        std::memcpy(grads, root->data(), n_ * sizeof(float));
+      } else {
+        // ZeRO: the folded chunk is exactly this rank's piece of the single bucket; nobody needs the rest.
+        const auto [own_b, own_e] = layout_.own(0, rank_);
+        float* dst = opt_.zero_stage == 2 ? shard_grads_.data() : grads + own_b;
+        if (own_e > own_b) std::memcpy(dst, recv->data(), (own_e - own_b) * sizeof(float));
+      }
       comm_seconds_ += since(t0);
       spare_.push_back(std::move(recv));
     }
@@ -262,9 +271,20 @@ std::vector<double> DataParallel::all_gather(const std::vector<double>& local) {
 
 double DataParallel::grad_norm(const float* grads) {
   if (!zero_) throw Error("data-parallel: grad_norm() is the ZeRO path; without ZeRO the trainer's AdamW computes it");
+  double total = 0;
+  if (opt_.deterministic) {
+    // Per fixed block of the flat buffer, summed in block order: the same additions whatever D is (the padding
+    // blocks of the last ranks add +0.0 at the end, which changes no bits).
+    const auto [own_b, own_e] = layout_.own(0, rank_);
+    const float* g = opt_.zero_stage == 2 ? shard_grads_.data() : grads + own_b;
+    std::vector<double> blocks(layout_.buckets().front().piece / kNormBlock, 0.0);
+    for (size_t i = own_b; i < own_e; ++i)
+      blocks[(i - own_b) / kNormBlock] += static_cast<double>(g[i - own_b]) * g[i - own_b];
+    for (double s : all_gather(blocks)) total += s;
+    return std::sqrt(total);
+  }
   const double local =
       zero_->sum_squares(opt_.zero_stage == 2 ? shard_grads_.data() : grads, opt_.zero_stage == 2, &opt_.count_once);
-  double total = 0;
   for (double s : all_gather({local})) total += s;  // rank order: the same sum on every rank
   // Model-parallel peers hold other parts of the replica: their sums are added in group rank order.
   for (comm::Communicator* g : opt_.norm_groups) {

@@ -41,9 +41,12 @@ struct DataParallelOptions {
 
 class DataParallel final : public GradSync {
  public:
+  static constexpr size_t kNormBlock = 4096;
   // dp: the data-parallel group (its members hold replicas of the same parameters), or nullptr for one replica (the
   // deterministic tree still applies). spans: the flat buffer's tensors, for ZeRO's per-tensor weight decay.
-  // Throws ConfigError for a stage outside 0..2 or deterministic mode combined with ZeRO.
+  // Throws ConfigError for a stage outside 0..2. Deterministic mode with ZeRO uses one bucket whose pieces are the
+  // all_to_all chunks, in whole blocks of kNormBlock elements so the grad norm is summed over the same blocks in the
+  // same order whatever D is.
   DataParallel(comm::Communicator* dp, size_t num_params, std::vector<TensorSpan> spans, const AdamWHyper& hyper,
                ThreadPool& pool, const DataParallelOptions& options);
   ~DataParallel() override;

@@ -18,17 +18,18 @@ std::vector<TensorSpan> gpt_tensor_spans(const GptConfig& c) {
   return spans;
 }
 
-BucketLayout::BucketLayout(size_t n, int dp, size_t bucket_elems) : n_(n), dp_(dp) {
+BucketLayout::BucketLayout(size_t n, int dp, size_t bucket_elems, size_t align) : n_(n), dp_(dp) {
   if (dp < 1) throw ConfigError("data-parallel degree must be >= 1, got " + std::to_string(dp));
   if (n == 0) throw Error("BucketLayout: empty buffer");
-  const size_t d = static_cast<size_t>(dp);
-  // Whole multiples of D, so every bucket but the last reduce-scatters in place.
-  per_bucket_ = std::max(d, bucket_elems / d * d);
+  const size_t d = static_cast<size_t>(dp), unit = d * std::max<size_t>(1, align);
+  // Whole multiples of D (x align), so every bucket but the last reduce-scatters in place.
+  per_bucket_ = std::max(unit, bucket_elems / unit * unit);
   for (size_t b = 0; b < n; b += per_bucket_) {
     Bucket k;
     k.begin = b;
     k.end = std::min(n, b + per_bucket_);
-    k.piece = (k.size() + d - 1) / d;
+    const size_t a = std::max<size_t>(1, align);
+    k.piece = ((k.size() + d - 1) / d + a - 1) / a * a;
     k.shard_offset = shard_size_;
     shard_size_ += k.piece;
     buckets_.push_back(k);

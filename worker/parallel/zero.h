@@ -35,7 +35,8 @@ class BucketLayout {
     size_t size() const { return end - begin; }
     bool padded(int dp) const { return piece * static_cast<size_t>(dp) != size(); }
   };
-  BucketLayout(size_t n, int dp, size_t bucket_elems);
+  // align: every piece a multiple of this many elements (the deterministic mode's fixed norm blocks).
+  BucketLayout(size_t n, int dp, size_t bucket_elems, size_t align = 1);
 
   size_t num_elements() const { return n_; }
   int dp() const { return dp_; }
