@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# E2E flow 1 (issue #10): a worker process dies. A 2-replica data-parallel job trains the tiny model with a
+# checkpoint every 5 steps; once a checkpoint exists, rank 1's trainer process (not its pod) gets SIGKILL. The agent
+# reports the exit, the operator opens generation 2 with the same pods (same UIDs), both ranks restore the newest
+# checkpoint and continue from the step after it, and the job ends Succeeded with exactly one restart.
+set -euo pipefail
+job_name=procfail
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
+steps=100
+start_operator
+job_yaml "$job_name" 2 "$steps" | kubectl apply -n "$ns" -f - >/dev/null
+wait_for 90 "the job to run" phase_is Running
+uid0=$(pod_uid "$job_name-worker-0")
+uid1=$(pod_uid "$job_name-worker-1")
+wait_for 90 "a first checkpoint" latest_at_least 10
+
+# The pod's process group is the agent's; the trainer is the agent's child in a group of its own.
+agent_pid=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]]["pid"])' \
+  "$state/node-agent/processes.json" "$uid1")
+worker_pid=$(pgrep -P "$agent_pid" | head -1)
+[ -n "$worker_pid" ] || fail "no trainer process under the agent of $job_name-worker-1 (pid $agent_pid)"
+ckpt_before=$(latest_step)
+kill -9 "$worker_pid"
+echo "killed rank 1's trainer (pid $worker_pid) after checkpoint step $ckpt_before"
+wait_for 30 "the restart" restarts_is 1
+ckpt_at_restart=$(latest_step)
+[ "$(jp '{.status.lastRestart.reason}')" = WorkerExit ] || fail "lastRestart.reason '$(jp '{.status.lastRestart.reason}')'"
+[ "$(jp '{.status.lastRestart.rank}')" = 1 ] || fail "lastRestart.rank '$(jp '{.status.lastRestart.rank}')'"
+[ "$ckpt_at_restart" -ge "$ckpt_before" ] || fail "latest went back from $ckpt_before to $ckpt_at_restart"
+
+# Both ranks of generation 2 restore that checkpoint; rank 0 (the one that logs steps) continues with the step
+# after it.
+log0=$(pod_log "$job_name-worker-0")
+for i in 0 1; do
+  p=$job_name-worker-$i
+  wait_for 60 "$p to restore" bash -c "grep -q 'checkpoint: restored ' '$(pod_log "$p")'"
+  r=$(restored_step "$p")
+  [ "$r" = "$ckpt_at_restart" ] || fail "$p restored step '$r', the newest checkpoint at the restart was $ckpt_at_restart"
+  [ "$r" -gt 0 ] || fail "$p restored step $r (a fresh start)"
+done
+after_restore() { sed -n '/checkpoint: restored /,$p' "$log0"; }
+wait_for 60 "the first step of generation 2" bash -c "$(declare -f after_restore); log0='$log0'; after_restore | grep -q 'worker: step step='"
+after=$(after_restore | grep -oE 'worker: step step=[0-9]+' | head -1 | cut -d= -f2)
+[ "$after" = $((ckpt_at_restart + 1)) ] || fail "first step after the restore is '$after', want $((ckpt_at_restart + 1))"
+# Generation 2 runs in the same pods (checked while they exist: cleanPodPolicy Running removes them at the end).
+[ "$(pod_uid "$job_name-worker-0")" = "$uid0" ] || fail "pod 0 was re-created for a process failure"
+[ "$(pod_uid "$job_name-worker-1")" = "$uid1" ] || fail "pod 1 was re-created for a process failure"
+wait_succeeded 180
+[ "$(jp '{.status.restarts}')" = 1 ] || fail "restarts $(jp '{.status.restarts}'), want 1"
+[ "$(jp '{.status.generation}')" = 2 ] || fail "generation $(jp '{.status.generation}'), want 2"
+[ "$(jp '{.status.progress}')" = "$steps/$steps" ] || fail "progress '$(jp '{.status.progress}')'"
+last=$(steps_of "$job_name-worker-0" | tail -1)
+[ "${last%% *}" = "$steps" ] || fail "rank 0's last step is '$last', want $steps"
+python3 -c "import sys; sys.exit(0 if 0 < float(sys.argv[1]) < 4.5 else 1)" "${last#* }" ||
+  fail "final loss ${last#* } not below 4.5 (ln 256 = 5.55 untrained)"
+# Times from the logs: the kill (rank 1's agent sees the exit), the agents' join of generation 2, the first step
+# rank 0 completes after its restore; steps lost = the furthest step of generation 1 minus the restored step.
+python3 - "$log0" "$(pod_log "$job_name-worker-1")" "$ckpt_at_restart" <<'PY'
+import re, sys
+from datetime import datetime
+def ts(line): return datetime.strptime(line[:23], "%Y-%m-%dT%H:%M:%S.%f").timestamp()
+log0, log1 = (open(p).read().splitlines() for p in sys.argv[1:3])
+r = int(sys.argv[3])
+exit_t = ts(next(l for l in log1 if "agent: worker exited generation=1" in l))
+join_t = ts(next(l for l in log1 if "agent: joined generation=2" in l))
+i = next(i for i, l in enumerate(log0) if "checkpoint: restored " in l)
+step_t = ts(next(l for l in log0[i:] if "worker: step step=" in l))
+gen1 = [int(m.group(1)) for l in log0[:i] for m in [re.search(r"worker: step step=(\d+)/", l)] if m]
+print(f"process failure: exit seen -> generation 2 joined {join_t - exit_t:.2f} s, -> first new step done "
+      f"{step_t - exit_t:.2f} s; steps lost {max(gen1) - r} (generation 1 reached {max(gen1)}, restored {r})")
+PY
+echo "process failure e2e: ok (checkpoint $ckpt_at_restart restored, same pods, restarts 1, final loss ${last#* })"
