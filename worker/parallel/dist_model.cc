@@ -5,17 +5,7 @@
 
 namespace railyard::worker::parallel {
 
-std::vector<TensorSpan> local_tensor_spans(const StageShape& shape) {
-  std::vector<TensorSpan> spans;
-  size_t off = 0;
-  const auto sizes = local_param_sizes(shape);
-  for (int i = 0; i < kNumParamTensors; ++i) {
-    if (sizes[i] == 0) continue;
-    spans.push_back({off, sizes[i], decays(i)});
-    off += sizes[i];
-  }
-  return spans;
-}
+std::vector<TensorSpan> local_tensor_spans(const StageShape& shape) { return tensor_spans(local_param_sizes(shape)); }
 
 ParallelGpt::ParallelGpt(const GptConfig& config, const TrainConfig& train, int max_micro_batches, ThreadPool& pool,
                          comm::Communicator& world, const ModelGroups& groups)

@@ -7,11 +7,11 @@
 
 namespace railyard::worker::parallel {
 
-std::vector<TensorSpan> gpt_tensor_spans(const GptConfig& c) {
+std::vector<TensorSpan> tensor_spans(const std::array<size_t, kNumParamTensors>& sizes) {
   std::vector<TensorSpan> spans;
   size_t off = 0;
-  const auto sizes = param_sizes(c);
   for (int i = 0; i < kNumParamTensors; ++i) {
+    if (sizes[i] == 0) continue;
     spans.push_back({off, sizes[i], decays(i)});
     off += sizes[i];
   }

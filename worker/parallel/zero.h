@@ -3,6 +3,7 @@
 // stage 2: the reduced gradient is kept only as this rank's shard too).
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -19,8 +20,11 @@ struct TensorSpan {
   size_t offset = 0, count = 0;
   bool decay = false;
 };
-// The 16 tensors of the full llm.c buffer (gpt_config.h order) with AdamW's decay rule (adamw.h decays()).
-std::vector<TensorSpan> gpt_tensor_spans(const GptConfig& c);
+// Consecutive spans of the 16 llm.c tensors with these element counts (tensors of size 0 are left out), with
+// AdamW's decay rule (adamw.h decays()).
+std::vector<TensorSpan> tensor_spans(const std::array<size_t, kNumParamTensors>& sizes);
+// The full llm.c buffer (gpt_config.h order).
+inline std::vector<TensorSpan> gpt_tensor_spans(const GptConfig& c) { return tensor_spans(param_sizes(c)); }
 
 // The flat buffer [0, n) cut into buckets of about `bucket_elems` elements, each a multiple of the dp degree D except
 // the last. Rank r owns piece r of every bucket: [begin + r*piece, min(end, begin + (r+1)*piece)). The shard of a

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "common/error.h"
-#include "tests/unit/worker/worker_test_util.h"
+#include "tests/unit/worker_parallel/trainer_test_util.h"
 #include "worker/comm/local_world.h"
 #include "worker/parallel/data_parallel.h"
 #include "worker/train/train_metrics.h"
@@ -28,34 +28,6 @@ namespace {
 
 const GptConfig kCfg = make_gpt_config(/*L=*/2, /*C=*/64, /*NH=*/4, /*maxT=*/32, /*V=*/256);
 constexpr int kB = 2, kT = 32, kMicro = 4, kSteps = 10;
-
-const std::vector<int32_t>& corpus() {
-  static const std::vector<int32_t> c = testing::license_corpus();
-  return c;
-}
-
-// The DataLoader's data-parallel contract on an in-memory corpus: one global sequence of samples; call k of rank r
-// in a world of D gets samples [(k*D + r)*B, +B).
-class StreamSource : public BatchSource {
- public:
-  StreamSource(int rank, int world) : rank_(rank), world_(world) {}
-  void next_batch(int32_t* inputs, int32_t* targets) override {
-    const auto& c = corpus();
-    for (int b = 0; b < kB; ++b) {
-      const uint64_t sample = (calls_ * world_ + rank_) * kB + b;
-      const size_t start = (sample * 7919) % (c.size() - kT - 1);
-      for (int t = 0; t < kT; ++t) {
-        inputs[b * kT + t] = c[start + t];
-        targets[b * kT + t] = c[start + t + 1];
-      }
-    }
-    ++calls_;
-  }
-
- private:
-  uint64_t rank_, world_;
-  uint64_t calls_ = 0;
-};
 
 TrainConfig train_config() {
   TrainConfig tc;
@@ -77,7 +49,7 @@ struct Run {
 
 Run single_process() {
   ThreadPool pool(1);
-  StreamSource src(0, 1);
+  testing::StreamSource src(0, 1, kB, kT, kCfg.vocab_size);
   Trainer tr(kCfg, train_config(), pool, src);
   Run out;
   for (int s = 0; s < kSteps; ++s) {
@@ -95,7 +67,7 @@ std::vector<Run> data_parallel(int dp, DataParallelOptions opt) {
   comm::run_local_world(dp, [&](comm::Communicator& c) {
     ThreadPool pool(1);
     // Deterministic mode reads the job's whole sequence on every rank and skips the other ranks' leaves.
-    StreamSource src(opt.deterministic ? 0 : c.rank(), opt.deterministic ? 1 : dp);
+    testing::StreamSource src(opt.deterministic ? 0 : c.rank(), opt.deterministic ? 1 : dp, kB, kT, kCfg.vocab_size);
     const TrainConfig tc = train_config();
     auto sync = gpt_data_parallel(&c, kCfg, tc, pool, opt);
     Trainer tr(kCfg, tc, pool, src, nullptr, sync.get());
@@ -241,7 +213,7 @@ TEST_CASE("bad options are refused with the flag named") {
   // 4 micro-batches do not divide over 3 replicas.
   comm::run_local_world(3, [&](comm::Communicator& c) {
     ThreadPool p(1);
-    StreamSource src(c.rank(), 3);
+    testing::StreamSource src(c.rank(), 3, kB, kT, kCfg.vocab_size);
     auto sync = gpt_data_parallel(&c, kCfg, train_config(), p, {});
     CHECK_THROWS_WITH_AS(Trainer(kCfg, train_config(), p, src, nullptr, sync.get()),
                          doctest::Contains("--global-batch"), railyard::ConfigError);
@@ -251,7 +223,7 @@ TEST_CASE("bad options are refused with the flag named") {
 TEST_CASE("the step's time split reaches the log fields and railyard_worker_step_phase_seconds_total") {
   comm::run_local_world(2, [&](comm::Communicator& c) {
     ThreadPool pool(1);
-    StreamSource src(c.rank(), 2);
+    testing::StreamSource src(c.rank(), 2, kB, kT, kCfg.vocab_size);
     auto sync = gpt_data_parallel(&c, kCfg, train_config(), pool, {});
     Trainer tr(kCfg, train_config(), pool, src, nullptr, sync.get());
     railyard::metrics::Registry registry;

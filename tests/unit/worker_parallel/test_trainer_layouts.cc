@@ -11,7 +11,7 @@
 #include <mutex>
 #include <vector>
 
-#include "tests/unit/worker/worker_test_util.h"
+#include "tests/unit/worker_parallel/trainer_test_util.h"
 #include "worker/comm/local_world.h"
 #include "worker/comm/process_groups.h"
 #include "worker/parallel/data_parallel.h"
@@ -26,27 +26,6 @@ namespace {
 
 const GptConfig kCfg = make_gpt_config(/*L=*/4, /*C=*/32, /*NH=*/4, /*maxT=*/16, /*V=*/100);
 constexpr int kB = 2, kT = 8, kMicro = 4, kSteps = 10;
-
-// The DataLoader's contract: call k of replica r of D gets samples [(k*D + r)*B, +B) of one global sequence.
-class StreamSource : public BatchSource {
- public:
-  StreamSource(int rank, int world) : rank_(rank), world_(world) {}
-  void next_batch(int32_t* inputs, int32_t* targets) override {
-    static const std::vector<int32_t> c = testing::license_corpus();
-    for (int b = 0; b < kB; ++b) {
-      const uint64_t sample = (calls_ * world_ + rank_) * kB + b;
-      const size_t start = (sample * 7919) % (c.size() - kT - 1);
-      for (int t = 0; t < kT; ++t) {
-        inputs[b * kT + t] = c[start + t] % kCfg.vocab_size;
-        targets[b * kT + t] = c[start + t + 1] % kCfg.vocab_size;
-      }
-    }
-    ++calls_;
-  }
-
- private:
-  uint64_t rank_, world_, calls_ = 0;
-};
 
 TrainConfig train_config() {
   TrainConfig tc;
@@ -67,7 +46,7 @@ struct Run {
 
 Run single_process() {
   ThreadPool pool(1);
-  StreamSource src(0, 1);
+  testing::StreamSource src(0, 1, kB, kT, kCfg.vocab_size);
   Trainer tr(kCfg, train_config(), pool, src);
   Run out;
   for (int s = 0; s < kSteps; ++s) out.losses.push_back(tr.step().loss);
@@ -84,7 +63,7 @@ Run layout_run(comm::Layout layout, int zero = 0) {
     comm::ProcessGroups pg(world, layout);
     ThreadPool pool(1);
     const TrainConfig tc = train_config();
-    StreamSource src(pg.coord().dp, layout.dp);
+    testing::StreamSource src(pg.coord().dp, layout.dp, kB, kT, kCfg.vocab_size);
     ParallelGpt model(kCfg, tc, kMicro / layout.dp, pool, world, ModelGroups{&pg.tp(), &pg.pp(), pg.embedding()});
     std::unique_ptr<DataParallel> sync;
     if (layout.dp > 1 || zero > 0) {
