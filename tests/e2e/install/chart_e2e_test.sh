@@ -20,7 +20,7 @@ reln=railyard-e2e-ns           # namespace-scope release
 op_pid=""
 mon_pid=""
 cleanup() {
-  for p in $op_pid $mon_pid; do kill "$p" 2>/dev/null && wait "$p" 2>/dev/null; done
+  for p in $op_pid $mon_pid; do kill -9 "$p" 2>/dev/null && wait "$p" 2>/dev/null; done
   kubectl delete namespace "$ns" "$team" --wait=false >/dev/null 2>&1 || true
   kubectl delete clusterrole,clusterrolebinding -l "app.kubernetes.io/instance in ($rel,$reln)" >/dev/null 2>&1 || true
 }
@@ -157,20 +157,18 @@ sa_kubeconfig "$mon" "$work/monitor.kubeconfig"
 mapfile -t args < <("$minihelm" yaml2json "$work/ns.yaml" | jq -r 'select(.kind == "Deployment" and
   .metadata.name == "'"$opn"'") | .spec.template.spec.containers[0].args[]' |
   grep -vE '^--(metrics-addr|health-addr|rendezvous-bind|rendezvous-addr|worker-command|worker-image)=')
-"$bin/railyard-operator" --kubeconfig "$work/operator.kubeconfig" "${args[@]}" --metrics-addr 127.0.0.1:0 \
-  --health-addr 127.0.0.1:0 --rendezvous-bind 127.0.0.1:0 --worker-command "$bin/railyard-worker" \
-  --lease-duration 4 --renew-deadline 3 --retry-period 1 >"$work/operator.log" 2>&1 &
-op_pid=$!
-# The cluster-scope monitor (embedded mode: it lists pods) with its own token, limited to the job namespace so that it
-# never judges other tests' jobs.
-"$bin/railyard-monitor" --kubeconfig "$work/monitor.kubeconfig" --namespace "$team" --listen 127.0.0.1:0 \
-  --interval 0.5 >"$work/monitor.log" 2>&1 &
-mon_pid=$!
-wait_for 40 "the operator to lead under its own ServiceAccount" grep -q "leading: reconciling" "$work/operator.log"
-cat <<YAML | kubectl apply -n "$team" -f - >/dev/null
+# job_flow NAME SECONDS: the operator, with its ServiceAccount's token, runs a 2-replica job NAME to Succeeded with its
+# Secret, bound pods and Events. Returns 1 (and says which step) if any of that does not happen within SECONDS.
+job_flow() {
+  local name=$1 limit=$2 t0=$SECONDS step=""
+  "$bin/railyard-operator" --kubeconfig "$work/operator.kubeconfig" "${args[@]}" --metrics-addr 127.0.0.1:0 \
+    --health-addr 127.0.0.1:0 --rendezvous-bind 127.0.0.1:0 --worker-command "$bin/railyard-worker" \
+    --lease-duration 4 --renew-deadline 3 --retry-period 1 >"$work/operator.log" 2>&1 &
+  op_pid=$!
+  cat <<YAML | kubectl apply -n "$team" -f - >/dev/null
 apiVersion: railyard.dev/v1alpha1
 kind: TrainingJob
-metadata: {name: rbac-check}
+metadata: {name: $name}
 spec:
   replicas: 2
   device: cpu
@@ -182,23 +180,69 @@ spec:
       containers:
         - command: ["sh", "-c", "sleep 1; exit 0"]
 YAML
-phase() { kubectl get tj rbac-check -n "$team" -o jsonpath='{.status.phase}'; }
-wait_for 60 "the job to succeed under the shipped RBAC" bash -c "[ \"\$(kubectl get tj rbac-check -n $team \
-  -o jsonpath='{.status.phase}')\" = Succeeded ]"
-check "job Succeeded with the operator's namespace-scope RBAC" test "$(phase)" = Succeeded
+  for step in "the operator leads" "the job Succeeded" "the Secret, the bound pods and the job's Events exist"; do
+    until case $step in
+      "the operator leads") grep -q "leading: reconciling" "$work/operator.log" ;;
+      "the job Succeeded") [ "$(kubectl get tj "$name" -n "$team" -o jsonpath='{.status.phase}')" = Succeeded ] ;;
+      *) kubectl get secret "$name-rendezvous" -n "$team" >/dev/null 2>&1 &&
+        kubectl get pods -n "$team" -l "railyard.dev/job=$name" -o jsonpath='{.items[*].spec.nodeName}' | grep -q . &&
+        kubectl get events -n "$team" --field-selector "involvedObject.name=$name" -o name | grep -q . ;;
+      esac; do
+      if [ $((SECONDS - t0)) -ge "$limit" ]; then
+        echo "  $name: not within ${limit}s: $step" >&2
+        stop_operator
+        return 1
+      fi
+      sleep 0.3
+    done
+  done
+  stop_operator
+}
+# SIGTERM, then SIGKILL after 5 s: an operator whose informers never sync (no list rights) does not act on SIGTERM.
+stop_operator() {
+  kill "$op_pid" 2>/dev/null
+  for _ in $(seq 50); do kill -0 "$op_pid" 2>/dev/null || break; sleep 0.1; done
+  kill -9 "$op_pid" 2>/dev/null
+  wait "$op_pid" 2>/dev/null
+  op_pid=""
+}
+# The cluster-scope monitor (embedded mode: it lists pods) with its own token, limited to the job namespace so that it
+# never judges other tests' jobs.
+"$bin/railyard-monitor" --kubeconfig "$work/monitor.kubeconfig" --namespace "$team" --listen 127.0.0.1:0 \
+  --interval 0.5 >"$work/monitor.log" 2>&1 &
+mon_pid=$!
+check "the operator with exactly the shipped namespace-scope RBAC runs a job to Succeeded" job_flow rbac-check 60
 check "the operator logged no Forbidden" bash -c "! grep -qi forbidden '$work/operator.log'"
-check "the operator created the rendezvous Secret and bound the pods" bash -c \
-  "kubectl get secret rbac-check-rendezvous -n $team >/dev/null && kubectl get pods -n $team \
-   -l railyard.dev/job=rbac-check -o jsonpath='{.items[*].spec.nodeName}' | grep -q ."
 mport=$(grep -oE 'listen=[0-9.]+:[0-9]+' "$work/monitor.log" | head -1 | cut -d: -f2)
 curl -fsS "http://127.0.0.1:$mport/metrics" >"$work/monitor.prom" || fail "monitor /metrics"
 check "the monitor evaluated the job namespace with its own token: evaluations, no Kubernetes errors" bash -c "
   awk '/^railyard_monitor_evaluations_total/ {e += \$2} /^railyard_monitor_query_errors_total.*source=\"kube\"/ {k += \$2}
        END {exit !(e > 0 && k == 0)}' '$work/monitor.prom'"
 check "the monitor logged no Forbidden" bash -c "! grep -qi forbidden '$work/monitor.log'"
-kill "$op_pid" "$mon_pid"
-wait "$op_pid" "$mon_pid" 2>/dev/null || true
-op_pid=""
+kill "$mon_pid"
+wait "$mon_pid" 2>/dev/null || true
 mon_pid=""
 kubectl delete tj rbac-check -n "$team" --wait=false >/dev/null
+
+# --- 4. (on demand: RAILYARD_RBAC_NECESSITY=1, ctest e2e_install_rbac_necessity) no rule is superfluous -------------
+# Each rule of the operator's namespace-scope RBAC removed in turn: the job flow above must then fail.
+if [ "${RAILYARD_RBAC_NECESSITY:-0}" = 1 ]; then
+  flow_fails() { ! job_flow "$@"; }
+  rbac_only "$work/ns.yaml" >"$work/ns-rbac.json"
+  i=0
+  while read -r kind role n; do
+    for ((r = 0; r < n; r++)); do
+      i=$((i + 1))
+      what=$(jq -r --arg k "$kind" --arg n "$role" --argjson r "$r" 'select(.kind == $k and .metadata.name == $n) |
+        .rules[$r] | "\(.resources | join(",")) [\(.verbs | join(","))]"' "$work/ns-rbac.json")
+      jq -c --arg k "$kind" --arg n "$role" --argjson r "$r" 'select(.kind == $k and .metadata.name == $n) |
+        .rules |= del(.[$r])' "$work/ns-rbac.json" | kubectl apply -f - >/dev/null
+      check "without $kind $role rule '$what' the job flow fails" flow_fails "necessity-$i" 25
+      rbac_only "$work/ns.yaml" | kubectl apply -f - >/dev/null # restore
+      kubectl delete tj "necessity-$i" -n "$team" --wait=false >/dev/null 2>&1 || true
+    done
+  done < <(jq -r 'select(.kind == "Role" or .kind == "ClusterRole") | select(.metadata.name | startswith("'"$opn"'")) |
+    "\(.kind) \(.metadata.name) \(.rules | length)"' "$work/ns-rbac.json")
+  check "the RBAC without changes still runs the flow" job_flow necessity-restored 60
+fi
 finish
