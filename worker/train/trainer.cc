@@ -57,14 +57,13 @@ void TrainConfig::validate(const GptConfig& model) const {
 
 Trainer::Trainer(const GptConfig& model, const TrainConfig& config, ThreadPool& pool, BatchSource& train,
                  BatchSource* val, GradSync* sync, ShardedModel* sharded)
-    : gpt_(model),
+    : gpt_((config.validate(model), model)),
       cfg_(config),
       pool_(pool),
       train_(train),
       val_(val),
-      // With a sharded model the built-in one needs no activations: one token.
-      model_((config.validate(model), model), sharded != nullptr ? 1 : config.batch,
-             sharded != nullptr ? 1 : config.seq_len, pool),
+      // A sharded model replaces the built-in one: no full-size buffers on this rank.
+      model_(sharded != nullptr ? nullptr : std::make_unique<Gpt<float>>(model, config.batch, config.seq_len, pool)),
       sync_(sync),
       sharded_(sharded),
       inputs_(static_cast<size_t>(config.batch) * config.seq_len),
@@ -87,17 +86,22 @@ Trainer::Trainer(const GptConfig& model, const TrainConfig& config, ThreadPool& 
     }
     // Buckets start reducing while backward still runs (a no-op unless the step armed the reducer).
     if (sharded_ == nullptr) {
-      model_.set_grad_ready_hook([this](size_t offset, size_t count) { sync_->grads_ready(offset, count); });
+      model_->set_grad_ready_hook([this](size_t offset, size_t count) { sync_->grads_ready(offset, count); });
     } else {
       sharded_->set_grad_ready_hook([this](size_t offset, size_t count) { sync_->grads_ready(offset, count); });
     }
   }
-  model_.init_weights(cfg_.seed);
+  if (model_) model_->init_weights(cfg_.seed);
   peak_flops_ = cfg_.peak_flops;
   if (!cfg_.log_json.empty()) {
     json_ = std::make_unique<std::ofstream>(cfg_.log_json, std::ios::app);
     if (!*json_) throw ConfigError("--log-json " + cfg_.log_json + ": cannot open for writing");
   }
+}
+
+Gpt<float>& Trainer::model() {
+  if (!model_) throw Error("Trainer::model(): a tensor/pipeline-parallel run has no full model on this rank");
+  return *model_;
 }
 
 AdamW& Trainer::optimizer() {
@@ -139,8 +143,8 @@ StepResult Trainer::step() {
   } else if (sync_ == nullptr) {
     for (int m = 0; m < micro; ++m) {
       train_.next_batch(inputs_.data(), targets_.data());
-      loss_sum += model_.forward(inputs_.data(), targets_.data(), Gpt<float>::Mode::kTrain, 1.0f / micro);
-      model_.backward(/*accumulate=*/m > 0);  // the first micro-batch overwrites: no zero_grad() pass
+      loss_sum += model_->forward(inputs_.data(), targets_.data(), Gpt<float>::Mode::kTrain, 1.0f / micro);
+      model_->backward(/*accumulate=*/m > 0);  // the first micro-batch overwrites: no zero_grad() pass
     }
     r.loss = loss_sum / micro;
     r.times.compute = phase(t0);
@@ -152,12 +156,12 @@ StepResult Trainer::step() {
       train_.next_batch(inputs_.data(), targets_.data());
       if (v < first || v >= first + A) continue;
       leaf_losses.push_back(
-          model_.forward(inputs_.data(), targets_.data(), Gpt<float>::Mode::kTrain, 1.0f / static_cast<float>(micro)));
-      model_.backward(/*accumulate=*/false);
-      sync_->add_leaf(model_.grads());
+          model_->forward(inputs_.data(), targets_.data(), Gpt<float>::Mode::kTrain, 1.0f / static_cast<float>(micro)));
+      model_->backward(/*accumulate=*/false);
+      sync_->add_leaf(model_->grads());
     }
     r.times.compute = phase(t0);
-    sync_->finish(model_.grads());
+    sync_->finish(model_->grads());
     for (double l : sync_->all_gather(leaf_losses)) loss_sum += l;  // virtual order, whatever D is
     r.loss = loss_sum / micro;
     r.times.dp_comm = sync_->take_comm_seconds();
@@ -165,12 +169,12 @@ StepResult Trainer::step() {
     const int A = micro / sync_->size();
     for (int m = 0; m < A; ++m) {
       train_.next_batch(inputs_.data(), targets_.data());
-      loss_sum += model_.forward(inputs_.data(), targets_.data(), Gpt<float>::Mode::kTrain, 1.0f / A);
-      if (m == A - 1) sync_->arm(model_.grads());  // only the last micro-batch's backward communicates
-      model_.backward(/*accumulate=*/m > 0);
+      loss_sum += model_->forward(inputs_.data(), targets_.data(), Gpt<float>::Mode::kTrain, 1.0f / A);
+      if (m == A - 1) sync_->arm(model_->grads());  // only the last micro-batch's backward communicates
+      model_->backward(/*accumulate=*/m > 0);
     }
     r.times.compute = phase(t0);
-    sync_->finish(model_.grads());
+    sync_->finish(model_->grads());
     double sum = 0;
     for (double l : sync_->all_gather({loss_sum / A})) sum += l;  // rank order: the same bits on every rank
     r.loss = sum / sync_->size();
@@ -181,7 +185,7 @@ StepResult Trainer::step() {
   if (sharded_ != nullptr) {
     r.grad_norm = zero ? sync_->grad_norm(sharded_->grads()) : sharded_->grad_norm(sharded_->grads());
   } else {
-    r.grad_norm = zero ? sync_->grad_norm(model_.grads()) : opt_->global_norm(model_.grads());
+    r.grad_norm = zero ? sync_->grad_norm(model_->grads()) : opt_->global_norm(model_->grads());
   }
   bool bad = !std::isfinite(r.loss) || !std::isfinite(r.grad_norm);
   if (sharded_ != nullptr) {
@@ -206,9 +210,9 @@ StepResult Trainer::step() {
     } else if (sharded_ != nullptr) {
       sharded_->update(sharded_->params(), sharded_->grads(), lr, scale);
     } else if (zero) {
-      sync_->update(model_.params(), model_.grads(), lr, scale);
+      sync_->update(model_->params(), model_->grads(), lr, scale);
     } else {
-      opt_->update(model_.params(), model_.grads(), lr, scale);
+      opt_->update(model_->params(), model_->grads(), lr, scale);
     }
   }
   if (sync_ != nullptr) {
@@ -236,7 +240,7 @@ double Trainer::validate() {
   double sum = 0;
   for (int i = 0; i < cfg_.val_steps; ++i) {
     val_->next_batch(inputs_.data(), targets_.data());
-    sum += model_.forward(inputs_.data(), targets_.data(), Gpt<float>::Mode::kEval);
+    sum += model_->forward(inputs_.data(), targets_.data(), Gpt<float>::Mode::kEval);
   }
   return sum / cfg_.val_steps;
 }
@@ -305,8 +309,9 @@ int Trainer::run() {
   const MemoryBudget mem = memory_budget();
   if (peak_flops_ <= 0) {
     // The gradient buffer is free until the first step zeroes it: borrow it so the measurement costs no memory.
-    peak_flops_ = measure_gemm_rate(pool_, gpt_, cfg_.batch, cfg_.seq_len, 3, model_.grads(), model_.num_params());
-    model_.zero_grad();
+    peak_flops_ = measure_gemm_rate(pool_, gpt_, cfg_.batch, cfg_.seq_len, 3, model_ ? model_->grads() : nullptr,
+                                    model_ ? model_->num_params() : 0);
+    if (model_) model_->zero_grad();
   }
   log::info("worker", "model", {{"shape", describe(gpt_)}, {"threads", std::to_string(pool_.size())}});
   if (sync_ != nullptr || !layout_.empty()) {
@@ -363,10 +368,10 @@ TrainerState Trainer::state() {
   s.bad_steps_total = bad_total_;
   s.bad_steps_consecutive = bad_consecutive_;
   s.seed = cfg_.seed;
-  s.params = sharded_ != nullptr ? sharded_->params() : model_.params();  // sharded: this rank's local buffer
+  s.params = sharded_ != nullptr ? sharded_->params() : model_->params();  // sharded: this rank's local buffer
   s.adam_m = opt_ ? opt_->m() : nullptr;
   s.adam_v = opt_ ? opt_->v() : nullptr;
-  s.num_params = sharded_ != nullptr ? sharded_->num_params() : model_.num_params();
+  s.num_params = sharded_ != nullptr ? sharded_->num_params() : model_->num_params();
   s.loader = train_.loader_state();
   return s;
 }

@@ -109,13 +109,14 @@ class Trainer {
   // Under ZeRO (sync->zero_stage() > 0) the optimizer state lives in `sync`, sharded; optimizer() must not be used.
   //
   // sharded: a tensor/pipeline-parallel model (worker/parallel/dist_model.h) trained instead of the built-in Gpt<float>
-  // (which then only keeps a full-size parameter buffer, e.g. for --init-from/--export, and no activations). Every
+  // (which is then not allocated at all: model() throws). Every
   // rank of a replica reads the replica's micro-batches; `sync` (if any) reduces over the dp group (ZeRO: `sync` also
   // owns the sharded optimizer and the count-once norm). Not combined with the deterministic mode yet.
   Trainer(const GptConfig& model, const TrainConfig& config, ThreadPool& pool, BatchSource& train,
           BatchSource* val = nullptr, GradSync* sync = nullptr, ShardedModel* sharded = nullptr);
 
-  Gpt<float>& model() { return model_; }
+  // The built-in model; with a sharded model there is none (throws).
+  Gpt<float>& model();
   AdamW& optimizer();
   const TrainConfig& config() const { return cfg_; }
 
@@ -150,7 +151,7 @@ class Trainer {
   ThreadPool& pool_;
   BatchSource& train_;
   BatchSource* val_;
-  Gpt<float> model_;
+  std::unique_ptr<Gpt<float>> model_;  // null with a sharded model
   GradSync* sync_ = nullptr;
   ShardedModel* sharded_ = nullptr;
   std::optional<AdamW> opt_;  // absent under ZeRO
