@@ -1,0 +1,77 @@
+// Launch configuration of the CUDA kernels, as pure host functions: grid and block sizes, tile counts, shared memory
+// and scratch sizes. Kept apart from the kernels so they are unit-tested on machines without a GPU (CI), and so the
+// kernels and their callers size buffers from one place.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace railyard::worker::cuda {
+
+constexpr int kWarpSize = 32;
+// Elementwise kernels: 256 threads, grid-stride loops, grid capped so huge tensors do not need 2^31 blocks.
+constexpr int kElementwiseBlock = 256;
+constexpr unsigned kMaxElementwiseGrid = 65536;
+// Row kernels (layernorm, attention): one warp per row, this many warps per block.
+constexpr int kRowsPerBlock = 8;
+// Attention: keys (forward, dq) or queries (dk/dv) staged in shared memory per tile; one warp owns one row and each
+// lane holds ceil(hs / 32) <= kMaxPerLane elements of it in registers.
+constexpr int kAttentionTile = 32;
+constexpr int kMaxPerLane = 4;  // head size <= 128
+// Layernorm backward: dw/db are summed per chunk of rows into scratch, then the chunks in order (deterministic).
+constexpr int kLayernormRowsPerChunk = 64;
+// Cross entropy: one block of this many threads per row.
+constexpr int kCrossEntropyBlock = 256;
+
+struct Launch {
+  unsigned grid = 0;  // 0: nothing to do, the launcher returns without launching
+  unsigned block = 0;
+  size_t smem_bytes = 0;
+};
+
+constexpr size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
+
+// n elements, one thread each, grid-stride beyond kMaxElementwiseGrid blocks.
+Launch elementwise_launch(size_t n);
+// One warp per row.
+Launch rows_launch(size_t rows);
+// One block per row; throws std::invalid_argument when rows exceed the grid limit (2^31 - 1).
+Launch crossentropy_launch(size_t rows);
+// Column kernels (encoder/bias backward, layernorm dw/db reduction): one thread per column.
+Launch columns_launch(size_t columns);
+
+struct LayernormBackwardPlan {
+  unsigned chunks = 0;  // row chunks of kLayernormRowsPerChunk
+  Launch partials;      // grid.x over columns, chunks in grid.y (see partials_grid_y)
+  unsigned partials_grid_y = 0;
+  size_t scratch_floats = 0;  // 2 * chunks * C: dw partials, then db partials
+};
+LayernormBackwardPlan layernorm_backward_plan(size_t N, int C);
+
+struct AttentionPlan {
+  int head_size = 0;          // hs = C / NH
+  int per_lane = 0;           // ceil(hs / 32)
+  unsigned row_blocks = 0;    // ceil(T / kRowsPerBlock) per (b, h)
+  Launch forward;             // grid B * NH * row_blocks, kRowsPerBlock warps, smem: K and V tiles
+  Launch backward_dq;         // as forward
+  Launch backward_dkv;        // grid as forward; smem: Q and dO tiles + lse and D of the tile's rows
+  Launch backward_d;          // D = rowsum(dout * out), one warp per (b, h, t)
+  size_t lse_floats = 0;      // B * NH * T, written by forward, read by backward
+  size_t scratch_floats = 0;  // B * NH * T for D
+};
+// Throws std::invalid_argument naming the field when C is not a multiple of NH, the head size exceeds 128, or a
+// dimension is not positive.
+AttentionPlan attention_plan(int B, int Tn, int C, int NH);
+
+// cuBLASLt workspace: 32 MiB on Hopper (sm_90+), 4 MiB before (NVIDIA's guidance for cuBLAS workspaces).
+size_t gemm_workspace_bytes(int sm_major);
+
+// AdamW's per-step constants, the same arithmetic as worker/optim/adamw.cc (float, bias corrections via double pow).
+struct AdamWConstants {
+  float step_size = 0;  // lr / (1 - beta1^t)
+  float bc2_sqrt = 0;   // sqrt(1 - beta2^t)
+  float decay = 1;      // 1 - lr * weight_decay
+};
+AdamWConstants adamw_constants(float lr, float beta1, float beta2, float weight_decay, int64_t t);
+
+}  // namespace railyard::worker::cuda
