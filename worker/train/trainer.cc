@@ -70,8 +70,8 @@ Trainer::Trainer(const GptConfig& model, const TrainConfig& config, ThreadPool& 
       targets_(static_cast<size_t>(config.batch) * config.seq_len) {
   schedule_ = LrSchedule{cfg_.lr, cfg_.warmup_steps, cfg_.steps, cfg_.min_lr_frac};
   if (sharded_ != nullptr) {
-    if (sync_ != nullptr && sync_->deterministic()) {
-      throw ConfigError("--deterministic is not supported with --tp/--pp > 1 yet");
+    if (sync_ != nullptr && sync_->deterministic() && sync_->zero_stage() > 0) {
+      throw ConfigError("--deterministic with --zero and --tp/--pp > 1 is not supported yet: use --zero 0");
     }
     sharded_->init_weights(cfg_.seed);
   } else if (sync_ == nullptr || sync_->zero_stage() == 0) {
@@ -124,7 +124,28 @@ StepResult Trainer::step() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
   };
   double loss_sum = 0;
-  if (sharded_ != nullptr) {
+  if (sharded_ != nullptr && sync_ != nullptr && sync_->deterministic()) {
+    // Deterministic tp/pp: each of this replica's virtual micro-batches is one leaf, run through the pipeline alone
+    // (M = 1: no overlap of micro-batches, the price of a fixed summation order).
+    const int A = micro / sync_->size(), first = sync_->rank() * A;
+    std::vector<double> leaf_losses;
+    for (int v = 0; v < micro; ++v) {
+      if (v < first || v >= first + A) {
+        train_.next_batch(inputs_.data(), targets_.data());  // another replica's leaf
+        continue;
+      }
+      leaf_losses.push_back(sharded_->forward_backward(
+          1, [&](int32_t* in, int32_t* tgt) { train_.next_batch(in, tgt); }, 1.0f / static_cast<float>(micro),
+          &r.times));
+      sync_->add_leaf(sharded_->grads());
+    }
+    const auto t_dp = std::chrono::steady_clock::now();
+    sync_->finish(sharded_->grads());
+    for (double l : sync_->all_gather(leaf_losses)) loss_sum += l;  // virtual order
+    r.loss = loss_sum / micro;
+    sync_->take_comm_seconds();
+    r.times.dp_comm = phase(t_dp);
+  } else if (sharded_ != nullptr) {
     // Tensor/pipeline parallel: the schedule runs this replica's A micro-batches; dp buckets are reduced as the
     // last micro-batch's backward finishes them.
     const int dp = sync_ != nullptr ? sync_->size() : 1, A = micro / dp;
