@@ -7,6 +7,7 @@
 
 #include "common/log.h"
 #include "operator/controller/failure_policy.h"
+#include "operator/controller/plan_glue.h"
 #include "operator/controller/status.h"
 
 namespace railyard::op {
@@ -399,6 +400,17 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
     if (!terminating(p)) existing++;
 
   ParsedJob parsed = parse_job(job);
+  // spec.parallelism.auto: the planner picks the layout for spec.replicas on the nodes the job can use.
+  std::optional<AutoPlan> auto_plan;
+  if (!parsed.violation && parsed.spec.auto_parallel) {
+    AutoPlanOutcome planned =
+        plan_parallelism(parsed.spec, parsed.spec.replicas, build_inventory(nodes_->list(), pods_->list()));
+    parsed.violation = planned.violation;
+    if (planned.plan) {
+      auto_plan = planned.plan;
+      apply_plan(parsed.spec, auto_plan->layout);
+    }
+  }
   if (parsed.violation) {
     const Violation& v = *parsed.violation;
     if (set_condition(status, "Invalid", true, v.reason, v.message, now_s))
@@ -879,7 +891,24 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
                   now_s);
     events.push_back({false, "Resizing", msg});
   }
-  WorldLayout w = world_layout(spec, m);
+  JobSpec world_spec = spec;  // with auto, an elastic world of m < n replicas gets its own plan
+  if (auto_plan && m != n) {
+    AutoPlanOutcome resized = plan_parallelism(spec, m, build_inventory(nodes_->list(), pods_->list()));
+    if (resized.plan) {
+      apply_plan(world_spec, resized.plan->layout);
+      auto_plan = resized.plan;
+    }
+  }
+  if (auto_plan) {
+    status["plan"] = auto_plan->status;
+    if (!orig.contains("plan") || orig["plan"].value("data", 0) != auto_plan->layout.dp ||
+        orig["plan"].value("tensor", 0) != auto_plan->layout.tp ||
+        orig["plan"].value("pipeline", 0) != auto_plan->layout.pp ||
+        orig["plan"].value("zero", -1) != auto_plan->layout.zero ||
+        orig["plan"].value("microBatch", 0) != auto_plan->layout.micro_batch)
+      events.push_back({false, "Planned", auto_plan->message});
+  }
+  WorldLayout w = world_layout(world_spec, m);
   status["world"] = {
       {"size", w.size}, {"data", w.data}, {"tensor", w.tensor}, {"pipeline", w.pipeline}, {"pods", members}};
   int running = 0;
@@ -956,7 +985,7 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
       g.generation = gen;
       g.pods = members;
       g.procs_per_pod = spec.procs_per_replica;
-      g.config = resolved_config(spec, m);
+      g.config = resolved_config(world_spec, m);
       g.config["spec"] = job["spec"];
       g.config["generation"] = gen;
       if (gen > 1 && job["spec"].contains("checkpoint") && job["spec"]["checkpoint"].contains("path"))

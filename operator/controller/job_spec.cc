@@ -335,7 +335,8 @@ ParsedJob parse_job(const Json& job) {
                  std::to_string(world),
              "choose degrees whose product divides replicas*procsPerReplica");
   }
-  if (c.ok()) {
+  // With auto the planner picks degrees and micro-batch that divide the batch (or says why none does).
+  if (c.ok() && !s.auto_parallel) {
     const int dp = world_layout(s, s.replicas).data;
     if (s.global_batch % (s.micro_batch * dp) != 0)
       c.fail("spec.training.globalBatch",
@@ -354,8 +355,9 @@ ParsedJob parse_job(const Json& job) {
 WorldLayout world_layout(const JobSpec& spec, int replicas) {
   WorldLayout w;
   w.size = replicas * spec.procs_per_replica;
-  w.tensor = spec.auto_parallel ? 1 : spec.tensor;
-  w.pipeline = spec.auto_parallel ? 1 : spec.pipeline;
+  // With auto, the controller writes the planned degrees into the spec (apply_plan) before asking for the layout.
+  w.tensor = spec.tensor;
+  w.pipeline = spec.pipeline;
   w.data = std::max(1, w.size / std::max(1, w.tensor * w.pipeline));
   return w;
 }
@@ -398,6 +400,9 @@ Json resolved_config(const JobSpec& spec, int replicas) {
       {"device", spec.device},
   };
   if (spec.micro_batches) cfg["layout"]["microBatches"] = *spec.micro_batches;
+  // The worker reads the ZeRO stage from `parallelism` (before spec.parallelism): the planned one wins.
+  if (spec.auto_parallel)
+    cfg["parallelism"] = {{"zero", spec.zero}, {"tensor", w.tensor}, {"pipeline", w.pipeline}, {"data", w.data}};
   return cfg;
 }
 

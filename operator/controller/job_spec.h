@@ -62,7 +62,8 @@ struct WorldLayout {
   bool operator==(const WorldLayout&) const = default;
 };
 
-// The layout of `replicas` pods (tensor fastest-varying; data fills the rest). Assumes a validated spec.
+// The layout of `replicas` pods (tensor fastest-varying; data fills the rest). Assumes a validated spec (with auto:
+// after apply_plan in plan_glue.h).
 WorldLayout world_layout(const JobSpec& spec, int replicas);
 
 // The largest world (in replicas) an elastic job can run with `available` healthy pods: within

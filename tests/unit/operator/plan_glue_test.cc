@@ -1,0 +1,171 @@
+// spec.parallelism.auto: the glue between a TrainingJob and the planner (pure, no API server). The best plan is checked
+// against a brute force over every layout the worker implements, not against remembered numbers.
+#include "operator/controller/plan_glue.h"
+
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "operator/planner/calibration.h"
+#include "operator/planner/cost_model.h"
+#include "tests/unit/operator/job_fixture.h"
+
+using namespace railyard::op;
+using railyard::op::testing::job_with;
+using Json = nlohmann::json;
+namespace plan = railyard::plan;
+
+namespace {
+
+JobSpec auto_spec(const Json& patch) {
+  Json j = job_with(Json::parse(R"({"spec": {"parallelism": {"data": null, "auto": true}}})"));
+  j.merge_patch(patch);
+  ParsedJob p = parse_job(j);
+  REQUIRE_MESSAGE(!p.violation, (p.violation ? p.violation->message : ""));
+  return p.spec;
+}
+
+NodeInfo gpu_node(const std::string& name, const std::string& type, const std::string& unit, const std::string& leaf) {
+  NodeInfo n;
+  n.name = name;
+  n.ready = true;
+  n.gpu_allocatable = 8;
+  n.labels = {{"railyard.dev/gpu-type", type}, {"railyard.dev/unit", unit}, {"railyard.dev/leaf", leaf}};
+  return n;
+}
+
+// The fastest step over every layout the worker runs (dp/tp/pp, micro-batch, ZeRO 0-2, no SP/interleave/recompute).
+double brute_force_best(const plan::Job& job, const plan::Cluster& c) {
+  double best = -1;
+  for (int tp = 1; tp <= c.topology.gpus_per_node; ++tp)
+    for (int pp = 1; pp <= c.gpus; ++pp) {
+      if (c.gpus % (tp * pp)) continue;
+      const int dp = c.gpus / (tp * pp);
+      for (int mb = 1; mb <= 64; ++mb)
+        for (int zero = 0; zero <= 2; ++zero) {
+          plan::Layout l;
+          l.dp = dp, l.tp = tp, l.pp = pp, l.micro_batch = mb, l.zero = zero;
+          if (!plan::check_layout(job, c, l).empty()) continue;
+          plan::Estimate e = plan::estimate(job, c, l);
+          if (e.fits && (best < 0 || e.time.step < best)) best = e.time.step;
+        }
+    }
+  return best;
+}
+
+}  // namespace
+
+TEST_CASE("auto on the CPU profile picks the fastest layout the worker implements") {
+  JobSpec s = auto_spec(Json::parse(R"({"spec": {"replicas": 4, "training": {"globalBatch": 8}}})"));
+  AutoPlanOutcome o = plan_parallelism(s, 4, {});
+  REQUIRE_MESSAGE(o.plan, (o.violation ? o.violation->message : ""));
+  const plan::Layout& l = o.plan->layout;
+  CHECK(o.plan->device == "cpu");
+  CHECK(l.dp * l.tp * l.pp == 4);
+  CHECK(l.zero <= 2);
+  CHECK_FALSE(l.sequence_parallel);
+  CHECK(l.interleave == 1);
+  CHECK(l.recompute == plan::Recompute::kNone);
+  CHECK(4 % l.tp == 0);  // tiny has 4 heads, 4 layers
+  CHECK(8 % (l.dp * l.micro_batch) == 0);
+  const double best = brute_force_best(plan_job(s), plan_cluster(s, 4, {}));
+  REQUIRE(best > 0);
+  CHECK(o.plan->estimate.time.step == doctest::Approx(best).epsilon(1e-12));
+  // status.plan and the event carry the same choice and prediction.
+  CHECK(o.plan->status["data"] == l.dp);
+  CHECK(o.plan->status["tensor"] == l.tp);
+  CHECK(o.plan->status["pipeline"] == l.pp);
+  CHECK(o.plan->status["zero"] == l.zero);
+  CHECK(o.plan->status["predictedStepSeconds"].get<double>() == o.plan->estimate.time.step);
+  CHECK(o.plan->status["predictedTokensPerSecond"].get<double>() > 0);
+  CHECK(o.plan->status["predictedMemoryBytesPerDevice"].get<double>() > 0);
+  CHECK(o.plan->message.find("planned dp=" + std::to_string(l.dp) + " tp=" + std::to_string(l.tp)) == 0);
+  CHECK(o.plan->message.find("tokens/s") != std::string::npos);
+}
+
+TEST_CASE("the applied plan is the world, the resolved config and the worker's ZeRO stage") {
+  JobSpec s = auto_spec(Json::parse(R"({"spec": {"replicas": 4, "training": {"globalBatch": 8}}})"));
+  AutoPlanOutcome o = plan_parallelism(s, 4, {});
+  REQUIRE(o.plan);
+  apply_plan(s, o.plan->layout);
+  WorldLayout w = world_layout(s, 4);
+  CHECK(w.size == 4);
+  CHECK(w.data == o.plan->layout.dp);
+  CHECK(w.tensor == o.plan->layout.tp);
+  CHECK(w.pipeline == o.plan->layout.pp);
+  Json cfg = resolved_config(s, 4);
+  CHECK(cfg["layout"]["tp"] == o.plan->layout.tp);
+  CHECK(cfg["layout"]["pp"] == o.plan->layout.pp);
+  CHECK(cfg["parallelism"]["zero"] == o.plan->layout.zero);
+  CHECK(cfg["training"]["microBatch"] == o.plan->layout.micro_batch);
+  CHECK(cfg["training"]["gradAccumulation"].get<int>() * o.plan->layout.micro_batch * o.plan->layout.dp == 8);
+}
+
+TEST_CASE("auto accepts a batch the default layout cannot split and the planner divides it") {
+  // 4 ranks of pure data parallelism cannot split 6 sequences; the planner must find dp in {1, 2, 3, 6}.
+  JobSpec s = auto_spec(Json::parse(R"({"spec": {"replicas": 4, "training": {"globalBatch": 6, "microBatch": 1}}})"));
+  AutoPlanOutcome o = plan_parallelism(s, 4, {});
+  REQUIRE_MESSAGE(o.plan, (o.violation ? o.violation->message : ""));
+  CHECK(6 % (o.plan->layout.dp * o.plan->layout.micro_batch) == 0);
+  CHECK(o.plan->layout.dp * o.plan->layout.tp * o.plan->layout.pp == 4);
+}
+
+TEST_CASE("a tensor degree given with auto is kept") {
+  JobSpec s =
+      auto_spec(Json::parse(R"({"spec": {"replicas": 2, "procsPerReplica": 2, "parallelism": {"tensor": 2}}})"));
+  AutoPlanOutcome o = plan_parallelism(s, 2, {});
+  REQUIRE_MESSAGE(o.plan, (o.violation ? o.violation->message : ""));
+  CHECK(o.plan->layout.tp == 2);
+}
+
+TEST_CASE("GPU nodes give the device from the gpu-type label and the unit structure from the topology labels") {
+  JobSpec s = auto_spec(Json::parse(R"({"spec": {"replicas": 4, "procsPerReplica": 8, "device": "cuda",
+      "model": {"preset": "gpt2-350m"}, "training": {"globalBatch": 64, "seqLen": 1024}}})"));
+  std::vector<NodeInfo> nodes = {gpu_node("n0", "h100-sxm", "u0", "l0"), gpu_node("n1", "h100-sxm", "u0", "l0"),
+                                 gpu_node("n2", "h100-sxm", "u0", "l0"), gpu_node("n3", "h100-sxm", "u1", "l0"),
+                                 gpu_node("n4", "h100-sxm", "u1", "l0")};
+  nodes[4].ready = false;  // not ready: not counted
+  plan::Cluster c = plan_cluster(s, 4, nodes);
+  CHECK(c.device.name == plan::builtin_profile("h100-sxm").name);
+  CHECK(c.gpus == 32);
+  CHECK(c.topology.gpus_per_node == 8);
+  CHECK(c.topology.nodes_per_unit == 3);
+  CHECK(c.topology.units_per_leaf == 2);
+  CHECK(c.topology.leaves_per_spine == 1);
+  AutoPlanOutcome o = plan_parallelism(s, 4, nodes);
+  REQUIRE_MESSAGE(o.plan, (o.violation ? o.violation->message : ""));
+  CHECK(o.plan->layout.tp <= 8);
+  CHECK(o.plan->estimate.time.step == doctest::Approx(brute_force_best(plan_job(s), c)).epsilon(1e-12));
+}
+
+TEST_CASE("GPU nodes without a known gpu-type label make the job Invalid with a fix") {
+  JobSpec s = auto_spec(Json::parse(R"({"spec": {"replicas": 1, "procsPerReplica": 8, "device": "cuda"}})"));
+  std::vector<NodeInfo> unlabelled = {gpu_node("n0", "", "u0", "l0")};
+  AutoPlanOutcome o = plan_parallelism(s, 1, unlabelled);
+  REQUIRE(o.violation);
+  CHECK(o.violation->reason == "InvalidParallelismAuto");
+  CHECK(o.violation->message.find("railyard.dev/gpu-type") != std::string::npos);
+  std::vector<NodeInfo> unknown = {gpu_node("n0", "v100", "u0", "l0")};
+  o = plan_parallelism(s, 1, unknown);
+  REQUIRE(o.violation);
+  CHECK(o.violation->message.find("v100") != std::string::npos);
+  CHECK(o.violation->message.find("h100") != std::string::npos);  // lists the known profiles
+  o = plan_parallelism(s, 1, {});
+  REQUIRE(o.violation);
+  CHECK(o.violation->message.find("spec.device") != std::string::npos);
+}
+
+TEST_CASE("a model that fits no layout is Invalid with the planner's reason") {
+  JobSpec s = auto_spec(Json::parse(R"({"spec": {"replicas": 1, "procsPerReplica": 1,
+      "model": {"preset": "custom", "layers": 96, "hidden": 12288, "heads": 96, "seqLen": 2048, "vocab": 50257},
+      "training": {"globalBatch": 8, "seqLen": 2048}}})"));
+  AutoPlanOutcome o = plan_parallelism(s, 1, {});
+  REQUIRE(o.violation);
+  CHECK_FALSE(o.plan);
+  CHECK(o.violation->field == "spec.parallelism.auto");
+  CHECK(o.violation->message.find("no layout of 1 x") != std::string::npos);
+  CHECK(o.violation->message.find("per device") != std::string::npos);
+  CHECK(o.violation->message.find("add replicas") != std::string::npos);
+}
