@@ -557,6 +557,9 @@ int cmd_train(int argc, char** argv) {
 
 }  // namespace
 
+// Exit code of a rank whose collective failed because a peer went away (retryable; not a signal number 129-192).
+constexpr int kExitPeerLost = 200;
+
 int main(int argc, char** argv) {
   if (argc < 2) usage_error("missing command (train, gemm-rate or agent)");
   const std::string cmd = argv[1];
@@ -577,6 +580,12 @@ int main(int argc, char** argv) {
   } catch (const ConfigError& e) {
     log::error("worker", e.what());
     return 2;
+  } catch (const comm::CommError& e) {
+    // A lost peer (its process, pod or node died) is the peer's failure, not this rank's: exit with a code the
+    // operator's default failure policy retries (>= 128), or losing a node would fail the job through the survivor's
+    // exit before the lost pod is noticed (docs/elastic.md).
+    log::error("worker", e.what(), {{"exit_code", std::to_string(kExitPeerLost)}});
+    return kExitPeerLost;
   } catch (const std::exception& e) {
     log::error("worker", e.what());
     return 1;
