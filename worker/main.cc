@@ -293,9 +293,6 @@ DistSetup join_world(std::map<std::string, std::string>& f, TrainConfig& tc) {
   d.bucket_bytes = static_cast<size_t>(mb * 1048576.0);
   const long long tp = to_int(f, "tp", 1), pp = to_int(f, "pp", 1);
   if (tp < 1 || pp < 1) throw ConfigError("--tp and --pp must be >= 1");
-  if (tp * pp > 1 && (f.count("init-from") || f.count("export"))) {
-    throw ConfigError("--init-from/--export with --tp/--pp > 1: not supported yet (each rank holds only its slices)");
-  }
   const std::string ws = env_or("WORLD_SIZE", "");
   char* end = nullptr;
   const long world = ws.empty() ? 1 : std::strtol(ws.c_str(), &end, 10);
@@ -328,8 +325,9 @@ std::vector<ShardSpec> checkpoint_shards(const CheckpointOptions& co, const GptC
                                          const DistSetup& dist) {
   if (dist.sharded == nullptr && dist.zero == 0) return full_state_shards(cfg, trainer.state());
   if (!co.dir.empty() || co.shm_every > 0) {
-    throw ConfigError("--ckpt-dir/--ckpt-shm-every with --tp/--pp > 1 or --zero > 0: checkpoints of sharded state "
-                      "are not written yet; train data parallel with --zero 0 to checkpoint");
+    throw ConfigError(
+        "--ckpt-dir/--ckpt-shm-every with --tp/--pp > 1 or --zero > 0: checkpoints of sharded state "
+        "are not written yet; train data parallel with --zero 0 to checkpoint");
   }
   return {};
 }
@@ -491,7 +489,12 @@ int cmd_train(int argc, char** argv) {
     exposer = std::make_unique<metrics::Exposer>(registry, host, static_cast<int>(*metrics_port));
     log::info("worker", "serving metrics", {{"address", host + ":" + std::to_string(exposer->port())}});
   }
-  if (f.count("init-from")) {
+  if (f.count("init-from") && dist.sharded != nullptr) {
+    std::vector<float> full(num_parameters(*cfg));
+    load_llmc_model(f["init-from"], *cfg, full.data());
+    dist.sharded->load_full(full.data());  // each rank keeps its slices
+    log::info("worker", "initialised from llm.c model", {{"path", f["init-from"]}});
+  } else if (f.count("init-from")) {
     load_llmc_model(f["init-from"], *cfg, trainer.model().params());
     log::info("worker", "initialised from llm.c model", {{"path", f["init-from"]}});
   }
@@ -548,7 +551,13 @@ int cmd_train(int argc, char** argv) {
   Checkpointer::install_signal_handlers();
   const int rc = trainer.run();
   checkpointer.finish();
-  if (rc == 0 && f.count("export")) {
+  if (rc == 0 && f.count("export") && dist.sharded != nullptr) {
+    const std::vector<float> full = dist.sharded->gather_full(dist.groups->coord().dp);  // collective
+    if (dist.groups->rank() == 0) {
+      save_llmc_model(f["export"], *cfg, full.data());
+      log::info("worker", "exported llm.c model", {{"path", f["export"]}});
+    }
+  } else if (rc == 0 && f.count("export") && (dist.groups == nullptr || dist.groups->rank() == 0)) {
     save_llmc_model(f["export"], *cfg, trainer.model().params());
     log::info("worker", "exported llm.c model", {{"path", f["export"]}});
   }

@@ -10,6 +10,7 @@ std::vector<TensorSpan> local_tensor_spans(const StageShape& shape) { return ten
 ParallelGpt::ParallelGpt(const GptConfig& config, const TrainConfig& train, int max_micro_batches, ThreadPool& pool,
                          comm::Communicator& world, const ModelGroups& groups)
     : world_(world),
+      config_(config),
       model_(config, train.batch, train.seq_len, max_micro_batches, pool, groups),
       whole_(model_.num_params(), 1, model_.num_params()),
       adam_(whole_, 0, local_tensor_spans(model_.shape()),
@@ -47,6 +48,19 @@ std::unique_ptr<DataParallel> parallel_gpt_data_parallel(comm::Communicator* dp,
   const AdamWHyper hyper{train.beta1, train.beta2, train.eps, static_cast<float>(train.weight_decay)};
   return std::make_unique<DataParallel>(dp, model.num_params(), local_tensor_spans(model.model().shape()), hyper, pool,
                                         options);
+}
+
+std::vector<float> ParallelGpt::gather_full(int dp_rank) {
+  std::vector<float> full(num_parameters(config_), 0.0f);
+  if (dp_rank == 0) {
+    std::vector<ShardSlice> once;
+    for (const ShardSlice& s : model_.shard_map()) {
+      if (!s.tied_copy && (!s.tp_replicated || model_.shape().tp_rank == 0)) once.push_back(s);
+    }
+    copy_local_to_full(once, config_, model_.params(), full.data());
+  }
+  world_.all_reduce(full.data(), full.size(), comm::DType::kFloat32, comm::ReduceOp::kSum);  // x + 0 = x exactly
+  return full;
 }
 
 std::string ParallelGpt::describe() const {

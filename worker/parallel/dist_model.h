@@ -39,10 +39,17 @@ class ParallelGpt final : public ShardedModel {
   void set_adam_t(int64_t t) override { adam_.set_t(t); }
   std::string describe() const override;
 
+  // Every rank keeps its slices of a full llm.c buffer (e.g. an --init-from model).
+  void load_full(const float* full) { model_.scatter_from_full(full); }
+  // The full llm.c parameter buffer on every rank (collective over the world): each element is written by exactly
+  // one rank (dp rank 0, tp rank 0 for replicated pieces, never the tied wte copy) into zeros, then summed.
+  std::vector<float> gather_full(int dp_rank);
+
   ParallelModel& model() { return model_; }
 
  private:
   comm::Communicator& world_;
+  GptConfig config_;
   ParallelModel model_;
   BucketLayout whole_;  // one bucket, one owner: ZeroAdamW then is plain AdamW over the local buffer
   ZeroAdamW adam_;
