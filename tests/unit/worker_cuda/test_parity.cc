@@ -161,6 +161,24 @@ TEST_CASE("layernorm forward and backward") {
   expect_close(d_db.download(), db, kFp32Tol, "layernorm_backward db");
 }
 
+TEST_CASE("fused residual + layernorm equals residual_forward then layernorm_forward") {
+  skip_without_gpu();
+  ThreadPool pool(2);
+  const size_t rows = 77;
+  auto a = random_vec(rows * C, 17), b = random_vec(rows * C, 18, -2.0f, 2.0f), w = random_vec(C, 19);
+  auto bias = random_vec(C, 22);
+  std::vector<float> res(rows * C), out(rows * C), mean(rows), rstd(rows);
+  cpu::residual_forward(pool, res.data(), a.data(), b.data(), rows * C);
+  cpu::layernorm_forward(pool, out.data(), mean.data(), rstd.data(), res.data(), w.data(), bias.data(), rows, C);
+  Dev<float> d_a(a), d_b(b), d_w(w), d_bias(bias), d_res(rows * C), d_out(rows * C), d_mean(rows), d_rstd(rows);
+  gpu::residual_layernorm_forward(d_res.get(), d_out.get(), d_mean.get(), d_rstd.get(), d_a.get(), d_b.get(), d_w.get(),
+                                  d_bias.get(), rows, C, nullptr);
+  expect_close(d_res.download(), res, kFp32Tol, "residual_layernorm_forward residual");
+  expect_close(d_out.download(), out, kFp32Tol, "residual_layernorm_forward out");
+  expect_close(d_mean.download(), mean, kFp32Tol, "residual_layernorm_forward mean");
+  expect_close(d_rstd.download(), rstd, kFp32Tol, "residual_layernorm_forward rstd");
+}
+
 TEST_CASE("causal attention forward and backward") {
   skip_without_gpu();
   ThreadPool pool(2);
@@ -299,6 +317,10 @@ TEST_CASE("cuBLASLt matmul forward (bias, GELU+bias) and backward against the CP
   cpu::gelu_forward(pool, act.data(), out.data(), out.size());
   gpu::matmul_forward(lt, d_out.get(), d_inp.get(), d_w.get(), d_bias.get(), rows, IC, OC, true, nullptr);
   expect_close(d_out.download(), act, kBf16Tol, "matmul_forward + GELU_BIAS epilogue");
+  Dev<float> d_pre(rows * OC);
+  gpu::matmul_forward(lt, d_out.get(), d_inp.get(), d_w.get(), d_bias.get(), rows, IC, OC, true, nullptr, d_pre.get());
+  expect_close(d_out.download(), act, kBf16Tol, "matmul_forward + GELU_AUX_BIAS epilogue: output");
+  expect_close(d_pre.download(), out, kBf16Tol, "matmul_forward + GELU_AUX_BIAS epilogue: pre-activation");
 
   std::vector<float> dinp = random_vec(rows * IC, 64), dw = random_vec(static_cast<size_t>(OC) * IC, 65),
                      dbias = random_vec(OC, 66);

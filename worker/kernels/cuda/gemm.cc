@@ -56,13 +56,16 @@ BlasLt::~BlasLt() {
 
 void gemm(BlasLt& lt, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const bf16* A, int lda,
           const bf16* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream, Epilogue epilogue,
-          const float* bias) {
+          const float* bias, float* aux) {
   if (M <= 0 || N <= 0 || K <= 0) {
     throw std::invalid_argument("gemm: M, N, K must be positive, got " + std::to_string(M) + ", " + std::to_string(N) +
                                 ", " + std::to_string(K));
   }
   if (epilogue != Epilogue::kNone && (bias == nullptr || beta != 0.0f)) {
     throw std::invalid_argument("gemm: a bias/GELU epilogue needs a bias pointer and beta = 0");
+  }
+  if ((epilogue == Epilogue::kGeluAuxBias) != (aux != nullptr)) {
+    throw std::invalid_argument("gemm: the aux pointer is required with Epilogue::kGeluAuxBias and only there");
   }
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands, keep each one's transpose.
   const int m = N, n = M, k = K;
@@ -73,12 +76,27 @@ void gemm(BlasLt& lt, bool trans_a, bool trans_b, int M, int N, int K, float alp
   RAILYARD_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
   RAILYARD_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
   if (epilogue != Epilogue::kNone) {
-    const cublasLtEpilogue_t epi = epilogue == Epilogue::kBias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_GELU_BIAS;
+    const cublasLtEpilogue_t epi = epilogue == Epilogue::kBias       ? CUBLASLT_EPILOGUE_BIAS
+                                   : epilogue == Epilogue::kGeluBias ? CUBLASLT_EPILOGUE_GELU_BIAS
+                                                                     : CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     const cudaDataType_t bias_type = CUDA_R_32F;
     RAILYARD_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
     RAILYARD_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type));
     RAILYARD_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+  }
+  if (aux != nullptr) {
+    // The aux matrix has D's column-major shape (m x n); ld = ldc keeps it laid out exactly like C.
+    // The aux type defaults to C's (fp32). cuBLASLt wants the GELU aux leading dimension divisible by 8.
+    const int64_t aux_ld = ldc;
+    if (aux_ld % 8 != 0) {
+      throw std::invalid_argument("gemm: Epilogue::kGeluAuxBias needs ldc divisible by 8 (cuBLASLt aux layout), got " +
+                                  std::to_string(ldc) + ": pad the output features");
+    }
+    RAILYARD_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+    RAILYARD_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
   }
   // Column-major shapes as stored: B is (K,N) or (N,K) row-major, i.e. (N,K) / (K,N) column-major with ld = ldb.
   RAILYARD_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, CUDA_R_16BF, trans_b ? k : m, trans_b ? m : k, ldb));
@@ -101,10 +119,14 @@ void gemm(BlasLt& lt, bool trans_a, bool trans_b, int M, int N, int K, float alp
 }
 
 void matmul_forward(BlasLt& lt, float* out, const bf16* inp, const bf16* w, const float* bias, size_t N, int IC, int OC,
-                    bool gelu, cudaStream_t stream) {
+                    bool gelu, cudaStream_t stream, float* pre_gelu) {
   if (gelu && bias == nullptr) throw std::invalid_argument("matmul_forward: gelu needs a bias (GELU_BIAS epilogue)");
-  const Epilogue epi = bias == nullptr ? Epilogue::kNone : (gelu ? Epilogue::kGeluBias : Epilogue::kBias);
-  gemm(lt, false, true, checked_int(N, "N"), OC, IC, 1.0f, inp, IC, w, IC, 0.0f, out, OC, stream, epi, bias);
+  if (pre_gelu != nullptr && !gelu) throw std::invalid_argument("matmul_forward: pre_gelu is only written with gelu");
+  const Epilogue epi = bias == nullptr ? Epilogue::kNone
+                       : !gelu         ? Epilogue::kBias
+                       : pre_gelu      ? Epilogue::kGeluAuxBias
+                                       : Epilogue::kGeluBias;
+  gemm(lt, false, true, checked_int(N, "N"), OC, IC, 1.0f, inp, IC, w, IC, 0.0f, out, OC, stream, epi, bias, pre_gelu);
 }
 
 void matmul_backward(BlasLt& lt, float* dinp, bool accumulate_dinp, float* dw, float* dbias, const bf16* dout,

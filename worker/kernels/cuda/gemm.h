@@ -32,19 +32,22 @@ class BlasLt {
 
 enum class Epilogue {
   kNone,
-  kBias,      // C[m, n] += bias[n]  (bias over output columns)
-  kGeluBias,  // C = gelu_tanh(op(A) op(B) + bias), the pre-activation is not kept
+  kBias,         // C[m, n] += bias[n]  (bias over output columns)
+  kGeluBias,     // C = gelu_tanh(op(A) op(B) + bias), the pre-activation is not kept
+  kGeluAuxBias,  // as kGeluBias, and the pre-activation op(A) op(B) + bias goes to `aux` (fp32, same shape as C)
 };
 
 // Row-major C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C; lda/ldb/ldc are row strides as stored. With an
-// epilogue, beta must be 0 and bias (N floats) non-null.
+// epilogue, beta must be 0 and bias (N floats) non-null; aux (the pre-activation, laid out like C) only with
+// kGeluAuxBias.
 void gemm(BlasLt& lt, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const bf16* A, int lda,
           const bf16* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream,
-          Epilogue epilogue = Epilogue::kNone, const float* bias = nullptr);
+          Epilogue epilogue = Epilogue::kNone, const float* bias = nullptr, float* aux = nullptr);
 
-// out (N,OC) = inp (N,IC) @ w (OC,IC)^T + bias (OC, may be null); gelu applies GELU after the bias (needs a bias).
+// out (N,OC) = inp (N,IC) @ w (OC,IC)^T + bias (OC, may be null); gelu applies GELU after the bias (needs a bias),
+// and then pre_gelu (N,OC, may be null) receives the pre-activation that gelu_backward needs.
 void matmul_forward(BlasLt& lt, float* out, const bf16* inp, const bf16* w, const float* bias, size_t N, int IC, int OC,
-                    bool gelu, cudaStream_t stream);
+                    bool gelu, cudaStream_t stream, float* pre_gelu = nullptr);
 // dinp (N,IC) = (or += when accumulate_dinp) dout @ w; dw (OC,IC) += dout^T @ inp (= when !accumulate_dw);
 // dbias (OC, may be null) += column sums of dout_f32 (the fp32 gradient the bf16 dout was made from).
 void matmul_backward(BlasLt& lt, float* dinp, bool accumulate_dinp, float* dw, float* dbias, const bf16* dout,

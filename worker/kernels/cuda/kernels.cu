@@ -104,6 +104,33 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
   }
 }
 
+__global__ void residual_layernorm_forward_kernel(float* residual, float* out, float* mean, float* rstd, const float* a,
+                                                  const float* b, const float* w, const float* bias, size_t N, int C) {
+  const size_t row = blockIdx.x * static_cast<size_t>(kRowsPerBlock) + threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  if (row >= N) return;
+  float* x = residual + row * C;
+  float sum = 0.0f;
+  for (int c = lane; c < C; c += kWarpSize) {
+    const float r = a[row * C + c] + b[row * C + c];
+    x[c] = r;  // re-read below by the same lane only: no synchronisation needed
+    sum += r;
+  }
+  const float m = warp_sum(sum) / C;
+  float var = 0.0f;
+  for (int c = lane; c < C; c += kWarpSize) {
+    const float d = x[c] - m;
+    var += d * d;
+  }
+  const float s = 1.0f / sqrtf(warp_sum(var) / C + 1e-5f);
+  float* o = out + row * C;
+  for (int c = lane; c < C; c += kWarpSize) o[c] = (x[c] - m) * s * w[c] + bias[c];
+  if (lane == 0) {
+    mean[row] = m;
+    rstd[row] = s;
+  }
+}
+
 __global__ void layernorm_backward_dinp_kernel(float* dinp, const float* dout, const float* inp, const float* w,
                                                const float* mean, const float* rstd, size_t N, int C) {
   const size_t row = blockIdx.x * static_cast<size_t>(kRowsPerBlock) + threadIdx.x / kWarpSize;
@@ -480,6 +507,14 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
   if (l.grid == 0) return;
   layernorm_forward_kernel<<<l.grid, l.block, 0, stream>>>(out, mean, rstd, inp, w, b, N, C);
   check_launch("layernorm_forward_kernel");
+}
+
+void residual_layernorm_forward(float* residual, float* out, float* mean, float* rstd, const float* a, const float* b,
+                                const float* w, const float* bias, size_t N, int C, cudaStream_t stream) {
+  const Launch l = rows_launch(N);
+  if (l.grid == 0) return;
+  residual_layernorm_forward_kernel<<<l.grid, l.block, 0, stream>>>(residual, out, mean, rstd, a, b, w, bias, N, C);
+  check_launch("residual_layernorm_forward_kernel");
 }
 
 void layernorm_backward(float* dinp, float* dw, float* db, float* scratch, const float* dout, const float* inp,

@@ -36,6 +36,12 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 void layernorm_backward(float* dinp, float* dw, float* db, float* scratch, const float* dout, const float* inp,
                         const float* w, const float* mean, const float* rstd, size_t N, int C, cudaStream_t stream);
 
+// Fused residual + layernorm (the CPU runs residual_forward then layernorm_forward): residual (N,C) = a + b, then
+// out = layernorm(residual) with mean/rstd saved as layernorm_forward does. One read of a and b, no second pass over
+// the residual from global memory for the statistics' input.
+void residual_layernorm_forward(float* residual, float* out, float* mean, float* rstd, const float* a, const float* b,
+                                const float* w, const float* bias, size_t N, int C, cudaStream_t stream);
+
 // Causal self-attention. qkv (B,T,3C) holds q|k|v per token; out (B,T,C); lse (B,NH,T) = log sum_s exp(score[t,s]).
 void attention_forward(float* out, float* lse, const float* qkv, int B, int Tn, int C, int NH, cudaStream_t stream);
 // dqkv (B,T,3C) = (overwritten). scratch: attention_plan(...).scratch_floats.
