@@ -278,14 +278,20 @@ double DataParallel::grad_norm(const float* grads) {
     const auto [own_b, own_e] = layout_.own(0, rank_);
     const float* g = opt_.zero_stage == 2 ? shard_grads_.data() : grads + own_b;
     std::vector<double> blocks(layout_.buckets().front().piece / kNormBlock, 0.0);
-    for (size_t i = own_b; i < own_e; ++i)
-      blocks[(i - own_b) / kNormBlock] += static_cast<double>(g[i - own_b]) * g[i - own_b];
+    auto add = [&](size_t b, size_t e) {
+      for (size_t i = b; i < e; ++i)
+        blocks[(i - own_b) / kNormBlock] += static_cast<double>(g[i - own_b]) * g[i - own_b];
+    };
+    if (opt_.count_once.empty()) add(own_b, own_e);
+    for (const auto& [ob, oe] : opt_.count_once) {
+      if (oe > own_b && ob < own_e) add(std::max(ob, own_b), std::min(oe, own_e));
+    }
     for (double s : all_gather(blocks)) total += s;
-    return std::sqrt(total);
+  } else {
+    const double local =
+        zero_->sum_squares(opt_.zero_stage == 2 ? shard_grads_.data() : grads, opt_.zero_stage == 2, &opt_.count_once);
+    for (double s : all_gather({local})) total += s;  // rank order: the same sum on every rank
   }
-  const double local =
-      zero_->sum_squares(opt_.zero_stage == 2 ? shard_grads_.data() : grads, opt_.zero_stage == 2, &opt_.count_once);
-  for (double s : all_gather({local})) total += s;  // rank order: the same sum on every rank
   // Model-parallel peers hold other parts of the replica: their sums are added in group rank order.
   for (comm::Communicator* g : opt_.norm_groups) {
     if (g == nullptr || g->size() == 1) continue;

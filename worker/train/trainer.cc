@@ -70,9 +70,6 @@ Trainer::Trainer(const GptConfig& model, const TrainConfig& config, ThreadPool& 
       targets_(static_cast<size_t>(config.batch) * config.seq_len) {
   schedule_ = LrSchedule{cfg_.lr, cfg_.warmup_steps, cfg_.steps, cfg_.min_lr_frac};
   if (sharded_ != nullptr) {
-    if (sync_ != nullptr && sync_->deterministic() && sync_->zero_stage() > 0) {
-      throw ConfigError("--deterministic with --zero and --tp/--pp > 1 is not supported yet: use --zero 0");
-    }
     sharded_->init_weights(cfg_.seed);
   } else if (sync_ == nullptr || sync_->zero_stage() == 0) {
     opt_.emplace(model, AdamWHyper{cfg_.beta1, cfg_.beta2, cfg_.eps, static_cast<float>(cfg_.weight_decay)}, pool);

@@ -112,7 +112,7 @@ class Trainer {
   // (which is then not allocated at all: model() throws). Every
   // rank of a replica reads the replica's micro-batches; `sync` (if any) reduces over the dp group (ZeRO: `sync` also
   // owns the sharded optimizer and the count-once norm). Deterministic mode runs each virtual micro-batch through the
-  // pipeline alone (not combined with ZeRO there yet).
+  // pipeline alone.
   Trainer(const GptConfig& model, const TrainConfig& config, ThreadPool& pool, BatchSource& train,
           BatchSource* val = nullptr, GradSync* sync = nullptr, ShardedModel* sharded = nullptr);
 

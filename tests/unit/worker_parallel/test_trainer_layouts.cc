@@ -154,4 +154,9 @@ TEST_CASE("deterministic mode with tensor and pipeline parallelism: bitwise inde
     CHECK(two.params == one.params);
     check_like(two, ref);
   }
+  // With ZeRO-2: the count-once norm over fixed blocks, summed over dp, tp and pp in a fixed order.
+  const Run z2 = layout_run({2, 2, 2}, 2, true), z1 = layout_run({1, 2, 2}, 2, true);
+  CHECK(z2.losses == z1.losses);
+  CHECK(z2.params == z1.params);
+  check_like(z2, ref);
 }
