@@ -319,15 +319,21 @@ DistSetup join_world(std::map<std::string, std::string>& f, TrainConfig& tc) {
   return d;
 }
 
-// The checkpoint's tensor list: the full model, unless the state is sharded (tp/pp slices or ZeRO moments), whose
-// checkpoints are not written yet.
+// The checkpoint's tensor list: the full model, or a tp/pp stage's slices (shard_map); ZeRO-sharded moments are not
+// written yet.
 std::vector<ShardSpec> checkpoint_shards(const CheckpointOptions& co, const GptConfig& cfg, Trainer& trainer,
                                          const DistSetup& dist) {
   if (dist.sharded == nullptr && dist.zero == 0) return full_state_shards(cfg, trainer.state());
+  if (dist.sharded != nullptr && dist.zero == 0) {
+    const comm::Layout& l = dist.groups->layout();
+    const comm::Coord& c = dist.groups->coord();
+    return shards_from_slices(dist.sharded->model().shard_map(), dist.sharded->params(), dist.sharded->adam_m(),
+                              dist.sharded->adam_v(), c.tp, l.tp, c.dp, l.dp);
+  }
   if (!co.dir.empty() || co.shm_every > 0) {
     throw ConfigError(
-        "--ckpt-dir/--ckpt-shm-every with --tp/--pp > 1 or --zero > 0: checkpoints of sharded state "
-        "are not written yet; train data parallel with --zero 0 to checkpoint");
+        "--ckpt-dir/--ckpt-shm-every with --zero > 0: checkpoints of ZeRO-sharded optimizer state are not written "
+        "yet; use --zero 0 to checkpoint");
   }
   return {};
 }
@@ -531,12 +537,16 @@ int cmd_train(int argc, char** argv) {
     if (dist.groups != nullptr) {
       const auto& l = dist.groups->layout();
       co.layout = nlohmann::json{{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"zero", dist.zero}};
-      for (auto& s : ckpt_shards) {
-        s.replica_index = dist.groups->dp().rank();
-        s.num_replicas = dist.groups->dp().size();
+      if (dist.sharded == nullptr) {  // a stage's slices carry their own replica split (shards_from_slices)
+        for (auto& s : ckpt_shards) {
+          s.replica_index = dist.groups->dp().rank();
+          s.num_replicas = dist.groups->dp().size();
+        }
       }
     }
-    if (dist.sync != nullptr) {
+    if (dist.sharded != nullptr) {
+      co.any_rank = [&dist](bool mine) { return dist.sharded->any(mine); };  // over the whole world
+    } else if (dist.sync != nullptr) {
       co.any_rank = [&dist](bool mine) {
         for (double v : dist.sync->all_gather({mine ? 1.0 : 0.0}))
           if (v != 0) return true;

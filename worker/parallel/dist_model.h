@@ -36,6 +36,9 @@ class ParallelGpt final : public ShardedModel {
   bool any(bool local) override;
   void update(float* params, const float* grads, float lr, float grad_scale) override;
   int64_t adam_t() const override { return adam_.t(); }
+  // AdamW moments, laid out like params() (checkpoints: shards_from_slices over model().shard_map()).
+  float* adam_m() { return adam_.m(); }
+  float* adam_v() { return adam_.v(); }
   void set_adam_t(int64_t t) override { adam_.set_t(t); }
   std::string describe() const override;
 

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -163,6 +164,26 @@ TEST_CASE("train --nproc 2: both ranks run, rank 0 reports, losses equal one pro
     REQUIRE(l1.size() == 1);
     REQUIRE(l4.size() == 1);
     CHECK(std::abs(l1[0] - l4[0]) <= 1e-5 * l1[0]);
+  }
+
+  SUBCASE("tp x pp checkpoints: resume is bitwise, and one process restores them resharded") {
+    const std::string tp_pp = common + "--steps 6 --threads 1 --nproc 4 --tp 2 --pp 2 --ckpt-dir " + d + "/ck ";
+    REQUIRE(sh(tp_pp + "--ckpt-every 3 --ckpt-async off --log-json " + d + "/full.jsonl 2> " + d + "/c1.txt") == 0);
+    std::filesystem::remove_all(d + "/ck/step-00000006");
+    std::filesystem::remove(d + "/ck/latest");
+    REQUIRE(sh(tp_pp + "--resume auto --log-json " + d + "/resumed.jsonl 2> " + d + "/c2.txt") == 0);
+    const auto full = losses(d + "/full.jsonl"), resumed = losses(d + "/resumed.jsonl");
+    REQUIRE(full.size() == 6);
+    REQUIRE(resumed.size() == 3);
+    CHECK(std::vector<double>(full.begin() + 3, full.end()) == resumed);
+    CHECK(slurp(d + "/c2.txt").find("restored step=3") != std::string::npos);
+    std::filesystem::remove_all(d + "/ck/step-00000006");
+    std::filesystem::remove(d + "/ck/latest");
+    REQUIRE(sh(common + "--steps 6 --threads 1 --ckpt-dir " + d + "/ck --resume auto --log-json " + d +
+               "/single.jsonl 2> " + d + "/c3.txt") == 0);
+    const auto single = losses(d + "/single.jsonl");
+    REQUIRE(single.size() == 3);
+    for (size_t i = 0; i < 3; ++i) CHECK(std::abs(single[i] - full[3 + i]) <= 1e-5 * full[3 + i]);
   }
 
   SUBCASE("a killed rank fails the whole world within the deadline") {
