@@ -30,6 +30,11 @@ TEST_CASE("row launches put one warp on each row") {
   CHECK_THROWS_AS(crossentropy_launch(size_t{1} << 32), std::invalid_argument);
   CHECK(columns_launch(768).grid == 3);
   CHECK(columns_launch(769).grid == 4);
+  // Column sums: 32 columns a block, so a block's warps each read 32 consecutive floats of a row.
+  CHECK(column_sums_launch(2304).grid == 72);
+  CHECK(column_sums_launch(2305).grid == 73);
+  CHECK(column_sums_launch(2304).block == 32u * kColumnSumRowLanes);
+  CHECK(column_sums_launch(0).grid == 0);
 }
 
 TEST_CASE("layernorm backward plan: chunks and scratch") {

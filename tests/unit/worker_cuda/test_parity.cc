@@ -230,8 +230,8 @@ TEST_CASE("GELU, residual, bias backward, bf16 conversion") {
   gpu::residual_forward(d_out.get(), d_x.get(), d_y.get(), n, nullptr);
   expect_close(d_out.download(), out, kFp32Tol, "residual_forward");
 
-  const int OC = 77;
-  const size_t rows = 130;
+  const int OC = 77;        // two full blocks of 32 columns and a partial one
+  const size_t rows = 130;  // not a multiple of the 16 row lanes
   auto g = random_vec(rows * OC, 33), dbias = random_vec(OC, 34);
   Dev<float> d_g(g), d_dbias(dbias);
   for (size_t r = 0; r < rows; ++r)

@@ -25,7 +25,7 @@ void check_cublas(cublasStatus_t status, const char* call) {
 }
 
 void check_launch(const char* kernel) {
-  // cudaGetLastError also clears the sticky-free launch error, so the next launch starts clean.
+  // cudaGetLastError also resets a non-sticky launch error, so the next launch reports only its own.
   const cudaError_t status = cudaGetLastError();
   if (status == cudaSuccess) return;
   check_cuda(status, (std::string("launch of ") + kernel).c_str());

@@ -428,12 +428,21 @@ __global__ void to_bf16_kernel(bf16* out, const float* in, size_t n) {
   GRID_STRIDE(i, n) { out[i] = __float2bfloat16_rn(in[i]); }
 }
 
+// Block: 32 columns (threadIdx.x % 32: a warp reads 32 consecutive floats of one row) x kColumnSumRowLanes row lanes.
 __global__ void bias_backward_kernel(float* dbias, const float* dout, size_t N, int OC) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= OC) return;
+  __shared__ float partial[kColumnSumRowLanes][kWarpSize];
+  const int tx = threadIdx.x % kWarpSize, ty = threadIdx.x / kWarpSize;
+  const int c = blockIdx.x * kWarpSize + tx;
   float s = 0.0f;
-  for (size_t r = 0; r < N; ++r) s += dout[r * OC + c];
-  dbias[c] += s;
+  if (c < OC) {
+    for (size_t r = ty; r < N; r += kColumnSumRowLanes) s += dout[r * OC + c];
+  }
+  partial[ty][tx] = s;
+  __syncthreads();
+  if (ty != 0 || c >= OC) return;
+  float total = 0.0f;
+  for (int y = 0; y < kColumnSumRowLanes; ++y) total += partial[y][tx];  // fixed order: deterministic
+  dbias[c] += total;
 }
 
 __global__ void adamw_kernel(float* params, bf16* params_bf16, const float* grads, float* m, float* v, size_t n,
@@ -591,8 +600,8 @@ void crossentropy_fused_backward(float* losses, float* logits, const int32_t* ta
 }
 
 void bias_backward(float* dbias, const float* dout, size_t N, int OC, cudaStream_t stream) {
-  const Launch l = columns_launch(static_cast<size_t>(OC));
-  if (l.grid == 0) return;
+  const Launch l = column_sums_launch(static_cast<size_t>(OC));
+  if (l.grid == 0 || N == 0) return;
   bias_backward_kernel<<<l.grid, l.block, 0, stream>>>(dbias, dout, N, OC);
   check_launch("bias_backward_kernel");
 }

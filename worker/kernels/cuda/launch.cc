@@ -49,6 +49,14 @@ Launch columns_launch(size_t columns) {
   return l;
 }
 
+Launch column_sums_launch(size_t columns) {
+  Launch l;
+  l.block = kWarpSize * kColumnSumRowLanes;
+  l.grid = grid_for(ceil_div(columns, kWarpSize), "column_sums_launch");
+  l.smem_bytes = 0;  // static: kColumnSumRowLanes x 32 floats
+  return l;
+}
+
 LayernormBackwardPlan layernorm_backward_plan(size_t N, int C) {
   if (C <= 0) throw std::invalid_argument("layernorm_backward: C must be positive, got " + std::to_string(C));
   LayernormBackwardPlan p;

@@ -40,6 +40,11 @@ Launch crossentropy_launch(size_t rows);
 // Column kernels (encoder/bias backward, layernorm dw/db reduction): one thread per column.
 Launch columns_launch(size_t columns);
 
+// Column sums (bias_backward): blocks of 32 columns x kColumnSumRowLanes row lanes; lane y sums rows y, y + lanes, ...
+// and the lanes' partials are added in lane order (deterministic). grid = ceil(columns / 32), block = 32 * lanes.
+constexpr int kColumnSumRowLanes = 16;
+Launch column_sums_launch(size_t columns);
+
 struct LayernormBackwardPlan {
   unsigned chunks = 0;  // row chunks of kLayernormRowsPerChunk
   Launch partials;      // grid.x over columns, chunks in grid.y (see partials_grid_y)
