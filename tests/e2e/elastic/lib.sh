@@ -43,7 +43,7 @@ pod_log() { echo "$state/node-agent/pods/${ns}_$1/worker.log"; }
 # The newest committed checkpoint step (the `latest` pointer, "step-%08d"), or -1.
 latest_step() {
   local t
-  t=$(cat "$work/ckpt/latest" 2>/dev/null) || { echo -1; return; }
+  t=$(cat "$work/ckpt/$job_name/latest" 2>/dev/null) || { echo -1; return; }
   echo $((10#${t#step-}))
 }
 latest_at_least() { [ "$(latest_step)" -ge "$1" ]; }
@@ -66,12 +66,28 @@ spec:
   model: {preset: tiny}
   data: {train: $work/data/train_*.bin}
   training: {steps: $3, globalBatch: 8, microBatch: 2, seqLen: 64, learningRate: 0.001, warmupSteps: 5}
-  checkpoint: {path: $work/ckpt, intervalSteps: 5}
+  checkpoint: {path: $work/ckpt/$1, intervalSteps: 5}
   failurePolicy: {maxRestarts: 3}
 YAML
   [ -n "${4:-}" ] && echo "  elastic: {minReplicas: $4, maxReplicas: $2}"
   [ -n "${5:-}" ] && echo "  placement: {nodeSelector: {railyard.dev/unit: $5}}"
   true
+}
+
+# reference_loss STEPS: runs the same job undisturbed (name "$job_name-ref") to the end and prints its last step's
+# loss as logged (6 decimals): a resumed run must end on the same number (restore is bitwise, docs/checkpointing.md).
+reference_loss() {
+  local ref=$job_name-ref t0=$SECONDS phase
+  job_yaml "$ref" 2 "$1" | kubectl apply -n "$ns" -f - >/dev/null
+  while :; do
+    phase=$(kubectl get tj "$ref" -n "$ns" -o jsonpath='{.status.phase}' 2>/dev/null)
+    [ "$phase" = Succeeded ] && break
+    case "$phase" in Failed | Invalid) fail "the undisturbed reference job ended $phase" ;; esac
+    [ $((SECONDS - t0)) -lt 120 ] || fail "the undisturbed reference job did not finish in 120 s"
+    sleep 0.5
+  done
+  [ "$(kubectl get tj "$ref" -n "$ns" -o jsonpath='{.status.restarts}')" = 0 ] || fail "the reference job restarted"
+  steps_of "$ref-worker-0" | tail -1 | cut -d' ' -f2
 }
 
 start_operator() {

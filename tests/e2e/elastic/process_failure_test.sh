@@ -52,6 +52,8 @@ wait_succeeded 180
 [ "$(jp '{.status.progress}')" = "$steps/$steps" ] || fail "progress '$(jp '{.status.progress}')'"
 last=$(steps_of "$job_name-worker-0" | tail -1)
 [ "${last%% *}" = "$steps" ] || fail "rank 0's last step is '$last', want $steps"
+ref_loss=$(reference_loss "$steps")
+[ "${last#* }" = "$ref_loss" ] || fail "final loss ${last#* } differs from the undisturbed run's $ref_loss"
 python3 -c "import sys; sys.exit(0 if 0 < float(sys.argv[1]) < 4.5 else 1)" "${last#* }" ||
   fail "final loss ${last#* } not below 4.5 (ln 256 = 5.55 untrained)"
 # Times from the logs: the kill (rank 1's agent sees the exit), the agents' join of generation 2, the first step
