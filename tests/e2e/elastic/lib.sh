@@ -1,6 +1,8 @@
+# shellcheck shell=bash
 # Shared set-up of the elastic e2e scripts (sourced after `set -euo pipefail`): the local cluster's env, a namespace,
 # tiny shards, the operator with the worker agent, and helpers to read the job and its pods. Each script sets
 # `job_name` before sourcing and may set `op_extra` (more operator flags).
+job_name=${job_name:?set job_name before sourcing lib.sh}
 src=${RAILYARD_SOURCE_DIR:?}
 state=${RAILYARD_E2E_STATE_DIR:?}
 bin=${RAILYARD_BIN_DIR:?}
