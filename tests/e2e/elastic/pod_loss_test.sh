@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# E2E flow 2 (issue #10): a worker pod is deleted. A 2-replica data-parallel job trains the tiny model with a
-# checkpoint every 5 steps; once a checkpoint exists, pod 1 is deleted (default grace: its agent forwards SIGTERM and
-# the trainer saves before exiting). The operator opens a new generation and re-creates the pod under the same name
-# (new UID), the scheduler binds it, both ranks restore the newest checkpoint and continue from the step after it, and
-# the job ends Succeeded.
+# E2E flow 2 (issue #10): a worker pod is deleted, and flow 5 (preemption): it saves within its grace period.
+# A 2-replica data-parallel job trains the tiny model with a checkpoint every 5 steps; once a checkpoint exists, pod 1
+# is deleted (default grace: its agent forwards SIGTERM and the trainer saves the step it is in before exiting). The
+# operator opens a new generation and re-creates the pod under the same name (new UID), the scheduler binds it, both
+# ranks restore exactly the step saved on SIGTERM and continue from the step after it, and the job ends Succeeded
+# with the undisturbed run's final loss.
 set -euo pipefail
 job_name=podloss
 # shellcheck source=lib.sh
@@ -39,6 +40,11 @@ r0=$(restored_step "$job_name-worker-0")
 r1=$(restored_step "$job_name-worker-1")
 [ "$r0" = "$r1" ] || fail "ranks restored different steps: $r0 and $r1"
 [ "$r0" -gt 0 ] || fail "restored step $r0 (a fresh start)"
+# Preemption (issue #10 flow 5): the deleted pod's trainer saved the step it was in within the grace period, and the
+# new generation restores exactly that step: no step is lost.
+stop_save=$(grep 'checkpoint: saved on stop signal ' "$log1" | tail -1 | grep -oE ' step=[0-9]+' | cut -d= -f2)
+[ -n "$stop_save" ] || fail "the deleted pod's trainer did not save on SIGTERM: $(grep 'stop signal' "$log1" | tail -2)"
+[ "$r0" = "$stop_save" ] || fail "restored step $r0, but the deleted pod's trainer saved step $stop_save on SIGTERM"
 after_restore() { awk '/checkpoint: restored /{buf=""} {buf = buf $0 "\n"} END{printf "%s", buf}' "$log0"; }
 wait_for 60 "the first step after the restore" bash -c "$(declare -f after_restore); log0='$log0'; after_restore | grep -q 'worker: step step='"
 after=$(after_restore | grep -oE 'worker: step step=[0-9]+' | head -1 | cut -d= -f2)
@@ -60,4 +66,4 @@ d, r, s = map(float, sys.argv[1:])
 print(f"pod loss: replacement bound {r - d:.1f} s after the delete, first step after the restore seen {s - d:.1f} s "
       f"after it")
 PY
-echo "pod loss e2e: ok (reason $reason, restored step $r0, restarts $restarts, final loss ${last#* })"
+echo "pod loss e2e: ok (reason $reason, restored step $r0 = the step saved on SIGTERM, restarts $restarts, final loss ${last#* })"
