@@ -1,0 +1,180 @@
+#!/usr/bin/env bash
+# 1,000-replica benchmark (issue 3): the Railyard operator creating and binding the pods of one TrainingJob vs the
+# built-in Job controller creating the same number of pods, on the same local API server and the same nodes.
+#   tests/bench/operator/thousand_replicas.sh [--build-dir DIR] [--replicas N] [--state-dir DIR]
+# Starts its own local cluster (N simulated 8-GPU nodes: the operator places one worker pod per node) in --state-dir and stops it at the end.
+# Timing: from the create request to the first poll (every ~0.3 s, one kubectl list) that sees all N pods created
+# (and, for the operator, bound: the local cluster has no kube-scheduler, so the Job controller's pods stay unbound).
+# CPU seconds and peak RSS are the controller process's own (/proc/PID/stat, VmHWM).
+set -euo pipefail
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
+BUILD_DIR="$REPO_ROOT/build"
+N=1000
+STATE_DIR=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --build-dir) BUILD_DIR="$2"; shift 2 ;;
+    --replicas) N="$2"; shift 2 ;;
+    --state-dir) STATE_DIR="$2"; shift 2 ;;
+    -h | --help) sed -n '2,8p' "$0"; exit 0 ;;
+    *) echo "thousand_replicas.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+[[ "$N" =~ ^[0-9]+$ ]] && [ "$N" -ge 8 ] && [ $((N % 8)) = 0 ] || { echo "thousand_replicas.sh: --replicas '$N': give a multiple of 8" >&2; exit 2; }
+BIN="$BUILD_DIR/bin"
+for b in railyard-operator railyard-node-agent; do
+  [ -x "$BIN/$b" ] || { echo "thousand_replicas.sh: $BIN/$b missing: cmake --build $BUILD_DIR --target $b" >&2; exit 1; }
+done
+STATE_DIR="${STATE_DIR:-$BUILD_DIR/bench-operator-cluster}"
+CLUSTER="$REPO_ROOT/deploy/local/cluster.sh"
+WORK="$(mktemp -d)"
+NODES=$N
+pids=()
+cleanup() {
+  for p in ${pids[@]+"${pids[@]}"}; do kill "$p" 2>/dev/null || true; done
+  for p in ${pids[@]+"${pids[@]}"}; do wait "$p" 2>/dev/null || true; done
+  bash "$CLUSTER" down --state-dir "$STATE_DIR" >/dev/null 2>&1 || true
+  [ -n "${KEEP_WORK:-}" ] && echo "work dir kept: $WORK" >&2 || rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+cat >"$WORK/topology.yaml" <<TOPO
+# $NODES simulated 8-GPU nodes for the $N-replica benchmark.
+gpuType: h100-sxm
+gpusPerNode: 8
+nodesPerUnit: 8
+unitsPerLeaf: $((NODES / 8))
+leavesPerSpine: 1
+units: $((NODES / 8))
+cpu: "64"
+memory: 512Gi
+pods: 110
+namePrefix: bench
+TOPO
+echo "date: $(date -u +%FT%TZ)"
+echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr)"
+echo "cluster: $NODES nodes x 8 GPUs (node agent), starting..."
+bash "$CLUSTER" up --state-dir "$STATE_DIR" --topology "$WORK/topology.yaml" --node-agent "$BIN/railyard-node-agent" \
+  >"$WORK/up.log" 2>&1 || { cat "$WORK/up.log" >&2; exit 1; }
+eval "$(bash "$CLUSTER" env --state-dir "$STATE_DIR")"
+export KUBECONFIG="$STATE_DIR/kubeconfig"
+CACHE_BIN="$(sed -n 's/^export CACHE_BIN=//p' "$STATE_DIR/cluster.env" 2>/dev/null || true)"
+KUBECTL="$CACHE_BIN/kubectl"
+[ -x "$KUBECTL" ] || KUBECTL="$(command -v kubectl)"
+k() { "$KUBECTL" "$@"; }
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+cpu_seconds() { awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) / hz}' "/proc/$1/stat"; }
+peak_rss_mib() { awk '/VmHWM/ {printf "%.0f", $2 / 1024}' "/proc/$1/status"; }
+now() { date +%s.%N; }
+
+# wait_pods NS SELECTOR NEED_BOUND T0 LIMIT: prints "created_s bound_s" (bound_s "-" when not asked).
+wait_pods() {
+  local ns=$1 sel=$2 need_bound=$3 t0=$4 limit=$5 created="" out c b
+  while :; do
+    out="$(k get pods -n "$ns" -l "$sel" --no-headers -o custom-columns=N:.spec.nodeName 2>/dev/null || true)"
+    c=$(printf '%s\n' "$out" | grep -c . || true)
+    b=$(printf '%s\n' "$out" | grep -vc -e '^<none>$' -e '^$' || true)
+    local t; t=$(now)
+    if [ -z "$created" ] && [ "$c" -ge "$N" ]; then created=$(echo "$t - $t0" | bc); fi
+    if [ -n "$created" ] && { [ "$need_bound" = no ] || [ "$b" -ge "$N" ]; }; then
+      [ "$need_bound" = no ] && echo "$created -" || echo "$created $(echo "$t - $t0" | bc)"
+      return 0
+    fi
+    if [ "$(echo "$t - $t0 > $limit" | bc)" = 1 ]; then
+      echo "thousand_replicas.sh: after ${limit}s only $c pods exist, $b bound (selector $sel)" >&2
+      return 1
+    fi
+    sleep 0.2
+  done
+}
+wait_gone() {
+  local ns=$1 sel=$2 i
+  for i in $(seq 1 600); do
+    [ "$(k get pods -n "$ns" -l "$sel" --no-headers 2>/dev/null | grep -c . || true)" = 0 ] && return 0
+    sleep 1
+  done
+  echo "thousand_replicas.sh: pods of $sel still exist after 600 s" >&2
+  return 1
+}
+
+k apply -f "$REPO_ROOT/deploy/crds/trainingjobs.railyard.dev.yaml" >/dev/null
+k wait --for=condition=Established --timeout=60s crd/trainingjobs.railyard.dev >/dev/null
+k create namespace bench-op >/dev/null
+k create namespace bench-job >/dev/null
+ready=$(k get nodes --no-headers | grep -c ' Ready ' || true)
+echo "nodes ready: $ready"
+
+# --- The operator: one TrainingJob of N replicas (one pod per node), placed and bound as a gang.
+"$BIN/railyard-operator" --namespace bench-op --leader-elect=false --worker-command /bin/sleep \
+  --metrics-addr "127.0.0.1:$(free_port)" --health-addr "127.0.0.1:$(free_port)" --rendezvous-bind 127.0.0.1:0 \
+  >"$WORK/operator.log" 2>&1 &
+op=$!
+pids+=("$op")
+sleep 2
+kill -0 "$op" || { cat "$WORK/operator.log" >&2; exit 1; }
+cat >"$WORK/tj.yaml" <<TJ
+apiVersion: railyard.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: big, namespace: bench-op}
+spec:
+  replicas: $N
+  procsPerReplica: 1
+  device: cuda
+  model: {preset: tiny}
+  data: {train: /nonexistent/train_*.bin}
+  training: {steps: 1, globalBatch: $N, microBatch: 1, seqLen: 64}
+  parallelism: {data: $N}
+  template:
+    spec:
+      containers:
+      - name: worker
+        command: ["/bin/sleep", "3600"]
+TJ
+cpu0=$(cpu_seconds "$op")
+t0=$(now)
+k apply -f "$WORK/tj.yaml" >/dev/null
+read -r op_created op_bound < <(wait_pods bench-op railyard.dev/job=big yes "$t0" 900)
+op_cpu=$(echo "$(cpu_seconds "$op") - $cpu0" | bc)
+op_rss=$(peak_rss_mib "$op")
+echo "operator: $N pods created in ${op_created} s, all bound in ${op_bound} s; operator CPU ${op_cpu} s, peak RSS ${op_rss} MiB"
+k delete tj big -n bench-op --wait=false >/dev/null
+kill "$op"; wait "$op" 2>/dev/null || true
+wait_gone bench-op railyard.dev/job=big
+
+# --- The Job controller (kube-controller-manager --controllers=job) with the admin credentials the operator used.
+run_job_controller() {
+  local label=$1 qps=$2 burst=$3 name=$4
+  "$CACHE_BIN/kube-controller-manager" --kubeconfig "$KUBECONFIG" --controllers job --leader-elect=false \
+    --bind-address 127.0.0.1 --secure-port "$(free_port)" --port 0 --kube-api-qps "$qps" --kube-api-burst "$burst" \
+    >"$WORK/kcm-$name.log" 2>&1 &
+  local kcm=$!
+  pids+=("$kcm")
+  sleep 3
+  kill -0 "$kcm" || { cat "$WORK/kcm-$name.log" >&2; exit 1; }
+  local c0 t1 jc jb
+  c0=$(cpu_seconds "$kcm")
+  t1=$(now)
+  k create -n bench-job -f - >/dev/null <<JOB
+apiVersion: batch/v1
+kind: Job
+metadata: {name: $name}
+spec:
+  parallelism: $N
+  completions: $N
+  backoffLimit: 0
+  template:
+    metadata: {labels: {bench: $name}}
+    spec:
+      restartPolicy: Never
+      containers:
+      - {name: worker, image: railyard-worker:local, command: ["/bin/sleep", "3600"]}
+JOB
+  read -r jc jb < <(wait_pods bench-job "bench=$name" no "$t1" 900)
+  echo "job controller ($label, qps $qps burst $burst): $N pods created in ${jc} s; CPU $(echo "$(cpu_seconds "$kcm") - $c0" | bc) s, peak RSS $(peak_rss_mib "$kcm") MiB (whole kube-controller-manager)"
+  echo "ratio ($label): job controller / operator (created) = $(echo "scale=2; $jc / $op_created" | bc)"
+  kill "$kcm"; wait "$kcm" 2>/dev/null || true
+  k delete job "$name" -n bench-job --cascade=background --wait=false >/dev/null 2>&1 || k delete job "$name" -n bench-job --wait=false >/dev/null
+  wait_gone bench-job "bench=$name"
+}
+run_job_controller "default client limits" 20 30 default-limits
+run_job_controller "equal: effectively unthrottled" 1000 2000 equal-limits
