@@ -42,6 +42,15 @@ world_is() { [ "$(jp '{.status.world.size}')" = "$1" ] && phase_is Running; }
 pod_uid() { kubectl get pod "$1" -n "$ns" -o jsonpath='{.metadata.uid}' 2>/dev/null; }
 pod_node() { kubectl get pod "$1" -n "$ns" -o jsonpath='{.spec.nodeName}' 2>/dev/null; }
 pod_log() { echo "$state/node-agent/pods/${ns}_$1/worker.log"; }
+# trainer_pid POD: the trainer process of the pod (the pod's process is its agent; the trainer is the agent's child,
+# in a process group of its own), or nothing.
+trainer_pid() {
+  local agent
+  agent=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get(sys.argv[2], {}).get("pid", ""))' \
+    "$state/node-agent/processes.json" "$(pod_uid "$1")" 2>/dev/null) || return 0
+  [ -n "$agent" ] && pgrep -P "$agent" | head -1
+  true
+}
 # The newest committed checkpoint step (the `latest` pointer, "step-%08d"), or -1.
 latest_step() {
   local t
