@@ -103,7 +103,9 @@ class Controller {
   RendezvousService* rdzv_ = nullptr;
   std::map<std::string, std::vector<WorkerExit>> exits_;
   std::map<std::string, std::vector<JoinTimeout>> timeouts_;
-  std::map<std::string, int64_t> opened_;                              // job key -> generation opened
+  std::map<std::string, int64_t> opened_;  // job key -> generation opened
+  // job key -> generation whose recovery was observed: the cache may show the old status for a reconcile or two.
+  std::map<std::string, int64_t> recovery_observed_;
   std::map<std::string, std::pair<std::string, std::string>> tokens_;  // job key -> (uid, token)
 
   // Metrics.
@@ -111,6 +113,8 @@ class Controller {
   metrics::Family<metrics::Counter>& restarts_;
   metrics::Family<metrics::Counter>& errors_;
   metrics::Family<metrics::Histogram>& placement_seconds_;
+  metrics::Family<metrics::Histogram>& recovery_seconds_;
+  metrics::Family<metrics::Histogram>& detection_seconds_;
   metrics::Family<metrics::Gauge>& wq_depth_;
   metrics::Family<metrics::Counter>& wq_adds_;
   metrics::Family<metrics::Counter>& wq_retries_;

@@ -111,6 +111,9 @@ struct Job {
   std::set<std::pair<std::string, int>> exits;  // (pod, local_rank) already delivered; local_rank -1 = agent restart
   int ranks_ok = 0;
   std::map<int, rdzv::ProgressReport> progress;  // by global rank
+  // The first step any rank of this generation reported, and when it arrived: where recovery ends.
+  int64_t first_step = 0;
+  std::chrono::system_clock::time_point first_step_at{};
   bool timeout_reported = false;
 
   int world() const { return static_cast<int>(spec.pods.size()) * spec.procs_per_pod; }
@@ -411,6 +414,10 @@ struct RendezvousService::Impl {
     }
     const int global = job->index.at(req.ref.pod) * job->spec.procs_per_pod + req.local_rank;
     job->progress[global] = req;
+    if (job->first_step == 0 && req.step > 0) {
+      job->first_step = req.step;
+      job->first_step_at = std::chrono::system_clock::now();
+    }
     return {200, {{"status", st::kRecorded}, {"generation", job->spec.generation}}};
   }
 
@@ -583,6 +590,8 @@ std::optional<RendezvousService::Progress> RendezvousService::progress(const std
     p.loss = r.loss;
     p.tokens_per_second = r.tokens_per_second;
   }
+  p.first_step = j.first_step;
+  p.first_step_at = j.first_step_at;
   return p;
 }
 

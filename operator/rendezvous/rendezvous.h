@@ -91,6 +91,8 @@ class RendezvousService {
     bool all_succeeded = false;
     bool world_complete = false;       // every pod joined this generation
     std::vector<std::string> missing;  // pods that have not joined yet
+    int64_t first_step = 0;            // the first step any rank reported in this generation (0: none yet)
+    std::chrono::system_clock::time_point first_step_at{};  // when it arrived
   };
   std::optional<Progress> progress(const std::string& job_key) const;
 

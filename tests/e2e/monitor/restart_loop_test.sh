@@ -117,6 +117,20 @@ wait_for 180 "Succeeded" bash -c "[ \"\$(kubectl get tj $job -n $ns -o jsonpath=
 # The operator records a monitor's request as RestartRequested with the request (reason Hang) in the message.
 [ "$(jp '{.status.lastRestart.reason}')" = RestartRequested ] || fail "lastRestart.reason: '$(jp '{.status.lastRestart.reason}')'"
 jp '{.status.lastRestart.message}' | grep -q '"reason":"Hang"' || fail "lastRestart.message: $(jp '{.status.lastRestart.message}')"
+# The operator measures both times itself: detection from the request's onset, recovery to the first new step.
+[ "$(jp '{.status.lastRestart.symptom}')" = Hang ] || fail "lastRestart.symptom: '$(jp '{.status.lastRestart.symptom}')'"
+python3 - "$(jp '{.status.lastRestart}')" "$restored" "$first" <<'PY' || fail "lastRestart times: $(jp '{.status.lastRestart}')"
+import json, sys
+r, restored, first = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+ok = (r["generation"] == 2 and r["detectSeconds"] > 0 and 0 < r["recoverySeconds"] < 120
+      and r["resumedStep"] >= first and r["stepAtRestart"] > 0)
+sys.exit(0 if ok else 1)
+PY
+op_text=$(curl -s "http://$op_metrics/metrics")
+grep -q '^railyard_operator_recovery_seconds_count{reason="RestartRequested"} 1' <<<"$op_text" ||
+  fail "railyard_operator_recovery_seconds has no RestartRequested observation: $(grep recovery_seconds_count <<<"$op_text")"
+grep -q '^railyard_operator_detection_seconds_count{symptom="Hang"} 1' <<<"$op_text" ||
+  fail "railyard_operator_detection_seconds has no Hang observation: $(grep detection_seconds_count <<<"$op_text")"
 detect=$(python3 -c "print(f'{$t_detect - $t_freeze:.1f}')")
 recover=$(python3 -c "print(f'{$t_recover - $t_detect:.1f}')")
 annotated=$(python3 -c "import json,sys; from datetime import datetime as d; r=json.loads(sys.argv[1]); f='%Y-%m-%dT%H:%M:%SZ'; \
