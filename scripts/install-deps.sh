@@ -10,6 +10,7 @@ pkgs=(
   libssl-dev zlib1g-dev
   etcd-server golang-go dpkg-dev prometheus
   golang-github-masterminds-sprig-dev golang-k8s-sigs-yaml-dev golang-github-xeipuuv-gojsonschema-dev
+  clang libclang-rt-14-dev  # clang 14: libFuzzer and the sanitizer runtimes (docs/hardening.md)
 )
 for arg in "$@"; do
   case "$arg" in

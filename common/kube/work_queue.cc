@@ -124,7 +124,10 @@ void WorkQueue::delay_loop() {
     }
     auto first = delayed_.begin();
     if (first->first > Clock::now()) {
-      delay_cv_.wait_until(lock, first->first);
+      // A copy: add_after may erase this entry while we wait, and wait_until reads its deadline after waking
+      // (a heap-use-after-free found by ASan in kube_unit_tests).
+      const Clock::time_point until = first->first;
+      delay_cv_.wait_until(lock, until);
       continue;
     }
     std::string key = first->second;

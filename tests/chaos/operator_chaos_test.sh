@@ -19,6 +19,8 @@ fail() {
   kubectl get tj -n "$ns" -o jsonpath='{range .items[*]}{.metadata.name}{": "}{.status}{"\n"}{end}' >&2 || true
   echo "--- proxy stats: $(cat "$work/stats.json" 2>/dev/null)" >&2
   for f in "$work"/op.log "$work"/proxy.log; do echo "--- $f (tail)"; tail -n 40 "$f"; done >&2
+  # RAILYARD_CHAOS_KEEP=DIR keeps the operator and proxy logs and the pod history for a post-mortem.
+  if [ -n "${RAILYARD_CHAOS_KEEP:-}" ]; then mkdir -p "$RAILYARD_CHAOS_KEEP" && cp -r "$work"/. "$RAILYARD_CHAOS_KEEP"/; fi
   exit 1
 }
 cleanup() {

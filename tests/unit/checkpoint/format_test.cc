@@ -154,7 +154,9 @@ void check_written_once(const Layout& layout, const std::vector<TensorDef>& defs
       for (size_t i = 0; i < h.size(); ++i) h[i] += img[i];
     }
   }
-  for (const auto& [name, h] : hits) {
+  for (const auto& entry : hits) {  // no structured binding: clang 14 cannot capture one (CHECK_MESSAGE's lambda)
+    const auto& name = entry.first;
+    const auto& h = entry.second;
     size_t wrong = 0;
     for (int v : h) wrong += v != 1;
     CHECK_MESSAGE(wrong == 0, name << ": " << wrong << " elements not written exactly once under dp=" << layout.dp

@@ -45,7 +45,6 @@ TEST_CASE("a key added while in process is queued again after done, never handed
 TEST_CASE("workers never process the same key concurrently") {
   WorkQueue q;
   std::atomic<int> in_flight_a{0}, max_in_flight_a{0}, processed{0};
-  std::atomic<bool> stop{false};
   std::vector<std::thread> workers;
   for (int w = 0; w < 4; ++w) {
     workers.emplace_back([&] {
