@@ -3,6 +3,8 @@
 #include <openssl/evp.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cmath>
 #include <set>
 
 #include "common/log.h"
@@ -80,6 +82,14 @@ Controller::Controller(kube::Client& client, metrics::Registry& registry, Contro
       placement_seconds_(registry.histogram("railyard_operator_placement_seconds",
                                             "Time to compute one gang placement.",
                                             metrics::exponential_buckets(0.0001, 4, 10))),
+      recovery_seconds_(registry.histogram(
+          "railyard_operator_recovery_seconds",
+          "From a restart decision to the first training step of the new generation, by restart reason.",
+          metrics::exponential_buckets(0.5, 2, 12))),
+      detection_seconds_(registry.histogram(
+          "railyard_operator_detection_seconds",
+          "From a symptom's onset to the restart request that reported it (monitor requests), by symptom.",
+          metrics::exponential_buckets(0.5, 2, 12))),
       wq_depth_(registry.gauge("workqueue_depth", "Current depth of the work queue.")),
       wq_adds_(registry.counter("workqueue_adds_total", "Adds handled by the work queue.")),
       wq_retries_(registry.counter("workqueue_retries_total", "Rate-limited retries handled by the work queue.")),
@@ -673,6 +683,30 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
     Json last = {
         {"reason", t->reason}, {"detector", t->detector}, {"time", now_s}, {"podUIDs", uids}, {"message", t->detail}};
     if (t->rank >= 0) last["rank"] = t->rank;
+    // What recovery is measured against (see the progress block below): the step the job had reached.
+    last["stepAtRestart"] = status.value("step", Json(0));
+    if (t->reason == "RestartRequested" && !restart_request.empty()) {
+      // The monitor's request is JSON with the symptom, its onset and when it was requested: time to detect.
+      try {
+        const Json r = Json::parse(restart_request);
+        if (r.is_object() && r.value("reason", Json()).is_string()) {
+          // A label value: only a short word (the monitor's rules: Hang, Straggler, NaN, ...), else "other".
+          const std::string sym = r["reason"].get<std::string>();
+          const bool word = !sym.empty() && sym.size() <= 32 &&
+                            std::all_of(sym.begin(), sym.end(), [](unsigned char c) { return std::isalnum(c); });
+          last["symptom"] = word ? sym : "other";
+        }
+        if (r.is_object() && r.value("onset", Json()).is_string() && r.value("time", Json()).is_string()) {
+          const double secs = std::chrono::duration<double>(kube::parse_rfc3339(r["time"].get<std::string>()) -
+                                                            kube::parse_rfc3339(r["onset"].get<std::string>()))
+                                  .count();
+          last["detectSeconds"] = std::round(std::max(0.0, secs) * 10) / 10;
+          detection_seconds_.add({{"symptom", last.value("symptom", "unknown")}}).observe(std::max(0.0, secs));
+        }
+      } catch (const std::exception&) {
+        // A hand-written request ("now", a date) has no onset: nothing to measure.
+      }
+    }
     if (!t->pod.empty()) last["pod"] = t->pod;
     if (!t->node.empty()) last["node"] = t->node;
     if (d.fail) {
@@ -693,6 +727,7 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
     }
     restarted_now = true;
     gen = d.next_generation;
+    last["generation"] = gen;
     restarts = d.restarts;
     status["generation"] = gen;
     status["restarts"] = restarts;
@@ -963,6 +998,31 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
     status["phase"] = "Created";
   else
     status["phase"] = "Pending";
+  if (progress && progress->first_step > 0 && status.contains("lastRestart") && status["lastRestart"].is_object()) {
+    // Recovered: the new generation reported its first step (progress files are per generation, so any step seen
+    // here was trained after the restart). Time and work lost are kept in status and observed once.
+    Json& last = status["lastRestart"];
+    if (last.value("generation", Json(-1)) == Json(gen) && !last.contains("recoveredTime") && last.contains("time") &&
+        last["time"].is_string()) {
+      // Timed by when the rendezvous service received the first step, not by this (polling) reconcile.
+      const double secs =
+          std::chrono::duration<double>(progress->first_step_at - kube::parse_rfc3339(last["time"].get<std::string>()))
+              .count();
+      last["recoveredTime"] = kube::format_rfc3339(progress->first_step_at);
+      last["recoverySeconds"] = std::round(std::max(0.0, secs) * 10) / 10;
+      // The first step the service received: within one agent poll period of the first step trained, so not the
+      // step after the restored checkpoint (the worker logs that one).
+      last["resumedStep"] = progress->first_step;
+      bool first_time = false;
+      {
+        std::lock_guard lock(mu_);
+        auto [it, inserted] = recovery_observed_.emplace(key, gen);
+        first_time = inserted || it->second != gen;
+        it->second = gen;
+      }
+      if (first_time) recovery_seconds_.add({{"reason", last.value("reason", "")}}).observe(std::max(0.0, secs));
+    }
+  }
   if (progress) {
     status["step"] = progress->step;
     status["loss"] = progress->loss;
