@@ -29,6 +29,8 @@ fail() {
 cleanup() {
   for n in "${nodes_down[@]}"; do agent_ctl node-up "$n" >/dev/null 2>&1 || true; done
   [ -n "$op_pid" ] && kill "$op_pid" 2>/dev/null && wait "$op_pid" 2>/dev/null || true
+  # Pods still running (a failed run) are killed before $work goes, or their trainers re-create it when they save.
+  kubectl delete pods --all -n "$ns" --grace-period=0 --force --wait=true --timeout=30s >/dev/null 2>&1 || true
   kubectl delete namespace "$ns" --wait=false >/dev/null 2>&1 || true
   rm -rf "$work"
 }
