@@ -22,10 +22,23 @@ constexpr DTypeInfo kDTypes[] = {{DType::F32, "f32", 4}, {DType::BF16, "bf16", 2
 
 nlohmann::json box_json(const Box& b) { return {{"offset", b.offset}, {"size", b.size}}; }
 
+// Dimensions must be JSON integers: nlohmann converts a float like 6.7e21 to int64_t with undefined behaviour
+// (found by fuzz_checkpoint_manifest).
+Shape shape_from(const nlohmann::json& j, const char* what) {
+  if (!j.is_array()) throw Error(std::string(what) + " is not an array of integers");
+  Shape out;
+  for (const auto& d : j) {
+    if (!d.is_number_integer() || (d.is_number_unsigned() && d.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)))
+      throw Error(std::string(what) + " holds " + d.dump() + ", not an integer dimension");
+    out.push_back(d.get<int64_t>());
+  }
+  return out;
+}
+
 Box box_from(const nlohmann::json& j) {
   Box b;
-  b.offset = j.at("offset").get<Shape>();
-  b.size = j.at("size").get<Shape>();
+  b.offset = shape_from(j.at("offset"), "box offset");
+  b.size = shape_from(j.at("size"), "box size");
   if (b.offset.size() != b.size.size()) throw Error("box offset and size have different ranks");
   return b;
 }
@@ -38,7 +51,7 @@ TensorRecord tensor_from(const nlohmann::json& j) {
   TensorRecord t;
   t.name = j.at("name").get<std::string>();
   t.dtype = parse_dtype(j.at("dtype").get<std::string>());
-  t.shape = j.at("shape").get<Shape>();
+  t.shape = shape_from(j.at("shape"), "tensor shape");
   for (int64_t d : t.shape) {
     if (d < 0) throw Error("tensor " + t.name + " has a negative dimension");
   }

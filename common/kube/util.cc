@@ -16,9 +16,13 @@ void throw_api_error(int http_status, const std::string& body, const std::string
   std::string message;
   int code = http_status;
   Json status = Json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (status.is_object() && status.value("kind", "") == "Status") {
-    reason = status.value("reason", "");
-    message = status.value("message", "");
+  // Type-checked: Json::value() throws on a non-string "kind" (found by fuzz_watch_stream).
+  auto field = [&status](const char* key) {
+    return status.contains(key) && status[key].is_string() ? status[key].get<std::string>() : std::string();
+  };
+  if (status.is_object() && field("kind") == "Status") {
+    reason = field("reason");
+    message = field("message");
     if (status.contains("code") && status["code"].is_number_integer()) code = status["code"].get<int>();
   } else {
     message = body.size() > 300 ? body.substr(0, 300) + "..." : body;

@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/format.h"
 #include "common/error.h"
 #include "common/kube/client.h"
 #include "operator/controller/job_spec.h"
@@ -49,4 +50,21 @@ TEST_CASE("watch_stream: ADDED/MODIFIED/DELETED events without an object are mal
   // A bookmark needs no object; a real event still parses.
   CHECK(parse_watch_line(R"({"type":"BOOKMARK"})", "t"));
   CHECK(parse_watch_line(R"({"type":"ADDED","object":{"metadata":{"name":"a"}}})", "t")->object.is_object());
+}
+
+TEST_CASE("watch_stream: an ERROR event whose Status has a non-string kind is an ApiError (fuzz_watch_stream)") {
+  CHECK_THROWS_AS(railyard::kube::parse_watch_line(R"({"type":"ERROR","object":{"kind":410,"code":410}})", "t"),
+                  railyard::kube::Gone);
+  CHECK_THROWS_AS(railyard::kube::throw_api_error(503, R"({"kind":"Status","message":7})", "GET /x"),
+                  railyard::kube::ServerError);
+}
+
+TEST_CASE("checkpoint: a non-integer dimension is a malformed record, not undefined behaviour (fuzz_checkpoint)") {
+  for (const char* shape : {"[4,6.6e21]", "[4,2.5]", "[18446744073709551615]", "\"4\""}) {
+    INFO("shape: ", shape);
+    json rec = json::parse(std::string(R"({"rank":0,"step":1,"run_id":"r","file":"f","file_bytes":0,"slices":[],
+                                          "tensors":[{"name":"w","dtype":"f32","shape":)") +
+                           shape + "}]}");
+    CHECK_THROWS_AS(railyard::ckpt::rank_record_from_json(rec, "rank-00000.done"), railyard::Error);
+  }
 }
