@@ -569,6 +569,8 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
     status["phase"] = "Succeeded";
     status["completionTime"] = now_s;
     if (done_rdzv) status["step"] = std::max<int64_t>(status["step"].get<int64_t>(), progress->step);
+    // The agents forward each worker's last progress before its exit, so this is the final step's loss.
+    if (done_rdzv && progress->step > 0) status["loss"] = progress->loss;
     if (done_rdzv || !agent) status["step"] = spec.steps;
     status["progress"] = std::to_string(status["step"].get<int64_t>()) + "/" + std::to_string(spec.steps);
     set_condition(status, "Succeeded", true, done_rdzv ? "AllRanksSucceeded" : "AllPodsSucceeded", how, now_s);

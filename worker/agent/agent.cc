@@ -518,6 +518,9 @@ class AgentRun {
         return finish(s, rdzv::kExitStopped, After::Exit, 128 + s);
       }
       reap(rdzv::kExitExited);
+      // A worker's last steps (the final loss) may have been written after the last poll: forward them before its
+      // exit, so the job's status never ends on a stale step or loss.
+      if (!pending_.empty()) forward_progress();
       if (!pending_.empty()) flush_reports();
       last_all_ok_ = all_ok();
       if (Clock::now() < next_poll) {

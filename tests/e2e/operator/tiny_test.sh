@@ -62,4 +62,8 @@ node=$(jp '{.status.placement.nodes[0]}')
 [ -n "$node" ] || fail "no node in status.placement"
 log=$(ls "$state"/node-agent/pods/"${ns}"_tiny-worker-0/*.log | head -1)
 grep -q "step=200/200" "$log" || fail "the trainer's log has no step 200/200"
+# status.loss is the last step's loss: the agent forwards the final progress before the worker's exit.
+last_loss=$(grep -o 'step=200/200 loss=[0-9.]*' "$log" | tail -1 | sed 's/.*loss=//')
+python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(0 if abs(a - b) <= 1e-5 * abs(b) else 1)" \
+  "$loss" "$last_loss" || fail "status.loss $loss is not the last step's loss $last_loss"
 echo "tiny example e2e: ok (node $node, final loss $loss)"
