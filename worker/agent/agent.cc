@@ -417,7 +417,12 @@ class AgentRun {
   // reason reported to the service, or nullptr to report nothing (the generation is already superseded).
   void stop_workers(int sig, const char* reason) {
     for (auto& w : workers_)
-      if (w.running) ::kill(-w.pid, sig);
+      if (w.running) {
+        ::kill(-w.pid, sig);
+        // A stopped (hung, SIGSTOPped) worker cannot act on the signal until it runs again: continue it, so it
+        // saves its step and exits within the grace instead of waiting for SIGKILL.
+        if (sig != SIGKILL) ::kill(-w.pid, SIGCONT);
+      }
     auto until = Clock::now() + cfg_.grace;
     while (any_running() && Clock::now() < until) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
