@@ -60,14 +60,17 @@ spec:
   device: cpu
   model: {preset: tiny}
   data: {train: $work/data/train_*.bin}
-  training: {steps: 300, globalBatch: 4, microBatch: 4, seqLen: 64, learningRate: 0.001, warmupSteps: 10}
+  training: {steps: 600, globalBatch: 4, microBatch: 4, seqLen: 64, learningRate: 0.001, warmupSteps: 10}
   checkpoint: {path: $ckpt, intervalSteps: 20, keep: 3}
   failurePolicy: {maxRestarts: 2, hangTimeoutSeconds: 60, excludeFailedNodes: false}
 EOF
 
 # Generation 1 trains and checkpoints.
+# Read from the trainer's log, not status.step (which the operator refreshes every few seconds): on a quiet machine
+# the tiny model runs a step in ~20 ms.
+log=$state/node-agent/pods/${ns}_${job}-worker-0/worker.log
 wait_for 120 "generation 1 at step >= 45 with a checkpoint" \
-  bash -c "[ -f '$ckpt/latest' ] && s=\$(kubectl get tj $job -n $ns -o jsonpath='{.status.step}') && [ \"\${s:-0}\" -ge 45 ]"
+  bash -c "[ -f '$ckpt/latest' ] && s=\$(grep -o 'step=[0-9]*/600' '$log' | tail -1 | grep -o '=[0-9]*' | tr -d =) && [ \"\${s:-0}\" -ge 45 ]"
 [ "$(jp '{.status.generation}')" = 1 ] || fail "generation is '$(jp '{.status.generation}')' before the freeze"
 
 # Freeze the training process (the agent's child; the agent itself keeps running, as with a hung CUDA kernel).
@@ -80,7 +83,7 @@ frozen=$worker_pid
 t_freeze=$(now)
 log=$(ls "$state"/node-agent/pods/"${ns}"_"${job}"-worker-0/*.log | head -1)
 sleep 0.5
-step_frozen=$(grep -o 'step=[0-9]*/300' "$log" | tail -1 | grep -o '=[0-9]*' | tr -d =)
+step_frozen=$(grep -o 'step=[0-9]*/600' "$log" | tail -1 | grep -o '=[0-9]*' | tr -d =)
 echo "froze worker pid $worker_pid at step $step_frozen"
 
 # Detection: the monitor's restart request.
@@ -100,15 +103,15 @@ frozen=""
 
 # Recovery: generation 2 restores the newest checkpoint and trains on.
 wait_for 90 "generation 2" bash -c "[ \"\$(kubectl get tj $job -n $ns -o jsonpath='{.status.generation}')\" = 2 ]"
-wait_for 60 "the restored worker's first step" bash -c "grep -A400 'checkpoint: restored' '$log' | grep -q 'step=[0-9]*/300'"
+wait_for 60 "the restored worker's first step" bash -c "grep -A400 'checkpoint: restored' '$log' | grep -q 'step=[0-9]*/600'"
 t_recover=$(now)
 restored=$(grep -o 'checkpoint: restored step=[0-9]*' "$log" | tail -1 | grep -o '[0-9]*$')
 [ -n "$restored" ] || fail "the new worker did not restore a checkpoint"
-first=$(grep -A400 'checkpoint: restored' "$log" | grep -o 'step=[0-9]*/300' | head -1 | grep -o '=[0-9]*' | tr -d =)
+first=$(grep -A400 'checkpoint: restored' "$log" | grep -o 'step=[0-9]*/600' | head -1 | grep -o '=[0-9]*' | tr -d =)
 echo "generation 2 restored step $restored; its first step is $first (frozen at step $step_frozen)"
 # The agent continues the stopped worker with its SIGTERM, so it normally saves the step it was on (no step lost);
 # if that save misses the grace period, the newest periodic checkpoint (a multiple of 20) is restored instead.
-gen1_last=$(sed -n '/checkpoint: restored/q;p' "$log" | grep -o 'step=[0-9]*/300' | tail -1 | grep -o '=[0-9]*' | tr -d =)
+gen1_last=$(sed -n '/checkpoint: restored/q;p' "$log" | grep -o 'step=[0-9]*/600' | tail -1 | grep -o '=[0-9]*' | tr -d =)
 if [ "$restored" = "$gen1_last" ]; then
   echo "restored the step saved on SIGTERM: no step lost"
 else
@@ -120,7 +123,7 @@ fi
 [ "$restored" -ge "$step_frozen" ] || [ $((restored % 20)) = 0 ] || fail "restored step $restored is before the frozen step $step_frozen"
 
 wait_for 180 "Succeeded" bash -c "[ \"\$(kubectl get tj $job -n $ns -o jsonpath='{.status.phase}')\" = Succeeded ]"
-[ "$(jp '{.status.progress}')" = "300/300" ] || fail "progress is '$(jp '{.status.progress}')'"
+[ "$(jp '{.status.progress}')" = "600/600" ] || fail "progress is '$(jp '{.status.progress}')'"
 [ "$(jp '{.status.restarts}')" = 1 ] || fail "restarts: $(jp '{.status.restarts}')"
 [ "$(jp '{.status.lastRestart.detector}')" = monitor ] || fail "lastRestart.detector: '$(jp '{.status.lastRestart.detector}')'"
 # The operator records a monitor's request as RestartRequested with the request (reason Hang) in the message.
