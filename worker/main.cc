@@ -307,6 +307,7 @@ DistSetup join_world(std::map<std::string, std::string>& f, TrainConfig& tc) {
     }
     return d;
   }
+  tc.world_size = static_cast<int>(world);
   const comm::Layout layout{static_cast<int>(world / (tp * pp)), static_cast<int>(tp), static_cast<int>(pp)};
   comm::validate_layout(layout, static_cast<int>(world));
   d.groups = std::make_unique<comm::ProcessGroups>(comm::connect_gloo(comm::gloo_options_from_env()), layout);

@@ -245,7 +245,17 @@ StepResult Trainer::step() {
   const double tokens = static_cast<double>(micro) * cfg_.batch * cfg_.seq_len;
   r.tokens_per_second = tokens / r.seconds;
   r.flops_per_second = r.tokens_per_second * flops_per_token(gpt_, cfg_.seq_len);
-  r.mfu = peak_flops_ > 0 ? r.flops_per_second / peak_flops_ : 0;
+  const double per_process = r.flops_per_second / std::max(1, cfg_.world_size);
+  if (cfg_.peak_flops <= 0 && peak_flops_ > 0 && per_process > peak_flops_) {
+    // The GEMM rate measured at start was disturbed (a busy machine): a step cannot beat its own GEMMs, so the best
+    // rate seen since is the better reference. Said once, so a reader knows the early MFU values were too high.
+    if (!peak_raised_)
+      log::warn("worker", "raising the measured GEMM-rate reference of MFU to a faster step's rate",
+                {{"measured", fmt("%.4g", peak_flops_)}, {"step_rate", fmt("%.4g", per_process)}});
+    peak_raised_ = true;
+    peak_flops_ = per_process;
+  }
+  r.mfu = peak_flops_ > 0 ? per_process / peak_flops_ : 0;
   return r;
 }
 

@@ -51,6 +51,7 @@ struct TrainConfig {
   int val_steps = 10;
   int max_bad_steps = 3;      // consecutive non-finite steps before run() fails
   double peak_flops = 0;      // FLOP/s for MFU; 0 = measure the GEMM rate at start
+  int world_size = 1;         // processes whose step this is: MFU divides by world_size x peak (per-process peak)
   std::string log_json;       // optional JSON-lines log file
   std::string progress_file;  // optional: {"step", "loss", "tokens_per_second"} rewritten atomically each step
   bool quiet = false;         // no per-step log lines (tests)
@@ -161,6 +162,7 @@ class Trainer {
   int64_t step_ = 0;
   int64_t bad_total_ = 0, bad_consecutive_ = 0;
   double peak_flops_ = 0;
+  bool peak_raised_ = false;
   std::vector<std::pair<int64_t, double>> val_history_;
   std::unique_ptr<std::ofstream> json_;
   TrainMetrics* metrics_ = nullptr;

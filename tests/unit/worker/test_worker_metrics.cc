@@ -81,3 +81,38 @@ TEST_CASE("each step is published as metrics that match the step results and pas
   CHECK_MESSAGE(WEXITSTATUS(::pclose(p)) == 0, out);
   std::filesystem::remove(path);
 }
+
+TEST_CASE("MFU is per process and never exceeds 1 against a measured GEMM rate") {
+  const GptConfig g = make_gpt_config(/*L=*/1, /*C=*/32, /*NH=*/2, /*maxT=*/16, /*V=*/64);
+  std::vector<int32_t> tokens(4096);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 7 + i / 13) % 64);
+  const std::string l = "{generation=\"0\",job=\"j\",namespace=\"ns\",node=\"n\",rank=\"0\"}";
+  for (const double peak : {0.0, 1e9}) {
+    CAPTURE(peak);
+    TrainConfig tc;
+    tc.batch = 2;
+    tc.seq_len = 16;
+    tc.steps = 5;
+    tc.peak_flops = peak;  // 0: measured at start, and raised if a step beats it
+    tc.world_size = 2;     // as if this process were one of two ranks of the step
+    tc.quiet = true;
+    WindowSource train(tokens, tc.batch, tc.seq_len, 5);
+    ThreadPool pool(1);
+    Trainer trainer(g, tc, pool, train);
+    metrics::Registry registry;
+    TrainMetrics tm(registry, {{"namespace", "ns"}, {"job", "j"}, {"generation", "0"}, {"rank", "0"}, {"node", "n"}});
+    trainer.set_metrics(&tm);
+    REQUIRE(trainer.run() == 0);
+    std::string text(1, '\n');
+    text.append(registry.serialize());
+    const double mfu = sample(text, "railyard_worker_mfu_ratio" + l);
+    const double flops = sample(text, "railyard_worker_flops_per_second" + l);
+    CHECK(mfu > 0);
+    if (peak > 0) {
+      CHECK(mfu == doctest::Approx(flops / (2 * peak)));
+    } else {
+      CHECK(mfu <= 1.0 + 1e-12);
+      CHECK(mfu == doctest::Approx(flops / 2 / trainer.peak_flops()));
+    }
+  }
+}
