@@ -96,6 +96,9 @@ def constraints(s, required):
 
 def rows(s, path, required, out):
     """Appends (path, type, default, constraints, description) for s and everything below it, in schema order."""
+    stray = [k for k in s if " " in str(k)]
+    if stray:  # `{description: a, b}` in a YAML flow mapping makes "b" a key: the API server refuses it
+        raise DocError(path + ": stray schema key " + repr(stray[0]) + " (quote the description in " + CRD + ")")
     out.append((path, type_of(s), literal(s["default"]) if "default" in s else "", constraints(s, required),
                 s.get("description", "")))
     node, prefix = s, path + "."
