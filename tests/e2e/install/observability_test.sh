@@ -207,8 +207,31 @@ rules=$(objects "$src/deploy/prometheus/rules/railyard.rules.yml")
 for r in $(jq -r '.groups[].rules[] | .record // empty' <<<"$rules"); do
   check "recording rule $r returns data for the job" returns_data "$r{namespace=\"$ns\", job=\"$job\"}"
 done
+# An alert's expression returns data only while it fires. So that its inputs are shown to return data for the job
+# (names, labels, vector matching), each comparison outside label matchers becomes a `bool` comparison (every compared
+# series, 0 or 1) and `offset` is dropped (RailyardLossSpike compares with the loss 2 minutes ago, longer than this run).
+as_inputs() {
+  python3 -c '
+import re, sys
+e, out, depth, quote = sys.argv[1], "", 0, None
+i = 0
+while i < len(e):
+    c = e[i]
+    if quote:
+        out += c; quote = None if c == quote else quote; i += 1; continue
+    if c in "\"\x27": quote = c
+    elif c == "{": depth += 1
+    elif c == "}": depth -= 1
+    m = re.match(r"(==|!=|>=|<=|>|<)(\s*bool\b)?", e[i:]) if depth == 0 and not quote else None
+    if m:
+        out += m.group(1) + " bool"; i += m.end(); continue
+    out += c; i += 1
+print(re.sub(r"\s+offset\s+\d+[smhdwy]", "", out))' "$1"
+}
 while IFS=$'\t' read -r a expr; do
   check "alert $a: its expression evaluates" evaluates "$expr"
+  inputs=$(as_inputs "$expr")
+  check "alert $a: its inputs return data for the job ($inputs)" returns_data "$inputs"
 done < <(jq -r '.groups[].rules[] | select(.alert) | [.alert, (.expr | gsub("\n"; " "))] | @tsv' <<<"$rules")
 check "Prometheus loaded the rules without errors" bash -c "curl -fsS '$prom/api/v1/rules' |
   jq -e '[.data.groups[].rules[] | select(.health != \"ok\")] | length == 0' >/dev/null"
