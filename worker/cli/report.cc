@@ -62,25 +62,27 @@ double to_double(const std::map<std::string, std::string>& f, const char* key) {
 
 }  // namespace
 
+void append_step(RunLog& log, const StepPoint& p, std::string start) {
+  if (!log.steps.empty() && start.empty() && p.step <= log.steps.back().step) {
+    start =
+        "restart (step went back from " + std::to_string(log.steps.back().step) + " to " + std::to_string(p.step) + ")";
+  }
+  if (!start.empty() || log.segments.empty()) {
+    log.segments.push_back({p.step, p.step, 0, start.empty() ? "start" : start});
+  }
+  log.segments.back().last_step = p.step;
+  ++log.segments.back().steps;
+  log.steps.push_back(p);
+}
+
 RunLog parse_run_log(std::istream& in, const std::string& name) {
   RunLog log;
   log.name = name;
   std::string line, pending_start = "start";
   size_t lineno = 0;
-  auto add_step = [&](StepPoint p) {
-    if (!log.steps.empty()) {
-      const int64_t prev = log.steps.back().step;
-      if (p.step <= prev && pending_start.empty()) {
-        pending_start = "restart (step went back from " + std::to_string(prev) + " to " + std::to_string(p.step) + ")";
-      }
-    }
-    if (!pending_start.empty() || log.segments.empty()) {
-      log.segments.push_back({p.step, p.step, 0, pending_start.empty() ? "start" : pending_start});
-      pending_start.clear();
-    }
-    log.segments.back().last_step = p.step;
-    ++log.segments.back().steps;
-    log.steps.push_back(p);
+  auto add_step = [&](const StepPoint& p) {
+    append_step(log, p, pending_start);
+    pending_start.clear();
   };
   while (std::getline(in, line)) {
     ++lineno;

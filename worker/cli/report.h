@@ -47,6 +47,16 @@ struct RunLog {
 // (ignored). Throws railyard::Error naming name:line for a malformed JSON line or a log without a single step.
 RunLog parse_run_log(std::istream& in, const std::string& name);
 
+// Appends one step to log, opening a new segment (started by `start`) when start is non-empty, when the log has none
+// yet, or when the step does not advance (named "restart (step went back ...)").
+void append_step(RunLog& log, const StepPoint& p, std::string start = "");
+
+// The same from Prometheus: range queries over [now - since_seconds, now] of the job's worker series (the Grafana
+// training dashboard's expressions), one point per new value of the step gauge; a change of railyard_agent_generation
+// opens a segment. Throws railyard::Error naming the URL (unreachable, not Prometheus, no series for the job).
+RunLog from_prometheus(const std::string& url, const std::string& ns, const std::string& job, long long since_seconds,
+                       long long now);
+
 struct CheckpointRow {
   int64_t step = 0;
   bool complete = false;

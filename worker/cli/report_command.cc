@@ -17,6 +17,7 @@ namespace {
 constexpr const char* kReportUsage =
     R"(usage: railyard report --log FILE [--log FILE...] [--status FILE] [--checkpoints DIR]
                        [--title TEXT] [--output FILE.html]
+       railyard report NAMESPACE/JOB --prometheus URL [--since DURATION] [--status FILE] [--checkpoints DIR] ...
 Writes one self-contained HTML page (inline SVG charts, no scripts, nothing fetched) about a training run:
 loss and validation loss, tokens/s, step time, MFU, the step-time split, restarts and generations, checkpoints.
   --log FILE          the trainer's log: the JSON lines of `railyard-worker train --log-json FILE`, or the worker
@@ -24,6 +25,9 @@ loss and validation loss, tokens/s, step time, MFU, the step-time split, restart
   --status FILE       the TrainingJob as JSON (`kubectl get tj NAME -o json > FILE`): phase, restarts, generation,
                       conditions, last restart, last checkpoint
   --checkpoints DIR   the job's checkpoint directory (spec.checkpoint.path): the checkpoints kept
+  --prometheus URL    read the job's worker series from this Prometheus (http://HOST:PORT[/PREFIX]) with range
+                      queries, instead of or besides logs: needs NAMESPACE/JOB
+  --since DURATION    how far back to query, e.g. 90m, 6h, 2d (default 6h)
   --title TEXT        page title (default: the job's namespace/name from --status, else "Training run")
   --output FILE       where to write (default railyard-report.html); the path is printed
 )";
@@ -33,7 +37,8 @@ loss and validation loss, tokens/s, step time, MFU, the step-time split, restart
 int run_report(const Args& args) {
   report::Inputs in;
   std::vector<std::string> logs;
-  std::string status_path, output = "railyard-report.html";
+  std::string status_path, output = "railyard-report.html", target, prometheus;
+  long long since = 6 * 3600;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--help" || a == "-h") {
@@ -50,18 +55,46 @@ int run_report(const Args& args) {
       status_path = value();
     } else if (a == "--checkpoints") {
       in.checkpoint_dir = value();
+    } else if (a == "--prometheus") {
+      prometheus = value();
+    } else if (a == "--since") {
+      const std::string v = value();
+      const char unit = v.empty() ? '?' : v.back();
+      const long long mult = unit == 's' ? 1 : unit == 'm' ? 60 : unit == 'h' ? 3600 : unit == 'd' ? 86400 : 0;
+      const unsigned long long n = mult == 0 ? 0 : parse_count("--since", v.substr(0, v.size() - 1));
+      if (mult == 0 || n == 0)
+        throw UsageError{"--since '" + v + "': use a positive number with s, m, h or d (e.g. 6h)"};
+      since = static_cast<long long>(n) * mult;
     } else if (a == "--title") {
       in.title = value();
     } else if (a == "--output") {
       output = value();
     } else if (!a.empty() && a[0] == '-') {
       throw UsageError{"report: unknown flag '" + a + "' (railyard report --help)"};
+    } else if (target.empty() && a.find('/') != std::string::npos) {
+      target = a;
     } else {
       throw UsageError{"report: unexpected argument '" + a + "': give the run's data with --log, --status and " +
-                       "--checkpoints (railyard report --help)"};
+                       "--checkpoints, or NAMESPACE/JOB with --prometheus (railyard report --help)"};
     }
   }
-  if (logs.empty()) throw UsageError{"report: --log FILE is required (the trainer's --log-json or text log)"};
+  if (target.empty() != prometheus.empty()) throw UsageError{"report: NAMESPACE/JOB and --prometheus URL go together"};
+  if (logs.empty() && prometheus.empty()) {
+    throw UsageError{
+        "report: --log FILE is required (the trainer's --log-json or text log), or NAMESPACE/JOB with "
+        "--prometheus URL"};
+  }
+  if (!target.empty()) {
+    const size_t slash = target.find('/');
+    const std::string ns = target.substr(0, slash), job = target.substr(slash + 1);
+    if (ns.empty() || job.empty() || job.find('/') != std::string::npos) {
+      throw UsageError{"report: '" + target + "' is not NAMESPACE/JOB"};
+    }
+    const long long now =
+        std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+    in.logs.push_back(report::from_prometheus(prometheus, ns, job, since, now));
+    if (in.title.empty()) in.title = "TrainingJob " + target;
+  }
 
   for (const auto& path : logs) {
     std::ifstream f(path);
