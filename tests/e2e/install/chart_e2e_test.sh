@@ -159,14 +159,18 @@ sa_kubeconfig "$mon" "$work/monitor.kubeconfig"
 mapfile -t args < <("$minihelm" yaml2json "$work/ns.yaml" | jq -r 'select(.kind == "Deployment" and
   .metadata.name == "'"$opn"'") | .spec.template.spec.containers[0].args[]' |
   grep -vE '^--(metrics-addr|health-addr|rendezvous-bind|rendezvous-addr|worker-command|worker-image)=')
-# job_flow NAME SECONDS: the operator, with its ServiceAccount's token, runs a 2-replica job NAME to Succeeded with its
-# Secret, bound pods and Events. Returns 1 (and says which step) if any of that does not happen within SECONDS.
-job_flow() {
-  local name=$1 limit=$2 t0=$SECONDS step=""
+# The operator with its ServiceAccount's token and the chart's arguments (local binary, loopback addresses).
+start_operator() {
   "$bin/railyard-operator" --kubeconfig "$work/operator.kubeconfig" "${args[@]}" --metrics-addr 127.0.0.1:0 \
     --health-addr 127.0.0.1:0 --rendezvous-bind 127.0.0.1:0 --worker-command "$bin/railyard-worker" \
     --lease-duration 4 --renew-deadline 3 --retry-period 1 >"$work/operator.log" 2>&1 &
   op_pid=$!
+}
+# job_flow NAME SECONDS: the operator, with its ServiceAccount's token, runs a 2-replica job NAME to Succeeded with its
+# Secret, bound pods and Events. Returns 1 (and says which step) if any of that does not happen within SECONDS.
+job_flow() {
+  local name=$1 limit=$2 t0=$SECONDS step=""
+  start_operator
   cat <<YAML | kubectl apply -n "$team" -f - >/dev/null
 apiVersion: railyard.dev/v1alpha1
 kind: TrainingJob
@@ -204,10 +208,7 @@ YAML
 # test's files) to Succeeded with 200/200 steps; returns 1 naming what did not happen within LIMIT seconds.
 tiny_flow() {
   local limit=$1 t0=$SECONDS phase=""
-  "$bin/railyard-operator" --kubeconfig "$work/operator.kubeconfig" "${args[@]}" --metrics-addr 127.0.0.1:0 \
-    --health-addr 127.0.0.1:0 --rendezvous-bind 127.0.0.1:0 --worker-command "$bin/railyard-worker" \
-    --lease-duration 4 --renew-deadline 3 --retry-period 1 >"$work/operator.log" 2>&1 &
-  op_pid=$!
+  start_operator
   sed -e "s|/tmp/railyard-data/|$work/data/|g" -e "s|/tmp/railyard-ckpt/tiny|$work/ckpt|" \
     "$src/deploy/examples/tiny.yaml" | kubectl apply -n "$team" -f - >/dev/null
   until [ "$phase" = Succeeded ]; do
@@ -217,11 +218,7 @@ tiny_flow() {
       stop_operator
       return 1 ;;
     esac
-    if [ $((SECONDS - t0)) -ge "$limit" ]; then
-      echo "  tiny: not Succeeded within ${limit}s (phase '$phase')" >&2
-      stop_operator
-      return 1
-    fi
+    [ $((SECONDS - t0)) -lt "$limit" ] || { echo "  tiny: not Succeeded within ${limit}s ($phase)" >&2; stop_operator; return 1; }
     sleep 0.5
   done
   echo "  tiny: Succeeded after $((SECONDS - t0)) s"
