@@ -150,6 +150,9 @@ if exits and restored:
           f"{first - exits[0]:.2f} s; time lost {first - exits[0] + redone * mean_ms / 1e3:.2f} s "
           f"(that plus {redone} redone steps x {mean_ms:.0f} ms)")
 PY
+kubectl get trainingjobs.railyard.dev $ft -o json >"$state/$ft.json"
+"$build/bin/railyard" report --log "$state/node-agent/pods/default_$ft-worker-0/worker.log" --status "$state/$ft.json" \
+  --checkpoints "$state/ckpt/$ft" --output "$state/$ft-report.html" | sed 's/^report: wrote /HTML report (loss curve, restarts, checkpoints): /'
 echo
 echo "The cluster and the operator keep running. Use them with:  eval \"\$(deploy/local/cluster.sh env --state-dir $state)\""
 echo "Stop them with:  kill \$(cat $state/operator.pid); deploy/local/cluster.sh down --state-dir $state"

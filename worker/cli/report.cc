@@ -299,7 +299,7 @@ std::string line_chart(const std::string& id, const std::string& title, const st
     o << "\"/>\n";
   }
   // The legend sits in the title row, right of the title, so it never covers data.
-  double lx = L + 30 + 8.0 * static_cast<double>(title.size() + unit.size());
+  double lx = L + 24 + 8.6 * static_cast<double>(title.size() + (unit.empty() ? 0 : unit.size() + 3));
   for (const auto& s : series) {
     o << "<rect x=\"" << fmt("%.0f", lx) << "\" y=\"13\" width=\"14\" height=\"4\" fill=\"" << s.color
       << "\"/><text x=\"" << fmt("%.0f", lx + 18) << "\" y=\"19\" class=\"legend\">" << esc(s.name) << "</text>\n";
