@@ -123,7 +123,8 @@ int run_report(const Args& args) {
     }
     in.status = j;
     if (in.title.empty()) {
-      in.title = "TrainingJob " + j["metadata"].value("namespace", "") + "/" + j["metadata"].value("name", "");
+      const auto meta = j.value("metadata", nlohmann::json::object());
+      in.title = "TrainingJob " + meta.value("namespace", "") + "/" + meta.value("name", "");
     }
   }
   if (in.title.empty()) in.title = "Training run";
