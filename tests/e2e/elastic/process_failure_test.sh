@@ -2,7 +2,7 @@
 # E2E flow 1 (issue #10): a worker process dies. A 2-replica data-parallel job trains the tiny model with a
 # checkpoint every 5 steps and the in-memory tier every step (spec.checkpoint.memoryIntervalSteps: 1); after the
 # first checkpoint, rank 1's trainer process (not its pod) gets SIGKILL. The agent reports the exit, the operator
-# opens generation 2 with the same pods (same UIDs), both ranks restore from memory the last step generation 1
+# opens generation 2 with the same pods (same UIDs), both ranks restore from memory at least the last step generation 1
 # reported (zero steps lost) and continue from the step after it, the job ends Succeeded with exactly one restart
 # and the undisturbed run's final loss, and the agents remove the shared-memory segments when the pods end.
 set -euo pipefail
@@ -37,9 +37,9 @@ ckpt_at_restart=$(latest_step)
 [ "$(jp '{.status.lastRestart.rank}')" = 1 ] || fail "lastRestart.rank '$(jp '{.status.lastRestart.rank}')'"
 [ "$ckpt_at_restart" -ge "$ckpt_before" ] || fail "latest went back from $ckpt_before to $ckpt_at_restart"
 
-# Both ranks of generation 2 restore from memory the same step: the last one generation 1 reported (a step is
-# logged only once every rank holds it in memory), never older than the newest checkpoint on disk; rank 0 (the one
-# that logs steps) continues with the step after it.
+# Both ranks of generation 2 restore from memory the same step: at least the last one generation 1 reported (a step
+# is logged only once every rank holds it in memory), never older than the newest checkpoint on disk; rank 0 (the
+# one that logs steps) continues with the step after it.
 log0=$(pod_log "$job_name-worker-0")
 for i in 0 1; do
   p=$job_name-worker-$i
@@ -53,8 +53,11 @@ for i in 0 1; do
 done
 [ "$r" -ge "$ckpt_at_restart" ] || fail "restored step $r is older than the newest checkpoint on disk ($ckpt_at_restart)"
 gen1_last=$(sed -n '/checkpoint: restored /q;p' "$log0" | grep -oE 'worker: step step=[0-9]+' | tail -1 | cut -d= -f2)
-[ "$r" = "$gen1_last" ] ||
+# Zero steps lost: nothing generation 1 reported is redone. The restored step can be one ahead of the report: every
+# rank held it in memory but the kill broke the collective after it, before rank 0 logged it.
+[ "$r" -ge "$gen1_last" ] ||
   fail "restored step $r but generation 1 had reported step $gen1_last: $((gen1_last - r)) steps lost, want 0"
+[ "$r" -le $((gen1_last + 1)) ] || fail "restored step $r is more than one step past generation 1's last report $gen1_last"
 after_restore() { sed -n '/checkpoint: restored /,$p' "$log0"; }
 wait_for 60 "the first step of generation 2" bash -c "$(declare -f after_restore); log0='$log0'; after_restore | grep -q 'worker: step step='"
 after=$(after_restore | grep -oE 'worker: step step=[0-9]+' | head -1 | cut -d= -f2)
@@ -91,7 +94,7 @@ restore_s = {n: float(re.search(r" seconds=([0-9.]+)", next(l for l in lg if "ch
 step_t = ts(next(l for l in log0[i:] if "worker: step step=" in l))
 gen1 = [int(m.group(1)) for l in log0[:i] for m in [re.search(r"worker: step step=(\d+)/", l)] if m]
 print(f"process failure: exit seen -> generation 2 joined {join_t - exit_t:.2f} s, -> first new step done "
-      f"{step_t - exit_t:.2f} s; steps lost {max(gen1) - r} (generation 1 reached {max(gen1)}, restored {r} from "
+      f"{step_t - exit_t:.2f} s; steps lost {max(0, max(gen1) - r)} (generation 1 reached {max(gen1)}, restored {r} from "
       f"memory, newest on disk {disk}); restore took {restore_s['rank 0']:.4f} s / {restore_s['rank 1']:.4f} s")
 PY
 echo "process failure e2e: ok (step $r restored from memory, 0 steps lost, disk had $ckpt_at_restart; same pods, restarts 1, final loss ${last#* })"
