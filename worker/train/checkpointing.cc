@@ -335,9 +335,10 @@ std::optional<RestoreInfo> Checkpointer::restore() {
       for (const auto& t : targets) info.bytes += static_cast<uint64_t>(t.box.volume()) * sizeof(float);
     } else if (disk.empty()) {
       // get() may have written into some targets before it found the damage: start from a clean initialisation.
-      trainer_.model().init_weights(trainer_.config().seed);
+      trainer_.reinit_weights();
       for (const auto& sh : shards_)
-        if (sh.name.rfind("adam_", 0) == 0) std::memset(sh.data, 0, static_cast<size_t>(sh.box.volume()) * sizeof(float));
+        if (sh.name.rfind("adam_", 0) == 0)
+          std::memset(sh.data, 0, static_cast<size_t>(sh.box.volume()) * sizeof(float));
     }
   }
   if (info.source.empty()) {

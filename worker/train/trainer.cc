@@ -407,6 +407,14 @@ TrainerState Trainer::state() {
   return s;
 }
 
+void Trainer::reinit_weights() {
+  if (sharded_ != nullptr) {
+    sharded_->init_weights(cfg_.seed);
+  } else {
+    model_->init_weights(cfg_.seed);
+  }
+}
+
 void Trainer::restore_counters(const TrainerState& s) {
   step_ = s.step;
   if (opt_) {

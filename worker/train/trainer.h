@@ -120,6 +120,8 @@ class Trainer {
 
   // The built-in model; with a sharded model there is none (throws).
   Gpt<float>& model();
+  // The initial weights again (the built-in or the sharded model's), e.g. after a failed restore wrote into them.
+  void reinit_weights();
   AdamW& optimizer();
   const TrainConfig& config() const { return cfg_; }
 
