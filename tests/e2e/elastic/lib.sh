@@ -31,6 +31,8 @@ cleanup() {
   [ -n "$op_pid" ] && kill "$op_pid" 2>/dev/null && wait "$op_pid" 2>/dev/null || true
   # Pods still running (a failed run) are killed before $work goes, or their trainers re-create it when they save.
   kubectl delete pods --all -n "$ns" --grace-period=0 --force --wait=true --timeout=30s >/dev/null 2>&1 || true
+  # A force-deleted pod's agent is killed before it can remove its in-memory checkpoint segments (docs/checkpointing.md).
+  rm -f /dev/shm/railyard-"${ns}"_* 2>/dev/null || true
   kubectl delete namespace "$ns" --wait=false >/dev/null 2>&1 || true
   rm -rf "$work"
 }
