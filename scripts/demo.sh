@@ -3,7 +3,8 @@
 # nodes, prepares a small text corpus, starts the operator and trains the tiny example TrainingJob on those nodes
 # (operator -> gang-bound pod -> agent -> rendezvous -> railyard-worker), showing `kubectl get tj` as it moves; then
 # runs a 2-replica data-parallel job, kills one trainer process (kill -9) in the middle, shows the in-place recovery
-# (new generation, same pods, restore from the last checkpoint) and ends with the loss curve and the time lost.
+# (new generation, same pods, restore from the in-memory tier: no step redone) and ends with the loss curve and the
+# time lost.
 # Not shown yet: the monitor and Prometheus (hang/straggler detection), node loss (see tests/e2e/elastic).
 # Environment: RAILYARD_STATE_DIR (default ~/.local/state/railyard/demo), DEMO_STEPS (default 200),
 # DEMO_FT_STEPS (steps of the fault-tolerance job, default 300), DEMO_BUILD_DIR (default build),
