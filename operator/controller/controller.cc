@@ -828,14 +828,15 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
       }
     if (r.first_error) {
       log::warn(kLog, "pod creation stopped at the first failure",
-                {{"job", key}, {"created", std::to_string(created.size())},
+                {{"job", key},
+                 {"created", std::to_string(created.size())},
                  {"left", std::to_string(to_create.size() - r.attempted)}});
       std::rethrow_exception(r.first_error);
     }
   }
   if (!created.empty())
-    events.push_back({false, "CreatedPods",
-                      "created " + name_summary(created) + " (generation " + std::to_string(gen) + ")"});
+    events.push_back(
+        {false, "CreatedPods", "created " + name_summary(created) + " (generation " + std::to_string(gen) + ")"});
 
   int bound_now = 0;
   int placed_hops = -1;  // the gang's worst same-rail hops, when placed now

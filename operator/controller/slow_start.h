@@ -14,10 +14,10 @@ namespace railyard::op {
 std::vector<int> slow_start_batches(int count, int initial = 1);
 
 struct SlowStartResult {
-  int succeeded = 0;                // calls that returned normally
-  int attempted = 0;                // calls made, failed ones included
-  std::exception_ptr first_error;   // the failure of the lowest index in the failing batch; null if none
-  std::vector<int> batches;         // sizes of the batches that ran
+  int succeeded = 0;               // calls that returned normally
+  int attempted = 0;               // calls made, failed ones included
+  std::exception_ptr first_error;  // the failure of the lowest index in the failing batch; null if none
+  std::vector<int> batches;        // sizes of the batches that ran
 };
 
 // Calls fn(i) once for each i in [0, count), batch by batch (slow_start_batches), a batch's calls on up to

@@ -51,10 +51,10 @@ struct Args {
 };
 
 Args parse_args(int argc, char** argv) {
-  static const std::map<std::string, bool> known = {{"--kubeconfig", true}, {"--state-dir", true}, {"--nodes", true},
-                                                    {"--topology", true},   {"--signal", true},    {"--json", false},
-                                                    {"--log-level", true},  {"--lease-interval", true},
-                                                    {"--node-status-interval", true}};
+  static const std::map<std::string, bool> known = {
+      {"--kubeconfig", true}, {"--state-dir", true},      {"--nodes", true},
+      {"--topology", true},   {"--signal", true},         {"--json", false},
+      {"--log-level", true},  {"--lease-interval", true}, {"--node-status-interval", true}};
   Args a;
   if (argc < 2) throw ConfigError("no command given");
   a.command = argv[1];
@@ -130,8 +130,7 @@ int run_agent(const Args& a) {
   };
   opts.lease_interval =
       std::chrono::milliseconds(static_cast<int64_t>(seconds_flag("--lease-interval", 1, 0.1) * 1000));
-  opts.node_status_interval =
-      std::chrono::seconds(static_cast<int64_t>(seconds_flag("--node-status-interval", 10, 1)));
+  opts.node_status_interval = std::chrono::seconds(static_cast<int64_t>(seconds_flag("--node-status-interval", 10, 1)));
 
   // One agent per state dir: a second one would fight over the same nodes, processes and addresses.
   std::string lock_path = opts.state_dir + "/agent.lock";

@@ -1,4 +1,6 @@
 // Slow-start batches (operator/controller/slow_start.h): the pod and binding fan-out of a reconcile.
+#include "operator/controller/slow_start.h"
+
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -8,8 +10,6 @@
 #include <set>
 #include <stdexcept>
 #include <thread>
-
-#include "operator/controller/slow_start.h"
 
 using namespace railyard::op;
 
