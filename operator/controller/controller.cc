@@ -795,7 +795,8 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
          "deleted " + std::to_string(extra.size()) + " surplus pods (replicas " + std::to_string(n) + ")"});
   std::vector<std::string> created, unbound;
   const bool deleting = !to_delete.empty();
-  std::vector<Json> to_create;  // built from `job` (our own copy read from the server), never from the cache
+  bool exists_uncached = false;  // a create found the pod already there although the cache does not have it
+  std::vector<Json> to_create;   // built from `job` (our own copy read from the server), never from the cache
   for (int i = 0; i < n; ++i) {
     auto it = by_index.find(i);
     if (it != by_index.end()) {
@@ -814,13 +815,16 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
     // exists (ours, not yet in the cache, or one still terminating) counts as done and a rerun after a crash
     // creates only what is missing.
     std::vector<char> made(to_create.size(), 0);
+    std::atomic<bool> already{false};
     SlowStartResult r = run_slow_start(static_cast<int>(to_create.size()), opts_.api_parallelism, [&](int k) {
       try {
         client_.create(kube::resources::pods, ns, to_create[k]);
         made[k] = 1;
       } catch (const kube::AlreadyExists&) {
+        already = true;
       }
     });
+    exists_uncached = already;
     for (size_t k = 0; k < to_create.size(); ++k)
       if (made[k]) {
         created.push_back(kube::name_of(to_create[k]));
@@ -841,7 +845,11 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
   int bound_now = 0;
   int placed_hops = -1;  // the gang's worst same-rail hops, when placed now
   bool capacity_short = false;
-  if (!unbound.empty()) {
+  if (exists_uncached && !unbound.empty()) {
+    // Some of the gang exist at the server but not yet in the cache (our own creates of an earlier reconcile):
+    // binding now would place part of the gang. Their watch events bring us back; the requeue is a safety net.
+    keep_min(milliseconds(1000));
+  } else if (!unbound.empty()) {
     PlacementRequest req = job_placement;
     req.job_key = key;
     req.pods = static_cast<int>(unbound.size());
