@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <iostream>
@@ -38,6 +39,8 @@ struct Flags {
   std::string rendezvous_addr;
   double join_timeout = 300;
   int workers = 2;
+  double kube_api_qps = 50;
+  int kube_api_burst = 100;
   std::string placement = "rail-aware";
   int worker_metrics_port = 9400, agent_metrics_port = 9399;
 };
@@ -62,6 +65,8 @@ Runs the TrainingJob controller against the cluster of $KUBECONFIG (or --kubecon
   --join-timeout S                  how long a joined pod waits for the rest of its generation before the
                                     service reports a join timeout (default 300)
   --workers N                       reconcile threads (default 2)
+  --kube-api-qps Q                  client rate limit, requests per second (default 50; 0 = no limit)
+  --kube-api-burst B                client burst above the rate (default 100)
   --placement rail-aware|simple     gang placement: rail-aware (default; docs/scheduler.md) or simple first fit
   --worker-metrics-port P           worker pods serve /metrics on P + local rank (default 9400; 0 = off)
   --agent-metrics-port P            the pods' agents serve /metrics on P (default 9399; 0 = off)
@@ -169,6 +174,24 @@ Flags parse_flags(int argc, char** argv) {
         f.workers = 0;
       }
       if (f.workers < 1 || f.workers > 64) usage_error("--workers '" + v + "': use 1 to 64");
+    } else if (a == "--kube-api-qps") {
+      const std::string v = next();
+      try {
+        size_t used = 0;
+        f.kube_api_qps = std::stod(v, &used);
+        if (used != v.size() || f.kube_api_qps < 0) throw std::invalid_argument("");
+      } catch (const std::exception&) {
+        usage_error("--kube-api-qps '" + v + "': expected a number of requests per second >= 0 (0 = no limit)");
+      }
+    } else if (a == "--kube-api-burst") {
+      const std::string v = next();
+      try {
+        size_t used = 0;
+        f.kube_api_burst = std::stoi(v, &used);
+        if (used != v.size() || f.kube_api_burst < 1) throw std::invalid_argument("");
+      } catch (const std::exception&) {
+        usage_error("--kube-api-burst '" + v + "': expected a whole number of requests >= 1");
+      }
     } else if (a == "--log-level") {
       std::string v = next();
       try {
@@ -216,6 +239,10 @@ int main(int argc, char** argv) {
   try {
     kube::Config cfg =
         flags.kubeconfig.empty() ? kube::default_config() : kube::load_kubeconfig(flags.kubeconfig, flags.context);
+    cfg.qps = flags.kube_api_qps;
+    cfg.burst = flags.kube_api_burst;
+    // One connection per concurrent create/bind of a reconcile's slow-start batch (ControllerOptions).
+    cfg.max_connections = std::max(cfg.max_connections, op::ControllerOptions{}.api_parallelism);
     client = std::make_unique<kube::Client>(cfg);
   } catch (const std::exception& e) {
     std::cerr << "railyard-operator: " << e.what() << "\n";

@@ -1,10 +1,15 @@
 #include "common/kube/leader_elector.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "common/log.h"
 
 namespace railyard::kube {
+
+std::chrono::milliseconds takeover_margin(const LeaderElectorOptions& o) {
+  return std::clamp(o.lease_duration - o.renew_deadline - o.retry_period, std::chrono::milliseconds(0), o.retry_period);
+}
 
 LeaderElector::LeaderElector(Client& client, LeaderElectorOptions opts) : client_(client), opts_(std::move(opts)) {
   if (opts_.lease_name.empty() || opts_.lease_namespace.empty() || opts_.identity.empty()) {
@@ -85,7 +90,8 @@ bool LeaderElector::try_acquire_or_renew() {
         observed_time_ = std::chrono::steady_clock::now();
       }
       observed_holder_ = holder;
-      expired = std::chrono::steady_clock::now() > observed_time_ + std::chrono::seconds(their_duration);
+      expires_ = observed_time_ + std::chrono::seconds(their_duration) - takeover_margin(opts_);
+      expired = std::chrono::steady_clock::now() >= expires_;
     }
     if (!holder.empty() && holder != opts_.identity && !expired) return false;
 
@@ -165,7 +171,14 @@ void LeaderElector::run() {
       if (stopped) return;
       continue;
     }
-    if (!sleep_interruptible(opts_.retry_period)) return;
+    // Poll every retry period, but be there the moment the holder's lease runs out.
+    auto wait = opts_.retry_period;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const auto until = std::chrono::ceil<std::chrono::milliseconds>(expires_ - std::chrono::steady_clock::now());
+      if (until.count() >= 0 && until < wait) wait = until + std::chrono::milliseconds(1);
+    }
+    if (!sleep_interruptible(wait)) return;
   }
 }
 

@@ -26,6 +26,17 @@ struct LeaderElectorOptions {
 // Expiry is judged by the local time at which this candidate last saw the lease record change (like client-go),
 // never by comparing clocks across machines. Callbacks run on the elector's thread and must return promptly.
 // After losing the lease (without stop()) the elector becomes a candidate again.
+//
+// Hand-over within one lease duration: a candidate polls every retry_period, so it sees a renewal up to one retry
+// period late. It therefore takes over takeover_margin() before `lease_duration` after the renewal it saw (so no
+// later than lease_duration after the renewal itself) and wakes at that instant instead of at its next poll. A
+// leader that cannot renew gives up after renew_deadline, noticed at its next attempt (one retry period later),
+// so the margin never exceeds lease_duration - renew_deadline - retry_period: two leaders never overlap as long as
+// every replica runs with the same timing.
+// How much earlier than lease_duration after a seen renewal a candidate may take the lease (see above):
+// min(retry_period, lease_duration - renew_deadline - retry_period), and never below zero.
+std::chrono::milliseconds takeover_margin(const LeaderElectorOptions& opts);
+
 class LeaderElector {
  public:
   LeaderElector(Client& client, LeaderElectorOptions opts);
@@ -61,6 +72,7 @@ class LeaderElector {
   std::string observed_record_;  // holder + renewTime + rv last seen
   std::string observed_holder_;
   std::chrono::steady_clock::time_point observed_time_{};
+  std::chrono::steady_clock::time_point expires_{};  // when the holder's lease counts as expired (candidate only)
   std::thread thread_;
 };
 

@@ -5,7 +5,7 @@
 #
 #   cluster.sh build
 #   cluster.sh up [--state-dir DIR] [--nodes N | --topology FILE] [--node-agent PATH | --no-node-agent]
-#                 [--prometheus]
+#                 [--prometheus] [--node-monitor-grace SECONDS]
 #   cluster.sh down|status|env|restart-apiserver [--state-dir DIR]
 # shellcheck source-path=SCRIPTDIR
 set -euo pipefail
@@ -38,6 +38,9 @@ usage: $PROG COMMAND [options]
       --topology FILE   topology file for the node agent (instead of --nodes)
       --node-agent PATH railyard-node-agent binary (default: <repo>/build/bin/railyard-node-agent if present)
       --no-node-agent   control plane only
+      --node-monitor-grace S
+                        seconds without a lease renewal before a node is NotReady (default 4, for fast
+                        failure tests; Kubernetes' default is 40). The node agent renews every S/4 s (>= 1)
       --prometheus      also start Prometheus on 127.0.0.1 (PROMETHEUS_URL in 'env'), scraping the
                         file-SD lists STATE/prometheus/targets/*.json (see docs/monitor.md)
   down                  stop what 'up' started (by pid) and remove the state dir
@@ -68,6 +71,7 @@ TOPOLOGY=""
 NODE_AGENT=""
 NO_NODE_AGENT=0
 PROMETHEUS=0
+NODE_MONITOR_GRACE=""
 
 need_value() { [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value (see '$PROG help')"; }
 while [ $# -gt 0 ]; do
@@ -80,6 +84,14 @@ while [ $# -gt 0 ]; do
     --state-dir=*)
       STATE_DIR="${1#*=}"
       shift
+      ;;
+    --node-monitor-grace)
+      [ "$command" = up ] || die "$1 is an option of 'up' only"
+      need_value "$@"
+      [[ "$2" =~ ^[0-9]+$ ]] && [ "$2" -ge 2 ] && [ "$2" -le 600 ] ||
+        die "--node-monitor-grace '$2': give whole seconds from 2 to 600 (default 4)"
+      NODE_MONITOR_GRACE="$2"
+      shift 2
       ;;
     --prometheus)
       [ "$command" = up ] || die "$1 is an option of 'up' only"

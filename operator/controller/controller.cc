@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "operator/controller/failure_policy.h"
 #include "operator/controller/plan_glue.h"
+#include "operator/controller/slow_start.h"
 #include "operator/controller/status.h"
 
 namespace railyard::op {
@@ -22,6 +23,15 @@ using Clock = std::chrono::steady_clock;
 
 const std::vector<std::string> kPhases = {"Pending",  "Created",   "Scheduled", "Running", "Restarting",
                                           "Resizing", "Suspended", "Succeeded", "Failed",  "Invalid"};
+
+// "a, b, c" for a short list; the first 20 and a count for a gang of hundreds (an event message stays readable).
+std::string name_summary(const std::vector<std::string>& items) {
+  constexpr size_t kShown = 20;
+  std::string out;
+  for (size_t i = 0; i < items.size() && i < kShown; ++i) out += (i ? ", " : "") + items[i];
+  if (items.size() > kShown) out += ", ... (" + std::to_string(items.size()) + " in all)";
+  return out;
+}
 
 std::pair<std::string, std::string> split_key(const std::string& key) {
   auto slash = key.find('/');
@@ -785,6 +795,8 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
          "deleted " + std::to_string(extra.size()) + " surplus pods (replicas " + std::to_string(n) + ")"});
   std::vector<std::string> created, unbound;
   const bool deleting = !to_delete.empty();
+  bool exists_uncached = false;  // a create found the pod already there although the cache does not have it
+  std::vector<Json> to_create;   // built from `job` (our own copy read from the server), never from the cache
   for (int i = 0; i < n; ++i) {
     auto it = by_index.find(i);
     if (it != by_index.end()) {
@@ -795,25 +807,49 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
     if (deleting && std::any_of(to_delete.begin(), to_delete.end(),
                                 [&](const auto& d) { return d.first == worker_pod_name(name, i); }))
       continue;  // the old pod of this name is still going; its deletion event brings us back
-    Json pod = build_worker_pod(job, spec, i, label_gen, opts_.pod);
-    try {
-      client_.create(kube::resources::pods, ns, pod);
-      created.push_back(worker_pod_name(name, i));
-      unbound.push_back(worker_pod_name(name, i));
-    } catch (const kube::AlreadyExists&) {
-      // A pod of that name exists but is not in the cache yet (ours, just created) or is still terminating.
+    to_create.push_back(build_worker_pod(job, spec, i, label_gen, opts_.pod));
+  }
+  if (!to_create.empty()) {
+    // Slow-start batches (1, 2, 4, ...; docs/operator.md): a gang of 1,000 is created at the API server's pace,
+    // a template the server refuses costs one request. Names are fixed per replica index, so a pod that already
+    // exists (ours, not yet in the cache, or one still terminating) counts as done and a rerun after a crash
+    // creates only what is missing.
+    std::vector<char> made(to_create.size(), 0);
+    std::atomic<bool> already{false};
+    SlowStartResult r = run_slow_start(static_cast<int>(to_create.size()), opts_.api_parallelism, [&](int k) {
+      try {
+        client_.create(kube::resources::pods, ns, to_create[k]);
+        made[k] = 1;
+      } catch (const kube::AlreadyExists&) {
+        already = true;
+      }
+    });
+    exists_uncached = already;
+    for (size_t k = 0; k < to_create.size(); ++k)
+      if (made[k]) {
+        created.push_back(kube::name_of(to_create[k]));
+        unbound.push_back(kube::name_of(to_create[k]));
+      }
+    if (r.first_error) {
+      log::warn(kLog, "pod creation stopped at the first failure",
+                {{"job", key},
+                 {"created", std::to_string(created.size())},
+                 {"left", std::to_string(to_create.size() - r.attempted)}});
+      std::rethrow_exception(r.first_error);
     }
   }
-  if (!created.empty()) {
-    std::string names;
-    for (const auto& c : created) names += (names.empty() ? "" : ", ") + c;
-    events.push_back({false, "CreatedPods", "created " + names + " (generation " + std::to_string(gen) + ")"});
-  }
+  if (!created.empty())
+    events.push_back(
+        {false, "CreatedPods", "created " + name_summary(created) + " (generation " + std::to_string(gen) + ")"});
 
   int bound_now = 0;
   int placed_hops = -1;  // the gang's worst same-rail hops, when placed now
   bool capacity_short = false;
-  if (!unbound.empty()) {
+  if (exists_uncached && !unbound.empty()) {
+    // Some of the gang exist at the server but not yet in the cache (our own creates of an earlier reconcile):
+    // binding now would place part of the gang. Their watch events bring us back; the requeue is a safety net.
+    keep_min(milliseconds(1000));
+  } else if (!unbound.empty()) {
     PlacementRequest req = job_placement;
     req.job_key = key;
     req.pods = static_cast<int>(unbound.size());
@@ -856,8 +892,9 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
     }
     placement_seconds_.add({}).observe(std::chrono::duration<double>(Clock::now() - t0).count());
     if (r.ok) {
-      std::string summary;
-      for (size_t i = 0; i < unbound.size(); ++i) {
+      // Bound in slow-start batches like the creates. A failure leaves part of the gang bound; the next
+      // reconcile places the rest around it (req.bound).
+      SlowStartResult b = run_slow_start(static_cast<int>(unbound.size()), opts_.api_parallelism, [&](int i) {
         Json binding = {{"apiVersion", "v1"},
                         {"kind", "Binding"},
                         {"metadata", {{"name", unbound[i]}}},
@@ -867,12 +904,16 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
         } catch (const kube::Conflict&) {
           // Already bound (an earlier attempt whose answer we did not see).
         }
+      });
+      if (b.first_error) std::rethrow_exception(b.first_error);
+      std::vector<std::string> pairs;
+      for (size_t i = 0; i < unbound.size(); ++i) {
         node_by_pod[unbound[i]] = r.nodes[i];
-        summary += (summary.empty() ? "" : ", ") + unbound[i] + " -> " + r.nodes[i];
+        pairs.push_back(unbound[i] + " -> " + r.nodes[i]);
         bound_now++;
       }
       events.push_back({false, "Bound",
-                        "bound " + std::to_string(unbound.size()) + " pods: " + summary +
+                        "bound " + std::to_string(unbound.size()) + " pods: " + name_summary(pairs) +
                             (r.message.empty() ? "" : " (" + r.message + ")")});
       if (r.worst_hops >= 0) {
         placement_hops(registry_).add({}).observe(r.worst_hops);

@@ -30,6 +30,8 @@ inline constexpr const char* kRestartDetectorAnnotation = "railyard.dev/restart-
 struct ControllerOptions {
   std::string ns;  // "" watches every namespace
   int workers = 2;
+  // Concurrent create/bind requests of one reconcile (slow-start batches; the client's qps/burst still apply).
+  int api_parallelism = 16;
   PodOptions pod;
   std::chrono::milliseconds unschedulable_retry{5000};
   std::chrono::seconds resync{30};

@@ -102,6 +102,7 @@ save_state() {
     printf 'ADMIN_TOKEN=%q\n' "$ADMIN_TOKEN"
     printf 'KCM_TOKEN=%q\n' "$KCM_TOKEN"
     printf 'NODE_AGENT_TOKEN=%q\n' "$NODE_AGENT_TOKEN"
+    printf 'NODE_MONITOR_GRACE=%q\n' "${NODE_MONITOR_GRACE:-4}"
   } >"$STATE_DIR/state.env"
   chmod 600 "$STATE_DIR/state.env"
 }
@@ -262,7 +263,8 @@ start_controller_manager() {
     --use-service-account-credentials=true \
     --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
     --allocate-node-cidrs=false \
-    --node-monitor-period 1s --node-monitor-grace-period 4s --node-startup-grace-period 4s \
+    --node-monitor-period 1s --node-monitor-grace-period "${NODE_MONITOR_GRACE:-4}s" \
+    --node-startup-grace-period "${NODE_MONITOR_GRACE:-4}s" \
     --unhealthy-zone-threshold 1.0 --node-eviction-rate 100
   wait_for kube-controller-manager 60 kcm_healthy
 }
@@ -287,7 +289,10 @@ ready_sim_nodes() {
 
 start_node_agent() {
   local agent="$1" expected="$2"
-  local args=(run --kubeconfig "$STATE_DIR/node-agent.kubeconfig" --state-dir "$STATE_DIR/node-agent")
+  local grace="${NODE_MONITOR_GRACE:-4}"
+  # Renew four times per grace period, like a kubelet (10 s for the default 40 s), at least every second.
+  local args=(run --kubeconfig "$STATE_DIR/node-agent.kubeconfig" --state-dir "$STATE_DIR/node-agent"
+    --lease-interval "$((grace >= 8 ? grace / 4 : 1))")
   if [ -n "$TOPOLOGY" ]; then args+=(--topology "$TOPOLOGY"); else args+=(--nodes "$expected"); fi
   mkdir -p "$STATE_DIR/node-agent"
   start_component node-agent "$agent" "${args[@]}"

@@ -17,6 +17,7 @@ struct AgentOptions {
   std::chrono::milliseconds lease_interval{1000};
   int lease_duration_seconds = 40;
   std::chrono::seconds node_status_interval{10};  // Ready=True re-asserted this often for up nodes
+  int heartbeat_workers = 8;                      // concurrent lease renewals (and node registrations)
   std::chrono::seconds shutdown_grace{5};         // SIGTERM -> SIGKILL for pods when the agent stops
 };
 

@@ -4,6 +4,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -29,6 +30,10 @@ namespace {
 
 constexpr const char* kUsage = R"(usage:
   railyard-node-agent run --kubeconfig FILE --state-dir DIR (--nodes N | --topology FILE)
+                          [--lease-interval S] [--node-status-interval S]
+      --lease-interval S        renew each node's lease every S seconds (default 1: the local cluster's
+                                node-monitor grace is 4 s; a kubelet renews every 10 s for the default 40 s)
+      --node-status-interval S  re-assert each up node's Ready=True every S seconds (default 10)
   railyard-node-agent nodes (--nodes N | --topology FILE)          print the node names a topology gives
   railyard-node-agent kill NAMESPACE/POD [--signal KILL|TERM|INT|9|15...] --state-dir DIR
   railyard-node-agent freeze NAMESPACE/POD --state-dir DIR             SIGSTOP the pod's process group
@@ -46,9 +51,10 @@ struct Args {
 };
 
 Args parse_args(int argc, char** argv) {
-  static const std::map<std::string, bool> known = {{"--kubeconfig", true}, {"--state-dir", true}, {"--nodes", true},
-                                                    {"--topology", true},   {"--signal", true},    {"--json", false},
-                                                    {"--log-level", true}};
+  static const std::map<std::string, bool> known = {
+      {"--kubeconfig", true}, {"--state-dir", true},      {"--nodes", true},
+      {"--topology", true},   {"--signal", true},         {"--json", false},
+      {"--log-level", true},  {"--lease-interval", true}, {"--node-status-interval", true}};
   Args a;
   if (argc < 2) throw ConfigError("no command given");
   a.command = argv[1];
@@ -110,6 +116,21 @@ int run_agent(const Args& a) {
   std::filesystem::create_directories(state_dir, ec);
   if (ec) throw ConfigError("--state-dir " + state_dir + ": cannot create: " + ec.message());
   opts.state_dir = std::filesystem::absolute(state_dir).string();
+  auto seconds_flag = [&](const char* flag, double def, double min) {
+    if (!a.flags.count(flag)) return def;
+    const std::string& v = a.flags.at(flag);
+    try {
+      size_t used = 0;
+      double d = std::stod(v, &used);
+      if (used == v.size() && d >= min && d <= 3600) return d;
+    } catch (const std::exception&) {
+    }
+    throw ConfigError(std::string(flag) + " '" + v + "': expected seconds from " + std::to_string(min).substr(0, 3) +
+                      " to 3600");
+  };
+  opts.lease_interval =
+      std::chrono::milliseconds(static_cast<int64_t>(seconds_flag("--lease-interval", 1, 0.1) * 1000));
+  opts.node_status_interval = std::chrono::seconds(static_cast<int64_t>(seconds_flag("--node-status-interval", 10, 1)));
 
   // One agent per state dir: a second one would fight over the same nodes, processes and addresses.
   std::string lock_path = opts.state_dir + "/agent.lock";
@@ -141,7 +162,19 @@ int run_agent(const Args& a) {
 
   int rc = 0;
   try {
-    railyard::kube::Client client(railyard::kube::load_kubeconfig(kubeconfig));
+    railyard::kube::Config cfg = railyard::kube::load_kubeconfig(kubeconfig);
+    // The agent stands in for one kubelet per node, each with its own client limits: the budget grows with the
+    // nodes (leases and Ready re-assertions twice over, plus the pods' status traffic), not one kubelet's 50/s
+    // for 1,000 nodes, which could never renew their leases in time.
+    const double nodes = static_cast<double>(na::expand_nodes(opts.topology).size());
+    const double steady = nodes / std::chrono::duration<double>(opts.lease_interval).count() +
+                          nodes / static_cast<double>(opts.node_status_interval.count());
+    cfg.qps = std::max(cfg.qps, 50 + 2 * steady);
+    cfg.burst = std::max(cfg.burst, static_cast<int>(cfg.qps));
+    cfg.max_connections = std::max(cfg.max_connections, opts.heartbeat_workers + 2);
+    railyard::log::info("node-agent", "client limits",
+                        {{"qps", std::to_string(static_cast<int>(cfg.qps))}, {"burst", std::to_string(cfg.burst)}});
+    railyard::kube::Client client(cfg);
     na::Agent agent(opts, client);
     agent.run(stop);
   } catch (const std::exception& e) {

@@ -2,9 +2,12 @@
 # 1,000-replica benchmark (issue 3): the Railyard operator creating and binding the pods of one TrainingJob vs the
 # built-in Job controller creating the same number of pods, on the same local API server and the same nodes.
 #   tests/bench/operator/thousand_replicas.sh [--build-dir DIR] [--replicas N] [--state-dir DIR] [--no-nodes]
-# --no-nodes: no simulated nodes at all; both controllers only create pods (nothing can be bound), which is the fair
-# comparison when the node agent cannot keep N nodes Ready (see docs/operator.md, benchmark).
-# Starts its own local cluster (N simulated 8-GPU nodes: the operator places one worker pod per node) in --state-dir and stops it at the end.
+# --no-nodes: no simulated nodes at all; both controllers only create pods (nothing can be bound).
+# Starts its own local cluster (N simulated 8-GPU nodes: the operator places one worker pod per node) in --state-dir
+# and stops it at the end. The cluster gets Kubernetes' default node-monitor grace (40 s, not the local default 4 s)
+# and the node agent renews leases every 10 s like a kubelet: N nodes then cost N/10 lease writes per second.
+# The operator runs twice: at its default client limits (QPS 50 / burst 100) and at the Job controller's
+# unthrottled setting (1000 / 2000); the Job controller at its defaults (20 / 30) and at 1000 / 2000.
 # Timing: from the create request to the first poll (every ~0.3 s, one kubectl list) that sees all N pods created
 # (and, for the operator, bound: the local cluster has no kube-scheduler, so the Job controller's pods stay unbound).
 # CPU seconds and peak RSS are the controller process's own (/proc/PID/stat, VmHWM).
@@ -20,7 +23,7 @@ while [ $# -gt 0 ]; do
     --replicas) N="$2"; shift 2 ;;
     --state-dir) STATE_DIR="$2"; shift 2 ;;
     --no-nodes) NO_NODES=yes; shift ;;
-    -h | --help) sed -n '2,8p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "thousand_replicas.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -61,12 +64,13 @@ echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}
 echo "cluster: $NODES nodes x 8 GPUs (node agent), starting..."
 # cluster.sh waits 60 s for the nodes; registering 1,000 takes longer (about 7 per second here), so the control plane
 # comes up without the agent and the agent is started (and stopped) here.
-bash "$CLUSTER" up --state-dir "$STATE_DIR" --no-node-agent >"$WORK/up.log" 2>&1 || { cat "$WORK/up.log" >&2; exit 1; }
+bash "$CLUSTER" up --state-dir "$STATE_DIR" --no-node-agent --node-monitor-grace 40 >"$WORK/up.log" 2>&1 ||
+  { cat "$WORK/up.log" >&2; exit 1; }
 if [ "$NODES" -gt 0 ]; then
 AGENT_KUBECONFIG="$STATE_DIR/node-agent.kubeconfig"
 [ -f "$AGENT_KUBECONFIG" ] || AGENT_KUBECONFIG="$STATE_DIR/kubeconfig"
 "$BIN/railyard-node-agent" run --kubeconfig "$AGENT_KUBECONFIG" --state-dir "$WORK/node-agent" \
-  --topology "$WORK/topology.yaml" >"$WORK/node-agent.log" 2>&1 &
+  --topology "$WORK/topology.yaml" --lease-interval 10 --node-status-interval 60 >"$WORK/node-agent.log" 2>&1 &
 pids+=($!)
 fi
 eval "$(bash "$CLUSTER" env --state-dir "$STATE_DIR")"
@@ -84,6 +88,7 @@ now() { date +%s.%N; }
 wait_pods() {
   local ns=$1 sel=$2 need_bound=$3 t0=$4 limit=$5 created="" out c b
   while :; do
+    kill -0 "$$" 2>/dev/null || return 1 # runs in a subshell (read < <(...)): stop when the script is gone
     out="$(k get pods -n "$ns" -l "$sel" --no-headers -o custom-columns=N:.spec.nodeName 2>/dev/null || true)"
     c=$(printf '%s\n' "$out" | grep -c . || true)
     b=$(printf '%s\n' "$out" | grep -vc -e '^<none>$' -e '^$' || true)
@@ -114,7 +119,6 @@ wait_gone() {
 
 k apply -f "$REPO_ROOT/deploy/crds/trainingjobs.railyard.dev.yaml" >/dev/null
 k wait --for=condition=Established --timeout=60s crd/trainingjobs.railyard.dev >/dev/null
-k create namespace bench-op >/dev/null
 k create namespace bench-job >/dev/null
 if [ "$NODES" -gt 0 ]; then
 t_nodes=$SECONDS
@@ -125,16 +129,54 @@ while :; do
   sleep 5
 done
 echo "nodes ready: $ready (registered in $((SECONDS - t_nodes)) s)"
+# The API server taints every new node node.kubernetes.io/not-ready:NoSchedule (TaintNodesByCondition) and the node
+# controller lifts it once it sees Ready, at the controller manager's 20 requests per second: until then the gang
+# does not fit.
+t_taints=$SECONDS
+while :; do
+  tainted=$(k get nodes -o jsonpath='{range .items[*]}{.spec.taints[*].key}{"\n"}{end}' 2>/dev/null | grep -c not-ready || true)
+  [ "$tainted" = 0 ] && break
+  [ $((SECONDS - t_taints)) -lt 900 ] || { echo "thousand_replicas.sh: $tainted nodes still tainted not-ready after 900 s" >&2; exit 1; }
+  sleep 5
+done
+echo "nodes untainted: $((SECONDS - t_taints)) s more; $(k get nodes --no-headers | grep -c ' Ready ') Ready"
 fi
 
+loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
+# deletecollection (one request) rather than the garbage collector's 20 deletes per second; the node agent then
+# stops the processes and removes each pod.
+delete_pods() { k delete --raw "/api/v1/namespaces/$1/pods?labelSelector=$2" >/dev/null; }
+
 # --- The operator: one TrainingJob of N replicas (one pod per node), placed and bound as a gang.
-"$BIN/railyard-operator" --namespace bench-op --leader-elect=false --worker-command /bin/sleep \
-  --metrics-addr "127.0.0.1:$(free_port)" --health-addr "127.0.0.1:$(free_port)" --rendezvous-bind 127.0.0.1:0 \
-  >"$WORK/operator.log" 2>&1 &
-op=$!
-pids+=("$op")
-sleep 2
-kill -0 "$op" || { cat "$WORK/operator.log" >&2; exit 1; }
+# run_operator LABEL QPS BURST NS
+run_operator() {
+  local label=$1 qps=$2 burst=$3 ns=$4
+  k create namespace "$ns" >/dev/null
+  "$BIN/railyard-operator" --namespace "$ns" --leader-elect=false --worker-command /bin/sleep \
+    --kube-api-qps "$qps" --kube-api-burst "$burst" \
+    --metrics-addr "127.0.0.1:$(free_port)" --health-addr "127.0.0.1:$(free_port)" --rendezvous-bind 127.0.0.1:0 \
+    >"$WORK/operator-$ns.log" 2>&1 &
+  local op=$!
+  pids+=("$op")
+  sleep 2
+  kill -0 "$op" || { cat "$WORK/operator-$ns.log" >&2; exit 1; }
+  sed "s/namespace: bench-op/namespace: $ns/" "$WORK/tj.yaml" >"$WORK/tj-$ns.yaml"
+  local cpu0 t0 op_created op_bound op_cpu op_rss
+  cpu0=$(cpu_seconds "$op")
+  echo "load average before ($label): $(loadavg)"
+  t0=$(now)
+  k apply -f "$WORK/tj-$ns.yaml" >/dev/null
+  read -r op_created op_bound < <(wait_pods "$ns" railyard.dev/job=big $([ "$NODES" -gt 0 ] && echo yes || echo no) "$t0" "${BIND_LIMIT:-600}")
+  op_cpu=$(echo "$(cpu_seconds "$op") - $cpu0" | bc)
+  op_rss=$(peak_rss_mib "$op")
+  echo "operator ($label, qps $qps burst $burst): $N pods created in ${op_created} s, all bound in ${op_bound} s; operator CPU ${op_cpu} s, peak RSS ${op_rss} MiB; load average $(loadavg)"
+  [ "$label" = "default client limits" ] && OP_CREATED_DEFAULT=$op_created
+  [ "$label" != "default client limits" ] && OP_CREATED_EQUAL=$op_created
+  kill "$op"; wait "$op" 2>/dev/null || true
+  k delete tj big -n "$ns" --wait=false >/dev/null
+  delete_pods "$ns" railyard.dev/job=big
+  wait_gone "$ns" railyard.dev/job=big
+}
 cat >"$WORK/tj.yaml" <<TJ
 apiVersion: railyard.dev/v1alpha1
 kind: TrainingJob
@@ -153,16 +195,8 @@ spec:
       - name: worker
         command: ["/bin/sleep", "3600"]
 TJ
-cpu0=$(cpu_seconds "$op")
-t0=$(now)
-k apply -f "$WORK/tj.yaml" >/dev/null
-read -r op_created op_bound < <(wait_pods bench-op railyard.dev/job=big $([ "$NODES" -gt 0 ] && echo yes || echo no) "$t0" "${BIND_LIMIT:-300}")
-op_cpu=$(echo "$(cpu_seconds "$op") - $cpu0" | bc)
-op_rss=$(peak_rss_mib "$op")
-echo "operator: $N pods created in ${op_created} s, all bound in ${op_bound} s; operator CPU ${op_cpu} s, peak RSS ${op_rss} MiB"
-k delete tj big -n bench-op --wait=false >/dev/null
-kill "$op"; wait "$op" 2>/dev/null || true
-wait_gone bench-op railyard.dev/job=big
+run_operator "default client limits" 50 100 bench-op
+run_operator "equal: effectively unthrottled" 1000 2000 bench-op-equal
 
 # --- The Job controller (kube-controller-manager --controllers=job) with the admin credentials the operator used.
 run_job_controller() {
@@ -192,11 +226,15 @@ spec:
       containers:
       - {name: worker, image: railyard-worker:local, command: ["/bin/sleep", "3600"]}
 JOB
+  echo "load average before (job controller, $label): $(loadavg)"
   read -r jc jb < <(wait_pods bench-job "bench=$name" no "$t1" 900)
-  echo "job controller ($label, qps $qps burst $burst): $N pods created in ${jc} s; CPU $(echo "$(cpu_seconds "$kcm") - $c0" | bc) s, peak RSS $(peak_rss_mib "$kcm") MiB (whole kube-controller-manager)"
-  echo "ratio ($label): job controller / operator (created) = $(echo "scale=2; $jc / $op_created" | bc)"
+  echo "job controller ($label, qps $qps burst $burst): $N pods created in ${jc} s; CPU $(echo "$(cpu_seconds "$kcm") - $c0" | bc) s, peak RSS $(peak_rss_mib "$kcm") MiB (whole kube-controller-manager); load average $(loadavg)"
+  local op_created=$OP_CREATED_DEFAULT
+  [ "$label" = "default client limits" ] || op_created=$OP_CREATED_EQUAL
+  echo "ratio ($label): job controller / operator (pods created) = $(echo "scale=2; $jc / $op_created" | bc)"
   kill "$kcm"; wait "$kcm" 2>/dev/null || true
   k delete job "$name" -n bench-job --cascade=background --wait=false >/dev/null 2>&1 || k delete job "$name" -n bench-job --wait=false >/dev/null
+  delete_pods bench-job "bench=$name"
   wait_gone bench-job "bench=$name"
 }
 run_job_controller "default client limits" 20 30 default-limits

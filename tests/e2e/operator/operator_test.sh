@@ -245,7 +245,7 @@ sleep 3
 phase_is long Running || fail "job long not Running after operator restart"
 echo "operator restart: converged, 2 pods, restarts 3"
 
-# Two replicas: killing the leader hands over within one lease duration (6 s) plus two retry periods.
+# Two replicas: killing the leader hands over within one lease duration (6 s).
 start_operator c
 sleep 2
 leading c && fail "two leaders"
@@ -253,10 +253,11 @@ t0=$(date +%s.%N)
 kill -9 "$(cat "$work/b.pid")"
 wait_for 15 "operator c to take over" leading c
 dt=$(python3 -c "import time; print(round(time.time() - $t0, 1))")
-# The successor judges expiry from when it last saw the record change (client-go's rule): up to one retry period
-# after the last renewal, plus one retry period until its next attempt, plus this script's polling.
-python3 -c "import sys; sys.exit(0 if $dt <= 9.5 else 1)" ||
-  fail "hand-over took ${dt}s (lease 6 s + 2 x retry 1 s + polling)"
+# The successor sees a renewal up to one retry period late and allows for it (common/kube/leader_elector.h), so it
+# takes the lease at most 6 s after the last renewal before the kill. Slack: the acquiring request, the new leader's
+# log line and this script's 0.3 s polling (on a loaded 2-core machine), not another retry period.
+python3 -c "import sys; sys.exit(0 if $dt <= 7.0 else 1)" ||
+  fail "hand-over took ${dt}s (lease 6 s + 1 s for the request and polling)"
 kubectl scale tj/long -n "$ns" --replicas=3 >/dev/null
 wait_for 60 "the new leader to scale up" bash -c "[ \"\$(kubectl get tj long -n $ns -o jsonpath='{.status.world.size}')\" = 3 ]"
 wait_for 60 "job long to run at 3" phase_is long Running

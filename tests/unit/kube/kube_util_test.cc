@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include "common/kube/client.h"
+#include "common/kube/leader_elector.h"
 
 using namespace railyard::kube;
 using namespace std::chrono_literals;
@@ -201,4 +202,28 @@ TEST_CASE("object helpers") {
   CHECK(resource_version_of(o) == "7");
   CHECK(key_of(Json{{"metadata", {{"name", "node1"}}}}) == "node1");
   CHECK(name_of(Json::object()).empty());
+}
+
+TEST_CASE("leader election: a candidate takes over early by at most what keeps two leaders apart") {
+  using std::chrono::milliseconds;
+  railyard::kube::LeaderElectorOptions o;
+  // The operator's defaults 15/10/2: the whole retry period (lease - deadline - retry = 3 s allows it).
+  o.lease_duration = milliseconds(15000);
+  o.renew_deadline = milliseconds(10000);
+  o.retry_period = milliseconds(2000);
+  CHECK(railyard::kube::takeover_margin(o) == milliseconds(2000));
+  // The operator e2e's 6/4/1: exactly room for it.
+  o.lease_duration = milliseconds(6000);
+  o.renew_deadline = milliseconds(4000);
+  o.retry_period = milliseconds(1000);
+  CHECK(railyard::kube::takeover_margin(o) == milliseconds(1000));
+  // 4/3/1: a leader may keep acting until 3 s + 1 s after its last renewal, so no margin at all.
+  o.lease_duration = milliseconds(4000);
+  o.renew_deadline = milliseconds(3000);
+  CHECK(railyard::kube::takeover_margin(o) == milliseconds(0));
+  // 10/8/1.5: only the 0.5 s left between the leader's give-up and the lease's end.
+  o.lease_duration = milliseconds(10000);
+  o.renew_deadline = milliseconds(8000);
+  o.retry_period = milliseconds(1500);
+  CHECK(railyard::kube::takeover_margin(o) == milliseconds(500));
 }
