@@ -148,9 +148,6 @@ check "prometheus-operator: promtool check rules accepts the PrometheusRule cont
 check "prometheus-operator: the PrometheusRule has every rule of deploy/prometheus/rules" \
   test "$(jq '[.groups[].rules[]] | length' "$work/prometheusrule.json")" = \
   "$(objects "$src/deploy/prometheus/rules/railyard.rules.yml" | jq '[.groups[].rules[]] | length')"
-# The goodput rule's definition (kept steps: a restore's recomputed steps count once) on synthetic scrapes.
-check "promtool test rules: goodput of a restarted, a steady and a stalled job" \
-  promtool test rules "$(dirname "$0")/goodput_rules_test.yml"
 
 # --- wrong values fail, naming the value ---------------------------------------------------------------------------
 refuses() { # MESSAGE-REGEX minihelm-args...: rendering fails with exit 1 and a message matching the regex
