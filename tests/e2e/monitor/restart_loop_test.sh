@@ -4,7 +4,8 @@
 # worker itself (embedded mode). The worker process is frozen (SIGSTOP) -> the monitor's stall rule annotates a
 # restart request -> the operator opens generation 2 -> the agent replaces the worker, which restores the newest
 # checkpoint (the step after the restart continues from it, not 0) -> the job Succeeds. Prints the time to detect
-# and to recover.
+# and to recover. A real Prometheus scrapes the operator throughout; at the end the "Railyard / Operator" dashboard's
+# time-to-detect and time-to-recover panels (deploy/grafana) return data from it.
 set -euo pipefail
 src=${RAILYARD_SOURCE_DIR:?}
 state=${RAILYARD_E2E_STATE_DIR:?}
@@ -13,7 +14,7 @@ eval "$(bash "$src/deploy/local/cluster.sh" env --state-dir "$state")"
 ns=ckpt-loop-e2e-$$
 job=loop
 work=$(mktemp -d /tmp/ckpt-loop-e2e.XXXXXX)
-op_pid="" mon_pid="" frozen=""
+op_pid="" mon_pid="" frozen="" prom_dir=""
 fail() {
   echo "FAIL: $*" >&2
   kubectl get tj,pods -n "$ns" -o wide >&2 || true
@@ -28,6 +29,7 @@ cleanup() {
   [ -n "$frozen" ] && kill -CONT "$frozen" 2>/dev/null || true
   [ -n "$mon_pid" ] && kill "$mon_pid" 2>/dev/null && wait "$mon_pid" 2>/dev/null || true
   [ -n "$op_pid" ] && kill "$op_pid" 2>/dev/null && wait "$op_pid" 2>/dev/null || true
+  [ -n "$prom_dir" ] && bash "$src/deploy/local/lib/prometheus.sh" down "$prom_dir" >/dev/null 2>&1 || true
   kubectl delete namespace "$ns" --wait=false >/dev/null 2>&1 || true
   rm -rf "$work"
 }
@@ -47,6 +49,15 @@ op_metrics=127.0.0.1:$(free_port)
 op_pid=$!
 "$bin/railyard-monitor" --namespace "$ns" --listen 127.0.0.1:0 --interval 1 >"$work/mon.log" 2>&1 &
 mon_pid=$!
+# Prometheus scrapes the operator before the failure: the time-to-detect and time-to-recover histograms get their one
+# observation while it watches.
+prom_dir=$work/prom
+bash "$src/deploy/local/lib/prometheus.sh" up "$prom_dir" >"$work/prometheus-up.log" 2>&1 ||
+  fail "starting Prometheus: $(tail -3 "$work/prometheus-up.log")"
+prom=$(sed -n 's/^export PROMETHEUS_URL=//p' "$prom_dir/prometheus/prometheus.env")
+[ -n "$prom" ] || fail "no PROMETHEUS_URL in $prom_dir/prometheus/prometheus.env"
+bash "$src/deploy/local/lib/prometheus.sh" write-targets "$prom_dir" railyard \
+  "[{\"targets\": [\"$op_metrics\"], \"labels\": {\"job\": \"railyard\"}}]" || fail "writing the Prometheus targets"
 
 ckpt=$work/ckpt
 kubectl apply -n "$ns" -f - >/dev/null <<EOF
@@ -151,4 +162,22 @@ echo "times: freeze -> restart request ${detect} s (annotation time - onset ${an
 # What the operator records about them (see docs/monitor.md "The loop"): status and metrics.
 echo "status.lastRestart: $(jp '{.status.lastRestart}')"
 echo "operator metrics on restarts: $(curl -s "http://$op_metrics/metrics" | grep -E '^railyard_operator_(restart|time_to|detect|recover)' | tr '\n' ' ')"
+# The operator dashboard's time-to-detect and time-to-recover panels, as the range queries Grafana sends for the last
+# 5 minutes: each returns a finite value (the one Hang detection, the one RestartRequested recovery).
+panel_data() { # EXPR
+  local now
+  now=$(date +%s)
+  curl -fsS "$prom/api/v1/query_range" --data-urlencode "query=$1" --data-urlencode "start=$((now - 300))" \
+    --data-urlencode "end=$now" --data-urlencode "step=2" |
+    jq -e '.status == "success" and ([.data.result[].values[][1] | select(. != "NaN" and . != "+Inf")] | length > 0)' \
+      >/dev/null
+}
+n=0
+while IFS=$'\t' read -r title expr; do
+  wait_for 30 "operator dashboard / $title: data for '$expr'" panel_data "$expr"
+  n=$((n + 1))
+done < <(jq -r '.panels[] | .title as $t | .targets[] | select(.expr | test("railyard_operator_(detection|recovery)_seconds"))
+  | [$t, .expr] | @tsv' "$src/deploy/grafana/railyard-operator.json")
+[ "$n" -ge 4 ] || fail "found $n time-to-detect/recover queries in deploy/grafana/railyard-operator.json, want >= 4"
+echo "operator dashboard: $n time-to-detect/recover queries return data from Prometheus"
 echo "restart loop e2e: ok"
