@@ -1041,7 +1041,10 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
     status["phase"] = "Created";
   else
     status["phase"] = "Pending";
-  if (progress && progress->first_step > 0 && status.contains("lastRestart") && status["lastRestart"].is_object()) {
+  // `progress` was fetched for the generation this reconcile started with; a restart above moved `gen` on, and the
+  // old generation's first step must not count as the new one's recovery.
+  if (progress && progress->generation == gen && progress->first_step > 0 && status.contains("lastRestart") &&
+      status["lastRestart"].is_object()) {
     // Recovered: the new generation reported its first step (progress files are per generation, so any step seen
     // here was trained after the restart). Time and work lost are kept in status and observed once.
     Json& last = status["lastRestart"];

@@ -152,6 +152,15 @@ PY
 op_text=$(curl -s "http://$op_metrics/metrics")
 grep -q '^railyard_operator_recovery_seconds_count{reason="RestartRequested"} 1' <<<"$op_text" ||
   fail "railyard_operator_recovery_seconds has no RestartRequested observation: $(grep recovery_seconds_count <<<"$op_text")"
+# The one observation is the recovery the status reports (status rounds to 0.1 s), not a time measured against the
+# superseded generation's first step (which came out negative and was clamped to 0 before).
+python3 - "$(jp '{.status.lastRestart.recoverySeconds}')" \
+  "$(sed -n 's/^railyard_operator_recovery_seconds_sum{reason="RestartRequested"} //p' <<<"$op_text")" <<'PY' ||
+import sys
+status_s, hist_s = float(sys.argv[1]), float(sys.argv[2])
+sys.exit(0 if status_s > 0 and abs(hist_s - status_s) <= 0.06 else 1)
+PY
+  fail "railyard_operator_recovery_seconds_sum != status.lastRestart.recoverySeconds: $(grep recovery_seconds_sum <<<"$op_text")"
 grep -q '^railyard_operator_detection_seconds_count{symptom="Hang"} 1' <<<"$op_text" ||
   fail "railyard_operator_detection_seconds has no Hang observation: $(grep detection_seconds_count <<<"$op_text")"
 detect=$(python3 -c "print(f'{$t_detect - $t_freeze:.1f}')")
