@@ -162,4 +162,13 @@ assert http > 0 and tcp > 0 and s["truncated_watches"] > 0 and s["delayed_chunks
 assert not s["faults"], "still injecting after SIGUSR1"
 PY
 kill -0 "$op_pid" 2>/dev/null || fail "the operator exited"
+# 8 jobs checked above (7 under faults, 1 after healing); the operator was also killed once (kill -9) mid-flow.
+if [ -n "${RAILYARD_RESULTS_DIR:-}" ]; then
+  mkdir -p "$RAILYARD_RESULTS_DIR"
+  cat >"$RAILYARD_RESULTS_DIR/chaos.json" <<JSON
+{"test": "e2e_chaos_operator", "date": "$(date -u +%FT%TZ)", "seconds": $((SECONDS - t_start)), "passed": true,
+ "seed": $seed, "jobs_under_faults": 7, "jobs_correct": 8, "operator_kills": 1, "recovery_s": $recovery,
+ "proxy": $stats}
+JSON
+fi
 echo "chaos e2e: ok in $((SECONDS - t_start))s; recovery after healing ${recovery}s; faults injected: $stats"

@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# E2E (issue #13): etcd restarted, then the API server restarted, in the middle of running jobs. railyard-operator
+# (shell-command jobs, no agent) must keep every job correct: the phase, the exact status.restarts and generation,
+# no pod started more often than its restarts require (counted from the node agent's "pod started" lines, which
+# survive the API server's absence), and jobs submitted after each restart must complete. Records how long each
+# restart took and how long until a fresh job succeeded afterwards (recovery).
+# Writes $RAILYARD_RESULTS_DIR/restarts.json when that variable is set.
+set -euo pipefail
+src=${RAILYARD_SOURCE_DIR:?}
+state=${RAILYARD_E2E_STATE_DIR:?}
+bin=${RAILYARD_BIN_DIR:?}
+cluster=$src/deploy/local/cluster.sh
+eval "$(bash "$cluster" env --state-dir "$state")"
+ns=restart-e2e-$$
+work=$(mktemp -d /tmp/restart-e2e.XXXXXX)
+pids=()
+t_start=$SECONDS
+agent_log=$state/logs/node-agent.log
+agent_log_start=$(wc -l <"$agent_log")
+fail() {
+  echo "FAIL: $*" >&2
+  kubectl get tj,pods -n "$ns" -o wide >&2 || true
+  kubectl get tj -n "$ns" -o jsonpath='{range .items[*]}{.metadata.name}{": "}{.status}{"\n"}{end}' >&2 || true
+  echo "--- operator log (tail)" >&2
+  tail -n 40 "$work/op.log" >&2
+  exit 1
+}
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  kubectl delete namespace "$ns" --wait=false >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+# shellcheck source=../e2e/operator/lib.sh
+source "$src/tests/e2e/operator/lib.sh"
+jp() { kubectl get tj "$1" -n "$ns" -o jsonpath="$2" 2>/dev/null; }
+phase_is() { [ "$(jp "$1" '{.status.phase}')" = "$2" ]; }
+now() { date +%s.%N; }
+elapsed() { python3 -c "print(round($(now) - $1, 1))"; }
+
+job() { # job NAME REPLICAS MAXRESTARTS COMMAND
+  cat <<YAML
+apiVersion: railyard.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: $1}
+spec:
+  replicas: $2
+  device: cpu
+  model: {preset: tiny}
+  data: {train: /tmp/none/train_*.bin}
+  training: {steps: 10, globalBatch: 12, microBatch: 1}
+  failurePolicy: {maxRestarts: $3}
+  template:
+    spec:
+      containers:
+        - command: ["sh", "-c", "$4"]
+YAML
+}
+submit() { job "$@" | kubectl apply -n "$ns" -f - >/dev/null; }
+# kubectl itself may hit the restart window: retry the submission.
+submit_retry() { for _ in $(seq 1 40); do submit "$@" && return 0; sleep 0.5; done; fail "cannot submit $1"; }
+
+install_crd "$src"
+kubectl create namespace "$ns" >/dev/null
+wait_for 60 "the default service account token" \
+  bash -c "kubectl get sa default -n $ns -o jsonpath='{.secrets[0].name}' | grep -q ."
+"$bin/railyard-operator" --namespace "$ns" --leader-elect=false \
+  --metrics-addr 127.0.0.1:0 --health-addr 127.0.0.1:0 --rendezvous-bind 127.0.0.1:0 >"$work/op.log" 2>&1 &
+op_pid=$!
+pids+=("$op_pid")
+wait_for 30 "the operator to start" grep -q "leading: reconciling" "$work/op.log"
+
+marker=$work/flaky-ran-once
+submit long 2 2 "sleep 600"                     # Running across both restarts
+submit slow 1 2 "sleep 30; exit 0"              # succeeds after both restarts
+submit perm 1 2 "sleep 6; exit 3"               # fails permanently around the etcd restart
+submit flaky 1 3 "if [ -e $marker ]; then sleep 4; exit 0; fi; touch $marker; sleep 5; exit 137"
+wait_for 60 "job long to run" phase_is long Running
+wait_for 60 "job slow to run" phase_is slow Running
+wait_for 60 "job flaky to run" phase_is flaky Running
+
+# Jobs not yet finished when a restart begins: those it can affect.
+unfinished() { kubectl get tj -n "$ns" -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}' |
+  grep -cv '^Succeeded$\|^Failed$' || true; }
+
+# etcd restart while everything runs.
+etcd_affected=$(unfinished)
+t0=$(now)
+bash "$cluster" restart-etcd --state-dir "$state" 2>>"$work/cluster.log" || fail "restart-etcd failed"
+etcd_restart_s=$(elapsed "$t0")
+t_etcd_back=$(now)
+submit_retry after-etcd 1 1 "exit 0"
+wait_for 60 "job after-etcd to succeed" phase_is after-etcd Succeeded
+etcd_recovery_s=$(elapsed "$t_etcd_back")
+echo "etcd restarted in ${etcd_restart_s}s; a new job succeeded ${etcd_recovery_s}s later"
+
+# API-server restart (with the controller manager) while long and slow still run.
+phase_is slow Running || fail "job slow is not running before the API-server restart ($(jp slow '{.status.phase}'))"
+api_affected=$(unfinished)
+t0=$(now)
+bash "$cluster" restart-apiserver --state-dir "$state" 2>>"$work/cluster.log" || fail "restart-apiserver failed"
+api_restart_s=$(elapsed "$t0")
+t_api_back=$(now)
+submit_retry after-api 1 1 "exit 0"
+wait_for 60 "job after-api to succeed" phase_is after-api Succeeded
+api_recovery_s=$(elapsed "$t_api_back")
+echo "API server restarted in ${api_restart_s}s; a new job succeeded ${api_recovery_s}s later"
+
+wait_for 90 "job slow to succeed" phase_is slow Succeeded
+wait_for 60 "job flaky to succeed" phase_is flaky Succeeded
+wait_for 60 "job perm to fail" phase_is perm Failed
+sleep 2 # anything the restarts left pending would show now
+
+starts() { # pod incarnations of a job started by the node agent since this test began
+  tail -n +"$((agent_log_start + 1))" "$agent_log" | grep "pod started" | grep -c "pod=$ns/$1-worker-" || true
+}
+jobs_ok=0
+check() { # check JOB PHASE RESTARTS GENERATION PODS-STARTED
+  local j=$1
+  [ "$(jp "$j" '{.status.phase}')" = "$2" ] || fail "$j: phase $(jp "$j" '{.status.phase}'), want $2"
+  [ "$(jp "$j" '{.status.restarts}')" = "$3" ] || fail "$j: restarts $(jp "$j" '{.status.restarts}'), want $3"
+  [ "$(jp "$j" '{.status.generation}')" = "$4" ] || fail "$j: generation $(jp "$j" '{.status.generation}'), want $4"
+  [ "$(starts "$j")" = "$5" ] || fail "$j: $(starts "$j") pods started, want $5 (duplicates or lost pods)"
+  jobs_ok=$((jobs_ok + 1))
+}
+check long Running 0 1 2
+[ "$(kubectl get pods -n "$ns" -l railyard.dev/job=long --no-headers | wc -l)" = 2 ] || fail "long: not exactly 2 pods"
+check slow Succeeded 0 1 1
+check perm Failed 0 1 1
+[ "$(jp perm '{.status.conditions[?(@.type=="Failed")].reason}')" = PermanentExitCode ] || fail "perm: reason"
+check flaky Succeeded 1 2 2
+check after-etcd Succeeded 0 1 1
+check after-api Succeeded 0 1 1
+kill -0 "$op_pid" 2>/dev/null || fail "the operator exited"
+bash "$cluster" status --state-dir "$state" >/dev/null || fail "the cluster is not healthy after the restarts"
+
+secs=$((SECONDS - t_start))
+if [ -n "${RAILYARD_RESULTS_DIR:-}" ]; then
+  mkdir -p "$RAILYARD_RESULTS_DIR"
+  cat >"$RAILYARD_RESULTS_DIR/restarts.json" <<JSON
+{"test": "e2e_control_plane_restarts", "date": "$(date -u +%FT%TZ)", "seconds": $secs, "passed": true,
+ "faults": [
+  {"kind": "etcd restart", "count": 1, "jobs_affected": $etcd_affected, "jobs_correct": $etcd_affected, "downtime_s": $etcd_restart_s,
+   "recovery_s": $etcd_recovery_s, "steps_lost": null},
+  {"kind": "API-server restart", "count": 1, "jobs_affected": $api_affected, "jobs_correct": $api_affected, "downtime_s": $api_restart_s,
+   "recovery_s": $api_recovery_s, "steps_lost": null}],
+ "jobs": 6, "jobs_correct": $jobs_ok}
+JSON
+fi
+echo "control-plane restarts e2e: ok in ${secs}s (6 jobs correct)"
