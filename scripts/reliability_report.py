@@ -162,7 +162,7 @@ def main():
               f"{soak['rss_start_kib'] / 1024:.1f} -> {soak['rss_end_kib'] / 1024:.1f} MiB | "
               f"{soak['fds_start']} -> {soak['fds_end']} |", "",
               "Tolerances (why they are what they are: `tests/chaos/soak_test.sh`): fds may grow by at most 4, RSS by "
-              "at most 20 % + 4 MiB between the first and the last third of the samples. CI runs 60 s; "
+              "at most 20 % + 4 MiB between the first and the last third of the samples. CI runs 45 s; "
               "`RAILYARD_SOAK_SECONDS=3600 ctest -R e2e_soak` runs an hour.", ""]
     else:
         L += ["Not run (no `soak.json`).", ""]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Soak (issue #13): for RAILYARD_SOAK_SECONDS (default 60; hours are fine) railyard-operator runs rounds of small
+# Soak (issue #13): for RAILYARD_SOAK_SECONDS (default 45; hours are fine) railyard-operator runs rounds of small
 # shell-command jobs: one succeeds, one fails with a permanent exit code, one fails once (137) and then succeeds, one
 # runs, is scaled 1 -> 2 and is deleted while running. Every job must reach its correct state (phase, exact
 # restarts and generation) and every deleted job must leave no pod behind. The operator's RSS and open file
@@ -15,7 +15,7 @@ set -euo pipefail
 src=${RAILYARD_SOURCE_DIR:?}
 state=${RAILYARD_E2E_STATE_DIR:?}
 bin=${RAILYARD_BIN_DIR:?}
-duration=${RAILYARD_SOAK_SECONDS:-60}
+duration=${RAILYARD_SOAK_SECONDS:-45}
 [[ "$duration" =~ ^[1-9][0-9]*$ ]] || { echo "RAILYARD_SOAK_SECONDS='$duration': give a whole number of seconds" >&2; exit 2; }
 eval "$(bash "$src/deploy/local/cluster.sh" env --state-dir "$state")"
 ns=soak-e2e-$$
@@ -112,7 +112,9 @@ round() { # round N: the four kinds of job; returns once all four are done and d
   jobs_correct=$((jobs_correct + 4))
 }
 
+echo "operator up after $((SECONDS - t_start))s"
 round 0 # warm-up: the first jobs allocate the operator's caches and thread arenas
+echo "warm-up round done after $((SECONDS - t_start))s; soaking for ${duration}s"
 n=1
 sample >"$work/samples.txt"
 t_soak=$SECONDS
