@@ -23,21 +23,13 @@ pids=()
 t_start=$SECONDS
 fail() {
   echo "FAIL: $*" >&2
-  kubectl get tj,pods -n "$ns" -o wide >&2 || true
+  dump_jobs
   for f in "$work"/op.log "$work"/monitor.log; do echo "--- $f (tail)"; tail -n 30 "$f"; done >&2
   exit 1
 }
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  kubectl delete namespace "$ns" --wait=false >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-# shellcheck source=../e2e/operator/lib.sh
-source "$src/tests/e2e/operator/lib.sh"
-jp() { kubectl get tj "$1" -n "$ns" -o jsonpath="$2" 2>/dev/null; }
-phase_is() { [ "$(jp "$1" '{.status.phase}')" = "$2" ]; }
+trap chaos_cleanup EXIT
+# shellcheck source=lib.sh
+source "$src/tests/chaos/lib.sh"
 checks=0
 ok() { checks=$((checks + 1)); }
 
@@ -61,10 +53,7 @@ spec:
 YAML
 }
 
-install_crd "$src"
-kubectl create namespace "$ns" >/dev/null
-wait_for 60 "the default service account token" \
-  bash -c "kubectl get sa default -n $ns -o jsonpath='{.secrets[0].name}' | grep -q ."
+setup_namespace
 
 # 1. TLS to the API server is verified: a CA that did not sign the server's certificate stops the operator before
 #    it reconciles anything. (Client-level: kube_e2e_tests "a CA that did not sign the server certificate".)

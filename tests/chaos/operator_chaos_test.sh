@@ -15,8 +15,7 @@ pids=()
 t_start=$SECONDS
 fail() {
   echo "FAIL: $*" >&2
-  kubectl get tj,pods -n "$ns" -o wide >&2 || true
-  kubectl get tj -n "$ns" -o jsonpath='{range .items[*]}{.metadata.name}{": "}{.status}{"\n"}{end}' >&2 || true
+  dump_jobs
   echo "--- proxy stats: $(cat "$work/stats.json" 2>/dev/null)" >&2
   for f in "$work"/op.log "$work"/proxy.log; do echo "--- $f (tail)"; tail -n 40 "$f"; done >&2
   # RAILYARD_CHAOS_KEEP=DIR keeps the operator and proxy logs and the pod history for a post-mortem.
@@ -31,34 +30,12 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# shellcheck source=../e2e/operator/lib.sh
-source "$src/tests/e2e/operator/lib.sh"
-jp() { kubectl get tj "$1" -n "$ns" -o jsonpath="$2" 2>/dev/null; }
-phase_is() { [ "$(jp "$1" '{.status.phase}')" = "$2" ]; }
+# shellcheck source=lib.sh
+source "$src/tests/chaos/lib.sh"
 
-job() { # job NAME REPLICAS MAXRESTARTS COMMAND
-  cat <<YAML
-apiVersion: railyard.dev/v1alpha1
-kind: TrainingJob
-metadata: {name: $1}
-spec:
-  replicas: $2
-  device: cpu
-  model: {preset: tiny}
-  data: {train: /tmp/none/train_*.bin}
-  training: {steps: 10, globalBatch: 12, microBatch: 1}
-  failurePolicy: {maxRestarts: $3}
-  template:
-    spec:
-      containers:
-        - command: ["sh", "-c", "$4"]
-YAML
-}
+job() { shell_job "$@"; } # job NAME REPLICAS MAXRESTARTS COMMAND
 
-install_crd "$src"
-kubectl create namespace "$ns" >/dev/null
-wait_for 60 "the default service account token" \
-  bash -c "kubectl get sa default -n $ns -o jsonpath='{.secrets[0].name}' | grep -q ."
+setup_namespace
 
 seed=${RAILYARD_CHAOS_SEED:-$$}
 echo "proxy seed $seed (rerun with RAILYARD_CHAOS_SEED=$seed)"

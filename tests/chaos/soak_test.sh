@@ -24,56 +24,26 @@ pids=()
 t_start=$SECONDS
 fail() {
   echo "FAIL: $*" >&2
-  kubectl get tj,pods -n "$ns" -o wide >&2 || true
-  kubectl get tj -n "$ns" -o jsonpath='{range .items[*]}{.metadata.name}{": "}{.status}{"\n"}{end}' >&2 || true
+  dump_jobs
   echo "--- samples (t rss_kib fds):" >&2
   cat "$work/samples.txt" >&2 || true
   tail -n 40 "$work/op.log" >&2
   exit 1
 }
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  kubectl delete namespace "$ns" --wait=false >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-# shellcheck source=../e2e/operator/lib.sh
-source "$src/tests/e2e/operator/lib.sh"
-jp() { kubectl get tj "$1" -n "$ns" -o jsonpath="$2" 2>/dev/null; }
-phase_is() { [ "$(jp "$1" '{.status.phase}')" = "$2" ]; }
+trap chaos_cleanup EXIT
+# shellcheck source=lib.sh
+source "$src/tests/chaos/lib.sh"
 running_at() { [ "$(jp "$1" '{.status.phase}/{.status.world.size}')" = "Running/$2" ]; }
 no_pods() { [ -z "$(kubectl get pods -n "$ns" -l "railyard.dev/job=$1" -o name 2>/dev/null)" ]; }
 
-job() { # job NAME REPLICAS MAXRESTARTS COMMAND
-  cat <<YAML
-apiVersion: railyard.dev/v1alpha1
-kind: TrainingJob
-metadata: {name: $1}
-spec:
-  replicas: $2
-  device: cpu
-  model: {preset: tiny}
-  data: {train: /tmp/none/train_*.bin}
-  training: {steps: 10, globalBatch: 12, microBatch: 1}
-  failurePolicy: {maxRestarts: $3}
-  template:
-    spec:
-      containers:
-        - command: ["sh", "-c", "$4"]
-YAML
-}
-submit() { job "$@" | kubectl apply -n "$ns" -f - >/dev/null; }
+submit() { shell_job "$@" | kubectl apply -n "$ns" -f - >/dev/null; }
 expect() { # expect JOB PHASE RESTARTS GENERATION
   local got
   got=$(jp "$1" '{.status.phase} {.status.restarts} {.status.generation}')
   [ "$got" = "$2 $3 $4" ] || fail "$1: phase/restarts/generation '$got', want '$2 $3 $4'"
 }
 
-install_crd "$src"
-kubectl create namespace "$ns" >/dev/null
-wait_for 60 "the default service account token" \
-  bash -c "kubectl get sa default -n $ns -o jsonpath='{.secrets[0].name}' | grep -q ."
+setup_namespace
 "$bin/railyard-operator" --namespace "$ns" --leader-elect=false \
   --metrics-addr 127.0.0.1:0 --health-addr 127.0.0.1:0 --rendezvous-bind 127.0.0.1:0 >"$work/op.log" 2>&1 &
 op_pid=$!
