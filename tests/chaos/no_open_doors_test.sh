@@ -83,9 +83,12 @@ echo "wrong CA: operator exits $rc with a TLS verification error"
 
 # 2. Real jobs: operator (debug logs) + agents (debug logs) + monitor with a webhook token.
 op_metrics=$(free_port)
+# Pod IPs come from one 127.16/16 range in every local cluster on the machine: a random port keeps our agents' metrics
+# listeners clear of another cluster's pods that got the same IPs.
+agent_metrics=$(free_port)
 "$bin/railyard-operator" --namespace "$ns" --leader-elect=false --worker-command "$agent_bin" --log-level debug \
   --metrics-addr "127.0.0.1:$op_metrics" --health-addr "127.0.0.1:$(free_port)" --rendezvous-bind 127.0.0.1:0 \
-  --agent-metrics-port 9470 >"$work/op.log" 2>&1 &
+  --agent-metrics-port "$agent_metrics" >"$work/op.log" 2>&1 &
 pids+=("$!")
 wait_for 30 "the operator to start" grep -q "leading: reconciling" "$work/op.log"
 rdzv=$(grep -m1 "leading: reconciling" "$work/op.log" | grep -o 'rendezvous=[^ ]*' | cut -d= -f2)
