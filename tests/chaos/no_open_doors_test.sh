@@ -185,8 +185,12 @@ grep -q "^RANK=" "${pod_logs[0]}" || fail "the worker's env dump is missing from
 grep -qi "debug" "$work/op.log" || fail "the operator did not log at debug level"
 kubectl get pods,tj,events -n "$ns" -o json >"$work/objects.json"
 grep -q "secretKeyRef" "$work/objects.json" || fail "pods do not take the token from the Secret"
+# The agents' per-generation files (resolved config handed to the workers) too.
+agent_files=()
+while IFS= read -r f; do agent_files+=("$f"); done < <(find /tmp/railyard-agent -path "*/${ns}_*" -type f 2>/dev/null)
+[ "${#agent_files[@]}" -ge 3 ] || fail "found ${#agent_files[@]} agent files under /tmp/railyard-agent, want >= 3"
 scanned=("$work/op.log" "$work/monitor.log" "$state/logs/node-agent.log" "${pod_logs[@]}" "$work"/metrics-*.txt
-  "$work/objects.json")
+  "$work/objects.json" "${agent_files[@]}")
 for t in "$tok_done" "$tok_a" "$tok_b" "$webhook_token"; do
   hits=$(grep -lF -- "$t" "${scanned[@]}" || true)
   [ -z "$hits" ] || fail "a secret value appears in: $hits"
@@ -198,7 +202,7 @@ for t in "$tok_a" "$tok_b"; do
 done
 ok
 echo "no token in ${#scanned[@]} files: operator/monitor/node-agent logs, ${#pod_logs[@]} pod logs," \
-  "$((n_agents + 2)) /metrics outputs, pods/TrainingJobs/events"
+  "$((n_agents + 2)) /metrics outputs, pods/TrainingJobs/events, ${#agent_files[@]} agent files"
 
 secs=$((SECONDS - t_start))
 checks=$((checks + ${#scanned[@]}))
