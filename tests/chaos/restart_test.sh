@@ -42,12 +42,13 @@ op_pid=$!
 pids+=("$op_pid")
 wait_for 30 "the operator to start" grep -q "leading: reconciling" "$work/op.log"
 
-# end-in-etcd exits 0 and end-in-api exits 137 (retryable) 2 s into the etcd and the API-server restart: the pods'
-# final status must still reach the API server (a node agent that gave up on a failed status update once left such
-# a pod Running forever), and end-in-api must be restarted exactly once and then succeed.
+# end-in-etcd exits 0 about 1 s into the etcd restart (which takes about 2 s) and end-in-api exits 137 (retryable)
+# 2 s into the API-server restart (about 15 s): the pods' final status must still reach the API server (a node agent
+# that gave up on a failed status update once left such a pod Running forever), and end-in-api must be restarted
+# exactly once and then succeed.
 marker=$work/end-in-api-failed-once
 submit long 2 2 "sleep 600" # Running across both restarts
-submit end-in-etcd 1 2 "while [ ! -e $work/etcd-restarting ]; do sleep 0.2; done; sleep 2; exit 0"
+submit end-in-etcd 1 2 "while [ ! -e $work/etcd-restarting ]; do sleep 0.2; done; sleep 1; exit 0"
 wait_api="while [ ! -e $work/api-restarting ]; do sleep 0.2; done"
 submit end-in-api 1 2 "if [ -e $marker ]; then exit 0; fi; $wait_api; sleep 2; touch $marker; exit 137"
 wait_for 60 "job long to run" phase_is long Running
