@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 
 #include "checkpoint/crc32c.h"
 #include "checkpoint/fs_util.h"
@@ -62,6 +63,36 @@ std::string ShmStore::name_for(std::string_view job, int rank) {
 }
 
 void ShmStore::remove(const std::string& name) { ::shm_unlink(name.c_str()); }
+
+int ShmStore::remove_prefix(const std::string& prefix) {
+  if (prefix.size() < 2 || prefix[0] != '/' || prefix.find('/', 1) != std::string::npos) return 0;
+  int removed = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    std::string n(1, '/');
+    n.append(e.path().filename().string());
+    if (n.compare(0, prefix.size(), prefix) == 0 && ::shm_unlink(n.c_str()) == 0) ++removed;
+  }
+  return removed;
+}
+
+std::optional<int64_t> ShmStore::peek(std::string* why) const {
+  auto fail = [&](const std::string& reason) -> std::optional<int64_t> {
+    if (why != nullptr) *why = "shared memory " + name_ + ": " + reason;
+    return std::nullopt;
+  };
+  int fd = ::shm_open(name_.c_str(), O_RDONLY | O_CLOEXEC, 0);
+  if (fd < 0) return fail("no snapshot (" + detail::errno_text(errno) + ")");
+  Header h{};
+  const ssize_t n = ::pread(fd, &h, sizeof h, 0);
+  ::close(fd);
+  if (n != static_cast<ssize_t>(sizeof h)) return fail("segment smaller than its header: torn or never written");
+  if (h.state != kStateComplete) return fail("torn snapshot: a writer started but did not finish");
+  if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) return fail("bad magic: not a railyard snapshot");
+  if (h.version != kVersion) return fail("version " + std::to_string(h.version) + " not supported");
+  if (h.header_crc != header_crc(h)) return fail("torn snapshot: header checksum mismatch");
+  return h.step;
+}
 
 void ShmStore::put(int64_t step, const std::vector<TensorShard>& shards, const nlohmann::json& state) {
   nlohmann::json meta;

@@ -27,6 +27,13 @@ class ShmStore {
   // "/railyard-<job>-r<rank>" with characters outside [A-Za-z0-9._-] in job replaced by '_'.
   static std::string name_for(std::string_view job, int rank);
   static void remove(const std::string& name);  // shm_unlink; missing is fine
+  // Unlinks every segment whose name starts with `prefix` ("/railyard-..."; listed in /dev/shm, where Linux keeps
+  // POSIX shared memory). Returns how many were removed. For the owner of a job's segments (the pod's agent).
+  static int remove_prefix(const std::string& prefix);
+
+  // The step of the complete snapshot in the segment from its header alone (no copy, no checksum of the contents),
+  // or nullopt with the reason (missing, torn, other format). get() still verifies the contents.
+  std::optional<int64_t> peek(std::string* why = nullptr) const;
 
   // Stores every shard's full box (replica fields are ignored: each rank keeps what it holds) and `state`.
   // The segment grows as needed; space is reserved up front so a full /dev/shm is an Error, not a SIGBUS.

@@ -3,7 +3,8 @@
 # nodes, prepares a small text corpus, starts the operator and trains the tiny example TrainingJob on those nodes
 # (operator -> gang-bound pod -> agent -> rendezvous -> railyard-worker), showing `kubectl get tj` as it moves; then
 # runs a 2-replica data-parallel job, kills one trainer process (kill -9) in the middle, shows the in-place recovery
-# (new generation, same pods, restore from the last checkpoint) and ends with the loss curve and the time lost.
+# (new generation, same pods, restore from the in-memory tier: no step redone) and ends with the loss curve and the
+# time lost.
 # Not shown yet: the monitor and Prometheus (hang/straggler detection), node loss (see tests/e2e/elastic).
 # Environment: RAILYARD_STATE_DIR (default ~/.local/state/railyard/demo), DEMO_STEPS (default 200),
 # DEMO_FT_STEPS (steps of the fault-tolerance job, default 300), DEMO_BUILD_DIR (default build),
@@ -150,6 +151,9 @@ if exits and restored:
           f"{first - exits[0]:.2f} s; time lost {first - exits[0] + redone * mean_ms / 1e3:.2f} s "
           f"(that plus {redone} redone steps x {mean_ms:.0f} ms)")
 PY
+kubectl get trainingjobs.railyard.dev $ft -o json >"$state/$ft.json"
+"$build/bin/railyard" report --log "$state/node-agent/pods/default_$ft-worker-0/worker.log" --status "$state/$ft.json" \
+  --checkpoints "$state/ckpt/$ft" --output "$state/$ft-report.html" | sed 's/^report: wrote /HTML report (loss curve, restarts, checkpoints): /'
 echo
 echo "The cluster and the operator keep running. Use them with:  eval \"\$(deploy/local/cluster.sh env --state-dir $state)\""
 echo "Stop them with:  kill \$(cat $state/operator.pid); deploy/local/cluster.sh down --state-dir $state"

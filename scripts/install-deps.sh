@@ -8,6 +8,7 @@ pkgs=(
   build-essential cmake ccache pkg-config git curl openssl jq rsync procps iproute2
   libcpp-httplib-dev nlohmann-json3-dev libyaml-cpp-dev doctest-dev libgloo-dev libopenblas-dev
   libssl-dev zlib1g-dev python3-yaml
+  chromium  # headless: renders `railyard report` pages in report_render (tests/e2e/install)
   etcd-server golang-go dpkg-dev prometheus
   golang-github-masterminds-sprig-dev golang-k8s-sigs-yaml-dev golang-github-xeipuuv-gojsonschema-dev
   clang libclang-rt-14-dev  # clang 14: libFuzzer and the sanitizer runtimes (docs/hardening.md)

@@ -72,7 +72,9 @@ constexpr const char* kUsage = R"(usage: railyard-worker train [flags]
   --ckpt-every N       save every N steps (default spec.checkpoint.intervalSteps, else 0: only at the end / SIGTERM)
   --ckpt-keep K        complete checkpoints kept (default 3)
   --ckpt-async on|off  copy the snapshot during the next step's forward/backward (default on)
-  --ckpt-shm-every N   also keep the newest snapshot in shared memory every N steps (default 0: off)
+  --ckpt-shm-every N   also keep the newest snapshot in shared memory every N steps, taken before the step is
+                       reported (default spec.checkpoint.memoryIntervalSteps, else 0: off); restores prefer it when
+                       every rank holds it and it is at least as new as the disk
   --ckpt-term-budget S on SIGTERM: finish the step, save within S seconds of the signal, exit 143 (default 8)
   --resume MODE        auto (newest valid checkpoint in --ckpt-dir; the default without --config), never, or PATH (a
                        checkpoint root or one step-N directory; default RAILYARD_RESTORE / the config's restore)
@@ -260,12 +262,18 @@ void apply_config_file(const std::string& path, std::map<std::string, std::strin
   set("data", data.is_string() ? data : get(data, "path"));
   // Checkpoints: spec.checkpoint; the operator names the checkpoint to restore (restarts) in "restore", and "" or
   // nothing means a fresh start even when the directory holds checkpoints of an earlier job.
+  // The resolved config's checkpoint object wins over spec.checkpoint field by field.
   nlohmann::json ck = get(j, "checkpoint");
-  if (!ck.is_object()) ck = get(spec, "checkpoint");
+  if (const auto spec_ck = get(spec, "checkpoint"); spec_ck.is_object()) {
+    if (!ck.is_object()) ck = nlohmann::json::object();
+    for (const auto& [k, v] : spec_ck.items())
+      if (!ck.contains(k)) ck[k] = v;
+  }
   set("ckpt-dir", get(ck, "path"));
   set("ckpt-every", get(ck, "intervalSteps"));
   set("ckpt-keep", get(ck, "keep"));
   if (const auto a = get(ck, "async"); a.is_boolean()) set("ckpt-async", a.get<bool>() ? "on" : "off");
+  set("ckpt-shm-every", get(ck, "memoryIntervalSteps"));
   const auto restore = get(j, "restore");
   if (!f.count("init-from")) {
     set("resume", restore.is_string() && !restore.get<std::string>().empty() ? restore : nlohmann::json("never"));
@@ -320,11 +328,22 @@ DistSetup join_world(std::map<std::string, std::string>& f, TrainConfig& tc) {
   return d;
 }
 
-// The checkpoint's tensor list: the full model, or a tp/pp stage's slices (shard_map); ZeRO-sharded moments are not
-// written yet.
+// The checkpoint's tensor list: the full model, or a tp/pp stage's slices (shard_map), or with ZeRO over dp the
+// parameters plus this rank's owned ranges of the moments; ZeRO with tp/pp is not written yet.
 std::vector<ShardSpec> checkpoint_shards(const CheckpointOptions& co, const GptConfig& cfg, Trainer& trainer,
                                          const DistSetup& dist) {
   if (dist.sharded == nullptr && dist.zero == 0) return full_state_shards(cfg, trainer.state());
+  if (dist.sharded == nullptr && dist.zero > 0) {
+    const parallel::BucketLayout& bl = dist.sync->layout();
+    const int r = dist.sync->rank();
+    std::vector<OwnedRange> owned;
+    for (size_t b = 0; b < bl.buckets().size(); ++b) {
+      const auto [s, e] = bl.own(b, r);
+      if (s < e) owned.push_back({s, e, bl.buckets()[b].shard_offset});
+    }
+    return zero_state_shards(cfg, trainer.state().params, dist.sync->shard_m(), dist.sync->shard_v(), owned, r,
+                             dist.sync->size());
+  }
   if (dist.sharded != nullptr && dist.zero == 0) {
     const comm::Layout& l = dist.groups->layout();
     const comm::Coord& c = dist.groups->coord();
@@ -333,8 +352,8 @@ std::vector<ShardSpec> checkpoint_shards(const CheckpointOptions& co, const GptC
   }
   if (!co.dir.empty() || co.shm_every > 0) {
     throw ConfigError(
-        "--ckpt-dir/--ckpt-shm-every with --zero > 0: checkpoints of ZeRO-sharded optimizer state are not written "
-        "yet; use --zero 0 to checkpoint");
+        "--ckpt-dir/--ckpt-shm-every with --zero > 0 and --tp/--pp > 1: checkpoints of ZeRO-sharded optimizer "
+        "state of a model-parallel stage are not written yet; use --zero 0 to checkpoint");
   }
   return {};
 }
@@ -522,8 +541,14 @@ int cmd_train(int argc, char** argv) {
   co.resume = f.count("resume") ? f["resume"] : "auto";
   if (co.resume == "auto" && co.dir.empty() && co.shm_every == 0) co.resume = "never";
   const std::string job_id = env_or("RAILYARD_JOB_NAMESPACE", "") + "_" + env_or("RAILYARD_JOB_NAME", "local");
-  co.shm_name = ckpt::ShmStore::name_for(job_id, static_cast<int>(std::atol(env_or("RANK", "0").c_str())));
-  co.layout = nlohmann::json{{"dp", 1}, {"tp", 1}, {"pp", 1}, {"zero", 0}};
+  // The agent names its pod's segments (RAILYARD_SHM_PREFIX) and removes them when the pod ends (worker/agent).
+  const int global_rank = static_cast<int>(std::atol(env_or("RANK", "0").c_str()));
+  if (const std::string prefix = env_or("RAILYARD_SHM_PREFIX", ""); !prefix.empty()) {
+    co.shm_name = prefix + "-r" + std::to_string(global_rank);
+  } else {
+    co.shm_name = ckpt::ShmStore::name_for(job_id, global_rank);
+  }
+  co.layout = nlohmann::json{{"dp", 1}, {"tp", 1}, {"pp", 1}, {"zero", dist.zero}};
   std::vector<ShardSpec> ckpt_shards = checkpoint_shards(co, *cfg, trainer, dist);
   if (const int world = std::atoi(env_or("WORLD_SIZE", "1").c_str()); world > 1) {
     // Every rank of the world saves into the same directory under its global rank, with one run id for all ranks
@@ -538,12 +563,19 @@ int cmd_train(int argc, char** argv) {
     if (dist.groups != nullptr) {
       const auto& l = dist.groups->layout();
       co.layout = nlohmann::json{{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"zero", dist.zero}};
-      if (dist.sharded == nullptr) {  // a stage's slices carry their own replica split (shards_from_slices)
+      if (dist.sharded == nullptr && dist.zero == 0) {  // stage slices and ZeRO lists carry their own split
         for (auto& s : ckpt_shards) {
           s.replica_index = dist.groups->dp().rank();
           s.num_replicas = dist.groups->dp().size();
         }
       }
+    }
+    if (dist.groups != nullptr) {
+      co.all_gather = [&dist](const std::vector<int64_t>& mine) {
+        std::vector<int64_t> all(mine.size() * static_cast<size_t>(dist.groups->world().size()));
+        dist.groups->world().all_gather(mine.data(), all.data(), mine.size(), comm::DType::kInt64);
+        return all;
+      };
     }
     if (dist.sharded != nullptr) {
       co.any_rank = [&dist](bool mine) { return dist.sharded->any(mine); };  // over the whole world

@@ -1055,6 +1055,8 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
       g.config["generation"] = gen;
       if (gen > 1 && job["spec"].contains("checkpoint") && job["spec"]["checkpoint"].contains("path"))
         g.config["restore"] = job["spec"]["checkpoint"]["path"];
+      else if (gen > 1 && world_spec.memory_interval_steps > 0)
+        g.config["restore"] = "auto";  // the in-memory tier alone (no path): the worker falls back to a fresh start
       g.token = token;
       rdzv->open_generation(g);
       std::lock_guard lock(mu_);

@@ -231,6 +231,8 @@ ParsedJob parse_job(const Json& job) {
   c.string(ckpt, "path", "spec.checkpoint.path");
   c.integer(ckpt, "intervalSteps", "spec.checkpoint.intervalSteps", 1, int64_t{1} << 40);
   c.integer(ckpt, "keep", "spec.checkpoint.keep", 1, 1000000);
+  if (auto v = c.integer(ckpt, "memoryIntervalSteps", "spec.checkpoint.memoryIntervalSteps", 0, int64_t{1} << 40))
+    s.memory_interval_steps = *v;
   Json placement = c.object(spec, "placement", "spec.placement");
   Json selector = c.object(placement, "nodeSelector", "spec.placement.nodeSelector");
   for (auto it = selector.begin(); it != selector.end(); ++it) {
@@ -400,6 +402,9 @@ Json resolved_config(const JobSpec& spec, int replicas) {
       {"device", spec.device},
   };
   if (spec.micro_batches) cfg["layout"]["microBatches"] = *spec.micro_batches;
+  // The worker completes this from spec.checkpoint (path, intervalSteps, keep, async); the in-memory interval is
+  // resolved here, 0 (off) when the spec does not set it.
+  cfg["checkpoint"] = {{"memoryIntervalSteps", spec.memory_interval_steps}};
   // The worker reads the ZeRO stage from `parallelism` (before spec.parallelism): the planned one wins.
   if (spec.auto_parallel)
     cfg["parallelism"] = {{"zero", spec.zero}, {"tensor", w.tensor}, {"pipeline", w.pipeline}, {"data", w.data}};

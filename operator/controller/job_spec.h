@@ -40,6 +40,9 @@ struct JobSpec {
   bool suspend = false;
   std::string clean_pod_policy = "Running";
   std::map<std::string, std::string> node_selector;
+  // spec.checkpoint.memoryIntervalSteps: in-memory snapshot every N steps (0 = off); the worker gets it in the
+  // resolved config's checkpoint object.
+  int64_t memory_interval_steps = 0;
 };
 
 // What is wrong and how to fix it. `reason` is a CamelCase condition reason naming the field

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -19,6 +20,7 @@
 #include <set>
 #include <thread>
 
+#include "checkpoint/shm_store.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "common/metrics/metrics.h"
@@ -145,7 +147,15 @@ class AgentRun {
         stop_(stop),
         client_(cfg.rendezvous_addr, cfg.token, client_options()),
         agent_id_(random_id()),
+        shm_pod_prefix_(shm_pod_prefix(cfg)),
+        shm_prefix_(shm_pod_prefix_ + agent_id_),
         metrics_(cfg) {
+    // Segments of an earlier agent of a pod with this name (one killed before it could clean up): never read by
+    // this agent's workers, whose names carry this agent's id.
+    if (int n = ckpt::ShmStore::remove_prefix(shm_pod_prefix_); n > 0) {
+      log::info(kComponent, "removed leftover in-memory checkpoint segments of an earlier agent of this pod",
+                {{"count", std::to_string(n)}, {"prefix", shm_pod_prefix_}});
+    }
     if (metrics_.exposer) {
       log::info(kComponent, "serving metrics",
                 {{"address", cfg.pod_ip + ":" + std::to_string(metrics_.exposer->port()) + "/metrics"}});
@@ -302,6 +312,7 @@ class AgentRun {
         "RAILYARD_TP",
         "RAILYARD_PP",
         "RAILYARD_PROGRESS_FILE",
+        "RAILYARD_SHM_PREFIX",
         "RAILYARD_RENDEZVOUS_TOKEN"  // workers never talk to the service: keep the secret in the agent
     };
     std::vector<std::string> base_env;
@@ -342,6 +353,7 @@ class AgentRun {
       add("RAILYARD_TP", std::to_string(a.layout.tp));
       add("RAILYARD_PP", std::to_string(a.layout.pp));
       add("RAILYARD_PROGRESS_FILE", w.progress_file);
+      add("RAILYARD_SHM_PREFIX", shm_prefix_);
       std::vector<char*> envp;
       for (auto& s : env) envp.push_back(s.data());
       envp.push_back(nullptr);
@@ -600,10 +612,29 @@ class AgentRun {
     }
   }
 
+  // "/railyard-<ns>_<pod>-": the in-memory checkpoint segments of this pod's workers (docs/checkpointing.md).
+  static std::string shm_pod_prefix(const AgentConfig& c) {
+    std::string s = "/railyard-";
+    for (char ch : c.ns + "_" + c.pod)
+      s += (std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-') ? ch : '_';
+    return s + "-";
+  }
+
+ public:
+  // The agent owns its workers' in-memory checkpoint segments: they outlive a worker restarted in place (same agent)
+  // and are removed when the agent ends (its pod terminates or the job is done).
+  ~AgentRun() {
+    if (int n = ckpt::ShmStore::remove_prefix(shm_prefix_); n > 0)
+      log::info(kComponent, "removed the in-memory checkpoint segments", {{"count", std::to_string(n)}});
+  }
+
+ private:
   const AgentConfig& cfg_;
   const std::atomic<int>& stop_;
   RendezvousClient client_;
   std::string agent_id_;
+  std::string shm_pod_prefix_;
+  std::string shm_prefix_;
   std::vector<Worker> workers_;
   std::vector<rdzv::ExitReport> pending_;
   int64_t generation_ = 0;

@@ -32,6 +32,8 @@ Commands:
                        rank parallel layouts by predicted step time (railyard plan --help; docs/planner.md)
   plan --calibrate [--output FILE]
                        measure this machine's CPU kernels into a planner calibration file
+  report --log FILE [--log FILE...] [--status FILE] [--checkpoints DIR] [--output FILE.html]
+                       write a self-contained HTML report of a training run (railyard report --help)
   ckpt ls|inspect|verify|reshard DIR ...
                        list, inspect, verify and reshard checkpoints (railyard ckpt --help)
   help, --help, -h     this text
@@ -71,6 +73,7 @@ int run(const Args& args) {
   if (cmd == "data") return run_data(rest);
   if (cmd == "model") return run_model(rest);
   if (cmd == "plan") return run_plan(rest);
+  if (cmd == "report") return run_report(rest);
   if (cmd == "ckpt") {
     // The checkpoint library owns its command line; it expects argv[0] == "ckpt".
     std::vector<std::string> owned(args.begin(), args.end());
@@ -80,7 +83,7 @@ int run(const Args& args) {
     return ckpt::cli_main(static_cast<int>(owned.size()), argv.data());
   }
   if (!cmd.empty() && cmd[0] == '-') throw UsageError{"unknown flag '" + cmd + "'"};
-  throw UsageError{"unknown command '" + cmd + "' (commands: data, model, plan, ckpt, help)"};
+  throw UsageError{"unknown command '" + cmd + "' (commands: data, model, plan, ckpt, report, help)"};
 }
 
 }  // namespace railyard::cli

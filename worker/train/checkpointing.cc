@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <time.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 
@@ -70,6 +71,8 @@ struct Checkpointer::Metrics {
   metrics::Gauge& restore_seconds;
   metrics::Gauge& restore_bytes;
   metrics::Gauge& restored_step;
+  metrics::Gauge& restored_from_memory;
+  metrics::Histogram& memory_put;
   // Created at the first commit: a timestamp of 0 would read as an ancient checkpoint to the monitor's age rule.
   metrics::Family<metrics::Gauge>& last_step;
   metrics::Family<metrics::Gauge>& last_ts;
@@ -96,6 +99,14 @@ struct Checkpointer::Metrics {
             r.gauge("railyard_checkpoint_restore_seconds", "Time the restore at start took (0: fresh start).").add(l)),
         restore_bytes(r.gauge("railyard_checkpoint_restore_bytes", "Bytes read by the restore at start.").add(l)),
         restored_step(r.gauge("railyard_checkpoint_restored_step", "Step restored at start (0: fresh start).").add(l)),
+        restored_from_memory(r.gauge("railyard_checkpoint_restored_from_memory",
+                                     "1 when the restore at start read the in-memory tier, 0 otherwise.")
+                                 .add(l)),
+        memory_put(r.histogram("railyard_checkpoint_memory_snapshot_seconds",
+                               "Time to copy the state into the in-memory tier (shared memory) after a step; the "
+                               "step waits for it.",
+                               metrics::exponential_buckets(0.0001, 2, 18))
+                       .add(l)),
         last_step(r.gauge("railyard_checkpoint_last_step", "Step of the last complete checkpoint.")),
         last_ts(r.gauge("railyard_checkpoint_last_timestamp_seconds", "Unix time the last checkpoint completed.")) {
     for (const char* res : {"committed", "failed"}) {
@@ -134,6 +145,51 @@ std::vector<ShardSpec> full_state_shards(const GptConfig& m, const TrainerState&
   return out;
 }
 
+std::vector<ShardSpec> zero_state_shards(const GptConfig& m, float* params, float* shard_m, float* shard_v,
+                                         const std::vector<OwnedRange>& owned, int dp_rank, int dp_size) {
+  const auto defs = ckpt::gpt_tensor_defs(m.num_layers, m.channels, m.max_seq_len, m.padded_vocab_size, false);
+  std::vector<ShardSpec> out;
+  for (const auto& v : ckpt::flat_views(defs, params)) {
+    ShardSpec sh;
+    sh.name = v.def.name;
+    sh.global_shape = v.def.shape;
+    sh.box = ckpt::Box{ckpt::Shape(v.def.shape.size(), 0), v.def.shape};
+    sh.data = static_cast<float*>(v.data);
+    sh.replica_index = dp_rank;
+    sh.num_replicas = dp_size;
+    out.push_back(std::move(sh));
+  }
+  for (auto [prefix, shard] : {std::pair<const char*, float*>{"adam_m/", shard_m}, {"adam_v/", shard_v}}) {
+    size_t t0 = 0;  // flat offset of the tensor
+    for (const auto& d : defs) {
+      const ckpt::Box full{ckpt::Shape(d.shape.size(), 0), d.shape};
+      const size_t t1 = t0 + static_cast<size_t>(full.volume());
+      for (const OwnedRange& r : owned) {
+        const size_t b = std::max(r.begin, t0), e = std::min(r.end, t1);
+        if (b >= e) continue;
+        // The boxes come in row-major order, each a contiguous run of the range.
+        size_t at = b;
+        for (const ckpt::Box& box :
+             ckpt::flat_range_to_boxes(full, static_cast<int64_t>(b - t0), static_cast<int64_t>(e - t0))) {
+          ShardSpec sh;
+          sh.name = prefix + d.name;
+          sh.global_shape = d.shape;
+          sh.box = box;
+          sh.data = shard + r.shard_offset + (at - r.begin);
+          at += static_cast<size_t>(box.volume());
+          out.push_back(std::move(sh));
+        }
+      }
+      t0 = t1;
+    }
+    if (t0 != static_cast<size_t>(num_parameters(m))) {
+      throw Error("checkpoint: the GPT tensor list has " + std::to_string(t0) + " elements but the model " +
+                  std::to_string(num_parameters(m)));
+    }
+  }
+  return out;
+}
+
 Checkpointer::Checkpointer(CheckpointOptions options, const GptConfig& model, Trainer& trainer,
                            std::vector<ShardSpec> shards, metrics::Registry* registry, const metrics::Labels& labels)
     : opt_(std::move(options)), model_(model), trainer_(trainer), shards_(std::move(shards)) {
@@ -164,7 +220,11 @@ Checkpointer::Checkpointer(CheckpointOptions options, const GptConfig& model, Tr
   }
   if (opt_.shm_every > 0) {
     if (opt_.shm_name.empty()) throw ConfigError("--ckpt-shm-every needs a shared-memory name");
-    shm_ = std::make_unique<ckpt::ShmStore>(opt_.shm_name);
+    shm_[0] = std::make_unique<ckpt::ShmStore>(opt_.shm_name + "-a");
+    shm_[1] = std::make_unique<ckpt::ShmStore>(opt_.shm_name + "-b");
+    // Overwrite the older slot first, so the newest snapshot survives a put that a kill tears.
+    const auto a = shm_[0]->peek(), b = shm_[1]->peek();
+    shm_next_ = (a && (!b || *a > *b)) ? 1 : 0;
   }
 }
 
@@ -268,26 +328,17 @@ std::optional<RestoreInfo> Checkpointer::restore() {
   if (!root.empty() && std::filesystem::is_directory(root)) disk = ckpt::Reader(root).complete_steps();
 
   RestoreInfo info;
-  if (shm_ && !exact_step) {
-    nlohmann::json state;
-    std::string why;
-    if (auto s = shm_->get(targets, &state, &why); s && (disk.empty() || *s >= disk.front())) {
-      apply_state(state, *s);
-      info.step = *s;
+  if (shm_[0] && !exact_step) {
+    if (auto st = restore_from_memory(targets, disk.empty() ? -1 : disk.front())) {
+      info.step = *st;
       info.source = "memory";
       for (const auto& t : targets) info.bytes += static_cast<uint64_t>(t.box.volume()) * sizeof(float);
-    } else if (s) {
-      log::info("checkpoint", "the in-memory snapshot is older than the newest on disk: reading the disk",
-                {{"memory_step", std::to_string(*s)}, {"disk_step", std::to_string(disk.front())}});
-    } else {
-      log::info("checkpoint", "no usable in-memory snapshot", {{"why", why}});
-      if (disk.empty()) {
-        // get() may have written into some targets before it found the damage: start from a clean initialisation.
-        trainer_.model().init_weights(trainer_.config().seed);
-        TrainerState st = trainer_.state();
-        std::memset(st.adam_m, 0, st.num_params * sizeof(float));
-        std::memset(st.adam_v, 0, st.num_params * sizeof(float));
-      }
+    } else if (disk.empty()) {
+      // get() may have written into some targets before it found the damage: start from a clean initialisation.
+      trainer_.reinit_weights();
+      for (const auto& sh : shards_)
+        if (sh.name.rfind("adam_", 0) == 0)
+          std::memset(sh.data, 0, static_cast<size_t>(sh.box.volume()) * sizeof(float));
     }
   }
   if (info.source.empty()) {
@@ -330,6 +381,7 @@ std::optional<RestoreInfo> Checkpointer::restore() {
     metrics_->restore_seconds.set(info.seconds);
     metrics_->restore_bytes.set(static_cast<double>(info.bytes));
     metrics_->restored_step.set(static_cast<double>(info.step));
+    metrics_->restored_from_memory.set(info.source == "memory" ? 1 : 0);
   }
   log::info("checkpoint", "restored",
             {{"step", std::to_string(info.step)},
@@ -356,19 +408,97 @@ void Checkpointer::join_copy() {
   if (metrics_) metrics_->stall.observe(waited);
 }
 
-void Checkpointer::start_save(int64_t step, bool async, bool to_disk, bool to_shm) {
+bool Checkpointer::all_ranks(bool mine) {
+  if (!opt_.all_gather) return mine;
+  for (int64_t v : opt_.all_gather({mine ? 1 : 0}))
+    if (v == 0) return false;
+  return true;
+}
+
+std::optional<int64_t> Checkpointer::restore_from_memory(const std::vector<ckpt::LoadTarget>& targets,
+                                                         int64_t disk_newest) {
+  if (opt_.world_size > 1 && !opt_.all_gather) {
+    log::info("checkpoint", "in-memory tier: no collective to agree on a step with the other ranks: reading the disk");
+    return std::nullopt;
+  }
+  // Each rank's two slots (-1: unusable). A rank killed in the middle of a put has a torn slot; its other slot holds
+  // the step before. Every rank gets the same list, so all pick the same step: the newest one that every rank holds,
+  // at least as new as the disk's newest.
+  std::vector<int64_t> mine(2, -1);
+  std::vector<std::string> why(2);
+  for (int i = 0; i < 2; ++i)
+    if (auto st = shm_[i]->peek(&why[i])) mine[static_cast<size_t>(i)] = *st;
+  const std::vector<int64_t> all = opt_.all_gather ? opt_.all_gather(mine) : mine;
+  const size_t ranks = all.size() / 2;
+  std::vector<int64_t> candidates;
+  for (size_t i = 0; i < 2; ++i) {
+    const int64_t s = all[i];  // rank 0's slots: a step every rank holds is among them
+    if (s < 0 || s < disk_newest) continue;
+    bool everywhere = true;
+    for (size_t r = 0; r < ranks && everywhere; ++r) everywhere = all[2 * r] == s || all[2 * r + 1] == s;
+    if (everywhere && std::find(candidates.begin(), candidates.end(), s) == candidates.end()) candidates.push_back(s);
+  }
+  std::sort(candidates.rbegin(), candidates.rend());
+  if (candidates.empty()) {
+    std::string mine_text = std::to_string(mine[0]) + "," + std::to_string(mine[1]);
+    log::info("checkpoint", "no in-memory snapshot that every rank holds and is at least as new as the disk",
+              {{"memory_steps", mine_text},
+               {"disk_step", std::to_string(disk_newest)},
+               {"why", why[0].empty() ? why[1] : why[0]}});
+    return std::nullopt;
+  }
+  for (const int64_t step : candidates) {
+    const int slot = mine[0] == step ? 0 : 1;
+    nlohmann::json state;
+    std::string reason;
+    const std::optional<int64_t> got = shm_[slot]->get(targets, &state, &reason);
+    bool ok = got && *got == step;
+    if (ok &&
+        (state.value("layout", nlohmann::json()) != opt_.layout || state.value("world_size", 0) != opt_.world_size)) {
+      ok = false;
+      reason = "snapshot of layout " + state.value("layout", nlohmann::json()).dump() + " world " +
+               std::to_string(state.value("world_size", 0)) + ", this run has " + opt_.layout.dump() + " world " +
+               std::to_string(opt_.world_size);
+    }
+    if (!ok && got) reason = reason.empty() ? "slot changed step while reading" : reason;
+    if (all_ranks(ok)) {
+      apply_state(state.at("trainer"), step);
+      shm_next_ = 1 - slot;  // keep the restored snapshot until the next put has completed
+      return step;
+    }
+    log::warn("checkpoint", "in-memory snapshot not usable on every rank: trying an older one",
+              {{"step", std::to_string(step)}, {"why", ok ? "another rank could not read it" : reason}});
+  }
+  return std::nullopt;
+}
+
+void Checkpointer::put_memory(int64_t step) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int slot = shm_next_;
+  try {
+    const nlohmann::json state = {
+        {"trainer", state_json(trainer_.state())}, {"layout", opt_.layout}, {"world_size", opt_.world_size}};
+    shm_[slot]->put(step, tensor_shards(shards_, true), state);
+    shm_next_ = 1 - slot;
+  } catch (const std::exception& e) {
+    // The slot may be torn now; the other keeps the previous snapshot, so the next put goes to this one again.
+    log::error("checkpoint", "in-memory snapshot failed: training goes on",
+               {{"step", std::to_string(step)}, {"error", e.what()}});
+  }
+  const double took = since(t0);
+  stall_seconds_ += took;
+  if (metrics_) metrics_->memory_put.observe(took);
+}
+
+void Checkpointer::start_save(int64_t step, bool async) {
   join_copy();
   const nlohmann::json state = state_json(trainer_.state());
   std::vector<ckpt::TensorShard> ts = tensor_shards(shards_);
-  last_snapshot_step_ = to_disk ? step : last_snapshot_step_;
-  std::vector<ckpt::TensorShard> held = to_shm ? tensor_shards(shards_, true) : std::vector<ckpt::TensorShard>{};
-  auto work = [this, step, state, ts = std::move(ts), held = std::move(held), to_disk, to_shm] {
+  last_snapshot_step_ = step;
+  auto work = [this, step, state, ts = std::move(ts)] {
     try {
-      if (to_disk) {
-        const ckpt::SaveStatus st = writer_->snapshot(step, ts, state);
-        if (metrics_) metrics_->snapshot.observe(st.snapshot_seconds);
-      }
-      if (to_shm) shm_->put(step, held, state);
+      const ckpt::SaveStatus st = writer_->snapshot(step, ts, state);
+      if (metrics_) metrics_->snapshot.observe(st.snapshot_seconds);
     } catch (const std::exception& e) {
       log::error("checkpoint", "snapshot failed: training goes on",
                  {{"step", std::to_string(step)}, {"error", e.what()}});
@@ -387,13 +517,16 @@ void Checkpointer::start_save(int64_t step, bool async, bool to_disk, bool to_sh
 
 std::optional<int> Checkpointer::after_step(const StepResult& r) {
   const int64_t step = r.step + 1;  // steps completed
+  // The in-memory snapshot is taken before the ranks' agreement below (a collective): no rank gets past this step
+  // (and reports it: the trainer logs a step after this hook) before every rank holds it in memory. So a process
+  // failure never loses a step that was reported.
+  if (shm_[0] && step % opt_.shm_every == 0) put_memory(step);
   bool stop = stop_requested();
   if (opt_.any_rank) stop = opt_.any_rank(stop);
   if (stop) return save_on_stop(step);
   const int64_t total = trainer_.config().steps;
   const bool disk_due = writer_ && ((opt_.every > 0 && step % opt_.every == 0) || (opt_.save_final && step == total));
-  const bool shm_due = shm_ && step % opt_.shm_every == 0;
-  if (disk_due || shm_due) start_save(step, opt_.async && step != total, disk_due, shm_due);
+  if (disk_due) start_save(step, opt_.async && step != total);
   return std::nullopt;
 }
 

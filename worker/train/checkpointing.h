@@ -25,6 +25,7 @@
 namespace railyard::ckpt {
 class Writer;
 class ShmStore;
+struct LoadTarget;
 }  // namespace railyard::ckpt
 
 namespace railyard::worker {
@@ -73,6 +74,17 @@ std::vector<ShardSpec> shards_from_slices(const std::vector<Slice>& map, float* 
   return out;
 }
 
+// ZeRO (stage 1 or 2) over dp without tensor/pipeline parallelism: the rank holds every parameter (a dp replica) but
+// AdamW moments only for the flat ranges it owns, stored back to back in its shard buffers. The moments are saved as
+// slices of the global adam_m/<name>, adam_v/<name> tensors (ckpt::flat_range_to_boxes), so a checkpoint reshards
+// to any dp degree with or without ZeRO; every owned element is written once, the parameters split among replicas.
+struct OwnedRange {
+  size_t begin = 0, end = 0;  // [begin, end) of the llm.c flat buffer
+  size_t shard_offset = 0;    // where `begin` sits in the shard buffers
+};
+std::vector<ShardSpec> zero_state_shards(const GptConfig& model, float* params, float* shard_m, float* shard_v,
+                                         const std::vector<OwnedRange>& owned, int dp_rank, int dp_size);
+
 // Process exit code of a clean preemption: the state was saved on SIGTERM (128 + SIGTERM, a retryable code for
 // the operator's failure policy).
 inline constexpr int kPreemptedExitCode = 143;
@@ -85,7 +97,7 @@ struct CheckpointOptions {
   bool save_final = true;          // save after the last step
   std::string resume = "auto";     // auto (newest valid under dir) | never | PATH (a root or one step-N directory)
   int shm_every = 0;               // also keep the snapshot in shared memory every N steps (0 = off)
-  std::string shm_name;            // ShmStore name (ckpt::ShmStore::name_for(job, rank))
+  std::string shm_name;            // ShmStore base name (ckpt::ShmStore::name_for); two slots: shm_name + "-a", "-b"
   double term_budget_seconds = 8;  // SIGTERM: deadline for the final save, from the signal
   std::string run_id;              // unique per run and generation; empty = random (one rank only)
   int rank = 0;
@@ -94,6 +106,10 @@ struct CheckpointOptions {
   // More than one rank: true on every rank if any rank passes true (a collective, called by every rank after every
   // step), so that all ranks stop at the same step on SIGTERM. Null: this process decides alone.
   std::function<bool(bool)> any_rank;
+  // More than one rank: every rank's `mine` (the same count on every rank), concatenated in rank order (a collective
+  // over the whole world, called by every rank at restore). Lets the ranks agree on the in-memory step they restore.
+  // Null with world_size > 1: the in-memory tier is not used for restores (disk only).
+  std::function<std::vector<int64_t>(const std::vector<int64_t>&)> all_gather;
 };
 
 struct RestoreInfo {
@@ -135,7 +151,10 @@ class Checkpointer {
   nlohmann::json state_json(const TrainerState& s) const;
   void apply_state(const nlohmann::json& state, int64_t step);
   void join_copy();
-  void start_save(int64_t step, bool async, bool to_disk, bool to_shm);
+  void start_save(int64_t step, bool async);
+  void put_memory(int64_t step);
+  std::optional<int64_t> restore_from_memory(const std::vector<ckpt::LoadTarget>& targets, int64_t disk_newest);
+  bool all_ranks(bool mine);
   std::optional<int> after_step(const StepResult& r);
   std::optional<int> save_on_stop(int64_t step);
   void on_finished(int64_t step, bool ok, double persist_seconds, uint64_t bytes);
@@ -145,7 +164,8 @@ class Checkpointer {
   Trainer& trainer_;
   std::vector<ShardSpec> shards_;
   std::unique_ptr<ckpt::Writer> writer_;
-  std::unique_ptr<ckpt::ShmStore> shm_;
+  std::unique_ptr<ckpt::ShmStore> shm_[2];  // two slots, written in turn: a put torn by a kill leaves the other
+  int shm_next_ = 0;
   std::thread copy_;
   std::chrono::steady_clock::time_point copy_started_{};
   double stall_seconds_ = 0;

@@ -373,17 +373,20 @@ int Trainer::run() {
   if (val_ != nullptr && cfg_.val_every > 0) do_val(0);
   while (step_ < cfg_.steps) {
     const StepResult r = step();
+    // The hook runs before the step is reported (log, metrics, progress file): a step counts as done for the operator
+    // only once the checkpointer's in-memory snapshot of it exists on every rank (docs/checkpointing.md).
+    std::optional<int> rc;
+    const bool give_up = bad_consecutive_ >= cfg_.max_bad_steps;
+    if (hooks_.after_step && !give_up) rc = hooks_.after_step(r);
     log_step(r);
-    if (bad_consecutive_ >= cfg_.max_bad_steps) {
+    if (give_up) {
       log::error("worker", "too many consecutive non-finite steps: stopping",
                  {{"consecutive", std::to_string(bad_consecutive_)},
                   {"limit", std::to_string(cfg_.max_bad_steps)},
                   {"hint", "lower --lr, raise --warmup or set --grad-clip"}});
       return 3;
     }
-    if (hooks_.after_step) {
-      if (const std::optional<int> rc = hooks_.after_step(r)) return *rc;
-    }
+    if (rc) return *rc;
     if (val_ != nullptr && cfg_.val_every > 0 && (step_ % cfg_.val_every == 0 || step_ == cfg_.steps)) do_val(step_);
   }
   return 0;
@@ -402,6 +405,14 @@ TrainerState Trainer::state() {
   s.num_params = sharded_ != nullptr ? sharded_->num_params() : model_->num_params();
   s.loader = train_.loader_state();
   return s;
+}
+
+void Trainer::reinit_weights() {
+  if (sharded_ != nullptr) {
+    sharded_->init_weights(cfg_.seed);
+  } else {
+    model_->init_weights(cfg_.seed);
+  }
 }
 
 void Trainer::restore_counters(const TrainerState& s) {

@@ -94,7 +94,8 @@ class TrainMetrics;
 
 // Optional callbacks (worker/train/checkpointing.h): before_update runs in step() just before the optimizer writes
 // params and AdamW state (a background snapshot of them must be complete by then); after_step runs in run() after
-// each step, and an exit code it returns ends run() with that code (e.g. after the SIGTERM save).
+// each step, before the step is logged and reported, and an exit code it returns ends run() with that code (e.g.
+// after the SIGTERM save).
 struct TrainerHooks {
   std::function<void()> before_update;
   std::function<std::optional<int>(const StepResult&)> after_step;
@@ -119,6 +120,8 @@ class Trainer {
 
   // The built-in model; with a sharded model there is none (throws).
   Gpt<float>& model();
+  // The initial weights again (the built-in or the sharded model's), e.g. after a failed restore wrote into them.
+  void reinit_weights();
   AdamW& optimizer();
   const TrainConfig& config() const { return cfg_; }
 

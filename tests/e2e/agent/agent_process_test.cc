@@ -350,11 +350,25 @@ TEST_CASE("agents exit 0 once every rank succeeded and the service says the job 
   RendezvousService svc("127.0.0.1", 0);
   svc.open_generation(spec(1, {"pod0", "pod1"}, 1));
   // pod1's worker finishes a second after pod0's: pod0's agent must wait for the whole job, not just its workers.
-  const std::vector<std::string> cmd = {"sh", "-c", "[ \"$RANK\" = 1 ] && sleep 1; exit 0"};
+  // Each worker also creates an in-memory checkpoint segment under the prefix its agent gives it: the agent owns it
+  // and removes it when it ends; a segment left by an earlier agent of pod0 is removed when the new one starts.
+  const std::string leftover = "/dev/shm/railyard-ns1_pod0-0123456789abcdef-r0-a";
+  std::ofstream(leftover) << "x";
+  const std::vector<std::string> cmd = {
+      "sh", "-c",
+      "echo \"$RAILYARD_SHM_PREFIX\" > \"$TEST_OUT/shm-$RANK\"; echo x > \"/dev/shm$RAILYARD_SHM_PREFIX-r$RANK-a\"; "
+      "[ \"$RANK\" = 1 ] && sleep 1; exit 0"};
   AgentProcess a0("pod0", "127.0.11.1", svc.port(), 1, tmp.path, cmd);
   AgentProcess a1("pod1", "127.0.11.2", svc.port(), 1, tmp.path, cmd);
   CHECK(a0.wait_exit(20) == 0);
   CHECK(a1.wait_exit(20) == 0);
+  CHECK_FALSE(fs::exists(leftover));
+  for (int r = 0; r < 2; ++r) {
+    std::string prefix = slurp(tmp.path / ("shm-" + std::to_string(r)));
+    while (!prefix.empty() && prefix.back() == '\n') prefix.pop_back();
+    CHECK_MESSAGE(prefix.rfind("/railyard-ns1_pod" + std::to_string(r) + "-", 0) == 0, prefix);
+    CHECK_MESSAGE(!fs::exists("/dev/shm" + prefix + "-r" + std::to_string(r) + "-a"), "segment left: " << prefix);
+  }
   auto p = svc.progress("ns1/job1");
   REQUIRE(p);
   CHECK(p->all_succeeded);

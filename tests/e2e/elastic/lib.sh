@@ -31,6 +31,8 @@ cleanup() {
   [ -n "$op_pid" ] && kill "$op_pid" 2>/dev/null && wait "$op_pid" 2>/dev/null || true
   # Pods still running (a failed run) are killed before $work goes, or their trainers re-create it when they save.
   kubectl delete pods --all -n "$ns" --grace-period=0 --force --wait=true --timeout=30s >/dev/null 2>&1 || true
+  # A force-deleted pod's agent is killed before it can remove its in-memory checkpoint segments (docs/checkpointing.md).
+  rm -f /dev/shm/railyard-"${ns}"_* 2>/dev/null || true
   kubectl delete namespace "$ns" --wait=false >/dev/null 2>&1 || true
   rm -rf "$work"
 }
@@ -62,11 +64,13 @@ latest_step() {
 latest_at_least() { [ "$(latest_step)" -ge "$1" ]; }
 # Steps the pod's log reports, one "STEP LOSS" line per step in order (all generations, the log is appended).
 steps_of() { grep -oE 'worker: step step=[0-9]+/[0-9]+ loss=[0-9.]+' "$(pod_log "$1")" | sed -E 's/.*step=([0-9]+)\/[0-9]+ loss=/\1 /'; }
-# The step restored by the last "restored" line of the pod's log.
+# The step restored by the last "restored" line of the pod's log, and where from ("memory" or the step directory).
+restored_from() { grep 'checkpoint: restored ' "$(pod_log "$1")" | tail -1 | grep -oE ' from=[^ ]+' | cut -d= -f2; }
 restored_step() { grep 'checkpoint: restored ' "$(pod_log "$1")" | tail -1 | grep -oE ' step=[0-9]+' | cut -d= -f2; }
 
 # job_yaml NAME REPLICAS STEPS [MIN_REPLICAS] [NODE_SELECTOR_UNIT]: the tiny model, dp = replicas, checkpoint every
-# 5 steps, global batch 8 sequences (accumulation 2 at dp=2, 4 at dp=1).
+# 5 steps, global batch 8 sequences (accumulation 2 at dp=2, 4 at dp=1); `job_memory=N` adds the in-memory tier
+# (spec.checkpoint.memoryIntervalSteps).
 job_yaml() {
   cat <<YAML
 apiVersion: railyard.dev/v1alpha1
@@ -79,7 +83,7 @@ spec:
   model: {preset: tiny}
   data: {train: $work/data/train_*.bin}
   training: {steps: $3, globalBatch: 8, microBatch: 2, seqLen: 64, learningRate: 0.001, warmupSteps: 5}
-  checkpoint: {path: $work/ckpt/$1, intervalSteps: 5}
+  checkpoint: {path: $work/ckpt/$1, intervalSteps: 5${job_memory:+, memoryIntervalSteps: $job_memory}}
   failurePolicy: {maxRestarts: 3}
 YAML
   [ -n "${4:-}" ] && echo "  elastic: {minReplicas: $4, maxReplicas: $2}"

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # E2E flow 1 (issue #10): a worker process dies. A 2-replica data-parallel job trains the tiny model with a
-# checkpoint every 5 steps; once a checkpoint exists, rank 1's trainer process (not its pod) gets SIGKILL. The agent
-# reports the exit, the operator opens generation 2 with the same pods (same UIDs), both ranks restore the newest
-# checkpoint and continue from the step after it, and the job ends Succeeded with exactly one restart.
+# checkpoint every 5 steps and the in-memory tier every step (spec.checkpoint.memoryIntervalSteps: 1); after the
+# first checkpoint, rank 1's trainer process (not its pod) gets SIGKILL. The agent reports the exit, the operator
+# opens generation 2 with the same pods (same UIDs), both ranks restore from memory at least the last step generation 1
+# reported (zero steps lost) and continue from the step after it, the job ends Succeeded with exactly one restart
+# and the undisturbed run's final loss, and the agents remove the shared-memory segments when the pods end.
 set -euo pipefail
 job_name=procfail
+job_memory=1
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 steps=100
@@ -20,6 +23,11 @@ agent_pid=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.
   "$state/node-agent/processes.json" "$uid1")
 worker_pid=$(pgrep -P "$agent_pid" | head -1)
 [ -n "$worker_pid" ] || fail "no trainer process under the agent of $job_name-worker-1 (pid $agent_pid)"
+# Each rank keeps two slots in the pod's shared memory, named by its agent (/railyard-<ns>_<pod>-<agent id>-r<rank>).
+shm_of() { find /dev/shm -maxdepth 1 -name "railyard-${ns}_$1-*" 2>/dev/null | wc -l; }
+for i in 0 1; do
+  [ "$(shm_of "$job_name-worker-$i")" = 2 ] || fail "pod $i: $(shm_of "$job_name-worker-$i") shared-memory segments, want 2"
+done
 ckpt_before=$(latest_step)
 kill -9 "$worker_pid"
 echo "killed rank 1's trainer (pid $worker_pid) after checkpoint step $ckpt_before"
@@ -29,20 +37,31 @@ ckpt_at_restart=$(latest_step)
 [ "$(jp '{.status.lastRestart.rank}')" = 1 ] || fail "lastRestart.rank '$(jp '{.status.lastRestart.rank}')'"
 [ "$ckpt_at_restart" -ge "$ckpt_before" ] || fail "latest went back from $ckpt_before to $ckpt_at_restart"
 
-# Both ranks of generation 2 restore that checkpoint; rank 0 (the one that logs steps) continues with the step
-# after it.
+# Both ranks of generation 2 restore from memory the same step: at least the last one generation 1 reported (a step
+# is logged only once every rank holds it in memory), never older than the newest checkpoint on disk; rank 0 (the
+# one that logs steps) continues with the step after it.
 log0=$(pod_log "$job_name-worker-0")
 for i in 0 1; do
   p=$job_name-worker-$i
   wait_for 60 "$p to restore" bash -c "grep -q 'checkpoint: restored ' '$(pod_log "$p")'"
-  r=$(restored_step "$p")
-  [ "$r" = "$ckpt_at_restart" ] || fail "$p restored step '$r', the newest checkpoint at the restart was $ckpt_at_restart"
-  [ "$r" -gt 0 ] || fail "$p restored step $r (a fresh start)"
 done
+r=$(restored_step "$job_name-worker-0")
+for i in 0 1; do
+  p=$job_name-worker-$i
+  [ "$(restored_from "$p")" = memory ] || fail "$p restored from '$(restored_from "$p")', want memory"
+  [ "$(restored_step "$p")" = "$r" ] || fail "$p restored step $(restored_step "$p"), rank 0 restored $r"
+done
+[ "$r" -ge "$ckpt_at_restart" ] || fail "restored step $r is older than the newest checkpoint on disk ($ckpt_at_restart)"
+gen1_last=$(sed -n '/checkpoint: restored /q;p' "$log0" | grep -oE 'worker: step step=[0-9]+' | tail -1 | cut -d= -f2)
+# Zero steps lost: nothing generation 1 reported is redone. The restored step can be one ahead of the report: every
+# rank held it in memory but the kill broke the collective after it, before rank 0 logged it.
+[ "$r" -ge "$gen1_last" ] ||
+  fail "restored step $r but generation 1 had reported step $gen1_last: $((gen1_last - r)) steps lost, want 0"
+[ "$r" -le $((gen1_last + 1)) ] || fail "restored step $r is more than one step past generation 1's last report $gen1_last"
 after_restore() { sed -n '/checkpoint: restored /,$p' "$log0"; }
 wait_for 60 "the first step of generation 2" bash -c "$(declare -f after_restore); log0='$log0'; after_restore | grep -q 'worker: step step='"
 after=$(after_restore | grep -oE 'worker: step step=[0-9]+' | head -1 | cut -d= -f2)
-[ "$after" = $((ckpt_at_restart + 1)) ] || fail "first step after the restore is '$after', want $((ckpt_at_restart + 1))"
+[ "$after" = $((r + 1)) ] || fail "first step after the restore is '$after', want $((r + 1))"
 # Generation 2 runs in the same pods (checked while they exist: cleanPodPolicy Running removes them at the end).
 [ "$(pod_uid "$job_name-worker-0")" = "$uid0" ] || fail "pod 0 was re-created for a process failure"
 [ "$(pod_uid "$job_name-worker-1")" = "$uid1" ] || fail "pod 1 was re-created for a process failure"
@@ -54,22 +73,28 @@ last=$(steps_of "$job_name-worker-0" | tail -1)
 [ "${last%% *}" = "$steps" ] || fail "rank 0's last step is '$last', want $steps"
 ref_loss=$(reference_loss "$steps")
 [ "${last#* }" = "$ref_loss" ] || fail "final loss ${last#* } differs from the undisturbed run's $ref_loss"
+# The pods have ended: their agents removed the segments (the reference job's too).
+wait_for 30 "the agents to remove the shared-memory segments" \
+  bash -c "[ -z \"\$(find /dev/shm -maxdepth 1 -name 'railyard-${ns}_*' 2>/dev/null)\" ]"
 python3 -c "import sys; sys.exit(0 if 0 < float(sys.argv[1]) < 4.5 else 1)" "${last#* }" ||
   fail "final loss ${last#* } not below 4.5 (ln 256 = 5.55 untrained)"
 # Times from the logs: the kill (rank 1's agent sees the exit), the agents' join of generation 2, the first step
 # rank 0 completes after its restore; steps lost = the furthest step of generation 1 minus the restored step.
-python3 - "$log0" "$(pod_log "$job_name-worker-1")" "$ckpt_at_restart" <<'PY'
+python3 - "$log0" "$(pod_log "$job_name-worker-1")" "$r" "$ckpt_at_restart" <<'PY'
 import re, sys
 from datetime import datetime
 def ts(line): return datetime.strptime(line[:23], "%Y-%m-%dT%H:%M:%S.%f").timestamp()
 log0, log1 = (open(p).read().splitlines() for p in sys.argv[1:3])
-r = int(sys.argv[3])
+r, disk = int(sys.argv[3]), int(sys.argv[4])
 exit_t = ts(next(l for l in log1 if "agent: worker exited generation=1" in l))
 join_t = ts(next(l for l in log1 if "agent: joined generation=2" in l))
 i = next(i for i, l in enumerate(log0) if "checkpoint: restored " in l)
+restore_s = {n: float(re.search(r" seconds=([0-9.]+)", next(l for l in lg if "checkpoint: restored " in l)).group(1))
+             for n, lg in (("rank 0", log0), ("rank 1", log1))}
 step_t = ts(next(l for l in log0[i:] if "worker: step step=" in l))
 gen1 = [int(m.group(1)) for l in log0[:i] for m in [re.search(r"worker: step step=(\d+)/", l)] if m]
 print(f"process failure: exit seen -> generation 2 joined {join_t - exit_t:.2f} s, -> first new step done "
-      f"{step_t - exit_t:.2f} s; steps lost {max(gen1) - r} (generation 1 reached {max(gen1)}, restored {r})")
+      f"{step_t - exit_t:.2f} s; steps lost {max(0, max(gen1) - r)} (generation 1 reached {max(gen1)}, restored {r} from "
+      f"memory, newest on disk {disk}); restore took {restore_s['rank 0']:.4f} s / {restore_s['rank 1']:.4f} s")
 PY
-echo "process failure e2e: ok (checkpoint $ckpt_at_restart restored, same pods, restarts 1, final loss ${last#* })"
+echo "process failure e2e: ok (step $r restored from memory, 0 steps lost, disk had $ckpt_at_restart; same pods, restarts 1, final loss ${last#* })"

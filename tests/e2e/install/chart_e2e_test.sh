@@ -7,8 +7,10 @@
 #     `kubectl auth can-i --as system:serviceaccount:...` grants exactly what the operator and the monitor use and
 #     refuses what they must not do;
 #  3. railyard-operator run with the namespace-scope ServiceAccount's own token (exactly the shipped Role, ClusterRole
-#     and Lease Role) runs a 2-replica TrainingJob to Succeeded on the simulated nodes, while railyard-monitor runs
-#     with the cluster-scope monitor ServiceAccount's token without a Kubernetes error.
+#     and Lease Role) trains the tiny example (deploy/examples/tiny.yaml: agent, rendezvous, checkpoints, progress in
+#     status) to Succeeded on the simulated nodes, while railyard-monitor runs with the cluster-scope monitor
+#     ServiceAccount's token without a Kubernetes error; `railyard report` then summarises the run from the job's
+#     status, its pod's log and its checkpoints.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 : "${KUBECONFIG:?KUBECONFIG must point at the local cluster (run through ctest, or cluster.sh env)}"
@@ -157,14 +159,18 @@ sa_kubeconfig "$mon" "$work/monitor.kubeconfig"
 mapfile -t args < <("$minihelm" yaml2json "$work/ns.yaml" | jq -r 'select(.kind == "Deployment" and
   .metadata.name == "'"$opn"'") | .spec.template.spec.containers[0].args[]' |
   grep -vE '^--(metrics-addr|health-addr|rendezvous-bind|rendezvous-addr|worker-command|worker-image)=')
-# job_flow NAME SECONDS: the operator, with its ServiceAccount's token, runs a 2-replica job NAME to Succeeded with its
-# Secret, bound pods and Events. Returns 1 (and says which step) if any of that does not happen within SECONDS.
-job_flow() {
-  local name=$1 limit=$2 t0=$SECONDS step=""
+# The operator with its ServiceAccount's token and the chart's arguments (local binary, loopback addresses).
+start_operator() {
   "$bin/railyard-operator" --kubeconfig "$work/operator.kubeconfig" "${args[@]}" --metrics-addr 127.0.0.1:0 \
     --health-addr 127.0.0.1:0 --rendezvous-bind 127.0.0.1:0 --worker-command "$bin/railyard-worker" \
     --lease-duration 4 --renew-deadline 3 --retry-period 1 >"$work/operator.log" 2>&1 &
   op_pid=$!
+}
+# job_flow NAME SECONDS: the operator, with its ServiceAccount's token, runs a 2-replica job NAME to Succeeded with its
+# Secret, bound pods and Events. Returns 1 (and says which step) if any of that does not happen within SECONDS.
+job_flow() {
+  local name=$1 limit=$2 t0=$SECONDS step=""
+  start_operator
   cat <<YAML | kubectl apply -n "$team" -f - >/dev/null
 apiVersion: railyard.dev/v1alpha1
 kind: TrainingJob
@@ -198,6 +204,28 @@ YAML
   done
   stop_operator
 }
+# tiny_flow LIMIT: the same operator trains the tiny example as shipped (data and checkpoint paths pointed at this
+# test's files) to Succeeded with 200/200 steps; returns 1 naming what did not happen within LIMIT seconds.
+tiny_flow() {
+  local limit=$1 t0=$SECONDS phase=""
+  start_operator
+  sed -e "s|/tmp/railyard-data/|$work/data/|g" -e "s|/tmp/railyard-ckpt/tiny|$work/ckpt|" \
+    "$src/deploy/examples/tiny.yaml" | kubectl apply -n "$team" -f - >/dev/null
+  until [ "$phase" = Succeeded ]; do
+    phase=$(kubectl get tj tiny -n "$team" -o jsonpath='{.status.phase}')
+    case $phase in Failed | Invalid)
+      echo "  tiny: $phase: $(kubectl get tj tiny -n "$team" -o jsonpath='{.status.conditions[-1].message}')" >&2
+      stop_operator
+      return 1 ;;
+    esac
+    [ $((SECONDS - t0)) -lt "$limit" ] || { echo "  tiny: not Succeeded within ${limit}s ($phase)" >&2; stop_operator; return 1; }
+    sleep 0.5
+  done
+  echo "  tiny: Succeeded after $((SECONDS - t0)) s"
+  stop_operator
+  [ "$(kubectl get tj tiny -n "$team" -o jsonpath='{.status.progress}')" = 200/200 ] ||
+    { echo "  tiny: progress $(kubectl get tj tiny -n "$team" -o jsonpath='{.status.progress}')" >&2; return 1; }
+}
 # SIGTERM, then SIGKILL after 5 s: an operator whose informers never sync (no list rights) does not act on SIGTERM.
 stop_operator() {
   kill "$op_pid" 2>/dev/null
@@ -211,8 +239,26 @@ stop_operator() {
 "$bin/railyard-monitor" --kubeconfig "$work/monitor.kubeconfig" --namespace "$team" --listen 127.0.0.1:0 \
   --interval 0.5 >"$work/monitor.log" 2>&1 &
 mon_pid=$!
-check "the operator with exactly the shipped namespace-scope RBAC runs a job to Succeeded" job_flow rbac-check 60
+"$bin/railyard" data prepare --input /usr/share/common-licenses/* --output "$work/data" >/dev/null ||
+  fail "railyard data prepare"
+check "the operator with exactly the shipped namespace-scope RBAC trains the tiny example to Succeeded" tiny_flow 240
 check "the operator logged no Forbidden" bash -c "! grep -qi forbidden '$work/operator.log'"
+# What a user has after the run: the job's status, the pod's log (kubectl logs; the node agent keeps it in its state
+# directory) and the checkpoint directory. The report must agree with the status.
+kubectl get tj tiny -n "$team" -o json >"$work/tiny.json"
+podlog=$(ls "${RAILYARD_E2E_STATE_DIR:?}/node-agent/pods/${team}_tiny-worker-0/"*.log 2>/dev/null | head -1)
+report_of_tiny() {
+  [ -n "$podlog" ] || { echo "  no log of pod tiny-worker-0 under the node agent's state" >&2; return 1; }
+  "$bin/railyard" report --log "$podlog" --status "$work/tiny.json" --checkpoints "$work/ckpt" \
+    --output "$work/tiny.html" >/dev/null || return 1
+  grep -A1 'id="card-phase"' "$work/tiny.html" | grep -q '>Succeeded<' &&
+    grep -A1 'id="card-steps"' "$work/tiny.html" | grep -q '>200 / 200<' &&
+    grep -A1 'id="card-restarts"' "$work/tiny.html" | grep -q '>0<' &&
+    grep -q '<td>200</td><td>complete</td>' "$work/tiny.html" &&
+    grep -q '<td>Succeeded</td><td>True</td>' "$work/tiny.html" ||
+    { echo "  $work/tiny.html lacks phase Succeeded, 200 / 200 steps, 0 restarts, the step-200 checkpoint" >&2; return 1; }
+}
+check "railyard report of the tiny run: Succeeded, 200 / 200 steps, 0 restarts, checkpoint 200" report_of_tiny
 mport=$(grep -oE 'listen=[0-9.]+:[0-9]+' "$work/monitor.log" | head -1 | cut -d: -f2)
 curl -fsS "http://127.0.0.1:$mport/metrics" >"$work/monitor.prom" || fail "monitor /metrics"
 check "the monitor evaluated the job namespace with its own token: evaluations, no Kubernetes errors" bash -c "
@@ -222,7 +268,7 @@ check "the monitor logged no Forbidden" bash -c "! grep -qi forbidden '$work/mon
 kill "$mon_pid"
 wait "$mon_pid" 2>/dev/null || true
 mon_pid=""
-kubectl delete tj rbac-check -n "$team" --wait=false >/dev/null
+kubectl delete tj tiny -n "$team" --wait=false >/dev/null
 
 # --- 4. (on demand: RAILYARD_RBAC_NECESSITY=1, ctest e2e_install_rbac_necessity) no rule is superfluous -------------
 # Each rule of the operator's namespace-scope RBAC removed in turn: the job flow above must then fail.

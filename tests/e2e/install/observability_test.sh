@@ -207,11 +207,55 @@ rules=$(objects "$src/deploy/prometheus/rules/railyard.rules.yml")
 for r in $(jq -r '.groups[].rules[] | .record // empty' <<<"$rules"); do
   check "recording rule $r returns data for the job" returns_data "$r{namespace=\"$ns\", job=\"$job\"}"
 done
+# An alert's expression returns data only while it fires. So that its inputs are shown to return data for the job
+# (names, labels, vector matching), each comparison outside label matchers becomes a `bool` comparison (every compared
+# series, 0 or 1) and `offset` is dropped (RailyardLossSpike compares with the loss 2 minutes ago, longer than this run).
+as_inputs() {
+  python3 -c '
+import re, sys
+e, out, depth, quote = sys.argv[1], "", 0, None
+i = 0
+while i < len(e):
+    c = e[i]
+    if quote:
+        out += c; quote = None if c == quote else quote; i += 1; continue
+    if c in "\"\x27": quote = c
+    elif c == "{": depth += 1
+    elif c == "}": depth -= 1
+    m = re.match(r"(==|!=|>=|<=|>|<)(\s*bool\b)?", e[i:]) if depth == 0 and not quote else None
+    if m:
+        out += m.group(1) + " bool"; i += m.end(); continue
+    out += c; i += 1
+print(re.sub(r"\s+offset\s+\d+[smhdwy]", "", out))' "$1"
+}
 while IFS=$'\t' read -r a expr; do
   check "alert $a: its expression evaluates" evaluates "$expr"
+  inputs=$(as_inputs "$expr")
+  check "alert $a: its inputs return data for the job ($inputs)" returns_data "$inputs"
 done < <(jq -r '.groups[].rules[] | select(.alert) | [.alert, (.expr | gsub("\n"; " "))] | @tsv' <<<"$rules")
 check "Prometheus loaded the rules without errors" bash -c "curl -fsS '$prom/api/v1/rules' |
   jq -e '[.data.groups[].rules[] | select(.health != \"ok\")] | length == 0' >/dev/null"
+# The report without Grafana, from the same Prometheus: its loss, tokens/s, step-time and MFU lines have points.
+prom_report() {
+  "$bin/railyard" report "$ns/$job" --prometheus "$prom" --since 10m --output "$work/prom.html" >/dev/null || return 1
+  local n
+  for id in chart-loss chart-tokens chart-step-time chart-mfu; do
+    n=$(sed -n "/id=\"$id\"/,/<\/svg>/p" "$work/prom.html" | grep -o 'path fill="none"[^>]*d="[^"]*"' | grep -o 'L' |
+      wc -l)
+    [ "$n" -ge 3 ] || { echo "  $id: $n line segments from Prometheus" >&2; return 1; }
+  done
+  grep -A1 'id="card-steps"' "$work/prom.html" | grep -Eq '>[1-9][0-9]* / 100000<' ||
+    { echo "  steps card: $(grep -A1 'id="card-steps"' "$work/prom.html" | tail -1)" >&2; return 1; }
+}
+check "railyard report $ns/$job --prometheus: loss, tokens/s, step time, MFU drawn; steps N / 100000" prom_report
+no_series() {
+  local rc=0
+  "$bin/railyard" report "$ns/nosuchjob" --prometheus "$prom" --output "$work/none.html" >/dev/null \
+    2>"$work/none.err" || rc=$?
+  [ "$rc" = 1 ] && grep -q "no railyard_worker_step for namespace=\"$ns\", job=\"nosuchjob\"" "$work/none.err" ||
+    { echo "  rc=$rc: $(cat "$work/none.err")" >&2; return 1; }
+}
+check "railyard report --prometheus: a job without series is refused, naming it" no_series
 kubectl delete tj "$job" -n "$ns" --wait=false >/dev/null
 cleanup
 trap - EXIT

@@ -54,6 +54,14 @@ check "default: operator probes /healthz and /readyz on its health port, leader 
   and ($c.args | index("--rendezvous-addr=railyard-rendezvous.railyard-system.svc:9090") != null)
   and $c.image == "railyard/operator:0.1.0" and ($c.args | index("--worker-image=railyard/worker:0.1.0") != null)' \
   "$work/default.json"
+check "default: worker pods serve rank metrics on 9400+ and the agent's on 9399 (--agent-metrics-port)" q '
+  [.[] | select(.kind == "Deployment" and .metadata.name == "railyard-operator") | .spec.template.spec.containers[0]
+    .args] | .[0] | index("--worker-metrics-port=9400") != null and index("--agent-metrics-port=9399") != null' \
+  "$work/default.json"
+render "$work/noagent.yaml" --set worker.agentMetricsPort=0 || fail "worker.agentMetricsPort=0 does not render"
+check "worker.agentMetricsPort=0 turns the agent metrics off" q '
+  [.[] | select(.kind == "Deployment" and .metadata.name == "railyard-operator") | .spec.template.spec.containers[0]
+    .args] | .[0] | index("--agent-metrics-port=0") != null' <(objects "$work/noagent.yaml")
 check "default: the operator ClusterRole has no wildcard, no secrets list/watch, no nodes write" q '
   [.[] | select(.kind == "ClusterRole" and .metadata.name == "railyard-operator") | .rules[]] as $r |
   ($r | map(.verbs[], .resources[], .apiGroups[]) | index("*") == null)
@@ -130,6 +138,8 @@ check "prometheus-operator: ServiceMonitor, PodMonitor, PrometheusRule with the 
         ["ServiceMonitor","kube-prometheus-stack"]]
   and ([.[] | select(.kind == "ConfigMap") | .metadata.namespace] == ["monitoring","monitoring"])
   and ([.[] | select(.kind == "PodMonitor") | .spec.podMetricsEndpoints[0].honorLabels] == [true])
+  and ([.[] | select(.kind == "PodMonitor") | .spec.podMetricsEndpoints[1] | [.port, .honorLabels]]
+    == [["agent-metrics", true]])
   and ([.[] | select(.kind == "ServiceMonitor") | .spec.endpoints[0] | [.port, .honorLabels]] == [["metrics", true]])' \
   "$work/po.json"
 jq -s '.[] | select(.kind == "PrometheusRule") | .spec' "$work/po.json" >"$work/prometheusrule.json"
@@ -154,6 +164,8 @@ check "unknown RBAC scope" refuses '^- rbac\.scope: .*"cluster", "namespace"' --
 check "misspelt value" refuses 'operator: Additional property replica is not allowed' --set operator.replica=2
 check "two replicas without leader election" refuses '^- operator\.replicas: Must be less than or equal to 1' \
   --set operator.leaderElection.enabled=false
+check "agent metrics port out of range" refuses '^- worker\.agentMetricsPort: Must be less than or equal to 65535' \
+  --set worker.agentMetricsPort=70000
 check "rendezvous port out of range" refuses '^- rendezvous\.port: Must be less than or equal to 65535' \
   --set rendezvous.port=70000
 check "replicas as a string" refuses '^- operator\.replicas: Invalid type' --set-string operator.replicas=two

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -18,8 +19,10 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
+#include "checkpoint/shm_store.h"
 #include "tests/unit/checkpoint/test_util.h"
 
 extern char** environ;
@@ -289,4 +292,165 @@ TEST_CASE("data parallel (train --nproc 2): each rank writes half, resume is bit
   std::snprintf(name, sizeof(name), "step-%08d", std::stoi(m0[1].str()));
   CHECK(slurp(ck + "/latest").rfind(name, 0) == 0);
   CHECK(run({"railyard", "ckpt", "verify", ck}, fx.dir / "v.log") == 0);
+}
+
+namespace {
+
+// The in-memory tier's segments of one rank ("<prefix>-r<rank>-a" and "-b"): the step in the header of each, or -1.
+// Header layout (checkpoint/shm_store.cc): magic[8], version u32, state u32, generation u64, step i64.
+int64_t shm_slot_step(const std::string& name) {
+  std::ifstream f("/dev/shm" + name, std::ios::binary);
+  char h[32] = {};
+  if (!f.read(h, sizeof h)) return -1;
+  int64_t step = 0;
+  std::memcpy(&step, h + 24, sizeof step);
+  return step;
+}
+
+// Marks a slot torn, as a writer killed in the middle of its put leaves it (state word back to "writing").
+void tear_shm_slot(const std::string& name) {
+  std::fstream f("/dev/shm" + name, std::ios::in | std::ios::out | std::ios::binary);
+  REQUIRE(f.good());
+  const uint32_t writing = 1;
+  f.seekp(12);
+  f.write(reinterpret_cast<const char*>(&writing), sizeof writing);
+}
+
+struct ShmPrefix {
+  std::string prefix = "/railyard-unittest-" + std::to_string(::getpid());
+  ShmPrefix() { ::setenv("RAILYARD_SHM_PREFIX", prefix.c_str(), 1); }
+  ~ShmPrefix() {
+    ::unsetenv("RAILYARD_SHM_PREFIX");
+    railyard::ckpt::ShmStore::remove_prefix(prefix + "-");
+  }
+};
+
+}  // namespace
+
+TEST_CASE("in-memory tier with 2 ranks: both restore the newest step every rank holds, bitwise; else the disk") {
+  Fixture fx;
+  ShmPrefix shm;
+  const std::string ck = fx.dir / "ck";
+  auto dp = [&](int steps, std::vector<std::string> extra) {
+    extra.insert(extra.end(), {"--global-batch", "256", "--ckpt-every", "3", "--ckpt-shm-every", "1", "--nproc", "2"});
+    return fx.train(steps, ck, extra, "1");
+  };
+  // Uninterrupted: 8 steps; memory keeps steps 8 and 7 on each rank (two slots), the disk 3, 6 and 8.
+  REQUIRE_MESSAGE(run(dp(8, {"--log-json", fx.dir / "a.jsonl", "--export", fx.dir / "a.bin"}), fx.dir / "a.log") == 0,
+                  slurp(fx.dir / "a.log"));
+  const auto a = step_losses(fx.dir / "a.jsonl");
+  REQUIRE(a.size() == 8);
+  std::map<int64_t, std::string> slot_of[2];  // rank -> step -> segment name
+  for (int r = 0; r < 2; ++r) {
+    for (const char* s : {"-a", "-b"}) {
+      const std::string name = shm.prefix + "-r" + std::to_string(r) + s;
+      slot_of[r][shm_slot_step(name)] = name;
+    }
+    REQUIRE_MESSAGE(slot_of[r].count(8) == 1, "rank " << r << " has no in-memory step 8");
+    REQUIRE_MESSAGE(slot_of[r].count(7) == 1, "rank " << r << " has no in-memory step 7");
+  }
+  // As if the process had been killed after step 8 before the disk save: the disk's newest is 6.
+  fs::remove_all(ck + "/step-00000008");
+
+  SUBCASE(
+      "rank 1's newest slot is torn: both ranks agree on step 7 from memory and finish like the uninterrupted run") {
+    tear_shm_slot(slot_of[1][8]);
+    REQUIRE(run(dp(8, {"--log-json", fx.dir / "b.jsonl", "--export", fx.dir / "b.bin"}), fx.dir / "b.log") == 0);
+    const std::string log = slurp(fx.dir / "b.log");
+    CHECK_MESSAGE(std::regex_search(log, std::regex("rank 0\\][^\\n]*restored step=7 from=memory")), log);
+    CHECK_MESSAGE(std::regex_search(log, std::regex("rank 1\\][^\\n]*restored step=7 from=memory")), log);
+    const auto b = step_losses(fx.dir / "b.jsonl");
+    REQUIRE(b.size() == 1);
+    CHECK(b.at(8) == a.at(8));
+    CHECK_MESSAGE(slurp(fx.dir / "b.bin") == slurp(fx.dir / "a.bin"), "final weights differ");
+  }
+  SUBCASE("rank 1 holds no usable slot: both ranks read the disk's step 6") {
+    tear_shm_slot(slot_of[1][8]);
+    tear_shm_slot(slot_of[1][7]);
+    REQUIRE(run(dp(8, {"--log-json", fx.dir / "c.jsonl", "--export", fx.dir / "c.bin"}), fx.dir / "c.log") == 0);
+    const std::string log = slurp(fx.dir / "c.log");
+    CHECK_MESSAGE(log.find("no in-memory snapshot that every rank holds") != std::string::npos, log);
+    CHECK(std::regex_search(log, std::regex("rank 0\\][^\\n]*restored step=6 from=[^\\n]*step-00000006")));
+    CHECK(std::regex_search(log, std::regex("rank 1\\][^\\n]*restored step=6 from=[^\\n]*step-00000006")));
+    const auto c = step_losses(fx.dir / "c.jsonl");
+    REQUIRE(c.size() == 2);
+    CHECK(c.at(7) == a.at(7));
+    CHECK(c.at(8) == a.at(8));
+    CHECK(slurp(fx.dir / "c.bin") == slurp(fx.dir / "a.bin"));
+  }
+  SUBCASE("a flipped byte in rank 0's step-8 contents: the checksum catches it and the ranks go back to step 7") {
+    {
+      std::fstream f("/dev/shm" + slot_of[0][8], std::ios::in | std::ios::out | std::ios::binary);
+      f.seekg(0, std::ios::end);
+      const auto size = static_cast<std::streamoff>(f.tellg());
+      f.seekg(size - 100);
+      char c = 0;
+      f.read(&c, 1);
+      c = static_cast<char>(c ^ 0x01);
+      f.seekp(size - 100);
+      f.write(&c, 1);
+    }
+    REQUIRE(run(dp(8, {"--log-json", fx.dir / "d.jsonl", "--export", fx.dir / "d.bin"}), fx.dir / "d.log") == 0);
+    const std::string log = slurp(fx.dir / "d.log");
+    CHECK_MESSAGE(log.find("in-memory snapshot not usable on every rank") != std::string::npos, log);
+    CHECK(std::regex_search(log, std::regex("rank 1\\][^\\n]*restored step=7 from=memory")));
+    CHECK(slurp(fx.dir / "d.bin") == slurp(fx.dir / "a.bin"));
+  }
+}
+
+TEST_CASE("ZeRO-1 dp=2: the sharded moments are saved as slices and resume bitwise under dp=1, dp=2 and ZeRO-2") {
+  Fixture fx;
+  const std::string ck = fx.dir / "ck";
+  // Deterministic mode: results do not depend on dp or the ZeRO stage, so every resumed run must match bitwise.
+  // Small buckets (0.05 MiB) cut tensors across the ranks' pieces.
+  auto run_as = [&](const std::string& dir, int nproc, int zero, const std::string& name) {
+    std::vector<std::string> extra = {"--global-batch",
+                                      "256",
+                                      "--deterministic",
+                                      "--ckpt-every",
+                                      "3",
+                                      "--bucket-mb",
+                                      "0.05",
+                                      "--zero",
+                                      std::to_string(zero),
+                                      "--log-json",
+                                      fx.dir / (name + ".jsonl"),
+                                      "--export",
+                                      fx.dir / (name + ".bin")};
+    if (nproc > 1) extra.insert(extra.end(), {"--nproc", std::to_string(nproc)});
+    auto a = fx.train(6, dir, extra, "1");
+    return run(a, fx.dir / (name + ".log"));
+  };
+  REQUIRE_MESSAGE(run_as(ck, 2, 1, "a") == 0, slurp(fx.dir / "a.log"));
+  const auto a = step_losses(fx.dir / "a.jsonl");
+  REQUIRE(a.size() == 6);
+  CHECK(run({"railyard", "ckpt", "verify", ck}, fx.dir / "v.log") == 0);
+  // The moments are really split: each rank's file holds about half of them (and half of the parameters).
+  const auto r0 = fs::file_size(ck + "/step-00000003/rank-00000.bin");
+  const auto r1 = fs::file_size(ck + "/step-00000003/rank-00001.bin");
+  CHECK(r0 < 1000000);
+  CHECK(r1 < 1000000);
+  CHECK(r0 + r1 > 1400000);
+  fs::remove_all(ck + "/step-00000006");
+  for (auto [nproc, zero, name] : {std::tuple{1, 0, "dp1"}, {2, 0, "dp2"}, {2, 2, "zero2"}, {2, 1, "zero1"}}) {
+    INFO(name);
+    const std::string copy = fx.dir / (std::string("ck-") + name);
+    fs::copy(ck, copy, fs::copy_options::recursive);
+    REQUIRE_MESSAGE(run_as(copy, nproc, zero, name) == 0, slurp(fx.dir / (std::string(name) + ".log")));
+    const std::string log = slurp(fx.dir / (std::string(name) + ".log"));
+    CHECK_MESSAGE(log.find("restored step=3") != std::string::npos, log);
+    const auto b = step_losses(fx.dir / (std::string(name) + ".jsonl"));
+    REQUIRE(b.size() == 3);
+    for (int s = 4; s <= 6; ++s) CHECK_MESSAGE(b.at(s) == a.at(s), "step " << s);
+    CHECK_MESSAGE(slurp(fx.dir / (std::string(name) + ".bin")) == slurp(fx.dir / "a.bin"), "final weights differ");
+  }
+  // `railyard ckpt reshard` turns the ZeRO checkpoint into a dp=1 one; a single process continues from it bitwise.
+  REQUIRE(
+      run({"railyard", "ckpt", "reshard", ck, "--to-dp", "1", "--to-tp", "1", "--to-pp", "1", "--out", fx.dir / "ck-1"},
+          fx.dir / "rs.log") == 0);
+  REQUIRE(run_as(fx.dir / "ck-1", 1, 0, "resharded") == 0);
+  const auto c = step_losses(fx.dir / "resharded.jsonl");
+  REQUIRE(c.size() == 3);
+  CHECK(c.at(6) == a.at(6));
+  CHECK(slurp(fx.dir / "resharded.bin") == slurp(fx.dir / "a.bin"));
 }

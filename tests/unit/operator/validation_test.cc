@@ -150,3 +150,14 @@ TEST_CASE("an elastic job shrinks to the largest world its batch and degrees all
   JobSpec fixed = parse_job(valid_job()).spec;  // not elastic
   CHECK(elastic_world_replicas(fixed, 1) == 0);
 }
+
+TEST_CASE("spec.checkpoint.memoryIntervalSteps reaches the worker's resolved config; 0 when unset; negative refused") {
+  CHECK(resolved_config(parse_job(valid_job()).spec, 2)["checkpoint"]["memoryIntervalSteps"] == 0);
+  Json j = job_with(Json::parse(R"({"spec": {"checkpoint": {"path": "/ckpt", "memoryIntervalSteps": 2}}})"));
+  ParsedJob p = parse_job(j);
+  REQUIRE_FALSE(p.violation);
+  CHECK(resolved_config(p.spec, 2)["checkpoint"]["memoryIntervalSteps"] == 2);
+  ParsedJob bad = parse_job(job_with(Json::parse(R"({"spec": {"checkpoint": {"memoryIntervalSteps": -1}}})")));
+  REQUIRE(bad.violation);
+  CHECK(bad.violation->field == "spec.checkpoint.memoryIntervalSteps");
+}
