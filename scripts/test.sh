@@ -59,7 +59,9 @@ if [ "$hardening" = 1 ]; then
   rm -f build-fuzz-configure.log
   cmake --build build-fuzz -j2 --target railyard_fuzz_targets railyard_asan_tests
   step "hardening: fuzzers"
-  (cd build-fuzz && ctest --output-on-failure --no-tests=error -L fuzz --output-junit "$PWD/hardening/fuzz.xml")
+  # The JUnit file keeps the tail of each fuzzer's output (libFuzzer's final stats) for scripts/reliability_report.py.
+  (cd build-fuzz && ctest --output-on-failure --no-tests=error -L fuzz --output-junit "$PWD/hardening/fuzz.xml" \
+    --test-output-size-passed 65536 --test-output-truncation head)
   step "hardening: unit tests under ASan+UBSan"
   asan_tests=$(paste -sd'|' build-fuzz/hardening/asan.txt)
   (cd build-fuzz && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
