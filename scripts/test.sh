@@ -59,11 +59,13 @@ if [ "$hardening" = 1 ]; then
   rm -f build-fuzz-configure.log
   cmake --build build-fuzz -j2 --target railyard_fuzz_targets railyard_asan_tests
   step "hardening: fuzzers"
-  (cd build-fuzz && ctest --output-on-failure --no-tests=error -L fuzz)
+  # The JUnit file keeps the tail of each fuzzer's output (libFuzzer's final stats) for scripts/reliability_report.py.
+  (cd build-fuzz && ctest --output-on-failure --no-tests=error -L fuzz --output-junit "$PWD/hardening/fuzz.xml" \
+    --test-output-size-passed 65536 --test-output-truncation head)
   step "hardening: unit tests under ASan+UBSan"
   asan_tests=$(paste -sd'|' build-fuzz/hardening/asan.txt)
   (cd build-fuzz && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-    ctest --output-on-failure --no-tests=error -R "^($asan_tests)\$")
+    ctest --output-on-failure --no-tests=error -R "^($asan_tests)\$" --output-junit "$PWD/hardening/asan.xml")
 
   step "hardening: gcc TSan tree"
   cmake -S . -B build-tsan "${sanitizer_flags[@]}" -DRAILYARD_SANITIZE=thread >build-tsan-configure.log 2>&1 ||
@@ -73,5 +75,5 @@ if [ "$hardening" = 1 ]; then
   step "hardening: concurrency tests under TSan"
   tsan_tests=$(paste -sd'|' build-tsan/hardening/tsan.txt)
   (cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$root/tests/fuzz/tsan.supp" \
-    ctest --output-on-failure --no-tests=error -R "^($tsan_tests)\$")
+    ctest --output-on-failure --no-tests=error -R "^($tsan_tests)\$" --output-junit "$PWD/hardening/tsan.xml")
 fi

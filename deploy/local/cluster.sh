@@ -6,7 +6,7 @@
 #   cluster.sh build
 #   cluster.sh up [--state-dir DIR] [--nodes N | --topology FILE] [--node-agent PATH | --no-node-agent]
 #                 [--prometheus] [--node-monitor-grace SECONDS]
-#   cluster.sh down|status|env|restart-apiserver [--state-dir DIR]
+#   cluster.sh down|status|env|restart-apiserver|restart-etcd [--state-dir DIR]
 # shellcheck source-path=SCRIPTDIR
 set -euo pipefail
 
@@ -47,6 +47,7 @@ usage: $PROG COMMAND [options]
   status                show components, pids, ports and health (exit 0 only if healthy)
   env                   print shell exports (KUBECONFIG, PATH with the matching kubectl)
   restart-apiserver     restart the API server (same flags, ports and data), then the controller manager
+  restart-etcd          restart etcd (same data dir and ports); the API server reconnects by itself
 EOF
 }
 
@@ -57,12 +58,12 @@ EOF
 command="$1"
 shift
 case "$command" in
-  build | up | down | status | env | restart-apiserver) ;;
+  build | up | down | status | env | restart-apiserver | restart-etcd) ;;
   help | -h | --help)
     usage
     exit 0
     ;;
-  *) die "unknown command '$command' (known: build, up, down, status, env, restart-apiserver, help)" ;;
+  *) die "unknown command '$command' (known: build, up, down, status, env, restart-apiserver, restart-etcd, help)" ;;
 esac
 
 STATE_DIR="${RAILYARD_STATE_DIR:-$HOME/.local/state/railyard/cluster}"
@@ -151,4 +152,5 @@ case "$command" in
     prometheus_env
     ;;
   restart-apiserver) cmd_restart_apiserver ;;
+  restart-etcd) cmd_restart_etcd ;;
 esac

@@ -15,8 +15,7 @@ pids=()
 t_start=$SECONDS
 fail() {
   echo "FAIL: $*" >&2
-  kubectl get tj,pods -n "$ns" -o wide >&2 || true
-  kubectl get tj -n "$ns" -o jsonpath='{range .items[*]}{.metadata.name}{": "}{.status}{"\n"}{end}' >&2 || true
+  dump_jobs
   echo "--- proxy stats: $(cat "$work/stats.json" 2>/dev/null)" >&2
   for f in "$work"/op.log "$work"/proxy.log; do echo "--- $f (tail)"; tail -n 40 "$f"; done >&2
   # RAILYARD_CHAOS_KEEP=DIR keeps the operator and proxy logs and the pod history for a post-mortem.
@@ -31,34 +30,12 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# shellcheck source=../e2e/operator/lib.sh
-source "$src/tests/e2e/operator/lib.sh"
-jp() { kubectl get tj "$1" -n "$ns" -o jsonpath="$2" 2>/dev/null; }
-phase_is() { [ "$(jp "$1" '{.status.phase}')" = "$2" ]; }
+# shellcheck source=lib.sh
+source "$src/tests/chaos/lib.sh"
 
-job() { # job NAME REPLICAS MAXRESTARTS COMMAND
-  cat <<YAML
-apiVersion: railyard.dev/v1alpha1
-kind: TrainingJob
-metadata: {name: $1}
-spec:
-  replicas: $2
-  device: cpu
-  model: {preset: tiny}
-  data: {train: /tmp/none/train_*.bin}
-  training: {steps: 10, globalBatch: 12, microBatch: 1}
-  failurePolicy: {maxRestarts: $3}
-  template:
-    spec:
-      containers:
-        - command: ["sh", "-c", "$4"]
-YAML
-}
+job() { shell_job "$@"; } # job NAME REPLICAS MAXRESTARTS COMMAND
 
-install_crd "$src"
-kubectl create namespace "$ns" >/dev/null
-wait_for 60 "the default service account token" \
-  bash -c "kubectl get sa default -n $ns -o jsonpath='{.secrets[0].name}' | grep -q ."
+setup_namespace
 
 seed=${RAILYARD_CHAOS_SEED:-$$}
 echo "proxy seed $seed (rerun with RAILYARD_CHAOS_SEED=$seed)"
@@ -138,7 +115,9 @@ check() { # check JOB PHASE RESTARTS GENERATION PODS-EVER-CREATED
   local created
   created=$(awk -v j="$j" '$3 == j {print $2}' "$work/pods.txt" | sort -u | wc -l)
   [ "$created" = "$5" ] || fail "$j: $created pods created over its life, want $5 (duplicates or lost pods)"
+  checked=$((checked + 1))
 }
+checked=0
 check ok-a Succeeded 0 1 1
 check ok-b Succeeded 0 1 2
 check ok-c Succeeded 0 1 1
@@ -162,4 +141,14 @@ assert http > 0 and tcp > 0 and s["truncated_watches"] > 0 and s["delayed_chunks
 assert not s["faults"], "still injecting after SIGUSR1"
 PY
 kill -0 "$op_pid" 2>/dev/null || fail "the operator exited"
+# Every job but "after" ran under faults; the operator was also killed once (kill -9) mid-flow.
+if [ -n "${RAILYARD_RESULTS_DIR:-}" ]; then
+  mkdir -p "$RAILYARD_RESULTS_DIR"
+  cat >"$RAILYARD_RESULTS_DIR/chaos.json" <<JSON
+{"test": "e2e_chaos_operator", "date": "$(date -u +%FT%TZ)", "seconds": $((SECONDS - t_start)), "passed": true,
+ "seed": $seed, "jobs_under_faults": $((checked - 1)), "jobs_correct_under_faults": $((checked - 1)),
+ "jobs_correct": $checked, "operator_kills": 1, "recovery_s": $recovery,
+ "proxy": $stats}
+JSON
+fi
 echo "chaos e2e: ok in $((SECONDS - t_start))s; recovery after healing ${recovery}s; faults injected: $stats"

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# up/down/status/env/restart-apiserver for cluster.sh. Sourced after lib/build.sh; uses STATE_DIR, NODES,
+# up/down/status/env/restart-apiserver/restart-etcd for cluster.sh. Sourced after lib/build.sh; uses STATE_DIR, NODES,
 # TOPOLOGY, NODE_AGENT, NO_NODE_AGENT, REPO_ROOT, CACHE_BIN, die, info.
 
 MARKER_NAME=".railyard-cluster"
@@ -523,4 +523,16 @@ cmd_restart_apiserver() {
   # The controller manager's lease informer goes stale across an API-server restart: restart it too.
   start_controller_manager
   info "restart-apiserver: API server and controller manager back in $((SECONDS - t0)) s"
+}
+
+cmd_restart_etcd() {
+  lock_state_dir
+  [ -f "$STATE_DIR/$MARKER_NAME" ] && load_state ||
+    die "restart-etcd: no cluster in $STATE_DIR (run: $PROG up --state-dir $STATE_DIR)"
+  local t0=$SECONDS
+  # Same data dir and ports: etcd ignores --initial-cluster-state for an existing member, so data and revisions
+  # survive; the API server reconnects by itself (its watch cache re-watches etcd).
+  stop_component etcd 10
+  start_etcd
+  info "restart-etcd: etcd back in $((SECONDS - t0)) s"
 }

@@ -79,6 +79,12 @@ struct PodRec {
   bool delete_sent = false;
   bool frozen = false;
   std::string phase;  // last phase reported
+  // A status patch the API server did not take (down, starting, or its authorizer not yet synced after a restart,
+  // which answers 403 for a moment): resent by tick() until it lands or a newer patch replaces it. Without this a
+  // pod whose process ended during an API-server restart stayed Running forever.
+  Json unsent_status;
+  std::string unsent_phase;
+  Clock::time_point status_retry_at;
   std::string key() const { return ns + "/" + name; }
   bool deleting() const { return pod["metadata"].contains("deletionTimestamp"); }
 };
@@ -667,12 +673,22 @@ struct Agent::Impl {
     if (!rec.start_time.empty()) status["startTime"] = rec.start_time;
     status["reason"] = reason.empty() ? Json(nullptr) : Json(reason);
     status["message"] = message.empty() ? Json(nullptr) : Json(message);
+    rec.unsent_status = Json{{"status", status}};
+    rec.unsent_phase = phase;
+    send_status(rec);
+  }
+
+  void send_status(PodRec& rec) {
     try {
-      client.patch(kube::resources::pods, rec.ns, rec.name, {{"status", status}}, kube::PatchType::Merge, "status");
-      rec.phase = phase;
+      client.patch(kube::resources::pods, rec.ns, rec.name, rec.unsent_status, kube::PatchType::Merge, "status");
+      rec.phase = rec.unsent_phase;
+      rec.unsent_status = nullptr;
     } catch (const kube::NotFound&) {
+      rec.unsent_status = nullptr;
     } catch (const std::exception& e) {
-      log::warn(kComp, "pod status update failed", {{"pod", rec.key()}, {"phase", phase}, {"error", e.what()}});
+      log::warn(kComp, "pod status update failed, retrying in 1 s",
+                {{"pod", rec.key()}, {"phase", rec.unsent_phase}, {"error", e.what()}});
+      rec.status_retry_at = Clock::now() + std::chrono::seconds(1);
     }
   }
 
@@ -686,6 +702,7 @@ struct Agent::Impl {
   void tick() {
     auto now = Clock::now();
     for (auto& [uid, rec] : pods) {
+      if (!rec.unsent_status.is_null() && now >= rec.status_retry_at) send_status(rec);
       if (rec.deleting()) {
         if (!rec.delete_sent && rec.state != PodRec::State::Running && now >= rec.retry_at) finish_delete(rec);
         continue;

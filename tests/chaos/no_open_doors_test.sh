@@ -1,0 +1,217 @@
+#!/usr/bin/env bash
+# E2E "no open doors" (issue #13): after real jobs ran through railyard-operator + the worker agent + the rendezvous
+# service, and railyard-monitor watched them, the jobs' rendezvous tokens and the monitor's webhook token must
+# appear in no log (operator and agents at debug level, monitor, node agent, every pod log), in no /metrics output
+# (operator, monitor, every agent) and in no object the operator writes inline (pods, TrainingJobs, events); the
+# workers the agent starts must not see the token in their environment. The rendezvous service refuses a request
+# without a token (401), with a wrong token and with another job's token (403), the monitor's webhook refuses no
+# token, a wrong one and a job's rendezvous token (401), and no refusal echoes a token. An operator given a
+# kubeconfig with a CA that did not sign the API server's certificate must not reach the API server.
+# Writes $RAILYARD_RESULTS_DIR/no_open_doors.json (counts of the checks) when that variable is set.
+set -euo pipefail
+src=${RAILYARD_SOURCE_DIR:?}
+state=${RAILYARD_E2E_STATE_DIR:?}
+bin=${RAILYARD_BIN_DIR:?}
+agent_bin=$bin/railyard-worker
+for b in railyard-operator railyard-worker railyard-monitor; do
+  [ -x "$bin/$b" ] || { echo "FAIL: no $b in $bin (build it)" >&2; exit 1; }
+done
+eval "$(bash "$src/deploy/local/cluster.sh" env --state-dir "$state")"
+ns=doors-e2e-$$
+work=$(mktemp -d /tmp/doors-e2e.XXXXXX)
+pids=()
+t_start=$SECONDS
+fail() {
+  echo "FAIL: $*" >&2
+  dump_jobs
+  for f in "$work"/op.log "$work"/monitor.log; do echo "--- $f (tail)"; tail -n 30 "$f"; done >&2
+  exit 1
+}
+trap chaos_cleanup EXIT
+# shellcheck source=lib.sh
+source "$src/tests/chaos/lib.sh"
+checks=0
+ok() { checks=$((checks + 1)); }
+
+job() { # job NAME REPLICAS SCRIPT: runs through the agent, which logs at debug level
+  cat <<YAML
+apiVersion: railyard.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: $1}
+spec:
+  replicas: $2
+  device: cpu
+  model: {preset: tiny}
+  data: {train: /tmp/none/train_*.bin}
+  training: {steps: 10, globalBatch: 12, microBatch: 1}
+  failurePolicy: {maxRestarts: 2}
+  template:
+    spec:
+      containers:
+        - args: ["agent", "--", "sh", "-c", "$3"]
+          env: [{name: RAILYARD_LOG_LEVEL, value: debug}]
+YAML
+}
+
+setup_namespace
+
+# 1. TLS to the API server is verified: a CA that did not sign the server's certificate stops the operator before
+#    it reconciles anything. (Client-level: kube_e2e_tests "a CA that did not sign the server certificate".)
+openssl req -x509 -newkey rsa:2048 -nodes -subj /CN=wrong-ca -days 1 -keyout "$work/wrong-ca.key" \
+  -out "$work/wrong-ca.crt" >/dev/null 2>&1
+python3 - "$KUBECONFIG" "$work/wrong-ca.crt" "$work/wrong.kubeconfig" <<'PY'
+import base64, re, sys
+text = open(sys.argv[1]).read()
+ca = base64.b64encode(open(sys.argv[2], "rb").read()).decode()
+out, n = re.subn(r"certificate-authority-data: \S+", "certificate-authority-data: " + ca, text)
+assert n == 1, "kubeconfig has no certificate-authority-data"
+open(sys.argv[3], "w").write(out)
+PY
+# With leader election the operator's first call is a GET of the lease namespace: it must fail on TLS at once.
+set +e
+KUBECONFIG=$work/wrong.kubeconfig timeout 20 "$bin/railyard-operator" --namespace "$ns" --leader-elect \
+  --leader-election-namespace "$ns" --metrics-addr 127.0.0.1:0 --health-addr 127.0.0.1:0 \
+  --rendezvous-bind 127.0.0.1:0 >"$work/op-wrong-ca.log" 2>&1
+rc=$?
+set -e
+[ "$rc" != 0 ] && [ "$rc" != 124 ] || fail "operator with a wrong CA: exit code $rc (want a prompt error exit)"
+grep -q "TLS verification failed" "$work/op-wrong-ca.log" ||
+  fail "operator with a wrong CA did not report a TLS verification failure: $(tail -n 3 "$work/op-wrong-ca.log")"
+! grep -q "informers synced" "$work/op-wrong-ca.log" || fail "operator synced through an unverified server"
+ok
+echo "wrong CA: operator exits $rc with a TLS verification error"
+
+# 2. Real jobs: operator (debug logs) + agents (debug logs) + monitor with a webhook token.
+op_metrics=$(free_port)
+# Pod IPs come from one 127.16/16 range in every local cluster on the machine: a random port keeps our agents' metrics
+# listeners clear of another cluster's pods that got the same IPs.
+agent_metrics=$(free_port)
+"$bin/railyard-operator" --namespace "$ns" --leader-elect=false --worker-command "$agent_bin" --log-level debug \
+  --metrics-addr "127.0.0.1:$op_metrics" --health-addr "127.0.0.1:$(free_port)" --rendezvous-bind 127.0.0.1:0 \
+  --agent-metrics-port "$agent_metrics" >"$work/op.log" 2>&1 &
+pids+=("$!")
+wait_for 30 "the operator to start" grep -q "leading: reconciling" "$work/op.log"
+rdzv=$(grep -m1 "leading: reconciling" "$work/op.log" | grep -o 'rendezvous=[^ ]*' | cut -d= -f2)
+[ -n "$rdzv" ] || fail "no rendezvous address in the operator's log"
+rdzv=127.0.0.1:${rdzv##*:}
+
+webhook_token=$(openssl rand -hex 24)
+printf '%s\n' "$webhook_token" >"$work/webhook-token"
+mon_port=$(free_port)
+RAILYARD_LOG_LEVEL=debug "$bin/railyard-monitor" --namespace "$ns" --listen "127.0.0.1:$mon_port" \
+  --webhook-token-file "$work/webhook-token" --interval 1 --unreachable 600 >"$work/monitor.log" 2>&1 &
+pids+=("$!")
+wait_for 30 "the monitor to serve" curl -fsS "http://127.0.0.1:$mon_port/healthz"
+
+# done-job runs to the end; a and b keep running so the rendezvous service knows both while we knock.
+job done-job 2 'env | sort; sleep 2' | kubectl apply -n "$ns" -f - >/dev/null
+job a 2 'env | sort; sleep 600' | kubectl apply -n "$ns" -f - >/dev/null
+job b 1 'env | sort; sleep 600' | kubectl apply -n "$ns" -f - >/dev/null
+wait_for 90 "job done-job to succeed" phase_is done-job Succeeded
+wait_for 60 "job a to run" phase_is a Running
+wait_for 60 "job b to run" phase_is b Running
+token_of() { kubectl get secret "$1-rendezvous" -n "$ns" -o jsonpath='{.data.token}' | base64 -d; }
+tok_done=$(token_of done-job)
+tok_a=$(token_of a)
+tok_b=$(token_of b)
+for t in "$tok_done" "$tok_a" "$tok_b"; do [ "${#t}" -ge 16 ] || fail "a job token is shorter than 16 characters"; done
+[ "$tok_a" != "$tok_b" ] && [ "$tok_a" != "$tok_done" ] || fail "two jobs share a rendezvous token"
+ok
+
+# 3. The rendezvous service: knock without, with a wrong and with another job's token; the right one gets in.
+knock() { # knock OUT-PREFIX AUTH-HEADER-OR-EMPTY: POST /v1/status for job a, pod a-worker-0; prints the HTTP code
+  local hdr=()
+  [ -n "$2" ] && hdr=(-H "Authorization: $2")
+  curl -sS -o "$work/$1.body" -w '%{http_code}' "${hdr[@]}" -H 'Content-Type: application/json' \
+    -d "{\"namespace\":\"$ns\",\"job\":\"a\",\"pod\":\"a-worker-0\",\"generation\":1,\"wait_ms\":0}" \
+    "http://$rdzv/v1/status"
+}
+wrong=$(openssl rand -hex 24)
+[ "$(knock none '')" = 401 ] || fail "rendezvous without a token: $(cat "$work/none.body")"
+[ "$(knock basic "Basic $(printf 'x:%s' "$tok_a" | base64 -w0)")" = 401 ] || fail "rendezvous with Basic auth"
+[ "$(knock wrong "Bearer $wrong")" = 403 ] || fail "rendezvous with a wrong token: $(cat "$work/wrong.body")"
+[ "$(knock other "Bearer $tok_b")" = 403 ] || fail "rendezvous with job b's token for job a: $(cat "$work/other.body")"
+[ "$(knock prefix "Bearer ${tok_a:0:$((${#tok_a} - 1))}")" = 403 ] || fail "rendezvous with a truncated token"
+[ "$(knock right "Bearer $tok_a")" = 200 ] || fail "rendezvous with job a's own token: $(cat "$work/right.body")"
+for f in none basic wrong other prefix right; do
+  for t in "$tok_a" "$tok_b" "$tok_done" "$wrong"; do
+    ! grep -qF -- "$t" "$work/$f.body" || fail "rendezvous reply '$f' echoes a token: $(cat "$work/$f.body")"
+  done
+  ok
+done
+echo "rendezvous: 401 without/with Basic, 403 wrong/other job's/truncated token, 200 own token; no token echoed"
+
+# 4. The monitor's webhook.
+hook() { # hook OUT-PREFIX AUTH-HEADER-OR-EMPTY
+  local hdr=()
+  [ -n "$2" ] && hdr=(-H "Authorization: $2")
+  curl -sS -o "$work/$1.body" -w '%{http_code}' "${hdr[@]}" -H 'Content-Type: application/json' \
+    -d '{"version":"4","status":"firing","alerts":[]}' "http://127.0.0.1:$mon_port/webhook/alertmanager"
+}
+[ "$(hook h-none '')" = 401 ] || fail "webhook without a token: $(cat "$work/h-none.body")"
+[ "$(hook h-wrong "Bearer $wrong")" = 401 ] || fail "webhook with a wrong token: $(cat "$work/h-wrong.body")"
+[ "$(hook h-job "Bearer $tok_a")" = 401 ] || fail "webhook with a job's rendezvous token"
+[ "$(hook h-prefix "Bearer ${webhook_token:0:10}")" = 401 ] || fail "webhook with a prefix of its token"
+code=$(hook h-right "Bearer $webhook_token")
+[ "$code" != 401 ] && [ "$code" != 403 ] && [ "$code" != 503 ] || fail "webhook refused its own token: $code"
+for f in h-none h-wrong h-job h-prefix h-right; do
+  for t in "$webhook_token" "$wrong" "$tok_a"; do
+    ! grep -qF -- "$t" "$work/$f.body" || fail "webhook reply '$f' echoes a token: $(cat "$work/$f.body")"
+  done
+  ok
+done
+echo "webhook: 401 without/wrong/job's/prefix token, $code with its own; no token echoed"
+
+# 5. Every /metrics output: operator, monitor, each agent (pod IP : agent metrics port, from the agents' logs).
+sleep 2 # one more monitor evaluation over the running jobs
+curl -fsS "http://127.0.0.1:$op_metrics/metrics" >"$work/metrics-operator.txt"
+curl -fsS "http://127.0.0.1:$mon_port/metrics" >"$work/metrics-monitor.txt"
+n_agents=0
+for log in "$state/node-agent/pods/${ns}_"a-worker-*/*.log "$state/node-agent/pods/${ns}_"b-worker-*/*.log; do
+  addr=$(grep -m1 "serving metrics" "$log" | grep -o 'address=[^ ]*' | cut -d= -f2) ||
+    fail "no 'serving metrics' line in $log"
+  curl -fsS "http://$addr" >"$work/metrics-agent-$n_agents.txt" || fail "cannot scrape agent metrics at $addr"
+  n_agents=$((n_agents + 1))
+done
+[ "$n_agents" = 3 ] || fail "scraped $n_agents agents, want 3"
+grep -q '^railyard_' "$work/metrics-operator.txt" || fail "operator /metrics has no railyard series"
+grep -q '^railyard_monitor_webhook_requests_total' "$work/metrics-monitor.txt" || fail "monitor /metrics incomplete"
+
+# 6. Every log and every object the operator writes inline. The worker's env dump shows what the agent passes on.
+pod_logs=("$state/node-agent/pods/${ns}_"*/*.log)
+[ "${#pod_logs[@]}" -ge 5 ] || fail "found ${#pod_logs[@]} pod logs, want 5"
+grep -q "^RANK=" "${pod_logs[0]}" || fail "the worker's env dump is missing from ${pod_logs[0]}"
+! grep -q "RAILYARD_RENDEZVOUS_TOKEN" "${pod_logs[@]}" || fail "a worker sees RAILYARD_RENDEZVOUS_TOKEN"
+grep -qi "debug" "$work/op.log" || fail "the operator did not log at debug level"
+kubectl get pods,tj,events -n "$ns" -o json >"$work/objects.json"
+grep -q "secretKeyRef" "$work/objects.json" || fail "pods do not take the token from the Secret"
+# The agents' per-generation files (resolved config handed to the workers) too.
+agent_files=()
+while IFS= read -r f; do agent_files+=("$f"); done < <(find /tmp/railyard-agent -path "*/${ns}_*" -type f 2>/dev/null)
+[ "${#agent_files[@]}" -ge 3 ] || fail "found ${#agent_files[@]} agent files under /tmp/railyard-agent, want >= 3"
+scanned=("$work/op.log" "$work/monitor.log" "$state/logs/node-agent.log" "${pod_logs[@]}" "$work"/metrics-*.txt
+  "$work/objects.json" "${agent_files[@]}")
+for t in "$tok_done" "$tok_a" "$tok_b" "$webhook_token"; do
+  hits=$(grep -lF -- "$t" "${scanned[@]}" || true)
+  [ -z "$hits" ] || fail "a secret value appears in: $hits"
+done
+# base64 of the tokens (as in a Secret's data) must not leak either.
+for t in "$tok_a" "$tok_b"; do
+  b64=$(printf '%s' "$t" | base64 -w0)
+  ! grep -qF -- "$b64" "${scanned[@]}" || fail "a base64-encoded token appears in a log or metrics output"
+done
+ok
+echo "no token in ${#scanned[@]} files: operator/monitor/node-agent logs, ${#pod_logs[@]} pod logs," \
+  "$((n_agents + 2)) /metrics outputs, pods/TrainingJobs/events, ${#agent_files[@]} agent files"
+
+secs=$((SECONDS - t_start))
+checks=$((checks + ${#scanned[@]}))
+if [ -n "${RAILYARD_RESULTS_DIR:-}" ]; then
+  mkdir -p "$RAILYARD_RESULTS_DIR"
+  cat >"$RAILYARD_RESULTS_DIR/no_open_doors.json" <<JSON
+{"test": "e2e_no_open_doors", "date": "$(date -u +%FT%TZ)", "seconds": $secs, "passed": true,
+ "rendezvous_refusals": 5, "webhook_refusals": 4, "files_scanned": ${#scanned[@]}, "pod_logs": ${#pod_logs[@]},
+ "metrics_endpoints": $((n_agents + 2)), "tokens_checked": 4, "wrong_ca_refused": true, "checks": $checks}
+JSON
+fi
+echo "no open doors e2e: ok in ${secs}s"
