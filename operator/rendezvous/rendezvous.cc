@@ -207,19 +207,20 @@ struct RendezvousService::Impl {
     return a;
   }
 
-  // Looks up the job and checks the token; on failure returns the reply to send.
+  // Looks up the job and checks the token; on failure returns the reply to send. An unknown job and a wrong token get
+  // the same status and body (built only from the request), so the service tells nobody without a job's token which
+  // job names exist. It is 404 unknown_job for both because agents must keep retrying an unknown job while the
+  // operator (re)opens it; an agent with a wrong token gives up after RAILYARD_AGENT_UNREACHABLE_SECONDS with exit 2.
   std::optional<Reply> authorize(const std::string& key, const std::string& token, Job** out) {
     auto it = jobs.find(key);
-    if (it == jobs.end()) {
+    // Compare against something even for an unknown job so both paths do the same work.
+    static const std::string kNoToken(48, '\0');
+    const bool ok = tokens_equal(token, it == jobs.end() ? kNoToken : it->second.spec.token) && it != jobs.end();
+    if (!ok) {
       return error_reply(404, st::kUnknownJob,
-                         "job " + key +
-                             " has no open generation at this rendezvous service (the operator may be starting up "
-                             "or has not created it yet): retry");
-    }
-    if (!tokens_equal(token, it->second.spec.token)) {
-      return error_reply(403, st::kError,
-                         "token does not match job " + key +
-                             ": RAILYARD_RENDEZVOUS_TOKEN must come from the job's Secret " +
+                         "no open generation of job " + key +
+                             " for this token: retry while the operator opens the job; if it persists, "
+                             "RAILYARD_RENDEZVOUS_TOKEN must come from the job's Secret " +
                              key.substr(key.find('/') + 1) + "-rendezvous (key token)");
     }
     *out = &it->second;

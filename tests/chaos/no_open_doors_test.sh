@@ -4,7 +4,8 @@
 # appear in no log (operator and agents at debug level, monitor, node agent, every pod log), in no /metrics output
 # (operator, monitor, every agent) and in no object the operator writes inline (pods, TrainingJobs, events); the
 # workers the agent starts must not see the token in their environment. The rendezvous service refuses a request
-# without a token (401), with a wrong token and with another job's token (403), the monitor's webhook refuses no
+# without a token (401), with a wrong token and with another job's token (404, answered exactly like an unknown job
+# so job names cannot be probed), the monitor's webhook refuses no
 # token, a wrong one and a job's rendezvous token (401), and no refusal echoes a token. An operator given a
 # kubeconfig with a CA that did not sign the API server's certificate must not reach the API server.
 # Writes $RAILYARD_RESULTS_DIR/no_open_doors.json (counts of the checks) when that variable is set.
@@ -119,27 +120,31 @@ for t in "$tok_done" "$tok_a" "$tok_b"; do [ "${#t}" -ge 16 ] || fail "a job tok
 ok
 
 # 3. The rendezvous service: knock without, with a wrong and with another job's token; the right one gets in.
-knock() { # knock OUT-PREFIX AUTH-HEADER-OR-EMPTY: POST /v1/status for job a, pod a-worker-0; prints the HTTP code
+knock() { # knock OUT-PREFIX AUTH-HEADER-OR-EMPTY [JOB]: POST /v1/status for JOB (a), pod a-worker-0; prints the code
   local hdr=()
   [ -n "$2" ] && hdr=(-H "Authorization: $2")
   curl -sS -o "$work/$1.body" -w '%{http_code}' "${hdr[@]}" -H 'Content-Type: application/json' \
-    -d "{\"namespace\":\"$ns\",\"job\":\"a\",\"pod\":\"a-worker-0\",\"generation\":1,\"wait_ms\":0}" \
+    -d "{\"namespace\":\"$ns\",\"job\":\"${3:-a}\",\"pod\":\"a-worker-0\",\"generation\":1,\"wait_ms\":0}" \
     "http://$rdzv/v1/status"
 }
 wrong=$(openssl rand -hex 24)
 [ "$(knock none '')" = 401 ] || fail "rendezvous without a token: $(cat "$work/none.body")"
 [ "$(knock basic "Basic $(printf 'x:%s' "$tok_a" | base64 -w0)")" = 401 ] || fail "rendezvous with Basic auth"
-[ "$(knock wrong "Bearer $wrong")" = 403 ] || fail "rendezvous with a wrong token: $(cat "$work/wrong.body")"
-[ "$(knock other "Bearer $tok_b")" = 403 ] || fail "rendezvous with job b's token for job a: $(cat "$work/other.body")"
-[ "$(knock prefix "Bearer ${tok_a:0:$((${#tok_a} - 1))}")" = 403 ] || fail "rendezvous with a truncated token"
+# A wrong token and an unknown job answer alike (404 unknown_job, same body), so job names cannot be probed.
+[ "$(knock wrong "Bearer $wrong")" = 404 ] || fail "rendezvous with a wrong token: $(cat "$work/wrong.body")"
+[ "$(knock other "Bearer $tok_b")" = 404 ] || fail "rendezvous with job b's token for job a: $(cat "$work/other.body")"
+[ "$(knock prefix "Bearer ${tok_a:0:$((${#tok_a} - 1))}")" = 404 ] || fail "rendezvous with a truncated token"
+[ "$(knock ghost "Bearer $tok_a" zz)" = 404 ] || fail "rendezvous for an unknown job: $(cat "$work/ghost.body")"
+[ "$(sed 's/zz/a/g' "$work/ghost.body")" = "$(cat "$work/wrong.body")" ] ||
+  fail "an unknown job and a wrong token answer differently: '$(cat "$work/ghost.body")' vs '$(cat "$work/wrong.body")'"
 [ "$(knock right "Bearer $tok_a")" = 200 ] || fail "rendezvous with job a's own token: $(cat "$work/right.body")"
-for f in none basic wrong other prefix right; do
+for f in none basic wrong other prefix ghost right; do
   for t in "$tok_a" "$tok_b" "$tok_done" "$wrong"; do
     ! grep -qF -- "$t" "$work/$f.body" || fail "rendezvous reply '$f' echoes a token: $(cat "$work/$f.body")"
   done
   ok
 done
-echo "rendezvous: 401 without/with Basic, 403 wrong/other job's/truncated token, 200 own token; no token echoed"
+echo "rendezvous: 401 without/with Basic, 404 wrong/other job's/truncated token = unknown job, 200 own token; no token echoed"
 
 # 4. The monitor's webhook.
 hook() { # hook OUT-PREFIX AUTH-HEADER-OR-EMPTY
@@ -210,7 +215,7 @@ if [ -n "${RAILYARD_RESULTS_DIR:-}" ]; then
   mkdir -p "$RAILYARD_RESULTS_DIR"
   cat >"$RAILYARD_RESULTS_DIR/no_open_doors.json" <<JSON
 {"test": "e2e_no_open_doors", "date": "$(date -u +%FT%TZ)", "seconds": $secs, "passed": true,
- "rendezvous_refusals": 5, "webhook_refusals": 4, "files_scanned": ${#scanned[@]}, "pod_logs": ${#pod_logs[@]},
+ "rendezvous_refusals": 6, "webhook_refusals": 4, "files_scanned": ${#scanned[@]}, "pod_logs": ${#pod_logs[@]},
  "metrics_endpoints": $((n_agents + 2)), "tokens_checked": 4, "wrong_ca_refused": true, "checks": $checks}
 JSON
 fi

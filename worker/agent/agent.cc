@@ -172,6 +172,10 @@ class AgentRun {
                {"agent_id", agent_id_}});
     std::string last_notice;
     std::optional<Clock::time_point> round_start;  // first join request since the last generation ended
+    // The service answers unknown_job for a job it has not opened and for a wrong token alike (it does not tell which
+    // job names exist), so an unknown job is retried for as long as an unreachable service, then ends the agent.
+    bool unknown = false;
+    Clock::time_point unknown_since{};
     while (true) {
       if (!round_start) round_start = Clock::now();
       if (int s = stop_.load()) {
@@ -199,6 +203,7 @@ class AgentRun {
         continue;
       }
       unreachable_since_.reset();
+      if (r.outcome != Outcome::UnknownJob) unknown = false;
       auto notice = [&](const std::string& what, log::Level level) {
         // Said once per situation, not on every poll.
         if (what == last_notice) return;
@@ -228,9 +233,24 @@ class AgentRun {
           last_notice.clear();
           sleep_interruptible(std::chrono::milliseconds(1000));
           continue;
+        case Outcome::UnknownJob: {
+          if (!unknown) {
+            unknown = true;
+            unknown_since = Clock::now();
+          }
+          if (Clock::now() - unknown_since >= cfg_.unreachable_limit) {
+            log::error(kComponent,
+                       "rendezvous service refused the token or does not know the job for longer than "
+                       "RAILYARD_AGENT_UNREACHABLE_SECONDS; giving up: " +
+                           r.message);
+            return kAgentConfigError;
+          }
+          notice(r.message, log::Level::Warn);
+          sleep_interruptible(std::chrono::milliseconds(1000));
+          continue;
+        }
         case Outcome::NotMember:
         case Outcome::Started:
-        case Outcome::UnknownJob:
           notice(r.message, log::Level::Warn);
           sleep_interruptible(std::chrono::milliseconds(1000));
           continue;

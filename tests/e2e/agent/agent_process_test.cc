@@ -379,7 +379,10 @@ TEST_CASE("a refused token or missing env ends the agent with exit 2 and a clear
   TempDir tmp;
   RendezvousService svc("127.0.0.1", 0);
   svc.open_generation(spec(1, {"pod0"}, 1));
-  AgentProcess bad("pod0", "127.0.12.1", svc.port(), 1, tmp.path, {"true"}, "not-the-token");
+  // A wrong token looks like an unknown job (the service does not say which job names exist): the agent retries for
+  // RAILYARD_AGENT_UNREACHABLE_SECONDS, then exits 2.
+  AgentProcess bad("pod0", "127.0.12.1", svc.port(), 1, tmp.path, {"true"}, "not-the-token", "job1",
+                   {{"RAILYARD_AGENT_UNREACHABLE_SECONDS", "2"}});
   CHECK(bad.wait_exit(15) == 2);
   CHECK(slurp(bad.log).find("refused the token") != std::string::npos);
 
