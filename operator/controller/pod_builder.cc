@@ -45,6 +45,84 @@ void merge_named(Json& list, const Json& extra) {
   }
 }
 
+bool mounts_path(const Json& mounts, const std::string& path) {
+  for (const Json& m : mounts) {
+    if (!m.is_object() || !m.contains("mountPath") || !m["mountPath"].is_string()) continue;
+    std::string p = m["mountPath"].get<std::string>();
+    while (p.size() > 1 && p.back() == '/') p.pop_back();
+    if (p == path) return true;
+  }
+  return false;
+}
+
+bool has_named(const Json& list, const std::string& name) {
+  for (const Json& e : list)
+    if (e.is_object() && e.value("name", "") == name) return true;
+  return false;
+}
+
+// Secure defaults for the worker container, each only where neither the template's container nor its pod-level
+// securityContext says otherwise: a user who needs root or privileges sets them explicitly in spec.template.
+void apply_security_defaults(Json& container, Json& pod_spec) {
+  Json sc = container.contains("securityContext") && container["securityContext"].is_object()
+                ? container["securityContext"]
+                : Json::object();
+  const bool pod_sc_ok = !pod_spec.contains("securityContext") || pod_spec["securityContext"].is_object();
+  Json psc = pod_spec.contains("securityContext") && pod_spec["securityContext"].is_object()
+                 ? pod_spec["securityContext"]
+                 : Json::object();
+  auto unset = [&](const char* k) { return !sc.contains(k) && !psc.contains(k); };
+  // The API server refuses allowPrivilegeEscalation=false next to privileged or an added CAP_SYS_ADMIN.
+  bool needs_escalation = sc.value("privileged", false) == true;
+  if (sc.contains("capabilities") && sc["capabilities"].is_object() && sc["capabilities"].contains("add") &&
+      sc["capabilities"]["add"].is_array()) {
+    for (const Json& c : sc["capabilities"]["add"])
+      if (c == "SYS_ADMIN" || c == "CAP_SYS_ADMIN") needs_escalation = true;
+  }
+  if (!sc.contains("allowPrivilegeEscalation") && !needs_escalation) sc["allowPrivilegeEscalation"] = false;
+  if (!sc.contains("readOnlyRootFilesystem")) sc["readOnlyRootFilesystem"] = true;
+  if (!sc.contains("capabilities")) sc["capabilities"] = {{"drop", Json::array({"ALL"})}};
+  const Json* uid = sc.contains("runAsUser")    ? &sc["runAsUser"]
+                    : psc.contains("runAsUser") ? &psc["runAsUser"]
+                                                : nullptr;
+  if (unset("runAsNonRoot")) sc["runAsNonRoot"] = !(uid && uid->is_number() && uid->get<double>() == 0);
+  if (unset("runAsUser")) sc["runAsUser"] = kWorkerUid;
+  if (unset("runAsGroup")) sc["runAsGroup"] = kWorkerUid;
+  if (unset("seccompProfile")) sc["seccompProfile"] = {{"type", "RuntimeDefault"}};
+  container["securityContext"] = sc;
+  // Volumes (checkpoint PVCs) writable by the worker's group; OnRootMismatch skips the recursive chown when the
+  // volume root already matches, so large checkpoint volumes do not slow every pod start.
+  if (pod_sc_ok && !psc.contains("fsGroup")) {
+    psc["fsGroup"] = kWorkerUid;
+    if (!psc.contains("fsGroupChangePolicy")) psc["fsGroupChangePolicy"] = "OnRootMismatch";
+    pod_spec["securityContext"] = psc;
+  }
+}
+
+// A read-only root filesystem still needs /tmp (the agent writes /tmp/railyard-agent) and a /dev/shm large enough for
+// the in-memory checkpoint tier (POSIX shm; containers default to 64 MiB). The template's own mounts of either path
+// win. The memory-backed emptyDir has no sizeLimit: its pages count against the container's memory limit.
+void add_writable_mounts(Json& container, Json& pod_spec) {
+  Json mounts = container.contains("volumeMounts") && container["volumeMounts"].is_array() ? container["volumeMounts"]
+                                                                                           : Json::array();
+  Json volumes = pod_spec.contains("volumes") && pod_spec["volumes"].is_array() ? pod_spec["volumes"] : Json::array();
+  const struct {
+    const char* name;
+    const char* path;
+    bool memory;
+  } wanted[] = {{kTmpVolume, "/tmp", false}, {kShmVolume, "/dev/shm", true}};
+  bool changed = false;
+  for (const auto& w : wanted) {
+    if (mounts_path(mounts, w.path) || has_named(volumes, w.name)) continue;
+    volumes.push_back({{"name", w.name}, {"emptyDir", w.memory ? Json{{"medium", "Memory"}} : Json::object()}});
+    mounts.push_back({{"name", w.name}, {"mountPath", w.path}});
+    changed = true;
+  }
+  if (!changed) return;
+  container["volumeMounts"] = mounts;
+  pod_spec["volumes"] = volumes;
+}
+
 }  // namespace
 
 Json build_worker_pod(const Json& job, const JobSpec& spec, int index, int64_t generation, const PodOptions& opts) {
@@ -129,6 +207,8 @@ Json build_worker_pod(const Json& job, const JobSpec& spec, int index, int64_t g
   }
   if (!ports.empty()) container["ports"] = ports;
   container["env"] = env;
+  apply_security_defaults(container, pod_spec);
+  add_writable_mounts(container, pod_spec);
   containers.insert(containers.begin(), container);
   pod_spec["containers"] = containers;
   pod_spec["schedulerName"] = kSchedulerName;

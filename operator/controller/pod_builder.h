@@ -14,6 +14,12 @@ inline constexpr const char* kReplicaIndexLabel = "railyard.dev/replica-index";
 inline constexpr const char* kGenerationLabel = "railyard.dev/generation";
 inline constexpr const char* kSchedulerName = "railyard";
 inline constexpr const char* kTokenKey = "token";
+// The worker image's user and group (deploy/docker/Dockerfile.worker: USER 65532:65532), the default runAsUser,
+// runAsGroup and fsGroup of worker pods.
+inline constexpr int64_t kWorkerUid = 65532;
+// The writable mounts a read-only root filesystem needs, added unless the template mounts the path itself.
+inline constexpr const char* kTmpVolume = "railyard-tmp";  // emptyDir at /tmp
+inline constexpr const char* kShmVolume = "railyard-shm";  // emptyDir (medium Memory) at /dev/shm
 
 struct PodOptions {
   std::string worker_image = "railyard/worker:latest";
@@ -35,7 +41,10 @@ Json owner_reference(const Json& job);
 
 // One worker pod: the agent command and env, labels, owner reference, schedulerName railyard, restartPolicy Never,
 // merged with spec.template (labels, annotations, pod-level fields, container command/args/env/mounts override).
-// Railyard's own labels, schedulerName, restartPolicy and owner always win.
+// Railyard's own labels, schedulerName, restartPolicy and owner always win. The worker container gets secure defaults
+// (non-root uid kWorkerUid, read-only root, no privilege escalation, all capabilities dropped, RuntimeDefault seccomp,
+// pod fsGroup) for every field the template's container or pod securityContext leaves unset, and emptyDirs at /tmp
+// and /dev/shm (memory) unless the template mounts those paths.
 Json build_worker_pod(const Json& job, const JobSpec& spec, int index, int64_t generation, const PodOptions& opts);
 
 // The Secret holding the job's rendezvous token, owned by the job.

@@ -186,10 +186,39 @@ grep -q '^railyard_monitor_webhook_requests_total' "$work/metrics-monitor.txt" |
 pod_logs=("$state/node-agent/pods/${ns}_"*/*.log)
 [ "${#pod_logs[@]}" -ge 5 ] || fail "found ${#pod_logs[@]} pod logs, want 5"
 grep -q "^RANK=" "${pod_logs[0]}" || fail "the worker's env dump is missing from ${pod_logs[0]}"
-! grep -q "RAILYARD_RENDEZVOUS_TOKEN" "${pod_logs[@]}" || fail "a worker sees RAILYARD_RENDEZVOUS_TOKEN"
+! grep -q "^RAILYARD_RENDEZVOUS_TOKEN=" "${pod_logs[@]}" || fail "a worker sees RAILYARD_RENDEZVOUS_TOKEN"
 grep -qi "debug" "$work/op.log" || fail "the operator did not log at debug level"
 kubectl get pods,tj,events -n "$ns" -o json >"$work/objects.json"
 grep -q "secretKeyRef" "$work/objects.json" || fail "pods do not take the token from the Secret"
+# Worker pods as created carry the secure defaults (the local node agent runs them as processes and ignores them, so
+# the jobs above ran with them): non-root, read-only root, no escalation, no capabilities, writable /tmp, /dev/shm.
+n_secure=$(python3 - "$work/objects.json" <<'PY2'
+import json, sys
+n = 0
+for o in json.load(open(sys.argv[1]))["items"]:
+    if o["kind"] != "Pod":
+        continue
+    c = o["spec"]["containers"][0]
+    sc = c.get("securityContext", {})
+    want = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True, "runAsUser": 65532}
+    bad = {k: sc.get(k) for k, v in want.items() if sc.get(k) != v}
+    if sc.get("capabilities", {}).get("drop") != ["ALL"] or sc.get("seccompProfile", {}).get("type") != "RuntimeDefault":
+        bad["capabilities/seccompProfile"] = [sc.get("capabilities"), sc.get("seccompProfile")]
+    mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
+    vols = {v["name"]: v for v in o["spec"].get("volumes", [])}
+    if "/tmp" not in mounts or "emptyDir" not in vols.get(mounts["/tmp"], {}):
+        bad["/tmp"] = "no emptyDir"
+    if "/dev/shm" not in mounts or vols.get(mounts["/dev/shm"], {}).get("emptyDir", {}).get("medium") != "Memory":
+        bad["/dev/shm"] = "no memory emptyDir"
+    if bad:
+        sys.exit("pod %s lacks secure defaults: %s" % (o["metadata"]["name"], bad))
+    n += 1
+print(n)
+PY2
+) || fail "worker pods: $n_secure"
+[ "$n_secure" -ge 3 ] || fail "checked the security context of $n_secure pods, want >= 3"
+ok
+echo "security context: $n_secure worker pods non-root (65532), read-only root, no escalation, caps dropped, /tmp + /dev/shm"
 # The agents' per-generation files (resolved config handed to the workers) too.
 agent_files=()
 while IFS= read -r f; do agent_files+=("$f"); done < <(find /tmp/railyard-agent -path "*/${ns}_*" -type f 2>/dev/null)
@@ -216,7 +245,7 @@ if [ -n "${RAILYARD_RESULTS_DIR:-}" ]; then
   cat >"$RAILYARD_RESULTS_DIR/no_open_doors.json" <<JSON
 {"test": "e2e_no_open_doors", "date": "$(date -u +%FT%TZ)", "seconds": $secs, "passed": true,
  "rendezvous_refusals": 6, "webhook_refusals": 4, "files_scanned": ${#scanned[@]}, "pod_logs": ${#pod_logs[@]},
- "metrics_endpoints": $((n_agents + 2)), "tokens_checked": 4, "wrong_ca_refused": true, "checks": $checks}
+ "metrics_endpoints": $((n_agents + 2)), "tokens_checked": 4, "secure_pods": $n_secure, "wrong_ca_refused": true, "checks": $checks}
 JSON
 fi
 echo "no open doors e2e: ok in ${secs}s"

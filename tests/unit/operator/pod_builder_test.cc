@@ -145,3 +145,83 @@ TEST_CASE("metrics ports: env for the worker and agent, one named container port
   CHECK(find_env(quiet, "RAILYARD_AGENT_METRICS_PORT") == nullptr);
   CHECK_FALSE(quiet["spec"]["containers"][0].contains("ports"));
 }
+
+namespace {
+const Json* find_named(const Json& list, const std::string& name) {
+  for (const Json& e : list)
+    if (e.value("name", "") == name) return &e;
+  return nullptr;
+}
+}  // namespace
+
+TEST_CASE("the worker container runs non-root, read-only, unprivileged, with writable /tmp and /dev/shm") {
+  Json job = valid_job();
+  Json pod = build_worker_pod(job, parse_job(job).spec, 0, 1, options());
+  const Json& sc = pod["spec"]["containers"][0]["securityContext"];
+  CHECK(sc["allowPrivilegeEscalation"] == false);
+  CHECK(sc["readOnlyRootFilesystem"] == true);
+  CHECK(sc["capabilities"]["drop"] == Json::array({"ALL"}));
+  CHECK(sc["runAsNonRoot"] == true);
+  CHECK(sc["runAsUser"] == 65532);  // USER 65532:65532 in deploy/docker/Dockerfile.worker
+  CHECK(sc["runAsGroup"] == 65532);
+  CHECK(sc["seccompProfile"]["type"] == "RuntimeDefault");
+  CHECK(pod["spec"]["securityContext"]["fsGroup"] == 65532);
+  CHECK(pod["spec"]["securityContext"]["fsGroupChangePolicy"] == "OnRootMismatch");
+  const Json& mounts = pod["spec"]["containers"][0]["volumeMounts"];
+  const Json& volumes = pod["spec"]["volumes"];
+  REQUIRE(find_named(mounts, kTmpVolume));
+  CHECK((*find_named(mounts, kTmpVolume))["mountPath"] == "/tmp");
+  REQUIRE(find_named(mounts, kShmVolume));
+  CHECK((*find_named(mounts, kShmVolume))["mountPath"] == "/dev/shm");
+  REQUIRE(find_named(volumes, kTmpVolume));
+  CHECK((*find_named(volumes, kTmpVolume))["emptyDir"] == Json::object());
+  REQUIRE(find_named(volumes, kShmVolume));
+  CHECK((*find_named(volumes, kShmVolume))["emptyDir"]["medium"] == "Memory");
+  CHECK_FALSE((*find_named(volumes, kShmVolume))["emptyDir"].contains("sizeLimit"));
+}
+
+TEST_CASE("the template's security context and mounts win over the defaults") {
+  SUBCASE("root, asked for explicitly in the container") {
+    Json job = job_with(Json::parse(R"({"spec": {"template": {"spec": {"containers": [{"securityContext":
+        {"runAsUser": 0, "readOnlyRootFilesystem": false, "capabilities": {"add": ["SYS_ADMIN"]}}}]}}}})"));
+    Json pod = build_worker_pod(job, parse_job(job).spec, 0, 1, options());
+    const Json& sc = pod["spec"]["containers"][0]["securityContext"];
+    CHECK(sc["runAsUser"] == 0);
+    CHECK(sc["runAsNonRoot"] == false);  // a default of true would make the kubelet refuse uid 0
+    CHECK(sc["readOnlyRootFilesystem"] == false);
+    CHECK(sc["capabilities"] == Json::parse(R"({"add": ["SYS_ADMIN"]})"));
+    CHECK_FALSE(sc.contains("allowPrivilegeEscalation"));  // the API server refuses false next to SYS_ADMIN
+    CHECK(sc["seccompProfile"]["type"] == "RuntimeDefault");
+  }
+  SUBCASE("pod-level user, group, fsGroup and seccomp; own /dev/shm") {
+    Json job = job_with(Json::parse(R"({"spec": {"template": {"spec": {
+        "securityContext": {"runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 2000,
+                            "seccompProfile": {"type": "Localhost", "localhostProfile": "p.json"}},
+        "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}}],
+        "containers": [{"volumeMounts": [{"name": "shm", "mountPath": "/dev/shm/"}]}]}}}})"));
+    Json pod = build_worker_pod(job, parse_job(job).spec, 0, 1, options());
+    const Json& sc = pod["spec"]["containers"][0]["securityContext"];
+    // The container must not shadow what the pod level says.
+    CHECK_FALSE(sc.contains("runAsUser"));
+    CHECK_FALSE(sc.contains("runAsGroup"));
+    CHECK_FALSE(sc.contains("seccompProfile"));
+    CHECK(sc["runAsNonRoot"] == true);
+    CHECK(sc["readOnlyRootFilesystem"] == true);
+    CHECK(pod["spec"]["securityContext"]["fsGroup"] == 2000);
+    CHECK_FALSE(pod["spec"]["securityContext"].contains("fsGroupChangePolicy"));
+    const Json& mounts = pod["spec"]["containers"][0]["volumeMounts"];
+    CHECK(mounts.size() == 2);  // the template's /dev/shm and our /tmp
+    CHECK_FALSE(find_named(mounts, kShmVolume));
+    CHECK(find_named(mounts, kTmpVolume));
+    CHECK_FALSE(find_named(pod["spec"]["volumes"], kShmVolume));
+    CHECK((*find_named(pod["spec"]["volumes"], "shm"))["emptyDir"]["sizeLimit"] == "8Gi");
+  }
+  SUBCASE("privileged keeps escalation possible") {
+    Json job = job_with(Json::parse(
+        R"({"spec": {"template": {"spec": {"containers": [{"securityContext": {"privileged": true}}]}}}})"));
+    const Json pod = build_worker_pod(job, parse_job(job).spec, 0, 1, options());
+    const Json& sc = pod["spec"]["containers"][0]["securityContext"];
+    CHECK(sc["privileged"] == true);
+    CHECK_FALSE(sc.contains("allowPrivilegeEscalation"));
+  }
+}
