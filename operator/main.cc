@@ -43,6 +43,7 @@ struct Flags {
   int kube_api_burst = 100;
   std::string placement = "rail-aware";
   int worker_metrics_port = 9400, agent_metrics_port = 9399;
+  std::string data_root, checkpoint_root;
 };
 
 const char* kUsage = R"(usage: railyard-operator [flags]
@@ -70,6 +71,9 @@ Runs the TrainingJob controller against the cluster of $KUBECONFIG (or --kubecon
   --placement rail-aware|simple     gang placement: rail-aware (default; docs/scheduler.md) or simple first fit
   --worker-metrics-port P           worker pods serve /metrics on P + local rank (default 9400; 0 = off)
   --agent-metrics-port P            the pods' agents serve /metrics on P (default 9399; 0 = off)
+  --data-root DIR                   jobs' spec.data.train/val must lie under DIR (after resolving ".."; the
+                                    workers also resolve symlinks); default: no restriction
+  --checkpoint-root DIR             the same for spec.checkpoint.path
   --log-level debug|info|warn|error
 )";
 
@@ -151,6 +155,10 @@ Flags parse_flags(int argc, char** argv) {
       f.rendezvous_bind = next();
     } else if (a == "--rendezvous-addr") {
       f.rendezvous_addr = next();
+    } else if (a == "--data-root" || a == "--checkpoint-root") {
+      std::string v = next();
+      if (v.empty() || v.front() != '/') usage_error(a + " '" + v + "': use an absolute directory");
+      (a == "--data-root" ? f.data_root : f.checkpoint_root) = v;
     } else if (a == "--join-timeout") {
       f.join_timeout = number(next());
     } else if (a == "--worker-metrics-port" || a == "--agent-metrics-port") {
@@ -277,6 +285,7 @@ int main(int argc, char** argv) {
   copts.pod.rendezvous_addr = flags.rendezvous_addr;
   copts.pod.worker_metrics_port = flags.worker_metrics_port;
   copts.pod.agent_metrics_port = flags.agent_metrics_port;
+  copts.pod.roots = {flags.data_root, flags.checkpoint_root};
   op::placement_hops(registry);  // exported from the start, observed at each gang placement
   std::unique_ptr<op::Placement> placement;
   if (flags.placement == "simple")

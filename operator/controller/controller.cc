@@ -431,6 +431,7 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
       apply_plan(parsed.spec, auto_plan->layout);
     }
   }
+  if (!parsed.violation) parsed.violation = check_path_roots(parsed.spec, opts_.pod.roots);
   if (parsed.violation) {
     const Violation& v = *parsed.violation;
     if (set_condition(status, "Invalid", true, v.reason, v.message, now_s))

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "common/model_presets.h"
+#include "common/path_roots.h"
 
 namespace railyard::op {
 namespace {
@@ -195,7 +196,8 @@ ParsedJob parse_job(const Json& job) {
   auto train = c.string(data, "train", "spec.data.train");
   if (c.ok() && (!train || train->empty()))
     c.fail("spec.data.train", "is missing", "set a glob of training shards, e.g. /data/train_*.bin");
-  c.string(data, "val", "spec.data.val");
+  if (train) s.data_train = *train;
+  if (auto val = c.string(data, "val", "spec.data.val")) s.data_val = *val;
 
   // Training.
   Json training = c.object(spec, "training", "spec.training");
@@ -228,7 +230,7 @@ ParsedJob parse_job(const Json& job) {
 
   // Checkpoint and placement: types only (their semantics belong to the worker and the scheduler).
   Json ckpt = c.object(spec, "checkpoint", "spec.checkpoint");
-  c.string(ckpt, "path", "spec.checkpoint.path");
+  if (auto path = c.string(ckpt, "path", "spec.checkpoint.path")) s.checkpoint_path = *path;
   c.integer(ckpt, "intervalSteps", "spec.checkpoint.intervalSteps", 1, int64_t{1} << 40);
   c.integer(ckpt, "keep", "spec.checkpoint.keep", 1, 1000000);
   if (auto v = c.integer(ckpt, "memoryIntervalSteps", "spec.checkpoint.memoryIntervalSteps", 0, int64_t{1} << 40))
@@ -409,6 +411,23 @@ Json resolved_config(const JobSpec& spec, int replicas) {
   if (spec.auto_parallel)
     cfg["parallelism"] = {{"zero", spec.zero}, {"tensor", w.tensor}, {"pipeline", w.pipeline}, {"data", w.data}};
   return cfg;
+}
+
+std::optional<Violation> check_path_roots(const JobSpec& spec, const PathRoots& roots) {
+  const struct {
+    const char* field;
+    const std::string& path;
+    const std::string& root;
+    const char* flag;
+  } checks[] = {{"spec.data.train", spec.data_train, roots.data, "--data-root"},
+                {"spec.data.val", spec.data_val, roots.data, "--data-root"},
+                {"spec.checkpoint.path", spec.checkpoint_path, roots.checkpoint, "--checkpoint-root"}};
+  for (const auto& c : checks) {
+    if (c.path.empty()) continue;
+    if (auto msg = paths::check_within(c.field, c.path, c.root, std::string("the operator's ") + c.flag, false))
+      return Violation{c.field, "PathOutsideRoot", *msg};
+  }
+  return std::nullopt;
 }
 
 }  // namespace railyard::op

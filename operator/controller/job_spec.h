@@ -43,6 +43,9 @@ struct JobSpec {
   // spec.checkpoint.memoryIntervalSteps: in-memory snapshot every N steps (0 = off); the worker gets it in the
   // resolved config's checkpoint object.
   int64_t memory_interval_steps = 0;
+  // spec.data.train / spec.data.val / spec.checkpoint.path as written ("" when absent); checked against the
+  // operator's --data-root / --checkpoint-root.
+  std::string data_train, data_val, checkpoint_path;
 };
 
 // What is wrong and how to fix it. `reason` is a CamelCase condition reason naming the field
@@ -59,6 +62,15 @@ struct ParsedJob {
 // Reads a whole TrainingJob object. Wrong types, out-of-range values and cross-field inconsistencies come back as
 // the first violation found; nothing throws.
 ParsedJob parse_job(const Json& job);
+
+// The platform's roots for job paths (operator flags --data-root, --checkpoint-root); "" = no restriction.
+struct PathRoots {
+  std::string data, checkpoint;
+};
+// A violation (reason PathOutsideRoot, the field path first) when spec.data.train/val or spec.checkpoint.path lies
+// outside its root after lexical normalisation ("/data/../etc" is outside "/data"). The operator cannot see the
+// pods' filesystems, so symlinks are the worker's check (RAILYARD_DATA_ROOT / RAILYARD_CHECKPOINT_ROOT).
+std::optional<Violation> check_path_roots(const JobSpec& spec, const PathRoots& roots);
 
 struct WorldLayout {
   int size = 0, data = 0, tensor = 1, pipeline = 1;

@@ -161,6 +161,9 @@ Json build_worker_pod(const Json& job, const JobSpec& spec, int index, int64_t g
        {"valueFrom", {{"secretKeyRef", {{"name", token_secret_name(job_name)}, {"key", kTokenKey}}}}}},
   });
 
+  if (!opts.roots.data.empty()) env.push_back(env_value("RAILYARD_DATA_ROOT", opts.roots.data));
+  if (!opts.roots.checkpoint.empty()) env.push_back(env_value("RAILYARD_CHECKPOINT_ROOT", opts.roots.checkpoint));
+
   // Resources: the job's, plus GPUs for cuda jobs that did not ask for them explicitly.
   Json resources = job["spec"].value("resources", Json::object());
   if (spec.device == "cuda") {

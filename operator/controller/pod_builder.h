@@ -29,6 +29,9 @@ struct PodOptions {
   // /metrics of the workers (port + local rank) and of the agent, on the pod IP; 0 = not served.
   int worker_metrics_port = 9400;
   int agent_metrics_port = 9399;
+  // --data-root / --checkpoint-root: specs outside them are Invalid, and the workers get them as
+  // RAILYARD_DATA_ROOT / RAILYARD_CHECKPOINT_ROOT to refuse paths that resolve (symlinks) outside.
+  PathRoots roots;
 };
 
 std::string worker_pod_name(const std::string& job_name, int index);

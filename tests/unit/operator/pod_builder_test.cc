@@ -225,3 +225,15 @@ TEST_CASE("the template's security context and mounts win over the defaults") {
     CHECK_FALSE(sc.contains("allowPrivilegeEscalation"));
   }
 }
+
+TEST_CASE("the operator's path roots reach the worker as env, only when set") {
+  Json job = valid_job();
+  CHECK_FALSE(find_env(build_worker_pod(job, parse_job(job).spec, 0, 1, options()), "RAILYARD_DATA_ROOT"));
+  PodOptions o = options();
+  o.roots = {"/data", "/ckpt"};
+  Json pod = build_worker_pod(job, parse_job(job).spec, 0, 1, o);
+  REQUIRE(find_env(pod, "RAILYARD_DATA_ROOT"));
+  CHECK((*find_env(pod, "RAILYARD_DATA_ROOT"))["value"] == "/data");
+  REQUIRE(find_env(pod, "RAILYARD_CHECKPOINT_ROOT"));
+  CHECK((*find_env(pod, "RAILYARD_CHECKPOINT_ROOT"))["value"] == "/ckpt");
+}

@@ -161,3 +161,39 @@ TEST_CASE("spec.checkpoint.memoryIntervalSteps reaches the worker's resolved con
   REQUIRE(bad.violation);
   CHECK(bad.violation->field == "spec.checkpoint.memoryIntervalSteps");
 }
+
+TEST_CASE("data and checkpoint paths outside the operator's roots are Invalid, naming the field") {
+  const PathRoots roots{"/data", "/ckpt"};
+  CHECK_FALSE(check_path_roots(parse_job(valid_job()).spec, PathRoots{}));  // no roots: no restriction
+  CHECK_FALSE(check_path_roots(parse_job(valid_job()).spec, roots));        // /data/train_*.bin
+  Json ok = job_with(Json::parse(R"({"spec": {"data": {"train": "/data/a/../b/train_*.bin", "val": "/data/v"},
+                                    "checkpoint": {"path": "/ckpt/team-a/run1"}}})"));
+  CHECK_FALSE(check_path_roots(parse_job(ok).spec, roots));
+
+  struct Case {
+    const char* patch;
+    const char* field;
+    const char* says;
+  } cases[] = {
+      {R"({"spec": {"data": {"train": "/data/../etc/train_*.bin"}}})", "spec.data.train",
+       "spec.data.train '/data/../etc/train_*.bin' (resolves to /etc/train_*.bin) is outside the operator's "
+       "--data-root /data"},
+      {R"({"spec": {"data": {"train": "/data2/train_*.bin"}}})", "spec.data.train",
+       "outside the operator's --data-root"},
+      {R"({"spec": {"data": {"val": "/data/../../val"}}})", "spec.data.val", "outside the operator's --data-root"},
+      {R"({"spec": {"data": {"train": "data/train_*.bin"}}})", "spec.data.train", "must be an absolute path"},
+      {R"({"spec": {"checkpoint": {"path": "/ckpt/../data/x"}}})", "spec.checkpoint.path",
+       "outside the operator's --checkpoint-root /ckpt"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.patch);
+    ParsedJob p = parse_job(job_with(Json::parse(c.patch)));
+    REQUIRE_FALSE(p.violation);  // the spec itself is fine; only the roots refuse it
+    auto v = check_path_roots(p.spec, roots);
+    REQUIRE(v);
+    CHECK(v->field == c.field);
+    CHECK(v->reason == "PathOutsideRoot");
+    CHECK(v->message.find(c.field) == 0);
+    CHECK(v->message.find(c.says) != std::string::npos);
+  }
+}
