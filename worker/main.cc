@@ -15,11 +15,13 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/error.h"
 #include "common/log.h"
 #include "common/metrics/metrics.h"
+#include "common/path_roots.h"
 #include "worker/interop/llmc_model.h"
 #include "worker/agent/agent_main.h"
 #include "worker/kernels/cpu/kernels.h"
@@ -76,6 +78,9 @@ constexpr const char* kUsage = R"(usage: railyard-worker train [flags]
                        reported (default spec.checkpoint.memoryIntervalSteps, else 0: off); restores prefer it when
                        every rank holds it and it is at least as new as the disk
   --ckpt-term-budget S on SIGTERM: finish the step, save within S seconds of the signal, exit 143 (default 8)
+  --data-root DIR      refuse a --data (or the config's data.train) that resolves outside DIR, symlinks included
+                       (default RAILYARD_DATA_ROOT, which the operator's --data-root sets; unset = no restriction)
+  --ckpt-root DIR      the same for --ckpt-dir and a --resume PATH (default RAILYARD_CHECKPOINT_ROOT)
   --resume MODE        auto (newest valid checkpoint in --ckpt-dir; the default without --config), never, or PATH (a
                        checkpoint root or one step-N directory; default RAILYARD_RESTORE / the config's restore)
   --nproc N            launch N local processes of this command as one world (RANK, WORLD_SIZE, MASTER_ADDR=127.0.0.1,
@@ -384,6 +389,32 @@ int launch_train_world(int argc, char** argv, const std::map<std::string, std::s
   return parallel::launch_local_world(o);
 }
 
+// The platform's roots (the operator's --data-root / --checkpoint-root reach us as env): the operator refuses specs
+// that leave them lexically; here the paths are resolved on this pod's filesystem, so a symlink out of a root is
+// caught too. Exit 2 (ConfigError) naming the flag, the config field and the root.
+void enforce_path_roots(const std::map<std::string, std::string>& f) {
+  auto root_of = [&](const char* flag, const char* env) -> std::pair<std::string, std::string> {
+    if (auto it = f.find(flag); it != f.end() && !it->second.empty()) return {it->second, std::string("--") + flag};
+    if (const char* v = std::getenv(env); v != nullptr && *v != '\0') return {v, env};
+    return {"", ""};
+  };
+  const bool from_config = f.count("config") != 0;
+  const auto [data_root, data_root_name] = root_of("data-root", "RAILYARD_DATA_ROOT");
+  const auto [ckpt_root, ckpt_root_name] = root_of("ckpt-root", "RAILYARD_CHECKPOINT_ROOT");
+  std::vector<std::tuple<std::string, std::string, std::string, std::string>> checks;  // what, path, root, root name
+  if (auto it = f.find("data"); it != f.end())
+    checks.emplace_back(from_config ? "--data (data.train of --config)" : "--data", it->second, data_root,
+                        data_root_name);
+  if (auto it = f.find("ckpt-dir"); it != f.end())
+    checks.emplace_back(from_config ? "--ckpt-dir (checkpoint.path of --config)" : "--ckpt-dir", it->second, ckpt_root,
+                        ckpt_root_name);
+  if (auto it = f.find("resume"); it != f.end() && it->second != "auto" && it->second != "never")
+    checks.emplace_back("--resume", it->second, ckpt_root, ckpt_root_name);
+  for (const auto& [what, path, root, root_name] : checks) {
+    if (auto msg = paths::check_within(what, path, root, root_name, true)) throw ConfigError(*msg);
+  }
+}
+
 int cmd_train(int argc, char** argv) {
   auto f = parse_flags(argc, argv, 2,
                        {"model",      "data",          "steps",       "batch",        "seq",          "global-batch",
@@ -391,7 +422,7 @@ int cmd_train(int argc, char** argv) {
                         "val-every",  "val-steps",     "threads",     "init-from",    "export",       "log-json",
                         "peak-flops", "max-bad-steps", "gemm-split",  "config",       "metrics-port", "metrics-host",
                         "ckpt-dir",   "ckpt-every",    "ckpt-keep",   "ckpt-async",   "ckpt-shm-every",
-                        "ckpt-term-budget", "resume",
+                        "ckpt-term-budget", "resume", "data-root", "ckpt-root",
                         "nproc", "tp", "pp", "zero", "deterministic", "bucket-mb"});
   if (f.count("nproc")) return launch_train_world(argc, argv, f);
   if (f.count("config")) apply_config_file(f["config"], f);
@@ -403,6 +434,8 @@ int cmd_train(int argc, char** argv) {
         "--data DIR is required (make shards with `railyard data prepare`; or data.path in --config, or "
         "RAILYARD_DATA_DIR)");
   }
+
+  enforce_path_roots(f);
 
   std::optional<GptConfig> cfg;
   if (f.count("model")) cfg = parse_model_spec(f["model"]);

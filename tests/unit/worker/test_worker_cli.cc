@@ -137,3 +137,46 @@ TEST_CASE("railyard-worker train: prepare, train with validation, export, resume
   CHECK(r.code == 2);
   CHECK(r.err.find("unknown flag --stpes") != std::string::npos);
 }
+
+TEST_CASE("railyard-worker train refuses data and checkpoint paths that resolve outside the configured roots") {
+  TempDir dir;
+  const std::string d = dir.path();
+  std::filesystem::create_directories(d + "/root/data");
+  std::filesystem::create_directories(d + "/outside");
+  std::filesystem::create_directory_symlink(d + "/outside", d + "/root/escape");
+  const std::string env = "RAILYARD_DATA_ROOT=" + d + "/root RAILYARD_CHECKPOINT_ROOT=" + d + "/root ";
+  const std::string worker = "railyard-worker train ";
+  auto with_env = [&](const std::string& args) { return run(worker + args, d); };
+  // The env is set by prefixing the command (run() passes the string to the shell).
+  auto run_env = [&](const std::string& args) {
+    const std::string cmd =
+        "env " + env + bin_dir() + "/" + worker + args + " > " + d + "/out.txt 2> " + d + "/err.txt";
+    const int rc = std::system(cmd.c_str());
+    std::ifstream f(d + "/err.txt");
+    return Run{WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, std::string((std::istreambuf_iterator<char>(f)), {})};
+  };
+  Run r = run_env("--data " + d + "/outside");
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(
+      r.err.find("--data '" + d + "/outside' is outside RAILYARD_DATA_ROOT " + d + "/root") != std::string::npos,
+      r.err);
+  // A symlink inside the root that points out of it.
+  r = run_env("--data " + d + "/root/escape");
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(r.err.find("resolves to " + d + "/outside") != std::string::npos, r.err);
+  // '..' out of the checkpoint root; the flag overrides the env.
+  r = run_env("--data " + d + "/root/data --ckpt-dir " + d + "/root/../outside/ck");
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(r.err.find("--ckpt-dir '" + d + "/root/../outside/ck'") != std::string::npos, r.err);
+  r = with_env("--data " + d + "/root/data --data-root " + d + "/outside");
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(r.err.find("outside --data-root " + d + "/outside") != std::string::npos, r.err);
+  // From the agent's config: the message names the config field.
+  std::ofstream(d + "/cfg.json") << nlohmann::json{{"spec", {{"data", {{"train", d + "/outside"}}}}}}.dump();
+  r = run_env("--config " + d + "/cfg.json");
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(r.err.find("data.train of --config") != std::string::npos, r.err);
+  // Inside the roots, the check passes and the worker goes on to its next complaint (no shards there).
+  r = run_env("--data " + d + "/root/data --ckpt-dir " + d + "/root/ck");
+  CHECK(r.err.find("is outside") == std::string::npos);
+}
