@@ -62,6 +62,17 @@ render "$work/noagent.yaml" --set worker.agentMetricsPort=0 || fail "worker.agen
 check "worker.agentMetricsPort=0 turns the agent metrics off" q '
   [.[] | select(.kind == "Deployment" and .metadata.name == "railyard-operator") | .spec.template.spec.containers[0]
     .args] | .[0] | index("--agent-metrics-port=0") != null' <(objects "$work/noagent.yaml")
+check "default: no path roots (--data-root/--checkpoint-root absent)" q '
+  [.[] | select(.kind == "Deployment" and .metadata.name == "railyard-operator") | .spec.template.spec.containers[0]
+    .args] | .[0] | map(select(startswith("--data-root") or startswith("--checkpoint-root"))) == []' "$work/default.json"
+render "$work/roots.yaml" --set worker.dataRoot=/data --set worker.checkpointRoot=/ckpt ||
+  fail "worker.dataRoot/checkpointRoot do not render"
+check "worker.dataRoot/checkpointRoot become --data-root/--checkpoint-root" q '
+  [.[] | select(.kind == "Deployment" and .metadata.name == "railyard-operator") | .spec.template.spec.containers[0]
+    .args] | .[0] | index("--data-root=/data") != null and index("--checkpoint-root=/ckpt") != null' \
+  <(objects "$work/roots.yaml")
+check "worker.dataRoot must be absolute" bash -c '! "$0" template "$1" --name r --namespace n --set worker.dataRoot=data \
+  >/dev/null 2>&1' "$minihelm" "$chart"
 check "default: the operator ClusterRole has no wildcard, no secrets list/watch, no nodes write" q '
   [.[] | select(.kind == "ClusterRole" and .metadata.name == "railyard-operator") | .rules[]] as $r |
   ($r | map(.verbs[], .resources[], .apiGroups[]) | index("*") == null)
