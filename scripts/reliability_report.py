@@ -185,12 +185,16 @@ def main():
     if doors:
         L += [f"`e2e_no_open_doors` ({doors['seconds']} s): the rendezvous service refused "
               f"{doors['rendezvous_refusals']} bad requests (no token, Basic auth, wrong token, another job's token, "
-              f"a truncated token) and the monitor's webhook {doors['webhook_refusals']} (no token, wrong token, a job's "
+              f"a truncated token, an unknown job answered exactly like a wrong token) and the monitor's webhook {doors['webhook_refusals']} (no token, wrong token, a job's "
               f"rendezvous token, a prefix of its token), none echoing a token; {doors['tokens_checked']} secret values "
               f"were absent from {doors['files_scanned']} files (operator/monitor/node-agent logs at debug level, "
               f"{doors['pod_logs']} pod logs, {doors['metrics_endpoints']} `/metrics` outputs, the pods, TrainingJobs "
               f"and events as JSON); an operator given a wrong CA "
-              f"{'was refused by TLS verification' if doors['wrong_ca_refused'] else 'was NOT refused'}.", ""]
+              f"{'was refused by TLS verification' if doors['wrong_ca_refused'] else 'was NOT refused'}"
+              + (f"; {doors['secure_pods']} worker pods carried the secure defaults (non-root, read-only root, no "
+                 f"privilege escalation, capabilities dropped)" if "secure_pods" in doors else "")
+              + ("; a job whose data path left `--data-root` was Invalid"
+                 if doors.get("path_outside_root_refused") else "") + ".", ""]
     else:
         L += ["Not run (no `no_open_doors.json`).", ""]
 

@@ -7,7 +7,9 @@
 # without a token (401), with a wrong token and with another job's token (404, answered exactly like an unknown job
 # so job names cannot be probed), the monitor's webhook refuses no
 # token, a wrong one and a job's rendezvous token (401), and no refusal echoes a token. An operator given a
-# kubeconfig with a CA that did not sign the API server's certificate must not reach the API server.
+# kubeconfig with a CA that did not sign the API server's certificate must not reach the API server. Worker pods carry
+# the secure defaults (non-root, read-only root, no escalation, /tmp and /dev/shm emptyDirs); a job whose data path
+# leaves the operator's --data-root through '..' is Invalid (PathOutsideRoot) and gets no pods.
 # Writes $RAILYARD_RESULTS_DIR/no_open_doors.json (counts of the checks) when that variable is set.
 set -euo pipefail
 src=${RAILYARD_SOURCE_DIR:?}
@@ -89,7 +91,7 @@ op_metrics=$(free_port)
 agent_metrics=$(free_port)
 "$bin/railyard-operator" --namespace "$ns" --leader-elect=false --worker-command "$agent_bin" --log-level debug \
   --metrics-addr "127.0.0.1:$op_metrics" --health-addr "127.0.0.1:$(free_port)" --rendezvous-bind 127.0.0.1:0 \
-  --agent-metrics-port "$agent_metrics" >"$work/op.log" 2>&1 &
+  --agent-metrics-port "$agent_metrics" --data-root /tmp/none --checkpoint-root "$work/ckpt" >"$work/op.log" 2>&1 &
 pids+=("$!")
 wait_for 30 "the operator to start" grep -q "leading: reconciling" "$work/op.log"
 rdzv=$(grep -m1 "leading: reconciling" "$work/op.log" | grep -o 'rendezvous=[^ ]*' | cut -d= -f2)
@@ -108,9 +110,19 @@ wait_for 30 "the monitor to serve" curl -fsS "http://127.0.0.1:$mon_port/healthz
 job done-job 2 'env | sort; sleep 2' | kubectl apply -n "$ns" -f - >/dev/null
 job a 2 'env | sort; sleep 600' | kubectl apply -n "$ns" -f - >/dev/null
 job b 1 'env | sort; sleep 600' | kubectl apply -n "$ns" -f - >/dev/null
+# A job whose data path leaves the operator's --data-root through '..' is Invalid, naming the field.
+job escape 1 'true' | sed 's|/tmp/none/train_\*.bin|/tmp/none/../etc/train_*.bin|' | kubectl apply -n "$ns" -f - >/dev/null
 wait_for 90 "job done-job to succeed" phase_is done-job Succeeded
 wait_for 60 "job a to run" phase_is a Running
 wait_for 60 "job b to run" phase_is b Running
+wait_for 30 "job escape to be Invalid" phase_is escape Invalid
+reason=$(kubectl get tj escape -n "$ns" -o jsonpath='{.status.conditions[?(@.type=="Invalid")].reason}')
+msg=$(kubectl get tj escape -n "$ns" -o jsonpath='{.status.conditions[?(@.type=="Invalid")].message}')
+[ "$reason" = PathOutsideRoot ] && [[ "$msg" == "spec.data.train "*"outside the operator's --data-root /tmp/none"* ]] ||
+  fail "job escape: Invalid reason '$reason', message '$msg'"
+[ -z "$(kubectl get pods -n "$ns" -l railyard.dev/job=escape -o name)" ] || fail "job escape got pods"
+ok
+echo "path roots: a data path leaving --data-root through '..' is Invalid (PathOutsideRoot)"
 token_of() { kubectl get secret "$1-rendezvous" -n "$ns" -o jsonpath='{.data.token}' | base64 -d; }
 tok_done=$(token_of done-job)
 tok_a=$(token_of a)
@@ -245,7 +257,7 @@ if [ -n "${RAILYARD_RESULTS_DIR:-}" ]; then
   cat >"$RAILYARD_RESULTS_DIR/no_open_doors.json" <<JSON
 {"test": "e2e_no_open_doors", "date": "$(date -u +%FT%TZ)", "seconds": $secs, "passed": true,
  "rendezvous_refusals": 6, "webhook_refusals": 4, "files_scanned": ${#scanned[@]}, "pod_logs": ${#pod_logs[@]},
- "metrics_endpoints": $((n_agents + 2)), "tokens_checked": 4, "secure_pods": $n_secure, "wrong_ca_refused": true, "checks": $checks}
+ "metrics_endpoints": $((n_agents + 2)), "tokens_checked": 4, "secure_pods": $n_secure, "wrong_ca_refused": true, "path_outside_root_refused": true, "checks": $checks}
 JSON
 fi
 echo "no open doors e2e: ok in ${secs}s"
