@@ -214,7 +214,7 @@ struct RendezvousService::Impl {
   std::optional<Reply> authorize(const std::string& key, const std::string& token, Job** out) {
     auto it = jobs.find(key);
     // Compare against something even for an unknown job so both paths do the same work.
-    static const std::string kNoToken(48, '\0');
+    static const std::string kNoToken(64, '\0');  // the length of random_token()
     const bool ok = tokens_equal(token, it == jobs.end() ? kNoToken : it->second.spec.token) && it != jobs.end();
     if (!ok) {
       return error_reply(404, st::kUnknownJob,
