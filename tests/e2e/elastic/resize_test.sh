@@ -11,7 +11,7 @@ job_name=resize
 job_deterministic=1
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
-steps=200
+steps=300
 start_operator
 job_yaml "$job_name" 2 "$steps" 1 u0 | kubectl apply -n "$ns" -f - >/dev/null
 wait_for 90 "the job to run with 2 replicas" world_is 2
