@@ -93,22 +93,6 @@ YAML
   true
 }
 
-# reference_loss STEPS: runs the same job undisturbed (name "$job_name-ref") to the end and prints its last step's
-# loss as logged (6 decimals): a resumed run must end on the same number (restore is bitwise, docs/checkpointing.md).
-reference_loss() {
-  local ref=$job_name-ref t0=$SECONDS phase
-  job_yaml "$ref" 2 "$1" | kubectl apply -n "$ns" -f - >/dev/null
-  while :; do
-    phase=$(kubectl get tj "$ref" -n "$ns" -o jsonpath='{.status.phase}' 2>/dev/null)
-    [ "$phase" = Succeeded ] && break
-    case "$phase" in Failed | Invalid) fail "the undisturbed reference job ended $phase" ;; esac
-    [ $((SECONDS - t0)) -lt 120 ] || fail "the undisturbed reference job did not finish in 120 s"
-    sleep 0.5
-  done
-  [ "$(kubectl get tj "$ref" -n "$ns" -o jsonpath='{.status.restarts}')" = 0 ] || fail "the reference job restarted"
-  steps_of "$ref-worker-0" | tail -1 | cut -d' ' -f2
-}
-
 start_operator() {
   "$bin/railyard" data prepare --input /usr/share/common-licenses/* --output "$work/data" >/dev/null
   install_crd "$src"
