@@ -115,6 +115,13 @@ void read_exit_codes(Checker& c, const Json& fp, const char* key, const std::str
   }
 }
 
+// Deterministic mode folds each rank's micro-batches as the leaves of one fixed binary tree, which only matches the
+// tree of another data-parallel degree when every rank holds a whole power-of-two subtree (docs/parallel.md).
+bool deterministic_accumulation_ok(const JobSpec& s, int dp) {
+  const int per_rank = s.global_batch / std::max(1, s.micro_batch * dp);
+  return per_rank > 0 && (per_rank & (per_rank - 1)) == 0;
+}
+
 }  // namespace
 
 ParsedJob parse_job(const Json& job) {
@@ -227,6 +234,7 @@ ParsedJob parse_job(const Json& job) {
   if (auto v = c.integer(par, "zero", "spec.parallelism.zero", 0, 1)) s.zero = static_cast<int>(*v);
   if (auto v = c.integer(par, "microBatches", "spec.parallelism.microBatches", 1, 1 << 20))
     s.micro_batches = static_cast<int>(*v);
+  if (auto v = c.boolean(par, "deterministic", "spec.parallelism.deterministic")) s.deterministic = *v;
 
   // Checkpoint and placement: types only (their semantics belong to the worker and the scheduler).
   Json ckpt = c.object(spec, "checkpoint", "spec.checkpoint");
@@ -347,6 +355,12 @@ ParsedJob parse_job(const Json& job) {
              std::to_string(s.global_batch) +
                  " is not divisible by microBatch*data = " + std::to_string(s.micro_batch) + "*" + std::to_string(dp),
              "use a multiple of " + std::to_string(s.micro_batch * dp));
+    else if (s.deterministic && dp > 1 && !deterministic_accumulation_ok(s, dp))
+      c.fail("spec.parallelism.deterministic",
+             "needs a power-of-two gradient accumulation per rank, but globalBatch/(microBatch*data) = " +
+                 std::to_string(s.global_batch) + "/(" + std::to_string(s.micro_batch) + "*" + std::to_string(dp) +
+                 ") = " + std::to_string(s.global_batch / (s.micro_batch * dp)),
+             "choose globalBatch, microBatch and replicas so that it is 1, 2, 4, 8, ..., or set deterministic false");
   }
   if (c.ok() && s.micro_batches && s.pipeline > 1 && *s.micro_batches < s.pipeline)
     c.fail("spec.parallelism.microBatches",
@@ -372,6 +386,7 @@ int elastic_world_replicas(const JobSpec& spec, int available) {
     WorldLayout w = world_layout(spec, k);
     if (w.size % (w.tensor * w.pipeline) != 0) continue;
     if (spec.global_batch % (spec.micro_batch * w.data) != 0) continue;
+    if (spec.deterministic && w.data > 1 && !deterministic_accumulation_ok(spec, w.data)) continue;
     return k;
   }
   return 0;
@@ -407,9 +422,14 @@ Json resolved_config(const JobSpec& spec, int replicas) {
   // The worker completes this from spec.checkpoint (path, intervalSteps, keep, async); the in-memory interval is
   // resolved here, 0 (off) when the spec does not set it.
   cfg["checkpoint"] = {{"memoryIntervalSteps", spec.memory_interval_steps}};
-  // The worker reads the ZeRO stage from `parallelism` (before spec.parallelism): the planned one wins.
-  if (spec.auto_parallel)
-    cfg["parallelism"] = {{"zero", spec.zero}, {"tensor", w.tensor}, {"pipeline", w.pipeline}, {"data", w.data}};
+  // The worker reads `parallelism` instead of spec.parallelism when it is there, so it carries everything resolved:
+  // the ZeRO stage (the planned one with auto), deterministic mode, and with auto the planned degrees.
+  cfg["parallelism"] = {{"zero", spec.zero}, {"deterministic", spec.deterministic}};
+  if (spec.auto_parallel) {
+    cfg["parallelism"]["tensor"] = w.tensor;
+    cfg["parallelism"]["pipeline"] = w.pipeline;
+    cfg["parallelism"]["data"] = w.data;
+  }
   return cfg;
 }
 

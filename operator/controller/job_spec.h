@@ -33,6 +33,9 @@ struct JobSpec {
   int tensor = 1, pipeline = 1;
   std::optional<int> data;  // explicit data-parallel degree
   int zero = 0;
+  // spec.parallelism.deterministic: the fixed-order gradient reduction (docs/parallel.md), so results do not depend
+  // on the data-parallel degree; the worker gets it in the resolved config's parallelism object.
+  bool deterministic = false;
   std::optional<int> micro_batches;
   int max_restarts = 3;
   std::vector<int> permanent_exit_codes, retryable_exit_codes;

@@ -2,9 +2,11 @@
 # E2E flow 7 (issue #10, "bad luck twice"): a second failure during recovery. Rank 1's trainer is killed (kill -9);
 # as soon as the operator has opened generation 2 and rank 0's agent has started its new trainer, that trainer is
 # killed too, before the new generation gets going. The operator opens generation 3 in the same pods, the ranks
-# restore the newest checkpoint, and the job ends Succeeded with 2 restarts and the undisturbed run's final loss.
+# restore the newest checkpoint, and the job ends Succeeded with 2 restarts, the undisturbed run's final loss and
+# bitwise its final parameters (deterministic mode).
 set -euo pipefail
 job_name=twice
+job_deterministic=1
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 steps=100
@@ -44,6 +46,7 @@ r=$(restored_step "$job_name-worker-0")
 [ "$r" -gt 0 ] || fail "the last generation restored step $r (a fresh start)"
 last=$(steps_of "$job_name-worker-0" | tail -1)
 [ "${last%% *}" = "$steps" ] || fail "rank 0's last step is '$last', want $steps"
-ref_loss=$(reference_loss "$steps")
+ref_loss=$(reference_params "$steps")
 [ "${last#* }" = "$ref_loss" ] || fail "final loss ${last#* } differs from the undisturbed run's $ref_loss"
-echo "double failure e2e: ok (generation $(jp '{.status.generation}'), restarts 2, last restore step $r, final loss ${last#* })"
+params_sha=$(final_params_match "$steps")
+echo "double failure e2e: ok (generation $(jp '{.status.generation}'), restarts 2, last restore step $r, final loss ${last#* }, final parameters bitwise the undisturbed run's, sha256 ${params_sha:0:16})"

@@ -70,7 +70,8 @@ restored_step() { grep 'checkpoint: restored ' "$(pod_log "$1")" | tail -1 | gre
 
 # job_yaml NAME REPLICAS STEPS [MIN_REPLICAS] [NODE_SELECTOR_UNIT]: the tiny model, dp = replicas, checkpoint every
 # 5 steps, global batch 8 sequences (accumulation 2 at dp=2, 4 at dp=1); `job_memory=N` adds the in-memory tier
-# (spec.checkpoint.memoryIntervalSteps).
+# (spec.checkpoint.memoryIntervalSteps), `job_deterministic=1` the dp-independent reduction
+# (spec.parallelism.deterministic).
 job_yaml() {
   cat <<YAML
 apiVersion: railyard.dev/v1alpha1
@@ -86,25 +87,10 @@ spec:
   checkpoint: {path: $work/ckpt/$1, intervalSteps: 5${job_memory:+, memoryIntervalSteps: $job_memory}}
   failurePolicy: {maxRestarts: 3}
 YAML
+  [ -n "${job_deterministic:-}" ] && echo "  parallelism: {deterministic: true}"
   [ -n "${4:-}" ] && echo "  elastic: {minReplicas: $4, maxReplicas: $2}"
   [ -n "${5:-}" ] && echo "  placement: {nodeSelector: {railyard.dev/unit: $5}}"
   true
-}
-
-# reference_loss STEPS: runs the same job undisturbed (name "$job_name-ref") to the end and prints its last step's
-# loss as logged (6 decimals): a resumed run must end on the same number (restore is bitwise, docs/checkpointing.md).
-reference_loss() {
-  local ref=$job_name-ref t0=$SECONDS phase
-  job_yaml "$ref" 2 "$1" | kubectl apply -n "$ns" -f - >/dev/null
-  while :; do
-    phase=$(kubectl get tj "$ref" -n "$ns" -o jsonpath='{.status.phase}' 2>/dev/null)
-    [ "$phase" = Succeeded ] && break
-    case "$phase" in Failed | Invalid) fail "the undisturbed reference job ended $phase" ;; esac
-    [ $((SECONDS - t0)) -lt 120 ] || fail "the undisturbed reference job did not finish in 120 s"
-    sleep 0.5
-  done
-  [ "$(kubectl get tj "$ref" -n "$ns" -o jsonpath='{.status.restarts}')" = 0 ] || fail "the reference job restarted"
-  steps_of "$ref-worker-0" | tail -1 | cut -d' ' -f2
 }
 
 start_operator() {
@@ -130,4 +116,68 @@ wait_succeeded() {
     [ $((SECONDS - t0)) -lt "$1" ] || fail "not Succeeded after $1 s (phase '$phase')"
     sleep 0.5
   done
+}
+
+# The config a pod's agent handed its trainer in generation GEN (the operator's resolved config plus the world the
+# agent joined); the agent keeps it in its work dir (worker/agent: $TMPDIR/railyard-agent/<ns>_<job>_<pod>/gen-N).
+agent_config() { echo "${TMPDIR:-/tmp}/railyard-agent/${ns}_${job_name}_$1/gen-$2/config.json"; }
+
+# reference_params STEPS: the undisturbed run of the job in deterministic mode, cheaply: one `railyard-worker train`
+# process (dp=1, gradient accumulation 4) with the very config the job's trainers got in generation 1, minus the
+# checkpoints, exporting its final weights to $work/ref.bin; prints its last step's loss. Deterministic mode makes
+# dp=2 x accumulation 2 and dp=1 x accumulation 4 the same computation bit for bit (docs/parallel.md), given the
+# same binary and thread count (both use the default, the CPUs this machine grants).
+reference_params() {
+  local cfg t0=$SECONDS
+  cfg=$(agent_config "$job_name-worker-0" 1)
+  [ -f "$cfg" ] || fail "no generation-1 config of $job_name-worker-0 at $cfg"
+  python3 - "$cfg" "$work/ref.json" <<'PY' || fail "generation 1's config $cfg is not deterministic"
+import json, sys
+c = json.load(open(sys.argv[1]))
+if c.get("parallelism", {}).get("deterministic") is not True:
+    sys.exit(f"parallelism: {c.get('parallelism')}")
+c.update(world_size=1, layout={"dp": 1, "tp": 1, "pp": 1}, restore="")
+c.pop("checkpoint", None)
+c.get("spec", {}).pop("checkpoint", None)
+json.dump(c, open(sys.argv[2], "w"))
+PY
+  "$bin/railyard-worker" train --config "$work/ref.json" --export "$work/ref.bin" >"$work/ref.log" 2>&1 ||
+    { tail -n 20 "$work/ref.log" >&2; fail "the undisturbed reference run failed"; }
+  grep -q 'data_parallel="dp=1 zero=0 deterministic ' "$work/ref.log" || fail "the reference run is not deterministic"
+  # Kernels split work by thread count: the bitwise claim holds for the same count (both take the default).
+  local tj tr
+  tj=$(grep -oE 'worker: model .*threads=[0-9]+' "$(pod_log "$job_name-worker-0")" | sort -u | grep -oE 'threads=[0-9]+$' | sort -u | tr '\n' ' ')
+  tr=$(grep -oE 'worker: model .*threads=[0-9]+' "$work/ref.log" | grep -oE 'threads=[0-9]+$')
+  [ "$tj" = "$tr " ] || fail "the job's trainers ran with '$tj' but the reference with '$tr'"
+  echo "reference run: $1 steps in $((SECONDS - t0)) s" >&2
+  grep -oE 'worker: step step=[0-9]+/[0-9]+ loss=[0-9.]+' "$work/ref.log" | tail -1 | sed -E 's/.*loss=//'
+}
+
+# final_params_match STEPS: the job's last checkpoint (its final parameters) holds bitwise the reference's weights.
+# A process restores that checkpoint (step STEPS, nothing left to train) and exports it as the reference did; the
+# exports hold the parameters only (llm.c model file: header + fp32 tensors), so equal bytes = equal parameters.
+final_params_match() {
+  local last
+  last=$(cat "$work/ckpt/$job_name/latest" 2>/dev/null) || fail "no checkpoint of $job_name"
+  [ "$last" = "$(printf 'step-%08d' "$1")" ] || fail "the newest checkpoint is $last, not the last step $1"
+  "$bin/railyard-worker" train --config "$work/ref.json" --resume "$work/ckpt/$job_name/$last" \
+    --export "$work/final.bin" >"$work/final.log" 2>&1 ||
+    { tail -n 20 "$work/final.log" >&2; fail "exporting $job_name's final checkpoint failed"; }
+  grep -q "checkpoint: restored .*step=$1" "$work/final.log" || fail "the export did not restore step $1: $(grep checkpoint "$work/final.log")"
+  ! grep -q 'worker: step step=' "$work/final.log" || fail "the export trained steps past the final checkpoint"
+  local a b
+  a=$(sha256sum <"$work/final.bin" | cut -d' ' -f1)
+  b=$(sha256sum <"$work/ref.bin" | cut -d' ' -f1)
+  [ "$a" = "$b" ] || {
+    python3 - "$work/final.bin" "$work/ref.bin" <<'PY' >&2
+import struct, sys
+a, b = (open(p, "rb").read() for p in sys.argv[1:3])
+fa, fb = (struct.unpack(f"<{(len(x) - 1024) // 4}f", x[1024:]) for x in (a, b))
+diff = [i for i, (x, y) in enumerate(zip(fa, fb)) if x != y]
+print(f"{len(diff)} of {len(fa)} parameters differ; first at {diff[:5]}; max |diff| "
+      f"{max((abs(fa[i] - fb[i]) for i in diff), default=0):.3g}; sizes {len(a)} vs {len(b)}")
+PY
+    fail "final parameters differ from the undisturbed run's (sha256 $a vs $b)"
+  }
+  echo "$a"
 }

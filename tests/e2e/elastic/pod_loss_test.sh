@@ -4,9 +4,10 @@
 # is deleted (default grace: its agent forwards SIGTERM and the trainer saves the step it is in before exiting). The
 # operator opens a new generation and re-creates the pod under the same name (new UID), the scheduler binds it, both
 # ranks restore exactly the step saved on SIGTERM and continue from the step after it, and the job ends Succeeded
-# with the undisturbed run's final loss.
+# with the undisturbed run's final loss and bitwise its final parameters (deterministic mode).
 set -euo pipefail
 job_name=podloss
+job_deterministic=1
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 steps=100
@@ -56,8 +57,9 @@ restarts=$(jp '{.status.restarts}')
 [ "$restarts" -ge 1 ] && [ "$restarts" -le 2 ] || fail "restarts $restarts, want 1 (2 if the agent's exit report races the pod deletion)"
 last=$(steps_of "$job_name-worker-0" | tail -1)
 [ "${last%% *}" = "$steps" ] || fail "rank 0's last step is '$last', want $steps"
-ref_loss=$(reference_loss "$steps")
+ref_loss=$(reference_params "$steps")
 [ "${last#* }" = "$ref_loss" ] || fail "final loss ${last#* } differs from the undisturbed run's $ref_loss"
+params_sha=$(final_params_match "$steps")
 python3 -c "import sys; sys.exit(0 if 0 < float(sys.argv[1]) < 4.5 else 1)" "${last#* }" ||
   fail "final loss ${last#* } not below 4.5"
 python3 - "$t_delete" "$t_replaced" "$t_step" <<'PY'
@@ -66,4 +68,4 @@ d, r, s = map(float, sys.argv[1:])
 print(f"pod loss: replacement bound {r - d:.1f} s after the delete, first step after the restore seen {s - d:.1f} s "
       f"after it")
 PY
-echo "pod loss e2e: ok (reason $reason, restored step $r0 = the step saved on SIGTERM, restarts $restarts, final loss ${last#* })"
+echo "pod loss e2e: ok (reason $reason, restored step $r0 = the step saved on SIGTERM, restarts $restarts, final loss ${last#* }, final parameters bitwise the undisturbed run's, sha256 ${params_sha:0:16})"

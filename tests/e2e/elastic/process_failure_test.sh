@@ -3,11 +3,13 @@
 # checkpoint every 5 steps and the in-memory tier every step (spec.checkpoint.memoryIntervalSteps: 1); after the
 # first checkpoint, rank 1's trainer process (not its pod) gets SIGKILL. The agent reports the exit, the operator
 # opens generation 2 with the same pods (same UIDs), both ranks restore from memory at least the last step generation 1
-# reported (zero steps lost) and continue from the step after it, the job ends Succeeded with exactly one restart
-# and the undisturbed run's final loss, and the agents remove the shared-memory segments when the pods end.
+# reported (zero steps lost) and continue from the step after it, the job ends Succeeded with exactly one restart,
+# the undisturbed run's final loss and bitwise its final parameters (the job runs in deterministic mode,
+# spec.parallelism.deterministic), and the agents remove the shared-memory segments when the pods end.
 set -euo pipefail
 job_name=procfail
 job_memory=1
+job_deterministic=1
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 steps=100
@@ -71,9 +73,13 @@ wait_succeeded 180
 [ "$(jp '{.status.progress}')" = "$steps/$steps" ] || fail "progress '$(jp '{.status.progress}')'"
 last=$(steps_of "$job_name-worker-0" | tail -1)
 [ "${last%% *}" = "$steps" ] || fail "rank 0's last step is '$last', want $steps"
-ref_loss=$(reference_loss "$steps")
+# Both generations trained in deterministic mode at dp=2 (the field reached the trainers through the operator).
+[ "$(grep -c 'data_parallel="dp=2 zero=0 deterministic ' "$log0")" = 2 ] ||
+  fail "rank 0 did not train both generations in deterministic mode: $(grep 'data_parallel=' "$log0")"
+ref_loss=$(reference_params "$steps")
 [ "${last#* }" = "$ref_loss" ] || fail "final loss ${last#* } differs from the undisturbed run's $ref_loss"
-# The pods have ended: their agents removed the segments (the reference job's too).
+params_sha=$(final_params_match "$steps")
+# The pods have ended: their agents removed the segments.
 wait_for 30 "the agents to remove the shared-memory segments" \
   bash -c "[ -z \"\$(find /dev/shm -maxdepth 1 -name 'railyard-${ns}_*' 2>/dev/null)\" ]"
 python3 -c "import sys; sys.exit(0 if 0 < float(sys.argv[1]) < 4.5 else 1)" "${last#* }" ||
@@ -97,4 +103,4 @@ print(f"process failure: exit seen -> generation 2 joined {join_t - exit_t:.2f} 
       f"{step_t - exit_t:.2f} s; steps lost {max(0, max(gen1) - r)} (generation 1 reached {max(gen1)}, restored {r} from "
       f"memory, newest on disk {disk}); restore took {restore_s['rank 0']:.4f} s / {restore_s['rank 1']:.4f} s")
 PY
-echo "process failure e2e: ok (step $r restored from memory, 0 steps lost, disk had $ckpt_at_restart; same pods, restarts 1, final loss ${last#* })"
+echo "process failure e2e: ok (step $r restored from memory, 0 steps lost, disk had $ckpt_at_restart; same pods, restarts 1, final loss ${last#* }, final parameters bitwise the undisturbed run's, sha256 ${params_sha:0:16})"

@@ -3,12 +3,15 @@
 # of unit u0 (placement.nodeSelector), so losing one leaves no spare. Taking the node of pod 1 down (node agent
 # fault injection: lease and heartbeats stop, processes killed) makes the operator shrink the world to 1 in a new
 # generation that restores the newest checkpoint and keeps training with the same global batch (gradient
-# accumulation); bringing the node back grows the world to 2 again, and the job ends Succeeded.
+# accumulation); bringing the node back grows the world to 2 again, and the job ends Succeeded. The job runs in
+# deterministic mode (spec.parallelism.deterministic), so its final parameters after 2 -> 1 -> 2 are bitwise those of
+# an undisturbed run.
 set -euo pipefail
 job_name=resize
+job_deterministic=1
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
-steps=400
+steps=300
 start_operator
 job_yaml "$job_name" 2 "$steps" 1 u0 | kubectl apply -n "$ns" -f - >/dev/null
 wait_for 90 "the job to run with 2 replicas" world_is 2
@@ -55,9 +58,17 @@ wait_succeeded 240
 last=$(steps_of "$job_name-worker-0" | tail -1)
 python3 -c "import sys; sys.exit(0 if 0 < float(sys.argv[1]) < 4.5 else 1)" "${last#* }" ||
   fail "final loss ${last#* } not below 4.5"
+# Every generation trained in deterministic mode: dp=2, then dp=1 (accumulation 4), then dp=2 again.
+gens=$(grep -oE 'data_parallel="dp=[0-9]+ zero=0[^"]*' "$log0" | cut -d'"' -f2)
+! grep -qv ' deterministic ' <<<"$gens" || fail "a generation of rank 0 trained without deterministic mode: $gens"
+dps=$(grep -oE '^dp=[0-9]+' <<<"$gens" | uniq | tr '\n' ' ')
+[ "$dps" = "dp=2 dp=1 dp=2 " ] || fail "rank 0's data-parallel degrees over the generations: '$dps', want dp=2 dp=1 dp=2"
+ref_loss=$(reference_params "$steps")
+[ "${last#* }" = "$ref_loss" ] || fail "final loss ${last#* } differs from the undisturbed run's $ref_loss"
+params_sha=$(final_params_match "$steps")
 python3 - "$t_down" "$t_shrunk" "$t_up" "$t_grown" <<'PY'
 import sys
 d, s, u, g = map(float, sys.argv[1:])
 print(f"resize: node down -> world 1 in {s - d:.1f} s; node up -> world 2 in {g - u:.1f} s")
 PY
-echo "shrink/grow e2e: ok (generations $gen_small and $gen_big, restored $r then $r2, restarts $(jp '{.status.restarts}'), final loss ${last#* })"
+echo "shrink/grow e2e: ok (generations $gen_small and $gen_big, restored $r then $r2, restarts $(jp '{.status.restarts}'), final loss ${last#* }, final parameters bitwise the undisturbed run's, sha256 ${params_sha:0:16})"

@@ -197,3 +197,45 @@ TEST_CASE("data and checkpoint paths outside the operator's roots are Invalid, n
     CHECK(v->message.find(c.says) != std::string::npos);
   }
 }
+
+TEST_CASE("spec.parallelism.deterministic reaches the worker's resolved config with the ZeRO stage; false by default") {
+  Json off = resolved_config(parse_job(valid_job()).spec, 2);
+  CHECK(off["parallelism"]["deterministic"] == false);
+  // The worker reads the config's `parallelism` instead of spec.parallelism, so the ZeRO stage must be in it too.
+  Json j = job_with(Json::parse(R"({"spec": {"training": {"globalBatch": 16, "microBatch": 2},
+      "parallelism": {"deterministic": true, "zero": 1}}})"));
+  ParsedJob p = parse_job(j);
+  REQUIRE_FALSE(p.violation);
+  CHECK(p.spec.deterministic);
+  Json cfg = resolved_config(p.spec, 2);
+  CHECK(cfg["parallelism"]["deterministic"] == true);
+  CHECK(cfg["parallelism"]["zero"] == 1);
+  ParsedJob bad_type = parse_job(job_with(Json::parse(R"({"spec": {"parallelism": {"deterministic": "yes"}}})")));
+  REQUIRE(bad_type.violation);
+  CHECK(bad_type.violation->field == "spec.parallelism.deterministic");
+}
+
+TEST_CASE("deterministic mode needs a power-of-two accumulation per rank, also when an elastic job shrinks") {
+  // 24 / (2*2) = 6 micro-batches per rank: the worker's fixed tree would refuse it (exit 2), so the operator does.
+  ParsedJob bad = parse_job(job_with(Json::parse(
+      R"({"spec": {"training": {"globalBatch": 24, "microBatch": 2}, "parallelism": {"deterministic": true}}})")));
+  REQUIRE(bad.violation);
+  CHECK(bad.violation->field == "spec.parallelism.deterministic");
+  CHECK(bad.violation->message.find("= 6") != std::string::npos);
+  // 16 / (2*4) = 2 at 4 replicas, 16 / (2*2) = 4 at 2; 3 replicas do not divide the batch and 1 replica is plain.
+  Json el = job_with(Json::parse(R"({"spec": {"replicas": 4, "elastic": {"minReplicas": 1, "maxReplicas": 4},
+      "training": {"globalBatch": 16, "microBatch": 2}, "parallelism": {"data": null, "deterministic": true}}})"));
+  JobSpec s = parse_job(el).spec;
+  REQUIRE(s.deterministic);
+  CHECK(elastic_world_replicas(s, 4) == 4);
+  CHECK(elastic_world_replicas(s, 3) == 2);
+  // 12 / (2*3) = 2 would be fine but 12 / (2*2) = 3 is not: a 2-replica world is skipped for 1.
+  el["spec"]["training"]["globalBatch"] = 12;
+  el["spec"]["replicas"] = 3;
+  el["spec"]["elastic"]["maxReplicas"] = 3;
+  JobSpec s12 = parse_job(el).spec;
+  CHECK(elastic_world_replicas(s12, 3) == 3);
+  CHECK(elastic_world_replicas(s12, 2) == 1);
+  s12.deterministic = false;
+  CHECK(elastic_world_replicas(s12, 2) == 2);
+}
