@@ -47,11 +47,12 @@ got=$(kubectl get tj tiny -n "$ns" -o jsonpath='{.spec.procsPerReplica} {.spec.t
 [ "$got" = "1 1  300" ] || fail "defaults not applied as expected: '$got'"
 
 # Printer columns, short name and category.
-header=$(kubectl get tj -n "$ns" | head -1)
+# (Output is captured first: `cmd | head` can kill cmd with SIGPIPE, which pipefail turns into a silent failure.)
+listing=$(kubectl get tj -n "$ns")
+header=$(head -1 <<<"$listing")
 for col in NAME PHASE PROGRESS LOSS RESTARTS AGE; do
   grep -qw "$col" <<<"$header" || fail "column $col missing from: $header"
 done
-# (Output is captured first: `cmd | grep -q` can kill cmd with SIGPIPE, which pipefail turns into a failure.)
 names=$(kubectl get railyard -n "$ns" -o name)
 grep -q trainingjob.railyard.dev/tiny <<<"$names" || fail "category railyard: $names"
 
