@@ -181,3 +181,29 @@ PY
   }
   echo "$a"
 }
+
+# --- operator restarts (control_plane_test.sh, chaos_test.sh) ---
+# The pods' RAILYARD_RENDEZVOUS_ADDR is fixed when they are created, so an operator that is restarted must listen on
+# the same rendezvous port: a script that restarts it sets `rdzv_port=$(free_port)` and
+# `op_extra="--rendezvous-bind 127.0.0.1:$rdzv_port"` before start_operator (the later flag wins).
+# kill_operator: SIGKILL (no clean shutdown: it can die at any line).
+kill_operator() {
+  [ -n "$op_pid" ] || return 0
+  kill -9 "$op_pid" 2>/dev/null || true
+  wait "$op_pid" 2>/dev/null || true
+  op_pid=""
+}
+# restart_operator: a new operator process with the same flags and rendezvous port, its log appended to op.log; waits
+# until it leads.
+restart_operator() {
+  local n
+  n=$(grep -c "leading: reconciling" "$work/op.log" || true)
+  # shellcheck disable=SC2086
+  "$bin/railyard-operator" --namespace "$ns" --leader-elect=false --worker-command "$bin/railyard-worker" \
+    --metrics-addr "127.0.0.1:$(free_port)" --health-addr "127.0.0.1:$(free_port)" --rendezvous-bind 127.0.0.1:0 \
+    ${op_extra:-} >>"$work/op.log" 2>&1 &
+  op_pid=$!
+  wait_for 60 "the restarted operator to lead" bash -c "[ \$(grep -c 'leading: reconciling' '$work/op.log') -gt $n ]"
+}
+# ts_now: seconds since the epoch with a fraction (the log timestamps' clock).
+ts_now() { date +%s.%N; }
