@@ -4,8 +4,11 @@
 #include <time.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <exception>
 #include <filesystem>
+#include <thread>
 
 #include "checkpoint/layout.h"
 #include "checkpoint/reader.h"
@@ -230,6 +233,17 @@ Checkpointer::Checkpointer(CheckpointOptions options, const GptConfig& model, Tr
 
 Checkpointer::~Checkpointer() {
   try {
+    // Unwinding (typically a comm::CommError: a peer's process, pod or node is gone): a save in flight may wait in
+    // the commit barrier for that peer's part, which never comes, for the writer's commit_timeout. Wait for it only
+    // until the agent stops this process (SIGTERM: a new generation is open), then give it up, so a survivor exits
+    // at once instead of after the agent's grace period and SIGKILL (docs/elastic.md).
+    if (std::uncaught_exceptions() > 0 && writer_) {
+      while (!writer_->idle() && !stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      if (!writer_->idle()) {
+        log::warn("checkpoint", "stop signal while unwinding: giving up the save in flight");
+        writer_->abandon();
+      }
+    }
     finish();
   } catch (const std::exception& e) {
     log::error("checkpoint", std::string("while finishing: ") + e.what());
