@@ -67,23 +67,21 @@ rng() {
   python3 -c "print(int($x * $1))"
 }
 round=()
-next_kind() {
-  if [ ${#round[@]} -eq 0 ]; then
-    local k
-    for k in $kinds; do round+=("$k"); done
-    local i j t # Fisher-Yates with the seeded stream
-    for ((i = ${#round[@]} - 1; i > 0; i--)); do
-      j=$(rng $((i + 1)))
-      t=${round[$i]} round[i]=${round[$j]} round[j]=$t
-    done
-  fi
-  echo "${round[0]}"
+# fill_round: a new seeded permutation of the kinds into `round` when it is empty (not in a subshell: it keeps state).
+fill_round() {
+  [ ${#round[@]} -eq 0 ] || return 0
+  local k i j t
+  for k in $kinds; do round+=("$k"); done
+  for ((i = ${#round[@]} - 1; i > 0; i--)); do # Fisher-Yates with the seeded stream
+    j=$(rng $((i + 1)))
+    t=${round[$i]} round[i]=${round[$j]} round[j]=$t
+  done
 }
-# The last step rank 0 logged (status.step is refreshed only every few seconds).
 status_step() { local s; s=$(grep -oE 'worker: step step=[0-9]+' "$(pod_log "$job_name-worker-0")" 2>/dev/null | tail -1 | cut -d= -f2); echo "${s:-0}"; }
 gen_now() { jp '{.status.generation}'; }
-# True once the job trains at step >= $1 again (or has finished: the loop then stops injecting).
-running_again() { phase_is Succeeded || { phase_is Running && [ "$(status_step)" -ge "$1" ]; }; }
+# True once rank 0 trained step $1 (or the job has finished: the loop then stops injecting). Not the phase: the
+# operator refreshes it from the rendezvous service only every 5 s while the world runs.
+running_again() { phase_is Succeeded || [ "$(status_step)" -ge "$1" ]; }
 
 wait_for 60 "the first steps" running_again 5
 faults=$work/faults.tsv
@@ -94,7 +92,8 @@ fired=" "
 all_fired() { local k; for k in $kinds; do [[ "$fired" == *" $k "* ]] || return 1; done; }
 # The window stays open until every kind fired once (a fast run would otherwise skip one).
 while [ $((SECONDS - t_window)) -lt "$secs" ] || ! all_fired; do
-  kind=$(next_kind)
+  fill_round
+  kind=${round[0]}
   round=("${round[@]:1}")
   s0=$(status_step)
   ! phase_is Succeeded && [ "$s0" -lt $((steps - 40)) ] || { echo "chaos: the job is near its end (step $s0): no more faults"; break; }
@@ -102,22 +101,28 @@ while [ $((SECONDS - t_window)) -lt "$secs" ] || ! all_fired; do
   idx=$(rng 2)
   pod=$job_name-worker-$idx
   target=$pod
-  t=$(ts_now)
+  # t: the moment of the fault itself (looking up a pid or node first can take a while on a busy machine).
   case "$kind" in
     kill)
       pid=$(trainer_pid "$pod")
       [ -n "$pid" ] || fail "no trainer in $pod to kill"
+      t=$(ts_now)
       kill -9 "$pid"
       ;;
-    pod) kubectl delete pod "$pod" -n "$ns" --wait=false >/dev/null ;;
+    pod)
+      t=$(ts_now)
+      kubectl delete pod "$pod" -n "$ns" --wait=false >/dev/null
+      ;;
     node)
       target=$(pod_node "$pod")
       [ -n "$target" ] || fail "$pod has no node"
+      t=$(ts_now)
       agent_ctl node-down "$target" >/dev/null
       nodes_down+=("$target")
       ;;
     operator)
       target=operator
+      t=$(ts_now)
       kill_operator
       sleep "$(python3 -c "print(0.5 + $(rng 250) / 100)")"
       restart_operator
@@ -126,7 +131,7 @@ while [ $((SECONDS - t_window)) -lt "$secs" ] || ! all_fired; do
   n_faults=$((n_faults + 1))
   fired="$fired$kind "
   printf '%s\t%s\t%s\t%s\t%s\n' "$t" "$kind" "$target" "$g0" "$s0" >>"$faults"
-  echo "chaos: fault $n_faults: $kind $target at step $s0, generation $g0"
+  echo "chaos: fault $n_faults: $kind $target at step $s0, generation $g0 ($(date -u +%T.%N | cut -c1-12))"
   if [ "$kind" != operator ]; then
     wait_for 120 "a new generation after the $kind fault" bash -c "[ \"\$(kubectl get tj $job_name -n $ns -o jsonpath='{.status.generation}')\" -gt $g0 ]"
   fi
@@ -161,7 +166,7 @@ hard=$(cut -f2 "$faults" | grep -vc '^operator$' || true)
 [ "$restarts" -le $((2 * hard)) ] || fail "restarts $restarts > twice the $hard kill/pod/node faults"
 last=$(steps_of "$job_name-worker-0" | tail -1)
 [ "${last%% *}" = "$steps" ] || fail "rank 0's last step is '$last', want $steps"
-ref_loss=$(reference_params "$steps")
+ref_loss=$(reference_params_dp2 "$steps")
 [ "${last#* }" = "$ref_loss" ] || fail "final loss ${last#* } differs from the undisturbed run's $ref_loss"
 params_sha=$(final_params_match "$steps")
 

@@ -207,3 +207,37 @@ restart_operator() {
 }
 # ts_now: seconds since the epoch with a fraction (the log timestamps' clock).
 ts_now() { date +%s.%N; }
+
+# reference_params_dp2 STEPS: like reference_params, but the undisturbed run is the job's own computation (dp=2,
+# gradient accumulation 2) as a local two-process world (`train --nproc 2`) with the thread count the job's trainers
+# logged: about as fast as the job itself, where the one-process reference takes 2-3 times as long. Deterministic mode
+# makes both references the same bits; this one is used by the longer runs (chaos_test.sh). Also writes the
+# one-process config $work/ref.json that final_params_match exports with.
+reference_params_dp2() {
+  local cfg t0=$SECONDS tj
+  cfg=$(agent_config "$job_name-worker-0" 1)
+  [ -f "$cfg" ] || fail "no generation-1 config of $job_name-worker-0 at $cfg"
+  tj=$(grep -oE 'worker: model .*threads=[0-9]+' "$(pod_log "$job_name-worker-0")" | grep -oE 'threads=[0-9]+$' | sort -u | cut -d= -f2)
+  [ "$(wc -w <<<"$tj")" = 1 ] || fail "the job's trainers ran with different thread counts: $tj"
+  python3 - "$cfg" "$work/ref.json" "$work/ref2.json" <<'PY' || fail "generation 1's config $cfg is not deterministic"
+import json, sys
+c = json.load(open(sys.argv[1]))
+if c.get("parallelism", {}).get("deterministic") is not True:
+    sys.exit(f"parallelism: {c.get('parallelism')}")
+if c.get("world_size") != 2:
+    sys.exit(f"generation 1 has world_size {c.get('world_size')}, want 2")
+c.update(restore="")
+c.pop("checkpoint", None)
+c.get("spec", {}).pop("checkpoint", None)
+json.dump(c, open(sys.argv[3], "w"))
+c.update(world_size=1, layout={"dp": 1, "tp": 1, "pp": 1})
+json.dump(c, open(sys.argv[2], "w"))
+PY
+  "$bin/railyard-worker" train --config "$work/ref2.json" --nproc 2 --threads "$tj" --export "$work/ref.bin" \
+    >"$work/ref.log" 2>&1 || { tail -n 20 "$work/ref.log" >&2; fail "the undisturbed reference run failed"; }
+  grep -q 'data_parallel="dp=2 zero=0 deterministic ' "$work/ref.log" || fail "the reference run is not dp=2 deterministic"
+  [ "$(grep -oE 'worker: model .*threads=[0-9]+' "$work/ref.log" | grep -oE 'threads=[0-9]+$' | sort -u)" = "threads=$tj" ] ||
+    fail "the reference ran with $(grep -oE 'threads=[0-9]+$' "$work/ref.log" | sort -u | tr '\n' ' '), the job with threads=$tj"
+  echo "reference run (dp=2, two local processes): $1 steps in $((SECONDS - t0)) s" >&2
+  grep -oE 'worker: step step=[0-9]+/[0-9]+ loss=[0-9.]+' "$work/ref.log" | tail -1 | sed -E 's/.*loss=//'
+}
