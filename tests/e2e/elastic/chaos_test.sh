@@ -101,6 +101,8 @@ while [ -n "${kinds// /}" ] && { [ $((SECONDS - t_window)) -lt "$secs" ] || ! al
   idx=$(rng 2)
   pod=$job_name-worker-$idx
   target=$pod
+  restores0=$(grep -c 'checkpoint: restored ' "$(pod_log "$job_name-worker-0")" || true)
+  uid0=$(pod_uid "$pod")
   # t: the moment of the fault itself (looking up a pid or node first can take a while on a busy machine).
   case "$kind" in
     kill)
@@ -132,8 +134,20 @@ while [ -n "${kinds// /}" ] && { [ $((SECONDS - t_window)) -lt "$secs" ] || ! al
   fired="$fired$kind "
   printf '%s\t%s\t%s\t%s\t%s\n' "$t" "$kind" "$target" "$g0" "$s0" >>"$faults"
   echo "chaos: fault $n_faults: $kind $target at step $s0, generation $g0 ($(date -u +%T.%N | cut -c1-12))"
+  if [ "$kind" = node ]; then
+    # Until the lost node is dealt with (the pod replaced on another node, or the world shrunk), not just until the
+    # survivor's exit restarted the same pods: node-up before that would turn the fault into a process kill.
+    if [ -n "$confine" ]; then
+      wait_for 120 "the world to shrink after the node loss" world_is 1
+    else
+      replaced() { u=$(pod_uid "$pod") && [ -n "$u" ] && [ "$u" != "$uid0" ] && n=$(pod_node "$pod") && [ -n "$n" ] && [ "$n" != "$target" ]; }
+      wait_for 120 "$pod to be replaced on another node" replaced
+    fi
+  fi
   if [ "$kind" != operator ]; then
     wait_for 120 "a new generation after the $kind fault" bash -c "[ \"\$(kubectl get tj $job_name -n $ns -o jsonpath='{.status.generation}')\" -gt $g0 ]"
+    # Rank 0 restored again (its log's steps before that are the old generation's).
+    wait_for 120 "rank 0 to restore after the $kind fault" bash -c "[ \$(grep -c 'checkpoint: restored ' '$(pod_log "$job_name-worker-0")') -gt $restores0 ]"
   fi
   gap=$((5 + $(rng 8)))
   wait_for 180 "the job to train again after the $kind fault" running_again $((s0 + 3))
