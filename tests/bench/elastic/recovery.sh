@@ -6,7 +6,8 @@
 # of the new generation, steps lost, and goodput = steps x median undisturbed step time / wall time (first step to
 # Succeeded). The resize flow is a node loss with the job confined to unit u0 (minReplicas 1): shrink, and a grow at
 # node-up. Prints a Markdown table for docs/benchmarks.md and leaves the JSON per flow in OUT (default
-# build/bench/elastic). No reference run (timing only; the e2e tests check the parameters).
+# build/bench/elastic; RAILYARD_BENCH_FLOWS picks flows, RAILYARD_BENCH_SUMMARY_ONLY=1 prints the table of earlier
+# runs). No reference run (timing only; the e2e tests check the parameters).
 #   tests/bench/elastic/recovery.sh STATE_DIR BUILD_DIR
 set -euo pipefail
 state=${1:?usage: recovery.sh STATE_DIR BUILD_DIR}
@@ -18,6 +19,7 @@ steps=${RAILYARD_BENCH_STEPS:-600}
 flows=${RAILYARD_BENCH_FLOWS:-baseline kill pod node resize}
 mkdir -p "$out"
 for flow in $flows; do
+  [ -z "${RAILYARD_BENCH_SUMMARY_ONLY:-}" ] || break # the table of runs already in OUT
   kinds=$flow confine=""
   case "$flow" in
     baseline) kinds="" ;;

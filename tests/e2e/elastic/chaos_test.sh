@@ -99,6 +99,8 @@ while [ -n "${kinds// /}" ] && { [ $((SECONDS - t_window)) -lt "$secs" ] || ! al
   ! phase_is Succeeded && [ "$s0" -lt $((steps - 40)) ] || { echo "chaos: the job is near its end (step $s0): no more faults"; break; }
   g0=$(gen_now)
   idx=$(rng 2)
+  # Confined, a node fault takes pod 1's node: the world shrinks to pod 0, whose log the analysis reads as rank 0.
+  [ -z "$confine" ] || [ "$kind" != node ] || idx=1
   pod=$job_name-worker-$idx
   target=$pod
   restores0=$(grep -c 'checkpoint: restored ' "$(pod_log "$job_name-worker-0")" || true)
