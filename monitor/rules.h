@@ -51,6 +51,12 @@ struct RankObs {
   double step_duration = nan_value();  // last step's wall time, if the worker exports the gauge
   double duration_sum = nan_value();   // else the histogram's _sum and _count
   double duration_count = nan_value();
+  // Cumulative compute seconds (railyard_worker_step_phase_seconds_total{phase="compute"}) and optimizer steps
+  // (railyard_worker_steps_total): time a rank spends on its own work, without the waits in collectives. In
+  // synchronous data parallelism every rank's step takes the same wall time (the fast ones wait for the slow one), so
+  // only this tells the straggler from the ranks that wait for it.
+  double compute_total = nan_value();
+  double steps_total = nan_value();
   double loss = nan_value();
   bool loss_present = false;  // a NaN loss and a missing loss both read as NaN
   double nonfinite_total = nan_value();
@@ -100,6 +106,8 @@ class Evaluator {
     int slow_evals = 0;
     double prev_sum = nan_value(), prev_count = nan_value();
     double duration = nan_value();
+    double prev_compute = nan_value(), prev_steps = nan_value();
+    double compute = nan_value();  // compute seconds per step over the last evaluation in which the rank stepped
     std::vector<double> losses;
     double last_loss_step = nan_value();
     int spike_steps = 0;

@@ -205,6 +205,39 @@ TEST_CASE("straggler: step time from the histogram's _sum/_count deltas") {
   CHECK(v->evidence.find("2.000s") != std::string::npos);
 }
 
+TEST_CASE("straggler: in a synchronous job the compute time per step tells the straggler from those who wait") {
+  // Data parallel in lock step: every rank's step takes 1.0 s of wall time. Ranks 0 and 1 compute 0.2 s of it and
+  // wait for rank 2, which computes 0.9 s from step 6 on. Wall time alone names nobody; the compute counters name
+  // rank 2.
+  Evaluator ev;
+  Policy p = fast_policy();
+  double t = 0;
+  std::optional<Verdict> v;
+  for (int i = 1; i < 40 && !v; ++i, t += 1) {
+    std::map<int, RankObs> m;
+    for (int r = 0; r < 3; ++r) {
+      RankObs o = rank(r, i, t, 1.0);
+      o.steps_total = i;
+      o.compute_total = (r == 2 && i > 5 ? 0.9 : 0.2) * i;
+      m[r] = o;
+    }
+    v = ev.evaluate(kJob, 0, m, p, t);
+    if (i <= 6) CHECK_FALSE(v);
+  }
+  REQUIRE(v);
+  CHECK(v->rule == "straggler");
+  CHECK(v->rank == 2);
+  CHECK(v->node_suspect);
+  CHECK(v->evidence.find("compute time per step") != std::string::npos);
+
+  // Without the compute counters the same job shows no straggler (equal wall times): the rule falls back to them.
+  Evaluator plain;
+  t = 0;
+  for (int i = 1; i < 40; ++i, t += 1)
+    CHECK_FALSE(
+        plain.evaluate(kJob, 0, {{0, rank(0, i, t, 1.0)}, {1, rank(1, i, t, 1.0)}, {2, rank(2, i, t, 1.0)}}, p, t));
+}
+
 TEST_CASE("nonfinite: a NaN or Inf loss, or a non-zero counter, fires at once") {
   Policy p = fast_policy();
   for (double bad : {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
