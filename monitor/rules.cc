@@ -150,12 +150,15 @@ std::optional<Verdict> Evaluator::evaluate(const JobKey& job, int64_t generation
       rs.prev_count = o.duration_count;
     }
     if (finite(o.compute_total) && finite(o.steps_total) && o.steps_total > 0) {
-      if (finite(rs.prev_steps) && o.steps_total > rs.prev_steps && o.compute_total >= rs.prev_compute)
-        rs.compute = (o.compute_total - rs.prev_compute) / (o.steps_total - rs.prev_steps);
-      else if (!finite(rs.prev_steps) || o.steps_total < rs.prev_steps)
-        rs.compute = o.compute_total / o.steps_total;  // first sight or a new process: mean since its start
-      rs.prev_compute = o.compute_total;
-      rs.prev_steps = o.steps_total;
+      auto& h = rs.compute_hist;
+      if (!h.empty() && (o.steps_total < h.back()[2] || o.compute_total < h.back()[1])) h.clear();  // a new process
+      h.push_back({now, o.compute_total, o.steps_total});
+      // Keep one sample at or before the horizon's start, so the rate spans the whole horizon.
+      while (h.size() > 2 && h[1][0] <= now - kComputeHorizonS) h.pop_front();
+      if (h.size() == 1)
+        rs.compute = o.compute_total / o.steps_total;  // first sight: mean since the process started
+      else if (h.back()[2] > h.front()[2])
+        rs.compute = (h.back()[1] - h.front()[1]) / (h.back()[2] - h.front()[2]);
     }
     if (finite(rs.duration) && rs.duration > 0 && o.reachable) durations.push_back(rs.duration);
   }

@@ -3,7 +3,9 @@
 // rules and their defaults.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <deque>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -40,6 +42,9 @@ struct Policy {
 Policy policy_for_job(const nlohmann::json& job, const Policy& defaults);
 
 inline double nan_value() { return std::numeric_limits<double>::quiet_NaN(); }
+
+// The straggler rule's compute time per step is a rate over this many seconds of evaluations.
+inline constexpr double kComputeHorizonS = 5;
 
 struct RankObs {
   int rank = -1;
@@ -106,8 +111,10 @@ class Evaluator {
     int slow_evals = 0;
     double prev_sum = nan_value(), prev_count = nan_value();
     double duration = nan_value();
-    double prev_compute = nan_value(), prev_steps = nan_value();
-    double compute = nan_value();  // compute seconds per step over the last evaluation in which the rank stepped
+    // (time, compute_total, steps_total) of the last few evaluations: the compute time per step is taken over
+    // kComputeHorizonS, as a rate() would, because one evaluation's few steps are too noisy to compare.
+    std::deque<std::array<double, 3>> compute_hist;
+    double compute = nan_value();  // compute seconds per step over the horizon
     std::vector<double> losses;
     double last_loss_step = nan_value();
     int spike_steps = 0;

@@ -14,7 +14,7 @@ job_name=straggler
 job_deterministic=1
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
-steps=150
+steps=250
 interval=5
 start_operator
 start_monitor_prometheus --straggler-window 5
@@ -41,6 +41,13 @@ stopped_pids+=("$tp")
 t_slow=$(date +%s.%N)
 echo "slowing rank 1's trainer (pid $tp, node $node1) from step $(steps_of "$job_name-worker-0" | tail -1 | cut -d' ' -f1)"
 
+# What the monitor compares, as Prometheus has it (printed once, for the record).
+sleep 4
+sel="namespace=\"$ns\",job=\"$job_name\""
+echo "compute seconds per step over 3 s: $(prom_query "sum without(phase) (rate(railyard_worker_step_phase_seconds_total{$sel,phase=\"compute\"}[3s])) / rate(railyard_worker_steps_total{$sel}[3s])" |
+  jq -r 'map("rank \(.metric.rank) \(.value[1] | tonumber * 1000 | floor) ms") | join(", ")'); wall time per step: $(
+  prom_query "rate(railyard_worker_step_duration_seconds_sum{$sel}[3s]) / rate(railyard_worker_step_duration_seconds_count{$sel}[3s])" |
+  jq -r 'map("rank \(.metric.rank) \(.value[1] | tonumber * 1000 | floor) ms") | join(", ")')"
 wait_for 60 "the monitor's restart request" has_restart_request
 t_req=$(date +%s.%N)
 rm -f "$work/slow"
