@@ -2,14 +2,15 @@
 # The main job on the local cluster: builds Railyard, brings up a local Kubernetes control plane with simulated GPU
 # nodes, prepares a small text corpus, starts the operator and trains the tiny example TrainingJob on those nodes
 # (operator -> gang-bound pod -> agent -> rendezvous -> railyard-worker), showing `kubectl get tj` as it moves; then
-# runs a 2-replica data-parallel job, kills one trainer process (kill -9) a third of the way in, shows the in-place
+# runs a 2-replica data-parallel job, kills one trainer process (kill -9) a quarter of the way in, shows the in-place
 # recovery (new generation, same pods, restore from the in-memory tier: no step redone), then freezes a trainer
-# (SIGSTOP, a hang) two thirds of the way in: railyard-monitor finds it through the local Prometheus, requests a
+# (SIGSTOP, a hang) once the new generation runs: railyard-monitor finds it through the local Prometheus, requests a
 # restart, and the operator moves the pod off the excluded node. Ends with the loss curve, the failures injected and
 # the time lost. The topology has 4 units of 2 nodes (deploy/local/topologies/h100-8node.yaml).
 # Not shown: a straggler, node loss, shrink/grow (tests/e2e/elastic).
 # Environment: RAILYARD_STATE_DIR (default ~/.local/state/railyard/demo), DEMO_STEPS (default 200),
-# DEMO_FT_STEPS (steps of the fault-tolerance job, default 300), DEMO_BUILD_DIR (default build),
+# DEMO_FT_STEPS (steps of the fault-tolerance job, default 1000: at 25-125 ms a step it must outlast a hang's 6 s
+# detection), DEMO_BUILD_DIR (default build),
 # DEMO_SKIP_BUILD=1 (use the binaries in DEMO_BUILD_DIR/bin as they are).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +19,7 @@ state=${RAILYARD_STATE_DIR:-$HOME/.local/state/railyard/demo}
 steps=${DEMO_STEPS:-200}
 step() { printf '\n== %s\n' "$*"; }
 
-ft_steps=${DEMO_FT_STEPS:-300}
+ft_steps=${DEMO_FT_STEPS:-1000}
 build=$(realpath -m "${DEMO_BUILD_DIR:-build}")
 if [ "${DEMO_SKIP_BUILD:-0}" != 1 ]; then
   step "install what is missing and build"
@@ -99,10 +100,10 @@ log=$(ls "$state"/node-agent/pods/default_tiny-worker-0/*.log 2>/dev/null | head
 [ -n "$log" ] && { echo "last lines of the worker's log ($log):"; grep -E "step=|validation" "$log" | tail -n 5; }
 [ "$phase" = Succeeded ] || { echo "the tiny job ended '$phase': see $state/operator.log and the worker's log"; exit 1; }
 
-step "fault tolerance: a 2-replica job; kill -9 of one trainer, then a hang of one trainer"
-# Same model and data, two pods (data parallel, dp=2), a checkpoint every 10 steps. A third of the way in, rank 1's
-# trainer gets kill -9 (its agent reports the exit: in-place restart, restore from the in-memory tier). Two thirds of
-# the way in, rank 1's new trainer gets SIGSTOP (a hang: the process lives, its /metrics goes silent): the monitor
+step "fault tolerance: a 2-replica job; kill -9 of one trainer at 1/4, then a hang of one trainer"
+# Same model and data, two pods (data parallel, dp=2), a checkpoint every 10 steps. A quarter of the way in, rank 1's
+# trainer gets kill -9 (its agent reports the exit: in-place restart, restore from the in-memory tier). As soon as
+# Prometheus scrapes the new generation, rank 1's new trainer gets SIGSTOP (a hang: the process lives, its /metrics goes silent): the monitor
 # sees the stall through Prometheus and requests a restart; with the default failurePolicy.excludeFailedNodes the
 # node is excluded and the operator moves pod 1 to another node chosen by the rail-aware scheduler.
 ft=tiny-ft
@@ -111,7 +112,7 @@ rm -rf "$state/ckpt/$ft"
 sed -e "s|/tmp/railyard-data/|$data/|g" -e "s|/tmp/railyard-ckpt/tiny|$state/ckpt/$ft|" -e "s|name: tiny|name: $ft|" \
   -e "s|replicas: 1|replicas: 2|" -e "s|steps: 200|steps: $ft_steps|" -e "s|intervalSteps: 50|intervalSteps: 10|" \
   deploy/examples/tiny.yaml | kubectl apply -f -
-ftj() { kubectl get trainingjobs.railyard.dev $ft -o jsonpath="$1" 2>/dev/null; }
+ftj() { kubectl get trainingjobs.railyard.dev $ft -o jsonpath="$1" 2>/dev/null || true; }
 # The trainer of a pod: the pod's process is its agent (node agent's processes.json); the trainer is the agent's child.
 trainer_of() {
   local agent
@@ -120,8 +121,21 @@ trainer_of() {
   pgrep -P "$agent" | head -1
 }
 log0=$state/node-agent/pods/default_$ft-worker-0/worker.log
-last_step() { grep -oE 'worker: step step=[0-9]+' "$log0" 2>/dev/null | tail -1 | cut -d= -f2; }
+# The step the job is at: the newest of rank 0's log (written in blocks), status.step (reported every few seconds)
+# and the newest checkpoint.
+last_step() {
+  local a b c
+  a=$(grep -oE 'worker: step step=[0-9]+' "$log0" 2>/dev/null | tail -1 | cut -d= -f2)
+  b=$(ftj '{.status.step}')
+  c=$(sed -n 's/^step-0*//p' "$state/ckpt/$ft/latest" 2>/dev/null)
+  printf '%s\n' "${a:-0}" "${b:-0}" "${c:-0}" | sort -n | tail -1
+}
 injections=()   # "kind unix-time step"
+prom_sees_gen2() {
+  curl -fsS "$PROMETHEUS_URL/api/v1/query" --data-urlencode \
+    "query=count(railyard_worker_step{job=\"$ft\",generation=\"2\"} and on(rank) up{job=\"$ft\"} == 1)" 2>/dev/null |
+    jq -e '.data.result[0].value[1] == "2"' >/dev/null
+}
 uids_before="" uids_after_kill="" node_before="" node_after="" request="" last_key=""
 for i in $(seq 1 3000); do
   ftphase=$(ftj '{.status.phase}')
@@ -131,31 +145,37 @@ for i in $(seq 1 3000); do
   # A line when phase, restarts or generation change, and every few polls in between (the progress column moves).
   if [ "$key" != "$last_key" ] || [ $((i % 5)) = 0 ]; then echo "$line"; last_key=$key; fi
   s=$(last_step)
-  if [ ${#injections[@]} = 0 ] && [ "${s:-0}" -ge $((ft_steps / 3)) ] && [ "$ftphase" = Running ]; then
+  if [ ${#injections[@]} = 0 ] && [ "${s:-0}" -ge $((ft_steps / 4)) ] && [ "$ftphase" = Running ]; then
     uids_before=$(kubectl get pods -l railyard.dev/job=$ft -o jsonpath='{.items[*].metadata.uid}')
-    pid=$(trainer_of $ft-worker-1)
+    pid=$(trainer_of $ft-worker-1) || { echo "no trainer process in $ft-worker-1"; exit 1; }
     echo ">> kill -9 $pid (rank 1's trainer in pod $ft-worker-1) at step $s; last checkpoint $(cat "$state/ckpt/$ft/latest" 2>/dev/null)"
     kill -9 "$pid"
     injections+=("kill-9 $(date +%s.%N) $s")
   elif [ ${#injections[@]} = 1 ] && [ -z "$uids_after_kill" ] && [ "$ftphase" = Running ] && [ "${restarts:-0}" = 1 ]; then
     uids_after_kill=$(kubectl get pods -l railyard.dev/job=$ft -o jsonpath='{.items[*].metadata.uid}')
-  elif [ ${#injections[@]} = 1 ] && [ "${s:-0}" -ge $((2 * ft_steps / 3)) ] && [ "$ftphase" = Running ]; then
-    node_before=$(kubectl get pod $ft-worker-1 -o jsonpath='{.spec.nodeName}')
-    pid=$(trainer_of $ft-worker-1)
-    echo ">> SIGSTOP $pid (rank 1's trainer in pod $ft-worker-1 on $node_before) at step $s: a hang, for the monitor to find"
-    kill -STOP "$pid"
-    echo "$pid" >"$state/stopped.pid"
-    injections+=("hang $(date +%s.%N) $s")
+  elif [ ${#injections[@]} = 1 ] && [ -n "$uids_after_kill" ] && [ "$ftphase" = Running ] && prom_sees_gen2 &&
+    [ "${s:-0}" -le $((ft_steps * 3 / 4)) ]; then
+    # As soon as Prometheus scrapes both ranks of the new generation (the monitor can only judge what it has seen).
+    node_before=$(kubectl get pod $ft-worker-1 -o jsonpath='{.spec.nodeName}' 2>/dev/null || true)
+    pid=$(trainer_of $ft-worker-1 || true)
+    if [ -n "$node_before" ] && [ -n "$pid" ]; then
+      echo ">> SIGSTOP $pid (rank 1's trainer in pod $ft-worker-1 on $node_before) at step $s: a hang, for the monitor to find"
+      kill -STOP "$pid"
+      echo "$pid" >"$state/stopped.pid"
+      injections+=("hang $(date +%s.%N) $s")
+    fi
   elif [ ${#injections[@]} = 2 ] && [ -z "$request" ]; then
     request=$(kubectl get trainingjobs.railyard.dev $ft -o jsonpath='{.metadata.annotations.railyard\.dev/restart-request}')
     [ -n "$request" ] && echo ">> monitor: railyard.dev/restart-request=$request"
+  elif [ ${#injections[@]} = 2 ] && [ -z "$node_after" ] && [ "$ftphase" = Running ] && [ "${restarts:-0}" = 2 ]; then
+    node_after=$(kubectl get pod $ft-worker-1 -o jsonpath='{.spec.nodeName}' 2>/dev/null || true)
+    [ -n "$node_after" ] && echo ">> pod $ft-worker-1 now runs on $node_after"
   fi
   case "$ftphase" in Succeeded | Failed | Invalid) break ;; esac
   sleep 0.3
 done
 # A stopped trainer dies with its agent (the pod moved); continue it if it somehow did not.
 [ -f "$state/stopped.pid" ] && { kill -CONT "$(cat "$state/stopped.pid")" 2>/dev/null || true; rm -f "$state/stopped.pid"; }
-node_after=$(kubectl get pod $ft-worker-1 -o jsonpath='{.spec.nodeName}' 2>/dev/null || true)
 kubectl get trainingjobs.railyard.dev $ft -o wide
 echo "last restart: $(ftj '{.status.lastRestart}')"
 echo "excluded nodes: $(ftj '{.metadata.annotations.railyard\.dev/exclude-nodes}')"
