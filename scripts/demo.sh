@@ -112,6 +112,7 @@ rm -rf "$state/ckpt/$ft"
 sed -e "s|/tmp/railyard-data/|$data/|g" -e "s|/tmp/railyard-ckpt/tiny|$state/ckpt/$ft|" -e "s|name: tiny|name: $ft|" \
   -e "s|replicas: 1|replicas: 2|" -e "s|steps: 200|steps: $ft_steps|" -e "s|intervalSteps: 50|intervalSteps: 10|" \
   deploy/examples/tiny.yaml | kubectl apply -f -
+ft_start=$(date +%s.%N) # the pods' logs are appended to by every run of the demo in this state dir
 ftj() { kubectl get trainingjobs.railyard.dev $ft -o jsonpath="$1" 2>/dev/null || true; }
 # The trainer of a pod: the pod's process is its agent (node agent's processes.json); the trainer is the agent's child.
 trainer_of() {
@@ -143,12 +144,12 @@ for i in $(seq 1 3000); do
   line=$(kubectl get trainingjobs.railyard.dev $ft --no-headers 2>/dev/null || true)
   key="$ftphase $restarts $(ftj '{.status.generation}')"
   # A line when phase, restarts or generation change, and every few polls in between (the progress column moves).
-  if [ "$key" != "$last_key" ] || [ $((i % 5)) = 0 ]; then echo "$line"; last_key=$key; fi
+  if [ "$key" != "$last_key" ] || [ $((i % 2)) = 0 ]; then echo "$line"; last_key=$key; fi
   s=$(last_step)
   if [ ${#injections[@]} = 0 ] && [ "${s:-0}" -ge $((ft_steps / 4)) ] && [ "$ftphase" = Running ]; then
     uids_before=$(kubectl get pods -l railyard.dev/job=$ft -o jsonpath='{.items[*].metadata.uid}')
     pid=$(trainer_of $ft-worker-1) || { echo "no trainer process in $ft-worker-1"; exit 1; }
-    echo ">> kill -9 $pid (rank 1's trainer in pod $ft-worker-1) at step $s; last checkpoint $(cat "$state/ckpt/$ft/latest" 2>/dev/null)"
+    echo ">> kill -9 $pid (rank 1's trainer in pod $ft-worker-1), job at step >= $s; last checkpoint $(cat "$state/ckpt/$ft/latest" 2>/dev/null)"
     kill -9 "$pid"
     injections+=("kill-9 $(date +%s.%N) $s")
   elif [ ${#injections[@]} = 1 ] && [ -z "$uids_after_kill" ] && [ "$ftphase" = Running ] && [ "${restarts:-0}" = 1 ]; then
@@ -159,7 +160,7 @@ for i in $(seq 1 3000); do
     node_before=$(kubectl get pod $ft-worker-1 -o jsonpath='{.spec.nodeName}' 2>/dev/null || true)
     pid=$(trainer_of $ft-worker-1 || true)
     if [ -n "$node_before" ] && [ -n "$pid" ]; then
-      echo ">> SIGSTOP $pid (rank 1's trainer in pod $ft-worker-1 on $node_before) at step $s: a hang, for the monitor to find"
+      echo ">> SIGSTOP $pid (rank 1's trainer in pod $ft-worker-1 on $node_before), job at step >= $s: a hang, for the monitor to find"
       kill -STOP "$pid"
       echo "$pid" >"$state/stopped.pid"
       injections+=("hang $(date +%s.%N) $s")
@@ -187,13 +188,14 @@ fi
 [ -n "$node_before" ] && echo "after the hang pod $ft-worker-1 moved from $node_before to ${node_after:-?} (node excluded)"
 
 step "loss curve and time lost"
-python3 - "$log0" "$ftphase" "$(ftj '{.status.restarts}')" "$request" "${injections[@]}" <<'PY'
-import json, re, sys
+python3 - "$log0" "$ftphase" "$(ftj '{.status.restarts}')" "$request" "$ft_start" "${injections[@]}" <<'PY'
+import calendar, json, re, sys
 from datetime import datetime
-log0 = open(sys.argv[1]).read().splitlines()
-phase, restarts, request = sys.argv[2], sys.argv[3], sys.argv[4]
-injections = [(k, float(t), int(s)) for k, t, s in (x.split() for x in sys.argv[5:])]
-ts = lambda l: datetime.strptime(l[:23], "%Y-%m-%dT%H:%M:%S.%f").timestamp()
+phase, restarts, request, start = sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5])
+injections = [(k, float(t)) for k, t, _ in (x.split() for x in sys.argv[6:])]
+# Log times are UTC.
+ts = lambda l: calendar.timegm(datetime.strptime(l[:23], "%Y-%m-%dT%H:%M:%S.%f").timetuple()) + int(l[20:23]) / 1e3
+log0 = [l for l in open(sys.argv[1]).read().splitlines() if l[:4].isdigit() and ts(l) >= start]
 step_re = re.compile(r"worker: step step=(\d+)/(\d+) loss=([0-9.]+).* step_ms=([0-9.]+)")
 # The log holds every generation; the last run of each step is the one that counts.
 runs, final = [], {}
@@ -214,11 +216,12 @@ for s in shown + ([steps[-1]] if shown[-1] != steps[-1] else []):
 redone = len(runs) - len(final)
 mean_ms = sum(r[2] for r in runs) / len(runs)
 print(f"\nsteps {steps[-1]}, final loss {final[steps[-1]]:.4f}, job {phase}, restarts {restarts}, "
-      f"failures injected {len(injections)} ({', '.join(k for k, _, _ in injections)})")
+      f"failures injected {len(injections)} ({', '.join(k for k, _ in injections)})")
 restores = [(ts(l), int(re.search(r" step=(\d+)", l).group(1)), re.search(r" from=(\S+)", l)) for l in log0
             if "checkpoint: restored " in l]
 lost_total = 0.0
-for k, t, s in injections:
+for k, t in injections:
+    s = max((x[0] for x in runs if x[3] <= t), default=0)  # the last step logged before the failure
     after = [r for r in restores if r[0] > t]
     if not after:
         print(f"{k}: no restore after it")
@@ -234,7 +237,7 @@ for k, t, s in injections:
         d = (datetime.strptime(q["time"], f) - datetime.strptime(q["onset"], f)).total_seconds()
         detect = f"; the monitor saw a {q['reason']} of rank {q['rank']} ({q['rule']} rule) {d:.0f} s after the last progress"
     lost_total += first - t
-    print(f"{k} at step ~{s}: restored step {r} ({src.group(1) if src else '?'}), first step of the new generation "
+    print(f"{k} after step {s}: restored step {r} ({src.group(1) if src else '?'}), first step of the new generation "
           f"{first - t:.1f} s after the failure{detect}")
 print(f"steps redone {redone}; time lost {lost_total + redone * mean_ms / 1e3:.1f} s (failure to first new step, plus "
       f"{redone} redone steps x {mean_ms:.0f} ms)")
