@@ -230,3 +230,42 @@ restart_request() { kubectl get tj "$job_name" -n "$ns" -o json 2>/dev/null | jq
 has_restart_request() { [ -n "$(restart_request)" ]; }
 # before_last_restore POD: the pod's log up to its last "checkpoint: restored" line (the interrupted generations).
 before_last_restore() { awk '/checkpoint: restored /{out = out buf; buf = ""} {buf = buf $0 "\n"} END{printf "%s", out}' "$(pod_log "$1")"; }
+# check_resumed MAX_LOST: after a restart, both ranks restore the same step r (> 0), at most MAX_LOST steps behind
+# the last step the interrupted generation logged (gen1_last), and rank 0's first step after the restore is r + 1.
+# Sets r, gen1_last, lost and t_step (when that first step was seen).
+check_resumed() {
+  local log0 after i
+  log0=$(pod_log "$job_name-worker-0")
+  for i in 0 1; do
+    wait_for 60 "rank $i to restore" bash -c "grep -q 'checkpoint: restored ' '$(pod_log "$job_name-worker-$i")'"
+  done
+  r=$(restored_step "$job_name-worker-0")
+  [ "$(restored_step "$job_name-worker-1")" = "$r" ] || fail "ranks restored steps $r and $(restored_step "$job_name-worker-1")"
+  [ "$r" -gt 0 ] || fail "restored step $r (a fresh start)"
+  gen1_last=$(before_last_restore "$job_name-worker-0" | grep -oE 'worker: step step=[0-9]+' | tail -1 | cut -d= -f2)
+  lost=$((gen1_last - r))
+  if [ "$lost" -lt 0 ] || [ "$lost" -gt "$1" ]; then
+    fail "the interrupted generation reached step $gen1_last, restored $r: $lost steps lost, want 0..$1"
+  fi
+  after_restore() { awk '/checkpoint: restored /{buf=""} {buf = buf $0 "\n"} END{printf "%s", buf}' "$log0"; }
+  wait_for 60 "the first step after the restore" \
+    bash -c "$(declare -f after_restore); log0='$log0'; after_restore | grep -q 'worker: step step='"
+  t_step=$(date +%s.%N)
+  after=$(after_restore | grep -oE 'worker: step step=[0-9]+' | head -1 | cut -d= -f2)
+  [ "$after" = $((r + 1)) ] || fail "first step after the restore is '$after', want $((r + 1))"
+}
+# check_succeeded_as_undisturbed STEPS RESTARTS: the job ends Succeeded, STEPS/STEPS, with RESTARTS restarts, rank 0's
+# last step is STEPS with the undisturbed run's loss, and its final parameters are bitwise the undisturbed run's.
+# Sets final_loss and params_sha.
+check_succeeded_as_undisturbed() {
+  local final ref_loss
+  wait_succeeded 180
+  [ "$(jp '{.status.restarts}')" = "$2" ] || fail "restarts $(jp '{.status.restarts}'), want $2"
+  [ "$(jp '{.status.progress}')" = "$1/$1" ] || fail "progress '$(jp '{.status.progress}')'"
+  final=$(steps_of "$job_name-worker-0" | tail -1)
+  [ "${final%% *}" = "$1" ] || fail "rank 0's last step is '$final', want $1"
+  final_loss=${final#* }
+  ref_loss=$(reference_params "$1")
+  [ "$final_loss" = "$ref_loss" ] || fail "final loss $final_loss differs from the undisturbed run's $ref_loss"
+  params_sha=$(final_params_match "$1")
+}

@@ -66,34 +66,12 @@ jq -e '.reason == "RestartRequested" and .symptom == "Straggler" and .detector =
   <<<"$last" >/dev/null || fail "status.lastRestart does not carry the monitor's Straggler request: $last"
 wait_for 60 "the job to run again" phase_is Running
 
-log0=$(pod_log "$job_name-worker-0")
-for i in 0 1; do
-  wait_for 60 "rank $i to restore" bash -c "grep -q 'checkpoint: restored ' '$(pod_log "$job_name-worker-$i")'"
-done
-r=$(restored_step "$job_name-worker-0")
-[ "$(restored_step "$job_name-worker-1")" = "$r" ] || fail "ranks restored steps $r and $(restored_step "$job_name-worker-1")"
-[ "$r" -gt 0 ] || fail "restored step $r (a fresh start)"
-gen1_last=$(before_last_restore "$job_name-worker-0" | grep -oE 'worker: step step=[0-9]+' | tail -1 | cut -d= -f2)
-lost=$((gen1_last - r))
-[ "$lost" -ge 0 ] && [ "$lost" -le "$interval" ] ||
-  fail "generation 1 reached step $gen1_last, restored $r: $lost steps lost, want 0..$interval"
-after_restore() { awk '/checkpoint: restored /{buf=""} {buf = buf $0 "\n"} END{printf "%s", buf}' "$log0"; }
-wait_for 60 "the first step after the restore" bash -c "$(declare -f after_restore); log0='$log0'; after_restore | grep -q 'worker: step step='"
-t_step=$(date +%s.%N)
-after=$(after_restore | grep -oE 'worker: step step=[0-9]+' | head -1 | cut -d= -f2)
-[ "$after" = $((r + 1)) ] || fail "first step after the restore is '$after', want $((r + 1))"
+check_resumed "$interval"
 # In place: no exclusion, so the same pods re-join the new generation.
 [ "$(pod_uid "$job_name-worker-0")" = "$uid0" ] || fail "pod 0 was re-created"
 [ "$(pod_uid "$job_name-worker-1")" = "$uid1" ] || fail "pod 1 was re-created although excludeFailedNodes is false"
 
-wait_succeeded 180
-[ "$(jp '{.status.restarts}')" = 1 ] || fail "restarts $(jp '{.status.restarts}'), want 1"
-[ "$(jp '{.status.progress}')" = "$steps/$steps" ] || fail "progress '$(jp '{.status.progress}')'"
-final=$(steps_of "$job_name-worker-0" | tail -1)
-[ "${final%% *}" = "$steps" ] || fail "rank 0's last step is '$final', want $steps"
-ref_loss=$(reference_params "$steps")
-[ "${final#* }" = "$ref_loss" ] || fail "final loss ${final#* } differs from the undisturbed run's $ref_loss"
-params_sha=$(final_params_match "$steps")
+check_succeeded_as_undisturbed "$steps" 1
 python3 - "$t_slow" "$t_req" "$t_step" "$req" <<'PY'
 import json, sys
 from datetime import datetime
@@ -104,4 +82,4 @@ onset = (datetime.strptime(r["time"], f) - datetime.strptime(r["onset"], f)).tot
 print(f"straggler: slowdown -> restart request seen {req_t - slow:.1f} s (request time - onset {onset:.0f} s, the "
       f"window is 5 s); request -> first step of the new generation {step_t - req_t:.1f} s; evidence: {r['evidence']}")
 PY
-echo "straggler e2e: ok (Straggler of rank 1 by the monitor through Prometheus, no exclusion, same pods; restored $r, generation 1 reached $gen1_last: $lost steps lost; final loss ${final#* }, final parameters bitwise the undisturbed run's, sha256 ${params_sha:0:16})"
+echo "straggler e2e: ok (Straggler of rank 1 by the monitor through Prometheus, no exclusion, same pods; restored $r, generation 1 reached $gen1_last: $lost steps lost; final loss $final_loss, final parameters bitwise the undisturbed run's, sha256 ${params_sha:0:16})"
