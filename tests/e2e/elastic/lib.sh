@@ -232,7 +232,7 @@ has_restart_request() { [ -n "$(restart_request)" ]; }
 before_last_restore() { awk '/checkpoint: restored /{out = out buf; buf = ""} {buf = buf $0 "\n"} END{printf "%s", out}' "$(pod_log "$1")"; }
 # check_resumed MAX_LOST: after a restart, both ranks restore the same step r (> 0), at most MAX_LOST steps behind
 # the last step the interrupted generation logged (gen1_last), and rank 0's first step after the restore is r + 1.
-# Sets r, gen1_last, lost and t_step (when that first step was seen).
+# Sets r, gen1_last, lost and t_step (when that first step was done, from its log line).
 check_resumed() {
   local log0 after i
   log0=$(pod_log "$job_name-worker-0")
@@ -250,7 +250,8 @@ check_resumed() {
   after_restore() { awk '/checkpoint: restored /{buf=""} {buf = buf $0 "\n"} END{printf "%s", buf}' "$log0"; }
   wait_for 60 "the first step after the restore" \
     bash -c "$(declare -f after_restore); log0='$log0'; after_restore | grep -q 'worker: step step='"
-  t_step=$(date +%s.%N)
+  # When the step was done, from the log line's own time (the file may be written later than that).
+  t_step=$(date -d "$(after_restore | grep -m1 'worker: step step=' | cut -c1-24)" +%s.%N)
   after=$(after_restore | grep -oE 'worker: step step=[0-9]+' | head -1 | cut -d= -f2)
   [ "$after" = $((r + 1)) ] || fail "first step after the restore is '$after', want $((r + 1))"
 }
