@@ -91,6 +91,10 @@ constexpr const char* kUsage = R"(usage: railyard-worker train [flags]
   --deterministic      fixed reduction order independent of dp: bitwise-identical results for dp=4, dp=2 x
                        accumulation 2, dp=1 x accumulation 4 (needs a power-of-two accumulation per rank)
   --bucket-mb X        data-parallel all-reduce bucket size in MiB (default 25)
+  --recompute MODE     activation recomputation: none (default), selective (each layer's attention probabilities are
+                       recomputed in backward) or full (a layer keeps only its input and reruns its forward in
+                       backward); results are bitwise unchanged, activation memory drops (docs/worker.md)
+  --recompute-layers K recompute only the first K layers (default: all)
   --gemm-split MODE    pool (default: our threads split each GEMM over single-threaded OpenBLAS) or openblas
                        (OpenBLAS's own threads run the GEMMs); for measuring the threading choice
        railyard-worker gemm-rate [--model SPEC] [--batch B] [--seq T] [--threads N] [--split pool|openblas]
@@ -423,7 +427,7 @@ int cmd_train(int argc, char** argv) {
                         "peak-flops", "max-bad-steps", "gemm-split",  "config",       "metrics-port", "metrics-host",
                         "ckpt-dir",   "ckpt-every",    "ckpt-keep",   "ckpt-async",   "ckpt-shm-every",
                         "ckpt-term-budget", "resume", "data-root", "ckpt-root",
-                        "nproc", "tp", "pp", "zero", "deterministic", "bucket-mb"});
+                        "nproc", "tp", "pp", "zero", "deterministic", "bucket-mb", "recompute", "recompute-layers"});
   if (f.count("nproc")) return launch_train_world(argc, argv, f);
   if (f.count("config")) apply_config_file(f["config"], f);
   if (!f.count("data")) {
@@ -465,6 +469,10 @@ int cmd_train(int argc, char** argv) {
   tc.peak_flops = to_double(f, "peak-flops", 0);
   tc.max_bad_steps = static_cast<int>(to_int(f, "max-bad-steps", 3));
   if (f.count("log-json")) tc.log_json = f["log-json"];
+  if (f.count("recompute") || f.count("recompute-layers")) {
+    tc.recompute = parse_recompute(f.count("recompute") ? f["recompute"] : "none",
+                                   static_cast<int>(to_int(f, "recompute-layers", -1)), *cfg);
+  }
   if (const char* p = std::getenv("RAILYARD_PROGRESS_FILE"); p != nullptr && *p != '\0') tc.progress_file = p;
   tc.validate(*cfg);
 
@@ -488,7 +496,7 @@ int cmd_train(int argc, char** argv) {
 
   const int threads = threads_from(f);
   // Refuse up front what cannot fit, instead of dying in an allocation or the OOM killer later.
-  const MemoryBudget need = memory_budget(*cfg, tc.batch, tc.seq_len, threads);
+  const MemoryBudget need = memory_budget(*cfg, tc.batch, tc.seq_len, threads, tc.recompute);
   const double phys = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
   if (phys > 0 && static_cast<double>(need.total()) > phys) {
     char buf[160];

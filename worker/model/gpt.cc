@@ -39,34 +39,41 @@ std::array<T*, kNumParamTensors> split_tensors(T* flat, const GptConfig& c) {
 
 namespace {
 
-// Element counts of the activation views, in allocation order.
+// Element counts of the activation buffer. Per layer (not counting its output residual3, always kept): ln1 (N,C),
+// ln1 mean/rstd (N), qkv (N,3C), atty (N,C), res2 (N,C), ln2 (N,C), ln2 mean/rstd (N), fch and fch_gelu (N,4C) =
+// 15NC + 4N, plus the attention probabilities (B,NH,T,T). Fully recomputed layers keep none of it, selectively
+// recomputed ones all but the probabilities; the working set holds one recomputed layer's share during backward.
 struct ActLayout {
-  size_t encoded, ln1, ln1_mean, ln1_rstd, qkv, atty, att, residual2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu, residual3,
-      lnf, lnf_mean, lnf_rstd, logits, losses, dres, dc, d4c, dqkv, att_scratch, proj;
+  size_t N, C, layer, att;      // N = B*T; layer = 15NC + 4N; att = B*NH*T*T
+  size_t stored, stored_att;    // layers keeping `layer`, layers keeping `att`
+  size_t work_layer, work_att;  // 0 or 1: the working set's share
+  size_t encoded, residual3, lnf, lnf_stats, logits, losses;
+  size_t dres, dc, d4c, dqkv, att_scratch, proj;
   size_t total() const {
-    return encoded + ln1 + ln1_mean + ln1_rstd + qkv + atty + att + residual2 + ln2 + ln2_mean + ln2_rstd + fch +
-           fch_gelu + residual3 + lnf + lnf_mean + lnf_rstd + logits + losses + dres + dc + d4c + dqkv + att_scratch +
-           proj;
+    return encoded + (stored + work_layer) * layer + (stored_att + work_att) * att + residual3 + lnf + lnf_stats +
+           logits + losses + dres + dc + d4c + dqkv + att_scratch + proj;
   }
 };
 
-ActLayout act_layout(const GptConfig& c, int B, int T, int threads) {
+ActLayout act_layout(const GptConfig& c, int B, int T, int threads, const RecomputeSpec& r) {
   const size_t L = c.num_layers, C = c.channels, NH = c.num_heads, Vp = c.padded_vocab_size;
   const size_t N = static_cast<size_t>(B) * T;
   ActLayout a{};
-  a.encoded = N * C;                                // (B, T, C)
-  a.ln1 = L * N * C;                                // (L, B, T, C)
-  a.ln1_mean = a.ln1_rstd = L * N;                  // (L, B, T)
-  a.qkv = L * N * 3 * C;                            // (L, B, T, 3C)
-  a.atty = L * N * C;                               // (L, B, T, C)
-  a.att = L * B * NH * static_cast<size_t>(T) * T;  // (L, B, NH, T, T)
-  a.residual2 = L * N * C;                          // (L, B, T, C)
-  a.ln2 = L * N * C;
-  a.ln2_mean = a.ln2_rstd = L * N;
-  a.fch = a.fch_gelu = L * N * 4 * C;  // (L, B, T, 4C)
-  a.residual3 = L * N * C;
+  a.N = N;
+  a.C = C;
+  a.layer = 15 * N * C + 4 * N;
+  a.att = B * NH * static_cast<size_t>(T) * T;
+  for (size_t l = 0; l < L; ++l) {
+    const bool full = r.full(static_cast<int>(l)), sel = r.selective(static_cast<int>(l));
+    if (!full) ++a.stored;
+    if (!full && !sel) ++a.stored_att;
+    if (full) a.work_layer = 1;
+    if (full || sel) a.work_att = 1;
+  }
+  a.encoded = N * C;        // (B, T, C)
+  a.residual3 = L * N * C;  // (L, B, T, C)
   a.lnf = N * C;
-  a.lnf_mean = a.lnf_rstd = N;
+  a.lnf_stats = 2 * N;
   a.logits = N * Vp;  // (B, T, Vp); dlogits in place after a kTrain forward
   a.losses = N;
   a.dres = a.dc = N * C;
@@ -100,8 +107,8 @@ struct NormalRng {
 
 }  // namespace
 
-size_t activation_bytes(const GptConfig& c, int B, int T, int threads) {
-  return act_layout(c, B, T, threads).total() * sizeof(float) + static_cast<size_t>(B) * T * sizeof(int32_t);
+size_t activation_bytes(const GptConfig& c, int B, int T, int threads, const RecomputeSpec& recompute) {
+  return act_layout(c, B, T, threads, recompute).total() * sizeof(float) + static_cast<size_t>(B) * T * sizeof(int32_t);
 }
 
 template <typename T>
@@ -149,7 +156,8 @@ void init_gpt2_weights(T* params, const GptConfig& c, uint64_t seed, ThreadPool*
 }
 
 template <typename T>
-Gpt<T>::Gpt(const GptConfig& config, int B, int Tn, ThreadPool& pool) : config_(config), B_(B), T_(Tn), pool_(pool) {
+Gpt<T>::Gpt(const GptConfig& config, int B, int Tn, ThreadPool& pool, const RecomputeSpec& recompute)
+    : config_(config), recompute_(recompute), B_(B), T_(Tn), pool_(pool) {
   validate(config_);
   if (B <= 0) throw ConfigError("batch (B) must be positive, got " + std::to_string(B));
   if (Tn <= 0 || Tn > config.max_seq_len) {
@@ -159,7 +167,7 @@ Gpt<T>::Gpt(const GptConfig& config, int B, int Tn, ThreadPool& pool) : config_(
   cpu::init_blas_single_threaded();
   params_ = AlignedBuffer<T>(num_parameters(config_));
   grads_ = AlignedBuffer<T>(num_parameters(config_));
-  const ActLayout a = act_layout(config_, B, Tn, pool.size());
+  const ActLayout a = act_layout(config_, B, Tn, pool.size(), recompute_);
   acts_ = AlignedBuffer<T>(a.total());
   inputs_ = AlignedBuffer<int32_t>(static_cast<size_t>(B) * Tn);
   T* p = acts_.data();
@@ -168,23 +176,39 @@ Gpt<T>::Gpt(const GptConfig& config, int B, int Tn, ThreadPool& pool) : config_(
     p += n;
     return r;
   };
+  const size_t N = a.N, C = a.C;
+  // One layer's share: ln1, stats, qkv, atty, res2, ln2, stats, fch, fch_gelu (a.layer elements), then att.
+  auto take_layer = [&](LayerActs& la) {
+    la.ln1 = take(N * C);
+    la.ln1_mean = take(N);
+    la.ln1_rstd = take(N);
+    la.qkv = take(N * 3 * C);
+    la.atty = take(N * C);
+    la.res2 = take(N * C);
+    la.ln2 = take(N * C);
+    la.ln2_mean = take(N);
+    la.ln2_rstd = take(N);
+    la.fch = take(N * 4 * C);
+    la.fch_gelu = take(N * 4 * C);
+  };
   encoded_ = take(a.encoded);
-  ln1_ = take(a.ln1);
-  ln1_mean_ = take(a.ln1_mean);
-  ln1_rstd_ = take(a.ln1_rstd);
-  qkv_ = take(a.qkv);
-  atty_ = take(a.atty);
-  att_ = take(a.att);
-  residual2_ = take(a.residual2);
-  ln2_ = take(a.ln2);
-  ln2_mean_ = take(a.ln2_mean);
-  ln2_rstd_ = take(a.ln2_rstd);
-  fch_ = take(a.fch);
-  fch_gelu_ = take(a.fch_gelu);
   residual3_ = take(a.residual3);
+  LayerActs work{};
+  if (a.work_layer) take_layer(work);
+  if (a.work_att) work.att = take(a.att);
+  layer_.resize(config_.num_layers);
+  for (int l = 0; l < config_.num_layers; ++l) {
+    LayerActs& la = layer_[l];
+    if (recompute_.full(l)) {
+      la = work;
+    } else {
+      take_layer(la);
+      la.att = recompute_.selective(l) ? work.att : take(a.att);
+    }
+  }
   lnf_ = take(a.lnf);
-  lnf_mean_ = take(a.lnf_mean);
-  lnf_rstd_ = take(a.lnf_rstd);
+  lnf_mean_ = take(N);
+  lnf_rstd_ = take(N);
   logits_ = take(a.logits);
   losses_ = take(a.losses);
   dres_ = take(a.dres);
@@ -193,6 +217,7 @@ Gpt<T>::Gpt(const GptConfig& config, int B, int Tn, ThreadPool& pool) : config_(
   dqkv_ = take(a.dqkv);
   att_scratch_ = take(a.att_scratch);
   proj_ = take(a.proj);
+  if (p != acts_.data() + a.total()) throw Error("Gpt: activation layout does not add up (a bug)");
 }
 
 template <typename T>
@@ -207,10 +232,36 @@ void Gpt<T>::zero_grad() {
 }
 
 template <typename T>
+const T* Gpt<T>::layer_input(size_t l) const {
+  return l == 0 ? encoded_ : residual3_ + (l - 1) * static_cast<size_t>(B_) * T_ * config_.channels;
+}
+
+template <typename T>
+void Gpt<T>::layer_forward(size_t l, const T* residual, const LayerActs& a, T* residual3) {
+  using namespace cpu;
+  const int B = B_, Tn = T_, C = config_.channels, NH = config_.num_heads;
+  const size_t N = static_cast<size_t>(B) * Tn, lc = l * C;
+  auto w = split_tensors(params_.data(), config_);
+  T *ln1w = w[2], *ln1b = w[3], *qkvw = w[4], *qkvb = w[5], *attprojw = w[6], *attprojb = w[7], *ln2w = w[8],
+    *ln2b = w[9], *fcw = w[10], *fcb = w[11], *fcprojw = w[12], *fcprojb = w[13];
+  // attention block: residual2 = residual + attproj(attn(qkv(ln1(residual))))
+  layernorm_forward(pool_, a.ln1, a.ln1_mean, a.ln1_rstd, residual, ln1w + lc, ln1b + lc, N, C);
+  matmul_forward(pool_, a.qkv, a.ln1, qkvw + l * 3 * C * C, qkvb + 3 * lc, N, C, 3 * C);  // (B,T,3C)
+  attention_forward(pool_, a.atty, a.att, a.qkv, B, Tn, C, NH);                           // (B,T,C), (B,NH,T,T)
+  matmul_forward(pool_, proj_, a.atty, attprojw + l * C * C, attprojb + lc, N, C, C);     // (B,T,C)
+  residual_forward(pool_, a.res2, residual, proj_, N * C);
+  // MLP block: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
+  layernorm_forward(pool_, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, ln2w + lc, ln2b + lc, N, C);
+  matmul_forward(pool_, a.fch, a.ln2, fcw + l * 4 * C * C, fcb + 4 * lc, N, C, 4 * C);  // (B,T,4C)
+  gelu_forward(pool_, a.fch_gelu, a.fch, N * 4 * C);
+  matmul_forward(pool_, proj_, a.fch_gelu, fcprojw + l * 4 * C * C, fcprojb + lc, N, 4 * C, C);  // (B,T,C)
+  residual_forward(pool_, residual3, a.res2, proj_, N * C);
+}
+
+template <typename T>
 T Gpt<T>::forward(const int32_t* inputs, const int32_t* targets, Mode mode, T dloss) {
   using namespace cpu;
-  const int B = B_, Tn = T_, C = config_.channels, NH = config_.num_heads, V = config_.vocab_size,
-            Vp = config_.padded_vocab_size;
+  const int B = B_, Tn = T_, C = config_.channels, V = config_.vocab_size, Vp = config_.padded_vocab_size;
   const size_t L = config_.num_layers, N = static_cast<size_t>(B) * Tn;
   for (size_t i = 0; i < N; ++i) {
     if (inputs[i] < 0 || inputs[i] >= V || targets[i] < 0 || targets[i] >= V) {
@@ -221,36 +272,10 @@ T Gpt<T>::forward(const int32_t* inputs, const int32_t* targets, Mode mode, T dl
   }
   std::memcpy(inputs_.data(), inputs, N * sizeof(int32_t));
   auto w = split_tensors(params_.data(), config_);
-  T *wte = w[0], *wpe = w[1], *ln1w = w[2], *ln1b = w[3], *qkvw = w[4], *qkvb = w[5], *attprojw = w[6],
-    *attprojb = w[7], *ln2w = w[8], *ln2b = w[9], *fcw = w[10], *fcb = w[11], *fcprojw = w[12], *fcprojb = w[13],
-    *lnfw = w[14], *lnfb = w[15];
+  T *wte = w[0], *wpe = w[1], *lnfw = w[14], *lnfb = w[15];
 
   encoder_forward(pool_, encoded_, inputs, wte, wpe, B, Tn, C);  // (B,T,C)
-  for (size_t l = 0; l < L; ++l) {
-    const T* residual = l == 0 ? encoded_ : residual3_ + (l - 1) * N * C;
-    T* ln1 = ln1_ + l * N * C;
-    T* qkv = qkv_ + l * N * 3 * C;
-    T* atty = atty_ + l * N * C;
-    T* att = att_ + l * B * NH * static_cast<size_t>(Tn) * Tn;
-    T* residual2 = residual2_ + l * N * C;
-    T* ln2 = ln2_ + l * N * C;
-    T* fch = fch_ + l * N * 4 * C;
-    T* fch_gelu = fch_gelu_ + l * N * 4 * C;
-    T* residual3 = residual3_ + l * N * C;
-    const size_t lc = l * C;
-    // attention block: residual2 = residual + attproj(attn(qkv(ln1(residual))))
-    layernorm_forward(pool_, ln1, ln1_mean_ + l * N, ln1_rstd_ + l * N, residual, ln1w + lc, ln1b + lc, N, C);
-    matmul_forward(pool_, qkv, ln1, qkvw + l * 3 * C * C, qkvb + 3 * lc, N, C, 3 * C);  // (B,T,3C)
-    attention_forward(pool_, atty, att, qkv, B, Tn, C, NH);                             // (B,T,C), (B,NH,T,T)
-    matmul_forward(pool_, proj_, atty, attprojw + l * C * C, attprojb + lc, N, C, C);   // (B,T,C)
-    residual_forward(pool_, residual2, residual, proj_, N * C);
-    // MLP block: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
-    layernorm_forward(pool_, ln2, ln2_mean_ + l * N, ln2_rstd_ + l * N, residual2, ln2w + lc, ln2b + lc, N, C);
-    matmul_forward(pool_, fch, ln2, fcw + l * 4 * C * C, fcb + 4 * lc, N, C, 4 * C);  // (B,T,4C)
-    gelu_forward(pool_, fch_gelu, fch, N * 4 * C);
-    matmul_forward(pool_, proj_, fch_gelu, fcprojw + l * 4 * C * C, fcprojb + lc, N, 4 * C, C);  // (B,T,C)
-    residual_forward(pool_, residual3, residual2, proj_, N * C);
-  }
+  for (size_t l = 0; l < L; ++l) layer_forward(l, layer_input(l), layer_[l], residual3_ + l * N * C);
   layernorm_forward(pool_, lnf_, lnf_mean_, lnf_rstd_, residual3_ + (L - 1) * N * C, lnfw, lnfb, N, C);
   matmul_forward(pool_, logits_, lnf_, wte, static_cast<const T*>(nullptr), N, C, Vp);  // (B,T,Vp), tied head
   if (mode == Mode::kTrain) {
@@ -299,25 +324,31 @@ void Gpt<T>::backward(bool accumulate) {
   // dres_ now holds d(loss)/d(residual stream) and flows down through the layers.
   for (size_t li = L; li-- > 0;) {
     const size_t l = li;
-    const T* residual = l == 0 ? encoded_ : residual3_ + (l - 1) * N * C;
+    const T* residual = layer_input(l);
+    const LayerActs& a = layer_[l];
     const size_t lc = l * C;
+    if (recompute_.full(static_cast<int>(l))) {
+      // The same kernels on the same input and weights: the working set gets the bits forward computed.
+      layer_forward(l, residual, a, proj_);  // the output (residual3) is kept; proj_ takes the throwaway copy
+    } else if (recompute_.selective(static_cast<int>(l))) {
+      attention_forward(pool_, a.atty, a.att, a.qkv, B, Tn, C, NH);  // atty rewritten with identical values
+    }
     // MLP block
-    matmul_backward(pool_, d4c_, false, g[12] + l * 4 * C * C, g[13] + lc, dres_, fch_gelu_ + l * N * 4 * C,
-                    w[12] + l * 4 * C * C, N, 4 * C, C, acc);           // d fch_gelu (B,T,4C)
-    gelu_backward(pool_, d4c_, fch_ + l * N * 4 * C, d4c_, N * 4 * C);  // d fch (B,T,4C)
-    matmul_backward(pool_, dc_, false, g[10] + l * 4 * C * C, g[11] + 4 * lc, d4c_, ln2_ + l * N * C,
-                    w[10] + l * 4 * C * C, N, C, 4 * C, acc);  // d ln2 (B,T,C)
-    layernorm_backward(pool_, dres_, g[8] + lc, g[9] + lc, dc_, residual2_ + l * N * C, w[8] + lc, ln2_mean_ + l * N,
-                       ln2_rstd_ + l * N, N, C);  // += d residual2
+    matmul_backward(pool_, d4c_, false, g[12] + l * 4 * C * C, g[13] + lc, dres_, a.fch_gelu, w[12] + l * 4 * C * C, N,
+                    4 * C, C, acc);                      // d fch_gelu (B,T,4C)
+    gelu_backward(pool_, d4c_, a.fch, d4c_, N * 4 * C);  // d fch (B,T,4C)
+    matmul_backward(pool_, dc_, false, g[10] + l * 4 * C * C, g[11] + 4 * lc, d4c_, a.ln2, w[10] + l * 4 * C * C, N, C,
+                    4 * C, acc);  // d ln2 (B,T,C)
+    layernorm_backward(pool_, dres_, g[8] + lc, g[9] + lc, dc_, a.res2, w[8] + lc, a.ln2_mean, a.ln2_rstd, N,
+                       C);  // += d residual2
     // attention block
-    matmul_backward(pool_, dc_, false, g[6] + l * C * C, g[7] + lc, dres_, atty_ + l * N * C, w[6] + l * C * C, N, C, C,
-                    acc);  // d atty (B,T,C)
-    attention_backward(pool_, dqkv_, att_scratch_, dc_, qkv_ + l * N * 3 * C,
-                       att_ + l * B * NH * static_cast<size_t>(Tn) * Tn, B, Tn, C, NH);  // d qkv (B,T,3C)
-    matmul_backward(pool_, dc_, false, g[4] + l * 3 * C * C, g[5] + 3 * lc, dqkv_, ln1_ + l * N * C,
-                    w[4] + l * 3 * C * C, N, C, 3 * C, acc);  // d ln1 (B,T,C)
-    layernorm_backward(pool_, dres_, g[2] + lc, g[3] + lc, dc_, residual, w[2] + lc, ln1_mean_ + l * N,
-                       ln1_rstd_ + l * N, N, C);  // += d residual
+    matmul_backward(pool_, dc_, false, g[6] + l * C * C, g[7] + lc, dres_, a.atty, w[6] + l * C * C, N, C, C,
+                    acc);                                                             // d atty (B,T,C)
+    attention_backward(pool_, dqkv_, att_scratch_, dc_, a.qkv, a.att, B, Tn, C, NH);  // d qkv (B,T,3C)
+    matmul_backward(pool_, dc_, false, g[4] + l * 3 * C * C, g[5] + 3 * lc, dqkv_, a.ln1, w[4] + l * 3 * C * C, N, C,
+                    3 * C, acc);  // d ln1 (B,T,C)
+    layernorm_backward(pool_, dres_, g[2] + lc, g[3] + lc, dc_, residual, w[2] + lc, a.ln1_mean, a.ln1_rstd, N,
+                       C);  // += d residual
     if (grad_ready_) {
       // Layer l's slices of the 12 stacked tensors (ln1w .. fcprojb) are final now.
       const auto sizes = param_sizes(config_);

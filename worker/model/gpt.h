@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "worker/kernels/cpu/thread_pool.h"
 #include "worker/model/gpt_config.h"
@@ -40,8 +41,9 @@ class AlignedBuffer {
 template <typename T>
 std::array<T*, kNumParamTensors> split_tensors(T* flat, const GptConfig& c);
 
-// Bytes of the activation buffer plus backward scratch that Gpt allocates for (B, T) and a pool of `threads`.
-size_t activation_bytes(const GptConfig& c, int B, int T, int threads);
+// Bytes of the activation buffer plus backward scratch that Gpt allocates for (B, T) and a pool of `threads`, with
+// the given recomputation (the activations a recomputed layer drops are not allocated; one layer's working set is).
+size_t activation_bytes(const GptConfig& c, int B, int T, int threads, const RecomputeSpec& recompute = {});
 
 // GPT-2 initialisation: weights N(0, 0.02), the two residual projections (attprojw, fcprojw) N(0, 0.02/sqrt(2L)),
 // biases 0, LayerNorm weights 1; wte rows >= V (padding) are 0. Deterministic in seed: each tensor is drawn in
@@ -59,9 +61,11 @@ class Gpt {
   };
 
   // B sequences of T tokens per forward (T <= maxT). Allocates everything here; forward/backward never allocate.
-  Gpt(const GptConfig& config, int B, int seq_len, ThreadPool& pool);
+  // recompute: which layers drop activations after forward and recompute them in backward (bitwise the same).
+  Gpt(const GptConfig& config, int B, int seq_len, ThreadPool& pool, const RecomputeSpec& recompute = {});
 
   const GptConfig& config() const { return config_; }
+  const RecomputeSpec& recompute() const { return recompute_; }
   int batch() const { return B_; }
   int seq_len() const { return T_; }
   size_t num_params() const { return params_.size(); }
@@ -95,16 +99,26 @@ class Gpt {
   const T* losses() const { return losses_; }
 
  private:
+  // Where layer l's activations live: its slice of the stacked buffers, or (recomputed layers) the one-layer working
+  // set, which backward refills by running the layer's forward again.
+  struct LayerActs {
+    T *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu;
+  };
+  void layer_forward(size_t l, const T* residual, const LayerActs& a, T* residual3);
+  const T* layer_input(size_t l) const;
+
   GptConfig config_;
+  RecomputeSpec recompute_;
   int B_, T_;
   ThreadPool& pool_;
   AlignedBuffer<T> params_, grads_, acts_;
   AlignedBuffer<int32_t> inputs_;
   bool have_dlogits_ = false;
   GradReadyHook grad_ready_;
-  // Views into acts_. Per-layer tensors are stacked [L, ...].
-  T *encoded_, *ln1_, *ln1_mean_, *ln1_rstd_, *qkv_, *atty_, *att_, *residual2_, *ln2_, *ln2_mean_, *ln2_rstd_;
-  T *fch_, *fch_gelu_, *residual3_, *lnf_, *lnf_mean_, *lnf_rstd_, *logits_, *losses_;
+  // Views into acts_. residual3 is stacked [L, B, T, C] (every layer's output is the next one's input); the other
+  // per-layer tensors are in layer_.
+  T *encoded_, *residual3_, *lnf_, *lnf_mean_, *lnf_rstd_, *logits_, *losses_;
+  std::vector<LayerActs> layer_;
   // Backward scratch (one layer at a time) and the forward's projection output.
   T *dres_, *dc_, *d4c_, *dqkv_, *att_scratch_, *proj_;
 };

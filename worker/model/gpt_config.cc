@@ -32,6 +32,43 @@ void validate(const GptConfig& c) {
   }
 }
 
+const char* to_string(Recompute r) {
+  switch (r) {
+    case Recompute::kSelective:
+      return "selective";
+    case Recompute::kFull:
+      return "full";
+    case Recompute::kNone:
+      break;
+  }
+  return "none";
+}
+
+RecomputeSpec parse_recompute(std::string_view mode, int layers, const GptConfig& c) {
+  RecomputeSpec r;
+  if (mode == "none") {
+    r.mode = Recompute::kNone;
+  } else if (mode == "selective") {
+    r.mode = Recompute::kSelective;
+  } else if (mode == "full") {
+    r.mode = Recompute::kFull;
+  } else {
+    throw ConfigError("--recompute '" + std::string(mode) + "' is not none, selective or full");
+  }
+  if (layers < -1 || layers > c.num_layers) {
+    throw ConfigError("--recompute-layers " + std::to_string(layers) + " must be in 0.." +
+                      std::to_string(c.num_layers) + " (the model's layers; omit it for all layers)");
+  }
+  r.layers = layers == c.num_layers ? -1 : layers;
+  return r;
+}
+
+std::string describe(const RecomputeSpec& r) {
+  if (r.mode == Recompute::kNone || r.layers == 0) return "none";
+  return std::string(to_string(r.mode)) +
+         (r.layers < 0 ? " (all layers)" : " (layers 0-" + std::to_string(r.layers - 1) + ")");
+}
+
 GptConfig make_gpt_config(int num_layers, int channels, int num_heads, int max_seq_len, int vocab_size) {
   GptConfig c;
   c.num_layers = num_layers;

@@ -60,6 +60,28 @@ GptConfig parse_model_spec(std::string_view spec);
 // Builds and validates a shape (positive sizes, C divisible by NH); pads the vocabulary.
 GptConfig make_gpt_config(int num_layers, int channels, int num_heads, int max_seq_len, int vocab_size);
 
+// Activation recomputation (docs/worker.md, "Activation recomputation"). A recomputed layer drops activations after
+// its forward and rebuilds them in backward with the same kernels on the same inputs, so results are bitwise those
+// of kNone. kSelective drops the attention probabilities (B, NH, T, T) of the layer; kFull keeps only the layer's
+// input (the residual stream, which the layer below keeps anyway) and reruns the whole layer forward in backward.
+enum class Recompute { kNone, kSelective, kFull };
+
+struct RecomputeSpec {
+  Recompute mode = Recompute::kNone;
+  int layers = -1;  // applies to the first `layers` layers of the model (global index); -1 = all
+  bool applies(int layer) const { return mode != Recompute::kNone && (layers < 0 || layer < layers); }
+  bool full(int layer) const { return mode == Recompute::kFull && applies(layer); }
+  bool selective(int layer) const { return mode == Recompute::kSelective && applies(layer); }
+  bool operator==(const RecomputeSpec&) const = default;
+};
+
+// "none" | "selective" | "full", and the layer count (-1 = all; otherwise 0..L). Throws railyard::ConfigError naming
+// --recompute / --recompute-layers.
+RecomputeSpec parse_recompute(std::string_view mode, int layers, const GptConfig& c);
+const char* to_string(Recompute r);
+// "full (layers 0-5)", "selective (all layers)", "none"
+std::string describe(const RecomputeSpec& r);
+
 // Throws railyard::ConfigError when a config read from elsewhere (e.g. a checkpoint header) is inconsistent.
 void validate(const GptConfig& c);
 

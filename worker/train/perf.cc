@@ -16,12 +16,12 @@ double flops_per_token(const GptConfig& c, int T) {
   return 6.0 * n + 12.0 * c.num_layers * static_cast<double>(c.channels) * T;
 }
 
-MemoryBudget memory_budget(const GptConfig& c, int B, int T, int threads) {
+MemoryBudget memory_budget(const GptConfig& c, int B, int T, int threads, const RecomputeSpec& recompute) {
   MemoryBudget m;
   m.params = num_parameters(c) * sizeof(float);
   m.grads = m.params;
   m.adam = 2 * m.params;
-  m.activations = activation_bytes(c, B, T, threads);
+  m.activations = activation_bytes(c, B, T, threads, recompute);
   return m;
 }
 

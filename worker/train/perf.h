@@ -21,7 +21,7 @@ struct MemoryBudget {
   size_t total() const { return params + grads + adam + activations; }
   std::string describe() const;
 };
-MemoryBudget memory_budget(const GptConfig& c, int B, int T, int threads);
+MemoryBudget memory_budget(const GptConfig& c, int B, int T, int threads, const RecomputeSpec& recompute = {});
 
 // FLOP/s that our GEMM path (OpenBLAS single-threaded per pool thread, output split across the pool) reaches on
 // the step's own GEMM shapes: one layer's four linear layers and the LM head, forward and both backward GEMMs, for

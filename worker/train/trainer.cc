@@ -63,7 +63,9 @@ Trainer::Trainer(const GptConfig& model, const TrainConfig& config, ThreadPool& 
       train_(train),
       val_(val),
       // A sharded model replaces the built-in one: no full-size buffers on this rank.
-      model_(sharded != nullptr ? nullptr : std::make_unique<Gpt<float>>(model, config.batch, config.seq_len, pool)),
+      model_(sharded != nullptr
+                 ? nullptr
+                 : std::make_unique<Gpt<float>>(model, config.batch, config.seq_len, pool, config.recompute)),
       sync_(sync),
       sharded_(sharded),
       inputs_(static_cast<size_t>(config.batch) * config.seq_len),
@@ -107,7 +109,7 @@ AdamW& Trainer::optimizer() {
 }
 
 MemoryBudget Trainer::memory_budget() const {
-  return railyard::worker::memory_budget(gpt_, cfg_.batch, cfg_.seq_len, pool_.size());
+  return railyard::worker::memory_budget(gpt_, cfg_.batch, cfg_.seq_len, pool_.size(), cfg_.recompute);
 }
 
 StepResult Trainer::step() {
@@ -341,7 +343,9 @@ int Trainer::run() {
                                     model_ ? model_->num_params() : 0);
     if (model_) model_->zero_grad();
   }
-  log::info("worker", "model", {{"shape", describe(gpt_)}, {"threads", std::to_string(pool_.size())}});
+  log::info(
+      "worker", "model",
+      {{"shape", describe(gpt_)}, {"threads", std::to_string(pool_.size())}, {"recompute", describe(cfg_.recompute)}});
   if (sync_ != nullptr || !layout_.empty()) {
     log::info("worker", "layout",
               {{"groups", layout_.empty() ? "single process" : layout_},

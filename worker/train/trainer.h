@@ -55,6 +55,7 @@ struct TrainConfig {
   std::string log_json;       // optional JSON-lines log file
   std::string progress_file;  // optional: {"step", "loss", "tokens_per_second"} rewritten atomically each step
   bool quiet = false;         // no per-step log lines (tests)
+  RecomputeSpec recompute;    // activation recomputation (--recompute, --recompute-layers); results are unchanged
 
   int micro_steps() const;                      // global batch / (B*T)
   void validate(const GptConfig& model) const;  // throws ConfigError naming the flag
