@@ -44,14 +44,16 @@ namespace {
 // 15NC + 4N, plus the attention probabilities (B,NH,T,T). Fully recomputed layers keep none of it, selectively
 // recomputed ones all but the probabilities; the working set holds one recomputed layer's share during backward.
 struct ActLayout {
-  size_t N, C, layer, att;      // N = B*T; layer = 15NC + 4N; att = B*NH*T*T
+  size_t N, C, layer, att;      // N = B*T; layer = 15NC + 4N (dense); att = B*NH*T*T
   size_t stored, stored_att;    // layers keeping `layer`, layers keeping `att`
   size_t work_layer, work_att;  // 0 or 1: the working set's share
   size_t encoded, residual3, lnf, lnf_stats, logits, losses;
   size_t dres, dc, d4c, dqkv, att_scratch, proj;
+  size_t moe_scratch;  // MoE: x, dx, dy (R,C), dh (R,4C), dprobs (N,E); R = E * capacity
+  size_t routing;      // int32 per layer (MoE): choice, row (N*k), count (E), token (R)
   size_t total() const {
     return encoded + (stored + work_layer) * layer + (stored_att + work_att) * att + residual3 + lnf + lnf_stats +
-           logits + losses + dres + dc + d4c + dqkv + att_scratch + proj;
+           logits + losses + dres + dc + d4c + dqkv + att_scratch + proj + moe_scratch;
   }
 };
 
@@ -62,6 +64,13 @@ ActLayout act_layout(const GptConfig& c, int B, int T, int threads, const Recomp
   a.N = N;
   a.C = C;
   a.layer = 15 * N * C + 4 * N;
+  if (c.moe.experts > 0) {
+    // fch, fch_gelu hold R rows instead of N; plus probs (N,E) and the experts' outputs (R,C)
+    const size_t E = c.moe.experts, R = E * moe_capacity(c.moe, N), k = c.moe.top_k;
+    a.layer = 7 * N * C + 4 * N + 8 * R * C + N * E + R * C;
+    a.moe_scratch = 3 * R * C + 4 * R * C + N * E;
+    a.routing = L * (2 * N * k + E + R);
+  }
   a.att = B * NH * static_cast<size_t>(T) * T;
   for (size_t l = 0; l < L; ++l) {
     const bool full = r.full(static_cast<int>(l)), sel = r.selective(static_cast<int>(l));
@@ -108,7 +117,15 @@ struct NormalRng {
 }  // namespace
 
 size_t activation_bytes(const GptConfig& c, int B, int T, int threads, const RecomputeSpec& recompute) {
-  return act_layout(c, B, T, threads, recompute).total() * sizeof(float) + static_cast<size_t>(B) * T * sizeof(int32_t);
+  const ActLayout a = act_layout(c, B, T, threads, recompute);
+  return a.total() * sizeof(float) + (static_cast<size_t>(B) * T + a.routing) * sizeof(int32_t);
+}
+
+size_t moe_capacity(const MoeConfig& m, size_t N) {
+  if (m.experts <= 0) return 0;
+  if (m.capacity_factor <= 0) return N;
+  const double want = std::ceil(m.capacity_factor * m.top_k * static_cast<double>(N) / m.experts);
+  return std::min(N, std::max<size_t>(1, static_cast<size_t>(want)));
 }
 
 template <typename T>
@@ -118,12 +135,14 @@ void init_gpt2_weights(T* params, const GptConfig& c, uint64_t seed, ThreadPool*
   auto sizes = param_sizes(c);
   const double std_w = 0.02, std_proj = 0.02 / std::sqrt(2.0 * c.num_layers);
   const size_t real_wte = static_cast<size_t>(c.vocab_size) * c.channels;
-  for (int i = 0; i < kNumParamTensors; ++i) {
-    const std::string_view name = kParamNames[i];
-    T* t = p[i];
-    const size_t n = sizes[i];
+  // Tensor kNumParamTensors is the MoE router (L, E, C) after the 16 llm.c tensors: N(0, 0.02) like the others.
+  const int tensors = kNumParamTensors + (router_size(c) > 0 ? 1 : 0);
+  for (int i = 0; i < tensors; ++i) {
+    const std::string_view name = i < kNumParamTensors ? kParamNames[i] : "routerw";
+    T* t = i < kNumParamTensors ? p[i] : params + router_offset(c);
+    const size_t n = i < kNumParamTensors ? sizes[i] : router_size(c);
     double stddev = 0, constant = 0;
-    if (name == "wte" || name == "wpe" || name == "qkvw" || name == "fcw") {
+    if (name == "wte" || name == "wpe" || name == "qkvw" || name == "fcw" || name == "routerw") {
       stddev = std_w;
     } else if (name == "attprojw" || name == "fcprojw") {
       stddev = std_proj;
@@ -177,7 +196,11 @@ Gpt<T>::Gpt(const GptConfig& config, int B, int Tn, ThreadPool& pool, const Reco
     return r;
   };
   const size_t N = a.N, C = a.C;
-  // One layer's share: ln1, stats, qkv, atty, res2, ln2, stats, fch, fch_gelu (a.layer elements), then att.
+  const size_t E = config_.moe.experts, k = config_.moe.top_k;
+  moe_cap_ = moe_capacity(config_.moe, N);
+  const size_t R = E > 0 ? E * moe_cap_ : N;  // rows of the MLP hidden activations
+  // One layer's share: ln1, stats, qkv, atty, res2, ln2, stats, fch, fch_gelu (+ MoE probs, expert outputs), a.layer
+  // elements; then att.
   auto take_layer = [&](LayerActs& la) {
     la.ln1 = take(N * C);
     la.ln1_mean = take(N);
@@ -188,8 +211,10 @@ Gpt<T>::Gpt(const GptConfig& config, int B, int Tn, ThreadPool& pool, const Reco
     la.ln2 = take(N * C);
     la.ln2_mean = take(N);
     la.ln2_rstd = take(N);
-    la.fch = take(N * 4 * C);
-    la.fch_gelu = take(N * 4 * C);
+    la.fch = take(R * 4 * C);
+    la.fch_gelu = take(R * 4 * C);
+    la.probs = E > 0 ? take(N * E) : nullptr;
+    la.moe_y = E > 0 ? take(R * C) : nullptr;
   };
   encoded_ = take(a.encoded);
   residual3_ = take(a.residual3);
@@ -217,12 +242,30 @@ Gpt<T>::Gpt(const GptConfig& config, int B, int Tn, ThreadPool& pool, const Reco
   dqkv_ = take(a.dqkv);
   att_scratch_ = take(a.att_scratch);
   proj_ = take(a.proj);
+  if (E > 0) {
+    moe_x_ = take(R * C);
+    moe_dx_ = take(R * C);
+    moe_dy_ = take(R * C);
+    moe_dh_ = take(R * 4 * C);
+    moe_dp_ = take(N * E);
+    routing_buf_ = AlignedBuffer<int32_t>(a.routing);
+    moe_f_.assign(E, 0.0);
+    int32_t* q = routing_buf_.data();
+    routing_.resize(config_.num_layers);
+    for (Routing& r : routing_) {
+      r.choice = q;
+      r.row = q + N * k;
+      r.count = q + 2 * N * k;
+      r.token = q + 2 * N * k + E;
+      q += 2 * N * k + E + R;
+    }
+  }
   if (p != acts_.data() + a.total()) throw Error("Gpt: activation layout does not add up (a bug)");
 }
 
 template <typename T>
 size_t Gpt<T>::activation_bytes() const {
-  return acts_.size() * sizeof(T) + inputs_.size() * sizeof(int32_t);
+  return acts_.size() * sizeof(T) + (inputs_.size() + routing_buf_.size()) * sizeof(int32_t);
 }
 
 template <typename T>
@@ -237,7 +280,7 @@ const T* Gpt<T>::layer_input(size_t l) const {
 }
 
 template <typename T>
-void Gpt<T>::layer_forward(size_t l, const T* residual, const LayerActs& a, T* residual3) {
+void Gpt<T>::layer_forward(size_t l, const T* residual, const LayerActs& a, T* residual3, MoeStats* stats) {
   using namespace cpu;
   const int B = B_, Tn = T_, C = config_.channels, NH = config_.num_heads;
   const size_t N = static_cast<size_t>(B) * Tn, lc = l * C;
@@ -252,10 +295,192 @@ void Gpt<T>::layer_forward(size_t l, const T* residual, const LayerActs& a, T* r
   residual_forward(pool_, a.res2, residual, proj_, N * C);
   // MLP block: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
   layernorm_forward(pool_, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, ln2w + lc, ln2b + lc, N, C);
-  matmul_forward(pool_, a.fch, a.ln2, fcw + l * 4 * C * C, fcb + 4 * lc, N, C, 4 * C);  // (B,T,4C)
-  gelu_forward(pool_, a.fch_gelu, a.fch, N * 4 * C);
-  matmul_forward(pool_, proj_, a.fch_gelu, fcprojw + l * 4 * C * C, fcprojb + lc, N, 4 * C, C);  // (B,T,C)
+  if (config_.moe.experts > 0) {
+    moe_forward(l, a, proj_, stats);  // (B,T,C): the gated sum of the token's kept experts
+  } else {
+    matmul_forward(pool_, a.fch, a.ln2, fcw + l * 4 * C * C, fcb + 4 * lc, N, C, 4 * C);  // (B,T,4C)
+    gelu_forward(pool_, a.fch_gelu, a.fch, N * 4 * C);
+    matmul_forward(pool_, proj_, a.fch_gelu, fcprojw + l * 4 * C * C, fcprojb + lc, N, 4 * C, C);  // (B,T,C)
+  }
   residual_forward(pool_, residual3, a.res2, proj_, N * C);
+}
+
+// Mixture of experts (docs/worker.md, "Mixture of experts"). Every loop has a fixed order and each output element
+// one owner, so the layer is deterministic and a recomputation reproduces it bitwise.
+template <typename T>
+void Gpt<T>::moe_forward(size_t l, const LayerActs& a, T* out, MoeStats* stats) {
+  using namespace cpu;
+  const size_t N = static_cast<size_t>(B_) * T_, C = config_.channels, E = config_.moe.experts;
+  const size_t k = config_.moe.top_k, cap = moe_cap_, H = 4 * C;
+  const Routing& r = routing_[l];
+  auto w = split_tensors(params_.data(), config_);
+  const T* router = params_.data() + router_offset(config_) + l * E * C;
+  // router: probs (N,E) = softmax(ln2 @ router^T); top-k per token by probability, ties to the lower index
+  matmul_forward(pool_, a.probs, a.ln2, router, static_cast<const T*>(nullptr), N, static_cast<int>(C),
+                 static_cast<int>(E));
+  pool_.parallel_for(N, [&](size_t t0, size_t t1) {
+    for (size_t t = t0; t < t1; ++t) {
+      T* p = a.probs + t * E;
+      T mx = p[0];
+      for (size_t e = 1; e < E; ++e) mx = std::max(mx, p[e]);
+      T sum = 0;
+      for (size_t e = 0; e < E; ++e) {
+        p[e] = std::exp(p[e] - mx);
+        sum += p[e];
+      }
+      for (size_t e = 0; e < E; ++e) p[e] /= sum;
+      for (size_t j = 0; j < k; ++j) {
+        int32_t best = -1;
+        for (size_t e = 0; e < E; ++e) {
+          bool taken = false;
+          for (size_t i = 0; i < j; ++i) taken |= r.choice[t * k + i] == static_cast<int32_t>(e);
+          if (!taken && (best < 0 || p[e] > p[best])) best = static_cast<int32_t>(e);
+        }
+        r.choice[t * k + j] = best;
+      }
+    }
+  });
+  // dispatch with capacity: all first choices in token order, then all second choices, ... (GShard's priority)
+  std::fill(r.count, r.count + E, 0);
+  size_t dropped = 0;
+  for (size_t j = 0; j < k; ++j) {
+    for (size_t t = 0; t < N; ++t) {
+      const int32_t e = r.choice[t * k + j];
+      if (static_cast<size_t>(r.count[e]) < cap) {
+        const size_t row = e * cap + r.count[e]++;
+        r.row[t * k + j] = static_cast<int32_t>(row);
+        r.token[row] = static_cast<int32_t>(t);
+      } else {
+        r.row[t * k + j] = -1;
+        ++dropped;
+      }
+    }
+  }
+  // experts: gather the rows, fc -> gelu -> fcproj on (count, C)
+  for (size_t e = 0; e < E; ++e) {
+    const size_t n = r.count[e], le = l * E + e;
+    if (n == 0) continue;
+    T* xe = moe_x_ + e * cap * C;
+    pool_.parallel_for(n, [&](size_t i0, size_t i1) {
+      for (size_t i = i0; i < i1; ++i) std::memcpy(xe + i * C, a.ln2 + r.token[e * cap + i] * C, C * sizeof(T));
+    });
+    matmul_forward(pool_, a.fch + e * cap * H, xe, w[10] + le * H * C, w[11] + le * H, n, static_cast<int>(C),
+                   static_cast<int>(H));
+    gelu_forward(pool_, a.fch_gelu + e * cap * H, a.fch + e * cap * H, n * H);
+    matmul_forward(pool_, a.moe_y + e * cap * C, a.fch_gelu + e * cap * H, w[12] + le * C * H, w[13] + le * C, n,
+                   static_cast<int>(H), static_cast<int>(C));
+  }
+  // combine: out[t] = sum over kept choices (in choice order) of probs[t, e] * y[row]; dropped choices add nothing
+  pool_.parallel_for(N, [&](size_t t0, size_t t1) {
+    for (size_t t = t0; t < t1; ++t) {
+      T* o = out + t * C;
+      std::fill(o, o + C, T(0));
+      for (size_t j = 0; j < k; ++j) {
+        const int32_t row = r.row[t * k + j];
+        if (row < 0) continue;
+        const T gate = a.probs[t * E + r.choice[t * k + j]];
+        const T* y = a.moe_y + static_cast<size_t>(row) * C;
+        for (size_t c = 0; c < C; ++c) o[c] += gate * y[c];
+      }
+    }
+  });
+  if (stats == nullptr) return;
+  // load balancing (Switch/GShard): f_e = share of the N*k choices that picked e (before capacity), P_e = mean
+  // router probability of e; aux = alpha * E * sum_e f_e P_e (alpha at perfect balance)
+  double aux = 0;
+  for (size_t e = 0; e < E; ++e) {
+    size_t picked = 0;
+    double P = 0;
+    for (size_t i = 0; i < N * k; ++i) picked += r.choice[i] == static_cast<int32_t>(e) ? 1 : 0;
+    for (size_t t = 0; t < N; ++t) P += static_cast<double>(a.probs[t * E + e]);
+    aux += static_cast<double>(picked) / static_cast<double>(N * k) * (P / static_cast<double>(N));
+  }
+  size_t lost = 0;
+  for (size_t t = 0; t < N; ++t) {
+    bool any = false;
+    for (size_t j = 0; j < k; ++j) any |= r.row[t * k + j] >= 0;
+    lost += any ? 0 : 1;
+  }
+  stats->aux_loss += config_.moe.aux_loss_coef * static_cast<double>(E) * aux;
+  stats->assignments += N * k;
+  stats->dropped += dropped;
+  stats->tokens_dropped += lost;
+}
+
+template <typename T>
+void Gpt<T>::moe_backward(size_t l, const LayerActs& a, const T* dout, T* dx) {
+  using namespace cpu;
+  const size_t N = static_cast<size_t>(B_) * T_, C = config_.channels, E = config_.moe.experts;
+  const size_t k = config_.moe.top_k, cap = moe_cap_, H = 4 * C;
+  const Routing& r = routing_[l];
+  auto w = split_tensors(params_.data(), config_);
+  auto g = split_tensors(grads_.data(), config_);
+  const T* router = params_.data() + router_offset(config_) + l * E * C;
+  T* drouter = grads_.data() + router_offset(config_) + l * E * C;
+  // d probs: from the gates, dp[t, e] = dout[t] . y[row] for kept choices; from the load-balancing loss (f_e is
+  // piecewise constant), d aux / d probs[t, e] = alpha * E * f_e / N, times the objective's dloss
+  std::vector<double>& f = moe_f_;
+  std::fill(f.begin(), f.end(), 0.0);
+  for (size_t i = 0; i < N * k; ++i) f[r.choice[i]] += 1.0 / static_cast<double>(N * k);
+  pool_.parallel_for(N, [&](size_t t0, size_t t1) {
+    for (size_t t = t0; t < t1; ++t) {
+      T* dp = moe_dp_ + t * E;
+      for (size_t e = 0; e < E; ++e) {
+        dp[e] =
+            static_cast<T>(config_.moe.aux_loss_coef * static_cast<double>(E) * f[e] / static_cast<double>(N)) * dloss_;
+      }
+      for (size_t j = 0; j < k; ++j) {
+        const int32_t row = r.row[t * k + j];
+        if (row < 0) continue;
+        const T* y = a.moe_y + static_cast<size_t>(row) * C;
+        const T* d = dout + t * C;
+        T dot = 0;
+        for (size_t c = 0; c < C; ++c) dot += d[c] * y[c];
+        dp[r.choice[t * k + j]] += dot;
+      }
+      // softmax backward in place: dz = p * (dp - sum_e p dp)
+      const T* p = a.probs + t * E;
+      T s = 0;
+      for (size_t e = 0; e < E; ++e) s += p[e] * dp[e];
+      for (size_t e = 0; e < E; ++e) dp[e] = p[e] * (dp[e] - s);
+    }
+  });
+  // experts: dy[row] = gate * dout[token]; fcproj, gelu, fc backward on the expert's rows
+  for (size_t e = 0; e < E; ++e) {
+    const size_t n = r.count[e], le = l * E + e;
+    if (n == 0) continue;
+    T* xe = moe_x_ + e * cap * C;
+    T* dy = moe_dy_ + e * cap * C;
+    pool_.parallel_for(n, [&](size_t i0, size_t i1) {
+      for (size_t i = i0; i < i1; ++i) {
+        const size_t t = r.token[e * cap + i];
+        std::memcpy(xe + i * C, a.ln2 + t * C, C * sizeof(T));
+        const T gate = a.probs[t * E + e];
+        for (size_t c = 0; c < C; ++c) dy[i * C + c] = gate * dout[t * C + c];
+      }
+    });
+    T* dh = moe_dh_ + e * cap * H;
+    matmul_backward(pool_, dh, false, g[12] + le * C * H, g[13] + le * C, dy, a.fch_gelu + e * cap * H,
+                    w[12] + le * C * H, n, static_cast<int>(H), static_cast<int>(C));  // d fch_gelu (n,4C)
+    gelu_backward(pool_, dh, a.fch + e * cap * H, dh, n * H);                          // d fch (n,4C)
+    matmul_backward(pool_, moe_dx_ + e * cap * C, false, g[10] + le * H * C, g[11] + le * H, dh, xe, w[10] + le * H * C,
+                    n, static_cast<int>(C), static_cast<int>(H));  // d x_e (n,C)
+  }
+  // dx[t] = sum over kept choices (choice order) of the expert input gradients, then + the router's dz @ router
+  pool_.parallel_for(N, [&](size_t t0, size_t t1) {
+    for (size_t t = t0; t < t1; ++t) {
+      T* o = dx + t * C;
+      std::fill(o, o + C, T(0));
+      for (size_t j = 0; j < k; ++j) {
+        const int32_t row = r.row[t * k + j];
+        if (row < 0) continue;
+        const T* d = moe_dx_ + static_cast<size_t>(row) * C;
+        for (size_t c = 0; c < C; ++c) o[c] += d[c];
+      }
+    }
+  });
+  matmul_backward(pool_, dx, true, drouter, static_cast<T*>(nullptr), moe_dp_, a.ln2, router, N, static_cast<int>(C),
+                  static_cast<int>(E));
 }
 
 template <typename T>
@@ -275,11 +500,13 @@ T Gpt<T>::forward(const int32_t* inputs, const int32_t* targets, Mode mode, T dl
   T *wte = w[0], *wpe = w[1], *lnfw = w[14], *lnfb = w[15];
 
   encoder_forward(pool_, encoded_, inputs, wte, wpe, B, Tn, C);  // (B,T,C)
-  for (size_t l = 0; l < L; ++l) layer_forward(l, layer_input(l), layer_[l], residual3_ + l * N * C);
+  moe_stats_ = MoeStats{};
+  for (size_t l = 0; l < L; ++l) layer_forward(l, layer_input(l), layer_[l], residual3_ + l * N * C, &moe_stats_);
   layernorm_forward(pool_, lnf_, lnf_mean_, lnf_rstd_, residual3_ + (L - 1) * N * C, lnfw, lnfb, N, C);
   matmul_forward(pool_, logits_, lnf_, wte, static_cast<const T*>(nullptr), N, C, Vp);  // (B,T,Vp), tied head
   if (mode == Mode::kTrain) {
     crossentropy_fused_backward(pool_, losses_, logits_, targets, N, V, Vp, dloss / static_cast<T>(N));
+    dloss_ = dloss;
     have_dlogits_ = true;
   } else {
     crossentropy_forward(pool_, losses_, logits_, targets, N, V, Vp);
@@ -287,7 +514,7 @@ T Gpt<T>::forward(const int32_t* inputs, const int32_t* targets, Mode mode, T dl
   }
   T sum = 0;
   for (size_t i = 0; i < N; ++i) sum += losses_[i];
-  return sum / static_cast<T>(N);
+  return sum / static_cast<T>(N) + static_cast<T>(moe_stats_.aux_loss);
 }
 
 template <typename T>
@@ -305,9 +532,15 @@ void Gpt<T>::backward(bool accumulate) {
     auto sizes = param_sizes(config_);
     for (int i = 0; i < kNumParamTensors; ++i) {
       const auto name = kParamNames[i];
-      if (name == "wte" || name == "qkvw" || name == "attprojw" || name == "fcw" || name == "fcprojw") continue;
+      // MoE experts accumulate (an expert without tokens has no GEMM to assign its gradient), so they start at 0
+      const bool moe_matrix = config_.moe.experts > 0 && (name == "fcw" || name == "fcprojw");
+      if (!moe_matrix &&
+          (name == "wte" || name == "qkvw" || name == "attprojw" || name == "fcw" || name == "fcprojw")) {
+        continue;
+      }
       std::memset(g[i], 0, sizes[i] * sizeof(T));
     }
+    std::memset(grads_.data() + router_offset(config_), 0, router_size(config_) * sizeof(T));
   }
   const bool acc = accumulate;
 
@@ -329,16 +562,20 @@ void Gpt<T>::backward(bool accumulate) {
     const size_t lc = l * C;
     if (recompute_.full(static_cast<int>(l))) {
       // The same kernels on the same input and weights: the working set gets the bits forward computed.
-      layer_forward(l, residual, a, proj_);  // the output (residual3) is kept; proj_ takes the throwaway copy
+      layer_forward(l, residual, a, proj_, nullptr);  // residual3 is kept; proj_ takes the throwaway copy
     } else if (recompute_.selective(static_cast<int>(l))) {
       attention_forward(pool_, a.atty, a.att, a.qkv, B, Tn, C, NH);  // atty rewritten with identical values
     }
     // MLP block
-    matmul_backward(pool_, d4c_, false, g[12] + l * 4 * C * C, g[13] + lc, dres_, a.fch_gelu, w[12] + l * 4 * C * C, N,
-                    4 * C, C, acc);                      // d fch_gelu (B,T,4C)
-    gelu_backward(pool_, d4c_, a.fch, d4c_, N * 4 * C);  // d fch (B,T,4C)
-    matmul_backward(pool_, dc_, false, g[10] + l * 4 * C * C, g[11] + 4 * lc, d4c_, a.ln2, w[10] + l * 4 * C * C, N, C,
-                    4 * C, acc);  // d ln2 (B,T,C)
+    if (config_.moe.experts > 0) {
+      moe_backward(l, a, dres_, dc_);  // d ln2 (B,T,C)
+    } else {
+      matmul_backward(pool_, d4c_, false, g[12] + l * 4 * C * C, g[13] + lc, dres_, a.fch_gelu, w[12] + l * 4 * C * C,
+                      N, 4 * C, C, acc);                   // d fch_gelu (B,T,4C)
+      gelu_backward(pool_, d4c_, a.fch, d4c_, N * 4 * C);  // d fch (B,T,4C)
+      matmul_backward(pool_, dc_, false, g[10] + l * 4 * C * C, g[11] + 4 * lc, d4c_, a.ln2, w[10] + l * 4 * C * C, N,
+                      C, 4 * C, acc);  // d ln2 (B,T,C)
+    }
     layernorm_backward(pool_, dres_, g[8] + lc, g[9] + lc, dc_, a.res2, w[8] + lc, a.ln2_mean, a.ln2_rstd, N,
                        C);  // += d residual2
     // attention block
@@ -353,6 +590,8 @@ void Gpt<T>::backward(bool accumulate) {
       // Layer l's slices of the 12 stacked tensors (ln1w .. fcprojb) are final now.
       const auto sizes = param_sizes(config_);
       for (int i = 2; i < 14; ++i) ready(i, l * (sizes[i] / L), sizes[i] / L);
+      const size_t router_layer = router_size(config_) / L;
+      if (router_layer > 0) grad_ready_(router_offset(config_) + l * router_layer, router_layer);
     }
   }
   encoder_backward(pool_, g[0], g[1], dres_, inputs_.data(), B, Tn, C);

@@ -15,6 +15,16 @@
 
 namespace railyard::worker {
 
+// Mixture-of-experts MLP (docs/worker.md, "Mixture of experts"): every layer's MLP becomes E expert MLPs of the
+// dense shape and a softmax router; each token goes to its top-k experts, weighted by their router probability.
+struct MoeConfig {
+  int experts = 0;                // E; 0 = the dense MLP
+  int top_k = 1;                  // experts per token, 1..E
+  double capacity_factor = 1.25;  // per expert and micro-batch at most ceil(cf * k * N / E) tokens; <= 0: no limit
+  double aux_loss_coef = 0.01;    // alpha of the load-balancing loss alpha * E * sum_e f_e P_e (per layer)
+  bool operator==(const MoeConfig&) const = default;
+};
+
 struct GptConfig {
   int max_seq_len = 0;        // maxT
   int vocab_size = 0;         // V: real vocabulary
@@ -22,6 +32,7 @@ struct GptConfig {
   int num_layers = 0;         // L
   int num_heads = 0;          // NH
   int channels = 0;           // C
+  MoeConfig moe;              // experts == 0: dense (the llm.c model)
 
   bool operator==(const GptConfig&) const = default;
 };
@@ -33,18 +44,42 @@ inline constexpr std::array<std::string_view, kNumParamTensors> kParamNames = {
     "wte",  "wpe",  "ln1w", "ln1b", "qkvw",    "qkvb",    "attprojw", "attprojb",
     "ln2w", "ln2b", "fcw",  "fcb",  "fcprojw", "fcprojb", "lnfw",     "lnfb"};
 
-// Element count of each parameter tensor, in buffer order.
+// Element count of each parameter tensor, in buffer order. With experts (E > 0) the four MLP tensors hold E experts
+// per layer: fcw (L, E, 4C, C), fcb (L, E, 4C), fcprojw (L, E, C, 4C), fcprojb (L, E, C).
 inline std::array<size_t, kNumParamTensors> param_sizes(const GptConfig& c) {
   const size_t Vp = c.padded_vocab_size, T = c.max_seq_len, L = c.num_layers, C = c.channels;
-  return {Vp * C, T * C, L * C,         L * C,     L * 3 * C * C, L * 3 * C, L * C * C, L * C,
-          L * C,  L * C, L * 4 * C * C, L * 4 * C, L * C * 4 * C, L * C,     C,         C};
+  const size_t E = c.moe.experts > 0 ? c.moe.experts : 1;
+  return {Vp * C,
+          T * C,
+          L * C,
+          L * C,
+          L * 3 * C * C,
+          L * 3 * C,
+          L * C * C,
+          L * C,
+          L * C,
+          L * C,
+          L * E * 4 * C * C,
+          L * E * 4 * C,
+          L * E * C * 4 * C,
+          L * E * C,
+          C,
+          C};
+}
+
+// The MoE router weights (L, E, C), stored after the 16 tensors (0 elements for a dense model).
+inline size_t router_size(const GptConfig& c) {
+  return c.moe.experts > 0 ? static_cast<size_t>(c.num_layers) * c.moe.experts * c.channels : 0;
 }
 
 inline size_t num_parameters(const GptConfig& c) {
-  size_t n = 0;
+  size_t n = router_size(c);
   for (size_t s : param_sizes(c)) n += s;
   return n;
 }
+
+// Offset of the router weights in the flat buffer.
+inline size_t router_offset(const GptConfig& c) { return num_parameters(c) - router_size(c); }
 
 inline int pad_vocab(int vocab_size) { return (vocab_size + 127) / 128 * 128; }
 
@@ -81,6 +116,10 @@ RecomputeSpec parse_recompute(std::string_view mode, int layers, const GptConfig
 const char* to_string(Recompute r);
 // "full (layers 0-5)", "selective (all layers)", "none"
 std::string describe(const RecomputeSpec& r);
+
+// Mixture of experts from the --moe-* flags: experts E >= 2, top_k in 1..E, capacity factor (<= 0 = no limit), aux
+// coefficient >= 0. Throws railyard::ConfigError naming the flag.
+MoeConfig make_moe_config(int experts, int top_k, double capacity_factor, double aux_loss_coef);
 
 // Throws railyard::ConfigError when a config read from elsewhere (e.g. a checkpoint header) is inconsistent.
 void validate(const GptConfig& c);

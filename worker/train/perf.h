@@ -13,7 +13,8 @@ namespace railyard::worker {
 //   6 * N  +  12 * L * C * T
 // N = all parameters except wpe (the position table is a lookup, no FLOPs; wte counts because it is the LM head's
 // matrix, computed over the padded Vp rows). The attention term is QK^T and AV at full T (2 * 2 * T * C per layer
-// forward, times 3 for forward + backward), as in the PaLM appendix and nanoGPT.
+// forward, times 3 for forward + backward), as in the PaLM appendix and nanoGPT. With experts, N counts the router
+// and top_k of the E experts per layer (the active parameters; capacity drops are not subtracted).
 double flops_per_token(const GptConfig& c, int T);
 
 struct MemoryBudget {
