@@ -145,6 +145,27 @@ TEST_CASE("MoE gradients (experts, router, load-balancing loss) match finite dif
   }
 }
 
+TEST_CASE("MoE: the fp32 path's gradients equal the double ones within 1e-5 (same routing)") {
+  const GptConfig cfg = moe_config(4, 2, 1.0, 0.05, /*L=*/2, /*C=*/32);
+  const Batch b = batch(16, 3);
+  ThreadPool pool(2);
+  Gpt<double> d(cfg, 2, 8, pool);
+  init(d, 42);
+  Gpt<float> f(cfg, 2, 8, pool);
+  for (size_t i = 0; i < d.num_params(); ++i) f.params()[i] = static_cast<float>(d.params()[i]);
+  d.zero_grad();
+  f.zero_grad();
+  const double ld = d.forward(b.in.data(), b.tgt.data(), Gpt<double>::Mode::kTrain);
+  const float lf = f.forward(b.in.data(), b.tgt.data(), Gpt<float>::Mode::kTrain);
+  d.backward();
+  f.backward();
+  CHECK(std::fabs(lf - ld) <= 1e-5 * std::fabs(ld));
+  CHECK(f.moe_stats().dropped == d.moe_stats().dropped);
+  std::vector<double> gd(d.grads(), d.grads() + d.num_params()), gf(f.grads(), f.grads() + f.num_params());
+  MESSAGE("fp32 vs fp64 MoE gradient relative error " << rel_err(gf, gd));
+  CHECK(rel_err(gf, gd) < 1e-5);
+}
+
 TEST_CASE("MoE dispatch: capacity, priority of first choices, dropped tokens pass through the residual") {
   // E=2 top-1 with capacity factor 0.25: each expert takes ceil(0.25 * 16 / 2) = 2 tokens of N = 16.
   const GptConfig cfg = moe_config(2, 1, 0.25, 0.01);
