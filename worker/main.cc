@@ -18,25 +18,25 @@
 #include <tuple>
 #include <vector>
 
+#include "checkpoint/shm_store.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "common/metrics/metrics.h"
 #include "common/path_roots.h"
-#include "worker/interop/llmc_model.h"
 #include "worker/agent/agent_main.h"
+#include "worker/comm/gloo_communicator.h"
+#include "worker/comm/process_groups.h"
+#include "worker/interop/llmc_model.h"
 #include "worker/kernels/cpu/kernels.h"
 #include "worker/kernels/cpu/thread_pool.h"
-#include "checkpoint/shm_store.h"
+#include "worker/parallel/data_parallel.h"
+#include "worker/parallel/dist_launcher.h"
+#include "worker/parallel/dist_model.h"
 #include "worker/train/checkpointing.h"
 #include "worker/train/loader_source.h"
 #include "worker/train/perf.h"
 #include "worker/train/train_metrics.h"
 #include "worker/train/trainer.h"
-#include "worker/comm/gloo_communicator.h"
-#include "worker/comm/process_groups.h"
-#include "worker/parallel/data_parallel.h"
-#include "worker/parallel/dist_launcher.h"
-#include "worker/parallel/dist_model.h"
 
 using namespace railyard;
 using namespace railyard::worker;
@@ -416,14 +416,15 @@ void enforce_path_roots(const std::map<std::string, std::string>& f) {
 }
 
 int cmd_train(int argc, char** argv) {
-  auto f = parse_flags(argc, argv, 2,
-                       {"model",      "data",          "steps",       "batch",        "seq",          "global-batch",
-                        "lr",         "warmup",        "min-lr-frac", "weight-decay", "grad-clip",    "seed",
-                        "val-every",  "val-steps",     "threads",     "init-from",    "export",       "log-json",
-                        "peak-flops", "max-bad-steps", "gemm-split",  "config",       "metrics-port", "metrics-host",
-                        "ckpt-dir",   "ckpt-every",    "ckpt-keep",   "ckpt-async",   "ckpt-shm-every",
-                        "ckpt-term-budget", "resume", "data-root", "ckpt-root",
-                        "nproc", "tp", "pp", "zero", "deterministic", "bucket-mb"});
+  auto f =
+      parse_flags(argc, argv, 2, {"model",        "data",      "steps",         "batch",          "seq",
+                                  "global-batch", "lr",        "warmup",        "min-lr-frac",    "weight-decay",
+                                  "grad-clip",    "seed",      "val-every",     "val-steps",      "threads",
+                                  "init-from",    "export",    "log-json",      "peak-flops",     "max-bad-steps",
+                                  "gemm-split",   "config",    "metrics-port",  "metrics-host",   "ckpt-dir",
+                                  "ckpt-every",   "ckpt-keep", "ckpt-async",    "ckpt-shm-every", "ckpt-term-budget",
+                                  "resume",       "data-root", "ckpt-root",     "nproc",          "tp",
+                                  "pp",           "zero",      "deterministic", "bucket-mb"});
   if (f.count("nproc")) return launch_train_world(argc, argv, f);
   if (f.count("config")) apply_config_file(f["config"], f);
   if (!f.count("data")) {
@@ -512,9 +513,8 @@ int cmd_train(int argc, char** argv) {
       dpo.zero_stage = dist.zero;
       dpo.deterministic = dist.deterministic;
       dpo.bucket_bytes = dist.bucket_bytes;
-      dist.sync = parallel::parallel_gpt_data_parallel(&g.dp(), *dist.sharded,
-                                                       parallel::ModelGroups{&g.tp(), &g.pp(), g.embedding()}, tc,
-                                                       pool, dpo);
+      dist.sync = parallel::parallel_gpt_data_parallel(
+          &g.dp(), *dist.sharded, parallel::ModelGroups{&g.tp(), &g.pp(), g.embedding()}, tc, pool, dpo);
     }
   } else if (dist.groups != nullptr || dist.deterministic || dist.zero > 0) {
     parallel::DataParallelOptions dpo;
@@ -580,6 +580,12 @@ int cmd_train(int argc, char** argv) {
     co.shm_name = prefix + "-r" + std::to_string(global_rank);
   } else {
     co.shm_name = ckpt::ShmStore::name_for(job_id, global_rank);
+  }
+  // Steps the agent fetched from a peer pod into this rank's slots (a replacement pod; docs/checkpointing.md).
+  for (std::string rest = env_or("RAILYARD_SHM_PEER_STEPS", ""); !rest.empty();) {
+    const auto comma = rest.find(',');
+    co.shm_peer_steps.push_back(std::atoll(rest.substr(0, comma).c_str()));
+    rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
   }
   co.layout = nlohmann::json{{"dp", 1}, {"tp", 1}, {"pp", 1}, {"zero", dist.zero}};
   std::vector<ShardSpec> ckpt_shards = checkpoint_shards(co, *cfg, trainer, dist);
