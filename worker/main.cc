@@ -18,25 +18,25 @@
 #include <tuple>
 #include <vector>
 
-#include "checkpoint/shm_store.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "common/metrics/metrics.h"
 #include "common/path_roots.h"
-#include "worker/agent/agent_main.h"
-#include "worker/comm/gloo_communicator.h"
-#include "worker/comm/process_groups.h"
 #include "worker/interop/llmc_model.h"
+#include "worker/agent/agent_main.h"
 #include "worker/kernels/cpu/kernels.h"
 #include "worker/kernels/cpu/thread_pool.h"
-#include "worker/parallel/data_parallel.h"
-#include "worker/parallel/dist_launcher.h"
-#include "worker/parallel/dist_model.h"
+#include "checkpoint/shm_store.h"
 #include "worker/train/checkpointing.h"
 #include "worker/train/loader_source.h"
 #include "worker/train/perf.h"
 #include "worker/train/train_metrics.h"
 #include "worker/train/trainer.h"
+#include "worker/comm/gloo_communicator.h"
+#include "worker/comm/process_groups.h"
+#include "worker/parallel/data_parallel.h"
+#include "worker/parallel/dist_launcher.h"
+#include "worker/parallel/dist_model.h"
 
 using namespace railyard;
 using namespace railyard::worker;
@@ -416,15 +416,14 @@ void enforce_path_roots(const std::map<std::string, std::string>& f) {
 }
 
 int cmd_train(int argc, char** argv) {
-  auto f =
-      parse_flags(argc, argv, 2, {"model",        "data",      "steps",         "batch",          "seq",
-                                  "global-batch", "lr",        "warmup",        "min-lr-frac",    "weight-decay",
-                                  "grad-clip",    "seed",      "val-every",     "val-steps",      "threads",
-                                  "init-from",    "export",    "log-json",      "peak-flops",     "max-bad-steps",
-                                  "gemm-split",   "config",    "metrics-port",  "metrics-host",   "ckpt-dir",
-                                  "ckpt-every",   "ckpt-keep", "ckpt-async",    "ckpt-shm-every", "ckpt-term-budget",
-                                  "resume",       "data-root", "ckpt-root",     "nproc",          "tp",
-                                  "pp",           "zero",      "deterministic", "bucket-mb"});
+  auto f = parse_flags(argc, argv, 2,
+                       {"model",      "data",          "steps",       "batch",        "seq",          "global-batch",
+                        "lr",         "warmup",        "min-lr-frac", "weight-decay", "grad-clip",    "seed",
+                        "val-every",  "val-steps",     "threads",     "init-from",    "export",       "log-json",
+                        "peak-flops", "max-bad-steps", "gemm-split",  "config",       "metrics-port", "metrics-host",
+                        "ckpt-dir",   "ckpt-every",    "ckpt-keep",   "ckpt-async",   "ckpt-shm-every",
+                        "ckpt-term-budget", "resume", "data-root", "ckpt-root",
+                        "nproc", "tp", "pp", "zero", "deterministic", "bucket-mb"});
   if (f.count("nproc")) return launch_train_world(argc, argv, f);
   if (f.count("config")) apply_config_file(f["config"], f);
   if (!f.count("data")) {
@@ -513,8 +512,9 @@ int cmd_train(int argc, char** argv) {
       dpo.zero_stage = dist.zero;
       dpo.deterministic = dist.deterministic;
       dpo.bucket_bytes = dist.bucket_bytes;
-      dist.sync = parallel::parallel_gpt_data_parallel(
-          &g.dp(), *dist.sharded, parallel::ModelGroups{&g.tp(), &g.pp(), g.embedding()}, tc, pool, dpo);
+      dist.sync = parallel::parallel_gpt_data_parallel(&g.dp(), *dist.sharded,
+                                                       parallel::ModelGroups{&g.tp(), &g.pp(), g.embedding()}, tc,
+                                                       pool, dpo);
     }
   } else if (dist.groups != nullptr || dist.deterministic || dist.zero > 0) {
     parallel::DataParallelOptions dpo;

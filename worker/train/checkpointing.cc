@@ -99,10 +99,10 @@ struct Checkpointer::Metrics {
             r.gauge("railyard_checkpoint_restore_seconds", "Time the restore at start took (0: fresh start).").add(l)),
         restore_bytes(r.gauge("railyard_checkpoint_restore_bytes", "Bytes read by the restore at start.").add(l)),
         restored_step(r.gauge("railyard_checkpoint_restored_step", "Step restored at start (0: fresh start).").add(l)),
-        restored_from_memory(
-            r.gauge("railyard_checkpoint_restored_from_memory",
-                    "1 when the restore at start read the in-memory tier (own memory or a peer copy), 0 otherwise.")
-                .add(l)),
+        restored_from_memory(r.gauge("railyard_checkpoint_restored_from_memory",
+                                     "1 when the restore at start read the in-memory tier (own memory or a peer copy), "
+                                     "0 otherwise.")
+                                 .add(l)),
         memory_put(r.histogram("railyard_checkpoint_memory_snapshot_seconds",
                                "Time to copy the state into the in-memory tier (shared memory) after a step; the "
                                "step waits for it.",
