@@ -133,9 +133,14 @@ struct PeerServer::Impl {
     const std::string length = req.get_header_value("Content-Length");
     const uint64_t size = length.empty() ? 0 : std::strtoull(length.c_str(), nullptr, 10);
     std::lock_guard<std::mutex> l(lock_of(rank));
-    // Overwrite the older copy: the newer one stays complete whatever happens to this transfer.
+    // Overwrite the older copy: the newer one stays complete whatever happens to this transfer. A step it already
+    // holds (a sender that re-sends after an error) replaces that copy, so the two copies stay two different steps.
     const auto steps = steps_of(prefix, rank);
-    const int slot = (steps[0] >= 0 && steps[0] > steps[1]) ? 1 : 0;
+    const std::string announced = req.get_header_value("X-Railyard-Step");
+    const int64_t incoming = announced.empty() ? -2 : std::strtoll(announced.c_str(), nullptr, 10);
+    int slot = (steps[0] >= 0 && steps[0] > steps[1]) ? 1 : 0;
+    if (incoming >= 0 && steps[0] == incoming) slot = 0;
+    if (incoming >= 0 && steps[1] == incoming) slot = 1;
     ckpt::ShmStore store(copy_name(prefix, rank, slot));
     std::string why;
     std::optional<int64_t> step;
@@ -197,8 +202,10 @@ CopyResult send_slot(const std::string& addr, const Auth& auth, int rank, const 
   if (!img) throw PeerError("nothing to send: " + why);
   auto cli = client_for(addr);
   bool overwritten = false;
+  httplib::Headers headers = headers_for(auth);
+  headers.emplace("X-Railyard-Step", std::to_string(img->step()));  // a hint for the slot choice; the header decides
   auto r = cli->Put(
-      "/v1/peer/" + std::to_string(rank), headers_for(auth), img->size(),
+      "/v1/peer/" + std::to_string(rank), headers, img->size(),
       [&](size_t offset, size_t length, httplib::DataSink& sink) {
         const size_t n = std::min(length, kChunk);
         if (!sink.write(reinterpret_cast<const char*>(img->data()) + offset, n)) return false;

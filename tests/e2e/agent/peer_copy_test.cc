@@ -135,6 +135,9 @@ TEST_CASE("a full copy arrives bitwise, the holder keeps the two newest, and a r
   peer::send_slot(addr(server), kAuth, 3, a.name());
   CHECK(peer::held_steps(addr(server), kAuth, 3) == std::vector<int64_t>{9, 8});    // 7, the older, was overwritten
   CHECK(peer::held_steps(addr(server), kAuth, 4) == std::vector<int64_t>{-1, -1});  // another rank: nothing
+  // A step sent again replaces its own copy: the holder keeps two different steps.
+  peer::send_slot(addr(server), kAuth, 3, a.name());
+  CHECK(peer::held_steps(addr(server), kAuth, 3) == std::vector<int64_t>{9, 8});
 
   // A replacement pod's agent fetches both copies into its own worker slots.
   std::string why;
