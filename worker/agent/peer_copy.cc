@@ -203,7 +203,9 @@ CopyResult send_slot(const std::string& addr, const Auth& auth, int rank, const 
   const auto t0 = Clock::now();
   std::string why;
   std::shared_ptr<ckpt::ShmStore::Image> img = ckpt::ShmStore(slot_name).map_image(&why);
-  if (!img) throw PeerError("nothing to send: " + why);
+  // A slot that was complete when peeked but is torn now: the worker started its next put into it (lag, not an error
+  // of the peer).
+  if (!img) throw LaggedError("nothing to send: " + why);
   auto cli = client_for(addr);
   bool overwritten = false;
   httplib::Headers headers = headers_for(auth);
