@@ -2,7 +2,8 @@
 # E2E flow 2 (issue #10) with the peer copy of the in-memory tier (issue #6 item 4, docs/checkpointing.md "The peer
 # copy"): a node is lost. A 2-replica data-parallel job (deterministic mode) keeps the in-memory tier every step
 # (spec.checkpoint.memoryIntervalSteps: 1); each pod's agent streams its rank's slots to the other pod's agent. Then
-# `railyard-node-agent node-down` takes pod 1's node away (its processes get SIGKILL, nothing is saved, its shared
+# (once pod 0's copy has caught up with rank 1's newest slot, see below) `railyard-node-agent node-down` takes pod 1's
+# node away (its processes get SIGKILL, nothing is saved, its shared
 # memory is gone with it). The operator re-creates pod 1 on another node; its new agent fetches rank 1's copies from
 # pod 0's agent before it starts the trainer; rank 1 restores `from=peer`, rank 0 `from=memory`, the same step, at
 # most one memory interval (one step) behind what generation 1 reported; the job ends Succeeded with bitwise the
@@ -33,6 +34,38 @@ grep -q 'peer copies of the in-memory checkpoint tier' "$(pod_log "$job_name-wor
 
 log0=$(pod_log "$job_name-worker-0")
 log1=$(pod_log "$job_name-worker-1")
+# The copy lags the puts by up to a copy time: on this 2-core machine, with two trainers and other work, a copy of the
+# 10 MB slot took 0.1-0.2 s against steps of ~0.1 s, so at a random moment pod 0 may hold rank 1's step N-2 while the
+# survivors hold N and N-1, and the restore then reads the disk (docs/checkpointing.md says so). To assert the restore
+# path rather than that race, the moment is pinned: rank 1's trainer is stopped (SIGSTOP; rank 0 then blocks in the
+# next collective), pod 0's copy catches up with rank 1's newest slot (read from the headers: state word at byte 12,
+# step at 24), and then the node goes down (SIGKILL to everything on it, as before).
+caught_up() {
+  python3 - "/dev/shm" "railyard-${ns}_$job_name-worker-1-" "railyard-${ns}_$job_name-worker-0-" <<'PY'
+import os, struct, sys
+d, own, holder = sys.argv[1:]
+def steps(match):
+    out = []
+    for f in os.listdir(d):
+        if match(f):
+            try:
+                with open(os.path.join(d, f), "rb") as fh:
+                    h = fh.read(32)
+                state, step = struct.unpack_from("<I", h, 12)[0], struct.unpack_from("<q", h, 24)[0]
+                if state == 2:
+                    out.append(step)
+            except OSError:
+                pass
+    return out
+mine = steps(lambda f: f.startswith(own) and "-peer-" not in f and f.endswith(("-r1-a", "-r1-b")))
+held = steps(lambda f: f.startswith(holder) and f.endswith(("-peer-r1-a", "-peer-r1-b")))
+sys.exit(0 if mine and held and max(held) >= max(mine) else 1)
+PY
+}
+t1=$(trainer_pid "$job_name-worker-1")
+[ -n "$t1" ] || fail "no trainer process under pod 1's agent"
+kill -STOP "$t1"
+wait_for 20 "pod 0's copy of rank 1 to catch up with rank 1's newest slot" caught_up
 t_down=$(date +%s.%N)
 agent_ctl node-down "$node1" >/dev/null
 nodes_down+=("$node1")
