@@ -177,41 +177,17 @@ std::optional<int64_t> ShmStore::get(const std::vector<LoadTarget>& targets, nlo
     if (why != nullptr) *why = "shared memory " + name_ + ": " + reason;
     return std::nullopt;
   };
-  int fd = ::shm_open(name_.c_str(), O_RDONLY | O_CLOEXEC, 0);
-  if (fd < 0) return fail("no snapshot (" + detail::errno_text(errno) + ")");
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < kHeaderBytes) {
-    ::close(fd);
-    return fail("segment smaller than its header: torn or never written");
-  }
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
-  void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
-  ::close(fd);
-  if (p == MAP_FAILED) return fail("mmap: " + detail::errno_text(errno));
-  struct Unmap {
-    void* p;
-    uint64_t n;
-    ~Unmap() { ::munmap(p, n); }
-  } unmap{p, size};
-  const auto* base = static_cast<const unsigned char*>(p);
-  const auto* hp = reinterpret_cast<const Header*>(base);
-  if (__atomic_load_n(&hp->state, __ATOMIC_ACQUIRE) != kStateComplete) {
-    return fail("torn snapshot: a writer started but did not finish (state word not complete)");
-  }
-  Header h;
-  std::memcpy(&h, hp, sizeof h);
-  if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) return fail("bad magic: not a railyard snapshot");
-  if (h.version != kVersion) return fail("version " + std::to_string(h.version) + " not supported");
-  if (h.header_crc != header_crc(h)) return fail("torn snapshot: header checksum mismatch");
-  if (h.data_offset < kHeaderBytes + h.meta_bytes || h.data_offset + h.data_bytes > size) {
-    return fail("torn snapshot: header sizes exceed the segment");
-  }
+  const std::unique_ptr<Image> img = map_image(why);  // checks the state word, the header and its sizes
+  if (!img) return std::nullopt;
+  const auto* base = img->data();
+  const uint64_t size = img->map_size_;
+  const Image& h = *img;  // the header as validated when mapped (the live one may change under a new put)
   if (verify) {
-    uint32_t crc = crc32c(base + kHeaderBytes, h.meta_bytes);
-    crc = crc32c(base + h.data_offset, h.data_bytes, crc);
-    if (crc != h.crc) return fail("CRC32C mismatch over the snapshot contents (step " + std::to_string(h.step) + ")");
+    uint32_t crc = crc32c(base + kHeaderBytes, h.meta_bytes_);
+    crc = crc32c(base + h.data_offset_, h.data_bytes_, crc);
+    if (crc != h.crc_) return fail("CRC32C mismatch over the snapshot contents (step " + std::to_string(h.step_) + ")");
   }
-  nlohmann::json meta = nlohmann::json::parse(base + kHeaderBytes, base + kHeaderBytes + h.meta_bytes, nullptr, false);
+  nlohmann::json meta = nlohmann::json::parse(base + kHeaderBytes, base + kHeaderBytes + h.meta_bytes_, nullptr, false);
   if (meta.is_discarded()) return fail("snapshot metadata is not valid JSON");
   try {
     for (const auto& t : targets) {
@@ -227,9 +203,9 @@ std::optional<int64_t> ShmStore::get(const std::vector<LoadTarget>& targets, nlo
         if (sj.at("tensor") != t.name) continue;
         Box b{sj.at("offset").get<Shape>(), sj.at("size").get<Shape>()};
         const uint64_t at = sj.at("at").get<uint64_t>(), bytes = sj.at("bytes").get<uint64_t>();
-        if (h.data_offset + at + bytes > size) return fail("slice of '" + t.name + "' lies outside the segment");
+        if (h.data_offset_ + at + bytes > size) return fail("slice of '" + t.name + "' lies outside the segment");
         if (auto region = intersect(b, t.box)) {
-          copy_region(base + h.data_offset + at, b, t.data, t.box, *region, dtype_size(t.dtype));
+          copy_region(base + h.data_offset_ + at, b, t.data, t.box, *region, dtype_size(t.dtype));
           covered += region->volume();
         }
       }
@@ -242,11 +218,8 @@ std::optional<int64_t> ShmStore::get(const std::vector<LoadTarget>& targets, nlo
     return fail(std::string("bad snapshot metadata: ") + e.what());
   }
   // A put that started while we copied would have bumped the generation.
-  if (__atomic_load_n(&hp->generation, __ATOMIC_ACQUIRE) != h.generation ||
-      __atomic_load_n(&hp->state, __ATOMIC_ACQUIRE) != kStateComplete) {
-    return fail("torn snapshot: overwritten while reading");
-  }
-  return h.step;
+  if (!img->unchanged()) return fail("torn snapshot: overwritten while reading");
+  return h.step_;
 }
 
 ShmStore::Image::~Image() {
@@ -293,6 +266,10 @@ std::unique_ptr<ShmStore::Image> ShmStore::map_image(std::string* why) const {
   img->size_ = h.data_offset + h.data_bytes;
   img->generation_ = h.generation;
   img->step_ = h.step;
+  img->meta_bytes_ = h.meta_bytes;
+  img->data_offset_ = h.data_offset;
+  img->data_bytes_ = h.data_bytes;
+  img->crc_ = h.crc;
   return img;
 }
 

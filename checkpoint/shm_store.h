@@ -68,6 +68,8 @@ class ShmStore {
     uint64_t size_ = 0;
     uint64_t generation_ = 0;
     int64_t step_ = -1;
+    uint64_t meta_bytes_ = 0, data_offset_ = 0, data_bytes_ = 0;  // the header's fields as validated when mapped
+    uint32_t crc_ = 0;
   };
   // The complete snapshot's bytes, or nullptr with the reason (missing, torn). Contents are not checksummed here:
   // the receiver of a copy does that while the bytes arrive.
