@@ -614,6 +614,12 @@ int cmd_train(int argc, char** argv) {
   } else {
     co.shm_name = ckpt::ShmStore::name_for(job_id, global_rank);
   }
+  // Steps the agent fetched from a peer pod into this rank's slots (a replacement pod; docs/checkpointing.md).
+  for (std::string rest = env_or("RAILYARD_SHM_PEER_STEPS", ""); !rest.empty();) {
+    const auto comma = rest.find(',');
+    co.shm_peer_steps.push_back(std::atoll(rest.substr(0, comma).c_str()));
+    rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+  }
   co.layout = nlohmann::json{{"dp", 1}, {"tp", 1}, {"pp", 1}, {"zero", dist.zero}};
   // MoE models have no checkpoint layout yet (refused above with --ckpt-dir/--ckpt-shm-every): nothing to save.
   std::vector<ShardSpec> ckpt_shards =

@@ -103,7 +103,8 @@ struct Checkpointer::Metrics {
         restore_bytes(r.gauge("railyard_checkpoint_restore_bytes", "Bytes read by the restore at start.").add(l)),
         restored_step(r.gauge("railyard_checkpoint_restored_step", "Step restored at start (0: fresh start).").add(l)),
         restored_from_memory(r.gauge("railyard_checkpoint_restored_from_memory",
-                                     "1 when the restore at start read the in-memory tier, 0 otherwise.")
+                                     "1 when the restore at start read the in-memory tier (own memory or a peer copy), "
+                                     "0 otherwise.")
                                  .add(l)),
         memory_put(r.histogram("railyard_checkpoint_memory_snapshot_seconds",
                                "Time to copy the state into the in-memory tier (shared memory) after a step; the "
@@ -345,7 +346,8 @@ std::optional<RestoreInfo> Checkpointer::restore() {
   if (shm_[0] && !exact_step) {
     if (auto st = restore_from_memory(targets, disk.empty() ? -1 : disk.front())) {
       info.step = *st;
-      info.source = "memory";
+      const auto& peer = opt_.shm_peer_steps;
+      info.source = std::find(peer.begin(), peer.end(), *st) != peer.end() ? "peer" : "memory";
       for (const auto& t : targets) info.bytes += static_cast<uint64_t>(t.box.volume()) * sizeof(float);
     } else if (disk.empty()) {
       // get() may have written into some targets before it found the damage: start from a clean initialisation.
@@ -395,7 +397,7 @@ std::optional<RestoreInfo> Checkpointer::restore() {
     metrics_->restore_seconds.set(info.seconds);
     metrics_->restore_bytes.set(static_cast<double>(info.bytes));
     metrics_->restored_step.set(static_cast<double>(info.step));
-    metrics_->restored_from_memory.set(info.source == "memory" ? 1 : 0);
+    metrics_->restored_from_memory.set(info.source == "memory" || info.source == "peer" ? 1 : 0);
   }
   log::info("checkpoint", "restored",
             {{"step", std::to_string(info.step)},
