@@ -430,6 +430,30 @@ int run_mixed(const plan::Job& job, std::map<std::string, std::string>& f) {
   j["balancedMicroBatchesPerReplica"] = balanced.micro_batches;
   j["balancedTokensPerSecond"] = tokens_per_step / balanced.step;
   if (job.tokens > 0) j["balancedDays"] = job.tokens / (tokens_per_step / balanced.step) / 86400;
+  // Whale's other option: every pipeline spans the types (stages per type in proportion to its GPUs), cut in
+  // proportion to speed with the larger-memory GPUs on the early stages, against the even cut.
+  std::optional<plan::MixedPipelineEstimate> pipe_even, pipe_bal;
+  if (layout.pp >= 2) {
+    std::vector<plan::DeviceProfile> stage_devices;
+    bool whole = true;
+    for (const auto& p : parts) {
+      whole = whole && (static_cast<long long>(p.gpus) * layout.pp) % total == 0;
+      for (long long k = 0; whole && k < static_cast<long long>(p.gpus) * layout.pp / total; ++k)
+        stage_devices.push_back(p.device);
+    }
+    if (whole && static_cast<int>(stage_devices.size()) == layout.pp && layout.zero <= 1) {
+      pipe_even = plan::estimate_mixed_pipeline(job, cluster.topology, stage_devices, layout, false);
+      pipe_bal = plan::estimate_mixed_pipeline(job, cluster.topology, stage_devices, layout, true);
+      j["mixedPipeline"] = {{"evenStepSeconds", pipe_even->step},
+                            {"balancedStepSeconds", pipe_bal->step},
+                            {"speedup", pipe_even->step / pipe_bal->step},
+                            {"stageDevices", pipe_bal->device},
+                            {"stageLayers", pipe_bal->cut.layers},
+                            {"evenStageLayers", pipe_even->cut.layers},
+                            {"fits", pipe_bal->fits},
+                            {"stageMemoryBytes", pipe_bal->stage_memory}};
+    }
+  }
   if (f.count("json")) {
     std::cout << j.dump(2) << "\n";
     return kExitOk;
@@ -447,6 +471,19 @@ int run_mixed(const plan::Job& job, std::map<std::string, std::string>& f) {
     k += g.replicas;
   }
   std::cout << "\n";
+  if (pipe_bal) {
+    std::cout << "mixed pipeline (every replica's " << layout.pp << " stages span the types):\n";
+    std::cout << "  even cut:               step " << secs(pipe_even->step) << "\n";
+    std::cout << "  speed-proportional cut: step " << secs(pipe_bal->step) << " ("
+              << fmt("%.2f", pipe_even->step / pipe_bal->step) << "x); stages:";
+    for (size_t s = 0; s < pipe_bal->device.size(); ++s)
+      std::cout << " " << pipe_bal->device[s] << " " << pipe_bal->cut.layers[s] << "L "
+                << fmt("%.1f", pipe_bal->stage_memory[s] / 1e9) << "GB";
+    std::cout << (pipe_bal->fits ? "" : " (does NOT fit)") << "\n";
+  } else if (layout.pp >= 2) {
+    std::cout << "mixed pipeline: not evaluated (each type's GPUs must hold a whole number of the " << layout.pp
+              << " stages of every replica, ZeRO <= 1)\n";
+  }
   return kExitOk;
 }
 
