@@ -28,7 +28,11 @@ trap 'rm -rf "$work"' EXIT
 "$bin/railyard" data prepare --input /usr/share/common-licenses/* --output "$work/data" >/dev/null
 half=$((THREADS / 2))
 "$bin/railyard" plan --calibrate --threads "$THREADS" --output "$work/cpu-$THREADS.yaml"
-"$bin/railyard" plan --calibrate --threads "$half" --output "$work/cpu-$half.yaml"
+# The per-process profile of a 2-process world is measured by two calibrations running at once: the two ranks of
+# `train --nproc 2` share the machine's memory bandwidth and caches, and a calibration alone would not see that.
+"$bin/railyard" plan --calibrate --threads "$half" --output "$work/cpu-$half.yaml" &
+"$bin/railyard" plan --calibrate --threads "$half" --output "$work/cpu-$half-twin.yaml"
+wait $!
 # Processes of one machine: one "node" holding dp processes, so the dp ring runs on the loopback path.
 for n in 1 2; do printf 'gpusPerNode: %d\nnodesPerUnit: 1\nunits: 1\n' "$n" > "$work/topo-$n.yaml"; done
 
