@@ -3,6 +3,7 @@
 #include <sys/utsname.h>
 #include <time.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -277,7 +278,7 @@ plan::DeviceProfile calibrate_cpu(int threads, bool cpu_clock) {
   // Collectives between processes of this machine: a 2-rank Gloo world over loopback TCP (what `railyard-worker
   // train --nproc` uses). Bus bandwidth from a 64 MiB all-reduce, latency per ring step from a 1-element one.
   {
-    const size_t count = size_t(16) << 20;
+    const size_t count = size_t(16) << 20, kMid = size_t(64) << 10;
     double big = 1e30, small = 1e30;
     comm::run_local_world(2, [&](comm::Communicator& c) {
       std::vector<float> buf(count, 1.0f);
@@ -291,24 +292,36 @@ plan::DeviceProfile calibrate_cpu(int threads, bool cpu_clock) {
         const double t = cpu_clock ? (process_cpu_s() - c0) / 2 : now_s() - t0;
         if (c.rank() == 0 && r > 0) big = std::min(big, t);
       }
-      for (int r = 0; r < 50; ++r) {
+      // The fixed cost per call from a 256 KiB all-reduce, the size of tiny's tensor-parallel all-reduces, by the same
+      // clock and as the median of 20 (a 1-float all-reduce's best wall time, used first, was 30 us and missed that
+      // each of the hundreds of small collectives of a tensor-parallel step costs the processes far more).
+      std::vector<double> mids;
+      for (int r = 0; r < 21; ++r) {
         c.barrier();
-        const double t0 = now_s();
-        c.all_reduce(buf.data(), 1, comm::DType::kFloat32, comm::ReduceOp::kSum);
-        const double t = now_s() - t0;
-        if (c.rank() == 0 && r > 0) small = std::min(small, t);
+        const double t0 = now_s(), c0 = process_cpu_s();
+        c.all_reduce(buf.data(), kMid, comm::DType::kFloat32, comm::ReduceOp::kSum);
+        c.barrier();
+        const double t = cpu_clock ? (process_cpu_s() - c0) / 2 : now_s() - t0;
+        if (c.rank() == 0 && r > 0) mids.push_back(t);
+      }
+      if (c.rank() == 0) {
+        std::sort(mids.begin(), mids.end());
+        small = mids[mids.size() / 2];
       }
     });
-    // Ring model on n = 2: time = 2 (n-1)/n S / busbw + 2 (n-1) latency.
-    p.collective_latency_s = small / 2;
-    p.nvlink_bandwidth = (count * sizeof(float)) / std::max(big - small, 1e-9);
+    // Ring model on n = 2: time = 2 (n-1)/n S / busbw + 2 (n-1) latency; two points (64 MiB, 256 KiB).
+    const double big_bytes = double(count) * sizeof(float), mid_bytes = double(kMid) * sizeof(float);
+    p.nvlink_bandwidth = (big_bytes - mid_bytes) / std::max(big - small, 1e-9);
+    p.collective_latency_s = std::max(1e-7, (small - mid_bytes / p.nvlink_bandwidth) / 2);
     p.nic_bandwidth = p.nvlink_bandwidth;
     p.nvlink_efficiency = p.nic_efficiency = 1.0;
     const std::string how =
         std::string("2-rank Gloo all-reduce over loopback TCP, 64 MiB") + (cpu_clock ? ", CPU time per rank" : "");
     measured("nvlink_bandwidth", how + " (between processes of one machine)");
     measured("nic_bandwidth", how + " (the same loopback path; a real NIC is not modelled)");
-    measured("collective_latency_s", "2-rank Gloo all-reduce of one float over loopback TCP");
+    measured("collective_latency_s", std::string("2-rank Gloo all-reduce of 256 KiB over loopback TCP, median of 20") +
+                                         (cpu_clock ? ", CPU time per rank" : "") +
+                                         ", less its bytes at that bandwidth");
     p.sources["nvlink_efficiency"] = p.sources["nic_efficiency"] =
         "definition (the bandwidths are measured bus bandwidths)";
   }

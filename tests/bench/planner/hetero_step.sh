@@ -49,7 +49,7 @@ G=24 MB=2 T=128
 split=$(/usr/bin/python3 -c "import json,sys; print(','.join(map(str, json.load(open(sys.argv[1]))['balancedMicroBatchesPerReplica'])))" "$work/plan.json")
 micro=$((G / MB))
 even="$((micro / 2)),$((micro / 2))"
-echo "planner: even split $even, balanced split $split"
+echo "planner: even split $even, balanced split $split; load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 run() {  # name split round
   "$bin/railyard-worker" train --model tiny --data "$work/data" --steps "$STEPS" --batch $MB --seq $T \
     --global-batch $((G * T)) --threads 1 --nproc 2 --dp-split "$2" --slow-ranks 1 --slow-factor "$F" \
