@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -18,25 +20,25 @@
 #include <tuple>
 #include <vector>
 
+#include "checkpoint/shm_store.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "common/metrics/metrics.h"
 #include "common/path_roots.h"
-#include "worker/interop/llmc_model.h"
 #include "worker/agent/agent_main.h"
+#include "worker/comm/gloo_communicator.h"
+#include "worker/comm/process_groups.h"
+#include "worker/interop/llmc_model.h"
 #include "worker/kernels/cpu/kernels.h"
 #include "worker/kernels/cpu/thread_pool.h"
-#include "checkpoint/shm_store.h"
+#include "worker/parallel/data_parallel.h"
+#include "worker/parallel/dist_launcher.h"
+#include "worker/parallel/dist_model.h"
 #include "worker/train/checkpointing.h"
 #include "worker/train/loader_source.h"
 #include "worker/train/perf.h"
 #include "worker/train/train_metrics.h"
 #include "worker/train/trainer.h"
-#include "worker/comm/gloo_communicator.h"
-#include "worker/comm/process_groups.h"
-#include "worker/parallel/data_parallel.h"
-#include "worker/parallel/dist_launcher.h"
-#include "worker/parallel/dist_model.h"
 
 using namespace railyard;
 using namespace railyard::worker;
@@ -91,6 +93,12 @@ constexpr const char* kUsage = R"(usage: railyard-worker train [flags]
   --deterministic      fixed reduction order independent of dp: bitwise-identical results for dp=4, dp=2 x
                        accumulation 2, dp=1 x accumulation 4 (needs a power-of-two accumulation per rank)
   --bucket-mb X        data-parallel all-reduce bucket size in MiB (default 25)
+  --dp-split A0,A1,..  micro-batches per data-parallel rank for replicas of different speeds (sum = global batch /
+                       micro-batch; default even); gradients are weighted by micro-batches, so any split trains the
+                       same model as one process. Plain data parallelism only (no --tp/--pp/--deterministic)
+  --slow-ranks R1,R2 --slow-factor F
+                       TEST KNOB: ranks R1,R2 sleep (F-1) x each micro-batch's forward+backward wall time, as devices
+                       F times slower would (measuring --dp-split; not for real runs; no --tp/--pp)
   --recompute MODE     activation recomputation: none (default), selective (each layer's attention probabilities are
                        recomputed in backward) or full (a layer keeps only its input and reruns its forward in
                        backward); results are bitwise unchanged, activation memory drops (docs/worker.md)
@@ -155,6 +163,25 @@ double to_double(const std::map<std::string, std::string>& f, const std::string&
   double v = std::strtod(it->second.c_str(), &end);
   if (it->second.empty() || *end != '\0') throw ConfigError("--" + key + " '" + it->second + "' is not a number");
   return v;
+}
+
+// "3,1" -> {3, 1}; names the flag on anything else.
+std::vector<int> int_list(const std::map<std::string, std::string>& f, const std::string& key) {
+  const std::string& text = f.at(key);
+  std::vector<int> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find(',', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string item = text.substr(start, end - start);
+    char* stop = nullptr;
+    const long v = std::strtol(item.c_str(), &stop, 10);
+    if (item.empty() || *stop != '\0' || v < INT32_MIN || v > INT32_MAX)
+      throw ConfigError("--" + key + " '" + text + "' is not a comma-separated list of integers (e.g. 3,1)");
+    out.push_back(static_cast<int>(v));
+    start = end + 1;
+  }
+  return out;
 }
 
 int threads_from(const std::map<std::string, std::string>& f) {
@@ -426,14 +453,54 @@ void enforce_path_roots(const std::map<std::string, std::string>& f) {
 
 int cmd_train(int argc, char** argv) {
   auto f = parse_flags(argc, argv, 2,
-                       {"model",      "data",          "steps",       "batch",        "seq",          "global-batch",
-                        "lr",         "warmup",        "min-lr-frac", "weight-decay", "grad-clip",    "seed",
-                        "val-every",  "val-steps",     "threads",     "init-from",    "export",       "log-json",
-                        "peak-flops", "max-bad-steps", "gemm-split",  "config",       "metrics-port", "metrics-host",
-                        "ckpt-dir",   "ckpt-every",    "ckpt-keep",   "ckpt-async",   "ckpt-shm-every",
-                        "ckpt-term-budget", "resume", "data-root", "ckpt-root",
-                        "nproc", "tp", "pp", "zero", "deterministic", "bucket-mb", "recompute", "recompute-layers",
-                        "moe-experts", "moe-top-k", "moe-capacity-factor", "moe-aux-coef"});
+                       {"model",
+                        "data",
+                        "steps",
+                        "batch",
+                        "seq",
+                        "global-batch",
+                        "lr",
+                        "warmup",
+                        "min-lr-frac",
+                        "weight-decay",
+                        "grad-clip",
+                        "seed",
+                        "val-every",
+                        "val-steps",
+                        "threads",
+                        "init-from",
+                        "export",
+                        "log-json",
+                        "peak-flops",
+                        "max-bad-steps",
+                        "gemm-split",
+                        "config",
+                        "metrics-port",
+                        "metrics-host",
+                        "ckpt-dir",
+                        "ckpt-every",
+                        "ckpt-keep",
+                        "ckpt-async",
+                        "ckpt-shm-every",
+                        "ckpt-term-budget",
+                        "resume",
+                        "data-root",
+                        "ckpt-root",
+                        "nproc",
+                        "tp",
+                        "pp",
+                        "zero",
+                        "deterministic",
+                        "bucket-mb",
+                        "recompute",
+                        "recompute-layers",
+                        "moe-experts",
+                        "moe-top-k",
+                        "moe-capacity-factor",
+                        "moe-aux-coef",
+                        "dp-split",
+                        "slow-ranks",
+                        "slow-factor"});
   if (f.count("nproc")) return launch_train_world(argc, argv, f);
   if (f.count("config")) apply_config_file(f["config"], f);
   if (!f.count("data")) {
@@ -459,9 +526,11 @@ int cmd_train(int argc, char** argv) {
   }
   if (!cfg) cfg = model_preset("tiny");
   if (f.count("moe-experts") || f.count("moe-top-k") || f.count("moe-capacity-factor") || f.count("moe-aux-coef")) {
-    if (!f.count("moe-experts")) throw ConfigError("--moe-top-k/--moe-capacity-factor/--moe-aux-coef need --moe-experts");
-    cfg->moe = make_moe_config(static_cast<int>(to_int(f, "moe-experts", 0)), static_cast<int>(to_int(f, "moe-top-k", 1)),
-                               to_double(f, "moe-capacity-factor", 1.25), to_double(f, "moe-aux-coef", 0.01));
+    if (!f.count("moe-experts"))
+      throw ConfigError("--moe-top-k/--moe-capacity-factor/--moe-aux-coef need --moe-experts");
+    cfg->moe =
+        make_moe_config(static_cast<int>(to_int(f, "moe-experts", 0)), static_cast<int>(to_int(f, "moe-top-k", 1)),
+                        to_double(f, "moe-capacity-factor", 1.25), to_double(f, "moe-aux-coef", 0.01));
     // Not done yet with experts (docs/parallel.md "Mixture of experts"): say so instead of running something untested.
     const std::string world = env_or("WORLD_SIZE", "1");
     for (const char* flag : {"init-from", "export", "ckpt-dir", "ckpt-shm-every"}) {
@@ -470,8 +539,8 @@ int cmd_train(int argc, char** argv) {
                           " with --moe-experts: llm.c files and checkpoints of MoE models are not implemented yet");
       }
     }
-    if ((world != "1" && world != "0") || to_int(f, "tp", 1) > 1 || to_int(f, "pp", 1) > 1 || to_int(f, "zero", 0) > 0 ||
-        f.count("deterministic")) {
+    if ((world != "1" && world != "0") || to_int(f, "tp", 1) > 1 || to_int(f, "pp", 1) > 1 ||
+        to_int(f, "zero", 0) > 0 || f.count("deterministic")) {
       throw ConfigError(
           "--moe-experts runs in one process only for now (expert, data, tensor and pipeline parallelism with experts "
           "are not implemented): drop --nproc/--tp/--pp/--zero/--deterministic");
@@ -505,11 +574,26 @@ int cmd_train(int argc, char** argv) {
   if (!std::filesystem::is_directory(data)) {
     throw ConfigError("--data " + data + ": not a directory (make one with `railyard data prepare --output DIR`)");
   }
+  if (f.count("dp-split")) tc.dp_split = int_list(f, "dp-split");
+  if (f.count("slow-ranks") != f.count("slow-factor"))
+    throw ConfigError("--slow-ranks and --slow-factor go together (e.g. --slow-ranks 1 --slow-factor 2)");
+  if (f.count("slow-ranks")) {
+    const double factor = to_double(f, "slow-factor", 1);
+    if (!(factor >= 1) || !std::isfinite(factor)) throw ConfigError("--slow-factor must be a number >= 1");
+    const int me = static_cast<int>(std::atol(env_or("RANK", "0").c_str()));
+    for (int r : int_list(f, "slow-ranks")) {
+      if (r < 0) throw ConfigError("--slow-ranks: ranks are >= 0");
+      if (r == me) tc.slow_factor = factor;
+    }
+  }
   // Joins the world the launcher (--nproc or the agent) describes in RANK/WORLD_SIZE/MASTER_*; one process otherwise.
   DistSetup dist = join_world(f, tc);
-  // Data parallel: replica r reads its run of every global step; deterministic mode reads the job's whole sequence
-  // and the trainer keeps this replica's virtual micro-batches (trainer.h).
-  const bool whole_sequence = dist.deterministic || dist.groups == nullptr;
+  if ((!tc.dp_split.empty() || tc.slow_factor > 1) && dist.groups != nullptr &&
+      dist.groups->layout().tp * dist.groups->layout().pp > 1)
+    throw ConfigError("--dp-split and --slow-ranks apply to plain data parallelism: drop --tp/--pp");
+  // Data parallel: replica r reads its run of every global step; deterministic mode and an uneven --dp-split read the
+  // job's whole sequence and the trainer keeps this replica's micro-batches (trainer.h).
+  const bool whole_sequence = dist.deterministic || dist.groups == nullptr || !tc.dp_split.empty();
   LoaderBatchSource train(
       std::make_unique<DataLoader>(data, tc.batch, tc.seq_len, whole_sequence ? 0 : dist.groups->dp().rank(),
                                    whole_sequence ? 1 : dist.groups->dp().size(), tc.seed, cfg->vocab_size, true));
@@ -545,9 +629,8 @@ int cmd_train(int argc, char** argv) {
       dpo.zero_stage = dist.zero;
       dpo.deterministic = dist.deterministic;
       dpo.bucket_bytes = dist.bucket_bytes;
-      dist.sync = parallel::parallel_gpt_data_parallel(&g.dp(), *dist.sharded,
-                                                       parallel::ModelGroups{&g.tp(), &g.pp(), g.embedding()}, tc,
-                                                       pool, dpo);
+      dist.sync = parallel::parallel_gpt_data_parallel(
+          &g.dp(), *dist.sharded, parallel::ModelGroups{&g.tp(), &g.pp(), g.embedding()}, tc, pool, dpo);
     }
   } else if (dist.groups != nullptr || dist.deterministic || dist.zero > 0) {
     parallel::DataParallelOptions dpo;

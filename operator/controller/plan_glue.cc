@@ -124,6 +124,7 @@ AutoPlanOutcome plan_parallelism(const JobSpec& spec, int replicas, const std::v
   o.interleaves = {1};
   o.interleave = 1;
   o.recompute = plan::Recompute::kNone;
+  o.power_of_two_accumulation = spec.deterministic;
   if (spec.tensor > 1) o.tp = spec.tensor;
   if (spec.pipeline > 1) o.pp = spec.pipeline;
   if (spec.data) o.dp = *spec.data;
@@ -144,7 +145,8 @@ AutoPlanOutcome plan_parallelism(const JobSpec& spec, int replicas, const std::v
     std::string why = "no layout of " + std::to_string(cluster.gpus) + " x " + cluster.device.name + " (" +
                       std::to_string(replicas) + " pods x " + std::to_string(spec.procs_per_replica) +
                       " procs) runs this model with globalBatch " + std::to_string(spec.global_batch) +
-                      " using dp/tp/pp and ZeRO 0-2";
+                      " using dp/tp/pp and ZeRO 0-2" +
+                      (spec.deterministic ? " with a power-of-two accumulation per rank (deterministic)" : "");
     if (closest)
       why += "; the closest (" + plan::describe(closest->layout) + ") needs " + bytes_text(closest->memory.total()) +
              " per device of " + bytes_text(closest->memory_capacity);

@@ -103,4 +103,86 @@ StageCut cut_stages(int layers, const std::vector<double>& speeds, const std::ve
   return cut;
 }
 
+MixedPipelineEstimate estimate_mixed_pipeline(const Job& job, const Topology& topology,
+                                              const std::vector<DeviceProfile>& stage_devices, const Layout& layout,
+                                              bool balanced) {
+  const int p = static_cast<int>(stage_devices.size());
+  if (p < 2) throw ConfigError("mixed pipeline: at least two stages");
+  const ModelShape& m = job.model;
+  const Layout& l = layout;
+  if (l.interleave != 1 || l.zero >= 2) throw ConfigError("mixed pipeline: plain 1F1B with ZeRO 0 or 1 only");
+  if (job.global_batch % (static_cast<long long>(l.dp) * l.micro_batch) != 0)
+    throw ConfigError("mixed pipeline: the global batch is not divisible by dp x micro-batch");
+  const long long mb = job.global_batch / (static_cast<long long>(l.dp) * l.micro_batch);
+  // Per device: one layer's time and the embedding + head, from homogeneous one-stage estimates of 1 and 2 layers
+  // (the model is linear in the layer count), and the per-micro-batch send/recv and the step's tail from the
+  // homogeneous pipeline on that device.
+  struct PerDevice {
+    double layer = 0, ends = 0, send = 0, tail = 0, layer_params = 0;
+  };
+  auto per_device = [&](const DeviceProfile& d) {
+    PerDevice out;
+    Cluster one{d, topology, l.dp * l.tp};
+    Layout flat = l;
+    flat.pp = 1;
+    auto micro_time = [&](int layers) {
+      ModelShape s = m;
+      s.layers = layers;
+      const Estimate e = estimate(Job{s, static_cast<long long>(l.dp) * l.micro_batch, 0}, one, flat);
+      return (e.time.compute + e.time.tp_comm) / e.micro_batches;
+    };
+    const double t1 = micro_time(1), t2 = micro_time(2);
+    out.layer = t2 - t1;
+    out.ends = t1 - out.layer;
+    Cluster piped{d, topology, l.dp * l.tp * p};
+    Layout homo = l;
+    homo.pp = p;
+    const Estimate e = estimate(job, piped, homo);
+    out.send = e.time.pp_comm / e.micro_batches;
+    out.tail = e.time.dp_exposed + e.time.optimizer;
+    ModelShape one_layer = m, two_layers = m;
+    one_layer.layers = 1;
+    two_layers.layers = 2;
+    out.layer_params = (parameter_count(two_layers) - parameter_count(one_layer)) / l.tp;
+    return out;
+  };
+  std::vector<PerDevice> dev;
+  std::vector<double> speeds, memories;
+  for (const DeviceProfile& d : stage_devices) {
+    dev.push_back(per_device(d));
+    speeds.push_back(1.0 / dev.back().layer);
+    memories.push_back(d.memory_bytes * d.usable_memory_fraction);
+  }
+  MixedPipelineEstimate out;
+  out.cut = cut_stages(m.layers, speeds, memories, balanced);
+  const double h = m.hidden, V = m.vocab;
+  double sum = 0, slowest = 0, tail = 0;
+  out.fits = true;
+  for (int k = 0; k < p; ++k) {
+    const int i = out.cut.device[k];
+    const DeviceProfile& d = stage_devices[i];
+    const double ends_share = (k == 0 || k == p - 1) ? 0.5 * dev[i].ends : 0;  // embedding first, head last
+    const double t = out.cut.layers[k] * dev[i].layer + ends_share + dev[i].send;
+    out.device.push_back(d.name);
+    out.stage_seconds.push_back(t);
+    sum += t;
+    slowest = std::max(slowest, t);
+    tail = std::max(tail, dev[i].tail);
+    // Memory: parameters (+ the embedding on the first stage and its tied copy on the last), ZeRO-1 shards the
+    // optimizer state over dp; activations of min(m, p - k) micro-batches in flight.
+    double params = out.cut.layers[k] * dev[i].layer_params;
+    if (k == 0) params += V * h / l.tp + double(m.seq) * h;
+    if (k == p - 1) params += V * h / l.tp + 2 * h;
+    const double in_flight = std::min<double>(mb, p - k);
+    double bytes = params * (d.weight_bytes + d.grad_bytes + d.optimizer_bytes / (l.zero >= 1 ? l.dp : 1)) +
+                   out.cut.layers[k] * layer_activation_bytes(m, d, l) * in_flight + d.workspace_bytes;
+    if (k == p - 1) bytes += double(l.micro_batch) * m.seq * V / l.tp * (d.activation_bytes + 4);  // logits
+    out.stage_memory.push_back(bytes);
+    out.stage_capacity.push_back(d.memory_bytes * d.usable_memory_fraction);
+    out.fits = out.fits && bytes <= out.stage_capacity.back();
+  }
+  out.step = sum + (mb - 1) * slowest + tail;
+  return out;
+}
+
 }  // namespace railyard::plan

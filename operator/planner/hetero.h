@@ -3,6 +3,7 @@
 // stages on the larger-memory GPUs.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "operator/planner/cost_model.h"
@@ -38,5 +39,25 @@ struct StageCut {
   double bottleneck = 0;    // max over stages of layers / speed (relative time per micro-batch)
 };
 StageCut cut_stages(int layers, const std::vector<double>& speeds, const std::vector<double>& memories, bool balanced);
+
+// A pipeline whose stages run on devices of different types (one device type per stage; tp GPUs per stage, dp
+// replicas of the whole pipeline), cut by cut_stages: balanced = layers in proportion to each device's measured
+// speed on one layer, else the even cut; both put the larger-memory devices first. Per stage k: time per
+// micro-batch = its layers x that device's layer time (+ embedding on the first, LM head and loss on the last, + its
+// pipeline send/recv), memory = its parameters, gradients and optimizer state + min(m, p - k) micro-batches of its
+// layers' activations in flight (1F1B). Step = sum of the stage times (fill and drain) + (m - 1) x the slowest stage
+// + the slowest device's exposed data-parallel reduction and optimizer step (from the homogeneous estimate).
+struct MixedPipelineEstimate {
+  StageCut cut;
+  std::vector<std::string> device;     // profile name of stage k
+  std::vector<double> stage_seconds;   // per micro-batch
+  std::vector<double> stage_memory;    // bytes per GPU
+  std::vector<double> stage_capacity;  // usable bytes per GPU
+  bool fits = false;
+  double step = 0;
+};
+MixedPipelineEstimate estimate_mixed_pipeline(const Job& job, const Topology& topology,
+                                              const std::vector<DeviceProfile>& stage_devices, const Layout& layout,
+                                              bool balanced);
 
 }  // namespace railyard::plan

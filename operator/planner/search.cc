@@ -93,6 +93,11 @@ SearchResult search(const Job& job, const Cluster& cluster, const SearchOptions&
       }
       for (int mb : divisors(job.global_batch / dp, o.max_micro_batch)) {
         if (o.micro_batch && mb != *o.micro_batch) continue;
+        if (const long long a = job.global_batch / (static_cast<long long>(dp) * mb);
+            o.power_of_two_accumulation && dp > 1 && (a & (a - 1)) != 0) {
+          ++r.invalid["deterministic mode needs a power-of-two accumulation per rank"];
+          continue;
+        }
         for (int v : o.interleaves) {
           if (o.interleave && v != *o.interleave) continue;
           std::optional<Estimate> best_of_shape;

@@ -22,6 +22,9 @@ struct SearchOptions {
   // Keep one entry per (dp, tp, pp, micro-batch, interleave): the runners-up then show different shapes rather
   // than the same shape with another ZeRO stage.
   bool distinct_shapes = true;
+  // The worker's deterministic data-parallel mode (docs/parallel.md) folds each rank's micro-batches in a fixed
+  // pairwise tree: with dp > 1 the accumulation per rank, global batch / (dp x micro-batch), must be a power of two.
+  bool power_of_two_accumulation = false;
 };
 
 struct RankedPlan {

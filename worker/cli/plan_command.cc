@@ -3,6 +3,7 @@
 #include <sys/utsname.h>
 #include <time.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -216,11 +217,14 @@ plan::DeviceProfile calibrate_cpu(int threads, bool cpu_clock) {
   measured("peak_flops", "our GEMM path on gpt2-124m's layer and LM-head shapes, 256 rows");
   p.gemm_efficiency = 1.0;
   p.sources["gemm_efficiency"] = "definition (peak_flops is the measured GEMM rate)";
-  // Small GEMMs: the rate at 8 rows against the rate above gives the half-efficiency size.
+  // Small GEMMs: the rate of the smallest GEMM we train (tiny's 128 x 128 projection at 256 rows) against the rate
+  // above gives the half-efficiency size. (An 8-row GEMM was used first: it measures the packing overhead of a
+  // degenerate panel, a shape training never runs, and made the model charge tiny's 256-row GEMMs half the peak
+  // although they run at the full rate, per CPU second, here.)
   {
-    const int M = 8, N = 768, K = 768;
+    const int M = 256, N = 128, K = 128;
     std::vector<float> a(size_t(M) * K, 0.01f), b(size_t(N) * K, 0.02f), c(size_t(M) * N);
-    const int inner = 50;
+    const int inner = 100;
     const double t = best_time(3, cpu_clock, threads, [&] {
       for (int i = 0; i < inner; ++i)
         cpu::gemm<float>(pool, false, true, M, N, K, 1.0f, a.data(), K, b.data(), K, 0.0f, c.data(), N);
@@ -228,7 +232,7 @@ plan::DeviceProfile calibrate_cpu(int threads, bool cpu_clock) {
     const double flops = 2.0 * M * N * K;
     const double eff = std::min(0.99, flops * inner / t / p.peak_flops);
     p.gemm_half_flops = flops * (1 - eff) / eff;  // eff = W / (W + half)
-    measured("gemm_half_flops", "rate of an 8x768x768 GEMM against peak_flops");
+    measured("gemm_half_flops", "rate of a 256x128x128 GEMM against peak_flops");
   }
   // Memory bandwidth: the residual add (reads 2, writes 1) over 3 x 128 MiB.
   {
@@ -274,7 +278,7 @@ plan::DeviceProfile calibrate_cpu(int threads, bool cpu_clock) {
   // Collectives between processes of this machine: a 2-rank Gloo world over loopback TCP (what `railyard-worker
   // train --nproc` uses). Bus bandwidth from a 64 MiB all-reduce, latency per ring step from a 1-element one.
   {
-    const size_t count = size_t(16) << 20;
+    const size_t count = size_t(16) << 20, kMid = size_t(64) << 10;
     double big = 1e30, small = 1e30;
     comm::run_local_world(2, [&](comm::Communicator& c) {
       std::vector<float> buf(count, 1.0f);
@@ -288,24 +292,36 @@ plan::DeviceProfile calibrate_cpu(int threads, bool cpu_clock) {
         const double t = cpu_clock ? (process_cpu_s() - c0) / 2 : now_s() - t0;
         if (c.rank() == 0 && r > 0) big = std::min(big, t);
       }
-      for (int r = 0; r < 50; ++r) {
+      // The fixed cost per call from a 256 KiB all-reduce, the size of tiny's tensor-parallel all-reduces, by the same
+      // clock and as the median of 20 (a 1-float all-reduce's best wall time, used first, was 30 us and missed that
+      // each of the hundreds of small collectives of a tensor-parallel step costs the processes far more).
+      std::vector<double> mids;
+      for (int r = 0; r < 21; ++r) {
         c.barrier();
-        const double t0 = now_s();
-        c.all_reduce(buf.data(), 1, comm::DType::kFloat32, comm::ReduceOp::kSum);
-        const double t = now_s() - t0;
-        if (c.rank() == 0 && r > 0) small = std::min(small, t);
+        const double t0 = now_s(), c0 = process_cpu_s();
+        c.all_reduce(buf.data(), kMid, comm::DType::kFloat32, comm::ReduceOp::kSum);
+        c.barrier();
+        const double t = cpu_clock ? (process_cpu_s() - c0) / 2 : now_s() - t0;
+        if (c.rank() == 0 && r > 0) mids.push_back(t);
+      }
+      if (c.rank() == 0) {
+        std::sort(mids.begin(), mids.end());
+        small = mids[mids.size() / 2];
       }
     });
-    // Ring model on n = 2: time = 2 (n-1)/n S / busbw + 2 (n-1) latency.
-    p.collective_latency_s = small / 2;
-    p.nvlink_bandwidth = (count * sizeof(float)) / std::max(big - small, 1e-9);
+    // Ring model on n = 2: time = 2 (n-1)/n S / busbw + 2 (n-1) latency; two points (64 MiB, 256 KiB).
+    const double big_bytes = double(count) * sizeof(float), mid_bytes = double(kMid) * sizeof(float);
+    p.nvlink_bandwidth = (big_bytes - mid_bytes) / std::max(big - small, 1e-9);
+    p.collective_latency_s = std::max(1e-7, (small - mid_bytes / p.nvlink_bandwidth) / 2);
     p.nic_bandwidth = p.nvlink_bandwidth;
     p.nvlink_efficiency = p.nic_efficiency = 1.0;
     const std::string how =
         std::string("2-rank Gloo all-reduce over loopback TCP, 64 MiB") + (cpu_clock ? ", CPU time per rank" : "");
     measured("nvlink_bandwidth", how + " (between processes of one machine)");
     measured("nic_bandwidth", how + " (the same loopback path; a real NIC is not modelled)");
-    measured("collective_latency_s", "2-rank Gloo all-reduce of one float over loopback TCP");
+    measured("collective_latency_s", std::string("2-rank Gloo all-reduce of 256 KiB over loopback TCP, median of 20") +
+                                         (cpu_clock ? ", CPU time per rank" : "") +
+                                         ", less its bytes at that bandwidth");
     p.sources["nvlink_efficiency"] = p.sources["nic_efficiency"] =
         "definition (the bandwidths are measured bus bandwidths)";
   }
@@ -430,6 +446,30 @@ int run_mixed(const plan::Job& job, std::map<std::string, std::string>& f) {
   j["balancedMicroBatchesPerReplica"] = balanced.micro_batches;
   j["balancedTokensPerSecond"] = tokens_per_step / balanced.step;
   if (job.tokens > 0) j["balancedDays"] = job.tokens / (tokens_per_step / balanced.step) / 86400;
+  // Whale's other option: every pipeline spans the types (stages per type in proportion to its GPUs), cut in
+  // proportion to speed with the larger-memory GPUs on the early stages, against the even cut.
+  std::optional<plan::MixedPipelineEstimate> pipe_even, pipe_bal;
+  if (layout.pp >= 2) {
+    std::vector<plan::DeviceProfile> stage_devices;
+    bool whole = true;
+    for (const auto& p : parts) {
+      whole = whole && (static_cast<long long>(p.gpus) * layout.pp) % total == 0;
+      for (long long k = 0; whole && k < static_cast<long long>(p.gpus) * layout.pp / total; ++k)
+        stage_devices.push_back(p.device);
+    }
+    if (whole && static_cast<int>(stage_devices.size()) == layout.pp && layout.zero <= 1) {
+      pipe_even = plan::estimate_mixed_pipeline(job, cluster.topology, stage_devices, layout, false);
+      pipe_bal = plan::estimate_mixed_pipeline(job, cluster.topology, stage_devices, layout, true);
+      j["mixedPipeline"] = {{"evenStepSeconds", pipe_even->step},
+                            {"balancedStepSeconds", pipe_bal->step},
+                            {"speedup", pipe_even->step / pipe_bal->step},
+                            {"stageDevices", pipe_bal->device},
+                            {"stageLayers", pipe_bal->cut.layers},
+                            {"evenStageLayers", pipe_even->cut.layers},
+                            {"fits", pipe_bal->fits},
+                            {"stageMemoryBytes", pipe_bal->stage_memory}};
+    }
+  }
   if (f.count("json")) {
     std::cout << j.dump(2) << "\n";
     return kExitOk;
@@ -447,6 +487,19 @@ int run_mixed(const plan::Job& job, std::map<std::string, std::string>& f) {
     k += g.replicas;
   }
   std::cout << "\n";
+  if (pipe_bal) {
+    std::cout << "mixed pipeline (every replica's " << layout.pp << " stages span the types):\n";
+    std::cout << "  even cut:               step " << secs(pipe_even->step) << "\n";
+    std::cout << "  speed-proportional cut: step " << secs(pipe_bal->step) << " ("
+              << fmt("%.2f", pipe_even->step / pipe_bal->step) << "x); stages:";
+    for (size_t s = 0; s < pipe_bal->device.size(); ++s)
+      std::cout << " " << pipe_bal->device[s] << " " << pipe_bal->cut.layers[s] << "L "
+                << fmt("%.1f", pipe_bal->stage_memory[s] / 1e9) << "GB";
+    std::cout << (pipe_bal->fits ? "" : " (does NOT fit)") << "\n";
+  } else if (layout.pp >= 2) {
+    std::cout << "mixed pipeline: not evaluated (each type's GPUs must hold a whole number of the " << layout.pp
+              << " stages of every replica, ZeRO <= 1)\n";
+  }
   return kExitOk;
 }
 

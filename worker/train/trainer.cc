@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <numeric>
+#include <thread>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -25,6 +27,16 @@ std::string fmt(const char* f, double v) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), f, v);
   return buf;
+}
+
+// "3,1"
+std::string join_ints(const std::vector<int>& v) {
+  std::string out;
+  for (int a : v) {
+    if (!out.empty()) out += ',';
+    out += std::to_string(a);
+  }
+  return out;
 }
 
 }  // namespace
@@ -53,6 +65,7 @@ void TrainConfig::validate(const GptConfig& model) const {
   if (weight_decay < 0) bad("--weight-decay must be >= 0");
   if (val_every < 0 || val_steps <= 0) bad("--val-every must be >= 0 and --val-steps positive");
   if (max_bad_steps <= 0) bad("--max-bad-steps must be positive");
+  if (!(slow_factor >= 1) || !std::isfinite(slow_factor)) bad("--slow-factor must be a number >= 1");
 }
 
 Trainer::Trainer(const GptConfig& model, const TrainConfig& config, ThreadPool& pool, BatchSource& train,
@@ -76,9 +89,25 @@ Trainer::Trainer(const GptConfig& model, const TrainConfig& config, ThreadPool& 
   } else if (sync_ == nullptr || sync_->zero_stage() == 0) {
     opt_.emplace(model, AdamWHyper{cfg_.beta1, cfg_.beta2, cfg_.eps, static_cast<float>(cfg_.weight_decay)}, pool);
   }
+  if (!cfg_.dp_split.empty()) {
+    const int micro = cfg_.micro_steps(), dp = sync_ != nullptr ? sync_->size() : 1;
+    const std::string list = join_ints(cfg_.dp_split);
+    if (sync_ == nullptr || sharded_ != nullptr || sync_->deterministic())
+      throw ConfigError("--dp-split " + list +
+                        ": an uneven split needs plain data parallelism (--nproc N without --tp/--pp, not "
+                        "--deterministic)");
+    if (static_cast<int>(cfg_.dp_split.size()) != dp)
+      throw ConfigError("--dp-split " + list + ": " + std::to_string(cfg_.dp_split.size()) +
+                        " entries for dp=" + std::to_string(dp) + " replicas: give one count per replica");
+    for (int a : cfg_.dp_split)
+      if (a < 1) throw ConfigError("--dp-split " + list + ": every replica needs at least one micro-batch");
+    if (std::accumulate(cfg_.dp_split.begin(), cfg_.dp_split.end(), 0) != micro)
+      throw ConfigError("--dp-split " + list + ": the counts must sum to the " + std::to_string(micro) +
+                        " micro-batches per step (--global-batch / (--batch * --seq))");
+  }
   if (sync_ != nullptr) {
     const int micro = cfg_.micro_steps(), dp = sync_->size();
-    if (micro % dp != 0) {
+    if (cfg_.dp_split.empty() && micro % dp != 0) {
       throw ConfigError("--global-batch: " + std::to_string(micro) + " micro-batches of batch*seq tokens per step " +
                         "do not divide over dp=" + std::to_string(dp) + " replicas: make it a multiple of " +
                         std::to_string(static_cast<int64_t>(dp) * cfg_.batch * cfg_.seq_len) + " tokens");
@@ -121,6 +150,11 @@ StepResult Trainer::step() {
   const int micro = cfg_.micro_steps();
   const auto phase = [](std::chrono::steady_clock::time_point a) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
+  };
+  // The slow-down test knob: stretch this micro-batch's forward + backward to slow_factor x its wall time.
+  const auto slow_down = [this](std::chrono::steady_clock::time_point since) {
+    if (cfg_.slow_factor <= 1) return;
+    std::this_thread::sleep_for((std::chrono::steady_clock::now() - since) * (cfg_.slow_factor - 1));
   };
   double loss_sum = 0;
   if (sharded_ != nullptr && sync_ != nullptr && sync_->deterministic()) {
@@ -165,8 +199,10 @@ StepResult Trainer::step() {
     double moe_aux = 0;
     for (int m = 0; m < micro; ++m) {
       train_.next_batch(inputs_.data(), targets_.data());
+      const auto tm = std::chrono::steady_clock::now();
       loss_sum += model_->forward(inputs_.data(), targets_.data(), Gpt<float>::Mode::kTrain, 1.0f / micro);
       model_->backward(/*accumulate=*/m > 0);  // the first micro-batch overwrites: no zero_grad() pass
+      slow_down(tm);
       moe_assigned += model_->moe_stats().assignments;
       moe_dropped += model_->moe_stats().dropped;
       moe_aux += model_->moe_stats().aux_loss / micro;
@@ -184,9 +220,11 @@ StepResult Trainer::step() {
     for (int v = 0; v < micro; ++v) {
       train_.next_batch(inputs_.data(), targets_.data());
       if (v < first || v >= first + A) continue;
+      const auto tm = std::chrono::steady_clock::now();
       leaf_losses.push_back(
           model_->forward(inputs_.data(), targets_.data(), Gpt<float>::Mode::kTrain, 1.0f / static_cast<float>(micro)));
       model_->backward(/*accumulate=*/false);
+      slow_down(tm);
       sync_->add_leaf(model_->grads());
     }
     r.times.compute = phase(t0);
@@ -195,18 +233,30 @@ StepResult Trainer::step() {
     r.loss = loss_sum / micro;
     r.times.dp_comm = sync_->take_comm_seconds();
   } else {
-    const int A = micro / sync_->size();
-    for (int m = 0; m < A; ++m) {
+    const int D = sync_->size();
+    const bool uneven = !cfg_.dp_split.empty();
+    // Uneven: this replica owns the run [first, first + A) of the job's micro-batches (its loader yields all of them)
+    // and scales its gradients by D/micro, so the group's average is the sum over all micro-batches / micro, the
+    // single-process step whatever the split. Even: its own loader's A micro-batches, scaled 1/A (= D/micro).
+    const int A = uneven ? cfg_.dp_split[sync_->rank()] : micro / D;
+    const int first = uneven ? std::accumulate(cfg_.dp_split.begin(), cfg_.dp_split.begin() + sync_->rank(), 0) : 0;
+    const float scale = uneven ? static_cast<float>(D) / static_cast<float>(micro) : 1.0f / static_cast<float>(A);
+    for (int v = 0, m = 0; v < (uneven ? micro : A); ++v) {
       train_.next_batch(inputs_.data(), targets_.data());
-      loss_sum += model_->forward(inputs_.data(), targets_.data(), Gpt<float>::Mode::kTrain, 1.0f / A);
+      if (v < first || v >= first + A) continue;  // another replica's micro-batch (uneven only)
+      const auto tm = std::chrono::steady_clock::now();
+      loss_sum += model_->forward(inputs_.data(), targets_.data(), Gpt<float>::Mode::kTrain, scale);
       if (m == A - 1) sync_->arm(model_->grads());  // only the last micro-batch's backward communicates
       model_->backward(/*accumulate=*/m > 0);
+      slow_down(tm);
+      ++m;
     }
     r.times.compute = phase(t0);
     sync_->finish(model_->grads());
     double sum = 0;
-    for (double l : sync_->all_gather({loss_sum / A})) sum += l;  // rank order: the same bits on every rank
-    r.loss = sum / sync_->size();
+    // Rank order: the same bits on every rank. Uneven: sums of losses, weighted by micro-batches.
+    for (double l : sync_->all_gather({uneven ? loss_sum : loss_sum / A})) sum += l;
+    r.loss = uneven ? sum / micro : sum / D;
     r.times.dp_comm = sync_->take_comm_seconds();
   }
   const auto t_opt = std::chrono::steady_clock::now();
@@ -382,6 +432,7 @@ int Trainer::run() {
        {"micro_batch", std::to_string(cfg_.batch)},
        {"seq", std::to_string(cfg_.seq_len)},
        {"micro_steps", std::to_string(cfg_.micro_steps())},
+       {"dp_split", cfg_.dp_split.empty() ? std::string("even") : join_ints(cfg_.dp_split)},
        {"global_batch_tokens", std::to_string(static_cast<int64_t>(cfg_.micro_steps()) * cfg_.batch * cfg_.seq_len)},
        {"flops_per_token", fmt("%.6g", flops_per_token(gpt_, cfg_.seq_len))},
        {"peak_flops", fmt("%.4g", peak_flops_)},

@@ -55,7 +55,16 @@ struct TrainConfig {
   std::string log_json;       // optional JSON-lines log file
   std::string progress_file;  // optional: {"step", "loss", "tokens_per_second"} rewritten atomically each step
   bool quiet = false;         // no per-step log lines (tests)
-  RecomputeSpec recompute;    // activation recomputation (--recompute, --recompute-layers); results are unchanged
+  // Uneven data parallelism (mixed-speed replicas, docs/planner.md "Mixed GPU types"): micro-batches of each global
+  // step per dp rank, in rank order, summing to micro_steps(); empty = micro_steps()/dp each. Every replica then reads
+  // the job's whole sequence of micro-batches and keeps its own run, and gradients are weighted by micro-batches
+  // (= tokens), so any split gives the single-process step's math. Plain data parallelism only (no tp/pp, not
+  // deterministic).
+  std::vector<int> dp_split;
+  // Test knob (`--slow-ranks/--slow-factor`): this rank sleeps (slow_factor - 1) x the wall time of each micro-batch's
+  // forward + backward, as a device slow_factor times slower would take. 1 = off. Not applied to tp/pp models.
+  double slow_factor = 1;
+  RecomputeSpec recompute;  // activation recomputation (--recompute, --recompute-layers); results are unchanged
 
   int micro_steps() const;                      // global batch / (B*T)
   void validate(const GptConfig& model) const;  // throws ConfigError naming the flag

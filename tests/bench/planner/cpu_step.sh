@@ -28,46 +28,63 @@ trap 'rm -rf "$work"' EXIT
 "$bin/railyard" data prepare --input /usr/share/common-licenses/* --output "$work/data" >/dev/null
 half=$((THREADS / 2))
 "$bin/railyard" plan --calibrate --threads "$THREADS" --output "$work/cpu-$THREADS.yaml"
-"$bin/railyard" plan --calibrate --threads "$half" --output "$work/cpu-$half.yaml"
+# The per-process profile of a 2-process world is measured by two calibrations running at once: the two ranks of
+# `train --nproc 2` share the machine's memory bandwidth and caches, and a calibration alone would not see that.
+"$bin/railyard" plan --calibrate --threads "$half" --output "$work/cpu-$half.yaml" &
+"$bin/railyard" plan --calibrate --threads "$half" --output "$work/cpu-$half-twin.yaml"
+wait $!
 # Processes of one machine: one "node" holding dp processes, so the dp ring runs on the loopback path.
-for dp in 1 2; do printf 'gpusPerNode: %d\nnodesPerUnit: 1\nunits: 1\n' "$dp" > "$work/topo-$dp.yaml"; done
+for n in 1 2; do printf 'gpusPerNode: %d\nnodesPerUnit: 1\nunits: 1\n' "$n" > "$work/topo-$n.yaml"; done
 
 results="$work/results.jsonl"
-# model  L  C  NH  V(real)  T  global-sequences  dp  micro-batch
-while read -r model L C NH V T G dp mb; do
-  threads=$((THREADS / dp))
-  tag="$model-dp$dp-mb$mb"
+# model  L  C  NH  V(real)  T  global-sequences  dp  tp  pp  micro-batch
+while read -r model L C NH V T G dp tp pp mb; do
+  world=$((dp * tp * pp))
+  threads=$((THREADS / world))
+  tag="$model-dp$dp-tp$tp-pp$pp-mb$mb"
   launch=()
-  (( dp > 1 )) && launch=(--nproc "$dp")
+  (( world > 1 )) && launch=(--nproc "$world" --tp "$tp" --pp "$pp")
   "$bin/railyard-worker" train --model "$model" --data "$work/data" --steps "$STEPS" --batch "$mb" --seq "$T" \
     --global-batch $((G * T)) --threads "$threads" "${launch[@]}" --log-json "$work/$tag.jsonl" > "$work/$tag.log" 2>&1 \
     || { echo "cpu_step.sh: railyard-worker failed for $tag:" >&2; tail -5 "$work/$tag.log" >&2; exit 1; }
   "$bin/railyard" plan --layers "$L" --hidden "$C" --heads "$NH" --seq "$T" --vocab "$V" --global-batch "$G" \
-    --gpus "$dp" --dp "$dp" --gpu "$work/cpu-$threads.yaml" --topology "$work/topo-$dp.yaml" --micro-batch "$mb" \
-    --zero 0 --recompute none --top 1 --json > "$work/$tag.plan.json"
-  /usr/bin/python3 - "$work/$tag.jsonl" "$work/$tag.plan.json" "$model" "$dp" "$mb" "$G" "$T" "$threads" \
+    --gpus "$world" --dp "$dp" --tp "$tp" --pp "$pp" --gpu "$work/cpu-$threads.yaml" --topology "$work/topo-$world.yaml" \
+    --micro-batch "$mb" --zero 0 --recompute none --sp off --interleave 1 --top 1 --json > "$work/$tag.plan.json"
+  /usr/bin/python3 - "$work/$tag.jsonl" "$work/$tag.plan.json" "$model" "$dp" "$tp" "$pp" "$mb" "$G" "$T" "$threads" \
     >> "$results" <<'PY'
 import json, statistics, sys
-steps_path, plan_path, model, dp, mb, G, T, threads = sys.argv[1:]
+steps_path, plan_path, model, dp, tp, pp, mb, G, T, threads = sys.argv[1:]
 steps = [json.loads(l) for l in open(steps_path) if '"event":"step"' in l.replace(" ", "")]
-# Per-thread CPU time per step (rank 0): the step's time on an otherwise idle machine, the same clock the calibration
-# used. Wall time is reported too; on the shared machine it mostly measures the other load.
-measured = statistics.median([s["cpu_ms"] / 1e3 / int(threads) for s in steps[1:]])
+# Rank 0's CPU time per thread and step: the step's time on an otherwise idle machine, the clock the calibration used.
+# CPU time does not count the time a pipeline stage is blocked on its neighbours (the bubble), so it is divided by
+# the fraction of the step's wall time rank 0 was not waiting in pipeline send/recv (pp_wait; 0 without pp): under
+# a load that slows every rank alike, that fraction is what it would be on an idle machine.
+def idle_step(s):
+    busy = 1 - s["pp_wait_ms"] / s["step_ms"]
+    return s["cpu_ms"] / 1e3 / int(threads) / max(busy, 0.05)
+measured = statistics.median([idle_step(s) for s in steps[1:]])
+cpu = statistics.median([s["cpu_ms"] / 1e3 / int(threads) for s in steps[1:]])
 wall = statistics.median([s["step_ms"] / 1e3 for s in steps[1:]])
+wait = statistics.median([s["pp_wait_ms"] / s["step_ms"] for s in steps[1:]])
 plan = json.load(open(plan_path))["plans"][0]
-print(json.dumps({"model": model, "dp": int(dp), "micro_batch": int(mb), "global_batch": int(G), "T": int(T),
-                  "measured_step_s": round(measured, 4), "measured_wall_s": round(wall, 4),
+print(json.dumps({"model": model, "dp": int(dp), "tp": int(tp), "pp": int(pp), "micro_batch": int(mb),
+                  "global_batch": int(G), "T": int(T), "measured_step_s": round(measured, 4),
+                  "measured_cpu_s": round(cpu, 4), "pp_wait_fraction": round(wait, 3), "measured_wall_s": round(wall, 4),
                   "predicted_step_s": round(plan["stepSeconds"], 4),
                   "predicted_over_measured": round(plan["stepSeconds"] / measured, 3), "time": plan["time"]}))
 PY
   tail -1 "$results"
 done <<'LAYOUTS'
-tiny 4 128 4 256 128 16 1 16
-tiny 4 128 4 256 128 16 1 4
-tiny 4 128 4 256 128 16 2 8
-tiny 4 128 4 256 128 16 2 2
-gpt2-124m 12 768 12 50257 64 4 1 4
-gpt2-124m 12 768 12 50257 64 4 2 2
+tiny 4 128 4 256 128 16 1 1 1 16
+tiny 4 128 4 256 128 16 1 1 1 4
+tiny 4 128 4 256 128 16 2 1 1 8
+tiny 4 128 4 256 128 16 2 1 1 2
+tiny 4 128 4 256 128 16 1 2 1 8
+tiny 4 128 4 256 128 16 1 1 2 4
+gpt2-124m 12 768 12 50257 64 4 1 1 1 4
+gpt2-124m 12 768 12 50257 64 4 2 1 1 2
+gpt2-124m 12 768 12 50257 64 4 1 2 1 4
+gpt2-124m 12 768 12 50257 64 4 1 1 2 1
 LAYOUTS
 
 /usr/bin/python3 - "$results" "$FACTOR" <<'PY'
@@ -84,7 +101,8 @@ for model in sorted({r["model"] for r in rows}):
     best = min(mine, key=lambda r: r["predicted_step_s"])
     fastest = sorted(mine, key=lambda r: r["measured_step_s"])[:2]
     hit = best in fastest
-    print(f"{model}: planner's first dp{best['dp']} mb{best['micro_batch']}; two fastest measured: "
-          f"{[(r['dp'], r['micro_batch']) for r in fastest]} -> {'ok' if hit else 'MISS'}")
+    name = lambda r: f"dp{r['dp']} tp{r['tp']} pp{r['pp']} mb{r['micro_batch']}"
+    print(f"{model}: planner's first {name(best)}; two fastest measured: {[name(r) for r in fastest]} -> "
+          f"{'ok' if hit else 'MISS'}")
 sys.exit(0 if ok else 1)
 PY

@@ -169,3 +169,50 @@ TEST_CASE("a model that fits no layout is Invalid with the planner's reason") {
   CHECK(o.violation->message.find("per device") != std::string::npos);
   CHECK(o.violation->message.find("add replicas") != std::string::npos);
 }
+
+TEST_CASE("auto with deterministic plans only power-of-two accumulations per rank (docs/parallel.md)") {
+  // 4 pods, 576 sequences: the unconstrained best runs 3 micro-batches per rank (dp4 mb48), which the deterministic
+  // reduction cannot fold; with deterministic the plan must keep globalBatch/(dp*microBatch) in {1, 2, 4, ...}.
+  const Json patch = Json::parse(R"({"spec": {"replicas": 4, "training": {"globalBatch": 576}}})");
+  JobSpec free_spec = auto_spec(patch);
+  AutoPlanOutcome free_plan = plan_parallelism(free_spec, 4, {});
+  REQUIRE(free_plan.plan);
+  const auto acc = [](const plan::Layout& l) { return 576 / (l.dp * l.micro_batch); };
+  const auto pow2 = [](int a) { return a > 0 && (a & (a - 1)) == 0; };
+  // The example is only worth something if the unconstrained plan breaks the rule.
+  REQUIRE(free_plan.plan->layout.dp > 1);
+  REQUIRE_FALSE(pow2(acc(free_plan.plan->layout)));
+
+  Json det_patch = patch;
+  det_patch["spec"]["parallelism"]["deterministic"] = true;
+  JobSpec s = auto_spec(det_patch);
+  REQUIRE(s.deterministic);
+  for (int replicas : {4, 3, 2}) {  // admission and the elastic sizes a resize plans for
+    CAPTURE(replicas);
+    AutoPlanOutcome o = plan_parallelism(s, replicas, {});
+    REQUIRE_MESSAGE(o.plan, (o.violation ? o.violation->message : ""));
+    const plan::Layout& l = o.plan->layout;
+    CHECK((l.dp == 1 || pow2(acc(l))));
+    // The best among the layouts the rule allows (brute force over everything the worker runs).
+    const plan::Job job = plan_job(s);
+    const plan::Cluster c = plan_cluster(s, replicas, {});
+    double best = -1;
+    for (int tp = 1; tp <= c.topology.gpus_per_node; ++tp)
+      for (int pp = 1; pp <= c.gpus; ++pp) {
+        if (c.gpus % (tp * pp)) continue;
+        const int dp = c.gpus / (tp * pp);
+        for (int mb = 1; mb <= 64; ++mb) {
+          if (576 % (dp * mb) || (dp > 1 && !pow2(576 / (dp * mb)))) continue;
+          for (int zero = 0; zero <= 2; ++zero) {
+            plan::Layout x;
+            x.dp = dp, x.tp = tp, x.pp = pp, x.micro_batch = mb, x.zero = zero;
+            if (!plan::check_layout(job, c, x).empty()) continue;
+            const plan::Estimate e = plan::estimate(job, c, x);
+            if (e.fits && (best < 0 || e.time.step < best)) best = e.time.step;
+          }
+        }
+      }
+    REQUIRE(best > 0);
+    CHECK(o.plan->estimate.time.step == doctest::Approx(best).epsilon(1e-12));
+  }
+}

@@ -79,6 +79,18 @@ TEST_CASE("railyard plan --mixed: the speed-balanced split beats the even one") 
   const Run bad = plan("--model gpt3-13b --global-batch 512 --mixed a100:64,h100");
   CHECK(bad.code == 2);
   CHECK(bad.out.find("--mixed 'h100' is not TYPE:GPUS") != std::string::npos);
+  // With pp 4 every pipeline can also span the types: 2 A100 + 2 H200 stages, cut in proportion to speed with the
+  // larger-memory H200s (141 GB) first, beats the even 10/10/10/10 cut.
+  const Run pipe = plan("--model gpt3-13b --global-batch 256 --mixed a100:64,h200:64 --tp 8 --pp 4 --json", false);
+  REQUIRE(pipe.code == 0);
+  const auto mp = nlohmann::json::parse(pipe.out)["mixedPipeline"];
+  REQUIRE(mp.is_object());
+  CHECK(mp["stageDevices"] == nlohmann::json::array({"h200", "h200", "a100-80gb", "a100-80gb"}));
+  CHECK(mp["evenStageLayers"] == nlohmann::json::array({10, 10, 10, 10}));
+  const auto layers = mp["stageLayers"].get<std::vector<int>>();
+  CHECK(layers.front() > layers.back());
+  CHECK(mp["balancedStepSeconds"].get<double>() < mp["evenStepSeconds"].get<double>());
+  CHECK(mp["fits"] == true);
 }
 
 TEST_CASE("railyard plan: bad input names the flag and exits 2 (1 when nothing fits)") {

@@ -60,3 +60,45 @@ TEST_CASE("pipeline stages cut in proportion to speed, larger memory first") {
   CHECK(tiny.layers == std::vector<int>{1, 1, 1});
   CHECK_THROWS_AS(cut_stages(2, {1, 1, 1}, {1, 1, 1}, true), railyard::ConfigError);
 }
+
+TEST_CASE(
+    "mixed pipeline: the speed-proportional cut beats the even cut, the larger-memory GPUs take the early stages") {
+  // GPT-3 13B (40 layers), pp 4 with two A100-80GB and two H200 stages per pipeline, tp 8, dp 4, micro-batch 1.
+  const DeviceProfile a100 = builtin_profile("a100"), h200 = builtin_profile("h200");
+  Topology topo;
+  topo.origin = "default";
+  const Job job{ModelShape{"13b", 40, 5120, 40, 2048, 50257}, 256, 0};
+  Layout l;
+  l.dp = 4, l.tp = 8, l.pp = 4, l.micro_batch = 1, l.zero = 1;
+  const std::vector<DeviceProfile> stages = {a100, a100, h200, h200};  // as the nodes happen to be listed
+  const MixedPipelineEstimate even = estimate_mixed_pipeline(job, topo, stages, l, false);
+  const MixedPipelineEstimate balanced = estimate_mixed_pipeline(job, topo, stages, l, true);
+  // Both cuts put the H200s (141 GB) first: the early stages hold min(m, p - k) micro-batches in flight.
+  for (const auto* e : {&even, &balanced}) {
+    CHECK(e->device[0] == h200.name);
+    CHECK(e->device[1] == h200.name);
+    CHECK(e->device[3] == a100.name);
+    CHECK(std::accumulate(e->cut.layers.begin(), e->cut.layers.end(), 0) == 40);
+    CHECK(e->fits);
+    CHECK(e->stage_memory[0] > e->stage_memory[3] * 0.5);  // in-flight activations make stage 0 heavy
+  }
+  CHECK(even.cut.layers == std::vector<int>{10, 10, 10, 10});
+  // The faster H200 stages take more layers, and the pipeline's slowest stage gets faster.
+  CHECK(balanced.cut.layers[0] > balanced.cut.layers[3]);
+  const double even_slowest = *std::max_element(even.stage_seconds.begin(), even.stage_seconds.end());
+  const double bal_slowest = *std::max_element(balanced.stage_seconds.begin(), balanced.stage_seconds.end());
+  CHECK(bal_slowest < even_slowest);
+  const double gain = even.step / balanced.step;
+  MESSAGE("mixed pipeline A100/H200: even " << even.step << " s, speed-proportional " << balanced.step << " s, layers "
+                                            << balanced.cut.layers[0] << "/" << balanced.cut.layers[1] << "/"
+                                            << balanced.cut.layers[2] << "/" << balanced.cut.layers[3] << ", gain "
+                                            << gain);
+  CHECK(gain > 1.2);
+  // Homogeneous stages: the proportional cut is the even cut, and the step is the homogeneous 1F1B estimate's.
+  const std::vector<DeviceProfile> same = {a100, a100, a100, a100};
+  const MixedPipelineEstimate homo = estimate_mixed_pipeline(job, topo, same, l, true);
+  CHECK(homo.cut.layers == std::vector<int>{10, 10, 10, 10});
+  const Estimate ref = estimate(job, Cluster{a100, topo, 128}, l);
+  CHECK(homo.step == doctest::Approx(ref.time.step).epsilon(0.02));
+  CHECK_THROWS_AS(estimate_mixed_pipeline(job, topo, {a100}, l, true), railyard::ConfigError);
+}

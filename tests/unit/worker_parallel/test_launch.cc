@@ -143,6 +143,41 @@ TEST_CASE("train --nproc 2: both ranks run, rank 0 reports, losses equal one pro
     CHECK(one == two);
   }
 
+  SUBCASE("uneven --dp-split 3,1 (and a slowed rank) trains the single process's model; bad splits refused") {
+    // 4 micro-batches per step: rank 0 takes 3, rank 1 one; gradients weighted by micro-batches.
+    REQUIRE(sh(common + "--threads 1 --export " + d + "/u1.bin --log-json " + d + "/u1.jsonl 2> " + d + "/u1.txt") ==
+            0);
+    REQUIRE(sh(common + "--nproc 2 --threads 1 --dp-split 3,1 --slow-ranks 1 --slow-factor 2 --export " + d +
+               "/u2.bin --log-json " + d + "/u2.jsonl 2> " + d + "/u2.txt") == 0);
+    CHECK(slurp(d + "/u2.txt").find("dp_split=3,1") != std::string::npos);
+    const auto one = losses(d + "/u1.jsonl"), two = losses(d + "/u2.jsonl");
+    REQUIRE(one.size() == 4);
+    REQUIRE(two.size() == 4);
+    for (size_t i = 0; i < one.size(); ++i) CHECK(std::abs(one[i] - two[i]) <= 1e-5 * one[i]);
+    const auto p1 = read_binary<float>(d + "/u1.bin"), p2 = read_binary<float>(d + "/u2.bin");
+    REQUIRE(p1.size() == p2.size());
+    double worst = 0, scale = 0;
+    for (size_t i = 256; i < p1.size(); ++i) {
+      worst = std::max(worst, static_cast<double>(std::abs(p1[i] - p2[i])));
+      scale = std::max(scale, static_cast<double>(std::abs(p1[i])));
+    }
+    CHECK(worst <= 1e-5 * scale);
+    CHECK(worst > 0);  // a different summation order, not a copy of the single process
+    // Bad input: wrong count, wrong sum, a zero share, with --tp, a knob without its partner.
+    for (const auto& [flags, text] : std::vector<std::pair<std::string, std::string>>{
+             {"--nproc 2 --dp-split 4", "1 entries for dp=2"},
+             {"--nproc 2 --dp-split 2,1", "must sum to the 4 micro-batches"},
+             {"--nproc 2 --dp-split 4,0", "at least one micro-batch"},
+             {"--nproc 2 --dp-split 3,x", "not a comma-separated list"},
+             {"--nproc 2 --tp 2 --dp-split 2,2", "drop --tp/--pp"},
+             {"--slow-ranks 1", "go together"},
+             {"--slow-ranks 0 --slow-factor 0.5", "--slow-factor must be"}}) {
+      CAPTURE(flags);
+      CHECK(sh(common + "--threads 1 " + flags + " > " + d + "/bad.txt 2>&1") != 0);
+      CHECK(slurp(d + "/bad.txt").find(text) != std::string::npos);
+    }
+  }
+
   SUBCASE("tp x pp: --export gathers the full model, --init-from scatters it") {
     REQUIRE(sh(common + "--threads 1 --export " + d + "/one.bin 2> " + d + "/e1.txt") == 0);
     REQUIRE(sh(common + "--nproc 4 --tp 2 --pp 2 --threads 1 --export " + d + "/four.bin 2> " + d + "/e4.txt") == 0);
