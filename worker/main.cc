@@ -333,34 +333,31 @@ DistSetup join_world(std::map<std::string, std::string>& f, TrainConfig& tc) {
   return d;
 }
 
-// The checkpoint's tensor list: the full model, or a tp/pp stage's slices (shard_map), or with ZeRO over dp the
-// parameters plus this rank's owned ranges of the moments; ZeRO with tp/pp is not written yet.
-std::vector<ShardSpec> checkpoint_shards(const CheckpointOptions& co, const GptConfig& cfg, Trainer& trainer,
-                                         const DistSetup& dist) {
+// The checkpoint's tensor list: the full model, or a tp/pp stage's slices (shard_map), and with ZeRO over dp the
+// parameters plus this rank's owned ranges of the moments (of the llm.c buffer, or of the stage's local buffer mapped
+// through its shard_map). Every layout saves the same global tensors, so any checkpoint loads into any layout.
+std::vector<ShardSpec> checkpoint_shards(const GptConfig& cfg, Trainer& trainer, const DistSetup& dist) {
   if (dist.sharded == nullptr && dist.zero == 0) return full_state_shards(cfg, trainer.state());
-  if (dist.sharded == nullptr && dist.zero > 0) {
+  std::vector<OwnedRange> owned;
+  if (dist.zero > 0) {
     const parallel::BucketLayout& bl = dist.sync->layout();
-    const int r = dist.sync->rank();
-    std::vector<OwnedRange> owned;
     for (size_t b = 0; b < bl.buckets().size(); ++b) {
-      const auto [s, e] = bl.own(b, r);
+      const auto [s, e] = bl.own(b, dist.sync->rank());
       if (s < e) owned.push_back({s, e, bl.buckets()[b].shard_offset});
     }
-    return zero_state_shards(cfg, trainer.state().params, dist.sync->shard_m(), dist.sync->shard_v(), owned, r,
-                             dist.sync->size());
   }
-  if (dist.sharded != nullptr && dist.zero == 0) {
-    const comm::Layout& l = dist.groups->layout();
-    const comm::Coord& c = dist.groups->coord();
+  if (dist.sharded == nullptr) {
+    return zero_state_shards(cfg, trainer.state().params, dist.sync->shard_m(), dist.sync->shard_v(), owned,
+                             dist.sync->rank(), dist.sync->size());
+  }
+  const comm::Layout& l = dist.groups->layout();
+  const comm::Coord& c = dist.groups->coord();
+  if (dist.zero == 0) {
     return shards_from_slices(dist.sharded->model().shard_map(), dist.sharded->params(), dist.sharded->adam_m(),
                               dist.sharded->adam_v(), c.tp, l.tp, c.dp, l.dp);
   }
-  if (!co.dir.empty() || co.shm_every > 0) {
-    throw ConfigError(
-        "--ckpt-dir/--ckpt-shm-every with --zero > 0 and --tp/--pp > 1: checkpoints of ZeRO-sharded optimizer "
-        "state of a model-parallel stage are not written yet; use --zero 0 to checkpoint");
-  }
-  return {};
+  return zero_slices_shards(dist.sharded->model().shard_map(), dist.sharded->params(), dist.sync->shard_m(),
+                            dist.sync->shard_v(), owned, c.tp, l.tp, c.dp, l.dp);
 }
 
 // `train --nproc N ...`: N copies of this command (without --nproc) as one local world.
@@ -416,14 +413,15 @@ void enforce_path_roots(const std::map<std::string, std::string>& f) {
 }
 
 int cmd_train(int argc, char** argv) {
-  auto f = parse_flags(argc, argv, 2,
-                       {"model",      "data",          "steps",       "batch",        "seq",          "global-batch",
-                        "lr",         "warmup",        "min-lr-frac", "weight-decay", "grad-clip",    "seed",
-                        "val-every",  "val-steps",     "threads",     "init-from",    "export",       "log-json",
-                        "peak-flops", "max-bad-steps", "gemm-split",  "config",       "metrics-port", "metrics-host",
-                        "ckpt-dir",   "ckpt-every",    "ckpt-keep",   "ckpt-async",   "ckpt-shm-every",
-                        "ckpt-term-budget", "resume", "data-root", "ckpt-root",
-                        "nproc", "tp", "pp", "zero", "deterministic", "bucket-mb"});
+  auto f =
+      parse_flags(argc, argv, 2, {"model",        "data",      "steps",         "batch",          "seq",
+                                  "global-batch", "lr",        "warmup",        "min-lr-frac",    "weight-decay",
+                                  "grad-clip",    "seed",      "val-every",     "val-steps",      "threads",
+                                  "init-from",    "export",    "log-json",      "peak-flops",     "max-bad-steps",
+                                  "gemm-split",   "config",    "metrics-port",  "metrics-host",   "ckpt-dir",
+                                  "ckpt-every",   "ckpt-keep", "ckpt-async",    "ckpt-shm-every", "ckpt-term-budget",
+                                  "resume",       "data-root", "ckpt-root",     "nproc",          "tp",
+                                  "pp",           "zero",      "deterministic", "bucket-mb"});
   if (f.count("nproc")) return launch_train_world(argc, argv, f);
   if (f.count("config")) apply_config_file(f["config"], f);
   if (!f.count("data")) {
@@ -512,9 +510,8 @@ int cmd_train(int argc, char** argv) {
       dpo.zero_stage = dist.zero;
       dpo.deterministic = dist.deterministic;
       dpo.bucket_bytes = dist.bucket_bytes;
-      dist.sync = parallel::parallel_gpt_data_parallel(&g.dp(), *dist.sharded,
-                                                       parallel::ModelGroups{&g.tp(), &g.pp(), g.embedding()}, tc,
-                                                       pool, dpo);
+      dist.sync = parallel::parallel_gpt_data_parallel(
+          &g.dp(), *dist.sharded, parallel::ModelGroups{&g.tp(), &g.pp(), g.embedding()}, tc, pool, dpo);
     }
   } else if (dist.groups != nullptr || dist.deterministic || dist.zero > 0) {
     parallel::DataParallelOptions dpo;
@@ -582,7 +579,7 @@ int cmd_train(int argc, char** argv) {
     co.shm_name = ckpt::ShmStore::name_for(job_id, global_rank);
   }
   co.layout = nlohmann::json{{"dp", 1}, {"tp", 1}, {"pp", 1}, {"zero", dist.zero}};
-  std::vector<ShardSpec> ckpt_shards = checkpoint_shards(co, *cfg, trainer, dist);
+  std::vector<ShardSpec> ckpt_shards = checkpoint_shards(*cfg, trainer, dist);
   if (const int world = std::atoi(env_or("WORLD_SIZE", "1").c_str()); world > 1) {
     // Every rank of the world saves into the same directory under its global rank, with one run id for all ranks
     // of this world; data-parallel replicas split the writes of their identical state, and all ranks stop at the
