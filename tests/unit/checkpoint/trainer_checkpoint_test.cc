@@ -1,15 +1,20 @@
 // Checkpoints of the real trainer, through the railyard-worker binary as the agent runs it: resume gives bitwise
 // the same losses and weights as an uninterrupted run, a corrupt newest checkpoint is skipped with a warning, the
 // async snapshot writes the same bytes as a synchronous one, SIGTERM mid-run leaves a complete verifiable
-// checkpoint (exit 143), and the checkpoint metrics are served.
+// checkpoint (exit 143), the checkpoint metrics are served, a (2,2,2) checkpoint with and without ZeRO resumes in
+// other layouts, and a full disk fails saves cleanly while training goes on.
 #include <doctest/doctest.h>
 #include <httplib.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -509,7 +514,7 @@ TEST_CASE("(dp,tp,pp)=(2,2,2) with and without ZeRO resumes under (1,1,1), (4,1,
   double worst = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& k = cases[i];
-    const std::string name = "r" + std::to_string(i);
+    const std::string name = std::string("r").append(std::to_string(i));
     const std::string layout =
         std::to_string(k.nproc / (k.tp * k.pp)) + "," + std::to_string(k.tp) + "," + std::to_string(k.pp);
     INFO("from " << fs::path(k.src).filename().string() << " into (" << layout << ") zero " << k.zero);
@@ -545,4 +550,103 @@ TEST_CASE("(dp,tp,pp)=(2,2,2) with and without ZeRO resumes under (1,1,1), (4,1,
     }
   }
   MESSAGE("largest relative loss difference after a change of tp or pp: " << worst);
+}
+
+namespace {
+
+// Like spawn(), with the file-size limit RLIMIT_FSIZE (and SIGXFSZ ignored, so a write past it fails with EFBIG).
+pid_t spawn_fsize_limited(std::vector<std::string> args, const std::string& log, rlim_t limit) {
+  args[0] = bin_dir() + "/" + args[0];
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd < 0 || ::dup2(fd, 1) < 0 || ::dup2(fd, 2) < 0) ::_exit(126);
+    ::signal(SIGXFSZ, SIG_IGN);  // kept across exec
+    const struct rlimit lim { limit, limit };
+    if (::setrlimit(RLIMIT_FSIZE, &lim) != 0) ::_exit(126);
+    ::execve(argv[0], argv.data(), environ);
+    ::_exit(127);
+  }
+  return pid;
+}
+
+}  // namespace
+
+TEST_CASE("disk full during the trainer's saves: the saves fail cleanly, training goes on, the previous one stays") {
+  Fixture fx;
+  // Reference: 6 uninterrupted steps on a normal disk.
+  REQUIRE(run(fx.train(6, fx.dir / "ck-ref", {"--log-json", fx.dir / "ref.jsonl", "--export", fx.dir / "ref.bin"}),
+              fx.dir / "ref.log") == 0);
+  const auto ref = step_losses(fx.dir / "ref.jsonl");
+  REQUIRE(ref.size() == 6);
+
+  // A real full disk: a 6 MiB tmpfs (mount(2) needs root or CAP_SYS_ADMIN), filled after the first checkpoint so
+  // that the next shard file (~1.4 MiB) does not fit: ENOSPC. Without mount: the worker runs with RLIMIT_FSIZE =
+  // 1 MiB, below one shard file: EFBIG. RAILYARD_CKPT_TEST_NO_MOUNT=1 picks the second way on a machine with mount.
+  const std::string mnt = fx.dir / "mnt";
+  fs::create_directory(mnt);
+  const bool tmpfs = std::getenv("RAILYARD_CKPT_TEST_NO_MOUNT") == nullptr &&
+                     ::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=6m,mode=0700") == 0;
+  struct Unmount {
+    std::string path;
+    bool on;
+    ~Unmount() {
+      if (on) ::umount2(path.c_str(), MNT_DETACH);
+    }
+  } unmount{mnt, tmpfs};
+  MESSAGE(
+      "disk-full mechanism: " << std::string(tmpfs ? "6 MiB tmpfs filled up (ENOSPC)" : "RLIMIT_FSIZE 1 MiB (EFBIG)"));
+  const std::string ck = mnt + "/ck";
+  REQUIRE_MESSAGE(run(fx.train(2, ck, {}), fx.dir / "first.log") == 0, slurp(fx.dir / "first.log"));
+  REQUIRE(fs::exists(ck + "/step-00000002/manifest.json"));
+  const std::string filler = mnt + "/filler";
+  if (tmpfs) {
+    const auto free_bytes = fs::space(mnt).available;
+    REQUIRE(free_bytes > 600 * 1024);
+    std::ofstream(filler, std::ios::binary) << std::string(free_bytes - 512 * 1024, 'x');
+    REQUIRE(fs::space(mnt).available < 600 * 1024);
+  }
+  // Steps 3-6 with saves due at 4 and 6 (the last one synchronous): both fail; the run finishes its steps.
+  const auto args =
+      fx.train(6, ck, {"--ckpt-every", "2", "--log-json", fx.dir / "full.jsonl", "--export", fx.dir / "full.bin"});
+  const pid_t pid = tmpfs ? spawn(args, fx.dir / "full.log") : spawn_fsize_limited(args, fx.dir / "full.log", 1 << 20);
+  const int code = wait_exit(pid);
+  const std::string log = slurp(fx.dir / "full.log");
+  CHECK_MESSAGE(code == 0, log);
+  CHECK_MESSAGE(log.find("restored step=2") != std::string::npos, log);
+  const std::string why = tmpfs ? "No space left on device" : "File too large";
+  for (const char* step : {"step=4", "step=6"}) {
+    // One line per failed save: "save failed: training goes on, ... step=N error=...<errno text>".
+    bool found = false;
+    std::istringstream lines(log);
+    for (std::string line; std::getline(lines, line);) {
+      found = found || (line.find("save failed: training goes on") != std::string::npos &&
+                        line.find(step) != std::string::npos && line.find(why) != std::string::npos);
+    }
+    CHECK_MESSAGE(found, step << " " << why << ":\n" << log);
+  }
+  const auto full = step_losses(fx.dir / "full.jsonl");
+  REQUIRE(full.size() == 4);
+  for (int s = 3; s <= 6; ++s) CHECK_MESSAGE(full.at(s) == ref.at(s), "step " << s);
+  CHECK_MESSAGE(slurp(fx.dir / "full.bin") == slurp(fx.dir / "ref.bin"), "final weights differ");
+  // Nothing half-written is left, `latest` still names step 2, and it verifies.
+  std::vector<std::string> entries;
+  for (const auto& e : fs::directory_iterator(ck)) entries.push_back(e.path().filename().string());
+  std::sort(entries.begin(), entries.end());
+  CHECK(entries == std::vector<std::string>{"latest", "step-00000002"});
+  CHECK(slurp(ck + "/latest").rfind("step-00000002", 0) == 0);
+  CHECK(run({"railyard", "ckpt", "verify", ck}, fx.dir / "v.log") == 0);
+
+  // Space again: the next run restores step 2 (the failed saves left nothing it could take for a checkpoint) and
+  // saves normally.
+  fs::remove(filler);
+  REQUIRE(run(fx.train(6, ck, {"--ckpt-every", "2", "--log-json", fx.dir / "again.jsonl"}), fx.dir / "again.log") == 0);
+  CHECK(slurp(fx.dir / "again.log").find("restored step=2") != std::string::npos);
+  CHECK(step_losses(fx.dir / "again.jsonl").at(6) == ref.at(6));
+  CHECK(slurp(ck + "/latest").rfind("step-00000006", 0) == 0);
+  CHECK(run({"railyard", "ckpt", "verify", ck, "--step", "6"}, fx.dir / "v6.log") == 0);
 }
