@@ -122,6 +122,30 @@ struct Fixture {
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   }
+  // 6 steps in deterministic mode (results independent of dp and the ZeRO stage), one thread per rank, checkpoints
+  // every 3 steps, 0.05 MiB buckets (they cut tensors between the ZeRO owners); losses and final weights into
+  // dir/NAME.jsonl and dir/NAME.bin, output into dir/NAME.log. Returns the exit code.
+  int run_deterministic(const std::string& ckpt, const std::string& global_batch, int nproc, int tp, int pp, int zero,
+                        const std::string& name) const {
+    std::vector<std::string> extra = {"--global-batch",
+                                      global_batch,
+                                      "--deterministic",
+                                      "--ckpt-every",
+                                      "3",
+                                      "--bucket-mb",
+                                      "0.05",
+                                      "--zero",
+                                      std::to_string(zero),
+                                      "--log-json",
+                                      dir / (name + ".jsonl"),
+                                      "--export",
+                                      dir / (name + ".bin")};
+    if (nproc > 1) {
+      extra.insert(extra.end(),
+                   {"--nproc", std::to_string(nproc), "--tp", std::to_string(tp), "--pp", std::to_string(pp)});
+    }
+    return run(train(6, ckpt, extra, "1"), dir / (name + ".log"));
+  }
 };
 
 }  // namespace
@@ -409,22 +433,7 @@ TEST_CASE("ZeRO-1 dp=2: the sharded moments are saved as slices and resume bitwi
   // Deterministic mode: results do not depend on dp or the ZeRO stage, so every resumed run must match bitwise.
   // Small buckets (0.05 MiB) cut tensors across the ranks' pieces.
   auto run_as = [&](const std::string& dir, int nproc, int zero, const std::string& name) {
-    std::vector<std::string> extra = {"--global-batch",
-                                      "256",
-                                      "--deterministic",
-                                      "--ckpt-every",
-                                      "3",
-                                      "--bucket-mb",
-                                      "0.05",
-                                      "--zero",
-                                      std::to_string(zero),
-                                      "--log-json",
-                                      fx.dir / (name + ".jsonl"),
-                                      "--export",
-                                      fx.dir / (name + ".bin")};
-    if (nproc > 1) extra.insert(extra.end(), {"--nproc", std::to_string(nproc)});
-    auto a = fx.train(6, dir, extra, "1");
-    return run(a, fx.dir / (name + ".log"));
+    return fx.run_deterministic(dir, "256", nproc, 1, 1, zero, name);
   };
   REQUIRE_MESSAGE(run_as(ck, 2, 1, "a") == 0, slurp(fx.dir / "a.log"));
   const auto a = step_losses(fx.dir / "a.jsonl");
@@ -465,24 +474,7 @@ TEST_CASE("(dp,tp,pp)=(2,2,2) with and without ZeRO resumes under (1,1,1), (4,1,
   // Deterministic mode, one thread per rank, 4 virtual micro-batches per step (512 tokens / (4 x 32)) so that dp = 4
   // divides them; 0.05 MiB buckets cut tensors and stage slices between the ZeRO owners.
   auto run_as = [&](const std::string& dir, int nproc, int tp, int pp, int zero, const std::string& name) {
-    std::vector<std::string> extra = {"--global-batch",
-                                      "512",
-                                      "--deterministic",
-                                      "--ckpt-every",
-                                      "3",
-                                      "--bucket-mb",
-                                      "0.05",
-                                      "--zero",
-                                      std::to_string(zero),
-                                      "--log-json",
-                                      fx.dir / (name + ".jsonl"),
-                                      "--export",
-                                      fx.dir / (name + ".bin")};
-    if (nproc > 1) {
-      extra.insert(extra.end(),
-                   {"--nproc", std::to_string(nproc), "--tp", std::to_string(tp), "--pp", std::to_string(pp)});
-    }
-    return run(fx.train(6, dir, extra, "1"), fx.dir / (name + ".log"));
+    return fx.run_deterministic(dir, "512", nproc, tp, pp, zero, name);
   };
   // Uninterrupted runs under (2,2,2), with ZeRO-1 and without; checkpoints at steps 3 and 6.
   const std::string ckz = fx.dir / "ck-zero", ck0 = fx.dir / "ck-plain";
