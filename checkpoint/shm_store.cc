@@ -94,28 +94,7 @@ std::optional<int64_t> ShmStore::peek(std::string* why) const {
   return h.step;
 }
 
-void ShmStore::put(int64_t step, const std::vector<TensorShard>& shards, const nlohmann::json& state) {
-  nlohmann::json meta;
-  meta["state"] = state;
-  meta["tensors"] = nlohmann::json::array();
-  meta["slices"] = nlohmann::json::array();
-  uint64_t data_bytes = 0;
-  for (const auto& s : shards) {
-    if (!box_within(s.box, s.global_shape)) {
-      throw Error("shared-memory snapshot: tensor '" + s.name + "' box " + box_to_string(s.box) +
-                  " is outside its shape " + shape_to_string(s.global_shape));
-    }
-    const uint64_t bytes = static_cast<uint64_t>(s.box.volume()) * dtype_size(s.dtype);
-    meta["tensors"].push_back(
-        {{"name", s.name}, {"dtype", std::string(dtype_name(s.dtype))}, {"shape", s.global_shape}});
-    meta["slices"].push_back(
-        {{"tensor", s.name}, {"offset", s.box.offset}, {"size", s.box.size}, {"at", data_bytes}, {"bytes", bytes}});
-    data_bytes = align_up(data_bytes + bytes, 64);
-  }
-  const std::string meta_text = meta.dump();
-  const uint64_t data_offset = align_up(kHeaderBytes + meta_text.size(), 4096);
-  const uint64_t total = data_offset + data_bytes;
-
+void ShmStore::reserve(uint64_t total) {
   if (fd_ < 0) {
     fd_ = ::shm_open(name_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (fd_ < 0) throw Error("shm_open " + name_ + ": " + detail::errno_text(errno));
@@ -139,6 +118,31 @@ void ShmStore::put(int64_t step, const std::vector<TensorShard>& shards, const n
     if (p == MAP_FAILED) throw Error("mmap " + name_ + ": " + detail::errno_text(errno));
     map_ = p;
   }
+}
+
+void ShmStore::put(int64_t step, const std::vector<TensorShard>& shards, const nlohmann::json& state) {
+  nlohmann::json meta;
+  meta["state"] = state;
+  meta["tensors"] = nlohmann::json::array();
+  meta["slices"] = nlohmann::json::array();
+  uint64_t data_bytes = 0;
+  for (const auto& s : shards) {
+    if (!box_within(s.box, s.global_shape)) {
+      throw Error("shared-memory snapshot: tensor '" + s.name + "' box " + box_to_string(s.box) +
+                  " is outside its shape " + shape_to_string(s.global_shape));
+    }
+    const uint64_t bytes = static_cast<uint64_t>(s.box.volume()) * dtype_size(s.dtype);
+    meta["tensors"].push_back(
+        {{"name", s.name}, {"dtype", std::string(dtype_name(s.dtype))}, {"shape", s.global_shape}});
+    meta["slices"].push_back(
+        {{"tensor", s.name}, {"offset", s.box.offset}, {"size", s.box.size}, {"at", data_bytes}, {"bytes", bytes}});
+    data_bytes = align_up(data_bytes + bytes, 64);
+  }
+  const std::string meta_text = meta.dump();
+  const uint64_t data_offset = align_up(kHeaderBytes + meta_text.size(), 4096);
+  const uint64_t total = data_offset + data_bytes;
+
+  reserve(total);
   auto* base = static_cast<unsigned char*>(map_);
   auto* h = reinterpret_cast<Header*>(base);
   __atomic_store_n(&h->state, kStateWriting, __ATOMIC_SEQ_CST);
@@ -173,41 +177,17 @@ std::optional<int64_t> ShmStore::get(const std::vector<LoadTarget>& targets, nlo
     if (why != nullptr) *why = "shared memory " + name_ + ": " + reason;
     return std::nullopt;
   };
-  int fd = ::shm_open(name_.c_str(), O_RDONLY | O_CLOEXEC, 0);
-  if (fd < 0) return fail("no snapshot (" + detail::errno_text(errno) + ")");
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < kHeaderBytes) {
-    ::close(fd);
-    return fail("segment smaller than its header: torn or never written");
-  }
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
-  void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
-  ::close(fd);
-  if (p == MAP_FAILED) return fail("mmap: " + detail::errno_text(errno));
-  struct Unmap {
-    void* p;
-    uint64_t n;
-    ~Unmap() { ::munmap(p, n); }
-  } unmap{p, size};
-  const auto* base = static_cast<const unsigned char*>(p);
-  const auto* hp = reinterpret_cast<const Header*>(base);
-  if (__atomic_load_n(&hp->state, __ATOMIC_ACQUIRE) != kStateComplete) {
-    return fail("torn snapshot: a writer started but did not finish (state word not complete)");
-  }
-  Header h;
-  std::memcpy(&h, hp, sizeof h);
-  if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) return fail("bad magic: not a railyard snapshot");
-  if (h.version != kVersion) return fail("version " + std::to_string(h.version) + " not supported");
-  if (h.header_crc != header_crc(h)) return fail("torn snapshot: header checksum mismatch");
-  if (h.data_offset < kHeaderBytes + h.meta_bytes || h.data_offset + h.data_bytes > size) {
-    return fail("torn snapshot: header sizes exceed the segment");
-  }
+  const std::unique_ptr<Image> img = map_image(why);  // checks the state word, the header and its sizes
+  if (!img) return std::nullopt;
+  const auto* base = img->data();
+  const uint64_t size = img->map_size_;
+  const Image& h = *img;  // the header as validated when mapped (the live one may change under a new put)
   if (verify) {
-    uint32_t crc = crc32c(base + kHeaderBytes, h.meta_bytes);
-    crc = crc32c(base + h.data_offset, h.data_bytes, crc);
-    if (crc != h.crc) return fail("CRC32C mismatch over the snapshot contents (step " + std::to_string(h.step) + ")");
+    uint32_t crc = crc32c(base + kHeaderBytes, h.meta_bytes_);
+    crc = crc32c(base + h.data_offset_, h.data_bytes_, crc);
+    if (crc != h.crc_) return fail("CRC32C mismatch over the snapshot contents (step " + std::to_string(h.step_) + ")");
   }
-  nlohmann::json meta = nlohmann::json::parse(base + kHeaderBytes, base + kHeaderBytes + h.meta_bytes, nullptr, false);
+  nlohmann::json meta = nlohmann::json::parse(base + kHeaderBytes, base + kHeaderBytes + h.meta_bytes_, nullptr, false);
   if (meta.is_discarded()) return fail("snapshot metadata is not valid JSON");
   try {
     for (const auto& t : targets) {
@@ -223,9 +203,9 @@ std::optional<int64_t> ShmStore::get(const std::vector<LoadTarget>& targets, nlo
         if (sj.at("tensor") != t.name) continue;
         Box b{sj.at("offset").get<Shape>(), sj.at("size").get<Shape>()};
         const uint64_t at = sj.at("at").get<uint64_t>(), bytes = sj.at("bytes").get<uint64_t>();
-        if (h.data_offset + at + bytes > size) return fail("slice of '" + t.name + "' lies outside the segment");
+        if (h.data_offset_ + at + bytes > size) return fail("slice of '" + t.name + "' lies outside the segment");
         if (auto region = intersect(b, t.box)) {
-          copy_region(base + h.data_offset + at, b, t.data, t.box, *region, dtype_size(t.dtype));
+          copy_region(base + h.data_offset_ + at, b, t.data, t.box, *region, dtype_size(t.dtype));
           covered += region->volume();
         }
       }
@@ -238,10 +218,121 @@ std::optional<int64_t> ShmStore::get(const std::vector<LoadTarget>& targets, nlo
     return fail(std::string("bad snapshot metadata: ") + e.what());
   }
   // A put that started while we copied would have bumped the generation.
-  if (__atomic_load_n(&hp->generation, __ATOMIC_ACQUIRE) != h.generation ||
-      __atomic_load_n(&hp->state, __ATOMIC_ACQUIRE) != kStateComplete) {
-    return fail("torn snapshot: overwritten while reading");
+  if (!img->unchanged()) return fail("torn snapshot: overwritten while reading");
+  return h.step_;
+}
+
+ShmStore::Image::~Image() {
+  if (base_ != nullptr) ::munmap(const_cast<unsigned char*>(base_), map_size_);
+}
+
+bool ShmStore::Image::unchanged() const {
+  const auto* h = reinterpret_cast<const Header*>(base_);
+  return __atomic_load_n(&h->generation, __ATOMIC_ACQUIRE) == generation_ &&
+         __atomic_load_n(&h->state, __ATOMIC_ACQUIRE) == kStateComplete;
+}
+
+std::unique_ptr<ShmStore::Image> ShmStore::map_image(std::string* why) const {
+  auto fail = [&](const std::string& reason) -> std::unique_ptr<Image> {
+    if (why != nullptr) *why = "shared memory " + name_ + ": " + reason;
+    return nullptr;
+  };
+  int fd = ::shm_open(name_.c_str(), O_RDONLY | O_CLOEXEC, 0);
+  if (fd < 0) return fail("no snapshot (" + detail::errno_text(errno) + ")");
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < kHeaderBytes) {
+    ::close(fd);
+    return fail("segment smaller than its header: torn or never written");
   }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) return fail("mmap: " + detail::errno_text(errno));
+  std::unique_ptr<Image> img(new Image());
+  img->base_ = static_cast<const unsigned char*>(p);
+  img->map_size_ = size;
+  const auto* hp = reinterpret_cast<const Header*>(img->base_);
+  if (__atomic_load_n(&hp->state, __ATOMIC_ACQUIRE) != kStateComplete) {
+    return fail("torn snapshot: a writer started but did not finish (state word not complete)");
+  }
+  Header h;
+  std::memcpy(&h, hp, sizeof h);
+  if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) return fail("bad magic: not a railyard snapshot");
+  if (h.version != kVersion) return fail("version " + std::to_string(h.version) + " not supported");
+  if (h.header_crc != header_crc(h)) return fail("torn snapshot: header checksum mismatch");
+  if (h.data_offset < kHeaderBytes + h.meta_bytes || h.data_offset + h.data_bytes > size) {
+    return fail("torn snapshot: header sizes exceed the segment");
+  }
+  img->size_ = h.data_offset + h.data_bytes;
+  img->generation_ = h.generation;
+  img->step_ = h.step;
+  img->meta_bytes_ = h.meta_bytes;
+  img->data_offset_ = h.data_offset;
+  img->data_bytes_ = h.data_bytes;
+  img->crc_ = h.crc;
+  return img;
+}
+
+void ShmStore::begin_image(uint64_t size) {
+  if (size < kHeaderBytes) {
+    throw Error("shared memory " + name_ + ": a copy of " + std::to_string(size) + " bytes is smaller than a header");
+  }
+  reserve(size);
+  auto* h = static_cast<Header*>(map_);
+  __atomic_store_n(&h->state, kStateWriting, __ATOMIC_SEQ_CST);
+  __atomic_store_n(&h->generation, h->generation + 1, __ATOMIC_SEQ_CST);
+  image_size_ = size;
+  image_at_ = 0;
+  image_header_.assign(kHeaderBytes, 0);
+}
+
+void ShmStore::write_image(const void* data, size_t n) {
+  if (image_at_ + n > image_size_) {
+    throw Error("shared memory " + name_ + ": copy longer than the " + std::to_string(image_size_) +
+                " bytes announced");
+  }
+  const auto* src = static_cast<const unsigned char*>(data);
+  // The header goes to a side buffer, not the segment: its state word says "complete", which must be written last.
+  if (image_at_ < kHeaderBytes) {
+    const size_t k = static_cast<size_t>(std::min<uint64_t>(n, kHeaderBytes - image_at_));
+    std::memcpy(image_header_.data() + image_at_, src, k);
+    image_at_ += k;
+    src += k;
+    n -= k;
+  }
+  if (n == 0) return;
+  std::memcpy(static_cast<unsigned char*>(map_) + image_at_, src, n);
+  image_at_ += n;
+}
+
+std::optional<int64_t> ShmStore::commit_image(std::string* why) {
+  auto fail = [&](const std::string& reason) -> std::optional<int64_t> {
+    if (why != nullptr) *why = "copy into shared memory " + name_ + ": " + reason;
+    return std::nullopt;
+  };
+  if (image_at_ != image_size_) {
+    return fail("torn copy: " + std::to_string(image_at_) + " of " + std::to_string(image_size_) + " bytes received");
+  }
+  Header h;
+  std::memcpy(&h, image_header_.data(), sizeof h);
+  if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) return fail("bad magic: not a railyard snapshot");
+  if (h.version != kVersion) return fail("version " + std::to_string(h.version) + " not supported");
+  if (h.state != kStateComplete || h.header_crc != header_crc(h)) return fail("header checksum mismatch");
+  if (h.data_offset < kHeaderBytes + h.meta_bytes || h.data_offset + h.data_bytes != image_size_) {
+    return fail("header sizes do not match the " + std::to_string(image_size_) + " bytes received");
+  }
+  // The same ranges put() checksums (metadata and data, not the padding between them).
+  const auto* base = static_cast<const unsigned char*>(map_);
+  uint32_t crc = crc32c(base + kHeaderBytes, h.meta_bytes);
+  crc = crc32c(base + h.data_offset, h.data_bytes, crc);
+  if (crc != h.crc) return fail("CRC32C mismatch over the copied contents (step " + std::to_string(h.step) + ")");
+  auto* hp = static_cast<Header*>(map_);
+  h.generation = __atomic_load_n(&hp->generation, __ATOMIC_ACQUIRE);  // this segment's own count of writes
+  h.state = kStateWriting;
+  h.header_crc = header_crc(h);
+  std::memcpy(hp, &h, sizeof h);
+  __atomic_store_n(&hp->state, kStateComplete, __ATOMIC_RELEASE);
+  image_size_ = image_at_ = 0;
   return h.step;
 }
 

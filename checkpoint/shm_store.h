@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -46,11 +47,52 @@ class ShmStore {
 
   const std::string& name() const { return name_; }
 
+  // Byte-for-byte access for the peer copy (worker/agent/peer_copy.h): a complete segment travels whole, header
+  // included, so the copy carries the same step, state word and CRC32C, and a half-received copy is torn, never wrong.
+  class Image {  // a read-only mapping of a segment that was complete when mapped
+   public:
+    ~Image();
+    Image(const Image&) = delete;
+    Image& operator=(const Image&) = delete;
+    int64_t step() const { return step_; }
+    uint64_t size() const { return size_; }  // header + metadata + data: what a copy transfers
+    const unsigned char* data() const { return base_; }
+    // False once a put has started on the segment since it was mapped (the bytes read may then be mixed).
+    bool unchanged() const;
+
+   private:
+    friend class ShmStore;
+    Image() = default;
+    const unsigned char* base_ = nullptr;
+    uint64_t map_size_ = 0;
+    uint64_t size_ = 0;
+    uint64_t generation_ = 0;
+    int64_t step_ = -1;
+    uint64_t meta_bytes_ = 0, data_offset_ = 0, data_bytes_ = 0;  // the header's fields as validated when mapped
+    uint32_t crc_ = 0;
+  };
+  // The complete snapshot's bytes, or nullptr with the reason (missing, torn). Contents are not checksummed here:
+  // the receiver of a copy does that while the bytes arrive.
+  std::unique_ptr<Image> map_image(std::string* why = nullptr) const;
+
+  // Receives a copy into this segment: begin_image marks it "writing" (torn until commit), write_image appends the
+  // bytes in order, commit_image checks the header, the sizes and the CRC32C of everything received and only then
+  // marks the segment complete. Returns the step, or nullopt with the reason (the segment then stays torn).
+  void begin_image(uint64_t size);
+  void write_image(const void* data, size_t n);
+  std::optional<int64_t> commit_image(std::string* why);
+
  private:
   std::string name_;
   int fd_ = -1;
   void* map_ = nullptr;
   uint64_t map_size_ = 0;
+  void reserve(uint64_t total);  // segment at least `total` bytes, reserved and mapped read-write
+
+  // State of a copy being received (begin_image .. commit_image).
+  uint64_t image_size_ = 0;
+  uint64_t image_at_ = 0;
+  std::vector<unsigned char> image_header_;
 };
 
 }  // namespace railyard::ckpt

@@ -134,6 +134,10 @@ std::vector<RankRecord> FsCoordinator::gather(const std::string& tmp_dir, const 
       missing.append(std::to_string(r));
     }
     if (missing.empty()) return records;
+    if (cancelled_) {
+      throw Error("commit barrier abandoned waiting for rank(s) " + missing + " to finish step " +
+                  std::to_string(mine.step) + " (this process is stopping)");
+    }
     if (Clock::now() > deadline) {
       throw Error("commit barrier timed out waiting for rank(s) " + missing + " to finish step " +
                   std::to_string(mine.step) + " in " + tmp_dir);
@@ -166,7 +170,7 @@ bool FsCoordinator::wait_commit(const std::string& step_dir, const std::string& 
   while (true) {
     if (committed()) return true;
     if (!detail::exists(tmp_dir)) return committed();
-    if (Clock::now() > deadline) return false;
+    if (cancelled_ || Clock::now() > deadline) return false;
     std::this_thread::sleep_for(poll_);
   }
 }
@@ -550,6 +554,19 @@ void Writer::flush() {
   });
 }
 
+bool Writer::idle() const {
+  std::lock_guard lock(mu_);
+  if (!queue_.empty()) return false;
+  for (const auto& b : buffers_)
+    if (b->busy) return false;
+  return true;
+}
+
+void Writer::abandon() {
+  abandoned_ = true;
+  options_.coordinator->cancel();
+}
+
 void Writer::reserve(uint64_t bytes) {
   flush();
   std::lock_guard lock(mu_);
@@ -603,6 +620,7 @@ void Writer::persist(Job& job) {
   bool handed_over = false;
   std::string shard_path;
   try {
+    if (abandoned_) throw Error("save abandoned: the process is stopping");
     std::error_code ec;
     fs::create_directories(tmp_dir, ec);
     if (ec) throw Error("cannot create " + tmp_dir + ": " + ec.message());

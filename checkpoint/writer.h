@@ -7,6 +7,7 @@
 // manifest is complete; anything else is an orphan the next writer removes.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -53,6 +54,9 @@ class Coordinator {
   // abandoned (tmp_dir gone without a commit) or the deadline passed.
   virtual bool wait_commit(const std::string& step_dir, const std::string& tmp_dir, const std::string& run_id,
                            Clock::time_point deadline) = 0;
+  // From now on gather throws and wait_commit returns false at once: the process gives up its saves in flight
+  // (a peer it waits for is gone). Thread-safe; called from another thread than the waits.
+  virtual void cancel() {}
 };
 
 class FsCoordinator : public Coordinator {
@@ -63,9 +67,11 @@ class FsCoordinator : public Coordinator {
   void report_failure(const std::string& tmp_dir, int rank, const std::string& error) override;
   bool wait_commit(const std::string& step_dir, const std::string& tmp_dir, const std::string& run_id,
                    Clock::time_point deadline) override;
+  void cancel() override { cancelled_ = true; }
 
  private:
   std::chrono::milliseconds poll_;
+  std::atomic<bool> cancelled_{false};
 };
 
 enum class SaveState { Queued, Persisting, Committed, Failed };
@@ -126,7 +132,11 @@ class Writer {
   SaveStatus last_status() const;
   // Blocks until the save of `step` is done or the deadline passes.
   SaveStatus wait(int64_t step, Clock::time_point deadline) const;
-  void flush();  // waits for every queued save
+  void flush();       // waits for every queued save
+  bool idle() const;  // no save queued or persisting
+  // Gives up every save in flight and queued (they end Failed, nothing is committed) instead of waiting for them:
+  // for a process that is going away because a peer is gone, whose commit barrier would wait commit_timeout for it.
+  void abandon();
 
   // Allocates and touches the snapshot buffers for `bytes` per snapshot, so the first snapshot does not pay the page
   // faults of a fresh multi-GB buffer inside the training step. Optional; call it at startup with
@@ -150,6 +160,7 @@ class Writer {
   std::map<int64_t, SaveStatus> statuses_;
   int64_t last_step_ = -1;
   bool stop_ = false;
+  std::atomic<bool> abandoned_{false};
   std::thread thread_;
 };
 

@@ -83,6 +83,7 @@ struct JoinRequest {
   int store_port = 0;    // a free port on pod_ip the agent offers for the bootstrap store if it gets rank 0 (0: none)
   std::string agent_id;  // random per agent process: tells a retried join from a restarted agent
   int64_t wait_ms = 0;   // long-poll: hold the request up to this long while the world is incomplete
+  int peer_port = 0;     // port of the agent's peer-copy listener on pod_ip (0: it keeps no peer copies)
 };
 
 inline nlohmann::json to_json(const JoinRequest& r) {
@@ -93,6 +94,7 @@ inline nlohmann::json to_json(const JoinRequest& r) {
   j["store_port"] = r.store_port;
   j["agent_id"] = r.agent_id;
   j["wait_ms"] = r.wait_ms;
+  j["peer_port"] = r.peer_port;
   return j;
 }
 
@@ -105,6 +107,7 @@ inline JoinRequest parse_join_request(const nlohmann::json& j) {
   r.store_port = static_cast<int>(detail::get_int_or(j, "store_port", 0, 65535, 0));
   r.agent_id = detail::get_string(j, "agent_id");
   r.wait_ms = detail::get_int_or(j, "wait_ms", 0, 3600000, 0);
+  r.peer_port = static_cast<int>(detail::get_int_or(j, "peer_port", 0, 65535, 0));
   return r;
 }
 
@@ -125,6 +128,9 @@ struct Assignment {
   int master_port = 0;
   std::string restore;  // checkpoint to restore from, "" = fresh start
   std::vector<std::string> pods;
+  // The peer-copy listener of every pod, in pod order ("ip:port", "" when that agent offered none): the in-memory
+  // tier's copies go around this ring (docs/checkpointing.md "The peer copy").
+  std::vector<std::string> peers;
   nlohmann::json config = nlohmann::json::object();
 };
 
@@ -141,6 +147,7 @@ inline nlohmann::json to_json(const Assignment& a) {
           {"master_port", a.master_port},
           {"restore", a.restore},
           {"pods", a.pods},
+          {"peers", a.peers},
           {"config", a.config}};
 }
 
@@ -171,6 +178,17 @@ inline Assignment parse_assignment(const nlohmann::json& j) {
   for (const auto& p : pods) {
     if (!p.is_string()) throw ProtocolError("field 'pods' must be an array of strings");
     a.pods.push_back(p.get<std::string>());
+  }
+  // Absent from a service that predates the peer copy: no peers.
+  if (j.contains("peers")) {
+    const auto& peers = j.at("peers");
+    if (!peers.is_array() || peers.size() != a.pods.size()) {
+      throw ProtocolError("field 'peers' must be an array of strings, one per pod");
+    }
+    for (const auto& p : peers) {
+      if (!p.is_string()) throw ProtocolError("field 'peers' must be an array of strings, one per pod");
+      a.peers.push_back(p.get<std::string>());
+    }
   }
   a.config = detail::field(j, "config");
   return a;

@@ -82,6 +82,10 @@ std::map<JobKey, std::map<int, RankObs>> group_samples(const std::vector<Sample>
       r.duration_sum = s.value;
     else if (n == "railyard_worker_step_duration_seconds_count")
       r.duration_count = s.value;
+    else if (n == "railyard_worker_step_phase_seconds_total" && s.label("phase") == "compute")
+      r.compute_total = s.value;
+    else if (n == "railyard_worker_steps_total")
+      r.steps_total = s.value;
     else if (n == "railyard_worker_loss") {
       r.loss = s.value;
       r.loss_present = true;
@@ -144,6 +148,17 @@ std::optional<Verdict> Evaluator::evaluate(const JobKey& job, int64_t generation
         rs.duration = o.duration_sum / o.duration_count;  // first sight or a reset counter: mean since start
       rs.prev_sum = o.duration_sum;
       rs.prev_count = o.duration_count;
+    }
+    if (finite(o.compute_total) && finite(o.steps_total) && o.steps_total > 0) {
+      auto& h = rs.compute_hist;
+      if (!h.empty() && (o.steps_total < h.back()[2] || o.compute_total < h.back()[1])) h.clear();  // a new process
+      h.push_back({now, o.compute_total, o.steps_total});
+      // Keep one sample at or before the horizon's start, so the rate spans the whole horizon.
+      while (h.size() > 2 && h[1][0] <= now - kComputeHorizonS) h.pop_front();
+      if (h.size() == 1)
+        rs.compute = o.compute_total / o.steps_total;  // first sight: mean since the process started
+      else if (h.back()[2] > h.front()[2])
+        rs.compute = (h.back()[1] - h.front()[1]) / (h.back()[2] - h.front()[2]);
     }
     if (finite(rs.duration) && rs.duration > 0 && o.reachable) durations.push_back(rs.duration);
   }
@@ -270,15 +285,26 @@ std::optional<Verdict> Evaluator::evaluate(const JobKey& job, int64_t generation
     }
   }
 
-  // 4. Straggler: a rank's step time above factor x the median of the other ranks, for a window.
+  // 4. Straggler: a rank's step time above factor x the median of the other ranks, for a window. When every
+  // reachable rank exports its compute time, that is compared instead: in a synchronous job the wall time per step is
+  // the same on every rank (the others wait for the straggler in the gradient reduction).
+  bool by_compute = true;
+  int reachable_ranks = 0;
+  for (const auto& [r, rs] : st.ranks)
+    if (ranks.count(r) && ranks.at(r).reachable) {
+      ++reachable_ranks;
+      if (!(finite(rs.compute) && rs.compute > 0)) by_compute = false;
+    }
+  by_compute = by_compute && reachable_ranks >= 2;
+  auto work = [&](const RankState& x) { return by_compute ? x.compute : x.duration; };
   for (auto& [r, rs] : st.ranks) {
     std::vector<double> others;
     for (const auto& [r2, rs2] : st.ranks)
-      if (r2 != r && finite(rs2.duration) && rs2.duration > 0 && ranks.count(r2) && ranks.at(r2).reachable)
-        others.push_back(rs2.duration);
+      if (r2 != r && finite(work(rs2)) && work(rs2) > 0 && ranks.count(r2) && ranks.at(r2).reachable)
+        others.push_back(work(rs2));
     double med = median(others);
-    bool slow = ranks.count(r) && ranks.at(r).reachable && finite(rs.duration) && finite(med) &&
-                rs.duration > p.straggler_factor * med;
+    bool slow = ranks.count(r) && ranks.at(r).reachable && finite(work(rs)) && finite(med) &&
+                work(rs) > p.straggler_factor * med;
     if (!slow) {
       rs.slow_since = -1;
       rs.slow_evals = 0;
@@ -287,9 +313,9 @@ std::optional<Verdict> Evaluator::evaluate(const JobKey& job, int64_t generation
     if (rs.slow_since < 0) rs.slow_since = now;
     ++rs.slow_evals;
     if (now - rs.slow_since >= p.straggler_window_s && rs.slow_evals >= p.debounce_evals) {
-      std::string ev = "rank " + std::to_string(r) + " step time " + fmt(rs.duration, 3) + "s > " +
-                       fmt(p.straggler_factor, 2) + " x median of the other ranks " + fmt(med, 3) + "s for " +
-                       fmt(now - rs.slow_since, 1) + "s";
+      std::string ev = "rank " + std::to_string(r) + (by_compute ? " compute time per step " : " step time ") +
+                       fmt(work(rs), 3) + "s > " + fmt(p.straggler_factor, 2) + " x median of the other ranks " +
+                       fmt(med, 3) + "s for " + fmt(now - rs.slow_since, 1) + "s";
       return verdict("straggler", "Straggler", r, ev, rs.slow_since, true);
     }
   }

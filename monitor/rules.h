@@ -3,7 +3,9 @@
 // rules and their defaults.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <deque>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -41,6 +43,9 @@ Policy policy_for_job(const nlohmann::json& job, const Policy& defaults);
 
 inline double nan_value() { return std::numeric_limits<double>::quiet_NaN(); }
 
+// The straggler rule's compute time per step is a rate over this many seconds of evaluations.
+inline constexpr double kComputeHorizonS = 5;
+
 struct RankObs {
   int rank = -1;
   std::string node;
@@ -51,6 +56,12 @@ struct RankObs {
   double step_duration = nan_value();  // last step's wall time, if the worker exports the gauge
   double duration_sum = nan_value();   // else the histogram's _sum and _count
   double duration_count = nan_value();
+  // Cumulative compute seconds (railyard_worker_step_phase_seconds_total{phase="compute"}) and optimizer steps
+  // (railyard_worker_steps_total): time a rank spends on its own work, without the waits in collectives. In
+  // synchronous data parallelism every rank's step takes the same wall time (the fast ones wait for the slow one), so
+  // only this tells the straggler from the ranks that wait for it.
+  double compute_total = nan_value();
+  double steps_total = nan_value();
   double loss = nan_value();
   bool loss_present = false;  // a NaN loss and a missing loss both read as NaN
   double nonfinite_total = nan_value();
@@ -100,6 +111,10 @@ class Evaluator {
     int slow_evals = 0;
     double prev_sum = nan_value(), prev_count = nan_value();
     double duration = nan_value();
+    // (time, compute_total, steps_total) of the last few evaluations: the compute time per step is taken over
+    // kComputeHorizonS, as a rate() would, because one evaluation's few steps are too noisy to compare.
+    std::deque<std::array<double, 3>> compute_hist;
+    double compute = nan_value();  // compute seconds per step over the horizon
     std::vector<double> losses;
     double last_loss_step = nan_value();
     int spike_steps = 0;

@@ -2,12 +2,15 @@
 # The main job on the local cluster: builds Railyard, brings up a local Kubernetes control plane with simulated GPU
 # nodes, prepares a small text corpus, starts the operator and trains the tiny example TrainingJob on those nodes
 # (operator -> gang-bound pod -> agent -> rendezvous -> railyard-worker), showing `kubectl get tj` as it moves; then
-# runs a 2-replica data-parallel job, kills one trainer process (kill -9) in the middle, shows the in-place recovery
-# (new generation, same pods, restore from the in-memory tier: no step redone) and ends with the loss curve and the
-# time lost.
-# Not shown yet: the monitor and Prometheus (hang/straggler detection), node loss (see tests/e2e/elastic).
+# runs a 2-replica data-parallel job, kills one trainer process (kill -9) a quarter of the way in, shows the in-place
+# recovery (new generation, same pods, restore from the in-memory tier: no step redone), then freezes a trainer
+# (SIGSTOP, a hang) once the new generation runs: railyard-monitor finds it through the local Prometheus, requests a
+# restart, and the operator moves the pod off the excluded node. Ends with the loss curve, the failures injected and
+# the time lost. The topology has 4 units of 2 nodes (deploy/local/topologies/h100-8node.yaml).
+# Not shown: a straggler, node loss, shrink/grow (tests/e2e/elastic).
 # Environment: RAILYARD_STATE_DIR (default ~/.local/state/railyard/demo), DEMO_STEPS (default 200),
-# DEMO_FT_STEPS (steps of the fault-tolerance job, default 300), DEMO_BUILD_DIR (default build),
+# DEMO_FT_STEPS (steps of the fault-tolerance job, default 1000: at 25-125 ms a step it must outlast a hang's 6 s
+# detection), DEMO_BUILD_DIR (default build),
 # DEMO_SKIP_BUILD=1 (use the binaries in DEMO_BUILD_DIR/bin as they are).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,20 +19,23 @@ state=${RAILYARD_STATE_DIR:-$HOME/.local/state/railyard/demo}
 steps=${DEMO_STEPS:-200}
 step() { printf '\n== %s\n' "$*"; }
 
-ft_steps=${DEMO_FT_STEPS:-300}
+ft_steps=${DEMO_FT_STEPS:-1000}
 build=$(realpath -m "${DEMO_BUILD_DIR:-build}")
 if [ "${DEMO_SKIP_BUILD:-0}" != 1 ]; then
   step "install what is missing and build"
   bash scripts/install-deps.sh
   export CCACHE_BASEDIR=$root
   cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
-  cmake --build "$build" -j2 --target railyard-node-agent railyard-worker railyard railyard-operator >/dev/null
+  cmake --build "$build" -j2 --target railyard-node-agent railyard-worker railyard railyard-operator railyard-monitor \
+    >/dev/null
 fi
 
 step "local cluster (state in $state)"
 topology=deploy/local/topologies/h100-8node.yaml
-bash deploy/local/cluster.sh up --state-dir "$state" --topology "$topology" --node-agent "$build/bin/railyard-node-agent"
+bash deploy/local/cluster.sh up --state-dir "$state" --topology "$topology" --node-agent "$build/bin/railyard-node-agent" \
+  --prometheus
 eval "$(bash deploy/local/cluster.sh env --state-dir "$state")"
+[ -n "${PROMETHEUS_URL:-}" ] || { echo "no Prometheus on the demo cluster (cluster.sh env has no PROMETHEUS_URL)"; exit 1; }
 kubectl get nodes -L railyard.dev/unit,railyard.dev/leaf,railyard.dev/gpu-type,railyard.dev/rails
 
 step "prepare a text corpus into token shards"
@@ -53,6 +59,27 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 echo $! >"$state/operator.pid"
 echo "operator pid $(cat "$state/operator.pid"), log $state/operator.log"
 
+step "start the monitor (railyard-monitor, reading the workers' metrics from Prometheus at $PROMETHEUS_URL)"
+# Debian's Prometheus has no Kubernetes discovery: a loop rewrites its file-SD list from the worker pods every second
+# (the relabelling of deploy/prometheus/prometheus.yml). Both run as long as the demo does (stopped by pid on exit).
+mon_pid="" targets_pid=""
+stop_demo_helpers() {
+  [ -n "$mon_pid" ] && kill "$mon_pid" 2>/dev/null || true
+  [ -n "$targets_pid" ] && kill "$targets_pid" 2>/dev/null || true
+  [ -f "$state/stopped.pid" ] && kill -CONT "$(cat "$state/stopped.pid")" 2>/dev/null || true
+}
+trap stop_demo_helpers EXIT
+demo_pid=$$
+(while kill -0 "$demo_pid" 2>/dev/null; do
+  bash deploy/local/lib/prometheus.sh pod-targets "$state" workers >/dev/null 2>&1 || true
+  sleep 1
+done) &
+targets_pid=$!
+"$build"/bin/railyard-monitor --prometheus-url "$PROMETHEUS_URL" --listen 127.0.0.1:0 --interval 1 \
+  >"$state/monitor.log" 2>&1 &
+mon_pid=$!
+echo "monitor pid $mon_pid, log $state/monitor.log"
+
 step "train the tiny example as a TrainingJob"
 # (Full resource name: a kubectl discovery cache from before the CRD existed may not know the short name tj yet.)
 kubectl delete trainingjobs.railyard.dev tiny --ignore-not-found --wait=true >/dev/null
@@ -73,55 +100,102 @@ log=$(ls "$state"/node-agent/pods/default_tiny-worker-0/*.log 2>/dev/null | head
 [ -n "$log" ] && { echo "last lines of the worker's log ($log):"; grep -E "step=|validation" "$log" | tail -n 5; }
 [ "$phase" = Succeeded ] || { echo "the tiny job ended '$phase': see $state/operator.log and the worker's log"; exit 1; }
 
-step "fault tolerance: a 2-replica job, one trainer killed with kill -9 in the middle"
-# Same model and data, two pods (data parallel, dp=2), a checkpoint every 10 steps.
+step "fault tolerance: a 2-replica job; kill -9 of one trainer at 1/4, then a hang of one trainer"
+# Same model and data, two pods (data parallel, dp=2), a checkpoint every 10 steps. A quarter of the way in, rank 1's
+# trainer gets kill -9 (its agent reports the exit: in-place restart, restore from the in-memory tier). As soon as
+# Prometheus scrapes the new generation, rank 1's new trainer gets SIGSTOP (a hang: the process lives, its /metrics goes silent): the monitor
+# sees the stall through Prometheus and requests a restart; with the default failurePolicy.excludeFailedNodes the
+# node is excluded and the operator moves pod 1 to another node chosen by the rail-aware scheduler.
 ft=tiny-ft
 kubectl delete trainingjobs.railyard.dev $ft --ignore-not-found --wait=true >/dev/null
 rm -rf "$state/ckpt/$ft"
 sed -e "s|/tmp/railyard-data/|$data/|g" -e "s|/tmp/railyard-ckpt/tiny|$state/ckpt/$ft|" -e "s|name: tiny|name: $ft|" \
   -e "s|replicas: 1|replicas: 2|" -e "s|steps: 200|steps: $ft_steps|" -e "s|intervalSteps: 50|intervalSteps: 10|" \
   deploy/examples/tiny.yaml | kubectl apply -f -
-ftj() { kubectl get trainingjobs.railyard.dev $ft -o jsonpath="$1" 2>/dev/null; }
-for _ in $(seq 1 300); do [ "$(ftj '{.status.step}')" -ge $((ft_steps / 3)) ] 2>/dev/null && break; sleep 0.5; done
-kubectl get trainingjobs.railyard.dev $ft
-uids_before=$(kubectl get pods -l railyard.dev/job=$ft -o jsonpath='{.items[*].metadata.uid}')
-uid1=$(kubectl get pod $ft-worker-1 -o jsonpath='{.metadata.uid}')
-# The pod's process is its agent; the trainer is the agent's child.
-agent_pid=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]]["pid"])' \
-  "$state/node-agent/processes.json" "$uid1")
-worker_pid=$(pgrep -P "$agent_pid" | head -1)
-echo "kill -9 $worker_pid (rank 1's trainer in pod $ft-worker-1) (status: step $(ftj '{.status.step}'), reported every 5 s), last checkpoint $(cat "$state/ckpt/$ft/latest" 2>/dev/null)"
-kill -9 "$worker_pid"
-last_key=""
-uids_after=""
-for i in $(seq 1 1200); do
+ft_start=$(date +%s.%N) # the pods' logs are appended to by every run of the demo in this state dir
+ftj() { kubectl get trainingjobs.railyard.dev $ft -o jsonpath="$1" 2>/dev/null || true; }
+# The trainer of a pod: the pod's process is its agent (node agent's processes.json); the trainer is the agent's child.
+trainer_of() {
+  local agent
+  agent=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]]["pid"])' \
+    "$state/node-agent/processes.json" "$(kubectl get pod "$1" -o jsonpath='{.metadata.uid}')")
+  pgrep -P "$agent" | head -1
+}
+log0=$state/node-agent/pods/default_$ft-worker-0/worker.log
+# The step the job is at: the newest of rank 0's log (written in blocks), status.step (reported every few seconds)
+# and the newest checkpoint.
+last_step() {
+  local a b c
+  a=$(grep -oE 'worker: step step=[0-9]+' "$log0" 2>/dev/null | tail -1 | cut -d= -f2)
+  b=$(ftj '{.status.step}')
+  c=$(sed -n 's/^step-0*//p' "$state/ckpt/$ft/latest" 2>/dev/null)
+  printf '%s\n' "${a:-0}" "${b:-0}" "${c:-0}" | sort -n | tail -1
+}
+injections=()   # "kind unix-time step"
+prom_sees_gen2() {
+  curl -fsS "$PROMETHEUS_URL/api/v1/query" --data-urlencode \
+    "query=count(railyard_worker_step{job=\"$ft\",generation=\"2\"} and on(rank) up{job=\"$ft\"} == 1)" 2>/dev/null |
+    jq -e '.data.result[0].value[1] == "2"' >/dev/null
+}
+uids_before="" uids_after_kill="" node_before="" node_after="" request="" last_key=""
+for i in $(seq 1 3000); do
   ftphase=$(ftj '{.status.phase}')
+  restarts=$(ftj '{.status.restarts}')
   line=$(kubectl get trainingjobs.railyard.dev $ft --no-headers 2>/dev/null || true)
-  key="$ftphase $(ftj '{.status.restarts}') $(ftj '{.status.generation}')"
+  key="$ftphase $restarts $(ftj '{.status.generation}')"
   # A line when phase, restarts or generation change, and every few polls in between (the progress column moves).
-  if [ "$key" != "$last_key" ] || [ $((i % 3)) = 0 ]; then echo "$line"; last_key=$key; fi
-  if [ -z "$uids_after" ] && [ "$ftphase" = Running ] && [ "$(ftj '{.status.restarts}')" = 1 ]; then
-    uids_after=$(kubectl get pods -l railyard.dev/job=$ft -o jsonpath='{.items[*].metadata.uid}')
+  if [ "$key" != "$last_key" ] || [ $((i % 2)) = 0 ]; then echo "$line"; last_key=$key; fi
+  s=$(last_step)
+  if [ ${#injections[@]} = 0 ] && [ "${s:-0}" -ge $((ft_steps / 4)) ] && [ "$ftphase" = Running ]; then
+    uids_before=$(kubectl get pods -l railyard.dev/job=$ft -o jsonpath='{.items[*].metadata.uid}')
+    pid=$(trainer_of $ft-worker-1) || { echo "no trainer process in $ft-worker-1"; exit 1; }
+    echo ">> kill -9 $pid (rank 1's trainer in pod $ft-worker-1), job at step >= $s; last checkpoint $(cat "$state/ckpt/$ft/latest" 2>/dev/null)"
+    kill -9 "$pid"
+    injections+=("kill-9 $(date +%s.%N) $s")
+  elif [ ${#injections[@]} = 1 ] && [ -z "$uids_after_kill" ] && [ "$ftphase" = Running ] && [ "${restarts:-0}" = 1 ]; then
+    uids_after_kill=$(kubectl get pods -l railyard.dev/job=$ft -o jsonpath='{.items[*].metadata.uid}')
+  elif [ ${#injections[@]} = 1 ] && [ -n "$uids_after_kill" ] && [ "$ftphase" = Running ] && prom_sees_gen2 &&
+    [ "${s:-0}" -le $((ft_steps * 3 / 4)) ]; then
+    # As soon as Prometheus scrapes both ranks of the new generation (the monitor can only judge what it has seen).
+    node_before=$(kubectl get pod $ft-worker-1 -o jsonpath='{.spec.nodeName}' 2>/dev/null || true)
+    pid=$(trainer_of $ft-worker-1 || true)
+    if [ -n "$node_before" ] && [ -n "$pid" ]; then
+      echo ">> SIGSTOP $pid (rank 1's trainer in pod $ft-worker-1 on $node_before), job at step >= $s: a hang, for the monitor to find"
+      kill -STOP "$pid"
+      echo "$pid" >"$state/stopped.pid"
+      injections+=("hang $(date +%s.%N) $s")
+    fi
+  elif [ ${#injections[@]} = 2 ] && [ -z "$request" ]; then
+    request=$(kubectl get trainingjobs.railyard.dev $ft -o jsonpath='{.metadata.annotations.railyard\.dev/restart-request}')
+    [ -n "$request" ] && echo ">> monitor: railyard.dev/restart-request=$request"
+  elif [ ${#injections[@]} = 2 ] && [ -z "$node_after" ] && [ "$ftphase" = Running ] && [ "${restarts:-0}" = 2 ]; then
+    node_after=$(kubectl get pod $ft-worker-1 -o jsonpath='{.spec.nodeName}' 2>/dev/null || true)
+    [ -n "$node_after" ] && echo ">> pod $ft-worker-1 now runs on $node_after"
   fi
   case "$ftphase" in Succeeded | Failed | Invalid) break ;; esac
-  sleep 0.2
+  sleep 0.3
 done
+# A stopped trainer dies with its agent (the pod moved); continue it if it somehow did not.
+[ -f "$state/stopped.pid" ] && { kill -CONT "$(cat "$state/stopped.pid")" 2>/dev/null || true; rm -f "$state/stopped.pid"; }
 kubectl get trainingjobs.railyard.dev $ft -o wide
-echo "last restart: $(ftj '{.status.lastRestart.reason}'): $(ftj '{.status.lastRestart.message}') (detector $(ftj '{.status.lastRestart.detector}'))"
-if [ "$uids_after" = "$uids_before" ]; then
-  echo "no pod was re-created: the agents restarted their trainers in place (pod UIDs $uids_before)"
+echo "last restart: $(ftj '{.status.lastRestart}')"
+echo "excluded nodes: $(ftj '{.metadata.annotations.railyard\.dev/exclude-nodes}')"
+if [ -n "$uids_after_kill" ] && [ "$uids_after_kill" = "$uids_before" ]; then
+  echo "after the kill -9 no pod was re-created: the agents restarted their trainers in place (pod UIDs $uids_before)"
 else
-  echo "pod UIDs before the kill: $uids_before; in the new generation: ${uids_after:-not seen}"
+  echo "pod UIDs before the kill: $uids_before; after it: ${uids_after_kill:-not seen}"
 fi
+[ -n "$node_before" ] && echo "after the hang pod $ft-worker-1 moved from $node_before to ${node_after:-?} (node excluded)"
 
 step "loss curve and time lost"
-python3 - "$state/node-agent/pods/default_$ft-worker-0/worker.log" "$state/node-agent/pods/default_$ft-worker-1/worker.log" \
-  "$ftphase" "$(ftj '{.status.restarts}')" <<'PY'
-import re, sys
+python3 - "$log0" "$ftphase" "$(ftj '{.status.restarts}')" "$request" "$ft_start" "${injections[@]}" <<'PY'
+import calendar, json, re, sys
 from datetime import datetime
-log0, log1 = (open(p).read().splitlines() for p in sys.argv[1:3])
-phase, restarts = sys.argv[3], sys.argv[4]
-ts = lambda l: datetime.strptime(l[:23], "%Y-%m-%dT%H:%M:%S.%f").timestamp()
+phase, restarts, request, start = sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5])
+injections = [(k, float(t)) for k, t, _ in (x.split() for x in sys.argv[6:])]
+# Log times are UTC.
+ts = lambda l: calendar.timegm(datetime.strptime(l[:23], "%Y-%m-%dT%H:%M:%S.%f").timetuple()) + int(l[20:23]) / 1e3
+log0 = [l for l in open(sys.argv[1]).read().splitlines() if l[:4].isdigit() and ts(l) >= start]
 step_re = re.compile(r"worker: step step=(\d+)/(\d+) loss=([0-9.]+).* step_ms=([0-9.]+)")
 # The log holds every generation; the last run of each step is the one that counts.
 runs, final = [], {}
@@ -139,22 +213,40 @@ shown = steps[:: max(1, len(steps) // 20)]
 for s in shown + ([steps[-1]] if shown[-1] != steps[-1] else []):
     bar = "#" * (1 + int(50 * (final[s] - lo) / max(hi - lo, 1e-9)))
     print(f"{s:5d}  {final[s]:.4f} {bar}")
-exits = [ts(l) for l in log1 if "agent: worker exited generation=1" in l]
-restored = [(i, int(re.search(r" step=(\d+)", l).group(1))) for i, l in enumerate(log0) if "checkpoint: restored " in l]
 redone = len(runs) - len(final)
 mean_ms = sum(r[2] for r in runs) / len(runs)
-print(f"\nsteps {steps[-1]}, final loss {final[steps[-1]]:.4f}, job {phase}, restarts {restarts}, failures injected 1")
-if exits and restored:
-    i, r = restored[-1]
-    first = next(ts(l) for l in log0[i:] if step_re.search(l))
-    print(f"restored step {r}; steps redone {redone}; from the kill to the first step of the new generation "
-          f"{first - exits[0]:.2f} s; time lost {first - exits[0] + redone * mean_ms / 1e3:.2f} s "
-          f"(that plus {redone} redone steps x {mean_ms:.0f} ms)")
+print(f"\nsteps {steps[-1]}, final loss {final[steps[-1]]:.4f}, job {phase}, restarts {restarts}, "
+      f"failures injected {len(injections)} ({', '.join(k for k, _ in injections)})")
+restores = [(ts(l), int(re.search(r" step=(\d+)", l).group(1)), re.search(r" from=(\S+)", l)) for l in log0
+            if "checkpoint: restored " in l]
+lost_total = 0.0
+for k, t in injections:
+    s = max((x[0] for x in runs if x[3] <= t), default=0)  # the last step logged before the failure
+    after = [r for r in restores if r[0] > t]
+    if not after:
+        print(f"{k}: no restore after it")
+        continue
+    rt, r, src = after[0]
+    first = next((x[3] for x in runs if x[3] > rt), None)
+    if first is None:
+        continue
+    detect = ""
+    if k == "hang" and request:
+        q = json.loads(request)
+        f = "%Y-%m-%dT%H:%M:%SZ"
+        d = (datetime.strptime(q["time"], f) - datetime.strptime(q["onset"], f)).total_seconds()
+        detect = f"; the monitor saw a {q['reason']} of rank {q['rank']} ({q['rule']} rule) {d:.0f} s after the last progress"
+    lost_total += first - t
+    print(f"{k} after step {s}: restored step {r} ({src.group(1) if src else '?'}), first step of the new generation "
+          f"{first - t:.1f} s after the failure{detect}")
+print(f"steps redone {redone}; time lost {lost_total + redone * mean_ms / 1e3:.1f} s (failure to first new step, plus "
+      f"{redone} redone steps x {mean_ms:.0f} ms)")
 PY
 kubectl get trainingjobs.railyard.dev $ft -o json >"$state/$ft.json"
-"$build/bin/railyard" report --log "$state/node-agent/pods/default_$ft-worker-0/worker.log" --status "$state/$ft.json" \
+"$build/bin/railyard" report --log "$log0" --status "$state/$ft.json" \
   --checkpoints "$state/ckpt/$ft" --output "$state/$ft-report.html" | sed 's/^report: wrote /HTML report (loss curve, restarts, checkpoints): /'
 echo
-echo "The cluster and the operator keep running. Use them with:  eval \"\$(deploy/local/cluster.sh env --state-dir $state)\""
+echo "The cluster, Prometheus ($PROMETHEUS_URL) and the operator keep running; the monitor stopped with the demo."
+echo "Use them with:  eval \"\$(deploy/local/cluster.sh env --state-dir $state)\""
 echo "Stop them with:  kill \$(cat $state/operator.pid); deploy/local/cluster.sh down --state-dir $state"
-[ "$phase" = Succeeded ]
+[ "$phase" = Succeeded ] && [ "$ftphase" = Succeeded ]

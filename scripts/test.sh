@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing, builds everything, and runs every test (unit and e2e; e2e tests
-# bring up their own local cluster in build/e2e-cluster and take it down afterwards). Benchmarks are not run.
+# bring up their own local cluster in build/e2e-cluster and take it down afterwards). Benchmarks (label bench) and
+# the demo test (label demo, `ctest -L demo`) are not run.
 # Options: --unit (unit tests only), --no-hardening (skip the sanitizer/fuzz stages), --hardening-only (only them),
 # any other argument is passed to ctest (e.g. -R kube).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 
-labels=(-LE bench)
+labels=(-LE 'bench|demo')
 extra=()
 hardening=1
 main=1

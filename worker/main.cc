@@ -91,6 +91,15 @@ constexpr const char* kUsage = R"(usage: railyard-worker train [flags]
   --deterministic      fixed reduction order independent of dp: bitwise-identical results for dp=4, dp=2 x
                        accumulation 2, dp=1 x accumulation 4 (needs a power-of-two accumulation per rank)
   --bucket-mb X        data-parallel all-reduce bucket size in MiB (default 25)
+  --recompute MODE     activation recomputation: none (default), selective (each layer's attention probabilities are
+                       recomputed in backward) or full (a layer keeps only its input and reruns its forward in
+                       backward); results are bitwise unchanged, activation memory drops (docs/worker.md)
+  --recompute-layers K recompute only the first K layers (default: all)
+  --moe-experts E      mixture-of-experts MLP with E experts per layer (default: dense); one process only for now
+  --moe-top-k K        experts per token (default 1)
+  --moe-capacity-factor F  tokens per expert per micro-batch <= ceil(F * K * B*T / E); over it a token's choice is
+                       dropped (its MLP contribution is 0, the residual passes); <= 0: no limit (default 1.25)
+  --moe-aux-coef A     weight of the load-balancing loss A * E * sum_e f_e P_e per layer (default 0.01)
   --gemm-split MODE    pool (default: our threads split each GEMM over single-threaded OpenBLAS) or openblas
                        (OpenBLAS's own threads run the GEMMs); for measuring the threading choice
        railyard-worker gemm-rate [--model SPEC] [--batch B] [--seq T] [--threads N] [--split pool|openblas]
@@ -413,15 +422,15 @@ void enforce_path_roots(const std::map<std::string, std::string>& f) {
 }
 
 int cmd_train(int argc, char** argv) {
-  auto f =
-      parse_flags(argc, argv, 2, {"model",        "data",      "steps",         "batch",          "seq",
-                                  "global-batch", "lr",        "warmup",        "min-lr-frac",    "weight-decay",
-                                  "grad-clip",    "seed",      "val-every",     "val-steps",      "threads",
-                                  "init-from",    "export",    "log-json",      "peak-flops",     "max-bad-steps",
-                                  "gemm-split",   "config",    "metrics-port",  "metrics-host",   "ckpt-dir",
-                                  "ckpt-every",   "ckpt-keep", "ckpt-async",    "ckpt-shm-every", "ckpt-term-budget",
-                                  "resume",       "data-root", "ckpt-root",     "nproc",          "tp",
-                                  "pp",           "zero",      "deterministic", "bucket-mb"});
+  auto f = parse_flags(argc, argv, 2,
+                       {"model",      "data",          "steps",       "batch",        "seq",          "global-batch",
+                        "lr",         "warmup",        "min-lr-frac", "weight-decay", "grad-clip",    "seed",
+                        "val-every",  "val-steps",     "threads",     "init-from",    "export",       "log-json",
+                        "peak-flops", "max-bad-steps", "gemm-split",  "config",       "metrics-port", "metrics-host",
+                        "ckpt-dir",   "ckpt-every",    "ckpt-keep",   "ckpt-async",   "ckpt-shm-every",
+                        "ckpt-term-budget", "resume", "data-root", "ckpt-root",
+                        "nproc", "tp", "pp", "zero", "deterministic", "bucket-mb", "recompute", "recompute-layers",
+                        "moe-experts", "moe-top-k", "moe-capacity-factor", "moe-aux-coef"});
   if (f.count("nproc")) return launch_train_world(argc, argv, f);
   if (f.count("config")) apply_config_file(f["config"], f);
   if (!f.count("data")) {
@@ -446,6 +455,25 @@ int cmd_train(int argc, char** argv) {
     cfg = file_cfg;
   }
   if (!cfg) cfg = model_preset("tiny");
+  if (f.count("moe-experts") || f.count("moe-top-k") || f.count("moe-capacity-factor") || f.count("moe-aux-coef")) {
+    if (!f.count("moe-experts")) throw ConfigError("--moe-top-k/--moe-capacity-factor/--moe-aux-coef need --moe-experts");
+    cfg->moe = make_moe_config(static_cast<int>(to_int(f, "moe-experts", 0)), static_cast<int>(to_int(f, "moe-top-k", 1)),
+                               to_double(f, "moe-capacity-factor", 1.25), to_double(f, "moe-aux-coef", 0.01));
+    // Not done yet with experts (docs/parallel.md "Mixture of experts"): say so instead of running something untested.
+    const std::string world = env_or("WORLD_SIZE", "1");
+    for (const char* flag : {"init-from", "export", "ckpt-dir", "ckpt-shm-every"}) {
+      if (f.count(flag) && !(std::string(flag) == "ckpt-shm-every" && f[flag] == "0")) {
+        throw ConfigError(std::string("--") + flag +
+                          " with --moe-experts: llm.c files and checkpoints of MoE models are not implemented yet");
+      }
+    }
+    if ((world != "1" && world != "0") || to_int(f, "tp", 1) > 1 || to_int(f, "pp", 1) > 1 || to_int(f, "zero", 0) > 0 ||
+        f.count("deterministic")) {
+      throw ConfigError(
+          "--moe-experts runs in one process only for now (expert, data, tensor and pipeline parallelism with experts "
+          "are not implemented): drop --nproc/--tp/--pp/--zero/--deterministic");
+    }
+  }
 
   TrainConfig tc;
   tc.steps = static_cast<int>(to_int(f, "steps", 10));
@@ -463,6 +491,10 @@ int cmd_train(int argc, char** argv) {
   tc.peak_flops = to_double(f, "peak-flops", 0);
   tc.max_bad_steps = static_cast<int>(to_int(f, "max-bad-steps", 3));
   if (f.count("log-json")) tc.log_json = f["log-json"];
+  if (f.count("recompute") || f.count("recompute-layers")) {
+    tc.recompute = parse_recompute(f.count("recompute") ? f["recompute"] : "none",
+                                   static_cast<int>(to_int(f, "recompute-layers", -1)), *cfg);
+  }
   if (const char* p = std::getenv("RAILYARD_PROGRESS_FILE"); p != nullptr && *p != '\0') tc.progress_file = p;
   tc.validate(*cfg);
 
@@ -486,7 +518,7 @@ int cmd_train(int argc, char** argv) {
 
   const int threads = threads_from(f);
   // Refuse up front what cannot fit, instead of dying in an allocation or the OOM killer later.
-  const MemoryBudget need = memory_budget(*cfg, tc.batch, tc.seq_len, threads);
+  const MemoryBudget need = memory_budget(*cfg, tc.batch, tc.seq_len, threads, tc.recompute);
   const double phys = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
   if (phys > 0 && static_cast<double>(need.total()) > phys) {
     char buf[160];
@@ -578,8 +610,16 @@ int cmd_train(int argc, char** argv) {
   } else {
     co.shm_name = ckpt::ShmStore::name_for(job_id, global_rank);
   }
+  // Steps the agent fetched from a peer pod into this rank's slots (a replacement pod; docs/checkpointing.md).
+  for (std::string rest = env_or("RAILYARD_SHM_PEER_STEPS", ""); !rest.empty();) {
+    const auto comma = rest.find(',');
+    co.shm_peer_steps.push_back(std::atoll(rest.substr(0, comma).c_str()));
+    rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+  }
   co.layout = nlohmann::json{{"dp", 1}, {"tp", 1}, {"pp", 1}, {"zero", dist.zero}};
-  std::vector<ShardSpec> ckpt_shards = checkpoint_shards(*cfg, trainer, dist);
+  // MoE models have no checkpoint layout yet (refused above with --ckpt-dir/--ckpt-shm-every): nothing to save.
+  std::vector<ShardSpec> ckpt_shards =
+      cfg->moe.experts > 0 ? std::vector<ShardSpec>{} : checkpoint_shards(*cfg, trainer, dist);
   if (const int world = std::atoi(env_or("WORLD_SIZE", "1").c_str()); world > 1) {
     // Every rank of the world saves into the same directory under its global rank, with one run id for all ranks
     // of this world; data-parallel replicas split the writes of their identical state, and all ranks stop at the

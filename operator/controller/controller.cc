@@ -672,16 +672,42 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
     if (!req.empty() && req != status.value("restartRequestHandled", "")) {
       restart_request = req;
       status["restartRequestHandled"] = req;
-      if (gen > 0)
-        triggers.push_back({"RestartRequested",
-                            "restart requested (" + std::string(kRestartRequestAnnotation) + "=" + req + ")", "", "",
-                            ann.value(kRestartDetectorAnnotation, "annotation"), "", -1});
+      if (gen > 0) {
+        Trigger tr{"RestartRequested",
+                   "restart requested (" + std::string(kRestartRequestAnnotation) + "=" + req + ")",
+                   "",
+                   "",
+                   ann.value(kRestartDetectorAnnotation, "annotation"),
+                   "",
+                   -1};
+        // The monitor's request names the rank and node it blames; a hand-written one may be any text.
+        try {
+          const Json r = Json::parse(req);
+          if (r.is_object() && r.value("rank", Json()).is_number_integer() && r["rank"].get<int>() >= 0)
+            tr.rank = r["rank"].get<int>();
+          if (r.is_object() && r.value("node", Json()).is_string()) {
+            tr.node = r["node"].get<std::string>();
+            for (const auto& [pod, node] : node_by_pod)
+              if (!tr.node.empty() && node == tr.node) tr.pod = pod;
+          }
+        } catch (const std::exception&) {
+        }
+        triggers.push_back(tr);
+      }
     }
   }
 
   bool restarted_now = false;
   if (!triggers.empty()) {
+    // The cause wins the attribution: a monitor's request that also blamed a node (excludeFailedNodes) shows up as
+    // NodeExcluded of that node's pod in the same pass; the restart is recorded as the request (symptom, detector,
+    // time to detect) while the pod is still moved off the node below.
     const Trigger* t = &triggers.front();
+    for (const Trigger& x : triggers)
+      if (x.reason == "RestartRequested") {
+        t = &x;
+        break;
+      }
     for (const Trigger& x : triggers)
       if (x.permanent) {
         t = &x;

@@ -172,18 +172,21 @@ double bubble_fraction(int pp, int micro_batches, int interleave) {
 double layer_activation_bytes(const ModelShape& m, const DeviceProfile& d, const Layout& l) {
   // Korthikanti et al. 2022, bytes per layer at 2-byte activations and 1-byte dropout masks, scaled to this
   // device's activation width.
+  // Without dropout the two 1-byte masks of the residual branches (2 of the 10 replicated bytes) and the scores'
+  // mask and dropped copy (3 of the 5 a s / h) are not stored.
   const double S = double(m.seq) * l.micro_batch * m.hidden, t = l.tp;
-  const double scores = d.flash_attention ? 0.0 : 5.0 * m.heads * m.seq / m.hidden;
+  const double scores = d.flash_attention ? 0.0 : (m.dropout ? 5.0 : 2.0) * m.heads * m.seq / m.hidden;
+  const double replicated = m.dropout ? 10 : 8;
   const double scale = d.activation_bytes / 2.0;
   switch (l.recompute) {
     case Recompute::kFull:
       return scale * 2 * S / (l.sequence_parallel ? t : 1);
     case Recompute::kSelective:
-      return scale * S * (l.sequence_parallel ? 34 / t : 10 + 24 / t);
+      return scale * S * (l.sequence_parallel ? (replicated + 24) / t : replicated + 24 / t);
     case Recompute::kNone:
       break;
   }
-  return scale * S * (l.sequence_parallel ? (34 + scores) / t : 10 + 24 / t + scores / t);
+  return scale * S * (l.sequence_parallel ? (replicated + 24 + scores) / t : replicated + 24 / t + scores / t);
 }
 
 std::string check_layout(const Job& job, const Cluster& c, const Layout& l) {
@@ -323,7 +326,8 @@ Estimate estimate(const Job& job, const Cluster& c, const Layout& l) {
   no_recompute.recompute = Recompute::kNone;
   const double working = l.recompute == Recompute::kFull ? layer_activation_bytes(m, d, no_recompute) : 0;
   const double embed_act = n * h * d.activation_bytes / (l.sequence_parallel ? t : 1);
-  const double logits = n * V / t * (d.activation_bytes + 4);
+  // Narrow (16-bit) logits get an fp32 copy for the loss; fp32 logits are used as they are.
+  const double logits = n * V / t * (d.activation_bytes + (d.activation_bytes < 4 ? 4 : 0));
   const double first_act =
       layers_per_stage * layer_act * in_flight + working + in_flight * embed_act + (l.pp == 1 ? logits : 0);
   const double last_act = layers_per_stage * layer_act + working + logits;

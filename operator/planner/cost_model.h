@@ -16,6 +16,9 @@ struct ModelShape {
   int heads = 0;
   int seq = 0;
   int vocab = 0;
+  // Dropout after attention probabilities, attention output and MLP (Megatron/GPT-3 recipes): its masks and the
+  // dropped probabilities are stored activations. Railyard's CPU worker trains without dropout (false).
+  bool dropout = true;
 };
 
 // One device type (a GPU, or one CPU process) and the runtime's habits on it. Loaded from a calibration file

@@ -93,6 +93,7 @@ void validate(const GenerationSpec& spec) {
 struct Member {
   std::string ip;
   int store_port = 0;
+  int peer_port = 0;
   std::string agent_id;
   Clock::time_point wait_start;
   bool window_open = false;  // a 408 closes the window; the next join opens a new one
@@ -203,6 +204,12 @@ struct RendezvousService::Impl {
     a.master_port = job.master_port;
     a.restore = job.restore;
     a.pods = job.spec.pods;
+    for (const auto& p : job.spec.pods) {
+      auto m = job.joined.find(p);
+      a.peers.push_back(m != job.joined.end() && m->second.peer_port > 0
+                            ? m->second.ip + ":" + std::to_string(m->second.peer_port)
+                            : std::string());
+    }
     a.config = job.spec.config;
     return a;
   }
@@ -271,6 +278,7 @@ struct RendezvousService::Impl {
     m.agent_id = req.agent_id;
     m.ip = req.pod_ip;
     m.store_port = req.store_port;
+    m.peer_port = req.peer_port;
 
     if (job->joined.size() == job->spec.pods.size()) {
       job->complete = true;

@@ -22,6 +22,15 @@ cat >"$work/b/hardening/results/soak.json" <<'JSON'
  "jobs_run": 32, "jobs_correct": 32, "rss_start_kib": 14336, "rss_end_kib": 14848, "fds_start": 16, "fds_end": 17,
  "samples": 24}
 JSON
+cat >"$work/b/hardening/results/elastic_chaos.json" <<'JSON'
+{"test": "e2e_elastic_chaos", "date": "2026-01-02T03:04:05Z", "passed": true, "seed": 42, "steps": 300,
+ "faults": [{"kind": "trainer kill -9", "count": 3, "detect_s_median": 0.4, "recovery_s_median": 1.25,
+             "recovery_s_max": 2.5, "steps_lost_max": 0, "steps_lost_total": 0},
+            {"kind": "operator kill -9 + restart", "count": 1, "detect_s_median": null, "recovery_s_median": null,
+             "recovery_s_max": null, "steps_lost_max": 0, "steps_lost_total": 0}],
+ "events": [{}, {}, {}, {}], "restarts": 3, "generations": 4, "final_loss": 2.5, "final_loss_equal": true,
+ "params_bitwise_equal": true, "step_s_median": 0.11, "wall_s": 60, "goodput": 0.55}
+JSON
 cat >"$work/f/hardening/fuzz.xml" <<'XML'
 <?xml version="1.0" encoding="UTF-8"?>
 <testsuite tests="2" failures="1">
@@ -43,6 +52,10 @@ python3 "$src/scripts/reliability_report.py" --build "$work/b" --fuzz-build "$wo
   --out "$work/out.md" 2>/dev/null
 out=$work/out.md
 grep -qF '| etcd restart (1.9 s to restart) | 1 | 3 | 3 | 1.1 s | n/a (shell jobs) |' "$out" || fail "restart row"
+grep -qF '| trainer kill -9 (real trainer) | 3 | 1 | 1 | 1.25 s (max 2.5 s) | max 0, total 0 | `e2e_elastic_chaos` (seed 42, 300 steps) |' "$out" ||
+  fail "elastic chaos row"
+grep -qF '| operator kill -9 + restart (real trainer) | 1 | 1 | 1 | n/a | max 0, total 0 |' "$out" || fail "elastic operator row"
+grep -qF 'restarts 3 (generations 4), final loss 2.5 equal to' "$out" || fail "elastic summary"
 grep -qF '| 47 s | 7 | 32 | 32 | 14.0 -> 14.5 MiB | 16 -> 17 |' "$out" || fail "soak row"
 grep -qF '| `fuzz_job_spec` | 123,457 | 8 s | 0 |' "$out" || fail "fuzzer row"
 grep -qF '| `fuzz_kubeconfig` | ? | 3 s | 1 |' "$out" || fail "a crashed fuzzer"

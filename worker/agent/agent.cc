@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <random>
 #include <set>
@@ -24,6 +25,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/metrics/metrics.h"
+#include "worker/agent/peer_copy.h"
 #include "worker/agent/rendezvous_client.h"
 
 extern char** environ;
@@ -106,6 +108,9 @@ struct AgentMetrics {
   metrics::Counter& worker_starts;
   metrics::Family<metrics::Counter>& worker_exits;
   metrics::Counter& unreachable;
+  metrics::Histogram& peer_copy_seconds;
+  metrics::Counter& peer_copy_bytes;
+  metrics::Counter& peer_copy_errors;
   std::unique_ptr<metrics::Exposer> exposer;
 
   explicit AgentMetrics(const AgentConfig& c)
@@ -128,7 +133,21 @@ struct AgentMetrics {
         unreachable(registry
                         .counter("railyard_agent_rendezvous_errors_total",
                                  "Requests to the rendezvous service that failed (unreachable, 5xx).")
-                        .add(labels)) {
+                        .add(labels)),
+        peer_copy_seconds(registry
+                              .histogram("railyard_agent_peer_copy_seconds",
+                                         "Time to send one in-memory snapshot slot to the peer pod (off the training "
+                                         "path).",
+                                         metrics::exponential_buckets(0.001, 2, 16))
+                              .add(labels)),
+        peer_copy_bytes(
+            registry.counter("railyard_agent_peer_copy_bytes_total", "Bytes of snapshot slots sent to the peer pod.")
+                .add(labels)),
+        peer_copy_errors(registry
+                             .counter("railyard_agent_peer_copy_errors_total",
+                                      "Peer copies that failed (peer unreachable or refusing, slot overwritten while "
+                                      "sent); each is retried.")
+                             .add(labels)) {
     for (const char* outcome : {"succeeded", "failed", "signaled"}) worker_exits.add(with_outcome(outcome));
     if (c.metrics_port >= 0) exposer = std::make_unique<metrics::Exposer>(registry, c.pod_ip, c.metrics_port);
   }
@@ -155,6 +174,35 @@ class AgentRun {
     if (int n = ckpt::ShmStore::remove_prefix(shm_pod_prefix_); n > 0) {
       log::info(kComponent, "removed leftover in-memory checkpoint segments of an earlier agent of this pod",
                 {{"count", std::to_string(n)}, {"prefix", shm_pod_prefix_}});
+    }
+    if (cfg.peer_port >= 0) {
+      const peer::Auth auth{cfg.ns + "/" + cfg.job, cfg.token};
+      try {
+        peer_server_ = std::make_unique<peer::PeerServer>(cfg.pod_ip, cfg.peer_port, auth, shm_prefix_);
+        log::info(kComponent, "serving peer copies of the in-memory checkpoint tier",
+                  {{"address", cfg.pod_ip + ":" + std::to_string(peer_server_->port())}});
+      } catch (const std::exception& e) {
+        // Not fatal: the job trains without the peer copy (a lost node then restores from storage).
+        log::warn(kComponent, std::string("no peer copy: ") + e.what());
+      }
+      peer_sender_ = std::make_unique<peer::PeerSender>(
+          auth, std::chrono::milliseconds(5), [this](const peer::CopyResult& r, const std::string& error) {
+            if (!error.empty()) {
+              metrics_.peer_copy_errors.increment();
+              return;
+            }
+            metrics_.peer_copy_seconds.observe(r.seconds);
+            metrics_.peer_copy_bytes.increment(static_cast<double>(r.bytes));
+            peer_copies_.fetch_add(1);
+            peer_copy_seconds_sum_.store(peer_copy_seconds_sum_.load() + r.seconds);  // only this thread writes
+            if (peer_copy_seconds_max_.load() < r.seconds) peer_copy_seconds_max_.store(r.seconds);
+            log::write(peer_first_logged_.exchange(true) ? log::Level::Debug : log::Level::Info, kComponent,
+                       "peer copy sent",
+                       {{"rank", std::to_string(r.rank)},
+                        {"step", std::to_string(r.step)},
+                        {"bytes", std::to_string(r.bytes)},
+                        {"seconds", std::to_string(r.seconds)}});
+          });
     }
     if (metrics_.exposer) {
       log::info(kComponent, "serving metrics",
@@ -190,6 +238,7 @@ class AgentRun {
       req.store_port = free_port(cfg_.pod_ip);
       req.agent_id = agent_id_;
       req.wait_ms = cfg_.join_wait.count();
+      req.peer_port = peer_server_ ? peer_server_->port() : 0;
       RendezvousClient::Result r;
       try {
         r = client_.join(req);
@@ -333,6 +382,7 @@ class AgentRun {
         "RAILYARD_PP",
         "RAILYARD_PROGRESS_FILE",
         "RAILYARD_SHM_PREFIX",
+        "RAILYARD_SHM_PEER_STEPS",
         "RAILYARD_RENDEZVOUS_TOKEN"  // workers never talk to the service: keep the secret in the agent
     };
     std::vector<std::string> base_env;
@@ -374,6 +424,14 @@ class AgentRun {
       add("RAILYARD_PP", std::to_string(a.layout.pp));
       add("RAILYARD_PROGRESS_FILE", w.progress_file);
       add("RAILYARD_SHM_PREFIX", shm_prefix_);
+      if (auto it = peer_steps_.find(w.global_rank); it != peer_steps_.end()) {
+        std::string steps;
+        for (int64_t st : it->second) {
+          if (!steps.empty()) steps += ',';
+          steps += std::to_string(st);
+        }
+        add("RAILYARD_SHM_PEER_STEPS", steps);
+      }
       std::vector<char*> envp;
       for (auto& s : env) envp.push_back(s.data());
       envp.push_back(nullptr);
@@ -541,8 +599,10 @@ class AgentRun {
                {"pod_index", std::to_string(a.pod_index)},
                {"first_rank", std::to_string(a.ranks.front())},
                {"master", a.master_addr + ":" + std::to_string(a.master_port)}});
+    set_up_peer_copy(a);
     try {
       spawn(a);
+      ran_workers_ = true;
     } catch (const std::exception& e) {
       log::error(kComponent, std::string("cannot start workers: ") + e.what());
       return finish(SIGKILL, nullptr, After::Exit, kAgentConfigError);
@@ -603,7 +663,14 @@ class AgentRun {
           break;
         case Outcome::Waiting: {
           // The operator re-opened this generation after a restart: re-attach with the running assignment.
-          rdzv::JoinRequest req{ref(), generation_, cfg_.procs_per_pod, cfg_.pod_ip, a.master_port, agent_id_, 0};
+          rdzv::JoinRequest req{ref(),
+                                generation_,
+                                cfg_.procs_per_pod,
+                                cfg_.pod_ip,
+                                a.master_port,
+                                agent_id_,
+                                0,
+                                peer_server_ ? peer_server_->port() : 0};
           try {
             auto j = client_.join(req);
             if (j.outcome == Outcome::Ready) {
@@ -632,6 +699,68 @@ class AgentRun {
     }
   }
 
+  static bool memory_tier_on(const nlohmann::json& config) {
+    for (const nlohmann::json* ck : {&config, config.contains("spec") ? &config["spec"] : nullptr}) {
+      if (ck == nullptr || !ck->is_object() || !ck->contains("checkpoint")) continue;
+      const auto& c = (*ck)["checkpoint"];
+      if (c.is_object() && c.contains("memoryIntervalSteps") && c["memoryIntervalSteps"].is_number_integer() &&
+          c["memoryIntervalSteps"].get<int64_t>() > 0)
+        return true;
+    }
+    return false;
+  }
+
+  // The peer copy (docs/checkpointing.md "The peer copy"). A replacement pod (this agent never ran workers, and the
+  // generation restores) first fetches its ranks' copies from the other pods, the ring's next pod first (it held this
+  // pod index's copies), into its own slots; then every agent streams its ranks' slots to the next pod in the ring.
+  void set_up_peer_copy(const rdzv::Assignment& a) {
+    peer_steps_.clear();
+    const bool on =
+        peer_sender_ && memory_tier_on(a.config) && a.num_pods > 1 && static_cast<int>(a.peers.size()) == a.num_pods;
+    if (!on) {
+      if (peer_sender_) peer_sender_->set({}, "");
+      return;
+    }
+    const peer::Auth auth{cfg_.ns + "/" + cfg_.job, cfg_.token};
+    if (!ran_workers_ && !a.restore.empty()) {
+      const auto t0 = Clock::now();
+      for (int rank : a.ranks) {
+        const std::string base = shm_prefix_ + "-r" + std::to_string(rank);
+        std::string why_all;
+        for (int k = 1; k < a.num_pods; ++k) {
+          const int i = (a.pod_index + k) % a.num_pods;
+          if (a.peers[i].empty()) continue;
+          std::string why;
+          auto steps = peer::fetch(a.peers[i], auth, rank, base, &why);
+          if (!steps.empty()) {
+            peer_steps_[rank] = steps;
+            std::string list;
+            for (int64_t st : steps) {
+              if (!list.empty()) list += ',';
+              list += std::to_string(st);
+            }
+            log::info(kComponent, "fetched the peer copies of a rank",
+                      {{"rank", std::to_string(rank)},
+                       {"from", a.pods[i]},
+                       {"steps", list},
+                       {"seconds", std::to_string(std::chrono::duration<double>(Clock::now() - t0).count())}});
+            break;
+          }
+          if (!why_all.empty()) why_all += "; ";
+          why_all += a.pods[i] + ": " + why;
+        }
+        if (!peer_steps_.count(rank)) {
+          log::info(kComponent, "no peer copy of a rank: its workers restore from storage",
+                    {{"rank", std::to_string(rank)}, {"why", why_all}});
+        }
+      }
+    }
+    peer_first_logged_ = false;
+    std::map<int, std::string> ranks;
+    for (int rank : a.ranks) ranks[rank] = shm_prefix_ + "-r" + std::to_string(rank);
+    peer_sender_->set(std::move(ranks), a.peers[(a.pod_index + 1) % a.num_pods]);
+  }
+
   // "/railyard-<ns>_<pod>-": the in-memory checkpoint segments of this pod's workers (docs/checkpointing.md).
   static std::string shm_pod_prefix(const AgentConfig& c) {
     std::string s = "/railyard-";
@@ -644,6 +773,15 @@ class AgentRun {
   // The agent owns its workers' in-memory checkpoint segments: they outlive a worker restarted in place (same agent)
   // and are removed when the agent ends (its pod terminates or the job is done).
   ~AgentRun() {
+    // Stop sending and receiving first: nothing may create a segment after the removal below.
+    peer_sender_.reset();
+    peer_server_.reset();
+    if (const uint64_t n = peer_copies_.load(); n > 0) {
+      log::info(kComponent, "peer copies sent",
+                {{"count", std::to_string(n)},
+                 {"mean_seconds", std::to_string(peer_copy_seconds_sum_.load() / static_cast<double>(n))},
+                 {"max_seconds", std::to_string(peer_copy_seconds_max_.load())}});
+    }
     if (int n = ckpt::ShmStore::remove_prefix(shm_prefix_); n > 0)
       log::info(kComponent, "removed the in-memory checkpoint segments", {{"count", std::to_string(n)}});
   }
@@ -662,6 +800,13 @@ class AgentRun {
   bool last_all_ok_ = false;
   std::optional<Clock::time_point> unreachable_since_;
   AgentMetrics metrics_;
+  bool ran_workers_ = false;                        // this agent started workers before (not a replacement pod)
+  std::map<int, std::vector<int64_t>> peer_steps_;  // rank -> steps fetched from a peer for this generation
+  std::atomic<uint64_t> peer_copies_{0};
+  std::atomic<double> peer_copy_seconds_sum_{0}, peer_copy_seconds_max_{0};
+  std::atomic<bool> peer_first_logged_{false};  // the first copy to each new target is logged at info
+  std::unique_ptr<peer::PeerServer> peer_server_;
+  std::unique_ptr<peer::PeerSender> peer_sender_;
 };
 
 }  // namespace
@@ -684,6 +829,7 @@ AgentConfig AgentConfig::from_env(std::vector<std::string> command) {
   c.unreachable_limit = std::chrono::seconds(int_env("RAILYARD_AGENT_UNREACHABLE_SECONDS", 600, 1, 86400));
   c.metrics_port = static_cast<int>(int_env("RAILYARD_AGENT_METRICS_PORT", -1, 0, 65535));
   c.node = env_or("RAILYARD_NODE_NAME", "");
+  c.peer_port = static_cast<int>(int_env("RAILYARD_AGENT_PEER_PORT", 0, -1, 65535));
   return c;
 }
 

@@ -26,6 +26,8 @@ struct AgentConfig {
   std::chrono::milliseconds unreachable_limit{600000};  // RAILYARD_AGENT_UNREACHABLE_SECONDS: then exit 3
   int metrics_port = -1;  // RAILYARD_AGENT_METRICS_PORT: /metrics on pod_ip:port (0 picks one); -1 = off
   std::string node;       // RAILYARD_NODE_NAME (label of the agent's series; may be empty)
+  // RAILYARD_AGENT_PEER_PORT: the peer-copy listener of the in-memory tier on pod_ip (0 picks one; -1 = no peer copy).
+  int peer_port = 0;
 
   // Reads the environment; throws ConfigError naming the variable and the fix.
   static AgentConfig from_env(std::vector<std::string> command);

@@ -39,34 +39,50 @@ std::array<T*, kNumParamTensors> split_tensors(T* flat, const GptConfig& c) {
 
 namespace {
 
-// Element counts of the activation views, in allocation order.
+// Element counts of the activation buffer. Per layer (not counting its output residual3, always kept): ln1 (N,C),
+// ln1 mean/rstd (N), qkv (N,3C), atty (N,C), res2 (N,C), ln2 (N,C), ln2 mean/rstd (N), fch and fch_gelu (N,4C) =
+// 15NC + 4N, plus the attention probabilities (B,NH,T,T). Fully recomputed layers keep none of it, selectively
+// recomputed ones all but the probabilities; the working set holds one recomputed layer's share during backward.
 struct ActLayout {
-  size_t encoded, ln1, ln1_mean, ln1_rstd, qkv, atty, att, residual2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu, residual3,
-      lnf, lnf_mean, lnf_rstd, logits, losses, dres, dc, d4c, dqkv, att_scratch, proj;
+  size_t N, C, layer, att;      // N = B*T; layer = 15NC + 4N (dense); att = B*NH*T*T
+  size_t stored, stored_att;    // layers keeping `layer`, layers keeping `att`
+  size_t work_layer, work_att;  // 0 or 1: the working set's share
+  size_t encoded, residual3, lnf, lnf_stats, logits, losses;
+  size_t dres, dc, d4c, dqkv, att_scratch, proj;
+  size_t moe_scratch;  // MoE: x, dx, dy (R,C), dh (R,4C), dprobs (N,E); R = E * capacity
+  size_t routing;      // int32 per layer (MoE): choice, row (N*k), count (E), token (R)
   size_t total() const {
-    return encoded + ln1 + ln1_mean + ln1_rstd + qkv + atty + att + residual2 + ln2 + ln2_mean + ln2_rstd + fch +
-           fch_gelu + residual3 + lnf + lnf_mean + lnf_rstd + logits + losses + dres + dc + d4c + dqkv + att_scratch +
-           proj;
+    return encoded + (stored + work_layer) * layer + (stored_att + work_att) * att + residual3 + lnf + lnf_stats +
+           logits + losses + dres + dc + d4c + dqkv + att_scratch + proj + moe_scratch;
   }
 };
 
-ActLayout act_layout(const GptConfig& c, int B, int T, int threads) {
+ActLayout act_layout(const GptConfig& c, int B, int T, int threads, const RecomputeSpec& r) {
   const size_t L = c.num_layers, C = c.channels, NH = c.num_heads, Vp = c.padded_vocab_size;
   const size_t N = static_cast<size_t>(B) * T;
   ActLayout a{};
-  a.encoded = N * C;                                // (B, T, C)
-  a.ln1 = L * N * C;                                // (L, B, T, C)
-  a.ln1_mean = a.ln1_rstd = L * N;                  // (L, B, T)
-  a.qkv = L * N * 3 * C;                            // (L, B, T, 3C)
-  a.atty = L * N * C;                               // (L, B, T, C)
-  a.att = L * B * NH * static_cast<size_t>(T) * T;  // (L, B, NH, T, T)
-  a.residual2 = L * N * C;                          // (L, B, T, C)
-  a.ln2 = L * N * C;
-  a.ln2_mean = a.ln2_rstd = L * N;
-  a.fch = a.fch_gelu = L * N * 4 * C;  // (L, B, T, 4C)
-  a.residual3 = L * N * C;
+  a.N = N;
+  a.C = C;
+  a.layer = 15 * N * C + 4 * N;
+  if (c.moe.experts > 0) {
+    // fch, fch_gelu hold R rows instead of N; plus probs (N,E) and the experts' outputs (R,C)
+    const size_t E = c.moe.experts, R = E * moe_capacity(c.moe, N), k = c.moe.top_k;
+    a.layer = 7 * N * C + 4 * N + 8 * R * C + N * E + R * C;
+    a.moe_scratch = 3 * R * C + 4 * R * C + N * E;
+    a.routing = L * (2 * N * k + E + R);
+  }
+  a.att = B * NH * static_cast<size_t>(T) * T;
+  for (size_t l = 0; l < L; ++l) {
+    const bool full = r.full(static_cast<int>(l)), sel = r.selective(static_cast<int>(l));
+    if (!full) ++a.stored;
+    if (!full && !sel) ++a.stored_att;
+    if (full) a.work_layer = 1;
+    if (full || sel) a.work_att = 1;
+  }
+  a.encoded = N * C;        // (B, T, C)
+  a.residual3 = L * N * C;  // (L, B, T, C)
   a.lnf = N * C;
-  a.lnf_mean = a.lnf_rstd = N;
+  a.lnf_stats = 2 * N;
   a.logits = N * Vp;  // (B, T, Vp); dlogits in place after a kTrain forward
   a.losses = N;
   a.dres = a.dc = N * C;
@@ -100,8 +116,16 @@ struct NormalRng {
 
 }  // namespace
 
-size_t activation_bytes(const GptConfig& c, int B, int T, int threads) {
-  return act_layout(c, B, T, threads).total() * sizeof(float) + static_cast<size_t>(B) * T * sizeof(int32_t);
+size_t activation_bytes(const GptConfig& c, int B, int T, int threads, const RecomputeSpec& recompute) {
+  const ActLayout a = act_layout(c, B, T, threads, recompute);
+  return a.total() * sizeof(float) + (static_cast<size_t>(B) * T + a.routing) * sizeof(int32_t);
+}
+
+size_t moe_capacity(const MoeConfig& m, size_t N) {
+  if (m.experts <= 0) return 0;
+  if (m.capacity_factor <= 0) return N;
+  const double want = std::ceil(m.capacity_factor * m.top_k * static_cast<double>(N) / m.experts);
+  return std::min(N, std::max<size_t>(1, static_cast<size_t>(want)));
 }
 
 template <typename T>
@@ -111,12 +135,14 @@ void init_gpt2_weights(T* params, const GptConfig& c, uint64_t seed, ThreadPool*
   auto sizes = param_sizes(c);
   const double std_w = 0.02, std_proj = 0.02 / std::sqrt(2.0 * c.num_layers);
   const size_t real_wte = static_cast<size_t>(c.vocab_size) * c.channels;
-  for (int i = 0; i < kNumParamTensors; ++i) {
-    const std::string_view name = kParamNames[i];
-    T* t = p[i];
-    const size_t n = sizes[i];
+  // Tensor kNumParamTensors is the MoE router (L, E, C) after the 16 llm.c tensors: N(0, 0.02) like the others.
+  const int tensors = kNumParamTensors + (router_size(c) > 0 ? 1 : 0);
+  for (int i = 0; i < tensors; ++i) {
+    const std::string_view name = i < kNumParamTensors ? kParamNames[i] : "routerw";
+    T* t = i < kNumParamTensors ? p[i] : params + router_offset(c);
+    const size_t n = i < kNumParamTensors ? sizes[i] : router_size(c);
     double stddev = 0, constant = 0;
-    if (name == "wte" || name == "wpe" || name == "qkvw" || name == "fcw") {
+    if (name == "wte" || name == "wpe" || name == "qkvw" || name == "fcw" || name == "routerw") {
       stddev = std_w;
     } else if (name == "attprojw" || name == "fcprojw") {
       stddev = std_proj;
@@ -149,7 +175,8 @@ void init_gpt2_weights(T* params, const GptConfig& c, uint64_t seed, ThreadPool*
 }
 
 template <typename T>
-Gpt<T>::Gpt(const GptConfig& config, int B, int Tn, ThreadPool& pool) : config_(config), B_(B), T_(Tn), pool_(pool) {
+Gpt<T>::Gpt(const GptConfig& config, int B, int Tn, ThreadPool& pool, const RecomputeSpec& recompute)
+    : config_(config), recompute_(recompute), B_(B), T_(Tn), pool_(pool) {
   validate(config_);
   if (B <= 0) throw ConfigError("batch (B) must be positive, got " + std::to_string(B));
   if (Tn <= 0 || Tn > config.max_seq_len) {
@@ -159,7 +186,7 @@ Gpt<T>::Gpt(const GptConfig& config, int B, int Tn, ThreadPool& pool) : config_(
   cpu::init_blas_single_threaded();
   params_ = AlignedBuffer<T>(num_parameters(config_));
   grads_ = AlignedBuffer<T>(num_parameters(config_));
-  const ActLayout a = act_layout(config_, B, Tn, pool.size());
+  const ActLayout a = act_layout(config_, B, Tn, pool.size(), recompute_);
   acts_ = AlignedBuffer<T>(a.total());
   inputs_ = AlignedBuffer<int32_t>(static_cast<size_t>(B) * Tn);
   T* p = acts_.data();
@@ -168,23 +195,45 @@ Gpt<T>::Gpt(const GptConfig& config, int B, int Tn, ThreadPool& pool) : config_(
     p += n;
     return r;
   };
+  const size_t N = a.N, C = a.C;
+  const size_t E = config_.moe.experts, k = config_.moe.top_k;
+  moe_cap_ = moe_capacity(config_.moe, N);
+  const size_t R = E > 0 ? E * moe_cap_ : N;  // rows of the MLP hidden activations
+  // One layer's share: ln1, stats, qkv, atty, res2, ln2, stats, fch, fch_gelu (+ MoE probs, expert outputs), a.layer
+  // elements; then att.
+  auto take_layer = [&](LayerActs& la) {
+    la.ln1 = take(N * C);
+    la.ln1_mean = take(N);
+    la.ln1_rstd = take(N);
+    la.qkv = take(N * 3 * C);
+    la.atty = take(N * C);
+    la.res2 = take(N * C);
+    la.ln2 = take(N * C);
+    la.ln2_mean = take(N);
+    la.ln2_rstd = take(N);
+    la.fch = take(R * 4 * C);
+    la.fch_gelu = take(R * 4 * C);
+    la.probs = E > 0 ? take(N * E) : nullptr;
+    la.moe_y = E > 0 ? take(R * C) : nullptr;
+  };
   encoded_ = take(a.encoded);
-  ln1_ = take(a.ln1);
-  ln1_mean_ = take(a.ln1_mean);
-  ln1_rstd_ = take(a.ln1_rstd);
-  qkv_ = take(a.qkv);
-  atty_ = take(a.atty);
-  att_ = take(a.att);
-  residual2_ = take(a.residual2);
-  ln2_ = take(a.ln2);
-  ln2_mean_ = take(a.ln2_mean);
-  ln2_rstd_ = take(a.ln2_rstd);
-  fch_ = take(a.fch);
-  fch_gelu_ = take(a.fch_gelu);
   residual3_ = take(a.residual3);
+  LayerActs work{};
+  if (a.work_layer) take_layer(work);
+  if (a.work_att) work.att = take(a.att);
+  layer_.resize(config_.num_layers);
+  for (int l = 0; l < config_.num_layers; ++l) {
+    LayerActs& la = layer_[l];
+    if (recompute_.full(l)) {
+      la = work;
+    } else {
+      take_layer(la);
+      la.att = recompute_.selective(l) ? work.att : take(a.att);
+    }
+  }
   lnf_ = take(a.lnf);
-  lnf_mean_ = take(a.lnf_mean);
-  lnf_rstd_ = take(a.lnf_rstd);
+  lnf_mean_ = take(N);
+  lnf_rstd_ = take(N);
   logits_ = take(a.logits);
   losses_ = take(a.losses);
   dres_ = take(a.dres);
@@ -193,11 +242,30 @@ Gpt<T>::Gpt(const GptConfig& config, int B, int Tn, ThreadPool& pool) : config_(
   dqkv_ = take(a.dqkv);
   att_scratch_ = take(a.att_scratch);
   proj_ = take(a.proj);
+  if (E > 0) {
+    moe_x_ = take(R * C);
+    moe_dx_ = take(R * C);
+    moe_dy_ = take(R * C);
+    moe_dh_ = take(R * 4 * C);
+    moe_dp_ = take(N * E);
+    routing_buf_ = AlignedBuffer<int32_t>(a.routing);
+    moe_f_.assign(E, 0.0);
+    int32_t* q = routing_buf_.data();
+    routing_.resize(config_.num_layers);
+    for (Routing& r : routing_) {
+      r.choice = q;
+      r.row = q + N * k;
+      r.count = q + 2 * N * k;
+      r.token = q + 2 * N * k + E;
+      q += 2 * N * k + E + R;
+    }
+  }
+  if (p != acts_.data() + a.total()) throw Error("Gpt: activation layout does not add up (a bug)");
 }
 
 template <typename T>
 size_t Gpt<T>::activation_bytes() const {
-  return acts_.size() * sizeof(T) + inputs_.size() * sizeof(int32_t);
+  return acts_.size() * sizeof(T) + (inputs_.size() + routing_buf_.size()) * sizeof(int32_t);
 }
 
 template <typename T>
@@ -207,10 +275,218 @@ void Gpt<T>::zero_grad() {
 }
 
 template <typename T>
+const T* Gpt<T>::layer_input(size_t l) const {
+  return l == 0 ? encoded_ : residual3_ + (l - 1) * static_cast<size_t>(B_) * T_ * config_.channels;
+}
+
+template <typename T>
+void Gpt<T>::layer_forward(size_t l, const T* residual, const LayerActs& a, T* residual3, MoeStats* stats) {
+  using namespace cpu;
+  const int B = B_, Tn = T_, C = config_.channels, NH = config_.num_heads;
+  const size_t N = static_cast<size_t>(B) * Tn, lc = l * C;
+  auto w = split_tensors(params_.data(), config_);
+  T *ln1w = w[2], *ln1b = w[3], *qkvw = w[4], *qkvb = w[5], *attprojw = w[6], *attprojb = w[7], *ln2w = w[8],
+    *ln2b = w[9], *fcw = w[10], *fcb = w[11], *fcprojw = w[12], *fcprojb = w[13];
+  // attention block: residual2 = residual + attproj(attn(qkv(ln1(residual))))
+  layernorm_forward(pool_, a.ln1, a.ln1_mean, a.ln1_rstd, residual, ln1w + lc, ln1b + lc, N, C);
+  matmul_forward(pool_, a.qkv, a.ln1, qkvw + l * 3 * C * C, qkvb + 3 * lc, N, C, 3 * C);  // (B,T,3C)
+  attention_forward(pool_, a.atty, a.att, a.qkv, B, Tn, C, NH);                           // (B,T,C), (B,NH,T,T)
+  matmul_forward(pool_, proj_, a.atty, attprojw + l * C * C, attprojb + lc, N, C, C);     // (B,T,C)
+  residual_forward(pool_, a.res2, residual, proj_, N * C);
+  // MLP block: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
+  layernorm_forward(pool_, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, ln2w + lc, ln2b + lc, N, C);
+  if (config_.moe.experts > 0) {
+    moe_forward(l, a, proj_, stats);  // (B,T,C): the gated sum of the token's kept experts
+  } else {
+    matmul_forward(pool_, a.fch, a.ln2, fcw + l * 4 * C * C, fcb + 4 * lc, N, C, 4 * C);  // (B,T,4C)
+    gelu_forward(pool_, a.fch_gelu, a.fch, N * 4 * C);
+    matmul_forward(pool_, proj_, a.fch_gelu, fcprojw + l * 4 * C * C, fcprojb + lc, N, 4 * C, C);  // (B,T,C)
+  }
+  residual_forward(pool_, residual3, a.res2, proj_, N * C);
+}
+
+// Mixture of experts (docs/worker.md, "Mixture of experts"). Every loop has a fixed order and each output element
+// one owner, so the layer is deterministic and a recomputation reproduces it bitwise.
+template <typename T>
+void Gpt<T>::moe_forward(size_t l, const LayerActs& a, T* out, MoeStats* stats) {
+  using namespace cpu;
+  const size_t N = static_cast<size_t>(B_) * T_, C = config_.channels, E = config_.moe.experts;
+  const size_t k = config_.moe.top_k, cap = moe_cap_, H = 4 * C;
+  const Routing& r = routing_[l];
+  auto w = split_tensors(params_.data(), config_);
+  const T* router = params_.data() + router_offset(config_) + l * E * C;
+  // router: probs (N,E) = softmax(ln2 @ router^T); top-k per token by probability, ties to the lower index
+  matmul_forward(pool_, a.probs, a.ln2, router, static_cast<const T*>(nullptr), N, static_cast<int>(C),
+                 static_cast<int>(E));
+  pool_.parallel_for(N, [&](size_t t0, size_t t1) {
+    for (size_t t = t0; t < t1; ++t) {
+      T* p = a.probs + t * E;
+      T mx = p[0];
+      for (size_t e = 1; e < E; ++e) mx = std::max(mx, p[e]);
+      T sum = 0;
+      for (size_t e = 0; e < E; ++e) {
+        p[e] = std::exp(p[e] - mx);
+        sum += p[e];
+      }
+      for (size_t e = 0; e < E; ++e) p[e] /= sum;
+      for (size_t j = 0; j < k; ++j) {
+        int32_t best = -1;
+        for (size_t e = 0; e < E; ++e) {
+          bool taken = false;
+          for (size_t i = 0; i < j; ++i) taken |= r.choice[t * k + i] == static_cast<int32_t>(e);
+          if (!taken && (best < 0 || p[e] > p[best])) best = static_cast<int32_t>(e);
+        }
+        r.choice[t * k + j] = best;
+      }
+    }
+  });
+  // dispatch with capacity: all first choices in token order, then all second choices, ... (GShard's priority)
+  std::fill(r.count, r.count + E, 0);
+  size_t dropped = 0;
+  for (size_t j = 0; j < k; ++j) {
+    for (size_t t = 0; t < N; ++t) {
+      const int32_t e = r.choice[t * k + j];
+      if (static_cast<size_t>(r.count[e]) < cap) {
+        const size_t row = e * cap + r.count[e]++;
+        r.row[t * k + j] = static_cast<int32_t>(row);
+        r.token[row] = static_cast<int32_t>(t);
+      } else {
+        r.row[t * k + j] = -1;
+        ++dropped;
+      }
+    }
+  }
+  // experts: gather the rows, fc -> gelu -> fcproj on (count, C)
+  for (size_t e = 0; e < E; ++e) {
+    const size_t n = r.count[e], le = l * E + e;
+    if (n == 0) continue;
+    T* xe = moe_x_ + e * cap * C;
+    pool_.parallel_for(n, [&](size_t i0, size_t i1) {
+      for (size_t i = i0; i < i1; ++i) std::memcpy(xe + i * C, a.ln2 + r.token[e * cap + i] * C, C * sizeof(T));
+    });
+    matmul_forward(pool_, a.fch + e * cap * H, xe, w[10] + le * H * C, w[11] + le * H, n, static_cast<int>(C),
+                   static_cast<int>(H));
+    gelu_forward(pool_, a.fch_gelu + e * cap * H, a.fch + e * cap * H, n * H);
+    matmul_forward(pool_, a.moe_y + e * cap * C, a.fch_gelu + e * cap * H, w[12] + le * C * H, w[13] + le * C, n,
+                   static_cast<int>(H), static_cast<int>(C));
+  }
+  // combine: out[t] = sum over kept choices (in choice order) of probs[t, e] * y[row]; dropped choices add nothing
+  pool_.parallel_for(N, [&](size_t t0, size_t t1) {
+    for (size_t t = t0; t < t1; ++t) {
+      T* o = out + t * C;
+      std::fill(o, o + C, T(0));
+      for (size_t j = 0; j < k; ++j) {
+        const int32_t row = r.row[t * k + j];
+        if (row < 0) continue;
+        const T gate = a.probs[t * E + r.choice[t * k + j]];
+        const T* y = a.moe_y + static_cast<size_t>(row) * C;
+        for (size_t c = 0; c < C; ++c) o[c] += gate * y[c];
+      }
+    }
+  });
+  if (stats == nullptr) return;
+  // load balancing (Switch/GShard): f_e = share of the N*k choices that picked e (before capacity), P_e = mean
+  // router probability of e; aux = alpha * E * sum_e f_e P_e (alpha at perfect balance)
+  double aux = 0;
+  for (size_t e = 0; e < E; ++e) {
+    size_t picked = 0;
+    double P = 0;
+    for (size_t i = 0; i < N * k; ++i) picked += r.choice[i] == static_cast<int32_t>(e) ? 1 : 0;
+    for (size_t t = 0; t < N; ++t) P += static_cast<double>(a.probs[t * E + e]);
+    aux += static_cast<double>(picked) / static_cast<double>(N * k) * (P / static_cast<double>(N));
+  }
+  size_t lost = 0;
+  for (size_t t = 0; t < N; ++t) {
+    bool any = false;
+    for (size_t j = 0; j < k; ++j) any |= r.row[t * k + j] >= 0;
+    lost += any ? 0 : 1;
+  }
+  stats->aux_loss += config_.moe.aux_loss_coef * static_cast<double>(E) * aux;
+  stats->assignments += N * k;
+  stats->dropped += dropped;
+  stats->tokens_dropped += lost;
+}
+
+template <typename T>
+void Gpt<T>::moe_backward(size_t l, const LayerActs& a, const T* dout, T* dx) {
+  using namespace cpu;
+  const size_t N = static_cast<size_t>(B_) * T_, C = config_.channels, E = config_.moe.experts;
+  const size_t k = config_.moe.top_k, cap = moe_cap_, H = 4 * C;
+  const Routing& r = routing_[l];
+  auto w = split_tensors(params_.data(), config_);
+  auto g = split_tensors(grads_.data(), config_);
+  const T* router = params_.data() + router_offset(config_) + l * E * C;
+  T* drouter = grads_.data() + router_offset(config_) + l * E * C;
+  // d probs: from the gates, dp[t, e] = dout[t] . y[row] for kept choices; from the load-balancing loss (f_e is
+  // piecewise constant), d aux / d probs[t, e] = alpha * E * f_e / N, times the objective's dloss
+  std::vector<double>& f = moe_f_;
+  std::fill(f.begin(), f.end(), 0.0);
+  for (size_t i = 0; i < N * k; ++i) f[r.choice[i]] += 1.0 / static_cast<double>(N * k);
+  pool_.parallel_for(N, [&](size_t t0, size_t t1) {
+    for (size_t t = t0; t < t1; ++t) {
+      T* dp = moe_dp_ + t * E;
+      for (size_t e = 0; e < E; ++e) {
+        dp[e] =
+            static_cast<T>(config_.moe.aux_loss_coef * static_cast<double>(E) * f[e] / static_cast<double>(N)) * dloss_;
+      }
+      for (size_t j = 0; j < k; ++j) {
+        const int32_t row = r.row[t * k + j];
+        if (row < 0) continue;
+        const T* y = a.moe_y + static_cast<size_t>(row) * C;
+        const T* d = dout + t * C;
+        T dot = 0;
+        for (size_t c = 0; c < C; ++c) dot += d[c] * y[c];
+        dp[r.choice[t * k + j]] += dot;
+      }
+      // softmax backward in place: dz = p * (dp - sum_e p dp)
+      const T* p = a.probs + t * E;
+      T s = 0;
+      for (size_t e = 0; e < E; ++e) s += p[e] * dp[e];
+      for (size_t e = 0; e < E; ++e) dp[e] = p[e] * (dp[e] - s);
+    }
+  });
+  // experts: dy[row] = gate * dout[token]; fcproj, gelu, fc backward on the expert's rows
+  for (size_t e = 0; e < E; ++e) {
+    const size_t n = r.count[e], le = l * E + e;
+    if (n == 0) continue;
+    T* xe = moe_x_ + e * cap * C;
+    T* dy = moe_dy_ + e * cap * C;
+    pool_.parallel_for(n, [&](size_t i0, size_t i1) {
+      for (size_t i = i0; i < i1; ++i) {
+        const size_t t = r.token[e * cap + i];
+        std::memcpy(xe + i * C, a.ln2 + t * C, C * sizeof(T));
+        const T gate = a.probs[t * E + e];
+        for (size_t c = 0; c < C; ++c) dy[i * C + c] = gate * dout[t * C + c];
+      }
+    });
+    T* dh = moe_dh_ + e * cap * H;
+    matmul_backward(pool_, dh, false, g[12] + le * C * H, g[13] + le * C, dy, a.fch_gelu + e * cap * H,
+                    w[12] + le * C * H, n, static_cast<int>(H), static_cast<int>(C));  // d fch_gelu (n,4C)
+    gelu_backward(pool_, dh, a.fch + e * cap * H, dh, n * H);                          // d fch (n,4C)
+    matmul_backward(pool_, moe_dx_ + e * cap * C, false, g[10] + le * H * C, g[11] + le * H, dh, xe, w[10] + le * H * C,
+                    n, static_cast<int>(C), static_cast<int>(H));  // d x_e (n,C)
+  }
+  // dx[t] = sum over kept choices (choice order) of the expert input gradients, then + the router's dz @ router
+  pool_.parallel_for(N, [&](size_t t0, size_t t1) {
+    for (size_t t = t0; t < t1; ++t) {
+      T* o = dx + t * C;
+      std::fill(o, o + C, T(0));
+      for (size_t j = 0; j < k; ++j) {
+        const int32_t row = r.row[t * k + j];
+        if (row < 0) continue;
+        const T* d = moe_dx_ + static_cast<size_t>(row) * C;
+        for (size_t c = 0; c < C; ++c) o[c] += d[c];
+      }
+    }
+  });
+  matmul_backward(pool_, dx, true, drouter, static_cast<T*>(nullptr), moe_dp_, a.ln2, router, N, static_cast<int>(C),
+                  static_cast<int>(E));
+}
+
+template <typename T>
 T Gpt<T>::forward(const int32_t* inputs, const int32_t* targets, Mode mode, T dloss) {
   using namespace cpu;
-  const int B = B_, Tn = T_, C = config_.channels, NH = config_.num_heads, V = config_.vocab_size,
-            Vp = config_.padded_vocab_size;
+  const int B = B_, Tn = T_, C = config_.channels, V = config_.vocab_size, Vp = config_.padded_vocab_size;
   const size_t L = config_.num_layers, N = static_cast<size_t>(B) * Tn;
   for (size_t i = 0; i < N; ++i) {
     if (inputs[i] < 0 || inputs[i] >= V || targets[i] < 0 || targets[i] >= V) {
@@ -221,40 +497,16 @@ T Gpt<T>::forward(const int32_t* inputs, const int32_t* targets, Mode mode, T dl
   }
   std::memcpy(inputs_.data(), inputs, N * sizeof(int32_t));
   auto w = split_tensors(params_.data(), config_);
-  T *wte = w[0], *wpe = w[1], *ln1w = w[2], *ln1b = w[3], *qkvw = w[4], *qkvb = w[5], *attprojw = w[6],
-    *attprojb = w[7], *ln2w = w[8], *ln2b = w[9], *fcw = w[10], *fcb = w[11], *fcprojw = w[12], *fcprojb = w[13],
-    *lnfw = w[14], *lnfb = w[15];
+  T *wte = w[0], *wpe = w[1], *lnfw = w[14], *lnfb = w[15];
 
   encoder_forward(pool_, encoded_, inputs, wte, wpe, B, Tn, C);  // (B,T,C)
-  for (size_t l = 0; l < L; ++l) {
-    const T* residual = l == 0 ? encoded_ : residual3_ + (l - 1) * N * C;
-    T* ln1 = ln1_ + l * N * C;
-    T* qkv = qkv_ + l * N * 3 * C;
-    T* atty = atty_ + l * N * C;
-    T* att = att_ + l * B * NH * static_cast<size_t>(Tn) * Tn;
-    T* residual2 = residual2_ + l * N * C;
-    T* ln2 = ln2_ + l * N * C;
-    T* fch = fch_ + l * N * 4 * C;
-    T* fch_gelu = fch_gelu_ + l * N * 4 * C;
-    T* residual3 = residual3_ + l * N * C;
-    const size_t lc = l * C;
-    // attention block: residual2 = residual + attproj(attn(qkv(ln1(residual))))
-    layernorm_forward(pool_, ln1, ln1_mean_ + l * N, ln1_rstd_ + l * N, residual, ln1w + lc, ln1b + lc, N, C);
-    matmul_forward(pool_, qkv, ln1, qkvw + l * 3 * C * C, qkvb + 3 * lc, N, C, 3 * C);  // (B,T,3C)
-    attention_forward(pool_, atty, att, qkv, B, Tn, C, NH);                             // (B,T,C), (B,NH,T,T)
-    matmul_forward(pool_, proj_, atty, attprojw + l * C * C, attprojb + lc, N, C, C);   // (B,T,C)
-    residual_forward(pool_, residual2, residual, proj_, N * C);
-    // MLP block: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
-    layernorm_forward(pool_, ln2, ln2_mean_ + l * N, ln2_rstd_ + l * N, residual2, ln2w + lc, ln2b + lc, N, C);
-    matmul_forward(pool_, fch, ln2, fcw + l * 4 * C * C, fcb + 4 * lc, N, C, 4 * C);  // (B,T,4C)
-    gelu_forward(pool_, fch_gelu, fch, N * 4 * C);
-    matmul_forward(pool_, proj_, fch_gelu, fcprojw + l * 4 * C * C, fcprojb + lc, N, 4 * C, C);  // (B,T,C)
-    residual_forward(pool_, residual3, residual2, proj_, N * C);
-  }
+  moe_stats_ = MoeStats{};
+  for (size_t l = 0; l < L; ++l) layer_forward(l, layer_input(l), layer_[l], residual3_ + l * N * C, &moe_stats_);
   layernorm_forward(pool_, lnf_, lnf_mean_, lnf_rstd_, residual3_ + (L - 1) * N * C, lnfw, lnfb, N, C);
   matmul_forward(pool_, logits_, lnf_, wte, static_cast<const T*>(nullptr), N, C, Vp);  // (B,T,Vp), tied head
   if (mode == Mode::kTrain) {
     crossentropy_fused_backward(pool_, losses_, logits_, targets, N, V, Vp, dloss / static_cast<T>(N));
+    dloss_ = dloss;
     have_dlogits_ = true;
   } else {
     crossentropy_forward(pool_, losses_, logits_, targets, N, V, Vp);
@@ -262,7 +514,7 @@ T Gpt<T>::forward(const int32_t* inputs, const int32_t* targets, Mode mode, T dl
   }
   T sum = 0;
   for (size_t i = 0; i < N; ++i) sum += losses_[i];
-  return sum / static_cast<T>(N);
+  return sum / static_cast<T>(N) + static_cast<T>(moe_stats_.aux_loss);
 }
 
 template <typename T>
@@ -280,9 +532,15 @@ void Gpt<T>::backward(bool accumulate) {
     auto sizes = param_sizes(config_);
     for (int i = 0; i < kNumParamTensors; ++i) {
       const auto name = kParamNames[i];
-      if (name == "wte" || name == "qkvw" || name == "attprojw" || name == "fcw" || name == "fcprojw") continue;
+      // MoE experts accumulate (an expert without tokens has no GEMM to assign its gradient), so they start at 0
+      const bool moe_matrix = config_.moe.experts > 0 && (name == "fcw" || name == "fcprojw");
+      if (!moe_matrix &&
+          (name == "wte" || name == "qkvw" || name == "attprojw" || name == "fcw" || name == "fcprojw")) {
+        continue;
+      }
       std::memset(g[i], 0, sizes[i] * sizeof(T));
     }
+    std::memset(grads_.data() + router_offset(config_), 0, router_size(config_) * sizeof(T));
   }
   const bool acc = accumulate;
 
@@ -299,29 +557,41 @@ void Gpt<T>::backward(bool accumulate) {
   // dres_ now holds d(loss)/d(residual stream) and flows down through the layers.
   for (size_t li = L; li-- > 0;) {
     const size_t l = li;
-    const T* residual = l == 0 ? encoded_ : residual3_ + (l - 1) * N * C;
+    const T* residual = layer_input(l);
+    const LayerActs& a = layer_[l];
     const size_t lc = l * C;
+    if (recompute_.full(static_cast<int>(l))) {
+      // The same kernels on the same input and weights: the working set gets the bits forward computed.
+      layer_forward(l, residual, a, proj_, nullptr);  // residual3 is kept; proj_ takes the throwaway copy
+    } else if (recompute_.selective(static_cast<int>(l))) {
+      attention_forward(pool_, a.atty, a.att, a.qkv, B, Tn, C, NH);  // atty rewritten with identical values
+    }
     // MLP block
-    matmul_backward(pool_, d4c_, false, g[12] + l * 4 * C * C, g[13] + lc, dres_, fch_gelu_ + l * N * 4 * C,
-                    w[12] + l * 4 * C * C, N, 4 * C, C, acc);           // d fch_gelu (B,T,4C)
-    gelu_backward(pool_, d4c_, fch_ + l * N * 4 * C, d4c_, N * 4 * C);  // d fch (B,T,4C)
-    matmul_backward(pool_, dc_, false, g[10] + l * 4 * C * C, g[11] + 4 * lc, d4c_, ln2_ + l * N * C,
-                    w[10] + l * 4 * C * C, N, C, 4 * C, acc);  // d ln2 (B,T,C)
-    layernorm_backward(pool_, dres_, g[8] + lc, g[9] + lc, dc_, residual2_ + l * N * C, w[8] + lc, ln2_mean_ + l * N,
-                       ln2_rstd_ + l * N, N, C);  // += d residual2
+    if (config_.moe.experts > 0) {
+      moe_backward(l, a, dres_, dc_);  // d ln2 (B,T,C)
+    } else {
+      matmul_backward(pool_, d4c_, false, g[12] + l * 4 * C * C, g[13] + lc, dres_, a.fch_gelu, w[12] + l * 4 * C * C,
+                      N, 4 * C, C, acc);                   // d fch_gelu (B,T,4C)
+      gelu_backward(pool_, d4c_, a.fch, d4c_, N * 4 * C);  // d fch (B,T,4C)
+      matmul_backward(pool_, dc_, false, g[10] + l * 4 * C * C, g[11] + 4 * lc, d4c_, a.ln2, w[10] + l * 4 * C * C, N,
+                      C, 4 * C, acc);  // d ln2 (B,T,C)
+    }
+    layernorm_backward(pool_, dres_, g[8] + lc, g[9] + lc, dc_, a.res2, w[8] + lc, a.ln2_mean, a.ln2_rstd, N,
+                       C);  // += d residual2
     // attention block
-    matmul_backward(pool_, dc_, false, g[6] + l * C * C, g[7] + lc, dres_, atty_ + l * N * C, w[6] + l * C * C, N, C, C,
-                    acc);  // d atty (B,T,C)
-    attention_backward(pool_, dqkv_, att_scratch_, dc_, qkv_ + l * N * 3 * C,
-                       att_ + l * B * NH * static_cast<size_t>(Tn) * Tn, B, Tn, C, NH);  // d qkv (B,T,3C)
-    matmul_backward(pool_, dc_, false, g[4] + l * 3 * C * C, g[5] + 3 * lc, dqkv_, ln1_ + l * N * C,
-                    w[4] + l * 3 * C * C, N, C, 3 * C, acc);  // d ln1 (B,T,C)
-    layernorm_backward(pool_, dres_, g[2] + lc, g[3] + lc, dc_, residual, w[2] + lc, ln1_mean_ + l * N,
-                       ln1_rstd_ + l * N, N, C);  // += d residual
+    matmul_backward(pool_, dc_, false, g[6] + l * C * C, g[7] + lc, dres_, a.atty, w[6] + l * C * C, N, C, C,
+                    acc);                                                             // d atty (B,T,C)
+    attention_backward(pool_, dqkv_, att_scratch_, dc_, a.qkv, a.att, B, Tn, C, NH);  // d qkv (B,T,3C)
+    matmul_backward(pool_, dc_, false, g[4] + l * 3 * C * C, g[5] + 3 * lc, dqkv_, a.ln1, w[4] + l * 3 * C * C, N, C,
+                    3 * C, acc);  // d ln1 (B,T,C)
+    layernorm_backward(pool_, dres_, g[2] + lc, g[3] + lc, dc_, residual, w[2] + lc, a.ln1_mean, a.ln1_rstd, N,
+                       C);  // += d residual
     if (grad_ready_) {
       // Layer l's slices of the 12 stacked tensors (ln1w .. fcprojb) are final now.
       const auto sizes = param_sizes(config_);
       for (int i = 2; i < 14; ++i) ready(i, l * (sizes[i] / L), sizes[i] / L);
+      const size_t router_layer = router_size(config_) / L;
+      if (router_layer > 0) grad_ready_(router_offset(config_) + l * router_layer, router_layer);
     }
   }
   encoder_backward(pool_, g[0], g[1], dres_, inputs_.data(), B, Tn, C);

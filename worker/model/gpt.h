@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "worker/kernels/cpu/thread_pool.h"
 #include "worker/model/gpt_config.h"
@@ -36,12 +37,25 @@ class AlignedBuffer {
   size_t size_ = 0;
 };
 
+// Tokens each expert takes per micro-batch of N tokens: ceil(cf * k * N / E) in 1..N, or N without a limit (cf <= 0).
+size_t moe_capacity(const MoeConfig& m, size_t N);
+
+// What the MoE layers did in the last forward (all layers summed).
+struct MoeStats {
+  double aux_loss = 0;     // sum over layers of alpha * E * sum_e f_e P_e (part of forward()'s return value)
+  size_t assignments = 0;  // (token, choice) pairs routed: L * N * k
+  size_t dropped = 0;      // of those, over an expert's capacity (contribute nothing)
+  size_t tokens_dropped =
+      0;  // (layer, token) pairs with all k choices dropped: the MLP output is 0, the residual passes
+};
+
 // Pointers to the 16 tensors inside one flat buffer (params, grads, or AdamW m/v).
 template <typename T>
 std::array<T*, kNumParamTensors> split_tensors(T* flat, const GptConfig& c);
 
-// Bytes of the activation buffer plus backward scratch that Gpt allocates for (B, T) and a pool of `threads`.
-size_t activation_bytes(const GptConfig& c, int B, int T, int threads);
+// Bytes of the activation buffer plus backward scratch that Gpt allocates for (B, T) and a pool of `threads`, with
+// the given recomputation (the activations a recomputed layer drops are not allocated; one layer's working set is).
+size_t activation_bytes(const GptConfig& c, int B, int T, int threads, const RecomputeSpec& recompute = {});
 
 // GPT-2 initialisation: weights N(0, 0.02), the two residual projections (attprojw, fcprojw) N(0, 0.02/sqrt(2L)),
 // biases 0, LayerNorm weights 1; wte rows >= V (padding) are 0. Deterministic in seed: each tensor is drawn in
@@ -59,9 +73,11 @@ class Gpt {
   };
 
   // B sequences of T tokens per forward (T <= maxT). Allocates everything here; forward/backward never allocate.
-  Gpt(const GptConfig& config, int B, int seq_len, ThreadPool& pool);
+  // recompute: which layers drop activations after forward and recompute them in backward (bitwise the same).
+  Gpt(const GptConfig& config, int B, int seq_len, ThreadPool& pool, const RecomputeSpec& recompute = {});
 
   const GptConfig& config() const { return config_; }
+  const RecomputeSpec& recompute() const { return recompute_; }
   int batch() const { return B_; }
   int seq_len() const { return T_; }
   size_t num_params() const { return params_.size(); }
@@ -73,7 +89,8 @@ class Gpt {
 
   void init_weights(uint64_t seed) { init_gpt2_weights(params_.data(), config_, seed, &pool_); }
 
-  // inputs, targets: (B, T) token ids in [0, V). Returns the mean loss over the B*T positions. In kTrain mode
+  // inputs, targets: (B, T) token ids in [0, V). Returns the mean loss over the B*T positions (with experts, plus
+  // the load-balancing loss moe_stats().aux_loss: the objective whose gradient backward() computes). In kTrain mode
   // dloss is d(objective)/d(mean loss) (1 / micro-steps under gradient accumulation) and backward() may follow.
   T forward(const int32_t* inputs, const int32_t* targets, Mode mode, T dloss = T(1));
   // Accumulates (+=) this micro-batch's gradients into grads(); call zero_grad() at the start of a step. With
@@ -89,22 +106,54 @@ class Gpt {
   using GradReadyHook = std::function<void(size_t offset, size_t count)>;
   void set_grad_ready_hook(GradReadyHook hook) { grad_ready_ = std::move(hook); }
 
+  const MoeStats& moe_stats() const { return moe_stats_; }
+
   // (B, T, Vp) logits of the last kEval forward.
   const T* logits() const { return logits_; }
   // Per-position losses (B, T) of the last forward.
   const T* losses() const { return losses_; }
 
  private:
+  // Where layer l's activations live: its slice of the stacked buffers, or (recomputed layers) the one-layer working
+  // set, which backward refills by running the layer's forward again.
+  // With experts, fch/fch_gelu hold the experts' rows (E * capacity, 4C), probs the router softmax (N, E) and
+  // moe_y the experts' outputs (E * capacity, C).
+  struct LayerActs {
+    T *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *probs, *moe_y;
+  };
+  // Routing of one MoE layer (always kept: small): per (token, choice) the expert and its row (e * cap + position,
+  // -1 when dropped); per expert its token count and the token of each row.
+  struct Routing {
+    int32_t *choice, *row, *count, *token;
+  };
+  void layer_forward(size_t l, const T* residual, const LayerActs& a, T* residual3, MoeStats* stats);
+  // out (N, C) = sum over kept choices of probs * expert(ln2); routing into routing_[l].
+  void moe_forward(size_t l, const LayerActs& a, T* out, MoeStats* stats);
+  // dx (N, C) = d ln2 (overwritten) from dout (N, C) = d(MoE output); expert and router gradients accumulated.
+  void moe_backward(size_t l, const LayerActs& a, const T* dout, T* dx);
+  const T* layer_input(size_t l) const;
+
   GptConfig config_;
+  RecomputeSpec recompute_;
   int B_, T_;
   ThreadPool& pool_;
   AlignedBuffer<T> params_, grads_, acts_;
   AlignedBuffer<int32_t> inputs_;
   bool have_dlogits_ = false;
+  T dloss_ = T(1);  // of the last kTrain forward: scales the load-balancing loss's gradient
+  MoeStats moe_stats_;
+  size_t moe_cap_ = 0;
+  std::vector<Routing> routing_;
+  std::vector<double> moe_f_;  // per expert: share of the choices (backward of the load-balancing loss)
+  AlignedBuffer<int32_t> routing_buf_;
+  // MoE scratch: gathered expert inputs and their gradient (E*cap, C), d expert output (E*cap, C), d hidden
+  // (E*cap, 4C), d router probabilities (N, E).
+  T *moe_x_ = nullptr, *moe_dx_ = nullptr, *moe_dy_ = nullptr, *moe_dh_ = nullptr, *moe_dp_ = nullptr;
   GradReadyHook grad_ready_;
-  // Views into acts_. Per-layer tensors are stacked [L, ...].
-  T *encoded_, *ln1_, *ln1_mean_, *ln1_rstd_, *qkv_, *atty_, *att_, *residual2_, *ln2_, *ln2_mean_, *ln2_rstd_;
-  T *fch_, *fch_gelu_, *residual3_, *lnf_, *lnf_mean_, *lnf_rstd_, *logits_, *losses_;
+  // Views into acts_. residual3 is stacked [L, B, T, C] (every layer's output is the next one's input); the other
+  // per-layer tensors are in layer_.
+  T *encoded_, *residual3_, *lnf_, *lnf_mean_, *lnf_rstd_, *logits_, *losses_;
+  std::vector<LayerActs> layer_;
   // Backward scratch (one layer at a time) and the forward's projection output.
   T *dres_, *dc_, *d4c_, *dqkv_, *att_scratch_, *proj_;
 };

@@ -1,6 +1,7 @@
 #include "worker/model/gpt_config.h"
 
 #include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <map>
 
@@ -26,10 +27,71 @@ void validate(const GptConfig& c) {
   }
   if (c.max_seq_len <= 0) bad("max sequence length (t) must be positive, got " + std::to_string(c.max_seq_len));
   if (c.vocab_size <= 0 || c.vocab_size > 1 << 24) bad("vocab (v) must be in 1..16777216");
+  if (c.moe.experts < 0 || (c.moe.experts > 0 && (c.moe.top_k < 1 || c.moe.top_k > c.moe.experts))) {
+    bad("mixture of experts: experts " + std::to_string(c.moe.experts) + ", top-k " + std::to_string(c.moe.top_k) +
+        " (need top-k in 1..experts)");
+  }
   if (c.padded_vocab_size < c.vocab_size || c.padded_vocab_size % 128 != 0) {
     bad("padded vocab " + std::to_string(c.padded_vocab_size) + " must be a multiple of 128 and >= vocab " +
         std::to_string(c.vocab_size));
   }
+}
+
+MoeConfig make_moe_config(int experts, int top_k, double capacity_factor, double aux_loss_coef) {
+  if (experts < 2 || experts > 1024) {
+    throw ConfigError("--moe-experts " + std::to_string(experts) + " must be in 2..1024 (omit it for the dense MLP)");
+  }
+  if (top_k < 1 || top_k > experts) {
+    throw ConfigError("--moe-top-k " + std::to_string(top_k) + " must be in 1.." + std::to_string(experts) +
+                      " (the number of experts)");
+  }
+  if (!std::isfinite(capacity_factor)) throw ConfigError("--moe-capacity-factor must be a number (<= 0: no limit)");
+  if (!(aux_loss_coef >= 0) || !std::isfinite(aux_loss_coef)) {
+    throw ConfigError("--moe-aux-coef must be a number >= 0");
+  }
+  MoeConfig m;
+  m.experts = experts;
+  m.top_k = top_k;
+  m.capacity_factor = capacity_factor;
+  m.aux_loss_coef = aux_loss_coef;
+  return m;
+}
+
+const char* to_string(Recompute r) {
+  switch (r) {
+    case Recompute::kSelective:
+      return "selective";
+    case Recompute::kFull:
+      return "full";
+    case Recompute::kNone:
+      break;
+  }
+  return "none";
+}
+
+RecomputeSpec parse_recompute(std::string_view mode, int layers, const GptConfig& c) {
+  RecomputeSpec r;
+  if (mode == "none") {
+    r.mode = Recompute::kNone;
+  } else if (mode == "selective") {
+    r.mode = Recompute::kSelective;
+  } else if (mode == "full") {
+    r.mode = Recompute::kFull;
+  } else {
+    throw ConfigError("--recompute '" + std::string(mode) + "' is not none, selective or full");
+  }
+  if (layers < -1 || layers > c.num_layers) {
+    throw ConfigError("--recompute-layers " + std::to_string(layers) + " must be in 0.." +
+                      std::to_string(c.num_layers) + " (the model's layers; omit it for all layers)");
+  }
+  r.layers = layers == c.num_layers ? -1 : layers;
+  return r;
+}
+
+std::string describe(const RecomputeSpec& r) {
+  if (r.mode == Recompute::kNone || r.layers == 0) return "none";
+  return std::string(to_string(r.mode)) +
+         (r.layers < 0 ? " (all layers)" : " (layers 0-" + std::to_string(r.layers - 1) + ")");
 }
 
 GptConfig make_gpt_config(int num_layers, int channels, int num_heads, int max_seq_len, int vocab_size) {
@@ -90,7 +152,13 @@ std::string describe(const GptConfig& c) {
   char buf[200];
   std::snprintf(buf, sizeof(buf), "L%d C%d NH%d maxT%d V%d (Vp%d), %.2fM params", c.num_layers, c.channels, c.num_heads,
                 c.max_seq_len, c.vocab_size, c.padded_vocab_size, num_parameters(c) / 1e6);
-  return buf;
+  std::string out = buf;
+  if (c.moe.experts > 0) {
+    std::snprintf(buf, sizeof(buf), ", MoE E%d top-%d capacity %.3g aux %.3g", c.moe.experts, c.moe.top_k,
+                  c.moe.capacity_factor, c.moe.aux_loss_coef);
+    out += buf;
+  }
+  return out;
 }
 
 }  // namespace railyard::worker

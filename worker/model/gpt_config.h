@@ -15,6 +15,16 @@
 
 namespace railyard::worker {
 
+// Mixture-of-experts MLP (docs/worker.md, "Mixture of experts"): every layer's MLP becomes E expert MLPs of the
+// dense shape and a softmax router; each token goes to its top-k experts, weighted by their router probability.
+struct MoeConfig {
+  int experts = 0;                // E; 0 = the dense MLP
+  int top_k = 1;                  // experts per token, 1..E
+  double capacity_factor = 1.25;  // per expert and micro-batch at most ceil(cf * k * N / E) tokens; <= 0: no limit
+  double aux_loss_coef = 0.01;    // alpha of the load-balancing loss alpha * E * sum_e f_e P_e (per layer)
+  bool operator==(const MoeConfig&) const = default;
+};
+
 struct GptConfig {
   int max_seq_len = 0;        // maxT
   int vocab_size = 0;         // V: real vocabulary
@@ -22,6 +32,7 @@ struct GptConfig {
   int num_layers = 0;         // L
   int num_heads = 0;          // NH
   int channels = 0;           // C
+  MoeConfig moe;              // experts == 0: dense (the llm.c model)
 
   bool operator==(const GptConfig&) const = default;
 };
@@ -33,18 +44,42 @@ inline constexpr std::array<std::string_view, kNumParamTensors> kParamNames = {
     "wte",  "wpe",  "ln1w", "ln1b", "qkvw",    "qkvb",    "attprojw", "attprojb",
     "ln2w", "ln2b", "fcw",  "fcb",  "fcprojw", "fcprojb", "lnfw",     "lnfb"};
 
-// Element count of each parameter tensor, in buffer order.
+// Element count of each parameter tensor, in buffer order. With experts (E > 0) the four MLP tensors hold E experts
+// per layer: fcw (L, E, 4C, C), fcb (L, E, 4C), fcprojw (L, E, C, 4C), fcprojb (L, E, C).
 inline std::array<size_t, kNumParamTensors> param_sizes(const GptConfig& c) {
   const size_t Vp = c.padded_vocab_size, T = c.max_seq_len, L = c.num_layers, C = c.channels;
-  return {Vp * C, T * C, L * C,         L * C,     L * 3 * C * C, L * 3 * C, L * C * C, L * C,
-          L * C,  L * C, L * 4 * C * C, L * 4 * C, L * C * 4 * C, L * C,     C,         C};
+  const size_t E = c.moe.experts > 0 ? c.moe.experts : 1;
+  return {Vp * C,
+          T * C,
+          L * C,
+          L * C,
+          L * 3 * C * C,
+          L * 3 * C,
+          L * C * C,
+          L * C,
+          L * C,
+          L * C,
+          L * E * 4 * C * C,
+          L * E * 4 * C,
+          L * E * C * 4 * C,
+          L * E * C,
+          C,
+          C};
+}
+
+// The MoE router weights (L, E, C), stored after the 16 tensors (0 elements for a dense model).
+inline size_t router_size(const GptConfig& c) {
+  return c.moe.experts > 0 ? static_cast<size_t>(c.num_layers) * c.moe.experts * c.channels : 0;
 }
 
 inline size_t num_parameters(const GptConfig& c) {
-  size_t n = 0;
+  size_t n = router_size(c);
   for (size_t s : param_sizes(c)) n += s;
   return n;
 }
+
+// Offset of the router weights in the flat buffer.
+inline size_t router_offset(const GptConfig& c) { return num_parameters(c) - router_size(c); }
 
 inline int pad_vocab(int vocab_size) { return (vocab_size + 127) / 128 * 128; }
 
@@ -59,6 +94,32 @@ GptConfig parse_model_spec(std::string_view spec);
 
 // Builds and validates a shape (positive sizes, C divisible by NH); pads the vocabulary.
 GptConfig make_gpt_config(int num_layers, int channels, int num_heads, int max_seq_len, int vocab_size);
+
+// Activation recomputation (docs/worker.md, "Activation recomputation"). A recomputed layer drops activations after
+// its forward and rebuilds them in backward with the same kernels on the same inputs, so results are bitwise those
+// of kNone. kSelective drops the attention probabilities (B, NH, T, T) of the layer; kFull keeps only the layer's
+// input (the residual stream, which the layer below keeps anyway) and reruns the whole layer forward in backward.
+enum class Recompute { kNone, kSelective, kFull };
+
+struct RecomputeSpec {
+  Recompute mode = Recompute::kNone;
+  int layers = -1;  // applies to the first `layers` layers of the model (global index); -1 = all
+  bool applies(int layer) const { return mode != Recompute::kNone && (layers < 0 || layer < layers); }
+  bool full(int layer) const { return mode == Recompute::kFull && applies(layer); }
+  bool selective(int layer) const { return mode == Recompute::kSelective && applies(layer); }
+  bool operator==(const RecomputeSpec&) const = default;
+};
+
+// "none" | "selective" | "full", and the layer count (-1 = all; otherwise 0..L). Throws railyard::ConfigError naming
+// --recompute / --recompute-layers.
+RecomputeSpec parse_recompute(std::string_view mode, int layers, const GptConfig& c);
+const char* to_string(Recompute r);
+// "full (layers 0-5)", "selective (all layers)", "none"
+std::string describe(const RecomputeSpec& r);
+
+// Mixture of experts from the --moe-* flags: experts E >= 2, top_k in 1..E, capacity factor (<= 0 = no limit), aux
+// coefficient >= 0. Throws railyard::ConfigError naming the flag.
+MoeConfig make_moe_config(int experts, int top_k, double capacity_factor, double aux_loss_coef);
 
 // Throws railyard::ConfigError when a config read from elsewhere (e.g. a checkpoint header) is inconsistent.
 void validate(const GptConfig& c);

@@ -73,15 +73,19 @@ void AdamW::update(float* params, const float* grads, float lr, float grad_scale
   const float step_size = lr / bc1, bc2_sqrt = std::sqrt(bc2);
   auto sizes = param_sizes(config_);
   size_t offset = 0;
-  for (int ti = 0; ti < kNumParamTensors; ++ti) {
-    const float decay = decays(ti) ? 1.0f - lr * hyper_.weight_decay : 1.0f;
+  // The 16 llm.c tensors, then the MoE router (L, E, C), a matrix: decayed.
+  const int tensors = kNumParamTensors + (router_size(config_) > 0 ? 1 : 0);
+  for (int ti = 0; ti < tensors; ++ti) {
+    const bool router = ti == kNumParamTensors;
+    const float decay = router || decays(ti) ? 1.0f - lr * hyper_.weight_decay : 1.0f;
+    const size_t count = router ? router_size(config_) : sizes[ti];
     float* p = params + offset;
     const float* g = grads + offset;
     float* m = m_.data() + offset;
     float* v = v_.data() + offset;
     // Captured by value: float scalars captured by reference could alias the float stores below, which keeps GCC
     // from hoisting them and from vectorising the loop.
-    pool_.parallel_for(sizes[ti], [=](size_t b, size_t e) {
+    pool_.parallel_for(count, [=](size_t b, size_t e) {
       for (size_t i = b; i < e; ++i) {
         const float gi = g[i] * grad_scale;
         const float mi = b1 * m[i] + (1.0f - b1) * gi;
@@ -91,7 +95,7 @@ void AdamW::update(float* params, const float* grads, float lr, float grad_scale
         p[i] = p[i] * decay - step_size * mi / (std::sqrt(vi) / bc2_sqrt + eps);
       }
     });
-    offset += sizes[ti];
+    offset += count;
   }
 }
 

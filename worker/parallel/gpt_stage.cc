@@ -10,8 +10,9 @@
 
 namespace railyard::worker::parallel {
 
-GptStage::GptStage(const StageShape& shape, int B, int seq_len, int slots, ThreadPool& pool, comm::Communicator* tp)
-    : shape_(shape), B_(B), T_(seq_len), slots_(slots), pool_(pool), tp_(tp) {
+GptStage::GptStage(const StageShape& shape, int B, int seq_len, int slots, ThreadPool& pool, comm::Communicator* tp,
+                   const RecomputeSpec& recompute)
+    : shape_(shape), recompute_(recompute), B_(B), T_(seq_len), slots_(slots), pool_(pool), tp_(tp) {
   validate(shape_.config);
   if (B <= 0) throw ConfigError("batch (B) must be positive, got " + std::to_string(B));
   if (seq_len <= 0 || seq_len > shape_.config.max_seq_len) {
@@ -35,14 +36,25 @@ GptStage::GptStage(const StageShape& shape, int B, int seq_len, int slots, Threa
   const size_t Ls = shape_.layers(), Vl = shape_.local_vocab(), N = static_cast<size_t>(B) * seq_len;
   const size_t TT = static_cast<size_t>(seq_len) * seq_len;
   const bool first = shape_.first(), last = shape_.last();
-  // Per slot, in this order: input (N,C); per layer stacked [Ls, ...]: ln1 (N,C), ln1 mean/rstd (N), qkv (N,3Cl),
-  // atty (N,Cl), att (B,NHl,T,T), res2 (N,C), ln2 (N,C), ln2 mean/rstd (N), fch and fch_gelu (N,4Cl), res3 (N,C);
-  // last stage: lnf (N,C), lnf mean/rstd (N), logits (N,Vl), losses (N); stage > 0: dinput (N,C).
-  const size_t per_slot =
-      N * C +
-      Ls * (N * C + 2 * N + N * 3 * Cl + N * Cl + B * NHl * TT + N * C + N * C + 2 * N + 2 * N * 4 * Cl + N * C) +
-      (last ? N * C + 2 * N + N * Vl + N : 0) + (first ? 0 : N * C);
-  acts_ = AlignedBuffer<float>(per_slot * slots);
+  // One layer without its output res3 and without att: ln1 (N,C), ln1 mean/rstd (N), qkv (N,3Cl), atty (N,Cl),
+  // res2 (N,C), ln2 (N,C), ln2 mean/rstd (N), fch and fch_gelu (N,4Cl); att (B,NHl,T,T).
+  const size_t layer = N * C + 2 * N + N * 3 * Cl + N * Cl + N * C + N * C + 2 * N + 2 * N * 4 * Cl;
+  const size_t att = B * NHl * TT;
+  size_t stored = 0, stored_att = 0, work_layer = 0, work_att = 0;
+  for (size_t l = 0; l < Ls; ++l) {
+    const int gl = shape_.layer_begin + static_cast<int>(l);
+    const bool full = recompute_.full(gl), sel = recompute_.selective(gl);
+    stored += full ? 0 : 1;
+    stored_att += full || sel ? 0 : 1;
+    work_layer |= full ? 1 : 0;
+    work_att |= full || sel ? 1 : 0;
+  }
+  // Per slot: input (N,C); res3 (Ls,N,C); the stored layers' shares; last stage: lnf (N,C), lnf mean/rstd (N),
+  // logits (N,Vl), losses (N); stage > 0: dinput (N,C). Once: the working set of a recomputed layer.
+  const size_t per_slot = N * C + Ls * N * C + stored * layer + stored_att * att +
+                          (last ? N * C + 2 * N + N * Vl + N : 0) + (first ? 0 : N * C);
+  const size_t work = work_layer * layer + work_att * att;
+  acts_ = AlignedBuffer<float>(per_slot * slots + work);
   tokens_ = AlignedBuffer<int32_t>(first ? N * slots : 0);
   float* p = acts_.data();
   auto take = [&p](size_t k) {
@@ -50,24 +62,38 @@ GptStage::GptStage(const StageShape& shape, int B, int seq_len, int slots, Threa
     p += k;
     return r;
   };
+  auto take_layer = [&](LayerActs& la) {
+    la.ln1 = take(N * C);
+    la.ln1_mean = take(N);
+    la.ln1_rstd = take(N);
+    la.qkv = take(N * 3 * Cl);
+    la.atty = take(N * Cl);
+    la.res2 = take(N * C);
+    la.ln2 = take(N * C);
+    la.ln2_mean = take(N);
+    la.ln2_rstd = take(N);
+    la.fch = take(N * 4 * Cl);
+    la.fch_gelu = take(N * 4 * Cl);
+  };
+  LayerActs w{};
+  if (work_layer) take_layer(w);
+  if (work_att) w.att = take(att);
   slot_.resize(slots);
   for (int s = 0; s < slots; ++s) {
     Slot& a = slot_[s];
     a = Slot{};
     a.input = take(N * C);
-    a.ln1 = take(Ls * N * C);
-    a.ln1_mean = take(Ls * N);
-    a.ln1_rstd = take(Ls * N);
-    a.qkv = take(Ls * N * 3 * Cl);
-    a.atty = take(Ls * N * Cl);
-    a.att = take(Ls * B * NHl * TT);
-    a.res2 = take(Ls * N * C);
-    a.ln2 = take(Ls * N * C);
-    a.ln2_mean = take(Ls * N);
-    a.ln2_rstd = take(Ls * N);
-    a.fch = take(Ls * N * 4 * Cl);
-    a.fch_gelu = take(Ls * N * 4 * Cl);
     a.res3 = take(Ls * N * C);
+    a.layer.resize(Ls);
+    for (size_t l = 0; l < Ls; ++l) {
+      const int gl = shape_.layer_begin + static_cast<int>(l);
+      if (recompute_.full(gl)) {
+        a.layer[l] = w;
+      } else {
+        take_layer(a.layer[l]);
+        a.layer[l].att = recompute_.selective(gl) ? w.att : take(att);
+      }
+    }
     if (last) {
       a.lnf = take(N * C);
       a.lnf_mean = take(N);
@@ -78,6 +104,7 @@ GptStage::GptStage(const StageShape& shape, int B, int seq_len, int slots, Threa
     if (!first) a.dinput = take(N * C);
     a.tokens = first ? tokens_.data() + s * N : nullptr;
   }
+  if (p != acts_.data() + acts_.size()) throw Error("GptStage: activation layout does not add up (a bug)");
   // dres, dc (N,C); d4c (N,4Cl); dqkv (N,3Cl); attention scratch (threads,T,T); proj (N,C); ce max (N), sums (2N)
   scratch_ = AlignedBuffer<float>(2 * N * C + N * 4 * Cl + N * 3 * Cl + pool.size() * TT + N * C + 3 * N);
   p = scratch_.data();
@@ -138,14 +165,47 @@ void check_tokens(const int32_t* ids, size_t n, int V, const char* what) {
 
 }  // namespace
 
+void GptStage::layer_forward(size_t l, const float* residual, const LayerActs& a, float* res3) {
+  using namespace cpu;
+  using comm::ReduceOp;
+  const int B = B_, Tn = T_, C = shape_.config.channels, Cl = shape_.local_channels(), NHl = shape_.local_heads();
+  const size_t N = static_cast<size_t>(B) * Tn, lc = l * C;
+  const bool lead = shape_.tp_rank == 0;  // adds the row-parallel biases, once
+  std::array<float*, kNumParamTensors> w{};
+  {
+    float* q = params_.data();
+    for (int i = 0; i < kNumParamTensors; ++i) {
+      w[i] = q;
+      q += sizes_[i];
+    }
+  }
+  float *ln1w = w[2], *ln1b = w[3], *qkvw = w[4], *qkvb = w[5], *attprojw = w[6], *attprojb = w[7], *ln2w = w[8],
+        *ln2b = w[9], *fcw = w[10], *fcb = w[11], *fcprojw = w[12], *fcprojb = w[13];
+  // attention block; f (identity) before the column-parallel QKV, g (all-reduce) after the row-parallel out
+  layernorm_forward(pool_, a.ln1, a.ln1_mean, a.ln1_rstd, residual, ln1w + lc, ln1b + lc, N, C);
+  matmul_forward(pool_, a.qkv, a.ln1, qkvw + l * 3 * Cl * C, qkvb + l * 3 * Cl, N, C, 3 * Cl);  // (B,T,3Cl)
+  attention_forward(pool_, a.atty, a.att, a.qkv, B, Tn, Cl, NHl);  // (B,T,Cl), (B,NHl,T,T): this rank's heads
+  matmul_forward(pool_, proj_, a.atty, attprojw + l * C * Cl, lead ? attprojb + lc : nullptr, N, Cl,
+                 C);                         // (B,T,C) partial sum over heads
+  all_reduce(proj_, N * C, ReduceOp::kSum);  // g
+  residual_forward(pool_, a.res2, residual, proj_, N * C);
+  // MLP block; f before fc (column-parallel), g after fcproj (row-parallel)
+  layernorm_forward(pool_, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, ln2w + lc, ln2b + lc, N, C);
+  matmul_forward(pool_, a.fch, a.ln2, fcw + l * 4 * Cl * C, fcb + l * 4 * Cl, N, C, 4 * Cl);  // (B,T,4Cl)
+  gelu_forward(pool_, a.fch_gelu, a.fch, N * 4 * Cl);
+  matmul_forward(pool_, proj_, a.fch_gelu, fcprojw + l * C * 4 * Cl, lead ? fcprojb + lc : nullptr, N, 4 * Cl,
+                 C);                         // (B,T,C) partial
+  all_reduce(proj_, N * C, ReduceOp::kSum);  // g
+  residual_forward(pool_, res3, a.res2, proj_, N * C);
+}
+
 double GptStage::forward(int slot, const int32_t* inputs, const int32_t* targets, float dloss) {
   using namespace cpu;
   using comm::ReduceOp;
   Slot& a = slot_.at(slot);
-  const int B = B_, Tn = T_, C = shape_.config.channels, Cl = shape_.local_channels(), NHl = shape_.local_heads();
+  const int B = B_, Tn = T_, C = shape_.config.channels;
   const int Vl = shape_.local_vocab(), Vr = shape_.valid_local_vocab(), v0 = shape_.vocab_begin();
-  const size_t Ls = shape_.layers(), N = static_cast<size_t>(B) * Tn, TT = static_cast<size_t>(Tn) * Tn;
-  const bool lead = shape_.tp_rank == 0;  // adds the row-parallel biases, once
+  const size_t Ls = shape_.layers(), N = static_cast<size_t>(B) * Tn;
   auto w = std::array<float*, kNumParamTensors>{};
   {
     float* q = params_.data();
@@ -154,9 +214,7 @@ double GptStage::forward(int slot, const int32_t* inputs, const int32_t* targets
       q += sizes_[i];
     }
   }
-  float *wte = w[0], *wpe = w[1], *ln1w = w[2], *ln1b = w[3], *qkvw = w[4], *qkvb = w[5], *attprojw = w[6],
-        *attprojb = w[7], *ln2w = w[8], *ln2b = w[9], *fcw = w[10], *fcb = w[11], *fcprojw = w[12], *fcprojb = w[13],
-        *lnfw = w[14], *lnfb = w[15];
+  float *wte = w[0], *wpe = w[1], *lnfw = w[14], *lnfb = w[15];
 
   if (shape_.first()) {
     check_tokens(inputs, N, shape_.config.vocab_size, "input");
@@ -167,33 +225,7 @@ double GptStage::forward(int slot, const int32_t* inputs, const int32_t* targets
     add_positions(pool_, a.input, wpe, B, Tn, C);
   }
   for (size_t l = 0; l < Ls; ++l) {
-    const float* residual = l == 0 ? a.input : a.res3 + (l - 1) * N * C;
-    float* ln1 = a.ln1 + l * N * C;
-    float* qkv = a.qkv + l * N * 3 * Cl;
-    float* atty = a.atty + l * N * Cl;
-    float* att = a.att + l * B * NHl * TT;
-    float* res2 = a.res2 + l * N * C;
-    float* ln2 = a.ln2 + l * N * C;
-    float* fch = a.fch + l * N * 4 * Cl;
-    float* fch_gelu = a.fch_gelu + l * N * 4 * Cl;
-    float* res3 = a.res3 + l * N * C;
-    const size_t lc = l * C;
-    // attention block; f (identity) before the column-parallel QKV, g (all-reduce) after the row-parallel out
-    layernorm_forward(pool_, ln1, a.ln1_mean + l * N, a.ln1_rstd + l * N, residual, ln1w + lc, ln1b + lc, N, C);
-    matmul_forward(pool_, qkv, ln1, qkvw + l * 3 * Cl * C, qkvb + l * 3 * Cl, N, C, 3 * Cl);  // (B,T,3Cl)
-    attention_forward(pool_, atty, att, qkv, B, Tn, Cl, NHl);  // (B,T,Cl), (B,NHl,T,T): this rank's heads
-    matmul_forward(pool_, proj_, atty, attprojw + l * C * Cl, lead ? attprojb + lc : nullptr, N, Cl,
-                   C);                         // (B,T,C) partial sum over heads
-    all_reduce(proj_, N * C, ReduceOp::kSum);  // g
-    residual_forward(pool_, res2, residual, proj_, N * C);
-    // MLP block; f before fc (column-parallel), g after fcproj (row-parallel)
-    layernorm_forward(pool_, ln2, a.ln2_mean + l * N, a.ln2_rstd + l * N, res2, ln2w + lc, ln2b + lc, N, C);
-    matmul_forward(pool_, fch, ln2, fcw + l * 4 * Cl * C, fcb + l * 4 * Cl, N, C, 4 * Cl);  // (B,T,4Cl)
-    gelu_forward(pool_, fch_gelu, fch, N * 4 * Cl);
-    matmul_forward(pool_, proj_, fch_gelu, fcprojw + l * C * 4 * Cl, lead ? fcprojb + lc : nullptr, N, 4 * Cl,
-                   C);                         // (B,T,C) partial
-    all_reduce(proj_, N * C, ReduceOp::kSum);  // g
-    residual_forward(pool_, res3, res2, proj_, N * C);
+    layer_forward(l, l == 0 ? a.input : a.res3 + (l - 1) * N * C, a.layer[l], a.res3 + l * N * C);
   }
   if (!shape_.last()) return 0;
 
@@ -219,7 +251,7 @@ void GptStage::backward(int slot, const GradReadyHook* ready) {
   Slot& a = slot_.at(slot);
   const int B = B_, Tn = T_, C = shape_.config.channels, Cl = shape_.local_channels(), NHl = shape_.local_heads();
   const int Vl = shape_.local_vocab(), v0 = shape_.vocab_begin();
-  const size_t Ls = shape_.layers(), N = static_cast<size_t>(B) * Tn, TT = static_cast<size_t>(Tn) * Tn;
+  const size_t Ls = shape_.layers(), N = static_cast<size_t>(B) * Tn;
   std::array<float*, kNumParamTensors> w{}, g{};
   {
     float *q = params_.data(), *d = grads_.data();
@@ -246,26 +278,33 @@ void GptStage::backward(int slot, const GradReadyHook* ready) {
   // dres_ holds d(loss)/d(residual stream), identical on every tp rank, and flows down through the layers.
   for (size_t l = Ls; l-- > 0;) {
     const float* residual = l == 0 ? a.input : a.res3 + (l - 1) * N * C;
+    const LayerActs& la = a.layer[l];
     const size_t lc = l * C;
+    const int gl = shape_.layer_begin + static_cast<int>(l);
+    if (recompute_.full(gl)) {
+      // Same kernels, inputs, weights and (deterministic) all-reduces as the forward: the working set gets its bits.
+      layer_forward(l, residual, la, proj_);  // res3 is kept; proj_ takes the throwaway copy
+    } else if (recompute_.selective(gl)) {
+      attention_forward(pool_, la.atty, la.att, la.qkv, B, Tn, Cl, NHl);  // atty rewritten with identical values
+    }
     // MLP block: g's backward is the identity, so fcproj sees dres_ directly
-    matmul_backward(pool_, d4c_, false, g[12] + l * C * 4 * Cl, g[13] + lc, dres_, a.fch_gelu + l * N * 4 * Cl,
-                    w[12] + l * C * 4 * Cl, N, 4 * Cl, C);                 // d fch_gelu (B,T,4Cl)
-    gelu_backward(pool_, d4c_, a.fch + l * N * 4 * Cl, d4c_, N * 4 * Cl);  // d fch (B,T,4Cl)
-    matmul_backward(pool_, dc_, false, g[10] + l * 4 * Cl * C, g[11] + l * 4 * Cl, d4c_, a.ln2 + l * N * C,
-                    w[10] + l * 4 * Cl * C, N, C, 4 * Cl);  // d ln2 (B,T,C) partial
-    all_reduce(dc_, N * C, ReduceOp::kSum);                 // f backward
-    layernorm_backward(pool_, dres_, g[8] + lc, g[9] + lc, dc_, a.res2 + l * N * C, w[8] + lc, a.ln2_mean + l * N,
-                       a.ln2_rstd + l * N, N, C);  // += d res2
+    matmul_backward(pool_, d4c_, false, g[12] + l * C * 4 * Cl, g[13] + lc, dres_, la.fch_gelu, w[12] + l * C * 4 * Cl,
+                    N, 4 * Cl, C);                         // d fch_gelu (B,T,4Cl)
+    gelu_backward(pool_, d4c_, la.fch, d4c_, N * 4 * Cl);  // d fch (B,T,4Cl)
+    matmul_backward(pool_, dc_, false, g[10] + l * 4 * Cl * C, g[11] + l * 4 * Cl, d4c_, la.ln2, w[10] + l * 4 * Cl * C,
+                    N, C, 4 * Cl);           // d ln2 (B,T,C) partial
+    all_reduce(dc_, N * C, ReduceOp::kSum);  // f backward
+    layernorm_backward(pool_, dres_, g[8] + lc, g[9] + lc, dc_, la.res2, w[8] + lc, la.ln2_mean, la.ln2_rstd, N,
+                       C);  // += d res2
     // attention block
-    matmul_backward(pool_, dc_, false, g[6] + l * C * Cl, g[7] + lc, dres_, a.atty + l * N * Cl, w[6] + l * C * Cl, N,
-                    Cl, C);  // d atty (B,T,Cl) in dc_
-    attention_backward(pool_, dqkv_, att_scratch_, dc_, a.qkv + l * N * 3 * Cl, a.att + l * B * NHl * TT, B, Tn, Cl,
-                       NHl);  // d qkv (B,T,3Cl)
-    matmul_backward(pool_, dc_, false, g[4] + l * 3 * Cl * C, g[5] + l * 3 * Cl, dqkv_, a.ln1 + l * N * C,
-                    w[4] + l * 3 * Cl * C, N, C, 3 * Cl);  // d ln1 (B,T,C) partial
-    all_reduce(dc_, N * C, ReduceOp::kSum);                // f backward
-    layernorm_backward(pool_, dres_, g[2] + lc, g[3] + lc, dc_, residual, w[2] + lc, a.ln1_mean + l * N,
-                       a.ln1_rstd + l * N, N, C);                                  // += d residual
+    matmul_backward(pool_, dc_, false, g[6] + l * C * Cl, g[7] + lc, dres_, la.atty, w[6] + l * C * Cl, N, Cl,
+                    C);                                                                   // d atty (B,T,Cl)
+    attention_backward(pool_, dqkv_, att_scratch_, dc_, la.qkv, la.att, B, Tn, Cl, NHl);  // d qkv (B,T,3Cl)
+    matmul_backward(pool_, dc_, false, g[4] + l * 3 * Cl * C, g[5] + l * 3 * Cl, dqkv_, la.ln1, w[4] + l * 3 * Cl * C,
+                    N, C, 3 * Cl);           // d ln1 (B,T,C) partial
+    all_reduce(dc_, N * C, ReduceOp::kSum);  // f backward
+    layernorm_backward(pool_, dres_, g[2] + lc, g[3] + lc, dc_, residual, w[2] + lc, la.ln1_mean, la.ln1_rstd, N,
+                       C);                                                         // += d residual
     for (int i = 2; i < 14; ++i) report(i, l * (sizes_[i] / Ls), sizes_[i] / Ls);  // layer l's slices are final
   }
   if (shape_.first()) {

@@ -25,7 +25,10 @@ namespace railyard::worker::parallel {
 class GptStage {
  public:
   // (B, T) micro-batches; tp is the tensor-parallel group (nullptr or size 1 when tp_size == 1).
-  GptStage(const StageShape& shape, int B, int seq_len, int slots, ThreadPool& pool, comm::Communicator* tp);
+  // recompute: which layers (global index) drop activations after forward and rebuild them in backward, tp
+  // all-reduces included (docs/worker.md); results are bitwise those without.
+  GptStage(const StageShape& shape, int B, int seq_len, int slots, ThreadPool& pool, comm::Communicator* tp,
+           const RecomputeSpec& recompute = {});
 
   const StageShape& shape() const { return shape_; }
   int slots() const { return slots_; }
@@ -71,14 +74,22 @@ class GptStage {
   double take_tp_comm_seconds();
 
  private:
+  // One layer's activations: its share of the slot's buffers, or (recomputed layers) the stage's one-layer working
+  // set, which backward refills by running the layer forward again.
+  struct LayerActs {
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu;
+  };
   struct Slot {
-    float *input, *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu,
-        *res3, *lnf, *lnf_mean, *lnf_rstd, *logits, *losses, *dinput;
+    float *input, *res3, *lnf, *lnf_mean, *lnf_rstd, *logits, *losses, *dinput;
+    std::vector<LayerActs> layer;  // local layer index
     int32_t* tokens;
   };
   void all_reduce(float* buf, size_t n, comm::ReduceOp op);
+  // Local layer l of a slot: writes res3 (proj_ may be passed to discard it).
+  void layer_forward(size_t l, const float* residual, const LayerActs& a, float* res3);
 
   StageShape shape_;
+  RecomputeSpec recompute_;
   int B_, T_, slots_;
   ThreadPool& pool_;
   comm::Communicator* tp_;

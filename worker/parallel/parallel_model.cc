@@ -26,7 +26,8 @@ uint32_t tag(uint32_t step, int m, int dir) {
 }  // namespace
 
 ParallelModel::ParallelModel(const GptConfig& config, int B, int seq_len, int max_micro_batches, ThreadPool& pool,
-                             const ModelGroups& groups, const std::vector<int>& boundaries)
+                             const ModelGroups& groups, const std::vector<int>& boundaries,
+                             const RecomputeSpec& recompute)
     : config_(config), B_(B), T_(seq_len), max_m_(max_micro_batches), pool_(pool), groups_(groups) {
   if (max_micro_batches < 1 || max_micro_batches >= (1 << 17)) {
     throw ConfigError("micro-batches per step must be in 1..131071, got " + std::to_string(max_micro_batches));
@@ -35,7 +36,7 @@ ParallelModel::ParallelModel(const GptConfig& config, int B, int seq_len, int ma
   const StageShape shape =
       make_stage_shape(config, seq_len, size_of(groups.tp), rank_of(groups.tp), pp, stage, boundaries);
   const int slots = std::min(max_micro_batches, pp - stage);
-  stage_ = std::make_unique<GptStage>(shape, B, seq_len, slots, pool, groups.tp);
+  stage_ = std::make_unique<GptStage>(shape, B, seq_len, slots, pool, groups.tp, recompute);
   count_once_ = count_once_ranges(stage_->shard_map(), shape.tp_rank);
   send_fwd_.resize(slots);
   send_bwd_.resize(slots);

@@ -4,8 +4,11 @@
 #include <time.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <exception>
 #include <filesystem>
+#include <thread>
 
 #include "checkpoint/layout.h"
 #include "checkpoint/reader.h"
@@ -100,7 +103,8 @@ struct Checkpointer::Metrics {
         restore_bytes(r.gauge("railyard_checkpoint_restore_bytes", "Bytes read by the restore at start.").add(l)),
         restored_step(r.gauge("railyard_checkpoint_restored_step", "Step restored at start (0: fresh start).").add(l)),
         restored_from_memory(r.gauge("railyard_checkpoint_restored_from_memory",
-                                     "1 when the restore at start read the in-memory tier, 0 otherwise.")
+                                     "1 when the restore at start read the in-memory tier (own memory or a peer copy), "
+                                     "0 otherwise.")
                                  .add(l)),
         memory_put(r.histogram("railyard_checkpoint_memory_snapshot_seconds",
                                "Time to copy the state into the in-memory tier (shared memory) after a step; the "
@@ -237,6 +241,17 @@ Checkpointer::Checkpointer(CheckpointOptions options, const GptConfig& model, Tr
 
 Checkpointer::~Checkpointer() {
   try {
+    // Unwinding (typically a comm::CommError: a peer's process, pod or node is gone): a save in flight may wait in
+    // the commit barrier for that peer's part, which never comes, for the writer's commit_timeout. Wait for it only
+    // until the agent stops this process (SIGTERM: a new generation is open), then give it up, so a survivor exits
+    // at once instead of after the agent's grace period and SIGKILL (docs/elastic.md).
+    if (std::uncaught_exceptions() > 0 && writer_) {
+      while (!writer_->idle() && !stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      if (!writer_->idle()) {
+        log::warn("checkpoint", "stop signal while unwinding: giving up the save in flight");
+        writer_->abandon();
+      }
+    }
     finish();
   } catch (const std::exception& e) {
     log::error("checkpoint", std::string("while finishing: ") + e.what());
@@ -338,7 +353,8 @@ std::optional<RestoreInfo> Checkpointer::restore() {
   if (shm_[0] && !exact_step) {
     if (auto st = restore_from_memory(targets, disk.empty() ? -1 : disk.front())) {
       info.step = *st;
-      info.source = "memory";
+      const auto& peer = opt_.shm_peer_steps;
+      info.source = std::find(peer.begin(), peer.end(), *st) != peer.end() ? "peer" : "memory";
       for (const auto& t : targets) info.bytes += static_cast<uint64_t>(t.box.volume()) * sizeof(float);
     } else if (disk.empty()) {
       // get() may have written into some targets before it found the damage: start from a clean initialisation.
@@ -388,7 +404,7 @@ std::optional<RestoreInfo> Checkpointer::restore() {
     metrics_->restore_seconds.set(info.seconds);
     metrics_->restore_bytes.set(static_cast<double>(info.bytes));
     metrics_->restored_step.set(static_cast<double>(info.step));
-    metrics_->restored_from_memory.set(info.source == "memory" ? 1 : 0);
+    metrics_->restored_from_memory.set(info.source == "memory" || info.source == "peer" ? 1 : 0);
   }
   log::info("checkpoint", "restored",
             {{"step", std::to_string(info.step)},

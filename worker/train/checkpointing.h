@@ -135,6 +135,9 @@ struct CheckpointOptions {
   std::string resume = "auto";     // auto (newest valid under dir) | never | PATH (a root or one step-N directory)
   int shm_every = 0;               // also keep the snapshot in shared memory every N steps (0 = off)
   std::string shm_name;            // ShmStore base name (ckpt::ShmStore::name_for); two slots: shm_name + "-a", "-b"
+  // Steps the agent fetched into this rank's slots from a peer pod (RAILYARD_SHM_PEER_STEPS): a restore of one of
+  // them is logged from=peer.
+  std::vector<int64_t> shm_peer_steps;
   double term_budget_seconds = 8;  // SIGTERM: deadline for the final save, from the signal
   std::string run_id;              // unique per run and generation; empty = random (one rank only)
   int rank = 0;

@@ -12,16 +12,21 @@
 namespace railyard::worker {
 
 double flops_per_token(const GptConfig& c, int T) {
-  const double n = static_cast<double>(num_parameters(c)) - static_cast<double>(c.max_seq_len) * c.channels;
+  double n = static_cast<double>(num_parameters(c)) - static_cast<double>(c.max_seq_len) * c.channels;
+  if (c.moe.experts > 0) {
+    // a token runs through top_k of the E experts: the others' MLP weights do no work for it
+    const double C = c.channels, expert = 8 * C * C + 5 * C;
+    n -= static_cast<double>(c.num_layers) * (c.moe.experts - c.moe.top_k) * expert;
+  }
   return 6.0 * n + 12.0 * c.num_layers * static_cast<double>(c.channels) * T;
 }
 
-MemoryBudget memory_budget(const GptConfig& c, int B, int T, int threads) {
+MemoryBudget memory_budget(const GptConfig& c, int B, int T, int threads, const RecomputeSpec& recompute) {
   MemoryBudget m;
   m.params = num_parameters(c) * sizeof(float);
   m.grads = m.params;
   m.adam = 2 * m.params;
-  m.activations = activation_bytes(c, B, T, threads);
+  m.activations = activation_bytes(c, B, T, threads, recompute);
   return m;
 }
 

@@ -13,7 +13,8 @@ namespace railyard::worker {
 //   6 * N  +  12 * L * C * T
 // N = all parameters except wpe (the position table is a lookup, no FLOPs; wte counts because it is the LM head's
 // matrix, computed over the padded Vp rows). The attention term is QK^T and AV at full T (2 * 2 * T * C per layer
-// forward, times 3 for forward + backward), as in the PaLM appendix and nanoGPT.
+// forward, times 3 for forward + backward), as in the PaLM appendix and nanoGPT. With experts, N counts the router
+// and top_k of the E experts per layer (the active parameters; capacity drops are not subtracted).
 double flops_per_token(const GptConfig& c, int T);
 
 struct MemoryBudget {
@@ -21,7 +22,7 @@ struct MemoryBudget {
   size_t total() const { return params + grads + adam + activations; }
   std::string describe() const;
 };
-MemoryBudget memory_budget(const GptConfig& c, int B, int T, int threads);
+MemoryBudget memory_budget(const GptConfig& c, int B, int T, int threads, const RecomputeSpec& recompute = {});
 
 // FLOP/s that our GEMM path (OpenBLAS single-threaded per pool thread, output split across the pool) reaches on
 // the step's own GEMM shapes: one layer's four linear layers and the LM head, forward and both backward GEMMs, for

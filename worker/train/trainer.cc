@@ -63,7 +63,9 @@ Trainer::Trainer(const GptConfig& model, const TrainConfig& config, ThreadPool& 
       train_(train),
       val_(val),
       // A sharded model replaces the built-in one: no full-size buffers on this rank.
-      model_(sharded != nullptr ? nullptr : std::make_unique<Gpt<float>>(model, config.batch, config.seq_len, pool)),
+      model_(sharded != nullptr
+                 ? nullptr
+                 : std::make_unique<Gpt<float>>(model, config.batch, config.seq_len, pool, config.recompute)),
       sync_(sync),
       sharded_(sharded),
       inputs_(static_cast<size_t>(config.batch) * config.seq_len),
@@ -107,7 +109,7 @@ AdamW& Trainer::optimizer() {
 }
 
 MemoryBudget Trainer::memory_budget() const {
-  return railyard::worker::memory_budget(gpt_, cfg_.batch, cfg_.seq_len, pool_.size());
+  return railyard::worker::memory_budget(gpt_, cfg_.batch, cfg_.seq_len, pool_.size(), cfg_.recompute);
 }
 
 StepResult Trainer::step() {
@@ -159,10 +161,19 @@ StepResult Trainer::step() {
       r.times.dp_comm = phase(t_dp);
     }
   } else if (sync_ == nullptr) {
+    size_t moe_assigned = 0, moe_dropped = 0;
+    double moe_aux = 0;
     for (int m = 0; m < micro; ++m) {
       train_.next_batch(inputs_.data(), targets_.data());
       loss_sum += model_->forward(inputs_.data(), targets_.data(), Gpt<float>::Mode::kTrain, 1.0f / micro);
       model_->backward(/*accumulate=*/m > 0);  // the first micro-batch overwrites: no zero_grad() pass
+      moe_assigned += model_->moe_stats().assignments;
+      moe_dropped += model_->moe_stats().dropped;
+      moe_aux += model_->moe_stats().aux_loss / micro;
+    }
+    if (moe_assigned > 0) {
+      r.moe_aux_loss = moe_aux;
+      r.moe_dropped_fraction = static_cast<double>(moe_dropped) / static_cast<double>(moe_assigned);
     }
     r.loss = loss_sum / micro;
     r.times.compute = phase(t0);
@@ -297,6 +308,12 @@ void Trainer::log_step(const StepResult& r) {
                {"split_ms", fmt("%.1f", r.times.compute * 1e3) + "/" + fmt("%.1f", r.times.tp_comm * 1e3) + "/" +
                                 fmt("%.1f", r.times.pp_wait * 1e3) + "/" + fmt("%.1f", r.times.dp_comm * 1e3) + "/" +
                                 fmt("%.1f", r.times.optimizer * 1e3)}});
+    if (gpt_.moe.experts > 0) {
+      log::info("worker", "moe",
+                {{"step", std::to_string(r.step + 1)},
+                 {"aux_loss", fmt("%.6f", r.moe_aux_loss)},
+                 {"dropped_fraction", fmt("%.4f", r.moe_dropped_fraction)}});
+    }
   }
   if (!cfg_.progress_file.empty() && std::isfinite(r.loss)) {
     // The agent forwards this file to the rendezvous service (docs/rendezvous.md); a failed write must not stop
@@ -328,6 +345,10 @@ void Trainer::log_step(const StepResult& r) {
                         {"optimizer_ms", r.times.optimizer * 1e3}};
     if (!std::isfinite(r.loss)) j["loss"] = nullptr;
     if (!std::isfinite(r.grad_norm)) j["grad_norm"] = nullptr;
+    if (gpt_.moe.experts > 0) {
+      j["moe_aux_loss"] = r.moe_aux_loss;
+      j["moe_dropped_fraction"] = r.moe_dropped_fraction;
+    }
     *json_ << j.dump() << '\n';
     json_->flush();
   }
@@ -341,7 +362,9 @@ int Trainer::run() {
                                     model_ ? model_->num_params() : 0);
     if (model_) model_->zero_grad();
   }
-  log::info("worker", "model", {{"shape", describe(gpt_)}, {"threads", std::to_string(pool_.size())}});
+  log::info(
+      "worker", "model",
+      {{"shape", describe(gpt_)}, {"threads", std::to_string(pool_.size())}, {"recompute", describe(cfg_.recompute)}});
   if (sync_ != nullptr || !layout_.empty()) {
     log::info("worker", "layout",
               {{"groups", layout_.empty() ? "single process" : layout_},

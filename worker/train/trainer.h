@@ -55,6 +55,7 @@ struct TrainConfig {
   std::string log_json;       // optional JSON-lines log file
   std::string progress_file;  // optional: {"step", "loss", "tokens_per_second"} rewritten atomically each step
   bool quiet = false;         // no per-step log lines (tests)
+  RecomputeSpec recompute;    // activation recomputation (--recompute, --recompute-layers); results are unchanged
 
   int micro_steps() const;                      // global batch / (B*T)
   void validate(const GptConfig& model) const;  // throws ConfigError naming the flag
@@ -72,6 +73,10 @@ struct StepResult {
   double flops_per_second = 0;
   double mfu = 0;             // flops_per_second / peak (0 if no peak known)
   parallel::StepTimes times;  // where the step's wall time went (compute, tp/pp/dp communication, optimizer)
+  // Mixture of experts: the load-balancing loss (included in `loss`) and the share of (token, choice) assignments
+  // dropped at capacity, over the step's micro-batches.
+  double moe_aux_loss = 0;
+  double moe_dropped_fraction = 0;
 };
 
 // What a checkpoint needs besides the loader's own state (which the BatchSource owner keeps): views of the flat

@@ -3,7 +3,7 @@
 # the file-SD target lists in STATE/prometheus/targets/*.json. Sourced by cluster.sh after lib/control_plane.sh
 # (uses STATE_DIR, REPO_ROOT, die, info, start_component, stop_component, component_alive, port_in_use).
 # Also runnable on its own for tests, with a dedicated directory as the state dir:
-#   bash deploy/local/lib/prometheus.sh up|down|write-targets DIR [NAME JSON]
+#   bash deploy/local/lib/prometheus.sh up|down|write-targets DIR [NAME JSON]|pod-targets DIR NAME [NAMESPACE]
 
 PROMETHEUS_READY_SECONDS=30
 
@@ -85,6 +85,33 @@ prometheus_write_targets() {
   mv -f "$dir/.$name.json.tmp" "$dir/$name.json"
 }
 
+# prometheus_pod_targets NAME [NAMESPACE]: targets/NAME.json from the Running worker pods (label railyard.dev/job)
+# of NAMESPACE (all namespaces without one), relabelled as deploy/prometheus/prometheus.yml's kubernetes_sd_configs
+# does in a real cluster: podIP:(railyard.dev/metrics-port annotation, else 9400 = the operator's
+# --worker-metrics-port default) with namespace, job, rank (railyard.dev/rank annotation, else the replica index),
+# generation, node and pod. Debian's Prometheus has no Kubernetes discovery: callers run this every second or so.
+# Needs kubectl and KUBECONFIG.
+prometheus_pod_targets() {
+  local name="$1" json where=(-A)
+  [ -n "${2:-}" ] && where=(-n "$2")
+  json=$(kubectl get pods "${where[@]}" -l railyard.dev/job -o json | python3 -c '
+import json, sys
+out = []
+for p in json.load(sys.stdin)["items"]:
+    md, st = p["metadata"], p.get("status", {})
+    if st.get("phase") != "Running" or not st.get("podIP") or md.get("deletionTimestamp"):
+        continue
+    lab, ann = md.get("labels", {}), md.get("annotations", {})
+    rank = ann.get("railyard.dev/rank", lab.get("railyard.dev/replica-index", ""))
+    port = ann.get("railyard.dev/metrics-port", "9400")
+    out.append({"targets": [st["podIP"] + ":" + port],
+                "labels": {"namespace": md["namespace"], "job": lab["railyard.dev/job"], "rank": rank,
+                           "generation": lab.get("railyard.dev/generation", ""),
+                           "node": p["spec"].get("nodeName", ""), "pod": md["name"]}})
+print(json.dumps(out))') || return 1
+  prometheus_write_targets "$name" "$json"
+}
+
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   set -euo pipefail
   PROG="prometheus.sh"
@@ -96,7 +123,7 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
   # shellcheck disable=SC1091
   source "$REPO_ROOT/deploy/local/lib/control_plane.sh"
-  [ $# -ge 2 ] || die "usage: $PROG up|down|write-targets DIR [NAME JSON]"
+  [ $# -ge 2 ] || die "usage: $PROG up|down|write-targets DIR [NAME JSON]|pod-targets DIR NAME [NAMESPACE]"
   cmd="$1"
   STATE_DIR="$(realpath -m -- "$2")"
   mkdir -p "$STATE_DIR"
@@ -107,6 +134,10 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
       [ $# -eq 4 ] || die "usage: $PROG write-targets DIR NAME JSON"
       prometheus_write_targets "$3" "$4"
       ;;
-    *) die "unknown command '$cmd' (up, down, write-targets)" ;;
+    pod-targets)
+      [ $# -ge 3 ] && [ $# -le 4 ] || die "usage: $PROG pod-targets DIR NAME [NAMESPACE]"
+      prometheus_pod_targets "$3" "${4:-}"
+      ;;
+    *) die "unknown command '$cmd' (up, down, write-targets, pod-targets)" ;;
   esac
 fi

@@ -181,3 +181,152 @@ PY
   }
   echo "$a"
 }
+
+# --- operator restarts (control_plane_test.sh, chaos_test.sh) ---
+# The pods' RAILYARD_RENDEZVOUS_ADDR is fixed when they are created, so an operator that is restarted must listen on
+# the same rendezvous port: a script that restarts it sets `rdzv_port=$(free_port)` and
+# `op_extra="--rendezvous-bind 127.0.0.1:$rdzv_port"` before start_operator (the later flag wins).
+# kill_operator: SIGKILL (no clean shutdown: it can die at any line).
+kill_operator() {
+  [ -n "$op_pid" ] || return 0
+  kill -9 "$op_pid" 2>/dev/null || true
+  wait "$op_pid" 2>/dev/null || true
+  op_pid=""
+}
+# restart_operator: a new operator process with the same flags and rendezvous port, its log appended to op.log; waits
+# until it leads.
+restart_operator() {
+  local n
+  n=$(grep -c "leading: reconciling" "$work/op.log" || true)
+  # shellcheck disable=SC2086
+  "$bin/railyard-operator" --namespace "$ns" --leader-elect=false --worker-command "$bin/railyard-worker" \
+    --metrics-addr "127.0.0.1:$(free_port)" --health-addr "127.0.0.1:$(free_port)" --rendezvous-bind 127.0.0.1:0 \
+    ${op_extra:-} >>"$work/op.log" 2>&1 &
+  op_pid=$!
+  wait_for 60 "the restarted operator to lead" bash -c "[ \$(grep -c 'leading: reconciling' '$work/op.log') -gt $n ]"
+}
+# ts_now: seconds since the epoch with a fraction (the log timestamps' clock).
+ts_now() { date +%s.%N; }
+
+# reference_params_dp2 STEPS: like reference_params, but the undisturbed run is the job's own computation (dp=2,
+# gradient accumulation 2) as a local two-process world (`train --nproc 2`) with the thread count the job's trainers
+# logged: about as fast as the job itself, where the one-process reference takes 2-3 times as long. Deterministic mode
+# makes both references the same bits; this one is used by the longer runs (chaos_test.sh). Also writes the
+# one-process config $work/ref.json that final_params_match exports with.
+reference_params_dp2() {
+  local cfg t0=$SECONDS tj
+  cfg=$(agent_config "$job_name-worker-0" 1)
+  [ -f "$cfg" ] || fail "no generation-1 config of $job_name-worker-0 at $cfg"
+  tj=$(grep -oE 'worker: model .*threads=[0-9]+' "$(pod_log "$job_name-worker-0")" | grep -oE 'threads=[0-9]+$' | sort -u | cut -d= -f2)
+  [ "$(wc -w <<<"$tj")" = 1 ] || fail "the job's trainers ran with different thread counts: $tj"
+  python3 - "$cfg" "$work/ref.json" "$work/ref2.json" <<'PY' || fail "generation 1's config $cfg is not deterministic"
+import json, sys
+c = json.load(open(sys.argv[1]))
+if c.get("parallelism", {}).get("deterministic") is not True:
+    sys.exit(f"parallelism: {c.get('parallelism')}")
+if c.get("world_size") != 2:
+    sys.exit(f"generation 1 has world_size {c.get('world_size')}, want 2")
+c.update(restore="")
+c.pop("checkpoint", None)
+c.get("spec", {}).pop("checkpoint", None)
+json.dump(c, open(sys.argv[3], "w"))
+c.update(world_size=1, layout={"dp": 1, "tp": 1, "pp": 1})
+json.dump(c, open(sys.argv[2], "w"))
+PY
+  "$bin/railyard-worker" train --config "$work/ref2.json" --nproc 2 --threads "$tj" --export "$work/ref.bin" \
+    >"$work/ref.log" 2>&1 || { tail -n 20 "$work/ref.log" >&2; fail "the undisturbed reference run failed"; }
+  grep -q 'data_parallel="dp=2 zero=0 deterministic ' "$work/ref.log" || fail "the reference run is not dp=2 deterministic"
+  [ "$(grep -oE 'worker: model .*threads=[0-9]+' "$work/ref.log" | grep -oE 'threads=[0-9]+$' | sort -u)" = "threads=$tj" ] ||
+    fail "the reference ran with $(grep -oE 'threads=[0-9]+$' "$work/ref.log" | sort -u | tr '\n' ' '), the job with threads=$tj"
+  echo "reference run (dp=2, two local processes): $1 steps in $((SECONDS - t0)) s" >&2
+  grep -oE 'worker: step step=[0-9]+/[0-9]+ loss=[0-9.]+' "$work/ref.log" | tail -1 | sed -E 's/.*loss=//'
+}
+
+# ---- The monitor through a real Prometheus (hang and straggler flows) ----
+# start_monitor_prometheus [MONITOR FLAGS...]: a real Prometheus of its own ($work/prom, deploy/local/lib/prometheus.sh
+# up: 1 s scrapes, the shipped rules) scraping the namespace's Running worker pods, and railyard-monitor querying it
+# (--prometheus-url). Debian's Prometheus has no Kubernetes discovery: a background loop rewrites the file-SD list from
+# the pods every second (prometheus.sh pod-targets: the relabelling of deploy/prometheus/prometheus.yml); it ends with
+# this script. Sets prom_url and mon_pid; the EXIT trap stops the monitor, the loop and Prometheus (by pid) and
+# continues every pid listed in `stopped_pids` before lib.sh's cleanup runs.
+mon_pid="" prom_dir="" prom_url="" targets_pid=""
+stopped_pids=()
+start_monitor_prometheus() {
+  [ -x "$bin/railyard-monitor" ] || fail "no railyard-monitor in $bin (build it first)"
+  prom_dir=$work/prom
+  trap 'monitor_cleanup; cleanup' EXIT
+  bash "$src/deploy/local/lib/prometheus.sh" up "$prom_dir" >"$work/prometheus-up.log" 2>&1 ||
+    fail "starting Prometheus: $(tail -3 "$work/prometheus-up.log")"
+  prom_url=$(sed -n 's/^export PROMETHEUS_URL=//p' "$prom_dir/prometheus/prometheus.env")
+  [ -n "$prom_url" ] || fail "no PROMETHEUS_URL in $prom_dir/prometheus/prometheus.env"
+  local me=$$
+  (while kill -0 "$me" 2>/dev/null; do
+    bash "$src/deploy/local/lib/prometheus.sh" pod-targets "$prom_dir" "$ns" "$ns" >>"$work/targets.log" 2>&1 || true
+    sleep 1
+  done) &
+  targets_pid=$!
+  "$bin/railyard-monitor" --namespace "$ns" --prometheus-url "$prom_url" --listen 127.0.0.1:0 --interval 1 "$@" \
+    >"$work/mon.log" 2>&1 &
+  mon_pid=$!
+}
+monitor_cleanup() {
+  local rc=$?
+  for p in "${stopped_pids[@]}"; do kill -CONT "$p" 2>/dev/null || true; done
+  [ "$rc" = 0 ] || { echo "== monitor (exit $rc)" >&2 && tail -n 15 "$work/mon.log" >&2 2>/dev/null; } || true
+  [ -n "$mon_pid" ] && kill "$mon_pid" 2>/dev/null && wait "$mon_pid" 2>/dev/null || true
+  [ -n "$targets_pid" ] && kill "$targets_pid" 2>/dev/null && wait "$targets_pid" 2>/dev/null || true
+  [ -n "$prom_dir" ] && bash "$src/deploy/local/lib/prometheus.sh" down "$prom_dir" >/dev/null 2>&1 || true
+  return 0
+}
+# prom_query EXPR: the instant query's result vector as JSON.
+prom_query() { curl -fsS "$prom_url/api/v1/query" --data-urlencode "query=$1" | jq -c '.data.result'; }
+# prom_sees_ranks N: Prometheus scrapes N ranks of the job (up == 1) and has their step series.
+prom_sees_ranks() {
+  [ "$(prom_query "sum(up{namespace=\"$ns\",job=\"$job_name\"})" | jq -r '.[0].value[1] // 0')" = "$1" ] &&
+    [ "$(prom_query "count(railyard_worker_step{namespace=\"$ns\",job=\"$job_name\"})" | jq -r '.[0].value[1] // 0')" = "$1" ]
+}
+# restart_request: the job's railyard.dev/restart-request annotation (the monitor's JSON), or nothing.
+restart_request() { kubectl get tj "$job_name" -n "$ns" -o json 2>/dev/null | jq -r '.metadata.annotations["railyard.dev/restart-request"] // empty'; }
+has_restart_request() { [ -n "$(restart_request)" ]; }
+# before_last_restore POD: the pod's log up to its last "checkpoint: restored" line (the interrupted generations).
+before_last_restore() { awk '/checkpoint: restored /{out = out buf; buf = ""} {buf = buf $0 "\n"} END{printf "%s", out}' "$(pod_log "$1")"; }
+# check_resumed MAX_LOST: after a restart, both ranks restore the same step r (> 0), at most MAX_LOST steps behind
+# the last step the interrupted generation logged (gen1_last), and rank 0's first step after the restore is r + 1.
+# Sets r, gen1_last, lost and t_step (when that first step was done, from its log line).
+check_resumed() {
+  local log0 after i
+  log0=$(pod_log "$job_name-worker-0")
+  for i in 0 1; do
+    wait_for 60 "rank $i to restore" bash -c "grep -q 'checkpoint: restored ' '$(pod_log "$job_name-worker-$i")'"
+  done
+  r=$(restored_step "$job_name-worker-0")
+  [ "$(restored_step "$job_name-worker-1")" = "$r" ] || fail "ranks restored steps $r and $(restored_step "$job_name-worker-1")"
+  [ "$r" -gt 0 ] || fail "restored step $r (a fresh start)"
+  gen1_last=$(before_last_restore "$job_name-worker-0" | grep -oE 'worker: step step=[0-9]+' | tail -1 | cut -d= -f2)
+  lost=$((gen1_last - r))
+  if [ "$lost" -lt 0 ] || [ "$lost" -gt "$1" ]; then
+    fail "the interrupted generation reached step $gen1_last, restored $r: $lost steps lost, want 0..$1"
+  fi
+  after_restore() { awk '/checkpoint: restored /{buf=""} {buf = buf $0 "\n"} END{printf "%s", buf}' "$log0"; }
+  wait_for 60 "the first step after the restore" \
+    bash -c "$(declare -f after_restore); log0='$log0'; after_restore | grep -q 'worker: step step='"
+  # When the step was done, from the log line's own time (the file may be written later than that).
+  t_step=$(date -d "$(after_restore | grep -m1 'worker: step step=' | cut -c1-24)" +%s.%N)
+  after=$(after_restore | grep -oE 'worker: step step=[0-9]+' | head -1 | cut -d= -f2)
+  [ "$after" = $((r + 1)) ] || fail "first step after the restore is '$after', want $((r + 1))"
+}
+# check_succeeded_as_undisturbed STEPS RESTARTS: the job ends Succeeded, STEPS/STEPS, with RESTARTS restarts, rank 0's
+# last step is STEPS with the undisturbed run's loss, and its final parameters are bitwise the undisturbed run's.
+# Sets final_loss and params_sha.
+check_succeeded_as_undisturbed() {
+  local final ref_loss
+  wait_succeeded 180
+  [ "$(jp '{.status.restarts}')" = "$2" ] || fail "restarts $(jp '{.status.restarts}'), want $2"
+  [ "$(jp '{.status.progress}')" = "$1/$1" ] || fail "progress '$(jp '{.status.progress}')'"
+  final=$(steps_of "$job_name-worker-0" | tail -1)
+  [ "${final%% *}" = "$1" ] || fail "rank 0's last step is '$final', want $1"
+  final_loss=${final#* }
+  ref_loss=$(reference_params "$1")
+  [ "$final_loss" = "$ref_loss" ] || fail "final loss $final_loss differs from the undisturbed run's $ref_loss"
+  params_sha=$(final_params_match "$1")
+}

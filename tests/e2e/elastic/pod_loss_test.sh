@@ -46,6 +46,13 @@ r1=$(restored_step "$job_name-worker-1")
 stop_save=$(grep 'checkpoint: saved on stop signal ' "$log1" | tail -1 | grep -oE ' step=[0-9]+' | cut -d= -f2)
 [ -n "$stop_save" ] || fail "the deleted pod's trainer did not save on SIGTERM: $(grep 'stop signal' "$log1" | tail -2)"
 [ "$r0" = "$stop_save" ] || fail "restored step $r0, but the deleted pod's trainer saved step $stop_save on SIGTERM"
+# That save is a checkpoint on disk and both ranks restored from its directory (a restore verifies the manifest and
+# the checksums; the directory itself may already be gone: the job keeps its newest few checkpoints).
+stop_dir=$work/ckpt/$job_name/$(printf 'step-%08d' "$stop_save")
+for i in 0 1; do
+  [ "$(restored_from "$job_name-worker-$i")" = "$stop_dir" ] ||
+    fail "$job_name-worker-$i restored from '$(restored_from "$job_name-worker-$i")', not the checkpoint saved on SIGTERM ($stop_dir)"
+done
 after_restore() { awk '/checkpoint: restored /{buf=""} {buf = buf $0 "\n"} END{printf "%s", buf}' "$log0"; }
 wait_for 60 "the first step after the restore" bash -c "$(declare -f after_restore); log0='$log0'; after_restore | grep -q 'worker: step step='"
 after=$(after_restore | grep -oE 'worker: step step=[0-9]+' | head -1 | cut -d= -f2)

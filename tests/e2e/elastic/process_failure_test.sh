@@ -25,8 +25,9 @@ agent_pid=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.
   "$state/node-agent/processes.json" "$uid1")
 worker_pid=$(pgrep -P "$agent_pid" | head -1)
 [ -n "$worker_pid" ] || fail "no trainer process under the agent of $job_name-worker-1 (pid $agent_pid)"
-# Each rank keeps two slots in the pod's shared memory, named by its agent (/railyard-<ns>_<pod>-<agent id>-r<rank>).
-shm_of() { find /dev/shm -maxdepth 1 -name "railyard-${ns}_$1-*" 2>/dev/null | wc -l; }
+# Each rank keeps two slots in the pod's shared memory, named by its agent (/railyard-<ns>_<pod>-<agent id>-r<rank>);
+# the agent also holds the other pod's two peer copies (...-peer-r<rank>-a|b, docs/checkpointing.md "The peer copy").
+shm_of() { find /dev/shm -maxdepth 1 -name "railyard-${ns}_$1-*" ! -name '*-peer-r*' 2>/dev/null | wc -l; }
 for i in 0 1; do
   [ "$(shm_of "$job_name-worker-$i")" = 2 ] || fail "pod $i: $(shm_of "$job_name-worker-$i") shared-memory segments, want 2"
 done

@@ -312,6 +312,35 @@ TEST_CASE("multi-rank barrier: a missing rank times out with the rank named") {
   CHECK_FALSE(std::filesystem::exists(dir / temp_dir_name(1, "lonely")));
 }
 
+TEST_CASE("abandon: a save waiting for a rank that is gone ends at once, for rank 0 and for the others") {
+  TempDir dir;
+  GlobalState g = GlobalState::make(small_gpt(false), 1);
+  Layout l{3, 1, 1, 0};
+  for (int rank : {0, 1}) {  // rank 0 waits in gather for rank 2; rank 1 waits in wait_commit for rank 0's commit
+    CAPTURE(rank);
+    WriterOptions o = writer_options(dir.path(), l, rank, "gone" + std::to_string(rank));
+    o.commit_timeout = std::chrono::minutes(10);  // without abandon() the save would wait this long
+    Writer w(o);
+    RankState rs = rank_state(g, l, rank);
+    w.snapshot(1, rs.shards);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    CHECK_FALSE(w.idle());  // still waiting for the missing rank
+    const auto t0 = Clock::now();
+    w.abandon();
+    SaveStatus s = w.wait(1, Clock::now() + std::chrono::seconds(10));
+    CHECK(Clock::now() - t0 < std::chrono::seconds(2));
+    CHECK(s.state == SaveState::Failed);
+    if (rank == 0) CHECK_MESSAGE(s.error.find("abandoned waiting for rank(s) 1,2") != std::string::npos, s.error);
+    CHECK(w.idle());
+    // A save queued after abandon() fails at once without writing anything.
+    w.snapshot(2, rs.shards);
+    s = w.wait(2, Clock::now() + std::chrono::seconds(10));
+    CHECK(s.state == SaveState::Failed);
+    CHECK_MESSAGE(s.error.find("save abandoned") != std::string::npos, s.error);
+  }
+  CHECK(Reader(dir.path()).complete_steps().empty());
+}
+
 TEST_CASE("llm.c-style flat buffer: save from one contiguous buffer, load into another") {
   TempDir dir;
   auto defs = small_gpt(true);

@@ -205,6 +205,61 @@ TEST_CASE("straggler: step time from the histogram's _sum/_count deltas") {
   CHECK(v->evidence.find("2.000s") != std::string::npos);
 }
 
+TEST_CASE("straggler: in a synchronous job the compute time per step tells the straggler from those who wait") {
+  // Data parallel in lock step: every rank's step takes 1.0 s of wall time. Ranks 0 and 1 compute 0.2 s of it and
+  // wait for rank 2, which computes 0.9 s from step 6 on. Wall time alone names nobody; the compute counters name
+  // rank 2.
+  Evaluator ev;
+  Policy p = fast_policy();
+  double t = 0;
+  std::optional<Verdict> v;
+  for (int i = 1; i < 40 && !v; ++i, t += 1) {
+    std::map<int, RankObs> m;
+    for (int r = 0; r < 3; ++r) {
+      RankObs o = rank(r, i, t, 1.0);
+      o.steps_total = i;
+      o.compute_total = (r == 2 && i > 5 ? 0.9 : 0.2) * i;
+      m[r] = o;
+    }
+    v = ev.evaluate(kJob, 0, m, p, t);
+    if (i <= 6) CHECK_FALSE(v);
+  }
+  REQUIRE(v);
+  CHECK(v->rule == "straggler");
+  CHECK(v->rank == 2);
+  CHECK(v->node_suspect);
+  CHECK(v->evidence.find("compute time per step") != std::string::npos);
+
+  // Without the compute counters the same job shows no straggler (equal wall times): the rule falls back to them.
+  Evaluator plain;
+  t = 0;
+  for (int i = 1; i < 40; ++i, t += 1)
+    CHECK_FALSE(
+        plain.evaluate(kJob, 0, {{0, rank(0, i, t, 1.0)}, {1, rank(1, i, t, 1.0)}, {2, rank(2, i, t, 1.0)}}, p, t));
+}
+
+TEST_CASE("straggler: compute time per step is a rate over a few seconds, not one noisy evaluation") {
+  // Rank 1 computes 0.9 s and 0.3 s per step in turn (a slow node whose stalls land in some steps only): one
+  // evaluation alone is sometimes below 2 x rank 0's 0.2 s, which would restart the window every other second; over
+  // the horizon it is 0.6 s, 3x.
+  Evaluator ev;
+  Policy p = fast_policy();
+  double t = 0, c1 = 0;
+  std::optional<Verdict> v;
+  for (int i = 1; i < 40 && !v; ++i, t += 1) {
+    c1 += i % 2 ? 0.9 : 0.3;
+    RankObs r0 = rank(0, i, t, 1.0), r1 = rank(1, i, t, 1.0), r2 = rank(2, i, t, 1.0);
+    r0.steps_total = r1.steps_total = r2.steps_total = i;
+    r0.compute_total = r2.compute_total = 0.2 * i;
+    r1.compute_total = c1;
+    v = ev.evaluate(kJob, 0, {{0, r0}, {1, r1}, {2, r2}}, p, t);
+  }
+  REQUIRE(v);
+  CHECK(v->rule == "straggler");
+  CHECK(v->rank == 1);
+  CHECK(v->at <= 12);  // the 6 s window plus the first samples of the horizon
+}
+
 TEST_CASE("nonfinite: a NaN or Inf loss, or a non-zero counter, fires at once") {
   Policy p = fast_policy();
   for (double bad : {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {

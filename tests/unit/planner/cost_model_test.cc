@@ -79,6 +79,14 @@ TEST_CASE("activation memory per layer (Korthikanti et al. 2022) against hand va
   CHECK(act(Recompute::kSelective, true) == doctest::Approx(16384.0 * 34 / 2));
   CHECK(act(Recompute::kFull, false) == doctest::Approx(2 * 16384.0));
   CHECK(act(Recompute::kFull, true) == doctest::Approx(16384.0));
+  // Without dropout (Railyard's CPU worker): no masks (8 instead of 10, 32 instead of 34), scores 2as/h = 16.
+  ModelShape nd = m;
+  nd.dropout = false;
+  auto act_nd = [&](Recompute r, bool sp) { return layer_activation_bytes(nd, d, Layout{1, 2, 1, 2, 0, r, sp, 1}); };
+  CHECK(act_nd(Recompute::kNone, false) == doctest::Approx(16384.0 * (8 + 24 / 2.0 + 16 / 2.0)));
+  CHECK(act_nd(Recompute::kNone, true) == doctest::Approx(16384.0 / 2 * (32 + 16)));
+  CHECK(act_nd(Recompute::kSelective, false) == doctest::Approx(16384.0 * (8 + 12)));
+  CHECK(act_nd(Recompute::kFull, false) == doctest::Approx(2 * 16384.0));
   // FlashAttention never stores the scores: no recomputation then costs what selective costs.
   d.flash_attention = true;
   CHECK(act(Recompute::kNone, false) == doctest::Approx(act(Recompute::kSelective, false)));

@@ -94,8 +94,10 @@ TEST_CASE("ranks are unique and correct, and joins block until the last pod join
   for (std::string pod : {"p2", "p0"}) {
     early.push_back(std::async(std::launch::async, [&c, pod] {
       RendezvousClient::Result r;
+      auto req = join_req(pod, 2, 5000, "", pod == "p0" ? 31111 : 32222);
+      req.peer_port = pod == "p0" ? 41000 : 41002;  // p1 offers no peer-copy listener
       do {
-        r = c.join(join_req(pod, 2, 5000, "", pod == "p0" ? 31111 : 32222));
+        r = c.join(req);
       } while (r.outcome == Outcome::Waiting);
       return r;
     }));
@@ -126,6 +128,8 @@ TEST_CASE("ranks are unique and correct, and joins block until the last pod join
     CHECK(a.master_addr == "127.0.0.10");  // p0's IP
     CHECK(a.master_port == 31111);         // the port p0 offered
     CHECK(a.layout.dp == 6);
+    // Every pod learns the peer-copy listeners of the generation in pod order (the ring of the in-memory tier).
+    CHECK(a.peers == std::vector<std::string>{"127.0.0.10:41000", "", "127.0.0.12:41002"});
     CHECK(a.restore == "/ckpt/step-100");
     CHECK(a.config.at("lr").get<double>() == doctest::Approx(0.001));
     ranks.insert(a.ranks.begin(), a.ranks.end());

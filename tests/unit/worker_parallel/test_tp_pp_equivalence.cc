@@ -83,17 +83,20 @@ struct Result {
   std::vector<float> grads;    // gathered primary slices
   std::vector<float> tied;     // the last stage's wte copy (pp > 1), gathered into a full buffer
   std::vector<StepTimes> times;
+  std::vector<size_t> act_bytes;  // per rank
 };
 
 // Runs dp x tp x pp ranks with the worker's process groups (rank = tp + T*(dp + D*pp)). `d` holds dp*M micro-batches:
 // replica r takes [r*M, (r+1)*M). With dp > 1 the gradients are averaged over the dp group by a plain all-reduce
 // (what the data-parallel reducer does) and the losses likewise.
-Result run_parallel(int tp, int pp, const Data& d, int M, bool finish = true, int dp = 1) {
+Result run_parallel(int tp, int pp, const Data& d, int M, bool finish = true, int dp = 1,
+                    const RecomputeSpec& recompute = {}) {
   const int n = dp * tp * pp;
   Result res;
   res.losses.assign(n, 0);
   res.sumsq.assign(n, 0);
   res.times.assign(n, StepTimes{});
+  res.act_bytes.assign(n, 0);
   res.grads.assign(num_parameters(kCfg), 0);
   res.tied.assign(num_parameters(kCfg), 0);
   std::mutex mu;
@@ -101,7 +104,7 @@ Result run_parallel(int tp, int pp, const Data& d, int M, bool finish = true, in
     comm::ProcessGroups groups(world, comm::Layout{.dp = dp, .tp = tp, .pp = pp});
     const int rank = world.rank(), replica = groups.coord().dp;
     ThreadPool pool(1);
-    ParallelModel model(kCfg, kB, kT, M, pool, model_groups(groups));
+    ParallelModel model(kCfg, kB, kT, M, pool, model_groups(groups), {}, recompute);
     model.init_weights(kSeed);
     model.zero_grad();
     int next = replica * M;
@@ -130,6 +133,7 @@ Result run_parallel(int tp, int pp, const Data& d, int M, bool finish = true, in
     res.losses[rank] = loss;
     res.sumsq[rank] = sq;
     res.times[rank] = t;
+    res.act_bytes[rank] = model.activation_bytes();
     if (replica != 0) return;  // the replicas now hold the same gradients
     std::vector<ShardSlice> primary, copies;
     for (const ShardSlice& sl : model.shard_map()) (sl.tied_copy ? copies : primary).push_back(sl);
@@ -354,5 +358,35 @@ TEST_CASE("the grad-ready hook reports every local gradient once, already final"
       if (once && final) ++ok_ranks;
     });
     CHECK(ok_ranks == tp * pp);
+  }
+}
+
+TEST_CASE("activation recomputation in the tp/pp stages leaves losses and gradients bitwise unchanged") {
+  // tp=2 x pp=2 (each stage 2 layers; 1F1B with M=4 reuses slots, so the shared working set is refilled between
+  // micro-batches) and pp=2 alone; recomputation of all layers or the first 3 (stage 1 mixes kinds).
+  const int M = 4;
+  const Data d = make_data(M);
+  for (auto [tp, pp] : {std::pair{2, 2}, std::pair{1, 2}}) {
+    const Result base = run_parallel(tp, pp, d, M);
+    for (const RecomputeSpec& rc : {RecomputeSpec{Recompute::kFull, -1}, RecomputeSpec{Recompute::kSelective, -1},
+                                    RecomputeSpec{Recompute::kFull, 3}}) {
+      CAPTURE(tp);
+      CAPTURE(pp);
+      CAPTURE(describe(rc));
+      const Result r = run_parallel(tp, pp, d, M, true, 1, rc);
+      CHECK(r.losses == base.losses);
+      CHECK(std::memcmp(r.grads.data(), base.grads.data(), r.grads.size() * sizeof(float)) == 0);
+      CHECK(std::memcmp(r.tied.data(), base.tied.data(), r.tied.size() * sizeof(float)) == 0);
+      // Every rank saves when all layers recompute; with the first 3, the last stage (layers 2-3, one slot) trades
+      // its layer 2 for the working set and breaks even, stage 0 (two slots) saves.
+      size_t got = 0, want = 0;
+      for (size_t k = 0; k < r.act_bytes.size(); ++k) {
+        if (rc.layers < 0) CHECK(r.act_bytes[k] < base.act_bytes[k]);
+        CHECK(r.act_bytes[k] <= base.act_bytes[k]);
+        got += r.act_bytes[k];
+        want += base.act_bytes[k];
+      }
+      CHECK(got < want);
+    }
   }
 }

@@ -1,0 +1,307 @@
+// The peer copy of the in-memory checkpoint tier (worker/agent/peer_copy.h) over real sockets on 127.0.0.1: a full
+// copy arrives bitwise and is fetched back, a torn or damaged copy is rejected (the holder keeps its other copy), a
+// wrong token or another job is refused, and the sender thread follows a worker's puts.
+#include "worker/agent/peer_copy.h"
+
+#include <arpa/inet.h>
+#include <doctest/doctest.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "checkpoint/shm_store.h"
+
+using railyard::ckpt::LoadTarget;
+using railyard::ckpt::ShmStore;
+using railyard::ckpt::TensorShard;
+namespace peer = railyard::worker::peer;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+const std::string kToken(64, 'k');
+const peer::Auth kAuth{"ns1/job1", kToken};
+
+std::string unique_prefix(const char* what) { return "/railyard-peertest-" + std::to_string(::getpid()) + "-" + what; }
+
+struct Cleanup {
+  std::vector<std::string> prefixes;
+  ~Cleanup() {
+    for (const auto& p : prefixes) ShmStore::remove_prefix(p);
+  }
+};
+
+// A rank's state: one tensor of n floats, all derived from `seed`.
+std::vector<float> state_for(int64_t seed, size_t n) {
+  std::vector<float> v(n);
+  std::mt19937 g(static_cast<uint32_t>(seed));
+  for (auto& x : v) x = static_cast<float>(g()) / 4294967296.0f;
+  return v;
+}
+
+void put_step(ShmStore& slot, int64_t step, const std::vector<float>& data) {
+  TensorShard s;
+  s.name = "w";
+  s.dtype = railyard::ckpt::DType::F32;
+  s.global_shape = {static_cast<int64_t>(data.size())};
+  s.box = {{0}, {static_cast<int64_t>(data.size())}};
+  s.data = data.data();
+  slot.put(step, {s}, {{"step", step}});
+}
+
+// The step and contents of a slot, read with the full CRC32C check (nullopt: unusable).
+std::optional<int64_t> read_slot(const std::string& name, std::vector<float>* out, size_t n) {
+  out->assign(n, 0.0f);
+  LoadTarget t{"w", railyard::ckpt::DType::F32, {{0}, {static_cast<int64_t>(n)}}, out->data()};
+  std::string why;
+  auto st = ShmStore(name).get({t}, nullptr, &why);
+  if (!st) MESSAGE(why);
+  return st;
+}
+
+std::string addr(const peer::PeerServer& s) { return "127.0.0.1:" + std::to_string(s.port()); }
+
+// A raw HTTP PUT that announces `announced` bytes, sends `body` and closes: a sender that died mid-copy.
+void raw_put(int port, int rank, const std::string& body, size_t announced) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  std::string req = "PUT /v1/peer/" + std::to_string(rank) + " HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " +
+                    kToken + "\r\nX-Railyard-Job: ns1/job1\r\nContent-Type: application/octet-stream\r\n" +
+                    "Content-Length: " + std::to_string(announced) + "\r\nConnection: close\r\n\r\n" + body;
+  size_t sent = 0;
+  while (sent < req.size()) {
+    ssize_t n = ::send(fd, req.data() + sent, req.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) break;
+    sent += static_cast<size_t>(n);
+  }
+  ::close(fd);
+}
+
+std::string image_bytes(const std::string& name) {
+  auto img = ShmStore(name).map_image();
+  REQUIRE(img);
+  return std::string(reinterpret_cast<const char*>(img->data()), img->size());
+}
+
+template <class F>
+bool eventually(F f, double seconds = 10) {
+  const auto until = Clock::now() + std::chrono::duration<double>(seconds);
+  while (Clock::now() < until) {
+    if (f()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return f();
+}
+
+}  // namespace
+
+TEST_CASE("a full copy arrives bitwise, the holder keeps the two newest, and a replacement fetches them back") {
+  Cleanup c;
+  const std::string src = unique_prefix("src"), holder = unique_prefix("holder"), dest = unique_prefix("dest");
+  c.prefixes = {src, holder, dest};
+  const size_t n = 3 << 20;  // 12 MiB of floats: many socket reads, not one
+  peer::PeerServer server("127.0.0.1", 0, kAuth, holder);
+  CHECK(server.port() > 0);
+
+  ShmStore a(src + "-r3-a"), b(src + "-r3-b");
+  put_step(a, 7, state_for(7, n));
+  auto r = peer::send_slot(addr(server), kAuth, 3, a.name());
+  CHECK(r.step == 7);
+  CHECK(r.bytes > n * sizeof(float));
+  MESSAGE("copy of a " << r.bytes / 1e6 << " MB slot over 127.0.0.1: " << r.seconds * 1e3 << " ms");
+  CHECK(peer::held_steps(addr(server), kAuth, 3) == std::vector<int64_t>{7, -1});
+  // The copy is the worker's snapshot byte for byte and passes the full checksum.
+  CHECK(image_bytes(peer::copy_name(holder, 3, 0)) == image_bytes(a.name()));
+  std::vector<float> got;
+  REQUIRE(read_slot(peer::copy_name(holder, 3, 0), &got, n) == 7);
+  CHECK(got == state_for(7, n));
+
+  put_step(b, 8, state_for(8, n));
+  peer::send_slot(addr(server), kAuth, 3, b.name());
+  CHECK(peer::held_steps(addr(server), kAuth, 3) == std::vector<int64_t>{7, 8});
+  put_step(a, 9, state_for(9, n));
+  peer::send_slot(addr(server), kAuth, 3, a.name());
+  CHECK(peer::held_steps(addr(server), kAuth, 3) == std::vector<int64_t>{9, 8});    // 7, the older, was overwritten
+  CHECK(peer::held_steps(addr(server), kAuth, 4) == std::vector<int64_t>{-1, -1});  // another rank: nothing
+  // A step sent again replaces its own copy: the holder keeps two different steps.
+  peer::send_slot(addr(server), kAuth, 3, a.name());
+  CHECK(peer::held_steps(addr(server), kAuth, 3) == std::vector<int64_t>{9, 8});
+
+  // A replacement pod's agent fetches both copies into its own worker slots.
+  std::string why;
+  auto t0 = Clock::now();
+  auto steps = peer::fetch(addr(server), kAuth, 3, dest + "-r3", &why);
+  const double fetch_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  MESSAGE("fetch of two copies: " << fetch_s * 1e3 << " ms");
+  CHECK(steps == std::vector<int64_t>{9, 8});
+  REQUIRE(read_slot(dest + "-r3-a", &got, n) == 9);
+  CHECK(got == state_for(9, n));
+  REQUIRE(read_slot(dest + "-r3-b", &got, n) == 8);
+  CHECK(got == state_for(8, n));
+  CHECK(peer::fetch(addr(server), kAuth, 4, dest + "-r4", &why).empty());
+  CHECK(why.find("empty or torn") != std::string::npos);
+}
+
+TEST_CASE("a torn or damaged copy is rejected and the holder keeps its newer copy") {
+  Cleanup c;
+  const std::string src = unique_prefix("src2"), holder = unique_prefix("holder2"), dest = unique_prefix("dest2");
+  c.prefixes = {src, holder, dest};
+  const size_t n = 1 << 20;
+  peer::PeerServer server("127.0.0.1", 0, kAuth, holder);
+  ShmStore a(src + "-r0-a"), b(src + "-r0-b");
+  put_step(a, 10, state_for(10, n));
+  put_step(b, 11, state_for(11, n));
+  peer::send_slot(addr(server), kAuth, 0, a.name());
+  peer::send_slot(addr(server), kAuth, 0, b.name());
+  REQUIRE(peer::held_steps(addr(server), kAuth, 0) == std::vector<int64_t>{10, 11});
+
+  // A sender that dies halfway: the older copy (10) is torn, 11 is kept, nothing reads the torn one as valid.
+  put_step(a, 12, state_for(12, n));
+  const std::string img = image_bytes(a.name());
+  raw_put(server.port(), 0, img.substr(0, img.size() / 2), img.size());
+  CHECK(eventually([&] { return peer::held_steps(addr(server), kAuth, 0) == std::vector<int64_t>{-1, 11}; }));
+  std::string why;
+  CHECK_FALSE(ShmStore(peer::copy_name(holder, 0, 0)).peek(&why));
+  CHECK(why.find("torn") != std::string::npos);
+  std::vector<float> got;
+  REQUIRE(read_slot(peer::copy_name(holder, 0, 1), &got, n) == 11);
+  CHECK(got == state_for(11, n));
+
+  // One flipped byte in the data: the whole copy arrives but fails the CRC32C check: rejected with 422.
+  std::string bad = img;
+  bad[bad.size() - 100] ^= 0x01;
+  {
+    httplib::Client cli("127.0.0.1", server.port());
+    auto res = cli.Put("/v1/peer/0", {{"Authorization", "Bearer " + kToken}, {"X-Railyard-Job", "ns1/job1"}}, bad,
+                       "application/octet-stream");
+    REQUIRE(res);
+    CHECK(res->status == 422);
+    CHECK(res->body.find("CRC32C mismatch") != std::string::npos);
+  }
+  CHECK(peer::held_steps(addr(server), kAuth, 0) == std::vector<int64_t>{-1, 11});
+  // A header damaged in flight (its step changed): refused by the header checksum.
+  std::string bad_header = img;
+  bad_header[40] ^= 0x01;
+  {
+    httplib::Client cli("127.0.0.1", server.port());
+    auto res = cli.Put("/v1/peer/0", {{"Authorization", "Bearer " + kToken}, {"X-Railyard-Job", "ns1/job1"}},
+                       bad_header, "application/octet-stream");
+    REQUIRE(res);
+    CHECK(res->status == 422);
+  }
+
+  // A fetch gets only the good copy; the torn one is not copied into the new pod's slots.
+  auto steps = peer::fetch(addr(server), kAuth, 0, dest + "-r0", &why);
+  CHECK(steps == std::vector<int64_t>{11});
+  CHECK_FALSE(ShmStore(dest + "-r0-a").peek());
+  REQUIRE(read_slot(dest + "-r0-b", &got, n) == 11);
+
+  // The intact copy still arrives after all that.
+  peer::send_slot(addr(server), kAuth, 0, a.name());
+  CHECK(peer::held_steps(addr(server), kAuth, 0) == std::vector<int64_t>{12, 11});
+}
+
+TEST_CASE("a wrong token or another job's token is refused and changes nothing") {
+  Cleanup c;
+  const std::string src = unique_prefix("src3"), holder = unique_prefix("holder3"), dest = unique_prefix("dest3");
+  c.prefixes = {src, holder, dest};
+  peer::PeerServer server("127.0.0.1", 0, kAuth, holder);
+  ShmStore a(src + "-r1-a");
+  put_step(a, 5, state_for(5, 1000));
+  peer::send_slot(addr(server), kAuth, 1, a.name());
+  put_step(a, 6, state_for(6, 1000));
+
+  const peer::Auth wrong{"ns1/job1", std::string(64, 'x')};
+  try {
+    peer::send_slot(addr(server), wrong, 1, a.name());
+    FAIL("a copy with a wrong token was accepted");
+  } catch (const peer::PeerError& e) {
+    CHECK(std::string(e.what()).find("401") != std::string::npos);
+    CHECK(std::string(e.what()).find(kToken) == std::string::npos);  // no token in the message
+    CHECK(std::string(e.what()).find(wrong.token) == std::string::npos);
+  }
+  CHECK_THROWS_AS(peer::held_steps(addr(server), wrong, 1), peer::PeerError);
+  std::string why;
+  CHECK(peer::fetch(addr(server), wrong, 1, dest + "-r1", &why).empty());
+  CHECK(why.find("401") != std::string::npos);
+  CHECK_FALSE(ShmStore(dest + "-r1-a").peek());
+  // The right token for another job: 403.
+  const peer::Auth other{"ns1/job2", kToken};
+  try {
+    peer::send_slot(addr(server), other, 1, a.name());
+    FAIL("a copy for another job was accepted");
+  } catch (const peer::PeerError& e) {
+    CHECK(std::string(e.what()).find("403") != std::string::npos);
+  }
+  // No header at all.
+  httplib::Client cli("127.0.0.1", server.port());
+  auto res = cli.Get("/v1/peer/1/a");
+  REQUIRE(res);
+  CHECK(res->status == 401);
+  CHECK(peer::held_steps(addr(server), kAuth, 1) == std::vector<int64_t>{5, -1});
+}
+
+TEST_CASE("the sender follows the worker's puts off the training path, and stops when told") {
+  Cleanup c;
+  const std::string src = unique_prefix("src4"), holder = unique_prefix("holder4");
+  c.prefixes = {src, holder};
+  const size_t n = 1 << 18;
+  peer::PeerServer server("127.0.0.1", 0, kAuth, holder);
+  std::atomic<int> copies{0}, errors{0};
+  std::atomic<double> total_s{0};
+  peer::PeerSender sender(kAuth, std::chrono::milliseconds(5), [&](const peer::CopyResult& r, const std::string& e) {
+    if (!e.empty()) {
+      ++errors;
+      return;
+    }
+    ++copies;
+    total_s = total_s + r.seconds;
+  });
+  ShmStore slots[2] = {ShmStore(src + "-r2-a"), ShmStore(src + "-r2-b")};
+  put_step(slots[0], 1, state_for(1, n));
+  put_step(slots[1], 2, state_for(2, n));
+  sender.set({{2, src + "-r2"}}, addr(server));
+  // Both existing slots go over.
+  CHECK(eventually([&] {
+    auto h = peer::held_steps(addr(server), kAuth, 2);
+    return std::max(h[0], h[1]) == 2 && std::min(h[0], h[1]) == 1;
+  }));
+  // A worker putting a step every 20 ms: the holder catches up with each.
+  for (int64_t step = 3; step <= 12; ++step) {
+    put_step(slots[(step - 1) % 2], step, state_for(step, n));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  CHECK(eventually([&] {
+    auto h = peer::held_steps(addr(server), kAuth, 2);
+    return std::max(h[0], h[1]) == 12 && std::min(h[0], h[1]) == 11;
+  }));
+  std::vector<float> got;
+  const auto h = peer::held_steps(addr(server), kAuth, 2);
+  REQUIRE(read_slot(peer::copy_name(holder, 2, h[0] == 12 ? 0 : 1), &got, n) == 12);
+  CHECK(got == state_for(12, n));
+  CHECK(copies.load() >= 4);
+  CHECK(copies.load() <= 12);  // each step at most once
+  MESSAGE("sender: " << copies.load() << " copies, mean " << total_s.load() / copies.load() * 1e3 << " ms per "
+                     << (n * 4) / 1e6 << " MB slot");
+
+  // Target gone: errors are counted and retried, never thrown out of the thread.
+  sender.set({{2, src + "-r2"}}, "127.0.0.1:1");
+  CHECK(eventually([&] { return errors.load() > 0; }));
+  sender.set({}, "");
+  const int before = copies.load();
+  put_step(slots[0], 13, state_for(13, n));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  CHECK(copies.load() == before);
+}

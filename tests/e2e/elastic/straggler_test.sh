@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# E2E flow 3b (issue #10): a straggler. The 2-replica tiny job of the hang test (deterministic, a checkpoint every 5
+# steps), with `failurePolicy.excludeFailedNodes: false`, a real Prometheus scraping both trainers and
+# railyard-monitor reading them through it (`--straggler-window 5` instead of the 30 s default, to keep the test
+# short). The test slows rank 1's trainer from outside by duty-cycling SIGSTOP/SIGCONT (0.3 s stopped, 0.1 s running).
+# Both ranks then take the same wall time per step (rank 0 waits for rank 1 in the gradient exchange), so the monitor
+# compares the compute time per step (railyard_worker_step_phase_seconds_total{phase="compute"} over
+# railyard_worker_steps_total) and names rank 1: a Straggler request for rank 1 and its node. With exclusion off, the
+# node is not excluded and the operator restarts in place (same pods). Both ranks restore the same step, at most one
+# checkpoint interval behind generation 1; the job ends Succeeded with the undisturbed run's final loss and bitwise
+# its final parameters.
+set -euo pipefail
+job_name=straggler
+job_deterministic=1
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
+steps=250
+interval=5
+start_operator
+start_monitor_prometheus --straggler-window 5
+job_yaml "$job_name" 2 "$steps" | sed 's/failurePolicy: {maxRestarts: 3}/failurePolicy: {maxRestarts: 3, excludeFailedNodes: false}/' |
+  kubectl apply -n "$ns" -f - >/dev/null
+wait_for 90 "the job to run" phase_is Running
+uid0=$(pod_uid "$job_name-worker-0")
+uid1=$(pod_uid "$job_name-worker-1")
+node1=$(pod_node "$job_name-worker-1")
+wait_for 90 "a first checkpoint" latest_at_least 10
+wait_for 60 "Prometheus to scrape both trainers" prom_sees_ranks 2
+tp=$(trainer_pid "$job_name-worker-1")
+[ -n "$tp" ] || fail "no trainer process in $job_name-worker-1"
+# The slowdown runs until the restart request (or the trainer's end); it always leaves the trainer running.
+touch "$work/slow"
+(while [ -f "$work/slow" ] && kill -STOP "$tp" 2>/dev/null; do
+  sleep 0.3
+  kill -CONT "$tp" 2>/dev/null || break
+  sleep 0.1
+done
+kill -CONT "$tp" 2>/dev/null || true) &
+slow_pid=$!
+stopped_pids+=("$tp")
+t_slow=$(date +%s.%N)
+echo "slowing rank 1's trainer (pid $tp, node $node1) from step $(steps_of "$job_name-worker-0" | tail -1 | cut -d' ' -f1)"
+
+# What the monitor compares, as Prometheus has it (printed once, for the record).
+sleep 4
+sel="namespace=\"$ns\",job=\"$job_name\""
+echo "compute seconds per step over 3 s: $(prom_query "sum without(phase) (rate(railyard_worker_step_phase_seconds_total{$sel,phase=\"compute\"}[3s])) / rate(railyard_worker_steps_total{$sel}[3s])" |
+  jq -r 'map("rank \(.metric.rank) \(.value[1] | tonumber * 1000 | floor) ms") | join(", ")'); wall time per step: $(
+  prom_query "rate(railyard_worker_step_duration_seconds_sum{$sel}[3s]) / rate(railyard_worker_step_duration_seconds_count{$sel}[3s])" |
+  jq -r 'map("rank \(.metric.rank) \(.value[1] | tonumber * 1000 | floor) ms") | join(", ")')"
+wait_for 60 "the monitor's restart request" has_restart_request
+t_req=$(date +%s.%N)
+rm -f "$work/slow"
+wait "$slow_pid" || true
+req=$(restart_request)
+echo "restart request: $req"
+jq -e --arg node "$node1" '.reason == "Straggler" and .rule == "straggler" and .rank == 1 and .node == $node and
+  .detector == "monitor" and .generation == 1 and (.evidence | test("rank 1 compute time per step"))' <<<"$req" >/dev/null ||
+  fail "the request is not a Straggler of rank 1 on $node1 by compute time in generation 1: $req"
+excluded=$(kubectl get tj "$job_name" -n "$ns" -o json | jq -r '.metadata.annotations["railyard.dev/exclude-nodes"] // ""')
+[ -z "$excluded" ] || fail "railyard.dev/exclude-nodes is '$excluded' although excludeFailedNodes is false"
+
+wait_for 30 "the restart" bash -c "[ \"\$(kubectl get tj $job_name -n $ns -o jsonpath='{.status.restarts}')\" -ge 1 ]"
+last=$(jp '{.status.lastRestart}')
+jq -e '.reason == "RestartRequested" and .symptom == "Straggler" and .detector == "monitor" and .rank == 1' \
+  <<<"$last" >/dev/null || fail "status.lastRestart does not carry the monitor's Straggler request: $last"
+wait_for 60 "the job to run again" phase_is Running
+
+check_resumed "$interval"
+# In place: no exclusion, so the same pods re-join the new generation.
+[ "$(pod_uid "$job_name-worker-0")" = "$uid0" ] || fail "pod 0 was re-created"
+[ "$(pod_uid "$job_name-worker-1")" = "$uid1" ] || fail "pod 1 was re-created although excludeFailedNodes is false"
+
+check_succeeded_as_undisturbed "$steps" 1
+python3 - "$t_slow" "$t_req" "$t_step" "$req" <<'PY'
+import json, sys
+from datetime import datetime
+slow, req_t, step_t = map(float, sys.argv[1:4])
+r = json.loads(sys.argv[4])
+f = "%Y-%m-%dT%H:%M:%SZ"
+onset = (datetime.strptime(r["time"], f) - datetime.strptime(r["onset"], f)).total_seconds()
+print(f"straggler: slowdown -> restart request seen {req_t - slow:.1f} s (request time - onset {onset:.0f} s, the "
+      f"window is 5 s); request -> first step of the new generation {step_t - req_t:.1f} s; evidence: {r['evidence']}")
+PY
+echo "straggler e2e: ok (Straggler of rank 1 by the monitor through Prometheus, no exclusion, same pods; restored $r, generation 1 reached $gen1_last: $lost steps lost; final loss $final_loss, final parameters bitwise the undisturbed run's, sha256 ${params_sha:0:16})"
