@@ -369,34 +369,31 @@ DistSetup join_world(std::map<std::string, std::string>& f, TrainConfig& tc) {
   return d;
 }
 
-// The checkpoint's tensor list: the full model, or a tp/pp stage's slices (shard_map), or with ZeRO over dp the
-// parameters plus this rank's owned ranges of the moments; ZeRO with tp/pp is not written yet.
-std::vector<ShardSpec> checkpoint_shards(const CheckpointOptions& co, const GptConfig& cfg, Trainer& trainer,
-                                         const DistSetup& dist) {
+// The checkpoint's tensor list: the full model, or a tp/pp stage's slices (shard_map), and with ZeRO over dp the
+// parameters plus this rank's owned ranges of the moments (of the llm.c buffer, or of the stage's local buffer mapped
+// through its shard_map). Every layout saves the same global tensors, so any checkpoint loads into any layout.
+std::vector<ShardSpec> checkpoint_shards(const GptConfig& cfg, Trainer& trainer, const DistSetup& dist) {
   if (dist.sharded == nullptr && dist.zero == 0) return full_state_shards(cfg, trainer.state());
-  if (dist.sharded == nullptr && dist.zero > 0) {
+  std::vector<OwnedRange> owned;
+  if (dist.zero > 0) {
     const parallel::BucketLayout& bl = dist.sync->layout();
-    const int r = dist.sync->rank();
-    std::vector<OwnedRange> owned;
     for (size_t b = 0; b < bl.buckets().size(); ++b) {
-      const auto [s, e] = bl.own(b, r);
+      const auto [s, e] = bl.own(b, dist.sync->rank());
       if (s < e) owned.push_back({s, e, bl.buckets()[b].shard_offset});
     }
-    return zero_state_shards(cfg, trainer.state().params, dist.sync->shard_m(), dist.sync->shard_v(), owned, r,
-                             dist.sync->size());
   }
-  if (dist.sharded != nullptr && dist.zero == 0) {
-    const comm::Layout& l = dist.groups->layout();
-    const comm::Coord& c = dist.groups->coord();
+  if (dist.sharded == nullptr) {
+    return zero_state_shards(cfg, trainer.state().params, dist.sync->shard_m(), dist.sync->shard_v(), owned,
+                             dist.sync->rank(), dist.sync->size());
+  }
+  const comm::Layout& l = dist.groups->layout();
+  const comm::Coord& c = dist.groups->coord();
+  if (dist.zero == 0) {
     return shards_from_slices(dist.sharded->model().shard_map(), dist.sharded->params(), dist.sharded->adam_m(),
                               dist.sharded->adam_v(), c.tp, l.tp, c.dp, l.dp);
   }
-  if (!co.dir.empty() || co.shm_every > 0) {
-    throw ConfigError(
-        "--ckpt-dir/--ckpt-shm-every with --zero > 0 and --tp/--pp > 1: checkpoints of ZeRO-sharded optimizer "
-        "state of a model-parallel stage are not written yet; use --zero 0 to checkpoint");
-  }
-  return {};
+  return zero_slices_shards(dist.sharded->model().shard_map(), dist.sharded->params(), dist.sync->shard_m(),
+                            dist.sync->shard_v(), owned, c.tp, l.tp, c.dp, l.dp);
 }
 
 // `train --nproc N ...`: N copies of this command (without --nproc) as one local world.
@@ -706,7 +703,7 @@ int cmd_train(int argc, char** argv) {
   co.layout = nlohmann::json{{"dp", 1}, {"tp", 1}, {"pp", 1}, {"zero", dist.zero}};
   // MoE models have no checkpoint layout yet (refused above with --ckpt-dir/--ckpt-shm-every): nothing to save.
   std::vector<ShardSpec> ckpt_shards =
-      cfg->moe.experts > 0 ? std::vector<ShardSpec>{} : checkpoint_shards(co, *cfg, trainer, dist);
+      cfg->moe.experts > 0 ? std::vector<ShardSpec>{} : checkpoint_shards(*cfg, trainer, dist);
   if (const int world = std::atoi(env_or("WORLD_SIZE", "1").c_str()); world > 1) {
     // Every rank of the world saves into the same directory under its global rank, with one run id for all ranks
     // of this world; data-parallel replicas split the writes of their identical state, and all ranks stop at the

@@ -167,24 +167,8 @@ std::vector<ShardSpec> zero_state_shards(const GptConfig& m, float* params, floa
     size_t t0 = 0;  // flat offset of the tensor
     for (const auto& d : defs) {
       const ckpt::Box full{ckpt::Shape(d.shape.size(), 0), d.shape};
-      const size_t t1 = t0 + static_cast<size_t>(full.volume());
-      for (const OwnedRange& r : owned) {
-        const size_t b = std::max(r.begin, t0), e = std::min(r.end, t1);
-        if (b >= e) continue;
-        // The boxes come in row-major order, each a contiguous run of the range.
-        size_t at = b;
-        for (const ckpt::Box& box :
-             ckpt::flat_range_to_boxes(full, static_cast<int64_t>(b - t0), static_cast<int64_t>(e - t0))) {
-          ShardSpec sh;
-          sh.name = prefix + d.name;
-          sh.global_shape = d.shape;
-          sh.box = box;
-          sh.data = shard + r.shard_offset + (at - r.begin);
-          at += static_cast<size_t>(box.volume());
-          out.push_back(std::move(sh));
-        }
-      }
-      t0 = t1;
+      append_owned_moments(out, prefix + d.name, d.shape, full, t0, shard, owned, true);
+      t0 += static_cast<size_t>(full.volume());
     }
     if (t0 != static_cast<size_t>(num_parameters(m))) {
       throw Error("checkpoint: the GPT tensor list has " + std::to_string(t0) + " elements but the model " +
@@ -192,6 +176,29 @@ std::vector<ShardSpec> zero_state_shards(const GptConfig& m, float* params, floa
     }
   }
   return out;
+}
+
+void append_owned_moments(std::vector<ShardSpec>& out, const std::string& name, const ckpt::Shape& global_shape,
+                          const ckpt::Box& box, size_t local_begin, float* shard, const std::vector<OwnedRange>& owned,
+                          bool write) {
+  const size_t local_end = local_begin + static_cast<size_t>(box.volume());
+  for (const OwnedRange& r : owned) {
+    const size_t b = std::max(r.begin, local_begin), e = std::min(r.end, local_end);
+    if (b >= e) continue;
+    // The boxes come in row-major order of `box`, each a contiguous run of the range.
+    size_t at = b;
+    for (const ckpt::Box& part :
+         ckpt::flat_range_to_boxes(box, static_cast<int64_t>(b - local_begin), static_cast<int64_t>(e - local_begin))) {
+      ShardSpec sh;
+      sh.name = name;
+      sh.global_shape = global_shape;
+      sh.box = part;
+      sh.data = shard + r.shard_offset + (at - r.begin);
+      sh.write = write;
+      at += static_cast<size_t>(part.volume());
+      out.push_back(std::move(sh));
+    }
+  }
 }
 
 Checkpointer::Checkpointer(CheckpointOptions options, const GptConfig& model, Trainer& trainer,

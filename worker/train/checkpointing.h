@@ -77,13 +77,50 @@ std::vector<ShardSpec> shards_from_slices(const std::vector<Slice>& map, float* 
 // ZeRO (stage 1 or 2) over dp without tensor/pipeline parallelism: the rank holds every parameter (a dp replica) but
 // AdamW moments only for the flat ranges it owns, stored back to back in its shard buffers. The moments are saved as
 // slices of the global adam_m/<name>, adam_v/<name> tensors (ckpt::flat_range_to_boxes), so a checkpoint reshards
-// to any dp degree with or without ZeRO; every owned element is written once, the parameters split among replicas.
+// to any layout with or without ZeRO; every owned element is written once, the parameters split among replicas.
 struct OwnedRange {
-  size_t begin = 0, end = 0;  // [begin, end) of the llm.c flat buffer
+  size_t begin = 0, end = 0;  // [begin, end) of the flat buffer the ZeRO layout cuts (llm.c's, or a stage's local one)
   size_t shard_offset = 0;    // where `begin` sits in the shard buffers
 };
 std::vector<ShardSpec> zero_state_shards(const GptConfig& model, float* params, float* shard_m, float* shard_v,
                                          const std::vector<OwnedRange>& owned, int dp_rank, int dp_size);
+
+// One piece of a flat buffer, box `box` of the global tensor `prefix + name` stored densely (row-major) at
+// [local_begin, local_begin + box.volume()): appends the parts of it inside the owned ranges, each as a box pointing
+// into `shard` (the ZeRO shard buffer of m or v). write = false: restored but never saved.
+void append_owned_moments(std::vector<ShardSpec>& out, const std::string& name, const ckpt::Shape& global_shape,
+                          const ckpt::Box& box, size_t local_begin, float* shard, const std::vector<OwnedRange>& owned,
+                          bool write);
+
+// ZeRO (stage 1 or 2) over dp of a tensor/pipeline-parallel stage: the owned ranges cut the stage's local buffer
+// (the DataParallel's BucketLayout over it), and each range is mapped through the stage's shard_map() onto boxes of
+// the global adam_m/<name>, adam_v/<name>. So the checkpoint holds the same global tensors as with any other layout
+// and reshards to any (dp, tp, pp) with or without ZeRO. Parameters as shards_from_slices. Every element is written
+// once: dp owners are disjoint; a tp-replicated slice's moments (identical on every tp rank) are written by tp rank 0
+// only, since the owned ranges of other tp ranks need not cut it the same way; the tied wte copy is never written.
+template <typename Slice>
+std::vector<ShardSpec> zero_slices_shards(const std::vector<Slice>& map, float* params, float* shard_m, float* shard_v,
+                                          const std::vector<OwnedRange>& owned, int tp_rank, int tp_size, int dp_rank,
+                                          int dp_size) {
+  std::vector<ShardSpec> out;
+  for (ShardSpec& s : shards_from_slices(map, params, params, params, tp_rank, tp_size, dp_rank, dp_size)) {
+    if (s.name.find('/') == std::string::npos) out.push_back(std::move(s));  // the parameters only
+  }
+  for (auto [prefix, shard] : {std::pair<const char*, float*>{"adam_m/", shard_m}, {"adam_v/", shard_v}}) {
+    for (const Slice& s : map) {
+      ckpt::Shape shape;
+      ckpt::Box box;
+      for (size_t d = 0; d < s.global_shape.size(); ++d) {
+        shape.push_back(static_cast<int64_t>(s.global_shape[d]));
+        box.offset.push_back(static_cast<int64_t>(s.offset[d]));
+        box.size.push_back(static_cast<int64_t>(s.extent[d]));
+      }
+      append_owned_moments(out, std::string(prefix) + std::string(kParamNames[static_cast<size_t>(s.tensor)]), shape,
+                           box, s.local_offset, shard, owned, !s.tied_copy && (!s.tp_replicated || tp_rank == 0));
+    }
+  }
+  return out;
+}
 
 // Process exit code of a clean preemption: the state was saved on SIGTERM (128 + SIGTERM, a retryable code for
 // the operator's failure policy).

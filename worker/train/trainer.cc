@@ -469,7 +469,9 @@ int Trainer::run() {
 TrainerState Trainer::state() {
   TrainerState s;
   s.step = step_;
-  s.adam_t = opt_ ? opt_->t() : sharded_ != nullptr ? sharded_->adam_t() : sync_->adam_t();
+  // ZeRO (with or without tp/pp) counts AdamW steps in the GradSync, which runs the update.
+  const bool zero = sync_ != nullptr && sync_->zero_stage() > 0;
+  s.adam_t = opt_ ? opt_->t() : zero ? sync_->adam_t() : sharded_->adam_t();
   s.bad_steps_total = bad_total_;
   s.bad_steps_consecutive = bad_consecutive_;
   s.seed = cfg_.seed;
@@ -494,11 +496,8 @@ void Trainer::restore_counters(const TrainerState& s) {
   if (opt_) {
     opt_->set_t(s.adam_t);
   } else {
-    if (sharded_ != nullptr) {
-      sharded_->set_adam_t(s.adam_t);
-    } else {
-      sync_->set_adam_t(s.adam_t);
-    }
+    if (sharded_ != nullptr) sharded_->set_adam_t(s.adam_t);
+    if (sync_ != nullptr) sync_->set_adam_t(s.adam_t);  // a no-op without ZeRO
   }
   bad_total_ = s.bad_steps_total;
   bad_consecutive_ = s.bad_steps_consecutive;

@@ -5,7 +5,8 @@
 // the steps measurably waited for the snapshot.
 //
 // usage: bench_trainer_stall [--model gpt2-124m] [--steps 9] [--every 3] [--batch 4] [--seq 64] [--threads N]
-//                            [--rounds 2] [--dir DIR]
+//                            [--rounds 2] [--dir DIR] [--interval 100 (the default save interval the stall is
+//                            spread over in the summary)]
 #include <unistd.h>
 
 #include <chrono>
@@ -50,6 +51,7 @@ struct Result {
   double seconds = 0;
   double waited = 0;
   int saves = 0;
+  int waited_saves = 0;  // saves whose snapshot a later step could wait for
 };
 
 Result run_mode(const GptConfig& model, const TrainConfig& tc, ThreadPool& pool, const std::string& mode, int every,
@@ -76,6 +78,9 @@ Result run_mode(const GptConfig& model, const TrainConfig& tc, ThreadPool& pool,
   if (ck) {
     r.waited = ck->stall_seconds();
     r.saves = tc.steps / every;
+    // An async save at the last step has no next step to overlap with: its copy is joined by finish() below, outside
+    // the measured waits, so only the saves before the last step count in the async "waited per save".
+    r.waited_saves = mode == "async" ? (tc.steps - 1) / every : r.saves;
     ck->finish();  // the last persist is not part of the training time
   }
   return r;
@@ -84,8 +89,9 @@ Result run_mode(const GptConfig& model, const TrainConfig& tc, ThreadPool& pool,
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::map<std::string, std::string> f = {{"model", "gpt2-124m"}, {"steps", "9"},  {"every", "3"},   {"batch", "4"},
-                                          {"seq", "64"},          {"rounds", "2"}, {"threads", "0"}, {"dir", ""}};
+  std::map<std::string, std::string> f = {{"model", "gpt2-124m"}, {"steps", "9"}, {"every", "3"},
+                                          {"batch", "4"},         {"seq", "64"},  {"rounds", "2"},
+                                          {"threads", "0"},       {"dir", ""},    {"interval", "100"}};
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
     if (k.rfind("--", 0) != 0 || !f.count(k.substr(2))) {
@@ -131,13 +137,31 @@ int main(int argc, char** argv) {
     };
     const double base = mean("none", &Result::seconds);
     const int saves = tc.steps / every;
+    auto per_save_wait = [&](const std::string& m) {
+      double w = 0;
+      int n = 0;
+      for (const auto& r : all[m]) {
+        w += r.waited;
+        n += r.waited_saves;
+      }
+      return n > 0 ? w / n : 0.0;
+    };
     std::printf("\nmode   s/step   stall per save (run time - none)/saves   waited per save   stall / step\n");
     for (const char* m : {"none", "sync", "async"}) {
       const double t = mean(m, &Result::seconds);
       const double stall = std::string(m) == "none" ? 0 : (t - base) / saves;
-      const double waited = std::string(m) == "none" ? 0 : mean(m, &Result::waited) / saves;
+      const double waited = std::string(m) == "none" ? 0 : per_save_wait(m);
       std::printf("%-6s %.3f    %+.3f s                                  %.3f s           %+.1f %%\n", m, t / tc.steps,
                   stall, waited, 100.0 * stall / (base / tc.steps));
+    }
+    // The goal (issue 6): the stall under 5 % of a step at the default interval (spec.checkpoint.intervalSteps 100),
+    // i.e. the measured wait of one save spread over the steps between two saves.
+    const int interval = std::stoi(f["interval"]);
+    const double step_s = base / tc.steps;
+    for (const char* m : {"sync", "async"}) {
+      const double waited = per_save_wait(m);
+      std::printf("%-6s waited per save %.3f s = %.1f %% of one %.3f s step; every %d steps: %.2f %% of a step\n", m,
+                  waited, 100.0 * waited / step_s, step_s, interval, 100.0 * waited / (interval * step_s));
     }
     return 0;
   } catch (const std::exception& e) {

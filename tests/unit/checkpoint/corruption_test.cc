@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "checkpoint/cli.h"
 #include "checkpoint/reader.h"
@@ -74,6 +75,7 @@ void expect_fallback(const TwoSteps& t, const std::string& why) {
   REQUIRE(skipped.size() == 1);
   CHECK_MESSAGE(skipped.front().find(why) != std::string::npos, skipped.front());
   CHECK(cli({"ckpt", "verify", t.dir.path(), "--step", "2"}) == 1);
+  CHECK(cli({"ckpt", "verify", t.dir.path()}) == 1);  // every step: the damaged one fails the whole root
   CHECK(cli({"ckpt", "verify", t.dir.path(), "--step", "1"}) == 0);
   for (bool full : {false, true}) {
     FullTargets full_targets(t.defs);
@@ -106,6 +108,33 @@ TEST_CASE("corruption: a flipped byte in the manifest") {
   TwoSteps t;
   const std::string path = t.step2("manifest.json");
   flip_byte(path, std::filesystem::file_size(path) / 2);
+  expect_fallback(t, "manifest");
+}
+
+TEST_CASE("corruption: a changed digit in the manifest that leaves valid JSON is a manifest CRC32C mismatch") {
+  TwoSteps t;
+  const std::string path = t.step2("manifest.json");
+  std::string text;
+  {
+    std::ifstream f(path, std::ios::binary);
+    text.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  // The first slice offset of a second-rank shard: a plausible but wrong value, the JSON still parses.
+  const size_t key = text.find("\"offset\":", text.find("rank-00001.bin"));
+  REQUIRE(key != std::string::npos);
+  size_t digit = key + 9;
+  while (digit < text.size() && (text[digit] < '0' || text[digit] > '9')) ++digit;
+  REQUIRE(digit < text.size());
+  text[digit] = text[digit] == '1' ? '2' : '1';
+  REQUIRE(nlohmann::json::accept(text));
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+  expect_fallback(t, "manifest CRC32C mismatch");
+}
+
+TEST_CASE("corruption: a truncated manifest") {
+  TwoSteps t;
+  const std::string path = t.step2("manifest.json");
+  std::filesystem::resize_file(path, std::filesystem::file_size(path) / 2);
   expect_fallback(t, "manifest");
 }
 

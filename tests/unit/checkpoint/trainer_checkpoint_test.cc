@@ -1,15 +1,20 @@
 // Checkpoints of the real trainer, through the railyard-worker binary as the agent runs it: resume gives bitwise
 // the same losses and weights as an uninterrupted run, a corrupt newest checkpoint is skipped with a warning, the
 // async snapshot writes the same bytes as a synchronous one, SIGTERM mid-run leaves a complete verifiable
-// checkpoint (exit 143), and the checkpoint metrics are served.
+// checkpoint (exit 143), the checkpoint metrics are served, a (2,2,2) checkpoint with and without ZeRO resumes in
+// other layouts, and a full disk fails saves cleanly while training goes on.
 #include <doctest/doctest.h>
 #include <httplib.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -116,6 +121,30 @@ struct Fixture {
                                   ckpt};
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
+  }
+  // 6 steps in deterministic mode (results independent of dp and the ZeRO stage), one thread per rank, checkpoints
+  // every 3 steps, 0.05 MiB buckets (they cut tensors between the ZeRO owners); losses and final weights into
+  // dir/NAME.jsonl and dir/NAME.bin, output into dir/NAME.log. Returns the exit code.
+  int run_deterministic(const std::string& ckpt, const std::string& global_batch, int nproc, int tp, int pp, int zero,
+                        const std::string& name) const {
+    std::vector<std::string> extra = {"--global-batch",
+                                      global_batch,
+                                      "--deterministic",
+                                      "--ckpt-every",
+                                      "3",
+                                      "--bucket-mb",
+                                      "0.05",
+                                      "--zero",
+                                      std::to_string(zero),
+                                      "--log-json",
+                                      dir / (name + ".jsonl"),
+                                      "--export",
+                                      dir / (name + ".bin")};
+    if (nproc > 1) {
+      extra.insert(extra.end(),
+                   {"--nproc", std::to_string(nproc), "--tp", std::to_string(tp), "--pp", std::to_string(pp)});
+    }
+    return run(train(6, ckpt, extra, "1"), dir / (name + ".log"));
   }
 };
 
@@ -404,22 +433,7 @@ TEST_CASE("ZeRO-1 dp=2: the sharded moments are saved as slices and resume bitwi
   // Deterministic mode: results do not depend on dp or the ZeRO stage, so every resumed run must match bitwise.
   // Small buckets (0.05 MiB) cut tensors across the ranks' pieces.
   auto run_as = [&](const std::string& dir, int nproc, int zero, const std::string& name) {
-    std::vector<std::string> extra = {"--global-batch",
-                                      "256",
-                                      "--deterministic",
-                                      "--ckpt-every",
-                                      "3",
-                                      "--bucket-mb",
-                                      "0.05",
-                                      "--zero",
-                                      std::to_string(zero),
-                                      "--log-json",
-                                      fx.dir / (name + ".jsonl"),
-                                      "--export",
-                                      fx.dir / (name + ".bin")};
-    if (nproc > 1) extra.insert(extra.end(), {"--nproc", std::to_string(nproc)});
-    auto a = fx.train(6, dir, extra, "1");
-    return run(a, fx.dir / (name + ".log"));
+    return fx.run_deterministic(dir, "256", nproc, 1, 1, zero, name);
   };
   REQUIRE_MESSAGE(run_as(ck, 2, 1, "a") == 0, slurp(fx.dir / "a.log"));
   const auto a = step_losses(fx.dir / "a.jsonl");
@@ -453,4 +467,178 @@ TEST_CASE("ZeRO-1 dp=2: the sharded moments are saved as slices and resume bitwi
   REQUIRE(c.size() == 3);
   CHECK(c.at(6) == a.at(6));
   CHECK(slurp(fx.dir / "resharded.bin") == slurp(fx.dir / "a.bin"));
+}
+
+TEST_CASE("(dp,tp,pp)=(2,2,2) with and without ZeRO resumes under (1,1,1), (4,1,2), (2,2,1) with and without ZeRO") {
+  Fixture fx;
+  // Deterministic mode, one thread per rank, 4 virtual micro-batches per step (512 tokens / (4 x 32)) so that dp = 4
+  // divides them; 0.05 MiB buckets cut tensors and stage slices between the ZeRO owners.
+  auto run_as = [&](const std::string& dir, int nproc, int tp, int pp, int zero, const std::string& name) {
+    return fx.run_deterministic(dir, "512", nproc, tp, pp, zero, name);
+  };
+  // Uninterrupted runs under (2,2,2), with ZeRO-1 and without; checkpoints at steps 3 and 6.
+  const std::string ckz = fx.dir / "ck-zero", ck0 = fx.dir / "ck-plain";
+  REQUIRE_MESSAGE(run_as(ckz, 8, 2, 2, 1, "a") == 0, slurp(fx.dir / "a.log"));
+  REQUIRE_MESSAGE(run_as(ck0, 8, 2, 2, 0, "a0") == 0, slurp(fx.dir / "a0.log"));
+  const auto a = step_losses(fx.dir / "a.jsonl");
+  REQUIRE(a.size() == 6);
+  CHECK(step_losses(fx.dir / "a0.jsonl") == a);  // deterministic mode: ZeRO changes no bit
+  CHECK(slurp(fx.dir / "a0.bin") == slurp(fx.dir / "a.bin"));
+  CHECK(run({"railyard", "ckpt", "verify", ckz}, fx.dir / "v.log") == 0);
+  const auto manifest = nlohmann::json::parse(slurp(ckz + "/step-00000003/manifest.json"));
+  CHECK_MESSAGE(manifest.dump().find("\"zero\":1") != std::string::npos, manifest["layout"].dump());
+  for (int r = 0; r < 8; ++r) {
+    char f[32];
+    std::snprintf(f, sizeof(f), "/rank-%05d.bin", r);
+    CHECK_MESSAGE(fs::file_size(ckz + "/step-00000003" + f) > 0, f);
+  }
+  fs::remove_all(ckz + "/step-00000006");
+  fs::remove_all(ck0 + "/step-00000006");
+
+  struct Case {
+    std::string src;
+    int nproc, tp, pp, zero;
+  };
+  const std::vector<Case> cases = {{ckz, 1, 1, 1, 0}, {ckz, 1, 1, 1, 1}, {ck0, 1, 1, 1, 1}, {ckz, 8, 1, 2, 0},
+                                   {ckz, 8, 1, 2, 1}, {ck0, 8, 1, 2, 2}, {ckz, 4, 2, 1, 0}, {ckz, 4, 2, 1, 2},
+                                   {ck0, 4, 2, 1, 1}, {ckz, 8, 2, 2, 0}, {ck0, 8, 2, 2, 2}};
+  std::map<std::string, std::pair<std::map<int, std::string>, std::string>> by_layout;  // losses, final weights
+  double worst = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& k = cases[i];
+    const std::string name = std::string("r").append(std::to_string(i));
+    const std::string layout =
+        std::to_string(k.nproc / (k.tp * k.pp)) + "," + std::to_string(k.tp) + "," + std::to_string(k.pp);
+    INFO("from " << fs::path(k.src).filename().string() << " into (" << layout << ") zero " << k.zero);
+    const std::string copy = fx.dir / ("ck-" + name);
+    fs::copy(k.src, copy, fs::copy_options::recursive);
+    REQUIRE_MESSAGE(run_as(copy, k.nproc, k.tp, k.pp, k.zero, name) == 0, slurp(fx.dir / (name + ".log")));
+    const std::string log = slurp(fx.dir / (name + ".log"));
+    size_t restored = 0;
+    for (size_t at = log.find("restored step=3 "); at != std::string::npos; at = log.find("restored step=3 ", at + 1))
+      ++restored;
+    CHECK_MESSAGE(restored == static_cast<size_t>(k.nproc), log);  // every rank, from step 3
+    const auto b = step_losses(fx.dir / (name + ".jsonl"));
+    REQUIRE(b.size() == 3);
+    const std::string weights = slurp(fx.dir / (name + ".bin"));
+    if (k.tp == 2 && k.pp == 2) {
+      // The saving layout's tp and pp: the same arithmetic, so the continuation is bitwise the uninterrupted run.
+      for (int s = 4; s <= 6; ++s) CHECK_MESSAGE(b.at(s) == a.at(s), "step " << s);
+      CHECK_MESSAGE(weights == slurp(fx.dir / "a.bin"), "final weights differ");
+    } else {
+      // Another tp or pp splits the GEMM sums and the grad norm differently: float rounding, not state, differs.
+      for (int s = 4; s <= 6; ++s) {
+        const double x = std::stod(a.at(s)), y = std::stod(b.at(s));
+        worst = std::max(worst, std::abs(x - y) / std::abs(x));
+        CHECK_MESSAGE(std::abs(x - y) <= 1e-6 * std::abs(x), "step " << s << ": " << b.at(s) << " vs " << a.at(s));
+      }
+    }
+    // Whatever saved the checkpoint (ZeRO or not) and whatever ZeRO stage loads it, one target layout continues
+    // bitwise the same: the restored state is the same in every case.
+    auto [it, first] = by_layout.emplace(layout, std::pair{b, weights});
+    if (!first) {
+      CHECK_MESSAGE(it->second.first == b, "losses differ from the other runs in (" << layout << ")");
+      CHECK_MESSAGE(it->second.second == weights, "final weights differ from the other runs in (" << layout << ")");
+    }
+  }
+  MESSAGE("largest relative loss difference after a change of tp or pp: " << worst);
+}
+
+namespace {
+
+// Like spawn(), with the file-size limit RLIMIT_FSIZE (and SIGXFSZ ignored, so a write past it fails with EFBIG).
+pid_t spawn_fsize_limited(std::vector<std::string> args, const std::string& log, rlim_t limit) {
+  args[0] = bin_dir() + "/" + args[0];
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd < 0 || ::dup2(fd, 1) < 0 || ::dup2(fd, 2) < 0) ::_exit(126);
+    ::signal(SIGXFSZ, SIG_IGN);  // kept across exec
+    const struct rlimit lim { limit, limit };
+    if (::setrlimit(RLIMIT_FSIZE, &lim) != 0) ::_exit(126);
+    ::execve(argv[0], argv.data(), environ);
+    ::_exit(127);
+  }
+  return pid;
+}
+
+}  // namespace
+
+TEST_CASE("disk full during the trainer's saves: the saves fail cleanly, training goes on, the previous one stays") {
+  Fixture fx;
+  // Reference: 6 uninterrupted steps on a normal disk.
+  REQUIRE(run(fx.train(6, fx.dir / "ck-ref", {"--log-json", fx.dir / "ref.jsonl", "--export", fx.dir / "ref.bin"}),
+              fx.dir / "ref.log") == 0);
+  const auto ref = step_losses(fx.dir / "ref.jsonl");
+  REQUIRE(ref.size() == 6);
+
+  // A real full disk: a 6 MiB tmpfs (mount(2) needs root or CAP_SYS_ADMIN), filled after the first checkpoint so
+  // that the next shard file (~1.4 MiB) does not fit: ENOSPC. Without mount: the worker runs with RLIMIT_FSIZE =
+  // 1 MiB, below one shard file: EFBIG. RAILYARD_CKPT_TEST_NO_MOUNT=1 picks the second way on a machine with mount.
+  const std::string mnt = fx.dir / "mnt";
+  fs::create_directory(mnt);
+  const bool tmpfs = std::getenv("RAILYARD_CKPT_TEST_NO_MOUNT") == nullptr &&
+                     ::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=6m,mode=0700") == 0;
+  struct Unmount {
+    std::string path;
+    bool on;
+    ~Unmount() {
+      if (on) ::umount2(path.c_str(), MNT_DETACH);
+    }
+  } unmount{mnt, tmpfs};
+  MESSAGE(
+      "disk-full mechanism: " << std::string(tmpfs ? "6 MiB tmpfs filled up (ENOSPC)" : "RLIMIT_FSIZE 1 MiB (EFBIG)"));
+  const std::string ck = mnt + "/ck";
+  REQUIRE_MESSAGE(run(fx.train(2, ck, {}), fx.dir / "first.log") == 0, slurp(fx.dir / "first.log"));
+  REQUIRE(fs::exists(ck + "/step-00000002/manifest.json"));
+  const std::string filler = mnt + "/filler";
+  if (tmpfs) {
+    const auto free_bytes = fs::space(mnt).available;
+    REQUIRE(free_bytes > 600 * 1024);
+    std::ofstream(filler, std::ios::binary) << std::string(free_bytes - 512 * 1024, 'x');
+    REQUIRE(fs::space(mnt).available < 600 * 1024);
+  }
+  // Steps 3-6 with saves due at 4 and 6 (the last one synchronous): both fail; the run finishes its steps.
+  const auto args =
+      fx.train(6, ck, {"--ckpt-every", "2", "--log-json", fx.dir / "full.jsonl", "--export", fx.dir / "full.bin"});
+  const pid_t pid = tmpfs ? spawn(args, fx.dir / "full.log") : spawn_fsize_limited(args, fx.dir / "full.log", 1 << 20);
+  const int code = wait_exit(pid);
+  const std::string log = slurp(fx.dir / "full.log");
+  CHECK_MESSAGE(code == 0, log);
+  CHECK_MESSAGE(log.find("restored step=2") != std::string::npos, log);
+  const std::string why = tmpfs ? "No space left on device" : "File too large";
+  for (const char* step : {"step=4", "step=6"}) {
+    // One line per failed save: "save failed: training goes on, ... step=N error=...<errno text>".
+    bool found = false;
+    std::istringstream lines(log);
+    for (std::string line; std::getline(lines, line);) {
+      found = found || (line.find("save failed: training goes on") != std::string::npos &&
+                        line.find(step) != std::string::npos && line.find(why) != std::string::npos);
+    }
+    CHECK_MESSAGE(found, step << " " << why << ":\n" << log);
+  }
+  const auto full = step_losses(fx.dir / "full.jsonl");
+  REQUIRE(full.size() == 4);
+  for (int s = 3; s <= 6; ++s) CHECK_MESSAGE(full.at(s) == ref.at(s), "step " << s);
+  CHECK_MESSAGE(slurp(fx.dir / "full.bin") == slurp(fx.dir / "ref.bin"), "final weights differ");
+  // Nothing half-written is left, `latest` still names step 2, and it verifies.
+  std::vector<std::string> entries;
+  for (const auto& e : fs::directory_iterator(ck)) entries.push_back(e.path().filename().string());
+  std::sort(entries.begin(), entries.end());
+  CHECK(entries == std::vector<std::string>{"latest", "step-00000002"});
+  CHECK(slurp(ck + "/latest").rfind("step-00000002", 0) == 0);
+  CHECK(run({"railyard", "ckpt", "verify", ck}, fx.dir / "v.log") == 0);
+
+  // Space again: the next run restores step 2 (the failed saves left nothing it could take for a checkpoint) and
+  // saves normally.
+  fs::remove(filler);
+  REQUIRE(run(fx.train(6, ck, {"--ckpt-every", "2", "--log-json", fx.dir / "again.jsonl"}), fx.dir / "again.log") == 0);
+  CHECK(slurp(fx.dir / "again.log").find("restored step=2") != std::string::npos);
+  CHECK(step_losses(fx.dir / "again.jsonl").at(6) == ref.at(6));
+  CHECK(slurp(ck + "/latest").rfind("step-00000006", 0) == 0);
+  CHECK(run({"railyard", "ckpt", "verify", ck, "--step", "6"}, fx.dir / "v6.log") == 0);
 }
