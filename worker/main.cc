@@ -18,25 +18,25 @@
 #include <tuple>
 #include <vector>
 
+#include "checkpoint/shm_store.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "common/metrics/metrics.h"
 #include "common/path_roots.h"
-#include "worker/interop/llmc_model.h"
 #include "worker/agent/agent_main.h"
+#include "worker/comm/gloo_communicator.h"
+#include "worker/comm/process_groups.h"
+#include "worker/interop/llmc_model.h"
 #include "worker/kernels/cpu/kernels.h"
 #include "worker/kernels/cpu/thread_pool.h"
-#include "checkpoint/shm_store.h"
+#include "worker/parallel/data_parallel.h"
+#include "worker/parallel/dist_launcher.h"
+#include "worker/parallel/dist_model.h"
 #include "worker/train/checkpointing.h"
 #include "worker/train/loader_source.h"
 #include "worker/train/perf.h"
 #include "worker/train/train_metrics.h"
 #include "worker/train/trainer.h"
-#include "worker/comm/gloo_communicator.h"
-#include "worker/comm/process_groups.h"
-#include "worker/parallel/data_parallel.h"
-#include "worker/parallel/dist_launcher.h"
-#include "worker/parallel/dist_model.h"
 
 using namespace railyard;
 using namespace railyard::worker;
@@ -410,20 +410,38 @@ void enforce_path_roots(const std::map<std::string, std::string>& f) {
                         ckpt_root_name);
   if (auto it = f.find("resume"); it != f.end() && it->second != "auto" && it->second != "never")
     checks.emplace_back("--resume", it->second, ckpt_root, ckpt_root_name);
+  // --export writes weights: an output like checkpoints.
+  if (auto it = f.find("export"); it != f.end()) checks.emplace_back("--export", it->second, ckpt_root, ckpt_root_name);
   for (const auto& [what, path, root, root_name] : checks) {
     if (auto msg = paths::check_within(what, path, root, root_name, true)) throw ConfigError(*msg);
+  }
+  // --init-from reads weights: the model a job starts from is either input data or the export/checkpoint of an
+  // earlier job, so either root may hold it; with roots set it must be under one of them.
+  if (auto it = f.find("init-from"); it != f.end() && (!data_root.empty() || !ckpt_root.empty())) {
+    auto in_data = paths::check_within("--init-from", it->second, data_root, data_root_name, true);
+    auto in_ckpt = paths::check_within("--init-from", it->second, ckpt_root, ckpt_root_name, true);
+    if ((data_root.empty() || in_data) && (ckpt_root.empty() || in_ckpt)) {
+      const bool relative = it->second.empty() || it->second.front() != '/';
+      if (data_root.empty() || ckpt_root.empty() || relative) throw ConfigError(in_data ? *in_data : *in_ckpt);
+      const std::string resolved = paths::resolve(it->second);
+      throw ConfigError("--init-from '" + it->second + "'" +
+                        (resolved != it->second ? " (resolves to " + resolved + ")" : std::string()) +
+                        " is outside both " + data_root_name + " " + data_root + " and " + ckpt_root_name + " " +
+                        ckpt_root + ": use a model file under one of them or ask the platform team to widen a root");
+    }
   }
 }
 
 int cmd_train(int argc, char** argv) {
-  auto f = parse_flags(argc, argv, 2,
-                       {"model",      "data",          "steps",       "batch",        "seq",          "global-batch",
-                        "lr",         "warmup",        "min-lr-frac", "weight-decay", "grad-clip",    "seed",
-                        "val-every",  "val-steps",     "threads",     "init-from",    "export",       "log-json",
-                        "peak-flops", "max-bad-steps", "gemm-split",  "config",       "metrics-port", "metrics-host",
-                        "ckpt-dir",   "ckpt-every",    "ckpt-keep",   "ckpt-async",   "ckpt-shm-every",
-                        "ckpt-term-budget", "resume", "data-root", "ckpt-root",
-                        "nproc", "tp", "pp", "zero", "deterministic", "bucket-mb"});
+  auto f =
+      parse_flags(argc, argv, 2, {"model",        "data",      "steps",         "batch",          "seq",
+                                  "global-batch", "lr",        "warmup",        "min-lr-frac",    "weight-decay",
+                                  "grad-clip",    "seed",      "val-every",     "val-steps",      "threads",
+                                  "init-from",    "export",    "log-json",      "peak-flops",     "max-bad-steps",
+                                  "gemm-split",   "config",    "metrics-port",  "metrics-host",   "ckpt-dir",
+                                  "ckpt-every",   "ckpt-keep", "ckpt-async",    "ckpt-shm-every", "ckpt-term-budget",
+                                  "resume",       "data-root", "ckpt-root",     "nproc",          "tp",
+                                  "pp",           "zero",      "deterministic", "bucket-mb"});
   if (f.count("nproc")) return launch_train_world(argc, argv, f);
   if (f.count("config")) apply_config_file(f["config"], f);
   if (!f.count("data")) {
@@ -512,9 +530,8 @@ int cmd_train(int argc, char** argv) {
       dpo.zero_stage = dist.zero;
       dpo.deterministic = dist.deterministic;
       dpo.bucket_bytes = dist.bucket_bytes;
-      dist.sync = parallel::parallel_gpt_data_parallel(&g.dp(), *dist.sharded,
-                                                       parallel::ModelGroups{&g.tp(), &g.pp(), g.embedding()}, tc,
-                                                       pool, dpo);
+      dist.sync = parallel::parallel_gpt_data_parallel(
+          &g.dp(), *dist.sharded, parallel::ModelGroups{&g.tp(), &g.pp(), g.embedding()}, tc, pool, dpo);
     }
   } else if (dist.groups != nullptr || dist.deterministic || dist.zero > 0) {
     parallel::DataParallelOptions dpo;
