@@ -50,7 +50,7 @@ fi
 if [ "$hardening" = 1 ]; then
   # docs/hardening.md. Two more trees, each building only what it runs: clang with ASan+UBSan+libFuzzer (the fuzzers
   # for RAILYARD_FUZZ_SECONDS each, then the unit tests of build-fuzz/hardening/asan.txt), and gcc with TSan (the
-  # concurrency tests of build-tsan/hardening/tsan.txt).
+  # concurrency tests of build-tsan/hardening/tsan.txt, the informer's against a local cluster of its own).
   cd "$root"
   sanitizer_flags=(-DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-g1 -O1" "-DCMAKE_C_FLAGS_DEBUG=-g1 -O1")
   step "hardening: clang ASan+UBSan+libFuzzer tree"
@@ -73,6 +73,8 @@ if [ "$hardening" = 1 ]; then
     { cat build-tsan-configure.log; exit 1; }
   rm -f build-tsan-configure.log
   cmake --build build-tsan -j2 --target railyard_tsan_tests
+  # kube_e2e_informer runs against the local cluster (its fixture brings one up in build-tsan/e2e-cluster).
+  bash deploy/local/cluster.sh build
   step "hardening: concurrency tests under TSan"
   tsan_tests=$(paste -sd'|' build-tsan/hardening/tsan.txt)
   (cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$root/tests/fuzz/tsan.supp" \

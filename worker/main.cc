@@ -443,8 +443,25 @@ void enforce_path_roots(const std::map<std::string, std::string>& f) {
                         ckpt_root_name);
   if (auto it = f.find("resume"); it != f.end() && it->second != "auto" && it->second != "never")
     checks.emplace_back("--resume", it->second, ckpt_root, ckpt_root_name);
+  // --export writes weights: an output like checkpoints.
+  if (auto it = f.find("export"); it != f.end()) checks.emplace_back("--export", it->second, ckpt_root, ckpt_root_name);
   for (const auto& [what, path, root, root_name] : checks) {
     if (auto msg = paths::check_within(what, path, root, root_name, true)) throw ConfigError(*msg);
+  }
+  // --init-from reads weights: the model a job starts from is either input data or the export/checkpoint of an
+  // earlier job, so either root may hold it; with roots set it must be under one of them.
+  if (auto it = f.find("init-from"); it != f.end() && (!data_root.empty() || !ckpt_root.empty())) {
+    auto in_data = paths::check_within("--init-from", it->second, data_root, data_root_name, true);
+    auto in_ckpt = paths::check_within("--init-from", it->second, ckpt_root, ckpt_root_name, true);
+    if ((data_root.empty() || in_data) && (ckpt_root.empty() || in_ckpt)) {
+      const bool relative = it->second.empty() || it->second.front() != '/';
+      if (data_root.empty() || ckpt_root.empty() || relative) throw ConfigError(in_data ? *in_data : *in_ckpt);
+      const std::string resolved = paths::resolve(it->second);
+      throw ConfigError("--init-from '" + it->second + "'" +
+                        (resolved != it->second ? " (resolves to " + resolved + ")" : std::string()) +
+                        " is outside both " + data_root_name + " " + data_root + " and " + ckpt_root_name + " " +
+                        ckpt_root + ": use a model file under one of them or ask the platform team to widen a root");
+    }
   }
 }
 

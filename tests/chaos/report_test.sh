@@ -48,6 +48,16 @@ cat >"$work/f/hardening/asan.xml" <<'XML'
 </testsuite>
 XML
 
+cat >"$work/t/hardening/tsan.xml" <<'XML'
+<?xml version="1.0" encoding="UTF-8"?>
+<testsuite tests="4" failures="1">
+<testcase name="e2e_cluster_up" time="20" status="run"><system-out>up</system-out></testcase>
+<testcase name="kube_unit_tests" time="3" status="run"><system-out>ok</system-out></testcase>
+<testcase name="kube_e2e_informer" time="30" status="fail"><failure message="Failed"/><system-out>WARNING: ThreadSanitizer: data race (pid=1)</system-out></testcase>
+<testcase name="e2e_cluster_down" time="2" status="run"><system-out>down</system-out></testcase>
+</testsuite>
+XML
+
 python3 "$src/scripts/reliability_report.py" --build "$work/b" --fuzz-build "$work/f" --tsan-build "$work/t" \
   --out "$work/out.md" 2>/dev/null
 out=$work/out.md
@@ -62,6 +72,11 @@ grep -qF '| `fuzz_kubeconfig` | ? | 3 s | 1 |' "$out" || fail "a crashed fuzzer"
 grep -qF 'Total: 2 fuzzers, 1 crashes.' "$out" || fail "fuzz total"
 grep -qF '| ASan + UBSan (unit tests, `build-fuzz`) | 2 | 1 | 1 UBSan (failed: unit_metrics) | 4 s |' "$out" ||
   fail "ASan row"
+# The cluster fixture's up/down are no tests of their own, but their time is the step's cost.
+grep -qF '| TSan (concurrency tests, `build-tsan`) | 2 | 1 | 1 TSan (failed: kube_e2e_informer) | 55 s |' "$out" ||
+  fail "TSan row"
+python3 "$src/scripts/reliability_report.py" --build "$work/b" --fuzz-build "$work/f" --tsan-build "$work/none" \
+  --out "$work/out.md" 2>/dev/null
 grep -qF '| TSan (concurrency tests, `build-tsan`) | not run (no JUnit file) |' "$out" || fail "missing TSan input"
 grep -qF '`e2e_chaos_operator`: not run (no result file)' "$out" || fail "missing chaos input"
 grep -qF 'Not run (no `no_open_doors.json`).' "$out" || fail "missing no-open-doors input"

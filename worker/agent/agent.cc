@@ -3,6 +3,8 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -383,8 +385,10 @@ class AgentRun {
         "RAILYARD_PROGRESS_FILE",
         "RAILYARD_SHM_PREFIX",
         "RAILYARD_SHM_PEER_STEPS",
+        "RAILYARD_STORE_TOKEN",
         "RAILYARD_RENDEZVOUS_TOKEN"  // workers never talk to the service: keep the secret in the agent
     };
+    const std::string generation_store_token = store_token(cfg_.token, cfg_.ns, cfg_.job, a.generation);
     std::vector<std::string> base_env;
     for (char** e = environ; *e != nullptr; ++e) {
       std::string kv = *e;
@@ -432,6 +436,7 @@ class AgentRun {
         }
         add("RAILYARD_SHM_PEER_STEPS", steps);
       }
+      add("RAILYARD_STORE_TOKEN", generation_store_token);
       std::vector<char*> envp;
       for (auto& s : env) envp.push_back(s.data());
       envp.push_back(nullptr);
@@ -831,6 +836,25 @@ AgentConfig AgentConfig::from_env(std::vector<std::string> command) {
   c.node = env_or("RAILYARD_NODE_NAME", "");
   c.peer_port = static_cast<int>(int_env("RAILYARD_AGENT_PEER_PORT", 0, -1, 65535));
   return c;
+}
+
+std::string store_token(const std::string& rendezvous_token, const std::string& ns, const std::string& job,
+                        int64_t generation) {
+  const std::string msg = "railyard bootstrap store\n" + ns + "/" + job + "\n" + std::to_string(generation);
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (HMAC(EVP_sha256(), rendezvous_token.data(), static_cast<int>(rendezvous_token.size()),
+           reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), mac, &len) == nullptr) {
+    throw Error("agent: HMAC-SHA256 of the bootstrap store token failed (OpenSSL)");
+  }
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  out.reserve(2 * len);
+  for (unsigned int i = 0; i < len; ++i) {
+    out.push_back(hex[mac[i] >> 4]);
+    out.push_back(hex[mac[i] & 15]);
+  }
+  return out;
 }
 
 int run_agent(const AgentConfig& config, const std::atomic<int>& stop_signal) {

@@ -43,4 +43,11 @@ inline constexpr int kAgentUnreachable = 3;  // the service stayed unreachable f
 // after stopping the workers).
 int run_agent(const AgentConfig& config, const std::atomic<int>& stop_signal);
 
+// The bootstrap store's token of one generation (RAILYARD_STORE_TOKEN of every worker of it): hex HMAC-SHA256 keyed
+// by the job's rendezvous token over the job and the generation. Workers get this instead of the rendezvous token,
+// which they never see: a worker (user code) can then read and write its own generation's store and nothing else,
+// and the rendezvous token cannot be recovered from it.
+std::string store_token(const std::string& rendezvous_token, const std::string& ns, const std::string& job,
+                        int64_t generation);
+
 }  // namespace railyard::worker

@@ -499,11 +499,13 @@ std::unique_ptr<Communicator> connect_gloo(const GlooOptions& o) {
 
   auto boot = std::make_shared<Bootstrap>();
   if (o.serve_store && o.rank == 0) {
-    boot->server = std::make_unique<TcpStoreServer>(o.store_host, o.store_port, o.timeout);
+    boot->server = std::make_unique<TcpStoreServer>(o.store_host, o.store_port, o.timeout, o.store_token);
     log::info("comm", "serving the bootstrap store",
-              {{"address", o.store_host + ":" + std::to_string(o.store_port)}, {"prefix", o.prefix}});
+              {{"address", o.store_host + ":" + std::to_string(o.store_port)},
+               {"prefix", o.prefix},
+               {"token", o.store_token.empty() ? "none" : "required"}});
   }
-  boot->store = std::make_unique<TcpStore>(o.store_host, o.store_port, o.prefix, o.timeout);
+  boot->store = std::make_unique<TcpStore>(o.store_host, o.store_port, o.prefix, o.timeout, o.store_token);
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = o.bind_host;
@@ -544,6 +546,7 @@ GlooOptions gloo_options_from_env() {
   o.prefix = prefix;
   o.timeout = ms(env_int("RAILYARD_COMM_TIMEOUT_MS", "30000", 1, 24 * 3600 * 1000,
                          "set it to the collective deadline in milliseconds"));
+  o.store_token = env_or("RAILYARD_STORE_TOKEN", "");
   o.bind_host = env_or("RAILYARD_POD_IP", "");
   if (o.bind_host.empty()) {
     if (o.store_host.rfind("127.", 0) == 0 || o.store_host == "localhost") {

@@ -22,6 +22,9 @@ struct GlooOptions {
   // lives. False when the caller runs the TcpStoreServer itself (tests, run_local_world).
   bool serve_store = true;
   std::string name = "world";
+  // The bootstrap store's token (RAILYARD_STORE_TOKEN, which the agent derives from the job's rendezvous token per
+  // generation). Rank 0's server refuses clients without it; empty: the store is open (runs without the agent).
+  std::string store_token;
 };
 
 // Connects rank `rank` of the world; returns when every rank has connected (or throws CommError/CommTimeout naming
@@ -30,9 +33,9 @@ struct GlooOptions {
 std::unique_ptr<Communicator> connect_gloo(const GlooOptions& options);
 
 // From the launcher's environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (required), RAILYARD_GENERATION
-// (prefix "g<generation>", default 0), RAILYARD_POD_IP (bind address, default MASTER_ADDR when it is a loopback
-// address, else 0.0.0.0 is refused: set it), RAILYARD_COMM_TIMEOUT_MS (default 30000). Throws ConfigError naming the
-// variable and the fix.
+// (prefix "g<generation>", default 0), RAILYARD_STORE_TOKEN (the store's token, default none), RAILYARD_POD_IP (bind
+// address, default MASTER_ADDR when it is a loopback address, else 0.0.0.0 is refused: set it),
+// RAILYARD_COMM_TIMEOUT_MS (default 30000). Throws ConfigError naming the variable and the fix.
 GlooOptions gloo_options_from_env();
 
 }  // namespace railyard::worker::comm

@@ -359,9 +359,9 @@ std::unique_ptr<Communicator> connect_nccl(const GlooOptions& o, int cuda_device
 
   st->boot = std::make_shared<Bootstrap>();
   if (o.serve_store && o.rank == 0) {
-    st->boot->server = std::make_unique<TcpStoreServer>(o.store_host, o.store_port, o.timeout);
+    st->boot->server = std::make_unique<TcpStoreServer>(o.store_host, o.store_port, o.timeout, o.store_token);
   }
-  st->boot->store = std::make_unique<TcpStore>(o.store_host, o.store_port, o.prefix, o.timeout);
+  st->boot->store = std::make_unique<TcpStore>(o.store_host, o.store_port, o.prefix, o.timeout, o.store_token);
   ncclUniqueId id;
   if (o.rank == 0) {
     ncclResult_t r = ncclGetUniqueId(&id);

@@ -19,9 +19,12 @@
 namespace railyard::worker::comm {
 namespace {
 
-enum Op : uint8_t { kSet = 1, kGet = 2, kCheck = 3, kAdd = 4 };
+enum Op : uint8_t { kSet = 1, kGet = 2, kCheck = 3, kAdd = 4, kAuth = 5 };
+enum Status : uint8_t { kMissing = 0, kOk = 1, kRefused = 2 };
 // A request larger than this is garbage (a stray client or a port mix-up), not a store entry.
 constexpr uint32_t kMaxField = 64u << 20;
+// Before a client proved it holds the token, it gets no more than this per field: no 64 MiB allocations for strangers.
+constexpr uint32_t kMaxUnauthenticatedField = 4096;
 
 std::string errno_text(int err) { return std::strerror(err); }
 
@@ -58,13 +61,30 @@ uint32_t get_u32(const unsigned char* p) {
          (static_cast<uint32_t>(p[3]) << 24);
 }
 
-bool read_field(int fd, std::string& out) {
+bool read_field(int fd, std::string& out, uint32_t max = kMaxField) {
   unsigned char len[4];
   if (!read_all(fd, len, 4)) return false;
   uint32_t n = get_u32(len);
-  if (n > kMaxField) return false;
+  if (n > max) return false;
   out.resize(n);
   return n == 0 || read_all(fd, out.data(), n);
+}
+
+// Compares without an early exit, so the time taken does not tell how much of a guessed token was right.
+bool same_token(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+bool write_reply(int fd, uint8_t status, const std::string& reply) {
+  std::vector<char> out;
+  out.reserve(5 + reply.size());
+  out.push_back(static_cast<char>(status));
+  put_u32(out, static_cast<uint32_t>(reply.size()));
+  out.insert(out.end(), reply.begin(), reply.end());
+  return write_all(fd, out.data(), out.size());
 }
 
 std::vector<char> encode_i64(int64_t v) {
@@ -103,6 +123,8 @@ struct TcpStoreServer::Impl {
   std::string host;
   int port = 0;
   int listen_fd = -1;
+  std::string token;  // empty: no authentication
+  std::atomic<size_t> refused{0};
   std::atomic<bool> stop{false};
   std::thread acceptor;
 
@@ -133,12 +155,34 @@ struct TcpStoreServer::Impl {
   }
 
   void serve(int fd) {
+    bool authenticated = token.empty();
     for (;;) {
       uint8_t op;
       std::string key, value;
-      if (!read_all(fd, &op, 1) || !read_field(fd, key) || !read_field(fd, value)) return;
-      uint8_t status = 1;
+      const uint32_t max = authenticated ? kMaxField : kMaxUnauthenticatedField;
+      if (!read_all(fd, &op, 1) || !read_field(fd, key, max) || !read_field(fd, value, max)) {
+        if (!authenticated) refused.fetch_add(1);
+        return;
+      }
+      if (!authenticated) {
+        if (op != kAuth || !same_token(key, token)) {
+          refused.fetch_add(1);
+          write_reply(fd, kRefused, "");
+          // Nothing was read from or written to the store. The client sees the end of the connection now; the fd
+          // itself is closed with the others by the destructor (it owns them).
+          ::shutdown(fd, SHUT_RDWR);
+          return;
+        }
+        authenticated = true;
+        if (!write_reply(fd, kOk, "")) return;
+        continue;
+      }
+      uint8_t status = kOk;
       std::string reply;
+      if (op == kAuth) {  // a client with a token talking to a server without one, or a repeated auth: nothing to do
+        if (!write_reply(fd, kOk, "")) return;
+        continue;
+      }
       {
         std::lock_guard<std::mutex> lock(mu);
         switch (op) {
@@ -171,19 +215,16 @@ struct TcpStoreServer::Impl {
             return;  // unknown op: drop the connection, the client sees a clear error
         }
       }
-      std::vector<char> out;
-      out.reserve(5 + reply.size());
-      out.push_back(static_cast<char>(status));
-      put_u32(out, static_cast<uint32_t>(reply.size()));
-      out.insert(out.end(), reply.begin(), reply.end());
-      if (!write_all(fd, out.data(), out.size())) return;
+      if (!write_reply(fd, status, reply)) return;
     }
   }
 };
 
-TcpStoreServer::TcpStoreServer(const std::string& host, int port, std::chrono::milliseconds retry_for)
+TcpStoreServer::TcpStoreServer(const std::string& host, int port, std::chrono::milliseconds retry_for,
+                               std::string token)
     : impl_(std::make_unique<Impl>()) {
   impl_->host = host;
+  impl_->token = std::move(token);
   std::string where = "TcpStore server " + host + ":" + std::to_string(port);
   sockaddr_in addr = resolve(host, port, where.c_str());
   const auto give_up = std::chrono::steady_clock::now() + retry_for;
@@ -233,9 +274,11 @@ size_t TcpStoreServer::key_count() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->data.size();
 }
+size_t TcpStoreServer::refused_count() const { return impl_->refused.load(); }
 
 // ---------------------------------------------------------------------------------------------------------------------
-TcpStore::TcpStore(const std::string& host, int port, std::string prefix, std::chrono::milliseconds timeout)
+TcpStore::TcpStore(const std::string& host, int port, std::string prefix, std::chrono::milliseconds timeout,
+                   const std::string& token)
     : host_(host), port_(port), prefix_(std::move(prefix)), timeout_(timeout) {
   if (port <= 0 || port > 65535) {
     throw CommError("TcpStore: port " + std::to_string(port) + " is out of range 1..65535 (set MASTER_PORT)");
@@ -257,6 +300,11 @@ TcpStore::TcpStore(const std::string& host, int port, std::string prefix, std::c
       ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
       ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
       fd_ = fd;
+      if (!token.empty()) {
+        uint8_t status;
+        request(kAuth, token, {}, &status);  // a refusal throws from request()
+        if (status != kOk) refused();
+      }
       return;
     }
     last_error = errno_text(errno);
@@ -297,6 +345,11 @@ std::vector<char> TcpStore::request(uint8_t op, const std::string& key, const st
                     "); rank 0 serves the store and may have exited");
   }
   *status = head[0];
+  if (*status == kRefused) {
+    ::close(fd_);
+    fd_ = -1;
+    refused();
+  }
   std::vector<char> reply(get_u32(head + 1));
   if (!reply.empty() && !read_all(fd_, reply.data(), reply.size())) {
     ::close(fd_);
@@ -304,6 +357,13 @@ std::vector<char> TcpStore::request(uint8_t op, const std::string& key, const st
     throw CommError("TcpStore " + address() + ": truncated reply");
   }
   return reply;
+}
+
+void TcpStore::refused() {
+  throw CommError("TcpStore " + address() +
+                  ": the bootstrap store refused this client: rank 0 serves it only to clients with the generation's "
+                  "token (RAILYARD_STORE_TOKEN, set by the agent), and this one's is missing or different (ranks of "
+                  "another job or generation on the same MASTER_ADDR/MASTER_PORT?)");
 }
 
 void TcpStore::set(const std::string& key, const std::vector<char>& value) {

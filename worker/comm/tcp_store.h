@@ -4,6 +4,12 @@
 //
 // Wire format (one request, one reply, on a persistent connection): u8 op, u32 key length, key, u32 value length,
 // value; reply u8 status, u32 value length, value. Integers little-endian. Keys are plain bytes.
+//
+// Token: a server given a non-empty token serves a connection only after its first request was an auth request
+// (op 5, key = the token) carrying that token; anything else gets status 2 ("refused", empty value) and the
+// connection is closed. The agent gives every worker of a generation the same token, derived from the job's
+// rendezvous token (worker/agent, RAILYARD_STORE_TOKEN), so a stray or hostile client on the pod network can neither
+// read the Gloo/NCCL addresses nor plant its own. The token never appears in an error message or a log line.
 #pragma once
 
 #include <gloo/rendezvous/store.h>
@@ -21,7 +27,9 @@ class TcpStoreServer {
  public:
   // Binds host:port (port 0: the kernel picks a free one, see port()). A port still held by someone else is retried
   // for up to `retry_for` (the previous generation's rank 0 may still be exiting). Throws CommError naming host:port.
-  TcpStoreServer(const std::string& host, int port, std::chrono::milliseconds retry_for = std::chrono::milliseconds(0));
+  // `token` empty: every client is served (tests, single-host runs without the agent).
+  TcpStoreServer(const std::string& host, int port, std::chrono::milliseconds retry_for = std::chrono::milliseconds(0),
+                 std::string token = "");
   // Stops accepting, closes every connection and joins its threads.
   ~TcpStoreServer();
   TcpStoreServer(const TcpStoreServer&) = delete;
@@ -30,6 +38,7 @@ class TcpStoreServer {
   int port() const;
   const std::string& host() const;
   size_t key_count() const;
+  size_t refused_count() const;  // connections closed for a missing or wrong token
 
  private:
   struct Impl;
@@ -42,7 +51,10 @@ class TcpStore : public gloo::rendezvous::Store {
  public:
   // Connects to host:port, retrying until `timeout` (rank 0 may start later). Every key is stored as prefix + "/" +
   // key, so a new generation (another prefix) never sees the keys of an old one. Throws CommTimeout naming host:port.
-  TcpStore(const std::string& host, int port, std::string prefix, std::chrono::milliseconds timeout);
+  // A non-empty `token` is presented right after connecting; a server that refuses it (or that wants a token when
+  // none is given) makes the constructor, or the first request, throw CommError saying so.
+  TcpStore(const std::string& host, int port, std::string prefix, std::chrono::milliseconds timeout,
+           const std::string& token = "");
   ~TcpStore() override;
 
   void set(const std::string& key, const std::vector<char>& value) override;
@@ -62,6 +74,7 @@ class TcpStore : public gloo::rendezvous::Store {
 
  private:
   std::vector<char> request(uint8_t op, const std::string& key, const std::vector<char>& value, uint8_t* status);
+  [[noreturn]] void refused();
   std::string full_key(const std::string& key) const { return prefix_ + "/" + key; }
 
   std::string host_;

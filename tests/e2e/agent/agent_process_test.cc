@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "operator/rendezvous/rendezvous.h"
+#include "worker/agent/agent.h"
 
 namespace fs = std::filesystem;
 using railyard::op::GenerationSpec;
@@ -156,7 +157,7 @@ GenerationSpec spec(int64_t gen, std::vector<std::string> pods, int procs) {
 // Prints the env a worker got, publishes its pid and progress, then runs until signalled (recording SIGTERM).
 const char* kWorkerScript = R"(
 f="$TEST_OUT/gen$RAILYARD_GENERATION-rank$RANK"
-echo "$RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT $RAILYARD_GENERATION $RAILYARD_RESTORE ${RAILYARD_RENDEZVOUS_TOKEN:-notoken} $RAILYARD_CONFIG" > "$f.tmp" && mv "$f.tmp" "$f.env"
+echo "$RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT $RAILYARD_GENERATION $RAILYARD_RESTORE ${RAILYARD_RENDEZVOUS_TOKEN:-notoken} $RAILYARD_CONFIG ${RAILYARD_STORE_TOKEN:-nostoretoken}" > "$f.tmp" && mv "$f.tmp" "$f.env"
 echo $$ > "$f.pid.tmp" && mv "$f.pid.tmp" "$f.pid"
 if [ "$RANK" = 0 ]; then
   echo '{"step": 7, "loss": 2.5, "tokens_per_second": 123.0}' > "$RAILYARD_PROGRESS_FILE.tmp" && mv "$RAILYARD_PROGRESS_FILE.tmp" "$RAILYARD_PROGRESS_FILE"
@@ -236,7 +237,7 @@ TEST_CASE("agents run workers with the right env, report a kill -9, re-join a ne
   int master_port = -1;
   for (int r = 0; r < 6; ++r) {
     auto f = fields(slurp(file(1, r, "env")));
-    REQUIRE(f.size() == 10);
+    REQUIRE(f.size() == 11);
     CHECK(f[0] == std::to_string(r));      // RANK
     CHECK(f[1] == std::to_string(r % 2));  // LOCAL_RANK
     CHECK(f[2] == "6");                    // WORLD_SIZE
@@ -245,9 +246,10 @@ TEST_CASE("agents run workers with the right env, report a kill -9, re-join a ne
     if (master_port < 0) master_port = std::stoi(f[5]);
     CHECK(std::stoi(f[5]) == master_port);  // one bootstrap store for all
     CHECK(master_port > 0);
-    CHECK(f[6] == "1");           // RAILYARD_GENERATION
-    CHECK(f[7] == "/ckpt/gen1");  // RAILYARD_RESTORE
-    CHECK(f[8] == "notoken");     // the secret stays in the agent
+    CHECK(f[6] == "1");                                                       // RAILYARD_GENERATION
+    CHECK(f[7] == "/ckpt/gen1");                                              // RAILYARD_RESTORE
+    CHECK(f[8] == "notoken");                                                 // the secret stays in the agent
+    CHECK(f[10] == railyard::worker::store_token(kToken, "ns1", "job1", 1));  // the bootstrap store's, per generation
     auto config = nlohmann::json::parse(slurp(f[9]));
     CHECK(config["layout"]["dp"] == 6);
     CHECK(config["restore"] == "/ckpt/gen1");
@@ -295,8 +297,9 @@ TEST_CASE("agents run workers with the right env, report a kill -9, re-join a ne
     const pid_t old = std::stoi(slurp(file(1, r, "pid")));
     CHECK(::kill(old, 0) == -1);  // gone
     auto f = fields(slurp(file(2, r, "env")));
-    REQUIRE(f.size() == 10);
+    REQUIRE(f.size() == 11);
     CHECK(f[0] == std::to_string(r));
+    CHECK(f[10] == railyard::worker::store_token(kToken, "ns1", "job1", 2));
     CHECK(f[6] == "2");
     CHECK(f[7] == "/ckpt/gen2");
   }

@@ -548,6 +548,22 @@ TEST_CASE("garbage on every endpoint gets 400 naming the problem, never a crash"
   CHECK(client(svc).join(join_req("p0", 1, 0)).outcome == Outcome::Ready);
 }
 
+TEST_CASE(
+    "the bootstrap store token: per job and generation, keyed by the rendezvous token, which it does not reveal") {
+  using railyard::worker::store_token;
+  const std::string t = store_token(kToken, "ns1", "job1", 3);
+  CHECK(t.size() == 64);
+  CHECK(t.find_first_not_of("0123456789abcdef") == std::string::npos);
+  CHECK(store_token(kToken, "ns1", "job1", 3) == t);  // every agent of the generation derives the same one
+  CHECK(store_token(kToken, "ns1", "job1", 4) != t);
+  CHECK(store_token(kToken, "ns1", "job2", 3) != t);
+  CHECK(store_token(kToken, "ns2", "job1", 3) != t);
+  CHECK(store_token(std::string(kToken) + "x", "ns1", "job1", 3) != t);
+  CHECK(t.find(kToken) == std::string::npos);
+  // Pinned (computed independently with Python's hmac module): agents of different builds must agree.
+  CHECK(t == "128fa79a7be2ca314609a6b12aa584fb0a4be8ce5453daa02e6e4ba7afb152f7");
+}
+
 TEST_CASE("the agent's configuration errors name the variable") {
   CHECK_THROWS_WITH_AS(RendezvousClient("nohost", kToken), doctest::Contains("RAILYARD_RENDEZVOUS_ADDR"),
                        railyard::ConfigError);

@@ -176,7 +176,35 @@ TEST_CASE("railyard-worker train refuses data and checkpoint paths that resolve 
   r = run_env("--config " + d + "/cfg.json");
   CHECK(r.code == 2);
   CHECK_MESSAGE(r.err.find("data.train of --config") != std::string::npos, r.err);
+  // --init-from (read: under either root) and --export (written: under the checkpoint root).
+  r = run_env("--data " + d + "/root/data --init-from " + d + "/outside/gpt2.bin");
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(r.err.find("--init-from '" + d + "/outside/gpt2.bin' is outside both RAILYARD_DATA_ROOT " + d +
+                           "/root and RAILYARD_CHECKPOINT_ROOT " + d + "/root") != std::string::npos,
+                r.err);
+  r = run_env("--data " + d + "/root/data --init-from " + d + "/root/escape/gpt2.bin");
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(r.err.find("--init-from '" + d + "/root/escape/gpt2.bin' (resolves to " + d + "/outside/gpt2.bin)") !=
+                    std::string::npos,
+                r.err);
+  r = run_env("--data " + d + "/root/data --init-from gpt2.bin");
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(r.err.find("--init-from 'gpt2.bin' must be an absolute path") != std::string::npos, r.err);
+  r = with_env("--data " + d + "/root/data --data-root " + d + "/root --init-from " + d + "/outside/gpt2.bin");
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(
+      r.err.find("--init-from '" + d + "/outside/gpt2.bin' is outside --data-root " + d + "/root") != std::string::npos,
+      r.err);
+  r = run_env("--data " + d + "/root/data --export " + d + "/root/../outside/final.bin");
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(
+      r.err.find("--export '" + d + "/root/../outside/final.bin' (resolves to " + d +
+                 "/outside/final.bin) is outside RAILYARD_CHECKPOINT_ROOT " + d + "/root") != std::string::npos,
+      r.err);
+  CHECK_FALSE(std::filesystem::exists(d + "/outside/final.bin"));
   // Inside the roots, the check passes and the worker goes on to its next complaint (no shards there).
-  r = run_env("--data " + d + "/root/data --ckpt-dir " + d + "/root/ck");
+  r = run_env("--data " + d + "/root/data --ckpt-dir " + d + "/root/ck --init-from " + d + "/root/data/gpt2.bin" +
+              " --export " + d + "/root/final.bin");
   CHECK(r.err.find("is outside") == std::string::npos);
+  CHECK(r.err.find("absolute path") == std::string::npos);
 }

@@ -1,4 +1,8 @@
+#include <arpa/inet.h>
 #include <doctest/doctest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -126,6 +130,137 @@ TEST_CASE("a server retries a taken port while the previous owner exits") {
   CHECK(text(client.get("k")) == "v");
 }
 
+// One request on a fresh raw connection (the wire format of tcp_store.h); returns every byte the server sent before
+// closing or before `limit` bytes.
+std::string raw_request(int port, uint8_t op, const std::string& key, size_t limit = 64) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  timeval tv{2, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  std::string msg(1, static_cast<char>(op));
+  auto u32 = [&](uint32_t v) {
+    for (int i = 0; i < 4; ++i) msg.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  };
+  u32(static_cast<uint32_t>(key.size()));
+  msg += key;
+  u32(0);
+  REQUIRE(::send(fd, msg.data(), msg.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(msg.size()));
+  std::string got;
+  char buf[256];
+  ssize_t n;
+  while (got.size() < limit && (n = ::recv(fd, buf, sizeof buf, 0)) > 0) got.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  return got;
+}
+
+TEST_CASE("a store with a token serves only clients that present it, and never says it") {
+  const std::string token = "5f0c4e8a1b2d3c4e5f60718293a4b5c6d7e8f90112233445566778899aabbccdd";
+  TcpStoreServer server("127.0.0.1", 0, milliseconds(0), token);
+
+  TcpStore good("127.0.0.1", server.port(), "g0", milliseconds(2000), token);
+  good.set("rank0/addr", bytes("10.0.0.1:4242"));
+  CHECK(text(good.get("rank0/addr")) == "10.0.0.1:4242");
+  TcpStore good2("127.0.0.1", server.port(), "g0", milliseconds(2000), token);
+  CHECK(text(good2.get("rank0/addr")) == "10.0.0.1:4242");
+  CHECK(server.refused_count() == 0);
+
+  auto refused_without_token = [&](const std::string& what) {
+    CHECK(what.find("refused") != std::string::npos);
+    CHECK(what.find("RAILYARD_STORE_TOKEN") != std::string::npos);
+    CHECK(what.find("127.0.0.1:" + std::to_string(server.port())) != std::string::npos);
+    CHECK(what.find(token) == std::string::npos);
+    CHECK(what.find(token.substr(0, 8)) == std::string::npos);
+  };
+  // No token: the connection is accepted, the first request is refused and nothing reaches the store.
+  {
+    TcpStore none("127.0.0.1", server.port(), "g0", milliseconds(2000));
+    std::string what;
+    try {
+      none.set("rank0/addr", bytes("6.6.6.6:1"));
+    } catch (const CommError& e) {
+      what = e.what();
+    }
+    refused_without_token(what);
+    CHECK_THROWS_AS(none.check({"rank0/addr"}), CommError);  // the connection stays closed
+  }
+  CHECK(text(good.get("rank0/addr")) == "10.0.0.1:4242");
+  CHECK(server.key_count() == 1);
+
+  // A wrong token (same length, last character changed) and a prefix of the right one: refused when connecting.
+  for (const std::string& wrong : {token.substr(0, token.size() - 1) + "e", token.substr(0, 32), std::string("x")}) {
+    std::string what;
+    try {
+      TcpStore bad("127.0.0.1", server.port(), "g0", milliseconds(2000), wrong);
+      FAIL("a wrong token was accepted");
+    } catch (const CommError& e) {
+      what = e.what();
+    }
+    refused_without_token(what);
+    CHECK(what.find(wrong) == std::string::npos);
+  }
+
+  // On the wire: a get without authenticating gets status 2 with no value, then the connection ends.
+  CHECK(raw_request(server.port(), 2, "g0/rank0/addr") == std::string("\x02\x00\x00\x00\x00", 5));
+  // The auth request with the right token is answered ok.
+  CHECK(raw_request(server.port(), 5, token, 5) == std::string("\x01\x00\x00\x00\x00", 5));
+  CHECK(server.refused_count() == 5);
+  CHECK(server.key_count() == 1);
+
+  // A store without a token serves a client that presents one (a rank with RAILYARD_STORE_TOKEN set and an open
+  // store) and one that does not.
+  TcpStoreServer open_server("127.0.0.1", 0);
+  TcpStore with("127.0.0.1", open_server.port(), "g0", milliseconds(2000), token);
+  TcpStore without("127.0.0.1", open_server.port(), "g0", milliseconds(2000));
+  with.set("k", bytes("v"));
+  CHECK(text(without.get("k")) == "v");
+}
+
+TEST_CASE("connect_gloo: ranks with the store token connect, a rank with another token is refused") {
+  int port;
+  {
+    TcpStoreServer probe("127.0.0.1", 0);
+    port = probe.port();
+  }
+  auto options = [&](int rank, const std::string& token) {
+    GlooOptions o;
+    o.store_port = port;
+    o.rank = rank;
+    o.size = 2;
+    o.timeout = milliseconds(5000);
+    o.prefix = "g1";
+    o.store_token = token;
+    return o;
+  };
+  float x[2] = {0, 0};
+  std::string stranger_error;
+  std::thread rank1([&] {
+    // A stranger with another token is refused while rank 0 serves; then the real rank 1 joins.
+    try {
+      auto o = options(1, "not-the-token");
+      o.timeout = milliseconds(3000);
+      connect_gloo(o);
+    } catch (const CommError& e) {
+      stranger_error = e.what();
+    }
+    auto c = connect_gloo(options(1, "the-token"));
+    x[1] = 2;
+    c->all_reduce(&x[1], 1, DType::kFloat32, ReduceOp::kSum);
+  });
+  auto c = connect_gloo(options(0, "the-token"));
+  x[0] = 1;
+  c->all_reduce(&x[0], 1, DType::kFloat32, ReduceOp::kSum);
+  rank1.join();
+  CHECK(x[0] == 3);
+  CHECK(x[1] == 3);
+  CHECK(stranger_error.find("refused") != std::string::npos);
+  CHECK(stranger_error.find("the-token") == std::string::npos);
+}
+
 TEST_CASE("gloo_options_from_env names the variable at fault") {
   ::setenv("WORLD_SIZE", "4", 1);
   ::setenv("RANK", "2", 1);
@@ -142,6 +277,10 @@ TEST_CASE("gloo_options_from_env names the variable at fault") {
   CHECK(o.prefix == "g3");
   CHECK(o.bind_host == "127.0.0.1");
   CHECK(o.timeout == milliseconds(30000));
+  CHECK(o.store_token.empty());
+  ::setenv("RAILYARD_STORE_TOKEN", "abc123", 1);
+  CHECK(gloo_options_from_env().store_token == "abc123");
+  ::unsetenv("RAILYARD_STORE_TOKEN");
 
   ::setenv("RANK", "4", 1);
   CHECK_THROWS_WITH_AS(gloo_options_from_env(), doctest::Contains("RANK='4'"), railyard::ConfigError);
