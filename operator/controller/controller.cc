@@ -1059,6 +1059,12 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
       if (Completion c = completion_now(now_pods, now_progress); c.done) return complete(c, now_progress, now_pods);
       gen++;
       status["generation"] = gen;
+      // The restart's world shrank before it formed (its lost pod's replacement found no room): the fault's
+      // recovery ends with the first step of this generation.
+      if (condition_true(status, "Restarting") && status.contains("lastRestart") && status["lastRestart"].is_object() &&
+          status["lastRestart"].value("generation", Json(-1)) == Json(gen - 1) &&
+          !status["lastRestart"].contains("recoveredTime"))
+        status["lastRestart"]["generation"] = gen;
     }
     std::string msg = "replicas " + std::to_string(old_members.size()) + " -> " + std::to_string(m) +
                       " in generation " + std::to_string(gen);
