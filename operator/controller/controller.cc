@@ -730,7 +730,8 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
   bool replaced_now = false;
   if (!triggers.empty() && agent && rdzv) {
     FormingGeneration forming;
-    forming.restarting = condition_true(orig, "Restarting");
+    // The current generation is the one the last restart opened (the rendezvous record says whether it formed).
+    forming.restarting = true;
     forming.rendezvous_known = progress.has_value();
     if (progress) {
       forming.world_complete = progress->world_complete;
@@ -1113,7 +1114,8 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
   if (bound == n)
     set_condition(status, "Scheduled", true, "Bound", "all " + std::to_string(n) + " pods are bound to nodes", now_s);
   bool world_up = running == m;
-  if (world_up && agent && rdzv) world_up = progress && progress->world_complete;
+  // `progress` is the generation this reconcile started with: a generation opened above has not formed yet.
+  if (world_up && agent && rdzv) world_up = progress && progress->generation == gen && progress->world_complete;
   if (world_up) {
     set_condition(status, "Running", true, "AllPodsRunning",
                   agent && rdzv ? "every pod joined generation " + std::to_string(gen)
