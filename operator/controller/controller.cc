@@ -9,6 +9,7 @@
 
 #include "common/log.h"
 #include "operator/controller/failure_policy.h"
+#include "operator/controller/lifecycle.h"
 #include "operator/controller/plan_glue.h"
 #include "operator/controller/slow_start.h"
 #include "operator/controller/status.h"
@@ -565,33 +566,54 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
       extra.push_back(p);
   }
 
-  // Completion: every rank reported exit 0, or (jobs without an agent) every pod Succeeded.
-  int succeeded = 0;
-  for (const auto& [i, p] : by_index)
-    if (phase_of(p) == "Succeeded" && (old_members.empty() || std::find(old_members.begin(), old_members.end(),
-                                                                        kube::name_of(p)) != old_members.end()))
-      succeeded++;
-  const int world_pods = old_members.empty() ? n : static_cast<int>(old_members.size());
+  // Completion: every rank reported exit 0, every world pod Succeeded, or (agent jobs) a world pod Succeeded.
+  // Checked again, on fresh state, before a restart or a resize opens a generation: a rank that exits 0 on the last
+  // step while a node comes back or goes away must end the job, not leave a generation waiting for agents that
+  // have exited (lifecycle.h).
   const bool agent = uses_agent(job);
-  bool done_rdzv = progress && progress->all_succeeded;
-  if (gen > 0 && ((world_pods > 0 && succeeded == world_pods) || done_rdzv)) {
-    std::string how = done_rdzv ? "every rank of generation " + std::to_string(gen) + " exited 0"
-                                : "all " + std::to_string(world_pods) + " worker pods succeeded";
+  auto completion_now = [&](const std::vector<Json>& job_pods, const std::optional<RendezvousService::Progress>& prog) {
+    CompletionSignals sig;
+    sig.generation = gen;
+    sig.agent = agent;
+    if (old_members.empty())
+      for (int i = 0; i < n; ++i) sig.world.push_back(worker_pod_name(name, i));
+    else
+      sig.world = old_members;
+    for (const Json& p : job_pods) {
+      const int i = replica_index_of(p);
+      // A terminating pod counts too: an agent stopped by a deletion exits 128+15, never 0.
+      if (i >= 0 && i < n) sig.pod_phase.emplace(kube::name_of(p), phase_of(p));
+    }
+    sig.rendezvous_all_succeeded = prog && prog->generation == gen && prog->all_succeeded;
+    return job_completion(sig);
+  };
+  auto complete = [&](const Completion& c, const std::optional<RendezvousService::Progress>& prog,
+                      const std::vector<Json>& job_pods) {
     status["phase"] = "Succeeded";
     status["completionTime"] = now_s;
-    if (done_rdzv) status["step"] = std::max<int64_t>(status["step"].get<int64_t>(), progress->step);
     // The agents forward each worker's last progress before its exit, so this is the final step's loss.
-    if (done_rdzv && progress->step > 0) status["loss"] = progress->loss;
-    if (done_rdzv || !agent) status["step"] = spec.steps;
+    if (c.by_rendezvous && prog->step > 0) status["loss"] = prog->loss;
+    status["step"] = spec.steps;
     status["progress"] = std::to_string(status["step"].get<int64_t>()) + "/" + std::to_string(spec.steps);
-    set_condition(status, "Succeeded", true, done_rdzv ? "AllRanksSucceeded" : "AllPodsSucceeded", how, now_s);
-    set_condition(status, "Running", false, "Completed", how, now_s);
-    if (find_condition(status, "Restarting"))
-      set_condition(status, "Restarting", false, "Completed", "the job finished", now_s);
-    events.push_back({false, "Succeeded", how});
-    status["replicas"] = existing;
-    return finish(job, spec, status, orig, events, pods);
-  }
+    set_condition(status, "Succeeded", true, c.reason, c.message, now_s);
+    set_condition(status, "Running", false, "Completed", c.message, now_s);
+    for (const char* t : {"Restarting", "Resizing"})
+      if (find_condition(status, t)) set_condition(status, t, false, "Completed", "the job finished", now_s);
+    events.push_back({false, "Succeeded", c.message});
+    int live = 0;
+    for (const Json& p : job_pods)
+      if (!terminating(p)) live++;
+    status["replicas"] = live;
+    return finish(job, spec, status, orig, events, job_pods);
+  };
+  // The current generation's record at the rendezvous service, read now (not at the start of this reconcile).
+  auto fresh_progress = [&]() -> std::optional<RendezvousService::Progress> {
+    if (!rdzv || gen <= 0) return std::nullopt;
+    std::optional<RendezvousService::Progress> p = rdzv->progress(key);
+    if (!p || p->generation != gen) return std::nullopt;
+    return p;
+  };
+  if (Completion c = completion_now(pods, progress); c.done) return complete(c, progress, pods);
 
   // Restart triggers.
   PlacementRequest job_placement;  // spec.placement and the failure exclusions (excludeFailedNodes)
@@ -697,6 +719,50 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
     }
   }
 
+  if (!triggers.empty()) {
+    // A lost node or pod after the last step is not a failure of the job: re-read the end of the generation.
+    const std::vector<Json> now_pods = pods_of(ns, name);
+    const auto now_progress = fresh_progress();
+    if (Completion c = completion_now(now_pods, now_progress); c.done) return complete(c, now_progress, now_pods);
+  }
+  // A pod lost before it joined the generation a restart opened (the survivor's exit 200 opened it, then the node
+  // went NotReady) is replaced into that generation: one fault, one generation, one restart (lifecycle.h).
+  bool replaced_now = false;
+  if (!triggers.empty() && agent && rdzv) {
+    FormingGeneration forming;
+    // The current generation is the one the last restart opened (the rendezvous record says whether it formed).
+    forming.restarting = true;
+    forming.rendezvous_known = progress.has_value();
+    if (progress) {
+      forming.world_complete = progress->world_complete;
+      forming.missing = progress->missing;
+    }
+    Json last = status.value("lastRestart", Json::object());
+    if (!last.is_object()) last = Json::object();
+    if (last.value("generation", Json(-1)) != Json(gen)) forming.restarting = false;  // not this generation's restart
+    for (const Json& p : last.value("replacedPods", Json::array()))
+      if (p.is_string()) forming.replaced.push_back(p.get<std::string>());
+    std::vector<TriggerFacts> facts;
+    for (const Trigger& t : triggers) facts.push_back({t.reason, t.pod, t.permanent});
+    if (replace_into_forming_generation(forming, facts)) {
+      Json uids = last.value("podUIDs", Json::array());
+      Json replaced = last.value("replacedPods", Json::array());
+      for (const Trigger& t : triggers) {
+        if (!t.uid.empty()) uids.push_back(t.uid);
+        replaced.push_back(t.pod);
+        events.push_back({true, "ReplacingPod",
+                          "generation " + std::to_string(gen) + ": " + t.reason + ": " + t.detail + " [detector " +
+                              t.detector + "]; the pod never joined this generation, so its replacement joins it " +
+                              "(no new generation, restart " + std::to_string(restarts) + " continues)"});
+      }
+      while (uids.size() > 32) uids.erase(uids.begin());
+      last["podUIDs"] = uids;
+      last["replacedPods"] = replaced;
+      status["lastRestart"] = last;
+      triggers.clear();
+      replaced_now = true;
+    }
+  }
   bool restarted_now = false;
   if (!triggers.empty()) {
     // The cause wins the attribution: a monitor's request that also blamed a node (excludeFailedNodes) shows up as
@@ -795,7 +861,7 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
       gen + ((!restarted_now && !started_now && static_cast<int>(old_members.size()) != n) ? 1 : 0);
 
   // A restart or failure decision is made durable before acting on it, so a crash cannot count it twice or lose it.
-  if (restarted_now || status["generation"] != orig.value("generation", Json(0))) {
+  if (restarted_now || replaced_now || status["generation"] != orig.value("generation", Json(0))) {
     Json written = write_status(job, status);
     job["metadata"]["resourceVersion"] = written["metadata"]["resourceVersion"];
     orig = status;  // what we just wrote is the baseline for the final comparison
@@ -987,8 +1053,19 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
   const int m = static_cast<int>(members.size());
   if (gen > 0 && !old_members.empty() && members != old_members && !resumed) {
     if (!restarted_now) {
+      // The creates and binds above took a while: the world may have trained its last step meanwhile (a grow that
+      // meets the end of the job). Opening the grow would leave it waiting for agents that have exited.
+      const std::vector<Json> now_pods = pods_of(ns, name);
+      const auto now_progress = fresh_progress();
+      if (Completion c = completion_now(now_pods, now_progress); c.done) return complete(c, now_progress, now_pods);
       gen++;
       status["generation"] = gen;
+      // The restart's world shrank before it formed (its lost pod's replacement found no room): the fault's
+      // recovery ends with the first step of this generation.
+      if (condition_true(status, "Restarting") && status.contains("lastRestart") && status["lastRestart"].is_object() &&
+          status["lastRestart"].value("generation", Json(-1)) == Json(gen - 1) &&
+          !status["lastRestart"].contains("recoveredTime"))
+        status["lastRestart"]["generation"] = gen;
     }
     std::string msg = "replicas " + std::to_string(old_members.size()) + " -> " + std::to_string(m) +
                       " in generation " + std::to_string(gen);
@@ -1037,7 +1114,8 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
   if (bound == n)
     set_condition(status, "Scheduled", true, "Bound", "all " + std::to_string(n) + " pods are bound to nodes", now_s);
   bool world_up = running == m;
-  if (world_up && agent && rdzv) world_up = progress && progress->world_complete;
+  // `progress` is the generation this reconcile started with: a generation opened above has not formed yet.
+  if (world_up && agent && rdzv) world_up = progress && progress->generation == gen && progress->world_complete;
   if (world_up) {
     set_condition(status, "Running", true, "AllPodsRunning",
                   agent && rdzv ? "every pod joined generation " + std::to_string(gen)

@@ -18,7 +18,8 @@
 #
 # Asserted: Succeeded with every step; each kill/pod/node fault opened a new generation and each operator restart
 # none; status.restarts = generation - 1 (every restart is one generation: none lost, none counted twice) and at most
-# two per fault (a node loss can be reported by the survivor's exit and by the operator's watch); steps lost 0 for a
+# two per fault (kept loose: since a pod lost before it joins a forming generation is replaced into it, a node loss
+# should count one, but this test was not re-run with that change; docs/elastic.md); steps lost 0 for a
 # kill (restored from memory) and at most the checkpoint interval (5) otherwise; final loss and parameters equal to the
 # undisturbed run's. Per fault: detection (until the agents hear of the new generation), recovery (until the first
 # step of the new generation is done), steps lost. With RAILYARD_RESULTS_DIR set, writes elastic_chaos.json
@@ -186,7 +187,7 @@ else # a grow opens a generation without being a restart
 fi
 hard=$(cut -f2 "$faults" | grep -vc '^operator$' || true)
 [ "$restarts" -ge "$hard" ] || fail "restarts $restarts < $hard kill/pod/node faults"
-# A node loss can be reported twice (the survivor's exit, then the lost node); confined, its node-up grows the world.
+# At most 2 per fault (see the header; expected 1 since the replacement rule); confined, node-up grows the world.
 per_fault=$([ -n "$confine" ] && echo 3 || echo 2)
 [ "$restarts" -le $((per_fault * hard)) ] || fail "restarts $restarts > $per_fault x the $hard kill/pod/node faults"
 last=$(steps_of "$job_name-worker-0" | tail -1)

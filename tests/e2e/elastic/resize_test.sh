@@ -55,6 +55,9 @@ joined | grep -q "generation=$gen_big world_size=2 " || fail "rank 0's agent did
 grep 'worker: training ' "$log0" | tail -1 | grep -q 'global_batch_tokens=512' || fail "global batch changed after the grow"
 wait_succeeded 240
 [ "$(jp '{.status.progress}')" = "$steps/$steps" ] || fail "progress '$(jp '{.status.progress}')'"
+# One node loss is one restart: the survivor's exit opens a generation, the lost pod (which never joined it) is
+# replaced into it; the shrink and the grow are resizes, not restarts.
+[ "$(jp '{.status.restarts}')" = 1 ] || fail "restarts $(jp '{.status.restarts}') for one node loss, want 1"
 last=$(steps_of "$job_name-worker-0" | tail -1)
 python3 -c "import sys; sys.exit(0 if 0 < float(sys.argv[1]) < 4.5 else 1)" "${last#* }" ||
   fail "final loss ${last#* } not below 4.5"

@@ -1,0 +1,50 @@
+#include "operator/controller/lifecycle.h"
+
+#include <algorithm>
+
+namespace railyard::op {
+
+namespace {
+bool contains(const std::vector<std::string>& v, const std::string& s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
+}  // namespace
+
+Completion job_completion(const CompletionSignals& s) {
+  Completion c;
+  if (s.generation <= 0) return c;
+  if (s.rendezvous_all_succeeded) {
+    c.done = c.by_rendezvous = true;
+    c.reason = "AllRanksSucceeded";
+    c.message = "every rank of generation " + std::to_string(s.generation) + " exited 0";
+    return c;
+  }
+  std::vector<std::string> succeeded;
+  for (const auto& pod : s.world)
+    if (auto it = s.pod_phase.find(pod); it != s.pod_phase.end() && it->second == "Succeeded") succeeded.push_back(pod);
+  if (!s.world.empty() && succeeded.size() == s.world.size()) {
+    c.done = true;
+    c.reason = "AllPodsSucceeded";
+    c.message = "all " + std::to_string(s.world.size()) + " worker pods succeeded";
+    return c;
+  }
+  if (s.agent && !succeeded.empty()) {
+    c.done = true;
+    c.reason = "AgentSucceeded";
+    c.message = "the agent of pod " + succeeded.front() + " exited 0 after its workers finished the job (generation " +
+                std::to_string(s.generation) + " had not formed yet)";
+  }
+  return c;
+}
+
+bool replace_into_forming_generation(const FormingGeneration& g, const std::vector<TriggerFacts>& triggers) {
+  if (triggers.empty() || !g.restarting || !g.rendezvous_known || g.world_complete) return false;
+  for (const TriggerFacts& t : triggers) {
+    if (t.permanent || t.pod.empty()) return false;
+    if (t.reason != "PodFailed" && t.reason != "NodeLost" && t.reason != "NodeExcluded") return false;
+    if (!contains(g.missing, t.pod) || contains(g.replaced, t.pod)) return false;
+  }
+  return true;
+}
+
+}  // namespace railyard::op

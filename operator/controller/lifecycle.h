@@ -1,0 +1,59 @@
+// Two decisions of the reconcile kept free of the API server so they can be tested alone: whether the job's current
+// generation already finished (completion wins over any resize or restart), and whether a pod lost while a restart's
+// generation is still forming is replaced into that generation instead of opening (and counting) another one.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace railyard::op {
+
+// What the controller can observe about the end of a generation. All of it is level state: pod phases from the API
+// server and the rendezvous service's record of the generation, never an event remembered by the operator.
+struct CompletionSignals {
+  int64_t generation = 0;
+  bool agent = true;               // the pods run railyard-worker's agent (the template sets no command)
+  std::vector<std::string> world;  // the pods of the current world (status.world.pods, else every replica)
+  std::map<std::string, std::string> pod_phase;  // worker pod name -> status.phase
+  bool rendezvous_all_succeeded = false;         // every rank of `generation` reported exit 0
+};
+
+struct Completion {
+  bool done = false;
+  bool by_rendezvous = false;  // the rendezvous service saw every rank exit 0 (its step/loss are final)
+  std::string reason;          // condition reason: AllRanksSucceeded, AllPodsSucceeded, AgentSucceeded
+  std::string message;
+};
+
+// Done when every rank of the generation exited 0, when every world pod Succeeded, or (agent jobs) when any world
+// pod Succeeded: an agent exits 0 only after the rendezvous service told it the job is done (or closed the job
+// after its workers succeeded), so one such pod proves the job trained its last step even when a later
+// generation (a grow or a restart opened as the last step finished) waits for it in vain.
+Completion job_completion(const CompletionSignals& s);
+
+// A restart trigger, as far as the replacement rule needs it.
+struct TriggerFacts {
+  std::string reason;  // PodFailed, NodeLost, NodeExcluded, WorkerExit, ...
+  std::string pod;
+  bool permanent = false;
+};
+
+// The generation a restart opened, while it forms.
+struct FormingGeneration {
+  bool restarting = false;            // condition Restarting is True: the restart's world was never seen complete
+  bool rendezvous_known = false;      // the rendezvous service has this generation open
+  bool world_complete = false;        // every pod joined it (its workers may be running)
+  std::vector<std::string> missing;   // pods that have not joined it
+  std::vector<std::string> replaced;  // pods already replaced into it (status.lastRestart.replacedPods)
+};
+
+// True when every trigger is the loss of a pod (PodFailed, NodeLost, NodeExcluded; not permanent) that never joined
+// the generation a restart opened and is still forming, and that was not replaced into it before: the pod is
+// replaced and its successor joins the same generation, so one fault (a node loss first reported by the survivor's
+// exit, then by the node going NotReady) is one generation and one restart. Each pod is replaced at most once per
+// generation, so a pod that keeps failing before it joins still spends the restart budget.
+bool replace_into_forming_generation(const FormingGeneration& g, const std::vector<TriggerFacts>& triggers);
+
+}  // namespace railyard::op

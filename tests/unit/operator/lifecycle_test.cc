@@ -1,0 +1,96 @@
+// The end of a generation and the replacement rule (operator/controller/lifecycle.h), on the states the elastic
+// benchmark and chaos runs met.
+#include "operator/controller/lifecycle.h"
+
+#include <doctest/doctest.h>
+
+using namespace railyard::op;
+
+TEST_CASE("a grow opened as the shrunk world trained the last step still completes the job") {
+  // Generation 24 ran pod 0 alone and trained the last step; its agent heard "done" and exited 0 as the node came
+  // back, and the operator had already opened generation 25 (grow 1 -> 2). Generation 25 never forms: pod 0's
+  // agent is gone, so no rank of it ever reports, and only pod 0's phase tells that the job is done.
+  CompletionSignals s;
+  s.generation = 25;
+  s.agent = true;
+  s.world = {"j-worker-0", "j-worker-1"};
+  s.pod_phase = {{"j-worker-0", "Succeeded"}, {"j-worker-1", "Running"}};
+  Completion c = job_completion(s);
+  CHECK(c.done);
+  CHECK_FALSE(c.by_rendezvous);
+  CHECK(c.reason == "AgentSucceeded");
+  CHECK(c.message.find("j-worker-0") != std::string::npos);
+
+  // A job without the agent runs its own command in every pod: one pod done says nothing about the others.
+  s.agent = false;
+  CHECK_FALSE(job_completion(s).done);
+  s.pod_phase["j-worker-1"] = "Succeeded";
+  c = job_completion(s);
+  CHECK(c.done);
+  CHECK(c.reason == "AllPodsSucceeded");
+}
+
+TEST_CASE("completion: the rendezvous record, the world's pods, nothing before the first generation") {
+  CompletionSignals s;
+  s.generation = 3;
+  s.world = {"j-worker-0", "j-worker-1"};
+  s.pod_phase = {{"j-worker-0", "Running"}, {"j-worker-1", "Running"}};
+  CHECK_FALSE(job_completion(s).done);
+  // A failed or pending pod is no proof of anything.
+  s.pod_phase["j-worker-1"] = "Failed";
+  CHECK_FALSE(job_completion(s).done);
+  s.rendezvous_all_succeeded = true;
+  Completion c = job_completion(s);
+  CHECK(c.done);
+  CHECK(c.by_rendezvous);
+  CHECK(c.reason == "AllRanksSucceeded");
+  // A Succeeded pod outside the world (the world shrank away from it) does not end the job...
+  s.rendezvous_all_succeeded = false;
+  s.world = {"j-worker-0"};
+  s.pod_phase = {{"j-worker-0", "Running"}, {"j-worker-1", "Succeeded"}};
+  CHECK_FALSE(job_completion(s).done);
+  // ...nor does anything before the job's first generation.
+  s.generation = 0;
+  s.pod_phase["j-worker-0"] = "Succeeded";
+  CHECK_FALSE(job_completion(s).done);
+}
+
+TEST_CASE("a node loss is one generation: the lost pod is replaced into the generation the survivor's exit opened") {
+  // The survivor's exit 200 opened generation n+1 (condition Restarting) with the same pods; the survivor joined,
+  // the pod on the lost node never will. Then the node goes NotReady.
+  FormingGeneration g;
+  g.restarting = true;
+  g.rendezvous_known = true;
+  g.world_complete = false;
+  g.missing = {"j-worker-1"};
+  const std::vector<TriggerFacts> node_lost = {{"NodeLost", "j-worker-1", false}};
+  CHECK(replace_into_forming_generation(g, node_lost));
+  CHECK(replace_into_forming_generation(g, {{"PodFailed", "j-worker-1", false}}));
+  CHECK(replace_into_forming_generation(g, {{"NodeExcluded", "j-worker-1", false}}));
+
+  // A pod that joined is part of the world: losing it is a new fault.
+  CHECK_FALSE(replace_into_forming_generation(g, {{"NodeLost", "j-worker-0", false}}));
+  // Once the world formed, its workers may be running: a loss needs a new generation.
+  g.world_complete = true;
+  CHECK_FALSE(replace_into_forming_generation(g, node_lost));
+  g.world_complete = false;
+  // Not while running (the generation was seen complete: Restarting is False), nor without the rendezvous record
+  // (a new leader that has not re-opened the generation yet).
+  g.restarting = false;
+  CHECK_FALSE(replace_into_forming_generation(g, node_lost));
+  g.restarting = true;
+  g.rendezvous_known = false;
+  CHECK_FALSE(replace_into_forming_generation(g, node_lost));
+  g.rendezvous_known = true;
+  // A worker's exit, a monitor's request and a permanent failure keep their own handling.
+  CHECK_FALSE(replace_into_forming_generation(g, {{"WorkerExit", "j-worker-1", false}}));
+  CHECK_FALSE(replace_into_forming_generation(g, {{"RestartRequested", "", false}}));
+  CHECK_FALSE(replace_into_forming_generation(g, {{"PodFailed", "j-worker-1", true}}));
+  // Every trigger of the pass must qualify.
+  CHECK_FALSE(
+      replace_into_forming_generation(g, {{"NodeLost", "j-worker-1", false}, {"WorkerExit", "j-worker-0", false}}));
+  CHECK_FALSE(replace_into_forming_generation(g, {}));
+  // At most once per pod and generation: a pod that keeps failing before it joins spends the restart budget.
+  g.replaced = {"j-worker-1"};
+  CHECK_FALSE(replace_into_forming_generation(g, node_lost));
+}
