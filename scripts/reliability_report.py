@@ -159,9 +159,11 @@ def main():
     L += ["## Faults", "",
           "Jobs affected: jobs not yet finished while the fault was injected. Jobs correct: those that ended in the "
           "expected phase with the exact restart count and generation and no duplicate pod. Recovery: from the fault's "
-          "end (network healed, component back) until a newly submitted job succeeded. All jobs here are shell "
-          "commands, so no training steps exist to lose; steps lost on process and pod failures are measured by the "
-          "elastic e2e tests (`tests/e2e/elastic`), which do not write a result file yet.", "",
+          "end (network healed, component back) until a newly submitted job succeeded. The jobs of `e2e_chaos_operator` "
+          "are shell commands, so no training steps exist to lose; the rows marked (real trainer) come from "
+          "`e2e_elastic_chaos` (a training job; recovery there is from the fault to the first step of the new "
+          "generation, and steps lost are measured). The other elastic e2e tests (`tests/e2e/elastic`) assert steps "
+          "lost per flow but write no result file.", "",
           "| fault | injected | jobs affected | jobs correct | recovery | data lost (steps) | test |",
           "|---|---|---|---|---|---|---|"]
     rows = fault_rows(chaos, restarts, soak, elastic)
