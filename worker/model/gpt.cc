@@ -364,12 +364,14 @@ void Gpt<T>::moe_forward(size_t l, const LayerActs& a, T* out, MoeStats* stats) 
     pool_.parallel_for(n, [&](size_t i0, size_t i1) {
       for (size_t i = i0; i < i1; ++i) std::memcpy(xe + i * C, a.ln2 + r.token[e * cap + i] * C, C * sizeof(T));
     });
+    if (ep_.size > 1) continue;  // the expert runs on its rank: moe_experts_forward_ep below
     matmul_forward(pool_, a.fch + e * cap * H, xe, w[10] + le * H * C, w[11] + le * H, n, static_cast<int>(C),
                    static_cast<int>(H));
     gelu_forward(pool_, a.fch_gelu + e * cap * H, a.fch + e * cap * H, n * H);
     matmul_forward(pool_, a.moe_y + e * cap * C, a.fch_gelu + e * cap * H, w[12] + le * C * H, w[13] + le * C, n,
                    static_cast<int>(H), static_cast<int>(C));
   }
+  if (ep_.size > 1) moe_experts_forward_ep(l, a);
   // combine: out[t] = sum over kept choices (in choice order) of probs[t, e] * y[row]; dropped choices add nothing
   pool_.parallel_for(N, [&](size_t t0, size_t t1) {
     for (size_t t = t0; t < t1; ++t) {
@@ -446,7 +448,8 @@ void Gpt<T>::moe_backward(size_t l, const LayerActs& a, const T* dout, T* dx) {
     }
   });
   // experts: dy[row] = gate * dout[token]; fcproj, gelu, fc backward on the expert's rows
-  for (size_t e = 0; e < E; ++e) {
+  if (ep_.size > 1) moe_experts_backward_ep(l, a, dout);
+  for (size_t e = 0; e < (ep_.size > 1 ? 0 : E); ++e) {
     const size_t n = r.count[e], le = l * E + e;
     if (n == 0) continue;
     T* xe = moe_x_ + e * cap * C;

@@ -108,6 +108,21 @@ class Gpt {
 
   const MoeStats& moe_stats() const { return moe_stats_; }
 
+  // Expert parallelism (worker/parallel/expert_parallel.h, docs/parallel.md "Expert parallelism"): this rank runs
+  // experts [rank * E/size, (rank + 1) * E/size) of every MoE layer for the tokens of all `size` ranks of its
+  // expert-parallel group. Routing, capacity and drops stay per rank (its own micro-batch), so the dispatched rows
+  // are those the rank would compute alone; all_to_all moves them (chunk j of `in`, bytes_per_rank bytes, to rank j)
+  // to their expert's rank and the outputs back. Every forward/backward of an MoE model is then collective over the
+  // group. The parameter buffer keeps all E experts; a rank's gradients of the other ranks' experts stay 0 (the
+  // data-parallel sum over the ranks adds the owners' contributions).
+  struct ExpertExchange {
+    int size = 1;
+    int rank = 0;
+    std::function<void(const void* in, void* out, size_t bytes_per_rank)> all_to_all;
+  };
+  void set_expert_exchange(ExpertExchange exchange);
+  const ExpertExchange& expert_exchange() const { return ep_; }
+
   // (B, T, Vp) logits of the last kEval forward.
   const T* logits() const { return logits_; }
   // Per-position losses (B, T) of the last forward.
@@ -131,6 +146,11 @@ class Gpt {
   void moe_forward(size_t l, const LayerActs& a, T* out, MoeStats* stats);
   // dx (N, C) = d ln2 (overwritten) from dout (N, C) = d(MoE output); expert and router gradients accumulated.
   void moe_backward(size_t l, const LayerActs& a, const T* dout, T* dx);
+  // The experts' part of moe_forward/moe_backward with expert parallelism (gpt_expert_parallel.cc): moe_x_ holds
+  // the dispatched rows in routing order (e * cap + i); outputs a.moe_y (forward) and moe_dx_ (backward) in that
+  // order, as the single-rank loops leave them.
+  void moe_experts_forward_ep(size_t l, const LayerActs& a);
+  void moe_experts_backward_ep(size_t l, const LayerActs& a, const T* dout);
   const T* layer_input(size_t l) const;
 
   GptConfig config_;
@@ -150,6 +170,9 @@ class Gpt {
   // (E*cap, 4C), d router probabilities (N, E).
   T *moe_x_ = nullptr, *moe_dx_ = nullptr, *moe_dy_ = nullptr, *moe_dh_ = nullptr, *moe_dp_ = nullptr;
   GradReadyHook grad_ready_;
+  ExpertExchange ep_;
+  // Per layer (L, E) with expert parallelism: rows source rank s sends to local expert j, at s * E/size + j.
+  std::vector<int32_t> ep_count_;
   // Views into acts_. residual3 is stacked [L, B, T, C] (every layer's output is the next one's input); the other
   // per-layer tensors are in layer_.
   T *encoded_, *residual3_, *lnf_, *lnf_mean_, *lnf_rstd_, *logits_, *losses_;

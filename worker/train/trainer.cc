@@ -141,6 +141,22 @@ MemoryBudget Trainer::memory_budget() const {
   return railyard::worker::memory_budget(gpt_, cfg_.batch, cfg_.seq_len, pool_.size(), cfg_.recompute);
 }
 
+void Trainer::add_global_moe_stats(const double local[3], int micro, StepResult& r) {
+  // Drops and the load-balancing loss over the whole global batch, not this replica's share: sums over the
+  // data-parallel ranks in rank order (the same bits everywhere). Collective: every rank of an MoE model calls it.
+  const std::vector<double> all = sync_->all_gather({local[0], local[1], local[2]});
+  double assigned = 0, dropped = 0, aux = 0;
+  for (size_t i = 0; i + 2 < all.size(); i += 3) {
+    assigned += all[i];
+    dropped += all[i + 1];
+    aux += all[i + 2];
+  }
+  if (assigned > 0) {
+    r.moe_aux_loss = aux / micro;
+    r.moe_dropped_fraction = dropped / assigned;
+  }
+}
+
 StepResult Trainer::step() {
   const auto t0 = std::chrono::steady_clock::now();
   const double cpu0 = process_cpu_seconds();
@@ -241,6 +257,7 @@ StepResult Trainer::step() {
     const int A = uneven ? cfg_.dp_split[sync_->rank()] : micro / D;
     const int first = uneven ? std::accumulate(cfg_.dp_split.begin(), cfg_.dp_split.begin() + sync_->rank(), 0) : 0;
     const float scale = uneven ? static_cast<float>(D) / static_cast<float>(micro) : 1.0f / static_cast<float>(A);
+    double moe_local[3] = {0, 0, 0};  // assignments, dropped, aux loss summed over this replica's micro-batches
     for (int v = 0, m = 0; v < (uneven ? micro : A); ++v) {
       train_.next_batch(inputs_.data(), targets_.data());
       if (v < first || v >= first + A) continue;  // another replica's micro-batch (uneven only)
@@ -249,6 +266,9 @@ StepResult Trainer::step() {
       if (m == A - 1) sync_->arm(model_->grads());  // only the last micro-batch's backward communicates
       model_->backward(/*accumulate=*/m > 0);
       slow_down(tm);
+      moe_local[0] += static_cast<double>(model_->moe_stats().assignments);
+      moe_local[1] += static_cast<double>(model_->moe_stats().dropped);
+      moe_local[2] += model_->moe_stats().aux_loss;
       ++m;
     }
     r.times.compute = phase(t0);
@@ -257,6 +277,7 @@ StepResult Trainer::step() {
     // Rank order: the same bits on every rank. Uneven: sums of losses, weighted by micro-batches.
     for (double l : sync_->all_gather({uneven ? loss_sum : loss_sum / A})) sum += l;
     r.loss = uneven ? sum / micro : sum / D;
+    if (gpt_.moe.experts > 0) add_global_moe_stats(moe_local, micro, r);
     r.times.dp_comm = sync_->take_comm_seconds();
   }
   const auto t_opt = std::chrono::steady_clock::now();

@@ -163,6 +163,8 @@ class Trainer {
   const std::vector<std::pair<int64_t, double>>& val_history() const { return val_history_; }
 
  private:
+  // Data parallel: the step's MoE drop fraction and load-balancing loss over all replicas (collective over dp).
+  void add_global_moe_stats(const double local[3], int micro, StepResult& r);
   void log_step(const StepResult& r);
 
   GptConfig gpt_;

@@ -1,0 +1,185 @@
+// Expert parallelism and the hierarchical all_to_all over real Gloo sockets (every rank a thread with its own TCP
+// communicator). MoE model L2 C32 NH4 V128, E=4 top-2, capacity factor 1.0 (choices are dropped), B=2 T=16, 4
+// micro-batches per step: one process accumulating the 4 micro-batches vs 4 data-parallel ranks with expert
+// parallelism 1, 2 and 4 (flat all_to_all) and 4 (hierarchical, 2 simulated nodes x 2 local ranks).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "common/error.h"
+#include "tests/unit/worker_parallel/trainer_test_util.h"
+#include "worker/comm/all_to_all.h"
+#include "worker/comm/local_world.h"
+#include "worker/parallel/data_parallel.h"
+#include "worker/parallel/expert_parallel.h"
+#include "worker/train/trainer.h"
+
+using namespace railyard::worker;
+using namespace railyard::worker::parallel;
+namespace comm = railyard::worker::comm;
+
+namespace {
+
+GptConfig moe_config() {
+  GptConfig c = make_gpt_config(/*L=*/2, /*C=*/32, /*NH=*/4, /*maxT=*/16, /*V=*/128);
+  c.moe = make_moe_config(/*E=*/4, /*top_k=*/2, /*cf=*/1.0, /*aux=*/0.01);
+  return c;
+}
+constexpr int kB = 2, kT = 16, kMicro = 4, kSteps = 6, kWorld = 4;
+
+TrainConfig train_config() {
+  TrainConfig tc;
+  tc.steps = kSteps;
+  tc.batch = kB;
+  tc.seq_len = kT;
+  tc.global_batch_tokens = static_cast<int64_t>(kMicro) * kB * kT;
+  tc.lr = 3e-3;
+  tc.warmup_steps = 1;
+  tc.grad_clip = 1.0;
+  tc.quiet = true;
+  return tc;
+}
+
+struct Run {
+  std::vector<double> losses, dropped, aux;
+  std::vector<float> params;
+};
+
+void record(Run& out, const StepResult& r) {
+  out.losses.push_back(r.loss);
+  out.dropped.push_back(r.moe_dropped_fraction);
+  out.aux.push_back(r.moe_aux_loss);
+}
+
+Run single_process() {
+  ThreadPool pool(1);
+  const GptConfig cfg = moe_config();
+  testing::StreamSource src(0, 1, kB, kT, cfg.vocab_size);
+  Trainer tr(cfg, train_config(), pool, src);
+  Run out;
+  for (int s = 0; s < kSteps; ++s) record(out, tr.step());
+  out.params.assign(tr.model().params(), tr.model().params() + tr.model().num_params());
+  return out;
+}
+
+std::vector<Run> expert_parallel(const ExpertParallelOptions& o) {
+  std::vector<Run> runs(kWorld);
+  comm::run_local_world(kWorld, [&](comm::Communicator& c) {
+    ThreadPool pool(1);
+    const GptConfig cfg = moe_config();
+    testing::StreamSource src(c.rank(), kWorld, kB, kT, cfg.vocab_size);
+    const TrainConfig tc = train_config();
+    auto sync = gpt_data_parallel(&c, cfg, tc, pool, {});
+    ExpertParallel ep(c, o);
+    Trainer tr(cfg, tc, pool, src, nullptr, sync.get());
+    ep.attach(tr.model());
+    Run& out = runs[c.rank()];
+    for (int s = 0; s < kSteps; ++s) record(out, tr.step());
+    out.params.assign(tr.model().params(), tr.model().params() + tr.model().num_params());
+  });
+  return runs;
+}
+
+double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
+  double scale = 0, diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    scale = std::max(scale, static_cast<double>(std::fabs(a[i])));
+    diff = std::max(diff, static_cast<double>(std::fabs(a[i] - b[i])));
+  }
+  return diff / scale;
+}
+
+}  // namespace
+
+TEST_CASE("expert parallelism 1, 2 and 4 train like one process (losses, drops, parameters)") {
+  const Run ref = single_process();
+  // Drops must happen, or capacity and the global drop count are not exercised.
+  REQUIRE(ref.dropped[0] > 0);
+  std::vector<Run> flat4;
+  for (const int ep : {1, 2, 4}) {
+    CAPTURE(ep);
+    const std::vector<Run> runs = expert_parallel({ep, "flat", 0});
+    for (int r = 0; r < kWorld; ++r) {
+      CAPTURE(r);
+      // Every rank holds the same replica: bitwise equal to rank 0.
+      CHECK(runs[r].params == runs[0].params);
+      CHECK(runs[r].losses == runs[0].losses);
+    }
+    // Step 0 starts from the same weights: routing, capacity and drops are the same decisions, so the global drop
+    // fraction is exactly the single process's; the loss differs at most by the order of the dp loss sum.
+    CHECK(runs[0].dropped[0] == ref.dropped[0]);
+    for (int s = 0; s < kSteps; ++s) {
+      CAPTURE(s);
+      CHECK(runs[0].losses[s] == doctest::Approx(ref.losses[s]).epsilon(2e-5));
+      CHECK(runs[0].aux[s] == doctest::Approx(ref.aux[s]).epsilon(2e-5));
+      CHECK(runs[0].dropped[s] == doctest::Approx(ref.dropped[s]).epsilon(1e-9));
+    }
+    double worst = 0;
+    for (int s = 0; s < kSteps; ++s) worst = std::max(worst, std::fabs(runs[0].losses[s] / ref.losses[s] - 1));
+    MESSAGE("ep=", ep, ": worst loss relative difference ", worst, ", parameters max |diff| / max |p| ",
+            max_rel(runs[0].params, ref.params), ", step-0 loss bitwise equal: ", runs[0].losses[0] == ref.losses[0]);
+    CHECK(max_rel(runs[0].params, ref.params) < 1e-5);
+    if (ep == 4) flat4 = runs;
+  }
+  // The hierarchical exchange moves the same bytes to the same places: bitwise the flat run.
+  const std::vector<Run> hier = expert_parallel({4, "hierarchical", 2});
+  CHECK(hier[0].losses == flat4[0].losses);
+  CHECK(hier[0].params == flat4[0].params);
+}
+
+TEST_CASE("hierarchical all_to_all equals the flat one (2 nodes x 2, 2 x 4, 4 x 2 local ranks)") {
+  for (auto [world, local] : {std::pair{4, 2}, std::pair{8, 4}, std::pair{8, 2}, std::pair{4, 1}, std::pair{4, 4}}) {
+    CAPTURE(world);
+    CAPTURE(local);
+    comm::run_local_world(world, [&, world = world, local = local](comm::Communicator& c) {
+      comm::FlatAllToAll flat(c);
+      comm::HierarchicalAllToAll hier(c, local);
+      CHECK(hier.nodes() == world / local);
+      for (const size_t count : {size_t{1}, size_t{7}, size_t{1000}}) {
+        // in[j][i] = (rank, j, i) encoded exactly in a float; after the exchange out[j][i] must be (j, rank, i).
+        std::vector<float> in(count * world), a(in.size(), -1), b(in.size(), -2);
+        for (int j = 0; j < world; ++j) {
+          for (size_t i = 0; i < count; ++i) in[j * count + i] = static_cast<float>(c.rank() * 10000 + j * 1000 + i);
+        }
+        flat.run(in.data(), a.data(), count, comm::DType::kFloat32);
+        hier.run(in.data(), b.data(), count, comm::DType::kFloat32);
+        CHECK(a == b);
+        bool ok = true;
+        for (int j = 0; j < world; ++j) {
+          for (size_t i = 0; i < count; ++i)
+            ok &= b[j * count + i] == static_cast<float>(j * 10000 + c.rank() * 1000 + i);
+        }
+        CHECK(ok);
+      }
+    });
+  }
+}
+
+TEST_CASE("expert parallelism refuses what it does not support, naming the flag") {
+  const GptConfig moe = moe_config();
+  const GptConfig dense = make_gpt_config(2, 32, 4, 16, 128);
+  auto check = [&](const GptConfig& m, ExpertParallelOptions o, int dp, int tp, int pp, int zero, bool det, bool uneven,
+                   const char* what) {
+    CHECK_THROWS_WITH_AS(validate_expert_parallel(m, o, dp, tp, pp, zero, det, uneven), doctest::Contains(what),
+                         railyard::ConfigError);
+  };
+  check(dense, {2, "flat", 0}, 2, 1, 1, 0, false, false, "--ep 2 needs a mixture-of-experts model");
+  check(moe, {3, "flat", 0}, 3, 1, 1, 0, false, false, "--moe-experts 4 is not divisible");
+  check(moe, {2, "flat", 0}, 3, 1, 1, 0, false, false, "data-parallel degree 3");
+  check(moe, {2, "flat", 0}, 2, 2, 1, 0, false, false, "--tp/--pp");
+  check(moe, {2, "flat", 0}, 2, 1, 1, 1, false, false, "--zero");
+  check(moe, {2, "flat", 0}, 2, 1, 1, 0, true, false, "--deterministic");
+  check(moe, {2, "flat", 0}, 2, 1, 1, 0, false, true, "uneven");
+  check(moe, {2, "ring", 0}, 2, 1, 1, 0, false, false, "--ep-a2a ring");
+  CHECK_NOTHROW(validate_expert_parallel(moe, {4, "hierarchical", 2}, 8, 1, 1, 0, false, false));
+  CHECK(ep_group_ranks(8, 2, 5) == std::vector<int>{4, 5});
+  CHECK(ep_group_ranks(8, 4, 5) == std::vector<int>{4, 5, 6, 7});
+  // A local size that does not divide the group is refused by the constructor, collectively.
+  comm::run_local_world(4, [](comm::Communicator& c) {
+    CHECK_THROWS_WITH_AS(comm::make_all_to_all(c, "hierarchical", 3), doctest::Contains("3 ranks per node"),
+                         railyard::ConfigError);
+  });
+}

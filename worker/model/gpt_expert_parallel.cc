@@ -1,0 +1,115 @@
+// Expert parallelism inside Gpt<T> (docs/parallel.md "Expert parallelism"): the experts' part of moe_forward and
+// moe_backward when the E experts of every MoE layer are split over an expert-parallel group of P ranks.
+//
+// Buffers (all E * cap rows of C, the same sizes as without expert parallelism):
+// - routing order: row e * cap + i = the i-th token this rank sends to expert e (moe_x_ after the gather). Chunk s
+//   of it (experts [s E/P, (s+1) E/P)) is what rank s receives, so one all_to_all of E/P * cap rows per rank
+//   dispatches, and the reverse one brings the outputs back into routing order (a.moe_y, moe_dx_), which the
+//   unchanged combine code reads.
+// - received order: row (s * E/P + j) * cap + i = the i-th row source rank s sent to local expert j; a.fch and
+//   a.fch_gelu keep the hidden rows of this rank's experts in that order.
+// Rows past a count are never read: the capacity padding only makes the buffers fixed-size.
+#include <algorithm>
+#include <cstring>
+
+#include "common/error.h"
+#include "worker/kernels/cpu/kernels.h"
+#include "worker/model/gpt.h"
+
+namespace railyard::worker {
+
+template <typename T>
+void Gpt<T>::set_expert_exchange(ExpertExchange x) {
+  const int E = config_.moe.experts;
+  if (x.size < 1 || x.rank < 0 || x.rank >= x.size) {
+    throw ConfigError("expert parallelism: rank " + std::to_string(x.rank) + " of " + std::to_string(x.size) +
+                      " is not a valid group position");
+  }
+  if (x.size > 1 && (E <= 0 || E % x.size != 0)) {
+    throw ConfigError("--ep " + std::to_string(x.size) + " needs --moe-experts divisible by it (the model has " +
+                      std::to_string(E) + " experts per layer)");
+  }
+  if (x.size > 1 && !x.all_to_all) throw ConfigError("expert parallelism: no all_to_all given");
+  ep_ = std::move(x);
+  ep_count_.assign(ep_.size > 1 ? static_cast<size_t>(config_.num_layers) * E : 0, 0);
+}
+
+template <typename T>
+void Gpt<T>::moe_experts_forward_ep(size_t l, const LayerActs& a) {
+  using namespace cpu;
+  const size_t C = config_.channels, E = config_.moe.experts, cap = moe_cap_, H = 4 * C;
+  const size_t P = ep_.size, El = E / P;
+  const Routing& r = routing_[l];
+  auto w = split_tensors(params_.data(), config_);
+  int32_t* cnt = ep_count_.data() + l * E;
+  ep_.all_to_all(r.count, cnt, El * sizeof(int32_t));
+  ep_.all_to_all(moe_x_, moe_dx_, El * cap * C * sizeof(T));  // dispatch: moe_dx_ in received order
+  for (size_t s = 0; s < P; ++s) {
+    for (size_t j = 0; j < El; ++j) {
+      const size_t n = cnt[s * El + j], base = (s * El + j) * cap, le = l * E + ep_.rank * El + j;
+      if (n == 0) continue;
+      matmul_forward(pool_, a.fch + base * H, moe_dx_ + base * C, w[10] + le * H * C, w[11] + le * H, n,
+                     static_cast<int>(C), static_cast<int>(H));
+      gelu_forward(pool_, a.fch_gelu + base * H, a.fch + base * H, n * H);
+      matmul_forward(pool_, moe_dy_ + base * C, a.fch_gelu + base * H, w[12] + le * C * H, w[13] + le * C, n,
+                     static_cast<int>(H), static_cast<int>(C));
+    }
+  }
+  ep_.all_to_all(moe_dy_, a.moe_y, El * cap * C * sizeof(T));  // combine: outputs back in routing order
+}
+
+template <typename T>
+void Gpt<T>::moe_experts_backward_ep(size_t l, const LayerActs& a, const T* dout) {
+  using namespace cpu;
+  const size_t C = config_.channels, E = config_.moe.experts, cap = moe_cap_, H = 4 * C;
+  const size_t P = ep_.size, El = E / P;
+  const Routing& r = routing_[l];
+  auto w = split_tensors(params_.data(), config_);
+  auto g = split_tensors(grads_.data(), config_);
+  const int32_t* cnt = ep_count_.data() + l * E;
+  const size_t bytes = El * cap * C * sizeof(T);
+  // The experts' inputs again (not kept per layer: one more all_to_all instead of E cap C floats per layer), then
+  // dy[row] = gate * dout[token], both in routing order, dispatched like the forward's rows.
+  for (size_t pass = 0; pass < 2; ++pass) {
+    for (size_t e = 0; e < E; ++e) {
+      const size_t n = r.count[e];
+      pool_.parallel_for(n, [&](size_t i0, size_t i1) {
+        for (size_t i = i0; i < i1; ++i) {
+          const size_t t = r.token[e * cap + i];
+          T* row = moe_x_ + (e * cap + i) * C;
+          if (pass == 0) {
+            std::memcpy(row, a.ln2 + t * C, C * sizeof(T));
+          } else {
+            const T gate = a.probs[t * E + e];
+            for (size_t c = 0; c < C; ++c) row[c] = gate * dout[t * C + c];
+          }
+        }
+      });
+    }
+    ep_.all_to_all(moe_x_, pass == 0 ? moe_dx_ : moe_dy_, bytes);
+  }
+  // moe_dx_ = inputs, moe_dy_ = output gradients (received order); input gradients into moe_x_ (received order)
+  for (size_t s = 0; s < P; ++s) {
+    for (size_t j = 0; j < El; ++j) {
+      const size_t n = cnt[s * El + j], base = (s * El + j) * cap, le = l * E + ep_.rank * El + j;
+      if (n == 0) continue;
+      T* dh = moe_dh_ + base * H;
+      matmul_backward(pool_, dh, false, g[12] + le * C * H, g[13] + le * C, moe_dy_ + base * C, a.fch_gelu + base * H,
+                      w[12] + le * C * H, n, static_cast<int>(H), static_cast<int>(C));
+      gelu_backward(pool_, dh, a.fch + base * H, dh, n * H);
+      matmul_backward(pool_, moe_x_ + base * C, false, g[10] + le * H * C, g[11] + le * H, dh, moe_dx_ + base * C,
+                      w[10] + le * H * C, n, static_cast<int>(C), static_cast<int>(H));
+    }
+  }
+  ep_.all_to_all(moe_x_, moe_dx_, bytes);  // input gradients back in routing order
+}
+
+#define RAILYARD_GPT_EP(T)                                                \
+  template void Gpt<T>::set_expert_exchange(ExpertExchange);              \
+  template void Gpt<T>::moe_experts_forward_ep(size_t, const LayerActs&); \
+  template void Gpt<T>::moe_experts_backward_ep(size_t, const LayerActs&, const T*);
+RAILYARD_GPT_EP(float)
+RAILYARD_GPT_EP(double)
+#undef RAILYARD_GPT_EP
+
+}  // namespace railyard::worker

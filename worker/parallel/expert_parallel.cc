@@ -1,0 +1,89 @@
+#include "worker/parallel/expert_parallel.h"
+
+#include <cstdlib>
+
+#include "common/error.h"
+
+namespace railyard::worker::parallel {
+
+std::vector<int> ep_group_ranks(int dp_size, int ep, int dp_rank) {
+  std::vector<int> out;
+  const int first = dp_rank / ep * ep;
+  for (int i = 0; i < ep && first + i < dp_size; ++i) out.push_back(first + i);
+  return out;
+}
+
+void validate_expert_parallel(const GptConfig& m, const ExpertParallelOptions& o, int dp, int tp, int pp, int zero,
+                              bool deterministic, bool uneven_dp_split) {
+  const std::string ep = "--ep " + std::to_string(o.ep);
+  if (o.ep < 1) throw ConfigError(ep + ": must be >= 1");
+  if (o.algorithm != "flat" && o.algorithm != "hierarchical") {
+    throw ConfigError("--ep-a2a " + o.algorithm + ": must be flat or hierarchical");
+  }
+  if (o.ep == 1) return;
+  if (m.moe.experts <= 0) throw ConfigError(ep + " needs a mixture-of-experts model: add --moe-experts E");
+  if (m.moe.experts % o.ep != 0) {
+    throw ConfigError(ep + ": --moe-experts " + std::to_string(m.moe.experts) +
+                      " is not divisible by it; pick an expert-parallel degree that divides the experts");
+  }
+  if (dp % o.ep != 0) {
+    throw ConfigError(ep + ": the data-parallel degree " + std::to_string(dp) +
+                      " is not divisible by it (expert-parallel groups are made of data-parallel ranks); use --nproc "
+                      "or WORLD_SIZE a multiple of --ep");
+  }
+  if (tp > 1 || pp > 1) {
+    throw ConfigError(ep +
+                      " with --tp/--pp: expert parallelism composes with data parallelism only so far "
+                      "(docs/parallel.md \"Expert parallelism\"); drop --tp/--pp");
+  }
+  if (zero > 0) {
+    throw ConfigError(ep +
+                      " with --zero: not implemented (the sharded optimizer was not tested with experts); "
+                      "drop --zero");
+  }
+  if (deterministic) {
+    throw ConfigError(ep +
+                      " with --deterministic: a rank's experts see other ranks' tokens, so its gradient is no "
+                      "leaf of the fixed tree; drop --deterministic");
+  }
+  if (uneven_dp_split) {
+    throw ConfigError(ep +
+                      " with an uneven data-parallel split: every rank of a group must run the same number of "
+                      "micro-batches (each forward is collective); drop the split");
+  }
+}
+
+ExpertParallel::ExpertParallel(comm::Communicator& dp, const ExpertParallelOptions& o) : options_(o) {
+  ranks_ = ep_group_ranks(dp.size(), o.ep, dp.rank());
+  group_ = dp.split(ranks_, "ep");
+  int node = o.node_size;
+  if (node == 0 && o.algorithm == "hierarchical") {
+    const char* env = std::getenv("LOCAL_WORLD_SIZE");
+    node = env != nullptr ? std::atoi(env) : 0;
+    // A node holding more ranks than the group: the whole group is node-local.
+    if (node > group_->size()) node = group_->size();
+  }
+  a2a_ = comm::make_all_to_all(*group_, o.algorithm, node);
+}
+
+template <typename T>
+void ExpertParallel::attach(Gpt<T>& model) {
+  typename Gpt<T>::ExpertExchange x;
+  x.size = group_->size();
+  x.rank = group_->rank();
+  comm::AllToAll* a2a = a2a_.get();
+  // Bytes as int32 elements: all_to_all only moves data, and every chunk here is a multiple of 4 bytes.
+  x.all_to_all = [a2a](const void* in, void* out, size_t bytes) {
+    a2a->run(in, out, bytes / sizeof(int32_t), comm::DType::kInt32);
+  };
+  model.set_expert_exchange(std::move(x));
+}
+
+std::string ExpertParallel::describe() const {
+  return "ep=" + std::to_string(options_.ep) + " group " + comm::rank_list(ranks_) + " " + a2a_->describe();
+}
+
+template void ExpertParallel::attach(Gpt<float>&);
+template void ExpertParallel::attach(Gpt<double>&);
+
+}  // namespace railyard::worker::parallel

@@ -1,0 +1,48 @@
+// Expert parallelism (docs/parallel.md "Expert parallelism"): the E experts of every MoE layer split over groups of
+// `ep` consecutive data-parallel ranks, dispatch and combine by all_to_all. This file builds the groups and wires a
+// Gpt's ExpertExchange to a flat or hierarchical all_to_all; the model side is worker/model/gpt_expert_parallel.cc.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "worker/comm/all_to_all.h"
+#include "worker/comm/communicator.h"
+#include "worker/model/gpt.h"
+
+namespace railyard::worker::parallel {
+
+struct ExpertParallelOptions {
+  int ep = 1;                      // --ep: ranks sharing one copy of the experts' work (divides E and dp)
+  std::string algorithm = "flat";  // --ep-a2a: flat | hierarchical
+  int node_size = 0;               // --ep-node-size: ranks per node for hierarchical (0: LOCAL_WORLD_SIZE)
+};
+
+// Data-parallel ranks of dp_rank's expert-parallel group: the `ep` consecutive ranks [ep * (r / ep), ... + ep).
+std::vector<int> ep_group_ranks(int dp_size, int ep, int dp_rank);
+
+// The combinations expert parallelism supports; throws ConfigError naming the flag and the fix otherwise.
+void validate_expert_parallel(const GptConfig& model, const ExpertParallelOptions& o, int dp, int tp, int pp, int zero,
+                              bool deterministic, bool uneven_dp_split);
+
+// Collective over `dp`: splits it into expert-parallel groups ("ep") and builds the all_to_all of the group.
+class ExpertParallel {
+ public:
+  ExpertParallel(comm::Communicator& dp, const ExpertParallelOptions& options);
+  comm::Communicator& group() { return *group_; }
+  comm::AllToAll& all_to_all() { return *a2a_; }
+  // Installs the exchange in `model` (which must outlive neither this object nor its group).
+  template <typename T>
+  void attach(Gpt<T>& model);
+  // "ep=2 group [0,1] flat all_to_all over 2" for the layout line.
+  std::string describe() const;
+
+ private:
+  ExpertParallelOptions options_;
+  std::vector<int> ranks_;
+  std::unique_ptr<comm::Communicator> group_;
+  std::unique_ptr<comm::AllToAll> a2a_;
+};
+
+}  // namespace railyard::worker::parallel
