@@ -34,6 +34,7 @@
 #include "worker/parallel/data_parallel.h"
 #include "worker/parallel/dist_launcher.h"
 #include "worker/parallel/dist_model.h"
+#include "worker/parallel/expert_parallel.h"
 #include "worker/train/checkpointing.h"
 #include "worker/train/loader_source.h"
 #include "worker/train/perf.h"
@@ -103,11 +104,14 @@ constexpr const char* kUsage = R"(usage: railyard-worker train [flags]
                        recomputed in backward) or full (a layer keeps only its input and reruns its forward in
                        backward); results are bitwise unchanged, activation memory drops (docs/worker.md)
   --recompute-layers K recompute only the first K layers (default: all)
-  --moe-experts E      mixture-of-experts MLP with E experts per layer (default: dense); one process only for now
+  --moe-experts E      mixture-of-experts MLP with E experts per layer (default: dense); with --nproc/--ep
   --moe-top-k K        experts per token (default 1)
   --moe-capacity-factor F  tokens per expert per micro-batch <= ceil(F * K * B*T / E); over it a token's choice is
                        dropped (its MLP contribution is 0, the residual passes); <= 0: no limit (default 1.25)
   --moe-aux-coef A     weight of the load-balancing loss A * E * sum_e f_e P_e per layer (default 0.01)
+  --ep N               expert parallelism: experts split over groups of N data-parallel ranks (N divides E and dp)
+  --ep-a2a ALG         flat (default) or hierarchical all_to_all for the expert dispatch/combine
+  --ep-node-size G     ranks per node for --ep-a2a hierarchical (default LOCAL_WORLD_SIZE)
   --gemm-split MODE    pool (default: our threads split each GEMM over single-threaded OpenBLAS) or openblas
                        (OpenBLAS's own threads run the GEMMs); for measuring the threading choice
        railyard-worker gemm-rate [--model SPEC] [--batch B] [--seq T] [--threads N] [--split pool|openblas]
@@ -369,6 +373,28 @@ DistSetup join_world(std::map<std::string, std::string>& f, TrainConfig& tc) {
   return d;
 }
 
+// --ep/--ep-a2a/--ep-node-size: expert-parallel groups of consecutive dp ranks (docs/parallel.md "Expert
+// parallelism"), installed in the trainer's model. Null without --ep (or --ep 1).
+std::unique_ptr<parallel::ExpertParallel> join_expert_parallel(std::map<std::string, std::string>& f,
+                                                               const GptConfig& cfg, const TrainConfig& tc,
+                                                               DistSetup& dist, Trainer& trainer) {
+  parallel::ExpertParallelOptions o;
+  o.ep = static_cast<int>(to_int(f, "ep", 1));
+  o.algorithm = f.count("ep-a2a") ? f["ep-a2a"] : "flat";
+  o.node_size = static_cast<int>(to_int(f, "ep-node-size", 0));
+  if (o.node_size < 0) throw ConfigError("--ep-node-size must be >= 1 (ranks per node)");
+  if (o.ep == 1 && (f.count("ep-a2a") || f.count("ep-node-size"))) {
+    throw ConfigError("--ep-a2a/--ep-node-size need --ep N > 1");
+  }
+  const comm::Layout l = dist.groups != nullptr ? dist.groups->layout() : comm::Layout{};
+  parallel::validate_expert_parallel(cfg, o, l.dp, l.tp, l.pp, dist.zero, dist.deterministic, !tc.dp_split.empty());
+  if (o.ep == 1) return nullptr;
+  auto ep = std::make_unique<parallel::ExpertParallel>(dist.groups->dp(), o);
+  ep->attach(trainer.model());
+  log::info("worker", "expert parallel", {{"layout", ep->describe()}});
+  return ep;
+}
+
 // The checkpoint's tensor list: the full model, or a tp/pp stage's slices (shard_map), and with ZeRO over dp the
 // parameters plus this rank's owned ranges of the moments (of the llm.c buffer, or of the stage's local buffer mapped
 // through its shard_map). Every layout saves the same global tensors, so any checkpoint loads into any layout.
@@ -512,6 +538,9 @@ int cmd_train(int argc, char** argv) {
                         "moe-top-k",
                         "moe-capacity-factor",
                         "moe-aux-coef",
+                        "ep",
+                        "ep-a2a",
+                        "ep-node-size",
                         "dp-split",
                         "slow-ranks",
                         "slow-factor"});
@@ -547,17 +576,15 @@ int cmd_train(int argc, char** argv) {
                         to_double(f, "moe-capacity-factor", 1.25), to_double(f, "moe-aux-coef", 0.01));
     // Not done yet with experts (docs/parallel.md "Mixture of experts"): say so instead of running something untested.
     const std::string world = env_or("WORLD_SIZE", "1");
-    for (const char* flag : {"init-from", "export", "ckpt-dir", "ckpt-shm-every"}) {
-      if (f.count(flag) && !(std::string(flag) == "ckpt-shm-every" && f[flag] == "0")) {
-        throw ConfigError(std::string("--") + flag +
-                          " with --moe-experts: llm.c files and checkpoints of MoE models are not implemented yet");
+    for (const char* flag : {"init-from", "export"}) {
+      if (f.count(flag)) {
+        throw ConfigError(std::string("--") + flag + " with --moe-experts: llm.c files of MoE models do not exist");
       }
     }
-    if ((world != "1" && world != "0") || to_int(f, "tp", 1) > 1 || to_int(f, "pp", 1) > 1 ||
-        to_int(f, "zero", 0) > 0 || f.count("deterministic")) {
+    if (to_int(f, "tp", 1) > 1 || to_int(f, "pp", 1) > 1 || to_int(f, "zero", 0) > 0 || f.count("deterministic")) {
       throw ConfigError(
-          "--moe-experts runs in one process only for now (expert, data, tensor and pipeline parallelism with experts "
-          "are not implemented): drop --nproc/--tp/--pp/--zero/--deterministic");
+          "--moe-experts composes with data and expert parallelism only (--nproc, --ep; tensor/pipeline parallelism, "
+          "ZeRO and the deterministic tree with experts are not implemented): drop --tp/--pp/--zero/--deterministic");
     }
   }
 
@@ -655,6 +682,7 @@ int cmd_train(int argc, char** argv) {
   }
   Trainer trainer(*cfg, tc, pool, train, val.get(), dist.sync.get(), dist.sharded.get());
   if (dist.groups != nullptr) trainer.set_layout(dist.groups->describe());
+  std::unique_ptr<parallel::ExpertParallel> expert_parallel = join_expert_parallel(f, *cfg, tc, dist, trainer);
   // Metrics: the same numbers as the step log line, for Prometheus and railyard-monitor.
   std::optional<int64_t> metrics_port;
   if (f.count("metrics-port")) {
@@ -718,9 +746,7 @@ int cmd_train(int argc, char** argv) {
     rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
   }
   co.layout = nlohmann::json{{"dp", 1}, {"tp", 1}, {"pp", 1}, {"zero", dist.zero}};
-  // MoE models have no checkpoint layout yet (refused above with --ckpt-dir/--ckpt-shm-every): nothing to save.
-  std::vector<ShardSpec> ckpt_shards =
-      cfg->moe.experts > 0 ? std::vector<ShardSpec>{} : checkpoint_shards(*cfg, trainer, dist);
+  std::vector<ShardSpec> ckpt_shards = checkpoint_shards(*cfg, trainer, dist);
   if (const int world = std::atoi(env_or("WORLD_SIZE", "1").c_str()); world > 1) {
     // Every rank of the world saves into the same directory under its global rank, with one run id for all ranks
     // of this world; data-parallel replicas split the writes of their identical state, and all ranks stop at the

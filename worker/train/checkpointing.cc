@@ -126,8 +126,26 @@ struct Checkpointer::Metrics {
   }
 };
 
+namespace {
+// The llm.c tensors, and with experts the four MLP tensors with an expert dimension after the layer plus the router
+// (L, E, C) after lnfb: the Gpt buffer's order (docs/worker.md "Mixture of experts"). Expert parallelism keeps this
+// full layout on every rank, so a checkpoint of any --ep loads into any other.
+std::vector<ckpt::TensorDef> model_tensor_defs(const GptConfig& m) {
+  auto defs = ckpt::gpt_tensor_defs(m.num_layers, m.channels, m.max_seq_len, m.padded_vocab_size, false);
+  if (m.moe.experts <= 0) return defs;
+  const int64_t E = m.moe.experts;
+  for (auto& d : defs) {
+    if (d.name == "fcw" || d.name == "fcb" || d.name == "fcprojw" || d.name == "fcprojb") {
+      d.shape.insert(d.shape.begin() + 1, E);
+    }
+  }
+  defs.push_back({"routerw", ckpt::DType::F32, {m.num_layers, E, m.channels}});
+  return defs;
+}
+}  // namespace
+
 std::vector<ShardSpec> full_state_shards(const GptConfig& m, const TrainerState& s) {
-  const auto defs = ckpt::gpt_tensor_defs(m.num_layers, m.channels, m.max_seq_len, m.padded_vocab_size, false);
+  const auto defs = model_tensor_defs(m);
   size_t total = 0;
   for (const auto& d : defs) total += static_cast<size_t>(ckpt::Box{ckpt::Shape(d.shape.size(), 0), d.shape}.volume());
   if (total != s.num_params) {
@@ -151,7 +169,7 @@ std::vector<ShardSpec> full_state_shards(const GptConfig& m, const TrainerState&
 
 std::vector<ShardSpec> zero_state_shards(const GptConfig& m, float* params, float* shard_m, float* shard_v,
                                          const std::vector<OwnedRange>& owned, int dp_rank, int dp_size) {
-  const auto defs = ckpt::gpt_tensor_defs(m.num_layers, m.channels, m.max_seq_len, m.padded_vocab_size, false);
+  const auto defs = model_tensor_defs(m);
   std::vector<ShardSpec> out;
   for (const auto& v : ckpt::flat_views(defs, params)) {
     ShardSpec sh;
