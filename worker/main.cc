@@ -581,10 +581,11 @@ int cmd_train(int argc, char** argv) {
         throw ConfigError(std::string("--") + flag + " with --moe-experts: llm.c files of MoE models do not exist");
       }
     }
-    if (to_int(f, "tp", 1) > 1 || to_int(f, "pp", 1) > 1 || to_int(f, "zero", 0) > 0 || f.count("deterministic")) {
+    if (to_int(f, "tp", 1) > 1 || to_int(f, "pp", 1) > 1 || f.count("deterministic")) {
       throw ConfigError(
-          "--moe-experts composes with data and expert parallelism only (--nproc, --ep; tensor/pipeline parallelism, "
-          "ZeRO and the deterministic tree with experts are not implemented): drop --tp/--pp/--zero/--deterministic");
+          "--moe-experts composes with data and expert parallelism and ZeRO only (--nproc, --ep, --zero; "
+          "tensor/pipeline "
+          "parallelism and the deterministic tree with experts are not implemented): drop --tp/--pp/--deterministic");
     }
   }
 

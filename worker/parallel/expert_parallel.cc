@@ -13,7 +13,8 @@ std::vector<int> ep_group_ranks(int dp_size, int ep, int dp_rank) {
   return out;
 }
 
-void validate_expert_parallel(const GptConfig& m, const ExpertParallelOptions& o, int dp, int tp, int pp, int zero,
+void validate_expert_parallel(const GptConfig& m, const ExpertParallelOptions& o, int dp, int tp, int pp,
+                              int /*zero: composes (the experts' gradients reduce-scatter like the rest)*/,
                               bool deterministic, bool uneven_dp_split) {
   const std::string ep = "--ep " + std::to_string(o.ep);
   if (o.ep < 1) throw ConfigError(ep + ": must be >= 1");
@@ -35,11 +36,6 @@ void validate_expert_parallel(const GptConfig& m, const ExpertParallelOptions& o
     throw ConfigError(ep +
                       " with --tp/--pp: expert parallelism composes with data parallelism only so far "
                       "(docs/parallel.md \"Expert parallelism\"); drop --tp/--pp");
-  }
-  if (zero > 0) {
-    throw ConfigError(ep +
-                      " with --zero: not implemented (the sharded optimizer was not tested with experts); "
-                      "drop --zero");
   }
   if (deterministic) {
     throw ConfigError(ep +

@@ -23,8 +23,13 @@ struct TensorSpan {
 // Consecutive spans of the 16 llm.c tensors with these element counts (tensors of size 0 are left out), with
 // AdamW's decay rule (adamw.h decays()).
 std::vector<TensorSpan> tensor_spans(const std::array<size_t, kNumParamTensors>& sizes);
-// The full llm.c buffer (gpt_config.h order).
-inline std::vector<TensorSpan> gpt_tensor_spans(const GptConfig& c) { return tensor_spans(param_sizes(c)); }
+// The full llm.c buffer (gpt_config.h order), and with experts the MoE router after lnfb (a matrix: decayed, as
+// AdamW does in one process).
+inline std::vector<TensorSpan> gpt_tensor_spans(const GptConfig& c) {
+  std::vector<TensorSpan> spans = tensor_spans(param_sizes(c));
+  if (router_size(c) > 0) spans.push_back({router_offset(c), router_size(c), true});
+  return spans;
+}
 
 // The flat buffer [0, n) cut into buckets of about `bucket_elems` elements, each a multiple of the dp degree D except
 // the last. Rank r owns piece r of every bucket: [begin + r*piece, min(end, begin + (r+1)*piece)). The shard of a

@@ -71,7 +71,8 @@ TEST_CASE("MoE checkpoints reshard across expert-parallel degrees; unsupported c
     std::string name, flags;
   };
   for (const Case& c : {Case{"ep1", ""}, Case{"ep4", "--nproc 4 --ep 4"},
-                        Case{"ep2h", "--nproc 4 --ep 2 --ep-a2a hierarchical --ep-node-size 1"}}) {
+                        Case{"ep2h", "--nproc 4 --ep 2 --ep-a2a hierarchical --ep-node-size 1"},
+                        Case{"ep2z", "--nproc 4 --ep 2 --zero 1"}}) {
     CAPTURE(c.name);
     const std::string ck = d + "/ck_" + c.name;
     std::filesystem::create_directories(ck);
@@ -88,7 +89,7 @@ TEST_CASE("MoE checkpoints reshard across expert-parallel degrees; unsupported c
   struct Bad {
     std::string flags, text;
   };
-  for (const Bad& b : {Bad{"--nproc 2 --ep 3", "--ep 3"}, Bad{"--nproc 2 --ep 2 --zero 1", "--zero"},
+  for (const Bad& b : {Bad{"--nproc 2 --ep 3", "--ep 3"}, Bad{"--nproc 2 --ep 2 --deterministic", "--deterministic"},
                        Bad{"--nproc 2 --tp 2", "--tp/--pp"}, Bad{"--ep 2", "data-parallel degree 1"},
                        Bad{"--nproc 2 --ep 2 --ep-a2a ring", "--ep-a2a ring"}}) {
     CAPTURE(b.flags);
