@@ -15,40 +15,9 @@
 #include <vector>
 
 #include "tests/unit/worker/worker_test_util.h"
+#include "tests/unit/worker_parallel/launch_test_util.h"
 
 using namespace railyard::worker::testing;
-
-namespace {
-
-std::string bin_dir() {
-  const char* b = std::getenv("RAILYARD_BIN_DIR");
-  REQUIRE_MESSAGE((b && *b), "RAILYARD_BIN_DIR is not set (run through ctest)");
-  return b;
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-int sh(const std::string& cmd) {
-  const int rc = std::system(cmd.c_str());
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
-std::vector<double> losses(const std::string& log_json) {
-  std::vector<double> out;
-  std::ifstream f(log_json);
-  for (std::string line; std::getline(f, line);) {
-    const auto j = nlohmann::json::parse(line);
-    if (j["event"] == "step") out.push_back(j["loss"].get<double>());
-  }
-  return out;
-}
-
-}  // namespace
 
 TEST_CASE("MoE checkpoints reshard across expert-parallel degrees; unsupported combinations exit 2") {
   const std::string bin = bin_dir();

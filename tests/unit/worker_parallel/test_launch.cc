@@ -21,38 +21,11 @@
 #include <vector>
 
 #include "tests/unit/worker/worker_test_util.h"
+#include "tests/unit/worker_parallel/launch_test_util.h"
 
 using namespace railyard::worker::testing;
 
 namespace {
-
-std::string bin_dir() {
-  const char* b = std::getenv("RAILYARD_BIN_DIR");
-  REQUIRE_MESSAGE((b && *b), "RAILYARD_BIN_DIR is not set (run through ctest)");
-  return b;
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-int sh(const std::string& cmd) {
-  const int rc = std::system(cmd.c_str());
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
-std::vector<double> losses(const std::string& log_json) {
-  std::vector<double> out;
-  std::ifstream f(log_json);
-  for (std::string line; std::getline(f, line);) {
-    const auto j = nlohmann::json::parse(line);
-    if (j["event"] == "step") out.push_back(j["loss"].get<double>());
-  }
-  return out;
-}
 
 const std::string kModel = "--model l=2,c=64,nh=4,t=64,v=256 --batch 2 --seq 32 --global-batch 256 --peak-flops 1e11";
 
