@@ -382,6 +382,7 @@ std::unique_ptr<parallel::ExpertParallel> join_expert_parallel(std::map<std::str
   o.ep = static_cast<int>(to_int(f, "ep", 1));
   o.algorithm = f.count("ep-a2a") ? f["ep-a2a"] : "flat";
   o.node_size = static_cast<int>(to_int(f, "ep-node-size", 0));
+  o.deterministic = dist.deterministic;
   if (o.node_size < 0) throw ConfigError("--ep-node-size must be >= 1 (ranks per node)");
   if (o.ep == 1 && (f.count("ep-a2a") || f.count("ep-node-size"))) {
     throw ConfigError("--ep-a2a/--ep-node-size need --ep N > 1");
@@ -581,11 +582,10 @@ int cmd_train(int argc, char** argv) {
         throw ConfigError(std::string("--") + flag + " with --moe-experts: llm.c files of MoE models do not exist");
       }
     }
-    if (to_int(f, "tp", 1) > 1 || to_int(f, "pp", 1) > 1 || f.count("deterministic")) {
+    if (to_int(f, "tp", 1) > 1 || to_int(f, "pp", 1) > 1) {
       throw ConfigError(
-          "--moe-experts composes with data and expert parallelism and ZeRO only (--nproc, --ep, --zero; "
-          "tensor/pipeline "
-          "parallelism and the deterministic tree with experts are not implemented): drop --tp/--pp/--deterministic");
+          "--moe-experts composes with data and expert parallelism, ZeRO and --deterministic (tensor/pipeline "
+          "parallelism with experts is not implemented): drop --tp/--pp");
     }
   }
 

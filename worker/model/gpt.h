@@ -119,6 +119,10 @@ class Gpt {
     int size = 1;
     int rank = 0;
     std::function<void(const void* in, void* out, size_t bytes_per_rank)> all_to_all;
+    // Deterministic mode: the owner sends each source rank the expert weight gradients of that rank's tokens (one
+    // more all_to_all per layer of E/size experts' gradients per peer), so every rank's gradient is exactly the one
+    // it computes without expert parallelism (a leaf of the fixed tree). Needs backward(accumulate = false).
+    bool return_expert_grads = false;
   };
   void set_expert_exchange(ExpertExchange exchange);
   const ExpertExchange& expert_exchange() const { return ep_; }
@@ -173,6 +177,7 @@ class Gpt {
   ExpertExchange ep_;
   // Per layer (L, E) with expert parallelism: rows source rank s sends to local expert j, at s * E/size + j.
   std::vector<int32_t> ep_count_;
+  std::vector<T> ep_grad_send_, ep_grad_recv_;  // return_expert_grads: one layer's (source, expert) weight gradients
   // Views into acts_. residual3 is stacked [L, B, T, C] (every layer's output is the next one's input); the other
   // per-layer tensors are in layer_.
   T *encoded_, *residual3_, *lnf_, *lnf_mean_, *lnf_rstd_, *logits_, *losses_;

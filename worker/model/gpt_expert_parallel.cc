@@ -32,6 +32,10 @@ void Gpt<T>::set_expert_exchange(ExpertExchange x) {
   if (x.size > 1 && !x.all_to_all) throw ConfigError("expert parallelism: no all_to_all given");
   ep_ = std::move(x);
   ep_count_.assign(ep_.size > 1 ? static_cast<size_t>(config_.num_layers) * E : 0, 0);
+  const size_t C = config_.channels, per_expert = 8 * C * C + 5 * C;  // fcw, fcb, fcprojw, fcprojb of one expert
+  const size_t n = ep_.size > 1 && ep_.return_expert_grads ? static_cast<size_t>(E) * per_expert : 0;
+  ep_grad_send_.assign(n, T(0));
+  ep_grad_recv_.assign(n, T(0));
 }
 
 template <typename T>
@@ -88,20 +92,47 @@ void Gpt<T>::moe_experts_backward_ep(size_t l, const LayerActs& a, const T* dout
     }
     ep_.all_to_all(moe_x_, pass == 0 ? moe_dx_ : moe_dy_, bytes);
   }
-  // moe_dx_ = inputs, moe_dy_ = output gradients (received order); input gradients into moe_x_ (received order)
+  // moe_dx_ = inputs, moe_dy_ = output gradients (received order); input gradients into moe_x_ (received order).
+  // Weight gradients: accumulated into this rank's experts, or (return_expert_grads) per (source, expert) block into
+  // ep_grad_send_, laid out [source][local expert][fcw, fcb, fcprojw, fcprojb] so chunk s goes back to source s.
+  const bool ret = ep_.return_expert_grads;
+  const size_t X = 2 * H * C + H + C;
+  if (ret) std::fill(ep_grad_send_.begin(), ep_grad_send_.end(), T(0));
   for (size_t s = 0; s < P; ++s) {
     for (size_t j = 0; j < El; ++j) {
       const size_t n = cnt[s * El + j], base = (s * El + j) * cap, le = l * E + ep_.rank * El + j;
       if (n == 0) continue;
+      T* blk = ret ? ep_grad_send_.data() + (s * El + j) * X : nullptr;
+      T* dfcw = ret ? blk : g[10] + le * H * C;
+      T* dfcb = ret ? blk + H * C : g[11] + le * H;
+      T* dprojw = ret ? blk + H * C + H : g[12] + le * C * H;
+      T* dprojb = ret ? blk + 2 * H * C + H : g[13] + le * C;
       T* dh = moe_dh_ + base * H;
-      matmul_backward(pool_, dh, false, g[12] + le * C * H, g[13] + le * C, moe_dy_ + base * C, a.fch_gelu + base * H,
-                      w[12] + le * C * H, n, static_cast<int>(H), static_cast<int>(C));
+      matmul_backward(pool_, dh, false, dprojw, dprojb, moe_dy_ + base * C, a.fch_gelu + base * H, w[12] + le * C * H,
+                      n, static_cast<int>(H), static_cast<int>(C));
       gelu_backward(pool_, dh, a.fch + base * H, dh, n * H);
-      matmul_backward(pool_, moe_x_ + base * C, false, g[10] + le * H * C, g[11] + le * H, dh, moe_dx_ + base * C,
-                      w[10] + le * H * C, n, static_cast<int>(C), static_cast<int>(H));
+      matmul_backward(pool_, moe_x_ + base * C, false, dfcw, dfcb, dh, moe_dx_ + base * C, w[10] + le * H * C, n,
+                      static_cast<int>(C), static_cast<int>(H));
     }
   }
   ep_.all_to_all(moe_x_, moe_dx_, bytes);  // input gradients back in routing order
+  if (!ret) return;
+  // Received chunk j = owner j's blocks of this rank's tokens for experts [j E/P, (j+1) E/P): global expert order.
+  // Each block is what this rank's own GEMMs compute without expert parallelism (same rows, same order), so added
+  // to the gradient zeroed by backward(accumulate = false) it is that result, bit for bit.
+  ep_.all_to_all(ep_grad_send_.data(), ep_grad_recv_.data(), El * X * sizeof(T));
+  const auto add = [](T* dst, const T* src, size_t m) {
+    for (size_t i = 0; i < m; ++i) dst[i] += src[i];
+  };
+  for (size_t e = 0; e < E; ++e) {
+    if (r.count[e] == 0) continue;  // no rows: the single-rank loop skips the expert too
+    const T* blk = ep_grad_recv_.data() + e * X;
+    const size_t le = l * E + e;
+    add(g[10] + le * H * C, blk, H * C);
+    add(g[11] + le * H, blk + H * C, H);
+    add(g[12] + le * C * H, blk + H * C + H, C * H);
+    add(g[13] + le * C, blk + 2 * H * C + H, C);
+  }
 }
 
 #define RAILYARD_GPT_EP(T)                                                \

@@ -15,7 +15,8 @@ std::vector<int> ep_group_ranks(int dp_size, int ep, int dp_rank) {
 
 void validate_expert_parallel(const GptConfig& m, const ExpertParallelOptions& o, int dp, int tp, int pp,
                               int /*zero: composes (the experts' gradients reduce-scatter like the rest)*/,
-                              bool deterministic, bool uneven_dp_split) {
+                              bool /*deterministic: composes (ExpertParallelOptions::deterministic)*/,
+                              bool uneven_dp_split) {
   const std::string ep = "--ep " + std::to_string(o.ep);
   if (o.ep < 1) throw ConfigError(ep + ": must be >= 1");
   if (o.algorithm != "flat" && o.algorithm != "hierarchical") {
@@ -36,11 +37,6 @@ void validate_expert_parallel(const GptConfig& m, const ExpertParallelOptions& o
     throw ConfigError(ep +
                       " with --tp/--pp: expert parallelism composes with data parallelism only so far "
                       "(docs/parallel.md \"Expert parallelism\"); drop --tp/--pp");
-  }
-  if (deterministic) {
-    throw ConfigError(ep +
-                      " with --deterministic: a rank's experts see other ranks' tokens, so its gradient is no "
-                      "leaf of the fixed tree; drop --deterministic");
   }
   if (uneven_dp_split) {
     throw ConfigError(ep +
@@ -67,6 +63,7 @@ void ExpertParallel::attach(Gpt<T>& model) {
   typename Gpt<T>::ExpertExchange x;
   x.size = group_->size();
   x.rank = group_->rank();
+  x.return_expert_grads = options_.deterministic;
   comm::AllToAll* a2a = a2a_.get();
   // Bytes as int32 elements: all_to_all only moves data, and every chunk here is a multiple of 4 bytes.
   x.all_to_all = [a2a](const void* in, void* out, size_t bytes) {

@@ -17,6 +17,7 @@ struct ExpertParallelOptions {
   int ep = 1;                      // --ep: ranks sharing one copy of the experts' work (divides E and dp)
   std::string algorithm = "flat";  // --ep-a2a: flat | hierarchical
   int node_size = 0;               // --ep-node-size: ranks per node for hierarchical (0: LOCAL_WORLD_SIZE)
+  bool deterministic = false;      // --deterministic: expert gradients go back to their tokens' ranks (gpt.h)
 };
 
 // Data-parallel ranks of dp_rank's expert-parallel group: the `ep` consecutive ranks [ep * (r / ep), ... + ep).

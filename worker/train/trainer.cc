@@ -233,6 +233,7 @@ StepResult Trainer::step() {
     // Virtual micro-batch v of the job's sequence is a leaf of the fixed tree; this rank owns [r*A, (r+1)*A).
     const int A = micro / sync_->size(), first = sync_->rank() * A;
     std::vector<double> leaf_losses;
+    double moe_local[3] = {0, 0, 0};
     for (int v = 0; v < micro; ++v) {
       train_.next_batch(inputs_.data(), targets_.data());
       if (v < first || v >= first + A) continue;
@@ -242,7 +243,11 @@ StepResult Trainer::step() {
       model_->backward(/*accumulate=*/false);
       slow_down(tm);
       sync_->add_leaf(model_->grads());
+      moe_local[0] += static_cast<double>(model_->moe_stats().assignments);
+      moe_local[1] += static_cast<double>(model_->moe_stats().dropped);
+      moe_local[2] += model_->moe_stats().aux_loss;
     }
+    if (gpt_.moe.experts > 0) add_global_moe_stats(moe_local, micro, r);
     r.times.compute = phase(t0);
     sync_->finish(model_->grads());
     for (double l : sync_->all_gather(leaf_losses)) loss_sum += l;  // virtual order, whatever D is
