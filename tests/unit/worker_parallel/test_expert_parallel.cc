@@ -65,13 +65,14 @@ Run single_process() {
   return out;
 }
 
-std::vector<Run> expert_parallel(const ExpertParallelOptions& o, int zero = 0) {
+std::vector<Run> expert_parallel(const ExpertParallelOptions& o, int zero = 0, Recompute recompute = Recompute::kNone) {
   std::vector<Run> runs(kWorld);
   comm::run_local_world(kWorld, [&](comm::Communicator& c) {
     ThreadPool pool(1);
     const GptConfig cfg = moe_config();
     testing::StreamSource src(c.rank(), kWorld, kB, kT, cfg.vocab_size);
-    const TrainConfig tc = train_config();
+    TrainConfig tc = train_config();
+    tc.recompute.mode = recompute;  // full: backward reruns each layer's forward, all_to_alls included
     DataParallelOptions dpo;
     dpo.zero_stage = zero;
     auto sync = gpt_data_parallel(&c, cfg, tc, pool, dpo);
@@ -151,6 +152,10 @@ TEST_CASE("expert parallelism 1, 2 and 4 train like one process (losses, drops, 
   const std::vector<Run> hier = expert_parallel({4, "hierarchical", 2});
   CHECK(hier[0].losses == flat4[0].losses);
   CHECK(hier[0].params == flat4[0].params);
+  // Full recomputation reruns the dispatch and combine in backward: bitwise the same run.
+  const std::vector<Run> rec = expert_parallel({4, "flat", 0}, 0, Recompute::kFull);
+  CHECK(rec[0].losses == flat4[0].losses);
+  CHECK(rec[0].params == flat4[0].params);
   // ZeRO-1/2 shard the optimizer over dp; the experts' zero gradients from non-owners reduce-scatter like any other.
   for (const int zero : {1, 2}) {
     CAPTURE(zero);
