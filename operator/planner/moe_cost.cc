@@ -49,6 +49,34 @@ double moe_dispatch_bytes(const ModelShape& m, const MoeShape& moe, const Device
   return moe.experts * cap * m.hidden * d.activation_bytes;
 }
 
+double moe_layer_activation_bytes(const ModelShape& m, const MoeShape& moe, const DeviceProfile& d, const Layout& l) {
+  check_moe(moe);
+  const double dense = layer_activation_bytes(m, d, l);
+  if (moe.experts == 0 || l.recompute == Recompute::kFull) return dense;
+  if (l.tp > 1) throw ConfigError("experts with tensor parallelism are not modelled: use tp 1");
+  const double n = double(m.seq) * l.micro_batch, h = m.hidden;
+  const double R = moe_dispatch_bytes(m, moe, d, n) / (h * d.activation_bytes);  // E cap rows
+  return dense + d.activation_bytes * (8 * h * (R - n) + R * h + n * moe.experts);
+}
+
+MoeStateBytes moe_state_bytes(const ModelShape& m, const MoeShape& moe, const DeviceProfile& d, int dp, int ep,
+                              int zero) {
+  if (dp < 1 || ep < 1 || dp % ep != 0) {
+    throw ConfigError("expert parallelism " + std::to_string(ep) + " must divide the data-parallel degree " +
+                      std::to_string(dp));
+  }
+  const double per_gpu = moe_parameters_per_gpu(m, moe, ep);
+  const double experts =
+      moe.experts == 0 ? 0 : double(m.layers) * moe.experts * (8.0 * m.hidden * m.hidden + 5.0 * m.hidden) / ep;
+  MoeStateBytes b;
+  for (auto [p, group] : {std::pair{per_gpu - experts, double(dp)}, std::pair{experts, double(dp / ep)}}) {
+    b.params += p * d.weight_bytes / (zero >= 3 ? group : 1);
+    b.grads += p * d.grad_bytes / (zero >= 2 ? group : 1);
+    b.optimizer += p * d.optimizer_bytes / (zero >= 1 ? group : 1);
+  }
+  return b;
+}
+
 AllToAllCost all_to_all_cost(const Cluster& c, int ranks, double bytes) {
   const DeviceProfile& d = c.device;
   const Topology& t = c.topology;

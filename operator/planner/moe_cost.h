@@ -24,6 +24,24 @@ double moe_parameters_per_gpu(const ModelShape& m, const MoeShape& moe, int ep);
 // `tokens` tokens: E * capacity rows of h activations (the capacity padding makes it fixed).
 double moe_dispatch_bytes(const ModelShape& m, const MoeShape& moe, const DeviceProfile& d, double tokens);
 
+// Activation bytes of one MoE layer for one micro-batch on one GPU (tp = 1): layer_activation_bytes() with the MLP's
+// two hidden tensors (n x 4h each) replaced by the experts' rows (R x 4h each, R = E cap: the capacity padding is
+// allocated), plus the router probabilities (n x E) and the experts' outputs (R x h):
+//   dense + e (8 h (R - n) + R h + n E),  n = s b tokens, e = activation_bytes.
+// Full recomputation keeps only the layer input (the dense value). Throws ConfigError for tp > 1 (not modelled).
+double moe_layer_activation_bytes(const ModelShape& m, const MoeShape& moe, const DeviceProfile& d, const Layout& l);
+
+// Model states per GPU with experts split over ep ranks: the non-expert parameters P_d (ZeRO over the d data-parallel
+// ranks) and this GPU's experts P_e / ep (ZeRO over the d / ep ranks holding the same experts, DeepSpeed-MoE's
+// expert-data-parallel group): weights P weight_bytes / (ZeRO 3 ? group : 1), gradients P grad_bytes / (ZeRO >= 2 ?
+// group : 1), optimizer P optimizer_bytes / (ZeRO >= 1 ? group : 1), each summed over the two parts.
+struct MoeStateBytes {
+  double params = 0, grads = 0, optimizer = 0;
+  double total() const { return params + grads + optimizer; }
+};
+MoeStateBytes moe_state_bytes(const ModelShape& m, const MoeShape& moe, const DeviceProfile& d, int dp, int ep,
+                              int zero);
+
 // The cost of one all-to-all over `ranks` GPUs (packed onto whole nodes from a unit boundary, gpus_per_node a node,
 // or fewer when ranks < gpus_per_node) in which every rank holds `bytes` (ranks equal chunks).
 struct AllToAllCost {

@@ -87,3 +87,38 @@ TEST_CASE("MoE parameters, per-GPU parameters under expert parallelism, dispatch
   CHECK(e16.per_all_to_all.nodes == 2);
   CHECK(e16.seconds == doctest::Approx(80 * e16.per_all_to_all.best()));
 }
+
+TEST_CASE("MoE activation memory per layer and model states under expert parallelism (hand calculation)") {
+  // L2 h8 a2 s4, micro-batch 2 (n = 8 tokens), no dropout, fp32 activations (the CPU worker's case), E=4 top-2 F=1:
+  // cap = ceil(2 * 8 / 4) = 4, R = 16 rows. Dense: 2 * S * (8 + 24 + 2 a s / h) = 2 * 64 * 34 = 4352 bytes.
+  // MoE: + 4 (8 * 8 * (16 - 8) + 16 * 8 + 8 * 4) = + 4 * 672 = 2688 -> 7040. In floats: the worker's MoE layer
+  // 7NC + 4N + 8RC + NE + RC = 448 + 32 + 1024 + 32 + 128 = 1664 minus its dense 15NC + 4N = 992 is 672 too.
+  ModelShape small{"small", 2, 8, 2, 4, 10};
+  small.dropout = false;
+  DeviceProfile d = builtin_profile("h100");
+  d.activation_bytes = 4;
+  d.flash_attention = false;
+  Layout l;
+  l.micro_batch = 2;
+  const MoeShape moe{4, 2, 1.0};
+  CHECK(layer_activation_bytes(small, d, l) == doctest::Approx(4352));
+  CHECK(moe_layer_activation_bytes(small, moe, d, l) == doctest::Approx(7040));
+  l.recompute = Recompute::kFull;
+  CHECK(moe_layer_activation_bytes(small, moe, d, l) == doctest::Approx(layer_activation_bytes(small, d, l)));
+  l.recompute = Recompute::kNone;
+  l.tp = 2;
+  CHECK_THROWS_AS(moe_layer_activation_bytes(small, moe, d, l), railyard::ConfigError);
+  // States, h100 bytes per parameter (weights, grads, optimizer) = (2, 4, 12): dense part 5248 - 2*4*552 = 832,
+  // experts 4416 / ep. dp 4, ep 2, ZeRO-1: experts 2208 over the 2 ranks holding them.
+  const DeviceProfile h = builtin_profile("h100");
+  REQUIRE(h.weight_bytes == 2);
+  REQUIRE(h.grad_bytes == 4);
+  REQUIRE(h.optimizer_bytes == 12);
+  MoeStateBytes b = moe_state_bytes(small, moe, h, 4, 2, 1);
+  CHECK(b.params == doctest::Approx((832 + 2208) * 2));
+  CHECK(b.grads == doctest::Approx((832 + 2208) * 4));
+  CHECK(b.optimizer == doctest::Approx(832 * 12 / 4.0 + 2208 * 12 / 2.0));
+  b = moe_state_bytes(small, moe, h, 4, 4, 0);  // ep 4: one expert per layer, no ZeRO
+  CHECK(b.total() == doctest::Approx((832 + 1104) * 18));
+  CHECK_THROWS_AS(moe_state_bytes(small, moe, h, 4, 3, 0), railyard::ConfigError);
+}
