@@ -25,6 +25,7 @@
 #include "common/log.h"
 #include "common/metrics/metrics.h"
 #include "common/path_roots.h"
+#include "common/rendezvous_protocol.h"
 #include "worker/agent/agent_main.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/process_groups.h"
@@ -780,8 +781,7 @@ int cmd_train(int argc, char** argv) {
 
 }  // namespace
 
-// Exit code of a rank whose collective failed because a peer went away (retryable; not a signal number 129-192).
-constexpr int kExitPeerLost = 200;
+using rdzv::kExitPeerLost;
 
 int main(int argc, char** argv) {
   if (argc < 2) usage_error("missing command (train, gemm-rate or agent)");

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "common/log.h"
+#include "common/rendezvous_protocol.h"
 #include "operator/controller/failure_policy.h"
 #include "operator/controller/lifecycle.h"
 #include "operator/controller/plan_glue.h"
@@ -200,7 +201,9 @@ void Controller::stop() {
 void Controller::report_exit(const WorkerExit& exit) {
   {
     std::lock_guard lock(mu_);
-    exits_[exit.job_key].push_back(exit);
+    WorkerExit e = exit;
+    if (e.received == std::chrono::steady_clock::time_point{}) e.received = std::chrono::steady_clock::now();
+    exits_[e.job_key].push_back(std::move(e));
   }
   enqueue(exit.job_key);
 }
@@ -684,8 +687,13 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
     ExitClass cls = classify_exit(spec, e.exit_code, e.signal);
     std::string how = e.signal > 0 ? "was killed by signal " + std::to_string(e.signal)
                                    : "exited with code " + std::to_string(e.exit_code);
-    triggers.push_back({"WorkerExit", "rank " + std::to_string(e.global_rank) + " (pod " + e.pod + ") " + how, e.pod,
-                        node_by_pod[e.pod], "agent", "", e.global_rank, cls == ExitClass::Permanent});
+    Trigger tr{"WorkerExit",  "rank " + std::to_string(e.global_rank) + " (pod " + e.pod + ") " + how,
+               e.pod,         node_by_pod[e.pod],
+               "agent",       "",
+               e.global_rank, cls == ExitClass::Permanent};
+    tr.peer_lost = e.signal == 0 && e.exit_code == rdzv::kExitPeerLost;
+    tr.age = std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - e.received);
+    triggers.push_back(tr);
   }
   std::string restart_request;
   {
@@ -719,6 +727,22 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
     }
   }
 
+  {
+    // Only survivors' peer-lost exits so far: the culprit's own report is usually a moment behind. Put the exits back
+    // and look again when the grace is over or sooner, when another report wakes the job (report_exit enqueues it).
+    std::vector<TriggerFacts> facts;
+    for (const Trigger& t : triggers) facts.push_back({t.reason, t.pod, t.permanent, t.peer_lost, t.age});
+    if (milliseconds hold = hold_for_culprit(facts, opts_.culprit_grace); hold.count() > 0) {
+      {
+        std::lock_guard lock(mu_);
+        auto& pending = exits_[key];
+        for (const WorkerExit& e : exits)
+          if (e.generation == gen) pending.push_back(e);
+      }
+      triggers.clear();
+      keep_min(hold);
+    }
+  }
   if (!triggers.empty()) {
     // A lost node or pod after the last step is not a failure of the job: re-read the end of the generation.
     const std::vector<Json> now_pods = pods_of(ns, name);
