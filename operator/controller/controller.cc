@@ -291,6 +291,9 @@ void Controller::forget_job(const std::string& key) {
     if (opened_.erase(key) == 0) rdzv = nullptr;
   }
   if (rdzv) rdzv->close_job(key);
+  // The job is gone: its per-job series would otherwise stay in /metrics (and in memory) for the operator's life.
+  if (auto slash = key.find('/'); slash != std::string::npos)
+    restarts_.remove_matching({{"namespace", key.substr(0, slash)}, {"job", key.substr(slash + 1)}});
 }
 
 std::string Controller::ensure_token(const Json& job) {
