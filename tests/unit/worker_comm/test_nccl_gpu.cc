@@ -101,7 +101,10 @@ std::vector<std::string> run_nccl_world(int n, std::chrono::milliseconds timeout
 
 // A buffer the scenario works on: host memory under Gloo, device memory under NCCL (copied in and out).
 struct Buffers {
-  bool device = false;
+  explicit Buffers(bool on_device) : device(on_device) {}
+  Buffers(const Buffers&) = delete;
+  Buffers& operator=(const Buffers&) = delete;
+  bool device;
   std::vector<void*> owned;
   ~Buffers() {
     for (void* p : owned)
@@ -133,7 +136,7 @@ void keep(Results& out, const std::string& name, const std::vector<T>& v) {
 }
 
 Results scenario(Communicator& c, bool device) {
-  Buffers mem{device};
+  Buffers mem(device);
   Results out;
   const int r = c.rank(), n = c.size();
   const size_t count = 1000;  // not a multiple of anything NCCL chunks by
