@@ -250,7 +250,9 @@ TEST_CASE("every Communicator operation gives the same result over NCCL as over 
   for (const auto& e : errors) CHECK(e == "");
   for (int r = 0; r < n; ++r) {
     REQUIRE(gloo[r].size() == nccl[r].size());
-    for (const auto& [name, bytes] : gloo[r]) {
+    for (const auto& kv : gloo[r]) {  // not a structured binding: doctest's message lambdas capture it (clang < 16)
+      const std::string& name = kv.first;
+      const std::vector<unsigned char>& bytes = kv.second;
       if (name.find("op" + std::to_string(static_cast<int>(ReduceOp::kAvg))) != std::string::npos) {
         // Avg: NCCL divides (or pre-multiplies) in its own order; compare as floats to 1 ulp-ish.
         const auto* a = reinterpret_cast<const float*>(bytes.data());
