@@ -11,6 +11,7 @@
 #include "common/rendezvous_protocol.h"
 #include "operator/controller/failure_policy.h"
 #include "operator/controller/lifecycle.h"
+#include "operator/controller/nccl_env.h"
 #include "operator/controller/plan_glue.h"
 #include "operator/controller/slow_start.h"
 #include "operator/controller/status.h"
@@ -1012,6 +1013,21 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
     }
     placement_seconds_.add({}).observe(std::chrono::duration<double>(Clock::now() - t0).count());
     if (r.ok) {
+      // GPU pods: the node's NCCL settings ride on the Binding as pod annotations (the API server sets them with
+      // spec.nodeName, in one write), where the pod's env reads them at container start (nccl_env.h).
+      std::vector<Json> binding_annotations(unbound.size(), Json::object());
+      if (req.gpus_per_pod > 0) {
+        std::set<std::string> warned;
+        for (size_t i = 0; i < unbound.size(); ++i) {
+          auto node = std::find_if(inventory.begin(), inventory.end(),
+                                   [&](const NodeInfo& info) { return info.name == r.nodes[i]; });
+          if (node == inventory.end()) continue;
+          std::string warning;
+          binding_annotations[i] = nccl_binding_annotations(*node, &warning);
+          if (!warning.empty() && warned.insert(node->name).second)
+            events.push_back({true, "NodeRailHcas", warning + "; NCCL_IB_HCA left empty (NCCL's own choice)"});
+        }
+      }
       // Bound in slow-start batches like the creates. A failure leaves part of the gang bound; the next
       // reconcile places the rest around it (req.bound).
       SlowStartResult b = run_slow_start(static_cast<int>(unbound.size()), opts_.api_parallelism, [&](int i) {
@@ -1019,6 +1035,7 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
                         {"kind", "Binding"},
                         {"metadata", {{"name", unbound[i]}}},
                         {"target", {{"apiVersion", "v1"}, {"kind", "Node"}, {"name", r.nodes[i]}}}};
+        if (!binding_annotations[i].empty()) binding["metadata"]["annotations"] = binding_annotations[i];
         try {
           client_.create_subresource(kube::resources::pods, ns, unbound[i], "binding", binding);
         } catch (const kube::Conflict&) {

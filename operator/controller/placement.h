@@ -28,6 +28,9 @@ struct NodeInfo {
   int64_t gpu_used = 0;        // requested by non-terminated pods bound here
   int worker_pods = 0;         // Railyard worker pods (any job) bound here
   std::set<std::string> jobs;  // "ns/name" of jobs with a pod here
+  // Node annotations for the NCCL settings of GPU pods (operator/controller/nccl_env.h), raw.
+  std::string rail_hcas;      // railyard.dev/rail-hcas
+  std::string socket_ifname;  // railyard.dev/nccl-socket-ifname
 };
 
 inline constexpr const char* kExcludeNodesAnnotation = "railyard.dev/exclude-nodes";
