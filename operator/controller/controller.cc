@@ -1022,11 +1022,12 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
   }
 
   // Observed state -> conditions and phase.
+  // Bound pods -> their nodes (the mixed-GPU split reads the nodes' GPU types).
+  std::map<std::string, std::string> node_of_pod_name;
   int exist = 0, bound = 0;
   Json placed = Json::array();
   std::vector<std::string> healthy;  // bound, not terminating, not failed; index order
   std::map<std::string, bool> up;    // pod -> running (or already finished)
-  std::map<std::string, std::string> node_of_pod_name;  // bound pods
   for (int i = 0; i < n; ++i) {
     const std::string pod_name = worker_pod_name(name, i);
     auto it = by_index.find(i);
