@@ -243,6 +243,12 @@ void apply_config_file(const std::string& path, std::map<std::string, std::strin
   nlohmann::json par = get(j, "parallelism");
   if (!par.is_object()) par = get(get(j, "spec"), "parallelism");
   set("zero", get(par, "zero"));
+  // The operator's batch split for mixed GPU types (spec.parallelism.auto): micro-batches per data-parallel rank.
+  if (const auto split = get(par, "dpSplit"); split.is_array() && !split.empty() && !f.count("dp-split")) {
+    std::string list;
+    for (const auto& v : split) list += (list.empty() ? "" : ",") + v.dump();
+    f["dp-split"] = list;
+  }
   if (const auto det = get(par, "deterministic"); det.is_boolean() && det.get<bool>()) set("deterministic", "true");
   const nlohmann::json model = get(j, "model");
   if (model.is_object() && !f.count("model")) {

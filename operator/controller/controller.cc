@@ -991,6 +991,7 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
     req.pipeline = layout.pipeline;
     auto t0 = Clock::now();
     const auto inventory = build_inventory(nodes_->list(), pods_->list());
+    req.step_model = placement_step_model(spec, layout, n, inventory);
     PlacementResult r = placement_->place(req, inventory);
     if (!r.ok && spec.min_replicas) {
       // Elastic: bind the part that fits now; the world shrinks to the pods placed (never below minReplicas) and
@@ -1065,6 +1066,8 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
   }
 
   // Observed state -> conditions and phase.
+  // Bound pods -> their nodes (the mixed-GPU split reads the nodes' GPU types).
+  std::map<std::string, std::string> node_of_pod_name;
   int exist = 0, bound = 0;
   Json placed = Json::array();
   std::vector<std::string> healthy;  // bound, not terminating, not failed; index order
@@ -1080,6 +1083,7 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
     if (node.empty() && node_by_pod.count(pod_name)) node = node_by_pod[pod_name];
     if (!node.empty()) {
       bound++;
+      node_of_pod_name[pod_name] = node;
       placed.push_back(node);
     }
     if (!node.empty() && (it == by_index.end() || phase_of(it->second) != "Failed")) healthy.push_back(pod_name);
@@ -1126,6 +1130,31 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
     if (resized.plan) {
       apply_plan(world_spec, resized.plan->layout);
       auto_plan = resized.plan;
+    }
+  }
+  // Mixed GPU types under auto: the batch split by the speed of the nodes the world's pods are bound to (the plan's
+  // split assumed a proportional share of each type), passed to the workers as parallelism.dpSplit.
+  std::vector<int> dp_split;
+  if (auto_plan && auto_plan->mixed) {
+    const auto inventory = build_inventory(nodes_->list(), pods_->list());
+    std::vector<std::string> pod_types;
+    for (const auto& pod_name : members) {
+      auto it = node_of_pod_name.find(pod_name);
+      if (it == node_of_pod_name.end()) break;
+      for (const NodeInfo& ni : inventory)
+        if (ni.name == it->second) {
+          auto label = ni.labels.find("railyard.dev/gpu-type");
+          pod_types.push_back(label == ni.labels.end() ? "" : label->second);
+        }
+    }
+    if (pod_types.size() == members.size()) {
+      std::optional<MixedSplit> placed_split = mixed_split(world_spec, pod_types);
+      if (placed_split) {
+        auto_plan->status["mixed"] = placed_split->status;
+        dp_split = placed_split->dp_split;
+      } else {
+        auto_plan->status["mixed"] = {{"split", "even"}, {"why", "the pods are bound to nodes of one GPU type"}};
+      }
     }
   }
   if (auto_plan) {
@@ -1246,6 +1275,7 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
       g.config = resolved_config(world_spec, m);
       g.config["spec"] = job["spec"];
       g.config["generation"] = gen;
+      if (!dp_split.empty()) g.config["parallelism"]["dpSplit"] = dp_split;
       if (gen > 1 && job["spec"].contains("checkpoint") && job["spec"]["checkpoint"].contains("path"))
         g.config["restore"] = job["spec"]["checkpoint"]["path"];
       else if (gen > 1 && world_spec.memory_interval_steps > 0)

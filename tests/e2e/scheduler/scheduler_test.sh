@@ -2,7 +2,8 @@
 # E2E: the operator's default rail-aware placement on the real local cluster (the fixture's 4 H100 nodes: units u0
 # and u1 of 2 nodes each, one leaf). GPU-shaped jobs (device cuda, 8 GPUs a pod) run `sleep` from spec.template.
 #  1. a 4-GPU pod takes a node; a 2-pod 8-GPU gang then lands whole in the other unit (first fit would split it);
-#     status.placement.hops is 1, the Bound event explains the choice, /metrics has the hops histogram;
+#     status.placement.hops is 1, the Bound event explains the choice (with the cost model's predicted step),
+#     /metrics has the hops histogram;
 #  2. railyard.dev/exclude-nodes on the job moves its pod off the named node (restart reason NodeExcluded) and the
 #     replacement never lands there;
 #  3. a gang that does not fit waits Unschedulable with a message saying why, with none of its pods bound, and
@@ -118,6 +119,8 @@ wait_for 30 "status.placement.hops of pair" bash -c "[ \"\$(kubectl get tj pair 
 events=$(kubectl get events -n "$ns" --field-selector involvedObject.name=pair,reason=Bound -o jsonpath='{.items[*].message}')
 grep -q "rail-aware: unit $(unit_of "$p0"), 1 unit, same-rail hops worst 1" <<<"$events" ||
   fail "Bound event without the placement: $events"
+# The operator passed the planner's cost model (H100 profile, tiny, dp 16): the candidates were scored by step time.
+grep -q "predicted step [0-9.e+-]* s" <<<"$events" || fail "Bound event without the cost model's prediction: $events"
 metrics=$(curl -sf "http://127.0.0.1:$mport/metrics") || fail "no /metrics"
 grep -q '^railyard_operator_placement_hops_bucket{le="1"} 2$' <<<"$metrics" ||
   fail "railyard_operator_placement_hops does not show the two placements within one unit"
