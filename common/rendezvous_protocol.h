@@ -11,6 +11,10 @@
 
 namespace railyard::rdzv {
 
+// Exit code of a rank whose collective failed because a peer went away (retryable; not a signal number 129-192). The
+// operator holds a restart whose only causes are such exits briefly for the culprit's own report.
+inline constexpr int kExitPeerLost = 200;
+
 inline constexpr const char* kJoinPath = "/v1/join";
 inline constexpr const char* kStatusPath = "/v1/status";
 inline constexpr const char* kExitPath = "/v1/exit";

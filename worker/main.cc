@@ -25,6 +25,7 @@
 #include "common/log.h"
 #include "common/metrics/metrics.h"
 #include "common/path_roots.h"
+#include "common/rendezvous_protocol.h"
 #include "worker/agent/agent_main.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/process_groups.h"
@@ -246,6 +247,12 @@ void apply_config_file(const std::string& path, std::map<std::string, std::strin
   nlohmann::json par = get(j, "parallelism");
   if (!par.is_object()) par = get(get(j, "spec"), "parallelism");
   set("zero", get(par, "zero"));
+  // The operator's batch split for mixed GPU types (spec.parallelism.auto): micro-batches per data-parallel rank.
+  if (const auto split = get(par, "dpSplit"); split.is_array() && !split.empty() && !f.count("dp-split")) {
+    std::string list;
+    for (const auto& v : split) list += (list.empty() ? "" : ",") + v.dump();
+    f["dp-split"] = list;
+  }
   if (const auto det = get(par, "deterministic"); det.is_boolean() && det.get<bool>()) set("deterministic", "true");
   const nlohmann::json model = get(j, "model");
   if (model.is_object() && !f.count("model")) {
@@ -807,8 +814,7 @@ int cmd_train(int argc, char** argv) {
 
 }  // namespace
 
-// Exit code of a rank whose collective failed because a peer went away (retryable; not a signal number 129-192).
-constexpr int kExitPeerLost = 200;
+using rdzv::kExitPeerLost;
 
 int main(int argc, char** argv) {
   if (argc < 2) usage_error("missing command (train, gemm-rate or agent)");

@@ -184,6 +184,16 @@ void Family<T>::remove(const Labels& labels) {
 }
 
 template <typename T>
+void Family<T>::remove_matching(const Labels& subset) {
+  std::lock_guard lock(mu_);
+  std::erase_if(children_, [&](const auto& child) {
+    for (const auto& [k, v] : subset)
+      if (auto it = child.first.find(k); it == child.first.end() || it->second != v) return false;
+    return true;
+  });
+}
+
+template <typename T>
 std::vector<std::pair<Labels, const T*>> Family<T>::children() const {
   std::lock_guard lock(mu_);
   std::vector<std::pair<Labels, const T*>> out;

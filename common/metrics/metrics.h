@@ -74,6 +74,8 @@ class Family {
   // Returns the metric for these labels, creating it on first use. Label names are validated.
   T& add(const Labels& labels);
   void remove(const Labels& labels);
+  // Removes every child whose labels include all of `subset` (e.g. a deleted job's series, whatever their reason).
+  void remove_matching(const Labels& subset);
   const std::string& name() const { return name_; }
   const std::string& help() const { return help_; }
 

@@ -8,8 +8,10 @@
 #include <set>
 
 #include "common/log.h"
+#include "common/rendezvous_protocol.h"
 #include "operator/controller/failure_policy.h"
 #include "operator/controller/lifecycle.h"
+#include "operator/controller/nccl_env.h"
 #include "operator/controller/plan_glue.h"
 #include "operator/controller/slow_start.h"
 #include "operator/controller/status.h"
@@ -200,7 +202,9 @@ void Controller::stop() {
 void Controller::report_exit(const WorkerExit& exit) {
   {
     std::lock_guard lock(mu_);
-    exits_[exit.job_key].push_back(exit);
+    WorkerExit e = exit;
+    if (e.received == std::chrono::steady_clock::time_point{}) e.received = std::chrono::steady_clock::now();
+    exits_[e.job_key].push_back(std::move(e));
   }
   enqueue(exit.job_key);
 }
@@ -288,6 +292,9 @@ void Controller::forget_job(const std::string& key) {
     if (opened_.erase(key) == 0) rdzv = nullptr;
   }
   if (rdzv) rdzv->close_job(key);
+  // The job is gone: its per-job series would otherwise stay in /metrics (and in memory) for the operator's life.
+  if (auto slash = key.find('/'); slash != std::string::npos)
+    restarts_.remove_matching({{"namespace", key.substr(0, slash)}, {"job", key.substr(slash + 1)}});
 }
 
 std::string Controller::ensure_token(const Json& job) {
@@ -684,8 +691,13 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
     ExitClass cls = classify_exit(spec, e.exit_code, e.signal);
     std::string how = e.signal > 0 ? "was killed by signal " + std::to_string(e.signal)
                                    : "exited with code " + std::to_string(e.exit_code);
-    triggers.push_back({"WorkerExit", "rank " + std::to_string(e.global_rank) + " (pod " + e.pod + ") " + how, e.pod,
-                        node_by_pod[e.pod], "agent", "", e.global_rank, cls == ExitClass::Permanent});
+    Trigger tr{"WorkerExit",  "rank " + std::to_string(e.global_rank) + " (pod " + e.pod + ") " + how,
+               e.pod,         node_by_pod[e.pod],
+               "agent",       "",
+               e.global_rank, cls == ExitClass::Permanent};
+    tr.peer_lost = e.signal == 0 && e.exit_code == rdzv::kExitPeerLost;
+    tr.age = std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - e.received);
+    triggers.push_back(tr);
   }
   std::string restart_request;
   {
@@ -719,6 +731,22 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
     }
   }
 
+  {
+    // Only survivors' peer-lost exits so far: the culprit's own report is usually a moment behind. Put the exits back
+    // and look again when the grace is over or sooner, when another report wakes the job (report_exit enqueues it).
+    std::vector<TriggerFacts> facts;
+    for (const Trigger& t : triggers) facts.push_back({t.reason, t.pod, t.permanent, t.peer_lost, t.age});
+    if (milliseconds hold = hold_for_culprit(facts, opts_.culprit_grace); hold.count() > 0) {
+      {
+        std::lock_guard lock(mu_);
+        auto& pending = exits_[key];
+        for (const WorkerExit& e : exits)
+          if (e.generation == gen) pending.push_back(e);
+      }
+      triggers.clear();
+      keep_min(hold);
+    }
+  }
   if (!triggers.empty()) {
     // A lost node or pod after the last step is not a failure of the job: re-read the end of the generation.
     const std::vector<Json> now_pods = pods_of(ns, name);
@@ -963,6 +991,7 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
     req.pipeline = layout.pipeline;
     auto t0 = Clock::now();
     const auto inventory = build_inventory(nodes_->list(), pods_->list());
+    req.step_model = placement_step_model(spec, layout, n, inventory);
     PlacementResult r = placement_->place(req, inventory);
     if (!r.ok && spec.min_replicas) {
       // Elastic: bind the part that fits now; the world shrinks to the pods placed (never below minReplicas) and
@@ -985,6 +1014,21 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
     }
     placement_seconds_.add({}).observe(std::chrono::duration<double>(Clock::now() - t0).count());
     if (r.ok) {
+      // GPU pods: the node's NCCL settings ride on the Binding as pod annotations (the API server sets them with
+      // spec.nodeName, in one write), where the pod's env reads them at container start (nccl_env.h).
+      std::vector<Json> binding_annotations(unbound.size(), Json::object());
+      if (req.gpus_per_pod > 0) {
+        std::set<std::string> warned;
+        for (size_t i = 0; i < unbound.size(); ++i) {
+          auto node = std::find_if(inventory.begin(), inventory.end(),
+                                   [&](const NodeInfo& info) { return info.name == r.nodes[i]; });
+          if (node == inventory.end()) continue;
+          std::string warning;
+          binding_annotations[i] = nccl_binding_annotations(*node, &warning);
+          if (!warning.empty() && warned.insert(node->name).second)
+            events.push_back({true, "NodeRailHcas", warning + "; NCCL_IB_HCA left empty (NCCL's own choice)"});
+        }
+      }
       // Bound in slow-start batches like the creates. A failure leaves part of the gang bound; the next
       // reconcile places the rest around it (req.bound).
       SlowStartResult b = run_slow_start(static_cast<int>(unbound.size()), opts_.api_parallelism, [&](int i) {
@@ -992,6 +1036,7 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
                         {"kind", "Binding"},
                         {"metadata", {{"name", unbound[i]}}},
                         {"target", {{"apiVersion", "v1"}, {"kind", "Node"}, {"name", r.nodes[i]}}}};
+        if (!binding_annotations[i].empty()) binding["metadata"]["annotations"] = binding_annotations[i];
         try {
           client_.create_subresource(kube::resources::pods, ns, unbound[i], "binding", binding);
         } catch (const kube::Conflict&) {
@@ -1021,6 +1066,8 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
   }
 
   // Observed state -> conditions and phase.
+  // Bound pods -> their nodes (the mixed-GPU split reads the nodes' GPU types).
+  std::map<std::string, std::string> node_of_pod_name;
   int exist = 0, bound = 0;
   Json placed = Json::array();
   std::vector<std::string> healthy;  // bound, not terminating, not failed; index order
@@ -1036,6 +1083,7 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
     if (node.empty() && node_by_pod.count(pod_name)) node = node_by_pod[pod_name];
     if (!node.empty()) {
       bound++;
+      node_of_pod_name[pod_name] = node;
       placed.push_back(node);
     }
     if (!node.empty() && (it == by_index.end() || phase_of(it->second) != "Failed")) healthy.push_back(pod_name);
@@ -1082,6 +1130,31 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
     if (resized.plan) {
       apply_plan(world_spec, resized.plan->layout);
       auto_plan = resized.plan;
+    }
+  }
+  // Mixed GPU types under auto: the batch split by the speed of the nodes the world's pods are bound to (the plan's
+  // split assumed a proportional share of each type), passed to the workers as parallelism.dpSplit.
+  std::vector<int> dp_split;
+  if (auto_plan && auto_plan->mixed) {
+    const auto inventory = build_inventory(nodes_->list(), pods_->list());
+    std::vector<std::string> pod_types;
+    for (const auto& pod_name : members) {
+      auto it = node_of_pod_name.find(pod_name);
+      if (it == node_of_pod_name.end()) break;
+      for (const NodeInfo& ni : inventory)
+        if (ni.name == it->second) {
+          auto label = ni.labels.find("railyard.dev/gpu-type");
+          pod_types.push_back(label == ni.labels.end() ? "" : label->second);
+        }
+    }
+    if (pod_types.size() == members.size()) {
+      std::optional<MixedSplit> placed_split = mixed_split(world_spec, pod_types);
+      if (placed_split) {
+        auto_plan->status["mixed"] = placed_split->status;
+        dp_split = placed_split->dp_split;
+      } else {
+        auto_plan->status["mixed"] = {{"split", "even"}, {"why", "the pods are bound to nodes of one GPU type"}};
+      }
     }
   }
   if (auto_plan) {
@@ -1202,6 +1275,7 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
       g.config = resolved_config(world_spec, m);
       g.config["spec"] = job["spec"];
       g.config["generation"] = gen;
+      if (!dp_split.empty()) g.config["parallelism"]["dpSplit"] = dp_split;
       if (gen > 1 && job["spec"].contains("checkpoint") && job["spec"]["checkpoint"].contains("path"))
         g.config["restore"] = job["spec"]["checkpoint"]["path"];
       else if (gen > 1 && world_spec.memory_interval_steps > 0)

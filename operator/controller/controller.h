@@ -34,6 +34,8 @@ struct ControllerOptions {
   int api_parallelism = 16;
   PodOptions pod;
   std::chrono::milliseconds unschedulable_retry{5000};
+  // How long a restart caused only by survivors' peer-lost exits waits for the culprit's report (hold_for_culprit).
+  std::chrono::milliseconds culprit_grace{1500};
   std::chrono::seconds resync{30};
   std::string controller_name = "trainingjob";
 };
@@ -71,6 +73,8 @@ class Controller {
     std::string reason, detail, pod, node, detector, uid;
     int rank = -1;
     bool permanent = false;
+    bool peer_lost = false;            // a survivor's exit kExitPeerLost, not the cause
+    std::chrono::milliseconds age{0};  // since the operator received the exit report
   };
   struct PendingEvent {
     bool warning;

@@ -47,4 +47,14 @@ bool replace_into_forming_generation(const FormingGeneration& g, const std::vect
   return true;
 }
 
+std::chrono::milliseconds hold_for_culprit(const std::vector<TriggerFacts>& triggers, std::chrono::milliseconds grace) {
+  if (triggers.empty()) return std::chrono::milliseconds(0);
+  std::chrono::milliseconds oldest{0};
+  for (const TriggerFacts& t : triggers) {
+    if (t.reason != "WorkerExit" || !t.peer_lost || t.permanent) return std::chrono::milliseconds(0);
+    oldest = std::max(oldest, t.age);
+  }
+  return oldest < grace ? grace - oldest : std::chrono::milliseconds(0);
+}
+
 }  // namespace railyard::op

@@ -3,6 +3,7 @@
 // generation is still forming is replaced into that generation instead of opening (and counting) another one.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -38,6 +39,8 @@ struct TriggerFacts {
   std::string reason;  // PodFailed, NodeLost, NodeExcluded, WorkerExit, ...
   std::string pod;
   bool permanent = false;
+  bool peer_lost = false;            // WorkerExit with kExitPeerLost: a survivor whose collective lost a peer
+  std::chrono::milliseconds age{0};  // WorkerExit: since the operator received the report
 };
 
 // The generation a restart opened, while it forms.
@@ -55,5 +58,12 @@ struct FormingGeneration {
 // exit, then by the node going NotReady) is one generation and one restart. Each pod is replaced at most once per
 // generation, so a pod that keeps failing before it joins still spends the restart budget.
 bool replace_into_forming_generation(const FormingGeneration& g, const std::vector<TriggerFacts>& triggers);
+
+// A killed rank's survivors see the loss in their next collective and exit kExitPeerLost, and their reports can reach
+// the operator before the killed rank's own. When every trigger is such a survivor's exit, the restart is held until
+// the oldest report is `grace` old, so the culprit's report (a signal, another code) names the failure instead of a
+// survivor. Returns how much longer to hold: 0 means restart now (some trigger is a cause, or the grace is over).
+// The recovery does not change, only its attribution (status.lastRestart, node exclusion of WorkerExit).
+std::chrono::milliseconds hold_for_culprit(const std::vector<TriggerFacts>& triggers, std::chrono::milliseconds grace);
 
 }  // namespace railyard::op

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "operator/controller/nccl_env.h"
 #include "operator/controller/pod_builder.h"
 
 namespace railyard::op {
@@ -75,6 +76,12 @@ std::vector<NodeInfo> build_inventory(const std::vector<Json>& nodes, const std:
     const Json labels = n["metadata"].value("labels", Json::object());
     for (auto it = labels.begin(); it != labels.end(); ++it)
       if (it.value().is_string()) info.labels[it.key()] = it.value().get<std::string>();
+    const Json annotations = n["metadata"].value("annotations", Json::object());
+    auto annotation = [&](const char* key) {
+      return annotations.contains(key) && annotations[key].is_string() ? annotations[key].get<std::string>() : "";
+    };
+    info.rail_hcas = annotation(kRailHcasAnnotation);
+    info.socket_ifname = annotation(kSocketIfnameAnnotation);
     const Json status = n.value("status", Json::object());
     const Json alloc = status.value("allocatable", status.value("capacity", Json::object()));
     if (alloc.contains(kGpuResource)) info.gpu_allocatable = quantity(alloc[kGpuResource]);

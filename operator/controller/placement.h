@@ -12,6 +12,7 @@
 
 #include "common/metrics/metrics.h"
 #include "operator/controller/job_spec.h"
+#include "operator/planner/cost_model.h"
 
 namespace railyard::op {
 
@@ -28,9 +29,21 @@ struct NodeInfo {
   int64_t gpu_used = 0;        // requested by non-terminated pods bound here
   int worker_pods = 0;         // Railyard worker pods (any job) bound here
   std::set<std::string> jobs;  // "ns/name" of jobs with a pod here
+  // Node annotations for the NCCL settings of GPU pods (operator/controller/nccl_env.h), raw.
+  std::string rail_hcas;      // railyard.dev/rail-hcas
+  std::string socket_ifname;  // railyard.dev/nccl-socket-ifname
 };
 
 inline constexpr const char* kExcludeNodesAnnotation = "railyard.dev/exclude-nodes";
+
+// The job as the planner sees it (operator/planner): the rail-aware scheduler scores candidate placements by the
+// step time the cost model predicts for the hop structure of each placement's groups. `cluster.topology` carries the
+// bandwidth factors; its node counts are ignored (the placement gives the tiers).
+struct PlacementStepModel {
+  plan::Job job;
+  plan::Cluster cluster;
+  plan::Layout layout;
+};
 
 struct PlacementRequest {
   std::string job_key;
@@ -50,6 +63,8 @@ struct PlacementRequest {
   std::vector<int> pod_indices{};
   std::map<int, std::string> bound{};
   int procs_per_pod = 1, tensor = 1, pipeline = 1;
+  // Null: candidates are scored by hop counts alone (weights tensor 4, data 1, pipeline 1).
+  std::shared_ptr<const PlacementStepModel> step_model{};
   // spec.placement: railAware=false places first-fit; hard keeps the gang inside one domain of the widest topology
   // key; topology_keys (narrowest first) replace railyard.dev/unit, leaf, spine.
   bool rail_aware = true;

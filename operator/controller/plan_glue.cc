@@ -7,6 +7,7 @@
 
 #include "common/error.h"
 #include "operator/planner/calibration.h"
+#include "operator/planner/hetero.h"
 #include "operator/planner/search.h"
 
 namespace railyard::op {
@@ -47,6 +48,41 @@ int widest(const std::vector<const NodeInfo*>& nodes, const char* inner, const c
   return std::max<int>(1, static_cast<int>(best));
 }
 
+// GPU nodes per gpu-type label among the ready, schedulable, selected GPU nodes (empty for a CPU job).
+std::map<std::string, int> gpu_types(const JobSpec& spec, const std::vector<NodeInfo>& nodes) {
+  std::map<std::string, int> types;
+  if (spec.device == "cpu") return types;
+  for (const NodeInfo& n : nodes) {
+    if (!n.ready || n.unschedulable || n.gpu_allocatable <= 0) continue;
+    if (!std::all_of(spec.node_selector.begin(), spec.node_selector.end(),
+                     [&n](const auto& kv) { return label_of(n, kv.first.c_str()) == kv.second; }))
+      continue;
+    types[label_of(n, kGpuTypeLabel)]++;
+  }
+  return types;
+}
+
+// The job's pods by type in proportion to the usable nodes of each type (largest remainders), as pod type labels in
+// name order: what the pods are expected to land on before they are placed.
+std::vector<std::string> expected_pod_types(const std::map<std::string, int>& types, int replicas) {
+  int total = 0;
+  for (const auto& [t, c] : types) total += c;
+  std::vector<std::pair<double, std::string>> rest;
+  std::map<std::string, int> take;
+  int given = 0;
+  for (const auto& [t, c] : types) {
+    const double exact = double(replicas) * c / total;
+    take[t] = static_cast<int>(exact);
+    given += take[t];
+    rest.push_back({-(exact - take[t]), t});
+  }
+  std::sort(rest.begin(), rest.end());
+  for (size_t k = 0; given < replicas; ++k, ++given) take[rest[k % rest.size()].second]++;
+  std::vector<std::string> out;
+  for (const auto& [t, c] : take) out.insert(out.end(), c, t);
+  return out;
+}
+
 }  // namespace
 
 plan::Job plan_job(const JobSpec& spec) {
@@ -54,6 +90,7 @@ plan::Job plan_job(const JobSpec& spec) {
   job.model = {
       spec.preset.empty() ? "custom" : spec.preset,         spec.model.layers, spec.model.hidden, spec.model.heads,
       spec.seq_len > 0 ? spec.seq_len : spec.model.seq_len, spec.model.vocab};
+  job.model.dropout = false;  // Railyard's worker trains without dropout: no masks among the stored activations
   job.global_batch = spec.global_batch;
   return job;
 }
@@ -79,6 +116,21 @@ plan::Cluster plan_cluster(const JobSpec& spec, int replicas, const std::vector<
     std::map<std::string, int> types;  // the most common GPU type among the usable GPU nodes
     for (const NodeInfo* n : gpu_nodes) types[label_of(*n, kGpuTypeLabel)]++;
     type = std::max_element(types.begin(), types.end(), [](auto& a, auto& b) { return a.second < b.second; })->first;
+    // Mixed types: the layout must fit on every replica, so it is planned on the smallest usable memory (the speeds
+    // enter through plan_parallelism's mixed estimate).
+    if (types.size() > 1) {
+      double smallest = -1;
+      for (const auto& [t, count] : types) {
+        try {
+          const plan::DeviceProfile d = plan::builtin_profile(t);
+          const double capacity = d.memory_bytes * d.usable_memory_fraction;
+          if (smallest < 0 || capacity < smallest) smallest = capacity, type = t;
+        } catch (const ConfigError&) {
+          type = t;  // reported below with the fix
+          break;
+        }
+      }
+    }
     if (type.empty())
       throw ConfigError(std::string("node label ") + kGpuTypeLabel +
                         " is missing on the GPU nodes: label them (e.g. a100-80gb, h100-sxm, h200) so the planner "
@@ -161,6 +213,50 @@ AutoPlanOutcome plan_parallelism(const JobSpec& spec, int replicas, const std::v
   AutoPlan p;
   p.estimate = plans[0].estimate;
   p.layout = p.estimate.layout;
+  // Mixed GPU types: the best layout above runs with the even split, paced by the slowest type; plain data
+  // parallelism (what the worker's --dp-split runs) can split the batch in proportion to speed instead. Keep the
+  // faster of the two predictions.
+  std::optional<MixedSplit> mixed;
+  double mixed_step = 0;
+  if (const auto types = gpu_types(spec, nodes); types.size() > 1) {
+    const std::vector<std::string> pod_types = expected_pod_types(types, replicas);
+    double even = 0;
+    for (const auto& [t, c] : types) {
+      plan::Cluster typed = cluster;
+      typed.device = plan::builtin_profile(t);  // plan_cluster checked every type
+      even = std::max(even, plan::estimate(job, typed, p.layout).time.step);
+    }
+    mixed_step = even;
+    if (!spec.data && spec.tensor <= 1 && spec.pipeline <= 1 && !spec.deterministic) {
+      plan::SearchOptions dp_only = o;
+      dp_only.tp = 1, dp_only.pp = 1, dp_only.zero = 0;
+      std::optional<plan::Estimate> best_dp;
+      MixedSplit best_split;
+      try {
+        for (const plan::RankedPlan& r : plan::search(job, cluster, dp_only).plans) {
+          JobSpec trial = spec;
+          apply_plan(trial, r.estimate.layout);
+          std::optional<MixedSplit> ms = mixed_split(trial, pod_types);
+          if (ms && !ms->dp_split.empty() && (!best_dp || ms->balanced_step < best_split.balanced_step))
+            best_dp = r.estimate, best_split = *ms;
+        }
+      } catch (const Error&) {
+      }
+      if (best_dp && best_split.balanced_step < even) {
+        p.estimate = *best_dp;
+        p.layout = best_dp->layout;
+        mixed = best_split;
+        mixed_step = best_split.balanced_step;
+      }
+    }
+    if (!mixed) {
+      JobSpec chosen = spec;
+      apply_plan(chosen, p.layout);
+      mixed = mixed_split(chosen, pod_types);
+      if (mixed && mixed->dp_split.empty()) mixed->status["evenStepSeconds"] = even;
+    }
+    if (mixed) mixed->status["expectedPods"] = pod_types;
+  }
   p.device = cluster.device.name;
   const plan::Estimate& e = p.estimate;
   p.message = "planned dp=" + std::to_string(p.layout.dp) + " tp=" + std::to_string(p.layout.tp) +
@@ -186,7 +282,95 @@ AutoPlanOutcome plan_parallelism(const JobSpec& spec, int replicas, const std::v
               {"predictedTokensPerSecond", e.tokens_per_s},
               {"predictedMemoryBytesPerDevice", e.memory.total()},
               {"predictedMfu", e.mfu}};
+  p.mixed = mixed;
+  if (mixed) {
+    // The prediction of the mixed world replaces the homogeneous one (planned on the smallest-memory type).
+    const double tokens = double(spec.global_batch) * job.model.seq;
+    p.status["predictedStepSeconds"] = mixed_step;
+    p.status["predictedTokensPerSecond"] = tokens / mixed_step;
+    p.status["mixed"] = mixed->status;
+    p.message += "; mixed GPU types " + mixed->status["ranksByDevice"].dump() + ": " +
+                 (mixed->dp_split.empty() ? "even split (" + mixed->why_even + ")"
+                                          : "batch split by speed, predicted step " + seconds_text(mixed_step));
+  }
   out.plan = std::move(p);
+  return out;
+}
+
+std::shared_ptr<const PlacementStepModel> placement_step_model(const JobSpec& spec, const WorldLayout& w, int replicas,
+                                                               const std::vector<NodeInfo>& nodes) {
+  auto m = std::make_shared<PlacementStepModel>();
+  m->job = plan_job(spec);
+  try {
+    plan::validate(m->job.model);
+    m->cluster = plan_cluster(spec, replicas, nodes);
+  } catch (const Error&) {
+    return nullptr;  // placement falls back to hop counts; spec validation reports bad shapes
+  }
+  m->cluster.topology.nodes = 0;
+  m->layout.dp = w.data;
+  m->layout.tp = w.tensor;
+  m->layout.pp = w.pipeline;
+  m->layout.micro_batch = std::max(1, spec.micro_batch);
+  m->layout.zero = spec.zero;
+  if (!plan::check_layout(m->job, m->cluster, m->layout).empty()) return nullptr;
+  return m;
+}
+
+std::optional<MixedSplit> mixed_split(const JobSpec& spec, const std::vector<std::string>& pod_types) {
+  if (spec.device == "cpu" || pod_types.empty()) return std::nullopt;
+  std::map<std::string, int> ranks_by_type;
+  for (const std::string& t : pod_types) ranks_by_type[t] += spec.procs_per_replica;
+  if (ranks_by_type.size() < 2) return std::nullopt;
+  MixedSplit out;
+  out.status = {{"ranksByDevice", ranks_by_type}};
+  const WorldLayout w = world_layout(spec, static_cast<int>(pod_types.size()));
+  // The worker splits unevenly only under plain data parallelism with replicated optimizer state (trainer.cc).
+  if (w.tensor > 1 || w.pipeline > 1 || spec.zero > 0 || spec.deterministic) {
+    out.why_even =
+        "the worker splits the batch unevenly only under plain data parallelism (tensor 1, pipeline 1, zero 0, not "
+        "deterministic)";
+    out.status["split"] = "even";
+    out.status["why"] = out.why_even;
+    return out;
+  }
+  // Ranks in order, grouped into runs of one type (estimate_mixed_dp returns the split group by group, in order).
+  std::vector<plan::ReplicaGroup> groups;
+  try {
+    for (const std::string& t : pod_types) {
+      if (groups.empty() || groups.back().device.name != plan::builtin_profile(t).name)
+        groups.push_back({plan::builtin_profile(t), 0});
+      groups.back().replicas += spec.procs_per_replica;
+    }
+  } catch (const ConfigError& e) {
+    out.why_even = std::string("no device profile: ") + e.what();
+    out.status["split"] = "even";
+    out.status["why"] = out.why_even;
+    return out;
+  }
+  const plan::Job job = plan_job(spec);
+  plan::Topology topo;
+  topo.gpus_per_node = spec.procs_per_replica;
+  plan::Layout l;
+  l.micro_batch = std::max(1, spec.micro_batch);
+  try {
+    out.balanced_step = plan::estimate_mixed_dp(job, topo, groups, l, true).step;
+    out.dp_split = plan::estimate_mixed_dp(job, topo, groups, l, true).micro_batches;
+  } catch (const Error& e) {
+    out.why_even = e.what();
+    out.status["split"] = "even";
+    out.status["why"] = out.why_even;
+    return out;
+  }
+  try {
+    out.even_step = plan::estimate_mixed_dp(job, topo, groups, l, false).step;
+  } catch (const Error&) {
+    out.even_step = 0;  // the batch does not divide evenly: only the balanced split runs
+  }
+  out.status["split"] = "balanced";
+  out.status["dpSplit"] = out.dp_split;
+  out.status["balancedStepSeconds"] = out.balanced_step;
+  if (out.even_step > 0) out.status["evenStepSeconds"] = out.even_step;
   return out;
 }
 

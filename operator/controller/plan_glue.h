@@ -3,6 +3,7 @@
 // Pure: no Kubernetes calls, so the glue is unit-tested without a server.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,12 +23,25 @@ plan::Job plan_job(const JobSpec& spec);
 // Throws ConfigError naming the label and the fix when no profile matches.
 plan::Cluster plan_cluster(const JobSpec& spec, int replicas, const std::vector<NodeInfo>& nodes);
 
+// Mixed GPU types (Whale): micro-batches per data-parallel rank in proportion to the speed of each rank's GPU type
+// (plan::estimate_mixed_dp, balanced), for a world whose pods sit on nodes of at least two GPU types.
+struct MixedSplit {
+  std::vector<int> dp_split;  // micro-batches per rank, rank order (the worker's --dp-split); empty: the even split
+  std::string why_even;       // why there is no split (dp_split empty)
+  double even_step = 0;       // predicted step of the even split (0: the batch does not split evenly)
+  double balanced_step = 0;
+  Json status;  // status.plan.mixed
+};
+
 struct AutoPlan {
   plan::Layout layout;  // what the worker runs (dp, tp, pp, micro_batch, zero; never SP/interleave/ZeRO-3)
   plan::Estimate estimate;
   std::string device;   // profile name
   std::string message;  // the event text: the choice, the prediction and why the runner-up lost
   Json status;          // status.plan
+  // Nodes of two or more GPU types: the split expected for the pods' share of each type (the controller recomputes it
+  // from the nodes the pods are bound to).
+  std::optional<MixedSplit> mixed;
 };
 
 struct AutoPlanOutcome {
@@ -38,6 +52,16 @@ struct AutoPlanOutcome {
 // Runs the search for `replicas` pods. Degrees the spec pins (tensor or pipeline other than 1, an explicit data) are
 // kept; zero (0-2) and the micro-batch are chosen.
 AutoPlanOutcome plan_parallelism(const JobSpec& spec, int replicas, const std::vector<NodeInfo>& nodes);
+
+// The planner's view of the job as world `w` of `replicas` pods runs it, for the rail-aware scheduler to score
+// candidate placements by predicted step time (operator/scheduler). Null when the model cannot describe the job: no
+// device profile for the nodes, or a layout the planner rejects (e.g. a tensor group spanning pods).
+std::shared_ptr<const PlacementStepModel> placement_step_model(const JobSpec& spec, const WorldLayout& w, int replicas,
+                                                               const std::vector<NodeInfo>& nodes);
+
+// `pod_types[i]`: the railyard.dev/gpu-type label of the node of the world's pod i. nullopt when the job is on CPUs
+// or on fewer than two GPU types.
+std::optional<MixedSplit> mixed_split(const JobSpec& spec, const std::vector<std::string>& pod_types);
 
 // Writes the chosen degrees into the spec, so that world_layout() and resolved_config() describe the planned world.
 void apply_plan(JobSpec& spec, const plan::Layout& layout);

@@ -2,9 +2,12 @@
 
 #include <openssl/rand.h>
 
+#include <algorithm>
 #include <charconv>
 
 #include "common/error.h"
+#include "operator/controller/nccl_env.h"
+#include "operator/controller/placement.h"
 
 namespace railyard::op {
 
@@ -209,6 +212,12 @@ Json build_worker_pod(const Json& job, const JobSpec& spec, int index, int64_t g
     ports.push_back({{"name", "agent-metrics"}, {"containerPort", opts.agent_metrics_port}, {"protocol", "TCP"}});
   }
   if (!ports.empty()) container["ports"] = ports;
+  // GPU pods: rail-aligned NCCL settings (nccl_env.h). The template's env wins: only names it does not set are added.
+  if (pod_resource({{"spec", {{"containers", Json::array({container})}}}}, kGpuResource) > 0) {
+    for (const Json& e : nccl_pod_env())
+      if (std::none_of(env.begin(), env.end(), [&](const Json& x) { return x.value("name", "") == e["name"]; }))
+        env.push_back(e);
+  }
   container["env"] = env;
   apply_security_defaults(container, pod_spec);
   add_writable_mounts(container, pod_spec);

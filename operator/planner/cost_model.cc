@@ -233,7 +233,9 @@ std::string check_layout(const Job& job, const Cluster& c, const Layout& l) {
   return "";
 }
 
-Estimate estimate(const Job& job, const Cluster& c, const Layout& l) {
+Estimate estimate(const Job& job, const Cluster& c, const Layout& l) { return estimate(job, c, l, PlacedTiers{}); }
+
+Estimate estimate(const Job& job, const Cluster& c, const Layout& l, const PlacedTiers& placed) {
   const std::string why = check_layout(job, c, l);
   if (!why.empty()) throw ConfigError("layout " + describe(l) + ": " + why);
   const ModelShape& m = job.model;
@@ -259,6 +261,8 @@ Estimate estimate(const Job& job, const Cluster& c, const Layout& l) {
       pp_tier = std::max(pp_tier, tier_of_block(k * stage_nodes, std::max<long long>(2, 2 * stage_nodes), topo));
     }
   }
+  if (placed.dp >= 0) dp_tier = static_cast<Tier>(std::min<int>(placed.dp, kSpine));
+  if (placed.pp >= 0) pp_tier = static_cast<Tier>(std::min<int>(placed.pp, kSpine));
   e.dp_tier = l.dp == 1 ? "none" : kTierNames[dp_tier];
   const Link tp_link = nvlink(d), dp_link = rail(d, topo, dp_tier), pp_link = rail(d, topo, pp_tier);
 

@@ -68,6 +68,14 @@ struct Topology {
   double spine_bandwidth_factor = 1;
 };
 
+// Where a placement actually put the groups (the rail-aware scheduler scores its candidates with this): the tier of
+// the narrowest switch domain holding the worst data-parallel group and the worst pair of adjacent pipeline stages,
+// 0 node (NVLink), 1 unit, 2 leaf, 3 spine. -1: the packed placement estimate() assumes.
+struct PlacedTiers {
+  int dp = -1;
+  int pp = -1;
+};
+
 struct Cluster {
   DeviceProfile device;
   Topology topology;
@@ -140,6 +148,8 @@ std::string check_layout(const Job& job, const Cluster& cluster, const Layout& l
 
 // The estimate of one layout; throws railyard::ConfigError with check_layout's reason when the layout is invalid.
 Estimate estimate(const Job& job, const Cluster& cluster, const Layout& layout);
+// The same for a placement whose groups sit at the given tiers (the rail-aware scheduler's candidates).
+Estimate estimate(const Job& job, const Cluster& cluster, const Layout& layout, const PlacedTiers& placed);
 
 // The 1F1B pipeline bubble as a fraction of the pipeline's time: (p-1)/(v*m + p-1).
 double bubble_fraction(int pp, int micro_batches, int interleave);

@@ -40,6 +40,9 @@ struct WorkerExit {
   int exit_code = -1;  // -1 when killed by a signal
   int signal = 0;      // 0 when it exited normally
   std::string reason = "exited";
+  // When the operator received the report (set by Controller::report_exit): how long a survivor's peer-lost exit has
+  // waited for the culprit's own report (op::hold_for_culprit).
+  std::chrono::steady_clock::time_point received{};
 };
 
 // The world did not complete within join_timeout after a pod started waiting for it.

@@ -1,6 +1,7 @@
 #include "operator/scheduler/rail_aware.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <numeric>
@@ -58,6 +59,43 @@ GangCost gang_cost(const Topology& topo, const std::vector<int>& node_of_pod, co
   }
   c.mean_hops = counted ? static_cast<double>(hop_sum) / counted : 0.0;
   return c;
+}
+
+plan::PlacedTiers placed_tiers(const Topology& topo, const std::vector<int>& node_of_pod, int procs_per_pod, int tensor,
+                               int pipeline) {
+  plan::PlacedTiers out{0, 0};
+  const int p = std::max(1, procs_per_pod);
+  const long long ranks = static_cast<long long>(node_of_pod.size()) * p;
+  const long long tp = std::max(1, tensor), pp = std::max(1, pipeline);
+  if (ranks % (tp * pp) != 0) return out;
+  const long long dp = ranks / (tp * pp);
+  auto node = [&](long long t, long long d, long long s) { return node_of_pod[(t + tp * (d + dp * s)) / p]; };
+  // The planner's tiers stop at the spine; wider (across spines) counts as the spine.
+  auto tier = [&](int a, int b) { return a < 0 || b < 0 ? 0 : std::min(topo.tier(a, b), 3); };
+  for (long long s = 0; s < pp; ++s)
+    for (long long t = 0; t < tp; ++t) {
+      // The narrowest domain holding a group is the widest tier between its first member and any other.
+      int first = -1;
+      for (long long d = 0; d < dp; ++d) {
+        const int n = node(t, d, s);
+        if (n < 0) continue;
+        if (first < 0) first = n;
+        out.dp = std::max(out.dp, tier(first, n));
+        if (s + 1 < pp) out.pp = std::max(out.pp, tier(n, node(t, d, s + 1)));
+      }
+    }
+  return out;
+}
+
+double predicted_step(const PlacementStepModel& model, const Topology& topo, const std::vector<int>& node_of_pod,
+                      int procs_per_pod) {
+  plan::Cluster c = model.cluster;
+  c.topology.gpus_per_node = std::max(1, procs_per_pod);
+  c.topology.nodes = 0;  // the placement says where the pods are
+  c.gpus = static_cast<int>(node_of_pod.size()) * c.topology.gpus_per_node;
+  const plan::Layout& l = model.layout;
+  if (!plan::check_layout(model.job, c, l).empty()) return -1;
+  return plan::estimate(model.job, c, l, placed_tiers(topo, node_of_pod, procs_per_pod, l.tp, l.pp)).time.step;
 }
 
 namespace {
@@ -167,24 +205,47 @@ class Search {
     std::vector<int> nodes;
     GangCost cost;
     int level = -1, domain = -1;
+    double step = -1;  // the cost model's step time (seconds), -1 without a model
   };
 
   Choice best(int max_level, const std::vector<CommEdge>& edges, const std::vector<int>& indices, int gang) const {
     const int pods = static_cast<int>(indices.size());
     const int total_anchors = static_cast<int>(anchor_nodes_.size());
+    // The replica orders tried on each candidate's nodes (in topology order): the rank order (stages contiguous, so
+    // data-parallel groups share the nearest nodes) and, when the cost model can tell them apart (dp and pp > 1),
+    // pipelines contiguous (adjacent stages share the nearest nodes).
+    std::vector<std::vector<int>> orders{indices};
+    const PlacementStepModel* model = req_.step_model.get();
+    if (model && req_.pipeline > 1) {
+      const long long p = std::max(1, req_.procs_per_pod), tp = std::max(1, req_.tensor), pp = req_.pipeline;
+      const long long ranks = static_cast<long long>(gang) * p;
+      if (ranks % (tp * pp) == 0 && ranks / (tp * pp) > 1) {
+        const long long dp = ranks / (tp * pp);
+        std::vector<int> by_pipeline = indices;
+        auto key = [&](int replica) {
+          const long long r = replica * p;
+          return std::make_tuple((r / tp) % dp, r / (tp * dp), r % tp);
+        };
+        std::stable_sort(by_pipeline.begin(), by_pipeline.end(), [&](int a, int b) { return key(a) < key(b); });
+        if (by_pipeline != indices) orders.push_back(std::move(by_pipeline));
+      }
+    }
+    using Key = std::tuple<double, int64_t, std::vector<int>, std::string>;
+    // The predicted step decides unless two are within 0.1% (the same hop structure); then today's rules: least hop
+    // cost, the preferred node affinity, the fullest domain, ..., the name.
+    auto better = [](double step_a, const Key& a, double step_b, const Key& b) {
+      if (step_a >= 0 && step_b >= 0 && std::abs(step_a - step_b) > 1e-3 * std::min(step_a, step_b))
+        return step_a < step_b;
+      return a < b;
+    };
     for (int l = 0; l <= max_level; ++l) {
       Choice best;
-      std::tuple<double, int64_t, std::vector<int>, std::string> best_key;
+      Key best_key;
       for (int d = 0; d < domains(l); ++d) {
         if (count_[l][d] < pods || anchors_[l][d] != total_anchors) continue;
         std::vector<int> chosen;
         select(l, d, pods, chosen);
         order(chosen);
-        std::vector<int> node_of_pod(gang, -1);
-        for (const auto& [index, node] : req_.bound)
-          if (index >= 0 && index < gang) node_of_pod[index] = topo_.index(node);
-        for (int k = 0; k < pods; ++k) node_of_pod[indices[k]] = chosen[k];
-        GangCost c = gang_cost(topo_, node_of_pod, edges);
         // Least cost, then the user's preferred node affinity, then the fullest domain, then the fullest parent, ...
         // (best fit leaves the emptier domains whole for larger gangs).
         int64_t preferred = 0;
@@ -192,10 +253,21 @@ class Search {
         std::vector<int> fullness{count_[l][d]};
         if (const int rep = any_node(l, d); rep >= 0)
           for (int up = l + 1; up <= levels_; ++up) fullness.push_back(count_[up][dom(rep, up)]);
-        auto key = std::make_tuple(c.cost, -preferred, fullness, domain_name(l, d));
-        if (best.nodes.empty() || key < best_key) {
-          best = {std::move(chosen), c, l, d};
-          best_key = key;
+        for (const std::vector<int>& replicas : orders) {
+          std::vector<int> node_of_pod(gang, -1);
+          for (const auto& [index, node] : req_.bound)
+            if (index >= 0 && index < gang) node_of_pod[index] = topo_.index(node);
+          for (int k = 0; k < pods; ++k) node_of_pod[replicas[k]] = chosen[k];
+          GangCost c = gang_cost(topo_, node_of_pod, edges);
+          const double step = model ? predicted_step(*model, topo_, node_of_pod, req_.procs_per_pod) : -1;
+          Key key = std::make_tuple(c.cost, -preferred, fullness, domain_name(l, d));
+          if (best.nodes.empty() || better(step, key, best.step, best_key)) {
+            // Nodes in the order of `indices` (the pods the caller asked for).
+            std::vector<int> nodes(pods);
+            for (int k = 0; k < pods; ++k) nodes[k] = node_of_pod[indices[k]];
+            best = {std::move(nodes), c, l, d, step};
+            best_key = key;
+          }
         }
       }
       if (!best.nodes.empty()) return best;
@@ -350,6 +422,11 @@ PlacementResult RailAwarePlacement::place(const PlacementRequest& req, const std
                             ? topo.level_noun(choice.level) + " " + s.domain_name(choice.level, choice.domain)
                             : "whole cluster";
     r.message = "rail-aware: " + where + ", " + r.message;
+    if (choice.step >= 0) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, ", predicted step %.3g s", choice.step);
+      r.message += buf;
+    }
     if (!avoid) r.message += " (uses a node that lost a pod of the job: nothing else fits)";
     return r;
   }

@@ -30,6 +30,18 @@ struct GangCost {
 // `node_of_pod[replica]` is a topology index, or -1 for a replica that is not placed (its edges are skipped).
 GangCost gang_cost(const Topology& topo, const std::vector<int>& node_of_pod, const std::vector<CommEdge>& edges);
 
+// The worst tier of the placed gang's groups in the planner's terms (operator/planner PlacedTiers: 0 same pod/node,
+// 1 unit, 2 leaf, 3 spine or wider): over the data-parallel groups (the narrowest domain holding all members) and
+// over adjacent pipeline stages. Ranks are tensor-fastest, then data, then pipeline; pod r holds ranks r*P..r*P+P-1.
+// Unplaced pods (-1) are skipped.
+plan::PlacedTiers placed_tiers(const Topology& topo, const std::vector<int>& node_of_pod, int procs_per_pod, int tensor,
+                               int pipeline);
+
+// The cost model's step time (seconds) for the gang placed as `node_of_pod`, or a negative value when the model does
+// not apply (a tensor group spanning pods, a layout the planner rejects).
+double predicted_step(const PlacementStepModel& model, const Topology& topo, const std::vector<int>& node_of_pod,
+                      int procs_per_pod);
+
 class RailAwarePlacement : public Placement {
  public:
   PlacementResult place(const PlacementRequest& req, const std::vector<NodeInfo>& nodes) override;

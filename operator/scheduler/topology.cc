@@ -4,6 +4,8 @@
 #include <cctype>
 #include <map>
 
+#include "operator/controller/nccl_env.h"
+
 namespace railyard::op::sched {
 
 namespace {
@@ -70,16 +72,7 @@ Topology::Topology(const std::vector<NodeInfo>& nodes, std::vector<std::string> 
       if (fresh) domain_names_[l].push_back(display[l]);
       domain_[l][i] = it->second;
     }
-    int rails = 0;
-    if (auto it = node.labels.find(kRailsLabel); it != node.labels.end()) {
-      try {
-        rails = std::stoi(it->second);
-      } catch (...) {
-        rails = 0;
-      }
-    }
-    if (rails <= 0) rails = static_cast<int>(std::max<int64_t>(1, node.gpu_allocatable));
-    rails_.push_back(rails);
+    rails_.push_back(node_rails(node));
     auto gt = node.labels.find(kGpuTypeLabel);
     GpuLinks links = links_for(gt == node.labels.end() ? "" : gt->second);
     nvlink_gbps_.push_back(links.nvlink);

@@ -1,29 +1,46 @@
 #!/usr/bin/env bash
-# Runs the GPU checks on a machine with NVIDIA GPUs and says what it checked. Not run in CI or on the development
-# machine (no GPU there): CI only compiles and links the CUDA/NCCL path.
+# Runs the GPU checks and the GPU throughput benchmark on a machine with NVIDIA GPUs and says what it checked. Not run
+# in CI or on the development machine (no GPU there): CI only compiles and links the CUDA/NCCL path. See docs/gpu.md.
 #   tests/gpu/run.sh [build-dir]     (default: build-gpu next to this repo's root)
 # Checks, in order:
-#   1. the NCCL backend of worker/comm (ctest worker_comm_nccl: all-reduce over every GPU, up to 4, checked on the host)
+#   1. the NCCL backend of worker/comm: ctest worker_comm_nccl (all-reduce over every GPU, up to 4) and, with 2 or more
+#      GPUs, worker_comm_nccl_gpu (every Communicator operation over NCCL equals the Gloo backend's result on the same
+#      inputs, in the world and in split groups; the watchdog aborts a collective a rank never joins and names it).
+#      NCCL's bootstrap stays on 127.0.0.1: the tests set NCCL_COMM_ID to a loopback port and NCCL_SOCKET_IFNAME=lo.
 #   2. the CUDA kernels: ctest worker_cuda_unit (launch plans, device selection) and worker_cuda_parity (every kernel
 #      of worker/kernels/cuda against its CPU twin on random inputs; fp32 kernels to 1e-5, bf16 cuBLASLt GEMMs to 1e-3).
-#      worker_cuda_parity exits 77 (CTest: Skipped) when it sees no GPU; here a skip counts as a failure.
-#   3. every other test labelled `gpu` (the CPU-vs-GPU equivalence tests of the worker register under that label)
+#   3. every other test labelled `gpu` (the CPU-vs-GPU equivalence tests of the worker register under that label).
+#   4. the throughput benchmark: `railyard-worker train --device cuda` on GPU 0 for gpt2-124m and gpt2-350m (T=1024,
+#      random-init weights, this repo's docs as the token data), tokens/s and MFU against the GPU's dense bf16 peak
+#      (A100 312, H100 SXM / H200 989, H100 NVL 835, H100 PCIe 756 TFLOP/s; RAILYARD_PEAK_TFLOPS overrides, and is
+#      required for other GPUs), printed as a table. Median over the steps after the first 3 (warm-up).
+#      `--device` is the trainer flag of issue #11's device abstraction (branch h/gpudev at the time of writing).
+# A test that CTest reports as Skipped counts as failed here (there is a GPU); worker_comm_nccl_gpu on a 1-GPU machine
+# is listed as "not run" instead (NCCL needs one GPU per rank).
+# Environment: BENCH=0 skips 4; BENCH_STEPS (default 20); BENCH_BATCH_124M (default 16), BENCH_BATCH_350M (default 8):
+# sequences per step (no gradient accumulation); RAILYARD_PEAK_TFLOPS: the peak MFU is measured against.
 # Exit status: 0 when everything checked passed, 1 when a check failed, 2 when there is no GPU.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$root/build-gpu}
 
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
-  echo "tests/gpu/run.sh: no usable NVIDIA GPU (nvidia-smi -L failed); nothing checked" >&2
+  echo "tests/gpu/run.sh: no usable NVIDIA GPU (nvidia-smi -L failed); nothing checked, nothing measured" >&2
   exit 2
 fi
-echo "GPUs:"; nvidia-smi -L
+echo "GPUs:"
+nvidia-smi -L
+gpus=$(nvidia-smi -L | grep -c '^GPU ')
+gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 | head -1)
+driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader -i 0 | head -1)
 
-cmake -S "$root" -B "$build" -DRAILYARD_CUDA=ON >/dev/null
-cmake --build "$build" -j"$(nproc)" --target worker_comm_nccl worker_cuda_unit worker_cuda_parity
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DRAILYARD_CUDA=ON >/dev/null
+cmake --build "$build" -j"$(nproc)" --target worker_comm_nccl worker_comm_nccl_gpu worker_cuda_unit worker_cuda_parity \
+  railyard-worker railyard
 checked=()
 failed=()
-run() {  # run <description> <ctest args...>: a skipped test counts as failed here (there is a GPU)
+not_run=()
+run() { # run <description> <ctest args...>: a skipped test counts as failed here (there is a GPU)
   local what=$1
   shift
   local out
@@ -34,16 +51,83 @@ run() {  # run <description> <ctest args...>: a skipped test counts as failed he
   fi
   printf '%s\n' "$out"
 }
-run "worker/comm NCCL backend: all_reduce + all_gather over every GPU" -R '^worker_comm_nccl$'
+run "worker/comm NCCL backend: all_reduce over every GPU" -R '^worker_comm_nccl$'
+if [ "$gpus" -ge 2 ]; then
+  run "worker/comm NCCL backend: every operation equals Gloo's; the watchdog aborts and names a hung all_reduce" \
+    -R '^worker_comm_nccl_gpu$'
+else
+  not_run+=("worker_comm_nccl_gpu: needs 2 GPUs, this machine has $gpus")
+fi
 run "worker/kernels/cuda launch plans and device selection" -R '^worker_cuda_unit$'
 run "worker/kernels/cuda parity with the CPU kernels (all kernels, cuBLASLt GEMMs)" -R '^worker_cuda_parity$'
-if (cd "$build" && ctest -N -L gpu -E '^worker_cuda_parity$' | grep -q 'Total Tests: [1-9]'); then
+others='^(worker_cuda_parity|worker_comm_nccl_gpu)$'
+if (cd "$build" && ctest -N -L gpu -E "$others" | grep -q 'Total Tests: [1-9]'); then
   cmake --build "$build" -j"$(nproc)"
-  run "other tests labelled gpu: $(cd "$build" && ctest -N -L gpu -E '^worker_cuda_parity$' | grep -c 'Test #')" \
-    -L gpu -E '^worker_cuda_parity$'
+  run "other tests labelled gpu: $(cd "$build" && ctest -N -L gpu -E "$others" | grep -c 'Test #')" -L gpu -E "$others"
 fi
+
+# Dense bf16 tensor-core peak of one GPU in TFLOP/s, from the name nvidia-smi reports; empty when unknown.
+peak_tflops() {
+  case "$1" in
+    *H200*) echo 989 ;;
+    *H100*PCIe*) echo 756 ;;
+    *H100*NVL*) echo 835 ;;
+    *H100*) echo 989 ;; # SXM ("NVIDIA H100 80GB HBM3")
+    *A100*) echo 312 ;;
+    *) echo "" ;;
+  esac
+}
+
+# median of the numbers on stdin
+median() { sort -g | awk '{v[NR]=$1} END {if (NR == 0) exit 1; print (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2}'; }
+# json_field FIELD FILE: the values of "FIELD": in the step lines of a --log-json file, after the first 3 steps
+json_field() {
+  grep '"event":"step"' "$2" | tail -n +4 | grep -o "\"$1\":[-0-9.eE+]*" | cut -d: -f2
+}
+
+if [ "${BENCH:-1}" != 0 ]; then
+  peak=${RAILYARD_PEAK_TFLOPS:-$(peak_tflops "$gpu_name")}
+  if [ -z "$peak" ]; then
+    failed+=("benchmark: no known dense bf16 peak for '$gpu_name'; set RAILYARD_PEAK_TFLOPS")
+  else
+    work=$(mktemp -d /tmp/railyard-gpu-bench.XXXXXX)
+    trap 'rm -rf "$work"' EXIT
+    "$build/bin/railyard" data prepare --input "$root"/docs/*.md "$root"/README.md --output "$work/data" >/dev/null
+    steps=${BENCH_STEPS:-20}
+    rows=()
+    for model in gpt2-124m gpt2-350m; do
+      case $model in
+        gpt2-124m) batch=${BENCH_BATCH_124M:-16} ;;
+        *) batch=${BENCH_BATCH_350M:-8} ;;
+      esac
+      log="$work/$model.jsonl"
+      echo "benchmark: $model, batch $batch x 1024 tokens, $steps steps on GPU 0 ($gpu_name)"
+      if CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} "$build/bin/railyard-worker" train --device cuda \
+        --model "$model" --data "$work/data" --batch "$batch" --seq 1024 --steps "$steps" --warmup 0 \
+        --peak-flops "${peak}e12" --log-json "$log" >"$work/$model.out" 2>&1 &&
+        tps=$(json_field tokens_per_s "$log" | median) && mfu=$(json_field mfu "$log" | median); then
+        rows+=("$(printf '| %-10s | %5s x 1024 | %12.0f | %6.1f%% |' "$model" "$batch" "$tps" "$(awk -v m="$mfu" 'BEGIN {print 100 * m}')")")
+        checked+=("benchmark $model")
+      else
+        tail -n 20 "$work/$model.out" >&2
+        failed+=("benchmark $model (railyard-worker train --device cuda failed or logged fewer than 4 steps)")
+      fi
+    done
+    echo
+    echo "Throughput on $gpu_name (driver $driver), dense bf16 peak $peak TFLOP/s, $(date -u +%Y-%m-%d):"
+    echo "| model      | batch x seq  |     tokens/s |    MFU |"
+    echo "|------------|--------------|--------------|--------|"
+    printf '%s\n' "${rows[@]}"
+    echo "(MFU: the trainer's FLOP/s (docs/worker.md, flops_per_token) over the peak; goal: gpt2-124m >= 45% on one H100)"
+  fi
+fi
+
 echo "checked:"
 printf '  - %s\n' "${checked[@]}"
+if [ ${#not_run[@]} -gt 0 ]; then
+  echo "not run:"
+  printf '  - %s\n' "${not_run[@]}"
+fi
 if [ ${#failed[@]} -gt 0 ]; then
   echo "FAILED:"
   printf '  - %s\n' "${failed[@]}"

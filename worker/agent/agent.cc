@@ -392,7 +392,11 @@ class AgentRun {
     std::vector<std::string> base_env;
     for (char** e = environ; *e != nullptr; ++e) {
       std::string kv = *e;
-      if (!kOverridden.count(kv.substr(0, kv.find('=')))) base_env.push_back(std::move(kv));
+      if (kOverridden.count(kv.substr(0, kv.find('=')))) continue;
+      // NCCL_* from the downward API read as empty when the Binding had no value for them (operator nccl_env.h):
+      // unset, not empty, is NCCL's "choose yourself".
+      if (kv.rfind("NCCL_", 0) == 0 && kv.back() == '=') continue;
+      base_env.push_back(std::move(kv));
     }
     const std::string exec_error = "railyard agent: cannot exec the worker command \"" + command.front() +
                                    "\" (not found or not executable); exit code 127\n";

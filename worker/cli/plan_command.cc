@@ -36,7 +36,7 @@ constexpr const char* kPlanUsage =
     R"(usage: railyard plan (--model NAME | --layers L --hidden H --heads A --seq S --vocab V)
                      --global-batch B [--gpus N] [--gpu TYPE|FILE] [--topology FILE] [--tokens T]
                      [--top N] [--json] [--tp N] [--pp N] [--dp N] [--micro-batch N] [--zero 0-3]
-                     [--recompute none|selective|full] [--sp on|off] [--interleave V]
+                     [--recompute none|selective|full] [--sp on|off] [--interleave V] [--dropout on|off]
        railyard plan ... --mixed TYPE:GPUS,TYPE:GPUS [--tp N] [--pp N] ...
        railyard plan --calibrate [--output FILE] [--threads N] [--clock cpu|wall]
 
@@ -52,6 +52,8 @@ with the memory and time breakdown, tokens/s, TFLOP/s per GPU, MFU and days to t
                  unit, 20 units per leaf (the rail-optimised layout of the Baidu article)
   --tokens       token budget, e.g. 300e9 (for "days")
   --tp/--pp/...  pin a choice instead of searching it
+  --dropout      off (default): activations as Railyard's worker stores them (it trains without dropout); on: with
+                 the dropout masks of Megatron/GPT-3 recipes (use it to compare with their published runs)
   --mixed        TYPE:GPUS,TYPE:GPUS... a cluster of several GPU types (replaces --gpu/--gpus): plans the layout
                  on the smallest-memory type, then compares the even batch split with the speed-balanced one
   --calibrate    measure this machine's GEMM rate, memory bandwidth and attention kernel into a CPU profile
@@ -507,9 +509,9 @@ int run_mixed(const plan::Job& job, std::map<std::string, std::string>& f) {
 
 int run_plan(const Args& args) {
   static const std::vector<std::string> kValueFlags = {
-      "model", "layers",    "hidden", "heads",      "seq",    "vocab",   "global-batch", "gpus",
-      "gpu",   "topology",  "tokens", "top",        "tp",     "pp",      "dp",           "micro-batch",
-      "zero",  "recompute", "sp",     "interleave", "output", "threads", "clock",        "mixed"};
+      "model",    "layers",     "hidden", "heads",   "seq",   "vocab", "global-batch", "gpus", "gpu",
+      "topology", "tokens",     "top",    "tp",      "pp",    "dp",    "micro-batch",  "zero", "recompute",
+      "sp",       "interleave", "output", "threads", "clock", "mixed", "dropout"};
   static const std::vector<std::string> kSwitches = {"json", "calibrate"};
   std::map<std::string, std::string> f;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -571,6 +573,11 @@ int run_plan(const Args& args) {
                      std::to_string(model.heads)};
   }
   if (!f.count("global-batch")) throw UsageError{"--global-batch (sequences per step) is required"};
+  model.dropout = false;  // what Railyard's worker runs
+  if (f.count("dropout")) {
+    if (f["dropout"] != "on" && f["dropout"] != "off") throw UsageError{"--dropout must be on or off"};
+    model.dropout = f["dropout"] == "on";
+  }
   plan::Job job;
   job.model = model;
   job.global_batch = positive_int("--global-batch", f["global-batch"]);
@@ -645,13 +652,10 @@ int run_plan(const Args& args) {
   const bool json = f.count("json") > 0;
   if (json) {
     nlohmann::json j;
-    j["model"] = {{"name", model.name},
-                  {"layers", model.layers},
-                  {"hidden", model.hidden},
-                  {"heads", model.heads},
-                  {"seq", model.seq},
-                  {"vocab", model.vocab},
-                  {"parameters", plan::parameter_count(model)}};
+    j["model"] = {{"name", model.name},       {"layers", model.layers},
+                  {"hidden", model.hidden},   {"heads", model.heads},
+                  {"seq", model.seq},         {"vocab", model.vocab},
+                  {"dropout", model.dropout}, {"parameters", plan::parameter_count(model)}};
     j["cluster"] = {{"gpus", cluster.gpus},
                     {"gpu", cluster.device.name},
                     {"gpusPerNode", cluster.topology.gpus_per_node},

@@ -5,12 +5,14 @@
 
 #include <chrono>
 #include <cstring>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "worker/comm/tcp_store.h"
+#include "worker/comm/watchdog.h"
 
 namespace railyard::worker::comm {
 namespace {
@@ -65,6 +67,11 @@ struct P2pOp {
 };
 struct Batch {
   std::vector<P2pOp> ops;
+  size_t bytes() const {
+    size_t n = 0;
+    for (const auto& p : ops) n += p.count * dtype_size(p.dtype);
+    return n;
+  }
   cudaEvent_t done = nullptr;
   bool launched = false;
   ~Batch() {
@@ -72,6 +79,11 @@ struct Batch {
   }
 };
 
+// Deadlines: every blocking call registers its operation with the State's Watchdog (worker/comm/watchdog.h) for
+// timeout(); when one expires the watchdog thread calls ncclCommAbort (freeing the GPU from kernels spinning on a dead
+// peer) and the caller, polling for completion, throws CommTimeout naming the operation. `comm` is guarded by `mu`
+// because the watchdog thread aborts it while the caller polls it; every NCCL call on it is made under `mu`.
+//
 // The stream is an ordinary (blocking) stream: it orders after work on the legacy default stream, so buffers written
 // by kernels there are complete before a collective reads them. Work on other streams must be synchronized by the
 // caller; calls return only when the NCCL work is done, so results can be read right after on any stream.
@@ -85,6 +97,8 @@ struct State {
   int rank = 0;
   int size = 1;
   std::chrono::milliseconds timeout{30000};
+  std::mutex mu;                  // guards comm (see above)
+  std::unique_ptr<Watchdog> dog;  // started before the communicator is created, stopped first
   bool aborted = false;
   std::string error;
   std::shared_ptr<Batch> pending;  // isend/irecv not launched yet
@@ -92,6 +106,7 @@ struct State {
   void* scratch = nullptr;         // barrier's device word
 
   ~State() {
+    dog.reset();  // joins the watchdog thread: nothing else touches comm from here on
     if (comm) {
       // A healthy communicator is finalized (flushes outstanding work) and destroyed; one that does not finish within
       // the deadline is aborted. A failed one was aborted already (comm == nullptr).
@@ -119,18 +134,22 @@ struct State {
     if (aborted) throw CommError(where(op) + ": communicator was aborted");
     if (!error.empty()) throw CommError(where(op) + ": communicator is unusable after an earlier error: " + error);
   }
+  void start_watchdog() {
+    dog = std::make_unique<Watchdog>([this](const ExpiredOp&) { abort_comm(); });
+  }
   void abort_comm() {
+    std::lock_guard lock(mu);
     if (comm) {
       ncclCommAbort(comm);
       comm = nullptr;
     }
   }
   [[noreturn]] void fail(const std::string& op, const std::string& detail, bool timed_out, int peer = -1) {
-    std::string msg =
-        where(op) + ": " +
-        (timed_out ? "timed out after " + std::to_string(timeout.count()) + " ms" : std::string("failed")) +
-        (peer >= 0 ? " waiting for rank " + std::to_string(peer) : std::string()) +
-        (detail.empty() ? std::string() : " (" + detail + ")");
+    std::string msg = where(op) + ": " +
+                      (timed_out ? "timed out after " + std::to_string(timeout.count()) + " ms, aborted by the watchdog"
+                                 : std::string("failed")) +
+                      (peer >= 0 ? " waiting for rank " + std::to_string(peer) : std::string()) +
+                      (detail.empty() ? std::string() : " (" + detail + ")");
     if (error.empty()) error = msg;
     abort_comm();  // frees the GPU from kernels that would spin forever on the dead peer
     if (timed_out) throw CommTimeout(msg);
@@ -141,19 +160,49 @@ struct State {
   // wait()), anything else is an error.
   void nccl_call(ncclResult_t r, const std::string& op, const char* call) {
     if (r == ncclSuccess || r == ncclInProgress) return;
-    fail(op, std::string(call) + ": " + ncclGetErrorString(r) + (comm ? std::string(" ") + ncclGetLastError(comm) : ""),
-         false);
+    std::string last;
+    {
+      std::lock_guard lock(mu);
+      if (comm) last = std::string(" ") + ncclGetLastError(comm);
+    }
+    fail(op, std::string(call) + ": " + ncclGetErrorString(r) + last, false);
   }
 
-  // Waits for the comm's pending state and, when given, an event, with the deadline; aborts on error or timeout.
-  void wait_done(const std::string& op, cudaEvent_t event, Clock::time_point deadline, int peer = -1) {
+  // Runs `call` (an NCCL call on comm) under mu; a communicator the watchdog aborted is reported as the timeout.
+  template <class Call>
+  ncclResult_t locked(const std::string& op, Call&& call) {
+    {
+      std::lock_guard lock(mu);
+      if (comm) return call();
+    }
+    timed_out_or_aborted(op, -1);
+  }
+  [[noreturn]] void timed_out_or_aborted(const std::string& op, int peer) {
+    if (auto f = dog->failure()) fail(op, describe(*f), true, peer);
+    fail(op, "communicator was aborted", false, peer);
+  }
+
+  // Waits for the comm's pending state and, when given, an event; aborts on error. The deadline is the watchdog's:
+  // callers hold a WatchedOp for the operation.
+  void wait_done(const std::string& op, cudaEvent_t event, int peer = -1) {
     for (;;) {
+      if (dog->failure()) timed_out_or_aborted(op, peer);
       ncclResult_t st = ncclSuccess;
-      ncclResult_t r = ncclCommGetAsyncError(comm, &st);
-      if (r != ncclSuccess) fail(op, std::string("ncclCommGetAsyncError: ") + ncclGetErrorString(r), false, peer);
-      if (st != ncclSuccess && st != ncclInProgress) {
-        fail(op, std::string(ncclGetErrorString(st)) + " " + ncclGetLastError(comm), false, peer);
+      ncclResult_t r = ncclSuccess;
+      bool alive = false;
+      std::string last;
+      {
+        std::lock_guard lock(mu);
+        if (comm) {
+          alive = true;
+          r = ncclCommGetAsyncError(comm, &st);
+          if (r == ncclSuccess && st != ncclSuccess && st != ncclInProgress) last = ncclGetLastError(comm);
+        }
       }
+      if (!alive) timed_out_or_aborted(op, peer);  // the watchdog aborted it between our checks
+      if (r != ncclSuccess) fail(op, std::string("ncclCommGetAsyncError: ") + ncclGetErrorString(r), false, peer);
+      if (st != ncclSuccess && st != ncclInProgress)
+        fail(op, std::string(ncclGetErrorString(st)) + " " + last, false, peer);
       bool launched = st == ncclSuccess;
       if (launched && event == nullptr) return;
       if (launched) {
@@ -161,7 +210,6 @@ struct State {
         if (q == cudaSuccess) return;
         if (q != cudaErrorNotReady) fail(op, std::string("cudaEventQuery: ") + cudaGetErrorString(q), false, peer);
       }
-      if (Clock::now() >= deadline) fail(op, "", true, peer);
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }
@@ -173,15 +221,21 @@ struct State {
     pending.reset();
     cuda_check(cudaSetDevice(device), where(op) + ": cudaSetDevice");
     cuda_check(cudaEventCreateWithFlags(&batch->done, cudaEventDisableTiming), where(op) + ": cudaEventCreate");
-    ncclResult_t r = ncclGroupStart();
-    for (const auto& p : batch->ops) {
-      if (r != ncclSuccess && r != ncclInProgress) break;
-      r = p.is_send ? ncclSend(p.buf, p.count, nccl_type(p.dtype), p.peer, comm, stream)
-                    : ncclRecv(p.buf, p.count, nccl_type(p.dtype), p.peer, comm, stream);
-    }
-    ncclResult_t e = ncclGroupEnd();
-    nccl_call(r == ncclSuccess || r == ncclInProgress ? e : r, op, "ncclSend/ncclRecv");
-    wait_done(op, nullptr, Clock::now() + timeout);  // the group is enqueued
+    WatchedOp watched(*dog, op + " (launch of " + std::to_string(batch->ops.size()) + " p2p ops)", name, batch->bytes(),
+                      timeout);
+    nccl_call(locked(op,
+                     [&] {
+                       ncclResult_t r = ncclGroupStart();
+                       for (const auto& p : batch->ops) {
+                         if (r != ncclSuccess && r != ncclInProgress) break;
+                         r = p.is_send ? ncclSend(p.buf, p.count, nccl_type(p.dtype), p.peer, comm, stream)
+                                       : ncclRecv(p.buf, p.count, nccl_type(p.dtype), p.peer, comm, stream);
+                       }
+                       ncclResult_t e = ncclGroupEnd();
+                       return r == ncclSuccess || r == ncclInProgress ? e : r;
+                     }),
+              op, "ncclSend/ncclRecv");
+    wait_done(op, nullptr);  // the group is enqueued
     cuda_check(cudaEventRecord(batch->done, stream), where(op) + ": cudaEventRecord");
     batch->launched = true;
   }
@@ -190,20 +244,22 @@ struct State {
     const std::string op = is_send ? "send" : "recv";
     check_usable(op);
     if (!batch->launched) flush(op);
-    wait_done(op, batch->done, Clock::now() + timeout, peer);
+    WatchedOp watched(*dog, op + " with rank " + std::to_string(peer), name, batch->bytes(), timeout);
+    wait_done(op, batch->done, peer);
   }
 
+  // `bytes`: what this rank sends, for the watchdog's report.
   template <class Launch>
-  void run(const std::string& op, Launch&& launch) {
+  void run(const std::string& op, size_t bytes, Launch&& launch) {
     check_usable(op);
     flush(op);
     cuda_check(cudaSetDevice(device), where(op) + ": cudaSetDevice");
-    nccl_call(launch(), op, op.c_str());
     if (!done) cuda_check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), where(op));
-    auto deadline = Clock::now() + timeout;
-    wait_done(op, nullptr, deadline);
+    WatchedOp watched(*dog, op, name, bytes, timeout);
+    nccl_call(locked(op, launch), op, op.c_str());
+    wait_done(op, nullptr);
     cuda_check(cudaEventRecord(done, stream), where(op) + ": cudaEventRecord");
-    wait_done(op, done, deadline);
+    wait_done(op, done);
   }
 };
 
@@ -237,27 +293,28 @@ class NcclCommunicator : public Communicator {
   std::chrono::milliseconds timeout() const override { return st_->timeout; }
 
   void all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) override {
-    st_->run("all_reduce",
+    st_->run("all_reduce", count * dtype_size(dtype),
              [&] { return ncclAllReduce(buf, buf, count, nccl_type(dtype), nccl_op(op), st_->comm, st_->stream); });
   }
   void reduce_scatter(const void* in, void* out, size_t count, DType dtype, ReduceOp op) override {
-    st_->run("reduce_scatter",
+    st_->run("reduce_scatter", count * dtype_size(dtype) * static_cast<size_t>(st_->size),
              [&] { return ncclReduceScatter(in, out, count, nccl_type(dtype), nccl_op(op), st_->comm, st_->stream); });
   }
   void all_gather(const void* in, void* out, size_t count, DType dtype) override {
-    st_->run("all_gather", [&] { return ncclAllGather(in, out, count, nccl_type(dtype), st_->comm, st_->stream); });
+    st_->run("all_gather", count * dtype_size(dtype),
+             [&] { return ncclAllGather(in, out, count, nccl_type(dtype), st_->comm, st_->stream); });
   }
   void broadcast(void* buf, size_t count, DType dtype, int root) override {
     if (root < 0 || root >= st_->size) {
       throw std::invalid_argument(st_->where("broadcast") + ": root " + std::to_string(root) + " is not a rank");
     }
-    st_->run("broadcast",
+    st_->run("broadcast", count * dtype_size(dtype),
              [&] { return ncclBroadcast(buf, buf, count, nccl_type(dtype), root, st_->comm, st_->stream); });
   }
   void all_to_all(const void* in, void* out, size_t count, DType dtype) override {
     if (in == out) throw std::invalid_argument(st_->where("all_to_all") + ": in and out must not alias on NCCL");
     const size_t chunk = count * dtype_size(dtype);
-    st_->run("all_to_all", [&] {
+    st_->run("all_to_all", chunk * static_cast<size_t>(st_->size), [&] {
       ncclResult_t r = ncclGroupStart();
       for (int j = 0; j < st_->size && (r == ncclSuccess || r == ncclInProgress); ++j) {
         r = ncclSend(static_cast<const char*>(in) + static_cast<size_t>(j) * chunk, count, nccl_type(dtype), j,
@@ -281,7 +338,7 @@ class NcclCommunicator : public Communicator {
 
   void barrier() override {
     if (!st_->scratch) cuda_check(cudaMalloc(&st_->scratch, sizeof(float)), st_->where("barrier") + ": cudaMalloc");
-    st_->run("barrier", [&] {
+    st_->run("barrier", sizeof(float), [&] {
       return ncclAllReduce(st_->scratch, st_->scratch, 1, ncclFloat32, ncclSum, st_->comm, st_->stream);
     });
   }
@@ -298,14 +355,23 @@ class NcclCommunicator : public Communicator {
     sub->rank = sub_rank;
     sub->size = static_cast<int>(ranks.size());
     sub->timeout = st_->timeout;
+    sub->start_watchdog();
     cuda_check(cudaStreamCreate(&sub->stream), st_->where(op) + ": cudaStreamCreate");
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     config.commName = sub->name.c_str();
-    // Disjoint groups of one call differ by their lowest member, which is therefore the color.
-    st_->nccl_call(ncclCommSplit(st_->comm, ranks.front(), st_->rank, &sub->comm, &config), op, "ncclCommSplit");
-    st_->wait_done(op, nullptr, Clock::now() + st_->timeout);
-    sub->wait_done(op, nullptr, Clock::now() + st_->timeout);
+    // Disjoint groups of one call differ by their lowest member, which is therefore the color. The split is watched
+    // on both: the parent's watchdog aborts the parent, the child's the new communicator.
+    WatchedOp watched(*st_->dog, op, st_->name, 0, st_->timeout);
+    WatchedOp watched_sub(*sub->dog, op, sub->name, 0, sub->timeout);
+    st_->nccl_call(st_->locked(op,
+                               [&] {
+                                 std::lock_guard sub_lock(sub->mu);
+                                 return ncclCommSplit(st_->comm, ranks.front(), st_->rank, &sub->comm, &config);
+                               }),
+                   op, "ncclCommSplit");
+    st_->wait_done(op, nullptr);
+    sub->wait_done(op, nullptr);
     return std::make_unique<NcclCommunicator>(sub);
   }
 
@@ -353,6 +419,7 @@ std::unique_ptr<Communicator> connect_nccl(const GlooOptions& o, int cuda_device
   st->size = o.size;
   st->timeout = o.timeout;
   st->device = cuda_device;
+  st->start_watchdog();
   const std::string op = "connect";
   cuda_check(cudaSetDevice(cuda_device), st->where(op) + ": cudaSetDevice(" + std::to_string(cuda_device) + ")");
   cuda_check(cudaStreamCreate(&st->stream), st->where(op) + ": cudaStreamCreate");
@@ -375,8 +442,14 @@ std::unique_ptr<Communicator> connect_nccl(const GlooOptions& o, int cuda_device
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   config.commName = st->name.c_str();
-  st->nccl_call(ncclCommInitRankConfig(&st->comm, o.size, id, o.rank, &config), op, "ncclCommInitRankConfig");
-  st->wait_done(op, nullptr, Clock::now() + o.timeout);
+  WatchedOp watched(*st->dog, "ncclCommInitRankConfig", st->name, 0, o.timeout);
+  ncclResult_t r;
+  {
+    std::lock_guard lock(st->mu);
+    r = ncclCommInitRankConfig(&st->comm, o.size, id, o.rank, &config);
+  }
+  st->nccl_call(r, op, "ncclCommInitRankConfig");
+  st->wait_done(op, nullptr);
   return std::make_unique<NcclCommunicator>(st);
 }
 

@@ -157,7 +157,7 @@ GenerationSpec spec(int64_t gen, std::vector<std::string> pods, int procs) {
 // Prints the env a worker got, publishes its pid and progress, then runs until signalled (recording SIGTERM).
 const char* kWorkerScript = R"(
 f="$TEST_OUT/gen$RAILYARD_GENERATION-rank$RANK"
-echo "$RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT $RAILYARD_GENERATION $RAILYARD_RESTORE ${RAILYARD_RENDEZVOUS_TOKEN:-notoken} $RAILYARD_CONFIG ${RAILYARD_STORE_TOKEN:-nostoretoken}" > "$f.tmp" && mv "$f.tmp" "$f.env"
+echo "$RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT $RAILYARD_GENERATION $RAILYARD_RESTORE ${RAILYARD_RENDEZVOUS_TOKEN:-notoken} $RAILYARD_CONFIG ${RAILYARD_STORE_TOKEN:-nostoretoken} ${NCCL_SOCKET_IFNAME-unset} ${NCCL_IB_HCA-unset}" > "$f.tmp" && mv "$f.tmp" "$f.env"
 echo $$ > "$f.pid.tmp" && mv "$f.pid.tmp" "$f.pid"
 if [ "$RANK" = 0 ]; then
   echo '{"step": 7, "loss": 2.5, "tokens_per_second": 123.0}' > "$RAILYARD_PROGRESS_FILE.tmp" && mv "$RAILYARD_PROGRESS_FILE.tmp" "$RAILYARD_PROGRESS_FILE"
@@ -216,7 +216,13 @@ TEST_CASE("agents run workers with the right env, report a kill -9, re-join a ne
   const int metrics_port = 9399;
   for (int i : {2, 0, 1}) {
     std::map<std::string, std::string> extra;
-    if (i == 1) extra = {{"RAILYARD_AGENT_METRICS_PORT", std::to_string(metrics_port)}, {"RAILYARD_NODE_NAME", "n1"}};
+    // pod1 also gets NCCL settings as a GPU pod's downward API gives them when the Binding had no socket interface:
+    // the empty one must not reach the workers (unset is NCCL's "choose yourself"), the other must.
+    if (i == 1)
+      extra = {{"RAILYARD_AGENT_METRICS_PORT", std::to_string(metrics_port)},
+               {"RAILYARD_NODE_NAME", "n1"},
+               {"NCCL_SOCKET_IFNAME", ""},
+               {"NCCL_IB_HCA", "=mlx5_0,mlx5_1"}};
     agents.push_back(std::make_unique<AgentProcess>(pods[i], "127.0.10." + std::to_string(i + 1), svc.port(), 2,
                                                     tmp.path, cmd, kToken, "job1", extra));
   }
@@ -237,7 +243,7 @@ TEST_CASE("agents run workers with the right env, report a kill -9, re-join a ne
   int master_port = -1;
   for (int r = 0; r < 6; ++r) {
     auto f = fields(slurp(file(1, r, "env")));
-    REQUIRE(f.size() == 11);
+    REQUIRE(f.size() == 13);
     CHECK(f[0] == std::to_string(r));      // RANK
     CHECK(f[1] == std::to_string(r % 2));  // LOCAL_RANK
     CHECK(f[2] == "6");                    // WORLD_SIZE
@@ -250,6 +256,8 @@ TEST_CASE("agents run workers with the right env, report a kill -9, re-join a ne
     CHECK(f[7] == "/ckpt/gen1");                                              // RAILYARD_RESTORE
     CHECK(f[8] == "notoken");                                                 // the secret stays in the agent
     CHECK(f[10] == railyard::worker::store_token(kToken, "ns1", "job1", 1));  // the bootstrap store's, per generation
+    CHECK(f[11] == "unset");                                                  // empty NCCL_* dropped
+    CHECK(f[12] == (r / 2 == 1 ? "=mlx5_0,mlx5_1" : "unset"));                // pod1 holds ranks 2 and 3
     auto config = nlohmann::json::parse(slurp(f[9]));
     CHECK(config["layout"]["dp"] == 6);
     CHECK(config["restore"] == "/ckpt/gen1");
@@ -297,7 +305,7 @@ TEST_CASE("agents run workers with the right env, report a kill -9, re-join a ne
     const pid_t old = std::stoi(slurp(file(1, r, "pid")));
     CHECK(::kill(old, 0) == -1);  // gone
     auto f = fields(slurp(file(2, r, "env")));
-    REQUIRE(f.size() == 11);
+    REQUIRE(f.size() == 13);
     CHECK(f[0] == std::to_string(r));
     CHECK(f[10] == railyard::worker::store_token(kToken, "ns1", "job1", 2));
     CHECK(f[6] == "2");

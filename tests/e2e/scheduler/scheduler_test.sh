@@ -2,12 +2,17 @@
 # E2E: the operator's default rail-aware placement on the real local cluster (the fixture's 4 H100 nodes: units u0
 # and u1 of 2 nodes each, one leaf). GPU-shaped jobs (device cuda, 8 GPUs a pod) run `sleep` from spec.template.
 #  1. a 4-GPU pod takes a node; a 2-pod 8-GPU gang then lands whole in the other unit (first fit would split it);
-#     status.placement.hops is 1, the Bound event explains the choice, /metrics has the hops histogram;
+#     status.placement.hops is 1, the Bound event explains the choice (with the cost model's predicted step),
+#     /metrics has the hops histogram;
 #  2. railyard.dev/exclude-nodes on the job moves its pod off the named node (restart reason NodeExcluded) and the
 #     replacement never lands there;
 #  3. a gang that does not fit waits Unschedulable with a message saying why, with none of its pods bound, and
 #     starts once capacity returns, inside one unit (placement.mode hard, topologyKeys [unit]);
 #  4. two gangs submitted at once land whole in separate units.
+# Along the way, the rail-aligned NCCL env of GPU pods (docs/scheduler.md "NCCL settings"): every pod prints its
+# NCCL_* env at start, as the node agent resolved it from the Binding's annotations: the default HCAs
+# mlx5_0..mlx5_7 (1.), the nodes' railyard.dev/rail-hcas and nccl-socket-ifname annotations (1.), a Warning event
+# and no HCA list for an invalid annotation (3.).
 set -euo pipefail
 src=${RAILYARD_SOURCE_DIR:?}
 state=${RAILYARD_E2E_STATE_DIR:?}
@@ -25,7 +30,13 @@ fail() {
   tail -n 40 "$work/op.log" >&2 || true
   exit 1
 }
+unannotate_nodes() {
+  for n in $(kubectl get nodes -l railyard.dev/simulated=true -o name); do
+    kubectl annotate "$n" railyard.dev/rail-hcas- railyard.dev/nccl-socket-ifname- >/dev/null 2>&1 || true
+  done
+}
 cleanup() {
+  unannotate_nodes
   [ -z "$op_pid" ] || { kill "$op_pid" 2>/dev/null || true; wait "$op_pid" 2>/dev/null || true; }
   kubectl delete namespace "$ns" --wait=false >/dev/null 2>&1 || true
   rm -rf "$work"
@@ -37,6 +48,20 @@ source "$src/tests/e2e/operator/lib.sh"
 jp() { kubectl get tj "$1" -n "$ns" -o jsonpath="$2" 2>/dev/null; }
 node_of() { kubectl get pod "$1" -n "$ns" -o jsonpath='{.spec.nodeName}' 2>/dev/null; }
 unit_of() { kubectl get node "$1" -o jsonpath='{.metadata.labels.railyard\.dev/unit}'; }
+pod_log() { cat "$state/node-agent/pods/${ns}_$1/worker.log" 2>/dev/null; }
+# nccl_env POD: the NCCL_* lines the pod's process printed (waits for them)
+nccl_env() {
+  wait_for 30 "the NCCL env printed by $1" bash -c "grep -q '^NCCL_CROSS_NIC=' '$state/node-agent/pods/${ns}_$1/worker.log'"
+  pod_log "$1" | grep '^NCCL_'
+}
+expect_nccl_env() { # expect_nccl_env POD EXPECTED-LINES
+  local got
+  got=$(nccl_env "$1")
+  [ "$got" = "$2" ] || fail "NCCL env of $1: expected
+$2
+got
+$got"
+}
 bound() { [ -n "$(node_of "$1")" ]; }
 job() { # job NAME REPLICAS PROCS [EXTRA-SPEC-YAML]
   cat <<YAML
@@ -54,7 +79,7 @@ spec:
   template:
     spec:
       containers:
-        - command: ["sh", "-c", "sleep 600"]
+        - command: ["sh", "-c", "env | grep ^NCCL_ | sort; exec sleep 600"]
 ${4:-}
 YAML
 }
@@ -72,6 +97,17 @@ op_pid=$!
 job half 1 4 | kubectl apply -n "$ns" -f - >/dev/null
 wait_for 60 "half-worker-0 bound" bound half-worker-0
 half_node=$(node_of half-worker-0)
+expect_nccl_env half-worker-0 "NCCL_CROSS_NIC=0
+NCCL_IB_HCA==mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7
+NCCL_SOCKET_IFNAME="
+[ "$(kubectl get pod half-worker-0 -n "$ns" -o jsonpath='{.metadata.annotations.railyard\.dev/nccl-ib-hca}')" = \
+  "=mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7" ] || fail "half-worker-0 lacks the nccl-ib-hca annotation"
+echo "NCCL env (default HCAs): $(nccl_env half-worker-0 | tr '\n' ' ')"
+# The nodes name their HCAs (reversed, so the order visibly comes from the annotation) and a socket interface.
+for n in $(kubectl get nodes -l railyard.dev/simulated=true -o name); do
+  kubectl annotate --overwrite "$n" railyard.dev/rail-hcas=mlx5_7,mlx5_6,mlx5_5,mlx5_4,mlx5_3,mlx5_2,mlx5_1,mlx5_0 \
+    railyard.dev/nccl-socket-ifname=lo >/dev/null
+done
 job pair 2 8 | kubectl apply -n "$ns" -f - >/dev/null
 wait_for 60 "pair bound" bash -c "[ -n \"\$(kubectl get pod pair-worker-1 -n $ns -o jsonpath='{.spec.nodeName}')\" ] &&
   [ -n \"\$(kubectl get pod pair-worker-0 -n $ns -o jsonpath='{.spec.nodeName}')\" ]"
@@ -83,10 +119,18 @@ wait_for 30 "status.placement.hops of pair" bash -c "[ \"\$(kubectl get tj pair 
 events=$(kubectl get events -n "$ns" --field-selector involvedObject.name=pair,reason=Bound -o jsonpath='{.items[*].message}')
 grep -q "rail-aware: unit $(unit_of "$p0"), 1 unit, same-rail hops worst 1" <<<"$events" ||
   fail "Bound event without the placement: $events"
+# The operator passed the planner's cost model (H100 profile, tiny, dp 16): the candidates were scored by step time.
+grep -q "predicted step [0-9.e+-]* s" <<<"$events" || fail "Bound event without the cost model's prediction: $events"
 metrics=$(curl -sf "http://127.0.0.1:$mport/metrics") || fail "no /metrics"
 grep -q '^railyard_operator_placement_hops_bucket{le="1"} 2$' <<<"$metrics" ||
   fail "railyard_operator_placement_hops does not show the two placements within one unit"
 echo "best fit: half on $half_node; pair on $p0 + $p1 (unit $(unit_of "$p0")), hops 1"
+for i in 0 1; do
+  expect_nccl_env pair-worker-$i "NCCL_CROSS_NIC=0
+NCCL_IB_HCA==mlx5_7,mlx5_6,mlx5_5,mlx5_4,mlx5_3,mlx5_2,mlx5_1,mlx5_0
+NCCL_SOCKET_IFNAME=lo"
+done
+echo "NCCL env (annotated nodes): $(nccl_env pair-worker-0 | tr '\n' ' ')"
 
 # 2. Exclusion: the node of pair-worker-1 is blamed; the pod moves off it and never comes back to it.
 uid1=$(kubectl get pod pair-worker-1 -n "$ns" -o jsonpath='{.metadata.uid}')
@@ -114,6 +158,9 @@ for i in 0 1; do
   [ -z "$(node_of wait-worker-$i)" ] || fail "wait-worker-$i was bound while its gang does not fit"
 done
 echo "waiting: $msg"
+for n in $(kubectl get nodes -l railyard.dev/simulated=true -o name); do
+  kubectl annotate --overwrite "$n" railyard.dev/rail-hcas=mlx5_0 >/dev/null  # 1 HCA for 8 rails: invalid
+done
 kubectl delete tj pair -n "$ns" --wait=false >/dev/null
 wait_for 90 "wait bound" bash -c "[ -n \"\$(kubectl get pod wait-worker-0 -n $ns -o jsonpath='{.spec.nodeName}')\" ] &&
   [ -n \"\$(kubectl get pod wait-worker-1 -n $ns -o jsonpath='{.spec.nodeName}')\" ]"
@@ -121,6 +168,13 @@ w0=$(node_of wait-worker-0)
 w1=$(node_of wait-worker-1)
 [ "$(unit_of "$w0")" = "$(unit_of "$w1")" ] || fail "hard-mode gang split across units: $w0, $w1"
 echo "wait: started on $w0 + $w1 once pair was gone"
+expect_nccl_env wait-worker-0 "NCCL_CROSS_NIC=0
+NCCL_IB_HCA=
+NCCL_SOCKET_IFNAME=lo"
+warn=$(kubectl get events -n "$ns" --field-selector involvedObject.name=wait,reason=NodeRailHcas -o jsonpath='{.items[*].message}')
+grep -q "railyard.dev/rail-hcas='mlx5_0': lists 1 HCAs but the node has 8 rails" <<<"$warn" ||
+  fail "no NodeRailHcas warning for the invalid annotation: $warn"
+unannotate_nodes
 
 # 4. Two gangs submitted at once (reconciled by two workers at the same moment) land whole in separate units.
 kubectl delete tj half wait -n "$ns" --wait=false >/dev/null

@@ -105,6 +105,21 @@ TEST_CASE("counters are exact under concurrent increments and refuse to go down"
   CHECK_THROWS_AS(c.increment(-1), std::invalid_argument);
 }
 
+TEST_CASE("remove_matching drops every series of one job and keeps the others") {
+  Registry r;
+  auto& f = r.counter("railyard_test_restarts_total", "Restarts.");
+  f.add({{"namespace", "a"}, {"job", "x"}, {"reason", "PodFailed"}}).increment();
+  f.add({{"namespace", "a"}, {"job", "x"}, {"reason", "WorkerExit"}}).increment();
+  f.add({{"namespace", "a"}, {"job", "y"}, {"reason", "WorkerExit"}}).increment();
+  f.add({{"namespace", "b"}, {"job", "x"}, {"reason", "WorkerExit"}}).increment();
+  f.remove_matching({{"namespace", "a"}, {"job", "x"}});
+  const std::string text = r.serialize();
+  CHECK(text.find("job=\"x\",namespace=\"a\"") == std::string::npos);
+  CHECK(text.find("job=\"y\",namespace=\"a\"") != std::string::npos);
+  CHECK(text.find("job=\"x\",namespace=\"b\"") != std::string::npos);
+  CHECK(f.children().size() == 2);
+}
+
 TEST_CASE("bad names and bucket bounds are refused with the rule") {
   Registry r;
   CHECK_THROWS_WITH_AS(r.counter("railyard_steps", "x"), doctest::Contains("must end in _total"),

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <string>
 
 namespace railyard::op::testing {
 
@@ -25,6 +26,13 @@ inline nlohmann::json job_with(const nlohmann::json& patch) {
   nlohmann::json j = valid_job();
   j.merge_patch(patch);
   return j;
+}
+
+// The env entry `name` of a worker pod's first container, or null.
+inline const nlohmann::json* find_env(const nlohmann::json& pod, const std::string& name) {
+  for (const nlohmann::json& e : pod["spec"]["containers"][0]["env"])
+    if (e["name"] == name) return &e;
+  return nullptr;
 }
 
 }  // namespace railyard::op::testing

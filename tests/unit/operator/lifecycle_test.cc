@@ -94,3 +94,30 @@ TEST_CASE("a node loss is one generation: the lost pod is replaced into the gene
   g.replaced = {"j-worker-1"};
   CHECK_FALSE(replace_into_forming_generation(g, node_lost));
 }
+
+TEST_CASE("a restart caused only by survivors' peer-lost exits is held for the culprit's report") {
+  using std::chrono::milliseconds;
+  const milliseconds grace(1500);
+  // Rank 1 was killed (-9); rank 0's collective failed and it exited 200, and its report arrived first.
+  TriggerFacts survivor{"WorkerExit", "j-worker-0", false, true, milliseconds(200)};
+  CHECK(hold_for_culprit({survivor}, grace) == milliseconds(1300));
+  // Two survivors: held until the oldest report is grace old.
+  TriggerFacts survivor2{"WorkerExit", "j-worker-2", false, true, milliseconds(900)};
+  CHECK(hold_for_culprit({survivor, survivor2}, grace) == milliseconds(600));
+  // The grace is over: restart on what is known (the survivor is named: the culprit never reported).
+  survivor.age = milliseconds(1500);
+  CHECK(hold_for_culprit({survivor}, grace) == milliseconds(0));
+  survivor.age = milliseconds(200);
+  // The culprit's report is here: restart now, it names the failure.
+  TriggerFacts culprit{"WorkerExit", "j-worker-1", false, false, milliseconds(10)};
+  CHECK(hold_for_culprit({survivor, culprit}, grace) == milliseconds(0));
+  // Any other cause (a pod or node lost, a monitor's request) is a cause of its own: no hold.
+  for (const char* reason : {"PodFailed", "NodeLost", "PodDeleted", "RestartRequested", "AgentRestarted"}) {
+    TriggerFacts other{reason, "j-worker-1", false, false, milliseconds(0)};
+    CHECK(hold_for_culprit({survivor, other}, grace) == milliseconds(0));
+  }
+  // A peer-lost exit the failure policy lists as permanent fails the job at once.
+  TriggerFacts permanent{"WorkerExit", "j-worker-0", true, true, milliseconds(0)};
+  CHECK(hold_for_culprit({permanent}, grace) == milliseconds(0));
+  CHECK(hold_for_culprit({}, grace) == milliseconds(0));
+}

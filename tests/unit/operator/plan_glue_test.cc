@@ -216,3 +216,88 @@ TEST_CASE("auto with deterministic plans only power-of-two accumulations per ran
     CHECK(o.plan->estimate.time.step == doctest::Approx(best).epsilon(1e-12));
   }
 }
+
+TEST_CASE("the operator models Railyard's worker: no dropout masks among the activations") {
+  JobSpec s = auto_spec(Json::parse(R"({"spec": {"replicas": 1, "model": {"preset": "gpt2-124m"},
+      "training": {"globalBatch": 4, "seqLen": 1024}}})"));
+  const plan::Job job = plan_job(s);
+  CHECK_FALSE(job.model.dropout);
+  // Per layer without recomputation, tp 1: S (8 + 24 + 2 a s / h) instead of S (10 + 24 + 5 a s / h) (docs/planner.md).
+  plan::Cluster c = plan_cluster(s, 1, {});
+  plan::Layout l;
+  l.micro_batch = 1;
+  plan::ModelShape with = job.model;
+  with.dropout = true;
+  const double as_h = 12.0 * 1024 / 768;
+  CHECK(plan::layer_activation_bytes(with, c.device, l) / plan::layer_activation_bytes(job.model, c.device, l) ==
+        doctest::Approx((34 + 5 * as_h) / (32 + 2 * as_h)).epsilon(1e-12));
+  // The plan's activation memory is the no-dropout one.
+  AutoPlanOutcome o = plan_parallelism(s, 1, {});
+  REQUIRE(o.plan);
+  plan::Job dropout_job = job;
+  dropout_job.model.dropout = true;
+  CHECK(o.plan->estimate.memory.activations < plan::estimate(dropout_job, c, o.plan->layout).memory.activations * 0.8);
+}
+
+TEST_CASE("the scheduler's step model: the job's layout as the world runs it, null when the planner cannot model it") {
+  Json j = job_with(Json::parse(R"({"spec": {"replicas": 4, "parallelism": {"data": null, "pipeline": 2},
+      "training": {"globalBatch": 8}}})"));
+  ParsedJob p = parse_job(j);
+  REQUIRE_MESSAGE(!p.violation, (p.violation ? p.violation->message : ""));
+  auto m = placement_step_model(p.spec, world_layout(p.spec, 4), 4, {});
+  REQUIRE(m);
+  CHECK(m->layout.dp == 2);
+  CHECK(m->layout.pp == 2);
+  CHECK(m->cluster.device.name == plan::builtin_profile("cpu").name);
+  CHECK_FALSE(m->job.model.dropout);
+  // A tensor group wider than a pod stays outside the model (tensor parallelism is modelled inside a node).
+  JobSpec wide = p.spec;
+  wide.tensor = 2;
+  wide.pipeline = 1;
+  CHECK_FALSE(placement_step_model(wide, world_layout(wide, 4), 4, {}));
+}
+
+TEST_CASE("mixed GPU types: the batch is split by speed, and the worker gets the split") {
+  JobSpec s = auto_spec(Json::parse(R"({"spec": {"replicas": 4, "procsPerReplica": 8, "device": "cuda",
+      "model": {"preset": "gpt2-124m"}, "training": {"globalBatch": 256, "seqLen": 1024}}})"));
+  std::vector<NodeInfo> nodes = {gpu_node("a0", "a100-80gb", "u0", "l0"), gpu_node("a1", "a100-80gb", "u0", "l0"),
+                                 gpu_node("h0", "h100-sxm", "u1", "l0"), gpu_node("h1", "h100-sxm", "u1", "l0")};
+  AutoPlanOutcome o = plan_parallelism(s, 4, nodes);
+  REQUIRE_MESSAGE(o.plan, (o.violation ? o.violation->message : ""));
+  REQUIRE(o.plan->mixed);
+  const Json& mixed = o.plan->status["mixed"];
+  INFO(o.plan->status.dump());
+  // gpt2-124m fits plain data parallelism, which the worker can split unevenly: the balanced split wins.
+  CHECK(o.plan->layout.tp == 1);
+  CHECK(o.plan->layout.pp == 1);
+  CHECK(mixed["split"] == "balanced");
+  CHECK(mixed["ranksByDevice"]["a100-80gb"] == 16);
+  CHECK(mixed["ranksByDevice"]["h100-sxm"] == 16);
+  const std::vector<int> split = mixed["dpSplit"].get<std::vector<int>>();
+  REQUIRE(split.size() == 32);
+  int sum = 0;
+  for (int a : split) sum += a;
+  CHECK(sum == 256 / o.plan->layout.micro_batch);
+  // Expected pods: a100s first (name order), then h100s, which get more of the batch.
+  CHECK(split.front() < split.back());
+  CHECK(mixed["balancedStepSeconds"].get<double>() < mixed["evenStepSeconds"].get<double>());
+  CHECK(o.plan->status["predictedStepSeconds"].get<double>() == mixed["balancedStepSeconds"].get<double>());
+  CHECK(o.plan->message.find("batch split by speed") != std::string::npos);
+
+  // The split the controller passes for the nodes the pods are bound to (rank order follows the pods).
+  JobSpec w = s;
+  apply_plan(w, o.plan->layout);
+  auto placed = mixed_split(w, {"h100-sxm", "a100-80gb", "h100-sxm", "a100-80gb"});
+  REQUIRE(placed);
+  REQUIRE(placed->dp_split.size() == 32);
+  CHECK(placed->dp_split[0] > placed->dp_split[8]);    // rank 0 on an H100, rank 8 on an A100
+  CHECK(placed->dp_split[16] == placed->dp_split[0]);  // both H100 pods alike
+  // One type: nothing to split. Tensor parallelism: the worker cannot split unevenly, and says so.
+  CHECK_FALSE(mixed_split(w, {"h100-sxm", "h100-sxm", "h100-sxm", "h100-sxm"}));
+  JobSpec tp = w;
+  tp.tensor = 2;
+  auto even = mixed_split(tp, {"h100-sxm", "a100-80gb", "h100-sxm", "a100-80gb"});
+  REQUIRE(even);
+  CHECK(even->dp_split.empty());
+  CHECK(even->why_even.find("plain data parallelism") != std::string::npos);
+}

@@ -6,16 +6,12 @@
 #include "tests/unit/operator/job_fixture.h"
 
 using namespace railyard::op;
+using railyard::op::testing::find_env;
 using railyard::op::testing::job_with;
 using railyard::op::testing::valid_job;
 using Json = nlohmann::json;
 
 namespace {
-const Json* find_env(const Json& pod, const std::string& name) {
-  for (const Json& e : pod["spec"]["containers"][0]["env"])
-    if (e["name"] == name) return &e;
-  return nullptr;
-}
 PodOptions options() {
   PodOptions o;
   o.worker_image = "img:1";

@@ -6,9 +6,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <random>
 #include <set>
 
+#include "operator/planner/calibration.h"
 #include "operator/scheduler/topology.h"
 
 using namespace railyard::op;
@@ -566,4 +568,150 @@ TEST_CASE("preferred node affinity breaks ties after the communication cost") {
   REQUIRE(r.ok);
   CHECK(r.worst_hops == 1);
   CHECK(unit_of(r.nodes[0]) == "u2");
+}
+
+// ---- Scoring by the planner's cost model (PlacementRequest::step_model) ----
+
+namespace {
+
+// A 4-pod gang of 8-GPU pods, tensor 8 inside each pod, 2 pipeline stages, data 2, on h100 profiles with the
+// leaf tier (across units) at half the unit's rail bandwidth. Only leaf0 (u0, u1) is free: the 4 pods must span two
+// units, and the question is which group crosses between them.
+struct PipelinedGang {
+  std::vector<NodeInfo> nodes = h100_8node();
+  PlacementRequest req = gpu_job(4);
+  PipelinedGang(const railyard::plan::ModelShape& shape, long long global_batch) {
+    for (const char* n : {"rynode-u2-n0", "rynode-u2-n1", "rynode-u3-n0", "rynode-u3-n1"}) occupy(nodes, n);
+    req.tensor = 8;
+    req.pipeline = 2;
+    auto m = std::make_shared<PlacementStepModel>();
+    m->job.model = shape;
+    m->job.model.dropout = false;
+    m->job.global_batch = global_batch;
+    m->cluster.device = railyard::plan::builtin_profile("h100-sxm");
+    m->cluster.topology.leaf_bandwidth_factor = 0.5;
+    m->layout.dp = 2;
+    m->layout.tp = 8;
+    m->layout.pp = 2;
+    m->layout.micro_batch = 1;
+    m->layout.zero = 1;
+    req.step_model = m;
+  }
+  // Predicted step of pods 0..3 on these nodes.
+  double step(const std::vector<std::string>& on) const {
+    Topology topo(nodes);
+    std::vector<int> node_of_pod;
+    for (const auto& n : on) node_of_pod.push_back(topo.index(n));
+    return predicted_step(*req.step_model, topo, node_of_pod, req.procs_per_pod);
+  }
+};
+
+// Rank order (stages contiguous: pods 0, 1 = stage 0 in u0, pods 2, 3 = stage 1 in u1) keeps each data-parallel
+// pair inside a unit; pipelines contiguous (pods 0, 2 in u0) keep each pipeline inside a unit.
+const std::vector<std::string> kStagesInUnits = {"rynode-u0-n0", "rynode-u0-n1", "rynode-u1-n0", "rynode-u1-n1"};
+const std::vector<std::string> kPipelinesInUnits = {"rynode-u0-n0", "rynode-u1-n0", "rynode-u0-n1", "rynode-u1-n1"};
+
+}  // namespace
+
+TEST_CASE("placed tiers: the worst data-parallel group and pipeline pair of a placement, in the planner's tiers") {
+  auto nodes = h100_8node();
+  Topology topo(nodes);
+  auto idx = [&](const std::vector<std::string>& names) {
+    std::vector<int> v;
+    for (const auto& n : names) v.push_back(topo.index(n));
+    return v;
+  };
+  // tp 8 in a pod, pp 2, dp 2 (4 pods): stages in units -> dp inside a unit (1), pp across units of a leaf (2).
+  auto t = placed_tiers(topo, idx(kStagesInUnits), 8, 8, 2);
+  CHECK(t.dp == 1);
+  CHECK(t.pp == 2);
+  t = placed_tiers(topo, idx(kPipelinesInUnits), 8, 8, 2);
+  CHECK(t.dp == 2);
+  CHECK(t.pp == 1);
+  // Across leaves (the spine) is tier 3; pure data parallelism has no pipeline pair.
+  t = placed_tiers(topo, idx({"rynode-u0-n0", "rynode-u2-n0"}), 8, 8, 1);
+  CHECK(t.dp == 3);
+  CHECK(t.pp == 0);
+  // Two ranks of one pod share the node: tier 0.
+  t = placed_tiers(topo, idx({"rynode-u0-n0"}), 8, 1, 1);
+  CHECK(t.dp == 0);
+}
+
+TEST_CASE("cost model: a long pipeline of small micro-batches keeps pipelines inside units (hop counts tie)") {
+  // gpt2-350m shape at sequence 2048, 512 sequences per step: 256 micro-batches per pipeline, each sending
+  // activations forward and gradients back (2 x 256 transfers of 512 KiB per GPU per step, 268 MB), while the
+  // data-parallel reduction moves each GPU's 25M parameters' gradients once, overlapped with the last backward.
+  // Crossing the half-bandwidth leaf tier hurts the pipeline more: the model puts each pipeline in one unit.
+  PipelinedGang g({"gpt2-350m", 24, 1024, 16, 2048, 50257}, 512);
+  const double stages_in_units = g.step(kStagesInUnits), pipelines_in_units = g.step(kPipelinesInUnits);
+  MESSAGE("predicted step: stages in units " << stages_in_units << " s, pipelines in units " << pipelines_in_units);
+  REQUIRE(stages_in_units > 0);
+  // Compute dominates the step (about 2.7 s); the pipeline's transfers across the leaf cost about 0.2% of it, more
+  // than the 0.1% under which two candidates count as a tie.
+  CHECK(pipelines_in_units < stages_in_units * (1 - 1e-3));
+  RailAwarePlacement p;
+  auto r = p.place(g.req, g.nodes);
+  REQUIRE(r.ok);
+  CHECK(r.nodes == kPipelinesInUnits);
+  CHECK(r.message.find("predicted step") != std::string::npos);
+  // The hop-count score alone cannot tell the two apart (4 data and 4 pipeline pair-edges of weight 1; either way two
+  // of them cross units) and keeps the rank order.
+  Topology topo(g.nodes);
+  auto edges = gang_edges(4, 8, 8, 2);
+  auto cost = [&](const std::vector<std::string>& on) {
+    std::vector<int> v;
+    for (const auto& n : on) v.push_back(topo.index(n));
+    return gang_cost(topo, v, edges).cost;
+  };
+  CHECK(cost(kStagesInUnits) == cost(kPipelinesInUnits));
+  auto naive = g.req;
+  naive.step_model = nullptr;
+  auto n = p.place(naive, g.nodes);
+  REQUIRE(n.ok);
+  CHECK(n.nodes == kStagesInUnits);
+  CHECK(n.message.find("predicted step") == std::string::npos);
+}
+
+TEST_CASE("cost model: a large model with one micro-batch keeps data-parallel pairs inside units") {
+  // gpt3-1.3b shape, 2 sequences per step: one micro-batch per pipeline (one 8 MiB transfer each way), but each GPU's
+  // gradients (about 80M parameters) are reduced over the pair: crossing the half-bandwidth leaf hurts the
+  // data-parallel reduction more, so the model keeps the stages (the data-parallel pairs) inside units.
+  PipelinedGang g({"gpt3-1.3b", 24, 2048, 16, 2048, 50257}, 2);
+  const double stages_in_units = g.step(kStagesInUnits), pipelines_in_units = g.step(kPipelinesInUnits);
+  MESSAGE("predicted step: stages in units " << stages_in_units << " s, pipelines in units " << pipelines_in_units);
+  REQUIRE(stages_in_units > 0);
+  CHECK(stages_in_units < pipelines_in_units * 0.99);
+  RailAwarePlacement p;
+  auto r = p.place(g.req, g.nodes);
+  REQUIRE(r.ok);
+  CHECK(r.nodes == kStagesInUnits);
+}
+
+TEST_CASE("cost model: candidates with the same hop structure fall back to today's tie-breaks") {
+  // Pure data parallelism in one unit: every unit predicts the same step, so the fullest unit wins as without a model.
+  auto nodes = h100_8node();
+  occupy(nodes, "rynode-u2-n0");  // u2 has one free node left: too small; u0, u1, u3 tie on the model
+  auto req = gpu_job(2);
+  auto m = std::make_shared<PlacementStepModel>();
+  m->job.model = {"gpt2-124m", 12, 768, 12, 1024, 50257};
+  m->job.global_batch = 32;
+  m->cluster.device = railyard::plan::builtin_profile("h100-sxm");
+  m->layout.dp = 16;
+  m->layout.tp = 1;
+  m->layout.pp = 1;
+  m->layout.micro_batch = 2;
+  req.step_model = m;
+  RailAwarePlacement p;
+  auto with_model = p.place(req, nodes);
+  req.step_model = nullptr;
+  auto without = p.place(req, nodes);
+  REQUIRE(with_model.ok);
+  REQUIRE(without.ok);
+  CHECK(with_model.nodes == without.nodes);
+  // A tensor group spanning pods is outside the model (tensor parallelism stays in a node): no prediction, hop cost.
+  Topology topo(nodes);
+  PlacementStepModel spanning = *m;
+  spanning.layout.dp = 1;
+  spanning.layout.tp = 16;
+  CHECK(predicted_step(spanning, topo, {0, 1}, 8) < 0);
 }

@@ -105,6 +105,7 @@ TEST_CASE("railyard plan: bad input names the flag and exits 2 (1 when nothing f
       {"--model tiny --gpus 8 --gpu a100", 2, "--global-batch (sequences per step) is required"},
       {"--model tiny --gpus 8 --gpu v100 --global-batch 8", 2, "unknown GPU type 'v100'"},
       {"--model tiny --gpus 8 --gpu a100 --global-batch 8 --recompute sometimes", 2, "--recompute must be"},
+      {"--model tiny --gpus 8 --gpu a100 --global-batch 8 --dropout maybe", 2, "--dropout must be on or off"},
       {"--model tiny --gpus 8 --gpu a100 --global-batch 8 --tokens lots", 2, "--tokens 'lots' is not a number"},
       {"--layers 2 --hidden 64 --gpus 8 --gpu a100 --global-batch 8", 2, "--heads is required without --model"},
       {"--model tiny --gpus 8 --gpu a100 --global-batch 8 --frobnicate 1", 2, "unknown flag '--frobnicate'"},
@@ -118,4 +119,25 @@ TEST_CASE("railyard plan: bad input names the flag and exits 2 (1 when nothing f
     CHECK(r.out.find(c.message) != std::string::npos);
     if (c.code == 2) CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 2);  // one error line + the --help pointer
   }
+}
+
+TEST_CASE("railyard plan: activations as the worker stores them (no dropout) unless --dropout on") {
+  // gpt2-124m on one CPU process, one layout pinned: only the activations differ, by the dropout masks and the
+  // dropped attention probabilities (docs/planner.md "Memory per GPU").
+  const std::string args = "--model gpt2-124m --gpus 1 --gpu cpu --global-batch 4 --micro-batch 4 --json --top 1";
+  const Run off = plan(args, false), on = plan(args + " --dropout on", false);
+  REQUIRE(off.code == 0);
+  REQUIRE(on.code == 0);
+  const auto a = nlohmann::json::parse(off.out), b = nlohmann::json::parse(on.out);
+  CHECK(a["model"]["dropout"] == false);
+  CHECK(b["model"]["dropout"] == true);
+  const auto& ma = a["plans"][0]["memoryBytes"];
+  const auto& mb = b["plans"][0]["memoryBytes"];
+  CHECK(ma["params"] == mb["params"]);
+  // Per layer S (8 + 24 + 2 a s / h) without dropout against S (10 + 24 + 5 a s / h) with it (s 1024, a 12, h 768);
+  // the embedding output and the logits are the same in both.
+  const double as_h = 12.0 * 1024 / 768, S = 4.0 * 1024 * 768, layers = 12, e = 4;  // fp32 activations on the CPU
+  const double per_layer_delta = (e / 2) * S * ((10 + 24 + 5 * as_h) - (8 + 24 + 2 * as_h));
+  CHECK(mb["activations"].get<double>() - ma["activations"].get<double>() ==
+        doctest::Approx(layers * per_layer_delta).epsilon(1e-9));
 }
