@@ -75,6 +75,8 @@ std::vector<Run> expert_parallel(const ExpertParallelOptions& o, int zero = 0, R
     tc.recompute.mode = recompute;  // full: backward reruns each layer's forward, all_to_alls included
     DataParallelOptions dpo;
     dpo.zero_stage = zero;
+    // Small buckets: the reducer thread all-reduces finished layers while backward's all_to_alls still run.
+    dpo.bucket_bytes = 16 << 10;
     auto sync = gpt_data_parallel(&c, cfg, tc, pool, dpo);
     ExpertParallel ep(c, o);
     Trainer tr(cfg, tc, pool, src, nullptr, sync.get());
