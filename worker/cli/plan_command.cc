@@ -20,6 +20,7 @@
 #include "operator/planner/calibration.h"
 #include "operator/planner/cost_model.h"
 #include "operator/planner/hetero.h"
+#include "operator/planner/moe_cost.h"
 #include "operator/planner/search.h"
 #include "worker/cli/cli.h"
 #include "worker/comm/local_world.h"
@@ -37,6 +38,7 @@ constexpr const char* kPlanUsage =
                      --global-batch B [--gpus N] [--gpu TYPE|FILE] [--topology FILE] [--tokens T]
                      [--top N] [--json] [--tp N] [--pp N] [--dp N] [--micro-batch N] [--zero 0-3]
                      [--recompute none|selective|full] [--sp on|off] [--interleave V] [--dropout on|off]
+                     [--moe-experts E [--moe-top-k K] [--moe-capacity-factor F] --ep N]
        railyard plan ... --mixed TYPE:GPUS,TYPE:GPUS [--tp N] [--pp N] ...
        railyard plan --calibrate [--output FILE] [--threads N] [--clock cpu|wall]
 
@@ -507,11 +509,45 @@ int run_mixed(const plan::Job& job, std::map<std::string, std::string>& f) {
 
 }  // namespace
 
+// --moe-experts: the MoE terms of docs/planner.md "Mixture of experts" for the best dense plan's micro-batches (the
+// search itself plans the dense model): parameters, states per GPU, and the dispatch all-to-all, flat vs hierarchical.
+void print_moe(std::ostream& os, std::map<std::string, std::string>& f, const plan::Job& job,
+               const plan::Cluster& cluster, const plan::Estimate& best) {
+  plan::MoeShape moe;
+  moe.experts = positive_int("--moe-experts", f["moe-experts"], 1 << 16);
+  if (f.count("moe-top-k")) moe.top_k = positive_int("--moe-top-k", f["moe-top-k"], moe.experts);
+  if (f.count("moe-capacity-factor"))
+    moe.capacity_factor = parse_fraction("--moe-capacity-factor", f["moe-capacity-factor"]);
+  const int ep = f.count("ep") ? positive_int("--ep", f["ep"]) : 1;
+  if (moe.experts % ep != 0 || best.layout.dp % ep != 0) {
+    throw UsageError{"--ep " + std::to_string(ep) + " must divide --moe-experts " + std::to_string(moe.experts) +
+                     " and the plan's dp " + std::to_string(best.layout.dp)};
+  }
+  const plan::MoeStateBytes st =
+      plan::moe_state_bytes(job.model, moe, cluster.device, best.layout.dp, ep, best.layout.zero);
+  const plan::MoeCommEstimate c =
+      plan::moe_comm_estimate(job.model, moe, cluster, ep, best.layout.micro_batch, best.micro_batches);
+  os << "experts (E" << moe.experts << " top-" << moe.top_k << " capacity factor " << fmt("%.3g", moe.capacity_factor)
+     << ", ep " << ep
+     << ", on plan #1's layout; not part of the search): " << params_text(plan::moe_parameter_count(job.model, moe))
+     << " parameters, " << params_text(plan::moe_parameters_per_gpu(job.model, moe, ep)) << " per GPU, states "
+     << gb(st.total()) << " GB per GPU\n";
+  if (ep > 1) {
+    os << "  all-to-all of " << fmt("%.3g", c.bytes_per_all_to_all / 1048576.0) << " MiB per rank over "
+       << c.per_all_to_all.nodes << " node(s) x " << c.per_all_to_all.local << ": flat "
+       << fmt("%.1f", c.per_all_to_all.flat * 1e6) << " us, hierarchical "
+       << fmt("%.1f", c.per_all_to_all.hierarchical * 1e6) << " us -> "
+       << (c.per_all_to_all.use_hierarchical ? "hierarchical" : "flat") << "; " << c.all_to_alls
+       << " per step = " << fmt("%.3g", c.seconds) << " s per step\n";
+  }
+}
+
 int run_plan(const Args& args) {
   static const std::vector<std::string> kValueFlags = {
       "model",    "layers",     "hidden", "heads",   "seq",   "vocab", "global-batch", "gpus", "gpu",
       "topology", "tokens",     "top",    "tp",      "pp",    "dp",    "micro-batch",  "zero", "recompute",
       "sp",       "interleave", "output", "threads", "clock", "mixed", "dropout"};
+  static const std::vector<std::string> kMoeFlags = {"moe-experts", "moe-top-k", "moe-capacity-factor", "ep"};
   static const std::vector<std::string> kSwitches = {"json", "calibrate"};
   std::map<std::string, std::string> f;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -533,7 +569,8 @@ int run_plan(const Args& args) {
       f[name] = "1";
       continue;
     }
-    if (std::find(kValueFlags.begin(), kValueFlags.end(), name) == kValueFlags.end()) {
+    if (std::find(kValueFlags.begin(), kValueFlags.end(), name) == kValueFlags.end() &&
+        std::find(kMoeFlags.begin(), kMoeFlags.end(), name) == kMoeFlags.end()) {
       throw UsageError{"plan: unknown flag '--" + name + "' (railyard plan --help)"};
     }
     if (!has_eq) {
@@ -682,6 +719,7 @@ int run_plan(const Args& args) {
               << r.rejected_memory << " over memory, " << invalid << " invalid\n\n";
     int rank = 0;
     for (const auto& p : r.plans) print_plan(std::cout, ++rank, p.estimate, p.why, job.tokens);
+    if (f.count("moe-experts") && !r.plans.empty()) print_moe(std::cout, f, job, cluster, r.plans.front().estimate);
   }
   if (r.plans.empty()) {
     std::string msg = "no layout fits: ";
