@@ -103,6 +103,9 @@ constexpr const char* kUsage = R"(usage: railyard-worker train [flags]
                        recomputed in backward) or full (a layer keeps only its input and reruns its forward in
                        backward); results are bitwise unchanged, activation memory drops (docs/worker.md)
   --recompute-layers K recompute only the first K layers (default: all)
+  --sequence-parallel  Megatron sequence parallelism over the tp group (needs --tp > 1 and B*T divisible by tp):
+                       layernorm/residual activations split along the tokens, all-gather/reduce-scatter instead of
+                       all-reduce; same results (docs/parallel.md)
   --moe-experts E      mixture-of-experts MLP with E experts per layer (default: dense); one process only for now
   --moe-top-k K        experts per token (default 1)
   --moe-capacity-factor F  tokens per expert per micro-batch <= ceil(F * K * B*T / E); over it a token's choice is
@@ -133,7 +136,7 @@ std::map<std::string, std::string> parse_flags(int argc, char** argv, int first,
     if (auto eq = key.find('='); eq != std::string::npos) {
       value = key.substr(eq + 1);
       key = key.substr(0, eq);
-    } else if (key == "deterministic") {  // a switch: no value
+    } else if (key == "deterministic" || key == "sequence-parallel") {  // a switch: no value
       value = "true";
     } else {
       if (i + 1 >= argc) usage_error("--" + key + " needs a value");
@@ -505,6 +508,7 @@ int cmd_train(int argc, char** argv) {
                         "pp",
                         "zero",
                         "deterministic",
+                        "sequence-parallel",
                         "bucket-mb",
                         "recompute",
                         "recompute-layers",
@@ -580,6 +584,16 @@ int cmd_train(int argc, char** argv) {
   if (f.count("recompute") || f.count("recompute-layers")) {
     tc.recompute = parse_recompute(f.count("recompute") ? f["recompute"] : "none",
                                    static_cast<int>(to_int(f, "recompute-layers", -1)), *cfg);
+  }
+  if (f.count("sequence-parallel")) {
+    const std::string v = f["sequence-parallel"];
+    if (v != "true" && v != "false" && v != "1" && v != "0") {
+      throw ConfigError("--sequence-parallel=" + v + ": give it without a value, or true/false");
+    }
+    tc.sequence_parallel = v == "true" || v == "1";
+    if (tc.sequence_parallel && to_int(f, "tp", 1) < 2) {
+      throw ConfigError("--sequence-parallel needs tensor parallelism: add --tp 2 (or more) or drop the flag");
+    }
   }
   if (const char* p = std::getenv("RAILYARD_PROGRESS_FILE"); p != nullptr && *p != '\0') tc.progress_file = p;
   tc.validate(*cfg);

@@ -11,7 +11,8 @@ ParallelGpt::ParallelGpt(const GptConfig& config, const TrainConfig& train, int 
                          comm::Communicator& world, const ModelGroups& groups)
     : world_(world),
       config_(config),
-      model_(config, train.batch, train.seq_len, max_micro_batches, pool, groups, {}, train.recompute),
+      model_(config, train.batch, train.seq_len, max_micro_batches, pool, groups, {}, train.recompute,
+             train.sequence_parallel),
       whole_(model_.num_params(), 1, model_.num_params()),
       adam_(whole_, 0, local_tensor_spans(model_.shape()),
             AdamWHyper{train.beta1, train.beta2, train.eps, static_cast<float>(train.weight_decay)}, pool) {}

@@ -8,6 +8,11 @@
 // Parameters and gradients live in one flat local buffer each, in llm.c tensor order with local shapes
 // (local_param_sizes); shard_map() says which global slice each piece is. Activations are kept for `slots`
 // micro-batches in flight (the 1F1B schedule in parallel_model.h picks the slot).
+// Sequence parallelism (Korthikanti et al. 2022; docs/parallel.md "Sequence parallelism"): with sequence_parallel
+// and tp > 1, the layernorm/residual regions hold only this rank's N/tp token rows (rows [r N/tp, (r+1) N/tp) of the
+// (B,T) row-major tokens; the stage's input, output and the pipeline messages are that shard). f becomes an
+// all-gather forward (reduce-scatter backward), g a reduce-scatter forward (all-gather backward); the layernorm
+// weight gradients, computed from local rows, are summed over tp at the end of backward.
 #pragma once
 
 #include <cstddef>
@@ -22,16 +27,25 @@
 
 namespace railyard::worker::parallel {
 
+// The bytes a GptStage of these arguments allocates for activations (activation_bytes()), without building it:
+// what the memory comparison with the planner uses on shapes too big to allocate in a unit test.
+size_t stage_activation_bytes(const StageShape& shape, int B, int seq_len, int slots, size_t threads,
+                              const RecomputeSpec& recompute = {}, bool sequence_parallel = false);
+
 class GptStage {
  public:
   // (B, T) micro-batches; tp is the tensor-parallel group (nullptr or size 1 when tp_size == 1).
   // recompute: which layers (global index) drop activations after forward and rebuild them in backward, tp
   // all-reduces included (docs/worker.md); results are bitwise those without.
   GptStage(const StageShape& shape, int B, int seq_len, int slots, ThreadPool& pool, comm::Communicator* tp,
-           const RecomputeSpec& recompute = {});
+           const RecomputeSpec& recompute = {}, bool sequence_parallel = false);
 
   const StageShape& shape() const { return shape_; }
   int slots() const { return slots_; }
+  bool sequence_parallel() const { return sp_; }
+  // Token rows of the residual stream held here: B*T, or B*T/tp with sequence parallelism (input(), output(),
+  // grad_output() and grad_input() are (rows(), C)).
+  size_t rows() const { return rows_; }
   size_t num_params() const { return params_.size(); }
   float* params() { return params_.data(); }
   float* grads() { return grads_.data(); }
@@ -44,13 +58,13 @@ class GptStage {
   // Writes this rank's slices of `local` (params(), grads() or a buffer of that layout) into the full buffer.
   void gather_into_full(const float* local, float* full) const;
 
-  // (B,T,C) the residual stream entering this stage's first layer: stage > 0 receives it here before forward().
+  // (rows(),C) the residual stream entering this stage's first layer: stage > 0 receives it here before forward().
   float* input(int slot);
-  // (B,T,C) the residual stream leaving the last layer (what stage s+1 receives); valid until the slot is reused.
+  // (rows(),C) the residual stream leaving the last layer (what stage s+1 receives); valid until the slot is reused.
   const float* output(int slot) const;
-  // (B,T,C) d(output): stage < last receives it here before backward().
+  // (rows(),C) d(output): stage < last receives it here before backward().
   float* grad_output() { return dres_; }
-  // (B,T,C) d(input) after backward(slot): what stage s-1 receives.
+  // (rows(),C) d(input) after backward(slot): what stage s-1 receives.
   const float* grad_input(int slot) const;
 
   // One micro-batch forward into activation slot `slot`. inputs are read on the first stage, targets on the last
@@ -85,12 +99,17 @@ class GptStage {
     int32_t* tokens;
   };
   void all_reduce(float* buf, size_t n, comm::ReduceOp op);
+  // Sequence parallelism: (rows_,C) shard -> (N,C) in rank order, and the (N,C) partial sums -> this rank's rows.
+  void all_gather_rows(const float* local, float* full);
+  void reduce_scatter_rows(const float* full, float* local);
   // Local layer l of a slot: writes res3 (proj_ may be passed to discard it).
   void layer_forward(size_t l, const float* residual, const LayerActs& a, float* res3);
 
   StageShape shape_;
   RecomputeSpec recompute_;
   int B_, T_, slots_;
+  bool sp_;
+  size_t rows_;
   ThreadPool& pool_;
   comm::Communicator* tp_;
   std::vector<ShardSlice> map_;
@@ -101,6 +120,10 @@ class GptStage {
   // Shared by all slots (one micro-batch computes at a time): backward scratch, the row-parallel outputs, and the
   // cross entropy's per-row max and [sum exp | target logit].
   float *dres_, *dc_, *d4c_, *dqkv_, *att_scratch_, *proj_, *ce_max_, *ce_sums_;
+  // Sequence parallelism only (else null): gath_ (N,C) the all-gathered layernorm output or d(residual); rs_
+  // (rows_,C) a reduce-scatter's result; sp_ln_ the micro-batch's layernorm weight gradients from local rows, per
+  // layer [ln1w ln1b ln2w ln2b] (4C) then lnfw lnfb (2C), summed over tp before they join grads().
+  float *gath_ = nullptr, *rs_ = nullptr, *sp_ln_ = nullptr;
   double tp_seconds_ = 0;
 };
 

@@ -31,10 +31,11 @@ class ParallelModel {
  public:
   // (B, T) micro-batches, at most max_micro_batches per forward_backward (activation memory is allocated here for
   // min(max_micro_batches, pp - stage) micro-batches). boundaries: stage split (empty = balance_stages).
-  // recompute: activation recomputation of the stage's layers (GptStage).
+  // recompute: activation recomputation of the stage's layers; sequence_parallel: Megatron sequence parallelism
+  // over the tp group, the pipeline then sends each tp rank's rows only (GptStage).
   ParallelModel(const GptConfig& config, int B, int seq_len, int max_micro_batches, ThreadPool& pool,
-                const ModelGroups& groups, const std::vector<int>& boundaries = {},
-                const RecomputeSpec& recompute = {});
+                const ModelGroups& groups, const std::vector<int>& boundaries = {}, const RecomputeSpec& recompute = {},
+                bool sequence_parallel = false);
 
   // Forward and backward of M micro-batches through the pipeline (1F1B), accumulating (+=) gradients scaled by
   // dloss (e.g. 1/(M*dp)) into grads(); call zero_grad() first. next_micro_batch fills (B,T) inputs and targets; it

@@ -65,6 +65,8 @@ struct TrainConfig {
   // forward + backward, as a device slow_factor times slower would take. 1 = off. Not applied to tp/pp models.
   double slow_factor = 1;
   RecomputeSpec recompute;  // activation recomputation (--recompute, --recompute-layers); results are unchanged
+  // Megatron sequence parallelism over the tp group (--sequence-parallel; tp > 1 only, applied by ParallelGpt).
+  bool sequence_parallel = false;
 
   int micro_steps() const;                      // global batch / (B*T)
   void validate(const GptConfig& model) const;  // throws ConfigError naming the flag
