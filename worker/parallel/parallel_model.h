@@ -74,6 +74,7 @@ class ParallelModel {
   void init_weights(uint64_t seed);
 
   GptStage& stage() { return *stage_; }
+  bool sequence_parallel() const { return stage_->sequence_parallel(); }
   size_t activation_bytes() const { return stage_->activation_bytes(); }
   // For logs: "stage 1/2 layers [2,4) tp 0/2 (heads 0-1, vocab rows 0-63): 0.11M params, activations 1.3 MiB in 1
   // slot(s)".
