@@ -14,11 +14,12 @@ namespace {
 
 // What GptStage allocates, in floats; the constructor carves its buffers out of exactly these sizes.
 struct StageSizes {
-  size_t layer = 0, att = 0, per_slot = 0, work = 0, work_layer = 0, work_att = 0, scratch = 0, tokens = 0;
+  size_t layer = 0, att = 0, per_slot = 0, work = 0, work_layer = 0, work_att = 0, scratch = 0, tokens = 0, ring = 0;
 };
 
+// seq_len: the local sequence length (T / cp).
 StageSizes stage_sizes(const StageShape& sh, int B, int seq_len, size_t threads, const RecomputeSpec& recompute,
-                       bool sp) {
+                       bool sp, int cp) {
   const size_t C = sh.config.channels, Cl = sh.local_channels(), NHl = sh.local_heads();
   const size_t Ls = sh.layers(), Vl = sh.local_vocab(), N = static_cast<size_t>(B) * seq_len;
   const size_t TT = static_cast<size_t>(seq_len) * seq_len;
@@ -32,7 +33,7 @@ StageSizes stage_sizes(const StageShape& sh, int B, int seq_len, size_t threads,
   // One layer without its output res3 and without att: ln1 (NL,C), ln1 mean/rstd (NL), qkv (N,3Cl), atty (N,Cl),
   // res2 (NL,C), ln2 (NL,C), ln2 mean/rstd (NL), fch and fch_gelu (N,4Cl); att (B,NHl,T,T).
   z.layer = NL * C + 2 * NL + N * 3 * Cl + N * Cl + NL * C + NL * C + 2 * NL + 2 * N * 4 * Cl;
-  z.att = B * NHl * TT;
+  z.att = cp > 1 ? B * NHl * static_cast<size_t>(seq_len) : B * NHl * TT;  // probabilities, or the ring's lse
   size_t stored = 0, stored_att = 0;
   for (size_t l = 0; l < Ls; ++l) {
     const int gl = sh.layer_begin + static_cast<int>(l);
@@ -50,6 +51,8 @@ StageSizes stage_sizes(const StageShape& sh, int B, int seq_len, size_t threads,
   // dres (NL,C), dc (N,C); d4c (N,4Cl); dqkv (N,3Cl); attention scratch (threads,T,T); proj (N,C); ce max (N),
   // sums (2N); sequence parallelism: gath (N,C), rs (NL,C), the layernorm gradients (4 Ls + 2) C
   const size_t sp_scratch = sp ? N * C + NL * C + (4 * Ls + 2) * C : 0;
+  // context parallel: the ring's key/value blocks and their gradients (4 B Tc 2 Cl), its (max, sum, D) rows
+  z.ring = cp > 1 ? 4 * N * 2 * Cl + 3 * static_cast<size_t>(B) * NHl * seq_len : 0;
   z.scratch = NL * C + N * C + N * 4 * Cl + N * 3 * Cl + threads * TT + N * C + 3 * N + sp_scratch;
   z.tokens = first ? N : 0;
   return z;
@@ -58,13 +61,15 @@ StageSizes stage_sizes(const StageShape& sh, int B, int seq_len, size_t threads,
 }  // namespace
 
 size_t stage_activation_bytes(const StageShape& shape, int B, int seq_len, int slots, size_t threads,
-                              const RecomputeSpec& recompute, bool sequence_parallel) {
-  const StageSizes z = stage_sizes(shape, B, seq_len, threads, recompute, sequence_parallel);
-  return (z.per_slot * slots + z.work + z.scratch) * sizeof(float) + z.tokens * slots * sizeof(int32_t);
+                              const RecomputeSpec& recompute, bool sequence_parallel, int cp) {
+  if (cp < 1 || seq_len % cp != 0) throw ConfigError("context parallelism: cp must divide T");
+  const StageSizes z = stage_sizes(shape, B, seq_len / cp, threads, recompute, sequence_parallel, cp);
+  return (z.per_slot * slots + z.work + z.scratch + z.ring) * sizeof(float) +
+         (z.tokens * slots + (cp > 1 ? 2 * z.tokens : 0)) * sizeof(int32_t);
 }
 
 GptStage::GptStage(const StageShape& shape, int B, int seq_len, int slots, ThreadPool& pool, comm::Communicator* tp,
-                   const RecomputeSpec& recompute, bool sequence_parallel)
+                   const RecomputeSpec& recompute, bool sequence_parallel, comm::Communicator* cp)
     : shape_(shape),
       recompute_(recompute),
       B_(B),
@@ -72,6 +77,7 @@ GptStage::GptStage(const StageShape& shape, int B, int seq_len, int slots, Threa
       slots_(slots),
       sp_(sequence_parallel),
       rows_(static_cast<size_t>(B) * seq_len),
+      T_full_(seq_len),
       pool_(pool),
       tp_(tp) {
   validate(shape_.config);
@@ -84,6 +90,20 @@ GptStage::GptStage(const StageShape& shape, int B, int seq_len, int slots, Threa
   if (shape_.tp_size > 1 && (tp_ == nullptr || tp_->size() != shape_.tp_size || tp_->rank() != shape_.tp_rank)) {
     throw ConfigError("tensor-parallel group does not match the layout: expected rank " +
                       std::to_string(shape_.tp_rank) + " of " + std::to_string(shape_.tp_size));
+  }
+  if (cp != nullptr && cp->size() > 1) {
+    cp_size_ = cp->size();
+    cp_rank_ = cp->rank();
+    if (seq_len % cp_size_ != 0) {
+      throw ConfigError("--cp " + std::to_string(cp_size_) + " must divide the sequence length --seq " +
+                        std::to_string(seq_len) + " (each rank holds seq/cp positions)");
+    }
+    if (sp_) {
+      throw ConfigError(
+          "--cp with --sequence-parallel is not implemented (each works alone, with tp): drop one of them");
+    }
+    T_ = seq_len / cp_size_;
+    rows_ = static_cast<size_t>(B) * T_;
   }
   if (sp_) {
     if (shape_.tp_size < 2) {
@@ -107,11 +127,11 @@ GptStage::GptStage(const StageShape& shape, int B, int seq_len, int slots, Threa
   grads_ = AlignedBuffer<float>(n);
 
   const size_t C = shape_.config.channels, Cl = shape_.local_channels();
-  const size_t Ls = shape_.layers(), Vl = shape_.local_vocab(), N = static_cast<size_t>(B) * seq_len;
-  const size_t TT = static_cast<size_t>(seq_len) * seq_len;
+  const size_t Ls = shape_.layers(), Vl = shape_.local_vocab(), N = static_cast<size_t>(B) * T_;
+  const size_t TT = static_cast<size_t>(T_) * T_;
   const bool first = shape_.first(), last = shape_.last();
   const size_t NL = rows_;
-  const StageSizes z = stage_sizes(shape_, B, seq_len, pool.size(), recompute_, sp_);
+  const StageSizes z = stage_sizes(shape_, B, T_, pool.size(), recompute_, sp_, cp_size_);
   const size_t per_slot = z.per_slot, work = z.work, att = z.att;
   const size_t work_layer = z.work_layer, work_att = z.work_att;
   acts_ = AlignedBuffer<float>(per_slot * slots + work);
@@ -181,6 +201,11 @@ GptStage::GptStage(const StageShape& shape, int B, int seq_len, int slots, Threa
     sp_ln_ = take((4 * Ls + 2) * C);
   }
   if (p != scratch_.data() + scratch_.size()) throw Error("GptStage: scratch layout does not add up (a bug)");
+  if (cp_size_ > 1) {
+    ring_ = std::make_unique<RingAttention>(cp, B, T_, static_cast<int>(Cl), shape_.local_heads(), pool);
+    if (ring_->workspace_bytes() != z.ring * sizeof(float)) throw Error("GptStage: ring workspace mismatch (a bug)");
+    cp_tokens_ = AlignedBuffer<int32_t>(2 * N);
+  }
 }
 
 void GptStage::zero_grad() {
@@ -242,10 +267,28 @@ void check_tokens(const int32_t* ids, size_t n, int V, const char* what) {
 
 }  // namespace
 
+void GptStage::attention_fwd(const LayerActs& a) {
+  if (ring_) {
+    ring_->forward(a.qkv, a.atty, a.att);
+  } else {
+    cpu::attention_forward(pool_, a.atty, a.att, a.qkv, B_, T_, shape_.local_channels(), shape_.local_heads());
+  }
+}
+
+void GptStage::attention_bwd(const LayerActs& a) {
+  // d atty is in dc_; d qkv goes to dqkv_
+  if (ring_) {
+    ring_->backward(dc_, a.qkv, a.atty, a.att, dqkv_);
+  } else {
+    cpu::attention_backward(pool_, dqkv_, att_scratch_, dc_, a.qkv, a.att, B_, T_, shape_.local_channels(),
+                            shape_.local_heads());
+  }
+}
+
 void GptStage::layer_forward(size_t l, const float* residual, const LayerActs& a, float* res3) {
   using namespace cpu;
   using comm::ReduceOp;
-  const int B = B_, Tn = T_, C = shape_.config.channels, Cl = shape_.local_channels(), NHl = shape_.local_heads();
+  const int B = B_, Tn = T_, C = shape_.config.channels, Cl = shape_.local_channels();
   const size_t N = static_cast<size_t>(B) * Tn, NL = rows_, lc = l * C;
   const bool lead = shape_.tp_rank == 0;  // adds the row-parallel biases, once
   std::array<float*, kNumParamTensors> w{};
@@ -277,7 +320,7 @@ void GptStage::layer_forward(size_t l, const float* residual, const LayerActs& a
   // attention block
   layernorm_forward(pool_, a.ln1, a.ln1_mean, a.ln1_rstd, residual, ln1w + lc, ln1b + lc, NL, C);
   matmul_forward(pool_, a.qkv, f(a.ln1), qkvw + l * 3 * Cl * C, qkvb + l * 3 * Cl, N, C, 3 * Cl);  // (B,T,3Cl)
-  attention_forward(pool_, a.atty, a.att, a.qkv, B, Tn, Cl, NHl);  // (B,T,Cl), (B,NHl,T,T): this rank's heads
+  attention_fwd(a);  // (B,T,Cl), (B,NHl,T,T): this rank's heads
   matmul_forward(pool_, proj_, a.atty, attprojw + l * C * Cl, lead ? attprojb + lc : nullptr, N, Cl,
                  C);  // (B,T,C) partial sum over heads
   residual_forward(pool_, a.res2, residual, g(), NL * C);
@@ -306,6 +349,18 @@ double GptStage::forward(int slot, const int32_t* inputs, const int32_t* targets
     }
   }
   float *wte = w[0], *wpe = w[1], *lnfw = w[14], *lnfb = w[15];
+  if (cp_size_ > 1) {
+    // context parallel: keep positions [r T_, (r+1) T_) of each sequence; wpe is indexed from r T_ on
+    const size_t t0 = static_cast<size_t>(cp_rank_) * Tn;
+    for (int b = 0; b < B; ++b) {
+      const size_t from = static_cast<size_t>(b) * T_full_ + t0, to = static_cast<size_t>(b) * Tn;
+      if (inputs != nullptr) std::memcpy(cp_tokens_.data() + to, inputs + from, Tn * sizeof(int32_t));
+      if (targets != nullptr) std::memcpy(cp_tokens_.data() + N + to, targets + from, Tn * sizeof(int32_t));
+    }
+    inputs = inputs != nullptr ? cp_tokens_.data() : nullptr;
+    targets = targets != nullptr ? cp_tokens_.data() + N : nullptr;
+    wpe += t0 * C;
+  }
 
   if (shape_.first()) {
     check_tokens(inputs, N, shape_.config.vocab_size, "input");
@@ -352,7 +407,7 @@ void GptStage::backward(int slot, const GradReadyHook* ready) {
   using namespace cpu;
   using comm::ReduceOp;
   Slot& a = slot_.at(slot);
-  const int B = B_, Tn = T_, C = shape_.config.channels, Cl = shape_.local_channels(), NHl = shape_.local_heads();
+  const int B = B_, Tn = T_, C = shape_.config.channels, Cl = shape_.local_channels();
   const int Vl = shape_.local_vocab(), v0 = shape_.vocab_begin();
   const size_t Ls = shape_.layers(), N = static_cast<size_t>(B) * Tn, NL = rows_;
   std::array<float*, kNumParamTensors> w{}, g{};
@@ -416,7 +471,7 @@ void GptStage::backward(int slot, const GradReadyHook* ready) {
       // Same kernels, inputs, weights and (deterministic) collectives as the forward: the working set gets its bits.
       layer_forward(l, residual, la, proj_);  // res3 is kept; proj_ takes the throwaway copy
     } else if (recompute_.selective(gl)) {
-      attention_forward(pool_, la.atty, la.att, la.qkv, B, Tn, Cl, NHl);  // atty rewritten with identical values
+      attention_fwd(la);  // atty rewritten with identical values
     }
     // MLP block: g's backward is the identity (sequence parallel: the all-gather), fcproj sees d(res3)
     matmul_backward(pool_, d4c_, false, g[12] + l * C * 4 * Cl, g[13] + lc, gather(dres_), la.fch_gelu,
@@ -429,8 +484,8 @@ void GptStage::backward(int slot, const GradReadyHook* ready) {
                        NL, C);  // += d res2
     // attention block
     matmul_backward(pool_, dc_, false, g[6] + l * C * Cl, g[7] + lc, gather(dres_), la.atty, w[6] + l * C * Cl, N, Cl,
-                    C);                                                                   // d atty (B,T,Cl)
-    attention_backward(pool_, dqkv_, att_scratch_, dc_, la.qkv, la.att, B, Tn, Cl, NHl);  // d qkv (B,T,3Cl)
+                    C);  // d atty (B,T,Cl)
+    attention_bwd(la);   // d qkv (B,T,3Cl)
     matmul_backward(pool_, dc_, false, g[4] + l * 3 * Cl * C, g[5] + l * 3 * Cl, dqkv_, gather(la.ln1),
                     w[4] + l * 3 * Cl * C, N, C, 3 * Cl);  // d ln1 (B,T,C) partial
     const float* dln1 = f_backward();
@@ -464,7 +519,9 @@ void GptStage::backward(int slot, const GradReadyHook* ready) {
   if (shape_.first()) {
     // the embedding's all-reduce is g-like: its backward is the identity (sequence parallel: the all-gather), each
     // rank scatters into its own rows
-    vocab_embedding_backward(pool_, g[0], g[1], gather(dres_), a.tokens, v0, Vl, B, Tn, C);
+    // context parallel: this rank's positions start at r T_ in wpe
+    vocab_embedding_backward(pool_, g[0], g[1] + static_cast<size_t>(cp_rank_) * Tn * C, gather(dres_), a.tokens, v0,
+                             Vl, B, Tn, C);
     report(1, 0, sizes_[1]);
     if (shape_.last()) report(0, 0, sizes_[0]);  // pp == 1: both uses of wte are done
   } else {

@@ -13,6 +13,10 @@
 // (B,T) row-major tokens; the stage's input, output and the pipeline messages are that shard). f becomes an
 // all-gather forward (reduce-scatter backward), g a reduce-scatter forward (all-gather backward); the layernorm
 // weight gradients, computed from local rows, are summed over tp at the end of backward.
+// Context parallelism (docs/parallel.md "Context parallelism"): with a cp group of size P > 1 the stage holds
+// positions [r T/P, (r+1) T/P) of every sequence of the micro-batch (it is given the whole (B,T) tokens and keeps its
+// slice); attention is RingAttention over cp, everything else is row-wise. The loss returned and the gradients are
+// those of the local tokens (mean over them): the caller averages both over cp, as over data-parallel replicas.
 #pragma once
 
 #include <cstddef>
@@ -23,6 +27,7 @@
 #include "worker/comm/communicator.h"
 #include "worker/kernels/cpu/thread_pool.h"
 #include "worker/model/gpt.h"
+#include "worker/parallel/ring_attention.h"
 #include "worker/parallel/stage_plan.h"
 
 namespace railyard::worker::parallel {
@@ -30,7 +35,7 @@ namespace railyard::worker::parallel {
 // The bytes a GptStage of these arguments allocates for activations (activation_bytes()), without building it:
 // what the memory comparison with the planner uses on shapes too big to allocate in a unit test.
 size_t stage_activation_bytes(const StageShape& shape, int B, int seq_len, int slots, size_t threads,
-                              const RecomputeSpec& recompute = {}, bool sequence_parallel = false);
+                              const RecomputeSpec& recompute = {}, bool sequence_parallel = false, int cp = 1);
 
 class GptStage {
  public:
@@ -38,11 +43,12 @@ class GptStage {
   // recompute: which layers (global index) drop activations after forward and rebuild them in backward, tp
   // all-reduces included (docs/worker.md); results are bitwise those without.
   GptStage(const StageShape& shape, int B, int seq_len, int slots, ThreadPool& pool, comm::Communicator* tp,
-           const RecomputeSpec& recompute = {}, bool sequence_parallel = false);
+           const RecomputeSpec& recompute = {}, bool sequence_parallel = false, comm::Communicator* cp = nullptr);
 
   const StageShape& shape() const { return shape_; }
   int slots() const { return slots_; }
   bool sequence_parallel() const { return sp_; }
+  int cp_size() const { return cp_size_; }
   // Token rows of the residual stream held here: B*T, or B*T/tp with sequence parallelism (input(), output(),
   // grad_output() and grad_input() are (rows(), C)).
   size_t rows() const { return rows_; }
@@ -81,7 +87,8 @@ class GptStage {
 
   // Bytes allocated for activations (all slots), backward scratch and the first stage's token copies.
   size_t activation_bytes() const {
-    return (acts_.size() + scratch_.size()) * sizeof(float) + tokens_.size() * sizeof(int32_t);
+    return (acts_.size() + scratch_.size()) * sizeof(float) + (tokens_.size() + cp_tokens_.size()) * sizeof(int32_t) +
+           (ring_ ? ring_->workspace_bytes() : 0);
   }
 
   // Seconds spent in tp all-reduces since the last call (then reset).
@@ -102,6 +109,10 @@ class GptStage {
   // Sequence parallelism: (rows_,C) shard -> (N,C) in rank order, and the (N,C) partial sums -> this rank's rows.
   void all_gather_rows(const float* local, float* full);
   void reduce_scatter_rows(const float* full, float* local);
+  // The attention core: the CPU kernel on the whole sequence, or (context parallel) the ring; `att` holds the
+  // probabilities (B,NHl,T,T), or the ring's log-sum-exp (B,NHl,T/P).
+  void attention_fwd(const LayerActs& a);
+  void attention_bwd(const LayerActs& a);
   // Local layer l of a slot: writes res3 (proj_ may be passed to discard it).
   void layer_forward(size_t l, const float* residual, const LayerActs& a, float* res3);
 
@@ -110,6 +121,9 @@ class GptStage {
   int B_, T_, slots_;
   bool sp_;
   size_t rows_;
+  int T_full_, cp_size_ = 1, cp_rank_ = 0;  // T_ is the local sequence length T_full_ / cp_size_
+  std::unique_ptr<RingAttention> ring_;
+  AlignedBuffer<int32_t> cp_tokens_;  // context parallel: this rank's slice of the inputs and targets (2 B T_)
   ThreadPool& pool_;
   comm::Communicator* tp_;
   std::vector<ShardSlice> map_;

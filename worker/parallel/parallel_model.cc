@@ -36,7 +36,8 @@ ParallelModel::ParallelModel(const GptConfig& config, int B, int seq_len, int ma
   const StageShape shape =
       make_stage_shape(config, seq_len, size_of(groups.tp), rank_of(groups.tp), pp, stage, boundaries);
   const int slots = std::min(max_micro_batches, pp - stage);
-  stage_ = std::make_unique<GptStage>(shape, B, seq_len, slots, pool, groups.tp, recompute, sequence_parallel);
+  stage_ =
+      std::make_unique<GptStage>(shape, B, seq_len, slots, pool, groups.tp, recompute, sequence_parallel, groups.cp);
   count_once_ = count_once_ranges(stage_->shard_map(), shape.tp_rank);
   send_fwd_.resize(slots);
   send_bwd_.resize(slots);
@@ -148,6 +149,23 @@ double ParallelModel::run(int M, const std::function<void(int32_t*, int32_t*)>& 
     std::memcpy(&bits, &loss, sizeof bits);
     pp->broadcast(&bits, 1, comm::DType::kInt64, P - 1);
     std::memcpy(&loss, &bits, sizeof bits);
+    waited += since(t0);
+  }
+  if (st.cp_size() > 1) {
+    // each cp rank's loss is the mean over its positions (equally many): the sequence's mean is their mean, summed
+    // in rank order so every rank has the same bits
+    const auto t0 = Clock::now();
+    int64_t bits = 0;
+    std::memcpy(&bits, &loss, sizeof bits);
+    std::vector<int64_t> all(static_cast<size_t>(st.cp_size()));
+    groups_.cp->all_gather(&bits, all.data(), 1, comm::DType::kInt64);
+    double sum = 0;
+    for (int64_t b : all) {
+      double v = 0;
+      std::memcpy(&v, &b, sizeof v);
+      sum += v;
+    }
+    loss = sum / st.cp_size();
     waited += since(t0);
   }
   if (times != nullptr) {

@@ -23,6 +23,9 @@ struct ModelGroups {
   comm::Communicator* tp = nullptr;
   comm::Communicator* pp = nullptr;
   comm::Communicator* embedding = nullptr;
+  // context parallelism: the ranks that split each sequence (ring attention); the caller averages the gradients over
+  // it as over data-parallel replicas. Not part of ProcessGroups yet (see docs/parallel.md).
+  comm::Communicator* cp = nullptr;
 };
 // The model's groups out of the worker's process groups (which must outlive the model).
 inline ModelGroups model_groups(comm::ProcessGroups& g) { return {&g.tp(), &g.pp(), g.embedding()}; }

@@ -35,6 +35,11 @@ class RingAttention {
   // Bytes sent by this rank per forward / backward (what the planner's ring model counts).
   size_t forward_bytes_sent() const { return fwd_bytes_; }
   size_t backward_bytes_sent() const { return bwd_bytes_; }
+  // Bytes of its buffers: the key/value block in hand and in flight, their gradients, and three floats per row.
+  size_t workspace_bytes() const {
+    return (kv_.size() + kv_next_.size() + dkv_.size() + dkv_next_.size() + m_.size() + l_.size() + d_.size()) *
+           sizeof(float);
+  }
 
  private:
   // Sends `send` (count floats) to rank+1 and receives `recv` from rank-1, tags unique per call.

@@ -2,6 +2,8 @@
 // single-process CPU attention kernel on the whole sequence: cp = 1, 2, 4 ranks, each holding T/cp positions of every
 // sequence; the outputs and d(qkv) of every position agree within 1e-5 relative (max-norm; the online softmax and the
 // ring order of the d(keys)/d(values) sums round differently from the kernel's full-row softmax).
+// The whole model with context parallelism (ParallelModel with a cp group): dp x cp = 1x2, 1x4, 2x2 ranks, gradients
+// averaged over dp x cp, give the loss and every gradient of one process within 1e-5 relative.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -13,6 +15,8 @@
 
 #include "worker/comm/local_world.h"
 #include "worker/kernels/cpu/kernels.h"
+#include "worker/model/gpt.h"
+#include "worker/parallel/parallel_model.h"
 #include "worker/parallel/ring_attention.h"
 
 using namespace railyard::worker;
@@ -99,5 +103,96 @@ TEST_CASE("ring attention: a wrong causal mask would be caught (the check can fa
   // row 0 attends only to itself: its output is exactly its own value vector
   for (int h = 0; h < kNH; ++h) {
     for (int c = 0; c < kC / kNH; ++c) CHECK(out[h * (kC / kNH) + c] == qkv[2 * kC + h * (kC / kNH) + c]);
+  }
+}
+
+namespace {
+
+const GptConfig kModel = make_gpt_config(/*L=*/4, /*C=*/32, /*NH=*/4, /*maxT=*/16, /*V=*/100);
+constexpr int kMB = 2, kMT = 16;  // micro-batch (B, T): T = maxT so that every wpe row is used
+
+struct Grads {
+  double loss = 0;
+  std::vector<float> grads;
+};
+
+}  // namespace
+
+TEST_CASE("context parallel model: dp x cp = 1x2, 1x4, 2x2 equal one process (loss, every gradient)") {
+  const int M = 2;
+  for (auto [dp, cp] : {std::pair{1, 2}, {1, 4}, {2, 2}}) {
+    CAPTURE(dp);
+    CAPTURE(cp);
+    std::mt19937 rng(3);
+    const size_t N = static_cast<size_t>(kMB) * kMT;
+    std::vector<int32_t> in(M * dp * N), tgt(M * dp * N);
+    for (size_t i = 0; i < in.size(); ++i) {
+      in[i] = static_cast<int32_t>(rng() % kModel.vocab_size);
+      tgt[i] = static_cast<int32_t>(rng() % kModel.vocab_size);
+    }
+    Grads ref;
+    {
+      ThreadPool pool(1);
+      Gpt<float> model(kModel, kMB, kMT, pool);
+      model.init_weights(42);
+      model.zero_grad();
+      for (int m = 0; m < M * dp; ++m) {
+        ref.loss += model.forward(in.data() + m * N, tgt.data() + m * N, Gpt<float>::Mode::kTrain, 1.0f / (M * dp));
+        model.backward(true);
+      }
+      ref.loss /= M * dp;
+      ref.grads.assign(model.grads(), model.grads() + model.num_params());
+    }
+    Grads got;
+    got.grads.assign(num_parameters(kModel), 0);
+    std::vector<double> losses(static_cast<size_t>(dp * cp));
+    std::vector<size_t> bytes(static_cast<size_t>(dp * cp)), expected(static_cast<size_t>(dp * cp));
+    std::mutex mu;
+    comm::run_local_world(dp * cp, [&](comm::Communicator& world) {
+      const int replica = world.rank() / cp;
+      std::vector<int> members;
+      for (int i = 0; i < cp; ++i) members.push_back(replica * cp + i);
+      auto cp_group = world.split(members, "cp");
+      ThreadPool pool(1);
+      ModelGroups groups;
+      groups.cp = cp_group.get();
+      ParallelModel model(kModel, kMB, kMT, M, pool, groups);
+      model.init_weights(42);
+      model.zero_grad();
+      int next = replica * M;
+      double loss = model.forward_backward(
+          M,
+          [&](int32_t* i, int32_t* t) {
+            std::memcpy(i, in.data() + next * N, N * sizeof(int32_t));
+            std::memcpy(t, tgt.data() + next * N, N * sizeof(int32_t));
+            ++next;
+          },
+          1.0f / (M * dp * cp));
+      // cp ranks hold different positions and dp ranks different sequences: both are summed like replicas
+      world.all_reduce(model.grads(), model.num_params(), comm::DType::kFloat32, comm::ReduceOp::kSum);
+      float l = static_cast<float>(loss);
+      world.all_reduce(&l, 1, comm::DType::kFloat32, comm::ReduceOp::kSum);
+      std::lock_guard<std::mutex> lock(mu);
+      losses[static_cast<size_t>(world.rank())] = static_cast<double>(l) / (dp * cp);
+      bytes[static_cast<size_t>(world.rank())] = model.activation_bytes();
+      expected[static_cast<size_t>(world.rank())] =
+          stage_activation_bytes(model.shape(), kMB, kMT, model.stage().slots(), pool.size(), {}, false, cp);
+      if (world.rank() == 0) model.gather_into_full(model.grads(), got.grads.data());
+    });
+    for (double l : losses) CHECK(std::fabs(l - ref.loss) <= 1e-5 * ref.loss);
+    CHECK(bytes == expected);
+    CHECK(bytes[0] < stage_activation_bytes(make_stage_shape(kModel, kMT, 1, 0, 1, 0, {}), kMB, kMT, 1, 1));
+    const auto sizes = param_sizes(kModel);
+    size_t off = 0;
+    for (int i = 0; i < kNumParamTensors; ++i) {
+      CAPTURE(kParamNames[i]);
+      double d = 0, m = 0;
+      for (size_t k = off; k < off + sizes[i]; ++k) {
+        d = std::max(d, std::fabs(double(got.grads[k]) - double(ref.grads[k])));
+        m = std::max(m, std::fabs(double(ref.grads[k])));
+      }
+      CHECK(d <= 1e-5 * m);
+      off += sizes[i];
+    }
   }
 }
