@@ -13,6 +13,9 @@
 #include <random>
 #include <vector>
 
+#include "common/error.h"
+#include "operator/planner/calibration.h"
+#include "operator/planner/context_parallel.h"
 #include "worker/comm/local_world.h"
 #include "worker/kernels/cpu/kernels.h"
 #include "worker/model/gpt.h"
@@ -195,4 +198,45 @@ TEST_CASE("context parallel model: dp x cp = 1x2, 1x4, 2x2 equal one process (lo
       off += sizes[i];
     }
   }
+}
+
+// The planner's context-parallel memory model (operator/planner/context_parallel.h) against what a stage allocates
+// (stage_activation_bytes, asserted equal to the allocation above), on gpt2-124m at T = 1024, one GPU per cp rank.
+TEST_CASE("gpt2-124m: context parallel activation bytes and their drop match the planner within 15%") {
+  namespace plan = railyard::plan;
+  const GptConfig g = model_preset("gpt2-124m");
+  plan::Cluster cluster;
+  cluster.device = plan::builtin_profile("cpu");
+  cluster.gpus = 1;
+  const StageShape sh = make_stage_shape(g, g.max_seq_len, 1, 0, 1, 0, {});
+  for (int B : {1, 2}) {
+    plan::Job job{plan::ModelShape{"gpt2-124m", g.num_layers, g.channels, g.num_heads, g.max_seq_len, g.vocab_size,
+                                   /*dropout=*/false},
+                  B, 0};
+    plan::Layout l;
+    l.micro_batch = B;
+    const double m1 = static_cast<double>(stage_activation_bytes(sh, B, g.max_seq_len, 1, 2));
+    const double p1 = plan::cp_activation_bytes(job, cluster, l, 1);
+    for (int cp : {2, 4}) {
+      CAPTURE(B);
+      CAPTURE(cp);
+      const double m = static_cast<double>(stage_activation_bytes(sh, B, g.max_seq_len, 1, 2, {}, false, cp));
+      const double p = plan::cp_activation_bytes(job, cluster, l, cp);
+      MESSAGE("B=" << B << " cp=" << cp << " MiB allocated cp1/cp " << m1 / 1048576 << " / " << m / 1048576 << " (drop "
+                   << (m1 - m) / 1048576 << "), planner " << p1 / 1048576 << " / " << p / 1048576 << " (drop "
+                   << (p1 - p) / 1048576 << ")");
+      auto within = [](double got, double want) { return std::fabs(got - want) <= 0.15 * want; };
+      CHECK(m < m1);
+      CHECK(within(m, p));
+      CHECK(within(m1 - m, p1 - p));
+    }
+  }
+  // the ring's bytes per hop are what RingAttention sends (fp32 on the cpu profile): B Tc 2C floats
+  const plan::RingTime rt = plan::cp_ring_time(plan::ModelShape{"t", 1, kC, kNH, kT, 100, false}, cluster,
+                                               plan::Layout{.micro_batch = kB}, 4);
+  CHECK(rt.bytes_per_hop == static_cast<double>(kB) * (kT / 4) * 2 * kC * sizeof(float));
+  CHECK(rt.backward > rt.forward);
+  CHECK(rt.forward_exposed <= rt.forward);
+  const plan::Job odd{plan::ModelShape{"t", 1, kC, kNH, kT, 100, false}, 1, 0};
+  CHECK_THROWS_AS(plan::cp_activation_bytes(odd, cluster, plan::Layout{}, 3), railyard::ConfigError);  // 3 ∤ 16
 }
