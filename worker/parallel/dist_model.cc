@@ -69,7 +69,8 @@ std::string ParallelGpt::describe() const {
   return "stage " + std::to_string(s.pp_rank) + "/" + std::to_string(s.pp_size) + " layers [" +
          std::to_string(s.layer_begin) + "," + std::to_string(s.layer_end) + ") tp " + std::to_string(s.tp_rank) + "/" +
          std::to_string(s.tp_size) + ", " + std::to_string(model_.num_params()) + " local params" +
-         (model_.sequence_parallel() ? ", sequence parallel" : "");
+         (model_.sequence_parallel() ? ", sequence parallel" : "") +
+         (model_.cp_size() > 1 ? ", context parallel " + std::to_string(model_.cp_size()) : "");
 }
 
 }  // namespace railyard::worker::parallel

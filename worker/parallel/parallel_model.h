@@ -78,6 +78,7 @@ class ParallelModel {
 
   GptStage& stage() { return *stage_; }
   bool sequence_parallel() const { return stage_->sequence_parallel(); }
+  int cp_size() const { return stage_->cp_size(); }
   size_t activation_bytes() const { return stage_->activation_bytes(); }
   // For logs: "stage 1/2 layers [2,4) tp 0/2 (heads 0-1, vocab rows 0-63): 0.11M params, activations 1.3 MiB in 1
   // slot(s)".

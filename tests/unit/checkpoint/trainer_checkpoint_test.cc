@@ -584,6 +584,47 @@ TEST_CASE("sequence parallelism on and off: a checkpoint of either resumes under
   }
 }
 
+TEST_CASE("context parallelism (--cp): trains like one process; checkpoints resume across cp changes") {
+  // cp ranks hold the same parameters (a replica's sequences split by position), so a checkpoint of cp = 2 is that of
+  // a replica: it resumes under one process and vice versa. Different reduction orders: 1e-5 relative.
+  Fixture fx;
+  auto run_cp = [&](const std::string& ck, int nproc, int cp, const std::string& name) {
+    std::vector<std::string> extra = {"--global-batch",          "256", "--ckpt-every", "3", "--log-json",
+                                      fx.dir / (name + ".jsonl")};
+    if (nproc > 1) extra.insert(extra.end(), {"--nproc", std::to_string(nproc), "--cp", std::to_string(cp)});
+    return run(fx.train(6, ck, extra, "1"), fx.dir / (name + ".log"));
+  };
+  auto close = [](const std::map<int, std::string>& got, const std::map<int, std::string>& want, int from) {
+    for (int s = from; s <= 6; ++s) {
+      const double x = std::stod(want.at(s)), y = std::stod(got.at(s));
+      CHECK_MESSAGE(std::abs(x - y) <= 1e-5 * std::abs(x), "step " << s << ": " << got.at(s) << " vs " << want.at(s));
+    }
+  };
+  const std::string ck1 = fx.dir / "ck-one", ck2 = fx.dir / "ck-cp2", ck4 = fx.dir / "ck-dp2cp2";
+  REQUIRE_MESSAGE(run_cp(ck1, 1, 1, "one") == 0, slurp(fx.dir / "one.log"));
+  REQUIRE_MESSAGE(run_cp(ck2, 2, 2, "cp2") == 0, slurp(fx.dir / "cp2.log"));
+  REQUIRE_MESSAGE(run_cp(ck4, 4, 2, "dp2cp2") == 0, slurp(fx.dir / "dp2cp2.log"));
+  CHECK_MESSAGE(slurp(fx.dir / "cp2.log").find("context parallel 2") != std::string::npos, slurp(fx.dir / "cp2.log"));
+  const auto one = step_losses(fx.dir / "one.jsonl");
+  REQUIRE(one.size() == 6);
+  REQUIRE(step_losses(fx.dir / "cp2.jsonl").size() == 6);
+  close(step_losses(fx.dir / "cp2.jsonl"), one, 1);
+  close(step_losses(fx.dir / "dp2cp2.jsonl"), one, 1);
+  fs::remove_all(ck1 + "/step-00000006");
+  fs::remove_all(ck2 + "/step-00000006");
+  // cp = 2's checkpoint under one process, one process's under cp = 2
+  for (auto [src, nproc, cp, name] : {std::tuple{ck2, 1, 1, "cp2-to-one"}, {ck1, 2, 2, "one-to-cp2"}}) {
+    INFO(name);
+    const std::string copy = fx.dir / (std::string("ck-") + name);
+    fs::copy(src, copy, fs::copy_options::recursive);
+    REQUIRE_MESSAGE(run_cp(copy, nproc, cp, name) == 0, slurp(fx.dir / (std::string(name) + ".log")));
+    CHECK(slurp(fx.dir / (std::string(name) + ".log")).find("restored step=3 ") != std::string::npos);
+    const auto b = step_losses(fx.dir / (std::string(name) + ".jsonl"));
+    REQUIRE(b.size() == 3);
+    close(b, one, 4);
+  }
+}
+
 namespace {
 
 // Like spawn(), with the file-size limit RLIMIT_FSIZE (and SIGXFSZ ignored, so a write past it fails with EFBIG).
