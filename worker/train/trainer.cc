@@ -109,6 +109,11 @@ Trainer::Trainer(const GptConfig& model, const TrainConfig& config, ThreadPool& 
       throw ConfigError("--dp-split " + list + ": the counts must sum to the " + std::to_string(micro) +
                         " micro-batches per step (--global-batch / (--batch * --seq))");
   }
+  if (cfg_.cp > 1 &&
+      (sharded_ == nullptr || sync_ == nullptr || sync_->size() % cfg_.cp != 0 || sync_->deterministic())) {
+    throw ConfigError("--cp " + std::to_string(cfg_.cp) +
+                      " needs the model-parallel model and a data-parallel group of dp x cp ranks (not deterministic)");
+  }
   if (sync_ != nullptr) {
     const int micro = cfg_.micro_steps(), dp = sync_->size() / cfg_.cp;  // replicas (cp ranks share one)
     if (cfg_.dp_split.empty() && micro % dp != 0) {
