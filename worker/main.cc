@@ -105,6 +105,11 @@ constexpr const char* kUsage = R"(usage: railyard-worker train [flags]
                        recomputed in backward) or full (a layer keeps only its input and reruns its forward in
                        backward); results are bitwise unchanged, activation memory drops (docs/worker.md)
   --recompute-layers K recompute only the first K layers (default: all)
+  --cp N               context parallelism: each sequence split over N ranks (ring attention), dp x cp x tp x pp =
+                       world; needs T divisible by N; not with --sequence-parallel/--deterministic (docs/parallel.md)
+  --sequence-parallel  Megatron sequence parallelism over the tp group (needs --tp > 1 and B*T divisible by tp):
+                       layernorm/residual activations split along the tokens, all-gather/reduce-scatter instead of
+                       all-reduce; same results (docs/parallel.md)
   --moe-experts E      mixture-of-experts MLP with E experts per layer (default: dense); with --nproc/--ep
   --moe-top-k K        experts per token (default 1)
   --moe-capacity-factor F  tokens per expert per micro-batch <= ceil(F * K * B*T / E); over it a token's choice is
@@ -138,7 +143,7 @@ std::map<std::string, std::string> parse_flags(int argc, char** argv, int first,
     if (auto eq = key.find('='); eq != std::string::npos) {
       value = key.substr(eq + 1);
       key = key.substr(0, eq);
-    } else if (key == "deterministic") {  // a switch: no value
+    } else if (key == "deterministic" || key == "sequence-parallel") {  // a switch: no value
       value = "true";
     } else {
       if (i + 1 >= argc) usage_error("--" + key + " needs a value");
@@ -335,6 +340,7 @@ void apply_config_file(const std::string& path, std::map<std::string, std::strin
 // The distributed side of `train` (docs/parallel.md "Running it").
 struct DistSetup {
   std::unique_ptr<comm::ProcessGroups> groups;  // null: one process
+  std::unique_ptr<comm::Communicator> cp;       // --cp > 1: this rank's block of cp consecutive dp ranks
   std::unique_ptr<parallel::DataParallel> sync;
   std::unique_ptr<parallel::ParallelGpt> sharded;  // tp * pp > 1
   int zero = 0;
@@ -360,6 +366,7 @@ DistSetup join_world(std::map<std::string, std::string>& f, TrainConfig& tc) {
     throw ConfigError("WORLD_SIZE '" + ws + "' is not a positive integer");
   }
   if (world == 1) {
+    if (tc.cp > 1) throw ConfigError("--cp " + std::to_string(tc.cp) + " needs as many ranks: add --nproc");
     if (tp * pp > 1) {
       throw ConfigError("--tp " + std::to_string(tp) + " --pp " + std::to_string(pp) + " needs " +
                         std::to_string(tp * pp) + "+ ranks: add --nproc " + std::to_string(tp * pp) +
@@ -370,7 +377,18 @@ DistSetup join_world(std::map<std::string, std::string>& f, TrainConfig& tc) {
   tc.world_size = static_cast<int>(world);
   const comm::Layout layout{static_cast<int>(world / (tp * pp)), static_cast<int>(tp), static_cast<int>(pp)};
   comm::validate_layout(layout, static_cast<int>(world));
+  if (tc.cp > 1 && (layout.dp % tc.cp != 0 || d.deterministic)) {
+    throw ConfigError("--cp " + std::to_string(tc.cp) + ": WORLD_SIZE / (tp*pp) = " + std::to_string(layout.dp) +
+                      " ranks must be a multiple of cp (dp x cp), and --deterministic is not supported with it");
+  }
   d.groups = std::make_unique<comm::ProcessGroups>(comm::connect_gloo(comm::gloo_options_from_env()), layout);
+  if (tc.cp > 1) {
+    // cp consecutive ranks of the dp group share a replica's sequences; the gradient reduction stays over all dp x cp
+    comm::Communicator& dp = d.groups->dp();
+    std::vector<int> block;
+    for (int i = 0; i < tc.cp; ++i) block.push_back(dp.rank() / tc.cp * tc.cp + i);
+    d.cp = dp.split(block, "cp");
+  }
   if (d.groups->rank() != 0) {
     // Files and step lines that speak for the whole job come from rank 0 only.
     tc.progress_file.clear();
@@ -539,6 +557,8 @@ int cmd_train(int argc, char** argv) {
                         "pp",
                         "zero",
                         "deterministic",
+                        "sequence-parallel",
+                        "cp",
                         "bucket-mb",
                         "recompute",
                         "recompute-layers",
@@ -616,6 +636,17 @@ int cmd_train(int argc, char** argv) {
     tc.recompute = parse_recompute(f.count("recompute") ? f["recompute"] : "none",
                                    static_cast<int>(to_int(f, "recompute-layers", -1)), *cfg);
   }
+  if (f.count("sequence-parallel")) {
+    const std::string v = f["sequence-parallel"];
+    if (v != "true" && v != "false" && v != "1" && v != "0") {
+      throw ConfigError("--sequence-parallel=" + v + ": give it without a value, or true/false");
+    }
+    tc.sequence_parallel = v == "true" || v == "1";
+    if (tc.sequence_parallel && to_int(f, "tp", 1) < 2) {
+      throw ConfigError("--sequence-parallel needs tensor parallelism: add --tp 2 (or more) or drop the flag");
+    }
+  }
+  tc.cp = static_cast<int>(to_int(f, "cp", 1));
   if (const char* p = std::getenv("RAILYARD_PROGRESS_FILE"); p != nullptr && *p != '\0') tc.progress_file = p;
   tc.validate(*cfg);
 
@@ -638,14 +669,14 @@ int cmd_train(int argc, char** argv) {
   // Joins the world the launcher (--nproc or the agent) describes in RANK/WORLD_SIZE/MASTER_*; one process otherwise.
   DistSetup dist = join_world(f, tc);
   if ((!tc.dp_split.empty() || tc.slow_factor > 1) && dist.groups != nullptr &&
-      dist.groups->layout().tp * dist.groups->layout().pp > 1)
-    throw ConfigError("--dp-split and --slow-ranks apply to plain data parallelism: drop --tp/--pp");
+      (dist.groups->layout().tp * dist.groups->layout().pp > 1 || tc.cp > 1))
+    throw ConfigError("--dp-split and --slow-ranks apply to plain data parallelism: drop --tp/--pp/--cp");
   // Data parallel: replica r reads its run of every global step; deterministic mode and an uneven --dp-split read the
   // job's whole sequence and the trainer keeps this replica's micro-batches (trainer.h).
   const bool whole_sequence = dist.deterministic || dist.groups == nullptr || !tc.dp_split.empty();
-  LoaderBatchSource train(
-      std::make_unique<DataLoader>(data, tc.batch, tc.seq_len, whole_sequence ? 0 : dist.groups->dp().rank(),
-                                   whole_sequence ? 1 : dist.groups->dp().size(), tc.seed, cfg->vocab_size, true));
+  LoaderBatchSource train(std::make_unique<DataLoader>(
+      data, tc.batch, tc.seq_len, whole_sequence ? 0 : dist.groups->dp().rank() / tc.cp,
+      whole_sequence ? 1 : dist.groups->dp().size() / tc.cp, tc.seed, cfg->vocab_size, true));
   std::unique_ptr<LoaderBatchSource> val;
   if (tc.val_every > 0) {
     val = std::make_unique<LoaderBatchSource>(
@@ -667,19 +698,20 @@ int cmd_train(int argc, char** argv) {
   if (split != "pool" && split != "openblas") throw ConfigError("--gemm-split must be pool or openblas");
   ThreadPool pool(threads);
   cpu::set_gemm_threading(split == "pool" ? cpu::GemmThreading::kPool : cpu::GemmThreading::kOpenBlas, threads);
-  const bool model_parallel = dist.groups != nullptr && dist.groups->layout().tp * dist.groups->layout().pp > 1;
+  const bool model_parallel =
+      dist.groups != nullptr && (dist.groups->layout().tp * dist.groups->layout().pp > 1 || tc.cp > 1);
   if (model_parallel) {
     comm::ProcessGroups& g = *dist.groups;
-    dist.sharded = std::make_unique<parallel::ParallelGpt>(*cfg, tc, tc.micro_steps() / g.layout().dp, pool, g.world(),
-                                                           parallel::ModelGroups{&g.tp(), &g.pp(), g.embedding()});
+    const parallel::ModelGroups mg{&g.tp(), &g.pp(), g.embedding(), dist.cp.get()};
+    dist.sharded = std::make_unique<parallel::ParallelGpt>(*cfg, tc, tc.micro_steps() / (g.layout().dp / tc.cp), pool,
+                                                           g.world(), mg);
     log::info("worker", "model-parallel stage", {{"stage", dist.sharded->describe()}});
     if (g.layout().dp > 1 || dist.zero > 0 || dist.deterministic) {
       parallel::DataParallelOptions dpo;
       dpo.zero_stage = dist.zero;
       dpo.deterministic = dist.deterministic;
       dpo.bucket_bytes = dist.bucket_bytes;
-      dist.sync = parallel::parallel_gpt_data_parallel(
-          &g.dp(), *dist.sharded, parallel::ModelGroups{&g.tp(), &g.pp(), g.embedding()}, tc, pool, dpo);
+      dist.sync = parallel::parallel_gpt_data_parallel(&g.dp(), *dist.sharded, mg, tc, pool, dpo);
     }
   } else if (dist.groups != nullptr || dist.deterministic || dist.zero > 0) {
     parallel::DataParallelOptions dpo;

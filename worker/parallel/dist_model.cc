@@ -11,7 +11,8 @@ ParallelGpt::ParallelGpt(const GptConfig& config, const TrainConfig& train, int 
                          comm::Communicator& world, const ModelGroups& groups)
     : world_(world),
       config_(config),
-      model_(config, train.batch, train.seq_len, max_micro_batches, pool, groups, {}, train.recompute),
+      model_(config, train.batch, train.seq_len, max_micro_batches, pool, groups, {}, train.recompute,
+             train.sequence_parallel),
       whole_(model_.num_params(), 1, model_.num_params()),
       adam_(whole_, 0, local_tensor_spans(model_.shape()),
             AdamWHyper{train.beta1, train.beta2, train.eps, static_cast<float>(train.weight_decay)}, pool) {}
@@ -67,7 +68,9 @@ std::string ParallelGpt::describe() const {
   const StageShape& s = model_.shape();
   return "stage " + std::to_string(s.pp_rank) + "/" + std::to_string(s.pp_size) + " layers [" +
          std::to_string(s.layer_begin) + "," + std::to_string(s.layer_end) + ") tp " + std::to_string(s.tp_rank) + "/" +
-         std::to_string(s.tp_size) + ", " + std::to_string(model_.num_params()) + " local params";
+         std::to_string(s.tp_size) + ", " + std::to_string(model_.num_params()) + " local params" +
+         (model_.sequence_parallel() ? ", sequence parallel" : "") +
+         (model_.cp_size() > 1 ? ", context parallel " + std::to_string(model_.cp_size()) : "");
 }
 
 }  // namespace railyard::worker::parallel

@@ -8,6 +8,15 @@
 // Parameters and gradients live in one flat local buffer each, in llm.c tensor order with local shapes
 // (local_param_sizes); shard_map() says which global slice each piece is. Activations are kept for `slots`
 // micro-batches in flight (the 1F1B schedule in parallel_model.h picks the slot).
+// Sequence parallelism (Korthikanti et al. 2022; docs/parallel.md "Sequence parallelism"): with sequence_parallel
+// and tp > 1, the layernorm/residual regions hold only this rank's N/tp token rows (rows [r N/tp, (r+1) N/tp) of the
+// (B,T) row-major tokens; the stage's input, output and the pipeline messages are that shard). f becomes an
+// all-gather forward (reduce-scatter backward), g a reduce-scatter forward (all-gather backward); the layernorm
+// weight gradients, computed from local rows, are summed over tp at the end of backward.
+// Context parallelism (docs/parallel.md "Context parallelism"): with a cp group of size P > 1 the stage holds
+// positions [r T/P, (r+1) T/P) of every sequence of the micro-batch (it is given the whole (B,T) tokens and keeps its
+// slice); attention is RingAttention over cp, everything else is row-wise. The loss returned and the gradients are
+// those of the local tokens (mean over them): the caller averages both over cp, as over data-parallel replicas.
 #pragma once
 
 #include <cstddef>
@@ -18,9 +27,15 @@
 #include "worker/comm/communicator.h"
 #include "worker/kernels/cpu/thread_pool.h"
 #include "worker/model/gpt.h"
+#include "worker/parallel/ring_attention.h"
 #include "worker/parallel/stage_plan.h"
 
 namespace railyard::worker::parallel {
+
+// The bytes a GptStage of these arguments allocates for activations (activation_bytes()), without building it:
+// what the memory comparison with the planner uses on shapes too big to allocate in a unit test.
+size_t stage_activation_bytes(const StageShape& shape, int B, int seq_len, int slots, size_t threads,
+                              const RecomputeSpec& recompute = {}, bool sequence_parallel = false, int cp = 1);
 
 class GptStage {
  public:
@@ -28,10 +43,15 @@ class GptStage {
   // recompute: which layers (global index) drop activations after forward and rebuild them in backward, tp
   // all-reduces included (docs/worker.md); results are bitwise those without.
   GptStage(const StageShape& shape, int B, int seq_len, int slots, ThreadPool& pool, comm::Communicator* tp,
-           const RecomputeSpec& recompute = {});
+           const RecomputeSpec& recompute = {}, bool sequence_parallel = false, comm::Communicator* cp = nullptr);
 
   const StageShape& shape() const { return shape_; }
   int slots() const { return slots_; }
+  bool sequence_parallel() const { return sp_; }
+  int cp_size() const { return cp_size_; }
+  // Token rows of the residual stream held here: B*T, or B*T/tp with sequence parallelism (input(), output(),
+  // grad_output() and grad_input() are (rows(), C)).
+  size_t rows() const { return rows_; }
   size_t num_params() const { return params_.size(); }
   float* params() { return params_.data(); }
   float* grads() { return grads_.data(); }
@@ -44,13 +64,13 @@ class GptStage {
   // Writes this rank's slices of `local` (params(), grads() or a buffer of that layout) into the full buffer.
   void gather_into_full(const float* local, float* full) const;
 
-  // (B,T,C) the residual stream entering this stage's first layer: stage > 0 receives it here before forward().
+  // (rows(),C) the residual stream entering this stage's first layer: stage > 0 receives it here before forward().
   float* input(int slot);
-  // (B,T,C) the residual stream leaving the last layer (what stage s+1 receives); valid until the slot is reused.
+  // (rows(),C) the residual stream leaving the last layer (what stage s+1 receives); valid until the slot is reused.
   const float* output(int slot) const;
-  // (B,T,C) d(output): stage < last receives it here before backward().
+  // (rows(),C) d(output): stage < last receives it here before backward().
   float* grad_output() { return dres_; }
-  // (B,T,C) d(input) after backward(slot): what stage s-1 receives.
+  // (rows(),C) d(input) after backward(slot): what stage s-1 receives.
   const float* grad_input(int slot) const;
 
   // One micro-batch forward into activation slot `slot`. inputs are read on the first stage, targets on the last
@@ -67,7 +87,8 @@ class GptStage {
 
   // Bytes allocated for activations (all slots), backward scratch and the first stage's token copies.
   size_t activation_bytes() const {
-    return (acts_.size() + scratch_.size()) * sizeof(float) + tokens_.size() * sizeof(int32_t);
+    return (acts_.size() + scratch_.size()) * sizeof(float) + (tokens_.size() + cp_tokens_.size()) * sizeof(int32_t) +
+           (ring_ ? ring_->workspace_bytes() : 0);
   }
 
   // Seconds spent in tp all-reduces since the last call (then reset).
@@ -85,12 +106,24 @@ class GptStage {
     int32_t* tokens;
   };
   void all_reduce(float* buf, size_t n, comm::ReduceOp op);
+  // Sequence parallelism: (rows_,C) shard -> (N,C) in rank order, and the (N,C) partial sums -> this rank's rows.
+  void all_gather_rows(const float* local, float* full);
+  void reduce_scatter_rows(const float* full, float* local);
+  // The attention core: the CPU kernel on the whole sequence, or (context parallel) the ring; `att` holds the
+  // probabilities (B,NHl,T,T), or the ring's log-sum-exp (B,NHl,T/P).
+  void attention_fwd(const LayerActs& a);
+  void attention_bwd(const LayerActs& a);
   // Local layer l of a slot: writes res3 (proj_ may be passed to discard it).
   void layer_forward(size_t l, const float* residual, const LayerActs& a, float* res3);
 
   StageShape shape_;
   RecomputeSpec recompute_;
   int B_, T_, slots_;
+  bool sp_;
+  size_t rows_;
+  int T_full_, cp_size_ = 1, cp_rank_ = 0;  // T_ is the local sequence length T_full_ / cp_size_
+  std::unique_ptr<RingAttention> ring_;
+  AlignedBuffer<int32_t> cp_tokens_;  // context parallel: this rank's slice of the inputs and targets (2 B T_)
   ThreadPool& pool_;
   comm::Communicator* tp_;
   std::vector<ShardSlice> map_;
@@ -101,6 +134,10 @@ class GptStage {
   // Shared by all slots (one micro-batch computes at a time): backward scratch, the row-parallel outputs, and the
   // cross entropy's per-row max and [sum exp | target logit].
   float *dres_, *dc_, *d4c_, *dqkv_, *att_scratch_, *proj_, *ce_max_, *ce_sums_;
+  // Sequence parallelism only (else null): gath_ (N,C) the all-gathered layernorm output or d(residual); rs_
+  // (rows_,C) a reduce-scatter's result; sp_ln_ the micro-batch's layernorm weight gradients from local rows, per
+  // layer [ln1w ln1b ln2w ln2b] (4C) then lnfw lnfb (2C), summed over tp before they join grads().
+  float *gath_ = nullptr, *rs_ = nullptr, *sp_ln_ = nullptr;
   double tp_seconds_ = 0;
 };
 

@@ -27,7 +27,7 @@ uint32_t tag(uint32_t step, int m, int dir) {
 
 ParallelModel::ParallelModel(const GptConfig& config, int B, int seq_len, int max_micro_batches, ThreadPool& pool,
                              const ModelGroups& groups, const std::vector<int>& boundaries,
-                             const RecomputeSpec& recompute)
+                             const RecomputeSpec& recompute, bool sequence_parallel)
     : config_(config), B_(B), T_(seq_len), max_m_(max_micro_batches), pool_(pool), groups_(groups) {
   if (max_micro_batches < 1 || max_micro_batches >= (1 << 17)) {
     throw ConfigError("micro-batches per step must be in 1..131071, got " + std::to_string(max_micro_batches));
@@ -36,7 +36,8 @@ ParallelModel::ParallelModel(const GptConfig& config, int B, int seq_len, int ma
   const StageShape shape =
       make_stage_shape(config, seq_len, size_of(groups.tp), rank_of(groups.tp), pp, stage, boundaries);
   const int slots = std::min(max_micro_batches, pp - stage);
-  stage_ = std::make_unique<GptStage>(shape, B, seq_len, slots, pool, groups.tp, recompute);
+  stage_ =
+      std::make_unique<GptStage>(shape, B, seq_len, slots, pool, groups.tp, recompute, sequence_parallel, groups.cp);
   count_once_ = count_once_ranges(stage_->shard_map(), shape.tp_rank);
   send_fwd_.resize(slots);
   send_bwd_.resize(slots);
@@ -98,6 +99,7 @@ double ParallelModel::run(int M, const std::function<void(int32_t*, int32_t*)>& 
   const int P = sh.pp_size, s = sh.pp_rank, K = st.slots();
   comm::Communicator* pp = groups_.pp;
   const uint32_t step = step_++;
+  const size_t R = st.rows() * C;  // what crosses a stage boundary: the residual stream's rows held here
   double waited = 0, loss_sum = 0;
   st.take_tp_comm_seconds();
 
@@ -105,22 +107,22 @@ double ParallelModel::run(int M, const std::function<void(int32_t*, int32_t*)>& 
     const int k = m % K;
     wait(send_fwd_[k], &waited);  // the slot's previous output has left
     if (!sh.first()) {
-      auto r = pp->irecv(st.input(k), N * C, comm::DType::kFloat32, s - 1, tag(step, m, 0));
+      auto r = pp->irecv(st.input(k), R, comm::DType::kFloat32, s - 1, tag(step, m, 0));
       wait(r, &waited);
     }
     const int32_t* in = batch_.data() + m * 2 * N;
     loss_sum += st.forward(k, in, in + N, dloss);
-    if (!sh.last()) send_fwd_[k] = pp->isend(st.output(k), N * C, comm::DType::kFloat32, s + 1, tag(step, m, 0));
+    if (!sh.last()) send_fwd_[k] = pp->isend(st.output(k), R, comm::DType::kFloat32, s + 1, tag(step, m, 0));
   };
   auto bwd = [&](int m) {
     const int k = m % K;
     if (!sh.last()) {
-      auto r = pp->irecv(st.grad_output(), N * C, comm::DType::kFloat32, s + 1, tag(step, m, 1));
+      auto r = pp->irecv(st.grad_output(), R, comm::DType::kFloat32, s + 1, tag(step, m, 1));
       wait(r, &waited);
     }
     wait(send_bwd_[k], &waited);                               // the slot's previous d(input) has left
     st.backward(k, ready_ && m == M - 1 ? &ready_ : nullptr);  // 1F1B ends every stage with micro-batch M-1
-    if (!sh.first()) send_bwd_[k] = pp->isend(st.grad_input(k), N * C, comm::DType::kFloat32, s - 1, tag(step, m, 1));
+    if (!sh.first()) send_bwd_[k] = pp->isend(st.grad_input(k), R, comm::DType::kFloat32, s - 1, tag(step, m, 1));
   };
 
   if (backward) {
@@ -147,6 +149,23 @@ double ParallelModel::run(int M, const std::function<void(int32_t*, int32_t*)>& 
     std::memcpy(&bits, &loss, sizeof bits);
     pp->broadcast(&bits, 1, comm::DType::kInt64, P - 1);
     std::memcpy(&loss, &bits, sizeof bits);
+    waited += since(t0);
+  }
+  if (st.cp_size() > 1) {
+    // each cp rank's loss is the mean over its positions (equally many): the sequence's mean is their mean, summed
+    // in rank order so every rank has the same bits
+    const auto t0 = Clock::now();
+    int64_t bits = 0;
+    std::memcpy(&bits, &loss, sizeof bits);
+    std::vector<int64_t> all(static_cast<size_t>(st.cp_size()));
+    groups_.cp->all_gather(&bits, all.data(), 1, comm::DType::kInt64);
+    double sum = 0;
+    for (int64_t b : all) {
+      double v = 0;
+      std::memcpy(&v, &b, sizeof v);
+      sum += v;
+    }
+    loss = sum / st.cp_size();
     waited += since(t0);
   }
   if (times != nullptr) {
@@ -197,11 +216,12 @@ std::string ParallelModel::describe() const {
   char buf[256];
   std::snprintf(buf, sizeof buf,
                 "stage %d/%d layers [%d,%d) tp %d/%d (heads %d-%d, vocab rows %d-%d): %.2fM params, activations %.1f "
-                "MiB in %d slot(s)",
+                "MiB in %d slot(s)%s",
                 sh.pp_rank, sh.pp_size, sh.layer_begin, sh.layer_end, sh.tp_rank, sh.tp_size,
                 sh.tp_rank * sh.local_heads(), (sh.tp_rank + 1) * sh.local_heads() - 1, sh.vocab_begin(),
                 sh.vocab_begin() + sh.local_vocab() - 1, stage_->num_params() / 1e6,
-                stage_->activation_bytes() / (1024.0 * 1024.0), stage_->slots());
+                stage_->activation_bytes() / (1024.0 * 1024.0), stage_->slots(),
+                stage_->sequence_parallel() ? ", sequence parallel" : "");
   return buf;
 }
 

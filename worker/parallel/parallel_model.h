@@ -23,6 +23,9 @@ struct ModelGroups {
   comm::Communicator* tp = nullptr;
   comm::Communicator* pp = nullptr;
   comm::Communicator* embedding = nullptr;
+  // context parallelism: the ranks that split each sequence (ring attention); the caller averages the gradients over
+  // it as over data-parallel replicas. Not part of ProcessGroups yet (see docs/parallel.md).
+  comm::Communicator* cp = nullptr;
 };
 // The model's groups out of the worker's process groups (which must outlive the model).
 inline ModelGroups model_groups(comm::ProcessGroups& g) { return {&g.tp(), &g.pp(), g.embedding()}; }
@@ -31,10 +34,11 @@ class ParallelModel {
  public:
   // (B, T) micro-batches, at most max_micro_batches per forward_backward (activation memory is allocated here for
   // min(max_micro_batches, pp - stage) micro-batches). boundaries: stage split (empty = balance_stages).
-  // recompute: activation recomputation of the stage's layers (GptStage).
+  // recompute: activation recomputation of the stage's layers; sequence_parallel: Megatron sequence parallelism
+  // over the tp group, the pipeline then sends each tp rank's rows only (GptStage).
   ParallelModel(const GptConfig& config, int B, int seq_len, int max_micro_batches, ThreadPool& pool,
-                const ModelGroups& groups, const std::vector<int>& boundaries = {},
-                const RecomputeSpec& recompute = {});
+                const ModelGroups& groups, const std::vector<int>& boundaries = {}, const RecomputeSpec& recompute = {},
+                bool sequence_parallel = false);
 
   // Forward and backward of M micro-batches through the pipeline (1F1B), accumulating (+=) gradients scaled by
   // dloss (e.g. 1/(M*dp)) into grads(); call zero_grad() first. next_micro_batch fills (B,T) inputs and targets; it
@@ -73,6 +77,8 @@ class ParallelModel {
   void init_weights(uint64_t seed);
 
   GptStage& stage() { return *stage_; }
+  bool sequence_parallel() const { return stage_->sequence_parallel(); }
+  int cp_size() const { return stage_->cp_size(); }
   size_t activation_bytes() const { return stage_->activation_bytes(); }
   // For logs: "stage 1/2 layers [2,4) tp 0/2 (heads 0-1, vocab rows 0-63): 0.11M params, activations 1.3 MiB in 1
   // slot(s)".

@@ -32,6 +32,16 @@ void add_positions(ThreadPool& pool, float* out, const float* wpe, int B, int Tn
   });
 }
 
+void add_positions_rows(ThreadPool& pool, float* out, const float* wpe, size_t row0, size_t rows, int Tn, int C) {
+  pool.parallel_for(rows, [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) {
+      float* o = out + i * C;
+      const float* p = wpe + ((row0 + i) % Tn) * C;
+      for (int c = 0; c < C; ++c) o[c] += p[c];
+    }
+  });
+}
+
 void vocab_embedding_backward(ThreadPool& pool, float* dwte_local, float* dwpe, const float* dout, const int32_t* inp,
                               int v0, int Vl, int B, int Tn, int C) {
   pool.parallel_for(static_cast<size_t>(C), [&](size_t c0, size_t c1) {

@@ -15,6 +15,9 @@ void vocab_embedding_forward(ThreadPool& pool, float* out, const int32_t* inp, c
                              size_t N, int C);
 // out (B,T,C) += wpe[t], after the all-reduce so that the position table is added once.
 void add_positions(ThreadPool& pool, float* out, const float* wpe, int B, int Tn, int C);
+// out (rows,C) += wpe[position] for the token rows [row0, row0 + rows) of the (B,T) row-major micro-batch (a
+// sequence-parallel rank's shard): the position of row i is i mod Tn.
+void add_positions_rows(ThreadPool& pool, float* out, const float* wpe, size_t row0, size_t rows, int Tn, int C);
 // dwte_local (Vl,C) += dout rows of the tokens held here; dwpe (maxT,C) += sum over b when dwpe is not null.
 // Split over channels, so no two threads touch one element and the summation order is fixed.
 void vocab_embedding_backward(ThreadPool& pool, float* dwte_local, float* dwpe, const float* dout, const int32_t* inp,

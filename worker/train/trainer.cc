@@ -66,6 +66,10 @@ void TrainConfig::validate(const GptConfig& model) const {
   if (val_every < 0 || val_steps <= 0) bad("--val-every must be >= 0 and --val-steps positive");
   if (max_bad_steps <= 0) bad("--max-bad-steps must be positive");
   if (!(slow_factor >= 1) || !std::isfinite(slow_factor)) bad("--slow-factor must be a number >= 1");
+  if (cp < 1 || seq_len % cp != 0) {
+    bad("--cp " + std::to_string(cp) + " must be >= 1 and divide --seq " + std::to_string(seq_len) +
+        " (each rank holds seq/cp positions)");
+  }
 }
 
 Trainer::Trainer(const GptConfig& model, const TrainConfig& config, ThreadPool& pool, BatchSource& train,
@@ -105,8 +109,13 @@ Trainer::Trainer(const GptConfig& model, const TrainConfig& config, ThreadPool& 
       throw ConfigError("--dp-split " + list + ": the counts must sum to the " + std::to_string(micro) +
                         " micro-batches per step (--global-batch / (--batch * --seq))");
   }
+  if (cfg_.cp > 1 &&
+      (sharded_ == nullptr || sync_ == nullptr || sync_->size() % cfg_.cp != 0 || sync_->deterministic())) {
+    throw ConfigError("--cp " + std::to_string(cfg_.cp) +
+                      " needs the model-parallel model and a data-parallel group of dp x cp ranks (not deterministic)");
+  }
   if (sync_ != nullptr) {
-    const int micro = cfg_.micro_steps(), dp = sync_->size();
+    const int micro = cfg_.micro_steps(), dp = sync_->size() / cfg_.cp;  // replicas (cp ranks share one)
     if (cfg_.dp_split.empty() && micro % dp != 0) {
       throw ConfigError("--global-batch: " + std::to_string(micro) + " micro-batches of batch*seq tokens per step " +
                         "do not divide over dp=" + std::to_string(dp) + " replicas: make it a multiple of " +
@@ -197,7 +206,7 @@ StepResult Trainer::step() {
   } else if (sharded_ != nullptr) {
     // Tensor/pipeline parallel: the schedule runs this replica's A micro-batches; dp buckets are reduced as the
     // last micro-batch's backward finishes them.
-    const int dp = sync_ != nullptr ? sync_->size() : 1, A = micro / dp;
+    const int dp = sync_ != nullptr ? sync_->size() : 1, A = micro / (dp / cfg_.cp);  // cp ranks share a replica's
     if (sync_ != nullptr) sync_->arm(sharded_->grads());
     r.loss = sharded_->forward_backward(
         A, [&](int32_t* in, int32_t* tgt) { train_.next_batch(in, tgt); }, 1.0f / static_cast<float>(A), &r.times);

@@ -65,6 +65,12 @@ struct TrainConfig {
   // forward + backward, as a device slow_factor times slower would take. 1 = off. Not applied to tp/pp models.
   double slow_factor = 1;
   RecomputeSpec recompute;  // activation recomputation (--recompute, --recompute-layers); results are unchanged
+  // Megatron sequence parallelism over the tp group (--sequence-parallel; tp > 1 only, applied by ParallelGpt).
+  bool sequence_parallel = false;
+  // Context parallelism degree (--cp): the data-parallel group (GradSync) is dp x cp ranks, cp consecutive ones
+  // sharing each replica's sequences (positions split, ring attention); a replica runs micro_steps() / (D / cp)
+  // micro-batches. tp/pp model (ParallelGpt) only.
+  int cp = 1;
 
   int micro_steps() const;                      // global batch / (B*T)
   void validate(const GptConfig& model) const;  // throws ConfigError naming the flag

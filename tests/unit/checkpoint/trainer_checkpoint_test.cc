@@ -126,7 +126,7 @@ struct Fixture {
   // every 3 steps, 0.05 MiB buckets (they cut tensors between the ZeRO owners); losses and final weights into
   // dir/NAME.jsonl and dir/NAME.bin, output into dir/NAME.log. Returns the exit code.
   int run_deterministic(const std::string& ckpt, const std::string& global_batch, int nproc, int tp, int pp, int zero,
-                        const std::string& name) const {
+                        const std::string& name, const std::vector<std::string>& more = {}) const {
     std::vector<std::string> extra = {"--global-batch",
                                       global_batch,
                                       "--deterministic",
@@ -144,6 +144,7 @@ struct Fixture {
       extra.insert(extra.end(),
                    {"--nproc", std::to_string(nproc), "--tp", std::to_string(tp), "--pp", std::to_string(pp)});
     }
+    extra.insert(extra.end(), more.begin(), more.end());
     return run(train(6, ckpt, extra, "1"), dir / (name + ".log"));
   }
 };
@@ -542,6 +543,86 @@ TEST_CASE("(dp,tp,pp)=(2,2,2) with and without ZeRO resumes under (1,1,1), (4,1,
     }
   }
   MESSAGE("largest relative loss difference after a change of tp or pp: " << worst);
+}
+
+TEST_CASE("sequence parallelism on and off: a checkpoint of either resumes under the other") {
+  // Sequence parallelism changes which activations a tp rank holds, not the parameter or optimizer layout: the
+  // checkpoint's slices are those of plain tp. Saved at step 3 by (1,2,1) with --sequence-parallel and without;
+  // each resumes under the other setting and continues like the uninterrupted run of that setting (1e-6: the
+  // layernorm weight gradients are summed in another order).
+  Fixture fx;
+  const std::vector<std::string> sp = {"--sequence-parallel"};
+  auto run_as = [&](const std::string& dir, bool on, const std::string& name) {
+    return fx.run_deterministic(dir, "256", 2, 2, 1, 0, name, on ? sp : std::vector<std::string>{});
+  };
+  const std::string ck_on = fx.dir / "ck-sp", ck_off = fx.dir / "ck-plain";
+  REQUIRE_MESSAGE(run_as(ck_on, true, "on") == 0, slurp(fx.dir / "on.log"));
+  REQUIRE_MESSAGE(run_as(ck_off, false, "off") == 0, slurp(fx.dir / "off.log"));
+  const auto on = step_losses(fx.dir / "on.jsonl"), off = step_losses(fx.dir / "off.jsonl");
+  REQUIRE(on.size() == 6);
+  REQUIRE(off.size() == 6);
+  CHECK(on.at(1) == off.at(1));  // tp=2: the first forward is bitwise the same
+  fs::remove_all(ck_on + "/step-00000006");
+  fs::remove_all(ck_off + "/step-00000006");
+  for (bool target : {false, true}) {
+    const std::string src = target ? ck_off : ck_on, name = target ? "off-to-on" : "on-to-off";
+    INFO(name);
+    const std::string copy = fx.dir / ("ck-" + name);
+    fs::copy(src, copy, fs::copy_options::recursive);
+    REQUIRE_MESSAGE(run_as(copy, target, name) == 0, slurp(fx.dir / (name + ".log")));
+    const std::string log = slurp(fx.dir / (name + ".log"));
+    CHECK_MESSAGE(log.find("restored step=3 ") != std::string::npos, log);
+    // the stage line names the setting it ran with
+    CHECK_MESSAGE((log.find("sequence parallel") != std::string::npos) == target, log);
+    const auto b = step_losses(fx.dir / (name + ".jsonl"));
+    REQUIRE(b.size() == 3);
+    const auto& want = target ? on : off;  // the uninterrupted run of the resuming setting
+    for (int s = 4; s <= 6; ++s) {
+      const double x = std::stod(want.at(s)), y = std::stod(b.at(s));
+      CHECK_MESSAGE(std::abs(x - y) <= 1e-6 * std::abs(x), "step " << s << ": " << b.at(s) << " vs " << want.at(s));
+    }
+  }
+}
+
+TEST_CASE("context parallelism (--cp): trains like one process; checkpoints resume across cp changes") {
+  // cp ranks hold the same parameters (a replica's sequences split by position), so a checkpoint of cp = 2 is that of
+  // a replica: it resumes under one process and vice versa. Different reduction orders: 1e-5 relative.
+  Fixture fx;
+  auto run_cp = [&](const std::string& ck, int nproc, int cp, const std::string& name) {
+    std::vector<std::string> extra = {"--global-batch",          "256", "--ckpt-every", "3", "--log-json",
+                                      fx.dir / (name + ".jsonl")};
+    if (nproc > 1) extra.insert(extra.end(), {"--nproc", std::to_string(nproc), "--cp", std::to_string(cp)});
+    return run(fx.train(6, ck, extra, "1"), fx.dir / (name + ".log"));
+  };
+  auto close = [](const std::map<int, std::string>& got, const std::map<int, std::string>& want, int from) {
+    for (int s = from; s <= 6; ++s) {
+      const double x = std::stod(want.at(s)), y = std::stod(got.at(s));
+      CHECK_MESSAGE(std::abs(x - y) <= 1e-5 * std::abs(x), "step " << s << ": " << got.at(s) << " vs " << want.at(s));
+    }
+  };
+  const std::string ck1 = fx.dir / "ck-one", ck2 = fx.dir / "ck-cp2", ck4 = fx.dir / "ck-dp2cp2";
+  REQUIRE_MESSAGE(run_cp(ck1, 1, 1, "one") == 0, slurp(fx.dir / "one.log"));
+  REQUIRE_MESSAGE(run_cp(ck2, 2, 2, "cp2") == 0, slurp(fx.dir / "cp2.log"));
+  REQUIRE_MESSAGE(run_cp(ck4, 4, 2, "dp2cp2") == 0, slurp(fx.dir / "dp2cp2.log"));
+  CHECK_MESSAGE(slurp(fx.dir / "cp2.log").find("context parallel 2") != std::string::npos, slurp(fx.dir / "cp2.log"));
+  const auto one = step_losses(fx.dir / "one.jsonl");
+  REQUIRE(one.size() == 6);
+  REQUIRE(step_losses(fx.dir / "cp2.jsonl").size() == 6);
+  close(step_losses(fx.dir / "cp2.jsonl"), one, 1);
+  close(step_losses(fx.dir / "dp2cp2.jsonl"), one, 1);
+  fs::remove_all(ck1 + "/step-00000006");
+  fs::remove_all(ck2 + "/step-00000006");
+  // cp = 2's checkpoint under one process, one process's under cp = 2
+  for (auto [src, nproc, cp, name] : {std::tuple{ck2, 1, 1, "cp2-to-one"}, {ck1, 2, 2, "one-to-cp2"}}) {
+    INFO(name);
+    const std::string copy = fx.dir / (std::string("ck-") + name);
+    fs::copy(src, copy, fs::copy_options::recursive);
+    REQUIRE_MESSAGE(run_cp(copy, nproc, cp, name) == 0, slurp(fx.dir / (std::string(name) + ".log")));
+    CHECK(slurp(fx.dir / (std::string(name) + ".log")).find("restored step=3 ") != std::string::npos);
+    const auto b = step_losses(fx.dir / (std::string(name) + ".jsonl"));
+    REQUIRE(b.size() == 3);
+    close(b, one, 4);
+  }
 }
 
 namespace {
