@@ -133,8 +133,8 @@ const char* to_string(Recompute r) {
 
 std::string describe(const Layout& l) {
   char buf[160];
-  std::snprintf(buf, sizeof(buf), "dp%d tp%d pp%d mb%d zero%d recompute=%s%s v%d%s", l.dp, l.tp, l.pp,
-                l.micro_batch, l.zero, to_string(l.recompute), l.sequence_parallel ? " sp" : "", l.interleave,
+  std::snprintf(buf, sizeof(buf), "dp%d tp%d pp%d mb%d zero%d recompute=%s%s v%d%s", l.dp, l.tp, l.pp, l.micro_batch,
+                l.zero, to_string(l.recompute), l.sequence_parallel ? " sp" : "", l.interleave,
                 l.offload ? " offload" : "");
   return buf;
 }

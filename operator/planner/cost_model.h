@@ -115,8 +115,8 @@ struct TimeBreakdown {
   double bubble = 0;      // pipeline fill/drain: (p-1)/v micro-batch times
   double dp_comm = 0;     // the data-parallel reduction (all-reduce or reduce-scatter + all-gather), whole
   double dp_exposed = 0;  // the part of dp_comm not hidden behind the backward
-  double optimizer = 0;  // with offload: the part of the host update the next forward does not hide
-  double offload = 0;    // with offload: the whole host update (gradients down, CPU AdamW, parameters up)
+  double optimizer = 0;   // with offload: the part of the host update the next forward does not hide
+  double offload = 0;     // with offload: the whole host update (gradients down, CPU AdamW, parameters up)
   double step = 0;
 };
 

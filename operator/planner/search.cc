@@ -52,6 +52,8 @@ std::string seconds(double s) {
 Estimate with_offload_if_it_fits(const Job& job, const Cluster& cluster, Estimate e, SearchResult& r) {
   Layout off = e.layout;
   off.offload = true;
+  const DeviceProfile& d = cluster.device;
+  if (d.host_link_bandwidth <= 0 || d.host_memory_bandwidth <= 0) return e;  // the profile has no host path
   if (!check_layout(job, cluster, off).empty()) return e;
   Estimate o = estimate(job, cluster, off);
   ++r.evaluated;

@@ -295,7 +295,7 @@ StepResult Trainer::step() {
   if (sharded_ != nullptr) {
     r.grad_norm = zero ? sync_->grad_norm(sharded_->grads()) : sharded_->grad_norm(sharded_->grads());
   } else {
-    r.grad_norm = zero      ? sync_->grad_norm(model_->grads())
+    r.grad_norm = zero       ? sync_->grad_norm(model_->grads())
                   : offload_ ? grad_global_norm(model_->grads(), model_->num_params(), pool_, norm_partials_)
                              : opt_->global_norm(model_->grads());
   }

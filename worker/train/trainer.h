@@ -182,7 +182,7 @@ class Trainer {
   std::unique_ptr<Gpt<float>> model_;  // null with a sharded model
   GradSync* sync_ = nullptr;
   ShardedModel* sharded_ = nullptr;
-  std::optional<AdamW> opt_;  // absent under ZeRO and with offload
+  std::optional<AdamW> opt_;           // absent under ZeRO and with offload
   std::vector<double> norm_partials_;  // the offload path's grad-norm scratch
   LrSchedule schedule_;
   AlignedBuffer<int32_t> inputs_, targets_;
