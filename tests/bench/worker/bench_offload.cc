@@ -1,6 +1,6 @@
-// Optimizer offload, side by side in one process: the same gpt2-124m training run (real trainer, random tokens) with
-// the in-memory AdamW and with --offload optimizer, in interleaved rounds. Reports per mode the median step time, the
-// optimizer time the step saw (offload: the next forward's waits for the host update), the host update's own time,
+// Optimizer offload, side by side in one process: the same gpt2-124m training run (real trainer, the license corpus)
+// with the in-memory AdamW and with --offload optimizer, in interleaved rounds. Reports per mode the median step time,
+// the optimizer time the step saw (offload: the next forward's waits for the host update), the host update's own time,
 // the device-arena and host-arena bytes the trainer allocated and the process RSS, next to the planner's prediction
 // (cpu profile) for the same shapes: device memory with and without offload, the host update time and its exposed
 // part.
@@ -13,7 +13,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -21,6 +20,7 @@
 #include "common/log.h"
 #include "operator/planner/calibration.h"
 #include "operator/planner/cost_model.h"
+#include "tests/unit/worker_parallel/trainer_test_util.h"
 #include "worker/kernels/cpu/thread_pool.h"
 #include "worker/model/gpt_config.h"
 #include "worker/train/trainer.h"
@@ -29,22 +29,6 @@ using namespace railyard;
 using namespace railyard::worker;
 
 namespace {
-
-class RandomTokens : public BatchSource {
- public:
-  RandomTokens(int n, int vocab) : n_(n), dist_(0, vocab - 1) {}
-  void next_batch(int32_t* inputs, int32_t* targets) override {
-    for (int i = 0; i < n_; ++i) {
-      inputs[i] = dist_(rng_);
-      targets[i] = dist_(rng_);
-    }
-  }
-
- private:
-  int n_;
-  std::mt19937 rng_{7};
-  std::uniform_int_distribution<int> dist_;
-};
 
 double rss_bytes() {
   std::ifstream f("/proc/self/status");
@@ -67,7 +51,7 @@ struct Samples {
 
 void run_mode(const GptConfig& model, TrainConfig tc, ThreadPool& pool, OffloadMode mode, Samples& out) {
   tc.offload = mode;
-  RandomTokens src(tc.batch * tc.seq_len, model.vocab_size);
+  testing::StreamSource src(0, 1, tc.batch, tc.seq_len, model.vocab_size);  // the license corpus
   Trainer trainer(model, tc, pool, src);
   out.mem = trainer.allocated_memory();
   for (int s = 0; s < tc.steps; ++s) {
