@@ -67,13 +67,13 @@ Run train(Trainer& tr, BatchSource* val) {
   return out;
 }
 
-Run single_process(OffloadMode offload, int offload_threads = 1) {
+Run single_process(OffloadMode offload, int offload_threads = 1, const GptConfig& cfg = kCfg) {
   ThreadPool pool(2);
-  testing::StreamSource src(0, 1, kB, kT, kCfg.vocab_size);
-  testing::StreamSource val(0, 1, kB, kT, kCfg.vocab_size);
+  testing::StreamSource src(0, 1, kB, kT, cfg.vocab_size);
+  testing::StreamSource val(0, 1, kB, kT, cfg.vocab_size);
   TrainConfig tc = train_config(offload, offload_threads);
   tc.val_steps = 2;
-  Trainer tr(kCfg, tc, pool, src, &val);
+  Trainer tr(cfg, tc, pool, src, &val);
   return train(tr, &val);
 }
 
@@ -111,7 +111,9 @@ void check_bitwise(const Run& got, const Run& want) {
 }  // namespace
 
 TEST_CASE("offload groups cover the flat buffer once, in forward order") {
-  for (const GptConfig& c : {kCfg, model_preset("gpt2-124m")}) {
+  GptConfig moe = kCfg;
+  moe.moe = make_moe_config(4, 2, 1.25, 0.01);
+  for (const GptConfig& c : {kCfg, moe, model_preset("gpt2-124m")}) {
     const auto groups = offload_groups(c);
     REQUIRE(groups.size() == static_cast<size_t>(c.num_layers) + 2);
     std::vector<uint8_t> seen(num_parameters(c), 0);
@@ -134,6 +136,14 @@ TEST_CASE("offload equals the in-memory optimizer bitwise in one process (1 and 
   CHECK(base.adam_t == kSteps);
   check_bitwise(single_process(OffloadMode::kOptimizer, 1), base);
   check_bitwise(single_process(OffloadMode::kOptimizer, 2), base);
+}
+
+TEST_CASE("offload equals the in-memory optimizer bitwise with mixture-of-experts layers (router slices per group)") {
+  GptConfig moe = kCfg;
+  moe.moe = make_moe_config(/*experts=*/4, /*top_k=*/2, /*capacity_factor=*/1.25, /*aux_coef=*/0.01);
+  const Run base = single_process(OffloadMode::kNone, 1, moe);
+  CHECK(base.losses.back() < base.losses.front());
+  check_bitwise(single_process(OffloadMode::kOptimizer, 1, moe), base);
 }
 
 TEST_CASE("offload equals the in-memory optimizer bitwise with data parallelism (dp=2, plain and deterministic)") {
