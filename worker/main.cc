@@ -110,6 +110,11 @@ constexpr const char* kUsage = R"(usage: railyard-worker train [flags]
   --sequence-parallel  Megatron sequence parallelism over the tp group (needs --tp > 1 and B*T divisible by tp):
                        layernorm/residual activations split along the tokens, all-gather/reduce-scatter instead of
                        all-reduce; same results (docs/parallel.md)
+  --offload MODE       none (default) or optimizer: AdamW's moments in host memory, the update on a CPU thread
+                       overlapped with the next step's forward layer by layer; results are bitwise unchanged, device
+                       memory drops by 8 bytes per parameter (docs/worker.md "Optimizer offload"; not with
+                       --zero/--tp/--pp)
+  --offload-threads N  CPU threads of the offloaded update (default 1)
   --moe-experts E      mixture-of-experts MLP with E experts per layer (default: dense); with --nproc/--ep
   --moe-top-k K        experts per token (default 1)
   --moe-capacity-factor F  tokens per expert per micro-batch <= ceil(F * K * B*T / E); over it a token's choice is
@@ -562,6 +567,8 @@ int cmd_train(int argc, char** argv) {
                         "bucket-mb",
                         "recompute",
                         "recompute-layers",
+                        "offload",
+                        "offload-threads",
                         "moe-experts",
                         "moe-top-k",
                         "moe-capacity-factor",
@@ -647,6 +654,8 @@ int cmd_train(int argc, char** argv) {
     }
   }
   tc.cp = static_cast<int>(to_int(f, "cp", 1));
+  if (f.count("offload")) tc.offload = parse_offload(f["offload"]);
+  tc.offload_threads = static_cast<int>(to_int(f, "offload-threads", 1));
   if (const char* p = std::getenv("RAILYARD_PROGRESS_FILE"); p != nullptr && *p != '\0') tc.progress_file = p;
   tc.validate(*cfg);
 

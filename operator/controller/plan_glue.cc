@@ -176,6 +176,7 @@ AutoPlanOutcome plan_parallelism(const JobSpec& spec, int replicas, const std::v
   o.interleaves = {1};
   o.interleave = 1;
   o.recompute = plan::Recompute::kNone;
+  o.offload = false;  // the pods are not started with --offload (yet): never plan it here
   o.power_of_two_accumulation = spec.deterministic;
   if (spec.tensor > 1) o.tp = spec.tensor;
   if (spec.pipeline > 1) o.pp = spec.pipeline;

@@ -52,6 +52,8 @@ constexpr NumberField kNumberFields[] = {
     {"optimizer_bytes", &DeviceProfile::optimizer_bytes, true},
     {"activation_bytes", &DeviceProfile::activation_bytes, false},
     {"optimizer_step_bytes", &DeviceProfile::optimizer_step_bytes, true},
+    {"host_link_bandwidth", &DeviceProfile::host_link_bandwidth, true},
+    {"host_memory_bandwidth", &DeviceProfile::host_memory_bandwidth, true},
 };
 struct BoolField {
   const char* key;

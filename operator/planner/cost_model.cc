@@ -133,8 +133,9 @@ const char* to_string(Recompute r) {
 
 std::string describe(const Layout& l) {
   char buf[160];
-  std::snprintf(buf, sizeof(buf), "dp%d tp%d pp%d mb%d zero%d recompute=%s%s v%d", l.dp, l.tp, l.pp, l.micro_batch,
-                l.zero, to_string(l.recompute), l.sequence_parallel ? " sp" : "", l.interleave);
+  std::snprintf(buf, sizeof(buf), "dp%d tp%d pp%d mb%d zero%d recompute=%s%s v%d%s", l.dp, l.tp, l.pp, l.micro_batch,
+                l.zero, to_string(l.recompute), l.sequence_parallel ? " sp" : "", l.interleave,
+                l.offload ? " offload" : "");
   return buf;
 }
 
@@ -161,6 +162,20 @@ double parameter_count(const ModelShape& m) {
 double model_flops_per_token(const ModelShape& m) {
   const double L = m.layers, h = m.hidden, s = m.seq, V = m.vocab;
   return 72 * L * h * h * (1 + s / (6 * h) + V / (12 * L * h));
+}
+
+double offload_update_seconds(const DeviceProfile& d, double params) {
+  if (d.host_link_bandwidth <= 0 || d.host_memory_bandwidth <= 0) {
+    throw ConfigError("device profile " + d.origin +
+                      ": host_link_bandwidth and host_memory_bandwidth must be positive to plan optimizer offload");
+  }
+  const double copies = params * (d.grad_bytes + d.weight_bytes) / d.host_link_bandwidth;
+  return copies + params * d.optimizer_step_bytes / d.host_memory_bandwidth;
+}
+
+double offload_exposed_seconds(double update, double first_share, double forward) {
+  const double first = update * first_share;
+  return first + std::max(0.0, update - first - forward);
 }
 
 double bubble_fraction(int pp, int micro_batches, int interleave) {
@@ -220,6 +235,9 @@ std::string check_layout(const Job& job, const Cluster& c, const Layout& l) {
            " shards the gradients that pipeline micro-batches accumulate: use zero <= 1 with pp > 1";
   }
   if (l.sequence_parallel && l.tp == 1) return "sequence parallelism needs tp > 1";
+  if (l.offload && (l.zero > 0 || l.tp > 1 || l.pp > 1)) {
+    return "optimizer offload runs with zero 0, tp 1 and pp 1 (the worker offloads the plain and data-parallel model)";
+  }
   if (l.interleave > 1 && l.pp == 1) return "interleaving needs pp > 1";
   if (l.interleave > 1 && micro_batches % l.pp != 0) {
     return "the interleaved schedule needs the " + str(micro_batches) + " micro-batches to be a multiple of pp " +
@@ -316,6 +334,13 @@ Estimate estimate(const Job& job, const Cluster& c, const Layout& l, const Place
 
   const double optimizer_params = local_params / (l.zero >= 1 ? l.dp : 1);
   e.time.optimizer = memory_time(d, optimizer_params * d.optimizer_step_bytes, 4);
+  if (l.offload) {
+    // The update of step k runs on the host while step k+1's first forward reads the groups it has finished.
+    e.time.offload = offload_update_seconds(d, optimizer_params);
+    const double embedding_share = (V * h + double(m.seq) * h) / local_params;
+    const double forward = layers_per_stage * lt.forward + embed;
+    e.time.optimizer = offload_exposed_seconds(e.time.offload, embedding_share, forward);
+  }
   e.time.step = pipeline + e.time.dp_exposed + e.time.optimizer;
 
   // Memory of the first stage (most micro-batches in flight) and the last (LM head logits); keep the larger.
@@ -340,6 +365,11 @@ Estimate estimate(const Job& job, const Cluster& c, const Layout& l, const Place
     mem.params = sharded(params * d.weight_bytes, 3);
     mem.grads = sharded(params * d.grad_bytes, 2);
     mem.optimizer = sharded(params * d.optimizer_bytes, 1);
+    if (l.offload) {
+      // The state moves to the host, with a gradient copy to update from (zero 0 only: nothing is sharded).
+      mem.host = mem.optimizer + params * d.grad_bytes;
+      mem.optimizer = 0;
+    }
     mem.activations = act;
     mem.workspace = d.workspace_bytes;
     return mem;

@@ -51,6 +51,10 @@ struct DeviceProfile {
   double optimizer_step_bytes = 0;  // bytes the optimizer reads + writes per parameter it updates
   bool flash_attention = false;     // the attention core never materialises the (s x s) scores
   bool overlap_dp = false;          // data-parallel reduction overlaps the last micro-batch's backward
+  // Optimizer offload (Layout::offload): the device-host link per GPU, one direction (PCIe), and the host memory
+  // bandwidth one GPU's CPU-side AdamW gets, bytes/s.
+  double host_link_bandwidth = 0;
+  double host_memory_bandwidth = 0;
 };
 
 // Where the GPUs sit: nodes of gpus_per_node GPUs (one NIC per GPU, GPU i of every node on rail i), nodes_per_unit
@@ -92,6 +96,9 @@ struct Layout {
   Recompute recompute = Recompute::kNone;
   bool sequence_parallel = false;
   int interleave = 1;  // virtual pipeline chunks per stage (1 = plain 1F1B)
+  // AdamW state on the host, the update on the CPU overlapped with the next forward (docs/planner.md "Optimizer
+  // offload"). Last, so the aggregate initialisations above keep their meaning.
+  bool offload = false;
 };
 std::string describe(const Layout& l);  // "dp8 tp8 pp16 mb1 zero1 recompute=full sp v1"
 
@@ -104,6 +111,7 @@ struct Job {
 // Bytes per GPU, for the most loaded pipeline stage.
 struct MemoryBreakdown {
   double params = 0, grads = 0, optimizer = 0, activations = 0, workspace = 0;
+  double host = 0;  // offloaded optimizer state and the gradient staging in host memory (not in total())
   double total() const { return params + grads + optimizer + activations + workspace; }
 };
 
@@ -115,7 +123,8 @@ struct TimeBreakdown {
   double bubble = 0;      // pipeline fill/drain: (p-1)/v micro-batch times
   double dp_comm = 0;     // the data-parallel reduction (all-reduce or reduce-scatter + all-gather), whole
   double dp_exposed = 0;  // the part of dp_comm not hidden behind the backward
-  double optimizer = 0;
+  double optimizer = 0;   // with offload: the part of the host update the next forward does not hide
+  double offload = 0;     // with offload: the whole host update (gradients down, CPU AdamW, parameters up)
   double step = 0;
 };
 
@@ -156,6 +165,13 @@ double bubble_fraction(int pp, int micro_batches, int interleave);
 
 // Activation bytes of one transformer layer for one micro-batch (Korthikanti et al.), on one GPU.
 double layer_activation_bytes(const ModelShape& m, const DeviceProfile& d, const Layout& l);
+
+// The host side of optimizer offload for `params` parameters on one GPU: gradients down and weights up over the host
+// link plus AdamW at host memory bandwidth, one after the other (the worker's CPU thread does them in turn).
+double offload_update_seconds(const DeviceProfile& d, double params);
+// What the next step's forward does not hide of an update of `update` seconds: the first group (the embedding, a
+// `first_share` of the parameters) is waited for whole; the rest overlaps a forward of `forward` seconds.
+double offload_exposed_seconds(double update, double first_share, double forward);
 
 // Validates a shape (positive, hidden divisible by heads); throws ConfigError naming the field.
 void validate(const ModelShape& m);

@@ -35,7 +35,7 @@ std::string reason_kind(const std::string& why) {
 auto order_key(const Estimate& e) {
   const Layout& l = e.layout;
   return std::make_tuple(e.time.step, e.memory.total(), l.pp, l.tp, l.dp, l.micro_batch, l.interleave, l.zero,
-                         static_cast<int>(l.recompute), l.sequence_parallel);
+                         static_cast<int>(l.recompute), l.sequence_parallel, l.offload);
 }
 
 std::string seconds(double s) {
@@ -45,6 +45,19 @@ std::string seconds(double s) {
   else
     std::snprintf(buf, sizeof(buf), "%.1f ms", s * 1e3);
   return buf;
+}
+
+// A layout whose device memory is too small may still run with its optimizer state on the host: the offloaded
+// estimate when that layout is valid and fits, else `e` unchanged.
+Estimate with_offload_if_it_fits(const Job& job, const Cluster& cluster, Estimate e, SearchResult& r) {
+  Layout off = e.layout;
+  off.offload = true;
+  const DeviceProfile& d = cluster.device;
+  if (d.host_link_bandwidth <= 0 || d.host_memory_bandwidth <= 0) return e;  // the profile has no host path
+  if (!check_layout(job, cluster, off).empty()) return e;
+  Estimate o = estimate(job, cluster, off);
+  ++r.evaluated;
+  return o.fits ? o : e;
 }
 
 }  // namespace
@@ -107,6 +120,7 @@ SearchResult search(const Job& job, const Cluster& cluster, const SearchOptions&
               for (int sp = 0; sp <= 1; ++sp) {
                 if (o.sequence_parallel && bool(sp) != *o.sequence_parallel) continue;
                 Layout l{dp, tp, pp, mb, zero, rc, bool(sp), v};
+                l.offload = o.offload.value_or(false);
                 const std::string why = check_layout(job, cluster, l);
                 if (!why.empty()) {
                   ++r.invalid[reason_kind(why)];
@@ -114,6 +128,7 @@ SearchResult search(const Job& job, const Cluster& cluster, const SearchOptions&
                 }
                 Estimate e = estimate(job, cluster, l);
                 ++r.evaluated;
+                if (!e.fits && !o.offload) e = with_offload_if_it_fits(job, cluster, std::move(e), r);
                 if (!e.fits) {
                   ++r.rejected_memory;
                   if (!r.smallest_nonfitting || e.memory.total() < r.smallest_nonfitting->memory.total())

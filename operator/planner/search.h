@@ -17,6 +17,8 @@ struct SearchOptions {
   std::optional<int> dp, tp, pp, micro_batch, zero, interleave;
   std::optional<Recompute> recompute;
   std::optional<bool> sequence_parallel;
+  // Optimizer offload: pinned on or off, or (unset) tried for a layout only when it does not fit without.
+  std::optional<bool> offload;
   int max_micro_batch = 64;
   std::vector<int> interleaves = {1, 2, 4};
   // Keep one entry per (dp, tp, pp, micro-batch, interleave): the runners-up then show different shapes rather

@@ -38,6 +38,7 @@ constexpr const char* kPlanUsage =
                      --global-batch B [--gpus N] [--gpu TYPE|FILE] [--topology FILE] [--tokens T]
                      [--top N] [--json] [--tp N] [--pp N] [--dp N] [--micro-batch N] [--zero 0-3]
                      [--recompute none|selective|full] [--sp on|off] [--interleave V] [--dropout on|off]
+                     [--offload on|off]
                      [--moe-experts E [--moe-top-k K] [--moe-capacity-factor F] --ep N]
        railyard plan ... --mixed TYPE:GPUS,TYPE:GPUS [--tp N] [--pp N] ...
        railyard plan --calibrate [--output FILE] [--threads N] [--clock cpu|wall]
@@ -56,6 +57,8 @@ with the memory and time breakdown, tokens/s, TFLOP/s per GPU, MFU and days to t
   --tp/--pp/...  pin a choice instead of searching it
   --dropout      off (default): activations as Railyard's worker stores them (it trains without dropout); on: with
                  the dropout masks of Megatron/GPT-3 recipes (use it to compare with their published runs)
+  --offload      on: AdamW state in host memory, updated on the CPU (docs/planner.md "Optimizer offload"); off:
+                 never; default: only for a layout whose state does not fit in device memory
   --mixed        TYPE:GPUS,TYPE:GPUS... a cluster of several GPU types (replaces --gpu/--gpus): plans the layout
                  on the smallest-memory type, then compares the even batch split with the speed-balanced one
   --calibrate    measure this machine's GEMM rate, memory bandwidth and attention kernel into a CPU profile
@@ -118,7 +121,8 @@ nlohmann::json to_json(const plan::Estimate& e, const std::string& why) {
                         {"zero", l.zero},
                         {"recompute", plan::to_string(l.recompute)},
                         {"sequenceParallel", l.sequence_parallel},
-                        {"interleave", l.interleave}}},
+                        {"interleave", l.interleave},
+                        {"offload", l.offload}}},
                       {"stepSeconds", e.time.step},
                       {"time",
                        {{"compute", e.time.compute},
@@ -127,7 +131,8 @@ nlohmann::json to_json(const plan::Estimate& e, const std::string& why) {
                         {"bubble", e.time.bubble},
                         {"dataParallel", e.time.dp_comm},
                         {"dataParallelExposed", e.time.dp_exposed},
-                        {"optimizer", e.time.optimizer}}},
+                        {"optimizer", e.time.optimizer},
+                        {"offloadUpdate", e.time.offload}}},
                       {"bubbleFraction", e.bubble_fraction},
                       {"memoryBytes",
                        {{"params", e.memory.params},
@@ -136,6 +141,7 @@ nlohmann::json to_json(const plan::Estimate& e, const std::string& why) {
                         {"activations", e.memory.activations},
                         {"workspace", e.memory.workspace},
                         {"total", e.memory.total()},
+                        {"host", e.memory.host},
                         {"capacity", e.memory_capacity}}},
                       {"dataParallelTier", e.dp_tier},
                       {"tokensPerSecond", e.tokens_per_s},
@@ -154,10 +160,12 @@ void print_plan(std::ostream& out, int rank, const plan::Estimate& e, const std:
   out << "   step " << secs(t.step) << " = compute " << secs(t.compute) << " + tp " << secs(t.tp_comm) << " + pp "
       << secs(t.pp_comm) << " + bubble " << secs(t.bubble) << " (" << fmt("%.1f", 100 * e.bubble_fraction) << "%) + dp "
       << secs(t.dp_exposed) << " exposed of " << secs(t.dp_comm) << " (ring: " << e.dp_tier << ") + optimizer "
-      << secs(t.optimizer) << "\n";
+      << secs(t.optimizer) << (e.layout.offload ? " exposed of a host update of " + secs(t.offload) : "") << "\n";
   out << "   memory/GPU " << gb(m.total()) << " GB of " << gb(e.memory_capacity) << " usable: params " << gb(m.params)
       << " + grads " << gb(m.grads) << " + optimizer " << gb(m.optimizer) << " + activations " << gb(m.activations)
-      << " + workspace " << gb(m.workspace) << "\n";
+      << " + workspace " << gb(m.workspace);
+  if (e.layout.offload) out << "; host " << gb(m.host) << " GB (optimizer state + gradient copy)";
+  out << "\n";
   out << "   " << fmt("%.0f", e.tokens_per_s) << " tokens/s, " << fmt("%.4g", e.hardware_flops_per_gpu / 1e12)
       << " TFLOP/s per GPU incl. recomputation (model " << fmt("%.4g", e.model_flops_per_gpu / 1e12) << "), MFU "
       << fmt("%.1f", 100 * e.mfu) << "%";
@@ -248,6 +256,9 @@ plan::DeviceProfile calibrate_cpu(int threads, bool cpu_clock) {
     p.memory_efficiency = 1.0;
     measured("memory_bandwidth", "our residual-add kernel over 3 x 128 MiB");
     p.sources["memory_efficiency"] = "definition (memory_bandwidth is what our kernels reach)";
+    // Optimizer offload on a CPU: the "host" is the same RAM, so its copies and update run at this bandwidth too.
+    p.host_link_bandwidth = p.host_memory_bandwidth = p.memory_bandwidth;
+    p.sources["host_link_bandwidth"] = p.sources["host_memory_bandwidth"] = "assumed (the same RAM: memory_bandwidth)";
   }
   // Kernel overhead: one pool dispatch of a tiny kernel.
   {
@@ -544,9 +555,9 @@ void print_moe(std::ostream& os, std::map<std::string, std::string>& f, const pl
 
 int run_plan(const Args& args) {
   static const std::vector<std::string> kValueFlags = {
-      "model",    "layers",     "hidden", "heads",   "seq",   "vocab", "global-batch", "gpus", "gpu",
-      "topology", "tokens",     "top",    "tp",      "pp",    "dp",    "micro-batch",  "zero", "recompute",
-      "sp",       "interleave", "output", "threads", "clock", "mixed", "dropout"};
+      "model",    "layers",     "hidden",  "heads",  "seq",     "vocab", "global-batch", "gpus", "gpu",
+      "topology", "tokens",     "top",     "tp",     "pp",      "dp",    "micro-batch",  "zero", "recompute",
+      "sp",       "interleave", "offload", "output", "threads", "clock", "mixed",        "dropout"};
   static const std::vector<std::string> kMoeFlags = {"moe-experts", "moe-top-k", "moe-capacity-factor", "ep"};
   static const std::vector<std::string> kSwitches = {"json", "calibrate"};
   std::map<std::string, std::string> f;
@@ -683,6 +694,10 @@ int run_plan(const Args& args) {
   if (f.count("sp")) {
     if (f["sp"] != "on" && f["sp"] != "off") throw UsageError{"--sp must be on or off"};
     o.sequence_parallel = f["sp"] == "on";
+  }
+  if (f.count("offload")) {
+    if (f["offload"] != "on" && f["offload"] != "off") throw UsageError{"--offload must be on or off"};
+    o.offload = f["offload"] == "on";
   }
 
   const plan::SearchResult r = plan::search(job, cluster, o);

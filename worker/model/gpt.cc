@@ -502,9 +502,14 @@ T Gpt<T>::forward(const int32_t* inputs, const int32_t* targets, Mode mode, T dl
   auto w = split_tensors(params_.data(), config_);
   T *wte = w[0], *wpe = w[1], *lnfw = w[14], *lnfb = w[15];
 
+  if (params_needed_) params_needed_(0);
   encoder_forward(pool_, encoded_, inputs, wte, wpe, B, Tn, C);  // (B,T,C)
   moe_stats_ = MoeStats{};
-  for (size_t l = 0; l < L; ++l) layer_forward(l, layer_input(l), layer_[l], residual3_ + l * N * C, &moe_stats_);
+  for (size_t l = 0; l < L; ++l) {
+    if (params_needed_) params_needed_(static_cast<int>(1 + l));
+    layer_forward(l, layer_input(l), layer_[l], residual3_ + l * N * C, &moe_stats_);
+  }
+  if (params_needed_) params_needed_(static_cast<int>(L + 1));
   layernorm_forward(pool_, lnf_, lnf_mean_, lnf_rstd_, residual3_ + (L - 1) * N * C, lnfw, lnfb, N, C);
   matmul_forward(pool_, logits_, lnf_, wte, static_cast<const T*>(nullptr), N, C, Vp);  // (B,T,Vp), tied head
   if (mode == Mode::kTrain) {

@@ -106,6 +106,12 @@ class Gpt {
   using GradReadyHook = std::function<void(size_t offset, size_t count)>;
   void set_grad_ready_hook(GradReadyHook hook) { grad_ready_ = std::move(hook); }
 
+  // Optional: forward() calls this before it reads each parameter group (0: wte + wpe, 1 + l: layer l, L + 1: lnfw,
+  // lnfb), so an optimizer still writing the parameters in the background (worker/optim/offload.h) can hold the
+  // forward back just until the group it needs is written.
+  using ParamsNeededHook = std::function<void(int group)>;
+  void set_params_needed_hook(ParamsNeededHook hook) { params_needed_ = std::move(hook); }
+
   const MoeStats& moe_stats() const { return moe_stats_; }
 
   // Expert parallelism (worker/parallel/expert_parallel.h, docs/parallel.md "Expert parallelism"): this rank runs
@@ -178,6 +184,7 @@ class Gpt {
   // Per layer (L, E) with expert parallelism: rows source rank s sends to local expert j, at s * E/size + j.
   std::vector<int32_t> ep_count_;
   std::vector<T> ep_grad_send_, ep_grad_recv_;  // return_expert_grads: one layer's (source, expert) weight gradients
+  ParamsNeededHook params_needed_;
   // Views into acts_. residual3 is stacked [L, B, T, C] (every layer's output is the next one's input); the other
   // per-layer tensors are in layer_.
   T *encoded_, *residual3_, *lnf_, *lnf_mean_, *lnf_rstd_, *logits_, *losses_;

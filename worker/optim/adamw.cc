@@ -37,9 +37,12 @@ AdamW::AdamW(const GptConfig& config, const AdamWHyper& hyper, ThreadPool& pool)
       v_(num_parameters(config)),
       partials_((num_parameters(config) + kNormChunk - 1) / kNormChunk) {}
 
-double AdamW::global_norm(const float* g) {
-  const size_t n = m_.size(), chunks = partials_.size();
-  pool_.parallel_for(chunks, [&](size_t c0, size_t c1) {
+double AdamW::global_norm(const float* g) { return grad_global_norm(g, m_.size(), pool_, partials_); }
+
+double grad_global_norm(const float* g, size_t n, ThreadPool& pool, std::vector<double>& partials) {
+  const size_t chunks = (n + kNormChunk - 1) / kNormChunk;
+  partials.resize(chunks);
+  pool.parallel_for(chunks, [&](size_t c0, size_t c1) {
     for (size_t c = c0; c < c1; ++c) {
       const size_t b = c * kNormChunk, e = std::min(n, b + kNormChunk);
       // 8 independent lanes in a fixed order (GCC's vector extension, so it compiles to packed double adds and
@@ -57,11 +60,11 @@ double AdamW::global_norm(const float* g) {
       double s = 0;
       for (int k = 0; k < 8; ++k) s += acc[k];
       for (; i < e; ++i) s += static_cast<double>(g[i]) * g[i];
-      partials_[c] = s;
+      partials[c] = s;
     }
   });
   double total = 0;
-  for (double p : partials_) total += p;
+  for (double p : partials) total += p;
   return std::sqrt(total);
 }
 

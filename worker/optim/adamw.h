@@ -66,6 +66,10 @@ class AdamW {
   int64_t t_ = 0;
 };
 
+// AdamW::global_norm over any n floats (the offloaded optimizer's norm, worker/optim/offload.h): partials is scratch,
+// resized as needed.
+double grad_global_norm(const float* grads, size_t n, ThreadPool& pool, std::vector<double>& partials);
+
 // clip_grad_norm_'s factor: min(1, max_norm / (norm + 1e-6)); 1 when max_norm <= 0 (clipping off).
 float clip_factor(double norm, double max_norm);
 

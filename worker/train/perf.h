@@ -19,6 +19,7 @@ double flops_per_token(const GptConfig& c, int T);
 
 struct MemoryBudget {
   size_t params = 0, grads = 0, adam = 0, activations = 0;  // bytes; adam = m + v
+  size_t host = 0;  // offloaded optimizer state and its staging (--offload), not in total()
   size_t total() const { return params + grads + adam + activations; }
   std::string describe() const;
 };

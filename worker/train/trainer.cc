@@ -70,6 +70,7 @@ void TrainConfig::validate(const GptConfig& model) const {
     bad("--cp " + std::to_string(cp) + " must be >= 1 and divide --seq " + std::to_string(seq_len) +
         " (each rank holds seq/cp positions)");
   }
+  if (offload_threads < 1) bad("--offload-threads must be positive");
 }
 
 Trainer::Trainer(const GptConfig& model, const TrainConfig& config, ThreadPool& pool, BatchSource& train,
@@ -90,9 +91,20 @@ Trainer::Trainer(const GptConfig& model, const TrainConfig& config, ThreadPool& 
   schedule_ = LrSchedule{cfg_.lr, cfg_.warmup_steps, cfg_.steps, cfg_.min_lr_frac};
   if (sharded_ != nullptr) {
     sharded_->init_weights(cfg_.seed);
+  } else if (cfg_.offload != OffloadMode::kNone) {
+    if (sync_ != nullptr && sync_->zero_stage() > 0)
+      throw ConfigError("--offload optimizer with --zero " + std::to_string(sync_->zero_stage()) +
+                        ": the sharded ZeRO optimizer is not offloaded; use --offload with --zero 0, or ZeRO alone");
+    offload_ = std::make_unique<OffloadAdamW>(
+        model, AdamWHyper{cfg_.beta1, cfg_.beta2, cfg_.eps, static_cast<float>(cfg_.weight_decay)},
+        cfg_.offload_threads);
+    // The next forward waits for each parameter group's update just before it reads the group.
+    model_->set_params_needed_hook([this](int group) { offload_->wait_group(group); });
   } else if (sync_ == nullptr || sync_->zero_stage() == 0) {
     opt_.emplace(model, AdamWHyper{cfg_.beta1, cfg_.beta2, cfg_.eps, static_cast<float>(cfg_.weight_decay)}, pool);
   }
+  if (sharded_ != nullptr && cfg_.offload != OffloadMode::kNone)
+    throw ConfigError("--offload optimizer with --tp/--pp: only the plain and data-parallel model offloads; drop one");
   if (!cfg_.dp_split.empty()) {
     const int micro = cfg_.micro_steps(), dp = sync_ != nullptr ? sync_->size() : 1;
     const std::string list = join_ints(cfg_.dp_split);
@@ -138,16 +150,34 @@ Trainer::Trainer(const GptConfig& model, const TrainConfig& config, ThreadPool& 
 
 Gpt<float>& Trainer::model() {
   if (!model_) throw Error("Trainer::model(): a tensor/pipeline-parallel run has no full model on this rank");
+  if (offload_) offload_->wait_all();  // the caller may read or write the parameters
   return *model_;
 }
 
 AdamW& Trainer::optimizer() {
+  if (offload_) throw Error("Trainer::optimizer(): with --offload the AdamW state is on the host (state())");
   if (!opt_) throw Error("Trainer::optimizer(): under ZeRO the AdamW state is sharded in the GradSync");
   return *opt_;
 }
 
 MemoryBudget Trainer::memory_budget() const {
-  return railyard::worker::memory_budget(gpt_, cfg_.batch, cfg_.seq_len, pool_.size(), cfg_.recompute);
+  MemoryBudget m = railyard::worker::memory_budget(gpt_, cfg_.batch, cfg_.seq_len, pool_.size(), cfg_.recompute);
+  if (cfg_.offload != OffloadMode::kNone && sharded_ == nullptr) {
+    m.adam = 0;
+    m.host = offload_host_bytes(gpt_);
+  }
+  return m;
+}
+
+MemoryBudget Trainer::allocated_memory() const {
+  if (!model_) throw Error("Trainer::allocated_memory(): the tensor/pipeline-parallel model is not counted here");
+  MemoryBudget m;
+  m.params = model_->num_params() * sizeof(float);
+  m.grads = model_->num_params() * sizeof(float);
+  m.activations = model_->activation_bytes();
+  m.adam = opt_ ? 2 * opt_->size() * sizeof(float) : 0;
+  m.host = offload_ ? offload_->host_bytes() : 0;
+  return m;
 }
 
 void Trainer::add_global_moe_stats(const double local[3], int micro, StepResult& r) {
@@ -172,6 +202,7 @@ StepResult Trainer::step() {
   StepResult r;
   r.step = step_;
   r.lr = schedule_.at(step_);
+  if (offload_) offload_->take_wait_seconds();  // waits outside steps (validation, checkpoints) are not this step's
   const int micro = cfg_.micro_steps();
   const auto phase = [](std::chrono::steady_clock::time_point a) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
@@ -299,7 +330,9 @@ StepResult Trainer::step() {
   if (sharded_ != nullptr) {
     r.grad_norm = zero ? sync_->grad_norm(sharded_->grads()) : sharded_->grad_norm(sharded_->grads());
   } else {
-    r.grad_norm = zero ? sync_->grad_norm(model_->grads()) : opt_->global_norm(model_->grads());
+    r.grad_norm = zero       ? sync_->grad_norm(model_->grads())
+                  : offload_ ? grad_global_norm(model_->grads(), model_->num_params(), pool_, norm_partials_)
+                             : opt_->global_norm(model_->grads());
   }
   bool bad = !std::isfinite(r.loss) || !std::isfinite(r.grad_norm);
   if (sharded_ != nullptr) {
@@ -325,6 +358,8 @@ StepResult Trainer::step() {
       sharded_->update(sharded_->params(), sharded_->grads(), lr, scale);
     } else if (zero) {
       sync_->update(model_->params(), model_->grads(), lr, scale);
+    } else if (offload_) {
+      offload_->start(model_->params(), model_->grads(), lr, scale);  // runs on while the next forward starts
     } else {
       opt_->update(model_->params(), model_->grads(), lr, scale);
     }
@@ -334,6 +369,12 @@ StepResult Trainer::step() {
     sync_->take_gather_seconds();
   }
   r.times.optimizer = phase(t_opt);
+  if (offload_) {
+    // The forward's waits for the previous step's update: optimizer time the overlap did not hide.
+    const double w = offload_->take_wait_seconds();
+    r.times.compute -= w;
+    r.times.optimizer += w;
+  }
   ++step_;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.cpu_seconds = process_cpu_seconds() - cpu0;
@@ -460,7 +501,9 @@ int Trainer::run() {
              {"grads_bytes", std::to_string(mem.grads)},
              {"adamw_m_v_bytes", std::to_string(mem.adam)},
              {"activations_bytes", std::to_string(mem.activations)},
-             {"total_bytes", std::to_string(mem.total())}});
+             {"total_bytes", std::to_string(mem.total())},
+             {"offload", to_string(cfg_.offload)},
+             {"host_bytes", std::to_string(mem.host)}});
   log::info(
       "worker", "training",
       {{"steps", std::to_string(cfg_.steps)},
@@ -506,19 +549,21 @@ TrainerState Trainer::state() {
   s.step = step_;
   // ZeRO (with or without tp/pp) counts AdamW steps in the GradSync, which runs the update.
   const bool zero = sync_ != nullptr && sync_->zero_stage() > 0;
-  s.adam_t = opt_ ? opt_->t() : zero ? sync_->adam_t() : sharded_->adam_t();
+  if (offload_) offload_->wait_all();  // the caller reads (or a restore writes) params and the host moments
+  s.adam_t = opt_ ? opt_->t() : offload_ ? offload_->t() : zero ? sync_->adam_t() : sharded_->adam_t();
   s.bad_steps_total = bad_total_;
   s.bad_steps_consecutive = bad_consecutive_;
   s.seed = cfg_.seed;
   s.params = sharded_ != nullptr ? sharded_->params() : model_->params();  // sharded: this rank's local buffer
-  s.adam_m = opt_ ? opt_->m() : nullptr;
-  s.adam_v = opt_ ? opt_->v() : nullptr;
+  s.adam_m = opt_ ? opt_->m() : offload_ ? offload_->m() : nullptr;
+  s.adam_v = opt_ ? opt_->v() : offload_ ? offload_->v() : nullptr;
   s.num_params = sharded_ != nullptr ? sharded_->num_params() : model_->num_params();
   s.loader = train_.loader_state();
   return s;
 }
 
 void Trainer::reinit_weights() {
+  if (offload_) offload_->wait_all();
   if (sharded_ != nullptr) {
     sharded_->init_weights(cfg_.seed);
   } else {
@@ -530,6 +575,8 @@ void Trainer::restore_counters(const TrainerState& s) {
   step_ = s.step;
   if (opt_) {
     opt_->set_t(s.adam_t);
+  } else if (offload_) {
+    offload_->set_t(s.adam_t);
   } else {
     if (sharded_ != nullptr) sharded_->set_adam_t(s.adam_t);
     if (sync_ != nullptr) sync_->set_adam_t(s.adam_t);  // a no-op without ZeRO

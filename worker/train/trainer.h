@@ -14,6 +14,7 @@
 #include "worker/kernels/cpu/thread_pool.h"
 #include "worker/model/gpt.h"
 #include "worker/optim/adamw.h"
+#include "worker/optim/offload.h"
 #include "worker/parallel/step_times.h"
 #include "worker/train/grad_sync.h"
 #include "worker/train/perf.h"
@@ -71,6 +72,10 @@ struct TrainConfig {
   // sharing each replica's sequences (positions split, ring attention); a replica runs micro_steps() / (D / cp)
   // micro-batches. tp/pp model (ParallelGpt) only.
   int cp = 1;
+  // --offload optimizer: AdamW's moments on the host, the update on offload_threads CPU threads overlapped with the
+  // next forward (worker/optim/offload.h); results are unchanged. Plain or data-parallel Gpt only (no ZeRO, tp, pp).
+  OffloadMode offload = OffloadMode::kNone;
+  int offload_threads = 1;
 
   int micro_steps() const;                      // global batch / (B*T)
   void validate(const GptConfig& model) const;  // throws ConfigError naming the flag
@@ -163,7 +168,11 @@ class Trainer {
   // The process-group layout (ProcessGroups::describe()) for the line run() logs at start.
   void set_layout(std::string description) { layout_ = std::move(description); }
 
+  // The model's memory by arena: params, grads, activations and (in memory) AdamW m, v on the device; with offload
+  // the moments and the copy staging in `host`. memory_budget() is the formula; allocated_memory() adds up the
+  // buffers this trainer actually holds.
   MemoryBudget memory_budget() const;
+  MemoryBudget allocated_memory() const;
   double peak_flops() const { return peak_flops_; }
   // Losses of the validations run() performed, as (step, loss).
   const std::vector<std::pair<int64_t, double>>& val_history() const { return val_history_; }
@@ -181,7 +190,8 @@ class Trainer {
   std::unique_ptr<Gpt<float>> model_;  // null with a sharded model
   GradSync* sync_ = nullptr;
   ShardedModel* sharded_ = nullptr;
-  std::optional<AdamW> opt_;  // absent under ZeRO
+  std::optional<AdamW> opt_;           // absent under ZeRO and with offload
+  std::vector<double> norm_partials_;  // the offload path's grad-norm scratch
   LrSchedule schedule_;
   AlignedBuffer<int32_t> inputs_, targets_;
   int64_t step_ = 0;
@@ -193,6 +203,8 @@ class Trainer {
   TrainMetrics* metrics_ = nullptr;
   TrainerHooks hooks_;
   std::string layout_;
+  // Last member: destroyed first, so its thread stops before the model buffers it writes go away.
+  std::unique_ptr<OffloadAdamW> offload_;
 };
 
 }  // namespace railyard::worker

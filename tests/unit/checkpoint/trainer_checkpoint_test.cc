@@ -723,3 +723,38 @@ TEST_CASE("disk full during the trainer's saves: the saves fail cleanly, trainin
   CHECK(slurp(ck + "/latest").rfind("step-00000006", 0) == 0);
   CHECK(run({"railyard", "ckpt", "verify", ck, "--step", "6"}, fx.dir / "v6.log") == 0);
 }
+
+TEST_CASE("--offload optimizer: the same checkpoint bytes as the in-memory optimizer; resume across on and off") {
+  Fixture fx;
+  auto train_as = [&](const std::string& ck, bool offload, const std::string& name) {
+    // The default asynchronous snapshot: its copy of step k must not race the offloaded update of step k.
+    std::vector<std::string> extra = {
+        "--ckpt-every", "3", "--log-json", fx.dir / (name + ".jsonl"), "--export", fx.dir / (name + ".bin")};
+    if (offload) extra.insert(extra.end(), {"--offload", "optimizer"});
+    return run(fx.train(6, ck, extra), fx.dir / (name + ".log"));
+  };
+  const std::string in_memory = fx.dir / "ck-mem", offloaded = fx.dir / "ck-off";
+  REQUIRE_MESSAGE(train_as(in_memory, false, "mem") == 0, slurp(fx.dir / "mem.log"));
+  REQUIRE_MESSAGE(train_as(offloaded, true, "off") == 0, slurp(fx.dir / "off.log"));
+  CHECK(slurp(fx.dir / "off.log").find("offload=optimizer") != std::string::npos);
+  const auto a = step_losses(fx.dir / "mem.jsonl");
+  REQUIRE(a.size() == 6);
+  CHECK(step_losses(fx.dir / "off.jsonl") == a);
+  CHECK(slurp(fx.dir / "off.bin") == slurp(fx.dir / "mem.bin"));
+  for (const char* step : {"step-00000003", "step-00000006"}) {
+    const std::string x = slurp(in_memory + "/" + step + "/rank-00000.bin");
+    CHECK(x.size() > 1000000);  // params + m + v
+    CHECK_MESSAGE(x == slurp(offloaded + "/" + step + "/rank-00000.bin"), step);
+  }
+  // Each checkpoint resumed from step 3 by the other mode continues bitwise.
+  for (auto [ck, offload, name] : {std::tuple{offloaded, false, "off-to-mem"}, {in_memory, true, "mem-to-off"}}) {
+    INFO(name);
+    fs::remove_all(ck + "/step-00000006");
+    REQUIRE_MESSAGE(train_as(ck, offload, name) == 0, slurp(fx.dir / (std::string(name) + ".log")));
+    CHECK(slurp(fx.dir / (std::string(name) + ".log")).find("restored step=3") != std::string::npos);
+    const auto b = step_losses(fx.dir / (std::string(name) + ".jsonl"));
+    REQUIRE(b.size() == 3);
+    for (int s = 4; s <= 6; ++s) CHECK_MESSAGE(b.at(s) == a.at(s), "step " << s);
+    CHECK(slurp(fx.dir / (std::string(name) + ".bin")) == slurp(fx.dir / "mem.bin"));
+  }
+}

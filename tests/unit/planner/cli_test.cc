@@ -141,3 +141,21 @@ TEST_CASE("railyard plan: activations as the worker stores them (no dropout) unl
   CHECK(mb["activations"].get<double>() - ma["activations"].get<double>() ==
         doctest::Approx(layers * per_layer_delta).epsilon(1e-9));
 }
+
+TEST_CASE("railyard plan: gpt2-774m on one cpu offloads its optimizer only when it does not fit otherwise") {
+  const std::string base = "--model gpt2-774m --global-batch 1 --gpus 1 --gpu cpu --recompute none --json";
+  const Run fallback = plan(base, false);
+  REQUIRE(fallback.code == 0);
+  const auto best = nlohmann::json::parse(fallback.out)["plans"][0];
+  CHECK(best["layout"]["offload"].get<bool>());
+  CHECK(best["memoryBytes"]["optimizer"].get<double>() == 0);
+  CHECK(best["memoryBytes"]["host"].get<double>() > 9e9);  // 0.77 B parameters x (8 state + 4 gradient copy) bytes
+  CHECK(best["time"]["offloadUpdate"].get<double>() >= best["time"]["optimizer"].get<double>());
+  const Run off = plan(base + " --offload off");
+  CHECK(off.code == 1);  // nothing fits without offload
+  CHECK(plan(base + " --offload sometimes").code == 2);
+  // A small model fits as it is: no offload unless pinned.
+  const Run small = plan("--model gpt2-124m --global-batch 1 --gpus 1 --gpu cpu --recompute none --json", false);
+  REQUIRE(small.code == 0);
+  CHECK_FALSE(nlohmann::json::parse(small.out)["plans"][0]["layout"]["offload"].get<bool>());
+}

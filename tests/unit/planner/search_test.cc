@@ -104,7 +104,7 @@ TEST_CASE("built-in calibration files load and state a source for every number")
   for (const std::string& name : builtin_profile_names()) {
     const DeviceProfile p = builtin_profile(name);
     CHECK(p.peak_flops > 0);
-    CHECK(p.sources.size() == 24);
+    CHECK(p.sources.size() == 26);
     for (const auto& [key, source] : p.sources) {
       INFO(name << "." << key << ": " << source);
       const bool known = source.rfind("vendor datasheet value", 0) == 0 || source.rfind("assumed", 0) == 0 ||
