@@ -219,8 +219,11 @@ Gpt<T>::Gpt(const GptConfig& config, int B, int Tn, ThreadPool& pool, const Reco
   const ActLayout a = act_layout(config_, B, Tn, device_sizes(*dev_, config_, B, Tn), recompute_);
   acts_ = DeviceBuffer<T>(*dev_, a.total());
   inputs_ = DeviceBuffer<int32_t>(*dev_, static_cast<size_t>(B) * Tn);
-  targets_ = DeviceBuffer<int32_t>(*dev_, static_cast<size_t>(B) * Tn);
-  if (!dev_->host_accessible()) losses_host_.resize(static_cast<size_t>(B) * Tn);
+  if (!dev_->host_accessible()) {
+    // The CPU reads the caller's targets and the losses in place.
+    targets_ = DeviceBuffer<int32_t>(*dev_, static_cast<size_t>(B) * Tn);
+    losses_host_.resize(static_cast<size_t>(B) * Tn);
+  }
   T* p = acts_.data();
   auto take = [&p](size_t n) {
     T* r = p;
