@@ -25,8 +25,9 @@ class DeviceMemory {
  public:
   virtual ~DeviceMemory() = default;
   virtual DeviceKind kind() const = 0;
-  // True when device pointers are host pointers (the CPU): callers may then read results in place.
-  bool host_accessible() const { return kind() == DeviceKind::kCpu; }
+  // True when device pointers are host pointers (the CPU): callers may then read results in place. Virtual so a test
+  // can run the off-host code paths (copies, host mirrors) with CPU kernels on a machine without a GPU.
+  virtual bool host_accessible() const { return kind() == DeviceKind::kCpu; }
   virtual void* alloc(size_t bytes) = 0;
   virtual void free(void* p) noexcept = 0;
   virtual void zero(void* p, size_t bytes) = 0;
