@@ -29,6 +29,7 @@
 #include "worker/agent/agent_main.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/process_groups.h"
+#include "worker/device/device.h"
 #include "worker/interop/llmc_model.h"
 #include "worker/kernels/cpu/kernels.h"
 #include "worker/kernels/cpu/thread_pool.h"
@@ -41,6 +42,10 @@
 #include "worker/train/perf.h"
 #include "worker/train/train_metrics.h"
 #include "worker/train/trainer.h"
+#ifdef RAILYARD_HAVE_CUDA
+#include "worker/kernels/cuda/cuda_check.h"
+#include "worker/kernels/cuda/cuda_device.h"
+#endif
 
 using namespace railyard;
 using namespace railyard::worker;
@@ -48,6 +53,8 @@ using namespace railyard::worker;
 namespace {
 
 constexpr const char* kUsage = R"(usage: railyard-worker train [flags]
+  --device D           auto (default: CUDA when this binary has CUDA and a GPU is visible, else the CPU), cpu or
+                       cuda (an error without a GPU); the config file's "device" / spec.device
   --model SPEC         preset (tiny, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b) or l=L,c=C,nh=NH,t=maxT,v=V
                        (default tiny; with --init-from, the file's shape unless given)
   --data DIR           token shards: DIR/train_*.bin (and DIR/val_*.bin for validation), from `railyard data prepare`
@@ -264,6 +271,9 @@ void apply_config_file(const std::string& path, std::map<std::string, std::strin
     f["dp-split"] = list;
   }
   if (const auto det = get(par, "deterministic"); det.is_boolean() && det.get<bool>()) set("deterministic", "true");
+  // spec.device: the resolved config carries it at the top (operator/controller/job_spec.cc), a bare spec under "spec".
+  set("device", get(j, "device"));
+  set("device", get(get(j, "spec"), "device"));
   const nlohmann::json model = get(j, "model");
   if (model.is_object() && !f.count("model")) {
     const auto preset = get(model, "preset");
@@ -525,6 +535,7 @@ void enforce_path_roots(const std::map<std::string, std::string>& f) {
 int cmd_train(int argc, char** argv) {
   auto f = parse_flags(argc, argv, 2,
                        {"model",
+                        "device",
                         "data",
                         "steps",
                         "batch",
@@ -581,6 +592,26 @@ int cmd_train(int argc, char** argv) {
                         "slow-factor"});
   if (f.count("nproc")) return launch_train_world(argc, argv, f);
   if (f.count("config")) apply_config_file(f["config"], f);
+    // The device first: a wrong --device / spec.device fails before any data or model is touched.
+#ifdef RAILYARD_HAVE_CUDA
+  const int visible_gpus = cuda::device_count();
+  const bool built_with_cuda = true;
+#else
+  const int visible_gpus = 0;
+  const bool built_with_cuda = false;
+#endif
+  const std::string device_spec = f.count("device") ? f["device"] : "auto";
+  DeviceKind device_kind;
+  try {
+    device_kind = resolve_device(device_spec, visible_gpus, built_with_cuda);
+  } catch (const ConfigError& e) {
+    throw ConfigError(std::string(e.what()) + " (--device " + device_spec + ")");
+  }
+  log::info("worker", "device",
+            {{"device", device_name(device_kind)},
+             {"requested", device_spec},
+             {"visible_gpus", std::to_string(visible_gpus)},
+             {"built_with_cuda", built_with_cuda ? "true" : "false"}});
   if (!f.count("data")) {
     if (const char* d = std::getenv("RAILYARD_DATA_DIR"); d != nullptr && *d != '\0') f["data"] = d;
   }
@@ -729,7 +760,11 @@ int cmd_train(int argc, char** argv) {
     dpo.bucket_bytes = dist.bucket_bytes;
     dist.sync = parallel::gpt_data_parallel(dist.groups ? &dist.groups->dp() : nullptr, *cfg, tc, pool, dpo);
   }
-  Trainer trainer(*cfg, tc, pool, train, val.get(), dist.sync.get(), dist.sharded.get());
+  std::unique_ptr<Kernels<float>> device;
+#ifdef RAILYARD_HAVE_CUDA
+  if (device_kind == DeviceKind::kCuda) device = std::make_unique<cuda::CudaKernels>();
+#endif
+  Trainer trainer(*cfg, tc, pool, train, val.get(), dist.sync.get(), dist.sharded.get(), device.get());
   if (dist.groups != nullptr) trainer.set_layout(dist.groups->describe());
   std::unique_ptr<parallel::ExpertParallel> expert_parallel = join_expert_parallel(f, *cfg, tc, dist, trainer);
   // Metrics: the same numbers as the step log line, for Prometheus and railyard-monitor.
@@ -759,6 +794,11 @@ int cmd_train(int argc, char** argv) {
     std::vector<float> full(num_parameters(*cfg));
     load_llmc_model(f["init-from"], *cfg, full.data());
     dist.sharded->load_full(full.data());  // each rank keeps its slices
+    log::info("worker", "initialised from llm.c model", {{"path", f["init-from"]}});
+  } else if (f.count("init-from") && device_kind != DeviceKind::kCpu) {
+    std::vector<float> full(num_parameters(*cfg));
+    load_llmc_model(f["init-from"], *cfg, full.data());
+    trainer.load_params(full.data());
     log::info("worker", "initialised from llm.c model", {{"path", f["init-from"]}});
   } else if (f.count("init-from")) {
     load_llmc_model(f["init-from"], *cfg, trainer.model().params());
@@ -847,7 +887,7 @@ int cmd_train(int argc, char** argv) {
       log::info("worker", "exported llm.c model", {{"path", f["export"]}});
     }
   } else if (rc == 0 && f.count("export") && (dist.groups == nullptr || dist.groups->rank() == 0)) {
-    save_llmc_model(f["export"], *cfg, trainer.model().params());
+    save_llmc_model(f["export"], *cfg, trainer.state().params);  // host memory on every device
     log::info("worker", "exported llm.c model", {{"path", f["export"]}});
   }
   return rc;

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "common/error.h"
+#include "worker/device/cpu_kernels.h"
 #include "worker/kernels/cpu/kernels.h"
 
 namespace railyard::worker {
@@ -41,24 +42,41 @@ namespace {
 
 // Element counts of the activation buffer. Per layer (not counting its output residual3, always kept): ln1 (N,C),
 // ln1 mean/rstd (N), qkv (N,3C), atty (N,C), res2 (N,C), ln2 (N,C), ln2 mean/rstd (N), fch and fch_gelu (N,4C) =
-// 15NC + 4N, plus the attention probabilities (B,NH,T,T). Fully recomputed layers keep none of it, selectively
-// recomputed ones all but the probabilities; the working set holds one recomputed layer's share during backward.
+// 15NC + 4N, plus attention's saved state (the CPU's probabilities (B,NH,T,T), CUDA's row lse (B,NH,T)). Fully
+// recomputed layers keep none of it, selectively recomputed ones all but the probabilities; the working set holds one
+// recomputed layer's share during backward.
 struct ActLayout {
-  size_t N, C, layer, att;      // N = B*T; layer = 15NC + 4N (dense); att = B*NH*T*T
+  size_t N, C, layer, att;      // N = B*T; layer = 15NC + 4N (dense); att = the device's attention_saved_elems
   size_t stored, stored_att;    // layers keeping `layer`, layers keeping `att`
   size_t work_layer, work_att;  // 0 or 1: the working set's share
   size_t encoded, residual3, lnf, lnf_stats, logits, losses;
-  size_t dres, dc, d4c, dqkv, att_scratch, proj;
+  size_t dres, dc, d4c, dqkv, att_scratch, ln_scratch, proj;
   size_t moe_scratch;  // MoE: x, dx, dy (R,C), dh (R,4C), dprobs (N,E); R = E * capacity
   size_t routing;      // int32 per layer (MoE): choice, row (N*k), count (E), token (R)
   size_t total() const {
     return encoded + (stored + work_layer) * layer + (stored_att + work_att) * att + residual3 + lnf + lnf_stats +
-           logits + losses + dres + dc + d4c + dqkv + att_scratch + proj + moe_scratch;
+           logits + losses + dres + dc + d4c + dqkv + att_scratch + ln_scratch + proj + moe_scratch;
   }
 };
 
-ActLayout act_layout(const GptConfig& c, int B, int T, int threads, const RecomputeSpec& r) {
-  const size_t L = c.num_layers, C = c.channels, NH = c.num_heads, Vp = c.padded_vocab_size;
+// What the device needs for attention and layernorm (Kernels' *_elems); cpu_sizes gives the CPU kernels' values.
+struct KernelSizes {
+  size_t att_saved, att_scratch, ln_scratch;
+};
+
+KernelSizes cpu_sizes(const GptConfig& c, int B, int T, int threads) {
+  return {static_cast<size_t>(B) * c.num_heads * T * T, static_cast<size_t>(threads) * T * T, 0};
+}
+
+template <typename T>
+KernelSizes device_sizes(const Kernels<T>& d, const GptConfig& c, int B, int Tn) {
+  return {d.attention_saved_elems(B, Tn, c.channels, c.num_heads),
+          d.attention_scratch_elems(B, Tn, c.channels, c.num_heads),
+          d.layernorm_scratch_elems(static_cast<size_t>(B) * Tn, c.channels)};
+}
+
+ActLayout act_layout(const GptConfig& c, int B, int T, const KernelSizes& ks, const RecomputeSpec& r) {
+  const size_t L = c.num_layers, C = c.channels, Vp = c.padded_vocab_size;
   const size_t N = static_cast<size_t>(B) * T;
   ActLayout a{};
   a.N = N;
@@ -71,7 +89,7 @@ ActLayout act_layout(const GptConfig& c, int B, int T, int threads, const Recomp
     a.moe_scratch = 3 * R * C + 4 * R * C + N * E;
     a.routing = L * (2 * N * k + E + R);
   }
-  a.att = B * NH * static_cast<size_t>(T) * T;
+  a.att = ks.att_saved;
   for (size_t l = 0; l < L; ++l) {
     const bool full = r.full(static_cast<int>(l)), sel = r.selective(static_cast<int>(l));
     if (!full) ++a.stored;
@@ -88,7 +106,8 @@ ActLayout act_layout(const GptConfig& c, int B, int T, int threads, const Recomp
   a.dres = a.dc = N * C;
   a.d4c = N * 4 * C;
   a.dqkv = N * 3 * C;
-  a.att_scratch = static_cast<size_t>(threads) * T * T;
+  a.att_scratch = ks.att_scratch;
+  a.ln_scratch = ks.ln_scratch;
   a.proj = N * C;
   return a;
 }
@@ -117,7 +136,7 @@ struct NormalRng {
 }  // namespace
 
 size_t activation_bytes(const GptConfig& c, int B, int T, int threads, const RecomputeSpec& recompute) {
-  const ActLayout a = act_layout(c, B, T, threads, recompute);
+  const ActLayout a = act_layout(c, B, T, cpu_sizes(c, B, T, threads), recompute);
   return a.total() * sizeof(float) + (static_cast<size_t>(B) * T + a.routing) * sizeof(int32_t);
 }
 
@@ -175,20 +194,36 @@ void init_gpt2_weights(T* params, const GptConfig& c, uint64_t seed, ThreadPool*
 }
 
 template <typename T>
-Gpt<T>::Gpt(const GptConfig& config, int B, int Tn, ThreadPool& pool, const RecomputeSpec& recompute)
-    : config_(config), recompute_(recompute), B_(B), T_(Tn), pool_(pool) {
+Gpt<T>::Gpt(const GptConfig& config, int B, int Tn, ThreadPool& pool, const RecomputeSpec& recompute,
+            Kernels<T>* device)
+    : config_(config),
+      recompute_(recompute),
+      B_(B),
+      T_(Tn),
+      pool_(pool),
+      own_device_(device == nullptr ? std::make_unique<CpuKernels<T>>(pool) : nullptr),
+      dev_(device == nullptr ? own_device_.get() : device) {
   validate(config_);
   if (B <= 0) throw ConfigError("batch (B) must be positive, got " + std::to_string(B));
   if (Tn <= 0 || Tn > config.max_seq_len) {
     throw ConfigError("sequence length T=" + std::to_string(Tn) + " must be in 1.." +
                       std::to_string(config.max_seq_len) + " (the model's maxT)");
   }
+  if (!dev_->host_accessible() && config_.moe.experts > 0) {
+    throw ConfigError(std::string("spec.device / --device ") + device_name(dev_->kind()) +
+                      ": mixture-of-experts layers (--moe-experts) run on the CPU only so far: use --device cpu");
+  }
   cpu::init_blas_single_threaded();
-  params_ = AlignedBuffer<T>(num_parameters(config_));
-  grads_ = AlignedBuffer<T>(num_parameters(config_));
-  const ActLayout a = act_layout(config_, B, Tn, pool.size(), recompute_);
-  acts_ = AlignedBuffer<T>(a.total());
-  inputs_ = AlignedBuffer<int32_t>(static_cast<size_t>(B) * Tn);
+  params_ = DeviceBuffer<T>(*dev_, num_parameters(config_));
+  grads_ = DeviceBuffer<T>(*dev_, num_parameters(config_));
+  const ActLayout a = act_layout(config_, B, Tn, device_sizes(*dev_, config_, B, Tn), recompute_);
+  acts_ = DeviceBuffer<T>(*dev_, a.total());
+  inputs_ = DeviceBuffer<int32_t>(*dev_, static_cast<size_t>(B) * Tn);
+  if (!dev_->host_accessible()) {
+    // The CPU reads the caller's targets and the losses in place.
+    targets_ = DeviceBuffer<int32_t>(*dev_, static_cast<size_t>(B) * Tn);
+    losses_host_.resize(static_cast<size_t>(B) * Tn);
+  }
   T* p = acts_.data();
   auto take = [&p](size_t n) {
     T* r = p;
@@ -241,6 +276,7 @@ Gpt<T>::Gpt(const GptConfig& config, int B, int Tn, ThreadPool& pool, const Reco
   d4c_ = take(a.d4c);
   dqkv_ = take(a.dqkv);
   att_scratch_ = take(a.att_scratch);
+  ln_scratch_ = take(a.ln_scratch);
   proj_ = take(a.proj);
   if (E > 0) {
     moe_x_ = take(R * C);
@@ -265,11 +301,36 @@ Gpt<T>::Gpt(const GptConfig& config, int B, int Tn, ThreadPool& pool, const Reco
 
 template <typename T>
 size_t Gpt<T>::activation_bytes() const {
-  return acts_.size() * sizeof(T) + (inputs_.size() + routing_buf_.size()) * sizeof(int32_t);
+  return acts_.size() * sizeof(T) + (inputs_.size() + targets_.size() + routing_buf_.size()) * sizeof(int32_t);
+}
+
+template <typename T>
+void Gpt<T>::init_weights(uint64_t seed) {
+  if (dev_->host_accessible()) {
+    init_gpt2_weights(params_.data(), config_, seed, &pool_);
+    return;
+  }
+  AlignedBuffer<T> host(params_.size());
+  init_gpt2_weights(host.data(), config_, seed, &pool_);
+  dev_->to_device(params_.data(), host.data(), host.size() * sizeof(T));
+}
+
+template <typename T>
+void Gpt<T>::copy_params_to_host(T* host) const {
+  dev_->to_host(host, params_.data(), params_.size() * sizeof(T));
+}
+
+template <typename T>
+void Gpt<T>::copy_params_from_host(const T* host) {
+  dev_->to_device(params_.data(), host, params_.size() * sizeof(T));
 }
 
 template <typename T>
 void Gpt<T>::zero_grad() {
+  if (!dev_->host_accessible()) {
+    dev_->zero(grads_.data(), grads_.size() * sizeof(T));
+    return;
+  }
   pool_.parallel_for(grads_.size(),
                      [&](size_t b, size_t e) { std::memset(grads_.data() + b, 0, (e - b) * sizeof(T)); });
 }
@@ -281,28 +342,28 @@ const T* Gpt<T>::layer_input(size_t l) const {
 
 template <typename T>
 void Gpt<T>::layer_forward(size_t l, const T* residual, const LayerActs& a, T* residual3, MoeStats* stats) {
-  using namespace cpu;
+  Kernels<T>& d = *dev_;
   const int B = B_, Tn = T_, C = config_.channels, NH = config_.num_heads;
   const size_t N = static_cast<size_t>(B) * Tn, lc = l * C;
   auto w = split_tensors(params_.data(), config_);
   T *ln1w = w[2], *ln1b = w[3], *qkvw = w[4], *qkvb = w[5], *attprojw = w[6], *attprojb = w[7], *ln2w = w[8],
     *ln2b = w[9], *fcw = w[10], *fcb = w[11], *fcprojw = w[12], *fcprojb = w[13];
   // attention block: residual2 = residual + attproj(attn(qkv(ln1(residual))))
-  layernorm_forward(pool_, a.ln1, a.ln1_mean, a.ln1_rstd, residual, ln1w + lc, ln1b + lc, N, C);
-  matmul_forward(pool_, a.qkv, a.ln1, qkvw + l * 3 * C * C, qkvb + 3 * lc, N, C, 3 * C);  // (B,T,3C)
-  attention_forward(pool_, a.atty, a.att, a.qkv, B, Tn, C, NH);                           // (B,T,C), (B,NH,T,T)
-  matmul_forward(pool_, proj_, a.atty, attprojw + l * C * C, attprojb + lc, N, C, C);     // (B,T,C)
-  residual_forward(pool_, a.res2, residual, proj_, N * C);
+  d.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, ln1w + lc, ln1b + lc, N, C);
+  d.matmul_forward(a.qkv, a.ln1, qkvw + l * 3 * C * C, qkvb + 3 * lc, N, C, 3 * C);  // (B,T,3C)
+  d.attention_forward(a.atty, a.att, a.qkv, B, Tn, C, NH);                           // (B,T,C), (B,NH,T,T)
+  d.matmul_forward(proj_, a.atty, attprojw + l * C * C, attprojb + lc, N, C, C);     // (B,T,C)
+  d.residual_forward(a.res2, residual, proj_, N * C);
   // MLP block: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
-  layernorm_forward(pool_, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, ln2w + lc, ln2b + lc, N, C);
+  d.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, ln2w + lc, ln2b + lc, N, C);
   if (config_.moe.experts > 0) {
     moe_forward(l, a, proj_, stats);  // (B,T,C): the gated sum of the token's kept experts
   } else {
-    matmul_forward(pool_, a.fch, a.ln2, fcw + l * 4 * C * C, fcb + 4 * lc, N, C, 4 * C);  // (B,T,4C)
-    gelu_forward(pool_, a.fch_gelu, a.fch, N * 4 * C);
-    matmul_forward(pool_, proj_, a.fch_gelu, fcprojw + l * 4 * C * C, fcprojb + lc, N, 4 * C, C);  // (B,T,C)
+    d.matmul_forward(a.fch, a.ln2, fcw + l * 4 * C * C, fcb + 4 * lc, N, C, 4 * C);  // (B,T,4C)
+    d.gelu_forward(a.fch_gelu, a.fch, N * 4 * C);
+    d.matmul_forward(proj_, a.fch_gelu, fcprojw + l * 4 * C * C, fcprojb + lc, N, 4 * C, C);  // (B,T,C)
   }
-  residual_forward(pool_, residual3, a.res2, proj_, N * C);
+  d.residual_forward(residual3, a.res2, proj_, N * C);
 }
 
 // Mixture of experts (docs/worker.md, "Mixture of experts"). Every loop has a fixed order and each output element
@@ -488,7 +549,7 @@ void Gpt<T>::moe_backward(size_t l, const LayerActs& a, const T* dout, T* dx) {
 
 template <typename T>
 T Gpt<T>::forward(const int32_t* inputs, const int32_t* targets, Mode mode, T dloss) {
-  using namespace cpu;
+  Kernels<T>& d = *dev_;
   const int B = B_, Tn = T_, C = config_.channels, V = config_.vocab_size, Vp = config_.padded_vocab_size;
   const size_t L = config_.num_layers, N = static_cast<size_t>(B) * Tn;
   for (size_t i = 0; i < N; ++i) {
@@ -498,36 +559,47 @@ T Gpt<T>::forward(const int32_t* inputs, const int32_t* targets, Mode mode, T dl
                   "): the data was tokenized for another vocabulary");
     }
   }
-  std::memcpy(inputs_.data(), inputs, N * sizeof(int32_t));
+  d.to_device(inputs_.data(), inputs, N * sizeof(int32_t));
+  // The CPU reads the caller's targets in place; other devices get a copy.
+  const int32_t* tgt = targets;
+  if (!d.host_accessible()) {
+    d.to_device(targets_.data(), targets, N * sizeof(int32_t));
+    tgt = targets_.data();
+  }
   auto w = split_tensors(params_.data(), config_);
   T *wte = w[0], *wpe = w[1], *lnfw = w[14], *lnfb = w[15];
 
   if (params_needed_) params_needed_(0);
-  encoder_forward(pool_, encoded_, inputs, wte, wpe, B, Tn, C);  // (B,T,C)
+  d.encoder_forward(encoded_, inputs_.data(), wte, wpe, B, Tn, C);  // (B,T,C)
   moe_stats_ = MoeStats{};
   for (size_t l = 0; l < L; ++l) {
     if (params_needed_) params_needed_(static_cast<int>(1 + l));
     layer_forward(l, layer_input(l), layer_[l], residual3_ + l * N * C, &moe_stats_);
   }
   if (params_needed_) params_needed_(static_cast<int>(L + 1));
-  layernorm_forward(pool_, lnf_, lnf_mean_, lnf_rstd_, residual3_ + (L - 1) * N * C, lnfw, lnfb, N, C);
-  matmul_forward(pool_, logits_, lnf_, wte, static_cast<const T*>(nullptr), N, C, Vp);  // (B,T,Vp), tied head
+  d.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, residual3_ + (L - 1) * N * C, lnfw, lnfb, N, C);
+  d.matmul_forward(logits_, lnf_, wte, static_cast<const T*>(nullptr), N, C, Vp);  // (B,T,Vp), tied head
   if (mode == Mode::kTrain) {
-    crossentropy_fused_backward(pool_, losses_, logits_, targets, N, V, Vp, dloss / static_cast<T>(N));
+    d.crossentropy_fused_backward(losses_, logits_, tgt, N, V, Vp, dloss / static_cast<T>(N));
     dloss_ = dloss;
     have_dlogits_ = true;
   } else {
-    crossentropy_forward(pool_, losses_, logits_, targets, N, V, Vp);
+    d.crossentropy_forward(losses_, logits_, tgt, N, V, Vp);
     have_dlogits_ = false;
   }
+  const T* losses = losses_;
+  if (!d.host_accessible()) {
+    d.to_host(losses_host_.data(), losses_, N * sizeof(T));  // waits for the forward
+    losses = losses_host_.data();
+  }
   T sum = 0;
-  for (size_t i = 0; i < N; ++i) sum += losses_[i];
+  for (size_t i = 0; i < N; ++i) sum += losses[i];
   return sum / static_cast<T>(N) + static_cast<T>(moe_stats_.aux_loss);
 }
 
 template <typename T>
 void Gpt<T>::backward(bool accumulate) {
-  using namespace cpu;
+  Kernels<T>& d = *dev_;
   if (!have_dlogits_) throw Error("Gpt::backward() needs a forward() in kTrain mode first");
   have_dlogits_ = false;
   const int B = B_, Tn = T_, C = config_.channels, NH = config_.num_heads, Vp = config_.padded_vocab_size;
@@ -546,16 +618,17 @@ void Gpt<T>::backward(bool accumulate) {
           (name == "wte" || name == "qkvw" || name == "attprojw" || name == "fcw" || name == "fcprojw")) {
         continue;
       }
-      std::memset(g[i], 0, sizes[i] * sizeof(T));
+      d.zero(g[i], sizes[i] * sizeof(T));
     }
-    std::memset(grads_.data() + router_offset(config_), 0, router_size(config_) * sizeof(T));
+    d.zero(grads_.data() + router_offset(config_), router_size(config_) * sizeof(T));
   }
   const bool acc = accumulate;
 
   // LM head (tied): dlnf (B,T,C) = dlogits (B,T,Vp) @ wte (Vp,C); dwte += dlogits^T @ lnf
-  matmul_backward(pool_, dc_, false, g[0], static_cast<T*>(nullptr), logits_, lnf_, w[0], N, C, Vp, acc);
-  std::memset(dres_, 0, N * C * sizeof(T));
-  layernorm_backward(pool_, dres_, g[14], g[15], dc_, residual3_ + (L - 1) * N * C, w[14], lnf_mean_, lnf_rstd_, N, C);
+  d.matmul_backward(dc_, false, g[0], static_cast<T*>(nullptr), logits_, lnf_, w[0], N, C, Vp, acc);
+  d.zero(dres_, N * C * sizeof(T));
+  d.layernorm_backward(dres_, g[14], g[15], ln_scratch_, dc_, residual3_ + (L - 1) * N * C, w[14], lnf_mean_, lnf_rstd_,
+                       N, C);
   // Flat offset of tensor i (+ element e) in grads_, for the ready hook.
   auto ready = [&](int i, size_t e, size_t n) {
     if (grad_ready_) grad_ready_(static_cast<size_t>(g[i] - grads_.data()) + e, n);
@@ -572,28 +645,28 @@ void Gpt<T>::backward(bool accumulate) {
       // The same kernels on the same input and weights: the working set gets the bits forward computed.
       layer_forward(l, residual, a, proj_, nullptr);  // residual3 is kept; proj_ takes the throwaway copy
     } else if (recompute_.selective(static_cast<int>(l))) {
-      attention_forward(pool_, a.atty, a.att, a.qkv, B, Tn, C, NH);  // atty rewritten with identical values
+      d.attention_forward(a.atty, a.att, a.qkv, B, Tn, C, NH);  // atty rewritten with identical values
     }
     // MLP block
     if (config_.moe.experts > 0) {
       moe_backward(l, a, dres_, dc_);  // d ln2 (B,T,C)
     } else {
-      matmul_backward(pool_, d4c_, false, g[12] + l * 4 * C * C, g[13] + lc, dres_, a.fch_gelu, w[12] + l * 4 * C * C,
-                      N, 4 * C, C, acc);                   // d fch_gelu (B,T,4C)
-      gelu_backward(pool_, d4c_, a.fch, d4c_, N * 4 * C);  // d fch (B,T,4C)
-      matmul_backward(pool_, dc_, false, g[10] + l * 4 * C * C, g[11] + 4 * lc, d4c_, a.ln2, w[10] + l * 4 * C * C, N,
-                      C, 4 * C, acc);  // d ln2 (B,T,C)
+      d.matmul_backward(d4c_, false, g[12] + l * 4 * C * C, g[13] + lc, dres_, a.fch_gelu, w[12] + l * 4 * C * C, N,
+                        4 * C, C, acc);               // d fch_gelu (B,T,4C)
+      d.gelu_backward(d4c_, a.fch, d4c_, N * 4 * C);  // d fch (B,T,4C)
+      d.matmul_backward(dc_, false, g[10] + l * 4 * C * C, g[11] + 4 * lc, d4c_, a.ln2, w[10] + l * 4 * C * C, N, C,
+                        4 * C, acc);  // d ln2 (B,T,C)
     }
-    layernorm_backward(pool_, dres_, g[8] + lc, g[9] + lc, dc_, a.res2, w[8] + lc, a.ln2_mean, a.ln2_rstd, N,
-                       C);  // += d residual2
+    d.layernorm_backward(dres_, g[8] + lc, g[9] + lc, ln_scratch_, dc_, a.res2, w[8] + lc, a.ln2_mean, a.ln2_rstd, N,
+                         C);  // += d residual2
     // attention block
-    matmul_backward(pool_, dc_, false, g[6] + l * C * C, g[7] + lc, dres_, a.atty, w[6] + l * C * C, N, C, C,
-                    acc);                                                             // d atty (B,T,C)
-    attention_backward(pool_, dqkv_, att_scratch_, dc_, a.qkv, a.att, B, Tn, C, NH);  // d qkv (B,T,3C)
-    matmul_backward(pool_, dc_, false, g[4] + l * 3 * C * C, g[5] + 3 * lc, dqkv_, a.ln1, w[4] + l * 3 * C * C, N, C,
-                    3 * C, acc);  // d ln1 (B,T,C)
-    layernorm_backward(pool_, dres_, g[2] + lc, g[3] + lc, dc_, residual, w[2] + lc, a.ln1_mean, a.ln1_rstd, N,
-                       C);  // += d residual
+    d.matmul_backward(dc_, false, g[6] + l * C * C, g[7] + lc, dres_, a.atty, w[6] + l * C * C, N, C, C,
+                      acc);                                                              // d atty (B,T,C)
+    d.attention_backward(dqkv_, att_scratch_, dc_, a.qkv, a.atty, a.att, B, Tn, C, NH);  // d qkv (B,T,3C)
+    d.matmul_backward(dc_, false, g[4] + l * 3 * C * C, g[5] + 3 * lc, dqkv_, a.ln1, w[4] + l * 3 * C * C, N, C, 3 * C,
+                      acc);  // d ln1 (B,T,C)
+    d.layernorm_backward(dres_, g[2] + lc, g[3] + lc, ln_scratch_, dc_, residual, w[2] + lc, a.ln1_mean, a.ln1_rstd, N,
+                         C);  // += d residual
     if (grad_ready_) {
       // Layer l's slices of the 12 stacked tensors (ln1w .. fcprojb) are final now.
       const auto sizes = param_sizes(config_);
@@ -602,7 +675,7 @@ void Gpt<T>::backward(bool accumulate) {
       if (router_layer > 0) grad_ready_(router_offset(config_) + l * router_layer, router_layer);
     }
   }
-  encoder_backward(pool_, g[0], g[1], dres_, inputs_.data(), B, Tn, C);
+  d.encoder_backward(g[0], g[1], dres_, inputs_.data(), B, Tn, C);
   ready(0, 0, static_cast<size_t>(config_.padded_vocab_size) * C);
   ready(1, 0, static_cast<size_t>(config_.max_seq_len) * C);
 }

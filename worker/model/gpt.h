@@ -1,5 +1,7 @@
-// GPT-2 on the CPU: one flat buffer for the parameters (llm.c order, gpt_config.h), one for their gradients and one
-// for the activations of a fixed micro-batch shape (B, T). Explicit forward and backward, layer by layer.
+// GPT-2: one flat buffer for the parameters (llm.c order, gpt_config.h), one for their gradients and one for the
+// activations of a fixed micro-batch shape (B, T). Explicit forward and backward, layer by layer. The buffers live on a
+// device and every dense kernel runs through it (worker/device/kernels.h): the CPU by default, CUDA when given one
+// (Gpt<float> only; mixture-of-experts layers are CPU-only and refused on CUDA).
 //
 // Templated on the float type: Gpt<float> trains; Gpt<double> is the finite-difference reference of the gradient
 // check. The AdamW moments live in the optimizer (worker/optim), in buffers of the same layout.
@@ -12,6 +14,7 @@
 #include <memory>
 #include <vector>
 
+#include "worker/device/kernels.h"
 #include "worker/kernels/cpu/thread_pool.h"
 #include "worker/model/gpt_config.h"
 
@@ -74,7 +77,10 @@ class Gpt {
 
   // B sequences of T tokens per forward (T <= maxT). Allocates everything here; forward/backward never allocate.
   // recompute: which layers drop activations after forward and recompute them in backward (bitwise the same).
-  Gpt(const GptConfig& config, int B, int seq_len, ThreadPool& pool, const RecomputeSpec& recompute = {});
+  // device: where the buffers live and the kernels run; null = the CPU on `pool` (the pool also runs the CPU-only
+  // mixture-of-experts code). Throws ConfigError for what a device cannot run yet (experts on CUDA).
+  Gpt(const GptConfig& config, int B, int seq_len, ThreadPool& pool, const RecomputeSpec& recompute = {},
+      Kernels<T>* device = nullptr);
 
   const GptConfig& config() const { return config_; }
   const RecomputeSpec& recompute() const { return recompute_; }
@@ -86,8 +92,13 @@ class Gpt {
   T* grads() { return grads_.data(); }
   const T* grads() const { return grads_.data(); }
   size_t activation_bytes() const;
+  // params(), grads(), logits() and losses() point into device memory (host memory on the CPU).
+  Kernels<T>& device() { return *dev_; }
 
-  void init_weights(uint64_t seed) { init_gpt2_weights(params_.data(), config_, seed, &pool_); }
+  void init_weights(uint64_t seed);
+  // The parameters to or from a host array of num_params() (a copy on the CPU too).
+  void copy_params_to_host(T* host) const;
+  void copy_params_from_host(const T* host);
 
   // inputs, targets: (B, T) token ids in [0, V). Returns the mean loss over the B*T positions (with experts, plus
   // the load-balancing loss moe_stats().aux_loss: the objective whose gradient backward() computes). In kTrain mode
@@ -167,8 +178,11 @@ class Gpt {
   RecomputeSpec recompute_;
   int B_, T_;
   ThreadPool& pool_;
-  AlignedBuffer<T> params_, grads_, acts_;
-  AlignedBuffer<int32_t> inputs_;
+  std::unique_ptr<Kernels<T>> own_device_;  // the CPU, when no device was given
+  Kernels<T>* dev_;
+  DeviceBuffer<T> params_, grads_, acts_;
+  DeviceBuffer<int32_t> inputs_, targets_;
+  std::vector<T> losses_host_;  // the losses copied to the host (devices that are not the host)
   bool have_dlogits_ = false;
   T dloss_ = T(1);  // of the last kTrain forward: scales the load-balancing loss's gradient
   MoeStats moe_stats_;
@@ -190,7 +204,7 @@ class Gpt {
   T *encoded_, *residual3_, *lnf_, *lnf_mean_, *lnf_rstd_, *logits_, *losses_;
   std::vector<LayerActs> layer_;
   // Backward scratch (one layer at a time) and the forward's projection output.
-  T *dres_, *dc_, *d4c_, *dqkv_, *att_scratch_, *proj_;
+  T *dres_, *dc_, *d4c_, *dqkv_, *att_scratch_, *ln_scratch_, *proj_;
 };
 
 extern template class Gpt<float>;

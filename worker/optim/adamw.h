@@ -3,8 +3,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "worker/device/kernels.h"
 #include "worker/kernels/cpu/thread_pool.h"
 #include "worker/model/gpt.h"
 #include "worker/model/gpt_config.h"
@@ -36,17 +38,21 @@ struct AdamWHyper {
 
 class AdamW {
  public:
-  AdamW(const GptConfig& config, const AdamWHyper& hyper, ThreadPool& pool);
+  // device: where params, grads and the moments live and the update runs (kernels.h); null = the CPU on `pool`.
+  AdamW(const GptConfig& config, const AdamWHyper& hyper, ThreadPool& pool, Kernels<float>* device = nullptr);
 
   // One update (torch.optim.AdamW's arithmetic, decoupled decay): with g = grad * grad_scale,
   //   p *= 1 - lr * wd (decayed tensors only);  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
   //   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
-  // grad_scale carries the clipping factor, so clipping costs no extra pass over the gradients.
+  // grad_scale carries the clipping factor, so clipping costs no extra pass over the gradients. One device call per
+  // tensor (weight decay 0 for the tensors decays() excludes). params/grads are device pointers.
   void update(float* params, const float* grads, float lr, float grad_scale);
 
   // sqrt(sum g^2) in double over a fixed grid of chunks, summed in order: independent of the thread count.
+  // Runs on the device; the result is copied to the host.
   double global_norm(const float* grads);
 
+  // Device pointers (host memory on the CPU).
   float* m() { return m_.data(); }
   float* v() { return v_.data(); }
   const float* m() const { return m_.data(); }
@@ -60,15 +66,11 @@ class AdamW {
  private:
   GptConfig config_;
   AdamWHyper hyper_;
-  ThreadPool& pool_;
-  AlignedBuffer<float> m_, v_;
-  std::vector<double> partials_;
+  std::unique_ptr<Kernels<float>> own_device_;  // the CPU, when no device was given
+  Kernels<float>* dev_;
+  DeviceBuffer<float> m_, v_;
   int64_t t_ = 0;
 };
-
-// AdamW::global_norm over any n floats (the offloaded optimizer's norm, worker/optim/offload.h): partials is scratch,
-// resized as needed.
-double grad_global_norm(const float* grads, size_t n, ThreadPool& pool, std::vector<double>& partials);
 
 // clip_grad_norm_'s factor: min(1, max_norm / (norm + 1e-6)); 1 when max_norm <= 0 (clipping off).
 float clip_factor(double norm, double max_norm);

@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "worker/device/cpu_kernels.h"
 #include "worker/train/train_metrics.h"
 
 namespace railyard::worker {
@@ -73,17 +74,33 @@ void TrainConfig::validate(const GptConfig& model) const {
   if (offload_threads < 1) bad("--offload-threads must be positive");
 }
 
+namespace {
+// Refuses what the CUDA trainer cannot run yet, before anything is allocated on the device.
+Kernels<float>* check_device(Kernels<float>* device, GradSync* sync, ShardedModel* sharded) {
+  if (device == nullptr || device->host_accessible()) return device;
+  const std::string d = std::string("spec.device / --device ") + device_name(device->kind());
+  if (sharded != nullptr)
+    throw ConfigError(d + ": tensor/pipeline parallelism (--tp/--pp) runs on the CPU only so far: use --device cpu");
+  if (sync != nullptr)
+    throw ConfigError(d +
+                      ": data parallelism across processes (--nproc, ZeRO, --deterministic) runs on the CPU only "
+                      "so far (the NCCL path is not wired to the trainer): use --device cpu or one process");
+  return device;
+}
+}  // namespace
+
 Trainer::Trainer(const GptConfig& model, const TrainConfig& config, ThreadPool& pool, BatchSource& train,
-                 BatchSource* val, GradSync* sync, ShardedModel* sharded)
+                 BatchSource* val, GradSync* sync, ShardedModel* sharded, Kernels<float>* device)
     : gpt_((config.validate(model), model)),
       cfg_(config),
       pool_(pool),
       train_(train),
       val_(val),
+      device_(check_device(device, sync, sharded)),
       // A sharded model replaces the built-in one: no full-size buffers on this rank.
       model_(sharded != nullptr
                  ? nullptr
-                 : std::make_unique<Gpt<float>>(model, config.batch, config.seq_len, pool, config.recompute)),
+                 : std::make_unique<Gpt<float>>(model, config.batch, config.seq_len, pool, config.recompute, device_)),
       sync_(sync),
       sharded_(sharded),
       inputs_(static_cast<size_t>(config.batch) * config.seq_len),
@@ -95,13 +112,19 @@ Trainer::Trainer(const GptConfig& model, const TrainConfig& config, ThreadPool& 
     if (sync_ != nullptr && sync_->zero_stage() > 0)
       throw ConfigError("--offload optimizer with --zero " + std::to_string(sync_->zero_stage()) +
                         ": the sharded ZeRO optimizer is not offloaded; use --offload with --zero 0, or ZeRO alone");
+    if (!on_host())
+      throw ConfigError(std::string("--offload optimizer with spec.device / --device ") + device_name(device_kind()) +
+                        ": the offloaded update runs on host copies of the parameters, not wired to a device yet; use "
+                        "--device cpu or drop --offload");
+    host_kernels_ = std::make_unique<CpuKernels<float>>(pool);
     offload_ = std::make_unique<OffloadAdamW>(
         model, AdamWHyper{cfg_.beta1, cfg_.beta2, cfg_.eps, static_cast<float>(cfg_.weight_decay)},
         cfg_.offload_threads);
     // The next forward waits for each parameter group's update just before it reads the group.
     model_->set_params_needed_hook([this](int group) { offload_->wait_group(group); });
   } else if (sync_ == nullptr || sync_->zero_stage() == 0) {
-    opt_.emplace(model, AdamWHyper{cfg_.beta1, cfg_.beta2, cfg_.eps, static_cast<float>(cfg_.weight_decay)}, pool);
+    opt_.emplace(model, AdamWHyper{cfg_.beta1, cfg_.beta2, cfg_.eps, static_cast<float>(cfg_.weight_decay)}, pool,
+                 device_);
   }
   if (sharded_ != nullptr && cfg_.offload != OffloadMode::kNone)
     throw ConfigError("--offload optimizer with --tp/--pp: only the plain and data-parallel model offloads; drop one");
@@ -141,6 +164,12 @@ Trainer::Trainer(const GptConfig& model, const TrainConfig& config, ThreadPool& 
     }
   }
   if (model_) model_->init_weights(cfg_.seed);
+  if (!on_host()) {
+    host_params_ = AlignedBuffer<float>(model_->num_params());
+    host_m_ = AlignedBuffer<float>(model_->num_params());
+    host_v_ = AlignedBuffer<float>(model_->num_params());
+    refresh_host_state();
+  }
   peak_flops_ = cfg_.peak_flops;
   if (!cfg_.log_json.empty()) {
     json_ = std::make_unique<std::ofstream>(cfg_.log_json, std::ios::app);
@@ -152,6 +181,18 @@ Gpt<float>& Trainer::model() {
   if (!model_) throw Error("Trainer::model(): a tensor/pipeline-parallel run has no full model on this rank");
   if (offload_) offload_->wait_all();  // the caller may read or write the parameters
   return *model_;
+}
+
+void Trainer::refresh_host_state() {
+  const size_t bytes = model_->num_params() * sizeof(float);
+  device_->to_host(host_params_.data(), model_->params(), bytes);
+  device_->to_host(host_m_.data(), opt_->m(), bytes);
+  device_->to_host(host_v_.data(), opt_->v(), bytes);
+}
+
+void Trainer::load_params(const float* host) {
+  model().copy_params_from_host(host);
+  if (!on_host()) refresh_host_state();
 }
 
 AdamW& Trainer::optimizer() {
@@ -331,7 +372,7 @@ StepResult Trainer::step() {
     r.grad_norm = zero ? sync_->grad_norm(sharded_->grads()) : sharded_->grad_norm(sharded_->grads());
   } else {
     r.grad_norm = zero       ? sync_->grad_norm(model_->grads())
-                  : offload_ ? grad_global_norm(model_->grads(), model_->num_params(), pool_, norm_partials_)
+                  : offload_ ? host_kernels_->global_norm(model_->grads(), model_->num_params())
                              : opt_->global_norm(model_->grads());
   }
   bool bad = !std::isfinite(r.loss) || !std::isfinite(r.grad_norm);
@@ -363,6 +404,8 @@ StepResult Trainer::step() {
     } else {
       opt_->update(model_->params(), model_->grads(), lr, scale);
     }
+    // After before_update: a background snapshot of the previous host copies has finished reading them.
+    if (!on_host()) refresh_host_state();
   }
   if (sync_ != nullptr) {
     sync_->take_comm_seconds();  // the norm/flag gathers belong to the optimizer phase
@@ -482,15 +525,21 @@ void Trainer::log_step(const StepResult& r) {
 
 int Trainer::run() {
   const MemoryBudget mem = memory_budget();
-  if (peak_flops_ <= 0) {
+  if (peak_flops_ <= 0 && !on_host()) {
+    // The CPU GEMM rate says nothing about a GPU: MFU stays 0 unless --peak-flops gives the device's peak.
+    log::warn("worker", "no --peak-flops for this device: MFU is reported as 0",
+              {{"device", device_name(device_kind())}});
+  } else if (peak_flops_ <= 0) {
     // The gradient buffer is free until the first step zeroes it: borrow it so the measurement costs no memory.
     peak_flops_ = measure_gemm_rate(pool_, gpt_, cfg_.batch, cfg_.seq_len, 3, model_ ? model_->grads() : nullptr,
                                     model_ ? model_->num_params() : 0);
     if (model_) model_->zero_grad();
   }
-  log::info(
-      "worker", "model",
-      {{"shape", describe(gpt_)}, {"threads", std::to_string(pool_.size())}, {"recompute", describe(cfg_.recompute)}});
+  log::info("worker", "model",
+            {{"shape", describe(gpt_)},
+             {"device", device_name(device_kind())},
+             {"threads", std::to_string(pool_.size())},
+             {"recompute", describe(cfg_.recompute)}});
   if (sync_ != nullptr || !layout_.empty()) {
     log::info("worker", "layout",
               {{"groups", layout_.empty() ? "single process" : layout_},
@@ -557,6 +606,11 @@ TrainerState Trainer::state() {
   s.params = sharded_ != nullptr ? sharded_->params() : model_->params();  // sharded: this rank's local buffer
   s.adam_m = opt_ ? opt_->m() : offload_ ? offload_->m() : nullptr;
   s.adam_v = opt_ ? opt_->v() : offload_ ? offload_->v() : nullptr;
+  if (!on_host()) {
+    s.params = host_params_.data();
+    s.adam_m = host_m_.data();
+    s.adam_v = host_v_.data();
+  }
   s.num_params = sharded_ != nullptr ? sharded_->num_params() : model_->num_params();
   s.loader = train_.loader_state();
   return s;
@@ -568,6 +622,7 @@ void Trainer::reinit_weights() {
     sharded_->init_weights(cfg_.seed);
   } else {
     model_->init_weights(cfg_.seed);
+    if (!on_host()) refresh_host_state();
   }
 }
 
@@ -584,6 +639,13 @@ void Trainer::restore_counters(const TrainerState& s) {
   bad_total_ = s.bad_steps_total;
   bad_consecutive_ = s.bad_steps_consecutive;
   if (s.loader) train_.restore_loader(*s.loader);
+  if (!on_host()) {
+    // The checkpoint was loaded into state()'s host copies: upload them.
+    const size_t bytes = model_->num_params() * sizeof(float);
+    device_->to_device(model_->params(), host_params_.data(), bytes);
+    device_->to_device(opt_->m(), host_m_.data(), bytes);
+    device_->to_device(opt_->v(), host_v_.data(), bytes);
+  }
 }
 
 }  // namespace railyard::worker

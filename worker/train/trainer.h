@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "worker/data/data_loader.h"
+#include "worker/device/cpu_kernels.h"
 #include "worker/kernels/cpu/thread_pool.h"
 #include "worker/model/gpt.h"
 #include "worker/optim/adamw.h"
@@ -140,13 +141,22 @@ class Trainer {
   // rank of a replica reads the replica's micro-batches; `sync` (if any) reduces over the dp group (ZeRO: `sync` also
   // owns the sharded optimizer and the count-once norm). Deterministic mode runs each virtual micro-batch through the
   // pipeline alone.
+  //
+  // device: where the built-in model and AdamW live and run (worker/device/kernels.h); null = the CPU on `pool`. On a
+  // device that is not the host (CUDA), state() points to host copies refreshed after every update (and
+  // restore_counters() uploads them), so checkpoints and exports see host memory; data parallelism across processes
+  // and sharded (tp/pp) models are CPU-only so far and refused with a ConfigError.
   Trainer(const GptConfig& model, const TrainConfig& config, ThreadPool& pool, BatchSource& train,
-          BatchSource* val = nullptr, GradSync* sync = nullptr, ShardedModel* sharded = nullptr);
+          BatchSource* val = nullptr, GradSync* sync = nullptr, ShardedModel* sharded = nullptr,
+          Kernels<float>* device = nullptr);
 
-  // The built-in model; with a sharded model there is none (throws).
+  // The built-in model; with a sharded model there is none (throws). Its buffers are device memory.
   Gpt<float>& model();
   // The initial weights again (the built-in or the sharded model's), e.g. after a failed restore wrote into them.
   void reinit_weights();
+  // Writes the built-in model's parameters from a host array (e.g. --init-from), keeping state()'s copies in step.
+  void load_params(const float* host);
+  DeviceKind device_kind() const { return device_ != nullptr ? device_->kind() : DeviceKind::kCpu; }
   AdamW& optimizer();
   const TrainConfig& config() const { return cfg_; }
 
@@ -181,17 +191,22 @@ class Trainer {
   // Data parallel: the step's MoE drop fraction and load-balancing loss over all replicas (collective over dp).
   void add_global_moe_stats(const double local[3], int micro, StepResult& r);
   void log_step(const StepResult& r);
+  bool on_host() const { return device_ == nullptr || device_->host_accessible(); }
+  // Device -> host copies of params and AdamW m, v (devices that are not the host).
+  void refresh_host_state();
 
   GptConfig gpt_;
   TrainConfig cfg_;
   ThreadPool& pool_;
   BatchSource& train_;
   BatchSource* val_;
+  Kernels<float>* device_ = nullptr;   // null: the CPU
   std::unique_ptr<Gpt<float>> model_;  // null with a sharded model
   GradSync* sync_ = nullptr;
   ShardedModel* sharded_ = nullptr;
-  std::optional<AdamW> opt_;           // absent under ZeRO and with offload
-  std::vector<double> norm_partials_;  // the offload path's grad-norm scratch
+  std::optional<AdamW> opt_;                            // absent under ZeRO and with offload
+  std::unique_ptr<CpuKernels<float>> host_kernels_;     // the offload path's grad norm (the in-memory AdamW's)
+  AlignedBuffer<float> host_params_, host_m_, host_v_;  // state()'s host copies when the device is not the host
   LrSchedule schedule_;
   AlignedBuffer<int32_t> inputs_, targets_;
   int64_t step_ = 0;

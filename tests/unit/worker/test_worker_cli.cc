@@ -208,3 +208,42 @@ TEST_CASE("railyard-worker train refuses data and checkpoint paths that resolve 
   CHECK(r.err.find("is outside") == std::string::npos);
   CHECK(r.err.find("absolute path") == std::string::npos);
 }
+
+TEST_CASE("railyard-worker train --device: auto trains on the CPU without a GPU, cuda without one is refused") {
+  REQUIRE(std::filesystem::exists(bin_dir() + "/railyard-worker"));
+  TempDir dir;
+  const std::string d = dir.path();
+  Run r = run("railyard data prepare --input /usr/share/common-licenses/GPL-3 --output " + d + "/data", d);
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  const std::string train = "railyard-worker train --model l=1,c=32,nh=2,t=32,v=256 --data " + d +
+                            "/data --steps 2 --batch 2 --seq 16 --threads 1 --peak-flops 1e11 ";
+  r = run(train + "--device auto", d);
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  CHECK(r.err.find("requested=auto") != std::string::npos);
+  CHECK(r.err.find("step=2/2") != std::string::npos);
+  const bool gpu_visible = r.err.find("visible_gpus=0") == std::string::npos;
+  if (!gpu_visible) {
+    // The device line and the model line both say where the run went.
+    CHECK(r.err.find("device=cpu") != std::string::npos);
+    CHECK(r.err.find("device=cuda") == std::string::npos);
+    // cuda without a GPU: exit 2 before any training, naming spec.device and the flag, and the ways out.
+    r = run(train + "--device cuda", d);
+    CHECK(r.code == 2);
+    CHECK(r.err.find("spec.device: cuda") != std::string::npos);
+    CHECK(r.err.find("--device cuda") != std::string::npos);
+    CHECK(r.err.find("set spec.device: ") != std::string::npos);
+    CHECK(r.err.find("step=") == std::string::npos);
+    // The same from a config file's "device" (the operator's resolved config carries spec.device there).
+    std::ofstream(d + "/config.json") << nlohmann::json{{"device", "cuda"}}.dump();
+    r = run(train + "--config " + d + "/config.json", d);
+    CHECK(r.code == 2);
+    CHECK(r.err.find("spec.device: cuda") != std::string::npos);
+    // and --device cpu is honoured whatever the config says
+    r = run(train + "--config " + d + "/config.json --device cpu", d);
+    CHECK_MESSAGE(r.code == 0, r.err);
+    CHECK(r.err.find("device=cpu") != std::string::npos);
+  }
+  r = run(train + "--device tpu", d);
+  CHECK(r.code == 2);
+  CHECK(r.err.find("unknown value \"tpu\"") != std::string::npos);
+}

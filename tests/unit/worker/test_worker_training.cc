@@ -9,6 +9,7 @@
 
 #include "tests/unit/worker/worker_test_util.h"
 #include "worker/data/prepare.h"
+#include "worker/device/cpu_kernels.h"
 #include "worker/train/loader_source.h"
 #include "worker/train/trainer.h"
 
@@ -192,4 +193,133 @@ TEST_CASE("a NaN weight is reported, the update skipped, and run() fails after K
   p[victim] = 0.0f;
   CHECK_FALSE(trainer.step().skipped);
   CHECK(trainer.state().bad_steps_consecutive == 0);
+}
+
+namespace {
+
+// The CPU kernels behind a device that says its memory is not the host's: Gpt, AdamW and the Trainer then take the
+// paths a GPU takes (targets and losses copied, state() served from host copies refreshed after each update, restore
+// uploading them), with real kernels, so those paths run on every CI machine. Its buffers are separate allocations,
+// so a missing copy shows up as stale values.
+class OffHostCpu final : public Kernels<float> {
+ public:
+  explicit OffHostCpu(ThreadPool& pool) : c_(pool) {}
+  DeviceKind kind() const override { return DeviceKind::kCpu; }
+  bool host_accessible() const override { return false; }
+  void* alloc(size_t bytes) override { return c_.alloc(bytes); }
+  void free(void* p) noexcept override { c_.free(p); }
+  void zero(void* p, size_t bytes) override { c_.zero(p, bytes); }
+  void to_host(void* dst, const void* src, size_t bytes) override {
+    ++copies;
+    std::memcpy(dst, src, bytes);
+  }
+  void to_device(void* dst, const void* src, size_t bytes) override {
+    ++copies;
+    std::memcpy(dst, src, bytes);
+  }
+  void synchronize() override {}
+  size_t attention_saved_elems(int B, int T, int C, int NH) const override {
+    return c_.attention_saved_elems(B, T, C, NH);
+  }
+  size_t attention_scratch_elems(int B, int T, int C, int NH) const override {
+    return c_.attention_scratch_elems(B, T, C, NH);
+  }
+  size_t layernorm_scratch_elems(size_t N, int C) const override { return c_.layernorm_scratch_elems(N, C); }
+  void encoder_forward(float* o, const int32_t* i, const float* a, const float* b, int B, int T, int C) override {
+    c_.encoder_forward(o, i, a, b, B, T, C);
+  }
+  void encoder_backward(float* a, float* b, const float* d, const int32_t* i, int B, int T, int C) override {
+    c_.encoder_backward(a, b, d, i, B, T, C);
+  }
+  void layernorm_forward(float* o, float* m, float* r, const float* i, const float* w, const float* b, size_t N,
+                         int C) override {
+    c_.layernorm_forward(o, m, r, i, w, b, N, C);
+  }
+  void layernorm_backward(float* di, float* dw, float* db, float* s, const float* d, const float* i, const float* w,
+                          const float* m, const float* r, size_t N, int C) override {
+    c_.layernorm_backward(di, dw, db, s, d, i, w, m, r, N, C);
+  }
+  void matmul_forward(float* o, const float* i, const float* w, const float* b, size_t N, int IC, int OC) override {
+    c_.matmul_forward(o, i, w, b, N, IC, OC);
+  }
+  void matmul_backward(float* di, bool ai, float* dw, float* db, const float* d, const float* i, const float* w,
+                       size_t N, int IC, int OC, bool aw) override {
+    c_.matmul_backward(di, ai, dw, db, d, i, w, N, IC, OC, aw);
+  }
+  void attention_forward(float* o, float* s, const float* q, int B, int T, int C, int NH) override {
+    c_.attention_forward(o, s, q, B, T, C, NH);
+  }
+  void attention_backward(float* dq, float* s, const float* d, const float* q, const float* o, const float* sv, int B,
+                          int T, int C, int NH) override {
+    c_.attention_backward(dq, s, d, q, o, sv, B, T, C, NH);
+  }
+  void gelu_forward(float* o, const float* i, size_t n) override { c_.gelu_forward(o, i, n); }
+  void gelu_backward(float* di, const float* i, const float* d, size_t n) override { c_.gelu_backward(di, i, d, n); }
+  void residual_forward(float* o, const float* a, const float* b, size_t n) override {
+    c_.residual_forward(o, a, b, n);
+  }
+  void crossentropy_forward(float* l, const float* g, const int32_t* t, size_t N, int V, int Vp) override {
+    c_.crossentropy_forward(l, g, t, N, V, Vp);
+  }
+  void crossentropy_fused_backward(float* l, float* g, const int32_t* t, size_t N, int V, int Vp, float d) override {
+    c_.crossentropy_fused_backward(l, g, t, N, V, Vp, d);
+  }
+  void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float lr, float b1, float b2, float eps,
+                    float wd, int64_t t, float s) override {
+    c_.adamw_update(p, g, m, v, n, lr, b1, b2, eps, wd, t, s);
+  }
+  double global_norm(const float* x, size_t n) override { return c_.global_norm(x, n); }
+  size_t copies = 0;
+
+ private:
+  CpuKernels<float> c_;
+};
+
+}  // namespace
+
+TEST_CASE("a device whose memory is not the host's: same training bits, state() copies, restore uploads them") {
+  const auto corpus = license_corpus();
+  TrainConfig tc = small_train_config();
+  tc.batch = 2;
+  tc.seq_len = 32;
+  const size_t n = static_cast<size_t>(tc.batch) * tc.seq_len;
+  std::vector<int32_t> in(corpus.begin(), corpus.begin() + n), tg(corpus.begin() + 1, corpus.begin() + n + 1);
+  FixedBatch src_cpu(in, tg), src_dev(in, tg);
+  ThreadPool pool(2);
+  OffHostCpu dev(pool);
+  Trainer on_cpu(kSmall, tc, pool, src_cpu), on_dev(kSmall, tc, pool, src_dev, nullptr, nullptr, nullptr, &dev);
+  const size_t P = on_cpu.model().num_params();
+  std::vector<double> losses;
+  for (int s = 0; s < 5; ++s) {
+    const double l = on_cpu.step().loss;
+    CHECK(on_dev.step().loss == l);  // bitwise: the same kernels, only copies in between
+    losses.push_back(l);
+  }
+  CHECK(dev.copies > 0);
+  // state() serves host copies, not the device buffers, and they hold the current values.
+  TrainerState s_cpu = on_cpu.state(), s_dev = on_dev.state();
+  CHECK(s_dev.params != on_dev.model().params());
+  CHECK(std::memcmp(s_dev.params, s_cpu.params, P * sizeof(float)) == 0);
+  CHECK(std::memcmp(s_dev.adam_m, s_cpu.adam_m, P * sizeof(float)) == 0);
+  CHECK(std::memcmp(s_dev.adam_v, s_cpu.adam_v, P * sizeof(float)) == 0);
+
+  // Restore (as the checkpointer does: write through state()'s pointers, then restore_counters) of step 3's state:
+  // the next steps must repeat steps 3 and 4 bit for bit, which needs the upload.
+  Trainer at3(kSmall, tc, pool, src_cpu);
+  for (int s = 0; s < 3; ++s) at3.step();
+  const TrainerState s3 = at3.state();
+  std::memcpy(s_dev.params, s3.params, P * sizeof(float));
+  std::memcpy(s_dev.adam_m, s3.adam_m, P * sizeof(float));
+  std::memcpy(s_dev.adam_v, s3.adam_v, P * sizeof(float));
+  s_dev.step = s3.step;
+  s_dev.adam_t = s3.adam_t;
+  on_dev.restore_counters(s_dev);
+  CHECK(on_dev.step().loss == losses[3]);
+  CHECK(on_dev.step().loss == losses[4]);
+
+  // What the device cannot run is refused by name (here: experts, as on CUDA).
+  GptConfig moe = kSmall;
+  moe.moe = make_moe_config(4, 2, 1.25, 0.01);
+  CHECK_THROWS_WITH_AS(Gpt<float>(moe, 2, 32, pool, {}, &dev), doctest::Contains("use --device cpu"),
+                       railyard::ConfigError);
 }

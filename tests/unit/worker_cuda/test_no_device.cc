@@ -5,8 +5,10 @@
 #include <string>
 
 #include "worker/kernels/cuda/cuda_check.h"
+#include "worker/kernels/cuda/cuda_device.h"
 #include "worker/kernels/cuda/gemm.h"
 #include "worker/kernels/cuda/kernels.h"
+#include "worker/kernels/cuda/launch.h"
 
 using namespace railyard::worker::cuda;
 
@@ -37,6 +39,16 @@ TEST_CASE("without a GPU: BlasLt and kernel launches throw CudaError naming the 
                        std::invalid_argument);
   // Zero-sized work is a no-op, not an error.
   CHECK_NOTHROW(gelu_forward(p, p, 0, nullptr));
+}
+
+TEST_CASE("without a GPU: the device interface's CUDA implementation refuses to start, naming spec.device") {
+  if (device_count() > 0) return;  // GPU host: worker_cuda_parity trains through it
+  CHECK_THROWS_WITH_AS(CudaKernels(), doctest::Contains("CudaKernels (spec.device: cuda): no CUDA device"), CudaError);
+  // The sizes it would allocate are host arithmetic from launch.h, usable anywhere: lse and D are (B,NH,T), not the
+  // CPU's (B,NH,T,T) probabilities.
+  const AttentionPlan plan = attention_plan(2, 45, 96, 3);
+  CHECK(plan.lse_floats == 2u * 3 * 45);
+  CHECK(plan.scratch_floats == 2u * 3 * 45);
 }
 
 TEST_CASE("check_cuda and check_cublas messages name the call and the status") {

@@ -485,6 +485,24 @@ __global__ void crossentropy_kernel(float* losses, float* logits, const int32_t*
   }
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// global gradient norm: one block per chunk of `chunk` elements; each thread sums its strided elements in double, then
+// the block's threads are added in a fixed tree order (no atomics: reproducible run to run).
+
+__global__ void sum_squares_kernel(double* partials, const float* x, size_t n, size_t chunk) {
+  __shared__ double shared[kSumSquaresBlock];
+  const size_t b = blockIdx.x * chunk, e = b + chunk < n ? b + chunk : n;
+  double s = 0.0;
+  for (size_t i = b + threadIdx.x; i < e; i += blockDim.x) s += static_cast<double>(x[i]) * x[i];
+  shared[threadIdx.x] = s;
+  __syncthreads();
+  for (unsigned o = blockDim.x / 2; o > 0; o >>= 1) {
+    if (threadIdx.x < o) shared[threadIdx.x] += shared[threadIdx.x + o];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partials[blockIdx.x] = shared[0];
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -622,6 +640,13 @@ void adamw_update(float* params, bf16* params_bf16, const float* grads, float* m
   adamw_kernel<<<l.grid, l.block, 0, stream>>>(params, params_bf16, grads, m, v, n, beta1, beta2, eps, k.step_size,
                                                k.bc2_sqrt, k.decay, grad_scale);
   check_launch("adamw_kernel");
+}
+
+void sum_squares_partials(double* partials, const float* x, size_t n, size_t chunk, cudaStream_t stream) {
+  if (n == 0) return;
+  const size_t chunks = ceil_div(n, chunk);
+  sum_squares_kernel<<<static_cast<unsigned>(chunks), kSumSquaresBlock, 0, stream>>>(partials, x, n, chunk);
+  check_launch("sum_squares_kernel");
 }
 
 }  // namespace railyard::worker::cuda

@@ -74,4 +74,8 @@ void adamw_update(float* params, bf16* params_bf16, const float* grads, float* m
                   float beta1, float beta2, float eps, float weight_decay, int64_t t, float grad_scale,
                   cudaStream_t stream);
 
+// partials[c] (double) = sum of x[i]^2 over chunk c = [c * chunk, min(n, (c + 1) * chunk)), ceil(n / chunk) chunks:
+// the global gradient norm is sqrt of their in-order sum on the host (CudaKernels::global_norm).
+void sum_squares_partials(double* partials, const float* x, size_t n, size_t chunk, cudaStream_t stream);
+
 }  // namespace railyard::worker::cuda

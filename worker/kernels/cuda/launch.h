@@ -20,6 +20,8 @@ constexpr int kAttentionTile = 32;
 constexpr int kMaxPerLane = 4;  // head size <= 128
 // Layernorm backward: dw/db are summed per chunk of rows into scratch, then the chunks in order (deterministic).
 constexpr int kLayernormRowsPerChunk = 64;
+// Global norm: one block of this many threads per chunk of the gradient (a power of two: tree reduction).
+constexpr int kSumSquaresBlock = 256;
 // Cross entropy: one block of this many threads per row.
 constexpr int kCrossEntropyBlock = 256;
 

@@ -1,0 +1,187 @@
+#include "worker/device/cpu_kernels.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "worker/kernels/cpu/kernels.h"
+
+namespace railyard::worker {
+
+namespace {
+// global_norm's chunk: the partition (and so the summation order) does not depend on the thread count.
+constexpr size_t kNormChunk = 1 << 16;
+}  // namespace
+
+template <typename T>
+CpuKernels<T>::CpuKernels(ThreadPool& pool) : pool_(pool) {
+  cpu::init_blas_single_threaded();
+}
+
+template <typename T>
+void* CpuKernels<T>::alloc(size_t bytes) {
+  // Whole cache lines / AVX-512 vectors, zero-filled (the layout Gpt's buffers always had).
+  void* p = nullptr;
+  const size_t rounded = (bytes + 63) / 64 * 64;
+  if (bytes == 0) return nullptr;
+  if (posix_memalign(&p, 64, rounded) != 0) throw std::bad_alloc();
+  std::memset(p, 0, rounded);
+  return p;
+}
+
+template <typename T>
+void CpuKernels<T>::free(void* p) noexcept {
+  std::free(p);
+}
+
+template <typename T>
+void CpuKernels<T>::zero(void* p, size_t bytes) {
+  std::memset(p, 0, bytes);
+}
+
+template <typename T>
+void CpuKernels<T>::to_host(void* host_dst, const void* src, size_t bytes) {
+  if (host_dst != src) std::memcpy(host_dst, src, bytes);
+}
+
+template <typename T>
+void CpuKernels<T>::to_device(void* dst, const void* host_src, size_t bytes) {
+  if (dst != host_src) std::memcpy(dst, host_src, bytes);
+}
+
+template <typename T>
+size_t CpuKernels<T>::attention_saved_elems(int B, int Tn, int, int NH) const {
+  return static_cast<size_t>(B) * NH * Tn * Tn;  // the softmax probabilities
+}
+
+template <typename T>
+size_t CpuKernels<T>::attention_scratch_elems(int, int Tn, int, int) const {
+  return static_cast<size_t>(pool_.size()) * Tn * Tn;
+}
+
+template <typename T>
+void CpuKernels<T>::encoder_forward(T* out, const int32_t* inp, const T* wte, const T* wpe, int B, int Tn, int C) {
+  cpu::encoder_forward(pool_, out, inp, wte, wpe, B, Tn, C);
+}
+
+template <typename T>
+void CpuKernels<T>::encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* inp, int B, int Tn, int C) {
+  cpu::encoder_backward(pool_, dwte, dwpe, dout, inp, B, Tn, C);
+}
+
+template <typename T>
+void CpuKernels<T>::layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* b, size_t N, int C) {
+  cpu::layernorm_forward(pool_, out, mean, rstd, inp, w, b, N, C);
+}
+
+template <typename T>
+void CpuKernels<T>::layernorm_backward(T* dinp, T* dw, T* db, T*, const T* dout, const T* inp, const T* w,
+                                       const T* mean, const T* rstd, size_t N, int C) {
+  cpu::layernorm_backward(pool_, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+}
+
+template <typename T>
+void CpuKernels<T>::matmul_forward(T* out, const T* inp, const T* w, const T* bias, size_t N, int IC, int OC) {
+  cpu::matmul_forward(pool_, out, inp, w, bias, N, IC, OC);
+}
+
+template <typename T>
+void CpuKernels<T>::matmul_backward(T* dinp, bool accumulate_dinp, T* dw, T* dbias, const T* dout, const T* inp,
+                                    const T* w, size_t N, int IC, int OC, bool accumulate_dw) {
+  cpu::matmul_backward(pool_, dinp, accumulate_dinp, dw, dbias, dout, inp, w, N, IC, OC, accumulate_dw);
+}
+
+template <typename T>
+void CpuKernels<T>::attention_forward(T* out, T* saved, const T* qkv, int B, int Tn, int C, int NH) {
+  cpu::attention_forward(pool_, out, saved, qkv, B, Tn, C, NH);
+}
+
+template <typename T>
+void CpuKernels<T>::attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const T*, const T* saved,
+                                       int B, int Tn, int C, int NH) {
+  cpu::attention_backward(pool_, dqkv, scratch, dout, qkv, saved, B, Tn, C, NH);
+}
+
+template <typename T>
+void CpuKernels<T>::gelu_forward(T* out, const T* inp, size_t n) {
+  cpu::gelu_forward(pool_, out, inp, n);
+}
+
+template <typename T>
+void CpuKernels<T>::gelu_backward(T* dinp, const T* inp, const T* dout, size_t n) {
+  cpu::gelu_backward(pool_, dinp, inp, dout, n);
+}
+
+template <typename T>
+void CpuKernels<T>::residual_forward(T* out, const T* a, const T* b, size_t n) {
+  cpu::residual_forward(pool_, out, a, b, n);
+}
+
+template <typename T>
+void CpuKernels<T>::crossentropy_forward(T* losses, const T* logits, const int32_t* targets, size_t N, int V, int Vp) {
+  cpu::crossentropy_forward(pool_, losses, logits, targets, N, V, Vp);
+}
+
+template <typename T>
+void CpuKernels<T>::crossentropy_fused_backward(T* losses, T* logits, const int32_t* targets, size_t N, int V, int Vp,
+                                                T dloss) {
+  cpu::crossentropy_fused_backward(pool_, losses, logits, targets, N, V, Vp, dloss);
+}
+
+template <typename T>
+void CpuKernels<T>::adamw_update(float* p, const float* g, float* m, float* v, size_t n, float lr, float b1, float b2,
+                                 float eps, float weight_decay, int64_t t, float grad_scale) {
+  // The constants exactly as worker/kernels/cuda/launch.cc's adamw_constants (float, bias corrections via double pow).
+  const float bc1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(b1), static_cast<double>(t)));
+  const float bc2 = 1.0f - static_cast<float>(std::pow(static_cast<double>(b2), static_cast<double>(t)));
+  const float step_size = lr / bc1, bc2_sqrt = std::sqrt(bc2), decay = 1.0f - lr * weight_decay;
+  // Captured by value: float scalars captured by reference could alias the float stores below, which keeps GCC from
+  // hoisting them and from vectorising the loop.
+  pool_.parallel_for(n, [=](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i) {
+      const float gi = g[i] * grad_scale;
+      const float mi = b1 * m[i] + (1.0f - b1) * gi;
+      const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+      m[i] = mi;
+      v[i] = vi;
+      p[i] = p[i] * decay - step_size * mi / (std::sqrt(vi) / bc2_sqrt + eps);
+    }
+  });
+}
+
+template <typename T>
+double CpuKernels<T>::global_norm(const float* g, size_t n) {
+  const size_t chunks = (n + kNormChunk - 1) / kNormChunk;
+  if (partials_.size() < chunks) partials_.resize(chunks);
+  double* partials = partials_.data();
+  pool_.parallel_for(chunks, [&](size_t c0, size_t c1) {
+    for (size_t c = c0; c < c1; ++c) {
+      const size_t b = c * kNormChunk, e = std::min(n, b + kNormChunk);
+      // 8 independent lanes in a fixed order (GCC's vector extension, so it compiles to packed double adds and
+      // FMAs whatever the cost model thinks); nothing is reassociated, so the result is the same on every machine.
+      typedef double Lanes __attribute__((vector_size(64)));
+      typedef float Floats __attribute__((vector_size(32)));
+      Lanes acc = {0, 0, 0, 0, 0, 0, 0, 0};
+      size_t i = b;
+      for (; i + 8 <= e; i += 8) {
+        Floats f;
+        std::memcpy(&f, g + i, sizeof(f));
+        const Lanes d = __builtin_convertvector(f, Lanes);
+        acc += d * d;
+      }
+      double s = 0;
+      for (int k = 0; k < 8; ++k) s += acc[k];
+      for (; i < e; ++i) s += static_cast<double>(g[i]) * g[i];
+      partials[c] = s;
+    }
+  });
+  double total = 0;
+  for (size_t c = 0; c < chunks; ++c) total += partials[c];
+  return std::sqrt(total);
+}
+
+template class CpuKernels<float>;
+template class CpuKernels<double>;
+
+}  // namespace railyard::worker

@@ -1,0 +1,114 @@
+// The device interface of the trainer (issue #11): memory and the kernel set that Gpt's dense forward/backward and the
+// AdamW step call, so the model code is one code path and device-specific code lives only in the implementations:
+//   CpuKernels<T>  (worker/device/cpu_kernels.h): worker/kernels/cpu on the ThreadPool; float trains, double is the
+//                  gradient check's reference.
+//   CudaKernels    (worker/kernels/cuda/cuda_device.h, CUDA builds only): worker/kernels/cuda on one stream, GEMMs
+//                  through cuBLASLt on bf16 copies of their operands.
+// The signatures are the CPU kernels' (worker/kernels/cpu/kernels.h) without the pool; where the two devices keep
+// different state the implementation sizes it (attention_saved_elems: the CPU keeps the (B,NH,T,T) probabilities,
+// CUDA the (B,NH,T) row log-sum-exp; scratch sizes come from each kernel family's own plan). Pointers passed to
+// kernels are device memory from alloc(); on the CPU that is ordinary host memory (host_accessible()).
+// Errors throw (CudaError on CUDA); no kernel allocates, except CUDA's bf16 GEMM staging, which grows to the largest
+// GEMM on first use.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+
+#include "worker/device/device.h"
+
+namespace railyard::worker {
+
+// Memory of one device. alloc() returns zero-filled memory (64-byte aligned on the CPU); copies wait for completion.
+class DeviceMemory {
+ public:
+  virtual ~DeviceMemory() = default;
+  virtual DeviceKind kind() const = 0;
+  // True when device pointers are host pointers (the CPU): callers may then read results in place. Virtual so a test
+  // can run the off-host code paths (copies, host mirrors) with CPU kernels on a machine without a GPU.
+  virtual bool host_accessible() const { return kind() == DeviceKind::kCpu; }
+  virtual void* alloc(size_t bytes) = 0;
+  virtual void free(void* p) noexcept = 0;
+  virtual void zero(void* p, size_t bytes) = 0;
+  virtual void to_host(void* host_dst, const void* src, size_t bytes) = 0;
+  virtual void to_device(void* dst, const void* host_src, size_t bytes) = 0;
+  // Waits for all enqueued work (a no-op on the CPU, whose kernels return when done).
+  virtual void synchronize() = 0;
+};
+
+// An owning array of n elements of U on a device; zero-filled, never resized.
+template <typename U>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(DeviceMemory& dev, size_t n)
+      : dev_(&dev), data_(static_cast<U*>(n > 0 ? dev.alloc(n * sizeof(U)) : nullptr)), size_(n) {}
+  ~DeviceBuffer() { reset(); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      std::swap(dev_, o.dev_);
+      std::swap(data_, o.data_);
+      std::swap(size_, o.size_);
+    }
+    return *this;
+  }
+  U* data() { return data_; }
+  const U* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  void reset() noexcept {
+    if (data_ != nullptr) dev_->free(data_);
+    data_ = nullptr;
+    size_ = 0;
+  }
+  DeviceMemory* dev_ = nullptr;
+  U* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// Shapes as in worker/kernels/cpu/kernels.h: B batch, Tn time, C channels, NH heads, V vocab, Vp padded vocab,
+// N = B*Tn rows. Backward kernels accumulate (+=) into parameter gradients as the CPU kernels do.
+template <typename T>
+class Kernels : public DeviceMemory {
+ public:
+  // Elements of the state attention_forward saves for backward (`saved`) and of attention_backward's scratch.
+  virtual size_t attention_saved_elems(int B, int Tn, int C, int NH) const = 0;
+  virtual size_t attention_scratch_elems(int B, int Tn, int C, int NH) const = 0;
+  // Elements of layernorm_backward's scratch (0 on the CPU).
+  virtual size_t layernorm_scratch_elems(size_t N, int C) const = 0;
+
+  virtual void encoder_forward(T* out, const int32_t* inp, const T* wte, const T* wpe, int B, int Tn, int C) = 0;
+  virtual void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* inp, int B, int Tn, int C) = 0;
+  virtual void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* b, size_t N, int C) = 0;
+  virtual void layernorm_backward(T* dinp, T* dw, T* db, T* scratch, const T* dout, const T* inp, const T* w,
+                                  const T* mean, const T* rstd, size_t N, int C) = 0;
+  virtual void matmul_forward(T* out, const T* inp, const T* w, const T* bias, size_t N, int IC, int OC) = 0;
+  virtual void matmul_backward(T* dinp, bool accumulate_dinp, T* dw, T* dbias, const T* dout, const T* inp, const T* w,
+                               size_t N, int IC, int OC, bool accumulate_dw) = 0;
+  // out (B,T,C); saved: attention_saved_elems() elements.
+  virtual void attention_forward(T* out, T* saved, const T* qkv, int B, int Tn, int C, int NH) = 0;
+  // dqkv (B,T,3C) overwritten; out is attention_forward's output (CUDA recomputes from it, the CPU ignores it).
+  virtual void attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const T* out, const T* saved, int B,
+                                  int Tn, int C, int NH) = 0;
+  virtual void gelu_forward(T* out, const T* inp, size_t n) = 0;
+  virtual void gelu_backward(T* dinp, const T* inp, const T* dout, size_t n) = 0;
+  virtual void residual_forward(T* out, const T* a, const T* b, size_t n) = 0;
+  virtual void crossentropy_forward(T* losses, const T* logits, const int32_t* targets, size_t N, int V, int Vp) = 0;
+  virtual void crossentropy_fused_backward(T* losses, T* logits, const int32_t* targets, size_t N, int V, int Vp,
+                                           T dloss) = 0;
+
+  // The optimizer (fp32 whatever T is; worker/optim/adamw.h's arithmetic). One tensor: with g = grads * grad_scale,
+  // p = p * (1 - lr * weight_decay) - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps) after the moment updates.
+  virtual void adamw_update(float* params, const float* grads, float* m, float* v, size_t n, float lr, float beta1,
+                            float beta2, float eps, float weight_decay, int64_t t, float grad_scale) = 0;
+  // sqrt(sum x^2) in double, over fixed chunks summed in order (reproducible; not the same bits on both devices).
+  virtual double global_norm(const float* x, size_t n) = 0;
+};
+
+}  // namespace railyard::worker

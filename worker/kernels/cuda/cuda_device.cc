@@ -1,0 +1,189 @@
+#include "worker/kernels/cuda/cuda_device.h"
+
+#include <cmath>
+
+#include "worker/kernels/cuda/cuda_check.h"
+#include "worker/kernels/cuda/gemm.h"
+#include "worker/kernels/cuda/launch.h"
+
+namespace railyard::worker::cuda {
+
+namespace {
+// global_norm's chunk (the CPU's too): partials are summed in chunk order on the host.
+constexpr size_t kNormChunk = 1 << 16;
+// GEMM operands start on 128-byte boundaries inside the staging buffer (cuBLASLt wants at least 16).
+constexpr size_t kStagingAlign = 64;  // elements of bf16
+size_t aligned(size_t elems) { return ceil_div(elems, kStagingAlign) * kStagingAlign; }
+}  // namespace
+
+CudaKernels::CudaKernels() {
+  require_device("CudaKernels (spec.device: cuda)");
+  RAILYARD_CUDA_CHECK(cudaStreamCreate(&stream_));
+  lt_ = std::make_unique<BlasLt>();
+}
+
+CudaKernels::~CudaKernels() {
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  if (staging_ != nullptr) cudaFree(staging_);
+  if (partials_ != nullptr) cudaFree(partials_);
+  lt_.reset();
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+void* CudaKernels::alloc(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  void* p = nullptr;
+  RAILYARD_CUDA_CHECK(cudaMalloc(&p, bytes));
+  RAILYARD_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
+  RAILYARD_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return p;
+}
+
+void CudaKernels::free(void* p) noexcept {
+  if (p == nullptr) return;
+  cudaStreamSynchronize(stream_);  // kernels still using it must finish first
+  cudaFree(p);
+}
+
+void CudaKernels::zero(void* p, size_t bytes) { RAILYARD_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_)); }
+
+void CudaKernels::to_host(void* host_dst, const void* src, size_t bytes) {
+  RAILYARD_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+  RAILYARD_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaKernels::to_device(void* dst, const void* host_src, size_t bytes) {
+  RAILYARD_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_));
+  // The caller may reuse its host buffer at once (pageable memory): wait.
+  RAILYARD_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaKernels::synchronize() { RAILYARD_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+size_t CudaKernels::attention_saved_elems(int B, int Tn, int C, int NH) const {
+  return attention_plan(B, Tn, C, NH).lse_floats;
+}
+
+size_t CudaKernels::attention_scratch_elems(int B, int Tn, int C, int NH) const {
+  return attention_plan(B, Tn, C, NH).scratch_floats;
+}
+
+size_t CudaKernels::layernorm_scratch_elems(size_t N, int C) const {
+  return layernorm_backward_plan(N, C).scratch_floats;
+}
+
+bf16* CudaKernels::staging(size_t elems) {
+  if (elems > staging_elems_) {
+    RAILYARD_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (staging_ != nullptr) RAILYARD_CUDA_CHECK(cudaFree(staging_));
+    staging_ = nullptr;
+    staging_elems_ = 0;
+    void* p = nullptr;
+    RAILYARD_CUDA_CHECK(cudaMalloc(&p, elems * sizeof(bf16)));
+    staging_ = static_cast<bf16*>(p);
+    staging_elems_ = elems;
+  }
+  return staging_;
+}
+
+void CudaKernels::encoder_forward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B, int Tn,
+                                  int C) {
+  cuda::encoder_forward(out, inp, wte, wpe, B, Tn, C, stream_);
+}
+
+void CudaKernels::encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B, int Tn,
+                                   int C) {
+  cuda::encoder_backward(dwte, dwpe, dout, inp, B, Tn, C, stream_);
+}
+
+void CudaKernels::layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                                    const float* b, size_t N, int C) {
+  cuda::layernorm_forward(out, mean, rstd, inp, w, b, N, C, stream_);
+}
+
+void CudaKernels::layernorm_backward(float* dinp, float* dw, float* db, float* scratch, const float* dout,
+                                     const float* inp, const float* w, const float* mean, const float* rstd, size_t N,
+                                     int C) {
+  cuda::layernorm_backward(dinp, dw, db, scratch, dout, inp, w, mean, rstd, N, C, stream_);
+}
+
+void CudaKernels::matmul_forward(float* out, const float* inp, const float* w, const float* bias, size_t N, int IC,
+                                 int OC) {
+  const size_t n_inp = N * static_cast<size_t>(IC), n_w = static_cast<size_t>(OC) * IC;
+  bf16* inp16 = staging(aligned(n_inp) + aligned(n_w));
+  bf16* w16 = inp16 + aligned(n_inp);
+  to_bf16(inp16, inp, n_inp, stream_);
+  to_bf16(w16, w, n_w, stream_);
+  cuda::matmul_forward(*lt_, out, inp16, w16, bias, N, IC, OC, /*gelu=*/false, stream_);
+}
+
+void CudaKernels::matmul_backward(float* dinp, bool accumulate_dinp, float* dw, float* dbias, const float* dout,
+                                  const float* inp, const float* w, size_t N, int IC, int OC, bool accumulate_dw) {
+  const size_t n_dout = N * static_cast<size_t>(OC), n_inp = N * static_cast<size_t>(IC),
+               n_w = static_cast<size_t>(OC) * IC;
+  bf16* dout16 = staging(aligned(n_dout) + aligned(n_inp) + aligned(n_w));
+  bf16* inp16 = dout16 + aligned(n_dout);
+  bf16* w16 = inp16 + aligned(n_inp);
+  to_bf16(dout16, dout, n_dout, stream_);
+  to_bf16(inp16, inp, n_inp, stream_);
+  to_bf16(w16, w, n_w, stream_);
+  cuda::matmul_backward(*lt_, dinp, accumulate_dinp, dw, dbias, dout16, dout, inp16, w16, N, IC, OC, accumulate_dw,
+                        stream_);
+}
+
+void CudaKernels::attention_forward(float* out, float* saved, const float* qkv, int B, int Tn, int C, int NH) {
+  cuda::attention_forward(out, saved, qkv, B, Tn, C, NH, stream_);
+}
+
+void CudaKernels::attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* out,
+                                     const float* saved, int B, int Tn, int C, int NH) {
+  cuda::attention_backward(dqkv, scratch, dout, qkv, out, saved, B, Tn, C, NH, stream_);
+}
+
+void CudaKernels::gelu_forward(float* out, const float* inp, size_t n) { cuda::gelu_forward(out, inp, n, stream_); }
+
+void CudaKernels::gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
+  cuda::gelu_backward(dinp, inp, dout, n, stream_);
+}
+
+void CudaKernels::residual_forward(float* out, const float* a, const float* b, size_t n) {
+  cuda::residual_forward(out, a, b, n, stream_);
+}
+
+void CudaKernels::crossentropy_forward(float* losses, const float* logits, const int32_t* targets, size_t N, int V,
+                                       int Vp) {
+  cuda::crossentropy_forward(losses, logits, targets, N, V, Vp, stream_);
+}
+
+void CudaKernels::crossentropy_fused_backward(float* losses, float* logits, const int32_t* targets, size_t N, int V,
+                                              int Vp, float dloss) {
+  cuda::crossentropy_fused_backward(losses, logits, targets, N, V, Vp, dloss, stream_);
+}
+
+void CudaKernels::adamw_update(float* params, const float* grads, float* m, float* v, size_t n, float lr, float beta1,
+                               float beta2, float eps, float weight_decay, int64_t t, float grad_scale) {
+  cuda::adamw_update(params, /*params_bf16=*/nullptr, grads, m, v, n, lr, beta1, beta2, eps, weight_decay, t,
+                     grad_scale, stream_);
+}
+
+double CudaKernels::global_norm(const float* x, size_t n) {
+  const size_t chunks = ceil_div(n, kNormChunk);
+  if (chunks == 0) return 0;
+  if (chunks > partials_elems_) {
+    RAILYARD_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (partials_ != nullptr) RAILYARD_CUDA_CHECK(cudaFree(partials_));
+    partials_ = nullptr;
+    void* p = nullptr;
+    RAILYARD_CUDA_CHECK(cudaMalloc(&p, chunks * sizeof(double)));
+    partials_ = static_cast<double*>(p);
+    partials_elems_ = chunks;
+    host_partials_.resize(chunks);
+  }
+  sum_squares_partials(partials_, x, n, kNormChunk, stream_);
+  to_host(host_partials_.data(), partials_, chunks * sizeof(double));
+  double total = 0;
+  for (size_t c = 0; c < chunks; ++c) total += host_partials_[c];  // chunk order: reproducible
+  return std::sqrt(total);
+}
+
+}  // namespace railyard::worker::cuda

@@ -1,0 +1,79 @@
+// The CUDA implementation of the device interface (worker/device/kernels.h): the kernels of kernels.h on one stream,
+// GEMMs through cuBLASLt (gemm.h) on bf16 copies of their fp32 operands, made just before each GEMM into a staging
+// buffer that grows to the largest GEMM on first use. Float only (Gpt<double>, the gradient-check reference, is
+// CPU-only). Compiled in CUDA builds only; never run on a GPU yet (docs/gpu.md).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <vector>
+
+#include "worker/device/kernels.h"
+#include "worker/kernels/cuda/kernels.h"
+
+namespace railyard::worker::cuda {
+
+class BlasLt;
+
+class CudaKernels final : public Kernels<float> {
+ public:
+  // On the current CUDA device; throws CudaError ("no CUDA device ...") without a usable GPU.
+  CudaKernels();
+  ~CudaKernels() override;
+  CudaKernels(const CudaKernels&) = delete;
+  CudaKernels& operator=(const CudaKernels&) = delete;
+  cudaStream_t stream() const { return stream_; }
+
+  DeviceKind kind() const override { return DeviceKind::kCuda; }
+  void* alloc(size_t bytes) override;
+  void free(void* p) noexcept override;
+  void zero(void* p, size_t bytes) override;
+  void to_host(void* host_dst, const void* src, size_t bytes) override;
+  void to_device(void* dst, const void* host_src, size_t bytes) override;
+  void synchronize() override;
+
+  size_t attention_saved_elems(int B, int Tn, int C, int NH) const override;    // lse (B,NH,T)
+  size_t attention_scratch_elems(int B, int Tn, int C, int NH) const override;  // D (B,NH,T)
+  size_t layernorm_scratch_elems(size_t N, int C) const override;
+
+  void encoder_forward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B, int Tn,
+                       int C) override;
+  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B, int Tn, int C) override;
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+                         size_t N, int C) override;
+  void layernorm_backward(float* dinp, float* dw, float* db, float* scratch, const float* dout, const float* inp,
+                          const float* w, const float* mean, const float* rstd, size_t N, int C) override;
+  void matmul_forward(float* out, const float* inp, const float* w, const float* bias, size_t N, int IC,
+                      int OC) override;
+  void matmul_backward(float* dinp, bool accumulate_dinp, float* dw, float* dbias, const float* dout, const float* inp,
+                       const float* w, size_t N, int IC, int OC, bool accumulate_dw) override;
+  void attention_forward(float* out, float* saved, const float* qkv, int B, int Tn, int C, int NH) override;
+  void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* out,
+                          const float* saved, int B, int Tn, int C, int NH) override;
+  void gelu_forward(float* out, const float* inp, size_t n) override;
+  void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) override;
+  void residual_forward(float* out, const float* a, const float* b, size_t n) override;
+  void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, size_t N, int V,
+                            int Vp) override;
+  void crossentropy_fused_backward(float* losses, float* logits, const int32_t* targets, size_t N, int V, int Vp,
+                                   float dloss) override;
+
+  void adamw_update(float* params, const float* grads, float* m, float* v, size_t n, float lr, float beta1, float beta2,
+                    float eps, float weight_decay, int64_t t, float grad_scale) override;
+  double global_norm(const float* x, size_t n) override;
+
+ private:
+  // bf16 staging for `elems` GEMM operand elements (grown, never shrunk).
+  bf16* staging(size_t elems);
+
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<BlasLt> lt_;
+  bf16* staging_ = nullptr;
+  size_t staging_elems_ = 0;
+  double* partials_ = nullptr;
+  size_t partials_elems_ = 0;
+  std::vector<double> host_partials_;
+};
+
+}  // namespace railyard::worker::cuda
