@@ -596,9 +596,19 @@ void Writer::run() {
       if (queue_.empty()) return;
       job = queue_.front().get();
     }
-    persist(*job);
+    const SaveStatus st = persist(*job);
+    if (options_.on_finished) {
+      try {
+        options_.on_finished(st);
+      } catch (const std::exception& e) {
+        log::warn("ckpt", "on_finished callback threw", {{"error", e.what()}});
+      }
+    }
     {
+      // The final status and the buffer's release are one change, after the callback: a caller whose wait() saw
+      // the save end also sees the writer idle and the callback's effects (it may reuse the buffer or stop at once).
       std::lock_guard lock(mu_);
+      statuses_[st.step] = st;
       job->buffer->busy = false;
       queue_.pop_front();
     }
@@ -606,7 +616,7 @@ void Writer::run() {
   }
 }
 
-void Writer::persist(Job& job) {
+SaveStatus Writer::persist(Job& job) {
   const auto t0 = Clock::now();
   SaveStatus st;
   st.step = job.step;
@@ -677,14 +687,7 @@ void Writer::persist(Job& job) {
                {{"step", std::to_string(job.step)}, {"rank", std::to_string(options_.rank)}, {"error", e.what()}});
   }
   st.persist_seconds = seconds_since(t0);
-  set_status(st);
-  if (options_.on_finished) {
-    try {
-      options_.on_finished(st);
-    } catch (const std::exception& e) {
-      log::warn("ckpt", "on_finished callback threw", {{"error", e.what()}});
-    }
-  }
+  return st;
 }
 
 }  // namespace railyard::ckpt

@@ -149,7 +149,7 @@ class Writer {
   struct Buffer;
   struct Job;
   void run();
-  void persist(Job& job);
+  SaveStatus persist(Job& job);  // the final status; run() publishes it
   void set_status(const SaveStatus& s);
 
   WriterOptions options_;
