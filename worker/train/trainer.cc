@@ -127,7 +127,8 @@ Trainer::Trainer(const GptConfig& model, const TrainConfig& config, ThreadPool& 
                  device_);
   }
   if (sharded_ != nullptr && cfg_.offload != OffloadMode::kNone)
-    throw ConfigError("--offload optimizer with --tp/--pp: only the plain and data-parallel model offloads; drop one");
+    throw ConfigError(
+        "--offload optimizer with --tp/--pp/--cp: only the plain and data-parallel model offloads; drop one");
   if (!cfg_.dp_split.empty()) {
     const int micro = cfg_.micro_steps(), dp = sync_ != nullptr ? sync_->size() : 1;
     const std::string list = join_ints(cfg_.dp_split);
