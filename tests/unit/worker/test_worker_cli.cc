@@ -9,8 +9,11 @@
 #include <string>
 
 #include "tests/unit/worker/worker_test_util.h"
+#include "worker/device/cuda_module.h"
 
 using namespace railyard::worker::testing;
+using railyard::worker::gpu_device_nodes;
+using railyard::worker::library_mapped;
 
 namespace {
 
@@ -226,7 +229,25 @@ TEST_CASE("railyard-worker train --device: auto trains on the CPU without a GPU,
     // The device line and the model line both say where the run went.
     CHECK(r.err.find("device=cpu") != std::string::npos);
     CHECK(r.err.find("device=cuda") == std::string::npos);
-    // cuda without a GPU: exit 2 before any training, naming spec.device and the flag, and the ways out.
+    // A CPU run does not map the CUDA runtime, in CUDA builds too: the CUDA device is a module loaded only for CUDA
+    // runs (the worker reads /proc/self/maps for this field).
+    CHECK(r.err.find("cudart_mapped=false") != std::string::npos);
+    CHECK(r.err.find("not loaded") != std::string::npos);
+    if (r.err.find("built_with_cuda=true") != std::string::npos) {
+      // --device cuda loads the module first: one that is not there is a clear error naming its path and the fix.
+      const std::string bad = d + "/nowhere/librailyard_cuda.so";
+      const std::string cmd = "RAILYARD_CUDA_MODULE=" + bad + " " + bin_dir() + "/" + train + "--device cuda > " + d +
+                              "/out.txt 2> " + d + "/err.txt";
+      const int rc = std::system(cmd.c_str());
+      CHECK((WIFEXITED(rc) ? WEXITSTATUS(rc) : -1) == 2);
+      std::ifstream ef(d + "/err.txt");
+      const std::string err((std::istreambuf_iterator<char>(ef)), {});
+      CHECK(err.find("cannot load the CUDA module " + bad) != std::string::npos);
+      CHECK(err.find("RAILYARD_CUDA_MODULE") != std::string::npos);
+      CHECK(err.find("--device cpu") != std::string::npos);
+    }
+    // cuda without a GPU: exit 2 before any training, naming spec.device and the flag, and the ways out. In a CUDA
+    // build this loads the real module (lib/librailyard_cuda.so) and asks its CUDA runtime for the GPUs.
     r = run(train + "--device cuda", d);
     CHECK(r.code == 2);
     CHECK(r.err.find("spec.device: cuda") != std::string::npos);
@@ -246,4 +267,24 @@ TEST_CASE("railyard-worker train --device: auto trains on the CPU without a GPU,
   r = run(train + "--device tpu", d);
   CHECK(r.code == 2);
   CHECK(r.err.find("unknown value \"tpu\"") != std::string::npos);
+}
+
+TEST_CASE("--device auto: GPUs counted from the driver's device nodes, without loading CUDA") {
+  TempDir dir;
+  const std::string d = dir.path();
+  CHECK(gpu_device_nodes(d) == 0);
+  for (const char* f : {"nvidiactl", "nvidia-uvm", "nvidia-modeset", "nvidia", "nvidia0x"}) std::ofstream(d + "/" + f);
+  CHECK(gpu_device_nodes(d) == 0);  // control nodes are not GPUs
+  std::ofstream(d + "/nvidia0");
+  std::ofstream(d + "/nvidia1");
+  CHECK(gpu_device_nodes(d) == 2);
+  ::setenv("CUDA_VISIBLE_DEVICES", "", 1);  // hides every GPU from CUDA
+  CHECK(gpu_device_nodes(d) == 0);
+  ::setenv("CUDA_VISIBLE_DEVICES", "1", 1);
+  CHECK(gpu_device_nodes(d) == 2);
+  ::unsetenv("CUDA_VISIBLE_DEVICES");
+  CHECK(gpu_device_nodes(d + "/missing") == 0);
+  // and this process (a test that never asked for CUDA) has not mapped the CUDA runtime
+  CHECK_FALSE(library_mapped("libcudart"));
+  CHECK(library_mapped("libc.so"));  // the scan itself works
 }
