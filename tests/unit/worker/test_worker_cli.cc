@@ -245,6 +245,20 @@ TEST_CASE("railyard-worker train --device: auto trains on the CPU without a GPU,
       CHECK(err.find("cannot load the CUDA module " + bad) != std::string::npos);
       CHECK(err.find("RAILYARD_CUDA_MODULE") != std::string::npos);
       CHECK(err.find("--device cpu") != std::string::npos);
+      // A loadable library that is not a railyard CUDA module (this process's libc) is refused by name too.
+      std::ifstream maps("/proc/self/maps");
+      std::string line, libc;
+      while (libc.empty() && std::getline(maps, line)) {
+        if (line.find("/libc.so") != std::string::npos) libc = line.substr(line.find('/'));
+      }
+      REQUIRE(!libc.empty());
+      const std::string cmd2 = "RAILYARD_CUDA_MODULE=" + libc + " " + bin_dir() + "/" + train + "--device cuda > " + d +
+                               "/out.txt 2> " + d + "/err.txt";
+      const int rc2 = std::system(cmd2.c_str());
+      CHECK((WIFEXITED(rc2) ? WEXITSTATUS(rc2) : -1) == 2);
+      std::ifstream ef2(d + "/err.txt");
+      const std::string err2((std::istreambuf_iterator<char>(ef2)), {});
+      CHECK(err2.find("the CUDA module " + libc + " has no entry point railyard_cuda_module_abi") != std::string::npos);
     }
     // cuda without a GPU: exit 2 before any training, naming spec.device and the flag, and the ways out. In a CUDA
     // build this loads the real module (lib/librailyard_cuda.so) and asks its CUDA runtime for the GPUs.
