@@ -27,8 +27,9 @@ struct Run {
   std::string err;
 };
 
-Run run(const std::string& args, const std::string& dir) {
-  const std::string cmd = bin_dir() + "/" + args + " > " + dir + "/out.txt 2> " + dir + "/err.txt";
+// env: "NAME=value " prefixes for the command (empty: the test's environment).
+Run run(const std::string& args, const std::string& dir, const std::string& env = "") {
+  const std::string cmd = env + bin_dir() + "/" + args + " > " + dir + "/out.txt 2> " + dir + "/err.txt";
   const int rc = std::system(cmd.c_str());
   std::ifstream f(dir + "/err.txt");
   std::string err((std::istreambuf_iterator<char>(f)), {});
@@ -236,15 +237,11 @@ TEST_CASE("railyard-worker train --device: auto trains on the CPU without a GPU,
     if (r.err.find("built_with_cuda=true") != std::string::npos) {
       // --device cuda loads the module first: one that is not there is a clear error naming its path and the fix.
       const std::string bad = d + "/nowhere/librailyard_cuda.so";
-      const std::string cmd = "RAILYARD_CUDA_MODULE=" + bad + " " + bin_dir() + "/" + train + "--device cuda > " + d +
-                              "/out.txt 2> " + d + "/err.txt";
-      const int rc = std::system(cmd.c_str());
-      CHECK((WIFEXITED(rc) ? WEXITSTATUS(rc) : -1) == 2);
-      std::ifstream ef(d + "/err.txt");
-      const std::string err((std::istreambuf_iterator<char>(ef)), {});
-      CHECK(err.find("cannot load the CUDA module " + bad) != std::string::npos);
-      CHECK(err.find("RAILYARD_CUDA_MODULE") != std::string::npos);
-      CHECK(err.find("--device cpu") != std::string::npos);
+      Run m = run(train + "--device cuda", d, "RAILYARD_CUDA_MODULE=" + bad + " ");
+      CHECK(m.code == 2);
+      CHECK(m.err.find("cannot load the CUDA module " + bad) != std::string::npos);
+      CHECK(m.err.find("RAILYARD_CUDA_MODULE") != std::string::npos);
+      CHECK(m.err.find("--device cpu") != std::string::npos);
       // A loadable library that is not a railyard CUDA module (this process's libc) is refused by name too.
       std::ifstream maps("/proc/self/maps");
       std::string line, libc;
@@ -252,13 +249,10 @@ TEST_CASE("railyard-worker train --device: auto trains on the CPU without a GPU,
         if (line.find("/libc.so") != std::string::npos) libc = line.substr(line.find('/'));
       }
       REQUIRE(!libc.empty());
-      const std::string cmd2 = "RAILYARD_CUDA_MODULE=" + libc + " " + bin_dir() + "/" + train + "--device cuda > " + d +
-                               "/out.txt 2> " + d + "/err.txt";
-      const int rc2 = std::system(cmd2.c_str());
-      CHECK((WIFEXITED(rc2) ? WEXITSTATUS(rc2) : -1) == 2);
-      std::ifstream ef2(d + "/err.txt");
-      const std::string err2((std::istreambuf_iterator<char>(ef2)), {});
-      CHECK(err2.find("the CUDA module " + libc + " has no entry point railyard_cuda_module_abi") != std::string::npos);
+      m = run(train + "--device cuda", d, "RAILYARD_CUDA_MODULE=" + libc + " ");
+      CHECK(m.code == 2);
+      CHECK(m.err.find("the CUDA module " + libc + " has no entry point railyard_cuda_module_abi") !=
+            std::string::npos);
     }
     // cuda without a GPU: exit 2 before any training, naming spec.device and the flag, and the ways out. In a CUDA
     // build this loads the real module (lib/librailyard_cuda.so) and asks its CUDA runtime for the GPUs.
@@ -301,4 +295,12 @@ TEST_CASE("--device auto: GPUs counted from the driver's device nodes, without l
   // and this process (a test that never asked for CUDA) has not mapped the CUDA runtime
   CHECK_FALSE(library_mapped("libcudart"));
   CHECK(library_mapped("libc.so"));  // the scan itself works
+  // In a CUDA build, loading the module is what maps the runtime (so the start-up log's field can turn true).
+  const std::string module = bin_dir() + "/../lib/librailyard_cuda.so";
+  if (std::filesystem::exists(module)) {
+    const railyard::worker::CudaModule& m = railyard::worker::CudaModule::load(module);
+    CHECK(m.path() == module);
+    CHECK(library_mapped("libcudart"));
+    CHECK(m.device_count() >= 0);  // 0 here (no driver), the GPU count on a GPU host
+  }
 }
