@@ -29,6 +29,7 @@
 #include "worker/agent/agent_main.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/process_groups.h"
+#include "worker/device/cuda_module.h"
 #include "worker/device/device.h"
 #include "worker/interop/llmc_model.h"
 #include "worker/kernels/cpu/kernels.h"
@@ -42,10 +43,6 @@
 #include "worker/train/perf.h"
 #include "worker/train/train_metrics.h"
 #include "worker/train/trainer.h"
-#ifdef RAILYARD_HAVE_CUDA
-#include "worker/kernels/cuda/cuda_check.h"
-#include "worker/kernels/cuda/cuda_device.h"
-#endif
 
 using namespace railyard;
 using namespace railyard::worker;
@@ -593,14 +590,24 @@ int cmd_train(int argc, char** argv) {
   if (f.count("nproc")) return launch_train_world(argc, argv, f);
   if (f.count("config")) apply_config_file(f["config"], f);
     // The device first: a wrong --device / spec.device fails before any data or model is touched.
+  const std::string device_spec = f.count("device") ? f["device"] : "auto";
+  // The CUDA libraries are a module loaded only for CUDA runs (worker/device/cuda_module.h): `cuda`, or `auto` with
+  // GPU device nodes. Its runtime then gives the GPU count resolve_device sees; CPU runs never load it.
+  int visible_gpus = 0;
+  CudaModule* cuda_module = nullptr;
 #ifdef RAILYARD_HAVE_CUDA
-  const int visible_gpus = cuda::device_count();
   const bool built_with_cuda = true;
+  if (device_spec == "cuda" || ((device_spec == "auto" || device_spec.empty()) && gpu_device_nodes() > 0)) {
+    try {
+      cuda_module = &CudaModule::load();
+    } catch (const ConfigError& e) {
+      throw ConfigError(std::string(e.what()) + " (--device " + device_spec + ")");
+    }
+    visible_gpus = cuda_module->device_count();
+  }
 #else
-  const int visible_gpus = 0;
   const bool built_with_cuda = false;
 #endif
-  const std::string device_spec = f.count("device") ? f["device"] : "auto";
   DeviceKind device_kind;
   try {
     device_kind = resolve_device(device_spec, visible_gpus, built_with_cuda);
@@ -611,7 +618,9 @@ int cmd_train(int argc, char** argv) {
             {{"device", device_name(device_kind)},
              {"requested", device_spec},
              {"visible_gpus", std::to_string(visible_gpus)},
-             {"built_with_cuda", built_with_cuda ? "true" : "false"}});
+             {"built_with_cuda", built_with_cuda ? "true" : "false"},
+             {"cuda_module", cuda_module != nullptr ? cuda_module->path() : "not loaded"},
+             {"cudart_mapped", library_mapped("libcudart") ? "true" : "false"}});
   if (!f.count("data")) {
     if (const char* d = std::getenv("RAILYARD_DATA_DIR"); d != nullptr && *d != '\0') f["data"] = d;
   }
@@ -761,9 +770,7 @@ int cmd_train(int argc, char** argv) {
     dist.sync = parallel::gpt_data_parallel(dist.groups ? &dist.groups->dp() : nullptr, *cfg, tc, pool, dpo);
   }
   std::unique_ptr<Kernels<float>> device;
-#ifdef RAILYARD_HAVE_CUDA
-  if (device_kind == DeviceKind::kCuda) device = std::make_unique<cuda::CudaKernels>();
-#endif
+  if (device_kind == DeviceKind::kCuda) device = cuda_module->create_kernels();
   Trainer trainer(*cfg, tc, pool, train, val.get(), dist.sync.get(), dist.sharded.get(), device.get());
   if (dist.groups != nullptr) trainer.set_layout(dist.groups->describe());
   std::unique_ptr<parallel::ExpertParallel> expert_parallel = join_expert_parallel(f, *cfg, tc, dist, trainer);
