@@ -46,6 +46,13 @@ struct ShardSpec {
 // into the trainer's flat buffers. A parallel model passes its own list (e.g. from a shard_map()) instead.
 std::vector<ShardSpec> full_state_shards(const GptConfig& model, const TrainerState& state);
 
+// Expert-parallel storage (GptConfig::moe.expert_shards = P > 1, plain data parallelism): `local` is this rank's
+// layout. The dense tensors are whole (split among the dp_size replicas like full_state_shards), the four expert
+// tensors are the box of experts [shard E/P, (shard + 1) E/P) of the global (L, E, ...) tensor, split among the
+// edp_size dp ranks holding the same experts. The checkpoint keeps the global layout, so it restores under any --ep.
+std::vector<ShardSpec> expert_shard_state_shards(const GptConfig& local, const TrainerState& state, int dp_rank,
+                                                 int dp_size, int edp_rank, int edp_size);
+
 // From a tensor/pipeline-parallel stage's shard_map() (worker/parallel/stage_plan.h ShardSlice: tensor index into
 // kParamNames, global_shape, offset, extent, local_offset, tp_replicated, tied_copy), for params and AdamW m/v that
 // are laid out like the local params buffer (no ZeRO). Every element is written once in the whole job: slices
@@ -127,14 +134,14 @@ std::vector<ShardSpec> zero_slices_shards(const std::vector<Slice>& map, float* 
 inline constexpr int kPreemptedExitCode = 143;
 
 struct CheckpointOptions {
-  std::string dir;                 // checkpoint root; empty = never save
-  int every = 0;                   // save every N steps (0: only at the end and on SIGTERM)
-  int keep = 3;                    // complete checkpoints kept
-  bool async = true;               // overlap the snapshot copy with the next step's forward/backward
-  bool save_final = true;          // save after the last step
-  std::string resume = "auto";     // auto (newest valid under dir) | never | PATH (a root or one step-N directory)
-  int shm_every = 0;               // also keep the snapshot in shared memory every N steps (0 = off)
-  std::string shm_name;            // ShmStore base name (ckpt::ShmStore::name_for); two slots: shm_name + "-a", "-b"
+  std::string dir;              // checkpoint root; empty = never save
+  int every = 0;                // save every N steps (0: only at the end and on SIGTERM)
+  int keep = 3;                 // complete checkpoints kept
+  bool async = true;            // overlap the snapshot copy with the next step's forward/backward
+  bool save_final = true;       // save after the last step
+  std::string resume = "auto";  // auto (newest valid under dir) | never | PATH (a root or one step-N directory)
+  int shm_every = 0;            // also keep the snapshot in shared memory every N steps (0 = off)
+  std::string shm_name;         // ShmStore base name (ckpt::ShmStore::name_for); two slots: shm_name + "-a", "-b"
   // Steps the agent fetched into this rank's slots from a peer pod (RAILYARD_SHM_PEER_STEPS): a restore of one of
   // them is logged from=peer.
   std::vector<int64_t> shm_peer_steps;

@@ -54,6 +54,28 @@ TEST_CASE("MoE checkpoints reshard across expert-parallel degrees; unsupported c
     // Same global batch and data order; only the data-parallel summation order differs (measured <= 2e-8).
     for (size_t i = 0; i < 3; ++i) CHECK(std::abs(resumed[i] - full[3 + i]) <= 1e-6 * full[3 + i]);
   }
+  // Expert-parallel storage (no ZeRO, not deterministic): each rank holds E/ep experts and says so; the run above
+  // saved its experts' slices of the global tensors. The other way round too: a checkpoint of --ep 4 (one expert per
+  // rank) restores at --ep 2 on 2 ranks and at --ep 2 on 4 ranks (2 ranks per expert shard).
+  CHECK(slurp(d + "/full.err").find("holds experts 2-3") != std::string::npos);
+  REQUIRE(sh(common + "--nproc 4 --ep 4 --ckpt-dir " + d + "/ck4 --ckpt-every 3 --log-json " + d + "/four.jsonl > " +
+             d + "/four.out 2> " + d + "/four.err") == 0);
+  const auto four = losses(d + "/four.jsonl");
+  REQUIRE(four.size() == 6);
+  for (size_t i = 0; i < 6; ++i) CHECK(std::abs(four[i] - full[i]) <= 1e-6 * full[i]);
+  for (const Case& c :
+       {Case{"from4_ep2", "--nproc 2 --ep 2"}, Case{"from4_ep2x2", "--nproc 4 --ep 2"}, Case{"from4_ep1", ""}}) {
+    CAPTURE(c.name);
+    const std::string ck = d + "/ck_" + c.name;
+    std::filesystem::create_directories(ck);
+    std::filesystem::copy(d + "/ck4/step-00000003", ck + "/step-00000003", std::filesystem::copy_options::recursive);
+    REQUIRE(sh(common + c.flags + " --ckpt-dir " + ck + " --resume " + ck + "/step-00000003 --log-json " + d + "/" +
+               c.name + ".jsonl > " + d + "/" + c.name + ".out 2> " + d + "/" + c.name + ".err") == 0);
+    CHECK(slurp(d + "/" + c.name + ".err").find("restored step=3") != std::string::npos);
+    const auto resumed = losses(d + "/" + c.name + ".jsonl");
+    REQUIRE(resumed.size() == 3);
+    for (size_t i = 0; i < 3; ++i) CHECK(std::abs(resumed[i] - full[3 + i]) <= 1e-6 * full[3 + i]);
+  }
   // Refusals name the flag (exit 2 from every rank, before any step).
   struct Bad {
     std::string flags, text;

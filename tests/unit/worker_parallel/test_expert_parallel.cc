@@ -238,3 +238,119 @@ TEST_CASE("expert parallelism refuses what it does not support, naming the flag"
                          railyard::ConfigError);
   });
 }
+
+namespace {
+
+// The global buffer (all E experts) from the local buffers of shards 0..P-1 (expert_shard_config): dense tensors and
+// the router from shard 0, each layer's experts from their shard.
+std::vector<float> assemble(const GptConfig& global, const std::vector<std::vector<float>>& shard) {
+  const size_t P = shard.size(), L = global.num_layers, E = global.moe.experts, el = E / P;
+  const GptConfig local = expert_shard_config(global, static_cast<int>(P), 0);
+  const auto gs = param_sizes(global), ls = param_sizes(local);
+  std::vector<float> out(num_parameters(global));
+  size_t go = 0, lo = 0;
+  for (int i = 0; i < kNumParamTensors; ++i) {
+    if (i >= 10 && i <= 13) {
+      const size_t per = gs[i] / (L * E);
+      for (size_t l = 0; l < L; ++l)
+        for (size_t p = 0; p < P; ++p)
+          std::copy_n(shard[p].begin() + static_cast<long>(lo + l * el * per), el * per,
+                      out.begin() + static_cast<long>(go + (l * E + p * el) * per));
+    } else {
+      std::copy_n(shard[0].begin() + static_cast<long>(lo), gs[i], out.begin() + static_cast<long>(go));
+    }
+    go += gs[i];
+    lo += ls[i];
+  }
+  std::copy_n(shard[0].begin() + static_cast<long>(lo), router_size(global), out.begin() + static_cast<long>(go));
+  return out;
+}
+
+// Expert-parallel storage: rank r builds its model, optimizer and reducer on E/ep experts per layer.
+std::vector<Run> expert_storage(int ep, std::vector<size_t>* local_sizes) {
+  std::vector<Run> runs(kWorld);
+  if (local_sizes != nullptr) local_sizes->assign(kWorld, 0);
+  comm::run_local_world(kWorld, [&](comm::Communicator& c) {
+    ThreadPool pool(1);
+    const GptConfig global = moe_config();
+    testing::StreamSource src(c.rank(), kWorld, kB, kT, global.vocab_size);
+    const TrainConfig tc = train_config();
+    ExpertParallel epx(c, {ep, "flat", 0});
+    const GptConfig local = epx.local_config(global);
+    DataParallelOptions dpo;
+    dpo.bucket_bytes = 16 << 10;  // buckets that straddle the dense/expert boundary are cut, not mixed
+    dpo.group_spans = expert_group_spans(local, &epx.expert_data_parallel(), &epx.group());
+    auto sync = gpt_data_parallel(&c, local, tc, pool, dpo);
+    Trainer tr(local, tc, pool, src, nullptr, sync.get());
+    epx.attach(tr.model());
+    if (local_sizes != nullptr) {
+      // parameters + gradients + AdamW m, v this rank allocated, in floats
+      // (Gpt allocates its gradient buffer with num_params() elements, the same layout)
+      (*local_sizes)[c.rank()] = 2 * tr.model().num_params() + 2 * tr.optimizer().size();
+    }
+    Run& out = runs[c.rank()];
+    for (int s = 0; s < kSteps; ++s) record(out, tr.step());
+    out.params.assign(tr.model().params(), tr.model().params() + tr.model().num_params());
+  });
+  return runs;
+}
+
+}  // namespace
+
+TEST_CASE("expert-parallel storage: a shard initialises to its slice of the single-process weights") {
+  ThreadPool pool(2);
+  const GptConfig global = moe_config();
+  Gpt<float> full(global, kB, kT, pool);
+  full.init_weights(7);
+  for (const int P : {2, 4}) {
+    CAPTURE(P);
+    std::vector<std::vector<float>> shards;
+    for (int p = 0; p < P; ++p) {
+      Gpt<float> m(expert_shard_config(global, P, p), kB, kT, pool);
+      m.init_weights(7);
+      shards.emplace_back(m.params(), m.params() + m.num_params());
+    }
+    CHECK(assemble(global, shards) == std::vector<float>(full.params(), full.params() + full.num_params()));
+  }
+  // A shard runs only inside its group: without one it refuses to run (instead of reading missing experts).
+  Gpt<float> lone(expert_shard_config(global, 2, 0), kB, kT, pool);
+  std::vector<int32_t> tok(static_cast<size_t>(kB) * kT, 1);
+  CHECK_THROWS_WITH(lone.forward(tok.data(), tok.data(), Gpt<float>::Mode::kEval),
+                    doctest::Contains("no expert-parallel group"));
+  CHECK_THROWS_WITH(expert_shard_config(global, 3, 0), doctest::Contains("--moe-experts divisible"));
+}
+
+TEST_CASE("expert-parallel storage: E/ep experts per rank train like one process") {
+  const Run ref = single_process();
+  const GptConfig global = moe_config();
+  const size_t C = global.channels, L = global.num_layers, E = global.moe.experts, expert = 8 * C * C + 5 * C;
+  for (const int ep : {2, 4}) {
+    CAPTURE(ep);
+    std::vector<size_t> sizes;
+    const std::vector<Run> runs = expert_storage(ep, &sizes);
+    // The buffers hold E/ep experts per layer: params, grads and both moments are smaller by the others' experts.
+    const size_t local = num_parameters(global) - L * (E - E / ep) * expert;
+    for (int r = 0; r < kWorld; ++r) {
+      CAPTURE(r);
+      CHECK(runs[r].params.size() == local);
+      CHECK(sizes[r] == 4 * local);
+      // Ranks at the same position of every ep group hold the same experts: bitwise equal replicas.
+      CHECK(runs[r].params == runs[r % ep].params);
+      CHECK(runs[r].losses == runs[0].losses);
+    }
+    std::vector<std::vector<float>> shards;
+    for (int p = 0; p < ep; ++p) shards.push_back(runs[p].params);
+    const std::vector<float> params = assemble(global, shards);
+    CHECK(runs[0].dropped[0] == ref.dropped[0]);
+    double worst = 0;
+    for (int s = 0; s < kSteps; ++s) {
+      CAPTURE(s);
+      CHECK(runs[0].losses[s] == doctest::Approx(ref.losses[s]).epsilon(2e-5));
+      CHECK(runs[0].aux[s] == doctest::Approx(ref.aux[s]).epsilon(2e-5));
+      worst = std::max(worst, std::fabs(runs[0].losses[s] / ref.losses[s] - 1));
+    }
+    MESSAGE("sharded ep=", ep, ": ", local, " of ", num_parameters(global), " params per rank; worst loss relative ",
+            "difference ", worst, ", parameters max |diff| / max |p| ", max_rel(params, ref.params));
+    CHECK(max_rel(params, ref.params) < 1e-5);
+  }
+}
