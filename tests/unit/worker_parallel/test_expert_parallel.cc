@@ -267,7 +267,8 @@ std::vector<float> assemble(const GptConfig& global, const std::vector<std::vect
 }
 
 // Expert-parallel storage: rank r builds its model, optimizer and reducer on E/ep experts per layer.
-std::vector<Run> expert_storage(int ep, std::vector<size_t>* local_sizes) {
+std::vector<Run> expert_storage(int ep, std::vector<size_t>* local_sizes, const std::string& a2a = "flat",
+                                int node = 0) {
   std::vector<Run> runs(kWorld);
   if (local_sizes != nullptr) local_sizes->assign(kWorld, 0);
   comm::run_local_world(kWorld, [&](comm::Communicator& c) {
@@ -275,7 +276,7 @@ std::vector<Run> expert_storage(int ep, std::vector<size_t>* local_sizes) {
     const GptConfig global = moe_config();
     testing::StreamSource src(c.rank(), kWorld, kB, kT, global.vocab_size);
     const TrainConfig tc = train_config();
-    ExpertParallel epx(c, {ep, "flat", 0});
+    ExpertParallel epx(c, {ep, a2a, node});
     const GptConfig local = epx.local_config(global);
     DataParallelOptions dpo;
     dpo.bucket_bytes = 16 << 10;  // buckets that straddle the dense/expert boundary are cut, not mixed
@@ -349,8 +350,65 @@ TEST_CASE("expert-parallel storage: E/ep experts per rank train like one process
       CHECK(runs[0].aux[s] == doctest::Approx(ref.aux[s]).epsilon(2e-5));
       worst = std::max(worst, std::fabs(runs[0].losses[s] / ref.losses[s] - 1));
     }
+    if (ep == 4) {
+      // The hierarchical exchange moves the same rows to the same ranks: bitwise the flat run here too.
+      const std::vector<Run> hier = expert_storage(4, nullptr, "hierarchical", 2);
+      CHECK(hier[0].losses == runs[0].losses);
+      CHECK(hier[3].params == runs[3].params);
+    }
     MESSAGE("sharded ep=", ep, ": ", local, " of ", num_parameters(global), " params per rank; worst loss relative ",
             "difference ", worst, ", parameters max |diff| / max |p| ", max_rel(params, ref.params));
     CHECK(max_rel(params, ref.params) < 1e-5);
   }
+}
+
+TEST_CASE("group spans: a span reduces over its sub-group (sum / D), the rest over dp (mean); the norm adds parts") {
+  // 4 dp ranks, buffer of 10 elements: [3, 7) belongs to sub-groups {0, 2} and {1, 3} (what the expert-data-parallel
+  // group is for expert parallelism), its norm part summed over {0, 1} and {2, 3}.
+  constexpr size_t n = 10;
+  comm::run_local_world(4, [&](comm::Communicator& c) {
+    ThreadPool pool(1);
+    const int r = c.rank();
+    auto sub = c.split(expert_dp_ranks(4, 2, r), "sub");
+    auto norm = c.split(ep_group_ranks(4, 2, r), "norm");
+    DataParallelOptions o;
+    o.bucket_bytes = 4 * sizeof(float);  // buckets [0,4) [4,8) [8,10): the first two straddle the span
+    o.group_spans = {{3, 4, sub.get(), norm.get()}};
+    DataParallel dp(&c, n, {{0, n, false}}, AdamWHyper{}, pool, o);
+    CHECK(dp.owns_grad_norm());
+    std::vector<float> g(n);
+    for (size_t i = 0; i < n; ++i) g[i] = static_cast<float>((r + 1) * 10 + static_cast<int>(i));
+    dp.arm(g.data());
+    dp.grads_ready(0, n);
+    dp.finish(g.data());
+    for (size_t i = 0; i < n; ++i) {
+      CAPTURE(i);
+      const bool span = i >= 3 && i < 7;
+      // Outside: mean of (k+1)*10 + i over k = 0..3 = 25 + i. Inside: sum over this rank's sub-group / 4.
+      const float other = static_cast<float>((((r + 2) % 4) + 1) * 10 + static_cast<int>(i));
+      const float own = static_cast<float>((r + 1) * 10 + static_cast<int>(i));
+      CHECK(g[i] == doctest::Approx(span ? (own + other) / 4 : 25.0 + static_cast<double>(i)).epsilon(1e-6));
+    }
+    // Norm: the dense elements once, the span elements of both norm-group members (different sub-groups).
+    double want = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (i >= 3 && i < 7) continue;
+      want += (25.0 + i) * (25.0 + i);
+    }
+    const int first = r / 2 * 2;
+    for (int m = first; m < first + 2; ++m) {
+      for (size_t i = 3; i < 7; ++i) {
+        const double a = ((m % 2) + 1) * 10 + static_cast<double>(i), b = ((m % 2) + 3) * 10 + static_cast<double>(i);
+        want += (a + b) / 4 * (a + b) / 4;
+      }
+    }
+    CHECK(dp.grad_norm(g.data()) == doctest::Approx(std::sqrt(want)).epsilon(1e-6));
+  });
+  // ZeRO and the deterministic tree refuse spans (they keep every replica's buffer whole).
+  ThreadPool pool(1);
+  DataParallelOptions z;
+  z.zero_stage = 1;
+  z.group_spans = {{0, 1, nullptr, nullptr}};
+  CHECK_THROWS_WITH(DataParallel(nullptr, 4, {{0, 4, false}}, AdamWHyper{}, pool, z),
+                    doctest::Contains("plain data parallelism only"));
 }
