@@ -736,7 +736,12 @@ int cmd_train(int argc, char** argv) {
 
   const int threads = threads_from(f);
   // Refuse up front what cannot fit, instead of dying in an allocation or the OOM killer later.
-  const MemoryBudget need = memory_budget(*cfg, tc.batch, tc.seq_len, threads, tc.recompute);
+  // With expert-parallel storage a rank holds E/ep experts (every shard the same size); a bad --ep is refused below.
+  const int ep_flag = static_cast<int>(to_int(f, "ep", 1));
+  const bool ep_storage =
+      ep_flag > 1 && cfg->moe.experts > 0 && cfg->moe.experts % ep_flag == 0 && dist.zero == 0 && !dist.deterministic;
+  const MemoryBudget need = memory_budget(ep_storage ? expert_shard_config(*cfg, ep_flag, 0) : *cfg, tc.batch,
+                                          tc.seq_len, threads, tc.recompute);
   const double phys = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
   if (phys > 0 && static_cast<double>(need.total()) > phys) {
     char buf[160];
@@ -776,8 +781,8 @@ int cmd_train(int argc, char** argv) {
     dpo.deterministic = dist.deterministic;
     dpo.bucket_bytes = dist.bucket_bytes;
     if (expert_storage_sharded(expert_parallel.get(), dist)) {
-      dpo.group_spans = parallel::expert_group_spans(model_cfg, &expert_parallel->expert_data_parallel(),
-                                                     &expert_parallel->group());
+      dpo.group_spans =
+          parallel::expert_group_spans(model_cfg, &expert_parallel->expert_data_parallel(), &expert_parallel->group());
     }
     dist.sync = parallel::gpt_data_parallel(dist.groups ? &dist.groups->dp() : nullptr, model_cfg, tc, pool, dpo);
   }
