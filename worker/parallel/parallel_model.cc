@@ -27,7 +27,7 @@ uint32_t tag(uint32_t step, int m, int dir) {
 
 ParallelModel::ParallelModel(const GptConfig& config, int B, int seq_len, int max_micro_batches, ThreadPool& pool,
                              const ModelGroups& groups, const std::vector<int>& boundaries,
-                             const RecomputeSpec& recompute, bool sequence_parallel)
+                             const RecomputeSpec& recompute, bool sequence_parallel, Kernels<float>* device)
     : config_(config), B_(B), T_(seq_len), max_m_(max_micro_batches), pool_(pool), groups_(groups) {
   if (max_micro_batches < 1 || max_micro_batches >= (1 << 17)) {
     throw ConfigError("micro-batches per step must be in 1..131071, got " + std::to_string(max_micro_batches));
@@ -36,8 +36,8 @@ ParallelModel::ParallelModel(const GptConfig& config, int B, int seq_len, int ma
   const StageShape shape =
       make_stage_shape(config, seq_len, size_of(groups.tp), rank_of(groups.tp), pp, stage, boundaries);
   const int slots = std::min(max_micro_batches, pp - stage);
-  stage_ =
-      std::make_unique<GptStage>(shape, B, seq_len, slots, pool, groups.tp, recompute, sequence_parallel, groups.cp);
+  stage_ = std::make_unique<GptStage>(shape, B, seq_len, slots, pool, groups.tp, recompute, sequence_parallel,
+                                      groups.cp, device);
   count_once_ = count_once_ranges(stage_->shard_map(), shape.tp_rank);
   send_fwd_.resize(slots);
   send_bwd_.resize(slots);
@@ -190,7 +190,13 @@ void ParallelModel::finish_grads(StepTimes* times) {
 
 double ParallelModel::sum_squares_once(const float* buf) {
   double local = 0;
+  Kernels<float>& dev = stage_->device();
   for (const ElementRange& r : count_once_) {
+    if (!dev.host_accessible()) {
+      const double norm = dev.global_norm(buf + r.begin, r.end - r.begin);
+      local += norm * norm;
+      continue;
+    }
     for (size_t i = r.begin; i < r.end; ++i) local += static_cast<double>(buf[i]) * buf[i];
   }
   // Communicator has no fp64: the doubles travel as int64 bit patterns and are summed here in rank order.
