@@ -501,8 +501,7 @@ void GptStage::backward(int slot, const GradReadyHook* ready) {
   if (shape_.last()) {
     // LM head: dlnf (B,T,C) = dlogits (B,T,Vl) @ wte_local (Vl,C), summed over tp (f backward); dwte_local +=
     // dlogits^T @ lnf
-    k.matmul_backward(dc_, false, g[0], static_cast<float*>(nullptr), a.logits, gather(a.lnf), w[0], N, C, Vl,
-                      true);
+    k.matmul_backward(dc_, false, g[0], static_cast<float*>(nullptr), a.logits, gather(a.lnf), w[0], N, C, Vl, true);
     const float* dlnf = f_backward();
     k.zero(dres_, NL * C * sizeof(float));
     k.layernorm_backward(dres_, ln_grad(14, 0), ln_grad(15, 0), ln_scratch_, dlnf, a.res3 + (Ls - 1) * NL * C, w[14],
@@ -528,7 +527,7 @@ void GptStage::backward(int slot, const GradReadyHook* ready) {
     // MLP block: g's backward is the identity (sequence parallel: the all-gather), fcproj sees d(res3)
     k.matmul_backward(d4c_, false, g[12] + l * C * 4 * Cl, g[13] + lc, gather(dres_), la.fch_gelu,
                       w[12] + l * C * 4 * Cl, N, 4 * Cl, C, true);  // d fch_gelu (B,T,4Cl)
-    k.gelu_backward(d4c_, la.fch, d4c_, N * 4 * Cl);                  // d fch (B,T,4Cl)
+    k.gelu_backward(d4c_, la.fch, d4c_, N * 4 * Cl);                // d fch (B,T,4Cl)
     k.matmul_backward(dc_, false, g[10] + l * 4 * Cl * C, g[11] + l * 4 * Cl, d4c_, gather(la.ln2),
                       w[10] + l * 4 * Cl * C, N, C, 4 * Cl, true);  // d ln2 (B,T,C) partial
     const float* dln2 = f_backward();
@@ -569,8 +568,8 @@ void GptStage::backward(int slot, const GradReadyHook* ready) {
     // the embedding's all-reduce is g-like: its backward is the identity (sequence parallel: the all-gather), each
     // rank scatters into its own rows
     // context parallel: this rank's positions start at r T_ in wpe
-    k.vocab_embedding_backward(g[0], g[1] + static_cast<size_t>(cp_rank_) * Tn * C, gather(dres_), a.tokens, v0, Vl,
-                               B, Tn, C);
+    k.vocab_embedding_backward(g[0], g[1] + static_cast<size_t>(cp_rank_) * Tn * C, gather(dres_), a.tokens, v0, Vl, B,
+                               Tn, C);
     report(1, 0, sizes_[1]);
     if (shape_.last()) report(0, 0, sizes_[0]);  // pp == 1: both uses of wte are done
   } else {

@@ -99,7 +99,8 @@ class GptStage {
   // Bytes allocated for activations (all slots), backward scratch and the first stage's token copies.
   size_t activation_bytes() const {
     return (acts_.size() + scratch_.size()) * sizeof(float) +
-           (tokens_.size() + cp_tokens_.size() + targets_.size()) * sizeof(int32_t) + (ring_ ? ring_->workspace_bytes() : 0);
+           (tokens_.size() + cp_tokens_.size() + targets_.size()) * sizeof(int32_t) +
+           (ring_ ? ring_->workspace_bytes() : 0);
   }
 
   // Seconds spent in tp all-reduces since the last call (then reset).

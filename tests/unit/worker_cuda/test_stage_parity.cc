@@ -48,7 +48,8 @@ std::vector<int32_t> ids(size_t n, int V, uint32_t seed) {
 // One array on both devices with the same initial bytes.
 template <typename U>
 struct Both {
-  Both(Kernels<float>& c, Kernels<float>& g, const std::vector<U>& init) : gd(g), cpu(c, init.size()), gpu(g, init.size()) {
+  Both(Kernels<float>& c, Kernels<float>& g, const std::vector<U>& init)
+      : gd(g), cpu(c, init.size()), gpu(g, init.size()) {
     c.to_device(cpu.data(), init.data(), init.size() * sizeof(U));
     g.to_device(gpu.data(), init.data(), init.size() * sizeof(U));
   }
@@ -93,7 +94,8 @@ constexpr double kTol = 1e-5;
 
 }  // namespace
 
-TEST_CASE("stage kernels: CudaKernels against CpuKernels<float> (vocab-parallel embedding, cross entropy, accumulate)") {
+TEST_CASE(
+    "stage kernels: CudaKernels against CpuKernels<float> (vocab-parallel embedding, cross entropy, accumulate)") {
   skip_without_gpu();
   ThreadPool pool(2);
   CpuKernels<float> c(pool);
@@ -123,10 +125,10 @@ TEST_CASE("stage kernels: CudaKernels against CpuKernels<float> (vocab-parallel 
   g.vocab_ce_local_sums(sums.gpu.data(), logits.gpu.data(), mx.gpu.data(), tgt.gpu.data(), v0, N, Vl, Vr);
   expect_close(sums.gpu_host(), sums.cpu_host(), kTol, "vocab_ce_local_sums sums");
   expect_close(logits.gpu_host(), logits.cpu_host(), kTol, "vocab_ce_local_sums exp");
-  c.vocab_ce_finish(losses.cpu.data(), logits.cpu.data(), sums.cpu.data(), mx.cpu.data(), tgt.cpu.data(), v0, N, Vl,
-                    Vr, 0.25f);
-  g.vocab_ce_finish(losses.gpu.data(), logits.gpu.data(), sums.gpu.data(), mx.gpu.data(), tgt.gpu.data(), v0, N, Vl,
-                    Vr, 0.25f);
+  c.vocab_ce_finish(losses.cpu.data(), logits.cpu.data(), sums.cpu.data(), mx.cpu.data(), tgt.cpu.data(), v0, N, Vl, Vr,
+                    0.25f);
+  g.vocab_ce_finish(losses.gpu.data(), logits.gpu.data(), sums.gpu.data(), mx.gpu.data(), tgt.gpu.data(), v0, N, Vl, Vr,
+                    0.25f);
   expect_close(losses.gpu_host(), losses.cpu_host(), kTol, "vocab_ce_finish losses");
   expect_close(logits.gpu_host(), logits.cpu_host(), kTol, "vocab_ce_finish dlogits");
 

@@ -20,7 +20,9 @@
 #include "worker/comm/local_world.h"
 #include "worker/comm/process_groups.h"
 #include "worker/device/cpu_kernels.h"
+#include "worker/parallel/dist_model.h"
 #include "worker/parallel/parallel_model.h"
+#include "worker/train/trainer.h"
 
 using namespace railyard::worker;
 using namespace railyard::worker::parallel;
@@ -320,4 +322,84 @@ TEST_CASE("context parallelism is refused on a device that is not the host, nami
       CHECK(m.find("--device cpu") != std::string::npos);
     }
   });
+}
+
+namespace {
+
+// One fixed (B,T) batch, every call on every rank: the loss must go down.
+class Batches final : public BatchSource {
+ public:
+  void next_batch(int32_t* in, int32_t* tgt) override {
+    rng_.seed(9);
+    for (int i = 0; i < kB * kT; ++i) {
+      in[i] = static_cast<int32_t>(rng_() % kCfg.vocab_size);
+      tgt[i] = static_cast<int32_t>(rng_() % kCfg.vocab_size);
+    }
+  }
+
+ private:
+  std::mt19937 rng_{9};
+};
+
+struct TrainRun {
+  std::vector<double> losses;                 // rank 0's, per step
+  std::vector<std::vector<float>> params, m;  // per rank: state() after the steps (host memory)
+};
+
+// The trainer over ParallelGpt, tp=2 x pp=2, a few AdamW steps; device: on ShadowCpu with device-memory
+// communicators, the AdamW update on the device and state() served from host copies.
+TrainRun train(bool device) {
+  TrainRun res;
+  res.params.resize(4);
+  res.m.resize(4);
+  std::mutex mu;
+  comm::run_local_world(4, [&](comm::Communicator& world) {
+    comm::ProcessGroups groups(world, comm::Layout{.dp = 1, .tp = 2, .pp = 2});
+    ThreadPool pool(1);
+    ShadowCpu dev(pool);
+    ModelGroups mg = model_groups(groups);
+    std::vector<std::unique_ptr<DeviceComm>> wrapped;
+    if (device) {
+      for (comm::Communicator** c : {&mg.tp, &mg.pp, &mg.embedding}) {
+        if (*c == nullptr) continue;
+        wrapped.push_back(std::make_unique<DeviceComm>(**c, dev));
+        *c = wrapped.back().get();
+      }
+    }
+    TrainConfig tc;
+    tc.steps = 3;
+    tc.batch = kB;
+    tc.seq_len = kT;
+    tc.global_batch_tokens = 2 * kB * kT;
+    tc.lr = 1e-2;
+    tc.quiet = true;
+    Batches src;
+    ParallelGpt model(kCfg, tc, tc.micro_steps(), pool, world, mg, device ? &dev : nullptr);
+    Trainer trainer(kCfg, tc, pool, src, nullptr, nullptr, &model, device ? &dev : nullptr);
+    std::vector<double> losses;
+    for (int s = 0; s < tc.steps; ++s) losses.push_back(trainer.step().loss);
+    const TrainerState st = trainer.state();
+    REQUIRE(st.params != nullptr);
+    CHECK(st.adam_t == tc.steps);
+    CHECK_FALSE(dev.owns(st.params));
+    std::lock_guard<std::mutex> lock(mu);
+    if (world.rank() == 0) res.losses = losses;
+    res.params[world.rank()].assign(st.params, st.params + st.num_params);
+    res.m[world.rank()].assign(model.adam_m(), model.adam_m() + st.num_params);
+  });
+  return res;
+}
+
+}  // namespace
+
+TEST_CASE("the trainer's tp=2 x pp=2 steps on that device (AdamW there, state() from host copies) equal the CPU's") {
+  const TrainRun cpu = train(false), dev = train(true);
+  REQUIRE(cpu.losses.size() == 3);
+  CHECK(dev.losses == cpu.losses);  // bitwise
+  CHECK(cpu.losses.back() < cpu.losses.front());
+  for (int r = 0; r < 4; ++r) {
+    CAPTURE(r);
+    CHECK(dev.params[r] == cpu.params[r]);  // the host copies hold the updated parameters
+    CHECK(dev.m[r] == cpu.m[r]);
+  }
 }

@@ -72,8 +72,8 @@ class CudaKernels final : public Kernels<float> {
   void vocab_ce_local_max(float* mx, const float* logits, size_t N, int Vl, int Vr) override;
   void vocab_ce_local_sums(float* sums, float* logits, const float* mx, const int32_t* targets, int v0, size_t N,
                            int Vl, int Vr) override;
-  void vocab_ce_finish(float* losses, float* logits, const float* sums, const float* mx, const int32_t* targets,
-                       int v0, size_t N, int Vl, int Vr, float scale) override;
+  void vocab_ce_finish(float* losses, float* logits, const float* sums, const float* mx, const int32_t* targets, int v0,
+                       size_t N, int Vl, int Vr, float scale) override;
   void accumulate(float* out, const float* in, size_t n) override;
   void copy(float* dst, const float* src, size_t n) override;
 
