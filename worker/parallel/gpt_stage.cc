@@ -279,18 +279,21 @@ double GptStage::take_tp_comm_seconds() {
 void GptStage::all_reduce(float* buf, size_t n, comm::ReduceOp op) {
   if (shape_.tp_size == 1) return;
   const auto t0 = std::chrono::steady_clock::now();
+  dev_->synchronize();  // the communicator's stream is not the kernels' (a no-op on the CPU)
   tp_->all_reduce(buf, n, comm::DType::kFloat32, op);
   tp_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void GptStage::all_gather_rows(const float* local, float* full) {
   const auto t0 = std::chrono::steady_clock::now();
+  dev_->synchronize();
   tp_->all_gather(local, full, rows_ * shape_.config.channels, comm::DType::kFloat32);
   tp_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void GptStage::reduce_scatter_rows(const float* full, float* local) {
   const auto t0 = std::chrono::steady_clock::now();
+  dev_->synchronize();
   tp_->reduce_scatter(full, local, rows_ * shape_.config.channels, comm::DType::kFloat32, comm::ReduceOp::kSum);
   tp_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }

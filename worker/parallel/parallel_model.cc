@@ -112,6 +112,7 @@ double ParallelModel::run(int M, const std::function<void(int32_t*, int32_t*)>& 
     }
     const int32_t* in = batch_.data() + m * 2 * N;
     loss_sum += st.forward(k, in, in + N, dloss);
+    st.device().synchronize();  // the message is read on the communicator's stream (a no-op on the CPU)
     if (!sh.last()) send_fwd_[k] = pp->isend(st.output(k), R, comm::DType::kFloat32, s + 1, tag(step, m, 0));
   };
   auto bwd = [&](int m) {
@@ -122,6 +123,7 @@ double ParallelModel::run(int M, const std::function<void(int32_t*, int32_t*)>& 
     }
     wait(send_bwd_[k], &waited);                               // the slot's previous d(input) has left
     st.backward(k, ready_ && m == M - 1 ? &ready_ : nullptr);  // 1F1B ends every stage with micro-batch M-1
+    st.device().synchronize();
     if (!sh.first()) send_bwd_[k] = pp->isend(st.grad_input(k), R, comm::DType::kFloat32, s - 1, tag(step, m, 1));
   };
 
@@ -183,6 +185,7 @@ void ParallelModel::finish_grads(StepTimes* times) {
   const auto t0 = Clock::now();
   // wte is the first local tensor on both stages
   const size_t n = static_cast<size_t>(sh.local_vocab()) * sh.config.channels;
+  stage_->device().synchronize();
   groups_.embedding->all_reduce(stage_->grads(), n, comm::DType::kFloat32, comm::ReduceOp::kSum);
   if (times != nullptr) times->pp_wait += since(t0);
   if (ready_) ready_(0, n);
