@@ -77,12 +77,13 @@ void TrainConfig::validate(const GptConfig& model) const {
 namespace {
 // Refuses what the CUDA trainer cannot run yet, before anything is allocated on the device.
 Kernels<float>* check_device(Kernels<float>* device, GradSync* sync, ShardedModel* sharded) {
+  // A tensor/pipeline-parallel model allocates on its own device: it must be the trainer's (null = the CPU).
+  if (sharded != nullptr && sharded->device() != device)
+    throw ConfigError(
+        "the tensor/pipeline-parallel model was built for another device than the trainer's (a bug: give "
+        "ParallelGpt the trainer's device)");
   if (device == nullptr || device->host_accessible()) return device;
   const std::string d = std::string("spec.device / --device ") + device_name(device->kind());
-  if (sharded != nullptr && sharded->device() != device)
-    throw ConfigError(d +
-                      ": the tensor/pipeline-parallel model was built for another device (a bug: give ParallelGpt "
-                      "the trainer's device)");
   if (sync != nullptr)
     throw ConfigError(d +
                       ": data parallelism across processes (--nproc, ZeRO, --deterministic) runs on the CPU only "

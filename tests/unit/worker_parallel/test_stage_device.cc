@@ -220,6 +220,17 @@ class DeviceComm final : public comm::Communicator {
   const ShadowCpu& dev_;
 };
 
+// Puts the model's groups behind DeviceComm wrappers (the groups then take the device's addresses).
+std::vector<std::unique_ptr<DeviceComm>> take_device_memory(ModelGroups& mg, const ShadowCpu& dev) {
+  std::vector<std::unique_ptr<DeviceComm>> wrapped;
+  for (comm::Communicator** c : {&mg.tp, &mg.pp, &mg.embedding}) {
+    if (*c == nullptr) continue;
+    wrapped.push_back(std::make_unique<DeviceComm>(**c, dev));
+    *c = wrapped.back().get();
+  }
+  return wrapped;
+}
+
 struct Run {
   std::vector<double> losses, sumsq;
   std::vector<float> grads, params;  // gathered (tp = 0 of each stage writes its primary slices)
@@ -239,13 +250,7 @@ Run run(bool device, bool sp, const std::vector<int32_t>& data) {
     ShadowCpu dev(pool);
     ModelGroups mg = model_groups(groups);
     std::vector<std::unique_ptr<DeviceComm>> wrapped;
-    if (device) {
-      for (comm::Communicator** c : {&mg.tp, &mg.pp, &mg.embedding}) {
-        if (*c == nullptr) continue;
-        wrapped.push_back(std::make_unique<DeviceComm>(**c, dev));
-        *c = wrapped.back().get();
-      }
-    }
+    if (device) wrapped = take_device_memory(mg, dev);
     ParallelModel model(kCfg, kB, kT, kM, pool, mg, {}, {}, sp, device ? &dev : nullptr);
     model.init_weights(7);
     model.zero_grad();
@@ -359,13 +364,7 @@ TrainRun train(bool device) {
     ShadowCpu dev(pool);
     ModelGroups mg = model_groups(groups);
     std::vector<std::unique_ptr<DeviceComm>> wrapped;
-    if (device) {
-      for (comm::Communicator** c : {&mg.tp, &mg.pp, &mg.embedding}) {
-        if (*c == nullptr) continue;
-        wrapped.push_back(std::make_unique<DeviceComm>(**c, dev));
-        *c = wrapped.back().get();
-      }
-    }
+    if (device) wrapped = take_device_memory(mg, dev);
     TrainConfig tc;
     tc.steps = 3;
     tc.batch = kB;
