@@ -360,6 +360,21 @@ struct DistSetup {
   size_t bucket_bytes = size_t{25} << 20;
 };
 
+// The communicators of the tensor/pipeline-parallel stage (tp, pp, the tied-embedding pair, cp). On the CPU they are
+// the Gloo process groups. On CUDA the stage hands them device memory (GptStage, ParallelModel), so they must be NCCL
+// communicators over the same ranks: the one place to wire the NCCL factory of worker/comm (issue #11, docs/gpu.md
+// "Tensor and pipeline parallelism on CUDA"). Until it is, CUDA is refused here with the fix.
+parallel::ModelGroups model_parallel_groups(DistSetup& d, DeviceKind device) {
+  comm::ProcessGroups& g = *d.groups;
+  if (device == DeviceKind::kCuda) {
+    throw ConfigError(
+        "--tp/--pp/--cp with spec.device / --device cuda: the model-parallel stage runs on the device, but its "
+        "communicators are still the Gloo groups (host memory); the NCCL groups are not wired here yet: use "
+        "--device cpu");
+  }
+  return {&g.tp(), &g.pp(), g.embedding(), d.cp.get()};
+}
+
 DistSetup join_world(std::map<std::string, std::string>& f, TrainConfig& tc) {
   DistSetup d;
   const long long zero = to_int(f, "zero", 0);
@@ -464,10 +479,10 @@ std::vector<ShardSpec> checkpoint_shards(const GptConfig& cfg, Trainer& trainer,
   const comm::Layout& l = dist.groups->layout();
   const comm::Coord& c = dist.groups->coord();
   if (dist.zero == 0) {
-    return shards_from_slices(dist.sharded->model().shard_map(), dist.sharded->params(), dist.sharded->adam_m(),
+    return shards_from_slices(dist.sharded->model().shard_map(), dist.sharded->host_params(), dist.sharded->adam_m(),
                               dist.sharded->adam_v(), c.tp, l.tp, c.dp, l.dp);
   }
-  return zero_slices_shards(dist.sharded->model().shard_map(), dist.sharded->params(), dist.sync->shard_m(),
+  return zero_slices_shards(dist.sharded->model().shard_map(), dist.sharded->host_params(), dist.sync->shard_m(),
                             dist.sync->shard_v(), owned, c.tp, l.tp, c.dp, l.dp);
 }
 
@@ -765,11 +780,14 @@ int cmd_train(int argc, char** argv) {
   cpu::set_gemm_threading(split == "pool" ? cpu::GemmThreading::kPool : cpu::GemmThreading::kOpenBlas, threads);
   const bool model_parallel =
       dist.groups != nullptr && (dist.groups->layout().tp * dist.groups->layout().pp > 1 || tc.cp > 1);
+  // The device before the model: a tensor/pipeline-parallel stage allocates on it.
+  std::unique_ptr<Kernels<float>> device;
+  if (device_kind == DeviceKind::kCuda) device = cuda_module->create_kernels();
   if (model_parallel) {
     comm::ProcessGroups& g = *dist.groups;
-    const parallel::ModelGroups mg{&g.tp(), &g.pp(), g.embedding(), dist.cp.get()};
+    const parallel::ModelGroups mg = model_parallel_groups(dist, device_kind);
     dist.sharded = std::make_unique<parallel::ParallelGpt>(*cfg, tc, tc.micro_steps() / (g.layout().dp / tc.cp), pool,
-                                                           g.world(), mg);
+                                                           g.world(), mg, device.get());
     log::info("worker", "model-parallel stage", {{"stage", dist.sharded->describe()}});
     if (g.layout().dp > 1 || dist.zero > 0 || dist.deterministic) {
       parallel::DataParallelOptions dpo;
@@ -795,8 +813,6 @@ int cmd_train(int argc, char** argv) {
     }
     dist.sync = parallel::gpt_data_parallel(dist.groups ? &dist.groups->dp() : nullptr, model_cfg, tc, pool, dpo);
   }
-  std::unique_ptr<Kernels<float>> device;
-  if (device_kind == DeviceKind::kCuda) device = cuda_module->create_kernels();
   Trainer trainer(model_cfg, tc, pool, train, val.get(), dist.sync.get(), dist.sharded.get(), device.get());
   if (dist.groups != nullptr) trainer.set_layout(dist.groups->describe());
   if (expert_parallel) expert_parallel->attach(trainer.model());

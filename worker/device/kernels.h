@@ -131,6 +131,29 @@ class Kernels : public DeviceMemory {
   // The CPU keeps no copy (no-ops).
   virtual void set_weights(const T* /*params*/, size_t /*n*/) {}
   virtual void weights_changed() {}
+  // The tensor/pipeline-parallel stage (worker/parallel/gpt_stage.h, vocab_parallel.h; appended, issue #11). wte is
+  // split by vocabulary rows: this rank holds rows [v0, v0 + Vl), the first Vr of them real tokens. None of these
+  // communicates; the stage all-reduces between the vocab-parallel phases.
+  // out (N,C) = wte_local[inp - v0] for the tokens held here, 0 for the others.
+  virtual void vocab_embedding_forward(T* out, const int32_t* inp, const T* wte_local, int v0, int Vl, size_t N,
+                                       int C) = 0;
+  // out (rows,C) += wpe[(row0 + i) mod Tn] for rows i of a (B,T) row-major micro-batch starting at row row0.
+  virtual void add_positions_rows(T* out, const T* wpe, size_t row0, size_t rows, int Tn, int C) = 0;
+  // dwte_local (Vl,C) += dout rows of the tokens held here; dwpe (Tn,C) += the sum over b (when not null).
+  virtual void vocab_embedding_backward(T* dwte_local, T* dwpe, const T* dout, const int32_t* inp, int v0, int Vl,
+                                        int B, int Tn, int C) = 0;
+  // Vocab-parallel cross entropy, phase 1: mx (N) = max of the Vr real local logits of each row (-inf if Vr = 0).
+  virtual void vocab_ce_local_max(T* mx, const T* logits, size_t N, int Vl, int Vr) = 0;
+  // Phase 2: logits[:, :Vr] <- exp(logits - mx); sums (2N) = [row sums | the target's raw logit if held here, else 0].
+  virtual void vocab_ce_local_sums(T* sums, T* logits, const T* mx, const int32_t* targets, int v0, size_t N, int Vl,
+                                   int Vr) = 0;
+  // Phase 3: losses (N) = log(S) + mx - z_target; logits <- scale * (softmax - onehot), padding columns 0.
+  virtual void vocab_ce_finish(T* losses, T* logits, const T* sums, const T* mx, const int32_t* targets, int v0,
+                               size_t N, int Vl, int Vr, T scale) = 0;
+  // out (n) += in (n): the sequence-parallel layernorm weight gradients joining grads() after their tp all-reduce.
+  virtual void accumulate(T* out, const T* in, size_t n) = 0;
+  // dst (n) = src (n), both device memory (a stage's d(input) leaving for the previous pipeline stage).
+  virtual void copy(T* dst, const T* src, size_t n) = 0;
 };
 
 }  // namespace railyard::worker

@@ -7,6 +7,7 @@
 #include "worker/kernels/cuda/cuda_check.h"
 #include "worker/kernels/cuda/gemm.h"
 #include "worker/kernels/cuda/launch.h"
+#include "worker/kernels/cuda/stage_kernels.h"
 
 namespace railyard::worker::cuda {
 
@@ -259,6 +260,41 @@ double CudaKernels::global_norm(const float* x, size_t n) {
   double total = 0;
   for (size_t c = 0; c < chunks; ++c) total += host_partials_[c];  // chunk order: reproducible
   return std::sqrt(total);
+}
+
+void CudaKernels::vocab_embedding_forward(float* out, const int32_t* inp, const float* wte_local, int v0, int Vl,
+                                          size_t N, int C) {
+  cuda::vocab_embedding_forward(out, inp, wte_local, v0, Vl, N, C, stream_);
+}
+
+void CudaKernels::add_positions_rows(float* out, const float* wpe, size_t row0, size_t rows, int Tn, int C) {
+  cuda::add_positions_rows(out, wpe, row0, rows, Tn, C, stream_);
+}
+
+void CudaKernels::vocab_embedding_backward(float* dwte_local, float* dwpe, const float* dout, const int32_t* inp,
+                                           int v0, int Vl, int B, int Tn, int C) {
+  cuda::vocab_embedding_backward(dwte_local, dwpe, dout, inp, v0, Vl, B, Tn, C, stream_);
+}
+
+void CudaKernels::vocab_ce_local_max(float* mx, const float* logits, size_t N, int Vl, int Vr) {
+  cuda::vocab_ce_local_max(mx, logits, N, Vl, Vr, stream_);
+}
+
+void CudaKernels::vocab_ce_local_sums(float* sums, float* logits, const float* mx, const int32_t* targets, int v0,
+                                      size_t N, int Vl, int Vr) {
+  cuda::vocab_ce_local_sums(sums, logits, mx, targets, v0, N, Vl, Vr, stream_);
+}
+
+void CudaKernels::vocab_ce_finish(float* losses, float* logits, const float* sums, const float* mx,
+                                  const int32_t* targets, int v0, size_t N, int Vl, int Vr, float scale) {
+  cuda::vocab_ce_finish(losses, logits, sums, mx, targets, v0, N, Vl, Vr, scale, stream_);
+}
+
+void CudaKernels::accumulate(float* out, const float* in, size_t n) { cuda::accumulate(out, in, n, stream_); }
+
+void CudaKernels::copy(float* dst, const float* src, size_t n) {
+  if (dst == src || n == 0) return;
+  RAILYARD_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
 }
 
 }  // namespace railyard::worker::cuda

@@ -77,6 +77,19 @@ class CudaKernels final : public Kernels<float> {
   void weights_changed() override;
   // The bf16 copy of w[0, n) if it lies in the weights and is aligned, else null (host logic, for the tests too).
   const bf16* weight_copy(const float* w, size_t n) const;
+  // The tensor/pipeline-parallel stage (stage_kernels.h; copy is a device-to-device cudaMemcpyAsync).
+  void vocab_embedding_forward(float* out, const int32_t* inp, const float* wte_local, int v0, int Vl, size_t N,
+                               int C) override;
+  void add_positions_rows(float* out, const float* wpe, size_t row0, size_t rows, int Tn, int C) override;
+  void vocab_embedding_backward(float* dwte_local, float* dwpe, const float* dout, const int32_t* inp, int v0, int Vl,
+                                int B, int Tn, int C) override;
+  void vocab_ce_local_max(float* mx, const float* logits, size_t N, int Vl, int Vr) override;
+  void vocab_ce_local_sums(float* sums, float* logits, const float* mx, const int32_t* targets, int v0, size_t N,
+                           int Vl, int Vr) override;
+  void vocab_ce_finish(float* losses, float* logits, const float* sums, const float* mx, const int32_t* targets, int v0,
+                       size_t N, int Vl, int Vr, float scale) override;
+  void accumulate(float* out, const float* in, size_t n) override;
+  void copy(float* dst, const float* src, size_t n) override;
 
  private:
   // bf16 staging for `elems` GEMM operand elements (grown, never shrunk).
