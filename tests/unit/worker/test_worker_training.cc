@@ -1,6 +1,7 @@
 // Training behaviour: validation loss falls on real text, runs are bitwise reproducible, NaNs are caught.
 #include <doctest/doctest.h>
 #include <glob.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -10,6 +11,7 @@
 #include "tests/unit/worker/worker_test_util.h"
 #include "worker/data/prepare.h"
 #include "worker/device/cpu_kernels.h"
+#include "worker/train/checkpointing.h"
 #include "worker/train/loader_source.h"
 #include "worker/train/trainer.h"
 
@@ -211,6 +213,7 @@ class OffHostCpu final : public Kernels<float> {
   void zero(void* p, size_t bytes) override { c_.zero(p, bytes); }
   void to_host(void* dst, const void* src, size_t bytes) override {
     ++copies;
+    if (bytes == state_bytes) state_copies_after.push_back(norms);
     std::memcpy(dst, src, bytes);
   }
   void to_device(void* dst, const void* src, size_t bytes) override {
@@ -268,8 +271,14 @@ class OffHostCpu final : public Kernels<float> {
                     float wd, int64_t t, float s) override {
     c_.adamw_update(p, g, m, v, n, lr, b1, b2, eps, wd, t, s);
   }
-  double global_norm(const float* x, size_t n) override { return c_.global_norm(x, n); }
+  double global_norm(const float* x, size_t n) override {
+    ++norms;  // one per optimizer step: marks which step a copy followed
+    return c_.global_norm(x, n);
+  }
   size_t copies = 0;
+  size_t norms = 0;
+  size_t state_bytes = 0;                  // params * 4: a download of params, m or v
+  std::vector<size_t> state_copies_after;  // per such download: the optimizer steps taken before it
 
  private:
   CpuKernels<float> c_;
@@ -322,4 +331,59 @@ TEST_CASE("a device whose memory is not the host's: same training bits, state() 
   moe.moe = make_moe_config(4, 2, 1.25, 0.01);
   CHECK_THROWS_WITH_AS(Gpt<float>(moe, 2, 32, pool, {}, &dev), doctest::Contains("use --device cpu"),
                        railyard::ConfigError);
+}
+
+TEST_CASE("off the host, params and AdamW moments are copied to the host only on checkpoint steps, same checkpoint") {
+  const auto corpus = license_corpus();
+  TrainConfig tc = small_train_config();
+  tc.batch = 2;
+  tc.seq_len = 32;
+  tc.steps = 7;
+  const size_t n = static_cast<size_t>(tc.batch) * tc.seq_len;
+  std::vector<int32_t> in(corpus.begin(), corpus.begin() + n), tg(corpus.begin() + 1, corpus.begin() + n + 1);
+  const std::filesystem::path root =
+      std::filesystem::temp_directory_path() / ("railyard-hostcopy-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(root);
+  ThreadPool pool(2);
+  OffHostCpu dev(pool);
+  dev.state_bytes = num_parameters(kSmall) * sizeof(float);
+  // The same run on the CPU (state() in place) and on the off-host device, each saving every 3 steps and at the end.
+  auto train = [&](const std::string& name, Kernels<float>* device) {
+    FixedBatch src(in, tg);
+    Trainer tr(kSmall, tc, pool, src, nullptr, nullptr, nullptr, device);
+    CheckpointOptions co;
+    co.dir = (root / name).string();
+    co.every = 3;
+    co.keep = 10;
+    co.resume = "never";
+    co.run_id = name;
+    Checkpointer ck(co, kSmall, tr, full_state_shards(kSmall, tr.state()));
+    ck.attach();
+    REQUIRE(tr.run() == 0);
+    ck.finish();
+  };
+  train("cpu", nullptr);
+  train("dev", &dev);
+  // Three downloads (params, m, v) when the checkpointer takes its views at start (nothing trained yet: step 0),
+  // and after steps 3, 6 and 7 (the final save): never after steps 1, 2, 4 or 5. Before this change every step
+  // copied all three (7 x 3 + 3 downloads).
+  const std::vector<size_t> want = {0, 0, 0, 3, 3, 3, 6, 6, 6, 7, 7, 7};
+  CHECK(dev.state_copies_after == want);
+  CHECK(dev.norms == 7);
+  // What the checkpoints hold is the same bytes: every data file of every step.
+  size_t files = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(root / "cpu")) {
+    if (!e.is_regular_file() || e.path().extension() != ".bin") continue;
+    const auto rel = std::filesystem::relative(e.path(), root / "cpu");
+    const auto other = root / "dev" / rel;
+    INFO(rel.string());
+    REQUIRE(std::filesystem::exists(other));
+    std::ifstream a(e.path(), std::ios::binary), b(other, std::ios::binary);
+    const std::string da((std::istreambuf_iterator<char>(a)), {}), db((std::istreambuf_iterator<char>(b)), {});
+    CHECK(da.size() > 0);
+    CHECK(da == db);
+    ++files;
+  }
+  CHECK(files >= 3);  // steps 3, 6 and 7 at least
+  std::filesystem::remove_all(root);
 }
