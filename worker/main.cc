@@ -27,6 +27,7 @@
 #include "common/path_roots.h"
 #include "common/rendezvous_protocol.h"
 #include "worker/agent/agent_main.h"
+#include "worker/comm/connect.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/process_groups.h"
 #include "worker/device/device.h"
@@ -45,6 +46,9 @@
 #ifdef RAILYARD_HAVE_CUDA
 #include "worker/kernels/cuda/cuda_check.h"
 #include "worker/kernels/cuda/cuda_device.h"
+#endif
+#ifdef RAILYARD_WITH_NCCL
+#include "worker/comm/nccl_communicator.h"
 #endif
 
 using namespace railyard;
@@ -354,8 +358,13 @@ void apply_config_file(const std::string& path, std::map<std::string, std::strin
 
 // The distributed side of `train` (docs/parallel.md "Running it").
 struct DistSetup {
-  std::unique_ptr<comm::ProcessGroups> groups;  // null: one process
-  std::unique_ptr<comm::Communicator> cp;       // --cp > 1: this rank's block of cp consecutive dp ranks
+  std::unique_ptr<comm::ProcessGroups> groups;  // null: one process. Gloo: host buffers (and CPU tensors)
+  // CUDA: the same layout over NCCL (comm::connect_worker_groups), the gradient buckets' dup of its dp group and the
+  // stream-ordered reducer on it (declared before `sync`, which uses it).
+  std::unique_ptr<comm::ProcessGroups> device_groups;
+  std::unique_ptr<comm::Communicator> grad_comm;
+  std::unique_ptr<comm::StreamReducer> reducer;
+  std::unique_ptr<comm::Communicator> cp;  // --cp > 1: this rank's block of cp consecutive dp ranks
   std::unique_ptr<parallel::DataParallel> sync;
   std::unique_ptr<parallel::ParallelGpt> sharded;  // tp * pp > 1
   int zero = 0;
@@ -363,7 +372,7 @@ struct DistSetup {
   size_t bucket_bytes = size_t{25} << 20;
 };
 
-DistSetup join_world(std::map<std::string, std::string>& f, TrainConfig& tc) {
+DistSetup join_world(std::map<std::string, std::string>& f, TrainConfig& tc, DeviceKind device, int visible_gpus) {
   DistSetup d;
   const long long zero = to_int(f, "zero", 0);
   if (zero < 0 || zero > 2) throw ConfigError("--zero " + std::to_string(zero) + ": must be 0, 1 or 2");
@@ -396,7 +405,13 @@ DistSetup join_world(std::map<std::string, std::string>& f, TrainConfig& tc) {
     throw ConfigError("--cp " + std::to_string(tc.cp) + ": WORLD_SIZE / (tp*pp) = " + std::to_string(layout.dp) +
                       " ranks must be a multiple of cp (dp x cp), and --deterministic is not supported with it");
   }
-  d.groups = std::make_unique<comm::ProcessGroups>(comm::connect_gloo(comm::gloo_options_from_env()), layout);
+  // One place builds the groups by device (Gloo on the CPU; Gloo for host values plus NCCL on CUDA).
+  const int cuda_device = device == DeviceKind::kCuda
+                              ? comm::cuda_device_for(std::atoi(env_or("LOCAL_RANK", "0").c_str()), visible_gpus)
+                              : 0;
+  comm::WorkerGroups wg = comm::connect_worker_groups(device, layout, comm::gloo_options_from_env(), cuda_device);
+  d.groups = std::move(wg.host);
+  d.device_groups = std::move(wg.device);
   if (tc.cp > 1) {
     // cp consecutive ranks of the dp group share a replica's sequences; the gradient reduction stays over all dp x cp
     comm::Communicator& dp = d.groups->dp();
@@ -707,7 +722,7 @@ int cmd_train(int argc, char** argv) {
     }
   }
   // Joins the world the launcher (--nproc or the agent) describes in RANK/WORLD_SIZE/MASTER_*; one process otherwise.
-  DistSetup dist = join_world(f, tc);
+  DistSetup dist = join_world(f, tc, device_kind, visible_gpus);
   if ((!tc.dp_split.empty() || tc.slow_factor > 1) && dist.groups != nullptr &&
       (dist.groups->layout().tp * dist.groups->layout().pp > 1 || tc.cp > 1))
     throw ConfigError("--dp-split and --slow-ranks apply to plain data parallelism: drop --tp/--pp/--cp");
@@ -738,6 +753,12 @@ int cmd_train(int argc, char** argv) {
   if (split != "pool" && split != "openblas") throw ConfigError("--gemm-split must be pool or openblas");
   ThreadPool pool(threads);
   cpu::set_gemm_threading(split == "pool" ? cpu::GemmThreading::kPool : cpu::GemmThreading::kOpenBlas, threads);
+  // The device before the data-parallel reducer, which enqueues on its stream (after join_world: on CUDA that made
+  // this rank's GPU current).
+  std::unique_ptr<Kernels<float>> device;
+#ifdef RAILYARD_HAVE_CUDA
+  if (device_kind == DeviceKind::kCuda) device = std::make_unique<cuda::CudaKernels>();
+#endif
   const bool model_parallel =
       dist.groups != nullptr && (dist.groups->layout().tp * dist.groups->layout().pp > 1 || tc.cp > 1);
   if (model_parallel) {
@@ -758,12 +779,17 @@ int cmd_train(int argc, char** argv) {
     dpo.zero_stage = dist.zero;
     dpo.deterministic = dist.deterministic;
     dpo.bucket_bytes = dist.bucket_bytes;
+#if defined(RAILYARD_HAVE_CUDA) && defined(RAILYARD_WITH_NCCL)
+    if (dist.device_groups != nullptr && device != nullptr) {
+      // Gradient buckets all-reduced over NCCL on their own stream as backward finishes them (docs/parallel.md
+      // "Data parallelism on CUDA"); losses and flags still go over the Gloo dp group.
+      dist.grad_comm = dist.device_groups->dp().dup("dp-grad");
+      dist.reducer = comm::nccl_stream_reducer(*dist.grad_comm, static_cast<cuda::CudaKernels&>(*device).stream());
+      dpo.stream_reducer = dist.reducer.get();
+    }
+#endif
     dist.sync = parallel::gpt_data_parallel(dist.groups ? &dist.groups->dp() : nullptr, *cfg, tc, pool, dpo);
   }
-  std::unique_ptr<Kernels<float>> device;
-#ifdef RAILYARD_HAVE_CUDA
-  if (device_kind == DeviceKind::kCuda) device = std::make_unique<cuda::CudaKernels>();
-#endif
   Trainer trainer(*cfg, tc, pool, train, val.get(), dist.sync.get(), dist.sharded.get(), device.get());
   if (dist.groups != nullptr) trainer.set_layout(dist.groups->describe());
   std::unique_ptr<parallel::ExpertParallel> expert_parallel = join_expert_parallel(f, *cfg, tc, dist, trainer);

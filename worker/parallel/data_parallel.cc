@@ -54,6 +54,11 @@ DataParallel::DataParallel(comm::Communicator* dp, size_t num_params, std::vecto
     throw ConfigError("--zero " + std::to_string(opt_.zero_stage) + ": the ZeRO stage must be 0, 1 or 2");
   }
   if (options.bucket_bytes < sizeof(float)) throw ConfigError("--bucket-mb must be positive");
+  if (opt_.stream_reducer != nullptr && (opt_.zero_stage > 0 || opt_.deterministic)) {
+    throw ConfigError(std::string("--device cuda with ") + (opt_.deterministic ? "--deterministic" : "--zero") +
+                      ": data parallelism on device buffers averages buckets only (ZeRO's sharded optimizer and the "
+                      "deterministic tree run on host buffers): drop it, or use --device cpu");
+  }
   chunk_ = (n_ + static_cast<size_t>(size_) - 1) / static_cast<size_t>(size_);
   if (opt_.deterministic && opt_.zero_stage > 0) chunk_ = layout_.buckets().front().piece;  // own piece = own chunk
   if (opt_.zero_stage > 0) {
@@ -63,7 +68,7 @@ DataParallel::DataParallel(comm::Communicator* dp, size_t num_params, std::vecto
     pad_in_ = AlignedBuffer<float>(last.piece * static_cast<size_t>(size_));
     pad_out_ = AlignedBuffer<float>(layout_.buckets().front().piece);
   }
-  if (size_ > 1 && !opt_.deterministic) {
+  if (size_ > 1 && !opt_.deterministic && opt_.stream_reducer == nullptr) {
     grad_comm_ = dp_->dup("dp-grad");
     thread_ = std::thread([this] { reducer_loop(); });
   }
@@ -99,6 +104,15 @@ void DataParallel::grads_ready(size_t offset, size_t count) {
     remaining_[b] -= take;
     i += take;
     if (remaining_[b] != 0) continue;
+    if (opt_.stream_reducer != nullptr) {
+      // Device buffers: enqueued behind the backward kernels that produced the bucket, overlapping the rest.
+      const auto& k = layout_.buckets()[b];
+      if (size_ > 1)
+        opt_.stream_reducer->all_reduce(grads_ + k.begin, k.size(), comm::DType::kFloat32, comm::ReduceOp::kAvg);
+      ++enqueued_;
+      ++done_;
+      continue;
+    }
     if (!thread_.joinable()) {
       reduce_bucket(b);  // one replica: nothing to overlap with
       ++enqueued_;
@@ -254,6 +268,7 @@ void DataParallel::finish(float* grads) {
                 " gradient elements as final (the model's grad-ready hook is incomplete)");
   }
   cv_.wait(lk, [&] { return done_ == enqueued_; });
+  if (opt_.stream_reducer != nullptr) opt_.stream_reducer->wait();
   comm_seconds_ += since(t0);
   if (error_) std::rethrow_exception(error_);
 }

@@ -81,10 +81,10 @@ Kernels<float>* check_device(Kernels<float>* device, GradSync* sync, ShardedMode
   const std::string d = std::string("spec.device / --device ") + device_name(device->kind());
   if (sharded != nullptr)
     throw ConfigError(d + ": tensor/pipeline parallelism (--tp/--pp) runs on the CPU only so far: use --device cpu");
-  if (sync != nullptr)
+  if (sync != nullptr && !sync->device_buffers())
     throw ConfigError(d +
-                      ": data parallelism across processes (--nproc, ZeRO, --deterministic) runs on the CPU only "
-                      "so far (the NCCL path is not wired to the trainer): use --device cpu or one process");
+                      ": this data-parallel reduction works on host buffers (Gloo): reduce over the device's "
+                      "communicator (NCCL: DataParallelOptions::stream_reducer), or use --device cpu");
   return device;
 }
 }  // namespace

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "tests/unit/worker/off_host_device.h"
 #include "tests/unit/worker/worker_test_util.h"
 #include "worker/data/prepare.h"
 #include "worker/device/cpu_kernels.h"
@@ -196,95 +197,6 @@ TEST_CASE("a NaN weight is reported, the update skipped, and run() fails after K
   CHECK_FALSE(trainer.step().skipped);
   CHECK(trainer.state().bad_steps_consecutive == 0);
 }
-
-namespace {
-
-// The CPU kernels behind a device that says its memory is not the host's: Gpt, AdamW and the Trainer then take the
-// paths a GPU takes (targets and losses copied, state() served from host copies refreshed after each update, restore
-// uploading them), with real kernels, so those paths run on every CI machine. Its buffers are separate allocations,
-// so a missing copy shows up as stale values.
-class OffHostCpu final : public Kernels<float> {
- public:
-  explicit OffHostCpu(ThreadPool& pool) : c_(pool) {}
-  DeviceKind kind() const override { return DeviceKind::kCpu; }
-  bool host_accessible() const override { return false; }
-  void* alloc(size_t bytes) override { return c_.alloc(bytes); }
-  void free(void* p) noexcept override { c_.free(p); }
-  void zero(void* p, size_t bytes) override { c_.zero(p, bytes); }
-  void to_host(void* dst, const void* src, size_t bytes) override {
-    ++copies;
-    if (bytes == state_bytes) state_copies_after.push_back(norms);
-    std::memcpy(dst, src, bytes);
-  }
-  void to_device(void* dst, const void* src, size_t bytes) override {
-    ++copies;
-    std::memcpy(dst, src, bytes);
-  }
-  void synchronize() override {}
-  size_t attention_saved_elems(int B, int T, int C, int NH) const override {
-    return c_.attention_saved_elems(B, T, C, NH);
-  }
-  size_t attention_scratch_elems(int B, int T, int C, int NH) const override {
-    return c_.attention_scratch_elems(B, T, C, NH);
-  }
-  size_t layernorm_scratch_elems(size_t N, int C) const override { return c_.layernorm_scratch_elems(N, C); }
-  void encoder_forward(float* o, const int32_t* i, const float* a, const float* b, int B, int T, int C) override {
-    c_.encoder_forward(o, i, a, b, B, T, C);
-  }
-  void encoder_backward(float* a, float* b, const float* d, const int32_t* i, int B, int T, int C) override {
-    c_.encoder_backward(a, b, d, i, B, T, C);
-  }
-  void layernorm_forward(float* o, float* m, float* r, const float* i, const float* w, const float* b, size_t N,
-                         int C) override {
-    c_.layernorm_forward(o, m, r, i, w, b, N, C);
-  }
-  void layernorm_backward(float* di, float* dw, float* db, float* s, const float* d, const float* i, const float* w,
-                          const float* m, const float* r, size_t N, int C) override {
-    c_.layernorm_backward(di, dw, db, s, d, i, w, m, r, N, C);
-  }
-  void matmul_forward(float* o, const float* i, const float* w, const float* b, size_t N, int IC, int OC) override {
-    c_.matmul_forward(o, i, w, b, N, IC, OC);
-  }
-  void matmul_backward(float* di, bool ai, float* dw, float* db, const float* d, const float* i, const float* w,
-                       size_t N, int IC, int OC, bool aw) override {
-    c_.matmul_backward(di, ai, dw, db, d, i, w, N, IC, OC, aw);
-  }
-  void attention_forward(float* o, float* s, const float* q, int B, int T, int C, int NH) override {
-    c_.attention_forward(o, s, q, B, T, C, NH);
-  }
-  void attention_backward(float* dq, float* s, const float* d, const float* q, const float* o, const float* sv, int B,
-                          int T, int C, int NH) override {
-    c_.attention_backward(dq, s, d, q, o, sv, B, T, C, NH);
-  }
-  void gelu_forward(float* o, const float* i, size_t n) override { c_.gelu_forward(o, i, n); }
-  void gelu_backward(float* di, const float* i, const float* d, size_t n) override { c_.gelu_backward(di, i, d, n); }
-  void residual_forward(float* o, const float* a, const float* b, size_t n) override {
-    c_.residual_forward(o, a, b, n);
-  }
-  void crossentropy_forward(float* l, const float* g, const int32_t* t, size_t N, int V, int Vp) override {
-    c_.crossentropy_forward(l, g, t, N, V, Vp);
-  }
-  void crossentropy_fused_backward(float* l, float* g, const int32_t* t, size_t N, int V, int Vp, float d) override {
-    c_.crossentropy_fused_backward(l, g, t, N, V, Vp, d);
-  }
-  void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float lr, float b1, float b2, float eps,
-                    float wd, int64_t t, float s) override {
-    c_.adamw_update(p, g, m, v, n, lr, b1, b2, eps, wd, t, s);
-  }
-  double global_norm(const float* x, size_t n) override {
-    ++norms;  // one per optimizer step: marks which step a copy followed
-    return c_.global_norm(x, n);
-  }
-  size_t copies = 0;
-  size_t norms = 0;
-  size_t state_bytes = 0;                  // params * 4: a download of params, m or v
-  std::vector<size_t> state_copies_after;  // per such download: the optimizer steps taken before it
-
- private:
-  CpuKernels<float> c_;
-};
-
-}  // namespace
 
 TEST_CASE("a device whose memory is not the host's: same training bits, state() copies, restore uploads them") {
   const auto corpus = license_corpus();
