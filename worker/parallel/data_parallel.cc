@@ -368,8 +368,11 @@ std::string DataParallel::describe() const {
   char buf[256];
   const auto& b = layout_.buckets();
   std::snprintf(buf, sizeof(buf), "dp=%d zero=%d%s buckets=%zu x %.2f MiB, optimizer state saved %.2f MiB/rank", size_,
-                opt_.zero_stage, opt_.deterministic ? " deterministic" : "", b.size(),
-                static_cast<double>(b.front().size() * sizeof(float)) / 1048576.0,
+                opt_.zero_stage,
+                opt_.deterministic    ? " deterministic"
+                : opt_.stream_reducer ? " device buffers (stream-ordered, overlapped)"
+                                      : "",
+                b.size(), static_cast<double>(b.front().size() * sizeof(float)) / 1048576.0,
                 static_cast<double>(bytes_saved()) / 1048576.0);
   return buf;
 }
