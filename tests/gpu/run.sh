@@ -9,14 +9,17 @@
 #      NCCL's bootstrap stays on 127.0.0.1: the tests set NCCL_COMM_ID to a loopback port and NCCL_SOCKET_IFNAME=lo.
 #   2. the CUDA kernels: ctest worker_cuda_unit (launch plans, device selection) and worker_cuda_parity (every kernel
 #      of worker/kernels/cuda against its CPU twin on random inputs; fp32 kernels to 1e-5, bf16 cuBLASLt GEMMs to 1e-3).
-#   3. every other test labelled `gpu` (the CPU-vs-GPU equivalence tests of the worker register under that label).
+#   3. with 2 or more GPUs, worker_train_dp_cuda: `railyard-worker train --nproc 2 --device cuda` (gradient buckets
+#      all-reduced over NCCL on a communication stream, overlapping backward) trains to the losses of the same job on
+#      the CPU over Gloo within 2% per step (bf16 GEMM operands); then every other test labelled `gpu` (the CPU-vs-GPU
+#      equivalence tests of the worker register under that label).
 #   4. the throughput benchmark: `railyard-worker train --device cuda` on GPU 0 for gpt2-124m and gpt2-350m (T=1024,
 #      random-init weights, this repo's docs as the token data), tokens/s and MFU against the GPU's dense bf16 peak
 #      (A100 312, H100 SXM / H200 989, H100 NVL 835, H100 PCIe 756 TFLOP/s; RAILYARD_PEAK_TFLOPS overrides, and is
 #      required for other GPUs), printed as a table. Median over the steps after the first 3 (warm-up).
 #      `--device` is the trainer flag of issue #11's device abstraction (branch h/gpudev at the time of writing).
-# A test that CTest reports as Skipped counts as failed here (there is a GPU); worker_comm_nccl_gpu on a 1-GPU machine
-# is listed as "not run" instead (NCCL needs one GPU per rank).
+# A test that CTest reports as Skipped counts as failed here (there is a GPU); worker_comm_nccl_gpu and
+# worker_train_dp_cuda on a 1-GPU machine are listed as "not run" instead (NCCL needs one GPU per rank).
 # Environment: BENCH=0 skips 4; BENCH_STEPS (default 20); BENCH_BATCH_124M (default 16), BENCH_BATCH_350M (default 8):
 # sequences per step (no gradient accumulation); RAILYARD_PEAK_TFLOPS: the peak MFU is measured against.
 # Exit status: 0 when everything checked passed, 1 when a check failed, 2 when there is no GPU.
@@ -36,7 +39,7 @@ driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader -i 0 | head
 
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DRAILYARD_CUDA=ON >/dev/null
 cmake --build "$build" -j"$(nproc)" --target worker_comm_nccl worker_comm_nccl_gpu worker_cuda_unit worker_cuda_parity \
-  railyard-worker railyard
+  worker_train_dp_cuda railyard-worker railyard
 checked=()
 failed=()
 not_run=()
@@ -60,7 +63,13 @@ else
 fi
 run "worker/kernels/cuda launch plans and device selection" -R '^worker_cuda_unit$'
 run "worker/kernels/cuda parity with the CPU kernels (all kernels, cuBLASLt GEMMs)" -R '^worker_cuda_parity$'
-others='^(worker_cuda_parity|worker_comm_nccl_gpu)$'
+if [ "$gpus" -ge 2 ]; then
+  run "data parallelism on CUDA: train --nproc 2 --device cuda over NCCL equals the CPU/Gloo run within 2%" \
+    -R '^worker_train_dp_cuda$'
+else
+  not_run+=("worker_train_dp_cuda: needs 2 GPUs, this machine has $gpus")
+fi
+others='^(worker_cuda_parity|worker_comm_nccl_gpu|worker_train_dp_cuda)$'
 if (cd "$build" && ctest -N -L gpu -E "$others" | grep -q 'Total Tests: [1-9]'); then
   cmake --build "$build" -j"$(nproc)"
   run "other tests labelled gpu: $(cd "$build" && ctest -N -L gpu -E "$others" | grep -c 'Test #')" -L gpu -E "$others"

@@ -83,8 +83,9 @@ Kernels<float>* check_device(Kernels<float>* device, GradSync* sync, ShardedMode
     throw ConfigError(d + ": tensor/pipeline parallelism (--tp/--pp) runs on the CPU only so far: use --device cpu");
   if (sync != nullptr && !sync->device_buffers())
     throw ConfigError(d +
-                      ": this data-parallel reduction works on host buffers (Gloo): reduce over the device's "
-                      "communicator (NCCL: DataParallelOptions::stream_reducer), or use --device cpu");
+                      ": this gradient reduction works on host buffers only (ZeRO --zero and the deterministic mode "
+                      "--deterministic run on the host; multi-process data parallelism on CUDA reduces over NCCL): "
+                      "drop --zero/--deterministic, or use --device cpu");
   return device;
 }
 }  // namespace
