@@ -5,7 +5,8 @@
 # Checks, in order:
 #   1. the NCCL backend of worker/comm: ctest worker_comm_nccl (all-reduce over every GPU, up to 4) and, with 2 or more
 #      GPUs, worker_comm_nccl_gpu (every Communicator operation over NCCL equals the Gloo backend's result on the same
-#      inputs, in the world and in split groups; the watchdog aborts a collective a rank never joins and names it).
+#      inputs, in the world and in split groups; the watchdog aborts a collective a rank never joins and names it;
+#      nccl_stream_reducer, the data-parallel buckets' reducer, orders its all-reduces after another stream's writes).
 #      NCCL's bootstrap stays on 127.0.0.1: the tests set NCCL_COMM_ID to a loopback port and NCCL_SOCKET_IFNAME=lo.
 #   2. the CUDA kernels: ctest worker_cuda_unit (launch plans, device selection) and worker_cuda_parity (every kernel
 #      of worker/kernels/cuda against its CPU twin on random inputs; fp32 kernels to 1e-5, bf16 cuBLASLt GEMMs to 1e-3).
