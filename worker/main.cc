@@ -30,6 +30,7 @@
 #include "worker/comm/connect.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/process_groups.h"
+#include "worker/device/cuda_module.h"
 #include "worker/device/device.h"
 #include "worker/interop/llmc_model.h"
 #include "worker/kernels/cpu/kernels.h"
@@ -43,10 +44,6 @@
 #include "worker/train/perf.h"
 #include "worker/train/train_metrics.h"
 #include "worker/train/trainer.h"
-#ifdef RAILYARD_HAVE_CUDA
-#include "worker/kernels/cuda/cuda_check.h"
-#include "worker/kernels/cuda/cuda_device.h"
-#endif
 #ifdef RAILYARD_WITH_NCCL
 #include "worker/comm/nccl_communicator.h"
 #endif
@@ -607,15 +604,25 @@ int cmd_train(int argc, char** argv) {
                         "slow-factor"});
   if (f.count("nproc")) return launch_train_world(argc, argv, f);
   if (f.count("config")) apply_config_file(f["config"], f);
-    // The device first: a wrong --device / spec.device fails before any data or model is touched.
+  // The device first: a wrong --device / spec.device fails before any data or model is touched.
+  const std::string device_spec = f.count("device") ? f["device"] : "auto";
+  // The CUDA libraries are a module loaded only for CUDA runs (worker/device/cuda_module.h): `cuda`, or `auto` with
+  // GPU device nodes. Its runtime then gives the GPU count resolve_device sees; CPU runs never load it.
+  int visible_gpus = 0;
+  CudaModule* cuda_module = nullptr;
 #ifdef RAILYARD_HAVE_CUDA
-  const int visible_gpus = cuda::device_count();
   const bool built_with_cuda = true;
+  if (device_spec == "cuda" || ((device_spec == "auto" || device_spec.empty()) && gpu_device_nodes() > 0)) {
+    try {
+      cuda_module = &CudaModule::load();
+    } catch (const ConfigError& e) {
+      throw ConfigError(std::string(e.what()) + " (--device " + device_spec + ")");
+    }
+    visible_gpus = cuda_module->device_count();
+  }
 #else
-  const int visible_gpus = 0;
   const bool built_with_cuda = false;
 #endif
-  const std::string device_spec = f.count("device") ? f["device"] : "auto";
   DeviceKind device_kind;
   try {
     device_kind = resolve_device(device_spec, visible_gpus, built_with_cuda);
@@ -626,7 +633,9 @@ int cmd_train(int argc, char** argv) {
             {{"device", device_name(device_kind)},
              {"requested", device_spec},
              {"visible_gpus", std::to_string(visible_gpus)},
-             {"built_with_cuda", built_with_cuda ? "true" : "false"}});
+             {"built_with_cuda", built_with_cuda ? "true" : "false"},
+             {"cuda_module", cuda_module != nullptr ? cuda_module->path() : "not loaded"},
+             {"cudart_mapped", library_mapped("libcudart") ? "true" : "false"}});
   if (!f.count("data")) {
     if (const char* d = std::getenv("RAILYARD_DATA_DIR"); d != nullptr && *d != '\0') f["data"] = d;
   }
@@ -756,9 +765,7 @@ int cmd_train(int argc, char** argv) {
   // The device before the data-parallel reducer, which enqueues on its stream (after join_world: on CUDA that made
   // this rank's GPU current).
   std::unique_ptr<Kernels<float>> device;
-#ifdef RAILYARD_HAVE_CUDA
-  if (device_kind == DeviceKind::kCuda) device = std::make_unique<cuda::CudaKernels>();
-#endif
+  if (device_kind == DeviceKind::kCuda) device = cuda_module->create_kernels();
   const bool model_parallel =
       dist.groups != nullptr && (dist.groups->layout().tp * dist.groups->layout().pp > 1 || tc.cp > 1);
   if (model_parallel) {
@@ -779,12 +786,12 @@ int cmd_train(int argc, char** argv) {
     dpo.zero_stage = dist.zero;
     dpo.deterministic = dist.deterministic;
     dpo.bucket_bytes = dist.bucket_bytes;
-#if defined(RAILYARD_HAVE_CUDA) && defined(RAILYARD_WITH_NCCL)
+#ifdef RAILYARD_WITH_NCCL
     if (dist.device_groups != nullptr && device != nullptr) {
       // Gradient buckets all-reduced over NCCL on their own stream as backward finishes them (docs/parallel.md
       // "Data parallelism on CUDA"); losses and flags still go over the Gloo dp group.
       dist.grad_comm = dist.device_groups->dp().dup("dp-grad");
-      dist.reducer = comm::nccl_stream_reducer(*dist.grad_comm, static_cast<cuda::CudaKernels&>(*device).stream());
+      dist.reducer = comm::nccl_stream_reducer(*dist.grad_comm, device->compute_stream());
       dpo.stream_reducer = dist.reducer.get();
     }
 #endif

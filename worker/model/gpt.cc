@@ -215,6 +215,8 @@ Gpt<T>::Gpt(const GptConfig& config, int B, int Tn, ThreadPool& pool, const Reco
   }
   cpu::init_blas_single_threaded();
   params_ = DeviceBuffer<T>(*dev_, num_parameters(config_));
+  // The device may keep a bf16 copy for its GEMMs (CUDA); it follows init/restore (to_device) and AdamW by itself.
+  dev_->set_weights(params_.data(), params_.size());
   grads_ = DeviceBuffer<T>(*dev_, num_parameters(config_));
   const ActLayout a = act_layout(config_, B, Tn, device_sizes(*dev_, config_, B, Tn), recompute_);
   acts_ = DeviceBuffer<T>(*dev_, a.total());
@@ -353,14 +355,14 @@ void Gpt<T>::layer_forward(size_t l, const T* residual, const LayerActs& a, T* r
   d.matmul_forward(a.qkv, a.ln1, qkvw + l * 3 * C * C, qkvb + 3 * lc, N, C, 3 * C);  // (B,T,3C)
   d.attention_forward(a.atty, a.att, a.qkv, B, Tn, C, NH);                           // (B,T,C), (B,NH,T,T)
   d.matmul_forward(proj_, a.atty, attprojw + l * C * C, attprojb + lc, N, C, C);     // (B,T,C)
-  d.residual_forward(a.res2, residual, proj_, N * C);
-  // MLP block: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
-  d.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, ln2w + lc, ln2b + lc, N, C);
+  // MLP block: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))); residual2 and ln2 in one fused call (the
+  // CPU runs residual_forward then layernorm_forward)
+  d.residual_layernorm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, residual, proj_, ln2w + lc, ln2b + lc, N, C);
   if (config_.moe.experts > 0) {
     moe_forward(l, a, proj_, stats);  // (B,T,C): the gated sum of the token's kept experts
   } else {
-    d.matmul_forward(a.fch, a.ln2, fcw + l * 4 * C * C, fcb + 4 * lc, N, C, 4 * C);  // (B,T,4C)
-    d.gelu_forward(a.fch_gelu, a.fch, N * 4 * C);
+    // fch (B,T,4C) is the pre-activation gelu_backward needs; CUDA: one GEMM with the GELU epilogue
+    d.matmul_gelu_forward(a.fch_gelu, a.fch, a.ln2, fcw + l * 4 * C * C, fcb + 4 * lc, N, C, 4 * C);
     d.matmul_forward(proj_, a.fch_gelu, fcprojw + l * 4 * C * C, fcprojb + lc, N, 4 * C, C);  // (B,T,C)
   }
   d.residual_forward(residual3, a.res2, proj_, N * C);
