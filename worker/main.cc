@@ -29,6 +29,7 @@
 #include "worker/agent/agent_main.h"
 #include "worker/comm/connect.h"
 #include "worker/comm/gloo_communicator.h"
+#include "worker/comm/nccl_module.h"
 #include "worker/comm/process_groups.h"
 #include "worker/device/cuda_module.h"
 #include "worker/device/device.h"
@@ -44,9 +45,6 @@
 #include "worker/train/perf.h"
 #include "worker/train/train_metrics.h"
 #include "worker/train/trainer.h"
-#ifdef RAILYARD_WITH_NCCL
-#include "worker/comm/nccl_communicator.h"
-#endif
 
 using namespace railyard;
 using namespace railyard::worker;
@@ -369,7 +367,20 @@ struct DistSetup {
   size_t bucket_bytes = size_t{25} << 20;
 };
 
-DistSetup join_world(std::map<std::string, std::string>& f, TrainConfig& tc, DeviceKind device, int visible_gpus) {
+// The NCCL backend is in the CUDA module (worker/comm/nccl_module.h): railyard-worker links neither NCCL nor cudart.
+comm::DeviceWorldConnector nccl_world_from(const CudaModule* m) {
+  const auto fn = m != nullptr ? reinterpret_cast<comm::NcclConnectFn>(m->symbol(comm::kNcclConnectSymbol)) : nullptr;
+  if (fn == nullptr) return nullptr;
+  return [fn](const comm::GlooOptions& o, int cuda_device) {
+    char err[1024] = {0};
+    comm::Communicator* c = fn(&o, cuda_device, err, sizeof err);
+    if (c == nullptr) throw comm::CommError(err[0] != '\0' ? err : "connect_nccl failed");
+    return std::unique_ptr<comm::Communicator>(c);
+  };
+}
+
+DistSetup join_world(std::map<std::string, std::string>& f, TrainConfig& tc, DeviceKind device, int visible_gpus,
+                     const CudaModule* cuda_module) {
   DistSetup d;
   const long long zero = to_int(f, "zero", 0);
   if (zero < 0 || zero > 2) throw ConfigError("--zero " + std::to_string(zero) + ": must be 0, 1 or 2");
@@ -406,7 +417,8 @@ DistSetup join_world(std::map<std::string, std::string>& f, TrainConfig& tc, Dev
   const int cuda_device = device == DeviceKind::kCuda
                               ? comm::cuda_device_for(std::atoi(env_or("LOCAL_RANK", "0").c_str()), visible_gpus)
                               : 0;
-  comm::WorkerGroups wg = comm::connect_worker_groups(device, layout, comm::gloo_options_from_env(), cuda_device);
+  comm::WorkerGroups wg = comm::connect_worker_groups(device, layout, comm::gloo_options_from_env(), cuda_device,
+                                                      nccl_world_from(cuda_module));
   d.groups = std::move(wg.host);
   d.device_groups = std::move(wg.device);
   if (tc.cp > 1) {
@@ -731,7 +743,7 @@ int cmd_train(int argc, char** argv) {
     }
   }
   // Joins the world the launcher (--nproc or the agent) describes in RANK/WORLD_SIZE/MASTER_*; one process otherwise.
-  DistSetup dist = join_world(f, tc, device_kind, visible_gpus);
+  DistSetup dist = join_world(f, tc, device_kind, visible_gpus, cuda_module);
   if ((!tc.dp_split.empty() || tc.slow_factor > 1) && dist.groups != nullptr &&
       (dist.groups->layout().tp * dist.groups->layout().pp > 1 || tc.cp > 1))
     throw ConfigError("--dp-split and --slow-ranks apply to plain data parallelism: drop --tp/--pp/--cp");
@@ -786,15 +798,18 @@ int cmd_train(int argc, char** argv) {
     dpo.zero_stage = dist.zero;
     dpo.deterministic = dist.deterministic;
     dpo.bucket_bytes = dist.bucket_bytes;
-#ifdef RAILYARD_WITH_NCCL
     if (dist.device_groups != nullptr && device != nullptr) {
       // Gradient buckets all-reduced over NCCL on their own stream as backward finishes them (docs/parallel.md
       // "Data parallelism on CUDA"); losses and flags still go over the Gloo dp group.
       dist.grad_comm = dist.device_groups->dp().dup("dp-grad");
-      dist.reducer = comm::nccl_stream_reducer(*dist.grad_comm, device->compute_stream());
+      const auto fn = reinterpret_cast<comm::NcclStreamReducerFn>(cuda_module->symbol(comm::kNcclStreamReducerSymbol));
+      char err[1024] = {0};
+      comm::StreamReducer* r =
+          fn != nullptr ? fn(dist.grad_comm.get(), device->compute_stream(), err, sizeof err) : nullptr;
+      if (r == nullptr) throw comm::CommError(std::string("nccl_stream_reducer: ") + err);
+      dist.reducer.reset(r);
       dpo.stream_reducer = dist.reducer.get();
     }
-#endif
     dist.sync = parallel::gpt_data_parallel(dist.groups ? &dist.groups->dp() : nullptr, *cfg, tc, pool, dpo);
   }
   Trainer trainer(*cfg, tc, pool, train, val.get(), dist.sync.get(), dist.sharded.get(), device.get());

@@ -3,9 +3,6 @@
 #include <string>
 
 #include "common/error.h"
-#ifdef RAILYARD_WITH_NCCL
-#include "worker/comm/nccl_communicator.h"
-#endif
 
 namespace railyard::worker::comm {
 
@@ -19,22 +16,20 @@ int cuda_device_for(int local_rank, int visible_gpus) {
   return local_rank;
 }
 
-WorkerGroups connect_worker_groups(DeviceKind device, const Layout& layout, const GlooOptions& options,
-                                   int cuda_device) {
+WorkerGroups connect_worker_groups(DeviceKind device, const Layout& layout, const GlooOptions& options, int cuda_device,
+                                   const DeviceWorldConnector& connect_device_world) {
   WorkerGroups g;
   g.host = std::make_unique<ProcessGroups>(connect_gloo(options), layout);
   if (device != DeviceKind::kCuda) return g;
-#ifdef RAILYARD_WITH_NCCL
+  if (!connect_device_world) {
+    throw ConfigError(
+        "spec.device / --device cuda with more than one process: this railyard-worker has no NCCL backend (its CUDA "
+        "module was built without nccl.h / libnccl): build with NCCL, or use --device cpu");
+  }
   GlooOptions nccl = options;
   nccl.serve_store = false;  // the Gloo world's rank 0 serves the store for as long as g.host lives
-  g.device = std::make_unique<ProcessGroups>(connect_nccl(nccl, cuda_device), layout);
+  g.device = std::make_unique<ProcessGroups>(connect_device_world(nccl, cuda_device), layout);
   return g;
-#else
-  (void)cuda_device;
-  throw ConfigError(
-      "spec.device / --device cuda with more than one process: this railyard-worker was built without NCCL "
-      "(nccl.h / libnccl not found next to the CUDA toolkit): build with NCCL, or use --device cpu");
-#endif
 }
 
 }  // namespace railyard::worker::comm

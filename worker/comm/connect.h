@@ -3,6 +3,7 @@
 // device").
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "worker/comm/gloo_communicator.h"
@@ -26,8 +27,11 @@ struct WorkerGroups {
 // (rank 0 serves the store when options.serve_store), then on CUDA the NCCL world bootstrapped through that store
 // under the generation's prefix ("g<N>/nccl_id"), on GPU `cuda_device`, and both split into the layout's groups.
 // Throws ConfigError for CUDA in a build without NCCL, CommError when a rank or the device fails.
-WorkerGroups connect_worker_groups(DeviceKind device, const Layout& layout, const GlooOptions& options,
-                                   int cuda_device);
+// `connect_device_world` makes the NCCL world (connect_nccl in tests that link NCCL; the CUDA module's entry point in
+// railyard-worker, which must not link NCCL: worker/comm/nccl_module.h); null is refused on CUDA.
+using DeviceWorldConnector = std::function<std::unique_ptr<Communicator>(const GlooOptions& options, int cuda_device)>;
+WorkerGroups connect_worker_groups(DeviceKind device, const Layout& layout, const GlooOptions& options, int cuda_device,
+                                   const DeviceWorldConnector& connect_device_world = nullptr);
 
 // The GPU of a worker process: its LOCAL_RANK (the agent starts one process per GPU of the pod). ConfigError naming
 // LOCAL_RANK when this host shows fewer GPUs.

@@ -51,10 +51,14 @@ class CudaModule {
   int device_count() const { return device_count_(); }
   // The CUDA device interface on the current device; throws Error with the module's message (no usable GPU).
   std::unique_ptr<Kernels<float>> create_kernels() const;
+  // Another entry point of the module (e.g. the NCCL backend's, worker/comm/nccl_module.h); null when it has none
+  // (a module built without NCCL).
+  void* symbol(const char* name) const;
 
  private:
   CudaModule() = default;
   std::string path_;
+  void* handle_ = nullptr;
   CudaModuleDeviceCountFn device_count_ = nullptr;
   CudaModuleCreateFn create_ = nullptr;
 };

@@ -145,7 +145,7 @@ TEST_CASE("connect_worker_groups: Gloo groups on the CPU; on CUDA the NCCL world
       o.prefix = "g2";
       o.store_port = port2;
       try {
-        connect_worker_groups(railyard::worker::DeviceKind::kCuda, layout, o, 0);
+        connect_worker_groups(railyard::worker::DeviceKind::kCuda, layout, o, 0, connect_nccl);
         errors[static_cast<size_t>(r)] = "no error";
       } catch (const std::exception& e) {
         errors[static_cast<size_t>(r)] = e.what();
