@@ -438,10 +438,10 @@ DistSetup join_world(std::map<std::string, std::string>& f, TrainConfig& tc, Dev
 }
 
 // --ep/--ep-a2a/--ep-node-size: expert-parallel groups of consecutive dp ranks (docs/parallel.md "Expert
-// parallelism"), installed in the trainer's model. Null without --ep (or --ep 1).
+// parallelism"), installed in the trainer's model by attach(). Null without --ep (or --ep 1).
 std::unique_ptr<parallel::ExpertParallel> join_expert_parallel(std::map<std::string, std::string>& f,
                                                                const GptConfig& cfg, const TrainConfig& tc,
-                                                               DistSetup& dist, Trainer& trainer) {
+                                                               DistSetup& dist) {
   parallel::ExpertParallelOptions o;
   o.ep = static_cast<int>(to_int(f, "ep", 1));
   o.algorithm = f.count("ep-a2a") ? f["ep-a2a"] : "flat";
@@ -455,15 +455,26 @@ std::unique_ptr<parallel::ExpertParallel> join_expert_parallel(std::map<std::str
   parallel::validate_expert_parallel(cfg, o, l.dp, l.tp, l.pp, dist.zero, dist.deterministic, !tc.dp_split.empty());
   if (o.ep == 1) return nullptr;
   auto ep = std::make_unique<parallel::ExpertParallel>(dist.groups->dp(), o);
-  ep->attach(trainer.model());
   log::info("worker", "expert parallel", {{"layout", ep->describe()}});
   return ep;
+}
+
+// Expert-parallel storage: a rank holds only its ep group's share of the experts (E/ep per layer), reduced over the
+// dp ranks holding the same ones. ZeRO and --deterministic keep the full layout (docs/parallel.md).
+bool expert_storage_sharded(const parallel::ExpertParallel* ep, const DistSetup& dist) {
+  return ep != nullptr && dist.zero == 0 && !dist.deterministic;
 }
 
 // The checkpoint's tensor list: the full model, or a tp/pp stage's slices (shard_map), and with ZeRO over dp the
 // parameters plus this rank's owned ranges of the moments (of the llm.c buffer, or of the stage's local buffer mapped
 // through its shard_map). Every layout saves the same global tensors, so any checkpoint loads into any layout.
-std::vector<ShardSpec> checkpoint_shards(const GptConfig& cfg, Trainer& trainer, const DistSetup& dist) {
+std::vector<ShardSpec> checkpoint_shards(const GptConfig& cfg, Trainer& trainer, const DistSetup& dist,
+                                         parallel::ExpertParallel* ep) {
+  if (expert_storage_sharded(ep, dist)) {
+    comm::Communicator& edp = ep->expert_data_parallel();
+    return expert_shard_state_shards(trainer.model().config(), trainer.state(), dist.groups->dp().rank(),
+                                     dist.groups->dp().size(), edp.rank(), edp.size());
+  }
   if (dist.sharded == nullptr && dist.zero == 0) return full_state_shards(cfg, trainer.state());
   std::vector<OwnedRange> owned;
   if (dist.zero > 0) {
@@ -761,7 +772,12 @@ int cmd_train(int argc, char** argv) {
 
   const int threads = threads_from(f);
   // Refuse up front what cannot fit, instead of dying in an allocation or the OOM killer later.
-  const MemoryBudget need = memory_budget(*cfg, tc.batch, tc.seq_len, threads, tc.recompute);
+  // With expert-parallel storage a rank holds E/ep experts (every shard the same size); a bad --ep is refused below.
+  const int ep_flag = static_cast<int>(to_int(f, "ep", 1));
+  const bool ep_storage =
+      ep_flag > 1 && cfg->moe.experts > 0 && cfg->moe.experts % ep_flag == 0 && dist.zero == 0 && !dist.deterministic;
+  const MemoryBudget need = memory_budget(ep_storage ? expert_shard_config(*cfg, ep_flag, 0) : *cfg, tc.batch,
+                                          tc.seq_len, threads, tc.recompute);
   const double phys = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
   if (phys > 0 && static_cast<double>(need.total()) > phys) {
     char buf[160];
@@ -793,7 +809,13 @@ int cmd_train(int argc, char** argv) {
       dpo.bucket_bytes = dist.bucket_bytes;
       dist.sync = parallel::parallel_gpt_data_parallel(&g.dp(), *dist.sharded, mg, tc, pool, dpo);
     }
-  } else if (dist.groups != nullptr || dist.deterministic || dist.zero > 0) {
+  }
+  std::unique_ptr<parallel::ExpertParallel> expert_parallel = join_expert_parallel(f, *cfg, tc, dist);
+  // The layout of this rank's buffers: the global one, or with expert-parallel storage its E/ep experts per layer.
+  const GptConfig model_cfg =
+      expert_storage_sharded(expert_parallel.get(), dist) ? expert_parallel->local_config(*cfg) : *cfg;
+  if (model_cfg.moe.expert_shards > 1) log::info("worker", "expert storage", {{"model", describe(model_cfg)}});
+  if (!model_parallel && (dist.groups != nullptr || dist.deterministic || dist.zero > 0)) {
     parallel::DataParallelOptions dpo;
     dpo.zero_stage = dist.zero;
     dpo.deterministic = dist.deterministic;
@@ -810,11 +832,15 @@ int cmd_train(int argc, char** argv) {
       dist.reducer.reset(r);
       dpo.stream_reducer = dist.reducer.get();
     }
-    dist.sync = parallel::gpt_data_parallel(dist.groups ? &dist.groups->dp() : nullptr, *cfg, tc, pool, dpo);
+    if (expert_storage_sharded(expert_parallel.get(), dist)) {
+      dpo.group_spans =
+          parallel::expert_group_spans(model_cfg, &expert_parallel->expert_data_parallel(), &expert_parallel->group());
+    }
+    dist.sync = parallel::gpt_data_parallel(dist.groups ? &dist.groups->dp() : nullptr, model_cfg, tc, pool, dpo);
   }
-  Trainer trainer(*cfg, tc, pool, train, val.get(), dist.sync.get(), dist.sharded.get(), device.get());
+  Trainer trainer(model_cfg, tc, pool, train, val.get(), dist.sync.get(), dist.sharded.get(), device.get());
   if (dist.groups != nullptr) trainer.set_layout(dist.groups->describe());
-  std::unique_ptr<parallel::ExpertParallel> expert_parallel = join_expert_parallel(f, *cfg, tc, dist, trainer);
+  if (expert_parallel) expert_parallel->attach(trainer.model());
   // Metrics: the same numbers as the step log line, for Prometheus and railyard-monitor.
   std::optional<int64_t> metrics_port;
   if (f.count("metrics-port")) {
@@ -883,7 +909,7 @@ int cmd_train(int argc, char** argv) {
     rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
   }
   co.layout = nlohmann::json{{"dp", 1}, {"tp", 1}, {"pp", 1}, {"zero", dist.zero}};
-  std::vector<ShardSpec> ckpt_shards = checkpoint_shards(*cfg, trainer, dist);
+  std::vector<ShardSpec> ckpt_shards = checkpoint_shards(*cfg, trainer, dist, expert_parallel.get());
   if (const int world = std::atoi(env_or("WORLD_SIZE", "1").c_str()); world > 1) {
     // Every rank of the world saves into the same directory under its global rank, with one run id for all ranks
     // of this world; data-parallel replicas split the writes of their identical state, and all ranks stop at the
@@ -897,7 +923,8 @@ int cmd_train(int argc, char** argv) {
     if (dist.groups != nullptr) {
       const auto& l = dist.groups->layout();
       co.layout = nlohmann::json{{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"zero", dist.zero}};
-      if (dist.sharded == nullptr && dist.zero == 0) {  // stage slices and ZeRO lists carry their own split
+      // Stage slices, ZeRO lists and expert shards carry their own split.
+      if (dist.sharded == nullptr && dist.zero == 0 && !expert_storage_sharded(expert_parallel.get(), dist)) {
         for (auto& s : ckpt_shards) {
           s.replica_index = dist.groups->dp().rank();
           s.num_replicas = dist.groups->dp().size();
