@@ -27,7 +27,9 @@
 #include "common/path_roots.h"
 #include "common/rendezvous_protocol.h"
 #include "worker/agent/agent_main.h"
+#include "worker/comm/connect.h"
 #include "worker/comm/gloo_communicator.h"
+#include "worker/comm/nccl_module.h"
 #include "worker/comm/process_groups.h"
 #include "worker/device/cuda_module.h"
 #include "worker/device/device.h"
@@ -351,8 +353,13 @@ void apply_config_file(const std::string& path, std::map<std::string, std::strin
 
 // The distributed side of `train` (docs/parallel.md "Running it").
 struct DistSetup {
-  std::unique_ptr<comm::ProcessGroups> groups;  // null: one process
-  std::unique_ptr<comm::Communicator> cp;       // --cp > 1: this rank's block of cp consecutive dp ranks
+  std::unique_ptr<comm::ProcessGroups> groups;  // null: one process. Gloo: host buffers (and CPU tensors)
+  // CUDA: the same layout over NCCL (comm::connect_worker_groups), the gradient buckets' dup of its dp group and the
+  // stream-ordered reducer on it (declared before `sync`, which uses it).
+  std::unique_ptr<comm::ProcessGroups> device_groups;
+  std::unique_ptr<comm::Communicator> grad_comm;
+  std::unique_ptr<comm::StreamReducer> reducer;
+  std::unique_ptr<comm::Communicator> cp;  // --cp > 1: this rank's block of cp consecutive dp ranks
   std::unique_ptr<parallel::DataParallel> sync;
   std::unique_ptr<parallel::ParallelGpt> sharded;  // tp * pp > 1
   int zero = 0;
@@ -360,22 +367,40 @@ struct DistSetup {
   size_t bucket_bytes = size_t{25} << 20;
 };
 
+// The NCCL backend is in the CUDA module (worker/comm/nccl_module.h): railyard-worker links neither NCCL nor cudart.
+comm::DeviceWorldConnector nccl_world_from(const CudaModule* m) {
+  const auto fn = m != nullptr ? reinterpret_cast<comm::NcclConnectFn>(m->symbol(comm::kNcclConnectSymbol)) : nullptr;
+  if (fn == nullptr) return nullptr;
+  return [fn](const comm::GlooOptions& o, int cuda_device) {
+    char err[1024] = {0};
+    comm::Communicator* c = fn(&o, cuda_device, err, sizeof err);
+    if (c == nullptr) throw comm::CommError(err[0] != '\0' ? err : "connect_nccl failed");
+    return std::unique_ptr<comm::Communicator>(c);
+  };
+}
+
 // The communicators of the tensor/pipeline-parallel stage (tp, pp, the tied-embedding pair, cp). On the CPU they are
-// the Gloo process groups. On CUDA the stage hands them device memory (GptStage, ParallelModel), so they must be NCCL
-// communicators over the same ranks: the one place to wire the NCCL factory of worker/comm (issue #11, docs/gpu.md
-// "Tensor and pipeline parallelism on CUDA"). Until it is, CUDA is refused here with the fix.
+// the Gloo process groups. On CUDA the stage hands them device memory (GptStage, ParallelModel), so they are the NCCL
+// groups over the same ranks (comm::connect_worker_groups; docs/gpu.md "Tensor and pipeline parallelism on CUDA").
 parallel::ModelGroups model_parallel_groups(DistSetup& d, DeviceKind device) {
-  comm::ProcessGroups& g = *d.groups;
   if (device == DeviceKind::kCuda) {
-    throw ConfigError(
-        "--tp/--pp/--cp with spec.device / --device cuda: the model-parallel stage runs on the device, but its "
-        "communicators are still the Gloo groups (host memory); the NCCL groups are not wired here yet: use "
-        "--device cpu");
+    if (d.cp != nullptr) {
+      throw ConfigError("--cp with spec.device / --device cuda: ring attention runs on the host only so far: use "
+                        "--device cpu or drop --cp");
+    }
+    if (d.device_groups == nullptr) {
+      throw ConfigError("--tp/--pp with spec.device / --device cuda: no NCCL groups were built (a CUDA build with the "
+                        "NCCL backend is needed): use --device cpu");
+    }
+    comm::ProcessGroups& g = *d.device_groups;
+    return {&g.tp(), &g.pp(), g.embedding(), nullptr};
   }
+  comm::ProcessGroups& g = *d.groups;
   return {&g.tp(), &g.pp(), g.embedding(), d.cp.get()};
 }
 
-DistSetup join_world(std::map<std::string, std::string>& f, TrainConfig& tc) {
+DistSetup join_world(std::map<std::string, std::string>& f, TrainConfig& tc, DeviceKind device, int visible_gpus,
+                     const CudaModule* cuda_module) {
   DistSetup d;
   const long long zero = to_int(f, "zero", 0);
   if (zero < 0 || zero > 2) throw ConfigError("--zero " + std::to_string(zero) + ": must be 0, 1 or 2");
@@ -408,7 +433,14 @@ DistSetup join_world(std::map<std::string, std::string>& f, TrainConfig& tc) {
     throw ConfigError("--cp " + std::to_string(tc.cp) + ": WORLD_SIZE / (tp*pp) = " + std::to_string(layout.dp) +
                       " ranks must be a multiple of cp (dp x cp), and --deterministic is not supported with it");
   }
-  d.groups = std::make_unique<comm::ProcessGroups>(comm::connect_gloo(comm::gloo_options_from_env()), layout);
+  // One place builds the groups by device (Gloo on the CPU; Gloo for host values plus NCCL on CUDA).
+  const int cuda_device = device == DeviceKind::kCuda
+                              ? comm::cuda_device_for(std::atoi(env_or("LOCAL_RANK", "0").c_str()), visible_gpus)
+                              : 0;
+  comm::WorkerGroups wg = comm::connect_worker_groups(device, layout, comm::gloo_options_from_env(), cuda_device,
+                                                      nccl_world_from(cuda_module));
+  d.groups = std::move(wg.host);
+  d.device_groups = std::move(wg.device);
   if (tc.cp > 1) {
     // cp consecutive ranks of the dp group share a replica's sequences; the gradient reduction stays over all dp x cp
     comm::Communicator& dp = d.groups->dp();
@@ -615,7 +647,7 @@ int cmd_train(int argc, char** argv) {
                         "slow-factor"});
   if (f.count("nproc")) return launch_train_world(argc, argv, f);
   if (f.count("config")) apply_config_file(f["config"], f);
-    // The device first: a wrong --device / spec.device fails before any data or model is touched.
+  // The device first: a wrong --device / spec.device fails before any data or model is touched.
   const std::string device_spec = f.count("device") ? f["device"] : "auto";
   // The CUDA libraries are a module loaded only for CUDA runs (worker/device/cuda_module.h): `cuda`, or `auto` with
   // GPU device nodes. Its runtime then gives the GPU count resolve_device sees; CPU runs never load it.
@@ -742,7 +774,7 @@ int cmd_train(int argc, char** argv) {
     }
   }
   // Joins the world the launcher (--nproc or the agent) describes in RANK/WORLD_SIZE/MASTER_*; one process otherwise.
-  DistSetup dist = join_world(f, tc);
+  DistSetup dist = join_world(f, tc, device_kind, visible_gpus, cuda_module);
   if ((!tc.dp_split.empty() || tc.slow_factor > 1) && dist.groups != nullptr &&
       (dist.groups->layout().tp * dist.groups->layout().pp > 1 || tc.cp > 1))
     throw ConfigError("--dp-split and --slow-ranks apply to plain data parallelism: drop --tp/--pp/--cp");
@@ -778,6 +810,10 @@ int cmd_train(int argc, char** argv) {
   if (split != "pool" && split != "openblas") throw ConfigError("--gemm-split must be pool or openblas");
   ThreadPool pool(threads);
   cpu::set_gemm_threading(split == "pool" ? cpu::GemmThreading::kPool : cpu::GemmThreading::kOpenBlas, threads);
+  // The device before the data-parallel reducer, which enqueues on its stream (after join_world: on CUDA that made
+  // this rank's GPU current).
+  std::unique_ptr<Kernels<float>> device;
+  if (device_kind == DeviceKind::kCuda) device = cuda_module->create_kernels();
   const bool model_parallel =
       dist.groups != nullptr && (dist.groups->layout().tp * dist.groups->layout().pp > 1 || tc.cp > 1);
   // The device before the model: a tensor/pipeline-parallel stage allocates on it.
@@ -807,6 +843,18 @@ int cmd_train(int argc, char** argv) {
     dpo.zero_stage = dist.zero;
     dpo.deterministic = dist.deterministic;
     dpo.bucket_bytes = dist.bucket_bytes;
+    if (dist.device_groups != nullptr && device != nullptr) {
+      // Gradient buckets all-reduced over NCCL on their own stream as backward finishes them (docs/parallel.md
+      // "Data parallelism on CUDA"); losses and flags still go over the Gloo dp group.
+      dist.grad_comm = dist.device_groups->dp().dup("dp-grad");
+      const auto fn = reinterpret_cast<comm::NcclStreamReducerFn>(cuda_module->symbol(comm::kNcclStreamReducerSymbol));
+      char err[1024] = {0};
+      comm::StreamReducer* r =
+          fn != nullptr ? fn(dist.grad_comm.get(), device->compute_stream(), err, sizeof err) : nullptr;
+      if (r == nullptr) throw comm::CommError(std::string("nccl_stream_reducer: ") + err);
+      dist.reducer.reset(r);
+      dpo.stream_reducer = dist.reducer.get();
+    }
     if (expert_storage_sharded(expert_parallel.get(), dist)) {
       dpo.group_spans =
           parallel::expert_group_spans(model_cfg, &expert_parallel->expert_data_parallel(), &expert_parallel->group());

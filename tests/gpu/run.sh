@@ -5,20 +5,24 @@
 # Checks, in order:
 #   1. the NCCL backend of worker/comm: ctest worker_comm_nccl (all-reduce over every GPU, up to 4) and, with 2 or more
 #      GPUs, worker_comm_nccl_gpu (every Communicator operation over NCCL equals the Gloo backend's result on the same
-#      inputs, in the world and in split groups; the watchdog aborts a collective a rank never joins and names it).
+#      inputs, in the world and in split groups; the watchdog aborts a collective a rank never joins and names it;
+#      nccl_stream_reducer, the data-parallel buckets' reducer, orders its all-reduces after another stream's writes).
 #      NCCL's bootstrap stays on 127.0.0.1: the tests set NCCL_COMM_ID to a loopback port and NCCL_SOCKET_IFNAME=lo.
 #   2. the CUDA kernels: ctest worker_cuda_unit (launch plans, device selection) and worker_cuda_parity (every kernel
 #      of worker/kernels/cuda against its CPU twin on random inputs; fp32 kernels to 1e-5, bf16 cuBLASLt GEMMs to 1e-3).
 #   2b. with 2+ GPUs, worker_cuda_stage_nccl: the tensor/pipeline-parallel model (ParallelModel on CudaKernels, NCCL
 #      groups) at tp=2, pp=2 and, with 4+ GPUs, tp=2 x pp=2 against the same layout on the CPU over Gloo.
-#   3. every other test labelled `gpu` (the CPU-vs-GPU equivalence tests of the worker register under that label).
+#   3. with 2 or more GPUs, worker_train_dp_cuda: `railyard-worker train --nproc 2 --device cuda` (gradient buckets
+#      all-reduced over NCCL on a communication stream, overlapping backward) trains to the losses of the same job on
+#      the CPU over Gloo within 2% per step (bf16 GEMM operands); then every other test labelled `gpu` (the CPU-vs-GPU
+#      equivalence tests of the worker register under that label).
 #   4. the throughput benchmark: `railyard-worker train --device cuda` on GPU 0 for gpt2-124m and gpt2-350m (T=1024,
 #      random-init weights, this repo's docs as the token data), tokens/s and MFU against the GPU's dense bf16 peak
 #      (A100 312, H100 SXM / H200 989, H100 NVL 835, H100 PCIe 756 TFLOP/s; RAILYARD_PEAK_TFLOPS overrides, and is
 #      required for other GPUs), printed as a table. Median over the steps after the first 3 (warm-up).
 #      `--device` is the trainer flag of issue #11's device abstraction (branch h/gpudev at the time of writing).
-# A test that CTest reports as Skipped counts as failed here (there is a GPU); worker_comm_nccl_gpu on a 1-GPU machine
-# is listed as "not run" instead (NCCL needs one GPU per rank).
+# A test that CTest reports as Skipped counts as failed here (there is a GPU); worker_comm_nccl_gpu and
+# worker_train_dp_cuda on a 1-GPU machine are listed as "not run" instead (NCCL needs one GPU per rank).
 # Environment: BENCH=0 skips 4; BENCH_STEPS (default 20); BENCH_BATCH_124M (default 16), BENCH_BATCH_350M (default 8):
 # sequences per step (no gradient accumulation); RAILYARD_PEAK_TFLOPS: the peak MFU is measured against.
 # Exit status: 0 when everything checked passed, 1 when a check failed, 2 when there is no GPU.
@@ -38,7 +42,7 @@ driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader -i 0 | head
 
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DRAILYARD_CUDA=ON >/dev/null
 cmake --build "$build" -j"$(nproc)" --target worker_comm_nccl worker_comm_nccl_gpu worker_cuda_unit worker_cuda_parity \
-  worker_cuda_stage_nccl railyard-worker railyard
+  worker_cuda_stage_nccl worker_train_dp_cuda railyard-worker railyard
 checked=()
 failed=()
 not_run=()
@@ -68,7 +72,13 @@ if [ "$gpus" -ge 2 ]; then
 else
   not_run+=("worker_cuda_stage_nccl: needs 2 GPUs, this machine has $gpus")
 fi
-others='^(worker_cuda_parity|worker_comm_nccl_gpu|worker_cuda_stage_nccl)$'
+if [ "$gpus" -ge 2 ]; then
+  run "data parallelism on CUDA: train --nproc 2 --device cuda over NCCL equals the CPU/Gloo run within 2%" \
+    -R '^worker_train_dp_cuda$'
+else
+  not_run+=("worker_train_dp_cuda: needs 2 GPUs, this machine has $gpus")
+fi
+others='^(worker_cuda_parity|worker_comm_nccl_gpu|worker_cuda_stage_nccl|worker_train_dp_cuda)$'
 if (cd "$build" && ctest -N -L gpu -E "$others" | grep -q 'Total Tests: [1-9]'); then
   cmake --build "$build" -j"$(nproc)"
   run "other tests labelled gpu: $(cd "$build" && ctest -N -L gpu -E "$others" | grep -c 'Test #')" -L gpu -E "$others"

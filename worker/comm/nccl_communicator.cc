@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "worker/comm/nccl_bootstrap.h"
 #include "worker/comm/tcp_store.h"
 #include "worker/comm/watchdog.h"
 
@@ -380,6 +381,8 @@ class NcclCommunicator : public Communicator {
     st_->abort_comm();
   }
 
+  const std::shared_ptr<State>& state() const { return st_; }
+
  private:
   std::unique_ptr<Request> post(void* buf, size_t count, DType dtype, int peer, uint32_t tag, bool is_send) {
     (void)tag;  // NCCL matches sends and receives by order per peer; callers keep one order per (peer, tag) anyway
@@ -402,7 +405,82 @@ void NcclRequest::wait() {
   st_->wait_request(batch_, is_send_, peer_);
 }
 
+// Bucketed gradient reduction overlapped with backward: ordering is by events between the compute stream and the
+// communicator's stream, so the host never waits until wait(). One `ready` event serves every bucket: a
+// cudaStreamWaitEvent waits for the record made just before it, and later records do not change that.
+class NcclStreamReducer final : public StreamReducer {
+ public:
+  NcclStreamReducer(std::shared_ptr<State> st, cudaStream_t compute) : st_(std::move(st)), compute_(compute) {
+    cuda_check(cudaSetDevice(st_->device), st_->where("stream reducer") + ": cudaSetDevice");
+    cuda_check(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming),
+               st_->where("stream reducer") + ": cudaEventCreate");
+    cuda_check(cudaEventCreateWithFlags(&finished_, cudaEventDisableTiming),
+               st_->where("stream reducer") + ": cudaEventCreate");
+  }
+  ~NcclStreamReducer() override {
+    if (pending_ > 0 && st_->comm != nullptr) cudaStreamSynchronize(st_->stream);  // buffers outlive the reductions
+    if (ready_) cudaEventDestroy(ready_);
+    if (finished_) cudaEventDestroy(finished_);
+  }
+
+  void all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) override {
+    const std::string what = "all_reduce (bucket " + std::to_string(pending_) + ", overlapped)";
+    st_->check_usable(what);
+    st_->flush(what);
+    cuda_check(cudaSetDevice(st_->device), st_->where(what) + ": cudaSetDevice");
+    cuda_check(cudaEventRecord(ready_, compute_), st_->where(what) + ": cudaEventRecord on the compute stream");
+    cuda_check(cudaStreamWaitEvent(st_->stream, ready_, 0), st_->where(what) + ": cudaStreamWaitEvent");
+    const size_t bytes = count * dtype_size(dtype);
+    WatchedOp watched(*st_->dog, what + " launch", st_->name, bytes, st_->timeout);
+    st_->nccl_call(
+        st_->locked(
+            what,
+            [&] { return ncclAllReduce(buf, buf, count, nccl_type(dtype), nccl_op(op), st_->comm, st_->stream); }),
+        what, "ncclAllReduce");
+    st_->wait_done(what, nullptr);  // enqueued (a non-blocking communicator may still be launching)
+    ++pending_;
+    bytes_ += bytes;
+  }
+
+  void wait() override {
+    if (pending_ == 0) return;
+    const std::string what = "all_reduce of " + std::to_string(pending_) + " overlapped buckets";
+    cuda_check(cudaEventRecord(finished_, st_->stream), st_->where(what) + ": cudaEventRecord");
+    {
+      WatchedOp watched(*st_->dog, what, st_->name, bytes_, st_->timeout);
+      st_->wait_done(what, finished_);
+    }
+    // The host has seen them finish; the stream order says it too, for kernels enqueued from here on.
+    cuda_check(cudaStreamWaitEvent(compute_, finished_, 0), st_->where(what) + ": cudaStreamWaitEvent");
+    pending_ = 0;
+    bytes_ = 0;
+  }
+  size_t pending() const override { return pending_; }
+
+ private:
+  std::shared_ptr<State> st_;
+  cudaStream_t compute_;
+  cudaEvent_t ready_ = nullptr, finished_ = nullptr;
+  size_t pending_ = 0, bytes_ = 0;
+};
+
 }  // namespace
+
+std::unique_ptr<StreamReducer> nccl_stream_reducer(Communicator& comm, void* compute_stream) {
+  auto* nccl = dynamic_cast<NcclCommunicator*>(&comm);
+  if (nccl == nullptr) {
+    throw std::invalid_argument("nccl_stream_reducer: group '" + comm.name() +
+                                "' is not an NCCL communicator (device buffers need connect_nccl's groups)");
+  }
+  return std::make_unique<NcclStreamReducer>(nccl->state(), static_cast<cudaStream_t>(compute_stream));
+}
+
+std::vector<char> nccl_unique_id() {
+  ncclUniqueId id;
+  const ncclResult_t r = ncclGetUniqueId(&id);
+  if (r != ncclSuccess) throw CommError(std::string("ncclGetUniqueId: ") + ncclGetErrorString(r));
+  return std::vector<char>(id.internal, id.internal + sizeof id.internal);
+}
 
 std::unique_ptr<Communicator> connect_nccl(const GlooOptions& o, int cuda_device) {
   if (o.size < 1 || o.rank < 0 || o.rank >= o.size) {
@@ -430,13 +508,7 @@ std::unique_ptr<Communicator> connect_nccl(const GlooOptions& o, int cuda_device
   }
   st->boot->store = std::make_unique<TcpStore>(o.store_host, o.store_port, o.prefix, o.timeout, o.store_token);
   ncclUniqueId id;
-  if (o.rank == 0) {
-    ncclResult_t r = ncclGetUniqueId(&id);
-    if (r != ncclSuccess) throw CommError(st->where(op) + ": ncclGetUniqueId: " + ncclGetErrorString(r));
-    st->boot->store->set("nccl_id", std::vector<char>(id.internal, id.internal + sizeof id.internal));
-  }
-  auto bytes = st->boot->store->get("nccl_id");
-  if (bytes.size() != sizeof id.internal) throw CommError(st->where(op) + ": malformed nccl_id in the store");
+  const auto bytes = exchange_nccl_id(*st->boot->store, o.rank, sizeof id.internal, nccl_unique_id);
   std::memcpy(id.internal, bytes.data(), sizeof id.internal);
 
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;

@@ -91,11 +91,14 @@ CudaModule& CudaModule::load(const std::string& path) {
   }
   auto* m = new CudaModule();  // lives as long as the process, like the mapping
   m->path_ = path;
+  m->handle_ = h;
   m->device_count_ = reinterpret_cast<CudaModuleDeviceCountFn>(sym(kCudaModuleDeviceCountSymbol));
   m->create_ = reinterpret_cast<CudaModuleCreateFn>(sym(kCudaModuleCreateSymbol));
   loaded = m;
   return *m;
 }
+
+void* CudaModule::symbol(const char* name) const { return dlsym(handle_, name); }
 
 std::unique_ptr<Kernels<float>> CudaModule::create_kernels() const {
   char err[1024] = {0};

@@ -14,7 +14,7 @@
 namespace railyard::worker {
 
 // Bumped whenever Kernels<T> (kernels.h) or the entry points below change: a module from another build is refused.
-constexpr int kCudaModuleAbi = 3;
+constexpr int kCudaModuleAbi = 4;
 
 // The entry points the module exports (extern "C", no name mangling). create_kernels returns null and writes a
 // message into err (at most err_len bytes, NUL-terminated) when it fails (no usable GPU).
@@ -51,10 +51,14 @@ class CudaModule {
   int device_count() const { return device_count_(); }
   // The CUDA device interface on the current device; throws Error with the module's message (no usable GPU).
   std::unique_ptr<Kernels<float>> create_kernels() const;
+  // Another entry point of the module (e.g. the NCCL backend's, worker/comm/nccl_module.h); null when it has none
+  // (a module built without NCCL).
+  void* symbol(const char* name) const;
 
  private:
   CudaModule() = default;
   std::string path_;
+  void* handle_ = nullptr;
   CudaModuleDeviceCountFn device_count_ = nullptr;
   CudaModuleCreateFn create_ = nullptr;
 };

@@ -154,6 +154,11 @@ class Kernels : public DeviceMemory {
   virtual void accumulate(T* out, const T* in, size_t n) = 0;
   // dst (n) = src (n), both device memory (a stage's d(input) leaving for the previous pipeline stage).
   virtual void copy(T* dst, const T* src, size_t n) = 0;
+
+  // ---- Communication ordered after the kernels (issue #11, data parallelism on CUDA). The stream this device
+  // enqueues its kernels on (a cudaStream_t on CUDA), so a communicator can order its work after them
+  // (comm::nccl_stream_reducer); null on devices whose kernels have finished when they return (the CPU).
+  virtual void* compute_stream() { return nullptr; }
 };
 
 }  // namespace railyard::worker

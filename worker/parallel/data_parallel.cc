@@ -55,6 +55,16 @@ DataParallel::DataParallel(comm::Communicator* dp, size_t num_params, std::vecto
     throw ConfigError("--zero " + std::to_string(opt_.zero_stage) + ": the ZeRO stage must be 0, 1 or 2");
   }
   if (options.bucket_bytes < sizeof(float)) throw ConfigError("--bucket-mb must be positive");
+  if (opt_.stream_reducer != nullptr && !opt_.group_spans.empty()) {
+    throw ConfigError(
+        "--device cuda with expert-parallel storage (--ep): sub-group gradient spans are reduced on host "
+        "buffers only (and experts are CPU-only so far): use --device cpu");
+  }
+  if (opt_.stream_reducer != nullptr && (opt_.zero_stage > 0 || opt_.deterministic)) {
+    throw ConfigError(std::string("--device cuda with ") + (opt_.deterministic ? "--deterministic" : "--zero") +
+                      ": data parallelism on device buffers averages buckets only (ZeRO's sharded optimizer and the "
+                      "deterministic tree run on host buffers): drop it, or use --device cpu");
+  }
   chunk_ = (n_ + static_cast<size_t>(size_) - 1) / static_cast<size_t>(size_);
   if (opt_.deterministic && opt_.zero_stage > 0) chunk_ = layout_.buckets().front().piece;  // own piece = own chunk
   if (opt_.zero_stage > 0) {
@@ -80,7 +90,7 @@ DataParallel::DataParallel(comm::Communicator* dp, size_t num_params, std::vecto
       if (size_ > 1) span_comms_.push_back(g.reduce->dup(g.reduce->name() + "-grad"));
     }
   }
-  if (size_ > 1 && !opt_.deterministic) {
+  if (size_ > 1 && !opt_.deterministic && opt_.stream_reducer == nullptr) {
     grad_comm_ = dp_->dup("dp-grad");
     thread_ = std::thread([this] { reducer_loop(); });
   }
@@ -116,6 +126,15 @@ void DataParallel::grads_ready(size_t offset, size_t count) {
     remaining_[b] -= take;
     i += take;
     if (remaining_[b] != 0) continue;
+    if (opt_.stream_reducer != nullptr) {
+      // Device buffers: enqueued behind the backward kernels that produced the bucket, overlapping the rest.
+      const auto& k = layout_.buckets()[b];
+      if (size_ > 1)
+        opt_.stream_reducer->all_reduce(grads_ + k.begin, k.size(), comm::DType::kFloat32, comm::ReduceOp::kAvg);
+      ++enqueued_;
+      ++done_;
+      continue;
+    }
     if (!thread_.joinable()) {
       reduce_bucket(b);  // one replica: nothing to overlap with
       ++enqueued_;
@@ -332,6 +351,7 @@ void DataParallel::finish(float* grads) {
                 " gradient elements as final (the model's grad-ready hook is incomplete)");
   }
   cv_.wait(lk, [&] { return done_ == enqueued_; });
+  if (opt_.stream_reducer != nullptr) opt_.stream_reducer->wait();
   comm_seconds_ += since(t0);
   if (error_) std::rethrow_exception(error_);
 }
@@ -442,8 +462,11 @@ std::string DataParallel::describe() const {
   char buf[256];
   const auto& b = layout_.buckets();
   std::snprintf(buf, sizeof(buf), "dp=%d zero=%d%s buckets=%zu x %.2f MiB, optimizer state saved %.2f MiB/rank", size_,
-                opt_.zero_stage, opt_.deterministic ? " deterministic" : "", b.size(),
-                static_cast<double>(b.front().size() * sizeof(float)) / 1048576.0,
+                opt_.zero_stage,
+                opt_.deterministic    ? " deterministic"
+                : opt_.stream_reducer ? " device buffers (stream-ordered, overlapped)"
+                                      : "",
+                b.size(), static_cast<double>(b.front().size() * sizeof(float)) / 1048576.0,
                 static_cast<double>(bytes_saved()) / 1048576.0);
   return buf;
 }

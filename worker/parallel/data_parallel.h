@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "worker/comm/communicator.h"
+#include "worker/comm/stream_reducer.h"
 #include "worker/kernels/cpu/thread_pool.h"
 #include "worker/model/gpt.h"
 #include "worker/parallel/zero.h"
@@ -37,6 +38,10 @@ struct DataParallelOptions {
   // the groups whose partial sums add up to the whole replica's (tp, then pp). Empty: every element, dp only.
   std::vector<std::pair<size_t, size_t>> count_once;
   std::vector<comm::Communicator*> norm_groups;
+  // Device gradients (CUDA): each finished bucket is enqueued on this reducer (NCCL, ordered after the backward
+  // kernels that produced it) instead of the background thread's host all-reduce; finish() waits for all. `dp` still
+  // carries the host values (losses, flags). Plain averaging only: ZeRO and the deterministic mode are refused.
+  comm::StreamReducer* stream_reducer = nullptr;
   // Spans of the flat buffer that only some dp ranks hold the same values of (expert-parallel storage: rank r keeps
   // its ep group's share of the experts). A span is all-reduced over `reduce` (the dp ranks holding the same
   // elements, a sub-group of dp) and divided by the dp degree D like every other gradient, so the result is the
@@ -70,6 +75,7 @@ class DataParallel final : public GradSync {
   int size() const override { return size_; }
   int zero_stage() const override { return opt_.zero_stage; }
   bool deterministic() const override { return opt_.deterministic; }
+  bool device_buffers() const override { return opt_.stream_reducer != nullptr; }
   bool owns_grad_norm() const override { return zero_ != nullptr || !opt_.group_spans.empty(); }
 
   void arm(float* grads) override;

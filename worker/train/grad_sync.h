@@ -18,6 +18,9 @@ class GradSync {
   virtual int size() const = 0;  // data-parallel degree D
   virtual int zero_stage() const = 0;
   virtual bool deterministic() const = 0;
+  // True when the buffers given to arm()/finish() may be device memory (a StreamReducer reduces them on the device,
+  // e.g. over NCCL); false: host memory only (the trainer refuses a device that is not the host).
+  virtual bool device_buffers() const { return false; }
 
   // Overlapped reduction: the next backward is the last micro-batch of the step; buckets of `grads` are reduced in
   // the background as grads_ready() reports them final. finish() waits for all of them.

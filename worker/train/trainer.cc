@@ -84,10 +84,11 @@ Kernels<float>* check_device(Kernels<float>* device, GradSync* sync, ShardedMode
         "ParallelGpt the trainer's device)");
   if (device == nullptr || device->host_accessible()) return device;
   const std::string d = std::string("spec.device / --device ") + device_name(device->kind());
-  if (sync != nullptr)
+  if (sync != nullptr && !sync->device_buffers())
     throw ConfigError(d +
-                      ": data parallelism across processes (--nproc, ZeRO, --deterministic) runs on the CPU only "
-                      "so far (the NCCL path is not wired to the trainer): use --device cpu or one process");
+                      ": this gradient reduction works on host buffers only (ZeRO --zero and the deterministic mode "
+                      "--deterministic run on the host; multi-process data parallelism on CUDA reduces over NCCL): "
+                      "drop --zero/--deterministic, or use --device cpu");
   return device;
 }
 }  // namespace
@@ -172,7 +173,7 @@ Trainer::Trainer(const GptConfig& model, const TrainConfig& config, ThreadPool& 
     host_params_ = AlignedBuffer<float>(model_->num_params());
     host_m_ = AlignedBuffer<float>(model_->num_params());
     host_v_ = AlignedBuffer<float>(model_->num_params());
-    refresh_host_state();
+    host_stale_ = true;  // the first state() downloads
   }
   peak_flops_ = cfg_.peak_flops;
   if (!cfg_.log_json.empty()) {
@@ -192,11 +193,12 @@ void Trainer::refresh_host_state() {
   device_->to_host(host_params_.data(), model_->params(), bytes);
   device_->to_host(host_m_.data(), opt_->m(), bytes);
   device_->to_host(host_v_.data(), opt_->v(), bytes);
+  host_stale_ = false;
 }
 
 void Trainer::load_params(const float* host) {
   model().copy_params_from_host(host);
-  if (!on_host()) refresh_host_state();
+  if (!on_host()) host_stale_ = true;
 }
 
 AdamW& Trainer::optimizer() {
@@ -409,9 +411,10 @@ StepResult Trainer::step() {
     } else {
       opt_->update(model_->params(), model_->grads(), lr, scale);
     }
-    // After before_update: a background snapshot of the previous host copies has finished reading them. (A sharded
-    // model refreshes its own in update().)
-    if (!on_host() && model_) refresh_host_state();
+    // The host copies are refreshed only when state() is asked for them (checkpoint, export): on CUDA that is
+    // 3 x 4 bytes x params of device->host traffic saved on every other step. (A sharded model refreshes its own in
+    // update().)
+    if (!on_host() && model_) host_stale_ = true;
   }
   if (sync_ != nullptr) {
     sync_->take_comm_seconds();  // the norm/flag gathers belong to the optimizer phase
@@ -613,6 +616,9 @@ TrainerState Trainer::state() {
   s.adam_m = opt_ ? opt_->m() : offload_ ? offload_->m() : nullptr;
   s.adam_v = opt_ ? opt_->v() : offload_ ? offload_->v() : nullptr;
   if (!on_host() && model_) {
+    // Only after an update since the last call. Safe against the checkpointer's background snapshot of the previous
+    // copies: it is joined before every update (before_update), and without an update there is nothing to copy.
+    if (host_stale_) refresh_host_state();
     s.params = host_params_.data();
     s.adam_m = host_m_.data();
     s.adam_v = host_v_.data();
@@ -628,7 +634,7 @@ void Trainer::reinit_weights() {
     sharded_->init_weights(cfg_.seed);
   } else {
     model_->init_weights(cfg_.seed);
-    if (!on_host()) refresh_host_state();
+    if (!on_host()) host_stale_ = true;
   }
 }
 
@@ -652,6 +658,7 @@ void Trainer::restore_counters(const TrainerState& s) {
     device_->to_device(model_->params(), host_params_.data(), bytes);
     device_->to_device(opt_->m(), host_m_.data(), bytes);
     device_->to_device(opt_->v(), host_v_.data(), bytes);
+    host_stale_ = false;  // device and host copies hold the same values again
   }
 }
 

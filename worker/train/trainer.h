@@ -143,9 +143,11 @@ class Trainer {
   // pipeline alone.
   //
   // device: where the built-in model and AdamW live and run (worker/device/kernels.h); null = the CPU on `pool`. On a
-  // device that is not the host (CUDA), state() points to host copies refreshed after every update (and
-  // restore_counters() uploads them), so checkpoints and exports see host memory; data parallelism across processes
-  // and sharded (tp/pp) models are CPU-only so far and refused with a ConfigError.
+  // device that is not the host (CUDA), state() points to host copies, refreshed by state() itself when an update
+  // happened since the last call (so only checkpoint and export steps pay the device->host copy), and
+  // restore_counters() uploads them, so checkpoints and exports see host memory. Data parallelism across processes
+  // runs there when `sync` reduces device buffers (DataParallel with a StreamReducer); sharded (tp/pp) models, ZeRO
+  // and the deterministic mode are CPU-only so far and refused with a ConfigError.
   Trainer(const GptConfig& model, const TrainConfig& config, ThreadPool& pool, BatchSource& train,
           BatchSource* val = nullptr, GradSync* sync = nullptr, ShardedModel* sharded = nullptr,
           Kernels<float>* device = nullptr);
@@ -207,6 +209,7 @@ class Trainer {
   std::optional<AdamW> opt_;                            // absent under ZeRO and with offload
   std::unique_ptr<CpuKernels<float>> host_kernels_;     // the offload path's grad norm (the in-memory AdamW's)
   AlignedBuffer<float> host_params_, host_m_, host_v_;  // state()'s host copies when the device is not the host
+  bool host_stale_ = false;                             // the device changed since the copies were last refreshed
   LrSchedule schedule_;
   AlignedBuffer<int32_t> inputs_, targets_;
   int64_t step_ = 0;

@@ -1,15 +1,18 @@
 // Training behaviour: validation loss falls on real text, runs are bitwise reproducible, NaNs are caught.
 #include <doctest/doctest.h>
 #include <glob.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <fstream>
 
+#include "tests/unit/worker/off_host_device.h"
 #include "tests/unit/worker/worker_test_util.h"
 #include "worker/data/prepare.h"
 #include "worker/device/cpu_kernels.h"
+#include "worker/train/checkpointing.h"
 #include "worker/train/loader_source.h"
 #include "worker/train/trainer.h"
 
@@ -195,111 +198,6 @@ TEST_CASE("a NaN weight is reported, the update skipped, and run() fails after K
   CHECK(trainer.state().bad_steps_consecutive == 0);
 }
 
-namespace {
-
-// The CPU kernels behind a device that says its memory is not the host's: Gpt, AdamW and the Trainer then take the
-// paths a GPU takes (targets and losses copied, state() served from host copies refreshed after each update, restore
-// uploading them), with real kernels, so those paths run on every CI machine. Its buffers are separate allocations,
-// so a missing copy shows up as stale values.
-class OffHostCpu final : public Kernels<float> {
- public:
-  explicit OffHostCpu(ThreadPool& pool) : c_(pool) {}
-  DeviceKind kind() const override { return DeviceKind::kCpu; }
-  bool host_accessible() const override { return false; }
-  void* alloc(size_t bytes) override { return c_.alloc(bytes); }
-  void free(void* p) noexcept override { c_.free(p); }
-  void zero(void* p, size_t bytes) override { c_.zero(p, bytes); }
-  void to_host(void* dst, const void* src, size_t bytes) override {
-    ++copies;
-    std::memcpy(dst, src, bytes);
-  }
-  void to_device(void* dst, const void* src, size_t bytes) override {
-    ++copies;
-    std::memcpy(dst, src, bytes);
-  }
-  void synchronize() override {}
-  size_t attention_saved_elems(int B, int T, int C, int NH) const override {
-    return c_.attention_saved_elems(B, T, C, NH);
-  }
-  size_t attention_scratch_elems(int B, int T, int C, int NH) const override {
-    return c_.attention_scratch_elems(B, T, C, NH);
-  }
-  size_t layernorm_scratch_elems(size_t N, int C) const override { return c_.layernorm_scratch_elems(N, C); }
-  void encoder_forward(float* o, const int32_t* i, const float* a, const float* b, int B, int T, int C) override {
-    c_.encoder_forward(o, i, a, b, B, T, C);
-  }
-  void encoder_backward(float* a, float* b, const float* d, const int32_t* i, int B, int T, int C) override {
-    c_.encoder_backward(a, b, d, i, B, T, C);
-  }
-  void layernorm_forward(float* o, float* m, float* r, const float* i, const float* w, const float* b, size_t N,
-                         int C) override {
-    c_.layernorm_forward(o, m, r, i, w, b, N, C);
-  }
-  void layernorm_backward(float* di, float* dw, float* db, float* s, const float* d, const float* i, const float* w,
-                          const float* m, const float* r, size_t N, int C) override {
-    c_.layernorm_backward(di, dw, db, s, d, i, w, m, r, N, C);
-  }
-  void matmul_forward(float* o, const float* i, const float* w, const float* b, size_t N, int IC, int OC) override {
-    c_.matmul_forward(o, i, w, b, N, IC, OC);
-  }
-  void matmul_backward(float* di, bool ai, float* dw, float* db, const float* d, const float* i, const float* w,
-                       size_t N, int IC, int OC, bool aw) override {
-    c_.matmul_backward(di, ai, dw, db, d, i, w, N, IC, OC, aw);
-  }
-  void attention_forward(float* o, float* s, const float* q, int B, int T, int C, int NH) override {
-    c_.attention_forward(o, s, q, B, T, C, NH);
-  }
-  void attention_backward(float* dq, float* s, const float* d, const float* q, const float* o, const float* sv, int B,
-                          int T, int C, int NH) override {
-    c_.attention_backward(dq, s, d, q, o, sv, B, T, C, NH);
-  }
-  void gelu_forward(float* o, const float* i, size_t n) override { c_.gelu_forward(o, i, n); }
-  void gelu_backward(float* di, const float* i, const float* d, size_t n) override { c_.gelu_backward(di, i, d, n); }
-  void residual_forward(float* o, const float* a, const float* b, size_t n) override {
-    c_.residual_forward(o, a, b, n);
-  }
-  void crossentropy_forward(float* l, const float* g, const int32_t* t, size_t N, int V, int Vp) override {
-    c_.crossentropy_forward(l, g, t, N, V, Vp);
-  }
-  void crossentropy_fused_backward(float* l, float* g, const int32_t* t, size_t N, int V, int Vp, float d) override {
-    c_.crossentropy_fused_backward(l, g, t, N, V, Vp, d);
-  }
-  void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float lr, float b1, float b2, float eps,
-                    float wd, int64_t t, float s) override {
-    c_.adamw_update(p, g, m, v, n, lr, b1, b2, eps, wd, t, s);
-  }
-  double global_norm(const float* x, size_t n) override { return c_.global_norm(x, n); }
-  void vocab_embedding_forward(float* o, const int32_t* i, const float* w, int v0, int Vl, size_t N, int C) override {
-    c_.vocab_embedding_forward(o, i, w, v0, Vl, N, C);
-  }
-  void add_positions_rows(float* o, const float* w, size_t r0, size_t rows, int T, int C) override {
-    c_.add_positions_rows(o, w, r0, rows, T, C);
-  }
-  void vocab_embedding_backward(float* dw, float* dp, const float* d, const int32_t* i, int v0, int Vl, int B, int T,
-                                int C) override {
-    c_.vocab_embedding_backward(dw, dp, d, i, v0, Vl, B, T, C);
-  }
-  void vocab_ce_local_max(float* m, const float* z, size_t N, int Vl, int Vr) override {
-    c_.vocab_ce_local_max(m, z, N, Vl, Vr);
-  }
-  void vocab_ce_local_sums(float* s, float* z, const float* m, const int32_t* t, int v0, size_t N, int Vl,
-                           int Vr) override {
-    c_.vocab_ce_local_sums(s, z, m, t, v0, N, Vl, Vr);
-  }
-  void vocab_ce_finish(float* l, float* z, const float* s, const float* m, const int32_t* t, int v0, size_t N, int Vl,
-                       int Vr, float k) override {
-    c_.vocab_ce_finish(l, z, s, m, t, v0, N, Vl, Vr, k);
-  }
-  void accumulate(float* o, const float* i, size_t n) override { c_.accumulate(o, i, n); }
-  void copy(float* d, const float* s, size_t n) override { c_.copy(d, s, n); }
-  size_t copies = 0;
-
- private:
-  CpuKernels<float> c_;
-};
-
-}  // namespace
-
 TEST_CASE("a device whose memory is not the host's: same training bits, state() copies, restore uploads them") {
   const auto corpus = license_corpus();
   TrainConfig tc = small_train_config();
@@ -345,4 +243,59 @@ TEST_CASE("a device whose memory is not the host's: same training bits, state() 
   moe.moe = make_moe_config(4, 2, 1.25, 0.01);
   CHECK_THROWS_WITH_AS(Gpt<float>(moe, 2, 32, pool, {}, &dev), doctest::Contains("use --device cpu"),
                        railyard::ConfigError);
+}
+
+TEST_CASE("off the host, params and AdamW moments are copied to the host only on checkpoint steps, same checkpoint") {
+  const auto corpus = license_corpus();
+  TrainConfig tc = small_train_config();
+  tc.batch = 2;
+  tc.seq_len = 32;
+  tc.steps = 7;
+  const size_t n = static_cast<size_t>(tc.batch) * tc.seq_len;
+  std::vector<int32_t> in(corpus.begin(), corpus.begin() + n), tg(corpus.begin() + 1, corpus.begin() + n + 1);
+  const std::filesystem::path root =
+      std::filesystem::temp_directory_path() / ("railyard-hostcopy-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(root);
+  ThreadPool pool(2);
+  OffHostCpu dev(pool);
+  dev.state_bytes = num_parameters(kSmall) * sizeof(float);
+  // The same run on the CPU (state() in place) and on the off-host device, each saving every 3 steps and at the end.
+  auto train = [&](const std::string& name, Kernels<float>* device) {
+    FixedBatch src(in, tg);
+    Trainer tr(kSmall, tc, pool, src, nullptr, nullptr, nullptr, device);
+    CheckpointOptions co;
+    co.dir = (root / name).string();
+    co.every = 3;
+    co.keep = 10;
+    co.resume = "never";
+    co.run_id = name;
+    Checkpointer ck(co, kSmall, tr, full_state_shards(kSmall, tr.state()));
+    ck.attach();
+    REQUIRE(tr.run() == 0);
+    ck.finish();
+  };
+  train("cpu", nullptr);
+  train("dev", &dev);
+  // Three downloads (params, m, v) when the checkpointer takes its views at start (nothing trained yet: step 0),
+  // and after steps 3, 6 and 7 (the final save): never after steps 1, 2, 4 or 5. Before this change every step
+  // copied all three (7 x 3 + 3 downloads).
+  const std::vector<size_t> want = {0, 0, 0, 3, 3, 3, 6, 6, 6, 7, 7, 7};
+  CHECK(dev.state_copies_after == want);
+  CHECK(dev.norms == 7);
+  // What the checkpoints hold is the same bytes: every data file of every step.
+  size_t files = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(root / "cpu")) {
+    if (!e.is_regular_file() || e.path().extension() != ".bin") continue;
+    const auto rel = std::filesystem::relative(e.path(), root / "cpu");
+    const auto other = root / "dev" / rel;
+    INFO(rel.string());
+    REQUIRE(std::filesystem::exists(other));
+    std::ifstream a(e.path(), std::ios::binary), b(other, std::ios::binary);
+    const std::string da((std::istreambuf_iterator<char>(a)), {}), db((std::istreambuf_iterator<char>(b)), {});
+    CHECK(da.size() > 0);
+    CHECK(da == db);
+    ++files;
+  }
+  CHECK(files >= 3);  // steps 3, 6 and 7 at least
+  std::filesystem::remove_all(root);
 }

@@ -310,3 +310,58 @@ TEST_CASE("a rank that never joins makes the watchdog abort the collective and n
   }
   CHECK(errors[n - 1] == "");
 }
+
+// The data-parallel reducer on CUDA (nccl_stream_reducer): buckets written by work on another stream (the compute
+// stream) are reduced only after that work, while later work goes on; after wait() the compute stream sees the sums.
+// The producer is a slow chain of async copies on the compute stream, so a reduction that did not wait for it would
+// read stale values.
+TEST_CASE("nccl_stream_reducer: buckets ordered after the compute stream's work, sums visible after wait()") {
+  const int n = ranks();
+  constexpr size_t kElems = 1 << 20, kBuckets = 4;
+  const auto errors = run_nccl_world(n, 20s, [&](Communicator& c) {
+    cudaStream_t compute = nullptr;
+    REQUIRE(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking) == cudaSuccess);
+    float* buf = nullptr;
+    REQUIRE(cudaMalloc(reinterpret_cast<void**>(&buf), kElems * sizeof(float)) == cudaSuccess);
+    REQUIRE(cudaMemsetAsync(buf, 0, kElems * sizeof(float), compute) == cudaSuccess);
+    auto grad = c.dup("dp-grad");
+    auto reducer = nccl_stream_reducer(*grad, compute);
+    std::vector<float> host(kElems);
+    for (size_t i = 0; i < kElems; ++i) host[i] = static_cast<float>(c.rank() + 1) + static_cast<float>(i % 7);
+    const size_t per = kElems / kBuckets;
+    for (int step = 0; step < 3; ++step) {
+      for (size_t b = kBuckets; b-- > 0;) {  // the top of the buffer first, as backward finishes it
+        // "backward" writes bucket b on the compute stream (several copies: slow enough to race a careless reducer)
+        for (int k = 0; k < 8; ++k)
+          REQUIRE(cudaMemcpyAsync(buf + b * per, host.data() + b * per, per * sizeof(float), cudaMemcpyHostToDevice,
+                                  compute) == cudaSuccess);
+        reducer->all_reduce(buf + b * per, per, DType::kFloat32, ReduceOp::kSum);
+      }
+      CHECK(reducer->pending() == kBuckets);
+      reducer->wait();
+      CHECK(reducer->pending() == 0);
+      std::vector<float> got(kElems);
+      REQUIRE(cudaMemcpyAsync(got.data(), buf, kElems * sizeof(float), cudaMemcpyDeviceToHost, compute) == cudaSuccess);
+      REQUIRE(cudaStreamSynchronize(compute) == cudaSuccess);
+      size_t bad = 0;
+      for (size_t i = 0; i < kElems; ++i) {
+        const float want = static_cast<float>(n * (n + 1) / 2) + static_cast<float>(n) * static_cast<float>(i % 7);
+        bad += got[i] != want;
+      }
+      CHECK(bad == 0);
+    }
+    cudaFree(buf);
+    cudaStreamDestroy(compute);
+  });
+  for (const auto& e : errors) CHECK(e.empty());
+  // Not an NCCL communicator: refused by name.
+  std::string refused;
+  run_local_world(1, [&](Communicator& g) {
+    try {
+      nccl_stream_reducer(g, nullptr);
+    } catch (const std::invalid_argument& e) {
+      refused = e.what();
+    }
+  });
+  CHECK(refused.find("not an NCCL communicator") != std::string::npos);
+}

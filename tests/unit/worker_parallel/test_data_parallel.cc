@@ -14,8 +14,10 @@
 #include <vector>
 
 #include "common/error.h"
+#include "tests/unit/worker/off_host_device.h"
 #include "tests/unit/worker_parallel/trainer_test_util.h"
 #include "worker/comm/local_world.h"
+#include "worker/comm/stream_reducer.h"
 #include "worker/parallel/data_parallel.h"
 #include "worker/train/train_metrics.h"
 #include "worker/train/trainer.h"
@@ -217,6 +219,149 @@ TEST_CASE("bad options are refused with the flag named") {
     auto sync = gpt_data_parallel(&c, kCfg, train_config(), p, {});
     CHECK_THROWS_WITH_AS(Trainer(kCfg, train_config(), p, src, nullptr, sync.get()),
                          doctest::Contains("--global-batch"), railyard::ConfigError);
+  });
+}
+
+namespace {
+
+// What the data-parallel reducer enqueued on a StreamReducer and when: a decorator around the host twin (which
+// reduces with real Gloo collectives at once). Per enqueue the bucket's offset in the gradient buffer and whether the
+// step's backward was over yet (the off-host device counts encoder_backward, the last kernel of a backward).
+class Recorder final : public comm::StreamReducer {
+ public:
+  Recorder(comm::Communicator& c, const testing::OffHostCpu& dev) : twin_(comm::host_stream_reducer(c)), dev_(dev) {}
+  void all_reduce(void* buf, size_t count, comm::DType t, comm::ReduceOp op) override {
+    launches.push_back({static_cast<const float*>(buf) - grads, count, dev_.encoder_backwards});
+    twin_->all_reduce(buf, count, t, op);
+  }
+  void wait() override {
+    waits.push_back(twin_->pending());
+    twin_->wait();
+  }
+  size_t pending() const override { return twin_->pending(); }
+  struct Launch {
+    ptrdiff_t offset;
+    size_t count;
+    size_t backwards_done;
+  };
+  std::vector<Launch> launches;
+  std::vector<size_t> waits;  // pending reductions at each wait()
+  const float* grads = nullptr;
+
+ private:
+  std::unique_ptr<comm::StreamReducer> twin_;
+  const testing::OffHostCpu& dev_;
+};
+
+// The order in which buckets must be launched: replay the ranges Gpt::backward reports (lnf, then each layer's 12
+// slices from the top layer down, then wte and wpe) over a per-element bitmap; a bucket goes when its last element
+// does, buckets finished by one report in buffer order.
+std::vector<size_t> expected_launch_order(const GptConfig& c, const BucketLayout& layout) {
+  const auto sizes = param_sizes(c);
+  std::vector<size_t> off(kNumParamTensors, 0);
+  for (int i = 1; i < kNumParamTensors; ++i) off[i] = off[i - 1] + sizes[i - 1];
+  std::vector<std::pair<size_t, size_t>> reports = {{off[14], sizes[14]}, {off[15], sizes[15]}};
+  const size_t L = static_cast<size_t>(c.num_layers);
+  for (size_t l = L; l-- > 0;)
+    for (int i = 2; i < 14; ++i) reports.push_back({off[i] + l * (sizes[i] / L), sizes[i] / L});
+  reports.push_back({off[0], sizes[0]});
+  reports.push_back({off[1], sizes[1]});
+  std::vector<bool> seen(num_parameters(c), false);
+  std::vector<bool> launched(layout.buckets().size(), false);
+  std::vector<size_t> order;
+  for (const auto& [o, n] : reports) {
+    for (size_t i = o; i < o + n; ++i) seen[i] = true;
+    for (size_t b = 0; b < layout.buckets().size(); ++b) {
+      const auto& k = layout.buckets()[b];
+      if (launched[b] || !std::all_of(seen.begin() + k.begin, seen.begin() + k.end, [](bool x) { return x; })) continue;
+      launched[b] = true;
+      order.push_back(b);
+    }
+  }
+  return order;
+}
+
+}  // namespace
+
+TEST_CASE("device buffers: buckets go to a StreamReducer as backward finishes them, equal to the host path bitwise") {
+  DataParallelOptions opt;
+  opt.bucket_bytes = 64 << 10;  // 16384 floats: 8 buckets of ~120k parameters
+  const auto host = data_parallel(2, opt);
+  std::vector<Run> runs(2);
+  comm::run_local_world(2, [&](comm::Communicator& c) {
+    ThreadPool pool(1);
+    testing::StreamSource src(c.rank(), 2, kB, kT, kCfg.vocab_size);
+    testing::OffHostCpu dev(pool);  // the gradient buffer is "device" memory: only the reducer may touch it
+    auto grad = c.dup("dp-grad");
+    Recorder rec(*grad, dev);
+    DataParallelOptions o = opt;
+    o.stream_reducer = &rec;
+    const TrainConfig tc = train_config();
+    auto sync = gpt_data_parallel(&c, kCfg, tc, pool, o);
+    CHECK(sync->device_buffers());
+    Trainer tr(kCfg, tc, pool, src, nullptr, sync.get(), nullptr, &dev);
+    rec.grads = tr.model().grads();
+    Run& out = runs[c.rank()];
+    for (int s = 0; s < kSteps; ++s) {
+      const StepResult r = tr.step();
+      out.losses.push_back(r.loss);
+      out.norms.push_back(r.grad_norm);
+    }
+    const TrainerState st = tr.state();  // host copies of the device's parameters
+    out.params.assign(st.params, st.params + st.num_params);
+
+    // The schedule: every step launches every bucket once, in the order the model finishes them, each step's
+    // launches waited for once by finish(); at least one bucket was launched while backward still ran (the
+    // overlap), and the last one (wte) after it.
+    const auto order = expected_launch_order(kCfg, sync->layout());
+    const size_t nb = sync->layout().buckets().size();
+    REQUIRE(nb >= 4);
+    REQUIRE(order.size() == nb);
+    REQUIRE(rec.launches.size() == nb * kSteps);
+    CHECK(rec.waits == std::vector<size_t>(kSteps, nb));
+    for (int s = 0; s < kSteps; ++s) {
+      // The step's last micro-batch is backward number (s + 1) * A, A = kMicro / 2 micro-batches per replica.
+      const size_t last_backward = static_cast<size_t>(s + 1) * (kMicro / 2);
+      size_t during = 0;
+      for (size_t j = 0; j < nb; ++j) {
+        const auto& l = rec.launches[static_cast<size_t>(s) * nb + j];
+        const auto& k = sync->layout().buckets()[order[j]];
+        INFO("step " << s << " launch " << j);
+        CHECK(l.offset == static_cast<ptrdiff_t>(k.begin));
+        CHECK(l.count == k.size());
+        if (l.backwards_done + 1 == last_backward) ++during;
+        if (j + 1 == nb) CHECK(l.backwards_done == last_backward);
+      }
+      CHECK(during >= 1);
+    }
+  });
+  CHECK(host[0].losses.back() < host[0].losses.front());
+  // The same collectives on the same bits as the host path's background thread: the same training, bit for bit.
+  CHECK(bitwise_equal(runs[0], host[0]));
+  CHECK(bitwise_equal(runs[1], host[0]));
+}
+
+TEST_CASE("device buffers: ZeRO and the deterministic mode are refused; a host-only reducer is refused off the host") {
+  comm::run_local_world(2, [&](comm::Communicator& c) {
+    ThreadPool pool(1);
+    testing::OffHostCpu dev(pool);
+    auto twin = comm::host_stream_reducer(c);
+    for (int what = 0; what < 2; ++what) {
+      DataParallelOptions o;
+      o.stream_reducer = twin.get();
+      if (what == 0) {
+        o.zero_stage = 1;
+      } else {
+        o.deterministic = true;
+      }
+      CHECK_THROWS_WITH_AS(gpt_data_parallel(&c, kCfg, train_config(), pool, o),
+                           doctest::Contains(what == 0 ? "--zero" : "--deterministic"), railyard::ConfigError);
+    }
+    testing::StreamSource src(c.rank(), 2, kB, kT, kCfg.vocab_size);
+    auto host_only = gpt_data_parallel(&c, kCfg, train_config(), pool, {});
+    CHECK_FALSE(host_only->device_buffers());
+    CHECK_THROWS_WITH_AS(Trainer(kCfg, train_config(), pool, src, nullptr, host_only.get(), nullptr, &dev),
+                         doctest::Contains("host buffers"), railyard::ConfigError);
   });
 }
 

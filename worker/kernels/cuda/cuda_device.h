@@ -25,6 +25,7 @@ class CudaKernels final : public Kernels<float> {
   CudaKernels(const CudaKernels&) = delete;
   CudaKernels& operator=(const CudaKernels&) = delete;
   cudaStream_t stream() const { return stream_; }
+  void* compute_stream() override { return stream_; }
 
   DeviceKind kind() const override { return DeviceKind::kCuda; }
   void* alloc(size_t bytes) override;

@@ -6,6 +6,10 @@
 #include "worker/device/cuda_module.h"
 #include "worker/kernels/cuda/cuda_check.h"
 #include "worker/kernels/cuda/cuda_device.h"
+#ifdef RAILYARD_WITH_NCCL
+#include "worker/comm/nccl_communicator.h"
+#include "worker/comm/nccl_module.h"
+#endif
 
 extern "C" {
 
@@ -26,5 +30,30 @@ __attribute__((visibility("default"))) railyard::worker::Kernels<float>* railyar
   }
   return nullptr;
 }
+
+#ifdef RAILYARD_WITH_NCCL
+// The NCCL backend lives here, not in railyard-worker (worker/comm/nccl_module.h).
+__attribute__((visibility("default"))) railyard::worker::comm::Communicator* railyard_cuda_connect_nccl(
+    const railyard::worker::comm::GlooOptions* options, int cuda_device, char* err, size_t err_len) {
+  try {
+    return railyard::worker::comm::connect_nccl(*options, cuda_device).release();
+  } catch (const std::exception& e) {
+    if (err != nullptr && err_len > 0) std::snprintf(err, err_len, "%s", e.what());
+  } catch (...) {
+    if (err != nullptr && err_len > 0) std::snprintf(err, err_len, "connect_nccl: unknown exception");
+  }
+  return nullptr;
+}
+
+__attribute__((visibility("default"))) railyard::worker::comm::StreamReducer* railyard_cuda_nccl_stream_reducer(
+    railyard::worker::comm::Communicator* comm, void* stream, char* err, size_t err_len) {
+  try {
+    return railyard::worker::comm::nccl_stream_reducer(*comm, stream).release();
+  } catch (const std::exception& e) {
+    if (err != nullptr && err_len > 0) std::snprintf(err, err_len, "%s", e.what());
+  }
+  return nullptr;
+}
+#endif
 
 }  // extern "C"
