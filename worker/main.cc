@@ -810,15 +810,12 @@ int cmd_train(int argc, char** argv) {
   if (split != "pool" && split != "openblas") throw ConfigError("--gemm-split must be pool or openblas");
   ThreadPool pool(threads);
   cpu::set_gemm_threading(split == "pool" ? cpu::GemmThreading::kPool : cpu::GemmThreading::kOpenBlas, threads);
-  // The device before the data-parallel reducer, which enqueues on its stream (after join_world: on CUDA that made
-  // this rank's GPU current).
+  // The device before the model (a tensor/pipeline-parallel stage allocates on it) and the data-parallel reducer,
+  // which enqueues on its stream (after join_world: on CUDA that made this rank's GPU current).
   std::unique_ptr<Kernels<float>> device;
   if (device_kind == DeviceKind::kCuda) device = cuda_module->create_kernels();
   const bool model_parallel =
       dist.groups != nullptr && (dist.groups->layout().tp * dist.groups->layout().pp > 1 || tc.cp > 1);
-  // The device before the model: a tensor/pipeline-parallel stage allocates on it.
-  std::unique_ptr<Kernels<float>> device;
-  if (device_kind == DeviceKind::kCuda) device = cuda_module->create_kernels();
   if (model_parallel) {
     comm::ProcessGroups& g = *dist.groups;
     const parallel::ModelGroups mg = model_parallel_groups(dist, device_kind);

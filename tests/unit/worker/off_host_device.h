@@ -85,6 +85,9 @@ class OffHostCpu final : public Kernels<float> {
     c_.adamw_update(p, g, m, v, n, lr, b1, b2, eps, wd, t, s);
   }
   double global_norm(const float* x, size_t n) override {
+    ++norms;  // one per optimizer step: marks which step a copy followed
+    return c_.global_norm(x, n);
+  }
   void vocab_embedding_forward(float* o, const int32_t* i, const float* w, int v0, int Vl, size_t N, int C) override {
     c_.vocab_embedding_forward(o, i, w, v0, Vl, N, C);
   }
@@ -108,9 +111,6 @@ class OffHostCpu final : public Kernels<float> {
   }
   void accumulate(float* o, const float* i, size_t n) override { c_.accumulate(o, i, n); }
   void copy(float* d, const float* s, size_t n) override { c_.copy(d, s, n); }
-    ++norms;  // one per optimizer step: marks which step a copy followed
-    return c_.global_norm(x, n);
-  }
   size_t copies = 0;
   size_t encoder_backwards = 0;
   size_t norms = 0;
