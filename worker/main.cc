@@ -122,7 +122,7 @@ constexpr const char* kUsage = R"(usage: railyard-worker train [flags]
                        memory drops by 8 bytes per parameter (docs/worker.md "Optimizer offload"; not with
                        --zero/--tp/--pp)
   --offload-threads N  CPU threads of the offloaded update (default 1)
-  --moe-experts E      mixture-of-experts MLP with E experts per layer (default: dense); with --nproc/--ep
+  --moe-experts E      mixture-of-experts MLP with E experts per layer (default: dense); with --nproc/--ep/--tp/--pp
   --moe-top-k K        experts per token (default 1)
   --moe-capacity-factor F  tokens per expert per micro-batch <= ceil(F * K * B*T / E); over it a token's choice is
                        dropped (its MLP contribution is 0, the residual passes); <= 0: no limit (default 1.25)
@@ -647,10 +647,10 @@ int cmd_train(int argc, char** argv) {
         throw ConfigError(std::string("--") + flag + " with --moe-experts: llm.c files of MoE models do not exist");
       }
     }
-    if (to_int(f, "tp", 1) > 1 || to_int(f, "pp", 1) > 1) {
+    if (to_int(f, "cp", 1) > 1) {
       throw ConfigError(
-          "--moe-experts composes with data and expert parallelism, ZeRO and --deterministic (tensor/pipeline "
-          "parallelism with experts is not implemented): drop --tp/--pp");
+          "--moe-experts with --cp: mixture-of-experts layers are not built for context parallelism (routing and "
+          "capacity are per micro-batch, which cp splits); drop --cp (--tp/--pp/--sequence-parallel compose)");
     }
   }
 

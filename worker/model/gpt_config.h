@@ -44,6 +44,12 @@ inline constexpr std::array<std::string_view, kNumParamTensors> kParamNames = {
     "wte",  "wpe",  "ln1w", "ln1b", "qkvw",    "qkvb",    "attprojw", "attprojb",
     "ln2w", "ln2b", "fcw",  "fcb",  "fcprojw", "fcprojb", "lnfw",     "lnfb"};
 
+// Shard maps and checkpoints name the MoE router (after the 16 tensors) as tensor index kRouterTensor.
+inline constexpr int kRouterTensor = kNumParamTensors;
+inline constexpr std::string_view param_tensor_name(int i) {
+  return i == kRouterTensor ? std::string_view("routerw") : kParamNames[static_cast<size_t>(i)];
+}
+
 // Element count of each parameter tensor, in buffer order. With experts (E > 0) the four MLP tensors hold E experts
 // per layer: fcw (L, E, 4C, C), fcb (L, E, 4C), fcprojw (L, E, C, 4C), fcprojb (L, E, C).
 inline std::array<size_t, kNumParamTensors> param_sizes(const GptConfig& c) {

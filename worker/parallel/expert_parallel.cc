@@ -35,8 +35,9 @@ void validate_expert_parallel(const GptConfig& m, const ExpertParallelOptions& o
   }
   if (tp > 1 || pp > 1) {
     throw ConfigError(ep +
-                      " with --tp/--pp: expert parallelism composes with data parallelism only so far "
-                      "(docs/parallel.md \"Expert parallelism\"); drop --tp/--pp");
+                      " with --tp/--pp: the experts of a tensor/pipeline stage are not split over data-parallel "
+                      "ranks yet (MoE itself composes with --tp/--pp: every rank of a stage runs all E experts; "
+                      "docs/parallel.md \"Expert parallelism\"); drop --ep, or --tp/--pp");
   }
   if (uneven_dp_split) {
     throw ConfigError(ep +

@@ -47,10 +47,10 @@ struct ShardSpec {
 std::vector<ShardSpec> full_state_shards(const GptConfig& model, const TrainerState& state);
 
 // From a tensor/pipeline-parallel stage's shard_map() (worker/parallel/stage_plan.h ShardSlice: tensor index into
-// kParamNames, global_shape, offset, extent, local_offset, tp_replicated, tied_copy), for params and AdamW m/v that
-// are laid out like the local params buffer (no ZeRO). Every element is written once in the whole job: slices
-// replicated across tp are split among the tp x dp replicas, the others among the dp replicas; the last stage's tied
-// wte copy is restored but not written. A template so that this library does not depend on worker/parallel.
+// kParamNames or kRouterTensor, global_shape, offset, extent, local_offset, tp_replicated, tied_copy), for params and
+// AdamW m/v that are laid out like the local params buffer (no ZeRO). Every element is written once in the whole job:
+// slices replicated across tp are split among the tp x dp replicas, the others among the dp replicas; the last stage's
+// tied wte copy is restored but not written. A template so that this library does not depend on worker/parallel.
 template <typename Slice>
 std::vector<ShardSpec> shards_from_slices(const std::vector<Slice>& map, float* params, float* adam_m, float* adam_v,
                                           int tp_rank, int tp_size, int dp_rank, int dp_size) {
@@ -58,7 +58,7 @@ std::vector<ShardSpec> shards_from_slices(const std::vector<Slice>& map, float* 
   for (auto [prefix, base] : {std::pair<const char*, float*>{"", params}, {"adam_m/", adam_m}, {"adam_v/", adam_v}}) {
     for (const Slice& s : map) {
       ShardSpec sh;
-      sh.name = std::string(prefix) + std::string(kParamNames[static_cast<size_t>(s.tensor)]);
+      sh.name = std::string(prefix) + std::string(param_tensor_name(s.tensor));
       for (size_t d = 0; d < s.global_shape.size(); ++d) {
         sh.global_shape.push_back(static_cast<int64_t>(s.global_shape[d]));
         sh.box.offset.push_back(static_cast<int64_t>(s.offset[d]));
@@ -115,8 +115,8 @@ std::vector<ShardSpec> zero_slices_shards(const std::vector<Slice>& map, float* 
         box.offset.push_back(static_cast<int64_t>(s.offset[d]));
         box.size.push_back(static_cast<int64_t>(s.extent[d]));
       }
-      append_owned_moments(out, std::string(prefix) + std::string(kParamNames[static_cast<size_t>(s.tensor)]), shape,
-                           box, s.local_offset, shard, owned, !s.tied_copy && (!s.tp_replicated || tp_rank == 0));
+      append_owned_moments(out, std::string(prefix) + std::string(param_tensor_name(s.tensor)), shape, box,
+                           s.local_offset, shard, owned, !s.tied_copy && (!s.tp_replicated || tp_rank == 0));
     }
   }
   return out;
