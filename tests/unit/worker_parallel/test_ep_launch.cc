@@ -61,10 +61,10 @@ TEST_CASE("MoE checkpoints reshard across expert-parallel degrees; unsupported c
   struct Bad {
     std::string flags, text;
   };
-  for (const Bad& b : {Bad{"--nproc 2 --ep 3", "--ep 3"}, Bad{"--nproc 2 --ep 2 --dp-split 3,1", "uneven"},
-                       Bad{"--nproc 4 --tp 2 --ep 2", "--tp/--pp"}, Bad{"--nproc 2 --cp 2", "--cp"},
-                       Bad{"--ep 2", "data-parallel degree 1"},
-                       Bad{"--nproc 2 --ep 2 --ep-a2a ring", "--ep-a2a ring"}}) {
+  for (const Bad& b :
+       {Bad{"--nproc 2 --ep 3", "--ep 3"}, Bad{"--nproc 2 --ep 2 --dp-split 3,1", "uneven"},
+        Bad{"--nproc 4 --tp 2 --ep 2", "--tp/--pp"}, Bad{"--nproc 2 --cp 2", "--cp"},
+        Bad{"--ep 2", "data-parallel degree 1"}, Bad{"--nproc 2 --ep 2 --ep-a2a ring", "--ep-a2a ring"}}) {
     CAPTURE(b.flags);
     const int rc = sh(common + b.flags + " > " + d + "/bad.out 2> " + d + "/bad.err");
     CHECK(rc == 2);
