@@ -431,7 +431,11 @@ std::unique_ptr<parallel::ExpertParallel> join_expert_parallel(std::map<std::str
   parallel::validate_expert_parallel(cfg, o, l.dp, l.tp, l.pp, dist.zero, dist.deterministic, !tc.dp_split.empty());
   if (o.ep == 1) return nullptr;
   auto ep = std::make_unique<parallel::ExpertParallel>(dist.groups->dp(), o);
-  ep->attach(trainer.model());
+  if (dist.sharded != nullptr) {
+    ep->attach(dist.sharded->model().stage());  // the dp group is this (tp, pp) coordinate's
+  } else {
+    ep->attach(trainer.model());
+  }
   log::info("worker", "expert parallel", {{"layout", ep->describe()}});
   return ep;
 }

@@ -15,7 +15,7 @@ std::vector<int> ep_group_ranks(int dp_size, int ep, int dp_rank) {
 
 void validate_expert_parallel(const GptConfig& m, const ExpertParallelOptions& o, int dp, int tp, int pp,
                               int /*zero: composes (the experts' gradients reduce-scatter like the rest)*/,
-                              bool /*deterministic: composes (ExpertParallelOptions::deterministic)*/,
+                              bool deterministic /*composes without --tp/--pp (ExpertParallelOptions)*/,
                               bool uneven_dp_split) {
   const std::string ep = "--ep " + std::to_string(o.ep);
   if (o.ep < 1) throw ConfigError(ep + ": must be >= 1");
@@ -33,11 +33,10 @@ void validate_expert_parallel(const GptConfig& m, const ExpertParallelOptions& o
                       " is not divisible by it (expert-parallel groups are made of data-parallel ranks); use --nproc "
                       "or WORLD_SIZE a multiple of --ep");
   }
-  if (tp > 1 || pp > 1) {
+  if ((tp > 1 || pp > 1) && deterministic) {
     throw ConfigError(ep +
-                      " with --tp/--pp: the experts of a tensor/pipeline stage are not split over data-parallel "
-                      "ranks yet (MoE itself composes with --tp/--pp: every rank of a stage runs all E experts; "
-                      "docs/parallel.md \"Expert parallelism\"); drop --ep, or --tp/--pp");
+                      " with --deterministic and --tp/--pp: the stage path does not return expert gradients to their "
+                      "tokens' ranks (the deterministic tree needs it); drop --deterministic or --ep");
   }
   if (uneven_dp_split) {
     throw ConfigError(ep +
@@ -71,6 +70,18 @@ void ExpertParallel::attach(Gpt<T>& model) {
     a2a->run(in, out, bytes / sizeof(int32_t), comm::DType::kInt32);
   };
   model.set_expert_exchange(std::move(x));
+}
+
+void ExpertParallel::attach(GptStage& stage) {
+  Gpt<float>::ExpertExchange x;
+  x.size = group_->size();
+  x.rank = group_->rank();
+  x.return_expert_grads = options_.deterministic;
+  comm::AllToAll* a2a = a2a_.get();
+  x.all_to_all = [a2a](const void* in, void* out, size_t bytes) {
+    a2a->run(in, out, bytes / sizeof(int32_t), comm::DType::kInt32);
+  };
+  stage.set_expert_exchange(std::move(x));
 }
 
 std::string ExpertParallel::describe() const {

@@ -106,6 +106,12 @@ class GptStage {
   // What this stage's MoE layers did in the forwards since the last call (then reset): aux loss, assignments and
   // drops of the whole micro-batches (over tp when the tokens are split), summed over micro-batches and layers.
   MoeStats take_moe_stats();
+  // Expert parallelism (as Gpt<float>::set_expert_exchange; worker/parallel/expert_parallel.h): this rank runs experts
+  // [rank E/size, (rank+1) E/size) of its MoE layers for the tokens of its group (data-parallel ranks of the same
+  // (tp, pp) coordinate), dispatch and combine by all_to_all; every forward/backward is then collective over the
+  // group. All E experts stay in the buffer; the other ranks' experts get zero gradient here (the data-parallel
+  // reduction adds the owners'). return_expert_grads (the deterministic mode) is not supported here.
+  void set_expert_exchange(Gpt<float>::ExpertExchange exchange);
 
  private:
   // One layer's activations: its share of the slot's buffers, or (recomputed layers) the stage's one-layer working
@@ -135,6 +141,10 @@ class GptStage {
   size_t moe_bytes() const;
   void moe_forward(size_t l, const LayerActs& a, float* out);
   void moe_backward(size_t l, const LayerActs& a, const float* dout, float* dx, const GradReadyHook* ready);
+  // The experts' part with expert parallelism: the moe_x rows (routing order) in, the outputs (forward) or input
+  // gradients (backward) back in routing order.
+  void moe_experts_forward_ep(size_t l);
+  void moe_experts_backward_ep(size_t l, const LayerActs& a, const float* dout);
 
   StageShape shape_;
   RecomputeSpec recompute_;

@@ -29,7 +29,9 @@ namespace {
 // What the MoE part of a stage allocates (floats and int32s): per slot and local layer the router probabilities
 // (NL,E), the experts' hidden rows before and after gelu (R,4C) and outputs (R,C), the routing ints (choice and row
 // per (token, choice), count per expert, token per row); once: gathered inputs, their gradient, d outputs (R,C),
-// d hidden (R,4C), d router logits (NL,E), and the tp exchange of round counts (tp+1) k E. R = E * capacity.
+// d hidden (R,4C), d router logits (NL,E), and the tp exchange of round counts (tp+2) k E. R = E * capacity. With
+// expert parallelism count per expert is also received (E per slot and layer: rows each source sends this rank's
+// experts), and the expert rows of the R-row buffers are those of this rank's experts for every source.
 struct MoeSizes {
   size_t acts = 0, ints = 0, scratch = 0;
 };
@@ -40,7 +42,7 @@ MoeSizes moe_sizes(const StageShape& sh, size_t N, size_t NL, int slots) {
   const size_t E = m.experts, k = m.top_k, C = sh.config.channels, R = E * moe_capacity(m, N), Ls = sh.layers();
   MoeSizes z;
   z.acts = slots * Ls * (NL * E + 2 * R * 4 * C + R * C);
-  z.ints = slots * Ls * (2 * NL * k + E + R) + (sh.tp_size + 2) * k * E;
+  z.ints = slots * Ls * (2 * NL * k + 2 * E + R) + (sh.tp_size + 2) * k * E;
   z.scratch = 3 * R * C + R * 4 * C + NL * E;
   return z;
 }
@@ -58,6 +60,7 @@ struct GptStage::Moe {
   struct Layer {
     float *probs, *fch, *fch_gelu, *y;
     int32_t *choice, *row, *count, *token;
+    int32_t* rcount;        // expert parallelism: rows source s sends local expert j, at s * E/P + j
     std::vector<double> f;  // the layer's choice shares (whole micro-batch), for the load-balancing gradient
   };
   size_t E = 0, k = 0, cap = 0, N = 0;
@@ -68,6 +71,7 @@ struct GptStage::Moe {
   float *x = nullptr, *dx = nullptr, *dy = nullptr, *dh = nullptr, *dprobs = nullptr;
   int32_t *mine = nullptr, *all = nullptr, *base = nullptr;  // sequence parallel: round counts, k E per rank
   MoeStats stats;
+  Gpt<float>::ExpertExchange ep;
 };
 
 void GptStage::MoeDelete::operator()(Moe* m) const { delete m; }
@@ -114,6 +118,7 @@ void GptStage::moe_init() {
       la.row = take_i(NL * k);
       la.count = take_i(E);
       la.token = take_i(R);
+      la.rcount = take_i(E);
     }
   }
   m->mine = take_i(k * E);
@@ -209,12 +214,14 @@ void GptStage::moe_forward(size_t l, const LayerActs& a, float* out) {
     pool_.parallel_for(n, [&](size_t i0, size_t i1) {
       for (size_t i = i0; i < i1; ++i) std::memcpy(xe + i * C, a.ln2 + L.token[e * cap + i] * C, C * sizeof(float));
     });
+    if (m.ep.size > 1) continue;  // the expert runs on its rank: moe_experts_forward_ep below
     matmul_forward(pool_, L.fch + e * cap * H, xe, w.fcw + le * H * C, w.fcb + le * H, n, static_cast<int>(C),
                    static_cast<int>(H));
     gelu_forward(pool_, L.fch_gelu + e * cap * H, L.fch + e * cap * H, n * H);
     matmul_forward(pool_, L.y + e * cap * C, L.fch_gelu + e * cap * H, w.fcprojw + le * C * H, w.fcprojb + le * C, n,
                    static_cast<int>(H), static_cast<int>(C));
   }
+  if (m.ep.size > 1) moe_experts_forward_ep(l);
   moe::combine(pool_, out, L.probs, L.choice, L.row, L.y, NL, E, k, C);
   if (recomputing_) return;
   const double aux = moe::aux_loss(bal, mc);
@@ -236,7 +243,8 @@ void GptStage::moe_backward(size_t l, const LayerActs& a, const float* dout, flo
   moe::router_backward(pool_, m.dprobs, L.probs, L.choice, L.row, L.y, dout, L.f, static_cast<double>(m.N),
                        shape_.config.moe, dloss_, NL, C);
   // experts: dy[row] = gate * dout[token]; fcproj, gelu, fc backward on the expert's rows
-  for (size_t e = 0; e < E; ++e) {
+  if (m.ep.size > 1) moe_experts_backward_ep(l, a, dout);
+  for (size_t e = 0; e < (m.ep.size > 1 ? 0 : E); ++e) {
     const size_t n = L.count[e], le = l * E + e;
     if (n == 0) continue;
     float* xe = m.x + e * cap * C;
@@ -261,6 +269,88 @@ void GptStage::moe_backward(size_t l, const LayerActs& a, const float* dout, flo
   matmul_backward(pool_, dx, true, g.router + l * E * C, static_cast<float*>(nullptr), m.dprobs, a.ln2,
                   w.router + l * E * C, NL, static_cast<int>(C), static_cast<int>(E));
   if (!sp_ && ready != nullptr) (*ready)(static_cast<size_t>(g.router - grads_.data()) + l * E * C, E * C);
+}
+
+void GptStage::set_expert_exchange(Gpt<float>::ExpertExchange x) {
+  const int E = shape_.config.moe.experts;
+  if (!moe_) throw ConfigError("expert parallelism (--ep) needs a mixture-of-experts model: add --moe-experts E");
+  if (x.size < 1 || x.rank < 0 || x.rank >= x.size || E % x.size != 0 || (x.size > 1 && !x.all_to_all)) {
+    throw ConfigError("--ep " + std::to_string(x.size) + ": needs --moe-experts divisible by it (the model has " +
+                      std::to_string(E) + " experts per layer)");
+  }
+  if (x.return_expert_grads) {
+    throw ConfigError(
+        "--ep with --deterministic and --tp/--pp: the stage path does not return expert gradients to their tokens' "
+        "ranks (the deterministic tree needs it); drop --deterministic or --ep");
+  }
+  moe_->ep = std::move(x);
+}
+
+// As Gpt<T>::moe_experts_forward_ep (worker/model/gpt_expert_parallel.cc): the gathered rows (m.x, routing order
+// e * cap + i) go to their expert's rank, which runs them in received order ((s * E/P + j) * cap + i; hidden rows kept
+// in the slot's fch, fch_gelu), and the outputs come back into the slot's y in routing order.
+void GptStage::moe_experts_forward_ep(size_t l) {
+  using namespace cpu;
+  Moe& m = *moe_;
+  Moe::Layer& L = m.layer.at(cur_slot_)[l];
+  const size_t C = shape_.config.channels, H = 4 * C, E = m.E, cap = m.cap, P = m.ep.size, El = E / P;
+  const LocalTensors w = local_tensors(params_.data(), sizes_);
+  m.ep.all_to_all(L.count, L.rcount, El * sizeof(int32_t));
+  m.ep.all_to_all(m.x, m.dx, El * cap * C * sizeof(float));  // dispatch: m.dx in received order
+  for (size_t s = 0; s < P; ++s) {
+    for (size_t j = 0; j < El; ++j) {
+      const size_t n = L.rcount[s * El + j], base = (s * El + j) * cap, le = l * E + m.ep.rank * El + j;
+      if (n == 0) continue;
+      matmul_forward(pool_, L.fch + base * H, m.dx + base * C, w.fcw + le * H * C, w.fcb + le * H, n,
+                     static_cast<int>(C), static_cast<int>(H));
+      gelu_forward(pool_, L.fch_gelu + base * H, L.fch + base * H, n * H);
+      matmul_forward(pool_, m.dy + base * C, L.fch_gelu + base * H, w.fcprojw + le * C * H, w.fcprojb + le * C, n,
+                     static_cast<int>(H), static_cast<int>(C));
+    }
+  }
+  m.ep.all_to_all(m.dy, L.y, El * cap * C * sizeof(float));  // combine: outputs back in routing order
+}
+
+// The inputs again and dy = gate * dout (routing order) to the experts' ranks, their backward in received order
+// (weight gradients into this rank's experts), the input gradients back into m.dx in routing order.
+void GptStage::moe_experts_backward_ep(size_t l, const LayerActs& a, const float* dout) {
+  using namespace cpu;
+  Moe& m = *moe_;
+  const Moe::Layer& L = m.layer.at(cur_slot_)[l];
+  const size_t C = shape_.config.channels, H = 4 * C, E = m.E, cap = m.cap, P = m.ep.size, El = E / P;
+  const LocalTensors w = local_tensors(params_.data(), sizes_);
+  const LocalTensors g = local_tensors(grads_.data(), sizes_);
+  const size_t bytes = El * cap * C * sizeof(float);
+  for (size_t pass = 0; pass < 2; ++pass) {
+    for (size_t e = 0; e < E; ++e) {
+      pool_.parallel_for(L.count[e], [&](size_t i0, size_t i1) {
+        for (size_t i = i0; i < i1; ++i) {
+          const size_t t = L.token[e * cap + i];
+          float* row = m.x + (e * cap + i) * C;
+          if (pass == 0) {
+            std::memcpy(row, a.ln2 + t * C, C * sizeof(float));
+          } else {
+            const float gate = L.probs[t * E + e];
+            for (size_t c = 0; c < C; ++c) row[c] = gate * dout[t * C + c];
+          }
+        }
+      });
+    }
+    m.ep.all_to_all(m.x, pass == 0 ? m.dx : m.dy, bytes);
+  }
+  for (size_t s = 0; s < P; ++s) {
+    for (size_t j = 0; j < El; ++j) {
+      const size_t n = L.rcount[s * El + j], base = (s * El + j) * cap, le = l * E + m.ep.rank * El + j;
+      if (n == 0) continue;
+      float* dh = m.dh + base * H;
+      matmul_backward(pool_, dh, false, g.fcprojw + le * C * H, g.fcprojb + le * C, m.dy + base * C,
+                      L.fch_gelu + base * H, w.fcprojw + le * C * H, n, static_cast<int>(H), static_cast<int>(C));
+      gelu_backward(pool_, dh, L.fch + base * H, dh, n * H);
+      matmul_backward(pool_, m.x + base * C, false, g.fcw + le * H * C, g.fcb + le * H, dh, m.dx + base * C,
+                      w.fcw + le * H * C, n, static_cast<int>(C), static_cast<int>(H));
+    }
+  }
+  m.ep.all_to_all(m.x, m.dx, bytes);  // input gradients back in routing order
 }
 
 void GptStage::finish_moe_grads(const GradReadyHook* ready) {

@@ -26,6 +26,7 @@
 #include "worker/model/gpt.h"
 #include "worker/parallel/data_parallel.h"
 #include "worker/parallel/dist_model.h"
+#include "worker/parallel/expert_parallel.h"
 #include "worker/parallel/parallel_model.h"
 #include "worker/train/trainer.h"
 
@@ -84,7 +85,9 @@ Grads single_process(const Data& d, int M) {
 }
 
 // dp x tp x pp ranks, each replica taking M of the dp*M micro-batches, gradients averaged over dp.
-Grads run_layout(int dp, int tp, int pp, bool sp, const Data& d, int M, const RecomputeSpec& recompute = {}) {
+// ep > 1: expert parallelism over groups of ep data-parallel ranks of the same (tp, pp) coordinate.
+Grads run_layout(int dp, int tp, int pp, bool sp, const Data& d, int M, const RecomputeSpec& recompute = {},
+                 int ep = 1) {
   Grads res;
   res.grads.assign(num_parameters(kCfg), 0);
   std::vector<double> losses(static_cast<size_t>(dp * tp * pp));
@@ -94,6 +97,11 @@ Grads run_layout(int dp, int tp, int pp, bool sp, const Data& d, int M, const Re
     comm::ProcessGroups groups(world, comm::Layout{.dp = dp, .tp = tp, .pp = pp});
     ThreadPool pool(1);
     ParallelModel model(kCfg, kB, kT, M, pool, model_groups(groups), {}, recompute, sp);
+    std::unique_ptr<ExpertParallel> xp;
+    if (ep > 1) {
+      xp = std::make_unique<ExpertParallel>(groups.dp(), ExpertParallelOptions{.ep = ep});
+      xp->attach(model.stage());
+    }
     model.init_weights(kSeed);
     model.zero_grad();
     int next = groups.coord().dp * M;
@@ -107,6 +115,21 @@ Grads run_layout(int dp, int tp, int pp, bool sp, const Data& d, int M, const Re
         },
         1.0f / (M * dp));
     model.finish_grads();
+    if (ep > 1) {
+      // Expert parallelism really split the experts: before the dp reduction a rank has fcw gradients for its own
+      // experts only.
+      const size_t E = kCfg.moe.experts, per = 4 * kCfg.channels * kCfg.channels, mine = groups.dp().rank() % ep;
+      for (const ShardSlice& sl : model.shard_map()) {
+        if (sl.tensor != 10) continue;
+        for (size_t b = 0; b < sl.extent[0] * E; ++b) {
+          const float* gr = model.grads() + sl.local_offset + b * per;
+          const bool any = std::any_of(gr, gr + per, [](float x) { return x != 0; });
+          const bool owned = (b % E) / (E / ep) == mine;
+          std::lock_guard<std::mutex> lock(mu);
+          CHECK(any == owned);
+        }
+      }
+    }
     MoeStats st = model.moe_stats();
     if (dp > 1) {
       groups.dp().all_reduce(model.grads(), model.num_params(), comm::DType::kFloat32, comm::ReduceOp::kSum);
@@ -174,7 +197,7 @@ void check_close(const Grads& got, const Grads& ref, double tol) {
 
 }  // namespace
 
-TEST_CASE("MoE in the stage: pp=2, tp=2, tp=2 + sequence parallel, tp=2 x pp=2 + sp, dp=2 x pp=2 equal one process") {
+TEST_CASE("MoE in the stage: pp=2, tp=2, tp=2 + sp, tp=2 x pp=2 + sp, dp=2 x pp=2, pp=2 x ep=2, tp=2 + sp x ep=2") {
   constexpr int M = 3;
   const Data d = make_data(2 * M);
   const Grads ref1 = single_process(d, M);
@@ -193,6 +216,11 @@ TEST_CASE("MoE in the stage: pp=2, tp=2, tp=2 + sequence parallel, tp=2 x pp=2 +
   // dp=2 x pp=2: two replicas of M micro-batches each against one process accumulating all 2M.
   const Grads ref2 = single_process(d, 2 * M);
   check_close(run_layout(2, 1, 2, false, d, M), ref2, 1e-5);
+  // expert parallelism over the two replicas: pp=2 x ep=2 and tp=2 (sequence parallel) x ep=2, 4 ranks each
+  INFO("dp=2 x pp=2, ep=2");
+  check_close(run_layout(2, 1, 2, false, d, M, {}, 2), ref2, 1e-5);
+  INFO("dp=2 x tp=2 + sp, ep=2");
+  check_close(run_layout(2, 2, 1, true, d, M, {}, 2), ref2, 1e-5);
 }
 
 TEST_CASE("MoE with sequence parallelism and full recomputation: bitwise the stored-activation run") {
