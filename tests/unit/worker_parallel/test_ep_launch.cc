@@ -44,7 +44,8 @@ TEST_CASE("MoE checkpoints reshard across expert-parallel degrees; unsupported c
                         Case{"ep2h", "--nproc 4 --ep 2 --ep-a2a hierarchical --ep-node-size 1"},
                         Case{"ep2z", "--nproc 4 --ep 2 --zero 1"},
                         // the tensor/pipeline stage path (gpt_stage_moe.cc) reads the same global expert tensors
-                        Case{"pp2", "--nproc 2 --pp 2"}, Case{"tp2sp", "--nproc 2 --tp 2 --sequence-parallel"}}) {
+                        Case{"pp2", "--nproc 2 --pp 2"}, Case{"tp2sp", "--nproc 2 --tp 2 --sequence-parallel"},
+                        Case{"pp2ep2", "--nproc 4 --pp 2 --ep 2"}}) {
     CAPTURE(c.name);
     const std::string ck = d + "/ck_" + c.name;
     std::filesystem::create_directories(ck);
@@ -52,6 +53,7 @@ TEST_CASE("MoE checkpoints reshard across expert-parallel degrees; unsupported c
     REQUIRE(sh(common + c.flags + " --ckpt-dir " + ck + " --resume " + ck + "/step-00000003 --log-json " + d + "/" +
                c.name + ".jsonl > " + d + "/" + c.name + ".out 2> " + d + "/" + c.name + ".err") == 0);
     CHECK(slurp(d + "/" + c.name + ".err").find("restored step=3") != std::string::npos);
+    if (c.name == "pp2ep2") CHECK(slurp(d + "/" + c.name + ".err").find("ep=2 group [0,1]") != std::string::npos);
     const auto resumed = losses(d + "/" + c.name + ".jsonl");
     REQUIRE(resumed.size() == 3);
     // Same global batch and data order; only the data-parallel summation order differs (measured <= 2e-8).
@@ -61,10 +63,10 @@ TEST_CASE("MoE checkpoints reshard across expert-parallel degrees; unsupported c
   struct Bad {
     std::string flags, text;
   };
-  for (const Bad& b :
-       {Bad{"--nproc 2 --ep 3", "--ep 3"}, Bad{"--nproc 2 --ep 2 --dp-split 3,1", "uneven"},
-        Bad{"--nproc 4 --tp 2 --ep 2", "--tp/--pp"}, Bad{"--nproc 2 --cp 2", "--cp"},
-        Bad{"--ep 2", "data-parallel degree 1"}, Bad{"--nproc 2 --ep 2 --ep-a2a ring", "--ep-a2a ring"}}) {
+  for (const Bad& b : {Bad{"--nproc 2 --ep 3", "--ep 3"}, Bad{"--nproc 2 --ep 2 --dp-split 3,1", "uneven"},
+                       Bad{"--nproc 4 --tp 2 --ep 2 --deterministic", "--deterministic and --tp/--pp"},
+                       Bad{"--nproc 2 --cp 2", "--cp"}, Bad{"--ep 2", "data-parallel degree 1"},
+                       Bad{"--nproc 2 --ep 2 --ep-a2a ring", "--ep-a2a ring"}}) {
     CAPTURE(b.flags);
     const int rc = sh(common + b.flags + " > " + d + "/bad.out 2> " + d + "/bad.err");
     CHECK(rc == 2);
