@@ -58,30 +58,32 @@ ExpertParallel::ExpertParallel(comm::Communicator& dp, const ExpertParallelOptio
   a2a_ = comm::make_all_to_all(*group_, o.algorithm, node);
 }
 
-template <typename T>
-void ExpertParallel::attach(Gpt<T>& model) {
-  typename Gpt<T>::ExpertExchange x;
-  x.size = group_->size();
-  x.rank = group_->rank();
-  x.return_expert_grads = options_.deterministic;
-  comm::AllToAll* a2a = a2a_.get();
+namespace {
+
+// The exchange a Gpt<T> or a GptStage installs: this rank's place in the group and its all_to_all.
+template <typename Exchange>
+Exchange make_exchange(comm::Communicator& group, comm::AllToAll* a2a, bool deterministic) {
+  Exchange x;
+  x.size = group.size();
+  x.rank = group.rank();
+  x.return_expert_grads = deterministic;
   // Bytes as int32 elements: all_to_all only moves data, and every chunk here is a multiple of 4 bytes.
   x.all_to_all = [a2a](const void* in, void* out, size_t bytes) {
     a2a->run(in, out, bytes / sizeof(int32_t), comm::DType::kInt32);
   };
-  model.set_expert_exchange(std::move(x));
+  return x;
+}
+
+}  // namespace
+
+template <typename T>
+void ExpertParallel::attach(Gpt<T>& model) {
+  model.set_expert_exchange(
+      make_exchange<typename Gpt<T>::ExpertExchange>(*group_, a2a_.get(), options_.deterministic));
 }
 
 void ExpertParallel::attach(GptStage& stage) {
-  Gpt<float>::ExpertExchange x;
-  x.size = group_->size();
-  x.rank = group_->rank();
-  x.return_expert_grads = options_.deterministic;
-  comm::AllToAll* a2a = a2a_.get();
-  x.all_to_all = [a2a](const void* in, void* out, size_t bytes) {
-    a2a->run(in, out, bytes / sizeof(int32_t), comm::DType::kInt32);
-  };
-  stage.set_expert_exchange(std::move(x));
+  stage.set_expert_exchange(make_exchange<Gpt<float>::ExpertExchange>(*group_, a2a_.get(), options_.deterministic));
 }
 
 std::string ExpertParallel::describe() const {
