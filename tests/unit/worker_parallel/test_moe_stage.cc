@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "common/error.h"
-#include "tests/unit/worker_parallel/trainer_test_util.h"
+#include "tests/unit/worker_parallel/parallel_trainer_util.h"
 #include "worker/comm/local_world.h"
 #include "worker/comm/process_groups.h"
 #include "worker/model/gpt.h"
@@ -261,52 +261,10 @@ TrainConfig train_config(bool sp) {
   return tc;
 }
 
-struct Run {
-  std::vector<StepResult> steps;
-  std::vector<float> params;
-};
-
-Run trainer_run(comm::Layout layout, bool sp) {
-  Run out;
-  out.params.assign(num_parameters(kCfg), 0.0f);
-  std::mutex mu;
-  std::vector<std::vector<StepResult>> steps(static_cast<size_t>(layout.world()));
-  comm::run_local_world(layout.world(), [&](comm::Communicator& world) {
-    comm::ProcessGroups pg(world, layout);
-    ThreadPool pool(1);
-    const TrainConfig tc = train_config(sp);
-    testing::StreamSource src(pg.coord().dp, layout.dp, kB, kT, kCfg.vocab_size);
-    const ModelGroups groups{&pg.tp(), &pg.pp(), pg.embedding()};
-    ParallelGpt model(kCfg, tc, kMicro / layout.dp, pool, world, groups);
-    std::unique_ptr<DataParallel> sync;
-    if (layout.dp > 1) {
-      DataParallelOptions o;
-      o.bucket_bytes = 16 << 10;
-      sync = parallel_gpt_data_parallel(&pg.dp(), model, groups, tc, pool, o);
-    }
-    Trainer tr(kCfg, tc, pool, src, nullptr, sync.get(), &model);
-    auto& mine = steps[static_cast<size_t>(world.rank())];
-    for (int s = 0; s < kSteps; ++s) mine.push_back(tr.step());
-    if (pg.coord().dp == 0) {
-      std::lock_guard<std::mutex> lk(mu);
-      std::vector<ShardSlice> primary;
-      for (const ShardSlice& sl : model.model().shard_map()) {
-        if (!sl.tied_copy) primary.push_back(sl);
-      }
-      copy_local_to_full(primary, kCfg, model.params(), out.params.data());
-    }
-  });
-  for (const auto& s : steps) {
-    for (size_t i = 0; i < s.size(); ++i) CHECK(s[i].loss == steps[0][i].loss);
-  }
-  out.steps = steps[0];
-  return out;
-}
-
 }  // namespace
 
 TEST_CASE("MoE AdamW steps through the Trainer: pp=2, tp=2 + sp and dp=2 x tp=2 + sp train like one process") {
-  Run ref;
+  testing::LayoutRun ref;
   {
     ThreadPool pool(1);
     testing::StreamSource src(0, 1, kB, kT, kCfg.vocab_size);
@@ -324,7 +282,7 @@ TEST_CASE("MoE AdamW steps through the Trainer: pp=2, tp=2 + sp and dp=2 x tp=2 
   };
   for (const Case& c : {Case{{1, 1, 2}, false}, Case{{1, 2, 1}, true}, Case{{2, 2, 1}, true}}) {
     INFO("layout dp=" << c.layout.dp << " tp=" << c.layout.tp << " pp=" << c.layout.pp << " sp=" << c.sp);
-    const Run got = trainer_run(c.layout, c.sp);
+    const testing::LayoutRun got = testing::run_parallel_trainer(kCfg, train_config(c.sp), c.layout);
     REQUIRE(got.steps.size() == ref.steps.size());
     for (size_t s = 0; s < ref.steps.size(); ++s) {
       const StepResult &a = got.steps[s], &b = ref.steps[s];
