@@ -45,7 +45,7 @@ TEST_CASE("MoE checkpoints reshard across expert-parallel degrees; unsupported c
                         Case{"ep2z", "--nproc 4 --ep 2 --zero 1"},
                         // the tensor/pipeline stage path (gpt_stage_moe.cc) reads the same global expert tensors
                         Case{"pp2", "--nproc 2 --pp 2"}, Case{"tp2sp", "--nproc 2 --tp 2 --sequence-parallel"},
-                        Case{"pp2ep2", "--nproc 4 --pp 2 --ep 2"}}) {
+                        Case{"pp2ep2", "--nproc 4 --pp 2 --ep 2"}, Case{"pp2z", "--nproc 4 --pp 2 --zero 1"}}) {
     CAPTURE(c.name);
     const std::string ck = d + "/ck_" + c.name;
     std::filesystem::create_directories(ck);

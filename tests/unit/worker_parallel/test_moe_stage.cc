@@ -130,6 +130,9 @@ Grads run_layout(int dp, int tp, int pp, bool sp, const Data& d, int M, const Re
         }
       }
     }
+    // what the stage allocates is what stage_activation_bytes says (the MoE part included)
+    CHECK(model.activation_bytes() ==
+          stage_activation_bytes(model.shape(), kB, kT, model.stage().slots(), pool.size(), recompute, sp));
     MoeStats st = model.moe_stats();
     if (dp > 1) {
       groups.dp().all_reduce(model.grads(), model.num_params(), comm::DType::kFloat32, comm::ReduceOp::kSum);
