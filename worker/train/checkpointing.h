@@ -47,10 +47,10 @@ struct ShardSpec {
 std::vector<ShardSpec> full_state_shards(const GptConfig& model, const TrainerState& state);
 
 // From a tensor/pipeline-parallel stage's shard_map() (worker/parallel/stage_plan.h ShardSlice: tensor index into
-// kParamNames or kRouterTensor, global_shape, offset, extent, local_offset, tp_replicated, tied_copy), for params and
-// AdamW m/v that are laid out like the local params buffer (no ZeRO). Every element is written once in the whole job:
-// slices replicated across tp are split among the tp x dp replicas, the others among the dp replicas; the last stage's
-// tied wte copy is restored but not written. A template so that this library does not depend on worker/parallel.
+// kParamNames, global_shape, offset, extent, local_offset, tp_replicated, tied_copy), for params and AdamW m/v that
+// are laid out like the local params buffer (no ZeRO). Every element is written once in the whole job: slices
+// replicated across tp are split among the tp x dp replicas, the others among the dp replicas; the last stage's tied
+// wte copy is restored but not written. A template so that this library does not depend on worker/parallel.
 template <typename Slice>
 std::vector<ShardSpec> shards_from_slices(const std::vector<Slice>& map, float* params, float* adam_m, float* adam_v,
                                           int tp_rank, int tp_size, int dp_rank, int dp_size) {
