@@ -109,6 +109,28 @@ class Kernels : public DeviceMemory {
                             float beta2, float eps, float weight_decay, int64_t t, float grad_scale) = 0;
   // sqrt(sum x^2) in double, over fixed chunks summed in order (reproducible; not the same bits on both devices).
   virtual double global_norm(const float* x, size_t n) = 0;
+
+  // ---- Fused forms and persistent weight copies (issue #11). Defaults are the unfused compositions above, which is
+  // what CpuKernels runs, so the CPU trainer computes bit for bit what it computed before; CudaKernels overrides them.
+  // pre (N,OC) = inp @ w^T + bias (kept for gelu_backward); out (N,OC) = gelu(pre). CUDA: one cuBLASLt GEMM with the
+  // GELU_AUX_BIAS epilogue.
+  virtual void matmul_gelu_forward(T* out, T* pre, const T* inp, const T* w, const T* bias, size_t N, int IC, int OC) {
+    matmul_forward(pre, inp, w, bias, N, IC, OC);
+    gelu_forward(out, pre, N * static_cast<size_t>(OC));
+  }
+  // residual (N,C) = a + b; out = layernorm(residual) with mean/rstd saved as layernorm_forward does. CUDA: one kernel.
+  virtual void residual_layernorm_forward(T* residual, T* out, T* mean, T* rstd, const T* a, const T* b, const T* w,
+                                          const T* bias, size_t N, int C) {
+    residual_forward(residual, a, b, N * static_cast<size_t>(C));
+    layernorm_forward(out, mean, rstd, residual, w, bias, N, C);
+  }
+  // The model's parameter buffer [params, params + n) (device memory from alloc()). A device may keep a low-precision
+  // copy of it that GEMMs read as their weight operand instead of converting the weight before every GEMM (CUDA: bf16).
+  // The device keeps the copy current for the writes it sees: adamw_update and to_device into the range. Whoever
+  // writes the range any other way (a collective receiving into it, a kernel) calls weights_changed() afterwards.
+  // The CPU keeps no copy (no-ops).
+  virtual void set_weights(const T* /*params*/, size_t /*n*/) {}
+  virtual void weights_changed() {}
 };
 
 }  // namespace railyard::worker

@@ -380,7 +380,8 @@ StepResult Trainer::step() {
   if (sharded_ != nullptr) {
     r.grad_norm = zero ? sync_->grad_norm(sharded_->grads()) : sharded_->grad_norm(sharded_->grads());
   } else {
-    r.grad_norm = zero       ? sync_->grad_norm(model_->grads())
+    // Expert-parallel storage: replicas hold different experts, so the sync adds the parts (owns_grad_norm).
+    r.grad_norm = zero || (sync_ != nullptr && sync_->owns_grad_norm()) ? sync_->grad_norm(model_->grads())
                   : offload_ ? host_kernels_->global_norm(model_->grads(), model_->num_params())
                              : opt_->global_norm(model_->grads());
   }
