@@ -121,7 +121,7 @@ constexpr const char* kUsage = R"(usage: railyard-worker train [flags]
                        memory drops by 8 bytes per parameter (docs/worker.md "Optimizer offload"; not with
                        --zero/--tp/--pp)
   --offload-threads N  CPU threads of the offloaded update (default 1)
-  --moe-experts E      mixture-of-experts MLP with E experts per layer (default: dense); with --nproc/--ep
+  --moe-experts E      mixture-of-experts MLP with E experts per layer (default: dense); with --nproc/--ep/--tp/--pp
   --moe-top-k K        experts per token (default 1)
   --moe-capacity-factor F  tokens per expert per micro-batch <= ceil(F * K * B*T / E); over it a token's choice is
                        dropped (its MLP contribution is 0, the residual passes); <= 0: no limit (default 1.25)
@@ -481,8 +481,10 @@ std::unique_ptr<parallel::ExpertParallel> join_expert_parallel(std::map<std::str
 
 // Expert-parallel storage: a rank holds only its ep group's share of the experts (E/ep per layer), reduced over the
 // dp ranks holding the same ones. ZeRO and --deterministic keep the full layout (docs/parallel.md).
+// The tensor/pipeline stage path keeps every expert (docs/parallel.md "MoE with tensor, pipeline and sequence
+// parallelism").
 bool expert_storage_sharded(const parallel::ExpertParallel* ep, const DistSetup& dist) {
-  return ep != nullptr && dist.zero == 0 && !dist.deterministic;
+  return ep != nullptr && dist.zero == 0 && !dist.deterministic && dist.sharded == nullptr;
 }
 
 // The checkpoint's tensor list: the full model, or a tp/pp stage's slices (shard_map), and with ZeRO over dp the
@@ -714,10 +716,10 @@ int cmd_train(int argc, char** argv) {
         throw ConfigError(std::string("--") + flag + " with --moe-experts: llm.c files of MoE models do not exist");
       }
     }
-    if (to_int(f, "tp", 1) > 1 || to_int(f, "pp", 1) > 1) {
+    if (to_int(f, "cp", 1) > 1) {
       throw ConfigError(
-          "--moe-experts composes with data and expert parallelism, ZeRO and --deterministic (tensor/pipeline "
-          "parallelism with experts is not implemented): drop --tp/--pp");
+          "--moe-experts with --cp: mixture-of-experts layers are not built for context parallelism (routing and "
+          "capacity are per micro-batch, which cp splits); drop --cp (--tp/--pp/--sequence-parallel compose)");
     }
   }
 
@@ -860,7 +862,11 @@ int cmd_train(int argc, char** argv) {
   }
   Trainer trainer(model_cfg, tc, pool, train, val.get(), dist.sync.get(), dist.sharded.get(), device.get());
   if (dist.groups != nullptr) trainer.set_layout(dist.groups->describe());
-  if (expert_parallel) expert_parallel->attach(trainer.model());
+  if (expert_parallel && dist.sharded != nullptr) {
+    expert_parallel->attach(dist.sharded->model().stage());  // the dp group is this (tp, pp) coordinate's
+  } else if (expert_parallel) {
+    expert_parallel->attach(trainer.model());
+  }
   // Metrics: the same numbers as the step log line, for Prometheus and railyard-monitor.
   std::optional<int64_t> metrics_port;
   if (f.count("metrics-port")) {

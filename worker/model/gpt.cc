@@ -183,13 +183,6 @@ size_t activation_bytes(const GptConfig& c, int B, int T, int threads, const Rec
   return a.total() * sizeof(float) + (static_cast<size_t>(B) * T + a.routing) * sizeof(int32_t);
 }
 
-size_t moe_capacity(const MoeConfig& m, size_t N) {
-  if (m.experts <= 0) return 0;
-  if (m.capacity_factor <= 0) return N;
-  const double want = std::ceil(m.capacity_factor * m.top_k * static_cast<double>(N) / m.experts);
-  return std::min(N, std::max<size_t>(1, static_cast<size_t>(want)));
-}
-
 template <typename T>
 void init_gpt2_weights(T* params, const GptConfig& c, uint64_t seed, ThreadPool* pool) {
   constexpr size_t kChunk = kInitChunk;
@@ -430,44 +423,9 @@ void Gpt<T>::moe_forward(size_t l, const LayerActs& a, T* out, MoeStats* stats) 
   // router: probs (N,E) = softmax(ln2 @ router^T); top-k per token by probability, ties to the lower index
   matmul_forward(pool_, a.probs, a.ln2, router, static_cast<const T*>(nullptr), N, static_cast<int>(C),
                  static_cast<int>(E));
-  pool_.parallel_for(N, [&](size_t t0, size_t t1) {
-    for (size_t t = t0; t < t1; ++t) {
-      T* p = a.probs + t * E;
-      T mx = p[0];
-      for (size_t e = 1; e < E; ++e) mx = std::max(mx, p[e]);
-      T sum = 0;
-      for (size_t e = 0; e < E; ++e) {
-        p[e] = std::exp(p[e] - mx);
-        sum += p[e];
-      }
-      for (size_t e = 0; e < E; ++e) p[e] /= sum;
-      for (size_t j = 0; j < k; ++j) {
-        int32_t best = -1;
-        for (size_t e = 0; e < E; ++e) {
-          bool taken = false;
-          for (size_t i = 0; i < j; ++i) taken |= r.choice[t * k + i] == static_cast<int32_t>(e);
-          if (!taken && (best < 0 || p[e] > p[best])) best = static_cast<int32_t>(e);
-        }
-        r.choice[t * k + j] = best;
-      }
-    }
-  });
+  moe::route(pool_, a.probs, r.choice, N, E, k);
   // dispatch with capacity: all first choices in token order, then all second choices, ... (GShard's priority)
-  std::fill(r.count, r.count + E, 0);
-  size_t dropped = 0;
-  for (size_t j = 0; j < k; ++j) {
-    for (size_t t = 0; t < N; ++t) {
-      const int32_t e = r.choice[t * k + j];
-      if (static_cast<size_t>(r.count[e]) < cap) {
-        const size_t row = e * cap + r.count[e]++;
-        r.row[t * k + j] = static_cast<int32_t>(row);
-        r.token[row] = static_cast<int32_t>(t);
-      } else {
-        r.row[t * k + j] = -1;
-        ++dropped;
-      }
-    }
-  }
+  const size_t dropped = moe::dispatch(r.choice, N, k, E, cap, nullptr, r.row, r.count, r.token);
   // experts: gather the rows, fc -> gelu -> fcproj on (count, C)
   for (size_t e = 0; e < E; ++e) {
     const size_t n = r.count[e], le = l * E + e;
@@ -485,40 +443,13 @@ void Gpt<T>::moe_forward(size_t l, const LayerActs& a, T* out, MoeStats* stats) 
   }
   if (ep_.size > 1) moe_experts_forward_ep(l, a);
   // combine: out[t] = sum over kept choices (in choice order) of probs[t, e] * y[row]; dropped choices add nothing
-  pool_.parallel_for(N, [&](size_t t0, size_t t1) {
-    for (size_t t = t0; t < t1; ++t) {
-      T* o = out + t * C;
-      std::fill(o, o + C, T(0));
-      for (size_t j = 0; j < k; ++j) {
-        const int32_t row = r.row[t * k + j];
-        if (row < 0) continue;
-        const T gate = a.probs[t * E + r.choice[t * k + j]];
-        const T* y = a.moe_y + static_cast<size_t>(row) * C;
-        for (size_t c = 0; c < C; ++c) o[c] += gate * y[c];
-      }
-    }
-  });
+  moe::combine(pool_, out, a.probs, r.choice, r.row, a.moe_y, N, E, k, C);
   if (stats == nullptr) return;
-  // load balancing (Switch/GShard): f_e = share of the N*k choices that picked e (before capacity), P_e = mean
-  // router probability of e; aux = alpha * E * sum_e f_e P_e (alpha at perfect balance)
-  double aux = 0;
-  for (size_t e = 0; e < E; ++e) {
-    size_t picked = 0;
-    double P = 0;
-    for (size_t i = 0; i < N * k; ++i) picked += r.choice[i] == static_cast<int32_t>(e) ? 1 : 0;
-    for (size_t t = 0; t < N; ++t) P += static_cast<double>(a.probs[t * E + e]);
-    aux += static_cast<double>(picked) / static_cast<double>(N * k) * (P / static_cast<double>(N));
-  }
-  size_t lost = 0;
-  for (size_t t = 0; t < N; ++t) {
-    bool any = false;
-    for (size_t j = 0; j < k; ++j) any |= r.row[t * k + j] >= 0;
-    lost += any ? 0 : 1;
-  }
-  stats->aux_loss += config_.moe.aux_loss_coef * static_cast<double>(E) * aux;
+  // load balancing (Switch/GShard): aux = alpha * E * sum_e f_e P_e (alpha at perfect balance)
+  stats->aux_loss += moe::aux_loss(moe::balance(a.probs, r.choice, N, E, k), config_.moe);
   stats->assignments += N * k;
   stats->dropped += dropped;
-  stats->tokens_dropped += lost;
+  stats->tokens_dropped += moe::tokens_dropped(r.row, N, k);
 }
 
 template <typename T>
@@ -531,34 +462,10 @@ void Gpt<T>::moe_backward(size_t l, const LayerActs& a, const T* dout, T* dx) {
   auto g = split_tensors(grads_.data(), config_);
   const T* router = params_.data() + router_offset(config_) + l * E * C;
   T* drouter = grads_.data() + router_offset(config_) + l * E * C;
-  // d probs: from the gates, dp[t, e] = dout[t] . y[row] for kept choices; from the load-balancing loss (f_e is
-  // piecewise constant), d aux / d probs[t, e] = alpha * E * f_e / N, times the objective's dloss
-  std::vector<double>& f = moe_f_;
-  std::fill(f.begin(), f.end(), 0.0);
-  for (size_t i = 0; i < N * k; ++i) f[r.choice[i]] += 1.0 / static_cast<double>(N * k);
-  pool_.parallel_for(N, [&](size_t t0, size_t t1) {
-    for (size_t t = t0; t < t1; ++t) {
-      T* dp = moe_dp_ + t * E;
-      for (size_t e = 0; e < E; ++e) {
-        dp[e] =
-            static_cast<T>(config_.moe.aux_loss_coef * static_cast<double>(E) * f[e] / static_cast<double>(N)) * dloss_;
-      }
-      for (size_t j = 0; j < k; ++j) {
-        const int32_t row = r.row[t * k + j];
-        if (row < 0) continue;
-        const T* y = a.moe_y + static_cast<size_t>(row) * C;
-        const T* d = dout + t * C;
-        T dot = 0;
-        for (size_t c = 0; c < C; ++c) dot += d[c] * y[c];
-        dp[r.choice[t * k + j]] += dot;
-      }
-      // softmax backward in place: dz = p * (dp - sum_e p dp)
-      const T* p = a.probs + t * E;
-      T s = 0;
-      for (size_t e = 0; e < E; ++e) s += p[e] * dp[e];
-      for (size_t e = 0; e < E; ++e) dp[e] = p[e] * (dp[e] - s);
-    }
-  });
+  // d probs: from the gates and the load-balancing loss (times the objective's dloss), through the softmax
+  moe_f_ = moe::choice_shares(moe::balance(a.probs, r.choice, N, E, k), k);
+  moe::router_backward(pool_, moe_dp_, a.probs, r.choice, r.row, a.moe_y, dout, moe_f_, static_cast<double>(N),
+                       config_.moe, dloss_, N, C);
   // experts: dy[row] = gate * dout[token]; fcproj, gelu, fc backward on the expert's rows
   if (ep_.size > 1) moe_experts_backward_ep(l, a, dout);
   for (size_t e = 0; e < (ep_.size > 1 ? 0 : E); ++e) {
@@ -582,18 +489,7 @@ void Gpt<T>::moe_backward(size_t l, const LayerActs& a, const T* dout, T* dx) {
                     n, static_cast<int>(C), static_cast<int>(H));  // d x_e (n,C)
   }
   // dx[t] = sum over kept choices (choice order) of the expert input gradients, then + the router's dz @ router
-  pool_.parallel_for(N, [&](size_t t0, size_t t1) {
-    for (size_t t = t0; t < t1; ++t) {
-      T* o = dx + t * C;
-      std::fill(o, o + C, T(0));
-      for (size_t j = 0; j < k; ++j) {
-        const int32_t row = r.row[t * k + j];
-        if (row < 0) continue;
-        const T* d = moe_dx_ + static_cast<size_t>(row) * C;
-        for (size_t c = 0; c < C; ++c) o[c] += d[c];
-      }
-    }
-  });
+  moe::combine_input_grads(pool_, dx, r.row, moe_dx_, N, k, C);
   matmul_backward(pool_, dx, true, drouter, static_cast<T*>(nullptr), moe_dp_, a.ln2, router, N, static_cast<int>(C),
                   static_cast<int>(E));
 }

@@ -17,6 +17,7 @@
 #include "worker/device/kernels.h"
 #include "worker/kernels/cpu/thread_pool.h"
 #include "worker/model/gpt_config.h"
+#include "worker/model/moe_math.h"
 
 namespace railyard::worker {
 
@@ -39,9 +40,6 @@ class AlignedBuffer {
   std::unique_ptr<T[], Free> data_;
   size_t size_ = 0;
 };
-
-// Tokens each expert takes per micro-batch of N tokens: ceil(cf * k * N / E) in 1..N, or N without a limit (cf <= 0).
-size_t moe_capacity(const MoeConfig& m, size_t N);
 
 // What the MoE layers did in the last forward (all layers summed).
 struct MoeStats {

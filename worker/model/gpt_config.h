@@ -48,6 +48,12 @@ inline constexpr std::array<std::string_view, kNumParamTensors> kParamNames = {
     "wte",  "wpe",  "ln1w", "ln1b", "qkvw",    "qkvb",    "attprojw", "attprojb",
     "ln2w", "ln2b", "fcw",  "fcb",  "fcprojw", "fcprojb", "lnfw",     "lnfb"};
 
+// Shard maps and checkpoints name the MoE router (after the 16 tensors) as tensor index kRouterTensor.
+inline constexpr int kRouterTensor = kNumParamTensors;
+inline constexpr std::string_view param_tensor_name(int i) {
+  return i == kRouterTensor ? std::string_view("routerw") : kParamNames[static_cast<size_t>(i)];
+}
+
 // Experts per layer this buffer holds: E, or E / expert_shards with expert-parallel storage (0 for a dense model).
 inline int local_experts(const GptConfig& c) {
   return c.moe.experts > 0 ? c.moe.experts / (c.moe.expert_shards > 0 ? c.moe.expert_shards : 1) : 0;

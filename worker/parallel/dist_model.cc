@@ -5,7 +5,12 @@
 
 namespace railyard::worker::parallel {
 
-std::vector<TensorSpan> local_tensor_spans(const StageShape& shape) { return tensor_spans(local_param_sizes(shape)); }
+std::vector<TensorSpan> local_tensor_spans(const StageShape& shape) {
+  std::vector<TensorSpan> spans = tensor_spans(local_param_sizes(shape));
+  const size_t router = local_router_size(shape);  // MoE: the stage's router after lnfb, decayed like the full one
+  if (router > 0) spans.push_back({local_num_params(shape) - router, router, true});
+  return spans;
+}
 
 ParallelGpt::ParallelGpt(const GptConfig& config, const TrainConfig& train, int max_micro_batches, ThreadPool& pool,
                          comm::Communicator& world, const ModelGroups& groups, Kernels<float>* device)
@@ -50,6 +55,15 @@ double ParallelGpt::forward_backward(int M, const NextBatch& next, float dloss, 
   const double loss = model_.forward_backward(M, next, dloss, times);
   model_.finish_grads(times);
   return loss;
+}
+
+bool ParallelGpt::moe_stats(double out[3]) {
+  if (config_.moe.experts <= 0) return false;
+  const MoeStats& s = model_.moe_stats();
+  out[0] = static_cast<double>(s.assignments);
+  out[1] = static_cast<double>(s.dropped);
+  out[2] = s.aux_loss;
+  return true;
 }
 
 double ParallelGpt::grad_norm(const float* grads) { return std::sqrt(model_.sum_squares_once(grads)); }

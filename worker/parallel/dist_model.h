@@ -40,6 +40,7 @@ class ParallelGpt final : public ShardedModel {
   }
   double evaluate(int M, const NextBatch& next) override { return model_.evaluate(M, next); }
   double grad_norm(const float* grads) override;
+  bool moe_stats(double out[3]) override;
   bool any(bool local) override;
   void update(float* params, const float* grads, float lr, float grad_scale) override;
   int64_t adam_t() const override { return on_host() ? adam_->t() : t_; }
@@ -91,7 +92,8 @@ std::unique_ptr<DataParallel> parallel_gpt_data_parallel(comm::Communicator* dp,
                                                          const ModelGroups& groups, const TrainConfig& train,
                                                          ThreadPool& pool, DataParallelOptions options);
 
-// The 16 local tensors' spans of a stage's flat buffer (local_param_sizes order) with AdamW's decay rule.
+// The 16 local tensors' spans of a stage's flat buffer (local_param_sizes order) with AdamW's decay rule, then the
+// MoE router's.
 std::vector<TensorSpan> local_tensor_spans(const StageShape& shape);
 
 }  // namespace railyard::worker::parallel

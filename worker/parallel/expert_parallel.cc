@@ -21,7 +21,7 @@ std::vector<int> expert_dp_ranks(int dp_size, int ep, int dp_rank) {
 
 void validate_expert_parallel(const GptConfig& m, const ExpertParallelOptions& o, int dp, int tp, int pp,
                               int /*zero: composes (the experts' gradients reduce-scatter like the rest)*/,
-                              bool /*deterministic: composes (ExpertParallelOptions::deterministic)*/,
+                              bool deterministic /*composes without --tp/--pp (ExpertParallelOptions)*/,
                               bool uneven_dp_split) {
   const std::string ep = "--ep " + std::to_string(o.ep);
   if (o.ep < 1) throw ConfigError(ep + ": must be >= 1");
@@ -39,10 +39,10 @@ void validate_expert_parallel(const GptConfig& m, const ExpertParallelOptions& o
                       " is not divisible by it (expert-parallel groups are made of data-parallel ranks); use --nproc "
                       "or WORLD_SIZE a multiple of --ep");
   }
-  if (tp > 1 || pp > 1) {
+  if ((tp > 1 || pp > 1) && deterministic) {
     throw ConfigError(ep +
-                      " with --tp/--pp: expert parallelism composes with data parallelism only so far "
-                      "(docs/parallel.md \"Expert parallelism\"); drop --tp/--pp");
+                      " with --deterministic and --tp/--pp: the stage path does not return expert gradients to their "
+                      "tokens' ranks (the deterministic tree needs it); drop --deterministic or --ep");
   }
   if (uneven_dp_split) {
     throw ConfigError(ep +
@@ -73,18 +73,32 @@ comm::Communicator& ExpertParallel::expert_data_parallel() {
   return *edp_;
 }
 
-template <typename T>
-void ExpertParallel::attach(Gpt<T>& model) {
-  typename Gpt<T>::ExpertExchange x;
-  x.size = group_->size();
-  x.rank = group_->rank();
-  x.return_expert_grads = options_.deterministic;
-  comm::AllToAll* a2a = a2a_.get();
+namespace {
+
+// The exchange a Gpt<T> or a GptStage installs: this rank's place in the group and its all_to_all.
+template <typename Exchange>
+Exchange make_exchange(comm::Communicator& group, comm::AllToAll* a2a, bool deterministic) {
+  Exchange x;
+  x.size = group.size();
+  x.rank = group.rank();
+  x.return_expert_grads = deterministic;
   // Bytes as int32 elements: all_to_all only moves data, and every chunk here is a multiple of 4 bytes.
   x.all_to_all = [a2a](const void* in, void* out, size_t bytes) {
     a2a->run(in, out, bytes / sizeof(int32_t), comm::DType::kInt32);
   };
-  model.set_expert_exchange(std::move(x));
+  return x;
+}
+
+}  // namespace
+
+template <typename T>
+void ExpertParallel::attach(Gpt<T>& model) {
+  model.set_expert_exchange(
+      make_exchange<typename Gpt<T>::ExpertExchange>(*group_, a2a_.get(), options_.deterministic));
+}
+
+void ExpertParallel::attach(GptStage& stage) {
+  stage.set_expert_exchange(make_exchange<Gpt<float>::ExpertExchange>(*group_, a2a_.get(), options_.deterministic));
 }
 
 std::string ExpertParallel::describe() const {

@@ -10,6 +10,7 @@
 #include "worker/comm/all_to_all.h"
 #include "worker/comm/communicator.h"
 #include "worker/model/gpt.h"
+#include "worker/parallel/gpt_stage.h"
 
 namespace railyard::worker::parallel {
 
@@ -44,6 +45,8 @@ class ExpertParallel {
   // Installs the exchange in `model` (which must outlive neither this object nor its group).
   template <typename T>
   void attach(Gpt<T>& model);
+  // The same exchange in a tensor/pipeline stage (the dp group this was built on is its (tp, pp) coordinate's).
+  void attach(GptStage& stage);
   // "ep=2 group [0,1] flat all_to_all over 2" for the layout line.
   std::string describe() const;
 

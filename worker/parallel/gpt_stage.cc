@@ -38,7 +38,9 @@ StageSizes stage_sizes(const StageShape& sh, int B, int seq_len, size_t threads,
   StageSizes z;
   // One layer without its output res3 and without att: ln1 (NL,C), ln1 mean/rstd (NL), qkv (N,3Cl), atty (N,Cl),
   // res2 (NL,C), ln2 (NL,C), ln2 mean/rstd (NL), fch and fch_gelu (N,4Cl); att (B,NHl,T,T).
-  z.layer = NL * C + 2 * NL + N * 3 * Cl + N * Cl + NL * C + NL * C + 2 * NL + 2 * N * 4 * Cl;
+  // With experts the MLP's rows live in the MoE part (stage_moe_activation_bytes), not here.
+  const size_t mlp = sh.config.moe.experts > 0 ? 0 : 2 * N * 4 * Cl;
+  z.layer = NL * C + 2 * NL + N * 3 * Cl + N * Cl + NL * C + NL * C + 2 * NL + mlp;
   z.att = cp > 1 ? B * NHl * static_cast<size_t>(seq_len) : B * NHl * TT;  // probabilities, or the ring's lse
   if (dev != nullptr && cp == 1) z.att = dev->att_saved;
   size_t stored = 0, stored_att = 0;
@@ -73,7 +75,8 @@ size_t stage_activation_bytes(const StageShape& shape, int B, int seq_len, int s
   if (cp < 1 || seq_len % cp != 0) throw ConfigError("context parallelism: cp must divide T");
   const StageSizes z = stage_sizes(shape, B, seq_len / cp, threads, recompute, sequence_parallel, cp);
   return (z.per_slot * slots + z.work + z.scratch + z.ring) * sizeof(float) +
-         (z.tokens * slots + (cp > 1 ? 2 * z.tokens : 0)) * sizeof(int32_t);
+         (z.tokens * slots + (cp > 1 ? 2 * z.tokens : 0)) * sizeof(int32_t) +
+         stage_moe_activation_bytes(shape, B, seq_len / cp, slots, sequence_parallel);
 }
 
 GptStage::GptStage(const StageShape& shape, int B, int seq_len, int slots, ThreadPool& pool, comm::Communicator* tp,
@@ -138,8 +141,7 @@ GptStage::GptStage(const StageShape& shape, int B, int seq_len, int slots, Threa
   cpu::init_blas_single_threaded();
   map_ = make_shard_map(shape_);
   sizes_ = local_param_sizes(shape_);
-  size_t n = 0;
-  for (size_t s : sizes_) n += s;
+  const size_t n = local_num_params(shape_);  // the 16 tensors, then the MoE router
   params_ = DeviceBuffer<float>(*dev_, n);
   grads_ = DeviceBuffer<float>(*dev_, n);
 
@@ -175,8 +177,9 @@ GptStage::GptStage(const StageShape& shape, int B, int seq_len, int slots, Threa
     la.ln2 = take(NL * C);
     la.ln2_mean = take(NL);
     la.ln2_rstd = take(NL);
-    la.fch = take(N * 4 * Cl);
-    la.fch_gelu = take(N * 4 * Cl);
+    const size_t mlp_rows = shape_.config.moe.experts > 0 ? 0 : N;  // experts: rows in the MoE part
+    la.fch = take(mlp_rows * 4 * Cl);
+    la.fch_gelu = take(mlp_rows * 4 * Cl);
   };
   LayerActs w{};
   if (work_layer) take_layer(w);
@@ -229,6 +232,14 @@ GptStage::GptStage(const StageShape& shape, int B, int seq_len, int slots, Threa
     ring_ = std::make_unique<RingAttention>(cp, B, T_, static_cast<int>(Cl), shape_.local_heads(), pool);
     if (ring_->workspace_bytes() != z.ring * sizeof(float)) throw Error("GptStage: ring workspace mismatch (a bug)");
     cp_tokens_ = AlignedBuffer<int32_t>(2 * N);
+  }
+  if (shape_.config.moe.experts > 0) {
+    // The stage's MoE code (gpt_stage_moe.cc) runs the CPU kernels on host pointers.
+    if (!dev_->host_accessible()) {
+      throw ConfigError(std::string("--moe-experts with spec.device / --device ") + device_name(dev_->kind()) +
+                        ": mixture-of-experts layers run on the CPU only so far; use --device cpu");
+    }
+    moe_init();
   }
 }
 
@@ -371,6 +382,11 @@ void GptStage::layer_forward(size_t l, const float* residual, const LayerActs& a
   k.residual_forward(a.res2, residual, g(), NL * C);
   // MLP block
   k.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, ln2w + lc, ln2b + lc, NL, C);
+  if (moe_) {
+    moe_forward(l, a, proj_);  // (rows_,C) whole: the experts are not tensor-sharded, no g
+    k.residual_forward(res3, a.res2, proj_, NL * C);
+    return;
+  }
   k.matmul_forward(a.fch, f(a.ln2), fcw + l * 4 * Cl * C, fcb + l * 4 * Cl, N, C, 4 * Cl);  // (B,T,4Cl)
   k.gelu_forward(a.fch_gelu, a.fch, N * 4 * Cl);
   k.matmul_forward(proj_, a.fch_gelu, fcprojw + l * C * 4 * Cl, lead ? fcprojb + lc : nullptr, N, 4 * Cl,
@@ -382,6 +398,9 @@ double GptStage::forward(int slot, const int32_t* inputs, const int32_t* targets
   using comm::ReduceOp;
   Kernels<float>& k = *dev_;
   Slot& a = slot_.at(slot);
+  cur_slot_ = slot;
+  moe_aux_ = 0;
+  dloss_ = dloss;
   const int B = B_, Tn = T_, C = shape_.config.channels;
   const int Vl = shape_.local_vocab(), Vr = shape_.valid_local_vocab(), v0 = shape_.vocab_begin();
   const size_t Ls = shape_.layers(), N = static_cast<size_t>(B) * Tn, NL = rows_;
@@ -425,7 +444,8 @@ double GptStage::forward(int slot, const int32_t* inputs, const int32_t* targets
   for (size_t l = 0; l < Ls; ++l) {
     layer_forward(l, l == 0 ? a.input : a.res3 + (l - 1) * NL * C, a.layer[l], a.res3 + l * NL * C);
   }
-  if (!shape_.last()) return 0;
+  // With experts every stage returns its layers' load-balancing loss (ParallelModel sums the stages).
+  if (!shape_.last()) return moe_aux_;
 
   check_tokens(targets, N, shape_.config.vocab_size, "target");
   if (targets_.size() > 0) {
@@ -454,13 +474,14 @@ double GptStage::forward(int slot, const int32_t* inputs, const int32_t* targets
   }
   double sum = 0;
   for (size_t i = 0; i < N; ++i) sum += losses[i];
-  return sum / static_cast<double>(N);
+  return sum / static_cast<double>(N) + moe_aux_;
 }
 
 void GptStage::backward(int slot, const GradReadyHook* ready) {
   using comm::ReduceOp;
   Kernels<float>& k = *dev_;
   Slot& a = slot_.at(slot);
+  cur_slot_ = slot;
   const int B = B_, Tn = T_, C = shape_.config.channels, Cl = shape_.local_channels();
   const int Vl = shape_.local_vocab(), v0 = shape_.vocab_begin();
   const size_t Ls = shape_.layers(), N = static_cast<size_t>(B) * Tn, NL = rows_;
@@ -523,17 +544,24 @@ void GptStage::backward(int slot, const GradReadyHook* ready) {
     const int gl = shape_.layer_begin + static_cast<int>(l);
     if (recompute_.full(gl)) {
       // Same kernels, inputs, weights and (deterministic) collectives as the forward: the working set gets its bits.
+      recomputing_ = true;
       layer_forward(l, residual, la, proj_);  // res3 is kept; proj_ takes the throwaway copy
+      recomputing_ = false;
     } else if (recompute_.selective(gl)) {
       attention_fwd(la);  // atty rewritten with identical values
     }
-    // MLP block: g's backward is the identity (sequence parallel: the all-gather), fcproj sees d(res3)
-    k.matmul_backward(d4c_, false, g[12] + l * C * 4 * Cl, g[13] + lc, gather(dres_), la.fch_gelu,
-                      w[12] + l * C * 4 * Cl, N, 4 * Cl, C, true);  // d fch_gelu (B,T,4Cl)
-    k.gelu_backward(d4c_, la.fch, d4c_, N * 4 * Cl);                // d fch (B,T,4Cl)
-    k.matmul_backward(dc_, false, g[10] + l * 4 * Cl * C, g[11] + l * 4 * Cl, d4c_, gather(la.ln2),
-                      w[10] + l * 4 * Cl * C, N, C, 4 * Cl, true);  // d ln2 (B,T,C) partial
-    const float* dln2 = f_backward();
+    const float* dln2 = dc_;
+    if (moe_) {
+      moe_backward(l, la, dres_, dc_, ready);  // d ln2 (rows_,C), whole: the experts are not tensor-sharded
+    } else {
+      // MLP block: g's backward is the identity (sequence parallel: the all-gather), fcproj sees d(res3)
+      k.matmul_backward(d4c_, false, g[12] + l * C * 4 * Cl, g[13] + lc, gather(dres_), la.fch_gelu,
+                        w[12] + l * C * 4 * Cl, N, 4 * Cl, C, true);  // d fch_gelu (B,T,4Cl)
+      k.gelu_backward(d4c_, la.fch, d4c_, N * 4 * Cl);                // d fch (B,T,4Cl)
+      k.matmul_backward(dc_, false, g[10] + l * 4 * Cl * C, g[11] + l * 4 * Cl, d4c_, gather(la.ln2),
+                        w[10] + l * 4 * Cl * C, N, C, 4 * Cl, true);  // d ln2 (B,T,C) partial
+      dln2 = f_backward();
+    }
     k.layernorm_backward(dres_, ln_grad(8, l), ln_grad(9, l), ln_scratch_, dln2, la.res2, w[8] + lc, la.ln2_mean,
                          la.ln2_rstd, NL, C);  // += d res2
     // attention block
@@ -547,7 +575,8 @@ void GptStage::backward(int slot, const GradReadyHook* ready) {
                          la.ln1_rstd, NL, C);  // += d residual
     for (int i = 2; i < 14; ++i) {
       const bool layernorm = i == 2 || i == 3 || i == 8 || i == 9;
-      if (!(sp_ && layernorm)) report(i, l * (sizes_[i] / Ls), sizes_[i] / Ls);  // layer l's slices are final
+      const bool expert = moe_ && i >= 10;  // sequence parallel: partial until finish_moe_grads
+      if (!(sp_ && (layernorm || expert))) report(i, l * (sizes_[i] / Ls), sizes_[i] / Ls);  // layer l's slices
     }
   }
   if (sp_) {

@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "worker/comm/communicator.h"
@@ -43,6 +44,10 @@ namespace railyard::worker::parallel {
 // what the memory comparison with the planner uses on shapes too big to allocate in a unit test.
 size_t stage_activation_bytes(const StageShape& shape, int B, int seq_len, int slots, size_t threads,
                               const RecomputeSpec& recompute = {}, bool sequence_parallel = false, int cp = 1);
+
+// The MoE layers' share of it (0 for a dense model): routing, router probabilities and expert rows per slot and
+// layer, plus one layer's backward scratch (gpt_stage_moe.cc).
+size_t stage_moe_activation_bytes(const StageShape& shape, int B, int seq_len, int slots, bool sequence_parallel);
 
 class GptStage {
  public:
@@ -100,11 +105,25 @@ class GptStage {
   size_t activation_bytes() const {
     return (acts_.size() + scratch_.size()) * sizeof(float) +
            (tokens_.size() + cp_tokens_.size() + targets_.size()) * sizeof(int32_t) +
-           (ring_ ? ring_->workspace_bytes() : 0);
+           (ring_ ? ring_->workspace_bytes() : 0) + moe_bytes();
   }
 
   // Seconds spent in tp all-reduces since the last call (then reset).
   double take_tp_comm_seconds();
+
+  // Mixture of experts (gpt_stage_moe.cc; docs/parallel.md "Expert parallelism"): the MoE layers of this stage.
+  // With sequence parallelism each tp rank routes its own rows and the expert and router weight gradients are partial
+  // sums until finish_moe_grads() adds them over tp (once per step, after the last backward; reports them to `ready`).
+  void finish_moe_grads(const GradReadyHook* ready);
+  // What this stage's MoE layers did in the forwards since the last call (then reset): aux loss, assignments and
+  // drops of the whole micro-batches (over tp when the tokens are split), summed over micro-batches and layers.
+  MoeStats take_moe_stats();
+  // Expert parallelism (as Gpt<float>::set_expert_exchange; worker/parallel/expert_parallel.h): this rank runs experts
+  // [rank E/size, (rank+1) E/size) of its MoE layers for the tokens of its group (data-parallel ranks of the same
+  // (tp, pp) coordinate), dispatch and combine by all_to_all; every forward/backward is then collective over the
+  // group. All E experts stay in the buffer; the other ranks' experts get zero gradient here (the data-parallel
+  // reduction adds the owners'). return_expert_grads (the deterministic mode) is not supported here.
+  void set_expert_exchange(Gpt<float>::ExpertExchange exchange);
 
  private:
   // One layer's activations: its share of the slot's buffers, or (recomputed layers) the stage's one-layer working
@@ -127,6 +146,17 @@ class GptStage {
   void attention_bwd(const LayerActs& a);
   // Local layer l of a slot: writes res3 (proj_ may be passed to discard it).
   void layer_forward(size_t l, const float* residual, const LayerActs& a, float* res3);
+  // Mixture of experts, activation slot cur_slot_: out (rows_,C) = the MoE output for a.ln2; its backward writes
+  // dx (rows_,C) = d ln2 from dout (rows_,C) and accumulates the expert and router gradients.
+  struct Moe;
+  void moe_init();
+  size_t moe_bytes() const;
+  void moe_forward(size_t l, const LayerActs& a, float* out);
+  void moe_backward(size_t l, const LayerActs& a, const float* dout, float* dx, const GradReadyHook* ready);
+  // The experts' part with expert parallelism: the moe_x rows (routing order) in, the outputs (forward) or input
+  // gradients (backward) back in routing order.
+  void moe_experts_forward_ep(size_t l);
+  void moe_experts_backward_ep(size_t l, const LayerActs& a, const float* dout);
 
   StageShape shape_;
   RecomputeSpec recompute_;
@@ -157,6 +187,14 @@ class GptStage {
   // layer [ln1w ln1b ln2w ln2b] (4C) then lnfw lnfb (2C), summed over tp before they join grads().
   float *gath_ = nullptr, *rs_ = nullptr, *sp_ln_ = nullptr;
   double tp_seconds_ = 0;
+  struct MoeDelete {
+    void operator()(Moe* m) const;  // gpt_stage_moe.cc, where Moe is complete
+  };
+  std::unique_ptr<Moe, MoeDelete> moe_;  // null for a dense model
+  int cur_slot_ = 0;                     // the slot forward/backward works on (MoE routing is kept per slot)
+  bool recomputing_ = false;             // a recomputed forward adds no MoE statistics
+  double moe_aux_ = 0;                   // this forward's load-balancing loss (this stage's layers)
+  float dloss_ = 1;                      // of the last forward: scales the load-balancing loss's gradient
 };
 
 }  // namespace railyard::worker::parallel

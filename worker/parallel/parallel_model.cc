@@ -102,6 +102,7 @@ double ParallelModel::run(int M, const std::function<void(int32_t*, int32_t*)>& 
   const size_t R = st.rows() * C;  // what crosses a stage boundary: the residual stream's rows held here
   double waited = 0, loss_sum = 0;
   st.take_tp_comm_seconds();
+  st.take_moe_stats();
 
   auto fwd = [&](int m) {
     const int k = m % K;
@@ -144,7 +145,20 @@ double ParallelModel::run(int M, const std::function<void(int32_t*, int32_t*)>& 
   for (auto& r : send_bwd_) wait(r, &waited);
 
   double loss = loss_sum / M;
-  if (P > 1) {
+  const bool moe = config_.moe.experts > 0;
+  if (moe) {
+    // Every stage's forward returned its layers' load-balancing loss (the last one also the cross entropy): the
+    // objective is their sum over stages, and so are the statistics (rank order, the same bits on every stage).
+    const MoeStats ms = st.take_moe_stats();
+    const std::vector<double> sums =
+        sum_over_pp({loss, ms.aux_loss, static_cast<double>(ms.assignments), static_cast<double>(ms.dropped)}, &waited);
+    loss = sums[0];
+    if (backward) {
+      moe_stats_.aux_loss = sums[1];
+      moe_stats_.assignments = static_cast<size_t>(sums[2]);
+      moe_stats_.dropped = static_cast<size_t>(sums[3]);
+    }
+  } else if (P > 1) {
     // the mean loss lives on the last stage (identical on its tp ranks); 8 bytes broadcast as one int64
     const auto t0 = Clock::now();
     int64_t bits = 0;
@@ -179,7 +193,28 @@ double ParallelModel::run(int M, const std::function<void(int32_t*, int32_t*)>& 
   return loss;
 }
 
+std::vector<double> ParallelModel::sum_over_pp(const std::vector<double>& local, double* waited) {
+  comm::Communicator* pp = groups_.pp;
+  if (pp == nullptr || pp->size() == 1) return local;
+  const auto t0 = Clock::now();
+  const size_t n = local.size();
+  std::vector<int64_t> mine(n), all(n * pp->size());
+  std::memcpy(mine.data(), local.data(), n * sizeof(double));
+  pp->all_gather(mine.data(), all.data(), n, comm::DType::kInt64);
+  std::vector<double> out(n, 0.0);
+  for (int r = 0; r < pp->size(); ++r) {
+    for (size_t i = 0; i < n; ++i) {
+      double v = 0;
+      std::memcpy(&v, &all[r * n + i], sizeof v);
+      out[i] += v;
+    }
+  }
+  *waited += since(t0);
+  return out;
+}
+
 void ParallelModel::finish_grads(StepTimes* times) {
+  stage_->finish_moe_grads(ready_ ? &ready_ : nullptr);  // sequence parallel experts: summed over tp
   const StageShape& sh = stage_->shape();
   if (sh.pp_size == 1 || !(sh.first() || sh.last())) return;
   const auto t0 = Clock::now();

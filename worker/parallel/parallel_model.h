@@ -81,6 +81,9 @@ class ParallelModel {
   void init_weights(uint64_t seed);
 
   GptStage& stage() { return *stage_; }
+  // Mixture of experts: the last forward_backward's statistics over all its micro-batches, summed over the stages
+  // (aux_loss, assignments, dropped; the whole micro-batches even when sequence parallelism splits their tokens).
+  const MoeStats& moe_stats() const { return moe_stats_; }
   bool sequence_parallel() const { return stage_->sequence_parallel(); }
   int cp_size() const { return stage_->cp_size(); }
   size_t activation_bytes() const { return stage_->activation_bytes(); }
@@ -91,6 +94,8 @@ class ParallelModel {
  private:
   double run(int M, const std::function<void(int32_t*, int32_t*)>& next, float dloss, bool backward, StepTimes* times);
   void wait(std::unique_ptr<comm::Request>& r, double* waited);
+  // Element-wise sums over the pp group in rank order (fp64 as int64 bit patterns): the same bits on every stage.
+  std::vector<double> sum_over_pp(const std::vector<double>& local, double* waited);
 
   GptConfig config_;
   int B_, T_, max_m_;
@@ -102,6 +107,7 @@ class ParallelModel {
   std::vector<std::unique_ptr<comm::Request>> send_fwd_, send_bwd_;  // per slot
   GptStage::GradReadyHook ready_;
   uint32_t step_ = 0;  // tag space per call
+  MoeStats moe_stats_;
 };
 
 }  // namespace railyard::worker::parallel

@@ -123,22 +123,41 @@ std::array<size_t, kNumParamTensors> local_param_sizes(const StageShape& s) {
   const size_t C = s.config.channels, Cl = s.local_channels(), Ls = s.layers(), Vl = s.local_vocab();
   const size_t maxT = s.config.max_seq_len;
   const bool has_wte = s.first() || s.last();
-  return {has_wte ? Vl * C : 0,      // wte (Vl, C)
-          s.first() ? maxT * C : 0,  // wpe (maxT, C)
-          Ls * C,
-          Ls * C,           // ln1w, ln1b (Ls, C)
-          Ls * 3 * Cl * C,  // qkvw (Ls, 3Cl, C): q|k|v rows of this rank's heads
-          Ls * 3 * Cl,      // qkvb (Ls, 3Cl)
-          Ls * C * Cl,      // attprojw (Ls, C, Cl): the input columns of this rank's heads
-          Ls * C,           // attprojb (Ls, C), replicated
-          Ls * C,
-          Ls * C,             // ln2w, ln2b
-          Ls * 4 * Cl * C,    // fcw (Ls, 4Cl, C)
-          Ls * 4 * Cl,        // fcb (Ls, 4Cl)
-          Ls * C * 4 * Cl,    // fcprojw (Ls, C, 4Cl)
-          Ls * C,             // fcprojb (Ls, C), replicated
-          s.last() ? C : 0,   // lnfw
-          s.last() ? C : 0};  // lnfb
+  std::array<size_t, kNumParamTensors> sizes = {
+      has_wte ? Vl * C : 0,      // wte (Vl, C)
+      s.first() ? maxT * C : 0,  // wpe (maxT, C)
+      Ls * C,
+      Ls * C,           // ln1w, ln1b (Ls, C)
+      Ls * 3 * Cl * C,  // qkvw (Ls, 3Cl, C): q|k|v rows of this rank's heads
+      Ls * 3 * Cl,      // qkvb (Ls, 3Cl)
+      Ls * C * Cl,      // attprojw (Ls, C, Cl): the input columns of this rank's heads
+      Ls * C,           // attprojb (Ls, C), replicated
+      Ls * C,
+      Ls * C,             // ln2w, ln2b
+      Ls * 4 * Cl * C,    // fcw (Ls, 4Cl, C)
+      Ls * 4 * Cl,        // fcb (Ls, 4Cl)
+      Ls * C * 4 * Cl,    // fcprojw (Ls, C, 4Cl)
+      Ls * C,             // fcprojb (Ls, C), replicated
+      s.last() ? C : 0,   // lnfw
+      s.last() ? C : 0};  // lnfb
+  // Mixture of experts: every rank holds all E experts of its stage's layers whole (not tensor-sharded)
+  if (const size_t E = s.config.moe.experts; E > 0) {
+    sizes[10] = Ls * E * 4 * C * C;  // fcw (Ls, E, 4C, C)
+    sizes[11] = Ls * E * 4 * C;      // fcb (Ls, E, 4C)
+    sizes[12] = Ls * E * C * 4 * C;  // fcprojw (Ls, E, C, 4C)
+    sizes[13] = Ls * E * C;          // fcprojb (Ls, E, C)
+  }
+  return sizes;
+}
+
+size_t local_router_size(const StageShape& s) {
+  return s.config.moe.experts > 0 ? static_cast<size_t>(s.layers()) * s.config.moe.experts * s.config.channels : 0;
+}
+
+size_t local_num_params(const StageShape& s) {
+  size_t n = local_router_size(s);
+  for (size_t v : local_param_sizes(s)) n += v;
+  return n;
 }
 
 size_t ShardSlice::numel() const {
@@ -172,7 +191,11 @@ std::vector<ShardSlice> make_shard_map(const StageShape& s) {
     map.back().tied_copy = s.last() && !s.first();
   }
   if (sizes[1] > 0) add(1, {maxT, C}, {0, 0}, {maxT, C}, base[1], true);
-  for (int t : {2, 3, 7, 8, 9, 13}) add(t, {L, C}, {l0, 0}, {Ls, C}, base[t], true);  // layernorms, replicated biases
+  const size_t E = c.moe.experts;
+  for (int t : {2, 3, 7, 8, 9, 13}) {
+    if (t == 13 && E > 0) continue;                   // the experts' fcprojb: below
+    add(t, {L, C}, {l0, 0}, {Ls, C}, base[t], true);  // layernorms, replicated biases
+  }
   for (size_t l = 0; l < Ls; ++l) {
     for (size_t j = 0; j < 3; ++j) {  // q, k, v rows of this rank's heads
       add(4, {L, 3 * C, C}, {l0 + l, j * C + r * Cl, 0}, {1, Cl, C}, base[4] + (l * 3 * Cl + j * Cl) * C, false);
@@ -180,9 +203,19 @@ std::vector<ShardSlice> make_shard_map(const StageShape& s) {
     }
   }
   add(6, {L, C, C}, {l0, 0, r * Cl}, {Ls, C, Cl}, base[6], false);
-  add(10, {L, 4 * C, C}, {l0, r * 4 * Cl, 0}, {Ls, 4 * Cl, C}, base[10], false);
-  add(11, {L, 4 * C}, {l0, r * 4 * Cl}, {Ls, 4 * Cl}, base[11], false);
-  add(12, {L, C, 4 * C}, {l0, 0, r * 4 * Cl}, {Ls, C, 4 * Cl}, base[12], false);
+  if (E > 0) {
+    // Experts and router whole on every tp rank (replicated; with sequence parallelism their gradients are summed
+    // over tp before they are final): global slices of the layers held, every expert.
+    add(10, {L, E, 4 * C, C}, {l0, 0, 0, 0}, {Ls, E, 4 * C, C}, base[10], true);
+    add(11, {L, E, 4 * C}, {l0, 0, 0}, {Ls, E, 4 * C}, base[11], true);
+    add(12, {L, E, C, 4 * C}, {l0, 0, 0, 0}, {Ls, E, C, 4 * C}, base[12], true);
+    add(13, {L, E, C}, {l0, 0, 0}, {Ls, E, C}, base[13], true);
+    add(kRouterTensor, {L, E, C}, {l0, 0, 0}, {Ls, E, C}, base[15] + sizes[15], true);
+  } else {
+    add(10, {L, 4 * C, C}, {l0, r * 4 * Cl, 0}, {Ls, 4 * Cl, C}, base[10], false);
+    add(11, {L, 4 * C}, {l0, r * 4 * Cl}, {Ls, 4 * Cl}, base[11], false);
+    add(12, {L, C, 4 * C}, {l0, 0, r * 4 * Cl}, {Ls, C, 4 * Cl}, base[12], false);
+  }
   if (sizes[14] > 0) {
     add(14, {C}, {0}, {C}, base[14], true);
     add(15, {C}, {0}, {C}, base[15], true);
@@ -196,7 +229,7 @@ namespace {
 
 // Calls fn(global_element_offset, local_element_offset, run_length) for each contiguous run of a slice.
 template <typename F>
-void for_each_run(const ShardSlice& sl, const std::array<size_t, kNumParamTensors>& tensor_base, F&& fn) {
+void for_each_run(const ShardSlice& sl, const std::array<size_t, kNumParamTensors + 1>& tensor_base, F&& fn) {
   const size_t nd = sl.global_shape.size();
   std::vector<size_t> stride(nd, 1);
   for (size_t d = nd - 1; d-- > 0;) stride[d] = stride[d + 1] * sl.global_shape[d + 1];
@@ -214,10 +247,12 @@ void for_each_run(const ShardSlice& sl, const std::array<size_t, kNumParamTensor
   }
 }
 
-std::array<size_t, kNumParamTensors> full_bases(const GptConfig& c) {
+// The 16 tensors' offsets in the full buffer, then the router's (kRouterTensor).
+std::array<size_t, kNumParamTensors + 1> full_bases(const GptConfig& c) {
   const auto sizes = param_sizes(c);
-  std::array<size_t, kNumParamTensors> base{};
+  std::array<size_t, kNumParamTensors + 1> base{};
   for (int i = 1; i < kNumParamTensors; ++i) base[i] = base[i - 1] + sizes[i - 1];
+  base[kRouterTensor] = router_offset(c);
   return base;
 }
 

@@ -55,10 +55,15 @@ StageShape make_stage_shape(const GptConfig& c, int seq_len, int tp_size, int tp
 // these are exactly param_sizes(config): the local buffer is then the llm.c buffer.
 std::array<size_t, kNumParamTensors> local_param_sizes(const StageShape& s);
 
+// Mixture of experts: the stage's router weights (Ls, E, C), stored after lnfb (0 for a dense model); the local
+// buffer then holds local_num_params = the 16 sizes + the router.
+size_t local_router_size(const StageShape& s);
+size_t local_num_params(const StageShape& s);
+
 // One local piece as a box of a global llm.c tensor. The piece is stored in the local flat buffer at local_offset as
 // a dense row-major array of shape `extent`.
 struct ShardSlice {
-  int tensor = 0;                    // index into kParamNames
+  int tensor = 0;                    // index into kParamNames, or kRouterTensor (the MoE router)
   std::vector<size_t> global_shape;  // the llm.c shape of the whole tensor, e.g. (L, 3C, C) for qkvw
   std::vector<size_t> offset;        // first global index per dim
   std::vector<size_t> extent;        // length per dim

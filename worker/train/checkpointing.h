@@ -65,7 +65,7 @@ std::vector<ShardSpec> shards_from_slices(const std::vector<Slice>& map, float* 
   for (auto [prefix, base] : {std::pair<const char*, float*>{"", params}, {"adam_m/", adam_m}, {"adam_v/", adam_v}}) {
     for (const Slice& s : map) {
       ShardSpec sh;
-      sh.name = std::string(prefix) + std::string(kParamNames[static_cast<size_t>(s.tensor)]);
+      sh.name = std::string(prefix) + std::string(param_tensor_name(s.tensor));
       for (size_t d = 0; d < s.global_shape.size(); ++d) {
         sh.global_shape.push_back(static_cast<int64_t>(s.global_shape[d]));
         sh.box.offset.push_back(static_cast<int64_t>(s.offset[d]));
@@ -122,8 +122,8 @@ std::vector<ShardSpec> zero_slices_shards(const std::vector<Slice>& map, float* 
         box.offset.push_back(static_cast<int64_t>(s.offset[d]));
         box.size.push_back(static_cast<int64_t>(s.extent[d]));
       }
-      append_owned_moments(out, std::string(prefix) + std::string(kParamNames[static_cast<size_t>(s.tensor)]), shape,
-                           box, s.local_offset, shard, owned, !s.tied_copy && (!s.tp_replicated || tp_rank == 0));
+      append_owned_moments(out, std::string(prefix) + std::string(param_tensor_name(s.tensor)), shape, box,
+                           s.local_offset, shard, owned, !s.tied_copy && (!s.tp_replicated || tp_rank == 0));
     }
   }
   return out;

@@ -35,6 +35,9 @@ class ShardedModel {
   virtual void set_grad_ready_hook(std::function<void(size_t offset, size_t count)> hook) = 0;
   // Mean loss over M micro-batches, forward only.
   virtual double evaluate(int M, const NextBatch& next) = 0;
+  // Mixture of experts: {assignments, dropped choices, load-balancing loss} of the last forward_backward, summed over
+  // its micro-batches and the whole replica (every rank of it the same); false for a dense model.
+  virtual bool moe_stats(double /*out*/[3]) { return false; }
   // sqrt of the sum over every model element, counted once, of grads^2: the same value on every rank of the replica.
   virtual double grad_norm(const float* grads) = 0;
   // True on every rank of the whole job if `local` is true on any (the trainer's skip decision).

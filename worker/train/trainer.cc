@@ -230,7 +230,8 @@ MemoryBudget Trainer::allocated_memory() const {
 void Trainer::add_global_moe_stats(const double local[3], int micro, StepResult& r) {
   // Drops and the load-balancing loss over the whole global batch, not this replica's share: sums over the
   // data-parallel ranks in rank order (the same bits everywhere). Collective: every rank of an MoE model calls it.
-  const std::vector<double> all = sync_->all_gather({local[0], local[1], local[2]});
+  const std::vector<double> all = sync_ != nullptr ? sync_->all_gather({local[0], local[1], local[2]})
+                                                   : std::vector<double>{local[0], local[1], local[2]};
   double assigned = 0, dropped = 0, aux = 0;
   for (size_t i = 0; i + 2 < all.size(); i += 3) {
     assigned += all[i];
@@ -265,6 +266,7 @@ StepResult Trainer::step() {
     // (M = 1: no overlap of micro-batches, the price of a fixed summation order).
     const int A = micro / sync_->size(), first = sync_->rank() * A;
     std::vector<double> leaf_losses;
+    double moe_local[3] = {0, 0, 0};
     for (int v = 0; v < micro; ++v) {
       if (v < first || v >= first + A) {
         train_.next_batch(inputs_.data(), targets_.data());  // another replica's leaf
@@ -274,7 +276,11 @@ StepResult Trainer::step() {
           1, [&](int32_t* in, int32_t* tgt) { train_.next_batch(in, tgt); }, 1.0f / static_cast<float>(micro),
           &r.times));
       sync_->add_leaf(sharded_->grads());
+      if (double s[3]; sharded_->moe_stats(s)) {
+        for (int i = 0; i < 3; ++i) moe_local[i] += s[i];
+      }
     }
+    if (gpt_.moe.experts > 0) add_global_moe_stats(moe_local, micro, r);
     const auto t_dp = std::chrono::steady_clock::now();
     sync_->finish(sharded_->grads());
     for (double l : sync_->all_gather(leaf_losses)) loss_sum += l;  // virtual order
@@ -288,6 +294,8 @@ StepResult Trainer::step() {
     if (sync_ != nullptr) sync_->arm(sharded_->grads());
     r.loss = sharded_->forward_backward(
         A, [&](int32_t* in, int32_t* tgt) { train_.next_batch(in, tgt); }, 1.0f / static_cast<float>(A), &r.times);
+    // Mixture of experts: the replica's statistics (summed over its stages), then over the dp replicas.
+    if (double s[3]; sharded_->moe_stats(s)) add_global_moe_stats(s, micro, r);
     if (sync_ != nullptr) {
       const auto t_dp = std::chrono::steady_clock::now();
       sync_->finish(sharded_->grads());

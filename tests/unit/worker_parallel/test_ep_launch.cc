@@ -1,7 +1,8 @@
 // `railyard-worker train --moe-experts ... --ep N` as a user runs it (processes over real Gloo sockets, shards from
 // `railyard data prepare`): a checkpoint saved at --ep 2 (2 ranks) resumes at --ep 1 (one process), --ep 4 (4 ranks)
-// and --ep 2 over 4 ranks with the hierarchical all_to_all, each continuing with the uninterrupted run's losses;
-// what expert parallelism does not compose with exits 2 naming the flag.
+// and --ep 2 over 4 ranks with the hierarchical all_to_all, and in the tensor/pipeline stage path (--pp 2, --tp 2
+// --sequence-parallel), each continuing with the uninterrupted run's losses; a checkpoint saved at --pp 2 resumes in
+// one process and at --ep 2; what expert parallelism does not compose with exits 2 naming the flag.
 #include <doctest/doctest.h>
 #include <sys/wait.h>
 
@@ -49,6 +50,7 @@ TEST_CASE("MoE checkpoints reshard across expert-parallel degrees; unsupported c
     REQUIRE(sh(common + c.flags + " --ckpt-dir " + ck + " --resume " + ck + "/step-00000003 --log-json " + d + "/" +
                c.name + ".jsonl > " + d + "/" + c.name + ".out 2> " + d + "/" + c.name + ".err") == 0);
     CHECK(slurp(d + "/" + c.name + ".err").find("restored step=3") != std::string::npos);
+    if (c.name == "pp2ep2") CHECK(slurp(d + "/" + c.name + ".err").find("ep=2 group [0,1]") != std::string::npos);
     const auto resumed = losses(d + "/" + c.name + ".jsonl");
     REQUIRE(resumed.size() == 3);
     // Same global batch and data order; only the data-parallel summation order differs (measured <= 2e-8).
@@ -56,7 +58,10 @@ TEST_CASE("MoE checkpoints reshard across expert-parallel degrees; unsupported c
   };
   for (const Case& c : {Case{"ep1", ""}, Case{"ep4", "--nproc 4 --ep 4"},
                         Case{"ep2h", "--nproc 4 --ep 2 --ep-a2a hierarchical --ep-node-size 1"},
-                        Case{"ep2z", "--nproc 4 --ep 2 --zero 1"}}) {
+                        Case{"ep2z", "--nproc 4 --ep 2 --zero 1"},
+                        // the tensor/pipeline stage path (gpt_stage_moe.cc) reads the same global expert tensors
+                        Case{"pp2", "--nproc 2 --pp 2"}, Case{"tp2sp", "--nproc 2 --tp 2 --sequence-parallel"},
+                        Case{"pp2ep2", "--nproc 4 --pp 2 --ep 2"}, Case{"pp2z", "--nproc 4 --pp 2 --zero 1"}}) {
     resume_from(d + "/ck", c);
   }
   // Expert-parallel storage (no ZeRO, not deterministic): each rank holds E/ep experts and says so; the run above
@@ -88,11 +93,44 @@ TEST_CASE("MoE checkpoints reshard across expert-parallel degrees; unsupported c
     std::string flags, text;
   };
   for (const Bad& b : {Bad{"--nproc 2 --ep 3", "--ep 3"}, Bad{"--nproc 2 --ep 2 --dp-split 3,1", "uneven"},
-                       Bad{"--nproc 2 --tp 2", "--tp/--pp"}, Bad{"--ep 2", "data-parallel degree 1"},
+                       Bad{"--nproc 4 --tp 2 --ep 2 --deterministic", "--deterministic and --tp/--pp"},
+                       Bad{"--nproc 2 --cp 2", "--cp"}, Bad{"--ep 2", "data-parallel degree 1"},
                        Bad{"--nproc 2 --ep 2 --ep-a2a ring", "--ep-a2a ring"}}) {
     CAPTURE(b.flags);
     const int rc = sh(common + b.flags + " > " + d + "/bad.out 2> " + d + "/bad.err");
     CHECK(rc == 2);
     CHECK(slurp(d + "/bad.err").find(b.text) != std::string::npos);
+  }
+}
+
+TEST_CASE("MoE checkpoints saved by the pipeline stage path resume in one process and at --ep 2") {
+  const std::string bin = bin_dir();
+  TempDir dir;
+  const std::string d = dir.path();
+  REQUIRE(sh(bin + "/railyard data prepare --input /usr/share/common-licenses/GPL-3 --output " + d + "/data > " + d +
+             "/prep.txt 2>&1") == 0);
+  const std::string common = bin +
+                             "/railyard-worker train --model l=2,c=32,nh=4,t=32,v=256 --moe-experts 4 --moe-top-k 2 "
+                             "--batch 2 --seq 32 --global-batch 256 --threads 1 --peak-flops 1e11 --data " +
+                             d + "/data --steps 6 ";
+  REQUIRE(sh(common + "--nproc 2 --pp 2 --ckpt-dir " + d + "/ck --ckpt-every 3 --log-json " + d + "/full.jsonl > " + d +
+             "/full.out 2> " + d + "/full.err") == 0);
+  const std::string err = slurp(d + "/full.err");
+  CHECK(err.find("stage 1/2") != std::string::npos);
+  CHECK(err.find("dropped_fraction") != std::string::npos);  // the moe line, with the stages' statistics summed
+  const auto full = losses(d + "/full.jsonl");
+  REQUIRE(full.size() == 6);
+  REQUIRE(std::filesystem::exists(d + "/ck/step-00000003"));
+  for (const std::string& flags : {std::string(""), std::string("--nproc 2 --ep 2")}) {
+    CAPTURE(flags);
+    const std::string ck = d + "/ck_" + std::to_string(flags.size());
+    std::filesystem::create_directories(ck);
+    std::filesystem::copy(d + "/ck/step-00000003", ck + "/step-00000003", std::filesystem::copy_options::recursive);
+    REQUIRE(sh(common + flags + " --ckpt-dir " + ck + " --resume " + ck + "/step-00000003 --log-json " + ck +
+               "/r.jsonl > " + ck + "/r.out 2> " + ck + "/r.err") == 0);
+    CHECK(slurp(ck + "/r.err").find("restored step=3") != std::string::npos);
+    const auto resumed = losses(ck + "/r.jsonl");
+    REQUIRE(resumed.size() == 3);
+    for (size_t i = 0; i < 3; ++i) CHECK(std::abs(resumed[i] - full[3 + i]) <= 1e-6 * full[3 + i]);
   }
 }

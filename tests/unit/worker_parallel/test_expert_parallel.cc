@@ -224,7 +224,9 @@ TEST_CASE("expert parallelism refuses what it does not support, naming the flag"
   check(dense, {2, "flat", 0}, 2, 1, 1, 0, false, false, "--ep 2 needs a mixture-of-experts model");
   check(moe, {3, "flat", 0}, 3, 1, 1, 0, false, false, "--moe-experts 4 is not divisible");
   check(moe, {2, "flat", 0}, 3, 1, 1, 0, false, false, "data-parallel degree 3");
-  check(moe, {2, "flat", 0}, 2, 2, 1, 0, false, false, "--tp/--pp");
+  // with tp/pp: composes (worker_parallel_moe_stage), but not with the deterministic mode's gradient return
+  CHECK_NOTHROW(validate_expert_parallel(moe, {2, "flat", 0}, 2, 2, 1, 0, false, false));
+  check(moe, {2, "flat", 0}, 2, 1, 2, 0, true, false, "--deterministic and --tp/--pp");
   CHECK_NOTHROW(validate_expert_parallel(moe, {2, "flat", 0}, 2, 1, 1, 2, false, false));
   CHECK_NOTHROW(validate_expert_parallel(moe, {2, "flat", 0}, 2, 1, 1, 0, true, false));
   check(moe, {2, "flat", 0}, 2, 1, 1, 0, false, true, "uneven");

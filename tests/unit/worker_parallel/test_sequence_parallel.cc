@@ -22,7 +22,7 @@
 #include "common/error.h"
 #include "operator/planner/calibration.h"
 #include "operator/planner/cost_model.h"
-#include "tests/unit/worker_parallel/trainer_test_util.h"
+#include "tests/unit/worker_parallel/parallel_trainer_util.h"
 #include "worker/comm/local_world.h"
 #include "worker/comm/process_groups.h"
 #include "worker/model/gpt.h"
@@ -246,33 +246,9 @@ struct Run {
 };
 
 Run trainer_run(comm::Layout layout, bool sp) {
-  Run out;
-  out.params.assign(num_parameters(kCfg), 0.0f);
-  std::mutex mu;
-  std::vector<std::vector<double>> losses(static_cast<size_t>(layout.world()));
-  comm::run_local_world(layout.world(), [&](comm::Communicator& world) {
-    comm::ProcessGroups pg(world, layout);
-    ThreadPool pool(1);
-    const TrainConfig tc = train_config(sp);
-    testing::StreamSource src(pg.coord().dp, layout.dp, kB, kT, kCfg.vocab_size);
-    const ModelGroups groups{&pg.tp(), &pg.pp(), pg.embedding()};
-    ParallelGpt model(kCfg, tc, kMicro / layout.dp, pool, world, groups);
-    std::unique_ptr<DataParallel> sync;
-    if (layout.dp > 1) {
-      DataParallelOptions o;
-      o.bucket_bytes = 16 << 10;
-      sync = parallel_gpt_data_parallel(&pg.dp(), model, groups, tc, pool, o);
-    }
-    Trainer tr(kCfg, tc, pool, src, nullptr, sync.get(), &model);
-    auto& mine = losses[static_cast<size_t>(world.rank())];
-    for (int s = 0; s < kSteps; ++s) mine.push_back(tr.step().loss);
-    if (pg.coord().dp == 0) {
-      std::lock_guard<std::mutex> lk(mu);
-      model.model().gather_into_full(model.params(), out.params.data());
-    }
-  });
-  for (const auto& l : losses) CHECK(l == losses[0]);
-  out.losses = losses[0];
+  const testing::LayoutRun r = testing::run_parallel_trainer(kCfg, train_config(sp), layout);
+  Run out{{}, r.params};
+  for (const StepResult& s : r.steps) out.losses.push_back(s.loss);
   return out;
 }
 

@@ -96,53 +96,59 @@ TEST_CASE("tp=1 pp=1: the local buffer is the llm.c buffer") {
 }
 
 TEST_CASE("shard maps of every (tp, pp) rank cover the buffer, count once and round-trip") {
-  const GptConfig c = make_gpt_config(4, 32, 4, 16, 100);  // Vp 128: tp=4 ranks hold 32 wte rows, the last 4 real
-  const size_t n = num_parameters(c);
-  std::vector<float> full(n);
-  std::mt19937 rng(3);
-  std::uniform_real_distribution<float> u(-1, 1);
-  for (float& x : full) x = u(rng);
-  for (int tp : {1, 2, 4}) {
-    for (int pp : {1, 2, 4}) {
-      CAPTURE(tp);
-      CAPTURE(pp);
-      std::vector<int> covered(n, 0), counted(n, 0);
-      std::vector<float> back(n, 0);
-      for (int p = 0; p < pp; ++p) {
-        for (int r = 0; r < tp; ++r) {
-          const StageShape s = make_stage_shape(c, 8, tp, r, pp, p);
-          const auto map = make_shard_map(s);
-          size_t local_n = 0;
-          for (size_t x : local_param_sizes(s)) local_n += x;
-          // the slices tile the local buffer exactly
-          size_t next = 0;
-          for (const ShardSlice& sl : map) {
-            CHECK(sl.local_offset == next);
-            next += sl.numel();
+  // dense, and with 4 experts (expert tensors and the router after lnfb: tp-replicated global slices of the layers)
+  for (const int experts : {0, 4}) {
+    CAPTURE(experts);
+    GptConfig c = make_gpt_config(4, 32, 4, 16, 100);  // Vp 128: tp=4 ranks hold 32 wte rows, the last 4 real
+    if (experts > 0) c.moe = make_moe_config(experts, 2, 1.0, 0.01);
+    const size_t n = num_parameters(c);
+    std::vector<float> full(n);
+    std::mt19937 rng(3);
+    std::uniform_real_distribution<float> u(-1, 1);
+    for (float& x : full) x = u(rng);
+    for (int tp : {1, 2, 4}) {
+      for (int pp : {1, 2, 4}) {
+        CAPTURE(tp);
+        CAPTURE(pp);
+        std::vector<int> covered(n, 0), counted(n, 0);
+        std::vector<float> back(n, 0);
+        for (int p = 0; p < pp; ++p) {
+          for (int r = 0; r < tp; ++r) {
+            const StageShape s = make_stage_shape(c, 8, tp, r, pp, p);
+            const auto map = make_shard_map(s);
+            const size_t local_n = local_num_params(s);
+            // the slices tile the local buffer exactly
+            size_t next = 0;
+            for (const ShardSlice& sl : map) {
+              CHECK(sl.local_offset == next);
+              next += sl.numel();
+            }
+            CHECK(next == local_n);
+            std::vector<float> local(local_n, 0);
+            copy_full_to_local(map, c, full.data(), local.data());
+            // mark what this rank covers: a local buffer of ones mapped back into a counter
+            std::vector<float> ones(local_n, 1), mark(n, 0);
+            copy_local_to_full(map, c, ones.data(), mark.data());
+            std::vector<float> once(local_n, 0), mark_once(n, 0);
+            for (const ElementRange& e : count_once_ranges(map, r))
+              std::fill(once.begin() + e.begin, once.begin() + e.end, 1);
+            copy_local_to_full(map, c, once.data(), mark_once.data());
+            for (size_t i = 0; i < n; ++i) {
+              covered[i] += mark[i] != 0;
+              counted[i] += mark_once[i] != 0;
+            }
+            copy_local_to_full(map, c, local.data(), back.data());
+            CHECK(s.layers() >= 1);
           }
-          CHECK(next == local_n);
-          std::vector<float> local(local_n, 0);
-          copy_full_to_local(map, c, full.data(), local.data());
-          // mark what this rank covers: a local buffer of ones mapped back into a counter
-          std::vector<float> ones(local_n, 1), mark(n, 0);
-          copy_local_to_full(map, c, ones.data(), mark.data());
-          std::vector<float> once(local_n, 0), mark_once(n, 0);
-          for (const ElementRange& e : count_once_ranges(map, r))
-            std::fill(once.begin() + e.begin, once.begin() + e.end, 1);
-          copy_local_to_full(map, c, once.data(), mark_once.data());
-          for (size_t i = 0; i < n; ++i) {
-            covered[i] += mark[i] != 0;
-            counted[i] += mark_once[i] != 0;
-          }
-          copy_local_to_full(map, c, local.data(), back.data());
-          CHECK(s.layers() >= 1);
         }
+        CHECK(back == full);
+        CHECK(std::all_of(covered.begin(), covered.end(), [](int x) { return x >= 1; }));
+        CHECK(std::all_of(counted.begin(), counted.end(), [](int x) { return x == 1; }));
+        // wte is held twice when pp > 1 (first and last stage), once otherwise
+        CHECK(covered[0] == (pp > 1 ? 2 : 1));
+        // experts and router: every tp rank of the layer's stage holds them
+        if (experts > 0) CHECK(covered[router_offset(c)] == tp);
       }
-      CHECK(back == full);
-      CHECK(std::all_of(covered.begin(), covered.end(), [](int x) { return x >= 1; }));
-      CHECK(std::all_of(counted.begin(), counted.end(), [](int x) { return x == 1; }));
-      // wte is held twice when pp > 1 (first and last stage), once otherwise
-      CHECK(covered[0] == (pp > 1 ? 2 : 1));
     }
   }
 }
