@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <numeric>
 #include <set>
 
 #include "common/error.h"
 #include "operator/planner/calibration.h"
 #include "operator/planner/hetero.h"
+#include "operator/planner/moe_cost.h"
 #include "operator/planner/search.h"
 
 namespace railyard::op {
@@ -168,18 +170,27 @@ AutoPlanOutcome plan_parallelism(const JobSpec& spec, int replicas, const std::v
   } catch (const Error& e) {
     return invalid(e.what());
   }
-  // What the worker implements: dp/tp/pp with plain 1F1B, ZeRO 0-2, no sequence parallelism, no interleaving, no
-  // recomputation. The search pins one ZeRO stage at a time so that stage 3 is never a candidate.
+  // What the worker implements: dp/tp/pp with plain 1F1B, ZeRO 0-2, no interleaving, recomputation of all layers or
+  // none, optimizer offload on the host. The search pins one ZeRO stage at a time so that stage 3 is never a
+  // candidate; recompute and offload cost time, so the search picks them only when a layout does not fit without.
   plan::SearchOptions o;
   o.top = 3;
-  o.sequence_parallel = false;
+  o.sequence_parallel = spec.sequence_parallel;  // the spec's choice (the worker's SP has its own constraints)
   o.interleaves = {1};
   o.interleave = 1;
-  o.recompute = plan::Recompute::kNone;
-  o.offload = false;  // the pods are not started with --offload (yet): never plan it here
+  if (spec.recompute == "none") o.recompute = plan::Recompute::kNone;
+  if (spec.recompute == "selective") o.recompute = plan::Recompute::kSelective;
+  if (spec.recompute == "full") o.recompute = plan::Recompute::kFull;
+  // The worker's offloaded update runs on host copies of the parameters (not on a GPU yet): planned on CPU only.
+  if (!spec.offload.empty())
+    o.offload = spec.offload == "optimizer";
+  else if (cluster.device.name != "cpu")
+    o.offload = false;
   o.power_of_two_accumulation = spec.deterministic;
   if (spec.tensor > 1) o.tp = spec.tensor;
   if (spec.pipeline > 1) o.pp = spec.pipeline;
+  // Experts compose with data and expert parallelism only (worker/main.cc): tensor and pipeline stay 1.
+  if (spec.moe.experts > 0) o.tp = o.tp.value_or(1), o.pp = o.pp.value_or(1);
   if (spec.data) o.dp = *spec.data;
   std::vector<plan::RankedPlan> plans;
   std::optional<plan::Estimate> closest;
@@ -214,6 +225,11 @@ AutoPlanOutcome plan_parallelism(const JobSpec& spec, int replicas, const std::v
   AutoPlan p;
   p.estimate = plans[0].estimate;
   p.layout = p.estimate.layout;
+  if (spec.moe.experts > 0) {
+    ExpertChoice ec = choose_experts(spec, job, cluster, p.estimate);
+    if (!ec.plan) return invalid(*ec.why_not);
+    p.experts = ec.plan;
+  }
   // Mixed GPU types: the best layout above runs with the even split, paced by the slowest type; plain data
   // parallelism (what the worker's --dp-split runs) can split the batch in proportion to speed instead. Keep the
   // faster of the two predictions.
@@ -228,7 +244,7 @@ AutoPlanOutcome plan_parallelism(const JobSpec& spec, int replicas, const std::v
       even = std::max(even, plan::estimate(job, typed, p.layout).time.step);
     }
     mixed_step = even;
-    if (!spec.data && spec.tensor <= 1 && spec.pipeline <= 1 && !spec.deterministic) {
+    if (!spec.data && spec.tensor <= 1 && spec.pipeline <= 1 && !spec.deterministic && !p.experts) {
       plan::SearchOptions dp_only = o;
       dp_only.tp = 1, dp_only.pp = 1, dp_only.zero = 0;
       std::optional<plan::Estimate> best_dp;
@@ -262,8 +278,12 @@ AutoPlanOutcome plan_parallelism(const JobSpec& spec, int replicas, const std::v
   const plan::Estimate& e = p.estimate;
   p.message = "planned dp=" + std::to_string(p.layout.dp) + " tp=" + std::to_string(p.layout.tp) +
               " pp=" + std::to_string(p.layout.pp) + " microBatch=" + std::to_string(p.layout.micro_batch) +
-              " zero=" + std::to_string(p.layout.zero) + " on " + std::to_string(cluster.gpus) + " x " + p.device +
-              ": predicted step " + seconds_text(e.time.step) + ", " + fmt("%.0f", e.tokens_per_s) + " tokens/s, " +
+              " zero=" + std::to_string(p.layout.zero) + " recompute=" + plan::to_string(p.layout.recompute) +
+              (p.layout.offload ? " offload=optimizer" : "") +
+              (p.experts ? " expert=" + std::to_string(p.experts->expert) + " expertAllToAll=" + p.experts->all_to_all
+                         : std::string()) +
+              " on " + std::to_string(cluster.gpus) + " x " + p.device + ": predicted step " +
+              seconds_text(e.time.step) + ", " + fmt("%.0f", e.tokens_per_s) + " tokens/s, " +
               bytes_text(e.memory.total()) + " per device";
   for (size_t i = 1; i < plans.size(); ++i) {
     const auto& l = plans[i].estimate.layout;
@@ -282,7 +302,20 @@ AutoPlanOutcome plan_parallelism(const JobSpec& spec, int replicas, const std::v
               {"predictedStepSeconds", e.time.step},
               {"predictedTokensPerSecond", e.tokens_per_s},
               {"predictedMemoryBytesPerDevice", e.memory.total()},
-              {"predictedMfu", e.mfu}};
+              {"predictedMfu", e.mfu},
+              {"recompute", plan::to_string(p.layout.recompute)},
+              {"offload", p.layout.offload ? "optimizer" : "none"}};
+  if (p.experts) {
+    // The dense estimate above plus the MoE terms: the experts' memory and the dispatch/combine all-to-alls (not
+    // overlapped with compute in the worker).
+    p.status["expert"] = p.experts->expert;
+    p.status["expertAllToAll"] = p.experts->all_to_all;
+    p.status["predictedAllToAllSeconds"] = p.experts->all_to_all_seconds;
+    p.status["predictedStepSeconds"] = e.time.step + p.experts->all_to_all_seconds;
+    p.status["predictedTokensPerSecond"] =
+        double(spec.global_batch) * job.model.seq / (e.time.step + p.experts->all_to_all_seconds);
+    p.status["predictedMemoryBytesPerDevice"] = p.experts->memory_bytes;
+  }
   p.mixed = mixed;
   if (mixed) {
     // The prediction of the mixed world replaces the homogeneous one (planned on the smallest-memory type).
@@ -294,7 +327,68 @@ AutoPlanOutcome plan_parallelism(const JobSpec& spec, int replicas, const std::v
                  (mixed->dp_split.empty() ? "even split (" + mixed->why_even + ")"
                                           : "batch split by speed, predicted step " + seconds_text(mixed_step));
   }
+  // What the worker refuses (e.g. sequenceParallel's token split) on the planned world.
+  JobSpec planned = spec;
+  apply_plan(planned, p);
+  if (std::optional<Violation> v = check_family(planned, replicas)) {
+    out.violation = Violation{v->field, v->reason, v->message + " (with the planned " + describe(p.layout) + ")"};
+    return out;
+  }
   out.plan = std::move(p);
+  return out;
+}
+
+ExpertChoice choose_experts(const JobSpec& spec, const plan::Job& job, const plan::Cluster& cluster,
+                            const plan::Estimate& e) {
+  ExpertChoice out;
+  const plan::MoeShape moe{spec.moe.experts, spec.moe.top_k, spec.moe.capacity_factor};
+  const plan::Layout& l = e.layout;
+  // Per device: the estimate with the dense states and layer activations replaced by the MoE ones (one micro-batch in
+  // flight per layer with pp 1, the only pipeline degree experts run with).
+  const double dense_states = e.memory.params + e.memory.grads + e.memory.optimizer;
+  const double extra_act =
+      l.offload ? 0
+                : double(job.model.layers) * (plan::moe_layer_activation_bytes(job.model, moe, cluster.device, l) -
+                                              plan::layer_activation_bytes(job.model, cluster.device, l));
+  std::vector<int> degrees;
+  if (spec.expert > 1) {
+    degrees = {spec.expert};
+  } else {
+    for (int d = 1; d <= std::gcd(spec.moe.experts, l.dp); ++d)
+      if (spec.moe.experts % d == 0 && l.dp % d == 0) degrees.push_back(d);
+  }
+  double smallest = -1;
+  for (int ep : degrees) {
+    if (spec.moe.experts % ep != 0 || l.dp % ep != 0) continue;  // a pinned degree: check_family names the fix
+    const plan::MoeStateBytes st = plan::moe_state_bytes(job.model, moe, cluster.device, l.dp, ep, l.zero);
+    // With offload the optimizer state lives in host memory (the dense estimate counts none of it on the device).
+    const double states = st.params + st.grads + (l.offload ? 0 : st.optimizer);
+    const double mem = e.memory.total() - dense_states + (l.offload ? e.memory.optimizer : 0) + states + extra_act;
+    if (smallest < 0 || mem < smallest) smallest = mem;
+    if (mem > e.memory_capacity) continue;
+    ExpertPlan p;
+    p.expert = ep;
+    p.memory_bytes = mem;
+    const plan::MoeCommEstimate c =
+        plan::moe_comm_estimate(job.model, moe, cluster, ep, l.micro_batch, std::max(1, e.micro_batches));
+    if (ep > 1) {
+      const double per = std::max(1, c.all_to_alls);
+      p.flat_seconds = c.per_all_to_all.flat * per;
+      p.hierarchical_seconds = c.per_all_to_all.hierarchical * per;
+      p.all_to_all = !spec.expert_all_to_all.empty()     ? spec.expert_all_to_all
+                     : c.per_all_to_all.use_hierarchical ? "hierarchical"
+                                                         : "flat";
+      p.all_to_all_seconds = p.all_to_all == "hierarchical" ? p.hierarchical_seconds : p.flat_seconds;
+    }
+    out.plan = p;
+    return out;
+  }
+  out.why_not =
+      "the mixture-of-experts model (" + std::to_string(spec.moe.experts) + " experts) needs " +
+      bytes_text(std::max(0.0, smallest)) + " per device at best (" + describe(l) + ") of " +
+      bytes_text(e.memory_capacity) +
+      ": add replicas (a larger data-parallel degree splits the experts further), fewer experts, or a smaller "
+      "globalBatch";
   return out;
 }
 
@@ -327,10 +421,10 @@ std::optional<MixedSplit> mixed_split(const JobSpec& spec, const std::vector<std
   out.status = {{"ranksByDevice", ranks_by_type}};
   const WorldLayout w = world_layout(spec, static_cast<int>(pod_types.size()));
   // The worker splits unevenly only under plain data parallelism with replicated optimizer state (trainer.cc).
-  if (w.tensor > 1 || w.pipeline > 1 || spec.zero > 0 || spec.deterministic) {
+  if (w.tensor > 1 || w.pipeline > 1 || w.context > 1 || w.expert > 1 || spec.zero > 0 || spec.deterministic) {
     out.why_even =
-        "the worker splits the batch unevenly only under plain data parallelism (tensor 1, pipeline 1, zero 0, not "
-        "deterministic)";
+        "the worker splits the batch unevenly only under plain data parallelism (tensor 1, pipeline 1, context 1, "
+        "expert 1, zero 0, not deterministic)";
     out.status["split"] = "even";
     out.status["why"] = out.why_even;
     return out;
@@ -380,6 +474,17 @@ void apply_plan(JobSpec& spec, const plan::Layout& layout) {
   spec.pipeline = layout.pp;
   spec.zero = layout.zero;
   spec.micro_batch = layout.micro_batch;
+  spec.recompute = plan::to_string(layout.recompute);
+  spec.offload = layout.offload ? "optimizer" : "none";
+  spec.sequence_parallel = layout.sequence_parallel;
+}
+
+void apply_plan(JobSpec& spec, const AutoPlan& plan) {
+  apply_plan(spec, plan.layout);
+  if (plan.experts) {
+    spec.expert = plan.experts->expert;
+    spec.expert_all_to_all = plan.experts->all_to_all;
+  }
 }
 
 }  // namespace railyard::op
