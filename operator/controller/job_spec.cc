@@ -274,7 +274,10 @@ ParsedJob parse_job(const Json& job) {
   if (auto v = c.integer(par, "pipeline", "spec.parallelism.pipeline", 1, 1024)) s.pipeline = static_cast<int>(*v);
   if (auto v = c.integer(par, "data", "spec.parallelism.data", 1, 1 << 24)) s.data = static_cast<int>(*v);
   if (auto v = c.integer(par, "zero", "spec.parallelism.zero", 0, 2)) s.zero = static_cast<int>(*v);
-  if (auto v = c.integer(par, "expert", "spec.parallelism.expert", 1, 1024)) s.expert = static_cast<int>(*v);
+  if (auto v = c.integer(par, "expert", "spec.parallelism.expert", 1, 1024)) {
+    s.expert = static_cast<int>(*v);
+    s.expert_given = true;
+  }
   if (auto v = c.one_of(par, "expertAllToAll", "spec.parallelism.expertAllToAll", {"flat", "hierarchical"}))
     s.expert_all_to_all = *v;
   if (auto v = c.boolean(par, "sequenceParallel", "spec.parallelism.sequenceParallel")) s.sequence_parallel = *v;

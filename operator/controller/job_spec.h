@@ -49,6 +49,7 @@ struct JobSpec {
   // spec.parallelism.expert / expertAllToAll: expert-parallel degree (groups of consecutive data-parallel ranks) and
   // the dispatch all-to-all; expert_all_to_all "" = not given (flat, or the planner's choice with auto).
   int expert = 1;
+  bool expert_given = false;  // spec.parallelism.expert written (with auto the planner picks it otherwise)
   std::string expert_all_to_all;
   // spec.parallelism.sequenceParallel / context: Megatron sequence parallelism over the tensor group; context
   // parallelism (each sequence split over `context` ranks, ring attention). world = data x context x tensor x pipeline.

@@ -351,7 +351,14 @@ ExpertChoice choose_experts(const JobSpec& spec, const plan::Job& job, const pla
                 : double(job.model.layers) * (plan::moe_layer_activation_bytes(job.model, moe, cluster.device, l) -
                                               plan::layer_activation_bytes(job.model, cluster.device, l));
   std::vector<int> degrees;
-  if (spec.expert > 1) {
+  if (spec.expert_given) {
+    if (spec.moe.experts % spec.expert != 0 || l.dp % spec.expert != 0) {
+      out.why_not = "spec.parallelism.expert " + std::to_string(spec.expert) + " does not divide both the " +
+                    std::to_string(spec.moe.experts) + " experts and the planned data-parallel degree " +
+                    std::to_string(l.dp) + " (" + describe(l) +
+                    "): leave expert out so the planner picks it, or change replicas";
+      return out;
+    }
     degrees = {spec.expert};
   } else {
     for (int d = 1; d <= std::gcd(spec.moe.experts, l.dp); ++d)
