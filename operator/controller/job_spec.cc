@@ -503,6 +503,14 @@ std::optional<Violation> check_family(const JobSpec& s, int replicas) {
              "use one of " + divisors_of(std::gcd(s.moe.experts, dp_ranks)) +
                  ", or replicas*procsPerReplica a multiple of " + std::to_string(s.expert * w.tensor * w.pipeline));
   }
+  // Hierarchical groups the ranks of one pod (LOCAL_WORLD_SIZE): a pod's ranks must tile the expert group.
+  if (s.expert > 1 && s.expert_all_to_all == "hierarchical" && s.procs_per_replica < s.expert &&
+      s.expert % s.procs_per_replica != 0)
+    c.fail("spec.parallelism.expertAllToAll",
+           "hierarchical needs the expert degree " + std::to_string(s.expert) +
+               " to be a multiple of procsPerReplica " + std::to_string(s.procs_per_replica) +
+               " (the ranks of one pod are exchanged first)",
+           "use flat, or an expert degree that is a multiple of procsPerReplica");
   if (s.expert == 1 && s.expert_all_to_all == "hierarchical" && !s.auto_parallel)
     c.fail("spec.parallelism.expertAllToAll", "hierarchical without expert parallelism (expert 1) exchanges nothing",
            "set spec.parallelism.expert > 1, or drop expertAllToAll");

@@ -382,9 +382,11 @@ ExpertChoice choose_experts(const JobSpec& spec, const plan::Job& job, const pla
       const double per = std::max(1, c.all_to_alls);
       p.flat_seconds = c.per_all_to_all.flat * per;
       p.hierarchical_seconds = c.per_all_to_all.hierarchical * per;
-      p.all_to_all = !spec.expert_all_to_all.empty()     ? spec.expert_all_to_all
-                     : c.per_all_to_all.use_hierarchical ? "hierarchical"
-                                                         : "flat";
+      // The worker's hierarchical exchange needs the pod's ranks to tile the group (check_family).
+      const bool tiles = spec.procs_per_replica >= ep || ep % spec.procs_per_replica == 0;
+      p.all_to_all = !spec.expert_all_to_all.empty()              ? spec.expert_all_to_all
+                     : c.per_all_to_all.use_hierarchical && tiles ? "hierarchical"
+                                                                  : "flat";
       p.all_to_all_seconds = p.all_to_all == "hierarchical" ? p.hierarchical_seconds : p.flat_seconds;
     }
     out.plan = p;
@@ -415,6 +417,10 @@ std::shared_ptr<const PlacementStepModel> placement_step_model(const JobSpec& sp
   m->layout.pp = w.pipeline;
   m->layout.micro_batch = std::max(1, spec.micro_batch);
   m->layout.zero = spec.zero;
+  m->layout.recompute = spec.recompute == "full"        ? plan::Recompute::kFull
+                        : spec.recompute == "selective" ? plan::Recompute::kSelective
+                                                        : plan::Recompute::kNone;
+  m->layout.sequence_parallel = spec.sequence_parallel;
   if (!plan::check_layout(m->job, m->cluster, m->layout).empty()) return nullptr;
   return m;
 }

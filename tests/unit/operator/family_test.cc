@@ -115,6 +115,9 @@ TEST_CASE("what the worker refuses in the family makes the job Invalid, naming t
       {R"({"spec": {"model": {"moe": null}}})", "spec.parallelism.expert", "needs a mixture-of-experts model"},
       {R"({"spec": {"parallelism": {"expert": 1}}})", "spec.parallelism.expertAllToAll",
        "set spec.parallelism.expert > 1"},
+      {R"({"spec": {"replicas": 3, "procsPerReplica": 4, "training": {"globalBatch": 12, "microBatch": 1},
+           "model": {"moe": {"experts": 12}}, "parallelism": {"expert": 6}}})",
+       "spec.parallelism.expertAllToAll", "use flat, or an expert degree that is a multiple of procsPerReplica"},
       {R"({"spec": {"procsPerReplica": 2, "parallelism": {"tensor": 2}}})", "spec.model.moe",
        "set spec.parallelism.tensor, pipeline and context to 1"},
       // sequence and context parallelism
