@@ -572,7 +572,9 @@ Json resolved_config(const JobSpec& spec, int replicas) {
         {"gradAccumulation", spec.global_batch / std::max(1, spec.micro_batch * w.data)}}},
       {"layout",
        {{"world", w.size},
-        {"dp", w.data},
+        // The rank grid the rendezvous checks (dp x tp x pp = world): the worker's data-parallel group, whose
+        // blocks of cp consecutive ranks share a replica's sequences.
+        {"dp", w.data * w.context},
         {"tp", w.tensor},
         {"pp", w.pipeline},
         {"cp", w.context},

@@ -75,8 +75,11 @@ TEST_CASE("context parallelism splits the world as data x context x tensor x pip
   CHECK(w.data == 2);
   CHECK(w.context == 2);
   Json cfg = resolved_config(p.spec, 2);
-  CHECK(cfg["layout"]["dp"] == 2);
+  // layout is the rendezvous' rank grid (dp x tp x pp = world): dp counts the context ranks, cp says how many.
+  CHECK(cfg["layout"]["dp"] == 4);
   CHECK(cfg["layout"]["cp"] == 2);
+  CHECK(cfg["layout"]["dp"].get<int>() * cfg["layout"]["tp"].get<int>() * cfg["layout"]["pp"].get<int>() ==
+        cfg["layout"]["world"].get<int>());
   CHECK(cfg["parallelism"]["context"] == 2);
   CHECK(cfg["training"]["gradAccumulation"] == 2);  // 8 / (2 x 2): the context ranks share a replica's sequences
   // data given as if context did not exist: the message names the product with context.

@@ -288,6 +288,14 @@ TEST_CASE("railyard-worker train --config: the parallelism family from the opera
   r = run("railyard-worker train --config " + d + "/cp.json --threads 1", d);
   CHECK(r.code == 2);
   CHECK_MESSAGE(r.err.find("--cp 2") != std::string::npos, r.err);
+  // ... and over two ranks (a dense model) it runs the context-parallel stage.
+  cfg["model"].erase("moe");
+  cfg["layout"] = {{"world", 2}, {"dp", 2}, {"tp", 1}, {"pp", 1}, {"cp", 2}};
+  std::ofstream(d + "/cp2.json") << cfg.dump();
+  r = run("railyard-worker train --nproc 2 --config " + d + "/cp2.json --threads 1", d);
+  CHECK_MESSAGE(r.code == 0, r.err);
+  CHECK(r.err.find("context parallel 2") != std::string::npos);
+  cfg["layout"] = {{"world", 1}, {"dp", 1}, {"tp", 1}, {"pp", 1}};
   cfg["parallelism"] = nlohmann::json::object();
   cfg["memory"] = {{"offload", "params"}};
   std::ofstream(d + "/off.json") << cfg.dump();
