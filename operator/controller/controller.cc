@@ -1166,7 +1166,8 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
         orig["plan"].value("microBatch", 0) != auto_plan->layout.micro_batch ||
         orig["plan"].value("recompute", "") != auto_plan->status.value("recompute", "") ||
         orig["plan"].value("offload", "") != auto_plan->status.value("offload", "") ||
-        orig["plan"].value("expert", 0) != auto_plan->status.value("expert", 0))
+        orig["plan"].value("expert", 0) != auto_plan->status.value("expert", 0) ||
+        orig["plan"].value("context", 1) != auto_plan->status.value("context", 1))
       events.push_back({false, "Planned", auto_plan->message});
   }
   WorldLayout w = world_layout(world_spec, m);

@@ -386,8 +386,8 @@ ParsedJob parse_job(const Json& job) {
            "scale to at most " + std::to_string(*s.max_replicas));
   if (c.ok() && s.auto_parallel && s.context > 1)
     c.fail("spec.parallelism.context",
-           std::to_string(s.context) + " with auto: the planner does not search context parallelism yet",
-           "give tensor/pipeline/context yourself (auto false), or drop context");
+           std::to_string(s.context) + " with auto: the planner chooses context parallelism itself",
+           "drop context (auto uses it when no layout fits without), or give the degrees yourself (auto false)");
   if (c.ok() && !s.auto_parallel) {
     const int world = s.replicas * s.procs_per_replica;
     const int tpc = s.tensor * s.pipeline * s.context;

@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "operator/planner/calibration.h"
+#include "operator/planner/context_parallel.h"
 #include "operator/planner/hetero.h"
 #include "operator/planner/moe_cost.h"
 #include "operator/planner/search.h"
@@ -83,6 +84,56 @@ std::vector<std::string> expected_pod_types(const std::map<std::string, int>& ty
   std::vector<std::string> out;
   for (const auto& [t, c] : take) out.insert(out.end(), c, t);
   return out;
+}
+
+// The fastest layout with context parallelism cp > 1 (the smallest cp that fits first): each rank holds s/cp positions
+// of every sequence. Searched as the job at sequence s/cp on world/cp devices with no stored probabilities (what
+// cp_activation_bytes does), then checked with cp_activation_bytes and charged the exposed ring time of every layer
+// and micro-batch (cp_ring_time). The attention FLOPs of the s/cp x s blocks beyond the local s/cp x s/cp block are
+// not counted (docs/planner.md).
+std::optional<AutoPlan> plan_context(const plan::Job& job, const plan::Cluster& cluster, plan::SearchOptions o) {
+  o.offload = false;  // the worker does not offload with context parallelism
+  o.sequence_parallel = false;
+  for (int cp = 2; cp <= job.model.seq && cp <= cluster.gpus; ++cp) {
+    if (job.model.seq % cp != 0 || cluster.gpus % cp != 0) continue;
+    plan::Job local = job;
+    local.model.seq = job.model.seq / cp;
+    plan::Cluster c = cluster;
+    c.gpus = cluster.gpus / cp;
+    c.topology.nodes = 0;
+    c.device.flash_attention = true;
+    std::optional<AutoPlan> best;
+    for (int zero = 0; zero <= 2; ++zero) {
+      o.zero = zero;
+      plan::SearchResult r;
+      try {
+        r = plan::search(local, c, o);
+      } catch (const Error&) {
+        continue;
+      }
+      for (const plan::RankedPlan& rp : r.plans) {
+        const plan::Estimate& e = rp.estimate;
+        plan::Cluster real = cluster;
+        real.gpus = c.gpus;
+        real.topology.nodes = 0;
+        const double mem = e.memory.total() - e.memory.activations + plan::cp_activation_bytes(job, real, e.layout, cp);
+        if (mem > e.memory_capacity) continue;
+        const plan::RingTime ring = plan::cp_ring_time(job.model, cluster, e.layout, cp);
+        const double ring_s = (ring.forward_exposed + ring.backward_exposed) *
+                              (double(job.model.layers) / e.layout.pp) * std::max(1, e.micro_batches);
+        if (best && best->estimate.time.step + best->ring_seconds <= e.time.step + ring_s) continue;
+        AutoPlan p;
+        p.estimate = e;
+        p.estimate.memory.activations = mem - (e.memory.total() - e.memory.activations);
+        p.layout = e.layout;
+        p.context = cp;
+        p.ring_seconds = ring_s;
+        best = p;
+      }
+    }
+    if (best) return best;
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -204,6 +255,45 @@ AutoPlanOutcome plan_parallelism(const JobSpec& spec, int replicas, const std::v
     }
   } catch (const Error& e) {
     return invalid(e.what());
+  }
+  // Nothing fits: long sequences may still run with each split over `cp` ranks (ring attention, no stored
+  // probabilities), where the worker runs it (dense, not deterministic, no sequence parallelism or offload).
+  std::optional<AutoPlan> context_plan;
+  if (plans.empty() && spec.moe.experts == 0 && !spec.deterministic && !spec.sequence_parallel &&
+      spec.offload != "optimizer" && !spec.data)
+    context_plan = plan_context(job, cluster, o);
+  if (plans.empty() && context_plan) {
+    AutoPlan p = *context_plan;
+    p.device = cluster.device.name;
+    const double step = p.estimate.time.step + p.ring_seconds;
+    p.message = "planned dp=" + std::to_string(p.layout.dp) + " context=" + std::to_string(p.context) +
+                " tp=" + std::to_string(p.layout.tp) + " pp=" + std::to_string(p.layout.pp) +
+                " microBatch=" + std::to_string(p.layout.micro_batch) + " zero=" + std::to_string(p.layout.zero) +
+                " recompute=" + plan::to_string(p.layout.recompute) + " on " + std::to_string(cluster.gpus) + " x " +
+                p.device + " (no layout fits without context parallelism): predicted step " + seconds_text(step) +
+                ", " + bytes_text(p.estimate.memory.total()) + " per device";
+    p.status = {{"device", p.device},
+                {"data", p.layout.dp},
+                {"tensor", p.layout.tp},
+                {"pipeline", p.layout.pp},
+                {"context", p.context},
+                {"microBatch", p.layout.micro_batch},
+                {"zero", p.layout.zero},
+                {"replicas", replicas},
+                {"recompute", plan::to_string(p.layout.recompute)},
+                {"offload", "none"},
+                {"predictedStepSeconds", step},
+                {"predictedTokensPerSecond", double(spec.global_batch) * job.model.seq / step},
+                {"predictedMemoryBytesPerDevice", p.estimate.memory.total()},
+                {"predictedRingSeconds", p.ring_seconds}};
+    JobSpec planned = spec;
+    apply_plan(planned, p);
+    if (std::optional<Violation> v = check_family(planned, replicas)) {
+      out.violation = *v;
+      return out;
+    }
+    out.plan = std::move(p);
+    return out;
   }
   if (plans.empty()) {
     std::string why = "no layout of " + std::to_string(cluster.gpus) + " x " + cluster.device.name + " (" +
@@ -494,6 +584,7 @@ void apply_plan(JobSpec& spec, const plan::Layout& layout) {
 
 void apply_plan(JobSpec& spec, const AutoPlan& plan) {
   apply_plan(spec, plan.layout);
+  spec.context = plan.context;
   if (plan.experts) {
     spec.expert = plan.experts->expert;
     spec.expert_all_to_all = plan.experts->all_to_all;

@@ -48,6 +48,10 @@ struct AutoPlan {
   // optimizer offload; never interleave or ZeRO-3; sequence parallelism only when the spec asks for it.
   plan::Layout layout;
   std::optional<ExpertPlan> experts;  // MoE models only
+  // Context parallelism, searched only when no layout fits without it (dense models): each sequence split over
+  // `context` ranks; the layout's dp counts replicas (world = dp x context x tp x pp).
+  int context = 1;
+  double ring_seconds = 0;  // per step: the ring exchange the attention does not hide (cp_ring_time)
   plan::Estimate estimate;
   std::string device;   // profile name
   std::string message;  // the event text: the choice, the prediction and why the runner-up lost

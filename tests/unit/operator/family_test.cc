@@ -142,7 +142,7 @@ TEST_CASE("what the worker refuses in the family makes the job Invalid, naming t
        "spec.parallelism.context", "set deterministic false or context 1"},
       {R"({"spec": {"model": {"moe": null}, "parallelism": {"expert": null, "expertAllToAll": null, "context": 2,
            "auto": true}}})",
-       "spec.parallelism.context", "the planner does not search context parallelism"},
+       "spec.parallelism.context", "the planner chooses context parallelism itself"},
       // offload
       {R"({"spec": {"memory": {"offload": "optimizer"}, "parallelism": {"zero": 1}}})", "spec.memory.offload",
        "set spec.parallelism.zero 0"},

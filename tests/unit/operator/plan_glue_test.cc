@@ -9,8 +9,10 @@
 
 #include "common/error.h"
 #include "operator/planner/calibration.h"
+#include "operator/planner/context_parallel.h"
 #include "operator/planner/cost_model.h"
 #include "operator/planner/moe_cost.h"
+#include "operator/planner/search.h"
 #include "tests/unit/operator/job_fixture.h"
 
 using namespace railyard::op;
@@ -432,4 +434,43 @@ TEST_CASE("auto on a MoE model whose experts fit nowhere is Invalid with the mem
   CHECK(o.violation->field == "spec.parallelism.auto");
   CHECK(o.violation->message.find("1024 experts") != std::string::npos);
   CHECK(o.violation->message.find("add replicas") != std::string::npos);
+}
+
+TEST_CASE("auto splits sequences over context-parallel ranks when no layout fits without") {
+  // 2^20-token sequences on 8 CPU processes: one layer's activations of one sequence exceed the CPU profile's memory,
+  // so no data/tensor/pipeline layout, recomputation or offload fits; split over context ranks they do.
+  JobSpec s = auto_spec(Json::parse(R"({"spec": {"replicas": 8,
+      "model": {"preset": "custom", "layers": 1, "hidden": 768, "heads": 12, "seqLen": 1048576, "vocab": 256},
+      "training": {"globalBatch": 8, "microBatch": 1, "seqLen": 1048576}}})"));
+  const plan::Job job = plan_job(s);
+  const plan::Cluster c = plan_cluster(s, 8, {});
+  plan::SearchOptions o;
+  o.interleaves = {1};
+  CHECK(plan::search(job, c, o).plans.empty());  // why context parallelism
+  AutoPlanOutcome out = plan_parallelism(s, 8, {});
+  REQUIRE_MESSAGE(out.plan, (out.violation ? out.violation->message : ""));
+  const AutoPlan& p = *out.plan;
+  REQUIRE(p.context > 1);
+  CHECK(p.layout.dp * p.context * p.layout.tp * p.layout.pp == 8);
+  plan::Cluster part = c;
+  part.gpus = 8 / p.context;
+  part.topology.nodes = 0;
+  const double act = plan::cp_activation_bytes(job, part, p.layout, p.context);
+  CHECK(p.estimate.memory.activations == doctest::Approx(act));
+  CHECK(p.estimate.memory.total() <= p.estimate.memory_capacity);
+  CHECK(p.status["context"] == p.context);
+  CHECK(p.status["predictedStepSeconds"].get<double>() == doctest::Approx(p.estimate.time.step + p.ring_seconds));
+  CHECK(p.message.find("context=" + std::to_string(p.context)) != std::string::npos);
+  apply_plan(s, p);
+  WorldLayout w = world_layout(s, 8);
+  CHECK(w.context == p.context);
+  CHECK(w.data == p.layout.dp);
+  Json cfg = resolved_config(s, 8);
+  CHECK(cfg["parallelism"]["context"] == p.context);
+  CHECK(cfg["layout"]["dp"].get<int>() * cfg["layout"]["tp"].get<int>() * cfg["layout"]["pp"].get<int>() == 8);
+  // deterministic mode cannot run context parallelism: still Invalid, with the planner's reason
+  JobSpec det = s;
+  det.context = 1;
+  det.deterministic = true;
+  CHECK(plan_parallelism(det, 8, {}).violation);
 }
