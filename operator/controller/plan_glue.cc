@@ -358,7 +358,7 @@ AutoPlanOutcome plan_parallelism(const JobSpec& spec, int replicas, const std::v
     }
     if (!mixed) {
       JobSpec chosen = spec;
-      apply_plan(chosen, p.layout);
+      apply_plan(chosen, p);  // with a MoE plan's expert degree: no uneven split then
       mixed = mixed_split(chosen, pod_types);
       if (mixed && mixed->dp_split.empty()) mixed->status["evenStepSeconds"] = even;
     }
