@@ -29,6 +29,7 @@
 #include "worker/agent/agent_main.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/process_groups.h"
+#include "worker/device/cuda_module.h"
 #include "worker/device/device.h"
 #include "worker/interop/llmc_model.h"
 #include "worker/kernels/cpu/kernels.h"
@@ -42,10 +43,6 @@
 #include "worker/train/perf.h"
 #include "worker/train/train_metrics.h"
 #include "worker/train/trainer.h"
-#ifdef RAILYARD_HAVE_CUDA
-#include "worker/kernels/cuda/cuda_check.h"
-#include "worker/kernels/cuda/cuda_device.h"
-#endif
 
 using namespace railyard;
 using namespace railyard::worker;
@@ -383,6 +380,21 @@ struct DistSetup {
   size_t bucket_bytes = size_t{25} << 20;
 };
 
+// The communicators of the tensor/pipeline-parallel stage (tp, pp, the tied-embedding pair, cp). On the CPU they are
+// the Gloo process groups. On CUDA the stage hands them device memory (GptStage, ParallelModel), so they must be NCCL
+// communicators over the same ranks: the one place to wire the NCCL factory of worker/comm (issue #11, docs/gpu.md
+// "Tensor and pipeline parallelism on CUDA"). Until it is, CUDA is refused here with the fix.
+parallel::ModelGroups model_parallel_groups(DistSetup& d, DeviceKind device) {
+  comm::ProcessGroups& g = *d.groups;
+  if (device == DeviceKind::kCuda) {
+    throw ConfigError(
+        "--tp/--pp/--cp with spec.device / --device cuda: the model-parallel stage runs on the device, but its "
+        "communicators are still the Gloo groups (host memory); the NCCL groups are not wired here yet: use "
+        "--device cpu");
+  }
+  return {&g.tp(), &g.pp(), g.embedding(), d.cp.get()};
+}
+
 DistSetup join_world(std::map<std::string, std::string>& f, TrainConfig& tc) {
   DistSetup d;
   const long long zero = to_int(f, "zero", 0);
@@ -434,10 +446,10 @@ DistSetup join_world(std::map<std::string, std::string>& f, TrainConfig& tc) {
 }
 
 // --ep/--ep-a2a/--ep-node-size: expert-parallel groups of consecutive dp ranks (docs/parallel.md "Expert
-// parallelism"), installed in the trainer's model. Null without --ep (or --ep 1).
+// parallelism"), installed in the trainer's model by attach(). Null without --ep (or --ep 1).
 std::unique_ptr<parallel::ExpertParallel> join_expert_parallel(std::map<std::string, std::string>& f,
                                                                const GptConfig& cfg, const TrainConfig& tc,
-                                                               DistSetup& dist, Trainer& trainer) {
+                                                               DistSetup& dist) {
   parallel::ExpertParallelOptions o;
   o.ep = static_cast<int>(to_int(f, "ep", 1));
   o.algorithm = f.count("ep-a2a") ? f["ep-a2a"] : "flat";
@@ -451,15 +463,26 @@ std::unique_ptr<parallel::ExpertParallel> join_expert_parallel(std::map<std::str
   parallel::validate_expert_parallel(cfg, o, l.dp, l.tp, l.pp, dist.zero, dist.deterministic, !tc.dp_split.empty());
   if (o.ep == 1) return nullptr;
   auto ep = std::make_unique<parallel::ExpertParallel>(dist.groups->dp(), o);
-  ep->attach(trainer.model());
   log::info("worker", "expert parallel", {{"layout", ep->describe()}});
   return ep;
+}
+
+// Expert-parallel storage: a rank holds only its ep group's share of the experts (E/ep per layer), reduced over the
+// dp ranks holding the same ones. ZeRO and --deterministic keep the full layout (docs/parallel.md).
+bool expert_storage_sharded(const parallel::ExpertParallel* ep, const DistSetup& dist) {
+  return ep != nullptr && dist.zero == 0 && !dist.deterministic;
 }
 
 // The checkpoint's tensor list: the full model, or a tp/pp stage's slices (shard_map), and with ZeRO over dp the
 // parameters plus this rank's owned ranges of the moments (of the llm.c buffer, or of the stage's local buffer mapped
 // through its shard_map). Every layout saves the same global tensors, so any checkpoint loads into any layout.
-std::vector<ShardSpec> checkpoint_shards(const GptConfig& cfg, Trainer& trainer, const DistSetup& dist) {
+std::vector<ShardSpec> checkpoint_shards(const GptConfig& cfg, Trainer& trainer, const DistSetup& dist,
+                                         parallel::ExpertParallel* ep) {
+  if (expert_storage_sharded(ep, dist)) {
+    comm::Communicator& edp = ep->expert_data_parallel();
+    return expert_shard_state_shards(trainer.model().config(), trainer.state(), dist.groups->dp().rank(),
+                                     dist.groups->dp().size(), edp.rank(), edp.size());
+  }
   if (dist.sharded == nullptr && dist.zero == 0) return full_state_shards(cfg, trainer.state());
   std::vector<OwnedRange> owned;
   if (dist.zero > 0) {
@@ -476,10 +499,10 @@ std::vector<ShardSpec> checkpoint_shards(const GptConfig& cfg, Trainer& trainer,
   const comm::Layout& l = dist.groups->layout();
   const comm::Coord& c = dist.groups->coord();
   if (dist.zero == 0) {
-    return shards_from_slices(dist.sharded->model().shard_map(), dist.sharded->params(), dist.sharded->adam_m(),
+    return shards_from_slices(dist.sharded->model().shard_map(), dist.sharded->host_params(), dist.sharded->adam_m(),
                               dist.sharded->adam_v(), c.tp, l.tp, c.dp, l.dp);
   }
-  return zero_slices_shards(dist.sharded->model().shard_map(), dist.sharded->params(), dist.sync->shard_m(),
+  return zero_slices_shards(dist.sharded->model().shard_map(), dist.sharded->host_params(), dist.sync->shard_m(),
                             dist.sync->shard_v(), owned, c.tp, l.tp, c.dp, l.dp);
 }
 
@@ -613,14 +636,24 @@ int cmd_train(int argc, char** argv) {
   if (f.count("nproc")) return launch_train_world(argc, argv, f);
   if (f.count("config")) apply_config_file(f["config"], f);
     // The device first: a wrong --device / spec.device fails before any data or model is touched.
+  const std::string device_spec = f.count("device") ? f["device"] : "auto";
+  // The CUDA libraries are a module loaded only for CUDA runs (worker/device/cuda_module.h): `cuda`, or `auto` with
+  // GPU device nodes. Its runtime then gives the GPU count resolve_device sees; CPU runs never load it.
+  int visible_gpus = 0;
+  CudaModule* cuda_module = nullptr;
 #ifdef RAILYARD_HAVE_CUDA
-  const int visible_gpus = cuda::device_count();
   const bool built_with_cuda = true;
+  if (device_spec == "cuda" || ((device_spec == "auto" || device_spec.empty()) && gpu_device_nodes() > 0)) {
+    try {
+      cuda_module = &CudaModule::load();
+    } catch (const ConfigError& e) {
+      throw ConfigError(std::string(e.what()) + " (--device " + device_spec + ")");
+    }
+    visible_gpus = cuda_module->device_count();
+  }
 #else
-  const int visible_gpus = 0;
   const bool built_with_cuda = false;
 #endif
-  const std::string device_spec = f.count("device") ? f["device"] : "auto";
   DeviceKind device_kind;
   try {
     device_kind = resolve_device(device_spec, visible_gpus, built_with_cuda);
@@ -631,7 +664,9 @@ int cmd_train(int argc, char** argv) {
             {{"device", device_name(device_kind)},
              {"requested", device_spec},
              {"visible_gpus", std::to_string(visible_gpus)},
-             {"built_with_cuda", built_with_cuda ? "true" : "false"}});
+             {"built_with_cuda", built_with_cuda ? "true" : "false"},
+             {"cuda_module", cuda_module != nullptr ? cuda_module->path() : "not loaded"},
+             {"cudart_mapped", library_mapped("libcudart") ? "true" : "false"}});
   if (!f.count("data")) {
     if (const char* d = std::getenv("RAILYARD_DATA_DIR"); d != nullptr && *d != '\0') f["data"] = d;
   }
@@ -745,7 +780,12 @@ int cmd_train(int argc, char** argv) {
 
   const int threads = threads_from(f);
   // Refuse up front what cannot fit, instead of dying in an allocation or the OOM killer later.
-  const MemoryBudget need = memory_budget(*cfg, tc.batch, tc.seq_len, threads, tc.recompute);
+  // With expert-parallel storage a rank holds E/ep experts (every shard the same size); a bad --ep is refused below.
+  const int ep_flag = static_cast<int>(to_int(f, "ep", 1));
+  const bool ep_storage =
+      ep_flag > 1 && cfg->moe.experts > 0 && cfg->moe.experts % ep_flag == 0 && dist.zero == 0 && !dist.deterministic;
+  const MemoryBudget need = memory_budget(ep_storage ? expert_shard_config(*cfg, ep_flag, 0) : *cfg, tc.batch,
+                                          tc.seq_len, threads, tc.recompute);
   const double phys = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
   if (phys > 0 && static_cast<double>(need.total()) > phys) {
     char buf[160];
@@ -760,11 +800,14 @@ int cmd_train(int argc, char** argv) {
   cpu::set_gemm_threading(split == "pool" ? cpu::GemmThreading::kPool : cpu::GemmThreading::kOpenBlas, threads);
   const bool model_parallel =
       dist.groups != nullptr && (dist.groups->layout().tp * dist.groups->layout().pp > 1 || tc.cp > 1);
+  // The device before the model: a tensor/pipeline-parallel stage allocates on it.
+  std::unique_ptr<Kernels<float>> device;
+  if (device_kind == DeviceKind::kCuda) device = cuda_module->create_kernels();
   if (model_parallel) {
     comm::ProcessGroups& g = *dist.groups;
-    const parallel::ModelGroups mg{&g.tp(), &g.pp(), g.embedding(), dist.cp.get()};
+    const parallel::ModelGroups mg = model_parallel_groups(dist, device_kind);
     dist.sharded = std::make_unique<parallel::ParallelGpt>(*cfg, tc, tc.micro_steps() / (g.layout().dp / tc.cp), pool,
-                                                           g.world(), mg);
+                                                           g.world(), mg, device.get());
     log::info("worker", "model-parallel stage", {{"stage", dist.sharded->describe()}});
     if (g.layout().dp > 1 || dist.zero > 0 || dist.deterministic) {
       parallel::DataParallelOptions dpo;
@@ -773,20 +816,26 @@ int cmd_train(int argc, char** argv) {
       dpo.bucket_bytes = dist.bucket_bytes;
       dist.sync = parallel::parallel_gpt_data_parallel(&g.dp(), *dist.sharded, mg, tc, pool, dpo);
     }
-  } else if (dist.groups != nullptr || dist.deterministic || dist.zero > 0) {
+  }
+  std::unique_ptr<parallel::ExpertParallel> expert_parallel = join_expert_parallel(f, *cfg, tc, dist);
+  // The layout of this rank's buffers: the global one, or with expert-parallel storage its E/ep experts per layer.
+  const GptConfig model_cfg =
+      expert_storage_sharded(expert_parallel.get(), dist) ? expert_parallel->local_config(*cfg) : *cfg;
+  if (model_cfg.moe.expert_shards > 1) log::info("worker", "expert storage", {{"model", describe(model_cfg)}});
+  if (!model_parallel && (dist.groups != nullptr || dist.deterministic || dist.zero > 0)) {
     parallel::DataParallelOptions dpo;
     dpo.zero_stage = dist.zero;
     dpo.deterministic = dist.deterministic;
     dpo.bucket_bytes = dist.bucket_bytes;
-    dist.sync = parallel::gpt_data_parallel(dist.groups ? &dist.groups->dp() : nullptr, *cfg, tc, pool, dpo);
+    if (expert_storage_sharded(expert_parallel.get(), dist)) {
+      dpo.group_spans =
+          parallel::expert_group_spans(model_cfg, &expert_parallel->expert_data_parallel(), &expert_parallel->group());
+    }
+    dist.sync = parallel::gpt_data_parallel(dist.groups ? &dist.groups->dp() : nullptr, model_cfg, tc, pool, dpo);
   }
-  std::unique_ptr<Kernels<float>> device;
-#ifdef RAILYARD_HAVE_CUDA
-  if (device_kind == DeviceKind::kCuda) device = std::make_unique<cuda::CudaKernels>();
-#endif
-  Trainer trainer(*cfg, tc, pool, train, val.get(), dist.sync.get(), dist.sharded.get(), device.get());
+  Trainer trainer(model_cfg, tc, pool, train, val.get(), dist.sync.get(), dist.sharded.get(), device.get());
   if (dist.groups != nullptr) trainer.set_layout(dist.groups->describe());
-  std::unique_ptr<parallel::ExpertParallel> expert_parallel = join_expert_parallel(f, *cfg, tc, dist, trainer);
+  if (expert_parallel) expert_parallel->attach(trainer.model());
   // Metrics: the same numbers as the step log line, for Prometheus and railyard-monitor.
   std::optional<int64_t> metrics_port;
   if (f.count("metrics-port")) {
@@ -855,7 +904,7 @@ int cmd_train(int argc, char** argv) {
     rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
   }
   co.layout = nlohmann::json{{"dp", 1}, {"tp", 1}, {"pp", 1}, {"zero", dist.zero}};
-  std::vector<ShardSpec> ckpt_shards = checkpoint_shards(*cfg, trainer, dist);
+  std::vector<ShardSpec> ckpt_shards = checkpoint_shards(*cfg, trainer, dist, expert_parallel.get());
   if (const int world = std::atoi(env_or("WORLD_SIZE", "1").c_str()); world > 1) {
     // Every rank of the world saves into the same directory under its global rank, with one run id for all ranks
     // of this world; data-parallel replicas split the writes of their identical state, and all ranks stop at the
@@ -869,7 +918,8 @@ int cmd_train(int argc, char** argv) {
     if (dist.groups != nullptr) {
       const auto& l = dist.groups->layout();
       co.layout = nlohmann::json{{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"zero", dist.zero}};
-      if (dist.sharded == nullptr && dist.zero == 0) {  // stage slices and ZeRO lists carry their own split
+      // Stage slices, ZeRO lists and expert shards carry their own split.
+      if (dist.sharded == nullptr && dist.zero == 0 && !expert_storage_sharded(expert_parallel.get(), dist)) {
         for (auto& s : ckpt_shards) {
           s.replica_index = dist.groups->dp().rank();
           s.num_replicas = dist.groups->dp().size();

@@ -9,6 +9,8 @@
 #      NCCL's bootstrap stays on 127.0.0.1: the tests set NCCL_COMM_ID to a loopback port and NCCL_SOCKET_IFNAME=lo.
 #   2. the CUDA kernels: ctest worker_cuda_unit (launch plans, device selection) and worker_cuda_parity (every kernel
 #      of worker/kernels/cuda against its CPU twin on random inputs; fp32 kernels to 1e-5, bf16 cuBLASLt GEMMs to 1e-3).
+#   2b. with 2+ GPUs, worker_cuda_stage_nccl: the tensor/pipeline-parallel model (ParallelModel on CudaKernels, NCCL
+#      groups) at tp=2, pp=2 and, with 4+ GPUs, tp=2 x pp=2 against the same layout on the CPU over Gloo.
 #   3. every other test labelled `gpu` (the CPU-vs-GPU equivalence tests of the worker register under that label).
 #   4. the throughput benchmark: `railyard-worker train --device cuda` on GPU 0 for gpt2-124m and gpt2-350m (T=1024,
 #      random-init weights, this repo's docs as the token data), tokens/s and MFU against the GPU's dense bf16 peak
@@ -36,7 +38,7 @@ driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader -i 0 | head
 
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DRAILYARD_CUDA=ON >/dev/null
 cmake --build "$build" -j"$(nproc)" --target worker_comm_nccl worker_comm_nccl_gpu worker_cuda_unit worker_cuda_parity \
-  railyard-worker railyard
+  worker_cuda_stage_nccl railyard-worker railyard
 checked=()
 failed=()
 not_run=()
@@ -60,7 +62,13 @@ else
 fi
 run "worker/kernels/cuda launch plans and device selection" -R '^worker_cuda_unit$'
 run "worker/kernels/cuda parity with the CPU kernels (all kernels, cuBLASLt GEMMs)" -R '^worker_cuda_parity$'
-others='^(worker_cuda_parity|worker_comm_nccl_gpu)$'
+if [ "$gpus" -ge 2 ]; then
+  run "worker/parallel on CUDA over NCCL: tp=2, pp=2 (tp=2 x pp=2 with 4+ GPUs) equal the CPU layout" \
+    -R '^worker_cuda_stage_nccl$'
+else
+  not_run+=("worker_cuda_stage_nccl: needs 2 GPUs, this machine has $gpus")
+fi
+others='^(worker_cuda_parity|worker_comm_nccl_gpu|worker_cuda_stage_nccl)$'
 if (cd "$build" && ctest -N -L gpu -E "$others" | grep -q 'Total Tests: [1-9]'); then
   cmake --build "$build" -j"$(nproc)"
   run "other tests labelled gpu: $(cd "$build" && ctest -N -L gpu -E "$others" | grep -c 'Test #')" -L gpu -E "$others"

@@ -4,8 +4,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <string>
+#include <type_traits>
 
+#include "common/error.h"
 #include "worker/kernels/cpu/kernels.h"
+#include "worker/parallel/vocab_parallel.h"
 
 namespace railyard::worker {
 
@@ -179,6 +183,85 @@ double CpuKernels<T>::global_norm(const float* g, size_t n) {
   double total = 0;
   for (size_t c = 0; c < chunks; ++c) total += partials[c];
   return std::sqrt(total);
+}
+
+// The tensor/pipeline-parallel stage's kernels: worker/parallel/vocab_parallel.cc (float: the stage trains in fp32;
+// the double reference model has no vocab-parallel stage).
+namespace {
+[[noreturn]] void float_only(const char* what) {
+  throw Error(std::string("CpuKernels<double>::") + what + ": the tensor/pipeline-parallel stage runs in float only");
+}
+}  // namespace
+
+template <typename T>
+void CpuKernels<T>::vocab_embedding_forward(T* out, const int32_t* inp, const T* wte_local, int v0, int Vl, size_t N,
+                                            int C) {
+  if constexpr (std::is_same_v<T, float>) {
+    parallel::vocab_embedding_forward(pool_, out, inp, wte_local, v0, Vl, N, C);
+  } else {
+    float_only("vocab_embedding_forward");
+  }
+}
+
+template <typename T>
+void CpuKernels<T>::add_positions_rows(T* out, const T* wpe, size_t row0, size_t rows, int Tn, int C) {
+  if constexpr (std::is_same_v<T, float>) {
+    parallel::add_positions_rows(pool_, out, wpe, row0, rows, Tn, C);
+  } else {
+    float_only("add_positions_rows");
+  }
+}
+
+template <typename T>
+void CpuKernels<T>::vocab_embedding_backward(T* dwte_local, T* dwpe, const T* dout, const int32_t* inp, int v0, int Vl,
+                                             int B, int Tn, int C) {
+  if constexpr (std::is_same_v<T, float>) {
+    parallel::vocab_embedding_backward(pool_, dwte_local, dwpe, dout, inp, v0, Vl, B, Tn, C);
+  } else {
+    float_only("vocab_embedding_backward");
+  }
+}
+
+template <typename T>
+void CpuKernels<T>::vocab_ce_local_max(T* mx, const T* logits, size_t N, int Vl, int Vr) {
+  if constexpr (std::is_same_v<T, float>) {
+    parallel::vocab_ce_local_max(pool_, mx, logits, N, Vl, Vr);
+  } else {
+    float_only("vocab_ce_local_max");
+  }
+}
+
+template <typename T>
+void CpuKernels<T>::vocab_ce_local_sums(T* sums, T* logits, const T* mx, const int32_t* targets, int v0, size_t N,
+                                        int Vl, int Vr) {
+  if constexpr (std::is_same_v<T, float>) {
+    parallel::vocab_ce_local_sums(pool_, sums, logits, mx, targets, v0, N, Vl, Vr);
+  } else {
+    float_only("vocab_ce_local_sums");
+  }
+}
+
+template <typename T>
+void CpuKernels<T>::vocab_ce_finish(T* losses, T* logits, const T* sums, const T* mx, const int32_t* targets, int v0,
+                                    size_t N, int Vl, int Vr, T scale) {
+  if constexpr (std::is_same_v<T, float>) {
+    parallel::vocab_ce_finish(pool_, losses, logits, sums, mx, targets, v0, N, Vl, Vr, scale);
+  } else {
+    float_only("vocab_ce_finish");
+  }
+}
+
+template <typename T>
+void CpuKernels<T>::accumulate(T* out, const T* in, size_t n) {
+  // Element-wise, so the split over threads does not change a bit.
+  pool_.parallel_for(n, [=](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i) out[i] += in[i];
+  });
+}
+
+template <typename T>
+void CpuKernels<T>::copy(T* dst, const T* src, size_t n) {
+  if (dst != src && n > 0) std::memcpy(dst, src, n * sizeof(T));
 }
 
 template class CpuKernels<float>;

@@ -50,6 +50,20 @@ class CpuKernels final : public Kernels<T> {
                     float eps, float weight_decay, int64_t t, float grad_scale) override;
   double global_norm(const float* x, size_t n) override;
 
+  // worker/parallel/vocab_parallel.cc for float; CpuKernels<double> throws (no parallel stage in double).
+  void vocab_embedding_forward(T* out, const int32_t* inp, const T* wte_local, int v0, int Vl, size_t N,
+                               int C) override;
+  void add_positions_rows(T* out, const T* wpe, size_t row0, size_t rows, int Tn, int C) override;
+  void vocab_embedding_backward(T* dwte_local, T* dwpe, const T* dout, const int32_t* inp, int v0, int Vl, int B,
+                                int Tn, int C) override;
+  void vocab_ce_local_max(T* mx, const T* logits, size_t N, int Vl, int Vr) override;
+  void vocab_ce_local_sums(T* sums, T* logits, const T* mx, const int32_t* targets, int v0, size_t N, int Vl,
+                           int Vr) override;
+  void vocab_ce_finish(T* losses, T* logits, const T* sums, const T* mx, const int32_t* targets, int v0, size_t N,
+                       int Vl, int Vr, T scale) override;
+  void accumulate(T* out, const T* in, size_t n) override;
+  void copy(T* dst, const T* src, size_t n) override;
+
  private:
   ThreadPool& pool_;
   std::vector<double> partials_;  // global_norm's per-chunk sums

@@ -109,6 +109,51 @@ class Kernels : public DeviceMemory {
                             float beta2, float eps, float weight_decay, int64_t t, float grad_scale) = 0;
   // sqrt(sum x^2) in double, over fixed chunks summed in order (reproducible; not the same bits on both devices).
   virtual double global_norm(const float* x, size_t n) = 0;
+
+  // ---- Fused forms and persistent weight copies (issue #11). Defaults are the unfused compositions above, which is
+  // what CpuKernels runs, so the CPU trainer computes bit for bit what it computed before; CudaKernels overrides them.
+  // pre (N,OC) = inp @ w^T + bias (kept for gelu_backward); out (N,OC) = gelu(pre). CUDA: one cuBLASLt GEMM with the
+  // GELU_AUX_BIAS epilogue.
+  virtual void matmul_gelu_forward(T* out, T* pre, const T* inp, const T* w, const T* bias, size_t N, int IC, int OC) {
+    matmul_forward(pre, inp, w, bias, N, IC, OC);
+    gelu_forward(out, pre, N * static_cast<size_t>(OC));
+  }
+  // residual (N,C) = a + b; out = layernorm(residual) with mean/rstd saved as layernorm_forward does. CUDA: one kernel.
+  virtual void residual_layernorm_forward(T* residual, T* out, T* mean, T* rstd, const T* a, const T* b, const T* w,
+                                          const T* bias, size_t N, int C) {
+    residual_forward(residual, a, b, N * static_cast<size_t>(C));
+    layernorm_forward(out, mean, rstd, residual, w, bias, N, C);
+  }
+  // The model's parameter buffer [params, params + n) (device memory from alloc()). A device may keep a low-precision
+  // copy of it that GEMMs read as their weight operand instead of converting the weight before every GEMM (CUDA: bf16).
+  // The device keeps the copy current for the writes it sees: adamw_update and to_device into the range. Whoever
+  // writes the range any other way (a collective receiving into it, a kernel) calls weights_changed() afterwards.
+  // The CPU keeps no copy (no-ops).
+  virtual void set_weights(const T* /*params*/, size_t /*n*/) {}
+  virtual void weights_changed() {}
+  // The tensor/pipeline-parallel stage (worker/parallel/gpt_stage.h, vocab_parallel.h; appended, issue #11). wte is
+  // split by vocabulary rows: this rank holds rows [v0, v0 + Vl), the first Vr of them real tokens. None of these
+  // communicates; the stage all-reduces between the vocab-parallel phases.
+  // out (N,C) = wte_local[inp - v0] for the tokens held here, 0 for the others.
+  virtual void vocab_embedding_forward(T* out, const int32_t* inp, const T* wte_local, int v0, int Vl, size_t N,
+                                       int C) = 0;
+  // out (rows,C) += wpe[(row0 + i) mod Tn] for rows i of a (B,T) row-major micro-batch starting at row row0.
+  virtual void add_positions_rows(T* out, const T* wpe, size_t row0, size_t rows, int Tn, int C) = 0;
+  // dwte_local (Vl,C) += dout rows of the tokens held here; dwpe (Tn,C) += the sum over b (when not null).
+  virtual void vocab_embedding_backward(T* dwte_local, T* dwpe, const T* dout, const int32_t* inp, int v0, int Vl,
+                                        int B, int Tn, int C) = 0;
+  // Vocab-parallel cross entropy, phase 1: mx (N) = max of the Vr real local logits of each row (-inf if Vr = 0).
+  virtual void vocab_ce_local_max(T* mx, const T* logits, size_t N, int Vl, int Vr) = 0;
+  // Phase 2: logits[:, :Vr] <- exp(logits - mx); sums (2N) = [row sums | the target's raw logit if held here, else 0].
+  virtual void vocab_ce_local_sums(T* sums, T* logits, const T* mx, const int32_t* targets, int v0, size_t N, int Vl,
+                                   int Vr) = 0;
+  // Phase 3: losses (N) = log(S) + mx - z_target; logits <- scale * (softmax - onehot), padding columns 0.
+  virtual void vocab_ce_finish(T* losses, T* logits, const T* sums, const T* mx, const int32_t* targets, int v0,
+                               size_t N, int Vl, int Vr, T scale) = 0;
+  // out (n) += in (n): the sequence-parallel layernorm weight gradients joining grads() after their tp all-reduce.
+  virtual void accumulate(T* out, const T* in, size_t n) = 0;
+  // dst (n) = src (n), both device memory (a stage's d(input) leaving for the previous pipeline stage).
+  virtual void copy(T* dst, const T* src, size_t n) = 0;
 };
 
 }  // namespace railyard::worker

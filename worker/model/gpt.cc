@@ -133,6 +133,49 @@ struct NormalRng {
   bool have_spare = false;
 };
 
+constexpr size_t kInitChunk = 1 << 16;
+
+// The stream of chunk k of tensor i: splitmix64 of (seed, tensor, chunk), independent and well mixed per chunk.
+NormalRng init_chunk_rng(uint64_t seed, int i, size_t k) {
+  uint64_t z = seed + 0x9E3779B97F4A7C15ull * (1 + (static_cast<uint64_t>(i) << 32) + k);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return NormalRng(z ^ (z >> 31));
+}
+
+// Expert tensor i of an expert-parallel shard (n local elements): the values the global tensor (L, E, ...) gets at
+// this shard's experts, so a shard holds exactly its slice of the single-process initialisation. The global chunks
+// overlapping the shard are drawn whole (a chunk's stream is sequential) and their overlap copied.
+template <typename T>
+void init_expert_shard(T* t, const GptConfig& c, int i, size_t n, double stddev, uint64_t seed, ThreadPool* pool) {
+  const size_t L = c.num_layers, E = c.moe.experts, el = local_experts(c), per = n / (L * el);
+  const size_t first = static_cast<size_t>(c.moe.expert_shard) * el, global_n = L * E * per;
+  auto fill = [&](size_t c0, size_t c1) {
+    std::vector<T> draw(kInitChunk);
+    for (size_t k = c0; k < c1; ++k) {
+      const size_t b = k * kInitChunk, e = std::min(global_n, b + kInitChunk);
+      bool drawn = false;
+      for (size_t l = 0; l < L; ++l) {
+        const size_t ob = (l * E + first) * per, oe = ob + el * per;  // this shard's run of layer l
+        const size_t s0 = std::max(ob, b), s1 = std::min(oe, e);
+        if (s0 >= s1) continue;
+        if (!drawn) {
+          NormalRng rng = init_chunk_rng(seed, i, k);
+          for (size_t j = b; j < e; ++j) draw[j - b] = static_cast<T>(stddev * rng.next());
+          drawn = true;
+        }
+        std::copy(draw.begin() + (s0 - b), draw.begin() + (s1 - b), t + l * el * per + (s0 - ob));
+      }
+    }
+  };
+  const size_t chunks = (global_n + kInitChunk - 1) / kInitChunk;
+  if (pool != nullptr) {
+    pool->parallel_for(chunks, fill);
+  } else {
+    fill(0, chunks);
+  }
+}
+
 }  // namespace
 
 size_t activation_bytes(const GptConfig& c, int B, int T, int threads, const RecomputeSpec& recompute) {
@@ -149,7 +192,7 @@ size_t moe_capacity(const MoeConfig& m, size_t N) {
 
 template <typename T>
 void init_gpt2_weights(T* params, const GptConfig& c, uint64_t seed, ThreadPool* pool) {
-  constexpr size_t kChunk = 1 << 16;
+  constexpr size_t kChunk = kInitChunk;
   auto p = split_tensors(params, c);
   auto sizes = param_sizes(c);
   const double std_w = 0.02, std_proj = 0.02 / std::sqrt(2.0 * c.num_layers);
@@ -169,6 +212,10 @@ void init_gpt2_weights(T* params, const GptConfig& c, uint64_t seed, ThreadPool*
       constant = 1;
     }
     const size_t limit = name == "wte" ? real_wte : n;  // padded vocabulary rows stay 0
+    if (c.moe.expert_shards > 1 && i >= 10 && i <= 13 && (stddev != 0 || constant != 0)) {
+      init_expert_shard(t, c, i, sizes[i], stddev, seed, pool);
+      continue;
+    }
     auto fill = [&](size_t c0, size_t c1) {
       for (size_t k = c0; k < c1; ++k) {
         const size_t b = k * kChunk, e = std::min(n, b + kChunk);
@@ -176,11 +223,7 @@ void init_gpt2_weights(T* params, const GptConfig& c, uint64_t seed, ThreadPool*
           for (size_t j = b; j < e; ++j) t[j] = static_cast<T>(constant);
           continue;
         }
-        // splitmix64 of (seed, tensor, chunk): independent, well-mixed streams per chunk
-        uint64_t z = seed + 0x9E3779B97F4A7C15ull * (1 + (static_cast<uint64_t>(i) << 32) + k);
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        NormalRng rng(z ^ (z >> 31));
+        NormalRng rng = init_chunk_rng(seed, i, k);
         for (size_t j = b; j < e; ++j) t[j] = j < limit ? static_cast<T>(stddev * rng.next()) : T(0);
       }
     };
@@ -215,6 +258,8 @@ Gpt<T>::Gpt(const GptConfig& config, int B, int Tn, ThreadPool& pool, const Reco
   }
   cpu::init_blas_single_threaded();
   params_ = DeviceBuffer<T>(*dev_, num_parameters(config_));
+  // The device may keep a bf16 copy for its GEMMs (CUDA); it follows init/restore (to_device) and AdamW by itself.
+  dev_->set_weights(params_.data(), params_.size());
   grads_ = DeviceBuffer<T>(*dev_, num_parameters(config_));
   const ActLayout a = act_layout(config_, B, Tn, device_sizes(*dev_, config_, B, Tn), recompute_);
   acts_ = DeviceBuffer<T>(*dev_, a.total());
@@ -353,14 +398,14 @@ void Gpt<T>::layer_forward(size_t l, const T* residual, const LayerActs& a, T* r
   d.matmul_forward(a.qkv, a.ln1, qkvw + l * 3 * C * C, qkvb + 3 * lc, N, C, 3 * C);  // (B,T,3C)
   d.attention_forward(a.atty, a.att, a.qkv, B, Tn, C, NH);                           // (B,T,C), (B,NH,T,T)
   d.matmul_forward(proj_, a.atty, attprojw + l * C * C, attprojb + lc, N, C, C);     // (B,T,C)
-  d.residual_forward(a.res2, residual, proj_, N * C);
-  // MLP block: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
-  d.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, ln2w + lc, ln2b + lc, N, C);
+  // MLP block: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))); residual2 and ln2 in one fused call (the
+  // CPU runs residual_forward then layernorm_forward)
+  d.residual_layernorm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, residual, proj_, ln2w + lc, ln2b + lc, N, C);
   if (config_.moe.experts > 0) {
     moe_forward(l, a, proj_, stats);  // (B,T,C): the gated sum of the token's kept experts
   } else {
-    d.matmul_forward(a.fch, a.ln2, fcw + l * 4 * C * C, fcb + 4 * lc, N, C, 4 * C);  // (B,T,4C)
-    d.gelu_forward(a.fch_gelu, a.fch, N * 4 * C);
+    // fch (B,T,4C) is the pre-activation gelu_backward needs; CUDA: one GEMM with the GELU epilogue
+    d.matmul_gelu_forward(a.fch_gelu, a.fch, a.ln2, fcw + l * 4 * C * C, fcb + 4 * lc, N, C, 4 * C);
     d.matmul_forward(proj_, a.fch_gelu, fcprojw + l * 4 * C * C, fcprojb + lc, N, 4 * C, C);  // (B,T,C)
   }
   d.residual_forward(residual3, a.res2, proj_, N * C);
@@ -373,6 +418,12 @@ void Gpt<T>::moe_forward(size_t l, const LayerActs& a, T* out, MoeStats* stats) 
   using namespace cpu;
   const size_t N = static_cast<size_t>(B_) * T_, C = config_.channels, E = config_.moe.experts;
   const size_t k = config_.moe.top_k, cap = moe_cap_, H = 4 * C;
+  if (config_.moe.expert_shards != 1 && config_.moe.expert_shards != ep_.size) {
+    // A buffer of E/P experts runs only inside its expert-parallel group (set_expert_exchange).
+    throw Error("Gpt: the model holds " + std::to_string(local_experts(config_)) + " of " + std::to_string(E) +
+                " experts per layer but no expert-parallel group of " + std::to_string(config_.moe.expert_shards) +
+                " ranks is attached");
+  }
   const Routing& r = routing_[l];
   auto w = split_tensors(params_.data(), config_);
   const T* router = params_.data() + router_offset(config_) + l * E * C;

@@ -151,14 +151,36 @@ GptConfig parse_model_spec(std::string_view spec) {
 std::string describe(const GptConfig& c) {
   char buf[200];
   std::snprintf(buf, sizeof(buf), "L%d C%d NH%d maxT%d V%d (Vp%d), %.2fM params", c.num_layers, c.channels, c.num_heads,
-                c.max_seq_len, c.vocab_size, c.padded_vocab_size, num_parameters(c) / 1e6);
+                c.max_seq_len, c.vocab_size, c.padded_vocab_size, num_parameters(global_config(c)) / 1e6);
   std::string out = buf;
   if (c.moe.experts > 0) {
     std::snprintf(buf, sizeof(buf), ", MoE E%d top-%d capacity %.3g aux %.3g", c.moe.experts, c.moe.top_k,
                   c.moe.capacity_factor, c.moe.aux_loss_coef);
     out += buf;
   }
+  if (c.moe.expert_shards > 1) {
+    const int el = local_experts(c);
+    std::snprintf(buf, sizeof(buf), ", holds experts %d-%d (%.2fM params)", c.moe.expert_shard * el,
+                  (c.moe.expert_shard + 1) * el - 1, num_parameters(c) / 1e6);
+    out += buf;
+  }
   return out;
+}
+
+GptConfig expert_shard_config(const GptConfig& global, int shards, int shard) {
+  const int E = global.moe.experts;
+  if (shards < 1 || shard < 0 || shard >= shards) {
+    throw ConfigError("expert-parallel storage: shard " + std::to_string(shard) + " of " + std::to_string(shards) +
+                      " is not a valid position");
+  }
+  if (shards > 1 && (E <= 0 || E % shards != 0)) {
+    throw ConfigError("--ep " + std::to_string(shards) + " needs --moe-experts divisible by it (the model has " +
+                      std::to_string(E) + " experts per layer)");
+  }
+  GptConfig c = global;
+  c.moe.expert_shards = shards;
+  c.moe.expert_shard = shards > 1 ? shard : 0;
+  return c;
 }
 
 }  // namespace railyard::worker

@@ -22,6 +22,10 @@ struct MoeConfig {
   int top_k = 1;                  // experts per token, 1..E
   double capacity_factor = 1.25;  // per expert and micro-batch at most ceil(cf * k * N / E) tokens; <= 0: no limit
   double aux_loss_coef = 0.01;    // alpha of the load-balancing loss alpha * E * sum_e f_e P_e (per layer)
+  // Expert-parallel storage (docs/parallel.md "Expert parallelism"): the flat buffers hold only experts
+  // [shard * E/shards, (shard + 1) * E/shards) of every layer (expert_shard_config). 1 = all E (the global layout).
+  int expert_shards = 1;
+  int expert_shard = 0;
   bool operator==(const MoeConfig&) const = default;
 };
 
@@ -44,11 +48,17 @@ inline constexpr std::array<std::string_view, kNumParamTensors> kParamNames = {
     "wte",  "wpe",  "ln1w", "ln1b", "qkvw",    "qkvb",    "attprojw", "attprojb",
     "ln2w", "ln2b", "fcw",  "fcb",  "fcprojw", "fcprojb", "lnfw",     "lnfb"};
 
+// Experts per layer this buffer holds: E, or E / expert_shards with expert-parallel storage (0 for a dense model).
+inline int local_experts(const GptConfig& c) {
+  return c.moe.experts > 0 ? c.moe.experts / (c.moe.expert_shards > 0 ? c.moe.expert_shards : 1) : 0;
+}
+
 // Element count of each parameter tensor, in buffer order. With experts (E > 0) the four MLP tensors hold E experts
-// per layer: fcw (L, E, 4C, C), fcb (L, E, 4C), fcprojw (L, E, C, 4C), fcprojb (L, E, C).
+// per layer: fcw (L, E, 4C, C), fcb (L, E, 4C), fcprojw (L, E, C, 4C), fcprojb (L, E, C); with expert-parallel
+// storage E/expert_shards of them (the router and every dense tensor stay whole).
 inline std::array<size_t, kNumParamTensors> param_sizes(const GptConfig& c) {
   const size_t Vp = c.padded_vocab_size, T = c.max_seq_len, L = c.num_layers, C = c.channels;
-  const size_t E = c.moe.experts > 0 ? c.moe.experts : 1;
+  const size_t E = c.moe.experts > 0 ? static_cast<size_t>(local_experts(c)) : 1;
   return {Vp * C,
           T * C,
           L * C,
@@ -80,6 +90,16 @@ inline size_t num_parameters(const GptConfig& c) {
 
 // Offset of the router weights in the flat buffer.
 inline size_t router_offset(const GptConfig& c) { return num_parameters(c) - router_size(c); }
+
+// The layout of rank `shard` of `shards` expert-parallel ranks: its E/shards experts per MoE layer. Throws
+// railyard::ConfigError when shards does not divide E. shards = 1 gives the global layout.
+GptConfig expert_shard_config(const GptConfig& global, int shards, int shard);
+// The same model with all E experts (the layout checkpoints, FLOP counts and the planner speak of).
+inline GptConfig global_config(GptConfig c) {
+  c.moe.expert_shards = 1;
+  c.moe.expert_shard = 0;
+  return c;
+}
 
 inline int pad_vocab(int vocab_size) { return (vocab_size + 127) / 128 * 128; }
 

@@ -9,6 +9,8 @@
 // - received order: row (s * E/P + j) * cap + i = the i-th row source rank s sent to local expert j; a.fch and
 //   a.fch_gelu keep the hidden rows of this rank's experts in that order.
 // Rows past a count are never read: the capacity padding only makes the buffers fixed-size.
+// Parameters: with expert-parallel storage (GptConfig::moe.expert_shards = P) the buffers hold only this rank's E/P
+// experts per layer, local expert j of layer l at l * E/P + j; otherwise all E, at l * E + rank * E/P + j.
 #include <algorithm>
 #include <cstring>
 
@@ -30,6 +32,17 @@ void Gpt<T>::set_expert_exchange(ExpertExchange x) {
                       std::to_string(E) + " experts per layer)");
   }
   if (x.size > 1 && !x.all_to_all) throw ConfigError("expert parallelism: no all_to_all given");
+  const int shards = config_.moe.expert_shards;
+  if (shards > 1 && (x.size != shards || x.rank != config_.moe.expert_shard)) {
+    throw ConfigError("expert parallelism: the model holds experts of shard " +
+                      std::to_string(config_.moe.expert_shard) + " of " + std::to_string(shards) +
+                      " but the group position is " + std::to_string(x.rank) + " of " + std::to_string(x.size));
+  }
+  if (shards > 1 && x.return_expert_grads) {
+    throw ConfigError(
+        "--deterministic with expert-parallel storage: the gradient return needs every expert's "
+        "gradient buffer on every rank (build the model with the global layout)");
+  }
   ep_ = std::move(x);
   ep_count_.assign(ep_.size > 1 ? static_cast<size_t>(config_.num_layers) * E : 0, 0);
   const size_t C = config_.channels, per_expert = 8 * C * C + 5 * C;  // fcw, fcb, fcprojw, fcprojb of one expert
@@ -38,11 +51,21 @@ void Gpt<T>::set_expert_exchange(ExpertExchange x) {
   ep_grad_recv_.assign(n, T(0));
 }
 
+namespace {
+// Where local expert j of layer l sits in the expert tensors (in units of one expert).
+struct ExpertSlot {
+  size_t E, El, rank;
+  bool sharded;
+  size_t operator()(size_t l, size_t j) const { return sharded ? l * El + j : l * E + rank * El + j; }
+};
+}  // namespace
+
 template <typename T>
 void Gpt<T>::moe_experts_forward_ep(size_t l, const LayerActs& a) {
   using namespace cpu;
   const size_t C = config_.channels, E = config_.moe.experts, cap = moe_cap_, H = 4 * C;
   const size_t P = ep_.size, El = E / P;
+  const ExpertSlot expert_slot{E, El, static_cast<size_t>(ep_.rank), config_.moe.expert_shards > 1};
   const Routing& r = routing_[l];
   auto w = split_tensors(params_.data(), config_);
   int32_t* cnt = ep_count_.data() + l * E;
@@ -50,7 +73,7 @@ void Gpt<T>::moe_experts_forward_ep(size_t l, const LayerActs& a) {
   ep_.all_to_all(moe_x_, moe_dx_, El * cap * C * sizeof(T));  // dispatch: moe_dx_ in received order
   for (size_t s = 0; s < P; ++s) {
     for (size_t j = 0; j < El; ++j) {
-      const size_t n = cnt[s * El + j], base = (s * El + j) * cap, le = l * E + ep_.rank * El + j;
+      const size_t n = cnt[s * El + j], base = (s * El + j) * cap, le = expert_slot(l, j);
       if (n == 0) continue;
       matmul_forward(pool_, a.fch + base * H, moe_dx_ + base * C, w[10] + le * H * C, w[11] + le * H, n,
                      static_cast<int>(C), static_cast<int>(H));
@@ -67,6 +90,7 @@ void Gpt<T>::moe_experts_backward_ep(size_t l, const LayerActs& a, const T* dout
   using namespace cpu;
   const size_t C = config_.channels, E = config_.moe.experts, cap = moe_cap_, H = 4 * C;
   const size_t P = ep_.size, El = E / P;
+  const ExpertSlot expert_slot{E, El, static_cast<size_t>(ep_.rank), config_.moe.expert_shards > 1};
   const Routing& r = routing_[l];
   auto w = split_tensors(params_.data(), config_);
   auto g = split_tensors(grads_.data(), config_);
@@ -100,7 +124,7 @@ void Gpt<T>::moe_experts_backward_ep(size_t l, const LayerActs& a, const T* dout
   if (ret) std::fill(ep_grad_send_.begin(), ep_grad_send_.end(), T(0));
   for (size_t s = 0; s < P; ++s) {
     for (size_t j = 0; j < El; ++j) {
-      const size_t n = cnt[s * El + j], base = (s * El + j) * cap, le = l * E + ep_.rank * El + j;
+      const size_t n = cnt[s * El + j], base = (s * El + j) * cap, le = expert_slot(l, j);
       if (n == 0) continue;
       T* blk = ret ? ep_grad_send_.data() + (s * El + j) * X : nullptr;
       T* dfcw = ret ? blk : g[10] + le * H * C;

@@ -1,5 +1,6 @@
 #include "worker/parallel/data_parallel.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -62,6 +63,22 @@ DataParallel::DataParallel(comm::Communicator* dp, size_t num_params, std::vecto
     const auto& last = layout_.buckets().back();
     pad_in_ = AlignedBuffer<float>(last.piece * static_cast<size_t>(size_));
     pad_out_ = AlignedBuffer<float>(layout_.buckets().front().piece);
+  }
+  if (!opt_.group_spans.empty()) {
+    if (opt_.zero_stage > 0 || opt_.deterministic) {
+      throw ConfigError(
+          "data-parallel: sub-group gradient spans (expert-parallel storage) work with plain data parallelism only; "
+          "ZeRO and --deterministic keep every expert on every rank");
+    }
+    size_t prev_end = 0;
+    for (const auto& g : opt_.group_spans) {
+      if (g.offset < prev_end || g.offset + g.count > n_ || g.reduce == nullptr) {
+        throw Error("data-parallel: group spans must be sorted, disjoint, inside the buffer and name a group");
+      }
+      prev_end = g.offset + g.count;
+      // The reducer thread's own stream of the sub-group, as grad_comm_ is for dp. Collective over the sub-group.
+      if (size_ > 1) span_comms_.push_back(g.reduce->dup(g.reduce->name() + "-grad"));
+    }
   }
   if (size_ > 1 && !opt_.deterministic) {
     grad_comm_ = dp_->dup("dp-grad");
@@ -147,7 +164,9 @@ void DataParallel::reduce_bucket(size_t b) {
   const auto& k = layout_.buckets()[b];
   float* g = grads_ + k.begin;
   if (opt_.zero_stage == 0) {
-    if (size_ > 1) grad_comm_->all_reduce(g, k.size(), comm::DType::kFloat32, comm::ReduceOp::kAvg);
+    if (size_ > 1 && opt_.group_spans.empty())
+      grad_comm_->all_reduce(g, k.size(), comm::DType::kFloat32, comm::ReduceOp::kAvg);
+    if (size_ > 1 && !opt_.group_spans.empty()) reduce_range(k.begin, k.end);
     return;
   }
   const auto [own_b, own_e] = layout_.own(b, rank_);
@@ -165,6 +184,65 @@ void DataParallel::reduce_bucket(size_t b) {
   }
   // Stage 1 keeps the full-size gradient buffer: the reduced piece goes back to its place in it.
   if (opt_.zero_stage == 1 && own_e > own_b) std::memcpy(grads_ + own_b, out, (own_e - own_b) * sizeof(float));
+}
+
+void DataParallel::reduce_range(size_t begin, size_t end) {
+  // Cut [begin, end) at the group spans: every rank cuts the same way, so the collectives pair up.
+  size_t at = begin;
+  for (size_t i = 0; i < opt_.group_spans.size() && at < end; ++i) {
+    const auto& gs = opt_.group_spans[i];
+    const size_t sb = std::max(at, gs.offset), se = std::min(end, gs.offset + gs.count);
+    if (sb >= se) continue;
+    if (sb > at) grad_comm_->all_reduce(grads_ + at, sb - at, comm::DType::kFloat32, comm::ReduceOp::kAvg);
+    float* g = grads_ + sb;
+    const size_t n = se - sb;
+    comm::Communicator& c = *span_comms_[i];
+    if (c.size() > 1) c.all_reduce(g, n, comm::DType::kFloat32, comm::ReduceOp::kSum);
+    // Divided by D, as kAvg over dp divides the sum of D replicas: the sub-group's sum already holds every dp
+    // rank's tokens for these elements once.
+    const float d = static_cast<float>(size_);
+    pool_.parallel_for(n, [=](size_t s0, size_t s1) {
+      for (size_t j = s0; j < s1; ++j) g[j] = g[j] / d;
+    });
+    at = se;
+  }
+  if (at < end) grad_comm_->all_reduce(grads_ + at, end - at, comm::DType::kFloat32, comm::ReduceOp::kAvg);
+}
+
+double DataParallel::group_spans_norm(const float* grads) {
+  // Sums of squares in double over fixed blocks, added in block order: the same bits on every rank holding the same
+  // values. Outside the spans every replica holds the whole reduced gradient: counted as it is.
+  auto sum_squares = [&](size_t b, size_t e) {
+    const size_t blocks = (e - b + kNormBlock - 1) / kNormBlock;
+    std::vector<double> part(blocks, 0.0);
+    pool_.parallel_for(blocks, [&](size_t k0, size_t k1) {
+      for (size_t k = k0; k < k1; ++k) {
+        double acc = 0;
+        for (size_t i = b + k * kNormBlock; i < std::min(e, b + (k + 1) * kNormBlock); ++i)
+          acc += static_cast<double>(grads[i]) * grads[i];
+        part[k] = acc;
+      }
+    });
+    double s = 0;
+    for (double v : part) s += v;
+    return s;
+  };
+  double total = 0;
+  size_t at = 0;
+  for (const auto& gs : opt_.group_spans) {
+    total += sum_squares(at, gs.offset);
+    double mine = sum_squares(gs.offset, gs.offset + gs.count);
+    if (gs.norm != nullptr && gs.norm->size() > 1) {
+      std::vector<double> all(static_cast<size_t>(gs.norm->size()));
+      gs.norm->all_gather(&mine, all.data(), 1, comm::DType::kInt64);  // the bits, in rank order
+      mine = 0;
+      for (double v : all) mine += v;
+    }
+    total += mine;
+    at = gs.offset + gs.count;
+  }
+  total += sum_squares(at, n_);
+  return std::sqrt(total);
 }
 
 void DataParallel::add_leaf(const float* grads) {
@@ -270,6 +348,7 @@ std::vector<double> DataParallel::all_gather(const std::vector<double>& local) {
 }
 
 double DataParallel::grad_norm(const float* grads) {
+  if (!zero_ && !opt_.group_spans.empty()) return group_spans_norm(grads);
   if (!zero_) throw Error("data-parallel: grad_norm() is the ZeRO path; without ZeRO the trainer's AdamW computes it");
   double total = 0;
   if (opt_.deterministic) {
@@ -329,6 +408,16 @@ std::unique_ptr<DataParallel> gpt_data_parallel(comm::Communicator* dp, const Gp
                                                 const DataParallelOptions& options) {
   const AdamWHyper hyper{train.beta1, train.beta2, train.eps, static_cast<float>(train.weight_decay)};
   return std::make_unique<DataParallel>(dp, num_parameters(model), gpt_tensor_spans(model), hyper, pool, options);
+}
+
+std::vector<DataParallelOptions::GroupSpan> expert_group_spans(const GptConfig& local, comm::Communicator* expert_dp,
+                                                               comm::Communicator* ep) {
+  if (local.moe.experts <= 0 || local.moe.expert_shards <= 1) return {};
+  const auto sizes = param_sizes(local);
+  size_t offset = 0, count = 0;
+  for (int i = 0; i < 10; ++i) offset += sizes[i];
+  for (int i = 10; i < 14; ++i) count += sizes[i];  // fcw, fcb, fcprojw, fcprojb
+  return {{offset, count, expert_dp, ep}};
 }
 
 double DataParallel::take_comm_seconds() {

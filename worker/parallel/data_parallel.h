@@ -37,6 +37,19 @@ struct DataParallelOptions {
   // the groups whose partial sums add up to the whole replica's (tp, then pp). Empty: every element, dp only.
   std::vector<std::pair<size_t, size_t>> count_once;
   std::vector<comm::Communicator*> norm_groups;
+  // Spans of the flat buffer that only some dp ranks hold the same values of (expert-parallel storage: rank r keeps
+  // its ep group's share of the experts). A span is all-reduced over `reduce` (the dp ranks holding the same
+  // elements, a sub-group of dp) and divided by the dp degree D like every other gradient, so the result is the
+  // mean over all D ranks' tokens as long as each member's local gradient already sums the contributions of the
+  // ranks whose tokens it served. The global grad norm adds the span's sums of squares over `norm` (the ranks
+  // holding the other parts of the same tensors), in group rank order. Plain data parallelism only (ZeRO and the
+  // deterministic tree refuse them); spans are sorted, disjoint and every rank passes the same offsets and counts.
+  struct GroupSpan {
+    size_t offset = 0, count = 0;
+    comm::Communicator* reduce = nullptr;
+    comm::Communicator* norm = nullptr;
+  };
+  std::vector<GroupSpan> group_spans;
 };
 
 class DataParallel final : public GradSync {
@@ -57,6 +70,7 @@ class DataParallel final : public GradSync {
   int size() const override { return size_; }
   int zero_stage() const override { return opt_.zero_stage; }
   bool deterministic() const override { return opt_.deterministic; }
+  bool owns_grad_norm() const override { return zero_ != nullptr || !opt_.group_spans.empty(); }
 
   void arm(float* grads) override;
   void grads_ready(size_t offset, size_t count) override;
@@ -64,6 +78,7 @@ class DataParallel final : public GradSync {
   void finish(float* grads) override;
   std::vector<double> all_gather(const std::vector<double>& local) override;
 
+  // ZeRO, or group spans: the global norm of the reduced gradient, identical on every rank.
   double grad_norm(const float* grads) override;
   void update(float* params, const float* grads, float lr, float grad_scale) override;
   float* shard_m() override { return zero_ ? zero_->m() : nullptr; }
@@ -84,10 +99,14 @@ class DataParallel final : public GradSync {
  private:
   void reducer_loop();
   void reduce_bucket(size_t b);
+  // All-reduce [begin, end) of grads_: over dp (mean), or, inside group spans, over their reduce group / D.
+  void reduce_range(size_t begin, size_t end);
+  double group_spans_norm(const float* grads);
   void fold_leaves_to_root();
 
   comm::Communicator* dp_;
-  std::unique_ptr<comm::Communicator> grad_comm_;  // the background thread's own stream
+  std::unique_ptr<comm::Communicator> grad_comm_;                // the background thread's own stream
+  std::vector<std::unique_ptr<comm::Communicator>> span_comms_;  // per group span: its reduce group's own stream
   int rank_ = 0, size_ = 1;
   size_t n_;
   DataParallelOptions opt_;
@@ -127,6 +146,12 @@ class DataParallel final : public GradSync {
 std::unique_ptr<DataParallel> gpt_data_parallel(comm::Communicator* dp, const GptConfig& model,
                                                 const TrainConfig& train, ThreadPool& pool,
                                                 const DataParallelOptions& options);
+
+// Expert-parallel storage: the expert tensors of a local layout (GptConfig::moe.expert_shards > 1; fcw..fcprojb are
+// consecutive) as one span reduced over `expert_dp` (the dp ranks holding the same experts) with its grad-norm part
+// summed over `ep` (the ranks holding the other experts). Empty for a layout with all experts.
+std::vector<DataParallelOptions::GroupSpan> expert_group_spans(const GptConfig& local, comm::Communicator* expert_dp,
+                                                               comm::Communicator* ep);
 
 // The pairwise-level sum of k buffers of n floats in place into items[0] (items[2i] + items[2i+1], an odd last one
 // passes up, until one is left). Exposed for the unit test of the tree's shape.

@@ -8,14 +8,42 @@ namespace railyard::worker::parallel {
 std::vector<TensorSpan> local_tensor_spans(const StageShape& shape) { return tensor_spans(local_param_sizes(shape)); }
 
 ParallelGpt::ParallelGpt(const GptConfig& config, const TrainConfig& train, int max_micro_batches, ThreadPool& pool,
-                         comm::Communicator& world, const ModelGroups& groups)
+                         comm::Communicator& world, const ModelGroups& groups, Kernels<float>* device)
     : world_(world),
       config_(config),
+      dev_(device),
       model_(config, train.batch, train.seq_len, max_micro_batches, pool, groups, {}, train.recompute,
-             train.sequence_parallel),
+             train.sequence_parallel, device),
       whole_(model_.num_params(), 1, model_.num_params()),
-      adam_(whole_, 0, local_tensor_spans(model_.shape()),
-            AdamWHyper{train.beta1, train.beta2, train.eps, static_cast<float>(train.weight_decay)}, pool) {}
+      spans_(local_tensor_spans(model_.shape())),
+      hyper_{train.beta1, train.beta2, train.eps, static_cast<float>(train.weight_decay)} {
+  if (on_host()) {
+    adam_.emplace(whole_, 0, spans_, hyper_, pool);
+    return;
+  }
+  const size_t n = model_.num_params();
+  m_ = DeviceBuffer<float>(*dev_, n);
+  v_ = DeviceBuffer<float>(*dev_, n);
+  host_params_.resize(n);
+  host_m_.resize(n);
+  host_v_.resize(n);
+}
+
+void ParallelGpt::sync_host() {
+  if (on_host()) return;
+  const size_t bytes = model_.num_params() * sizeof(float);
+  dev_->to_host(host_params_.data(), model_.params(), bytes);
+  dev_->to_host(host_m_.data(), m_.data(), bytes);
+  dev_->to_host(host_v_.data(), v_.data(), bytes);
+}
+
+void ParallelGpt::upload_host() {
+  if (on_host()) return;
+  const size_t bytes = model_.num_params() * sizeof(float);
+  dev_->to_device(model_.params(), host_params_.data(), bytes);
+  dev_->to_device(m_.data(), host_m_.data(), bytes);
+  dev_->to_device(v_.data(), host_v_.data(), bytes);
+}
 
 double ParallelGpt::forward_backward(int M, const NextBatch& next, float dloss, StepTimes* times) {
   model_.zero_grad();
@@ -38,7 +66,16 @@ bool ParallelGpt::any(bool local) {
 }
 
 void ParallelGpt::update(float* params, const float* grads, float lr, float grad_scale) {
-  adam_.update(params, grads, /*shard_layout=*/false, lr, grad_scale);
+  if (on_host()) {
+    adam_->update(params, grads, /*shard_layout=*/false, lr, grad_scale);
+    return;
+  }
+  ++t_;
+  for (const TensorSpan& s : spans_) {
+    dev_->adamw_update(params + s.offset, grads + s.offset, m_.data() + s.offset, v_.data() + s.offset, s.count, lr,
+                       hyper_.beta1, hyper_.beta2, hyper_.eps, s.decay ? hyper_.weight_decay : 0.0f, t_, grad_scale);
+  }
+  sync_host();
 }
 
 std::unique_ptr<DataParallel> parallel_gpt_data_parallel(comm::Communicator* dp, ParallelGpt& model,
@@ -58,7 +95,7 @@ std::vector<float> ParallelGpt::gather_full(int dp_rank) {
     for (const ShardSlice& s : model_.shard_map()) {
       if (!s.tied_copy && (!s.tp_replicated || model_.shape().tp_rank == 0)) once.push_back(s);
     }
-    copy_local_to_full(once, config_, model_.params(), full.data());
+    copy_local_to_full(once, config_, host_params(), full.data());
   }
   world_.all_reduce(full.data(), full.size(), comm::DType::kFloat32, comm::ReduceOp::kSum);  // x + 0 = x exactly
   return full;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,14 +20,20 @@ namespace railyard::worker::parallel {
 class ParallelGpt final : public ShardedModel {
  public:
   // world: every rank of the job (for any()); groups: this rank's tp/pp/embedding groups. B, T, max_micro_batches as
-  // ParallelModel.
+  // ParallelModel. device: where the stage lives and runs (null: the CPU on `pool`). On a device that is not the host
+  // params()/grads() are device memory, AdamW runs there per local tensor (kernels.h adamw_update, the same arithmetic
+  // as ZeroAdamW), and adam_m()/adam_v()/host_params() are host copies refreshed after every update (sync_host())
+  // for checkpoints; upload_host() writes them back after a restore.
   ParallelGpt(const GptConfig& config, const TrainConfig& train, int max_micro_batches, ThreadPool& pool,
-              comm::Communicator& world, const ModelGroups& groups);
+              comm::Communicator& world, const ModelGroups& groups, Kernels<float>* device = nullptr);
 
   size_t num_params() const override { return model_.num_params(); }
   float* params() override { return model_.params(); }
   float* grads() override { return model_.grads(); }
-  void init_weights(uint64_t seed) override { model_.init_weights(seed); }
+  void init_weights(uint64_t seed) override {
+    model_.init_weights(seed);
+    sync_host();
+  }
   double forward_backward(int M, const NextBatch& next, float dloss, StepTimes* times) override;
   void set_grad_ready_hook(std::function<void(size_t, size_t)> hook) override {
     model_.set_grad_ready_hook(std::move(hook));
@@ -35,15 +42,27 @@ class ParallelGpt final : public ShardedModel {
   double grad_norm(const float* grads) override;
   bool any(bool local) override;
   void update(float* params, const float* grads, float lr, float grad_scale) override;
-  int64_t adam_t() const override { return adam_.t(); }
-  // AdamW moments, laid out like params() (checkpoints: shards_from_slices over model().shard_map()).
-  float* adam_m() { return adam_.m(); }
-  float* adam_v() { return adam_.v(); }
-  void set_adam_t(int64_t t) override { adam_.set_t(t); }
+  int64_t adam_t() const override { return on_host() ? adam_->t() : t_; }
+  // AdamW moments, laid out like params() (checkpoints: shards_from_slices over model().shard_map()); host memory.
+  float* adam_m() { return on_host() ? adam_->m() : host_m_.data(); }
+  float* adam_v() { return on_host() ? adam_->v() : host_v_.data(); }
+  // params() in host memory (the host copy on a device that is not the host).
+  float* host_params() override { return on_host() ? params() : host_params_.data(); }
+  void set_adam_t(int64_t t) override {
+    if (on_host()) adam_->set_t(t);
+    t_ = t;
+  }
+  // Devices that are not the host: device -> host copies of params and AdamW m, v / host -> device after a restore.
+  void sync_host();
+  void upload_host() override;
+  const Kernels<float>* device() const override { return dev_; }
   std::string describe() const override;
 
   // Every rank keeps its slices of a full llm.c buffer (e.g. an --init-from model).
-  void load_full(const float* full) { model_.scatter_from_full(full); }
+  void load_full(const float* full) {
+    model_.scatter_from_full(full);
+    sync_host();
+  }
   // The full llm.c parameter buffer on every rank (collective over the world): each element is written by exactly
   // one rank (dp rank 0, tp rank 0 for replicated pieces, never the tied wte copy) into zeros, then summed.
   std::vector<float> gather_full(int dp_rank);
@@ -51,11 +70,19 @@ class ParallelGpt final : public ShardedModel {
   ParallelModel& model() { return model_; }
 
  private:
+  bool on_host() const { return dev_ == nullptr || dev_->host_accessible(); }
+
   comm::Communicator& world_;
   GptConfig config_;
+  Kernels<float>* dev_;  // null: the CPU
   ParallelModel model_;
-  BucketLayout whole_;  // one bucket, one owner: ZeroAdamW then is plain AdamW over the local buffer
-  ZeroAdamW adam_;
+  BucketLayout whole_;             // one bucket, one owner: ZeroAdamW then is plain AdamW over the local buffer
+  std::optional<ZeroAdamW> adam_;  // host-accessible devices
+  std::vector<TensorSpan> spans_;  // devices that are not the host: AdamW per local tensor there
+  AdamWHyper hyper_;
+  int64_t t_ = 0;
+  DeviceBuffer<float> m_, v_;
+  std::vector<float> host_params_, host_m_, host_v_;
 };
 
 // The data-parallel reducer of a ParallelGpt replica: its local buffer, ZeRO's AdamW per local tensor, and the

@@ -13,6 +13,12 @@ std::vector<int> ep_group_ranks(int dp_size, int ep, int dp_rank) {
   return out;
 }
 
+std::vector<int> expert_dp_ranks(int dp_size, int ep, int dp_rank) {
+  std::vector<int> out;
+  for (int r = dp_rank % ep; r < dp_size; r += ep) out.push_back(r);
+  return out;
+}
+
 void validate_expert_parallel(const GptConfig& m, const ExpertParallelOptions& o, int dp, int tp, int pp,
                               int /*zero: composes (the experts' gradients reduce-scatter like the rest)*/,
                               bool /*deterministic: composes (ExpertParallelOptions::deterministic)*/,
@@ -45,7 +51,7 @@ void validate_expert_parallel(const GptConfig& m, const ExpertParallelOptions& o
   }
 }
 
-ExpertParallel::ExpertParallel(comm::Communicator& dp, const ExpertParallelOptions& o) : options_(o) {
+ExpertParallel::ExpertParallel(comm::Communicator& dp, const ExpertParallelOptions& o) : options_(o), dp_(dp) {
   ranks_ = ep_group_ranks(dp.size(), o.ep, dp.rank());
   group_ = dp.split(ranks_, "ep");
   int node = o.node_size;
@@ -56,6 +62,15 @@ ExpertParallel::ExpertParallel(comm::Communicator& dp, const ExpertParallelOptio
     if (node > group_->size()) node = group_->size();
   }
   a2a_ = comm::make_all_to_all(*group_, o.algorithm, node);
+}
+
+GptConfig ExpertParallel::local_config(const GptConfig& global) const {
+  return expert_shard_config(global, group_->size(), group_->rank());
+}
+
+comm::Communicator& ExpertParallel::expert_data_parallel() {
+  if (!edp_) edp_ = dp_.split(expert_dp_ranks(dp_.size(), group_->size(), dp_.rank()), "ep-dp");
+  return *edp_;
 }
 
 template <typename T>

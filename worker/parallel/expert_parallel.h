@@ -22,6 +22,8 @@ struct ExpertParallelOptions {
 
 // Data-parallel ranks of dp_rank's expert-parallel group: the `ep` consecutive ranks [ep * (r / ep), ... + ep).
 std::vector<int> ep_group_ranks(int dp_size, int ep, int dp_rank);
+// Data-parallel ranks holding the same experts as dp_rank: {r % ep, r % ep + ep, ...} (dp / ep ranks).
+std::vector<int> expert_dp_ranks(int dp_size, int ep, int dp_rank);
 
 // The combinations expert parallelism supports; throws ConfigError naming the flag and the fix otherwise.
 void validate_expert_parallel(const GptConfig& model, const ExpertParallelOptions& o, int dp, int tp, int pp, int zero,
@@ -32,6 +34,12 @@ class ExpertParallel {
  public:
   ExpertParallel(comm::Communicator& dp, const ExpertParallelOptions& options);
   comm::Communicator& group() { return *group_; }
+  // Expert-parallel storage (docs/parallel.md "Expert parallelism"): this rank's layout, E/ep experts per layer
+  // (the experts it runs), for the model, the optimizer and the data-parallel reducer.
+  GptConfig local_config(const GptConfig& global) const;
+  // The dp ranks holding the same experts (position r % ep of every ep group: dp/ep ranks), over which expert
+  // gradients are reduced. Split from dp on the first call: collective over dp, every rank calls it or none.
+  comm::Communicator& expert_data_parallel();
   comm::AllToAll& all_to_all() { return *a2a_; }
   // Installs the exchange in `model` (which must outlive neither this object nor its group).
   template <typename T>
@@ -42,7 +50,9 @@ class ExpertParallel {
  private:
   ExpertParallelOptions options_;
   std::vector<int> ranks_;
+  comm::Communicator& dp_;
   std::unique_ptr<comm::Communicator> group_;
+  std::unique_ptr<comm::Communicator> edp_;
   std::unique_ptr<comm::AllToAll> a2a_;
 };
 

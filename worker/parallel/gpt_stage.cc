@@ -17,9 +17,15 @@ struct StageSizes {
   size_t layer = 0, att = 0, per_slot = 0, work = 0, work_layer = 0, work_att = 0, scratch = 0, tokens = 0, ring = 0;
 };
 
+// What differs by device (kernels.h sizes it): attention's saved state and scratch, layernorm_backward's scratch.
+// Null: the CPU kernels' with `threads` threads.
+struct DeviceSizes {
+  size_t att_saved = 0, att_scratch = 0, ln_scratch = 0;
+};
+
 // seq_len: the local sequence length (T / cp).
 StageSizes stage_sizes(const StageShape& sh, int B, int seq_len, size_t threads, const RecomputeSpec& recompute,
-                       bool sp, int cp) {
+                       bool sp, int cp, const DeviceSizes* dev = nullptr) {
   const size_t C = sh.config.channels, Cl = sh.local_channels(), NHl = sh.local_heads();
   const size_t Ls = sh.layers(), Vl = sh.local_vocab(), N = static_cast<size_t>(B) * seq_len;
   const size_t TT = static_cast<size_t>(seq_len) * seq_len;
@@ -34,6 +40,7 @@ StageSizes stage_sizes(const StageShape& sh, int B, int seq_len, size_t threads,
   // res2 (NL,C), ln2 (NL,C), ln2 mean/rstd (NL), fch and fch_gelu (N,4Cl); att (B,NHl,T,T).
   z.layer = NL * C + 2 * NL + N * 3 * Cl + N * Cl + NL * C + NL * C + 2 * NL + 2 * N * 4 * Cl;
   z.att = cp > 1 ? B * NHl * static_cast<size_t>(seq_len) : B * NHl * TT;  // probabilities, or the ring's lse
+  if (dev != nullptr && cp == 1) z.att = dev->att_saved;
   size_t stored = 0, stored_att = 0;
   for (size_t l = 0; l < Ls; ++l) {
     const int gl = sh.layer_begin + static_cast<int>(l);
@@ -53,7 +60,8 @@ StageSizes stage_sizes(const StageShape& sh, int B, int seq_len, size_t threads,
   const size_t sp_scratch = sp ? N * C + NL * C + (4 * Ls + 2) * C : 0;
   // context parallel: the ring's key/value blocks and their gradients (4 B Tc 2 Cl), its (max, sum, D) rows
   z.ring = cp > 1 ? 4 * N * 2 * Cl + 3 * static_cast<size_t>(B) * NHl * seq_len : 0;
-  z.scratch = NL * C + N * C + N * 4 * Cl + N * 3 * Cl + threads * TT + N * C + 3 * N + sp_scratch;
+  z.scratch = NL * C + N * C + N * 4 * Cl + N * 3 * Cl + (dev != nullptr ? dev->att_scratch : threads * TT) + N * C +
+              3 * N + sp_scratch + (dev != nullptr ? dev->ln_scratch : 0);
   z.tokens = first ? N : 0;
   return z;
 }
@@ -69,7 +77,8 @@ size_t stage_activation_bytes(const StageShape& shape, int B, int seq_len, int s
 }
 
 GptStage::GptStage(const StageShape& shape, int B, int seq_len, int slots, ThreadPool& pool, comm::Communicator* tp,
-                   const RecomputeSpec& recompute, bool sequence_parallel, comm::Communicator* cp)
+                   const RecomputeSpec& recompute, bool sequence_parallel, comm::Communicator* cp,
+                   Kernels<float>* device)
     : shape_(shape),
       recompute_(recompute),
       B_(B),
@@ -79,6 +88,8 @@ GptStage::GptStage(const StageShape& shape, int B, int seq_len, int slots, Threa
       rows_(static_cast<size_t>(B) * seq_len),
       T_full_(seq_len),
       pool_(pool),
+      own_dev_(device == nullptr ? std::make_unique<CpuKernels<float>>(pool) : nullptr),
+      dev_(device != nullptr ? device : own_dev_.get()),
       tp_(tp) {
   validate(shape_.config);
   if (B <= 0) throw ConfigError("batch (B) must be positive, got " + std::to_string(B));
@@ -97,6 +108,12 @@ GptStage::GptStage(const StageShape& shape, int B, int seq_len, int slots, Threa
     if (seq_len % cp_size_ != 0) {
       throw ConfigError("--cp " + std::to_string(cp_size_) + " must divide the sequence length --seq " +
                         std::to_string(seq_len) + " (each rank holds seq/cp positions)");
+    }
+    if (!dev_->host_accessible()) {
+      throw ConfigError(std::string("--cp ") + std::to_string(cp_size_) + " with spec.device / --device " +
+                        device_name(dev_->kind()) +
+                        ": ring attention (context parallelism) runs on the CPU only so far; use --device cpu or "
+                        "drop --cp");
     }
     if (sp_) {
       throw ConfigError(
@@ -123,19 +140,25 @@ GptStage::GptStage(const StageShape& shape, int B, int seq_len, int slots, Threa
   sizes_ = local_param_sizes(shape_);
   size_t n = 0;
   for (size_t s : sizes_) n += s;
-  params_ = AlignedBuffer<float>(n);
-  grads_ = AlignedBuffer<float>(n);
+  params_ = DeviceBuffer<float>(*dev_, n);
+  grads_ = DeviceBuffer<float>(*dev_, n);
 
   const size_t C = shape_.config.channels, Cl = shape_.local_channels();
   const size_t Ls = shape_.layers(), Vl = shape_.local_vocab(), N = static_cast<size_t>(B) * T_;
-  const size_t TT = static_cast<size_t>(T_) * T_;
   const bool first = shape_.first(), last = shape_.last();
   const size_t NL = rows_;
-  const StageSizes z = stage_sizes(shape_, B, T_, pool.size(), recompute_, sp_, cp_size_);
+  const DeviceSizes ds{dev_->attention_saved_elems(B, T_, static_cast<int>(Cl), shape_.local_heads()),
+                       dev_->attention_scratch_elems(B, T_, static_cast<int>(Cl), shape_.local_heads()),
+                       dev_->layernorm_scratch_elems(rows_, static_cast<int>(C))};
+  const StageSizes z = stage_sizes(shape_, B, T_, pool.size(), recompute_, sp_, cp_size_, &ds);
   const size_t per_slot = z.per_slot, work = z.work, att = z.att;
   const size_t work_layer = z.work_layer, work_att = z.work_att;
-  acts_ = AlignedBuffer<float>(per_slot * slots + work);
-  tokens_ = AlignedBuffer<int32_t>(first ? N * slots : 0);
+  acts_ = DeviceBuffer<float>(*dev_, per_slot * slots + work);
+  tokens_ = DeviceBuffer<int32_t>(*dev_, first ? N * slots : 0);
+  if (last && !dev_->host_accessible()) {
+    targets_ = DeviceBuffer<int32_t>(*dev_, N);
+    losses_.resize(N);
+  }
   float* p = acts_.data();
   auto take = [&p](size_t k) {
     float* r = p;
@@ -185,13 +208,13 @@ GptStage::GptStage(const StageShape& shape, int B, int seq_len, int slots, Threa
     a.tokens = first ? tokens_.data() + s * N : nullptr;
   }
   if (p != acts_.data() + acts_.size()) throw Error("GptStage: activation layout does not add up (a bug)");
-  scratch_ = AlignedBuffer<float>(z.scratch);
+  scratch_ = DeviceBuffer<float>(*dev_, z.scratch);
   p = scratch_.data();
   dres_ = take(NL * C);
   dc_ = take(N * C);
   d4c_ = take(N * 4 * Cl);
   dqkv_ = take(N * 3 * Cl);
-  att_scratch_ = take(pool.size() * TT);
+  att_scratch_ = take(ds.att_scratch);
   proj_ = take(N * C);
   ce_max_ = take(N);
   ce_sums_ = take(2 * N);
@@ -200,6 +223,7 @@ GptStage::GptStage(const StageShape& shape, int B, int seq_len, int slots, Threa
     rs_ = take(NL * C);
     sp_ln_ = take((4 * Ls + 2) * C);
   }
+  if (ds.ln_scratch > 0) ln_scratch_ = take(ds.ln_scratch);
   if (p != scratch_.data() + scratch_.size()) throw Error("GptStage: scratch layout does not add up (a bug)");
   if (cp_size_ > 1) {
     ring_ = std::make_unique<RingAttention>(cp, B, T_, static_cast<int>(Cl), shape_.local_heads(), pool);
@@ -209,13 +233,31 @@ GptStage::GptStage(const StageShape& shape, int B, int seq_len, int slots, Threa
 }
 
 void GptStage::zero_grad() {
+  if (!dev_->host_accessible()) {
+    dev_->zero(grads_.data(), grads_.size() * sizeof(float));
+    return;
+  }
   pool_.parallel_for(grads_.size(),
                      [&](size_t b, size_t e) { std::memset(grads_.data() + b, 0, (e - b) * sizeof(float)); });
 }
 
-void GptStage::scatter_from_full(const float* full) { copy_full_to_local(map_, shape_.config, full, params_.data()); }
+void GptStage::scatter_from_full(const float* full) {
+  if (dev_->host_accessible()) {
+    copy_full_to_local(map_, shape_.config, full, params_.data());
+    return;
+  }
+  std::vector<float> host(params_.size());
+  copy_full_to_local(map_, shape_.config, full, host.data());
+  dev_->to_device(params_.data(), host.data(), host.size() * sizeof(float));
+}
 
 void GptStage::gather_into_full(const float* local, float* full) const {
+  if (!dev_->host_accessible() && (local == params_.data() || local == grads_.data())) {
+    std::vector<float> host(params_.size());
+    dev_->to_host(host.data(), local, host.size() * sizeof(float));
+    copy_local_to_full(map_, shape_.config, host.data(), full);
+    return;
+  }
   copy_local_to_full(map_, shape_.config, local, full);
 }
 
@@ -237,18 +279,21 @@ double GptStage::take_tp_comm_seconds() {
 void GptStage::all_reduce(float* buf, size_t n, comm::ReduceOp op) {
   if (shape_.tp_size == 1) return;
   const auto t0 = std::chrono::steady_clock::now();
+  dev_->synchronize();  // the communicator's stream is not the kernels' (a no-op on the CPU)
   tp_->all_reduce(buf, n, comm::DType::kFloat32, op);
   tp_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void GptStage::all_gather_rows(const float* local, float* full) {
   const auto t0 = std::chrono::steady_clock::now();
+  dev_->synchronize();
   tp_->all_gather(local, full, rows_ * shape_.config.channels, comm::DType::kFloat32);
   tp_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void GptStage::reduce_scatter_rows(const float* full, float* local) {
   const auto t0 = std::chrono::steady_clock::now();
+  dev_->synchronize();
   tp_->reduce_scatter(full, local, rows_ * shape_.config.channels, comm::DType::kFloat32, comm::ReduceOp::kSum);
   tp_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -271,7 +316,7 @@ void GptStage::attention_fwd(const LayerActs& a) {
   if (ring_) {
     ring_->forward(a.qkv, a.atty, a.att);
   } else {
-    cpu::attention_forward(pool_, a.atty, a.att, a.qkv, B_, T_, shape_.local_channels(), shape_.local_heads());
+    dev_->attention_forward(a.atty, a.att, a.qkv, B_, T_, shape_.local_channels(), shape_.local_heads());
   }
 }
 
@@ -280,14 +325,14 @@ void GptStage::attention_bwd(const LayerActs& a) {
   if (ring_) {
     ring_->backward(dc_, a.qkv, a.atty, a.att, dqkv_);
   } else {
-    cpu::attention_backward(pool_, dqkv_, att_scratch_, dc_, a.qkv, a.att, B_, T_, shape_.local_channels(),
-                            shape_.local_heads());
+    dev_->attention_backward(dqkv_, att_scratch_, dc_, a.qkv, a.atty, a.att, B_, T_, shape_.local_channels(),
+                             shape_.local_heads());
   }
 }
 
 void GptStage::layer_forward(size_t l, const float* residual, const LayerActs& a, float* res3) {
-  using namespace cpu;
   using comm::ReduceOp;
+  Kernels<float>& k = *dev_;
   const int B = B_, Tn = T_, C = shape_.config.channels, Cl = shape_.local_channels();
   const size_t N = static_cast<size_t>(B) * Tn, NL = rows_, lc = l * C;
   const bool lead = shape_.tp_rank == 0;  // adds the row-parallel biases, once
@@ -318,24 +363,24 @@ void GptStage::layer_forward(size_t l, const float* residual, const LayerActs& a
     return rs_;
   };
   // attention block
-  layernorm_forward(pool_, a.ln1, a.ln1_mean, a.ln1_rstd, residual, ln1w + lc, ln1b + lc, NL, C);
-  matmul_forward(pool_, a.qkv, f(a.ln1), qkvw + l * 3 * Cl * C, qkvb + l * 3 * Cl, N, C, 3 * Cl);  // (B,T,3Cl)
+  k.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, ln1w + lc, ln1b + lc, NL, C);
+  k.matmul_forward(a.qkv, f(a.ln1), qkvw + l * 3 * Cl * C, qkvb + l * 3 * Cl, N, C, 3 * Cl);  // (B,T,3Cl)
   attention_fwd(a);  // (B,T,Cl), (B,NHl,T,T): this rank's heads
-  matmul_forward(pool_, proj_, a.atty, attprojw + l * C * Cl, lead ? attprojb + lc : nullptr, N, Cl,
-                 C);  // (B,T,C) partial sum over heads
-  residual_forward(pool_, a.res2, residual, g(), NL * C);
+  k.matmul_forward(proj_, a.atty, attprojw + l * C * Cl, lead ? attprojb + lc : nullptr, N, Cl,
+                   C);  // (B,T,C) partial sum over heads
+  k.residual_forward(a.res2, residual, g(), NL * C);
   // MLP block
-  layernorm_forward(pool_, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, ln2w + lc, ln2b + lc, NL, C);
-  matmul_forward(pool_, a.fch, f(a.ln2), fcw + l * 4 * Cl * C, fcb + l * 4 * Cl, N, C, 4 * Cl);  // (B,T,4Cl)
-  gelu_forward(pool_, a.fch_gelu, a.fch, N * 4 * Cl);
-  matmul_forward(pool_, proj_, a.fch_gelu, fcprojw + l * C * 4 * Cl, lead ? fcprojb + lc : nullptr, N, 4 * Cl,
-                 C);  // (B,T,C) partial
-  residual_forward(pool_, res3, a.res2, g(), NL * C);
+  k.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, ln2w + lc, ln2b + lc, NL, C);
+  k.matmul_forward(a.fch, f(a.ln2), fcw + l * 4 * Cl * C, fcb + l * 4 * Cl, N, C, 4 * Cl);  // (B,T,4Cl)
+  k.gelu_forward(a.fch_gelu, a.fch, N * 4 * Cl);
+  k.matmul_forward(proj_, a.fch_gelu, fcprojw + l * C * 4 * Cl, lead ? fcprojb + lc : nullptr, N, 4 * Cl,
+                   C);  // (B,T,C) partial
+  k.residual_forward(res3, a.res2, g(), NL * C);
 }
 
 double GptStage::forward(int slot, const int32_t* inputs, const int32_t* targets, float dloss) {
-  using namespace cpu;
   using comm::ReduceOp;
+  Kernels<float>& k = *dev_;
   Slot& a = slot_.at(slot);
   const int B = B_, Tn = T_, C = shape_.config.channels;
   const int Vl = shape_.local_vocab(), Vr = shape_.valid_local_vocab(), v0 = shape_.vocab_begin();
@@ -364,17 +409,17 @@ double GptStage::forward(int slot, const int32_t* inputs, const int32_t* targets
 
   if (shape_.first()) {
     check_tokens(inputs, N, shape_.config.vocab_size, "input");
-    std::memcpy(a.tokens, inputs, N * sizeof(int32_t));
+    k.to_device(a.tokens, inputs, N * sizeof(int32_t));  // the host's ids, kept for backward
     // vocab-parallel embedding: each rank looks up the rows it holds, the all-reduce (sequence parallel: the
     // reduce-scatter) completes every row
     if (sp_) {
-      vocab_embedding_forward(pool_, proj_, inputs, wte, v0, Vl, N, C);  // (B,T,C) partial
+      k.vocab_embedding_forward(proj_, a.tokens, wte, v0, Vl, N, C);  // (B,T,C) partial
       reduce_scatter_rows(proj_, a.input);
-      add_positions_rows(pool_, a.input, wpe, shape_.tp_rank * NL, NL, Tn, C);
+      k.add_positions_rows(a.input, wpe, shape_.tp_rank * NL, NL, Tn, C);
     } else {
-      vocab_embedding_forward(pool_, a.input, inputs, wte, v0, Vl, N, C);  // (B,T,C) partial
+      k.vocab_embedding_forward(a.input, a.tokens, wte, v0, Vl, N, C);  // (B,T,C) partial
       all_reduce(a.input, N * C, ReduceOp::kSum);
-      add_positions(pool_, a.input, wpe, B, Tn, C);
+      k.add_positions_rows(a.input, wpe, 0, N, Tn, C);
     }
   }
   for (size_t l = 0; l < Ls; ++l) {
@@ -383,29 +428,38 @@ double GptStage::forward(int slot, const int32_t* inputs, const int32_t* targets
   if (!shape_.last()) return 0;
 
   check_tokens(targets, N, shape_.config.vocab_size, "target");
-  layernorm_forward(pool_, a.lnf, a.lnf_mean, a.lnf_rstd, a.res3 + (Ls - 1) * NL * C, lnfw, lnfb, NL, C);
+  if (targets_.size() > 0) {
+    k.to_device(targets_.data(), targets, N * sizeof(int32_t));
+    targets = targets_.data();
+  }
+  k.layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.res3 + (Ls - 1) * NL * C, lnfw, lnfb, NL, C);
   const float* lnf = a.lnf;
   if (sp_) {
     all_gather_rows(a.lnf, gath_);
     lnf = gath_;
   }
   // tied LM head, column-parallel over the vocabulary: (B,T,Vl) logits of rows [v0, v0+Vl)
-  matmul_forward(pool_, a.logits, lnf, wte, static_cast<const float*>(nullptr), N, C, Vl);
+  k.matmul_forward(a.logits, lnf, wte, static_cast<const float*>(nullptr), N, C, Vl);
   // vocab-parallel cross entropy: global row max, then global sum of exp and the target's logit
-  vocab_ce_local_max(pool_, ce_max_, a.logits, N, Vl, Vr);
+  k.vocab_ce_local_max(ce_max_, a.logits, N, Vl, Vr);
   all_reduce(ce_max_, N, ReduceOp::kMax);
-  vocab_ce_local_sums(pool_, ce_sums_, a.logits, ce_max_, targets, v0, N, Vl, Vr);
+  k.vocab_ce_local_sums(ce_sums_, a.logits, ce_max_, targets, v0, N, Vl, Vr);
   all_reduce(ce_sums_, 2 * N, ReduceOp::kSum);
-  vocab_ce_finish(pool_, a.losses, a.logits, ce_sums_, ce_max_, targets, v0, N, Vl, Vr,
-                  dloss / static_cast<float>(N));  // logits now hold dlogits
+  k.vocab_ce_finish(a.losses, a.logits, ce_sums_, ce_max_, targets, v0, N, Vl, Vr,
+                    dloss / static_cast<float>(N));  // logits now hold dlogits
+  const float* losses = a.losses;
+  if (!losses_.empty()) {
+    k.to_host(losses_.data(), a.losses, N * sizeof(float));
+    losses = losses_.data();
+  }
   double sum = 0;
-  for (size_t i = 0; i < N; ++i) sum += a.losses[i];
+  for (size_t i = 0; i < N; ++i) sum += losses[i];
   return sum / static_cast<double>(N);
 }
 
 void GptStage::backward(int slot, const GradReadyHook* ready) {
-  using namespace cpu;
   using comm::ReduceOp;
+  Kernels<float>& k = *dev_;
   Slot& a = slot_.at(slot);
   const int B = B_, Tn = T_, C = shape_.config.channels, Cl = shape_.local_channels();
   const int Vl = shape_.local_vocab(), v0 = shape_.vocab_begin();
@@ -441,7 +495,7 @@ void GptStage::backward(int slot, const GradReadyHook* ready) {
     return rs_;
   };
   // Layernorm weight gradients of local rows go to sp_ln_ first (summed over tp below), else straight to grads().
-  if (sp_) std::memset(sp_ln_, 0, (4 * Ls + 2) * C * sizeof(float));
+  if (sp_) k.zero(sp_ln_, (4 * Ls + 2) * C * sizeof(float));
   auto ln_grad = [&](int i, size_t l) -> float* {
     if (!sp_) return g[i] + (i >= 14 ? 0 : l * C);
     if (i >= 14) return sp_ln_ + 4 * Ls * C + (i - 14) * C;
@@ -450,11 +504,11 @@ void GptStage::backward(int slot, const GradReadyHook* ready) {
   if (shape_.last()) {
     // LM head: dlnf (B,T,C) = dlogits (B,T,Vl) @ wte_local (Vl,C), summed over tp (f backward); dwte_local +=
     // dlogits^T @ lnf
-    matmul_backward(pool_, dc_, false, g[0], static_cast<float*>(nullptr), a.logits, gather(a.lnf), w[0], N, C, Vl);
+    k.matmul_backward(dc_, false, g[0], static_cast<float*>(nullptr), a.logits, gather(a.lnf), w[0], N, C, Vl, true);
     const float* dlnf = f_backward();
-    std::memset(dres_, 0, NL * C * sizeof(float));
-    layernorm_backward(pool_, dres_, ln_grad(14, 0), ln_grad(15, 0), dlnf, a.res3 + (Ls - 1) * NL * C, w[14],
-                       a.lnf_mean, a.lnf_rstd, NL, C);
+    k.zero(dres_, NL * C * sizeof(float));
+    k.layernorm_backward(dres_, ln_grad(14, 0), ln_grad(15, 0), ln_scratch_, dlnf, a.res3 + (Ls - 1) * NL * C, w[14],
+                         a.lnf_mean, a.lnf_rstd, NL, C);
     if (!sp_) {
       report(14, 0, C);
       report(15, 0, C);
@@ -474,23 +528,23 @@ void GptStage::backward(int slot, const GradReadyHook* ready) {
       attention_fwd(la);  // atty rewritten with identical values
     }
     // MLP block: g's backward is the identity (sequence parallel: the all-gather), fcproj sees d(res3)
-    matmul_backward(pool_, d4c_, false, g[12] + l * C * 4 * Cl, g[13] + lc, gather(dres_), la.fch_gelu,
-                    w[12] + l * C * 4 * Cl, N, 4 * Cl, C);  // d fch_gelu (B,T,4Cl)
-    gelu_backward(pool_, d4c_, la.fch, d4c_, N * 4 * Cl);   // d fch (B,T,4Cl)
-    matmul_backward(pool_, dc_, false, g[10] + l * 4 * Cl * C, g[11] + l * 4 * Cl, d4c_, gather(la.ln2),
-                    w[10] + l * 4 * Cl * C, N, C, 4 * Cl);  // d ln2 (B,T,C) partial
+    k.matmul_backward(d4c_, false, g[12] + l * C * 4 * Cl, g[13] + lc, gather(dres_), la.fch_gelu,
+                      w[12] + l * C * 4 * Cl, N, 4 * Cl, C, true);  // d fch_gelu (B,T,4Cl)
+    k.gelu_backward(d4c_, la.fch, d4c_, N * 4 * Cl);                // d fch (B,T,4Cl)
+    k.matmul_backward(dc_, false, g[10] + l * 4 * Cl * C, g[11] + l * 4 * Cl, d4c_, gather(la.ln2),
+                      w[10] + l * 4 * Cl * C, N, C, 4 * Cl, true);  // d ln2 (B,T,C) partial
     const float* dln2 = f_backward();
-    layernorm_backward(pool_, dres_, ln_grad(8, l), ln_grad(9, l), dln2, la.res2, w[8] + lc, la.ln2_mean, la.ln2_rstd,
-                       NL, C);  // += d res2
+    k.layernorm_backward(dres_, ln_grad(8, l), ln_grad(9, l), ln_scratch_, dln2, la.res2, w[8] + lc, la.ln2_mean,
+                         la.ln2_rstd, NL, C);  // += d res2
     // attention block
-    matmul_backward(pool_, dc_, false, g[6] + l * C * Cl, g[7] + lc, gather(dres_), la.atty, w[6] + l * C * Cl, N, Cl,
-                    C);  // d atty (B,T,Cl)
-    attention_bwd(la);   // d qkv (B,T,3Cl)
-    matmul_backward(pool_, dc_, false, g[4] + l * 3 * Cl * C, g[5] + l * 3 * Cl, dqkv_, gather(la.ln1),
-                    w[4] + l * 3 * Cl * C, N, C, 3 * Cl);  // d ln1 (B,T,C) partial
+    k.matmul_backward(dc_, false, g[6] + l * C * Cl, g[7] + lc, gather(dres_), la.atty, w[6] + l * C * Cl, N, Cl, C,
+                      true);  // d atty (B,T,Cl)
+    attention_bwd(la);        // d qkv (B,T,3Cl)
+    k.matmul_backward(dc_, false, g[4] + l * 3 * Cl * C, g[5] + l * 3 * Cl, dqkv_, gather(la.ln1),
+                      w[4] + l * 3 * Cl * C, N, C, 3 * Cl, true);  // d ln1 (B,T,C) partial
     const float* dln1 = f_backward();
-    layernorm_backward(pool_, dres_, ln_grad(2, l), ln_grad(3, l), dln1, residual, w[2] + lc, la.ln1_mean, la.ln1_rstd,
-                       NL, C);  // += d residual
+    k.layernorm_backward(dres_, ln_grad(2, l), ln_grad(3, l), ln_scratch_, dln1, residual, w[2] + lc, la.ln1_mean,
+                         la.ln1_rstd, NL, C);  // += d residual
     for (int i = 2; i < 14; ++i) {
       const bool layernorm = i == 2 || i == 3 || i == 8 || i == 9;
       if (!(sp_ && layernorm)) report(i, l * (sizes_[i] / Ls), sizes_[i] / Ls);  // layer l's slices are final
@@ -502,16 +556,13 @@ void GptStage::backward(int slot, const GradReadyHook* ready) {
     all_reduce(sp_ln_, (4 * Ls + 2) * C, ReduceOp::kSum);
     for (size_t l = 0; l < Ls; ++l) {
       for (int i : {2, 3, 8, 9}) {
-        const float* src = ln_grad(i, l);
-        float* dst = g[i] + l * C;
-        for (int c = 0; c < C; ++c) dst[c] += src[c];
+        k.accumulate(g[i] + l * C, ln_grad(i, l), C);
         report(i, l * C, C);
       }
     }
     if (shape_.last()) {
       for (int i : {14, 15}) {
-        const float* src = ln_grad(i, 0);
-        for (int c = 0; c < C; ++c) g[i][c] += src[c];
+        k.accumulate(g[i], ln_grad(i, 0), C);
         report(i, 0, C);
       }
     }
@@ -520,12 +571,12 @@ void GptStage::backward(int slot, const GradReadyHook* ready) {
     // the embedding's all-reduce is g-like: its backward is the identity (sequence parallel: the all-gather), each
     // rank scatters into its own rows
     // context parallel: this rank's positions start at r T_ in wpe
-    vocab_embedding_backward(pool_, g[0], g[1] + static_cast<size_t>(cp_rank_) * Tn * C, gather(dres_), a.tokens, v0,
-                             Vl, B, Tn, C);
+    k.vocab_embedding_backward(g[0], g[1] + static_cast<size_t>(cp_rank_) * Tn * C, gather(dres_), a.tokens, v0, Vl, B,
+                               Tn, C);
     report(1, 0, sizes_[1]);
     if (shape_.last()) report(0, 0, sizes_[0]);  // pp == 1: both uses of wte are done
   } else {
-    std::memcpy(a.dinput, dres_, NL * C * sizeof(float));
+    k.copy(a.dinput, dres_, NL * C);
   }
 }
 

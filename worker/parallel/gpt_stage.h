@@ -17,6 +17,11 @@
 // positions [r T/P, (r+1) T/P) of every sequence of the micro-batch (it is given the whole (B,T) tokens and keeps its
 // slice); attention is RingAttention over cp, everything else is row-wise. The loss returned and the gradients are
 // those of the local tokens (mean over them): the caller averages both over cp, as over data-parallel replicas.
+// Device (issue #11, docs/gpu.md): every kernel goes through worker/device/kernels.h and params, grads, activations,
+// scratch and token copies are that device's memory (the CPU's CpuKernels<float> on `pool` by default). Pointers
+// handed out (params(), grads(), input()/output()/grad_*()) and given to the tp communicator are device memory, so on
+// CUDA the communicators must take device memory (NCCL). Inputs and targets passed to forward() are host memory.
+// Context parallelism (RingAttention) runs on host-accessible devices only.
 #pragma once
 
 #include <cstddef>
@@ -25,6 +30,8 @@
 #include <vector>
 
 #include "worker/comm/communicator.h"
+#include "worker/device/cpu_kernels.h"
+#include "worker/device/kernels.h"
 #include "worker/kernels/cpu/thread_pool.h"
 #include "worker/model/gpt.h"
 #include "worker/parallel/ring_attention.h"
@@ -42,8 +49,10 @@ class GptStage {
   // (B, T) micro-batches; tp is the tensor-parallel group (nullptr or size 1 when tp_size == 1).
   // recompute: which layers (global index) drop activations after forward and rebuild them in backward, tp
   // all-reduces included (docs/worker.md); results are bitwise those without.
+  // device: where the stage lives and runs (null: CpuKernels<float> on `pool`); it must outlive the stage.
   GptStage(const StageShape& shape, int B, int seq_len, int slots, ThreadPool& pool, comm::Communicator* tp,
-           const RecomputeSpec& recompute = {}, bool sequence_parallel = false, comm::Communicator* cp = nullptr);
+           const RecomputeSpec& recompute = {}, bool sequence_parallel = false, comm::Communicator* cp = nullptr,
+           Kernels<float>* device = nullptr);
 
   const StageShape& shape() const { return shape_; }
   int slots() const { return slots_; }
@@ -53,6 +62,7 @@ class GptStage {
   // grad_output() and grad_input() are (rows(), C)).
   size_t rows() const { return rows_; }
   size_t num_params() const { return params_.size(); }
+  Kernels<float>& device() const { return *dev_; }
   float* params() { return params_.data(); }
   float* grads() { return grads_.data(); }
   const std::vector<ShardSlice>& shard_map() const { return map_; }
@@ -61,7 +71,8 @@ class GptStage {
   // Every rank initialises the same full llm.c buffer (init_gpt2_weights, same seed) and keeps its slices, so any
   // layout starts from identical weights.
   void scatter_from_full(const float* full);
-  // Writes this rank's slices of `local` (params(), grads() or a buffer of that layout) into the full buffer.
+  // Writes this rank's slices of `local` (params(), grads() or a buffer of that layout) into the full buffer. `local`
+  // is device memory when it is params() or grads(), host memory otherwise; `full` is host memory.
   void gather_into_full(const float* local, float* full) const;
 
   // (rows(),C) the residual stream entering this stage's first layer: stage > 0 receives it here before forward().
@@ -87,7 +98,8 @@ class GptStage {
 
   // Bytes allocated for activations (all slots), backward scratch and the first stage's token copies.
   size_t activation_bytes() const {
-    return (acts_.size() + scratch_.size()) * sizeof(float) + (tokens_.size() + cp_tokens_.size()) * sizeof(int32_t) +
+    return (acts_.size() + scratch_.size()) * sizeof(float) +
+           (tokens_.size() + cp_tokens_.size() + targets_.size()) * sizeof(int32_t) +
            (ring_ ? ring_->workspace_bytes() : 0);
   }
 
@@ -125,15 +137,21 @@ class GptStage {
   std::unique_ptr<RingAttention> ring_;
   AlignedBuffer<int32_t> cp_tokens_;  // context parallel: this rank's slice of the inputs and targets (2 B T_)
   ThreadPool& pool_;
+  std::unique_ptr<CpuKernels<float>> own_dev_;  // the default device
+  Kernels<float>* dev_;
   comm::Communicator* tp_;
   std::vector<ShardSlice> map_;
   std::array<size_t, kNumParamTensors> sizes_{};
-  AlignedBuffer<float> params_, grads_, acts_, scratch_;
-  AlignedBuffer<int32_t> tokens_;
+  DeviceBuffer<float> params_, grads_, acts_, scratch_;
+  // tokens_: the first stage's inputs per slot; targets_: the last stage's targets (devices that are not the host
+  // only: the CPU reads them in place); losses_: the host copy of the losses (likewise).
+  DeviceBuffer<int32_t> tokens_, targets_;
+  std::vector<float> losses_;
   std::vector<Slot> slot_;
   // Shared by all slots (one micro-batch computes at a time): backward scratch, the row-parallel outputs, and the
   // cross entropy's per-row max and [sum exp | target logit].
   float *dres_, *dc_, *d4c_, *dqkv_, *att_scratch_, *proj_, *ce_max_, *ce_sums_;
+  float* ln_scratch_ = nullptr;  // layernorm_backward's (none on the CPU)
   // Sequence parallelism only (else null): gath_ (N,C) the all-gathered layernorm output or d(residual); rs_
   // (rows_,C) a reduce-scatter's result; sp_ln_ the micro-batch's layernorm weight gradients from local rows, per
   // layer [ln1w ln1b ln2w ln2b] (4C) then lnfw lnfb (2C), summed over tp before they join grads().

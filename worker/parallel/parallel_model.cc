@@ -27,7 +27,7 @@ uint32_t tag(uint32_t step, int m, int dir) {
 
 ParallelModel::ParallelModel(const GptConfig& config, int B, int seq_len, int max_micro_batches, ThreadPool& pool,
                              const ModelGroups& groups, const std::vector<int>& boundaries,
-                             const RecomputeSpec& recompute, bool sequence_parallel)
+                             const RecomputeSpec& recompute, bool sequence_parallel, Kernels<float>* device)
     : config_(config), B_(B), T_(seq_len), max_m_(max_micro_batches), pool_(pool), groups_(groups) {
   if (max_micro_batches < 1 || max_micro_batches >= (1 << 17)) {
     throw ConfigError("micro-batches per step must be in 1..131071, got " + std::to_string(max_micro_batches));
@@ -36,8 +36,8 @@ ParallelModel::ParallelModel(const GptConfig& config, int B, int seq_len, int ma
   const StageShape shape =
       make_stage_shape(config, seq_len, size_of(groups.tp), rank_of(groups.tp), pp, stage, boundaries);
   const int slots = std::min(max_micro_batches, pp - stage);
-  stage_ =
-      std::make_unique<GptStage>(shape, B, seq_len, slots, pool, groups.tp, recompute, sequence_parallel, groups.cp);
+  stage_ = std::make_unique<GptStage>(shape, B, seq_len, slots, pool, groups.tp, recompute, sequence_parallel,
+                                      groups.cp, device);
   count_once_ = count_once_ranges(stage_->shard_map(), shape.tp_rank);
   send_fwd_.resize(slots);
   send_bwd_.resize(slots);
@@ -112,6 +112,7 @@ double ParallelModel::run(int M, const std::function<void(int32_t*, int32_t*)>& 
     }
     const int32_t* in = batch_.data() + m * 2 * N;
     loss_sum += st.forward(k, in, in + N, dloss);
+    st.device().synchronize();  // the message is read on the communicator's stream (a no-op on the CPU)
     if (!sh.last()) send_fwd_[k] = pp->isend(st.output(k), R, comm::DType::kFloat32, s + 1, tag(step, m, 0));
   };
   auto bwd = [&](int m) {
@@ -122,6 +123,7 @@ double ParallelModel::run(int M, const std::function<void(int32_t*, int32_t*)>& 
     }
     wait(send_bwd_[k], &waited);                               // the slot's previous d(input) has left
     st.backward(k, ready_ && m == M - 1 ? &ready_ : nullptr);  // 1F1B ends every stage with micro-batch M-1
+    st.device().synchronize();
     if (!sh.first()) send_bwd_[k] = pp->isend(st.grad_input(k), R, comm::DType::kFloat32, s - 1, tag(step, m, 1));
   };
 
@@ -183,6 +185,7 @@ void ParallelModel::finish_grads(StepTimes* times) {
   const auto t0 = Clock::now();
   // wte is the first local tensor on both stages
   const size_t n = static_cast<size_t>(sh.local_vocab()) * sh.config.channels;
+  stage_->device().synchronize();
   groups_.embedding->all_reduce(stage_->grads(), n, comm::DType::kFloat32, comm::ReduceOp::kSum);
   if (times != nullptr) times->pp_wait += since(t0);
   if (ready_) ready_(0, n);
@@ -190,7 +193,13 @@ void ParallelModel::finish_grads(StepTimes* times) {
 
 double ParallelModel::sum_squares_once(const float* buf) {
   double local = 0;
+  Kernels<float>& dev = stage_->device();
   for (const ElementRange& r : count_once_) {
+    if (!dev.host_accessible()) {
+      const double norm = dev.global_norm(buf + r.begin, r.end - r.begin);
+      local += norm * norm;
+      continue;
+    }
     for (size_t i = r.begin; i < r.end; ++i) local += static_cast<double>(buf[i]) * buf[i];
   }
   // Communicator has no fp64: the doubles travel as int64 bit patterns and are summed here in rank order.

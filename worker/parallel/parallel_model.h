@@ -35,10 +35,12 @@ class ParallelModel {
   // (B, T) micro-batches, at most max_micro_batches per forward_backward (activation memory is allocated here for
   // min(max_micro_batches, pp - stage) micro-batches). boundaries: stage split (empty = balance_stages).
   // recompute: activation recomputation of the stage's layers; sequence_parallel: Megatron sequence parallelism
-  // over the tp group, the pipeline then sends each tp rank's rows only (GptStage).
+  // over the tp group, the pipeline then sends each tp rank's rows only (GptStage). device: where the stage lives and
+  // runs (null: the CPU on `pool`); on a device that is not the host the pipeline messages and the tied-embedding
+  // all-reduce pass device pointers, so the groups' communicators must take device memory (NCCL on CUDA).
   ParallelModel(const GptConfig& config, int B, int seq_len, int max_micro_batches, ThreadPool& pool,
                 const ModelGroups& groups, const std::vector<int>& boundaries = {}, const RecomputeSpec& recompute = {},
-                bool sequence_parallel = false);
+                bool sequence_parallel = false, Kernels<float>* device = nullptr);
 
   // Forward and backward of M micro-batches through the pipeline (1F1B), accumulating (+=) gradients scaled by
   // dloss (e.g. 1/(M*dp)) into grads(); call zero_grad() first. next_micro_batch fills (B,T) inputs and targets; it
@@ -70,6 +72,8 @@ class ParallelModel {
   // Sum of squares of a buffer of the local layout (e.g. grads() after the dp reduction) over the whole model
   // replica, each llm.c element counted once; identical bits on every rank of the replica (gathered over tp, then
   // pp, summed in rank order). sqrt of it is the global grad norm; a NaN/Inf anywhere makes it non-finite.
+  // On a device that is not the host, buf is device memory and each range's sum comes from the device's global_norm
+  // (the same value up to rounding, not the CPU loop's bits).
   double sum_squares_once(const float* buf);
   void scatter_from_full(const float* full) { stage_->scatter_from_full(full); }
   void gather_into_full(const float* local, float* full) const { stage_->gather_into_full(local, full); }

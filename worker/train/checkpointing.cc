@@ -167,6 +167,40 @@ std::vector<ShardSpec> full_state_shards(const GptConfig& m, const TrainerState&
   return out;
 }
 
+std::vector<ShardSpec> expert_shard_state_shards(const GptConfig& local, const TrainerState& s, int dp_rank,
+                                                 int dp_size, int edp_rank, int edp_size) {
+  const GptConfig global = global_config(local);
+  const auto defs = model_tensor_defs(global);
+  const int64_t el = local_experts(local), first = static_cast<int64_t>(local.moe.expert_shard) * el;
+  if (static_cast<size_t>(num_parameters(local)) != s.num_params) {
+    throw Error("checkpoint: the expert shard layout has " + std::to_string(num_parameters(local)) +
+                " elements but the trainer holds " + std::to_string(s.num_params) + " parameters");
+  }
+  std::vector<ShardSpec> out;
+  for (auto [prefix, base] :
+       {std::pair<const char*, float*>{"", s.params}, {"adam_m/", s.adam_m}, {"adam_v/", s.adam_v}}) {
+    size_t at = 0;  // offset in the local buffer, which is the defs' order with E/P experts per layer
+    for (const auto& d : defs) {
+      const bool expert = d.name == "fcw" || d.name == "fcb" || d.name == "fcprojw" || d.name == "fcprojb";
+      ShardSpec sh;
+      sh.name = prefix + d.name;
+      sh.global_shape = d.shape;
+      sh.box = ckpt::Box{ckpt::Shape(d.shape.size(), 0), d.shape};
+      if (expert) {  // (L, E, ...): dimension 1 is the expert
+        sh.box.offset[1] = first;
+        sh.box.size[1] = el;
+      }
+      sh.data = base + at;
+      sh.replica_index = expert ? edp_rank : dp_rank;
+      sh.num_replicas = expert ? edp_size : dp_size;
+      at += static_cast<size_t>(sh.box.volume());
+      out.push_back(std::move(sh));
+    }
+    if (at != s.num_params) throw Error("checkpoint: expert shard boxes do not cover the local buffer");
+  }
+  return out;
+}
+
 std::vector<ShardSpec> zero_state_shards(const GptConfig& m, float* params, float* shard_m, float* shard_v,
                                          const std::vector<OwnedRange>& owned, int dp_rank, int dp_size) {
   const auto defs = model_tensor_defs(m);

@@ -46,6 +46,13 @@ struct ShardSpec {
 // into the trainer's flat buffers. A parallel model passes its own list (e.g. from a shard_map()) instead.
 std::vector<ShardSpec> full_state_shards(const GptConfig& model, const TrainerState& state);
 
+// Expert-parallel storage (GptConfig::moe.expert_shards = P > 1, plain data parallelism): `local` is this rank's
+// layout. The dense tensors are whole (split among the dp_size replicas like full_state_shards), the four expert
+// tensors are the box of experts [shard E/P, (shard + 1) E/P) of the global (L, E, ...) tensor, split among the
+// edp_size dp ranks holding the same experts. The checkpoint keeps the global layout, so it restores under any --ep.
+std::vector<ShardSpec> expert_shard_state_shards(const GptConfig& local, const TrainerState& state, int dp_rank,
+                                                 int dp_size, int edp_rank, int edp_size);
+
 // From a tensor/pipeline-parallel stage's shard_map() (worker/parallel/stage_plan.h ShardSlice: tensor index into
 // kParamNames, global_shape, offset, extent, local_offset, tp_replicated, tied_copy), for params and AdamW m/v that
 // are laid out like the local params buffer (no ZeRO). Every element is written once in the whole job: slices

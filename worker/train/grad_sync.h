@@ -38,6 +38,9 @@ class GradSync {
   // ZeRO only (zero_stage() > 0): the global norm of the reduced gradient (shard sums of squares gathered), and the
   // AdamW step on this rank's shard followed by the all-gather of the parameters.
   virtual double grad_norm(const float* grads) = 0;
+  // True when grad_norm() must be used without ZeRO too (the replicas' buffers hold different parts of the model,
+  // e.g. expert-parallel storage), so a rank's own buffer does not give the global norm.
+  virtual bool owns_grad_norm() const { return zero_stage() > 0; }
   virtual void update(float* params, const float* grads, float lr, float grad_scale) = 0;
   // ZeRO's sharded AdamW moments and counter (checkpoints); empty/null without ZeRO.
   virtual float* shard_m() = 0;

@@ -11,7 +11,8 @@
 
 namespace railyard::worker {
 
-double flops_per_token(const GptConfig& c, int T) {
+double flops_per_token(const GptConfig& shard, int T) {
+  const GptConfig c = global_config(shard);  // per token the same work whichever experts this rank stores
   double n = static_cast<double>(num_parameters(c)) - static_cast<double>(c.max_seq_len) * c.channels;
   if (c.moe.experts > 0) {
     // a token runs through top_k of the E experts: the others' MLP weights do no work for it

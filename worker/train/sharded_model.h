@@ -12,6 +12,9 @@
 
 namespace railyard::worker {
 
+template <typename T>
+class Kernels;
+
 class ShardedModel {
  public:
   using NextBatch = std::function<void(int32_t* inputs, int32_t* targets)>;
@@ -42,6 +45,13 @@ class ShardedModel {
   virtual void set_adam_t(int64_t t) = 0;
   // For the start-up log: stage layers, local shapes, parameters held.
   virtual std::string describe() const = 0;
+
+  // The device the model lives on (null: the CPU). On a device that is not the host, params()/grads() are device
+  // memory, host_params() (and the moments a checkpoint reads) are host copies refreshed after every update, and
+  // upload_host() writes those copies back to the device (after a restore wrote into them).
+  virtual const Kernels<float>* device() const { return nullptr; }
+  virtual float* host_params() { return params(); }
+  virtual void upload_host() {}
 };
 
 }  // namespace railyard::worker

@@ -77,10 +77,13 @@ void TrainConfig::validate(const GptConfig& model) const {
 namespace {
 // Refuses what the CUDA trainer cannot run yet, before anything is allocated on the device.
 Kernels<float>* check_device(Kernels<float>* device, GradSync* sync, ShardedModel* sharded) {
+  // A tensor/pipeline-parallel model allocates on its own device: it must be the trainer's (null = the CPU).
+  if (sharded != nullptr && sharded->device() != device)
+    throw ConfigError(
+        "the tensor/pipeline-parallel model was built for another device than the trainer's (a bug: give "
+        "ParallelGpt the trainer's device)");
   if (device == nullptr || device->host_accessible()) return device;
   const std::string d = std::string("spec.device / --device ") + device_name(device->kind());
-  if (sharded != nullptr)
-    throw ConfigError(d + ": tensor/pipeline parallelism (--tp/--pp) runs on the CPU only so far: use --device cpu");
   if (sync != nullptr)
     throw ConfigError(d +
                       ": data parallelism across processes (--nproc, ZeRO, --deterministic) runs on the CPU only "
@@ -165,7 +168,7 @@ Trainer::Trainer(const GptConfig& model, const TrainConfig& config, ThreadPool& 
     }
   }
   if (model_) model_->init_weights(cfg_.seed);
-  if (!on_host()) {
+  if (!on_host() && model_) {
     host_params_ = AlignedBuffer<float>(model_->num_params());
     host_m_ = AlignedBuffer<float>(model_->num_params());
     host_v_ = AlignedBuffer<float>(model_->num_params());
@@ -372,7 +375,8 @@ StepResult Trainer::step() {
   if (sharded_ != nullptr) {
     r.grad_norm = zero ? sync_->grad_norm(sharded_->grads()) : sharded_->grad_norm(sharded_->grads());
   } else {
-    r.grad_norm = zero       ? sync_->grad_norm(model_->grads())
+    // Expert-parallel storage: replicas hold different experts, so the sync adds the parts (owns_grad_norm).
+    r.grad_norm = zero || (sync_ != nullptr && sync_->owns_grad_norm()) ? sync_->grad_norm(model_->grads())
                   : offload_ ? host_kernels_->global_norm(model_->grads(), model_->num_params())
                              : opt_->global_norm(model_->grads());
   }
@@ -405,8 +409,9 @@ StepResult Trainer::step() {
     } else {
       opt_->update(model_->params(), model_->grads(), lr, scale);
     }
-    // After before_update: a background snapshot of the previous host copies has finished reading them.
-    if (!on_host()) refresh_host_state();
+    // After before_update: a background snapshot of the previous host copies has finished reading them. (A sharded
+    // model refreshes its own in update().)
+    if (!on_host() && model_) refresh_host_state();
   }
   if (sync_ != nullptr) {
     sync_->take_comm_seconds();  // the norm/flag gathers belong to the optimizer phase
@@ -604,10 +609,10 @@ TrainerState Trainer::state() {
   s.bad_steps_total = bad_total_;
   s.bad_steps_consecutive = bad_consecutive_;
   s.seed = cfg_.seed;
-  s.params = sharded_ != nullptr ? sharded_->params() : model_->params();  // sharded: this rank's local buffer
+  s.params = sharded_ != nullptr ? sharded_->host_params() : model_->params();  // sharded: this rank's local buffer
   s.adam_m = opt_ ? opt_->m() : offload_ ? offload_->m() : nullptr;
   s.adam_v = opt_ ? opt_->v() : offload_ ? offload_->v() : nullptr;
-  if (!on_host()) {
+  if (!on_host() && model_) {
     s.params = host_params_.data();
     s.adam_m = host_m_.data();
     s.adam_v = host_v_.data();
@@ -640,7 +645,8 @@ void Trainer::restore_counters(const TrainerState& s) {
   bad_total_ = s.bad_steps_total;
   bad_consecutive_ = s.bad_steps_consecutive;
   if (s.loader) train_.restore_loader(*s.loader);
-  if (!on_host()) {
+  if (sharded_ != nullptr) sharded_->upload_host();  // a no-op on the CPU
+  if (!on_host() && model_) {
     // The checkpoint was loaded into state()'s host copies: upload them.
     const size_t bytes = model_->num_params() * sizeof(float);
     device_->to_device(model_->params(), host_params_.data(), bytes);

@@ -9,8 +9,11 @@
 #include <string>
 
 #include "tests/unit/worker/worker_test_util.h"
+#include "worker/device/cuda_module.h"
 
 using namespace railyard::worker::testing;
+using railyard::worker::gpu_device_nodes;
+using railyard::worker::library_mapped;
 
 namespace {
 
@@ -24,8 +27,9 @@ struct Run {
   std::string err;
 };
 
-Run run(const std::string& args, const std::string& dir) {
-  const std::string cmd = bin_dir() + "/" + args + " > " + dir + "/out.txt 2> " + dir + "/err.txt";
+// env: "NAME=value " prefixes for the command (empty: the test's environment).
+Run run(const std::string& args, const std::string& dir, const std::string& env = "") {
+  const std::string cmd = env + bin_dir() + "/" + args + " > " + dir + "/out.txt 2> " + dir + "/err.txt";
   const int rc = std::system(cmd.c_str());
   std::ifstream f(dir + "/err.txt");
   std::string err((std::istreambuf_iterator<char>(f)), {});
@@ -226,7 +230,32 @@ TEST_CASE("railyard-worker train --device: auto trains on the CPU without a GPU,
     // The device line and the model line both say where the run went.
     CHECK(r.err.find("device=cpu") != std::string::npos);
     CHECK(r.err.find("device=cuda") == std::string::npos);
-    // cuda without a GPU: exit 2 before any training, naming spec.device and the flag, and the ways out.
+    // A CPU run does not map the CUDA runtime, in CUDA builds too: the CUDA device is a module loaded only for CUDA
+    // runs (the worker reads /proc/self/maps for this field).
+    CHECK(r.err.find("cudart_mapped=false") != std::string::npos);
+    CHECK(r.err.find("not loaded") != std::string::npos);
+    if (r.err.find("built_with_cuda=true") != std::string::npos) {
+      // --device cuda loads the module first: one that is not there is a clear error naming its path and the fix.
+      const std::string bad = d + "/nowhere/librailyard_cuda.so";
+      Run m = run(train + "--device cuda", d, "RAILYARD_CUDA_MODULE=" + bad + " ");
+      CHECK(m.code == 2);
+      CHECK(m.err.find("cannot load the CUDA module " + bad) != std::string::npos);
+      CHECK(m.err.find("RAILYARD_CUDA_MODULE") != std::string::npos);
+      CHECK(m.err.find("--device cpu") != std::string::npos);
+      // A loadable library that is not a railyard CUDA module (this process's libc) is refused by name too.
+      std::ifstream maps("/proc/self/maps");
+      std::string line, libc;
+      while (libc.empty() && std::getline(maps, line)) {
+        if (line.find("/libc.so") != std::string::npos) libc = line.substr(line.find('/'));
+      }
+      REQUIRE(!libc.empty());
+      m = run(train + "--device cuda", d, "RAILYARD_CUDA_MODULE=" + libc + " ");
+      CHECK(m.code == 2);
+      CHECK(m.err.find("the CUDA module " + libc + " has no entry point railyard_cuda_module_abi") !=
+            std::string::npos);
+    }
+    // cuda without a GPU: exit 2 before any training, naming spec.device and the flag, and the ways out. In a CUDA
+    // build this loads the real module (lib/librailyard_cuda.so) and asks its CUDA runtime for the GPUs.
     r = run(train + "--device cuda", d);
     CHECK(r.code == 2);
     CHECK(r.err.find("spec.device: cuda") != std::string::npos);
@@ -302,4 +331,32 @@ TEST_CASE("railyard-worker train --config: the parallelism family from the opera
   r = run("railyard-worker train --config " + d + "/off.json --threads 1", d);
   CHECK(r.code == 2);
   CHECK_MESSAGE(r.err.find("--offload params") != std::string::npos, r.err);
+}
+
+TEST_CASE("--device auto: GPUs counted from the driver's device nodes, without loading CUDA") {
+  TempDir dir;
+  const std::string d = dir.path();
+  CHECK(gpu_device_nodes(d) == 0);
+  for (const char* f : {"nvidiactl", "nvidia-uvm", "nvidia-modeset", "nvidia", "nvidia0x"}) std::ofstream(d + "/" + f);
+  CHECK(gpu_device_nodes(d) == 0);  // control nodes are not GPUs
+  std::ofstream(d + "/nvidia0");
+  std::ofstream(d + "/nvidia1");
+  CHECK(gpu_device_nodes(d) == 2);
+  ::setenv("CUDA_VISIBLE_DEVICES", "", 1);  // hides every GPU from CUDA
+  CHECK(gpu_device_nodes(d) == 0);
+  ::setenv("CUDA_VISIBLE_DEVICES", "1", 1);
+  CHECK(gpu_device_nodes(d) == 2);
+  ::unsetenv("CUDA_VISIBLE_DEVICES");
+  CHECK(gpu_device_nodes(d + "/missing") == 0);
+  // and this process (a test that never asked for CUDA) has not mapped the CUDA runtime
+  CHECK_FALSE(library_mapped("libcudart"));
+  CHECK(library_mapped("libc.so"));  // the scan itself works
+  // In a CUDA build, loading the module is what maps the runtime (so the start-up log's field can turn true).
+  const std::string module = bin_dir() + "/../lib/librailyard_cuda.so";
+  if (std::filesystem::exists(module)) {
+    const railyard::worker::CudaModule& m = railyard::worker::CudaModule::load(module);
+    CHECK(m.path() == module);
+    CHECK(library_mapped("libcudart"));
+    CHECK(m.device_count() >= 0);  // 0 here (no driver), the GPU count on a GPU host
+  }
 }

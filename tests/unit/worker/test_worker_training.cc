@@ -269,6 +269,29 @@ class OffHostCpu final : public Kernels<float> {
     c_.adamw_update(p, g, m, v, n, lr, b1, b2, eps, wd, t, s);
   }
   double global_norm(const float* x, size_t n) override { return c_.global_norm(x, n); }
+  void vocab_embedding_forward(float* o, const int32_t* i, const float* w, int v0, int Vl, size_t N, int C) override {
+    c_.vocab_embedding_forward(o, i, w, v0, Vl, N, C);
+  }
+  void add_positions_rows(float* o, const float* w, size_t r0, size_t rows, int T, int C) override {
+    c_.add_positions_rows(o, w, r0, rows, T, C);
+  }
+  void vocab_embedding_backward(float* dw, float* dp, const float* d, const int32_t* i, int v0, int Vl, int B, int T,
+                                int C) override {
+    c_.vocab_embedding_backward(dw, dp, d, i, v0, Vl, B, T, C);
+  }
+  void vocab_ce_local_max(float* m, const float* z, size_t N, int Vl, int Vr) override {
+    c_.vocab_ce_local_max(m, z, N, Vl, Vr);
+  }
+  void vocab_ce_local_sums(float* s, float* z, const float* m, const int32_t* t, int v0, size_t N, int Vl,
+                           int Vr) override {
+    c_.vocab_ce_local_sums(s, z, m, t, v0, N, Vl, Vr);
+  }
+  void vocab_ce_finish(float* l, float* z, const float* s, const float* m, const int32_t* t, int v0, size_t N, int Vl,
+                       int Vr, float k) override {
+    c_.vocab_ce_finish(l, z, s, m, t, v0, N, Vl, Vr, k);
+  }
+  void accumulate(float* o, const float* i, size_t n) override { c_.accumulate(o, i, n); }
+  void copy(float* d, const float* s, size_t n) override { c_.copy(d, s, n); }
   size_t copies = 0;
 
  private:

@@ -208,6 +208,95 @@ TEST_CASE("device interface: one Gpt<float> training step on CUDA against the CP
   CHECK(rel_l2(p_gpu.data(), on_cpu.params(), P) <= 1e-2);
 }
 
+TEST_CASE("device interface: fused forms against their CPU compositions, persistent bf16 weights") {
+  skip_without_gpu();
+  ThreadPool pool(2);
+  CpuKernels<float> c(pool);
+  cuda::CudaKernels g;
+
+  // MLP up-projection + GELU: GELU_AUX_BIAS (OC = 4C, a multiple of 8) and the unfused fallback (OC = 100)
+  for (const int OC : {4 * C, 100}) {
+    INFO("OC = " << OC);
+    Pair<float> x(c, g, rnd(N * C, 40, true)), w(c, g, rnd(static_cast<size_t>(OC) * C, 41, true));
+    Pair<float> bias(c, g, rnd(OC, 42)), pre(c, g, std::vector<float>(N * OC)), out(c, g, std::vector<float>(N * OC));
+    c.matmul_gelu_forward(out.cpu.data(), pre.cpu.data(), x.cpu.data(), w.cpu.data(), bias.cpu.data(), N, C, OC);
+    g.matmul_gelu_forward(out.gpu.data(), pre.gpu.data(), x.gpu.data(), w.gpu.data(), bias.gpu.data(), N, C, OC);
+    expect_close(pre.gpu_host(), pre.cpu_host(), kBf16Tol, "matmul_gelu_forward pre-activation");
+    expect_close(out.gpu_host(), out.cpu_host(), kBf16Tol, "matmul_gelu_forward gelu");
+  }
+
+  // residual + layernorm in one kernel against residual_forward then layernorm_forward
+  Pair<float> a(c, g, rnd(N * C, 43)), b(c, g, rnd(N * C, 44)), lw(c, g, rnd(C, 45)), lb(c, g, rnd(C, 46));
+  Pair<float> res(c, g, std::vector<float>(N * C)), ln(c, g, std::vector<float>(N * C));
+  Pair<float> mean(c, g, std::vector<float>(N)), rstd(c, g, std::vector<float>(N));
+  c.residual_layernorm_forward(res.cpu.data(), ln.cpu.data(), mean.cpu.data(), rstd.cpu.data(), a.cpu.data(),
+                               b.cpu.data(), lw.cpu.data(), lb.cpu.data(), N, C);
+  g.residual_layernorm_forward(res.gpu.data(), ln.gpu.data(), mean.gpu.data(), rstd.gpu.data(), a.gpu.data(),
+                               b.gpu.data(), lw.gpu.data(), lb.gpu.data(), N, C);
+  expect_close(res.gpu_host(), res.cpu_host(), 0.0, "residual_layernorm_forward residual");  // one add: exact
+  expect_close(ln.gpu_host(), ln.cpu_host(), kFp32Tol, "residual_layernorm_forward out");
+  expect_close(mean.gpu_host(), mean.cpu_host(), kFp32Tol, "residual_layernorm_forward mean");
+  expect_close(rstd.gpu_host(), rstd.cpu_host(), kFp32Tol, "residual_layernorm_forward rstd");
+
+  // Persistent weights: a GEMM reading the bf16 copy equals one converting an outside buffer with the same fp32
+  // values (the same bf16 operands; 1e-5 allows cuBLASLt another algorithm for another alignment, while a stale copy
+  // is off by the AdamW step, ~1e-2) after set_weights, after an AdamW pass over the range and after a to_device.
+  const int IC = C, OC = 3 * C;
+  const size_t nw = static_cast<size_t>(OC) * IC, lead = 64;  // the weight at offset 64 (128 bytes of bf16)
+  DeviceBuffer<float> params(g, lead + nw), outside(g, nw), x(g, N * IC), y1(g, N * OC), y2(g, N * OC);
+  std::vector<float> host = rnd(lead + nw, 47), xs = rnd(N * IC, 48);
+  g.to_device(params.data(), host.data(), host.size() * sizeof(float));
+  g.to_device(x.data(), xs.data(), xs.size() * sizeof(float));
+  g.set_weights(params.data(), params.size());
+  const float* w = params.data() + lead;
+  CHECK(g.weight_copy(w, nw) != nullptr);
+  CHECK(g.weight_copy(params.data() + 1, 8) == nullptr);  // misaligned: converted per GEMM
+  auto same_as_outside = [&](const char* what) {
+    std::vector<float> cur(nw), r1(N * OC), r2(N * OC);
+    g.to_host(cur.data(), w, nw * sizeof(float));
+    g.to_device(outside.data(), cur.data(), nw * sizeof(float));
+    g.matmul_forward(y1.data(), x.data(), w, nullptr, N, IC, OC);
+    g.matmul_forward(y2.data(), x.data(), outside.data(), nullptr, N, IC, OC);
+    g.to_host(r1.data(), y1.data(), r1.size() * sizeof(float));
+    g.to_host(r2.data(), y2.data(), r2.size() * sizeof(float));
+    expect_close(r1, r2, kFp32Tol, what);
+  };
+  same_as_outside("after set_weights");
+  DeviceBuffer<float> gr(g, lead + nw), m(g, lead + nw), v(g, lead + nw);
+  const std::vector<float> grads = rnd(lead + nw, 49);
+  g.to_device(gr.data(), grads.data(), grads.size() * sizeof(float));
+  g.adamw_update(params.data(), gr.data(), m.data(), v.data(), params.size(), 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 1.0f);
+  same_as_outside("after adamw_update");
+  const std::vector<float> fresh = rnd(nw, 50);
+  g.to_device(params.data() + lead, fresh.data(), nw * sizeof(float));
+  same_as_outside("after to_device into the weights");
+  params = DeviceBuffer<float>();  // free(params) drops the copy
+  CHECK(g.weight_copy(outside.data(), nw) == nullptr);
+}
+
+TEST_CASE("device interface: three Gpt<float> steps on CUDA follow the CPU (bf16 weight copies kept current)") {
+  skip_without_gpu();
+  ThreadPool pool(2);
+  cuda::CudaKernels g;
+  const GptConfig cfg = make_gpt_config(2, C, NH, 64, V);
+  Gpt<float> on_cpu(cfg, B, Tn, pool), on_gpu(cfg, B, Tn, pool, {}, &g);
+  on_cpu.init_weights(9);
+  on_gpu.init_weights(9);
+  AdamW opt_cpu(cfg, AdamWHyper{}, pool), opt_gpu(cfg, AdamWHyper{}, pool, &g);
+  const auto in = tokens(N, V, 32), tg = tokens(N, V, 33);
+  for (int step = 0; step < 3; ++step) {
+    const float l_cpu = on_cpu.forward(in.data(), tg.data(), Gpt<float>::Mode::kTrain);
+    const float l_gpu = on_gpu.forward(in.data(), tg.data(), Gpt<float>::Mode::kTrain);
+    INFO("step " << step << ": loss cpu " << l_cpu << " cuda " << l_gpu);
+    // A stale bf16 copy would keep the CUDA loss at the step-0 value while the CPU's drops.
+    CHECK(std::fabs(l_gpu - l_cpu) <= 1e-2 * std::fabs(l_cpu));
+    on_cpu.backward(false);
+    on_gpu.backward(false);
+    opt_cpu.update(on_cpu.params(), on_cpu.grads(), 1e-2f, 1.0f);
+    opt_gpu.update(on_gpu.params(), on_gpu.grads(), 1e-2f, 1.0f);
+  }
+}
+
 TEST_CASE("device interface: mixture-of-experts layers are refused on CUDA") {
   skip_without_gpu();
   ThreadPool pool(2);

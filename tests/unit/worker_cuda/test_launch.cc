@@ -92,3 +92,23 @@ TEST_CASE("AdamW constants follow the CPU optimizer's bias corrections") {
   CHECK_THROWS_WITH_AS(adamw_constants(1e-3f, 0.9f, 0.95f, 0.1f, 0), doctest::Contains("t must be >= 1"),
                        std::invalid_argument);
 }
+
+TEST_CASE("persistent bf16 weights: which GEMM weights read the copy") {
+  const uintptr_t base = 0x10000;  // 256-byte aligned like cudaMalloc
+  const size_t n = 1000;
+  CHECK(weight_copy_offset(base, n, base, n) == 0);
+  CHECK(weight_copy_offset(base, n, base + 8 * sizeof(float), 992) == 8);
+  CHECK(weight_copy_offset(base, n, base + 4 * sizeof(float), 8) == -1);    // 8-byte offset in bf16
+  CHECK(weight_copy_offset(base, n, base + 8 * sizeof(float), 993) == -1);  // runs past the end
+  CHECK(weight_copy_offset(base, n, base - 8 * sizeof(float), 8) == -1);    // before the start
+  CHECK(weight_copy_offset(base, n, base + 2, 8) == -1);                    // not on a float
+  CHECK(weight_copy_offset(0, 0, base, 8) == -1);                           // no weights registered
+  CHECK(weight_copy_offset(base, n, base + n * sizeof(float), 0) == -1);    // at the end: nothing to read
+}
+
+TEST_CASE("GELU_AUX_BIAS epilogue: bias and OC % 8, else the unfused fallback") {
+  CHECK(gelu_aux_epilogue_ok(3072, true));
+  CHECK_FALSE(gelu_aux_epilogue_ok(3072, false));
+  CHECK_FALSE(gelu_aux_epilogue_ok(100, true));
+  CHECK_FALSE(gelu_aux_epilogue_ok(0, true));
+}

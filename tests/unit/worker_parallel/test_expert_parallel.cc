@@ -238,3 +238,177 @@ TEST_CASE("expert parallelism refuses what it does not support, naming the flag"
                          railyard::ConfigError);
   });
 }
+
+namespace {
+
+// The global buffer (all E experts) from the local buffers of shards 0..P-1 (expert_shard_config): dense tensors and
+// the router from shard 0, each layer's experts from their shard.
+std::vector<float> assemble(const GptConfig& global, const std::vector<std::vector<float>>& shard) {
+  const size_t P = shard.size(), L = global.num_layers, E = global.moe.experts, el = E / P;
+  const GptConfig local = expert_shard_config(global, static_cast<int>(P), 0);
+  const auto gs = param_sizes(global), ls = param_sizes(local);
+  std::vector<float> out(num_parameters(global));
+  size_t go = 0, lo = 0;
+  for (int i = 0; i < kNumParamTensors; ++i) {
+    if (i >= 10 && i <= 13) {
+      const size_t per = gs[i] / (L * E);
+      for (size_t l = 0; l < L; ++l)
+        for (size_t p = 0; p < P; ++p)
+          std::copy_n(shard[p].begin() + static_cast<long>(lo + l * el * per), el * per,
+                      out.begin() + static_cast<long>(go + (l * E + p * el) * per));
+    } else {
+      std::copy_n(shard[0].begin() + static_cast<long>(lo), gs[i], out.begin() + static_cast<long>(go));
+    }
+    go += gs[i];
+    lo += ls[i];
+  }
+  std::copy_n(shard[0].begin() + static_cast<long>(lo), router_size(global), out.begin() + static_cast<long>(go));
+  return out;
+}
+
+// Expert-parallel storage: rank r builds its model, optimizer and reducer on E/ep experts per layer.
+std::vector<Run> expert_storage(int ep, std::vector<size_t>* local_sizes, const std::string& a2a = "flat",
+                                int node = 0) {
+  std::vector<Run> runs(kWorld);
+  if (local_sizes != nullptr) local_sizes->assign(kWorld, 0);
+  comm::run_local_world(kWorld, [&](comm::Communicator& c) {
+    ThreadPool pool(1);
+    const GptConfig global = moe_config();
+    testing::StreamSource src(c.rank(), kWorld, kB, kT, global.vocab_size);
+    const TrainConfig tc = train_config();
+    ExpertParallel epx(c, {ep, a2a, node});
+    const GptConfig local = epx.local_config(global);
+    DataParallelOptions dpo;
+    dpo.bucket_bytes = 16 << 10;  // buckets that straddle the dense/expert boundary are cut, not mixed
+    dpo.group_spans = expert_group_spans(local, &epx.expert_data_parallel(), &epx.group());
+    auto sync = gpt_data_parallel(&c, local, tc, pool, dpo);
+    Trainer tr(local, tc, pool, src, nullptr, sync.get());
+    epx.attach(tr.model());
+    if (local_sizes != nullptr) {
+      // parameters + gradients + AdamW m, v this rank allocated, in floats
+      // (Gpt allocates its gradient buffer with num_params() elements, the same layout)
+      (*local_sizes)[c.rank()] = 2 * tr.model().num_params() + 2 * tr.optimizer().size();
+    }
+    Run& out = runs[c.rank()];
+    for (int s = 0; s < kSteps; ++s) record(out, tr.step());
+    out.params.assign(tr.model().params(), tr.model().params() + tr.model().num_params());
+  });
+  return runs;
+}
+
+}  // namespace
+
+TEST_CASE("expert-parallel storage: a shard initialises to its slice of the single-process weights") {
+  ThreadPool pool(2);
+  const GptConfig global = moe_config();
+  Gpt<float> full(global, kB, kT, pool);
+  full.init_weights(7);
+  for (const int P : {2, 4}) {
+    CAPTURE(P);
+    std::vector<std::vector<float>> shards;
+    for (int p = 0; p < P; ++p) {
+      Gpt<float> m(expert_shard_config(global, P, p), kB, kT, pool);
+      m.init_weights(7);
+      shards.emplace_back(m.params(), m.params() + m.num_params());
+    }
+    CHECK(assemble(global, shards) == std::vector<float>(full.params(), full.params() + full.num_params()));
+  }
+  // A shard runs only inside its group: without one it refuses to run (instead of reading missing experts).
+  Gpt<float> lone(expert_shard_config(global, 2, 0), kB, kT, pool);
+  std::vector<int32_t> tok(static_cast<size_t>(kB) * kT, 1);
+  CHECK_THROWS_WITH(lone.forward(tok.data(), tok.data(), Gpt<float>::Mode::kEval),
+                    doctest::Contains("no expert-parallel group"));
+  CHECK_THROWS_WITH(expert_shard_config(global, 3, 0), doctest::Contains("--moe-experts divisible"));
+}
+
+TEST_CASE("expert-parallel storage: E/ep experts per rank train like one process") {
+  const Run ref = single_process();
+  const GptConfig global = moe_config();
+  const size_t C = global.channels, L = global.num_layers, E = global.moe.experts, expert = 8 * C * C + 5 * C;
+  for (const int ep : {2, 4}) {
+    CAPTURE(ep);
+    std::vector<size_t> sizes;
+    const std::vector<Run> runs = expert_storage(ep, &sizes);
+    // The buffers hold E/ep experts per layer: params, grads and both moments are smaller by the others' experts.
+    const size_t local = num_parameters(global) - L * (E - E / ep) * expert;
+    for (int r = 0; r < kWorld; ++r) {
+      CAPTURE(r);
+      CHECK(runs[r].params.size() == local);
+      CHECK(sizes[r] == 4 * local);
+      // Ranks at the same position of every ep group hold the same experts: bitwise equal replicas.
+      CHECK(runs[r].params == runs[r % ep].params);
+      CHECK(runs[r].losses == runs[0].losses);
+    }
+    std::vector<std::vector<float>> shards;
+    for (int p = 0; p < ep; ++p) shards.push_back(runs[p].params);
+    const std::vector<float> params = assemble(global, shards);
+    CHECK(runs[0].dropped[0] == ref.dropped[0]);
+    double worst = 0;
+    for (int s = 0; s < kSteps; ++s) {
+      CAPTURE(s);
+      CHECK(runs[0].losses[s] == doctest::Approx(ref.losses[s]).epsilon(2e-5));
+      CHECK(runs[0].aux[s] == doctest::Approx(ref.aux[s]).epsilon(2e-5));
+      worst = std::max(worst, std::fabs(runs[0].losses[s] / ref.losses[s] - 1));
+    }
+    if (ep == 4) {
+      // The hierarchical exchange moves the same rows to the same ranks: bitwise the flat run here too.
+      const std::vector<Run> hier = expert_storage(4, nullptr, "hierarchical", 2);
+      CHECK(hier[0].losses == runs[0].losses);
+      CHECK(hier[3].params == runs[3].params);
+    }
+    MESSAGE("sharded ep=", ep, ": ", local, " of ", num_parameters(global), " params per rank; worst loss relative ",
+            "difference ", worst, ", parameters max |diff| / max |p| ", max_rel(params, ref.params));
+    CHECK(max_rel(params, ref.params) < 1e-5);
+  }
+}
+
+TEST_CASE("group spans: a span reduces over its sub-group (sum / D), the rest over dp (mean); the norm adds parts") {
+  // 4 dp ranks, buffer of 10 elements: [3, 7) belongs to sub-groups {0, 2} and {1, 3} (what the expert-data-parallel
+  // group is for expert parallelism), its norm part summed over {0, 1} and {2, 3}.
+  constexpr size_t n = 10;
+  comm::run_local_world(4, [&](comm::Communicator& c) {
+    ThreadPool pool(1);
+    const int r = c.rank();
+    auto sub = c.split(expert_dp_ranks(4, 2, r), "sub");
+    auto norm = c.split(ep_group_ranks(4, 2, r), "norm");
+    DataParallelOptions o;
+    o.bucket_bytes = 4 * sizeof(float);  // buckets [0,4) [4,8) [8,10): the first two straddle the span
+    o.group_spans = {{3, 4, sub.get(), norm.get()}};
+    DataParallel dp(&c, n, {{0, n, false}}, AdamWHyper{}, pool, o);
+    CHECK(dp.owns_grad_norm());
+    std::vector<float> g(n);
+    for (size_t i = 0; i < n; ++i) g[i] = static_cast<float>((r + 1) * 10 + static_cast<int>(i));
+    dp.arm(g.data());
+    dp.grads_ready(0, n);
+    dp.finish(g.data());
+    for (size_t i = 0; i < n; ++i) {
+      CAPTURE(i);
+      const bool span = i >= 3 && i < 7;
+      // Outside: mean of (k+1)*10 + i over k = 0..3 = 25 + i. Inside: sum over this rank's sub-group / 4.
+      const float other = static_cast<float>((((r + 2) % 4) + 1) * 10 + static_cast<int>(i));
+      const float own = static_cast<float>((r + 1) * 10 + static_cast<int>(i));
+      CHECK(g[i] == doctest::Approx(span ? (own + other) / 4 : 25.0 + static_cast<double>(i)).epsilon(1e-6));
+    }
+    // Norm: the dense elements once, the span elements of both norm-group members (different sub-groups).
+    double want = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (i >= 3 && i < 7) continue;
+      want += (25.0 + i) * (25.0 + i);
+    }
+    const int first = r / 2 * 2;
+    for (int m = first; m < first + 2; ++m) {
+      for (size_t i = 3; i < 7; ++i) {
+        const double a = ((m % 2) + 1) * 10 + static_cast<double>(i), b = ((m % 2) + 3) * 10 + static_cast<double>(i);
+        want += (a + b) / 4 * (a + b) / 4;
+      }
+    }
+    CHECK(dp.grad_norm(g.data()) == doctest::Approx(std::sqrt(want)).epsilon(1e-6));
+  });
+  // ZeRO and the deterministic tree refuse spans (they keep every replica's buffer whole).
+  ThreadPool pool(1);
+  DataParallelOptions z;
+  z.zero_stage = 1;
+  z.group_spans = {{0, 1, nullptr, nullptr}};
+  CHECK_THROWS_WITH(DataParallel(nullptr, 4, {{0, 4, false}}, AdamWHyper{}, pool, z),
+                    doctest::Contains("plain data parallelism only"));
+}

@@ -1,10 +1,13 @@
 #include "worker/kernels/cuda/cuda_device.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "worker/kernels/cuda/cuda_check.h"
 #include "worker/kernels/cuda/gemm.h"
 #include "worker/kernels/cuda/launch.h"
+#include "worker/kernels/cuda/stage_kernels.h"
 
 namespace railyard::worker::cuda {
 
@@ -26,6 +29,7 @@ CudaKernels::~CudaKernels() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   if (staging_ != nullptr) cudaFree(staging_);
   if (partials_ != nullptr) cudaFree(partials_);
+  if (weights16_ != nullptr) cudaFree(weights16_);
   lt_.reset();
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
@@ -42,6 +46,13 @@ void* CudaKernels::alloc(size_t bytes) {
 void CudaKernels::free(void* p) noexcept {
   if (p == nullptr) return;
   cudaStreamSynchronize(stream_);  // kernels still using it must finish first
+  if (p == weights_) {
+    // The model's parameters go away: so does their copy (a later alloc at the same address is not the weights).
+    cudaFree(weights16_);
+    weights_ = nullptr;
+    weights_elems_ = 0;
+    weights16_ = nullptr;
+  }
   cudaFree(p);
 }
 
@@ -54,6 +65,17 @@ void CudaKernels::to_host(void* host_dst, const void* src, size_t bytes) {
 
 void CudaKernels::to_device(void* dst, const void* host_src, size_t bytes) {
   RAILYARD_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_));
+  if (weights16_ != nullptr) {
+    // Init, restore and --init-from write the parameters this way: refresh the part of the bf16 copy written.
+    const auto lo = std::max(reinterpret_cast<uintptr_t>(dst), reinterpret_cast<uintptr_t>(weights_));
+    const auto hi =
+        std::min(reinterpret_cast<uintptr_t>(dst) + bytes, reinterpret_cast<uintptr_t>(weights_ + weights_elems_));
+    if (lo < hi) {
+      const size_t first = (lo - reinterpret_cast<uintptr_t>(weights_)) / sizeof(float);
+      const size_t last = ceil_div(hi - reinterpret_cast<uintptr_t>(weights_), sizeof(float));
+      to_bf16(weights16_ + first, weights_ + first, last - first, stream_);
+    }
+  }
   // The caller may reuse its host buffer at once (pageable memory): wait.
   RAILYARD_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
@@ -107,14 +129,65 @@ void CudaKernels::layernorm_backward(float* dinp, float* dw, float* db, float* s
   cuda::layernorm_backward(dinp, dw, db, scratch, dout, inp, w, mean, rstd, N, C, stream_);
 }
 
+const bf16* CudaKernels::weight_copy(const float* w, size_t n) const {
+  if (weights16_ == nullptr) return nullptr;
+  const int64_t off =
+      weight_copy_offset(reinterpret_cast<uintptr_t>(weights_), weights_elems_, reinterpret_cast<uintptr_t>(w), n);
+  return off < 0 ? nullptr : weights16_ + off;
+}
+
+const bf16* CudaKernels::weight16(const float* w, size_t n, bf16* slot) {
+  if (const bf16* copy = weight_copy(w, n)) return copy;
+  to_bf16(slot, w, n, stream_);
+  return slot;
+}
+
+void CudaKernels::set_weights(const float* params, size_t n) {
+  if (weights16_ != nullptr) {
+    RAILYARD_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    RAILYARD_CUDA_CHECK(cudaFree(weights16_));
+  }
+  weights_ = nullptr;
+  weights_elems_ = 0;
+  weights16_ = nullptr;
+  if (params == nullptr || n == 0) return;
+  void* p = nullptr;
+  RAILYARD_CUDA_CHECK(cudaMalloc(&p, n * sizeof(bf16)));  // 256-byte aligned
+  weights16_ = static_cast<bf16*>(p);
+  weights_ = params;
+  weights_elems_ = n;
+  weights_changed();
+}
+
+void CudaKernels::weights_changed() {
+  if (weights16_ != nullptr) to_bf16(weights16_, weights_, weights_elems_, stream_);
+}
+
 void CudaKernels::matmul_forward(float* out, const float* inp, const float* w, const float* bias, size_t N, int IC,
                                  int OC) {
   const size_t n_inp = N * static_cast<size_t>(IC), n_w = static_cast<size_t>(OC) * IC;
   bf16* inp16 = staging(aligned(n_inp) + aligned(n_w));
-  bf16* w16 = inp16 + aligned(n_inp);
   to_bf16(inp16, inp, n_inp, stream_);
-  to_bf16(w16, w, n_w, stream_);
+  const bf16* w16 = weight16(w, n_w, inp16 + aligned(n_inp));
   cuda::matmul_forward(*lt_, out, inp16, w16, bias, N, IC, OC, /*gelu=*/false, stream_);
+}
+
+void CudaKernels::matmul_gelu_forward(float* out, float* pre, const float* inp, const float* w, const float* bias,
+                                      size_t N, int IC, int OC) {
+  if (!gelu_aux_epilogue_ok(OC, bias != nullptr)) {
+    Kernels<float>::matmul_gelu_forward(out, pre, inp, w, bias, N, IC, OC);
+    return;
+  }
+  const size_t n_inp = N * static_cast<size_t>(IC), n_w = static_cast<size_t>(OC) * IC;
+  bf16* inp16 = staging(aligned(n_inp) + aligned(n_w));
+  to_bf16(inp16, inp, n_inp, stream_);
+  const bf16* w16 = weight16(w, n_w, inp16 + aligned(n_inp));
+  cuda::matmul_forward(*lt_, out, inp16, w16, bias, N, IC, OC, /*gelu=*/true, stream_, pre);
+}
+
+void CudaKernels::residual_layernorm_forward(float* residual, float* out, float* mean, float* rstd, const float* a,
+                                             const float* b, const float* w, const float* bias, size_t N, int C) {
+  cuda::residual_layernorm_forward(residual, out, mean, rstd, a, b, w, bias, N, C, stream_);
 }
 
 void CudaKernels::matmul_backward(float* dinp, bool accumulate_dinp, float* dw, float* dbias, const float* dout,
@@ -123,10 +196,9 @@ void CudaKernels::matmul_backward(float* dinp, bool accumulate_dinp, float* dw, 
                n_w = static_cast<size_t>(OC) * IC;
   bf16* dout16 = staging(aligned(n_dout) + aligned(n_inp) + aligned(n_w));
   bf16* inp16 = dout16 + aligned(n_dout);
-  bf16* w16 = inp16 + aligned(n_inp);
   to_bf16(dout16, dout, n_dout, stream_);
   to_bf16(inp16, inp, n_inp, stream_);
-  to_bf16(w16, w, n_w, stream_);
+  const bf16* w16 = weight16(w, n_w, inp16 + aligned(n_inp));
   cuda::matmul_backward(*lt_, dinp, accumulate_dinp, dw, dbias, dout16, dout, inp16, w16, N, IC, OC, accumulate_dw,
                         stream_);
 }
@@ -162,8 +234,12 @@ void CudaKernels::crossentropy_fused_backward(float* losses, float* logits, cons
 
 void CudaKernels::adamw_update(float* params, const float* grads, float* m, float* v, size_t n, float lr, float beta1,
                                float beta2, float eps, float weight_decay, int64_t t, float grad_scale) {
-  cuda::adamw_update(params, /*params_bf16=*/nullptr, grads, m, v, n, lr, beta1, beta2, eps, weight_decay, t,
-                     grad_scale, stream_);
+  // Inside the weights: the bf16 copy is written in the same pass (any offset: the kernel writes elements).
+  bf16* params16 = nullptr;
+  if (weights16_ != nullptr && params >= weights_ && params + n <= weights_ + weights_elems_) {
+    params16 = weights16_ + (params - weights_);
+  }
+  cuda::adamw_update(params, params16, grads, m, v, n, lr, beta1, beta2, eps, weight_decay, t, grad_scale, stream_);
 }
 
 double CudaKernels::global_norm(const float* x, size_t n) {
@@ -184,6 +260,41 @@ double CudaKernels::global_norm(const float* x, size_t n) {
   double total = 0;
   for (size_t c = 0; c < chunks; ++c) total += host_partials_[c];  // chunk order: reproducible
   return std::sqrt(total);
+}
+
+void CudaKernels::vocab_embedding_forward(float* out, const int32_t* inp, const float* wte_local, int v0, int Vl,
+                                          size_t N, int C) {
+  cuda::vocab_embedding_forward(out, inp, wte_local, v0, Vl, N, C, stream_);
+}
+
+void CudaKernels::add_positions_rows(float* out, const float* wpe, size_t row0, size_t rows, int Tn, int C) {
+  cuda::add_positions_rows(out, wpe, row0, rows, Tn, C, stream_);
+}
+
+void CudaKernels::vocab_embedding_backward(float* dwte_local, float* dwpe, const float* dout, const int32_t* inp,
+                                           int v0, int Vl, int B, int Tn, int C) {
+  cuda::vocab_embedding_backward(dwte_local, dwpe, dout, inp, v0, Vl, B, Tn, C, stream_);
+}
+
+void CudaKernels::vocab_ce_local_max(float* mx, const float* logits, size_t N, int Vl, int Vr) {
+  cuda::vocab_ce_local_max(mx, logits, N, Vl, Vr, stream_);
+}
+
+void CudaKernels::vocab_ce_local_sums(float* sums, float* logits, const float* mx, const int32_t* targets, int v0,
+                                      size_t N, int Vl, int Vr) {
+  cuda::vocab_ce_local_sums(sums, logits, mx, targets, v0, N, Vl, Vr, stream_);
+}
+
+void CudaKernels::vocab_ce_finish(float* losses, float* logits, const float* sums, const float* mx,
+                                  const int32_t* targets, int v0, size_t N, int Vl, int Vr, float scale) {
+  cuda::vocab_ce_finish(losses, logits, sums, mx, targets, v0, N, Vl, Vr, scale, stream_);
+}
+
+void CudaKernels::accumulate(float* out, const float* in, size_t n) { cuda::accumulate(out, in, n, stream_); }
+
+void CudaKernels::copy(float* dst, const float* src, size_t n) {
+  if (dst == src || n == 0) return;
+  RAILYARD_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
 }
 
 }  // namespace railyard::worker::cuda

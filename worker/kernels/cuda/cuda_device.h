@@ -1,7 +1,8 @@
 // The CUDA implementation of the device interface (worker/device/kernels.h): the kernels of kernels.h on one stream,
-// GEMMs through cuBLASLt (gemm.h) on bf16 copies of their fp32 operands, made just before each GEMM into a staging
-// buffer that grows to the largest GEMM on first use. Float only (Gpt<double>, the gradient-check reference, is
-// CPU-only). Compiled in CUDA builds only; never run on a GPU yet (docs/gpu.md).
+// GEMMs through cuBLASLt (gemm.h) on bf16 operands: weights from a persistent bf16 copy of the model's parameters
+// (set_weights) that AdamW writes in its update pass, activations and gradients converted just before each GEMM
+// into a staging buffer that grows to the largest GEMM on first use. Float only (Gpt<double>, the gradient-check
+// reference, is CPU-only). Compiled in CUDA builds only; never run on a GPU yet (docs/gpu.md).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -63,9 +64,38 @@ class CudaKernels final : public Kernels<float> {
                     float eps, float weight_decay, int64_t t, float grad_scale) override;
   double global_norm(const float* x, size_t n) override;
 
+  // Fused forms: GELU_AUX_BIAS cuBLASLt epilogue (falls back to GEMM + gelu_forward when OC is not a multiple of 8 or
+  // there is no bias), and the residual+layernorm kernel.
+  void matmul_gelu_forward(float* out, float* pre, const float* inp, const float* w, const float* bias, size_t N,
+                           int IC, int OC) override;
+  void residual_layernorm_forward(float* residual, float* out, float* mean, float* rstd, const float* a, const float* b,
+                                  const float* w, const float* bias, size_t N, int C) override;
+  // Persistent bf16 copy of the weights: GEMM weight operands inside [params, params + n) are read from it (when
+  // their offset keeps cuBLASLt's 16-byte alignment) instead of being converted per GEMM; adamw_update writes it in
+  // its pass, to_device into the range refreshes the part written, free(params) drops it.
+  void set_weights(const float* params, size_t n) override;
+  void weights_changed() override;
+  // The bf16 copy of w[0, n) if it lies in the weights and is aligned, else null (host logic, for the tests too).
+  const bf16* weight_copy(const float* w, size_t n) const;
+  // The tensor/pipeline-parallel stage (stage_kernels.h; copy is a device-to-device cudaMemcpyAsync).
+  void vocab_embedding_forward(float* out, const int32_t* inp, const float* wte_local, int v0, int Vl, size_t N,
+                               int C) override;
+  void add_positions_rows(float* out, const float* wpe, size_t row0, size_t rows, int Tn, int C) override;
+  void vocab_embedding_backward(float* dwte_local, float* dwpe, const float* dout, const int32_t* inp, int v0, int Vl,
+                                int B, int Tn, int C) override;
+  void vocab_ce_local_max(float* mx, const float* logits, size_t N, int Vl, int Vr) override;
+  void vocab_ce_local_sums(float* sums, float* logits, const float* mx, const int32_t* targets, int v0, size_t N,
+                           int Vl, int Vr) override;
+  void vocab_ce_finish(float* losses, float* logits, const float* sums, const float* mx, const int32_t* targets, int v0,
+                       size_t N, int Vl, int Vr, float scale) override;
+  void accumulate(float* out, const float* in, size_t n) override;
+  void copy(float* dst, const float* src, size_t n) override;
+
  private:
   // bf16 staging for `elems` GEMM operand elements (grown, never shrunk).
   bf16* staging(size_t elems);
+  // A GEMM's weight operand in bf16: the persistent copy, or converted into `slot` (staging).
+  const bf16* weight16(const float* w, size_t n, bf16* slot);
 
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<BlasLt> lt_;
@@ -74,6 +104,9 @@ class CudaKernels final : public Kernels<float> {
   double* partials_ = nullptr;
   size_t partials_elems_ = 0;
   std::vector<double> host_partials_;
+  const float* weights_ = nullptr;  // set_weights' range and its bf16 copy
+  size_t weights_elems_ = 0;
+  bf16* weights16_ = nullptr;
 };
 
 }  // namespace railyard::worker::cuda

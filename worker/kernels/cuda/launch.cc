@@ -109,6 +109,17 @@ AttentionPlan attention_plan(int B, int Tn, int C, int NH) {
 
 size_t gemm_workspace_bytes(int sm_major) { return (sm_major >= 9 ? 32u : 4u) * 1024u * 1024u; }
 
+int64_t weight_copy_offset(uintptr_t base, size_t base_elems, uintptr_t w, size_t w_elems) {
+  constexpr uintptr_t kElem = sizeof(float);
+  if (base == 0 || w_elems == 0 || w < base || (w - base) % kElem != 0) return -1;
+  const size_t offset = (w - base) / kElem;
+  if (offset > base_elems || w_elems > base_elems - offset) return -1;
+  if (offset % 8 != 0) return -1;  // 8 bf16 = 16 bytes
+  return static_cast<int64_t>(offset);
+}
+
+bool gelu_aux_epilogue_ok(int OC, bool has_bias) { return has_bias && OC > 0 && OC % 8 == 0; }
+
 AdamWConstants adamw_constants(float lr, float beta1, float beta2, float weight_decay, int64_t t) {
   if (t < 1)
     throw std::invalid_argument("adamw: step t must be >= 1 (1 on the first update), got " + std::to_string(t));

@@ -73,6 +73,15 @@ AttentionPlan attention_plan(int B, int Tn, int C, int NH);
 // cuBLASLt workspace: 32 MiB on Hopper (sm_90+), 4 MiB before (NVIDIA's guidance for cuBLAS workspaces).
 size_t gemm_workspace_bytes(int sm_major);
 
+// Persistent bf16 weights (CudaKernels::set_weights): the element offset of a GEMM weight operand w[0, w_elems) in the
+// fp32 parameter buffer base[0, base_elems), or -1 when w is not wholly inside it or its bf16 copy would start off
+// cuBLASLt's 16-byte alignment (offset not a multiple of 8 elements; the copy itself is 256-byte aligned): then the
+// weight is converted per GEMM as before. Addresses as integers so the rule is tested without a GPU.
+int64_t weight_copy_offset(uintptr_t base, size_t base_elems, uintptr_t w, size_t w_elems);
+// The GELU_AUX_BIAS epilogue (the pre-activation kept for backward) needs a bias and OC divisible by 8 (cuBLASLt's
+// aux leading dimension); otherwise matmul_gelu_forward runs the GEMM and gelu_forward separately.
+bool gelu_aux_epilogue_ok(int OC, bool has_bias);
+
 // AdamW's per-step constants, the same arithmetic as worker/optim/adamw.cc (float, bias corrections via double pow).
 struct AdamWConstants {
   float step_size = 0;  // lr / (1 - beta1^t)

@@ -1,0 +1,169 @@
+// The tensor/pipeline-parallel stage's kernels of the device interface (worker/device/kernels.h, the functions after
+// global_norm): CudaKernels against CpuKernels<float> (worker/parallel/vocab_parallel.cc, what the CPU stage runs on
+// every CI run), then one whole GptStage (tp = pp = 1: the vocab-parallel embedding and cross entropy over the full
+// vocabulary, no communicator) forward/backward on each device. GPU hosts only: exits 77 without a GPU (a CTest skip).
+// Tolerances as test_device_parity.cc: fp32 kernels 1e-5 elementwise against |cpu| + mean |cpu|; the stage (bf16 GEMMs
+// in every layer) by relative L2 error, loss 1e-2 and gradients 5e-2, set a priori from bf16 rounding, not observed.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "worker/device/cpu_kernels.h"
+#include "worker/kernels/cuda/cuda_check.h"
+#include "worker/kernels/cuda/cuda_device.h"
+#include "worker/parallel/gpt_stage.h"
+
+using namespace railyard::worker;
+
+namespace {
+
+void skip_without_gpu() {
+  if (cuda::device_count() > 0) return;
+  std::fprintf(stderr,
+               "worker_cuda_parity: SKIPPED: no usable CUDA device on this host (run tests/gpu/run.sh on a GPU "
+               "machine)\n");
+  std::exit(77);
+}
+
+std::vector<float> rnd(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+std::vector<int32_t> ids(size_t n, int V, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> d(0, V - 1);
+  std::vector<int32_t> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// One array on both devices with the same initial bytes.
+template <typename U>
+struct Both {
+  Both(Kernels<float>& c, Kernels<float>& g, const std::vector<U>& init)
+      : gd(g), cpu(c, init.size()), gpu(g, init.size()) {
+    c.to_device(cpu.data(), init.data(), init.size() * sizeof(U));
+    g.to_device(gpu.data(), init.data(), init.size() * sizeof(U));
+  }
+  std::vector<U> gpu_host() {
+    std::vector<U> h(gpu.size());
+    gd.to_host(h.data(), gpu.data(), h.size() * sizeof(U));
+    return h;
+  }
+  std::vector<U> cpu_host() const { return std::vector<U>(cpu.data(), cpu.data() + cpu.size()); }
+  Kernels<float>& gd;
+  DeviceBuffer<U> cpu, gpu;
+};
+
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, double tol, const char* what) {
+  REQUIRE(got.size() == want.size());
+  double scale = 0;
+  for (float w : want) scale += std::fabs(w);
+  scale = want.empty() ? 0 : scale / static_cast<double>(want.size());
+  size_t bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(static_cast<double>(got[i]) - want[i]) / (std::fabs(want[i]) + scale + 1e-30);
+    if (!(err <= tol)) ++bad;
+  }
+  INFO(what << ": " << bad << " of " << got.size() << " elements beyond tolerance " << tol);
+  CHECK(bad == 0);
+}
+
+double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double d = static_cast<double>(got[i]) - want[i];
+    num += d * d;
+    den += static_cast<double>(want[i]) * want[i];
+  }
+  return std::sqrt(num / (den + 1e-300));
+}
+
+// A rank holding vocabulary rows [v0, v0 + Vl) = [160, 320) of V = 301: Vr = 141 real rows, the rest padding.
+constexpr int B = 2, Tn = 45, C = 96, V = 301, v0 = 160, Vl = 160, Vr = 141;
+constexpr size_t N = static_cast<size_t>(B) * Tn;
+constexpr double kTol = 1e-5;
+
+}  // namespace
+
+TEST_CASE(
+    "stage kernels: CudaKernels against CpuKernels<float> (vocab-parallel embedding, cross entropy, accumulate)") {
+  skip_without_gpu();
+  ThreadPool pool(2);
+  CpuKernels<float> c(pool);
+  cuda::CudaKernels g;
+  Both<int32_t> tok(c, g, ids(N, V, 1));
+  Both<float> wte(c, g, rnd(static_cast<size_t>(Vl) * C, 2)), wpe(c, g, rnd(static_cast<size_t>(Tn) * C, 3));
+  Both<float> emb(c, g, rnd(N * C, 4));
+  c.vocab_embedding_forward(emb.cpu.data(), tok.cpu.data(), wte.cpu.data(), v0, Vl, N, C);
+  g.vocab_embedding_forward(emb.gpu.data(), tok.gpu.data(), wte.gpu.data(), v0, Vl, N, C);
+  expect_close(emb.gpu_host(), emb.cpu_host(), 0, "vocab_embedding_forward");  // a copy: exact
+  c.add_positions_rows(emb.cpu.data(), wpe.cpu.data(), 7, N - 7, Tn, C);
+  g.add_positions_rows(emb.gpu.data(), wpe.gpu.data(), 7, N - 7, Tn, C);
+  expect_close(emb.gpu_host(), emb.cpu_host(), 0, "add_positions_rows");  // one add per element: exact
+  Both<float> dwte(c, g, rnd(wte.cpu.size(), 5)), dwpe(c, g, rnd(wpe.cpu.size(), 6)), dout(c, g, rnd(N * C, 7));
+  c.vocab_embedding_backward(dwte.cpu.data(), dwpe.cpu.data(), dout.cpu.data(), tok.cpu.data(), v0, Vl, B, Tn, C);
+  g.vocab_embedding_backward(dwte.gpu.data(), dwpe.gpu.data(), dout.gpu.data(), tok.gpu.data(), v0, Vl, B, Tn, C);
+  expect_close(dwte.gpu_host(), dwte.cpu_host(), 0, "vocab_embedding_backward dwte");  // the CPU's order per element
+  expect_close(dwpe.gpu_host(), dwpe.cpu_host(), 0, "vocab_embedding_backward dwpe");
+
+  Both<float> logits(c, g, rnd(N * Vl, 8)), mx(c, g, std::vector<float>(N)), sums(c, g, std::vector<float>(2 * N));
+  Both<float> losses(c, g, std::vector<float>(N));
+  Both<int32_t> tgt(c, g, ids(N, V, 9));
+  c.vocab_ce_local_max(mx.cpu.data(), logits.cpu.data(), N, Vl, Vr);
+  g.vocab_ce_local_max(mx.gpu.data(), logits.gpu.data(), N, Vl, Vr);
+  expect_close(mx.gpu_host(), mx.cpu_host(), 0, "vocab_ce_local_max");
+  c.vocab_ce_local_sums(sums.cpu.data(), logits.cpu.data(), mx.cpu.data(), tgt.cpu.data(), v0, N, Vl, Vr);
+  g.vocab_ce_local_sums(sums.gpu.data(), logits.gpu.data(), mx.gpu.data(), tgt.gpu.data(), v0, N, Vl, Vr);
+  expect_close(sums.gpu_host(), sums.cpu_host(), kTol, "vocab_ce_local_sums sums");
+  expect_close(logits.gpu_host(), logits.cpu_host(), kTol, "vocab_ce_local_sums exp");
+  c.vocab_ce_finish(losses.cpu.data(), logits.cpu.data(), sums.cpu.data(), mx.cpu.data(), tgt.cpu.data(), v0, N, Vl, Vr,
+                    0.25f);
+  g.vocab_ce_finish(losses.gpu.data(), logits.gpu.data(), sums.gpu.data(), mx.gpu.data(), tgt.gpu.data(), v0, N, Vl, Vr,
+                    0.25f);
+  expect_close(losses.gpu_host(), losses.cpu_host(), kTol, "vocab_ce_finish losses");
+  expect_close(logits.gpu_host(), logits.cpu_host(), kTol, "vocab_ce_finish dlogits");
+
+  Both<float> acc(c, g, rnd(1000, 10)), add(c, g, rnd(1000, 11)), dst(c, g, std::vector<float>(1000));
+  c.accumulate(acc.cpu.data(), add.cpu.data(), 1000);
+  g.accumulate(acc.gpu.data(), add.gpu.data(), 1000);
+  expect_close(acc.gpu_host(), acc.cpu_host(), 0, "accumulate");
+  g.copy(dst.gpu.data(), acc.gpu.data(), 1000);
+  expect_close(dst.gpu_host(), acc.cpu_host(), 0, "copy");
+}
+
+TEST_CASE("one GptStage (tp = pp = 1) forward/backward on CUDA against the CPU") {
+  skip_without_gpu();
+  using namespace railyard::worker::parallel;
+  ThreadPool pool(2);
+  cuda::CudaKernels g;
+  const GptConfig cfg = make_gpt_config(2, C, 3, 64, V);
+  const StageShape shape = make_stage_shape(cfg, Tn, 1, 0, 1, 0, {});
+  GptStage on_cpu(shape, B, Tn, 1, pool, nullptr), on_gpu(shape, B, Tn, 1, pool, nullptr, {}, false, nullptr, &g);
+  std::vector<float> full(num_parameters(cfg));
+  init_gpt2_weights(full.data(), cfg, 7, &pool);
+  on_cpu.scatter_from_full(full.data());
+  on_gpu.scatter_from_full(full.data());
+  const auto in = ids(N, V, 30), tg = ids(N, V, 31);
+  const double l_cpu = on_cpu.forward(0, in.data(), tg.data(), 1.0f);
+  const double l_gpu = on_gpu.forward(0, in.data(), tg.data(), 1.0f);
+  CHECK(std::fabs(l_gpu - l_cpu) <= 1e-2 * std::fabs(l_cpu));
+  on_cpu.zero_grad();
+  on_gpu.zero_grad();
+  on_cpu.backward(0);
+  on_gpu.backward(0);
+  std::vector<float> g_cpu(num_parameters(cfg)), g_gpu(num_parameters(cfg));
+  on_cpu.gather_into_full(on_cpu.grads(), g_cpu.data());
+  on_gpu.gather_into_full(on_gpu.grads(), g_gpu.data());
+  const double err = rel_l2(g_gpu, g_cpu);
+  INFO("relative L2 error of the stage's gradients: " << err);
+  CHECK(err <= 5e-2);
+}

@@ -1,0 +1,404 @@
+// The tensor/pipeline-parallel stage on a device whose memory the host cannot touch (issue #11): tp=2 x pp=2 (and
+// with sequence parallelism) through ParallelModel on "ShadowCpu", a device that runs the CPU kernels but hands out
+// addresses in a PROT_NONE region. Any host code in GptStage/ParallelModel that reads or writes device memory
+// (a memcpy, a loop over the losses, a host-side reduction) dies with SIGSEGV instead of passing; any host pointer
+// given to a device kernel is refused. The communicators are the real Gloo ones behind a wrapper that translates
+// device addresses, as NCCL takes device memory. Losses and gathered gradients must equal the plain CPU run bit for bit
+// (same kernels, same order); the count-once sum of squares goes through the device's global_norm, so it is compared
+// to 1e-12.
+#include <doctest/doctest.h>
+#include <sys/mman.h>
+
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <stdexcept>
+#include <vector>
+
+#include "common/error.h"
+#include "worker/comm/local_world.h"
+#include "worker/comm/process_groups.h"
+#include "worker/device/cpu_kernels.h"
+#include "worker/parallel/dist_model.h"
+#include "worker/parallel/parallel_model.h"
+#include "worker/train/trainer.h"
+
+using namespace railyard::worker;
+using namespace railyard::worker::parallel;
+namespace comm = railyard::worker::comm;
+
+namespace {
+
+const GptConfig kCfg = make_gpt_config(/*L=*/4, /*C=*/32, /*NH=*/4, /*maxT=*/16, /*V=*/100);
+constexpr int kB = 2, kT = 8, kM = 3;
+constexpr size_t kArena = 16u << 20;
+
+// Device memory: a bump allocator over `arena_`; the addresses it gives out are the same offsets in `shadow_`, which
+// is mapped PROT_NONE. Only the device (its kernels and copies) and the communicator wrapper translate them.
+class ShadowCpu final : public Kernels<float> {
+ public:
+  explicit ShadowCpu(ThreadPool& pool) : c_(pool) {
+    arena_ = static_cast<char*>(mmap(nullptr, kArena, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    shadow_ = static_cast<char*>(mmap(nullptr, kArena, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    REQUIRE(arena_ != MAP_FAILED);
+    REQUIRE(shadow_ != MAP_FAILED);
+  }
+  ~ShadowCpu() override {
+    munmap(arena_, kArena);
+    munmap(shadow_, kArena);
+  }
+  bool owns(const void* p) const {
+    const char* q = static_cast<const char*>(p);
+    return q >= shadow_ && q < shadow_ + kArena;
+  }
+  // The host view of a device address (what a device-memory communicator reads); other pointers pass through.
+  template <typename P>
+  P* view(P* p) const {
+    if (!owns(p)) return p;
+    return reinterpret_cast<P*>(arena_ + (reinterpret_cast<const char*>(p) - shadow_));
+  }
+  // Kernel arguments must be device memory (or null).
+  template <typename P>
+  P* d(P* p) const {
+    if (p != nullptr && !owns(p)) throw std::logic_error("a host pointer was passed to a device kernel");
+    return view(p);
+  }
+  size_t copies = 0;
+
+  DeviceKind kind() const override { return DeviceKind::kCpu; }
+  bool host_accessible() const override { return false; }
+  void* alloc(size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    const size_t at = used_;
+    used_ += (bytes + 63) / 64 * 64;
+    if (used_ > kArena) throw std::bad_alloc();
+    return shadow_ + at;  // zero: fresh anonymous pages, never reused
+  }
+  void free(void*) noexcept override {}
+  void zero(void* p, size_t bytes) override { std::memset(d(p), 0, bytes); }
+  void to_host(void* dst, const void* src, size_t bytes) override {
+    ++copies;
+    REQUIRE_FALSE(owns(dst));
+    std::memcpy(dst, d(src), bytes);
+  }
+  void to_device(void* dst, const void* src, size_t bytes) override {
+    ++copies;
+    REQUIRE_FALSE(owns(src));
+    std::memcpy(d(dst), src, bytes);
+  }
+  void synchronize() override {}
+  size_t attention_saved_elems(int B, int T, int C, int NH) const override {
+    return c_.attention_saved_elems(B, T, C, NH);
+  }
+  size_t attention_scratch_elems(int B, int T, int C, int NH) const override {
+    return c_.attention_scratch_elems(B, T, C, NH);
+  }
+  size_t layernorm_scratch_elems(size_t N, int C) const override { return c_.layernorm_scratch_elems(N, C); }
+  void encoder_forward(float* o, const int32_t* i, const float* a, const float* b, int B, int T, int C) override {
+    c_.encoder_forward(d(o), d(i), d(a), d(b), B, T, C);
+  }
+  void encoder_backward(float* a, float* b, const float* g, const int32_t* i, int B, int T, int C) override {
+    c_.encoder_backward(d(a), d(b), d(g), d(i), B, T, C);
+  }
+  void layernorm_forward(float* o, float* m, float* r, const float* i, const float* w, const float* b, size_t N,
+                         int C) override {
+    c_.layernorm_forward(d(o), d(m), d(r), d(i), d(w), d(b), N, C);
+  }
+  void layernorm_backward(float* di, float* dw, float* db, float* s, const float* g, const float* i, const float* w,
+                          const float* m, const float* r, size_t N, int C) override {
+    c_.layernorm_backward(d(di), d(dw), d(db), d(s), d(g), d(i), d(w), d(m), d(r), N, C);
+  }
+  void matmul_forward(float* o, const float* i, const float* w, const float* b, size_t N, int IC, int OC) override {
+    c_.matmul_forward(d(o), d(i), d(w), d(b), N, IC, OC);
+  }
+  void matmul_backward(float* di, bool ai, float* dw, float* db, const float* g, const float* i, const float* w,
+                       size_t N, int IC, int OC, bool aw) override {
+    c_.matmul_backward(d(di), ai, d(dw), d(db), d(g), d(i), d(w), N, IC, OC, aw);
+  }
+  void attention_forward(float* o, float* s, const float* q, int B, int T, int C, int NH) override {
+    c_.attention_forward(d(o), d(s), d(q), B, T, C, NH);
+  }
+  void attention_backward(float* dq, float* s, const float* g, const float* q, const float* o, const float* sv, int B,
+                          int T, int C, int NH) override {
+    c_.attention_backward(d(dq), d(s), d(g), d(q), d(o), d(sv), B, T, C, NH);
+  }
+  void gelu_forward(float* o, const float* i, size_t n) override { c_.gelu_forward(d(o), d(i), n); }
+  void gelu_backward(float* di, const float* i, const float* g, size_t n) override {
+    c_.gelu_backward(d(di), d(i), d(g), n);
+  }
+  void residual_forward(float* o, const float* a, const float* b, size_t n) override {
+    c_.residual_forward(d(o), d(a), d(b), n);
+  }
+  void crossentropy_forward(float* l, const float* z, const int32_t* t, size_t N, int V, int Vp) override {
+    c_.crossentropy_forward(d(l), d(z), d(t), N, V, Vp);
+  }
+  void crossentropy_fused_backward(float* l, float* z, const int32_t* t, size_t N, int V, int Vp, float k) override {
+    c_.crossentropy_fused_backward(d(l), d(z), d(t), N, V, Vp, k);
+  }
+  void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float lr, float b1, float b2, float eps,
+                    float wd, int64_t t, float s) override {
+    c_.adamw_update(d(p), d(g), d(m), d(v), n, lr, b1, b2, eps, wd, t, s);
+  }
+  double global_norm(const float* x, size_t n) override { return c_.global_norm(d(x), n); }
+  void vocab_embedding_forward(float* o, const int32_t* i, const float* w, int v0, int Vl, size_t N, int C) override {
+    c_.vocab_embedding_forward(d(o), d(i), d(w), v0, Vl, N, C);
+  }
+  void add_positions_rows(float* o, const float* w, size_t r0, size_t rows, int T, int C) override {
+    c_.add_positions_rows(d(o), d(w), r0, rows, T, C);
+  }
+  void vocab_embedding_backward(float* dw, float* dp, const float* g, const int32_t* i, int v0, int Vl, int B, int T,
+                                int C) override {
+    c_.vocab_embedding_backward(d(dw), d(dp), d(g), d(i), v0, Vl, B, T, C);
+  }
+  void vocab_ce_local_max(float* m, const float* z, size_t N, int Vl, int Vr) override {
+    c_.vocab_ce_local_max(d(m), d(z), N, Vl, Vr);
+  }
+  void vocab_ce_local_sums(float* s, float* z, const float* m, const int32_t* t, int v0, size_t N, int Vl,
+                           int Vr) override {
+    c_.vocab_ce_local_sums(d(s), d(z), d(m), d(t), v0, N, Vl, Vr);
+  }
+  void vocab_ce_finish(float* l, float* z, const float* s, const float* m, const int32_t* t, int v0, size_t N, int Vl,
+                       int Vr, float k) override {
+    c_.vocab_ce_finish(d(l), d(z), d(s), d(m), d(t), v0, N, Vl, Vr, k);
+  }
+  void accumulate(float* o, const float* i, size_t n) override { c_.accumulate(d(o), d(i), n); }
+  void copy(float* dst, const float* src, size_t n) override { c_.copy(d(dst), d(src), n); }
+
+ private:
+  CpuKernels<float> c_;
+  char* arena_ = nullptr;
+  char* shadow_ = nullptr;
+  size_t used_ = 0;
+};
+
+// A real (Gloo) communicator that takes device addresses of one ShadowCpu, as NCCL takes CUDA memory.
+class DeviceComm final : public comm::Communicator {
+ public:
+  DeviceComm(comm::Communicator& c, const ShadowCpu& dev) : c_(c), dev_(dev) {}
+  int rank() const override { return c_.rank(); }
+  int size() const override { return c_.size(); }
+  const std::string& name() const override { return c_.name(); }
+  std::chrono::milliseconds timeout() const override { return c_.timeout(); }
+  void all_reduce(void* b, size_t n, comm::DType t, comm::ReduceOp op) override {
+    ++device_calls_if(b);
+    c_.all_reduce(dev_.view(b), n, t, op);
+  }
+  void reduce_scatter(const void* i, void* o, size_t n, comm::DType t, comm::ReduceOp op) override {
+    ++device_calls_if(i);
+    c_.reduce_scatter(dev_.view(i), dev_.view(o), n, t, op);
+  }
+  void all_gather(const void* i, void* o, size_t n, comm::DType t) override {
+    ++device_calls_if(i);
+    c_.all_gather(dev_.view(i), dev_.view(o), n, t);
+  }
+  void broadcast(void* b, size_t n, comm::DType t, int root) override { c_.broadcast(dev_.view(b), n, t, root); }
+  void all_to_all(const void* i, void* o, size_t n, comm::DType t) override {
+    c_.all_to_all(dev_.view(i), dev_.view(o), n, t);
+  }
+  std::unique_ptr<comm::Request> isend(const void* b, size_t n, comm::DType t, int peer, uint32_t tag) override {
+    ++device_calls_if(b);
+    return c_.isend(dev_.view(b), n, t, peer, tag);
+  }
+  std::unique_ptr<comm::Request> irecv(void* b, size_t n, comm::DType t, int peer, uint32_t tag) override {
+    ++device_calls_if(b);
+    return c_.irecv(dev_.view(b), n, t, peer, tag);
+  }
+  void barrier() override { c_.barrier(); }
+  std::unique_ptr<Communicator> split(const std::vector<int>& r, const std::string& n) override {
+    return c_.split(r, n);
+  }
+  void abort() override { c_.abort(); }
+  size_t device_calls = 0;  // operations on device memory
+
+ private:
+  size_t& device_calls_if(const void* p) {
+    static thread_local size_t sink = 0;
+    return dev_.owns(p) ? device_calls : sink;
+  }
+  comm::Communicator& c_;
+  const ShadowCpu& dev_;
+};
+
+// Puts the model's groups behind DeviceComm wrappers (the groups then take the device's addresses).
+std::vector<std::unique_ptr<DeviceComm>> take_device_memory(ModelGroups& mg, const ShadowCpu& dev) {
+  std::vector<std::unique_ptr<DeviceComm>> wrapped;
+  for (comm::Communicator** c : {&mg.tp, &mg.pp, &mg.embedding}) {
+    if (*c == nullptr) continue;
+    wrapped.push_back(std::make_unique<DeviceComm>(**c, dev));
+    *c = wrapped.back().get();
+  }
+  return wrapped;
+}
+
+struct Run {
+  std::vector<double> losses, sumsq;
+  std::vector<float> grads, params;  // gathered (tp = 0 of each stage writes its primary slices)
+  size_t copies = 0, device_comm = 0;
+};
+
+Run run(bool device, bool sp, const std::vector<int32_t>& data) {
+  const int tp = 2, pp = 2, n = tp * pp;
+  Run res;
+  res.losses.assign(n, 0);
+  res.sumsq.assign(n, 0);
+  res.grads.assign(num_parameters(kCfg), 0);
+  std::mutex mu;
+  comm::run_local_world(n, [&](comm::Communicator& world) {
+    comm::ProcessGroups groups(world, comm::Layout{.dp = 1, .tp = tp, .pp = pp});
+    ThreadPool pool(1);
+    ShadowCpu dev(pool);
+    ModelGroups mg = model_groups(groups);
+    std::vector<std::unique_ptr<DeviceComm>> wrapped;
+    if (device) wrapped = take_device_memory(mg, dev);
+    ParallelModel model(kCfg, kB, kT, kM, pool, mg, {}, {}, sp, device ? &dev : nullptr);
+    model.init_weights(7);
+    model.zero_grad();
+    const size_t N = kB * kT;
+    int next = 0;
+    const double loss = model.forward_backward(
+        kM,
+        [&](int32_t* in, int32_t* tgt) {
+          std::memcpy(in, data.data() + next * 2 * N, N * sizeof(int32_t));
+          std::memcpy(tgt, data.data() + next * 2 * N + N, N * sizeof(int32_t));
+          ++next;
+        },
+        1.0f / kM);
+    model.finish_grads();
+    const double sq = model.sum_squares_once(model.grads());
+    std::vector<float> full(num_parameters(kCfg), 0.0f);
+    std::vector<ShardSlice> primary;
+    for (const ShardSlice& s : model.shard_map())
+      if (!s.tied_copy) primary.push_back(s);
+    std::vector<float> local(model.num_params());
+    model.stage().device().to_host(local.data(), model.grads(), local.size() * sizeof(float));
+    std::lock_guard<std::mutex> lock(mu);
+    res.losses[world.rank()] = loss;
+    res.sumsq[world.rank()] = sq;
+    copy_local_to_full(primary, kCfg, local.data(), res.grads.data());
+    res.copies += dev.copies;
+    for (auto& w : wrapped) res.device_comm += w->device_calls;
+  });
+  return res;
+}
+
+std::vector<int32_t> make_data() {
+  std::mt19937 rng(5);
+  std::vector<int32_t> d(static_cast<size_t>(kM) * 2 * kB * kT);
+  for (auto& x : d) x = static_cast<int32_t>(rng() % kCfg.vocab_size);
+  return d;
+}
+
+void check_same(const Run& dev, const Run& cpu) {
+  for (size_t r = 0; r < cpu.losses.size(); ++r) {
+    CHECK(dev.losses[r] == cpu.losses[r]);  // bitwise
+    CHECK(std::fabs(dev.sumsq[r] - cpu.sumsq[r]) <= 1e-12 * cpu.sumsq[r]);
+  }
+  CHECK(cpu.sumsq[0] > 0);
+  CHECK(std::memcmp(dev.grads.data(), cpu.grads.data(), cpu.grads.size() * sizeof(float)) == 0);
+  CHECK(dev.copies > 0);       // token ids, targets and losses crossed the boundary
+  CHECK(dev.device_comm > 0);  // tp collectives and pipeline messages took device memory
+  CHECK(cpu.copies == 0);
+}
+
+}  // namespace
+
+TEST_CASE("tp=2 x pp=2 on a device the host cannot touch equals the CPU run bit for bit") {
+  const auto data = make_data();
+  check_same(run(true, false, data), run(false, false, data));
+}
+
+TEST_CASE("tp=2 x pp=2 with sequence parallelism on that device equals the CPU run bit for bit") {
+  const auto data = make_data();
+  check_same(run(true, true, data), run(false, true, data));
+}
+
+TEST_CASE("context parallelism is refused on a device that is not the host, naming --cp and the fix") {
+  comm::run_local_world(2, [&](comm::Communicator& world) {
+    ThreadPool pool(1);
+    ShadowCpu dev(pool);
+    const StageShape shape = make_stage_shape(kCfg, kT, 1, 0, 1, 0, {});
+    try {
+      GptStage stage(shape, kB, kT, 1, pool, nullptr, {}, false, &world, &dev);
+      FAIL("expected a ConfigError");
+    } catch (const railyard::ConfigError& e) {
+      const std::string m = e.what();
+      CHECK(m.find("--cp 2") != std::string::npos);
+      CHECK(m.find("--device cpu") != std::string::npos);
+    }
+  });
+}
+
+namespace {
+
+// One fixed (B,T) batch, every call on every rank: the loss must go down.
+class Batches final : public BatchSource {
+ public:
+  void next_batch(int32_t* in, int32_t* tgt) override {
+    rng_.seed(9);
+    for (int i = 0; i < kB * kT; ++i) {
+      in[i] = static_cast<int32_t>(rng_() % kCfg.vocab_size);
+      tgt[i] = static_cast<int32_t>(rng_() % kCfg.vocab_size);
+    }
+  }
+
+ private:
+  std::mt19937 rng_{9};
+};
+
+struct TrainRun {
+  std::vector<double> losses;                 // rank 0's, per step
+  std::vector<std::vector<float>> params, m;  // per rank: state() after the steps (host memory)
+};
+
+// The trainer over ParallelGpt, tp=2 x pp=2, a few AdamW steps; device: on ShadowCpu with device-memory
+// communicators, the AdamW update on the device and state() served from host copies.
+TrainRun train(bool device) {
+  TrainRun res;
+  res.params.resize(4);
+  res.m.resize(4);
+  std::mutex mu;
+  comm::run_local_world(4, [&](comm::Communicator& world) {
+    comm::ProcessGroups groups(world, comm::Layout{.dp = 1, .tp = 2, .pp = 2});
+    ThreadPool pool(1);
+    ShadowCpu dev(pool);
+    ModelGroups mg = model_groups(groups);
+    std::vector<std::unique_ptr<DeviceComm>> wrapped;
+    if (device) wrapped = take_device_memory(mg, dev);
+    TrainConfig tc;
+    tc.steps = 3;
+    tc.batch = kB;
+    tc.seq_len = kT;
+    tc.global_batch_tokens = 2 * kB * kT;
+    tc.lr = 1e-2;
+    tc.quiet = true;
+    Batches src;
+    ParallelGpt model(kCfg, tc, tc.micro_steps(), pool, world, mg, device ? &dev : nullptr);
+    Trainer trainer(kCfg, tc, pool, src, nullptr, nullptr, &model, device ? &dev : nullptr);
+    std::vector<double> losses;
+    for (int s = 0; s < tc.steps; ++s) losses.push_back(trainer.step().loss);
+    const TrainerState st = trainer.state();
+    REQUIRE(st.params != nullptr);
+    CHECK(st.adam_t == tc.steps);
+    CHECK_FALSE(dev.owns(st.params));
+    std::lock_guard<std::mutex> lock(mu);
+    if (world.rank() == 0) res.losses = losses;
+    res.params[world.rank()].assign(st.params, st.params + st.num_params);
+    res.m[world.rank()].assign(model.adam_m(), model.adam_m() + st.num_params);
+  });
+  return res;
+}
+
+}  // namespace
+
+TEST_CASE("the trainer's tp=2 x pp=2 steps on that device (AdamW there, state() from host copies) equal the CPU's") {
+  const TrainRun cpu = train(false), dev = train(true);
+  REQUIRE(cpu.losses.size() == 3);
+  CHECK(dev.losses == cpu.losses);  // bitwise
+  CHECK(cpu.losses.back() < cpu.losses.front());
+  for (int r = 0; r < 4; ++r) {
+    CAPTURE(r);
+    CHECK(dev.params[r] == cpu.params[r]);  // the host copies hold the updated parameters
+    CHECK(dev.m[r] == cpu.m[r]);
+  }
+}
