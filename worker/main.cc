@@ -270,6 +270,26 @@ void apply_config_file(const std::string& path, std::map<std::string, std::strin
     f["dp-split"] = list;
   }
   if (const auto det = get(par, "deterministic"); det.is_boolean() && det.get<bool>()) set("deterministic", "true");
+  // The rest of the parallelism family (operator/controller/job_spec.cc resolved_config, docs/crd-reference.md).
+  if (const auto ep = get(par, "expert"); ep.is_number_integer() && ep.get<int>() > 1) {
+    set("ep", ep);
+    set("ep-a2a", get(par, "expertAllToAll"));  // only with --ep > 1: the worker refuses it alone
+  }
+  if (const auto sp = get(par, "sequenceParallel"); sp.is_boolean() && sp.get<bool>()) set("sequence-parallel", "true");
+  if (const auto cp = get(par, "context"); cp.is_number_integer() && cp.get<int>() > 1) set("cp", cp);
+  nlohmann::json moe = get(get(j, "model"), "moe");
+  if (!moe.is_object()) moe = get(get(get(j, "spec"), "model"), "moe");
+  if (moe.is_object()) {
+    set("moe-experts", get(moe, "experts"));
+    set("moe-top-k", get(moe, "topK"));
+    set("moe-capacity-factor", get(moe, "capacityFactor"));
+    set("moe-aux-coef", get(moe, "auxLossCoef"));
+  }
+  nlohmann::json mem = get(j, "memory");
+  if (!mem.is_object()) mem = get(get(j, "spec"), "memory");
+  set("recompute", get(mem, "recompute"));
+  set("recompute-layers", get(mem, "recomputeLayers"));
+  set("offload", get(mem, "offload"));
   // spec.device: the resolved config carries it at the top (operator/controller/job_spec.cc), a bare spec under "spec".
   set("device", get(j, "device"));
   set("device", get(get(j, "spec"), "device"));

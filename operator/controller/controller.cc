@@ -436,7 +436,7 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
     parsed.violation = planned.violation;
     if (planned.plan) {
       auto_plan = planned.plan;
-      apply_plan(parsed.spec, auto_plan->layout);
+      apply_plan(parsed.spec, *auto_plan);
     }
   }
   if (!parsed.violation) parsed.violation = check_path_roots(parsed.spec, opts_.pod.roots);
@@ -1128,7 +1128,7 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
   if (auto_plan && m != n) {
     AutoPlanOutcome resized = plan_parallelism(spec, m, build_inventory(nodes_->list(), pods_->list()));
     if (resized.plan) {
-      apply_plan(world_spec, resized.plan->layout);
+      apply_plan(world_spec, *resized.plan);
       auto_plan = resized.plan;
     }
   }
@@ -1163,12 +1163,18 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
         orig["plan"].value("tensor", 0) != auto_plan->layout.tp ||
         orig["plan"].value("pipeline", 0) != auto_plan->layout.pp ||
         orig["plan"].value("zero", -1) != auto_plan->layout.zero ||
-        orig["plan"].value("microBatch", 0) != auto_plan->layout.micro_batch)
+        orig["plan"].value("microBatch", 0) != auto_plan->layout.micro_batch ||
+        orig["plan"].value("recompute", "") != auto_plan->status.value("recompute", "") ||
+        orig["plan"].value("offload", "") != auto_plan->status.value("offload", "") ||
+        orig["plan"].value("expert", 0) != auto_plan->status.value("expert", 0) ||
+        orig["plan"].value("context", 1) != auto_plan->status.value("context", 1))
       events.push_back({false, "Planned", auto_plan->message});
   }
   WorldLayout w = world_layout(world_spec, m);
   status["world"] = {
       {"size", w.size}, {"data", w.data}, {"tensor", w.tensor}, {"pipeline", w.pipeline}, {"pods", members}};
+  if (w.context > 1) status["world"]["context"] = w.context;
+  if (w.expert > 1) status["world"]["expert"] = w.expert;
   int running = 0;
   for (const auto& pod_name : members)
     if (up[pod_name]) running++;

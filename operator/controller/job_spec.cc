@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdint>
+#include <numeric>
 #include <set>
 
 #include "common/model_presets.h"
@@ -64,6 +65,33 @@ class Checker {
       return std::nullopt;
     }
     return x;
+  }
+  std::optional<double> number(const Json& obj, const char* key, const std::string& field, double min, double max) {
+    if (!obj.is_object() || !obj.contains(key) || obj[key].is_null()) return std::nullopt;
+    const Json& v = obj[key];
+    if (!v.is_number() || !std::isfinite(v.get<double>())) {
+      fail(field, "must be a number, got " + v.dump(), "write a decimal number, e.g. 1.25");
+      return std::nullopt;
+    }
+    const double x = v.get<double>();
+    if (x < min || x > max) {
+      fail(field, v.dump() + " is out of range", "use a value from " + Json(min).dump() + " to " + Json(max).dump());
+      return std::nullopt;
+    }
+    return x;
+  }
+  // An optional string that must be one of `allowed`.
+  std::optional<std::string> one_of(const Json& obj, const char* key, const std::string& field,
+                                    std::initializer_list<const char*> allowed) {
+    auto v = string(obj, key, field);
+    if (!v) return v;
+    std::string list;
+    for (const char* a : allowed) {
+      if (*v == a) return v;
+      list += (list.empty() ? "" : ", ") + std::string(a);
+    }
+    fail(field, "'" + *v + "' is not one of " + list, "use one of " + list);
+    return std::nullopt;
   }
   std::optional<std::string> string(const Json& obj, const char* key, const std::string& field) {
     if (!obj.is_object() || !obj.contains(key) || obj[key].is_null()) return std::nullopt;
@@ -198,6 +226,20 @@ ParsedJob parse_job(const Json& job) {
     }
   }
 
+  // Mixture of experts (the worker's --moe-*; ranges as worker/model/gpt_config.cc make_moe_config checks them).
+  Json moe = c.object(model, "moe", "spec.model.moe");
+  if (auto v = c.integer(moe, "experts", "spec.model.moe.experts", 2, 1024))
+    s.moe.experts = static_cast<int>(*v);
+  else if (c.ok() && !moe.empty())
+    c.fail("spec.model.moe.experts", "is missing", "set the experts per layer (2..1024), or drop spec.model.moe");
+  if (auto v = c.integer(moe, "topK", "spec.model.moe.topK", 1, 1024)) s.moe.top_k = static_cast<int>(*v);
+  if (auto v = c.number(moe, "capacityFactor", "spec.model.moe.capacityFactor", -1e6, 1e6)) s.moe.capacity_factor = *v;
+  if (auto v = c.number(moe, "auxLossCoef", "spec.model.moe.auxLossCoef", 0, 1e6)) s.moe.aux_loss_coef = *v;
+  if (c.ok() && s.moe.experts > 0 && s.moe.top_k > s.moe.experts)
+    c.fail("spec.model.moe.topK",
+           std::to_string(s.moe.top_k) + " exceeds the " + std::to_string(s.moe.experts) + " experts",
+           "use 1.." + std::to_string(s.moe.experts));
+
   // Data.
   Json data = c.object(spec, "data", "spec.data");
   auto train = c.string(data, "train", "spec.data.train");
@@ -231,10 +273,37 @@ ParsedJob parse_job(const Json& job) {
   if (auto v = c.integer(par, "tensor", "spec.parallelism.tensor", 1, 1024)) s.tensor = static_cast<int>(*v);
   if (auto v = c.integer(par, "pipeline", "spec.parallelism.pipeline", 1, 1024)) s.pipeline = static_cast<int>(*v);
   if (auto v = c.integer(par, "data", "spec.parallelism.data", 1, 1 << 24)) s.data = static_cast<int>(*v);
-  if (auto v = c.integer(par, "zero", "spec.parallelism.zero", 0, 1)) s.zero = static_cast<int>(*v);
+  if (auto v = c.integer(par, "zero", "spec.parallelism.zero", 0, 2)) s.zero = static_cast<int>(*v);
+  if (auto v = c.integer(par, "expert", "spec.parallelism.expert", 1, 1024)) {
+    s.expert = static_cast<int>(*v);
+    s.expert_given = true;
+  }
+  if (auto v = c.one_of(par, "expertAllToAll", "spec.parallelism.expertAllToAll", {"flat", "hierarchical"}))
+    s.expert_all_to_all = *v;
+  if (auto v = c.boolean(par, "sequenceParallel", "spec.parallelism.sequenceParallel")) s.sequence_parallel = *v;
+  if (auto v = c.integer(par, "context", "spec.parallelism.context", 1, 1048576)) s.context = static_cast<int>(*v);
   if (auto v = c.integer(par, "microBatches", "spec.parallelism.microBatches", 1, 1 << 20))
     s.micro_batches = static_cast<int>(*v);
   if (auto v = c.boolean(par, "deterministic", "spec.parallelism.deterministic")) s.deterministic = *v;
+
+  // Memory: recomputation and offload (the worker's --recompute, --recompute-layers, --offload).
+  Json mem = c.object(spec, "memory", "spec.memory");
+  if (auto v = c.one_of(mem, "recompute", "spec.memory.recompute", {"none", "selective", "full"})) s.recompute = *v;
+  if (auto v = c.integer(mem, "recomputeLayers", "spec.memory.recomputeLayers", 0, 1024)) {
+    s.recompute_layers = static_cast<int>(*v);
+    if (c.ok() && s.model.layers > 0 && s.recompute_layers > s.model.layers)
+      c.fail("spec.memory.recomputeLayers",
+             std::to_string(s.recompute_layers) + " exceeds the model's " + std::to_string(s.model.layers) + " layers",
+             "use 0.." + std::to_string(s.model.layers) + ", or leave it out for every layer");
+  }
+  if (auto v = c.string(mem, "offload", "spec.memory.offload")) {
+    if (*v == "params" || *v == "optimizer,params")
+      c.fail("spec.memory.offload", "parameter offload is not implemented",
+             "use optimizer (AdamW state in host memory) or none");
+    else if (*v != "none" && *v != "optimizer")
+      c.fail("spec.memory.offload", "'" + *v + "' is not one of none, optimizer", "use none or optimizer");
+    s.offload = *v;
+  }
 
   // Checkpoint and placement: types only (their semantics belong to the worker and the scheduler).
   Json ckpt = c.object(spec, "checkpoint", "spec.checkpoint");
@@ -315,8 +384,14 @@ ParsedJob parse_job(const Json& job) {
     c.fail("spec.replicas",
            std::to_string(s.replicas) + " is above elastic.maxReplicas " + std::to_string(*s.max_replicas),
            "scale to at most " + std::to_string(*s.max_replicas));
+  if (c.ok() && s.auto_parallel && s.context > 1)
+    c.fail("spec.parallelism.context",
+           std::to_string(s.context) + " with auto: the planner chooses context parallelism itself",
+           "drop context (auto uses it when no layout fits without), or give the degrees yourself (auto false)");
   if (c.ok() && !s.auto_parallel) {
     const int world = s.replicas * s.procs_per_replica;
+    const int tpc = s.tensor * s.pipeline * s.context;
+    const std::string degrees = s.context > 1 ? "data*context*tensor*pipeline" : "data*tensor*pipeline";
     if (s.model.heads % s.tensor != 0)
       c.fail("spec.parallelism.tensor",
              std::to_string(s.tensor) + " does not divide the model's " + std::to_string(s.model.heads) + " heads",
@@ -333,18 +408,19 @@ ParsedJob parse_job(const Json& job) {
       c.fail("spec.parallelism.pipeline",
              std::to_string(s.pipeline) + " does not divide the model's " + std::to_string(s.model.layers) + " layers",
              "use one of " + divisors_of(s.model.layers));
-    else if (s.data && *s.data * s.tensor * s.pipeline != world)
+    else if (s.data && *s.data * tpc != world)
       c.fail("spec.parallelism.data",
-             "data*tensor*pipeline = " + std::to_string(*s.data * s.tensor * s.pipeline) +
+             degrees + " = " + std::to_string(*s.data * tpc) +
                  " differs from the world size replicas*procsPerReplica = " + std::to_string(world),
              "set data to " +
-                 (world % (s.tensor * s.pipeline) == 0 ? std::to_string(world / (s.tensor * s.pipeline))
-                                                       : std::string("world/(tensor*pipeline)")) +
+                 (world % tpc == 0
+                      ? std::to_string(world / tpc)
+                      : std::string(s.context > 1 ? "world/(context*tensor*pipeline)" : "world/(tensor*pipeline)")) +
                  " or leave it out");
-    else if (world % (s.tensor * s.pipeline) != 0)
-      c.fail("spec.parallelism.pipeline",
-             "tensor*pipeline = " + std::to_string(s.tensor * s.pipeline) + " does not divide the world size " +
-                 std::to_string(world),
+    else if (world % tpc != 0)
+      c.fail(s.context > 1 ? "spec.parallelism.context" : "spec.parallelism.pipeline",
+             std::string(s.context > 1 ? "context*tensor*pipeline = " : "tensor*pipeline = ") + std::to_string(tpc) +
+                 " does not divide the world size " + std::to_string(world),
              "choose degrees whose product divides replicas*procsPerReplica");
   }
   // With auto the planner picks degrees and micro-batch that divide the batch (or says why none does).
@@ -367,6 +443,8 @@ ParsedJob parse_job(const Json& job) {
            std::to_string(*s.micro_batches) + " is fewer than the pipeline degree " + std::to_string(s.pipeline),
            "use at least " + std::to_string(s.pipeline) + " so every stage has work");
   out.violation = c.take();
+  // With auto the planner picks the degrees the family checks need; plan_parallelism checks its choice.
+  if (!out.violation && !s.auto_parallel) out.violation = check_family(s, s.replicas);
   return out;
 }
 
@@ -376,7 +454,9 @@ WorldLayout world_layout(const JobSpec& spec, int replicas) {
   // With auto, the controller writes the planned degrees into the spec (apply_plan) before asking for the layout.
   w.tensor = spec.tensor;
   w.pipeline = spec.pipeline;
-  w.data = std::max(1, w.size / std::max(1, w.tensor * w.pipeline));
+  w.context = std::max(1, spec.context);
+  w.expert = std::max(1, spec.expert);
+  w.data = std::max(1, w.size / std::max(1, w.tensor * w.pipeline * w.context));
   return w;
 }
 
@@ -384,12 +464,94 @@ int elastic_world_replicas(const JobSpec& spec, int available) {
   if (!spec.min_replicas || spec.data) return 0;
   for (int k = std::min(available, spec.replicas); k >= *spec.min_replicas && k >= 1; --k) {
     WorldLayout w = world_layout(spec, k);
-    if (w.size % (w.tensor * w.pipeline) != 0) continue;
+    if (w.size % (w.tensor * w.pipeline * w.context) != 0) continue;
+    // Expert-parallel groups are made of data-parallel ranks: a world the degree does not divide makes the worker
+    // exit 2.
+    if ((w.data * w.context) % w.expert != 0) continue;
     if (spec.global_batch % (spec.micro_batch * w.data) != 0) continue;
     if (spec.deterministic && w.data > 1 && !deterministic_accumulation_ok(spec, w.data)) continue;
     return k;
   }
   return 0;
+}
+
+std::optional<Violation> check_family(const JobSpec& s, int replicas) {
+  Checker c;
+  const WorldLayout w = world_layout(s, replicas);
+  const int dp_ranks = w.data * w.context;  // the worker's data-parallel group (context ranks share a replica)
+  // Mixture of experts: worker/main.cc refuses tensor/pipeline with experts, and context parallelism runs the sharded
+  // model, which has no experts yet.
+  if (s.moe.experts > 0 && (w.tensor > 1 || w.pipeline > 1 || w.context > 1))
+    c.fail("spec.model.moe",
+           "experts with tensor " + std::to_string(w.tensor) + ", pipeline " + std::to_string(w.pipeline) +
+               ", context " + std::to_string(w.context) +
+               ": mixture of experts composes with data and expert parallelism, ZeRO and deterministic mode only so "
+               "far",
+           "set spec.parallelism.tensor, pipeline and context to 1, or drop spec.model.moe");
+  if (s.expert > 1) {
+    if (s.moe.experts == 0)
+      c.fail("spec.parallelism.expert", std::to_string(s.expert) + " needs a mixture-of-experts model",
+             "set spec.model.moe.experts (a multiple of " + std::to_string(s.expert) + "), or expert 1");
+    else if (s.moe.experts % s.expert != 0)
+      c.fail("spec.parallelism.expert",
+             std::to_string(s.expert) + " does not divide the " + std::to_string(s.moe.experts) + " experts",
+             "use one of " + divisors_of(s.moe.experts));
+    else if (dp_ranks % s.expert != 0)
+      c.fail("spec.parallelism.expert",
+             std::to_string(s.expert) + " does not divide the data-parallel degree " + std::to_string(dp_ranks) +
+                 " (expert-parallel groups are made of data-parallel ranks)",
+             "use one of " + divisors_of(std::gcd(s.moe.experts, dp_ranks)) +
+                 ", or replicas*procsPerReplica a multiple of " + std::to_string(s.expert * w.tensor * w.pipeline));
+  }
+  // Hierarchical groups the ranks of one pod (LOCAL_WORLD_SIZE): a pod's ranks must tile the expert group.
+  if (s.expert > 1 && s.expert_all_to_all == "hierarchical" && s.procs_per_replica < s.expert &&
+      s.expert % s.procs_per_replica != 0)
+    c.fail("spec.parallelism.expertAllToAll",
+           "hierarchical needs the expert degree " + std::to_string(s.expert) +
+               " to be a multiple of procsPerReplica " + std::to_string(s.procs_per_replica) +
+               " (the ranks of one pod are exchanged first)",
+           "use flat, or an expert degree that is a multiple of procsPerReplica");
+  if (s.expert == 1 && s.expert_all_to_all == "hierarchical" && !s.auto_parallel)
+    c.fail("spec.parallelism.expertAllToAll", "hierarchical without expert parallelism (expert 1) exchanges nothing",
+           "set spec.parallelism.expert > 1, or drop expertAllToAll");
+  const int tokens = s.micro_batch * (s.seq_len / std::max(1, w.context));
+  if (s.sequence_parallel) {
+    if (w.tensor < 2)
+      c.fail("spec.parallelism.sequenceParallel",
+             "needs tensor parallelism (it splits the tensor group's layernorm regions along the sequence)",
+             "set spec.parallelism.tensor to 2 or more, or drop sequenceParallel");
+    else if (w.context > 1)
+      c.fail("spec.parallelism.sequenceParallel", "with context " + std::to_string(w.context) + " is not implemented",
+             "use one of sequenceParallel and context");
+    else if (tokens % w.tensor != 0)
+      c.fail("spec.parallelism.sequenceParallel",
+             "the micro-batch's microBatch*seqLen = " + std::to_string(tokens) +
+                 " tokens are not divisible by tensor " + std::to_string(w.tensor),
+             "choose spec.training.microBatch or seqLen so that it is");
+  }
+  if (w.context > 1) {
+    if (s.seq_len % w.context != 0)
+      c.fail("spec.parallelism.context",
+             std::to_string(w.context) + " does not divide the sequence length " + std::to_string(s.seq_len),
+             "use one of " + divisors_of(s.seq_len) + " (each rank holds seqLen/context positions)");
+    else if (s.deterministic)
+      c.fail("spec.parallelism.context", "with deterministic is not implemented",
+             "set deterministic false or context 1");
+  }
+  if (s.offload == "optimizer") {
+    if (s.zero > 0)
+      c.fail("spec.memory.offload",
+             "optimizer with zero " + std::to_string(s.zero) + ": the sharded ZeRO optimizer is not offloaded",
+             "set spec.parallelism.zero 0, or offload none");
+    else if (w.tensor > 1 || w.pipeline > 1 || w.context > 1)
+      c.fail("spec.memory.offload",
+             "optimizer with tensor/pipeline/context parallelism: only the plain and data-parallel model offloads",
+             "set tensor, pipeline and context to 1, or offload none");
+    else if (s.device == "cuda")
+      c.fail("spec.memory.offload", "optimizer with device cuda: the offloaded update is not wired to a GPU yet",
+             "use spec.device cpu, or offload none");
+  }
+  return c.take();
 }
 
 Json resolved_config(const JobSpec& spec, int replicas) {
@@ -410,9 +572,13 @@ Json resolved_config(const JobSpec& spec, int replicas) {
         {"gradAccumulation", spec.global_batch / std::max(1, spec.micro_batch * w.data)}}},
       {"layout",
        {{"world", w.size},
-        {"dp", w.data},
+        // The rank grid the rendezvous checks (dp x tp x pp = world): the worker's data-parallel group, whose
+        // blocks of cp consecutive ranks share a replica's sequences.
+        {"dp", w.data * w.context},
         {"tp", w.tensor},
         {"pp", w.pipeline},
+        {"cp", w.context},
+        {"ep", w.expert},
         {"zero", spec.zero},
         {"procsPerReplica", spec.procs_per_replica},
         {"replicas", replicas}}},
@@ -430,6 +596,21 @@ Json resolved_config(const JobSpec& spec, int replicas) {
     cfg["parallelism"]["pipeline"] = w.pipeline;
     cfg["parallelism"]["data"] = w.data;
   }
+  // The rest of the family (worker/main.cc apply_config_file maps these onto --ep, --ep-a2a, --sequence-parallel,
+  // --cp, --moe-*, --recompute, --offload; an explicit flag wins).
+  cfg["parallelism"]["expert"] = w.expert;
+  if (w.expert > 1)
+    cfg["parallelism"]["expertAllToAll"] = spec.expert_all_to_all.empty() ? "flat" : spec.expert_all_to_all;
+  cfg["parallelism"]["sequenceParallel"] = spec.sequence_parallel;
+  cfg["parallelism"]["context"] = w.context;
+  if (spec.moe.experts > 0)
+    cfg["model"]["moe"] = {{"experts", spec.moe.experts},
+                           {"topK", spec.moe.top_k},
+                           {"capacityFactor", spec.moe.capacity_factor},
+                           {"auxLossCoef", spec.moe.aux_loss_coef}};
+  cfg["memory"] = {{"recompute", spec.recompute.empty() ? "none" : spec.recompute},
+                   {"offload", spec.offload.empty() ? "none" : spec.offload}};
+  if (spec.recompute_layers >= 0) cfg["memory"]["recomputeLayers"] = spec.recompute_layers;
   return cfg;
 }
 

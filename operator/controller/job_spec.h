@@ -16,6 +16,14 @@ struct ModelShape {
   int layers = 0, hidden = 0, heads = 0, seq_len = 0, vocab = 0;
 };
 
+// spec.model.moe: a mixture-of-experts MLP in every layer (the worker's --moe-*); experts 0 = the dense MLP.
+struct MoeSpec {
+  int experts = 0;
+  int top_k = 1;
+  double capacity_factor = 1.25;
+  double aux_loss_coef = 0.01;
+};
+
 struct JobSpec {
   std::string name, ns;
   int replicas = 1;
@@ -37,6 +45,20 @@ struct JobSpec {
   // on the data-parallel degree; the worker gets it in the resolved config's parallelism object.
   bool deterministic = false;
   std::optional<int> micro_batches;
+  MoeSpec moe;
+  // spec.parallelism.expert / expertAllToAll: expert-parallel degree (groups of consecutive data-parallel ranks) and
+  // the dispatch all-to-all; expert_all_to_all "" = not given (flat, or the planner's choice with auto).
+  int expert = 1;
+  bool expert_given = false;  // spec.parallelism.expert written (with auto the planner picks it otherwise)
+  std::string expert_all_to_all;
+  // spec.parallelism.sequenceParallel / context: Megatron sequence parallelism over the tensor group; context
+  // parallelism (each sequence split over `context` ranks, ring attention). world = data x context x tensor x pipeline.
+  bool sequence_parallel = false;
+  int context = 1;
+  // spec.memory: activation recomputation (none, selective, full; recompute_layers -1 = all layers) and optimizer
+  // offload (none, optimizer). "" = not given (none, or the planner's choice with auto).
+  std::string recompute, offload;
+  int recompute_layers = -1;
   int max_restarts = 3;
   std::vector<int> permanent_exit_codes, retryable_exit_codes;
   std::optional<int64_t> active_deadline_seconds, ttl_seconds_after_finished;
@@ -76,18 +98,23 @@ struct PathRoots {
 std::optional<Violation> check_path_roots(const JobSpec& spec, const PathRoots& roots);
 
 struct WorldLayout {
-  int size = 0, data = 0, tensor = 1, pipeline = 1;
+  int size = 0, data = 0, tensor = 1, pipeline = 1, context = 1, expert = 1;
   bool operator==(const WorldLayout&) const = default;
 };
 
-// The layout of `replicas` pods (tensor fastest-varying; data fills the rest). Assumes a validated spec (with auto:
-// after apply_plan in plan_glue.h).
+// The layout of `replicas` pods (tensor fastest-varying; data fills the rest: size / (tensor x pipeline x context)).
+// Assumes a validated spec (with auto: after apply_plan in plan_glue.h).
 WorldLayout world_layout(const JobSpec& spec, int replicas);
 
 // The largest world (in replicas) an elastic job can run with `available` healthy pods: within
 // elastic.minReplicas..replicas, with tensor*pipeline dividing the world and globalBatch divisible by
-// microBatch*data. 0 when no size fits (or the job is not elastic, or gives an explicit data degree).
+// microBatch*data, and the expert-parallel degree dividing the data-parallel ranks (the worker exits 2 otherwise).
+// 0 when no size fits (or the job is not elastic, or gives an explicit data degree).
 int elastic_world_replicas(const JobSpec& spec, int available);
+
+// What the worker refuses among the parallelism family (MoE, expert, sequence and context parallelism, recompute,
+// offload, ZeRO) for the world of `replicas` pods with the spec's degrees; nullopt when the worker runs it.
+std::optional<Violation> check_family(const JobSpec& spec, int replicas);
 
 // The resolved training configuration handed to every agent through the rendezvous service.
 Json resolved_config(const JobSpec& spec, int replicas);

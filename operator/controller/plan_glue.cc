@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <numeric>
 #include <set>
 
 #include "common/error.h"
 #include "operator/planner/calibration.h"
+#include "operator/planner/context_parallel.h"
 #include "operator/planner/hetero.h"
+#include "operator/planner/moe_cost.h"
 #include "operator/planner/search.h"
 
 namespace railyard::op {
@@ -81,6 +84,56 @@ std::vector<std::string> expected_pod_types(const std::map<std::string, int>& ty
   std::vector<std::string> out;
   for (const auto& [t, c] : take) out.insert(out.end(), c, t);
   return out;
+}
+
+// The fastest layout with context parallelism cp > 1 (the smallest cp that fits first): each rank holds s/cp positions
+// of every sequence. Searched as the job at sequence s/cp on world/cp devices with no stored probabilities (what
+// cp_activation_bytes does), then checked with cp_activation_bytes and charged the exposed ring time of every layer
+// and micro-batch (cp_ring_time). The attention FLOPs of the s/cp x s blocks beyond the local s/cp x s/cp block are
+// not counted (docs/planner.md).
+std::optional<AutoPlan> plan_context(const plan::Job& job, const plan::Cluster& cluster, plan::SearchOptions o) {
+  o.offload = false;  // the worker does not offload with context parallelism
+  o.sequence_parallel = false;
+  for (int cp = 2; cp <= job.model.seq && cp <= cluster.gpus; ++cp) {
+    if (job.model.seq % cp != 0 || cluster.gpus % cp != 0) continue;
+    plan::Job local = job;
+    local.model.seq = job.model.seq / cp;
+    plan::Cluster c = cluster;
+    c.gpus = cluster.gpus / cp;
+    c.topology.nodes = 0;
+    c.device.flash_attention = true;
+    std::optional<AutoPlan> best;
+    for (int zero = 0; zero <= 2; ++zero) {
+      o.zero = zero;
+      plan::SearchResult r;
+      try {
+        r = plan::search(local, c, o);
+      } catch (const Error&) {
+        continue;
+      }
+      for (const plan::RankedPlan& rp : r.plans) {
+        const plan::Estimate& e = rp.estimate;
+        plan::Cluster real = cluster;
+        real.gpus = c.gpus;
+        real.topology.nodes = 0;
+        const double mem = e.memory.total() - e.memory.activations + plan::cp_activation_bytes(job, real, e.layout, cp);
+        if (mem > e.memory_capacity) continue;
+        const plan::RingTime ring = plan::cp_ring_time(job.model, cluster, e.layout, cp);
+        const double ring_s = (ring.forward_exposed + ring.backward_exposed) *
+                              (double(job.model.layers) / e.layout.pp) * std::max(1, e.micro_batches);
+        if (best && best->estimate.time.step + best->ring_seconds <= e.time.step + ring_s) continue;
+        AutoPlan p;
+        p.estimate = e;
+        p.estimate.memory.activations = mem - (e.memory.total() - e.memory.activations);
+        p.layout = e.layout;
+        p.context = cp;
+        p.ring_seconds = ring_s;
+        best = p;
+      }
+    }
+    if (best) return best;
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -168,18 +221,27 @@ AutoPlanOutcome plan_parallelism(const JobSpec& spec, int replicas, const std::v
   } catch (const Error& e) {
     return invalid(e.what());
   }
-  // What the worker implements: dp/tp/pp with plain 1F1B, ZeRO 0-2, no sequence parallelism, no interleaving, no
-  // recomputation. The search pins one ZeRO stage at a time so that stage 3 is never a candidate.
+  // What the worker implements: dp/tp/pp with plain 1F1B, ZeRO 0-2, no interleaving, recomputation of all layers or
+  // none, optimizer offload on the host. The search pins one ZeRO stage at a time so that stage 3 is never a
+  // candidate; recompute and offload cost time, so the search picks them only when a layout does not fit without.
   plan::SearchOptions o;
   o.top = 3;
-  o.sequence_parallel = false;
+  o.sequence_parallel = spec.sequence_parallel;  // the spec's choice (the worker's SP has its own constraints)
   o.interleaves = {1};
   o.interleave = 1;
-  o.recompute = plan::Recompute::kNone;
-  o.offload = false;  // the pods are not started with --offload (yet): never plan it here
+  if (spec.recompute == "none") o.recompute = plan::Recompute::kNone;
+  if (spec.recompute == "selective") o.recompute = plan::Recompute::kSelective;
+  if (spec.recompute == "full") o.recompute = plan::Recompute::kFull;
+  // The worker's offloaded update runs on host copies of the parameters (not on a GPU yet): planned on CPU only.
+  if (!spec.offload.empty())
+    o.offload = spec.offload == "optimizer";
+  else if (cluster.device.name != "cpu")
+    o.offload = false;
   o.power_of_two_accumulation = spec.deterministic;
   if (spec.tensor > 1) o.tp = spec.tensor;
   if (spec.pipeline > 1) o.pp = spec.pipeline;
+  // Experts compose with data and expert parallelism only (worker/main.cc): tensor and pipeline stay 1.
+  if (spec.moe.experts > 0) o.tp = o.tp.value_or(1), o.pp = o.pp.value_or(1);
   if (spec.data) o.dp = *spec.data;
   std::vector<plan::RankedPlan> plans;
   std::optional<plan::Estimate> closest;
@@ -193,6 +255,45 @@ AutoPlanOutcome plan_parallelism(const JobSpec& spec, int replicas, const std::v
     }
   } catch (const Error& e) {
     return invalid(e.what());
+  }
+  // Nothing fits: long sequences may still run with each split over `cp` ranks (ring attention, no stored
+  // probabilities), where the worker runs it (dense, not deterministic, no sequence parallelism or offload).
+  std::optional<AutoPlan> context_plan;
+  if (plans.empty() && spec.moe.experts == 0 && !spec.deterministic && !spec.sequence_parallel &&
+      spec.offload != "optimizer" && !spec.data)
+    context_plan = plan_context(job, cluster, o);
+  if (plans.empty() && context_plan) {
+    AutoPlan p = *context_plan;
+    p.device = cluster.device.name;
+    const double step = p.estimate.time.step + p.ring_seconds;
+    p.message = "planned dp=" + std::to_string(p.layout.dp) + " context=" + std::to_string(p.context) +
+                " tp=" + std::to_string(p.layout.tp) + " pp=" + std::to_string(p.layout.pp) +
+                " microBatch=" + std::to_string(p.layout.micro_batch) + " zero=" + std::to_string(p.layout.zero) +
+                " recompute=" + plan::to_string(p.layout.recompute) + " on " + std::to_string(cluster.gpus) + " x " +
+                p.device + " (no layout fits without context parallelism): predicted step " + seconds_text(step) +
+                ", " + bytes_text(p.estimate.memory.total()) + " per device";
+    p.status = {{"device", p.device},
+                {"data", p.layout.dp},
+                {"tensor", p.layout.tp},
+                {"pipeline", p.layout.pp},
+                {"context", p.context},
+                {"microBatch", p.layout.micro_batch},
+                {"zero", p.layout.zero},
+                {"replicas", replicas},
+                {"recompute", plan::to_string(p.layout.recompute)},
+                {"offload", "none"},
+                {"predictedStepSeconds", step},
+                {"predictedTokensPerSecond", double(spec.global_batch) * job.model.seq / step},
+                {"predictedMemoryBytesPerDevice", p.estimate.memory.total()},
+                {"predictedRingSeconds", p.ring_seconds}};
+    JobSpec planned = spec;
+    apply_plan(planned, p);
+    if (std::optional<Violation> v = check_family(planned, replicas)) {
+      out.violation = *v;
+      return out;
+    }
+    out.plan = std::move(p);
+    return out;
   }
   if (plans.empty()) {
     std::string why = "no layout of " + std::to_string(cluster.gpus) + " x " + cluster.device.name + " (" +
@@ -214,6 +315,11 @@ AutoPlanOutcome plan_parallelism(const JobSpec& spec, int replicas, const std::v
   AutoPlan p;
   p.estimate = plans[0].estimate;
   p.layout = p.estimate.layout;
+  if (spec.moe.experts > 0) {
+    ExpertChoice ec = choose_experts(spec, job, cluster, p.estimate);
+    if (!ec.plan) return invalid(*ec.why_not);
+    p.experts = ec.plan;
+  }
   // Mixed GPU types: the best layout above runs with the even split, paced by the slowest type; plain data
   // parallelism (what the worker's --dp-split runs) can split the batch in proportion to speed instead. Keep the
   // faster of the two predictions.
@@ -228,7 +334,7 @@ AutoPlanOutcome plan_parallelism(const JobSpec& spec, int replicas, const std::v
       even = std::max(even, plan::estimate(job, typed, p.layout).time.step);
     }
     mixed_step = even;
-    if (!spec.data && spec.tensor <= 1 && spec.pipeline <= 1 && !spec.deterministic) {
+    if (!spec.data && spec.tensor <= 1 && spec.pipeline <= 1 && !spec.deterministic && !p.experts) {
       plan::SearchOptions dp_only = o;
       dp_only.tp = 1, dp_only.pp = 1, dp_only.zero = 0;
       std::optional<plan::Estimate> best_dp;
@@ -252,7 +358,7 @@ AutoPlanOutcome plan_parallelism(const JobSpec& spec, int replicas, const std::v
     }
     if (!mixed) {
       JobSpec chosen = spec;
-      apply_plan(chosen, p.layout);
+      apply_plan(chosen, p);  // with a MoE plan's expert degree: no uneven split then
       mixed = mixed_split(chosen, pod_types);
       if (mixed && mixed->dp_split.empty()) mixed->status["evenStepSeconds"] = even;
     }
@@ -262,8 +368,12 @@ AutoPlanOutcome plan_parallelism(const JobSpec& spec, int replicas, const std::v
   const plan::Estimate& e = p.estimate;
   p.message = "planned dp=" + std::to_string(p.layout.dp) + " tp=" + std::to_string(p.layout.tp) +
               " pp=" + std::to_string(p.layout.pp) + " microBatch=" + std::to_string(p.layout.micro_batch) +
-              " zero=" + std::to_string(p.layout.zero) + " on " + std::to_string(cluster.gpus) + " x " + p.device +
-              ": predicted step " + seconds_text(e.time.step) + ", " + fmt("%.0f", e.tokens_per_s) + " tokens/s, " +
+              " zero=" + std::to_string(p.layout.zero) + " recompute=" + plan::to_string(p.layout.recompute) +
+              (p.layout.offload ? " offload=optimizer" : "") +
+              (p.experts ? " expert=" + std::to_string(p.experts->expert) + " expertAllToAll=" + p.experts->all_to_all
+                         : std::string()) +
+              " on " + std::to_string(cluster.gpus) + " x " + p.device + ": predicted step " +
+              seconds_text(e.time.step) + ", " + fmt("%.0f", e.tokens_per_s) + " tokens/s, " +
               bytes_text(e.memory.total()) + " per device";
   for (size_t i = 1; i < plans.size(); ++i) {
     const auto& l = plans[i].estimate.layout;
@@ -282,7 +392,20 @@ AutoPlanOutcome plan_parallelism(const JobSpec& spec, int replicas, const std::v
               {"predictedStepSeconds", e.time.step},
               {"predictedTokensPerSecond", e.tokens_per_s},
               {"predictedMemoryBytesPerDevice", e.memory.total()},
-              {"predictedMfu", e.mfu}};
+              {"predictedMfu", e.mfu},
+              {"recompute", plan::to_string(p.layout.recompute)},
+              {"offload", p.layout.offload ? "optimizer" : "none"}};
+  if (p.experts) {
+    // The dense estimate above plus the MoE terms: the experts' memory and the dispatch/combine all-to-alls (not
+    // overlapped with compute in the worker).
+    p.status["expert"] = p.experts->expert;
+    p.status["expertAllToAll"] = p.experts->all_to_all;
+    p.status["predictedAllToAllSeconds"] = p.experts->all_to_all_seconds;
+    p.status["predictedStepSeconds"] = e.time.step + p.experts->all_to_all_seconds;
+    p.status["predictedTokensPerSecond"] =
+        double(spec.global_batch) * job.model.seq / (e.time.step + p.experts->all_to_all_seconds);
+    p.status["predictedMemoryBytesPerDevice"] = p.experts->memory_bytes;
+  }
   p.mixed = mixed;
   if (mixed) {
     // The prediction of the mixed world replaces the homogeneous one (planned on the smallest-memory type).
@@ -294,7 +417,77 @@ AutoPlanOutcome plan_parallelism(const JobSpec& spec, int replicas, const std::v
                  (mixed->dp_split.empty() ? "even split (" + mixed->why_even + ")"
                                           : "batch split by speed, predicted step " + seconds_text(mixed_step));
   }
+  // What the worker refuses (e.g. sequenceParallel's token split) on the planned world.
+  JobSpec planned = spec;
+  apply_plan(planned, p);
+  if (std::optional<Violation> v = check_family(planned, replicas)) {
+    out.violation = Violation{v->field, v->reason, v->message + " (with the planned " + describe(p.layout) + ")"};
+    return out;
+  }
   out.plan = std::move(p);
+  return out;
+}
+
+ExpertChoice choose_experts(const JobSpec& spec, const plan::Job& job, const plan::Cluster& cluster,
+                            const plan::Estimate& e) {
+  ExpertChoice out;
+  const plan::MoeShape moe{spec.moe.experts, spec.moe.top_k, spec.moe.capacity_factor};
+  const plan::Layout& l = e.layout;
+  // Per device: the estimate with the dense states and layer activations replaced by the MoE ones (one micro-batch in
+  // flight per layer with pp 1, the only pipeline degree experts run with).
+  const double dense_states = e.memory.params + e.memory.grads + e.memory.optimizer;
+  const double extra_act =
+      l.offload ? 0
+                : double(job.model.layers) * (plan::moe_layer_activation_bytes(job.model, moe, cluster.device, l) -
+                                              plan::layer_activation_bytes(job.model, cluster.device, l));
+  std::vector<int> degrees;
+  if (spec.expert_given) {
+    if (spec.moe.experts % spec.expert != 0 || l.dp % spec.expert != 0) {
+      out.why_not = "spec.parallelism.expert " + std::to_string(spec.expert) + " does not divide both the " +
+                    std::to_string(spec.moe.experts) + " experts and the planned data-parallel degree " +
+                    std::to_string(l.dp) + " (" + describe(l) +
+                    "): leave expert out so the planner picks it, or change replicas";
+      return out;
+    }
+    degrees = {spec.expert};
+  } else {
+    for (int d = 1; d <= std::gcd(spec.moe.experts, l.dp); ++d)
+      if (spec.moe.experts % d == 0 && l.dp % d == 0) degrees.push_back(d);
+  }
+  double smallest = -1;
+  for (int ep : degrees) {
+    if (spec.moe.experts % ep != 0 || l.dp % ep != 0) continue;  // a pinned degree: check_family names the fix
+    const plan::MoeStateBytes st = plan::moe_state_bytes(job.model, moe, cluster.device, l.dp, ep, l.zero);
+    // With offload the optimizer state lives in host memory (the dense estimate counts none of it on the device).
+    const double states = st.params + st.grads + (l.offload ? 0 : st.optimizer);
+    const double mem = e.memory.total() - dense_states + (l.offload ? e.memory.optimizer : 0) + states + extra_act;
+    if (smallest < 0 || mem < smallest) smallest = mem;
+    if (mem > e.memory_capacity) continue;
+    ExpertPlan p;
+    p.expert = ep;
+    p.memory_bytes = mem;
+    const plan::MoeCommEstimate c =
+        plan::moe_comm_estimate(job.model, moe, cluster, ep, l.micro_batch, std::max(1, e.micro_batches));
+    if (ep > 1) {
+      const double per = std::max(1, c.all_to_alls);
+      p.flat_seconds = c.per_all_to_all.flat * per;
+      p.hierarchical_seconds = c.per_all_to_all.hierarchical * per;
+      // The worker's hierarchical exchange needs the pod's ranks to tile the group (check_family).
+      const bool tiles = spec.procs_per_replica >= ep || ep % spec.procs_per_replica == 0;
+      p.all_to_all = !spec.expert_all_to_all.empty()              ? spec.expert_all_to_all
+                     : c.per_all_to_all.use_hierarchical && tiles ? "hierarchical"
+                                                                  : "flat";
+      p.all_to_all_seconds = p.all_to_all == "hierarchical" ? p.hierarchical_seconds : p.flat_seconds;
+    }
+    out.plan = p;
+    return out;
+  }
+  out.why_not =
+      "the mixture-of-experts model (" + std::to_string(spec.moe.experts) + " experts) needs " +
+      bytes_text(std::max(0.0, smallest)) + " per device at best (" + describe(l) + ") of " +
+      bytes_text(e.memory_capacity) +
+      ": add replicas (a larger data-parallel degree splits the experts further), fewer experts, or a smaller "
+      "globalBatch";
   return out;
 }
 
@@ -314,6 +507,10 @@ std::shared_ptr<const PlacementStepModel> placement_step_model(const JobSpec& sp
   m->layout.pp = w.pipeline;
   m->layout.micro_batch = std::max(1, spec.micro_batch);
   m->layout.zero = spec.zero;
+  m->layout.recompute = spec.recompute == "full"        ? plan::Recompute::kFull
+                        : spec.recompute == "selective" ? plan::Recompute::kSelective
+                                                        : plan::Recompute::kNone;
+  m->layout.sequence_parallel = spec.sequence_parallel;
   if (!plan::check_layout(m->job, m->cluster, m->layout).empty()) return nullptr;
   return m;
 }
@@ -327,10 +524,10 @@ std::optional<MixedSplit> mixed_split(const JobSpec& spec, const std::vector<std
   out.status = {{"ranksByDevice", ranks_by_type}};
   const WorldLayout w = world_layout(spec, static_cast<int>(pod_types.size()));
   // The worker splits unevenly only under plain data parallelism with replicated optimizer state (trainer.cc).
-  if (w.tensor > 1 || w.pipeline > 1 || spec.zero > 0 || spec.deterministic) {
+  if (w.tensor > 1 || w.pipeline > 1 || w.context > 1 || w.expert > 1 || spec.zero > 0 || spec.deterministic) {
     out.why_even =
-        "the worker splits the batch unevenly only under plain data parallelism (tensor 1, pipeline 1, zero 0, not "
-        "deterministic)";
+        "the worker splits the batch unevenly only under plain data parallelism (tensor 1, pipeline 1, context 1, "
+        "expert 1, zero 0, not deterministic)";
     out.status["split"] = "even";
     out.status["why"] = out.why_even;
     return out;
@@ -380,6 +577,18 @@ void apply_plan(JobSpec& spec, const plan::Layout& layout) {
   spec.pipeline = layout.pp;
   spec.zero = layout.zero;
   spec.micro_batch = layout.micro_batch;
+  spec.recompute = plan::to_string(layout.recompute);
+  spec.offload = layout.offload ? "optimizer" : "none";
+  spec.sequence_parallel = layout.sequence_parallel;
+}
+
+void apply_plan(JobSpec& spec, const AutoPlan& plan) {
+  apply_plan(spec, plan.layout);
+  spec.context = plan.context;
+  if (plan.experts) {
+    spec.expert = plan.experts->expert;
+    spec.expert_all_to_all = plan.experts->all_to_all;
+  }
 }
 
 }  // namespace railyard::op

@@ -33,8 +33,25 @@ struct MixedSplit {
   Json status;  // status.plan.mixed
 };
 
+// Mixture of experts under auto: the expert-parallel degree and the dispatch all-to-all the MoE cost model
+// (operator/planner/moe_cost.h) picks for a planned layout.
+struct ExpertPlan {
+  int expert = 1;
+  std::string all_to_all = "flat";  // flat or hierarchical
+  double all_to_all_seconds = 0;    // per step, the chosen algorithm (0 with expert 1: no exchange)
+  double flat_seconds = 0, hierarchical_seconds = 0;
+  double memory_bytes = 0;  // per device with the experts split over `expert` ranks
+};
+
 struct AutoPlan {
-  plan::Layout layout;  // what the worker runs (dp, tp, pp, micro_batch, zero; never SP/interleave/ZeRO-3)
+  // What the worker runs: dp, tp, pp, micro_batch, zero (0-2), recompute (none, selective, full over all layers) and
+  // optimizer offload; never interleave or ZeRO-3; sequence parallelism only when the spec asks for it.
+  plan::Layout layout;
+  std::optional<ExpertPlan> experts;  // MoE models only
+  // Context parallelism, searched only when no layout fits without it (dense models): each sequence split over
+  // `context` ranks; the layout's dp counts replicas (world = dp x context x tp x pp).
+  int context = 1;
+  double ring_seconds = 0;  // per step: the ring exchange the attention does not hide (cp_ring_time)
   plan::Estimate estimate;
   std::string device;   // profile name
   std::string message;  // the event text: the choice, the prediction and why the runner-up lost
@@ -63,7 +80,21 @@ std::shared_ptr<const PlacementStepModel> placement_step_model(const JobSpec& sp
 // or on fewer than two GPU types.
 std::optional<MixedSplit> mixed_split(const JobSpec& spec, const std::vector<std::string>& pod_types);
 
-// Writes the chosen degrees into the spec, so that world_layout() and resolved_config() describe the planned world.
+// Writes the chosen degrees (and recompute/offload) into the spec, so that world_layout() and resolved_config()
+// describe the planned world.
 void apply_plan(JobSpec& spec, const plan::Layout& layout);
+// apply_plan plus the planned expert degree and all-to-all of a MoE model.
+void apply_plan(JobSpec& spec, const AutoPlan& plan);
+
+// The expert degree for a MoE job on the planned layout `e`: the pinned spec.parallelism.expert, else the smallest
+// divisor of gcd(experts, dp) whose memory fits (fewer ranks per all-to-all, none at 1); the all-to-all pinned by
+// spec.parallelism.expertAllToAll, else the cheaper of flat and hierarchical on the topology. A violation when no
+// degree fits.
+struct ExpertChoice {
+  std::optional<ExpertPlan> plan;
+  std::optional<std::string> why_not;
+};
+ExpertChoice choose_experts(const JobSpec& spec, const plan::Job& job, const plan::Cluster& cluster,
+                            const plan::Estimate& e);
 
 }  // namespace railyard::op

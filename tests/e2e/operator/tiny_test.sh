@@ -2,6 +2,8 @@
 # E2E: the tiny example trained for real. `railyard data prepare` makes shards, the operator (with
 # `railyard-worker agent` as its worker command) creates and binds the pod, the agent joins the rendezvous and runs
 # `railyard-worker train --config`, progress (step, loss) reaches the job's status, and the job ends Succeeded.
+# Then the MoE example (deploy/examples/moe.yaml, #14): two pods with expert parallelism 2 and recomputation run to
+# completion, and the pods' resolved config carries the family's fields; a job the worker would refuse is Invalid.
 set -euo pipefail
 src=${RAILYARD_SOURCE_DIR:?}
 state=${RAILYARD_E2E_STATE_DIR:?}
@@ -67,3 +69,54 @@ last_loss=$(grep -o 'step=200/200 loss=[0-9.]*' "$log" | tail -1 | sed 's/.*loss
 python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(0 if abs(a - b) <= 1e-5 * abs(b) else 1)" \
   "$loss" "$last_loss" || fail "status.loss $loss is not the last step's loss $last_loss"
 echo "tiny example e2e: ok (node $node, final loss $loss)"
+
+# The MoE example: expert parallelism 2 across the two pods, hierarchical all-to-all, full recomputation. TMPDIR
+# (through the template) puts the agents' per-generation config.json where this test can read it.
+t0=$SECONDS
+{
+  sed -e "s|/tmp/railyard-data/|$work/data/|g" "$src/deploy/examples/moe.yaml"
+  cat <<EOT
+  template:
+    spec:
+      containers:
+        - env:
+            - {name: TMPDIR, value: "$work/tmp"}
+EOT
+} | kubectl apply -n "$ns" -f - >/dev/null
+mjp() { kubectl get tj moe -n "$ns" -o jsonpath="$1" 2>/dev/null; }
+expert_seen=""
+while :; do
+  phase=$(mjp '{.status.phase}')
+  [ -z "$expert_seen" ] && expert_seen=$(mjp '{.status.world.expert}')
+  case "$phase" in Succeeded) break ;; Failed | Invalid) fail "moe job ended $phase: $(mjp '{.status.conditions}')" ;; esac
+  [ $((SECONDS - t0)) -lt 240 ] || fail "moe job not Succeeded after 240 s (phase '$phase')"
+  sleep 1
+done
+echo "moe example: Succeeded after $((SECONDS - t0)) s"
+[ "$(mjp '{.status.progress}')" = "30/30" ] || fail "moe progress is '$(mjp '{.status.progress}')', want 30/30"
+[ "$expert_seen" = 2 ] || fail "status.world.expert was '$expert_seen', want 2"
+for i in 0 1; do
+  cfg=$(ls "$work"/tmp/railyard-agent/"${ns}_moe_moe-worker-$i"/gen-*/config.json 2>/dev/null | head -1)
+  [ -n "$cfg" ] || fail "no resolved config of moe-worker-$i under $work/tmp/railyard-agent"
+  python3 - "$cfg" <<'EOT' || fail "moe-worker-$i's resolved config lacks the family's fields: $(cat "$cfg")"
+import json, sys
+c = json.load(open(sys.argv[1]))
+assert c["model"]["moe"] == {"experts": 4, "topK": 2, "capacityFactor": 2.0, "auxLossCoef": 0.01}, c["model"]
+assert c["parallelism"]["expert"] == 2 and c["parallelism"]["expertAllToAll"] == "hierarchical", c["parallelism"]
+assert c["memory"]["recompute"] == "full" and c["memory"]["offload"] == "none", c["memory"]
+EOT
+  log=$(ls "$state"/node-agent/pods/"${ns}"_moe-worker-$i/*.log | head -1)
+  grep -q "ep=2 group" "$log" || fail "moe-worker-$i's trainer log shows no expert-parallel group"
+  grep -q "hierarchical all_to_all over 2 = 2 nodes x 1 local ranks" "$log" || fail "moe-worker-$i: not hierarchical"
+  grep -q "full (all layers)" "$log" || fail "moe-worker-$i: recomputation not on"
+done
+grep -q "step=30/30" "$(ls "$state"/node-agent/pods/"${ns}"_moe-worker-0/*.log | head -1)" ||
+  fail "moe-worker-0's log has no step 30/30"
+
+# What the worker refuses is refused up front: expert 3 divides neither the 4 experts nor the 2 data-parallel ranks.
+sed -e "s|/tmp/railyard-data/|$work/data/|g" -e "s|name: moe|name: moe-bad|" -e "s|expert: 2 |expert: 3 |" \
+  "$src/deploy/examples/moe.yaml" | kubectl apply -n "$ns" -f - >/dev/null
+wait_for 30 "moe-bad Invalid" sh -c "[ \"\$(kubectl get tj moe-bad -n $ns -o jsonpath='{.status.phase}')\" = Invalid ]"
+msg=$(kubectl get tj moe-bad -n "$ns" -o jsonpath='{.status.conditions[?(@.type=="Invalid")].message}')
+case "$msg" in "spec.parallelism.expert: 3 does not divide the 4 experts"*) ;; *) fail "moe-bad message: '$msg'" ;; esac
+echo "moe example e2e: ok (expert 2 hierarchical, recompute full; expert 3 Invalid)"

@@ -277,6 +277,62 @@ TEST_CASE("railyard-worker train --device: auto trains on the CPU without a GPU,
   CHECK(r.err.find("unknown value \"tpu\"") != std::string::npos);
 }
 
+TEST_CASE("railyard-worker train --config: the parallelism family from the operator's resolved config; flags win") {
+  TempDir dir;
+  const std::string d = dir.path();
+  Run r = run("railyard data prepare --input /usr/share/common-licenses/Apache-2.0 --output " + d + "/data", d);
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  // The keys operator/controller/job_spec.cc resolved_config writes for a MoE job with expert parallelism 2.
+  nlohmann::json cfg = {
+      {"model",
+       {{"preset", "custom"},
+        {"layers", 2},
+        {"hidden", 32},
+        {"heads", 2},
+        {"seqLen", 32},
+        {"vocab", 256},
+        {"moe", {{"experts", 4}, {"topK", 2}, {"capacityFactor", 2.0}, {"auxLossCoef", 0.01}}}}},
+      {"training", {{"steps", 2}, {"globalBatch", 4}, {"microBatch", 1}, {"seqLen", 16}}},
+      {"layout", {{"world", 2}, {"dp", 2}, {"tp", 1}, {"pp", 1}}},
+      {"parallelism", {{"zero", 0}, {"expert", 2}, {"expertAllToAll", "hierarchical"}, {"context", 1}}},
+      {"memory", {{"recompute", "full"}, {"offload", "none"}}},
+      {"data", {{"path", d + "/data"}}}};
+  std::ofstream(d + "/moe.json") << cfg.dump();
+  r = run("railyard-worker train --nproc 2 --config " + d + "/moe.json --threads 1 --ep-node-size 1", d);
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  CHECK_MESSAGE(r.err.find("ep=2") != std::string::npos, r.err);
+  CHECK(r.err.find("hierarchical all_to_all over 2") != std::string::npos);
+  CHECK(r.err.find("full (all layers)") != std::string::npos);
+  CHECK(r.err.find("aux_loss=") != std::string::npos);  // the MoE model trained
+  // An explicit flag wins over the config's key.
+  r = run("railyard-worker train --nproc 2 --config " + d + "/moe.json --threads 1 --ep-a2a flat --recompute none", d);
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  CHECK(r.err.find("flat all_to_all over 2") != std::string::npos);
+  CHECK(r.err.find("hierarchical all_to_all") == std::string::npos);
+  CHECK(r.err.find("full (all layers)") == std::string::npos);
+  // context and offload reach the worker too: context 2 in one process is refused naming --cp.
+  cfg["layout"] = {{"world", 1}, {"dp", 1}, {"tp", 1}, {"pp", 1}};
+  cfg["parallelism"] = {{"context", 2}};
+  std::ofstream(d + "/cp.json") << cfg.dump();
+  r = run("railyard-worker train --config " + d + "/cp.json --threads 1", d);
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(r.err.find("--cp 2") != std::string::npos, r.err);
+  // ... and over two ranks (a dense model) it runs the context-parallel stage.
+  cfg["model"].erase("moe");
+  cfg["layout"] = {{"world", 2}, {"dp", 2}, {"tp", 1}, {"pp", 1}, {"cp", 2}};
+  std::ofstream(d + "/cp2.json") << cfg.dump();
+  r = run("railyard-worker train --nproc 2 --config " + d + "/cp2.json --threads 1", d);
+  CHECK_MESSAGE(r.code == 0, r.err);
+  CHECK(r.err.find("context parallel 2") != std::string::npos);
+  cfg["layout"] = {{"world", 1}, {"dp", 1}, {"tp", 1}, {"pp", 1}};
+  cfg["parallelism"] = nlohmann::json::object();
+  cfg["memory"] = {{"offload", "params"}};
+  std::ofstream(d + "/off.json") << cfg.dump();
+  r = run("railyard-worker train --config " + d + "/off.json --threads 1", d);
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(r.err.find("--offload params") != std::string::npos, r.err);
+}
+
 TEST_CASE("--device auto: GPUs counted from the driver's device nodes, without loading CUDA") {
   TempDir dir;
   const std::string d = dir.path();
