@@ -479,15 +479,19 @@ std::optional<Violation> check_family(const JobSpec& s, int replicas) {
   Checker c;
   const WorldLayout w = world_layout(s, replicas);
   const int dp_ranks = w.data * w.context;  // the worker's data-parallel group (context ranks share a replica)
-  // Mixture of experts: worker/main.cc refuses tensor/pipeline with experts, and context parallelism runs the sharded
-  // model, which has no experts yet.
-  if (s.moe.experts > 0 && (w.tensor > 1 || w.pipeline > 1 || w.context > 1))
+  // Mixture of experts: the worker runs experts with data, expert, tensor and pipeline parallelism (GptStage), not with
+  // context parallelism; and its deterministic mode with expert parallelism needs the data-parallel path (no tp/pp).
+  if (s.moe.experts > 0 && w.context > 1)
     c.fail("spec.model.moe",
-           "experts with tensor " + std::to_string(w.tensor) + ", pipeline " + std::to_string(w.pipeline) +
-               ", context " + std::to_string(w.context) +
-               ": mixture of experts composes with data and expert parallelism, ZeRO and deterministic mode only so "
-               "far",
-           "set spec.parallelism.tensor, pipeline and context to 1, or drop spec.model.moe");
+           "experts with context " + std::to_string(w.context) +
+               ": mixture-of-experts layers are not built for context parallelism",
+           "set spec.parallelism.context to 1, or drop spec.model.moe");
+  if (s.moe.experts > 0 && s.expert > 1 && s.deterministic && (w.tensor > 1 || w.pipeline > 1))
+    c.fail("spec.parallelism.deterministic",
+           "with expert " + std::to_string(s.expert) + " and tensor " + std::to_string(w.tensor) + ", pipeline " +
+               std::to_string(w.pipeline) +
+               ": the tensor/pipeline stage does not return expert gradients to their tokens' ranks",
+           "set deterministic false, expert 1, or tensor and pipeline 1");
   if (s.expert > 1) {
     if (s.moe.experts == 0)
       c.fail("spec.parallelism.expert", std::to_string(s.expert) + " needs a mixture-of-experts model",

@@ -121,8 +121,9 @@ TEST_CASE("what the worker refuses in the family makes the job Invalid, naming t
       {R"({"spec": {"replicas": 3, "procsPerReplica": 4, "training": {"globalBatch": 12, "microBatch": 1},
            "model": {"moe": {"experts": 12}}, "parallelism": {"expert": 6}}})",
        "spec.parallelism.expertAllToAll", "use flat, or an expert degree that is a multiple of procsPerReplica"},
-      {R"({"spec": {"procsPerReplica": 2, "parallelism": {"tensor": 2}}})", "spec.model.moe",
-       "set spec.parallelism.tensor, pipeline and context to 1"},
+      {R"({"spec": {"parallelism": {"context": 2}}})", "spec.model.moe", "set spec.parallelism.context to 1"},
+      {R"({"spec": {"procsPerReplica": 2, "parallelism": {"tensor": 2, "deterministic": true}}})",
+       "spec.parallelism.deterministic", "set deterministic false, expert 1, or tensor and pipeline 1"},
       // sequence and context parallelism
       {R"({"spec": {"model": {"moe": null}, "parallelism": {"expert": null, "expertAllToAll": null,
            "sequenceParallel": true}}})",
@@ -161,6 +162,15 @@ TEST_CASE("what the worker refuses in the family makes the job Invalid, naming t
   CHECK_FALSE(parse_job(moe_job()).violation);
   CHECK(parse_job(moe_job(Json::parse(R"({"spec": {"parallelism": {"zero": 2}}})"))).spec.zero == 2);
   CHECK_FALSE(parse_job(moe_job(Json::parse(R"({"spec": {"memory": {"offload": "optimizer"}}})"))).violation);
+  // Experts compose with tensor and pipeline parallelism (the worker's GptStage), also deterministic without expert.
+  for (const char* ok : {R"({"spec": {"procsPerReplica": 2, "parallelism": {"tensor": 2}}})",
+                         R"({"spec": {"procsPerReplica": 2, "parallelism": {"pipeline": 2}}})",
+                         R"({"spec": {"procsPerReplica": 2, "parallelism": {"tensor": 2, "expert": 1,
+                             "expertAllToAll": null, "deterministic": true}}})"}) {
+    CAPTURE(ok);
+    const ParsedJob p = parse_job(moe_job(Json::parse(ok)));
+    CHECK_MESSAGE(!p.violation, (p.violation ? p.violation->message : ""));
+  }
 }
 
 TEST_CASE("an elastic MoE job resizes only to worlds whose data-parallel degree the expert degree divides") {

@@ -310,15 +310,16 @@ TEST_CASE("railyard-worker train --config: the parallelism family from the opera
   CHECK(r.err.find("flat all_to_all over 2") != std::string::npos);
   CHECK(r.err.find("hierarchical all_to_all") == std::string::npos);
   CHECK(r.err.find("full (all layers)") == std::string::npos);
-  // context and offload reach the worker too: context 2 in one process is refused naming --cp.
+  // context and offload reach the worker too: context 2 in one process is refused naming --cp (a dense model: experts
+  // are refused with --cp before that).
+  cfg["model"].erase("moe");
   cfg["layout"] = {{"world", 1}, {"dp", 1}, {"tp", 1}, {"pp", 1}};
   cfg["parallelism"] = {{"context", 2}};
   std::ofstream(d + "/cp.json") << cfg.dump();
   r = run("railyard-worker train --config " + d + "/cp.json --threads 1", d);
   CHECK(r.code == 2);
   CHECK_MESSAGE(r.err.find("--cp 2") != std::string::npos, r.err);
-  // ... and over two ranks (a dense model) it runs the context-parallel stage.
-  cfg["model"].erase("moe");
+  // ... and over two ranks it runs the context-parallel stage.
   cfg["layout"] = {{"world", 2}, {"dp", 2}, {"tp", 1}, {"pp", 1}, {"cp", 2}};
   std::ofstream(d + "/cp2.json") << cfg.dump();
   r = run("railyard-worker train --nproc 2 --config " + d + "/cp2.json --threads 1", d);
