@@ -406,9 +406,8 @@ comm::DeviceWorldConnector nccl_world_from(const CudaModule* m) {
 parallel::ModelGroups model_parallel_groups(DistSetup& d, DeviceKind device) {
   if (device == DeviceKind::kCuda) {
     if (d.device_groups == nullptr) {
-      throw ConfigError(
-          "--tp/--pp with spec.device / --device cuda: no NCCL groups were built (a CUDA build with the "
-          "NCCL backend is needed): use --device cpu");
+      throw ConfigError("--tp/--pp with spec.device / --device cuda: no NCCL groups were built (a CUDA build with the "
+                        "NCCL backend is needed): use --device cpu");
     }
     comm::ProcessGroups& g = *d.device_groups;
     return {&g.tp(), &g.pp(), g.embedding(), d.device_cp.get()};
