@@ -14,10 +14,27 @@ constexpr unsigned kFullMask = 0xffffffffu;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < (n); \
        i += static_cast<size_t>(gridDim.x) * blockDim.x)
 
-// The warp's row: (b, h, i) of B*NH*Tc rows, or -1 past the end.
-__device__ __forceinline__ long long warp_row(size_t rows) {
+// The warp's row of the B*NH*Tc (b, head, position) rows: where its head's channels start in (B,Tc,*) tensors.
+struct WarpRow {
+  size_t row;  // ((b NH) + h) Tc + pos: index into m, l, lse, D
+  size_t bh;   // b NH + h
+  size_t bt0;  // b Tc: the sequence's first token
+  size_t ch;   // h hs: the head's first channel
+  int pos, hs, lane;
+};
+
+// False past the last row (the whole warp: one warp per row, so the shuffles see all 32 lanes).
+__device__ __forceinline__ bool warp_row(WarpRow& w, int B, int Tc, int C, int NH) {
   const size_t r = blockIdx.x * static_cast<size_t>(kRowsPerBlock) + threadIdx.x / kWarpSize;
-  return r < rows ? static_cast<long long>(r) : -1;
+  if (r >= static_cast<size_t>(B) * NH * Tc) return false;
+  w.row = r;
+  w.pos = static_cast<int>(r % Tc);
+  w.bh = r / Tc;
+  w.hs = C / NH;
+  w.bt0 = w.bh / NH * Tc;
+  w.ch = w.bh % NH * w.hs;
+  w.lane = threadIdx.x % kWarpSize;
+  return true;
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -81,21 +98,19 @@ __global__ void ring_fill_kernel(float* x, float v, size_t n) {
 
 __global__ void ring_forward_block_kernel(float* out, float* m, float* l, const float* qkv, const float* kv, int B,
                                           int Tc, int C, int NH, int diagonal, float scale) {
-  const int hs = C / NH, lane = threadIdx.x % kWarpSize;
-  const long long row = warp_row(static_cast<size_t>(B) * NH * Tc);
-  if (row < 0) return;
-  const int i = static_cast<int>(row % Tc);
-  const size_t bh = row / Tc, b = bh / NH, h = bh % NH;
+  WarpRow w;
+  if (!warp_row(w, B, Tc, C, NH)) return;
+  const int hs = w.hs, lane = w.lane;
   float q[kMaxPerLane], o[kMaxPerLane];
-  load(q, qkv + (b * Tc + i) * 3 * C + h * hs, hs, lane);
-  float* orow = out + (b * Tc + i) * C + h * hs;
+  load(q, qkv + (w.bt0 + w.pos) * 3 * C + w.ch, hs, lane);
+  float* orow = out + (w.bt0 + w.pos) * C + w.ch;
   load(o, orow, hs, lane);
-  const int visible = diagonal ? i + 1 : Tc;
-  const float* kb = kv + b * Tc * 2 * C + h * hs;
+  const int visible = diagonal ? w.pos + 1 : Tc;
+  const float* kb = kv + w.bt0 * 2 * C + w.ch;
   float bm = -INFINITY;
   for (int t = 0; t < visible; ++t) bm = fmaxf(bm, dot(q, kb + static_cast<size_t>(t) * 2 * C, hs, lane) * scale);
-  const float mold = m[row], mnew = fmaxf(mold, bm), a = expf(mold - mnew);
-  float lsum = l[row] * a;
+  const float mold = m[w.row], mnew = fmaxf(mold, bm), a = expf(mold - mnew);
+  float lsum = l[w.row] * a;
 #pragma unroll
   for (int k = 0; k < kMaxPerLane; ++k) o[k] *= a;
   for (int t = 0; t < visible; ++t) {
@@ -110,84 +125,74 @@ __global__ void ring_forward_block_kernel(float* out, float* m, float* l, const 
     if (c < hs) orow[c] = o[k];
   }
   if (lane == 0) {
-    m[row] = mnew;
-    l[row] = lsum;
+    m[w.row] = mnew;
+    l[w.row] = lsum;
   }
 }
 
 __global__ void ring_forward_end_kernel(float* out, float* lse, const float* m, const float* l, int B, int Tc, int C,
                                         int NH) {
-  const int hs = C / NH, lane = threadIdx.x % kWarpSize;
-  const long long row = warp_row(static_cast<size_t>(B) * NH * Tc);
-  if (row < 0) return;
-  const int i = static_cast<int>(row % Tc);
-  const size_t bh = row / Tc, b = bh / NH, h = bh % NH;
-  const float inv = 1.0f / l[row];
-  float* orow = out + (b * Tc + i) * C + h * hs;
-  for (int c = lane; c < hs; c += kWarpSize) orow[c] *= inv;
-  if (lane == 0) lse[row] = m[row] + logf(l[row]);
+  WarpRow w;
+  if (!warp_row(w, B, Tc, C, NH)) return;
+  const float inv = 1.0f / l[w.row];
+  float* orow = out + (w.bt0 + w.pos) * C + w.ch;
+  for (int c = w.lane; c < w.hs; c += kWarpSize) orow[c] *= inv;
+  if (w.lane == 0) lse[w.row] = m[w.row] + logf(l[w.row]);
 }
 
 __global__ void ring_rowdot_kernel(float* D, const float* dout, const float* out, int B, int Tc, int C, int NH) {
-  const int hs = C / NH, lane = threadIdx.x % kWarpSize;
-  const long long row = warp_row(static_cast<size_t>(B) * NH * Tc);
-  if (row < 0) return;
-  const int i = static_cast<int>(row % Tc);
-  const size_t bh = row / Tc, b = bh / NH, h = bh % NH;
-  const size_t at = (b * Tc + i) * C + h * hs;
+  WarpRow w;
+  if (!warp_row(w, B, Tc, C, NH)) return;
+  const size_t at = (w.bt0 + w.pos) * C + w.ch;
   float s = 0.0f;
-  for (int c = lane; c < hs; c += kWarpSize) s += out[at + c] * dout[at + c];
+  for (int c = w.lane; c < w.hs; c += kWarpSize) s += out[at + c] * dout[at + c];
   s = warp_sum(s);
-  if (lane == 0) D[row] = s;
+  if (w.lane == 0) D[w.row] = s;
 }
 
 // d(queries) of one query row over the block's visible keys.
 __global__ void ring_backward_dq_kernel(float* dqkv, const float* dout, const float* qkv, const float* kv,
                                         const float* lse, const float* D, int B, int Tc, int C, int NH, int diagonal,
                                         float scale) {
-  const int hs = C / NH, lane = threadIdx.x % kWarpSize;
-  const long long row = warp_row(static_cast<size_t>(B) * NH * Tc);
-  if (row < 0) return;
-  const int i = static_cast<int>(row % Tc);
-  const size_t bh = row / Tc, b = bh / NH, h = bh % NH;
+  WarpRow w;
+  if (!warp_row(w, B, Tc, C, NH)) return;
+  const int hs = w.hs, lane = w.lane;
   float q[kMaxPerLane], g[kMaxPerLane], dq[kMaxPerLane] = {};
-  load(q, qkv + (b * Tc + i) * 3 * C + h * hs, hs, lane);
-  load(g, dout + (b * Tc + i) * C + h * hs, hs, lane);
-  const float L = lse[row], Dr = D[row];
-  const int visible = diagonal ? i + 1 : Tc;
-  const float* kb = kv + b * Tc * 2 * C + h * hs;
+  load(q, qkv + (w.bt0 + w.pos) * 3 * C + w.ch, hs, lane);
+  load(g, dout + (w.bt0 + w.pos) * C + w.ch, hs, lane);
+  const float L = lse[w.row], Dr = D[w.row];
+  const int visible = diagonal ? w.pos + 1 : Tc;
+  const float* kb = kv + w.bt0 * 2 * C + w.ch;
   for (int t = 0; t < visible; ++t) {
     const float* krow = kb + static_cast<size_t>(t) * 2 * C;
     const float p = expf(dot(q, krow, hs, lane) * scale - L);
     const float ds = p * (dot(g, krow + C, hs, lane) - Dr) * scale;
     add_scaled(dq, ds, krow, hs, lane);
   }
-  add_to(dqkv + (b * Tc + i) * 3 * C + h * hs, dq, hs, lane);
+  add_to(dqkv + (w.bt0 + w.pos) * 3 * C + w.ch, dq, hs, lane);
 }
 
-// d(keys), d(values) of one key row over the queries that see it.
+// d(keys), d(values) of one key row (position w.pos of the block) over the queries that see it.
 __global__ void ring_backward_dkv_kernel(float* dkv, const float* dout, const float* qkv, const float* kv,
                                          const float* lse, const float* D, int B, int Tc, int C, int NH, int diagonal,
                                          float scale) {
-  const int hs = C / NH, lane = threadIdx.x % kWarpSize;
-  const long long row = warp_row(static_cast<size_t>(B) * NH * Tc);
-  if (row < 0) return;
-  const int t = static_cast<int>(row % Tc);
-  const size_t bh = row / Tc, b = bh / NH, h = bh % NH;
+  WarpRow w;
+  if (!warp_row(w, B, Tc, C, NH)) return;
+  const int hs = w.hs, lane = w.lane, t = w.pos;
   float k[kMaxPerLane], v[kMaxPerLane], dk[kMaxPerLane] = {}, dv[kMaxPerLane] = {};
-  const float* krow = kv + (b * Tc + t) * 2 * C + h * hs;
+  const float* krow = kv + (w.bt0 + t) * 2 * C + w.ch;
   load(k, krow, hs, lane);
   load(v, krow + C, hs, lane);
   for (int i = diagonal ? t : 0; i < Tc; ++i) {
-    const float* qrow = qkv + (b * Tc + i) * 3 * C + h * hs;
-    const float* grow = dout + (b * Tc + i) * C + h * hs;
-    const size_t qr = bh * Tc + i;
+    const float* qrow = qkv + (w.bt0 + i) * 3 * C + w.ch;
+    const float* grow = dout + (w.bt0 + i) * C + w.ch;
+    const size_t qr = w.bh * Tc + i;
     const float p = expf(dot(k, qrow, hs, lane) * scale - lse[qr]);
     const float ds = p * (dot(v, grow, hs, lane) - D[qr]) * scale;
     add_scaled(dv, p, grow, hs, lane);
     add_scaled(dk, ds, qrow, hs, lane);
   }
-  float* dkrow = dkv + (b * Tc + t) * 2 * C + h * hs;
+  float* dkrow = dkv + (w.bt0 + t) * 2 * C + w.ch;
   add_to(dkrow, dk, hs, lane);
   add_to(dkrow + C, dv, hs, lane);
 }
