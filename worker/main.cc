@@ -379,7 +379,8 @@ struct DistSetup {
   std::unique_ptr<comm::ProcessGroups> device_groups;
   std::unique_ptr<comm::Communicator> grad_comm;
   std::unique_ptr<comm::StreamReducer> reducer;
-  std::unique_ptr<comm::Communicator> cp;  // --cp > 1: this rank's block of cp consecutive dp ranks
+  std::unique_ptr<comm::Communicator> cp;         // --cp > 1: this rank's block of cp consecutive dp ranks
+  std::unique_ptr<comm::Communicator> device_cp;  // the same block over NCCL (CUDA): ring attention's device memory
   std::unique_ptr<parallel::DataParallel> sync;
   std::unique_ptr<parallel::ParallelGpt> sharded;  // tp * pp > 1
   int zero = 0;
@@ -404,16 +405,12 @@ comm::DeviceWorldConnector nccl_world_from(const CudaModule* m) {
 // groups over the same ranks (comm::connect_worker_groups; docs/gpu.md "Tensor and pipeline parallelism on CUDA").
 parallel::ModelGroups model_parallel_groups(DistSetup& d, DeviceKind device) {
   if (device == DeviceKind::kCuda) {
-    if (d.cp != nullptr) {
-      throw ConfigError("--cp with spec.device / --device cuda: ring attention runs on the host only so far: use "
-                        "--device cpu or drop --cp");
-    }
     if (d.device_groups == nullptr) {
       throw ConfigError("--tp/--pp with spec.device / --device cuda: no NCCL groups were built (a CUDA build with the "
                         "NCCL backend is needed): use --device cpu");
     }
     comm::ProcessGroups& g = *d.device_groups;
-    return {&g.tp(), &g.pp(), g.embedding(), nullptr};
+    return {&g.tp(), &g.pp(), g.embedding(), d.device_cp.get()};
   }
   comm::ProcessGroups& g = *d.groups;
   return {&g.tp(), &g.pp(), g.embedding(), d.cp.get()};
@@ -467,6 +464,7 @@ DistSetup join_world(std::map<std::string, std::string>& f, TrainConfig& tc, Dev
     std::vector<int> block;
     for (int i = 0; i < tc.cp; ++i) block.push_back(dp.rank() / tc.cp * tc.cp + i);
     d.cp = dp.split(block, "cp");
+    if (d.device_groups != nullptr) d.device_cp = d.device_groups->dp().split(block, "cp");
   }
   if (d.groups->rank() != 0) {
     // Files and step lines that speak for the whole job come from rank 0 only.

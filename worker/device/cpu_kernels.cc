@@ -1,11 +1,14 @@
 #include "worker/device/cpu_kernels.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <new>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "common/error.h"
 #include "worker/kernels/cpu/kernels.h"
@@ -262,6 +265,143 @@ void CpuKernels<T>::accumulate(T* out, const T* in, size_t n) {
 template <typename T>
 void CpuKernels<T>::copy(T* dst, const T* src, size_t n) {
   if (dst != src && n > 0) std::memcpy(dst, src, n * sizeof(T));
+}
+
+// Ring attention (context parallelism): the loops RingAttention ran on host memory before issue #11, moved. Work is
+// split over (b, head) pairs, each pair's rows and keys in order, so the thread count does not change a bit.
+template <typename T>
+void CpuKernels<T>::ring_forward_begin(T* kv, T* out, T* m, T* l, const T* qkv, int B, int Tc, int C, int NH) {
+  const size_t Cs = C, rows = static_cast<size_t>(B) * NH * Tc;
+  for (size_t bt = 0; bt < static_cast<size_t>(B) * Tc; ++bt)
+    std::memcpy(kv + bt * 2 * Cs, qkv + bt * 3 * Cs + Cs, 2 * Cs * sizeof(T));
+  std::fill(m, m + rows, -std::numeric_limits<T>::infinity());
+  std::fill(l, l + rows, T(0));
+  std::memset(out, 0, static_cast<size_t>(B) * Tc * Cs * sizeof(T));
+}
+
+template <typename T>
+void CpuKernels<T>::ring_forward_block(T* out, T* m_, T* l_, const T* qkv, const T* kv, int B, int Tc, int C, int NH,
+                                       bool diagonal) {
+  const int hs = C / NH;
+  const T scale = T(1) / std::sqrt(static_cast<T>(hs));
+  pool_.parallel_for(static_cast<size_t>(B) * NH, [&](size_t begin, size_t end) {
+    std::vector<T> sc(Tc);
+    for (size_t bh = begin; bh < end; ++bh) {
+      const size_t b = bh / NH, h = bh % NH;
+      for (int i = 0; i < Tc; ++i) {
+        const T* q = qkv + (b * Tc + i) * 3 * C + h * hs;
+        const int visible = diagonal ? i + 1 : Tc;  // causal: an earlier block fully, the diagonal block up to i
+        T bm = -std::numeric_limits<T>::infinity();
+        for (int t = 0; t < visible; ++t) {
+          const T* k = kv + (b * Tc + t) * 2 * C + h * hs;
+          T dot = 0;
+          for (int c = 0; c < hs; ++c) dot += q[c] * k[c];
+          sc[t] = dot * scale;
+          bm = std::max(bm, sc[t]);
+        }
+        const size_t row = bh * Tc + i;
+        const T mnew = std::max(m_[row], bm);
+        const T a = std::exp(m_[row] - mnew);  // 0 on the first visible block (m = -inf)
+        T* o = out + (b * Tc + i) * C + h * hs;
+        T l = l_[row] * a;
+        for (int c = 0; c < hs; ++c) o[c] *= a;
+        for (int t = 0; t < visible; ++t) {
+          const T p = std::exp(sc[t] - mnew);
+          const T* v = kv + (b * Tc + t) * 2 * C + C + h * hs;
+          l += p;
+          for (int c = 0; c < hs; ++c) o[c] += p * v[c];
+        }
+        m_[row] = mnew;
+        l_[row] = l;
+      }
+    }
+  });
+}
+
+template <typename T>
+void CpuKernels<T>::ring_forward_end(T* out, T* lse, const T* m_, const T* l_, int B, int Tc, int C, int NH) {
+  const int hs = C / NH;
+  pool_.parallel_for(static_cast<size_t>(B) * NH, [&](size_t begin, size_t end) {
+    for (size_t bh = begin; bh < end; ++bh) {
+      const size_t b = bh / NH, h = bh % NH;
+      for (int i = 0; i < Tc; ++i) {
+        const size_t row = bh * Tc + i;
+        const T inv = T(1) / l_[row];
+        T* o = out + (b * Tc + i) * C + h * hs;
+        for (int c = 0; c < hs; ++c) o[c] *= inv;
+        lse[row] = m_[row] + std::log(l_[row]);
+      }
+    }
+  });
+}
+
+template <typename T>
+void CpuKernels<T>::ring_backward_begin(T* kv, T* dkv, T* dqkv, T* d_, const T* dout, const T* qkv, const T* out, int B,
+                                        int Tc, int C, int NH) {
+  const size_t Cs = C;
+  const int hs = C / NH;
+  for (size_t bt = 0; bt < static_cast<size_t>(B) * Tc; ++bt)
+    std::memcpy(kv + bt * 2 * Cs, qkv + bt * 3 * Cs + Cs, 2 * Cs * sizeof(T));
+  std::fill(dkv, dkv + static_cast<size_t>(B) * Tc * 2 * Cs, T(0));
+  std::memset(dqkv, 0, static_cast<size_t>(B) * Tc * 3 * Cs * sizeof(T));
+  // D (b,h,i) = dout_i . out_i over the head's channels (the softmax backward's row term)
+  pool_.parallel_for(static_cast<size_t>(B) * NH, [&](size_t begin, size_t end) {
+    for (size_t bh = begin; bh < end; ++bh) {
+      const size_t b = bh / NH, h = bh % NH;
+      for (int i = 0; i < Tc; ++i) {
+        const T *o = out + (b * Tc + i) * C + h * hs, *d = dout + (b * Tc + i) * C + h * hs;
+        T sum = 0;
+        for (int c = 0; c < hs; ++c) sum += o[c] * d[c];
+        d_[bh * Tc + i] = sum;
+      }
+    }
+  });
+}
+
+template <typename T>
+void CpuKernels<T>::ring_backward_block(T* dqkv, T* dkv, const T* dout, const T* qkv, const T* kv, const T* lse,
+                                        const T* d_, int B, int Tc, int C, int NH, bool diagonal) {
+  const int hs = C / NH;
+  const T scale = T(1) / std::sqrt(static_cast<T>(hs));
+  pool_.parallel_for(static_cast<size_t>(B) * NH, [&](size_t begin, size_t end) {
+    for (size_t bh = begin; bh < end; ++bh) {
+      const size_t b = bh / NH, h = bh % NH;
+      for (int i = 0; i < Tc; ++i) {
+        const T* q = qkv + (b * Tc + i) * 3 * C + h * hs;
+        const T* d = dout + (b * Tc + i) * C + h * hs;
+        T* dq = dqkv + (b * Tc + i) * 3 * C + h * hs;
+        const size_t row = bh * Tc + i;
+        const int visible = diagonal ? i + 1 : Tc;
+        for (int t = 0; t < visible; ++t) {
+          const T* k = kv + (b * Tc + t) * 2 * C + h * hs;
+          const T* v = k + C;
+          T* dk = dkv + (b * Tc + t) * 2 * C + h * hs;
+          T* dv = dk + C;
+          T dot = 0, dp = 0;
+          for (int c = 0; c < hs; ++c) {
+            dot += q[c] * k[c];
+            dp += d[c] * v[c];
+          }
+          const T p = std::exp(dot * scale - lse[row]);
+          const T ds = p * (dp - d_[row]) * scale;
+          for (int c = 0; c < hs; ++c) {
+            dv[c] += p * d[c];
+            dq[c] += ds * k[c];
+            dk[c] += ds * q[c];
+          }
+        }
+      }
+    }
+  });
+}
+
+template <typename T>
+void CpuKernels<T>::ring_backward_end(T* dqkv, const T* dkv, int B, int Tc, int C) {
+  for (size_t bt = 0; bt < static_cast<size_t>(B) * Tc; ++bt) {
+    T* dst = dqkv + bt * 3 * C + C;
+    const T* src = dkv + bt * 2 * C;
+    for (int c = 0; c < 2 * C; ++c) dst[c] = src[c];
+  }
 }
 
 template class CpuKernels<float>;

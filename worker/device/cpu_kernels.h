@@ -63,6 +63,15 @@ class CpuKernels final : public Kernels<T> {
                        int Vl, int Vr, T scale) override;
   void accumulate(T* out, const T* in, size_t n) override;
   void copy(T* dst, const T* src, size_t n) override;
+  void ring_forward_begin(T* kv, T* out, T* m, T* l, const T* qkv, int B, int Tc, int C, int NH) override;
+  void ring_forward_block(T* out, T* m, T* l, const T* qkv, const T* kv, int B, int Tc, int C, int NH,
+                          bool diagonal) override;
+  void ring_forward_end(T* out, T* lse, const T* m, const T* l, int B, int Tc, int C, int NH) override;
+  void ring_backward_begin(T* kv, T* dkv, T* dqkv, T* D, const T* dout, const T* qkv, const T* out, int B, int Tc,
+                           int C, int NH) override;
+  void ring_backward_block(T* dqkv, T* dkv, const T* dout, const T* qkv, const T* kv, const T* lse, const T* D, int B,
+                           int Tc, int C, int NH, bool diagonal) override;
+  void ring_backward_end(T* dqkv, const T* dkv, int B, int Tc, int C) override;
 
  private:
   ThreadPool& pool_;

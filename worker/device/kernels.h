@@ -159,6 +159,28 @@ class Kernels : public DeviceMemory {
   // enqueues its kernels on (a cudaStream_t on CUDA), so a communicator can order its work after them
   // (comm::nccl_stream_reducer); null on devices whose kernels have finished when they return (the CPU).
   virtual void* compute_stream() { return nullptr; }
+
+  // ---- Context parallelism's ring attention (worker/parallel/ring_attention.h; appended, issue #11): the blockwise
+  // online softmax of causal attention over key/value blocks that the ring passes around; none of these communicates.
+  // Layouts: qkv (B,Tc,3C) this rank's positions, out (B,Tc,C), kv a key/value block (B,Tc,2C) [k | v] per token,
+  // dkv its gradient; rows m, l (running max and sum), lse, D: (B,NH,Tc). `diagonal`: the block holds the queries' own
+  // positions (causal mask: key t visible to query i iff t <= i); otherwise the block precedes them (all visible).
+  // Forward start: kv = qkv's keys/values, out = 0, m = -inf, l = 0.
+  virtual void ring_forward_begin(T* kv, T* out, T* m, T* l, const T* qkv, int B, int Tc, int C, int NH) = 0;
+  // Merges one block into (m, l, unnormalised out): out = out e^(m - m') + sum_t e^(s_t - m') v_t, m' = max(m, s).
+  virtual void ring_forward_block(T* out, T* m, T* l, const T* qkv, const T* kv, int B, int Tc, int C, int NH,
+                                  bool diagonal) = 0;
+  // out /= l; lse = m + log l.
+  virtual void ring_forward_end(T* out, T* lse, const T* m, const T* l, int B, int Tc, int C, int NH) = 0;
+  // Backward start: kv as above, dkv = 0, dqkv = 0, D = rowsum(dout * out) over each head's channels.
+  virtual void ring_backward_begin(T* kv, T* dkv, T* dqkv, T* D, const T* dout, const T* qkv, const T* out, int B,
+                                   int Tc, int C, int NH) = 0;
+  // One block pair from the merged lse: dqkv's query part += dS k, dkv += (dS^T q | P^T dout), P = e^(s - lse),
+  // dS = P (dout v^T - D) / sqrt(hs).
+  virtual void ring_backward_block(T* dqkv, T* dkv, const T* dout, const T* qkv, const T* kv, const T* lse, const T* D,
+                                   int B, int Tc, int C, int NH, bool diagonal) = 0;
+  // dqkv's key/value part = dkv (the block's gradient back at its owner).
+  virtual void ring_backward_end(T* dqkv, const T* dkv, int B, int Tc, int C) = 0;
 };
 
 }  // namespace railyard::worker

@@ -112,12 +112,6 @@ GptStage::GptStage(const StageShape& shape, int B, int seq_len, int slots, Threa
       throw ConfigError("--cp " + std::to_string(cp_size_) + " must divide the sequence length --seq " +
                         std::to_string(seq_len) + " (each rank holds seq/cp positions)");
     }
-    if (!dev_->host_accessible()) {
-      throw ConfigError(std::string("--cp ") + std::to_string(cp_size_) + " with spec.device / --device " +
-                        device_name(dev_->kind()) +
-                        ": ring attention (context parallelism) runs on the CPU only so far; use --device cpu or "
-                        "drop --cp");
-    }
     if (sp_) {
       throw ConfigError(
           "--cp with --sequence-parallel is not implemented (each works alone, with tp): drop one of them");
@@ -229,7 +223,7 @@ GptStage::GptStage(const StageShape& shape, int B, int seq_len, int slots, Threa
   if (ds.ln_scratch > 0) ln_scratch_ = take(ds.ln_scratch);
   if (p != scratch_.data() + scratch_.size()) throw Error("GptStage: scratch layout does not add up (a bug)");
   if (cp_size_ > 1) {
-    ring_ = std::make_unique<RingAttention>(cp, B, T_, static_cast<int>(Cl), shape_.local_heads(), pool);
+    ring_ = std::make_unique<RingAttention>(cp, B, T_, static_cast<int>(Cl), shape_.local_heads(), *dev_);
     if (ring_->workspace_bytes() != z.ring * sizeof(float)) throw Error("GptStage: ring workspace mismatch (a bug)");
     cp_tokens_ = AlignedBuffer<int32_t>(2 * N);
   }

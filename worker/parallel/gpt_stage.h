@@ -164,8 +164,7 @@ class GptStage {
   bool sp_;
   size_t rows_;
   int T_full_, cp_size_ = 1, cp_rank_ = 0;  // T_ is the local sequence length T_full_ / cp_size_
-  std::unique_ptr<RingAttention> ring_;
-  AlignedBuffer<int32_t> cp_tokens_;  // context parallel: this rank's slice of the inputs and targets (2 B T_)
+  AlignedBuffer<int32_t> cp_tokens_;        // context parallel: this rank's slice of the inputs and targets (2 B T_)
   ThreadPool& pool_;
   std::unique_ptr<CpuKernels<float>> own_dev_;  // the default device
   Kernels<float>* dev_;
@@ -173,6 +172,7 @@ class GptStage {
   std::vector<ShardSlice> map_;
   std::array<size_t, kNumParamTensors> sizes_{};
   DeviceBuffer<float> params_, grads_, acts_, scratch_;
+  std::unique_ptr<RingAttention> ring_;  // context parallel; its buffers are the device's (after dev_)
   // tokens_: the first stage's inputs per slot; targets_: the last stage's targets (devices that are not the host
   // only: the CPU reads them in place); losses_: the host copy of the losses (likewise).
   DeviceBuffer<int32_t> tokens_, targets_;

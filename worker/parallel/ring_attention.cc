@@ -1,48 +1,49 @@
 #include "worker/parallel/ring_attention.h"
 
-#include <algorithm>
-#include <cmath>
-#include <cstring>
-#include <limits>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "common/error.h"
+#include "worker/device/cpu_kernels.h"
 
 namespace railyard::worker::parallel {
 
+RingAttention::RingAttention(comm::Communicator* cp, int B, int Tc, int C, int NH, Kernels<float>& dev)
+    : RingAttention(cp, B, Tc, C, NH, nullptr, &dev) {}
+
 RingAttention::RingAttention(comm::Communicator* cp, int B, int Tc, int C, int NH, ThreadPool& pool)
-    : cp_(cp),
+    : RingAttention(cp, B, Tc, C, NH, std::make_unique<CpuKernels<float>>(pool), nullptr) {}
+
+RingAttention::RingAttention(comm::Communicator* cp, int B, int Tc, int C, int NH, std::unique_ptr<Kernels<float>> own,
+                             Kernels<float>* dev)
+    : own_dev_(std::move(own)),
+      cp_(cp),
       B_(B),
       Tc_(Tc),
       C_(C),
       NH_(NH),
       size_(cp == nullptr ? 1 : cp->size()),
       rank_(cp == nullptr ? 0 : cp->rank()),
-      pool_(pool) {
+      dev_(dev != nullptr ? *dev : *own_dev_) {
   if (B <= 0 || Tc <= 0 || NH <= 0 || C % NH != 0) {
     throw ConfigError(
         "ring attention: B, Tc and heads must be positive and heads must divide C (B=" + std::to_string(B) +
         " Tc=" + std::to_string(Tc) + " C=" + std::to_string(C) + " NH=" + std::to_string(NH) + ")");
   }
   const size_t kv = static_cast<size_t>(B) * Tc * 2 * C, rows = static_cast<size_t>(B) * NH * Tc;
-  kv_.resize(kv);
-  kv_next_.resize(kv);
-  dkv_.resize(kv);
-  dkv_next_.resize(kv);
-  m_.resize(rows);
-  l_.resize(rows);
-  d_.resize(rows);
-}
-
-void RingAttention::pack_kv(const float* qkv, float* kv) const {
-  const size_t C = C_;
-  for (size_t bt = 0; bt < static_cast<size_t>(B_) * Tc_; ++bt)
-    std::memcpy(kv + bt * 2 * C, qkv + bt * 3 * C + C, 2 * C * sizeof(float));
+  kv_ = DeviceBuffer<float>(dev_, kv);
+  kv_next_ = DeviceBuffer<float>(dev_, kv);
+  dkv_ = DeviceBuffer<float>(dev_, kv);
+  dkv_next_ = DeviceBuffer<float>(dev_, kv);
+  m_ = DeviceBuffer<float>(dev_, rows);
+  l_ = DeviceBuffer<float>(dev_, rows);
+  d_ = DeviceBuffer<float>(dev_, rows);
 }
 
 void RingAttention::shift(const float* send, float* recv, size_t count, uint32_t tag) {
   const int right = (rank_ + 1) % size_, left = (rank_ - 1 + size_) % size_;
+  dev_.synchronize();  // `send` was written by kernels; the communicator reads device memory on its own
   auto r = cp_->irecv(recv, count, comm::DType::kFloat32, left, tag);
   auto s = cp_->isend(send, count, comm::DType::kFloat32, right, tag);
   r->wait();
@@ -50,14 +51,10 @@ void RingAttention::shift(const float* send, float* recv, size_t count, uint32_t
 }
 
 void RingAttention::forward(const float* qkv, float* out, float* lse) {
-  const int P = size_, r = rank_, Tc = Tc_, C = C_, NH = NH_, hs = C / NH;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const int P = size_, r = rank_;
   const size_t kvn = kv_.size();
   const uint32_t call = (calls_++ & 0x7fffu) << 9;
-  pack_kv(qkv, kv_.data());
-  std::fill(m_.begin(), m_.end(), -std::numeric_limits<float>::infinity());
-  std::fill(l_.begin(), l_.end(), 0.0f);
-  std::memset(out, 0, static_cast<size_t>(B_) * Tc * C * sizeof(float));
+  dev_.ring_forward_begin(kv_.data(), out, m_.data(), l_.data(), qkv, B_, Tc_, C_, NH_);
   fwd_bytes_ = 0;
   for (int s = 0; s < P; ++s) {
     const int j = ((r - s) % P + P) % P;
@@ -65,128 +62,42 @@ void RingAttention::forward(const float* qkv, float* out, float* lse) {
     std::unique_ptr<comm::Request> rq, sq;
     if (s < P - 1) {
       const uint32_t tag = call | static_cast<uint32_t>(s);
+      // kv_ is packed by a kernel at s = 0; kv_next_ was read by the previous block's kernels (queued on a GPU)
+      dev_.synchronize();
       rq = cp_->irecv(kv_next_.data(), kvn, comm::DType::kFloat32, (r - 1 + P) % P, tag);
       sq = cp_->isend(kv_.data(), kvn, comm::DType::kFloat32, (r + 1) % P, tag);
       fwd_bytes_ += kvn * sizeof(float);
     }
-    if (j <= r) {
-      const float* kv = kv_.data();
-      pool_.parallel_for(static_cast<size_t>(B_) * NH, [&](size_t begin, size_t end) {
-        std::vector<float> sc(Tc);
-        for (size_t bh = begin; bh < end; ++bh) {
-          const size_t b = bh / NH, h = bh % NH;
-          for (int i = 0; i < Tc; ++i) {
-            const float* q = qkv + (b * Tc + i) * 3 * C + h * hs;
-            const int visible = j < r ? Tc : i + 1;  // causal: block j < r fully, the diagonal block up to i
-            float bm = -std::numeric_limits<float>::infinity();
-            for (int t = 0; t < visible; ++t) {
-              const float* k = kv + (b * Tc + t) * 2 * C + h * hs;
-              float dot = 0;
-              for (int c = 0; c < hs; ++c) dot += q[c] * k[c];
-              sc[t] = dot * scale;
-              bm = std::max(bm, sc[t]);
-            }
-            const size_t row = bh * Tc + i;
-            const float mnew = std::max(m_[row], bm);
-            const float a = std::exp(m_[row] - mnew);  // 0 on the first visible block (m = -inf)
-            float* o = out + (b * Tc + i) * C + h * hs;
-            float l = l_[row] * a;
-            for (int c = 0; c < hs; ++c) o[c] *= a;
-            for (int t = 0; t < visible; ++t) {
-              const float p = std::exp(sc[t] - mnew);
-              const float* v = kv + (b * Tc + t) * 2 * C + C + h * hs;
-              l += p;
-              for (int c = 0; c < hs; ++c) o[c] += p * v[c];
-            }
-            m_[row] = mnew;
-            l_[row] = l;
-          }
-        }
-      });
-    }
+    // causal: block j > r is all masked (skipped), j = r the diagonal, j < r all visible
+    if (j <= r) dev_.ring_forward_block(out, m_.data(), l_.data(), qkv, kv_.data(), B_, Tc_, C_, NH_, j == r);
     if (s < P - 1) {
       rq->wait();
       sq->wait();
       std::swap(kv_, kv_next_);
     }
   }
-  pool_.parallel_for(static_cast<size_t>(B_) * NH, [&](size_t begin, size_t end) {
-    for (size_t bh = begin; bh < end; ++bh) {
-      const size_t b = bh / NH, h = bh % NH;
-      for (int i = 0; i < Tc; ++i) {
-        const size_t row = bh * Tc + i;
-        const float inv = 1.0f / l_[row];
-        float* o = out + (b * Tc + i) * C + h * hs;
-        for (int c = 0; c < hs; ++c) o[c] *= inv;
-        lse[row] = m_[row] + std::log(l_[row]);
-      }
-    }
-  });
+  dev_.ring_forward_end(out, lse, m_.data(), l_.data(), B_, Tc_, C_, NH_);
 }
 
 void RingAttention::backward(const float* dout, const float* qkv, const float* out, const float* lse, float* dqkv) {
-  const int P = size_, r = rank_, Tc = Tc_, C = C_, NH = NH_, hs = C / NH;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const int P = size_, r = rank_;
   const size_t kvn = kv_.size();
   const uint32_t call = (calls_++ & 0x7fffu) << 9;
-  pack_kv(qkv, kv_.data());
-  std::fill(dkv_.begin(), dkv_.end(), 0.0f);
-  std::memset(dqkv, 0, static_cast<size_t>(B_) * Tc * 3 * C * sizeof(float));
+  dev_.ring_backward_begin(kv_.data(), dkv_.data(), dqkv, d_.data(), dout, qkv, out, B_, Tc_, C_, NH_);
   bwd_bytes_ = 0;
-  // D (b,h,i) = dout_i . out_i over the head's channels (the softmax backward's row term)
-  pool_.parallel_for(static_cast<size_t>(B_) * NH, [&](size_t begin, size_t end) {
-    for (size_t bh = begin; bh < end; ++bh) {
-      const size_t b = bh / NH, h = bh % NH;
-      for (int i = 0; i < Tc; ++i) {
-        const float *o = out + (b * Tc + i) * C + h * hs, *d = dout + (b * Tc + i) * C + h * hs;
-        float sum = 0;
-        for (int c = 0; c < hs; ++c) sum += o[c] * d[c];
-        d_[bh * Tc + i] = sum;
-      }
-    }
-  });
   for (int s = 0; s < P; ++s) {
     const int j = ((r - s) % P + P) % P;
     std::unique_ptr<comm::Request> rq, sq;
     const uint32_t tag = call | (static_cast<uint32_t>(s) << 1);
     if (s < P - 1) {
+      // kv_ is packed by a kernel at s = 0; kv_next_ was read by the previous block's kernels (queued on a GPU)
+      dev_.synchronize();
       rq = cp_->irecv(kv_next_.data(), kvn, comm::DType::kFloat32, (r - 1 + P) % P, tag);
       sq = cp_->isend(kv_.data(), kvn, comm::DType::kFloat32, (r + 1) % P, tag);
       bwd_bytes_ += kvn * sizeof(float);
     }
     if (j <= r) {
-      const float* kv = kv_.data();
-      float* dkv = dkv_.data();
-      pool_.parallel_for(static_cast<size_t>(B_) * NH, [&](size_t begin, size_t end) {
-        for (size_t bh = begin; bh < end; ++bh) {
-          const size_t b = bh / NH, h = bh % NH;
-          for (int i = 0; i < Tc; ++i) {
-            const float* q = qkv + (b * Tc + i) * 3 * C + h * hs;
-            const float* d = dout + (b * Tc + i) * C + h * hs;
-            float* dq = dqkv + (b * Tc + i) * 3 * C + h * hs;
-            const size_t row = bh * Tc + i;
-            const int visible = j < r ? Tc : i + 1;
-            for (int t = 0; t < visible; ++t) {
-              const float* k = kv + (b * Tc + t) * 2 * C + h * hs;
-              const float* v = k + C;
-              float* dk = dkv + (b * Tc + t) * 2 * C + h * hs;
-              float* dv = dk + C;
-              float dot = 0, dp = 0;
-              for (int c = 0; c < hs; ++c) {
-                dot += q[c] * k[c];
-                dp += d[c] * v[c];
-              }
-              const float p = std::exp(dot * scale - lse[row]);
-              const float ds = p * (dp - d_[row]) * scale;
-              for (int c = 0; c < hs; ++c) {
-                dv[c] += p * d[c];
-                dq[c] += ds * k[c];
-                dk[c] += ds * q[c];
-              }
-            }
-          }
-        }
-      });
+      dev_.ring_backward_block(dqkv, dkv_.data(), dout, qkv, kv_.data(), lse, d_.data(), B_, Tc_, C_, NH_, j == r);
     }
     if (s < P - 1) {
       rq->wait();
@@ -200,11 +111,7 @@ void RingAttention::backward(const float* dout, const float* qkv, const float* o
       std::swap(dkv_, dkv_next_);
     }
   }
-  for (size_t bt = 0; bt < static_cast<size_t>(B_) * Tc; ++bt) {
-    float* dst = dqkv + bt * 3 * C + C;
-    const float* src = dkv_.data() + bt * 2 * C;
-    for (int c = 0; c < 2 * C; ++c) dst[c] = src[c];
-  }
+  dev_.ring_backward_end(dqkv, dkv_.data(), B_, Tc_, C_);
 }
 
 }  // namespace railyard::worker::parallel

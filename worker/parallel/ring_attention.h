@@ -12,13 +12,17 @@
 //
 // Layouts as the CPU attention kernel (kernels.h): qkv (B,Tc,3C) with q, k, v per token, head h in channels
 // [h hs, (h+1) hs); out (B,Tc,C); lse (B,NH,Tc).
+// The math runs through the device interface (Kernels<float>::ring_*; CPU twins in CpuKernels, CUDA in
+// worker/kernels/cuda/ring_kernels.cu), so every pointer here is device memory and the communicator must take it
+// (Gloo on the CPU, NCCL on CUDA); the device is synchronized before each communicator call.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <vector>
+#include <memory>
 
 #include "worker/comm/communicator.h"
+#include "worker/device/kernels.h"
 #include "worker/kernels/cpu/thread_pool.h"
 
 namespace railyard::worker::parallel {
@@ -26,6 +30,8 @@ namespace railyard::worker::parallel {
 class RingAttention {
  public:
   // cp: the context-parallel group (size = cp degree; nullptr = 1). Tc: local sequence length.
+  RingAttention(comm::Communicator* cp, int B, int Tc, int C, int NH, Kernels<float>& dev);
+  // The same on host memory with the CPU kernels on `pool`.
   RingAttention(comm::Communicator* cp, int B, int Tc, int C, int NH, ThreadPool& pool);
 
   void forward(const float* qkv, float* out, float* lse);
@@ -44,14 +50,17 @@ class RingAttention {
  private:
   // Sends `send` (count floats) to rank+1 and receives `recv` from rank-1, tags unique per call.
   void shift(const float* send, float* recv, size_t count, uint32_t tag);
-  void pack_kv(const float* qkv, float* kv) const;
 
+  RingAttention(comm::Communicator* cp, int B, int Tc, int C, int NH, std::unique_ptr<Kernels<float>> own,
+                Kernels<float>* dev);
+
+  std::unique_ptr<Kernels<float>> own_dev_;  // the host constructor's CpuKernels
   comm::Communicator* cp_;
   int B_, Tc_, C_, NH_, size_, rank_;
-  ThreadPool& pool_;
+  Kernels<float>& dev_;
   uint32_t calls_ = 0;
   size_t fwd_bytes_ = 0, bwd_bytes_ = 0;
-  std::vector<float> kv_, kv_next_, dkv_, dkv_next_, m_, l_, d_;
+  DeviceBuffer<float> kv_, kv_next_, dkv_, dkv_next_, m_, l_, d_;
 };
 
 }  // namespace railyard::worker::parallel

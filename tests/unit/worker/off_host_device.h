@@ -111,6 +111,28 @@ class OffHostCpu final : public Kernels<float> {
   }
   void accumulate(float* o, const float* i, size_t n) override { c_.accumulate(o, i, n); }
   void copy(float* d, const float* s, size_t n) override { c_.copy(d, s, n); }
+  void ring_forward_begin(float* kv, float* o, float* m, float* l, const float* q, int B, int T, int C,
+                          int NH) override {
+    c_.ring_forward_begin(kv, o, m, l, q, B, T, C, NH);
+  }
+  void ring_forward_block(float* o, float* m, float* l, const float* q, const float* kv, int B, int T, int C, int NH,
+                          bool diag) override {
+    c_.ring_forward_block(o, m, l, q, kv, B, T, C, NH, diag);
+  }
+  void ring_forward_end(float* o, float* lse, const float* m, const float* l, int B, int T, int C, int NH) override {
+    c_.ring_forward_end(o, lse, m, l, B, T, C, NH);
+  }
+  void ring_backward_begin(float* kv, float* dkv, float* dq, float* D, const float* g, const float* q, const float* o,
+                           int B, int T, int C, int NH) override {
+    c_.ring_backward_begin(kv, dkv, dq, D, g, q, o, B, T, C, NH);
+  }
+  void ring_backward_block(float* dq, float* dkv, const float* g, const float* q, const float* kv, const float* lse,
+                           const float* D, int B, int T, int C, int NH, bool diag) override {
+    c_.ring_backward_block(dq, dkv, g, q, kv, lse, D, B, T, C, NH, diag);
+  }
+  void ring_backward_end(float* dq, const float* dkv, int B, int T, int C) override {
+    c_.ring_backward_end(dq, dkv, B, T, C);
+  }
   size_t copies = 0;
   size_t encoder_backwards = 0;
   size_t norms = 0;

@@ -1,10 +1,10 @@
 // Tensor and pipeline parallelism on CUDA over NCCL (issue #11): ParallelModel with CudaKernels on GPU r for rank r and
 // NCCL process groups (ncclCommSplit), against the same layout on the CPU over Gloo (the path every CI run checks
-// against the single process). tp=2 and pp=2 on 2+ GPUs, tp=2 x pp=2 on 4+. GPU hosts only: with fewer than 2 usable
-// GPUs the binary exits 77 (a CTest skip), never passes. NCCL's bootstrap stays on 127.0.0.1 (NCCL_COMM_ID, and
-// NCCL_SOCKET_IFNAME=lo unless set), as worker_comm_nccl_gpu.
-// Tolerances (bf16 GEMMs in every layer, as test_device_parity.cc's whole-model case): loss 1e-2 relative, gathered
-// gradients 5e-2 relative L2. Set a priori, not observed yet.
+// against the single process). tp=2, pp=2 and cp=2 (ring attention, 2026-11-25) on 2+ GPUs, tp=2 x pp=2 on 4+. GPU
+// hosts only: with fewer than 2 usable GPUs the binary exits 77 (a CTest skip), never passes. NCCL's bootstrap stays on
+// 127.0.0.1 (NCCL_COMM_ID, and NCCL_SOCKET_IFNAME=lo unless set), as worker_comm_nccl_gpu. Tolerances (bf16 GEMMs in
+// every layer, as test_device_parity.cc's whole-model case): loss 1e-2 relative, gathered gradients 5e-2 relative L2.
+// Set a priori, not observed yet.
 #include <arpa/inet.h>
 #include <cuda_runtime_api.h>
 #include <doctest/doctest.h>
@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <string>
@@ -78,12 +79,22 @@ struct Out {
   std::vector<float> grads = std::vector<float>(num_parameters(kCfg), 0.0f);
 };
 
-// One rank's part: M micro-batches through the pipeline, grads gathered (primary slices) into out.grads.
-void run_rank(comm::Communicator& world, int tp, int pp, Kernels<float>* dev, const std::vector<int32_t>& data,
+// One rank's part: M micro-batches through the pipeline, grads gathered (primary slices) into out.grads. cp > 1:
+// context parallelism over the layout's dp ranks (ring attention; the cp ranks' gradients are summed over the cp
+// group, as the trainer's reduction over dp x cp does, and cp rank 0 gathers them).
+void run_rank(comm::Communicator& world, int tp, int pp, int cp, Kernels<float>* dev, const std::vector<int32_t>& data,
               Out& out, std::mutex& mu) {
-  comm::ProcessGroups groups(world, comm::Layout{.dp = 1, .tp = tp, .pp = pp});
+  comm::ProcessGroups groups(world, comm::Layout{.dp = cp, .tp = tp, .pp = pp});
   ThreadPool pool(1);
-  ParallelModel model(kCfg, kB, kT, kM, pool, model_groups(groups), {}, {}, false, dev);
+  ModelGroups mg = model_groups(groups);
+  std::unique_ptr<comm::Communicator> cp_group;
+  if (cp > 1) {
+    std::vector<int> all(static_cast<size_t>(cp));
+    for (int i = 0; i < cp; ++i) all[static_cast<size_t>(i)] = i;
+    cp_group = groups.dp().split(all, "cp");
+    mg.cp = cp_group.get();
+  }
+  ParallelModel model(kCfg, kB, kT, kM, pool, mg, {}, {}, false, dev);
   model.init_weights(7);
   model.zero_grad();
   const size_t N = kB * kT;
@@ -97,6 +108,10 @@ void run_rank(comm::Communicator& world, int tp, int pp, Kernels<float>* dev, co
       },
       1.0f / kM);
   model.finish_grads();
+  if (cp_group) {
+    model.stage().device().synchronize();
+    cp_group->all_reduce(model.grads(), model.num_params(), comm::DType::kFloat32, comm::ReduceOp::kSum);
+  }
   std::vector<float> local(model.num_params());
   model.stage().device().to_host(local.data(), model.grads(), local.size() * sizeof(float));
   std::vector<ShardSlice> primary;
@@ -104,18 +119,18 @@ void run_rank(comm::Communicator& world, int tp, int pp, Kernels<float>* dev, co
     if (!s.tied_copy) primary.push_back(s);
   std::lock_guard<std::mutex> lock(mu);
   if (world.rank() == 0) out.loss = loss;
-  copy_local_to_full(primary, kCfg, local.data(), out.grads.data());
+  if (groups.dp().rank() == 0) copy_local_to_full(primary, kCfg, local.data(), out.grads.data());
 }
 
-Out on_cpu(int tp, int pp, const std::vector<int32_t>& data) {
+Out on_cpu(int tp, int pp, int cp, const std::vector<int32_t>& data) {
   Out out;
   std::mutex mu;
-  comm::run_local_world(tp * pp, [&](comm::Communicator& w) { run_rank(w, tp, pp, nullptr, data, out, mu); });
+  comm::run_local_world(tp * pp * cp, [&](comm::Communicator& w) { run_rank(w, tp, pp, cp, nullptr, data, out, mu); });
   return out;
 }
 
-Out on_gpus(int tp, int pp, const std::vector<int32_t>& data) {
-  const int n = tp * pp;
+Out on_gpus(int tp, int pp, int cp, const std::vector<int32_t>& data) {
+  const int n = tp * pp * cp;
   ::setenv("NCCL_COMM_ID", ("127.0.0.1:" + std::to_string(free_loopback_port())).c_str(), 1);
   ::setenv("NCCL_SOCKET_IFNAME", "lo", 0);
   comm::TcpStoreServer server("127.0.0.1", 0);
@@ -132,11 +147,11 @@ Out on_gpus(int tp, int pp, const std::vector<int32_t>& data) {
         o.size = n;
         o.serve_store = false;
         o.timeout = std::chrono::seconds(120);
-        o.prefix = "stage-nccl-" + std::to_string(tp) + "x" + std::to_string(pp);
+        o.prefix = "stage-nccl-" + std::to_string(tp) + "x" + std::to_string(pp) + "x" + std::to_string(cp);
         auto world = comm::connect_nccl(o, r);
         REQUIRE(cudaSetDevice(r) == cudaSuccess);
         cuda::CudaKernels dev;
-        run_rank(*world, tp, pp, &dev, data, out, mu);
+        run_rank(*world, tp, pp, cp, &dev, data, out, mu);
       } catch (const std::exception& e) {
         errors[static_cast<size_t>(r)] = e.what();
       } catch (...) {
@@ -151,11 +166,12 @@ Out on_gpus(int tp, int pp, const std::vector<int32_t>& data) {
   return out;
 }
 
-void compare(int tp, int pp) {
+void compare(int tp, int pp, int cp = 1) {
   CAPTURE(tp);
   CAPTURE(pp);
+  CAPTURE(cp);
   const auto data = make_data();
-  const Out cpu = on_cpu(tp, pp, data), gpu = on_gpus(tp, pp, data);
+  const Out cpu = on_cpu(tp, pp, cp, data), gpu = on_gpus(tp, pp, cp, data);
   CHECK(std::fabs(gpu.loss - cpu.loss) <= 1e-2 * std::fabs(cpu.loss));
   double num = 0, den = 0;
   for (size_t i = 0; i < cpu.grads.size(); ++i) {
@@ -187,4 +203,9 @@ TEST_CASE("tp=2 x pp=2 over NCCL on CUDA equals the CPU (4+ GPUs)") {
     return;
   }
   compare(2, 2);
+}
+
+TEST_CASE("cp=2 (ring attention, NCCL cp group) on CUDA equals cp=2 on the CPU") {
+  gpus();
+  compare(1, 1, 2);
 }

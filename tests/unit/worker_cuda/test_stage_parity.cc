@@ -10,6 +10,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "worker/device/cpu_kernels.h"
@@ -166,4 +168,58 @@ TEST_CASE("one GptStage (tp = pp = 1) forward/backward on CUDA against the CPU")
   const double err = rel_l2(g_gpu, g_cpu);
   INFO("relative L2 error of the stage's gradients: " << err);
   CHECK(err <= 5e-2);
+}
+
+// Ring attention's kernels (context parallelism, appended to Kernels<T>): rank 1 of a cp=2 ring on one device, its own
+// (diagonal) block then rank 0's (all visible), forward and backward, against the CPU twins. The fp32 tolerance of
+// the other kernels: the CUDA twins sum each dot product over 32 lanes instead of in channel order.
+TEST_CASE("ring attention kernels: CudaKernels against CpuKernels<float> (diagonal and earlier block, fwd and bwd)") {
+  skip_without_gpu();
+  ThreadPool pool(2);
+  CpuKernels<float> c(pool);
+  cuda::CudaKernels g;
+  const int Bq = 2, Tc = 8, Cq = 64, NH = 2;  // head size 32
+  const size_t qkvn = static_cast<size_t>(Bq) * Tc * 3 * Cq, kvn = static_cast<size_t>(Bq) * Tc * 2 * Cq;
+  const size_t outn = static_cast<size_t>(Bq) * Tc * Cq, rows = static_cast<size_t>(Bq) * NH * Tc;
+  Both<float> qkv(c, g, rnd(qkvn, 21)), other(c, g, rnd(kvn, 22)), kv(c, g, std::vector<float>(kvn));
+  Both<float> out(c, g, rnd(outn, 23)), m(c, g, rnd(rows, 24)), l(c, g, rnd(rows, 25)), lse(c, g, rnd(rows, 26));
+  c.ring_forward_begin(kv.cpu.data(), out.cpu.data(), m.cpu.data(), l.cpu.data(), qkv.cpu.data(), Bq, Tc, Cq, NH);
+  g.ring_forward_begin(kv.gpu.data(), out.gpu.data(), m.gpu.data(), l.gpu.data(), qkv.gpu.data(), Bq, Tc, Cq, NH);
+  expect_close(kv.gpu_host(), kv.cpu_host(), 0, "ring_forward_begin kv");  // copies: exact
+  expect_close(out.gpu_host(), out.cpu_host(), 0, "ring_forward_begin out");
+  for (const auto& [block, diag] : {std::pair{&kv, true}, std::pair{&other, false}}) {
+    c.ring_forward_block(out.cpu.data(), m.cpu.data(), l.cpu.data(), qkv.cpu.data(), block->cpu.data(), Bq, Tc, Cq, NH,
+                         diag);
+    g.ring_forward_block(out.gpu.data(), m.gpu.data(), l.gpu.data(), qkv.gpu.data(), block->gpu.data(), Bq, Tc, Cq, NH,
+                         diag);
+    expect_close(m.gpu_host(), m.cpu_host(), kTol, diag ? "ring_forward_block m (diagonal)" : "ring_forward_block m");
+    expect_close(l.gpu_host(), l.cpu_host(), kTol, diag ? "ring_forward_block l (diagonal)" : "ring_forward_block l");
+  }
+  c.ring_forward_end(out.cpu.data(), lse.cpu.data(), m.cpu.data(), l.cpu.data(), Bq, Tc, Cq, NH);
+  g.ring_forward_end(out.gpu.data(), lse.gpu.data(), m.gpu.data(), l.gpu.data(), Bq, Tc, Cq, NH);
+  expect_close(out.gpu_host(), out.cpu_host(), kTol, "ring_forward_end out");
+  expect_close(lse.gpu_host(), lse.cpu_host(), kTol, "ring_forward_end lse");
+
+  // backward from the CPU's forward results on both devices (each kernel checked on the same inputs)
+  const std::vector<float> o = out.cpu_host(), s = lse.cpu_host();
+  Both<float> out2(c, g, o), lse2(c, g, s), dout(c, g, rnd(outn, 27)), D(c, g, std::vector<float>(rows));
+  Both<float> dqkv(c, g, rnd(qkvn, 28)), dkv(c, g, rnd(kvn, 29)), dother(c, g, std::vector<float>(kvn));
+  c.ring_backward_begin(kv.cpu.data(), dkv.cpu.data(), dqkv.cpu.data(), D.cpu.data(), dout.cpu.data(), qkv.cpu.data(),
+                        out2.cpu.data(), Bq, Tc, Cq, NH);
+  g.ring_backward_begin(kv.gpu.data(), dkv.gpu.data(), dqkv.gpu.data(), D.gpu.data(), dout.gpu.data(), qkv.gpu.data(),
+                        out2.gpu.data(), Bq, Tc, Cq, NH);
+  expect_close(dqkv.gpu_host(), dqkv.cpu_host(), 0, "ring_backward_begin dqkv");
+  expect_close(dkv.gpu_host(), dkv.cpu_host(), 0, "ring_backward_begin dkv");
+  expect_close(D.gpu_host(), D.cpu_host(), kTol, "ring_backward_begin D");
+  for (const auto& [block, grad, diag] : {std::tuple{&kv, &dkv, true}, std::tuple{&other, &dother, false}}) {
+    c.ring_backward_block(dqkv.cpu.data(), grad->cpu.data(), dout.cpu.data(), qkv.cpu.data(), block->cpu.data(),
+                          lse2.cpu.data(), D.cpu.data(), Bq, Tc, Cq, NH, diag);
+    g.ring_backward_block(dqkv.gpu.data(), grad->gpu.data(), dout.gpu.data(), qkv.gpu.data(), block->gpu.data(),
+                          lse2.gpu.data(), D.gpu.data(), Bq, Tc, Cq, NH, diag);
+    expect_close(grad->gpu_host(), grad->cpu_host(), kTol, diag ? "ring_backward_block dkv (diagonal)" : "dkv");
+  }
+  expect_close(dqkv.gpu_host(), dqkv.cpu_host(), kTol, "ring_backward_block dq");
+  c.ring_backward_end(dqkv.cpu.data(), dkv.cpu.data(), Bq, Tc, Cq);
+  g.ring_backward_end(dqkv.gpu.data(), dkv.gpu.data(), Bq, Tc, Cq);
+  expect_close(dqkv.gpu_host(), dqkv.cpu_host(), kTol, "ring_backward_end dqkv");
 }

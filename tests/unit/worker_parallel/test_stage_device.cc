@@ -1,11 +1,11 @@
 // The tensor/pipeline-parallel stage on a device whose memory the host cannot touch (issue #11): tp=2 x pp=2 (and
-// with sequence parallelism) through ParallelModel on "ShadowCpu", a device that runs the CPU kernels but hands out
-// addresses in a PROT_NONE region. Any host code in GptStage/ParallelModel that reads or writes device memory
-// (a memcpy, a loop over the losses, a host-side reduction) dies with SIGSEGV instead of passing; any host pointer
-// given to a device kernel is refused. The communicators are the real Gloo ones behind a wrapper that translates
-// device addresses, as NCCL takes device memory. Losses and gathered gradients must equal the plain CPU run bit for bit
-// (same kernels, same order); the count-once sum of squares goes through the device's global_norm, so it is compared
-// to 1e-12.
+// with sequence parallelism; cp=2 and tp=2 x cp=2 with ring attention) through ParallelModel on "ShadowCpu", a device
+// that runs the CPU kernels but hands out addresses in a PROT_NONE region. Any host code in GptStage/ParallelModel that
+// reads or writes device memory (a memcpy, a loop over the losses, a host-side reduction) dies with SIGSEGV instead of
+// passing; any host pointer given to a device kernel is refused. The communicators are the real Gloo ones behind a
+// wrapper that translates device addresses, as NCCL takes device memory. Losses and gathered gradients must equal the
+// plain CPU run bit for bit (same kernels, same order); the count-once sum of squares goes through the device's
+// global_norm, so it is compared to 1e-12.
 #include <doctest/doctest.h>
 #include <sys/mman.h>
 
@@ -164,6 +164,28 @@ class ShadowCpu final : public Kernels<float> {
   }
   void accumulate(float* o, const float* i, size_t n) override { c_.accumulate(d(o), d(i), n); }
   void copy(float* dst, const float* src, size_t n) override { c_.copy(d(dst), d(src), n); }
+  void ring_forward_begin(float* kv, float* o, float* m, float* l, const float* q, int B, int T, int C,
+                          int NH) override {
+    c_.ring_forward_begin(d(kv), d(o), d(m), d(l), d(q), B, T, C, NH);
+  }
+  void ring_forward_block(float* o, float* m, float* l, const float* q, const float* kv, int B, int T, int C, int NH,
+                          bool diag) override {
+    c_.ring_forward_block(d(o), d(m), d(l), d(q), d(kv), B, T, C, NH, diag);
+  }
+  void ring_forward_end(float* o, float* lse, const float* m, const float* l, int B, int T, int C, int NH) override {
+    c_.ring_forward_end(d(o), d(lse), d(m), d(l), B, T, C, NH);
+  }
+  void ring_backward_begin(float* kv, float* dkv, float* dq, float* D, const float* g, const float* q, const float* o,
+                           int B, int T, int C, int NH) override {
+    c_.ring_backward_begin(d(kv), d(dkv), d(dq), d(D), d(g), d(q), d(o), B, T, C, NH);
+  }
+  void ring_backward_block(float* dq, float* dkv, const float* g, const float* q, const float* kv, const float* lse,
+                           const float* D, int B, int T, int C, int NH, bool diag) override {
+    c_.ring_backward_block(d(dq), d(dkv), d(g), d(q), d(kv), d(lse), d(D), B, T, C, NH, diag);
+  }
+  void ring_backward_end(float* dq, const float* dkv, int B, int T, int C) override {
+    c_.ring_backward_end(d(dq), d(dkv), B, T, C);
+  }
 
  private:
   CpuKernels<float> c_;
@@ -223,7 +245,7 @@ class DeviceComm final : public comm::Communicator {
 // Puts the model's groups behind DeviceComm wrappers (the groups then take the device's addresses).
 std::vector<std::unique_ptr<DeviceComm>> take_device_memory(ModelGroups& mg, const ShadowCpu& dev) {
   std::vector<std::unique_ptr<DeviceComm>> wrapped;
-  for (comm::Communicator** c : {&mg.tp, &mg.pp, &mg.embedding}) {
+  for (comm::Communicator** c : {&mg.tp, &mg.pp, &mg.embedding, &mg.cp}) {
     if (*c == nullptr) continue;
     wrapped.push_back(std::make_unique<DeviceComm>(**c, dev));
     *c = wrapped.back().get();
@@ -237,18 +259,28 @@ struct Run {
   size_t copies = 0, device_comm = 0;
 };
 
-Run run(bool device, bool sp, const std::vector<int32_t>& data) {
-  const int tp = 2, pp = 2, n = tp * pp;
+// tp x pp (x cp: context parallelism, the cp ranks being the layout's dp ranks, each holding T/cp positions of the same
+// sequences). With cp the gathered gradients are kept per cp rank (each holds its positions' share).
+Run run(bool device, bool sp, const std::vector<int32_t>& data, int tp = 2, int pp = 2, int cp = 1) {
+  const int n = tp * pp * cp;
+  const size_t P = num_parameters(kCfg);
   Run res;
   res.losses.assign(n, 0);
   res.sumsq.assign(n, 0);
-  res.grads.assign(num_parameters(kCfg), 0);
+  res.grads.assign(P * cp, 0);
   std::mutex mu;
   comm::run_local_world(n, [&](comm::Communicator& world) {
-    comm::ProcessGroups groups(world, comm::Layout{.dp = 1, .tp = tp, .pp = pp});
+    comm::ProcessGroups groups(world, comm::Layout{.dp = cp, .tp = tp, .pp = pp});
     ThreadPool pool(1);
     ShadowCpu dev(pool);
     ModelGroups mg = model_groups(groups);
+    std::unique_ptr<comm::Communicator> cp_group;
+    if (cp > 1) {
+      std::vector<int> all(cp);
+      for (int i = 0; i < cp; ++i) all[i] = i;
+      cp_group = groups.dp().split(all, "cp");
+      mg.cp = cp_group.get();
+    }
     std::vector<std::unique_ptr<DeviceComm>> wrapped;
     if (device) wrapped = take_device_memory(mg, dev);
     ParallelModel model(kCfg, kB, kT, kM, pool, mg, {}, {}, sp, device ? &dev : nullptr);
@@ -266,7 +298,6 @@ Run run(bool device, bool sp, const std::vector<int32_t>& data) {
         1.0f / kM);
     model.finish_grads();
     const double sq = model.sum_squares_once(model.grads());
-    std::vector<float> full(num_parameters(kCfg), 0.0f);
     std::vector<ShardSlice> primary;
     for (const ShardSlice& s : model.shard_map())
       if (!s.tied_copy) primary.push_back(s);
@@ -275,7 +306,7 @@ Run run(bool device, bool sp, const std::vector<int32_t>& data) {
     std::lock_guard<std::mutex> lock(mu);
     res.losses[world.rank()] = loss;
     res.sumsq[world.rank()] = sq;
-    copy_local_to_full(primary, kCfg, local.data(), res.grads.data());
+    copy_local_to_full(primary, kCfg, local.data(), res.grads.data() + P * groups.dp().rank());
     res.copies += dev.copies;
     for (auto& w : wrapped) res.device_comm += w->device_calls;
   });
@@ -313,20 +344,19 @@ TEST_CASE("tp=2 x pp=2 with sequence parallelism on that device equals the CPU r
   check_same(run(true, true, data), run(false, true, data));
 }
 
-TEST_CASE("context parallelism is refused on a device that is not the host, naming --cp and the fix") {
-  comm::run_local_world(2, [&](comm::Communicator& world) {
-    ThreadPool pool(1);
-    ShadowCpu dev(pool);
-    const StageShape shape = make_stage_shape(kCfg, kT, 1, 0, 1, 0, {});
-    try {
-      GptStage stage(shape, kB, kT, 1, pool, nullptr, {}, false, &world, &dev);
-      FAIL("expected a ConfigError");
-    } catch (const railyard::ConfigError& e) {
-      const std::string m = e.what();
-      CHECK(m.find("--cp 2") != std::string::npos);
-      CHECK(m.find("--device cpu") != std::string::npos);
-    }
-  });
+// Context parallelism: ring attention's blocks and their gradients travel between the cp ranks as device memory, its
+// math runs in the device's ring_* kernels (issue #11).
+TEST_CASE("context parallelism cp=2 on a device the host cannot touch equals the CPU run bit for bit") {
+  const auto data = make_data();
+  const Run dev = run(true, false, data, 1, 1, 2), cpu = run(false, false, data, 1, 1, 2);
+  check_same(dev, cpu);
+  // the two cp ranks hold different positions' shares of the gradient
+  CHECK(std::memcmp(cpu.grads.data(), cpu.grads.data() + num_parameters(kCfg), num_parameters(kCfg) * 4) != 0);
+}
+
+TEST_CASE("tp=2 x cp=2 on that device equals the CPU run bit for bit") {
+  const auto data = make_data();
+  check_same(run(true, false, data, 2, 1, 2), run(false, false, data, 2, 1, 2));
 }
 
 namespace {

@@ -7,6 +7,7 @@
 #include "worker/kernels/cuda/cuda_check.h"
 #include "worker/kernels/cuda/gemm.h"
 #include "worker/kernels/cuda/launch.h"
+#include "worker/kernels/cuda/ring_kernels.h"
 #include "worker/kernels/cuda/stage_kernels.h"
 
 namespace railyard::worker::cuda {
@@ -295,6 +296,35 @@ void CudaKernels::accumulate(float* out, const float* in, size_t n) { cuda::accu
 void CudaKernels::copy(float* dst, const float* src, size_t n) {
   if (dst == src || n == 0) return;
   RAILYARD_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+}
+
+void CudaKernels::ring_forward_begin(float* kv, float* out, float* m, float* l, const float* qkv, int B, int Tc, int C,
+                                     int NH) {
+  cuda::ring_forward_begin(kv, out, m, l, qkv, B, Tc, C, NH, stream_);
+}
+
+void CudaKernels::ring_forward_block(float* out, float* m, float* l, const float* qkv, const float* kv, int B, int Tc,
+                                     int C, int NH, bool diagonal) {
+  cuda::ring_forward_block(out, m, l, qkv, kv, B, Tc, C, NH, diagonal, stream_);
+}
+
+void CudaKernels::ring_forward_end(float* out, float* lse, const float* m, const float* l, int B, int Tc, int C,
+                                   int NH) {
+  cuda::ring_forward_end(out, lse, m, l, B, Tc, C, NH, stream_);
+}
+
+void CudaKernels::ring_backward_begin(float* kv, float* dkv, float* dqkv, float* D, const float* dout, const float* qkv,
+                                      const float* out, int B, int Tc, int C, int NH) {
+  cuda::ring_backward_begin(kv, dkv, dqkv, D, dout, qkv, out, B, Tc, C, NH, stream_);
+}
+
+void CudaKernels::ring_backward_block(float* dqkv, float* dkv, const float* dout, const float* qkv, const float* kv,
+                                      const float* lse, const float* D, int B, int Tc, int C, int NH, bool diagonal) {
+  cuda::ring_backward_block(dqkv, dkv, dout, qkv, kv, lse, D, B, Tc, C, NH, diagonal, stream_);
+}
+
+void CudaKernels::ring_backward_end(float* dqkv, const float* dkv, int B, int Tc, int C) {
+  cuda::ring_backward_end(dqkv, dkv, B, Tc, C, stream_);
 }
 
 }  // namespace railyard::worker::cuda

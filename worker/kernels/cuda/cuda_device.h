@@ -91,6 +91,17 @@ class CudaKernels final : public Kernels<float> {
                        size_t N, int Vl, int Vr, float scale) override;
   void accumulate(float* out, const float* in, size_t n) override;
   void copy(float* dst, const float* src, size_t n) override;
+  // Ring attention (ring_kernels.h).
+  void ring_forward_begin(float* kv, float* out, float* m, float* l, const float* qkv, int B, int Tc, int C,
+                          int NH) override;
+  void ring_forward_block(float* out, float* m, float* l, const float* qkv, const float* kv, int B, int Tc, int C,
+                          int NH, bool diagonal) override;
+  void ring_forward_end(float* out, float* lse, const float* m, const float* l, int B, int Tc, int C, int NH) override;
+  void ring_backward_begin(float* kv, float* dkv, float* dqkv, float* D, const float* dout, const float* qkv,
+                           const float* out, int B, int Tc, int C, int NH) override;
+  void ring_backward_block(float* dqkv, float* dkv, const float* dout, const float* qkv, const float* kv,
+                           const float* lse, const float* D, int B, int Tc, int C, int NH, bool diagonal) override;
+  void ring_backward_end(float* dqkv, const float* dkv, int B, int Tc, int C) override;
 
  private:
   // bf16 staging for `elems` GEMM operand elements (grown, never shrunk).
