@@ -45,19 +45,8 @@ const GptConfig kCfg = moe_config();
 constexpr int kB = 2, kT = 8;
 constexpr uint64_t kSeed = 42;
 
-struct Data {
-  std::vector<int32_t> in, tgt;  // (M, B, T)
-};
-
-Data make_data(int M) {
-  Data d;
-  std::mt19937 rng(7);
-  for (int i = 0; i < M * kB * kT; ++i) {
-    d.in.push_back(static_cast<int32_t>(rng() % kCfg.vocab_size));
-    d.tgt.push_back(static_cast<int32_t>(rng() % kCfg.vocab_size));
-  }
-  return d;
-}
+using Data = railyard::worker::testing::TokenData;
+Data make_data(int M) { return railyard::worker::testing::random_tokens(M, kB, kT, kCfg.vocab_size, 7); }
 
 struct Grads {
   double loss = 0;

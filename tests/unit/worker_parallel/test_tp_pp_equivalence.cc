@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "tests/unit/worker_parallel/trainer_test_util.h"
 #include "worker/comm/local_world.h"
 #include "worker/model/gpt.h"
 #include "worker/parallel/parallel_model.h"
@@ -31,18 +32,9 @@ const GptConfig kCfg = make_gpt_config(/*L=*/4, /*C=*/32, /*NH=*/4, /*maxT=*/16,
 constexpr int kB = 2, kT = 8;
 constexpr uint64_t kSeed = 42;
 
-struct Data {
-  std::vector<int32_t> in, tgt;  // (M, B, T)
-};
-
+using Data = railyard::worker::testing::TokenData;
 Data make_data(int M, uint32_t seed = 11) {
-  Data d;
-  std::mt19937 rng(seed);
-  for (int i = 0; i < M * kB * kT; ++i) {
-    d.in.push_back(static_cast<int32_t>(rng() % kCfg.vocab_size));
-    d.tgt.push_back(static_cast<int32_t>(rng() % kCfg.vocab_size));
-  }
-  return d;
+  return railyard::worker::testing::random_tokens(M, kB, kT, kCfg.vocab_size, seed);
 }
 
 struct Reference {

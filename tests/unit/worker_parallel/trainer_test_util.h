@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <random>
 #include <vector>
 
 #include "tests/unit/worker/worker_test_util.h"
@@ -33,5 +34,20 @@ class StreamSource : public BatchSource {
   int B_, T_, vocab_;
   uint64_t calls_ = 0;
 };
+
+// M random (B, T) micro-batches of inputs and targets in [0, vocab), back to back: what the model-level equivalence
+// tests feed one process and every parallel layout alike.
+struct TokenData {
+  std::vector<int32_t> in, tgt;  // (M, B, T)
+};
+inline TokenData random_tokens(int M, int B, int T, int vocab, uint32_t seed) {
+  TokenData d;
+  std::mt19937 rng(seed);
+  for (int i = 0; i < M * B * T; ++i) {
+    d.in.push_back(static_cast<int32_t>(rng() % vocab));
+    d.tgt.push_back(static_cast<int32_t>(rng() % vocab));
+  }
+  return d;
+}
 
 }  // namespace railyard::worker::testing
