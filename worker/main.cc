@@ -405,18 +405,36 @@ comm::DeviceWorldConnector nccl_world_from(const CudaModule* m) {
 parallel::ModelGroups model_parallel_groups(DistSetup& d, DeviceKind device) {
   if (device == DeviceKind::kCuda) {
     if (d.cp != nullptr) {
-      throw ConfigError("--cp with spec.device / --device cuda: ring attention runs on the host only so far: use "
-                        "--device cpu or drop --cp");
+      throw ConfigError(
+          "--cp with spec.device / --device cuda: ring attention runs on the host only so far: use "
+          "--device cpu or drop --cp");
     }
     if (d.device_groups == nullptr) {
-      throw ConfigError("--tp/--pp with spec.device / --device cuda: no NCCL groups were built (a CUDA build with the "
-                        "NCCL backend is needed): use --device cpu");
+      throw ConfigError(
+          "--tp/--pp with spec.device / --device cuda: no NCCL groups were built (a CUDA build with the "
+          "NCCL backend is needed): use --device cpu");
     }
     comm::ProcessGroups& g = *d.device_groups;
     return {&g.tp(), &g.pp(), g.embedding(), nullptr};
   }
   comm::ProcessGroups& g = *d.groups;
   return {&g.tp(), &g.pp(), g.embedding(), d.cp.get()};
+}
+
+// CUDA with a dp group: the stream-ordered reducer of the gradient buckets (NCCL, on a dup of the device dp group,
+// after the compute stream's kernels; docs/parallel.md "Data parallelism on CUDA"). Losses and flags still go over the
+// Gloo dp group. Null on the CPU (the DataParallel background thread reduces host buffers).
+comm::StreamReducer* device_stream_reducer(DistSetup& d, Kernels<float>* device, const CudaModule* cuda_module) {
+  if (d.device_groups == nullptr || device == nullptr) return nullptr;
+  d.grad_comm = d.device_groups->dp().dup("dp-grad");
+  const auto fn = cuda_module != nullptr
+                      ? reinterpret_cast<comm::NcclStreamReducerFn>(cuda_module->symbol(comm::kNcclStreamReducerSymbol))
+                      : nullptr;
+  char err[1024] = {0};
+  comm::StreamReducer* r = fn != nullptr ? fn(d.grad_comm.get(), device->compute_stream(), err, sizeof err) : nullptr;
+  if (r == nullptr) throw comm::CommError(std::string("nccl_stream_reducer: ") + err);
+  d.reducer.reset(r);
+  return r;
 }
 
 DistSetup join_world(std::map<std::string, std::string>& f, TrainConfig& tc, DeviceKind device, int visible_gpus,
@@ -849,6 +867,9 @@ int cmd_train(int argc, char** argv) {
       dpo.zero_stage = dist.zero;
       dpo.deterministic = dist.deterministic;
       dpo.bucket_bytes = dist.bucket_bytes;
+      // dp x tp x pp on CUDA: the replica's gradient buckets over NCCL as the stage's backward reports them, as
+      // plain data parallelism does (ZeRO and --deterministic are then refused by DataParallel).
+      dpo.stream_reducer = device_stream_reducer(dist, device.get(), cuda_module);
       dist.sync = parallel::parallel_gpt_data_parallel(&g.dp(), *dist.sharded, mg, tc, pool, dpo);
     }
   }
@@ -862,18 +883,7 @@ int cmd_train(int argc, char** argv) {
     dpo.zero_stage = dist.zero;
     dpo.deterministic = dist.deterministic;
     dpo.bucket_bytes = dist.bucket_bytes;
-    if (dist.device_groups != nullptr && device != nullptr) {
-      // Gradient buckets all-reduced over NCCL on their own stream as backward finishes them (docs/parallel.md
-      // "Data parallelism on CUDA"); losses and flags still go over the Gloo dp group.
-      dist.grad_comm = dist.device_groups->dp().dup("dp-grad");
-      const auto fn = reinterpret_cast<comm::NcclStreamReducerFn>(cuda_module->symbol(comm::kNcclStreamReducerSymbol));
-      char err[1024] = {0};
-      comm::StreamReducer* r =
-          fn != nullptr ? fn(dist.grad_comm.get(), device->compute_stream(), err, sizeof err) : nullptr;
-      if (r == nullptr) throw comm::CommError(std::string("nccl_stream_reducer: ") + err);
-      dist.reducer.reset(r);
-      dpo.stream_reducer = dist.reducer.get();
-    }
+    dpo.stream_reducer = device_stream_reducer(dist, device.get(), cuda_module);
     if (expert_storage_sharded(expert_parallel.get(), dist)) {
       dpo.group_spans =
           parallel::expert_group_spans(model_cfg, &expert_parallel->expert_data_parallel(), &expert_parallel->group());

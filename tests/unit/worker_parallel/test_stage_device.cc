@@ -17,8 +17,10 @@
 #include <vector>
 
 #include "common/error.h"
+#include "tests/unit/worker_parallel/trainer_test_util.h"
 #include "worker/comm/local_world.h"
 #include "worker/comm/process_groups.h"
+#include "worker/comm/stream_reducer.h"
 #include "worker/device/cpu_kernels.h"
 #include "worker/parallel/dist_model.h"
 #include "worker/parallel/parallel_model.h"
@@ -401,4 +403,173 @@ TEST_CASE("the trainer's tp=2 x pp=2 steps on that device (AdamW there, state() 
     CHECK(dev.params[r] == cpu.params[r]);  // the host copies hold the updated parameters
     CHECK(dev.m[r] == cpu.m[r]);
   }
+}
+
+namespace {
+
+// dp x tp x pp on the device (issue #11): the replica's gradient buckets go to a StreamReducer, here the host twin over
+// a DeviceComm (Gloo taking device addresses, as the NCCL reducer takes CUDA memory), counted: every bucket it is
+// handed must be device memory.
+class CountingReducer final : public comm::StreamReducer {
+ public:
+  CountingReducer(comm::Communicator& c, const ShadowCpu& dev) : twin_(comm::host_stream_reducer(c)), dev_(dev) {}
+  void all_reduce(void* buf, size_t count, comm::DType t, comm::ReduceOp op) override {
+    ++launches;
+    if (!dev_.owns(buf)) ++host_buffers;
+    twin_->all_reduce(buf, count, t, op);
+  }
+  void wait() override {
+    ++waits;
+    twin_->wait();
+  }
+  size_t pending() const override { return twin_->pending(); }
+  size_t launches = 0, waits = 0, host_buffers = 0;
+
+ private:
+  std::unique_ptr<comm::StreamReducer> twin_;
+  const ShadowCpu& dev_;
+};
+
+struct HybridRun {
+  std::vector<std::vector<double>> losses, norms;  // per rank, per step
+  std::vector<std::vector<float>> params, m;       // per rank: host copies after the steps
+  size_t launches = 0, waits = 0, host_buffers = 0, buckets = 0;
+};
+
+constexpr int kHybridSteps = 3;
+
+// The trainer over ParallelGpt on `layout` (dp = 2), each replica its own data, the dp reduction by DataParallel with
+// small buckets: on the CPU its background thread over Gloo; on ShadowCpu (device) the stream reducer above.
+HybridRun train_hybrid(comm::Layout layout, bool device) {
+  const int n = layout.world();
+  HybridRun res;
+  res.losses.resize(n);
+  res.norms.resize(n);
+  res.params.resize(n);
+  res.m.resize(n);
+  std::mutex mu;
+  comm::run_local_world(n, [&](comm::Communicator& world) {
+    comm::ProcessGroups groups(world, layout);
+    ThreadPool pool(1);
+    ShadowCpu dev(pool);
+    ModelGroups mg = model_groups(groups);
+    std::vector<std::unique_ptr<DeviceComm>> wrapped;
+    if (device) wrapped = take_device_memory(mg, dev);
+    TrainConfig tc;
+    tc.steps = kHybridSteps;
+    tc.batch = kB;
+    tc.seq_len = kT;
+    tc.global_batch_tokens = static_cast<int64_t>(2 * layout.dp) * kB * kT;  // 2 micro-batches per replica
+    tc.lr = 1e-2;
+    tc.quiet = true;
+    testing::StreamSource src(groups.coord().dp, layout.dp, kB, kT, kCfg.vocab_size);
+    ParallelGpt model(kCfg, tc, tc.micro_steps() / layout.dp, pool, world, mg, device ? &dev : nullptr);
+    std::unique_ptr<comm::Communicator> grad;
+    std::unique_ptr<DeviceComm> grad_dev;
+    std::unique_ptr<CountingReducer> reducer;
+    DataParallelOptions o;
+    o.bucket_bytes = 8 << 10;  // 2048 floats: several buckets per stage, some finished during backward
+    if (device) {
+      grad = groups.dp().dup("dp-grad");
+      grad_dev = std::make_unique<DeviceComm>(*grad, dev);
+      reducer = std::make_unique<CountingReducer>(*grad_dev, dev);
+      o.stream_reducer = reducer.get();
+    }
+    auto sync = parallel_gpt_data_parallel(&groups.dp(), model, mg, tc, pool, o);
+    CHECK(sync->device_buffers() == device);
+    Trainer trainer(kCfg, tc, pool, src, nullptr, sync.get(), &model, device ? &dev : nullptr);
+    std::vector<double> losses, norms;
+    for (int s = 0; s < tc.steps; ++s) {
+      const StepResult r = trainer.step();
+      losses.push_back(r.loss);
+      norms.push_back(r.grad_norm);
+    }
+    const TrainerState st = trainer.state();
+    REQUIRE(st.params != nullptr);
+    CHECK_FALSE(dev.owns(st.params));
+    std::lock_guard<std::mutex> lock(mu);
+    const int r = world.rank();
+    res.losses[r] = losses;
+    res.norms[r] = norms;
+    res.params[r].assign(st.params, st.params + st.num_params);
+    res.m[r].assign(model.adam_m(), model.adam_m() + st.num_params);
+    res.buckets += sync->layout().buckets().size();
+    if (reducer) {
+      res.launches += reducer->launches;
+      res.waits += reducer->waits;
+      res.host_buffers += reducer->host_buffers;
+    }
+  });
+  return res;
+}
+
+void check_hybrid(comm::Layout layout) {
+  const HybridRun cpu = train_hybrid(layout, false), dev = train_hybrid(layout, true);
+  const int n = layout.world();
+  // Every bucket of every rank once per step, each step's waited for once; all of them device memory.
+  CHECK(dev.buckets > static_cast<size_t>(2 * n));
+  CHECK(dev.launches == dev.buckets * kHybridSteps);
+  CHECK(dev.waits == static_cast<size_t>(n * kHybridSteps));
+  CHECK(dev.host_buffers == 0);
+  REQUIRE(cpu.losses[0].size() == static_cast<size_t>(kHybridSteps));
+  CHECK(cpu.losses[0].back() < cpu.losses[0].front());
+  for (int r = 0; r < n; ++r) {
+    CAPTURE(r);
+    CHECK(dev.losses[r] == cpu.losses[r]);  // bitwise
+    for (int s = 0; s < kHybridSteps; ++s) {
+      // Summed per range by the device's global_norm (the CPU loops element by element): equal up to rounding.
+      CHECK(std::fabs(dev.norms[r][s] - cpu.norms[r][s]) <= 1e-12 * cpu.norms[r][s]);
+    }
+    CHECK(dev.params[r] == cpu.params[r]);  // the reduced gradients, the device AdamW: the same bits
+    CHECK(dev.m[r] == cpu.m[r]);
+  }
+  // The replicas saw different data and still hold the same parameters: the dp reduction happened.
+  for (int r = 0; r < n; ++r) {
+    if ((r / layout.tp) % layout.dp != 0) continue;  // rank = tp + tp * (dp + dp_size * pp): r + tp is r's dp peer
+    CAPTURE(r);
+    CHECK(cpu.params[r] == cpu.params[r + layout.tp]);
+    CHECK(dev.params[r] == dev.params[r + layout.tp]);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("dp=2 x tp=2 on that device: buckets through a stream reducer, the trainer's steps equal the CPU's bitwise") {
+  check_hybrid(comm::Layout{.dp = 2, .tp = 2, .pp = 1});
+}
+
+TEST_CASE("dp=2 x pp=2 on that device (tied-embedding all-reduce on device memory) equals the CPU bitwise") {
+  check_hybrid(comm::Layout{.dp = 2, .tp = 1, .pp = 2});
+}
+
+TEST_CASE("dp x tp on that device: ZeRO and --deterministic are refused with a stream reducer, host reduction too") {
+  comm::run_local_world(4, [&](comm::Communicator& world) {
+    comm::ProcessGroups groups(world, comm::Layout{.dp = 2, .tp = 2, .pp = 1});
+    ThreadPool pool(1);
+    ShadowCpu dev(pool);
+    ModelGroups mg = model_groups(groups);
+    auto wrapped = take_device_memory(mg, dev);
+    TrainConfig tc;
+    tc.batch = kB;
+    tc.seq_len = kT;
+    tc.global_batch_tokens = 4 * kB * kT;
+    testing::StreamSource src(groups.coord().dp, 2, kB, kT, kCfg.vocab_size);
+    ParallelGpt model(kCfg, tc, 2, pool, world, mg, &dev);
+    auto twin = comm::host_stream_reducer(groups.dp());
+    for (int what = 0; what < 2; ++what) {
+      DataParallelOptions o;
+      o.stream_reducer = twin.get();
+      if (what == 0) {
+        o.zero_stage = 1;
+      } else {
+        o.deterministic = true;
+      }
+      CHECK_THROWS_WITH_AS(parallel_gpt_data_parallel(&groups.dp(), model, mg, tc, pool, o),
+                           doctest::Contains(what == 0 ? "--zero" : "--deterministic"), railyard::ConfigError);
+    }
+    // Without a stream reducer the sync reduces host buffers: the trainer refuses it off the host.
+    auto host_only = parallel_gpt_data_parallel(&groups.dp(), model, mg, tc, pool, {});
+    CHECK_THROWS_WITH_AS(Trainer(kCfg, tc, pool, src, nullptr, host_only.get(), &model, &dev),
+                         doctest::Contains("host buffers"), railyard::ConfigError);
+  });
 }
