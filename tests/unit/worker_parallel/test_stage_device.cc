@@ -67,6 +67,7 @@ class ShadowCpu final : public Kernels<float> {
     return view(p);
   }
   size_t copies = 0;
+  size_t embedding_backwards = 0;
 
   DeviceKind kind() const override { return DeviceKind::kCpu; }
   bool host_accessible() const override { return false; }
@@ -151,6 +152,7 @@ class ShadowCpu final : public Kernels<float> {
   }
   void vocab_embedding_backward(float* dw, float* dp, const float* g, const int32_t* i, int v0, int Vl, int B, int T,
                                 int C) override {
+    ++embedding_backwards;  // the first stage's last kernel of a backward
     c_.vocab_embedding_backward(d(dw), d(dp), d(g), d(i), v0, Vl, B, T, C);
   }
   void vocab_ce_local_max(float* m, const float* z, size_t N, int Vl, int Vr) override {
@@ -416,6 +418,8 @@ class CountingReducer final : public comm::StreamReducer {
   void all_reduce(void* buf, size_t count, comm::DType t, comm::ReduceOp op) override {
     ++launches;
     if (!dev_.owns(buf)) ++host_buffers;
+    // Two micro-batches per replica and step: an odd count is the last one's backward before its embedding backward.
+    if (dev_.embedding_backwards % 2 == 1) ++during_backward;
     twin_->all_reduce(buf, count, t, op);
   }
   void wait() override {
@@ -423,7 +427,7 @@ class CountingReducer final : public comm::StreamReducer {
     twin_->wait();
   }
   size_t pending() const override { return twin_->pending(); }
-  size_t launches = 0, waits = 0, host_buffers = 0;
+  size_t launches = 0, waits = 0, host_buffers = 0, during_backward = 0;
 
  private:
   std::unique_ptr<comm::StreamReducer> twin_;
@@ -434,6 +438,7 @@ struct HybridRun {
   std::vector<std::vector<double>> losses, norms;  // per rank, per step
   std::vector<std::vector<float>> params, m;       // per rank: host copies after the steps
   size_t launches = 0, waits = 0, host_buffers = 0, buckets = 0;
+  std::vector<size_t> during_backward;  // per first-stage rank: launches while its backward still ran
 };
 
 constexpr int kHybridSteps = 3;
@@ -498,6 +503,7 @@ HybridRun train_hybrid(comm::Layout layout, bool device) {
       res.launches += reducer->launches;
       res.waits += reducer->waits;
       res.host_buffers += reducer->host_buffers;
+      if (groups.coord().pp == 0) res.during_backward.push_back(reducer->during_backward);
     }
   });
   return res;
@@ -511,6 +517,9 @@ void check_hybrid(comm::Layout layout) {
   CHECK(dev.launches == dev.buckets * kHybridSteps);
   CHECK(dev.waits == static_cast<size_t>(n * kHybridSteps));
   CHECK(dev.host_buffers == 0);
+  // The overlap: on every first-stage rank some buckets went while the step's last backward was still running.
+  REQUIRE(dev.during_backward.size() == static_cast<size_t>(n / layout.pp));
+  for (size_t k : dev.during_backward) CHECK(k >= static_cast<size_t>(kHybridSteps));
   REQUIRE(cpu.losses[0].size() == static_cast<size_t>(kHybridSteps));
   CHECK(cpu.losses[0].back() < cpu.losses[0].front());
   for (int r = 0; r < n; ++r) {
