@@ -422,10 +422,12 @@ parallel::ModelGroups model_parallel_groups(DistSetup& d, DeviceKind device) {
 }
 
 // CUDA with a dp group: the stream-ordered reducer of the gradient buckets (NCCL, on a dup of the device dp group,
-// after the compute stream's kernels; docs/parallel.md "Data parallelism on CUDA"). Losses and flags still go over the
-// Gloo dp group. Null on the CPU (the DataParallel background thread reduces host buffers).
-comm::StreamReducer* device_stream_reducer(DistSetup& d, Kernels<float>* device, const CudaModule* cuda_module) {
-  if (d.device_groups == nullptr || device == nullptr) return nullptr;
+// after the compute stream's kernels; docs/parallel.md "Data parallelism on CUDA"), and for ZeRO-1 the device and that
+// dup (reduce-scatter/all-gather of device pieces). Losses and flags still go over the Gloo dp group. Nothing on the
+// CPU (the DataParallel background thread reduces host buffers).
+void set_device_reduction(DistSetup& d, Kernels<float>* device, const CudaModule* cuda_module,
+                          parallel::DataParallelOptions& dpo) {
+  if (d.device_groups == nullptr || device == nullptr) return;
   d.grad_comm = d.device_groups->dp().dup("dp-grad");
   const auto fn = cuda_module != nullptr
                       ? reinterpret_cast<comm::NcclStreamReducerFn>(cuda_module->symbol(comm::kNcclStreamReducerSymbol))
@@ -434,7 +436,9 @@ comm::StreamReducer* device_stream_reducer(DistSetup& d, Kernels<float>* device,
   comm::StreamReducer* r = fn != nullptr ? fn(d.grad_comm.get(), device->compute_stream(), err, sizeof err) : nullptr;
   if (r == nullptr) throw comm::CommError(std::string("nccl_stream_reducer: ") + err);
   d.reducer.reset(r);
-  return r;
+  dpo.stream_reducer = r;
+  dpo.device = device;
+  dpo.device_dp = d.grad_comm.get();
 }
 
 DistSetup join_world(std::map<std::string, std::string>& f, TrainConfig& tc, DeviceKind device, int visible_gpus,
@@ -868,8 +872,9 @@ int cmd_train(int argc, char** argv) {
       dpo.deterministic = dist.deterministic;
       dpo.bucket_bytes = dist.bucket_bytes;
       // dp x tp x pp on CUDA: the replica's gradient buckets over NCCL as the stage's backward reports them, as
-      // plain data parallelism does (ZeRO and --deterministic are then refused by DataParallel).
-      dpo.stream_reducer = device_stream_reducer(dist, device.get(), cuda_module);
+      // plain data parallelism does (ZeRO-1: reduce-scatter and all-gather of device pieces; ZeRO 2 and --deterministic
+      // are refused by DataParallel).
+      set_device_reduction(dist, device.get(), cuda_module, dpo);
       dist.sync = parallel::parallel_gpt_data_parallel(&g.dp(), *dist.sharded, mg, tc, pool, dpo);
     }
   }
@@ -883,7 +888,7 @@ int cmd_train(int argc, char** argv) {
     dpo.zero_stage = dist.zero;
     dpo.deterministic = dist.deterministic;
     dpo.bucket_bytes = dist.bucket_bytes;
-    dpo.stream_reducer = device_stream_reducer(dist, device.get(), cuda_module);
+    set_device_reduction(dist, device.get(), cuda_module, dpo);
     if (expert_storage_sharded(expert_parallel.get(), dist)) {
       dpo.group_spans =
           parallel::expert_group_spans(model_cfg, &expert_parallel->expert_data_parallel(), &expert_parallel->group());

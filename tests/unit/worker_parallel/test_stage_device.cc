@@ -438,20 +438,23 @@ struct HybridRun {
   std::vector<std::vector<double>> losses, norms;  // per rank, per step
   std::vector<std::vector<float>> params, m;       // per rank: host copies after the steps
   size_t launches = 0, waits = 0, host_buffers = 0, buckets = 0;
-  std::vector<size_t> during_backward;  // per first-stage rank: launches while its backward still ran
+  std::vector<size_t> during_backward;      // per first-stage rank: launches while its backward still ran
+  std::vector<std::vector<float>> shard_m;  // ZeRO: per rank, the host copy of its shard's AdamW m
+  size_t dp_device_calls = 0;               // ZeRO on the device: reduce-scatters/all-gathers on device memory
 };
 
 constexpr int kHybridSteps = 3;
 
 // The trainer over ParallelGpt on `layout` (dp = 2), each replica its own data, the dp reduction by DataParallel with
 // small buckets: on the CPU its background thread over Gloo; on ShadowCpu (device) the stream reducer above.
-HybridRun train_hybrid(comm::Layout layout, bool device) {
+HybridRun train_hybrid(comm::Layout layout, bool device, int zero = 0) {
   const int n = layout.world();
   HybridRun res;
   res.losses.resize(n);
   res.norms.resize(n);
   res.params.resize(n);
   res.m.resize(n);
+  res.shard_m.resize(n);
   std::mutex mu;
   comm::run_local_world(n, [&](comm::Communicator& world) {
     comm::ProcessGroups groups(world, layout);
@@ -474,11 +477,14 @@ HybridRun train_hybrid(comm::Layout layout, bool device) {
     std::unique_ptr<CountingReducer> reducer;
     DataParallelOptions o;
     o.bucket_bytes = 8 << 10;  // 2048 floats: several buckets per stage, some finished during backward
+    o.zero_stage = zero;
     if (device) {
       grad = groups.dp().dup("dp-grad");
       grad_dev = std::make_unique<DeviceComm>(*grad, dev);
       reducer = std::make_unique<CountingReducer>(*grad_dev, dev);
       o.stream_reducer = reducer.get();
+      o.device = &dev;  // ZeRO-1: reduce-scatter, AdamW and all-gather of device pieces (as railyard-worker sets it)
+      o.device_dp = grad_dev.get();
     }
     auto sync = parallel_gpt_data_parallel(&groups.dp(), model, mg, tc, pool, o);
     CHECK(sync->device_buffers() == device);
@@ -498,6 +504,8 @@ HybridRun train_hybrid(comm::Layout layout, bool device) {
     res.norms[r] = norms;
     res.params[r].assign(st.params, st.params + st.num_params);
     res.m[r].assign(model.adam_m(), model.adam_m() + st.num_params);
+    if (zero > 0) res.shard_m[r].assign(sync->shard_m(), sync->shard_m() + sync->shard_size());
+    if (grad_dev) res.dp_device_calls += grad_dev->device_calls;
     res.buckets += sync->layout().buckets().size();
     if (reducer) {
       res.launches += reducer->launches;
@@ -551,7 +559,52 @@ TEST_CASE("dp=2 x pp=2 on that device (tied-embedding all-reduce on device memor
   check_hybrid(comm::Layout{.dp = 2, .tp = 1, .pp = 2});
 }
 
-TEST_CASE("dp x tp on that device: ZeRO and --deterministic are refused with a stream reducer, host reduction too") {
+namespace {
+
+// ZeRO-1 on the device: the grad norm is summed per run on the device (the CPU loops element by element), so the
+// clip factor may differ in the last bit: the same training to 1e-6, not bit for bit.
+void check_hybrid_zero1(comm::Layout layout) {
+  const HybridRun cpu = train_hybrid(layout, false, 1), dev = train_hybrid(layout, true, 1);
+  const int n = layout.world();
+  CHECK(dev.launches == 0);  // no all-reduce: the buckets are reduce-scattered
+  CHECK(dev.dp_device_calls >= static_cast<size_t>(2 * n * kHybridSteps));  // reduce-scatter + all-gather, device
+  REQUIRE(cpu.losses[0].size() == static_cast<size_t>(kHybridSteps));
+  CHECK(cpu.losses[0].back() < cpu.losses[0].front());
+  auto close = [](const std::vector<float>& a, const std::vector<float>& b) {
+    if (a.size() != b.size() || a.empty()) return false;
+    double scale = 0, worst = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
+      worst = std::max(worst, static_cast<double>(std::fabs(a[i] - b[i])));
+    }
+    return worst <= 1e-6 * scale;
+  };
+  for (int r = 0; r < n; ++r) {
+    CAPTURE(r);
+    for (int s = 0; s < kHybridSteps; ++s) {
+      CHECK(std::fabs(dev.losses[r][s] - cpu.losses[r][s]) <= 1e-6 * cpu.losses[r][s]);
+      CHECK(std::fabs(dev.norms[r][s] - cpu.norms[r][s]) <= 1e-9 * cpu.norms[r][s]);
+    }
+    CHECK(close(dev.params[r], cpu.params[r]));  // state(): the host copy after ZeRO's all-gather
+    CHECK(close(dev.shard_m[r], cpu.shard_m[r]));
+  }
+  for (int r = 0; r < n; ++r) {
+    if ((r / layout.tp) % layout.dp != 0) continue;
+    CAPTURE(r);
+    CHECK(dev.params[r] == dev.params[r + layout.tp]);    // the all-gather gave both replicas the same parameters
+    CHECK(dev.shard_m[r] != dev.shard_m[r + layout.tp]);  // and each its own piece of the moments
+  }
+}
+
+}  // namespace
+
+TEST_CASE("ZeRO-1 with dp=2 x tp=2 and dp=2 x pp=2 on that device (pieces, AdamW, all-gather there) follows the CPU") {
+  check_hybrid_zero1(comm::Layout{.dp = 2, .tp = 2, .pp = 1});
+  check_hybrid_zero1(comm::Layout{.dp = 2, .tp = 1, .pp = 2});
+}
+
+TEST_CASE(
+    "dp x tp on that device: ZeRO 2 and --deterministic are refused, ZeRO-1 without the device, host reduction too") {
   comm::run_local_world(4, [&](comm::Communicator& world) {
     comm::ProcessGroups groups(world, comm::Layout{.dp = 2, .tp = 2, .pp = 1});
     ThreadPool pool(1);
@@ -565,16 +618,20 @@ TEST_CASE("dp x tp on that device: ZeRO and --deterministic are refused with a s
     testing::StreamSource src(groups.coord().dp, 2, kB, kT, kCfg.vocab_size);
     ParallelGpt model(kCfg, tc, 2, pool, world, mg, &dev);
     auto twin = comm::host_stream_reducer(groups.dp());
-    for (int what = 0; what < 2; ++what) {
+    // ZeRO 2 and the deterministic tree are host-only; ZeRO-1 needs the device (its pieces live there).
+    for (int what = 0; what < 3; ++what) {
       DataParallelOptions o;
       o.stream_reducer = twin.get();
-      if (what == 0) {
-        o.zero_stage = 1;
-      } else {
-        o.deterministic = true;
-      }
+      o.device = what == 2 ? nullptr : &dev;
+      o.device_dp = &groups.dp();
+      if (what == 0) o.zero_stage = 2;
+      if (what == 1) o.deterministic = true;
+      if (what == 2) o.zero_stage = 1;
       CHECK_THROWS_WITH_AS(parallel_gpt_data_parallel(&groups.dp(), model, mg, tc, pool, o),
-                           doctest::Contains(what == 0 ? "--zero" : "--deterministic"), railyard::ConfigError);
+                           doctest::Contains(what == 0   ? "--zero 2"
+                                             : what == 1 ? "--deterministic"
+                                                         : "--zero 1"),
+                           railyard::ConfigError);
     }
     // Without a stream reducer the sync reduces host buffers: the trainer refuses it off the host.
     auto host_only = parallel_gpt_data_parallel(&groups.dp(), model, mg, tc, pool, {});
