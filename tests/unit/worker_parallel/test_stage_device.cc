@@ -9,6 +9,7 @@
 #include <doctest/doctest.h>
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <mutex>
@@ -637,5 +638,82 @@ TEST_CASE(
     auto host_only = parallel_gpt_data_parallel(&groups.dp(), model, mg, tc, pool, {});
     CHECK_THROWS_WITH_AS(Trainer(kCfg, tc, pool, src, nullptr, host_only.get(), &model, &dev),
                          doctest::Contains("host buffers"), railyard::ConfigError);
+  });
+}
+
+namespace {
+
+// One rank's ParallelGpt + ZeRO-1 DataParallel + Trainer on its own ShadowCpu, as railyard-worker wires them on CUDA.
+struct DeviceZeroRank {
+  DeviceZeroRank(comm::Communicator& world, comm::ProcessGroups& groups, comm::Layout layout, ThreadPool& pool,
+                 int skip_steps)
+      : dev(pool), mg(model_groups(groups)), src(groups.coord().dp, layout.dp, kB, kT, kCfg.vocab_size) {
+    wrapped = take_device_memory(mg, dev);
+    tc.steps = kHybridSteps;
+    tc.batch = kB;
+    tc.seq_len = kT;
+    tc.global_batch_tokens = static_cast<int64_t>(2 * layout.dp) * kB * kT;
+    tc.lr = 1e-2;
+    tc.quiet = true;
+    std::vector<int32_t> in(kB * kT), tgt(kB * kT);
+    for (int i = 0; i < 2 * skip_steps; ++i) src.next_batch(in.data(), tgt.data());  // the loader's position
+    model = std::make_unique<ParallelGpt>(kCfg, tc, 2, pool, world, mg, &dev);
+    grad = groups.dp().dup("dp-grad");
+    grad_dev = std::make_unique<DeviceComm>(*grad, dev);
+    DataParallelOptions o;
+    o.bucket_bytes = 8 << 10;
+    o.zero_stage = 1;
+    o.device = &dev;
+    o.device_dp = grad_dev.get();
+    sync = parallel_gpt_data_parallel(&groups.dp(), *model, mg, tc, pool, o);
+    trainer = std::make_unique<Trainer>(kCfg, tc, pool, src, nullptr, sync.get(), model.get(), &dev);
+  }
+  ShadowCpu dev;
+  ModelGroups mg;
+  testing::StreamSource src;
+  std::vector<std::unique_ptr<DeviceComm>> wrapped;
+  TrainConfig tc;
+  std::unique_ptr<ParallelGpt> model;
+  std::unique_ptr<comm::Communicator> grad;
+  std::unique_ptr<DeviceComm> grad_dev;
+  std::unique_ptr<DataParallel> sync;
+  std::unique_ptr<Trainer> trainer;
+};
+
+}  // namespace
+
+TEST_CASE("ZeRO-1 on that device: a restore through the host copies continues the run bit for bit") {
+  const comm::Layout layout{.dp = 2, .tp = 2, .pp = 1};
+  comm::run_local_world(layout.world(), [&](comm::Communicator& world) {
+    comm::ProcessGroups groups(world, layout);
+    ThreadPool pool(1);
+    // Uninterrupted: 2 steps, the checkpoint's view (state(): params, the shard's m and v), a third step.
+    DeviceZeroRank a(world, groups, layout, pool, 0);
+    a.trainer->step();
+    a.trainer->step();
+    const TrainerState st = a.trainer->state();
+    const std::vector<float> params(st.params, st.params + st.num_params);
+    const std::vector<float> m(a.sync->shard_m(), a.sync->shard_m() + a.sync->shard_size());
+    const std::vector<float> v(a.sync->shard_v(), a.sync->shard_v() + a.sync->shard_size());
+    REQUIRE(st.adam_t == 2);
+    const double loss3 = a.trainer->step().loss;
+    const TrainerState after = a.trainer->state();
+    const std::vector<float> params3(after.params, after.params + after.num_params);
+    CHECK(params3 != params);  // the host copy follows ZeRO's update
+
+    // Restored: a fresh run (other device memory) whose host copies get the checkpoint, then restore_counters().
+    DeviceZeroRank b(world, groups, layout, pool, 2);
+    TrainerState rs = b.trainer->state();
+    std::copy(params.begin(), params.end(), rs.params);
+    std::copy(m.begin(), m.end(), b.sync->shard_m());
+    std::copy(v.begin(), v.end(), b.sync->shard_v());
+    rs.step = st.step;
+    rs.adam_t = st.adam_t;
+    b.trainer->restore_counters(rs);
+    CHECK(b.trainer->step().loss == loss3);  // bitwise: the same device path from the same state
+    const TrainerState got = b.trainer->state();
+    CHECK(std::vector<float>(got.params, got.params + got.num_params) == params3);
+    CHECK(std::vector<float>(b.sync->shard_m(), b.sync->shard_m() + b.sync->shard_size()) ==
+          std::vector<float>(a.sync->shard_m(), a.sync->shard_m() + a.sync->shard_size()));
   });
 }
