@@ -717,3 +717,82 @@ TEST_CASE("ZeRO-1 on that device: a restore through the host copies continues th
           std::vector<float>(a.sync->shard_m(), a.sync->shard_m() + a.sync->shard_size()));
   });
 }
+
+namespace {
+
+struct PlainRun {
+  std::vector<std::vector<double>> losses;
+  std::vector<std::vector<float>> params, shard_m;
+};
+
+// The plain Gpt trainer at dp=2 with ZeRO-1: on the CPU, or on ShadowCpu with the device pieces.
+PlainRun plain_zero1(bool device) {
+  PlainRun res;
+  res.losses.resize(2);
+  res.params.resize(2);
+  res.shard_m.resize(2);
+  std::mutex mu;
+  comm::run_local_world(2, [&](comm::Communicator& c) {
+    ThreadPool pool(1);
+    ShadowCpu dev(pool);
+    TrainConfig tc;
+    tc.steps = kHybridSteps;
+    tc.batch = kB;
+    tc.seq_len = kT;
+    tc.global_batch_tokens = 4 * kB * kT;
+    tc.lr = 1e-2;
+    tc.quiet = true;
+    testing::StreamSource src(c.rank(), 2, kB, kT, kCfg.vocab_size);
+    auto grad = c.dup("dp-grad");
+    DeviceComm grad_dev(*grad, dev);
+    DataParallelOptions o;
+    o.bucket_bytes = 16 << 10;
+    o.zero_stage = 1;
+    if (device) {
+      o.device = &dev;
+      o.device_dp = &grad_dev;
+    }
+    auto sync = gpt_data_parallel(&c, kCfg, tc, pool, o);
+    CHECK(sync->device_buffers() == device);
+    Trainer tr(kCfg, tc, pool, src, nullptr, sync.get(), nullptr, device ? &dev : nullptr);
+    std::vector<double> losses;
+    for (int s = 0; s < tc.steps; ++s) losses.push_back(tr.step().loss);
+    const TrainerState st = tr.state();
+    CHECK_FALSE(dev.owns(st.params));
+    CHECK(st.adam_m == nullptr);  // ZeRO: the moments are the sync's shard
+    if (device) CHECK(grad_dev.device_calls >= static_cast<size_t>(2 * kHybridSteps));
+    std::lock_guard<std::mutex> lock(mu);
+    res.losses[c.rank()] = losses;
+    res.params[c.rank()].assign(st.params, st.params + st.num_params);
+    res.shard_m[c.rank()].assign(sync->shard_m(), sync->shard_m() + sync->shard_size());
+  });
+  return res;
+}
+
+}  // namespace
+
+TEST_CASE("ZeRO-1 on that device with the plain Gpt trainer (dp=2) follows the CPU's ZeRO-1") {
+  const PlainRun cpu = plain_zero1(false), dev = plain_zero1(true);
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    REQUIRE(dev.losses[r].size() == cpu.losses[r].size());
+    for (size_t s = 0; s < cpu.losses[r].size(); ++s)
+      CHECK(std::fabs(dev.losses[r][s] - cpu.losses[r][s]) <= 1e-6 * cpu.losses[r][s]);
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < cpu.params[r].size(); ++i) {
+      scale = std::max(scale, static_cast<double>(std::fabs(cpu.params[r][i])));
+      worst = std::max(worst, static_cast<double>(std::fabs(dev.params[r][i] - cpu.params[r][i])));
+    }
+    CHECK(worst <= 1e-6 * scale);
+    REQUIRE(dev.shard_m[r].size() == cpu.shard_m[r].size());
+    double mworst = 0, mscale = 0;
+    for (size_t i = 0; i < cpu.shard_m[r].size(); ++i) {
+      mscale = std::max(mscale, static_cast<double>(std::fabs(cpu.shard_m[r][i])));
+      mworst = std::max(mworst, static_cast<double>(std::fabs(dev.shard_m[r][i] - cpu.shard_m[r][i])));
+    }
+    CHECK(mscale > 0);
+    CHECK(mworst <= 1e-6 * mscale);
+  }
+  CHECK(cpu.losses[0].back() < cpu.losses[0].front());
+  CHECK(dev.params[0] == dev.params[1]);  // the all-gather: both replicas hold the same parameters
+}
