@@ -427,7 +427,9 @@ parallel::ModelGroups model_parallel_groups(DistSetup& d, DeviceKind device) {
 // CPU (the DataParallel background thread reduces host buffers).
 void set_device_reduction(DistSetup& d, Kernels<float>* device, const CudaModule* cuda_module,
                           parallel::DataParallelOptions& dpo) {
-  if (d.device_groups == nullptr || device == nullptr) return;
+  if (device == nullptr) return;
+  dpo.device = device;  // ZeRO-1 with one replica needs no communicator
+  if (d.device_groups == nullptr) return;
   d.grad_comm = d.device_groups->dp().dup("dp-grad");
   const auto fn = cuda_module != nullptr
                       ? reinterpret_cast<comm::NcclStreamReducerFn>(cuda_module->symbol(comm::kNcclStreamReducerSymbol))
