@@ -15,7 +15,7 @@
 #   3. with 2 or more GPUs, worker_train_dp_cuda: `railyard-worker train --nproc 2 --device cuda` (gradient buckets
 #      all-reduced over NCCL on a communication stream, overlapping backward) trains to the losses of the same job on
 #      the CPU over Gloo within 2% per step (bf16 GEMM operands); with 4 or more GPUs, worker_train_dp_tp_cuda: the same
-#      for `--nproc 4 --tp 2` (dp=2 x tp=2) and `--pp 2` (dp=2 x pp=2), the replicas' gradient buckets over NCCL on the
+#      for `--nproc 4 --tp 2` (dp=2 x tp=2), `--pp 2` (dp=2 x pp=2) and `--tp 2 --zero 1` (ZeRO-1 on device pieces), over the
 #      communication stream; then every other test labelled `gpu` (the CPU-vs-GPU equivalence tests of the worker
 #      register under that label).
 #   4. the throughput benchmark: `railyard-worker train --device cuda` on GPU 0 for gpt2-124m and gpt2-350m (T=1024,
@@ -82,7 +82,7 @@ else
   not_run+=("worker_train_dp_cuda: needs 2 GPUs, this machine has $gpus")
 fi
 if [ "$gpus" -ge 4 ]; then
-  run "dp x tp/pp on CUDA: train --nproc 4 --tp 2 and --pp 2 (dp=2 replicas over NCCL) equal the CPU layouts within 2%" \
+  run "dp x tp/pp on CUDA: train --nproc 4 --tp 2, --pp 2, --tp 2 --zero 1 (dp=2 over NCCL) equal the CPU layouts within 2%" \
     -R '^worker_train_dp_tp_cuda$'
 else
   not_run+=("worker_train_dp_tp_cuda: needs 4 GPUs, this machine has $gpus")

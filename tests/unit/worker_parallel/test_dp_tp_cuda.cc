@@ -1,9 +1,10 @@
 // Data parallelism across tensor/pipeline-parallel replicas on CUDA as a user runs it (label gpu; tests/gpu/run.sh):
-// `railyard-worker train --nproc 4 --tp 2 --device cuda` (dp=2 x tp=2) and `--pp 2` (dp=2 x pp=2): the stage on the
-// GPU, tp/pp/embedding collectives over NCCL, the replica's gradient buckets all-reduced over NCCL on a communication
-// stream as the stage's backward reports them. Trains to the losses of the same layout on the CPU over Gloo within
-// bf16 tolerance. Needs 4 GPUs (one per rank); otherwise it says so and exits 77, which CTest reports as Skipped.
-// NCCL's bootstrap stays on 127.0.0.1 (NCCL_COMM_ID, NCCL_SOCKET_IFNAME=lo).
+// `railyard-worker train --nproc 4 --device cuda` with `--tp 2` (dp=2 x tp=2), `--pp 2` (dp=2 x pp=2) and
+// `--tp 2 --zero 1` (ZeRO-1 on device buffers): the stage on the GPU, tp/pp/embedding collectives over NCCL, the
+// replica's gradient buckets all-reduced over NCCL on a communication stream as the stage's backward reports them
+// (ZeRO-1: reduce-scattered into device pieces, AdamW there, parameters all-gathered). Trains to the losses of the same
+// layout on the CPU over Gloo within bf16 tolerance. Needs 4 GPUs (one per rank); otherwise it says so and exits 77,
+// which CTest reports as Skipped. NCCL's bootstrap stays on 127.0.0.1 (NCCL_COMM_ID, NCCL_SOCKET_IFNAME=lo).
 #include <cuda_runtime_api.h>
 #include <doctest/doctest.h>
 
@@ -12,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tests/unit/worker_parallel/launch_test_util.h"
@@ -48,11 +50,13 @@ TEST_CASE("train --nproc 4 --tp 2 / --pp 2 --device cuda (dp=2 replicas over NCC
   const std::string common = bin + "/railyard-worker train --model l=2,c=64,nh=4,t=64,v=256 --data " + d +
                              "/data --steps 8 --batch 4 --seq 64 --global-batch 1024 --lr 3e-3 --warmup 2 "
                              "--bucket-mb 0.02 --peak-flops 1e12 --nproc 4 ";
-  for (const std::string layout : {"--tp 2", "--pp 2"}) {
+  // The third: ZeRO-1 on device buffers (reduce-scatter of device pieces, AdamW there, all-gather over NCCL).
+  const std::vector<std::pair<std::string, std::string>> layouts = {
+      {"--tp 2", "tp"}, {"--pp 2", "pp"}, {"--tp 2 --zero 1", "tp-zero1"}};
+  for (const auto& [layout, tag] : layouts) {
     INFO(layout);
     const int port = railyard::worker::parallel::free_port("127.0.0.1");
     ::setenv("NCCL_COMM_ID", ("127.0.0.1:" + std::to_string(port)).c_str(), 1);
-    const std::string tag = layout == "--tp 2" ? "tp" : "pp";
     REQUIRE(sh(common + layout + " --device cpu --log-json " + d + "/cpu-" + tag + ".jsonl 2> " + d + "/cpu-" + tag +
                ".txt") == 0);
     const int rc = sh(common + layout + " --device cuda --log-json " + d + "/cuda-" + tag + ".jsonl 2> " + d +
@@ -61,7 +65,7 @@ TEST_CASE("train --nproc 4 --tp 2 / --pp 2 --device cuda (dp=2 replicas over NCC
     INFO(log);
     REQUIRE(rc == 0);
     CHECK(log.find("model-parallel stage") != std::string::npos);
-    CHECK(log.find("device buffers") != std::string::npos);  // the NCCL stream reducer, not Gloo's host thread
+    CHECK(log.find("device buffers") != std::string::npos);  // the NCCL reducer/pieces, not Gloo's host thread
     const auto cpu = losses(d + "/cpu-" + tag + ".jsonl"), cuda = losses(d + "/cuda-" + tag + ".jsonl");
     REQUIRE(cpu.size() == 8);
     REQUIRE(cuda.size() == 8);
