@@ -15,9 +15,9 @@
 #   3. with 2 or more GPUs, worker_train_dp_cuda: `railyard-worker train --nproc 2 --device cuda` (gradient buckets
 #      all-reduced over NCCL on a communication stream, overlapping backward) trains to the losses of the same job on
 #      the CPU over Gloo within 2% per step (bf16 GEMM operands); with 4 or more GPUs, worker_train_dp_tp_cuda: the same
-#      for `--nproc 4 --tp 2` (dp=2 x tp=2), `--pp 2` (dp=2 x pp=2) and `--tp 2 --zero 1` (ZeRO-1 on device pieces), over the
-#      communication stream; then every other test labelled `gpu` (the CPU-vs-GPU equivalence tests of the worker
-#      register under that label).
+#      for `--nproc 4` with `--tp 2` (dp=2 x tp=2), `--pp 2` (dp=2 x pp=2) and `--tp 2 --zero 1` (ZeRO-1 on device
+#      pieces); then every other test labelled `gpu` (the CPU-vs-GPU equivalence tests of the worker register under
+#      that label).
 #   4. the throughput benchmark: `railyard-worker train --device cuda` on GPU 0 for gpt2-124m and gpt2-350m (T=1024,
 #      random-init weights, this repo's docs as the token data), tokens/s and MFU against the GPU's dense bf16 peak
 #      (A100 312, H100 SXM / H200 989, H100 NVL 835, H100 PCIe 756 TFLOP/s; RAILYARD_PEAK_TFLOPS overrides, and is
