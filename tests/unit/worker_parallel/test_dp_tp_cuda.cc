@@ -26,13 +26,7 @@ namespace {
 void require_four_gpus() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
-  if (n < 4) {
-    std::fprintf(stderr,
-                 "worker_train_dp_tp_cuda: SKIPPED: %d usable CUDA device(s); dp=2 x tp=2 (and dp=2 x pp=2) over NCCL "
-                 "needs 4 or more (one GPU per rank)\n",
-                 n);
-    std::exit(77);
-  }
+  skip_without_gpus("worker_train_dp_tp_cuda", n, 4, "dp=2 x tp=2 (and dp=2 x pp=2) over NCCL");
 }
 
 }  // namespace
@@ -40,11 +34,7 @@ void require_four_gpus() {
 TEST_CASE("train --nproc 4 --tp 2 / --pp 2 --device cuda (dp=2 replicas over NCCL) equals the CPU/Gloo layout") {
   require_four_gpus();
   const std::string bin = bin_dir();
-  const std::string d =
-      (std::filesystem::temp_directory_path() / ("railyard-dp-tp-cuda-" + std::to_string(getpid()))).string();
-  std::filesystem::create_directories(d);
-  REQUIRE(sh(bin + "/railyard data prepare --input /usr/share/common-licenses/GPL-3 " +
-             "/usr/share/common-licenses/Apache-2.0 --output " + d + "/data > " + d + "/prep.txt 2>&1") == 0);
+  const std::string d = prepared_data_dir("railyard-dp-tp-cuda-");
   ::setenv("NCCL_SOCKET_IFNAME", "lo", 0);
   // 4 micro-batches per step (2 per replica through the pipeline), buckets of 20 KiB: several per stage.
   const std::string common = bin + "/railyard-worker train --model l=2,c=64,nh=4,t=64,v=256 --data " + d +
