@@ -406,14 +406,37 @@ comm::DeviceWorldConnector nccl_world_from(const CudaModule* m) {
 parallel::ModelGroups model_parallel_groups(DistSetup& d, DeviceKind device) {
   if (device == DeviceKind::kCuda) {
     if (d.device_groups == nullptr) {
-      throw ConfigError("--tp/--pp with spec.device / --device cuda: no NCCL groups were built (a CUDA build with the "
-                        "NCCL backend is needed): use --device cpu");
+      throw ConfigError(
+          "--tp/--pp with spec.device / --device cuda: no NCCL groups were built (a CUDA build with the "
+          "NCCL backend is needed): use --device cpu");
     }
     comm::ProcessGroups& g = *d.device_groups;
     return {&g.tp(), &g.pp(), g.embedding(), d.device_cp.get()};
   }
   comm::ProcessGroups& g = *d.groups;
   return {&g.tp(), &g.pp(), g.embedding(), d.cp.get()};
+}
+
+// CUDA with a dp group: the stream-ordered reducer of the gradient buckets (NCCL, on a dup of the device dp group,
+// after the compute stream's kernels; docs/parallel.md "Data parallelism on CUDA"), and for ZeRO-1 the device and that
+// dup (reduce-scatter/all-gather of device pieces). Losses and flags still go over the Gloo dp group. Nothing on the
+// CPU (the DataParallel background thread reduces host buffers).
+void set_device_reduction(DistSetup& d, Kernels<float>* device, const CudaModule* cuda_module,
+                          parallel::DataParallelOptions& dpo) {
+  if (device == nullptr) return;
+  dpo.device = device;  // ZeRO-1 with one replica needs no communicator
+  if (d.device_groups == nullptr) return;
+  d.grad_comm = d.device_groups->dp().dup("dp-grad");
+  const auto fn = cuda_module != nullptr
+                      ? reinterpret_cast<comm::NcclStreamReducerFn>(cuda_module->symbol(comm::kNcclStreamReducerSymbol))
+                      : nullptr;
+  char err[1024] = {0};
+  comm::StreamReducer* r = fn != nullptr ? fn(d.grad_comm.get(), device->compute_stream(), err, sizeof err) : nullptr;
+  if (r == nullptr) throw comm::CommError(std::string("nccl_stream_reducer: ") + err);
+  d.reducer.reset(r);
+  dpo.stream_reducer = r;
+  dpo.device = device;
+  dpo.device_dp = d.grad_comm.get();
 }
 
 DistSetup join_world(std::map<std::string, std::string>& f, TrainConfig& tc, DeviceKind device, int visible_gpus,
@@ -847,6 +870,10 @@ int cmd_train(int argc, char** argv) {
       dpo.zero_stage = dist.zero;
       dpo.deterministic = dist.deterministic;
       dpo.bucket_bytes = dist.bucket_bytes;
+      // dp x tp x pp on CUDA: the replica's gradient buckets over NCCL as the stage's backward reports them, as
+      // plain data parallelism does (ZeRO-1: reduce-scatter and all-gather of device pieces; ZeRO 2 and --deterministic
+      // are refused by DataParallel).
+      set_device_reduction(dist, device.get(), cuda_module, dpo);
       dist.sync = parallel::parallel_gpt_data_parallel(&g.dp(), *dist.sharded, mg, tc, pool, dpo);
     }
   }
@@ -860,18 +887,7 @@ int cmd_train(int argc, char** argv) {
     dpo.zero_stage = dist.zero;
     dpo.deterministic = dist.deterministic;
     dpo.bucket_bytes = dist.bucket_bytes;
-    if (dist.device_groups != nullptr && device != nullptr) {
-      // Gradient buckets all-reduced over NCCL on their own stream as backward finishes them (docs/parallel.md
-      // "Data parallelism on CUDA"); losses and flags still go over the Gloo dp group.
-      dist.grad_comm = dist.device_groups->dp().dup("dp-grad");
-      const auto fn = reinterpret_cast<comm::NcclStreamReducerFn>(cuda_module->symbol(comm::kNcclStreamReducerSymbol));
-      char err[1024] = {0};
-      comm::StreamReducer* r =
-          fn != nullptr ? fn(dist.grad_comm.get(), device->compute_stream(), err, sizeof err) : nullptr;
-      if (r == nullptr) throw comm::CommError(std::string("nccl_stream_reducer: ") + err);
-      dist.reducer.reset(r);
-      dpo.stream_reducer = dist.reducer.get();
-    }
+    set_device_reduction(dist, device.get(), cuda_module, dpo);
     if (expert_storage_sharded(expert_parallel.get(), dist)) {
       dpo.group_spans =
           parallel::expert_group_spans(model_cfg, &expert_parallel->expert_data_parallel(), &expert_parallel->group());

@@ -14,15 +14,18 @@
 #      groups) at tp=2, pp=2 and, with 4+ GPUs, tp=2 x pp=2 against the same layout on the CPU over Gloo.
 #   3. with 2 or more GPUs, worker_train_dp_cuda: `railyard-worker train --nproc 2 --device cuda` (gradient buckets
 #      all-reduced over NCCL on a communication stream, overlapping backward) trains to the losses of the same job on
-#      the CPU over Gloo within 2% per step (bf16 GEMM operands); then every other test labelled `gpu` (the CPU-vs-GPU
-#      equivalence tests of the worker register under that label).
+#      the CPU over Gloo within 2% per step (bf16 GEMM operands); with 4 or more GPUs, worker_train_dp_tp_cuda: the same
+#      for `--nproc 4` with `--tp 2` (dp=2 x tp=2), `--pp 2` (dp=2 x pp=2) and `--tp 2 --zero 1` (ZeRO-1 on device
+#      pieces); then every other test labelled `gpu` (the CPU-vs-GPU equivalence tests of the worker register under
+#      that label).
 #   4. the throughput benchmark: `railyard-worker train --device cuda` on GPU 0 for gpt2-124m and gpt2-350m (T=1024,
 #      random-init weights, this repo's docs as the token data), tokens/s and MFU against the GPU's dense bf16 peak
 #      (A100 312, H100 SXM / H200 989, H100 NVL 835, H100 PCIe 756 TFLOP/s; RAILYARD_PEAK_TFLOPS overrides, and is
 #      required for other GPUs), printed as a table. Median over the steps after the first 3 (warm-up).
 #      `--device` is the trainer flag of issue #11's device abstraction (branch h/gpudev at the time of writing).
 # A test that CTest reports as Skipped counts as failed here (there is a GPU); worker_comm_nccl_gpu and
-# worker_train_dp_cuda on a 1-GPU machine are listed as "not run" instead (NCCL needs one GPU per rank).
+# worker_train_dp_cuda on a 1-GPU machine (worker_train_dp_tp_cuda below 4 GPUs) are listed as "not run" instead
+# (NCCL needs one GPU per rank).
 # Environment: BENCH=0 skips 4; BENCH_STEPS (default 20); BENCH_BATCH_124M (default 16), BENCH_BATCH_350M (default 8):
 # sequences per step (no gradient accumulation); RAILYARD_PEAK_TFLOPS: the peak MFU is measured against.
 # Exit status: 0 when everything checked passed, 1 when a check failed, 2 when there is no GPU.
@@ -42,7 +45,7 @@ driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader -i 0 | head
 
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DRAILYARD_CUDA=ON >/dev/null
 cmake --build "$build" -j"$(nproc)" --target worker_comm_nccl worker_comm_nccl_gpu worker_cuda_unit worker_cuda_parity \
-  worker_cuda_stage_nccl worker_train_dp_cuda railyard-worker railyard
+  worker_cuda_stage_nccl worker_train_dp_cuda worker_train_dp_tp_cuda railyard-worker railyard
 checked=()
 failed=()
 not_run=()
@@ -78,7 +81,13 @@ if [ "$gpus" -ge 2 ]; then
 else
   not_run+=("worker_train_dp_cuda: needs 2 GPUs, this machine has $gpus")
 fi
-others='^(worker_cuda_parity|worker_comm_nccl_gpu|worker_cuda_stage_nccl|worker_train_dp_cuda)$'
+if [ "$gpus" -ge 4 ]; then
+  run "dp x tp/pp on CUDA: train --nproc 4 --tp 2, --pp 2, --tp 2 --zero 1 (dp=2 over NCCL) equal the CPU layouts within 2%" \
+    -R '^worker_train_dp_tp_cuda$'
+else
+  not_run+=("worker_train_dp_tp_cuda: needs 4 GPUs, this machine has $gpus")
+fi
+others='^(worker_cuda_parity|worker_comm_nccl_gpu|worker_cuda_stage_nccl|worker_train_dp_cuda|worker_train_dp_tp_cuda)$'
 if (cd "$build" && ctest -N -L gpu -E "$others" | grep -q 'Total Tests: [1-9]'); then
   cmake --build "$build" -j"$(nproc)"
   run "other tests labelled gpu: $(cd "$build" && ctest -N -L gpu -E "$others" | grep -c 'Test #')" -L gpu -E "$others"

@@ -60,11 +60,18 @@ DataParallel::DataParallel(comm::Communicator* dp, size_t num_params, std::vecto
         "--device cuda with expert-parallel storage (--ep): sub-group gradient spans are reduced on host "
         "buffers only (and experts are CPU-only so far): use --device cpu");
   }
-  if (opt_.stream_reducer != nullptr && (opt_.zero_stage > 0 || opt_.deterministic)) {
-    throw ConfigError(std::string("--device cuda with ") + (opt_.deterministic ? "--deterministic" : "--zero") +
-                      ": data parallelism on device buffers averages buckets only (ZeRO's sharded optimizer and the "
-                      "deterministic tree run on host buffers): drop it, or use --device cpu");
+  device_zero_ = opt_.device != nullptr && !opt_.device->host_accessible() && opt_.zero_stage == 1 &&
+                 !opt_.deterministic && opt_.group_spans.empty();
+  if ((opt_.stream_reducer != nullptr || device_zero_) &&
+      (opt_.zero_stage == 2 || opt_.deterministic || (opt_.zero_stage == 1 && !device_zero_))) {
+    throw ConfigError(std::string("--device cuda with ") +
+                      (opt_.deterministic ? "--deterministic" : "--zero " + std::to_string(opt_.zero_stage)) +
+                      ": data parallelism on device buffers averages buckets or runs ZeRO stage 1 only (ZeRO 2's "
+                      "sharded gradients and the deterministic tree run on host buffers): use --zero 0 or 1, or "
+                      "--device cpu");
   }
+  if (device_zero_ && size_ > 1 && opt_.device_dp == nullptr)
+    throw Error("data-parallel: ZeRO-1 on device buffers needs a dp communicator that takes device memory");
   chunk_ = (n_ + static_cast<size_t>(size_) - 1) / static_cast<size_t>(size_);
   if (opt_.deterministic && opt_.zero_stage > 0) chunk_ = layout_.buckets().front().piece;  // own piece = own chunk
   if (opt_.zero_stage > 0) {
@@ -73,6 +80,17 @@ DataParallel::DataParallel(comm::Communicator* dp, size_t num_params, std::vecto
     const auto& last = layout_.buckets().back();
     pad_in_ = AlignedBuffer<float>(last.piece * static_cast<size_t>(size_));
     pad_out_ = AlignedBuffer<float>(layout_.buckets().front().piece);
+  }
+  if (device_zero_) {
+    // The moments live on the device; zero_'s host m/v are their copies for checkpoints.
+    hyper_ = hyper;
+    Kernels<float>& k = *opt_.device;
+    dm_ = DeviceBuffer<float>(k, layout_.shard_size());
+    dv_ = DeviceBuffer<float>(k, layout_.shard_size());
+    k.zero(dm_.data(), dm_.size() * sizeof(float));
+    k.zero(dv_.data(), dv_.size() * sizeof(float));
+    dpad_in_ = DeviceBuffer<float>(k, pad_in_.size());
+    dpad_out_ = DeviceBuffer<float>(k, pad_out_.size());
   }
   if (!opt_.group_spans.empty()) {
     if (opt_.zero_stage > 0 || opt_.deterministic) {
@@ -90,7 +108,7 @@ DataParallel::DataParallel(comm::Communicator* dp, size_t num_params, std::vecto
       if (size_ > 1) span_comms_.push_back(g.reduce->dup(g.reduce->name() + "-grad"));
     }
   }
-  if (size_ > 1 && !opt_.deterministic && opt_.stream_reducer == nullptr) {
+  if (size_ > 1 && !opt_.deterministic && opt_.stream_reducer == nullptr && !device_zero_) {
     grad_comm_ = dp_->dup("dp-grad");
     thread_ = std::thread([this] { reducer_loop(); });
   }
@@ -126,6 +144,11 @@ void DataParallel::grads_ready(size_t offset, size_t count) {
     remaining_[b] -= take;
     i += take;
     if (remaining_[b] != 0) continue;
+    if (device_zero_) {  // reduce-scattered in finish(), after backward
+      ++enqueued_;
+      ++done_;
+      continue;
+    }
     if (opt_.stream_reducer != nullptr) {
       // Device buffers: enqueued behind the backward kernels that produced the bucket, overlapping the rest.
       const auto& k = layout_.buckets()[b];
@@ -352,8 +375,87 @@ void DataParallel::finish(float* grads) {
   }
   cv_.wait(lk, [&] { return done_ == enqueued_; });
   if (opt_.stream_reducer != nullptr) opt_.stream_reducer->wait();
+  if (device_zero_) device_reduce_scatter();
   comm_seconds_ += since(t0);
   if (error_) std::rethrow_exception(error_);
+}
+
+void DataParallel::device_reduce_scatter() {
+  if (size_ == 1) return;  // stage 1 keeps the whole buffer: one replica's gradient is its own mean
+  Kernels<float>& k = *opt_.device;
+  for (size_t b = 0; b < layout_.buckets().size(); ++b) {
+    const auto& bk = layout_.buckets()[b];
+    // The communicator's stream does not order against the kernels': the gradients (and the previous bucket's copy
+    // out of the scratch piece) must be done before it reads or writes.
+    k.synchronize();
+    const float* in = grads_ + bk.begin;
+    if (bk.padded(size_)) {
+      k.copy(dpad_in_.data(), grads_ + bk.begin, bk.size());
+      k.zero(dpad_in_.data() + bk.size(), (dpad_in_.size() - bk.size()) * sizeof(float));
+      k.synchronize();
+      in = dpad_in_.data();
+    }
+    opt_.device_dp->reduce_scatter(in, dpad_out_.data(), bk.piece, comm::DType::kFloat32, comm::ReduceOp::kAvg);
+    const auto [own_b, own_e] = layout_.own(b, rank_);
+    if (own_e > own_b) k.copy(grads_ + own_b, dpad_out_.data(), own_e - own_b);
+  }
+}
+
+double DataParallel::device_sum_squares(const float* grads) {
+  // Per run of this rank's pieces (inside the count-once ranges, if any) on the device: equal to the host loop up to
+  // rounding, not its bits.
+  Kernels<float>& k = *opt_.device;
+  double total = 0;
+  auto add = [&](size_t b, size_t e) {
+    if (e <= b) return;
+    const double n = k.global_norm(grads + b, e - b);
+    total += n * n;
+  };
+  for (const ZeroAdamW::Run& r : zero_->runs()) {
+    if (opt_.count_once.empty()) {
+      add(r.begin, r.end);
+      continue;
+    }
+    for (const auto& [ob, oe] : opt_.count_once) add(std::max(r.begin, ob), std::min(r.end, oe));
+  }
+  return total;
+}
+
+void DataParallel::device_update(float* params, const float* grads, float lr, float grad_scale) {
+  Kernels<float>& k = *opt_.device;
+  zero_->set_t(zero_->t() + 1);
+  for (const ZeroAdamW::Run& r : zero_->runs()) {
+    k.adamw_update(params + r.begin, grads + r.begin, dm_.data() + r.shard_offset, dv_.data() + r.shard_offset,
+                   r.end - r.begin, lr, hyper_.beta1, hyper_.beta2, hyper_.eps, r.decay ? hyper_.weight_decay : 0.0f,
+                   zero_->t(), grad_scale);
+  }
+  const size_t bytes = layout_.shard_size() * sizeof(float);
+  k.to_host(zero_->m(), dm_.data(), bytes);  // checkpoints read the host copies
+  k.to_host(zero_->v(), dv_.data(), bytes);
+  if (size_ == 1) return;
+  const auto t0 = Clock::now();
+  for (size_t b = 0; b < layout_.buckets().size(); ++b) {
+    const auto& bk = layout_.buckets()[b];
+    const auto [s, e] = layout_.own(b, rank_);
+    k.synchronize();  // the updated piece (and the previous bucket's copy out of the scratch) before NCCL's stream
+    if (!bk.padded(size_)) {
+      opt_.device_dp->all_gather(params + s, params + bk.begin, bk.piece, comm::DType::kFloat32);
+      continue;
+    }
+    k.zero(dpad_out_.data(), bk.piece * sizeof(float));
+    if (e > s) k.copy(dpad_out_.data(), params + s, e - s);
+    k.synchronize();
+    opt_.device_dp->all_gather(dpad_out_.data(), dpad_in_.data(), bk.piece, comm::DType::kFloat32);
+    k.copy(params + bk.begin, dpad_in_.data(), bk.size());
+  }
+  gather_seconds_ += since(t0);
+}
+
+void DataParallel::upload_host() {
+  if (!device_zero_) return;
+  const size_t bytes = layout_.shard_size() * sizeof(float);
+  opt_.device->to_device(dm_.data(), zero_->m(), bytes);
+  opt_.device->to_device(dv_.data(), zero_->v(), bytes);
 }
 
 std::vector<double> DataParallel::all_gather(const std::vector<double>& local) {
@@ -387,8 +489,9 @@ double DataParallel::grad_norm(const float* grads) {
     }
     for (double s : all_gather(blocks)) total += s;
   } else {
-    const double local =
-        zero_->sum_squares(opt_.zero_stage == 2 ? shard_grads_.data() : grads, opt_.zero_stage == 2, &opt_.count_once);
+    const double local = device_zero_ ? device_sum_squares(grads)
+                                      : zero_->sum_squares(opt_.zero_stage == 2 ? shard_grads_.data() : grads,
+                                                           opt_.zero_stage == 2, &opt_.count_once);
     for (double s : all_gather({local})) total += s;  // rank order: the same sum on every rank
   }
   // Model-parallel peers hold other parts of the replica: their sums are added in group rank order.
@@ -404,6 +507,10 @@ double DataParallel::grad_norm(const float* grads) {
 
 void DataParallel::update(float* params, const float* grads, float lr, float grad_scale) {
   if (!zero_) throw Error("data-parallel: update() is the ZeRO path; without ZeRO the trainer's AdamW updates");
+  if (device_zero_) {
+    device_update(params, grads, lr, grad_scale);
+    return;
+  }
   zero_->update(params, opt_.zero_stage == 2 ? shard_grads_.data() : grads, opt_.zero_stage == 2, lr, grad_scale);
   if (size_ == 1) return;
   const auto t0 = Clock::now();
@@ -464,6 +571,7 @@ std::string DataParallel::describe() const {
   std::snprintf(buf, sizeof(buf), "dp=%d zero=%d%s buckets=%zu x %.2f MiB, optimizer state saved %.2f MiB/rank", size_,
                 opt_.zero_stage,
                 opt_.deterministic    ? " deterministic"
+                : device_zero_        ? " device buffers (reduce-scatter after backward)"
                 : opt_.stream_reducer ? " device buffers (stream-ordered, overlapped)"
                                       : "",
                 b.size(), static_cast<double>(b.front().size() * sizeof(float)) / 1048576.0,

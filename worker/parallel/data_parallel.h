@@ -42,6 +42,13 @@ struct DataParallelOptions {
   // kernels that produced it) instead of the background thread's host all-reduce; finish() waits for all. `dp` still
   // carries the host values (losses, flags). Plain averaging only: ZeRO and the deterministic mode are refused.
   comm::StreamReducer* stream_reducer = nullptr;
+  // ZeRO-1 on device buffers (CUDA): the device holding gradients, parameters and this rank's AdamW moments, and a
+  // blocking communicator over the dp group that takes its memory (NCCL: the dp group's dup). finish() reduce-scatters
+  // the buckets into this rank's pieces (after backward: no overlap), update() runs the device AdamW over the pieces
+  // and all-gathers the parameters; shard_m()/shard_v() are host copies refreshed after every update (checkpoints),
+  // upload_host() writes them back after a restore. ZeRO 2 and the deterministic tree stay host-only.
+  Kernels<float>* device = nullptr;
+  comm::Communicator* device_dp = nullptr;
   // Spans of the flat buffer that only some dp ranks hold the same values of (expert-parallel storage: rank r keeps
   // its ep group's share of the experts). A span is all-reduced over `reduce` (the dp ranks holding the same
   // elements, a sub-group of dp) and divided by the dp degree D like every other gradient, so the result is the
@@ -75,7 +82,7 @@ class DataParallel final : public GradSync {
   int size() const override { return size_; }
   int zero_stage() const override { return opt_.zero_stage; }
   bool deterministic() const override { return opt_.deterministic; }
-  bool device_buffers() const override { return opt_.stream_reducer != nullptr; }
+  bool device_buffers() const override { return opt_.stream_reducer != nullptr || device_zero_; }
   bool owns_grad_norm() const override { return zero_ != nullptr || !opt_.group_spans.empty(); }
 
   void arm(float* grads) override;
@@ -94,6 +101,7 @@ class DataParallel final : public GradSync {
   void set_adam_t(int64_t t) override {
     if (zero_) zero_->set_t(t);
   }
+  void upload_host() override;
   double take_comm_seconds() override;
   double take_gather_seconds() override;
   std::string describe() const override;
@@ -109,6 +117,10 @@ class DataParallel final : public GradSync {
   void reduce_range(size_t begin, size_t end);
   double group_spans_norm(const float* grads);
   void fold_leaves_to_root();
+  // ZeRO-1 on device buffers.
+  void device_reduce_scatter();
+  double device_sum_squares(const float* grads);
+  void device_update(float* params, const float* grads, float lr, float grad_scale);
 
   comm::Communicator* dp_;
   std::unique_ptr<comm::Communicator> grad_comm_;                // the background thread's own stream
@@ -122,6 +134,9 @@ class DataParallel final : public GradSync {
   AlignedBuffer<float> shard_grads_;  // stage 2: this rank's reduced pieces
   AlignedBuffer<float> pad_in_;       // the last bucket padded to D * piece (reduce-scatter / all-gather)
   AlignedBuffer<float> pad_out_;
+  bool device_zero_ = false;
+  AdamWHyper hyper_;
+  DeviceBuffer<float> dm_, dv_, dpad_in_, dpad_out_;  // ZeRO-1 on the device: moments and padding scratch there
 
   // Overlapped reduction state. Written by the main thread (grads_ready) and the reducer thread under mu_.
   float* grads_ = nullptr;

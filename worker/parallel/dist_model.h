@@ -56,6 +56,7 @@ class ParallelGpt final : public ShardedModel {
   // Devices that are not the host: device -> host copies of params and AdamW m, v / host -> device after a restore.
   void sync_host();
   void upload_host() override;
+  void refresh_host() override { sync_host(); }
   const Kernels<float>* device() const override { return dev_; }
   std::string describe() const override;
 

@@ -98,6 +98,12 @@ void ZeroAdamW::update(float* params, const float* grads, bool shard_layout, flo
   });
 }
 
+std::vector<ZeroAdamW::Run> ZeroAdamW::runs() const {
+  std::vector<Run> out;
+  for_each_run([&](size_t s, size_t e, size_t so, bool decay) { out.push_back({s, e, so, decay}); });
+  return out;
+}
+
 double ZeroAdamW::sum_squares(const float* grads, bool shard_layout,
                               const std::vector<std::pair<size_t, size_t>>* only) const {
   double total = 0;

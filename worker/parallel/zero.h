@@ -78,6 +78,14 @@ class ZeroAdamW {
   double sum_squares(const float* grads, bool shard_layout,
                      const std::vector<std::pair<size_t, size_t>>* only = nullptr) const;
 
+  // This rank's pieces split at tensor boundaries: [begin, end) of the flat buffer, where `begin` sits in the shard,
+  // and whether AdamW decays the tensor (the device update of ZeRO-1 on device buffers walks the same runs).
+  struct Run {
+    size_t begin = 0, end = 0, shard_offset = 0;
+    bool decay = false;
+  };
+  std::vector<Run> runs() const;
+
   float* m() { return m_.data(); }
   float* v() { return v_.data(); }
   size_t size() const { return m_.size(); }

@@ -51,6 +51,8 @@ class GradSync {
   virtual size_t shard_size() const = 0;
   virtual int64_t adam_t() const = 0;
   virtual void set_adam_t(int64_t t) = 0;
+  // Device buffers: shard_m()/shard_v() are host copies; after a restore wrote them, this uploads them.
+  virtual void upload_host() {}
 
   // Seconds the calling thread spent blocked on data-parallel communication since the last call (the part of the
   // reduction that backward did not hide), and on the ZeRO parameter all-gather (counted as optimizer time).

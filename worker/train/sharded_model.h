@@ -55,6 +55,8 @@ class ShardedModel {
   virtual const Kernels<float>* device() const { return nullptr; }
   virtual float* host_params() { return params(); }
   virtual void upload_host() {}
+  // Off the host, after the parameters were changed by someone else (ZeRO's update): refresh host_params().
+  virtual void refresh_host() {}
 };
 
 }  // namespace railyard::worker

@@ -86,9 +86,9 @@ Kernels<float>* check_device(Kernels<float>* device, GradSync* sync, ShardedMode
   const std::string d = std::string("spec.device / --device ") + device_name(device->kind());
   if (sync != nullptr && !sync->device_buffers())
     throw ConfigError(d +
-                      ": this gradient reduction works on host buffers only (ZeRO --zero and the deterministic mode "
-                      "--deterministic run on the host; multi-process data parallelism on CUDA reduces over NCCL): "
-                      "drop --zero/--deterministic, or use --device cpu");
+                      ": this gradient reduction works on host buffers only (ZeRO 2 --zero 2 and the deterministic "
+                      "mode --deterministic run on the host; data parallelism and ZeRO-1 on CUDA reduce over NCCL): "
+                      "use --zero 0 or 1 without --deterministic, or --device cpu");
   return device;
 }
 }  // namespace
@@ -171,8 +171,10 @@ Trainer::Trainer(const GptConfig& model, const TrainConfig& config, ThreadPool& 
   if (model_) model_->init_weights(cfg_.seed);
   if (!on_host() && model_) {
     host_params_ = AlignedBuffer<float>(model_->num_params());
-    host_m_ = AlignedBuffer<float>(model_->num_params());
-    host_v_ = AlignedBuffer<float>(model_->num_params());
+    if (opt_) {  // ZeRO: the sync keeps host copies of its shard's moments
+      host_m_ = AlignedBuffer<float>(model_->num_params());
+      host_v_ = AlignedBuffer<float>(model_->num_params());
+    }
     host_stale_ = true;  // the first state() downloads
   }
   peak_flops_ = cfg_.peak_flops;
@@ -191,8 +193,10 @@ Gpt<float>& Trainer::model() {
 void Trainer::refresh_host_state() {
   const size_t bytes = model_->num_params() * sizeof(float);
   device_->to_host(host_params_.data(), model_->params(), bytes);
-  device_->to_host(host_m_.data(), opt_->m(), bytes);
-  device_->to_host(host_v_.data(), opt_->v(), bytes);
+  if (opt_) {
+    device_->to_host(host_m_.data(), opt_->m(), bytes);
+    device_->to_host(host_v_.data(), opt_->v(), bytes);
+  }
   host_stale_ = false;
 }
 
@@ -410,6 +414,7 @@ StepResult Trainer::step() {
     const float lr = static_cast<float>(r.lr), scale = clip_factor(r.grad_norm, cfg_.grad_clip);
     if (sharded_ != nullptr && zero) {
       sync_->update(sharded_->params(), sharded_->grads(), lr, scale);  // own pieces, then all-gather over dp
+      sharded_->refresh_host();  // off the host: state()'s parameter copy (a no-op on the CPU)
     } else if (sharded_ != nullptr) {
       sharded_->update(sharded_->params(), sharded_->grads(), lr, scale);
     } else if (zero) {
@@ -628,8 +633,10 @@ TrainerState Trainer::state() {
     // copies: it is joined before every update (before_update), and without an update there is nothing to copy.
     if (host_stale_) refresh_host_state();
     s.params = host_params_.data();
-    s.adam_m = host_m_.data();
-    s.adam_v = host_v_.data();
+    if (opt_) {
+      s.adam_m = host_m_.data();
+      s.adam_v = host_v_.data();
+    }
   }
   s.num_params = sharded_ != nullptr ? sharded_->num_params() : model_->num_params();
   s.loader = train_.loader_state();
@@ -660,12 +667,15 @@ void Trainer::restore_counters(const TrainerState& s) {
   bad_consecutive_ = s.bad_steps_consecutive;
   if (s.loader) train_.restore_loader(*s.loader);
   if (sharded_ != nullptr) sharded_->upload_host();  // a no-op on the CPU
+  if (sync_ != nullptr) sync_->upload_host();        // ZeRO-1 on device buffers: the shard's moments
   if (!on_host() && model_) {
     // The checkpoint was loaded into state()'s host copies: upload them.
     const size_t bytes = model_->num_params() * sizeof(float);
     device_->to_device(model_->params(), host_params_.data(), bytes);
-    device_->to_device(opt_->m(), host_m_.data(), bytes);
-    device_->to_device(opt_->v(), host_v_.data(), bytes);
+    if (opt_) {
+      device_->to_device(opt_->m(), host_m_.data(), bytes);
+      device_->to_device(opt_->v(), host_v_.data(), bytes);
+    }
     host_stale_ = false;  // device and host copies hold the same values again
   }
 }

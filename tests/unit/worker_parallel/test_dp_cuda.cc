@@ -23,13 +23,7 @@ namespace {
 void require_two_gpus() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
-  if (n < 2) {
-    std::fprintf(stderr,
-                 "worker_train_dp_cuda: SKIPPED: %d usable CUDA device(s); data parallelism over NCCL needs 2 or more "
-                 "(one GPU per rank)\n",
-                 n);
-    std::exit(77);
-  }
+  skip_without_gpus("worker_train_dp_cuda", n, 2, "data parallelism over NCCL");
 }
 
 }  // namespace
@@ -37,11 +31,7 @@ void require_two_gpus() {
 TEST_CASE("train --nproc 2 --device cuda (NCCL, overlapped buckets) equals the CPU/Gloo run within bf16 tolerance") {
   require_two_gpus();
   const std::string bin = bin_dir();
-  const std::string d =
-      (std::filesystem::temp_directory_path() / ("railyard-dp-cuda-" + std::to_string(getpid()))).string();
-  std::filesystem::create_directories(d);
-  REQUIRE(sh(bin + "/railyard data prepare --input /usr/share/common-licenses/GPL-3 " +
-             "/usr/share/common-licenses/Apache-2.0 --output " + d + "/data > " + d + "/prep.txt 2>&1") == 0);
+  const std::string d = prepared_data_dir("railyard-dp-cuda-");
   const int port = railyard::worker::parallel::free_port("127.0.0.1");
   ::setenv("NCCL_COMM_ID", ("127.0.0.1:" + std::to_string(port)).c_str(), 1);
   ::setenv("NCCL_SOCKET_IFNAME", "lo", 0);

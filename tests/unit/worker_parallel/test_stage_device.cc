@@ -9,6 +9,7 @@
 #include <doctest/doctest.h>
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <mutex>
@@ -17,8 +18,10 @@
 #include <vector>
 
 #include "common/error.h"
+#include "tests/unit/worker_parallel/trainer_test_util.h"
 #include "worker/comm/local_world.h"
 #include "worker/comm/process_groups.h"
+#include "worker/comm/stream_reducer.h"
 #include "worker/device/cpu_kernels.h"
 #include "worker/parallel/dist_model.h"
 #include "worker/parallel/parallel_model.h"
@@ -65,6 +68,7 @@ class ShadowCpu final : public Kernels<float> {
     return view(p);
   }
   size_t copies = 0;
+  size_t embedding_backwards = 0;
 
   DeviceKind kind() const override { return DeviceKind::kCpu; }
   bool host_accessible() const override { return false; }
@@ -149,6 +153,7 @@ class ShadowCpu final : public Kernels<float> {
   }
   void vocab_embedding_backward(float* dw, float* dp, const float* g, const int32_t* i, int v0, int Vl, int B, int T,
                                 int C) override {
+    ++embedding_backwards;  // the first stage's last kernel of a backward
     c_.vocab_embedding_backward(d(dw), d(dp), d(g), d(i), v0, Vl, B, T, C);
   }
   void vocab_ce_local_max(float* m, const float* z, size_t N, int Vl, int Vr) override {
@@ -430,5 +435,397 @@ TEST_CASE("the trainer's tp=2 x pp=2 steps on that device (AdamW there, state() 
     CAPTURE(r);
     CHECK(dev.params[r] == cpu.params[r]);  // the host copies hold the updated parameters
     CHECK(dev.m[r] == cpu.m[r]);
+  }
+}
+
+namespace {
+
+// dp x tp x pp on the device (issue #11): the replica's gradient buckets go to a StreamReducer, here the host twin over
+// a DeviceComm (Gloo taking device addresses, as the NCCL reducer takes CUDA memory), counted: every bucket it is
+// handed must be device memory.
+class CountingReducer final : public comm::StreamReducer {
+ public:
+  CountingReducer(comm::Communicator& c, const ShadowCpu& dev) : twin_(comm::host_stream_reducer(c)), dev_(dev) {}
+  void all_reduce(void* buf, size_t count, comm::DType t, comm::ReduceOp op) override {
+    ++launches;
+    if (!dev_.owns(buf)) ++host_buffers;
+    // Two micro-batches per replica and step: an odd count is the last one's backward before its embedding backward.
+    if (dev_.embedding_backwards % 2 == 1) ++during_backward;
+    twin_->all_reduce(buf, count, t, op);
+  }
+  void wait() override {
+    ++waits;
+    twin_->wait();
+  }
+  size_t pending() const override { return twin_->pending(); }
+  size_t launches = 0, waits = 0, host_buffers = 0, during_backward = 0;
+
+ private:
+  std::unique_ptr<comm::StreamReducer> twin_;
+  const ShadowCpu& dev_;
+};
+
+struct HybridRun {
+  std::vector<std::vector<double>> losses, norms;  // per rank, per step
+  std::vector<std::vector<float>> params, m;       // per rank: host copies after the steps
+  size_t launches = 0, waits = 0, host_buffers = 0, buckets = 0;
+  std::vector<size_t> during_backward;      // per first-stage rank: launches while its backward still ran
+  std::vector<std::vector<float>> shard_m;  // ZeRO: per rank, the host copy of its shard's AdamW m
+  size_t dp_device_calls = 0;               // ZeRO on the device: reduce-scatters/all-gathers on device memory
+};
+
+constexpr int kHybridSteps = 3;
+
+// The trainer over ParallelGpt on `layout` (dp = 2), each replica its own data, the dp reduction by DataParallel with
+// small buckets: on the CPU its background thread over Gloo; on ShadowCpu (device) the stream reducer above.
+HybridRun train_hybrid(comm::Layout layout, bool device, int zero = 0) {
+  const int n = layout.world();
+  HybridRun res;
+  res.losses.resize(n);
+  res.norms.resize(n);
+  res.params.resize(n);
+  res.m.resize(n);
+  res.shard_m.resize(n);
+  std::mutex mu;
+  comm::run_local_world(n, [&](comm::Communicator& world) {
+    comm::ProcessGroups groups(world, layout);
+    ThreadPool pool(1);
+    ShadowCpu dev(pool);
+    ModelGroups mg = model_groups(groups);
+    std::vector<std::unique_ptr<DeviceComm>> wrapped;
+    if (device) wrapped = take_device_memory(mg, dev);
+    TrainConfig tc;
+    tc.steps = kHybridSteps;
+    tc.batch = kB;
+    tc.seq_len = kT;
+    tc.global_batch_tokens = static_cast<int64_t>(2 * layout.dp) * kB * kT;  // 2 micro-batches per replica
+    tc.lr = 1e-2;
+    tc.quiet = true;
+    testing::StreamSource src(groups.coord().dp, layout.dp, kB, kT, kCfg.vocab_size);
+    ParallelGpt model(kCfg, tc, tc.micro_steps() / layout.dp, pool, world, mg, device ? &dev : nullptr);
+    std::unique_ptr<comm::Communicator> grad;
+    std::unique_ptr<DeviceComm> grad_dev;
+    std::unique_ptr<CountingReducer> reducer;
+    DataParallelOptions o;
+    o.bucket_bytes = 8 << 10;  // 2048 floats: several buckets per stage, some finished during backward
+    o.zero_stage = zero;
+    if (device) {
+      grad = groups.dp().dup("dp-grad");
+      grad_dev = std::make_unique<DeviceComm>(*grad, dev);
+      reducer = std::make_unique<CountingReducer>(*grad_dev, dev);
+      o.stream_reducer = reducer.get();
+      o.device = &dev;  // ZeRO-1: reduce-scatter, AdamW and all-gather of device pieces (as railyard-worker sets it)
+      o.device_dp = grad_dev.get();
+    }
+    auto sync = parallel_gpt_data_parallel(&groups.dp(), model, mg, tc, pool, o);
+    CHECK(sync->device_buffers() == device);
+    Trainer trainer(kCfg, tc, pool, src, nullptr, sync.get(), &model, device ? &dev : nullptr);
+    std::vector<double> losses, norms;
+    for (int s = 0; s < tc.steps; ++s) {
+      const StepResult r = trainer.step();
+      losses.push_back(r.loss);
+      norms.push_back(r.grad_norm);
+    }
+    const TrainerState st = trainer.state();
+    REQUIRE(st.params != nullptr);
+    CHECK_FALSE(dev.owns(st.params));
+    std::lock_guard<std::mutex> lock(mu);
+    const int r = world.rank();
+    res.losses[r] = losses;
+    res.norms[r] = norms;
+    res.params[r].assign(st.params, st.params + st.num_params);
+    res.m[r].assign(model.adam_m(), model.adam_m() + st.num_params);
+    if (zero > 0) res.shard_m[r].assign(sync->shard_m(), sync->shard_m() + sync->shard_size());
+    if (grad_dev) res.dp_device_calls += grad_dev->device_calls;
+    res.buckets += sync->layout().buckets().size();
+    if (reducer) {
+      res.launches += reducer->launches;
+      res.waits += reducer->waits;
+      res.host_buffers += reducer->host_buffers;
+      if (groups.coord().pp == 0) res.during_backward.push_back(reducer->during_backward);
+    }
+  });
+  return res;
+}
+
+void check_hybrid(comm::Layout layout) {
+  const HybridRun cpu = train_hybrid(layout, false), dev = train_hybrid(layout, true);
+  const int n = layout.world();
+  // Every bucket of every rank once per step, each step's waited for once; all of them device memory.
+  CHECK(dev.buckets > static_cast<size_t>(2 * n));
+  CHECK(dev.launches == dev.buckets * kHybridSteps);
+  CHECK(dev.waits == static_cast<size_t>(n * kHybridSteps));
+  CHECK(dev.host_buffers == 0);
+  // The overlap: on every first-stage rank some buckets went while the step's last backward was still running.
+  REQUIRE(dev.during_backward.size() == static_cast<size_t>(n / layout.pp));
+  for (size_t k : dev.during_backward) CHECK(k >= static_cast<size_t>(kHybridSteps));
+  REQUIRE(cpu.losses[0].size() == static_cast<size_t>(kHybridSteps));
+  CHECK(cpu.losses[0].back() < cpu.losses[0].front());
+  for (int r = 0; r < n; ++r) {
+    CAPTURE(r);
+    CHECK(dev.losses[r] == cpu.losses[r]);  // bitwise
+    for (int s = 0; s < kHybridSteps; ++s) {
+      // Summed per range by the device's global_norm (the CPU loops element by element): equal up to rounding.
+      CHECK(std::fabs(dev.norms[r][s] - cpu.norms[r][s]) <= 1e-12 * cpu.norms[r][s]);
+    }
+    CHECK(dev.params[r] == cpu.params[r]);  // the reduced gradients, the device AdamW: the same bits
+    CHECK(dev.m[r] == cpu.m[r]);
+  }
+  // The replicas saw different data and still hold the same parameters: the dp reduction happened.
+  for (int r = 0; r < n; ++r) {
+    if ((r / layout.tp) % layout.dp != 0) continue;  // rank = tp + tp * (dp + dp_size * pp): r + tp is r's dp peer
+    CAPTURE(r);
+    CHECK(cpu.params[r] == cpu.params[r + layout.tp]);
+    CHECK(dev.params[r] == dev.params[r + layout.tp]);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("dp=2 x tp=2 on that device: buckets through a stream reducer, the trainer's steps equal the CPU's bitwise") {
+  check_hybrid(comm::Layout{.dp = 2, .tp = 2, .pp = 1});
+}
+
+TEST_CASE("dp=2 x pp=2 on that device (tied-embedding all-reduce on device memory) equals the CPU bitwise") {
+  check_hybrid(comm::Layout{.dp = 2, .tp = 1, .pp = 2});
+}
+
+namespace {
+
+// ZeRO-1 on the device: the grad norm is summed per run on the device (the CPU loops element by element), so the
+// clip factor may differ in the last bit: the same training to 1e-6, not bit for bit.
+void check_hybrid_zero1(comm::Layout layout) {
+  const HybridRun cpu = train_hybrid(layout, false, 1), dev = train_hybrid(layout, true, 1);
+  const int n = layout.world();
+  CHECK(dev.launches == 0);  // no all-reduce: the buckets are reduce-scattered
+  CHECK(dev.dp_device_calls >= static_cast<size_t>(2 * n * kHybridSteps));  // reduce-scatter + all-gather, device
+  REQUIRE(cpu.losses[0].size() == static_cast<size_t>(kHybridSteps));
+  CHECK(cpu.losses[0].back() < cpu.losses[0].front());
+  auto close = [](const std::vector<float>& a, const std::vector<float>& b) {
+    if (a.size() != b.size() || a.empty()) return false;
+    double scale = 0, worst = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
+      worst = std::max(worst, static_cast<double>(std::fabs(a[i] - b[i])));
+    }
+    return worst <= 1e-6 * scale;
+  };
+  for (int r = 0; r < n; ++r) {
+    CAPTURE(r);
+    for (int s = 0; s < kHybridSteps; ++s) {
+      CHECK(std::fabs(dev.losses[r][s] - cpu.losses[r][s]) <= 1e-6 * cpu.losses[r][s]);
+      CHECK(std::fabs(dev.norms[r][s] - cpu.norms[r][s]) <= 1e-9 * cpu.norms[r][s]);
+    }
+    CHECK(close(dev.params[r], cpu.params[r]));  // state(): the host copy after ZeRO's all-gather
+    CHECK(close(dev.shard_m[r], cpu.shard_m[r]));
+  }
+  for (int r = 0; r < n; ++r) {
+    if ((r / layout.tp) % layout.dp != 0) continue;
+    CAPTURE(r);
+    CHECK(dev.params[r] == dev.params[r + layout.tp]);    // the all-gather gave both replicas the same parameters
+    CHECK(dev.shard_m[r] != dev.shard_m[r + layout.tp]);  // and each its own piece of the moments
+  }
+}
+
+}  // namespace
+
+TEST_CASE("ZeRO-1 with dp=2 x tp=2 and dp=2 x pp=2 on that device (pieces, AdamW, all-gather there) follows the CPU") {
+  check_hybrid_zero1(comm::Layout{.dp = 2, .tp = 2, .pp = 1});
+  check_hybrid_zero1(comm::Layout{.dp = 2, .tp = 1, .pp = 2});
+}
+
+TEST_CASE(
+    "dp x tp on that device: ZeRO 2 and --deterministic are refused, ZeRO-1 without the device, host reduction too") {
+  comm::run_local_world(4, [&](comm::Communicator& world) {
+    comm::ProcessGroups groups(world, comm::Layout{.dp = 2, .tp = 2, .pp = 1});
+    ThreadPool pool(1);
+    ShadowCpu dev(pool);
+    ModelGroups mg = model_groups(groups);
+    auto wrapped = take_device_memory(mg, dev);
+    TrainConfig tc;
+    tc.batch = kB;
+    tc.seq_len = kT;
+    tc.global_batch_tokens = 4 * kB * kT;
+    testing::StreamSource src(groups.coord().dp, 2, kB, kT, kCfg.vocab_size);
+    ParallelGpt model(kCfg, tc, 2, pool, world, mg, &dev);
+    auto twin = comm::host_stream_reducer(groups.dp());
+    // ZeRO 2 and the deterministic tree are host-only; ZeRO-1 needs the device (its pieces live there).
+    for (int what = 0; what < 3; ++what) {
+      DataParallelOptions o;
+      o.stream_reducer = twin.get();
+      o.device = what == 2 ? nullptr : &dev;
+      o.device_dp = &groups.dp();
+      if (what == 0) o.zero_stage = 2;
+      if (what == 1) o.deterministic = true;
+      if (what == 2) o.zero_stage = 1;
+      CHECK_THROWS_WITH_AS(parallel_gpt_data_parallel(&groups.dp(), model, mg, tc, pool, o),
+                           doctest::Contains(what == 0   ? "--zero 2"
+                                             : what == 1 ? "--deterministic"
+                                                         : "--zero 1"),
+                           railyard::ConfigError);
+    }
+    // Without a stream reducer the sync reduces host buffers: the trainer refuses it off the host.
+    auto host_only = parallel_gpt_data_parallel(&groups.dp(), model, mg, tc, pool, {});
+    CHECK_THROWS_WITH_AS(Trainer(kCfg, tc, pool, src, nullptr, host_only.get(), &model, &dev),
+                         doctest::Contains("host buffers"), railyard::ConfigError);
+  });
+}
+
+namespace {
+
+// One rank's ParallelGpt + ZeRO-1 DataParallel + Trainer on its own ShadowCpu, as railyard-worker wires them on CUDA.
+struct DeviceZeroRank {
+  DeviceZeroRank(comm::Communicator& world, comm::ProcessGroups& groups, comm::Layout layout, ThreadPool& pool,
+                 int skip_steps)
+      : dev(pool), mg(model_groups(groups)), src(groups.coord().dp, layout.dp, kB, kT, kCfg.vocab_size) {
+    wrapped = take_device_memory(mg, dev);
+    tc.steps = kHybridSteps;
+    tc.batch = kB;
+    tc.seq_len = kT;
+    tc.global_batch_tokens = static_cast<int64_t>(2 * layout.dp) * kB * kT;
+    tc.lr = 1e-2;
+    tc.quiet = true;
+    std::vector<int32_t> in(kB * kT), tgt(kB * kT);
+    for (int i = 0; i < 2 * skip_steps; ++i) src.next_batch(in.data(), tgt.data());  // the loader's position
+    model = std::make_unique<ParallelGpt>(kCfg, tc, 2, pool, world, mg, &dev);
+    grad = groups.dp().dup("dp-grad");
+    grad_dev = std::make_unique<DeviceComm>(*grad, dev);
+    DataParallelOptions o;
+    o.bucket_bytes = 8 << 10;
+    o.zero_stage = 1;
+    o.device = &dev;
+    o.device_dp = grad_dev.get();
+    sync = parallel_gpt_data_parallel(&groups.dp(), *model, mg, tc, pool, o);
+    trainer = std::make_unique<Trainer>(kCfg, tc, pool, src, nullptr, sync.get(), model.get(), &dev);
+  }
+  ShadowCpu dev;
+  ModelGroups mg;
+  testing::StreamSource src;
+  std::vector<std::unique_ptr<DeviceComm>> wrapped;
+  TrainConfig tc;
+  std::unique_ptr<ParallelGpt> model;
+  std::unique_ptr<comm::Communicator> grad;
+  std::unique_ptr<DeviceComm> grad_dev;
+  std::unique_ptr<DataParallel> sync;
+  std::unique_ptr<Trainer> trainer;
+};
+
+}  // namespace
+
+TEST_CASE("ZeRO-1 on that device: a restore through the host copies continues the run bit for bit") {
+  const comm::Layout layout{.dp = 2, .tp = 2, .pp = 1};
+  comm::run_local_world(layout.world(), [&](comm::Communicator& world) {
+    comm::ProcessGroups groups(world, layout);
+    ThreadPool pool(1);
+    // Uninterrupted: 2 steps, the checkpoint's view (state(): params, the shard's m and v), a third step.
+    DeviceZeroRank a(world, groups, layout, pool, 0);
+    a.trainer->step();
+    a.trainer->step();
+    const TrainerState st = a.trainer->state();
+    const std::vector<float> params(st.params, st.params + st.num_params);
+    const std::vector<float> m(a.sync->shard_m(), a.sync->shard_m() + a.sync->shard_size());
+    const std::vector<float> v(a.sync->shard_v(), a.sync->shard_v() + a.sync->shard_size());
+    REQUIRE(st.adam_t == 2);
+    const double loss3 = a.trainer->step().loss;
+    const TrainerState after = a.trainer->state();
+    const std::vector<float> params3(after.params, after.params + after.num_params);
+    CHECK(params3 != params);  // the host copy follows ZeRO's update
+
+    // Restored: a fresh run (other device memory) whose host copies get the checkpoint, then restore_counters().
+    DeviceZeroRank b(world, groups, layout, pool, 2);
+    TrainerState rs = b.trainer->state();
+    std::copy(params.begin(), params.end(), rs.params);
+    std::copy(m.begin(), m.end(), b.sync->shard_m());
+    std::copy(v.begin(), v.end(), b.sync->shard_v());
+    rs.step = st.step;
+    rs.adam_t = st.adam_t;
+    b.trainer->restore_counters(rs);
+    CHECK(b.trainer->step().loss == loss3);  // bitwise: the same device path from the same state
+    const TrainerState got = b.trainer->state();
+    CHECK(std::vector<float>(got.params, got.params + got.num_params) == params3);
+    CHECK(std::vector<float>(b.sync->shard_m(), b.sync->shard_m() + b.sync->shard_size()) ==
+          std::vector<float>(a.sync->shard_m(), a.sync->shard_m() + a.sync->shard_size()));
+  });
+}
+
+namespace {
+
+struct PlainRun {
+  std::vector<std::vector<double>> losses;
+  std::vector<std::vector<float>> params, shard_m;
+};
+
+// The plain Gpt trainer at dp=n with ZeRO-1: on the CPU, or on ShadowCpu with the device pieces.
+PlainRun plain_zero1(bool device, int n) {
+  PlainRun res;
+  res.losses.resize(n);
+  res.params.resize(n);
+  res.shard_m.resize(n);
+  std::mutex mu;
+  comm::run_local_world(n, [&](comm::Communicator& c) {
+    ThreadPool pool(1);
+    ShadowCpu dev(pool);
+    TrainConfig tc;
+    tc.steps = kHybridSteps;
+    tc.batch = kB;
+    tc.seq_len = kT;
+    tc.global_batch_tokens = static_cast<int64_t>(2 * n) * kB * kT;
+    tc.lr = 1e-2;
+    tc.quiet = true;
+    testing::StreamSource src(c.rank(), n, kB, kT, kCfg.vocab_size);
+    auto grad = c.dup("dp-grad");
+    DeviceComm grad_dev(*grad, dev);
+    DataParallelOptions o;
+    o.bucket_bytes = 16 << 10;
+    o.zero_stage = 1;
+    if (device) {
+      o.device = &dev;
+      o.device_dp = &grad_dev;
+    }
+    auto sync = gpt_data_parallel(&c, kCfg, tc, pool, o);
+    CHECK(sync->device_buffers() == device);
+    Trainer tr(kCfg, tc, pool, src, nullptr, sync.get(), nullptr, device ? &dev : nullptr);
+    std::vector<double> losses;
+    for (int s = 0; s < tc.steps; ++s) losses.push_back(tr.step().loss);
+    const TrainerState st = tr.state();
+    CHECK_FALSE(dev.owns(st.params));
+    CHECK(st.adam_m == nullptr);  // ZeRO: the moments are the sync's shard
+    if (device && n > 1) CHECK(grad_dev.device_calls >= static_cast<size_t>(2 * kHybridSteps));
+    std::lock_guard<std::mutex> lock(mu);
+    res.losses[c.rank()] = losses;
+    res.params[c.rank()].assign(st.params, st.params + st.num_params);
+    res.shard_m[c.rank()].assign(sync->shard_m(), sync->shard_m() + sync->shard_size());
+  });
+  return res;
+}
+
+}  // namespace
+
+TEST_CASE("ZeRO-1 on that device with the plain Gpt trainer (dp=1 and dp=2) follows the CPU's ZeRO-1") {
+  for (int n : {1, 2}) {
+    CAPTURE(n);
+    const PlainRun cpu = plain_zero1(false, n), dev = plain_zero1(true, n);
+    for (int r = 0; r < n; ++r) {
+      CAPTURE(r);
+      REQUIRE(dev.losses[r].size() == cpu.losses[r].size());
+      for (size_t s = 0; s < cpu.losses[r].size(); ++s)
+        CHECK(std::fabs(dev.losses[r][s] - cpu.losses[r][s]) <= 1e-6 * cpu.losses[r][s]);
+      double worst = 0, scale = 0;
+      for (size_t i = 0; i < cpu.params[r].size(); ++i) {
+        scale = std::max(scale, static_cast<double>(std::fabs(cpu.params[r][i])));
+        worst = std::max(worst, static_cast<double>(std::fabs(dev.params[r][i] - cpu.params[r][i])));
+      }
+      CHECK(worst <= 1e-6 * scale);
+      REQUIRE(dev.shard_m[r].size() == cpu.shard_m[r].size());
+      double mworst = 0, mscale = 0;
+      for (size_t i = 0; i < cpu.shard_m[r].size(); ++i) {
+        mscale = std::max(mscale, static_cast<double>(std::fabs(cpu.shard_m[r][i])));
+        mworst = std::max(mworst, static_cast<double>(std::fabs(dev.shard_m[r][i] - cpu.shard_m[r][i])));
+      }
+      CHECK(mscale > 0);
+      CHECK(mworst <= 1e-6 * mscale);
+    }
+    CHECK(cpu.losses[0].back() < cpu.losses[0].front());
+    CHECK(dev.params.front() == dev.params.back());  // the all-gather: both replicas hold the same parameters
   }
 }
