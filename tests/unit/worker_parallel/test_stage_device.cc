@@ -592,10 +592,11 @@ TEST_CASE("dp=2 x pp=2 on that device (tied-embedding all-reduce on device memor
 
 namespace {
 
-// ZeRO-1 on the device: the grad norm is summed per run on the device (the CPU loops element by element), so the
-// clip factor may differ in the last bit: the same training to 1e-6, not bit for bit.
-void check_hybrid_zero1(comm::Layout layout) {
-  const HybridRun cpu = train_hybrid(layout, false, 1), dev = train_hybrid(layout, true, 1);
+// ZeRO-1/2 on the device: the grad norm is summed per run on the device (the CPU loops element by element), so the
+// clip factor may differ in the last bit: the same training to 1e-6, not bit for bit. Stage 2 reads the reduced
+// pieces from a shard-sized device buffer instead of the full-size gradients.
+void check_hybrid_zero(comm::Layout layout, int stage = 1) {
+  const HybridRun cpu = train_hybrid(layout, false, stage), dev = train_hybrid(layout, true, stage);
   const int n = layout.world();
   CHECK(dev.launches == 0);  // no all-reduce: the buckets are reduce-scattered
   CHECK(dev.dp_device_calls >= static_cast<size_t>(2 * n * kHybridSteps));  // reduce-scatter + all-gather, device
@@ -630,12 +631,15 @@ void check_hybrid_zero1(comm::Layout layout) {
 }  // namespace
 
 TEST_CASE("ZeRO-1 with dp=2 x tp=2 and dp=2 x pp=2 on that device (pieces, AdamW, all-gather there) follows the CPU") {
-  check_hybrid_zero1(comm::Layout{.dp = 2, .tp = 2, .pp = 1});
-  check_hybrid_zero1(comm::Layout{.dp = 2, .tp = 1, .pp = 2});
+  check_hybrid_zero(comm::Layout{.dp = 2, .tp = 2, .pp = 1});
+  check_hybrid_zero(comm::Layout{.dp = 2, .tp = 1, .pp = 2});
 }
 
-TEST_CASE(
-    "dp x tp on that device: ZeRO 2 and --deterministic are refused, ZeRO-1 without the device, host reduction too") {
+TEST_CASE("ZeRO-2 with dp=2 x tp=2 on that device (shard-sized gradient buffer there) follows the CPU's ZeRO-2") {
+  check_hybrid_zero(comm::Layout{.dp = 2, .tp = 2, .pp = 1}, 2);
+}
+
+TEST_CASE("dp x tp on that device: --deterministic is refused, ZeRO 1/2 without the device, host reduction too") {
   comm::run_local_world(4, [&](comm::Communicator& world) {
     comm::ProcessGroups groups(world, comm::Layout{.dp = 2, .tp = 2, .pp = 1});
     ThreadPool pool(1);
@@ -649,11 +653,11 @@ TEST_CASE(
     testing::StreamSource src(groups.coord().dp, 2, kB, kT, kCfg.vocab_size);
     ParallelGpt model(kCfg, tc, 2, pool, world, mg, &dev);
     auto twin = comm::host_stream_reducer(groups.dp());
-    // ZeRO 2 and the deterministic tree are host-only; ZeRO-1 needs the device (its pieces live there).
+    // The deterministic tree is host-only; ZeRO 1 and 2 need the device (their pieces live there).
     for (int what = 0; what < 3; ++what) {
       DataParallelOptions o;
       o.stream_reducer = twin.get();
-      o.device = what == 2 ? nullptr : &dev;
+      o.device = what == 1 ? &dev : nullptr;
       o.device_dp = &groups.dp();
       if (what == 0) o.zero_stage = 2;
       if (what == 1) o.deterministic = true;
@@ -755,8 +759,8 @@ struct PlainRun {
   std::vector<std::vector<float>> params, shard_m;
 };
 
-// The plain Gpt trainer at dp=n with ZeRO-1: on the CPU, or on ShadowCpu with the device pieces.
-PlainRun plain_zero1(bool device, int n) {
+// The plain Gpt trainer at dp=n with ZeRO stage `stage`: on the CPU, or on ShadowCpu with the device pieces.
+PlainRun plain_zero(bool device, int n, int stage) {
   PlainRun res;
   res.losses.resize(n);
   res.params.resize(n);
@@ -777,7 +781,7 @@ PlainRun plain_zero1(bool device, int n) {
     DeviceComm grad_dev(*grad, dev);
     DataParallelOptions o;
     o.bucket_bytes = 16 << 10;
-    o.zero_stage = 1;
+    o.zero_stage = stage;
     if (device) {
       o.device = &dev;
       o.device_dp = &grad_dev;
@@ -801,10 +805,11 @@ PlainRun plain_zero1(bool device, int n) {
 
 }  // namespace
 
-TEST_CASE("ZeRO-1 on that device with the plain Gpt trainer (dp=1 and dp=2) follows the CPU's ZeRO-1") {
-  for (int n : {1, 2}) {
+TEST_CASE("ZeRO-1 and -2 on that device with the plain Gpt trainer (dp=1 and dp=2) follow the CPU's ZeRO run") {
+  for (const auto& [stage, n] : {std::pair{1, 1}, std::pair{1, 2}, std::pair{2, 1}, std::pair{2, 2}}) {
+    CAPTURE(stage);
     CAPTURE(n);
-    const PlainRun cpu = plain_zero1(false, n), dev = plain_zero1(true, n);
+    const PlainRun cpu = plain_zero(false, n, stage), dev = plain_zero(true, n, stage);
     for (int r = 0; r < n; ++r) {
       CAPTURE(r);
       REQUIRE(dev.losses[r].size() == cpu.losses[r].size());
