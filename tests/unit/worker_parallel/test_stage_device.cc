@@ -677,10 +677,10 @@ TEST_CASE("dp x tp on that device: --deterministic is refused, ZeRO 1/2 without 
 
 namespace {
 
-// One rank's ParallelGpt + ZeRO-1 DataParallel + Trainer on its own ShadowCpu, as railyard-worker wires them on CUDA.
+// One rank's ParallelGpt + ZeRO DataParallel + Trainer on its own ShadowCpu, as railyard-worker wires them on CUDA.
 struct DeviceZeroRank {
   DeviceZeroRank(comm::Communicator& world, comm::ProcessGroups& groups, comm::Layout layout, ThreadPool& pool,
-                 int skip_steps)
+                 int skip_steps, int stage)
       : dev(pool), mg(model_groups(groups)), src(groups.coord().dp, layout.dp, kB, kT, kCfg.vocab_size) {
     wrapped = take_device_memory(mg, dev);
     tc.steps = kHybridSteps;
@@ -696,7 +696,7 @@ struct DeviceZeroRank {
     grad_dev = std::make_unique<DeviceComm>(*grad, dev);
     DataParallelOptions o;
     o.bucket_bytes = 8 << 10;
-    o.zero_stage = 1;
+    o.zero_stage = stage;
     o.device = &dev;
     o.device_dp = grad_dev.get();
     sync = parallel_gpt_data_parallel(&groups.dp(), *model, mg, tc, pool, o);
@@ -716,40 +716,43 @@ struct DeviceZeroRank {
 
 }  // namespace
 
-TEST_CASE("ZeRO-1 on that device: a restore through the host copies continues the run bit for bit") {
+TEST_CASE("ZeRO-1 and -2 on that device: a restore through the host copies continues the run bit for bit") {
   const comm::Layout layout{.dp = 2, .tp = 2, .pp = 1};
-  comm::run_local_world(layout.world(), [&](comm::Communicator& world) {
-    comm::ProcessGroups groups(world, layout);
-    ThreadPool pool(1);
-    // Uninterrupted: 2 steps, the checkpoint's view (state(): params, the shard's m and v), a third step.
-    DeviceZeroRank a(world, groups, layout, pool, 0);
-    a.trainer->step();
-    a.trainer->step();
-    const TrainerState st = a.trainer->state();
-    const std::vector<float> params(st.params, st.params + st.num_params);
-    const std::vector<float> m(a.sync->shard_m(), a.sync->shard_m() + a.sync->shard_size());
-    const std::vector<float> v(a.sync->shard_v(), a.sync->shard_v() + a.sync->shard_size());
-    REQUIRE(st.adam_t == 2);
-    const double loss3 = a.trainer->step().loss;
-    const TrainerState after = a.trainer->state();
-    const std::vector<float> params3(after.params, after.params + after.num_params);
-    CHECK(params3 != params);  // the host copy follows ZeRO's update
+  for (int stage : {1, 2}) {
+    CAPTURE(stage);
+    comm::run_local_world(layout.world(), [&](comm::Communicator& world) {
+      comm::ProcessGroups groups(world, layout);
+      ThreadPool pool(1);
+      // Uninterrupted: 2 steps, the checkpoint's view (state(): params, the shard's m and v), a third step.
+      DeviceZeroRank a(world, groups, layout, pool, 0, stage);
+      a.trainer->step();
+      a.trainer->step();
+      const TrainerState st = a.trainer->state();
+      const std::vector<float> params(st.params, st.params + st.num_params);
+      const std::vector<float> m(a.sync->shard_m(), a.sync->shard_m() + a.sync->shard_size());
+      const std::vector<float> v(a.sync->shard_v(), a.sync->shard_v() + a.sync->shard_size());
+      REQUIRE(st.adam_t == 2);
+      const double loss3 = a.trainer->step().loss;
+      const TrainerState after = a.trainer->state();
+      const std::vector<float> params3(after.params, after.params + after.num_params);
+      CHECK(params3 != params);  // the host copy follows ZeRO's update
 
-    // Restored: a fresh run (other device memory) whose host copies get the checkpoint, then restore_counters().
-    DeviceZeroRank b(world, groups, layout, pool, 2);
-    TrainerState rs = b.trainer->state();
-    std::copy(params.begin(), params.end(), rs.params);
-    std::copy(m.begin(), m.end(), b.sync->shard_m());
-    std::copy(v.begin(), v.end(), b.sync->shard_v());
-    rs.step = st.step;
-    rs.adam_t = st.adam_t;
-    b.trainer->restore_counters(rs);
-    CHECK(b.trainer->step().loss == loss3);  // bitwise: the same device path from the same state
-    const TrainerState got = b.trainer->state();
-    CHECK(std::vector<float>(got.params, got.params + got.num_params) == params3);
-    CHECK(std::vector<float>(b.sync->shard_m(), b.sync->shard_m() + b.sync->shard_size()) ==
-          std::vector<float>(a.sync->shard_m(), a.sync->shard_m() + a.sync->shard_size()));
-  });
+      // Restored: a fresh run (other device memory) whose host copies get the checkpoint, then restore_counters().
+      DeviceZeroRank b(world, groups, layout, pool, 2, stage);
+      TrainerState rs = b.trainer->state();
+      std::copy(params.begin(), params.end(), rs.params);
+      std::copy(m.begin(), m.end(), b.sync->shard_m());
+      std::copy(v.begin(), v.end(), b.sync->shard_v());
+      rs.step = st.step;
+      rs.adam_t = st.adam_t;
+      b.trainer->restore_counters(rs);
+      CHECK(b.trainer->step().loss == loss3);  // bitwise: the same device path from the same state
+      const TrainerState got = b.trainer->state();
+      CHECK(std::vector<float>(got.params, got.params + got.num_params) == params3);
+      CHECK(std::vector<float>(b.sync->shard_m(), b.sync->shard_m() + b.sync->shard_size()) ==
+            std::vector<float>(a.sync->shard_m(), a.sync->shard_m() + a.sync->shard_size()));
+    });
+  }
 }
 
 namespace {
