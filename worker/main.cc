@@ -871,8 +871,8 @@ int cmd_train(int argc, char** argv) {
       dpo.deterministic = dist.deterministic;
       dpo.bucket_bytes = dist.bucket_bytes;
       // dp x tp x pp on CUDA: the replica's gradient buckets over NCCL as the stage's backward reports them, as
-      // plain data parallelism does (ZeRO-1: reduce-scatter and all-gather of device pieces; ZeRO 2 and --deterministic
-      // are refused by DataParallel).
+      // plain data parallelism does (ZeRO 1/2: reduce-scatter and all-gather of device pieces; --deterministic is
+      // refused by DataParallel).
       set_device_reduction(dist, device.get(), cuda_module, dpo);
       dist.sync = parallel::parallel_gpt_data_parallel(&g.dp(), *dist.sharded, mg, tc, pool, dpo);
     }

@@ -60,18 +60,18 @@ DataParallel::DataParallel(comm::Communicator* dp, size_t num_params, std::vecto
         "--device cuda with expert-parallel storage (--ep): sub-group gradient spans are reduced on host "
         "buffers only (and experts are CPU-only so far): use --device cpu");
   }
-  device_zero_ = opt_.device != nullptr && !opt_.device->host_accessible() && opt_.zero_stage == 1 &&
+  device_zero_ = opt_.device != nullptr && !opt_.device->host_accessible() && opt_.zero_stage > 0 &&
                  !opt_.deterministic && opt_.group_spans.empty();
   if ((opt_.stream_reducer != nullptr || device_zero_) &&
-      (opt_.zero_stage == 2 || opt_.deterministic || (opt_.zero_stage == 1 && !device_zero_))) {
+      (opt_.deterministic || (opt_.zero_stage > 0 && !device_zero_))) {
     throw ConfigError(std::string("--device cuda with ") +
                       (opt_.deterministic ? "--deterministic" : "--zero " + std::to_string(opt_.zero_stage)) +
-                      ": data parallelism on device buffers averages buckets or runs ZeRO stage 1 only (ZeRO 2's "
-                      "sharded gradients and the deterministic tree run on host buffers): use --zero 0 or 1, or "
-                      "--device cpu");
+                      ": data parallelism on device buffers averages buckets or runs ZeRO 1/2 with the device's "
+                      "pieces (the deterministic tree runs on host buffers): use --zero 0, 1 or 2 without "
+                      "--deterministic, or --device cpu");
   }
   if (device_zero_ && size_ > 1 && opt_.device_dp == nullptr)
-    throw Error("data-parallel: ZeRO-1 on device buffers needs a dp communicator that takes device memory");
+    throw Error("data-parallel: ZeRO on device buffers needs a dp communicator that takes device memory");
   chunk_ = (n_ + static_cast<size_t>(size_) - 1) / static_cast<size_t>(size_);
   if (opt_.deterministic && opt_.zero_stage > 0) chunk_ = layout_.buckets().front().piece;  // own piece = own chunk
   if (opt_.zero_stage > 0) {
@@ -91,6 +91,8 @@ DataParallel::DataParallel(comm::Communicator* dp, size_t num_params, std::vecto
     k.zero(dv_.data(), dv_.size() * sizeof(float));
     dpad_in_ = DeviceBuffer<float>(k, pad_in_.size());
     dpad_out_ = DeviceBuffer<float>(k, pad_out_.size());
+    // Stage 2: the reduced pieces live in a shard-sized device buffer; the update and the norm read it.
+    if (opt_.zero_stage == 2) dshard_grads_ = DeviceBuffer<float>(k, layout_.shard_size());
   }
   if (!opt_.group_spans.empty()) {
     if (opt_.zero_stage > 0 || opt_.deterministic) {
@@ -381,8 +383,13 @@ void DataParallel::finish(float* grads) {
 }
 
 void DataParallel::device_reduce_scatter() {
-  if (size_ == 1) return;  // stage 1 keeps the whole buffer: one replica's gradient is its own mean
   Kernels<float>& k = *opt_.device;
+  if (size_ == 1) {  // one replica's gradient is its own mean: stage 1 keeps the whole buffer, stage 2 copies it
+    if (opt_.zero_stage == 2)
+      for (const auto& bk : layout_.buckets())
+        k.copy(dshard_grads_.data() + bk.shard_offset, grads_ + bk.begin, bk.size());
+    return;
+  }
   for (size_t b = 0; b < layout_.buckets().size(); ++b) {
     const auto& bk = layout_.buckets()[b];
     // The communicator's stream does not order against the kernels': the gradients (and the previous bucket's copy
@@ -395,6 +402,11 @@ void DataParallel::device_reduce_scatter() {
       k.synchronize();
       in = dpad_in_.data();
     }
+    if (opt_.zero_stage == 2) {
+      opt_.device_dp->reduce_scatter(in, dshard_grads_.data() + bk.shard_offset, bk.piece, comm::DType::kFloat32,
+                                     comm::ReduceOp::kAvg);
+      continue;
+    }
     opt_.device_dp->reduce_scatter(in, dpad_out_.data(), bk.piece, comm::DType::kFloat32, comm::ReduceOp::kAvg);
     const auto [own_b, own_e] = layout_.own(b, rank_);
     if (own_e > own_b) k.copy(grads_ + own_b, dpad_out_.data(), own_e - own_b);
@@ -406,12 +418,15 @@ double DataParallel::device_sum_squares(const float* grads) {
   // rounding, not its bits.
   Kernels<float>& k = *opt_.device;
   double total = 0;
-  auto add = [&](size_t b, size_t e) {
-    if (e <= b) return;
-    const double n = k.global_norm(grads + b, e - b);
-    total += n * n;
-  };
+  const bool shard = opt_.zero_stage == 2;
   for (const ZeroAdamW::Run& r : zero_->runs()) {
+    // g[i - r.begin] is element i: in the full-size buffer (stage 1) or the shard buffer (stage 2).
+    const float* g = shard ? dshard_grads_.data() + r.shard_offset : grads + r.begin;
+    auto add = [&](size_t b, size_t e) {
+      if (e <= b) return;
+      const double n = k.global_norm(g + (b - r.begin), e - b);
+      total += n * n;
+    };
     if (opt_.count_once.empty()) {
       add(r.begin, r.end);
       continue;
@@ -425,9 +440,10 @@ void DataParallel::device_update(float* params, const float* grads, float lr, fl
   Kernels<float>& k = *opt_.device;
   zero_->set_t(zero_->t() + 1);
   for (const ZeroAdamW::Run& r : zero_->runs()) {
-    k.adamw_update(params + r.begin, grads + r.begin, dm_.data() + r.shard_offset, dv_.data() + r.shard_offset,
-                   r.end - r.begin, lr, hyper_.beta1, hyper_.beta2, hyper_.eps, r.decay ? hyper_.weight_decay : 0.0f,
-                   zero_->t(), grad_scale);
+    const float* g = opt_.zero_stage == 2 ? dshard_grads_.data() + r.shard_offset : grads + r.begin;
+    k.adamw_update(params + r.begin, g, dm_.data() + r.shard_offset, dv_.data() + r.shard_offset, r.end - r.begin, lr,
+                   hyper_.beta1, hyper_.beta2, hyper_.eps, r.decay ? hyper_.weight_decay : 0.0f, zero_->t(),
+                   grad_scale);
   }
   const size_t bytes = layout_.shard_size() * sizeof(float);
   k.to_host(zero_->m(), dm_.data(), bytes);  // checkpoints read the host copies

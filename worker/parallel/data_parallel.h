@@ -117,7 +117,7 @@ class DataParallel final : public GradSync {
   void reduce_range(size_t begin, size_t end);
   double group_spans_norm(const float* grads);
   void fold_leaves_to_root();
-  // ZeRO-1 on device buffers.
+  // ZeRO-1 and -2 on device buffers.
   void device_reduce_scatter();
   double device_sum_squares(const float* grads);
   void device_update(float* params, const float* grads, float lr, float grad_scale);
@@ -136,7 +136,8 @@ class DataParallel final : public GradSync {
   AlignedBuffer<float> pad_out_;
   bool device_zero_ = false;
   AdamWHyper hyper_;
-  DeviceBuffer<float> dm_, dv_, dpad_in_, dpad_out_;  // ZeRO-1 on the device: moments and padding scratch there
+  DeviceBuffer<float> dm_, dv_, dpad_in_, dpad_out_;  // ZeRO on the device: moments and padding scratch there
+  DeviceBuffer<float> dshard_grads_;                  // stage 2 on the device: this rank's reduced pieces
 
   // Overlapped reduction state. Written by the main thread (grads_ready) and the reducer thread under mu_.
   float* grads_ = nullptr;

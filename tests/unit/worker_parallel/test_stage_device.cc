@@ -592,10 +592,11 @@ TEST_CASE("dp=2 x pp=2 on that device (tied-embedding all-reduce on device memor
 
 namespace {
 
-// ZeRO-1 on the device: the grad norm is summed per run on the device (the CPU loops element by element), so the
-// clip factor may differ in the last bit: the same training to 1e-6, not bit for bit.
-void check_hybrid_zero1(comm::Layout layout) {
-  const HybridRun cpu = train_hybrid(layout, false, 1), dev = train_hybrid(layout, true, 1);
+// ZeRO-1/2 on the device: the grad norm is summed per run on the device (the CPU loops element by element), so the
+// clip factor may differ in the last bit: the same training to 1e-6, not bit for bit. Stage 2 reads the reduced
+// pieces from a shard-sized device buffer instead of the full-size gradients.
+void check_hybrid_zero(comm::Layout layout, int stage = 1) {
+  const HybridRun cpu = train_hybrid(layout, false, stage), dev = train_hybrid(layout, true, stage);
   const int n = layout.world();
   CHECK(dev.launches == 0);  // no all-reduce: the buckets are reduce-scattered
   CHECK(dev.dp_device_calls >= static_cast<size_t>(2 * n * kHybridSteps));  // reduce-scatter + all-gather, device
@@ -630,12 +631,15 @@ void check_hybrid_zero1(comm::Layout layout) {
 }  // namespace
 
 TEST_CASE("ZeRO-1 with dp=2 x tp=2 and dp=2 x pp=2 on that device (pieces, AdamW, all-gather there) follows the CPU") {
-  check_hybrid_zero1(comm::Layout{.dp = 2, .tp = 2, .pp = 1});
-  check_hybrid_zero1(comm::Layout{.dp = 2, .tp = 1, .pp = 2});
+  check_hybrid_zero(comm::Layout{.dp = 2, .tp = 2, .pp = 1});
+  check_hybrid_zero(comm::Layout{.dp = 2, .tp = 1, .pp = 2});
 }
 
-TEST_CASE(
-    "dp x tp on that device: ZeRO 2 and --deterministic are refused, ZeRO-1 without the device, host reduction too") {
+TEST_CASE("ZeRO-2 with dp=2 x tp=2 on that device (shard-sized gradient buffer there) follows the CPU's ZeRO-2") {
+  check_hybrid_zero(comm::Layout{.dp = 2, .tp = 2, .pp = 1}, 2);
+}
+
+TEST_CASE("dp x tp on that device: --deterministic is refused, ZeRO 1/2 without the device, host reduction too") {
   comm::run_local_world(4, [&](comm::Communicator& world) {
     comm::ProcessGroups groups(world, comm::Layout{.dp = 2, .tp = 2, .pp = 1});
     ThreadPool pool(1);
@@ -649,11 +653,11 @@ TEST_CASE(
     testing::StreamSource src(groups.coord().dp, 2, kB, kT, kCfg.vocab_size);
     ParallelGpt model(kCfg, tc, 2, pool, world, mg, &dev);
     auto twin = comm::host_stream_reducer(groups.dp());
-    // ZeRO 2 and the deterministic tree are host-only; ZeRO-1 needs the device (its pieces live there).
+    // The deterministic tree is host-only; ZeRO 1 and 2 need the device (their pieces live there).
     for (int what = 0; what < 3; ++what) {
       DataParallelOptions o;
       o.stream_reducer = twin.get();
-      o.device = what == 2 ? nullptr : &dev;
+      o.device = what == 1 ? &dev : nullptr;
       o.device_dp = &groups.dp();
       if (what == 0) o.zero_stage = 2;
       if (what == 1) o.deterministic = true;
@@ -673,10 +677,10 @@ TEST_CASE(
 
 namespace {
 
-// One rank's ParallelGpt + ZeRO-1 DataParallel + Trainer on its own ShadowCpu, as railyard-worker wires them on CUDA.
+// One rank's ParallelGpt + ZeRO DataParallel + Trainer on its own ShadowCpu, as railyard-worker wires them on CUDA.
 struct DeviceZeroRank {
   DeviceZeroRank(comm::Communicator& world, comm::ProcessGroups& groups, comm::Layout layout, ThreadPool& pool,
-                 int skip_steps)
+                 int skip_steps, int stage)
       : dev(pool), mg(model_groups(groups)), src(groups.coord().dp, layout.dp, kB, kT, kCfg.vocab_size) {
     wrapped = take_device_memory(mg, dev);
     tc.steps = kHybridSteps;
@@ -692,7 +696,7 @@ struct DeviceZeroRank {
     grad_dev = std::make_unique<DeviceComm>(*grad, dev);
     DataParallelOptions o;
     o.bucket_bytes = 8 << 10;
-    o.zero_stage = 1;
+    o.zero_stage = stage;
     o.device = &dev;
     o.device_dp = grad_dev.get();
     sync = parallel_gpt_data_parallel(&groups.dp(), *model, mg, tc, pool, o);
@@ -712,40 +716,43 @@ struct DeviceZeroRank {
 
 }  // namespace
 
-TEST_CASE("ZeRO-1 on that device: a restore through the host copies continues the run bit for bit") {
+TEST_CASE("ZeRO-1 and -2 on that device: a restore through the host copies continues the run bit for bit") {
   const comm::Layout layout{.dp = 2, .tp = 2, .pp = 1};
-  comm::run_local_world(layout.world(), [&](comm::Communicator& world) {
-    comm::ProcessGroups groups(world, layout);
-    ThreadPool pool(1);
-    // Uninterrupted: 2 steps, the checkpoint's view (state(): params, the shard's m and v), a third step.
-    DeviceZeroRank a(world, groups, layout, pool, 0);
-    a.trainer->step();
-    a.trainer->step();
-    const TrainerState st = a.trainer->state();
-    const std::vector<float> params(st.params, st.params + st.num_params);
-    const std::vector<float> m(a.sync->shard_m(), a.sync->shard_m() + a.sync->shard_size());
-    const std::vector<float> v(a.sync->shard_v(), a.sync->shard_v() + a.sync->shard_size());
-    REQUIRE(st.adam_t == 2);
-    const double loss3 = a.trainer->step().loss;
-    const TrainerState after = a.trainer->state();
-    const std::vector<float> params3(after.params, after.params + after.num_params);
-    CHECK(params3 != params);  // the host copy follows ZeRO's update
+  for (int stage : {1, 2}) {
+    CAPTURE(stage);
+    comm::run_local_world(layout.world(), [&](comm::Communicator& world) {
+      comm::ProcessGroups groups(world, layout);
+      ThreadPool pool(1);
+      // Uninterrupted: 2 steps, the checkpoint's view (state(): params, the shard's m and v), a third step.
+      DeviceZeroRank a(world, groups, layout, pool, 0, stage);
+      a.trainer->step();
+      a.trainer->step();
+      const TrainerState st = a.trainer->state();
+      const std::vector<float> params(st.params, st.params + st.num_params);
+      const std::vector<float> m(a.sync->shard_m(), a.sync->shard_m() + a.sync->shard_size());
+      const std::vector<float> v(a.sync->shard_v(), a.sync->shard_v() + a.sync->shard_size());
+      REQUIRE(st.adam_t == 2);
+      const double loss3 = a.trainer->step().loss;
+      const TrainerState after = a.trainer->state();
+      const std::vector<float> params3(after.params, after.params + after.num_params);
+      CHECK(params3 != params);  // the host copy follows ZeRO's update
 
-    // Restored: a fresh run (other device memory) whose host copies get the checkpoint, then restore_counters().
-    DeviceZeroRank b(world, groups, layout, pool, 2);
-    TrainerState rs = b.trainer->state();
-    std::copy(params.begin(), params.end(), rs.params);
-    std::copy(m.begin(), m.end(), b.sync->shard_m());
-    std::copy(v.begin(), v.end(), b.sync->shard_v());
-    rs.step = st.step;
-    rs.adam_t = st.adam_t;
-    b.trainer->restore_counters(rs);
-    CHECK(b.trainer->step().loss == loss3);  // bitwise: the same device path from the same state
-    const TrainerState got = b.trainer->state();
-    CHECK(std::vector<float>(got.params, got.params + got.num_params) == params3);
-    CHECK(std::vector<float>(b.sync->shard_m(), b.sync->shard_m() + b.sync->shard_size()) ==
-          std::vector<float>(a.sync->shard_m(), a.sync->shard_m() + a.sync->shard_size()));
-  });
+      // Restored: a fresh run (other device memory) whose host copies get the checkpoint, then restore_counters().
+      DeviceZeroRank b(world, groups, layout, pool, 2, stage);
+      TrainerState rs = b.trainer->state();
+      std::copy(params.begin(), params.end(), rs.params);
+      std::copy(m.begin(), m.end(), b.sync->shard_m());
+      std::copy(v.begin(), v.end(), b.sync->shard_v());
+      rs.step = st.step;
+      rs.adam_t = st.adam_t;
+      b.trainer->restore_counters(rs);
+      CHECK(b.trainer->step().loss == loss3);  // bitwise: the same device path from the same state
+      const TrainerState got = b.trainer->state();
+      CHECK(std::vector<float>(got.params, got.params + got.num_params) == params3);
+      CHECK(std::vector<float>(b.sync->shard_m(), b.sync->shard_m() + b.sync->shard_size()) ==
+            std::vector<float>(a.sync->shard_m(), a.sync->shard_m() + a.sync->shard_size()));
+    });
+  }
 }
 
 namespace {
@@ -755,8 +762,8 @@ struct PlainRun {
   std::vector<std::vector<float>> params, shard_m;
 };
 
-// The plain Gpt trainer at dp=n with ZeRO-1: on the CPU, or on ShadowCpu with the device pieces.
-PlainRun plain_zero1(bool device, int n) {
+// The plain Gpt trainer at dp=n with ZeRO stage `stage`: on the CPU, or on ShadowCpu with the device pieces.
+PlainRun plain_zero(bool device, int n, int stage) {
   PlainRun res;
   res.losses.resize(n);
   res.params.resize(n);
@@ -777,7 +784,7 @@ PlainRun plain_zero1(bool device, int n) {
     DeviceComm grad_dev(*grad, dev);
     DataParallelOptions o;
     o.bucket_bytes = 16 << 10;
-    o.zero_stage = 1;
+    o.zero_stage = stage;
     if (device) {
       o.device = &dev;
       o.device_dp = &grad_dev;
@@ -801,10 +808,11 @@ PlainRun plain_zero1(bool device, int n) {
 
 }  // namespace
 
-TEST_CASE("ZeRO-1 on that device with the plain Gpt trainer (dp=1 and dp=2) follows the CPU's ZeRO-1") {
-  for (int n : {1, 2}) {
+TEST_CASE("ZeRO-1 and -2 on that device with the plain Gpt trainer (dp=1 and dp=2) follow the CPU's ZeRO run") {
+  for (const auto& [stage, n] : {std::pair{1, 1}, std::pair{1, 2}, std::pair{2, 1}, std::pair{2, 2}}) {
+    CAPTURE(stage);
     CAPTURE(n);
-    const PlainRun cpu = plain_zero1(false, n), dev = plain_zero1(true, n);
+    const PlainRun cpu = plain_zero(false, n, stage), dev = plain_zero(true, n, stage);
     for (int r = 0; r < n; ++r) {
       CAPTURE(r);
       REQUIRE(dev.losses[r].size() == cpu.losses[r].size());
