@@ -418,8 +418,8 @@ parallel::ModelGroups model_parallel_groups(DistSetup& d, DeviceKind device) {
 }
 
 // CUDA with a dp group: the stream-ordered reducer of the gradient buckets (NCCL, on a dup of the device dp group,
-// after the compute stream's kernels; docs/parallel.md "Data parallelism on CUDA"), and for ZeRO-1 the device and that
-// dup (reduce-scatter/all-gather of device pieces). Losses and flags still go over the Gloo dp group. Nothing on the
+// after the compute stream's kernels; docs/parallel.md "Data parallelism on CUDA"), and for ZeRO 1/2 and --deterministic
+// the device and that dup (reduce-scatter/all-gather of device pieces; the fixed tree's all_to_all). Losses and flags still go over the Gloo dp group. Nothing on the
 // CPU (the DataParallel background thread reduces host buffers).
 void set_device_reduction(DistSetup& d, Kernels<float>* device, const CudaModule* cuda_module,
                           parallel::DataParallelOptions& dpo) {
@@ -871,8 +871,8 @@ int cmd_train(int argc, char** argv) {
       dpo.deterministic = dist.deterministic;
       dpo.bucket_bytes = dist.bucket_bytes;
       // dp x tp x pp on CUDA: the replica's gradient buckets over NCCL as the stage's backward reports them, as
-      // plain data parallelism does (ZeRO 1/2: reduce-scatter and all-gather of device pieces; --deterministic is
-      // refused by DataParallel).
+      // plain data parallelism does (ZeRO 1/2: reduce-scatter and all-gather of device pieces; --deterministic: the
+      // fixed tree on device leaves, all_to_all/all_gather over the NCCL dp dup).
       set_device_reduction(dist, device.get(), cuda_module, dpo);
       dist.sync = parallel::parallel_gpt_data_parallel(&g.dp(), *dist.sharded, mg, tc, pool, dpo);
     }

@@ -24,19 +24,28 @@ void add_into(float* a, const float* b, size_t n, ThreadPool& pool) {
 
 bool power_of_two(int x) { return x > 0 && (x & (x - 1)) == 0; }
 
-}  // namespace
-
-void tree_sum(std::vector<float*>& items, size_t n, ThreadPool& pool) {
+template <typename Add>
+void pairwise_levels(std::vector<float*>& items, Add add) {
   size_t k = items.size();
   while (k > 1) {
     const size_t half = k / 2;
     for (size_t i = 0; i < half; ++i) {
-      add_into(items[2 * i], items[2 * i + 1], n, pool);
+      add(items[2 * i], items[2 * i + 1]);
       items[i] = items[2 * i];
     }
     if (k % 2 == 1) items[half] = items[k - 1];
     k = half + k % 2;
   }
+}
+
+}  // namespace
+
+void tree_sum(std::vector<float*>& items, size_t n, ThreadPool& pool) {
+  pairwise_levels(items, [&](float* a, const float* b) { add_into(a, b, n, pool); });
+}
+
+void tree_sum(std::vector<float*>& items, size_t n, Kernels<float>& device) {
+  pairwise_levels(items, [&](float* a, const float* b) { device.accumulate(a, b, n); });
 }
 
 DataParallel::DataParallel(comm::Communicator* dp, size_t num_params, std::vector<TensorSpan> spans,
@@ -60,18 +69,21 @@ DataParallel::DataParallel(comm::Communicator* dp, size_t num_params, std::vecto
         "--device cuda with expert-parallel storage (--ep): sub-group gradient spans are reduced on host "
         "buffers only (and experts are CPU-only so far): use --device cpu");
   }
-  device_zero_ = opt_.device != nullptr && !opt_.device->host_accessible() && opt_.zero_stage > 0 &&
-                 !opt_.deterministic && opt_.group_spans.empty();
+  const bool off_host = opt_.device != nullptr && !opt_.device->host_accessible();
+  device_zero_ = off_host && opt_.zero_stage > 0 && opt_.group_spans.empty();
+  device_tree_ = off_host && opt_.deterministic && opt_.group_spans.empty();
   if ((opt_.stream_reducer != nullptr || device_zero_) &&
-      (opt_.deterministic || (opt_.zero_stage > 0 && !device_zero_))) {
+      ((opt_.deterministic && !device_tree_) || (opt_.zero_stage > 0 && !device_zero_))) {
     throw ConfigError(std::string("--device cuda with ") +
                       (opt_.deterministic ? "--deterministic" : "--zero " + std::to_string(opt_.zero_stage)) +
-                      ": data parallelism on device buffers averages buckets or runs ZeRO 1/2 with the device's "
-                      "pieces (the deterministic tree runs on host buffers): use --zero 0, 1 or 2 without "
-                      "--deterministic, or --device cpu");
+                      ": ZeRO 1/2 and the deterministic tree on device buffers need the device itself "
+                      "(DataParallelOptions::device, as railyard-worker sets it), not only a stream reducer: "
+                      "use --device cpu or build the reducer with the device");
   }
-  if (device_zero_ && size_ > 1 && opt_.device_dp == nullptr)
-    throw Error("data-parallel: ZeRO on device buffers needs a dp communicator that takes device memory");
+  if ((device_zero_ || device_tree_) && size_ > 1 && opt_.device_dp == nullptr)
+    throw Error(
+        "data-parallel: ZeRO or the deterministic tree on device buffers needs a dp communicator that takes "
+        "device memory (DataParallelOptions::device_dp)");
   chunk_ = (n_ + static_cast<size_t>(size_) - 1) / static_cast<size_t>(size_);
   if (opt_.deterministic && opt_.zero_stage > 0) chunk_ = layout_.buckets().front().piece;  // own piece = own chunk
   if (opt_.zero_stage > 0) {
@@ -93,6 +105,7 @@ DataParallel::DataParallel(comm::Communicator* dp, size_t num_params, std::vecto
     dpad_out_ = DeviceBuffer<float>(k, pad_out_.size());
     // Stage 2: the reduced pieces live in a shard-sized device buffer; the update and the norm read it.
     if (opt_.zero_stage == 2) dshard_grads_ = DeviceBuffer<float>(k, layout_.shard_size());
+    if (device_tree_) norm_host_ = AlignedBuffer<float>(layout_.shard_size());
   }
   if (!opt_.group_spans.empty()) {
     if (opt_.zero_stage > 0 || opt_.deterministic) {
@@ -289,22 +302,44 @@ double DataParallel::group_spans_norm(const float* grads) {
   return std::sqrt(total);
 }
 
-void DataParallel::add_leaf(const float* grads) {
-  std::unique_ptr<AlignedBuffer<float>> buf;
+std::unique_ptr<DataParallel::TreeBuf> DataParallel::take_tree_buf() {
   if (!spare_.empty()) {
-    buf = std::move(spare_.back());
+    std::unique_ptr<TreeBuf> b = std::move(spare_.back());
     spare_.pop_back();
-  } else {
-    buf = std::make_unique<AlignedBuffer<float>>(chunk_ * static_cast<size_t>(size_));  // zero padding stays zero
+    return b;
   }
-  std::memcpy(buf->data(), grads, n_ * sizeof(float));
+  auto b = std::make_unique<TreeBuf>();
+  const size_t n = chunk_ * static_cast<size_t>(size_);  // zero padding stays zero (both allocate zero-filled)
+  if (device_tree_) {
+    b->dev = DeviceBuffer<float>(*opt_.device, n);
+  } else {
+    b->host = AlignedBuffer<float>(n);
+  }
+  return b;
+}
+
+void DataParallel::tree_add(float* a, const float* b, size_t n) {
+  if (device_tree_) {
+    opt_.device->accumulate(a, b, n);  // a[i] += b[i]: the bits of add_into's a[i] + b[i]
+  } else {
+    add_into(a, b, n, pool_);
+  }
+}
+
+void DataParallel::add_leaf(const float* grads) {
+  std::unique_ptr<TreeBuf> buf = take_tree_buf();
+  if (device_tree_) {
+    opt_.device->copy(buf->data(), grads, n_);
+  } else {
+    std::memcpy(buf->data(), grads, n_ * sizeof(float));
+  }
   stack_.push_back({0, std::move(buf)});
   ++leaves_;
   // Binary counter: two subtrees of the same height are siblings in the pairwise tree.
   while (stack_.size() >= 2 && stack_[stack_.size() - 1].level == stack_[stack_.size() - 2].level) {
     Node right = std::move(stack_.back());
     stack_.pop_back();
-    add_into(stack_.back().buf->data(), right.buf->data(), n_, pool_);
+    tree_add(stack_.back().buf->data(), right.buf->data(), n_);
     ++stack_.back().level;
     spare_.push_back(std::move(right.buf));
   }
@@ -315,54 +350,67 @@ void DataParallel::fold_leaves_to_root() {
   while (stack_.size() >= 2) {
     Node right = std::move(stack_.back());
     stack_.pop_back();
-    add_into(stack_.back().buf->data(), right.buf->data(), n_, pool_);
+    tree_add(stack_.back().buf->data(), right.buf->data(), n_);
     spare_.push_back(std::move(right.buf));
   }
 }
 
+void DataParallel::finish_tree(float* grads) {
+  if (stack_.empty()) throw Error("data-parallel: finish() without any add_leaf() in deterministic mode");
+  if (size_ > 1 && !power_of_two(leaves_)) {
+    throw ConfigError("--deterministic with dp=" + std::to_string(size_) + " needs a power-of-two number of " +
+                      "micro-batches per rank, got " + std::to_string(leaves_) +
+                      ": change --global-batch so that global/(batch*seq*dp) is 1, 2, 4, ...");
+  }
+  fold_leaves_to_root();
+  std::unique_ptr<TreeBuf> root = std::move(stack_.back().buf);
+  stack_.clear();
+  leaves_ = 0;
+  Kernels<float>* dev = device_tree_ ? opt_.device : nullptr;
+  auto copy = [&](float* dst, const float* src, size_t n) {
+    if (dev != nullptr) {
+      dev->copy(dst, src, n);
+    } else {
+      std::memcpy(dst, src, n * sizeof(float));
+    }
+  };
+  // ZeRO: the folded chunk is exactly this rank's piece of the single bucket (stage 2: the shard buffer).
+  float* shard = opt_.zero_stage != 2 ? nullptr : dev != nullptr ? dshard_grads_.data() : shard_grads_.data();
+  if (size_ == 1) {
+    copy(shard != nullptr ? shard : grads, root->data(), n_);
+  } else {
+    const auto t0 = Clock::now();
+    std::unique_ptr<TreeBuf> recv = take_tree_buf();
+    // Device memory travels over device_dp, whose stream does not order against the device's kernels: the tree's
+    // additions are done before it reads, and the fold before it gathers.
+    comm::Communicator& c = dev != nullptr ? *opt_.device_dp : *dp_;
+    if (dev != nullptr) dev->synchronize();
+    // Chunk j of every rank's root goes to rank j; rank j folds the D roots of its chunk in rank order.
+    c.all_to_all(root->data(), recv->data(), chunk_, comm::DType::kFloat32);
+    std::vector<float*> items;
+    for (int j = 0; j < size_; ++j) items.push_back(recv->data() + static_cast<size_t>(j) * chunk_);
+    if (dev != nullptr) {
+      tree_sum(items, chunk_, *dev);
+    } else {
+      tree_sum(items, chunk_, pool_);
+    }
+    if (opt_.zero_stage == 0) {
+      if (dev != nullptr) dev->synchronize();
+      c.all_gather(recv->data(), root->data(), chunk_, comm::DType::kFloat32);
+      copy(grads, root->data(), n_);
+    } else {
+      const auto [own_b, own_e] = layout_.own(0, rank_);
+      if (own_e > own_b) copy(shard != nullptr ? shard : grads + own_b, recv->data(), own_e - own_b);
+    }
+    comm_seconds_ += since(t0);
+    spare_.push_back(std::move(recv));
+  }
+  spare_.push_back(std::move(root));
+}
+
 void DataParallel::finish(float* grads) {
   if (opt_.deterministic) {
-    if (stack_.empty()) throw Error("data-parallel: finish() without any add_leaf() in deterministic mode");
-    if (size_ > 1 && !power_of_two(leaves_)) {
-      throw ConfigError("--deterministic with dp=" + std::to_string(size_) + " needs a power-of-two number of " +
-                        "micro-batches per rank, got " + std::to_string(leaves_) +
-                        ": change --global-batch so that global/(batch*seq*dp) is 1, 2, 4, ...");
-    }
-    fold_leaves_to_root();
-    std::unique_ptr<AlignedBuffer<float>> root = std::move(stack_.back().buf);
-    stack_.clear();
-    leaves_ = 0;
-    if (size_ == 1 && opt_.zero_stage == 0) {
-      std::memcpy(grads, root->data(), n_ * sizeof(float));
-    } else if (size_ == 1) {
-      std::memcpy(opt_.zero_stage == 2 ? shard_grads_.data() : grads, root->data(), n_ * sizeof(float));
-    } else {
-      const auto t0 = Clock::now();
-      std::unique_ptr<AlignedBuffer<float>> recv;
-      if (!spare_.empty()) {
-        recv = std::move(spare_.back());
-        spare_.pop_back();
-      } else {
-        recv = std::make_unique<AlignedBuffer<float>>(chunk_ * static_cast<size_t>(size_));
-      }
-      // Chunk j of every rank's root goes to rank j; rank j folds the D roots of its chunk in rank order.
-      dp_->all_to_all(root->data(), recv->data(), chunk_, comm::DType::kFloat32);
-      std::vector<float*> items;
-      for (int j = 0; j < size_; ++j) items.push_back(recv->data() + static_cast<size_t>(j) * chunk_);
-      tree_sum(items, chunk_, pool_);
-      if (opt_.zero_stage == 0) {
-        dp_->all_gather(recv->data(), root->data(), chunk_, comm::DType::kFloat32);
-        std::memcpy(grads, root->data(), n_ * sizeof(float));
-      } else {
-        // ZeRO: the folded chunk is exactly this rank's piece of the single bucket; nobody needs the rest.
-        const auto [own_b, own_e] = layout_.own(0, rank_);
-        float* dst = opt_.zero_stage == 2 ? shard_grads_.data() : grads + own_b;
-        if (own_e > own_b) std::memcpy(dst, recv->data(), (own_e - own_b) * sizeof(float));
-      }
-      comm_seconds_ += since(t0);
-      spare_.push_back(std::move(recv));
-    }
-    spare_.push_back(std::move(root));
+    finish_tree(grads);
     return;
   }
   if (!armed_) throw Error("data-parallel: finish() without arm()");
@@ -494,6 +542,11 @@ double DataParallel::grad_norm(const float* grads) {
     // blocks of the last ranks add +0.0 at the end, which changes no bits).
     const auto [own_b, own_e] = layout_.own(0, rank_);
     const float* g = opt_.zero_stage == 2 ? shard_grads_.data() : grads + own_b;
+    if (device_zero_) {  // the own piece's host copy: the same double sums as the CPU's, not the device's norm
+      const float* dg = opt_.zero_stage == 2 ? dshard_grads_.data() : grads + own_b;
+      if (own_e > own_b) opt_.device->to_host(norm_host_.data(), dg, (own_e - own_b) * sizeof(float));
+      g = norm_host_.data();
+    }
     std::vector<double> blocks(layout_.buckets().front().piece / kNormBlock, 0.0);
     auto add = [&](size_t b, size_t e) {
       for (size_t i = b; i < e; ++i)
@@ -586,7 +639,8 @@ std::string DataParallel::describe() const {
   const auto& b = layout_.buckets();
   std::snprintf(buf, sizeof(buf), "dp=%d zero=%d%s buckets=%zu x %.2f MiB, optimizer state saved %.2f MiB/rank", size_,
                 opt_.zero_stage,
-                opt_.deterministic    ? " deterministic"
+                device_tree_          ? " deterministic, device buffers"
+                : opt_.deterministic  ? " deterministic"
                 : device_zero_        ? " device buffers (reduce-scatter after backward)"
                 : opt_.stream_reducer ? " device buffers (stream-ordered, overlapped)"
                                       : "",

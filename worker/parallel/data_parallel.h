@@ -40,13 +40,18 @@ struct DataParallelOptions {
   std::vector<comm::Communicator*> norm_groups;
   // Device gradients (CUDA): each finished bucket is enqueued on this reducer (NCCL, ordered after the backward
   // kernels that produced it) instead of the background thread's host all-reduce; finish() waits for all. `dp` still
-  // carries the host values (losses, flags). Plain averaging only: ZeRO and the deterministic mode are refused.
+  // carries the host values (losses, flags). Plain averaging only; ZeRO and the deterministic tree leave it unused and
+  // run on `device` / `device_dp` below.
   comm::StreamReducer* stream_reducer = nullptr;
   // ZeRO-1 on device buffers (CUDA): the device holding gradients, parameters and this rank's AdamW moments, and a
   // blocking communicator over the dp group that takes its memory (NCCL: the dp group's dup). finish() reduce-scatters
   // the buckets into this rank's pieces (after backward: no overlap), update() runs the device AdamW over the pieces
   // and all-gathers the parameters; shard_m()/shard_v() are host copies refreshed after every update (checkpoints),
-  // upload_host() writes them back after a restore. ZeRO 2 and the deterministic tree stay host-only.
+  // upload_host() writes them back after a restore. Stage 2 keeps the reduced pieces in a shard-sized device buffer.
+  // The deterministic tree on device buffers: leaves and their pairwise sums are device buffers added with the
+  // device's accumulate (the CPU's a + b, so the same bits), the roots' chunks travel over device_dp (all_to_all, then
+  // all_gather or, with ZeRO, kept as the own piece); with ZeRO its fixed-block grad norm reads a host copy of the
+  // own piece (the same double sums as the CPU's).
   Kernels<float>* device = nullptr;
   comm::Communicator* device_dp = nullptr;
   // Spans of the flat buffer that only some dp ranks hold the same values of (expert-parallel storage: rank r keeps
@@ -82,7 +87,7 @@ class DataParallel final : public GradSync {
   int size() const override { return size_; }
   int zero_stage() const override { return opt_.zero_stage; }
   bool deterministic() const override { return opt_.deterministic; }
-  bool device_buffers() const override { return opt_.stream_reducer != nullptr || device_zero_; }
+  bool device_buffers() const override { return opt_.stream_reducer != nullptr || device_zero_ || device_tree_; }
   bool owns_grad_norm() const override { return zero_ != nullptr || !opt_.group_spans.empty(); }
 
   void arm(float* grads) override;
@@ -117,6 +122,15 @@ class DataParallel final : public GradSync {
   void reduce_range(size_t begin, size_t end);
   double group_spans_norm(const float* grads);
   void fold_leaves_to_root();
+  // The deterministic tree's buffers (D * chunk, zero padding) on the host or, device_tree_, on the device.
+  struct TreeBuf {
+    AlignedBuffer<float> host;
+    DeviceBuffer<float> dev;
+    float* data() { return dev.size() > 0 ? dev.data() : host.data(); }
+  };
+  std::unique_ptr<TreeBuf> take_tree_buf();
+  void tree_add(float* a, const float* b, size_t n);  // a = a + b, on the tree's side
+  void finish_tree(float* grads);
   // ZeRO-1 and -2 on device buffers.
   void device_reduce_scatter();
   double device_sum_squares(const float* grads);
@@ -135,6 +149,8 @@ class DataParallel final : public GradSync {
   AlignedBuffer<float> pad_in_;       // the last bucket padded to D * piece (reduce-scatter / all-gather)
   AlignedBuffer<float> pad_out_;
   bool device_zero_ = false;
+  bool device_tree_ = false;        // the deterministic tree on device buffers
+  AlignedBuffer<float> norm_host_;  // device tree with ZeRO: the own piece's host copy for the fixed-block norm
   AdamWHyper hyper_;
   DeviceBuffer<float> dm_, dv_, dpad_in_, dpad_out_;  // ZeRO on the device: moments and padding scratch there
   DeviceBuffer<float> dshard_grads_;                  // stage 2 on the device: this rank's reduced pieces
@@ -154,10 +170,10 @@ class DataParallel final : public GradSync {
   // Deterministic tree: a stack of (level, buffer) and spare buffers, each D * chunk long.
   struct Node {
     int level;
-    std::unique_ptr<AlignedBuffer<float>> buf;
+    std::unique_ptr<TreeBuf> buf;
   };
   std::vector<Node> stack_;
-  std::vector<std::unique_ptr<AlignedBuffer<float>>> spare_;
+  std::vector<std::unique_ptr<TreeBuf>> spare_;
   size_t chunk_ = 0;  // ceil(n / D)
   int leaves_ = 0;
 
@@ -178,5 +194,7 @@ std::vector<DataParallelOptions::GroupSpan> expert_group_spans(const GptConfig& 
 // The pairwise-level sum of k buffers of n floats in place into items[0] (items[2i] + items[2i+1], an odd last one
 // passes up, until one is left). Exposed for the unit test of the tree's shape.
 void tree_sum(std::vector<float*>& items, size_t n, ThreadPool& pool);
+// The same tree with the device's accumulate (device memory; the same additions in the same order).
+void tree_sum(std::vector<float*>& items, size_t n, Kernels<float>& device);
 
 }  // namespace railyard::worker::parallel

@@ -86,9 +86,9 @@ Kernels<float>* check_device(Kernels<float>* device, GradSync* sync, ShardedMode
   const std::string d = std::string("spec.device / --device ") + device_name(device->kind());
   if (sync != nullptr && !sync->device_buffers())
     throw ConfigError(d +
-                      ": this gradient reduction works on host buffers only (the deterministic mode --deterministic "
-                      "runs on the host; data parallelism and ZeRO 1/2 on CUDA reduce over NCCL): "
-                      "use --zero 0, 1 or 2 without --deterministic, or --device cpu");
+                      ": this gradient reduction works on host buffers only (it was built without the device: plain "
+                      "data parallelism, ZeRO 1/2 and --deterministic on CUDA reduce device buffers over NCCL when "
+                      "given DataParallelOptions::device, as railyard-worker does): use --device cpu");
   return device;
 }
 }  // namespace

@@ -146,8 +146,8 @@ class Trainer {
   // device that is not the host (CUDA), state() points to host copies, refreshed by state() itself when an update
   // happened since the last call (so only checkpoint and export steps pay the device->host copy), and
   // restore_counters() uploads them, so checkpoints and exports see host memory. Data parallelism across processes
-  // runs there when `sync` reduces device buffers (DataParallel with a StreamReducer, or ZeRO-1 with the device), also
-  // for sharded (tp/pp) models; ZeRO 2 and the deterministic mode are CPU-only so far and refused with a ConfigError.
+  // runs there when `sync` reduces device buffers (DataParallel with a StreamReducer, ZeRO 1/2 or the deterministic
+  // tree with the device), also for sharded (tp/pp) models; a sync built for host buffers is refused (ConfigError).
   Trainer(const GptConfig& model, const TrainConfig& config, ThreadPool& pool, BatchSource& train,
           BatchSource* val = nullptr, GradSync* sync = nullptr, ShardedModel* sharded = nullptr,
           Kernels<float>* device = nullptr);

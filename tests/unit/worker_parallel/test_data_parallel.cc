@@ -341,7 +341,8 @@ TEST_CASE("device buffers: buckets go to a StreamReducer as backward finishes th
   CHECK(bitwise_equal(runs[1], host[0]));
 }
 
-TEST_CASE("device buffers: ZeRO and the deterministic mode are refused; a host-only reducer is refused off the host") {
+TEST_CASE(
+    "device buffers: ZeRO and the deterministic mode with a reducer but no device are refused, so is a host-only one") {
   comm::run_local_world(2, [&](comm::Communicator& c) {
     ThreadPool pool(1);
     testing::OffHostCpu dev(pool);

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <random>
 #include <stdexcept>
@@ -221,6 +222,7 @@ class DeviceComm final : public comm::Communicator {
   }
   void broadcast(void* b, size_t n, comm::DType t, int root) override { c_.broadcast(dev_.view(b), n, t, root); }
   void all_to_all(const void* i, void* o, size_t n, comm::DType t) override {
+    ++device_calls_if(i);
     c_.all_to_all(dev_.view(i), dev_.view(o), n, t);
   }
   std::unique_ptr<comm::Request> isend(const void* b, size_t n, comm::DType t, int peer, uint32_t tag) override {
@@ -478,7 +480,7 @@ constexpr int kHybridSteps = 3;
 
 // The trainer over ParallelGpt on `layout` (dp = 2), each replica its own data, the dp reduction by DataParallel with
 // small buckets: on the CPU its background thread over Gloo; on ShadowCpu (device) the stream reducer above.
-HybridRun train_hybrid(comm::Layout layout, bool device, int zero = 0) {
+HybridRun train_hybrid(comm::Layout layout, bool device, int zero = 0, bool deterministic = false) {
   const int n = layout.world();
   HybridRun res;
   res.losses.resize(n);
@@ -501,7 +503,9 @@ HybridRun train_hybrid(comm::Layout layout, bool device, int zero = 0) {
     tc.global_batch_tokens = static_cast<int64_t>(2 * layout.dp) * kB * kT;  // 2 micro-batches per replica
     tc.lr = 1e-2;
     tc.quiet = true;
-    testing::StreamSource src(groups.coord().dp, layout.dp, kB, kT, kCfg.vocab_size);
+    // Deterministic: every replica reads the whole sequence and keeps its run of the virtual micro-batches.
+    testing::StreamSource src(deterministic ? 0 : groups.coord().dp, deterministic ? 1 : layout.dp, kB, kT,
+                              kCfg.vocab_size);
     ParallelGpt model(kCfg, tc, tc.micro_steps() / layout.dp, pool, world, mg, device ? &dev : nullptr);
     std::unique_ptr<comm::Communicator> grad;
     std::unique_ptr<DeviceComm> grad_dev;
@@ -509,6 +513,7 @@ HybridRun train_hybrid(comm::Layout layout, bool device, int zero = 0) {
     DataParallelOptions o;
     o.bucket_bytes = 8 << 10;  // 2048 floats: several buckets per stage, some finished during backward
     o.zero_stage = zero;
+    o.deterministic = deterministic;
     if (device) {
       grad = groups.dp().dup("dp-grad");
       grad_dev = std::make_unique<DeviceComm>(*grad, dev);
@@ -639,7 +644,7 @@ TEST_CASE("ZeRO-2 with dp=2 x tp=2 on that device (shard-sized gradient buffer t
   check_hybrid_zero(comm::Layout{.dp = 2, .tp = 2, .pp = 1}, 2);
 }
 
-TEST_CASE("dp x tp on that device: --deterministic is refused, ZeRO 1/2 without the device, host reduction too") {
+TEST_CASE("dp x tp on that device: ZeRO 1/2 and --deterministic without the device are refused, host reduction too") {
   comm::run_local_world(4, [&](comm::Communicator& world) {
     comm::ProcessGroups groups(world, comm::Layout{.dp = 2, .tp = 2, .pp = 1});
     ThreadPool pool(1);
@@ -653,11 +658,11 @@ TEST_CASE("dp x tp on that device: --deterministic is refused, ZeRO 1/2 without 
     testing::StreamSource src(groups.coord().dp, 2, kB, kT, kCfg.vocab_size);
     ParallelGpt model(kCfg, tc, 2, pool, world, mg, &dev);
     auto twin = comm::host_stream_reducer(groups.dp());
-    // The deterministic tree is host-only; ZeRO 1 and 2 need the device (their pieces live there).
+    // ZeRO 1 and 2 and the deterministic tree need the device (their pieces and leaves live there), not only a
+    // stream reducer.
     for (int what = 0; what < 3; ++what) {
       DataParallelOptions o;
       o.stream_reducer = twin.get();
-      o.device = what == 1 ? &dev : nullptr;
       o.device_dp = &groups.dp();
       if (what == 0) o.zero_stage = 2;
       if (what == 1) o.deterministic = true;
@@ -835,5 +840,172 @@ TEST_CASE("ZeRO-1 and -2 on that device with the plain Gpt trainer (dp=1 and dp=
     }
     CHECK(cpu.losses[0].back() < cpu.losses[0].front());
     CHECK(dev.params.front() == dev.params.back());  // the all-gather: both replicas hold the same parameters
+  }
+}
+
+namespace {
+
+// --deterministic on the device (issue #11): the plain Gpt trainer at dp=n (4 virtual micro-batches per step, every
+// rank reading the whole sequence), ZeRO `stage`, on the CPU or on ShadowCpu with the tree's leaves on device memory
+// and its all_to_all/all_gather over a DeviceComm. `skip_steps`: the loader starts that many steps in (a restore).
+struct PlainDetRank {
+  PlainDetRank(comm::Communicator& c, ThreadPool& pool, bool device, int stage, int skip_steps = 0)
+      : dev(pool), src(0, 1, kB, kT, kCfg.vocab_size) {
+    tc.steps = kHybridSteps;
+    tc.batch = kB;
+    tc.seq_len = kT;
+    tc.global_batch_tokens = int64_t{4} * kB * kT;
+    tc.lr = 1e-2;
+    tc.grad_clip = 0.5;  // binding for these steps: the norm's bits reach the parameters
+    tc.quiet = true;
+    std::vector<int32_t> in(kB * kT), tgt(kB * kT);
+    for (int i = 0; i < 4 * skip_steps; ++i) src.next_batch(in.data(), tgt.data());
+    grad = c.dup("dp-grad");
+    grad_dev = std::make_unique<DeviceComm>(*grad, dev);
+    DataParallelOptions o;
+    o.zero_stage = stage;
+    o.deterministic = true;
+    if (device) {
+      o.device = &dev;
+      o.device_dp = grad_dev.get();
+    }
+    sync = gpt_data_parallel(&c, kCfg, tc, pool, o);
+    trainer = std::make_unique<Trainer>(kCfg, tc, pool, src, nullptr, sync.get(), nullptr, device ? &dev : nullptr);
+  }
+  std::vector<float> shard_m() { return {sync->shard_m(), sync->shard_m() + sync->shard_size()}; }
+  std::vector<float> shard_v() { return {sync->shard_v(), sync->shard_v() + sync->shard_size()}; }
+  ShadowCpu dev;
+  testing::StreamSource src;
+  TrainConfig tc;
+  std::unique_ptr<comm::Communicator> grad;
+  std::unique_ptr<DeviceComm> grad_dev;
+  std::unique_ptr<DataParallel> sync;
+  std::unique_ptr<Trainer> trainer;
+};
+
+struct DetRun {
+  std::vector<std::vector<double>> losses, norms;  // per rank, per step
+  std::vector<std::vector<float>> params, m;       // per rank after the steps: state() and the moments held (shard)
+  size_t device_calls = 0, copies = 0;
+};
+
+DetRun plain_deterministic(bool device, int n, int stage) {
+  DetRun res;
+  res.losses.resize(n);
+  res.norms.resize(n);
+  res.params.resize(n);
+  res.m.resize(n);
+  std::mutex mu;
+  comm::run_local_world(n, [&](comm::Communicator& c) {
+    ThreadPool pool(1);
+    PlainDetRank a(c, pool, device, stage);
+    CHECK(a.sync->device_buffers() == device);
+    std::vector<double> losses, norms;
+    for (int s = 0; s < kHybridSteps; ++s) {
+      const StepResult r = a.trainer->step();
+      losses.push_back(r.loss);
+      norms.push_back(r.grad_norm);
+    }
+    const TrainerState st = a.trainer->state();
+    CHECK_FALSE(a.dev.owns(st.params));
+    std::lock_guard<std::mutex> lock(mu);
+    res.losses[c.rank()] = losses;
+    res.norms[c.rank()] = norms;
+    res.params[c.rank()].assign(st.params, st.params + st.num_params);
+    res.m[c.rank()] = stage > 0 ? a.shard_m() : std::vector<float>(st.adam_m, st.adam_m + st.num_params);
+    res.device_calls += a.grad_dev->device_calls;
+    res.copies += a.dev.copies;
+  });
+  return res;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "--deterministic on that device (plain trainer, dp=1/2/4, ZeRO 1/2) equals the CPU's deterministic run bitwise") {
+  std::map<int, std::vector<float>> reference;  // per stage, the first layout's: every dp trains the same bits
+  for (const auto& [stage, n] : {std::pair{0, 1}, std::pair{0, 2}, std::pair{0, 4}, std::pair{1, 2}, std::pair{2, 2},
+                                 std::pair{2, 4}, std::pair{1, 1}}) {
+    CAPTURE(stage);
+    CAPTURE(n);
+    const DetRun cpu = plain_deterministic(false, n, stage), dev = plain_deterministic(true, n, stage);
+    if (!reference.count(stage)) reference[stage] = cpu.params[0];
+    CHECK(cpu.losses[0].back() < cpu.losses[0].front());
+    CHECK(cpu.norms[0].front() > 0.5);  // the clip binds: the norm's bits reach the parameters
+    CHECK(cpu.copies == 0);
+    CHECK(dev.copies > 0);
+    // all_to_all + all_gather (or, ZeRO, the parameters' all-gather) per step and rank, on device memory.
+    if (n > 1) CHECK(dev.device_calls >= static_cast<size_t>(2 * n * kHybridSteps));
+    for (int r = 0; r < n; ++r) {
+      CAPTURE(r);
+      CHECK(dev.losses[r] == cpu.losses[r]);  // bitwise
+      CHECK(dev.norms[r] == cpu.norms[r]);
+      CHECK(dev.params[r] == cpu.params[r]);
+      CHECK(dev.m[r] == cpu.m[r]);
+      CHECK(dev.params[r] == reference[stage]);  // independent of dp
+    }
+    if (n > 1 && stage > 0) CHECK(dev.m[0] != dev.m[1]);  // each rank its own piece of the moments
+  }
+}
+
+TEST_CASE("--deterministic with ZeRO 0/1/2 on that device: a restore through the host copies continues bit for bit") {
+  for (int stage : {0, 1, 2}) {
+    CAPTURE(stage);
+    comm::run_local_world(2, [&](comm::Communicator& c) {
+      ThreadPool pool(1);
+      PlainDetRank a(c, pool, true, stage);
+      a.trainer->step();
+      a.trainer->step();
+      const TrainerState st = a.trainer->state();
+      const std::vector<float> params(st.params, st.params + st.num_params);
+      const std::vector<float> m = stage > 0 ? a.shard_m() : std::vector<float>(st.adam_m, st.adam_m + st.num_params);
+      const std::vector<float> v = stage > 0 ? a.shard_v() : std::vector<float>(st.adam_v, st.adam_v + st.num_params);
+      REQUIRE(st.adam_t == 2);
+      const double loss3 = a.trainer->step().loss;
+      const TrainerState after = a.trainer->state();
+      const std::vector<float> params3(after.params, after.params + after.num_params);
+      CHECK(params3 != params);
+
+      PlainDetRank b(c, pool, true, stage, 2);
+      TrainerState rs = b.trainer->state();
+      std::copy(params.begin(), params.end(), rs.params);
+      std::copy(m.begin(), m.end(), stage > 0 ? b.sync->shard_m() : rs.adam_m);
+      std::copy(v.begin(), v.end(), stage > 0 ? b.sync->shard_v() : rs.adam_v);
+      rs.step = st.step;
+      rs.adam_t = st.adam_t;
+      b.trainer->restore_counters(rs);
+      CHECK(b.trainer->step().loss == loss3);
+      const TrainerState got = b.trainer->state();
+      CHECK(std::vector<float>(got.params, got.params + got.num_params) == params3);
+      if (stage > 0) CHECK(b.shard_m() == a.shard_m());
+    });
+  }
+}
+
+TEST_CASE("--deterministic with dp=2 x tp=2 on that device (ZeRO 0 and 2) equals the CPU's deterministic run bitwise") {
+  const comm::Layout layout{.dp = 2, .tp = 2, .pp = 1};
+  for (int zero : {0, 2}) {
+    CAPTURE(zero);
+    const HybridRun cpu = train_hybrid(layout, false, zero, true), dev = train_hybrid(layout, true, zero, true);
+    CHECK(dev.launches == 0);  // no bucket all-reduce: the tree's all_to_all and all_gather instead
+    CHECK(dev.dp_device_calls >= static_cast<size_t>(2 * layout.world() * kHybridSteps));
+    REQUIRE(cpu.losses[0].size() == static_cast<size_t>(kHybridSteps));
+    CHECK(cpu.losses[0].back() < cpu.losses[0].front());
+    for (int r = 0; r < layout.world(); ++r) {
+      CAPTURE(r);
+      CHECK(dev.losses[r] == cpu.losses[r]);  // bitwise
+      for (int s = 0; s < kHybridSteps; ++s) {
+        // ZeRO: the fixed-block norm over a host copy, the CPU's bits; otherwise the stage's device global_norm.
+        if (zero > 0) CHECK(dev.norms[r][s] == cpu.norms[r][s]);
+        CHECK(std::fabs(dev.norms[r][s] - cpu.norms[r][s]) <= 1e-12 * cpu.norms[r][s]);
+      }
+      CHECK(dev.params[r] == cpu.params[r]);
+      if (zero > 0) CHECK(dev.shard_m[r] == cpu.shard_m[r]);
+      if (zero == 0) CHECK(dev.m[r] == cpu.m[r]);
+    }
+    for (int r = 0; r < layout.world(); ++r) {
+      if ((r / layout.tp) % layout.dp != 0) continue;
+      CHECK(dev.params[r] == dev.params[r + layout.tp]);
+    }
   }
 }
