@@ -14,7 +14,8 @@
 #      groups) at tp=2, pp=2 and, with 4+ GPUs, tp=2 x pp=2 against the same layout on the CPU over Gloo.
 #   3. with 2 or more GPUs, worker_train_dp_cuda: `railyard-worker train --nproc 2 --device cuda` (gradient buckets
 #      all-reduced over NCCL on a communication stream, overlapping backward) trains to the losses of the same job on
-#      the CPU over Gloo within 2% per step (bf16 GEMM operands); with 4 or more GPUs, worker_train_dp_tp_cuda: the same
+#      the CPU over Gloo within 2% per step (bf16 GEMM operands), and `--deterministic --device cuda` at --nproc 2
+#      (also --zero 2) bitwise equal to one process on the GPU; with 4 or more GPUs, worker_train_dp_tp_cuda: the same
 #      for `--nproc 4` with `--tp 2` (dp=2 x tp=2), `--pp 2` (dp=2 x pp=2) and `--tp 2 --zero 1` (ZeRO-1 on device
 #      pieces); then every other test labelled `gpu` (the CPU-vs-GPU equivalence tests of the worker register under
 #      that label).

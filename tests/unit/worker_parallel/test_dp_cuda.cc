@@ -2,6 +2,8 @@
 // --device cuda` (gradient buckets all-reduced over NCCL on a communication stream, overlapping backward) trains to
 // the losses of the same job on the CPU over Gloo within bf16 tolerance. Needs 2 GPUs; otherwise it says so and exits
 // 77, which CTest reports as Skipped. NCCL's bootstrap stays on 127.0.0.1 (NCCL_COMM_ID, NCCL_SOCKET_IFNAME=lo).
+// `--deterministic --device cuda` (the fixed tree on device leaves, all_to_all/all_gather over NCCL): 2 ranks, also
+// with ZeRO-2, are bitwise the single process on one GPU.
 #include <cuda_runtime_api.h>
 #include <doctest/doctest.h>
 
@@ -53,5 +55,32 @@ TEST_CASE("train --nproc 2 --device cuda (NCCL, overlapped buckets) equals the C
     // bf16 GEMM operands (fp32 accumulate) against fp32 on the CPU, compounded over 8 AdamW steps: 2% of the loss.
     CHECK(std::abs(cuda[s] - cpu[s]) <= 2e-2 * std::abs(cpu[s]));
   }
+  std::filesystem::remove_all(d);
+}
+
+TEST_CASE("train --deterministic --device cuda: --nproc 2 (also with --zero 2) is bitwise the single process") {
+  require_two_gpus();
+  const std::string bin = bin_dir();
+  const std::string d = prepared_data_dir("railyard-det-cuda-");
+  const int port = railyard::worker::parallel::free_port("127.0.0.1");
+  ::setenv("NCCL_COMM_ID", ("127.0.0.1:" + std::to_string(port)).c_str(), 1);
+  ::setenv("NCCL_SOCKET_IFNAME", "lo", 0);
+  // 4 virtual micro-batches per step: 2 leaves per rank at dp=2, 4 in one process.
+  const std::string common = bin + "/railyard-worker train --model l=2,c=64,nh=4,t=64,v=256 --data " + d +
+                             "/data --steps 6 --batch 4 --seq 64 --global-batch 1024 --lr 3e-3 --warmup 2 "
+                             "--peak-flops 1e12 --device cuda --deterministic ";
+  std::vector<std::vector<double>> runs;
+  for (const std::string flags : {"", "--nproc 2 ", "--nproc 2 --zero 2 ", "--zero 2 "}) {
+    const std::string name = d + "/det" + std::to_string(runs.size());
+    const int rc = sh(common + flags + "--log-json " + name + ".jsonl 2> " + name + ".txt");
+    INFO(flags << slurp(name + ".txt"));
+    REQUIRE(rc == 0);
+    CHECK(slurp(name + ".txt").find("deterministic, device buffers") != std::string::npos);
+    runs.push_back(losses(name + ".jsonl"));
+    REQUIRE(runs.back().size() == 6);
+  }
+  CHECK(runs[0].back() < runs[0].front());
+  CHECK(runs[1] == runs[0]);  // bitwise: the same tree of the same leaves on the same GPU model
+  CHECK(runs[2] == runs[3]);  // ZeRO-2's block norm: the same sums whatever D is
   std::filesystem::remove_all(d);
 }
