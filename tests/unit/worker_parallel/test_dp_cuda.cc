@@ -70,7 +70,7 @@ TEST_CASE("train --deterministic --device cuda: --nproc 2 (also with --zero 2) i
                              "/data --steps 6 --batch 4 --seq 64 --global-batch 1024 --lr 3e-3 --warmup 2 "
                              "--peak-flops 1e12 --device cuda --deterministic ";
   std::vector<std::vector<double>> runs;
-  for (const std::string flags : {"", "--nproc 2 ", "--nproc 2 --zero 2 ", "--zero 2 "}) {
+  for (const char* flags : {"", "--nproc 2 ", "--nproc 2 --zero 2 ", "--zero 2 "}) {
     const std::string name = d + "/det" + std::to_string(runs.size());
     const int rc = sh(common + flags + "--log-json " + name + ".jsonl 2> " + name + ".txt");
     INFO(flags << slurp(name + ".txt"));
