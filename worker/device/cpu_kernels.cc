@@ -12,6 +12,7 @@
 
 #include "common/error.h"
 #include "worker/kernels/cpu/kernels.h"
+#include "worker/model/moe_math.h"
 #include "worker/parallel/vocab_parallel.h"
 
 namespace railyard::worker {
@@ -402,6 +403,40 @@ void CpuKernels<T>::ring_backward_end(T* dqkv, const T* dkv, int B, int Tc, int 
     const T* src = dkv + bt * 2 * C;
     for (int c = 0; c < 2 * C; ++c) dst[c] = src[c];
   }
+}
+
+template <typename T>
+void CpuKernels<T>::moe_route(T* probs, int32_t* choice, size_t N, size_t E, size_t k) {
+  moe::route(pool_, probs, choice, N, E, k);
+}
+
+template <typename T>
+void CpuKernels<T>::moe_gather_rows(T* dst, const T* src, const int32_t* idx, size_t n, size_t C) {
+  moe::gather_rows(pool_, dst, src, idx, n, C);
+}
+
+template <typename T>
+void CpuKernels<T>::moe_gate_rows(T* dst, const T* src, const T* probs, const int32_t* idx, size_t e, size_t E,
+                                  size_t n, size_t C) {
+  moe::gate_rows(pool_, dst, src, probs, idx, e, E, n, C);
+}
+
+template <typename T>
+void CpuKernels<T>::moe_combine(T* out, const T* probs, const int32_t* choice, const int32_t* row, const T* y, size_t N,
+                                size_t E, size_t k, size_t C) {
+  moe::combine(pool_, out, probs, choice, row, y, N, E, k, C);
+}
+
+template <typename T>
+void CpuKernels<T>::moe_router_backward(T* dprobs, const T* probs, const int32_t* choice, const int32_t* row,
+                                        const T* y, const T* dout, const T* aux, T dloss, size_t N, size_t E, size_t k,
+                                        size_t C) {
+  moe::router_backward(pool_, dprobs, probs, choice, row, y, dout, aux, dloss, N, E, k, C);
+}
+
+template <typename T>
+void CpuKernels<T>::moe_combine_input_grads(T* dx, const int32_t* row, const T* dxe, size_t N, size_t k, size_t C) {
+  moe::combine_input_grads(pool_, dx, row, dxe, N, k, C);
 }
 
 template class CpuKernels<float>;

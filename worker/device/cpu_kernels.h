@@ -72,6 +72,16 @@ class CpuKernels final : public Kernels<T> {
   void ring_backward_block(T* dqkv, T* dkv, const T* dout, const T* qkv, const T* kv, const T* lse, const T* D, int B,
                            int Tc, int C, int NH, bool diagonal) override;
   void ring_backward_end(T* dqkv, const T* dkv, int B, int Tc, int C) override;
+  // worker/model/moe_math.h (the MoE math Gpt and GptStage ran on the host before).
+  void moe_route(T* probs, int32_t* choice, size_t N, size_t E, size_t k) override;
+  void moe_gather_rows(T* dst, const T* src, const int32_t* idx, size_t n, size_t C) override;
+  void moe_gate_rows(T* dst, const T* src, const T* probs, const int32_t* idx, size_t e, size_t E, size_t n,
+                     size_t C) override;
+  void moe_combine(T* out, const T* probs, const int32_t* choice, const int32_t* row, const T* y, size_t N, size_t E,
+                   size_t k, size_t C) override;
+  void moe_router_backward(T* dprobs, const T* probs, const int32_t* choice, const int32_t* row, const T* y,
+                           const T* dout, const T* aux, T dloss, size_t N, size_t E, size_t k, size_t C) override;
+  void moe_combine_input_grads(T* dx, const int32_t* row, const T* dxe, size_t N, size_t k, size_t C) override;
 
  private:
   ThreadPool& pool_;

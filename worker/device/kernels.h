@@ -181,6 +181,28 @@ class Kernels : public DeviceMemory {
                                    int B, int Tc, int C, int NH, bool diagonal) = 0;
   // dqkv's key/value part = dkv (the block's gradient back at its owner).
   virtual void ring_backward_end(T* dqkv, const T* dkv, int B, int Tc, int C) = 0;
+
+  // ---- Mixture of experts (worker/model/moe_math.h; appended, issue #11): the per-token math of an MoE layer. The
+  // dispatch under capacity (a sequential scan over the choices) stays on the host: the model copies `choice` out and
+  // `row`/`token` back in. Shapes: N tokens, E experts, k choices per token, C channels; choice, row (N,k); probs
+  // (N,E); y, dxe (E*cap, C) expert rows; idx the tokens of one expert's n rows. Each output element has one owner
+  // and a fixed summation order (deterministic, recomputation reproduces it).
+  // probs (N,E): router logits in, softmax out (in place); choice (N,k): the k largest, ties to the lower index.
+  virtual void moe_route(T* probs, int32_t* choice, size_t N, size_t E, size_t k) = 0;
+  // dst (n,C): row i = src[idx[i]] (an expert's input rows).
+  virtual void moe_gather_rows(T* dst, const T* src, const int32_t* idx, size_t n, size_t C) = 0;
+  // dst (n,C): row i = probs[idx[i], e] * src[idx[i]] (the gradient of expert e's output rows).
+  virtual void moe_gate_rows(T* dst, const T* src, const T* probs, const int32_t* idx, size_t e, size_t E, size_t n,
+                             size_t C) = 0;
+  // out (N,C) = sum over the token's kept choices (row >= 0, choice order) of probs[t, choice] * y[row]; 0 if none.
+  virtual void moe_combine(T* out, const T* probs, const int32_t* choice, const int32_t* row, const T* y, size_t N,
+                           size_t E, size_t k, size_t C) = 0;
+  // dprobs (N,E) = d objective / d router logits: aux[e] * dloss (the load-balancing loss; aux (E) device memory)
+  // plus dout[t] . y[row] at each kept choice, then through the softmax: p * (dp - sum_e p dp).
+  virtual void moe_router_backward(T* dprobs, const T* probs, const int32_t* choice, const int32_t* row, const T* y,
+                                   const T* dout, const T* aux, T dloss, size_t N, size_t E, size_t k, size_t C) = 0;
+  // dx (N,C) = sum over the token's kept choices (choice order) of dxe[row].
+  virtual void moe_combine_input_grads(T* dx, const int32_t* row, const T* dxe, size_t N, size_t k, size_t C) = 0;
 };
 
 }  // namespace railyard::worker

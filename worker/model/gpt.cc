@@ -245,9 +245,11 @@ Gpt<T>::Gpt(const GptConfig& config, int B, int Tn, ThreadPool& pool, const Reco
     throw ConfigError("sequence length T=" + std::to_string(Tn) + " must be in 1.." +
                       std::to_string(config.max_seq_len) + " (the model's maxT)");
   }
-  if (!dev_->host_accessible() && config_.moe.experts > 0) {
+  if (!dev_->host_accessible() && config_.moe.experts > 0 && config_.moe.expert_shards > 1) {
     throw ConfigError(std::string("spec.device / --device ") + device_name(dev_->kind()) +
-                      ": mixture-of-experts layers (--moe-experts) run on the CPU only so far: use --device cpu");
+                      ": expert parallelism (--ep / spec.parallelism.expert > 1) exchanges the experts' rows on the "
+                      "host and runs on the CPU only so far: use --device cpu, or --ep 1 (mixture-of-experts layers "
+                      "themselves run on the device)");
   }
   cpu::init_blas_single_threaded();
   params_ = DeviceBuffer<T>(*dev_, num_parameters(config_));
@@ -324,14 +326,24 @@ Gpt<T>::Gpt(const GptConfig& config, int B, int Tn, ThreadPool& pool, const Reco
     moe_dp_ = take(N * E);
     routing_buf_ = AlignedBuffer<int32_t>(a.routing);
     moe_f_.assign(E, 0.0);
+    moe_aux_ = DeviceBuffer<T>(*dev_, E);
+    if (!dev_->host_accessible()) {
+      routing_dev_ = DeviceBuffer<int32_t>(*dev_, a.routing);
+      probs_host_.resize(N * E);
+    }
     int32_t* q = routing_buf_.data();
+    int32_t* dq = dev_->host_accessible() ? q : routing_dev_.data();
     routing_.resize(config_.num_layers);
     for (Routing& r : routing_) {
       r.choice = q;
       r.row = q + N * k;
       r.count = q + 2 * N * k;
       r.token = q + 2 * N * k + E;
+      r.d_choice = dq;
+      r.d_row = dq + N * k;
+      r.d_token = dq + 2 * N * k + E;
       q += 2 * N * k + E + R;
+      dq += 2 * N * k + E + R;
     }
   }
   if (p != acts_.data() + a.total()) throw Error("Gpt: activation layout does not add up (a bug)");
@@ -339,7 +351,8 @@ Gpt<T>::Gpt(const GptConfig& config, int B, int Tn, ThreadPool& pool, const Reco
 
 template <typename T>
 size_t Gpt<T>::activation_bytes() const {
-  return acts_.size() * sizeof(T) + (inputs_.size() + targets_.size() + routing_buf_.size()) * sizeof(int32_t);
+  return (acts_.size() + moe_aux_.size()) * sizeof(T) +
+         (inputs_.size() + targets_.size() + routing_buf_.size() + routing_dev_.size()) * sizeof(int32_t);
 }
 
 template <typename T>
@@ -408,7 +421,7 @@ void Gpt<T>::layer_forward(size_t l, const T* residual, const LayerActs& a, T* r
 // one owner, so the layer is deterministic and a recomputation reproduces it bitwise.
 template <typename T>
 void Gpt<T>::moe_forward(size_t l, const LayerActs& a, T* out, MoeStats* stats) {
-  using namespace cpu;
+  Kernels<T>& d = *dev_;
   const size_t N = static_cast<size_t>(B_) * T_, C = config_.channels, E = config_.moe.experts;
   const size_t k = config_.moe.top_k, cap = moe_cap_, H = 4 * C;
   if (config_.moe.expert_shards != 1 && config_.moe.expert_shards != ep_.size) {
@@ -421,32 +434,40 @@ void Gpt<T>::moe_forward(size_t l, const LayerActs& a, T* out, MoeStats* stats) 
   auto w = split_tensors(params_.data(), config_);
   const T* router = params_.data() + router_offset(config_) + l * E * C;
   // router: probs (N,E) = softmax(ln2 @ router^T); top-k per token by probability, ties to the lower index
-  matmul_forward(pool_, a.probs, a.ln2, router, static_cast<const T*>(nullptr), N, static_cast<int>(C),
-                 static_cast<int>(E));
-  moe::route(pool_, a.probs, r.choice, N, E, k);
-  // dispatch with capacity: all first choices in token order, then all second choices, ... (GShard's priority)
+  d.matmul_forward(a.probs, a.ln2, router, static_cast<const T*>(nullptr), N, static_cast<int>(C), static_cast<int>(E));
+  d.moe_route(a.probs, r.d_choice, N, E, k);
+  // dispatch with capacity on the host: all first choices in token order, then all second choices, ... (GShard's
+  // priority); a device gets the rows and tokens back (on the CPU d_* are the host arrays)
+  const bool host = d.host_accessible();
+  if (!host) d.to_host(r.choice, r.d_choice, N * k * sizeof(int32_t));
   const size_t dropped = moe::dispatch(r.choice, N, k, E, cap, nullptr, r.row, r.count, r.token);
+  if (!host) {
+    d.to_device(r.d_row, r.row, N * k * sizeof(int32_t));
+    d.to_device(r.d_token, r.token, E * cap * sizeof(int32_t));
+  }
   // experts: gather the rows, fc -> gelu -> fcproj on (count, C)
   for (size_t e = 0; e < E; ++e) {
     const size_t n = r.count[e], le = l * E + e;
     if (n == 0) continue;
     T* xe = moe_x_ + e * cap * C;
-    pool_.parallel_for(n, [&](size_t i0, size_t i1) {
-      for (size_t i = i0; i < i1; ++i) std::memcpy(xe + i * C, a.ln2 + r.token[e * cap + i] * C, C * sizeof(T));
-    });
-    if (ep_.size > 1) continue;  // the expert runs on its rank: moe_experts_forward_ep below
-    matmul_forward(pool_, a.fch + e * cap * H, xe, w[10] + le * H * C, w[11] + le * H, n, static_cast<int>(C),
-                   static_cast<int>(H));
-    gelu_forward(pool_, a.fch_gelu + e * cap * H, a.fch + e * cap * H, n * H);
-    matmul_forward(pool_, a.moe_y + e * cap * C, a.fch_gelu + e * cap * H, w[12] + le * C * H, w[13] + le * C, n,
-                   static_cast<int>(H), static_cast<int>(C));
+    d.moe_gather_rows(xe, a.ln2, r.d_token + e * cap, n, C);
+    if (ep_.size > 1) continue;  // the expert runs on its rank: moe_experts_forward_ep below (host only)
+    d.matmul_gelu_forward(a.fch_gelu + e * cap * H, a.fch + e * cap * H, xe, w[10] + le * H * C, w[11] + le * H, n,
+                          static_cast<int>(C), static_cast<int>(H));
+    d.matmul_forward(a.moe_y + e * cap * C, a.fch_gelu + e * cap * H, w[12] + le * C * H, w[13] + le * C, n,
+                     static_cast<int>(H), static_cast<int>(C));
   }
   if (ep_.size > 1) moe_experts_forward_ep(l, a);
   // combine: out[t] = sum over kept choices (in choice order) of probs[t, e] * y[row]; dropped choices add nothing
-  moe::combine(pool_, out, a.probs, r.choice, r.row, a.moe_y, N, E, k, C);
+  d.moe_combine(out, a.probs, r.d_choice, r.d_row, a.moe_y, N, E, k, C);
   if (stats == nullptr) return;
   // load balancing (Switch/GShard): aux = alpha * E * sum_e f_e P_e (alpha at perfect balance)
-  stats->aux_loss += moe::aux_loss(moe::balance(a.probs, r.choice, N, E, k), config_.moe);
+  const T* probs = a.probs;
+  if (!host) {
+    d.to_host(probs_host_.data(), a.probs, N * E * sizeof(T));
+    probs = probs_host_.data();
+  }
+  stats->aux_loss += moe::aux_loss(moe::balance(probs, r.choice, N, E, k), config_.moe);
   stats->assignments += N * k;
   stats->dropped += dropped;
   stats->tokens_dropped += moe::tokens_dropped(r.row, N, k);
@@ -454,7 +475,7 @@ void Gpt<T>::moe_forward(size_t l, const LayerActs& a, T* out, MoeStats* stats) 
 
 template <typename T>
 void Gpt<T>::moe_backward(size_t l, const LayerActs& a, const T* dout, T* dx) {
-  using namespace cpu;
+  Kernels<T>& d = *dev_;
   const size_t N = static_cast<size_t>(B_) * T_, C = config_.channels, E = config_.moe.experts;
   const size_t k = config_.moe.top_k, cap = moe_cap_, H = 4 * C;
   const Routing& r = routing_[l];
@@ -462,10 +483,12 @@ void Gpt<T>::moe_backward(size_t l, const LayerActs& a, const T* dout, T* dx) {
   auto g = split_tensors(grads_.data(), config_);
   const T* router = params_.data() + router_offset(config_) + l * E * C;
   T* drouter = grads_.data() + router_offset(config_) + l * E * C;
-  // d probs: from the gates and the load-balancing loss (times the objective's dloss), through the softmax
-  moe_f_ = moe::choice_shares(moe::balance(a.probs, r.choice, N, E, k), k);
-  moe::router_backward(pool_, moe_dp_, a.probs, r.choice, r.row, a.moe_y, dout, moe_f_, static_cast<double>(N),
-                       config_.moe, dloss_, N, C);
+  // d probs: from the gates and the load-balancing loss (times the objective's dloss), through the softmax. The
+  // shares f_e come from the choices alone (kept on the host).
+  moe_f_ = moe::choice_shares(r.choice, N, k, E);
+  const std::vector<T> aux = moe::aux_grads<T>(moe_f_, static_cast<double>(N), config_.moe);
+  d.to_device(moe_aux_.data(), aux.data(), E * sizeof(T));
+  d.moe_router_backward(moe_dp_, a.probs, r.d_choice, r.d_row, a.moe_y, dout, moe_aux_.data(), dloss_, N, E, k, C);
   // experts: dy[row] = gate * dout[token]; fcproj, gelu, fc backward on the expert's rows
   if (ep_.size > 1) moe_experts_backward_ep(l, a, dout);
   for (size_t e = 0; e < (ep_.size > 1 ? 0 : E); ++e) {
@@ -473,25 +496,20 @@ void Gpt<T>::moe_backward(size_t l, const LayerActs& a, const T* dout, T* dx) {
     if (n == 0) continue;
     T* xe = moe_x_ + e * cap * C;
     T* dy = moe_dy_ + e * cap * C;
-    pool_.parallel_for(n, [&](size_t i0, size_t i1) {
-      for (size_t i = i0; i < i1; ++i) {
-        const size_t t = r.token[e * cap + i];
-        std::memcpy(xe + i * C, a.ln2 + t * C, C * sizeof(T));
-        const T gate = a.probs[t * E + e];
-        for (size_t c = 0; c < C; ++c) dy[i * C + c] = gate * dout[t * C + c];
-      }
-    });
+    d.moe_gather_rows(xe, a.ln2, r.d_token + e * cap, n, C);
+    d.moe_gate_rows(dy, dout, a.probs, r.d_token + e * cap, e, E, n, C);
     T* dh = moe_dh_ + e * cap * H;
-    matmul_backward(pool_, dh, false, g[12] + le * C * H, g[13] + le * C, dy, a.fch_gelu + e * cap * H,
-                    w[12] + le * C * H, n, static_cast<int>(H), static_cast<int>(C));  // d fch_gelu (n,4C)
-    gelu_backward(pool_, dh, a.fch + e * cap * H, dh, n * H);                          // d fch (n,4C)
-    matmul_backward(pool_, moe_dx_ + e * cap * C, false, g[10] + le * H * C, g[11] + le * H, dh, xe, w[10] + le * H * C,
-                    n, static_cast<int>(C), static_cast<int>(H));  // d x_e (n,C)
+    // the experts' weight gradients accumulate (zeroed at the start of a non-accumulating backward)
+    d.matmul_backward(dh, false, g[12] + le * C * H, g[13] + le * C, dy, a.fch_gelu + e * cap * H, w[12] + le * C * H,
+                      n, static_cast<int>(H), static_cast<int>(C), true);  // d fch_gelu (n,4C)
+    d.gelu_backward(dh, a.fch + e * cap * H, dh, n * H);                   // d fch (n,4C)
+    d.matmul_backward(moe_dx_ + e * cap * C, false, g[10] + le * H * C, g[11] + le * H, dh, xe, w[10] + le * H * C, n,
+                      static_cast<int>(C), static_cast<int>(H), true);  // d x_e (n,C)
   }
   // dx[t] = sum over kept choices (choice order) of the expert input gradients, then + the router's dz @ router
-  moe::combine_input_grads(pool_, dx, r.row, moe_dx_, N, k, C);
-  matmul_backward(pool_, dx, true, drouter, static_cast<T*>(nullptr), moe_dp_, a.ln2, router, N, static_cast<int>(C),
-                  static_cast<int>(E));
+  d.moe_combine_input_grads(dx, r.d_row, moe_dx_, N, k, C);
+  d.matmul_backward(dx, true, drouter, static_cast<T*>(nullptr), moe_dp_, a.ln2, router, N, static_cast<int>(C),
+                    static_cast<int>(E), true);
 }
 
 template <typename T>

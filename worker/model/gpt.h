@@ -156,9 +156,12 @@ class Gpt {
     T *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *probs, *moe_y;
   };
   // Routing of one MoE layer (always kept: small): per (token, choice) the expert and its row (e * cap + position,
-  // -1 when dropped); per expert its token count and the token of each row.
+  // -1 when dropped); per expert its token count and the token of each row. The host decides the dispatch; a device
+  // that is not the host gets its own copies of choice, row and token for its kernels (d_*; the same pointers on the
+  // CPU).
   struct Routing {
     int32_t *choice, *row, *count, *token;
+    int32_t *d_choice, *d_row, *d_token;
   };
   void layer_forward(size_t l, const T* residual, const LayerActs& a, T* residual3, MoeStats* stats);
   // out (N, C) = sum over kept choices of probs * expert(ln2); routing into routing_[l].
@@ -188,6 +191,9 @@ class Gpt {
   std::vector<Routing> routing_;
   std::vector<double> moe_f_;  // per expert: share of the choices (backward of the load-balancing loss)
   AlignedBuffer<int32_t> routing_buf_;
+  DeviceBuffer<int32_t> routing_dev_;  // the d_* views (devices that are not the host)
+  DeviceBuffer<T> moe_aux_;            // (E) the load-balancing loss's gradient per probability (moe::aux_grads)
+  std::vector<T> probs_host_;          // (N, E) router probabilities copied out for the balance statistics
   // MoE scratch: gathered expert inputs and their gradient (E*cap, C), d expert output (E*cap, C), d hidden
   // (E*cap, 4C), d router probabilities (N, E).
   T *moe_x_ = nullptr, *moe_dx_ = nullptr, *moe_dy_ = nullptr, *moe_dh_ = nullptr, *moe_dp_ = nullptr;

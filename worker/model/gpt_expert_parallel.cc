@@ -32,6 +32,13 @@ void Gpt<T>::set_expert_exchange(ExpertExchange x) {
                       std::to_string(E) + " experts per layer)");
   }
   if (x.size > 1 && !x.all_to_all) throw ConfigError("expert parallelism: no all_to_all given");
+  if (x.size > 1 && !dev_->host_accessible()) {
+    // The exchange and the experts' loops below read the dispatched rows on the host.
+    throw ConfigError(
+        std::string("--ep ") + std::to_string(x.size) + " with spec.device / --device " + device_name(dev_->kind()) +
+        ": expert parallelism runs on the CPU only so far: use --device cpu, or --ep 1 (mixture-of-experts "
+        "layers themselves run on the device)");
+  }
   const int shards = config_.moe.expert_shards;
   if (shards > 1 && (x.size != shards || x.rank != config_.moe.expert_shard)) {
     throw ConfigError("expert parallelism: the model holds experts of shard " +

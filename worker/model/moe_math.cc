@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace railyard::worker {
 
@@ -144,18 +145,40 @@ std::vector<double> choice_shares(const Balance& b, size_t k) {
   return f;
 }
 
+std::vector<double> choice_shares(const int32_t* choice, size_t N, size_t k, size_t E) {
+  Balance b;
+  b.picked.assign(E, 0.0);
+  b.tokens = static_cast<double>(N);
+  for (size_t i = 0; i < N * k; ++i) b.picked[choice[i]] += 1;
+  return choice_shares(b, k);
+}
+
+template <typename T>
+std::vector<T> aux_grads(const std::vector<double>& f, double tokens, const MoeConfig& m) {
+  std::vector<T> aux(f.size());
+  for (size_t e = 0; e < f.size(); ++e) {
+    aux[e] = static_cast<T>(m.aux_loss_coef * static_cast<double>(m.experts) * f[e] / tokens);
+  }
+  return aux;
+}
+
 template <typename T>
 void router_backward(ThreadPool& pool, T* dprobs, const T* probs, const int32_t* choice, const int32_t* row, const T* y,
                      const T* dout, const std::vector<double>& f, double tokens, const MoeConfig& m, T dloss, size_t N,
                      size_t C) {
-  const size_t E = m.experts, k = m.top_k;
+  const std::vector<T> aux = aux_grads<T>(f, tokens, m);
+  router_backward(pool, dprobs, probs, choice, row, y, dout, aux.data(), dloss, N, static_cast<size_t>(m.experts),
+                  static_cast<size_t>(m.top_k), C);
+}
+
+template <typename T>
+void router_backward(ThreadPool& pool, T* dprobs, const T* probs, const int32_t* choice, const int32_t* row, const T* y,
+                     const T* dout, const T* aux, T dloss, size_t N, size_t E, size_t k, size_t C) {
   pool.parallel_for(N, [&](size_t t0, size_t t1) {
     for (size_t t = t0; t < t1; ++t) {
       T* dp = dprobs + t * E;
       // the load-balancing loss (f_e is piecewise constant): d aux / d probs[t, e] = alpha E f_e / tokens
-      for (size_t e = 0; e < E; ++e) {
-        dp[e] = static_cast<T>(m.aux_loss_coef * static_cast<double>(E) * f[e] / tokens) * dloss;
-      }
+      for (size_t e = 0; e < E; ++e) dp[e] = aux[e] * dloss;
       // the gates: dp[t, e] += dout[t] . y[row] for kept choices
       for (size_t j = 0; j < k; ++j) {
         const int32_t r = row[t * k + j];
@@ -171,6 +194,25 @@ void router_backward(ThreadPool& pool, T* dprobs, const T* probs, const int32_t*
       T s = 0;
       for (size_t e = 0; e < E; ++e) s += p[e] * dp[e];
       for (size_t e = 0; e < E; ++e) dp[e] = p[e] * (dp[e] - s);
+    }
+  });
+}
+
+template <typename T>
+void gather_rows(ThreadPool& pool, T* dst, const T* src, const int32_t* idx, size_t n, size_t C) {
+  pool.parallel_for(n, [&](size_t i0, size_t i1) {
+    for (size_t i = i0; i < i1; ++i) std::memcpy(dst + i * C, src + static_cast<size_t>(idx[i]) * C, C * sizeof(T));
+  });
+}
+
+template <typename T>
+void gate_rows(ThreadPool& pool, T* dst, const T* src, const T* probs, const int32_t* idx, size_t e, size_t E, size_t n,
+               size_t C) {
+  pool.parallel_for(n, [&](size_t i0, size_t i1) {
+    for (size_t i = i0; i < i1; ++i) {
+      const size_t t = static_cast<size_t>(idx[i]);
+      const T gate = probs[t * E + e];
+      for (size_t c = 0; c < C; ++c) dst[i * C + c] = gate * src[t * C + c];
     }
   });
 }
@@ -198,7 +240,12 @@ void combine_input_grads(ThreadPool& pool, T* dx, const int32_t* row, const T* d
   template Balance balance(const T*, const int32_t*, size_t, size_t, size_t);                                        \
   template void router_backward(ThreadPool&, T*, const T*, const int32_t*, const int32_t*, const T*, const T*,       \
                                 const std::vector<double>&, double, const MoeConfig&, T, size_t, size_t);            \
-  template void combine_input_grads(ThreadPool&, T*, const int32_t*, const T*, size_t, size_t, size_t);
+  template void combine_input_grads(ThreadPool&, T*, const int32_t*, const T*, size_t, size_t, size_t);              \
+  template std::vector<T> aux_grads(const std::vector<double>&, double, const MoeConfig&);                           \
+  template void router_backward(ThreadPool&, T*, const T*, const int32_t*, const int32_t*, const T*, const T*,       \
+                                const T*, T, size_t, size_t, size_t, size_t);                                        \
+  template void gather_rows(ThreadPool&, T*, const T*, const int32_t*, size_t, size_t);                              \
+  template void gate_rows(ThreadPool&, T*, const T*, const T*, const int32_t*, size_t, size_t, size_t, size_t);
 RAILYARD_MOE_MATH(float)
 RAILYARD_MOE_MATH(double)
 #undef RAILYARD_MOE_MATH

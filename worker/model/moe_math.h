@@ -64,6 +64,14 @@ double aux_loss(const Balance& b, const MoeConfig& m);
 // f_e: the share of the choices that picked e (what the loss's gradient needs).
 std::vector<double> choice_shares(const Balance& b, size_t k);
 
+// choice_shares of these N tokens' Balance from their choices alone (the shares do not read probs), for a device
+// whose probabilities are not on the host.
+std::vector<double> choice_shares(const int32_t* choice, size_t N, size_t k, size_t E);
+// aux (E): the load-balancing loss's gradient per router probability, alpha E f_e / tokens, rounded to T (the
+// router backward multiplies it by dloss). f: choice_shares of the whole layer, tokens: its token count.
+template <typename T>
+std::vector<T> aux_grads(const std::vector<double>& f, double tokens, const MoeConfig& m);
+
 // Router backward for the N tokens held here. dprobs (N,E) out: d objective / d router logits, from the gates
 // (dout[t] . y[row] for kept choices) and the load-balancing loss (alpha E f_e / tokens, times dloss), through the
 // softmax. f: choice_shares of the whole layer, tokens: its token count (both global when tokens are split).
@@ -71,6 +79,18 @@ template <typename T>
 void router_backward(ThreadPool& pool, T* dprobs, const T* probs, const int32_t* choice, const int32_t* row, const T* y,
                      const T* dout, const std::vector<double>& f, double tokens, const MoeConfig& m, T dloss, size_t N,
                      size_t C);
+
+// The same with the load-balancing term given per expert (aux_grads): the device kernels' CPU twin.
+template <typename T>
+void router_backward(ThreadPool& pool, T* dprobs, const T* probs, const int32_t* choice, const int32_t* row, const T* y,
+                     const T* dout, const T* aux, T dloss, size_t N, size_t E, size_t k, size_t C);
+
+// dst (n,C): row i = src[idx[i]]; gate_rows: row i = probs[idx[i], e] * src[idx[i]].
+template <typename T>
+void gather_rows(ThreadPool& pool, T* dst, const T* src, const int32_t* idx, size_t n, size_t C);
+template <typename T>
+void gate_rows(ThreadPool& pool, T* dst, const T* src, const T* probs, const int32_t* idx, size_t e, size_t E, size_t n,
+               size_t C);
 
 // dx (N,C) = sum over the token's kept choices (choice order) of the expert input gradients dxe[row] (overwritten).
 template <typename T>

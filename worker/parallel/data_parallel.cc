@@ -67,7 +67,7 @@ DataParallel::DataParallel(comm::Communicator* dp, size_t num_params, std::vecto
   if (opt_.stream_reducer != nullptr && !opt_.group_spans.empty()) {
     throw ConfigError(
         "--device cuda with expert-parallel storage (--ep): sub-group gradient spans are reduced on host "
-        "buffers only (and experts are CPU-only so far): use --device cpu");
+        "buffers only (expert parallelism runs on the CPU only so far): use --device cpu, or --ep 1");
   }
   const bool off_host = opt_.device != nullptr && !opt_.device->host_accessible();
   device_zero_ = off_host && opt_.zero_stage > 0 && opt_.group_spans.empty();

@@ -133,6 +133,26 @@ class OffHostCpu final : public Kernels<float> {
   void ring_backward_end(float* dq, const float* dkv, int B, int T, int C) override {
     c_.ring_backward_end(dq, dkv, B, T, C);
   }
+  void moe_route(float* p, int32_t* ch, size_t N, size_t E, size_t k) override { c_.moe_route(p, ch, N, E, k); }
+  void moe_gather_rows(float* o, const float* s, const int32_t* i, size_t n, size_t C) override {
+    c_.moe_gather_rows(o, s, i, n, C);
+  }
+  void moe_gate_rows(float* o, const float* s, const float* p, const int32_t* i, size_t e, size_t E, size_t n,
+                     size_t C) override {
+    c_.moe_gate_rows(o, s, p, i, e, E, n, C);
+  }
+  void moe_combine(float* o, const float* p, const int32_t* ch, const int32_t* r, const float* y, size_t N, size_t E,
+                   size_t k, size_t C) override {
+    c_.moe_combine(o, p, ch, r, y, N, E, k, C);
+  }
+  void moe_router_backward(float* dp, const float* p, const int32_t* ch, const int32_t* r, const float* y,
+                           const float* g, const float* aux, float dl, size_t N, size_t E, size_t k,
+                           size_t C) override {
+    c_.moe_router_backward(dp, p, ch, r, y, g, aux, dl, N, E, k, C);
+  }
+  void moe_combine_input_grads(float* dx, const int32_t* r, const float* dxe, size_t N, size_t k, size_t C) override {
+    c_.moe_combine_input_grads(dx, r, dxe, N, k, C);
+  }
   size_t copies = 0;
   size_t encoder_backwards = 0;
   size_t norms = 0;

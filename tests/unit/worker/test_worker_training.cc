@@ -238,11 +238,12 @@ TEST_CASE("a device whose memory is not the host's: same training bits, state() 
   CHECK(on_dev.step().loss == losses[3]);
   CHECK(on_dev.step().loss == losses[4]);
 
-  // What the device cannot run is refused by name (here: experts, as on CUDA).
+  // What the device cannot run is refused by name (here: expert-parallel storage, as on CUDA; the experts
+  // themselves run there: worker_parallel_moe_device).
   GptConfig moe = kSmall;
   moe.moe = make_moe_config(4, 2, 1.25, 0.01);
-  CHECK_THROWS_WITH_AS(Gpt<float>(moe, 2, 32, pool, {}, &dev), doctest::Contains("use --device cpu"),
-                       railyard::ConfigError);
+  CHECK_THROWS_WITH_AS(Gpt<float>(expert_shard_config(moe, 2, 1), 2, 32, pool, {}, &dev),
+                       doctest::Contains("use --device cpu"), railyard::ConfigError);
 }
 
 TEST_CASE("off the host, params and AdamW moments are copied to the host only on checkpoint steps, same checkpoint") {

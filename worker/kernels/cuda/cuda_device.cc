@@ -7,6 +7,7 @@
 #include "worker/kernels/cuda/cuda_check.h"
 #include "worker/kernels/cuda/gemm.h"
 #include "worker/kernels/cuda/launch.h"
+#include "worker/kernels/cuda/moe_kernels.h"
 #include "worker/kernels/cuda/ring_kernels.h"
 #include "worker/kernels/cuda/stage_kernels.h"
 
@@ -325,6 +326,35 @@ void CudaKernels::ring_backward_block(float* dqkv, float* dkv, const float* dout
 
 void CudaKernels::ring_backward_end(float* dqkv, const float* dkv, int B, int Tc, int C) {
   cuda::ring_backward_end(dqkv, dkv, B, Tc, C, stream_);
+}
+
+void CudaKernels::moe_route(float* probs, int32_t* choice, size_t N, size_t E, size_t k) {
+  cuda::moe_route(probs, choice, N, E, k, stream_);
+}
+
+void CudaKernels::moe_gather_rows(float* dst, const float* src, const int32_t* idx, size_t n, size_t C) {
+  cuda::moe_gather_rows(dst, src, idx, n, C, stream_);
+}
+
+void CudaKernels::moe_gate_rows(float* dst, const float* src, const float* probs, const int32_t* idx, size_t e,
+                                size_t E, size_t n, size_t C) {
+  cuda::moe_gate_rows(dst, src, probs, idx, e, E, n, C, stream_);
+}
+
+void CudaKernels::moe_combine(float* out, const float* probs, const int32_t* choice, const int32_t* row, const float* y,
+                              size_t N, size_t E, size_t k, size_t C) {
+  cuda::moe_combine(out, probs, choice, row, y, N, E, k, C, stream_);
+}
+
+void CudaKernels::moe_router_backward(float* dprobs, const float* probs, const int32_t* choice, const int32_t* row,
+                                      const float* y, const float* dout, const float* aux, float dloss, size_t N,
+                                      size_t E, size_t k, size_t C) {
+  cuda::moe_router_backward(dprobs, probs, choice, row, y, dout, aux, dloss, N, E, k, C, stream_);
+}
+
+void CudaKernels::moe_combine_input_grads(float* dx, const int32_t* row, const float* dxe, size_t N, size_t k,
+                                          size_t C) {
+  cuda::moe_combine_input_grads(dx, row, dxe, N, k, C, stream_);
 }
 
 }  // namespace railyard::worker::cuda

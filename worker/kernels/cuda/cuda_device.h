@@ -102,6 +102,17 @@ class CudaKernels final : public Kernels<float> {
   void ring_backward_block(float* dqkv, float* dkv, const float* dout, const float* qkv, const float* kv,
                            const float* lse, const float* D, int B, int Tc, int C, int NH, bool diagonal) override;
   void ring_backward_end(float* dqkv, const float* dkv, int B, int Tc, int C) override;
+  // Mixture of experts (moe_kernels.h); the dispatch stays on the host.
+  void moe_route(float* probs, int32_t* choice, size_t N, size_t E, size_t k) override;
+  void moe_gather_rows(float* dst, const float* src, const int32_t* idx, size_t n, size_t C) override;
+  void moe_gate_rows(float* dst, const float* src, const float* probs, const int32_t* idx, size_t e, size_t E, size_t n,
+                     size_t C) override;
+  void moe_combine(float* out, const float* probs, const int32_t* choice, const int32_t* row, const float* y, size_t N,
+                   size_t E, size_t k, size_t C) override;
+  void moe_router_backward(float* dprobs, const float* probs, const int32_t* choice, const int32_t* row, const float* y,
+                           const float* dout, const float* aux, float dloss, size_t N, size_t E, size_t k,
+                           size_t C) override;
+  void moe_combine_input_grads(float* dx, const int32_t* row, const float* dxe, size_t N, size_t k, size_t C) override;
 
  private:
   // bf16 staging for `elems` GEMM operand elements (grown, never shrunk).

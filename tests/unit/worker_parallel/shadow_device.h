@@ -1,0 +1,258 @@
+// Test devices whose memory the host cannot touch (issue #11), shared by the device tests of worker/parallel:
+// ShadowCpu runs the CPU kernels but hands out addresses in a PROT_NONE region, so any host code that reads or writes
+// device memory (a memcpy, a loop over the losses, a host-side reduction) dies with SIGSEGV instead of passing, and
+// any host pointer given to a device kernel is refused. DeviceComm is a real (Gloo) communicator that takes those
+// device addresses, as NCCL takes CUDA memory.
+#pragma once
+
+#include <doctest/doctest.h>
+#include <sys/mman.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "worker/comm/communicator.h"
+#include "worker/device/cpu_kernels.h"
+#include "worker/device/kernels.h"
+
+namespace railyard::worker::testing {
+
+constexpr size_t kArena = 16u << 20;
+
+// Device memory: a bump allocator over `arena_`; the addresses it gives out are the same offsets in `shadow_`, which
+// is mapped PROT_NONE. Only the device (its kernels and copies) and the communicator wrapper translate them.
+class ShadowCpu final : public Kernels<float> {
+ public:
+  explicit ShadowCpu(ThreadPool& pool) : c_(pool) {
+    arena_ = static_cast<char*>(mmap(nullptr, kArena, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    shadow_ = static_cast<char*>(mmap(nullptr, kArena, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    REQUIRE(arena_ != MAP_FAILED);
+    REQUIRE(shadow_ != MAP_FAILED);
+  }
+  ~ShadowCpu() override {
+    munmap(arena_, kArena);
+    munmap(shadow_, kArena);
+  }
+  bool owns(const void* p) const {
+    const char* q = static_cast<const char*>(p);
+    return q >= shadow_ && q < shadow_ + kArena;
+  }
+  // The host view of a device address (what a device-memory communicator reads); other pointers pass through.
+  template <typename P>
+  P* view(P* p) const {
+    if (!owns(p)) return p;
+    return reinterpret_cast<P*>(arena_ + (reinterpret_cast<const char*>(p) - shadow_));
+  }
+  // Kernel arguments must be device memory (or null).
+  template <typename P>
+  P* d(P* p) const {
+    if (p != nullptr && !owns(p)) throw std::logic_error("a host pointer was passed to a device kernel");
+    return view(p);
+  }
+  size_t copies = 0;
+  size_t embedding_backwards = 0;
+
+  DeviceKind kind() const override { return DeviceKind::kCpu; }
+  bool host_accessible() const override { return false; }
+  void* alloc(size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    const size_t at = used_;
+    used_ += (bytes + 63) / 64 * 64;
+    if (used_ > kArena) throw std::bad_alloc();
+    return shadow_ + at;  // zero: fresh anonymous pages, never reused
+  }
+  void free(void*) noexcept override {}
+  void zero(void* p, size_t bytes) override { std::memset(d(p), 0, bytes); }
+  void to_host(void* dst, const void* src, size_t bytes) override {
+    ++copies;
+    REQUIRE_FALSE(owns(dst));
+    std::memcpy(dst, d(src), bytes);
+  }
+  void to_device(void* dst, const void* src, size_t bytes) override {
+    ++copies;
+    REQUIRE_FALSE(owns(src));
+    std::memcpy(d(dst), src, bytes);
+  }
+  void synchronize() override {}
+  size_t attention_saved_elems(int B, int T, int C, int NH) const override {
+    return c_.attention_saved_elems(B, T, C, NH);
+  }
+  size_t attention_scratch_elems(int B, int T, int C, int NH) const override {
+    return c_.attention_scratch_elems(B, T, C, NH);
+  }
+  size_t layernorm_scratch_elems(size_t N, int C) const override { return c_.layernorm_scratch_elems(N, C); }
+  void encoder_forward(float* o, const int32_t* i, const float* a, const float* b, int B, int T, int C) override {
+    c_.encoder_forward(d(o), d(i), d(a), d(b), B, T, C);
+  }
+  void encoder_backward(float* a, float* b, const float* g, const int32_t* i, int B, int T, int C) override {
+    c_.encoder_backward(d(a), d(b), d(g), d(i), B, T, C);
+  }
+  void layernorm_forward(float* o, float* m, float* r, const float* i, const float* w, const float* b, size_t N,
+                         int C) override {
+    c_.layernorm_forward(d(o), d(m), d(r), d(i), d(w), d(b), N, C);
+  }
+  void layernorm_backward(float* di, float* dw, float* db, float* s, const float* g, const float* i, const float* w,
+                          const float* m, const float* r, size_t N, int C) override {
+    c_.layernorm_backward(d(di), d(dw), d(db), d(s), d(g), d(i), d(w), d(m), d(r), N, C);
+  }
+  void matmul_forward(float* o, const float* i, const float* w, const float* b, size_t N, int IC, int OC) override {
+    c_.matmul_forward(d(o), d(i), d(w), d(b), N, IC, OC);
+  }
+  void matmul_backward(float* di, bool ai, float* dw, float* db, const float* g, const float* i, const float* w,
+                       size_t N, int IC, int OC, bool aw) override {
+    c_.matmul_backward(d(di), ai, d(dw), d(db), d(g), d(i), d(w), N, IC, OC, aw);
+  }
+  void attention_forward(float* o, float* s, const float* q, int B, int T, int C, int NH) override {
+    c_.attention_forward(d(o), d(s), d(q), B, T, C, NH);
+  }
+  void attention_backward(float* dq, float* s, const float* g, const float* q, const float* o, const float* sv, int B,
+                          int T, int C, int NH) override {
+    c_.attention_backward(d(dq), d(s), d(g), d(q), d(o), d(sv), B, T, C, NH);
+  }
+  void gelu_forward(float* o, const float* i, size_t n) override { c_.gelu_forward(d(o), d(i), n); }
+  void gelu_backward(float* di, const float* i, const float* g, size_t n) override {
+    c_.gelu_backward(d(di), d(i), d(g), n);
+  }
+  void residual_forward(float* o, const float* a, const float* b, size_t n) override {
+    c_.residual_forward(d(o), d(a), d(b), n);
+  }
+  void crossentropy_forward(float* l, const float* z, const int32_t* t, size_t N, int V, int Vp) override {
+    c_.crossentropy_forward(d(l), d(z), d(t), N, V, Vp);
+  }
+  void crossentropy_fused_backward(float* l, float* z, const int32_t* t, size_t N, int V, int Vp, float k) override {
+    c_.crossentropy_fused_backward(d(l), d(z), d(t), N, V, Vp, k);
+  }
+  void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float lr, float b1, float b2, float eps,
+                    float wd, int64_t t, float s) override {
+    c_.adamw_update(d(p), d(g), d(m), d(v), n, lr, b1, b2, eps, wd, t, s);
+  }
+  double global_norm(const float* x, size_t n) override { return c_.global_norm(d(x), n); }
+  void vocab_embedding_forward(float* o, const int32_t* i, const float* w, int v0, int Vl, size_t N, int C) override {
+    c_.vocab_embedding_forward(d(o), d(i), d(w), v0, Vl, N, C);
+  }
+  void add_positions_rows(float* o, const float* w, size_t r0, size_t rows, int T, int C) override {
+    c_.add_positions_rows(d(o), d(w), r0, rows, T, C);
+  }
+  void vocab_embedding_backward(float* dw, float* dp, const float* g, const int32_t* i, int v0, int Vl, int B, int T,
+                                int C) override {
+    ++embedding_backwards;  // the first stage's last kernel of a backward
+    c_.vocab_embedding_backward(d(dw), d(dp), d(g), d(i), v0, Vl, B, T, C);
+  }
+  void vocab_ce_local_max(float* m, const float* z, size_t N, int Vl, int Vr) override {
+    c_.vocab_ce_local_max(d(m), d(z), N, Vl, Vr);
+  }
+  void vocab_ce_local_sums(float* s, float* z, const float* m, const int32_t* t, int v0, size_t N, int Vl,
+                           int Vr) override {
+    c_.vocab_ce_local_sums(d(s), d(z), d(m), d(t), v0, N, Vl, Vr);
+  }
+  void vocab_ce_finish(float* l, float* z, const float* s, const float* m, const int32_t* t, int v0, size_t N, int Vl,
+                       int Vr, float k) override {
+    c_.vocab_ce_finish(d(l), d(z), d(s), d(m), d(t), v0, N, Vl, Vr, k);
+  }
+  void accumulate(float* o, const float* i, size_t n) override { c_.accumulate(d(o), d(i), n); }
+  void copy(float* dst, const float* src, size_t n) override { c_.copy(d(dst), d(src), n); }
+  void ring_forward_begin(float* kv, float* o, float* m, float* l, const float* q, int B, int T, int C,
+                          int NH) override {
+    c_.ring_forward_begin(d(kv), d(o), d(m), d(l), d(q), B, T, C, NH);
+  }
+  void ring_forward_block(float* o, float* m, float* l, const float* q, const float* kv, int B, int T, int C, int NH,
+                          bool diag) override {
+    c_.ring_forward_block(d(o), d(m), d(l), d(q), d(kv), B, T, C, NH, diag);
+  }
+  void ring_forward_end(float* o, float* lse, const float* m, const float* l, int B, int T, int C, int NH) override {
+    c_.ring_forward_end(d(o), d(lse), d(m), d(l), B, T, C, NH);
+  }
+  void ring_backward_begin(float* kv, float* dkv, float* dq, float* D, const float* g, const float* q, const float* o,
+                           int B, int T, int C, int NH) override {
+    c_.ring_backward_begin(d(kv), d(dkv), d(dq), d(D), d(g), d(q), d(o), B, T, C, NH);
+  }
+  void ring_backward_block(float* dq, float* dkv, const float* g, const float* q, const float* kv, const float* lse,
+                           const float* D, int B, int T, int C, int NH, bool diag) override {
+    c_.ring_backward_block(d(dq), d(dkv), d(g), d(q), d(kv), d(lse), d(D), B, T, C, NH, diag);
+  }
+  void ring_backward_end(float* dq, const float* dkv, int B, int T, int C) override {
+    c_.ring_backward_end(d(dq), d(dkv), B, T, C);
+  }
+  void moe_route(float* p, int32_t* ch, size_t N, size_t E, size_t k) override { c_.moe_route(d(p), d(ch), N, E, k); }
+  void moe_gather_rows(float* o, const float* s, const int32_t* i, size_t n, size_t C) override {
+    c_.moe_gather_rows(d(o), d(s), d(i), n, C);
+  }
+  void moe_gate_rows(float* o, const float* s, const float* p, const int32_t* i, size_t e, size_t E, size_t n,
+                     size_t C) override {
+    c_.moe_gate_rows(d(o), d(s), d(p), d(i), e, E, n, C);
+  }
+  void moe_combine(float* o, const float* p, const int32_t* ch, const int32_t* r, const float* y, size_t N, size_t E,
+                   size_t k, size_t C) override {
+    c_.moe_combine(d(o), d(p), d(ch), d(r), d(y), N, E, k, C);
+  }
+  void moe_router_backward(float* dp, const float* p, const int32_t* ch, const int32_t* r, const float* y,
+                           const float* g, const float* aux, float dl, size_t N, size_t E, size_t k,
+                           size_t C) override {
+    c_.moe_router_backward(d(dp), d(p), d(ch), d(r), d(y), d(g), d(aux), dl, N, E, k, C);
+  }
+  void moe_combine_input_grads(float* dx, const int32_t* r, const float* dxe, size_t N, size_t k, size_t C) override {
+    c_.moe_combine_input_grads(d(dx), d(r), d(dxe), N, k, C);
+  }
+
+ private:
+  CpuKernels<float> c_;
+  char* arena_ = nullptr;
+  char* shadow_ = nullptr;
+  size_t used_ = 0;
+};
+
+// A real (Gloo) communicator that takes device addresses of one ShadowCpu, as NCCL takes CUDA memory.
+class DeviceComm final : public comm::Communicator {
+ public:
+  DeviceComm(comm::Communicator& c, const ShadowCpu& dev) : c_(c), dev_(dev) {}
+  int rank() const override { return c_.rank(); }
+  int size() const override { return c_.size(); }
+  const std::string& name() const override { return c_.name(); }
+  std::chrono::milliseconds timeout() const override { return c_.timeout(); }
+  void all_reduce(void* b, size_t n, comm::DType t, comm::ReduceOp op) override {
+    ++device_calls_if(b);
+    c_.all_reduce(dev_.view(b), n, t, op);
+  }
+  void reduce_scatter(const void* i, void* o, size_t n, comm::DType t, comm::ReduceOp op) override {
+    ++device_calls_if(i);
+    c_.reduce_scatter(dev_.view(i), dev_.view(o), n, t, op);
+  }
+  void all_gather(const void* i, void* o, size_t n, comm::DType t) override {
+    ++device_calls_if(i);
+    c_.all_gather(dev_.view(i), dev_.view(o), n, t);
+  }
+  void broadcast(void* b, size_t n, comm::DType t, int root) override { c_.broadcast(dev_.view(b), n, t, root); }
+  void all_to_all(const void* i, void* o, size_t n, comm::DType t) override {
+    ++device_calls_if(i);
+    c_.all_to_all(dev_.view(i), dev_.view(o), n, t);
+  }
+  std::unique_ptr<comm::Request> isend(const void* b, size_t n, comm::DType t, int peer, uint32_t tag) override {
+    ++device_calls_if(b);
+    return c_.isend(dev_.view(b), n, t, peer, tag);
+  }
+  std::unique_ptr<comm::Request> irecv(void* b, size_t n, comm::DType t, int peer, uint32_t tag) override {
+    ++device_calls_if(b);
+    return c_.irecv(dev_.view(b), n, t, peer, tag);
+  }
+  void barrier() override { c_.barrier(); }
+  std::unique_ptr<Communicator> split(const std::vector<int>& r, const std::string& n) override {
+    return c_.split(r, n);
+  }
+  void abort() override { c_.abort(); }
+  size_t device_calls = 0;  // operations on device memory
+
+ private:
+  size_t& device_calls_if(const void* p) {
+    static thread_local size_t sink = 0;
+    return dev_.owns(p) ? device_calls : sink;
+  }
+  comm::Communicator& c_;
+  const ShadowCpu& dev_;
+};
+
+}  // namespace railyard::worker::testing

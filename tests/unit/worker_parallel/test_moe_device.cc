@@ -1,0 +1,209 @@
+// Mixture-of-experts layers on a device the host cannot touch (issue #11): Gpt<float> with experts on ShadowCpu
+// (shadow_device.h: CPU kernels behind PROT_NONE addresses, so any host read of device memory is a SIGSEGV) must equal
+// the plain CPU run bit for bit: the router softmax/top-k, gathering the experts' rows, combining their outputs and
+// the router's backward run in the device's moe_* kernels; only the dispatch under capacity runs on the host, from
+// the choices copied out. Then the trainer with data parallelism (ZeRO 1/2 and the deterministic tree on device
+// buffers) against the CPU's, and expert parallelism refused off the host naming the fix.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "common/error.h"
+#include "tests/unit/worker_parallel/shadow_device.h"
+#include "tests/unit/worker_parallel/trainer_test_util.h"
+#include "worker/comm/local_world.h"
+#include "worker/model/gpt.h"
+#include "worker/parallel/data_parallel.h"
+#include "worker/train/trainer.h"
+
+using namespace railyard::worker;
+using namespace railyard::worker::parallel;
+using railyard::ConfigError;
+using railyard::worker::testing::DeviceComm;
+using railyard::worker::testing::ShadowCpu;
+namespace comm = railyard::worker::comm;
+
+namespace {
+
+constexpr int kB = 2, kT = 8, kSteps = 3;
+
+GptConfig moe_config(int experts, int top_k, double capacity_factor) {
+  GptConfig c = make_gpt_config(/*L=*/2, /*C=*/32, /*NH=*/4, /*maxT=*/16, /*V=*/100);
+  c.moe = make_moe_config(experts, top_k, capacity_factor, 0.01);
+  return c;
+}
+
+struct Pass {
+  std::vector<float> losses, grads;  // per micro-batch: the loss; after them: the accumulated gradients
+  MoeStats stats;
+  size_t copies = 0;
+};
+
+// Two micro-batches of forward + backward (accumulating), on the CPU or on ShadowCpu.
+Pass forward_backward(const GptConfig& cfg, bool device, const RecomputeSpec& recompute) {
+  ThreadPool pool(1);
+  ShadowCpu dev(pool);
+  Gpt<float> model(cfg, kB, kT, pool, recompute, device ? &dev : nullptr);
+  model.init_weights(11);
+  model.zero_grad();
+  const testing::TokenData data = testing::random_tokens(2, kB, kT, cfg.vocab_size, 3);
+  Pass p;
+  for (int m = 0; m < 2; ++m) {
+    p.losses.push_back(
+        model.forward(data.in.data() + m * kB * kT, data.tgt.data() + m * kB * kT, Gpt<float>::Mode::kTrain, 0.5f));
+    model.backward(m > 0);
+  }
+  p.stats = model.moe_stats();
+  p.grads.resize(model.num_params());
+  if (device) {
+    CHECK(dev.owns(model.grads()));
+    dev.to_host(p.grads.data(), model.grads(), p.grads.size() * sizeof(float));
+  } else {
+    std::memcpy(p.grads.data(), model.grads(), p.grads.size() * sizeof(float));
+  }
+  p.copies = dev.copies;
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("MoE layers on a device the host cannot touch equal the CPU run bit for bit") {
+  struct Case {
+    int experts, top_k;
+    double capacity_factor;
+    Recompute recompute;
+  };
+  for (const Case& c : {Case{4, 1, 1.25, Recompute::kNone}, Case{4, 2, 1.0, Recompute::kNone},
+                        Case{4, 2, 0.5, Recompute::kFull}, Case{3, 2, 0, Recompute::kSelective}}) {
+    CAPTURE(c.experts);
+    CAPTURE(c.top_k);
+    CAPTURE(c.capacity_factor);
+    const GptConfig cfg = moe_config(c.experts, c.top_k, c.capacity_factor);
+    const RecomputeSpec rs{.mode = c.recompute};
+    const Pass cpu = forward_backward(cfg, false, rs), dev = forward_backward(cfg, true, rs);
+    CHECK(dev.losses == cpu.losses);  // bitwise: the same kernels in the same order, the aux loss from host copies
+    CHECK(dev.grads == cpu.grads);
+    CHECK(dev.stats.aux_loss == cpu.stats.aux_loss);
+    CHECK(dev.stats.assignments == cpu.stats.assignments);
+    CHECK(dev.stats.dropped == cpu.stats.dropped);
+    CHECK(dev.stats.tokens_dropped == cpu.stats.tokens_dropped);
+    CHECK(cpu.stats.aux_loss > 0);
+    // the router and the experts got gradients (not a dense model in disguise)
+    double router = 0;
+    for (size_t i = router_offset(cfg); i < router_offset(cfg) + router_size(cfg); ++i)
+      router += std::fabs(cpu.grads[i]);
+    CHECK(router > 0);
+    if (c.capacity_factor > 0 && c.capacity_factor < 1.25) CHECK(cpu.stats.dropped > 0);  // capacity binds
+    if (c.capacity_factor == 0) CHECK(cpu.stats.dropped == 0);                            // no limit
+    CHECK(dev.copies > 0);  // choices out, rows/tokens in, probabilities out for the balance statistics
+  }
+}
+
+namespace {
+
+struct TrainRun {
+  std::vector<std::vector<double>> losses, aux;  // per rank, per step
+  std::vector<std::vector<float>> params;
+};
+
+// The plain trainer at dp=2 on an MoE model: ZeRO `stage` (or the deterministic tree), on the CPU or on ShadowCpu
+// with the data-parallel state on device buffers (DataParallelOptions::device).
+TrainRun train(bool device, int stage, bool deterministic) {
+  const GptConfig cfg = moe_config(4, 2, 1.0);
+  constexpr int n = 2;
+  TrainRun res;
+  res.losses.resize(n);
+  res.aux.resize(n);
+  res.params.resize(n);
+  std::mutex mu;
+  comm::run_local_world(n, [&](comm::Communicator& c) {
+    ThreadPool pool(1);
+    ShadowCpu dev(pool);
+    TrainConfig tc;
+    tc.steps = kSteps;
+    tc.batch = kB;
+    tc.seq_len = kT;
+    tc.global_batch_tokens = int64_t{2} * n * kB * kT;
+    tc.lr = 1e-2;
+    tc.quiet = true;
+    testing::StreamSource src(c.rank(), n, kB, kT, cfg.vocab_size);
+    auto grad = c.dup("dp-grad");
+    DeviceComm grad_dev(*grad, dev);
+    DataParallelOptions o;
+    o.bucket_bytes = 16 << 10;
+    o.zero_stage = stage;
+    o.deterministic = deterministic;
+    if (device) {
+      o.device = &dev;
+      o.device_dp = &grad_dev;
+    }
+    auto sync = gpt_data_parallel(&c, cfg, tc, pool, o);
+    Trainer tr(cfg, tc, pool, src, nullptr, sync.get(), nullptr, device ? &dev : nullptr);
+    std::vector<double> losses, aux;
+    for (int s = 0; s < tc.steps; ++s) {
+      const StepResult r = tr.step();
+      losses.push_back(r.loss);
+      aux.push_back(r.moe_aux_loss);
+    }
+    const TrainerState st = tr.state();
+    if (device) CHECK(grad_dev.device_calls > 0);  // the gradients travelled as device memory
+    std::lock_guard<std::mutex> lock(mu);
+    res.losses[c.rank()] = losses;
+    res.aux[c.rank()] = aux;
+    res.params[c.rank()].assign(st.params, st.params + st.num_params);
+  });
+  return res;
+}
+
+}  // namespace
+
+TEST_CASE("an MoE model trains on that device with dp=2 (ZeRO 1/2, deterministic tree) as on the CPU") {
+  struct Case {
+    int stage;
+    bool deterministic;
+  };
+  for (const Case& c : {Case{1, false}, Case{2, false}, Case{0, true}, Case{1, true}}) {
+    CAPTURE(c.stage);
+    CAPTURE(c.deterministic);
+    const TrainRun cpu = train(false, c.stage, c.deterministic), dev = train(true, c.stage, c.deterministic);
+    CHECK(cpu.losses[0].back() < cpu.losses[0].front());
+    for (int r = 0; r < 2; ++r) {
+      CAPTURE(r);
+      REQUIRE(dev.losses[r].size() == cpu.losses[r].size());
+      CHECK(dev.aux[r] == cpu.aux[r]);  // the statistics are the host's from the same bits
+      CHECK(cpu.aux[r].front() > 0);
+      if (c.deterministic) {
+        CHECK(dev.losses[r] == cpu.losses[r]);  // the tree's sums are the CPU's bits
+        CHECK(dev.params[r] == cpu.params[r]);
+        continue;
+      }
+      // ZeRO on the device sums its count-once norm per tensor run: equal up to rounding
+      for (size_t s = 0; s < cpu.losses[r].size(); ++s)
+        CHECK(std::fabs(dev.losses[r][s] - cpu.losses[r][s]) <= 1e-6 * cpu.losses[r][s]);
+      double worst = 0, scale = 0;
+      for (size_t i = 0; i < cpu.params[r].size(); ++i) {
+        scale = std::max(scale, static_cast<double>(std::fabs(cpu.params[r][i])));
+        worst = std::max(worst, static_cast<double>(std::fabs(dev.params[r][i] - cpu.params[r][i])));
+      }
+      CHECK(worst <= 1e-6 * scale);
+    }
+    CHECK(dev.params[0] == dev.params[1]);  // both replicas hold the same parameters
+  }
+}
+
+TEST_CASE("expert parallelism off the host is refused naming --ep and the fix") {
+  ThreadPool pool(1);
+  ShadowCpu dev(pool);
+  const GptConfig global = moe_config(4, 1, 1.25);
+  const GptConfig shard = expert_shard_config(global, 2, 0);
+  CHECK_THROWS_WITH_AS(Gpt<float>(shard, kB, kT, pool, {}, &dev), doctest::Contains("--ep 1"), ConfigError);
+  Gpt<float> model(global, kB, kT, pool, {}, &dev);  // all experts: runs; an exchange over ranks does not
+  Gpt<float>::ExpertExchange x;
+  x.size = 2;
+  x.rank = 0;
+  x.all_to_all = [](const void*, void*, size_t) {};
+  CHECK_THROWS_WITH_AS(model.set_expert_exchange(x), doctest::Contains("use --device cpu"), ConfigError);
+}
