@@ -17,6 +17,7 @@
 #include <random>
 #include <vector>
 
+#include "tests/unit/worker_cuda/parity_util.h"
 #include "worker/comm/bf16.h"
 #include "worker/device/cpu_kernels.h"
 #include "worker/kernels/cuda/cuda_check.h"
@@ -25,74 +26,9 @@
 #include "worker/optim/adamw.h"
 
 using namespace railyard::worker;
+using namespace railyard::worker::testing;
 
 namespace {
-
-void skip_without_gpu() {
-  if (cuda::device_count() > 0) return;
-  std::fprintf(stderr,
-               "worker_cuda_parity: SKIPPED: no usable CUDA device on this host (run tests/gpu/run.sh on a GPU "
-               "machine)\n");
-  std::exit(77);
-}
-
-std::vector<float> rnd(size_t n, uint32_t seed, bool bf16 = false) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = bf16 ? comm::bf16_to_float(comm::float_to_bf16(d(rng))) : d(rng);
-  return v;
-}
-
-std::vector<int32_t> tokens(size_t n, int V, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> d(0, V - 1);
-  std::vector<int32_t> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-// One array on both devices: the CPU's buffer is host memory, the CUDA one gets the same initial bytes.
-template <typename U>
-struct Pair {
-  Pair(Kernels<float>& c, Kernels<float>& g, const std::vector<U>& init)
-      : g_dev(g), cpu(c, init.size()), gpu(g, init.size()) {
-    c.to_device(cpu.data(), init.data(), init.size() * sizeof(U));
-    g.to_device(gpu.data(), init.data(), init.size() * sizeof(U));
-  }
-  std::vector<U> gpu_host() {
-    std::vector<U> h(gpu.size());
-    g_dev.to_host(h.data(), gpu.data(), h.size() * sizeof(U));
-    return h;
-  }
-  std::vector<U> cpu_host() const { return std::vector<U>(cpu.data(), cpu.data() + cpu.size()); }
-  Kernels<float>& g_dev;
-  DeviceBuffer<U> cpu, gpu;
-};
-
-void expect_close(const std::vector<float>& got, const std::vector<float>& want, double tol, const char* what) {
-  REQUIRE(got.size() == want.size());
-  double scale = 0;
-  for (float w : want) scale += std::fabs(w);
-  scale = want.empty() ? 0 : scale / static_cast<double>(want.size());
-  size_t bad = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double err = std::fabs(static_cast<double>(got[i]) - want[i]) / (std::fabs(want[i]) + scale + 1e-30);
-    if (!(err <= tol)) ++bad;
-  }
-  INFO(what << ": " << bad << " of " << got.size() << " elements beyond tolerance " << tol);
-  CHECK(bad == 0);
-}
-
-double rel_l2(const float* got, const float* want, size_t n) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const double d = static_cast<double>(got[i]) - want[i];
-    num += d * d;
-    den += static_cast<double>(want[i]) * want[i];
-  }
-  return std::sqrt(num / (den + 1e-300));
-}
 
 constexpr int B = 2, Tn = 45, C = 96, NH = 3, V = 301, Vp = 320;
 constexpr size_t N = static_cast<size_t>(B) * Tn;
@@ -109,15 +45,15 @@ TEST_CASE("device interface: CudaKernels against CpuKernels<float>, kernel by ke
   CHECK_FALSE(g.host_accessible());
 
   // layernorm forward + backward (CUDA's scratch sized by the implementation)
-  Pair<float> inp(c, g, rnd(N * C, 1)), w(c, g, rnd(C, 2)), bias(c, g, rnd(C, 3)), out(c, g, std::vector<float>(N * C));
-  Pair<float> mean(c, g, std::vector<float>(N)), rstd(c, g, std::vector<float>(N));
+  Both<float> inp(c, g, rnd(N * C, 1)), w(c, g, rnd(C, 2)), bias(c, g, rnd(C, 3)), out(c, g, std::vector<float>(N * C));
+  Both<float> mean(c, g, std::vector<float>(N)), rstd(c, g, std::vector<float>(N));
   c.layernorm_forward(out.cpu.data(), mean.cpu.data(), rstd.cpu.data(), inp.cpu.data(), w.cpu.data(), bias.cpu.data(),
                       N, C);
   g.layernorm_forward(out.gpu.data(), mean.gpu.data(), rstd.gpu.data(), inp.gpu.data(), w.gpu.data(), bias.gpu.data(),
                       N, C);
   expect_close(out.gpu_host(), out.cpu_host(), kFp32Tol, "layernorm_forward");
-  Pair<float> dout(c, g, rnd(N * C, 4)), dinp(c, g, rnd(N * C, 5)), dw(c, g, rnd(C, 6)), db(c, g, rnd(C, 7));
-  Pair<float> scratch(c, g, std::vector<float>(std::max<size_t>(1, g.layernorm_scratch_elems(N, C))));
+  Both<float> dout(c, g, rnd(N * C, 4)), dinp(c, g, rnd(N * C, 5)), dw(c, g, rnd(C, 6)), db(c, g, rnd(C, 7));
+  Both<float> scratch(c, g, std::vector<float>(std::max<size_t>(1, g.layernorm_scratch_elems(N, C))));
   c.layernorm_backward(dinp.cpu.data(), dw.cpu.data(), db.cpu.data(), scratch.cpu.data(), dout.cpu.data(),
                        inp.cpu.data(), w.cpu.data(), mean.cpu.data(), rstd.cpu.data(), N, C);
   g.layernorm_backward(dinp.gpu.data(), dw.gpu.data(), db.gpu.data(), scratch.gpu.data(), dout.gpu.data(),
@@ -127,13 +63,13 @@ TEST_CASE("device interface: CudaKernels against CpuKernels<float>, kernel by ke
 
   // GEMMs on bf16-representable operands: only the accumulation order differs
   const int IC = C, OC = 3 * C;
-  Pair<float> x(c, g, rnd(N * IC, 8, true)), wt(c, g, rnd(static_cast<size_t>(OC) * IC, 9, true));
-  Pair<float> bo(c, g, rnd(OC, 10)), y(c, g, std::vector<float>(N * OC));
+  Both<float> x(c, g, rnd(N * IC, 8, true)), wt(c, g, rnd(static_cast<size_t>(OC) * IC, 9, true));
+  Both<float> bo(c, g, rnd(OC, 10)), y(c, g, std::vector<float>(N * OC));
   c.matmul_forward(y.cpu.data(), x.cpu.data(), wt.cpu.data(), bo.cpu.data(), N, IC, OC);
   g.matmul_forward(y.gpu.data(), x.gpu.data(), wt.gpu.data(), bo.gpu.data(), N, IC, OC);
   expect_close(y.gpu_host(), y.cpu_host(), kBf16Tol, "matmul_forward");
-  Pair<float> dy(c, g, rnd(N * OC, 11, true)), dx(c, g, rnd(N * IC, 12)), dwt(c, g, rnd(wt.cpu.size(), 13));
-  Pair<float> dbo(c, g, rnd(OC, 14));
+  Both<float> dy(c, g, rnd(N * OC, 11, true)), dx(c, g, rnd(N * IC, 12)), dwt(c, g, rnd(wt.cpu.size(), 13));
+  Both<float> dbo(c, g, rnd(OC, 14));
   c.matmul_backward(dx.cpu.data(), true, dwt.cpu.data(), dbo.cpu.data(), dy.cpu.data(), x.cpu.data(), wt.cpu.data(), N,
                     IC, OC, true);
   g.matmul_backward(dx.gpu.data(), true, dwt.gpu.data(), dbo.gpu.data(), dy.gpu.data(), x.gpu.data(), wt.gpu.data(), N,
@@ -143,7 +79,7 @@ TEST_CASE("device interface: CudaKernels against CpuKernels<float>, kernel by ke
   expect_close(dbo.gpu_host(), dbo.cpu_host(), kFp32Tol, "matmul_backward dbias");
 
   // attention: each device sizes its own saved state and scratch
-  Pair<float> qkv(c, g, rnd(N * 3 * C, 15)), att_out(c, g, std::vector<float>(N * C));
+  Both<float> qkv(c, g, rnd(N * 3 * C, 15)), att_out(c, g, std::vector<float>(N * C));
   DeviceBuffer<float> saved_c(c, c.attention_saved_elems(B, Tn, C, NH)),
       saved_g(g, g.attention_saved_elems(B, Tn, C, NH));
   DeviceBuffer<float> scr_c(c, c.attention_scratch_elems(B, Tn, C, NH)),
@@ -151,7 +87,7 @@ TEST_CASE("device interface: CudaKernels against CpuKernels<float>, kernel by ke
   c.attention_forward(att_out.cpu.data(), saved_c.data(), qkv.cpu.data(), B, Tn, C, NH);
   g.attention_forward(att_out.gpu.data(), saved_g.data(), qkv.gpu.data(), B, Tn, C, NH);
   expect_close(att_out.gpu_host(), att_out.cpu_host(), kFp32Tol, "attention_forward");
-  Pair<float> datt(c, g, rnd(N * C, 16)), dqkv(c, g, std::vector<float>(N * 3 * C));
+  Both<float> datt(c, g, rnd(N * C, 16)), dqkv(c, g, std::vector<float>(N * 3 * C));
   c.attention_backward(dqkv.cpu.data(), scr_c.data(), datt.cpu.data(), qkv.cpu.data(), att_out.cpu.data(),
                        saved_c.data(), B, Tn, C, NH);
   g.attention_backward(dqkv.gpu.data(), scr_g.data(), datt.gpu.data(), qkv.gpu.data(), att_out.gpu.data(),
@@ -160,8 +96,8 @@ TEST_CASE("device interface: CudaKernels against CpuKernels<float>, kernel by ke
 
   // fused cross entropy
   const auto tg = tokens(N, V, 17);
-  Pair<int32_t> targets(c, g, tg);
-  Pair<float> logits(c, g, rnd(N * Vp, 18)), losses(c, g, std::vector<float>(N));
+  Both<int32_t> targets(c, g, tg);
+  Both<float> logits(c, g, rnd(N * Vp, 18)), losses(c, g, std::vector<float>(N));
   c.crossentropy_fused_backward(losses.cpu.data(), logits.cpu.data(), targets.cpu.data(), N, V, Vp, 0.5f);
   g.crossentropy_fused_backward(losses.gpu.data(), logits.gpu.data(), targets.gpu.data(), N, V, Vp, 0.5f);
   expect_close(losses.gpu_host(), losses.cpu_host(), kFp32Tol, "crossentropy losses");
@@ -169,7 +105,7 @@ TEST_CASE("device interface: CudaKernels against CpuKernels<float>, kernel by ke
 
   // AdamW and the global norm
   const size_t n = 70000;  // more than one norm chunk
-  Pair<float> p(c, g, rnd(n, 19)), gr(c, g, rnd(n, 20)), m(c, g, rnd(n, 21)), v(c, g, std::vector<float>(n, 0.25f));
+  Both<float> p(c, g, rnd(n, 19)), gr(c, g, rnd(n, 20)), m(c, g, rnd(n, 21)), v(c, g, std::vector<float>(n, 0.25f));
   CHECK(g.global_norm(gr.gpu.data(), n) == doctest::Approx(c.global_norm(gr.cpu.data(), n)).epsilon(1e-9));
   c.adamw_update(p.cpu.data(), gr.cpu.data(), m.cpu.data(), v.cpu.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 0.7f);
   g.adamw_update(p.gpu.data(), gr.gpu.data(), m.gpu.data(), v.gpu.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 0.7f);
@@ -217,8 +153,8 @@ TEST_CASE("device interface: fused forms against their CPU compositions, persist
   // MLP up-projection + GELU: GELU_AUX_BIAS (OC = 4C, a multiple of 8) and the unfused fallback (OC = 100)
   for (const int OC : {4 * C, 100}) {
     INFO("OC = " << OC);
-    Pair<float> x(c, g, rnd(N * C, 40, true)), w(c, g, rnd(static_cast<size_t>(OC) * C, 41, true));
-    Pair<float> bias(c, g, rnd(OC, 42)), pre(c, g, std::vector<float>(N * OC)), out(c, g, std::vector<float>(N * OC));
+    Both<float> x(c, g, rnd(N * C, 40, true)), w(c, g, rnd(static_cast<size_t>(OC) * C, 41, true));
+    Both<float> bias(c, g, rnd(OC, 42)), pre(c, g, std::vector<float>(N * OC)), out(c, g, std::vector<float>(N * OC));
     c.matmul_gelu_forward(out.cpu.data(), pre.cpu.data(), x.cpu.data(), w.cpu.data(), bias.cpu.data(), N, C, OC);
     g.matmul_gelu_forward(out.gpu.data(), pre.gpu.data(), x.gpu.data(), w.gpu.data(), bias.gpu.data(), N, C, OC);
     expect_close(pre.gpu_host(), pre.cpu_host(), kBf16Tol, "matmul_gelu_forward pre-activation");
@@ -226,9 +162,9 @@ TEST_CASE("device interface: fused forms against their CPU compositions, persist
   }
 
   // residual + layernorm in one kernel against residual_forward then layernorm_forward
-  Pair<float> a(c, g, rnd(N * C, 43)), b(c, g, rnd(N * C, 44)), lw(c, g, rnd(C, 45)), lb(c, g, rnd(C, 46));
-  Pair<float> res(c, g, std::vector<float>(N * C)), ln(c, g, std::vector<float>(N * C));
-  Pair<float> mean(c, g, std::vector<float>(N)), rstd(c, g, std::vector<float>(N));
+  Both<float> a(c, g, rnd(N * C, 43)), b(c, g, rnd(N * C, 44)), lw(c, g, rnd(C, 45)), lb(c, g, rnd(C, 46));
+  Both<float> res(c, g, std::vector<float>(N * C)), ln(c, g, std::vector<float>(N * C));
+  Both<float> mean(c, g, std::vector<float>(N)), rstd(c, g, std::vector<float>(N));
   c.residual_layernorm_forward(res.cpu.data(), ln.cpu.data(), mean.cpu.data(), rstd.cpu.data(), a.cpu.data(),
                                b.cpu.data(), lw.cpu.data(), lb.cpu.data(), N, C);
   g.residual_layernorm_forward(res.gpu.data(), ln.gpu.data(), mean.gpu.data(), rstd.gpu.data(), a.gpu.data(),
@@ -295,13 +231,4 @@ TEST_CASE("device interface: three Gpt<float> steps on CUDA follow the CPU (bf16
     opt_cpu.update(on_cpu.params(), on_cpu.grads(), 1e-2f, 1.0f);
     opt_gpu.update(on_gpu.params(), on_gpu.grads(), 1e-2f, 1.0f);
   }
-}
-
-TEST_CASE("device interface: mixture-of-experts layers are refused on CUDA") {
-  skip_without_gpu();
-  ThreadPool pool(2);
-  cuda::CudaKernels g;
-  GptConfig cfg = make_gpt_config(2, C, NH, 64, V);
-  cfg.moe = make_moe_config(4, 2, 1.25, 0.01);
-  CHECK_THROWS_WITH_AS(Gpt<float>(cfg, B, Tn, pool, {}, &g), doctest::Contains("--device cpu"), railyard::ConfigError);
 }

@@ -14,80 +14,16 @@
 #include <utility>
 #include <vector>
 
+#include "tests/unit/worker_cuda/parity_util.h"
 #include "worker/device/cpu_kernels.h"
 #include "worker/kernels/cuda/cuda_check.h"
 #include "worker/kernels/cuda/cuda_device.h"
 #include "worker/parallel/gpt_stage.h"
 
 using namespace railyard::worker;
+using namespace railyard::worker::testing;
 
 namespace {
-
-void skip_without_gpu() {
-  if (cuda::device_count() > 0) return;
-  std::fprintf(stderr,
-               "worker_cuda_parity: SKIPPED: no usable CUDA device on this host (run tests/gpu/run.sh on a GPU "
-               "machine)\n");
-  std::exit(77);
-}
-
-std::vector<float> rnd(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-std::vector<int32_t> ids(size_t n, int V, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> d(0, V - 1);
-  std::vector<int32_t> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-// One array on both devices with the same initial bytes.
-template <typename U>
-struct Both {
-  Both(Kernels<float>& c, Kernels<float>& g, const std::vector<U>& init)
-      : gd(g), cpu(c, init.size()), gpu(g, init.size()) {
-    c.to_device(cpu.data(), init.data(), init.size() * sizeof(U));
-    g.to_device(gpu.data(), init.data(), init.size() * sizeof(U));
-  }
-  std::vector<U> gpu_host() {
-    std::vector<U> h(gpu.size());
-    gd.to_host(h.data(), gpu.data(), h.size() * sizeof(U));
-    return h;
-  }
-  std::vector<U> cpu_host() const { return std::vector<U>(cpu.data(), cpu.data() + cpu.size()); }
-  Kernels<float>& gd;
-  DeviceBuffer<U> cpu, gpu;
-};
-
-void expect_close(const std::vector<float>& got, const std::vector<float>& want, double tol, const char* what) {
-  REQUIRE(got.size() == want.size());
-  double scale = 0;
-  for (float w : want) scale += std::fabs(w);
-  scale = want.empty() ? 0 : scale / static_cast<double>(want.size());
-  size_t bad = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double err = std::fabs(static_cast<double>(got[i]) - want[i]) / (std::fabs(want[i]) + scale + 1e-30);
-    if (!(err <= tol)) ++bad;
-  }
-  INFO(what << ": " << bad << " of " << got.size() << " elements beyond tolerance " << tol);
-  CHECK(bad == 0);
-}
-
-double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double d = static_cast<double>(got[i]) - want[i];
-    num += d * d;
-    den += static_cast<double>(want[i]) * want[i];
-  }
-  return std::sqrt(num / (den + 1e-300));
-}
 
 // A rank holding vocabulary rows [v0, v0 + Vl) = [160, 320) of V = 301: Vr = 141 real rows, the rest padding.
 constexpr int B = 2, Tn = 45, C = 96, V = 301, v0 = 160, Vl = 160, Vr = 141;
@@ -102,7 +38,7 @@ TEST_CASE(
   ThreadPool pool(2);
   CpuKernels<float> c(pool);
   cuda::CudaKernels g;
-  Both<int32_t> tok(c, g, ids(N, V, 1));
+  Both<int32_t> tok(c, g, tokens(N, V, 1));
   Both<float> wte(c, g, rnd(static_cast<size_t>(Vl) * C, 2)), wpe(c, g, rnd(static_cast<size_t>(Tn) * C, 3));
   Both<float> emb(c, g, rnd(N * C, 4));
   c.vocab_embedding_forward(emb.cpu.data(), tok.cpu.data(), wte.cpu.data(), v0, Vl, N, C);
@@ -119,7 +55,7 @@ TEST_CASE(
 
   Both<float> logits(c, g, rnd(N * Vl, 8)), mx(c, g, std::vector<float>(N)), sums(c, g, std::vector<float>(2 * N));
   Both<float> losses(c, g, std::vector<float>(N));
-  Both<int32_t> tgt(c, g, ids(N, V, 9));
+  Both<int32_t> tgt(c, g, tokens(N, V, 9));
   c.vocab_ce_local_max(mx.cpu.data(), logits.cpu.data(), N, Vl, Vr);
   g.vocab_ce_local_max(mx.gpu.data(), logits.gpu.data(), N, Vl, Vr);
   expect_close(mx.gpu_host(), mx.cpu_host(), 0, "vocab_ce_local_max");
@@ -154,7 +90,7 @@ TEST_CASE("one GptStage (tp = pp = 1) forward/backward on CUDA against the CPU")
   init_gpt2_weights(full.data(), cfg, 7, &pool);
   on_cpu.scatter_from_full(full.data());
   on_gpu.scatter_from_full(full.data());
-  const auto in = ids(N, V, 30), tg = ids(N, V, 31);
+  const auto in = tokens(N, V, 30), tg = tokens(N, V, 31);
   const double l_cpu = on_cpu.forward(0, in.data(), tg.data(), 1.0f);
   const double l_gpu = on_gpu.forward(0, in.data(), tg.data(), 1.0f);
   CHECK(std::fabs(l_gpu - l_cpu) <= 1e-2 * std::fabs(l_cpu));
