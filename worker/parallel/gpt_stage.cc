@@ -227,14 +227,7 @@ GptStage::GptStage(const StageShape& shape, int B, int seq_len, int slots, Threa
     if (ring_->workspace_bytes() != z.ring * sizeof(float)) throw Error("GptStage: ring workspace mismatch (a bug)");
     cp_tokens_ = AlignedBuffer<int32_t>(2 * N);
   }
-  if (shape_.config.moe.experts > 0) {
-    // The stage's MoE code (gpt_stage_moe.cc) runs the CPU kernels on host pointers.
-    if (!dev_->host_accessible()) {
-      throw ConfigError(std::string("--moe-experts with spec.device / --device ") + device_name(dev_->kind()) +
-                        ": mixture-of-experts layers run on the CPU only so far; use --device cpu");
-    }
-    moe_init();
-  }
+  if (shape_.config.moe.experts > 0) moe_init();
 }
 
 void GptStage::zero_grad() {

@@ -153,6 +153,8 @@ class GptStage {
   size_t moe_bytes() const;
   void moe_forward(size_t l, const LayerActs& a, float* out);
   void moe_backward(size_t l, const LayerActs& a, const float* dout, float* dx, const GradReadyHook* ready);
+  // all_gather over tp of a few host integers (routing counts): through device buffers when tp_ takes device memory.
+  void moe_tp_all_gather(const void* mine, void* all, size_t n, comm::DType t);
   // The experts' part with expert parallelism: the moe_x rows (routing order) in, the outputs (forward) or input
   // gradients (backward) back in routing order.
   void moe_experts_forward_ep(size_t l);

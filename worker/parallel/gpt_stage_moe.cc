@@ -12,6 +12,10 @@
 //   finish_moe_grads adds them over tp once per step.
 // - Pipeline: an MoE layer lives on the stage that holds the layer; its load-balancing loss and its gradient are
 //   local to it; ParallelModel sums the stages' losses and statistics.
+// - On a device (issue #11) the per-token math runs in the device's moe_* kernels on device buffers; the routing
+//   decisions (dispatch under capacity, the load-balancing statistics, the sequence-parallel count exchange) stay on
+//   the host from copies of the choices and probabilities, and the rows and tokens go back to the device. On the CPU
+//   the device pointers are the host arrays and nothing is copied (bitwise the former host code).
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -58,15 +62,23 @@ size_t stage_moe_activation_bytes(const StageShape& shape, int B, int seq_len, i
 
 struct GptStage::Moe {
   struct Layer {
-    float *probs, *fch, *fch_gelu, *y;
+    float *probs, *fch, *fch_gelu, *y;  // device memory
     int32_t *choice, *row, *count, *token;
-    int32_t* rcount;        // expert parallelism: rows source s sends local expert j, at s * E/P + j
+    int32_t* rcount;                      // expert parallelism: rows source s sends local expert j, at s * E/P + j
+    int32_t *d_choice, *d_row, *d_token;  // the device's copies (the host arrays on the CPU)
     std::vector<double> f;  // the layer's choice shares (whole micro-batch), for the load-balancing gradient
   };
   size_t E = 0, k = 0, cap = 0, N = 0;
   MoeSizes sizes;
-  AlignedBuffer<float> acts, scratch;
-  AlignedBuffer<int32_t> ints;
+  DeviceBuffer<float> acts, scratch;
+  AlignedBuffer<int32_t> ints;  // host: the routing decisions
+  // Off the host only: the device's routing copies (per slot and layer: choice, row, token), the load-balancing
+  // gradient per expert, the probabilities copied out for the balance statistics, and (sequence parallelism) the
+  // tp exchange's send/receive buffers on the device (NCCL takes device memory), (tp + 1) k E 8-byte slots.
+  DeviceBuffer<int32_t> dints;
+  DeviceBuffer<float> aux;
+  std::vector<float> probs_host;
+  DeviceBuffer<int64_t> exchange;
   std::vector<std::vector<Layer>> layer;  // [slot][local layer]
   float *x = nullptr, *dx = nullptr, *dy = nullptr, *dh = nullptr, *dprobs = nullptr;
   int32_t *mine = nullptr, *all = nullptr, *base = nullptr;  // sequence parallel: round counts, k E per rank
@@ -91,9 +103,17 @@ void GptStage::moe_init() {
   m->cap = moe_capacity(mc, m->N);
   const size_t E = m->E, k = m->k, R = E * m->cap, NL = rows_;
   m->sizes = moe_sizes(shape_, m->N, NL, slots_);
-  m->acts = AlignedBuffer<float>(m->sizes.acts);
-  m->scratch = AlignedBuffer<float>(m->sizes.scratch);
+  m->acts = DeviceBuffer<float>(*dev_, m->sizes.acts);
+  m->scratch = DeviceBuffer<float>(*dev_, m->sizes.scratch);
   m->ints = AlignedBuffer<int32_t>(m->sizes.ints);
+  m->aux = DeviceBuffer<float>(*dev_, E);
+  const bool host = dev_->host_accessible();
+  if (!host) {
+    m->dints = DeviceBuffer<int32_t>(*dev_, static_cast<size_t>(slots_) * Ls * (2 * NL * k + R));
+    m->probs_host.resize(NL * E);
+    if (sp_) m->exchange = DeviceBuffer<int64_t>(*dev_, (shape_.tp_size + 1) * k * E);
+  }
+  int32_t* dq = m->dints.data();
   float* p = m->acts.data();
   int32_t* q = m->ints.data();
   auto take = [&p](size_t n) {
@@ -119,6 +139,16 @@ void GptStage::moe_init() {
       la.count = take_i(E);
       la.token = take_i(R);
       la.rcount = take_i(E);
+      if (host) {
+        la.d_choice = la.choice;
+        la.d_row = la.row;
+        la.d_token = la.token;
+      } else {
+        la.d_choice = dq;
+        la.d_row = dq + NL * k;
+        la.d_token = dq + 2 * NL * k;
+        dq += 2 * NL * k + R;
+      }
     }
   }
   m->mine = take_i(k * E);
@@ -163,29 +193,37 @@ LocalTensors local_tensors(float* flat, const std::array<size_t, kNumParamTensor
 }  // namespace
 
 void GptStage::moe_forward(size_t l, const LayerActs& a, float* out) {
-  using namespace cpu;
+  Kernels<float>& d = *dev_;
   Moe& m = *moe_;
   Moe::Layer& L = m.layer.at(cur_slot_)[l];
   const MoeConfig& mc = shape_.config.moe;
   const size_t C = shape_.config.channels, H = 4 * C, E = m.E, k = m.k, cap = m.cap, NL = rows_;
   const LocalTensors w = local_tensors(params_.data(), sizes_);
   const float* router = w.router + l * E * C;
+  const bool host = d.host_accessible();
   // router: probs (NL,E) = softmax(ln2 @ router^T), top-k per token
-  matmul_forward(pool_, L.probs, a.ln2, router, static_cast<const float*>(nullptr), NL, static_cast<int>(C),
-                 static_cast<int>(E));
-  moe::route(pool_, L.probs, L.choice, NL, E, k);
-  moe::Balance bal = moe::balance(L.probs, L.choice, NL, E, k);
+  d.matmul_forward(L.probs, a.ln2, router, static_cast<const float*>(nullptr), NL, static_cast<int>(C),
+                   static_cast<int>(E));
+  d.moe_route(L.probs, L.d_choice, NL, E, k);
+  // the routing decisions on the host (on the CPU in place)
+  const float* probs = L.probs;
+  if (!host) {
+    d.to_host(L.choice, L.d_choice, NL * k * sizeof(int32_t));
+    d.to_host(m.probs_host.data(), L.probs, NL * E * sizeof(float));
+    probs = m.probs_host.data();
+  }
+  moe::Balance bal = moe::balance(probs, L.choice, NL, E, k);
   size_t dropped = 0;
   if (sp_) {
     // The whole micro-batch's dispatch order: every rank's round counts, then this rank's base in each queue.
     const int P = shape_.tp_size;
     moe::round_counts(L.choice, NL, k, E, m.mine);
     const auto t0 = std::chrono::steady_clock::now();
-    tp_->all_gather(m.mine, m.all, k * E, comm::DType::kInt32);
+    moe_tp_all_gather(m.mine, m.all, k * E, comm::DType::kInt32);
     // the load-balancing sums over the tp ranks, in rank order (fp64 as int64 bit patterns)
     std::vector<int64_t> mine(E), all(E * P);
     std::memcpy(mine.data(), bal.psum.data(), E * sizeof(double));
-    tp_->all_gather(mine.data(), all.data(), E, comm::DType::kInt64);
+    moe_tp_all_gather(mine.data(), all.data(), E, comm::DType::kInt64);
     tp_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     moe::dispatch_base(m.all, P, shape_.tp_rank, k, E, m.base);
     moe::dispatch(L.choice, NL, k, E, cap, m.base, L.row, L.count, L.token);
@@ -205,24 +243,25 @@ void GptStage::moe_forward(size_t l, const LayerActs& a, float* out) {
   } else {
     dropped = moe::dispatch(L.choice, NL, k, E, cap, nullptr, L.row, L.count, L.token);
   }
+  if (!host) {
+    d.to_device(L.d_row, L.row, NL * k * sizeof(int32_t));
+    d.to_device(L.d_token, L.token, E * cap * sizeof(int32_t));
+  }
   L.f = moe::choice_shares(bal, k);
   // experts: gather the rows, fc -> gelu -> fcproj on (count, C)
   for (size_t e = 0; e < E; ++e) {
     const size_t n = L.count[e], le = l * E + e;
     if (n == 0) continue;
     float* xe = m.x + e * cap * C;
-    pool_.parallel_for(n, [&](size_t i0, size_t i1) {
-      for (size_t i = i0; i < i1; ++i) std::memcpy(xe + i * C, a.ln2 + L.token[e * cap + i] * C, C * sizeof(float));
-    });
-    if (m.ep.size > 1) continue;  // the expert runs on its rank: moe_experts_forward_ep below
-    matmul_forward(pool_, L.fch + e * cap * H, xe, w.fcw + le * H * C, w.fcb + le * H, n, static_cast<int>(C),
-                   static_cast<int>(H));
-    gelu_forward(pool_, L.fch_gelu + e * cap * H, L.fch + e * cap * H, n * H);
-    matmul_forward(pool_, L.y + e * cap * C, L.fch_gelu + e * cap * H, w.fcprojw + le * C * H, w.fcprojb + le * C, n,
-                   static_cast<int>(H), static_cast<int>(C));
+    d.moe_gather_rows(xe, a.ln2, L.d_token + e * cap, n, C);
+    if (m.ep.size > 1) continue;  // the expert runs on its rank: moe_experts_forward_ep below (host only)
+    d.matmul_gelu_forward(L.fch_gelu + e * cap * H, L.fch + e * cap * H, xe, w.fcw + le * H * C, w.fcb + le * H, n,
+                          static_cast<int>(C), static_cast<int>(H));
+    d.matmul_forward(L.y + e * cap * C, L.fch_gelu + e * cap * H, w.fcprojw + le * C * H, w.fcprojb + le * C, n,
+                     static_cast<int>(H), static_cast<int>(C));
   }
   if (m.ep.size > 1) moe_experts_forward_ep(l);
-  moe::combine(pool_, out, L.probs, L.choice, L.row, L.y, NL, E, k, C);
+  d.moe_combine(out, L.probs, L.d_choice, L.d_row, L.y, NL, E, k, C);
   if (recomputing_) return;
   const double aux = moe::aux_loss(bal, mc);
   moe_aux_ += aux;
@@ -232,16 +271,33 @@ void GptStage::moe_forward(size_t l, const LayerActs& a, float* out) {
   if (!sp_) m.stats.tokens_dropped += moe::tokens_dropped(L.row, NL, k);  // not summed over tp with sp
 }
 
+void GptStage::moe_tp_all_gather(const void* mine, void* all, size_t n, comm::DType t) {
+  if (dev_->host_accessible()) {
+    tp_->all_gather(mine, all, n, t);
+    return;
+  }
+  // The tp communicator takes device memory (NCCL): through the exchange buffer, n <= k E elements of <= 8 bytes.
+  Moe& m = *moe_;
+  const size_t bytes = n * comm::dtype_size(t), P = shape_.tp_size;
+  int64_t* in = m.exchange.data();
+  int64_t* out = in + m.k * m.E;
+  dev_->to_device(in, mine, bytes);
+  dev_->synchronize();
+  tp_->all_gather(in, out, n, t);
+  dev_->to_host(all, out, P * bytes);
+}
+
 void GptStage::moe_backward(size_t l, const LayerActs& a, const float* dout, float* dx, const GradReadyHook* ready) {
-  using namespace cpu;
+  Kernels<float>& d = *dev_;
   Moe& m = *moe_;
   const Moe::Layer& L = m.layer.at(cur_slot_)[l];
   const size_t C = shape_.config.channels, H = 4 * C, E = m.E, k = m.k, cap = m.cap, NL = rows_;
   const LocalTensors w = local_tensors(params_.data(), sizes_);
   const LocalTensors g = local_tensors(grads_.data(), sizes_);
   // d router logits: the gates and the load-balancing loss (global shares and token count), through the softmax
-  moe::router_backward(pool_, m.dprobs, L.probs, L.choice, L.row, L.y, dout, L.f, static_cast<double>(m.N),
-                       shape_.config.moe, dloss_, NL, C);
+  const std::vector<float> aux = moe::aux_grads<float>(L.f, static_cast<double>(m.N), shape_.config.moe);
+  d.to_device(m.aux.data(), aux.data(), E * sizeof(float));
+  d.moe_router_backward(m.dprobs, L.probs, L.d_choice, L.d_row, L.y, dout, m.aux.data(), dloss_, NL, E, k, C);
   // experts: dy[row] = gate * dout[token]; fcproj, gelu, fc backward on the expert's rows
   if (m.ep.size > 1) moe_experts_backward_ep(l, a, dout);
   for (size_t e = 0; e < (m.ep.size > 1 ? 0 : E); ++e) {
@@ -249,25 +305,20 @@ void GptStage::moe_backward(size_t l, const LayerActs& a, const float* dout, flo
     if (n == 0) continue;
     float* xe = m.x + e * cap * C;
     float* dy = m.dy + e * cap * C;
-    pool_.parallel_for(n, [&](size_t i0, size_t i1) {
-      for (size_t i = i0; i < i1; ++i) {
-        const size_t t = L.token[e * cap + i];
-        std::memcpy(xe + i * C, a.ln2 + t * C, C * sizeof(float));
-        const float gate = L.probs[t * E + e];
-        for (size_t c = 0; c < C; ++c) dy[i * C + c] = gate * dout[t * C + c];
-      }
-    });
+    d.moe_gather_rows(xe, a.ln2, L.d_token + e * cap, n, C);
+    d.moe_gate_rows(dy, dout, L.probs, L.d_token + e * cap, e, E, n, C);
     float* dh = m.dh + e * cap * H;
-    matmul_backward(pool_, dh, false, g.fcprojw + le * C * H, g.fcprojb + le * C, dy, L.fch_gelu + e * cap * H,
-                    w.fcprojw + le * C * H, n, static_cast<int>(H), static_cast<int>(C));  // d fch_gelu (n,4C)
-    gelu_backward(pool_, dh, L.fch + e * cap * H, dh, n * H);                              // d fch (n,4C)
-    matmul_backward(pool_, m.dx + e * cap * C, false, g.fcw + le * H * C, g.fcb + le * H, dh, xe, w.fcw + le * H * C, n,
-                    static_cast<int>(C), static_cast<int>(H));  // d x_e (n,C)
+    // the experts' weight gradients accumulate over the micro-batches and the routed rows
+    d.matmul_backward(dh, false, g.fcprojw + le * C * H, g.fcprojb + le * C, dy, L.fch_gelu + e * cap * H,
+                      w.fcprojw + le * C * H, n, static_cast<int>(H), static_cast<int>(C), true);  // d fch_gelu (n,4C)
+    d.gelu_backward(dh, L.fch + e * cap * H, dh, n * H);                                           // d fch (n,4C)
+    d.matmul_backward(m.dx + e * cap * C, false, g.fcw + le * H * C, g.fcb + le * H, dh, xe, w.fcw + le * H * C, n,
+                      static_cast<int>(C), static_cast<int>(H), true);  // d x_e (n,C)
   }
   // dx = the kept choices' input gradients, + the router's dz @ router
-  moe::combine_input_grads(pool_, dx, L.row, m.dx, NL, k, C);
-  matmul_backward(pool_, dx, true, g.router + l * E * C, static_cast<float*>(nullptr), m.dprobs, a.ln2,
-                  w.router + l * E * C, NL, static_cast<int>(C), static_cast<int>(E));
+  d.moe_combine_input_grads(dx, L.d_row, m.dx, NL, k, C);
+  d.matmul_backward(dx, true, g.router + l * E * C, static_cast<float*>(nullptr), m.dprobs, a.ln2, w.router + l * E * C,
+                    NL, static_cast<int>(C), static_cast<int>(E), true);
   if (!sp_ && ready != nullptr) (*ready)(static_cast<size_t>(g.router - grads_.data()) + l * E * C, E * C);
 }
 
@@ -277,6 +328,13 @@ void GptStage::set_expert_exchange(Gpt<float>::ExpertExchange x) {
   if (x.size < 1 || x.rank < 0 || x.rank >= x.size || E % x.size != 0 || (x.size > 1 && !x.all_to_all)) {
     throw ConfigError("--ep " + std::to_string(x.size) + ": needs --moe-experts divisible by it (the model has " +
                       std::to_string(E) + " experts per layer)");
+  }
+  if (x.size > 1 && !dev_->host_accessible()) {
+    // The exchange and the experts' loops read the dispatched rows on the host.
+    throw ConfigError(std::string("--ep ") + std::to_string(x.size) + " with spec.device / --device " +
+                      device_name(dev_->kind()) +
+                      ": expert parallelism runs on the CPU only so far: use --device cpu, or --ep 1 "
+                      "(mixture-of-experts layers themselves run on the device)");
   }
   if (x.return_expert_grads) {
     throw ConfigError(

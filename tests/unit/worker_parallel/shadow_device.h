@@ -19,6 +19,7 @@
 #include "worker/comm/communicator.h"
 #include "worker/device/cpu_kernels.h"
 #include "worker/device/kernels.h"
+#include "worker/parallel/parallel_model.h"
 
 namespace railyard::worker::testing {
 
@@ -254,5 +255,16 @@ class DeviceComm final : public comm::Communicator {
   comm::Communicator& c_;
   const ShadowCpu& dev_;
 };
+
+// Puts the model's groups behind DeviceComm wrappers (the groups then take the device's addresses).
+inline std::vector<std::unique_ptr<DeviceComm>> take_device_memory(parallel::ModelGroups& mg, const ShadowCpu& dev) {
+  std::vector<std::unique_ptr<DeviceComm>> wrapped;
+  for (comm::Communicator** c : {&mg.tp, &mg.pp, &mg.embedding, &mg.cp}) {
+    if (*c == nullptr) continue;
+    wrapped.push_back(std::make_unique<DeviceComm>(**c, dev));
+    *c = wrapped.back().get();
+  }
+  return wrapped;
+}
 
 }  // namespace railyard::worker::testing

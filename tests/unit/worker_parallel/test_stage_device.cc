@@ -33,23 +33,13 @@ using namespace railyard::worker;
 using namespace railyard::worker::parallel;
 using railyard::worker::testing::DeviceComm;
 using railyard::worker::testing::ShadowCpu;
+using railyard::worker::testing::take_device_memory;
 namespace comm = railyard::worker::comm;
 
 namespace {
 
 const GptConfig kCfg = make_gpt_config(/*L=*/4, /*C=*/32, /*NH=*/4, /*maxT=*/16, /*V=*/100);
 constexpr int kB = 2, kT = 8, kM = 3;
-// Puts the model's groups behind DeviceComm wrappers (the groups then take the device's addresses).
-std::vector<std::unique_ptr<DeviceComm>> take_device_memory(ModelGroups& mg, const ShadowCpu& dev) {
-  std::vector<std::unique_ptr<DeviceComm>> wrapped;
-  for (comm::Communicator** c : {&mg.tp, &mg.pp, &mg.embedding, &mg.cp}) {
-    if (*c == nullptr) continue;
-    wrapped.push_back(std::make_unique<DeviceComm>(**c, dev));
-    *c = wrapped.back().get();
-  }
-  return wrapped;
-}
-
 struct Run {
   std::vector<double> losses, sumsq;
   std::vector<float> grads, params;  // gathered (tp = 0 of each stage writes its primary slices)
