@@ -512,6 +512,9 @@ void DataParallel::device_update(float* params, const float* grads, float lr, fl
     opt_.device_dp->all_gather(dpad_out_.data(), dpad_in_.data(), bk.piece, comm::DType::kFloat32);
     k.copy(params + bk.begin, dpad_in_.data(), bk.size());
   }
+  // The other ranks' pieces arrived by collective and copy: a device's weight copy for its GEMMs (CUDA's bf16
+  // set_weights copy) must be refreshed, or the next forward would run on the stale weights of those pieces.
+  k.weights_changed();
   gather_seconds_ += since(t0);
 }
 

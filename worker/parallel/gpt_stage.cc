@@ -137,6 +137,9 @@ GptStage::GptStage(const StageShape& shape, int B, int seq_len, int slots, Threa
   sizes_ = local_param_sizes(shape_);
   const size_t n = local_num_params(shape_);  // the 16 tensors, then the MoE router
   params_ = DeviceBuffer<float>(*dev_, n);
+  // The device may keep a low-precision copy of the weights for its GEMMs (CUDA: bf16, instead of converting each
+  // weight before every GEMM); AdamW and to_device keep it current, other writers call weights_changed().
+  dev_->set_weights(params_.data(), n);
   grads_ = DeviceBuffer<float>(*dev_, n);
 
   const size_t C = shape_.config.channels, Cl = shape_.local_channels();

@@ -8,6 +8,7 @@
 #include <doctest/doctest.h>
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -78,6 +79,7 @@ class ShadowCpu final : public Kernels<float> {
     ++copies;
     REQUIRE_FALSE(owns(src));
     std::memcpy(d(dst), src, bytes);
+    refresh(static_cast<const float*>(dst), bytes / sizeof(float));
   }
   void synchronize() override {}
   size_t attention_saved_elems(int B, int T, int C, int NH) const override {
@@ -102,12 +104,26 @@ class ShadowCpu final : public Kernels<float> {
     c_.layernorm_backward(d(di), d(dw), d(db), d(s), d(g), d(i), d(w), d(m), d(r), N, C);
   }
   void matmul_forward(float* o, const float* i, const float* w, const float* b, size_t N, int IC, int OC) override {
-    c_.matmul_forward(d(o), d(i), d(w), d(b), N, IC, OC);
+    c_.matmul_forward(d(o), d(i), weight(w), d(b), N, IC, OC);
   }
   void matmul_backward(float* di, bool ai, float* dw, float* db, const float* g, const float* i, const float* w,
                        size_t N, int IC, int OC, bool aw) override {
-    c_.matmul_backward(d(di), ai, d(dw), d(db), d(g), d(i), d(w), N, IC, OC, aw);
+    c_.matmul_backward(d(di), ai, d(dw), d(db), d(g), d(i), weight(w), N, IC, OC, aw);
   }
+  // CudaKernels' persistent weight copy, emulated exactly (no rounding): GEMM weight operands inside the range given
+  // to set_weights are read from a copy that only set_weights, adamw_update and to_device into the range, and
+  // weights_changed() refresh. A path that writes the parameters another way (a collective receiving into them, a
+  // copy kernel) without weights_changed() then trains on stale weights here, as it would on CUDA.
+  void set_weights(const float* p, size_t n) override {
+    weights_ = p;
+    weights_copy_.assign(n, 0.0f);
+    refresh(p, n);
+  }
+  void weights_changed() override {
+    ++weight_refreshes;
+    refresh(weights_, weights_copy_.size());
+  }
+  size_t weight_refreshes = 0;
   void attention_forward(float* o, float* s, const float* q, int B, int T, int C, int NH) override {
     c_.attention_forward(d(o), d(s), d(q), B, T, C, NH);
   }
@@ -131,6 +147,7 @@ class ShadowCpu final : public Kernels<float> {
   void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float lr, float b1, float b2, float eps,
                     float wd, int64_t t, float s) override {
     c_.adamw_update(d(p), d(g), d(m), d(v), n, lr, b1, b2, eps, wd, t, s);
+    refresh(p, n);  // CUDA's AdamW pass writes the copy too
   }
   double global_norm(const float* x, size_t n) override { return c_.global_norm(d(x), n); }
   void vocab_embedding_forward(float* o, const int32_t* i, const float* w, int v0, int Vl, size_t N, int C) override {
@@ -201,6 +218,22 @@ class ShadowCpu final : public Kernels<float> {
   }
 
  private:
+  // A GEMM weight operand: from the weight copy when it lies in the registered range.
+  const float* weight(const float* w) const {
+    if (weights_ != nullptr && w >= weights_ && w < weights_ + weights_copy_.size()) {
+      return weights_copy_.data() + (w - weights_);
+    }
+    return d(w);
+  }
+  // The copy of [p, p + n) ∩ the registered range from the device memory.
+  void refresh(const float* p, size_t n) {
+    if (weights_ == nullptr || !owns(p)) return;
+    const float* b = std::max(p, weights_);
+    const float* e = std::min(p + n, weights_ + weights_copy_.size());
+    if (e > b) std::memcpy(weights_copy_.data() + (b - weights_), view(b), (e - b) * sizeof(float));
+  }
+  const float* weights_ = nullptr;
+  std::vector<float> weights_copy_;
   CpuKernels<float> c_;
   char* arena_ = nullptr;
   char* shadow_ = nullptr;
