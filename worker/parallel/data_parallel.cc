@@ -493,9 +493,9 @@ void DataParallel::device_update(float* params, const float* grads, float lr, fl
                    hyper_.beta1, hyper_.beta2, hyper_.eps, r.decay ? hyper_.weight_decay : 0.0f, zero_->t(),
                    grad_scale);
   }
-  const size_t bytes = layout_.shard_size() * sizeof(float);
-  k.to_host(zero_->m(), dm_.data(), bytes);  // checkpoints read the host copies
-  k.to_host(zero_->v(), dv_.data(), bytes);
+  // The host copies of m and v (checkpoints) are refreshed when state() asks for them, not here: 8 bytes per owned
+  // parameter of device->host traffic saved on every step that saves nothing.
+  host_stale_ = true;
   if (size_ == 1) return;
   const auto t0 = Clock::now();
   for (size_t b = 0; b < layout_.buckets().size(); ++b) {
@@ -518,11 +518,20 @@ void DataParallel::device_update(float* params, const float* grads, float lr, fl
   gather_seconds_ += since(t0);
 }
 
+void DataParallel::refresh_host() {
+  if (!device_zero_ || !host_stale_) return;
+  const size_t bytes = layout_.shard_size() * sizeof(float);
+  opt_.device->to_host(zero_->m(), dm_.data(), bytes);
+  opt_.device->to_host(zero_->v(), dv_.data(), bytes);
+  host_stale_ = false;
+}
+
 void DataParallel::upload_host() {
   if (!device_zero_) return;
   const size_t bytes = layout_.shard_size() * sizeof(float);
   opt_.device->to_device(dm_.data(), zero_->m(), bytes);
   opt_.device->to_device(dv_.data(), zero_->v(), bytes);
+  host_stale_ = false;  // device and host copies hold the same values again
 }
 
 std::vector<double> DataParallel::all_gather(const std::vector<double>& local) {

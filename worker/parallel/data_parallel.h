@@ -46,12 +46,12 @@ struct DataParallelOptions {
   // ZeRO-1 on device buffers (CUDA): the device holding gradients, parameters and this rank's AdamW moments, and a
   // blocking communicator over the dp group that takes its memory (NCCL: the dp group's dup). finish() reduce-scatters
   // the buckets into this rank's pieces (after backward: no overlap), update() runs the device AdamW over the pieces
-  // and all-gathers the parameters; shard_m()/shard_v() are host copies refreshed after every update (checkpoints),
-  // upload_host() writes them back after a restore. Stage 2 keeps the reduced pieces in a shard-sized device buffer.
-  // The deterministic tree on device buffers: leaves and their pairwise sums are device buffers added with the
-  // device's accumulate (the CPU's a + b, so the same bits), the roots' chunks travel over device_dp (all_to_all, then
-  // all_gather or, with ZeRO, kept as the own piece); with ZeRO its fixed-block grad norm reads a host copy of the
-  // own piece (the same double sums as the CPU's).
+  // and all-gathers the parameters; shard_m()/shard_v() are host copies refreshed by refresh_host() when an update
+  // happened since the last refresh (Trainer::state(): checkpoints), upload_host() writes them back after a restore.
+  // Stage 2 keeps the reduced pieces in a shard-sized device buffer. The deterministic tree on device buffers: leaves
+  // and their pairwise sums are device buffers added with the device's accumulate (the CPU's a + b, so the same bits),
+  // the roots' chunks travel over device_dp (all_to_all, then all_gather or, with ZeRO, kept as the own piece); with
+  // ZeRO its fixed-block grad norm reads a host copy of the own piece (the same double sums as the CPU's).
   Kernels<float>* device = nullptr;
   comm::Communicator* device_dp = nullptr;
   // Spans of the flat buffer that only some dp ranks hold the same values of (expert-parallel storage: rank r keeps
@@ -106,6 +106,7 @@ class DataParallel final : public GradSync {
   void set_adam_t(int64_t t) override {
     if (zero_) zero_->set_t(t);
   }
+  void refresh_host() override;
   void upload_host() override;
   double take_comm_seconds() override;
   double take_gather_seconds() override;
@@ -154,6 +155,7 @@ class DataParallel final : public GradSync {
   AdamWHyper hyper_;
   DeviceBuffer<float> dm_, dv_, dpad_in_, dpad_out_;  // ZeRO on the device: moments and padding scratch there
   DeviceBuffer<float> dshard_grads_;                  // stage 2 on the device: this rank's reduced pieces
+  bool host_stale_ = false;  // ZeRO on the device: dm_/dv_ changed since zero_'s host copies were refreshed
 
   // Overlapped reduction state. Written by the main thread (grads_ready) and the reducer thread under mu_.
   float* grads_ = nullptr;

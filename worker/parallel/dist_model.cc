@@ -26,28 +26,45 @@ ParallelGpt::ParallelGpt(const GptConfig& config, const TrainConfig& train, int 
     adam_.emplace(whole_, 0, spans_, hyper_, pool);
     return;
   }
-  const size_t n = model_.num_params();
-  m_ = DeviceBuffer<float>(*dev_, n);
-  v_ = DeviceBuffer<float>(*dev_, n);
-  host_params_.resize(n);
-  host_m_.resize(n);
-  host_v_.resize(n);
+  // The moments are not allocated here: under ZeRO they would be 8 unused bytes per local parameter on the device.
+  host_params_.resize(model_.num_params());
+  host_stale_ = true;  // the first refresh_host() downloads
 }
 
-void ParallelGpt::sync_host() {
-  if (on_host()) return;
+ParallelGpt::Moments& ParallelGpt::moments() {
+  if (!moments_) {
+    const size_t n = model_.num_params();
+    Moments& mo = moments_.emplace();
+    mo.m = DeviceBuffer<float>(*dev_, n);
+    mo.v = DeviceBuffer<float>(*dev_, n);
+    dev_->zero(mo.m.data(), n * sizeof(float));
+    dev_->zero(mo.v.data(), n * sizeof(float));
+    mo.host_m.assign(n, 0.0f);
+    mo.host_v.assign(n, 0.0f);
+  }
+  return *moments_;
+}
+
+void ParallelGpt::refresh_host() {
+  if (on_host() || !host_stale_) return;
   const size_t bytes = model_.num_params() * sizeof(float);
   dev_->to_host(host_params_.data(), model_.params(), bytes);
-  dev_->to_host(host_m_.data(), m_.data(), bytes);
-  dev_->to_host(host_v_.data(), v_.data(), bytes);
+  if (moments_) {
+    dev_->to_host(moments_->host_m.data(), moments_->m.data(), bytes);
+    dev_->to_host(moments_->host_v.data(), moments_->v.data(), bytes);
+  }
+  host_stale_ = false;
 }
 
 void ParallelGpt::upload_host() {
   if (on_host()) return;
   const size_t bytes = model_.num_params() * sizeof(float);
   dev_->to_device(model_.params(), host_params_.data(), bytes);
-  dev_->to_device(m_.data(), host_m_.data(), bytes);
-  dev_->to_device(v_.data(), host_v_.data(), bytes);
+  if (moments_) {
+    dev_->to_device(moments_->m.data(), moments_->host_m.data(), bytes);
+    dev_->to_device(moments_->v.data(), moments_->host_v.data(), bytes);
+  }
+  host_stale_ = false;  // device and host copies hold the same values again
 }
 
 double ParallelGpt::forward_backward(int M, const NextBatch& next, float dloss, StepTimes* times) {
@@ -85,11 +102,12 @@ void ParallelGpt::update(float* params, const float* grads, float lr, float grad
     return;
   }
   ++t_;
+  Moments& mo = moments();
   for (const TensorSpan& s : spans_) {
-    dev_->adamw_update(params + s.offset, grads + s.offset, m_.data() + s.offset, v_.data() + s.offset, s.count, lr,
+    dev_->adamw_update(params + s.offset, grads + s.offset, mo.m.data() + s.offset, mo.v.data() + s.offset, s.count, lr,
                        hyper_.beta1, hyper_.beta2, hyper_.eps, s.decay ? hyper_.weight_decay : 0.0f, t_, grad_scale);
   }
-  sync_host();
+  host_stale_ = true;  // state() refreshes the host copies (checkpoints), not every step
 }
 
 std::unique_ptr<DataParallel> parallel_gpt_data_parallel(comm::Communicator* dp, ParallelGpt& model,
@@ -103,6 +121,7 @@ std::unique_ptr<DataParallel> parallel_gpt_data_parallel(comm::Communicator* dp,
 }
 
 std::vector<float> ParallelGpt::gather_full(int dp_rank) {
+  refresh_host();
   std::vector<float> full(num_parameters(config_), 0.0f);
   if (dp_rank == 0) {
     std::vector<ShardSlice> once;

@@ -51,7 +51,10 @@ class GradSync {
   virtual size_t shard_size() const = 0;
   virtual int64_t adam_t() const = 0;
   virtual void set_adam_t(int64_t t) = 0;
-  // Device buffers: shard_m()/shard_v() are host copies; after a restore wrote them, this uploads them.
+  // Device buffers: shard_m()/shard_v() are host copies. refresh_host() makes them current (device -> host) if an
+  // update happened since the last refresh: Trainer::state() calls it, so only checkpoint, snapshot and export steps
+  // pay the copy. After a restore wrote them, upload_host() uploads them.
+  virtual void refresh_host() {}
   virtual void upload_host() {}
 
   // Seconds the calling thread spent blocked on data-parallel communication since the last call (the part of the

@@ -50,13 +50,17 @@ class ShardedModel {
   virtual std::string describe() const = 0;
 
   // The device the model lives on (null: the CPU). On a device that is not the host, params()/grads() are device
-  // memory, host_params() (and the moments a checkpoint reads) are host copies refreshed after every update, and
-  // upload_host() writes those copies back to the device (after a restore wrote into them).
+  // memory and host_params() (and the moments a checkpoint reads) are host copies: refresh_host() makes them current
+  // (device -> host) if the device's values changed since the last refresh, and Trainer::state() calls it, so only
+  // checkpoint, snapshot and export steps pay the copy. upload_host() writes the copies back to the device (after a
+  // restore wrote into them).
   virtual const Kernels<float>* device() const { return nullptr; }
   virtual float* host_params() { return params(); }
-  virtual void upload_host() {}
-  // Off the host, after the parameters were changed by someone else (ZeRO's update): refresh host_params().
   virtual void refresh_host() {}
+  virtual void upload_host() {}
+  // Off the host, after the parameters were changed by someone else (ZeRO's update): host_params() is stale until
+  // the next refresh_host().
+  virtual void params_changed() {}
 };
 
 }  // namespace railyard::worker

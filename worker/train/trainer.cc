@@ -414,7 +414,7 @@ StepResult Trainer::step() {
     const float lr = static_cast<float>(r.lr), scale = clip_factor(r.grad_norm, cfg_.grad_clip);
     if (sharded_ != nullptr && zero) {
       sync_->update(sharded_->params(), sharded_->grads(), lr, scale);  // own pieces, then all-gather over dp
-      sharded_->refresh_host();  // off the host: state()'s parameter copy (a no-op on the CPU)
+      sharded_->params_changed();  // off the host: state() refreshes its parameter copy (a no-op on the CPU)
     } else if (sharded_ != nullptr) {
       sharded_->update(sharded_->params(), sharded_->grads(), lr, scale);
     } else if (zero) {
@@ -425,8 +425,8 @@ StepResult Trainer::step() {
       opt_->update(model_->params(), model_->grads(), lr, scale);
     }
     // The host copies are refreshed only when state() is asked for them (checkpoint, export): on CUDA that is
-    // 3 x 4 bytes x params of device->host traffic saved on every other step. (A sharded model refreshes its own in
-    // update().)
+    // 3 x 4 bytes x params of device->host traffic saved on every other step. (A sharded model and ZeRO's sync keep
+    // their own flags; state() asks them to refresh.)
     if (!on_host() && model_) host_stale_ = true;
   }
   if (sync_ != nullptr) {
@@ -625,6 +625,10 @@ TrainerState Trainer::state() {
   s.bad_steps_total = bad_total_;
   s.bad_steps_consecutive = bad_consecutive_;
   s.seed = cfg_.seed;
+  // Off the host, the sharded model's and ZeRO's host copies are downloaded here if an update happened since the
+  // last call (no-ops on the CPU), by the same rule as the built-in model's below.
+  if (sharded_ != nullptr) sharded_->refresh_host();
+  if (zero) sync_->refresh_host();
   s.params = sharded_ != nullptr ? sharded_->host_params() : model_->params();  // sharded: this rank's local buffer
   s.adam_m = opt_ ? opt_->m() : offload_ ? offload_->m() : nullptr;
   s.adam_v = opt_ ? opt_->v() : offload_ ? offload_->v() : nullptr;

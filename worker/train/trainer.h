@@ -145,9 +145,11 @@ class Trainer {
   // device: where the built-in model and AdamW live and run (worker/device/kernels.h); null = the CPU on `pool`. On a
   // device that is not the host (CUDA), state() points to host copies, refreshed by state() itself when an update
   // happened since the last call (so only checkpoint and export steps pay the device->host copy), and
-  // restore_counters() uploads them, so checkpoints and exports see host memory. Data parallelism across processes
-  // runs there when `sync` reduces device buffers (DataParallel with a StreamReducer, ZeRO 1/2 or the deterministic
-  // tree with the device), also for sharded (tp/pp) models; a sync built for host buffers is refused (ConfigError).
+  // restore_counters() uploads them, so checkpoints and exports see host memory. The sharded model's host copies
+  // (ShardedModel::refresh_host) and ZeRO's shard moments (GradSync::refresh_host) follow the same rule. Data
+  // parallelism across processes runs there when `sync` reduces device buffers (DataParallel with a StreamReducer, ZeRO
+  // 1/2 or the deterministic tree with the device), also for sharded (tp/pp) models; a sync built for host buffers is
+  // refused (ConfigError).
   Trainer(const GptConfig& model, const TrainConfig& config, ThreadPool& pool, BatchSource& train,
           BatchSource* val = nullptr, GradSync* sync = nullptr, ShardedModel* sharded = nullptr,
           Kernels<float>* device = nullptr);

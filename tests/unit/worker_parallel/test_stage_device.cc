@@ -319,7 +319,8 @@ HybridRun train_hybrid(comm::Layout layout, bool device, int zero = 0, bool dete
     res.losses[r] = losses;
     res.norms[r] = norms;
     res.params[r].assign(st.params, st.params + st.num_params);
-    res.m[r].assign(model.adam_m(), model.adam_m() + st.num_params);
+    // Under ZeRO the moments are the sync's shard (the model holds none of its own).
+    if (zero == 0) res.m[r].assign(model.adam_m(), model.adam_m() + st.num_params);
     if (zero > 0) res.shard_m[r].assign(sync->shard_m(), sync->shard_m() + sync->shard_size());
     if (grad_dev) res.dp_device_calls += grad_dev->device_calls;
     res.buckets += sync->layout().buckets().size();
