@@ -58,6 +58,8 @@ class ShadowCpu final : public Kernels<float> {
   }
   size_t copies = 0;
   size_t embedding_backwards = 0;
+  std::vector<size_t> downloads;         // bytes of every to_host, in order (which copies the state took, and when)
+  size_t used() const { return used_; }  // bytes handed out by alloc
 
   DeviceKind kind() const override { return DeviceKind::kCpu; }
   bool host_accessible() const override { return false; }
@@ -72,6 +74,7 @@ class ShadowCpu final : public Kernels<float> {
   void zero(void* p, size_t bytes) override { std::memset(d(p), 0, bytes); }
   void to_host(void* dst, const void* src, size_t bytes) override {
     ++copies;
+    downloads.push_back(bytes);
     REQUIRE_FALSE(owns(dst));
     std::memcpy(dst, d(src), bytes);
   }

@@ -198,6 +198,8 @@ TrainRun train(bool device) {
     REQUIRE(st.params != nullptr);
     CHECK(st.adam_t == tc.steps);
     CHECK_FALSE(dev.owns(st.params));
+    // Without ZeRO the model's own AdamW moments live on the device (allocated by the first update).
+    if (device) CHECK(model.device_moment_bytes() == 2 * model.num_params() * sizeof(float));
     std::lock_guard<std::mutex> lock(mu);
     if (world.rank() == 0) res.losses = losses;
     res.params[world.rank()].assign(st.params, st.params + st.num_params);
@@ -463,13 +465,14 @@ TEST_CASE("dp x tp on that device: ZeRO 1/2 and --deterministic without the devi
 
 namespace {
 
-// One rank's ParallelGpt + ZeRO DataParallel + Trainer on its own ShadowCpu, as railyard-worker wires them on CUDA.
+// One rank's ParallelGpt + ZeRO DataParallel + Trainer on its own ShadowCpu, as railyard-worker wires them on CUDA
+// (device = false: the same on the CPU). `steps`: the run's length (the LR schedule's).
 struct DeviceZeroRank {
   DeviceZeroRank(comm::Communicator& world, comm::ProcessGroups& groups, comm::Layout layout, ThreadPool& pool,
-                 int skip_steps, int stage)
+                 int skip_steps, int stage, bool device = true, int steps = kHybridSteps)
       : dev(pool), mg(model_groups(groups)), src(groups.coord().dp, layout.dp, kB, kT, kCfg.vocab_size) {
-    wrapped = take_device_memory(mg, dev);
-    tc.steps = kHybridSteps;
+    if (device) wrapped = take_device_memory(mg, dev);
+    tc.steps = steps;
     tc.batch = kB;
     tc.seq_len = kT;
     tc.global_batch_tokens = static_cast<int64_t>(2 * layout.dp) * kB * kT;
@@ -477,18 +480,23 @@ struct DeviceZeroRank {
     tc.quiet = true;
     std::vector<int32_t> in(kB * kT), tgt(kB * kT);
     for (int i = 0; i < 2 * skip_steps; ++i) src.next_batch(in.data(), tgt.data());  // the loader's position
-    model = std::make_unique<ParallelGpt>(kCfg, tc, 2, pool, world, mg, &dev);
+    model = std::make_unique<ParallelGpt>(kCfg, tc, 2, pool, world, mg, device ? &dev : nullptr);
+    model_bytes = dev.used();
     grad = groups.dp().dup("dp-grad");
     grad_dev = std::make_unique<DeviceComm>(*grad, dev);
     DataParallelOptions o;
     o.bucket_bytes = 8 << 10;
     o.zero_stage = stage;
-    o.device = &dev;
-    o.device_dp = grad_dev.get();
+    if (device) {
+      o.device = &dev;
+      o.device_dp = grad_dev.get();
+    }
     sync = parallel_gpt_data_parallel(&groups.dp(), *model, mg, tc, pool, o);
-    trainer = std::make_unique<Trainer>(kCfg, tc, pool, src, nullptr, sync.get(), model.get(), &dev);
+    trainer = std::make_unique<Trainer>(kCfg, tc, pool, src, nullptr, sync.get(), model.get(), device ? &dev : nullptr);
+    setup_bytes = dev.used();
   }
   ShadowCpu dev;
+  size_t model_bytes = 0, setup_bytes = 0;  // device bytes after the model's and after the whole set-up
   ModelGroups mg;
   testing::StreamSource src;
   std::vector<std::unique_ptr<DeviceComm>> wrapped;
@@ -791,5 +799,205 @@ TEST_CASE(
       if ((r / layout.tp) % layout.dp != 0) continue;
       CHECK(dev.params[r] == dev.params[r + layout.tp]);
     }
+  }
+}
+
+namespace {
+
+// Lazy host copies (issue #11): off the host, ZeRO's shard m/v and a ParallelGpt's parameters are copied to the host
+// only when state() is asked for them (a checkpoint, a snapshot, an export) after an update, never inside a step.
+constexpr int kSaveSteps = 7, kSaveEvery = 3;
+
+// What one rank's checkpoint holds: state()'s parameters and ZeRO's shard of the moments (host memory).
+struct Saved {
+  std::vector<float> params, m, v;
+};
+
+struct SavingRun {
+  std::vector<double> losses;
+  std::map<int, Saved> saved;  // by steps taken
+  // Per device->host copy the size of a state buffer (the parameters, the shard's m or v): the steps taken before it,
+  // negated if it happened inside step() rather than in a save.
+  std::vector<int> state_copies_after;
+};
+
+// kSaveSteps steps, with the checkpointer's view (Checkpointer::start_save/put_memory: state(), then the buffers
+// behind it) taken at start, as checkpoint_shards does, and after every kSaveEvery-th and the last step.
+SavingRun train_saving(Trainer& tr, DataParallel& sync, const ShadowCpu& dev, size_t num_params) {
+  SavingRun run;
+  auto is_state = [&](size_t bytes) {
+    return bytes == num_params * sizeof(float) || bytes == sync.shard_size() * sizeof(float);
+  };
+  auto note = [&](size_t from, int mark) {
+    for (size_t i = from; i < dev.downloads.size(); ++i)
+      if (is_state(dev.downloads[i])) run.state_copies_after.push_back(mark);
+  };
+  auto save = [&](int step) {
+    const size_t from = dev.downloads.size();
+    const TrainerState st = tr.state();
+    REQUIRE(st.num_params == num_params);
+    CHECK_FALSE(dev.owns(st.params));
+    CHECK_FALSE(dev.owns(sync.shard_m()));
+    Saved& s = run.saved[step];
+    s.params.assign(st.params, st.params + st.num_params);
+    s.m.assign(sync.shard_m(), sync.shard_m() + sync.shard_size());
+    s.v.assign(sync.shard_v(), sync.shard_v() + sync.shard_size());
+    note(from, step);
+    const size_t again = dev.downloads.size();
+    tr.state();  // no update since the last view: nothing to copy
+    CHECK(dev.downloads.size() == again);
+  };
+  save(0);
+  for (int s = 1; s <= kSaveSteps; ++s) {
+    const size_t from = dev.downloads.size();
+    run.losses.push_back(tr.step().loss);
+    note(from, -s);
+    if (s % kSaveEvery == 0 || s == kSaveSteps) save(s);
+  }
+  return run;
+}
+
+// Equal up to 1e-6 of the largest magnitude: ZeRO on the device sums the grad norm per run (the CPU element by
+// element), so the clip factor may differ in the last bit.
+bool close_to(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size() || a.empty()) return false;
+  double scale = 0, worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
+    worst = std::max(worst, static_cast<double>(std::fabs(a[i] - b[i])));
+  }
+  return worst <= 1e-6 * scale;
+}
+
+// The saves at start (the parameters only: nothing was updated, the moments are the zeros the host copies hold) and
+// after steps 3, 6 and 7 (parameters, m, v); none inside a step. Before the copies were lazy, every step's update
+// downloaded the shard's m and v (and a ParallelGpt its parameters and its own unused full-size m and v).
+const std::vector<int> kWantCopies = {0, 3, 3, 3, 6, 6, 6, 7, 7, 7};
+
+void check_saves_follow_cpu(const SavingRun& dev, const SavingRun& cpu) {
+  CHECK(dev.state_copies_after == kWantCopies);
+  CHECK(cpu.state_copies_after.empty());  // the CPU's state() is read in place
+  REQUIRE(dev.losses.size() == cpu.losses.size());
+  for (size_t s = 0; s < cpu.losses.size(); ++s)
+    CHECK(std::fabs(dev.losses[s] - cpu.losses[s]) <= 1e-6 * cpu.losses[s]);
+  CHECK(cpu.losses.back() < cpu.losses.front());
+  for (int step : {3, 6, 7}) {
+    CAPTURE(step);
+    // The values of this step, not of an earlier one: a stale copy is a whole AdamW step away.
+    CHECK(close_to(dev.saved.at(step).params, cpu.saved.at(step).params));
+    CHECK(close_to(dev.saved.at(step).m, cpu.saved.at(step).m));
+    CHECK(close_to(dev.saved.at(step).v, cpu.saved.at(step).v));
+  }
+  CHECK(dev.saved.at(6).params != dev.saved.at(7).params);
+  CHECK(dev.saved.at(6).m != dev.saved.at(7).m);
+}
+
+// Restores `from` (the view after `step` steps) into a fresh run's host copies as the checkpointer does (write through
+// state() and the shard pointers, then restore_counters()) and takes one step.
+double restore_and_step(Trainer& tr, DataParallel& sync, const Saved& from, int step) {
+  TrainerState rs = tr.state();
+  std::copy(from.params.begin(), from.params.end(), rs.params);
+  std::copy(from.m.begin(), from.m.end(), sync.shard_m());
+  std::copy(from.v.begin(), from.v.end(), sync.shard_v());
+  rs.step = step;
+  rs.adam_t = step;
+  tr.restore_counters(rs);
+  return tr.step().loss;
+}
+
+}  // namespace
+
+TEST_CASE("ZeRO-1/2 with dp=2 x tp=2 on that device: state copied to the host only on save steps, no model m/v") {
+  const comm::Layout layout{.dp = 2, .tp = 2, .pp = 1};
+  for (int stage : {1, 2}) {
+    CAPTURE(stage);
+    comm::run_local_world(layout.world(), [&](comm::Communicator& world) {
+      comm::ProcessGroups groups(world, layout);
+      ThreadPool pool(1);
+      DeviceZeroRank cpu(world, groups, layout, pool, 0, stage, false, kSaveSteps);
+      const SavingRun on_cpu = train_saving(*cpu.trainer, *cpu.sync, cpu.dev, cpu.model->num_params());
+      DeviceZeroRank a(world, groups, layout, pool, 0, stage, true, kSaveSteps);
+      const SavingRun on_dev = train_saving(*a.trainer, *a.sync, a.dev, a.model->num_params());
+      check_saves_follow_cpu(on_dev, on_cpu);
+
+      // The model holds no AdamW moments of its own on the device (the sync's shard is the optimizer state): its
+      // device memory is the bare stage's, and training and saving allocate nothing more.
+      CHECK(a.model->device_moment_bytes() == 0);
+      ShadowCpu bare(pool);
+      ModelGroups mg = model_groups(groups);
+      auto bare_comms = take_device_memory(mg, bare);
+      ParallelModel stage_only(kCfg, kB, kT, 2, pool, mg, {}, a.tc.recompute, a.tc.sequence_parallel, &bare);
+      CHECK(a.model_bytes == bare.used());
+      CHECK(a.dev.used() == a.setup_bytes);
+
+      // A restore of step 6's save continues bit for bit: step 7's loss, parameters and moments.
+      DeviceZeroRank b(world, groups, layout, pool, 6, stage, true, kSaveSteps);
+      CHECK(restore_and_step(*b.trainer, *b.sync, on_dev.saved.at(6), 6) == on_dev.losses[6]);
+      const TrainerState got = b.trainer->state();
+      CHECK(std::vector<float>(got.params, got.params + got.num_params) == on_dev.saved.at(7).params);
+      CHECK(std::vector<float>(b.sync->shard_m(), b.sync->shard_m() + b.sync->shard_size()) == on_dev.saved.at(7).m);
+      CHECK(std::vector<float>(b.sync->shard_v(), b.sync->shard_v() + b.sync->shard_size()) == on_dev.saved.at(7).v);
+    });
+  }
+}
+
+namespace {
+
+// One rank of the plain Gpt trainer with ZeRO over dp = c.size(), on ShadowCpu (device) or the CPU; the loader
+// `skip_steps` steps in (a restore).
+struct PlainZeroRank {
+  PlainZeroRank(comm::Communicator& c, ThreadPool& pool, bool device, int stage, int skip_steps = 0)
+      : dev(pool), src(c.rank(), c.size(), kB, kT, kCfg.vocab_size) {
+    tc.steps = kSaveSteps;
+    tc.batch = kB;
+    tc.seq_len = kT;
+    tc.global_batch_tokens = static_cast<int64_t>(2 * c.size()) * kB * kT;
+    tc.lr = 1e-2;
+    tc.quiet = true;
+    std::vector<int32_t> in(kB * kT), tgt(kB * kT);
+    for (int i = 0; i < 2 * skip_steps; ++i) src.next_batch(in.data(), tgt.data());
+    grad = c.dup("dp-grad");
+    grad_dev = std::make_unique<DeviceComm>(*grad, dev);
+    DataParallelOptions o;
+    o.bucket_bytes = 16 << 10;
+    o.zero_stage = stage;
+    if (device) {
+      o.device = &dev;
+      o.device_dp = grad_dev.get();
+    }
+    sync = gpt_data_parallel(&c, kCfg, tc, pool, o);
+    trainer = std::make_unique<Trainer>(kCfg, tc, pool, src, nullptr, sync.get(), nullptr, device ? &dev : nullptr);
+  }
+  ShadowCpu dev;
+  testing::StreamSource src;
+  TrainConfig tc;
+  std::unique_ptr<comm::Communicator> grad;
+  std::unique_ptr<DeviceComm> grad_dev;
+  std::unique_ptr<DataParallel> sync;
+  std::unique_ptr<Trainer> trainer;
+};
+
+}  // namespace
+
+TEST_CASE("ZeRO-1/2 with the plain Gpt trainer on that device (dp=1, 2): state copied to the host only on save steps") {
+  for (const auto& [stage, n] : {std::pair{1, 2}, std::pair{2, 2}, std::pair{2, 1}}) {
+    CAPTURE(stage);
+    CAPTURE(n);
+    comm::run_local_world(n, [&](comm::Communicator& c) {
+      ThreadPool pool(1);
+      const size_t P = num_parameters(kCfg);
+      PlainZeroRank cpu(c, pool, false, stage);
+      const SavingRun on_cpu = train_saving(*cpu.trainer, *cpu.sync, cpu.dev, P);
+      PlainZeroRank a(c, pool, true, stage);
+      const SavingRun on_dev = train_saving(*a.trainer, *a.sync, a.dev, P);
+      check_saves_follow_cpu(on_dev, on_cpu);
+
+      PlainZeroRank b(c, pool, true, stage, 6);
+      CHECK(restore_and_step(*b.trainer, *b.sync, on_dev.saved.at(6), 6) == on_dev.losses[6]);
+      const TrainerState got = b.trainer->state();
+      CHECK(std::vector<float>(got.params, got.params + got.num_params) == on_dev.saved.at(7).params);
+      CHECK(std::vector<float>(b.sync->shard_m(), b.sync->shard_m() + b.sync->shard_size()) == on_dev.saved.at(7).m);
+      CHECK(std::vector<float>(b.sync->shard_v(), b.sync->shard_v() + b.sync->shard_size()) == on_dev.saved.at(7).v);
+    });
   }
 }
