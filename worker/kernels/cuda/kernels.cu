@@ -4,57 +4,19 @@
 #include <cmath>
 
 #include "worker/kernels/cuda/cuda_check.h"
+#include "worker/kernels/cuda/device_common.cuh"
 #include "worker/kernels/cuda/kernels.h"
 #include "worker/kernels/cuda/launch.h"
 
 namespace railyard::worker::cuda {
 namespace {
 
-constexpr unsigned kFullMask = 0xffffffffu;
-
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = kWarpSize / 2; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
-  return v;
-}
-
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = kWarpSize / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
-  return v;
-}
-
-// Block-wide reductions for kCrossEntropyBlock threads; every thread gets the result. `shared` holds one slot per warp.
-__device__ float block_sum(float v, float* shared) {
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  v = warp_sum(v);
-  __syncthreads();  // `shared` may still be read by a previous reduction
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  float r = 0.0f;
-  for (int w = 0; w < kCrossEntropyBlock / kWarpSize; ++w) r += shared[w];  // fixed order: deterministic
-  return r;
-}
-
-__device__ float block_max(float v, float* shared) {
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  v = warp_max(v);
-  __syncthreads();
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  float r = shared[0];
-  for (int w = 1; w < kCrossEntropyBlock / kWarpSize; ++w) r = fmaxf(r, shared[w]);
-  return r;
-}
-
-#define GRID_STRIDE(i, n)                                                              \
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < (n); \
-       i += static_cast<size_t>(gridDim.x) * blockDim.x)
-
 // ---------------------------------------------------------------------------------------------------------------
 // encoder
 
 __global__ void encoder_forward_kernel(float* out, const int32_t* inp, const float* wte, const float* wpe, int Tn,
                                        int C, size_t n) {
-  GRID_STRIDE(i, n) {
+  RAILYARD_GRID_STRIDE(i, n) {
     const size_t row = i / C;
     const int c = static_cast<int>(i % C);
     const int t = static_cast<int>(row % Tn);
@@ -70,7 +32,7 @@ __global__ void encoder_backward_wte_kernel(float* dwte, const float* dout, cons
 }
 
 __global__ void encoder_backward_wpe_kernel(float* dwpe, const float* dout, int B, int Tn, int C) {
-  GRID_STRIDE(i, static_cast<size_t>(Tn) * C) {
+  RAILYARD_GRID_STRIDE(i, static_cast<size_t>(Tn) * C) {
     const size_t t = i / C, c = i % C;
     float s = 0.0f;
     for (int b = 0; b < B; ++b) s += dout[(static_cast<size_t>(b) * Tn + t) * C + c];
@@ -403,14 +365,14 @@ __global__ void attention_backward_dkv_kernel(float* dqkv, const float* dout, co
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 
 __global__ void gelu_forward_kernel(float* out, const float* inp, size_t n) {
-  GRID_STRIDE(i, n) {
+  RAILYARD_GRID_STRIDE(i, n) {
     const float x = inp[i];
     out[i] = 0.5f * x * (1.0f + tanhf(kGeluScale * (x + 0.044715f * x * x * x)));
   }
 }
 
 __global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, size_t n) {
-  GRID_STRIDE(i, n) {
+  RAILYARD_GRID_STRIDE(i, n) {
     const float x = inp[i];
     const float u = kGeluScale * (x + 0.044715f * x * x * x);
     const float th = tanhf(u);
@@ -421,11 +383,11 @@ __global__ void gelu_backward_kernel(float* dinp, const float* inp, const float*
 }
 
 __global__ void residual_forward_kernel(float* out, const float* a, const float* b, size_t n) {
-  GRID_STRIDE(i, n) { out[i] = a[i] + b[i]; }
+  RAILYARD_GRID_STRIDE(i, n) { out[i] = a[i] + b[i]; }
 }
 
 __global__ void to_bf16_kernel(bf16* out, const float* in, size_t n) {
-  GRID_STRIDE(i, n) { out[i] = __float2bfloat16_rn(in[i]); }
+  RAILYARD_GRID_STRIDE(i, n) { out[i] = __float2bfloat16_rn(in[i]); }
 }
 
 // Block: 32 columns (threadIdx.x % 32: a warp reads 32 consecutive floats of one row) x kColumnSumRowLanes row lanes.
@@ -448,7 +410,7 @@ __global__ void bias_backward_kernel(float* dbias, const float* dout, size_t N, 
 __global__ void adamw_kernel(float* params, bf16* params_bf16, const float* grads, float* m, float* v, size_t n,
                              float beta1, float beta2, float eps, float step_size, float bc2_sqrt, float decay,
                              float grad_scale) {
-  GRID_STRIDE(i, n) {
+  RAILYARD_GRID_STRIDE(i, n) {
     const float g = grads[i] * grad_scale;
     const float mi = beta1 * m[i] + (1.0f - beta1) * g;
     const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;

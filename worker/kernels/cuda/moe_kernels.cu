@@ -1,20 +1,15 @@
 // CUDA kernels of the mixture-of-experts layer (see moe_kernels.h). No atomics: each output element has one owner
 // thread (or one warp) that sums in the CPU twin's order.
 #include "worker/kernels/cuda/cuda_check.h"
+#include "worker/kernels/cuda/device_common.cuh"
 #include "worker/kernels/cuda/launch.h"
 #include "worker/kernels/cuda/moe_kernels.h"
 
 namespace railyard::worker::cuda {
 namespace {
 
-constexpr unsigned kFullMask = 0xffffffffu;
-
-#define MOE_GRID_STRIDE(i, n)                                                          \
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < (n); \
-       i += static_cast<size_t>(gridDim.x) * blockDim.x)
-
 __global__ void moe_route_kernel(float* probs, int32_t* choice, size_t N, int E, int k) {
-  MOE_GRID_STRIDE(t, N) {
+  RAILYARD_GRID_STRIDE(t, N) {
     float* p = probs + t * E;
     float mx = p[0];
     for (int e = 1; e < E; ++e) mx = fmaxf(mx, p[e]);
@@ -38,12 +33,12 @@ __global__ void moe_route_kernel(float* probs, int32_t* choice, size_t N, int E,
 }
 
 __global__ void moe_gather_rows_kernel(float* dst, const float* src, const int32_t* idx, size_t C, size_t n) {
-  MOE_GRID_STRIDE(i, n) { dst[i] = src[static_cast<size_t>(idx[i / C]) * C + i % C]; }
+  RAILYARD_GRID_STRIDE(i, n) { dst[i] = src[static_cast<size_t>(idx[i / C]) * C + i % C]; }
 }
 
 __global__ void moe_gate_rows_kernel(float* dst, const float* src, const float* probs, const int32_t* idx, size_t e,
                                      size_t E, size_t C, size_t n) {
-  MOE_GRID_STRIDE(i, n) {
+  RAILYARD_GRID_STRIDE(i, n) {
     const size_t t = static_cast<size_t>(idx[i / C]);
     dst[i] = probs[t * E + e] * src[t * C + i % C];
   }
@@ -51,7 +46,7 @@ __global__ void moe_gate_rows_kernel(float* dst, const float* src, const float* 
 
 __global__ void moe_combine_kernel(float* out, const float* probs, const int32_t* choice, const int32_t* row,
                                    const float* y, size_t E, int k, size_t C, size_t n) {
-  MOE_GRID_STRIDE(i, n) {
+  RAILYARD_GRID_STRIDE(i, n) {
     const size_t t = i / C, c = i % C;
     float o = 0.0f;
     for (int j = 0; j < k; ++j) {
@@ -65,7 +60,7 @@ __global__ void moe_combine_kernel(float* out, const float* probs, const int32_t
 
 __global__ void moe_combine_input_grads_kernel(float* dx, const int32_t* row, const float* dxe, int k, size_t C,
                                                size_t n) {
-  MOE_GRID_STRIDE(i, n) {
+  RAILYARD_GRID_STRIDE(i, n) {
     const size_t t = i / C, c = i % C;
     float o = 0.0f;
     for (int j = 0; j < k; ++j) {
@@ -74,11 +69,6 @@ __global__ void moe_combine_input_grads_kernel(float* dx, const int32_t* row, co
     }
     dx[i] = o;
   }
-}
-
-__device__ __forceinline__ float moe_warp_sum(float v) {
-  for (int o = kWarpSize / 2; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
-  return v;
 }
 
 // One warp per token t. The row dp = dprobs[t] is written by lanes over E; __syncwarp orders the lanes' global
@@ -100,13 +90,13 @@ __global__ void moe_router_backward_kernel(float* dprobs, const float* probs, co
     const float* yr = y + static_cast<size_t>(r) * C;
     float dot = 0.0f;
     for (int c = lane; c < C; c += kWarpSize) dot += d[c] * yr[c];
-    dot = moe_warp_sum(dot);
+    dot = warp_sum(dot);
     if (lane == 0) dp[choice[t * k + j]] += dot;
     __syncwarp();
   }
   float s = 0.0f;
   for (int e = lane; e < E; e += kWarpSize) s += p[e] * dp[e];
-  s = moe_warp_sum(s);
+  s = warp_sum(s);
   for (int e = lane; e < E; e += kWarpSize) dp[e] = p[e] * (dp[e] - s);
 }
 

@@ -2,17 +2,12 @@
 #include <cmath>
 
 #include "worker/kernels/cuda/cuda_check.h"
+#include "worker/kernels/cuda/device_common.cuh"
 #include "worker/kernels/cuda/launch.h"
 #include "worker/kernels/cuda/ring_kernels.h"
 
 namespace railyard::worker::cuda {
 namespace {
-
-constexpr unsigned kFullMask = 0xffffffffu;
-
-#define RING_GRID_STRIDE(i, n)                                                         \
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < (n); \
-       i += static_cast<size_t>(gridDim.x) * blockDim.x)
 
 // The warp's row of the B*NH*Tc (b, head, position) rows: where its head's channels start in (B,Tc,*) tensors.
 struct WarpRow {
@@ -35,11 +30,6 @@ __device__ __forceinline__ bool warp_row(WarpRow& w, int B, int Tc, int C, int N
   w.ch = w.bh % NH * w.hs;
   w.lane = threadIdx.x % kWarpSize;
   return true;
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = kWarpSize / 2; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
-  return v;
 }
 
 // The lane's channels c = lane + 32 k of one head row.
@@ -79,21 +69,21 @@ __device__ __forceinline__ void add_to(float* row, const float (&v)[kMaxPerLane]
 
 // kv (B,Tc,2C) = the key/value part of qkv (B,Tc,3C)
 __global__ void ring_pack_kernel(float* kv, const float* qkv, int C, size_t n) {
-  RING_GRID_STRIDE(i, n) {
+  RAILYARD_GRID_STRIDE(i, n) {
     const size_t bt = i / (2 * C), c = i % (2 * C);
     kv[i] = qkv[bt * 3 * C + C + c];
   }
 }
 
 __global__ void ring_unpack_kernel(float* dqkv, const float* dkv, int C, size_t n) {
-  RING_GRID_STRIDE(i, n) {
+  RAILYARD_GRID_STRIDE(i, n) {
     const size_t bt = i / (2 * C), c = i % (2 * C);
     dqkv[bt * 3 * C + C + c] = dkv[i];
   }
 }
 
 __global__ void ring_fill_kernel(float* x, float v, size_t n) {
-  RING_GRID_STRIDE(i, n) { x[i] = v; }
+  RAILYARD_GRID_STRIDE(i, n) { x[i] = v; }
 }
 
 __global__ void ring_forward_block_kernel(float* out, float* m, float* l, const float* qkv, const float* kv, int B,

@@ -2,42 +2,16 @@
 #include <cmath>
 
 #include "worker/kernels/cuda/cuda_check.h"
+#include "worker/kernels/cuda/device_common.cuh"
 #include "worker/kernels/cuda/launch.h"
 #include "worker/kernels/cuda/stage_kernels.h"
 
 namespace railyard::worker::cuda {
 namespace {
 
-constexpr unsigned kFullMask = 0xffffffffu;
-
-#define STAGE_GRID_STRIDE(i, n)                                                        \
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < (n); \
-       i += static_cast<size_t>(gridDim.x) * blockDim.x)
-
-// Block-wide reductions over kCrossEntropyBlock threads, warps combined in a fixed order (reproducible).
-__device__ float stage_block_sum(float v, float* shared) {
-  for (int o = kWarpSize / 2; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
-  __syncthreads();
-  if (threadIdx.x % kWarpSize == 0) shared[threadIdx.x / kWarpSize] = v;
-  __syncthreads();
-  float r = 0.0f;
-  for (int w = 0; w < kCrossEntropyBlock / kWarpSize; ++w) r += shared[w];
-  return r;
-}
-
-__device__ float stage_block_max(float v, float* shared) {
-  for (int o = kWarpSize / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
-  __syncthreads();
-  if (threadIdx.x % kWarpSize == 0) shared[threadIdx.x / kWarpSize] = v;
-  __syncthreads();
-  float r = shared[0];
-  for (int w = 1; w < kCrossEntropyBlock / kWarpSize; ++w) r = fmaxf(r, shared[w]);
-  return r;
-}
-
 __global__ void vocab_embedding_forward_kernel(float* out, const int32_t* inp, const float* wte, int v0, int Vl, int C,
                                                size_t n) {
-  STAGE_GRID_STRIDE(i, n) {
+  RAILYARD_GRID_STRIDE(i, n) {
     const size_t r = i / C;
     const int row = inp[r] - v0;
     out[i] = row >= 0 && row < Vl ? wte[static_cast<size_t>(row) * C + i % C] : 0.0f;
@@ -45,7 +19,7 @@ __global__ void vocab_embedding_forward_kernel(float* out, const int32_t* inp, c
 }
 
 __global__ void add_positions_rows_kernel(float* out, const float* wpe, size_t row0, int Tn, int C, size_t n) {
-  STAGE_GRID_STRIDE(i, n) {
+  RAILYARD_GRID_STRIDE(i, n) {
     const size_t r = i / C;
     out[i] += wpe[((row0 + r) % Tn) * C + i % C];
   }
@@ -72,7 +46,7 @@ __global__ void vocab_ce_local_max_kernel(float* mx, const float* logits, int Vl
   const float* z = logits + blockIdx.x * static_cast<size_t>(Vl);
   float m = -INFINITY;
   for (int v = threadIdx.x; v < Vr; v += blockDim.x) m = fmaxf(m, z[v]);
-  m = stage_block_max(m, red);
+  m = block_max(m, red);
   if (threadIdx.x == 0) mx[blockIdx.x] = m;
 }
 
@@ -92,7 +66,7 @@ __global__ void vocab_ce_local_sums_kernel(float* sums, float* logits, const flo
     z[v] = e;
     s += e;
   }
-  s = stage_block_sum(s, red);
+  s = block_sum(s, red);
   if (threadIdx.x == 0) sums[r] = s;
 }
 
@@ -110,7 +84,7 @@ __global__ void vocab_ce_finish_kernel(float* losses, float* logits, const float
 }
 
 __global__ void accumulate_kernel(float* out, const float* in, size_t n) {
-  STAGE_GRID_STRIDE(i, n) { out[i] += in[i]; }
+  RAILYARD_GRID_STRIDE(i, n) { out[i] += in[i]; }
 }
 
 }  // namespace
