@@ -20,6 +20,11 @@ pid_is_ours() {
 
 component_pid() { cat "$STATE_DIR/pids/$1.pid" 2>/dev/null || true; }
 
+# A process in the middle of an exec (our shell -> setsid -> the component) can show an empty command line for a
+# moment, which pid_is_ours reads as "not ours": on a loaded machine a start-up check landed there and stopped a
+# healthy etcd. A starting component is dead only if it is still not alive half a second later.
+component_gone() { ! component_alive "$1" && ! { sleep 0.5 && component_alive "$1"; }; }
+
 component_alive() { pid_is_ours "$(component_pid "$1")"; }
 
 # Starts a detached process (own session, so a terminal or ctest's process group cannot take it down) whose
@@ -128,7 +133,7 @@ wait_for() {
   local name="$1" timeout="$2" check="$3"
   local deadline=$((SECONDS + timeout))
   while ! "$check"; do
-    if ! component_alive "$name"; then
+    if component_gone "$name"; then
       log_tail "$name"
       die "up: $name exited during start-up (log: $STATE_DIR/logs/$name.log)"
     fi
@@ -301,7 +306,7 @@ start_node_agent() {
   while :; do
     ready=$(ready_sim_nodes)
     [ "$ready" -ge "$expected" ] && break
-    if ! component_alive node-agent; then
+    if component_gone node-agent; then
       log_tail node-agent
       die "up: railyard-node-agent exited (log: $STATE_DIR/logs/node-agent.log)"
     fi

@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # A local Prometheus for cluster.sh (`up --prometheus`, stopped by `down`), on 127.0.0.1 and a free port, scraping
 # the file-SD target lists in STATE/prometheus/targets/*.json. Sourced by cluster.sh after lib/control_plane.sh
-# (uses STATE_DIR, REPO_ROOT, die, info, start_component, stop_component, component_alive, port_in_use).
+# (uses STATE_DIR, REPO_ROOT, die, info, start_component, stop_component, component_alive, component_gone, port_in_use).
 # Also runnable on its own for tests, with a dedicated directory as the state dir:
 #   bash deploy/local/lib/prometheus.sh up|down|write-targets DIR [NAME JSON]|pod-targets DIR NAME [NAMESPACE]
 
@@ -41,7 +41,7 @@ prometheus_up() {
     --web.listen-address="127.0.0.1:$port" --web.enable-lifecycle
   local deadline=$((SECONDS + PROMETHEUS_READY_SECONDS))
   until curl -fsS "http://127.0.0.1:$port/-/ready" >/dev/null 2>&1; do
-    if ! component_alive prometheus || [ $SECONDS -ge $deadline ]; then
+    if component_gone prometheus || [ $SECONDS -ge $deadline ]; then
       log_tail prometheus
       stop_component prometheus 10
       die "prometheus: not ready on 127.0.0.1:$port within ${PROMETHEUS_READY_SECONDS}s"
