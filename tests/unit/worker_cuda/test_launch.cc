@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <stdexcept>
+#include <vector>
 
 #include "worker/kernels/cuda/launch.h"
 
@@ -111,4 +112,52 @@ TEST_CASE("GELU_AUX_BIAS epilogue: bias and OC % 8, else the unfused fallback") 
   CHECK_FALSE(gelu_aux_epilogue_ok(3072, false));
   CHECK_FALSE(gelu_aux_epilogue_ok(100, true));
   CHECK_FALSE(gelu_aux_epilogue_ok(0, true));
+}
+
+TEST_CASE("encoder backward: rows grouped by token in row order, and its launch") {
+  // Replaying the grouping as the kernel does (each distinct token adds its rows in order into dwte) must give the CPU
+  // loop's sums bit for bit: the same additions in the same order per element.
+  const std::vector<int32_t> ids = {7, 3, 7, 0, 3, 3, 9, 7, 0, 12, 3};
+  TokenRows tr;
+  token_rows(ids.data(), ids.size(), tr);
+  CHECK(tr.tokens == std::vector<int32_t>{0, 3, 7, 9, 12});
+  CHECK(tr.starts == std::vector<int32_t>{0, 2, 6, 9, 10, 11});
+  CHECK(tr.rows == std::vector<int32_t>{3, 8, 1, 4, 5, 10, 0, 2, 7, 6, 9});
+  const int C = 3;
+  std::vector<float> dout(ids.size() * C), cpu(13 * C, 0.5f), grouped = cpu;
+  for (size_t i = 0; i < dout.size(); ++i) dout[i] = std::sin(static_cast<float>(i) * 1.7f) * 1e3f + 1e-3f * i;
+  for (size_t r = 0; r < ids.size(); ++r)
+    for (int c = 0; c < C; ++c) cpu[ids[r] * C + c] += dout[r * C + c];
+  for (size_t u = 0; u < tr.tokens.size(); ++u)
+    for (int c = 0; c < C; ++c) {
+      float acc = grouped[tr.tokens[u] * C + c];
+      for (int32_t i = tr.starts[u]; i < tr.starts[u + 1]; ++i) acc += dout[tr.rows[i] * C + c];
+      grouped[tr.tokens[u] * C + c] = acc;
+    }
+  CHECK(grouped == cpu);
+
+  token_rows(ids.data(), 0, tr);  // no rows: nothing to launch, and the buffers are reused
+  CHECK(tr.tokens.empty());
+  CHECK(tr.starts == std::vector<int32_t>{0});
+  const int32_t bad[] = {1, -2};
+  CHECK_THROWS_AS(token_rows(bad, 2, tr), std::invalid_argument);
+
+  const EncoderBackwardLaunch l = encoder_backward_launch(5, 768);
+  CHECK(l.grid_x == 5);
+  CHECK(l.grid_y * l.block >= 768);
+  CHECK((l.grid_y - 1) * l.block < 768);
+  CHECK(encoder_backward_launch(0, 768).grid_x == 0);
+}
+
+TEST_CASE("encoder backward grouping for a vocabulary-parallel rank: only ids in [lo, hi), relative to lo") {
+  const std::vector<int32_t> ids = {5, 12, 6, 5, 20, 11, 6, 9};
+  TokenRows tr;
+  token_rows(ids.data(), ids.size(), tr, 5, 12);  // this rank holds vocabulary rows 5..11
+  CHECK(tr.tokens == std::vector<int32_t>{0, 1, 4, 6});
+  CHECK(tr.starts == std::vector<int32_t>{0, 2, 4, 5, 6});
+  CHECK(tr.rows == std::vector<int32_t>{0, 3, 2, 6, 7, 5});
+  token_rows(ids.data(), ids.size(), tr, 30, 40);  // none held
+  CHECK(tr.tokens.empty());
+  CHECK(tr.rows.empty());
+  CHECK_THROWS_AS(token_rows(ids.data(), ids.size(), tr, 4, 4), std::invalid_argument);
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include "worker/kernels/cuda/cuda_check.h"
 #include "worker/kernels/cuda/gemm.h"
@@ -32,6 +33,7 @@ CudaKernels::~CudaKernels() {
   if (staging_ != nullptr) cudaFree(staging_);
   if (partials_ != nullptr) cudaFree(partials_);
   if (weights16_ != nullptr) cudaFree(weights16_);
+  if (token_rows_dev_ != nullptr) cudaFree(token_rows_dev_);
   lt_.reset();
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
@@ -115,9 +117,35 @@ void CudaKernels::encoder_forward(float* out, const int32_t* inp, const float* w
   cuda::encoder_forward(out, inp, wte, wpe, B, Tn, C, stream_);
 }
 
+CudaKernels::DeviceTokenRows CudaKernels::upload_token_rows(const int32_t* inp, size_t N, int32_t lo, int32_t hi) {
+  // The grouping needs the token ids on the host: N int32 down (waiting for the backward so far: the embedding's is
+  // its last kernel), about 2 N int32 up. Far less than one thread per channel walking all N rows.
+  token_ids_.resize(N);
+  to_host(token_ids_.data(), inp, N * sizeof(int32_t));
+  token_rows(token_ids_.data(), N, token_rows_, lo, hi);
+  const size_t kept = token_rows_.rows.size(), distinct = token_rows_.tokens.size(), need = kept + 2 * distinct + 1;
+  if (need > token_rows_dev_elems_) {
+    if (token_rows_dev_ != nullptr) RAILYARD_CUDA_CHECK(cudaFree(token_rows_dev_));  // waits for its last reader
+    token_rows_dev_ = nullptr;
+    token_rows_dev_elems_ = 0;
+    void* p = nullptr;
+    RAILYARD_CUDA_CHECK(cudaMalloc(&p, need * sizeof(int32_t)));
+    token_rows_dev_ = static_cast<int32_t*>(p);
+    token_rows_dev_elems_ = need;
+  }
+  DeviceTokenRows d{token_rows_dev_, token_rows_dev_ + kept, token_rows_dev_ + kept + distinct, distinct};
+  to_device(d.rows, token_rows_.rows.data(), kept * sizeof(int32_t));
+  to_device(d.tokens, token_rows_.tokens.data(), distinct * sizeof(int32_t));
+  to_device(d.starts, token_rows_.starts.data(), (distinct + 1) * sizeof(int32_t));
+  return d;
+}
+
 void CudaKernels::encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B, int Tn,
                                    int C) {
-  cuda::encoder_backward(dwte, dwpe, dout, inp, B, Tn, C, stream_);
+  const size_t N = static_cast<size_t>(B) * Tn;
+  if (N == 0) return;
+  const DeviceTokenRows d = upload_token_rows(inp, N, 0, std::numeric_limits<int32_t>::max());
+  cuda::encoder_backward(dwte, dwpe, dout, d.rows, d.tokens, d.starts, d.distinct, B, Tn, C, stream_);
 }
 
 void CudaKernels::layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
@@ -275,7 +303,10 @@ void CudaKernels::add_positions_rows(float* out, const float* wpe, size_t row0, 
 
 void CudaKernels::vocab_embedding_backward(float* dwte_local, float* dwpe, const float* dout, const int32_t* inp,
                                            int v0, int Vl, int B, int Tn, int C) {
-  cuda::vocab_embedding_backward(dwte_local, dwpe, dout, inp, v0, Vl, B, Tn, C, stream_);
+  const size_t N = static_cast<size_t>(B) * Tn;
+  if (N == 0 || Vl <= 0) return;
+  const DeviceTokenRows d = upload_token_rows(inp, N, v0, v0 + Vl);
+  cuda::vocab_embedding_backward(dwte_local, dwpe, dout, d.rows, d.tokens, d.starts, d.distinct, B, Tn, C, stream_);
 }
 
 void CudaKernels::vocab_ce_local_max(float* mx, const float* logits, size_t N, int Vl, int Vr) {

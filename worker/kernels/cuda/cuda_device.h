@@ -12,6 +12,7 @@
 
 #include "worker/device/kernels.h"
 #include "worker/kernels/cuda/kernels.h"
+#include "worker/kernels/cuda/launch.h"
 
 namespace railyard::worker::cuda {
 
@@ -115,11 +116,24 @@ class CudaKernels final : public Kernels<float> {
   void moe_combine_input_grads(float* dx, const int32_t* row, const float* dxe, size_t N, size_t k, size_t C) override;
 
  private:
+  // encoder_backward / vocab_embedding_backward: the rows of `inp` whose id is in [lo, hi) grouped by token
+  // (launch.h token_rows) in device memory.
+  struct DeviceTokenRows {
+    int32_t *rows, *tokens, *starts;
+    size_t distinct;
+  };
+  DeviceTokenRows upload_token_rows(const int32_t* inp, size_t N, int32_t lo, int32_t hi);
   // bf16 staging for `elems` GEMM operand elements (grown, never shrunk).
   bf16* staging(size_t elems);
   // A GEMM's weight operand in bf16: the persistent copy, or converted into `slot` (staging).
   const bf16* weight16(const float* w, size_t n, bf16* slot);
 
+  // encoder_backward's rows grouped by token: built on the host from a copy of the token ids, uploaded into
+  // token_rows_dev_ ([rows | tokens | starts], grown, never shrunk).
+  TokenRows token_rows_;
+  std::vector<int32_t> token_ids_;
+  int32_t* token_rows_dev_ = nullptr;
+  size_t token_rows_dev_elems_ = 0;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<BlasLt> lt_;
   bf16* staging_ = nullptr;

@@ -25,10 +25,16 @@ __global__ void encoder_forward_kernel(float* out, const int32_t* inp, const flo
 }
 
 // One thread per channel walks the rows in order: a token's rows land on the same dwte row without atomics.
-__global__ void encoder_backward_wte_kernel(float* dwte, const float* dout, const int32_t* inp, size_t N, int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+// Block (u, y): distinct token u, channels y * blockDim.x + threadIdx.x; the token's rows in row order.
+__global__ void encoder_backward_wte_kernel(float* dwte, const float* dout, const int32_t* rows, const int32_t* tokens,
+                                            const int32_t* starts, int C) {
+  const int c = blockIdx.y * blockDim.x + threadIdx.x;
   if (c >= C) return;
-  for (size_t r = 0; r < N; ++r) dwte[static_cast<size_t>(inp[r]) * C + c] += dout[r * C + c];
+  const size_t u = blockIdx.x;
+  float* w = dwte + static_cast<size_t>(tokens[u]) * C + c;
+  float acc = *w;
+  for (int32_t i = starts[u]; i < starts[u + 1]; ++i) acc += dout[static_cast<size_t>(rows[i]) * C + c];
+  *w = acc;
 }
 
 __global__ void encoder_backward_wpe_kernel(float* dwpe, const float* dout, int B, int Tn, int C) {
@@ -479,12 +485,18 @@ void encoder_forward(float* out, const int32_t* inp, const float* wte, const flo
   check_launch("encoder_forward_kernel");
 }
 
-void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B, int Tn, int C,
-                      cudaStream_t stream) {
-  const Launch lc = columns_launch(static_cast<size_t>(C));
-  if (lc.grid == 0 || B <= 0 || Tn <= 0) return;
-  encoder_backward_wte_kernel<<<lc.grid, lc.block, 0, stream>>>(dwte, dout, inp, static_cast<size_t>(B) * Tn, C);
+void token_rows_backward(float* dw, const float* dout, const int32_t* rows, const int32_t* tokens,
+                         const int32_t* starts, size_t distinct, int C, cudaStream_t stream) {
+  const EncoderBackwardLaunch lw = encoder_backward_launch(distinct, C);
+  if (lw.grid_x == 0) return;
+  encoder_backward_wte_kernel<<<dim3(lw.grid_x, lw.grid_y), lw.block, 0, stream>>>(dw, dout, rows, tokens, starts, C);
   check_launch("encoder_backward_wte_kernel");
+}
+
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* rows, const int32_t* tokens,
+                      const int32_t* starts, size_t distinct, int B, int Tn, int C, cudaStream_t stream) {
+  if (B <= 0 || Tn <= 0 || C <= 0) return;
+  token_rows_backward(dwte, dout, rows, tokens, starts, distinct, C, stream);
   const Launch lp = elementwise_launch(static_cast<size_t>(Tn) * C);
   encoder_backward_wpe_kernel<<<lp.grid, lp.block, 0, stream>>>(dwpe, dout, B, Tn, C);
   check_launch("encoder_backward_wpe_kernel");

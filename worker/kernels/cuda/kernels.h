@@ -25,9 +25,15 @@ using bf16 = __nv_bfloat16;
 // out (B,T,C) = wte[inp[b,t]] + wpe[t]
 void encoder_forward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B, int Tn, int C,
                      cudaStream_t stream);
-// dwte (Vp,C) += scatter of dout by token; dwpe (maxT,C) += sum over b. One thread per channel: no atomics.
-void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B, int Tn, int C,
-                      cudaStream_t stream);
+// dwte (Vp,C) += scatter of dout by token; dwpe (maxT,C) += sum over b. No atomics: the rows grouped by token
+// (launch.h token_rows, built on the host; rows, tokens, starts are its arrays in device memory, `distinct` tokens),
+// one thread per (token, channel) adding that token's rows in row order (the CPU twin's order: the same bits).
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* rows, const int32_t* tokens,
+                      const int32_t* starts, size_t distinct, int B, int Tn, int C, cudaStream_t stream);
+// The dwte part alone (also the stage's vocab-parallel embedding): dw (V,C) rows tokens[u] += the dout rows
+// rows[starts[u] .. starts[u+1]) in that order, for the `distinct` groups of token_rows.
+void token_rows_backward(float* dw, const float* dout, const int32_t* rows, const int32_t* tokens,
+                         const int32_t* starts, size_t distinct, int C, cudaStream_t stream);
 
 // out (N,C) = (inp - mean) * rstd * w + b; mean, rstd (N) saved. eps 1e-5, biased variance.
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b, size_t N,

@@ -49,6 +49,50 @@ Launch columns_launch(size_t columns) {
   return l;
 }
 
+void token_rows(const int32_t* ids, size_t N, TokenRows& out, int32_t lo, int32_t hi) {
+  if (hi <= lo)
+    throw std::invalid_argument("token_rows: empty id range [" + std::to_string(lo) + ", " + std::to_string(hi) + ")");
+  auto held = [&](int32_t id) { return id >= lo && id < hi; };
+  int32_t max_id = -1;  // relative to lo
+  size_t kept = 0;
+  for (size_t r = 0; r < N; ++r) {
+    if (ids[r] < 0) throw std::invalid_argument("token_rows: negative token id " + std::to_string(ids[r]));
+    if (!held(ids[r])) continue;
+    max_id = std::max(max_id, ids[r] - lo);
+    ++kept;
+  }
+  const size_t V = static_cast<size_t>(max_id) + 1;
+  std::vector<int32_t>& first = out.counts;  // first[t]: kept rows with a token below t, i.e. where t's rows start
+  first.assign(V + 1, 0);
+  for (size_t r = 0; r < N; ++r) {
+    if (held(ids[r])) ++first[static_cast<size_t>(ids[r] - lo) + 1];
+  }
+  for (size_t t = 0; t < V; ++t) first[t + 1] += first[t];
+  out.tokens.clear();
+  out.starts.clear();
+  for (size_t t = 0; t < V; ++t) {
+    if (first[t + 1] == first[t]) continue;
+    out.tokens.push_back(static_cast<int32_t>(t));
+    out.starts.push_back(first[t]);
+  }
+  out.starts.push_back(static_cast<int32_t>(kept));
+  // Stable: rows visited in ascending order, each taking its token's next slot.
+  out.rows.assign(kept, 0);
+  for (size_t r = 0; r < N; ++r) {
+    if (held(ids[r]))
+      out.rows[static_cast<size_t>(first[static_cast<size_t>(ids[r] - lo)]++)] = static_cast<int32_t>(r);
+  }
+}
+
+EncoderBackwardLaunch encoder_backward_launch(size_t distinct_tokens, int C) {
+  EncoderBackwardLaunch l;
+  if (distinct_tokens == 0 || C <= 0) return l;
+  l.block = kElementwiseBlock;
+  l.grid_x = grid_for(distinct_tokens, "encoder_backward_launch (distinct tokens)");
+  l.grid_y = static_cast<unsigned>(ceil_div(static_cast<size_t>(C), kElementwiseBlock));
+  return l;
+}
+
 Launch column_sums_launch(size_t columns) {
   Launch l;
   l.block = kWarpSize * kColumnSumRowLanes;

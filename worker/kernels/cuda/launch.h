@@ -5,6 +5,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
+#include <vector>
 
 namespace railyard::worker::cuda {
 
@@ -41,6 +43,24 @@ Launch rows_launch(size_t rows);
 Launch crossentropy_launch(size_t rows);
 // Column kernels (encoder/bias backward, layernorm dw/db reduction): one thread per column.
 Launch columns_launch(size_t columns);
+
+// encoder_backward's dwte without atomics and without one thread walking all N rows per channel: the rows grouped by
+// token (a stable counting sort on the host, which has the token ids), then one thread per (distinct token, channel)
+// adds that token's rows in row order, the CPU twin's order per element, so the same bits. rows: the N row indices
+// grouped by token, ascending within a token; tokens: the distinct tokens, ascending; starts: tokens.size() + 1
+// offsets into rows. `counts` is the sort's scratch (kept so repeated calls do not allocate).
+struct TokenRows {
+  std::vector<int32_t> rows, tokens, starts, counts;
+};
+// Only the rows whose id is in [lo, hi) (a vocabulary-parallel rank's rows), their tokens given as id - lo. Throws
+// std::invalid_argument for a negative id or an empty range.
+void token_rows(const int32_t* ids, size_t N, TokenRows& out, int32_t lo = 0,
+                int32_t hi = std::numeric_limits<int32_t>::max());
+// grid (distinct tokens, ceil(C / block)), kElementwiseBlock threads over the channels.
+struct EncoderBackwardLaunch {
+  unsigned grid_x = 0, grid_y = 0, block = 0;  // grid_x 0: nothing to do
+};
+EncoderBackwardLaunch encoder_backward_launch(size_t distinct_tokens, int C);
 
 // Column sums (bias_backward): blocks of 32 columns x kColumnSumRowLanes row lanes; lane y sums rows y, y + lanes, ...
 // and the lanes' partials are added in lane order (deterministic). grid = ceil(columns / 32), block = 32 * lanes.

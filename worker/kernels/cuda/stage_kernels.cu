@@ -3,6 +3,7 @@
 
 #include "worker/kernels/cuda/cuda_check.h"
 #include "worker/kernels/cuda/device_common.cuh"
+#include "worker/kernels/cuda/kernels.h"
 #include "worker/kernels/cuda/launch.h"
 #include "worker/kernels/cuda/stage_kernels.h"
 
@@ -25,19 +26,12 @@ __global__ void add_positions_rows_kernel(float* out, const float* wpe, size_t r
   }
 }
 
-// One thread per channel walks the rows in order (the CPU twin's order per element): no atomics.
-__global__ void vocab_embedding_backward_kernel(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int v0,
-                                                int Vl, int B, int Tn, int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  for (int b = 0; b < B; ++b) {
-    for (int t = 0; t < Tn; ++t) {
-      const size_t bt = static_cast<size_t>(b) * Tn + t;
-      const float d = dout[bt * C + c];
-      const int row = inp[bt] - v0;
-      if (row >= 0 && row < Vl) dwte[static_cast<size_t>(row) * C + c] += d;
-      if (dwpe != nullptr) dwpe[static_cast<size_t>(t) * C + c] += d;
-    }
+// dwpe (Tn,C): one thread per element adds b = 0, 1, ... into it in order (the CPU twin's order): no atomics.
+__global__ void positions_backward_kernel(float* dwpe, const float* dout, int B, int Tn, int C) {
+  RAILYARD_GRID_STRIDE(i, static_cast<size_t>(Tn) * C) {
+    float acc = dwpe[i];
+    for (int b = 0; b < B; ++b) acc += dout[static_cast<size_t>(b) * Tn * C + i];
+    dwpe[i] = acc;
   }
 }
 
@@ -106,12 +100,15 @@ void add_positions_rows(float* out, const float* wpe, size_t row0, size_t rows, 
   check_launch("add_positions_rows_kernel");
 }
 
-void vocab_embedding_backward(float* dwte_local, float* dwpe, const float* dout, const int32_t* inp, int v0, int Vl,
-                              int B, int Tn, int C, cudaStream_t stream) {
-  const Launch l = columns_launch(static_cast<size_t>(C));
-  if (l.grid == 0 || B <= 0 || Tn <= 0) return;
-  vocab_embedding_backward_kernel<<<l.grid, l.block, 0, stream>>>(dwte_local, dwpe, dout, inp, v0, Vl, B, Tn, C);
-  check_launch("vocab_embedding_backward_kernel");
+void vocab_embedding_backward(float* dwte_local, float* dwpe, const float* dout, const int32_t* rows,
+                              const int32_t* tokens, const int32_t* starts, size_t distinct, int B, int Tn, int C,
+                              cudaStream_t stream) {
+  if (B <= 0 || Tn <= 0 || C <= 0) return;
+  token_rows_backward(dwte_local, dout, rows, tokens, starts, distinct, C, stream);
+  if (dwpe == nullptr) return;
+  const Launch l = elementwise_launch(static_cast<size_t>(Tn) * C);
+  positions_backward_kernel<<<l.grid, l.block, 0, stream>>>(dwpe, dout, B, Tn, C);
+  check_launch("positions_backward_kernel");
 }
 
 void vocab_ce_local_max(float* mx, const float* logits, size_t N, int Vl, int Vr, cudaStream_t stream) {

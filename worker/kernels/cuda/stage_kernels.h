@@ -18,10 +18,13 @@ void vocab_embedding_forward(float* out, const int32_t* inp, const float* wte_lo
                              cudaStream_t stream);
 // out (rows,C) += wpe[(row0 + i) mod Tn].
 void add_positions_rows(float* out, const float* wpe, size_t row0, size_t rows, int Tn, int C, cudaStream_t stream);
-// dwte_local (Vl,C) += dout rows of tokens held here (one thread per channel walking the rows in order: no atomics,
-// the CPU's summation order); dwpe (Tn,C) += sum over b in order (when not null).
-void vocab_embedding_backward(float* dwte_local, float* dwpe, const float* dout, const int32_t* inp, int v0, int Vl,
-                              int B, int Tn, int C, cudaStream_t stream);
+// dwte_local (Vl,C) += dout rows of tokens held here; dwpe (Tn,C) += sum over b in order (when not null). No atomics,
+// the CPU's summation order per element: the rows are grouped by token (launch.h token_rows over [v0, v0 + Vl), tokens
+// relative to v0; device arrays) and each (token, channel) adds its rows in row order; dwpe gets one thread per element
+// adding b = 0, 1, ... in order.
+void vocab_embedding_backward(float* dwte_local, float* dwpe, const float* dout, const int32_t* rows,
+                              const int32_t* tokens, const int32_t* starts, size_t distinct, int B, int Tn, int C,
+                              cudaStream_t stream);
 // One block per row (kCrossEntropyBlock threads, fixed-order block reductions).
 void vocab_ce_local_max(float* mx, const float* logits, size_t N, int Vl, int Vr, cudaStream_t stream);
 void vocab_ce_local_sums(float* sums, float* logits, const float* mx, const int32_t* targets, int v0, size_t N, int Vl,
