@@ -9,7 +9,7 @@
 // CUDA the (B,NH,T) row log-sum-exp; scratch sizes come from each kernel family's own plan). Pointers passed to
 // kernels are device memory from alloc(); on the CPU that is ordinary host memory (host_accessible()).
 // Errors throw (CudaError on CUDA); no kernel allocates, except CUDA's bf16 GEMM staging, which grows to the largest
-// GEMM on first use.
+// GEMM on first use, and CUDA's embedding backward, which keeps a buffer of the rows grouped by token (grown likewise).
 #pragma once
 
 #include <cstddef>
