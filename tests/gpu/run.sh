@@ -9,13 +9,15 @@
 #      nccl_stream_reducer, the data-parallel buckets' reducer, orders its all-reduces after another stream's writes).
 #      NCCL's bootstrap stays on 127.0.0.1: the tests set NCCL_COMM_ID to a loopback port and NCCL_SOCKET_IFNAME=lo.
 #   2. the CUDA kernels: ctest worker_cuda_unit (launch plans, device selection) and worker_cuda_parity (every kernel
-#      of worker/kernels/cuda against its CPU twin on random inputs; fp32 kernels to 1e-5, bf16 cuBLASLt GEMMs to 1e-3).
+#      of worker/kernels/cuda against its CPU twin on random inputs; fp32 kernels to 1e-5, bf16 cuBLASLt GEMMs to 1e-3;
+#      whole Gpt<float> steps, dense and with experts, against the CPU).
 #   2b. with 2+ GPUs, worker_cuda_stage_nccl: the tensor/pipeline-parallel model (ParallelModel on CudaKernels, NCCL
 #      groups) at tp=2, pp=2 and, with 4+ GPUs, tp=2 x pp=2 against the same layout on the CPU over Gloo.
 #   3. with 2 or more GPUs, worker_train_dp_cuda: `railyard-worker train --nproc 2 --device cuda` (gradient buckets
 #      all-reduced over NCCL on a communication stream, overlapping backward) trains to the losses of the same job on
 #      the CPU over Gloo within 2% per step (bf16 GEMM operands), and `--deterministic --device cuda` at --nproc 2
-#      (also --zero 2) bitwise equal to one process on the GPU; with 4 or more GPUs, worker_train_dp_tp_cuda: the same
+#      (also --zero 2) bitwise equal to one process on the GPU, and a model with experts (MoE layers on the device, with
+#      and without ZeRO-1) within 3% of the CPU run; with 4 or more GPUs, worker_train_dp_tp_cuda: the same
 #      for `--nproc 4` with `--tp 2` (dp=2 x tp=2), `--pp 2` (dp=2 x pp=2) and `--tp 2 --zero 1` (ZeRO-1 on device
 #      pieces); then every other test labelled `gpu` (the CPU-vs-GPU equivalence tests of the worker register under
 #      that label).
