@@ -1,8 +1,12 @@
 // Test devices whose memory the host cannot touch (issue #11), shared by the device tests of worker/parallel:
 // ShadowCpu runs the CPU kernels but hands out addresses in a PROT_NONE region, so any host code that reads or writes
 // device memory (a memcpy, a loop over the losses, a host-side reduction) dies with SIGSEGV instead of passing, and
-// any host pointer given to a device kernel is refused. DeviceComm is a real (Gloo) communicator that takes those
-// device addresses, as NCCL takes CUDA memory.
+// any host pointer given to a device kernel is refused. It also keeps two CUDA semantics the code must respect on a
+// GPU: kernels run later, in order, as on one stream (at synchronize(), a copy or global_norm), and GEMMs read an
+// exact emulation of CudaKernels' persistent weight copy. DeviceComm is a real (Gloo) communicator that takes those
+// device addresses, as NCCL takes CUDA memory, on its own "stream": it does not wait for the kernels, so a collective
+// handed a buffer without synchronize() first sends stale values (checked by removing GptStage::all_reduce's
+// synchronize(): 9 of 17 stage-device test cases fail).
 #pragma once
 
 #include <doctest/doctest.h>
@@ -11,7 +15,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -71,20 +77,42 @@ class ShadowCpu final : public Kernels<float> {
     return shadow_ + at;  // zero: fresh anonymous pages, never reused
   }
   void free(void*) noexcept override {}
-  void zero(void* p, size_t bytes) override { std::memset(d(p), 0, bytes); }
+  void zero(void* p, size_t bytes) override {
+    later([=, this] { std::memset(d(p), 0, bytes); });
+  }
+  // Copies are ordered after every kernel enqueued before them, as on CUDA's one stream (and wait for them).
   void to_host(void* dst, const void* src, size_t bytes) override {
     ++copies;
     downloads.push_back(bytes);
     REQUIRE_FALSE(owns(dst));
+    drain();
     std::memcpy(dst, d(src), bytes);
   }
   void to_device(void* dst, const void* src, size_t bytes) override {
     ++copies;
     REQUIRE_FALSE(owns(src));
+    drain();
     std::memcpy(d(dst), src, bytes);
     refresh(static_cast<const float*>(dst), bytes / sizeof(float));
   }
-  void synchronize() override {}
+  void synchronize() override { drain(); }
+  // Runs the kernels enqueued so far, in order: what a host-side wait for the stream (or an event another stream
+  // waits on: comm::StreamReducer) makes visible. Communicators given device memory (DeviceComm) do not call it, so
+  // a caller that hands a buffer to a collective without synchronize() sends what the buffer held before the
+  // kernels that were meant to fill it, as it would on CUDA.
+  void drain() {
+    std::lock_guard<std::mutex> lock(run_mu_);
+    for (;;) {
+      std::vector<std::function<void()>> batch;
+      {
+        std::lock_guard<std::mutex> q(queue_mu_);
+        batch.swap(queue_);
+      }
+      if (batch.empty()) return;
+      for (auto& f : batch) f();
+    }
+  }
+  size_t enqueued = 0;  // kernels (and memsets, weight-copy refreshes) deferred so far
   size_t attention_saved_elems(int B, int T, int C, int NH) const override {
     return c_.attention_saved_elems(B, T, C, NH);
   }
@@ -93,134 +121,156 @@ class ShadowCpu final : public Kernels<float> {
   }
   size_t layernorm_scratch_elems(size_t N, int C) const override { return c_.layernorm_scratch_elems(N, C); }
   void encoder_forward(float* o, const int32_t* i, const float* a, const float* b, int B, int T, int C) override {
-    c_.encoder_forward(d(o), d(i), d(a), d(b), B, T, C);
+    later([=, this] { c_.encoder_forward(d(o), d(i), d(a), d(b), B, T, C); });
   }
   void encoder_backward(float* a, float* b, const float* g, const int32_t* i, int B, int T, int C) override {
-    c_.encoder_backward(d(a), d(b), d(g), d(i), B, T, C);
+    later([=, this] { c_.encoder_backward(d(a), d(b), d(g), d(i), B, T, C); });
   }
   void layernorm_forward(float* o, float* m, float* r, const float* i, const float* w, const float* b, size_t N,
                          int C) override {
-    c_.layernorm_forward(d(o), d(m), d(r), d(i), d(w), d(b), N, C);
+    later([=, this] { c_.layernorm_forward(d(o), d(m), d(r), d(i), d(w), d(b), N, C); });
   }
   void layernorm_backward(float* di, float* dw, float* db, float* s, const float* g, const float* i, const float* w,
                           const float* m, const float* r, size_t N, int C) override {
-    c_.layernorm_backward(d(di), d(dw), d(db), d(s), d(g), d(i), d(w), d(m), d(r), N, C);
+    later([=, this] { c_.layernorm_backward(d(di), d(dw), d(db), d(s), d(g), d(i), d(w), d(m), d(r), N, C); });
   }
   void matmul_forward(float* o, const float* i, const float* w, const float* b, size_t N, int IC, int OC) override {
-    c_.matmul_forward(d(o), d(i), weight(w), d(b), N, IC, OC);
+    later([=, this] { c_.matmul_forward(d(o), d(i), weight(w), d(b), N, IC, OC); });
   }
   void matmul_backward(float* di, bool ai, float* dw, float* db, const float* g, const float* i, const float* w,
                        size_t N, int IC, int OC, bool aw) override {
-    c_.matmul_backward(d(di), ai, d(dw), d(db), d(g), d(i), weight(w), N, IC, OC, aw);
+    later([=, this] { c_.matmul_backward(d(di), ai, d(dw), d(db), d(g), d(i), weight(w), N, IC, OC, aw); });
   }
   // CudaKernels' persistent weight copy, emulated exactly (no rounding): GEMM weight operands inside the range given
   // to set_weights are read from a copy that only set_weights, adamw_update and to_device into the range, and
   // weights_changed() refresh. A path that writes the parameters another way (a collective receiving into them, a
   // copy kernel) without weights_changed() then trains on stale weights here, as it would on CUDA.
   void set_weights(const float* p, size_t n) override {
+    drain();  // CUDA synchronizes before replacing the copy
     weights_ = p;
     weights_copy_.assign(n, 0.0f);
     refresh(p, n);
   }
   void weights_changed() override {
     ++weight_refreshes;
-    refresh(weights_, weights_copy_.size());
+    later([this] { refresh(weights_, weights_copy_.size()); });  // a conversion kernel on the stream
   }
   size_t weight_refreshes = 0;
   void attention_forward(float* o, float* s, const float* q, int B, int T, int C, int NH) override {
-    c_.attention_forward(d(o), d(s), d(q), B, T, C, NH);
+    later([=, this] { c_.attention_forward(d(o), d(s), d(q), B, T, C, NH); });
   }
   void attention_backward(float* dq, float* s, const float* g, const float* q, const float* o, const float* sv, int B,
                           int T, int C, int NH) override {
-    c_.attention_backward(d(dq), d(s), d(g), d(q), d(o), d(sv), B, T, C, NH);
+    later([=, this] { c_.attention_backward(d(dq), d(s), d(g), d(q), d(o), d(sv), B, T, C, NH); });
   }
-  void gelu_forward(float* o, const float* i, size_t n) override { c_.gelu_forward(d(o), d(i), n); }
+  void gelu_forward(float* o, const float* i, size_t n) override {
+    later([=, this] { c_.gelu_forward(d(o), d(i), n); });
+  }
   void gelu_backward(float* di, const float* i, const float* g, size_t n) override {
-    c_.gelu_backward(d(di), d(i), d(g), n);
+    later([=, this] { c_.gelu_backward(d(di), d(i), d(g), n); });
   }
   void residual_forward(float* o, const float* a, const float* b, size_t n) override {
-    c_.residual_forward(d(o), d(a), d(b), n);
+    later([=, this] { c_.residual_forward(d(o), d(a), d(b), n); });
   }
   void crossentropy_forward(float* l, const float* z, const int32_t* t, size_t N, int V, int Vp) override {
-    c_.crossentropy_forward(d(l), d(z), d(t), N, V, Vp);
+    later([=, this] { c_.crossentropy_forward(d(l), d(z), d(t), N, V, Vp); });
   }
   void crossentropy_fused_backward(float* l, float* z, const int32_t* t, size_t N, int V, int Vp, float k) override {
-    c_.crossentropy_fused_backward(d(l), d(z), d(t), N, V, Vp, k);
+    later([=, this] { c_.crossentropy_fused_backward(d(l), d(z), d(t), N, V, Vp, k); });
   }
   void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float lr, float b1, float b2, float eps,
                     float wd, int64_t t, float s) override {
-    c_.adamw_update(d(p), d(g), d(m), d(v), n, lr, b1, b2, eps, wd, t, s);
-    refresh(p, n);  // CUDA's AdamW pass writes the copy too
+    later([=, this] {
+      c_.adamw_update(d(p), d(g), d(m), d(v), n, lr, b1, b2, eps, wd, t, s);
+      refresh(p, n);  // CUDA's AdamW pass writes the copy too
+    });
   }
-  double global_norm(const float* x, size_t n) override { return c_.global_norm(d(x), n); }
+  double global_norm(const float* x, size_t n) override {
+    drain();  // CUDA reads the partial sums back: a wait for the stream
+    return c_.global_norm(d(x), n);
+  }
   void vocab_embedding_forward(float* o, const int32_t* i, const float* w, int v0, int Vl, size_t N, int C) override {
-    c_.vocab_embedding_forward(d(o), d(i), d(w), v0, Vl, N, C);
+    later([=, this] { c_.vocab_embedding_forward(d(o), d(i), d(w), v0, Vl, N, C); });
   }
   void add_positions_rows(float* o, const float* w, size_t r0, size_t rows, int T, int C) override {
-    c_.add_positions_rows(d(o), d(w), r0, rows, T, C);
+    later([=, this] { c_.add_positions_rows(d(o), d(w), r0, rows, T, C); });
   }
   void vocab_embedding_backward(float* dw, float* dp, const float* g, const int32_t* i, int v0, int Vl, int B, int T,
                                 int C) override {
     ++embedding_backwards;  // the first stage's last kernel of a backward
-    c_.vocab_embedding_backward(d(dw), d(dp), d(g), d(i), v0, Vl, B, T, C);
+    later([=, this] { c_.vocab_embedding_backward(d(dw), d(dp), d(g), d(i), v0, Vl, B, T, C); });
   }
   void vocab_ce_local_max(float* m, const float* z, size_t N, int Vl, int Vr) override {
-    c_.vocab_ce_local_max(d(m), d(z), N, Vl, Vr);
+    later([=, this] { c_.vocab_ce_local_max(d(m), d(z), N, Vl, Vr); });
   }
   void vocab_ce_local_sums(float* s, float* z, const float* m, const int32_t* t, int v0, size_t N, int Vl,
                            int Vr) override {
-    c_.vocab_ce_local_sums(d(s), d(z), d(m), d(t), v0, N, Vl, Vr);
+    later([=, this] { c_.vocab_ce_local_sums(d(s), d(z), d(m), d(t), v0, N, Vl, Vr); });
   }
   void vocab_ce_finish(float* l, float* z, const float* s, const float* m, const int32_t* t, int v0, size_t N, int Vl,
                        int Vr, float k) override {
-    c_.vocab_ce_finish(d(l), d(z), d(s), d(m), d(t), v0, N, Vl, Vr, k);
+    later([=, this] { c_.vocab_ce_finish(d(l), d(z), d(s), d(m), d(t), v0, N, Vl, Vr, k); });
   }
-  void accumulate(float* o, const float* i, size_t n) override { c_.accumulate(d(o), d(i), n); }
-  void copy(float* dst, const float* src, size_t n) override { c_.copy(d(dst), d(src), n); }
+  void accumulate(float* o, const float* i, size_t n) override {
+    later([=, this] { c_.accumulate(d(o), d(i), n); });
+  }
+  void copy(float* dst, const float* src, size_t n) override {
+    later([=, this] { c_.copy(d(dst), d(src), n); });
+  }
   void ring_forward_begin(float* kv, float* o, float* m, float* l, const float* q, int B, int T, int C,
                           int NH) override {
-    c_.ring_forward_begin(d(kv), d(o), d(m), d(l), d(q), B, T, C, NH);
+    later([=, this] { c_.ring_forward_begin(d(kv), d(o), d(m), d(l), d(q), B, T, C, NH); });
   }
   void ring_forward_block(float* o, float* m, float* l, const float* q, const float* kv, int B, int T, int C, int NH,
                           bool diag) override {
-    c_.ring_forward_block(d(o), d(m), d(l), d(q), d(kv), B, T, C, NH, diag);
+    later([=, this] { c_.ring_forward_block(d(o), d(m), d(l), d(q), d(kv), B, T, C, NH, diag); });
   }
   void ring_forward_end(float* o, float* lse, const float* m, const float* l, int B, int T, int C, int NH) override {
-    c_.ring_forward_end(d(o), d(lse), d(m), d(l), B, T, C, NH);
+    later([=, this] { c_.ring_forward_end(d(o), d(lse), d(m), d(l), B, T, C, NH); });
   }
   void ring_backward_begin(float* kv, float* dkv, float* dq, float* D, const float* g, const float* q, const float* o,
                            int B, int T, int C, int NH) override {
-    c_.ring_backward_begin(d(kv), d(dkv), d(dq), d(D), d(g), d(q), d(o), B, T, C, NH);
+    later([=, this] { c_.ring_backward_begin(d(kv), d(dkv), d(dq), d(D), d(g), d(q), d(o), B, T, C, NH); });
   }
   void ring_backward_block(float* dq, float* dkv, const float* g, const float* q, const float* kv, const float* lse,
                            const float* D, int B, int T, int C, int NH, bool diag) override {
-    c_.ring_backward_block(d(dq), d(dkv), d(g), d(q), d(kv), d(lse), d(D), B, T, C, NH, diag);
+    later([=, this] { c_.ring_backward_block(d(dq), d(dkv), d(g), d(q), d(kv), d(lse), d(D), B, T, C, NH, diag); });
   }
   void ring_backward_end(float* dq, const float* dkv, int B, int T, int C) override {
-    c_.ring_backward_end(d(dq), d(dkv), B, T, C);
+    later([=, this] { c_.ring_backward_end(d(dq), d(dkv), B, T, C); });
   }
-  void moe_route(float* p, int32_t* ch, size_t N, size_t E, size_t k) override { c_.moe_route(d(p), d(ch), N, E, k); }
+  void moe_route(float* p, int32_t* ch, size_t N, size_t E, size_t k) override {
+    later([=, this] { c_.moe_route(d(p), d(ch), N, E, k); });
+  }
   void moe_gather_rows(float* o, const float* s, const int32_t* i, size_t n, size_t C) override {
-    c_.moe_gather_rows(d(o), d(s), d(i), n, C);
+    later([=, this] { c_.moe_gather_rows(d(o), d(s), d(i), n, C); });
   }
   void moe_gate_rows(float* o, const float* s, const float* p, const int32_t* i, size_t e, size_t E, size_t n,
                      size_t C) override {
-    c_.moe_gate_rows(d(o), d(s), d(p), d(i), e, E, n, C);
+    later([=, this] { c_.moe_gate_rows(d(o), d(s), d(p), d(i), e, E, n, C); });
   }
   void moe_combine(float* o, const float* p, const int32_t* ch, const int32_t* r, const float* y, size_t N, size_t E,
                    size_t k, size_t C) override {
-    c_.moe_combine(d(o), d(p), d(ch), d(r), d(y), N, E, k, C);
+    later([=, this] { c_.moe_combine(d(o), d(p), d(ch), d(r), d(y), N, E, k, C); });
   }
   void moe_router_backward(float* dp, const float* p, const int32_t* ch, const int32_t* r, const float* y,
                            const float* g, const float* aux, float dl, size_t N, size_t E, size_t k,
                            size_t C) override {
-    c_.moe_router_backward(d(dp), d(p), d(ch), d(r), d(y), d(g), d(aux), dl, N, E, k, C);
+    later([=, this] { c_.moe_router_backward(d(dp), d(p), d(ch), d(r), d(y), d(g), d(aux), dl, N, E, k, C); });
   }
   void moe_combine_input_grads(float* dx, const int32_t* r, const float* dxe, size_t N, size_t k, size_t C) override {
-    c_.moe_combine_input_grads(d(dx), d(r), d(dxe), N, k, C);
+    later([=, this] { c_.moe_combine_input_grads(d(dx), d(r), d(dxe), N, k, C); });
   }
 
  private:
+  // Kernels run later, in order, as on one CUDA stream: at the next synchronize(), copy or global_norm.
+  void later(std::function<void()> f) {
+    std::lock_guard<std::mutex> q(queue_mu_);
+    ++enqueued;
+    queue_.push_back(std::move(f));
+  }
+  std::mutex run_mu_, queue_mu_;
+  std::vector<std::function<void()>> queue_;
   // A GEMM weight operand: from the weight copy when it lies in the registered range.
   const float* weight(const float* w) const {
     if (weights_ != nullptr && w >= weights_ && w < weights_ + weights_copy_.size()) {

@@ -229,8 +229,10 @@ namespace {
 // handed must be device memory.
 class CountingReducer final : public comm::StreamReducer {
  public:
-  CountingReducer(comm::Communicator& c, const ShadowCpu& dev) : twin_(comm::host_stream_reducer(c)), dev_(dev) {}
+  CountingReducer(comm::Communicator& c, ShadowCpu& dev) : twin_(comm::host_stream_reducer(c)), dev_(dev) {}
   void all_reduce(void* buf, size_t count, comm::DType t, comm::ReduceOp op) override {
+    // The NCCL reducer orders the reduction after the compute stream's work so far (an event): run those kernels.
+    dev_.drain();
     ++launches;
     if (!dev_.owns(buf)) ++host_buffers;
     // Two micro-batches per replica and step: an odd count is the last one's backward before its embedding backward.
@@ -246,7 +248,7 @@ class CountingReducer final : public comm::StreamReducer {
 
  private:
   std::unique_ptr<comm::StreamReducer> twin_;
-  const ShadowCpu& dev_;
+  ShadowCpu& dev_;
 };
 
 struct HybridRun {
