@@ -20,6 +20,23 @@ constexpr size_t kNormChunk = 1 << 16;
 // GEMM operands start on 128-byte boundaries inside the staging buffer (cuBLASLt wants at least 16).
 constexpr size_t kStagingAlign = 64;  // elements of bf16
 size_t aligned(size_t elems) { return ceil_div(elems, kStagingAlign) * kStagingAlign; }
+
+// A scratch buffer of at least `need` elements of U: grown (never shrunk) after the stream's work that may still read
+// the old one has finished.
+template <typename U>
+U* grow(U*& buf, size_t& elems, size_t need, cudaStream_t stream) {
+  if (need > elems) {
+    RAILYARD_CUDA_CHECK(cudaStreamSynchronize(stream));
+    if (buf != nullptr) RAILYARD_CUDA_CHECK(cudaFree(buf));
+    buf = nullptr;
+    elems = 0;
+    void* p = nullptr;
+    RAILYARD_CUDA_CHECK(cudaMalloc(&p, need * sizeof(U)));
+    buf = static_cast<U*>(p);
+    elems = need;
+  }
+  return buf;
+}
 }  // namespace
 
 CudaKernels::CudaKernels() {
@@ -98,19 +115,7 @@ size_t CudaKernels::layernorm_scratch_elems(size_t N, int C) const {
   return layernorm_backward_plan(N, C).scratch_floats;
 }
 
-bf16* CudaKernels::staging(size_t elems) {
-  if (elems > staging_elems_) {
-    RAILYARD_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    if (staging_ != nullptr) RAILYARD_CUDA_CHECK(cudaFree(staging_));
-    staging_ = nullptr;
-    staging_elems_ = 0;
-    void* p = nullptr;
-    RAILYARD_CUDA_CHECK(cudaMalloc(&p, elems * sizeof(bf16)));
-    staging_ = static_cast<bf16*>(p);
-    staging_elems_ = elems;
-  }
-  return staging_;
-}
+bf16* CudaKernels::staging(size_t elems) { return grow(staging_, staging_elems_, elems, stream_); }
 
 void CudaKernels::encoder_forward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B, int Tn,
                                   int C) {
@@ -124,16 +129,8 @@ CudaKernels::DeviceTokenRows CudaKernels::upload_token_rows(const int32_t* inp, 
   to_host(token_ids_.data(), inp, N * sizeof(int32_t));
   token_rows(token_ids_.data(), N, token_rows_, lo, hi);
   const size_t kept = token_rows_.rows.size(), distinct = token_rows_.tokens.size(), need = kept + 2 * distinct + 1;
-  if (need > token_rows_dev_elems_) {
-    if (token_rows_dev_ != nullptr) RAILYARD_CUDA_CHECK(cudaFree(token_rows_dev_));  // waits for its last reader
-    token_rows_dev_ = nullptr;
-    token_rows_dev_elems_ = 0;
-    void* p = nullptr;
-    RAILYARD_CUDA_CHECK(cudaMalloc(&p, need * sizeof(int32_t)));
-    token_rows_dev_ = static_cast<int32_t*>(p);
-    token_rows_dev_elems_ = need;
-  }
-  DeviceTokenRows d{token_rows_dev_, token_rows_dev_ + kept, token_rows_dev_ + kept + distinct, distinct};
+  int32_t* buf = grow(token_rows_dev_, token_rows_dev_elems_, need, stream_);
+  DeviceTokenRows d{buf, buf + kept, buf + kept + distinct, distinct};
   to_device(d.rows, token_rows_.rows.data(), kept * sizeof(int32_t));
   to_device(d.tokens, token_rows_.tokens.data(), distinct * sizeof(int32_t));
   to_device(d.starts, token_rows_.starts.data(), (distinct + 1) * sizeof(int32_t));
@@ -275,16 +272,8 @@ void CudaKernels::adamw_update(float* params, const float* grads, float* m, floa
 double CudaKernels::global_norm(const float* x, size_t n) {
   const size_t chunks = ceil_div(n, kNormChunk);
   if (chunks == 0) return 0;
-  if (chunks > partials_elems_) {
-    RAILYARD_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    if (partials_ != nullptr) RAILYARD_CUDA_CHECK(cudaFree(partials_));
-    partials_ = nullptr;
-    void* p = nullptr;
-    RAILYARD_CUDA_CHECK(cudaMalloc(&p, chunks * sizeof(double)));
-    partials_ = static_cast<double*>(p);
-    partials_elems_ = chunks;
-    host_partials_.resize(chunks);
-  }
+  grow(partials_, partials_elems_, chunks, stream_);
+  if (host_partials_.size() < chunks) host_partials_.resize(chunks);
   sum_squares_partials(partials_, x, n, kNormChunk, stream_);
   to_host(host_partials_.data(), partials_, chunks * sizeof(double));
   double total = 0;
