@@ -14,12 +14,18 @@
 #include "tests/unit/worker/off_host_device.h"
 #include "tests/unit/worker_parallel/shadow_device.h"
 #include "tests/unit/worker_parallel/trainer_test_util.h"
+#include "worker/comm/local_world.h"
 #include "worker/optim/offload.h"
+#include "worker/parallel/data_parallel.h"
 #include "worker/train/trainer.h"
 
 using namespace railyard::worker;
+using railyard::worker::testing::DeviceComm;
 using railyard::worker::testing::OffHostCpu;
 using railyard::worker::testing::ShadowCpu;
+namespace comm = railyard::worker::comm;
+using railyard::worker::parallel::DataParallelOptions;
+using railyard::worker::parallel::gpt_data_parallel;
 
 namespace {
 
@@ -186,6 +192,41 @@ TEST_CASE("offload off the host: a restore through state()'s host copies continu
   CHECK(same_bits(rest.params, cpu.params));
   CHECK(same_bits(rest.m, cpu.m));
   CHECK(same_bits(rest.v, cpu.v));
+}
+
+TEST_CASE("offload off the host with the deterministic data-parallel tree (dp=2) equals the CPU bitwise") {
+  // The tree reduces device buffers over a device-memory communicator; then the norm on the device and the offloaded
+  // update through the side copies. Each replica reads the job's whole micro-batch sequence (deterministic mode).
+  auto run = [](bool device, OffloadMode offload) {
+    std::vector<Run> runs(2);
+    comm::run_local_world(2, [&](comm::Communicator& c) {
+      ThreadPool pool(1);
+      ShadowCpu dev(pool);
+      testing::StreamSource src(0, 1, kB, kT, kCfg.vocab_size);
+      TrainConfig tc = train_config(offload);
+      tc.global_batch_tokens = static_cast<int64_t>(4) * kB * kT;  // 2 micro-batches per replica
+      auto grad = c.dup("dp-grad");
+      DeviceComm grad_dev(*grad, dev);
+      DataParallelOptions o;
+      o.bucket_bytes = 16 << 10;
+      o.deterministic = true;
+      if (device) {
+        o.device = &dev;
+        o.device_dp = &grad_dev;
+      }
+      auto sync = gpt_data_parallel(&c, kCfg, tc, pool, o);
+      Trainer tr(kCfg, tc, pool, src, nullptr, sync.get(), nullptr, device ? &dev : nullptr);
+      runs[c.rank()] = train(tr, nullptr, kSteps);
+      if (device) CHECK(dev.side_uploaded == static_cast<size_t>(kSteps) * num_parameters(kCfg) * sizeof(float));
+    });
+    return runs;
+  };
+  const auto cpu = run(false, OffloadMode::kNone);
+  const auto dev = run(true, OffloadMode::kOptimizer);
+  CHECK(cpu[0].losses.back() < cpu[0].losses.front());
+  check_bitwise(dev[0], cpu[0]);
+  check_bitwise(dev[1], cpu[1]);
+  check_bitwise(cpu[1], cpu[0]);
 }
 
 TEST_CASE("a copy failing on the update thread reaches the trainer and stays an error") {
