@@ -203,6 +203,17 @@ class Kernels : public DeviceMemory {
                                    const T* dout, const T* aux, T dloss, size_t N, size_t E, size_t k, size_t C) = 0;
   // dx (N,C) = sum over the token's kept choices (choice order) of dxe[row].
   virtual void moe_combine_input_grads(T* dx, const int32_t* row, const T* dxe, size_t N, size_t k, size_t C) = 0;
+
+  // ---- Side copies (appended, ABI 7): the offloaded optimizer's thread (worker/optim/offload.h) moves parameter
+  // groups down and up while the main thread's next forward runs kernels. to_host/to_device are ordered after every
+  // kernel queued before them (CUDA: the compute stream), so from that thread each copy would wait for the forward
+  // kernels the main thread queued meanwhile and the update could not overlap them. These run on a path of their own
+  // (CUDA: a copy stream) and are safe to call from a second thread while the main thread launches kernels. The
+  // caller orders them: what they read was finished (synchronize() after its writers), and no queued kernel reads or
+  // writes what they write before they return. They wait for their own completion, and side_to_device keeps the
+  // device's weight copy current like to_device (set_weights). Defaults: to_host/to_device (the CPU's memcpy).
+  virtual void side_to_host(void* host_dst, const void* src, size_t bytes) { to_host(host_dst, src, bytes); }
+  virtual void side_to_device(void* dst, const void* host_src, size_t bytes) { to_device(dst, host_src, bytes); }
 };
 
 }  // namespace railyard::worker

@@ -58,9 +58,10 @@ size_t offload_host_bytes(const GptConfig& c) {
   return (2 * num_parameters(c) + 2 * largest_group(offload_groups(c))) * sizeof(float);
 }
 
-OffloadAdamW::OffloadAdamW(const GptConfig& config, const AdamWHyper& hyper, int threads)
+OffloadAdamW::OffloadAdamW(const GptConfig& config, const AdamWHyper& hyper, int threads, Kernels<float>* device)
     : config_(config),
       hyper_(hyper),
+      device_(device != nullptr && !device->host_accessible() ? device : nullptr),
       groups_(offload_groups(config)),
       pool_(std::max(1, threads)),
       m_(num_parameters(config)),
@@ -107,10 +108,12 @@ void OffloadAdamW::start(float* params, const float* grads, float lr, float grad
 
 void OffloadAdamW::wait_group(int g) {
   std::unique_lock lock(mu_);
-  if (!pending_ || done_ > static_cast<size_t>(g)) return;
-  const auto t0 = std::chrono::steady_clock::now();
-  cv_.wait(lock, [&] { return !pending_ || done_ > static_cast<size_t>(g); });
-  wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (pending_ && done_ <= static_cast<size_t>(g)) {
+    const auto t0 = std::chrono::steady_clock::now();
+    cv_.wait(lock, [&] { return !pending_ || done_ > static_cast<size_t>(g); });
+    wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  if (error_) std::rethrow_exception(error_);
 }
 
 void OffloadAdamW::wait_all() { wait_group(static_cast<int>(groups_.size()) - 1); }
@@ -133,7 +136,16 @@ void OffloadAdamW::loop() {
     const auto t0 = std::chrono::steady_clock::now();
     for (size_t g = 0; g < groups_.size(); ++g) {
       lock.unlock();
-      run_group(groups_[g]);
+      try {
+        run_group(groups_[g]);
+      } catch (...) {
+        // A failed copy (CudaError) must reach the trainer, not terminate the process from this thread.
+        lock.lock();
+        error_ = std::current_exception();
+        pending_ = false;
+        cv_.notify_all();
+        break;
+      }
       lock.lock();
       done_ = g + 1;
       if (done_ == groups_.size()) {
@@ -146,12 +158,18 @@ void OffloadAdamW::loop() {
 }
 
 void OffloadAdamW::run_group(const OffloadGroup& group) {
-  // Gradients and parameters down into the host staging buffer (a device-to-host copy in a CUDA build), the update
+  // Gradients and parameters down into the host staging buffer (the device's side copies off the host), the update
   // on the host moments, the parameters back up.
   size_t at = 0;
   for (const auto& r : group) {
-    std::memcpy(stage_g_.data() + at, grads_ + r.offset, r.count * sizeof(float));
-    std::memcpy(stage_p_.data() + at, params_ + r.offset, r.count * sizeof(float));
+    const size_t bytes = r.count * sizeof(float);
+    if (device_ != nullptr) {
+      device_->side_to_host(stage_g_.data() + at, grads_ + r.offset, bytes);
+      device_->side_to_host(stage_p_.data() + at, params_ + r.offset, bytes);
+    } else {
+      std::memcpy(stage_g_.data() + at, grads_ + r.offset, bytes);
+      std::memcpy(stage_p_.data() + at, params_ + r.offset, bytes);
+    }
     at += r.count;
   }
   const float b1 = hyper_.beta1, b2 = hyper_.beta2, eps = hyper_.eps, grad_scale = scale_;
@@ -179,7 +197,11 @@ void OffloadAdamW::run_group(const OffloadGroup& group) {
   }
   at = 0;
   for (const auto& r : group) {
-    std::memcpy(params_ + r.offset, stage_p_.data() + at, r.count * sizeof(float));
+    if (device_ != nullptr) {
+      device_->side_to_device(params_ + r.offset, stage_p_.data() + at, r.count * sizeof(float));
+    } else {
+      std::memcpy(params_ + r.offset, stage_p_.data() + at, r.count * sizeof(float));
+    }
     at += r.count;
   }
 }

@@ -12,17 +12,26 @@
 // moments, copy the parameters back up. The next forward waits, before each group it reads, only for that group
 // (Gpt::set_params_needed_hook), so the update of layer l hides behind the forward of layers < l. Each element gets
 // exactly the in-memory AdamW's arithmetic (worker/optim/adamw.h): the results are bitwise the same.
+//
+// On a device that is not the host (CUDA), the copies are the device's side copies (Kernels::side_to_host/
+// side_to_device: their own stream, callable from this thread while the main thread launches the forward's kernels):
+// per group the gradients and parameters come down, the parameters go back up (which also re-rounds the device's bf16
+// weight copy of the group). The device's fp32 parameters stay the master copy: no host copy of them is kept between
+// steps, so nothing else that writes the parameters (restore, --init-from, reinit) has to keep one in step, at the
+// price of downloading them every step (12 bytes per parameter over the host link per step instead of 8).
 #pragma once
 
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "worker/device/kernels.h"
 #include "worker/kernels/cpu/thread_pool.h"
 #include "worker/model/gpt.h"
 #include "worker/model/gpt_config.h"
@@ -52,7 +61,10 @@ size_t offload_host_bytes(const GptConfig& c);
 class OffloadAdamW {
  public:
   // threads: the CPU threads of the update (their own pool: the compute pool is busy with the forward meanwhile).
-  OffloadAdamW(const GptConfig& config, const AdamWHyper& hyper, int threads = 1);
+  // device: where params and grads live; null or a host-accessible device: they are host memory (memcpy), else the
+  // update thread copies through device->side_to_host/side_to_device, and the caller makes the gradients final on
+  // the device (synchronize()) before start().
+  OffloadAdamW(const GptConfig& config, const AdamWHyper& hyper, int threads = 1, Kernels<float>* device = nullptr);
   ~OffloadAdamW();  // waits for a running update
   OffloadAdamW(const OffloadAdamW&) = delete;
   OffloadAdamW& operator=(const OffloadAdamW&) = delete;
@@ -60,7 +72,9 @@ class OffloadAdamW {
   // Starts update t+1 of every group in forward order in the background; params and grads must stay valid (and
   // grads unchanged) until wait_all(). Waits for an update still running first.
   void start(float* params, const float* grads, float lr, float grad_scale);
-  // Blocks until group g of the running update has been written back (returns at once when none runs).
+  // Blocks until group g of the running update has been written back (returns at once when none runs). If the update
+  // failed (a copy threw), this and every later wait or start() rethrows it: the parameters are partly updated, so
+  // nothing may read them as a step's result (no checkpoint of them).
   void wait_group(int g);
   void wait_all();
 
@@ -85,6 +99,7 @@ class OffloadAdamW {
 
   GptConfig config_;
   AdamWHyper hyper_;
+  Kernels<float>* device_ = nullptr;  // null: params and grads are host memory
   std::vector<OffloadGroup> groups_;
   ThreadPool pool_;
   AlignedBuffer<float> m_, v_;
@@ -98,6 +113,7 @@ class OffloadAdamW {
   bool pending_ = false;  // an update was started and not all groups are done
   size_t done_ = 0;       // groups of the running update written back
   bool stop_ = false;
+  std::exception_ptr error_;  // the update thread's failure, sticky
   double wait_seconds_ = 0, update_seconds_ = 0;
   std::mutex mu_;
   std::condition_variable cv_;

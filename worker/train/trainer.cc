@@ -116,14 +116,12 @@ Trainer::Trainer(const GptConfig& model, const TrainConfig& config, ThreadPool& 
     if (sync_ != nullptr && sync_->zero_stage() > 0)
       throw ConfigError("--offload optimizer with --zero " + std::to_string(sync_->zero_stage()) +
                         ": the sharded ZeRO optimizer is not offloaded; use --offload with --zero 0, or ZeRO alone");
-    if (!on_host())
-      throw ConfigError(std::string("--offload optimizer with spec.device / --device ") + device_name(device_kind()) +
-                        ": the offloaded update runs on host copies of the parameters, not wired to a device yet; use "
-                        "--device cpu or drop --offload");
-    host_kernels_ = std::make_unique<CpuKernels<float>>(pool);
+    // The grad norm: on the CPU the in-memory AdamW's kernels; off the host the device's (its grads are there).
+    if (on_host()) host_kernels_ = std::make_unique<CpuKernels<float>>(pool);
+    // Off the host the update thread moves each group through the device's side copies (worker/optim/offload.h).
     offload_ = std::make_unique<OffloadAdamW>(
         model, AdamWHyper{cfg_.beta1, cfg_.beta2, cfg_.eps, static_cast<float>(cfg_.weight_decay)},
-        cfg_.offload_threads);
+        cfg_.offload_threads, device_);
     // The next forward waits for each parameter group's update just before it reads the group.
     model_->set_params_needed_hook([this](int group) { offload_->wait_group(group); });
   } else if (sync_ == nullptr || sync_->zero_stage() == 0) {
@@ -391,7 +389,7 @@ StepResult Trainer::step() {
   } else {
     // Expert-parallel storage: replicas hold different experts, so the sync adds the parts (owns_grad_norm).
     r.grad_norm = zero || (sync_ != nullptr && sync_->owns_grad_norm()) ? sync_->grad_norm(model_->grads())
-                  : offload_ ? host_kernels_->global_norm(model_->grads(), model_->num_params())
+                  : offload_ ? offload_norm_kernels()->global_norm(model_->grads(), model_->num_params())
                              : opt_->global_norm(model_->grads());
   }
   bool bad = !std::isfinite(r.loss) || !std::isfinite(r.grad_norm);
@@ -420,6 +418,9 @@ StepResult Trainer::step() {
     } else if (zero) {
       sync_->update(model_->params(), model_->grads(), lr, scale);
     } else if (offload_) {
+      // Off the host the update thread's side copies are not ordered after the compute stream: every kernel that
+      // wrote the gradients or reads the parameters must be done first (on CUDA the norm's read already waited).
+      if (!on_host()) device_->synchronize();
       offload_->start(model_->params(), model_->grads(), lr, scale);  // runs on while the next forward starts
     } else {
       opt_->update(model_->params(), model_->grads(), lr, scale);
@@ -658,6 +659,7 @@ void Trainer::reinit_weights() {
 }
 
 void Trainer::restore_counters(const TrainerState& s) {
+  if (offload_) offload_->wait_all();  // the upload below must not race an update still writing the parameters
   step_ = s.step;
   if (opt_) {
     opt_->set_t(s.adam_t);

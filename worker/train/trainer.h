@@ -198,6 +198,8 @@ class Trainer {
   bool on_host() const { return device_ == nullptr || device_->host_accessible(); }
   // Device -> host copies of params and AdamW m, v (devices that are not the host).
   void refresh_host_state();
+  // Whose global_norm the offload path uses: the host's kernels on the CPU, the device's off it (the grads live there).
+  Kernels<float>* offload_norm_kernels() { return on_host() ? host_kernels_.get() : device_; }
 
   GptConfig gpt_;
   TrainConfig cfg_;
@@ -209,7 +211,7 @@ class Trainer {
   GradSync* sync_ = nullptr;
   ShardedModel* sharded_ = nullptr;
   std::optional<AdamW> opt_;                            // absent under ZeRO and with offload
-  std::unique_ptr<CpuKernels<float>> host_kernels_;     // the offload path's grad norm (the in-memory AdamW's)
+  std::unique_ptr<CpuKernels<float>> host_kernels_;     // the CPU offload path's grad norm (the in-memory AdamW's)
   AlignedBuffer<float> host_params_, host_m_, host_v_;  // state()'s host copies when the device is not the host
   bool host_stale_ = false;                             // the device changed since the copies were last refreshed
   LrSchedule schedule_;

@@ -3,7 +3,9 @@
 // test_worker_training and worker_parallel_dp.
 #pragma once
 
+#include <atomic>
 #include <cstring>
+#include <stdexcept>
 #include <vector>
 
 #include "worker/device/cpu_kernels.h"
@@ -33,6 +35,17 @@ class OffHostCpu final : public Kernels<float> {
     std::memcpy(dst, src, bytes);
   }
   void synchronize() override {}
+  // CUDA's copy-stream copies (the offloaded optimizer's thread, while the main thread runs kernels): counted in
+  // atomics, apart from the main thread's `copies`.
+  void side_to_host(void* dst, const void* src, size_t bytes) override {
+    std::memcpy(dst, src, bytes);
+    side_copies += 1;
+  }
+  void side_to_device(void* dst, const void* src, size_t bytes) override {
+    if (fail_side_uploads) throw std::runtime_error("side_to_device failed (test)");
+    std::memcpy(dst, src, bytes);
+    side_copies += 1;
+  }
   size_t attention_saved_elems(int B, int T, int C, int NH) const override {
     return c_.attention_saved_elems(B, T, C, NH);
   }
@@ -153,7 +166,9 @@ class OffHostCpu final : public Kernels<float> {
   void moe_combine_input_grads(float* dx, const int32_t* r, const float* dxe, size_t N, size_t k, size_t C) override {
     c_.moe_combine_input_grads(dx, r, dxe, N, k, C);
   }
-  size_t copies = 0;
+  size_t copies = 0;  // to_host/to_device: the main thread's
+  std::atomic<size_t> side_copies{0};
+  std::atomic<bool> fail_side_uploads{false};  // a failing copy on the offload thread
   size_t encoder_backwards = 0;
   size_t norms = 0;
   size_t state_bytes = 0;                  // params * 4: a download of params, m or v

@@ -13,6 +13,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -113,6 +114,22 @@ class ShadowCpu final : public Kernels<float> {
     }
   }
   size_t enqueued = 0;  // kernels (and memsets, weight-copy refreshes) deferred so far
+  // CUDA's copy-stream copies (the offloaded optimizer's thread, concurrent with the main thread's kernels): not
+  // ordered after the deferred kernels (no drain: the caller orders them, as on CUDA), counted apart from `copies` in
+  // atomics (the only members that thread writes), the weight copy of the range refreshed as to_device does. No
+  // doctest assertion here: this runs off the test's thread.
+  void side_to_host(void* dst, const void* src, size_t bytes) override {
+    if (owns(dst) || !owns(src)) throw std::logic_error("side_to_host: not a device -> host copy");
+    std::memcpy(dst, view(src), bytes);
+    side_downloaded += bytes;
+  }
+  void side_to_device(void* dst, const void* src, size_t bytes) override {
+    if (owns(src) || !owns(dst)) throw std::logic_error("side_to_device: not a host -> device copy");
+    std::memcpy(view(dst), src, bytes);
+    refresh(static_cast<const float*>(dst), bytes / sizeof(float));
+    side_uploaded += bytes;
+  }
+  std::atomic<size_t> side_downloaded{0}, side_uploaded{0};  // bytes
   size_t attention_saved_elems(int B, int T, int C, int NH) const override {
     return c_.attention_saved_elems(B, T, C, NH);
   }
@@ -278,7 +295,8 @@ class ShadowCpu final : public Kernels<float> {
     }
     return d(w);
   }
-  // The copy of [p, p + n) ∩ the registered range from the device memory.
+  // The copy of [p, p + n) ∩ the registered range from the device memory. Also called from the offload thread for
+  // the group it uploaded, while the main thread's GEMMs read the copy of other groups: disjoint elements.
   void refresh(const float* p, size_t n) {
     if (weights_ == nullptr || !owns(p)) return;
     const float* b = std::max(p, weights_);

@@ -42,16 +42,19 @@ U* grow(U*& buf, size_t& elems, size_t need, cudaStream_t stream) {
 CudaKernels::CudaKernels() {
   require_device("CudaKernels (spec.device: cuda)");
   RAILYARD_CUDA_CHECK(cudaStreamCreate(&stream_));
+  RAILYARD_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
   lt_ = std::make_unique<BlasLt>();
 }
 
 CudaKernels::~CudaKernels() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  if (copy_stream_ != nullptr) cudaStreamSynchronize(copy_stream_);
   if (staging_ != nullptr) cudaFree(staging_);
   if (partials_ != nullptr) cudaFree(partials_);
   if (weights16_ != nullptr) cudaFree(weights16_);
   if (token_rows_dev_ != nullptr) cudaFree(token_rows_dev_);
   lt_.reset();
+  if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
@@ -67,6 +70,7 @@ void* CudaKernels::alloc(size_t bytes) {
 void CudaKernels::free(void* p) noexcept {
   if (p == nullptr) return;
   cudaStreamSynchronize(stream_);  // kernels still using it must finish first
+  cudaStreamSynchronize(copy_stream_);
   if (p == weights_) {
     // The model's parameters go away: so does their copy (a later alloc at the same address is not the weights).
     cudaFree(weights16_);
@@ -84,21 +88,40 @@ void CudaKernels::to_host(void* host_dst, const void* src, size_t bytes) {
   RAILYARD_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
+void CudaKernels::refresh_weight_copy(const void* dst, size_t bytes, cudaStream_t stream) {
+  if (weights16_ == nullptr) return;
+  const auto lo = std::max(reinterpret_cast<uintptr_t>(dst), reinterpret_cast<uintptr_t>(weights_));
+  const auto hi =
+      std::min(reinterpret_cast<uintptr_t>(dst) + bytes, reinterpret_cast<uintptr_t>(weights_ + weights_elems_));
+  if (lo < hi) {
+    const size_t first = (lo - reinterpret_cast<uintptr_t>(weights_)) / sizeof(float);
+    const size_t last = ceil_div(hi - reinterpret_cast<uintptr_t>(weights_), sizeof(float));
+    to_bf16(weights16_ + first, weights_ + first, last - first, stream);
+  }
+}
+
 void CudaKernels::to_device(void* dst, const void* host_src, size_t bytes) {
   RAILYARD_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_));
-  if (weights16_ != nullptr) {
-    // Init, restore and --init-from write the parameters this way: refresh the part of the bf16 copy written.
-    const auto lo = std::max(reinterpret_cast<uintptr_t>(dst), reinterpret_cast<uintptr_t>(weights_));
-    const auto hi =
-        std::min(reinterpret_cast<uintptr_t>(dst) + bytes, reinterpret_cast<uintptr_t>(weights_ + weights_elems_));
-    if (lo < hi) {
-      const size_t first = (lo - reinterpret_cast<uintptr_t>(weights_)) / sizeof(float);
-      const size_t last = ceil_div(hi - reinterpret_cast<uintptr_t>(weights_), sizeof(float));
-      to_bf16(weights16_ + first, weights_ + first, last - first, stream_);
-    }
-  }
+  // Init, restore and --init-from write the parameters this way: refresh the part of the bf16 copy written.
+  refresh_weight_copy(dst, bytes, stream_);
   // The caller may reuse its host buffer at once (pageable memory): wait.
   RAILYARD_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+// The side copies touch only copy_stream_ and read weights_/weights16_, which change only in set_weights and free (the
+// main thread, never while an offloaded update runs), so a second thread may call them while this one launches
+// kernels on stream_ (the CUDA runtime is thread-safe per call). Ordering against stream_ is the caller's (kernels.h).
+void CudaKernels::side_to_host(void* host_dst, const void* src, size_t bytes) {
+  RAILYARD_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, copy_stream_));
+  RAILYARD_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
+}
+
+void CudaKernels::side_to_device(void* dst, const void* host_src, size_t bytes) {
+  RAILYARD_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, copy_stream_));
+  // The updated group's bf16 copy, re-rounded after the copy on the same stream: the next forward's GEMMs read it
+  // once this returns (they are queued on stream_ only after the offload thread reports the group done).
+  refresh_weight_copy(dst, bytes, copy_stream_);
+  RAILYARD_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
 }
 
 void CudaKernels::synchronize() { RAILYARD_CUDA_CHECK(cudaStreamSynchronize(stream_)); }

@@ -35,6 +35,9 @@ class CudaKernels final : public Kernels<float> {
   void to_host(void* host_dst, const void* src, size_t bytes) override;
   void to_device(void* dst, const void* host_src, size_t bytes) override;
   void synchronize() override;
+  // On copy_stream_, not ordered after the compute stream (kernels.h): the offloaded optimizer's thread.
+  void side_to_host(void* host_dst, const void* src, size_t bytes) override;
+  void side_to_device(void* dst, const void* host_src, size_t bytes) override;
 
   size_t attention_saved_elems(int B, int Tn, int C, int NH) const override;    // lse (B,NH,T)
   size_t attention_scratch_elems(int B, int Tn, int C, int NH) const override;  // D (B,NH,T)
@@ -127,6 +130,8 @@ class CudaKernels final : public Kernels<float> {
   bf16* staging(size_t elems);
   // A GEMM's weight operand in bf16: the persistent copy, or converted into `slot` (staging).
   const bf16* weight16(const float* w, size_t n, bf16* slot);
+  // Re-rounds the part of the bf16 weight copy that [dst, dst + bytes) overlaps, on `stream` (after the copy into it).
+  void refresh_weight_copy(const void* dst, size_t bytes, cudaStream_t stream);
 
   // encoder_backward's rows grouped by token: built on the host from a copy of the token ids, uploaded into
   // token_rows_dev_ ([rows | tokens | starts], grown, never shrunk).
@@ -135,6 +140,8 @@ class CudaKernels final : public Kernels<float> {
   int32_t* token_rows_dev_ = nullptr;
   size_t token_rows_dev_elems_ = 0;
   cudaStream_t stream_ = nullptr;
+  // The side copies' stream (non-blocking): the offload thread's copies overlap the compute stream's kernels.
+  cudaStream_t copy_stream_ = nullptr;
   std::unique_ptr<BlasLt> lt_;
   bf16* staging_ = nullptr;
   size_t staging_elems_ = 0;
