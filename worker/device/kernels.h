@@ -203,6 +203,11 @@ class Kernels : public DeviceMemory {
                                    const T* dout, const T* aux, T dloss, size_t N, size_t E, size_t k, size_t C) = 0;
   // dx (N,C) = sum over the token's kept choices (choice order) of dxe[row].
   virtual void moe_combine_input_grads(T* dx, const int32_t* row, const T* dxe, size_t N, size_t k, size_t C) = 0;
+
+  // ---- Expert parallelism on device buffers (appended, ABI 7). x (n) = x / divisor, element-wise (a true division,
+  // not a multiplication by the reciprocal, so the bits are the host's): the data-parallel mean of a gradient span
+  // summed over a sub-group of the dp ranks (expert-parallel storage, DataParallelOptions::group_spans).
+  virtual void divide(T* x, T divisor, size_t n) = 0;
 };
 
 }  // namespace railyard::worker
