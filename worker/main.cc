@@ -418,9 +418,10 @@ parallel::ModelGroups model_parallel_groups(DistSetup& d, DeviceKind device) {
 }
 
 // CUDA with a dp group: the stream-ordered reducer of the gradient buckets (NCCL, on a dup of the device dp group,
-// after the compute stream's kernels; docs/parallel.md "Data parallelism on CUDA"), and for ZeRO 1/2 and --deterministic
-// the device and that dup (reduce-scatter/all-gather of device pieces; the fixed tree's all_to_all). Losses and flags still go over the Gloo dp group. Nothing on the
-// CPU (the DataParallel background thread reduces host buffers).
+// after the compute stream's kernels; docs/parallel.md "Data parallelism on CUDA"), and for ZeRO 1/2 and
+// --deterministic the device and that dup (reduce-scatter/all-gather of device pieces; the fixed tree's all_to_all).
+// Losses and flags still go over the Gloo dp group. Nothing on the CPU (the DataParallel background thread reduces host
+// buffers).
 void set_device_reduction(DistSetup& d, Kernels<float>* device, const CudaModule* cuda_module,
                           parallel::DataParallelOptions& dpo) {
   if (device == nullptr) return;
@@ -502,7 +503,7 @@ DistSetup join_world(std::map<std::string, std::string>& f, TrainConfig& tc, Dev
 // parallelism"), installed in the trainer's model by attach(). Null without --ep (or --ep 1).
 std::unique_ptr<parallel::ExpertParallel> join_expert_parallel(std::map<std::string, std::string>& f,
                                                                const GptConfig& cfg, const TrainConfig& tc,
-                                                               DistSetup& dist) {
+                                                               DistSetup& dist, DeviceKind device) {
   parallel::ExpertParallelOptions o;
   o.ep = static_cast<int>(to_int(f, "ep", 1));
   o.algorithm = f.count("ep-a2a") ? f["ep-a2a"] : "flat";
@@ -515,7 +516,24 @@ std::unique_ptr<parallel::ExpertParallel> join_expert_parallel(std::map<std::str
   const comm::Layout l = dist.groups != nullptr ? dist.groups->layout() : comm::Layout{};
   parallel::validate_expert_parallel(cfg, o, l.dp, l.tp, l.pp, dist.zero, dist.deterministic, !tc.dp_split.empty());
   if (o.ep == 1) return nullptr;
-  auto ep = std::make_unique<parallel::ExpertParallel>(dist.groups->dp(), o);
+  // On CUDA the model hands the exchange device memory: its all_to_all (and the expert gradients' reduction) run
+  // over splits of the NCCL dp group. The tensor/pipeline stage's experts stay on the host (refused there).
+  if (device == DeviceKind::kCuda && dist.sharded != nullptr) {
+    throw ConfigError("--ep " + std::to_string(o.ep) +
+                      " with --tp/--pp/--cp and spec.device / --device cuda: expert parallelism inside a "
+                      "tensor/pipeline stage runs on the CPU only so far: use --device cpu, drop --tp/--pp/--cp (plain "
+                      "data parallelism runs --ep on the device), or --ep 1");
+  }
+  comm::Communicator* device_dp = nullptr;
+  if (device == DeviceKind::kCuda) {
+    if (dist.device_groups == nullptr) {
+      throw ConfigError(
+          "--ep with spec.device / --device cuda: no NCCL groups were built (a CUDA build with the NCCL backend is "
+          "needed): use --device cpu");
+    }
+    device_dp = &dist.device_groups->dp();
+  }
+  auto ep = std::make_unique<parallel::ExpertParallel>(dist.groups->dp(), o, device_dp);
   log::info("worker", "expert parallel", {{"layout", ep->describe()}});
   return ep;
 }
@@ -877,7 +895,7 @@ int cmd_train(int argc, char** argv) {
       dist.sync = parallel::parallel_gpt_data_parallel(&g.dp(), *dist.sharded, mg, tc, pool, dpo);
     }
   }
-  std::unique_ptr<parallel::ExpertParallel> expert_parallel = join_expert_parallel(f, *cfg, tc, dist);
+  std::unique_ptr<parallel::ExpertParallel> expert_parallel = join_expert_parallel(f, *cfg, tc, dist, device_kind);
   // The layout of this rank's buffers: the global one, or with expert-parallel storage its E/ep experts per layer.
   const GptConfig model_cfg =
       expert_storage_sharded(expert_parallel.get(), dist) ? expert_parallel->local_config(*cfg) : *cfg;
@@ -889,8 +907,10 @@ int cmd_train(int argc, char** argv) {
     dpo.bucket_bytes = dist.bucket_bytes;
     set_device_reduction(dist, device.get(), cuda_module, dpo);
     if (expert_storage_sharded(expert_parallel.get(), dist)) {
-      dpo.group_spans =
-          parallel::expert_group_spans(model_cfg, &expert_parallel->expert_data_parallel(), &expert_parallel->group());
+      // The span's reduction takes the gradients' memory (NCCL on CUDA: reduced after backward, not overlapped); its
+      // norm sums are host doubles over the Gloo ep group.
+      dpo.group_spans = parallel::expert_group_spans(model_cfg, &expert_parallel->device_expert_data_parallel(),
+                                                     &expert_parallel->group());
     }
     dist.sync = parallel::gpt_data_parallel(dist.groups ? &dist.groups->dp() : nullptr, model_cfg, tc, pool, dpo);
   }

@@ -439,6 +439,14 @@ void CpuKernels<T>::moe_combine_input_grads(T* dx, const int32_t* row, const T* 
   moe::combine_input_grads(pool_, dx, row, dxe, N, k, C);
 }
 
+template <typename T>
+void CpuKernels<T>::divide(T* x, T divisor, size_t n) {
+  // Element-wise, so the split over threads does not change a bit.
+  pool_.parallel_for(n, [=](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i) x[i] = x[i] / divisor;
+  });
+}
+
 template class CpuKernels<float>;
 template class CpuKernels<double>;
 

@@ -82,6 +82,7 @@ class CpuKernels final : public Kernels<T> {
   void moe_router_backward(T* dprobs, const T* probs, const int32_t* choice, const int32_t* row, const T* y,
                            const T* dout, const T* aux, T dloss, size_t N, size_t E, size_t k, size_t C) override;
   void moe_combine_input_grads(T* dx, const int32_t* row, const T* dxe, size_t N, size_t k, size_t C) override;
+  void divide(T* x, T divisor, size_t n) override;
 
  private:
   ThreadPool& pool_;

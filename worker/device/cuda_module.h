@@ -14,7 +14,7 @@
 namespace railyard::worker {
 
 // Bumped whenever Kernels<T> (kernels.h) or the entry points below change: a module from another build is refused.
-constexpr int kCudaModuleAbi = 7;
+constexpr int kCudaModuleAbi = 8;
 
 // The entry points the module exports (extern "C", no name mangling). create_kernels returns null and writes a
 // message into err (at most err_len bytes, NUL-terminated) when it fails (no usable GPU).

@@ -214,6 +214,11 @@ class Kernels : public DeviceMemory {
   // device's weight copy current like to_device (set_weights). Defaults: to_host/to_device (the CPU's memcpy).
   virtual void side_to_host(void* host_dst, const void* src, size_t bytes) { to_host(host_dst, src, bytes); }
   virtual void side_to_device(void* dst, const void* host_src, size_t bytes) { to_device(dst, host_src, bytes); }
+
+  // ---- Expert parallelism on device buffers (appended, ABI 8). x (n) = x / divisor, element-wise (a true division,
+  // not a multiplication by the reciprocal, so the bits are the host's): the data-parallel mean of a gradient span
+  // summed over a sub-group of the dp ranks (expert-parallel storage, DataParallelOptions::group_spans).
+  virtual void divide(T* x, T divisor, size_t n) = 0;
 };
 
 }  // namespace railyard::worker

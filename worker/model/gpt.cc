@@ -245,12 +245,6 @@ Gpt<T>::Gpt(const GptConfig& config, int B, int Tn, ThreadPool& pool, const Reco
     throw ConfigError("sequence length T=" + std::to_string(Tn) + " must be in 1.." +
                       std::to_string(config.max_seq_len) + " (the model's maxT)");
   }
-  if (!dev_->host_accessible() && config_.moe.experts > 0 && config_.moe.expert_shards > 1) {
-    throw ConfigError(std::string("spec.device / --device ") + device_name(dev_->kind()) +
-                      ": expert parallelism (--ep / spec.parallelism.expert > 1) exchanges the experts' rows on the "
-                      "host and runs on the CPU only so far: use --device cpu, or --ep 1 (mixture-of-experts layers "
-                      "themselves run on the device)");
-  }
   cpu::init_blas_single_threaded();
   params_ = DeviceBuffer<T>(*dev_, num_parameters(config_));
   // The device may keep a bf16 copy for its GEMMs (CUDA); it follows init/restore (to_device) and AdamW by itself.
@@ -451,7 +445,7 @@ void Gpt<T>::moe_forward(size_t l, const LayerActs& a, T* out, MoeStats* stats) 
     if (n == 0) continue;
     T* xe = moe_x_ + e * cap * C;
     d.moe_gather_rows(xe, a.ln2, r.d_token + e * cap, n, C);
-    if (ep_.size > 1) continue;  // the expert runs on its rank: moe_experts_forward_ep below (host only)
+    if (ep_.size > 1) continue;  // the expert runs on its rank: moe_experts_forward_ep below
     d.matmul_gelu_forward(a.fch_gelu + e * cap * H, a.fch + e * cap * H, xe, w[10] + le * H * C, w[11] + le * H, n,
                           static_cast<int>(C), static_cast<int>(H));
     d.matmul_forward(a.moe_y + e * cap * C, a.fch_gelu + e * cap * H, w[12] + le * C * H, w[13] + le * C, n,

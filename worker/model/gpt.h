@@ -1,7 +1,7 @@
 // GPT-2: one flat buffer for the parameters (llm.c order, gpt_config.h), one for their gradients and one for the
 // activations of a fixed micro-batch shape (B, T). Explicit forward and backward, layer by layer. The buffers live on a
-// device and every dense kernel runs through it (worker/device/kernels.h): the CPU by default, CUDA when given one
-// (Gpt<float> only; mixture-of-experts layers are CPU-only and refused on CUDA).
+// device and every kernel runs through it (worker/device/kernels.h): the CPU by default, CUDA when given one
+// (Gpt<float> only), mixture-of-experts layers and expert parallelism included.
 //
 // Templated on the float type: Gpt<float> trains; Gpt<double> is the finite-difference reference of the gradient
 // check. The AdamW moments live in the optimizer (worker/optim), in buffers of the same layout.
@@ -76,7 +76,7 @@ class Gpt {
   // B sequences of T tokens per forward (T <= maxT). Allocates everything here; forward/backward never allocate.
   // recompute: which layers drop activations after forward and recompute them in backward (bitwise the same).
   // device: where the buffers live and the kernels run; null = the CPU on `pool` (the pool also runs the CPU-only
-  // mixture-of-experts code). Throws ConfigError for what a device cannot run yet (experts on CUDA).
+  // mixture-of-experts dispatch).
   Gpt(const GptConfig& config, int B, int seq_len, ThreadPool& pool, const RecomputeSpec& recompute = {},
       Kernels<T>* device = nullptr);
 
@@ -130,6 +130,9 @@ class Gpt {
   // to their expert's rank and the outputs back. Every forward/backward of an MoE model is then collective over the
   // group. The parameter buffer keeps all E experts; a rank's gradients of the other ranks' experts stay 0 (the
   // data-parallel sum over the ranks adds the owners' contributions).
+  // Off the host, `in` and `out` are device memory (the dispatched rows, and the per-expert counts through a small
+  // device buffer), so the all_to_all must take the device's memory (NCCL on CUDA); the model synchronises the
+  // device before every exchange.
   struct ExpertExchange {
     int size = 1;
     int rank = 0;
@@ -173,6 +176,10 @@ class Gpt {
   // order, as the single-rank loops leave them.
   void moe_experts_forward_ep(size_t l, const LayerActs& a);
   void moe_experts_backward_ep(size_t l, const LayerActs& a, const T* dout);
+  // ep_.all_to_all after the device's queued kernels (its stream does not order against the communicator's).
+  void ep_exchange(const void* in, void* out, size_t bytes_per_rank);
+  // The per-expert row counts (E int32 from the host's routing; E int32 back into ep_count_).
+  void ep_exchange_counts(const int32_t* mine, int32_t* theirs);
   const T* layer_input(size_t l) const;
 
   GptConfig config_;
@@ -201,7 +208,8 @@ class Gpt {
   ExpertExchange ep_;
   // Per layer (L, E) with expert parallelism: rows source rank s sends to local expert j, at s * E/size + j.
   std::vector<int32_t> ep_count_;
-  std::vector<T> ep_grad_send_, ep_grad_recv_;  // return_expert_grads: one layer's (source, expert) weight gradients
+  DeviceBuffer<int32_t> ep_count_dev_;           // off the host: the counts' way through device memory (2 E)
+  DeviceBuffer<T> ep_grad_send_, ep_grad_recv_;  // return_expert_grads: one layer's (source, expert) weight gradients
   ParamsNeededHook params_needed_;
   // Views into acts_. residual3 is stacked [L, B, T, C] (every layer's output is the next one's input); the other
   // per-layer tensors are in layer_.

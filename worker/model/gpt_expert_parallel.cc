@@ -11,11 +11,7 @@
 // Rows past a count are never read: the capacity padding only makes the buffers fixed-size.
 // Parameters: with expert-parallel storage (GptConfig::moe.expert_shards = P) the buffers hold only this rank's E/P
 // experts per layer, local expert j of layer l at l * E/P + j; otherwise all E, at l * E + rank * E/P + j.
-#include <algorithm>
-#include <cstring>
-
 #include "common/error.h"
-#include "worker/kernels/cpu/kernels.h"
 #include "worker/model/gpt.h"
 
 namespace railyard::worker {
@@ -32,13 +28,6 @@ void Gpt<T>::set_expert_exchange(ExpertExchange x) {
                       std::to_string(E) + " experts per layer)");
   }
   if (x.size > 1 && !x.all_to_all) throw ConfigError("expert parallelism: no all_to_all given");
-  if (x.size > 1 && !dev_->host_accessible()) {
-    // The exchange and the experts' loops below read the dispatched rows on the host.
-    throw ConfigError(
-        std::string("--ep ") + std::to_string(x.size) + " with spec.device / --device " + device_name(dev_->kind()) +
-        ": expert parallelism runs on the CPU only so far: use --device cpu, or --ep 1 (mixture-of-experts "
-        "layers themselves run on the device)");
-  }
   const int shards = config_.moe.expert_shards;
   if (shards > 1 && (x.size != shards || x.rank != config_.moe.expert_shard)) {
     throw ConfigError("expert parallelism: the model holds experts of shard " +
@@ -52,10 +41,37 @@ void Gpt<T>::set_expert_exchange(ExpertExchange x) {
   }
   ep_ = std::move(x);
   ep_count_.assign(ep_.size > 1 ? static_cast<size_t>(config_.num_layers) * E : 0, 0);
+  // Off the host the counts travel through device memory too (the group's communicator takes only that: NCCL).
+  ep_count_dev_ = ep_.size > 1 && !dev_->host_accessible() ? DeviceBuffer<int32_t>(*dev_, 2 * static_cast<size_t>(E))
+                                                           : DeviceBuffer<int32_t>();
   const size_t C = config_.channels, per_expert = 8 * C * C + 5 * C;  // fcw, fcb, fcprojw, fcprojb of one expert
   const size_t n = ep_.size > 1 && ep_.return_expert_grads ? static_cast<size_t>(E) * per_expert : 0;
-  ep_grad_send_.assign(n, T(0));
-  ep_grad_recv_.assign(n, T(0));
+  ep_grad_send_ = n > 0 ? DeviceBuffer<T>(*dev_, n) : DeviceBuffer<T>();
+  ep_grad_recv_ = n > 0 ? DeviceBuffer<T>(*dev_, n) : DeviceBuffer<T>();
+}
+
+template <typename T>
+void Gpt<T>::ep_exchange(const void* in, void* out, size_t bytes_per_rank) {
+  // The communicator's stream does not order against the device's (CUDA + NCCL): the rows must be written before it
+  // reads them. It has finished with `out` when it returns, so the kernels after it see the received rows.
+  dev_->synchronize();
+  ep_.all_to_all(in, out, bytes_per_rank);
+}
+
+template <typename T>
+void Gpt<T>::ep_exchange_counts(const int32_t* mine, int32_t* theirs) {
+  const size_t E = config_.moe.experts, bytes = E / ep_.size * sizeof(int32_t);
+  if (dev_->host_accessible()) {
+    ep_.all_to_all(mine, theirs, bytes);
+    return;
+  }
+  // E int32 each way through the small device buffer (copy in, wait, exchange, copy out).
+  int32_t* in = ep_count_dev_.data();
+  int32_t* out = in + E;
+  dev_->to_device(in, mine, E * sizeof(int32_t));
+  dev_->synchronize();
+  ep_.all_to_all(in, out, bytes);
+  dev_->to_host(theirs, out, E * sizeof(int32_t));
 }
 
 namespace {
@@ -67,34 +83,35 @@ struct ExpertSlot {
 };
 }  // namespace
 
+// Every kernel below runs on the device (the CPU's are the loops this file ran before, bit for bit); the host holds
+// only the counts (routing_[l].count and ep_count_), which size the GEMMs.
 template <typename T>
 void Gpt<T>::moe_experts_forward_ep(size_t l, const LayerActs& a) {
-  using namespace cpu;
+  Kernels<T>& d = *dev_;
   const size_t C = config_.channels, E = config_.moe.experts, cap = moe_cap_, H = 4 * C;
   const size_t P = ep_.size, El = E / P;
   const ExpertSlot expert_slot{E, El, static_cast<size_t>(ep_.rank), config_.moe.expert_shards > 1};
   const Routing& r = routing_[l];
   auto w = split_tensors(params_.data(), config_);
   int32_t* cnt = ep_count_.data() + l * E;
-  ep_.all_to_all(r.count, cnt, El * sizeof(int32_t));
-  ep_.all_to_all(moe_x_, moe_dx_, El * cap * C * sizeof(T));  // dispatch: moe_dx_ in received order
+  ep_exchange_counts(r.count, cnt);
+  ep_exchange(moe_x_, moe_dx_, El * cap * C * sizeof(T));  // dispatch: moe_dx_ in received order
   for (size_t s = 0; s < P; ++s) {
     for (size_t j = 0; j < El; ++j) {
       const size_t n = cnt[s * El + j], base = (s * El + j) * cap, le = expert_slot(l, j);
       if (n == 0) continue;
-      matmul_forward(pool_, a.fch + base * H, moe_dx_ + base * C, w[10] + le * H * C, w[11] + le * H, n,
-                     static_cast<int>(C), static_cast<int>(H));
-      gelu_forward(pool_, a.fch_gelu + base * H, a.fch + base * H, n * H);
-      matmul_forward(pool_, moe_dy_ + base * C, a.fch_gelu + base * H, w[12] + le * C * H, w[13] + le * C, n,
-                     static_cast<int>(H), static_cast<int>(C));
+      d.matmul_gelu_forward(a.fch_gelu + base * H, a.fch + base * H, moe_dx_ + base * C, w[10] + le * H * C,
+                            w[11] + le * H, n, static_cast<int>(C), static_cast<int>(H));
+      d.matmul_forward(moe_dy_ + base * C, a.fch_gelu + base * H, w[12] + le * C * H, w[13] + le * C, n,
+                       static_cast<int>(H), static_cast<int>(C));
     }
   }
-  ep_.all_to_all(moe_dy_, a.moe_y, El * cap * C * sizeof(T));  // combine: outputs back in routing order
+  ep_exchange(moe_dy_, a.moe_y, El * cap * C * sizeof(T));  // combine: outputs back in routing order
 }
 
 template <typename T>
 void Gpt<T>::moe_experts_backward_ep(size_t l, const LayerActs& a, const T* dout) {
-  using namespace cpu;
+  Kernels<T>& d = *dev_;
   const size_t C = config_.channels, E = config_.moe.experts, cap = moe_cap_, H = 4 * C;
   const size_t P = ep_.size, El = E / P;
   const ExpertSlot expert_slot{E, El, static_cast<size_t>(ep_.rank), config_.moe.expert_shards > 1};
@@ -105,30 +122,20 @@ void Gpt<T>::moe_experts_backward_ep(size_t l, const LayerActs& a, const T* dout
   const size_t bytes = El * cap * C * sizeof(T);
   // The experts' inputs again (not kept per layer: one more all_to_all instead of E cap C floats per layer), then
   // dy[row] = gate * dout[token], both in routing order, dispatched like the forward's rows.
-  for (size_t pass = 0; pass < 2; ++pass) {
-    for (size_t e = 0; e < E; ++e) {
-      const size_t n = r.count[e];
-      pool_.parallel_for(n, [&](size_t i0, size_t i1) {
-        for (size_t i = i0; i < i1; ++i) {
-          const size_t t = r.token[e * cap + i];
-          T* row = moe_x_ + (e * cap + i) * C;
-          if (pass == 0) {
-            std::memcpy(row, a.ln2 + t * C, C * sizeof(T));
-          } else {
-            const T gate = a.probs[t * E + e];
-            for (size_t c = 0; c < C; ++c) row[c] = gate * dout[t * C + c];
-          }
-        }
-      });
-    }
-    ep_.all_to_all(moe_x_, pass == 0 ? moe_dx_ : moe_dy_, bytes);
+  for (size_t e = 0; e < E; ++e) {
+    if (r.count[e] > 0) d.moe_gather_rows(moe_x_ + e * cap * C, a.ln2, r.d_token + e * cap, r.count[e], C);
   }
+  ep_exchange(moe_x_, moe_dx_, bytes);
+  for (size_t e = 0; e < E; ++e) {
+    if (r.count[e] > 0) d.moe_gate_rows(moe_x_ + e * cap * C, dout, a.probs, r.d_token + e * cap, e, E, r.count[e], C);
+  }
+  ep_exchange(moe_x_, moe_dy_, bytes);
   // moe_dx_ = inputs, moe_dy_ = output gradients (received order); input gradients into moe_x_ (received order).
   // Weight gradients: accumulated into this rank's experts, or (return_expert_grads) per (source, expert) block into
   // ep_grad_send_, laid out [source][local expert][fcw, fcb, fcprojw, fcprojb] so chunk s goes back to source s.
   const bool ret = ep_.return_expert_grads;
   const size_t X = 2 * H * C + H + C;
-  if (ret) std::fill(ep_grad_send_.begin(), ep_grad_send_.end(), T(0));
+  if (ret) d.zero(ep_grad_send_.data(), ep_grad_send_.size() * sizeof(T));
   for (size_t s = 0; s < P; ++s) {
     for (size_t j = 0; j < El; ++j) {
       const size_t n = cnt[s * El + j], base = (s * El + j) * cap, le = expert_slot(l, j);
@@ -139,35 +146,34 @@ void Gpt<T>::moe_experts_backward_ep(size_t l, const LayerActs& a, const T* dout
       T* dprojw = ret ? blk + H * C + H : g[12] + le * C * H;
       T* dprojb = ret ? blk + 2 * H * C + H : g[13] + le * C;
       T* dh = moe_dh_ + base * H;
-      matmul_backward(pool_, dh, false, dprojw, dprojb, moe_dy_ + base * C, a.fch_gelu + base * H, w[12] + le * C * H,
-                      n, static_cast<int>(H), static_cast<int>(C));
-      gelu_backward(pool_, dh, a.fch + base * H, dh, n * H);
-      matmul_backward(pool_, moe_x_ + base * C, false, dfcw, dfcb, dh, moe_dx_ + base * C, w[10] + le * H * C, n,
-                      static_cast<int>(C), static_cast<int>(H));
+      d.matmul_backward(dh, false, dprojw, dprojb, moe_dy_ + base * C, a.fch_gelu + base * H, w[12] + le * C * H, n,
+                        static_cast<int>(H), static_cast<int>(C), true);
+      d.gelu_backward(dh, a.fch + base * H, dh, n * H);
+      d.matmul_backward(moe_x_ + base * C, false, dfcw, dfcb, dh, moe_dx_ + base * C, w[10] + le * H * C, n,
+                        static_cast<int>(C), static_cast<int>(H), true);
     }
   }
-  ep_.all_to_all(moe_x_, moe_dx_, bytes);  // input gradients back in routing order
+  ep_exchange(moe_x_, moe_dx_, bytes);  // input gradients back in routing order
   if (!ret) return;
   // Received chunk j = owner j's blocks of this rank's tokens for experts [j E/P, (j+1) E/P): global expert order.
   // Each block is what this rank's own GEMMs compute without expert parallelism (same rows, same order), so added
   // to the gradient zeroed by backward(accumulate = false) it is that result, bit for bit.
-  ep_.all_to_all(ep_grad_send_.data(), ep_grad_recv_.data(), El * X * sizeof(T));
-  const auto add = [](T* dst, const T* src, size_t m) {
-    for (size_t i = 0; i < m; ++i) dst[i] += src[i];
-  };
+  ep_exchange(ep_grad_send_.data(), ep_grad_recv_.data(), El * X * sizeof(T));
   for (size_t e = 0; e < E; ++e) {
     if (r.count[e] == 0) continue;  // no rows: the single-rank loop skips the expert too
     const T* blk = ep_grad_recv_.data() + e * X;
     const size_t le = l * E + e;
-    add(g[10] + le * H * C, blk, H * C);
-    add(g[11] + le * H, blk + H * C, H);
-    add(g[12] + le * C * H, blk + H * C + H, C * H);
-    add(g[13] + le * C, blk + 2 * H * C + H, C);
+    d.accumulate(g[10] + le * H * C, blk, H * C);
+    d.accumulate(g[11] + le * H, blk + H * C, H);
+    d.accumulate(g[12] + le * C * H, blk + H * C + H, C * H);
+    d.accumulate(g[13] + le * C, blk + 2 * H * C + H, C);
   }
 }
 
 #define RAILYARD_GPT_EP(T)                                                \
   template void Gpt<T>::set_expert_exchange(ExpertExchange);              \
+  template void Gpt<T>::ep_exchange(const void*, void*, size_t);          \
+  template void Gpt<T>::ep_exchange_counts(const int32_t*, int32_t*);     \
   template void Gpt<T>::moe_experts_forward_ep(size_t, const LayerActs&); \
   template void Gpt<T>::moe_experts_backward_ep(size_t, const LayerActs&, const T*);
 RAILYARD_GPT_EP(float)

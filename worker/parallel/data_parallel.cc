@@ -64,10 +64,11 @@ DataParallel::DataParallel(comm::Communicator* dp, size_t num_params, std::vecto
     throw ConfigError("--zero " + std::to_string(opt_.zero_stage) + ": the ZeRO stage must be 0, 1 or 2");
   }
   if (options.bucket_bytes < sizeof(float)) throw ConfigError("--bucket-mb must be positive");
-  if (opt_.stream_reducer != nullptr && !opt_.group_spans.empty()) {
-    throw ConfigError(
-        "--device cuda with expert-parallel storage (--ep): sub-group gradient spans are reduced on host "
-        "buffers only (expert parallelism runs on the CPU only so far): use --device cpu, or --ep 1");
+  device_spans_ = opt_.stream_reducer != nullptr && !opt_.group_spans.empty();
+  if (device_spans_ && opt_.device == nullptr) {
+    throw Error(
+        "data-parallel: sub-group gradient spans on device buffers need the device (DataParallelOptions::device) "
+        "for their mean and norm");
   }
   const bool off_host = opt_.device != nullptr && !opt_.device->host_accessible();
   device_zero_ = off_host && opt_.zero_stage > 0 && opt_.group_spans.empty();
@@ -120,7 +121,8 @@ DataParallel::DataParallel(comm::Communicator* dp, size_t num_params, std::vecto
       }
       prev_end = g.offset + g.count;
       // The reducer thread's own stream of the sub-group, as grad_comm_ is for dp. Collective over the sub-group.
-      if (size_ > 1) span_comms_.push_back(g.reduce->dup(g.reduce->name() + "-grad"));
+      // On device buffers finish() reduces the spans on the calling thread with `reduce` itself.
+      if (size_ > 1 && !device_spans_) span_comms_.push_back(g.reduce->dup(g.reduce->name() + "-grad"));
     }
   }
   if (size_ > 1 && !opt_.deterministic && opt_.stream_reducer == nullptr && !device_zero_) {
@@ -165,10 +167,10 @@ void DataParallel::grads_ready(size_t offset, size_t count) {
       continue;
     }
     if (opt_.stream_reducer != nullptr) {
-      // Device buffers: enqueued behind the backward kernels that produced the bucket, overlapping the rest.
+      // Device buffers: enqueued behind the backward kernels that produced the bucket, overlapping the rest. Group
+      // spans are left to finish().
       const auto& k = layout_.buckets()[b];
-      if (size_ > 1)
-        opt_.stream_reducer->all_reduce(grads_ + k.begin, k.size(), comm::DType::kFloat32, comm::ReduceOp::kAvg);
+      if (size_ > 1) enqueue_outside_spans(k.begin, k.end);
       ++enqueued_;
       ++done_;
       continue;
@@ -264,6 +266,57 @@ void DataParallel::reduce_range(size_t begin, size_t end) {
     at = se;
   }
   if (at < end) grad_comm_->all_reduce(grads_ + at, end - at, comm::DType::kFloat32, comm::ReduceOp::kAvg);
+}
+
+void DataParallel::enqueue_outside_spans(size_t begin, size_t end) {
+  size_t at = begin;
+  for (const auto& gs : opt_.group_spans) {
+    const size_t sb = std::max(at, gs.offset), se = std::min(end, gs.offset + gs.count);
+    if (sb >= se) continue;
+    if (sb > at) opt_.stream_reducer->all_reduce(grads_ + at, sb - at, comm::DType::kFloat32, comm::ReduceOp::kAvg);
+    at = se;
+  }
+  if (at < end) opt_.stream_reducer->all_reduce(grads_ + at, end - at, comm::DType::kFloat32, comm::ReduceOp::kAvg);
+}
+
+void DataParallel::device_reduce_spans() {
+  // Blocking collectives over each span's sub-group after backward (not overlapped: the stream reducer runs over dp
+  // only). Its communicator's stream does not order against the kernels': backward's last writes must be done.
+  Kernels<float>& k = *opt_.device;
+  k.synchronize();
+  for (const auto& gs : opt_.group_spans) {
+    float* g = grads_ + gs.offset;
+    if (gs.reduce->size() > 1) gs.reduce->all_reduce(g, gs.count, comm::DType::kFloat32, comm::ReduceOp::kSum);
+    // Divided by D on the device, as reduce_range does on the host (the same division, so the same bits).
+    k.divide(g, static_cast<float>(size_), gs.count);
+  }
+}
+
+double DataParallel::device_group_spans_norm(const float* grads) {
+  // The device's sum of squares per range (its fixed chunks: equal to the host's blocks up to rounding, and the same
+  // bits on every rank holding the same values), the span's part added over `norm` in rank order.
+  Kernels<float>& k = *opt_.device;
+  auto sum_squares = [&](size_t b, size_t e) {
+    if (e <= b) return 0.0;
+    const double n = k.global_norm(grads + b, e - b);
+    return n * n;
+  };
+  double total = 0;
+  size_t at = 0;
+  for (const auto& gs : opt_.group_spans) {
+    total += sum_squares(at, gs.offset);
+    double mine = sum_squares(gs.offset, gs.offset + gs.count);
+    if (gs.norm != nullptr && gs.norm->size() > 1) {
+      std::vector<double> all(static_cast<size_t>(gs.norm->size()));
+      gs.norm->all_gather(&mine, all.data(), 1, comm::DType::kInt64);  // host doubles: `norm` is a host group
+      mine = 0;
+      for (double v : all) mine += v;
+    }
+    total += mine;
+    at = gs.offset + gs.count;
+  }
+  total += sum_squares(at, n_);
+  return std::sqrt(total);
 }
 
 double DataParallel::group_spans_norm(const float* grads) {
@@ -425,6 +478,7 @@ void DataParallel::finish(float* grads) {
   }
   cv_.wait(lk, [&] { return done_ == enqueued_; });
   if (opt_.stream_reducer != nullptr) opt_.stream_reducer->wait();
+  if (device_spans_ && size_ > 1) device_reduce_spans();
   if (device_zero_) device_reduce_scatter();
   comm_seconds_ += since(t0);
   if (error_) std::rethrow_exception(error_);
@@ -546,7 +600,8 @@ std::vector<double> DataParallel::all_gather(const std::vector<double>& local) {
 }
 
 double DataParallel::grad_norm(const float* grads) {
-  if (!zero_ && !opt_.group_spans.empty()) return group_spans_norm(grads);
+  if (!zero_ && !opt_.group_spans.empty())
+    return device_spans_ ? device_group_spans_norm(grads) : group_spans_norm(grads);
   if (!zero_) throw Error("data-parallel: grad_norm() is the ZeRO path; without ZeRO the trainer's AdamW computes it");
   double total = 0;
   if (opt_.deterministic) {
@@ -654,6 +709,7 @@ std::string DataParallel::describe() const {
                 device_tree_          ? " deterministic, device buffers"
                 : opt_.deterministic  ? " deterministic"
                 : device_zero_        ? " device buffers (reduce-scatter after backward)"
+                : device_spans_       ? " device buffers (stream-ordered, overlapped; expert spans after backward)"
                 : opt_.stream_reducer ? " device buffers (stream-ordered, overlapped)"
                                       : "",
                 b.size(), static_cast<double>(b.front().size() * sizeof(float)) / 1048576.0,

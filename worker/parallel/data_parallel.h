@@ -61,6 +61,10 @@ struct DataParallelOptions {
   // ranks whose tokens it served. The global grad norm adds the span's sums of squares over `norm` (the ranks
   // holding the other parts of the same tensors), in group rank order. Plain data parallelism only (ZeRO and the
   // deterministic tree refuse them); spans are sorted, disjoint and every rank passes the same offsets and counts.
+  // With a stream_reducer (device buffers) the rest of each bucket is enqueued on it as usual, and finish(), after
+  // its wait, all-reduces each span over `reduce` with a blocking call (which must then take device memory: NCCL)
+  // and divides by D on the device (not overlapped with backward); `norm` carries host doubles (a host group) and the
+  // norm sums the device's global_norm per range.
   struct GroupSpan {
     size_t offset = 0, count = 0;
     comm::Communicator* reduce = nullptr;
@@ -122,6 +126,10 @@ class DataParallel final : public GradSync {
   // All-reduce [begin, end) of grads_: over dp (mean), or, inside group spans, over their reduce group / D.
   void reduce_range(size_t begin, size_t end);
   double group_spans_norm(const float* grads);
+  // Group spans on device buffers: the parts outside the spans onto the stream reducer; the spans after it.
+  void enqueue_outside_spans(size_t begin, size_t end);
+  void device_reduce_spans();
+  double device_group_spans_norm(const float* grads);
   void fold_leaves_to_root();
   // The deterministic tree's buffers (D * chunk, zero padding) on the host or, device_tree_, on the device.
   struct TreeBuf {
@@ -151,6 +159,7 @@ class DataParallel final : public GradSync {
   AlignedBuffer<float> pad_out_;
   bool device_zero_ = false;
   bool device_tree_ = false;        // the deterministic tree on device buffers
+  bool device_spans_ = false;       // group spans with a stream reducer: reduced by device_reduce_spans()
   AlignedBuffer<float> norm_host_;  // device tree with ZeRO: the own piece's host copy for the fixed-block norm
   AdamWHyper hyper_;
   DeviceBuffer<float> dm_, dv_, dpad_in_, dpad_out_;  // ZeRO on the device: moments and padding scratch there

@@ -51,9 +51,23 @@ void validate_expert_parallel(const GptConfig& m, const ExpertParallelOptions& o
   }
 }
 
-ExpertParallel::ExpertParallel(comm::Communicator& dp, const ExpertParallelOptions& o) : options_(o), dp_(dp) {
+ExpertParallel::ExpertParallel(comm::Communicator& dp, const ExpertParallelOptions& o, comm::Communicator* device_dp)
+    : options_(o), dp_(dp), device_dp_(device_dp) {
   ranks_ = ep_group_ranks(dp.size(), o.ep, dp.rank());
+  if (device_dp != nullptr && o.algorithm != "flat") {
+    throw ConfigError("--ep-a2a " + o.algorithm +
+                      " with spec.device / --device cuda: the hierarchical all_to_all stages its chunks in host "
+                      "memory; use --ep-a2a flat (NCCL's all_to_all) or --device cpu");
+  }
+  if (device_dp != nullptr && (device_dp->size() != dp.size() || device_dp->rank() != dp.rank())) {
+    throw Error("expert parallelism: the device dp group does not match the dp group");
+  }
   group_ = dp.split(ranks_, "ep");
+  if (device_dp != nullptr) {
+    device_group_ = device_dp->split(ranks_, "ep");
+    a2a_ = comm::make_all_to_all(*device_group_, "flat", 0);
+    return;
+  }
   int node = o.node_size;
   if (node == 0 && o.algorithm == "hierarchical") {
     const char* env = std::getenv("LOCAL_WORLD_SIZE");
@@ -71,6 +85,15 @@ GptConfig ExpertParallel::local_config(const GptConfig& global) const {
 comm::Communicator& ExpertParallel::expert_data_parallel() {
   if (!edp_) edp_ = dp_.split(expert_dp_ranks(dp_.size(), group_->size(), dp_.rank()), "ep-dp");
   return *edp_;
+}
+
+comm::Communicator& ExpertParallel::device_expert_data_parallel() {
+  comm::Communicator& host = expert_data_parallel();  // split first, so every rank splits in the same order
+  if (device_dp_ == nullptr) return host;
+  if (!device_edp_) {
+    device_edp_ = device_dp_->split(expert_dp_ranks(dp_.size(), group_->size(), dp_.rank()), "ep-dp");
+  }
+  return *device_edp_;
 }
 
 namespace {
@@ -102,7 +125,8 @@ void ExpertParallel::attach(GptStage& stage) {
 }
 
 std::string ExpertParallel::describe() const {
-  return "ep=" + std::to_string(options_.ep) + " group " + comm::rank_list(ranks_) + " " + a2a_->describe();
+  return "ep=" + std::to_string(options_.ep) + " group " + comm::rank_list(ranks_) + " " + a2a_->describe() +
+         (device_dp_ != nullptr ? " (device memory)" : "");
 }
 
 template void ExpertParallel::attach(Gpt<float>&);

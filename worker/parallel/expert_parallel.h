@@ -31,9 +31,13 @@ void validate_expert_parallel(const GptConfig& model, const ExpertParallelOption
                               bool deterministic, bool uneven_dp_split);
 
 // Collective over `dp`: splits it into expert-parallel groups ("ep") and builds the all_to_all of the group.
+// device_dp: the same dp ranks over a communicator that takes device memory (NCCL on CUDA), for a model whose buffers
+// are not the host's: the exchange's all_to_all and the expert-data-parallel gradient reduction then run over splits
+// of it (collective over it too), while group() and expert_data_parallel() stay host groups (host values: the grad
+// norm's sums). Only the flat all_to_all takes device memory (the hierarchical one stages chunks on the host).
 class ExpertParallel {
  public:
-  ExpertParallel(comm::Communicator& dp, const ExpertParallelOptions& options);
+  ExpertParallel(comm::Communicator& dp, const ExpertParallelOptions& options, comm::Communicator* device_dp = nullptr);
   comm::Communicator& group() { return *group_; }
   // Expert-parallel storage (docs/parallel.md "Expert parallelism"): this rank's layout, E/ep experts per layer
   // (the experts it runs), for the model, the optimizer and the data-parallel reducer.
@@ -41,7 +45,11 @@ class ExpertParallel {
   // The dp ranks holding the same experts (position r % ep of every ep group: dp/ep ranks), over which expert
   // gradients are reduced. Split from dp on the first call: collective over dp, every rank calls it or none.
   comm::Communicator& expert_data_parallel();
+  // The ranks of expert_data_parallel() over device_dp (device gradients; that group itself without device_dp).
+  // Split on the first call: collective over device_dp.
+  comm::Communicator& device_expert_data_parallel();
   comm::AllToAll& all_to_all() { return *a2a_; }
+  bool device_exchange() const { return device_dp_ != nullptr; }
   // Installs the exchange in `model` (which must outlive neither this object nor its group).
   template <typename T>
   void attach(Gpt<T>& model);
@@ -54,8 +62,11 @@ class ExpertParallel {
   ExpertParallelOptions options_;
   std::vector<int> ranks_;
   comm::Communicator& dp_;
+  comm::Communicator* device_dp_;
   std::unique_ptr<comm::Communicator> group_;
   std::unique_ptr<comm::Communicator> edp_;
+  std::unique_ptr<comm::Communicator> device_group_;  // the ep group over device_dp: what the exchange runs on
+  std::unique_ptr<comm::Communicator> device_edp_;
   std::unique_ptr<comm::AllToAll> a2a_;
 };
 

@@ -330,11 +330,11 @@ void GptStage::set_expert_exchange(Gpt<float>::ExpertExchange x) {
                       std::to_string(E) + " experts per layer)");
   }
   if (x.size > 1 && !dev_->host_accessible()) {
-    // The exchange and the experts' loops read the dispatched rows on the host.
-    throw ConfigError(std::string("--ep ") + std::to_string(x.size) + " with spec.device / --device " +
-                      device_name(dev_->kind()) +
-                      ": expert parallelism runs on the CPU only so far: use --device cpu, or --ep 1 "
-                      "(mixture-of-experts layers themselves run on the device)");
+    // The stage's exchange and its experts' loops read the dispatched rows on the host (Gpt's run on the device).
+    throw ConfigError(std::string("--ep ") + std::to_string(x.size) +
+                      " with --tp/--pp/--cp and spec.device / --device " + device_name(dev_->kind()) +
+                      ": expert parallelism inside a tensor/pipeline stage runs on the CPU only so far: use --device "
+                      "cpu, drop --tp/--pp/--cp (plain data parallelism runs --ep on the device), or --ep 1");
   }
   if (x.return_expert_grads) {
     throw ConfigError(

@@ -166,6 +166,7 @@ class OffHostCpu final : public Kernels<float> {
   void moe_combine_input_grads(float* dx, const int32_t* r, const float* dxe, size_t N, size_t k, size_t C) override {
     c_.moe_combine_input_grads(dx, r, dxe, N, k, C);
   }
+  void divide(float* x, float s, size_t n) override { c_.divide(x, s, n); }
   size_t copies = 0;  // to_host/to_device: the main thread's
   std::atomic<size_t> side_copies{0};
   std::atomic<bool> fail_side_uploads{false};  // a failing copy on the offload thread

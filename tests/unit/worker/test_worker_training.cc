@@ -238,12 +238,14 @@ TEST_CASE("a device whose memory is not the host's: same training bits, state() 
   CHECK(on_dev.step().loss == losses[3]);
   CHECK(on_dev.step().loss == losses[4]);
 
-  // What the device cannot run is refused by name (here: expert-parallel storage, as on CUDA; the experts
-  // themselves run there: worker_parallel_moe_device).
+  // Expert-parallel storage off the host (2026-11-27; its exchange runs there: worker_parallel_moe_device): the
+  // shard is built, and refuses to run without its expert-parallel group as on the CPU.
   GptConfig moe = kSmall;
   moe.moe = make_moe_config(4, 2, 1.25, 0.01);
-  CHECK_THROWS_WITH_AS(Gpt<float>(expert_shard_config(moe, 2, 1), 2, 32, pool, {}, &dev),
-                       doctest::Contains("use --device cpu"), railyard::ConfigError);
+  Gpt<float> shard(expert_shard_config(moe, 2, 1), 2, 32, pool, {}, &dev);
+  const std::vector<int32_t> tokens(2 * 32, 1);
+  CHECK_THROWS_WITH_AS(shard.forward(tokens.data(), tokens.data(), Gpt<float>::Mode::kTrain),
+                       doctest::Contains("no expert-parallel group"), railyard::Error);
 }
 
 TEST_CASE("off the host, params and AdamW moments are copied to the host only on checkpoint steps, same checkpoint") {

@@ -33,7 +33,8 @@ constexpr double kTol = 1e-5;
 }  // namespace
 
 TEST_CASE(
-    "stage kernels: CudaKernels against CpuKernels<float> (vocab-parallel embedding, cross entropy, accumulate)") {
+    "stage kernels: CudaKernels against CpuKernels<float> (vocab-parallel embedding, cross entropy, accumulate, "
+    "divide)") {
   skip_without_gpu();
   ThreadPool pool(2);
   CpuKernels<float> c(pool);
@@ -76,6 +77,10 @@ TEST_CASE(
   expect_close(acc.gpu_host(), acc.cpu_host(), 0, "accumulate");
   g.copy(dst.gpu.data(), acc.gpu.data(), 1000);
   expect_close(dst.gpu_host(), acc.cpu_host(), 0, "copy");
+  // dp = 6: not a power of two, so a multiplication by 1/6 would differ from the CPU's division in some elements
+  c.divide(acc.cpu.data(), 6.0f, 1000);
+  g.divide(acc.gpu.data(), 6.0f, 1000);
+  expect_close(acc.gpu_host(), acc.cpu_host(), 0, "divide");
 }
 
 TEST_CASE("one GptStage (tp = pp = 1) forward/backward on CUDA against the CPU") {

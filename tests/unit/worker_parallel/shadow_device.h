@@ -278,6 +278,9 @@ class ShadowCpu final : public Kernels<float> {
   void moe_combine_input_grads(float* dx, const int32_t* r, const float* dxe, size_t N, size_t k, size_t C) override {
     later([=, this] { c_.moe_combine_input_grads(d(dx), d(r), d(dxe), N, k, C); });
   }
+  void divide(float* x, float s, size_t n) override {
+    later([=, this] { c_.divide(d(x), s, n); });
+  }
 
  private:
   // Kernels run later, in order, as on one CUDA stream: at the next synchronize(), copy or global_norm.
@@ -315,6 +318,10 @@ class ShadowCpu final : public Kernels<float> {
 class DeviceComm final : public comm::Communicator {
  public:
   DeviceComm(comm::Communicator& c, const ShadowCpu& dev) : c_(c), dev_(dev) {}
+  // A group split from a wrapper (expert parallelism's ep and expert-dp groups): it takes device addresses too, and
+  // its device operations count in the wrapper it was split from as well (subtree_calls).
+  DeviceComm(std::unique_ptr<comm::Communicator> owned, const ShadowCpu& dev, DeviceComm* parent)
+      : owned_(std::move(owned)), c_(*owned_), dev_(dev), parent_(parent) {}
   int rank() const override { return c_.rank(); }
   int size() const override { return c_.size(); }
   const std::string& name() const override { return c_.name(); }
@@ -346,18 +353,23 @@ class DeviceComm final : public comm::Communicator {
   }
   void barrier() override { c_.barrier(); }
   std::unique_ptr<Communicator> split(const std::vector<int>& r, const std::string& n) override {
-    return c_.split(r, n);
+    return std::make_unique<DeviceComm>(c_.split(r, n), dev_, this);
   }
   void abort() override { c_.abort(); }
-  size_t device_calls = 0;  // operations on device memory
+  size_t device_calls = 0;   // operations on device memory
+  size_t subtree_calls = 0;  // the same, here and in every group split from this one
 
  private:
   size_t& device_calls_if(const void* p) {
     static thread_local size_t sink = 0;
-    return dev_.owns(p) ? device_calls : sink;
+    if (!dev_.owns(p)) return sink;
+    for (DeviceComm* c = this; c != nullptr; c = c->parent_) ++c->subtree_calls;
+    return device_calls;
   }
+  std::unique_ptr<comm::Communicator> owned_;
   comm::Communicator& c_;
   const ShadowCpu& dev_;
+  DeviceComm* parent_ = nullptr;  // must outlive this group
 };
 
 // Puts the model's groups behind DeviceComm wrappers (the groups then take the device's addresses).

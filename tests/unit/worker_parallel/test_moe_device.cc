@@ -3,8 +3,9 @@
 // the plain CPU run bit for bit: the router softmax/top-k, gathering the experts' rows, combining their outputs and
 // the router's backward run in the device's moe_* kernels; only the dispatch under capacity runs on the host, from
 // the choices copied out. Then the trainer with data parallelism (ZeRO 1/2 and the deterministic tree on device
-// buffers) against the CPU's; the tensor/pipeline stage with experts (tp, tp + sequence parallelism, pp) likewise;
-// and expert parallelism refused off the host naming the fix.
+// buffers) against the CPU's; expert parallelism (--ep) with the exchange, the experts' GEMMs and the expert
+// gradients' reduction on device memory; the tensor/pipeline stage with experts (tp, tp + sequence parallelism, pp)
+// likewise; and what stays refused off the host (the stage's --ep, the hierarchical all_to_all) naming the fix.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -19,6 +20,7 @@
 #include "worker/comm/process_groups.h"
 #include "worker/model/gpt.h"
 #include "worker/parallel/data_parallel.h"
+#include "worker/parallel/expert_parallel.h"
 #include "worker/parallel/parallel_model.h"
 #include "worker/train/trainer.h"
 
@@ -198,18 +200,180 @@ TEST_CASE("an MoE model trains on that device with dp=2 (ZeRO 1/2, deterministic
   }
 }
 
-TEST_CASE("expert parallelism off the host is refused naming --ep and the fix") {
+namespace {
+
+// The host twin of the NCCL stream reducer on ShadowCpu: NCCL's reduction is ordered after the compute stream's work
+// so far (an event), so the kernels queued before it run first.
+class ShadowStreamReducer final : public comm::StreamReducer {
+ public:
+  ShadowStreamReducer(comm::Communicator& c, ShadowCpu& dev) : twin_(comm::host_stream_reducer(c)), dev_(dev) {}
+  void all_reduce(void* buf, size_t count, comm::DType t, comm::ReduceOp op) override {
+    dev_.drain();
+    twin_->all_reduce(buf, count, t, op);
+  }
+  void wait() override { twin_->wait(); }
+  size_t pending() const override { return twin_->pending(); }
+
+ private:
+  std::unique_ptr<comm::StreamReducer> twin_;
+  ShadowCpu& dev_;
+};
+
+struct EpRun {
+  std::vector<std::vector<double>> losses, aux, norms;  // per rank, per step
+  std::vector<std::vector<float>> params;               // per rank: its own buffer (E/ep experts when sharded)
+  size_t local_params = 0;
+  size_t exchange_calls = 0;  // device-memory operations of the exchange's groups (ep, expert-dp), rank 0
+  size_t dp_calls = 0;        // of the dp group's stream reducer / device_dp, rank 0
+};
+
+// The plain trainer at dp = n with expert parallelism over groups of `ep`: expert-parallel storage (`sharded`, ZeRO 0:
+// group spans) or all experts on every rank (ZeRO `stage`, the deterministic tree), on the CPU or on ShadowCpu with
+// the exchange and the reductions on device memory (DeviceComm), wired as railyard-worker wires NCCL on CUDA.
+EpRun ep_train(bool device, int n, int ep, bool sharded, int stage, bool deterministic, double grad_clip) {
+  const GptConfig cfg = moe_config(4, 2, 1.0);
+  EpRun res;
+  res.losses.resize(n);
+  res.aux.resize(n);
+  res.norms.resize(n);
+  res.params.resize(n);
+  std::mutex mu;
+  comm::run_local_world(n, [&](comm::Communicator& c) {
+    ThreadPool pool(1);
+    ShadowCpu dev(pool);
+    TrainConfig tc;
+    tc.steps = kSteps;
+    tc.batch = kB;
+    tc.seq_len = kT;
+    tc.global_batch_tokens = int64_t{2} * n * kB * kT;
+    tc.lr = 1e-2;
+    tc.grad_clip = grad_clip;
+    tc.quiet = true;
+    testing::StreamSource src(c.rank(), n, kB, kT, cfg.vocab_size);
+    DeviceComm dp_dev(c, dev);  // the NCCL dp group of DistSetup::device_groups
+    ExpertParallel xp(c, {ep, "flat", 0, deterministic}, device ? &dp_dev : nullptr);
+    const GptConfig local = sharded ? xp.local_config(cfg) : cfg;
+    auto grad = c.dup("dp-grad");
+    DeviceComm grad_dev(*grad, dev);
+    ShadowStreamReducer reducer(grad_dev, dev);
+    DataParallelOptions o;
+    o.bucket_bytes = 16 << 10;  // buckets straddle the dense/expert boundary
+    o.zero_stage = stage;
+    o.deterministic = deterministic;
+    if (device) {  // set_device_reduction in worker/main.cc
+      o.stream_reducer = &reducer;
+      o.device = &dev;
+      o.device_dp = &grad_dev;
+    }
+    if (sharded) {
+      o.group_spans = expert_group_spans(local, device ? &xp.device_expert_data_parallel() : &xp.expert_data_parallel(),
+                                         &xp.group());
+    }
+    auto sync = gpt_data_parallel(&c, local, tc, pool, o);
+    Trainer tr(local, tc, pool, src, nullptr, sync.get(), nullptr, device ? &dev : nullptr);
+    xp.attach(tr.model());
+    std::vector<double> losses, aux, norms;
+    for (int s = 0; s < tc.steps; ++s) {
+      const StepResult r = tr.step();
+      losses.push_back(r.loss);
+      aux.push_back(r.moe_aux_loss);
+      norms.push_back(r.grad_norm);
+    }
+    const TrainerState st = tr.state();
+    std::lock_guard<std::mutex> lock(mu);
+    res.losses[c.rank()] = losses;
+    res.aux[c.rank()] = aux;
+    res.norms[c.rank()] = norms;
+    res.params[c.rank()].assign(st.params, st.params + st.num_params);
+    res.local_params = st.num_params;
+    if (c.rank() == 0) {
+      res.exchange_calls = dp_dev.subtree_calls;
+      res.dp_calls = grad_dev.device_calls;
+    }
+  });
+  return res;
+}
+
+}  // namespace
+
+TEST_CASE("expert parallelism on that device (exchange and expert gradients in device memory) equals the CPU run") {
+  struct Case {
+    int n, ep;
+    bool sharded;
+    int stage;
+    bool deterministic;
+  };
+  for (const Case& c : {Case{2, 2, true, 0, false}, Case{4, 2, true, 0, false}, Case{4, 4, true, 0, false},
+                        Case{4, 2, false, 0, false}, Case{2, 2, false, 0, true}, Case{2, 2, false, 1, false}}) {
+    CAPTURE(c.n);
+    CAPTURE(c.ep);
+    CAPTURE(c.sharded);
+    CAPTURE(c.stage);
+    CAPTURE(c.deterministic);
+    // Without clipping the update does not read the norm, so parameters stay bitwise where only the norm's summation
+    // differs (the device's global_norm per range vs the host's blocks); with it the trainer's own norm is the CPU's.
+    const double clip = c.sharded ? 0.0 : 1.0;
+    const EpRun cpu = ep_train(false, c.n, c.ep, c.sharded, c.stage, c.deterministic, clip);
+    const EpRun dev = ep_train(true, c.n, c.ep, c.sharded, c.stage, c.deterministic, clip);
+    CHECK(cpu.losses[0].back() < cpu.losses[0].front());
+    if (c.sharded) CHECK(dev.local_params < num_parameters(moe_config(4, 2, 1.0)));  // E/ep experts per rank
+    for (int r = 0; r < c.n; ++r) {
+      CAPTURE(r);
+      CHECK(dev.aux[r] == cpu.aux[r]);
+      CHECK(cpu.aux[r].front() > 0);
+      if (c.stage > 0) {  // ZeRO on the device sums its norm per tensor run: equal up to rounding
+        for (size_t s = 0; s < cpu.losses[r].size(); ++s)
+          CHECK(std::fabs(dev.losses[r][s] - cpu.losses[r][s]) <= 1e-6 * cpu.losses[r][s]);
+        double worst = 0, scale = 0;
+        for (size_t i = 0; i < cpu.params[r].size(); ++i) {
+          scale = std::max(scale, static_cast<double>(std::fabs(cpu.params[r][i])));
+          worst = std::max(worst, static_cast<double>(std::fabs(dev.params[r][i] - cpu.params[r][i])));
+        }
+        CHECK(worst <= 1e-6 * scale);
+        continue;
+      }
+      // bitwise: the same kernels in the same order, the exchange moves bits, the span mean is the same division
+      CHECK(dev.losses[r] == cpu.losses[r]);
+      CHECK(dev.params[r] == cpu.params[r]);
+      for (size_t s = 0; s < cpu.norms[r].size(); ++s) {
+        if (c.sharded) {
+          CHECK(std::fabs(dev.norms[r][s] - cpu.norms[r][s]) <= 1e-6 * cpu.norms[r][s]);
+        } else {
+          CHECK(dev.norms[r][s] == cpu.norms[r][s]);
+        }
+      }
+      // ranks holding the same experts hold the same parameters
+      const int twin = c.sharded ? (r + c.ep) % c.n : (r + 1) % c.n;
+      CHECK(dev.params[r] == dev.params[twin]);
+    }
+    // Every exchange went through device memory: per MoE layer and micro-batch 3 all_to_alls forward (counts, rows,
+    // outputs) and 3 backward (inputs, gated output gradients, input gradients), + 1 returning expert gradients in
+    // the deterministic mode; with sharded storage and an expert-dp group of 2+ ranks one span all-reduce per step.
+    const size_t layers = 2, micro = 2, per = 6 + (c.deterministic ? 1 : 0);
+    const size_t spans = c.sharded && c.n / c.ep > 1 ? kSteps : 0;
+    CHECK(dev.exchange_calls == layers * micro * kSteps * per + spans);
+    CHECK(cpu.exchange_calls == 0);
+    CHECK(dev.dp_calls > 0);  // the dense gradients (and ZeRO's pieces, the tree's chunks) as device memory
+  }
+}
+
+TEST_CASE("what stays refused off the host with --ep names the flag and the fix") {
   ThreadPool pool(1);
   ShadowCpu dev(pool);
+  comm::run_local_world(2, [&](comm::Communicator& c) {
+    // the hierarchical all_to_all stages its chunks in host memory
+    DeviceComm dp_dev(c, dev);
+    CHECK_THROWS_WITH_AS(ExpertParallel(c, {2, "hierarchical", 1, false}, &dp_dev), doctest::Contains("--ep-a2a flat"),
+                         ConfigError);
+  });
+  // the tensor/pipeline stage's experts loop over the received rows on the host
   const GptConfig global = moe_config(4, 1, 1.25);
-  const GptConfig shard = expert_shard_config(global, 2, 0);
-  CHECK_THROWS_WITH_AS(Gpt<float>(shard, kB, kT, pool, {}, &dev), doctest::Contains("--ep 1"), ConfigError);
-  Gpt<float> model(global, kB, kT, pool, {}, &dev);  // all experts: runs; an exchange over ranks does not
+  ParallelModel model(global, kB, kT, 1, pool, ModelGroups{}, {}, {}, false, &dev);
   Gpt<float>::ExpertExchange x;
   x.size = 2;
   x.rank = 0;
   x.all_to_all = [](const void*, void*, size_t) {};
-  CHECK_THROWS_WITH_AS(model.set_expert_exchange(x), doctest::Contains("use --device cpu"), ConfigError);
+  CHECK_THROWS_WITH_AS(model.stage().set_expert_exchange(x), doctest::Contains("--device cpu"), ConfigError);
 }
 
 namespace {

@@ -400,4 +400,6 @@ void CudaKernels::moe_combine_input_grads(float* dx, const int32_t* row, const f
   cuda::moe_combine_input_grads(dx, row, dxe, N, k, C, stream_);
 }
 
+void CudaKernels::divide(float* x, float divisor, size_t n) { cuda::divide(x, divisor, n, stream_); }
+
 }  // namespace railyard::worker::cuda

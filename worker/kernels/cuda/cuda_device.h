@@ -117,6 +117,7 @@ class CudaKernels final : public Kernels<float> {
                            const float* dout, const float* aux, float dloss, size_t N, size_t E, size_t k,
                            size_t C) override;
   void moe_combine_input_grads(float* dx, const int32_t* row, const float* dxe, size_t N, size_t k, size_t C) override;
+  void divide(float* x, float divisor, size_t n) override;
 
  private:
   // encoder_backward / vocab_embedding_backward: the rows of `inp` whose id is in [lo, hi) grouped by token

@@ -81,6 +81,10 @@ __global__ void accumulate_kernel(float* out, const float* in, size_t n) {
   RAILYARD_GRID_STRIDE(i, n) { out[i] += in[i]; }
 }
 
+__global__ void divide_kernel(float* x, float divisor, size_t n) {
+  RAILYARD_GRID_STRIDE(i, n) { x[i] = x[i] / divisor; }
+}
+
 }  // namespace
 
 void vocab_embedding_forward(float* out, const int32_t* inp, const float* wte_local, int v0, int Vl, size_t N, int C,
@@ -139,6 +143,13 @@ void accumulate(float* out, const float* in, size_t n, cudaStream_t stream) {
   if (l.grid == 0) return;
   accumulate_kernel<<<l.grid, l.block, 0, stream>>>(out, in, n);
   check_launch("accumulate_kernel");
+}
+
+void divide(float* x, float divisor, size_t n, cudaStream_t stream) {
+  const Launch l = elementwise_launch(n);
+  if (l.grid == 0) return;
+  divide_kernel<<<l.grid, l.block, 0, stream>>>(x, divisor, n);
+  check_launch("divide_kernel");
 }
 
 }  // namespace railyard::worker::cuda

@@ -33,5 +33,7 @@ void vocab_ce_finish(float* losses, float* logits, const float* sums, const floa
                      size_t N, int Vl, int Vr, float scale, cudaStream_t stream);
 // out (n) += in (n)
 void accumulate(float* out, const float* in, size_t n, cudaStream_t stream);
+// x (n) = x / divisor (IEEE division: nvcc's default -prec-div=true), the dp mean of a sub-group's sum.
+void divide(float* x, float divisor, size_t n, cudaStream_t stream);
 
 }  // namespace railyard::worker::cuda
