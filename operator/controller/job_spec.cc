@@ -507,6 +507,20 @@ std::optional<Violation> check_family(const JobSpec& s, int replicas) {
              "use one of " + divisors_of(std::gcd(s.moe.experts, dp_ranks)) +
                  ", or replicas*procsPerReplica a multiple of " + std::to_string(s.expert * w.tensor * w.pipeline));
   }
+  // On CUDA the worker runs expert parallelism in the plain data-parallel path with the flat exchange only
+  // (docs/gpu.md): the rest is refused here, naming the worker's fixes, rather than by pods that exit 2.
+  if (s.device == "cuda" && s.moe.experts > 0 && s.expert > 1) {
+    if (w.tensor > 1 || w.pipeline > 1)
+      c.fail("spec.parallelism.expert",
+             std::to_string(s.expert) + " with device cuda and tensor " + std::to_string(w.tensor) + ", pipeline " +
+                 std::to_string(w.pipeline) +
+                 ": expert parallelism inside a tensor/pipeline stage runs on the CPU only",
+             "set spec.device cpu, tensor and pipeline 1, or expert 1");
+    else if (s.expert_all_to_all == "hierarchical")
+      c.fail("spec.parallelism.expertAllToAll",
+             "hierarchical with device cuda: the hierarchical exchange stages its chunks in host memory",
+             "use flat, or spec.device cpu");
+  }
   // Hierarchical groups the ranks of one pod (LOCAL_WORLD_SIZE): a pod's ranks must tile the expert group.
   if (s.expert > 1 && s.expert_all_to_all == "hierarchical" && s.procs_per_replica < s.expert &&
       s.expert % s.procs_per_replica != 0)
@@ -551,9 +565,6 @@ std::optional<Violation> check_family(const JobSpec& s, int replicas) {
       c.fail("spec.memory.offload",
              "optimizer with tensor/pipeline/context parallelism: only the plain and data-parallel model offloads",
              "set tensor, pipeline and context to 1, or offload none");
-    else if (s.device == "cuda")
-      c.fail("spec.memory.offload", "optimizer with device cuda: the offloaded update is not wired to a GPU yet",
-             "use spec.device cpu, or offload none");
   }
   return c.take();
 }

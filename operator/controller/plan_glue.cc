@@ -232,7 +232,8 @@ AutoPlanOutcome plan_parallelism(const JobSpec& spec, int replicas, const std::v
   if (spec.recompute == "none") o.recompute = plan::Recompute::kNone;
   if (spec.recompute == "selective") o.recompute = plan::Recompute::kSelective;
   if (spec.recompute == "full") o.recompute = plan::Recompute::kFull;
-  // The worker's offloaded update runs on host copies of the parameters (not on a GPU yet): planned on CPU only.
+  // The planner picks the offloaded update by itself on the CPU only: the worker runs it on a GPU too (2026-11-27), but
+  // its copy costs there are unmeasured. A spec that asks for it gets it.
   if (!spec.offload.empty())
     o.offload = spec.offload == "optimizer";
   else if (cluster.device.name != "cpu")
@@ -472,11 +473,13 @@ ExpertChoice choose_experts(const JobSpec& spec, const plan::Job& job, const pla
       const double per = std::max(1, c.all_to_alls);
       p.flat_seconds = c.per_all_to_all.flat * per;
       p.hierarchical_seconds = c.per_all_to_all.hierarchical * per;
-      // The worker's hierarchical exchange needs the pod's ranks to tile the group (check_family).
+      // The worker's hierarchical exchange needs the pod's ranks to tile the group, and host memory: not on CUDA
+      // (check_family).
       const bool tiles = spec.procs_per_replica >= ep || ep % spec.procs_per_replica == 0;
-      p.all_to_all = !spec.expert_all_to_all.empty()              ? spec.expert_all_to_all
-                     : c.per_all_to_all.use_hierarchical && tiles ? "hierarchical"
-                                                                  : "flat";
+      const bool hierarchical_ok = tiles && spec.device != "cuda";
+      p.all_to_all = !spec.expert_all_to_all.empty()                        ? spec.expert_all_to_all
+                     : c.per_all_to_all.use_hierarchical && hierarchical_ok ? "hierarchical"
+                                                                            : "flat";
       p.all_to_all_seconds = p.all_to_all == "hierarchical" ? p.hierarchical_seconds : p.flat_seconds;
     }
     out.plan = p;

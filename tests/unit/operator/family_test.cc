@@ -147,8 +147,11 @@ TEST_CASE("what the worker refuses in the family makes the job Invalid, naming t
       // offload
       {R"({"spec": {"memory": {"offload": "optimizer"}, "parallelism": {"zero": 1}}})", "spec.memory.offload",
        "set spec.parallelism.zero 0"},
-      {R"({"spec": {"device": "cuda", "memory": {"offload": "optimizer"}}})", "spec.memory.offload",
-       "use spec.device cpu"},
+      // device cuda: expert parallelism only in the plain data-parallel path, with the flat exchange
+      {R"({"spec": {"device": "cuda", "procsPerReplica": 2, "parallelism": {"tensor": 2}}})", "spec.parallelism.expert",
+       "set spec.device cpu, tensor and pipeline 1, or expert 1"},
+      {R"({"spec": {"device": "cuda", "parallelism": {"expertAllToAll": "hierarchical"}}})",
+       "spec.parallelism.expertAllToAll", "use flat, or spec.device cpu"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.patch);
@@ -166,7 +169,14 @@ TEST_CASE("what the worker refuses in the family makes the job Invalid, naming t
   for (const char* ok : {R"({"spec": {"procsPerReplica": 2, "parallelism": {"tensor": 2}}})",
                          R"({"spec": {"procsPerReplica": 2, "parallelism": {"pipeline": 2}}})",
                          R"({"spec": {"procsPerReplica": 2, "parallelism": {"tensor": 2, "expert": 1,
-                             "expertAllToAll": null, "deterministic": true}}})"}) {
+                             "expertAllToAll": null, "deterministic": true}}})",
+                         // device cuda (2026-11-27): expert parallelism with plain data parallelism and the flat
+                         // exchange, MoE inside tensor parallelism without it, and the offloaded optimizer
+                         R"({"spec": {"device": "cuda", "parallelism": {"expertAllToAll": "flat"}}})",
+                         R"({"spec": {"device": "cuda", "procsPerReplica": 2, "parallelism": {"tensor": 2,
+                             "expert": 1, "expertAllToAll": null}}})",
+                         R"({"spec": {"device": "cuda", "model": {"moe": null}, "parallelism": {"expert": null,
+                             "expertAllToAll": null}, "memory": {"offload": "optimizer"}}})"}) {
     CAPTURE(ok);
     const ParsedJob p = parse_job(moe_job(Json::parse(ok)));
     CHECK_MESSAGE(!p.violation, (p.violation ? p.violation->message : ""));

@@ -352,13 +352,20 @@ TEST_CASE("auto with spec.memory.offload optimizer plans a layout the worker off
   CHECK(o.plan->status["offload"] == "optimizer");
   apply_plan(s, *o.plan);
   CHECK(resolved_config(s, 2)["memory"]["offload"] == "optimizer");
-  // On GPUs the worker's offload is not wired: auto never plans it there, even when asked (the job is Invalid).
+  // On GPUs (the worker offloads there since 2026-11-27, its copy costs unmeasured) auto plans it only when asked:
+  // asked, the layout offloads; not asked, it never does, even where it would fit only with it.
   JobSpec g = auto_spec(Json::parse(R"({"spec": {"replicas": 1, "procsPerReplica": 8, "device": "cuda",
       "model": {"preset": "gpt2-124m"}, "training": {"globalBatch": 8, "seqLen": 1024},
       "memory": {"offload": "optimizer"}}})"));
   AutoPlanOutcome og = plan_parallelism(g, 1, {gpu_node("n0", "h100-sxm", "u0", "l0")});
-  REQUIRE(og.violation);
-  CHECK(og.violation->field == "spec.memory.offload");
+  REQUIRE_MESSAGE(og.plan, (og.violation ? og.violation->message : ""));
+  CHECK(og.plan->layout.offload);
+  CHECK(og.plan->layout.zero == 0);
+  JobSpec gn = g;
+  gn.offload.clear();
+  AutoPlanOutcome ogn = plan_parallelism(gn, 1, {gpu_node("n0", "h100-sxm", "u0", "l0")});
+  REQUIRE_MESSAGE(ogn.plan, (ogn.violation ? ogn.violation->message : ""));
+  CHECK_FALSE(ogn.plan->layout.offload);
 }
 
 TEST_CASE("auto on a MoE model picks the smallest expert degree that fits and the cheaper all-to-all") {
@@ -399,8 +406,18 @@ TEST_CASE("auto on a MoE model picks the smallest expert degree that fits and th
                                                              o.plan->estimate.micro_batches);
   CHECK(x.flat_seconds == doctest::Approx(comm.per_all_to_all.flat * comm.all_to_alls));
   CHECK(x.hierarchical_seconds == doctest::Approx(comm.per_all_to_all.hierarchical * comm.all_to_alls));
-  CHECK(x.all_to_all == (comm.per_all_to_all.use_hierarchical ? "hierarchical" : "flat"));
-  CHECK(x.all_to_all_seconds == doctest::Approx(std::min(x.flat_seconds, x.hierarchical_seconds)));
+  // On CUDA the worker refuses the hierarchical exchange (it stages chunks in host memory): flat, priced as such.
+  CHECK(x.all_to_all == "flat");
+  CHECK(x.all_to_all_seconds == doctest::Approx(x.flat_seconds));
+  // With device auto the planner takes the cheaper of the two the cost model prices on this topology (hierarchical
+  // here: the exchange crosses nodes).
+  JobSpec any = s;
+  any.device = "auto";
+  const ExpertChoice ca = choose_experts(any, job, cluster, o.plan->estimate);
+  REQUIRE(ca.plan);
+  CHECK(comm.per_all_to_all.use_hierarchical);
+  CHECK(ca.plan->all_to_all == "hierarchical");
+  CHECK(ca.plan->all_to_all_seconds == doctest::Approx(std::min(ca.plan->flat_seconds, ca.plan->hierarchical_seconds)));
   // status.plan: the family's choices, and the step with the all-to-alls added to the dense estimate.
   CHECK(o.plan->status["expert"] == x.expert);
   CHECK(o.plan->status["expertAllToAll"] == x.all_to_all);
