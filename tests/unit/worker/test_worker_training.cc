@@ -8,7 +8,7 @@
 #include <cstring>
 #include <fstream>
 
-#include "tests/unit/worker/off_host_device.h"
+#include "tests/unit/worker/shadow_cpu.h"
 #include "tests/unit/worker/worker_test_util.h"
 #include "worker/data/prepare.h"
 #include "worker/device/cpu_kernels.h"
@@ -207,7 +207,7 @@ TEST_CASE("a device whose memory is not the host's: same training bits, state() 
   std::vector<int32_t> in(corpus.begin(), corpus.begin() + n), tg(corpus.begin() + 1, corpus.begin() + n + 1);
   FixedBatch src_cpu(in, tg), src_dev(in, tg);
   ThreadPool pool(2);
-  OffHostCpu dev(pool);
+  ShadowCpu dev(pool);
   Trainer on_cpu(kSmall, tc, pool, src_cpu), on_dev(kSmall, tc, pool, src_dev, nullptr, nullptr, nullptr, &dev);
   const size_t P = on_cpu.model().num_params();
   std::vector<double> losses;
@@ -260,7 +260,7 @@ TEST_CASE("off the host, params and AdamW moments are copied to the host only on
       std::filesystem::temp_directory_path() / ("railyard-hostcopy-" + std::to_string(::getpid()));
   std::filesystem::remove_all(root);
   ThreadPool pool(2);
-  OffHostCpu dev(pool);
+  ShadowCpu dev(pool);
   dev.state_bytes = num_parameters(kSmall) * sizeof(float);
   // The same run on the CPU (state() in place) and on the off-host device, each saving every 3 steps and at the end.
   auto train = [&](const std::string& name, Kernels<float>* device) {

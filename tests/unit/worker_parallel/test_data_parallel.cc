@@ -14,7 +14,8 @@
 #include <vector>
 
 #include "common/error.h"
-#include "tests/unit/worker/off_host_device.h"
+#include "tests/unit/worker/shadow_cpu.h"
+#include "tests/unit/worker_parallel/shadow_device.h"
 #include "tests/unit/worker_parallel/trainer_test_util.h"
 #include "worker/comm/local_world.h"
 #include "worker/comm/stream_reducer.h"
@@ -225,12 +226,15 @@ TEST_CASE("bad options are refused with the flag named") {
 namespace {
 
 // What the data-parallel reducer enqueued on a StreamReducer and when: a decorator around the host twin (which
-// reduces with real Gloo collectives at once). Per enqueue the bucket's offset in the gradient buffer and whether the
-// step's backward was over yet (the off-host device counts encoder_backward, the last kernel of a backward).
+// reduces with real Gloo collectives at once, over a wrapper that takes the device's addresses). Per enqueue the
+// bucket's offset in the gradient buffer and whether the step's backward was over yet (the test device counts
+// encoder_backward, the last kernel of a backward, when it is enqueued).
 class Recorder final : public comm::StreamReducer {
  public:
-  Recorder(comm::Communicator& c, const testing::OffHostCpu& dev) : twin_(comm::host_stream_reducer(c)), dev_(dev) {}
+  Recorder(comm::Communicator& c, testing::ShadowCpu& dev) : twin_(comm::host_stream_reducer(c)), dev_(dev) {}
   void all_reduce(void* buf, size_t count, comm::DType t, comm::ReduceOp op) override {
+    // The NCCL reducer orders the reduction after the compute stream's work so far (an event): run those kernels.
+    dev_.drain();
     launches.push_back({static_cast<const float*>(buf) - grads, count, dev_.encoder_backwards});
     twin_->all_reduce(buf, count, t, op);
   }
@@ -250,7 +254,7 @@ class Recorder final : public comm::StreamReducer {
 
  private:
   std::unique_ptr<comm::StreamReducer> twin_;
-  const testing::OffHostCpu& dev_;
+  testing::ShadowCpu& dev_;
 };
 
 // The order in which buckets must be launched: replay the ranges Gpt::backward reports (lnf, then each layer's 12
@@ -291,9 +295,10 @@ TEST_CASE("device buffers: buckets go to a StreamReducer as backward finishes th
   comm::run_local_world(2, [&](comm::Communicator& c) {
     ThreadPool pool(1);
     testing::StreamSource src(c.rank(), 2, kB, kT, kCfg.vocab_size);
-    testing::OffHostCpu dev(pool);  // the gradient buffer is "device" memory: only the reducer may touch it
+    testing::ShadowCpu dev(pool);  // the gradient buffer is "device" memory: only the reducer may touch it
     auto grad = c.dup("dp-grad");
-    Recorder rec(*grad, dev);
+    testing::DeviceComm grad_dev(*grad, dev);
+    Recorder rec(grad_dev, dev);
     DataParallelOptions o = opt;
     o.stream_reducer = &rec;
     const TrainConfig tc = train_config();
@@ -345,7 +350,7 @@ TEST_CASE(
     "device buffers: ZeRO and the deterministic mode with a reducer but no device are refused, so is a host-only one") {
   comm::run_local_world(2, [&](comm::Communicator& c) {
     ThreadPool pool(1);
-    testing::OffHostCpu dev(pool);
+    testing::ShadowCpu dev(pool);
     auto twin = comm::host_stream_reducer(c);
     for (int what = 0; what < 2; ++what) {
       DataParallelOptions o;

@@ -11,7 +11,7 @@
 #include <cstring>
 #include <vector>
 
-#include "tests/unit/worker/off_host_device.h"
+#include "tests/unit/worker/shadow_cpu.h"
 #include "tests/unit/worker_parallel/shadow_device.h"
 #include "tests/unit/worker_parallel/trainer_test_util.h"
 #include "worker/comm/local_world.h"
@@ -21,7 +21,6 @@
 
 using namespace railyard::worker;
 using railyard::worker::testing::DeviceComm;
-using railyard::worker::testing::OffHostCpu;
 using railyard::worker::testing::ShadowCpu;
 namespace comm = railyard::worker::comm;
 using railyard::worker::parallel::DataParallelOptions;
@@ -231,7 +230,7 @@ TEST_CASE("offload off the host with the deterministic data-parallel tree (dp=2)
 
 TEST_CASE("a copy failing on the update thread reaches the trainer and stays an error") {
   ThreadPool pool(2);
-  OffHostCpu dev(pool);
+  ShadowCpu dev(pool);
   testing::StreamSource src(0, 1, kB, kT, kCfg.vocab_size);
   Trainer tr(kCfg, train_config(OffloadMode::kOptimizer), pool, src, nullptr, nullptr, nullptr, &dev);
   tr.step();
