@@ -793,20 +793,13 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
   }
   bool restarted_now = false;
   if (!triggers.empty()) {
-    // The cause wins the attribution: a monitor's request that also blamed a node (excludeFailedNodes) shows up as
-    // NodeExcluded of that node's pod in the same pass; the restart is recorded as the request (symptom, detector,
-    // time to detect) while the pod is still moved off the node below.
-    const Trigger* t = &triggers.front();
-    for (const Trigger& x : triggers)
-      if (x.reason == "RestartRequested") {
-        t = &x;
-        break;
-      }
-    for (const Trigger& x : triggers)
-      if (x.permanent) {
-        t = &x;
-        break;
-      }
+    // The cause wins the attribution (lifecycle.h attribution): a monitor's request that also blamed a node
+    // (excludeFailedNodes) shows up as NodeExcluded of that node's pod in the same pass; the restart is recorded as the
+    // request (symptom, detector, time to detect) while the pod is still moved off the node below. A killed rank's
+    // report beats its survivors' peer-lost exits even when theirs arrived first.
+    std::vector<TriggerFacts> facts;
+    for (const Trigger& x : triggers) facts.push_back({x.reason, x.pod, x.permanent, x.peer_lost, x.age});
+    const Trigger* t = &triggers[attribution(facts)];
     RestartDecision d = decide_restart(spec, restarts, gen, t->reason, t->detail, t->permanent);
     Json uids = Json::array();
     for (const auto& u : handled) uids.push_back(u);

@@ -57,4 +57,14 @@ std::chrono::milliseconds hold_for_culprit(const std::vector<TriggerFacts>& trig
   return oldest < grace ? grace - oldest : std::chrono::milliseconds(0);
 }
 
+size_t attribution(const std::vector<TriggerFacts>& triggers) {
+  for (size_t i = 0; i < triggers.size(); ++i)
+    if (triggers[i].permanent) return i;
+  for (size_t i = 0; i < triggers.size(); ++i)
+    if (triggers[i].reason == "RestartRequested") return i;
+  for (size_t i = 0; i < triggers.size(); ++i)
+    if (!triggers[i].peer_lost) return i;
+  return 0;
+}
+
 }  // namespace railyard::op

@@ -66,4 +66,10 @@ bool replace_into_forming_generation(const FormingGeneration& g, const std::vect
 // The recovery does not change, only its attribution (status.lastRestart, node exclusion of WorkerExit).
 std::chrono::milliseconds hold_for_culprit(const std::vector<TriggerFacts>& triggers, std::chrono::milliseconds grace);
 
+// Which trigger the restart is attributed to (status.lastRestart, events, the restarts metric's reason): a permanent
+// failure first (it decides the job), then a restart request (the monitor's diagnosis), then the first trigger that
+// is not a survivor's peer-lost exit (once the culprit's report is in, it names the failure, whichever report came
+// first), else the first. Index into `triggers` (0 when empty).
+size_t attribution(const std::vector<TriggerFacts>& triggers);
+
 }  // namespace railyard::op
