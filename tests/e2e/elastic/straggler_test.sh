@@ -14,7 +14,9 @@ job_name=straggler
 job_deterministic=1
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
-steps=250
+# 400 steps: on a fast run Prometheus saw both trainers only at step ~150 and the job ended 8 s after the slowdown
+# began, before the monitor's 5 s window had named rank 1 (2026-11-27); the reference run uses the same count.
+steps=400
 interval=5
 start_operator
 start_monitor_prometheus --straggler-window 5
