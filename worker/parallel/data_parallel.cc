@@ -292,37 +292,17 @@ void DataParallel::device_reduce_spans() {
   }
 }
 
-double DataParallel::device_group_spans_norm(const float* grads) {
-  // The device's sum of squares per range (its fixed chunks: equal to the host's blocks up to rounding, and the same
-  // bits on every rank holding the same values), the span's part added over `norm` in rank order.
-  Kernels<float>& k = *opt_.device;
+double DataParallel::group_spans_norm(const float* grads) {
+  // Outside the spans every replica holds the whole reduced gradient: counted as it is. Inside, the span's part is
+  // added over `norm` in rank order (the bits: the same total on every rank holding the same values).
+  // Sums of squares of [b, e): on the host in double over fixed blocks, added in block order; on the device its
+  // global_norm's fixed chunks (equal up to rounding).
   auto sum_squares = [&](size_t b, size_t e) {
     if (e <= b) return 0.0;
-    const double n = k.global_norm(grads + b, e - b);
-    return n * n;
-  };
-  double total = 0;
-  size_t at = 0;
-  for (const auto& gs : opt_.group_spans) {
-    total += sum_squares(at, gs.offset);
-    double mine = sum_squares(gs.offset, gs.offset + gs.count);
-    if (gs.norm != nullptr && gs.norm->size() > 1) {
-      std::vector<double> all(static_cast<size_t>(gs.norm->size()));
-      gs.norm->all_gather(&mine, all.data(), 1, comm::DType::kInt64);  // host doubles: `norm` is a host group
-      mine = 0;
-      for (double v : all) mine += v;
+    if (device_spans_) {
+      const double n = opt_.device->global_norm(grads + b, e - b);
+      return n * n;
     }
-    total += mine;
-    at = gs.offset + gs.count;
-  }
-  total += sum_squares(at, n_);
-  return std::sqrt(total);
-}
-
-double DataParallel::group_spans_norm(const float* grads) {
-  // Sums of squares in double over fixed blocks, added in block order: the same bits on every rank holding the same
-  // values. Outside the spans every replica holds the whole reduced gradient: counted as it is.
-  auto sum_squares = [&](size_t b, size_t e) {
     const size_t blocks = (e - b + kNormBlock - 1) / kNormBlock;
     std::vector<double> part(blocks, 0.0);
     pool_.parallel_for(blocks, [&](size_t k0, size_t k1) {
@@ -344,7 +324,7 @@ double DataParallel::group_spans_norm(const float* grads) {
     double mine = sum_squares(gs.offset, gs.offset + gs.count);
     if (gs.norm != nullptr && gs.norm->size() > 1) {
       std::vector<double> all(static_cast<size_t>(gs.norm->size()));
-      gs.norm->all_gather(&mine, all.data(), 1, comm::DType::kInt64);  // the bits, in rank order
+      gs.norm->all_gather(&mine, all.data(), 1, comm::DType::kInt64);  // host doubles: `norm` is a host group
       mine = 0;
       for (double v : all) mine += v;
     }
@@ -600,8 +580,7 @@ std::vector<double> DataParallel::all_gather(const std::vector<double>& local) {
 }
 
 double DataParallel::grad_norm(const float* grads) {
-  if (!zero_ && !opt_.group_spans.empty())
-    return device_spans_ ? device_group_spans_norm(grads) : group_spans_norm(grads);
+  if (!zero_ && !opt_.group_spans.empty()) return group_spans_norm(grads);
   if (!zero_) throw Error("data-parallel: grad_norm() is the ZeRO path; without ZeRO the trainer's AdamW computes it");
   double total = 0;
   if (opt_.deterministic) {

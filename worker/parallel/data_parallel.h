@@ -125,11 +125,11 @@ class DataParallel final : public GradSync {
   void reduce_bucket(size_t b);
   // All-reduce [begin, end) of grads_: over dp (mean), or, inside group spans, over their reduce group / D.
   void reduce_range(size_t begin, size_t end);
+  // The grad norm with group spans (host blocks, or the device's global_norm with device_spans_).
   double group_spans_norm(const float* grads);
   // Group spans on device buffers: the parts outside the spans onto the stream reducer; the spans after it.
   void enqueue_outside_spans(size_t begin, size_t end);
   void device_reduce_spans();
-  double device_group_spans_norm(const float* grads);
   void fold_leaves_to_root();
   // The deterministic tree's buffers (D * chunk, zero padding) on the host or, device_tree_, on the device.
   struct TreeBuf {
