@@ -83,7 +83,7 @@ echo "monitor pid $mon_pid, log $state/monitor.log"
 step "train the tiny example as a TrainingJob"
 # (Full resource name: a kubectl discovery cache from before the CRD existed may not know the short name tj yet.)
 kubectl delete trainingjobs.railyard.dev tiny --ignore-not-found --wait=true >/dev/null
-sed -e "s|/tmp/railyard-data/|$data/|g" -e "s|/tmp/railyard-ckpt/tiny|$state/ckpt/tiny|" deploy/examples/tiny.yaml |
+sed -e "s|/shared/data/|$data/|g" -e "s|/shared/checkpoints/tiny|$state/ckpt/tiny|" deploy/examples/tiny.yaml |
   sed -e "s|steps: 200|steps: $steps|" | kubectl apply -f -
 phase=""
 last=""
@@ -109,7 +109,7 @@ step "fault tolerance: a 2-replica job; kill -9 of one trainer at 1/4, then a ha
 ft=tiny-ft
 kubectl delete trainingjobs.railyard.dev $ft --ignore-not-found --wait=true >/dev/null
 rm -rf "$state/ckpt/$ft"
-sed -e "s|/tmp/railyard-data/|$data/|g" -e "s|/tmp/railyard-ckpt/tiny|$state/ckpt/$ft|" -e "s|name: tiny|name: $ft|" \
+sed -e "s|/shared/data/|$data/|g" -e "s|/shared/checkpoints/tiny|$state/ckpt/$ft|" -e "s|name: tiny|name: $ft|" \
   -e "s|replicas: 1|replicas: 2|" -e "s|steps: 200|steps: $ft_steps|" -e "s|intervalSteps: 50|intervalSteps: 10|" \
   deploy/examples/tiny.yaml | kubectl apply -f -
 ft_start=$(date +%s.%N) # the pods' logs are appended to by every run of the demo in this state dir

@@ -12,6 +12,8 @@ pkgs=(
   etcd-server golang-go dpkg-dev prometheus
   golang-github-masterminds-sprig-dev golang-k8s-sigs-yaml-dev golang-github-xeipuuv-gojsonschema-dev
   clang libclang-rt-14-dev  # clang 14: libFuzzer and the sanitizer runtimes (docs/hardening.md)
+  # Real nodes (docs/local-cluster.md): container runtime, CNI plugins, and what builds images without a registry.
+  containerd runc containernetworking-plugins iptables debootstrap libc6-dev
 )
 for arg in "$@"; do
   case "$arg" in
@@ -34,6 +36,6 @@ sudo=""
 export DEBIAN_FRONTEND=noninteractive
 # Refresh the package lists only when they are missing or older than a day.
 if [ -z "$(find /var/lib/apt/lists -maxdepth 1 -name '*Packages*' -mtime -1 2>/dev/null | head -1)" ]; then
-  $sudo apt-get update -qq >/dev/null
+  $sudo apt-get -o DPkg::Lock::Timeout=600 update -qq >/dev/null
 fi
-$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+$sudo apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -5,8 +5,10 @@
 #
 #   cluster.sh build
 #   cluster.sh up [--state-dir DIR] [--nodes N | --topology FILE] [--node-agent PATH | --no-node-agent]
-#                 [--prometheus] [--node-monitor-grace SECONDS]
+#                 [--real-nodes N] [--prometheus] [--node-monitor-grace SECONDS]
 #   cluster.sh down|status|env|restart-apiserver|restart-etcd [--state-dir DIR]
+#   cluster.sh stop-node|start-node NAME [--state-dir DIR]   (real nodes: lose one like a machine, bring it back)
+#   cluster.sh share NAMESPACE [--state-dir DIR]             (PVC railyard-shared over STATE/shared, for the examples)
 # shellcheck source-path=SCRIPTDIR
 set -euo pipefail
 
@@ -25,6 +27,8 @@ source "$REPO_ROOT/deploy/local/lib/build.sh"
 source "$REPO_ROOT/deploy/local/lib/control_plane.sh"
 # shellcheck source=lib/prometheus.sh
 source "$REPO_ROOT/deploy/local/lib/prometheus.sh"
+# shellcheck source=lib/real_nodes.sh
+source "$REPO_ROOT/deploy/local/lib/real_nodes.sh"
 
 usage() {
   cat <<EOF
@@ -38,6 +42,9 @@ usage: $PROG COMMAND [options]
       --topology FILE   topology file for the node agent (instead of --nodes)
       --node-agent PATH railyard-node-agent binary (default: <repo>/build/bin/railyard-node-agent if present)
       --no-node-agent   control plane only
+      --real-nodes N    also start N real nodes: kubelet + containerd + runc + CNI bridge each, pods as containers
+                        from images built here (deploy/images/build.sh); alone (no simulated nodes) unless
+                        --nodes or --topology is given too. See docs/local-cluster.md "Real nodes"
       --node-monitor-grace S
                         seconds without a lease renewal before a node is NotReady (default 4, for fast
                         failure tests; Kubernetes' default is 40). The node agent renews every S/4 s (>= 1)
@@ -48,6 +55,11 @@ usage: $PROG COMMAND [options]
   env                   print shell exports (KUBECONFIG, PATH with the matching kubectl)
   restart-apiserver     restart the API server (same flags, ports and data), then the controller manager
   restart-etcd          restart etcd (same data dir and ports); the API server reconnects by itself
+  stop-node NAME        real node NAME: stop its kubelet, containerd and containers, as if the machine were lost
+  start-node NAME       real node NAME: start it again (its pods are gone; the node turns Ready again)
+  share NAMESPACE       create the PersistentVolumeClaim railyard-shared in NAMESPACE (ReadWriteMany, a hostPath volume
+                        over STATE/shared that all nodes of this machine see; the examples mount it at /shared);
+                        prints the host directory (put the data under its data/)
 EOF
 }
 
@@ -58,12 +70,12 @@ EOF
 command="$1"
 shift
 case "$command" in
-  build | up | down | status | env | restart-apiserver | restart-etcd) ;;
+  build | up | down | status | env | restart-apiserver | restart-etcd | stop-node | start-node | share) ;;
   help | -h | --help)
     usage
     exit 0
     ;;
-  *) die "unknown command '$command' (known: build, up, down, status, env, restart-apiserver, restart-etcd, help)" ;;
+  *) die "unknown command '$command' (known: build, up, down, status, env, restart-apiserver, restart-etcd, stop-node, start-node, share, help)" ;;
 esac
 
 STATE_DIR="${RAILYARD_STATE_DIR:-$HOME/.local/state/railyard/cluster}"
@@ -73,6 +85,8 @@ NODE_AGENT=""
 NO_NODE_AGENT=0
 PROMETHEUS=0
 NODE_MONITOR_GRACE=""
+REAL_NODES=0
+NODE_NAME=""
 
 need_value() { [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value (see '$PROG help')"; }
 while [ $# -gt 0 ]; do
@@ -92,6 +106,13 @@ while [ $# -gt 0 ]; do
       [[ "$2" =~ ^[0-9]+$ ]] && [ "$2" -ge 2 ] && [ "$2" -le 600 ] ||
         die "--node-monitor-grace '$2': give whole seconds from 2 to 600 (default 4)"
       NODE_MONITOR_GRACE="$2"
+      shift 2
+      ;;
+    --real-nodes)
+      [ "$command" = up ] || die "$1 is an option of 'up' only"
+      need_value "$@"
+      [[ "$2" =~ ^[0-9]+$ ]] && [ "$2" -le 16 ] || die "--real-nodes '$2': give a whole number from 0 to 16"
+      REAL_NODES="$2"
       shift 2
       ;;
     --prometheus)
@@ -127,7 +148,13 @@ while [ $# -gt 0 ]; do
       usage
       exit 0
       ;;
-    *) die "unknown option '$1' for '$command' (see '$PROG help')" ;;
+    -*) die "unknown option '$1' for '$command' (see '$PROG help')" ;;
+    *)
+      case "$command" in stop-node | start-node | share) ;; *) die "unexpected argument '$1' for '$command' (see '$PROG help')" ;; esac
+      [ -z "$NODE_NAME" ] || die "$command takes one node name"
+      NODE_NAME="$1"
+      shift
+      ;;
   esac
 done
 
@@ -153,4 +180,6 @@ case "$command" in
     ;;
   restart-apiserver) cmd_restart_apiserver ;;
   restart-etcd) cmd_restart_etcd ;;
+  stop-node | start-node) cmd_real_node "$command" "$NODE_NAME" ;;
+  share) cmd_share "$NODE_NAME" ;;
 esac

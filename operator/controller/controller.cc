@@ -129,6 +129,11 @@ Controller::Controller(kube::Client& client, metrics::Registry& registry, Contro
   po.label_selector = kJobLabel;
   pods_ = std::make_unique<kube::Informer>(client_, kube::resources::pods, po);
   nodes_ = std::make_unique<kube::Informer>(client_, kube::resources::nodes, kube::InformerOptions{});
+  // Every pod bound to a node, in any namespace and Railyard's or not: placement counts their requests against the
+  // nodes' allocatable (NodeResourcesFit), so a node shared with other workloads is not over-committed.
+  kube::InformerOptions bo;
+  bo.field_selector = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed";
+  node_pods_ = std::make_unique<kube::Informer>(client_, kube::resources::pods, bo);
 
   jobs_->on_add([this](const Json& j) { enqueue(kube::key_of(j)); });
   jobs_->on_update([this](const Json&, const Json& j) { enqueue(kube::key_of(j)); });
@@ -157,13 +162,14 @@ Controller::~Controller() { stop(); }
 
 void Controller::start_informers() {
   nodes_->start();
+  node_pods_->start();
   pods_->start();
   jobs_->start();
 }
 
 bool Controller::wait_for_sync(milliseconds timeout) {
   auto deadline = Clock::now() + timeout;
-  for (kube::Informer* inf : {nodes_.get(), pods_.get(), jobs_.get()}) {
+  for (kube::Informer* inf : {nodes_.get(), node_pods_.get(), pods_.get(), jobs_.get()}) {
     auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
     if (left.count() <= 0 || !inf->wait_for_sync(left)) return false;
   }
@@ -196,6 +202,7 @@ void Controller::stop() {
   workers_.clear();
   jobs_->stop();
   pods_->stop();
+  node_pods_->stop();
   nodes_->stop();
 }
 
@@ -269,6 +276,16 @@ void Controller::update_phase_gauge() {
     counts[phase.empty() ? "Pending" : phase]++;
   }
   for (const auto& p : kPhases) jobs_by_phase_.add({{"phase", p}}).set(counts[p]);
+}
+
+std::vector<NodeInfo> Controller::node_inventory() {
+  // The job's own pods from pods_ too: the field-selected cache lags the label-selected one by its own watch.
+  std::vector<Json> pods = node_pods_->list();
+  std::set<std::string> seen;
+  for (const Json& p : pods) seen.insert(uid_of(p));
+  for (Json& p : pods_->list())
+    if (!seen.count(uid_of(p))) pods.push_back(std::move(p));
+  return build_inventory(nodes_->list(), pods);
 }
 
 std::vector<Json> Controller::pods_of(const std::string& ns, const std::string& name) {
@@ -432,7 +449,7 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
   std::optional<AutoPlan> auto_plan;
   if (!parsed.violation && parsed.spec.auto_parallel) {
     AutoPlanOutcome planned =
-        plan_parallelism(parsed.spec, parsed.spec.replicas, build_inventory(nodes_->list(), pods_->list()));
+        plan_parallelism(parsed.spec, parsed.spec.replicas, node_inventory());
     parsed.violation = planned.violation;
     if (planned.plan) {
       auto_plan = planned.plan;
@@ -967,7 +984,9 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
     PlacementRequest req = job_placement;
     req.job_key = key;
     req.pods = static_cast<int>(unbound.size());
-    req.gpus_per_pod = pod_resource(build_worker_pod(job, spec, 0, gen, opts_.pod), kGpuResource);
+    const Json worker_pod = build_worker_pod(job, spec, 0, gen, opts_.pod);
+    req.gpus_per_pod = pod_resource(worker_pod, kGpuResource);
+    req.requests = pod_requests(worker_pod);
     req.node_selector = spec.node_selector;
     if (job["spec"].contains("template") && job["spec"]["template"].is_object())
       req.tolerations = job["spec"]["template"].value("spec", Json::object()).value("tolerations", Json::array());
@@ -983,7 +1002,7 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
     req.tensor = layout.tensor;
     req.pipeline = layout.pipeline;
     auto t0 = Clock::now();
-    const auto inventory = build_inventory(nodes_->list(), pods_->list());
+    const auto inventory = node_inventory();
     req.step_model = placement_step_model(spec, layout, n, inventory);
     PlacementResult r = placement_->place(req, inventory);
     if (!r.ok && spec.min_replicas) {
@@ -1119,7 +1138,7 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
   }
   JobSpec world_spec = spec;  // with auto, an elastic world of m < n replicas gets its own plan
   if (auto_plan && m != n) {
-    AutoPlanOutcome resized = plan_parallelism(spec, m, build_inventory(nodes_->list(), pods_->list()));
+    AutoPlanOutcome resized = plan_parallelism(spec, m, node_inventory());
     if (resized.plan) {
       apply_plan(world_spec, *resized.plan);
       auto_plan = resized.plan;
@@ -1129,7 +1148,7 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
   // split assumed a proportional share of each type), passed to the workers as parallelism.dpSplit.
   std::vector<int> dp_split;
   if (auto_plan && auto_plan->mixed) {
-    const auto inventory = build_inventory(nodes_->list(), pods_->list());
+    const auto inventory = node_inventory();
     std::vector<std::string> pod_types;
     for (const auto& pod_name : members) {
       auto it = node_of_pod_name.find(pod_name);

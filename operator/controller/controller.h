@@ -85,6 +85,8 @@ class Controller {
   void enqueue_all_jobs();
   void worker_loop();
   std::vector<Json> pods_of(const std::string& ns, const std::string& name);
+  // Nodes with every pod bound to them (node_pods_) and the jobs' own pods, for placement and planning.
+  std::vector<NodeInfo> node_inventory();
   std::string ensure_token(const Json& job);
   Json write_status(const Json& job, const Json& status);
   std::chrono::milliseconds finish(const Json& job, const JobSpec& spec, Json& status, const Json& orig,
@@ -100,7 +102,7 @@ class Controller {
   std::unique_ptr<Placement> placement_;
   kube::EventRecorder recorder_;
   kube::WorkQueue queue_;
-  std::unique_ptr<kube::Informer> jobs_, pods_, nodes_;
+  std::unique_ptr<kube::Informer> jobs_, pods_, nodes_, node_pods_;
   std::atomic<bool> synced_{false};
   std::atomic<bool> stopping_{false};
   std::vector<std::thread> workers_;

@@ -1,6 +1,8 @@
 #include "operator/controller/placement.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cmath>
 
 #include "operator/controller/nccl_env.h"
 #include "operator/controller/pod_builder.h"
@@ -32,6 +34,91 @@ bool terminated(const Json& pod) {
   return phase == "Succeeded" || phase == "Failed";
 }
 }  // namespace
+
+std::optional<int64_t> parse_quantity_milli(const std::string& q) {
+  // number [suffix]: binary (Ki..Ei), decimal (n u m "" k M G T P E) or an exponent (e3, E6).
+  size_t i = 0;
+  if (i < q.size() && (q[i] == '+' || q[i] == '-')) i++;
+  const size_t digits_start = i;
+  while (i < q.size() && (std::isdigit(static_cast<unsigned char>(q[i])) || q[i] == '.')) i++;
+  if (i == digits_start) return std::nullopt;
+  double value = 0;
+  try {
+    size_t used = 0;
+    value = std::stod(q.substr(0, i), &used);
+    if (used != i) return std::nullopt;
+  } catch (...) {
+    return std::nullopt;
+  }
+  const std::string suffix = q.substr(i);
+  static const std::map<std::string, double> factors = {
+      {"", 1},         {"n", 1e-9},    {"u", 1e-6},       {"m", 1e-3},       {"k", 1e3},
+      {"M", 1e6},      {"G", 1e9},     {"T", 1e12},       {"P", 1e15},       {"E", 1e18},
+      {"Ki", 1024.0},  {"Mi", 1048576.0}, {"Gi", 1073741824.0}, {"Ti", 1099511627776.0},
+      {"Pi", 1125899906842624.0},    {"Ei", 1152921504606846976.0}};
+  double factor = 0;
+  if (auto it = factors.find(suffix); it != factors.end()) {
+    factor = it->second;
+  } else if (suffix.size() >= 2 && (suffix[0] == 'e' || suffix[0] == 'E')) {
+    try {
+      size_t used = 0;
+      const int exp = std::stoi(suffix.substr(1), &used);
+      if (used != suffix.size() - 1 || exp < -18 || exp > 18) return std::nullopt;
+      factor = std::pow(10.0, exp);
+    } catch (...) {
+      return std::nullopt;
+    }
+  } else {
+    return std::nullopt;
+  }
+  const double milli = std::ceil(value * factor * 1000.0 - 1e-6);
+  if (!(std::fabs(milli) < 9.2e18)) return std::nullopt;
+  return static_cast<int64_t>(milli);
+}
+
+namespace {
+int64_t quantity_milli(const Json& q) {
+  if (q.is_number()) return static_cast<int64_t>(std::ceil(q.get<double>() * 1000.0));
+  if (q.is_string()) return parse_quantity_milli(q.get<std::string>()).value_or(0);
+  return 0;
+}
+PodRequests container_requests(const Json& c) {
+  PodRequests r;
+  const Json res = c.value("resources", Json::object());
+  auto get = [&](const char* name) -> int64_t {
+    for (const char* part : {"requests", "limits"})  // a limit stands in for a missing request
+      if (res.contains(part) && res[part].is_object() && res[part].contains(name))
+        return quantity_milli(res[part][name]);
+    return 0;
+  };
+  r.cpu_milli = get("cpu");
+  r.memory = (get("memory") + 999) / 1000;
+  return r;
+}
+}  // namespace
+
+PodRequests pod_requests(const Json& pod) {
+  PodRequests sum, init;
+  if (!pod.contains("spec") || !pod["spec"].is_object()) return sum;
+  for (const Json& c : pod["spec"].value("containers", Json::array())) {
+    const PodRequests r = container_requests(c);
+    sum.cpu_milli += r.cpu_milli;
+    sum.memory += r.memory;
+  }
+  for (const Json& c : pod["spec"].value("initContainers", Json::array())) {
+    const PodRequests r = container_requests(c);
+    init.cpu_milli = std::max(init.cpu_milli, r.cpu_milli);
+    init.memory = std::max(init.memory, r.memory);
+  }
+  return {std::max(sum.cpu_milli, init.cpu_milli), std::max(sum.memory, init.memory)};
+}
+
+std::string resource_shortfall(const NodeInfo& n, const PodRequests& r) {
+  if (n.pods_allocatable >= 0 && n.pods_used + 1 > n.pods_allocatable) return "pods";
+  if (r.cpu_milli > 0 && n.cpu_used_milli + r.cpu_milli > n.cpu_allocatable_milli) return "cpu";
+  if (r.memory > 0 && n.memory_used + r.memory > n.memory_allocatable) return "memory";
+  return "";
+}
 
 int64_t pod_resource(const Json& pod, const std::string& resource) {
   int64_t total = 0;
@@ -85,6 +172,9 @@ std::vector<NodeInfo> build_inventory(const std::vector<Json>& nodes, const std:
     const Json status = n.value("status", Json::object());
     const Json alloc = status.value("allocatable", status.value("capacity", Json::object()));
     if (alloc.contains(kGpuResource)) info.gpu_allocatable = quantity(alloc[kGpuResource]);
+    if (alloc.contains("cpu")) info.cpu_allocatable_milli = quantity_milli(alloc["cpu"]);
+    if (alloc.contains("memory")) info.memory_allocatable = quantity_milli(alloc["memory"]) / 1000;
+    if (alloc.contains("pods")) info.pods_allocatable = quantity(alloc["pods"]);
     by_name[info.name] = std::move(info);
   }
   for (const Json& p : pods) {
@@ -92,6 +182,10 @@ std::vector<NodeInfo> build_inventory(const std::vector<Json>& nodes, const std:
     auto it = by_name.find(node);
     if (node.empty() || it == by_name.end() || terminated(p)) continue;
     it->second.gpu_used += pod_resource(p, kGpuResource);
+    const PodRequests r = pod_requests(p);
+    it->second.cpu_used_milli += r.cpu_milli;
+    it->second.memory_used += r.memory;
+    it->second.pods_used++;
     const Json labels = p["metadata"].value("labels", Json::object());
     if (labels.contains(kJobLabel)) {
       it->second.worker_pods++;
@@ -126,6 +220,9 @@ PlacementResult ReservingPlacement::place(const PlacementRequest& req, const std
     if (it != by_name.end()) {
       it->second->gpu_used += r.gpus;
       it->second->worker_pods++;
+      it->second->cpu_used_milli += r.requests.cpu_milli;
+      it->second->memory_used += r.requests.memory;
+      it->second->pods_used++;
       it->second->jobs.insert(r.job_key);
     }
     kept.push_back(std::move(r));
@@ -134,7 +231,7 @@ PlacementResult ReservingPlacement::place(const PlacementRequest& req, const std
   PlacementResult result = inner_->place(req, view);
   if (result.ok)
     for (size_t k = 0; k < result.nodes.size() && k < indices.size(); ++k)
-      reserved_.push_back({req.job_key, result.nodes[k], indices[k], req.gpus_per_pod, now + hold_});
+      reserved_.push_back({req.job_key, result.nodes[k], indices[k], req.gpus_per_pod, req.requests, now + hold_});
   return result;
 }
 
@@ -295,6 +392,7 @@ PlacementResult SimplePlacement::place(const PlacementRequest& req, const std::v
       fits = fits && n->gpu_allocatable - n->gpu_used >= req.gpus_per_pod;
     else
       fits = fits && n->worker_pods == 0;
+    fits = fits && resource_shortfall(*n, req.requests).empty();
     if (!fits) {
       busy++;
       continue;
@@ -313,6 +411,7 @@ PlacementResult SimplePlacement::place(const PlacementRequest& req, const std::v
               " excluded by selector, affinity or taints, " + std::to_string(busy) +
               (req.gpus_per_pod > 0 ? " without " + std::to_string(req.gpus_per_pod) + " free GPUs"
                                     : " already running a worker pod") +
+              " or without room for the pod's requests" +
               "); none bound";
   return r;
 }

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -18,6 +19,17 @@ namespace railyard::op {
 
 inline constexpr const char* kGpuResource = "nvidia.com/gpu";
 
+// A Kubernetes quantity ("250m", "2", "1.5", "512Mi", "1G", "1e9") in thousandths of its unit, rounded up as the
+// API server does; nullopt when it is not a quantity.
+std::optional<int64_t> parse_quantity_milli(const std::string& q);
+
+// What a pod asks of a node, as kube-scheduler's NodeResourcesFit counts it: the containers' requests summed (a limit
+// stands in for a missing request), or the largest init container's if that is larger.
+struct PodRequests {
+  int64_t cpu_milli = 0, memory = 0;
+};
+PodRequests pod_requests(const Json& pod);
+
 // What placement needs to know about one node, built from the Node and the pods bound to it.
 struct NodeInfo {
   std::string name;
@@ -27,6 +39,11 @@ struct NodeInfo {
   Json taints = Json::array();
   int64_t gpu_allocatable = 0;
   int64_t gpu_used = 0;        // requested by non-terminated pods bound here
+  // NodeResourcesFit, as kube-scheduler counts it: allocatable (status.allocatable, else capacity; a resource the node
+  // does not list is 0, except pods: no limit) against the requests of every non-terminated pod bound here, Railyard's
+  // or not. CPU in millicores, memory in bytes.
+  int64_t cpu_allocatable_milli = 0, memory_allocatable = 0, pods_allocatable = -1;
+  int64_t cpu_used_milli = 0, memory_used = 0, pods_used = 0;
   int worker_pods = 0;         // Railyard worker pods (any job) bound here
   std::set<std::string> jobs;  // "ns/name" of jobs with a pod here
   // Node annotations for the NCCL settings of GPU pods (operator/controller/nccl_env.h), raw.
@@ -70,6 +87,7 @@ struct PlacementRequest {
   bool rail_aware = true;
   bool hard = false;
   std::vector<std::string> topology_keys{};
+  PodRequests requests{};  // CPU and memory of each pod (pod_requests of the worker pod), against NodeResourcesFit
 };
 
 struct PlacementResult {
@@ -110,6 +128,7 @@ class ReservingPlacement : public Placement {
     std::string job_key, node;
     int index;
     int64_t gpus;
+    PodRequests requests;
     std::chrono::steady_clock::time_point until;
   };
   std::unique_ptr<Placement> inner_;
@@ -138,7 +157,12 @@ int64_t preferred_affinity_score(const Json& node_affinity, const NodeInfo& node
 // operator's main registers it at start so it is exported before the first placement).
 metrics::Family<metrics::Histogram>& placement_hops(metrics::Registry& registry);
 
-// The inventory from Node objects and pods (pods of other nodes or unbound pods are ignored).
+// "" when the node has room for one more pod with `requests` (CPU, memory, pod count), else the first resource short
+// ("cpu", "memory", "pods"), as kube-scheduler's NodeResourcesFit decides. GPUs are checked by the placements.
+std::string resource_shortfall(const NodeInfo& node, const PodRequests& requests);
+
+// The inventory from Node objects and the pods bound to them, Railyard's and every other (pods of unknown nodes,
+// unbound and terminated pods are ignored).
 std::vector<NodeInfo> build_inventory(const std::vector<Json>& nodes, const std::vector<Json>& pods);
 
 bool node_ready(const Json& node);

@@ -199,6 +199,7 @@ Json build_worker_pod(const Json& job, const JobSpec& spec, int index, int64_t g
   // template's env so a template cannot silently disagree with the ports declared here.
   Json ports = container.value("ports", Json::array());
   if (opts.worker_metrics_port > 0) {
+    annotations[kMetricsPortAnnotation] = std::to_string(opts.worker_metrics_port);
     merge_named(env, Json::array({env_value("RAILYARD_METRICS_PORT", std::to_string(opts.worker_metrics_port))}));
     for (int l = 0; l < spec.procs_per_replica && l < 8; ++l) {
       // Port names are at most 15 characters: metrics, metrics-1 ... metrics-7 (more local ranks serve unnamed).

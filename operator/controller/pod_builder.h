@@ -13,6 +13,9 @@ inline constexpr const char* kJobLabel = "railyard.dev/job";
 inline constexpr const char* kReplicaIndexLabel = "railyard.dev/replica-index";
 inline constexpr const char* kGenerationLabel = "railyard.dev/generation";
 inline constexpr const char* kSchedulerName = "railyard";
+// The first local rank's metrics port (rank l serves port + l): what deploy/prometheus/prometheus.yml and the
+// chart's PodMonitor scrape.
+inline constexpr const char* kMetricsPortAnnotation = "railyard.dev/metrics-port";
 inline constexpr const char* kTokenKey = "token";
 // The worker image's user and group (deploy/docker/Dockerfile.worker: USER 65532:65532), the default runAsUser,
 // runAsGroup and fsGroup of worker pods.

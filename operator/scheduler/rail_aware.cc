@@ -114,6 +114,7 @@ Why classify(const NodeInfo& n, const PlacementRequest& req, bool avoid) {
     if (!tolerates(req.tolerations, t)) return Why::kTainted;
   if (n.jobs.count(req.job_key)) return Why::kBusy;
   if (req.gpus_per_pod > 0 ? n.gpu_allocatable - n.gpu_used < req.gpus_per_pod : n.worker_pods > 0) return Why::kBusy;
+  if (!resource_shortfall(n, req.requests).empty()) return Why::kBusy;
   if (avoid && req.avoided_nodes.count(n.name)) return Why::kAvoided;
   return Why::kFits;
 }
@@ -136,8 +137,9 @@ std::string why_text(Why w, const PlacementRequest& req) {
     case Why::kTainted:
       return "tainted";
     case Why::kBusy:
-      return req.gpus_per_pod > 0 ? "without " + std::to_string(req.gpus_per_pod) + " free " + kGpuResource
-                                  : "already running a worker pod";
+      return (req.gpus_per_pod > 0 ? "without " + std::to_string(req.gpus_per_pod) + " free " + kGpuResource
+                                   : "already running a worker pod") +
+             std::string(" or without room for the pod's cpu/memory requests");
     case Why::kFits:
       break;
   }

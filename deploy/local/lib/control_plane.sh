@@ -108,6 +108,7 @@ save_state() {
     printf 'KCM_TOKEN=%q\n' "$KCM_TOKEN"
     printf 'NODE_AGENT_TOKEN=%q\n' "$NODE_AGENT_TOKEN"
     printf 'NODE_MONITOR_GRACE=%q\n' "${NODE_MONITOR_GRACE:-4}"
+    printf 'REAL_NODES=%q\n' "${REAL_NODES:-0}"
   } >"$STATE_DIR/state.env"
   chmod 600 "$STATE_DIR/state.env"
 }
@@ -170,6 +171,7 @@ EOF
     openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub"
   } >>"$STATE_DIR/logs/pki.log" 2>&1 || die "up: openssl failed (see $STATE_DIR/logs/pki.log)"
   chmod 600 "$pki"/*.key
+  gen_kubelet_client_pki
 }
 
 gen_tokens() {
@@ -247,13 +249,16 @@ start_apiserver() {
     --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$APISERVER_PORT" \
     --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
     --client-ca-file "$pki/ca.crt" --token-auth-file "$pki/tokens.csv" \
-    --authorization-mode RBAC \
+    --authorization-mode Node,RBAC \
     --service-account-issuer https://kubernetes.default.svc.cluster.local \
     --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
     --service-cluster-ip-range "$SERVICE_CIDR" \
     --cert-dir "$STATE_DIR/pki/apiserver-generated" \
     --endpoint-reconciler-type none --profiling=false \
-    --default-not-ready-toleration-seconds 2 --default-unreachable-toleration-seconds 2
+    --default-not-ready-toleration-seconds 2 --default-unreachable-toleration-seconds 2 \
+    --kubelet-preferred-address-types InternalIP --kubelet-certificate-authority "$pki/ca.crt" \
+    --kubelet-client-certificate "$pki/apiserver-kubelet-client.crt" \
+    --kubelet-client-key "$pki/apiserver-kubelet-client.key"
   wait_for kube-apiserver 120 apiserver_ready
 }
 
@@ -264,7 +269,7 @@ start_controller_manager() {
     --bind-address 127.0.0.1 --secure-port "$KCM_PORT" --port 0 \
     --cert-dir "$STATE_DIR/pki/controller-manager-generated" \
     --leader-elect=false \
-    --controllers garbagecollector,namespace,nodelifecycle,serviceaccount,serviceaccount-token,podgc \
+    --controllers garbagecollector,namespace,nodelifecycle,serviceaccount,serviceaccount-token,podgc,persistentvolume-binder \
     --use-service-account-credentials=true \
     --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
     --allocate-node-cidrs=false \
@@ -321,6 +326,7 @@ start_node_agent() {
 
 # Stop order matters: the controller manager holds watches that delay an API-server SIGTERM by a minute.
 stop_all() {
+  stop_real_nodes
   stop_component node-agent 15
   stop_component kube-controller-manager 10
   stop_component kube-apiserver 10
@@ -355,6 +361,9 @@ lock_state_dir() {
 
 resolve_node_agent() {
   AGENT=""
+  if [ "${REAL_NODES:-0}" -gt 0 ] && [ -z "$NODES" ] && [ -z "$TOPOLOGY" ] && [ -z "$NODE_AGENT" ]; then
+    NO_NODE_AGENT=1
+  fi
   if [ "$NO_NODE_AGENT" = 1 ]; then
     [ -z "$NODE_AGENT" ] || die "up: --node-agent and --no-node-agent exclude each other"
     return 0
@@ -452,9 +461,10 @@ cmd_up() {
 
   if [ -n "$AGENT" ]; then
     start_node_agent "$AGENT" "$EXPECTED"
-  else
+  elif [ "${REAL_NODES:-0}" = 0 ]; then
     info "up: no railyard-node-agent binary (build/bin/railyard-node-agent), control plane only"
   fi
+  start_real_nodes
   trap - EXIT
   info "up: ready in $((SECONDS - t0)) s; use: eval \"\$($PROG env --state-dir $STATE_DIR)\""
 }
@@ -505,6 +515,7 @@ cmd_status() {
     fi
     printf '%-24s %-8s %-6s %s\n' "$name" "${pid:--}" "$port" "$health"
   done
+  real_nodes_status || ok=1
   echo "kubeconfig: $STATE_DIR/kubeconfig"
   return $ok
 }
@@ -513,6 +524,7 @@ cmd_env() {
   [ -f "$STATE_DIR/cluster.env" ] || die "env: no running cluster in $STATE_DIR (run: $PROG up --state-dir $STATE_DIR)"
   printf 'export KUBECONFIG=%q\n' "$STATE_DIR/kubeconfig"
   printf 'export PATH=%q:"$PATH"\n' "$CACHE_BIN"
+  real_nodes_env
 }
 
 cmd_restart_apiserver() {

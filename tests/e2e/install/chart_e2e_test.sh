@@ -209,7 +209,7 @@ YAML
 tiny_flow() {
   local limit=$1 t0=$SECONDS phase=""
   start_operator
-  sed -e "s|/tmp/railyard-data/|$work/data/|g" -e "s|/tmp/railyard-ckpt/tiny|$work/ckpt|" \
+  sed -e "s|/shared/data/|$work/data/|g" -e "s|/shared/checkpoints/tiny|$work/ckpt|" \
     "$src/deploy/examples/tiny.yaml" | kubectl apply -n "$team" -f - >/dev/null
   until [ "$phase" = Succeeded ]; do
     phase=$(kubectl get tj tiny -n "$team" -o jsonpath='{.status.phase}')

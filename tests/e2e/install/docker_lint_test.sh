@@ -18,6 +18,10 @@ for df in "$src"/deploy/docker/Dockerfile.*; do
   name=$(basename "$df")
   # Join continuation lines so each instruction is one line.
   sed -e ':a' -e '/\\$/N; s/\\\n//; ta' "$df" | grep -v '^\s*#' >"$work/$name.flat"
+  # Base images are build arguments (ARG NAME=default before the first FROM): check their defaults.
+  while IFS='=' read -r arg default; do
+    sed -i "s|^FROM \${$arg}|FROM $default|" "$work/$name.flat"
+  done < <(sed -n 's/^ARG \([A-Z_]*\)=\(.*\)$/\1=\2/p' "$work/$name.flat")
   stages=$(grep -c '^FROM ' "$work/$name.flat")
   check "$name: a multi-stage build on Debian 12" test "$stages" -ge 2 -a \
     "$(grep '^FROM ' "$work/$name.flat" | grep -cE 'debian:12(-slim)?( |$)')" = "$stages"

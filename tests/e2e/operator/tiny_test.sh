@@ -40,7 +40,7 @@ kubectl create namespace "$ns" >/dev/null
 op_pid=$!
 
 # The example as shipped, with its data paths pointed at this test's shards.
-sed -e "s|/tmp/railyard-data/|$work/data/|g" -e "s|/tmp/railyard-ckpt/tiny|$work/ckpt|" \
+sed -e "s|/shared/data/|$work/data/|g" -e "s|/shared/checkpoints/tiny|$work/ckpt|" \
   "$src/deploy/examples/tiny.yaml" | kubectl apply -n "$ns" -f - >/dev/null
 
 saw_running=no
@@ -73,16 +73,10 @@ echo "tiny example e2e: ok (node $node, final loss $loss)"
 # The MoE example: expert parallelism 2 across the two pods, hierarchical all-to-all, full recomputation. TMPDIR
 # (through the template) puts the agents' per-generation config.json where this test can read it.
 t0=$SECONDS
-{
-  sed -e "s|/tmp/railyard-data/|$work/data/|g" "$src/deploy/examples/moe.yaml"
-  cat <<EOT
-  template:
-    spec:
-      containers:
-        - env:
-            - {name: TMPDIR, value: "$work/tmp"}
-EOT
-} | kubectl apply -n "$ns" -f - >/dev/null
+# The example's template already names the worker container: the env goes there.
+sed -e "s|/shared/data/|$work/data/|g" "$src/deploy/examples/moe.yaml" |
+  python3 -c 'import sys, yaml; j = yaml.safe_load(sys.stdin); j["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": "TMPDIR", "value": sys.argv[1]}]; print(yaml.safe_dump(j))' "$work/tmp" |
+  kubectl apply -n "$ns" -f - >/dev/null
 mjp() { kubectl get tj moe -n "$ns" -o jsonpath="$1" 2>/dev/null; }
 expert_seen=""
 while :; do
@@ -114,7 +108,7 @@ grep -q "step=30/30" "$(ls "$state"/node-agent/pods/"${ns}"_moe-worker-0/*.log |
   fail "moe-worker-0's log has no step 30/30"
 
 # What the worker refuses is refused up front: expert 3 divides neither the 4 experts nor the 2 data-parallel ranks.
-sed -e "s|/tmp/railyard-data/|$work/data/|g" -e "s|name: moe|name: moe-bad|" -e "s|expert: 2 |expert: 3 |" \
+sed -e "s|/shared/data/|$work/data/|g" -e "s|name: moe|name: moe-bad|" -e "s|expert: 2 |expert: 3 |" \
   "$src/deploy/examples/moe.yaml" | kubectl apply -n "$ns" -f - >/dev/null
 wait_for 30 "moe-bad Invalid" sh -c "[ \"\$(kubectl get tj moe-bad -n $ns -o jsonpath='{.status.phase}')\" = Invalid ]"
 msg=$(kubectl get tj moe-bad -n "$ns" -o jsonpath='{.status.conditions[?(@.type=="Invalid")].message}')

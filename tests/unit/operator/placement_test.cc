@@ -76,3 +76,80 @@ TEST_CASE("node readiness and extended resources are read from the objects") {
   CHECK(pod_resource(pod("j", "a", 3), "nvidia.com/gpu") == 3);
   CHECK(pod_resource(pod("j", "a", 0), "nvidia.com/gpu") == 0);
 }
+
+TEST_CASE("quantities parse as Kubernetes writes them") {
+  CHECK(parse_quantity_milli("250m") == 250);
+  CHECK(parse_quantity_milli("2") == 2000);
+  CHECK(parse_quantity_milli("1.5") == 1500);
+  CHECK(parse_quantity_milli("1Ki") == 1024000);
+  CHECK(parse_quantity_milli("512Mi") == int64_t{512} * 1048576 * 1000);
+  CHECK(parse_quantity_milli("1G") == int64_t{1000000000} * 1000);
+  CHECK(parse_quantity_milli("1e3") == 1000000);
+  CHECK(parse_quantity_milli("100u") == 1);  // rounded up, as the API server does
+  CHECK_FALSE(parse_quantity_milli("").has_value());
+  CHECK_FALSE(parse_quantity_milli("Gi").has_value());
+  CHECK_FALSE(parse_quantity_milli("1GB").has_value());
+  CHECK_FALSE(parse_quantity_milli("1.2.3").has_value());
+}
+
+TEST_CASE("pod requests: containers summed, a limit stands in for a missing request, init containers' max") {
+  Json p = {{"spec",
+             {{"containers",
+               Json::array({{{"resources", {{"requests", {{"cpu", "500m"}, {"memory", "1Gi"}}}}}},
+                            {{"resources", {{"limits", {{"cpu", "1"}, {"memory", "512Mi"}}}}}},
+                            Json::object()})},
+              {"initContainers", Json::array({{{"resources", {{"requests", {{"cpu", "3"}}}}}}})}}}};
+  PodRequests r = pod_requests(p);
+  CHECK(r.cpu_milli == 3000);  // the init container's 3 CPUs exceed the 1.5 of the containers
+  CHECK(r.memory == int64_t{1536} * 1048576);
+}
+
+TEST_CASE("a node shared with foreign pods: their requests count against its allocatable (NodeResourcesFit)") {
+  Json n1 = node("n1", true, 0), n2 = node("n2", true, 0);
+  for (Json* n : {&n1, &n2}) {
+    (*n)["status"]["allocatable"]["cpu"] = "4";
+    (*n)["status"]["allocatable"]["memory"] = "8Gi";
+    (*n)["status"]["allocatable"]["pods"] = "110";
+  }
+  // A pod of another workload (no Railyard label) holds 3 of n1's 4 CPUs.
+  Json foreign = {{"metadata", {{"name", "db"}, {"namespace", "apps"}}},
+                  {"spec",
+                   {{"nodeName", "n1"},
+                    {"containers", Json::array({{{"resources", {{"requests", {{"cpu", "3"}, {"memory", "1Gi"}}}}}}})}}},
+                  {"status", {{"phase", "Running"}}}};
+  auto inv = build_inventory({n1, n2}, {foreign});
+  REQUIRE(inv[0].name == "n1");
+  CHECK(inv[0].cpu_used_milli == 3000);
+  CHECK(inv[0].cpu_allocatable_milli == 4000);
+  CHECK(inv[0].memory_allocatable == int64_t{8} << 30);
+  CHECK(inv[0].pods_used == 1);
+  CHECK(inv[0].worker_pods == 0);
+
+  SimplePlacement p;
+  PlacementRequest req{"ns/a", 1, 0, {}, Json::array()};
+  req.requests = {2000, int64_t{1} << 30};  // 2 CPUs: n1 has 1 left, n2 has 4
+  auto r = p.place(req, inv);
+  REQUIRE(r.ok);
+  CHECK(r.nodes == std::vector<std::string>{"n2"});
+  req.pods = 2;
+  r = p.place(req, inv);
+  CHECK_FALSE(r.ok);
+  CHECK(r.message.find("without room for the pod's requests") != std::string::npos);
+  req.requests = {1000, 0};  // 1 CPU fits beside the foreign pod
+  CHECK(p.place(req, inv).ok);
+  req.requests = {1000, int64_t{8} << 30};  // but not 8 GiB beside its 1 GiB
+  CHECK_FALSE(p.place(req, inv).ok);
+  CHECK(resource_shortfall(inv[0], {1000, int64_t{8} << 30}) == "memory");
+  CHECK(resource_shortfall(inv[0], {1001, 0}) == "cpu");
+  // A finished foreign pod frees what it held.
+  foreign["status"]["phase"] = "Succeeded";
+  CHECK(build_inventory({n1}, {foreign})[0].cpu_used_milli == 0);
+}
+
+TEST_CASE("a node without a resource in allocatable fits no request of it; without pods, no pod limit") {
+  auto inv = build_inventory({node("a", true, 0)}, {});  // allocatable: cpu 8 and GPUs only
+  CHECK(resource_shortfall(inv[0], {8000, 0}).empty());
+  CHECK(resource_shortfall(inv[0], {8001, 0}) == "cpu");
+  CHECK(resource_shortfall(inv[0], {0, 1}) == "memory");
+  CHECK(resource_shortfall(inv[0], {0, 0}).empty());
+}

@@ -132,6 +132,8 @@ TEST_CASE("metrics ports: env for the worker and agent, one named container port
   CHECK(ports[1]["containerPort"] == 9401);
   CHECK(ports[2]["name"] == "agent-metrics");
   CHECK(ports[2]["containerPort"] == 9399);
+  // Prometheus' pod discovery (deploy/prometheus/prometheus.yml, the chart's PodMonitor) reads this annotation.
+  CHECK(pod["metadata"]["annotations"]["railyard.dev/metrics-port"] == "9400");
 
   PodOptions off = options();
   off.worker_metrics_port = 0;
@@ -140,6 +142,7 @@ TEST_CASE("metrics ports: env for the worker and agent, one named container port
   CHECK(find_env(quiet, "RAILYARD_METRICS_PORT") == nullptr);
   CHECK(find_env(quiet, "RAILYARD_AGENT_METRICS_PORT") == nullptr);
   CHECK_FALSE(quiet["spec"]["containers"][0].contains("ports"));
+  CHECK_FALSE(quiet["metadata"].value("annotations", Json::object()).contains("railyard.dev/metrics-port"));
 }
 
 namespace {

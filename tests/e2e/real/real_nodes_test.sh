@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# E2E on real nodes: `cluster.sh up --real-nodes 2` (kubelets + containerd + runc + a CNI bridge, images built by
+# deploy/images/build.sh). Checks, in order:
+#   1. the nodes register Ready with containerd as their runtime and carry the topology labels;
+#   2. the tiny example, exactly as shipped (data and checkpoints on the railyard-shared claim), trains to Succeeded in
+#      a container of localhost/railyard/worker, as uid 65532, with its own pod IP; `kubectl logs` and `kubectl exec`
+#      work on the worker pod while it runs; its metrics-port annotation answers with the trainer's metrics;
+#   3. placement shares a node: a foreign pod holding most of ry-real-0's CPU sends a job that requests CPU to
+#      ry-real-1 (NodeResourcesFit over every pod on the node);
+#   4. kill -9 of the trainer inside its container: in-place restart (same pod, generation 2) from the in-memory
+#      tier, and the job still Succeeds with every step done;
+#   5. a lost node (its kubelet, containerd and containers stopped): the operator replaces the pod on the other node
+#      and the job Succeeds from its last checkpoint.
+set -euo pipefail
+src=${RAILYARD_SOURCE_DIR:?}
+bin=${RAILYARD_BIN_DIR:?}
+state=${RAILYARD_REAL_STATE_DIR:?}
+cluster="$src/deploy/local/cluster.sh"
+ns=real-e2e
+work=$(mktemp -d /tmp/real-e2e.XXXXXX)
+op_pid=""
+t_all=$SECONDS
+log() { echo "[$((SECONDS - t_all))s] $*"; }
+fail() {
+  echo "FAIL: $*" >&2
+  kubectl get nodes -o wide >&2 || true
+  kubectl get tj,pods -n "$ns" -o wide >&2 || true
+  kubectl get events -n "$ns" --sort-by=.lastTimestamp 2>/dev/null | tail -20 >&2 || true
+  tail -n 30 "$work/op.log" >&2 || true
+  for f in "$state"/logs/ry-real-*.log; do [ -f "$f" ] && { echo "== $f" >&2; tail -n 8 "$f" >&2; }; done
+  exit 1
+}
+cleanup() {
+  [ -n "$op_pid" ] && kill "$op_pid" 2>/dev/null && wait "$op_pid" 2>/dev/null || true
+  bash "$cluster" down --state-dir "$state" >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+# shellcheck source=../operator/lib.sh
+source "$src/tests/e2e/operator/lib.sh"
+
+# --- 1. nodes ----------------------------------------------------------------------------------------------
+bash "$cluster" down --state-dir "$state" >/dev/null 2>&1 || true
+t0=$SECONDS
+bash "$cluster" up --state-dir "$state" --real-nodes 2 >"$work/up.log" 2>&1 || { cat "$work/up.log" >&2; fail "cluster up"; }
+log "cluster with 2 real nodes up in $((SECONDS - t0)) s"
+eval "$(bash "$cluster" env --state-dir "$state")"
+[ -n "${RAILYARD_POD_HOST_ADDR:-}" ] || fail "cluster.sh env gives no RAILYARD_POD_HOST_ADDR"
+for n in ry-real-0 ry-real-1; do
+  rt=$(kubectl get node "$n" -o jsonpath='{.status.nodeInfo.containerRuntimeVersion}')
+  case "$rt" in containerd://*) ;; *) fail "$n runtime '$rt', want containerd://" ;; esac
+  [ "$(kubectl get node "$n" -o jsonpath='{.metadata.labels.railyard\.dev/unit}')" = unit-0 ] || fail "$n: no unit label"
+  [ -n "$(kubectl get node "$n" -o jsonpath='{.status.allocatable.cpu}')" ] || fail "$n: no allocatable cpu"
+done
+# The operator on the host, telling pods to dial it at the host's address on the pod network.
+install_crd "$src"
+shared=$(bash "$cluster" share "$ns" --state-dir "$state")
+"$bin/railyard" data prepare --input /usr/share/common-licenses/* --output "$shared/data" >/dev/null
+"$bin/railyard-operator" --namespace "$ns" --leader-elect=false --worker-image localhost/railyard/worker:0.1.0 \
+  --metrics-addr "127.0.0.1:$(free_port)" --health-addr "127.0.0.1:$(free_port)" \
+  --rendezvous-bind "$RAILYARD_POD_HOST_ADDR:0" >"$work/op.log" 2>&1 &
+op_pid=$!
+jp() { kubectl get tj "$1" -n "$ns" -o jsonpath="$2" 2>/dev/null; }
+wait_phase() { # job phase seconds
+  local t=$SECONDS p
+  while :; do
+    p=$(jp "$1" '{.status.phase}')
+    [ "$p" = "$2" ] && return 0
+    case "$p" in Failed | Invalid) fail "$1 ended $p: $(jp "$1" '{.status.conditions}')" ;; esac
+    [ $((SECONDS - t)) -lt "$3" ] || fail "$1 not $2 after $3 s (phase '$p')"
+    sleep 0.5
+  done
+}
+
+# --- 2. the tiny example, unchanged ------------------------------------------------------------------------
+t0=$SECONDS
+kubectl apply -n "$ns" -f "$src/deploy/examples/tiny.yaml" >/dev/null
+pod=tiny-worker-0
+wait_for 120 "tiny's pod Running" sh -c "[ \"\$(kubectl get pod $pod -n $ns -o jsonpath='{.status.phase}')\" = Running ]"
+log "tiny: pod Running after $((SECONDS - t0)) s on $(kubectl get pod $pod -n "$ns" -o jsonpath='{.spec.nodeName}')"
+ip=$(kubectl get pod $pod -n "$ns" -o jsonpath='{.status.podIP}')
+case "$ip" in "${RAILYARD_POD_HOST_ADDR%.1}".*) ;; *) fail "pod IP '$ip' is not on the pod network" ;; esac
+[ "$(kubectl get pod $pod -n "$ns" -o jsonpath='{.status.containerStatuses[0].image}')" = localhost/railyard/worker:0.1.0 ] ||
+  fail "the worker does not run from localhost/railyard/worker:0.1.0"
+wait_for 60 "kubectl logs shows training steps" sh -c "kubectl logs $pod -n $ns | grep -q 'step='"
+[ "$(kubectl exec $pod -n "$ns" -- id -u)" = 65532 ] || fail "kubectl exec: the worker does not run as uid 65532"
+kubectl exec $pod -n "$ns" -- ls /shared/data | grep -q '^train_' || fail "kubectl exec: no shards under /shared/data"
+mport=$(kubectl get pod $pod -n "$ns" -o jsonpath='{.metadata.annotations.railyard\.dev/metrics-port}')
+[ -n "$mport" ] || fail "no railyard.dev/metrics-port annotation on the worker pod"
+wait_for 30 "the trainer's /metrics on $ip:$mport" sh -c "curl -sf --max-time 2 http://$ip:$mport/metrics | grep -q '^railyard_worker_step'"
+wait_phase tiny Succeeded 300
+log "tiny: Succeeded after $((SECONDS - t0)) s"
+[ "$(jp tiny '{.status.progress}')" = "200/200" ] || fail "tiny progress $(jp tiny '{.status.progress}'), want 200/200"
+ls "$shared/checkpoints/tiny" | grep -q . || fail "no checkpoint under the shared volume's checkpoints/tiny"
+
+# --- 3. a node shared with a foreign pod -------------------------------------------------------------------
+alloc=$(kubectl get node ry-real-0 -o jsonpath='{.status.allocatable.cpu}')
+alloc_m=$(python3 -c 'import sys; q=sys.argv[1]; print(int(q[:-1]) if q.endswith("m") else int(float(q)*1000))' "$alloc")
+hold=$((alloc_m - 400))
+kubectl apply -n "$ns" -f - >/dev/null <<EOT
+apiVersion: v1
+kind: Pod
+metadata: {name: foreign}
+spec:
+  nodeName: ry-real-0
+  containers:
+    - name: sleeper
+      image: localhost/railyard/worker:0.1.0
+      command: [sleep, "3600"]
+      resources: {requests: {cpu: "${hold}m"}}
+EOT
+wait_for 60 "the foreign pod Running" sh -c "[ \"\$(kubectl get pod foreign -n $ns -o jsonpath='{.status.phase}')\" = Running ]"
+# A 2-generation job that asks for 1 CPU (does not fit beside the foreign pod), checkpoints every 10 steps and keeps
+# every step in memory.
+sed -e "s|name: tiny|name: fit|" -e "s|steps: 200|steps: 400|" -e "s|/shared/checkpoints/tiny|/shared/checkpoints/fit|" \
+  -e "s|intervalSteps: 50|intervalSteps: 10|" "$src/deploy/examples/tiny.yaml" |
+  python3 -c 'import sys, yaml; j = yaml.safe_load(sys.stdin); j["spec"]["resources"] = {"requests": {"cpu": "1"}}; print(yaml.safe_dump(j))' |
+  kubectl apply -n "$ns" -f - >/dev/null
+wait_for 120 "fit's pod Running" sh -c "[ \"\$(kubectl get pod fit-worker-0 -n $ns -o jsonpath='{.status.phase}')\" = Running ]"
+node=$(kubectl get pod fit-worker-0 -n "$ns" -o jsonpath='{.spec.nodeName}')
+[ "$node" = ry-real-1 ] || fail "fit placed on '$node' beside a foreign pod holding ${hold}m of ${alloc_m}m CPU; want ry-real-1"
+log "placement: fit went to ry-real-1 (ry-real-0 has ${hold}m of ${alloc_m}m CPU held by a foreign pod)"
+kubectl delete pod foreign -n "$ns" --grace-period=0 --force >/dev/null 2>&1 || true
+
+# --- 4. kill -9 of the trainer inside its container --------------------------------------------------------
+uid=$(kubectl get pod fit-worker-0 -n "$ns" -o jsonpath='{.metadata.uid}')
+wait_for 60 "fit past step 40" sh -c "s=\$(kubectl get tj fit -n $ns -o jsonpath='{.status.step}'); [ \"\${s:-0}\" -ge 40 ]"
+t0=$SECONDS
+kubectl exec fit-worker-0 -n "$ns" -- sh -c 'for d in /proc/[0-9]*; do
+  if tr "\0" " " <"$d/cmdline" 2>/dev/null | grep -q "^railyard-worker train"; then kill -9 "${d#/proc/}"; echo killed; fi
+done' | grep -q killed || fail "no trainer process found in the container to kill"
+wait_for 60 "fit restarted in place (generation 2)" sh -c "[ \"\$(kubectl get tj fit -n $ns -o jsonpath='{.status.generation}')\" -ge 2 ]"
+[ "$(kubectl get pod fit-worker-0 -n "$ns" -o jsonpath='{.metadata.uid}')" = "$uid" ] || fail "kill -9 re-created the pod"
+wait_for 120 "fit training again" sh -c "kubectl get tj fit -n $ns -o jsonpath='{.status.conditions[?(@.type==\"Running\")].status}' | grep -q True && [ \"\$(kubectl get tj fit -n $ns -o jsonpath='{.status.restarts}')\" = 1 ]"
+log "kill -9: restarted in place, training again after $((SECONDS - t0)) s"
+grep -q "restore" <(kubectl logs fit-worker-0 -n "$ns") || fail "the new generation's log says nothing of a restore"
+
+# --- 5. a lost node ----------------------------------------------------------------------------------------
+wait_for 60 "fit past step 150" sh -c "s=\$(kubectl get tj fit -n $ns -o jsonpath='{.status.step}'); [ \"\${s:-0}\" -ge 150 ]"
+t0=$SECONDS
+bash "$cluster" stop-node ry-real-1 --state-dir "$state" >/dev/null
+wait_for 90 "fit's pod replaced on ry-real-0" sh -c "[ \"\$(kubectl get pod fit-worker-0 -n $ns -o jsonpath='{.spec.nodeName}')\" = ry-real-0 ] && [ \"\$(kubectl get pod fit-worker-0 -n $ns -o jsonpath='{.status.phase}')\" = Running ]"
+log "lost node: pod running again on ry-real-0 after $((SECONDS - t0)) s"
+wait_phase fit Succeeded 400
+[ "$(jp fit '{.status.progress}')" = "400/400" ] || fail "fit progress $(jp fit '{.status.progress}'), want 400/400"
+[ "$(jp fit '{.status.restarts}')" = 2 ] || fail "fit restarts $(jp fit '{.status.restarts}'), want 2"
+bash "$cluster" start-node ry-real-1 --state-dir "$state" >/dev/null
+log "real nodes e2e: ok ($((SECONDS - t_all)) s)"
