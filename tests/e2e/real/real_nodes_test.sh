@@ -110,9 +110,9 @@ spec:
       resources: {requests: {cpu: "${hold}m"}}
 EOT
 wait_for 60 "the foreign pod Running" sh -c "[ \"\$(kubectl get pod foreign -n $ns -o jsonpath='{.status.phase}')\" = Running ]"
-# A 2-generation job that asks for 1 CPU (does not fit beside the foreign pod), checkpoints every 10 steps and keeps
+# A longer job that asks for 1 CPU (does not fit beside the foreign pod), checkpoints every 10 steps and keeps
 # every step in memory.
-sed -e "s|name: tiny|name: fit|" -e "s|steps: 200|steps: 400|" -e "s|/shared/checkpoints/tiny|/shared/checkpoints/fit|" \
+sed -e "s|name: tiny|name: fit|" -e "s|steps: 200|steps: 2000|" -e "s|/shared/checkpoints/tiny|/shared/checkpoints/fit|" \
   -e "s|intervalSteps: 50|intervalSteps: 10|" "$src/deploy/examples/tiny.yaml" |
   python3 -c 'import sys, yaml; j = yaml.safe_load(sys.stdin); j["spec"]["resources"] = {"requests": {"cpu": "1"}}; print(yaml.safe_dump(j))' |
   kubectl apply -n "$ns" -f - >/dev/null
@@ -127,7 +127,7 @@ uid=$(kubectl get pod fit-worker-0 -n "$ns" -o jsonpath='{.metadata.uid}')
 wait_for 60 "fit past step 40" sh -c "s=\$(kubectl get tj fit -n $ns -o jsonpath='{.status.step}'); [ \"\${s:-0}\" -ge 40 ]"
 t0=$SECONDS
 kubectl exec fit-worker-0 -n "$ns" -- sh -c 'for d in /proc/[0-9]*; do
-  if tr "\0" " " <"$d/cmdline" 2>/dev/null | grep -q "^railyard-worker train"; then kill -9 "${d#/proc/}"; echo killed; fi
+  if tr "\0" " " <"$d/cmdline" 2>/dev/null | grep -q "[r]ailyard-worker train"; then kill -9 "${d#/proc/}"; echo killed; fi
 done' | grep -q killed || fail "no trainer process found in the container to kill"
 wait_for 60 "fit restarted in place (generation 2)" sh -c "[ \"\$(kubectl get tj fit -n $ns -o jsonpath='{.status.generation}')\" -ge 2 ]"
 [ "$(kubectl get pod fit-worker-0 -n "$ns" -o jsonpath='{.metadata.uid}')" = "$uid" ] || fail "kill -9 re-created the pod"
@@ -142,7 +142,7 @@ bash "$cluster" stop-node ry-real-1 --state-dir "$state" >/dev/null
 wait_for 90 "fit's pod replaced on ry-real-0" sh -c "[ \"\$(kubectl get pod fit-worker-0 -n $ns -o jsonpath='{.spec.nodeName}')\" = ry-real-0 ] && [ \"\$(kubectl get pod fit-worker-0 -n $ns -o jsonpath='{.status.phase}')\" = Running ]"
 log "lost node: pod running again on ry-real-0 after $((SECONDS - t0)) s"
 wait_phase fit Succeeded 400
-[ "$(jp fit '{.status.progress}')" = "400/400" ] || fail "fit progress $(jp fit '{.status.progress}'), want 400/400"
+[ "$(jp fit '{.status.progress}')" = "2000/2000" ] || fail "fit progress $(jp fit '{.status.progress}'), want 2000/2000"
 [ "$(jp fit '{.status.restarts}')" = 2 ] || fail "fit restarts $(jp fit '{.status.restarts}'), want 2"
 bash "$cluster" start-node ry-real-1 --state-dir "$state" >/dev/null
 log "real nodes e2e: ok ($((SECONDS - t_all)) s)"
