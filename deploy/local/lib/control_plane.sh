@@ -272,7 +272,7 @@ start_controller_manager() {
     --controllers garbagecollector,namespace,nodelifecycle,serviceaccount,serviceaccount-token,podgc,persistentvolume-binder \
     --use-service-account-credentials=true \
     --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
-    --allocate-node-cidrs=false \
+    --allocate-node-cidrs=false --pvclaimbinder-sync-period 1s \
     --node-monitor-period 1s --node-monitor-grace-period "${NODE_MONITOR_GRACE:-4}s" \
     --node-startup-grace-period "${NODE_MONITOR_GRACE:-4}s" \
     --unhealthy-zone-threshold 1.0 --node-eviction-rate 100

@@ -384,5 +384,11 @@ spec:
   volumeName: railyard-shared-$ns
   resources: {requests: {storage: 100Gi}}
 EOT
+  # A pod whose claim is not Bound yet waits for the kubelet's next retry (up to about 30 s): return once it is.
+  local deadline=$((SECONDS + 60))
+  until [ "$(kubectl_admin get pvc railyard-shared -n "$ns" -o jsonpath='{.status.phase}' 2>/dev/null)" = Bound ]; do
+    [ $SECONDS -lt $deadline ] || die "share: claim railyard-shared in $ns not Bound after 60 s"
+    sleep 0.2
+  done
   echo "$dir"
 }
