@@ -6,13 +6,30 @@
 # recovery (new generation, same pods, restore from the in-memory tier: no step redone), then freezes a trainer
 # (SIGSTOP, a hang) once the new generation runs: railyard-monitor finds it through the local Prometheus, requests a
 # restart, and the operator moves the pod off the excluded node. Ends with the loss curve, the failures injected and
-# the time lost. The topology has 4 units of 2 nodes (deploy/local/topologies/h100-8node.yaml).
-# Not shown: a straggler, node loss, shrink/grow (tests/e2e/elastic).
+# the time lost. By default the nodes are real (3 kubelets + containerd, pods as containers of the worker image built
+# here, data and checkpoints on the shared claim the examples mount: docs/local-cluster.md "Real nodes");
+# `--simulated` uses 8 simulated nodes in 4 units (deploy/local/topologies/h100-8node.yaml) instead.
+# Not shown: a straggler, node loss, shrink/grow (tests/e2e/elastic, tests/e2e/real).
 # Environment: RAILYARD_STATE_DIR (default ~/.local/state/railyard/demo), DEMO_STEPS (default 200),
 # DEMO_FT_STEPS (steps of the fault-tolerance job, default 1000: at 25-125 ms a step it must outlast a hang's 6 s
 # detection), DEMO_BUILD_DIR (default build),
 # DEMO_SKIP_BUILD=1 (use the binaries in DEMO_BUILD_DIR/bin as they are).
 set -euo pipefail
+mode=real
+for arg in "$@"; do
+  case "$arg" in
+    --simulated) mode=simulated ;;
+    --real) mode=real ;;
+    -h | --help)
+      sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+      exit 0
+      ;;
+    *)
+      echo "demo.sh: unknown option '$arg' (known: --simulated, --real)" >&2
+      exit 2
+      ;;
+  esac
+done
 cd "$(dirname "$0")/.."
 root=$PWD
 state=${RAILYARD_STATE_DIR:-$HOME/.local/state/railyard/demo}
@@ -30,16 +47,31 @@ if [ "${DEMO_SKIP_BUILD:-0}" != 1 ]; then
     >/dev/null
 fi
 
-step "local cluster (state in $state)"
-topology=deploy/local/topologies/h100-8node.yaml
-bash deploy/local/cluster.sh up --state-dir "$state" --topology "$topology" --node-agent "$build/bin/railyard-node-agent" \
-  --prometheus
+step "local cluster, $mode nodes (state in $state)"
+if [ "$mode" = real ]; then
+  RAILYARD_BUILD_DIR=$build bash deploy/local/cluster.sh up --state-dir "$state" --real-nodes 3 --prometheus
+else
+  topology=deploy/local/topologies/h100-8node.yaml
+  bash deploy/local/cluster.sh up --state-dir "$state" --topology "$topology" \
+    --node-agent "$build/bin/railyard-node-agent" --prometheus
+fi
 eval "$(bash deploy/local/cluster.sh env --state-dir "$state")"
 [ -n "${PROMETHEUS_URL:-}" ] || { echo "no Prometheus on the demo cluster (cluster.sh env has no PROMETHEUS_URL)"; exit 1; }
 kubectl get nodes -L railyard.dev/unit,railyard.dev/leaf,railyard.dev/gpu-type,railyard.dev/rails
 
 step "prepare a text corpus into token shards"
-data=$state/demo-data
+if [ "$mode" = real ]; then
+  # The examples' claim railyard-shared, mounted at /shared: data under data/, checkpoints under checkpoints/<job>.
+  shared=$(bash deploy/local/cluster.sh share default --state-dir "$state")
+  data=$shared/data
+  ckpt_root=$shared/checkpoints
+  # The examples' paths as they are; only name, size and schedule change.
+  job_yaml() { sed -e "s|/shared/checkpoints/tiny|/shared/checkpoints/$1|"; }
+else
+  data=$state/demo-data
+  ckpt_root=$state/ckpt
+  job_yaml() { sed -e "s|/shared/data/|$data/|g" -e "s|/shared/checkpoints/tiny|$ckpt_root/$1|"; }
+fi
 "$build"/bin/railyard data prepare --force --input /usr/share/common-licenses/* --output "$data"
 
 step "install the TrainingJob CRD and start the operator"
@@ -53,8 +85,14 @@ if [ -f "$state/operator.pid" ]; then
   fi
 fi
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-"$build"/bin/railyard-operator --leader-elect=false --worker-command "$build/bin/railyard-worker" \
-  --metrics-addr "127.0.0.1:$(free_port)" --health-addr "127.0.0.1:$(free_port)" --rendezvous-bind 127.0.0.1:0 \
+if [ "$mode" = real ]; then
+  # Pods run the worker image and dial the rendezvous at the host's address on the pod network.
+  op_pods=(--worker-image localhost/railyard/worker:0.1.0 --rendezvous-bind "$RAILYARD_POD_HOST_ADDR:0")
+else
+  op_pods=(--worker-command "$build/bin/railyard-worker" --rendezvous-bind 127.0.0.1:0)
+fi
+"$build"/bin/railyard-operator --leader-elect=false "${op_pods[@]}" \
+  --metrics-addr "127.0.0.1:$(free_port)" --health-addr "127.0.0.1:$(free_port)" \
   >"$state/operator.log" 2>&1 &
 echo $! >"$state/operator.pid"
 echo "operator pid $(cat "$state/operator.pid"), log $state/operator.log"
@@ -66,7 +104,7 @@ mon_pid="" targets_pid=""
 stop_demo_helpers() {
   [ -n "$mon_pid" ] && kill "$mon_pid" 2>/dev/null || true
   [ -n "$targets_pid" ] && kill "$targets_pid" 2>/dev/null || true
-  [ -f "$state/stopped.pid" ] && kill -CONT "$(cat "$state/stopped.pid")" 2>/dev/null || true
+  [ -f "$state/stopped.pid" ] && signal_trainer CONT "$(cat "$state/stopped.pid")" 2>/dev/null || true
 }
 trap stop_demo_helpers EXIT
 demo_pid=$$
@@ -83,8 +121,7 @@ echo "monitor pid $mon_pid, log $state/monitor.log"
 step "train the tiny example as a TrainingJob"
 # (Full resource name: a kubectl discovery cache from before the CRD existed may not know the short name tj yet.)
 kubectl delete trainingjobs.railyard.dev tiny --ignore-not-found --wait=true >/dev/null
-sed -e "s|/shared/data/|$data/|g" -e "s|/shared/checkpoints/tiny|$state/ckpt/tiny|" deploy/examples/tiny.yaml |
-  sed -e "s|steps: 200|steps: $steps|" | kubectl apply -f -
+job_yaml tiny <deploy/examples/tiny.yaml | sed -e "s|steps: 200|steps: $steps|" | kubectl apply -f -
 phase=""
 last=""
 for _ in $(seq 1 600); do
@@ -96,8 +133,10 @@ for _ in $(seq 1 600); do
 done
 kubectl get trainingjobs.railyard.dev tiny -o wide
 kubectl describe trainingjobs.railyard.dev tiny | sed -n '/^Events:/,$p'
-log=$(ls "$state"/node-agent/pods/default_tiny-worker-0/*.log 2>/dev/null | head -1 || true)
-[ -n "$log" ] && { echo "last lines of the worker's log ($log):"; grep -E "step=|validation" "$log" | tail -n 5; }
+if [ "$mode" = simulated ]; then
+  log=$(ls "$state"/node-agent/pods/default_tiny-worker-0/*.log 2>/dev/null | head -1 || true)
+  [ -n "$log" ] && { echo "last lines of the worker's log ($log):"; grep -E "step=|validation" "$log" | tail -n 5; }
+fi
 [ "$phase" = Succeeded ] || { echo "the tiny job ended '$phase': see $state/operator.log and the worker's log"; exit 1; }
 
 step "fault tolerance: a 2-replica job; kill -9 of one trainer at 1/4, then a hang of one trainer"
@@ -108,27 +147,48 @@ step "fault tolerance: a 2-replica job; kill -9 of one trainer at 1/4, then a ha
 # node is excluded and the operator moves pod 1 to another node chosen by the rail-aware scheduler.
 ft=tiny-ft
 kubectl delete trainingjobs.railyard.dev $ft --ignore-not-found --wait=true >/dev/null
-rm -rf "$state/ckpt/$ft"
-sed -e "s|/shared/data/|$data/|g" -e "s|/shared/checkpoints/tiny|$state/ckpt/$ft|" -e "s|name: tiny|name: $ft|" \
+rm -rf "${ckpt_root:?}/$ft"
+# cleanPodPolicy None: the pods (and so `kubectl logs`) stay after the job ends, for the summary below.
+job_yaml $ft <deploy/examples/tiny.yaml | sed -e "s|name: tiny|name: $ft|" \
   -e "s|replicas: 1|replicas: 2|" -e "s|steps: 200|steps: $ft_steps|" -e "s|intervalSteps: 50|intervalSteps: 10|" \
-  deploy/examples/tiny.yaml | kubectl apply -f -
+  -e "s|^  failurePolicy:|  runPolicy:\n    cleanPodPolicy: None\n  failurePolicy:|" | kubectl apply -f -
 ft_start=$(date +%s.%N) # the pods' logs are appended to by every run of the demo in this state dir
 ftj() { kubectl get trainingjobs.railyard.dev $ft -o jsonpath="$1" 2>/dev/null || true; }
-# The trainer of a pod: the pod's process is its agent (node agent's processes.json); the trainer is the agent's child.
-trainer_of() {
-  local agent
-  agent=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]]["pid"])' \
-    "$state/node-agent/processes.json" "$(kubectl get pod "$1" -o jsonpath='{.metadata.uid}')")
-  pgrep -P "$agent" | head -1
-}
-log0=$state/node-agent/pods/default_$ft-worker-0/worker.log
+if [ "$mode" = real ]; then
+  # A trainer is the process `railyard-worker train` in the pod's container; signals go in through kubectl exec
+  # (same uid as the trainer). "pod/pid" names it.
+  trainer_of() {
+    kubectl exec "$1" -- sh -c 'for d in /proc/[0-9]*; do
+      tr "\0" " " <"$d/cmdline" 2>/dev/null | grep -q "[r]ailyard-worker train" && { echo "${d#/proc/}"; break; }; done' |
+      sed "s|^|$1/|" | grep /
+  }
+  signal_trainer() { kubectl exec "${2%/*}" -- sh -c "kill -$1 ${2#*/}"; }
+  # Rank 0's log is its container's: copied every 10th poll and at the end (the pods stay after the job:
+  # cleanPodPolicy None); status.step and the checkpoints tell the step in between.
+  log0=$state/$ft-worker-0.log
+  refresh_log0() {
+    [ $((${i:-0} % 10)) = 0 ] || [ "${1:-}" = now ] || return 0
+    kubectl logs "$ft-worker-0" >"$log0.tmp" 2>/dev/null && mv "$log0.tmp" "$log0" || true
+  }
+else
+  # The trainer of a pod: the pod's process is its agent (node agent's processes.json); the trainer is its child.
+  trainer_of() {
+    local agent
+    agent=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]]["pid"])' \
+      "$state/node-agent/processes.json" "$(kubectl get pod "$1" -o jsonpath='{.metadata.uid}')")
+    pgrep -P "$agent" | head -1
+  }
+  signal_trainer() { kill "-$1" "$2"; }
+  log0=$state/node-agent/pods/default_$ft-worker-0/worker.log
+  refresh_log0() { :; }
+fi
 # The step the job is at: the newest of rank 0's log (written in blocks), status.step (reported every few seconds)
 # and the newest checkpoint.
 last_step() {
   local a b c
   a=$(grep -oE 'worker: step step=[0-9]+' "$log0" 2>/dev/null | tail -1 | cut -d= -f2)
   b=$(ftj '{.status.step}')
-  c=$(sed -n 's/^step-0*//p' "$state/ckpt/$ft/latest" 2>/dev/null)
+  c=$(sed -n 's/^step-0*//p' "$ckpt_root/$ft/latest" 2>/dev/null)
   printf '%s\n' "${a:-0}" "${b:-0}" "${c:-0}" | sort -n | tail -1
 }
 injections=()   # "kind unix-time step"
@@ -145,12 +205,13 @@ for i in $(seq 1 3000); do
   key="$ftphase $restarts $(ftj '{.status.generation}')"
   # A line when phase, restarts or generation change, and every few polls in between (the progress column moves).
   if [ "$key" != "$last_key" ] || [ $((i % 2)) = 0 ]; then echo "$line"; last_key=$key; fi
+  refresh_log0
   s=$(last_step)
   if [ ${#injections[@]} = 0 ] && [ "${s:-0}" -ge $((ft_steps / 4)) ] && [ "$ftphase" = Running ]; then
     uids_before=$(kubectl get pods -l railyard.dev/job=$ft -o jsonpath='{.items[*].metadata.uid}')
     pid=$(trainer_of $ft-worker-1) || { echo "no trainer process in $ft-worker-1"; exit 1; }
-    echo ">> kill -9 $pid (rank 1's trainer in pod $ft-worker-1), job at step >= $s; last checkpoint $(cat "$state/ckpt/$ft/latest" 2>/dev/null)"
-    kill -9 "$pid"
+    echo ">> kill -9 $pid (rank 1's trainer in pod $ft-worker-1), job at step >= $s; last checkpoint $(cat "$ckpt_root/$ft/latest" 2>/dev/null)"
+    signal_trainer 9 "$pid"
     injections+=("kill-9 $(date +%s.%N) $s")
   elif [ ${#injections[@]} = 1 ] && [ -z "$uids_after_kill" ] && [ "$ftphase" = Running ] && [ "${restarts:-0}" = 1 ]; then
     uids_after_kill=$(kubectl get pods -l railyard.dev/job=$ft -o jsonpath='{.items[*].metadata.uid}')
@@ -161,7 +222,7 @@ for i in $(seq 1 3000); do
     pid=$(trainer_of $ft-worker-1 || true)
     if [ -n "$node_before" ] && [ -n "$pid" ]; then
       echo ">> SIGSTOP $pid (rank 1's trainer in pod $ft-worker-1 on $node_before), job at step >= $s: a hang, for the monitor to find"
-      kill -STOP "$pid"
+      signal_trainer STOP "$pid"
       echo "$pid" >"$state/stopped.pid"
       injections+=("hang $(date +%s.%N) $s")
     fi
@@ -176,7 +237,8 @@ for i in $(seq 1 3000); do
   sleep 0.3
 done
 # A stopped trainer dies with its agent (the pod moved); continue it if it somehow did not.
-[ -f "$state/stopped.pid" ] && { kill -CONT "$(cat "$state/stopped.pid")" 2>/dev/null || true; rm -f "$state/stopped.pid"; }
+[ -f "$state/stopped.pid" ] && { signal_trainer CONT "$(cat "$state/stopped.pid")" 2>/dev/null || true; rm -f "$state/stopped.pid"; }
+refresh_log0 now
 kubectl get trainingjobs.railyard.dev $ft -o wide
 echo "last restart: $(ftj '{.status.lastRestart}')"
 echo "excluded nodes: $(ftj '{.metadata.annotations.railyard\.dev/exclude-nodes}')"
@@ -244,7 +306,7 @@ print(f"steps redone {redone}; time lost {lost_total + redone * mean_ms / 1e3:.1
 PY
 kubectl get trainingjobs.railyard.dev $ft -o json >"$state/$ft.json"
 "$build/bin/railyard" report --log "$log0" --status "$state/$ft.json" \
-  --checkpoints "$state/ckpt/$ft" --output "$state/$ft-report.html" | sed 's/^report: wrote /HTML report (loss curve, restarts, checkpoints): /'
+  --checkpoints "$ckpt_root/$ft" --output "$state/$ft-report.html" | sed 's/^report: wrote /HTML report (loss curve, restarts, checkpoints): /'
 echo
 echo "The cluster, Prometheus ($PROMETHEUS_URL) and the operator keep running; the monitor stopped with the demo."
 echo "Use them with:  eval \"\$(deploy/local/cluster.sh env --state-dir $state)\""

@@ -44,7 +44,8 @@ usage: $PROG COMMAND [options]
       --no-node-agent   control plane only
       --real-nodes N    also start N real nodes: kubelet + containerd + runc + CNI bridge each, pods as containers
                         from images built here (deploy/images/build.sh); alone (no simulated nodes) unless
-                        --nodes or --topology is given too. See docs/local-cluster.md "Real nodes"
+                        --nodes or --topology is given too; binaries from \$RAILYARD_BUILD_DIR (default build/).
+                        See docs/local-cluster.md "Real nodes"
       --node-monitor-grace S
                         seconds without a lease renewal before a node is NotReady (default 4, for fast
                         failure tests; Kubernetes' default is 40). The node agent renews every S/4 s (>= 1)

@@ -124,6 +124,8 @@ state = "$dir/state"
   sandbox_image = "localhost/railyard/pause:3.2"
   enable_selinux = false
   restrict_oom_score_adj = true
+  # Pods' network namespaces pinned under the node's state dir, so that nothing of theirs outlives the cluster.
+  netns_mounts_under_state_dir = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
@@ -254,7 +256,8 @@ EOT
     done
     socks+=(--load "$(real_sock "$i")")
   done
-  bash "$REPO_ROOT/deploy/images/build.sh" --build-dir "$REPO_ROOT/build" "${socks[@]}" \
+  # The binaries come from RAILYARD_BUILD_DIR (default: the checkout's build/).
+  bash "$REPO_ROOT/deploy/images/build.sh" --build-dir "${RAILYARD_BUILD_DIR:-$REPO_ROOT/build}" "${socks[@]}" \
     >>"$STATE_DIR/logs/images.log" 2>&1 || {
     tail -5 "$STATE_DIR/logs/images.log" >&2
     die "up: images failed (log: $STATE_DIR/logs/images.log)"
@@ -275,12 +278,9 @@ EOT
 
 # Stops node i like a lost machine: kubelet, containerd, shims and every container of the node.
 stop_real_node() {
-  local i="$1" name dir sock
+  local i="$1" name sock
   name=$(real_node_name "$i")
-  dir=$(real_node_dir "$i")
   sock=$(real_sock "$i")
-  local pid
-  pid=$(component_pid "$name")
   # The shims (and through them the containers) carry the node's socket path in their arguments.
   local shims
   shims=$(pgrep -f "containerd-shim.*-address $sock" || true)
@@ -301,6 +301,8 @@ stop_real_nodes() {
   source "$STATE_DIR/real/net.env"
   local i
   for ((i = 0; i < REAL_NODES; i++)); do stop_real_node "$i"; done
+  # libcni's result cache (/var/lib/cni/results/<network>-<container>-<ifname>) is machine-wide: drop this cluster's.
+  rm -f /var/lib/cni/results/"railyard-${BRIDGE#ry}"-* 2>/dev/null || true
   if [ -n "${BRIDGE:-}" ] && ip link show "$BRIDGE" >/dev/null 2>&1; then ip link del "$BRIDGE" 2>/dev/null || true; fi
 }
 

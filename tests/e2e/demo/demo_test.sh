@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's main command, scripts/demo.sh, run unattended with the binaries already built (DEMO_SKIP_BUILD=1) on
-# a cluster of its own (8 simulated nodes in 4 units, a local Prometheus; state in the build dir, brought down at the
+# a cluster of its own (3 real nodes, a local Prometheus; state in the build dir, brought down at the
 # end). Asserts what the demo claims: both jobs Succeeded, two failures injected (kill -9, hang), the kill recovered
 # in place (same pods), the hang found by the monitor through Prometheus (a Hang request for rank 1) and the pod moved
 # off the excluded node, and the summary printed (steps, final loss, time lost). Label `demo`: not in the default
