@@ -80,6 +80,23 @@ bool uses_agent(const Json& job) {
   return !(cs.is_array() && !cs.empty() && cs[0].is_object() && cs[0].contains("command"));
 }
 
+FinishedFacts finished_facts(const Json& job) {
+  FinishedFacts f;
+  const Json status = job.contains("status") && job["status"].is_object() ? job["status"] : Json::object();
+  f.phase = status.value("phase", "");
+  f.succeeded_condition = condition_true(status, "Succeeded");
+  f.failed_condition = condition_true(status, "Failed");
+  f.generation = job["metadata"].value("generation", int64_t{0});
+  const Json observed = status.value("observedGeneration", Json());
+  if (observed.is_number_integer()) f.observed_generation = observed.get<int64_t>();
+  const Json ann = job["metadata"].value("annotations", Json::object());
+  f.restart_request = ann.value(kRestartRequestAnnotation, "");
+  f.restart_handled = ann.value(kRestartHandledAnnotation, "");
+  const Json handled = status.value("restartRequestHandled", Json());
+  if (handled.is_string()) f.request_handled = handled.get<std::string>();
+  return f;
+}
+
 }  // namespace
 
 Controller::Controller(kube::Client& client, metrics::Registry& registry, ControllerOptions opts,
@@ -398,6 +415,32 @@ std::chrono::milliseconds Controller::finish(const Json& job, const JobSpec& spe
   return milliseconds(0);
 }
 
+std::chrono::milliseconds Controller::keep_finished(const Json& job, const FinishedJob& done) {
+  const std::string ns = kube::namespace_of(job), name = kube::name_of(job);
+  const Json orig = job.contains("status") && job["status"].is_object() ? job["status"] : Json::object();
+  Json status = orig;
+  const std::vector<Json> pods = pods_of(ns, name);
+  // Only the acknowledgements change: the spec version seen and the live pod count (cleanPodPolicy deletes pods).
+  status["observedGeneration"] = job["metadata"].value("generation", 0);
+  status["replicas"] =
+      static_cast<int>(std::count_if(pods.begin(), pods.end(), [](const Json& p) { return !terminating(p); }));
+  std::vector<PendingEvent> events;
+  for (const std::string& m : done.ignored) events.push_back({true, "IgnoredAfterFinish", m});
+  // cleanPodPolicy and ttlSecondsAfterFinished as the spec says now (defaults where it no longer parses).
+  const ParsedJob parsed = parse_job(job);
+  const milliseconds after = finish(job, parsed.spec, status, orig, events, pods);
+  if (done.restart_ignored) {
+    const std::string req = job["metadata"].value("annotations", Json::object()).value(kRestartRequestAnnotation, "");
+    try {
+      client_.patch(kube::resources::trainingjobs, ns, name,
+                    {{"metadata", {{"annotations", {{kRestartHandledAnnotation, req}}}}}});
+    } catch (const kube::NotFound&) {
+      // Deleted after ttlSecondsAfterFinished meanwhile.
+    }
+  }
+  return after;
+}
+
 std::chrono::milliseconds Controller::reconcile(const std::string& key) {
   // Plain variables, not a structured binding: lambdas below capture them, which clang before 16 refuses.
   const auto key_parts = split_key(key);
@@ -410,6 +453,8 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
     return milliseconds(0);
   }
   Json job = *fetched;
+  // Succeeded and Failed are terminal: nothing below may reopen a finished job (lifecycle.h finished_job).
+  if (const FinishedJob done = finished_job(finished_facts(job)); done.finished) return keep_finished(job, done);
   const auto now = std::chrono::system_clock::now();
   const std::string now_s = kube::format_rfc3339(now);
   Json status = job.contains("status") && job["status"].is_object() ? job["status"] : Json::object();
@@ -459,12 +504,6 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
   if (!status.contains("generation")) status["generation"] = 0;
   if (!status.contains("step")) status["step"] = 0;
   status["progress"] = std::to_string(status["step"].get<int64_t>()) + "/" + std::to_string(spec.steps);
-
-  const std::string phase = status.value("phase", "");
-  if (phase == "Succeeded" || phase == "Failed") {
-    status["replicas"] = existing;
-    return finish(job, spec, status, orig, events, pods);
-  }
 
   // Suspend: no pods, keep the job; resuming starts a new generation.
   if (spec.suspend) {

@@ -17,6 +17,7 @@
 #include "common/kube/work_queue.h"
 #include "common/metrics/metrics.h"
 #include "operator/controller/job_spec.h"
+#include "operator/controller/lifecycle.h"
 #include "operator/controller/placement.h"
 #include "operator/controller/pod_builder.h"
 #include "operator/rendezvous/rendezvous.h"
@@ -89,6 +90,8 @@ class Controller {
   Json write_status(const Json& job, const Json& status);
   std::chrono::milliseconds finish(const Json& job, const JobSpec& spec, Json& status, const Json& orig,
                                    std::vector<PendingEvent>& events, const std::vector<Json>& pods);
+  // A Succeeded or Failed job: clean up and expire it, report what was asked of it since, change nothing else.
+  std::chrono::milliseconds keep_finished(const Json& job, const FinishedJob& done);
   void emit(const Json& job, const std::vector<PendingEvent>& events);
   void delete_pod(const std::string& ns, const std::string& name, bool force);
   void forget_job(const std::string& key);
