@@ -754,16 +754,11 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
                    "",
                    -1};
         // The monitor's request names the rank and node it blames; a hand-written one may be any text.
-        try {
-          const Json r = Json::parse(req);
-          if (r.is_object() && r.value("rank", Json()).is_number_integer() && r["rank"].get<int>() >= 0)
-            tr.rank = r["rank"].get<int>();
-          if (r.is_object() && r.value("node", Json()).is_string()) {
-            tr.node = r["node"].get<std::string>();
-            for (const auto& [pod, node] : node_by_pod)
-              if (!tr.node.empty() && node == tr.node) tr.pod = pod;
-          }
-        } catch (const std::exception&) {
+        if (const std::optional<RestartRequest> r = parse_restart_request(req)) {
+          if (r->rank >= 0) tr.rank = r->rank;
+          tr.node = r->node;
+          for (const auto& [pod, node] : node_by_pod)
+            if (!tr.node.empty() && node == tr.node) tr.pod = pod;
         }
         triggers.push_back(tr);
       }
@@ -851,25 +846,24 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
     // What recovery is measured against (see the progress block below): the step the job had reached.
     last["stepAtRestart"] = status.value("step", Json(0));
     if (t->reason == "RestartRequested" && !restart_request.empty()) {
-      // The monitor's request is JSON with the symptom, its onset and when it was requested: time to detect.
-      try {
-        const Json r = Json::parse(restart_request);
-        if (r.is_object() && r.value("reason", Json()).is_string()) {
+      // The monitor's request carries the symptom, its onset and when it was requested: time to detect.
+      if (const std::optional<RestartRequest> r = parse_restart_request(restart_request)) {
+        if (!r->reason.empty()) {
           // A label value: only a short word (the monitor's rules: Hang, Straggler, NaN, ...), else "other".
-          const std::string sym = r["reason"].get<std::string>();
-          const bool word = !sym.empty() && sym.size() <= 32 &&
-                            std::all_of(sym.begin(), sym.end(), [](unsigned char c) { return std::isalnum(c); });
-          last["symptom"] = word ? sym : "other";
+          const bool word = r->reason.size() <= 32 && std::all_of(r->reason.begin(), r->reason.end(),
+                                                                  [](unsigned char c) { return std::isalnum(c); });
+          last["symptom"] = word ? r->reason : "other";
         }
-        if (r.is_object() && r.value("onset", Json()).is_string() && r.value("time", Json()).is_string()) {
-          const double secs = std::chrono::duration<double>(kube::parse_rfc3339(r["time"].get<std::string>()) -
-                                                            kube::parse_rfc3339(r["onset"].get<std::string>()))
-                                  .count();
-          last["detectSeconds"] = std::round(std::max(0.0, secs) * 10) / 10;
-          detection_seconds_.add({{"symptom", last.value("symptom", "unknown")}}).observe(std::max(0.0, secs));
+        if (!r->onset.empty() && !r->time.empty()) {
+          try {
+            const double secs =
+                std::chrono::duration<double>(kube::parse_rfc3339(r->time) - kube::parse_rfc3339(r->onset)).count();
+            last["detectSeconds"] = std::round(std::max(0.0, secs) * 10) / 10;
+            detection_seconds_.add({{"symptom", last.value("symptom", "unknown")}}).observe(std::max(0.0, secs));
+          } catch (const std::exception&) {
+            // Not RFC 3339 (a hand-written request): nothing to measure.
+          }
         }
-      } catch (const std::exception&) {
-        // A hand-written request ("now", a date) has no onset: nothing to measure.
       }
     }
     if (!t->pod.empty()) last["pod"] = t->pod;

@@ -16,6 +16,7 @@
 #include "common/kube/informer.h"
 #include "common/kube/work_queue.h"
 #include "common/metrics/metrics.h"
+#include "common/restart_request.h"
 #include "operator/controller/job_spec.h"
 #include "operator/controller/lifecycle.h"
 #include "operator/controller/placement.h"
@@ -24,9 +25,8 @@
 
 namespace railyard::op {
 
-inline constexpr const char* kRestartRequestAnnotation = "railyard.dev/restart-request";
-inline constexpr const char* kRestartHandledAnnotation = "railyard.dev/restart-handled";
-inline constexpr const char* kRestartDetectorAnnotation = "railyard.dev/restart-detector";
+// The restart request annotations (railyard.dev/restart-request, -detector, -handled) and the monitor's request JSON
+// are the contract in common/restart_request.h.
 
 struct ControllerOptions {
   std::string ns;  // "" watches every namespace
