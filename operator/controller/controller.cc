@@ -13,6 +13,8 @@
 #include "operator/controller/lifecycle.h"
 #include "operator/controller/nccl_env.h"
 #include "operator/controller/plan_glue.h"
+#include "operator/controller/pod_state.h"
+#include "operator/controller/restart_triggers.h"
 #include "operator/controller/slow_start.h"
 #include "operator/controller/status.h"
 
@@ -53,22 +55,6 @@ std::string base64_decode(const std::string& in) {
   if (in.size() >= 2 && in[in.size() - 2] == '=') pad++;
   out.resize(static_cast<size_t>(n) - pad);
   return out;
-}
-
-std::string phase_of(const Json& pod) { return pod.contains("status") ? pod["status"].value("phase", "") : ""; }
-std::string node_of(const Json& pod) { return pod.contains("spec") ? pod["spec"].value("nodeName", "") : ""; }
-bool terminating(const Json& pod) { return pod["metadata"].contains("deletionTimestamp"); }
-std::string uid_of(const Json& obj) { return obj["metadata"].value("uid", ""); }
-
-// The worker container's exit code from a Failed pod; -1 when the pod failed without one (e.g. evicted).
-int pod_exit_code(const Json& pod) {
-  if (!pod.contains("status")) return -1;
-  for (const Json& cs : pod["status"].value("containerStatuses", Json::array())) {
-    if (cs.value("name", "") != "worker") continue;
-    const Json state = cs.value("state", Json::object());
-    if (state.contains("terminated")) return state["terminated"].value("exitCode", -1);
-  }
-  return -1;
 }
 
 // A job whose template sets its own command runs no agent, so nobody joins the rendezvous: pod phases decide.
@@ -668,102 +654,32 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
   if (status.contains("lastRestart") && status["lastRestart"].contains("podUIDs"))
     for (const Json& u : status["lastRestart"]["podUIDs"])
       if (u.is_string()) handled.insert(u.get<std::string>());
-  const bool was_running = condition_true(orig, "Running");
-  const bool in_transition = condition_true(orig, "Restarting") || condition_true(orig, "Resizing");
-  std::vector<Trigger> triggers;
-  std::vector<std::pair<std::string, bool>> to_delete;  // (pod, force)
-  std::map<std::string, std::string> node_by_pod;
-  for (int i = 0; i < n && gen > 0; ++i) {
-    const std::string pod_name = worker_pod_name(name, i);
-    auto it = by_index.find(i);
-    if (it == by_index.end()) {
-      // Only a pod of the running world can be lost; one the job is growing into (scale up) is yet to be created.
-      const bool in_world =
-          old_members.empty() || std::find(old_members.begin(), old_members.end(), pod_name) != old_members.end();
-      if (was_running && !in_transition && in_world)
-        triggers.push_back(
-            {"PodLost", "pod " + pod_name + " disappeared", pod_name, "", "operator", "", i * spec.procs_per_replica});
-      continue;
-    }
-    const Json& p = it->second;
-    const std::string uid = uid_of(p), node = node_of(p), ph = phase_of(p);
-    node_by_pod[pod_name] = node;
-    if (ph == "Failed") {
-      if (!handled.count(uid)) {
-        int code = pod_exit_code(p);
-        bool permanent = code > 0 && classify_exit(spec, code) == ExitClass::Permanent;
-        triggers.push_back({"PodFailed", "pod " + pod_name + " failed with exit code " + std::to_string(code), pod_name,
-                            node, "operator", uid, i * spec.procs_per_replica, permanent});
-      }
-      if (!terminating(p)) to_delete.push_back({pod_name, true});
-    } else if (terminating(p)) {
-      if (!handled.count(uid) && !in_transition && ph != "Succeeded")
-        triggers.push_back({"PodDeleted", "pod " + pod_name + " is being deleted", pod_name, node, "operator", uid,
-                            i * spec.procs_per_replica});
-    } else if (!node.empty()) {
-      auto n_obj = nodes_->get(node);
-      if (!n_obj || !node_ready(*n_obj)) {
-        if (!handled.count(uid))
-          triggers.push_back({"NodeLost",
-                              "node " + node + " of pod " + pod_name + " is " + (n_obj ? "not Ready" : "gone"),
-                              pod_name, node, "operator", uid, i * spec.procs_per_replica});
-        to_delete.push_back({pod_name, true});
-      } else if (job_placement.excluded_nodes.count(node)) {
-        // The node was blamed for a failure (railyard.dev/exclude-nodes): move the pod off it.
-        if (!handled.count(uid))
-          triggers.push_back({"NodeExcluded",
-                              "node " + node + " of pod " + pod_name + " is in " + kExcludeNodesAnnotation, pod_name,
-                              node, "operator", uid, i * spec.procs_per_replica});
-        to_delete.push_back({pod_name, true});
-      }
-    }
-  }
-  for (const WorkerExit& e : exits) {
-    if (e.generation != gen || e.reason == "stopped") continue;
-    if (e.reason == "agent_restarted") {
-      triggers.push_back({"AgentRestarted",
-                          "the agent of pod " + e.pod + " restarted during generation " + std::to_string(gen), e.pod,
-                          node_by_pod[e.pod], "agent", "", -1});
-      continue;
-    }
-    if (e.exit_code == 0 && e.signal == 0) continue;
-    ExitClass cls = classify_exit(spec, e.exit_code, e.signal);
-    std::string how = e.signal > 0 ? "was killed by signal " + std::to_string(e.signal)
-                                   : "exited with code " + std::to_string(e.exit_code);
-    Trigger tr{"WorkerExit",  "rank " + std::to_string(e.global_rank) + " (pod " + e.pod + ") " + how,
-               e.pod,         node_by_pod[e.pod],
-               "agent",       "",
-               e.global_rank, cls == ExitClass::Permanent};
-    tr.peer_lost = e.signal == 0 && e.exit_code == rdzv::kExitPeerLost;
-    tr.age = std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - e.received);
-    triggers.push_back(tr);
-  }
-  std::string restart_request;
+  TriggerInputs trig_in;
+  trig_in.name = name;
+  trig_in.generation = gen;
+  trig_in.pods_by_index = by_index;
+  trig_in.world = old_members;
+  trig_in.handled_uids = handled;
+  trig_in.was_running = condition_true(orig, "Running");
+  trig_in.in_transition = condition_true(orig, "Restarting") || condition_true(orig, "Resizing");
+  for (const auto& [i, p] : by_index)
+    if (const std::string node = node_of(p); !node.empty())
+      if (auto n_obj = nodes_->get(node)) trig_in.node_ready[node] = node_ready(*n_obj);
+  trig_in.excluded_nodes = job_placement.excluded_nodes;
+  trig_in.exits = exits;
+  trig_in.now = std::chrono::steady_clock::now();
   {
     const Json ann = job["metadata"].value("annotations", Json::object());
-    std::string req = ann.value(kRestartRequestAnnotation, "");
-    if (!req.empty() && req != status.value("restartRequestHandled", "")) {
-      restart_request = req;
-      status["restartRequestHandled"] = req;
-      if (gen > 0) {
-        Trigger tr{"RestartRequested",
-                   "restart requested (" + std::string(kRestartRequestAnnotation) + "=" + req + ")",
-                   "",
-                   "",
-                   ann.value(kRestartDetectorAnnotation, "annotation"),
-                   "",
-                   -1};
-        // The monitor's request names the rank and node it blames; a hand-written one may be any text.
-        if (const std::optional<RestartRequest> r = parse_restart_request(req)) {
-          if (r->rank >= 0) tr.rank = r->rank;
-          tr.node = r->node;
-          for (const auto& [pod, node] : node_by_pod)
-            if (!tr.node.empty() && node == tr.node) tr.pod = pod;
-        }
-        triggers.push_back(tr);
-      }
-    }
+    trig_in.restart_request = ann.value(kRestartRequestAnnotation, "");
+    trig_in.restart_detector = ann.value(kRestartDetectorAnnotation, "annotation");
+    trig_in.request_handled = status.value("restartRequestHandled", "");
   }
+  TriggerScan scan = scan_triggers(spec, trig_in);
+  std::vector<Trigger>& triggers = scan.triggers;
+  const std::vector<std::pair<std::string, bool>>& to_delete = scan.to_delete;  // (pod, force)
+  std::map<std::string, std::string>& node_by_pod = scan.node_by_pod;
+  const std::string restart_request = scan.restart_request;
+  if (!restart_request.empty()) status["restartRequestHandled"] = restart_request;
 
   {
     // Only survivors' peer-lost exits so far: the culprit's own report is usually a moment behind. Put the exits back

@@ -70,13 +70,6 @@ class Controller {
   kube::WorkQueue& queue() { return queue_; }
 
  private:
-  struct Trigger {
-    std::string reason, detail, pod, node, detector, uid;
-    int rank = -1;
-    bool permanent = false;
-    bool peer_lost = false;            // a survivor's exit kExitPeerLost, not the cause
-    std::chrono::milliseconds age{0};  // since the operator received the exit report
-  };
   struct PendingEvent {
     bool warning;
     std::string reason, message;
