@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,6 +28,14 @@ namespace railyard::op {
 
 // The restart request annotations (railyard.dev/restart-request, -detector, -handled) and the monitor's request JSON
 // are the contract in common/restart_request.h.
+
+// An event recorded once the reconcile's status is written.
+struct PendingEvent {
+  bool warning;
+  std::string reason, message;
+};
+
+struct Sync;  // one reconcile's state through the stages (sync.h)
 
 struct ControllerOptions {
   std::string ns;  // "" watches every namespace
@@ -70,10 +79,29 @@ class Controller {
   kube::WorkQueue& queue() { return queue_; }
 
  private:
-  struct PendingEvent {
-    bool warning;
-    std::string reason, message;
-  };
+  // The stages of reconcile (README.md in this folder). A stage returning a value has settled the job for this
+  // reconcile (Invalid, Suspended, Failed, Succeeded, or held): reconcile returns that requeue delay.
+  Sync observe(const std::string& key, Json job);                              // sync_observe.cc
+  std::optional<std::chrono::milliseconds> validate(Sync& s);                  // sync_decide.cc
+  std::optional<std::chrono::milliseconds> suspend_or_resume(Sync& s);         // sync_decide.cc
+  std::optional<std::chrono::milliseconds> check_deadline(Sync& s);            // sync_decide.cc
+  void observe_generation(Sync& s);                                            // sync_observe.cc
+  Completion completion_now(const Sync& s, const std::vector<Json>& job_pods,  // sync_decide.cc
+                            const std::optional<RendezvousService::Progress>& prog);
+  std::chrono::milliseconds complete(Sync& s, const Completion& c,
+                                     const std::optional<RendezvousService::Progress>& prog,
+                                     const std::vector<Json>& job_pods);
+  std::optional<RendezvousService::Progress> fresh_progress(const Sync& s);
+  std::optional<std::chrono::milliseconds> collect_triggers(Sync& s);  // sync_decide.cc
+  void replace_into_forming(Sync& s);                                  // sync_decide.cc
+  std::optional<std::chrono::milliseconds> restart_or_fail(Sync& s);   // sync_decide.cc
+  void start_generation(Sync& s);                                      // sync_act.cc
+  void create_pods(Sync& s);                                           // sync_act.cc
+  void bind_gang(Sync& s);                                             // sync_act.cc
+  std::optional<std::chrono::milliseconds> resize_world(Sync& s);      // sync_status.cc
+  void plan_world(Sync& s);                                            // sync_status.cc
+  void write_observed_status(Sync& s);                                 // sync_status.cc
+  void open_generation(Sync& s);                                       // sync_act.cc
 
   void enqueue(const std::string& key);
   void enqueue_all_jobs();
