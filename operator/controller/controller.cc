@@ -422,8 +422,8 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
   if (const FinishedJob done = finished_job(finished_facts(*fetched)); done.finished)
     return keep_finished(*fetched, done);
 
-  // Observe and decide. A stage that settles the job for now (Invalid, Suspended, Failed, Succeeded, a restart held
-  // for the culprit's report) returns the requeue delay.
+  // Observe and decide. A stage that settles the job for now (Invalid, Suspended, Failed, Succeeded) returns the
+  // requeue delay.
   Sync s = observe(key, std::move(*fetched));
   if (auto r = validate(s)) return *r;
   if (auto r = suspend_or_resume(s)) return *r;

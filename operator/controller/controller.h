@@ -80,7 +80,7 @@ class Controller {
 
  private:
   // The stages of reconcile (README.md in this folder). A stage returning a value has settled the job for this
-  // reconcile (Invalid, Suspended, Failed, Succeeded, or held): reconcile returns that requeue delay.
+  // reconcile (Invalid, Suspended, Failed, Succeeded): reconcile returns that requeue delay.
   Sync observe(const std::string& key, Json job);                              // sync_observe.cc
   std::optional<std::chrono::milliseconds> validate(Sync& s);                  // sync_decide.cc
   std::optional<std::chrono::milliseconds> suspend_or_resume(Sync& s);         // sync_decide.cc
