@@ -337,7 +337,7 @@ bool Monitor::request_restart(const kube::Json& job, const RestartRequest& req, 
              {"reason", req.reason},
              {"rank", std::to_string(req.rank)},
              {"node", req.node},
-             {"generation", std::to_string(req.generation)},
+             {"generation", std::to_string(req.generation.value_or(-1))},
              {"evidence", req.evidence}});
   return true;
 }

@@ -375,42 +375,6 @@ std::optional<Verdict> Evaluator::evaluate(const JobKey& job, int64_t generation
   return std::nullopt;
 }
 
-std::string format_restart_request(const RestartRequest& r) {
-  json j = json::object();
-  j["reason"] = r.reason;
-  j["rule"] = r.rule;
-  j["rank"] = r.rank;
-  j["node"] = r.node;
-  j["evidence"] = r.evidence;
-  j["generation"] = r.generation;
-  j["detector"] = r.detector;
-  j["source"] = r.source;
-  j["time"] = r.time;
-  if (!r.onset.empty()) j["onset"] = r.onset;
-  return j.dump();
-}
-
-std::optional<RestartRequest> parse_restart_request(const std::string& value) {
-  json j = json::parse(value, nullptr, false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("generation") || !j["generation"].is_number_integer())
-    return std::nullopt;
-  RestartRequest r;
-  r.generation = j["generation"].get<int64_t>();
-  auto str = [&](const char* k, std::string* out) {
-    if (j.contains(k) && j[k].is_string()) *out = j[k].get<std::string>();
-  };
-  str("reason", &r.reason);
-  str("rule", &r.rule);
-  str("node", &r.node);
-  str("evidence", &r.evidence);
-  str("detector", &r.detector);
-  str("source", &r.source);
-  str("time", &r.time);
-  str("onset", &r.onset);
-  if (j.contains("rank") && j["rank"].is_number_integer()) r.rank = j["rank"].get<int>();
-  return r;
-}
-
 RestartRequest request_from_verdict(const Verdict& v, const std::string& time) {
   RestartRequest r;
   r.reason = v.reason;

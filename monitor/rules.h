@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/restart_request.h"
 #include "monitor/samples.h"
 
 namespace railyard::monitor {
@@ -132,22 +133,9 @@ class Evaluator {
   std::map<JobKey, JobState> jobs_;
 };
 
-// The annotation contract (docs/monitor.md).
-inline constexpr const char* kRestartRequestAnnotation = "railyard.dev/restart-request";
-inline constexpr const char* kRestartDetectorAnnotation = "railyard.dev/restart-detector";
-inline constexpr const char* kExcludeNodesAnnotation = "railyard.dev/exclude-nodes";
+// The annotation contract (keys, RestartRequest, format and parse) is common/restart_request.h (docs/monitor.md).
 inline constexpr const char* kMetricsPortAnnotation = "railyard.dev/metrics-port";
 
-struct RestartRequest {
-  std::string reason, rule, node, evidence, detector = "monitor", source = "rules", time;
-  std::string
-      onset;  // when the condition began (RFC 3339): time to detect = time - onset; the alert's startsAt for webhooks
-  int rank = -1;
-  int64_t generation = 0;
-};
-std::string format_restart_request(const RestartRequest& r);  // compact JSON, stable key order
-// nullopt when the value is not a JSON object with an integer "generation" (e.g. a hand-written "now").
-std::optional<RestartRequest> parse_restart_request(const std::string& value);
 RestartRequest request_from_verdict(const Verdict& v, const std::string& time);
 // "a,b" + "c" -> "a,b,c" (no duplicates, empty parts dropped).
 std::string add_to_node_list(const std::string& list, const std::string& node);

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -16,16 +17,25 @@
 #include "common/kube/informer.h"
 #include "common/kube/work_queue.h"
 #include "common/metrics/metrics.h"
+#include "common/restart_request.h"
 #include "operator/controller/job_spec.h"
+#include "operator/controller/lifecycle.h"
 #include "operator/controller/placement.h"
 #include "operator/controller/pod_builder.h"
 #include "operator/rendezvous/rendezvous.h"
 
 namespace railyard::op {
 
-inline constexpr const char* kRestartRequestAnnotation = "railyard.dev/restart-request";
-inline constexpr const char* kRestartHandledAnnotation = "railyard.dev/restart-handled";
-inline constexpr const char* kRestartDetectorAnnotation = "railyard.dev/restart-detector";
+// The restart request annotations (railyard.dev/restart-request, -detector, -handled) and the monitor's request JSON
+// are the contract in common/restart_request.h.
+
+// An event recorded once the reconcile's status is written.
+struct PendingEvent {
+  bool warning;
+  std::string reason, message;
+};
+
+struct Sync;  // one reconcile's state through the stages (sync.h)
 
 struct ControllerOptions {
   std::string ns;  // "" watches every namespace
@@ -69,17 +79,29 @@ class Controller {
   kube::WorkQueue& queue() { return queue_; }
 
  private:
-  struct Trigger {
-    std::string reason, detail, pod, node, detector, uid;
-    int rank = -1;
-    bool permanent = false;
-    bool peer_lost = false;            // a survivor's exit kExitPeerLost, not the cause
-    std::chrono::milliseconds age{0};  // since the operator received the exit report
-  };
-  struct PendingEvent {
-    bool warning;
-    std::string reason, message;
-  };
+  // The stages of reconcile (README.md in this folder). A stage returning a value has settled the job for this
+  // reconcile (Invalid, Suspended, Failed, Succeeded): reconcile returns that requeue delay.
+  Sync observe(const std::string& key, Json job);                              // sync_observe.cc
+  std::optional<std::chrono::milliseconds> validate(Sync& s);                  // sync_decide.cc
+  std::optional<std::chrono::milliseconds> suspend_or_resume(Sync& s);         // sync_decide.cc
+  std::optional<std::chrono::milliseconds> check_deadline(Sync& s);            // sync_decide.cc
+  void observe_generation(Sync& s);                                            // sync_observe.cc
+  Completion completion_now(const Sync& s, const std::vector<Json>& job_pods,  // sync_decide.cc
+                            const std::optional<RendezvousService::Progress>& prog);
+  std::chrono::milliseconds complete(Sync& s, const Completion& c,
+                                     const std::optional<RendezvousService::Progress>& prog,
+                                     const std::vector<Json>& job_pods);
+  std::optional<RendezvousService::Progress> fresh_progress(const Sync& s);
+  std::optional<std::chrono::milliseconds> collect_triggers(Sync& s);  // sync_decide.cc
+  void replace_into_forming(Sync& s);                                  // sync_decide.cc
+  std::optional<std::chrono::milliseconds> restart_or_fail(Sync& s);   // sync_decide.cc
+  void start_generation(Sync& s);                                      // sync_act.cc
+  void create_pods(Sync& s);                                           // sync_act.cc
+  void bind_gang(Sync& s);                                             // sync_act.cc
+  std::optional<std::chrono::milliseconds> resize_world(Sync& s);      // sync_status.cc
+  void plan_world(Sync& s);                                            // sync_status.cc
+  void write_observed_status(Sync& s);                                 // sync_status.cc
+  void open_generation(Sync& s);                                       // sync_act.cc
 
   void enqueue(const std::string& key);
   void enqueue_all_jobs();
@@ -91,6 +113,8 @@ class Controller {
   Json write_status(const Json& job, const Json& status);
   std::chrono::milliseconds finish(const Json& job, const JobSpec& spec, Json& status, const Json& orig,
                                    std::vector<PendingEvent>& events, const std::vector<Json>& pods);
+  // A Succeeded or Failed job: clean up and expire it, report what was asked of it since, change nothing else.
+  std::chrono::milliseconds keep_finished(const Json& job, const FinishedJob& done);
   void emit(const Json& job, const std::vector<PendingEvent>& events);
   void delete_pod(const std::string& ns, const std::string& name, bool force);
   void forget_job(const std::string& key);

@@ -150,50 +150,8 @@ bool deterministic_accumulation_ok(const JobSpec& s, int dp) {
   return per_rank > 0 && (per_rank & (per_rank - 1)) == 0;
 }
 
-}  // namespace
-
-ParsedJob parse_job(const Json& job) {
-  ParsedJob out;
-  JobSpec& s = out.spec;
-  Checker c;
-  if (!job.is_object()) {
-    c.fail("metadata", "the object is not a JSON object", "apply a TrainingJob manifest");
-    out.violation = c.take();
-    return out;
-  }
-  // Type-checked reads: Json::value() throws on a non-object metadata or a non-string name, and nothing here throws.
-  const Json meta = job.contains("metadata") && job["metadata"].is_object() ? job["metadata"] : Json::object();
-  auto meta_string = [&meta](const char* key) {
-    return meta.contains(key) && meta[key].is_string() ? meta[key].get<std::string>() : std::string();
-  };
-  s.name = meta_string("name");
-  s.ns = meta_string("namespace");
-  if (s.name.size() > kMaxJobNameLength)
-    c.fail("metadata.name", "'" + s.name + "' is " + std::to_string(s.name.size()) + " characters long",
-           "use at most " + std::to_string(kMaxJobNameLength) + " so pod names and labels fit in 63");
-  if (!job.contains("spec") || !job["spec"].is_object()) {
-    c.fail("spec", "is missing or not an object", "give spec.model, spec.data and spec.training");
-    out.violation = c.take();
-    return out;
-  }
-  const Json& spec = job["spec"];
-
-  if (auto v = c.integer(spec, "replicas", "spec.replicas", 1, 100000)) s.replicas = static_cast<int>(*v);
-  if (auto v = c.integer(spec, "procsPerReplica", "spec.procsPerReplica", 1, 64))
-    s.procs_per_replica = static_cast<int>(*v);
-  if (auto v = c.string(spec, "device", "spec.device")) {
-    if (*v != "auto" && *v != "cpu" && *v != "cuda")
-      c.fail("spec.device", "'" + *v + "' is not a device", "use auto, cpu or cuda");
-    s.device = *v;
-  }
-  if (auto v = c.string(spec, "image", "spec.image")) s.image = *v;
-
-  Json elastic = c.object(spec, "elastic", "spec.elastic");
-  if (auto v = c.integer(elastic, "minReplicas", "spec.elastic.minReplicas", 1, 100000))
-    s.min_replicas = static_cast<int>(*v);
-  if (auto v = c.integer(elastic, "maxReplicas", "spec.elastic.maxReplicas", 1, 100000))
-    s.max_replicas = static_cast<int>(*v);
-
+// The sections of parse_job, in the order of the CRD.
+void parse_model(Checker& c, JobSpec& s, const Json& spec) {
   // Model.
   Json model = c.object(spec, "model", "spec.model");
   if (c.ok() && !spec.contains("model"))
@@ -239,7 +197,9 @@ ParsedJob parse_job(const Json& job) {
     c.fail("spec.model.moe.topK",
            std::to_string(s.moe.top_k) + " exceeds the " + std::to_string(s.moe.experts) + " experts",
            "use 1.." + std::to_string(s.moe.experts));
+}
 
+void parse_data_training(Checker& c, JobSpec& s, const Json& spec) {
   // Data.
   Json data = c.object(spec, "data", "spec.data");
   auto train = c.string(data, "train", "spec.data.train");
@@ -266,7 +226,9 @@ ParsedJob parse_job(const Json& job) {
              std::to_string(s.seq_len) + " exceeds the model's seqLen " + std::to_string(s.model.seq_len),
              "use at most " + std::to_string(s.model.seq_len) + " or a model with a longer context");
   }
+}
 
+void parse_parallelism_memory(Checker& c, JobSpec& s, const Json& spec) {
   // Parallelism.
   Json par = c.object(spec, "parallelism", "spec.parallelism");
   if (auto v = c.boolean(par, "auto", "spec.parallelism.auto")) s.auto_parallel = *v;
@@ -304,7 +266,9 @@ ParsedJob parse_job(const Json& job) {
       c.fail("spec.memory.offload", "'" + *v + "' is not one of none, optimizer", "use none or optimizer");
     s.offload = *v;
   }
+}
 
+void parse_checkpoint_policies(Checker& c, JobSpec& s, const Json& spec) {
   // Checkpoint and placement: types only (their semantics belong to the worker and the scheduler).
   Json ckpt = c.object(spec, "checkpoint", "spec.checkpoint");
   if (auto path = c.string(ckpt, "path", "spec.checkpoint.path")) s.checkpoint_path = *path;
@@ -370,7 +334,9 @@ ParsedJob parse_job(const Json& job) {
       }
     }
   }
+}
 
+void check_cross_fields(Checker& c, JobSpec& s) {
   // Cross-field checks.
   if (c.ok() && s.min_replicas && s.max_replicas && *s.min_replicas > *s.max_replicas)
     c.fail("spec.elastic.minReplicas",
@@ -442,6 +408,57 @@ ParsedJob parse_job(const Json& job) {
     c.fail("spec.parallelism.microBatches",
            std::to_string(*s.micro_batches) + " is fewer than the pipeline degree " + std::to_string(s.pipeline),
            "use at least " + std::to_string(s.pipeline) + " so every stage has work");
+}
+
+}  // namespace
+
+ParsedJob parse_job(const Json& job) {
+  ParsedJob out;
+  JobSpec& s = out.spec;
+  Checker c;
+  if (!job.is_object()) {
+    c.fail("metadata", "the object is not a JSON object", "apply a TrainingJob manifest");
+    out.violation = c.take();
+    return out;
+  }
+  // Type-checked reads: Json::value() throws on a non-object metadata or a non-string name, and nothing here throws.
+  const Json meta = job.contains("metadata") && job["metadata"].is_object() ? job["metadata"] : Json::object();
+  auto meta_string = [&meta](const char* key) {
+    return meta.contains(key) && meta[key].is_string() ? meta[key].get<std::string>() : std::string();
+  };
+  s.name = meta_string("name");
+  s.ns = meta_string("namespace");
+  if (s.name.size() > kMaxJobNameLength)
+    c.fail("metadata.name", "'" + s.name + "' is " + std::to_string(s.name.size()) + " characters long",
+           "use at most " + std::to_string(kMaxJobNameLength) + " so pod names and labels fit in 63");
+  if (!job.contains("spec") || !job["spec"].is_object()) {
+    c.fail("spec", "is missing or not an object", "give spec.model, spec.data and spec.training");
+    out.violation = c.take();
+    return out;
+  }
+  const Json& spec = job["spec"];
+
+  if (auto v = c.integer(spec, "replicas", "spec.replicas", 1, 100000)) s.replicas = static_cast<int>(*v);
+  if (auto v = c.integer(spec, "procsPerReplica", "spec.procsPerReplica", 1, 64))
+    s.procs_per_replica = static_cast<int>(*v);
+  if (auto v = c.string(spec, "device", "spec.device")) {
+    if (*v != "auto" && *v != "cpu" && *v != "cuda")
+      c.fail("spec.device", "'" + *v + "' is not a device", "use auto, cpu or cuda");
+    s.device = *v;
+  }
+  if (auto v = c.string(spec, "image", "spec.image")) s.image = *v;
+
+  Json elastic = c.object(spec, "elastic", "spec.elastic");
+  if (auto v = c.integer(elastic, "minReplicas", "spec.elastic.minReplicas", 1, 100000))
+    s.min_replicas = static_cast<int>(*v);
+  if (auto v = c.integer(elastic, "maxReplicas", "spec.elastic.maxReplicas", 1, 100000))
+    s.max_replicas = static_cast<int>(*v);
+
+  parse_model(c, s, spec);
+  parse_data_training(c, s, spec);
+  parse_parallelism_memory(c, s, spec);
+  parse_checkpoint_policies(c, s, spec);
+  check_cross_fields(c, s);
   out.violation = c.take();
   // With auto the planner picks the degrees the family checks need; plan_parallelism checks its choice.
   if (!out.violation && !s.auto_parallel) out.violation = check_family(s, s.replicas);

@@ -10,6 +10,35 @@ bool contains(const std::vector<std::string>& v, const std::string& s) {
 }
 }  // namespace
 
+FinishedJob finished_job(const FinishedFacts& f) {
+  FinishedJob out;
+  if (f.phase == "Succeeded" || f.phase == "Failed")
+    out.result = f.phase;
+  else if (f.succeeded_condition)
+    out.result = "Succeeded";
+  else if (f.failed_condition)
+    out.result = "Failed";
+  else
+    return out;
+  out.finished = true;
+  const std::string kept = ": the job already " + out.result +
+                           "; phase, conditions and status are kept (a finished job is not reopened: delete it and "
+                           "apply it again to run it again)";
+  if (f.observed_generation >= 0 && f.generation > f.observed_generation) {
+    out.spec_ignored = true;
+    out.ignored.push_back("spec change ignored (generation " + std::to_string(f.observed_generation) + " -> " +
+                          std::to_string(f.generation) + ")" + kept);
+  }
+  if (!f.restart_request.empty() && f.restart_request != f.restart_handled && f.restart_request != f.request_handled) {
+    out.restart_ignored = true;
+    // The monitor's request is JSON with its evidence: the event names its start.
+    const std::string req =
+        f.restart_request.size() > 120 ? f.restart_request.substr(0, 120) + "..." : f.restart_request;
+    out.ignored.push_back("restart request '" + req + "' ignored" + kept);
+  }
+  return out;
+}
+
 Completion job_completion(const CompletionSignals& s) {
   Completion c;
   if (s.generation <= 0) return c;

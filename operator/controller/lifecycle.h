@@ -1,6 +1,7 @@
-// Two decisions of the reconcile kept free of the API server so they can be tested alone: whether the job's current
-// generation already finished (completion wins over any resize or restart), and whether a pod lost while a restart's
-// generation is still forming is replaced into that generation instead of opening (and counting) another one.
+// Decisions of the reconcile kept free of the API server so they can be tested alone: whether a job has finished for
+// good (Succeeded and Failed are terminal), whether the job's current generation already finished (completion wins
+// over any resize or restart), and whether a pod lost while a restart's generation is still forming is replaced into
+// that generation instead of opening (and counting) another one.
 #pragma once
 
 #include <chrono>
@@ -10,6 +11,32 @@
 #include <vector>
 
 namespace railyard::op {
+
+// What decides whether a job has finished, and what was asked of it since.
+struct FinishedFacts {
+  std::string phase;                 // status.phase
+  bool succeeded_condition = false;  // condition Succeeded is True
+  bool failed_condition = false;     // condition Failed is True
+  int64_t generation = 0;            // metadata.generation (the spec's version)
+  int64_t observed_generation = -1;  // status.observedGeneration; -1 when absent
+  std::string restart_request;       // annotation railyard.dev/restart-request
+  std::string restart_handled;       // annotation railyard.dev/restart-handled
+  std::string request_handled;       // status.restartRequestHandled
+};
+
+struct FinishedJob {
+  bool finished = false;
+  std::string result;                // Succeeded or Failed
+  bool spec_ignored = false;         // the spec changed after the job finished (a scale, an edit, a suspend)
+  bool restart_ignored = false;      // a restart request arrived after the job finished
+  std::vector<std::string> ignored;  // one event message (reason IgnoredAfterFinish) per ignored request
+};
+
+// Succeeded and Failed are terminal, as for a Kubernetes Job: once status.phase (or, for a status an older operator
+// overwrote, condition Succeeded or Failed) says so, no spec change, scale or restart request reopens the job. The
+// reconcile keeps phase, conditions and the result in status; it only acknowledges what it ignored (observedGeneration,
+// the restart-handled annotation) and reports it, once, in an event.
+FinishedJob finished_job(const FinishedFacts& f);
 
 // What the controller can observe about the end of a generation. All of it is level state: pod phases from the API
 // server and the rendezvous service's record of the generation, never an event remembered by the operator.

@@ -51,11 +51,22 @@ std::optional<int64_t> parse_quantity_milli(const std::string& q) {
     return std::nullopt;
   }
   const std::string suffix = q.substr(i);
-  static const std::map<std::string, double> factors = {
-      {"", 1},         {"n", 1e-9},    {"u", 1e-6},       {"m", 1e-3},       {"k", 1e3},
-      {"M", 1e6},      {"G", 1e9},     {"T", 1e12},       {"P", 1e15},       {"E", 1e18},
-      {"Ki", 1024.0},  {"Mi", 1048576.0}, {"Gi", 1073741824.0}, {"Ti", 1099511627776.0},
-      {"Pi", 1125899906842624.0},    {"Ei", 1152921504606846976.0}};
+  static const std::map<std::string, double> factors = {{"", 1},
+                                                        {"n", 1e-9},
+                                                        {"u", 1e-6},
+                                                        {"m", 1e-3},
+                                                        {"k", 1e3},
+                                                        {"M", 1e6},
+                                                        {"G", 1e9},
+                                                        {"T", 1e12},
+                                                        {"P", 1e15},
+                                                        {"E", 1e18},
+                                                        {"Ki", 1024.0},
+                                                        {"Mi", 1048576.0},
+                                                        {"Gi", 1073741824.0},
+                                                        {"Ti", 1099511627776.0},
+                                                        {"Pi", 1125899906842624.0},
+                                                        {"Ei", 1152921504606846976.0}};
   double factor = 0;
   if (auto it = factors.find(suffix); it != factors.end()) {
     factor = it->second;
@@ -411,8 +422,7 @@ PlacementResult SimplePlacement::place(const PlacementRequest& req, const std::v
               " excluded by selector, affinity or taints, " + std::to_string(busy) +
               (req.gpus_per_pod > 0 ? " without " + std::to_string(req.gpus_per_pod) + " free GPUs"
                                     : " already running a worker pod") +
-              " or without room for the pod's requests" +
-              "); none bound";
+              " or without room for the pod's requests" + "); none bound";
   return r;
 }
 

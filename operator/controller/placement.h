@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/metrics/metrics.h"
+#include "common/restart_request.h"
 #include "operator/controller/job_spec.h"
 #include "operator/planner/cost_model.h"
 
@@ -38,7 +39,7 @@ struct NodeInfo {
   std::map<std::string, std::string> labels;
   Json taints = Json::array();
   int64_t gpu_allocatable = 0;
-  int64_t gpu_used = 0;        // requested by non-terminated pods bound here
+  int64_t gpu_used = 0;  // requested by non-terminated pods bound here
   // NodeResourcesFit, as kube-scheduler counts it: allocatable (status.allocatable, else capacity; a resource the node
   // does not list is 0, except pods: no limit) against the requests of every non-terminated pod bound here, Railyard's
   // or not. CPU in millicores, memory in bytes.
@@ -51,7 +52,7 @@ struct NodeInfo {
   std::string socket_ifname;  // railyard.dev/nccl-socket-ifname
 };
 
-inline constexpr const char* kExcludeNodesAnnotation = "railyard.dev/exclude-nodes";
+using railyard::kExcludeNodesAnnotation;  // common/restart_request.h: written by the monitor and the operator
 
 // The job as the planner sees it (operator/planner): the rail-aware scheduler scores candidate placements by the
 // step time the cost model predicts for the hop structure of each placement's groups. `cluster.topology` carries the

@@ -208,19 +208,9 @@ plan::Cluster plan_cluster(const JobSpec& spec, int replicas, const std::vector<
   return c;
 }
 
-AutoPlanOutcome plan_parallelism(const JobSpec& spec, int replicas, const std::vector<NodeInfo>& nodes) {
-  AutoPlanOutcome out;
-  auto invalid = [&out](const std::string& what) {
-    out.violation = Violation{"spec.parallelism.auto", "InvalidParallelismAuto", "spec.parallelism.auto: " + what};
-    return out;
-  };
-  plan::Job job = plan_job(spec);
-  plan::Cluster cluster;
-  try {
-    cluster = plan_cluster(spec, replicas, nodes);
-  } catch (const Error& e) {
-    return invalid(e.what());
-  }
+namespace {
+
+plan::SearchOptions search_options(const JobSpec& spec, const plan::Cluster& cluster) {
   // What the worker implements: dp/tp/pp with plain 1F1B, ZeRO 0-2, no interleaving, recomputation of all layers or
   // none, optimizer offload on the host. The search pins one ZeRO stage at a time so that stage 3 is never a
   // candidate; recompute and offload cost time, so the search picks them only when a layout does not fit without.
@@ -244,88 +234,43 @@ AutoPlanOutcome plan_parallelism(const JobSpec& spec, int replicas, const std::v
   // Experts compose with data and expert parallelism only (worker/main.cc): tensor and pipeline stay 1.
   if (spec.moe.experts > 0) o.tp = o.tp.value_or(1), o.pp = o.pp.value_or(1);
   if (spec.data) o.dp = *spec.data;
-  std::vector<plan::RankedPlan> plans;
-  std::optional<plan::Estimate> closest;
-  try {
-    for (int zero = 0; zero <= 2; ++zero) {
-      o.zero = zero;
-      plan::SearchResult r = plan::search(job, cluster, o);
-      plans.insert(plans.end(), r.plans.begin(), r.plans.end());
-      if (r.smallest_nonfitting && (!closest || r.smallest_nonfitting->memory.total() < closest->memory.total()))
-        closest = r.smallest_nonfitting;
-    }
-  } catch (const Error& e) {
-    return invalid(e.what());
-  }
-  // Nothing fits: long sequences may still run with each split over `cp` ranks (ring attention, no stored
-  // probabilities), where the worker runs it (dense, not deterministic, no sequence parallelism or offload).
-  std::optional<AutoPlan> context_plan;
-  if (plans.empty() && spec.moe.experts == 0 && !spec.deterministic && !spec.sequence_parallel &&
-      spec.offload != "optimizer" && !spec.data)
-    context_plan = plan_context(job, cluster, o);
-  if (plans.empty() && context_plan) {
-    AutoPlan p = *context_plan;
-    p.device = cluster.device.name;
-    const double step = p.estimate.time.step + p.ring_seconds;
-    p.message = "planned dp=" + std::to_string(p.layout.dp) + " context=" + std::to_string(p.context) +
-                " tp=" + std::to_string(p.layout.tp) + " pp=" + std::to_string(p.layout.pp) +
-                " microBatch=" + std::to_string(p.layout.micro_batch) + " zero=" + std::to_string(p.layout.zero) +
-                " recompute=" + plan::to_string(p.layout.recompute) + " on " + std::to_string(cluster.gpus) + " x " +
-                p.device + " (no layout fits without context parallelism): predicted step " + seconds_text(step) +
-                ", " + bytes_text(p.estimate.memory.total()) + " per device";
-    p.status = {{"device", p.device},
-                {"data", p.layout.dp},
-                {"tensor", p.layout.tp},
-                {"pipeline", p.layout.pp},
-                {"context", p.context},
-                {"microBatch", p.layout.micro_batch},
-                {"zero", p.layout.zero},
-                {"replicas", replicas},
-                {"recompute", plan::to_string(p.layout.recompute)},
-                {"offload", "none"},
-                {"predictedStepSeconds", step},
-                {"predictedTokensPerSecond", double(spec.global_batch) * job.model.seq / step},
-                {"predictedMemoryBytesPerDevice", p.estimate.memory.total()},
-                {"predictedRingSeconds", p.ring_seconds}};
-    JobSpec planned = spec;
-    apply_plan(planned, p);
-    if (std::optional<Violation> v = check_family(planned, replicas)) {
-      out.violation = *v;
-      return out;
-    }
-    out.plan = std::move(p);
-    return out;
-  }
-  if (plans.empty()) {
-    std::string why = "no layout of " + std::to_string(cluster.gpus) + " x " + cluster.device.name + " (" +
-                      std::to_string(replicas) + " pods x " + std::to_string(spec.procs_per_replica) +
-                      " procs) runs this model with globalBatch " + std::to_string(spec.global_batch) +
-                      " using dp/tp/pp and ZeRO 0-2" +
-                      (spec.deterministic ? " with a power-of-two accumulation per rank (deterministic)" : "");
-    if (closest)
-      why += "; the closest (" + plan::describe(closest->layout) + ") needs " + bytes_text(closest->memory.total()) +
-             " per device of " + bytes_text(closest->memory_capacity);
-    else
-      why += "; no layout is valid (degrees must divide heads, layers, the world and the batch)";
-    return invalid(why + ": add replicas, use a smaller model or a different globalBatch, or give the degrees");
-  }
-  // Stable: equal step times keep the lower ZeRO stage (less communication for the same prediction).
-  std::stable_sort(plans.begin(), plans.end(), [](const plan::RankedPlan& a, const plan::RankedPlan& b) {
-    return a.estimate.time.step < b.estimate.time.step;
-  });
-  AutoPlan p;
-  p.estimate = plans[0].estimate;
-  p.layout = p.estimate.layout;
-  if (spec.moe.experts > 0) {
-    ExpertChoice ec = choose_experts(spec, job, cluster, p.estimate);
-    if (!ec.plan) return invalid(*ec.why_not);
-    p.experts = ec.plan;
-  }
+  return o;
+}
+
+// The message and status of a context-parallel plan (nothing fits without).
+AutoPlan described_context_plan(AutoPlan p, const JobSpec& spec, const plan::Job& job, const plan::Cluster& cluster,
+                                int replicas) {
+  p.device = cluster.device.name;
+  const double step = p.estimate.time.step + p.ring_seconds;
+  p.message = "planned dp=" + std::to_string(p.layout.dp) + " context=" + std::to_string(p.context) +
+              " tp=" + std::to_string(p.layout.tp) + " pp=" + std::to_string(p.layout.pp) +
+              " microBatch=" + std::to_string(p.layout.micro_batch) + " zero=" + std::to_string(p.layout.zero) +
+              " recompute=" + plan::to_string(p.layout.recompute) + " on " + std::to_string(cluster.gpus) + " x " +
+              p.device + " (no layout fits without context parallelism): predicted step " + seconds_text(step) + ", " +
+              bytes_text(p.estimate.memory.total()) + " per device";
+  p.status = {{"device", p.device},
+              {"data", p.layout.dp},
+              {"tensor", p.layout.tp},
+              {"pipeline", p.layout.pp},
+              {"context", p.context},
+              {"microBatch", p.layout.micro_batch},
+              {"zero", p.layout.zero},
+              {"replicas", replicas},
+              {"recompute", plan::to_string(p.layout.recompute)},
+              {"offload", "none"},
+              {"predictedStepSeconds", step},
+              {"predictedTokensPerSecond", double(spec.global_batch) * job.model.seq / step},
+              {"predictedMemoryBytesPerDevice", p.estimate.memory.total()},
+              {"predictedRingSeconds", p.ring_seconds}};
+  return p;
+}
+
+void plan_mixed_types(const JobSpec& spec, const std::vector<NodeInfo>& nodes, const plan::Job& job,
+                      const plan::Cluster& cluster, const plan::SearchOptions& o, int replicas, AutoPlan& p,
+                      std::optional<MixedSplit>& mixed, double& mixed_step) {
   // Mixed GPU types: the best layout above runs with the even split, paced by the slowest type; plain data
   // parallelism (what the worker's --dp-split runs) can split the batch in proportion to speed instead. Keep the
   // faster of the two predictions.
-  std::optional<MixedSplit> mixed;
-  double mixed_step = 0;
   if (const auto types = gpu_types(spec, nodes); types.size() > 1) {
     const std::vector<std::string> pod_types = expected_pod_types(types, replicas);
     double even = 0;
@@ -365,6 +310,12 @@ AutoPlanOutcome plan_parallelism(const JobSpec& spec, int replicas, const std::v
     }
     if (mixed) mixed->status["expectedPods"] = pod_types;
   }
+}
+
+// The message and status of the chosen plan: prediction, runner-up, experts, mixed GPU types.
+void describe_plan(const JobSpec& spec, const plan::Job& job, const plan::Cluster& cluster,
+                   const std::vector<plan::RankedPlan>& plans, int replicas, const std::optional<MixedSplit>& mixed,
+                   double mixed_step, AutoPlan& p) {
   p.device = cluster.device.name;
   const plan::Estimate& e = p.estimate;
   p.message = "planned dp=" + std::to_string(p.layout.dp) + " tp=" + std::to_string(p.layout.tp) +
@@ -418,6 +369,83 @@ AutoPlanOutcome plan_parallelism(const JobSpec& spec, int replicas, const std::v
                  (mixed->dp_split.empty() ? "even split (" + mixed->why_even + ")"
                                           : "batch split by speed, predicted step " + seconds_text(mixed_step));
   }
+}
+
+}  // namespace
+
+AutoPlanOutcome plan_parallelism(const JobSpec& spec, int replicas, const std::vector<NodeInfo>& nodes) {
+  AutoPlanOutcome out;
+  auto invalid = [&out](const std::string& what) {
+    out.violation = Violation{"spec.parallelism.auto", "InvalidParallelismAuto", "spec.parallelism.auto: " + what};
+    return out;
+  };
+  plan::Job job = plan_job(spec);
+  plan::Cluster cluster;
+  try {
+    cluster = plan_cluster(spec, replicas, nodes);
+  } catch (const Error& e) {
+    return invalid(e.what());
+  }
+  plan::SearchOptions o = search_options(spec, cluster);
+  std::vector<plan::RankedPlan> plans;
+  std::optional<plan::Estimate> closest;
+  try {
+    for (int zero = 0; zero <= 2; ++zero) {
+      o.zero = zero;
+      plan::SearchResult r = plan::search(job, cluster, o);
+      plans.insert(plans.end(), r.plans.begin(), r.plans.end());
+      if (r.smallest_nonfitting && (!closest || r.smallest_nonfitting->memory.total() < closest->memory.total()))
+        closest = r.smallest_nonfitting;
+    }
+  } catch (const Error& e) {
+    return invalid(e.what());
+  }
+  // Nothing fits: long sequences may still run with each split over `cp` ranks (ring attention, no stored
+  // probabilities), where the worker runs it (dense, not deterministic, no sequence parallelism or offload).
+  std::optional<AutoPlan> context_plan;
+  if (plans.empty() && spec.moe.experts == 0 && !spec.deterministic && !spec.sequence_parallel &&
+      spec.offload != "optimizer" && !spec.data)
+    context_plan = plan_context(job, cluster, o);
+  if (plans.empty() && context_plan) {
+    AutoPlan p = described_context_plan(*context_plan, spec, job, cluster, replicas);
+    JobSpec planned = spec;
+    apply_plan(planned, p);
+    if (std::optional<Violation> v = check_family(planned, replicas)) {
+      out.violation = *v;
+      return out;
+    }
+    out.plan = std::move(p);
+    return out;
+  }
+  if (plans.empty()) {
+    std::string why = "no layout of " + std::to_string(cluster.gpus) + " x " + cluster.device.name + " (" +
+                      std::to_string(replicas) + " pods x " + std::to_string(spec.procs_per_replica) +
+                      " procs) runs this model with globalBatch " + std::to_string(spec.global_batch) +
+                      " using dp/tp/pp and ZeRO 0-2" +
+                      (spec.deterministic ? " with a power-of-two accumulation per rank (deterministic)" : "");
+    if (closest)
+      why += "; the closest (" + plan::describe(closest->layout) + ") needs " + bytes_text(closest->memory.total()) +
+             " per device of " + bytes_text(closest->memory_capacity);
+    else
+      why += "; no layout is valid (degrees must divide heads, layers, the world and the batch)";
+    return invalid(why + ": add replicas, use a smaller model or a different globalBatch, or give the degrees");
+  }
+  // Stable: equal step times keep the lower ZeRO stage (less communication for the same prediction).
+  std::stable_sort(plans.begin(), plans.end(), [](const plan::RankedPlan& a, const plan::RankedPlan& b) {
+    return a.estimate.time.step < b.estimate.time.step;
+  });
+  AutoPlan p;
+  p.estimate = plans[0].estimate;
+  p.layout = p.estimate.layout;
+  if (spec.moe.experts > 0) {
+    ExpertChoice ec = choose_experts(spec, job, cluster, p.estimate);
+    if (!ec.plan) return invalid(*ec.why_not);
+    p.experts = ec.plan;
+  }
+  std::optional<MixedSplit> mixed;
+  double mixed_step = 0;
+  plan_mixed_types(spec, nodes, job, cluster, o, replicas, p, mixed, mixed_step);
+  describe_plan(spec, job, cluster, plans, replicas, mixed, mixed_step, p);
   // What the worker refuses (e.g. sequenceParallel's token split) on the planned world.
   JobSpec planned = spec;
   apply_plan(planned, p);

@@ -138,3 +138,70 @@ TEST_CASE("a restart caused only by survivors' peer-lost exits is held for the c
   CHECK(hold_for_culprit({permanent}, grace) == milliseconds(0));
   CHECK(hold_for_culprit({}, grace) == milliseconds(0));
 }
+
+TEST_CASE("Succeeded and Failed are terminal: later spec changes and restart requests are ignored and reported") {
+  // The job a `kubectl scale` reopened on the local cluster: Succeeded in generation 1 (spec version 1), then the spec
+  // went to version 2 (replicas 1 -> 2) and a restart request arrived.
+  FinishedFacts f;
+  f.phase = "Running";
+  f.generation = 2;
+  f.observed_generation = 1;
+  f.restart_request = "r1";
+  CHECK_FALSE(finished_job(f).finished);  // a running job follows its spec
+
+  f.phase = "Succeeded";
+  f.succeeded_condition = true;
+  FinishedJob d = finished_job(f);
+  CHECK(d.finished);
+  CHECK(d.result == "Succeeded");
+  CHECK(d.spec_ignored);
+  CHECK(d.restart_ignored);
+  REQUIRE(d.ignored.size() == 2);
+  CHECK(d.ignored[0].find("generation 1 -> 2") != std::string::npos);
+  CHECK(d.ignored[0].find("already Succeeded") != std::string::npos);
+  CHECK(d.ignored[1].find("'r1'") != std::string::npos);
+
+  // Once acknowledged (observedGeneration, the restart-handled annotation), nothing more is reported.
+  f.observed_generation = 2;
+  f.restart_handled = "r1";
+  d = finished_job(f);
+  CHECK(d.finished);
+  CHECK_FALSE(d.spec_ignored);
+  CHECK_FALSE(d.restart_ignored);
+  CHECK(d.ignored.empty());
+  // A request the job handled while it ran (status.restartRequestHandled) is not a new one either.
+  f.restart_handled = "";
+  f.request_handled = "r1";
+  CHECK(finished_job(f).ignored.empty());
+  // A status without observedGeneration (written by an older operator) reports no spec change.
+  f.observed_generation = -1;
+  f.generation = 7;
+  CHECK_FALSE(finished_job(f).spec_ignored);
+
+  // Failed is terminal too; the event's request text is cut short (the monitor's JSON carries its evidence).
+  FinishedFacts g;
+  g.phase = "Failed";
+  g.failed_condition = true;
+  g.generation = 1;
+  g.observed_generation = 1;
+  g.restart_request = std::string(300, 'x');
+  d = finished_job(g);
+  CHECK(d.result == "Failed");
+  CHECK(d.restart_ignored);
+  REQUIRE(d.ignored.size() == 1);
+  CHECK(d.ignored[0].size() < 300);
+
+  // A status an older operator overwrote with Invalid while condition Succeeded stayed True is still finished.
+  FinishedFacts h;
+  h.phase = "Invalid";
+  h.succeeded_condition = true;
+  d = finished_job(h);
+  CHECK(d.finished);
+  CHECK(d.result == "Succeeded");
+  // Invalid, Suspended and the rest are not terminal.
+  for (const char* p : {"Invalid", "Suspended", "Restarting", "Resizing", "Pending", ""}) {
+    FinishedFacts x;
+    x.phase = p;
+    CHECK_FALSE(finished_job(x).finished);
+  }
+}

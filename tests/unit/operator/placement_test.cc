@@ -94,10 +94,9 @@ TEST_CASE("quantities parse as Kubernetes writes them") {
 
 TEST_CASE("pod requests: containers summed, a limit stands in for a missing request, init containers' max") {
   Json p = {{"spec",
-             {{"containers",
-               Json::array({{{"resources", {{"requests", {{"cpu", "500m"}, {"memory", "1Gi"}}}}}},
-                            {{"resources", {{"limits", {{"cpu", "1"}, {"memory", "512Mi"}}}}}},
-                            Json::object()})},
+             {{"containers", Json::array({{{"resources", {{"requests", {{"cpu", "500m"}, {"memory", "1Gi"}}}}}},
+                                          {{"resources", {{"limits", {{"cpu", "1"}, {"memory", "512Mi"}}}}}},
+                                          Json::object()})},
               {"initContainers", Json::array({{{"resources", {{"requests", {{"cpu", "3"}}}}}}})}}}};
   PodRequests r = pod_requests(p);
   CHECK(r.cpu_milli == 3000);  // the init container's 3 CPUs exceed the 1.5 of the containers

@@ -1,0 +1,66 @@
+// The restart request contract (common/restart_request.h): what the monitor writes, the operator reads back.
+#include "common/restart_request.h"
+
+#include <doctest/doctest.h>
+
+using namespace railyard;
+
+TEST_CASE("restart request: every field survives format and parse") {
+  RestartRequest r;
+  r.reason = "Straggler";
+  r.rule = "straggler";
+  r.node = "gpu-3";
+  r.evidence = "rank 2 takes 3.1x the median step time, \"quoted\", é";
+  r.detector = "monitor";
+  r.source = "alertmanager";
+  r.time = "2026-11-28T03:00:05Z";
+  r.onset = "2026-11-28T03:00:00Z";
+  r.rank = 2;
+  r.generation = 7;
+  const std::string s = format_restart_request(r);
+  CHECK(s == format_restart_request(r));  // stable: the monitor compares values to find its own request
+  auto back = parse_restart_request(s);
+  REQUIRE(back);
+  CHECK(back->reason == r.reason);
+  CHECK(back->rule == r.rule);
+  CHECK(back->node == r.node);
+  CHECK(back->evidence == r.evidence);
+  CHECK(back->detector == r.detector);
+  CHECK(back->source == r.source);
+  CHECK(back->time == r.time);
+  CHECK(back->onset == r.onset);
+  CHECK(back->rank == 2);
+  REQUIRE(back->generation);
+  CHECK(*back->generation == 7);
+  CHECK(format_restart_request(*back) == s);
+
+  // Unset onset and generation are left out, and come back unset.
+  RestartRequest bare;
+  const nlohmann::json j = nlohmann::json::parse(format_restart_request(bare));
+  CHECK_FALSE(j.contains("onset"));
+  CHECK_FALSE(j.contains("generation"));
+  CHECK(j["rank"] == -1);
+  back = parse_restart_request(format_restart_request(bare));
+  REQUIRE(back);
+  CHECK_FALSE(back->generation);
+  CHECK(back->onset.empty());
+}
+
+TEST_CASE("restart request: hand-written values") {
+  CHECK_FALSE(parse_restart_request("now"));
+  CHECK_FALSE(parse_restart_request(""));
+  CHECK_FALSE(parse_restart_request("[1,2]"));
+  CHECK_FALSE(parse_restart_request("\"text\""));
+  // An object with fields of the wrong type keeps its defaults: it still requests a restart, with no details.
+  auto r = parse_restart_request(R"({"rank":"2","node":3,"generation":"1","reason":"Hang"})");
+  REQUIRE(r);
+  CHECK(r->rank == -1);
+  CHECK(r->node.empty());
+  CHECK_FALSE(r->generation);
+  CHECK(r->reason == "Hang");
+  CHECK(r->detector.empty());  // not claimed for the monitor
+  CHECK(std::string(kRestartRequestAnnotation) == "railyard.dev/restart-request");
+  CHECK(std::string(kRestartHandledAnnotation) == "railyard.dev/restart-handled");
+  CHECK(std::string(kRestartDetectorAnnotation) == "railyard.dev/restart-detector");
+  CHECK(std::string(kExcludeNodesAnnotation) == "railyard.dev/exclude-nodes");
+}

@@ -1,0 +1,173 @@
+// Why a job restarts (operator/controller/restart_triggers.h): the triggers one reconcile finds in pods, nodes,
+// worker exits and the restart request annotation, without a server.
+#include "operator/controller/restart_triggers.h"
+
+#include <doctest/doctest.h>
+
+#include "operator/controller/pod_builder.h"
+#include "tests/unit/operator/job_fixture.h"
+
+using namespace railyard::op;
+using railyard::op::testing::valid_job;
+
+namespace {
+
+JobSpec two_replicas() {
+  ParsedJob p = parse_job(valid_job());
+  REQUIRE_FALSE(p.violation);
+  return p.spec;
+}
+
+Json pod(const std::string& name, const std::string& uid, const std::string& node, const std::string& phase) {
+  Json p = {
+      {"metadata", {{"name", name}, {"uid", uid}}}, {"spec", {{"nodeName", node}}}, {"status", {{"phase", phase}}}};
+  return p;
+}
+
+TriggerInputs running_job() {
+  TriggerInputs in;
+  in.name = "tiny";
+  in.generation = 3;
+  in.pods_by_index = {{0, pod("tiny-worker-0", "u0", "n0", "Running")},
+                      {1, pod("tiny-worker-1", "u1", "n1", "Running")}};
+  in.world = {"tiny-worker-0", "tiny-worker-1"};
+  in.was_running = true;
+  in.node_ready = {{"n0", true}, {"n1", true}};
+  in.now = std::chrono::steady_clock::now();
+  return in;
+}
+
+}  // namespace
+
+TEST_CASE("a healthy running job has no trigger") {
+  TriggerScan s = scan_triggers(two_replicas(), running_job());
+  CHECK(s.triggers.empty());
+  CHECK(s.to_delete.empty());
+  CHECK(s.node_by_pod.at("tiny-worker-1") == "n1");
+  CHECK(s.restart_request.empty());
+}
+
+TEST_CASE("lost, failed, deleted pods and lost or excluded nodes") {
+  const JobSpec spec = two_replicas();
+  TriggerInputs in = running_job();
+  in.pods_by_index.erase(1);
+  TriggerScan s = scan_triggers(spec, in);
+  REQUIRE(s.triggers.size() == 1);
+  CHECK(s.triggers[0].reason == "PodLost");
+  CHECK(s.triggers[0].rank == 1);
+  // A pod the job grows into (not in the world yet), or lost while a restart forms, is not a loss.
+  in.world = {"tiny-worker-0"};
+  CHECK(scan_triggers(spec, in).triggers.empty());
+  in = running_job();
+  in.in_transition = true;
+  in.pods_by_index.erase(1);
+  CHECK(scan_triggers(spec, in).triggers.empty());
+
+  in = running_job();
+  in.pods_by_index[1]["status"] = {
+      {"phase", "Failed"},
+      {"containerStatuses", {{{"name", "worker"}, {"state", {{"terminated", {{"exitCode", 3}}}}}}}}};
+  s = scan_triggers(spec, in);
+  REQUIRE(s.triggers.size() == 1);
+  CHECK(s.triggers[0].reason == "PodFailed");
+  CHECK(s.triggers[0].permanent);  // 1-127 are permanent without lists
+  CHECK(s.triggers[0].uid == "u1");
+  REQUIRE(s.to_delete.size() == 1);
+  CHECK(s.to_delete[0] == std::pair<std::string, bool>{"tiny-worker-1", true});
+  // Handled by an earlier restart: no trigger, but the failed pod still goes.
+  in.handled_uids = {"u1"};
+  s = scan_triggers(spec, in);
+  CHECK(s.triggers.empty());
+  CHECK(s.to_delete.size() == 1);
+
+  in = running_job();
+  in.pods_by_index[0]["metadata"]["deletionTimestamp"] = "2026-11-28T03:00:00Z";
+  s = scan_triggers(spec, in);
+  REQUIRE(s.triggers.size() == 1);
+  CHECK(s.triggers[0].reason == "PodDeleted");
+  CHECK(s.to_delete.empty());
+
+  in = running_job();
+  in.node_ready["n0"] = false;
+  in.node_ready.erase("n1");
+  s = scan_triggers(spec, in);
+  REQUIRE(s.triggers.size() == 2);
+  CHECK(s.triggers[0].reason == "NodeLost");
+  CHECK(s.triggers[0].detail.find("not Ready") != std::string::npos);
+  CHECK(s.triggers[1].detail.find("gone") != std::string::npos);
+  CHECK(s.to_delete.size() == 2);
+
+  in = running_job();
+  in.excluded_nodes = {"n1"};
+  s = scan_triggers(spec, in);
+  REQUIRE(s.triggers.size() == 1);
+  CHECK(s.triggers[0].reason == "NodeExcluded");
+  CHECK(s.triggers[0].node == "n1");
+
+  // Generation 0 (never started): nothing can fail.
+  in = running_job();
+  in.generation = 0;
+  in.pods_by_index.clear();
+  CHECK(scan_triggers(spec, in).triggers.empty());
+}
+
+TEST_CASE("worker exits of the current generation") {
+  const JobSpec spec = two_replicas();
+  TriggerInputs in = running_job();
+  auto exit_of = [&](int64_t gen, int code, int sig, const std::string& reason) {
+    railyard::op::WorkerExit e;
+    e.generation = gen;
+    e.pod = "tiny-worker-1";
+    e.global_rank = 1;
+    e.exit_code = code;
+    e.signal = sig;
+    e.reason = reason;
+    e.received = in.now - std::chrono::milliseconds(400);
+    return e;
+  };
+  in.exits = {exit_of(2, 137, 0, "exited"),  // an older generation
+              exit_of(3, 0, 0, "exited"),    // a clean exit
+              exit_of(3, 0, 0, "stopped"),   // stopped by the agent
+              exit_of(3, -1, 9, "exited"),   // killed
+              exit_of(3, 200, 0, "exited"),  // a survivor whose peer went away
+              exit_of(3, 0, 0, "agent_restarted")};
+  TriggerScan s = scan_triggers(spec, in);
+  REQUIRE(s.triggers.size() == 3);
+  CHECK(s.triggers[0].reason == "WorkerExit");
+  CHECK(s.triggers[0].detail.find("signal 9") != std::string::npos);
+  CHECK_FALSE(s.triggers[0].permanent);
+  CHECK(s.triggers[0].node == "n1");
+  CHECK(s.triggers[0].age == std::chrono::milliseconds(400));
+  CHECK(s.triggers[1].peer_lost);
+  CHECK(s.triggers[2].reason == "AgentRestarted");
+}
+
+TEST_CASE("a restart request acts once and names the monitor's rank and node") {
+  const JobSpec spec = two_replicas();
+  TriggerInputs in = running_job();
+  in.restart_request = R"({"reason":"Hang","rank":1,"node":"n1","generation":3})";
+  in.restart_detector = "monitor";
+  TriggerScan s = scan_triggers(spec, in);
+  REQUIRE(s.triggers.size() == 1);
+  CHECK(s.triggers[0].reason == "RestartRequested");
+  CHECK(s.triggers[0].detector == "monitor");
+  CHECK(s.triggers[0].rank == 1);
+  CHECK(s.triggers[0].pod == "tiny-worker-1");
+  CHECK(s.restart_request == in.restart_request);
+  // Handled already: nothing.
+  in.request_handled = in.restart_request;
+  s = scan_triggers(spec, in);
+  CHECK(s.triggers.empty());
+  CHECK(s.restart_request.empty());
+  // A hand-written value restarts too, with no rank or pod; before the first generation it is only recorded.
+  in.restart_request = "now";
+  in.restart_detector = "annotation";
+  s = scan_triggers(spec, in);
+  REQUIRE(s.triggers.size() == 1);
+  CHECK(s.triggers[0].rank == -1);
+  CHECK(s.triggers[0].pod.empty());
+  in.generation = 0;
+  s = scan_triggers(spec, in);
+  CHECK(s.triggers.empty());
+  CHECK(s.restart_request == "now");
+}
