@@ -135,8 +135,10 @@ opn=$reln-operator
 check "namespace scope: operator may list trainingjobs in $team" can yes "$opn" list trainingjobs.railyard.dev -n "$team"
 check "namespace scope: operator may create pods in $team" can yes "$opn" create pods -n "$team"
 check "namespace scope: operator may still list nodes" can yes "$opn" list nodes
-check "namespace scope: operator may not list trainingjobs cluster-wide" can no "$opn" list trainingjobs.railyard.dev -A
+# NodeResourcesFit: every pod bound to a node counts, whatever its namespace (read only).
+for v in list watch; do check "namespace scope: operator may $v pods cluster-wide" can yes "$opn" "$v" pods -A; done
 check "namespace scope: operator may not create pods in default" can no "$opn" create pods -n default
+check "namespace scope: operator may not list trainingjobs cluster-wide" can no "$opn" list trainingjobs.railyard.dev -A
 check "namespace scope: operator may not get secrets in default" can no "$opn" get secrets -n default
 check "namespace scope: monitor may not list pods (Prometheus mode)" can no "$reln-monitor" list pods -n "$team"
 check "namespace scope: monitor may patch trainingjobs in $team" can yes "$reln-monitor" patch trainingjobs.railyard.dev -n "$team"

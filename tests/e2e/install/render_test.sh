@@ -105,10 +105,11 @@ check "kustomize: the Namespace railyard-system with restricted Pod Security" q 
 # --- non-default value sets ----------------------------------------------------------------------------------------
 render "$work/ns.yaml" -f "$values_dir/namespace-scope.yaml" || fail "namespace-scope.yaml does not render"
 objects "$work/ns.yaml" >"$work/ns.json"
-check "namespace scope: operator and monitor Roles in team-a, cluster-wide only reading nodes" q '
+check "namespace scope: operator and monitor Roles in team-a, cluster-wide only reading nodes and pods" q '
   ([.[] | select(.kind == "Role" and .metadata.namespace == "team-a") | .metadata.name] | sort)
     == ["railyard-monitor","railyard-operator"]
-  and ([.[] | select(.kind == "ClusterRole") | .rules[] | [.resources, .verbs]] == [[["nodes"], ["get","list","watch"]]])' \
+  and ([.[] | select(.kind == "ClusterRole") | .rules[] | [.resources, .verbs]]
+    == [[["nodes"], ["get","list","watch"]], [["pods"], ["list","watch"]]])' \
   "$work/ns.json"
 check "namespace scope: operator and monitor watch team-a; monitor queries Prometheus, needs no pods rule" q '
   ([.[] | select(.kind == "Deployment") | .spec.template.spec.containers[0].args | index("--namespace=team-a")]
