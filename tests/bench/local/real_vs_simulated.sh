@@ -75,7 +75,7 @@ sys.exit(1)') || return 1
 trainer_kill() { # kind pod
   if [ "$1" = real ]; then
     kubectl exec "$2" -n bench -- sh -c 'for d in /proc/[0-9]*; do
-      tr "\0" " " <"$d/cmdline" 2>/dev/null | grep -q "[r]ailyard-worker train" && kill -9 "${d#/proc/}"; done'
+      tr "\0" " " <"$d/cmdline" 2>/dev/null | grep -q "[r]ailyard-worker train" && kill -9 "${d#/proc/}"; done; true'
   else
     local uid agent
     uid=$(kubectl get pod "$2" -n bench -o jsonpath='{.metadata.uid}')
