@@ -10,7 +10,8 @@
 #   4. kill -9 of the trainer inside its container: in-place restart (same pod, generation 2) from the in-memory
 #      tier, and the job still Succeeds with every step done;
 #   5. a lost node (its kubelet, containerd and containers stopped): the operator replaces the pod on the other node
-#      and the job Succeeds from its last checkpoint.
+#      and the job Succeeds from its last checkpoint;
+#   6. the GPU example as shipped is accepted and waits, its Scheduled condition naming the missing nvidia.com/gpu.
 set -euo pipefail
 src=${RAILYARD_SOURCE_DIR:?}
 bin=${RAILYARD_BIN_DIR:?}
@@ -155,4 +156,14 @@ wait_phase fit Succeeded 400
 [ "$(jp fit '{.status.progress}')" = "2000/2000" ] || fail "fit progress $(jp fit '{.status.progress}'), want 2000/2000"
 [ "$(jp fit '{.status.restarts}')" = 2 ] || fail "fit restarts $(jp fit '{.status.restarts}'), want 2"
 bash "$cluster" start-node ry-real-1 --state-dir "$state" >/dev/null
+
+# --- 6. the GPU example on nodes without GPUs --------------------------------------------------------------
+kubectl apply -n "$ns" -f "$src/deploy/examples/gpt2-350m-h100.yaml" >/dev/null
+gmsg() { kubectl get tj gpt2-350m -n "$ns" -o jsonpath='{.status.conditions[?(@.type=="Scheduled")].message}' 2>/dev/null; }
+wait_for 60 "gpt2-350m's Scheduled condition" sh -c "kubectl get tj gpt2-350m -n $ns -o jsonpath='{.status.conditions[?(@.type==\"Scheduled\")].status}' | grep -q False"
+case "$(gmsg)" in *"nvidia.com/gpu"*) ;; *) fail "gpt2-350m waits without naming the missing GPUs: '$(gmsg)'" ;; esac
+[ "$(jp gpt2-350m '{.status.phase}')" != Invalid ] || fail "gpt2-350m is Invalid: $(jp gpt2-350m '{.status.conditions}')"
+[ -z "$(kubectl get pods -n "$ns" -l railyard.dev/job=gpt2-350m -o jsonpath='{.items[?(@.spec.nodeName)].metadata.name}')" ] ||
+  fail "a gpt2-350m pod was bound to a node without GPUs"
+log "gpt2-350m-h100 example: accepted, waiting: $(gmsg)"
 log "real nodes e2e: ok ($((SECONDS - t_all)) s)"
