@@ -377,7 +377,7 @@ PlacementResult SimplePlacement::place(const PlacementRequest& req, const std::v
   std::sort(sorted.begin(), sorted.end(), [&](auto* a, auto* b) {
     return std::pair(req.avoided_nodes.count(a->name), a->name) < std::pair(req.avoided_nodes.count(b->name), b->name);
   });
-  int not_ready = 0, busy = 0, filtered = 0, excluded = 0;
+  int not_ready = 0, busy = 0, filtered = 0, excluded = 0, no_room = 0;
   for (const NodeInfo* n : sorted) {
     if (static_cast<int>(r.nodes.size()) == req.pods) break;
     if (!n->ready || n->unschedulable) {
@@ -403,9 +403,12 @@ PlacementResult SimplePlacement::place(const PlacementRequest& req, const std::v
       fits = fits && n->gpu_allocatable - n->gpu_used >= req.gpus_per_pod;
     else
       fits = fits && n->worker_pods == 0;
-    fits = fits && resource_shortfall(*n, req.requests).empty();
     if (!fits) {
       busy++;
+      continue;
+    }
+    if (!resource_shortfall(*n, req.requests).empty()) {
+      no_room++;
       continue;
     }
     r.nodes.push_back(n->name);
@@ -422,7 +425,8 @@ PlacementResult SimplePlacement::place(const PlacementRequest& req, const std::v
               " excluded by selector, affinity or taints, " + std::to_string(busy) +
               (req.gpus_per_pod > 0 ? " without " + std::to_string(req.gpus_per_pod) + " free GPUs"
                                     : " already running a worker pod") +
-              " or without room for the pod's requests" + "); none bound";
+              (no_room ? ", " + std::to_string(no_room) + " without room for the pod's cpu/memory requests" : "") +
+              "); none bound";
   return r;
 }
 

@@ -100,7 +100,7 @@ double predicted_step(const PlacementStepModel& model, const Topology& topo, con
 
 namespace {
 
-enum class Why { kFits, kNotReady, kExcluded, kAvoided, kFiltered, kTainted, kBusy };
+enum class Why { kFits, kNotReady, kExcluded, kAvoided, kFiltered, kTainted, kBusy, kNoRoom };
 
 Why classify(const NodeInfo& n, const PlacementRequest& req, bool avoid) {
   if (!n.ready || n.unschedulable) return Why::kNotReady;
@@ -114,7 +114,7 @@ Why classify(const NodeInfo& n, const PlacementRequest& req, bool avoid) {
     if (!tolerates(req.tolerations, t)) return Why::kTainted;
   if (n.jobs.count(req.job_key)) return Why::kBusy;
   if (req.gpus_per_pod > 0 ? n.gpu_allocatable - n.gpu_used < req.gpus_per_pod : n.worker_pods > 0) return Why::kBusy;
-  if (!resource_shortfall(n, req.requests).empty()) return Why::kBusy;
+  if (!resource_shortfall(n, req.requests).empty()) return Why::kNoRoom;
   if (avoid && req.avoided_nodes.count(n.name)) return Why::kAvoided;
   return Why::kFits;
 }
@@ -137,9 +137,10 @@ std::string why_text(Why w, const PlacementRequest& req) {
     case Why::kTainted:
       return "tainted";
     case Why::kBusy:
-      return (req.gpus_per_pod > 0 ? "without " + std::to_string(req.gpus_per_pod) + " free " + kGpuResource
-                                   : "already running a worker pod") +
-             std::string(" or without room for the pod's cpu/memory requests");
+      return req.gpus_per_pod > 0 ? "without " + std::to_string(req.gpus_per_pod) + " free " + kGpuResource
+                                  : "already running a worker pod";
+    case Why::kNoRoom:
+      return "without room for the pod's cpu/memory requests (other pods' requests counted)";
     case Why::kFits:
       break;
   }
@@ -457,7 +458,7 @@ PlacementResult RailAwarePlacement::place(const PlacementRequest& req, const std
   }
   r.missing = std::max(1, req.pods - s.fitting());
   std::string detail;
-  for (Why w : {Why::kNotReady, Why::kExcluded, Why::kFiltered, Why::kTainted, Why::kBusy}) {
+  for (Why w : {Why::kNotReady, Why::kExcluded, Why::kFiltered, Why::kTainted, Why::kBusy, Why::kNoRoom}) {
     if (!by_why[w]) continue;
     detail += ", " + std::to_string(by_why[w]) + " " + why_text(w, req);
     if (w == Why::kExcluded) {

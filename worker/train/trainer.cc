@@ -229,7 +229,8 @@ MemoryBudget Trainer::allocated_memory() const {
   return m;
 }
 
-void Trainer::add_global_moe_stats(const double local[3], int micro, StepResult& r) {
+void Trainer::add_global_moe_stats(const double local[3], int micro, StepResult& r,
+                                   const std::vector<double>* leaf_aux) {
   // Drops and the load-balancing loss over the whole global batch, not this replica's share: sums over the
   // data-parallel ranks in rank order (the same bits everywhere). Collective: every rank of an MoE model calls it.
   const std::vector<double> all = sync_ != nullptr ? sync_->all_gather({local[0], local[1], local[2]})
@@ -240,8 +241,16 @@ void Trainer::add_global_moe_stats(const double local[3], int micro, StepResult&
     dropped += all[i + 1];
     aux += all[i + 2];
   }
+  aux /= micro;
+  if (leaf_aux != nullptr && sync_ != nullptr) {
+    // Deterministic mode: the loss of each virtual micro-batch, added in virtual order as one process adds them
+    // (aux / micro, micro-batch by micro-batch), so the bits do not depend on D. A rank-by-rank sum of per-rank sums
+    // associates differently at D = 2 x 2 leaves: ((a0+a1)+(a2+a3)) vs (((a0+a1)+a2)+a3).
+    aux = 0;
+    for (double a : sync_->all_gather(*leaf_aux)) aux += a / micro;
+  }
   if (assigned > 0) {
-    r.moe_aux_loss = aux / micro;
+    r.moe_aux_loss = aux;
     r.moe_dropped_fraction = dropped / assigned;
   }
 }
@@ -267,7 +276,7 @@ StepResult Trainer::step() {
     // Deterministic tp/pp: each of this replica's virtual micro-batches is one leaf, run through the pipeline alone
     // (M = 1: no overlap of micro-batches, the price of a fixed summation order).
     const int A = micro / sync_->size(), first = sync_->rank() * A;
-    std::vector<double> leaf_losses;
+    std::vector<double> leaf_losses, leaf_aux;
     double moe_local[3] = {0, 0, 0};
     for (int v = 0; v < micro; ++v) {
       if (v < first || v >= first + A) {
@@ -280,9 +289,12 @@ StepResult Trainer::step() {
       sync_->add_leaf(sharded_->grads());
       if (double s[3]; sharded_->moe_stats(s)) {
         for (int i = 0; i < 3; ++i) moe_local[i] += s[i];
+        leaf_aux.push_back(s[2]);
+      } else {
+        leaf_aux.push_back(0);
       }
     }
-    if (gpt_.moe.experts > 0) add_global_moe_stats(moe_local, micro, r);
+    if (gpt_.moe.experts > 0) add_global_moe_stats(moe_local, micro, r, &leaf_aux);
     const auto t_dp = std::chrono::steady_clock::now();
     sync_->finish(sharded_->grads());
     for (double l : sync_->all_gather(leaf_losses)) loss_sum += l;  // virtual order
@@ -329,7 +341,7 @@ StepResult Trainer::step() {
   } else if (sync_->deterministic()) {
     // Virtual micro-batch v of the job's sequence is a leaf of the fixed tree; this rank owns [r*A, (r+1)*A).
     const int A = micro / sync_->size(), first = sync_->rank() * A;
-    std::vector<double> leaf_losses;
+    std::vector<double> leaf_losses, leaf_aux;
     double moe_local[3] = {0, 0, 0};
     for (int v = 0; v < micro; ++v) {
       train_.next_batch(inputs_.data(), targets_.data());
@@ -343,8 +355,9 @@ StepResult Trainer::step() {
       moe_local[0] += static_cast<double>(model_->moe_stats().assignments);
       moe_local[1] += static_cast<double>(model_->moe_stats().dropped);
       moe_local[2] += model_->moe_stats().aux_loss;
+      leaf_aux.push_back(model_->moe_stats().aux_loss);
     }
-    if (gpt_.moe.experts > 0) add_global_moe_stats(moe_local, micro, r);
+    if (gpt_.moe.experts > 0) add_global_moe_stats(moe_local, micro, r, &leaf_aux);
     r.times.compute = phase(t0);
     sync_->finish(model_->grads());
     for (double l : sync_->all_gather(leaf_losses)) loss_sum += l;  // virtual order, whatever D is

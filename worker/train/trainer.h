@@ -193,7 +193,9 @@ class Trainer {
 
  private:
   // Data parallel: the step's MoE drop fraction and load-balancing loss over all replicas (collective over dp).
-  void add_global_moe_stats(const double local[3], int micro, StepResult& r);
+  // `leaf_aux` (deterministic mode): this rank's per-leaf load-balancing losses, summed in virtual order.
+  void add_global_moe_stats(const double local[3], int micro, StepResult& r,
+                            const std::vector<double>* leaf_aux = nullptr);
   void log_step(const StepResult& r);
   bool on_host() const { return device_ == nullptr || device_->host_accessible(); }
   // Device -> host copies of params and AdamW m, v (devices that are not the host).

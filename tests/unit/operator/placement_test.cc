@@ -133,7 +133,7 @@ TEST_CASE("a node shared with foreign pods: their requests count against its all
   req.pods = 2;
   r = p.place(req, inv);
   CHECK_FALSE(r.ok);
-  CHECK(r.message.find("without room for the pod's requests") != std::string::npos);
+  CHECK(r.message.find("1 without room for the pod's cpu/memory requests") != std::string::npos);
   req.requests = {1000, 0};  // 1 CPU fits beside the foreign pod
   CHECK(p.place(req, inv).ok);
   req.requests = {1000, int64_t{8} << 30};  // but not 8 GiB beside its 1 GiB

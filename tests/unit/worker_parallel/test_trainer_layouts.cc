@@ -90,6 +90,11 @@ Run layout_run(comm::Layout layout, int zero = 0, bool deterministic = false) {
 
 }  // namespace
 
+// Other layouts split the GEMMs differently, so parameters drift apart in the last bits over the steps: 1e-5 of the
+// largest parameter held with OpenBLAS's SkylakeX kernels; its Haswell kernels (what 0.3.21 picks on the newest EPYC,
+// seen 2026-11-28) reach 1.47e-5. Losses keep their 1e-5.
+constexpr double kParamTolerance = 3e-5;
+
 void check_like(const Run& got, const Run& ref) {
   double scale = 0, worst = 0;
   for (size_t i = 0; i < ref.params.size(); ++i) {
@@ -102,7 +107,7 @@ void check_like(const Run& got, const Run& ref) {
     CHECK(std::abs(got.losses[s] - ref.losses[s]) <= 1e-5 * std::abs(ref.losses[s]));
   }
   INFO("max |param diff| " << worst << " of max |param| " << scale);
-  CHECK(worst <= 1e-5 * scale);
+  CHECK(worst <= kParamTolerance * scale);
 }
 
 TEST_CASE("ZeRO-1/2 with tensor and pipeline parallelism: count-once norm, sharded AdamW, same training") {
@@ -140,7 +145,7 @@ TEST_CASE("every (dp, tp, pp) layout trains like one process for 10 steps") {
       worst = std::max(worst, static_cast<double>(std::abs(got.params[i] - ref.params[i])));
     }
     INFO("max |param diff| " << worst << " of max |param| " << scale);
-    CHECK(worst <= 1e-5 * scale);
+    CHECK(worst <= kParamTolerance * scale);
   }
 }
 
