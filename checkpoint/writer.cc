@@ -668,6 +668,10 @@ SaveStatus Writer::persist(Job& job) {
         if (!r.state.is_null()) m.rank_state[r.rank] = r.state;
       }
       commit_checkpoint(options_.root, tmp_dir, std::move(m), options_.keep, options_.fsync);
+      // One line per committed step: how far the disk is behind the training is otherwise invisible (a restore
+      // from disk loses the steps since the newest *committed* step, not since the newest started save).
+      log::info("ckpt", "committed",
+                {{"step", std::to_string(job.step)}, {"persist_seconds", std::to_string(seconds_since(t0))}});
     } else if (!options_.coordinator->wait_commit(step_dir, tmp_dir, options_.run_id, deadline)) {
       throw Error("rank 0 did not commit step " + std::to_string(job.step) + " (see rank 0's status)");
     }

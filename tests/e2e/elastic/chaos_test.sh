@@ -20,7 +20,9 @@
 # none; status.restarts = generation - 1 (every restart is one generation: none lost, none counted twice) and at most
 # two per fault (kept loose: since a pod lost before it joins a forming generation is replaced into it, a node loss
 # should count one, but this test was not re-run with that change; docs/elastic.md); steps lost 0 for a
-# kill (restored from memory) and at most the checkpoint interval (5) otherwise; final loss and parameters equal to the
+# kill (restored from memory) and at most the checkpoint interval (5) otherwise, except that a disk restore loses the
+# steps since the newest step rank 0 had committed (it must restore that one; the next save may still have been
+# persisting when the node died, so up to the interval plus that save's persist time); final loss and parameters equal to the
 # undisturbed run's. Per fault: detection (until the agents hear of the new generation), recovery (until the first
 # step of the new generation is done), steps lost. With RAILYARD_RESULTS_DIR set, writes elastic_chaos.json
 # (scripts/reliability_report.py); RAILYARD_CHAOS_RESULT=FILE writes the same JSON elsewhere (the benchmark).
@@ -218,6 +220,7 @@ def lines(p):
 log0, log1, oplog = lines(log0_f), lines(log1_f), lines(op_f)
 faults = [l.split("\t") for l in open(faults_f).read().splitlines()]
 step_re = re.compile(r"worker: step step=(\d+)/")
+commit_re = re.compile(r"ckpt: committed step=(\d+)")
 # Step times of undisturbed stretches (consecutive steps of one generation) for goodput.
 intervals, prev = [], None
 for t, l in log0:
@@ -271,6 +274,15 @@ for i, (t, kind, target, g0, s0) in enumerate(faults):
               steps_lost=lost, restored=r, restored_from="memory" if src == "memory" else "disk", reached=reached)
     events.append(ev)
     limit = 0 if kind == "kill" else 5
+    if src not in ("memory", "peer"):
+        # A disk restore can only be as new as the newest step rank 0 had committed ("ckpt: committed"); the save
+        # of the step after it may still have been persisting when the node died (its rank's shard never
+        # written), so the bound is the interval plus the steps that save was in flight, not the interval alone.
+        committed = max([int(m.group(1)) for _, l in log0[:ri] for m in [commit_re.search(l)] if m] or [0])
+        ev["committed_at_restore"] = committed
+        if r < committed:
+            bad.append(f"fault {i + 1} ({kind} {target}): restored {r} from disk but step {committed} was committed")
+        limit = max(limit, reached - committed)
     if lost > limit:
         bad.append(f"fault {i + 1} ({kind} {target}): {lost} steps lost (reached {reached}, restored {r} from {src}), want <= {limit}")
 for e in events:
