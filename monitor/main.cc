@@ -52,8 +52,16 @@ int main(int argc, char** argv) {
     std::string kubeconfig, token_file;
     monitor::Options opts;
     for (int i = 1; i < argc; ++i) {
-      std::string a = argv[i];
+      std::string a = argv[i], value;
+      bool has_value = false;
+      // --flag=value as well as --flag value: the chart (and every Kubernetes manifest convention) uses the former.
+      if (auto eq = a.find('='); a.rfind("--", 0) == 0 && eq != std::string::npos) {
+        value = a.substr(eq + 1);
+        a = a.substr(0, eq);
+        has_value = true;
+      }
       auto next = [&]() -> std::string {
+        if (has_value) return value;
         if (i + 1 >= argc) throw ConfigError(a + " needs a value (see --help)");
         return argv[++i];
       };

@@ -298,8 +298,8 @@ int main(int argc, char** argv) {
   httplib::Server health;
   std::thread health_thread;
   auto [hhost, hport] = split_addr("--health-addr", flags.health_addr);
+  auto [mhost, mport] = split_addr("--metrics-addr", flags.metrics_addr);
   try {
-    auto [mhost, mport] = split_addr("--metrics-addr", flags.metrics_addr);
     exposer = std::make_unique<metrics::Exposer>(registry, mhost, mport);
     health.Get("/healthz",
                [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
@@ -324,7 +324,7 @@ int main(int argc, char** argv) {
   }
   log::info(
       kLog, "serving",
-      {{"metrics", "127.0.0.1:" + std::to_string(exposer->port())}, {"health", hhost + ":" + std::to_string(hport)}});
+      {{"metrics", mhost + ":" + std::to_string(exposer->port())}, {"health", hhost + ":" + std::to_string(hport)}});
 
   controller.start_informers();
   while (!controller.wait_for_sync(std::chrono::seconds(10)))

@@ -14,6 +14,7 @@ pkgs=(
   clang libclang-rt-14-dev  # clang 14: libFuzzer and the sanitizer runtimes (docs/hardening.md)
   # Real nodes (docs/local-cluster.md): container runtime, CNI plugins, and what builds images without a registry.
   containerd runc containernetworking-plugins iptables debootstrap libc6-dev
+  dnsmasq-base socat  # the real-node cluster's DNS for Service names, its API server relay (deploy/local/lib/services.sh)
 )
 for arg in "$@"; do
   case "$arg" in

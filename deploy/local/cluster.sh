@@ -29,6 +29,8 @@ source "$REPO_ROOT/deploy/local/lib/control_plane.sh"
 source "$REPO_ROOT/deploy/local/lib/prometheus.sh"
 # shellcheck source=lib/real_nodes.sh
 source "$REPO_ROOT/deploy/local/lib/real_nodes.sh"
+# shellcheck source=lib/services.sh
+source "$REPO_ROOT/deploy/local/lib/services.sh"
 
 usage() {
   cat <<EOF
@@ -45,7 +47,8 @@ usage: $PROG COMMAND [options]
       --real-nodes N    also start N real nodes: kubelet + containerd + runc + CNI bridge each, pods as containers
                         from images built here (deploy/images/build.sh); alone (no simulated nodes) unless
                         --nodes or --topology is given too; binaries from \$RAILYARD_BUILD_DIR (default build/).
-                        See docs/local-cluster.md "Real nodes"
+                        Services work in pods (kube-proxy, DNS *.svc.cluster.local); one such cluster
+                        per machine. See docs/local-cluster.md "Real nodes"
       --node-monitor-grace S
                         seconds without a lease renewal before a node is NotReady (default 4, for fast
                         failure tests; Kubernetes' default is 40). The node agent renews every S/4 s (>= 1)

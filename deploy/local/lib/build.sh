@@ -4,7 +4,7 @@
 
 K8S_VERSION="1.20.2"
 K8S_DEB_SOURCE_VERSION="1.20.5+really1.20.2-1.1+deb12u1"
-K8S_BINARIES=(kube-apiserver kube-controller-manager kubectl kubelet)
+K8S_BINARIES=(kube-apiserver kube-controller-manager kubectl kubelet kube-proxy kube-scheduler)
 CACHE_ROOT="${RAILYARD_CACHE_DIR:-$HOME/.cache/railyard}"
 K8S_CACHE="$CACHE_ROOT/kubernetes/$K8S_VERSION"
 CACHE_BIN="$K8S_CACHE/bin"
@@ -109,11 +109,11 @@ cmd_build() {
   cp "$REFLECT2_SRC"/*.go "$vr"/
   rm -f "$vr"/*_test.go
 
-  build_step "5/6 go build kube-apiserver kube-controller-manager kubectl (10-20 min cold on 2 cores, about 1 min with the Go cache)"
+  build_step "5/6 go build kube-apiserver kube-controller-manager kubectl kubelet kube-proxy kube-scheduler (10-20 min cold on 2 cores, about 1 min with the Go cache)"
   mkdir -p "$src/.go/src/k8s.io" "$K8S_CACHE/go-home"
   ln -sfn ../../.. "$src/.go/src/k8s.io/kubernetes"
   (cd "$src" && env GOPATH="$src/.go" CGO_ENABLED=0 HOME="$K8S_CACHE/go-home" \
-    make WHAT="cmd/kube-apiserver cmd/kube-controller-manager cmd/kubectl cmd/kubelet") >>"$BUILD_LOG" 2>&1 ||
+    make WHAT="cmd/kube-apiserver cmd/kube-controller-manager cmd/kubectl cmd/kubelet cmd/kube-proxy cmd/kube-scheduler") >>"$BUILD_LOG" 2>&1 ||
     die "build: make failed; last lines of $BUILD_LOG:"$'\n'"$(tail -20 "$BUILD_LOG")"
 
   build_step "6/6 install into $CACHE_BIN"

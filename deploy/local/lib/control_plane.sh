@@ -109,6 +109,7 @@ save_state() {
     printf 'NODE_AGENT_TOKEN=%q\n' "$NODE_AGENT_TOKEN"
     printf 'NODE_MONITOR_GRACE=%q\n' "${NODE_MONITOR_GRACE:-4}"
     printf 'REAL_NODES=%q\n' "${REAL_NODES:-0}"
+    printf 'API_ADVERTISE_ADDR=%q\n' "${API_ADVERTISE_ADDR:-127.0.0.1}"
   } >"$STATE_DIR/state.env"
   chmod 600 "$STATE_DIR/state.env"
 }
@@ -246,7 +247,7 @@ start_apiserver() {
   # Short toleration seconds: pods on a lost simulated node are evicted in seconds, not 5 minutes.
   start_component kube-apiserver "$CACHE_BIN/kube-apiserver" \
     --etcd-servers "http://127.0.0.1:$ETCD_CLIENT_PORT" \
-    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$APISERVER_PORT" \
+    --bind-address 127.0.0.1 --advertise-address "${API_ADVERTISE_ADDR:-127.0.0.1}" --secure-port "$APISERVER_PORT" \
     --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
     --client-ca-file "$pki/ca.crt" --token-auth-file "$pki/tokens.csv" \
     --authorization-mode Node,RBAC \
@@ -254,7 +255,7 @@ start_apiserver() {
     --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
     --service-cluster-ip-range "$SERVICE_CIDR" \
     --cert-dir "$STATE_DIR/pki/apiserver-generated" \
-    --endpoint-reconciler-type none --profiling=false \
+    --endpoint-reconciler-type "$([ "${API_ADVERTISE_ADDR:-127.0.0.1}" = 127.0.0.1 ] && echo none || echo lease)" --profiling=false \
     --default-not-ready-toleration-seconds 2 --default-unreachable-toleration-seconds 2 \
     --kubelet-preferred-address-types InternalIP --kubelet-certificate-authority "$pki/ca.crt" \
     --kubelet-client-certificate "$pki/apiserver-kubelet-client.crt" \
@@ -264,12 +265,15 @@ start_apiserver() {
 
 start_controller_manager() {
   local pki="$STATE_DIR/pki"
+  local kcm_controllers=garbagecollector,namespace,nodelifecycle,serviceaccount,serviceaccount-token,podgc,persistentvolume-binder
+  # Real nodes run the chart's Deployments and reach Services: their controllers and the Services' endpoints.
+  [ "${REAL_NODES:-0}" -gt 0 ] && kcm_controllers+=,deployment,replicaset,endpoint,endpointslice,disruption
   start_component kube-controller-manager "$CACHE_BIN/kube-controller-manager" \
     --kubeconfig "$STATE_DIR/controller-manager.kubeconfig" \
     --bind-address 127.0.0.1 --secure-port "$KCM_PORT" --port 0 \
     --cert-dir "$STATE_DIR/pki/controller-manager-generated" \
     --leader-elect=false \
-    --controllers garbagecollector,namespace,nodelifecycle,serviceaccount,serviceaccount-token,podgc,persistentvolume-binder \
+    --controllers "$kcm_controllers" \
     --use-service-account-credentials=true \
     --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
     --allocate-node-cidrs=false --pvclaimbinder-sync-period 1s \
@@ -443,6 +447,12 @@ cmd_up() {
   trap 'rc=$?; if [ $rc -ne 0 ]; then info "up failed, stopping what was started (logs: $STATE_DIR/logs)"; stop_all; rm -f "$STATE_DIR/cluster.env"; fi' EXIT
 
   pick_ports
+  # With real nodes the API server advertises the host's bridge address: the `kubernetes` Service's endpoint, which
+  # pods reach through kube-proxy (an endpoint may not be a loopback address; lib/services.sh relays it to 127.0.0.1).
+  if [ "${REAL_NODES:-0}" -gt 0 ]; then
+    pick_pod_net
+    API_ADVERTISE_ADDR="$POD_NET.1"
+  fi
   gen_pki
   gen_tokens
   save_state

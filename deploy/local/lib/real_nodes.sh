@@ -4,7 +4,8 @@
 # control_plane.sh; uses STATE_DIR, REAL_NODES, CACHE_BIN, REPO_ROOT and the helpers there.
 #
 # Addresses (all on this machine, routed nowhere else): the bridge ry<port> holds POD_NET.1 (the host's address on the
-# pod network: the operator's rendezvous and Prometheus are reached there) and POD_NET.(10+i) for node i (its kubelet
+# pod network: the cluster DNS, and the operator's rendezvous and Prometheus when they run on the host, are reached
+# there; Services through kube-proxy, lib/services.sh) and POD_NET.(10+i) for node i (its kubelet
 # listens there); pods get POD_NET.32-254 from one host-local pool shared by all nodes.
 
 REAL_NODE_PREFIX="ry-real"
@@ -85,13 +86,15 @@ write_node_config() {
   dir=$(real_node_dir "$i")
   mkdir -p "$dir"/{run,root,state,cni,kubelet,logs/pods,logs/containers}
   # One pool for the whole cluster (host-local's file locks keep addresses unique across nodes); no masquerade, no
-  # route out: pods reach each other and the host's bridge address only.
+  # default route: pods reach each other, the host's bridge address and the Service range (via the host, where
+  # kube-proxy's rules turn a ClusterIP into a pod or the API server relay), nothing else.
   cat >"$dir/cni/10-railyard.conflist" <<EOT
 {"cniVersion": "0.4.0", "name": "railyard-$APISERVER_PORT", "plugins": [
   {"type": "bridge", "bridge": "$BRIDGE", "isGateway": true, "ipMasq": false, "hairpinMode": true,
    "ipam": {"type": "host-local", "dataDir": "$STATE_DIR/real/ipam",
             "ranges": [[{"subnet": "$POD_NET.0/24", "rangeStart": "$POD_NET.32", "rangeEnd": "$POD_NET.254",
-                         "gateway": "$POD_NET.1"}]]}},
+                         "gateway": "$POD_NET.1"}]],
+            "routes": [{"dst": "$SERVICE_CIDR"}]}},
   {"type": "portmap", "capabilities": {"portMappings": true}}]}
 EOT
   # runc wrapper: root here lacks CAP_SYS_RESOURCE, so a negative oom_score_adj (pod sandboxes get -998) must
@@ -169,6 +172,7 @@ makeIPTablesUtilChains: false
 maxPods: 32
 resolvConf: ""
 clusterDomain: cluster.local
+clusterDNS: [$POD_NET.1]
 EOT
   write_kubeconfig_cert "$dir/kubelet.kubeconfig" "system:node:$name" "$dir/pki/client.crt" "$dir/pki/client.key"
 }
@@ -228,10 +232,11 @@ start_real_nodes() {
   done
   [ -x /usr/lib/cni/bridge ] || die "up: /usr/lib/cni/bridge missing (apt-get install containernetworking-plugins)"
   mkdir -p "$STATE_DIR/real/ipam"
-  pick_pod_net
+  [ -n "${POD_NET:-}" ] || pick_pod_net # cmd_up picked it already, before the API server (its advertise address)
   printf 'POD_NET=%q\nBRIDGE=%q\nREAL_NODES=%q\n' "$POD_NET" "$BRIDGE" "$REAL_NODES" >"$STATE_DIR/real/net.env"
   setup_bridge
   gen_kubelet_client_pki
+  services_up
   kubectl_admin apply -f - >>"$STATE_DIR/logs/kubectl.log" 2>&1 <<'EOT' || die "up: RBAC for kubelet access failed"
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRoleBinding
@@ -301,6 +306,7 @@ stop_real_nodes() {
   source "$STATE_DIR/real/net.env"
   local i
   for ((i = 0; i < REAL_NODES; i++)); do stop_real_node "$i"; done
+  services_down
   # libcni's result cache (/var/lib/cni/results/<network>-<container>-<ifname>) is machine-wide: drop this cluster's.
   rm -f /var/lib/cni/results/"railyard-${BRIDGE#ry}"-* 2>/dev/null || true
   if [ -n "${BRIDGE:-}" ] && ip link show "$BRIDGE" >/dev/null 2>&1; then ip link del "$BRIDGE" 2>/dev/null || true; fi
@@ -348,6 +354,13 @@ real_nodes_status() {
       rc=1
     fi
     printf '%-24s %-8s %-6s %s\n' "$name" "$(component_pid "$name")" 10250 "$health"
+  done
+  for name in kube-scheduler apiserver-relay kube-proxy cluster-dns cluster-dns-sync; do
+    if component_alive "$name"; then health=running; else
+      health="not running"
+      rc=1
+    fi
+    printf '%-24s %-8s %-6s %s\n' "$name" "$(component_pid "$name")" "$([ "$name" = cluster-dns ] && echo 53 || echo -)" "$health"
   done
   return $rc
 }

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# E2E: the install path on real nodes (issue #23 item 3). A cluster of its own with 2 real nodes, where Services work
+# in pods (kube-scheduler, kube-proxy, the cluster DNS: deploy/local/lib/services.sh). Checks, in order:
+#   1. the `kubernetes` Service has the API server's relay as its endpoint (pods reach the API server in-cluster);
+#   2. the Helm chart, rendered by tools/minihelm with the cluster's API versions and only the image names changed
+#      (deploy/local/values/real-nodes.yaml), applied with kubectl: the operator Deployment gets its 2 replicas
+#      Available from localhost/railyard/operator, exactly one holds the leader Lease; the monitor Deployment is
+#      Available (its flags as the chart writes them: --flag=value);
+#   3. the tiny example, as shipped, trains to Succeeded through that in-cluster operator: its worker dials the
+#      rendezvous at the Service name the chart gives (DNS + kube-proxy), and the monitor pod, in its embedded mode,
+#      reads the worker's series (railyard_monitor_series > 0 on its /metrics);
+#   4. the leader pod deleted: the other replica takes the Lease and the Deployment is back to 2 Available;
+#   5. `kubectl kustomize deploy/` (the `apply -k` objects; its policy/v1 PDB left out on this 1.20 server) applied
+#      over the chart's objects with the same image names: the Deployments roll out Available again.
+set -euo pipefail
+src=${RAILYARD_SOURCE_DIR:?}
+bin=${RAILYARD_BIN_DIR:?}
+state=${RAILYARD_REAL_STATE_DIR:?}
+cluster="$src/deploy/local/cluster.sh"
+sys=railyard-system
+ns=install-real
+work=$(mktemp -d /tmp/real-install.XXXXXX)
+t_all=$SECONDS
+log() { echo "[$((SECONDS - t_all))s] $*"; }
+fail() {
+  echo "FAIL: $*" >&2
+  kubectl get pods,endpoints,lease -n "$sys" -o wide >&2 || true
+  kubectl get tj,pods -n "$ns" -o wide >&2 || true
+  for p in $(kubectl get pods -n "$sys" -o name 2>/dev/null); do
+    echo "== $p" >&2
+    kubectl logs -n "$sys" "$p" --tail 15 >&2 || true
+  done
+  kubectl get events -n "$sys" --sort-by=.lastTimestamp 2>/dev/null | tail -15 >&2 || true
+  exit 1
+}
+cleanup() {
+  bash "$cluster" down --state-dir "$state" >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+# shellcheck source=../operator/lib.sh
+source "$src/tests/e2e/operator/lib.sh"
+minihelm=$("$src/tools/minihelm/build.sh" "$bin") || fail "building minihelm (tools/minihelm/build.sh)"
+
+# --- 1. cluster and Services ------------------------------------------------------------------------------
+bash "$cluster" down --state-dir "$state" >/dev/null 2>&1 || true
+t0=$SECONDS
+bash "$cluster" up --state-dir "$state" --real-nodes 2 >"$work/up.log" 2>&1 || { cat "$work/up.log" >&2; fail "cluster up"; }
+log "cluster with 2 real nodes and Services up in $((SECONDS - t0)) s"
+eval "$(bash "$cluster" env --state-dir "$state")"
+ep=$(kubectl get endpoints kubernetes -o jsonpath='{.subsets[0].addresses[0].ip}')
+[ "$ep" = "$RAILYARD_POD_HOST_ADDR" ] || fail "the kubernetes Service's endpoint is '$ep', want the relay on $RAILYARD_POD_HOST_ADDR"
+
+# --- 2. the chart ------------------------------------------------------------------------------------------
+kubectl create namespace "$sys" >/dev/null
+apis=$(kubectl api-versions | paste -sd, -)
+kver=$(kubectl version -o json 2>/dev/null | jq -r .serverVersion.gitVersion)
+"$minihelm" template "$src/charts/railyard" --name railyard --namespace "$sys" --include-crds --only-api-versions \
+  --api-versions "$apis" --kube-version "$kver" -f "$src/deploy/local/values/real-nodes.yaml" >"$work/chart.yaml" ||
+  fail "rendering the chart"
+kubectl apply -f "$work/chart.yaml" >"$work/apply.log" 2>&1 || { cat "$work/apply.log" >&2; fail "kubectl apply of the chart"; }
+available() { [ "$(kubectl get deploy "$1" -n "$sys" -o jsonpath='{.status.availableReplicas}')" = "$2" ]; }
+t0=$SECONDS
+wait_for 150 "the operator Deployment's 2 replicas Available" available railyard-operator 2
+wait_for 60 "the monitor Deployment Available" available railyard-monitor 1
+log "chart installed: operator 2/2 and monitor 1/1 Available in $((SECONDS - t0)) s"
+img=$(kubectl get deploy railyard-operator -n "$sys" -o jsonpath='{.spec.template.spec.containers[0].image}')
+[ "$img" = localhost/railyard/operator:0.1.0 ] || fail "operator image '$img'"
+holder() { kubectl get lease railyard-operator -n "$sys" -o jsonpath='{.spec.holderIdentity}' 2>/dev/null; }
+op_pods() { kubectl get pods -n "$sys" -l app.kubernetes.io/component=operator -o jsonpath='{.items[*].metadata.name}'; }
+wait_for 60 "a leader" sh -c "[ -n \"\$(kubectl get lease railyard-operator -n $sys -o jsonpath='{.spec.holderIdentity}')\" ]"
+leader=$(holder)
+leader_pod=""
+for p in $(op_pods); do case "$leader" in "$p"*) leader_pod=$p ;; esac; done
+[ -n "$leader_pod" ] || fail "the Lease holder '$leader' is none of the operator pods ($(op_pods))"
+
+# --- 3. tiny through the in-cluster operator ---------------------------------------------------------------
+shared=$(bash "$cluster" share "$ns" --state-dir "$state")
+"$bin/railyard" data prepare --input /usr/share/common-licenses/* --output "$shared/data" >/dev/null
+t0=$SECONDS
+kubectl apply -n "$ns" -f "$src/deploy/examples/tiny.yaml" >/dev/null
+wait_for 120 "tiny's pod Running" sh -c "[ \"\$(kubectl get pod tiny-worker-0 -n $ns -o jsonpath='{.status.phase}')\" = Running ]"
+addr=$(kubectl get pod tiny-worker-0 -n "$ns" \
+  -o jsonpath='{.spec.containers[0].env[?(@.name=="RAILYARD_RENDEZVOUS_ADDR")].value}')
+[ "$addr" = "railyard-rendezvous.$sys.svc:9090" ] || fail "the worker dials the rendezvous at '$addr'"
+mon_ip=$(kubectl get pods -n "$sys" -l app.kubernetes.io/component=monitor -o jsonpath='{.items[0].status.podIP}')
+series() { curl -sf --max-time 2 "http://$mon_ip:9402/metrics" | awk '$1 == "railyard_monitor_series" {print $2}'; }
+wait_for 90 "the monitor pod reading the worker's series" sh -c "v=\$(curl -sf --max-time 2 http://$mon_ip:9402/metrics | awk '\$1 == \"railyard_monitor_series\" {print \$2}'); [ -n \"\$v\" ] && [ \"\${v%.*}\" -gt 0 ]"
+log "monitor pod reads $(series) worker series"
+wait_for 240 "tiny Succeeded" sh -c "[ \"\$(kubectl get tj tiny -n $ns -o jsonpath='{.status.phase}')\" = Succeeded ]"
+kubectl logs "$leader_pod" -n "$sys" | grep -q "world complete job=$ns/tiny generation=1" ||
+  fail "the leader's rendezvous did not see tiny's world complete"
+log "tiny Succeeded through the in-cluster operator in $((SECONDS - t0)) s (progress $(kubectl get tj tiny -n "$ns" -o jsonpath='{.status.progress}'))"
+
+# --- 4. leader failover ------------------------------------------------------------------------------------
+t0=$SECONDS
+kubectl delete pod "$leader_pod" -n "$sys" --wait=false >/dev/null
+wait_for 60 "another replica holding the Lease" sh -c "h=\$(kubectl get lease railyard-operator -n $sys -o jsonpath='{.spec.holderIdentity}'); [ -n \"\$h\" ] && case \"\$h\" in $leader_pod*) false ;; *) true ;; esac"
+log "leader $leader_pod deleted: $(holder) leads after $((SECONDS - t0)) s"
+wait_for 120 "the operator Deployment back to 2 Available" available railyard-operator 2
+
+# --- 5. the kustomize objects over the chart's -------------------------------------------------------------
+kubectl kustomize "$src/deploy" >"$work/kustomize.yaml" || fail "kubectl kustomize deploy/"
+python3 - "$work/kustomize.yaml" "$work/kustomize-local.yaml" <<'PY' || fail "rewriting the kustomize output"
+import re, sys
+docs = [d for d in open(sys.argv[1]).read().split("\n---\n") if d.strip()]
+keep = [d for d in docs if not re.search(r"^kind: PodDisruptionBudget$", d, re.M)]
+assert len(keep) == len(docs) - 1, "expected exactly one PodDisruptionBudget"
+text = "\n---\n".join(keep)
+# The same image names as the chart's local values (what an `images:` overlay does for a registry).
+text = re.sub(r"(image: |--worker-image=)railyard/(operator|worker):", r"\1localhost/railyard/\2:", text)
+text = text.replace("imagePullPolicy: IfNotPresent", "imagePullPolicy: Never")
+open(sys.argv[2], "w").write(text + "\n")
+PY
+kubectl apply -f "$work/kustomize-local.yaml" >"$work/apply-k.log" 2>&1 ||
+  { cat "$work/apply-k.log" >&2; fail "kubectl apply of the kustomize objects"; }
+kubectl rollout status deploy/railyard-operator -n "$sys" --timeout 150s >/dev/null || fail "operator rollout after apply -k"
+kubectl rollout status deploy/railyard-monitor -n "$sys" --timeout 90s >/dev/null || fail "monitor rollout after apply -k"
+wait_for 60 "a leader after apply -k" sh -c "[ -n \"\$(kubectl get lease railyard-operator -n $sys -o jsonpath='{.spec.holderIdentity}')\" ]"
+log "kustomize objects applied over the chart's: operator and monitor rolled out"
+log "real install e2e: ok in $((SECONDS - t_all)) s"
