@@ -646,23 +646,32 @@ void enforce_path_roots(const std::map<std::string, std::string>& f, const Confi
   const auto [ckpt_root, ckpt_root_name] = root_of("ckpt-root", "RAILYARD_CHECKPOINT_ROOT");
   std::vector<std::tuple<std::string, std::string, std::string, std::string>> checks;  // what, path, root, root name
   // Data sources are globs: the pattern itself (lexically and through its existing directories), and every file it
-  // matches (a symlinked shard, or a directory a wildcard crosses, that leads out of the root).
-  for (auto [flag, origin] :
-       {std::pair<const char*, const std::string*>{"data", &origins.data}, {"val-data", &origins.val_data}}) {
-    auto it = f.find(flag);
-    if (it == f.end()) continue;
-    const std::string what = from_config && !origin->empty()
-                                 ? "--" + std::string(flag) + " (" + *origin + " of --config)"
-                                 : "--" + std::string(flag);
-    checks.emplace_back(what, it->second, data_root, data_root_name);
-    if (data_root.empty()) continue;
-    std::vector<std::string> files;
-    try {
-      files = expand_shard_pattern(std::string(flag) == "val-data" ? shard_glob(it->second, "val_*.bin") : it->second);
-    } catch (const ConfigError&) {
-      // nothing matches: cmd_train says so, naming the field
+  // matches (a symlinked shard, or a directory a wildcard crosses, that leads out of the root); the validation shards
+  // also when they are the default beside the training shards.
+  if (auto it = f.find("data"); it != f.end()) {
+    const auto val = f.find("val-data");
+    const struct {
+      std::string what, pattern;
+      bool given;
+    } sources[] = {
+        {from_config && !origins.data.empty() ? "--data (" + origins.data + " of --config)" : "--data", it->second,
+         true},
+        {val != f.end() && from_config && !origins.val_data.empty()
+             ? "--val-data (" + origins.val_data + " of --config)"
+         : val != f.end() ? "--val-data"
+                          : "--val-data (the default, beside --data)",
+         val != f.end() ? shard_glob(val->second, "val_*.bin") : default_val_glob(it->second), val != f.end()}};
+    for (const auto& src : sources) {
+      if (src.given) checks.emplace_back(src.what, src.pattern, data_root, data_root_name);
+      if (data_root.empty()) continue;
+      std::vector<std::string> files;
+      try {
+        files = expand_shard_pattern(src.pattern);
+      } catch (const ConfigError&) {
+        // nothing matches: cmd_train says so, naming the field
+      }
+      for (const auto& file : files) checks.emplace_back(src.what + " shard", file, data_root, data_root_name);
     }
-    for (const auto& file : files) checks.emplace_back(what + " shard", file, data_root, data_root_name);
   }
   if (auto it = f.find("ckpt-dir"); it != f.end())
     checks.emplace_back(from_config ? "--ckpt-dir (checkpoint.path of --config)" : "--ckpt-dir", it->second, ckpt_root,
@@ -902,9 +911,11 @@ int cmd_train(int argc, char** argv) {
              {"val_shards",
               tc.val_every > 0
                   ? std::to_string(expand(val_data, f.count("val-data") ? flag_name("val-data", origins.val_data, f)
-                                                                        : "validation (--val-every) with the default "
-                                                                          "--val-data, val_*.bin beside the training "
-                                                                          "shards")
+                                                    : origins.data.empty()
+                                                        ? "--val-every with the default --val-data (val_*.bin beside "
+                                                          "the --data shards)"
+                                                        : "spec.training.valEvery without spec.data.val (default: "
+                                                          "val_*.bin beside the spec.data.train shards)")
                                        .size())
                   : "unused (no validation)"}});
   if (f.count("dp-split")) tc.dp_split = int_list(f, "dp-split");

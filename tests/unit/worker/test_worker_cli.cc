@@ -213,6 +213,29 @@ TEST_CASE("railyard-worker train refuses data and checkpoint paths that resolve 
               " --export " + d + "/root/final.bin");
   CHECK(r.err.find("is outside") == std::string::npos);
   CHECK(r.err.find("absolute path") == std::string::npos);
+  // Globs: every shard a pattern matches is checked too (a symlink out of the root), for training, an explicit
+  // --val-data and the default validation shards beside the training ones. (Quoted: the worker expands the glob.)
+  std::filesystem::create_directories(d + "/root/globbed");
+  std::ofstream(d + "/outside/train_000000.bin") << "x";
+  std::ofstream(d + "/outside/val_000000.bin") << "x";
+  std::filesystem::create_symlink(d + "/outside/train_000000.bin", d + "/root/globbed/train_000000.bin");
+  r = run_env("--data '" + d + "/root/globbed/train_*.bin'");
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(r.err.find("--data shard '" + d + "/root/globbed/train_000000.bin' (resolves to " + d +
+                           "/outside/train_000000.bin) is outside RAILYARD_DATA_ROOT") != std::string::npos,
+                r.err);
+  std::filesystem::create_directories(d + "/root/v");
+  std::ofstream(d + "/root/v/train_000000.bin") << "x";
+  std::filesystem::create_symlink(d + "/outside/val_000000.bin", d + "/root/v/val_000000.bin");
+  r = run_env("--data " + d + "/root/v");
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(r.err.find("--val-data (the default, beside --data) shard '" + d + "/root/v/val_000000.bin'") !=
+                    std::string::npos,
+                r.err);
+  r = run_env("--data " + d + "/root/data --val-data " + d + "/outside");
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(
+      r.err.find("--val-data '" + d + "/outside/val_*.bin' is outside RAILYARD_DATA_ROOT") != std::string::npos, r.err);
 }
 
 TEST_CASE("railyard-worker train --device: auto trains on the CPU without a GPU, cuda without one is refused") {
