@@ -31,6 +31,7 @@
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/nccl_module.h"
 #include "worker/comm/process_groups.h"
+#include "worker/data/data_loader.h"
 #include "worker/device/cuda_module.h"
 #include "worker/device/device.h"
 #include "worker/interop/llmc_model.h"
@@ -56,7 +57,10 @@ constexpr const char* kUsage = R"(usage: railyard-worker train [flags]
                        cuda (an error without a GPU); the config file's "device" / spec.device
   --model SPEC         preset (tiny, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b) or l=L,c=C,nh=NH,t=maxT,v=V
                        (default tiny; with --init-from, the file's shape unless given)
-  --data DIR           token shards: DIR/train_*.bin (and DIR/val_*.bin for validation), from `railyard data prepare`
+  --data PATH          training shards, from `railyard data prepare`: a directory DIR (its train_*.bin) or a glob
+                       (e.g. /data/train_*.bin; the matching files, sorted); the config's data.train / spec.data.train
+  --val-data PATH      validation shards: a glob, or a directory (its val_*.bin); default val_*.bin beside --data's
+                       shards (DIR/val_*.bin); the config's data.val / spec.data.val
   --steps N            optimizer steps (default 10)
   --batch B            sequences per micro-batch (default 4)
   --seq T              tokens per sequence (default 64, <= maxT)
@@ -70,7 +74,8 @@ constexpr const char* kUsage = R"(usage: railyard-worker train [flags]
   --val-every N        validate every N steps, 0 = never (default 0)
   --val-steps N        batches per validation (default 10)
   --threads N          compute threads (default RAILYARD_NUM_THREADS, else the CPUs this process may use)
-  --init-from FILE     start from an llm.c GPT-2 model file
+  --init-from FILE     start from an llm.c GPT-2 model file (the config's model.initFrom / spec.model.initFrom); a
+                       restored checkpoint wins over it
   --export FILE        write the final weights as an llm.c GPT-2 model file (fp32, version 3)
   --log-json FILE      append one JSON object per step/validation
   --peak-flops X       FLOP/s that MFU is relative to (default: the measured GEMM rate of this step's shapes)
@@ -88,7 +93,8 @@ constexpr const char* kUsage = R"(usage: railyard-worker train [flags]
                        reported (default spec.checkpoint.memoryIntervalSteps, else 0: off); restores prefer it when
                        every rank holds it and it is at least as new as the disk
   --ckpt-term-budget S on SIGTERM: finish the step, save within S seconds of the signal, exit 143 (default 8)
-  --data-root DIR      refuse a --data (or the config's data.train) that resolves outside DIR, symlinks included
+  --data-root DIR      refuse a --data/--val-data (or the config's data.train/val), or a shard they match, that
+                       resolves outside DIR, symlinks included
                        (default RAILYARD_DATA_ROOT, which the operator's --data-root sets; unset = no restriction)
   --ckpt-root DIR      the same for --ckpt-dir and a --resume PATH (default RAILYARD_CHECKPOINT_ROOT)
   --resume MODE        auto (newest valid checkpoint in --ckpt-dir; the default without --config), never, or PATH (a
@@ -230,9 +236,23 @@ int cmd_gemm_rate(int argc, char** argv) {
   return 0;
 }
 
+// Which config field set a flag (messages name the TrainingJob's field, e.g. spec.data.train); "" = the command
+// line or the environment.
+struct ConfigOrigins {
+  std::string data, val_data, init_from;
+};
+
+// How a flag is named in messages: "--data", or "spec.data.train (--config FILE)".
+std::string flag_name(const std::string& flag, const std::string& origin, const std::map<std::string, std::string>& f) {
+  if (origin.empty()) return "--" + flag;
+  auto it = f.find("config");
+  return origin + (it != f.end() ? " (--config " + it->second + ")" : std::string());
+}
+
 // Maps a JSON training config (the operator's resolved config, docs/rendezvous.md) onto flags that were not given
 // explicitly. The operator's globalBatch counts sequences; --global-batch counts tokens.
-void apply_config_file(const std::string& path, std::map<std::string, std::string>& f) {
+ConfigOrigins apply_config_file(const std::string& path, std::map<std::string, std::string>& f) {
+  ConfigOrigins origins;
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(read_file(path, "--config"));
@@ -338,19 +358,17 @@ void apply_config_file(const std::string& path, std::map<std::string, std::strin
   }
   nlohmann::json data = get(j, "data");
   if (data.is_null()) data = get(spec, "data");
+  // spec.data.train is a glob of training shards (a directory means its train_*.bin) and spec.data.val one of
+  // validation shards; the loader expands them (cmd_train checks that they match).
   if (const auto train = get(data, "train"); train.is_string() && !f.count("data")) {
-    // spec.data.train is a glob; the loader takes DIR (DIR/train_*.bin, validation from DIR/val_*.bin).
-    const std::filesystem::path glob = train.get<std::string>();
-    if (std::filesystem::is_directory(glob)) {
-      f["data"] = glob.string();
-    } else if (glob.filename() == "train_*.bin") {
-      f["data"] = glob.parent_path().string();
-    } else {
-      throw ConfigError("--config " + path + ": data.train '" + glob.string() +
-                        "' must be a directory or DIR/train_*.bin (the layout `railyard data prepare` writes)");
-    }
+    f["data"] = train.get<std::string>();
+    origins.data = "spec.data.train";
   }
   set("data", data.is_string() ? data : get(data, "path"));
+  if (const auto val = get(data, "val"); val.is_string() && !val.get<std::string>().empty() && !f.count("val-data")) {
+    f["val-data"] = val.get<std::string>();
+    origins.val_data = "spec.data.val";
+  }
   // Checkpoints: spec.checkpoint; the operator names the checkpoint to restore (restarts) in "restore", and "" or
   // nothing means a fresh start even when the directory holds checkpoints of an earlier job.
   // The resolved config's checkpoint object wins over spec.checkpoint field by field.
@@ -369,6 +387,15 @@ void apply_config_file(const std::string& path, std::map<std::string, std::strin
   if (!f.count("init-from")) {
     set("resume", restore.is_string() && !restore.get<std::string>().empty() ? restore : nlohmann::json("never"));
   }
+  // spec.model.initFrom (the resolved config's model.initFrom): the llm.c model to start from when nothing is
+  // restored (set after "resume" so that a restart's restore still happens, and wins).
+  nlohmann::json init = get(model, "initFrom");
+  if (!init.is_string()) init = get(get(spec, "model"), "initFrom");
+  if (init.is_string() && !init.get<std::string>().empty() && !f.count("init-from")) {
+    f["init-from"] = init.get<std::string>();
+    origins.init_from = "spec.model.initFrom";
+  }
+  return origins;
 }
 
 // The distributed side of `train` (docs/parallel.md "Running it").
@@ -608,7 +635,7 @@ int launch_train_world(int argc, char** argv, const std::map<std::string, std::s
 // The platform's roots (the operator's --data-root / --checkpoint-root reach us as env): the operator refuses specs
 // that leave them lexically; here the paths are resolved on this pod's filesystem, so a symlink out of a root is
 // caught too. Exit 2 (ConfigError) naming the flag, the config field and the root.
-void enforce_path_roots(const std::map<std::string, std::string>& f) {
+void enforce_path_roots(const std::map<std::string, std::string>& f, const ConfigOrigins& origins) {
   auto root_of = [&](const char* flag, const char* env) -> std::pair<std::string, std::string> {
     if (auto it = f.find(flag); it != f.end() && !it->second.empty()) return {it->second, std::string("--") + flag};
     if (const char* v = std::getenv(env); v != nullptr && *v != '\0') return {v, env};
@@ -618,9 +645,34 @@ void enforce_path_roots(const std::map<std::string, std::string>& f) {
   const auto [data_root, data_root_name] = root_of("data-root", "RAILYARD_DATA_ROOT");
   const auto [ckpt_root, ckpt_root_name] = root_of("ckpt-root", "RAILYARD_CHECKPOINT_ROOT");
   std::vector<std::tuple<std::string, std::string, std::string, std::string>> checks;  // what, path, root, root name
-  if (auto it = f.find("data"); it != f.end())
-    checks.emplace_back(from_config ? "--data (data.train of --config)" : "--data", it->second, data_root,
-                        data_root_name);
+  // Data sources are globs: the pattern itself (lexically and through its existing directories), and every file it
+  // matches (a symlinked shard, or a directory a wildcard crosses, that leads out of the root); the validation shards
+  // also when they are the default beside the training shards.
+  if (auto it = f.find("data"); it != f.end()) {
+    const auto val = f.find("val-data");
+    const struct {
+      std::string what, pattern;
+      bool given;
+    } sources[] = {
+        {from_config && !origins.data.empty() ? "--data (" + origins.data + " of --config)" : "--data", it->second,
+         true},
+        {val != f.end() && from_config && !origins.val_data.empty()
+             ? "--val-data (" + origins.val_data + " of --config)"
+         : val != f.end() ? "--val-data"
+                          : "--val-data (the default, beside --data)",
+         val != f.end() ? shard_glob(val->second, "val_*.bin") : default_val_glob(it->second), val != f.end()}};
+    for (const auto& src : sources) {
+      if (src.given) checks.emplace_back(src.what, src.pattern, data_root, data_root_name);
+      if (data_root.empty()) continue;
+      std::vector<std::string> files;
+      try {
+        files = expand_shard_pattern(src.pattern);
+      } catch (const ConfigError&) {
+        // nothing matches: cmd_train says so, naming the field
+      }
+      for (const auto& file : files) checks.emplace_back(src.what + " shard", file, data_root, data_root_name);
+    }
+  }
   if (auto it = f.find("ckpt-dir"); it != f.end())
     checks.emplace_back(from_config ? "--ckpt-dir (checkpoint.path of --config)" : "--ckpt-dir", it->second, ckpt_root,
                         ckpt_root_name);
@@ -653,6 +705,7 @@ int cmd_train(int argc, char** argv) {
                        {"model",
                         "device",
                         "data",
+                        "val-data",
                         "steps",
                         "batch",
                         "seq",
@@ -707,7 +760,8 @@ int cmd_train(int argc, char** argv) {
                         "slow-ranks",
                         "slow-factor"});
   if (f.count("nproc")) return launch_train_world(argc, argv, f);
-  if (f.count("config")) apply_config_file(f["config"], f);
+  ConfigOrigins origins;
+  if (f.count("config")) origins = apply_config_file(f["config"], f);
   // The device first: a wrong --device / spec.device fails before any data or model is touched.
   const std::string device_spec = f.count("device") ? f["device"] : "auto";
   // The CUDA libraries are a module loaded only for CUDA runs (worker/device/cuda_module.h): `cuda`, or `auto` with
@@ -749,15 +803,35 @@ int cmd_train(int argc, char** argv) {
         "RAILYARD_DATA_DIR)");
   }
 
-  enforce_path_roots(f);
+  enforce_path_roots(f, origins);
 
   std::optional<GptConfig> cfg;
   if (f.count("model")) cfg = parse_model_spec(f["model"]);
   if (f.count("init-from")) {
-    const GptConfig file_cfg = read_llmc_header(f["init-from"]);
-    if (cfg && !(*cfg == file_cfg)) {
-      throw ConfigError("--init-from " + f["init-from"] + " holds " + describe(file_cfg) + " but --model says " +
-                        describe(*cfg) + ": drop --model or pick the matching shape");
+    const std::string& from = f["init-from"];
+    GptConfig file_cfg;
+    try {
+      file_cfg = read_llmc_header(from);
+    } catch (const ConfigError& e) {
+      if (origins.init_from.empty()) throw;
+      throw ConfigError(flag_name("init-from", origins.init_from, f) + ": " + e.what());
+    }
+    if (auto m = cfg ? llmc_shape_mismatch(*cfg, file_cfg) : std::nullopt) {
+      const std::string dims = "(" + m->dimension + " " + std::to_string(m->file) + " in the file, " +
+                               std::to_string(m->expected) + " in the model)";
+      if (origins.init_from.empty()) {
+        throw ConfigError("--init-from " + from + " holds " + describe(file_cfg) + " but --model says " +
+                          describe(*cfg) + " " + dims + ": drop --model or pick the matching shape");
+      }
+      throw ConfigError(flag_name("init-from", origins.init_from, f) + " '" + from + "' holds " + describe(file_cfg) +
+                        ", but spec.model." + (m->dimension == "vocab (padded)" ? std::string("vocab") : m->dimension) +
+                        " is " + std::to_string(m->expected) + " where the file has " + std::to_string(m->file) +
+                        (m->dimension == "vocab (padded)" ? " (padded vocabulary)" : "") +
+                        ": give spec.model the file's shape (preset custom, layers " +
+                        std::to_string(file_cfg.num_layers) + ", hidden " + std::to_string(file_cfg.channels) +
+                        ", heads " + std::to_string(file_cfg.num_heads) + ", seqLen " +
+                        std::to_string(file_cfg.max_seq_len) + ", vocab " + std::to_string(file_cfg.vocab_size) +
+                        ") or start from a file of the model's shape");
     }
     cfg = file_cfg;
   }
@@ -818,10 +892,32 @@ int cmd_train(int argc, char** argv) {
   if (const char* p = std::getenv("RAILYARD_PROGRESS_FILE"); p != nullptr && *p != '\0') tc.progress_file = p;
   tc.validate(*cfg);
 
+  // The shards: --data / spec.data.train and --val-data / spec.data.val are globs (a directory means its
+  // train_*.bin / val_*.bin); validation defaults to val_*.bin beside the training shards.
   const std::string data = f["data"];
-  if (!std::filesystem::is_directory(data)) {
-    throw ConfigError("--data " + data + ": not a directory (make one with `railyard data prepare --output DIR`)");
-  }
+  const std::string val_data = f.count("val-data") ? shard_glob(f["val-data"], "val_*.bin") : default_val_glob(data);
+  auto expand = [&](const std::string& pattern, const std::string& name) {
+    try {
+      return expand_shard_pattern(pattern);
+    } catch (const ConfigError& e) {
+      throw ConfigError(name + ": " + e.what());
+    }
+  };
+  const size_t train_shards = expand(data, flag_name("data", origins.data, f)).size();
+  log::info("worker", "data",
+            {{"train", shard_glob(data)},
+             {"train_shards", std::to_string(train_shards)},
+             {"val", val_data},
+             {"val_shards",
+              tc.val_every > 0
+                  ? std::to_string(expand(val_data, f.count("val-data") ? flag_name("val-data", origins.val_data, f)
+                                                    : origins.data.empty()
+                                                        ? "--val-every with the default --val-data (val_*.bin beside "
+                                                          "the --data shards)"
+                                                        : "spec.training.valEvery without spec.data.val (default: "
+                                                          "val_*.bin beside the spec.data.train shards)")
+                                       .size())
+                  : "unused (no validation)"}});
   if (f.count("dp-split")) tc.dp_split = int_list(f, "dp-split");
   if (f.count("slow-ranks") != f.count("slow-factor"))
     throw ConfigError("--slow-ranks and --slow-factor go together (e.g. --slow-ranks 1 --slow-factor 2)");
@@ -848,7 +944,7 @@ int cmd_train(int argc, char** argv) {
   std::unique_ptr<LoaderBatchSource> val;
   if (tc.val_every > 0) {
     val = std::make_unique<LoaderBatchSource>(
-        std::make_unique<DataLoader>(data + "/val_*.bin", tc.batch, tc.seq_len, 0, 1, tc.seed, cfg->vocab_size, false));
+        std::make_unique<DataLoader>(val_data, tc.batch, tc.seq_len, 0, 1, tc.seed, cfg->vocab_size, false));
   }
 
   const int threads = threads_from(f);
@@ -944,20 +1040,6 @@ int cmd_train(int argc, char** argv) {
     exposer = std::make_unique<metrics::Exposer>(registry, host, static_cast<int>(*metrics_port));
     log::info("worker", "serving metrics", {{"address", host + ":" + std::to_string(exposer->port())}});
   }
-  if (f.count("init-from") && dist.sharded != nullptr) {
-    std::vector<float> full(num_parameters(*cfg));
-    load_llmc_model(f["init-from"], *cfg, full.data());
-    dist.sharded->load_full(full.data());  // each rank keeps its slices
-    log::info("worker", "initialised from llm.c model", {{"path", f["init-from"]}});
-  } else if (f.count("init-from") && device_kind != DeviceKind::kCpu) {
-    std::vector<float> full(num_parameters(*cfg));
-    load_llmc_model(f["init-from"], *cfg, full.data());
-    trainer.load_params(full.data());
-    log::info("worker", "initialised from llm.c model", {{"path", f["init-from"]}});
-  } else if (f.count("init-from")) {
-    load_llmc_model(f["init-from"], *cfg, trainer.model().params());
-    log::info("worker", "initialised from llm.c model", {{"path", f["init-from"]}});
-  }
   // Checkpoints (docs/checkpointing.md): restore before the first step, save every --ckpt-every steps, and on
   // SIGTERM save and exit 143.
   if (!f.count("resume")) {
@@ -1030,7 +1112,27 @@ int cmd_train(int argc, char** argv) {
   }
   Checkpointer checkpointer(co, *cfg, trainer, std::move(ckpt_shards), train_metrics ? &registry : nullptr,
                             TrainMetrics::labels_from_env());
-  checkpointer.restore();
+  const auto restored = checkpointer.restore();
+  // --init-from / spec.model.initFrom: the starting weights when no checkpoint was restored (a restore wins: a
+  // restarted job continues from its checkpoint, not from the file). Loaded after restore(), which may also have
+  // re-initialised the weights after a damaged in-memory snapshot.
+  if (f.count("init-from") && restored) {
+    log::info("worker", "restored a checkpoint: not initialising from the llm.c model",
+              {{"path", f["init-from"]}, {"field", flag_name("init-from", origins.init_from, f)}});
+  } else if (f.count("init-from") && dist.sharded != nullptr) {
+    std::vector<float> full(num_parameters(*cfg));
+    load_llmc_model(f["init-from"], *cfg, full.data());
+    dist.sharded->load_full(full.data());  // each rank keeps its slices
+    log::info("worker", "initialised from llm.c model", {{"path", f["init-from"]}});
+  } else if (f.count("init-from") && device_kind != DeviceKind::kCpu) {
+    std::vector<float> full(num_parameters(*cfg));
+    load_llmc_model(f["init-from"], *cfg, full.data());
+    trainer.load_params(full.data());
+    log::info("worker", "initialised from llm.c model", {{"path", f["init-from"]}});
+  } else if (f.count("init-from")) {
+    load_llmc_model(f["init-from"], *cfg, trainer.model().params());
+    log::info("worker", "initialised from llm.c model", {{"path", f["init-from"]}});
+  }
   checkpointer.attach();
   Checkpointer::install_signal_handlers();
   const int rc = trainer.run();

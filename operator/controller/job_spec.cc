@@ -184,6 +184,14 @@ void parse_model(Checker& c, JobSpec& s, const Json& spec) {
     }
   }
 
+  // The llm.c model to start from (the worker's --init-from); its shape is the worker's check (the file is on the
+  // pods' filesystem).
+  if (auto v = c.string(model, "initFrom", "spec.model.initFrom")) {
+    if (v->empty())
+      c.fail("spec.model.initFrom", "is empty", "give the path of an llm.c GPT-2 model file, or leave it out");
+    s.init_from = *v;
+  }
+
   // Mixture of experts (the worker's --moe-*; ranges as worker/model/gpt_config.cc make_moe_config checks them).
   Json moe = c.object(model, "moe", "spec.model.moe");
   if (auto v = c.integer(moe, "experts", "spec.model.moe.experts", 2, 1024))
@@ -197,6 +205,9 @@ void parse_model(Checker& c, JobSpec& s, const Json& spec) {
     c.fail("spec.model.moe.topK",
            std::to_string(s.moe.top_k) + " exceeds the " + std::to_string(s.moe.experts) + " experts",
            "use 1.." + std::to_string(s.moe.experts));
+  if (c.ok() && s.moe.experts > 0 && !s.init_from.empty())
+    c.fail("spec.model.initFrom", "with spec.model.moe: llm.c GPT-2 files hold dense models only",
+           "drop initFrom (random init) or drop spec.model.moe");
 }
 
 void parse_data_training(Checker& c, JobSpec& s, const Json& spec) {
@@ -206,6 +217,7 @@ void parse_data_training(Checker& c, JobSpec& s, const Json& spec) {
   if (c.ok() && (!train || train->empty()))
     c.fail("spec.data.train", "is missing", "set a glob of training shards, e.g. /data/train_*.bin");
   if (train) s.data_train = *train;
+  // "" is the same as absent: val_*.bin beside the training shards (the worker's default).
   if (auto val = c.string(data, "val", "spec.data.val")) s.data_val = *val;
 
   // Training.
@@ -617,6 +629,11 @@ Json resolved_config(const JobSpec& spec, int replicas) {
       {"device", spec.device},
   };
   if (spec.micro_batches) cfg["layout"]["microBatches"] = *spec.micro_batches;
+  if (!spec.init_from.empty()) cfg["model"]["initFrom"] = spec.init_from;
+  // The shards (worker/main.cc apply_config_file: --data, --val-data); val only when given (else the worker's
+  // default, val_*.bin beside the training shards).
+  cfg["data"] = {{"train", spec.data_train}};
+  if (!spec.data_val.empty()) cfg["data"]["val"] = spec.data_val;
   // The worker completes this from spec.checkpoint (path, intervalSteps, keep, async); the in-memory interval is
   // resolved here, 0 (off) when the spec does not set it.
   cfg["checkpoint"] = {{"memoryIntervalSteps", spec.memory_interval_steps}};
@@ -659,6 +676,23 @@ std::optional<Violation> check_path_roots(const JobSpec& spec, const PathRoots& 
     if (c.path.empty()) continue;
     if (auto msg = paths::check_within(c.field, c.path, c.root, std::string("the operator's ") + c.flag, false))
       return Violation{c.field, "PathOutsideRoot", *msg};
+  }
+  // spec.model.initFrom is read: under either root (a data set's model or an earlier job's export), as the worker's
+  // --init-from.
+  if (!spec.init_from.empty() && (!roots.data.empty() || !roots.checkpoint.empty())) {
+    const char* field = "spec.model.initFrom";
+    auto in_data = paths::check_within(field, spec.init_from, roots.data, "the operator's --data-root", false);
+    auto in_ckpt =
+        paths::check_within(field, spec.init_from, roots.checkpoint, "the operator's --checkpoint-root", false);
+    if ((roots.data.empty() || in_data) && (roots.checkpoint.empty() || in_ckpt)) {
+      const bool relative = spec.init_from.front() != '/';
+      if (roots.data.empty() || roots.checkpoint.empty() || relative)
+        return Violation{field, "PathOutsideRoot", in_data ? *in_data : *in_ckpt};
+      return Violation{field, "PathOutsideRoot",
+                       std::string(field) + " '" + spec.init_from + "' is outside both the operator's --data-root " +
+                           roots.data + " and --checkpoint-root " + roots.checkpoint +
+                           ": use a model file under one of them or ask the platform team to widen a root"};
+    }
   }
   return std::nullopt;
 }

@@ -33,6 +33,10 @@ struct JobSpec {
   std::string image;
   std::string preset;
   ModelShape model;
+  // spec.model.initFrom: the llm.c GPT-2 model file the workers start from ("" = random init). The resolved config
+  // carries it as model.initFrom; the worker checks the file's shape against spec.model and loads it unless a
+  // checkpoint is restored (a restore wins).
+  std::string init_from;
   int steps = 0;
   int global_batch = 8;
   int micro_batch = 1;
@@ -69,7 +73,8 @@ struct JobSpec {
   // resolved config's checkpoint object.
   int64_t memory_interval_steps = 0;
   // spec.data.train / spec.data.val / spec.checkpoint.path as written ("" when absent); checked against the
-  // operator's --data-root / --checkpoint-root.
+  // operator's --data-root / --checkpoint-root. train and val are globs (a directory means its train_*.bin /
+  // val_*.bin); val "" = val_*.bin beside the training shards. The resolved config carries them as data.train/val.
   std::string data_train, data_val, checkpoint_path;
 };
 
@@ -93,8 +98,10 @@ struct PathRoots {
   std::string data, checkpoint;
 };
 // A violation (reason PathOutsideRoot, the field path first) when spec.data.train/val or spec.checkpoint.path lies
-// outside its root after lexical normalisation ("/data/../etc" is outside "/data"). The operator cannot see the
-// pods' filesystems, so symlinks are the worker's check (RAILYARD_DATA_ROOT / RAILYARD_CHECKPOINT_ROOT).
+// outside its root after lexical normalisation ("/data/../etc" is outside "/data"), or spec.model.initFrom outside
+// both roots (a model file is input data or an earlier job's export). The operator cannot see the pods'
+// filesystems, so symlinks and whether a glob matches are the worker's checks (RAILYARD_DATA_ROOT /
+// RAILYARD_CHECKPOINT_ROOT).
 std::optional<Violation> check_path_roots(const JobSpec& spec, const PathRoots& roots);
 
 struct WorldLayout {

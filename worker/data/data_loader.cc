@@ -51,18 +51,32 @@ void from_json(const nlohmann::json& j, LoaderState& s) {
   get_field(j, "total_tokens", s.total_tokens);
 }
 
+std::string shard_glob(const std::string& pattern_or_dir, const std::string& dir_glob) {
+  std::error_code ec;
+  if (!pattern_or_dir.empty() && std::filesystem::is_directory(pattern_or_dir, ec))
+    return (std::filesystem::path(pattern_or_dir) / dir_glob).string();
+  return pattern_or_dir;
+}
+
+std::string default_val_glob(const std::string& train_pattern_or_dir) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(train_pattern_or_dir, ec))
+    return (std::filesystem::path(train_pattern_or_dir) / "val_*.bin").string();
+  const std::filesystem::path parent = std::filesystem::path(train_pattern_or_dir).parent_path();
+  return parent.empty() ? std::string("val_*.bin") : (parent / "val_*.bin").string();
+}
+
 std::vector<std::string> expand_shard_pattern(const std::string& pattern_or_dir) {
   if (pattern_or_dir.empty())
     throw ConfigError("data path is empty: give a directory or a glob such as DIR/train_*.bin");
-  std::string pattern = pattern_or_dir;
-  std::error_code ec;
-  if (std::filesystem::is_directory(pattern_or_dir, ec))
-    pattern = (std::filesystem::path(pattern_or_dir) / "train_*.bin").string();
+  const std::string pattern = shard_glob(pattern_or_dir);
   glob_t g{};
   int rc = ::glob(pattern.c_str(), GLOB_ERR, nullptr, &g);
   std::vector<std::string> out;
   if (rc == 0) {
-    for (size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
+    std::error_code ec;
+    for (size_t i = 0; i < g.gl_pathc; ++i)
+      if (!std::filesystem::is_directory(g.gl_pathv[i], ec)) out.emplace_back(g.gl_pathv[i]);
   }
   ::globfree(&g);
   if (rc == GLOB_NOMATCH || (rc == 0 && out.empty())) {

@@ -40,8 +40,17 @@ void to_json(nlohmann::json& j, const LoaderState& s);
 void from_json(const nlohmann::json& j, LoaderState& s);  // throws railyard::ConfigError naming a missing field
 
 // Expands a loader source: a directory means DIR/train_*.bin; anything else is a glob(3) pattern (a plain file
-// path matches itself). Sorted by name. Throws railyard::ConfigError when nothing matches.
+// path matches itself). Only files are kept (a matching directory is skipped). Sorted by name. Throws
+// railyard::ConfigError when nothing matches.
 std::vector<std::string> expand_shard_pattern(const std::string& pattern_or_dir);
+
+// A loader source as a glob: a directory DIR becomes DIR/<dir_glob>; anything else comes back as it is.
+std::string shard_glob(const std::string& pattern_or_dir, const std::string& dir_glob = "train_*.bin");
+
+// The validation shards that go with a training source when none is given (spec.data.val absent, no --val-data):
+// val_*.bin in the directory itself, or in the directory part of the training glob ("/data/train_*.bin" ->
+// "/data/val_*.bin", "/data/*/tr_*.bin" -> "/data/*/val_*.bin", "train_*.bin" -> "val_*.bin").
+std::string default_val_glob(const std::string& train_pattern_or_dir);
 
 class DataLoader {
  public:

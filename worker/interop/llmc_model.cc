@@ -11,8 +11,8 @@
 #include <tuple>
 #include <utility>
 
-#include "common/error.h"
 #include "common/atomic_file.h"
+#include "common/error.h"
 
 namespace railyard::worker {
 
@@ -167,6 +167,19 @@ void load_llmc_model(const std::string& path, const GptConfig& expected, float* 
                       " (the model config and the checkpoint must match)");
   }
   read_params(f.fd, path, info, params);
+}
+
+std::optional<LlmcShapeMismatch> llmc_shape_mismatch(const GptConfig& expected, const GptConfig& file) {
+  const std::array<std::tuple<const char*, int, int>, 6> fields = {
+      {{"layers", expected.num_layers, file.num_layers},
+       {"hidden", expected.channels, file.channels},
+       {"heads", expected.num_heads, file.num_heads},
+       {"seqLen", expected.max_seq_len, file.max_seq_len},
+       {"vocab", expected.vocab_size, file.vocab_size},
+       {"vocab (padded)", expected.padded_vocab_size, file.padded_vocab_size}}};
+  for (const auto& [name, e, f] : fields)
+    if (e != f) return LlmcShapeMismatch{name, e, f};
+  return std::nullopt;
 }
 
 void save_llmc_model(const std::string& path, const GptConfig& cfg, const float* params) {

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,15 @@ void load_llmc_model(const std::string& path, GptConfig& cfg_out, std::vector<fl
 // Loads into a caller buffer of num_parameters(expected) floats; a header that disagrees with `expected` is
 // refused naming the field ("model.bin: header says 12 layers, expected 24").
 void load_llmc_model(const std::string& path, const GptConfig& expected, float* params);
+
+// The first dimension in which an llm.c file's shape (`file`, from read_llmc_header) differs from the model a job
+// asks for (`expected`), named as in a TrainingJob's spec.model: layers, hidden, heads, seqLen, vocab, and
+// "vocab (padded)" when only the padded vocabulary differs. nullopt when the shapes agree (MoE fields not compared).
+struct LlmcShapeMismatch {
+  std::string dimension;
+  int expected = 0, file = 0;
+};
+std::optional<LlmcShapeMismatch> llmc_shape_mismatch(const GptConfig& expected, const GptConfig& file);
 
 // Writes a version 3 (fp32) file atomically. params holds num_parameters(cfg) floats.
 void save_llmc_model(const std::string& path, const GptConfig& cfg, const float* params);

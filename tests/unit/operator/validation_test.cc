@@ -92,6 +92,11 @@ TEST_CASE("malformed manifests are Invalid, naming the field and the fix") {
       {"fewer microBatches than stages", R"({"spec": {"replicas": 4, "parallelism": {"pipeline": 2, "data": 2,
           "microBatches": 1}}})",
        "spec.parallelism.microBatches"},
+      {"initFrom not a string", R"({"spec": {"model": {"initFrom": 7}}})", "spec.model.initFrom"},
+      {"initFrom empty", R"({"spec": {"model": {"initFrom": ""}}})", "spec.model.initFrom"},
+      {"initFrom with experts", R"({"spec": {"model": {"initFrom": "/data/gpt2.bin", "moe": {"experts": 4}}}})",
+       "spec.model.initFrom"},
+      {"val not a string", R"({"spec": {"data": {"val": ["/data/val_*.bin"]}}})", "spec.data.val"},
   };
   CHECK(cases.size() >= 15);
   for (const auto& c : cases) {
@@ -196,6 +201,75 @@ TEST_CASE("data and checkpoint paths outside the operator's roots are Invalid, n
     CHECK(v->message.find(c.field) == 0);
     CHECK(v->message.find(c.says) != std::string::npos);
   }
+}
+
+TEST_CASE("spec.model.initFrom is read and reaches the worker's resolved config; absent means random init") {
+  ParsedJob plain = parse_job(valid_job());
+  REQUIRE_FALSE(plain.violation);
+  CHECK(plain.spec.init_from.empty());
+  CHECK_FALSE(resolved_config(plain.spec, 2)["model"].contains("initFrom"));
+
+  ParsedJob p = parse_job(job_with(Json::parse(R"({"spec": {"model": {"preset": "gpt2-124m",
+      "initFrom": "/data/models/gpt2_124M.bin"}, "training": {"seqLen": 64}}})")));
+  REQUIRE_FALSE(p.violation);
+  CHECK(p.spec.init_from == "/data/models/gpt2_124M.bin");
+  const Json cfg = resolved_config(p.spec, 2);
+  CHECK(cfg["model"]["initFrom"] == "/data/models/gpt2_124M.bin");
+  CHECK(cfg["model"]["layers"] == 12);  // the shape the worker checks the file against
+
+  const ParsedJob moe = parse_job(job_with(Json::parse(R"({"spec": {"model": {"initFrom": "/data/m.bin",
+      "moe": {"experts": 4}}}})")));
+  REQUIRE(moe.violation);
+  CHECK(moe.violation->message ==
+        "spec.model.initFrom: with spec.model.moe: llm.c GPT-2 files hold dense models only: drop initFrom (random "
+        "init) or drop spec.model.moe");
+  const ParsedJob empty = parse_job(job_with(Json::parse(R"({"spec": {"model": {"initFrom": ""}}})")));
+  REQUIRE(empty.violation);
+  CHECK(empty.violation->reason == "InvalidModelInitFrom");
+  CHECK(empty.violation->message.find("spec.model.initFrom: is empty") == 0);
+}
+
+TEST_CASE("spec.model.initFrom must lie under the data or the checkpoint root") {
+  auto check = [](const char* init_from, const PathRoots& roots) {
+    Json j = job_with(Json{{"spec", {{"model", {{"initFrom", init_from}}}}}});
+    ParsedJob p = parse_job(j);
+    REQUIRE_FALSE(p.violation);
+    return check_path_roots(p.spec, roots);
+  };
+  const PathRoots both{"/data", "/ckpt"};
+  CHECK_FALSE(check("/data/models/gpt2.bin", both));
+  CHECK_FALSE(check("/ckpt/team-a/run1/export.bin", both));  // an earlier job's export
+  CHECK_FALSE(check("/anywhere/gpt2.bin", PathRoots{}));
+  auto v = check("/etc/gpt2.bin", both);
+  REQUIRE(v);
+  CHECK(v->field == "spec.model.initFrom");
+  CHECK(v->reason == "PathOutsideRoot");
+  CHECK(v->message ==
+        "spec.model.initFrom '/etc/gpt2.bin' is outside both the operator's --data-root /data and --checkpoint-root "
+        "/ckpt: use a model file under one of them or ask the platform team to widen a root");
+  v = check("/data/../etc/gpt2.bin", PathRoots{"/data", ""});
+  REQUIRE(v);
+  CHECK(v->message.find("spec.model.initFrom '/data/../etc/gpt2.bin' (resolves to /etc/gpt2.bin) is outside the "
+                        "operator's --data-root /data") == 0);
+  v = check("models/gpt2.bin", both);
+  REQUIRE(v);
+  CHECK(v->message.find("must be an absolute path") != std::string::npos);
+}
+
+TEST_CASE("spec.data.train and spec.data.val reach the worker's resolved config as written; val absent = default") {
+  ParsedJob p = parse_job(valid_job());
+  REQUIRE_FALSE(p.violation);
+  Json cfg = resolved_config(p.spec, 2);
+  CHECK(cfg["data"] == Json{{"train", "/data/train_*.bin"}});  // no val: the worker's val_*.bin beside train
+  p = parse_job(job_with(Json::parse(R"({"spec": {"data": {"train": "/data/web/shard_0[0-4]*.bin",
+      "val": "/data/web/shard_09*.bin"}}})")));
+  REQUIRE_FALSE(p.violation);
+  cfg = resolved_config(p.spec, 2);
+  CHECK(cfg["data"]["train"] == "/data/web/shard_0[0-4]*.bin");
+  CHECK(cfg["data"]["val"] == "/data/web/shard_09*.bin");
+  p = parse_job(job_with(Json::parse(R"({"spec": {"data": {"val": ""}}})")));
+  REQUIRE_FALSE(p.violation);
+  CHECK_FALSE(resolved_config(p.spec, 2)["data"].contains("val"));
 }
 
 TEST_CASE("spec.parallelism.deterministic reaches the worker's resolved config with the ZeRO stage; false by default") {

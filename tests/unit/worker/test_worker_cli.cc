@@ -4,9 +4,11 @@
 #include <sys/wait.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "tests/unit/worker/worker_test_util.h"
 #include "worker/device/cuda_module.h"
@@ -211,6 +213,29 @@ TEST_CASE("railyard-worker train refuses data and checkpoint paths that resolve 
               " --export " + d + "/root/final.bin");
   CHECK(r.err.find("is outside") == std::string::npos);
   CHECK(r.err.find("absolute path") == std::string::npos);
+  // Globs: every shard a pattern matches is checked too (a symlink out of the root), for training, an explicit
+  // --val-data and the default validation shards beside the training ones. (Quoted: the worker expands the glob.)
+  std::filesystem::create_directories(d + "/root/globbed");
+  std::ofstream(d + "/outside/train_000000.bin") << "x";
+  std::ofstream(d + "/outside/val_000000.bin") << "x";
+  std::filesystem::create_symlink(d + "/outside/train_000000.bin", d + "/root/globbed/train_000000.bin");
+  r = run_env("--data '" + d + "/root/globbed/train_*.bin'");
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(r.err.find("--data shard '" + d + "/root/globbed/train_000000.bin' (resolves to " + d +
+                           "/outside/train_000000.bin) is outside RAILYARD_DATA_ROOT") != std::string::npos,
+                r.err);
+  std::filesystem::create_directories(d + "/root/v");
+  std::ofstream(d + "/root/v/train_000000.bin") << "x";
+  std::filesystem::create_symlink(d + "/outside/val_000000.bin", d + "/root/v/val_000000.bin");
+  r = run_env("--data " + d + "/root/v");
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(r.err.find("--val-data (the default, beside --data) shard '" + d + "/root/v/val_000000.bin'") !=
+                    std::string::npos,
+                r.err);
+  r = run_env("--data " + d + "/root/data --val-data " + d + "/outside");
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(
+      r.err.find("--val-data '" + d + "/outside/val_*.bin' is outside RAILYARD_DATA_ROOT") != std::string::npos, r.err);
 }
 
 TEST_CASE("railyard-worker train --device: auto trains on the CPU without a GPU, cuda without one is refused") {
@@ -332,6 +357,160 @@ TEST_CASE("railyard-worker train --config: the parallelism family from the opera
   r = run("railyard-worker train --config " + d + "/off.json --threads 1", d);
   CHECK(r.code == 2);
   CHECK_MESSAGE(r.err.find("--offload params") != std::string::npos, r.err);
+}
+
+namespace {
+
+// The validation losses of a --log-json file, in order.
+std::vector<double> val_losses(const std::string& path) {
+  std::vector<double> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j["event"] == "validation") out.push_back(j["val_loss"].get<double>());
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("railyard-worker train --config: spec.model.initFrom, and spec.data.train / spec.data.val as globs") {
+  TempDir dir;
+  const std::string d = dir.path();
+  Run r = run("railyard data prepare --input /usr/share/common-licenses/GPL-3 --output " + d + "/data", d);
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  // The llm.c file to start from, and the validation loss its weights give on the default validation shards.
+  r = run("railyard-worker train --model l=1,c=32,nh=2,t=32,v=256 --data " + d +
+              "/data --steps 3 --batch 2 --seq 16 --lr 3e-3 --val-every 3 --val-steps 2 --threads 1 "
+              "--peak-flops 1e11 --log-json " +
+              d + "/a.jsonl --export " + d + "/model.bin",
+          d);
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  const std::vector<double> exported = val_losses(d + "/a.jsonl");
+  REQUIRE(exported.size() == 2);  // steps 0 and 3
+
+  // The operator's resolved config (operator/controller/job_spec.cc resolved_config) for a custom model of the
+  // file's shape with spec.model.initFrom, validation every step.
+  const nlohmann::json base = {{"model",
+                                {{"preset", "custom"},
+                                 {"layers", 1},
+                                 {"hidden", 32},
+                                 {"heads", 2},
+                                 {"seqLen", 32},
+                                 {"vocab", 256},
+                                 {"initFrom", d + "/model.bin"}}},
+                               {"training", {{"steps", 1}, {"globalBatch", 2}, {"microBatch", 2}, {"seqLen", 16}}},
+                               {"layout", {{"world", 1}, {"dp", 1}, {"tp", 1}, {"pp", 1}}},
+                               {"data", {{"train", d + "/data/train_*.bin"}}},
+                               {"spec", {{"training", {{"valEvery", 1}, {"valSteps", 2}}}}}};
+  auto train = [&](const nlohmann::json& cfg, const std::string& name) {
+    std::ofstream(d + "/" + name + ".json") << cfg.dump();
+    std::filesystem::remove(d + "/" + name + ".jsonl");
+    return run("railyard-worker train --config " + d + "/" + name + ".json --threads 1 --peak-flops 1e11 --log-json " +
+                   d + "/" + name + ".jsonl",
+               d);
+  };
+
+  // initFrom: the first validation (before any step) sees exactly the file's weights.
+  r = train(base, "init");
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  CHECK(r.err.find("initialised from llm.c model") != std::string::npos);
+  CHECK(r.err.find("val=" + d + "/data/val_*.bin") != std::string::npos);  // spec.data.val absent: the default
+  const std::vector<double> init = val_losses(d + "/init.jsonl");
+  REQUIRE(init.size() == 2);
+  CHECK(init[0] == doctest::Approx(exported[1]).epsilon(1e-6));
+  // The same from a bare spec (spec.model.initFrom under "spec"), and without it a random start, far from the file.
+  nlohmann::json cfg = base;
+  cfg["model"].erase("initFrom");
+  cfg["spec"]["model"] = {{"initFrom", d + "/model.bin"}};
+  r = train(cfg, "bare");
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  CHECK(val_losses(d + "/bare.jsonl").at(0) == doctest::Approx(exported[1]).epsilon(1e-6));
+  cfg["spec"].erase("model");
+  r = train(cfg, "random");
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  CHECK(r.err.find("initialised from llm.c model") == std::string::npos);
+  CHECK(val_losses(d + "/random.jsonl").at(0) == doctest::Approx(exported[0]).epsilon(1e-6));  // seed 1337's init
+
+  // A spec.model that is not the file's shape is refused, naming the field and the dimension.
+  cfg = base;
+  cfg["model"]["layers"] = 2;
+  r = train(cfg, "mismatch");
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(r.err.find("spec.model.initFrom (--config " + d + "/mismatch.json) '" + d + "/model.bin' holds") !=
+                    std::string::npos,
+                r.err);
+  CHECK_MESSAGE(r.err.find("spec.model.layers is 2 where the file has 1") != std::string::npos, r.err);
+  cfg = base;
+  cfg["model"]["hidden"] = 64;
+  r = train(cfg, "mismatch");
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(r.err.find("spec.model.hidden is 64 where the file has 32") != std::string::npos, r.err);
+  cfg = base;
+  cfg["model"]["initFrom"] = d + "/missing.bin";
+  r = train(cfg, "missing");
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(
+      r.err.find("spec.model.initFrom (--config " + d + "/missing.json): " + d + "/missing.bin") != std::string::npos,
+      r.err);
+
+  // A restore wins over initFrom: a restarted job continues from its checkpoint.
+  cfg = base;
+  cfg["model"].erase("initFrom");
+  cfg["checkpoint"] = {{"path", d + "/ck"}, {"intervalSteps", 1}};
+  r = train(cfg, "first");
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  cfg = base;
+  cfg["checkpoint"] = {{"path", d + "/ck"}, {"intervalSteps", 1}};
+  cfg["restore"] = d + "/ck";
+  cfg["training"]["steps"] = 2;
+  r = train(cfg, "restart");
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  CHECK(r.err.find("restored a checkpoint: not initialising from the llm.c model") != std::string::npos);
+  CHECK(r.err.find("initialised from llm.c model") == std::string::npos);
+
+  // spec.data.train is a glob: any pattern, not only DIR/train_*.bin; nothing matching is refused naming the field.
+  std::filesystem::create_directory(d + "/mixed");
+  for (const auto& e : std::filesystem::directory_iterator(d + "/data"))
+    if (e.path().extension() == ".bin")
+      std::filesystem::copy_file(e.path(), d + "/mixed/web-" + e.path().filename().string());
+  cfg = base;
+  cfg["data"] = {{"train", d + "/mixed/web-train_*.bin"}};
+  cfg["spec"]["training"]["valEvery"] = 0;  // mixed/ has no val_*.bin, the default validation glob
+  r = train(cfg, "glob");
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  CHECK(r.err.find("train=" + d + "/mixed/web-train_*.bin") != std::string::npos);
+  CHECK(r.err.find("val=" + d + "/mixed/val_*.bin") != std::string::npos);  // the default: val_*.bin beside it
+  cfg["data"] = {{"train", d + "/mixed/nothing_*.bin"}};
+  r = train(cfg, "nomatch");
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(r.err.find("spec.data.train (--config " + d + "/nomatch.json): data path " + d +
+                           "/mixed/nothing_*.bin: no shard matches") != std::string::npos,
+                r.err);
+
+  // spec.data.val is the validation glob: validating on the training shards gives another loss than val_*.bin.
+  cfg = base;
+  cfg["data"] = {{"train", d + "/mixed/web-train_*.bin"}, {"val", d + "/mixed/web-val_*.bin"}};
+  r = train(cfg, "val");
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  CHECK(r.err.find("val=" + d + "/mixed/web-val_*.bin") != std::string::npos);
+  CHECK(val_losses(d + "/val.jsonl").at(0) == doctest::Approx(init[0]).epsilon(1e-6));  // same shards, same loss
+  cfg["data"]["val"] = d + "/mixed/web-train_*.bin";
+  r = train(cfg, "valtrain");
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  CHECK(r.err.find("val=" + d + "/mixed/web-train_*.bin") != std::string::npos);
+  CHECK(val_losses(d + "/valtrain.jsonl").at(0) != doctest::Approx(init[0]).epsilon(1e-6));
+  cfg["data"]["val"] = d + "/mixed/none_*.bin";
+  r = train(cfg, "noval");
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(r.err.find("spec.data.val (--config " + d + "/noval.json): data path " + d +
+                           "/mixed/none_*.bin: no shard matches") != std::string::npos,
+                r.err);
+  // The command line wins field by field: --val-data over spec.data.val.
+  r = run("railyard-worker train --config " + d + "/noval.json --val-data " + d + "/data --threads 1 --peak-flops 1e11",
+          d);
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  CHECK(r.err.find("val=" + d + "/data/val_*.bin") != std::string::npos);
 }
 
 TEST_CASE("--device auto: GPUs counted from the driver's device nodes, without loading CUDA") {

@@ -156,6 +156,27 @@ TEST_CASE("version 5 (bf16) files are widened to fp32 exactly") {
   CHECK(back == expected);
 }
 
+TEST_CASE("llmc_shape_mismatch names the first dimension that differs, as spec.model calls it") {
+  const GptConfig c = small_config();
+  CHECK_FALSE(llmc_shape_mismatch(c, c));
+  struct Case {
+    int GptConfig::*field;
+    const char* dimension;
+  } cases[] = {{&GptConfig::num_layers, "layers"}, {&GptConfig::channels, "hidden"},
+               {&GptConfig::num_heads, "heads"},   {&GptConfig::max_seq_len, "seqLen"},
+               {&GptConfig::vocab_size, "vocab"},  {&GptConfig::padded_vocab_size, "vocab (padded)"}};
+  for (const auto& k : cases) {
+    CAPTURE(k.dimension);
+    GptConfig want = c;
+    want.*k.field += 64;
+    auto m = llmc_shape_mismatch(want, c);
+    REQUIRE(m);
+    CHECK(m->dimension == k.dimension);
+    CHECK(m->expected == c.*k.field + 64);
+    CHECK(m->file == c.*k.field);
+  }
+}
+
 TEST_CASE("mismatched, truncated and foreign model files are refused, naming the file and the sizes") {
   TempDir dir;
   const GptConfig c = small_config();

@@ -1,6 +1,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -90,6 +91,34 @@ TEST_CASE("shard patterns: a directory means its train_*.bin, globs expand sorte
     CHECK(std::string(e.what()).find("test_*.bin") != std::string::npos);
     CHECK(std::string(e.what()).find("railyard data prepare") != std::string::npos);
   }
+}
+
+TEST_CASE(
+    "shard globs (spec.data.train/val): any pattern, files only, sorted; the default val glob sits beside train") {
+  Dataset d;
+  const std::string dir = d.dirname();
+  // A glob other than train_*.bin selects exactly its files, sorted by name, whatever the order of creation.
+  auto files = expand_shard_pattern(dir + "/train_00000[02].bin");
+  CHECK(files == std::vector<std::string>{d.dir.file("train_000000.bin"), d.dir.file("train_000002.bin")});
+  CHECK(expand_shard_pattern(dir + "/*.bin").size() == 4);  // three train shards and the val shard
+  // A directory matched by a wildcard is not a shard.
+  std::filesystem::create_directory(d.dir.file("train_999999.bin"));
+  CHECK(expand_shard_pattern(dir + "/train_*.bin").size() == 3);
+  CHECK(expand_shard_pattern(dir).size() == 3);
+  // A loader built from a glob reads only the shards it matches.
+  DataLoader two(dir + "/train_00000[02].bin", 2, kT, 0, 1, 7, kVocab);
+  CHECK(two.num_shards() == 2);
+  CHECK(two.num_tokens() == kShardTokens[0] + kShardTokens[2]);
+
+  CHECK(shard_glob(dir) == dir + "/train_*.bin");
+  CHECK(shard_glob(dir, "val_*.bin") == dir + "/val_*.bin");
+  CHECK(shard_glob("/data/web/shard_*.bin", "val_*.bin") == "/data/web/shard_*.bin");
+  CHECK(default_val_glob(dir) == dir + "/val_*.bin");
+  CHECK(default_val_glob(dir + "/train_*.bin") == dir + "/val_*.bin");
+  CHECK(default_val_glob("/data/*/tr_*.bin") == "/data/*/val_*.bin");
+  CHECK(default_val_glob("train_*.bin") == "val_*.bin");
+  CHECK(expand_shard_pattern(default_val_glob(dir + "/train_00000[01].bin")) ==
+        std::vector<std::string>{d.dir.file("val_000000.bin")});
 }
 
 TEST_CASE("the loader counts tokens and samples, and every row is a real sample with shifted targets") {
