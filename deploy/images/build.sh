@@ -5,16 +5,19 @@
 #      (their union, so the one base layer is stored once per node), cached under ~/.cache/railyard/images,
 #   3. localhost/railyard/operator:TAG and localhost/railyard/worker:TAG from deploy/docker/Dockerfile.* (the runtime
 #      stage: base layer + this checkout's binaries at the COPY destinations, USER/ENTRYPOINT/CMD as written there),
-#      and with --cuda localhost/railyard/worker-cuda:TAG (worker + librailyard_cuda.so + CUDA runtime and NCCL).
+#      and with --cuda localhost/railyard/worker-cuda:TAG (worker + librailyard_cuda.so + CUDA runtime and NCCL),
+#   4. with --examples localhost/railyard/pytorch-example:TAG (deploy/examples/pytorch: a base of its own with
+#      python3-torch, about 3 minutes the first time, and the script).
 # Output: OCI image-layout tarballs in OUT (default BUILD/images); --load SOCK imports them into a containerd.
 #
-#   deploy/images/build.sh [--build-dir BUILD] [--out OUT] [--tag TAG] [--cuda] [--load CONTAINERD_SOCK]...
+#   deploy/images/build.sh [--build-dir BUILD] [--out OUT] [--tag TAG] [--cuda] [--examples] [--load CONTAINERD_SOCK]...
 set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BUILD_DIR="$REPO_ROOT/build"
 OUT_DIR=""
 TAG="0.1.0"
 CUDA=0
+EXAMPLES=0
 LOADS=()
 die() {
   echo "images: error: $*" >&2
@@ -39,12 +42,16 @@ while [ $# -gt 0 ]; do
       CUDA=1
       shift
       ;;
+    --examples)
+      EXAMPLES=1
+      shift
+      ;;
     --load)
       LOADS+=("${2:?--load needs a containerd socket}")
       shift 2
       ;;
     -h | --help)
-      sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *) die "unknown option '$1' (see --help)" ;;
@@ -69,6 +76,9 @@ mapfile -t pkgs < <(for df in "$REPO_ROOT"/deploy/docker/Dockerfile.*; do
   oci parse "$df" | python3 -c 'import json,sys; print("\n".join(json.load(sys.stdin)["packages"]))'
 done | sort -u)
 [ ${#pkgs[@]} -gt 0 ] || die "no runtime packages found in deploy/docker/Dockerfile.*"
+# ensure_base PKG...: sets base to the cached layer of debootstrap minbase + PKG... (built once per package set).
+ensure_base() {
+local pkgs=("$@")
 key=$(printf '%s\n' bookworm minbase "${pkgs[@]}" | sha256sum | cut -c1-16)
 base="$CACHE/base-$key.tar.gz"
 if [ ! -s "$base" ] || [ ! -s "$base.diffid" ]; then
@@ -100,6 +110,8 @@ $(tail -5 "$CACHE/debootstrap.log")"
   fi
   exec 9>&-
 fi
+}
+ensure_base "${pkgs[@]}"
 
 # --- 3. operator, worker (and worker-cuda) -----------------------------------------------------------------
 build_image() { # name dockerfile [extra...]
@@ -136,6 +148,19 @@ fi
 # --- load ----------------------------------------------------------------------------------------------------
 images=(pause operator worker)
 [ "$CUDA" = 1 ] && images+=(worker-cuda)
+if [ "$EXAMPLES" = 1 ]; then
+  # The PyTorch example (deploy/examples/pytorch): its own base (python3-torch is large; the operator and worker
+  # images do not carry it) and the script from the Dockerfile's directory.
+  ex_df="$REPO_ROOT/deploy/examples/pytorch/Dockerfile"
+  mapfile -t ex_pkgs < <(oci parse "$ex_df" | python3 -c 'import json,sys; print("\n".join(json.load(sys.stdin)["packages"]))')
+  ensure_base "${ex_pkgs[@]}"
+  out="$OUT_DIR/pytorch-example.tar"
+  if [ ! -s "$out" ] || [ -n "$(find "$ex_df" "$base" "$REPO_ROOT/deploy/examples/pytorch/train_gpt.py" -newer "$out" | head -1)" ]; then
+    oci build --dockerfile "$ex_df" --base-layer "$base" --build-dir "$BUILD_DIR" \
+      --name "localhost/railyard/pytorch-example:$TAG" --out "$out" >"$out.json"
+  fi
+  images+=(pytorch-example)
+fi
 for sock in "${LOADS[@]}"; do
   for img in "${images[@]}"; do
     # Imports are content-addressed: an image already there costs a digest check, not a copy.

@@ -47,8 +47,11 @@ def flat_instructions(path):
 def parse(path):
     ins = flat_instructions(path)
     froms = [i for i, (w, _) in enumerate(ins) if w == "FROM"]
-    if len(froms) < 2:
-        sys.exit(f"{path}: expected a multi-stage Dockerfile (a build stage and a runtime stage)")
+    if not froms:
+        sys.exit(f"{path}: no FROM")
+    # Multi-stage (Railyard's images: binaries COPY --from=build) or one stage (an example's image: files COPYed from
+    # the Dockerfile's own directory, its build context).
+    single = len(froms) == 1
     stage = ins[froms[-1] + 1:]
     out = {"packages": [], "copies": [], "user": "", "env": [], "workdir": "", "entrypoint": None, "cmd": None}
     for word, rest in stage:
@@ -57,6 +60,10 @@ def parse(path):
             out["packages"] += [t for t in cmd.split() if re.fullmatch(r"[a-z0-9][a-z0-9.+-]+", t)]
         elif word == "COPY":
             toks = shlex.split(rest)
+            if single and toks and not toks[0].startswith("--"):
+                for src in toks[:-1]:
+                    out["copies"].append(["context:" + src, toks[-1]])
+                continue
             if not toks or not toks[0].startswith("--from=build"):
                 sys.exit(f"{path}: runtime stage COPY without --from=build is not supported: COPY {rest}")
             srcs, dest = toks[1:-1], toks[-1]
@@ -157,6 +164,12 @@ def build(a):
     spec = parse(a.dockerfile)
     files = []
     for src, dest in spec["copies"]:
+        if src.startswith("context:"):
+            host = os.path.join(os.path.dirname(os.path.abspath(a.dockerfile)), src[len("context:"):])
+            if not os.path.isfile(host):
+                sys.exit(f"{a.dockerfile}: COPY {src[len('context:'):]}: {host} is not a file")
+            files.append((host, dest + os.path.basename(host) if dest.endswith("/") else dest))
+            continue
         if not src.startswith("build/"):
             sys.exit(f"{a.dockerfile}: COPY --from=build {src}: only files under /src/build/ come from the build")
         host = os.path.join(a.build_dir, src[len("build/"):])

@@ -150,12 +150,63 @@ bool deterministic_accumulation_ok(const JobSpec& s, int dp) {
   return per_rank > 0 && (per_rank & (per_rank - 1)) == 0;
 }
 
+std::vector<std::string> string_list(Checker& c, const Json& obj, const char* key, const std::string& field) {
+  std::vector<std::string> out;
+  if (!obj.is_object() || !obj.contains(key) || obj[key].is_null()) return out;
+  if (!obj[key].is_array()) {
+    c.fail(field, "must be a list of strings, got " + obj[key].dump(), "write e.g. [python3, train.py]");
+    return out;
+  }
+  for (size_t i = 0; i < obj[key].size(); ++i) {
+    if (!obj[key][i].is_string()) {
+      c.fail(field + "[" + std::to_string(i) + "]", "must be a string, got " + obj[key][i].dump(), "quote it");
+      return out;
+    }
+    out.push_back(obj[key][i].get<std::string>());
+  }
+  return out;
+}
+
+// spec.program: a job that brings its own program. The built-in trainer's sections do not apply to it, and a
+// manifest that sets both is refused naming the section (rather than one of them being silently ignored).
+void parse_program(Checker& c, JobSpec& s, const Json& spec) {
+  if (!spec.contains("program")) return;
+  Json program = c.object(spec, "program", "spec.program");
+  if (!c.ok()) return;
+  s.program = true;
+  s.program_command = string_list(c, program, "command", "spec.program.command");
+  if (c.ok() && s.program_command.empty())
+    c.fail("spec.program.command", "is missing or empty", "give the program to run, e.g. [python3, /app/train.py]");
+  s.program_args = string_list(c, program, "args", "spec.program.args");
+  if (auto v = c.integer(program, "totalSteps", "spec.program.totalSteps", 1, int64_t{1} << 40))
+    s.steps = static_cast<int>(*v);
+  for (const char* section : {"model", "data", "training", "parallelism", "memory"}) {
+    if (c.ok() && spec.contains(section))
+      c.fail(std::string("spec.") + section,
+             "is for the built-in GPT trainer, but spec.program runs your own program",
+             std::string("remove spec.") + section + ", or spec.program to use the built-in trainer");
+  }
+  if (!c.ok() || !spec.contains("template") || !spec["template"].is_object()) return;
+  const Json& t = spec["template"];
+  if (t.contains("spec") && t["spec"].is_object() && t["spec"].contains("containers") &&
+      t["spec"]["containers"].is_array() && !t["spec"]["containers"].empty() &&
+      t["spec"]["containers"][0].is_object()) {
+    const Json& c0 = t["spec"]["containers"][0];
+    for (const char* key : {"command", "args", "image"})
+      if (c.ok() && c0.contains(key))
+        c.fail(std::string("spec.template.spec.containers[0].") + key,
+               "is set by Railyard for a program job (the launcher runs spec.program in spec.image)",
+               std::string("move it to spec.program") + (std::string(key) == "image" ? " (spec.image)" : ""));
+  }
+}
+
 // The sections of parse_job, in the order of the CRD.
 void parse_model(Checker& c, JobSpec& s, const Json& spec) {
   // Model.
   Json model = c.object(spec, "model", "spec.model");
   if (c.ok() && !spec.contains("model"))
-    c.fail("spec.model", "is missing", "set spec.model.preset (e.g. tiny) or a custom shape");
+    c.fail("spec.model", "is missing",
+           "set spec.model.preset (e.g. tiny) or a custom shape, or spec.program to run your own program");
   auto preset = c.string(model, "preset", "spec.model.preset");
   if (c.ok() && !preset)
     c.fail("spec.model.preset", "is missing", "set it to one of " + model_preset_names() + ", custom");
@@ -284,7 +335,8 @@ void parse_checkpoint_policies(Checker& c, JobSpec& s, const Json& spec) {
   // Checkpoint and placement: types only (their semantics belong to the worker and the scheduler).
   Json ckpt = c.object(spec, "checkpoint", "spec.checkpoint");
   if (auto path = c.string(ckpt, "path", "spec.checkpoint.path")) s.checkpoint_path = *path;
-  c.integer(ckpt, "intervalSteps", "spec.checkpoint.intervalSteps", 1, int64_t{1} << 40);
+  if (auto v = c.integer(ckpt, "intervalSteps", "spec.checkpoint.intervalSteps", 1, int64_t{1} << 40))
+    s.checkpoint_interval_steps = *v;
   c.integer(ckpt, "keep", "spec.checkpoint.keep", 1, 1000000);
   if (auto v = c.integer(ckpt, "memoryIntervalSteps", "spec.checkpoint.memoryIntervalSteps", 0, int64_t{1} << 40))
     s.memory_interval_steps = *v;
@@ -444,7 +496,7 @@ ParsedJob parse_job(const Json& job) {
     c.fail("metadata.name", "'" + s.name + "' is " + std::to_string(s.name.size()) + " characters long",
            "use at most " + std::to_string(kMaxJobNameLength) + " so pod names and labels fit in 63");
   if (!job.contains("spec") || !job["spec"].is_object()) {
-    c.fail("spec", "is missing or not an object", "give spec.model, spec.data and spec.training");
+    c.fail("spec", "is missing or not an object", "give spec.model, spec.data and spec.training, or spec.program");
     out.violation = c.take();
     return out;
   }
@@ -466,14 +518,17 @@ ParsedJob parse_job(const Json& job) {
   if (auto v = c.integer(elastic, "maxReplicas", "spec.elastic.maxReplicas", 1, 100000))
     s.max_replicas = static_cast<int>(*v);
 
-  parse_model(c, s, spec);
-  parse_data_training(c, s, spec);
-  parse_parallelism_memory(c, s, spec);
+  parse_program(c, s, spec);
+  if (!s.program) {
+    parse_model(c, s, spec);
+    parse_data_training(c, s, spec);
+    parse_parallelism_memory(c, s, spec);
+  }
   parse_checkpoint_policies(c, s, spec);
-  check_cross_fields(c, s);
+  if (!s.program) check_cross_fields(c, s);
   out.violation = c.take();
   // With auto the planner picks the degrees the family checks need; plan_parallelism checks its choice.
-  if (!out.violation && !s.auto_parallel) out.violation = check_family(s, s.replicas);
+  if (!out.violation && !s.auto_parallel && !s.program) out.violation = check_family(s, s.replicas);
   return out;
 }
 
@@ -491,6 +546,11 @@ WorldLayout world_layout(const JobSpec& spec, int replicas) {
 
 int elastic_world_replicas(const JobSpec& spec, int available) {
   if (!spec.min_replicas || spec.data) return 0;
+  // A program's world is any size in range: it reads WORLD_SIZE (the built-in trainer's batch rules do not apply).
+  if (spec.program) {
+    const int k = std::min(available, spec.replicas);
+    return k >= *spec.min_replicas && k >= 1 ? k : 0;
+  }
   for (int k = std::min(available, spec.replicas); k >= *spec.min_replicas && k >= 1; --k) {
     WorldLayout w = world_layout(spec, k);
     if (w.size % (w.tensor * w.pipeline * w.context) != 0) continue;
@@ -695,6 +755,10 @@ std::optional<Violation> check_path_roots(const JobSpec& spec, const PathRoots& 
     }
   }
   return std::nullopt;
+}
+
+std::string progress_text(int64_t step, int total_steps) {
+  return total_steps > 0 ? std::to_string(step) + "/" + std::to_string(total_steps) : std::to_string(step);
 }
 
 }  // namespace railyard::op

@@ -37,7 +37,11 @@ struct JobSpec {
   // carries it as model.initFrom; the worker checks the file's shape against spec.model and loads it unless a
   // checkpoint is restored (a restore wins).
   std::string init_from;
-  int steps = 0;
+  // spec.program: the job runs this command (in spec.image) once per local rank under Railyard's launcher instead of
+  // the built-in GPT trainer; then no model/data/training/parallelism/memory fields apply (docs/programs.md).
+  bool program = false;
+  std::vector<std::string> program_command, program_args;
+  int steps = 0;  // spec.training.steps, or spec.program.totalSteps (0 = not known) for a program
   int global_batch = 8;
   int micro_batch = 1;
   int seq_len = 0;  // training sequence length (model's when not given)
@@ -72,6 +76,8 @@ struct JobSpec {
   // spec.checkpoint.memoryIntervalSteps: in-memory snapshot every N steps (0 = off); the worker gets it in the
   // resolved config's checkpoint object.
   int64_t memory_interval_steps = 0;
+  // spec.checkpoint.intervalSteps (0 = not given): a program gets it as RAILYARD_CHECKPOINT_INTERVAL_STEPS.
+  int64_t checkpoint_interval_steps = 0;
   // spec.data.train / spec.data.val / spec.checkpoint.path as written ("" when absent); checked against the
   // operator's --data-root / --checkpoint-root. train and val are globs (a directory means its train_*.bin /
   // val_*.bin); val "" = val_*.bin beside the training shards. The resolved config carries them as data.train/val.
@@ -128,5 +134,8 @@ Json resolved_config(const JobSpec& spec, int replicas);
 
 // Longest job name whose pod names (`<job>-worker-<index>`) and label values still fit in 63 characters.
 inline constexpr size_t kMaxJobNameLength = 52;
+
+// status.progress: "step/total", or just "step" for a program that gave no spec.program.totalSteps.
+std::string progress_text(int64_t step, int total_steps);
 
 }  // namespace railyard::op

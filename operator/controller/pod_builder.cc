@@ -126,6 +126,47 @@ void add_writable_mounts(Json& container, Json& pod_spec) {
   pod_spec["volumes"] = volumes;
 }
 
+// A program job's launcher: the init container copies railyard-worker (the agent) with every shared library it
+// links, the dynamic loader included, into an emptyDir, so that the agent runs in any image on the same CPU
+// architecture (no Railyard binary, no Debian 12 libraries needed there). The worker container starts the loader
+// on the copied binary; the program it runs (spec.program) is the image's own.
+constexpr const char* kLauncherVolume = "railyard-launcher";
+constexpr const char* kLauncherDir = "/railyard";
+constexpr const char* kLauncherScript =
+    "set -eu\n"
+    "d=/railyard/launcher; mkdir -p \"$d/lib\"\n"
+    "b=$(command -v railyard-worker)\n"
+    "cp \"$b\" \"$d/railyard-worker\"\n"
+    "ldd \"$b\" | awk '$2 == \"=>\" && $3 ~ /^\\// {print $3} $1 ~ /^\\// {print $1}' | while read -r l; do\n"
+    "  case \"$l\" in */ld-linux*) cp -L \"$l\" \"$d/ld.so\" ;; *) cp -L \"$l\" \"$d/lib/\" ;; esac\n"
+    "done\n"
+    "test -x \"$d/ld.so\"\n";
+
+void add_launcher(Json& container, Json& pod_spec, const JobSpec& spec, const PodOptions& opts) {
+  const std::string dir = std::string(kLauncherDir) + "/launcher";
+  container["command"] = Json::array({dir + "/ld.so", "--library-path", dir + "/lib", dir + "/railyard-worker"});
+  Json args = Json::array({"agent", "--"});
+  for (const auto& a : spec.program_command) args.push_back(a);
+  for (const auto& a : spec.program_args) args.push_back(a);
+  container["args"] = args;
+  Json mounts = container.value("volumeMounts", Json::array());
+  mounts.push_back({{"name", kLauncherVolume}, {"mountPath", kLauncherDir}, {"readOnly", true}});
+  container["volumeMounts"] = mounts;
+  Json volumes = pod_spec.value("volumes", Json::array());
+  volumes.push_back({{"name", kLauncherVolume}, {"emptyDir", Json::object()}});
+  pod_spec["volumes"] = volumes;
+  Json init = {{"name", "railyard-launcher"},
+               {"image", opts.worker_image},
+               {"command", Json::array({"sh", "-c", kLauncherScript})},
+               {"volumeMounts", Json::array({{{"name", kLauncherVolume}, {"mountPath", kLauncherDir}}})},
+               {"resources", {{"requests", {{"cpu", "10m"}, {"memory", "32Mi"}}}, {"limits", {{"memory", "128Mi"}}}}}};
+  Json unused = pod_spec;  // the init container gets the same secure defaults, judged against the pod's context
+  apply_security_defaults(init, unused);
+  Json inits = pod_spec.value("initContainers", Json::array());
+  inits.insert(inits.begin(), init);
+  pod_spec["initContainers"] = inits;
+}
+
 }  // namespace
 
 Json build_worker_pod(const Json& job, const JobSpec& spec, int index, int64_t generation, const PodOptions& opts) {
@@ -164,6 +205,14 @@ Json build_worker_pod(const Json& job, const JobSpec& spec, int index, int64_t g
        {"valueFrom", {{"secretKeyRef", {{"name", token_secret_name(job_name)}, {"key", kTokenKey}}}}}},
   });
 
+  if (spec.program) {
+    // What a program may use beside torchrun's variables (the agent adds the per-rank ones): docs/programs.md.
+    env.push_back(env_value("RAILYARD_MAX_RESTARTS", std::to_string(spec.max_restarts)));
+    if (!spec.checkpoint_path.empty()) env.push_back(env_value("RAILYARD_CHECKPOINT_DIR", spec.checkpoint_path));
+    if (spec.checkpoint_interval_steps > 0)
+      env.push_back(env_value("RAILYARD_CHECKPOINT_INTERVAL_STEPS", std::to_string(spec.checkpoint_interval_steps)));
+    if (spec.steps > 0) env.push_back(env_value("RAILYARD_TOTAL_STEPS", std::to_string(spec.steps)));
+  }
   if (!opts.roots.data.empty()) env.push_back(env_value("RAILYARD_DATA_ROOT", opts.roots.data));
   if (!opts.roots.checkpoint.empty()) env.push_back(env_value("RAILYARD_CHECKPOINT_ROOT", opts.roots.checkpoint));
 
@@ -222,6 +271,7 @@ Json build_worker_pod(const Json& job, const JobSpec& spec, int index, int64_t g
   container["env"] = env;
   apply_security_defaults(container, pod_spec);
   add_writable_mounts(container, pod_spec);
+  if (spec.program) add_launcher(container, pod_spec, spec, opts);
   containers.insert(containers.begin(), container);
   pod_spec["containers"] = containers;
   pod_spec["schedulerName"] = kSchedulerName;

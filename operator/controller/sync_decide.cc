@@ -55,7 +55,7 @@ std::optional<std::chrono::milliseconds> Controller::validate(Sync& s) {
   if (!status.contains("restarts")) status["restarts"] = 0;
   if (!status.contains("generation")) status["generation"] = 0;
   if (!status.contains("step")) status["step"] = 0;
-  status["progress"] = std::to_string(status["step"].get<int64_t>()) + "/" + std::to_string(s.spec.steps);
+  status["progress"] = progress_text(status["step"].get<int64_t>(), s.spec.steps);
   return std::nullopt;
 }
 
@@ -168,8 +168,10 @@ std::chrono::milliseconds Controller::complete(Sync& s, const Completion& c,
   status["completionTime"] = now_s;
   // The agents forward each worker's last progress before its exit, so this is the final step's loss.
   if (c.by_rendezvous && prog->step > 0) status["loss"] = prog->loss;
-  status["step"] = s.spec.steps;
-  status["progress"] = std::to_string(status["step"].get<int64_t>()) + "/" + std::to_string(s.spec.steps);
+  // A program without totalSteps keeps the last step it reported.
+  if (s.spec.steps > 0) status["step"] = s.spec.steps;
+  if (!status.contains("step")) status["step"] = 0;
+  status["progress"] = progress_text(status["step"].get<int64_t>(), s.spec.steps);
   set_condition(status, "Succeeded", true, c.reason, c.message, now_s);
   set_condition(status, "Running", false, "Completed", c.message, now_s);
   for (const char* t : {"Restarting", "Resizing"})

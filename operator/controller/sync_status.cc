@@ -273,7 +273,7 @@ void Controller::write_observed_status(Sync& s) {
     status["step"] = progress->step;
     status["loss"] = progress->loss;
     status["tokensPerSecond"] = progress->tokens_per_second;
-    status["progress"] = std::to_string(progress->step) + "/" + std::to_string(spec.steps);
+    status["progress"] = progress_text(progress->step, spec.steps);
   }
   // The rendezvous service has no callback for a completed world or progress: poll it while the job runs.
   if (agent && rdzv) keep_min(world_up ? milliseconds(5000) : milliseconds(500));

@@ -374,6 +374,14 @@ class AgentRun {
         "MASTER_ADDR",
         "MASTER_PORT",
         "GROUP_RANK",
+        "GROUP_WORLD_SIZE",
+        "ROLE_RANK",
+        "ROLE_WORLD_SIZE",
+        "ROLE_NAME",
+        "TORCHELASTIC_RESTART_COUNT",
+        "TORCHELASTIC_MAX_RESTARTS",
+        "TORCHELASTIC_RUN_ID",
+        "TORCHELASTIC_USE_AGENT_STORE",
         "RAILYARD_GENERATION",
         "RAILYARD_CONFIG",
         "RAILYARD_RESTORE",
@@ -404,6 +412,9 @@ class AgentRun {
     for (auto& s : command) argv.push_back(s.data());
     argv.push_back(nullptr);
 
+    // The job's failurePolicy.maxRestarts, as the operator passes it to program pods (0 when not told).
+    const char* mr = std::getenv("RAILYARD_MAX_RESTARTS");
+    const std::string max_restarts = mr != nullptr && *mr != '\0' ? mr : "0";
     workers_.clear();
     for (int l = 0; l < a.local_world_size; ++l) {
       Worker w;
@@ -420,6 +431,16 @@ class AgentRun {
       add("WORLD_SIZE", std::to_string(a.world_size));
       add("LOCAL_WORLD_SIZE", std::to_string(a.local_world_size));
       add("GROUP_RANK", std::to_string(a.pod_index));
+      // The rest of what torch.distributed.run gives a script (one role, "default"), so an unmodified torchrun
+      // script runs: a restart count of generation - 1 (every restart or resize opens a generation).
+      add("GROUP_WORLD_SIZE", std::to_string(a.num_pods));
+      add("ROLE_RANK", std::to_string(w.global_rank));
+      add("ROLE_WORLD_SIZE", std::to_string(a.world_size));
+      add("ROLE_NAME", "default");
+      add("TORCHELASTIC_RESTART_COUNT", std::to_string(std::max<int64_t>(0, a.generation - 1)));
+      add("TORCHELASTIC_MAX_RESTARTS", max_restarts);
+      add("TORCHELASTIC_RUN_ID", cfg_.ns + "_" + cfg_.job);
+      add("TORCHELASTIC_USE_AGENT_STORE", "False");
       add("MASTER_ADDR", a.master_addr);
       add("MASTER_PORT", std::to_string(a.master_port));
       add("RAILYARD_GENERATION", std::to_string(a.generation));

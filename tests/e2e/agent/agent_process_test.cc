@@ -158,6 +158,7 @@ GenerationSpec spec(int64_t gen, std::vector<std::string> pods, int procs) {
 const char* kWorkerScript = R"(
 f="$TEST_OUT/gen$RAILYARD_GENERATION-rank$RANK"
 echo "$RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT $RAILYARD_GENERATION $RAILYARD_RESTORE ${RAILYARD_RENDEZVOUS_TOKEN:-notoken} $RAILYARD_CONFIG ${RAILYARD_STORE_TOKEN:-nostoretoken} ${NCCL_SOCKET_IFNAME-unset} ${NCCL_IB_HCA-unset}" > "$f.tmp" && mv "$f.tmp" "$f.env"
+echo "$GROUP_RANK $GROUP_WORLD_SIZE $ROLE_RANK $ROLE_WORLD_SIZE $ROLE_NAME $TORCHELASTIC_RESTART_COUNT $TORCHELASTIC_MAX_RESTARTS $TORCHELASTIC_RUN_ID $TORCHELASTIC_USE_AGENT_STORE" > "$f.torch"
 echo $$ > "$f.pid.tmp" && mv "$f.pid.tmp" "$f.pid"
 if [ "$RANK" = 0 ]; then
   echo '{"step": 7, "loss": 2.5, "tokens_per_second": 123.0}' > "$RAILYARD_PROGRESS_FILE.tmp" && mv "$RAILYARD_PROGRESS_FILE.tmp" "$RAILYARD_PROGRESS_FILE"
@@ -261,6 +262,18 @@ TEST_CASE("agents run workers with the right env, report a kill -9, re-join a ne
     auto config = nlohmann::json::parse(slurp(f[9]));
     CHECK(config["layout"]["dp"] == 6);
     CHECK(config["restore"] == "/ckpt/gen1");
+    // The rest of torchrun's environment (docs/programs.md): one role, three pods of two ranks each.
+    auto t = fields(slurp(file(1, r, "torch")));
+    REQUIRE(t.size() == 9);
+    CHECK(t[0] == std::to_string(r / 2));  // GROUP_RANK: the pod's index
+    CHECK(t[1] == "3");                    // GROUP_WORLD_SIZE: pods
+    CHECK(t[2] == std::to_string(r));      // ROLE_RANK
+    CHECK(t[3] == "6");                    // ROLE_WORLD_SIZE
+    CHECK(t[4] == "default");              // ROLE_NAME
+    CHECK(t[5] == "0");                    // TORCHELASTIC_RESTART_COUNT: generation 1
+    CHECK(t[6] == "0");                    // TORCHELASTIC_MAX_RESTARTS: RAILYARD_MAX_RESTARTS unset here
+    CHECK(t[7] == "ns1_job1");             // TORCHELASTIC_RUN_ID
+    CHECK(t[8] == "False");                // TORCHELASTIC_USE_AGENT_STORE
   }
   // Progress from rank 0's file reaches the service.
   CHECK(wait_for(
@@ -310,6 +323,7 @@ TEST_CASE("agents run workers with the right env, report a kill -9, re-join a ne
     CHECK(f[10] == railyard::worker::store_token(kToken, "ns1", "job1", 2));
     CHECK(f[6] == "2");
     CHECK(f[7] == "/ckpt/gen2");
+    CHECK(fields(slurp(file(2, r, "torch")))[5] == "1");  // TORCHELASTIC_RESTART_COUNT: one restart
   }
   for (auto& a : agents) CHECK(a->running());  // re-joined in place, no agent restart
 

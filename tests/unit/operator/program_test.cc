@@ -1,0 +1,127 @@
+// Jobs that bring their own program (spec.program, docs/programs.md): parsed without the built-in trainer's fields,
+// refused naming the field when mixed with them, and built into pods whose launcher reaches an image without
+// Railyard in it.
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "operator/controller/job_spec.h"
+#include "operator/controller/pod_builder.h"
+#include "tests/unit/operator/job_fixture.h"
+
+using namespace railyard::op;
+using railyard::op::testing::find_env;
+using Json = nlohmann::json;
+
+namespace {
+
+Json program_job(const Json& patch = Json::object()) {
+  Json j = Json::parse(R"({
+    "apiVersion": "railyard.dev/v1alpha1", "kind": "TrainingJob",
+    "metadata": {"name": "ddp", "namespace": "team-a", "uid": "uid-9", "generation": 1},
+    "spec": {
+      "replicas": 2, "image": "example/pytorch:1",
+      "program": {"command": ["python3", "/app/train.py"], "args": ["--steps", "300"], "totalSteps": 300},
+      "elastic": {"minReplicas": 1, "maxReplicas": 3},
+      "checkpoint": {"path": "/shared/ckpt/ddp", "intervalSteps": 20},
+      "failurePolicy": {"maxRestarts": 5}
+    }
+  })");
+  j.merge_patch(patch);
+  return j;
+}
+
+}  // namespace
+
+TEST_CASE("a program job needs none of the built-in trainer's fields") {
+  ParsedJob p = parse_job(program_job());
+  REQUIRE_FALSE(p.violation);
+  CHECK(p.spec.program);
+  CHECK(p.spec.program_command == std::vector<std::string>{"python3", "/app/train.py"});
+  CHECK(p.spec.program_args == std::vector<std::string>{"--steps", "300"});
+  CHECK(p.spec.steps == 300);
+  CHECK(p.spec.checkpoint_interval_steps == 20);
+  // Any world in the elastic range: the trainer's batch divisibility is not the program's concern.
+  CHECK(elastic_world_replicas(p.spec, 1) == 1);
+  CHECK(elastic_world_replicas(p.spec, 2) == 2);
+  CHECK(progress_text(17, p.spec.steps) == "17/300");
+  CHECK(progress_text(17, 0) == "17");
+}
+
+TEST_CASE("a program job mixed with the trainer's sections is refused, naming the section") {
+  for (const char* section : {"model", "data", "training", "parallelism", "memory"}) {
+    CAPTURE(section);
+    Json patch = {{"spec", {{section, Json::object()}}}};
+    ParsedJob p = parse_job(program_job(patch));
+    REQUIRE(p.violation);
+    CHECK(p.violation->field == std::string("spec.") + section);
+    CHECK(p.violation->message.find("spec.program") != std::string::npos);
+  }
+  for (const char* key : {"command", "args", "image"}) {
+    CAPTURE(key);
+    Json patch = {{"spec", {{"template", {{"spec", {{"containers", Json::array({{{key, "x"}}})}}}}}}}};
+    ParsedJob p = parse_job(program_job(patch));
+    REQUIRE(p.violation);
+    CHECK(p.violation->field == std::string("spec.template.spec.containers[0].") + key);
+  }
+  ParsedJob empty = parse_job(program_job({{"spec", {{"program", {{"command", Json::array()}}}}}}));
+  REQUIRE(empty.violation);
+  CHECK(empty.violation->field == "spec.program.command");
+  ParsedJob wrong = parse_job(program_job({{"spec", {{"program", {{"command", Json::array({"python3", 3})}}}}}}));
+  REQUIRE(wrong.violation);
+  CHECK(wrong.violation->field == "spec.program.command[1]");
+}
+
+TEST_CASE("a job with neither spec.program nor spec.model names both") {
+  Json j = program_job({{"spec", {{"program", nullptr}}}});
+  ParsedJob p = parse_job(j);
+  REQUIRE(p.violation);
+  CHECK(p.violation->field == "spec.model");
+  CHECK(p.violation->message.find("spec.program") != std::string::npos);
+}
+
+TEST_CASE("a program pod: the launcher copied by an init container runs the program in the job's image") {
+  Json job = program_job({{"spec",
+                           {{"template",
+                             {{"spec",
+                               {{"containers", Json::array({{{"volumeMounts", Json::array({{{"name", "shared"},
+                                                                                            {"mountPath", "/shared"}}})}}})},
+                                {"volumes", Json::array({{{"name", "shared"}, {"emptyDir", Json::object()}}})}}}}}}}});
+  ParsedJob p = parse_job(job);
+  REQUIRE_FALSE(p.violation);
+  PodOptions opts;
+  opts.worker_image = "railyard/worker:0.1.0";
+  opts.rendezvous_addr = "rdzv:9090";
+  Json pod = build_worker_pod(job, p.spec, 1, 2, opts);
+  const Json& c = pod["spec"]["containers"][0];
+  CHECK(c["image"] == "example/pytorch:1");
+  CHECK(c["command"] == Json::array({"/railyard/launcher/ld.so", "--library-path", "/railyard/launcher/lib",
+                                     "/railyard/launcher/railyard-worker"}));
+  CHECK(c["args"] == Json::array({"agent", "--", "python3", "/app/train.py", "--steps", "300"}));
+  // The launcher volume read-only in the program's container, next to the template's own mount.
+  bool launcher_ro = false, shared = false;
+  for (const Json& m : c["volumeMounts"]) {
+    if (m["name"] == "railyard-launcher") launcher_ro = m["mountPath"] == "/railyard" && m.value("readOnly", false);
+    if (m["name"] == "shared") shared = true;
+  }
+  CHECK(launcher_ro);
+  CHECK(shared);
+  REQUIRE(pod["spec"]["initContainers"].size() == 1);
+  const Json& init = pod["spec"]["initContainers"][0];
+  CHECK(init["image"] == "railyard/worker:0.1.0");
+  CHECK(init["command"][0] == "sh");
+  CHECK(init["command"][2].get<std::string>().find("ldd") != std::string::npos);
+  CHECK(init["securityContext"]["runAsNonRoot"] == true);
+  CHECK(init["securityContext"]["readOnlyRootFilesystem"] == true);
+  // What the program reads beside torchrun's variables.
+  REQUIRE(find_env(pod, "RAILYARD_CHECKPOINT_DIR"));
+  CHECK((*find_env(pod, "RAILYARD_CHECKPOINT_DIR"))["value"] == "/shared/ckpt/ddp");
+  CHECK((*find_env(pod, "RAILYARD_CHECKPOINT_INTERVAL_STEPS"))["value"] == "20");
+  CHECK((*find_env(pod, "RAILYARD_MAX_RESTARTS"))["value"] == "5");
+  CHECK((*find_env(pod, "RAILYARD_TOTAL_STEPS"))["value"] == "300");
+  // A built-in trainer job gets none of it.
+  ParsedJob gpt = parse_job(railyard::op::testing::valid_job());
+  Json gpod = build_worker_pod(railyard::op::testing::valid_job(), gpt.spec, 0, 1, opts);
+  CHECK_FALSE(gpod["spec"].contains("initContainers"));
+  CHECK(find_env(gpod, "RAILYARD_CHECKPOINT_DIR") == nullptr);
+}
