@@ -116,6 +116,16 @@ wait_for 90 "job done-job to succeed" phase_is done-job Succeeded
 wait_for 60 "job a to run" phase_is a Running
 wait_for 60 "job b to run" phase_is b Running
 wait_for 30 "job escape to be Invalid" phase_is escape Invalid
+# Running means bound, not started: under load (CI) the agents of a and b may not have served metrics or started
+# their workers yet, and steps 5 and 6 read both from the pods' logs.
+started() {
+  local n=0 f
+  for f in "$state/node-agent/pods/${ns}_"a-worker-*/*.log "$state/node-agent/pods/${ns}_"b-worker-*/*.log; do
+    grep -q "serving metrics" "$f" 2>/dev/null && grep -q "^RANK=" "$f" 2>/dev/null && n=$((n + 1))
+  done
+  [ "$n" = 3 ]
+}
+wait_for 60 "the agents and workers of a and b to start" started
 reason=$(kubectl get tj escape -n "$ns" -o jsonpath='{.status.conditions[?(@.type=="Invalid")].reason}')
 msg=$(kubectl get tj escape -n "$ns" -o jsonpath='{.status.conditions[?(@.type=="Invalid")].message}')
 [ "$reason" = PathOutsideRoot ] && [[ "$msg" == "spec.data.train "*"outside the operator's --data-root /tmp/none"* ]] ||

@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# E2E: a job that brings its own program (issue #25), on real nodes. deploy/examples/pytorch-ddp.yaml as shipped
+# (a small GPT in plain PyTorch with DDP over gloo, in localhost/railyard/pytorch-example: Debian's python3-torch and
+# the script, no Railyard binary) on a cluster of its own with 3 real nodes, the operator on the host. Checks:
+#   1. the image holds no railyard-worker; the pod's launcher init container copies the agent in, and each rank runs
+#      with torchrun's environment (RANK, WORLD_SIZE, ..., TORCHELASTIC_RUN_ID);
+#   2. undisturbed, the job trains to Succeeded, progress 300/300, with the final loss of the same script run on the
+#      host by two local processes (same Debian PyTorch: stated tolerance 1e-4, the runs agree to the printed digits);
+#   3. kill -9 of rank 1's python mid-run: the generation restarts in place (same pods), the script resumes from its
+#      own checkpoint losing at most the checkpoint interval (20 steps), and the job Succeeds with the undisturbed
+#      run's final loss (same tolerance: the resumed run sees the same data from the restored step on);
+#   4. a live `kubectl scale --replicas 3`: the next generation has WORLD_SIZE 3 (a third pod on the third node), the
+#      script resumes from its checkpoint in the world of 3 and the job Succeeds.
+set -euo pipefail
+src=${RAILYARD_SOURCE_DIR:?}
+bin=${RAILYARD_BIN_DIR:?}
+state=${RAILYARD_REAL_STATE_DIR:?}
+cluster="$src/deploy/local/cluster.sh"
+ns=program-e2e
+job=pytorch-ddp
+work=$(mktemp -d /tmp/program-e2e.XXXXXX)
+op_pid=""
+t_all=$SECONDS
+log() { echo "[$((SECONDS - t_all))s] $*"; }
+fail() {
+  echo "FAIL: $*" >&2
+  kubectl get tj,pods -n "$ns" -o wide >&2 || true
+  kubectl get tj "$job" -n "$ns" -o jsonpath='{.status.conditions}' >&2 2>/dev/null || true
+  kubectl get events -n "$ns" --sort-by=.lastTimestamp 2>/dev/null | tail -15 >&2 || true
+  tail -n 30 "$work/op.log" >&2 || true
+  for p in $(kubectl get pods -n "$ns" -o name 2>/dev/null); do
+    echo "== $p" >&2
+    kubectl logs -n "$ns" "$p" --tail 10 >&2 || true
+  done
+  exit 1
+}
+cleanup() {
+  [ -n "$op_pid" ] && kill "$op_pid" 2>/dev/null && wait "$op_pid" 2>/dev/null || true
+  bash "$cluster" down --state-dir "$state" >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+# shellcheck source=../operator/lib.sh
+source "$src/tests/e2e/operator/lib.sh"
+
+bash "$cluster" down --state-dir "$state" >/dev/null 2>&1 || true
+t0=$SECONDS
+bash "$cluster" up --state-dir "$state" --real-nodes 3 >"$work/up.log" 2>&1 || { cat "$work/up.log" >&2; fail "cluster up"; }
+eval "$(bash "$cluster" env --state-dir "$state")"
+# The example's image (its python3-torch base is built once and cached, about 3 minutes cold).
+socks=()
+for d in "$state"/real/ry-real-*/run/containerd.sock; do socks+=(--load "$d"); done
+bash "$src/deploy/images/build.sh" --build-dir "$(dirname "$bin")" --examples "${socks[@]}" >"$work/images.log" 2>&1 ||
+  { tail -5 "$work/images.log" >&2; fail "building the example image"; }
+log "cluster with 3 real nodes and the example image up in $((SECONDS - t0)) s"
+install_crd "$src"
+shared=$(bash "$cluster" share "$ns" --state-dir "$state")
+"$bin/railyard-operator" --namespace "$ns" --leader-elect=false --worker-image localhost/railyard/worker:0.1.0 \
+  --metrics-addr "127.0.0.1:$(free_port)" --health-addr "127.0.0.1:$(free_port)" \
+  --rendezvous-bind "$RAILYARD_POD_HOST_ADDR:0" >"$work/op.log" 2>&1 &
+op_pid=$!
+jp() { kubectl get tj "$job" -n "$ns" -o jsonpath="$1" 2>/dev/null; }
+wait_phase() { # phase seconds
+  local t=$SECONDS p
+  while :; do
+    p=$(jp '{.status.phase}')
+    [ "$p" = "$1" ] && return 0
+    case "$p" in Failed | Invalid) fail "$job ended $p: $(jp '{.status.conditions}')" ;; esac
+    [ $((SECONDS - t)) -lt "$2" ] || fail "$job not $1 after $2 s (phase '$p')"
+    sleep 0.5
+  done
+}
+step() { local s; s=$(jp '{.status.step}'); echo "${s:-0}"; }
+# apply_job [SLEEP]: the example as shipped; with SLEEP, --step-sleep SLEEP appended (a slower run to hit mid-way).
+apply_job() {
+  kubectl delete tj "$job" -n "$ns" --wait=true >/dev/null 2>&1 || true
+  # The garbage collector deletes the old pods; the new job's pods have the same names.
+  wait_for 60 "the previous job's pods gone" sh -c "[ -z \"\$(kubectl get pods -n $ns -l railyard.dev/job=$job -o name)\" ]"
+  rm -rf "$shared/checkpoints/$job"
+  if [ -n "${1:-}" ]; then
+    python3 - "$src/deploy/examples/pytorch-ddp.yaml" "$1" >"$work/job.yaml" <<'PY'
+import sys, yaml
+j = yaml.safe_load(open(sys.argv[1]))
+j["spec"]["program"]["args"] = ["--step-sleep", sys.argv[2]]
+print(yaml.safe_dump(j))
+PY
+  else
+    cp "$src/deploy/examples/pytorch-ddp.yaml" "$work/job.yaml"
+  fi
+  kubectl apply -n "$ns" -f "$work/job.yaml" >/dev/null
+}
+final_loss() { kubectl logs "$job-worker-0" -n "$ns" | sed -n 's|^step 300/300 loss ||p' | tail -1; }
+
+# Reference: the same script, two local processes on the host (Debian's python3-torch, as in the image).
+ref_dir="$work/ref"
+mkdir -p "$ref_dir"
+port=$(free_port)
+for r in 0 1; do
+  MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r RAILYARD_CHECKPOINT_DIR="$ref_dir/ckpt" \
+    RAILYARD_TOTAL_STEPS=300 RAILYARD_CHECKPOINT_INTERVAL_STEPS=20 \
+    /usr/bin/python3 "$src/deploy/examples/pytorch/train_gpt.py" \
+    >"$ref_dir/rank$r.log" 2>&1 &
+done
+wait || fail "the reference run failed: $(tail -3 "$ref_dir/rank0.log")"
+ref=$(sed -n 's|^step 300/300 loss ||p' "$ref_dir/rank0.log")
+[ -n "$ref" ] || fail "no final loss in the reference run"
+close() { python3 -c "import sys; sys.exit(0 if abs(float('$1') - float('$2')) <= 1e-4 else 1)"; }
+
+# --- 1 + 2. undisturbed ------------------------------------------------------------------------------------
+t0=$SECONDS
+apply_job 0.02
+wait_for 120 "the job's pods Running" sh -c "[ \"\$(kubectl get pods -n $ns -l railyard.dev/job=$job --field-selector=status.phase=Running -o name | wc -l)\" = 2 ]"
+pod=$job-worker-0
+[ "$(kubectl get pod "$pod" -n "$ns" -o jsonpath='{.spec.initContainers[0].name}')" = railyard-launcher ] ||
+  fail "no launcher init container"
+kubectl exec "$pod" -n "$ns" -- python3 -c 'import shutil, sys; sys.exit(0 if shutil.which("railyard-worker") is None else 1)' ||
+  fail "the example image has a railyard-worker on its PATH: the test would not show the launcher at work"
+kubectl exec "$pod" -n "$ns" -- python3 -c '
+import os
+env = {}
+for p in os.listdir("/proc"):
+    if p.isdigit():
+        try:
+            if b"train_gpt" in open(f"/proc/{p}/cmdline", "rb").read():
+                env = dict(l.split("=", 1) for l in open(f"/proc/{p}/environ", "rb").read().decode().split("\0") if "=" in l)
+        except OSError:
+            pass
+want = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+        "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+        "TORCHELASTIC_RUN_ID", "RAILYARD_CHECKPOINT_DIR", "RAILYARD_PROGRESS_FILE"]
+missing = [k for k in want if k not in env]
+assert not missing, f"missing {missing}"
+assert env["WORLD_SIZE"] == "2" and env["GROUP_WORLD_SIZE"] == "2" and env["TORCHELASTIC_MAX_RESTARTS"] == "5", env
+assert "RAILYARD_RENDEZVOUS_TOKEN" not in env
+' 2>"$work/env.err" || fail "torchrun's environment in the container: $(tail -2 "$work/env.err")"
+# The reference read the same text as the image (Debian's base-files).
+[ "$(kubectl exec "$pod" -n "$ns" -- python3 -c 'import hashlib; print(hashlib.sha256(open("/usr/share/common-licenses/GPL-3", "rb").read()).hexdigest())')" = \
+  "$(sha256sum /usr/share/common-licenses/GPL-3 | cut -d' ' -f1)" ] || fail "the image's GPL-3 text differs from the host's"
+wait_phase Succeeded 240
+[ "$(jp '{.status.progress}')" = 300/300 ] || fail "progress $(jp '{.status.progress}'), want 300/300"
+loss=$(final_loss)
+close "$loss" "$ref" || fail "final loss $loss differs from the reference run's $ref"
+log "undisturbed: Succeeded 300/300 in $((SECONDS - t0)) s, final loss $loss (reference $ref)"
+
+# --- 3. kill -9 of one rank ---------------------------------------------------------------------------------
+t0=$SECONDS
+apply_job 0.05
+wait_for 120 "past step 60" sh -c "s=\$(kubectl get tj $job -n $ns -o jsonpath='{.status.step}'); [ \"\${s:-0}\" -ge 60 ]"
+uids=$(kubectl get pods -n "$ns" -l "railyard.dev/job=$job" -o jsonpath='{.items[*].metadata.uid}')
+reached=$(step)
+kubectl exec "$job-worker-1" -n "$ns" -- python3 -c '
+import os, signal
+for p in os.listdir("/proc"):
+    if p.isdigit() and b"train_gpt" in open(f"/proc/{p}/cmdline", "rb").read():
+        os.kill(int(p), signal.SIGKILL); print("killed", p)' | grep -q killed || fail "no python rank to kill in $job-worker-1"
+wait_for 60 "generation 2" sh -c "[ \"\$(kubectl get tj $job -n $ns -o jsonpath='{.status.generation}')\" -ge 2 ]"
+wait_for 60 "the script resuming" sh -c "kubectl logs $job-worker-0 -n $ns | grep -q '^resumed from'"
+resumed=$(kubectl logs "$job-worker-0" -n "$ns" | sed -n 's|^resumed from .* at step \([0-9]*\) .*|\1|p' | head -1)
+[ "$(kubectl get pods -n "$ns" -l "railyard.dev/job=$job" -o jsonpath='{.items[*].metadata.uid}')" = "$uids" ] ||
+  fail "the kill re-created pods (want an in-place restart)"
+[ "$((reached - resumed))" -le 20 ] || fail "resumed at $resumed after reaching $reached: more than the interval lost"
+wait_phase Succeeded 240
+loss=$(final_loss)
+close "$loss" "$ref" || fail "after kill -9: final loss $loss differs from the reference run's $ref"
+log "kill -9: in place, resumed at step $resumed (reached ~$reached, <= 20 lost), Succeeded in $((SECONDS - t0)) s, loss $loss"
+
+# --- 4. scale 2 -> 3 while it trains ------------------------------------------------------------------------
+t0=$SECONDS
+apply_job 0.05
+wait_for 120 "past step 50" sh -c "s=\$(kubectl get tj $job -n $ns -o jsonpath='{.status.step}'); [ \"\${s:-0}\" -ge 50 ]"
+kubectl scale tj "$job" -n "$ns" --replicas 3 >/dev/null
+wait_for 120 "a world of 3" sh -c "[ \"\$(kubectl get tj $job -n $ns -o jsonpath='{.status.world.size}')\" = 3 ]"
+wait_for 60 "rank 2 of 3 training" sh -c "kubectl logs $job-worker-2 -n $ns 2>/dev/null | grep -q '^rank 2/3'"
+kubectl logs "$job-worker-2" -n "$ns" | grep -q '^resumed from' || fail "the third rank did not resume from the checkpoint"
+wait_phase Succeeded 300
+log "scale 2 -> 3: world of 3 from step $(kubectl logs "$job-worker-0" -n "$ns" | sed -n 's|^resumed from .* at step \([0-9]*\) .*world 3)|\1|p' | tail -1), Succeeded in $((SECONDS - t0)) s"
+log "program e2e: ok in $((SECONDS - t_all)) s"
