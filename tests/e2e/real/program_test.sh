@@ -95,13 +95,15 @@ final_loss() { kubectl logs "$job-worker-0" -n "$ns" | sed -n 's|^step 300/300 l
 ref_dir="$work/ref"
 mkdir -p "$ref_dir"
 port=$(free_port)
+ref_pids=()
 for r in 0 1; do
   MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r RAILYARD_CHECKPOINT_DIR="$ref_dir/ckpt" \
     RAILYARD_TOTAL_STEPS=300 RAILYARD_CHECKPOINT_INTERVAL_STEPS=20 \
     /usr/bin/python3 "$src/deploy/examples/pytorch/train_gpt.py" \
     >"$ref_dir/rank$r.log" 2>&1 &
+  ref_pids+=("$!")
 done
-wait || fail "the reference run failed: $(tail -3 "$ref_dir/rank0.log")"
+for p in "${ref_pids[@]}"; do wait "$p" || fail "the reference run failed: $(tail -3 "$ref_dir/rank0.log")"; done
 ref=$(sed -n 's|^step 300/300 loss ||p' "$ref_dir/rank0.log")
 [ -n "$ref" ] || fail "no final loss in the reference run"
 close() { python3 -c "import sys; sys.exit(0 if abs(float('$1') - float('$2')) <= 1e-4 else 1)"; }
@@ -115,13 +117,15 @@ pod=$job-worker-0
   fail "no launcher init container"
 kubectl exec "$pod" -n "$ns" -- python3 -c 'import shutil, sys; sys.exit(0 if shutil.which("railyard-worker") is None else 1)' ||
   fail "the example image has a railyard-worker on its PATH: the test would not show the launcher at work"
+# Running means the launcher finished and the agent started; the ranks start once the world is complete.
+wait_for 60 "the python rank in $pod" sh -c "kubectl logs $pod -n $ns | grep -q '^rank 0/2'"
 kubectl exec "$pod" -n "$ns" -- python3 -c '
 import os
 env = {}
 for p in os.listdir("/proc"):
-    if p.isdigit():
+    if p.isdigit() and int(p) != os.getpid():
         try:
-            if b"train_gpt" in open(f"/proc/{p}/cmdline", "rb").read():
+            if open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")[1:2] == [b"/app/train_gpt.py"]:
                 env = dict(l.split("=", 1) for l in open(f"/proc/{p}/environ", "rb").read().decode().split("\0") if "=" in l)
         except OSError:
             pass
@@ -151,8 +155,8 @@ reached=$(step)
 kubectl exec "$job-worker-1" -n "$ns" -- python3 -c '
 import os, signal
 for p in os.listdir("/proc"):
-    if p.isdigit() and b"train_gpt" in open(f"/proc/{p}/cmdline", "rb").read():
-        os.kill(int(p), signal.SIGKILL); print("killed", p)' | grep -q killed || fail "no python rank to kill in $job-worker-1"
+    if p.isdigit() and int(p) != os.getpid() and open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")[1:2] == [b"/app/train_gpt.py"]:
+        print("killed", p, flush=True); os.kill(int(p), signal.SIGKILL)' | grep -q killed || fail "no python rank to kill in $job-worker-1"
 wait_for 60 "generation 2" sh -c "[ \"\$(kubectl get tj $job -n $ns -o jsonpath='{.status.generation}')\" -ge 2 ]"
 wait_for 60 "the script resuming" sh -c "kubectl logs $job-worker-0 -n $ns | grep -q '^resumed from'"
 resumed=$(kubectl logs "$job-worker-0" -n "$ns" | sed -n 's|^resumed from .* at step \([0-9]*\) .*|\1|p' | head -1)
