@@ -182,8 +182,7 @@ void parse_program(Checker& c, JobSpec& s, const Json& spec) {
     s.steps = static_cast<int>(*v);
   for (const char* section : {"model", "data", "training", "parallelism", "memory"}) {
     if (c.ok() && spec.contains(section))
-      c.fail(std::string("spec.") + section,
-             "is for the built-in GPT trainer, but spec.program runs your own program",
+      c.fail(std::string("spec.") + section, "is for the built-in GPT trainer, but spec.program runs your own program",
              std::string("remove spec.") + section + ", or spec.program to use the built-in trainer");
   }
   if (!c.ok() || !spec.contains("template") || !spec["template"].is_object()) return;

@@ -29,8 +29,7 @@ std::optional<std::chrono::milliseconds> Controller::validate(Sync& s) {
   ParsedJob parsed = parse_job(s.job);
   // spec.parallelism.auto: the planner picks the layout for spec.replicas on the nodes the job can use.
   if (!parsed.violation && parsed.spec.auto_parallel) {
-    AutoPlanOutcome planned =
-        plan_parallelism(parsed.spec, parsed.spec.replicas, node_inventory());
+    AutoPlanOutcome planned = plan_parallelism(parsed.spec, parsed.spec.replicas, node_inventory());
     parsed.violation = planned.violation;
     if (planned.plan) {
       s.auto_plan = planned.plan;

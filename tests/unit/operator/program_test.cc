@@ -81,12 +81,13 @@ TEST_CASE("a job with neither spec.program nor spec.model names both") {
 }
 
 TEST_CASE("a program pod: the launcher copied by an init container runs the program in the job's image") {
-  Json job = program_job({{"spec",
-                           {{"template",
-                             {{"spec",
-                               {{"containers", Json::array({{{"volumeMounts", Json::array({{{"name", "shared"},
-                                                                                            {"mountPath", "/shared"}}})}}})},
-                                {"volumes", Json::array({{{"name", "shared"}, {"emptyDir", Json::object()}}})}}}}}}}});
+  Json job = program_job(
+      {{"spec",
+        {{"template",
+          {{"spec",
+            {{"containers",
+              Json::array({{{"volumeMounts", Json::array({{{"name", "shared"}, {"mountPath", "/shared"}}})}}})},
+             {"volumes", Json::array({{{"name", "shared"}, {"emptyDir", Json::object()}}})}}}}}}}});
   ParsedJob p = parse_job(job);
   REQUIRE_FALSE(p.violation);
   PodOptions opts;
