@@ -10,7 +10,9 @@
 #      own checkpoint losing at most the checkpoint interval (20 steps), and the job Succeeds with the undisturbed
 #      run's final loss (same tolerance: the resumed run sees the same data from the restored step on);
 #   4. a live `kubectl scale --replicas 3`: the next generation has WORLD_SIZE 3 (a third pod on the third node), the
-#      script resumes from its checkpoint in the world of 3 and the job Succeeds.
+#      script resumes from its checkpoint in the world of 3 and the job Succeeds;
+#   5. a lost node (`cluster.sh stop-node` of rank 1's node): the pod is replaced on another node, the script resumes
+#      from its checkpoint and the job Succeeds with the undisturbed run's final loss.
 set -euo pipefail
 src=${RAILYARD_SOURCE_DIR:?}
 bin=${RAILYARD_BIN_DIR:?}
@@ -178,4 +180,16 @@ wait_for 60 "rank 2 of 3 training" sh -c "kubectl logs $job-worker-2 -n $ns 2>/d
 kubectl logs "$job-worker-2" -n "$ns" | grep -q '^resumed from' || fail "the third rank did not resume from the checkpoint"
 wait_phase Succeeded 300
 log "scale 2 -> 3: world of 3 from step $(kubectl logs "$job-worker-0" -n "$ns" | sed -n 's|^resumed from .* at step \([0-9]*\) .*world 3)|\1|p' | tail -1), Succeeded in $((SECONDS - t0)) s"
+# --- 5. a lost node ----------------------------------------------------------------------------------------
+t0=$SECONDS
+apply_job 0.05
+wait_for 120 "past step 50" sh -c "s=\$(kubectl get tj $job -n $ns -o jsonpath='{.status.step}'); [ \"\${s:-0}\" -ge 50 ]"
+lost=$(kubectl get pod "$job-worker-1" -n "$ns" -o jsonpath='{.spec.nodeName}')
+bash "$cluster" stop-node "$lost" --state-dir "$state" >/dev/null
+wait_for 120 "$job-worker-1 replaced on another node" sh -c "n=\$(kubectl get pod $job-worker-1 -n $ns -o jsonpath='{.spec.nodeName}'); [ -n \"\$n\" ] && [ \"\$n\" != $lost ] && [ \"\$(kubectl get pod $job-worker-1 -n $ns -o jsonpath='{.status.phase}')\" = Running ]"
+wait_phase Succeeded 300
+kubectl logs "$job-worker-1" -n "$ns" | grep -q '^resumed from' || fail "the replaced rank did not resume from the checkpoint"
+loss=$(final_loss)
+close "$loss" "$ref" || fail "after the node loss: final loss $loss differs from the reference run's $ref"
+log "node $lost lost: $job-worker-1 moved to $(kubectl get pod "$job-worker-1" -n "$ns" -o jsonpath='{.spec.nodeName}'), resumed, Succeeded in $((SECONDS - t0)) s, loss $loss"
 log "program e2e: ok in $((SECONDS - t_all)) s"
