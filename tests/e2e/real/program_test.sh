@@ -91,7 +91,9 @@ PY
   fi
   kubectl apply -n "$ns" -f "$work/job.yaml" >/dev/null
 }
-final_loss() { kubectl logs "$job-worker-0" -n "$ns" | sed -n 's|^step 300/300 loss ||p' | tail -1; }
+# The job's status.loss: rank 0's last progress report (the mean over the ranks). Not the pod's log: a finished job's
+# pods that still run (the agent exiting) are deleted (cleanPodPolicy Running), so the log may be gone already.
+final_loss() { jp '{.status.loss}'; }
 
 # Reference: the same script, two local processes on the host (Debian's python3-torch, as in the image).
 ref_dir="$work/ref"
@@ -179,7 +181,7 @@ wait_for 120 "a world of 3" sh -c "[ \"\$(kubectl get tj $job -n $ns -o jsonpath
 wait_for 60 "rank 2 of 3 training" sh -c "kubectl logs $job-worker-2 -n $ns 2>/dev/null | grep -q '^rank 2/3'"
 kubectl logs "$job-worker-2" -n "$ns" | grep -q '^resumed from' || fail "the third rank did not resume from the checkpoint"
 wait_phase Succeeded 300
-log "scale 2 -> 3: world of 3 from step $(kubectl logs "$job-worker-0" -n "$ns" | sed -n 's|^resumed from .* at step \([0-9]*\) .*world 3)|\1|p' | tail -1), Succeeded in $((SECONDS - t0)) s"
+log "scale 2 -> 3: world of 3, Succeeded in $((SECONDS - t0)) s"
 # --- 5. a lost node ----------------------------------------------------------------------------------------
 t0=$SECONDS
 apply_job 0.05
@@ -187,8 +189,8 @@ wait_for 120 "past step 50" sh -c "s=\$(kubectl get tj $job -n $ns -o jsonpath='
 lost=$(kubectl get pod "$job-worker-1" -n "$ns" -o jsonpath='{.spec.nodeName}')
 bash "$cluster" stop-node "$lost" --state-dir "$state" >/dev/null
 wait_for 120 "$job-worker-1 replaced on another node" sh -c "n=\$(kubectl get pod $job-worker-1 -n $ns -o jsonpath='{.spec.nodeName}'); [ -n \"\$n\" ] && [ \"\$n\" != $lost ] && [ \"\$(kubectl get pod $job-worker-1 -n $ns -o jsonpath='{.status.phase}')\" = Running ]"
+wait_for 120 "the replaced rank resuming" sh -c "kubectl logs $job-worker-1 -n $ns | grep -q '^resumed from'"
 wait_phase Succeeded 300
-kubectl logs "$job-worker-1" -n "$ns" | grep -q '^resumed from' || fail "the replaced rank did not resume from the checkpoint"
 loss=$(final_loss)
 close "$loss" "$ref" || fail "after the node loss: final loss $loss differs from the reference run's $ref"
 log "node $lost lost: $job-worker-1 moved to $(kubectl get pod "$job-worker-1" -n "$ns" -o jsonpath='{.spec.nodeName}'), resumed, Succeeded in $((SECONDS - t0)) s, loss $loss"
