@@ -13,6 +13,9 @@ ExitClass classify_exit(const JobSpec& spec, int exit_code, int signal) {
   if (listed(spec.retryable_exit_codes)) return ExitClass::Retryable;
   // An explicit permanent list replaces the default range rather than adding to it.
   if (!spec.permanent_exit_codes.empty()) return ExitClass::Retryable;
+  // A program's ranks are restarted on any failure, as torchrun does: a rank whose peer died fails its collective and
+  // exits 1, so 1 cannot mean "a bug, do not retry" there (docs/programs.md).
+  if (spec.program) return ExitClass::Retryable;
   return (code >= 1 && code <= 127) ? ExitClass::Permanent : ExitClass::Retryable;
 }
 

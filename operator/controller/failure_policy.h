@@ -9,7 +9,8 @@ namespace railyard::op {
 
 enum class ExitClass { Success, Permanent, Retryable };
 
-// Explicit lists win; otherwise Kubeflow's convention: 1-127 permanent, 128 and above (signals) retryable.
+// Explicit lists win; otherwise Kubeflow's convention for the built-in trainer: 1-127 permanent, 128 and above
+// (signals) retryable; for a program (spec.program) torchrun's: every failure retryable, within maxRestarts.
 // A process killed by a signal (exit_code < 0 or signal > 0) is retryable unless 128+signal is listed as permanent.
 ExitClass classify_exit(const JobSpec& spec, int exit_code, int signal = 0);
 

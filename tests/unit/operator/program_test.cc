@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "operator/controller/failure_policy.h"
 #include "operator/controller/job_spec.h"
 #include "operator/controller/pod_builder.h"
 #include "tests/unit/operator/job_fixture.h"
@@ -70,6 +71,23 @@ TEST_CASE("a program job mixed with the trainer's sections is refused, naming th
   ParsedJob wrong = parse_job(program_job({{"spec", {{"program", {{"command", Json::array({"python3", 3})}}}}}}));
   REQUIRE(wrong.violation);
   CHECK(wrong.violation->field == "spec.program.command[1]");
+}
+
+TEST_CASE("a program's failures restart it by default, as under torchrun; listed codes keep their class") {
+  JobSpec spec = parse_job(program_job()).spec;
+  // A rank whose peer died fails its collective and exits 1: with the trainer's default (1-127 permanent) the job
+  // would fail before the lost node is noticed.
+  CHECK(classify_exit(spec, 1) == ExitClass::Retryable);
+  CHECK(classify_exit(spec, 127) == ExitClass::Retryable);
+  CHECK(classify_exit(spec, -1, 9) == ExitClass::Retryable);
+  CHECK(classify_exit(spec, 0) == ExitClass::Success);
+  JobSpec listed =
+      parse_job(program_job({{"spec", {{"failurePolicy", {{"permanentExitCodes", Json::array({3})}}}}}})).spec;
+  CHECK(classify_exit(listed, 3) == ExitClass::Permanent);
+  CHECK(classify_exit(listed, 1) == ExitClass::Retryable);
+  // The restart budget still ends it.
+  CHECK(decide_restart(spec, 5, 7, "WorkerExit", "rank 1 exited with code 1", false).fail);
+  CHECK_FALSE(decide_restart(spec, 4, 7, "WorkerExit", "rank 1 exited with code 1", false).fail);
 }
 
 TEST_CASE("a job with neither spec.program nor spec.model names both") {
