@@ -95,6 +95,8 @@ std::map<JobKey, std::map<int, RankObs>> group_samples(const std::vector<Sample>
       r.checkpoint_step = s.value;
     else if (n == "railyard_checkpoint_last_timestamp_seconds")
       r.checkpoint_ts = s.value;
+    else if (n == "railyard_worker_last_output_timestamp_seconds")
+      r.last_output_ts = s.value;
   }
   return out;
 }
@@ -241,6 +243,26 @@ std::optional<Verdict> Evaluator::evaluate(const JobKey& job, int64_t generation
               "s)";
     } else {
       basis = "hangTimeoutSeconds";
+    }
+  }
+  // 2a. Silence: a program that reports no steps (no rank has a step series in this generation) shows life only by
+  // writing output; none from any rank for hangTimeoutSeconds is a hang. Only job-wide: a program may print on rank 0
+  // alone.
+  if (!finite(max_step)) {
+    double latest_output = nan_value();
+    for (const auto& [r, o] : ranks)
+      if (finite(o.last_output_ts))
+        latest_output = finite(latest_output) ? std::max(latest_output, o.last_output_ts) : o.last_output_ts;
+    if (finite(latest_output)) {
+      const double quiet_since = std::max(st.first_seen, std::min(latest_output, now));
+      if (now - quiet_since > p.hang_timeout_s) {
+        int blame = down.empty() ? -1 : down.front();
+        std::string ev = "no step reported and no output from any rank for " + fmt(now - quiet_since, 1) +
+                         "s (threshold hangTimeoutSeconds " + fmt(p.hang_timeout_s, 0) + "s)" +
+                         (blame >= 0 ? "; rank " + std::to_string(blame) + " unreachable" : "");
+        return verdict("silence", "Hang", blame, ev, quiet_since, blame >= 0);
+      }
+      progress_at = now;  // the stall rule below is for steps; this job has none to stall
     }
   }
   if (now - progress_at > threshold) {

@@ -68,6 +68,9 @@ struct RankObs {
   double nonfinite_total = nan_value();
   double checkpoint_step = nan_value();
   double checkpoint_ts = nan_value();
+  // When the rank last wrote to stdout/stderr (railyard_worker_last_output_timestamp_seconds, served by the agent of
+  // a program's pod): the silence rule's only sign of life of a program that reports no steps.
+  double last_output_ts = nan_value();
 };
 
 struct JobKey {
@@ -80,7 +83,7 @@ struct JobKey {
 std::map<JobKey, std::map<int, RankObs>> group_samples(const std::vector<Sample>& samples);
 
 struct Verdict {
-  std::string rule;    // stall | unreachable | straggler | nonfinite | loss_spike | checkpoint_age
+  std::string rule;    // stall | silence | unreachable | straggler | nonfinite | loss_spike | checkpoint_age
   std::string reason;  // the restart reason: Hang, RankUnreachable, Straggler, NonFiniteLoss, LossSpike, ...
   int rank = -1;       // -1: no single rank to blame
   std::string node;

@@ -194,13 +194,13 @@ void Family<T>::remove_matching(const Labels& subset) {
 }
 
 template <typename T>
-std::vector<std::pair<Labels, const T*>> Family<T>::children() const {
+std::vector<std::pair<Labels, std::shared_ptr<const T>>> Family<T>::children() const {
   std::lock_guard lock(mu_);
-  std::vector<std::pair<Labels, const T*>> out;
+  std::vector<std::pair<Labels, std::shared_ptr<const T>>> out;
   for (const auto& [labels, m] : children_) {
     Labels all = const_labels_;
     all.insert(labels.begin(), labels.end());
-    out.emplace_back(std::move(all), m.get());
+    out.emplace_back(std::move(all), m);
   }
   return out;
 }

@@ -79,15 +79,16 @@ class Family {
   const std::string& name() const { return name_; }
   const std::string& help() const { return help_; }
 
-  // For the serializer: the children with their full label sets.
-  std::vector<std::pair<Labels, const T*>> children() const;
+  // For the serializer: the children with their full label sets. Shared, so that a child removed while a scrape
+  // renders it stays alive until the scrape is done.
+  std::vector<std::pair<Labels, std::shared_ptr<const T>>> children() const;
 
  private:
   std::string name_, help_;
   Labels const_labels_;
   std::vector<double> bounds_;
   mutable std::mutex mu_;
-  std::map<Labels, std::unique_ptr<T>> children_;
+  std::map<Labels, std::shared_ptr<T>> children_;
 };
 
 class Registry {

@@ -250,6 +250,9 @@ Json build_worker_pod(const Json& job, const JobSpec& spec, int index, int64_t g
   if (opts.worker_metrics_port > 0) {
     annotations[kMetricsPortAnnotation] = std::to_string(opts.worker_metrics_port);
     merge_named(env, Json::array({env_value("RAILYARD_METRICS_PORT", std::to_string(opts.worker_metrics_port))}));
+    // A program serves no railyard_worker_* series: its agent serves them there, from the ranks' progress files and
+    // output, so the monitor's rules see a program's ranks like the trainer's (docs/programs.md).
+    if (spec.program) merge_named(env, Json::array({env_value("RAILYARD_AGENT_RANK_METRICS", "1")}));
     for (int l = 0; l < spec.procs_per_replica && l < 8; ++l) {
       // Port names are at most 15 characters: metrics, metrics-1 ... metrics-7 (more local ranks serve unnamed).
       ports.push_back({{"name", l == 0 ? std::string("metrics") : "metrics-" + std::to_string(l)},

@@ -14,6 +14,7 @@
 
 #include <cctype>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -27,7 +28,9 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/metrics/metrics.h"
+#include "worker/agent/output_watch.h"
 #include "worker/agent/peer_copy.h"
+#include "worker/agent/rank_exporter.h"
 #include "worker/agent/rendezvous_client.h"
 
 extern char** environ;
@@ -60,6 +63,8 @@ int64_t int_env(const char* name, int64_t fallback, int64_t min, int64_t max) {
   }
   return x;
 }
+
+double unix_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
 std::string random_id() {
   std::random_device rd;
@@ -209,6 +214,16 @@ class AgentRun {
     if (metrics_.exposer) {
       log::info(kComponent, "serving metrics",
                 {{"address", cfg.pod_ip + ":" + std::to_string(metrics_.exposer->port()) + "/metrics"}});
+    }
+    if (cfg.rank_metrics_port >= 0) {
+      // The ranks serve no metrics themselves (a program): the agent serves theirs, from progress and output.
+      ranks_out_ =
+          std::make_unique<RankExporter>(cfg.pod_ip, cfg.rank_metrics_port, cfg.procs_per_pod,
+                                         metrics::Labels{{"namespace", cfg.ns}, {"job", cfg.job}, {"node", cfg.node}});
+      output_ = std::make_unique<OutputWatch>(cfg.procs_per_pod);
+      log::info(kComponent, "serving the ranks' metrics from their progress and output",
+                {{"address", cfg.pod_ip + ":" + std::to_string(ranks_out_->port(0)) + "/metrics"},
+                 {"ranks", std::to_string(cfg.procs_per_pod)}});
     }
   }
 
@@ -416,6 +431,7 @@ class AgentRun {
     const char* mr = std::getenv("RAILYARD_MAX_RESTARTS");
     const std::string max_restarts = mr != nullptr && *mr != '\0' ? mr : "0";
     workers_.clear();
+    if (ranks_out_) ranks_out_->start_generation(a.generation, a.ranks, unix_now());
     for (int l = 0; l < a.local_world_size; ++l) {
       Worker w;
       w.local_rank = l;
@@ -466,6 +482,7 @@ class AgentRun {
       for (auto& s : env) envp.push_back(s.data());
       envp.push_back(nullptr);
       const pid_t parent = ::getpid();
+      const OutputWatch::ChildEnds ends = output_ ? output_->open(l) : OutputWatch::ChildEnds{};
 
       pid_t pid = ::fork();
       if (pid < 0) throw Error(std::string("agent: fork failed: ") + std::strerror(errno));
@@ -477,9 +494,14 @@ class AgentRun {
         sigemptyset(&none);
         ::sigprocmask(SIG_SETMASK, &none, nullptr);
         ::signal(SIGPIPE, SIG_DFL);
+        if (ends.out >= 0 && (::dup2(ends.out, 1) < 0 || ::dup2(ends.err, 2) < 0)) ::_exit(127);
         ::execvpe(argv[0], argv.data(), envp.data());
         (void)!::write(2, exec_error.data(), exec_error.size());
         ::_exit(127);
+      }
+      if (ends.out >= 0) {
+        ::close(ends.out);  // the child holds them now: EOF on the read end once it and its children are gone
+        ::close(ends.err);
       }
       ::setpgid(pid, pid);
       w.pid = pid;
@@ -582,22 +604,33 @@ class AgentRun {
 
   void forward_progress() {
     for (auto& w : workers_) {
+      if (output_ && ranks_out_) ranks_out_->on_output(w.local_rank, output_->last_output(w.local_rank));
       std::ifstream in(w.progress_file);
       if (!in) continue;
-      nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
-      if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) continue;
-      int64_t step = j["step"].get<int64_t>();
-      if (step == w.last_step) continue;
+      std::optional<ProgressRecord> p = parse_progress(std::string(std::istreambuf_iterator<char>(in), {}));
+      if (!p || p->step == w.last_step) continue;
+      if (ranks_out_) {
+        struct stat st {};
+        const double written = ::stat(w.progress_file.c_str(), &st) == 0
+                                   ? static_cast<double>(st.st_mtim.tv_sec) + st.st_mtim.tv_nsec * 1e-9
+                                   : unix_now();
+        ranks_out_->on_progress(w.local_rank, *p, written);
+      }
+      if (p->has_loss && !std::isfinite(p->loss)) {
+        // Not a number the job's status can show: the monitor's non-finite rule acts on it (from the series above).
+        w.last_step = p->step;
+        continue;
+      }
       rdzv::ProgressReport rep;
       rep.ref = ref();
       rep.generation = generation_;
       rep.local_rank = w.local_rank;
-      rep.step = step;
-      rep.loss = j.value("loss", 0.0);
-      rep.tokens_per_second = j.value("tokens_per_second", 0.0);
+      rep.step = p->step;
+      rep.loss = p->has_loss ? p->loss : 0.0;
+      rep.tokens_per_second = p->tokens_per_second;
       try {
         client_.report_progress(rep);
-        w.last_step = step;
+        w.last_step = p->step;
       } catch (const std::exception& e) {
         log::debug(kComponent, "progress report failed", {{"error", e.what()}});
       }
@@ -837,6 +870,8 @@ class AgentRun {
   std::atomic<bool> peer_first_logged_{false};  // the first copy to each new target is logged at info
   std::unique_ptr<peer::PeerServer> peer_server_;
   std::unique_ptr<peer::PeerSender> peer_sender_;
+  std::unique_ptr<RankExporter> ranks_out_;  // a program's ranks: their series, served by the agent
+  std::unique_ptr<OutputWatch> output_;      // with ranks_out_: the ranks' output, and when they last wrote
 };
 
 }  // namespace
@@ -860,6 +895,11 @@ AgentConfig AgentConfig::from_env(std::vector<std::string> command) {
   c.metrics_port = static_cast<int>(int_env("RAILYARD_AGENT_METRICS_PORT", -1, 0, 65535));
   c.node = env_or("RAILYARD_NODE_NAME", "");
   c.peer_port = static_cast<int>(int_env("RAILYARD_AGENT_PEER_PORT", 0, -1, 65535));
+  if (env_or("RAILYARD_AGENT_RANK_METRICS", "") == "1") {
+    c.rank_metrics_port = static_cast<int>(int_env("RAILYARD_METRICS_PORT", -1, 1, 65535 - c.procs_per_pod));
+    if (c.rank_metrics_port < 0)
+      throw ConfigError("RAILYARD_AGENT_RANK_METRICS=1 needs RAILYARD_METRICS_PORT: the port of local rank 0's series");
+  }
   return c;
 }
 

@@ -28,6 +28,10 @@ struct AgentConfig {
   std::string node;       // RAILYARD_NODE_NAME (label of the agent's series; may be empty)
   // RAILYARD_AGENT_PEER_PORT: the peer-copy listener of the in-memory tier on pod_ip (0 picks one; -1 = no peer copy).
   int peer_port = 0;
+  // RAILYARD_AGENT_RANK_METRICS=1 (a program's pod): the agent serves each local rank's railyard_worker_* series on
+  // pod_ip:(RAILYARD_METRICS_PORT + local rank), from its progress file and output, which it copies to its own
+  // (worker/agent/rank_exporter.h). -1: the ranks serve their own (the built-in trainer).
+  int rank_metrics_port = -1;
 
   // Reads the environment; throws ConfigError naming the variable and the fix.
   static AgentConfig from_env(std::vector<std::string> command);

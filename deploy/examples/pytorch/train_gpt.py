@@ -5,8 +5,9 @@ program (deploy/examples/pytorch-ddp.yaml, docs/programs.md).
 Nothing in it is Railyard's: it reads what torchrun would give it (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
 MASTER_PORT through init_process_group's env:// method) and, where present, three optional variables:
 RAILYARD_CHECKPOINT_DIR (where to keep its checkpoint; default ./checkpoints), RAILYARD_CHECKPOINT_INTERVAL_STEPS
-(how often; default 20) and RAILYARD_PROGRESS_FILE (a JSON line {"step", "loss", "tokens_per_second"} after every
-step, which Railyard turns into the job's status and the monitor's hang rule). The same script runs under torchrun.
+(how often; default 20) and RAILYARD_PROGRESS_FILE (a JSON object {"step", "loss", "tokens_per_second",
+"compute_seconds"} after every step, which Railyard turns into the job's status and the monitor's hang, straggler and
+non-finite-loss rules). The same script runs under torchrun.
 
 Data: characters of a text file (default: the GPL text every Debian image carries), batches drawn from a generator
 seeded by (seed, step, rank), so a run resumed at step s sees the data an undisturbed run saw from s on. The global
@@ -62,12 +63,12 @@ def batch(data, step, rank, n, block, seed):
     return x, y
 
 
-def write_progress(path, step, loss, tps):
+def write_progress(path, step, loss, tps, compute):
     if not path:
         return
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump({"step": step, "loss": loss, "tokens_per_second": tps}, f)
+        json.dump({"step": step, "loss": loss, "tokens_per_second": tps, "compute_seconds": compute}, f)
     os.replace(tmp, path)
 
 
@@ -80,6 +81,7 @@ def main():
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step (tests: a slower run)")
+    p.add_argument("--no-progress", action="store_true", help="report no progress (tests: the monitor's silence rule)")
     a = p.parse_args()
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -106,11 +108,14 @@ def main():
         start = state["step"] + 1
         print(f"resumed from {ckpt} at step {state['step']} (restart {os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}, "
               f"world {world})", flush=True)
-    ddp = DDP(model)
+    # No buffer broadcast in forward (the causal mask is a constant): the forward pass is this rank's own work only,
+    # which makes its time the compute_seconds the straggler rule compares across ranks.
+    ddp = DDP(model, broadcast_buffers=False)
     print(f"rank {rank}/{world} backend {backend} steps {start}..{a.steps}", flush=True)
 
     per_rank = a.global_batch // world
-    progress = os.environ.get("RAILYARD_PROGRESS_FILE", "")
+    progress = "" if a.no_progress else os.environ.get("RAILYARD_PROGRESS_FILE", "")
+    compute = 0.0  # seconds of batch preparation and forward passes: no collective waits in them
     for step in range(start, a.steps + 1):
         t0 = time.time()
         lr = a.lr * 0.5 * (1 + math.cos(math.pi * (step - 1) / a.steps))
@@ -119,6 +124,7 @@ def main():
         x, y = batch(data, step, rank, per_rank, a.block, a.seed)
         logits = ddp(x.to(device))
         loss = F.cross_entropy(logits.view(-1, 256), y.to(device).view(-1))
+        compute += time.time() - t0
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -129,7 +135,7 @@ def main():
         if a.step_sleep > 0:
             time.sleep(a.step_sleep)
         tps = per_rank * a.block / max(time.time() - t0, 1e-9)
-        write_progress(progress, step, mean, tps)
+        write_progress(progress, step, mean, tps, compute)
         if rank == 0:
             print(f"step {step}/{a.steps} loss {mean:.6f}", flush=True)
             if step % every == 0 or step == a.steps:

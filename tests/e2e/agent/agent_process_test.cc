@@ -1,10 +1,13 @@
 // The real agent binary as local processes (one per simulated pod) against a RendezvousService in this process:
 // worker env, exit reporting, in-place re-join on a new generation, signal forwarding, success and bad-token exits.
 // Needs no Kubernetes: each "pod" is an agent process with its own loopback IP.
+#include <arpa/inet.h>
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <httplib.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -529,4 +532,114 @@ TEST_CASE("a worker command that cannot be executed is reported as exit code 127
   svc.close_job("ns1/job1");
   CHECK(a.wait_exit(10) == 1);
   CHECK(slurp(a.log).find("cannot exec the worker command \"/nonexistent/railyard-train\"") != std::string::npos);
+}
+
+// A program's pod (RAILYARD_AGENT_RANK_METRICS=1): its ranks serve no metrics, the agent serves theirs on
+// RAILYARD_METRICS_PORT + local rank from their progress files and output (docs/programs.md), and copies their
+// output to its own.
+const char* kProgramScript = R"(
+p="$RAILYARD_PROGRESS_FILE"
+put() { echo "$1" > "$p.tmp" && mv "$p.tmp" "$p"; }
+echo "out of rank $RANK generation $RAILYARD_GENERATION"
+echo "err of rank $RANK" >&2
+if [ "$RAILYARD_GENERATION" = 1 ]; then
+  if [ "$RANK" = 0 ]; then
+    put '{"step": 5, "loss": 2.5, "tokens_per_second": 100.0, "compute_seconds": 1.0}'; sleep 1
+    put '{"step": 10, "loss": 2.25, "tokens_per_second": 110.0, "compute_seconds": 3.0}'
+  else
+    put '{"step": 5, "loss": NaN, "tokens_per_second": 100.0}'
+  fi
+fi
+echo done > "$TEST_OUT/quiet-$RAILYARD_GENERATION-$RANK"
+while true; do sleep 0.05; done
+)";
+
+static int two_free_ports() {
+  // Two consecutive ports free on the agent's address (the rank series' ports are base + local rank).
+  for (int base = 21000 + (::getpid() % 4000) * 2; base < 65000; base += 2) {
+    bool ok = true;
+    for (int p : {base, base + 1}) {
+      // A plain socket, closed at once (httplib's Server keeps its listening socket and reuses the port).
+      int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(static_cast<uint16_t>(p));
+      ::inet_pton(AF_INET, "127.0.12.1", &a.sin_addr);
+      if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) ok = false;
+      if (fd >= 0) ::close(fd);
+    }
+    if (ok) return base;
+  }
+  FAIL("no two consecutive free ports");
+  return -1;
+}
+
+TEST_CASE("a program's ranks: the agent serves their series from progress and output, and copies the output") {
+  TempDir tmp;
+  RendezvousService svc("127.0.0.1", 0);
+  svc.open_generation(spec(1, {"pod0"}, 2));
+  const int port = two_free_ports();
+  const double t_start = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  AgentProcess a("pod0", "127.0.12.1", svc.port(), 2, tmp.path, {"sh", "-c", kProgramScript}, kToken, "job1",
+                 {{"RAILYARD_AGENT_RANK_METRICS", "1"},
+                  {"RAILYARD_METRICS_PORT", std::to_string(port)},
+                  {"RAILYARD_NODE_NAME", "n7"}});
+  auto scraped = [&](int local_rank) {  // "" while the agent is not serving yet
+    httplib::Client c("127.0.12.1", port + local_rank);
+    c.set_connection_timeout(2);
+    auto r = c.Get("/metrics");
+    return r && r->status == 200 ? r->body : std::string();
+  };
+  const bool stepped = wait_for(
+      [&] {
+        return fs::exists(tmp.path / "quiet-1-0") && fs::exists(tmp.path / "quiet-1-1") &&
+               sample(scraped(0), "railyard_worker_step") == 10 && sample(scraped(1), "railyard_worker_step") == 5;
+      },
+      20);
+  if (!stepped) MESSAGE(slurp(a.log));
+  REQUIRE(stepped);
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));  // one more agent poll after the last output
+  const std::string m0 = scraped(0), m1 = scraped(1);
+  INFO(m0, m1);
+  const std::string r0 = "rank=\"0\"";
+  CHECK(m0.find("railyard_worker_step{generation=\"1\",job=\"job1\",namespace=\"ns1\",node=\"n7\",rank=\"0\"} 10") !=
+        std::string::npos);
+  CHECK(sample(m0, "railyard_worker_steps_total", r0) == 5);  // 5 -> 10 within the generation
+  CHECK(sample(m0, "railyard_worker_loss", r0) == doctest::Approx(2.25));
+  CHECK(sample(m0, "railyard_worker_tokens_per_second", r0) == doctest::Approx(110));
+  CHECK(sample(m0, "railyard_worker_step_phase_seconds_total", "phase=\"compute\"") == doctest::Approx(2.0));
+  const double d = sample(m0, "railyard_worker_step_duration_seconds", r0);  // ~1 s over 5 steps
+  CHECK(d > 0.1);
+  CHECK(d < 1.0);
+  CHECK(sample(m0, "railyard_worker_last_step_timestamp_seconds", r0) > t_start);
+  CHECK(sample(m0, "railyard_worker_nonfinite_total", r0) == 0);
+  // Python's json.dump writes a NaN loss as a bare NaN: read, counted, and not sent to the job's status.
+  CHECK(std::isnan(sample(m1, "railyard_worker_loss", "rank=\"1\"")));
+  CHECK(sample(m1, "railyard_worker_nonfinite_total", "rank=\"1\"") == 1);
+  REQUIRE(svc.progress("ns1/job1"));
+  CHECK(svc.progress("ns1/job1")->loss == doctest::Approx(2.25));
+  // The output clock: when the rank last wrote, not when it was scraped; it stands still while the rank is quiet.
+  const double out0 = sample(m0, "railyard_worker_last_output_timestamp_seconds", r0);
+  CHECK(out0 > t_start);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  CHECK(sample(scraped(0), "railyard_worker_last_output_timestamp_seconds", r0) == out0);
+  // The ranks' output reached the agent's, stream for stream (stdout and stderr go to one log file here).
+  const std::string log = slurp(a.log);
+  CHECK(log.find("out of rank 0 generation 1") != std::string::npos);
+  CHECK(log.find("out of rank 1 generation 1") != std::string::npos);
+  CHECK(log.find("err of rank 1") != std::string::npos);
+
+  // A new generation: generation 1's series are gone; generation 2's ranks have their output clock but no step
+  // series until they report one (this script reports none in generation 2: the silence rule's case).
+  svc.open_generation(spec(2, {"pod0"}, 2));
+  REQUIRE(wait_for([&] { return fs::exists(tmp.path / "quiet-2-0") && fs::exists(tmp.path / "quiet-2-1"); }, 20));
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  const std::string g2 = scraped(0);
+  INFO(g2);
+  CHECK(g2.find("generation=\"1\"") == std::string::npos);
+  CHECK(sample(g2, "railyard_worker_last_output_timestamp_seconds", "generation=\"2\"") >= out0);
+  CHECK(std::isnan(sample(g2, "railyard_worker_step")));
+  CHECK(slurp(a.log).find("out of rank 0 generation 2") != std::string::npos);
+  svc.close_job("ns1/job1");
+  CHECK(a.wait_exit(10) == 1);
 }

@@ -125,6 +125,70 @@ TEST_CASE("series of another generation are ignored") {
   CHECK_FALSE(ev.evaluate(kJob, 1, {{0, old}}, p, 50));
 }
 
+// A program's rank that reports no steps: only its output clock (the agent's series).
+RankObs quiet_rank(int r, double last_output) {
+  RankObs o;
+  o.rank = r;
+  o.node = "node-" + std::to_string(r);
+  o.last_output_ts = last_output;
+  return o;
+}
+
+TEST_CASE("silence: a program without steps is hung after hangTimeoutSeconds with no output from any rank") {
+  Evaluator ev;
+  Policy p = fast_policy();
+  p.hang_timeout_s = 20;
+  double t = 1000;
+  // Rank 0 prints every 5 s, rank 1 never (it started at 1000): the job is alive as long as one rank writes.
+  double out0 = 1000;
+  for (; t < 1060; t += 1) {
+    if (static_cast<int>(t) % 5 == 0) out0 = t;
+    CHECK_FALSE(ev.evaluate(kJob, 3, {{0, quiet_rank(0, out0)}, {1, quiet_rank(1, 1000)}}, p, t));
+  }
+  // Both quiet from 1055 on (rank 0's last line): the verdict comes after 20 s, not before.
+  std::optional<Verdict> v;
+  for (; t < 1100 && !v; t += 1) {
+    v = ev.evaluate(kJob, 3, {{0, quiet_rank(0, out0)}, {1, quiet_rank(1, 1000)}}, p, t);
+    if (!v) CHECK(t - out0 <= 20.0);
+  }
+  REQUIRE(v);
+  CHECK(v->rule == "silence");
+  CHECK(v->reason == "Hang");
+  CHECK(v->rank == -1);  // no rank to blame: every one is alive and quiet
+  CHECK(v->generation == 3);
+  CHECK(v->onset == out0);
+  CHECK(v->at - out0 <= 21.0);
+  CHECK(v->evidence.find("no output from any rank") != std::string::npos);
+  CHECK_FALSE(ev.evaluate(kJob, 3, {{0, quiet_rank(0, out0)}}, p, t + 50));  // once per generation
+}
+
+TEST_CASE("silence: steps, not output, count once a rank reports them; no output series keeps the old rule") {
+  Evaluator ev;
+  Policy p = fast_policy();
+  p.hang_timeout_s = 300;
+  double t = 1000;
+  // Steps stop at 1010 while the program keeps printing: the stall rule fires (threshold max(3 x 0.5, 10) s).
+  std::optional<Verdict> v;
+  for (; t < 1060 && !v; t += 1) {
+    RankObs r = rank(0, t < 1010 ? (t - 1000) * 2 : 20, std::min(t, 1010.0));
+    r.last_output_ts = t;
+    v = ev.evaluate(kJob, 1, {{0, r}}, p, t);
+  }
+  REQUIRE(v);
+  CHECK(v->rule == "stall");
+  CHECK(t - 1010 <= 13);
+  // A job with neither steps nor output series (a trainer before its first step): hangTimeoutSeconds from first
+  // sight, as before.
+  Evaluator ev2;
+  RankObs none;
+  none.rank = 0;
+  CHECK_FALSE(ev2.evaluate(kJob, 1, {{0, none}}, p, 2000));
+  CHECK_FALSE(ev2.evaluate(kJob, 1, {{0, none}}, p, 2299));
+  auto w = ev2.evaluate(kJob, 1, {{0, none}}, p, 2301);
+  REQUIRE(w);
+  CHECK(w->rule == "stall");
+}
+
 TEST_CASE("unreachable: a rank down longer than the threshold and for N evaluations, but not a blip") {
   Evaluator ev;
   Policy p = fast_policy();
@@ -354,6 +418,7 @@ TEST_CASE("group_samples: by namespace/job/rank; foreign series skipped") {
   std::vector<Sample> s = {
       {"railyard_worker_step", {{"namespace", "a"}, {"job", "j"}, {"rank", "1"}, {"node", "n1"}}, 7},
       {"railyard_worker_loss", {{"namespace", "a"}, {"job", "j"}, {"rank", "1"}}, 2.5},
+      {"railyard_worker_last_output_timestamp_seconds", {{"namespace", "a"}, {"job", "j"}, {"rank", "1"}}, 1234.5},
       {"up", {{"namespace", "a"}, {"job", "j"}, {"rank", "0"}}, 0},
       {"railyard_worker_step", {{"namespace", "a"}, {"job", "j"}, {"rank", "x"}}, 1},
       {"railyard_worker_step", {{"job", "j"}, {"rank", "2"}}, 1},
@@ -367,6 +432,8 @@ TEST_CASE("group_samples: by namespace/job/rank; foreign series skipped") {
   CHECK(ranks[1].loss == 2.5);
   CHECK(ranks[1].loss_present);
   CHECK(ranks[1].node == "n1");
+  CHECK(ranks[1].last_output_ts == 1234.5);
+  CHECK(std::isnan(ranks[0].last_output_ts));
   CHECK_FALSE(ranks[0].reachable);
   CHECK(ranks[1].reachable);
 }

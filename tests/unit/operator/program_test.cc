@@ -138,9 +138,15 @@ TEST_CASE("a program pod: the launcher copied by an init container runs the prog
   CHECK((*find_env(pod, "RAILYARD_CHECKPOINT_INTERVAL_STEPS"))["value"] == "20");
   CHECK((*find_env(pod, "RAILYARD_MAX_RESTARTS"))["value"] == "5");
   CHECK((*find_env(pod, "RAILYARD_TOTAL_STEPS"))["value"] == "300");
+  // The agent serves the ranks' series on the port the monitor scrapes (the program serves none).
+  REQUIRE(find_env(pod, "RAILYARD_AGENT_RANK_METRICS"));
+  CHECK((*find_env(pod, "RAILYARD_AGENT_RANK_METRICS"))["value"] == "1");
+  CHECK((*find_env(pod, "RAILYARD_METRICS_PORT"))["value"] == "9400");
+  CHECK(pod["metadata"]["annotations"]["railyard.dev/metrics-port"] == "9400");
   // A built-in trainer job gets none of it.
   ParsedJob gpt = parse_job(railyard::op::testing::valid_job());
   Json gpod = build_worker_pod(railyard::op::testing::valid_job(), gpt.spec, 0, 1, opts);
   CHECK_FALSE(gpod["spec"].contains("initContainers"));
   CHECK(find_env(gpod, "RAILYARD_CHECKPOINT_DIR") == nullptr);
+  CHECK(find_env(gpod, "RAILYARD_AGENT_RANK_METRICS") == nullptr);
 }

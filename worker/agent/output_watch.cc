@@ -1,0 +1,111 @@
+#include "worker/agent/output_watch.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include "common/error.h"
+
+namespace railyard::worker {
+namespace {
+
+double unix_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
+
+void write_all(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return;  // the agent's own stdout is gone: drop, never block the ranks on it
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+}  // namespace
+
+OutputWatch::OutputWatch(int local_ranks) : last_(static_cast<size_t>(local_ranks)) {
+  for (auto& t : last_) t.store(0);
+  if (::pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0)
+    throw Error(std::string("agent: pipe for the output watch failed: ") + std::strerror(errno));
+  thread_ = std::thread([this] { loop(); });
+}
+
+OutputWatch::~OutputWatch() {
+  stop_.store(true);
+  (void)!::write(wake_[1], "x", 1);
+  thread_.join();
+  for (const Source& s : sources_) ::close(s.fd);
+  ::close(wake_[0]);
+  ::close(wake_[1]);
+}
+
+OutputWatch::ChildEnds OutputWatch::open(int local_rank) {
+  int out[2], err[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) throw Error(std::string("agent: pipe failed: ") + std::strerror(errno));
+  if (::pipe2(err, O_CLOEXEC) != 0) {
+    ::close(out[0]);
+    ::close(out[1]);
+    throw Error(std::string("agent: pipe failed: ") + std::strerror(errno));
+  }
+  {
+    std::lock_guard lock(mu_);
+    sources_.push_back({out[0], local_rank, 1});
+    sources_.push_back({err[0], local_rank, 2});
+  }
+  (void)!::write(wake_[1], "x", 1);
+  return {out[1], err[1]};
+}
+
+double OutputWatch::last_output(int local_rank) const { return last_.at(static_cast<size_t>(local_rank)).load(); }
+
+void OutputWatch::loop() {
+  char buf[65536];
+  while (true) {
+    std::vector<Source> srcs;
+    {
+      std::lock_guard lock(mu_);
+      srcs = sources_;
+    }
+    std::vector<pollfd> fds{{wake_[0], POLLIN, 0}};
+    for (const Source& s : srcs) fds.push_back({s.fd, POLLIN, 0});
+    // After stop, drain what the pipes hold without waiting for writers that may never close them.
+    const bool stopping = stop_.load();
+    int n = ::poll(fds.data(), fds.size(), stopping ? 0 : -1);
+    if (n < 0 && errno != EINTR) return;
+    if (fds[0].revents & POLLIN)
+      while (::read(wake_[0], buf, sizeof buf) > 0) {
+      }
+    bool any = false;
+    std::vector<int> closed;
+    for (size_t i = 1; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      const Source& s = srcs[i - 1];
+      ssize_t r = ::read(s.fd, buf, sizeof buf);
+      if (r > 0) {
+        any = true;
+        last_[static_cast<size_t>(s.local_rank)].store(unix_now());
+        write_all(s.to, buf, static_cast<size_t>(r));
+      } else if (r == 0 || (errno != EINTR && errno != EAGAIN)) {
+        closed.push_back(s.fd);  // every writer is gone (the rank and what it started)
+      }
+    }
+    if (!closed.empty()) {
+      std::lock_guard lock(mu_);
+      std::erase_if(sources_, [&](const Source& s) {
+        for (int fd : closed)
+          if (fd == s.fd) {
+            ::close(fd);
+            return true;
+          }
+        return false;
+      });
+    }
+    if (stopping && !any) return;
+  }
+}
+
+}  // namespace railyard::worker

@@ -1,0 +1,159 @@
+#include "worker/agent/rank_exporter.h"
+
+#include <cmath>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "common/error.h"
+
+namespace railyard::worker {
+
+std::optional<ProgressRecord> parse_progress(const std::string& text) {
+  // Python's json.dump writes a NaN or infinite float as a bare NaN / Infinity / -Infinity, which JSON lacks: read
+  // them as strings first (outside strings only; the record has no string values of its own).
+  static const std::regex bare(R"((-?Infinity|NaN)(?=\s*[,}\]]))");
+  nlohmann::json j = nlohmann::json::parse(std::regex_replace(text, bare, "\"$1\""), nullptr, false);
+  if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) return std::nullopt;
+  ProgressRecord r;
+  r.step = j["step"].get<int64_t>();
+  if (j.contains("loss")) {
+    const auto& l = j["loss"];
+    constexpr double inf = std::numeric_limits<double>::infinity();
+    if (l.is_number()) {
+      r.has_loss = true;
+      r.loss = l.get<double>();
+    } else if (l.is_null() || l == "NaN") {
+      r.has_loss = true;
+      r.loss = std::numeric_limits<double>::quiet_NaN();
+    } else if (l == "Infinity" || l == "-Infinity") {
+      r.has_loss = true;
+      r.loss = l == "Infinity" ? inf : -inf;
+    }
+  }
+  if (j.contains("tokens_per_second") && j["tokens_per_second"].is_number())
+    r.tokens_per_second = j["tokens_per_second"].get<double>();
+  if (j.contains("compute_seconds") && j["compute_seconds"].is_number() && j["compute_seconds"].get<double>() >= 0)
+    r.compute_seconds = j["compute_seconds"].get<double>();
+  return r;
+}
+
+// One local rank: its registry and endpoint (for the agent's lifetime) and its series (for one generation).
+struct RankExporter::Rank {
+  metrics::Registry registry;
+  metrics::Family<metrics::Gauge>& step_f = registry.gauge("railyard_worker_step", "Last completed training step.");
+  metrics::Family<metrics::Counter>& steps_total_f =
+      registry.counter("railyard_worker_steps_total", "Steps this rank reported in this generation.");
+  metrics::Family<metrics::Gauge>& last_step_ts_f = registry.gauge("railyard_worker_last_step_timestamp_seconds",
+                                                                   "When the last step's progress record was written.");
+  metrics::Family<metrics::Gauge>& duration_f = registry.gauge(
+      "railyard_worker_step_duration_seconds", "Wall time per step between the last two progress records.");
+  metrics::Family<metrics::Gauge>& loss_f =
+      registry.gauge("railyard_worker_loss", "Training loss of the last step (NaN when non-finite).");
+  metrics::Family<metrics::Gauge>& tps_f =
+      registry.gauge("railyard_worker_tokens_per_second", "Training throughput of the last step.");
+  metrics::Family<metrics::Counter>& nonfinite_f =
+      registry.counter("railyard_worker_nonfinite_total", "Progress records with a non-finite loss.");
+  metrics::Family<metrics::Counter>& phase_f = registry.counter(
+      "railyard_worker_step_phase_seconds_total", "Seconds per phase; compute: the program's compute_seconds.");
+  metrics::Family<metrics::Gauge>& output_f =
+      registry.gauge("railyard_worker_last_output_timestamp_seconds",
+                     "When the rank last wrote to its stdout or stderr (its start, before it wrote).");
+  std::unique_ptr<metrics::Exposer> exposer;
+
+  metrics::Labels labels;  // this generation's; empty before the first
+  metrics::Gauge* output = nullptr;
+  bool stepped = false;  // the step series exist (a first record arrived in this generation)
+  int64_t prev_step = 0;
+  double prev_written = 0;
+  double prev_compute = 0;
+
+  void clear() {
+    if (labels.empty()) return;
+    step_f.remove_matching(labels);
+    steps_total_f.remove_matching(labels);
+    last_step_ts_f.remove_matching(labels);
+    duration_f.remove_matching(labels);
+    loss_f.remove_matching(labels);
+    tps_f.remove_matching(labels);
+    nonfinite_f.remove_matching(labels);
+    phase_f.remove_matching(labels);
+    output_f.remove_matching(labels);
+    output = nullptr;
+    stepped = false;
+  }
+};
+
+RankExporter::RankExporter(const std::string& pod_ip, int base_port, int local_ranks, const metrics::Labels& labels)
+    : labels_(labels) {
+  for (int l = 0; l < local_ranks; ++l) {
+    auto r = std::make_unique<Rank>();
+    const int port = base_port + l;
+    try {
+      r->exposer = std::make_unique<metrics::Exposer>(r->registry, pod_ip, port);
+    } catch (const std::exception& e) {
+      throw Error("agent: cannot serve local rank " + std::to_string(l) + "'s metrics on " + pod_ip + ":" +
+                  std::to_string(port) + " (RAILYARD_METRICS_PORT + local rank): " + e.what() +
+                  "; the program must not listen there");
+    }
+    ranks_.push_back(std::move(r));
+  }
+}
+
+RankExporter::~RankExporter() = default;
+
+int RankExporter::port(int local_rank) const { return ranks_.at(local_rank)->exposer->port(); }
+
+void RankExporter::start_generation(int64_t generation, const std::vector<int>& global_ranks, double now) {
+  for (size_t l = 0; l < ranks_.size(); ++l) {
+    Rank& r = *ranks_[l];
+    r.clear();
+    if (l >= global_ranks.size()) {
+      r.labels.clear();
+      continue;
+    }
+    r.labels = labels_;
+    r.labels["rank"] = std::to_string(global_ranks[l]);
+    r.labels["generation"] = std::to_string(generation);
+    r.output = &r.output_f.add(r.labels);
+    r.output->set(now);
+  }
+}
+
+void RankExporter::on_progress(int local_rank, const ProgressRecord& p, double written) {
+  Rank& r = *ranks_.at(local_rank);
+  if (r.labels.empty()) return;
+  const bool first = !r.stepped;
+  r.stepped = true;
+  auto& steps_total = r.steps_total_f.add(r.labels);
+  if (!first && p.step > r.prev_step) {
+    steps_total.increment(static_cast<double>(p.step - r.prev_step));
+    if (written > r.prev_written)
+      r.duration_f.add(r.labels).set((written - r.prev_written) / static_cast<double>(p.step - r.prev_step));
+  }
+  r.step_f.add(r.labels).set(static_cast<double>(p.step));
+  r.last_step_ts_f.add(r.labels).set(written);
+  auto& nonfinite = r.nonfinite_f.add(r.labels);
+  if (p.has_loss) {
+    r.loss_f.add(r.labels).set(p.loss);
+    if (!std::isfinite(p.loss)) nonfinite.increment();
+  }
+  if (p.tokens_per_second > 0) r.tps_f.add(r.labels).set(p.tokens_per_second);
+  if (p.compute_seconds) {
+    metrics::Labels l = r.labels;
+    l["phase"] = "compute";
+    auto& compute = r.phase_f.add(l);
+    // Cumulative in the program; a smaller value is a restarted count (the generation's first record) and starts over.
+    if (!first && *p.compute_seconds >= r.prev_compute) compute.increment(*p.compute_seconds - r.prev_compute);
+    r.prev_compute = *p.compute_seconds;
+  }
+  r.prev_step = p.step;
+  r.prev_written = written;
+}
+
+void RankExporter::on_output(int local_rank, double when) {
+  Rank& r = *ranks_.at(local_rank);
+  if (r.output != nullptr && when > r.output->value()) r.output->set(when);
+}
+
+}  // namespace railyard::worker
