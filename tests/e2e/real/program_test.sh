@@ -11,7 +11,13 @@
 #      run's final loss (same tolerance: the resumed run sees the same data from the restored step on);
 #   4. a live `kubectl scale --replicas 3`: the next generation has WORLD_SIZE 3 (a third pod on the third node), the
 #      script resumes from its checkpoint in the world of 3 and the job Succeeds;
-#   5. a lost node (`cluster.sh stop-node` of rank 1's node): the pod is replaced on another node, the script resumes
+#   5. with railyard-monitor watching (embedded mode: it scrapes the pods' metrics port, where the program's agent
+#      serves the ranks' series from their progress files): no restart request while the job trains; SIGSTOP of rank
+#      1's python -> the stall rule requests a restart (Hang) -> the generation restarts in place, the script resumes
+#      and the job Succeeds with the undisturbed run's final loss;
+#   6. the same script reporting no progress (--no-progress), hangTimeoutSeconds 20: SIGSTOP of rank 1's python ->
+#      no output from any rank -> the silence rule's Hang -> restart, resumed, Succeeded;
+#   7. a lost node (`cluster.sh stop-node` of rank 1's node): the pod is replaced on another node, the script resumes
 #      from its checkpoint and the job Succeeds with the undisturbed run's final loss.
 set -euo pipefail
 src=${RAILYARD_SOURCE_DIR:?}
@@ -22,6 +28,7 @@ ns=program-e2e
 job=pytorch-ddp
 work=$(mktemp -d /tmp/program-e2e.XXXXXX)
 op_pid=""
+mon_pid=""
 t_all=$SECONDS
 log() { echo "[$((SECONDS - t_all))s] $*"; }
 fail() {
@@ -30,6 +37,7 @@ fail() {
   kubectl get tj "$job" -n "$ns" -o jsonpath='{.status.conditions}' >&2 2>/dev/null || true
   kubectl get events -n "$ns" --sort-by=.lastTimestamp 2>/dev/null | tail -15 >&2 || true
   tail -n 30 "$work/op.log" >&2 || true
+  [ -z "$mon_pid" ] || tail -n 15 "$work/mon.log" >&2 || true
   for p in $(kubectl get pods -n "$ns" -o name 2>/dev/null); do
     echo "== $p" >&2
     kubectl logs -n "$ns" "$p" --tail 10 >&2 || true
@@ -38,6 +46,7 @@ fail() {
 }
 cleanup() {
   [ -n "$op_pid" ] && kill "$op_pid" 2>/dev/null && wait "$op_pid" 2>/dev/null || true
+  [ -n "$mon_pid" ] && kill "$mon_pid" 2>/dev/null && wait "$mon_pid" 2>/dev/null || true
   bash "$cluster" down --state-dir "$state" >/dev/null 2>&1 || true
   rm -rf "$work"
 }
@@ -73,24 +82,34 @@ wait_phase() { # phase seconds
   done
 }
 step() { local s; s=$(jp '{.status.step}'); echo "${s:-0}"; }
-# apply_job [SLEEP]: the example as shipped; with SLEEP, --step-sleep SLEEP appended (a slower run to hit mid-way).
+# apply_job [SLEEP [HANG_TIMEOUT [ARG...]]]: the example as shipped; with SLEEP, --step-sleep SLEEP appended (a
+# slower run to hit mid-way); with HANG_TIMEOUT, failurePolicy.hangTimeoutSeconds; ARGs appended to the script's.
 apply_job() {
   kubectl delete tj "$job" -n "$ns" --wait=true >/dev/null 2>&1 || true
   # The garbage collector deletes the old pods; the new job's pods have the same names.
   wait_for 60 "the previous job's pods gone" sh -c "[ -z \"\$(kubectl get pods -n $ns -l railyard.dev/job=$job -o name)\" ]"
   rm -rf "$shared/checkpoints/$job"
-  if [ -n "${1:-}" ]; then
-    python3 - "$src/deploy/examples/pytorch-ddp.yaml" "$1" >"$work/job.yaml" <<'PY'
+  python3 - "$src/deploy/examples/pytorch-ddp.yaml" "$@" >"$work/job.yaml" <<'PY'
 import sys, yaml
 j = yaml.safe_load(open(sys.argv[1]))
-j["spec"]["program"]["args"] = ["--step-sleep", sys.argv[2]]
+if len(sys.argv) > 2:
+    j["spec"]["program"]["args"] = ["--step-sleep", sys.argv[2]] + sys.argv[4:]
+if len(sys.argv) > 3:
+    j["spec"]["failurePolicy"]["hangTimeoutSeconds"] = int(sys.argv[3])
 print(yaml.safe_dump(j))
 PY
-  else
-    cp "$src/deploy/examples/pytorch-ddp.yaml" "$work/job.yaml"
-  fi
   kubectl apply -n "$ns" -f "$work/job.yaml" >/dev/null
 }
+# signal_rank POD SIGNAL: sends SIGNAL to the pod's python rank.
+signal_rank() {
+  kubectl exec "$1" -n "$ns" -- python3 -c '
+import os, signal, sys
+for p in os.listdir("/proc"):
+    if p.isdigit() and int(p) != os.getpid() and open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")[1:2] == [b"/app/train_gpt.py"]:
+        print("signalled", p, flush=True); os.kill(int(p), getattr(signal, sys.argv[1]))' "$2" | grep -q signalled ||
+    fail "no python rank to signal in $1"
+}
+annotation() { kubectl get tj "$job" -n "$ns" -o jsonpath='{.metadata.annotations.railyard\.dev/restart-request}'; }
 # The job's status.loss: rank 0's last progress report (the mean over the ranks). Not the pod's log: a finished job's
 # pods that still run (the agent exiting) are deleted (cleanPodPolicy Running), so the log may be gone already.
 final_loss() { jp '{.status.loss}'; }
@@ -156,11 +175,7 @@ apply_job 0.05
 wait_for 120 "past step 60" sh -c "s=\$(kubectl get tj $job -n $ns -o jsonpath='{.status.step}'); [ \"\${s:-0}\" -ge 60 ]"
 uids=$(kubectl get pods -n "$ns" -l "railyard.dev/job=$job" -o jsonpath='{.items[*].metadata.uid}')
 reached=$(step)
-kubectl exec "$job-worker-1" -n "$ns" -- python3 -c '
-import os, signal
-for p in os.listdir("/proc"):
-    if p.isdigit() and int(p) != os.getpid() and open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")[1:2] == [b"/app/train_gpt.py"]:
-        print("killed", p, flush=True); os.kill(int(p), signal.SIGKILL)' | grep -q killed || fail "no python rank to kill in $job-worker-1"
+signal_rank "$job-worker-1" SIGKILL
 wait_for 60 "generation 2" sh -c "[ \"\$(kubectl get tj $job -n $ns -o jsonpath='{.status.generation}')\" -ge 2 ]"
 wait_for 60 "the script resuming" sh -c "kubectl logs $job-worker-0 -n $ns | grep -q '^resumed from'"
 resumed=$(kubectl logs "$job-worker-0" -n "$ns" | sed -n 's|^resumed from .* at step \([0-9]*\) .*|\1|p' | head -1)
@@ -179,10 +194,58 @@ wait_for 120 "past step 50" sh -c "s=\$(kubectl get tj $job -n $ns -o jsonpath='
 kubectl scale tj "$job" -n "$ns" --replicas 3 >/dev/null
 wait_for 120 "a world of 3" sh -c "[ \"\$(kubectl get tj $job -n $ns -o jsonpath='{.status.world.size}')\" = 3 ]"
 wait_for 60 "rank 2 of 3 training" sh -c "kubectl logs $job-worker-2 -n $ns 2>/dev/null | grep -q '^rank 2/3'"
-kubectl logs "$job-worker-2" -n "$ns" | grep -q '^resumed from' || fail "the third rank did not resume from the checkpoint"
+# (grep on a here-string: grep -q ending a pipe early would fail kubectl with SIGPIPE under pipefail)
+grep -q '^resumed from' <<<"$(kubectl logs "$job-worker-2" -n "$ns")" || fail "the third rank did not resume from the checkpoint"
 wait_phase Succeeded 300
 log "scale 2 -> 3: world of 3, Succeeded in $((SECONDS - t0)) s"
-# --- 5. a lost node ----------------------------------------------------------------------------------------
+# --- 5. the monitor: a frozen rank of a program that reports progress ------------------------------------------
+# Embedded mode: the monitor scrapes podIP:<railyard.dev/metrics-port> + local rank, where a program's agent serves
+# the ranks' railyard_worker_* series.
+"$bin/railyard-monitor" --namespace "$ns" --listen 127.0.0.1:0 --interval 1 >"$work/mon.log" 2>&1 &
+mon_pid=$!
+t0=$SECONDS
+apply_job 0.05 60
+wait_for 120 "past step 40" sh -c "s=\$(kubectl get tj $job -n $ns -o jsonpath='{.status.step}'); [ \"\${s:-0}\" -ge 40 ]"
+# The monitor has watched the job for a while by now: the ranks' targets are up, nothing to restart.
+[ "$(jp '{.status.generation}')" = 1 ] && [ -z "$(annotation)" ] ||
+  fail "a restart before any failure (generation $(jp '{.status.generation}'), request '$(annotation)')"
+grep -q 'railyard_worker_step' <<<"$(curl -s "http://$(kubectl get pod "$job-worker-0" -n "$ns" -o jsonpath='{.status.podIP}'):9400/metrics")" ||
+  fail "no railyard_worker_step on $job-worker-0's metrics port"
+reached=$(step)
+signal_rank "$job-worker-1" SIGSTOP
+t_freeze=$SECONDS
+wait_for 60 "the monitor's restart request" sh -c "kubectl get tj $job -n $ns -o jsonpath='{.metadata.annotations}' | grep -q restart-request"
+detect=$((SECONDS - t_freeze))
+grep -q '"rule":"stall"' <<<"$(annotation)" || fail "restart request: $(annotation)"
+wait_for 60 "generation 2" sh -c "[ \"\$(kubectl get tj $job -n $ns -o jsonpath='{.status.generation}')\" -ge 2 ]"
+wait_for 60 "the script resuming" sh -c "kubectl logs $job-worker-0 -n $ns | grep -q '^resumed from'"
+resumed=$(kubectl logs "$job-worker-0" -n "$ns" | sed -n 's|^resumed from .* at step \([0-9]*\) .*|\1|p' | head -1)
+[ "$((reached - resumed))" -le 20 ] || fail "resumed at $resumed after reaching $reached: more than the interval lost"
+wait_phase Succeeded 300
+loss=$(final_loss)
+close "$loss" "$ref" || fail "after the hang: final loss $loss differs from the reference run's $ref"
+log "hang (progress): restart requested $detect s after the freeze ($(annotation | python3 -c 'import json,sys; print(json.load(sys.stdin)["evidence"])')), resumed at $resumed, Succeeded in $((SECONDS - t0)) s, loss $loss"
+
+# --- 6. the monitor: a frozen rank of a program that reports nothing -----------------------------------------
+t0=$SECONDS
+apply_job 0.05 20 --no-progress
+wait_for 120 "past step 40" sh -c "kubectl logs $job-worker-0 -n $ns 2>/dev/null | grep -q '^step 40/'"
+[ -z "$(jp '{.status.step}')" ] || [ "$(jp '{.status.step}')" = 0 ] || fail "status.step $(jp '{.status.step}') from a run that reports none"
+[ "$(jp '{.status.generation}')" = 1 ] || fail "a restart before any failure: $(jp '{.status.lastRestart}')"
+signal_rank "$job-worker-1" SIGSTOP
+t_freeze=$SECONDS
+wait_for 90 "the monitor's restart request" sh -c "kubectl get tj $job -n $ns -o jsonpath='{.metadata.annotations}' | grep -q restart-request"
+detect=$((SECONDS - t_freeze))
+grep -q '"rule":"silence"' <<<"$(annotation)" || fail "restart request: $(annotation)"
+[ "$detect" -ge 15 ] || fail "silence detected after $detect s, before hangTimeoutSeconds (20)"
+wait_for 60 "generation 2" sh -c "[ \"\$(kubectl get tj $job -n $ns -o jsonpath='{.status.generation}')\" -ge 2 ]"
+wait_for 60 "the script resuming" sh -c "kubectl logs $job-worker-0 -n $ns | grep -q '^resumed from'"
+wait_phase Succeeded 300
+log "hang (no progress): silence rule's restart request $detect s after the freeze, resumed, Succeeded in $((SECONDS - t0)) s"
+kill "$mon_pid" 2>/dev/null && wait "$mon_pid" 2>/dev/null || true
+mon_pid=""
+
+# --- 7. a lost node ----------------------------------------------------------------------------------------
 t0=$SECONDS
 apply_job 0.05
 wait_for 120 "past step 50" sh -c "s=\$(kubectl get tj $job -n $ns -o jsonpath='{.status.step}'); [ \"\${s:-0}\" -ge 50 ]"
