@@ -82,6 +82,9 @@ def main():
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step (tests: a slower run)")
     p.add_argument("--no-progress", action="store_true", help="report no progress (tests: the monitor's silence rule)")
+    p.add_argument("--straggle-rank", type=int, default=-1,
+                   help="this rank's own work takes --straggle-seconds longer per step (tests: the straggler rule)")
+    p.add_argument("--straggle-seconds", type=float, default=0.1)
     a = p.parse_args()
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -116,6 +119,7 @@ def main():
     per_rank = a.global_batch // world
     progress = "" if a.no_progress else os.environ.get("RAILYARD_PROGRESS_FILE", "")
     compute = 0.0  # seconds of batch preparation and forward passes: no collective waits in them
+    t_train = time.time()
     for step in range(start, a.steps + 1):
         t0 = time.time()
         lr = a.lr * 0.5 * (1 + math.cos(math.pi * (step - 1) / a.steps))
@@ -124,6 +128,8 @@ def main():
         x, y = batch(data, step, rank, per_rank, a.block, a.seed)
         logits = ddp(x.to(device))
         loss = F.cross_entropy(logits.view(-1, 256), y.to(device).view(-1))
+        if rank == a.straggle_rank:
+            time.sleep(a.straggle_seconds)  # a slower device or a busy host: before the gradient exchange
         compute += time.time() - t0
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -143,6 +149,10 @@ def main():
                 torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, ckpt + ".tmp")
                 os.replace(ckpt + ".tmp", ckpt)  # a crash mid-save leaves the previous checkpoint
         dist.barrier()  # no rank runs ahead of rank 0's save: a restart resumes every rank from one step
+    if rank == 0 and a.steps >= start:
+        n = a.steps - start + 1
+        took = time.time() - t_train
+        print(f"trained steps {start}..{a.steps} in {took:.3f} s ({took / n * 1000:.2f} ms/step)", flush=True)
     dist.destroy_process_group()
 
 

@@ -15,9 +15,11 @@
 #      serves the ranks' series from their progress files): no restart request while the job trains; SIGSTOP of rank
 #      1's python -> the stall rule requests a restart (Hang) -> the generation restarts in place, the script resumes
 #      and the job Succeeds with the undisturbed run's final loss;
-#   6. the same script reporting no progress (--no-progress), hangTimeoutSeconds 20: SIGSTOP of rank 1's python ->
+#   6. a straggler (--straggle-rank 1: rank 1's own work 0.1 s longer per step; the script reports compute_seconds):
+#      the straggler rule names rank 1 from the compute time per step the agent serves, and the job restarts;
+#   7. the same script reporting no progress (--no-progress), hangTimeoutSeconds 20: SIGSTOP of rank 1's python ->
 #      no output from any rank -> the silence rule's Hang -> restart, resumed, Succeeded;
-#   7. a lost node (`cluster.sh stop-node` of rank 1's node): the pod is replaced on another node, the script resumes
+#   8. a lost node (`cluster.sh stop-node` of rank 1's node): the pod is replaced on another node, the script resumes
 #      from its checkpoint and the job Succeeds with the undisturbed run's final loss.
 set -euo pipefail
 src=${RAILYARD_SOURCE_DIR:?}
@@ -38,6 +40,10 @@ fail() {
   kubectl get events -n "$ns" --sort-by=.lastTimestamp 2>/dev/null | tail -15 >&2 || true
   tail -n 30 "$work/op.log" >&2 || true
   [ -z "$mon_pid" ] || tail -n 15 "$work/mon.log" >&2 || true
+  for f in "$state"/logs/ry-real-*.log; do # the kubelets' view of the job's pods (a pod stuck Terminating)
+    echo "== $f" >&2
+    grep -a "$job-worker" "$f" | tail -n 8 >&2 || true
+  done
   for p in $(kubectl get pods -n "$ns" -o name 2>/dev/null); do
     echo "== $p" >&2
     kubectl logs -n "$ns" "$p" --tail 10 >&2 || true
@@ -201,7 +207,7 @@ log "scale 2 -> 3: world of 3, Succeeded in $((SECONDS - t0)) s"
 # --- 5. the monitor: a frozen rank of a program that reports progress ------------------------------------------
 # Embedded mode: the monitor scrapes podIP:<railyard.dev/metrics-port> + local rank, where a program's agent serves
 # the ranks' railyard_worker_* series.
-"$bin/railyard-monitor" --namespace "$ns" --listen 127.0.0.1:0 --interval 1 >"$work/mon.log" 2>&1 &
+"$bin/railyard-monitor" --namespace "$ns" --listen 127.0.0.1:0 --interval 1 --straggler-window 10 >"$work/mon.log" 2>&1 &
 mon_pid=$!
 t0=$SECONDS
 apply_job 0.05 60
@@ -226,7 +232,15 @@ loss=$(final_loss)
 close "$loss" "$ref" || fail "after the hang: final loss $loss differs from the reference run's $ref"
 log "hang (progress): restart requested $detect s after the freeze ($(annotation | python3 -c 'import json,sys; print(json.load(sys.stdin)["evidence"])')), resumed at $resumed, Succeeded in $((SECONDS - t0)) s, loss $loss"
 
-# --- 6. the monitor: a frozen rank of a program that reports nothing -----------------------------------------
+# --- 6. the monitor: a straggler ---------------------------------------------------------------------------
+t0=$SECONDS
+apply_job 0.02 60 --straggle-rank 1 --straggle-seconds 0.1
+wait_for 120 "the monitor's restart request" sh -c "kubectl get tj $job -n $ns -o jsonpath='{.metadata.annotations}' | grep -q restart-request"
+grep -q '"rule":"straggler"' <<<"$(annotation)" || fail "restart request: $(annotation)"
+grep -q '"rank":1,' <<<"$(annotation)" || fail "the straggler request names another rank: $(annotation)"
+log "straggler: $(annotation | python3 -c 'import json,sys; print(json.load(sys.stdin)["evidence"])'), $((SECONDS - t0)) s after the job was created"
+
+# --- 7. the monitor: a frozen rank of a program that reports nothing -----------------------------------------
 t0=$SECONDS
 apply_job 0.05 20 --no-progress
 wait_for 120 "past step 40" sh -c "kubectl logs $job-worker-0 -n $ns 2>/dev/null | grep -q '^step 40/'"
@@ -245,7 +259,7 @@ log "hang (no progress): silence rule's restart request $detect s after the free
 kill "$mon_pid" 2>/dev/null && wait "$mon_pid" 2>/dev/null || true
 mon_pid=""
 
-# --- 7. a lost node ----------------------------------------------------------------------------------------
+# --- 8. a lost node ----------------------------------------------------------------------------------------
 t0=$SECONDS
 apply_job 0.05
 wait_for 120 "past step 50" sh -c "s=\$(kubectl get tj $job -n $ns -o jsonpath='{.status.step}'); [ \"\${s:-0}\" -ge 50 ]"
