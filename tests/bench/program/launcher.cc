@@ -5,10 +5,12 @@
 //             series served from their progress files);
 //   torchrun  torch.distributed.run --standalone --nproc_per_node 2 (tests/bench/program/torchrun_py311.py: Debian
 //             12's torch 1.13 with its Python 3.11 start-up bug worked around, nothing else changed);
-//   bare      two python3 processes started with the same variables by hand (no launcher at all).
+//   bare      two python3 processes started with the same variables by hand (no launcher at all);
+//   railyard-noprogress  railyard with the script's --no-progress: the launcher alone, without the progress files
+//             the script writes only under Railyard (torchrun and bare give it no RAILYARD_PROGRESS_FILE).
 // The measure is the script's own: rank 0's "trained steps A..B in X s (Y ms/step)", steady-state training without
 // the interpreter's start-up and the rendezvous. Prints per-round times, medians, and the ratios with their spread.
-// Usage: bench_program_launcher [--rounds N] [--steps S] [--python python3]  (docs/benchmarks.md)
+// Usage: bench_program_launcher [--rounds N] [--steps S] [--python PY] [--modes a,b,..]  (docs/benchmarks.md)
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -70,6 +72,7 @@ pid_t spawn(const std::vector<std::string>& argv_s, const Env& env, const fs::pa
     if (fd >= 0) {
       ::dup2(fd, 1);
       ::dup2(fd, 2);
+      if (fd > 2) ::close(fd);
     }
     ::execvpe(argv[0], argv.data(), envp.data());
     ::_exit(127);
@@ -108,7 +111,7 @@ double ms_per_step(const fs::path& log, const std::string& mode) {
 }
 
 struct Setup {
-  std::string python = "python3";
+  std::string python = "/usr/bin/python3";  // Debian's, with python3-torch (scripts/install-deps.sh --with-torch)
   std::string script, torchrun, worker;
   int steps = 1000;
 };
@@ -141,7 +144,7 @@ double run_torchrun(const Setup& s, const fs::path& dir, int port) {
   return ms_per_step(dir / "torchrun.log", "torchrun");
 }
 
-double run_railyard(const Setup& s, const fs::path& dir, int metrics_port, int round) {
+double run_railyard(const Setup& s, const fs::path& dir, int metrics_port, int round, bool progress) {
   railyard::op::RendezvousService svc("127.0.0.1", 0);
   railyard::op::GenerationSpec g;
   g.job_key = "bench/launcher-" + std::to_string(round);
@@ -164,6 +167,7 @@ double run_railyard(const Setup& s, const fs::path& dir, int metrics_port, int r
   e.vars["RAILYARD_METRICS_PORT"] = std::to_string(metrics_port);
   std::vector<std::string> argv = {s.worker, "agent", "--", s.python};
   for (const auto& a : script_args(s)) argv.push_back(a);
+  if (!progress) argv.push_back("--no-progress");
   pid_t p = spawn(argv, e, dir / "railyard.log");
   if (wait_exit(p, 600) != 0) throw std::runtime_error("railyard agent failed; see " + (dir / "railyard.log").string());
   return ms_per_step(dir / "railyard.log", "railyard");
@@ -180,6 +184,7 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   Setup s;
   int rounds = 5;
+  std::vector<std::string> modes = {"railyard", "railyard-noprogress", "torchrun", "bare"};
   const fs::path exe = fs::read_symlink("/proc/self/exe");
   const fs::path src = RAILYARD_SOURCE_DIR;
   s.script = (src / "deploy/examples/pytorch/train_gpt.py").string();
@@ -197,8 +202,13 @@ int main(int argc, char** argv) {
     if (a == "--rounds") rounds = std::stoi(value());
     else if (a == "--steps") s.steps = std::stoi(value());
     else if (a == "--python") s.python = value();
+    else if (a == "--modes") {
+      modes.clear();
+      std::stringstream in(value());
+      for (std::string m; std::getline(in, m, ',');) modes.push_back(m);
+    }
     else {
-      std::fprintf(stderr, "usage: bench_program_launcher [--rounds N] [--steps S] [--python PYTHON]\n");
+      std::fprintf(stderr, "usage: bench_program_launcher [--rounds N] [--steps S] [--python PY] [--modes a,b,..]\n");
       return 2;
     }
   }
@@ -207,9 +217,8 @@ int main(int argc, char** argv) {
   const fs::path root = tmpl;
   std::printf("bench_program_launcher: %d rounds, %d steps, 2 ranks (gloo, OMP_NUM_THREADS=1), %s\n", rounds, s.steps,
               s.script.c_str());
-  const std::vector<std::string> modes = {"railyard", "torchrun", "bare"};
   std::map<std::string, std::vector<double>> ms;
-  std::vector<double> vs_torchrun, vs_bare;
+  std::map<std::string, std::vector<double>> ratios;
   const int port0 = 29600 + (::getpid() % 200) * 3;
   try {
     for (int r = 0; r < rounds; ++r) {
@@ -218,16 +227,24 @@ int main(int argc, char** argv) {
         const std::string& mode = modes[(k + r) % modes.size()];  // rotate the order: no mode always runs first
         const fs::path dir = root / (mode + "-" + std::to_string(r));
         fs::create_directories(dir);
-        double v = mode == "bare"       ? run_bare(s, dir, port0 + r % 3)
-                   : mode == "torchrun" ? run_torchrun(s, dir, port0 + 3 + r % 3)
-                                        : run_railyard(s, dir, port0 + 600 + 2 * (r % 3), r);
+        double v;
+        if (mode == "bare")
+          v = run_bare(s, dir, port0 + r % 3);
+        else if (mode == "torchrun")
+          v = run_torchrun(s, dir, port0 + 3 + r % 3);
+        else if (mode == "railyard" || mode == "railyard-noprogress")
+          v = run_railyard(s, dir, port0 + 600 + 2 * (r % 3), static_cast<int>(r * modes.size() + k),
+                           mode == "railyard");
+        else
+          throw std::runtime_error("unknown mode '" + mode + "' (railyard, railyard-noprogress, torchrun, bare)");
         this_round[mode] = v;
         ms[mode].push_back(v);
-        std::printf("round %d %-8s %.2f ms/step\n", r + 1, mode.c_str(), v);
+        std::printf("round %d %-19s %.2f ms/step\n", r + 1, mode.c_str(), v);
         std::fflush(stdout);
       }
-      vs_torchrun.push_back(this_round["railyard"] / this_round["torchrun"]);
-      vs_bare.push_back(this_round["railyard"] / this_round["bare"]);
+      for (const auto& m : modes)
+        for (const auto& base : {"torchrun", "bare"})
+          if (m.rfind("railyard", 0) == 0 && this_round.count(base)) ratios[m + " / " + base].push_back(this_round[m] / this_round[base]);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_program_launcher: %s\n", e.what());
@@ -235,15 +252,12 @@ int main(int argc, char** argv) {
   }
   for (const auto& m : modes) {
     auto v = ms[m];
-    std::printf("%-8s median %.2f ms/step (min %.2f, max %.2f)\n", m.c_str(), median(v),
+    std::printf("%-19s median %.2f ms/step (min %.2f, max %.2f)\n", m.c_str(), median(v),
                 *std::min_element(v.begin(), v.end()), *std::max_element(v.begin(), v.end()));
   }
-  auto ratio = [](const char* what, const std::vector<double>& v) {
-    std::printf("railyard / %-8s median %.4f (per-round %.4f .. %.4f)\n", what, median(v),
+  for (const auto& [what, v] : ratios)
+    std::printf("%-30s median %.4f (per-round %.4f .. %.4f)\n", what.c_str(), median(v),
                 *std::min_element(v.begin(), v.end()), *std::max_element(v.begin(), v.end()));
-  };
-  ratio("torchrun", vs_torchrun);
-  ratio("bare", vs_bare);
   std::error_code ec;
   fs::remove_all(root, ec);
   return 0;
