@@ -136,8 +136,8 @@ double run_bare(const Setup& s, const fs::path& dir, int port) {
 }
 
 double run_torchrun(const Setup& s, const fs::path& dir, int port) {
-  std::vector<std::string> argv = {s.python,          s.torchrun, "--standalone", "--nproc_per_node", "2",
-                                   "--master_port",   std::to_string(port)};
+  std::vector<std::string> argv = {s.python, s.torchrun,      "--standalone",      "--nproc_per_node",
+                                   "2",      "--master_port", std::to_string(port)};
   for (const auto& a : script_args(s)) argv.push_back(a);
   pid_t p = spawn(argv, base_env(dir), dir / "torchrun.log");
   if (wait_exit(p, 600) != 0) throw std::runtime_error("torchrun failed; see " + (dir / "torchrun.log").string());
@@ -199,15 +199,17 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--rounds") rounds = std::stoi(value());
-    else if (a == "--steps") s.steps = std::stoi(value());
-    else if (a == "--python") s.python = value();
+    if (a == "--rounds")
+      rounds = std::stoi(value());
+    else if (a == "--steps")
+      s.steps = std::stoi(value());
+    else if (a == "--python")
+      s.python = value();
     else if (a == "--modes") {
       modes.clear();
       std::stringstream in(value());
       for (std::string m; std::getline(in, m, ',');) modes.push_back(m);
-    }
-    else {
+    } else {
       std::fprintf(stderr, "usage: bench_program_launcher [--rounds N] [--steps S] [--python PY] [--modes a,b,..]\n");
       return 2;
     }
@@ -244,7 +246,8 @@ int main(int argc, char** argv) {
       }
       for (const auto& m : modes)
         for (const auto& base : {"torchrun", "bare"})
-          if (m.rfind("railyard", 0) == 0 && this_round.count(base)) ratios[m + " / " + base].push_back(this_round[m] / this_round[base]);
+          if (m.rfind("railyard", 0) == 0 && this_round.count(base))
+            ratios[m + " / " + base].push_back(this_round[m] / this_round[base]);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_program_launcher: %s\n", e.what());
