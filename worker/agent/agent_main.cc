@@ -28,6 +28,8 @@ Environment (set by the operator; docs/rendezvous.md has the whole contract):
   RAILYARD_AGENT_GRACE_SECONDS                SIGTERM -> SIGKILL grace for workers (default 10)
   RAILYARD_AGENT_POLL_MS                      status poll period, 50..1000 (default 500)
   RAILYARD_AGENT_UNREACHABLE_SECONDS          give up (exit 3) after the service is unreachable this long (default 600)
+  RAILYARD_AGENT_RANK_METRICS=1               serve the ranks' series on RAILYARD_METRICS_PORT + local rank from
+                                              their progress files and output (a program's pod; docs/programs.md)
 Exit codes: 0 job done, 1 job closed after a local failure, 2 configuration/token error, 3 service unreachable,
 128+N stopped by signal N.
 )";
