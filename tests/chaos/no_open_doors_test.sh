@@ -106,13 +106,15 @@ RAILYARD_LOG_LEVEL=debug "$bin/railyard-monitor" --namespace "$ns" --listen "127
 pids+=("$!")
 wait_for 30 "the monitor to serve" curl -fsS "http://127.0.0.1:$mon_port/healthz"
 
-# done-job runs to the end; a and b keep running so the rendezvous service knows both while we knock.
+# done-job runs to the end first; then a and b keep running so the rendezvous service knows both while we knock.
+# One after the other: the cluster has 4 nodes and one worker pod per node, so had all three been applied at once the
+# scheduler could give the nodes to a and b (equal creation second, name order) and done-job would wait for them.
 job done-job 2 'env | sort; sleep 2' | kubectl apply -n "$ns" -f - >/dev/null
-job a 2 'env | sort; sleep 600' | kubectl apply -n "$ns" -f - >/dev/null
-job b 1 'env | sort; sleep 600' | kubectl apply -n "$ns" -f - >/dev/null
 # A job whose data path leaves the operator's --data-root through '..' is Invalid, naming the field.
 job escape 1 'true' | sed 's|/tmp/none/train_\*.bin|/tmp/none/../etc/train_*.bin|' | kubectl apply -n "$ns" -f - >/dev/null
 wait_for 90 "job done-job to succeed" phase_is done-job Succeeded
+job a 2 'env | sort; sleep 600' | kubectl apply -n "$ns" -f - >/dev/null
+job b 1 'env | sort; sleep 600' | kubectl apply -n "$ns" -f - >/dev/null
 wait_for 60 "job a to run" phase_is a Running
 wait_for 60 "job b to run" phase_is b Running
 wait_for 30 "job escape to be Invalid" phase_is escape Invalid

@@ -92,8 +92,17 @@ step() { local s; s=$(jp '{.status.step}'); echo "${s:-0}"; }
 # slower run to hit mid-way); with HANG_TIMEOUT, failurePolicy.hangTimeoutSeconds; ARGs appended to the script's.
 apply_job() {
   kubectl delete tj "$job" -n "$ns" --wait=true >/dev/null 2>&1 || true
-  # The garbage collector deletes the old pods; the new job's pods have the same names.
-  wait_for 60 "the previous job's pods gone" sh -c "[ -z \"\$(kubectl get pods -n $ns -l railyard.dev/job=$job -o name)\" ]"
+  # The garbage collector deletes the old pods; the new job's pods have the same names. The kubelet here (v1.20.2)
+  # sometimes never finishes deleting a pod (kubernetes#97288, "1.20 regression: pods failing to terminate"; seen
+  # here 2 times in 6 runs, a pod deleted while its containers started): after 30 s the test force-deletes what is
+  # left, says so, and counts on the kubelet's orphan clean-up for the containers. Our code is not involved: the job
+  # and its pods carry no finalizer of ours.
+  local gone="[ -z \"\$(kubectl get pods -n $ns -l railyard.dev/job=$job -o name)\" ]"
+  if ! timeout 30 sh -c "until $gone; do sleep 0.5; done"; then
+    log "kubelet did not finish deleting: $(kubectl get pods -n "$ns" -l "railyard.dev/job=$job" -o wide --no-headers | tr -s ' ' | tr '\n' ';'); force-deleting"
+    kubectl delete pods -n "$ns" -l "railyard.dev/job=$job" --grace-period=0 --force >/dev/null 2>&1 || true
+    wait_for 30 "the previous job's pods gone" sh -c "$gone"
+  fi
   rm -rf "$shared/checkpoints/$job"
   python3 - "$src/deploy/examples/pytorch-ddp.yaml" "$@" >"$work/job.yaml" <<'PY'
 import sys, yaml
@@ -238,6 +247,8 @@ apply_job 0.02 60 --straggle-rank 1 --straggle-seconds 0.1
 wait_for 120 "the monitor's restart request" sh -c "kubectl get tj $job -n $ns -o jsonpath='{.metadata.annotations}' | grep -q restart-request"
 grep -q '"rule":"straggler"' <<<"$(annotation)" || fail "restart request: $(annotation)"
 grep -q '"rank":1,' <<<"$(annotation)" || fail "the straggler request names another rank: $(annotation)"
+# The restart completes: generation 2 with every pod running (rank 1's replacement on a node not excluded).
+wait_for 120 "generation 2 running" sh -c "[ \"\$(kubectl get tj $job -n $ns -o jsonpath='{.status.generation}/{.status.phase}')\" = 2/Running ]"
 log "straggler: $(annotation | python3 -c 'import json,sys; print(json.load(sys.stdin)["evidence"])'), $((SECONDS - t0)) s after the job was created"
 
 # --- 7. the monitor: a frozen rank of a program that reports nothing -----------------------------------------
