@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <string_view>
 
 #include "checkpoint/fs_util.h"
 #include "checkpoint/reader.h"
@@ -272,6 +273,13 @@ Manifest reshard_checkpoint(const std::string& src_root, int64_t step, const std
 }
 
 int cli_main(int argc, char** argv) {
+  // --help or -h anywhere (railyard ckpt --help, railyard ckpt ls --help): the usage on stdout, exit 0.
+  for (int i = 1; i < argc; ++i) {
+    if (std::string_view(argv[i]) == "--help" || std::string_view(argv[i]) == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+  }
   Args a;
   try {
     a = parse_args(argc, argv);

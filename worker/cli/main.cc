@@ -2,33 +2,26 @@
 #include <charconv>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "checkpoint/cli.h"
 #include "common/error.h"
 #include "worker/cli/cli.h"
+#include "worker/cli/usage.h"
 
 namespace railyard::cli {
 
 namespace {
 
-constexpr const char* kUsage = R"(usage: railyard <command> [args]
+constexpr const char* kUsageHead = R"(usage: railyard <command> [args]
 
 Commands:
-  data prepare --input FILE... --output DIR [--val-fraction F] [--shard-tokens N] [--force]
-                       tokenize text files byte-wise (vocab 256) into llm.c .bin shards:
-                       DIR/train_000000.bin..., DIR/val_000000.bin..., DIR/prepare.json
-                       (defaults: --val-fraction 0.1 = the last 10% of the bytes, --shard-tokens 100000000)
-  data inspect FILE [--tokens N] [--vocab V]
-                       validate a shard and show its header and first N tokens (default 64), decoded when
-                       they are bytes; --vocab (default 65536) refuses tokens >= V
-  data sample DIR|PATTERN [--batch B] [--seq T] [--rank R] [--world W] [--seed S] [--steps N] [--skip K]
-                       [--vocab V] [--no-shuffle]
-                       print the batches the training loader yields (decoded as JSON strings when they are
-                       bytes; defaults B 2, T 64, rank 0 of 1, seed 1, 1 step, vocab 256) and its final state
-  model inspect FILE   show an llm.c GPT-2 checkpoint's header, parameter count and tensor layout
-  plan --model M --gpus N --gpu TYPE --global-batch B [--tokens T] [--topology FILE] [--top N] [--json]
+)";
+
+constexpr const char* kUsageTail =
+    R"(  plan --model M --gpus N --gpu TYPE --global-batch B [--tokens T] [--topology FILE] [--top N] [--json]
                        rank parallel layouts by predicted step time (railyard plan --help; docs/planner.md)
   plan --calibrate [--output FILE]
                        measure this machine's CPU kernels into a planner calibration file
@@ -38,9 +31,12 @@ Commands:
                        list, inspect, verify and reshard checkpoints (railyard ckpt --help)
   help, --help, -h     this text
 
+Every command and subcommand prints its own usage for --help or -h (railyard data prepare --help).
 Exit codes: 0 ok, 1 the operation failed (message on stderr), 2 bad command line.
 See docs/data.md.
 )";
+
+std::string usage() { return kUsageHead + table_overview() + kUsageTail; }
 
 }  // namespace
 
@@ -67,8 +63,15 @@ int run(const Args& args) {
   const std::string& cmd = args[0];
   const Args rest(args.begin() + 1, args.end());
   if (cmd == "help" || cmd == "--help" || cmd == "-h") {
-    std::cout << kUsage;
+    std::cout << usage();
     return kExitOk;
+  }
+  // data and model answer --help from the usage table; plan, report and ckpt parse it themselves.
+  if (asks_for_help(args)) {
+    if (std::optional<std::string> help = table_help(args)) {
+      std::cout << *help;
+      return kExitOk;
+    }
   }
   if (cmd == "data") return run_data(rest);
   if (cmd == "model") return run_model(rest);
