@@ -68,7 +68,16 @@ double ParallelModel::forward_backward(int M, const std::function<void(int32_t*,
 
 double ParallelModel::evaluate(int M, const std::function<void(int32_t*, int32_t*)>& next_micro_batch,
                                StepTimes* times) {
-  return run(M, next_micro_batch, 0.0f, false, times);
+  if (M < 1) throw ConfigError("validation needs at least 1 batch, got " + std::to_string(M));
+  // Validation asks for --val-steps batches, often more than a training step's micro-batches, which sized the
+  // model's buffers: run them in rounds of at most max_m_, weighting each round's mean by its batches.
+  double sum = 0;
+  for (int done = 0; done < M;) {
+    const int m = std::min(max_m_, M - done);
+    sum += run(m, next_micro_batch, 0.0f, false, times) * m;
+    done += m;
+  }
+  return sum / M;
 }
 
 double ParallelModel::run(int M, const std::function<void(int32_t*, int32_t*)>& next, float dloss, bool backward,

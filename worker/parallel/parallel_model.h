@@ -49,7 +49,8 @@ class ParallelModel {
   // times (optional) gets compute, tp_comm and pp_wait added.
   double forward_backward(int M, const std::function<void(int32_t* inputs, int32_t* targets)>& next_micro_batch,
                           float dloss, StepTimes* times = nullptr);
-  // Forward only (validation): mean loss over M micro-batches, on every rank. Gradients untouched.
+  // Forward only (validation): mean loss over M micro-batches, on every rank, in rounds of at most the
+  // max_micro_batches the model was built for. Gradients untouched.
   double evaluate(int M, const std::function<void(int32_t* inputs, int32_t* targets)>& next_micro_batch,
                   StepTimes* times = nullptr);
 
