@@ -7,9 +7,8 @@
 
 #include "common/error.h"
 #include "worker/cli/cli.h"
+#include "worker/cli/model_source.h"
 #include "worker/data/data_loader.h"
-#include "worker/interop/checkpoint_model.h"
-#include "worker/interop/llmc_model.h"
 #include "worker/kernels/cpu/kernels.h"
 #include "worker/kernels/cpu/thread_pool.h"
 #include "worker/model/gpt.h"
@@ -39,8 +38,8 @@ Exit codes: 0 ok, 1 the operation failed (message on stderr), 2 bad command line
 }  // namespace
 
 int run_eval(const Args& args) {
-  std::string model_file, checkpoint_dir, data;
-  std::optional<int64_t> step;
+  ModelSource from;
+  std::string data;
   unsigned long long B = 4, T = 64, steps = 10, threads = 0;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -58,13 +57,8 @@ int run_eval(const Args& args) {
       if (v == 0 || v > 1'000'000'000ULL) throw UsageError{std::string("eval: ") + flag + " must be in 1..1e9"};
       return v;
     };
-    if (a == "--model") {
-      model_file = value();
-    } else if (a == "--checkpoint") {
-      checkpoint_dir = value();
-    } else if (a == "--step") {
-      step = static_cast<int64_t>(parse_count("--step", value()));
-    } else if (a == "--data") {
+    if (from.take(args, i, "eval")) continue;
+    if (a == "--data") {
       data = value();
     } else if (a == "--batch") {
       B = positive("--batch");
@@ -80,22 +74,10 @@ int run_eval(const Args& args) {
       throw UsageError{"eval: unexpected argument '" + a + "' (railyard eval --help)"};
     }
   }
-  if (model_file.empty() == checkpoint_dir.empty())
-    throw UsageError{"eval: give exactly one of --model FILE and --checkpoint DIR"};
-  if (step && checkpoint_dir.empty()) throw UsageError{"eval: --step goes with --checkpoint"};
+  from.check("eval");
   if (data.empty()) throw UsageError{"eval: --data DIR|PATTERN is required"};
-
-  worker::GptConfig cfg;
-  std::vector<float> params;
-  std::string source = model_file;
-  if (!model_file.empty()) {
-    worker::load_llmc_model(model_file, cfg, params);
-  } else {
-    worker::CheckpointModel m = worker::load_checkpoint_model(checkpoint_dir, step);
-    cfg = m.config;
-    params = std::move(m.params);
-    source = checkpoint_dir + " (step " + std::to_string(m.step) + ")";
-  }
+  const LoadedModel m = from.load();
+  const worker::GptConfig& cfg = m.config;
   if (T > static_cast<unsigned long long>(cfg.max_seq_len)) {
     throw UsageError{"eval: --seq " + std::to_string(T) + " exceeds the model's maxT " +
                      std::to_string(cfg.max_seq_len)};
@@ -104,7 +86,7 @@ int run_eval(const Args& args) {
   worker::ThreadPool pool(nthreads);
   worker::cpu::set_gemm_threading(worker::cpu::GemmThreading::kPool, nthreads);
   worker::Gpt<float> model(cfg, static_cast<int>(B), static_cast<int>(T), pool);
-  model.copy_params_from_host(params.data());
+  model.copy_params_from_host(m.params.data());
   // As the trainer's validation loader: rank 0 of 1, unshuffled (the seed is then unused).
   worker::DataLoader loader(worker::shard_glob(data, "val_*.bin"), static_cast<int>(B), static_cast<int>(T), 0, 1, 0,
                             cfg.vocab_size, false);
@@ -115,7 +97,7 @@ int run_eval(const Args& args) {
     sum += model.forward(inputs.data(), targets.data(), worker::Gpt<float>::Mode::kEval);
   }
   const double loss = sum / static_cast<double>(steps);
-  std::printf("model:      %s, %s\n", source.c_str(), worker::describe(cfg).c_str());
+  std::printf("model:      %s, %s\n", m.source.c_str(), worker::describe(cfg).c_str());
   std::printf("data:       %s, %llu batches of %llu x %llu tokens\n", data.c_str(), steps, B, T);
   std::printf("val_loss:   %.6f\n", loss);
   std::printf("perplexity: %.4f\n", std::exp(loss));

@@ -1,7 +1,9 @@
-// railyard model inspect
+// railyard model inspect | export
 #include <iostream>
 
 #include "worker/cli/cli.h"
+#include "worker/cli/model_source.h"
+#include "worker/interop/hf_gpt2.h"
 #include "worker/interop/llmc_model.h"
 
 namespace railyard::cli {
@@ -36,13 +38,48 @@ int inspect(const Args& a) {
   return kExitOk;
 }
 
+// railyard model export (--model FILE | --checkpoint DIR [--step N]) --output PATH [--format hf|llmc]
+int export_model(const Args& a) {
+  ModelSource from;
+  std::string output, format = "hf";
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (from.take(a, i, "model export")) continue;
+    if (a[i] == "--output" || a[i] == "--format") {
+      if (i + 1 >= a.size() || (a[i + 1].size() > 1 && a[i + 1][0] == '-'))
+        throw UsageError{"model export: " + a[i] + " needs a value"};
+      (a[i] == "--output" ? output : format) = a[i + 1];
+      ++i;
+    } else if (a[i].size() > 1 && a[i][0] == '-') {
+      throw UsageError{"model export: unknown flag '" + a[i] + "'"};
+    } else {
+      throw UsageError{"model export: unexpected argument '" + a[i] + "'"};
+    }
+  }
+  from.check("model export");
+  if (output.empty()) throw UsageError{"model export: --output PATH is required"};
+  if (format != "hf" && format != "llmc")
+    throw UsageError{"model export: --format '" + format + "' is not one of hf, llmc"};
+  const LoadedModel m = from.load();
+  if (format == "hf") {
+    worker::export_hf_gpt2(output, m.config, m.params.data());
+    std::cout << "wrote " << output << "/model.safetensors and " << output << "/config.json (Hugging Face GPT-2) from "
+              << m.source << ", " << worker::describe(m.config) << "\n";
+  } else {
+    worker::save_llmc_model(output, m.config, m.params.data());
+    std::cout << "wrote " << output << " (llm.c GPT-2, fp32) from " << m.source << ", " << worker::describe(m.config)
+              << "\n";
+  }
+  return kExitOk;
+}
+
 }  // namespace
 
 int run_model(const Args& args) {
-  if (args.empty()) throw UsageError{"model: subcommand required (inspect)"};
+  if (args.empty()) throw UsageError{"model: subcommand required (inspect, export)"};
   const Args rest(args.begin() + 1, args.end());
   if (args[0] == "inspect") return inspect(rest);
-  throw UsageError{"model: unknown subcommand '" + args[0] + "' (inspect)"};
+  if (args[0] == "export") return export_model(rest);
+  throw UsageError{"model: unknown subcommand '" + args[0] + "' (inspect, export)"};
 }
 
 }  // namespace railyard::cli
