@@ -6,8 +6,10 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <mutex>
 #include <type_traits>
+#include <vector>
 
 namespace railyard::worker::cpu {
 
@@ -295,6 +297,39 @@ void attention_forward(ThreadPool& pool, T* out, T* att, const T* qkv, int B, in
 }
 
 template <typename T>
+void attention_decode_forward(ThreadPool& pool, T* out, const T* q, const T* kv, int t, int C, int NH) {
+  const int hs = C / NH;
+  const T scale = T(1) / std::sqrt(static_cast<T>(hs));
+  pool.parallel_for(static_cast<size_t>(NH), [&](size_t begin, size_t end) {
+    std::vector<T> a(static_cast<size_t>(t) + 1);
+    for (size_t h = begin; h < end; ++h) {
+      const T* qh = q + h * hs;
+      T mx = -std::numeric_limits<T>::infinity();
+      for (int s = 0; s <= t; ++s) {  // a[s] = scale * q . k_s
+        const T* k = kv + static_cast<size_t>(s) * 2 * C + h * hs;
+        T dot = 0;
+        for (int i = 0; i < hs; ++i) dot += qh[i] * k[i];
+        a[s] = scale * dot;
+        mx = std::max(mx, a[s]);
+      }
+      T sum = 0;
+      for (int s = 0; s <= t; ++s) {
+        a[s] = exp_k(a[s] - mx);
+        sum += a[s];
+      }
+      const T inv = T(1) / sum;
+      T* o = out + h * hs;
+      for (int i = 0; i < hs; ++i) o[i] = 0;
+      for (int s = 0; s <= t; ++s) {  // out_h = sum_s softmax(a)_s v_s
+        const T* v = kv + static_cast<size_t>(s) * 2 * C + C + h * hs;
+        const T p = a[s] * inv;
+        for (int i = 0; i < hs; ++i) o[i] += p * v[i];
+      }
+    }
+  });
+}
+
+template <typename T>
 void attention_backward(ThreadPool& pool, T* dqkv, T* scratch, const T* dout, const T* qkv, const T* att, int B, int Tn,
                         int C, int NH) {
   const int hs = C / NH, C3 = 3 * C;
@@ -425,6 +460,7 @@ void crossentropy_fused_backward(ThreadPool& pool, T* losses, T* logits, const i
   template void matmul_backward<T>(ThreadPool&, T*, bool, T*, T*, const T*, const T*, const T*, size_t, int, int, \
                                    bool);                                                                         \
   template void attention_forward<T>(ThreadPool&, T*, T*, const T*, int, int, int, int);                          \
+  template void attention_decode_forward<T>(ThreadPool&, T*, const T*, const T*, int, int, int);                  \
   template void attention_backward<T>(ThreadPool&, T*, T*, const T*, const T*, const T*, int, int, int, int);     \
   template void gelu_forward<T>(ThreadPool&, T*, const T*, size_t);                                               \
   template void gelu_backward<T>(ThreadPool&, T*, const T*, const T*, size_t);                                    \

@@ -62,6 +62,11 @@ void matmul_backward(ThreadPool& pool, T* dinp, bool accumulate_dinp, T* dw, T* 
 // (zero above the diagonal); out (B,T,C) the heads' outputs side by side.
 template <typename T>
 void attention_forward(ThreadPool& pool, T* out, T* att, const T* qkv, int B, int Tn, int C, int NH);
+// Incremental decoding: the attention of one new token at position t over the key/value cache of positions 0..t
+// (the new token's own k and v already written at t). q (C); kv (maxT, 2C) holds k|v per position; out (C). The same
+// arithmetic as one row of attention_forward (scale, max-subtracted softmax, weighted sum), without the T x T matrix.
+template <typename T>
+void attention_decode_forward(ThreadPool& pool, T* out, const T* q, const T* kv, int t, int C, int NH);
 // dqkv (B,T,3C) = (overwritten). scratch: pool.size() * T * T elements.
 template <typename T>
 void attention_backward(ThreadPool& pool, T* dqkv, T* scratch, const T* dout, const T* qkv, const T* att, int B, int Tn,
