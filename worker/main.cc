@@ -73,6 +73,10 @@ constexpr const char* kUsage = R"(usage: railyard-worker train [flags]
   --seed N             weight init and data order (default 1337)
   --val-every N        validate every N steps, 0 = never (default 0)
   --val-steps N        batches per validation (default 10)
+  --sample-every N     log a text sample drawn from the model every N steps and after the last (default 0 = never;
+                       rank 0, whole models only; "worker: sample" and the JSON log's "sample" event; the config's
+                       training.sampleEvery / spec.training.sampleEvery)
+  --sample-tokens N    tokens per sample (default 64, below the model's maxT; spec.training.sampleTokens)
   --threads N          compute threads (default RAILYARD_NUM_THREADS, else the CPUs this process may use)
   --init-from FILE     start from an llm.c GPT-2 model file (the config's model.initFrom / spec.model.initFrom); a
                        restored checkpoint wins over it
@@ -353,7 +357,9 @@ ConfigOrigins apply_config_file(const std::string& path, std::map<std::string, s
                            {"grad-clip", "gradClip"},
                            {"seed", "seed"},
                            {"val-every", "valEvery"},
-                           {"val-steps", "valSteps"}}) {
+                           {"val-steps", "valSteps"},
+                           {"sample-every", "sampleEvery"},
+                           {"sample-tokens", "sampleTokens"}}) {
     set(flag, get(tr, key));
   }
   nlohmann::json data = get(j, "data");
@@ -718,6 +724,8 @@ int cmd_train(int argc, char** argv) {
                         "seed",
                         "val-every",
                         "val-steps",
+                        "sample-every",
+                        "sample-tokens",
                         "threads",
                         "init-from",
                         "export",
@@ -869,6 +877,8 @@ int cmd_train(int argc, char** argv) {
   tc.seed = static_cast<uint64_t>(to_int(f, "seed", 1337));
   tc.val_every = static_cast<int>(to_int(f, "val-every", 0));
   tc.val_steps = static_cast<int>(to_int(f, "val-steps", 10));
+  tc.sample_every = static_cast<int>(to_int(f, "sample-every", 0));
+  tc.sample_tokens = static_cast<int>(to_int(f, "sample-tokens", 64));
   tc.peak_flops = to_double(f, "peak-flops", 0);
   tc.max_bad_steps = static_cast<int>(to_int(f, "max-bad-steps", 3));
   if (f.count("log-json")) tc.log_json = f["log-json"];
@@ -973,6 +983,15 @@ int cmd_train(int argc, char** argv) {
   if (device_kind == DeviceKind::kCuda) device = cuda_module->create_kernels();
   const bool model_parallel =
       dist.groups != nullptr && (dist.groups->layout().tp * dist.groups->layout().pp > 1 || tc.cp > 1);
+  if (tc.sample_every > 0) {
+    // Samples come from a whole model in one process; data-parallel replicas hold the same one, so rank 0 alone
+    // draws them.
+    if (model_parallel || ep_flag > 1)
+      throw ConfigError(
+          "--sample-every (spec.training.sampleEvery) needs the whole model in one process: not with "
+          "--tp/--pp/--cp/--ep; sample from a checkpoint with `railyard generate --checkpoint` instead");
+    if (dist.groups != nullptr && dist.groups->rank() != 0) tc.sample_every = 0;
+  }
   if (model_parallel) {
     comm::ProcessGroups& g = *dist.groups;
     const parallel::ModelGroups mg = model_parallel_groups(dist, device_kind);

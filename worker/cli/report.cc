@@ -38,7 +38,11 @@ std::map<std::string, std::string> fields_after(const std::string& line, size_t 
     i = eq + 1;
     if (i < line.size() && line[i] == '"') {
       for (++i; i < line.size() && line[i] != '"'; ++i) {
-        if (line[i] == '\\' && i + 1 < line.size()) ++i;
+        if (line[i] == '\\' && i + 1 < line.size()) {  // common/log.cc escapes '"', '\\' and newline
+          ++i;
+          value += line[i] == 'n' ? '\n' : line[i];
+          continue;
+        }
         value += line[i];
       }
       ++i;
@@ -110,6 +114,8 @@ RunLog parse_run_log(std::istream& in, const std::string& name) {
         add_step(p);
       } else if (event == "validation") {
         log.val.push_back({j.value("step", int64_t{0}), num(j, "val_loss")});
+      } else if (event == "sample") {
+        log.samples.push_back({j.value("step", int64_t{0}), j.value("text", "")});
       }
       continue;
     }
@@ -136,6 +142,9 @@ RunLog parse_run_log(std::istream& in, const std::string& name) {
     } else if (size_t v = line.find(" worker: validation "); v != std::string::npos) {
       auto f = fields_after(line, v + 20);
       log.val.push_back({static_cast<int64_t>(to_double(f, "step")), to_double(f, "val_loss")});
+    } else if (size_t smp = line.find(" worker: sample "); smp != std::string::npos) {
+      auto f = fields_after(line, smp + 16);
+      log.samples.push_back({static_cast<int64_t>(to_double(f, "step")), f["text"]});
     } else if (size_t r = line.find(" checkpoint: restored "); r != std::string::npos) {
       auto f = fields_after(line, r + 22);
       if (!log.steps.empty()) pending_start = "restored checkpoint step " + f["step"];
@@ -514,6 +523,16 @@ std::string render_html(const Inputs& in) {
       }
       o << "</table>\n";
     }
+  }
+
+  if (main_log != nullptr && !main_log->samples.empty()) {
+    o << "<h2>Samples</h2>\n<div class=\"sub\">Text the model generated while training (--sample-every, "
+         "spec.training.sampleEvery), from the first log.</div>\n<table id=\"samples\"><tr><th>step</th><th>text</th>"
+         "</tr>\n";
+    for (const auto& smp : main_log->samples) {
+      o << "<tr><td>" << smp.step << "</td><td><pre>" << esc(smp.text) << "</pre></td></tr>\n";
+    }
+    o << "</table>\n";
   }
 
   if (!in.checkpoint_dir.empty()) {

@@ -26,6 +26,12 @@ struct ValPoint {
   double val_loss = 0;
 };
 
+// A text sample the trainer drew (--sample-every, spec.training.sampleEvery).
+struct SamplePoint {
+  int64_t step = 0;
+  std::string text;
+};
+
 // One uninterrupted stretch of training. A new one starts when the log's step goes back or does not advance (the
 // run restarted from a checkpoint and replays steps) or when the text log shows a new generation or a restore.
 struct Segment {
@@ -38,12 +44,13 @@ struct RunLog {
   std::string name;  // the file it came from
   std::vector<StepPoint> steps;
   std::vector<ValPoint> val;
+  std::vector<SamplePoint> samples;
   std::vector<Segment> segments;
   int64_t total_steps = 0;  // from a text log's step=N/TOTAL (0 if unknown)
 };
 
 // Parses a trainer log: each line is a --log-json object, a text log line of the trainer ("worker: step",
-// "worker: validation", "checkpoint: restored") or of the agent ("agent: joined generation=N"), or anything else
+// "worker: validation", "worker: sample", "checkpoint: restored") or of the agent ("agent: joined generation=N"), or anything else
 // (ignored). Throws railyard::Error naming name:line for a malformed JSON line or a log without a single step.
 RunLog parse_run_log(std::istream& in, const std::string& name);
 

@@ -19,8 +19,10 @@ std::vector<uint16_t> byte_encode(std::string_view text);
 std::string byte_decode(const uint16_t* tokens, size_t n);
 std::string byte_decode(const int32_t* tokens, size_t n);
 
-// For showing decoded samples on a terminal: keeps printable ASCII, newline, tab and bytes >= 0x80 (UTF-8), and
-// escapes other control bytes as \xNN so they cannot move the cursor or ring the bell.
+// For showing decoded text on a terminal or in a log: keeps printable ASCII, newline, tab and well-formed UTF-8
+// sequences, and escapes every other byte as \xNN (control bytes, which could move the cursor or ring the bell, and
+// bytes that are not valid UTF-8, such as an untrained model's samples), so the result is always valid UTF-8 (and
+// fits in JSON).
 std::string escape_for_terminal(std::string_view bytes);
 
 }  // namespace railyard::worker

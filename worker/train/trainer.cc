@@ -11,7 +11,9 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "worker/data/tokenizer.h"
 #include "worker/device/cpu_kernels.h"
+#include "worker/model/gpt_decode.h"
 #include "worker/train/train_metrics.h"
 
 namespace railyard::worker {
@@ -72,6 +74,12 @@ void TrainConfig::validate(const GptConfig& model) const {
         " (each rank holds seq/cp positions)");
   }
   if (offload_threads < 1) bad("--offload-threads must be positive");
+  if (sample_every < 0) bad("--sample-every must be >= 0");
+  if (sample_every > 0 && (sample_tokens < 1 || sample_tokens >= model.max_seq_len)) {
+    bad("--sample-tokens " + std::to_string(sample_tokens) + " must be in 1.." + std::to_string(model.max_seq_len - 1) +
+        " (the model's maxT - 1)");
+  }
+  if (sample_every > 0 && model.moe.experts > 0) bad("--sample-every: samples are drawn from dense models only");
 }
 
 namespace {
@@ -625,8 +633,38 @@ int Trainer::run() {
     }
     if (rc) return *rc;
     if (val_ != nullptr && cfg_.val_every > 0 && (step_ % cfg_.val_every == 0 || step_ == cfg_.steps)) do_val(step_);
+    if (cfg_.sample_every > 0 && (step_ % cfg_.sample_every == 0 || step_ == cfg_.steps)) {
+      const Sample smp = sample(step_);
+      log::info("worker", "sample", {{"step", std::to_string(step_)}, {"text", smp.text}});
+      if (json_) {
+        *json_
+            << nlohmann::json{{"event", "sample"}, {"step", step_}, {"tokens", smp.tokens}, {"text", smp.text}}.dump()
+            << std::endl;
+      }
+    }
   }
   return 0;
+}
+
+Trainer::Sample Trainer::sample(int64_t step) {
+  if (sharded_ != nullptr)
+    throw ConfigError("--sample-every needs the whole model in this process: not with --tp/--pp");
+  // state() gives host parameters on every device and waits for an offloaded update still writing them.
+  const TrainerState st = state();
+  GptDecoder dec(gpt_, st.params, pool_);
+  SampleRng rng(cfg_.seed ^ (0x5a3c0ffeeULL + static_cast<uint64_t>(step)));
+  // Start where llm.c's samples start for GPT-2 (<|endoftext|>, the last token of its vocabulary), a newline for
+  // bytes, token 0 otherwise.
+  const int V = gpt_.vocab_size;
+  const int32_t start = V == kByteVocabSize ? '\n' : V == 50257 ? 50256 : 0;
+  Sample out;
+  const float* logits = dec.append(start);
+  for (int k = 0; k < cfg_.sample_tokens; ++k) {
+    out.tokens.push_back(sample_token(logits, V, SamplingOptions{}, rng));
+    if (k + 1 < cfg_.sample_tokens) logits = dec.append(out.tokens.back());
+  }
+  if (V == kByteVocabSize) out.text = escape_for_terminal(byte_decode(out.tokens.data(), out.tokens.size()));
+  return out;
 }
 
 TrainerState Trainer::state() {

@@ -51,6 +51,12 @@ struct TrainConfig {
   uint64_t seed = 1337;
   int val_every = 0;  // validate every N steps (and after the last); 0 = never
   int val_steps = 10;
+  // Text samples while training (--sample-every, spec.training.sampleEvery): every N steps (and after the last) this
+  // process draws sample_tokens tokens from its model (temperature 1, seeded by --seed and the step) and logs them
+  // ("worker: sample", the JSON log's "sample" event; `railyard report` shows them). 0 = never. Needs the whole model
+  // in the process (no --tp/--pp/--ep) and a dense one.
+  int sample_every = 0;
+  int sample_tokens = 64;
   int max_bad_steps = 3;      // consecutive non-finite steps before run() fails
   double peak_flops = 0;      // FLOP/s for MFU; 0 = measure the GEMM rate at start
   int world_size = 1;         // processes whose step this is: MFU divides by world_size x peak (per-process peak)
@@ -168,6 +174,13 @@ class Trainer {
   StepResult step();
   // Mean loss over val_steps batches of the validation source (reset first).
   double validate();
+  // One text sample from the current parameters (TrainConfig::sample_every): the tokens drawn and, for a byte-level
+  // vocabulary, the text.
+  struct Sample {
+    std::vector<int32_t> tokens;
+    std::string text;  // empty when the vocabulary is not bytes
+  };
+  Sample sample(int64_t step);
   // The whole loop with logging. Returns 0, or 3 after max_bad_steps consecutive non-finite steps.
   int run();
 

@@ -13,7 +13,7 @@ cd "$work"
 train() { # STEPS: the same run; appends to run.jsonl, text log to run.txt
   "$bin/railyard-worker" train --model l=2,c=64,nh=4,t=64,v=256 --data data --steps "$1" --batch 4 --seq 32 \
     --lr 3e-3 --val-every 4 --val-steps 2 --threads 1 --ckpt-dir ckpt --ckpt-every 4 --ckpt-async off \
-    --ckpt-keep 5 --resume auto --log-json run.jsonl 2>>run.txt
+    --ckpt-keep 5 --resume auto --sample-every 6 --sample-tokens 24 --log-json run.jsonl 2>>run.txt
 }
 train 12 || fail "training run 1 failed: $(tail -5 run.txt)"
 # A restart from the step-8 checkpoint: the newest one (step 12) is gone, so the run replays steps 9..12.
@@ -45,6 +45,25 @@ check "checkpoint table lists steps 4 and 8 and the replayed 12" bash -c \
 check "text log: 12 steps, then the restore of step 8 starts a segment of steps 9..12" bash -c \
   "grep -q '<td>1</td><td>start</td><td>1</td><td>12</td><td>12</td>' text.html &&
    grep -q '<td>2</td><td>restored checkpoint step 8</td><td>9</td><td>12</td><td>4</td>' text.html"
+
+# Text samples (--sample-every 6): steps 6 and 12, and 12 again after the restart, in both logs, the same text.
+samples_of() { # HTML: "step<TAB>text" per row of the samples table
+  python3 - "$1" <<'PY'
+import html, re, sys
+t = open(sys.argv[1]).read()
+m = re.search(r'<table id="samples">(.*?)</table>', t, re.S)
+for step, text in re.findall(r"<tr><td>(\d+)</td><td><pre>(.*?)</pre></td></tr>", m.group(1) if m else "", re.S):
+    print(step + "\t" + html.unescape(text).replace("\n", "\\n"))
+PY
+}
+check "samples: 3 in the JSON log" test "$(grep -c '"event":"sample"' run.jsonl)" = 3
+check "report: the samples table has steps 6, 12, 12" test "$(samples_of report.html | cut -f1 | tr '\n' ' ')" = "6 12 12 "
+check "the text log's samples are the JSON log's" test "$(samples_of report.html)" = "$(samples_of text.html)"
+# Seeded by --seed and the step, from the same weights: the replayed step 12 (resumed from the step-8 checkpoint)
+# draws the first run's step-12 text again.
+check "the restart's step-12 sample is the first run's" test "$(samples_of report.html | grep -c "^12")" = 2 -a \
+  "$(samples_of report.html | grep "^12" | sort -u | wc -l)" = 1
+check "the samples are not empty" test "$(samples_of report.html | cut -f2 | awk 'length($0) >= 20' | wc -l)" = 3
 
 # Refused inputs name the file and the fix.
 refuses() { # WANT-REGEX ARGS...: exit code 1 or 2 and stderr matching

@@ -37,6 +37,8 @@ const std::map<std::string, std::vector<std::string>> kAllowlist = {
     {"spec.training.gradClip", {"worker/main.cc"}},
     {"spec.training.seed", {"worker/main.cc"}},
     {"spec.training.valEvery", {"worker/main.cc"}},
+    {"spec.training.sampleEvery", {"worker/main.cc"}},
+    {"spec.training.sampleTokens", {"worker/main.cc"}},
     // spec.checkpoint.async: the worker's --ckpt-async.
     {"spec.checkpoint.async", {"worker/main.cc"}},
     // Rail-aware placement: the controller's placement request (the scheduler acts on it).

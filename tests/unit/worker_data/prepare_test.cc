@@ -49,6 +49,13 @@ TEST_CASE("byte tokenizer round-trips every byte and refuses non-byte tokens") {
     CHECK(std::string(e.what()).find("token 256 at index 2") != std::string::npos);
   }
   CHECK(escape_for_terminal(std::string("a\tb\n\x1b[2J\x7f") + "\xc3\xa9") == "a\tb\n\\x1b[2J\\x7f\xc3\xa9");
+  // Invalid UTF-8 is escaped byte by byte (a stray continuation byte, a truncated sequence, an overlong form, a
+  // surrogate, a lead byte above U+10FFFF); well-formed 2-, 3- and 4-byte sequences stay.
+  CHECK(escape_for_terminal("\x80x\xc3") == "\\x80x\\xc3");
+  CHECK(escape_for_terminal("\xc0\xaf \xed\xa0\x80 \xf5\x80\x80\x80") ==
+        "\\xc0\\xaf \\xed\\xa0\\x80 \\xf5\\x80\\x80\\x80");
+  CHECK(escape_for_terminal("\xe2\x82\xac \xf0\x9f\x98\x80 \xe6\x97\xa5") ==
+        "\xe2\x82\xac \xf0\x9f\x98\x80 \xe6\x97\xa5");
 }
 
 TEST_CASE("prepare on real text files: decoded train + val shards equal the input, split at the stated boundary") {
