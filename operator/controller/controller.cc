@@ -336,6 +336,7 @@ std::string Controller::ensure_token(const Json& job) {
 Json Controller::write_status(const Json& job, const Json& status) {
   Json obj = job;
   obj["status"] = status;
+  stamp_conditions(obj["status"]);
   return client_.update_status(kube::resources::trainingjobs, kube::namespace_of(job), obj);
 }
 

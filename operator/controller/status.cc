@@ -29,6 +29,13 @@ bool set_condition(Json& status, const std::string& type, bool value, const std:
   return true;
 }
 
+void stamp_conditions(Json& status) {
+  if (!status.is_object() || !status.contains("conditions") || !status["conditions"].is_array()) return;
+  const Json gen = status.value("observedGeneration", Json());
+  if (!gen.is_number_integer()) return;
+  for (Json& c : status["conditions"]) c["observedGeneration"] = gen;
+}
+
 std::optional<Json> find_condition(const Json& status, const std::string& type) {
   if (!status.is_object() || !status.contains("conditions") || !status["conditions"].is_array()) return std::nullopt;
   for (const Json& c : status["conditions"])

@@ -12,6 +12,10 @@ namespace railyard::op {
 // updated in place. Returns true when anything changed.
 bool set_condition(Json& status, const std::string& type, bool value, const std::string& reason,
                    const std::string& message, const std::string& now);
+// Stamps every condition with the status's observedGeneration (the spec generation this status, conditions included,
+// was computed from), as metav1.Condition's observedGeneration says; Controller::write_status calls it on every
+// write. No-op without status.observedGeneration.
+void stamp_conditions(Json& status);
 std::optional<Json> find_condition(const Json& status, const std::string& type);
 bool condition_true(const Json& status, const std::string& type);
 

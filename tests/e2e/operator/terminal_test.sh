@@ -30,9 +30,13 @@ trap cleanup EXIT
 source "$(dirname "$0")/lib.sh"
 jp() { kubectl get tj "$1" -n "$ns" -o jsonpath="$2" 2>/dev/null; }
 phase_is() { [ "$(jp "$1" '{.status.phase}')" = "$2" ]; }
-# The result: the whole status but the two acknowledgements a finished job still gets (the spec version seen and the
-# live pod count, which cleanPodPolicy lowers).
-result() { kubectl get tj "$1" -n "$ns" -o json | jq -S '.status | del(.observedGeneration, .replicas)'; }
+# The result: the whole status but the acknowledgements a finished job still gets (the spec version seen, also on each
+# condition, and the live pod count, which cleanPodPolicy lowers).
+result() {
+  kubectl get tj "$1" -n "$ns" -o json | jq -S '.status | del(.observedGeneration, .replicas, .conditions[].observedGeneration)'
+}
+# Every condition's observedGeneration (one line per condition).
+condition_generations() { kubectl get tj "$1" -n "$ns" -o json | jq -r '.status.conditions[].observedGeneration'; }
 pod_uids() { kubectl get pods -n "$ns" -l "railyard.dev/job=$1" -o jsonpath='{.items[*].metadata.uid}'; }
 # ignored_event JOB TEXT: an IgnoredAfterFinish event of JOB whose message contains TEXT.
 ignored_event() {
@@ -90,6 +94,9 @@ for j in fin boom; do
   wait_for 30 "$j: the restart request acknowledged" \
     bash -c "[ \"\$(kubectl get tj $j -n $ns -o jsonpath='{.metadata.annotations.railyard\.dev/restart-handled}')\" = after-finish-1 ]"
   [ "$(jp "$j" '{.status.observedGeneration}')" = $((g + 3)) ] || fail "$j: observedGeneration $(jp "$j" '{.status.observedGeneration}')"
+  # Conditions carry the generation too (the API server keeps the field: the CRD declares it), all of them the latest.
+  [ "$(condition_generations "$j" | sort -u)" = $((g + 3)) ] ||
+    fail "$j: conditions' observedGeneration $(condition_generations "$j" | tr '\n' ' '), want $((g + 3))"
   # Give a reopened job time to show itself before comparing.
   sleep 2
   [ "$(jp "$j" '{.status.phase}')" = "$want" ] || fail "$j: phase $(jp "$j" '{.status.phase}'), want $want"

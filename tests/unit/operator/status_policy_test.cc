@@ -31,6 +31,23 @@ TEST_CASE("lastTransitionTime changes only when a condition flips") {
   CHECK_FALSE(condition_true(status, "Failed"));
 }
 
+TEST_CASE("conditions carry the observedGeneration they were computed from") {
+  Json status = Json::object();
+  set_condition(status, "Running", true, "AllPodsRunning", "2 of 2", "T1");
+  set_condition(status, "Scheduled", true, "Bound", "all bound", "T1");
+  stamp_conditions(status);  // no status.observedGeneration yet: nothing to stamp
+  CHECK_FALSE(find_condition(status, "Running")->contains("observedGeneration"));
+  status["observedGeneration"] = 3;
+  stamp_conditions(status);
+  CHECK(find_condition(status, "Running")->at("observedGeneration") == 3);
+  CHECK(find_condition(status, "Scheduled")->at("observedGeneration") == 3);
+  // A spec edit (generation 4) re-stamps every condition; the transition time stays where the status did not flip.
+  status["observedGeneration"] = 4;
+  stamp_conditions(status);
+  CHECK(find_condition(status, "Running")->at("observedGeneration") == 4);
+  CHECK(find_condition(status, "Running")->at("lastTransitionTime") == "T1");
+}
+
 TEST_CASE("exit codes: Kubeflow's default classes, overridable by lists") {
   JobSpec spec = parse_job(valid_job()).spec;
   CHECK(classify_exit(spec, 0) == ExitClass::Success);
