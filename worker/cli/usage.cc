@@ -18,10 +18,16 @@ struct CommandUsage {
 // runs every entry's --help and checks that each flag it names is accepted).
 const std::vector<CommandUsage>& table() {
   static const std::vector<CommandUsage> t = {
-      {"data", "prepare", "--input FILE... --output DIR [--val-fraction F] [--shard-tokens N] [--force]",
-       "tokenize text files byte-wise (vocab 256) into llm.c .bin shards:\n"
+      {"data", "prepare",
+       "--input FILE... --output DIR [--val-fraction F] [--shard-tokens N] [--force]\n"
+       "[--tokenizer bytes|gpt2] [--vocab-dir DIR]",
+       "tokenize text files into llm.c .bin shards:\n"
        "DIR/train_000000.bin..., DIR/val_000000.bin..., DIR/prepare.json\n"
-       "(defaults: --val-fraction 0.1 = the last 10% of the bytes, --shard-tokens 100000000;\n"
+       "--tokenizer bytes (default): token = byte, vocab 256, files concatenated;\n"
+       "--tokenizer gpt2: GPT-2 BPE, vocab 50257, each file one document led by <|endoftext|>;\n"
+       "its encoder.json and vocab.bpe come from --vocab-dir (default $RAILYARD_GPT2_DIR, else\n"
+       "~/.cache/railyard/gpt2), filled by scripts/fetch_gpt2_vocab.sh\n"
+       "(defaults: --val-fraction 0.1 = the last 10% of the tokens, --shard-tokens 100000000;\n"
        "--force replaces shards already in DIR)"},
       {"data", "inspect", "FILE [--tokens N] [--vocab V]",
        "validate a shard and show its header and first N tokens (default 64), decoded when\n"
@@ -32,6 +38,10 @@ const std::vector<CommandUsage>& table() {
        "print the batches the training loader yields (decoded as JSON strings when they are\n"
        "bytes; defaults B 2, T 64, rank 0 of 1, seed 1, 1 step, vocab 256) and its final state"},
       {"model", "inspect", "FILE", "show an llm.c GPT-2 checkpoint's header, parameter count and tensor layout"},
+      {"model", "export", "(--model FILE | --checkpoint DIR [--step N]) --output PATH [--format hf|llmc]",
+       "write a model (an llm.c file, or a checkpoint of any parallel layout) for other tools:\n"
+       "--format hf (default): PATH/model.safetensors + PATH/config.json, Hugging Face GPT-2;\n"
+       "--format llmc: the llm.c GPT-2 file PATH"},
   };
   return t;
 }

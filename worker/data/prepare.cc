@@ -13,9 +13,12 @@
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <tuple>
 
-#include "common/error.h"
 #include "common/atomic_file.h"
+#include "common/error.h"
+#include "worker/data/gpt2_bpe.h"
 #include "worker/data/shard.h"
 #include "worker/data/tokenizer.h"
 
@@ -43,14 +46,15 @@ class SplitWriter {
   SplitWriter(std::string split, fs::path staging, uint64_t total, uint64_t shard_tokens)
       : split_(std::move(split)), staging_(std::move(staging)), remaining_(total), shard_tokens_(shard_tokens) {}
 
-  void push(const unsigned char* bytes, size_t n) {
+  // Takes bytes (the byte tokenizer: token = byte) or tokens.
+  template <typename T>
+  void push(const T* items, size_t n) {
     while (n > 0) {
       if (!current_) open_next();
       const size_t k = static_cast<size_t>(std::min<uint64_t>(n, left_in_shard_));
-      tokens_.resize(k);
-      for (size_t i = 0; i < k; ++i) tokens_[i] = bytes[i];  // the byte tokenizer: token = byte
+      tokens_.assign(items, items + k);
       current_->write(tokens_.data(), k * sizeof(uint16_t));
-      bytes += k;
+      items += k;
       n -= k;
       left_in_shard_ -= k;
       remaining_ -= k;
@@ -98,6 +102,88 @@ struct StagingGuard {
   }
 };
 
+// Splits N tokens: the val split is the last floor(N * fraction), refused when that rounds a positive fraction to
+// nothing or leaves no training tokens. `unit` names what N counts in the messages.
+std::pair<uint64_t, uint64_t> split_sizes(uint64_t total, double fraction, const std::string& unit) {
+  const uint64_t val = static_cast<uint64_t>(std::floor(static_cast<double>(total) * fraction));
+  const uint64_t train = total - val;
+  if (fraction > 0 && val == 0) {
+    throw ConfigError("data prepare: --val-fraction " + std::to_string(fraction) + " of " + std::to_string(total) +
+                      " " + unit + " leaves no validation tokens: raise it or pass 0");
+  }
+  if (train == 0) throw ConfigError("data prepare: --val-fraction leaves no training tokens");
+  return {train, val};
+}
+
+// A stream of uint16 tokens in a staging file: GPT-2 token counts are only known after encoding, and the shard
+// headers need them first, so the tokens go here and are copied into shards afterwards (constant memory).
+class TokenSpill {
+ public:
+  explicit TokenSpill(std::string path) : path_(std::move(path)), f_(std::fopen(path_.c_str(), "w+b")) {
+    if (f_ == nullptr) throw Error("data prepare: cannot create " + path_ + ": " + std::strerror(errno));
+  }
+  ~TokenSpill() { std::fclose(f_); }
+  TokenSpill(const TokenSpill&) = delete;
+  TokenSpill& operator=(const TokenSpill&) = delete;
+
+  void append(const std::vector<uint16_t>& tokens) {
+    if (std::fwrite(tokens.data(), sizeof(uint16_t), tokens.size(), f_) != tokens.size()) {
+      throw Error("data prepare: cannot write " + path_ + ": " + std::strerror(errno));
+    }
+    count_ += tokens.size();
+  }
+  uint64_t count() const { return count_; }
+
+  // Calls sink(const uint16_t*, size_t) over all tokens in order.
+  template <typename Sink>
+  void replay(Sink&& sink) {
+    if (std::fflush(f_) != 0 || std::fseek(f_, 0, SEEK_SET) != 0) {
+      throw Error("data prepare: cannot rewind " + path_ + ": " + std::strerror(errno));
+    }
+    std::vector<uint16_t> buf(1 << 20);
+    uint64_t left = count_;
+    while (left > 0) {
+      const size_t want = static_cast<size_t>(std::min<uint64_t>(left, buf.size()));
+      if (std::fread(buf.data(), sizeof(uint16_t), want, f_) != want) {
+        throw Error("data prepare: cannot read back " + path_);
+      }
+      sink(buf.data(), want);
+      left -= want;
+    }
+  }
+
+ private:
+  std::string path_;
+  std::FILE* f_;
+  uint64_t count_ = 0;
+};
+
+// Streams one input file into `chunk` calls of at most 1 MiB; checks that its size is what stat said.
+template <typename Chunk>
+void read_input(const std::string& in, uint64_t expected_size, Chunk&& chunk) {
+  int fd = ::open(in.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw ConfigError("input " + in + ": " + std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  std::vector<unsigned char> buf(1 << 20);
+  uint64_t read_here = 0;
+  for (;;) {
+    ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw ConfigError("input " + in + ": read failed: " + std::strerror(errno));
+    if (n == 0) break;
+    read_here += static_cast<uint64_t>(n);
+    if (read_here > expected_size) break;  // reported below
+    chunk(buf.data(), static_cast<size_t>(n));
+  }
+  if (read_here != expected_size) {
+    throw ConfigError("input " + in + ": changed while being read (" + std::to_string(expected_size) +
+                      " bytes at start, " + std::to_string(read_here) + " read)");
+  }
+}
+
 }  // namespace
 
 PrepareResult prepare_dataset(const PrepareOptions& o) {
@@ -111,6 +197,11 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
                       std::to_string(INT32_MAX) + " (the shard header holds an int32 count)");
   }
 
+  const bool gpt2 = o.tokenizer == "gpt2";
+  if (!gpt2 && o.tokenizer != "bytes") {
+    throw ConfigError("data prepare: unknown tokenizer '" + o.tokenizer + "' (bytes, gpt2)");
+  }
+
   std::vector<uint64_t> sizes;
   uint64_t total = 0;
   for (const auto& in : o.inputs) {
@@ -121,13 +212,12 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
     total += sizes.back();
   }
   if (total == 0) throw ConfigError("data prepare: the inputs are empty: nothing to tokenize");
-  const uint64_t val = static_cast<uint64_t>(std::floor(static_cast<double>(total) * o.val_fraction));
-  const uint64_t train = total - val;
-  if (o.val_fraction > 0 && val == 0) {
-    throw ConfigError("data prepare: --val-fraction " + std::to_string(o.val_fraction) + " of " +
-                      std::to_string(total) + " bytes leaves no validation tokens: raise it or pass 0");
-  }
-  if (train == 0) throw ConfigError("data prepare: --val-fraction leaves no training tokens");
+  // The byte tokenizer knows its token count now; GPT-2 after encoding (its split is checked then). The vocabulary
+  // is read before the output is touched, so a missing file leaves nothing behind.
+  uint64_t train = 0, val = 0;
+  if (!gpt2) std::tie(train, val) = split_sizes(total, o.val_fraction, "bytes");
+  std::optional<Gpt2Vocab> vocab;
+  if (gpt2) vocab = Gpt2Vocab::load(o.vocab_dir.empty() ? default_gpt2_vocab_dir() : o.vocab_dir);
 
   const fs::path out(o.output_dir);
   std::error_code ec;
@@ -150,50 +240,59 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
   if (!fs::create_directory(staging.dir, ec) || ec) {
     throw ConfigError("output " + o.output_dir + ": cannot create staging directory: " + ec.message());
   }
+  // GPT-2: encode every file into the spill first (each a document led by <|endoftext|>), then split by tokens.
+  std::vector<uint64_t> doc_tokens;
+  std::unique_ptr<TokenSpill> spill;
+  if (gpt2) {
+    spill = std::make_unique<TokenSpill>((staging.dir / "tokens.tmp").string());
+    Gpt2Tokenizer tokenizer(*vocab);
+    std::vector<uint16_t> tokens;
+    std::string carry;  // bytes of a piece that the next read may extend
+    for (size_t f = 0; f < o.inputs.size(); ++f) {
+      const uint64_t before = spill->count();
+      tokens.assign(1, kGpt2EndOfText);
+      carry.clear();
+      read_input(o.inputs[f], sizes[f], [&](const unsigned char* p, size_t n) {
+        carry.append(reinterpret_cast<const char*>(p), n);
+        carry.erase(0, tokenizer.encode_prefix(carry, false, tokens));
+        spill->append(tokens);
+        tokens.clear();
+      });
+      tokenizer.encode_prefix(carry, true, tokens);
+      spill->append(tokens);
+      doc_tokens.push_back(spill->count() - before);
+    }
+    total = spill->count();
+    std::tie(train, val) = split_sizes(total, o.val_fraction, "tokens");
+  }
+
   SplitWriter train_w("train", staging.dir, train, o.shard_tokens);
   SplitWriter val_w("val", staging.dir, val, o.shard_tokens);
-
-  uint64_t offset = 0;  // bytes of the concatenated input consumed so far
-  std::vector<unsigned char> buf(1 << 20);
-  for (size_t f = 0; f < o.inputs.size(); ++f) {
-    const std::string& in = o.inputs[f];
-    int fd = ::open(in.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw ConfigError("input " + in + ": " + std::strerror(errno));
-    uint64_t read_here = 0;
-    for (;;) {
-      ssize_t n = ::read(fd, buf.data(), buf.size());
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) {
-        int e = errno;
-        ::close(fd);
-        throw ConfigError("input " + in + ": read failed: " + std::strerror(e));
-      }
-      if (n == 0) break;
-      size_t len = static_cast<size_t>(n);
-      read_here += len;
-      if (read_here > sizes[f]) break;  // reported below
-      const unsigned char* p = buf.data();
-      if (offset < train) {
-        const size_t k = static_cast<size_t>(std::min<uint64_t>(len, train - offset));
-        train_w.push(p, k);
-        p += k;
-        len -= k;
-        offset += k;
-      }
-      val_w.push(p, len);
-      offset += len;
+  uint64_t offset = 0;  // tokens consumed so far
+  const auto push = [&](const auto* p, size_t len) {
+    if (offset < train) {
+      const size_t k = static_cast<size_t>(std::min<uint64_t>(len, train - offset));
+      train_w.push(p, k);
+      p += k;
+      len -= k;
+      offset += k;
     }
-    ::close(fd);
-    if (read_here != sizes[f]) {
-      throw ConfigError("input " + in + ": changed while being read (" + std::to_string(sizes[f]) +
-                        " bytes at start, " + std::to_string(read_here) + " read)");
-    }
+    val_w.push(p, len);
+    offset += len;
+  };
+  if (gpt2) {
+    spill->replay(push);
+    spill.reset();
+  } else {
+    for (size_t f = 0; f < o.inputs.size(); ++f) read_input(o.inputs[f], sizes[f], push);
   }
   if (train_w.remaining() != 0 || val_w.remaining() != 0) throw Error("data prepare: internal split accounting error");
 
   // All shards are complete: swap them in. Old shards that the new set does not overwrite go first, so the
   // directory never mixes the two runs' files under loader patterns for longer than this loop.
   PrepareResult r;
+  r.tokenizer = o.tokenizer;
+  r.vocab_size = gpt2 ? kGpt2VocabSize : kByteVocabSize;
   r.total_tokens = total;
   r.train_tokens = train;
   r.val_tokens = val;
@@ -211,11 +310,18 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
   for (const auto& n : val_w.names()) r.val_shards.push_back((out / n).string());
 
   nlohmann::json inputs = nlohmann::json::array();
-  for (size_t f = 0; f < o.inputs.size(); ++f) inputs.push_back({{"path", o.inputs[f]}, {"bytes", sizes[f]}});
+  for (size_t f = 0; f < o.inputs.size(); ++f) {
+    inputs.push_back({{"path", o.inputs[f]}, {"bytes", sizes[f]}});
+    if (gpt2) inputs.back()["tokens"] = doc_tokens[f];  // with its leading <|endoftext|>
+  }
   nlohmann::json manifest = {
-      {"tokenizer", "bytes"},           {"vocab_size", kByteVocabSize},    {"inputs", inputs},
+      {"tokenizer", o.tokenizer},       {"vocab_size", r.vocab_size},      {"inputs", inputs},
       {"total_tokens", total},          {"val_fraction", o.val_fraction},  {"split_offset", train},
       {"shard_tokens", o.shard_tokens}, {"train_shards", train_w.names()}, {"val_shards", val_w.names()}};
+  if (gpt2) {
+    manifest["eot_token"] = kGpt2EndOfText;
+    manifest["documents"] = "one per input file, each starting with eot_token";
+  }
   r.manifest = (out / "prepare.json").string();
   write_file_atomic(r.manifest, manifest.dump(2) + "\n");
   return r;

@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "worker/data/gpt2_bpe.h"
 #include "worker/data/tokenizer.h"
 #include "worker/device/cpu_kernels.h"
 #include "worker/model/gpt_decode.h"
@@ -656,14 +657,26 @@ Trainer::Sample Trainer::sample(int64_t step) {
   // Start where llm.c's samples start for GPT-2 (<|endoftext|>, the last token of its vocabulary), a newline for
   // bytes, token 0 otherwise.
   const int V = gpt_.vocab_size;
-  const int32_t start = V == kByteVocabSize ? '\n' : V == 50257 ? 50256 : 0;
+  const int32_t start = V == kByteVocabSize ? '\n' : V == kGpt2VocabSize ? kGpt2EndOfText : 0;
   Sample out;
   const float* logits = dec.append(start);
   for (int k = 0; k < cfg_.sample_tokens; ++k) {
     out.tokens.push_back(sample_token(logits, V, SamplingOptions{}, rng));
     if (k + 1 < cfg_.sample_tokens) logits = dec.append(out.tokens.back());
   }
-  if (V == kByteVocabSize) out.text = escape_for_terminal(byte_decode(out.tokens.data(), out.tokens.size()));
+  if (V == kByteVocabSize) {
+    out.text = escape_for_terminal(byte_decode(out.tokens.data(), out.tokens.size()));
+  } else if (V == kGpt2VocabSize) {
+    // Decoded where GPT-2's vocabulary is found ($RAILYARD_GPT2_DIR or the fetch script's cache); else ids only.
+    static const std::optional<Gpt2Vocab> vocab = []() -> std::optional<Gpt2Vocab> {
+      try {
+        return Gpt2Vocab::load(default_gpt2_vocab_dir());
+      } catch (const ConfigError&) {
+        return std::nullopt;
+      }
+    }();
+    if (vocab) out.text = escape_for_terminal(Gpt2Tokenizer(*vocab).decode(out.tokens.data(), out.tokens.size()));
+  }
   return out;
 }
 

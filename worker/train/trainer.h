@@ -174,11 +174,10 @@ class Trainer {
   StepResult step();
   // Mean loss over val_steps batches of the validation source (reset first).
   double validate();
-  // One text sample from the current parameters (TrainConfig::sample_every): the tokens drawn and, for a byte-level
-  // vocabulary, the text.
+  // One text sample from the current parameters (TrainConfig::sample_every): the tokens drawn and their text.
   struct Sample {
     std::vector<int32_t> tokens;
-    std::string text;  // empty when the vocabulary is not bytes
+    std::string text;  // bytes, or GPT-2's when its vocabulary files are found; else empty
   };
   Sample sample(int64_t step);
   // The whole loop with logging. Returns 0, or 3 after max_bad_steps consecutive non-finite steps.

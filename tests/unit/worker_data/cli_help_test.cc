@@ -63,8 +63,9 @@ TEST_CASE("every railyard command and subcommand prints its usage for --help and
   REQUIRE(overview.code == 0);
   const std::set<std::string> commands = commands_of(overview.output);
   // The walk covers what the overview lists today; a parse that found nothing would pass vacuously.
-  for (const char* c : {"data", "data prepare", "data inspect", "data sample", "model", "model inspect", "plan",
-                        "report", "ckpt", "ckpt ls", "ckpt inspect", "ckpt verify", "ckpt reshard"})
+  for (const char* c :
+       {"data", "data prepare", "data inspect", "data sample", "model", "model inspect", "model export", "plan", "eval",
+        "generate", "report", "ckpt", "ckpt ls", "ckpt inspect", "ckpt verify", "ckpt reshard"})
     CHECK_MESSAGE(commands.count(c) == 1, "the overview does not list '" << c << "'");
   for (const std::string& c : commands) {
     for (const char* h : {"--help", "-h"}) {
@@ -95,7 +96,7 @@ TEST_CASE("every railyard command and subcommand prints its usage for --help and
 
 TEST_CASE("every flag a data or model usage names is one the command parses") {
   const std::string bin = bin_path("railyard");
-  for (const char* c : {"data prepare", "data inspect", "data sample", "model inspect"}) {
+  for (const char* c : {"data prepare", "data inspect", "data sample", "model inspect", "model export"}) {
     const auto help = run_command(bin + " " + c + " --help 2>/dev/null");
     REQUIRE(help.code == 0);
     for (const std::string& f : flags_of(help.output)) {

@@ -55,6 +55,12 @@ TEST_CASE("railyard --help and usage errors exit 0 and 2") {
   CHECK(contains(r.output, "--shard-tokens '12k' is not a non-negative integer"));
   r = run_command(bin + " data prepare --input a --output b --val-fraction 1.5");
   CHECK(r.code == 2);
+  r = run_command(bin + " data prepare --input a --output b --tokenizer sentencepiece");
+  CHECK(r.code == 2);
+  CHECK(contains(r.output, "--tokenizer 'sentencepiece' is not known (bytes, gpt2)"));
+  r = run_command(bin + " data prepare --input a --output b --vocab-dir /tmp");
+  CHECK(r.code == 2);
+  CHECK(contains(r.output, "--vocab-dir needs --tokenizer gpt2"));
   // `ckpt` is dispatched to the checkpoint library's command line.
   r = run_command(bin + " ckpt");
   CHECK(r.code == 2);
@@ -99,6 +105,15 @@ TEST_CASE("railyard data prepare and inspect on a real text file") {
   CHECK(s1.output.substr(from1) == s2.output.substr(from2));
   CHECK(run_command(bin + " data sample " + dir.file("nothing_*.bin")).code == 1);
   CHECK(run_command(bin + " data sample " + out + " --batch 0").code == 2);
+
+  // --tokenizer gpt2 without its vocabulary: exit 1, naming the missing file and the script that fetches it, and
+  // nothing written. (With the vocabulary: worker_data_gpt2_tests.)
+  r = run_command(bin + " data prepare --tokenizer gpt2 --vocab-dir " + dir.file("no-vocab") +
+                  " --input /usr/share/common-licenses/GPL-3 --output " + dir.file("gpt2"));
+  CHECK(r.code == 1);
+  CHECK(contains(r.output, dir.file("no-vocab") + "/encoder.json is missing"));
+  CHECK(contains(r.output, "scripts/fetch_gpt2_vocab.sh"));
+  CHECK_FALSE(std::filesystem::exists(dir.file("gpt2")));
 
   // Running again without --force fails (exit 1) and says why.
   r = run_command(bin + " data prepare --input /usr/share/common-licenses/GPL-3 --output " + out);
