@@ -265,7 +265,7 @@ start_apiserver() {
 
 start_controller_manager() {
   local pki="$STATE_DIR/pki"
-  local kcm_controllers=garbagecollector,namespace,nodelifecycle,serviceaccount,serviceaccount-token,podgc,persistentvolume-binder
+  local kcm_controllers=garbagecollector,namespace,nodelifecycle,serviceaccount,serviceaccount-token,podgc,persistentvolume-binder,clusterrole-aggregation
   # Real nodes run the chart's Deployments and reach Services: their controllers and the Services' endpoints.
   [ "${REAL_NODES:-0}" -gt 0 ] && kcm_controllers+=,deployment,replicaset,endpoint,endpointslice,disruption
   start_component kube-controller-manager "$CACHE_BIN/kube-controller-manager" \

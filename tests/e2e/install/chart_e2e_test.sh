@@ -130,6 +130,33 @@ check "monitor may not update trainingjobs/status" can no "$mon" update training
 check "monitor may not get pods" can no "$mon" get pods -n "$team"
 check "monitor may not read secrets" can no "$mon" get secrets -n "$team"
 check "monitor may not list nodes" can no "$mon" list nodes
+# The users' roles, through the built-in ones (kube-controller-manager's clusterrole-aggregation controller copies
+# railyard-edit's rules into edit and admin, railyard-view's into view): alice edits, bob views, carol administers $team.
+kubectl create rolebinding ry-alice-edit --clusterrole=edit --user=alice -n "$team" >/dev/null
+kubectl create rolebinding ry-bob-view --clusterrole=view --user=bob -n "$team" >/dev/null
+kubectl create rolebinding ry-carol-admin --clusterrole=admin --user=carol -n "$team" >/dev/null
+user_can() { # yes|no USER VERB RESOURCE [flags]
+  local want=$1 user=$2 got
+  shift 2
+  got=$(kubectl auth can-i --as "$user" "$@" 2>/dev/null || true)
+  [ "$got" = "$want" ] && return 0
+  echo "  $user: can-i $* = '$got', want $want" >&2
+  return 1
+}
+wait_for 60 "the aggregation of railyard-edit into edit" \
+  user_can yes alice create trainingjobs.railyard.dev -n "$team"
+for v in get list watch create update patch delete deletecollection; do
+  check "edit (alice) may $v trainingjobs" user_can yes alice "$v" trainingjobs.railyard.dev -n "$team"
+done
+check "edit (alice) may scale trainingjobs" user_can yes alice update trainingjobs.railyard.dev --subresource=scale -n "$team"
+check "edit (alice) may not write trainingjobs/status" \
+  user_can no alice update trainingjobs.railyard.dev --subresource=status -n "$team"
+check "edit (alice) may not touch trainingjobs in another namespace" user_can no alice create trainingjobs.railyard.dev -n "$ns"
+wait_for 60 "the aggregation of railyard-edit into admin" user_can yes carol delete trainingjobs.railyard.dev -n "$team"
+wait_for 60 "the aggregation of railyard-view into view" user_can yes bob list trainingjobs.railyard.dev -n "$team"
+for v in get list watch; do check "view (bob) may $v trainingjobs" user_can yes bob "$v" trainingjobs.railyard.dev -n "$team"; done
+for v in create patch delete; do check "view (bob) may not $v trainingjobs" user_can no bob "$v" trainingjobs.railyard.dev -n "$team"; done
+check "view (bob) may not scale trainingjobs" user_can no bob update trainingjobs.railyard.dev --subresource=scale -n "$team"
 # Namespace scope: the same verbs, only in the job namespace.
 opn=$reln-operator
 check "namespace scope: operator may list trainingjobs in $team" can yes "$opn" list trainingjobs.railyard.dev -n "$team"

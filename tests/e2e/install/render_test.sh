@@ -36,8 +36,8 @@ check "deploy/crds: no schema key made of a description split at a comma" crd_st
 render "$work/default.yaml" --include-crds || fail "the default values do not render"
 objects "$work/default.yaml" >"$work/default.json"
 q() { jq -e -s "$1" "$2" >/dev/null; }
-check "default: CRD, 2 Deployments, 3 Services, PDB, ClusterRoles, Lease Role, 2 dashboards" q '
-  (map(.kind) | sort) == (["ClusterRole","ClusterRole","ClusterRoleBinding","ClusterRoleBinding","ConfigMap",
+check "default: CRD, 2 Deployments, 3 Services, PDB, ClusterRoles (operator, monitor, users edit and view), Lease Role, 2 dashboards" q '
+  (map(.kind) | sort) == (["ClusterRole","ClusterRole","ClusterRole","ClusterRole","ClusterRoleBinding","ClusterRoleBinding","ConfigMap",
     "ConfigMap","CustomResourceDefinition","Deployment","Deployment","PodDisruptionBudget","Role","RoleBinding",
     "Service","Service","Service","ServiceAccount","ServiceAccount"])' "$work/default.json"
 check "default: every Deployment is non-root, read-only, drops ALL, RuntimeDefault seccomp, has requests and probes" q '
@@ -102,14 +102,25 @@ check "kustomize: the Namespace railyard-system with restricted Pod Security" q 
    .metadata.labels["pod-security.kubernetes.io/enforce"] == "restricted")) | length == 1' \
   <(objects "$work/kustomize.yaml")
 
+check "default: users' roles: railyard-edit aggregates into edit and admin, railyard-view into view, TrainingJobs only" q '
+  ([.[] | select(.kind == "ClusterRole" and .metadata.name == "railyard-edit")][0]) as $e
+  | ([.[] | select(.kind == "ClusterRole" and .metadata.name == "railyard-view")][0]) as $v
+  | $e.metadata.labels["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+  and $e.metadata.labels["rbac.authorization.k8s.io/aggregate-to-admin"] == "true"
+  and $v.metadata.labels["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+  and ([$e.rules[], $v.rules[]] | map(.apiGroups == ["railyard.dev"]) | all)
+  and ($v.rules | map(.verbs) | flatten | unique) == ["get","list","watch"]' "$work/default.json"
+render "$work/nouser.yaml" --set rbac.userRoles=false || fail "rbac.userRoles=false does not render"
+check "rbac.userRoles=false: no users' roles" bash -c "! grep -Eq 'name: railyard-(edit|view)$' '$work/nouser.yaml'"
+
 # --- non-default value sets ----------------------------------------------------------------------------------------
 render "$work/ns.yaml" -f "$values_dir/namespace-scope.yaml" || fail "namespace-scope.yaml does not render"
 objects "$work/ns.yaml" >"$work/ns.json"
 check "namespace scope: operator and monitor Roles in team-a, cluster-wide only reading nodes and pods" q '
   ([.[] | select(.kind == "Role" and .metadata.namespace == "team-a") | .metadata.name] | sort)
     == ["railyard-monitor","railyard-operator"]
-  and ([.[] | select(.kind == "ClusterRole") | .rules[] | [.resources, .verbs]]
-    == [[["nodes"], ["get","list","watch"]], [["pods"], ["list","watch"]]])' \
+  and ([.[] | select(.kind == "ClusterRole" and (.metadata.name | test("-(edit|view)$") | not)) | .rules[]
+    | [.resources, .verbs]] == [[["nodes"], ["get","list","watch"]], [["pods"], ["list","watch"]]])' \
   "$work/ns.json"
 check "namespace scope: operator and monitor watch team-a; monitor queries Prometheus, needs no pods rule" q '
   ([.[] | select(.kind == "Deployment") | .spec.template.spec.containers[0].args | index("--namespace=team-a")]
