@@ -14,7 +14,7 @@
 #include "common/metrics/metrics.h"
 #include "common/restart_request.h"
 #include "operator/controller/job_spec.h"
-#include "operator/planner/cost_model.h"
+#include "planner/cost_model.h"
 
 namespace railyard::op {
 
@@ -54,7 +54,7 @@ struct NodeInfo {
 
 using railyard::kExcludeNodesAnnotation;  // common/restart_request.h: written by the monitor and the operator
 
-// The job as the planner sees it (operator/planner): the rail-aware scheduler scores candidate placements by the
+// The job as the planner sees it (planner): the rail-aware scheduler scores candidate placements by the
 // step time the cost model predicts for the hop structure of each placement's groups. `cluster.topology` carries the
 // bandwidth factors; its node counts are ignored (the placement gives the tiers).
 struct PlacementStepModel {

@@ -7,11 +7,11 @@
 #include <set>
 
 #include "common/error.h"
-#include "operator/planner/calibration.h"
-#include "operator/planner/context_parallel.h"
-#include "operator/planner/hetero.h"
-#include "operator/planner/moe_cost.h"
-#include "operator/planner/search.h"
+#include "planner/calibration.h"
+#include "planner/context_parallel.h"
+#include "planner/hetero.h"
+#include "planner/moe_cost.h"
+#include "planner/search.h"
 
 namespace railyard::op {
 namespace {

@@ -1,4 +1,4 @@
-// `spec.parallelism.auto: true`: the operator asks the planner (operator/planner) for the layout of a job on the
+// `spec.parallelism.auto: true`: the operator asks the planner (planner) for the layout of a job on the
 // nodes it can use, restricted to what the worker implements, and writes the choice and its prediction to status.
 // Pure: no Kubernetes calls, so the glue is unit-tested without a server.
 #pragma once
@@ -10,7 +10,7 @@
 
 #include "operator/controller/job_spec.h"
 #include "operator/controller/placement.h"
-#include "operator/planner/cost_model.h"
+#include "planner/cost_model.h"
 
 namespace railyard::op {
 
@@ -34,7 +34,7 @@ struct MixedSplit {
 };
 
 // Mixture of experts under auto: the expert-parallel degree and the dispatch all-to-all the MoE cost model
-// (operator/planner/moe_cost.h) picks for a planned layout.
+// (planner/moe_cost.h) picks for a planned layout.
 struct ExpertPlan {
   int expert = 1;
   std::string all_to_all = "flat";  // flat or hierarchical

@@ -30,7 +30,7 @@ struct GangCost {
 // `node_of_pod[replica]` is a topology index, or -1 for a replica that is not placed (its edges are skipped).
 GangCost gang_cost(const Topology& topo, const std::vector<int>& node_of_pod, const std::vector<CommEdge>& edges);
 
-// The worst tier of the placed gang's groups in the planner's terms (operator/planner PlacedTiers: 0 same pod/node,
+// The worst tier of the placed gang's groups in the planner's terms (planner PlacedTiers: 0 same pod/node,
 // 1 unit, 2 leaf, 3 spine or wider): over the data-parallel groups (the narrowest domain holding all members) and
 // over adjacent pipeline stages. Ranks are tensor-fastest, then data, then pipeline; pod r holds ranks r*P..r*P+P-1.
 // Unplaced pods (-1) are skipped.

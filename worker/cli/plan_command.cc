@@ -1,4 +1,4 @@
-// railyard plan: the planner's front end (operator/planner), and `plan --calibrate`, which measures this machine's
+// railyard plan: the planner's front end (planner), and `plan --calibrate`, which measures this machine's
 // CPU kernels into a calibration file. docs/planner.md.
 #include <sys/utsname.h>
 #include <time.h>
@@ -17,11 +17,11 @@
 
 #include "common/error.h"
 #include "common/model_presets.h"
-#include "operator/planner/calibration.h"
-#include "operator/planner/cost_model.h"
-#include "operator/planner/hetero.h"
-#include "operator/planner/moe_cost.h"
-#include "operator/planner/search.h"
+#include "planner/calibration.h"
+#include "planner/cost_model.h"
+#include "planner/hetero.h"
+#include "planner/moe_cost.h"
+#include "planner/search.h"
 #include "worker/cli/cli.h"
 #include "worker/comm/local_world.h"
 #include "worker/kernels/cpu/kernels.h"
@@ -555,8 +555,8 @@ void print_moe(std::ostream& os, std::map<std::string, std::string>& f, const pl
 
 int run_plan(const Args& args) {
   static const std::vector<std::string> kValueFlags = {
-      "model",    "layers",     "hidden",  "heads",  "seq",     "vocab", "global-batch", "gpus", "gpu",
-      "topology", "tokens",     "top",     "tp",     "pp",      "dp",    "micro-batch",  "zero", "recompute",
+      "model",    "layers",     "hidden",  "heads",  "seq",     "vocab", "global-batch", "gpus",   "gpu",
+      "topology", "tokens",     "top",     "tp",     "pp",      "dp",    "micro-batch",  "zero",   "recompute",
       "sp",       "interleave", "offload", "output", "threads", "clock", "mixed",        "dropout"};
   static const std::vector<std::string> kMoeFlags = {"moe-experts", "moe-top-k", "moe-capacity-factor", "ep"};
   static const std::vector<std::string> kSwitches = {"json", "calibrate"};

@@ -1,7 +1,7 @@
 // All-to-all bus bandwidth, flat vs hierarchical, on loopback (ranks are threads of this process, each with its own
 // Gloo communicator over real TCP sockets), side by side per size in one run: for each size the two algorithms
 // alternate iteration by iteration, so machine noise hits both alike. Then the planner's predicted time of both
-// schemes for the same sizes on an H100 rail topology (operator/planner/moe_cost.h), i.e. the gain the hierarchical
+// schemes for the same sizes on an H100 rail topology (planner/moe_cost.h), i.e. the gain the hierarchical
 // scheme is expected to bring where NVLink and rails exist; loopback has neither, so the measured ratio says what the
 // extra pass costs when every link is the same. busbw = (n-1)/n * bytes per rank / time (nccl-tests' alltoall).
 // Usage: bench_comm_all_to_all [max_kib=16384] [layouts=2x2,2x4]   (layout = nodes x local ranks)
@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "operator/planner/calibration.h"
-#include "operator/planner/moe_cost.h"
+#include "planner/calibration.h"
+#include "planner/moe_cost.h"
 #include "worker/comm/all_to_all.h"
 #include "worker/comm/local_world.h"
 

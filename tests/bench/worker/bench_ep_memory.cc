@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "operator/planner/calibration.h"
-#include "operator/planner/moe_cost.h"
+#include "planner/calibration.h"
+#include "planner/moe_cost.h"
 #include "worker/kernels/cpu/thread_pool.h"
 #include "worker/model/gpt.h"
 #include "worker/model/gpt_config.h"
@@ -50,8 +50,8 @@ int main(int argc, char** argv) {
   GptConfig global = model_preset("gpt2-124m");
   global.moe = make_moe_config(experts, top_k, 1.25, 0.01);
   const plan::DeviceProfile cpu = plan::builtin_profile("cpu");
-  const plan::ModelShape shape{"gpt2-124m", global.num_layers, global.channels, global.num_heads, global.max_seq_len,
-                               global.vocab_size, false};
+  const plan::ModelShape shape{
+      "gpt2-124m", global.num_layers, global.channels, global.num_heads, global.max_seq_len, global.vocab_size, false};
   const plan::MoeShape moe{experts, top_k, 1.25};
   std::printf("gpt2-124m E%d top-%d, dp %d, fp32 params + grads + AdamW m, v per rank\n", experts, top_k, dp);
   std::printf("%3s %14s %12s %12s %12s %8s\n", "ep", "params/rank", "buffers GB", "RSS +GB", "planner GB", "diff");

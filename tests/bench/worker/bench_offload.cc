@@ -18,8 +18,8 @@
 
 #include "common/error.h"
 #include "common/log.h"
-#include "operator/planner/calibration.h"
-#include "operator/planner/cost_model.h"
+#include "planner/calibration.h"
+#include "planner/cost_model.h"
 #include "tests/unit/worker_parallel/trainer_test_util.h"
 #include "worker/kernels/cpu/thread_pool.h"
 #include "worker/model/gpt_config.h"

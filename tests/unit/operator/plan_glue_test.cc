@@ -8,11 +8,11 @@
 #include <vector>
 
 #include "common/error.h"
-#include "operator/planner/calibration.h"
-#include "operator/planner/context_parallel.h"
-#include "operator/planner/cost_model.h"
-#include "operator/planner/moe_cost.h"
-#include "operator/planner/search.h"
+#include "planner/calibration.h"
+#include "planner/context_parallel.h"
+#include "planner/cost_model.h"
+#include "planner/moe_cost.h"
+#include "planner/search.h"
 #include "tests/unit/operator/job_fixture.h"
 
 using namespace railyard::op;
@@ -306,7 +306,7 @@ TEST_CASE("mixed GPU types: the batch is split by speed, and the worker gets the
 }
 
 // spec.parallelism.auto with the parallelism family (#14): the planner's recompute and offload choices and, for MoE
-// models, the expert degree and the flat vs hierarchical all-to-all (operator/planner/moe_cost.h), written into
+// models, the expert degree and the flat vs hierarchical all-to-all (planner/moe_cost.h), written into
 // status.plan and the resolved config.
 
 TEST_CASE("auto recomputes when the activations do not fit otherwise, and the pods are told") {

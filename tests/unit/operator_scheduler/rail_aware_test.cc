@@ -10,8 +10,8 @@
 #include <random>
 #include <set>
 
-#include "operator/planner/calibration.h"
 #include "operator/scheduler/topology.h"
+#include "planner/calibration.h"
 
 using namespace railyard::op;
 using namespace railyard::op::sched;

@@ -1,6 +1,6 @@
 // The planner's cost model against hand-computed values and published numbers (each tolerance is written next to
 // its source).
-#include "operator/planner/cost_model.h"
+#include "planner/cost_model.h"
 
 #include <doctest/doctest.h>
 
@@ -8,8 +8,8 @@
 #include <string>
 
 #include "common/error.h"
-#include "operator/planner/calibration.h"
-#include "operator/planner/search.h"
+#include "planner/calibration.h"
+#include "planner/search.h"
 
 using namespace railyard::plan;
 

@@ -1,5 +1,5 @@
 // Mixed GPU types: balanced batch split and speed-proportional pipeline cuts beat the even ones (Whale).
-#include "operator/planner/hetero.h"
+#include "planner/hetero.h"
 
 #include <doctest/doctest.h>
 
@@ -7,7 +7,7 @@
 #include <numeric>
 
 #include "common/error.h"
-#include "operator/planner/calibration.h"
+#include "planner/calibration.h"
 
 using namespace railyard::plan;
 

@@ -1,11 +1,11 @@
-// The planner's MoE terms (operator/planner/moe_cost.h) against hand calculations with the h100 profile's numbers:
+// The planner's MoE terms (planner/moe_cost.h) against hand calculations with the h100 profile's numbers:
 // NVLink 450e9 x 0.80 = 360 GB/s, NIC 50e9 x 0.90 = 45 GB/s, 8 us per message, 1 us per switch hop.
-#include "operator/planner/moe_cost.h"
+#include "planner/moe_cost.h"
 
 #include <doctest/doctest.h>
 
 #include "common/error.h"
-#include "operator/planner/calibration.h"
+#include "planner/calibration.h"
 
 using namespace railyard::plan;
 

@@ -7,9 +7,9 @@
 #include <string>
 
 #include "common/error.h"
-#include "operator/planner/calibration.h"
-#include "operator/planner/cost_model.h"
-#include "operator/planner/search.h"
+#include "planner/calibration.h"
+#include "planner/cost_model.h"
+#include "planner/search.h"
 
 using namespace railyard::plan;
 

@@ -1,5 +1,5 @@
 // The plan search (fit, order, determinism, speed) and the calibration/topology files.
-#include "operator/planner/search.h"
+#include "planner/search.h"
 
 #include <doctest/doctest.h>
 
@@ -8,8 +8,8 @@
 #include <string>
 
 #include "common/error.h"
-#include "operator/planner/calibration.h"
-#include "operator/planner/cost_model.h"
+#include "planner/calibration.h"
+#include "planner/cost_model.h"
 
 using namespace railyard::plan;
 

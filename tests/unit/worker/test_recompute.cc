@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "common/error.h"
-#include "operator/planner/calibration.h"
-#include "operator/planner/cost_model.h"
+#include "planner/calibration.h"
+#include "planner/cost_model.h"
 #include "worker/model/gpt.h"
 #include "worker/train/trainer.h"
 #include "worker_test_util.h"
@@ -120,7 +120,7 @@ TEST_CASE("--recompute parsing and its errors") {
                        railyard::ConfigError);
 }
 
-// The planner's memory model (operator/planner/cost_model.h, Korthikanti et al. without dropout, fp32 activations)
+// The planner's memory model (planner/cost_model.h, Korthikanti et al. without dropout, fp32 activations)
 // against the bytes Gpt<float> allocates (activation_bytes() is what the constructor allocates, checked above), on
 // gpt2-124m at the planner's sequence (1024) and micro-batches of 1 and 2, one process.
 TEST_CASE("gpt2-124m: allocated activation bytes and their drop match the planner within 15%") {

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "common/error.h"
-#include "operator/planner/calibration.h"
-#include "operator/planner/cost_model.h"
+#include "planner/calibration.h"
+#include "planner/cost_model.h"
 #include "tests/unit/worker_parallel/trainer_test_util.h"
 #include "worker/comm/local_world.h"
 #include "worker/optim/offload.h"
@@ -219,7 +219,7 @@ TEST_CASE("the trainer allocates what memory_budget() says, with and without off
   }
 }
 
-// The planner's memory model (operator/planner/cost_model.h, cpu profile: fp32 weights, gradients, AdamW m and v,
+// The planner's memory model (planner/cost_model.h, cpu profile: fp32 weights, gradients, AdamW m and v,
 // activations) against the worker's device arena on gpt2-124m at the planner's sequence (1024), micro-batch 1 and 2:
 // the device bytes with and without offload and what offload saves. (The test above ties the worker's numbers to
 // the buffers a Trainer really allocates; tests/bench/worker/bench_offload.cc allocates gpt2-124m for real.)

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "common/error.h"
-#include "operator/planner/calibration.h"
-#include "operator/planner/context_parallel.h"
+#include "planner/calibration.h"
+#include "planner/context_parallel.h"
 #include "worker/comm/local_world.h"
 #include "worker/comm/process_groups.h"
 #include "worker/kernels/cpu/kernels.h"
@@ -322,7 +322,7 @@ TEST_CASE("context parallel with full and selective recomputation: bitwise the s
   }
 }
 
-// The planner's context-parallel memory model (operator/planner/context_parallel.h) against what a stage allocates
+// The planner's context-parallel memory model (planner/context_parallel.h) against what a stage allocates
 // (stage_activation_bytes, asserted equal to the allocation above), on gpt2-124m at T = 1024, one GPU per cp rank.
 TEST_CASE("gpt2-124m: context parallel activation bytes and their drop match the planner within 15%") {
   namespace plan = railyard::plan;

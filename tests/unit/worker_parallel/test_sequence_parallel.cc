@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "common/error.h"
-#include "operator/planner/calibration.h"
-#include "operator/planner/cost_model.h"
+#include "planner/calibration.h"
+#include "planner/cost_model.h"
 #include "tests/unit/worker_parallel/parallel_trainer_util.h"
 #include "worker/comm/local_world.h"
 #include "worker/comm/process_groups.h"

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "operator/planner/cost_model.h"
+#include "planner/cost_model.h"
 
 namespace railyard::plan {
 

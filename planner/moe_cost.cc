@@ -1,4 +1,4 @@
-#include "operator/planner/moe_cost.h"
+#include "planner/moe_cost.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "operator/planner/search.h"
+#include "planner/search.h"
 
 #include <algorithm>
 #include <cstdio>

@@ -1,4 +1,4 @@
-#include "operator/planner/hetero.h"
+#include "planner/hetero.h"
 
 #include <algorithm>
 #include <numeric>

@@ -1,4 +1,4 @@
-#include "operator/planner/calibration.h"
+#include "planner/calibration.h"
 
 #include <yaml-cpp/yaml.h>
 

@@ -1,4 +1,4 @@
-#include "operator/planner/context_parallel.h"
+#include "planner/context_parallel.h"
 
 #include <algorithm>
 #include <cmath>

@@ -3,7 +3,7 @@
 // Kept beside cost_model.h as separate functions: the layout search does not choose cp yet.
 #pragma once
 
-#include "operator/planner/cost_model.h"
+#include "planner/cost_model.h"
 
 namespace railyard::plan {
 
