@@ -1,6 +1,7 @@
 #include "worker/data/tokenizer.h"
 
 #include "common/error.h"
+#include "worker/data/gpt2_pretokenizer.h"
 
 namespace railyard::worker {
 
@@ -28,36 +29,6 @@ std::string decode(const Tok* tokens, size_t n) {
 std::string byte_decode(const uint16_t* tokens, size_t n) { return decode(tokens, n); }
 std::string byte_decode(const int32_t* tokens, size_t n) { return decode(tokens, n); }
 
-namespace {
-
-// Length of the well-formed UTF-8 sequence at s[i] (RFC 3629: no overlong forms, no surrogates, nothing above
-// U+10FFFF), or 0 when the byte there does not start one.
-size_t utf8_sequence(std::string_view s, size_t i) {
-  const auto at = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
-  const unsigned char c = at(i);
-  size_t n = 0;
-  unsigned char lo = 0x80, hi = 0xbf;  // the allowed range of the second byte
-  if (c >= 0xc2 && c <= 0xdf) {
-    n = 2;
-  } else if (c >= 0xe0 && c <= 0xef) {
-    n = 3;
-    if (c == 0xe0) lo = 0xa0;
-    if (c == 0xed) hi = 0x9f;
-  } else if (c >= 0xf0 && c <= 0xf4) {
-    n = 4;
-    if (c == 0xf0) lo = 0x90;
-    if (c == 0xf4) hi = 0x8f;
-  } else {
-    return 0;
-  }
-  if (i + n > s.size() || at(i + 1) < lo || at(i + 1) > hi) return 0;
-  for (size_t k = 2; k < n; ++k)
-    if (at(i + k) < 0x80 || at(i + k) > 0xbf) return 0;
-  return n;
-}
-
-}  // namespace
-
 std::string escape_for_terminal(std::string_view bytes) {
   static constexpr char kHex[] = "0123456789abcdef";
   std::string out;
@@ -68,9 +39,11 @@ std::string escape_for_terminal(std::string_view bytes) {
       out.push_back(bytes[i]);
       continue;
     }
-    if (const size_t n = c >= 0x80 ? utf8_sequence(bytes, i) : 0; n > 0) {
-      out.append(bytes.substr(i, n));
-      i += n - 1;
+    // A well-formed multi-byte character stays; utf8_char_at (the GPT-2 pre-tokenizer's decoder) reports an invalid
+    // or truncated sequence as one byte.
+    if (const Utf8Char ch = c >= 0x80 ? utf8_char_at(bytes, i) : Utf8Char{}; ch.length > 1) {
+      out.append(bytes.substr(i, ch.length));
+      i += ch.length - 1;
       continue;
     }
     out += "\\x";
