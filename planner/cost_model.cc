@@ -119,18 +119,6 @@ double layer_params_local(const ModelShape& m, int tp) {
 
 }  // namespace
 
-const char* to_string(Recompute r) {
-  switch (r) {
-    case Recompute::kNone:
-      return "none";
-    case Recompute::kSelective:
-      return "selective";
-    case Recompute::kFull:
-      return "full";
-  }
-  return "?";
-}
-
 std::string describe(const Layout& l) {
   char buf[160];
   std::snprintf(buf, sizeof(buf), "dp%d tp%d pp%d mb%d zero%d recompute=%s%s v%d%s", l.dp, l.tp, l.pp, l.micro_batch,

@@ -6,6 +6,8 @@
 #include <map>
 #include <string>
 
+#include "common/recompute.h"
+
 namespace railyard::plan {
 
 // A GPT-2/3 style decoder: L layers of hidden h with a heads, sequence s, vocabulary V (tied LM head).
@@ -86,8 +88,8 @@ struct Cluster {
   int gpus = 0;
 };
 
-enum class Recompute { kNone, kSelective, kFull };
-const char* to_string(Recompute r);
+// The recompute modes (common/recompute.h, shared with the worker and the operator).
+using railyard::Recompute;
 
 struct Layout {
   int dp = 1, tp = 1, pp = 1;

@@ -219,9 +219,7 @@ plan::SearchOptions search_options(const JobSpec& spec, const plan::Cluster& clu
   o.sequence_parallel = spec.sequence_parallel;  // the spec's choice (the worker's SP has its own constraints)
   o.interleaves = {1};
   o.interleave = 1;
-  if (spec.recompute == "none") o.recompute = plan::Recompute::kNone;
-  if (spec.recompute == "selective") o.recompute = plan::Recompute::kSelective;
-  if (spec.recompute == "full") o.recompute = plan::Recompute::kFull;
+  if (auto r = recompute_from_string(spec.recompute)) o.recompute = *r;
   // The planner picks the offloaded update by itself on the CPU only: the worker runs it on a GPU too (2026-11-27), but
   // its copy costs there are unmeasured. A spec that asks for it gets it.
   if (!spec.offload.empty())
@@ -245,7 +243,7 @@ AutoPlan described_context_plan(AutoPlan p, const JobSpec& spec, const plan::Job
   p.message = "planned dp=" + std::to_string(p.layout.dp) + " context=" + std::to_string(p.context) +
               " tp=" + std::to_string(p.layout.tp) + " pp=" + std::to_string(p.layout.pp) +
               " microBatch=" + std::to_string(p.layout.micro_batch) + " zero=" + std::to_string(p.layout.zero) +
-              " recompute=" + plan::to_string(p.layout.recompute) + " on " + std::to_string(cluster.gpus) + " x " +
+              " recompute=" + railyard::to_string(p.layout.recompute) + " on " + std::to_string(cluster.gpus) + " x " +
               p.device + " (no layout fits without context parallelism): predicted step " + seconds_text(step) + ", " +
               bytes_text(p.estimate.memory.total()) + " per device";
   p.status = {{"device", p.device},
@@ -256,7 +254,7 @@ AutoPlan described_context_plan(AutoPlan p, const JobSpec& spec, const plan::Job
               {"microBatch", p.layout.micro_batch},
               {"zero", p.layout.zero},
               {"replicas", replicas},
-              {"recompute", plan::to_string(p.layout.recompute)},
+              {"recompute", railyard::to_string(p.layout.recompute)},
               {"offload", "none"},
               {"predictedStepSeconds", step},
               {"predictedTokensPerSecond", double(spec.global_batch) * job.model.seq / step},
@@ -320,7 +318,7 @@ void describe_plan(const JobSpec& spec, const plan::Job& job, const plan::Cluste
   const plan::Estimate& e = p.estimate;
   p.message = "planned dp=" + std::to_string(p.layout.dp) + " tp=" + std::to_string(p.layout.tp) +
               " pp=" + std::to_string(p.layout.pp) + " microBatch=" + std::to_string(p.layout.micro_batch) +
-              " zero=" + std::to_string(p.layout.zero) + " recompute=" + plan::to_string(p.layout.recompute) +
+              " zero=" + std::to_string(p.layout.zero) + " recompute=" + railyard::to_string(p.layout.recompute) +
               (p.layout.offload ? " offload=optimizer" : "") +
               (p.experts ? " expert=" + std::to_string(p.experts->expert) + " expertAllToAll=" + p.experts->all_to_all
                          : std::string()) +
@@ -345,7 +343,7 @@ void describe_plan(const JobSpec& spec, const plan::Job& job, const plan::Cluste
               {"predictedTokensPerSecond", e.tokens_per_s},
               {"predictedMemoryBytesPerDevice", e.memory.total()},
               {"predictedMfu", e.mfu},
-              {"recompute", plan::to_string(p.layout.recompute)},
+              {"recompute", railyard::to_string(p.layout.recompute)},
               {"offload", p.layout.offload ? "optimizer" : "none"}};
   if (p.experts) {
     // The dense estimate above plus the MoE terms: the experts' memory and the dispatch/combine all-to-alls (not
@@ -538,9 +536,7 @@ std::shared_ptr<const PlacementStepModel> placement_step_model(const JobSpec& sp
   m->layout.pp = w.pipeline;
   m->layout.micro_batch = std::max(1, spec.micro_batch);
   m->layout.zero = spec.zero;
-  m->layout.recompute = spec.recompute == "full"        ? plan::Recompute::kFull
-                        : spec.recompute == "selective" ? plan::Recompute::kSelective
-                                                        : plan::Recompute::kNone;
+  m->layout.recompute = recompute_from_string(spec.recompute).value_or(Recompute::kNone);
   m->layout.sequence_parallel = spec.sequence_parallel;
   if (!plan::check_layout(m->job, m->cluster, m->layout).empty()) return nullptr;
   return m;
@@ -608,7 +604,7 @@ void apply_plan(JobSpec& spec, const plan::Layout& layout) {
   spec.pipeline = layout.pp;
   spec.zero = layout.zero;
   spec.micro_batch = layout.micro_batch;
-  spec.recompute = plan::to_string(layout.recompute);
+  spec.recompute = railyard::to_string(layout.recompute);
   spec.offload = layout.offload ? "optimizer" : "none";
   spec.sequence_parallel = layout.sequence_parallel;
 }

@@ -119,7 +119,7 @@ nlohmann::json to_json(const plan::Estimate& e, const std::string& why) {
                         {"microBatch", l.micro_batch},
                         {"microBatches", e.micro_batches},
                         {"zero", l.zero},
-                        {"recompute", plan::to_string(l.recompute)},
+                        {"recompute", railyard::to_string(l.recompute)},
                         {"sequenceParallel", l.sequence_parallel},
                         {"interleave", l.interleave},
                         {"offload", l.offload}}},
@@ -681,15 +681,9 @@ int run_plan(const Args& args) {
     o.zero = static_cast<int>(z);
   }
   if (f.count("recompute")) {
-    const std::string r = f["recompute"];
-    if (r == "none")
-      o.recompute = plan::Recompute::kNone;
-    else if (r == "selective")
-      o.recompute = plan::Recompute::kSelective;
-    else if (r == "full")
-      o.recompute = plan::Recompute::kFull;
-    else
-      throw UsageError{"--recompute must be none, selective or full"};
+    const auto r = recompute_from_string(f["recompute"]);
+    if (!r) throw UsageError{"--recompute must be none, selective or full"};
+    o.recompute = *r;
   }
   if (f.count("sp")) {
     if (f["sp"] != "on" && f["sp"] != "off") throw UsageError{"--sp must be on or off"};

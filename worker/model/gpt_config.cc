@@ -57,29 +57,11 @@ MoeConfig make_moe_config(int experts, int top_k, double capacity_factor, double
   return m;
 }
 
-const char* to_string(Recompute r) {
-  switch (r) {
-    case Recompute::kSelective:
-      return "selective";
-    case Recompute::kFull:
-      return "full";
-    case Recompute::kNone:
-      break;
-  }
-  return "none";
-}
-
 RecomputeSpec parse_recompute(std::string_view mode, int layers, const GptConfig& c) {
   RecomputeSpec r;
-  if (mode == "none") {
-    r.mode = Recompute::kNone;
-  } else if (mode == "selective") {
-    r.mode = Recompute::kSelective;
-  } else if (mode == "full") {
-    r.mode = Recompute::kFull;
-  } else {
-    throw ConfigError("--recompute '" + std::string(mode) + "' is not none, selective or full");
-  }
+  const std::optional<Recompute> m = recompute_from_string(mode);
+  if (!m) throw ConfigError("--recompute '" + std::string(mode) + "' is not none, selective or full");
+  r.mode = *m;
   if (layers < -1 || layers > c.num_layers) {
     throw ConfigError("--recompute-layers " + std::to_string(layers) + " must be in 0.." +
                       std::to_string(c.num_layers) + " (the model's layers; omit it for all layers)");

@@ -13,6 +13,8 @@
 #include <string>
 #include <string_view>
 
+#include "common/recompute.h"
+
 namespace railyard::worker {
 
 // Mixture-of-experts MLP (docs/worker.md, "Mixture of experts"): every layer's MLP becomes E expert MLPs of the
@@ -121,11 +123,10 @@ GptConfig parse_model_spec(std::string_view spec);
 // Builds and validates a shape (positive sizes, C divisible by NH); pads the vocabulary.
 GptConfig make_gpt_config(int num_layers, int channels, int num_heads, int max_seq_len, int vocab_size);
 
-// Activation recomputation (docs/worker.md, "Activation recomputation"). A recomputed layer drops activations after
-// its forward and rebuilds them in backward with the same kernels on the same inputs, so results are bitwise those
-// of kNone. kSelective drops the attention probabilities (B, NH, T, T) of the layer; kFull keeps only the layer's
-// input (the residual stream, which the layer below keeps anyway) and reruns the whole layer forward in backward.
-enum class Recompute { kNone, kSelective, kFull };
+// Activation recomputation (docs/worker.md, "Activation recomputation"): the modes are common/recompute.h's, shared
+// with the planner and the operator. A recomputed layer drops activations after its forward and rebuilds them in
+// backward with the same kernels on the same inputs, so results are bitwise those of kNone.
+using railyard::Recompute;
 
 struct RecomputeSpec {
   Recompute mode = Recompute::kNone;
@@ -139,7 +140,6 @@ struct RecomputeSpec {
 // "none" | "selective" | "full", and the layer count (-1 = all; otherwise 0..L). Throws railyard::ConfigError naming
 // --recompute / --recompute-layers.
 RecomputeSpec parse_recompute(std::string_view mode, int layers, const GptConfig& c);
-const char* to_string(Recompute r);
 // "full (layers 0-5)", "selective (all layers)", "none"
 std::string describe(const RecomputeSpec& r);
 

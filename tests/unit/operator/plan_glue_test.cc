@@ -322,11 +322,11 @@ TEST_CASE("auto recomputes when the activations do not fit otherwise, and the po
   none.recompute = plan::Recompute::kNone;
   none.offload = false;
   CHECK_FALSE(plan::estimate(plan_job(s), plan_cluster(s, 1, {}), none).fits);  // why it recomputes
-  CHECK(o.plan->status["recompute"] == plan::to_string(o.plan->layout.recompute));
-  CHECK(o.plan->message.find(std::string("recompute=") + plan::to_string(o.plan->layout.recompute)) !=
+  CHECK(o.plan->status["recompute"] == railyard::to_string(o.plan->layout.recompute));
+  CHECK(o.plan->message.find(std::string("recompute=") + railyard::to_string(o.plan->layout.recompute)) !=
         std::string::npos);
   apply_plan(s, *o.plan);
-  CHECK(resolved_config(s, 1)["memory"]["recompute"] == plan::to_string(o.plan->layout.recompute));
+  CHECK(resolved_config(s, 1)["memory"]["recompute"] == railyard::to_string(o.plan->layout.recompute));
 
   // A small job fits without: nothing recomputed, nothing offloaded.
   JobSpec small = auto_spec(Json::parse(R"({"spec": {"replicas": 2}})"));
