@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/metrics/job_labels.h"
 #include "monitor/alertmanager.h"
 
 namespace railyard::monitor {
@@ -221,10 +222,10 @@ std::vector<Sample> Monitor::collect_embedded(const std::vector<kube::Json>& job
         }
         Sample up;
         up.name = "up";
-        up.labels = {{"namespace", ns}, {"job", name}, {"node", node}};
+        up.labels = {{metrics::kNamespaceLabel, ns}, {metrics::kTrainingJobLabel, name}, {"node", node}};
         if (err.empty()) {
           for (const auto& s : got)
-            if (!s.label("rank").empty() && s.label("job") == name) {
+            if (!s.label("rank").empty() && s.label(metrics::kTrainingJobLabel) == name) {
               target_ranks_[target] = {std::stoi(s.label("rank")), s.label("node").empty() ? node : s.label("node")};
               break;
             }
@@ -297,6 +298,11 @@ std::vector<Verdict> Monitor::evaluate_once(double now) {
     auto it = grouped.find(key);
     auto verdict = evaluator_.evaluate(key, gen, it == grouped.end() ? kNone : it->second, policy, now);
     if (!verdict) continue;
+    if (!verdict->restart) {
+      warn(job, *verdict);
+      acted.push_back(*verdict);
+      continue;
+    }
     auto req = request_from_verdict(*verdict, kube::format_rfc3339(std::chrono::system_clock::now()));
     if (request_restart(job, req, verdict->node_suspect, policy.exclude_failed_nodes)) {
       verdicts_->add({{"rule", verdict->rule}}).increment();
@@ -309,6 +315,15 @@ std::vector<Verdict> Monitor::evaluate_once(double now) {
   evaluations_->increment();
   evaluation_duration_->observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return acted;
+}
+
+void Monitor::warn(const kube::Json& job, const Verdict& v) {
+  verdicts_->add({{"rule", v.rule}}).increment();
+  kube::Json ref = job;  // items of a list carry no apiVersion/kind, which the Event's involvedObject needs
+  ref["apiVersion"] = kube::resources::trainingjobs.api_version();
+  ref["kind"] = kube::resources::trainingjobs.kind;
+  recorder_.warning(ref, v.reason, v.reason + ": " + v.evidence + "; no restart (it would restore that checkpoint)");
+  log::warn(kLog, "warning", {{"job", kube::key_of(job)}, {"reason", v.reason}, {"evidence", v.evidence}});
 }
 
 bool Monitor::request_restart(const kube::Json& job, const RestartRequest& req, bool node_suspect, bool exclude) {
@@ -365,7 +380,7 @@ std::pair<int, std::string> Monitor::handle_webhook(const std::string& authoriza
   int accepted = 0, duplicates = 0, ignored = 0;
   kube::Json notes = kube::Json::array();
   for (const auto& alert : payload.alerts) {
-    std::string ns = alert.label("namespace"), name = alert.label("job");
+    std::string ns = alert.label(metrics::kNamespaceLabel), name = alert.label(metrics::kTrainingJobLabel);
     if (alert.status != "firing" || ns.empty() || name.empty()) {
       ++ignored;
       continue;

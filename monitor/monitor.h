@@ -43,7 +43,7 @@ class Monitor {
   int start_server();
   // Evaluates every interval until `stop` becomes true.
   void run(const std::atomic<bool>& stop);
-  // One round over every job; returns the verdicts acted on. `now` in unix seconds.
+  // One round over every job; returns the verdicts acted on (restart requests and warnings). `now` in unix seconds.
   std::vector<Verdict> evaluate_once(double now);
   // The Alertmanager receiver: HTTP status and a JSON body.
   std::pair<int, std::string> handle_webhook(const std::string& authorization, const std::string& body);
@@ -56,6 +56,8 @@ class Monitor {
   std::vector<Sample> collect_prometheus();
   std::vector<Sample> collect_embedded(const std::vector<kube::Json>& jobs);
   bool request_restart(const kube::Json& job, const RestartRequest& req, bool node_suspect, bool exclude);
+  // A verdict that asks for no restart (v.restart false): a Warning event on the job, the log and the verdict count.
+  void warn(const kube::Json& job, const Verdict& v);
 
   kube::Client& client_;
   Options opts_;

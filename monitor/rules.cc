@@ -7,6 +7,7 @@
 #include <ctime>
 #include <sstream>
 
+#include "common/metrics/job_labels.h"
 namespace railyard::monitor {
 namespace {
 
@@ -62,7 +63,7 @@ Policy policy_for_job(const json& job, const Policy& defaults) {
 std::map<JobKey, std::map<int, RankObs>> group_samples(const std::vector<Sample>& samples) {
   std::map<JobKey, std::map<int, RankObs>> out;
   for (const Sample& s : samples) {
-    std::string ns = s.label("namespace"), job = s.label("job");
+    std::string ns = s.label(metrics::kNamespaceLabel), job = s.label(metrics::kTrainingJobLabel);
     int rank = -1;
     if (ns.empty() || job.empty() || !parse_rank(s.label("rank"), &rank)) continue;
     RankObs& r = out[{ns, job}][rank];
@@ -97,6 +98,10 @@ std::map<JobKey, std::map<int, RankObs>> group_samples(const std::vector<Sample>
       r.checkpoint_ts = s.value;
     else if (n == "railyard_worker_last_output_timestamp_seconds")
       r.last_output_ts = s.value;
+    else if (n == "railyard_worker_paused")
+      r.paused = s.value > 0;
+    else if (n == "railyard_worker_pause_end_timestamp_seconds")
+      r.pause_end_ts = s.value;
   }
   return out;
 }
@@ -173,8 +178,8 @@ std::optional<Verdict> Evaluator::evaluate(const JobKey& job, int64_t generation
   }
   auto node_of = [&](int r) { return r >= 0 && st.ranks.count(r) ? st.ranks[r].node : std::string(); };
   auto verdict = [&](const std::string& rule, const std::string& reason, int rank, const std::string& evidence,
-                     double onset, bool suspect) {
-    st.fired = true;
+                     double onset, bool suspect, bool restart = true) {
+    if (restart) st.fired = true;
     Verdict v;
     v.rule = rule;
     v.reason = reason;
@@ -185,6 +190,7 @@ std::optional<Verdict> Evaluator::evaluate(const JobKey& job, int64_t generation
     v.onset = onset;
     v.at = now;
     v.node_suspect = suspect;
+    v.restart = restart;
     return v;
   };
 
@@ -220,11 +226,16 @@ std::optional<Verdict> Evaluator::evaluate(const JobKey& job, int64_t generation
   }
 
   // 2. Stall: no step progress anywhere in the job for longer than the threshold.
+  // A pause (validation, samples, a synchronous checkpoint) completes no step: while a rank is in one the threshold is
+  // hangTimeoutSeconds, and its end counts as progress, so the next step's time is measured from there.
   double max_step = nan_value(), latest_ts = nan_value();
+  int paused_rank = -1;
   for (const auto& [r, o] : ranks) {
     if (finite(o.step)) max_step = finite(max_step) ? std::max(max_step, o.step) : o.step;
-    if (finite(o.last_step_ts) && o.reachable)
-      latest_ts = finite(latest_ts) ? std::max(latest_ts, o.last_step_ts) : o.last_step_ts;
+    if (!o.reachable) continue;
+    for (double ts : {o.last_step_ts, o.pause_end_ts})
+      if (finite(ts) && ts > 0) latest_ts = finite(latest_ts) ? std::max(latest_ts, ts) : ts;
+    if (o.paused && paused_rank < 0) paused_rank = r;
   }
   if (finite(max_step) && (!finite(st.max_step) || max_step > st.max_step)) {
     if (finite(st.max_step)) st.progress_at = now;
@@ -244,6 +255,11 @@ std::optional<Verdict> Evaluator::evaluate(const JobKey& job, int64_t generation
     } else {
       basis = "hangTimeoutSeconds";
     }
+  }
+  if (paused_rank >= 0) {
+    threshold = p.hang_timeout_s;
+    basis = "hangTimeoutSeconds: rank " + std::to_string(paused_rank) +
+            " is paused (validation, samples or a synchronous checkpoint)";
   }
   // 2a. Silence: a program that reports no steps (no rank has a step series in this generation) shows life only by
   // writing output; none from any rank for hangTimeoutSeconds is a hang. Only job-wide: a program may print on rank 0
@@ -383,14 +399,17 @@ std::optional<Verdict> Evaluator::evaluate(const JobKey& job, int64_t generation
     double since = finite(last) ? std::max(last, st.first_seen) : st.first_seen;
     if (now - since > max_age) {
       if (st.ckpt_old_since < 0) st.ckpt_old_since = now;
-      if (++st.ckpt_old_evals >= p.debounce_evals) {
+      if (++st.ckpt_old_evals >= p.debounce_evals && !st.ckpt_warned) {
+        st.ckpt_warned = true;
         std::string ev = "last checkpoint " +
                          (finite(last) ? fmt(now - last, 1) + "s ago" : std::string("never seen in this generation")) +
                          " (threshold " + fmt(max_age, 0) + "s)";
-        return verdict("checkpoint_age", "CheckpointTooOld", -1, ev, since + max_age, false);
+        // A warning only: a restart would restore that old checkpoint and lose every step since.
+        return verdict("checkpoint_age", "CheckpointTooOld", -1, ev, since + max_age, false, false);
       }
     } else {
       st.ckpt_old_since = -1;
+      st.ckpt_warned = false;  // caught up: the next time it falls behind warns again
       st.ckpt_old_evals = 0;
     }
   }

@@ -71,6 +71,10 @@ struct RankObs {
   // When the rank last wrote to stdout/stderr (railyard_worker_last_output_timestamp_seconds, served by the agent of
   // a program's pod): the silence rule's only sign of life of a program that reports no steps.
   double last_output_ts = nan_value();
+  // railyard_worker_paused: the rank runs a pass that completes no step (validation, samples, a synchronous
+  // checkpoint), and when its last such pass ended (railyard_worker_pause_end_timestamp_seconds).
+  bool paused = false;
+  double pause_end_ts = nan_value();
 };
 
 struct JobKey {
@@ -92,6 +96,9 @@ struct Verdict {
   double onset = 0;  // when the condition started (unix seconds): detection latency = at - onset
   double at = 0;
   bool node_suspect = false;  // the node may be at fault (stall, unreachable, straggler)
+  // false: a warning, not a restart (checkpoint_age: restoring the old checkpoint would lose every step since). Once
+  // per episode (until the checkpoints catch up), and it does not keep the generation's restart from firing later.
+  bool restart = true;
 };
 
 class Evaluator {
@@ -131,6 +138,7 @@ class Evaluator {
     double progress_at = 0;
     double ckpt_old_since = -1;
     int ckpt_old_evals = 0;
+    bool ckpt_warned = false;
     std::map<int, RankState> ranks;
   };
   std::map<JobKey, JobState> jobs_;

@@ -194,7 +194,7 @@ last_step() {
 injections=()   # "kind unix-time step"
 prom_sees_gen2() {
   curl -fsS "$PROMETHEUS_URL/api/v1/query" --data-urlencode \
-    "query=count(railyard_worker_step{job=\"$ft\",generation=\"2\"} and on(rank) up{job=\"$ft\"} == 1)" 2>/dev/null |
+    "query=count(railyard_worker_step{trainingjob=\"$ft\",generation=\"2\"} and on(rank) up{trainingjob=\"$ft\"} == 1)" 2>/dev/null |
     jq -e '.data.result[0].value[1] == "2"' >/dev/null
 }
 uids_before="" uids_after_kill="" node_before="" node_after="" request="" last_key=""

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "common/log.h"
+#include "common/metrics/job_labels.h"
 #include "common/rendezvous_protocol.h"
 #include "operator/controller/failure_policy.h"
 #include "operator/controller/lifecycle.h"
@@ -297,7 +298,8 @@ void Controller::forget_job(const std::string& key) {
   if (rdzv) rdzv->close_job(key);
   // The job is gone: its per-job series would otherwise stay in /metrics (and in memory) for the operator's life.
   if (auto slash = key.find('/'); slash != std::string::npos)
-    restarts_.remove_matching({{"namespace", key.substr(0, slash)}, {"job", key.substr(slash + 1)}});
+    restarts_.remove_matching(
+        {{metrics::kNamespaceLabel, key.substr(0, slash)}, {metrics::kTrainingJobLabel, key.substr(slash + 1)}});
 }
 
 std::string Controller::ensure_token(const Json& job) {

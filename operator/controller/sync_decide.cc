@@ -8,6 +8,7 @@
 #include <set>
 
 #include "common/log.h"
+#include "common/metrics/job_labels.h"
 #include "operator/controller/failure_policy.h"
 #include "operator/controller/lifecycle.h"
 #include "operator/controller/nccl_env.h"
@@ -394,7 +395,8 @@ std::optional<std::chrono::milliseconds> Controller::restart_or_fail(Sync& s) {
     status["restarts"] = restarts;
     status["lastRestart"] = last;
     set_condition(status, "Restarting", true, t->reason, d.message, now_s);
-    restarts_.add({{"namespace", ns}, {"job", name}, {"reason", t->reason}}).increment();
+    restarts_.add({{metrics::kNamespaceLabel, ns}, {metrics::kTrainingJobLabel, name}, {"reason", t->reason}})
+        .increment();
     std::string where = "detector " + t->detector;
     if (!t->pod.empty()) where += ", pod " + t->pod;
     if (!t->node.empty()) where += ", node " + t->node;

@@ -9,7 +9,7 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     auto payload = railyard::monitor::parse_alertmanager_payload(railyard::fuzz::as_string(data, size));
-    for (const auto& alert : payload.alerts) (void)alert.label("job");
+    for (const auto& alert : payload.alerts) (void)alert.label("trainingjob");
   } catch (const railyard::Error&) {
   }
   return 0;

@@ -214,7 +214,7 @@ void monitor_seeds() {
   seed("alertmanager", "firing.json", R"({"version":"4","groupKey":"{}:{alertname=\"X\"}","status":"firing",
     "receiver":"railyard","groupLabels":{},"commonLabels":{},"commonAnnotations":{},"externalURL":"http://am",
     "truncatedAlerts":0,"alerts":[
-      {"status":"firing","labels":{"alertname":"RailyardJobStalled","namespace":"ns","job":"j","rank":"1"},
+      {"status":"firing","labels":{"alertname":"RailyardJobStalled","namespace":"ns","trainingjob":"j","rank":"1"},
        "annotations":{"summary":"stalled"},"startsAt":"2026-11-22T03:00:00Z","endsAt":"0001-01-01T00:00:00Z",
        "generatorURL":"http://p","fingerprint":"abc"},
       {"status":"resolved","labels":{"alertname":"Other"}}]})");

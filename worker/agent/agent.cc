@@ -27,6 +27,7 @@
 #include "checkpoint/shm_store.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "common/metrics/job_labels.h"
 #include "common/metrics/metrics.h"
 #include "worker/agent/output_watch.h"
 #include "worker/agent/peer_copy.h"
@@ -121,7 +122,7 @@ struct AgentMetrics {
   std::unique_ptr<metrics::Exposer> exposer;
 
   explicit AgentMetrics(const AgentConfig& c)
-      : labels{{"namespace", c.ns}, {"job", c.job}, {"pod", c.pod}, {"node", c.node}},
+      : labels{{metrics::kNamespaceLabel, c.ns}, {metrics::kTrainingJobLabel, c.job}, {"pod", c.pod}, {"node", c.node}},
         generation(registry.gauge("railyard_agent_generation", "Generation this agent's workers run in (0: none).")
                        .add(labels)),
         generations(registry
@@ -217,9 +218,10 @@ class AgentRun {
     }
     if (cfg.rank_metrics_port >= 0) {
       // The ranks serve no metrics themselves (a program): the agent serves theirs, from progress and output.
-      ranks_out_ =
-          std::make_unique<RankExporter>(cfg.pod_ip, cfg.rank_metrics_port, cfg.procs_per_pod,
-                                         metrics::Labels{{"namespace", cfg.ns}, {"job", cfg.job}, {"node", cfg.node}});
+      ranks_out_ = std::make_unique<RankExporter>(
+          cfg.pod_ip, cfg.rank_metrics_port, cfg.procs_per_pod,
+          metrics::Labels{
+              {metrics::kNamespaceLabel, cfg.ns}, {metrics::kTrainingJobLabel, cfg.job}, {"node", cfg.node}});
       output_ = std::make_unique<OutputWatch>(cfg.procs_per_pod);
       log::info(kComponent, "serving the ranks' metrics from their progress and output",
                 {{"address", cfg.pod_ip + ":" + std::to_string(ranks_out_->port(0)) + "/metrics"},

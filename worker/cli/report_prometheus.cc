@@ -67,11 +67,11 @@ RunLog from_prometheus(const std::string& url, const std::string& ns, const std:
   cli.set_connection_timeout(5);
   cli.set_read_timeout(30);
   const long long start = now - since_seconds, step = std::max(1LL, since_seconds / 1000);
-  const std::string sel = "{namespace=\"" + ns + "\", job=\"" + job + "\"}";
+  const std::string sel = "{namespace=\"" + ns + "\", trainingjob=\"" + job + "\"}";
   auto q = [&](const std::string& expr) { return query_range(cli, prefix, url, expr, start, now, step); };
   const Samples steps = q("max(railyard_worker_step" + sel + ")");
   if (steps.empty()) {
-    throw Error("--prometheus " + url + ": no railyard_worker_step for namespace=\"" + ns + "\", job=\"" + job +
+    throw Error("--prometheus " + url + ": no railyard_worker_step for namespace=\"" + ns + "\", trainingjob=\"" + job +
                 "\" in the last " + std::to_string(since_seconds) + " s (wrong job, or a longer --since?)");
   }
   const Samples total = q("max(railyard_worker_total_steps" + sel + ")"),

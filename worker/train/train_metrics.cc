@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "common/error.h"
+#include "common/metrics/job_labels.h"
 
 namespace railyard::worker {
 
@@ -24,7 +25,16 @@ TrainMetrics::TrainMetrics(metrics::Registry& r, const metrics::Labels& l)
           r.gauge("railyard_worker_flops_per_second", "Model FLOP/s of the last step (6N + 12LCT per token).").add(l)),
       mfu_(
           r.gauge("railyard_worker_mfu_ratio", "FLOP/s of the last step over the peak it is measured against.").add(l)),
-      nonfinite_(r.counter("railyard_worker_nonfinite_total", "Steps with a non-finite loss or gradient.").add(l)) {
+      nonfinite_(r.counter("railyard_worker_nonfinite_total", "Steps with a non-finite loss or gradient.").add(l)),
+      paused_(
+          r.gauge("railyard_worker_paused",
+                  "1 while the rank runs a pass that completes no training step (validation, samples, a synchronous "
+                  "checkpoint); the stall rules then wait hangTimeoutSeconds.")
+              .add(l)),
+      pause_end_(r.gauge("railyard_worker_pause_end_timestamp_seconds",
+                         "When the rank's last pause ended (0: none yet); the stall rules count it as progress.")
+                     .add(l)) {
+  paused_.set(0);  // present from the start, as a 0 (not paused), like every series of this process
   auto& phases = r.counter("railyard_worker_step_phase_seconds_total",
                            "Step wall time by phase: compute, tp_comm (tensor-parallel all-reduces), pp_wait (pipeline "
                            "recv/send waits), dp_comm (data-parallel reduction not hidden by backward), optimizer.");
@@ -62,9 +72,18 @@ void TrainMetrics::on_step(const StepResult& res, int64_t total_steps) {
 
 void TrainMetrics::on_validation(double val_loss) { val_loss_.set(val_loss); }
 
+TrainMetrics::Pause::Pause(TrainMetrics* m) : m_(m) {
+  if (m_ != nullptr) m_->paused_.set(1);
+}
+TrainMetrics::Pause::~Pause() {
+  if (m_ == nullptr) return;
+  m_->pause_end_.set_to_current_time();
+  m_->paused_.set(0);
+}
+
 metrics::Labels TrainMetrics::labels_from_env() {
-  return {{"namespace", env_or("RAILYARD_JOB_NAMESPACE", "")},
-          {"job", env_or("RAILYARD_JOB_NAME", "")},
+  return {{metrics::kNamespaceLabel, env_or("RAILYARD_JOB_NAMESPACE", "")},
+          {metrics::kTrainingJobLabel, env_or("RAILYARD_JOB_NAME", "")},
           {"generation", env_or("RAILYARD_GENERATION", "")},
           {"rank", env_or("RANK", "0")},
           {"node", env_or("RAILYARD_NODE_NAME", "")}};

@@ -13,6 +13,20 @@ class TrainMetrics {
   void on_step(const StepResult& r, int64_t total_steps);
   void on_validation(double val_loss);
 
+  // Marks the rank paused (railyard_worker_paused 1) while it lives: validation, samples and the checkpoint hook take
+  // longer than a step and report none, and the monitor's and the alerts' stall rules would take them for a hang
+  // (docs/monitor.md "Pauses"). Null: no metrics, nothing to mark.
+  class Pause {
+   public:
+    explicit Pause(TrainMetrics* m);
+    ~Pause();
+    Pause(const Pause&) = delete;
+    Pause& operator=(const Pause&) = delete;
+
+   private:
+    TrainMetrics* m_;
+  };
+
   // Labels of this process from the agent's environment (RAILYARD_JOB_NAMESPACE, RAILYARD_JOB_NAME,
   // RAILYARD_GENERATION, RANK, RAILYARD_NODE_NAME); missing values become "" (rank "0").
   static metrics::Labels labels_from_env();
@@ -31,6 +45,8 @@ class TrainMetrics {
   metrics::Gauge& flops_per_second_;
   metrics::Gauge& mfu_;
   metrics::Counter& nonfinite_;
+  metrics::Gauge& paused_;
+  metrics::Gauge& pause_end_;
   // railyard_worker_step_phase_seconds_total{phase}: compute, tp_comm, pp_wait, dp_comm, optimizer.
   metrics::Counter *phase_compute_, *phase_tp_, *phase_pp_, *phase_dp_, *phase_opt_;
 };

@@ -610,7 +610,10 @@ int Trainer::run() {
        {"peak_flops", fmt("%.4g", peak_flops_)},
        {"peak_source", cfg_.peak_flops > 0 ? "flag" : "measured_gemm_rate"}});
   auto do_val = [&](int64_t s) {
-    const double v = validate();
+    const double v = [&] {
+      TrainMetrics::Pause pause(metrics_);
+      return validate();
+    }();
     val_history_.emplace_back(s, v);
     if (metrics_ != nullptr) metrics_->on_validation(v);
     log::info("worker", "validation", {{"step", std::to_string(s)}, {"val_loss", fmt("%.6f", v)}});
@@ -623,7 +626,10 @@ int Trainer::run() {
     // only once the checkpointer's in-memory snapshot of it exists on every rank (docs/checkpointing.md).
     std::optional<int> rc;
     const bool give_up = bad_consecutive_ >= cfg_.max_bad_steps;
-    if (hooks_.after_step && !give_up) rc = hooks_.after_step(r);
+    if (hooks_.after_step && !give_up) {
+      TrainMetrics::Pause pause(metrics_);  // a synchronous checkpoint can take many step times
+      rc = hooks_.after_step(r);
+    }
     log_step(r);
     if (give_up) {
       log::error("worker", "too many consecutive non-finite steps: stopping",
@@ -635,7 +641,10 @@ int Trainer::run() {
     if (rc) return *rc;
     if (val_ != nullptr && cfg_.val_every > 0 && (step_ % cfg_.val_every == 0 || step_ == cfg_.steps)) do_val(step_);
     if (cfg_.sample_every > 0 && (step_ % cfg_.sample_every == 0 || step_ == cfg_.steps)) {
-      const Sample smp = sample(step_);
+      const Sample smp = [&] {
+        TrainMetrics::Pause pause(metrics_);
+        return sample(step_);
+      }();
       log::info("worker", "sample", {{"step", std::to_string(step_)}, {"text", smp.text}});
       if (json_) {
         *json_

@@ -105,7 +105,7 @@ for p in json.load(sys.stdin)["items"]:
     rank = ann.get("railyard.dev/rank", lab.get("railyard.dev/replica-index", ""))
     port = ann.get("railyard.dev/metrics-port", "9400")
     out.append({"targets": [st["podIP"] + ":" + port],
-                "labels": {"namespace": md["namespace"], "job": lab["railyard.dev/job"], "rank": rank,
+                "labels": {"namespace": md["namespace"], "trainingjob": lab["railyard.dev/job"], "rank": rank,
                            "generation": lab.get("railyard.dev/generation", ""),
                            "node": p["spec"].get("nodeName", ""), "pod": md["name"]}})
 print(json.dumps(out))') || return 1

@@ -35,7 +35,7 @@ const char* kNames[] = {"railyard_worker_step",
                         "railyard_worker_tokens_per_second"};
 
 std::string labels(int job, int rank) {
-  return "namespace=\"team-a\",job=\"job-" + std::to_string(job) + "\",generation=\"3\",rank=\"" +
+  return "namespace=\"team-a\",trainingjob=\"job-" + std::to_string(job) + "\",generation=\"3\",rank=\"" +
          std::to_string(rank) + "\",node=\"gpu-node-" + std::to_string(rank / 8) + "\"";
 }
 
@@ -75,7 +75,7 @@ std::string json_input(int jobs, int ranks, int round) {
       for (int i = 0; i < 10; ++i) {
         if (!first) s += ",";
         first = false;
-        s += R"({"metric":{"__name__":")" + std::string(kNames[i]) + R"(","namespace":"team-a","job":"job-)" +
+        s += R"({"metric":{"__name__":")" + std::string(kNames[i]) + R"(","namespace":"team-a","trainingjob":"job-)" +
              std::to_string(j) + R"(","generation":"3","rank":")" + std::to_string(r) + R"(","node":"gpu-node-)" +
              std::to_string(r / 8) + R"("},"value":[1700000000.123,")" + std::to_string(value(i, round, r)) + R"("]})";
       }

@@ -290,8 +290,8 @@ monitor_cleanup() {
 prom_query() { curl -fsS "$prom_url/api/v1/query" --data-urlencode "query=$1" | jq -c '.data.result'; }
 # prom_sees_ranks N: Prometheus scrapes N ranks of the job (up == 1) and has their step series.
 prom_sees_ranks() {
-  [ "$(prom_query "sum(up{namespace=\"$ns\",job=\"$job_name\"})" | jq -r '.[0].value[1] // 0')" = "$1" ] &&
-    [ "$(prom_query "count(railyard_worker_step{namespace=\"$ns\",job=\"$job_name\"})" | jq -r '.[0].value[1] // 0')" = "$1" ]
+  [ "$(prom_query "sum(up{namespace=\"$ns\",trainingjob=\"$job_name\"})" | jq -r '.[0].value[1] // 0')" = "$1" ] &&
+    [ "$(prom_query "count(railyard_worker_step{namespace=\"$ns\",trainingjob=\"$job_name\"})" | jq -r '.[0].value[1] // 0')" = "$1" ]
 }
 # restart_request: the job's railyard.dev/restart-request annotation (the monitor's JSON), or nothing.
 restart_request() { kubectl get tj "$job_name" -n "$ns" -o json 2>/dev/null | jq -r '.metadata.annotations["railyard.dev/restart-request"] // empty'; }

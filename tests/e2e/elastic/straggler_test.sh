@@ -45,7 +45,7 @@ echo "slowing rank 1's trainer (pid $tp, node $node1) from step $(steps_of "$job
 
 # What the monitor compares, as Prometheus has it (printed once, for the record).
 sleep 4
-sel="namespace=\"$ns\",job=\"$job_name\""
+sel="namespace=\"$ns\",trainingjob=\"$job_name\""
 echo "compute seconds per step over 3 s: $(prom_query "sum without(phase) (rate(railyard_worker_step_phase_seconds_total{$sel,phase=\"compute\"}[3s])) / rate(railyard_worker_steps_total{$sel}[3s])" |
   jq -r 'map("rank \(.metric.rank) \(.value[1] | tonumber * 1000 | floor) ms") | join(", ")'); wall time per step: $(
   prom_query "rate(railyard_worker_step_duration_seconds_sum{$sel}[3s]) / rate(railyard_worker_step_duration_seconds_count{$sel}[3s])" |

@@ -114,9 +114,9 @@ prom=$(sed -n 's/^export PROMETHEUS_URL=//p' "$work/prom/prometheus/prometheus.e
 [ -n "$prom" ] || fail "no PROMETHEUS_URL in $work/prom/prometheus/prometheus.env"
 bash "$src/deploy/local/lib/prometheus.sh" write-targets "$work/prom" railyard "[
   {\"targets\": [\"127.0.0.1:$oport\", \"127.0.0.1:$mport\"], \"labels\": {\"job\": \"railyard\"}},
-  {\"targets\": [\"127.0.0.1:$aport\"], \"labels\": {\"namespace\": \"$ns\", \"job\": \"$job\"}},
+  {\"targets\": [\"127.0.0.1:$aport\"], \"labels\": {\"namespace\": \"$ns\", \"trainingjob\": \"$job\"}},
   {\"targets\": [\"127.0.0.1:$wport\"],
-   \"labels\": {\"namespace\": \"$ns\", \"job\": \"$job\", \"rank\": \"0\", \"node\": \"local\"}}]" ||
+   \"labels\": {\"namespace\": \"$ns\", \"trainingjob\": \"$job\", \"rank\": \"0\", \"node\": \"local\"}}]" ||
   fail "writing the Prometheus targets"
 # The injected failure, once the operator is scraped: the job's pod exits 137 (a signal: retryable) twice, so that
 # the restart counter goes 1 -> 2 inside Prometheus (a counter's first sample counts as no increase).
@@ -142,10 +142,10 @@ spec:
 YAML
 restarts() {
   curl -fsS "$prom/api/v1/query" --data-urlencode \
-    "query=sum(railyard_operator_restarts_total{namespace=\"$ns\", job=\"$job\"})" | jq -r '.data.result[0].value[1]'
+    "query=sum(railyard_operator_restarts_total{namespace=\"$ns\", trainingjob=\"$job\"})" | jq -r '.data.result[0].value[1]'
 }
 wait_for 60 "two restarts of the job in Prometheus" bash -c "[ \"\$(curl -fsS '$prom/api/v1/query' --data-urlencode \
-  'query=sum(railyard_operator_restarts_total{namespace=\"$ns\", job=\"$job\"})' | jq -r '.data.result[0].value[1]')\" = 2 ]"
+  'query=sum(railyard_operator_restarts_total{namespace=\"$ns\", trainingjob=\"$job\"})' | jq -r '.data.result[0].value[1]')\" = 2 ]"
 check "the job restarted twice (status and Prometheus agree)" \
   test "$(kubectl get tj "$job" -n "$ns" -o jsonpath='{.status.restarts}'):$(restarts)" = 2:2
 
@@ -155,13 +155,13 @@ webhook() { # TOKEN: prints the HTTP code
   curl -s -o "$work/webhook.out" -w '%{http_code}' -X POST -H 'Content-Type: application/json' \
     ${1:+-H "Authorization: Bearer $1"} "http://127.0.0.1:$mport/webhook/alertmanager" -d '{"version": "4",
     "status": "firing", "receiver": "railyard", "groupKey": "{}", "alerts": [{"status": "firing",
-    "labels": {"alertname": "RailyardJobStalled", "namespace": "'"$ns"'", "job": "'"$job"'"},
+    "labels": {"alertname": "RailyardJobStalled", "namespace": "'"$ns"'", "trainingjob": "'"$job"'"},
     "annotations": {"summary": "injected by e2e_install_observability"}}]}'
 }
 check "the monitor's webhook refuses a call without the token (401)" test "$(webhook "")" = 401
 check "the monitor's webhook accepts the alert" test "$(webhook observe-token):$(jq -r .accepted "$work/webhook.out")" = 200:1
 wait_for 60 "the third restart (RestartRequested) in Prometheus" bash -c "[ \"\$(curl -fsS '$prom/api/v1/query' \
-  --data-urlencode 'query=sum(railyard_operator_restarts_total{namespace=\"$ns\", job=\"$job\"})' |
+  --data-urlencode 'query=sum(railyard_operator_restarts_total{namespace=\"$ns\", trainingjob=\"$job\"})' |
   jq -r '.data.result[0].value[1]')\" = 3 ]"
 check "the third restart's reason is RestartRequested, detector monitor" test \
   "$(kubectl get tj "$job" -n "$ns" -o jsonpath='{.status.lastRestart.reason}/{.status.lastRestart.detector}')" = \
@@ -211,12 +211,12 @@ for d in "$src"/deploy/grafana/*.json; do
 done
 rules=$(objects "$src/deploy/prometheus/rules/railyard.rules.yml")
 for r in $(jq -r '.groups[].rules[] | .record // empty' <<<"$rules"); do
-  check "recording rule $r returns data for the job" returns_data "$r{namespace=\"$ns\", job=\"$job\"}"
+  check "recording rule $r returns data for the job" returns_data "$r{namespace=\"$ns\", trainingjob=\"$job\"}"
 done
 # The worker trains steadily under the job's labels, so its goodput is above 0 (low: the 5-minute window reaches back
 # before the worker's first step) and at most 1.
 goodput_positive() {
-  curl -fsS "$prom/api/v1/query" --data-urlencode "query=railyard:job_goodput:ratio5m{namespace=\"$ns\", job=\"$job\"}" |
+  curl -fsS "$prom/api/v1/query" --data-urlencode "query=railyard:job_goodput:ratio5m{namespace=\"$ns\", trainingjob=\"$job\"}" |
     jq -e '.data.result[0].value[1] | tonumber | . > 0 and . <= 1' >/dev/null
 }
 check "goodput of the training worker is in (0, 1]" goodput_positive
@@ -265,7 +265,7 @@ no_series() {
   local rc=0
   "$bin/railyard" report "$ns/nosuchjob" --prometheus "$prom" --output "$work/none.html" >/dev/null \
     2>"$work/none.err" || rc=$?
-  [ "$rc" = 1 ] && grep -q "no railyard_worker_step for namespace=\"$ns\", job=\"nosuchjob\"" "$work/none.err" ||
+  [ "$rc" = 1 ] && grep -q "no railyard_worker_step for namespace=\"$ns\", trainingjob=\"nosuchjob\"" "$work/none.err" ||
     { echo "  rc=$rc: $(cat "$work/none.err")" >&2; return 1; }
 }
 check "railyard report --prometheus: a job without series is refused, naming it" no_series

@@ -152,7 +152,8 @@ check "no monitor: no monitor objects, no dashboards; 3 operator replicas from t
   and ([.[] | select(.kind == "Service" and .metadata.name == "railyard-rendezvous") | .spec.ports[0].port] == [29400])'\
   "$work/nomon.json"
 
-render "$work/po.yaml" -f "$values_dir/prometheus-operator.yaml" --api-versions monitoring.coreos.com/v1 ||
+render "$work/po.yaml" -f "$values_dir/prometheus-operator.yaml" --api-versions monitoring.coreos.com/v1 \
+  --set prometheus.prometheusRule.runbookBaseUrl=https://git.example.internal/ml/railyard/docs/runbook.md ||
   fail "prometheus-operator.yaml does not render"
 objects "$work/po.yaml" >"$work/po.json"
 check "prometheus-operator: ServiceMonitor, PodMonitor, PrometheusRule with the release label; dashboards in monitoring" q '
@@ -168,6 +169,10 @@ check "prometheus-operator: ServiceMonitor, PodMonitor, PrometheusRule with the 
 jq -s '.[] | select(.kind == "PrometheusRule") | .spec' "$work/po.json" >"$work/prometheusrule.json"
 check "prometheus-operator: promtool check rules accepts the PrometheusRule content" \
   promtool check rules --lint-fatal "$work/prometheusrule.json"
+check "prometheus-operator: every alert's runbook_url is runbookBaseUrl#<alert>" q '
+  [.[] | select(.kind == "PrometheusRule") | .spec.groups[].rules[] | select(.alert)
+    | .annotations.runbook_url == "https://git.example.internal/ml/railyard/docs/runbook.md#" + (.alert | ascii_downcase)]
+  | length >= 6 and all' "$work/po.json"
 check "prometheus-operator: the PrometheusRule has every rule of deploy/prometheus/rules" \
   test "$(jq '[.groups[].rules[]] | length' "$work/prometheusrule.json")" = \
   "$(objects "$src/deploy/prometheus/rules/railyard.rules.yml" | jq '[.groups[].rules[]] | length')"

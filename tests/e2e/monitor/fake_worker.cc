@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
 
   metrics::Registry reg;
   metrics::Labels l{
-      {"namespace", ns}, {"job", job}, {"generation", gen}, {"rank", std::to_string(rank)}, {"node", node}};
+      {"namespace", ns}, {"trainingjob", job}, {"generation", gen}, {"rank", std::to_string(rank)}, {"node", node}};
   auto& step_g = reg.gauge("railyard_worker_step", "Last completed training step.").add(l);
   auto& last_g = reg.gauge("railyard_worker_last_step_timestamp_seconds", "When the last step completed.").add(l);
   auto& dur_h = reg.histogram("railyard_worker_step_duration_seconds", "Wall time of one training step.",

@@ -155,7 +155,7 @@ class Workers {
       targets.push_back({{"targets", {"127.0.0.1:" + std::to_string(ports[r])}},
                          {"labels",
                           {{"namespace", ns},
-                           {"job", job},
+                           {"trainingjob", job},
                            {"rank", std::to_string(r)},
                            {"node", "sim-node-" + std::to_string(r)}}}});
     { std::ofstream(dir / "targets.json") << targets.dump(); }
@@ -340,7 +340,7 @@ TEST_CASE("monitor against a real Prometheus: stall -> one restart request per g
                 {"groupKey", "{}:{alertname=\"GpuXidError\"}"},
                 {"alerts",
                  {{{"status", "firing"},
-                   {"labels", {{"alertname", "GpuXidError"}, {"namespace", ns}, {"job", name}, {"rank", "1"}}},
+                   {"labels", {{"alertname", "GpuXidError"}, {"namespace", ns}, {"trainingjob", name}, {"rank", "1"}}},
                    {"annotations", {{"summary", "XID 79 on rank 1"}}},
                    {"startsAt", "2026-11-22T03:00:00Z"}}}}};
   auto post = [&](const std::string& auth, const std::string& body) {

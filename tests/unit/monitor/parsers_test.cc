@@ -147,14 +147,14 @@ TEST_CASE("alertmanager v4 payload: good") {
   auto p = parse_alertmanager_payload(R"({"version":"4","groupKey":"{}:{alertname=\"X\"}","status":"firing",
     "receiver":"railyard","groupLabels":{},"commonLabels":{},"commonAnnotations":{},"externalURL":"http://am",
     "truncatedAlerts":0,"alerts":[
-      {"status":"firing","labels":{"alertname":"RailyardJobStalled","namespace":"ns","job":"j","rank":"1"},
+      {"status":"firing","labels":{"alertname":"RailyardJobStalled","namespace":"ns","trainingjob":"j","rank":"1"},
        "annotations":{"summary":"stalled"},"startsAt":"2026-11-22T03:00:00Z","endsAt":"0001-01-01T00:00:00Z",
        "generatorURL":"http://p","fingerprint":"abc"},
       {"status":"resolved","labels":{"alertname":"Other"}}]})");
   CHECK(p.status == "firing");
   CHECK(p.receiver == "railyard");
   REQUIRE(p.alerts.size() == 2);
-  CHECK(p.alerts[0].label("job") == "j");
+  CHECK(p.alerts[0].label("trainingjob") == "j");
   CHECK(p.alerts[0].annotations.at("summary") == "stalled");
   CHECK(p.alerts[0].fingerprint == "abc");
   CHECK(p.alerts[1].status == "resolved");

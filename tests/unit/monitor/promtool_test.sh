@@ -19,6 +19,34 @@ sed 's/summary: "rank 1 of ns\/j on node n1 is unreachable"/summary: "wrong"/' "
   >"$tmp/broken.test.yml"
 cp "$dir/rules/railyard.rules.yml" "$tmp/"
 if (cd "$tmp" && promtool test rules broken.test.yml >/dev/null 2>&1); then fail "a wrong expectation passed"; fi
+# ... and the pause test needs the pause: without the `unless` on railyard_worker_paused, job v's validation pass
+# fires the stall alert.
+sed 's/unless on (namespace, trainingjob) max by (namespace, trainingjob) (railyard_worker_paused) > 0//' \
+  "$dir/rules/railyard.rules.yml" >"$tmp/railyard.rules.yml"
+cp "$dir/rules/railyard.test.yml" "$tmp/"
+grep -q "(railyard_worker_paused) > 0" "$tmp/railyard.rules.yml" && fail "the pause exception was not removed (sed pattern stale)"
+out=$(cd "$tmp" && promtool test rules railyard.test.yml 2>&1) && fail "the stall alert ignores the pause series"
+grep -q 'trainingjob="v"' <<<"$out" || fail "without the pause exception, job v did not fire: $out"
+
+# Every alert that requests a restart (railyard_action: restart) has a `for:`, CheckpointTooOld requests none, and
+# every alert's runbook_url names a section of docs/runbook.md (a heading whose anchor is the alert's name).
+python3 - "$dir/rules/railyard.rules.yml" "$src/docs/runbook.md" <<'PY' || fail "alert conventions (above)"
+import re, sys, yaml
+rules = [r for g in yaml.safe_load(open(sys.argv[1]))["groups"] for r in g["rules"] if "alert" in r]
+anchors = {re.sub(r"[^a-z0-9 -]", "", h.strip().lower()).replace(" ", "-")
+           for h in re.findall(r"^#+ (.*)$", open(sys.argv[2]).read(), re.M)}
+bad = []
+for r in rules:
+    a, restart = r["alert"], r.get("labels", {}).get("railyard_action") == "restart"
+    if restart and not r.get("for"): bad.append(a + ": requests a restart without a `for:`")
+    if a == "RailyardCheckpointTooOld" and restart: bad.append(a + ": must warn, not restart")
+    url = r.get("annotations", {}).get("runbook_url", "")
+    if not url.endswith("#" + a.lower()) or a.lower() not in anchors:
+        bad.append(a + ": runbook_url '" + url + "' does not name docs/runbook.md's section '### " + a + "'")
+if len(rules) < 6: bad.append("only %d alerts found" % len(rules))
+print("\n".join(bad), file=sys.stderr)
+sys.exit(1 if bad else 0)
+PY
 
 # Local template, rendered the way deploy/local/lib/prometheus.sh renders it.
 mkdir -p "$tmp/targets" "$tmp/rules"

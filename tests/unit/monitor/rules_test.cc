@@ -394,11 +394,51 @@ TEST_CASE("checkpoint too old, only when the job checkpoints") {
   }
   REQUIRE(v);
   CHECK(v->rule == "checkpoint_age");
+  CHECK_FALSE(v->restart);  // a warning: a restart would restore that old checkpoint
   CHECK(t - 1 <= 67);
+  // Once per episode, and the generation's restart verdicts still fire: the job then freezes, and the stall fires.
+  CHECK_FALSE(ev.fired(kJob, 0));
+  RankObs o = rank(0, 400, t);
+  o.checkpoint_ts = 5;
+  CHECK_FALSE(ev.evaluate(kJob, 0, {{0, o}}, p, t + 1));
+  p.stall_floor_s = 10;
+  p.hang_timeout_s = 300;
+  std::optional<Verdict> stall;
+  for (double u = t + 2; u < t + 40 && !stall; u += 1) stall = ev.evaluate(kJob, 0, {{0, o}}, p, u);
+  REQUIRE(stall);
+  CHECK(stall->rule == "stall");
+  CHECK(stall->restart);
   Policy off = p;
   off.checkpoint_interval_steps = 0;
   Evaluator ev2;
   for (int i = 0; i < 200; ++i) CHECK_FALSE(ev2.evaluate(kJob, 0, {{0, rank(0, i, i)}}, off, i));
+}
+
+TEST_CASE("stall: a paused rank (validation, samples, a synchronous checkpoint) waits hangTimeoutSeconds") {
+  Evaluator ev;
+  Policy p = fast_policy();  // threshold max(3 x 0.5 s, 10 s) = 10 s while stepping
+  p.hang_timeout_s = 60;
+  double t = 1000;
+  for (int i = 0; i < 10; ++i, t += 1)
+    CHECK_FALSE(ev.evaluate(kJob, 0, {{0, rank(0, i * 2, t)}, {1, rank(1, i * 2, t)}}, p, t));
+  // Rank 0 validates for 40 s after step 18; rank 1 waits for it in the next collective (not paused itself).
+  const double last = t - 1;
+  RankObs r0 = rank(0, 18, last), r1 = rank(1, 18, last);
+  r0.paused = true;
+  for (; t < last + 40; t += 1) CHECK_FALSE(ev.evaluate(kJob, 0, {{0, r0}, {1, r1}}, p, t));
+  // The pass ends at last + 40 and the next step takes a while: the end of the pause counts as progress.
+  r0.paused = false;
+  r0.pause_end_ts = last + 40;
+  for (; t < last + 48; t += 1) CHECK_FALSE(ev.evaluate(kJob, 0, {{0, r0}, {1, r1}}, p, t));
+  // A pause that never ends is a hang after hangTimeoutSeconds.
+  r0.paused = true;
+  std::optional<Verdict> v;
+  for (; t < last + 200 && !v; t += 1) v = ev.evaluate(kJob, 0, {{0, r0}, {1, r1}}, p, t);
+  REQUIRE(v);
+  CHECK(v->rule == "stall");
+  CHECK(t - 1 - (last + 40) > 60);  // measured from the pause's end
+  CHECK(t - 1 - (last + 40) <= 62);
+  CHECK(v->evidence.find("rank 0 is paused") != std::string::npos);
 }
 
 TEST_CASE("policy from the TrainingJob spec overrides the defaults") {
@@ -416,13 +456,19 @@ TEST_CASE("policy from the TrainingJob spec overrides the defaults") {
 
 TEST_CASE("group_samples: by namespace/job/rank; foreign series skipped") {
   std::vector<Sample> s = {
-      {"railyard_worker_step", {{"namespace", "a"}, {"job", "j"}, {"rank", "1"}, {"node", "n1"}}, 7},
-      {"railyard_worker_loss", {{"namespace", "a"}, {"job", "j"}, {"rank", "1"}}, 2.5},
-      {"railyard_worker_last_output_timestamp_seconds", {{"namespace", "a"}, {"job", "j"}, {"rank", "1"}}, 1234.5},
-      {"up", {{"namespace", "a"}, {"job", "j"}, {"rank", "0"}}, 0},
-      {"railyard_worker_step", {{"namespace", "a"}, {"job", "j"}, {"rank", "x"}}, 1},
-      {"railyard_worker_step", {{"job", "j"}, {"rank", "2"}}, 1},
-      {"process_cpu_seconds_total", {{"namespace", "a"}, {"job", "j"}, {"rank", "3"}}, 1},
+      {"railyard_worker_step", {{"namespace", "a"}, {"trainingjob", "j"}, {"rank", "1"}, {"node", "n1"}}, 7},
+      {"railyard_worker_loss", {{"namespace", "a"}, {"trainingjob", "j"}, {"rank", "1"}}, 2.5},
+      {"railyard_worker_last_output_timestamp_seconds",
+       {{"namespace", "a"}, {"trainingjob", "j"}, {"rank", "1"}},
+       1234.5},
+      {"up", {{"namespace", "a"}, {"trainingjob", "j"}, {"rank", "0"}}, 0},
+      {"railyard_worker_step", {{"namespace", "a"}, {"trainingjob", "j"}, {"rank", "x"}}, 1},
+      {"railyard_worker_step", {{"trainingjob", "j"}, {"rank", "2"}}, 1},
+      {"process_cpu_seconds_total", {{"namespace", "a"}, {"trainingjob", "j"}, {"rank", "3"}}, 1},
+      {"railyard_worker_paused", {{"namespace", "a"}, {"trainingjob", "j"}, {"rank", "1"}}, 1},
+      {"railyard_worker_pause_end_timestamp_seconds", {{"namespace", "a"}, {"trainingjob", "j"}, {"rank", "1"}}, 99},
+      // `job` is Prometheus' scrape-job label, not the TrainingJob: a series named only by it is not a worker's.
+      {"railyard_worker_step", {{"namespace", "a"}, {"job", "railyard-workers"}, {"rank", "4"}}, 1},
   };
   auto g = group_samples(s);
   REQUIRE(g.size() == 1);
@@ -433,6 +479,9 @@ TEST_CASE("group_samples: by namespace/job/rank; foreign series skipped") {
   CHECK(ranks[1].loss_present);
   CHECK(ranks[1].node == "n1");
   CHECK(ranks[1].last_output_ts == 1234.5);
+  CHECK(ranks[1].paused);
+  CHECK(ranks[1].pause_end_ts == 99);
+  CHECK_FALSE(ranks[0].paused);
   CHECK(std::isnan(ranks[0].last_output_ts));
   CHECK_FALSE(ranks[0].reachable);
   CHECK(ranks[1].reachable);

@@ -5,7 +5,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "tests/unit/worker/worker_test_util.h"
 #include "worker/train/train_metrics.h"
@@ -44,12 +46,13 @@ TEST_CASE("each step is published as metrics that match the step results and pas
   Trainer trainer(g, tc, pool, train);
 
   metrics::Registry registry;
-  TrainMetrics tm(registry, {{"namespace", "ns"}, {"job", "j"}, {"generation", "2"}, {"rank", "1"}, {"node", "n"}});
+  TrainMetrics tm(registry,
+                  {{"namespace", "ns"}, {"trainingjob", "j"}, {"generation", "2"}, {"rank", "1"}, {"node", "n"}});
   trainer.set_metrics(&tm);
   REQUIRE(trainer.run() == 0);
   std::string text(1, '\n');
   text.append(registry.serialize());
-  const std::string l = "{generation=\"2\",job=\"j\",namespace=\"ns\",node=\"n\",rank=\"1\"}";
+  const std::string l = "{generation=\"2\",namespace=\"ns\",node=\"n\",rank=\"1\",trainingjob=\"j\"}";
   CHECK(sample(text, "railyard_worker_step" + l) == 3);
   CHECK(sample(text, "railyard_worker_steps_total" + l) == 3);
   CHECK(sample(text, "railyard_worker_total_steps" + l) == 3);
@@ -86,7 +89,7 @@ TEST_CASE("MFU is per process and never exceeds 1 against a measured GEMM rate")
   const GptConfig g = make_gpt_config(/*L=*/1, /*C=*/32, /*NH=*/2, /*maxT=*/16, /*V=*/64);
   std::vector<int32_t> tokens(4096);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 7 + i / 13) % 64);
-  const std::string l = "{generation=\"0\",job=\"j\",namespace=\"ns\",node=\"n\",rank=\"0\"}";
+  const std::string l = "{generation=\"0\",namespace=\"ns\",node=\"n\",rank=\"0\",trainingjob=\"j\"}";
   for (const double peak : {0.0, 1e9}) {
     CAPTURE(peak);
     TrainConfig tc;
@@ -100,7 +103,8 @@ TEST_CASE("MFU is per process and never exceeds 1 against a measured GEMM rate")
     ThreadPool pool(1);
     Trainer trainer(g, tc, pool, train);
     metrics::Registry registry;
-    TrainMetrics tm(registry, {{"namespace", "ns"}, {"job", "j"}, {"generation", "0"}, {"rank", "0"}, {"node", "n"}});
+    TrainMetrics tm(registry,
+                    {{"namespace", "ns"}, {"trainingjob", "j"}, {"generation", "0"}, {"rank", "0"}, {"node", "n"}});
     trainer.set_metrics(&tm);
     REQUIRE(trainer.run() == 0);
     std::string text(1, '\n');
@@ -115,4 +119,69 @@ TEST_CASE("MFU is per process and never exceeds 1 against a measured GEMM rate")
       CHECK(mfu == doctest::Approx(flops / 2 / trainer.peak_flops()));
     }
   }
+}
+
+namespace {
+
+// A batch source that reads the registry while it is asked for a batch: what a scrape during validation sees.
+class ScrapingSource : public BatchSource {
+ public:
+  ScrapingSource(BatchSource& inner, metrics::Registry& r) : inner_(inner), r_(r) {}
+  void next_batch(int32_t* inputs, int32_t* targets) override {
+    seen.push_back(r_.serialize());
+    inner_.next_batch(inputs, targets);
+  }
+  std::vector<std::string> seen;
+
+ private:
+  BatchSource& inner_;
+  metrics::Registry& r_;
+};
+
+std::string lines(const std::string& text) {
+  std::string t(1, '\n');
+  t.append(text);
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("railyard_worker_paused is 1 during validation and the checkpoint hook, 0 while stepping") {
+  const GptConfig g = make_gpt_config(/*L=*/1, /*C=*/32, /*NH=*/2, /*maxT=*/16, /*V=*/64);
+  std::vector<int32_t> tokens(4096);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 7 + i / 13) % 64);
+  TrainConfig tc;
+  tc.batch = 2;
+  tc.seq_len = 16;
+  tc.steps = 4;
+  tc.val_every = 2;
+  tc.val_steps = 2;
+  tc.quiet = true;
+  metrics::Registry registry;
+  WindowSource train_inner(tokens, tc.batch, tc.seq_len, 5), val_inner(tokens, tc.batch, tc.seq_len, 6);
+  ScrapingSource train(train_inner, registry), val(val_inner, registry);
+  ThreadPool pool(1);
+  Trainer trainer(g, tc, pool, train, &val);
+  TrainMetrics tm(registry, {{"rank", "0"}});
+  trainer.set_metrics(&tm);
+  std::vector<std::string> in_hook;
+  TrainerHooks hooks;
+  hooks.after_step = [&](const StepResult&) -> std::optional<int> {
+    in_hook.push_back(registry.serialize());
+    return std::nullopt;
+  };
+  trainer.set_hooks(hooks);
+  REQUIRE(trainer.run() == 0);
+  const std::string l = "{rank=\"0\"}";
+  auto paused = [&](const std::string& text) { return sample(lines(text), "railyard_worker_paused" + l); };
+  REQUIRE(val.seen.size() == 6);  // validation at steps 0, 2 and 4, 2 batches each
+  for (const auto& t : val.seen) CHECK(paused(t) == 1);
+  REQUIRE(in_hook.size() == 4);
+  for (const auto& t : in_hook) CHECK(paused(t) == 1);
+  REQUIRE_FALSE(train.seen.empty());
+  for (const auto& t : train.seen) CHECK(paused(t) == 0);
+  // The last pause's end is the progress the stall rules count from.
+  const std::string after = lines(registry.serialize());
+  CHECK(sample(after, "railyard_worker_paused" + l) == 0);
+  CHECK(sample(after, "railyard_worker_pause_end_timestamp_seconds" + l) > 1.7e9);
 }
