@@ -19,7 +19,7 @@ constexpr const char* kLog = "monitor";
 constexpr const char* kWorkerQuery =
     "{__name__=~\"railyard_worker_(step|step_duration_seconds|step_duration_seconds_sum|"
     "step_duration_seconds_count|last_step_timestamp_seconds|loss|nonfinite_total|steps_total|"
-    "last_output_timestamp_seconds)|"
+    "last_output_timestamp_seconds|paused|pause_end_timestamp_seconds)|"
     "railyard_worker_step_phase_seconds_total|"
     "railyard_checkpoint_last_(step|timestamp_seconds)\"}";
 constexpr const char* kUpQuery = "up{rank!=\"\"}";

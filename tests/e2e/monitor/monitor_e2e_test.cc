@@ -184,49 +184,59 @@ json restart_request(railyard::kube::Client& c, const std::string& ns, const std
   return json::parse(ann["railyard.dev/restart-request"].get<std::string>());
 }
 
+// The CRD installed and a fresh namespace on the shared local cluster, deleted when the test ends.
+struct TestNamespace {
+  std::unique_ptr<railyard::kube::Client> client;
+  std::string ns;
+  TestNamespace(const Env& e, const std::string& prefix)
+      : client(std::make_unique<railyard::kube::Client>(railyard::kube::load_kubeconfig(e.state + "/kubeconfig"))),
+        ns(prefix + "-" + std::to_string(getpid())) {
+    REQUIRE(e.sh("eval \"$(bash " + e.src + "/deploy/local/cluster.sh env --state-dir " + e.state +
+                 ")\" && kubectl apply -f " + e.src +
+                 "/deploy/crds/trainingjobs.railyard.dev.yaml >/dev/null && kubectl wait --for=condition=Established "
+                 "--timeout=60s crd/trainingjobs.railyard.dev >/dev/null") == 0);
+    client->create(railyard::kube::resources::namespaces, "",
+                   {{"apiVersion", "v1"}, {"kind", "Namespace"}, {"metadata", {{"name", ns}}}});
+  }
+  ~TestNamespace() {
+    try {
+      client->remove(railyard::kube::resources::namespaces, "", ns);
+    } catch (...) {
+    }
+  }
+};
+
+// A real Prometheus (deploy/local/lib/prometheus.sh, the rules loaded) in the test's directory, stopped by pid.
+struct Prometheus {
+  const Env& e;
+  std::string dir, url;
+  explicit Prometheus(const Env& env) : e(env), dir((env.tmp / "prom").string()) {
+    REQUIRE(e.sh("bash " + e.src + "/deploy/local/lib/prometheus.sh up " + dir) == 0);
+    std::string env_text = read_all(fs::path(dir) / "prometheus" / "prometheus.env");
+    auto at = env_text.find("PROMETHEUS_URL=");
+    REQUIRE(at != std::string::npos);
+    url = env_text.substr(at + 15, env_text.find('\n', at) - at - 15);
+    MESSAGE("prometheus at " << url);
+  }
+  ~Prometheus() { e.sh("bash " + e.src + "/deploy/local/lib/prometheus.sh down " + dir); }
+};
+
 }  // namespace
 
 TEST_CASE("monitor against a real Prometheus: stall -> one restart request per generation; webhook with token") {
   Env e;
-  auto client = std::make_unique<railyard::kube::Client>(railyard::kube::load_kubeconfig(e.state + "/kubeconfig"));
-  auto& c = *client;
   // The CRD, a namespace, a TrainingJob (no operator runs here: the test plays its part by bumping the generation).
-  REQUIRE(e.sh("eval \"$(bash " + e.src + "/deploy/local/cluster.sh env --state-dir " + e.state +
-               ")\" && kubectl apply -f " + e.src +
-               "/deploy/crds/trainingjobs.railyard.dev.yaml >/dev/null && kubectl wait --for=condition=Established "
-               "--timeout=60s crd/trainingjobs.railyard.dev >/dev/null") == 0);
-  std::string ns = "monitor-e2e-" + std::to_string(getpid()), name = "gpt";
-  c.create(railyard::kube::resources::namespaces, "",
-           {{"apiVersion", "v1"}, {"kind", "Namespace"}, {"metadata", {{"name", ns}}}});
-  struct NsCleanup {
-    railyard::kube::Client& c;
-    std::string ns;
-    ~NsCleanup() {
-      try {
-        c.remove(railyard::kube::resources::namespaces, "", ns);
-      } catch (...) {
-      }
-    }
-  } ns_cleanup{c, ns};
-  // Wait for the namespace's default service account machinery is not needed: TrainingJobs need only the namespace.
+  TestNamespace tns(e, "monitor-e2e");
+  auto& c = *tns.client;
+  const std::string ns = tns.ns, name = "gpt";
   c.create(railyard::kube::resources::trainingjobs, ns,
            json::parse(R"({"apiVersion":"railyard.dev/v1alpha1","kind":"TrainingJob","metadata":{"name":"gpt"},
              "spec":{"replicas":2,"model":{"preset":"tiny"},"data":{"train":"/tmp/none_*.bin"},
                      "training":{"steps":100000},"failurePolicy":{"hangTimeoutSeconds":60,"excludeFailedNodes":true}}})"));
 
   // Prometheus, through the same script cluster.sh uses.
-  std::string prom_dir = (e.tmp / "prom").string();
-  REQUIRE(e.sh("bash " + e.src + "/deploy/local/lib/prometheus.sh up " + prom_dir) == 0);
-  struct PromCleanup {
-    const Env& e;
-    std::string dir;
-    ~PromCleanup() { e.sh("bash " + e.src + "/deploy/local/lib/prometheus.sh down " + dir); }
-  } prom_cleanup{e, prom_dir};
-  std::string env_text = read_all(fs::path(prom_dir) / "prometheus" / "prometheus.env");
-  auto at = env_text.find("PROMETHEUS_URL=");
-  REQUIRE(at != std::string::npos);
-  std::string prom = env_text.substr(at + 15, env_text.find('\n', at) - at - 15);
-  MESSAGE("prometheus at " << prom);
+  Prometheus prometheus(e);
+  const std::string prom = prometheus.url;
 
   auto workers = std::make_unique<Workers>(e, ns, name, 0, 2);
   // Both ranks stepping, as Prometheus sees them (file-SD pick-up takes up to ~6 s).
@@ -381,25 +391,9 @@ TEST_CASE("monitor against a real Prometheus: stall -> one restart request per g
 
 TEST_CASE("embedded mode: the monitor scrapes the job's pods itself (pod IP + railyard.dev/metrics-port)") {
   Env e;
-  auto client = std::make_unique<railyard::kube::Client>(railyard::kube::load_kubeconfig(e.state + "/kubeconfig"));
-  auto& c = *client;
-  REQUIRE(e.sh("eval \"$(bash " + e.src + "/deploy/local/cluster.sh env --state-dir " + e.state +
-               ")\" && kubectl apply -f " + e.src +
-               "/deploy/crds/trainingjobs.railyard.dev.yaml >/dev/null && kubectl wait --for=condition=Established "
-               "--timeout=60s crd/trainingjobs.railyard.dev >/dev/null") == 0);
-  std::string ns = "monitor-emb-" + std::to_string(getpid()), name = "emb";
-  c.create(railyard::kube::resources::namespaces, "",
-           {{"apiVersion", "v1"}, {"kind", "Namespace"}, {"metadata", {{"name", ns}}}});
-  struct NsCleanup {
-    railyard::kube::Client& c;
-    std::string ns;
-    ~NsCleanup() {
-      try {
-        c.remove(railyard::kube::resources::namespaces, "", ns);
-      } catch (...) {
-      }
-    }
-  } ns_cleanup{c, ns};
+  TestNamespace tns(e, "monitor-emb");
+  auto& c = *tns.client;
+  const std::string ns = tns.ns, name = "emb";
   c.create(railyard::kube::resources::trainingjobs, ns,
            json::parse(R"({"apiVersion":"railyard.dev/v1alpha1","kind":"TrainingJob","metadata":{"name":"emb"},
              "spec":{"replicas":2,"model":{"preset":"tiny"},"data":{"train":"/tmp/none_*.bin"},
@@ -453,25 +447,9 @@ TEST_CASE("embedded mode: the monitor scrapes the job's pods itself (pod IP + ra
 
 TEST_CASE("straggler and NaN loss over Prometheus: the fake workers' test knobs turn into verdicts") {
   Env e;
-  auto client = std::make_unique<railyard::kube::Client>(railyard::kube::load_kubeconfig(e.state + "/kubeconfig"));
-  auto& c = *client;
-  REQUIRE(e.sh("eval \"$(bash " + e.src + "/deploy/local/cluster.sh env --state-dir " + e.state +
-               ")\" && kubectl apply -f " + e.src +
-               "/deploy/crds/trainingjobs.railyard.dev.yaml >/dev/null && kubectl wait --for=condition=Established "
-               "--timeout=60s crd/trainingjobs.railyard.dev >/dev/null") == 0);
-  std::string ns = "monitor-knobs-" + std::to_string(getpid());
-  c.create(railyard::kube::resources::namespaces, "",
-           {{"apiVersion", "v1"}, {"kind", "Namespace"}, {"metadata", {{"name", ns}}}});
-  struct NsCleanup {
-    railyard::kube::Client& c;
-    std::string ns;
-    ~NsCleanup() {
-      try {
-        c.remove(railyard::kube::resources::namespaces, "", ns);
-      } catch (...) {
-      }
-    }
-  } ns_cleanup{c, ns};
+  TestNamespace tns(e, "monitor-knobs");
+  auto& c = *tns.client;
+  const std::string ns = tns.ns;
   for (const char* name : {"slow", "nan"})
     c.create(railyard::kube::resources::trainingjobs, ns,
              {{"apiVersion", "railyard.dev/v1alpha1"},
@@ -483,17 +461,8 @@ TEST_CASE("straggler and NaN loss over Prometheus: the fake workers' test knobs 
                 {"data", {{"train", "/tmp/none_*.bin"}}},
                 {"training", {{"steps", 100000}}},
                 {"failurePolicy", {{"stragglerFactor", 2.0}}}}}});
-  std::string prom_dir = (e.tmp / "prom").string();
-  REQUIRE(e.sh("bash " + e.src + "/deploy/local/lib/prometheus.sh up " + prom_dir) == 0);
-  struct PromCleanup {
-    const Env& e;
-    std::string dir;
-    ~PromCleanup() { e.sh("bash " + e.src + "/deploy/local/lib/prometheus.sh down " + dir); }
-  } prom_cleanup{e, prom_dir};
-  std::string env_text = read_all(fs::path(prom_dir) / "prometheus" / "prometheus.env");
-  auto at = env_text.find("PROMETHEUS_URL=");
-  REQUIRE(at != std::string::npos);
-  std::string prom = env_text.substr(at + 15, env_text.find('\n', at) - at - 15);
+  Prometheus prometheus(e);
+  const std::string prom = prometheus.url, prom_dir = prometheus.dir;
   // "slow": independent ranks, rank 2 takes 3x as long per step. "nan": rank 1's loss turns NaN at step 60.
   // Each Workers writes the whole target list, so the second list is written under another name.
   Workers slow(e, ns, "slow", 0, 3, {{2, {"--slow-factor", "3"}}}, true);
@@ -527,5 +496,99 @@ TEST_CASE("straggler and NaN loss over Prometheus: the fake workers' test knobs 
   CHECK(nan_job["metadata"]["annotations"].value("railyard.dev/exclude-nodes", "") == "");
   auto slow_job = c.get(railyard::kube::resources::trainingjobs, ns, "slow");
   CHECK(slow_job["metadata"]["annotations"].value("railyard.dev/exclude-nodes", "") == "sim-node-2");
+  monitor.stop(SIGTERM);
+}
+
+TEST_CASE("a real trainer's validation pass is a pause: no restart, no pending stall alert; a freeze still is a hang") {
+  Env e;
+  TestNamespace tns(e, "monitor-pause");
+  auto& c = *tns.client;
+  const std::string ns = tns.ns, name = "val";
+  c.create(railyard::kube::resources::trainingjobs, ns,
+           json::parse(R"({"apiVersion":"railyard.dev/v1alpha1","kind":"TrainingJob","metadata":{"name":"val"},
+             "spec":{"replicas":1,"model":{"preset":"tiny"},"data":{"train":"/tmp/none_*.bin"},
+                     "training":{"steps":100000},"failurePolicy":{"hangTimeoutSeconds":120}}})"));
+  Prometheus prometheus(e);
+  const std::string prom = prometheus.url;
+  REQUIRE(e.sh(e.bin + "/railyard data prepare --input /usr/share/common-licenses/GPL-3 --output " +
+               (e.tmp / "data").string() + " >/dev/null") == 0);
+  // The tiny model steps in milliseconds; a validation pass of 10000 batches takes over 10 s (about 17 s on a 2-core
+  // machine), far past the stall threshold of max(2 x step time, 6 s).
+  const int wport = free_port();
+  Child worker({"/usr/bin/env",
+                "RAILYARD_JOB_NAMESPACE=" + ns,
+                "RAILYARD_JOB_NAME=" + name,
+                "RAILYARD_GENERATION=0",
+                "RAILYARD_NODE_NAME=local",
+                e.bin + "/railyard-worker",
+                "train",
+                "--model",
+                "tiny",
+                "--data",
+                (e.tmp / "data").string(),
+                "--steps",
+                "100000",
+                "--batch",
+                "2",
+                "--seq",
+                "32",
+                "--threads",
+                "1",
+                "--val-every",
+                "300",
+                "--val-steps",
+                "10000",
+                "--metrics-host",
+                "127.0.0.1",
+                "--metrics-port",
+                std::to_string(wport)},
+               (e.tmp / "worker.log").string());
+  const json targets = {{{"targets", {"127.0.0.1:" + std::to_string(wport)}},
+                         {"labels", {{"namespace", ns}, {"trainingjob", name}, {"rank", "0"}, {"node", "local"}}}}};
+  { std::ofstream(e.tmp / "targets.json") << targets.dump(); }
+  REQUIRE(e.sh("bash " + e.src + "/deploy/local/lib/prometheus.sh write-targets " + prometheus.dir +
+               " worker \"$(cat " + (e.tmp / "targets.json").string() + ")\"") == 0);
+  const std::string sel = "{namespace=\"" + ns + "\"}";
+  // Past the first validation (at step 0, before any step): stepping, and a step time known to the rules.
+  REQUIRE_MESSAGE(wait_until(60, [&] { return !query(prom, "railyard_worker_step" + sel + " > 0").empty(); }),
+                  "the worker never stepped; its log:\n"
+                      << read_all(e.tmp / "worker.log"));
+  int mport = free_port();
+  Child monitor({e.bin + "/railyard-monitor", "--kubeconfig", e.state + "/kubeconfig", "--prometheus-url", prom,
+                 "--interval", "1", "--listen", "127.0.0.1:" + std::to_string(mport), "--namespace", ns},
+                (e.tmp / "monitor.log").string());
+  // Two validation passes (at steps 300 and 600) and the steps around them: never a restart request, and the stall
+  // alert never even pending.
+  auto passes = [&] {
+    auto r = query(prom, "max_over_time(railyard_worker_step" + sel + "[10m])");
+    return r.empty() ? 0.0 : std::stod(r[0]["value"][1].get<std::string>());
+  };
+  bool paused_seen = false;
+  auto until = Clock::now() + std::chrono::seconds(150);
+  while (Clock::now() < until && passes() < 650) {
+    if (!query(prom, "railyard_worker_paused" + sel + " == 1").empty()) paused_seen = true;
+    REQUIRE_MESSAGE(restart_request(c, ns, name).is_null(), "restart requested during a validation pass; monitor log:\n"
+                                                                << read_all(e.tmp / "monitor.log"));
+    REQUIRE_MESSAGE(query(prom, "ALERTS{alertname=\"RailyardJobStalled\",namespace=\"" + ns + "\"}").empty(),
+                    "the stall alert is pending or firing during a validation pass");
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  REQUIRE_MESSAGE(passes() >= 650, "the worker did not get past two validation passes in 150 s");
+  CHECK(paused_seen);
+  // The passes were long enough to trip the stall rules without the pause: the time without a step went past 10 s.
+  auto gap =
+      query(prom, "max_over_time((time() - (railyard_worker_last_step_timestamp_seconds" + sel + " > 0))[5m:1s])");
+  REQUIRE_FALSE(gap.empty());
+  const double gap_s = std::stod(gap[0]["value"][1].get<std::string>());
+  MESSAGE("longest time without a step: " << gap_s << " s");
+  CHECK(gap_s > 10);
+  // The monitor is alive and watching: a frozen trainer is a hang (its target goes down: no pause is read from it).
+  auto frozen_at = Clock::now();
+  worker.signal(SIGSTOP);
+  json req;
+  REQUIRE(wait_until(60, [&] { return !(req = restart_request(c, ns, name)).is_null(); }));
+  MESSAGE("frozen trainer: " << std::chrono::duration<double>(Clock::now() - frozen_at).count() << " s to "
+                             << req.dump());
+  CHECK(req["rule"] == "stall");
   monitor.stop(SIGTERM);
 }

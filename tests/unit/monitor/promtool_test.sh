@@ -51,7 +51,7 @@ PY
 # Local template, rendered the way deploy/local/lib/prometheus.sh renders it.
 mkdir -p "$tmp/targets" "$tmp/rules"
 cp "$dir/rules/railyard.rules.yml" "$tmp/rules/"
-echo '[{"targets":["127.0.0.1:9"],"labels":{"namespace":"n","job":"j","rank":"0"}}]' >"$tmp/targets/t.json"
+echo '[{"targets":["127.0.0.1:9"],"labels":{"namespace":"n","trainingjob":"j","rank":"0"}}]' >"$tmp/targets/t.json"
 sed -e "s|@TARGETS_DIR@|$tmp/targets|g" -e "s|@RULES_DIR@|$tmp/rules|g" "$dir/prometheus-local.yml" >"$tmp/local.yml"
 out=$(promtool check config "$tmp/local.yml" 2>&1) || fail "check config (local): $out"
 
