@@ -44,6 +44,7 @@ struct Flags {
   std::string placement = "rail-aware";
   int worker_metrics_port = 9400, agent_metrics_port = 9399;
   std::string data_root, checkpoint_root;
+  op::NetworkPolicyMode network_policy = op::NetworkPolicyMode::kIngress;
 };
 
 const char* kUsage = R"(usage: railyard-operator [flags]
@@ -74,6 +75,9 @@ Runs the TrainingJob controller against the cluster of $KUBECONFIG (or --kubecon
   --data-root DIR                   jobs' spec.data.train/val must lie under DIR (after resolving ".."; the
                                     workers also resolve symlinks); default: no restriction
   --checkpoint-root DIR             the same for spec.checkpoint.path
+  --network-policy none|ingress|strict   a NetworkPolicy per job (default ingress): its pods accept connections
+                                    only from the job's pods, and on the metrics ports from anyone; strict also
+                                    limits where they connect to: the job's pods, the rendezvous port and DNS
   --log-level debug|info|warn|error
 )";
 
@@ -170,6 +174,11 @@ Flags parse_flags(int argc, char** argv) {
       }
       if (port < 0 || port > 65535) usage_error(a + " '" + v + "': use a port number, or 0 to turn it off");
       (a == "--worker-metrics-port" ? f.worker_metrics_port : f.agent_metrics_port) = port;
+    } else if (a == "--network-policy") {
+      const std::string v = next();
+      auto m = op::network_policy_mode_from_string(v);
+      if (!m) usage_error("--network-policy '" + v + "': use none, ingress or strict");
+      f.network_policy = *m;
     } else if (a == "--placement") {
       f.placement = next();
       if (f.placement != "rail-aware" && f.placement != "simple")
@@ -286,6 +295,7 @@ int main(int argc, char** argv) {
   copts.pod.worker_metrics_port = flags.worker_metrics_port;
   copts.pod.agent_metrics_port = flags.agent_metrics_port;
   copts.pod.roots = {flags.data_root, flags.checkpoint_root};
+  copts.network_policy = flags.network_policy;
   op::placement_hops(registry);  // exported from the start, observed at each gang placement
   std::unique_ptr<op::Placement> placement;
   if (flags.placement == "simple")

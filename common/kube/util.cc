@@ -67,6 +67,7 @@ const Resource services{"", "v1", "services", "Service", true};
 const Resource serviceaccounts{"", "v1", "serviceaccounts", "ServiceAccount", true};
 const Resource customresourcedefinitions{"apiextensions.k8s.io", "v1", "customresourcedefinitions",
                                          "CustomResourceDefinition", false};
+const Resource networkpolicies{"networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", true};
 const Resource trainingjobs{"railyard.dev", "v1alpha1", "trainingjobs", "TrainingJob", true};
 }  // namespace resources
 

@@ -293,6 +293,7 @@ void Controller::forget_job(const std::string& key) {
     exits_.erase(key);
     timeouts_.erase(key);
     tokens_.erase(key);
+    policies_.erase(key);
     if (opened_.erase(key) == 0) rdzv = nullptr;
   }
   if (rdzv) rdzv->close_job(key);
@@ -333,6 +334,41 @@ std::string Controller::ensure_token(const Json& job) {
   std::lock_guard lock(mu_);
   tokens_[key] = {uid, token};
   return token;
+}
+
+void Controller::ensure_network_policy(const Json& job, const JobSpec& spec) {
+  if (opts_.network_policy == NetworkPolicyMode::kNone) return;
+  const std::string key = kube::key_of(job), uid = uid_of(job);
+  {
+    std::lock_guard lock(mu_);
+    auto it = policies_.find(key);
+    if (it != policies_.end() && it->second == uid) return;
+  }
+  const Json want = build_network_policy(job, spec, opts_.network_policy, opts_.pod);
+  const std::string ns = kube::namespace_of(job), name = kube::name_of(want);
+  auto have = client_.try_get(kube::resources::networkpolicies, ns, name);
+  if (!have) {
+    client_.create(kube::resources::networkpolicies, ns, want);
+  } else {
+    bool ours = false;
+    for (const Json& o : have->at("metadata").value("ownerReferences", Json::array()))
+      if (o.value("uid", "") == uid) ours = true;
+    if (!ours) {
+      // Left over from an earlier job of the same name (the garbage collector has not caught up): replace it.
+      client_.remove(kube::resources::networkpolicies, ns, name);
+      throw kube::Conflict(409, "Conflict",
+                           "NetworkPolicy " + ns + "/" + name + " belongs to an older job; replacing it");
+    }
+    // Another mode or other ports (the operator's flags changed): bring it to what this operator builds.
+    if (have->value("spec", Json::object()) != want["spec"] ||
+        have->at("metadata").value("annotations", Json::object()) != want["metadata"]["annotations"]) {
+      Json update = want;
+      update["metadata"]["resourceVersion"] = have->at("metadata").value("resourceVersion", "");
+      client_.update(kube::resources::networkpolicies, ns, update);
+    }
+  }
+  std::lock_guard lock(mu_);
+  policies_[key] = uid;
 }
 
 Json Controller::write_status(const Json& job, const Json& status) {

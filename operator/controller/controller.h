@@ -20,6 +20,7 @@
 #include "common/restart_request.h"
 #include "operator/controller/job_spec.h"
 #include "operator/controller/lifecycle.h"
+#include "operator/controller/network_policy.h"
 #include "operator/controller/placement.h"
 #include "operator/controller/pod_builder.h"
 #include "operator/rendezvous/rendezvous.h"
@@ -48,6 +49,8 @@ struct ControllerOptions {
   std::chrono::milliseconds culprit_grace{1500};
   std::chrono::seconds resync{30};
   std::string controller_name = "trainingjob";
+  // The per-job NetworkPolicy (operator/controller/network_policy.h; --network-policy).
+  NetworkPolicyMode network_policy = NetworkPolicyMode::kIngress;
 };
 
 class Controller {
@@ -110,6 +113,9 @@ class Controller {
   // Nodes with every pod bound to them (node_pods_) and the jobs' own pods, for placement and planning.
   std::vector<NodeInfo> node_inventory();
   std::string ensure_token(const Json& job);
+  // The job's NetworkPolicy exists, is the job's and matches the mode (created or replaced otherwise); remembered per
+  // job uid so that a reconcile costs no request once it is in place.
+  void ensure_network_policy(const Json& job, const JobSpec& spec);
   Json write_status(const Json& job, const Json& status);
   std::chrono::milliseconds finish(const Json& job, const JobSpec& spec, Json& status, const Json& orig,
                                    std::vector<PendingEvent>& events, const std::vector<Json>& pods);
@@ -139,6 +145,7 @@ class Controller {
   // job key -> generation whose recovery was observed: the cache may show the old status for a reconcile or two.
   std::map<std::string, int64_t> recovery_observed_;
   std::map<std::string, std::pair<std::string, std::string>> tokens_;  // job key -> (uid, token)
+  std::map<std::string, std::string> policies_;                        // job key -> uid whose policy is in place
 
   // Metrics.
   metrics::Family<metrics::Gauge>& jobs_by_phase_;

@@ -80,6 +80,7 @@ void Controller::create_pods(Sync& s) {
   bool& exists_uncached = s.exists_uncached;
   // Pods: delete lost/failed and surplus ones, create missing ones, bind the unbound part of the gang.
   token = ensure_token(job);
+  ensure_network_policy(job, spec);
   for (const auto& [pod_name, force] : to_delete) {
     delete_pod(ns, pod_name, force);
     for (auto it = by_index.begin(); it != by_index.end(); ++it)

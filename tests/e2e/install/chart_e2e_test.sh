@@ -104,6 +104,7 @@ check "operator may create pods/binding" can yes "$op" create pods --subresource
 for v in get create delete; do check "operator may $v secrets in a job namespace" can yes "$op" "$v" secrets -n "$team"; done
 for v in get list watch; do check "operator may $v nodes" can yes "$op" "$v" nodes; done
 for v in create patch; do check "operator may $v events" can yes "$op" "$v" events -n "$team"; done
+for v in get create update delete; do check "operator may $v networkpolicies in a job namespace" can yes "$op" "$v" networkpolicies.networking.k8s.io -n "$team"; done
 for v in get create update; do check "operator may $v leases in $ns" can yes "$op" "$v" leases.coordination.k8s.io -n "$ns"; done
 # ... and nothing else.
 check "operator may not delete nodes" can no "$op" delete nodes
@@ -120,6 +121,7 @@ check "operator may not get namespaces (its start-up check tolerates that)" can 
 check "operator may not create deployments" can no "$op" create deployments.apps -n "$ns"
 check "operator may not create clusterroles" can no "$op" create clusterroles.rbac.authorization.k8s.io
 check "operator may not read configmaps" can no "$op" get configmaps -n "$team"
+check "operator may not list networkpolicies" can no "$op" list networkpolicies.networking.k8s.io -A
 # The monitor (docs/monitor.md).
 for v in get list patch; do check "monitor may $v trainingjobs" can yes "$mon" "$v" trainingjobs.railyard.dev -A; done
 for v in create patch; do check "monitor may $v events" can yes "$mon" "$v" events -n "$team"; done

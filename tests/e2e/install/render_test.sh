@@ -101,6 +101,13 @@ check "kustomize: the Namespace railyard-system with restricted Pod Security" q 
   'map(select(.kind == "Namespace" and .metadata.name == "railyard-system" and
    .metadata.labels["pod-security.kubernetes.io/enforce"] == "restricted")) | length == 1' \
   <(objects "$work/kustomize.yaml")
+# The API server of the local cluster (v1.20) has no PodSecurity admission: tests/e2e/lib/pod_security.py applies the
+# restricted profile's rules to every pod template instead (the worker pods: operator_unit_tests; live pods on real
+# kubelets: e2e_real_nodes, e2e_real_install, e2e_real_program).
+check "restricted Pod Security: the chart's pod templates (operator, monitor)" \
+  python3 "$src/tests/e2e/lib/pod_security.py" "$work/default.json"
+check "restricted Pod Security: the kustomize pod templates" \
+  bash -c 'python3 "$0/tests/e2e/lib/pod_security.py" <("$1" yaml2json "$2")' "$src" "$minihelm" "$work/kustomize.yaml"
 
 check "default: users' roles: railyard-edit aggregates into edit and admin, railyard-view into view, TrainingJobs only" q '
   ([.[] | select(.kind == "ClusterRole" and .metadata.name == "railyard-edit")][0]) as $e

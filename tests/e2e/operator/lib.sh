@@ -18,3 +18,22 @@ install_crd() {
   kubectl apply -f "$1/deploy/crds/trainingjobs.railyard.dev.yaml" >/dev/null
   kubectl wait --for=condition=Established --timeout=60s crd/trainingjobs.railyard.dev >/dev/null 2>&1
 }
+
+# restricted_pods NS SELECTOR-OR-POD: the pods pass the "restricted" Pod Security Standard's rules
+# (tests/e2e/lib/pod_security.py; the 1.20 API server has no PodSecurity admission), and the first one's main process
+# (PID 1 of its first container) runs as the kubelet and runc set it up: no new privileges, a seccomp filter
+# (RuntimeDefault), no effective capabilities, not root. Prints the violations and returns 1 otherwise.
+restricted_pods() {
+  local ns=$1 what=$2 json st pod
+  case "$what" in *=*) json=$(kubectl get pods -n "$ns" -l "$what" -o json) ;; *) json=$(kubectl get pod "$what" -n "$ns" -o json) ;; esac
+  python3 "$src/tests/e2e/lib/pod_security.py" - <<<"$json" >&2 || return 1
+  pod=$(jq -r 'if .items then .items[0].metadata.name else .metadata.name end' <<<"$json")
+  st=$(kubectl exec "$pod" -n "$ns" -- cat /proc/1/status) || { echo "kubectl exec $pod: no /proc/1/status" >&2; return 1; }
+  local bad=""
+  grep -qE '^NoNewPrivs:[[:space:]]+1$' <<<"$st" || bad+=" NoNewPrivs!=1"
+  grep -qE '^Seccomp:[[:space:]]+2$' <<<"$st" || bad+=" Seccomp!=2(filter)"
+  grep -qE '^CapEff:[[:space:]]+0+$' <<<"$st" || bad+=" CapEff!=0"
+  grep -qE '^Uid:[[:space:]]+[1-9][0-9]*[[:space:]]' <<<"$st" || bad+=" Uid=0"
+  [ -z "$bad" ] || { echo "$pod PID 1:$bad"$'\n'"$(grep -E '^(Uid|NoNewPrivs|Seccomp|Cap)' <<<"$st")" >&2; return 1; }
+  echo "restricted: $pod PID 1 runs without privileges ($(grep -E '^Uid' <<<"$st" | awk '{print "uid " $2}'), seccomp filter, no capabilities)"
+}

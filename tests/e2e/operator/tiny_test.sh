@@ -70,6 +70,22 @@ python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(
   "$loss" "$last_loss" || fail "status.loss $loss is not the last step's loss $last_loss"
 echo "tiny example e2e: ok (node $node, final loss $loss)"
 
+# The job's NetworkPolicy (--network-policy ingress, the default), accepted by the API server and owned by the job:
+# its pods, in every generation, accept the job's own pods and the metrics ports. (The local network enforces none.)
+np=$(kubectl get networkpolicy tiny-workers -n "$ns" -o json) || fail "no NetworkPolicy tiny-workers"
+uid=$(jp '{.metadata.uid}')
+jq -e --arg uid "$uid" '.metadata.ownerReferences[0].uid == $uid and .metadata.ownerReferences[0].controller
+  and .spec.podSelector.matchLabels["railyard.dev/job"] == "tiny" and .spec.policyTypes == ["Ingress"]
+  and .spec.ingress[0].from[0].podSelector.matchLabels["railyard.dev/job"] == "tiny"
+  and ([.spec.ingress[1].ports[].port] == [9400, 9399]) and (.spec.egress == null)' <<<"$np" >/dev/null ||
+  fail "NetworkPolicy tiny-workers is not the job's ingress policy: $np"
+# The operator restarted with --network-policy strict: the next job's policy also limits where its pods connect to.
+kill "$op_pid" && wait "$op_pid" 2>/dev/null || true
+"$bin/railyard-operator" --namespace "$ns" --leader-elect=false --worker-command "$bin/railyard-worker" \
+  --metrics-addr "127.0.0.1:$(free_port)" --health-addr "127.0.0.1:$(free_port)" --rendezvous-bind 127.0.0.1:0 \
+  --network-policy strict >>"$work/op.log" 2>&1 &
+op_pid=$!
+
 # The MoE example: expert parallelism 2 across the two pods, hierarchical all-to-all, full recomputation. TMPDIR
 # (through the template) puts the agents' per-generation config.json where this test can read it.
 t0=$SECONDS
@@ -106,6 +122,16 @@ EOT
 done
 grep -q "step=30/30" "$(ls "$state"/node-agent/pods/"${ns}"_moe-worker-0/*.log | head -1)" ||
   fail "moe-worker-0's log has no step 30/30"
+np=$(kubectl get networkpolicy moe-workers -n "$ns" -o json) || fail "no NetworkPolicy moe-workers"
+# The restarted operator's rendezvous port (bound to port 0: the log says which).
+rport=$(grep -o 'rendezvous=[0-9.]*:[0-9]*' "$work/op.log" | tail -1 | sed 's/.*://')
+[ -n "$rport" ] || fail "no rendezvous address in the operator's log"
+jq -e '.spec.policyTypes == ["Ingress", "Egress"]
+  and .spec.egress[0].to[0].podSelector.matchLabels["railyard.dev/job"] == "moe"
+  and (.spec.egress[1].ports[0].port | type) == "number"
+  and .spec.egress[2].ports == [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]' <<<"$np" >/dev/null ||
+  fail "NetworkPolicy moe-workers is not the strict policy: $np"
+[ "$(jq '.spec.egress[1].ports[0].port' <<<"$np")" = "$rport" ] || fail "strict egress port is not the rendezvous port $rport: $np"
 
 # What the worker refuses is refused up front: expert 3 divides neither the 4 experts nor the 2 data-parallel ranks.
 sed -e "s|/shared/data/|$work/data/|g" -e "s|name: moe|name: moe-bad|" -e "s|expert: 2 |expert: 3 |" \

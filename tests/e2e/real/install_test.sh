@@ -5,7 +5,7 @@
 #   2. the Helm chart, rendered by tools/minihelm with the cluster's API versions and only the image names changed
 #      (deploy/local/values/real-nodes.yaml), applied with kubectl: the operator Deployment gets its 2 replicas
 #      Available from localhost/railyard/operator, exactly one holds the leader Lease; the monitor Deployment is
-#      Available (its flags as the chart writes them: --flag=value);
+#      Available (its flags as the chart writes them: --flag=value); both pass the restricted Pod Security Standard;
 #   3. the tiny example, as shipped, trains to Succeeded through that in-cluster operator: its worker dials the
 #      rendezvous at the Service name the chart gives (DNS + kube-proxy), and the monitor pod, in its embedded mode,
 #      reads the worker's series (railyard_monitor_series > 0 on its /metrics);
@@ -64,6 +64,8 @@ t0=$SECONDS
 wait_for 150 "the operator Deployment's 2 replicas Available" available railyard-operator 2
 wait_for 60 "the monitor Deployment Available" available railyard-monitor 1
 log "chart installed: operator 2/2 and monitor 1/1 Available in $((SECONDS - t0)) s"
+restricted_pods "$sys" app.kubernetes.io/component=operator || fail "an operator pod breaks the restricted profile (above)"
+restricted_pods "$sys" app.kubernetes.io/component=monitor || fail "the monitor pod breaks the restricted profile (above)"
 img=$(kubectl get deploy railyard-operator -n "$sys" -o jsonpath='{.spec.template.spec.containers[0].image}')
 [ "$img" = localhost/railyard/operator:0.1.0 ] || fail "operator image '$img'"
 holder() { kubectl get lease railyard-operator -n "$sys" -o jsonpath='{.spec.holderIdentity}' 2>/dev/null; }

@@ -153,6 +153,7 @@ wait_for 120 "the job's pods Running" sh -c "[ \"\$(kubectl get pods -n $ns -l r
 pod=$job-worker-0
 [ "$(kubectl get pod "$pod" -n "$ns" -o jsonpath='{.spec.initContainers[0].name}')" = railyard-launcher ] ||
   fail "no launcher init container"
+restricted_pods "$ns" "railyard.dev/job=$job" || fail "a program pod (launcher init step included) breaks the restricted profile (above)"
 kubectl exec "$pod" -n "$ns" -- python3 -c 'import shutil, sys; sys.exit(0 if shutil.which("railyard-worker") is None else 1)' ||
   fail "the example image has a railyard-worker on its PATH: the test would not show the launcher at work"
 # Running means the launcher finished and the agent started; the ranks start once the world is complete.

@@ -3,7 +3,8 @@
 # deploy/images/build.sh). Checks, in order:
 #   1. the nodes register Ready with containerd as their runtime and carry the topology labels;
 #   2. the tiny example, exactly as shipped (data and checkpoints on the railyard-shared claim), trains to Succeeded in
-#      a container of localhost/railyard/worker, as uid 65532, with its own pod IP; `kubectl logs` and `kubectl exec`
+#      a container of localhost/railyard/worker, as uid 65532, with its own pod IP, passing the restricted Pod
+#      Security Standard (its rules on the pod; no new privileges, a seccomp filter, no capabilities on the process); `kubectl logs` and `kubectl exec`
 #      work on the worker pod while it runs; its metrics-port annotation answers with the trainer's metrics;
 #   3. placement shares a node: a foreign pod holding most of ry-real-0's CPU sends a job that requests CPU to
 #      ry-real-1 (NodeResourcesFit over every pod on the node);
@@ -85,6 +86,7 @@ case "$ip" in "${RAILYARD_POD_HOST_ADDR%.1}".*) ;; *) fail "pod IP '$ip' is not 
   fail "the worker does not run from localhost/railyard/worker:0.1.0"
 wait_for 60 "kubectl logs shows training steps" sh -c "kubectl logs $pod -n $ns | grep -q 'step='"
 [ "$(kubectl exec $pod -n "$ns" -- id -u)" = 65532 ] || fail "kubectl exec: the worker does not run as uid 65532"
+restricted_pods "$ns" $pod || fail "tiny's worker pod breaks the restricted Pod Security Standard (above)"
 kubectl exec $pod -n "$ns" -- ls /shared/data | grep -q '^train_' || fail "kubectl exec: no shards under /shared/data"
 mport=$(kubectl get pod $pod -n "$ns" -o jsonpath='{.metadata.annotations.railyard\.dev/metrics-port}')
 [ -n "$mport" ] || fail "no railyard.dev/metrics-port annotation on the worker pod"

@@ -2,7 +2,13 @@
 // refused naming the field when mixed with them, and built into pods whose launcher reaches an image without
 // Railyard in it.
 #include <doctest/doctest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "operator/controller/failure_policy.h"
@@ -12,6 +18,7 @@
 
 using namespace railyard::op;
 using railyard::op::testing::find_env;
+using railyard::op::testing::valid_job;
 using Json = nlohmann::json;
 
 namespace {
@@ -149,4 +156,56 @@ TEST_CASE("a program pod: the launcher copied by an init container runs the prog
   CHECK_FALSE(gpod["spec"].contains("initContainers"));
   CHECK(find_env(gpod, "RAILYARD_CHECKPOINT_DIR") == nullptr);
   CHECK(find_env(gpod, "RAILYARD_AGENT_RANK_METRICS") == nullptr);
+}
+
+namespace {
+// tests/e2e/lib/pod_security.py over a pod: its violations of the "restricted" Pod Security Standard ("" when none),
+// or the checker's own failure.
+std::string restricted_violations(const Json& pod) {
+  const char* src = std::getenv("RAILYARD_SOURCE_DIR");
+  REQUIRE_MESSAGE(src != nullptr, "RAILYARD_SOURCE_DIR is not set (run through ctest)");
+  const auto path = std::filesystem::temp_directory_path() / ("railyard-pss-" + std::to_string(::getpid()) + ".json");
+  std::ofstream(path) << pod.dump();
+  FILE* p = ::popen(
+      ("python3 " + std::string(src) + "/tests/e2e/lib/pod_security.py " + path.string() + " 2>&1").c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::string out;
+  char buf[512];
+  while (std::fgets(buf, sizeof buf, p)) out += buf;
+  const int rc = WEXITSTATUS(::pclose(p));
+  std::filesystem::remove(path);
+  if (rc == 0) {
+    CHECK(out.find("restricted: 1 pod(s) pass") != std::string::npos);
+    return "";
+  }
+  return out.empty() ? "checker exited " + std::to_string(rc) : out;
+}
+}  // namespace
+
+TEST_CASE("every pod the operator builds passes the restricted Pod Security Standard; a template can opt out") {
+  // The plain trainer's pod, and a program's pod with the launcher's init container.
+  Json plain = valid_job();
+  CHECK(restricted_violations(build_worker_pod(plain, parse_job(plain).spec, 0, 1, PodOptions{})) == "");
+  Json prog = program_job();
+  ParsedJob p = parse_job(prog);
+  REQUIRE_FALSE(p.violation);
+  PodOptions opts;
+  opts.worker_image = "railyard/worker:0.1.0";
+  Json pod = build_worker_pod(prog, p.spec, 0, 1, opts);
+  REQUIRE(pod["spec"]["initContainers"].size() == 1);
+  CHECK(restricted_violations(pod) == "");
+  // The checker can fail: a template asking for root and a hostPath volume is built as asked, and named.
+  Json root = program_job(
+      {{"spec",
+        {{"template",
+          {{"spec",
+            {{"containers", Json::array({{{"securityContext", {{"runAsUser", 0}}},
+                                          {"volumeMounts", Json::array({{{"name", "h"}, {"mountPath", "/h"}}})}}})},
+             {"volumes", Json::array({{{"name", "h"}, {"hostPath", {{"path", "/srv"}}}}})}}}}}}}});
+  ParsedJob pr = parse_job(root);
+  REQUIRE_FALSE(pr.violation);
+  const std::string bad = restricted_violations(build_worker_pod(root, pr.spec, 0, 1, opts));
+  CHECK(bad.find("spec.volumes[h]: volume type hostPath") != std::string::npos);
+  CHECK(bad.find("securityContext.runAsNonRoot: must be true") != std::string::npos);
+  CHECK(bad.find("securityContext.runAsUser: must not be 0") != std::string::npos);
 }
