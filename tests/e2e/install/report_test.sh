@@ -98,7 +98,7 @@ timeout 90 "$browser" --headless --no-sandbox --disable-gpu --disable-quic --no-
   --user-data-dir="$work/profile" --hide-scrollbars --window-size=1000,1500 --screenshot="$work/shot.png" \
   "file://$work/report.html" >chromium.log 2>&1 || fail "chromium failed: $(tail -5 chromium.log)"
 [ -s shot.png ] || fail "chromium wrote no screenshot: $(tail -5 chromium.log)"
-# The loss, tokens/s and step-time lines (colours in worker/cli/report.cc) each drawn across most of a chart.
+# The loss, tokens/s and step-time lines (colours in cli/report.cc) each drawn across most of a chart.
 check "screenshot not blank; loss, tokens/s, step-time lines drawn" \
   python3 "$src/tests/e2e/install/png_check.py" shot.png 400 500 '#1f77b4' '#9467bd' '#8c564b'
 if [ -n "${RAILYARD_REPORT_KEEP:-}" ]; then cp report.html shot.png "$RAILYARD_REPORT_KEEP/"; fi

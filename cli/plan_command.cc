@@ -22,7 +22,7 @@
 #include "planner/hetero.h"
 #include "planner/moe_cost.h"
 #include "planner/search.h"
-#include "worker/cli/cli.h"
+#include "cli/cli.h"
 #include "worker/comm/local_world.h"
 #include "worker/kernels/cpu/kernels.h"
 #include "worker/kernels/cpu/thread_pool.h"

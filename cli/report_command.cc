@@ -7,8 +7,8 @@
 
 #include "checkpoint/reader.h"
 #include "common/error.h"
-#include "worker/cli/cli.h"
-#include "worker/cli/report.h"
+#include "cli/cli.h"
+#include "cli/report.h"
 
 namespace railyard::cli {
 

@@ -1,6 +1,6 @@
-#include "worker/cli/text_codec.h"
+#include "cli/text_codec.h"
 
-#include "worker/cli/cli.h"
+#include "cli/cli.h"
 #include "worker/data/gpt2_bpe.h"
 #include "worker/data/tokenizer.h"
 

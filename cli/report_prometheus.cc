@@ -8,7 +8,7 @@
 
 #include "common/error.h"
 #include "common/kube/client.h"
-#include "worker/cli/report.h"
+#include "cli/report.h"
 
 namespace railyard::cli::report {
 

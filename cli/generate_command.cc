@@ -7,9 +7,9 @@
 #include <memory>
 
 #include "common/error.h"
-#include "worker/cli/cli.h"
-#include "worker/cli/model_source.h"
-#include "worker/cli/text_codec.h"
+#include "cli/cli.h"
+#include "cli/model_source.h"
+#include "cli/text_codec.h"
 #include "worker/kernels/cpu/kernels.h"
 #include "worker/kernels/cpu/thread_pool.h"
 #include "worker/model/gpt.h"

@@ -3,7 +3,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "worker/cli/cli.h"
+#include "cli/cli.h"
 #include "worker/data/data_loader.h"
 #include "worker/data/prepare.h"
 #include "worker/data/shard.h"

@@ -6,7 +6,7 @@
 #include <optional>
 #include <string>
 
-#include "worker/cli/cli.h"
+#include "cli/cli.h"
 
 namespace railyard::cli {
 

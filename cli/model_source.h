@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "worker/cli/cli.h"
+#include "cli/cli.h"
 #include "worker/model/gpt_config.h"
 
 namespace railyard::cli {

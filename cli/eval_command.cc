@@ -6,8 +6,8 @@
 #include <iostream>
 
 #include "common/error.h"
-#include "worker/cli/cli.h"
-#include "worker/cli/model_source.h"
+#include "cli/cli.h"
+#include "cli/model_source.h"
 #include "worker/data/data_loader.h"
 #include "worker/kernels/cpu/kernels.h"
 #include "worker/kernels/cpu/thread_pool.h"

@@ -1,8 +1,8 @@
 // railyard model inspect | export
 #include <iostream>
 
-#include "worker/cli/cli.h"
-#include "worker/cli/model_source.h"
+#include "cli/cli.h"
+#include "cli/model_source.h"
 #include "worker/interop/hf_gpt2.h"
 #include "worker/interop/llmc_model.h"
 

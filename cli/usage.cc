@@ -1,4 +1,4 @@
-#include "worker/cli/usage.h"
+#include "cli/usage.h"
 
 #include <string_view>
 #include <vector>

@@ -1,5 +1,5 @@
 // `railyard report`: parsing the trainer's logs and rendering the page (report.h).
-#include "worker/cli/report.h"
+#include "cli/report.h"
 
 #include <algorithm>
 #include <cmath>

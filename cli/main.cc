@@ -8,8 +8,8 @@
 
 #include "checkpoint/cli.h"
 #include "common/error.h"
-#include "worker/cli/cli.h"
-#include "worker/cli/usage.h"
+#include "cli/cli.h"
+#include "cli/usage.h"
 
 namespace railyard::cli {
 

@@ -1,4 +1,4 @@
-#include "worker/cli/model_source.h"
+#include "cli/model_source.h"
 
 #include "worker/interop/checkpoint_model.h"
 #include "worker/interop/llmc_model.h"
