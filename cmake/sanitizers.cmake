@@ -37,7 +37,7 @@ if(railyard_san_flags)
   add_compile_options(${railyard_san_flags} -fno-omit-frame-pointer -g)
   if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
     # GCC documents that sanitizer instrumentation produces false -Wmaybe-uninitialized reports (seen with TSan -O1
-    # on std::optional in worker/agent/agent.cc); the plain build keeps the warning as an error.
+    # on std::optional in worker/agent/pod_agent.cc); the plain build keeps the warning as an error.
     add_compile_options($<$<COMPILE_LANGUAGE:CXX>:-Wno-maybe-uninitialized>)
   endif()
   add_link_options(${railyard_san_flags})

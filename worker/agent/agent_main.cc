@@ -10,7 +10,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
-#include "worker/agent/agent.h"
+#include "worker/agent/pod_agent.h"
 
 namespace railyard::worker {
 namespace {

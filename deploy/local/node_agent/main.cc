@@ -18,8 +18,8 @@
 #include "common/error.h"
 #include "common/kube/client.h"
 #include "common/log.h"
-#include "deploy/local/node_agent/agent.h"
 #include "deploy/local/node_agent/control.h"
+#include "deploy/local/node_agent/node_agent.h"
 #include "deploy/local/node_agent/signals.h"
 #include "deploy/local/node_agent/topology.h"
 

@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "operator/rendezvous/rendezvous.h"
-#include "worker/agent/agent.h"
+#include "worker/agent/pod_agent.h"
 
 namespace fs = std::filesystem;
 using railyard::op::GenerationSpec;
@@ -602,8 +602,10 @@ TEST_CASE("a program's ranks: the agent serves their series from progress and ou
   const std::string m0 = scraped(0), m1 = scraped(1);
   INFO(m0, m1);
   const std::string r0 = "rank=\"0\"";
-  CHECK(m0.find("railyard_worker_step{generation=\"1\",job=\"job1\",namespace=\"ns1\",node=\"n7\",rank=\"0\"} 10") !=
-        std::string::npos);
+  CHECK(
+      m0.find(
+          "railyard_worker_step{generation=\"1\",namespace=\"ns1\",node=\"n7\",rank=\"0\",trainingjob=\"job1\"} 10") !=
+      std::string::npos);
   CHECK(sample(m0, "railyard_worker_steps_total", r0) == 5);  // 5 -> 10 within the generation
   CHECK(sample(m0, "railyard_worker_loss", r0) == doctest::Approx(2.25));
   CHECK(sample(m0, "railyard_worker_tokens_per_second", r0) == doctest::Approx(110));

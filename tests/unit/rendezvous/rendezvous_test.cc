@@ -14,7 +14,7 @@
 #include <set>
 #include <thread>
 
-#include "worker/agent/agent.h"
+#include "worker/agent/pod_agent.h"
 #include "worker/agent/rendezvous_client.h"
 
 using railyard::op::GenerationSpec;

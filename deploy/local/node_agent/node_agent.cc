@@ -1,4 +1,4 @@
-#include "deploy/local/node_agent/agent.h"
+#include "deploy/local/node_agent/node_agent.h"
 
 #include <signal.h>
 

@@ -1,4 +1,4 @@
-#include "worker/agent/agent.h"
+#include "worker/agent/pod_agent.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
