@@ -15,11 +15,7 @@ using railyard::test::TempDir;
 
 namespace {
 
-std::string bin(const char* name) {
-  const char* dir = std::getenv("RAILYARD_BIN_DIR");
-  REQUIRE_MESSAGE(dir != nullptr, "RAILYARD_BIN_DIR is not set: run this test through ctest");
-  return std::string(dir) + "/" + name;
-}
+std::string bin(const char* name) { return railyard::test::bin_path(name); }
 
 // "validation step=20 val_loss=4.064723" (the last such line of rank 0 or the only rank) -> "4.064723"
 std::string trainer_val_loss(const std::string& log, int step) {

@@ -17,11 +17,7 @@ using railyard::test::TempDir;
 
 namespace {
 
-std::string env(const char* name) {
-  const char* v = std::getenv(name);
-  REQUIRE_MESSAGE(v != nullptr, name << " is not set: run this test through ctest");
-  return v;
-}
+std::string env(const char* name) { return railyard::test::ctest_env(name); }
 
 }  // namespace
 

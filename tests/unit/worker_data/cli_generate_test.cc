@@ -12,11 +12,7 @@ using railyard::test::TempDir;
 
 namespace {
 
-std::string env(const char* name) {
-  const char* v = std::getenv(name);
-  REQUIRE_MESSAGE(v != nullptr, name << " is not set: run this test through ctest");
-  return v;
-}
+std::string env(const char* name) { return railyard::test::ctest_env(name); }
 
 // The command's stdout: run_command merges stderr, where generate reports its timing on one "generated ..." line.
 std::string text_of(const std::string& out) {

@@ -16,9 +16,7 @@ using railyard::test::run_command;
 namespace {
 
 std::string bin_path(const char* name) {
-  const char* dir = std::getenv("RAILYARD_BIN_DIR");
-  REQUIRE_MESSAGE(dir != nullptr, "RAILYARD_BIN_DIR is not set: run this test through ctest");
-  const std::string path = std::string(dir) + "/" + name;
+  const std::string path = railyard::test::bin_path(name);
   REQUIRE_MESSAGE(std::filesystem::exists(path), (path + " is missing: build it"));
   return path;
 }

@@ -14,9 +14,7 @@ using railyard::test::TempDir;
 namespace {
 
 std::string cli() {
-  const char* bin = std::getenv("RAILYARD_BIN_DIR");
-  REQUIRE_MESSAGE(bin != nullptr, "RAILYARD_BIN_DIR is not set: run this test through ctest");
-  const std::string path = std::string(bin) + "/railyard";
+  const std::string path = railyard::test::bin_path("railyard");
   REQUIRE_MESSAGE(std::filesystem::exists(path), (path + " is missing: build the `railyard` target"));
   return path;
 }
