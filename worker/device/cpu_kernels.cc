@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "worker/kernels/cpu/adamw.h"
 #include "worker/kernels/cpu/kernels.h"
 #include "worker/model/moe_math.h"
 #include "worker/parallel/vocab_parallel.h"
@@ -140,22 +141,7 @@ void CpuKernels<T>::crossentropy_fused_backward(T* losses, T* logits, const int3
 template <typename T>
 void CpuKernels<T>::adamw_update(float* p, const float* g, float* m, float* v, size_t n, float lr, float b1, float b2,
                                  float eps, float weight_decay, int64_t t, float grad_scale) {
-  // The constants exactly as worker/kernels/cuda/launch.cc's adamw_constants (float, bias corrections via double pow).
-  const float bc1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(b1), static_cast<double>(t)));
-  const float bc2 = 1.0f - static_cast<float>(std::pow(static_cast<double>(b2), static_cast<double>(t)));
-  const float step_size = lr / bc1, bc2_sqrt = std::sqrt(bc2), decay = 1.0f - lr * weight_decay;
-  // Captured by value: float scalars captured by reference could alias the float stores below, which keeps GCC from
-  // hoisting them and from vectorising the loop.
-  pool_.parallel_for(n, [=](size_t b, size_t e) {
-    for (size_t i = b; i < e; ++i) {
-      const float gi = g[i] * grad_scale;
-      const float mi = b1 * m[i] + (1.0f - b1) * gi;
-      const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
-      m[i] = mi;
-      v[i] = vi;
-      p[i] = p[i] * decay - step_size * mi / (std::sqrt(vi) / bc2_sqrt + eps);
-    }
-  });
+  cpu::adamw_update(pool_, p, g, m, v, n, cpu::adamw_step(lr, b1, b2, eps, t), 1.0f - lr * weight_decay, grad_scale);
 }
 
 template <typename T>

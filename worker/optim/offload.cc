@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "worker/kernels/cpu/adamw.h"
 
 namespace railyard::worker {
 
@@ -88,18 +89,13 @@ size_t OffloadAdamW::host_bytes() const {
 void OffloadAdamW::start(float* params, const float* grads, float lr, float grad_scale) {
   wait_all();
   ++t_;
-  // The same scalars as AdamW::update, computed the same way.
-  const float b1 = hyper_.beta1, b2 = hyper_.beta2;
-  const float bc1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(b1), static_cast<double>(t_)));
-  const float bc2 = 1.0f - static_cast<float>(std::pow(static_cast<double>(b2), static_cast<double>(t_)));
   {
     std::lock_guard lock(mu_);
     params_ = params;
     grads_ = grads;
     lr_ = lr;
     scale_ = grad_scale;
-    step_size_ = lr / bc1;
-    bc2_sqrt_ = std::sqrt(bc2);
+    step_ = cpu::adamw_step(lr, hyper_.beta1, hyper_.beta2, hyper_.eps, t_);  // the same scalars as AdamW::update
     done_ = 0;
     pending_ = true;
   }
@@ -172,27 +168,12 @@ void OffloadAdamW::run_group(const OffloadGroup& group) {
     }
     at += r.count;
   }
-  const float b1 = hyper_.beta1, b2 = hyper_.beta2, eps = hyper_.eps, grad_scale = scale_;
-  const float step_size = step_size_, bc2_sqrt = bc2_sqrt_;
   at = 0;
   for (const auto& r : group) {
     const float decay = r.decay ? 1.0f - lr_ * hyper_.weight_decay : 1.0f;
-    float* p = stage_p_.data() + at;
-    const float* g = stage_g_.data() + at;
-    float* m = m_.data() + r.offset;
-    float* v = v_.data() + r.offset;
-    // AdamW::update's loop, element for element (the equivalence test checks the bits); scalars by value for the
-    // same vectorisation reason as there.
-    pool_.parallel_for(r.count, [=](size_t b, size_t e) {
-      for (size_t i = b; i < e; ++i) {
-        const float gi = g[i] * grad_scale;
-        const float mi = b1 * m[i] + (1.0f - b1) * gi;
-        const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        p[i] = p[i] * decay - step_size * mi / (std::sqrt(vi) / bc2_sqrt + eps);
-      }
-    });
+    // AdamW::update's loop, element for element (the equivalence test checks the bits).
+    cpu::adamw_update(pool_, stage_p_.data() + at, stage_g_.data() + at, m_.data() + r.offset, v_.data() + r.offset,
+                      r.count, step_, decay, scale_);
     at += r.count;
   }
   at = 0;

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "worker/device/kernels.h"
+#include "worker/kernels/cpu/adamw.h"
 #include "worker/kernels/cpu/thread_pool.h"
 #include "worker/model/gpt.h"
 #include "worker/model/gpt_config.h"
@@ -108,7 +109,8 @@ class OffloadAdamW {
   // The running update; written under mu_ by start() and the thread.
   float* params_ = nullptr;
   const float* grads_ = nullptr;
-  float lr_ = 0, scale_ = 0, step_size_ = 0, bc2_sqrt_ = 0;
+  float lr_ = 0, scale_ = 0;
+  cpu::AdamWStep step_;  // this update's scalars (cpu/adamw.h)
   int64_t t_ = 0;
   bool pending_ = false;  // an update was started and not all groups are done
   size_t done_ = 0;       // groups of the running update written back

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "common/error.h"
+#include "worker/kernels/cpu/adamw.h"
 
 namespace railyard::worker::parallel {
 
@@ -73,28 +74,11 @@ void ZeroAdamW::for_each_run(F&& f) const {
 
 void ZeroAdamW::update(float* params, const float* grads, bool shard_layout, float lr, float grad_scale) {
   ++t_;
-  const float b1 = hyper_.beta1, b2 = hyper_.beta2, eps = hyper_.eps;
-  const float bc1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(b1), static_cast<double>(t_)));
-  const float bc2 = 1.0f - static_cast<float>(std::pow(static_cast<double>(b2), static_cast<double>(t_)));
-  const float step_size = lr / bc1, bc2_sqrt = std::sqrt(bc2);
-  float* mb = m_.data();
-  float* vb = v_.data();
+  const cpu::AdamWStep step = cpu::adamw_step(lr, hyper_.beta1, hyper_.beta2, hyper_.eps, t_);
   for_each_run([&](size_t s, size_t e, size_t so, bool decays_here) {
     const float decay = decays_here ? 1.0f - lr * hyper_.weight_decay : 1.0f;
-    float* p = params + s;
     const float* g = shard_layout ? grads + so : grads + s;
-    float* m = mb + so;
-    float* v = vb + so;
-    pool_.parallel_for(e - s, [=](size_t b, size_t en) {
-      for (size_t i = b; i < en; ++i) {
-        const float gi = g[i] * grad_scale;
-        const float mi = b1 * m[i] + (1.0f - b1) * gi;
-        const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        p[i] = p[i] * decay - step_size * mi / (std::sqrt(vi) / bc2_sqrt + eps);
-      }
-    });
+    cpu::adamw_update(pool_, params + s, g, m_.data() + so, v_.data() + so, e - s, step, decay, grad_scale);
   });
 }
 
