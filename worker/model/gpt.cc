@@ -45,6 +45,13 @@ namespace {
 // 15NC + 4N, plus attention's saved state (the CPU's probabilities (B,NH,T,T), CUDA's row lse (B,NH,T)). Fully
 // recomputed layers keep none of it, selectively recomputed ones all but the probabilities; the working set holds one
 // recomputed layer's share during backward.
+// One layer's activations in one process: every width is C; with experts fch, fch_gelu hold R = E x capacity rows
+// instead of N, plus probs (N,E) and the experts' outputs (R,C).
+LayerActShape layer_act_shape(const GptConfig& c, size_t N) {
+  const size_t C = c.channels, E = c.moe.experts;
+  return {N, N, C, C, E > 0 ? E * moe_capacity(c.moe, N) : N, E};
+}
+
 struct ActLayout {
   size_t N, C, layer, att;      // N = B*T; layer = 15NC + 4N (dense); att = the device's attention_saved_elems
   size_t stored, stored_att;    // layers keeping `layer`, layers keeping `att`
@@ -81,11 +88,9 @@ ActLayout act_layout(const GptConfig& c, int B, int T, const KernelSizes& ks, co
   ActLayout a{};
   a.N = N;
   a.C = C;
-  a.layer = 15 * N * C + 4 * N;
+  a.layer = layer_act_shape(c, N).elements();  // 15NC + 4N dense
   if (c.moe.experts > 0) {
-    // fch, fch_gelu hold R rows instead of N; plus probs (N,E) and the experts' outputs (R,C)
     const size_t E = c.moe.experts, R = E * moe_capacity(c.moe, N), k = c.moe.top_k;
-    a.layer = 7 * N * C + 4 * N + 8 * R * C + N * E + R * C;
     a.moe_scratch = 3 * R * C + 4 * R * C + N * E;
     a.routing = L * (2 * N * k + E + R);
   }
@@ -268,23 +273,9 @@ Gpt<T>::Gpt(const GptConfig& config, int B, int Tn, ThreadPool& pool, const Reco
   const size_t E = config_.moe.experts, k = config_.moe.top_k;
   moe_cap_ = moe_capacity(config_.moe, N);
   const size_t R = E > 0 ? E * moe_cap_ : N;  // rows of the MLP hidden activations
-  // One layer's share: ln1, stats, qkv, atty, res2, ln2, stats, fch, fch_gelu (+ MoE probs, expert outputs), a.layer
-  // elements; then att.
-  auto take_layer = [&](LayerActs& la) {
-    la.ln1 = take(N * C);
-    la.ln1_mean = take(N);
-    la.ln1_rstd = take(N);
-    la.qkv = take(N * 3 * C);
-    la.atty = take(N * C);
-    la.res2 = take(N * C);
-    la.ln2 = take(N * C);
-    la.ln2_mean = take(N);
-    la.ln2_rstd = take(N);
-    la.fch = take(R * 4 * C);
-    la.fch_gelu = take(R * 4 * C);
-    la.probs = E > 0 ? take(N * E) : nullptr;
-    la.moe_y = E > 0 ? take(R * C) : nullptr;
-  };
+  // One layer's share (a.layer elements, layer_acts.h's table); then att.
+  const LayerActShape layer_shape = layer_act_shape(config_, N);
+  auto take_layer = [&](LayerActs& la) { take_layer_acts(la, layer_shape, take); };
   encoded_ = take(a.encoded);
   residual3_ = take(a.residual3);
   LayerActs work{};

@@ -17,6 +17,7 @@
 #include "worker/device/kernels.h"
 #include "worker/kernels/cpu/thread_pool.h"
 #include "worker/model/gpt_config.h"
+#include "worker/model/layer_acts.h"
 #include "worker/model/moe_math.h"
 
 namespace railyard::worker {
@@ -155,9 +156,7 @@ class Gpt {
   // set, which backward refills by running the layer's forward again.
   // With experts, fch/fch_gelu hold the experts' rows (E * capacity, 4C), probs the router softmax (N, E) and
   // moe_y the experts' outputs (E * capacity, C).
-  struct LayerActs {
-    T *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *probs, *moe_y;
-  };
+  using LayerActs = worker::LayerActs<T>;  // model/layer_acts.h
   // Routing of one MoE layer (always kept: small): per (token, choice) the expert and its row (e * cap + position,
   // -1 when dropped); per expert its token count and the token of each row. The host decides the dispatch; a device
   // that is not the host gets its own copies of choice, row and token for its kernels (d_*; the same pointers on the

@@ -23,7 +23,15 @@ struct DeviceSizes {
   size_t att_saved = 0, att_scratch = 0, ln_scratch = 0;
 };
 
+// A stage's layer: layernorm rows NL (N/tp with sequence parallelism), tensor-parallel widths Cl; with experts the
+// MLP's rows live in the MoE part (stage_moe_activation_bytes), not here.
+LayerActShape stage_layer_shape(const StageShape& sh, size_t N, size_t NL) {
+  const size_t C = sh.config.channels, Cl = sh.local_channels();
+  return {NL, N, C, Cl, sh.config.moe.experts > 0 ? 0 : N, 0};
+}
+
 // seq_len: the local sequence length (T / cp).
+
 StageSizes stage_sizes(const StageShape& sh, int B, int seq_len, size_t threads, const RecomputeSpec& recompute,
                        bool sp, int cp, const DeviceSizes* dev = nullptr) {
   const size_t C = sh.config.channels, Cl = sh.local_channels(), NHl = sh.local_heads();
@@ -36,11 +44,8 @@ StageSizes stage_sizes(const StageShape& sh, int B, int seq_len, size_t threads,
   }
   const size_t NL = sp ? N / sh.tp_size : N;
   StageSizes z;
-  // One layer without its output res3 and without att: ln1 (NL,C), ln1 mean/rstd (NL), qkv (N,3Cl), atty (N,Cl),
-  // res2 (NL,C), ln2 (NL,C), ln2 mean/rstd (NL), fch and fch_gelu (N,4Cl); att (B,NHl,T,T).
-  // With experts the MLP's rows live in the MoE part (stage_moe_activation_bytes), not here.
-  const size_t mlp = sh.config.moe.experts > 0 ? 0 : 2 * N * 4 * Cl;
-  z.layer = NL * C + 2 * NL + N * 3 * Cl + N * Cl + NL * C + NL * C + 2 * NL + mlp;
+  // One layer without its output res3 and without att (layer_acts.h's table); att (B,NHl,T,T).
+  z.layer = stage_layer_shape(sh, N, NL).elements();
   z.att = cp > 1 ? B * NHl * static_cast<size_t>(seq_len) : B * NHl * TT;  // probabilities, or the ring's lse
   if (dev != nullptr && cp == 1) z.att = dev->att_saved;
   size_t stored = 0, stored_att = 0;
@@ -164,20 +169,8 @@ GptStage::GptStage(const StageShape& shape, int B, int seq_len, int slots, Threa
     p += k;
     return r;
   };
-  auto take_layer = [&](LayerActs& la) {
-    la.ln1 = take(NL * C);
-    la.ln1_mean = take(NL);
-    la.ln1_rstd = take(NL);
-    la.qkv = take(N * 3 * Cl);
-    la.atty = take(N * Cl);
-    la.res2 = take(NL * C);
-    la.ln2 = take(NL * C);
-    la.ln2_mean = take(NL);
-    la.ln2_rstd = take(NL);
-    const size_t mlp_rows = shape_.config.moe.experts > 0 ? 0 : N;  // experts: rows in the MoE part
-    la.fch = take(mlp_rows * 4 * Cl);
-    la.fch_gelu = take(mlp_rows * 4 * Cl);
-  };
+  const LayerActShape layer_shape = stage_layer_shape(shape_, N, NL);
+  auto take_layer = [&](LayerActs& la) { take_layer_acts(la, layer_shape, take); };
   LayerActs w{};
   if (work_layer) take_layer(w);
   if (work_att) w.att = take(att);

@@ -128,9 +128,7 @@ class GptStage {
  private:
   // One layer's activations: its share of the slot's buffers, or (recomputed layers) the stage's one-layer working
   // set, which backward refills by running the layer forward again.
-  struct LayerActs {
-    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu;
-  };
+  using LayerActs = worker::LayerActs<float>;  // model/layer_acts.h (probs, moe_y unused: the MoE part holds them)
   struct Slot {
     float *input, *res3, *lnf, *lnf_mean, *lnf_rstd, *logits, *losses, *dinput;
     std::vector<LayerActs> layer;  // local layer index
