@@ -350,14 +350,25 @@ void Controller::ensure_network_policy(const Json& job, const JobSpec& spec) {
   if (!have) {
     client_.create(kube::resources::networkpolicies, ns, want);
   } else {
-    bool ours = false;
-    for (const Json& o : have->at("metadata").value("ownerReferences", Json::array()))
+    bool ours = false, a_job = false;
+    for (const Json& o : have->at("metadata").value("ownerReferences", Json::array())) {
       if (o.value("uid", "") == uid) ours = true;
-    if (!ours) {
+      if (o.value("kind", "") == kube::resources::trainingjobs.kind) a_job = true;
+    }
+    if (!ours && a_job) {
       // Left over from an earlier job of the same name (the garbage collector has not caught up): replace it.
       client_.remove(kube::resources::networkpolicies, ns, name);
       throw kube::Conflict(409, "Conflict",
                            "NetworkPolicy " + ns + "/" + name + " belongs to an older job; replacing it");
+    }
+    if (!ours) {
+      // Someone else's policy under the name this job's would take: never delete it, and never run the job without
+      // the isolation the operator was told to give it.
+      const std::string msg = "NetworkPolicy " + ns + "/" + name +
+                              " exists and is not this job's: rename or delete it (each job's policy is named "
+                              "<job>-workers), or run the operator with --network-policy none; no pods until then";
+      recorder_.warning(job, "NetworkPolicyConflict", msg);
+      throw Error(msg);
     }
     // Another mode or other ports (the operator's flags changed): bring it to what this operator builds.
     if (have->value("spec", Json::object()) != want["spec"] ||
