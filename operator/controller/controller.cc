@@ -313,9 +313,19 @@ std::string Controller::ensure_token(const Json& job) {
   const std::string ns = kube::namespace_of(job), name = token_secret_name(kube::name_of(job));
   auto secret = client_.try_get(kube::resources::secrets, ns, name);
   if (secret) {
-    bool ours = false;
-    for (const Json& o : secret->at("metadata").value("ownerReferences", Json::array()))
+    bool ours = false, a_job = false;
+    for (const Json& o : secret->at("metadata").value("ownerReferences", Json::array())) {
       if (o.value("uid", "") == uid) ours = true;
+      if (o.value("kind", "") == kube::resources::trainingjobs.kind) a_job = true;
+    }
+    if (!ours && !a_job) {
+      // Someone else's Secret under the name this job's token takes: never delete it.
+      const std::string msg = "Secret " + ns + "/" + name +
+                              " exists and is not this job's: rename or delete it (each job's rendezvous token is "
+                              "kept in <job>-rendezvous); no pods until then";
+      recorder_.warning(job, "RendezvousSecretConflict", msg);
+      throw Error(msg);
+    }
     if (!ours) {
       // Left over from an earlier job of the same name (the garbage collector has not caught up): replace it.
       client_.remove(kube::resources::secrets, ns, name);

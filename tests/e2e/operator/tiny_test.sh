@@ -132,8 +132,9 @@ jq -e '.spec.policyTypes == ["Ingress", "Egress"]
   and .spec.egress[2].ports == [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]' <<<"$np" >/dev/null ||
   fail "NetworkPolicy moe-workers is not the strict policy: $np"
 [ "$(jq '.spec.egress[1].ports[0].port' <<<"$np")" = "$rport" ] || fail "strict egress port is not the rendezvous port $rport: $np"
-# Someone else's NetworkPolicy under the name a job's would take is neither deleted nor ignored: a Warning event names
-# it and the fix, and the job gets no pods until it is gone.
+# Someone else's Secret or NetworkPolicy under the name a job's would take is neither deleted nor ignored: a Warning
+# event names it and the fix, and the job gets no pods until the name is free.
+kubectl create secret generic taken-rendezvous -n "$ns" --from-literal=token=theirs >/dev/null
 kubectl create -n "$ns" -f - >/dev/null <<'EOT'
 apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
@@ -142,14 +143,24 @@ spec: {podSelector: {}, policyTypes: [Ingress]}
 EOT
 sed -e "s|name: tiny|name: taken|" -e "s|/shared/data/|$work/data/|g" -e "s|/shared/checkpoints/tiny|$work/ckpt-taken|" \
   "$src/deploy/examples/tiny.yaml" | kubectl apply -n "$ns" -f - >/dev/null
-wait_for 30 "the NetworkPolicyConflict event on job taken" sh -c \
-  "kubectl get events -n $ns --field-selector involvedObject.name=taken,reason=NetworkPolicyConflict -o name | grep -q ."
-[ -z "$(kubectl get pods -n "$ns" -l railyard.dev/job=taken -o name)" ] || fail "job taken got pods beside a foreign policy"
+event() { kubectl get events -n "$ns" --field-selector "involvedObject.name=taken,reason=$1" -o name | grep -q .; }
+no_pods() { [ -z "$(kubectl get pods -n "$ns" -l railyard.dev/job=taken -o name)" ]; }
+# A change to the job brings the next reconcile forward (the failed ones back off).
+touch_job() { kubectl annotate tj taken -n "$ns" "e2e-touch=$1" --overwrite >/dev/null; }
+wait_for 30 "the RendezvousSecretConflict event on job taken" event RendezvousSecretConflict
+no_pods || fail "job taken got pods beside a foreign Secret"
+[ "$(kubectl get secret taken-rendezvous -n "$ns" -o jsonpath='{.data.token}' | base64 -d)" = theirs ] ||
+  fail "the foreign Secret was changed"
+kubectl delete secret taken-rendezvous -n "$ns" >/dev/null
+touch_job 1
+wait_for 30 "the NetworkPolicyConflict event on job taken" event NetworkPolicyConflict
+no_pods || fail "job taken got pods beside a foreign policy"
 if kubectl get networkpolicy taken-workers -n "$ns" -o jsonpath='{.metadata.ownerReferences}' | grep -q .; then
   fail "the foreign policy was taken over"
 fi
 kubectl delete networkpolicy taken-workers -n "$ns" >/dev/null
-wait_for 60 "job taken's pod once the name is free" sh -c "kubectl get pods -n $ns -l railyard.dev/job=taken -o name | grep -q ."
+touch_job 2
+wait_for 60 "job taken's pod once the names are free" sh -c "kubectl get pods -n $ns -l railyard.dev/job=taken -o name | grep -q ."
 kubectl delete tj taken -n "$ns" --wait=false >/dev/null
 
 # What the worker refuses is refused up front: expert 3 divides neither the 4 experts nor the 2 data-parallel ranks.
