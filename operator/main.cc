@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -18,6 +19,7 @@
 #include "common/metrics/metrics.h"
 #include "operator/controller/controller.h"
 #include "operator/controller/pod_builder.h"
+#include "operator/controller/serving_tls.h"
 #include "operator/rendezvous/rendezvous.h"
 #include "operator/scheduler/rail_aware.h"
 
@@ -45,6 +47,10 @@ struct Flags {
   int worker_metrics_port = 9400, agent_metrics_port = 9399;
   std::string data_root, checkpoint_root;
   op::NetworkPolicyMode network_policy = op::NetworkPolicyMode::kIngress;
+  op::RendezvousTlsMode rendezvous_tls = op::RendezvousTlsMode::kAuto;
+  std::string rendezvous_ca_secret = "railyard-rendezvous-ca";  // [NS/]NAME
+  std::string rendezvous_tls_dir;
+  std::vector<std::string> rendezvous_tls_names;
 };
 
 const char* kUsage = R"(usage: railyard-operator [flags]
@@ -64,6 +70,16 @@ Runs the TrainingJob controller against the cluster of $KUBECONFIG (or --kubecon
                                     cluster the absolute path of build/bin/railyard-worker)
   --rendezvous-bind HOST:PORT       where the leader's rendezvous service listens (default 127.0.0.1:9090)
   --rendezvous-addr HOST:PORT       what pods are told to dial (default: the bound address)
+  --rendezvous-tls auto|files|off   TLS of the rendezvous service (default auto): auto keeps a CA in the Secret
+                                    --rendezvous-ca-secret and gives the leader a certificate for the host pods
+                                    dial; files serves what --rendezvous-tls-dir holds (tls.crt, tls.key, ca.crt: a
+                                    cert-manager Certificate's Secret); off is plain HTTP (job tokens then cross the
+                                    pod network in cleartext)
+  --rendezvous-ca-secret [NS/]NAME  the CA Secret of auto (default railyard-rendezvous-ca in the operator's
+                                    namespace: the pod's in-cluster, else --namespace, else railyard-system)
+  --rendezvous-tls-dir DIR          files: the mounted certificate; the operator exits to be restarted when
+                                    tls.crt changes (a renewal)
+  --rendezvous-tls-names N1,N2      auto: more DNS names or IP addresses for the certificate
   --join-timeout S                  how long a joined pod waits for the rest of its generation before the
                                     service reports a join timeout (default 300)
   --workers N                       reconcile threads (default 2)
@@ -159,6 +175,21 @@ Flags parse_flags(int argc, char** argv) {
       f.rendezvous_bind = next();
     } else if (a == "--rendezvous-addr") {
       f.rendezvous_addr = next();
+    } else if (a == "--rendezvous-tls") {
+      const std::string v = next();
+      auto m = op::rendezvous_tls_mode_from_string(v);
+      if (!m) usage_error("--rendezvous-tls '" + v + "': use auto, files or off");
+      f.rendezvous_tls = *m;
+    } else if (a == "--rendezvous-ca-secret") {
+      f.rendezvous_ca_secret = next();
+      if (f.rendezvous_ca_secret.empty() || f.rendezvous_ca_secret.back() == '/')
+        usage_error("--rendezvous-ca-secret '" + f.rendezvous_ca_secret + "': use NAME or NAMESPACE/NAME");
+    } else if (a == "--rendezvous-tls-dir") {
+      f.rendezvous_tls_dir = next();
+    } else if (a == "--rendezvous-tls-names") {
+      std::stringstream ss(next());
+      for (std::string n; std::getline(ss, n, ',');)
+        if (!n.empty()) f.rendezvous_tls_names.push_back(n);
     } else if (a == "--data-root" || a == "--checkpoint-root") {
       std::string v = next();
       if (v.empty() || v.front() != '/') usage_error(a + " '" + v + "': use an absolute directory");
@@ -225,20 +256,46 @@ Flags parse_flags(int argc, char** argv) {
   split_addr("--health-addr", f.health_addr);
   split_addr("--rendezvous-bind", f.rendezvous_bind);
   if (!f.rendezvous_addr.empty()) split_addr("--rendezvous-addr", f.rendezvous_addr);
+  if (f.rendezvous_tls == op::RendezvousTlsMode::kFiles && f.rendezvous_tls_dir.empty())
+    usage_error("--rendezvous-tls files needs --rendezvous-tls-dir DIR (where tls.crt, tls.key and ca.crt are)");
+  if (f.rendezvous_tls != op::RendezvousTlsMode::kFiles && !f.rendezvous_tls_dir.empty())
+    usage_error("--rendezvous-tls-dir is read only with --rendezvous-tls files");
   return f;
 }
 
-std::string default_lease_namespace() {
+std::string join(const std::vector<std::string>& v, const std::string& sep) {
+  std::string out;
+  for (const std::string& x : v) out += (out.empty() ? "" : sep) + x;
+  return out;
+}
+
+std::string in_cluster_namespace() {
   const char* path = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
   if (access(path, R_OK) == 0) {
     try {
       std::string ns = read_file(path);
       while (!ns.empty() && (ns.back() == '\n' || ns.back() == ' ')) ns.pop_back();
-      if (!ns.empty()) return ns;
+      return ns;
     } catch (const std::exception&) {
     }
   }
-  return "railyard-system";
+  return "";
+}
+
+// --rendezvous-ca-secret [NS/]NAME: without NS, the operator's own namespace (its pod's in-cluster, else the one
+// namespace it watches, else railyard-system).
+std::pair<std::string, std::string> ca_secret_ref(const Flags& f) {
+  const auto slash = f.rendezvous_ca_secret.find('/');
+  if (slash != std::string::npos)
+    return {f.rendezvous_ca_secret.substr(0, slash), f.rendezvous_ca_secret.substr(slash + 1)};
+  std::string ns = in_cluster_namespace();
+  if (ns.empty()) ns = f.ns.empty() ? "railyard-system" : f.ns;
+  return {ns, f.rendezvous_ca_secret};
+}
+
+std::string default_lease_namespace() {
+  const std::string ns = in_cluster_namespace();
+  return ns.empty() ? "railyard-system" : ns;
 }
 
 }  // namespace
@@ -344,11 +401,32 @@ int main(int argc, char** argv) {
   std::unique_ptr<op::RendezvousService> rdzv;
   std::atomic<bool> shutting_down{false};
   std::atomic<int> exit_code{0};
+  op::ServingTls serving;  // what the leader serves; the CA goes to the jobs' Secrets
   auto start_leading = [&] {
     auto [rhost, rport] = split_addr("--rendezvous-bind", flags.rendezvous_bind);
     try {
       op::RendezvousOptions ro;
       ro.join_timeout = std::chrono::milliseconds(static_cast<int64_t>(flags.join_timeout * 1000));
+      if (flags.rendezvous_tls == op::RendezvousTlsMode::kAuto) {
+        std::string dialled =
+            flags.rendezvous_addr.empty() ? rhost : split_addr("--rendezvous-addr", flags.rendezvous_addr).first;
+        if (dialled.size() > 2 && dialled.front() == '[') dialled = dialled.substr(1, dialled.size() - 2);
+        const auto names = op::certificate_names(dialled, rhost, flags.rendezvous_tls_names);
+        if (names.empty() || names.front() == "0.0.0.0" || names.front() == "::")
+          throw ConfigError(
+              "--rendezvous-tls auto: no name for the certificate: set --rendezvous-addr (what pods "
+              "dial) or --rendezvous-tls-names");
+        const auto [ca_ns, ca_name] = ca_secret_ref(flags);
+        serving = op::serving_tls_from_secret(*client, ca_ns, ca_name, names);
+        log::info(kLog, "rendezvous TLS: certificate issued by the operator's CA",
+                  {{"ca_secret", ca_ns + "/" + ca_name}, {"names", join(names, ",")}});
+      } else if (flags.rendezvous_tls == op::RendezvousTlsMode::kFiles) {
+        serving = op::serving_tls_from_dir(flags.rendezvous_tls_dir);
+        log::info(kLog, "rendezvous TLS: serving the mounted certificate", {{"dir", flags.rendezvous_tls_dir}});
+      } else {
+        log::warn(kLog, "rendezvous TLS is off (--rendezvous-tls off): job tokens cross the pod network in cleartext");
+      }
+      ro.serving = serving.serving;
       rdzv = std::make_unique<op::RendezvousService>(rhost, rport, ro);
     } catch (const std::exception& e) {
       log::error(kLog, "cannot start the rendezvous service", {{"error", e.what()}});
@@ -358,7 +436,7 @@ int main(int argc, char** argv) {
     }
     std::string addr =
         flags.rendezvous_addr.empty() ? rhost + ":" + std::to_string(rdzv->port()) : flags.rendezvous_addr;
-    controller.set_rendezvous(rdzv.get(), addr);
+    controller.set_rendezvous(rdzv.get(), addr, serving.ca_pem);
     controller.start_workers();
     leader_gauge.set(1);
     log::info(kLog, "leading: reconciling", {{"rendezvous", addr}, {"workers", std::to_string(flags.workers)}});
@@ -394,9 +472,39 @@ int main(int argc, char** argv) {
     start_leading();
   }
 
+  // files: cert-manager renews the Secret in place; the server keeps the certificate it started with, so the
+  // operator exits when tls.crt changes and its Deployment restarts it (jobs resume from the API server's state).
+  std::thread renewal_watch;
+  if (flags.rendezvous_tls == op::RendezvousTlsMode::kFiles) {
+    renewal_watch = std::thread([&] {
+      const std::string path = flags.rendezvous_tls_dir + "/tls.crt";
+      std::string first;
+      try {
+        first = read_file(path);
+      } catch (const std::exception&) {
+      }
+      for (int s = 1; !shutting_down; ++s) {
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+        if (s % 30 != 0) continue;
+        std::string now;
+        try {
+          now = read_file(path);
+        } catch (const std::exception&) {
+          continue;  // mid-update (kubelet swaps the directory atomically, but be patient)
+        }
+        if (!first.empty() && now != first && !shutting_down) {
+          log::info(kLog, "the rendezvous certificate was renewed; exiting to be restarted with it", {{"file", path}});
+          kill(getpid(), SIGTERM);
+          return;
+        }
+      }
+    });
+  }
+
   int sig = 0;
   sigwait(&sigs, &sig);
   shutting_down = true;
+  if (renewal_watch.joinable()) renewal_watch.join();
   log::info(kLog, "shutting down", {{"signal", std::to_string(sig)}});
   controller.stop();
   if (elector) elector->stop();

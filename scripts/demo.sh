@@ -91,6 +91,8 @@ if [ "$mode" = real ]; then
 else
   op_pods=(--worker-command "$build/bin/railyard-worker" --rendezvous-bind 127.0.0.1:0)
 fi
+# The operator keeps its rendezvous CA in railyard-system (--rendezvous-ca-secret's default outside a cluster).
+kubectl create namespace railyard-system --dry-run=client -o yaml | kubectl apply -f - >/dev/null
 "$build"/bin/railyard-operator --leader-elect=false "${op_pods[@]}" \
   --metrics-addr "127.0.0.1:$(free_port)" --health-addr "127.0.0.1:$(free_port)" \
   >"$state/operator.log" 2>&1 &

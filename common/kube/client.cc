@@ -2,11 +2,6 @@
 #include "common/kube/client.h"
 
 #include <httplib.h>
-#include <openssl/err.h>
-#include <openssl/pem.h>
-#include <openssl/x509.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <condition_variable>
 #include <csignal>
@@ -16,6 +11,8 @@
 #include <thread>
 
 #include "common/log.h"
+#include "common/tls/ca_file.h"
+#include "common/tls/pki.h"
 
 namespace railyard::kube {
 
@@ -56,14 +53,6 @@ ServerUrl parse_server(const Config& cfg) {
     throw ConfigError(where + ": server '" + s + "': cannot parse host and port");
   }
   return u;
-}
-
-std::string openssl_error() {
-  unsigned long e = ERR_get_error();
-  if (e == 0) return "unknown OpenSSL error";
-  char buf[256];
-  ERR_error_string_n(e, buf, sizeof(buf));
-  return buf;
 }
 
 bool is_connect_error(httplib::Error e) {
@@ -114,16 +103,10 @@ const char* content_type_of(PatchType t) {
 struct Client::Impl {
   Config cfg;
   ServerUrl url;
-  std::string ca_file;  // its /proc/self/fd path: cpp-httplib then trusts exactly it, no system roots
+  std::unique_ptr<tls::CaFile> ca;  // cpp-httplib then trusts exactly it, no system roots
   // Owned through unique_ptrs so that a constructor failing half-way frees what it had.
-  std::unique_ptr<X509, decltype(&X509_free)> cert{nullptr, &X509_free};
-  std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> key{nullptr, &EVP_PKEY_free};
-  struct Fd {
-    int fd = -1;
-    ~Fd() {
-      if (fd >= 0) ::close(fd);
-    }
-  } ca_fd;  // memfd holding the CA bundle
+  tls::X509Ptr cert;
+  tls::PkeyPtr key;
   TokenBucket bucket;
   std::shared_ptr<StopToken> stop_all = std::make_shared<StopToken>();
 
@@ -145,43 +128,12 @@ struct Client::Impl {
       throw ConfigError(where + ": no certificate authority (ca_pem) for " + cfg.server +
                         "; TLS is always verified, set certificate-authority(-data)");
     }
-    // Validate the CA now so a bad bundle is a clear ConfigError instead of a TLS failure later.
-    {
-      BIO* bio = BIO_new_mem_buf(cfg.ca_pem.data(), static_cast<int>(cfg.ca_pem.size()));
-      X509* ca = PEM_read_bio_X509(bio, nullptr, nullptr, nullptr);
-      BIO_free(bio);
-      if (ca == nullptr)
-        throw ConfigError(where + ": certificate authority is not a PEM certificate: " + openssl_error());
-      X509_free(ca);
-    }
+    // Validated now so a bad bundle is a clear ConfigError instead of a TLS failure later.
+    ca = std::make_unique<tls::CaFile>(cfg.ca_pem, where + ": certificate authority");
     if (!cfg.client_cert_pem.empty()) {
-      BIO* bio = BIO_new_mem_buf(cfg.client_cert_pem.data(), static_cast<int>(cfg.client_cert_pem.size()));
-      cert.reset(PEM_read_bio_X509(bio, nullptr, nullptr, nullptr));
-      BIO_free(bio);
-      if (cert == nullptr) throw ConfigError(where + ": client certificate is not PEM: " + openssl_error());
-      bio = BIO_new_mem_buf(cfg.client_key_pem.data(), static_cast<int>(cfg.client_key_pem.size()));
-      key.reset(PEM_read_bio_PrivateKey(bio, nullptr, nullptr, nullptr));
-      BIO_free(bio);
-      if (key == nullptr) {
-        throw ConfigError(where + ": client key is not a PEM private key: " + openssl_error());
-      }
+      cert = tls::read_cert(cfg.client_cert_pem, where + ": client certificate");
+      key = tls::read_key(cfg.client_key_pem, where + ": client key");
     }
-    // cpp-httplib loads a CA only from a path (a CA store would be mixed with the system roots). The bundle lives
-    // in an anonymous memory file reached as /proc/self/fd/N: nothing on disk, nothing left behind after a crash.
-    ca_fd.fd = ::memfd_create("railyard-kube-ca", MFD_CLOEXEC);
-    if (ca_fd.fd < 0) throw Error("cannot create an in-memory CA file: " + std::string(std::strerror(errno)));
-    const char* p = cfg.ca_pem.data();
-    size_t left = cfg.ca_pem.size();
-    while (left > 0) {
-      ssize_t n = ::write(ca_fd.fd, p, left);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        throw Error("cannot write the in-memory CA file: " + std::string(std::strerror(errno)));
-      }
-      p += n;
-      left -= static_cast<size_t>(n);
-    }
-    ca_file = "/proc/self/fd/" + std::to_string(ca_fd.fd);
     token = cfg.token;
     token_read = std::chrono::steady_clock::now();
     // cpp-httplib's client does not guard against SIGPIPE; an interrupted TLS write would kill the process.
@@ -195,7 +147,7 @@ struct Client::Impl {
         cert ? std::make_unique<httplib::SSLClient>(url.host, url.port, cert.get(), key.get())
              : std::make_unique<httplib::SSLClient>(url.host, url.port);
     if (!c->is_valid()) throw ConfigError(cfg.source + ": client certificate and key do not match or are unusable");
-    c->set_ca_cert_path(ca_file.c_str());
+    c->set_ca_cert_path(ca->path().c_str());
     c->enable_server_certificate_verification(true);
     c->set_connection_timeout(cfg.connect_timeout);
     c->set_read_timeout(read_timeout);

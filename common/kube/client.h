@@ -288,4 +288,7 @@ std::string namespace_of(const Json& obj);
 std::string resource_version_of(const Json& obj);
 std::string key_of(const Json& obj);  // "namespace/name", or "name" for cluster-scoped objects
 
+// Standard base64 (a Secret's data values); throws Error naming the position of malformed input.
+std::string base64_decode(const std::string& in);
+
 }  // namespace railyard::kube

@@ -337,4 +337,35 @@ std::string key_of(const Json& obj) {
   return ns.empty() ? name_of(obj) : ns + "/" + name_of(obj);
 }
 
+// ------------------------------------------------------------------------------------------------ base64
+
+std::string base64_decode(const std::string& in) {
+  auto val = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+  };
+  std::string out;
+  unsigned buf = 0;
+  int bits = 0;
+  size_t i = 0;
+  for (; i < in.size() && in[i] != '='; ++i) {
+    int v = val(in[i]);
+    if (v < 0) throw Error("malformed base64 at character " + std::to_string(i));
+    buf = (buf << 6) | static_cast<unsigned>(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out += static_cast<char>((buf >> bits) & 0xff);
+    }
+  }
+  for (; i < in.size(); ++i) {
+    if (in[i] != '=') throw Error("malformed base64: data after padding");
+  }
+  return out;
+}
+
 }  // namespace railyard::kube

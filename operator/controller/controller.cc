@@ -37,17 +37,16 @@ std::pair<std::string, std::string> split_key(const std::string& key) {
   return {key.substr(0, slash), key.substr(slash + 1)};
 }
 
-std::string base64_decode(const std::string& in) {
-  if (in.empty()) return "";
-  std::string out(in.size() / 4 * 3 + 3, '\0');
-  int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                          reinterpret_cast<const unsigned char*>(in.data()), static_cast<int>(in.size()));
-  if (n < 0) throw Error("rendezvous Secret: data.token is not valid base64");
-  size_t pad = 0;
-  if (in.size() >= 1 && in[in.size() - 1] == '=') pad++;
-  if (in.size() >= 2 && in[in.size() - 2] == '=') pad++;
-  out.resize(static_cast<size_t>(n) - pad);
-  return out;
+// Whose an object under a name the operator derives from a job is: this job's (owner uid), an earlier job's of the
+// same name (owned by a TrainingJob, awaiting garbage collection) or someone else's (never touched).
+enum class Claim { kOurs, kEarlierJob, kForeign };
+Claim claim_of(const Json& obj, const std::string& job_uid) {
+  bool a_job = false;
+  for (const Json& o : obj.at("metadata").value("ownerReferences", Json::array())) {
+    if (o.value("uid", "") == job_uid) return Claim::kOurs;
+    if (o.value("kind", "") == kube::resources::trainingjobs.kind) a_job = true;
+  }
+  return a_job ? Claim::kEarlierJob : Claim::kForeign;
 }
 
 FinishedFacts finished_facts(const Json& job) {
@@ -164,10 +163,14 @@ bool Controller::wait_for_sync(milliseconds timeout) {
   return true;
 }
 
-void Controller::set_rendezvous(RendezvousService* rdzv, const std::string& advertised_addr) {
+void Controller::set_rendezvous(RendezvousService* rdzv, const std::string& advertised_addr,
+                                const std::string& ca_pem) {
   {
     std::lock_guard lock(mu_);
     if (!advertised_addr.empty()) opts_.pod.rendezvous_addr = advertised_addr;
+    opts_.pod.rendezvous_tls = !ca_pem.empty();
+    rendezvous_ca_ = ca_pem;
+    tokens_.clear();  // a new leader's CA may differ: every job's Secret is checked again
     rdzv_ = rdzv;
     opened_.clear();
   }
@@ -305,42 +308,48 @@ void Controller::forget_job(const std::string& key) {
 
 std::string Controller::ensure_token(const Json& job) {
   const std::string key = kube::key_of(job), uid = uid_of(job);
+  std::string ca;
   {
     std::lock_guard lock(mu_);
     auto it = tokens_.find(key);
     if (it != tokens_.end() && it->second.first == uid) return it->second.second;
+    ca = rendezvous_ca_;
   }
   const std::string ns = kube::namespace_of(job), name = token_secret_name(kube::name_of(job));
   auto secret = client_.try_get(kube::resources::secrets, ns, name);
   if (secret) {
-    bool ours = false, a_job = false;
-    for (const Json& o : secret->at("metadata").value("ownerReferences", Json::array())) {
-      if (o.value("uid", "") == uid) ours = true;
-      if (o.value("kind", "") == kube::resources::trainingjobs.kind) a_job = true;
-    }
-    if (!ours && !a_job) {
-      // Someone else's Secret under the name this job's token takes: never delete it.
-      const std::string msg = "Secret " + ns + "/" + name +
-                              " exists and is not this job's: rename or delete it (each job's rendezvous token is "
-                              "kept in <job>-rendezvous); no pods until then";
-      recorder_.warning(job, "RendezvousSecretConflict", msg);
-      throw Error(msg);
-    }
-    if (!ours) {
-      // Left over from an earlier job of the same name (the garbage collector has not caught up): replace it.
-      client_.remove(kube::resources::secrets, ns, name);
-      throw kube::Conflict(409, "Conflict", "Secret " + ns + "/" + name + " belongs to an older job; replacing it");
+    switch (claim_of(*secret, uid)) {
+      case Claim::kOurs:
+        break;
+      case Claim::kEarlierJob:
+        // Left over from an earlier job of the same name (the garbage collector has not caught up): replace it.
+        client_.remove(kube::resources::secrets, ns, name);
+        throw kube::Conflict(409, "Conflict", "Secret " + ns + "/" + name + " belongs to an older job; replacing it");
+      case Claim::kForeign: {
+        // Someone else's Secret under the name this job's token takes: never delete it.
+        const std::string msg = "Secret " + ns + "/" + name +
+                                " exists and is not this job's: rename or delete it (each job's rendezvous token is "
+                                "kept in <job>-rendezvous); no pods until then";
+        recorder_.warning(job, "RendezvousSecretConflict", msg);
+        throw Error(msg);
+      }
     }
   } else {
     try {
-      secret = client_.create(kube::resources::secrets, ns, build_token_secret(job, random_token()));
+      secret = client_.create(kube::resources::secrets, ns, build_token_secret(job, random_token(), ca));
     } catch (const kube::AlreadyExists&) {
       secret = client_.get(kube::resources::secrets, ns, name);
     }
   }
   const Json data = secret->value("data", Json::object());
   if (!data.contains(kTokenKey)) throw Error("Secret " + ns + "/" + name + " has no data.token: delete it");
-  std::string token = base64_decode(data[kTokenKey].get<std::string>());
+  std::string token = kube::base64_decode(data[kTokenKey].get<std::string>());
+  if (!ca.empty() && (!data.contains(kRendezvousCaKey) || !data[kRendezvousCaKey].is_string() ||
+                      kube::base64_decode(data[kRendezvousCaKey].get<std::string>()) != ca)) {
+    // Made before TLS was on, or under another CA (the CA Secret was replaced): new pods must trust the current one.
+    // The token stays, so pods still running keep their rendezvous.
+    client_.patch(kube::resources::secrets, ns, name, {{"stringData", {{kRendezvousCaKey, ca}}}});
+  }
   std::lock_guard lock(mu_);
   tokens_[key] = {uid, token};
   return token;
@@ -360,18 +369,14 @@ void Controller::ensure_network_policy(const Json& job, const JobSpec& spec) {
   if (!have) {
     client_.create(kube::resources::networkpolicies, ns, want);
   } else {
-    bool ours = false, a_job = false;
-    for (const Json& o : have->at("metadata").value("ownerReferences", Json::array())) {
-      if (o.value("uid", "") == uid) ours = true;
-      if (o.value("kind", "") == kube::resources::trainingjobs.kind) a_job = true;
-    }
-    if (!ours && a_job) {
+    const Claim claim = claim_of(*have, uid);
+    if (claim == Claim::kEarlierJob) {
       // Left over from an earlier job of the same name (the garbage collector has not caught up): replace it.
       client_.remove(kube::resources::networkpolicies, ns, name);
       throw kube::Conflict(409, "Conflict",
                            "NetworkPolicy " + ns + "/" + name + " belongs to an older job; replacing it");
     }
-    if (!ours) {
+    if (claim == Claim::kForeign) {
       // Someone else's policy under the name this job's would take: never delete it, and never run the job without
       // the isolation the operator was told to give it.
       const std::string msg = "NetworkPolicy " + ns + "/" + name +

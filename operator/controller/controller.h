@@ -65,9 +65,10 @@ class Controller {
   bool wait_for_sync(std::chrono::milliseconds timeout);
   bool synced() const { return synced_.load(); }
   // The leader's rendezvous service (null when none): generations are opened there, exits come back from it.
-  // `advertised_addr` (host:port) goes into new pods' RAILYARD_RENDEZVOUS_ADDR when not empty. Call before
-  // start_workers().
-  void set_rendezvous(RendezvousService* rdzv, const std::string& advertised_addr = "");
+  // `advertised_addr` (host:port) goes into new pods' RAILYARD_RENDEZVOUS_ADDR when not empty. `ca_pem` (the CA of
+  // the service's certificate; empty when it speaks plain HTTP) goes into each job's Secret, key ca.crt, and new pods
+  // read it as RAILYARD_RENDEZVOUS_CA. Call before start_workers().
+  void set_rendezvous(RendezvousService* rdzv, const std::string& advertised_addr = "", const std::string& ca_pem = "");
   void start_workers();
   void stop();
 
@@ -145,7 +146,8 @@ class Controller {
   // job key -> generation whose recovery was observed: the cache may show the old status for a reconcile or two.
   std::map<std::string, int64_t> recovery_observed_;
   std::map<std::string, std::pair<std::string, std::string>> tokens_;  // job key -> (uid, token)
-  std::map<std::string, std::string> policies_;                        // job key -> uid whose policy is in place
+  std::string rendezvous_ca_;                    // PEM the jobs' Secrets carry as ca.crt; empty: plain HTTP
+  std::map<std::string, std::string> policies_;  // job key -> uid whose policy is in place
 
   // Metrics.
   metrics::Family<metrics::Gauge>& jobs_by_phase_;

@@ -204,6 +204,10 @@ Json build_worker_pod(const Json& job, const JobSpec& spec, int index, int64_t g
       {{"name", "RAILYARD_RENDEZVOUS_TOKEN"},
        {"valueFrom", {{"secretKeyRef", {{"name", token_secret_name(job_name)}, {"key", kTokenKey}}}}}},
   });
+  if (opts.rendezvous_tls)
+    env.push_back(
+        {{"name", "RAILYARD_RENDEZVOUS_CA"},
+         {"valueFrom", {{"secretKeyRef", {{"name", token_secret_name(job_name)}, {"key", kRendezvousCaKey}}}}}});
 
   if (spec.program) {
     // What a program may use beside torchrun's variables (the agent adds the per-rank ones): docs/programs.md.
@@ -294,8 +298,10 @@ Json build_worker_pod(const Json& job, const JobSpec& spec, int index, int64_t g
   return pod;
 }
 
-Json build_token_secret(const Json& job, const std::string& token) {
+Json build_token_secret(const Json& job, const std::string& token, const std::string& ca_pem) {
   const std::string job_name = job["metadata"].value("name", "");
+  Json data = {{kTokenKey, token}};
+  if (!ca_pem.empty()) data[kRendezvousCaKey] = ca_pem;
   return {{"apiVersion", "v1"},
           {"kind", "Secret"},
           {"type", "Opaque"},
@@ -304,7 +310,7 @@ Json build_token_secret(const Json& job, const std::string& token) {
             {"namespace", job["metadata"].value("namespace", "")},
             {"labels", {{kJobLabel, job_name}}},
             {"ownerReferences", Json::array({owner_reference(job)})}}},
-          {"stringData", {{kTokenKey, token}}}};
+          {"stringData", data}};
 }
 
 std::string random_token() {

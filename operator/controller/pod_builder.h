@@ -17,6 +17,8 @@ inline constexpr const char* kSchedulerName = "railyard";
 // chart's PodMonitor scrape.
 inline constexpr const char* kMetricsPortAnnotation = "railyard.dev/metrics-port";
 inline constexpr const char* kTokenKey = "token";
+// The CA of the rendezvous service's certificate in the job's Secret <job>-rendezvous (RAILYARD_RENDEZVOUS_CA).
+inline constexpr const char* kRendezvousCaKey = "ca.crt";
 // The worker image's user and group (deploy/docker/Dockerfile.worker: USER 65532:65532), the default runAsUser,
 // runAsGroup and fsGroup of worker pods.
 inline constexpr int64_t kWorkerUid = 65532;
@@ -29,6 +31,8 @@ struct PodOptions {
   // The agent's argv before "agent"; on the local cluster the absolute path of build/bin/railyard-worker.
   std::vector<std::string> worker_command = {"railyard-worker"};
   std::string rendezvous_addr;  // host:port agents reach the rendezvous service at
+  // The service speaks TLS: pods get RAILYARD_RENDEZVOUS_CA from their Secret's ca.crt (--rendezvous-tls).
+  bool rendezvous_tls = false;
   // /metrics of the workers (port + local rank) and of the agent, on the pod IP; 0 = not served.
   int worker_metrics_port = 9400;
   int agent_metrics_port = 9399;
@@ -53,8 +57,9 @@ Json owner_reference(const Json& job);
 // and /dev/shm (memory) unless the template mounts those paths.
 Json build_worker_pod(const Json& job, const JobSpec& spec, int index, int64_t generation, const PodOptions& opts);
 
-// The Secret holding the job's rendezvous token, owned by the job.
-Json build_token_secret(const Json& job, const std::string& token);
+// The Secret holding the job's rendezvous token (and, when the service speaks TLS, the CA pods trust), owned by the
+// job.
+Json build_token_secret(const Json& job, const std::string& token, const std::string& ca_pem = "");
 
 // 32 random bytes as hex (OpenSSL RAND_bytes); throws railyard::Error if the RNG fails.
 std::string random_token();

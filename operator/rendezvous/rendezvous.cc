@@ -145,7 +145,7 @@ Reply error_reply(int code, const char* status, const std::string& message) {
 
 struct RendezvousService::Impl {
   RendezvousOptions opts;
-  httplib::Server server;
+  std::unique_ptr<httplib::Server> server;  // an httplib::SSLServer unless TLS is off
   std::thread thread;
   std::atomic<bool> listen_returned{false};
   int port = 0;
@@ -433,7 +433,7 @@ struct RendezvousService::Impl {
   // Shared request plumbing: token header, JSON body, typed parse, reply, event delivery.
   template <typename Parse, typename Handle>
   void route(const char* path, Parse parse, Handle handle) {
-    server.Post(path, [this, parse, handle](const httplib::Request& req, httplib::Response& res) {
+    server->Post(path, [this, parse, handle](const httplib::Request& req, httplib::Response& res) {
       Reply reply;
       Events ev;
       const std::string auth = req.get_header_value("Authorization");
@@ -470,13 +470,24 @@ RendezvousService::RendezvousService(std::string host, int port, RendezvousOptio
     : impl_(std::make_unique<Impl>()) {
   Impl& s = *impl_;
   s.opts = options;
+  if (options.serving.cert_pem.empty()) {
+    s.server = std::make_unique<httplib::Server>();
+  } else {
+    tls::X509Ptr cert = tls::read_cert(options.serving.cert_pem, "rendezvous server certificate");
+    tls::PkeyPtr key = tls::read_key(options.serving.key_pem, "rendezvous server key");
+    auto ssl = std::make_unique<httplib::SSLServer>(cert.get(), key.get());  // takes its own references
+    if (!ssl->is_valid())
+      throw ConfigError("rendezvous: the server certificate and key do not match or are unusable: " +
+                        tls::openssl_error());
+    s.server = std::move(ssl);
+  }
   const int threads = std::max(4, options.threads);
-  s.server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  s.server->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   // Agents open one connection per call; a short keep-alive stops idle connections from pinning workers.
-  s.server.set_keep_alive_timeout(1);
-  s.server.set_read_timeout(10, 0);
-  s.server.set_write_timeout(10, 0);
-  s.server.set_payload_max_length(1 << 20);
+  s.server->set_keep_alive_timeout(1);
+  s.server->set_read_timeout(10, 0);
+  s.server->set_write_timeout(10, 0);
+  s.server->set_payload_max_length(1 << 20);
 
   s.route(rdzv::kJoinPath, rdzv::parse_join_request,
           [&s](const rdzv::JoinRequest& r, const std::string& t, Impl::Events& ev) { return s.join(r, t, ev); });
@@ -486,7 +497,7 @@ RendezvousService::RendezvousService(std::string host, int port, RendezvousOptio
           [&s](const rdzv::ExitReport& r, const std::string& t, Impl::Events& ev) { return s.exit(r, t, ev); });
   s.route(rdzv::kProgressPath, rdzv::parse_progress_report,
           [&s](const rdzv::ProgressReport& r, const std::string& t, Impl::Events&) { return s.progress_report(r, t); });
-  s.server.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+  s.server->set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     json b = {{"status", st::kError},
               {"error", "no such endpoint " + req.method + " " + req.path +
@@ -495,26 +506,28 @@ RendezvousService::RendezvousService(std::string host, int port, RendezvousOptio
   });
 
   if (port == 0) {
-    s.port = s.server.bind_to_any_port(host);
+    s.port = s.server->bind_to_any_port(host);
     if (s.port <= 0) throw Error("rendezvous: cannot bind " + host + " on any port");
   } else {
-    if (!s.server.bind_to_port(host, port)) {
+    if (!s.server->bind_to_port(host, port)) {
       throw Error("rendezvous: cannot bind " + host + ":" + std::to_string(port) +
                   " (port in use? choose another with --rendezvous-port)");
     }
     s.port = port;
   }
   s.thread = std::thread([&s] {
-    s.server.listen_after_bind();
+    s.server->listen_after_bind();
     s.listen_returned = true;
   });
   // Server::stop() is a no-op until the accept loop runs, so a destructor racing the start would hang in join().
-  while (!s.server.is_running() && !s.listen_returned) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  if (!s.server.is_running()) {
+  while (!s.server->is_running() && !s.listen_returned) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (!s.server->is_running()) {
     s.thread.join();
     throw Error("rendezvous: server on " + host + ":" + std::to_string(s.port) + " stopped at once");
   }
-  log::info(kComponent, "serving", {{"address", host + ":" + std::to_string(s.port)}});
+  log::info(
+      kComponent, "serving",
+      {{"address", host + ":" + std::to_string(s.port)}, {"tls", options.serving.cert_pem.empty() ? "off" : "on"}});
 }
 
 RendezvousService::~RendezvousService() {
@@ -523,11 +536,12 @@ RendezvousService::~RendezvousService() {
     impl_->stopping = true;
   }
   impl_->cv.notify_all();
-  impl_->server.stop();
+  impl_->server->stop();
   if (impl_->thread.joinable()) impl_->thread.join();
 }
 
 int RendezvousService::port() const { return impl_->port; }
+bool RendezvousService::tls() const { return !impl_->opts.serving.cert_pem.empty(); }
 
 void RendezvousService::open_generation(const GenerationSpec& spec) {
   validate(spec);

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "common/tls/pki.h"
+
 namespace railyard::op {
 
 // One rendezvous round of a job. open_generation() validates it and throws std::invalid_argument naming the field.
@@ -61,17 +63,22 @@ struct RendezvousOptions {
   int threads = 64;  // HTTP worker threads; long-polls each hold one
   // Base for the bootstrap store port when rank 0's agent reported none (29500 + fnv1a(job_key) % 1000).
   int default_store_port_base = 29500;
+  // The server certificate (chained to the CA the pods trust, RAILYARD_RENDEZVOUS_CA) and its key, PEM. Empty:
+  // plain HTTP (--rendezvous-tls off; the token then crosses the pod network in cleartext).
+  tls::CertKey serving;
 };
 
 class RendezvousService {
  public:
-  // Binds host:port (port 0 = any free port) and starts serving; throws railyard::Error when it cannot bind.
+  // Binds host:port (port 0 = any free port) and starts serving, over TLS when options.serving is set; throws
+  // railyard::Error when it cannot bind, ConfigError when the certificate or key is unusable.
   RendezvousService(std::string host, int port, RendezvousOptions options = {});
   ~RendezvousService();  // stops the server and joins its threads
   RendezvousService(const RendezvousService&) = delete;
   RendezvousService& operator=(const RendezvousService&) = delete;
 
   int port() const;
+  bool tls() const;
 
   // Replaces the job's older generation: agents waiting on or running it learn promptly that it is superseded.
   // Re-opening the current generation with the same number is a no-op (idempotent reconcile); a lower number

@@ -147,10 +147,22 @@ ok
 knock() { # knock OUT-PREFIX AUTH-HEADER-OR-EMPTY [JOB]: POST /v1/status for JOB (a), pod a-worker-0; prints the code
   local hdr=()
   [ -n "$2" ] && hdr=(-H "Authorization: $2")
-  curl -sS -o "$work/$1.body" -w '%{http_code}' "${hdr[@]}" -H 'Content-Type: application/json' \
+  curl -sS -o "$work/$1.body" -w '%{http_code}' --cacert "$work/rdzv-ca.crt" "${hdr[@]}" \
+    -H 'Content-Type: application/json' \
     -d "{\"namespace\":\"$ns\",\"job\":\"${3:-a}\",\"pod\":\"a-worker-0\",\"generation\":1,\"wait_ms\":0}" \
-    "http://$rdzv/v1/status"
+    "https://$rdzv/v1/status"
 }
+# The service speaks TLS (--rendezvous-tls auto): its CA is in each job's Secret. Without that CA, or over plain HTTP,
+# no request (and no token) gets through.
+kubectl get secret a-rendezvous -n "$ns" -o jsonpath='{.data.ca\.crt}' | base64 -d >"$work/rdzv-ca.crt"
+grep -q "BEGIN CERTIFICATE" "$work/rdzv-ca.crt" || fail "job a's Secret has no ca.crt"
+rc=0
+curl -sS -o /dev/null -H "Authorization: Bearer $tok_a" -d '{}' "https://$rdzv/v1/status" 2>/dev/null || rc=$?
+[ "$rc" = 60 ] || fail "rendezvous over HTTPS without the CA: curl exit $rc, want 60 (certificate not trusted)"
+code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -H "Authorization: Bearer $tok_a" -d '{}' \
+  "http://$rdzv/v1/status" || true)
+[ "${code#2}" = "$code" ] || fail "rendezvous answered plain HTTP ($code)"
+ok
 wrong=$(openssl rand -hex 24)
 [ "$(knock none '')" = 401 ] || fail "rendezvous without a token: $(cat "$work/none.body")"
 [ "$(knock basic "Basic $(printf 'x:%s' "$tok_a" | base64 -w0)")" = 401 ] || fail "rendezvous with Basic auth"
@@ -168,7 +180,7 @@ for f in none basic wrong other prefix ghost right; do
   done
   ok
 done
-echo "rendezvous: 401 without/with Basic, 404 wrong/other job's/truncated token = unknown job, 200 own token; no token echoed"
+echo "rendezvous: TLS only (no CA: refused; plain HTTP: no answer); 401 without/with Basic, 404 wrong/other job's/truncated token = unknown job, 200 own token; no token echoed"
 
 # 4. The monitor's webhook.
 hook() { # hook OUT-PREFIX AUTH-HEADER-OR-EMPTY
@@ -249,7 +261,11 @@ while IFS= read -r f; do agent_files+=("$f"); done < <(find /tmp/railyard-agent 
 [ "${#agent_files[@]}" -ge 3 ] || fail "found ${#agent_files[@]} agent files under /tmp/railyard-agent, want >= 3"
 scanned=("$work/op.log" "$work/monitor.log" "$state/logs/node-agent.log" "${pod_logs[@]}" "$work"/metrics-*.txt
   "$work/objects.json" "${agent_files[@]}")
-for t in "$tok_done" "$tok_a" "$tok_b" "$webhook_token"; do
+# The rendezvous CA's private key (one line of its base64 body, long enough to be unique) must not leak either.
+ca_key_line=$(kubectl get secret railyard-rendezvous-ca -n "$ns" -o jsonpath='{.data.ca\.key}' | base64 -d |
+  grep -v -- '-----' | head -1)
+[ "${#ca_key_line}" -ge 32 ] || fail "no CA key in Secret railyard-rendezvous-ca"
+for t in "$tok_done" "$tok_a" "$tok_b" "$webhook_token" "$ca_key_line"; do
   hits=$(grep -lF -- "$t" "${scanned[@]}" || true)
   [ -z "$hits" ] || fail "a secret value appears in: $hits"
 done

@@ -23,6 +23,8 @@ Environment (set by the operator; docs/rendezvous.md has the whole contract):
   RAILYARD_POD_NAME, RAILYARD_POD_IP          this pod (downward API)
   RAILYARD_RENDEZVOUS_ADDR                    host:port of the operator's rendezvous service
   RAILYARD_RENDEZVOUS_TOKEN                   the job's token (Secret <job>-rendezvous, key token)
+  RAILYARD_RENDEZVOUS_CA                      PEM of the CA that signed the service's certificate (the Secret's key
+                                              ca.crt): HTTPS trusting only it; unset: plain HTTP
   RAILYARD_PROCS_PER_POD                      local ranks (default 1)
   RAILYARD_AGENT_DIR                          config/progress files (default $TMPDIR/railyard-agent/<ns>_<job>_<pod>)
   RAILYARD_AGENT_GRACE_SECONDS                SIGTERM -> SIGKILL grace for workers (default 10)

@@ -29,7 +29,7 @@ namespace railyard::worker::peer {
 
 struct Auth {
   std::string job_key;  // "<namespace>/<job>"
-  std::string token;    // the job's rendezvous token: sent, compared, never logged
+  std::string token;    // the job's peer_copy_token (never the rendezvous token): sent, compared, never logged
 };
 
 class PeerError : public Error {

@@ -172,7 +172,7 @@ class AgentRun {
   AgentRun(const AgentConfig& cfg, const std::atomic<int>& stop)
       : cfg_(cfg),
         stop_(stop),
-        client_(cfg.rendezvous_addr, cfg.token, client_options()),
+        client_(cfg.rendezvous_addr, cfg.token, client_options(cfg.rendezvous_ca)),
         agent_id_(random_id()),
         shm_pod_prefix_(shm_pod_prefix(cfg)),
         shm_prefix_(shm_pod_prefix_ + agent_id_),
@@ -184,7 +184,7 @@ class AgentRun {
                 {{"count", std::to_string(n)}, {"prefix", shm_pod_prefix_}});
     }
     if (cfg.peer_port >= 0) {
-      const peer::Auth auth{cfg.ns + "/" + cfg.job, cfg.token};
+      const peer::Auth auth{cfg.ns + "/" + cfg.job, peer_copy_token(cfg.token, cfg.ns, cfg.job)};
       try {
         peer_server_ = std::make_unique<peer::PeerServer>(cfg.pod_ip, cfg.peer_port, auth, shm_prefix_);
         log::info(kComponent, "serving peer copies of the in-memory checkpoint tier",
@@ -235,6 +235,7 @@ class AgentRun {
                {"pod", cfg_.pod},
                {"pod_ip", cfg_.pod_ip},
                {"rendezvous", cfg_.rendezvous_addr},
+               {"tls", client_.tls() ? "on" : "off"},
                {"procs", std::to_string(cfg_.procs_per_pod)},
                {"agent_id", agent_id_}});
     std::string last_notice;
@@ -334,8 +335,9 @@ class AgentRun {
   }
 
  private:
-  static RendezvousClientOptions client_options() {
+  static RendezvousClientOptions client_options(const std::string& ca_pem) {
     RendezvousClientOptions o;
+    o.ca_pem = ca_pem;
     o.connect_timeout = std::chrono::milliseconds(3000);
     o.read_timeout = std::chrono::milliseconds(5000);
     o.max_attempts = 3;
@@ -411,6 +413,7 @@ class AgentRun {
         "RAILYARD_SHM_PREFIX",
         "RAILYARD_SHM_PEER_STEPS",
         "RAILYARD_STORE_TOKEN",
+        "RAILYARD_RENDEZVOUS_CA",
         "RAILYARD_RENDEZVOUS_TOKEN"  // workers never talk to the service: keep the secret in the agent
     };
     const std::string generation_store_token = store_token(cfg_.token, cfg_.ns, cfg_.job, a.generation);
@@ -786,7 +789,7 @@ class AgentRun {
       if (peer_sender_) peer_sender_->set({}, "");
       return;
     }
-    const peer::Auth auth{cfg_.ns + "/" + cfg_.job, cfg_.token};
+    const peer::Auth auth{cfg_.ns + "/" + cfg_.job, peer_copy_token(cfg_.token, cfg_.ns, cfg_.job)};
     if (!ran_workers_ && !a.restore.empty()) {
       const auto t0 = Clock::now();
       for (int rank : a.ranks) {
@@ -886,6 +889,7 @@ AgentConfig AgentConfig::from_env(std::vector<std::string> command) {
   c.pod_ip = required_env("RAILYARD_POD_IP", "this pod's IP (fieldRef status.podIP)");
   c.rendezvous_addr = required_env("RAILYARD_RENDEZVOUS_ADDR", "the operator's rendezvous service as host:port");
   c.token = required_env("RAILYARD_RENDEZVOUS_TOKEN", "the job's token (secretKeyRef <job>-rendezvous/token)");
+  c.rendezvous_ca = env_or("RAILYARD_RENDEZVOUS_CA", "");
   c.procs_per_pod = static_cast<int>(int_env("RAILYARD_PROCS_PER_POD", 1, 1, 4096));
   c.command = std::move(command);
   const char* tmp = std::getenv("TMPDIR");
@@ -905,14 +909,16 @@ AgentConfig AgentConfig::from_env(std::vector<std::string> command) {
   return c;
 }
 
-std::string store_token(const std::string& rendezvous_token, const std::string& ns, const std::string& job,
-                        int64_t generation) {
-  const std::string msg = "railyard bootstrap store\n" + ns + "/" + job + "\n" + std::to_string(generation);
+namespace {
+
+// Hex HMAC-SHA256 keyed by the job's rendezvous token: a credential for one purpose, from which the token cannot be
+// recovered, so only the derived value ever leaves the agent.
+std::string derive_token(const std::string& rendezvous_token, const std::string& msg, const char* what) {
   unsigned char mac[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
   if (HMAC(EVP_sha256(), rendezvous_token.data(), static_cast<int>(rendezvous_token.size()),
            reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), mac, &len) == nullptr) {
-    throw Error("agent: HMAC-SHA256 of the bootstrap store token failed (OpenSSL)");
+    throw Error(std::string("agent: HMAC-SHA256 of the ") + what + " failed (OpenSSL)");
   }
   static const char* hex = "0123456789abcdef";
   std::string out;
@@ -922,6 +928,19 @@ std::string store_token(const std::string& rendezvous_token, const std::string& 
     out.push_back(hex[mac[i] & 15]);
   }
   return out;
+}
+
+}  // namespace
+
+std::string store_token(const std::string& rendezvous_token, const std::string& ns, const std::string& job,
+                        int64_t generation) {
+  return derive_token(rendezvous_token,
+                      "railyard bootstrap store\n" + ns + "/" + job + "\n" + std::to_string(generation),
+                      "bootstrap store token");
+}
+
+std::string peer_copy_token(const std::string& rendezvous_token, const std::string& ns, const std::string& job) {
+  return derive_token(rendezvous_token, "railyard peer copy\n" + ns + "/" + job, "peer copy token");
 }
 
 int run_agent(const AgentConfig& config, const std::atomic<int>& stop_signal) {

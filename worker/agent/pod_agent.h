@@ -11,12 +11,15 @@
 namespace railyard::worker {
 
 struct AgentConfig {
-  std::string ns;                    // RAILYARD_JOB_NAMESPACE
-  std::string job;                   // RAILYARD_JOB_NAME
-  std::string pod;                   // RAILYARD_POD_NAME
-  std::string pod_ip;                // RAILYARD_POD_IP
-  std::string rendezvous_addr;       // RAILYARD_RENDEZVOUS_ADDR host:port
-  std::string token;                 // RAILYARD_RENDEZVOUS_TOKEN
+  std::string ns;               // RAILYARD_JOB_NAMESPACE
+  std::string job;              // RAILYARD_JOB_NAME
+  std::string pod;              // RAILYARD_POD_NAME
+  std::string pod_ip;           // RAILYARD_POD_IP
+  std::string rendezvous_addr;  // RAILYARD_RENDEZVOUS_ADDR host:port
+  std::string token;            // RAILYARD_RENDEZVOUS_TOKEN
+  // RAILYARD_RENDEZVOUS_CA (secretKeyRef <job>-rendezvous/ca.crt): the CA of the service's certificate, PEM; the
+  // agent then speaks HTTPS and trusts only it. Empty: plain HTTP (the operator runs with --rendezvous-tls off).
+  std::string rendezvous_ca;
   int procs_per_pod = 1;             // RAILYARD_PROCS_PER_POD
   std::vector<std::string> command;  // worker command; empty = `<this binary> train --config $RAILYARD_CONFIG`
   std::string work_dir;              // RAILYARD_AGENT_DIR: per-generation config and progress files
@@ -53,5 +56,10 @@ int run_agent(const AgentConfig& config, const std::atomic<int>& stop_signal);
 // and the rendezvous token cannot be recovered from it.
 std::string store_token(const std::string& rendezvous_token, const std::string& ns, const std::string& job,
                         int64_t generation);
+
+// The token agents of one job present to each other's peer-copy listeners (in-memory checkpoint tier): hex
+// HMAC-SHA256 keyed by the rendezvous token over the job. Peer copies travel in cleartext on the pod network, so the
+// rendezvous token itself must not; a copy of this one opens the job's peer copies and nothing else.
+std::string peer_copy_token(const std::string& rendezvous_token, const std::string& ns, const std::string& job);
 
 }  // namespace railyard::worker

@@ -81,6 +81,17 @@ RendezvousClient::RendezvousClient(const std::string& address, std::string token
   if (token_.empty()) {
     throw ConfigError("RAILYARD_RENDEZVOUS_TOKEN is empty: set it from the job's Secret <job>-rendezvous (key token)");
   }
+  if (!options_.ca_pem.empty())
+    ca_ = std::make_shared<const tls::CaFile>(options_.ca_pem,
+                                              "RAILYARD_RENDEZVOUS_CA (Secret <job>-rendezvous, key ca.crt)");
+}
+
+std::unique_ptr<httplib::ClientImpl> RendezvousClient::connect() const {
+  if (!ca_) return std::make_unique<httplib::ClientImpl>(host_, port_);
+  auto c = std::make_unique<httplib::SSLClient>(host_, port_);
+  c->set_ca_cert_path(ca_->path().c_str());  // exactly this CA, no system roots
+  c->enable_server_certificate_verification(true);
+  return c;
 }
 
 RendezvousClient::Result RendezvousClient::call(const char* path, const nlohmann::json& body, int64_t wait_ms) const {
@@ -93,12 +104,21 @@ RendezvousClient::Result RendezvousClient::call(const char* path, const nlohmann
       std::this_thread::sleep_for(backoff);
       backoff = std::min(backoff * 2, options_.backoff_max);
     }
-    httplib::Client cli(host_, port_);
-    cli.set_keep_alive(false);
-    cli.set_connection_timeout(options_.connect_timeout);
-    cli.set_read_timeout(options_.read_timeout + std::chrono::milliseconds(wait_ms));
-    cli.set_write_timeout(options_.read_timeout);
-    auto res = cli.Post(path, headers, payload, "application/json");
+    std::unique_ptr<httplib::ClientImpl> cli = connect();
+    cli->set_keep_alive(false);
+    cli->set_connection_timeout(options_.connect_timeout);
+    cli->set_read_timeout(options_.read_timeout + std::chrono::milliseconds(wait_ms));
+    cli->set_write_timeout(options_.read_timeout);
+    auto res = cli->Post(path, headers, payload, "application/json");
+    if (!res && res.error() == httplib::Error::SSLServerVerification) {
+      const auto* ssl = static_cast<const httplib::SSLClient*>(cli.get());
+      const long v = ssl->get_openssl_verify_result();
+      throw RendezvousTlsError(
+          "rendezvous service " + host_ + ":" + std::to_string(port_) + " failed TLS verification (" +
+          (v != X509_V_OK ? std::string(X509_verify_cert_error_string(v)) : "its certificate does not name " + host_) +
+          "): it must present a certificate for that name signed by RAILYARD_RENDEZVOUS_CA (Secret <job>-rendezvous, "
+          "key ca.crt; the operator's --rendezvous-tls CA)");
+    }
     if (!res) {
       last_error = httplib::to_string(res.error());
       continue;

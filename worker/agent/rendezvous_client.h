@@ -4,11 +4,17 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "common/error.h"
 #include "common/rendezvous_protocol.h"
+#include "common/tls/ca_file.h"
+
+namespace httplib {
+class ClientImpl;
+}
 
 namespace railyard::worker {
 
@@ -19,6 +25,12 @@ class RendezvousAuthError : public ConfigError {
 };
 // 400: the service refused a field of the request (message names it).
 class RendezvousRequestError : public ConfigError {
+ public:
+  using ConfigError::ConfigError;
+};
+// TLS: the service's certificate is not signed by the CA the pod was given, or does not name the address dialled.
+// Retrying will not help (the pod needs the operator's current CA; a restart gives it one).
+class RendezvousTlsError : public ConfigError {
  public:
   using ConfigError::ConfigError;
 };
@@ -34,6 +46,9 @@ struct RendezvousClientOptions {
   int max_attempts = 4;
   std::chrono::milliseconds backoff_initial{200};
   std::chrono::milliseconds backoff_max{3000};
+  // PEM bundle of the CA that signed the service's certificate (RAILYARD_RENDEZVOUS_CA). Set: every call is HTTPS,
+  // verified against exactly this CA and the host of the address. Empty: plain HTTP (--rendezvous-tls off).
+  std::string ca_pem;
 };
 
 class RendezvousClient {
@@ -72,14 +87,17 @@ class RendezvousClient {
 
   const std::string& host() const { return host_; }
   int port() const { return port_; }
+  bool tls() const { return ca_ != nullptr; }
 
  private:
   Result call(const char* path, const nlohmann::json& body, int64_t wait_ms) const;
+  std::unique_ptr<httplib::ClientImpl> connect() const;  // HTTPS when ca_ is set
 
   std::string host_;
   int port_ = 0;
   std::string token_;
   RendezvousClientOptions options_;
+  std::shared_ptr<const tls::CaFile> ca_;  // set when options_.ca_pem is
 };
 
 const char* to_string(RendezvousClient::Outcome outcome);

@@ -472,7 +472,7 @@ struct Agent::Impl {
     const Json data = obj->value("data", Json::object());  // named: items() of a temporary would dangle
     for (const auto& [k, v] : data.items()) {
       if (!v.is_string()) continue;
-      out[k] = kind == RefKind::Secret ? base64_decode(v.get<std::string>()) : v.get<std::string>();
+      out[k] = kind == RefKind::Secret ? kube::base64_decode(v.get<std::string>()) : v.get<std::string>();
     }
     return out;
   }

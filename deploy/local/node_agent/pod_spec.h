@@ -62,6 +62,4 @@ std::string expand_vars(const std::string& s, const std::map<std::string, std::s
 // Resolves a downward-API field path ("metadata.name", "metadata.labels['app']", "status.podIP", ...).
 std::string resolve_field_ref(const nlohmann::json& pod, const std::string& path, const PodContext& ctx);
 
-std::string base64_decode(const std::string& in);  // throws Error on malformed input
-
 }  // namespace railyard::node_agent

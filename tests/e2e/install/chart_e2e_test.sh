@@ -101,7 +101,12 @@ for v in get list watch patch delete; do check "operator may $v trainingjobs" ca
 check "operator may update trainingjobs/status" can yes "$op" update trainingjobs.railyard.dev --subresource=status -n "$team"
 for v in get list watch create delete; do check "operator may $v pods" can yes "$op" "$v" pods -A; done
 check "operator may create pods/binding" can yes "$op" create pods --subresource=binding -n "$team"
-for v in get create delete; do check "operator may $v secrets in a job namespace" can yes "$op" "$v" secrets -n "$team"; done
+for v in get create patch delete; do check "operator may $v secrets in a job namespace" can yes "$op" "$v" secrets -n "$team"; done
+check "operator may get its rendezvous CA Secret" can yes "$op" get "secret/$rel-rendezvous-ca" -n "$ns"
+# Namespace scope: in its own namespace the operator reads only its CA Secret (and may create it on first start).
+check "namespace scope: operator may get its rendezvous CA Secret" can yes "$reln-operator" get "secret/$reln-rendezvous-ca" -n "$ns"
+check "namespace scope: operator may create its rendezvous CA Secret" can yes "$reln-operator" create secrets -n "$ns"
+check "namespace scope: operator may not get other Secrets of its namespace" can no "$reln-operator" get secret/other -n "$ns"
 for v in get list watch; do check "operator may $v nodes" can yes "$op" "$v" nodes; done
 for v in create patch; do check "operator may $v events" can yes "$op" "$v" events -n "$team"; done
 for v in get create update delete; do check "operator may $v networkpolicies in a job namespace" can yes "$op" "$v" networkpolicies.networking.k8s.io -n "$team"; done

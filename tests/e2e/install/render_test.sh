@@ -36,9 +36,9 @@ check "deploy/crds: no schema key made of a description split at a comma" crd_st
 render "$work/default.yaml" --include-crds || fail "the default values do not render"
 objects "$work/default.yaml" >"$work/default.json"
 q() { jq -e -s "$1" "$2" >/dev/null; }
-check "default: CRD, 2 Deployments, 3 Services, PDB, ClusterRoles (operator, monitor, users edit and view), Lease Role, 2 dashboards" q '
+check "default: CRD, 2 Deployments, 3 Services, PDB, ClusterRoles (operator, monitor, users edit and view), Lease and rendezvous CA Roles, 2 dashboards" q '
   (map(.kind) | sort) == (["ClusterRole","ClusterRole","ClusterRole","ClusterRole","ClusterRoleBinding","ClusterRoleBinding","ConfigMap",
-    "ConfigMap","CustomResourceDefinition","Deployment","Deployment","PodDisruptionBudget","Role","RoleBinding",
+    "ConfigMap","CustomResourceDefinition","Deployment","Deployment","PodDisruptionBudget","Role","Role","RoleBinding","RoleBinding",
     "Service","Service","Service","ServiceAccount","ServiceAccount"])' "$work/default.json"
 check "default: every Deployment is non-root, read-only, drops ALL, RuntimeDefault seccomp, has requests and probes" q '
   [.[] | select(.kind == "Deployment") | .spec.template.spec as $p | $p.containers[] |
@@ -58,6 +58,34 @@ check "default: worker pods serve rank metrics on 9400+ and the agent's on 9399 
   [.[] | select(.kind == "Deployment" and .metadata.name == "railyard-operator") | .spec.template.spec.containers[0]
     .args] | .[0] | index("--worker-metrics-port=9400") != null and index("--agent-metrics-port=9399") != null' \
   "$work/default.json"
+check "default: rendezvous TLS auto, its CA in railyard-system/railyard-rendezvous-ca, readable by name only" q '
+  ([.[] | select(.kind == "Deployment" and .metadata.name == "railyard-operator") | .spec.template.spec.containers[0]
+    .args] | .[0] | index("--rendezvous-tls=auto") != null
+    and index("--rendezvous-ca-secret=railyard-system/railyard-rendezvous-ca") != null)
+  and ([.[] | select(.kind == "Role" and .metadata.name == "railyard-operator-rendezvous-ca") | .rules]
+    == [[{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["railyard-rendezvous-ca"], "verbs": ["get"]},
+         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}]])
+  and (map(select(.kind == "Certificate")) | length == 0)' "$work/default.json"
+render "$work/cm.yaml" --set rendezvous.tls.mode=certManager --set rendezvous.tls.certManager.issuerRef.name=ca-issuer ||
+  fail "rendezvous.tls.mode=certManager does not render"
+check "rendezvous.tls.mode=certManager: a Certificate for the Service name, mounted, served with --rendezvous-tls files" q '
+  ([.[] | select(.kind == "Certificate")] | length == 1 and .[0].spec.secretName == "railyard-rendezvous-tls"
+    and .[0].spec.dnsNames == ["railyard-rendezvous.railyard-system.svc",
+                               "railyard-rendezvous.railyard-system.svc.cluster.local"]
+    and .[0].spec.issuerRef == {"name": "ca-issuer", "kind": "Issuer", "group": "cert-manager.io"})
+  and ([.[] | select(.kind == "Deployment" and .metadata.name == "railyard-operator") | .spec.template.spec] | .[0] as $p
+    | ($p.containers[0].args | index("--rendezvous-tls=files") != null
+       and index("--rendezvous-tls-dir=/etc/railyard/rendezvous-tls") != null)
+    and $p.volumes == [{"name": "rendezvous-tls", "secret": {"secretName": "railyard-rendezvous-tls"}}]
+    and $p.containers[0].volumeMounts[0].mountPath == "/etc/railyard/rendezvous-tls")
+  and (map(select(.kind == "Role" and .metadata.name == "railyard-operator-rendezvous-ca")) | length == 0)' \
+  <(objects "$work/cm.yaml")
+render "$work/tlsoff.yaml" --set rendezvous.tls.mode=off || fail "rendezvous.tls.mode=off does not render"
+check "rendezvous.tls.mode=off: plain HTTP, no CA Role" q '
+  ([.[] | select(.kind == "Deployment" and .metadata.name == "railyard-operator") | .spec.template.spec.containers[0]
+    .args] | .[0] | index("--rendezvous-tls=off") != null)
+  and (map(select(.kind == "Role" and .metadata.name == "railyard-operator-rendezvous-ca")) | length == 0)' \
+  <(objects "$work/tlsoff.yaml")
 render "$work/noagent.yaml" --set worker.agentMetricsPort=0 || fail "worker.agentMetricsPort=0 does not render"
 check "worker.agentMetricsPort=0 turns the agent metrics off" q '
   [.[] | select(.kind == "Deployment" and .metadata.name == "railyard-operator") | .spec.template.spec.containers[0]
@@ -195,6 +223,10 @@ check "negative replica count" refuses '^- operator\.replicas: Must be greater t
 check "missing operator image" refuses '^- operator\.image\.repository: String length must be' \
   --set operator.image.repository=
 check "removed operator image" refuses '^- operator\.image: repository is required' --set operator.image.repository=null
+check "certManager without an issuer" refuses 'rendezvous\.tls\.certManager\.issuerRef\.name: name the cert-manager' \
+  --set rendezvous.tls.mode=certManager
+check "unknown rendezvous TLS mode" refuses '^- rendezvous\.tls\.mode: .*"auto", "certManager", "off"' \
+  --set rendezvous.tls.mode=on
 check "unknown RBAC scope" refuses '^- rbac\.scope: .*"cluster", "namespace"' --set rbac.scope=everything
 check "misspelt value" refuses 'operator: Additional property replica is not allowed' --set operator.replica=2
 check "two replicas without leader election" refuses '^- operator\.replicas: Must be less than or equal to 1' \

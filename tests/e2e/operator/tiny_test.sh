@@ -34,8 +34,9 @@ jp() { kubectl get tj tiny -n "$ns" -o jsonpath="$1" 2>/dev/null; }
 "$bin/railyard" data prepare --input /usr/share/common-licenses/* --output "$work/data" >/dev/null
 install_crd "$src"
 kubectl create namespace "$ns" >/dev/null
+mport=$(free_port)
 "$bin/railyard-operator" --namespace "$ns" --leader-elect=false --worker-command "$bin/railyard-worker" \
-  --metrics-addr "127.0.0.1:$(free_port)" --health-addr "127.0.0.1:$(free_port)" --rendezvous-bind 127.0.0.1:0 \
+  --metrics-addr "127.0.0.1:$mport" --health-addr "127.0.0.1:$(free_port)" --rendezvous-bind 127.0.0.1:0 \
   >"$work/op.log" 2>&1 &
 op_pid=$!
 
@@ -70,6 +71,36 @@ python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(
   "$loss" "$last_loss" || fail "status.loss $loss is not the last step's loss $last_loss"
 echo "tiny example e2e: ok (node $node, final loss $loss)"
 
+# Rendezvous over TLS (--rendezvous-tls auto, the default): the operator made its CA (Secret railyard-rendezvous-ca
+# in the namespace it watches), gave the job's Secret the CA certificate, and the agent spoke HTTPS trusting only it.
+ca_json=$(kubectl get secret railyard-rendezvous-ca -n "$ns" -o json) || fail "no CA Secret railyard-rendezvous-ca"
+jq -r '.data["ca.crt"]' <<<"$ca_json" | base64 -d >"$work/ca.crt"
+jq -e '.data["ca.key"] | length > 0' <<<"$ca_json" >/dev/null || fail "the CA Secret has no ca.key"
+openssl x509 -in "$work/ca.crt" -noout -ext basicConstraints | grep -q "CA:TRUE" || fail "ca.crt is not a CA"
+[ "$(kubectl get secret tiny-rendezvous -n "$ns" -o jsonpath='{.data.ca\.crt}' | base64 -d)" = "$(cat "$work/ca.crt")" ] ||
+  fail "the job's Secret does not carry the operator's CA as ca.crt"
+grep -q "tls=on" "$log" || fail "the agent did not speak TLS: $(grep -m1 'starting' "$log")"
+rport=$(grep -o 'leading: reconciling.*rendezvous=[0-9.]*:[0-9]*' "$work/op.log" | head -1 | sed 's/.*://')
+[ -n "$rport" ] || fail "no rendezvous address in the operator's log"
+# With the CA the service answers (401: no token); without it, or over plain HTTP, no request gets through.
+code=$(curl -s -o /dev/null -w '%{http_code}' --cacert "$work/ca.crt" -X POST -d '{}' "https://127.0.0.1:$rport/v1/status")
+[ "$code" = 401 ] || fail "HTTPS with the CA answered '$code', want 401 (no token)"
+rc=0
+curl -s -o /dev/null -X POST -d '{}' "https://127.0.0.1:$rport/v1/status" || rc=$?
+[ "$rc" = 60 ] || fail "HTTPS trusting only the system roots: curl exit $rc, want 60 (certificate not trusted)"
+code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -X POST -d '{}' "http://127.0.0.1:$rport/v1/status" || true)
+[ "$code" != 401 ] && [ "${code#2}" = "$code" ] || fail "plain HTTP reached the service (HTTP $code)"
+# The token is in the job's Secret and nowhere else that one can read: not in a log, not in a metric.
+token=$(kubectl get secret tiny-rendezvous -n "$ns" -o jsonpath='{.data.token}' | base64 -d)
+[ ${#token} = 64 ] || fail "the job's token is not 64 hex characters"
+for f in "$work/op.log" "$state"/node-agent/pods/"${ns}"_*/*.log "$state"/node-agent/*.log; do
+  [ -f "$f" ] || continue
+  if grep -qF "$token" "$f"; then fail "the job's token appears in $f"; fi
+done
+curl -fsS "http://127.0.0.1:$mport/metrics" >"$work/op.metrics" || fail "no operator /metrics"
+if grep -qF "$token" "$work/op.metrics"; then fail "the job's token appears in the operator's metrics"; fi
+echo "rendezvous TLS: ok (CA in railyard-rendezvous-ca, client without it refused, token in no log or metric)"
+
 # The job's NetworkPolicy (--network-policy ingress, the default), accepted by the API server and owned by the job:
 # its pods, in every generation, accept the job's own pods and the metrics ports. (The local network enforces none.)
 np=$(kubectl get networkpolicy tiny-workers -n "$ns" -o json) || fail "no NetworkPolicy tiny-workers"
@@ -80,7 +111,9 @@ jq -e --arg uid "$uid" '.metadata.ownerReferences[0].uid == $uid and .metadata.o
   and ([.spec.ingress[1].ports[].port] == [9400, 9399]) and (.spec.egress == null)' <<<"$np" >/dev/null ||
   fail "NetworkPolicy tiny-workers is not the job's ingress policy: $np"
 # The operator restarted with --network-policy strict: the next job's policy also limits where its pods connect to.
+# Its CA Secret deleted meanwhile (how the CA is rotated): the restarted operator makes a new CA for the next job.
 kill "$op_pid" && wait "$op_pid" 2>/dev/null || true
+kubectl delete secret railyard-rendezvous-ca -n "$ns" >/dev/null
 "$bin/railyard-operator" --namespace "$ns" --leader-elect=false --worker-command "$bin/railyard-worker" \
   --metrics-addr "127.0.0.1:$(free_port)" --health-addr "127.0.0.1:$(free_port)" --rendezvous-bind 127.0.0.1:0 \
   --network-policy strict >>"$work/op.log" 2>&1 &
@@ -122,6 +155,11 @@ EOT
 done
 grep -q "step=30/30" "$(ls "$state"/node-agent/pods/"${ns}"_moe-worker-0/*.log | head -1)" ||
   fail "moe-worker-0's log has no step 30/30"
+kubectl get secret railyard-rendezvous-ca -n "$ns" -o jsonpath='{.data.ca\.crt}' | base64 -d >"$work/ca2.crt"
+! cmp -s "$work/ca.crt" "$work/ca2.crt" || fail "the restarted operator kept the deleted CA"
+[ "$(kubectl get secret moe-rendezvous -n "$ns" -o jsonpath='{.data.ca\.crt}' | base64 -d)" = "$(cat "$work/ca2.crt")" ] ||
+  fail "the moe job's Secret does not carry the new CA"
+grep -q "tls=on" "$(ls "$state"/node-agent/pods/"${ns}"_moe-worker-0/*.log | head -1)" || fail "moe's agent did not speak TLS"
 np=$(kubectl get networkpolicy moe-workers -n "$ns" -o json) || fail "no NetworkPolicy moe-workers"
 # The restarted operator's rendezvous port (bound to port 0: the log says which).
 rport=$(grep -o 'rendezvous=[0-9.]*:[0-9]*' "$work/op.log" | tail -1 | sed 's/.*://')

@@ -227,3 +227,11 @@ TEST_CASE("leader election: a candidate takes over early by at most what keeps t
   o.retry_period = milliseconds(1500);
   CHECK(railyard::kube::takeover_margin(o) == milliseconds(500));
 }
+
+TEST_CASE("base64 of Secret data: padding, empty input, and malformed input refused") {
+  CHECK(base64_decode("czNjcmV0") == "s3cret");
+  CHECK(base64_decode("YQ==") == "a");
+  CHECK(base64_decode("") == "");
+  CHECK_THROWS(base64_decode("a*b"));
+  CHECK_THROWS(base64_decode("YQ==YQ"));  // data after padding
+}

@@ -58,6 +58,14 @@ TEST_CASE("the agent env names the job, the pod through the downward API, and th
   const Json& token = (*find_env(pod, "RAILYARD_RENDEZVOUS_TOKEN"))["valueFrom"]["secretKeyRef"];
   CHECK(token["name"] == "tiny-rendezvous");
   CHECK(token["key"] == "token");
+  CHECK_FALSE(find_env(pod, "RAILYARD_RENDEZVOUS_CA"));  // --rendezvous-tls off: the agent speaks plain HTTP
+  PodOptions tls = options();
+  tls.rendezvous_tls = true;
+  Json tls_pod = build_worker_pod(job, parse_job(job).spec, 0, 1, tls);
+  REQUIRE(find_env(tls_pod, "RAILYARD_RENDEZVOUS_CA"));
+  const Json& ca = (*find_env(tls_pod, "RAILYARD_RENDEZVOUS_CA"))["valueFrom"]["secretKeyRef"];
+  CHECK(ca["name"] == "tiny-rendezvous");
+  CHECK(ca["key"] == "ca.crt");
 }
 
 TEST_CASE("the template merges labels, pod fields, env and overrides the command") {
@@ -105,6 +113,8 @@ TEST_CASE("the token Secret is owned by the job and tokens are random") {
   CHECK(s["metadata"]["name"] == "tiny-rendezvous");
   CHECK(s["metadata"]["ownerReferences"][0]["uid"] == "uid-1");
   CHECK(s["stringData"]["token"] == "abc");
+  CHECK_FALSE(s["stringData"].contains("ca.crt"));
+  CHECK(build_token_secret(valid_job(), "abc", "PEM")["stringData"]["ca.crt"] == "PEM");
   std::string a = random_token(), b = random_token();
   CHECK(a.size() == 64);
   CHECK(a != b);

@@ -564,6 +564,19 @@ TEST_CASE(
   CHECK(t == "128fa79a7be2ca314609a6b12aa584fb0a4be8ce5453daa02e6e4ba7afb152f7");
 }
 
+TEST_CASE("the peer copy token: per job, keyed by the rendezvous token, never the token nor a store token") {
+  using railyard::worker::peer_copy_token;
+  using railyard::worker::store_token;
+  const std::string p = peer_copy_token(kToken, "ns1", "job1");
+  CHECK(p.size() == 64);
+  CHECK(p != kToken);
+  CHECK(p.find(kToken) == std::string::npos);
+  CHECK(peer_copy_token(kToken, "ns1", "job2") != p);
+  for (int64_t g = 0; g < 4; ++g) CHECK(store_token(kToken, "ns1", "job1", g) != p);
+  // Pinned (Python: hmac.new(token, b"railyard peer copy\nns1/job1", sha256)): agents of different builds agree.
+  CHECK(p == "3b81c4d3ba3a4ab854bac9667d46a2fbd037dbead926c68f4fcd7bfff0c1ec75");
+}
+
 TEST_CASE("the agent's configuration errors name the variable") {
   CHECK_THROWS_WITH_AS(RendezvousClient("nohost", kToken), doctest::Contains("RAILYARD_RENDEZVOUS_ADDR"),
                        railyard::ConfigError);
