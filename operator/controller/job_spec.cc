@@ -330,6 +330,34 @@ void parse_parallelism_memory(Checker& c, JobSpec& s, const Json& spec) {
   }
 }
 
+// spec.placement.scheduler: a scheduler name as a Pod's schedulerName takes it (a DNS-1123 subdomain). With another
+// scheduler than Railyard's, the fields only Railyard's placement reads would silently do nothing: hard mode and
+// topology keys are refused (railAware is documented as ignored: its default is true).
+void parse_scheduler(Checker& c, JobSpec& s, const Json& placement) {
+  auto v = c.string(placement, "scheduler", "spec.placement.scheduler");
+  if (!v) return;
+  const bool dns_subdomain = !v->empty() && v->size() <= 253 && std::isalnum(static_cast<unsigned char>(v->front())) &&
+                             std::isalnum(static_cast<unsigned char>(v->back())) &&
+                             std::all_of(v->begin(), v->end(), [](char ch) {
+                               return (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '-' || ch == '.';
+                             });
+  if (!dns_subdomain) {
+    c.fail("spec.placement.scheduler", "'" + *v + "' is not a scheduler name (lower-case letters, digits, '-', '.')",
+           "use railyard, default-scheduler or the schedulerName your cluster's scheduler serves");
+    return;
+  }
+  s.scheduler = *v;
+  if (s.scheduler == kRailyardScheduler) return;
+  if (placement.value("mode", "soft") == "hard")
+    c.fail("spec.placement.mode", "hard is Railyard's own placement, but spec.placement.scheduler is " + s.scheduler,
+           "remove mode (or use spec.placement.scheduler railyard)");
+  else if (placement.contains("topologyKeys") && placement["topologyKeys"].is_array() &&
+           !placement["topologyKeys"].empty())
+    c.fail("spec.placement.topologyKeys",
+           "only Railyard's placement reads them, but spec.placement.scheduler is " + s.scheduler,
+           "remove them (the pod template's affinity reaches " + s.scheduler + "), or use scheduler railyard");
+}
+
 void parse_checkpoint_policies(Checker& c, JobSpec& s, const Json& spec) {
   // Checkpoint and placement: types only (their semantics belong to the worker and the scheduler).
   Json ckpt = c.object(spec, "checkpoint", "spec.checkpoint");
@@ -347,6 +375,7 @@ void parse_checkpoint_policies(Checker& c, JobSpec& s, const Json& spec) {
     else
       s.node_selector[it.key()] = it.value().get<std::string>();
   }
+  parse_scheduler(c, s, placement);
 
   // Failure and run policy.
   Json fp = c.object(spec, "failurePolicy", "spec.failurePolicy");

@@ -24,6 +24,9 @@ struct MoeSpec {
   double aux_loss_coef = 0.01;
 };
 
+// spec.placement.scheduler's default: Railyard's own rail-aware gang placement and binding.
+inline constexpr const char* kRailyardScheduler = "railyard";
+
 struct JobSpec {
   std::string name, ns;
   int replicas = 1;
@@ -73,6 +76,9 @@ struct JobSpec {
   bool suspend = false;
   std::string clean_pod_policy = "Running";
   std::map<std::string, std::string> node_selector;
+  // spec.placement.scheduler: kRailyardScheduler (the operator places and binds the gang itself) or the name of the
+  // cluster's scheduler that binds the pods (docs/scheduler.md "Another scheduler").
+  std::string scheduler = kRailyardScheduler;
   // spec.checkpoint.memoryIntervalSteps: in-memory snapshot every N steps (0 = off); the worker gets it in the
   // resolved config's checkpoint object.
   int64_t memory_interval_steps = 0;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <set>
 
 #include "common/error.h"
 #include "operator/controller/nccl_env.h"
@@ -167,6 +168,40 @@ void add_launcher(Json& container, Json& pod_spec, const JobSpec& spec, const Po
   pod_spec["initContainers"] = inits;
 }
 
+// A pod that the cluster's scheduler binds (spec.placement.scheduler is not railyard): what Railyard's own placement
+// would have applied becomes pod fields that scheduler reads, and the pod is marked as one of a gang the way the
+// common gang-scheduling schedulers and Kueue read it (docs/scheduler.md "Another scheduler").
+void for_other_scheduler(const Json& job, const JobSpec& spec, Json& labels, Json& annotations, Json& pod_spec) {
+  const std::string job_name = job["metadata"].value("name", "");
+  // spec.placement.nodeSelector, on top of the template's own nodeSelector.
+  for (const auto& [k, v] : spec.node_selector) pod_spec["nodeSelector"][k] = v;
+  // Nodes the monitor or the operator excluded after failures (railyard.dev/exclude-nodes): a required node affinity
+  // term (every term of the template gets the expression, since terms are ORed).
+  const Json job_ann = job["metadata"].value("annotations", Json::object());
+  if (job_ann.contains(kExcludeNodesAnnotation) && job_ann[kExcludeNodesAnnotation].is_string()) {
+    const std::set<std::string> excluded = parse_node_list(job_ann[kExcludeNodesAnnotation].get<std::string>());
+    if (!excluded.empty()) {
+      const Json expr = {{"key", "kubernetes.io/hostname"},
+                         {"operator", "NotIn"},
+                         {"values", Json(std::vector<std::string>(excluded.begin(), excluded.end()))}};
+      Json& required = pod_spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"];
+      Json& terms = required["nodeSelectorTerms"];
+      if (!terms.is_array() || terms.empty()) terms = Json::array({Json::object()});
+      for (Json& t : terms) t["matchExpressions"].push_back(expr);
+    }
+  }
+  // The gang: scheduler-plugins' coscheduling (label; its PodGroup named after the job), Volcano (annotation; its
+  // PodGroup likewise), and Kueue's plain-pod groups when the job names a queue (all pods or none admitted).
+  labels[kPodGroupLabel] = job_name;
+  annotations[kVolcanoGroupAnnotation] = job_name;
+  const Json job_labels = job["metadata"].value("labels", Json::object());
+  if (job_labels.contains(kKueueQueueLabel) && job_labels[kKueueQueueLabel].is_string()) {
+    labels[kKueueQueueLabel] = job_labels[kKueueQueueLabel];
+    labels[kKueuePodGroupLabel] = job_name;
+    annotations[kKueuePodGroupCountAnnotation] = std::to_string(spec.replicas);
+  }
+}
+
 }  // namespace
 
 Json build_worker_pod(const Json& job, const JobSpec& spec, int index, int64_t generation, const PodOptions& opts) {
@@ -281,9 +316,10 @@ Json build_worker_pod(const Json& job, const JobSpec& spec, int index, int64_t g
   if (spec.program) add_launcher(container, pod_spec, spec, opts);
   containers.insert(containers.begin(), container);
   pod_spec["containers"] = containers;
-  pod_spec["schedulerName"] = kSchedulerName;
+  pod_spec["schedulerName"] = spec.scheduler;
   pod_spec["restartPolicy"] = "Never";
-  pod_spec.erase("nodeName");  // binding is the operator's job, all of a gang or none
+  pod_spec.erase("nodeName");  // binding is the operator's or the chosen scheduler's job, never the template's
+  if (spec.scheduler != kRailyardScheduler) for_other_scheduler(job, spec, labels, annotations, pod_spec);
   pod_spec["hostname"] = worker_pod_name(job_name, index);
 
   Json pod = {{"apiVersion", "v1"},

@@ -12,7 +12,15 @@ namespace railyard::op {
 inline constexpr const char* kJobLabel = "railyard.dev/job";
 inline constexpr const char* kReplicaIndexLabel = "railyard.dev/replica-index";
 inline constexpr const char* kGenerationLabel = "railyard.dev/generation";
-inline constexpr const char* kSchedulerName = "railyard";
+inline constexpr const char* kSchedulerName = kRailyardScheduler;
+// Gang marks on pods of a job whose spec.placement.scheduler is another scheduler (docs/scheduler.md "Another
+// scheduler"): scheduler-plugins' coscheduling, Volcano, Kueue's plain-pod groups (Kueue's only with a queue label on
+// the job, which is copied to the pods).
+inline constexpr const char* kPodGroupLabel = "scheduling.x-k8s.io/pod-group";
+inline constexpr const char* kVolcanoGroupAnnotation = "scheduling.k8s.io/group-name";
+inline constexpr const char* kKueueQueueLabel = "kueue.x-k8s.io/queue-name";
+inline constexpr const char* kKueuePodGroupLabel = "kueue.x-k8s.io/pod-group-name";
+inline constexpr const char* kKueuePodGroupCountAnnotation = "kueue.x-k8s.io/pod-group-total-count";
 // The first local rank's metrics port (rank l serves port + l): what deploy/prometheus/prometheus.yml and the
 // chart's PodMonitor scrape.
 inline constexpr const char* kMetricsPortAnnotation = "railyard.dev/metrics-port";
@@ -49,7 +57,9 @@ std::string job_selector(const std::string& job_name);
 // ownerReference to the job: controller=true, blockOwnerDeletion=true.
 Json owner_reference(const Json& job);
 
-// One worker pod: the agent command and env, labels, owner reference, schedulerName railyard, restartPolicy Never,
+// One worker pod: the agent command and env, labels, owner reference, schedulerName (spec.placement.scheduler,
+// railyard by default; another scheduler's pods also get its gang marks, nodeSelector and the excluded nodes as node
+// affinity), restartPolicy Never,
 // merged with spec.template (labels, annotations, pod-level fields, container command/args/env/mounts override).
 // Railyard's own labels, schedulerName, restartPolicy and owner always win. The worker container gets secure defaults
 // (non-root uid kWorkerUid, read-only root, no privilege escalation, all capabilities dropped, RuntimeDefault seccomp,

@@ -164,6 +164,18 @@ void Controller::bind_gang(Sync& s) {
   int& placed_hops = s.placed_hops;
   bool& capacity_short = s.capacity_short;
   int bound_now = 0;
+  if (spec.scheduler != kRailyardScheduler) {
+    // The cluster's scheduler binds the pods (spec.placement.scheduler). The gang is still all or nothing for training:
+    // the rendezvous holds every joined pod until the whole world has joined (or reports JoinTimeout).
+    if (!unbound.empty()) {
+      const std::string msg = std::to_string(unbound.size()) + " of " + std::to_string(n) +
+                              " pods wait for scheduler " + spec.scheduler +
+                              " to bind them; training starts when every pod has joined";
+      if (set_condition(status, "Scheduled", false, "WaitingForScheduler", msg, now_s))
+        events.push_back({false, "WaitingForScheduler", msg});
+    }
+    return;
+  }
   if (exists_uncached && !unbound.empty()) {
     // Some of the gang exist at the server but not yet in the cache (our own creates of an earlier reconcile):
     // binding now would place part of the gang. Their watch events bring us back; the requeue is a safety net.

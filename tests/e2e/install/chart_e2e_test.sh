@@ -319,6 +319,8 @@ if [ "${RAILYARD_RBAC_NECESSITY:-0}" = 1 ]; then
         .rules[$r] | "\(.resources | join(",")) [\(.verbs | join(","))]"' "$work/ns-rbac.json")
       jq -c --arg k "$kind" --arg n "$role" --argjson r "$r" 'select(.kind == $k and .metadata.name == $n) |
         .rules |= del(.[$r])' "$work/ns-rbac.json" | kubectl apply -f - >/dev/null
+      # Every run a first start: the operator must create its rendezvous CA (or the create rule would look unneeded).
+      kubectl delete secret "$reln-rendezvous-ca" -n "$ns" --ignore-not-found >/dev/null
       check "without $kind $role rule '$what' the job flow fails" flow_fails "necessity-$i" 25
       rbac_only "$work/ns.yaml" | kubectl apply -f - >/dev/null # restore
       kubectl delete tj "necessity-$i" -n "$team" --wait=false >/dev/null 2>&1 || true

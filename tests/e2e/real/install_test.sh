@@ -9,6 +9,9 @@
 #   3. the tiny example, as shipped, trains to Succeeded through that in-cluster operator: its worker dials the
 #      rendezvous at the Service name the chart gives (DNS + kube-proxy), and the monitor pod, in its embedded mode,
 #      reads the worker's series (railyard_monitor_series > 0 on its /metrics);
+#   3b. jobs with spec.placement.scheduler default-scheduler: kube-scheduler binds a 2-pod job, which trains to
+#      Succeeded; a 2-pod job only one of whose pods fits never trains a step (its bound pod waits at the rendezvous)
+#      and is reported as JoinTimeout naming the missing pod;
 #   4. the leader pod deleted: the other replica takes the Lease and the Deployment is back to 2 Available;
 #   5. `kubectl kustomize deploy/` (the `apply -k` objects; its policy/v1 PDB left out on this 1.20 server) applied
 #      over the chart's objects with the same image names: the Deployments roll out Available again.
@@ -55,8 +58,10 @@ ep=$(kubectl get endpoints kubernetes -o jsonpath='{.subsets[0].addresses[0].ip}
 kubectl create namespace "$sys" >/dev/null
 apis=$(kubectl api-versions | paste -sd, -)
 kver=$(kubectl version -o json 2>/dev/null | jq -r .serverVersion.gitVersion)
+# A 20 s join timeout (instead of 300) so that step 3b sees a gang that cannot start reported within the test.
 "$minihelm" template "$src/charts/railyard" --name railyard --namespace "$sys" --include-crds --only-api-versions \
-  --api-versions "$apis" --kube-version "$kver" -f "$src/deploy/local/values/real-nodes.yaml" >"$work/chart.yaml" ||
+  --api-versions "$apis" --kube-version "$kver" -f "$src/deploy/local/values/real-nodes.yaml" \
+  --set operator.joinTimeoutSeconds=20 >"$work/chart.yaml" ||
   fail "rendering the chart"
 kubectl apply -f "$work/chart.yaml" >"$work/apply.log" 2>&1 || { cat "$work/apply.log" >&2; fail "kubectl apply of the chart"; }
 available() { [ "$(kubectl get deploy "$1" -n "$sys" -o jsonpath='{.status.availableReplicas}')" = "$2" ]; }
@@ -85,6 +90,9 @@ wait_for 120 "tiny's pod Running" sh -c "[ \"\$(kubectl get pod tiny-worker-0 -n
 addr=$(kubectl get pod tiny-worker-0 -n "$ns" \
   -o jsonpath='{.spec.containers[0].env[?(@.name=="RAILYARD_RENDEZVOUS_ADDR")].value}')
 [ "$addr" = "railyard-rendezvous.$sys.svc:9090" ] || fail "the worker dials the rendezvous at '$addr'"
+# Over TLS: the leader's certificate from the chart's CA Secret names the Service; the agent trusts the job's ca.crt.
+kubectl get secret railyard-rendezvous-ca -n "$sys" >/dev/null || fail "no rendezvous CA Secret railyard-rendezvous-ca"
+wait_for 30 "the agent's start line saying tls=on" sh -c "kubectl logs tiny-worker-0 -n $ns | grep -q 'rendezvous=railyard-rendezvous.$sys.svc:9090 tls=on'"
 mon_ip=$(kubectl get pods -n "$sys" -l app.kubernetes.io/component=monitor -o jsonpath='{.items[0].status.podIP}')
 series() { curl -sf --max-time 2 "http://$mon_ip:9402/metrics" | awk '$1 == "railyard_monitor_series" {print $2}'; }
 wait_for 90 "the monitor pod reading the worker's series" sh -c "v=\$(curl -sf --max-time 2 http://$mon_ip:9402/metrics | awk '\$1 == \"railyard_monitor_series\" {print \$2}'); [ -n \"\$v\" ] && [ \"\${v%.*}\" -gt 0 ]"
@@ -93,6 +101,56 @@ wait_for 240 "tiny Succeeded" sh -c "[ \"\$(kubectl get tj tiny -n $ns -o jsonpa
 kubectl logs "$leader_pod" -n "$sys" | grep -q "world complete job=$ns/tiny generation=1" ||
   fail "the leader's rendezvous did not see tiny's world complete"
 log "tiny Succeeded through the in-cluster operator in $((SECONDS - t0)) s (progress $(kubectl get tj tiny -n "$ns" -o jsonpath='{.status.progress}'))"
+
+# --- 3b. the cluster's own scheduler (spec.placement.scheduler: default-scheduler) ---------------------------
+# kube-scheduler binds the pods; Railyard still runs the rendezvous and the job to Succeeded.
+gang_job() { # NAME REPLICAS STEPS [python expression applied to the job j]
+  python3 - "$src/deploy/examples/tiny.yaml" "$@" <<'PY'
+import sys, yaml
+j = yaml.safe_load(open(sys.argv[1]))
+name, replicas, steps = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+j["metadata"]["name"] = name
+j["spec"]["replicas"] = replicas
+j["spec"]["parallelism"] = {"data": replicas}
+j["spec"]["training"].update({"steps": steps, "valEvery": 0})
+j["spec"]["checkpoint"] = {"path": "/shared/checkpoints/" + name, "intervalSteps": 10}
+j["spec"]["placement"] = {"scheduler": "default-scheduler"}
+if len(sys.argv) > 5:
+    exec(sys.argv[5])
+print(yaml.safe_dump(j))
+PY
+}
+t0=$SECONDS
+gang_job ks 2 20 | kubectl apply -n "$ns" -f - >/dev/null
+wait_for 180 "ks Succeeded (bound by kube-scheduler)" sh -c "[ \"\$(kubectl get tj ks -n $ns -o jsonpath='{.status.phase}')\" = Succeeded ]"
+[ "$(kubectl get tj ks -n "$ns" -o jsonpath='{.status.progress}')" = 20/20 ] || fail "ks progress $(kubectl get tj ks -n "$ns" -o jsonpath='{.status.progress}')"
+kubectl get events -n "$ns" -o json | jq -e '[.items[] | select(.involvedObject.name | startswith("ks-worker-"))
+  | select(.reason == "Scheduled" and (.source.component == "default-scheduler" or .reportingComponent == "default-scheduler"))]
+  | length == 2' >/dev/null || fail "kube-scheduler did not bind both ks pods: $(kubectl get events -n "$ns" | grep ks-worker)"
+! kubectl get events -n "$ns" -o json | jq -e '[.items[] | select(.involvedObject.name == "ks" and .reason == "Bound")]
+  | length > 0' >/dev/null || fail "the operator bound ks's pods itself"
+log "ks Succeeded in $((SECONDS - t0)) s with its 2 pods bound by kube-scheduler"
+# A gang that does not fit: both pods pinned to one node, each asking for 60 % of its CPU. kube-scheduler binds one;
+# the bound pod's agent waits at the rendezvous, so no rank trains a single step, and the operator reports the
+# missing pod (JoinTimeout, 20 s here) instead of a partial world.
+node0=$(kubectl get nodes -o jsonpath='{.items[0].metadata.name}')
+cpu=$(kubectl get node "$node0" -o jsonpath='{.status.allocatable.cpu}')
+case "$cpu" in *m) milli=${cpu%m} ;; *) milli=$((cpu * 1000)) ;; esac
+req="$((milli * 6 / 10))m"
+gang_job ksbig 2 20 "j['spec']['placement']['nodeSelector'] = {'kubernetes.io/hostname': '$node0'}; j['spec']['resources'] = {'requests': {'cpu': '$req'}}" |
+  kubectl apply -n "$ns" -f - >/dev/null
+wait_for 60 "one ksbig pod Running, the other Pending" sh -c "[ \"\$(kubectl get pods -n $ns -l railyard.dev/job=ksbig -o jsonpath='{.items[*].status.phase}' | tr ' ' '\n' | sort | tr '\n' ' ')\" = 'Pending Running ' ]"
+pending=$(kubectl get pods -n "$ns" -l railyard.dev/job=ksbig -o jsonpath='{.items[?(@.status.phase=="Pending")].metadata.name}')
+wait_for 60 "ksbig's JoinTimeout event naming $pending" sh -c "kubectl get events -n $ns --field-selector involvedObject.name=ksbig,reason=JoinTimeout -o jsonpath='{.items[*].message}' | grep -q 'never joined the rendezvous: $pending'"
+running=$(kubectl get pods -n "$ns" -l railyard.dev/job=ksbig -o jsonpath='{.items[?(@.status.phase=="Running")].metadata.name}')
+kubectl get pod "$pending" -n "$ns" -o jsonpath='{.status.conditions[?(@.type=="PodScheduled")].reason}' | grep -q Unschedulable ||
+  fail "$pending is Pending but not Unschedulable"
+[ "$(kubectl get tj ksbig -n "$ns" -o jsonpath='{.status.conditions[?(@.type=="Scheduled")].reason}')" = WaitingForScheduler ] ||
+  fail "ksbig's Scheduled condition: $(kubectl get tj ksbig -n "$ns" -o jsonpath='{.status.conditions}')"
+[ -z "$(kubectl get tj ksbig -n "$ns" -o jsonpath='{.status.progress}')" ] || fail "ksbig made progress with half a gang"
+! kubectl logs "$running" -n "$ns" | grep -q "step=" || fail "$running trained without its whole world"
+kubectl delete tj ksbig -n "$ns" --wait=false >/dev/null
+log "ksbig (does not fit): $running waits at the rendezvous, $pending Unschedulable, JoinTimeout reported, no step trained"
 
 # --- 4. leader failover ------------------------------------------------------------------------------------
 t0=$SECONDS

@@ -246,3 +246,51 @@ TEST_CASE("the operator's path roots reach the worker as env, only when set") {
   REQUIRE(find_env(pod, "RAILYARD_CHECKPOINT_ROOT"));
   CHECK((*find_env(pod, "RAILYARD_CHECKPOINT_ROOT"))["value"] == "/ckpt");
 }
+
+TEST_CASE("another scheduler: its schedulerName, gang marks, nodeSelector and excluded nodes as node affinity") {
+  Json job = job_with(Json::parse(R"({
+      "metadata": {"labels": {"kueue.x-k8s.io/queue-name": "team-a-queue"},
+                   "annotations": {"railyard.dev/exclude-nodes": "n3,n1"}},
+      "spec": {"placement": {"scheduler": "default-scheduler", "nodeSelector": {"pool": "gpu"}},
+               "template": {"spec": {"nodeSelector": {"zone": "z1"}, "affinity": {"nodeAffinity": {
+                 "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                   {"matchExpressions": [{"key": "arch", "operator": "In", "values": ["amd64"]}]},
+                   {"matchExpressions": [{"key": "arch", "operator": "In", "values": ["arm64"]}]}]}}}}}}})"));
+  Json pod = build_worker_pod(job, parse_job(job).spec, 1, 1, options());
+  const Json& ps = pod["spec"];
+  CHECK(ps["schedulerName"] == "default-scheduler");
+  CHECK_FALSE(ps.contains("nodeName"));
+  CHECK(ps["nodeSelector"] == Json{{"zone", "z1"}, {"pool", "gpu"}});  // the template's and the job's
+  const Json& terms =
+      ps["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"];
+  REQUIRE(terms.size() == 2);
+  for (const Json& t : terms) {  // terms are ORed: each one must exclude the nodes
+    REQUIRE(t["matchExpressions"].size() == 2);
+    CHECK(t["matchExpressions"][1] ==
+          Json::parse(R"({"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["n1", "n3"]})"));
+  }
+  const Json& labels = pod["metadata"]["labels"];
+  const Json& ann = pod["metadata"]["annotations"];
+  CHECK(labels["scheduling.x-k8s.io/pod-group"] == "tiny");
+  CHECK(ann["scheduling.k8s.io/group-name"] == "tiny");
+  CHECK(labels["kueue.x-k8s.io/queue-name"] == "team-a-queue");
+  CHECK(labels["kueue.x-k8s.io/pod-group-name"] == "tiny");
+  CHECK(ann["kueue.x-k8s.io/pod-group-total-count"] == "2");
+
+  // No queue label on the job: no Kueue marks (Kueue would otherwise hold pods no queue admits).
+  Json plain = job_with(Json::parse(R"({"spec": {"placement": {"scheduler": "volcano"}}})"));
+  Json p2 = build_worker_pod(plain, parse_job(plain).spec, 0, 1, options());
+  CHECK(p2["spec"]["schedulerName"] == "volcano");
+  CHECK_FALSE(p2["metadata"]["labels"].contains("kueue.x-k8s.io/pod-group-name"));
+  CHECK_FALSE(p2["spec"].contains("affinity"));
+  CHECK(p2["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == "tiny");
+
+  // Railyard's own scheduler: none of this (it binds the gang itself, honouring the same inputs).
+  Json own =
+      build_worker_pod(job_with(Json::parse(R"({"metadata": {"annotations": {"railyard.dev/exclude-nodes": "n1"}},
+      "spec": {"placement": {"nodeSelector": {"pool": "gpu"}}}})")),
+                       parse_job(valid_job()).spec, 0, 1, options());
+  CHECK(own["spec"]["schedulerName"] == "railyard");
+  CHECK_FALSE(own["spec"].contains("affinity"));
+  CHECK_FALSE(own["metadata"]["labels"].contains("scheduling.x-k8s.io/pod-group"));
+}

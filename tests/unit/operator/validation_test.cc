@@ -97,6 +97,14 @@ TEST_CASE("malformed manifests are Invalid, naming the field and the fix") {
       {"initFrom with experts", R"({"spec": {"model": {"initFrom": "/data/gpt2.bin", "moe": {"experts": 4}}}})",
        "spec.model.initFrom"},
       {"val not a string", R"({"spec": {"data": {"val": ["/data/val_*.bin"]}}})", "spec.data.val"},
+      {"scheduler not a name", R"({"spec": {"placement": {"scheduler": "Default Scheduler"}}})",
+       "spec.placement.scheduler"},
+      {"hard mode with another scheduler", R"({"spec": {"placement": {"scheduler": "default-scheduler",
+          "mode": "hard"}}})",
+       "spec.placement.mode"},
+      {"topology keys with another scheduler", R"({"spec": {"placement": {"scheduler": "volcano",
+          "topologyKeys": ["rail"]}}})",
+       "spec.placement.topologyKeys"},
   };
   CHECK(cases.size() >= 15);
   for (const auto& c : cases) {
@@ -312,4 +320,16 @@ TEST_CASE("deterministic mode needs a power-of-two accumulation per rank, also w
   CHECK(elastic_world_replicas(s12, 2) == 1);
   s12.deterministic = false;
   CHECK(elastic_world_replicas(s12, 2) == 2);
+}
+
+TEST_CASE("spec.placement.scheduler: railyard by default, another scheduler's name as given") {
+  CHECK(parse_job(valid_job()).spec.scheduler == "railyard");
+  ParsedJob p = parse_job(job_with(Json::parse(R"({"spec": {"placement": {"scheduler": "default-scheduler",
+      "railAware": true, "mode": "soft", "nodeSelector": {"pool": "a"}}}})")));
+  REQUIRE_FALSE(p.violation);
+  CHECK(p.spec.scheduler == "default-scheduler");
+  // Railyard's own placement keeps hard mode and topology keys.
+  CHECK_FALSE(parse_job(job_with(Json::parse(R"({"spec": {"placement": {"scheduler": "railyard", "mode": "hard",
+      "topologyKeys": ["rail"]}}})")))
+                  .violation);
 }
