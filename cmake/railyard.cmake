@@ -33,6 +33,7 @@ function(railyard_test name)
   cmake_parse_arguments(A "E2E" "TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
   add_executable(${name} ${A_SOURCES})
   target_link_libraries(${name} PRIVATE ${A_DEPS} doctest::doctest railyard_test_main)
+  target_include_directories(${name} PRIVATE ${CMAKE_SOURCE_DIR})  # tests/ctest_env.h and the tests' own helpers
   railyard_warnings(${name})
   set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
   add_test(NAME ${name} COMMAND ${name})

@@ -13,8 +13,8 @@
 #include "common/error.h"
 #include "worker/kernels/cpu/adamw.h"
 #include "worker/kernels/cpu/kernels.h"
-#include "worker/model/moe_math.h"
-#include "worker/parallel/vocab_parallel.h"
+#include "worker/kernels/cpu/moe.h"
+#include "worker/kernels/cpu/vocab_parallel.h"
 
 namespace railyard::worker {
 
@@ -175,7 +175,7 @@ double CpuKernels<T>::global_norm(const float* g, size_t n) {
   return std::sqrt(total);
 }
 
-// The tensor/pipeline-parallel stage's kernels: worker/parallel/vocab_parallel.cc (float: the stage trains in fp32;
+// The tensor/pipeline-parallel stage's kernels: worker/kernels/cpu/vocab_parallel.cc (float: the stage trains in fp32;
 // the double reference model has no vocab-parallel stage).
 namespace {
 [[noreturn]] void float_only(const char* what) {
@@ -187,7 +187,7 @@ template <typename T>
 void CpuKernels<T>::vocab_embedding_forward(T* out, const int32_t* inp, const T* wte_local, int v0, int Vl, size_t N,
                                             int C) {
   if constexpr (std::is_same_v<T, float>) {
-    parallel::vocab_embedding_forward(pool_, out, inp, wte_local, v0, Vl, N, C);
+    cpu::vocab_embedding_forward(pool_, out, inp, wte_local, v0, Vl, N, C);
   } else {
     float_only("vocab_embedding_forward");
   }
@@ -196,7 +196,7 @@ void CpuKernels<T>::vocab_embedding_forward(T* out, const int32_t* inp, const T*
 template <typename T>
 void CpuKernels<T>::add_positions_rows(T* out, const T* wpe, size_t row0, size_t rows, int Tn, int C) {
   if constexpr (std::is_same_v<T, float>) {
-    parallel::add_positions_rows(pool_, out, wpe, row0, rows, Tn, C);
+    cpu::add_positions_rows(pool_, out, wpe, row0, rows, Tn, C);
   } else {
     float_only("add_positions_rows");
   }
@@ -206,7 +206,7 @@ template <typename T>
 void CpuKernels<T>::vocab_embedding_backward(T* dwte_local, T* dwpe, const T* dout, const int32_t* inp, int v0, int Vl,
                                              int B, int Tn, int C) {
   if constexpr (std::is_same_v<T, float>) {
-    parallel::vocab_embedding_backward(pool_, dwte_local, dwpe, dout, inp, v0, Vl, B, Tn, C);
+    cpu::vocab_embedding_backward(pool_, dwte_local, dwpe, dout, inp, v0, Vl, B, Tn, C);
   } else {
     float_only("vocab_embedding_backward");
   }
@@ -215,7 +215,7 @@ void CpuKernels<T>::vocab_embedding_backward(T* dwte_local, T* dwpe, const T* do
 template <typename T>
 void CpuKernels<T>::vocab_ce_local_max(T* mx, const T* logits, size_t N, int Vl, int Vr) {
   if constexpr (std::is_same_v<T, float>) {
-    parallel::vocab_ce_local_max(pool_, mx, logits, N, Vl, Vr);
+    cpu::vocab_ce_local_max(pool_, mx, logits, N, Vl, Vr);
   } else {
     float_only("vocab_ce_local_max");
   }
@@ -225,7 +225,7 @@ template <typename T>
 void CpuKernels<T>::vocab_ce_local_sums(T* sums, T* logits, const T* mx, const int32_t* targets, int v0, size_t N,
                                         int Vl, int Vr) {
   if constexpr (std::is_same_v<T, float>) {
-    parallel::vocab_ce_local_sums(pool_, sums, logits, mx, targets, v0, N, Vl, Vr);
+    cpu::vocab_ce_local_sums(pool_, sums, logits, mx, targets, v0, N, Vl, Vr);
   } else {
     float_only("vocab_ce_local_sums");
   }
@@ -235,7 +235,7 @@ template <typename T>
 void CpuKernels<T>::vocab_ce_finish(T* losses, T* logits, const T* sums, const T* mx, const int32_t* targets, int v0,
                                     size_t N, int Vl, int Vr, T scale) {
   if constexpr (std::is_same_v<T, float>) {
-    parallel::vocab_ce_finish(pool_, losses, logits, sums, mx, targets, v0, N, Vl, Vr, scale);
+    cpu::vocab_ce_finish(pool_, losses, logits, sums, mx, targets, v0, N, Vl, Vr, scale);
   } else {
     float_only("vocab_ce_finish");
   }

@@ -6,7 +6,6 @@
 
 #include "common/error.h"
 #include "worker/kernels/cpu/kernels.h"
-#include "worker/parallel/vocab_parallel.h"
 
 namespace railyard::worker::parallel {
 

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "operator/rendezvous/rendezvous.h"
+#include "tests/ctest_env.h"
 #include "worker/agent/pod_agent.h"
 
 namespace fs = std::filesystem;
@@ -38,10 +39,8 @@ namespace {
 const std::string kToken = "agent-test-token-0123456789abcdef";
 
 std::string agent_binary() {
-  const char* dir = std::getenv("RAILYARD_BIN_DIR");
-  REQUIRE_MESSAGE(dir != nullptr, "RAILYARD_BIN_DIR is not set (run through ctest)");
-  std::string p = std::string(dir) + "/railyard-worker";
-  REQUIRE_MESSAGE(fs::exists(p), "no railyard-worker in " << dir);
+  const std::string p = railyard::test::bin_path("railyard-worker");
+  REQUIRE_MESSAGE(fs::exists(p), "no " << p);
   return p;
 }
 

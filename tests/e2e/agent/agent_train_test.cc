@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "operator/rendezvous/rendezvous.h"
+#include "tests/ctest_env.h"
 
 namespace fs = std::filesystem;
 using railyard::op::GenerationSpec;
@@ -32,11 +33,7 @@ namespace {
 
 const std::string kToken = "agent-train-test-token-0123456789ab";
 
-std::string bin(const std::string& name) {
-  const char* dir = std::getenv("RAILYARD_BIN_DIR");
-  REQUIRE_MESSAGE(dir != nullptr, "RAILYARD_BIN_DIR is not set (run through ctest)");
-  return std::string(dir) + "/" + name;
-}
+std::string bin(const std::string& name) { return railyard::test::bin_path(name.c_str()); }
 
 std::string slurp(const fs::path& p) {
   std::ifstream in(p);

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "checkpoint/shm_store.h"
+#include "tests/ctest_env.h"
 #include "tests/unit/checkpoint/test_util.h"
 
 extern char** environ;
@@ -37,11 +38,7 @@ namespace {
 namespace fs = std::filesystem;
 using railyard::ckpt::test::TempDir;
 
-std::string bin_dir() {
-  const char* b = std::getenv("RAILYARD_BIN_DIR");
-  REQUIRE_MESSAGE((b != nullptr && *b != '\0'), "RAILYARD_BIN_DIR is not set (run through ctest)");
-  return b;
-}
+std::string bin_dir() { return railyard::test::ctest_env("RAILYARD_BIN_DIR"); }
 
 std::string slurp(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/ctest_env.h"
+
 namespace {
 
 struct Run {
@@ -17,15 +19,9 @@ struct Run {
   std::string out;  // stdout and stderr
 };
 
-std::string env(const char* name) {
-  const char* v = std::getenv(name);
-  REQUIRE_MESSAGE(v != nullptr, name << " is not set (ctest sets it)");
-  return v;
-}
-
 Run plan(const std::string& args, bool merge_stderr = true) {
   const std::string cmd =
-      env("RAILYARD_BIN_DIR") + "/railyard plan " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
+      railyard::test::bin_path("railyard") + " plan " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
   Run r;
   FILE* p = popen(cmd.c_str(), "r");
   REQUIRE(p != nullptr);
@@ -56,8 +52,9 @@ TEST_CASE("railyard plan: GPT-3 175B on 1,024 A100s, JSON") {
 }
 
 TEST_CASE("railyard plan: text output on a topology file") {
-  const Run r = plan("--model gpt2-1.5b --global-batch 512 --topology " + env("RAILYARD_SOURCE_DIR") +
-                     "/deploy/local/topologies/h100-8node.yaml --top 2");
+  const Run r =
+      plan("--model gpt2-1.5b --global-batch 512 --topology " + railyard::test::ctest_env("RAILYARD_SOURCE_DIR") +
+           "/deploy/local/topologies/h100-8node.yaml --top 2");
   REQUIRE(r.code == 0);
   CHECK(r.out.find("cluster: 64 x h100-sxm") != std::string::npos);
   CHECK(r.out.find("#1 dp") != std::string::npos);

@@ -8,13 +8,13 @@
 #include <string>
 #include <tuple>
 
+#include "tests/ctest_env.h"
+
 namespace {
 
 // stdout + stderr of `railyard plan ARGS` and its exit code.
 std::pair<int, std::string> plan(const std::string& args) {
-  const char* bin = std::getenv("RAILYARD_BIN_DIR");
-  REQUIRE_MESSAGE(bin != nullptr, "RAILYARD_BIN_DIR is not set (ctest sets it)");
-  FILE* p = popen((std::string(bin) + "/railyard plan " + args + " 2>&1").c_str(), "r");
+  FILE* p = popen((railyard::test::bin_path("railyard") + " plan " + args + " 2>&1").c_str(), "r");
   REQUIRE(p != nullptr);
   std::string out;
   std::array<char, 4096> buf{};

@@ -1,5 +1,5 @@
 // The mixture-of-experts kernels of the device interface (the moe_* functions of worker/device/kernels.h): CudaKernels
-// against CpuKernels<float> (worker/model/moe_math.cc, what the CPU trainer runs on every CI run), kernel by kernel,
+// against CpuKernels<float> (worker/kernels/cpu/moe.cc, what the CPU trainer runs on every CI run), kernel by kernel,
 // then a whole Gpt<float> with experts on each device. GPU hosts only: exits 77 without a GPU (a CTest skip).
 // Tolerances: copies and single products are exact; sums 1e-5 elementwise against |cpu| + mean |cpu| (the GPU fuses
 // multiply-adds and sums a warp's lanes in another order). The whole model: its router GEMM runs in bf16 on CUDA, so

@@ -1,5 +1,5 @@
 // The tensor/pipeline-parallel stage's kernels of the device interface (worker/device/kernels.h, the functions after
-// global_norm): CudaKernels against CpuKernels<float> (worker/parallel/vocab_parallel.cc, what the CPU stage runs on
+// global_norm): CudaKernels against CpuKernels<float> (worker/kernels/cpu/vocab_parallel.cc, what the CPU stage runs on
 // every CI run), then one whole GptStage (tp = pp = 1: the vocab-parallel embedding and cross entropy over the full
 // vocabulary, no communicator) forward/backward on each device. GPU hosts only: exits 77 without a GPU (a CTest skip).
 // Tolerances as test_device_parity.cc: fp32 kernels 1e-5 elementwise against |cpu| + mean |cpu|; the stage (bf16 GEMMs

@@ -504,9 +504,7 @@ TEST_CASE("prepare --tokenizer gpt2: documents led by <|endoftext|>, split by to
 }
 
 TEST_CASE("railyard data prepare --tokenizer gpt2 end to end: shard header, vocabulary, first document") {
-  const char* bin_dir = std::getenv("RAILYARD_BIN_DIR");
-  REQUIRE_MESSAGE(bin_dir != nullptr, "RAILYARD_BIN_DIR is not set: run this test through ctest");
-  const std::string bin = std::string(bin_dir) + "/railyard";
+  const std::string bin = railyard::test::bin_path("railyard");
   TempDir dir;
   const std::string out = dir.file("data");
   const std::string input = "/usr/share/common-licenses/Apache-2.0";
@@ -543,9 +541,7 @@ TEST_CASE("railyard data prepare --tokenizer gpt2 end to end: shard header, voca
 
 TEST_CASE(
     "railyard generate with GPT-2's tokenizer: the prompt round-trips, the cache draws what the full forward does") {
-  const char* bin_dir = std::getenv("RAILYARD_BIN_DIR");
-  REQUIRE_MESSAGE(bin_dir != nullptr, "RAILYARD_BIN_DIR is not set: run this test through ctest");
-  const std::string bin = bin_dir;
+  const std::string bin = railyard::test::ctest_env("RAILYARD_BIN_DIR");
   TempDir dir;
   const std::string data = dir.file("data");
   auto r = run_command(bin + "/railyard data prepare --tokenizer gpt2 --vocab-dir " + vocab_dir() +

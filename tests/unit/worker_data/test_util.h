@@ -12,17 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "tests/ctest_env.h"  // ctest_env, bin_path
+
 namespace railyard::test {
-
-// $name as ctest sets it (RAILYARD_BIN_DIR, RAILYARD_SOURCE_DIR; cmake/railyard.cmake); throws naming it otherwise.
-inline std::string ctest_env(const char* name) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == 0) throw std::runtime_error(std::string(name) + " is not set: run this test through ctest");
-  return v;
-}
-
-// A built binary: $RAILYARD_BIN_DIR/name.
-inline std::string bin_path(const char* name) { return ctest_env("RAILYARD_BIN_DIR") + "/" + name; }
 
 class TempDir {
  public:

@@ -15,13 +15,11 @@
 #include <string>
 #include <vector>
 
+#include "tests/ctest_env.h"
+
 namespace railyard::worker::testing {
 
-inline std::string bin_dir() {
-  const char* b = std::getenv("RAILYARD_BIN_DIR");
-  REQUIRE_MESSAGE((b && *b), "RAILYARD_BIN_DIR is not set (run through ctest)");
-  return b;
-}
+inline std::string bin_dir() { return railyard::test::ctest_env("RAILYARD_BIN_DIR"); }
 
 inline std::string slurp(const std::string& path) {
   std::ifstream f(path);

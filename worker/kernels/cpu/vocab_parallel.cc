@@ -1,10 +1,10 @@
-#include "worker/parallel/vocab_parallel.h"
+#include "worker/kernels/cpu/vocab_parallel.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
-namespace railyard::worker::parallel {
+namespace railyard::worker::cpu {
 
 void vocab_embedding_forward(ThreadPool& pool, float* out, const int32_t* inp, const float* wte_local, int v0, int Vl,
                              size_t N, int C) {
@@ -108,4 +108,4 @@ void vocab_ce_finish(ThreadPool& pool, float* losses, float* logits, const float
   });
 }
 
-}  // namespace railyard::worker::parallel
+}  // namespace railyard::worker::cpu

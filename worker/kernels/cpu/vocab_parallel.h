@@ -8,7 +8,7 @@
 
 #include "worker/kernels/cpu/thread_pool.h"
 
-namespace railyard::worker::parallel {
+namespace railyard::worker::cpu {
 
 // out (B,T,C) = wte_local[inp - v0] for tokens held here, 0 for the others (the all-reduce over tp completes it).
 void vocab_embedding_forward(ThreadPool& pool, float* out, const int32_t* inp, const float* wte_local, int v0, int Vl,
@@ -34,4 +34,4 @@ void vocab_ce_local_sums(ThreadPool& pool, float* sums, float* logits, const flo
 void vocab_ce_finish(ThreadPool& pool, float* losses, float* logits, const float* sums, const float* mx,
                      const int32_t* targets, int v0, size_t N, int Vl, int Vr, float scale);
 
-}  // namespace railyard::worker::parallel
+}  // namespace railyard::worker::cpu

@@ -1,4 +1,4 @@
-// CUDA twins of the tensor/pipeline-parallel stage's own kernels (worker/parallel/vocab_parallel.h, and the
+// CUDA twins of the tensor/pipeline-parallel stage's own kernels (worker/kernels/cpu/vocab_parallel.h, and the
 // accumulate/copy of worker/device/kernels.h): the vocab-parallel embedding and the three phases of the
 // vocab-parallel cross entropy. Same math, shapes and accumulation rules as the CPU twins; every function enqueues on
 // `stream`; errors throw CudaError naming the kernel. Separate from kernels.cu so the GPT kernels' translation unit
