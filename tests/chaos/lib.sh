@@ -4,6 +4,8 @@
 
 # shellcheck source=../e2e/operator/lib.sh
 source "$src/tests/e2e/operator/lib.sh"
+# shellcheck source=../e2e/lib/job_manifest.sh
+source "$src/tests/e2e/lib/job_manifest.sh"
 
 jp() { kubectl get tj "$1" -n "$ns" -o jsonpath="$2" 2>/dev/null; }
 phase_is() { [ "$(jp "$1" '{.status.phase}')" = "$2" ]; }
@@ -32,21 +34,4 @@ setup_namespace() {
 }
 
 # shell_job NAME REPLICAS MAXRESTARTS COMMAND: a TrainingJob whose pods run `sh -c COMMAND` (no agent).
-shell_job() {
-  cat <<YAML
-apiVersion: railyard.dev/v1alpha1
-kind: TrainingJob
-metadata: {name: $1}
-spec:
-  replicas: $2
-  device: cpu
-  model: {preset: tiny}
-  data: {train: /tmp/none/train_*.bin}
-  training: {steps: 10, globalBatch: 12, microBatch: 1}
-  failurePolicy: {maxRestarts: $3}
-  template:
-    spec:
-      containers:
-        - command: ["sh", "-c", "$4"]
-YAML
-}
+shell_job() { job_manifest "$1" replicas="$2" maxRestarts="$3" command="$4"; }

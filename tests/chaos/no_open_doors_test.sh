@@ -36,25 +36,10 @@ source "$src/tests/chaos/lib.sh"
 checks=0
 ok() { checks=$((checks + 1)); }
 
-job() { # job NAME REPLICAS SCRIPT: runs through the agent, which logs at debug level
-  cat <<YAML
-apiVersion: railyard.dev/v1alpha1
-kind: TrainingJob
-metadata: {name: $1}
-spec:
-  replicas: $2
-  device: cpu
-  model: {preset: tiny}
-  data: {train: /tmp/none/train_*.bin}
-  training: {steps: 10, globalBatch: 12, microBatch: 1}
-  failurePolicy: {maxRestarts: 2}
-  template:
-    spec:
-      containers:
-        - args: ["agent", "--", "sh", "-c", "$3"]
-          env: [{name: RAILYARD_LOG_LEVEL, value: debug}]
-YAML
-}
+# shellcheck source=../e2e/lib/job_manifest.sh
+source "$src/tests/e2e/lib/job_manifest.sh"
+# job NAME REPLICAS SCRIPT: runs through the agent, which logs at debug level
+job() { job_manifest "$1" replicas="$2" agent="$3" maxRestarts=2 env="{name: RAILYARD_LOG_LEVEL, value: debug}"; }
 
 setup_namespace
 

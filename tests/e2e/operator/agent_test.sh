@@ -34,25 +34,9 @@ phase_is() { [ "$(jp "$1" '{.status.phase}')" = "$2" ]; }
 restarts_is() { [ "$(jp "$1" '{.status.restarts}')" = "$2" ]; }
 pod_uids() { kubectl get pods -n "$ns" -l "railyard.dev/job=$1" -o jsonpath='{.items[*].metadata.uid}'; }
 
-job() { # job NAME REPLICAS PROCS SCRIPT
-  cat <<YAML
-apiVersion: railyard.dev/v1alpha1
-kind: TrainingJob
-metadata: {name: $1}
-spec:
-  replicas: $2
-  procsPerReplica: $3
-  device: cpu
-  model: {preset: tiny}
-  data: {train: /tmp/none/train_*.bin}
-  training: {steps: 10, globalBatch: 12, microBatch: 1}
-  failurePolicy: {maxRestarts: 2}
-  template:
-    spec:
-      containers:
-        - args: ["agent", "--", "sh", "-c", "$4"]
-YAML
-}
+# shellcheck source=../lib/job_manifest.sh
+source "$src/tests/e2e/lib/job_manifest.sh"
+job() { job_manifest "$1" replicas="$2" procs="$3" agent="$4" maxRestarts=2; } # job NAME REPLICAS PROCS SCRIPT
 
 install_crd "$src"
 kubectl create namespace "$ns" >/dev/null

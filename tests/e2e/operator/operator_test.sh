@@ -55,25 +55,9 @@ start_operator() {
 }
 leading() { grep -q "leading: reconciling" "$work/op-$1.log"; }
 
-job() { # job NAME REPLICAS COMMAND [EXTRA-SPEC-YAML]
-  cat <<YAML
-apiVersion: railyard.dev/v1alpha1
-kind: TrainingJob
-metadata: {name: $1}
-spec:
-  replicas: $2
-  device: cpu
-  model: {preset: tiny}
-  data: {train: /tmp/none/train_*.bin}
-  training: {steps: 10, globalBatch: 12, microBatch: 1}
-  failurePolicy: {maxRestarts: ${MAXR:-1}}
-  template:
-    spec:
-      containers:
-        - command: ["sh", "-c", "$3"]
-${4:-}
-YAML
-}
+# shellcheck source=../lib/job_manifest.sh
+source "$src/tests/e2e/lib/job_manifest.sh"
+job() { job_manifest "$1" replicas="$2" command="$3" maxRestarts="${MAXR:-1}" extra="${4:-}"; } # job NAME REPLICAS COMMAND [EXTRA-SPEC-YAML]
 
 install_crd "$src"
 kubectl get namespace railyard-system >/dev/null 2>&1 || kubectl create namespace railyard-system >/dev/null

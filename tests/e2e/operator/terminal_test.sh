@@ -44,24 +44,9 @@ ignored_event() {
     -o jsonpath='{range .items[*]}{.message}{"\n"}{end}' | grep -qF "$2"
 }
 
-job() { # job NAME COMMAND
-  cat <<YAML
-apiVersion: railyard.dev/v1alpha1
-kind: TrainingJob
-metadata: {name: $1}
-spec:
-  replicas: 1
-  device: cpu
-  model: {preset: tiny}
-  data: {train: /tmp/none/train_*.bin}
-  training: {steps: 10, globalBatch: 12, microBatch: 1}
-  failurePolicy: {maxRestarts: 3}
-  template:
-    spec:
-      containers:
-        - command: ["sh", "-c", "$2"]
-YAML
-}
+# shellcheck source=../lib/job_manifest.sh
+source "$src/tests/e2e/lib/job_manifest.sh"
+job() { job_manifest "$1" command="$2" maxRestarts=3; } # job NAME COMMAND
 
 install_crd "$src"
 kubectl create namespace "$ns" >/dev/null

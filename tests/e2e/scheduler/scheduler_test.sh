@@ -63,25 +63,12 @@ got
 $got"
 }
 bound() { [ -n "$(node_of "$1")" ]; }
-job() { # job NAME REPLICAS PROCS [EXTRA-SPEC-YAML]
-  cat <<YAML
-apiVersion: railyard.dev/v1alpha1
-kind: TrainingJob
-metadata: {name: $1}
-spec:
-  replicas: $2
-  procsPerReplica: $3
-  device: cuda
-  model: {preset: tiny}
-  data: {train: /tmp/none/train_*.bin}
-  training: {steps: 10, globalBatch: 16, microBatch: 1}
-  failurePolicy: {maxRestarts: 5}
-  template:
-    spec:
-      containers:
-        - command: ["sh", "-c", "env | grep ^NCCL_ | sort; exec sleep 600"]
-${4:-}
-YAML
+# shellcheck source=../lib/job_manifest.sh
+source "$src/tests/e2e/lib/job_manifest.sh"
+# job NAME REPLICAS PROCS [EXTRA-SPEC-YAML]: GPU pods that print their NCCL env and wait.
+job() {
+  job_manifest "$1" replicas="$2" procs="$3" device=cuda globalBatch=16 maxRestarts=5 extra="${4:-}" \
+    command='env | grep ^NCCL_ | sort; exec sleep 600'
 }
 
 install_crd "$src"
