@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 
 #include "common/error.h"
+#include "planner/search.h"
 
 namespace railyard::plan {
 
@@ -55,6 +57,50 @@ RingTime cp_ring_time(const ModelShape& m, const Cluster& cluster, const Layout&
   r.forward_exposed = (cp - 1) * std::max(0.0, hop - block_fwd);
   r.backward_exposed = (cp - 1) * std::max(0.0, hop - 2 * block_fwd) + cp * hop;  // the gradient hop waits
   return r;
+}
+
+std::optional<ContextPlan> search_context(const Job& job, const Cluster& cluster, SearchOptions o) {
+  o.offload = false;  // the worker does not offload with context parallelism
+  o.sequence_parallel = false;
+  for (int cp = 2; cp <= job.model.seq && cp <= cluster.gpus; ++cp) {
+    if (job.model.seq % cp != 0 || cluster.gpus % cp != 0) continue;
+    Job local = job;
+    local.model.seq = job.model.seq / cp;
+    Cluster c = cluster;
+    c.gpus = cluster.gpus / cp;
+    c.topology.nodes = 0;
+    c.device.flash_attention = true;
+    std::optional<ContextPlan> best;
+    for (int zero = 0; zero <= 2; ++zero) {
+      o.zero = zero;
+      SearchResult r;
+      try {
+        r = search(local, c, o);
+      } catch (const Error&) {
+        continue;
+      }
+      for (const RankedPlan& rp : r.plans) {
+        const Estimate& e = rp.estimate;
+        Cluster real = cluster;
+        real.gpus = c.gpus;
+        real.topology.nodes = 0;
+        const double mem = e.memory.total() - e.memory.activations + cp_activation_bytes(job, real, e.layout, cp);
+        if (mem > e.memory_capacity) continue;
+        const RingTime ring = cp_ring_time(job.model, cluster, e.layout, cp);
+        const double ring_s = (ring.forward_exposed + ring.backward_exposed) *
+                              (double(job.model.layers) / e.layout.pp) * std::max(1, e.micro_batches);
+        if (best && best->estimate.time.step + best->ring_seconds <= e.time.step + ring_s) continue;
+        ContextPlan p;
+        p.estimate = e;
+        p.estimate.memory.activations = mem - (e.memory.total() - e.memory.activations);
+        p.context = cp;
+        p.ring_seconds = ring_s;
+        best = p;
+      }
+    }
+    if (best) return best;
+  }
+  return std::nullopt;
 }
 
 }  // namespace railyard::plan

@@ -1,9 +1,13 @@
 // Context parallelism in the planner's cost model (docs/planner.md "Context parallelism"): each sequence split along
 // its positions over cp GPUs, attention by a ring exchange of keys and values (worker/parallel/ring_attention.h).
-// Kept beside cost_model.h as separate functions: the layout search does not choose cp yet.
+// Kept beside cost_model.h as separate functions: search() does not choose cp; search_context() below does, for a job
+// that fits no layout without it.
 #pragma once
 
+#include <optional>
+
 #include "planner/cost_model.h"
+#include "planner/search.h"  // SearchOptions
 
 namespace railyard::plan {
 
@@ -23,5 +27,20 @@ struct RingTime {
   double bytes_per_hop = 0;
 };
 RingTime cp_ring_time(const ModelShape& m, const Cluster& cluster, const Layout& layout, int cp);
+
+// A layout with context parallelism: the estimate (its layout's dp counts replicas: world = dp x cp x tp x pp; its
+// activations are cp_activation_bytes'), cp, and the ring seconds per step the attention does not hide.
+struct ContextPlan {
+  Estimate estimate;
+  int context = 1;
+  double ring_seconds = 0;
+};
+
+// The fastest layout with context parallelism cp > 1 (the smallest cp that fits first; ZeRO 0-2 tried at each;
+// nullopt when no cp makes the job fit): each rank holds s/cp positions of every sequence. Searched as the job at
+// sequence s/cp on world/cp devices with no stored probabilities (what cp_activation_bytes does), then checked with
+// cp_activation_bytes and charged the exposed ring time of every layer and micro-batch (cp_ring_time). The attention
+// FLOPs of the s/cp x s blocks beyond the local s/cp x s/cp block are not counted (docs/planner.md).
+std::optional<ContextPlan> search_context(const Job& job, const Cluster& cluster, SearchOptions o);
 
 }  // namespace railyard::plan

@@ -86,56 +86,6 @@ std::vector<std::string> expected_pod_types(const std::map<std::string, int>& ty
   return out;
 }
 
-// The fastest layout with context parallelism cp > 1 (the smallest cp that fits first): each rank holds s/cp positions
-// of every sequence. Searched as the job at sequence s/cp on world/cp devices with no stored probabilities (what
-// cp_activation_bytes does), then checked with cp_activation_bytes and charged the exposed ring time of every layer
-// and micro-batch (cp_ring_time). The attention FLOPs of the s/cp x s blocks beyond the local s/cp x s/cp block are
-// not counted (docs/planner.md).
-std::optional<AutoPlan> plan_context(const plan::Job& job, const plan::Cluster& cluster, plan::SearchOptions o) {
-  o.offload = false;  // the worker does not offload with context parallelism
-  o.sequence_parallel = false;
-  for (int cp = 2; cp <= job.model.seq && cp <= cluster.gpus; ++cp) {
-    if (job.model.seq % cp != 0 || cluster.gpus % cp != 0) continue;
-    plan::Job local = job;
-    local.model.seq = job.model.seq / cp;
-    plan::Cluster c = cluster;
-    c.gpus = cluster.gpus / cp;
-    c.topology.nodes = 0;
-    c.device.flash_attention = true;
-    std::optional<AutoPlan> best;
-    for (int zero = 0; zero <= 2; ++zero) {
-      o.zero = zero;
-      plan::SearchResult r;
-      try {
-        r = plan::search(local, c, o);
-      } catch (const Error&) {
-        continue;
-      }
-      for (const plan::RankedPlan& rp : r.plans) {
-        const plan::Estimate& e = rp.estimate;
-        plan::Cluster real = cluster;
-        real.gpus = c.gpus;
-        real.topology.nodes = 0;
-        const double mem = e.memory.total() - e.memory.activations + plan::cp_activation_bytes(job, real, e.layout, cp);
-        if (mem > e.memory_capacity) continue;
-        const plan::RingTime ring = plan::cp_ring_time(job.model, cluster, e.layout, cp);
-        const double ring_s = (ring.forward_exposed + ring.backward_exposed) *
-                              (double(job.model.layers) / e.layout.pp) * std::max(1, e.micro_batches);
-        if (best && best->estimate.time.step + best->ring_seconds <= e.time.step + ring_s) continue;
-        AutoPlan p;
-        p.estimate = e;
-        p.estimate.memory.activations = mem - (e.memory.total() - e.memory.activations);
-        p.layout = e.layout;
-        p.context = cp;
-        p.ring_seconds = ring_s;
-        best = p;
-      }
-    }
-    if (best) return best;
-  }
-  return std::nullopt;
-}
-
 }  // namespace
 
 plan::Job plan_job(const JobSpec& spec) {
@@ -403,7 +353,14 @@ AutoPlanOutcome plan_parallelism(const JobSpec& spec, int replicas, const std::v
   std::optional<AutoPlan> context_plan;
   if (plans.empty() && spec.moe.experts == 0 && !spec.deterministic && !spec.sequence_parallel &&
       spec.offload != "optimizer" && !spec.data)
-    context_plan = plan_context(job, cluster, o);
+    if (std::optional<plan::ContextPlan> c = plan::search_context(job, cluster, o)) {
+      AutoPlan p;
+      p.estimate = c->estimate;
+      p.layout = c->estimate.layout;
+      p.context = c->context;
+      p.ring_seconds = c->ring_seconds;
+      context_plan = p;
+    }
   if (plans.empty() && context_plan) {
     AutoPlan p = described_context_plan(*context_plan, spec, job, cluster, replicas);
     JobSpec planned = spec;
