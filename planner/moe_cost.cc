@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
+#include <vector>
 
 #include "common/error.h"
 
@@ -122,6 +124,52 @@ MoeCommEstimate moe_comm_estimate(const ModelShape& m, const MoeShape& moe, cons
   e.all_to_alls = 5 * m.layers * micro_batches;
   e.seconds = e.all_to_alls * e.per_all_to_all.best();
   return e;
+}
+
+ExpertSearch search_experts(const Job& job, const Cluster& cluster, const Estimate& e, const ExpertRequest& r) {
+  ExpertSearch out;
+  const Layout& l = e.layout;
+  const double dense_states = e.memory.params + e.memory.grads + e.memory.optimizer;
+  const double extra_act =
+      l.offload ? 0
+                : double(job.model.layers) * (moe_layer_activation_bytes(job.model, r.moe, cluster.device, l) -
+                                              layer_activation_bytes(job.model, cluster.device, l));
+  std::vector<int> degrees;
+  if (r.pinned > 0) {
+    if (r.moe.experts % r.pinned != 0 || l.dp % r.pinned != 0) {
+      out.pinned_does_not_divide = true;
+      return out;
+    }
+    degrees = {r.pinned};
+  } else {
+    for (int d = 1; d <= std::gcd(r.moe.experts, l.dp); ++d)
+      if (r.moe.experts % d == 0 && l.dp % d == 0) degrees.push_back(d);
+  }
+  for (int ep : degrees) {
+    const MoeStateBytes st = moe_state_bytes(job.model, r.moe, cluster.device, l.dp, ep, l.zero);
+    // With offload the optimizer state lives in host memory (the dense estimate counts none of it on the device).
+    const double states = st.params + st.grads + (l.offload ? 0 : st.optimizer);
+    const double mem = e.memory.total() - dense_states + (l.offload ? e.memory.optimizer : 0) + states + extra_act;
+    if (out.smallest_memory < 0 || mem < out.smallest_memory) out.smallest_memory = mem;
+    if (mem > e.memory_capacity) continue;
+    ExpertPlan p;
+    p.expert = ep;
+    p.memory_bytes = mem;
+    const MoeCommEstimate c =
+        moe_comm_estimate(job.model, r.moe, cluster, ep, l.micro_batch, std::max(1, e.micro_batches));
+    if (ep > 1) {
+      const double per = std::max(1, c.all_to_alls);
+      p.flat_seconds = c.per_all_to_all.flat * per;
+      p.hierarchical_seconds = c.per_all_to_all.hierarchical * per;
+      p.all_to_all = !r.all_to_all.empty()                                         ? r.all_to_all
+                     : c.per_all_to_all.use_hierarchical && r.hierarchical_allowed ? "hierarchical"
+                                                                                   : "flat";
+      p.all_to_all_seconds = p.all_to_all == "hierarchical" ? p.hierarchical_seconds : p.flat_seconds;
+    }
+    out.plan = p;
+    return out;
+  }
+  return out;
 }
 
 }  // namespace railyard::plan

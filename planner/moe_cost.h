@@ -3,6 +3,7 @@
 // the cheaper one chosen. Kept beside cost_model.h (new functions only) so the dense model's formulas stay as they are.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "planner/cost_model.h"
@@ -75,5 +76,31 @@ struct MoeCommEstimate {
 };
 MoeCommEstimate moe_comm_estimate(const ModelShape& m, const MoeShape& moe, const Cluster& c, int ep, int micro_batch,
                                   int micro_batches);
+
+// The expert-parallel degree for a MoE model on a planned dense layout (what parallelism.auto runs for experts): per
+// device, the estimate `e` with its dense states and layer activations replaced by the MoE ones (moe_state_bytes over
+// the degree, moe_layer_activation_bytes; one micro-batch in flight per layer with pp 1, the only pipeline degree
+// experts run with). The smallest degree dividing both the experts and e.layout.dp that fits wins (the fewest
+// all-to-all peers), or the pinned one; then the all-to-all: the request's, else hierarchical when moe_comm_estimate
+// prefers it and the request allows it, else flat.
+struct ExpertRequest {
+  MoeShape moe;
+  int pinned = 0;                    // a degree the job fixes (0: choose)
+  std::string all_to_all;            // "flat" or "hierarchical" as the job fixes it ("": choose)
+  bool hierarchical_allowed = true;  // the worker can run the hierarchical exchange (its pods tile the group, ...)
+};
+struct ExpertPlan {
+  int expert = 1;
+  std::string all_to_all = "flat";  // flat or hierarchical
+  double all_to_all_seconds = 0;    // per step, the chosen algorithm (0 with expert 1: no exchange)
+  double flat_seconds = 0, hierarchical_seconds = 0;
+  double memory_bytes = 0;  // per device with the experts split over `expert` ranks
+};
+struct ExpertSearch {
+  std::optional<ExpertPlan> plan;
+  bool pinned_does_not_divide = false;  // the pinned degree divides not both the experts and e.layout.dp
+  double smallest_memory = -1;          // per device, the least any degree needed (when none fits)
+};
+ExpertSearch search_experts(const Job& job, const Cluster& cluster, const Estimate& e, const ExpertRequest& r);
 
 }  // namespace railyard::plan

@@ -414,63 +414,37 @@ AutoPlanOutcome plan_parallelism(const JobSpec& spec, int replicas, const std::v
 
 ExpertChoice choose_experts(const JobSpec& spec, const plan::Job& job, const plan::Cluster& cluster,
                             const plan::Estimate& e) {
-  ExpertChoice out;
-  const plan::MoeShape moe{spec.moe.experts, spec.moe.top_k, spec.moe.capacity_factor};
+  plan::ExpertRequest r;
+  r.moe = {spec.moe.experts, spec.moe.top_k, spec.moe.capacity_factor};
+  if (spec.expert_given) r.pinned = spec.expert;
+  r.all_to_all = spec.expert_all_to_all;
+  // The worker's hierarchical exchange needs host memory (not on CUDA) and the pod's ranks to tile the group
+  // (check_family); the tiling depends on the degree the search picks, so it is checked after it.
+  r.hierarchical_allowed = spec.device != "cuda";
   const plan::Layout& l = e.layout;
-  // Per device: the estimate with the dense states and layer activations replaced by the MoE ones (one micro-batch in
-  // flight per layer with pp 1, the only pipeline degree experts run with).
-  const double dense_states = e.memory.params + e.memory.grads + e.memory.optimizer;
-  const double extra_act =
-      l.offload ? 0
-                : double(job.model.layers) * (plan::moe_layer_activation_bytes(job.model, moe, cluster.device, l) -
-                                              plan::layer_activation_bytes(job.model, cluster.device, l));
-  std::vector<int> degrees;
-  if (spec.expert_given) {
-    if (spec.moe.experts % spec.expert != 0 || l.dp % spec.expert != 0) {
-      out.why_not = "spec.parallelism.expert " + std::to_string(spec.expert) + " does not divide both the " +
-                    std::to_string(spec.moe.experts) + " experts and the planned data-parallel degree " +
-                    std::to_string(l.dp) + " (" + describe(l) +
-                    "): leave expert out so the planner picks it, or change replicas";
-      return out;
+  ExpertChoice out;
+  plan::ExpertSearch s = plan::search_experts(job, cluster, e, r);
+  if (s.plan && s.plan->expert > 1 && s.plan->all_to_all == "hierarchical" && spec.expert_all_to_all.empty()) {
+    const int ep = s.plan->expert;
+    if (!(spec.procs_per_replica >= ep || ep % spec.procs_per_replica == 0)) {
+      s.plan->all_to_all = "flat";
+      s.plan->all_to_all_seconds = s.plan->flat_seconds;
     }
-    degrees = {spec.expert};
-  } else {
-    for (int d = 1; d <= std::gcd(spec.moe.experts, l.dp); ++d)
-      if (spec.moe.experts % d == 0 && l.dp % d == 0) degrees.push_back(d);
   }
-  double smallest = -1;
-  for (int ep : degrees) {
-    if (spec.moe.experts % ep != 0 || l.dp % ep != 0) continue;  // a pinned degree: check_family names the fix
-    const plan::MoeStateBytes st = plan::moe_state_bytes(job.model, moe, cluster.device, l.dp, ep, l.zero);
-    // With offload the optimizer state lives in host memory (the dense estimate counts none of it on the device).
-    const double states = st.params + st.grads + (l.offload ? 0 : st.optimizer);
-    const double mem = e.memory.total() - dense_states + (l.offload ? e.memory.optimizer : 0) + states + extra_act;
-    if (smallest < 0 || mem < smallest) smallest = mem;
-    if (mem > e.memory_capacity) continue;
-    ExpertPlan p;
-    p.expert = ep;
-    p.memory_bytes = mem;
-    const plan::MoeCommEstimate c =
-        plan::moe_comm_estimate(job.model, moe, cluster, ep, l.micro_batch, std::max(1, e.micro_batches));
-    if (ep > 1) {
-      const double per = std::max(1, c.all_to_alls);
-      p.flat_seconds = c.per_all_to_all.flat * per;
-      p.hierarchical_seconds = c.per_all_to_all.hierarchical * per;
-      // The worker's hierarchical exchange needs the pod's ranks to tile the group, and host memory: not on CUDA
-      // (check_family).
-      const bool tiles = spec.procs_per_replica >= ep || ep % spec.procs_per_replica == 0;
-      const bool hierarchical_ok = tiles && spec.device != "cuda";
-      p.all_to_all = !spec.expert_all_to_all.empty()                        ? spec.expert_all_to_all
-                     : c.per_all_to_all.use_hierarchical && hierarchical_ok ? "hierarchical"
-                                                                            : "flat";
-      p.all_to_all_seconds = p.all_to_all == "hierarchical" ? p.hierarchical_seconds : p.flat_seconds;
-    }
-    out.plan = p;
+  if (s.pinned_does_not_divide) {
+    out.why_not = "spec.parallelism.expert " + std::to_string(spec.expert) + " does not divide both the " +
+                  std::to_string(spec.moe.experts) + " experts and the planned data-parallel degree " +
+                  std::to_string(l.dp) + " (" + describe(l) +
+                  "): leave expert out so the planner picks it, or change replicas";
+    return out;
+  }
+  if (s.plan) {
+    out.plan = *s.plan;
     return out;
   }
   out.why_not =
       "the mixture-of-experts model (" + std::to_string(spec.moe.experts) + " experts) needs " +
-      bytes_text(std::max(0.0, smallest)) + " per device at best (" + describe(l) + ") of " +
+      bytes_text(std::max(0.0, s.smallest_memory)) + " per device at best (" + describe(l) + ") of " +
       bytes_text(e.memory_capacity) +
       ": add replicas (a larger data-parallel degree splits the experts further), fewer experts, or a smaller "
       "globalBatch";

@@ -11,6 +11,7 @@
 #include "operator/controller/job_spec.h"
 #include "operator/controller/placement.h"
 #include "planner/cost_model.h"
+#include "planner/moe_cost.h"
 
 namespace railyard::op {
 
@@ -35,13 +36,8 @@ struct MixedSplit {
 
 // Mixture of experts under auto: the expert-parallel degree and the dispatch all-to-all the MoE cost model
 // (planner/moe_cost.h) picks for a planned layout.
-struct ExpertPlan {
-  int expert = 1;
-  std::string all_to_all = "flat";  // flat or hierarchical
-  double all_to_all_seconds = 0;    // per step, the chosen algorithm (0 with expert 1: no exchange)
-  double flat_seconds = 0, hierarchical_seconds = 0;
-  double memory_bytes = 0;  // per device with the experts split over `expert` ranks
-};
+// The expert-parallel choice of parallelism.auto (planner/moe_cost.h search_experts).
+using ExpertPlan = plan::ExpertPlan;
 
 struct AutoPlan {
   // What the worker runs: dp, tp, pp, micro_batch, zero (0-2), recompute (none, selective, full over all layers) and
@@ -94,6 +90,9 @@ struct ExpertChoice {
   std::optional<ExpertPlan> plan;
   std::optional<std::string> why_not;
 };
+// The job's expert-parallel degree and all-to-all on the planned layout `e` (plan::search_experts, with the
+// worker's limits: hierarchical only off CUDA and when the pod's ranks tile the group); why_not names the field
+// and the fix when none fits.
 ExpertChoice choose_experts(const JobSpec& spec, const plan::Job& job, const plan::Cluster& cluster,
                             const plan::Estimate& e);
 

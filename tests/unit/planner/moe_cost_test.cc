@@ -122,3 +122,45 @@ TEST_CASE("MoE activation memory per layer and model states under expert paralle
   CHECK(b.total() == doctest::Approx((832 + 1104) * 18));
   CHECK_THROWS_AS(moe_state_bytes(small, moe, h, 4, 3, 0), railyard::ConfigError);
 }
+
+TEST_CASE("search_experts: the smallest degree dividing experts and dp that fits; a pinned one that does not divide") {
+  // gpt2-124m-sized with 64 experts top-2 on 8 x h100, dp 8: a device's memory decides how far the experts split.
+  const ModelShape m{"m", 12, 768, 12, 1024, 50257};
+  Job job;
+  job.model = m;
+  job.global_batch = 64;
+  Cluster c = h100(8);
+  Layout l;
+  l.dp = 8;
+  l.micro_batch = 1;
+  Estimate e = estimate(job, c, l);
+  ExpertRequest r;
+  r.moe = {64, 2, 1.25};
+  ExpertSearch all = search_experts(job, c, e, r);
+  REQUIRE(all.plan);
+  CHECK(all.plan->expert == 1);  // 80 GB holds all 64 experts of a 124M model: no exchange needed
+  CHECK(all.plan->all_to_all_seconds == 0);
+  // A capacity between the degree-1 and the degree-8 footprint: the smallest degree that fits is chosen.
+  const MoeStateBytes s1 = moe_state_bytes(m, r.moe, c.device, 8, 1, l.zero);
+  const MoeStateBytes s8 = moe_state_bytes(m, r.moe, c.device, 8, 8, l.zero);
+  const double need1 = all.plan->memory_bytes;
+  const double need8 = need1 - (s1.params + s1.grads + s1.optimizer) + (s8.params + s8.grads + s8.optimizer);
+  REQUIRE(need8 < need1);
+  e.memory_capacity = (need1 + need8) / 2;
+  ExpertSearch split = search_experts(job, c, e, r);
+  REQUIRE(split.plan);
+  CHECK(split.plan->expert > 1);
+  CHECK(split.plan->memory_bytes <= e.memory_capacity);
+  CHECK(64 % split.plan->expert == 0);
+  CHECK(split.plan->all_to_all_seconds > 0);
+  // Nothing fits: no plan, and the least any degree needed.
+  e.memory_capacity = need8 / 2;
+  ExpertSearch none = search_experts(job, c, e, r);
+  CHECK_FALSE(none.plan);
+  CHECK(none.smallest_memory == doctest::Approx(need8));
+  // A pinned degree that does not divide the data-parallel degree is reported as such.
+  r.pinned = 3;
+  ExpertSearch pinned = search_experts(job, c, e, r);
+  CHECK(pinned.pinned_does_not_divide);
+  CHECK_FALSE(pinned.plan);
+}
