@@ -30,17 +30,17 @@ const std::map<std::string, std::vector<std::string>> kAllowlist = {
     {"spec.resources.requests", {"operator/controller/pod_builder.cc", "operator/controller/placement.cc"}},
     {"spec.resources.limits", {"operator/controller/pod_builder.cc", "operator/controller/placement.cc"}},
     // The optimisation recipe: the worker reads the job's spec.training from its config (apply_config_file).
-    {"spec.training.learningRate", {"worker/main.cc"}},
-    {"spec.training.minLrFraction", {"worker/main.cc"}},
-    {"spec.training.warmupSteps", {"worker/main.cc"}},
-    {"spec.training.weightDecay", {"worker/main.cc"}},
-    {"spec.training.gradClip", {"worker/main.cc"}},
-    {"spec.training.seed", {"worker/main.cc"}},
-    {"spec.training.valEvery", {"worker/main.cc"}},
-    {"spec.training.sampleEvery", {"worker/main.cc"}},
-    {"spec.training.sampleTokens", {"worker/main.cc"}},
+    {"spec.training.learningRate", {"worker/config_file.cc"}},
+    {"spec.training.minLrFraction", {"worker/config_file.cc"}},
+    {"spec.training.warmupSteps", {"worker/config_file.cc"}},
+    {"spec.training.weightDecay", {"worker/config_file.cc"}},
+    {"spec.training.gradClip", {"worker/config_file.cc"}},
+    {"spec.training.seed", {"worker/config_file.cc"}},
+    {"spec.training.valEvery", {"worker/config_file.cc"}},
+    {"spec.training.sampleEvery", {"worker/config_file.cc"}},
+    {"spec.training.sampleTokens", {"worker/config_file.cc"}},
     // spec.checkpoint.async: the worker's --ckpt-async.
-    {"spec.checkpoint.async", {"worker/main.cc"}},
+    {"spec.checkpoint.async", {"worker/config_file.cc"}},
     // Rail-aware placement: the controller's placement request (the scheduler acts on it).
     {"spec.placement.railAware", {"operator/controller/placement.cc"}},
     {"spec.placement.mode", {"operator/controller/placement.cc"}},
@@ -168,9 +168,9 @@ spec:
     if (rel == "worker/main.cc") return R"(set("lr", get(tr, "learningRate"));)";
     return "";
   };
-  const std::map<std::string, std::vector<std::string>> allowlist = {{"spec.training.learningRate", {"worker/main.cc"}},
+  const std::map<std::string, std::vector<std::string>> allowlist = {{"spec.training.learningRate", {"worker/config_file.cc"}},
                                                                      {"spec.training.seed", {"monitor/rules.cc"}},
-                                                                     {"spec.gone", {"worker/main.cc"}}};
+                                                                     {"spec.gone", {"worker/config_file.cc"}}};
   const auto problems = unread_fields(leaves, allowlist, read);
   REQUIRE(problems.size() == 3);
   CHECK(problems[0].find("spec.model.shinyNewField: no \"shinyNewField\" in operator/controller/job_spec.cc") == 0);
