@@ -165,12 +165,13 @@ spec:
                                            "spec.training.learningRate", "spec.training.seed", "spec.template"});
   auto read = [](const std::string& rel) -> std::string {
     if (rel == kJobSpec) return R"(c.string(model, "initFrom", "spec.model.initFrom"); spec["template"];)";
-    if (rel == "worker/main.cc") return R"(set("lr", get(tr, "learningRate"));)";
+    if (rel == "worker/config_file.cc") return R"(set("lr", get(tr, "learningRate"));)";
     return "";
   };
-  const std::map<std::string, std::vector<std::string>> allowlist = {{"spec.training.learningRate", {"worker/config_file.cc"}},
-                                                                     {"spec.training.seed", {"monitor/rules.cc"}},
-                                                                     {"spec.gone", {"worker/config_file.cc"}}};
+  const std::map<std::string, std::vector<std::string>> allowlist = {
+      {"spec.training.learningRate", {"worker/config_file.cc"}},
+      {"spec.training.seed", {"monitor/rules.cc"}},
+      {"spec.gone", {"worker/config_file.cc"}}};
   const auto problems = unread_fields(leaves, allowlist, read);
   REQUIRE(problems.size() == 3);
   CHECK(problems[0].find("spec.model.shinyNewField: no \"shinyNewField\" in operator/controller/job_spec.cc") == 0);
