@@ -16,6 +16,7 @@
 #include "checkpoint/writer.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "worker/train/train_metrics.h"
 
 namespace railyard::worker {
 
@@ -601,11 +602,20 @@ std::optional<int> Checkpointer::after_step(const StepResult& r) {
   if (stop) return save_on_stop(step);
   const int64_t total = trainer_.config().steps;
   const bool disk_due = writer_ && ((opt_.every > 0 && step % opt_.every == 0) || (opt_.save_final && step == total));
-  if (disk_due) start_save(step, opt_.async && step != total);
+  if (disk_due) {
+    const bool async = opt_.async && step != total;
+    // A synchronous save blocks the step loop for its whole write: a pause, not a stall, for the monitor (its stall
+    // threshold is hangTimeoutSeconds meanwhile). Only the save: the agreement above is a collective where a hung peer
+    // must show as a stall.
+    std::optional<TrainMetrics::Pause> pause;
+    if (!async) pause.emplace(trainer_.metrics());
+    start_save(step, async);
+  }
   return std::nullopt;
 }
 
 std::optional<int> Checkpointer::save_on_stop(int64_t step) {
+  TrainMetrics::Pause pause(trainer_.metrics());  // the save before exiting takes up to --ckpt-term-budget
   const int64_t ns = g_stop_ns.load();
   const auto signalled =
       ns > 0 ? std::chrono::steady_clock::time_point(std::chrono::nanoseconds(ns)) : std::chrono::steady_clock::now();

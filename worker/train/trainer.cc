@@ -626,10 +626,10 @@ int Trainer::run() {
     // only once the checkpointer's in-memory snapshot of it exists on every rank (docs/checkpointing.md).
     std::optional<int> rc;
     const bool give_up = bad_consecutive_ >= cfg_.max_bad_steps;
-    if (hooks_.after_step && !give_up) {
-      TrainMetrics::Pause pause(metrics_);  // a synchronous checkpoint can take many step times
-      rc = hooks_.after_step(r);
-    }
+    // Not a pause as a whole: the hook's per-step agreement of the ranks is a collective, and a peer that hangs must
+    // show there as a stall. The checkpointer pauses around a synchronous save itself (a save can take many step
+    // times).
+    if (hooks_.after_step && !give_up) rc = hooks_.after_step(r);
     log_step(r);
     if (give_up) {
       log::error("worker", "too many consecutive non-finite steps: stopping",

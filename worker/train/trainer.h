@@ -190,6 +190,7 @@ class Trainer {
 
   // Optional: every step and validation is also published as Prometheus series (train_metrics.h).
   void set_metrics(TrainMetrics* m) { metrics_ = m; }
+  TrainMetrics* metrics() const { return metrics_; }  // null when none was set
   void set_hooks(TrainerHooks h) { hooks_ = std::move(h); }
   // The process-group layout (ProcessGroups::describe()) for the line run() logs at start.
   void set_layout(std::string description) { layout_ = std::move(description); }

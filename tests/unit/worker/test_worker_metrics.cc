@@ -146,7 +146,7 @@ std::string lines(const std::string& text) {
 
 }  // namespace
 
-TEST_CASE("railyard_worker_paused is 1 during validation and the checkpoint hook, 0 while stepping") {
+TEST_CASE("railyard_worker_paused is 1 during validation and a pause scope, 0 while stepping and in the step hook") {
   const GptConfig g = make_gpt_config(/*L=*/1, /*C=*/32, /*NH=*/2, /*maxT=*/16, /*V=*/64);
   std::vector<int32_t> tokens(4096);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 7 + i / 13) % 64);
@@ -166,8 +166,13 @@ TEST_CASE("railyard_worker_paused is 1 during validation and the checkpoint hook
   trainer.set_metrics(&tm);
   std::vector<std::string> in_hook;
   TrainerHooks hooks;
+  std::vector<std::string> in_save;
   hooks.after_step = [&](const StepResult&) -> std::optional<int> {
+    // The hook itself is not a pause (the checkpointer's per-step agreement is a collective where a hung peer must
+    // show as a stall); a synchronous save inside it is (Checkpointer::after_step opens a Pause around it).
     in_hook.push_back(registry.serialize());
+    TrainMetrics::Pause save(trainer.metrics());
+    in_save.push_back(registry.serialize());
     return std::nullopt;
   };
   trainer.set_hooks(hooks);
@@ -177,7 +182,9 @@ TEST_CASE("railyard_worker_paused is 1 during validation and the checkpoint hook
   REQUIRE(val.seen.size() == 6);  // validation at steps 0, 2 and 4, 2 batches each
   for (const auto& t : val.seen) CHECK(paused(t) == 1);
   REQUIRE(in_hook.size() == 4);
-  for (const auto& t : in_hook) CHECK(paused(t) == 1);
+  for (const auto& t : in_hook) CHECK(paused(t) == 0);
+  REQUIRE(in_save.size() == 4);
+  for (const auto& t : in_save) CHECK(paused(t) == 1);
   REQUIRE_FALSE(train.seen.empty());
   for (const auto& t : train.seen) CHECK(paused(t) == 0);
   // The last pause's end is the progress the stall rules count from.
