@@ -348,7 +348,7 @@ void parse_scheduler(Checker& c, JobSpec& s, const Json& placement) {
   }
   s.scheduler = *v;
   if (s.scheduler == kRailyardScheduler) return;
-  if (placement.value("mode", "soft") == "hard")
+  if (placement.contains("mode") && placement["mode"].is_string() && placement["mode"] == "hard")
     c.fail("spec.placement.mode", "hard is Railyard's own placement, but spec.placement.scheduler is " + s.scheduler,
            "remove mode (or use spec.placement.scheduler railyard)");
   else if (placement.contains("topologyKeys") && placement["topologyKeys"].is_array() &&

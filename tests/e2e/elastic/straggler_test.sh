@@ -14,9 +14,11 @@ job_name=straggler
 job_deterministic=1
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
-# 400 steps: on a fast run Prometheus saw both trainers only at step ~150 and the job ended 8 s after the slowdown
-# began, before the monitor's 5 s window had named rank 1 (2026-11-27); the reference run uses the same count.
-steps=400
+# 800 steps: on a fast run Prometheus saw both trainers only at step ~150 and the job ended 8 s after the slowdown
+# began, before the monitor's 5 s window had named rank 1 (2026-11-27, then 400 steps); on 2026-11-29 a CI run with 400
+# slowed from step 123, the request came at step 366 (35 s: the compute mean converges over the monitor's horizon) and
+# the job had finished before the restart took effect. The reference run uses the same count.
+steps=800
 interval=5
 start_operator
 start_monitor_prometheus --straggler-window 5

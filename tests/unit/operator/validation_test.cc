@@ -328,6 +328,8 @@ TEST_CASE("spec.placement.scheduler: railyard by default, another scheduler's na
       "railAware": true, "mode": "soft", "nodeSelector": {"pool": "a"}}}})")));
   REQUIRE_FALSE(p.violation);
   CHECK(p.spec.scheduler == "default-scheduler");
+  // A malformed mode next to another scheduler is a clear violation later (the CRD's enum), never an exception here.
+  CHECK_NOTHROW(parse_job(job_with(Json::parse(R"({"spec": {"placement": {"scheduler": "volcano", "mode": 7}}})"))));
   // Railyard's own placement keeps hard mode and topology keys.
   CHECK_FALSE(parse_job(job_with(Json::parse(R"({"spec": {"placement": {"scheduler": "railyard", "mode": "hard",
       "topologyKeys": ["rail"]}}})")))
