@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "common/worker_config.h"
+
 namespace railyard::rdzv {
 
 // Exit code of a rank whose collective failed because a peer went away (retryable; not a signal number 129-192). The
@@ -135,7 +137,7 @@ struct Assignment {
   // The peer-copy listener of every pod, in pod order ("ip:port", "" when that agent offered none): the in-memory
   // tier's copies go around this ring (docs/checkpointing.md "The peer copy").
   std::vector<std::string> peers;
-  nlohmann::json config = nlohmann::json::object();
+  WorkerConfig config;  // the generation's worker configuration (common/worker_config.h)
 };
 
 inline nlohmann::json to_json(const Assignment& a) {
@@ -152,7 +154,7 @@ inline nlohmann::json to_json(const Assignment& a) {
           {"restore", a.restore},
           {"pods", a.pods},
           {"peers", a.peers},
-          {"config", a.config}};
+          {"config", to_json(a.config)}};
 }
 
 inline Assignment parse_assignment(const nlohmann::json& j) {
@@ -194,7 +196,11 @@ inline Assignment parse_assignment(const nlohmann::json& j) {
       a.peers.push_back(p.get<std::string>());
     }
   }
-  a.config = detail::field(j, "config");
+  try {
+    a.config = parse_worker_config(detail::field(j, "config"));
+  } catch (const WorkerConfigError& e) {
+    throw ProtocolError(std::string("field 'config': ") + e.what());
+  }
   return a;
 }
 

@@ -88,8 +88,8 @@ constexpr const char* kUsage = R"(usage: railyard-worker train [flags]
   --metrics-port P     serve Prometheus /metrics on P (0 = any free port; default RAILYARD_METRICS_PORT + LOCAL_RANK
                        when that is set, else off); labels from the agent's env (docs/worker.md)
   --metrics-host H     address to listen on (default RAILYARD_POD_IP, else 127.0.0.1)
-  --config FILE        JSON training config (the agent's RAILYARD_CONFIG: model, training, layout, data); flags
-                       given on the command line override it
+  --config FILE        the worker configuration (the agent's RAILYARD_CONFIG: model, training, layout, data,
+                       checkpoint, parallelism, memory; docs/rendezvous.md); flags given on the command line win
   --ckpt-dir DIR       checkpoint root (spec.checkpoint.path); saves params, AdamW m/v, counters, loader and LR position
   --ckpt-every N       save every N steps (default spec.checkpoint.intervalSteps, else 0: only at the end / SIGTERM)
   --ckpt-keep K        complete checkpoints kept (default 3)

@@ -288,6 +288,19 @@ void parse_data_training(Checker& c, JobSpec& s, const Json& spec) {
              std::to_string(s.seq_len) + " exceeds the model's seqLen " + std::to_string(s.model.seq_len),
              "use at most " + std::to_string(s.model.seq_len) + " or a model with a longer context");
   }
+  // The recipe (the worker's --lr, --warmup, ...): types and the schema's bounds, for objects that skipped it.
+  Recipe& r = s.recipe;
+  r.learning_rate = c.number(training, "learningRate", "spec.training.learningRate", 0, 1e6);
+  if (r.learning_rate && *r.learning_rate <= 0)
+    c.fail("spec.training.learningRate", "must be greater than 0", "use a positive peak learning rate, e.g. 0.0006");
+  r.min_lr_fraction = c.number(training, "minLrFraction", "spec.training.minLrFraction", 0, 1);
+  r.weight_decay = c.number(training, "weightDecay", "spec.training.weightDecay", 0, 1e6);
+  r.grad_clip = c.number(training, "gradClip", "spec.training.gradClip", 0, 1e12);
+  r.warmup_steps = c.integer(training, "warmupSteps", "spec.training.warmupSteps", 0, int64_t{1} << 40);
+  r.seed = c.integer(training, "seed", "spec.training.seed", 0, INT64_MAX);
+  r.val_every = c.integer(training, "valEvery", "spec.training.valEvery", 0, int64_t{1} << 40);
+  r.sample_every = c.integer(training, "sampleEvery", "spec.training.sampleEvery", 0, int64_t{1} << 40);
+  r.sample_tokens = c.integer(training, "sampleTokens", "spec.training.sampleTokens", 1, 1048576);
 }
 
 void parse_parallelism_memory(Checker& c, JobSpec& s, const Json& spec) {
@@ -306,8 +319,6 @@ void parse_parallelism_memory(Checker& c, JobSpec& s, const Json& spec) {
     s.expert_all_to_all = *v;
   if (auto v = c.boolean(par, "sequenceParallel", "spec.parallelism.sequenceParallel")) s.sequence_parallel = *v;
   if (auto v = c.integer(par, "context", "spec.parallelism.context", 1, 1048576)) s.context = static_cast<int>(*v);
-  if (auto v = c.integer(par, "microBatches", "spec.parallelism.microBatches", 1, 1 << 20))
-    s.micro_batches = static_cast<int>(*v);
   if (auto v = c.boolean(par, "deterministic", "spec.parallelism.deterministic")) s.deterministic = *v;
 
   // Memory: recomputation and offload (the worker's --recompute, --recompute-layers, --offload).
@@ -364,7 +375,8 @@ void parse_checkpoint_policies(Checker& c, JobSpec& s, const Json& spec) {
   if (auto path = c.string(ckpt, "path", "spec.checkpoint.path")) s.checkpoint_path = *path;
   if (auto v = c.integer(ckpt, "intervalSteps", "spec.checkpoint.intervalSteps", 1, int64_t{1} << 40))
     s.checkpoint_interval_steps = *v;
-  c.integer(ckpt, "keep", "spec.checkpoint.keep", 1, 1000000);
+  s.checkpoint_keep = c.integer(ckpt, "keep", "spec.checkpoint.keep", 1, 1000000);
+  s.checkpoint_async = c.boolean(ckpt, "async", "spec.checkpoint.async");
   if (auto v = c.integer(ckpt, "memoryIntervalSteps", "spec.checkpoint.memoryIntervalSteps", 0, int64_t{1} << 40))
     s.memory_interval_steps = *v;
   Json placement = c.object(spec, "placement", "spec.placement");
@@ -496,10 +508,6 @@ void check_cross_fields(Checker& c, JobSpec& s) {
                  ") = " + std::to_string(s.global_batch / (s.micro_batch * dp)),
              "choose globalBatch, microBatch and replicas so that it is 1, 2, 4, 8, ..., or set deterministic false");
   }
-  if (c.ok() && s.micro_batches && s.pipeline > 1 && *s.micro_batches < s.pipeline)
-    c.fail("spec.parallelism.microBatches",
-           std::to_string(*s.micro_batches) + " is fewer than the pipeline degree " + std::to_string(s.pipeline),
-           "use at least " + std::to_string(s.pipeline) + " so every stage has work");
 }
 
 }  // namespace
@@ -686,69 +694,69 @@ std::optional<Violation> check_family(const JobSpec& s, int replicas) {
   return c.take();
 }
 
-Json resolved_config(const JobSpec& spec, int replicas) {
-  WorldLayout w = world_layout(spec, replicas);
-  Json cfg = {
-      {"model",
-       {{"preset", spec.preset},
-        {"layers", spec.model.layers},
-        {"hidden", spec.model.hidden},
-        {"heads", spec.model.heads},
-        {"seqLen", spec.model.seq_len},
-        {"vocab", spec.model.vocab}}},
-      {"training",
-       {{"steps", spec.steps},
-        {"globalBatch", spec.global_batch},
-        {"microBatch", spec.micro_batch},
-        {"seqLen", spec.seq_len},
-        {"gradAccumulation", spec.global_batch / std::max(1, spec.micro_batch * w.data)}}},
-      {"layout",
-       {{"world", w.size},
-        // The rank grid the rendezvous checks (dp x tp x pp = world): the worker's data-parallel group, whose
-        // blocks of cp consecutive ranks share a replica's sequences.
-        {"dp", w.data * w.context},
-        {"tp", w.tensor},
-        {"pp", w.pipeline},
-        {"cp", w.context},
-        {"ep", w.expert},
-        {"zero", spec.zero},
-        {"procsPerReplica", spec.procs_per_replica},
-        {"replicas", replicas}}},
-      {"device", spec.device},
-  };
-  if (spec.micro_batches) cfg["layout"]["microBatches"] = *spec.micro_batches;
-  if (!spec.init_from.empty()) cfg["model"]["initFrom"] = spec.init_from;
-  // The shards (worker/main.cc apply_config_file: --data, --val-data); val only when given (else the worker's
-  // default, val_*.bin beside the training shards).
-  cfg["data"] = {{"train", spec.data_train}};
-  if (!spec.data_val.empty()) cfg["data"]["val"] = spec.data_val;
-  // The worker completes this from spec.checkpoint (path, intervalSteps, keep, async); the in-memory interval is
-  // resolved here, 0 (off) when the spec does not set it.
-  cfg["checkpoint"] = {{"memoryIntervalSteps", spec.memory_interval_steps}};
-  // The worker reads `parallelism` instead of spec.parallelism when it is there, so it carries everything resolved:
-  // the ZeRO stage (the planned one with auto), deterministic mode, and with auto the planned degrees.
-  cfg["parallelism"] = {{"zero", spec.zero}, {"deterministic", spec.deterministic}};
-  if (spec.auto_parallel) {
-    cfg["parallelism"]["tensor"] = w.tensor;
-    cfg["parallelism"]["pipeline"] = w.pipeline;
-    cfg["parallelism"]["data"] = w.data;
-  }
-  // The rest of the family (worker/main.cc apply_config_file maps these onto --ep, --ep-a2a, --sequence-parallel,
-  // --cp, --moe-*, --recompute, --offload; an explicit flag wins).
-  cfg["parallelism"]["expert"] = w.expert;
-  if (w.expert > 1)
-    cfg["parallelism"]["expertAllToAll"] = spec.expert_all_to_all.empty() ? "flat" : spec.expert_all_to_all;
-  cfg["parallelism"]["sequenceParallel"] = spec.sequence_parallel;
-  cfg["parallelism"]["context"] = w.context;
+WorkerConfig resolved_config(const JobSpec& spec, int replicas) {
+  const WorldLayout w = world_layout(spec, replicas);
+  // Unknown values (0, "": a preset's shape, a program's steps) are left out for the worker's defaults.
+  auto opt = [](const std::string& v) { return v.empty() ? std::nullopt : std::optional<std::string>(v); };
+  auto pos = [](int64_t v) { return v > 0 ? std::optional<int>(static_cast<int>(v)) : std::nullopt; };
+  WorkerConfig c;
+  // The grid the rendezvous checks (dp x tp x pp = world): the worker's data-parallel group, whose blocks of cp
+  // consecutive ranks share a replica's sequences.
+  c.layout = WorkerConfig::Layout{w.size, w.data * w.context, w.tensor, w.pipeline, spec.procs_per_replica, replicas};
+  c.device = spec.device;
+  WorkerConfig::Checkpoint& ck = c.checkpoint.emplace();
+  ck.path = opt(spec.checkpoint_path);
+  if (spec.checkpoint_interval_steps > 0) ck.interval_steps = spec.checkpoint_interval_steps;
+  ck.keep = spec.checkpoint_keep;
+  ck.async = spec.checkpoint_async;
+  ck.memory_interval_steps = spec.memory_interval_steps;  // 0 (off) when the spec does not set it
+  if (spec.program) return c;  // the user's program: no model, data, training, parallelism or memory sections
+
+  WorkerConfig::Model& model = c.model.emplace();
+  model.preset = opt(spec.preset);
+  model.layers = pos(spec.model.layers);
+  model.hidden = pos(spec.model.hidden);
+  model.heads = pos(spec.model.heads);
+  model.seq_len = pos(spec.model.seq_len);
+  model.vocab = pos(spec.model.vocab);
+  model.init_from = opt(spec.init_from);
   if (spec.moe.experts > 0)
-    cfg["model"]["moe"] = {{"experts", spec.moe.experts},
-                           {"topK", spec.moe.top_k},
-                           {"capacityFactor", spec.moe.capacity_factor},
-                           {"auxLossCoef", spec.moe.aux_loss_coef}};
-  cfg["memory"] = {{"recompute", spec.recompute.empty() ? "none" : spec.recompute},
-                   {"offload", spec.offload.empty() ? "none" : spec.offload}};
-  if (spec.recompute_layers >= 0) cfg["memory"]["recomputeLayers"] = spec.recompute_layers;
-  return cfg;
+    model.moe = WorkerConfig::Moe{spec.moe.experts, spec.moe.top_k, spec.moe.capacity_factor, spec.moe.aux_loss_coef};
+
+  WorkerConfig::Training& t = c.training.emplace();
+  if (spec.steps > 0) t.steps = spec.steps;
+  t.global_batch = spec.global_batch;  // sequences
+  t.micro_batch = spec.micro_batch;
+  t.seq_len = pos(spec.seq_len);
+  t.grad_accumulation = pos(spec.global_batch / std::max(1, spec.micro_batch * w.data));
+  const Recipe& r = spec.recipe;
+  t.learning_rate = r.learning_rate;
+  t.min_lr_fraction = r.min_lr_fraction;
+  t.weight_decay = r.weight_decay;
+  t.grad_clip = r.grad_clip;
+  t.warmup_steps = r.warmup_steps;
+  t.seed = r.seed;
+  t.val_every = r.val_every;
+  t.sample_every = r.sample_every;
+  t.sample_tokens = r.sample_tokens;
+
+  // Globs of shards; val only when given (else the worker's default, val_*.bin beside the training shards).
+  c.data = WorkerConfig::Data{opt(spec.data_train), opt(spec.data_val)};
+
+  // Everything resolved: the ZeRO stage (the planned one with auto), the family's degrees.
+  WorkerConfig::Parallelism& p = c.parallelism.emplace();
+  p.zero = spec.zero;
+  p.deterministic = spec.deterministic;
+  p.expert = w.expert;
+  // Only with expert > 1: the worker refuses --ep-a2a alone.
+  if (w.expert > 1) p.expert_all_to_all = spec.expert_all_to_all.empty() ? "flat" : spec.expert_all_to_all;
+  p.sequence_parallel = spec.sequence_parallel;
+  p.context = w.context;
+  WorkerConfig::Memory& m = c.memory.emplace();
+  m.recompute = spec.recompute.empty() ? "none" : spec.recompute;
+  m.offload = spec.offload.empty() ? "none" : spec.offload;
+  if (spec.recompute_layers >= 0) m.recompute_layers = spec.recompute_layers;
+  return c;
 }
 
 std::optional<Violation> check_path_roots(const JobSpec& spec, const PathRoots& roots) {

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "common/worker_config.h"
+
 namespace railyard::op {
 
 using Json = nlohmann::json;
@@ -22,6 +24,13 @@ struct MoeSpec {
   int top_k = 1;
   double capacity_factor = 1.25;
   double aux_loss_coef = 0.01;
+};
+
+// spec.training's optimisation recipe beyond the batch: passed to the worker as written (unset: the worker's default,
+// which is the CRD's; the API server fills the CRD's defaults in anyway).
+struct Recipe {
+  std::optional<double> learning_rate, min_lr_fraction, weight_decay, grad_clip;
+  std::optional<int64_t> warmup_steps, seed, val_every, sample_every, sample_tokens;
 };
 
 // spec.placement.scheduler's default: Railyard's own rail-aware gang placement and binding.
@@ -48,6 +57,7 @@ struct JobSpec {
   int global_batch = 8;
   int micro_batch = 1;
   int seq_len = 0;  // training sequence length (model's when not given)
+  Recipe recipe;
   bool auto_parallel = false;
   int tensor = 1, pipeline = 1;
   std::optional<int> data;  // explicit data-parallel degree
@@ -55,7 +65,6 @@ struct JobSpec {
   // spec.parallelism.deterministic: the fixed-order gradient reduction (docs/parallel.md), so results do not depend
   // on the data-parallel degree; the worker gets it in the resolved config's parallelism object.
   bool deterministic = false;
-  std::optional<int> micro_batches;
   MoeSpec moe;
   // spec.parallelism.expert / expertAllToAll: expert-parallel degree (groups of consecutive data-parallel ranks) and
   // the dispatch all-to-all; expert_all_to_all "" = not given (flat, or the planner's choice with auto).
@@ -82,8 +91,11 @@ struct JobSpec {
   // spec.checkpoint.memoryIntervalSteps: in-memory snapshot every N steps (0 = off); the worker gets it in the
   // resolved config's checkpoint object.
   int64_t memory_interval_steps = 0;
-  // spec.checkpoint.intervalSteps (0 = not given): a program gets it as RAILYARD_CHECKPOINT_INTERVAL_STEPS.
+  // spec.checkpoint.intervalSteps (0 = not given): the worker's save interval; a program gets it as
+  // RAILYARD_CHECKPOINT_INTERVAL_STEPS. keep and async: the built-in trainer's (unset: its defaults, the CRD's).
   int64_t checkpoint_interval_steps = 0;
+  std::optional<int64_t> checkpoint_keep;
+  std::optional<bool> checkpoint_async;
   // spec.data.train / spec.data.val / spec.checkpoint.path as written ("" when absent); checked against the
   // operator's --data-root / --checkpoint-root. train and val are globs (a directory means its train_*.bin /
   // val_*.bin); val "" = val_*.bin beside the training shards. The resolved config carries them as data.train/val.
@@ -135,8 +147,9 @@ int elastic_world_replicas(const JobSpec& spec, int available);
 // offload, ZeRO) for the world of `replicas` pods with the spec's degrees; nullopt when the worker runs it.
 std::optional<Violation> check_family(const JobSpec& spec, int replicas);
 
-// The resolved training configuration handed to every agent through the rendezvous service.
-Json resolved_config(const JobSpec& spec, int replicas);
+// The worker configuration of a world of `replicas` pods (common/worker_config.h), handed to every agent through the
+// rendezvous service. The generation's own fields (restore, generation, dpSplit) are the caller's.
+WorkerConfig resolved_config(const JobSpec& spec, int replicas);
 
 // Longest job name whose pod names (`<job>-worker-<index>`) and label values still fit in 63 characters.
 inline constexpr size_t kMaxJobNameLength = 52;

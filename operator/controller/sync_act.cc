@@ -280,7 +280,6 @@ void Controller::bind_gang(Sync& s) {
 
 void Controller::open_generation(Sync& s) {
   const std::string& key = s.key;
-  Json& job = s.job;
   const JobSpec& spec = s.spec;
   int64_t& gen = s.gen;
   RendezvousService*& rdzv = s.rdzv;
@@ -305,13 +304,12 @@ void Controller::open_generation(Sync& s) {
       g.pods = members;
       g.procs_per_pod = spec.procs_per_replica;
       g.config = resolved_config(world_spec, m);
-      g.config["spec"] = job["spec"];
-      g.config["generation"] = gen;
-      if (!dp_split.empty()) g.config["parallelism"]["dpSplit"] = dp_split;
-      if (gen > 1 && job["spec"].contains("checkpoint") && job["spec"]["checkpoint"].contains("path"))
-        g.config["restore"] = job["spec"]["checkpoint"]["path"];
+      g.config.generation = gen;
+      if (g.config.parallelism) g.config.parallelism->dp_split = dp_split;
+      if (gen > 1 && !world_spec.checkpoint_path.empty())
+        g.config.restore = world_spec.checkpoint_path;
       else if (gen > 1 && world_spec.memory_interval_steps > 0)
-        g.config["restore"] = "auto";  // the in-memory tier alone (no path): the worker falls back to a fresh start
+        g.config.restore = "auto";  // the in-memory tier alone (no path): the worker falls back to a fresh start
       g.token = token;
       rdzv->open_generation(g);
       std::lock_guard lock(mu_);

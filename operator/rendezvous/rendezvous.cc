@@ -49,18 +49,18 @@ std::string join_names(const std::vector<std::string>& names) {
 rdzv::Layout layout_of(const GenerationSpec& spec, int world) {
   rdzv::Layout l;
   l.dp = world;
-  if (!spec.config.is_object() || !spec.config.contains("layout")) return l;
-  const auto& j = spec.config["layout"];
-  auto get = [&](const char* k) {
-    if (!j.is_object() || !j.contains(k) || !j[k].is_number_integer() || j[k].get<int64_t>() < 1) {
+  if (!spec.config.layout) return l;
+  const WorkerConfig::Layout& j = *spec.config.layout;
+  auto get = [&](const char* k, const std::optional<int>& v) {
+    if (!v || *v < 1) {
       throw std::invalid_argument(std::string("GenerationSpec.config.layout.") + k +
                                   " must be a positive integer (layout is {dp, tp, pp})");
     }
-    return j[k].get<int>();
+    return *v;
   };
-  l.dp = get("dp");
-  l.tp = get("tp");
-  l.pp = get("pp");
+  l.dp = get("dp", j.dp);
+  l.tp = get("tp", j.tp);
+  l.pp = get("pp", j.pp);
   if (static_cast<int64_t>(l.dp) * l.tp * l.pp != world) {
     throw std::invalid_argument("GenerationSpec.config.layout: dp*tp*pp = " + std::to_string(l.dp * l.tp * l.pp) +
                                 " but the world has " + std::to_string(world) +
@@ -84,10 +84,6 @@ void validate(const GenerationSpec& spec) {
   }
   if (spec.procs_per_pod < 1 || spec.procs_per_pod > 4096) bad("procs_per_pod must be in [1, 4096]");
   if (spec.token.empty()) bad("token must not be empty");
-  if (!spec.config.is_object()) bad("config must be a JSON object");
-  if (spec.config.contains("restore") && !spec.config["restore"].is_string() && !spec.config["restore"].is_null()) {
-    bad("config.restore must be a string (checkpoint path)");
-  }
 }
 
 struct Member {
@@ -561,9 +557,7 @@ void RendezvousService::open_generation(const GenerationSpec& spec) {
   Job job;
   job.spec = spec;
   job.layout = layout;
-  if (spec.config.contains("restore") && spec.config["restore"].is_string()) {
-    job.restore = spec.config["restore"].get<std::string>();
-  }
+  job.restore = spec.config.restore.value_or("");
   for (size_t i = 0; i < spec.pods.size(); ++i) job.index[spec.pods[i]] = static_cast<int>(i);
   impl_->jobs[spec.job_key] = std::move(job);
   log::info(kComponent, "generation open",

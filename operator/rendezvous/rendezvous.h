@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/tls/pki.h"
+#include "common/worker_config.h"
 
 namespace railyard::op {
 
@@ -22,10 +23,10 @@ struct GenerationSpec {
   int64_t generation = 0;         // > 0; increases with every restart/resize (status.generation)
   std::vector<std::string> pods;  // pod names in replica order: pod i holds global ranks [i*procs, (i+1)*procs)
   int procs_per_pod = 1;
-  // Resolved training config handed to every worker as RAILYARD_CONFIG. Keys the service itself reads:
-  //   "layout": {"dp": D, "tp": T, "pp": P} with D*T*P == pods.size()*procs_per_pod (absent: dp = world, tp = pp = 1)
-  //   "restore": checkpoint path to restore from (string; absent or "" = start fresh)
-  nlohmann::json config = nlohmann::json::object();
+  // The worker configuration handed to every agent (the workers' RAILYARD_CONFIG). The service itself reads
+  // layout {dp, tp, pp} with dp*tp*pp == pods.size()*procs_per_pod (absent: dp = world, tp = pp = 1) and restore,
+  // the checkpoint to restore from (absent or "" = start fresh).
+  WorkerConfig config;
   std::string token;  // the job's secret (Secret <job>-rendezvous, key "token"); compared in constant time
 };
 

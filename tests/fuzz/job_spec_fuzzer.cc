@@ -26,6 +26,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (replicas < 0 || replicas > spec.replicas) __builtin_trap();
     if (replicas > 0) (void)railyard::op::world_layout(spec, replicas);
   }
-  (void)railyard::op::resolved_config(spec, spec.replicas).dump();
+  // The worker configuration survives the wire: what the worker parses is what the operator built.
+  const railyard::WorkerConfig config = railyard::op::resolved_config(spec, spec.replicas);
+  if (railyard::parse_worker_config(railyard::to_json(config)) != config) __builtin_trap();
   return 0;
 }

@@ -369,13 +369,17 @@ class AgentRun {
   void spawn(const rdzv::Assignment& a) {
     const std::string dir = generation_dir(a.generation);
     std::filesystem::create_directories(dir);
-    nlohmann::json config = a.config.is_object() ? a.config : nlohmann::json::object();
-    config["layout"] = {{"dp", a.layout.dp}, {"tp", a.layout.tp}, {"pp", a.layout.pp}};
-    config["restore"] = a.restore;
-    config["generation"] = a.generation;
-    config["world_size"] = a.world_size;
+    // The operator's configuration, completed with this generation's place in the world.
+    WorkerConfig config = a.config;
+    WorkerConfig::Layout& layout = config.layout ? *config.layout : config.layout.emplace();
+    layout.dp = a.layout.dp;
+    layout.tp = a.layout.tp;
+    layout.pp = a.layout.pp;
+    config.restore = a.restore;
+    config.generation = a.generation;
+    config.world_size = a.world_size;
     const std::string config_path = dir + "/config.json";
-    write_file_atomic(config_path, config.dump(2) + "\n");
+    write_file_atomic(config_path, to_json(config).dump(2) + "\n");
 
     std::vector<std::string> command = cfg_.command;
     if (command.empty()) {
@@ -767,24 +771,13 @@ class AgentRun {
     }
   }
 
-  static bool memory_tier_on(const nlohmann::json& config) {
-    for (const nlohmann::json* ck : {&config, config.contains("spec") ? &config["spec"] : nullptr}) {
-      if (ck == nullptr || !ck->is_object() || !ck->contains("checkpoint")) continue;
-      const auto& c = (*ck)["checkpoint"];
-      if (c.is_object() && c.contains("memoryIntervalSteps") && c["memoryIntervalSteps"].is_number_integer() &&
-          c["memoryIntervalSteps"].get<int64_t>() > 0)
-        return true;
-    }
-    return false;
-  }
-
   // The peer copy (docs/checkpointing.md "The peer copy"). A replacement pod (this agent never ran workers, and the
   // generation restores) first fetches its ranks' copies from the other pods, the ring's next pod first (it held this
   // pod index's copies), into its own slots; then every agent streams its ranks' slots to the next pod in the ring.
   void set_up_peer_copy(const rdzv::Assignment& a) {
     peer_steps_.clear();
     const bool on =
-        peer_sender_ && memory_tier_on(a.config) && a.num_pods > 1 && static_cast<int>(a.peers.size()) == a.num_pods;
+        peer_sender_ && a.config.memory_tier_on() && a.num_pods > 1 && static_cast<int>(a.peers.size()) == a.num_pods;
     if (!on) {
       if (peer_sender_) peer_sender_->set({}, "");
       return;

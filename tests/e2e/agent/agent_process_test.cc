@@ -152,7 +152,8 @@ GenerationSpec spec(int64_t gen, std::vector<std::string> pods, int procs) {
   s.procs_per_pod = procs;
   s.token = kToken;
   int world = static_cast<int>(s.pods.size()) * procs;
-  s.config = {{"layout", {{"dp", world}, {"tp", 1}, {"pp", 1}}}, {"restore", "/ckpt/gen" + std::to_string(gen)}};
+  s.config = railyard::parse_worker_config(
+      {{"layout", {{"dp", world}, {"tp", 1}, {"pp", 1}}}, {"restore", "/ckpt/gen" + std::to_string(gen)}});
   return s;
 }
 

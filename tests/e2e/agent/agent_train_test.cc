@@ -124,7 +124,7 @@ nlohmann::json job_config(const fs::path& data) {
   return {
       {"model", {{"preset", "custom"}, {"layers", 4}, {"hidden", 32}, {"heads", 4}, {"seqLen", 32}, {"vocab", 256}}},
       {"training", {{"steps", 4}, {"microBatch", 2}, {"seqLen", 16}, {"globalBatch", 8}, {"seed", 7}}},
-      {"data", {{"path", data.string()}}}};
+      {"data", {{"train", data.string()}}}};
 }
 
 double single_process_loss(const fs::path& dir) {
@@ -150,8 +150,8 @@ void run_world(const fs::path& dir, int pods, int procs, int dp, int tp, int pp,
   for (int i = 0; i < pods; ++i) s.pods.push_back("pod" + std::to_string(i));
   s.procs_per_pod = procs;
   s.token = kToken;
-  s.config = job_config(dir / "data");
-  s.config["layout"] = {{"dp", dp}, {"tp", tp}, {"pp", pp}};
+  s.config = railyard::parse_worker_config(job_config(dir / "data"));
+  s.config.layout = railyard::parse_worker_config({{"layout", {{"dp", dp}, {"tp", tp}, {"pp", pp}}}}).layout;
   svc.open_generation(s);
   std::vector<std::unique_ptr<Agent>> agents;
   for (int i = 0; i < pods; ++i) {

@@ -29,18 +29,6 @@ const std::map<std::string, std::vector<std::string>> kAllowlist = {
     // Container resources of the worker pods: copied into the pod (pod_builder) and counted by placement.
     {"spec.resources.requests", {"operator/controller/pod_builder.cc", "operator/controller/placement.cc"}},
     {"spec.resources.limits", {"operator/controller/pod_builder.cc", "operator/controller/placement.cc"}},
-    // The optimisation recipe: the worker reads the job's spec.training from its config (apply_config_file).
-    {"spec.training.learningRate", {"worker/config_file.cc"}},
-    {"spec.training.minLrFraction", {"worker/config_file.cc"}},
-    {"spec.training.warmupSteps", {"worker/config_file.cc"}},
-    {"spec.training.weightDecay", {"worker/config_file.cc"}},
-    {"spec.training.gradClip", {"worker/config_file.cc"}},
-    {"spec.training.seed", {"worker/config_file.cc"}},
-    {"spec.training.valEvery", {"worker/config_file.cc"}},
-    {"spec.training.sampleEvery", {"worker/config_file.cc"}},
-    {"spec.training.sampleTokens", {"worker/config_file.cc"}},
-    // spec.checkpoint.async: the worker's --ckpt-async.
-    {"spec.checkpoint.async", {"worker/config_file.cc"}},
     // Rail-aware placement: the controller's placement request (the scheduler acts on it).
     {"spec.placement.railAware", {"operator/controller/placement.cc"}},
     {"spec.placement.mode", {"operator/controller/placement.cc"}},

@@ -10,6 +10,7 @@
 #include "tests/unit/operator/job_fixture.h"
 
 using namespace railyard::op;
+using railyard::op::testing::config_json;
 using railyard::op::testing::job_with;
 using Json = nlohmann::json;
 
@@ -34,7 +35,7 @@ TEST_CASE("a MoE job with expert parallelism and recompute reaches the worker's 
   CHECK(p.spec.moe.experts == 4);
   CHECK(p.spec.moe.top_k == 2);
   CHECK(p.spec.expert == 2);
-  Json cfg = resolved_config(p.spec, 4);
+  Json cfg = config_json(p.spec, 4);
   CHECK(cfg["model"]["moe"]["experts"] == 4);
   CHECK(cfg["model"]["moe"]["topK"] == 2);
   CHECK(cfg["model"]["moe"]["capacityFactor"].get<double>() == 2.0);
@@ -43,7 +44,6 @@ TEST_CASE("a MoE job with expert parallelism and recompute reaches the worker's 
   CHECK(cfg["parallelism"]["expertAllToAll"] == "hierarchical");
   CHECK(cfg["parallelism"]["sequenceParallel"] == false);
   CHECK(cfg["parallelism"]["context"] == 1);
-  CHECK(cfg["layout"]["ep"] == 2);
   CHECK(cfg["layout"]["dp"] == 4);
   CHECK(cfg["memory"]["recompute"] == "full");
   CHECK(cfg["memory"]["recomputeLayers"] == 2);
@@ -52,7 +52,7 @@ TEST_CASE("a MoE job with expert parallelism and recompute reaches the worker's 
 }
 
 TEST_CASE("a dense job's resolved config says so: no moe, expert 1 without an all-to-all, nothing recomputed") {
-  Json cfg = resolved_config(parse_job(railyard::op::testing::valid_job()).spec, 2);
+  Json cfg = config_json(parse_job(railyard::op::testing::valid_job()).spec, 2);
   CHECK_FALSE(cfg["model"].contains("moe"));
   CHECK(cfg["parallelism"]["expert"] == 1);
   CHECK_FALSE(cfg["parallelism"].contains("expertAllToAll"));  // the worker refuses --ep-a2a without --ep > 1
@@ -61,7 +61,7 @@ TEST_CASE("a dense job's resolved config says so: no moe, expert 1 without an al
   CHECK(cfg["memory"]["offload"] == "none");
   // The all-to-all defaults to flat when expert > 1 and none is given.
   Json j = moe_job(Json::parse(R"({"spec": {"parallelism": {"expertAllToAll": null}}})"));
-  CHECK(resolved_config(parse_job(j).spec, 4)["parallelism"]["expertAllToAll"] == "flat");
+  CHECK(config_json(parse_job(j).spec, 4)["parallelism"]["expertAllToAll"] == "flat");
 }
 
 TEST_CASE("context parallelism splits the world as data x context x tensor x pipeline") {
@@ -74,10 +74,10 @@ TEST_CASE("context parallelism splits the world as data x context x tensor x pip
   CHECK(w.size == 4);
   CHECK(w.data == 2);
   CHECK(w.context == 2);
-  Json cfg = resolved_config(p.spec, 2);
-  // layout is the rendezvous' rank grid (dp x tp x pp = world): dp counts the context ranks, cp says how many.
+  Json cfg = config_json(p.spec, 2);
+  // layout is the rendezvous' rank grid (dp x tp x pp = world): dp counts the context ranks, parallelism.context
+  // says how many.
   CHECK(cfg["layout"]["dp"] == 4);
-  CHECK(cfg["layout"]["cp"] == 2);
   CHECK(cfg["layout"]["dp"].get<int>() * cfg["layout"]["tp"].get<int>() * cfg["layout"]["pp"].get<int>() ==
         cfg["layout"]["world"].get<int>());
   CHECK(cfg["parallelism"]["context"] == 2);

@@ -4,6 +4,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "operator/controller/job_spec.h"
+
 namespace railyard::op::testing {
 
 inline nlohmann::json valid_job() {
@@ -33,6 +35,11 @@ inline const nlohmann::json* find_env(const nlohmann::json& pod, const std::stri
   for (const nlohmann::json& e : pod["spec"]["containers"][0]["env"])
     if (e["name"] == name) return &e;
   return nullptr;
+}
+
+// The worker configuration of `replicas` pods as it goes over the wire (what the agent and the worker read).
+inline nlohmann::json config_json(const JobSpec& spec, int replicas) {
+  return railyard::to_json(resolved_config(spec, replicas));
 }
 
 }  // namespace railyard::op::testing

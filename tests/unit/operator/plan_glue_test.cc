@@ -16,6 +16,7 @@
 #include "tests/unit/operator/job_fixture.h"
 
 using namespace railyard::op;
+using railyard::op::testing::config_json;
 using railyard::op::testing::job_with;
 using Json = nlohmann::json;
 namespace plan = railyard::plan;
@@ -98,7 +99,7 @@ TEST_CASE("the applied plan is the world, the resolved config and the worker's Z
   CHECK(w.data == o.plan->layout.dp);
   CHECK(w.tensor == o.plan->layout.tp);
   CHECK(w.pipeline == o.plan->layout.pp);
-  Json cfg = resolved_config(s, 4);
+  Json cfg = config_json(s, 4);
   CHECK(cfg["layout"]["tp"] == o.plan->layout.tp);
   CHECK(cfg["layout"]["pp"] == o.plan->layout.pp);
   CHECK(cfg["parallelism"]["zero"] == o.plan->layout.zero);
@@ -326,7 +327,7 @@ TEST_CASE("auto recomputes when the activations do not fit otherwise, and the po
   CHECK(o.plan->message.find(std::string("recompute=") + railyard::to_string(o.plan->layout.recompute)) !=
         std::string::npos);
   apply_plan(s, *o.plan);
-  CHECK(resolved_config(s, 1)["memory"]["recompute"] == railyard::to_string(o.plan->layout.recompute));
+  CHECK(config_json(s, 1)["memory"]["recompute"] == railyard::to_string(o.plan->layout.recompute));
 
   // A small job fits without: nothing recomputed, nothing offloaded.
   JobSpec small = auto_spec(Json::parse(R"({"spec": {"replicas": 2}})"));
@@ -351,7 +352,7 @@ TEST_CASE("auto with spec.memory.offload optimizer plans a layout the worker off
   CHECK(o.plan->layout.pp == 1);
   CHECK(o.plan->status["offload"] == "optimizer");
   apply_plan(s, *o.plan);
-  CHECK(resolved_config(s, 2)["memory"]["offload"] == "optimizer");
+  CHECK(config_json(s, 2)["memory"]["offload"] == "optimizer");
   // On GPUs (the worker offloads there since 2026-11-27, its copy costs unmeasured) auto plans it only when asked:
   // asked, the layout offloads; not asked, it never does, even where it would fit only with it.
   JobSpec g = auto_spec(Json::parse(R"({"spec": {"replicas": 1, "procsPerReplica": 8, "device": "cuda",
@@ -427,7 +428,7 @@ TEST_CASE("auto on a MoE model picks the smallest expert degree that fits and th
   CHECK(o.plan->status["predictedMemoryBytesPerDevice"].get<double>() == doctest::Approx(x.memory_bytes));
   // The pods get the choice.
   apply_plan(s, *o.plan);
-  Json cfg = resolved_config(s, 4);
+  Json cfg = config_json(s, 4);
   CHECK(cfg["parallelism"]["expert"] == x.expert);
   CHECK(cfg["parallelism"]["expertAllToAll"] == x.all_to_all);
   CHECK(cfg["model"]["moe"]["experts"] == 64);
@@ -482,7 +483,7 @@ TEST_CASE("auto splits sequences over context-parallel ranks when no layout fits
   WorldLayout w = world_layout(s, 8);
   CHECK(w.context == p.context);
   CHECK(w.data == p.layout.dp);
-  Json cfg = resolved_config(s, 8);
+  Json cfg = config_json(s, 8);
   CHECK(cfg["parallelism"]["context"] == p.context);
   CHECK(cfg["layout"]["dp"].get<int>() * cfg["layout"]["tp"].get<int>() * cfg["layout"]["pp"].get<int>() == 8);
   // deterministic mode cannot run context parallelism: still Invalid, with the planner's reason

@@ -9,6 +9,7 @@
 #include "tests/unit/operator/job_fixture.h"
 
 using namespace railyard::op;
+using railyard::op::testing::config_json;
 using railyard::op::testing::job_with;
 using railyard::op::testing::valid_job;
 using Json = nlohmann::json;
@@ -89,9 +90,10 @@ TEST_CASE("malformed manifests are Invalid, naming the field and the fix") {
       {"suspend not a boolean", R"({"spec": {"runPolicy": {"suspend": "yes"}}})", "spec.runPolicy.suspend"},
       {"name too long for pod names",
        R"({"metadata": {"name": "a-very-long-training-job-name-that-exceeds-the-limits"}})", "metadata.name"},
-      {"fewer microBatches than stages", R"({"spec": {"replicas": 4, "parallelism": {"pipeline": 2, "data": 2,
-          "microBatches": 1}}})",
-       "spec.parallelism.microBatches"},
+      {"learningRate zero", R"({"spec": {"training": {"learningRate": 0}}})", "spec.training.learningRate"},
+      {"minLrFraction above 1", R"({"spec": {"training": {"minLrFraction": 1.5}}})", "spec.training.minLrFraction"},
+      {"seed not an integer", R"({"spec": {"training": {"seed": "x"}}})", "spec.training.seed"},
+      {"checkpoint.async not a boolean", R"({"spec": {"checkpoint": {"async": "yes"}}})", "spec.checkpoint.async"},
       {"initFrom not a string", R"({"spec": {"model": {"initFrom": 7}}})", "spec.model.initFrom"},
       {"initFrom empty", R"({"spec": {"model": {"initFrom": ""}}})", "spec.model.initFrom"},
       {"initFrom with experts", R"({"spec": {"model": {"initFrom": "/data/gpt2.bin", "moe": {"experts": 4}}}})",
@@ -142,7 +144,7 @@ TEST_CASE("data-parallel degree follows the replica count when not given (genera
   REQUIRE_FALSE(p.violation);
   CHECK(world_layout(p.spec, 4).data == 4);
   CHECK(world_layout(p.spec, 2).data == 2);
-  Json cfg4 = resolved_config(p.spec, 4), cfg2 = resolved_config(p.spec, 2);
+  Json cfg4 = config_json(p.spec, 4), cfg2 = config_json(p.spec, 2);
   CHECK(cfg4["layout"]["dp"] == 4);
   CHECK(cfg2["layout"]["dp"] == 2);
   // Global batch stays constant: accumulation absorbs the change.
@@ -165,11 +167,11 @@ TEST_CASE("an elastic job shrinks to the largest world its batch and degrees all
 }
 
 TEST_CASE("spec.checkpoint.memoryIntervalSteps reaches the worker's resolved config; 0 when unset; negative refused") {
-  CHECK(resolved_config(parse_job(valid_job()).spec, 2)["checkpoint"]["memoryIntervalSteps"] == 0);
+  CHECK(config_json(parse_job(valid_job()).spec, 2)["checkpoint"]["memoryIntervalSteps"] == 0);
   Json j = job_with(Json::parse(R"({"spec": {"checkpoint": {"path": "/ckpt", "memoryIntervalSteps": 2}}})"));
   ParsedJob p = parse_job(j);
   REQUIRE_FALSE(p.violation);
-  CHECK(resolved_config(p.spec, 2)["checkpoint"]["memoryIntervalSteps"] == 2);
+  CHECK(config_json(p.spec, 2)["checkpoint"]["memoryIntervalSteps"] == 2);
   ParsedJob bad = parse_job(job_with(Json::parse(R"({"spec": {"checkpoint": {"memoryIntervalSteps": -1}}})")));
   REQUIRE(bad.violation);
   CHECK(bad.violation->field == "spec.checkpoint.memoryIntervalSteps");
@@ -215,13 +217,13 @@ TEST_CASE("spec.model.initFrom is read and reaches the worker's resolved config;
   ParsedJob plain = parse_job(valid_job());
   REQUIRE_FALSE(plain.violation);
   CHECK(plain.spec.init_from.empty());
-  CHECK_FALSE(resolved_config(plain.spec, 2)["model"].contains("initFrom"));
+  CHECK_FALSE(config_json(plain.spec, 2)["model"].contains("initFrom"));
 
   ParsedJob p = parse_job(job_with(Json::parse(R"({"spec": {"model": {"preset": "gpt2-124m",
       "initFrom": "/data/models/gpt2_124M.bin"}, "training": {"seqLen": 64}}})")));
   REQUIRE_FALSE(p.violation);
   CHECK(p.spec.init_from == "/data/models/gpt2_124M.bin");
-  const Json cfg = resolved_config(p.spec, 2);
+  const Json cfg = config_json(p.spec, 2);
   CHECK(cfg["model"]["initFrom"] == "/data/models/gpt2_124M.bin");
   CHECK(cfg["model"]["layers"] == 12);  // the shape the worker checks the file against
 
@@ -267,21 +269,21 @@ TEST_CASE("spec.model.initFrom must lie under the data or the checkpoint root") 
 TEST_CASE("spec.data.train and spec.data.val reach the worker's resolved config as written; val absent = default") {
   ParsedJob p = parse_job(valid_job());
   REQUIRE_FALSE(p.violation);
-  Json cfg = resolved_config(p.spec, 2);
+  Json cfg = config_json(p.spec, 2);
   CHECK(cfg["data"] == Json{{"train", "/data/train_*.bin"}});  // no val: the worker's val_*.bin beside train
   p = parse_job(job_with(Json::parse(R"({"spec": {"data": {"train": "/data/web/shard_0[0-4]*.bin",
       "val": "/data/web/shard_09*.bin"}}})")));
   REQUIRE_FALSE(p.violation);
-  cfg = resolved_config(p.spec, 2);
+  cfg = config_json(p.spec, 2);
   CHECK(cfg["data"]["train"] == "/data/web/shard_0[0-4]*.bin");
   CHECK(cfg["data"]["val"] == "/data/web/shard_09*.bin");
   p = parse_job(job_with(Json::parse(R"({"spec": {"data": {"val": ""}}})")));
   REQUIRE_FALSE(p.violation);
-  CHECK_FALSE(resolved_config(p.spec, 2)["data"].contains("val"));
+  CHECK_FALSE(config_json(p.spec, 2)["data"].contains("val"));
 }
 
 TEST_CASE("spec.parallelism.deterministic reaches the worker's resolved config with the ZeRO stage; false by default") {
-  Json off = resolved_config(parse_job(valid_job()).spec, 2);
+  Json off = config_json(parse_job(valid_job()).spec, 2);
   CHECK(off["parallelism"]["deterministic"] == false);
   // The worker reads the config's `parallelism` instead of spec.parallelism, so the ZeRO stage must be in it too.
   Json j = job_with(Json::parse(R"({"spec": {"training": {"globalBatch": 16, "microBatch": 2},
@@ -289,7 +291,7 @@ TEST_CASE("spec.parallelism.deterministic reaches the worker's resolved config w
   ParsedJob p = parse_job(j);
   REQUIRE_FALSE(p.violation);
   CHECK(p.spec.deterministic);
-  Json cfg = resolved_config(p.spec, 2);
+  Json cfg = config_json(p.spec, 2);
   CHECK(cfg["parallelism"]["deterministic"] == true);
   CHECK(cfg["parallelism"]["zero"] == 1);
   ParsedJob bad_type = parse_job(job_with(Json::parse(R"({"spec": {"parallelism": {"deterministic": "yes"}}})")));

@@ -41,7 +41,14 @@ GenerationSpec spec(int64_t gen, std::vector<std::string> pods, int procs, std::
   s.procs_per_pod = procs;
   s.token = std::move(token);
   int world = static_cast<int>(s.pods.size()) * procs;
-  s.config = {{"layout", {{"dp", world}, {"tp", 1}, {"pp", 1}}}, {"restore", "/ckpt/step-100"}, {"lr", 0.001}};
+  s.config.layout = railyard::WorkerConfig::Layout{.world = world,
+                                                   .dp = world,
+                                                   .tp = 1,
+                                                   .pp = 1,
+                                                   .procs_per_replica = procs,
+                                                   .replicas = static_cast<int>(s.pods.size())};
+  s.config.restore = "/ckpt/step-100";
+  s.config.training.emplace().learning_rate = 0.001;
   return s;
 }
 
@@ -131,7 +138,10 @@ TEST_CASE("ranks are unique and correct, and joins block until the last pod join
     // Every pod learns the peer-copy listeners of the generation in pod order (the ring of the in-memory tier).
     CHECK(a.peers == std::vector<std::string>{"127.0.0.10:41000", "", "127.0.0.12:41002"});
     CHECK(a.restore == "/ckpt/step-100");
-    CHECK(a.config.at("lr").get<double>() == doctest::Approx(0.001));
+    // The worker configuration arrives as the operator wrote it (typed on both sides).
+    REQUIRE(a.config.training);
+    CHECK(a.config.training->learning_rate == 0.001);
+    CHECK(a.config.restore == "/ckpt/step-100");
     ranks.insert(a.ranks.begin(), a.ranks.end());
   }
   CHECK(ranks == std::set<int>{0, 1, 2, 3, 4, 5});
@@ -316,7 +326,7 @@ TEST_CASE("malformed bodies get 400 naming the field") {
 
   // A bad GenerationSpec is refused by open_generation itself.
   auto bad = spec(2, {"p0", "p1"}, 2);
-  bad.config["layout"] = {{"dp", 3}, {"tp", 1}, {"pp", 1}};
+  bad.config.layout->dp = 3;
   CHECK_THROWS_WITH_AS(svc.open_generation(bad), doctest::Contains("dp*tp*pp"), std::invalid_argument);
   bad = spec(2, {"p0", "p0"}, 1);
   CHECK_THROWS_AS(svc.open_generation(bad), std::invalid_argument);

@@ -94,7 +94,7 @@ TEST_CASE("railyard-worker train: prepare, train with validation, export, resume
       {"model", {{"preset", "custom"}, {"layers", 1}, {"hidden", 32}, {"heads", 2}, {"seqLen", 32}, {"vocab", 256}}},
       {"training", {{"steps", 3}, {"globalBatch", 4}, {"microBatch", 2}, {"seqLen", 16}}},
       {"layout", {{"world", 1}, {"dp", 1}, {"tp", 1}, {"pp", 1}}},
-      {"data", {{"path", d + "/data"}}}}.dump();
+      {"data", {{"train", d + "/data"}}}}.dump();
   r = run("railyard-worker train --config " + d + "/config.json --threads 1 --peak-flops 1e11", d);
   REQUIRE_MESSAGE(r.code == 0, r.err);  // (no progress file without the variable)
   CHECK(r.err.find("L1 C32 NH2 maxT32 V256") != std::string::npos);
@@ -112,19 +112,25 @@ TEST_CASE("railyard-worker train: prepare, train with validation, export, resume
   std::ofstream(d + "/world2.json") << nlohmann::json{
       {"model", {{"preset", "tiny"}}},
       {"layout", {{"world", 2}}},
-      {"data", {{"path", d + "/data"}}}}.dump();
+      {"data", {{"train", d + "/data"}}}}.dump();
   r = run("railyard-worker train --config " + d + "/world2.json", d);
   CHECK(r.code == 2);
   CHECK(r.err.find("world size 2") != std::string::npos);
-  // The agent's form: world_size at the top, layout without "world", data from the job spec's train glob.
-  std::ofstream(d + "/agent_world2.json")
-      << nlohmann::json{{"world_size", 2},
-                        {"layout", {{"dp", 2}, {"tp", 1}, {"pp", 1}}},
-                        {"spec", {{"data", {{"train", d + "/data/train_*.bin"}}}, {"training", {{"steps", 1}}}}}}
-             .dump();
+  // The agent's form: world_size at the top, layout without "world", data as a train glob.
+  std::ofstream(d + "/agent_world2.json") << nlohmann::json{
+      {"world_size", 2},
+      {"layout", {{"dp", 2}, {"tp", 1}, {"pp", 1}}},
+      {"data", {{"train", d + "/data/train_*.bin"}}},
+      {"training", {{"steps", 1}}}}.dump();
   r = run("railyard-worker train --config " + d + "/agent_world2.json", d);
   CHECK(r.code == 2);
   CHECK(r.err.find("world size 2") != std::string::npos);
+  // A field of the wrong type: exit 2 naming the file and the field (common/worker_config.h parses it).
+  std::ofstream(d + "/bad_type.json") << nlohmann::json{{"training", {{"steps", "ten"}}}}.dump();
+  r = run("railyard-worker train --config " + d + "/bad_type.json", d);
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(r.err.find("--config " + d + "/bad_type.json: training.steps must be an integer") != std::string::npos,
+                r.err);
 
   // Bad input: exit 2 and a message that names the problem.
   r = run("railyard-worker train --data " + d + "/data --model gpt9", d);
@@ -178,7 +184,7 @@ TEST_CASE("railyard-worker train refuses data and checkpoint paths that resolve 
   CHECK(r.code == 2);
   CHECK_MESSAGE(r.err.find("outside --data-root " + d + "/outside") != std::string::npos, r.err);
   // From the agent's config: the message names the config field.
-  std::ofstream(d + "/cfg.json") << nlohmann::json{{"spec", {{"data", {{"train", d + "/outside"}}}}}}.dump();
+  std::ofstream(d + "/cfg.json") << nlohmann::json{{"data", {{"train", d + "/outside"}}}}.dump();
   r = run_env("--config " + d + "/cfg.json");
   CHECK(r.code == 2);
   CHECK_MESSAGE(r.err.find("data.train of --config") != std::string::npos, r.err);
@@ -321,7 +327,7 @@ TEST_CASE("railyard-worker train --config: the parallelism family from the opera
       {"layout", {{"world", 2}, {"dp", 2}, {"tp", 1}, {"pp", 1}}},
       {"parallelism", {{"zero", 0}, {"expert", 2}, {"expertAllToAll", "hierarchical"}, {"context", 1}}},
       {"memory", {{"recompute", "full"}, {"offload", "none"}}},
-      {"data", {{"path", d + "/data"}}}};
+      {"data", {{"train", d + "/data"}}}};
   std::ofstream(d + "/moe.json") << cfg.dump();
   r = run("railyard-worker train --nproc 2 --config " + d + "/moe.json --threads 1 --ep-node-size 1", d);
   REQUIRE_MESSAGE(r.code == 0, r.err);
@@ -391,18 +397,19 @@ TEST_CASE("railyard-worker train --config: spec.model.initFrom, and spec.data.tr
 
   // The operator's resolved config (operator/controller/job_spec.cc resolved_config) for a custom model of the
   // file's shape with spec.model.initFrom, validation every step.
-  const nlohmann::json base = {{"model",
-                                {{"preset", "custom"},
-                                 {"layers", 1},
-                                 {"hidden", 32},
-                                 {"heads", 2},
-                                 {"seqLen", 32},
-                                 {"vocab", 256},
-                                 {"initFrom", d + "/model.bin"}}},
-                               {"training", {{"steps", 1}, {"globalBatch", 2}, {"microBatch", 2}, {"seqLen", 16}}},
-                               {"layout", {{"world", 1}, {"dp", 1}, {"tp", 1}, {"pp", 1}}},
-                               {"data", {{"train", d + "/data/train_*.bin"}}},
-                               {"spec", {{"training", {{"valEvery", 1}, {"valSteps", 2}}}}}};
+  const nlohmann::json base = {
+      {"model",
+       {{"preset", "custom"},
+        {"layers", 1},
+        {"hidden", 32},
+        {"heads", 2},
+        {"seqLen", 32},
+        {"vocab", 256},
+        {"initFrom", d + "/model.bin"}}},
+      {"training",
+       {{"steps", 1}, {"globalBatch", 2}, {"microBatch", 2}, {"seqLen", 16}, {"valEvery", 1}, {"valSteps", 2}}},
+      {"layout", {{"world", 1}, {"dp", 1}, {"tp", 1}, {"pp", 1}}},
+      {"data", {{"train", d + "/data/train_*.bin"}}}};
   auto train = [&](const nlohmann::json& cfg, const std::string& name) {
     std::ofstream(d + "/" + name + ".json") << cfg.dump();
     std::filesystem::remove(d + "/" + name + ".jsonl");
@@ -419,14 +426,9 @@ TEST_CASE("railyard-worker train --config: spec.model.initFrom, and spec.data.tr
   const std::vector<double> init = val_losses(d + "/init.jsonl");
   REQUIRE(init.size() == 2);
   CHECK(init[0] == doctest::Approx(exported[1]).epsilon(1e-6));
-  // The same from a bare spec (spec.model.initFrom under "spec"), and without it a random start, far from the file.
+  // Without it a random start, far from the file.
   nlohmann::json cfg = base;
   cfg["model"].erase("initFrom");
-  cfg["spec"]["model"] = {{"initFrom", d + "/model.bin"}};
-  r = train(cfg, "bare");
-  REQUIRE_MESSAGE(r.code == 0, r.err);
-  CHECK(val_losses(d + "/bare.jsonl").at(0) == doctest::Approx(exported[1]).epsilon(1e-6));
-  cfg["spec"].erase("model");
   r = train(cfg, "random");
   REQUIRE_MESSAGE(r.code == 0, r.err);
   CHECK(r.err.find("initialised from llm.c model") == std::string::npos);
@@ -476,7 +478,7 @@ TEST_CASE("railyard-worker train --config: spec.model.initFrom, and spec.data.tr
       std::filesystem::copy_file(e.path(), d + "/mixed/web-" + e.path().filename().string());
   cfg = base;
   cfg["data"] = {{"train", d + "/mixed/web-train_*.bin"}};
-  cfg["spec"]["training"]["valEvery"] = 0;  // mixed/ has no val_*.bin, the default validation glob
+  cfg["training"]["valEvery"] = 0;  // mixed/ has no val_*.bin, the default validation glob
   r = train(cfg, "glob");
   REQUIRE_MESSAGE(r.code == 0, r.err);
   CHECK(r.err.find("train=" + d + "/mixed/web-train_*.bin") != std::string::npos);
