@@ -1,0 +1,31 @@
+// The pids of the running pods, kept in <state-dir>/processes.json so that a restarted agent can kill the process
+// groups an earlier run left behind (an agent killed with SIGKILL cannot stop its pods itself).
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <utility>
+
+#include "deploy/local/node_agent/supervisor.h"
+
+namespace railyard::node_agent {
+
+// Field 22 of /proc/<pid>/stat (start time in clock ticks), or "" if there is no such process: tells a recorded
+// process from a later one that got the same pid.
+std::string proc_start_time(pid_t pid);
+
+class ProcessList {
+ public:
+  explicit ProcessList(std::string path) : path_(std::move(path)) {}
+
+  // Records every process the supervisor runs now (best effort: a failure is logged).
+  void save(const Supervisor& supervisor) const;
+  // Kills the process groups of the recorded processes that still run, then forgets them.
+  void kill_leftovers() const;
+
+ private:
+  std::string path_;
+};
+
+}  // namespace railyard::node_agent
