@@ -1,4 +1,4 @@
-#include "worker/config_file.h"
+#include "worker/cmd/config_file.h"
 
 #include <nlohmann/json.hpp>
 #include <optional>
