@@ -178,9 +178,12 @@ TEST_CASE("nodes are registered Ready with topology labels, capacity and a fresh
     CHECK(n["status"]["addresses"][0].value("address", "") == "127.0.0.1");
     // Renewed every second. A test before this one may have restarted the API server (kube_e2e_tests does), and
     // the agent's renewals then resume after its retry backoff: wait up to 20 s for a renewal, then require it fresh.
-    auto age = [&] {
-      auto lease = admin().get(resources::leases, "kube-node-lease", name_of(n));
-      return std::chrono::system_clock::now() - parse_rfc3339(lease["spec"].value("renewTime", ""));
+    // The lease itself may not exist yet when this runs first: cluster.sh up waits for Ready nodes, and the agent
+    // creates each node's lease just after registering it (about 100 ms later); a missing lease is an old one.
+    auto age = [&]() -> std::chrono::system_clock::duration {
+      auto lease = admin().try_get(resources::leases, "kube-node-lease", name_of(n));
+      if (!lease) return std::chrono::hours(24);
+      return std::chrono::system_clock::now() - parse_rfc3339((*lease)["spec"].value("renewTime", ""));
     };
     const auto deadline = std::chrono::steady_clock::now() + 20s;
     auto a = age();
