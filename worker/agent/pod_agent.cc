@@ -1,38 +1,32 @@
 #include "worker/agent/pod_agent.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cctype>
 #include <cerrno>
-#include <cmath>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <map>
 #include <optional>
 #include <random>
-#include <set>
 #include <thread>
 
 #include "checkpoint/shm_store.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "common/metrics/job_labels.h"
-#include "common/metrics/metrics.h"
+#include "worker/agent/agent_metrics.h"
 #include "worker/agent/output_watch.h"
-#include "worker/agent/peer_copy.h"
+#include "worker/agent/peer_ring.h"
+#include "worker/agent/rank_env.h"
 #include "worker/agent/rank_exporter.h"
 #include "worker/agent/rendezvous_client.h"
+#include "worker/agent/worker_group.h"
+#include "worker/agent/worker_reports.h"
 
 extern char** environ;
 
@@ -92,81 +86,10 @@ int free_port(const std::string& ip) {
   return port;
 }
 
-struct Worker {
-  int local_rank = 0;
-  int global_rank = 0;
-  pid_t pid = -1;
-  bool running = false;
-  int exit_code = -1;
-  int signal = 0;
-  std::string progress_file;
-  int64_t last_step = -1;
-};
-
 enum class After { Rejoin, Exit };
 
-// The agent's own series (docs/rendezvous.md "Agent metrics"). Labels namespace, job, pod, node: bounded by the job's
-// pods. Served only when RAILYARD_AGENT_METRICS_PORT is set, on the pod IP like the worker's metrics.
-struct AgentMetrics {
-  metrics::Registry registry;
-  metrics::Labels labels;
-  metrics::Gauge& generation;
-  metrics::Counter& generations;
-  metrics::Histogram& rendezvous_wait;
-  metrics::Counter& worker_starts;
-  metrics::Family<metrics::Counter>& worker_exits;
-  metrics::Counter& unreachable;
-  metrics::Histogram& peer_copy_seconds;
-  metrics::Counter& peer_copy_bytes;
-  metrics::Counter& peer_copy_errors;
-  std::unique_ptr<metrics::Exposer> exposer;
-
-  explicit AgentMetrics(const AgentConfig& c)
-      : labels{{metrics::kNamespaceLabel, c.ns}, {metrics::kTrainingJobLabel, c.job}, {"pod", c.pod}, {"node", c.node}},
-        generation(registry.gauge("railyard_agent_generation", "Generation this agent's workers run in (0: none).")
-                       .add(labels)),
-        generations(registry
-                        .counter("railyard_agent_generations_total",
-                                 "Generations this agent joined; every one after the first is an in-place restart.")
-                        .add(labels)),
-        rendezvous_wait(registry
-                            .histogram("railyard_agent_rendezvous_wait_seconds",
-                                       "From the first join request of a round to the assignment.",
-                                       metrics::exponential_buckets(0.05, 2, 14))
-                            .add(labels)),
-        worker_starts(
-            registry.counter("railyard_agent_worker_starts_total", "Worker processes this agent started.").add(labels)),
-        worker_exits(registry.counter("railyard_agent_worker_exits_total",
-                                      "Worker process exits by outcome (succeeded, failed, signaled).")),
-        unreachable(registry
-                        .counter("railyard_agent_rendezvous_errors_total",
-                                 "Requests to the rendezvous service that failed (unreachable, 5xx).")
-                        .add(labels)),
-        peer_copy_seconds(registry
-                              .histogram("railyard_agent_peer_copy_seconds",
-                                         "Time to send one in-memory snapshot slot to the peer pod (off the training "
-                                         "path).",
-                                         metrics::exponential_buckets(0.001, 2, 16))
-                              .add(labels)),
-        peer_copy_bytes(
-            registry.counter("railyard_agent_peer_copy_bytes_total", "Bytes of snapshot slots sent to the peer pod.")
-                .add(labels)),
-        peer_copy_errors(registry
-                             .counter("railyard_agent_peer_copy_errors_total",
-                                      "Peer copies that failed (peer unreachable or refusing, slot overwritten while "
-                                      "sent); each is retried.")
-                             .add(labels)) {
-    for (const char* outcome : {"succeeded", "failed", "signaled"}) worker_exits.add(with_outcome(outcome));
-    if (c.metrics_port >= 0) exposer = std::make_unique<metrics::Exposer>(registry, c.pod_ip, c.metrics_port);
-  }
-
-  metrics::Labels with_outcome(const char* outcome) const {
-    metrics::Labels l = labels;
-    l["outcome"] = outcome;
-    return l;
-  }
-};
-
+// The coordinator of one agent: joins the rendezvous, runs each generation (its workers through WorkerGroup, its
+// reports through WorkerReports, its peer copy through PeerRing) and decides what comes after it (re-join or exit).
 class AgentRun {
  public:
   AgentRun(const AgentConfig& cfg, const std::atomic<int>& stop)
@@ -183,35 +106,7 @@ class AgentRun {
       log::info(kComponent, "removed leftover in-memory checkpoint segments of an earlier agent of this pod",
                 {{"count", std::to_string(n)}, {"prefix", shm_pod_prefix_}});
     }
-    if (cfg.peer_port >= 0) {
-      const peer::Auth auth{cfg.ns + "/" + cfg.job, peer_copy_token(cfg.token, cfg.ns, cfg.job)};
-      try {
-        peer_server_ = std::make_unique<peer::PeerServer>(cfg.pod_ip, cfg.peer_port, auth, shm_prefix_);
-        log::info(kComponent, "serving peer copies of the in-memory checkpoint tier",
-                  {{"address", cfg.pod_ip + ":" + std::to_string(peer_server_->port())}});
-      } catch (const std::exception& e) {
-        // Not fatal: the job trains without the peer copy (a lost node then restores from storage).
-        log::warn(kComponent, std::string("no peer copy: ") + e.what());
-      }
-      peer_sender_ = std::make_unique<peer::PeerSender>(
-          auth, std::chrono::milliseconds(5), [this](const peer::CopyResult& r, const std::string& error) {
-            if (!error.empty()) {
-              metrics_.peer_copy_errors.increment();
-              return;
-            }
-            metrics_.peer_copy_seconds.observe(r.seconds);
-            metrics_.peer_copy_bytes.increment(static_cast<double>(r.bytes));
-            peer_copies_.fetch_add(1);
-            peer_copy_seconds_sum_.store(peer_copy_seconds_sum_.load() + r.seconds);  // only this thread writes
-            if (peer_copy_seconds_max_.load() < r.seconds) peer_copy_seconds_max_.store(r.seconds);
-            log::write(peer_first_logged_.exchange(true) ? log::Level::Debug : log::Level::Info, kComponent,
-                       "peer copy sent",
-                       {{"rank", std::to_string(r.rank)},
-                        {"step", std::to_string(r.step)},
-                        {"bytes", std::to_string(r.bytes)},
-                        {"seconds", std::to_string(r.seconds)}});
-          });
-    }
+    if (cfg.peer_port >= 0) peer_ = std::make_unique<PeerRing>(cfg, shm_prefix_, metrics_);
     if (metrics_.exposer) {
       log::info(kComponent, "serving metrics",
                 {{"address", cfg.pod_ip + ":" + std::to_string(metrics_.exposer->port()) + "/metrics"}});
@@ -227,6 +122,9 @@ class AgentRun {
                 {{"address", cfg.pod_ip + ":" + std::to_string(ranks_out_->port(0)) + "/metrics"},
                  {"ranks", std::to_string(cfg.procs_per_pod)}});
     }
+    reports_.emplace(client_, ref(), ranks_out_.get(), output_.get());
+    workers_.emplace(cfg.grace, metrics_, output_.get(),
+                     [this](const Worker& w, const char* reason) { reports_->exited(w, reason); });
   }
 
   int run() {
@@ -250,18 +148,9 @@ class AgentRun {
         log::info(kComponent, "stopping on signal before workers started", {{"signal", std::to_string(s)}});
         return 128 + s;
       }
-      rdzv::JoinRequest req;
-      req.ref = ref();
-      req.generation = last_generation_;
-      req.local_procs = cfg_.procs_per_pod;
-      req.pod_ip = cfg_.pod_ip;
-      req.store_port = free_port(cfg_.pod_ip);
-      req.agent_id = agent_id_;
-      req.wait_ms = cfg_.join_wait.count();
-      req.peer_port = peer_server_ ? peer_server_->port() : 0;
       RendezvousClient::Result r;
       try {
-        r = client_.join(req);
+        r = client_.join(join_request(last_generation_, free_port(cfg_.pod_ip), cfg_.join_wait.count()));
       } catch (const ConfigError& e) {
         log::error(kComponent, e.what());
         return kAgentConfigError;
@@ -346,6 +235,20 @@ class AgentRun {
 
   rdzv::JobRef ref() const { return {cfg_.ns, cfg_.job, cfg_.pod}; }
 
+  // store_port: offered for the bootstrap store should this pod get rank 0. wait_ms: the long-poll hold.
+  rdzv::JoinRequest join_request(int64_t generation, int store_port, int64_t wait_ms) const {
+    rdzv::JoinRequest req;
+    req.ref = ref();
+    req.generation = generation;
+    req.local_procs = cfg_.procs_per_pod;
+    req.pod_ip = cfg_.pod_ip;
+    req.store_port = store_port;
+    req.agent_id = agent_id_;
+    req.wait_ms = wait_ms;
+    req.peer_port = peer_ ? peer_->port() : 0;
+    return req;
+  }
+
   void sleep_interruptible(std::chrono::milliseconds d) {
     auto until = Clock::now() + d;
     while (Clock::now() < until && stop_.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -366,303 +269,51 @@ class AgentRun {
 
   std::string generation_dir(int64_t gen) const { return cfg_.work_dir + "/gen-" + std::to_string(gen); }
 
+  // Writes the generation's configuration, then starts its workers, each with the environment of its rank.
   void spawn(const rdzv::Assignment& a) {
     const std::string dir = generation_dir(a.generation);
     std::filesystem::create_directories(dir);
-    // The operator's configuration, completed with this generation's place in the world.
-    WorkerConfig config = a.config;
-    WorkerConfig::Layout& layout = config.layout ? *config.layout : config.layout.emplace();
-    layout.dp = a.layout.dp;
-    layout.tp = a.layout.tp;
-    layout.pp = a.layout.pp;
-    config.restore = a.restore;
-    config.generation = a.generation;
-    config.world_size = a.world_size;
     const std::string config_path = dir + "/config.json";
-    write_file_atomic(config_path, to_json(config).dump(2) + "\n");
+    write_file_atomic(config_path, to_json(generation_config(a)).dump(2) + "\n");
+    std::vector<std::string> command = worker_command(cfg_.command, config_path);
 
-    std::vector<std::string> command = cfg_.command;
-    if (command.empty()) {
-      std::error_code ec;
-      auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
-      command = {ec ? std::string("railyard-worker") : self.string(), "train", "--config", config_path};
-    }
-
-    // Everything the child needs is built before fork: between fork and exec only async-signal-safe calls.
-    static const std::set<std::string> kOverridden = {
-        "RANK",
-        "LOCAL_RANK",
-        "WORLD_SIZE",
-        "LOCAL_WORLD_SIZE",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "GROUP_RANK",
-        "GROUP_WORLD_SIZE",
-        "ROLE_RANK",
-        "ROLE_WORLD_SIZE",
-        "ROLE_NAME",
-        "TORCHELASTIC_RESTART_COUNT",
-        "TORCHELASTIC_MAX_RESTARTS",
-        "TORCHELASTIC_RUN_ID",
-        "TORCHELASTIC_USE_AGENT_STORE",
-        "RAILYARD_GENERATION",
-        "RAILYARD_CONFIG",
-        "RAILYARD_RESTORE",
-        "RAILYARD_POD_INDEX",
-        "RAILYARD_NUM_PODS",
-        "RAILYARD_DP",
-        "RAILYARD_TP",
-        "RAILYARD_PP",
-        "RAILYARD_PROGRESS_FILE",
-        "RAILYARD_SHM_PREFIX",
-        "RAILYARD_SHM_PEER_STEPS",
-        "RAILYARD_STORE_TOKEN",
-        "RAILYARD_RENDEZVOUS_CA",
-        "RAILYARD_RENDEZVOUS_TOKEN"  // workers never talk to the service: keep the secret in the agent
-    };
-    const std::string generation_store_token = store_token(cfg_.token, cfg_.ns, cfg_.job, a.generation);
-    std::vector<std::string> base_env;
-    for (char** e = environ; *e != nullptr; ++e) {
-      std::string kv = *e;
-      if (kOverridden.count(kv.substr(0, kv.find('=')))) continue;
-      // NCCL_* from the downward API read as empty when the Binding had no value for them (operator nccl_env.h):
-      // unset, not empty, is NCCL's "choose yourself".
-      if (kv.rfind("NCCL_", 0) == 0 && kv.back() == '=') continue;
-      base_env.push_back(std::move(kv));
-    }
-    const std::string exec_error = "railyard agent: cannot exec the worker command \"" + command.front() +
-                                   "\" (not found or not executable); exit code 127\n";
-    std::vector<char*> argv;
-    for (auto& s : command) argv.push_back(s.data());
-    argv.push_back(nullptr);
-
+    RankEnvParams params;
+    params.run_id = cfg_.ns + "_" + cfg_.job;
     // The job's failurePolicy.maxRestarts, as the operator passes it to program pods (0 when not told).
     const char* mr = std::getenv("RAILYARD_MAX_RESTARTS");
-    const std::string max_restarts = mr != nullptr && *mr != '\0' ? mr : "0";
-    workers_.clear();
-    if (ranks_out_) ranks_out_->start_generation(a.generation, a.ranks, unix_now());
+    params.max_restarts = mr != nullptr && *mr != '\0' ? mr : "0";
+    params.config_path = config_path;
+    params.shm_prefix = shm_prefix_;
+    params.store_token = store_token(cfg_.token, cfg_.ns, cfg_.job, a.generation);
+    const std::vector<std::string> inherited = inherited_env(environ);
+    std::vector<RankLaunch> launches;
     for (int l = 0; l < a.local_world_size; ++l) {
-      Worker w;
-      w.local_rank = l;
-      w.global_rank = a.ranks[l];
-      w.progress_file = dir + "/progress-" + std::to_string(l) + ".json";
+      RankLaunch r;
+      r.local_rank = l;
+      r.global_rank = a.ranks[l];
+      r.progress_file = dir + "/progress-" + std::to_string(l) + ".json";
       // A pod re-created with the same name gets the same work dir: never forward a previous run's progress.
       std::error_code rm_ec;
-      std::filesystem::remove(w.progress_file, rm_ec);
-      std::vector<std::string> env = base_env;
-      auto add = [&](const char* k, const std::string& v) { env.push_back(std::string(k) + "=" + v); };
-      add("RANK", std::to_string(w.global_rank));
-      add("LOCAL_RANK", std::to_string(l));
-      add("WORLD_SIZE", std::to_string(a.world_size));
-      add("LOCAL_WORLD_SIZE", std::to_string(a.local_world_size));
-      add("GROUP_RANK", std::to_string(a.pod_index));
-      // The rest of what torch.distributed.run gives a script (one role, "default"), so an unmodified torchrun
-      // script runs: a restart count of generation - 1 (every restart or resize opens a generation).
-      add("GROUP_WORLD_SIZE", std::to_string(a.num_pods));
-      add("ROLE_RANK", std::to_string(w.global_rank));
-      add("ROLE_WORLD_SIZE", std::to_string(a.world_size));
-      add("ROLE_NAME", "default");
-      add("TORCHELASTIC_RESTART_COUNT", std::to_string(std::max<int64_t>(0, a.generation - 1)));
-      add("TORCHELASTIC_MAX_RESTARTS", max_restarts);
-      add("TORCHELASTIC_RUN_ID", cfg_.ns + "_" + cfg_.job);
-      add("TORCHELASTIC_USE_AGENT_STORE", "False");
-      add("MASTER_ADDR", a.master_addr);
-      add("MASTER_PORT", std::to_string(a.master_port));
-      add("RAILYARD_GENERATION", std::to_string(a.generation));
-      add("RAILYARD_CONFIG", config_path);
-      add("RAILYARD_RESTORE", a.restore);
-      add("RAILYARD_POD_INDEX", std::to_string(a.pod_index));
-      add("RAILYARD_NUM_PODS", std::to_string(a.num_pods));
-      add("RAILYARD_DP", std::to_string(a.layout.dp));
-      add("RAILYARD_TP", std::to_string(a.layout.tp));
-      add("RAILYARD_PP", std::to_string(a.layout.pp));
-      add("RAILYARD_PROGRESS_FILE", w.progress_file);
-      add("RAILYARD_SHM_PREFIX", shm_prefix_);
-      if (auto it = peer_steps_.find(w.global_rank); it != peer_steps_.end()) {
-        std::string steps;
-        for (int64_t st : it->second) {
-          if (!steps.empty()) steps += ',';
-          steps += std::to_string(st);
-        }
-        add("RAILYARD_SHM_PEER_STEPS", steps);
-      }
-      add("RAILYARD_STORE_TOKEN", generation_store_token);
-      std::vector<char*> envp;
-      for (auto& s : env) envp.push_back(s.data());
-      envp.push_back(nullptr);
-      const pid_t parent = ::getpid();
-      const OutputWatch::ChildEnds ends = output_ ? output_->open(l) : OutputWatch::ChildEnds{};
-
-      pid_t pid = ::fork();
-      if (pid < 0) throw Error(std::string("agent: fork failed: ") + std::strerror(errno));
-      if (pid == 0) {
-        ::setpgid(0, 0);  // own group: signals reach the whole worker tree, and the pod's group signal does not
-        ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a killed agent
-        if (::getppid() != parent) ::_exit(127);
-        sigset_t none;
-        sigemptyset(&none);
-        ::sigprocmask(SIG_SETMASK, &none, nullptr);
-        ::signal(SIGPIPE, SIG_DFL);
-        if (ends.out >= 0 && (::dup2(ends.out, 1) < 0 || ::dup2(ends.err, 2) < 0)) ::_exit(127);
-        ::execvpe(argv[0], argv.data(), envp.data());
-        (void)!::write(2, exec_error.data(), exec_error.size());
-        ::_exit(127);
-      }
-      if (ends.out >= 0) {
-        ::close(ends.out);  // the child holds them now: EOF on the read end once it and its children are gone
-        ::close(ends.err);
-      }
-      ::setpgid(pid, pid);
-      w.pid = pid;
-      w.running = true;
-      workers_.push_back(w);
-      metrics_.worker_starts.increment();
-      log::info(kComponent, "worker started",
-                {{"generation", std::to_string(a.generation)},
-                 {"rank", std::to_string(w.global_rank)},
-                 {"local_rank", std::to_string(l)},
-                 {"pid", std::to_string(pid)}});
+      std::filesystem::remove(r.progress_file, rm_ec);
+      params.progress_file = r.progress_file;
+      params.peer_steps = peer_ ? peer_->fetched_steps(r.global_rank) : std::vector<int64_t>{};
+      r.env = rank_env(inherited, a, l, params);
+      launches.push_back(std::move(r));
     }
-  }
-
-  void record_exit(Worker& w, int status, const char* reason) {
-    w.running = false;
-    if (WIFEXITED(status)) {
-      w.exit_code = WEXITSTATUS(status);
-      w.signal = 0;
-    } else if (WIFSIGNALED(status)) {
-      w.exit_code = -1;
-      w.signal = WTERMSIG(status);
-    }
-    metrics_.worker_exits
-        .add(metrics_.with_outcome(w.signal != 0      ? "signaled"
-                                   : w.exit_code == 0 ? "succeeded"
-                                                      : "failed"))
-        .increment();
-    log::info(kComponent, "worker exited",
-              {{"generation", std::to_string(generation_)},
-               {"rank", std::to_string(w.global_rank)},
-               {"exit_code", std::to_string(w.exit_code)},
-               {"signal", std::to_string(w.signal)}});
-    if (reason != nullptr) {
-      pending_.push_back({ref(), generation_, w.local_rank, w.exit_code, w.signal, reason});
-    }
-  }
-
-  void reap(const char* reason) {
-    for (auto& w : workers_) {
-      if (!w.running) continue;
-      int status = 0;
-      pid_t r = ::waitpid(w.pid, &status, WNOHANG);
-      if (r == w.pid) record_exit(w, status, reason);
-    }
-  }
-
-  bool any_running() const {
-    for (const auto& w : workers_)
-      if (w.running) return true;
-    return false;
-  }
-
-  // Signals every worker's group, waits up to the grace period, then SIGKILLs what is left. reason: the exit
-  // reason reported to the service, or nullptr to report nothing (the generation is already superseded).
-  void stop_workers(int sig, const char* reason) {
-    for (auto& w : workers_)
-      if (w.running) {
-        ::kill(-w.pid, sig);
-        // A stopped (hung, SIGSTOPped) worker cannot act on the signal until it runs again: continue it, so it
-        // saves its step and exits within the grace instead of waiting for SIGKILL.
-        if (sig != SIGKILL) ::kill(-w.pid, SIGCONT);
-      }
-    auto until = Clock::now() + cfg_.grace;
-    while (any_running() && Clock::now() < until) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      reap(reason);
-    }
-    for (auto& w : workers_) {
-      ::kill(-w.pid, SIGKILL);  // also orphans left in the group by a worker that already exited
-      if (!w.running) continue;
-      int status = 0;
-      if (::waitpid(w.pid, &status, 0) == w.pid) record_exit(w, status, reason);
-    }
-  }
-
-  // Sends queued exit reports; keeps those that could not be delivered. Stops at the first unreachable answer so
-  // that a dead service costs one call's retries, not one per report.
-  void flush_reports() {
-    std::vector<rdzv::ExitReport> keep;
-    bool reachable = true;
-    for (const auto& rep : pending_) {
-      if (!reachable) {
-        keep.push_back(rep);
-        continue;
-      }
-      try {
-        auto r = client_.report_exit(rep);
-        if (r.outcome == Outcome::UnknownJob) keep.push_back(rep);  // delivered once the job is re-opened
-      } catch (const RendezvousUnavailable& e) {
-        log::warn(kComponent, "exit report not delivered yet", {{"error", e.what()}});
-        keep.push_back(rep);
-        reachable = false;
-      } catch (const ConfigError& e) {
-        log::error(kComponent, std::string("exit report refused: ") + e.what());
-      }
-    }
-    pending_ = std::move(keep);
-  }
-
-  void forward_progress() {
-    for (auto& w : workers_) {
-      if (output_ && ranks_out_) ranks_out_->on_output(w.local_rank, output_->last_output(w.local_rank));
-      std::ifstream in(w.progress_file);
-      if (!in) continue;
-      std::optional<ProgressRecord> p = parse_progress(std::string(std::istreambuf_iterator<char>(in), {}));
-      if (!p || p->step == w.last_step) continue;
-      if (ranks_out_) {
-        struct stat st {};
-        const double written = ::stat(w.progress_file.c_str(), &st) == 0
-                                   ? static_cast<double>(st.st_mtim.tv_sec) + st.st_mtim.tv_nsec * 1e-9
-                                   : unix_now();
-        ranks_out_->on_progress(w.local_rank, *p, written);
-      }
-      if (p->has_loss && !std::isfinite(p->loss)) {
-        // Not a number the job's status can show: the monitor's non-finite rule acts on it (from the series above).
-        w.last_step = p->step;
-        continue;
-      }
-      rdzv::ProgressReport rep;
-      rep.ref = ref();
-      rep.generation = generation_;
-      rep.local_rank = w.local_rank;
-      rep.step = p->step;
-      rep.loss = p->has_loss ? p->loss : 0.0;
-      rep.tokens_per_second = p->tokens_per_second;
-      try {
-        client_.report_progress(rep);
-        w.last_step = p->step;
-      } catch (const std::exception& e) {
-        log::debug(kComponent, "progress report failed", {{"error", e.what()}});
-      }
-    }
-  }
-
-  bool all_ok() const {
-    if (workers_.empty()) return false;
-    for (const auto& w : workers_)
-      if (w.running || w.exit_code != 0 || w.signal != 0) return false;
-    return true;
+    if (ranks_out_) ranks_out_->start_generation(a.generation, a.ranks, unix_now());
+    workers_->start(a.generation, std::move(command), std::move(launches));
   }
 
   std::pair<After, int> finish(int sig, const char* reason, After after, int code) {
-    stop_workers(sig, reason);
-    if (reason != nullptr) flush_reports();
+    workers_->stop(sig, reason);
+    if (reason != nullptr) reports_->flush();
     return {after, code};
   }
 
   std::pair<After, int> run_generation(const rdzv::Assignment& a) {
     generation_ = a.generation;
     last_generation_ = a.generation;
-    pending_.clear();
+    reports_->start_generation(a.generation);
     metrics_.generation.set(static_cast<double>(a.generation));
     metrics_.generations.increment();
     log::info(kComponent, "joined",
@@ -671,7 +322,7 @@ class AgentRun {
                {"pod_index", std::to_string(a.pod_index)},
                {"first_rank", std::to_string(a.ranks.front())},
                {"master", a.master_addr + ":" + std::to_string(a.master_port)}});
-    set_up_peer_copy(a);
+    if (peer_) peer_->set_up(a, !ran_workers_);
     try {
       spawn(a);
       ran_workers_ = true;
@@ -686,18 +337,18 @@ class AgentRun {
         log::info(kComponent, "forwarding signal to workers", {{"signal", std::to_string(s)}});
         return finish(s, rdzv::kExitStopped, After::Exit, 128 + s);
       }
-      reap(rdzv::kExitExited);
+      workers_->reap(rdzv::kExitExited);
       // A worker's last steps (the final loss) may have been written after the last poll: forward them before its
       // exit, so the job's status never ends on a stale step or loss.
-      if (!pending_.empty()) forward_progress();
-      if (!pending_.empty()) flush_reports();
-      last_all_ok_ = all_ok();
+      if (reports_->pending()) reports_->forward_progress(workers_->workers());
+      if (reports_->pending()) reports_->flush();
+      last_all_ok_ = workers_->all_ok();
       if (Clock::now() < next_poll) {
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
         continue;
       }
       next_poll = Clock::now() + cfg_.poll_interval;
-      forward_progress();
+      reports_->forward_progress(workers_->workers());
       RendezvousClient::Result r;
       try {
         r = client_.status({ref(), generation_, 0});
@@ -733,93 +384,39 @@ class AgentRun {
             said_forgotten = true;
           }
           break;
-        case Outcome::Waiting: {
-          // The operator re-opened this generation after a restart: re-attach with the running assignment.
-          rdzv::JoinRequest req{ref(),
-                                generation_,
-                                cfg_.procs_per_pod,
-                                cfg_.pod_ip,
-                                a.master_port,
-                                agent_id_,
-                                0,
-                                peer_server_ ? peer_server_->port() : 0};
-          try {
-            auto j = client_.join(req);
-            if (j.outcome == Outcome::Ready) {
-              const auto& b = j.assignment;
-              if (b.ranks == a.ranks && b.world_size == a.world_size && b.master_addr == a.master_addr &&
-                  b.master_port == a.master_port) {
-                log::info(kComponent, "re-attached to the re-opened generation");
-              } else {
-                log::info(kComponent, "re-opened generation has another world; restarting workers");
-                return finish(SIGTERM, nullptr, After::Rejoin, 0);
-              }
-            } else if (j.outcome == Outcome::Superseded || j.outcome == Outcome::Started ||
-                       j.outcome == Outcome::NotMember) {
-              return finish(SIGTERM, nullptr, After::Rejoin, 0);
-            }
-          } catch (const ConfigError& e) {
-            log::error(kComponent, e.what());
-            return finish(SIGTERM, nullptr, After::Exit, kAgentConfigError);
-          } catch (const RendezvousUnavailable&) {
-          }
+        case Outcome::Waiting:
+          if (auto ended = reattach(a)) return *ended;
           break;
-        }
         default:
           break;
       }
     }
   }
 
-  // The peer copy (docs/checkpointing.md "The peer copy"). A replacement pod (this agent never ran workers, and the
-  // generation restores) first fetches its ranks' copies from the other pods, the ring's next pod first (it held this
-  // pod index's copies), into its own slots; then every agent streams its ranks' slots to the next pod in the ring.
-  void set_up_peer_copy(const rdzv::Assignment& a) {
-    peer_steps_.clear();
-    const bool on =
-        peer_sender_ && a.config.memory_tier_on() && a.num_pods > 1 && static_cast<int>(a.peers.size()) == a.num_pods;
-    if (!on) {
-      if (peer_sender_) peer_sender_->set({}, "");
-      return;
-    }
-    const peer::Auth auth{cfg_.ns + "/" + cfg_.job, peer_copy_token(cfg_.token, cfg_.ns, cfg_.job)};
-    if (!ran_workers_ && !a.restore.empty()) {
-      const auto t0 = Clock::now();
-      for (int rank : a.ranks) {
-        const std::string base = shm_prefix_ + "-r" + std::to_string(rank);
-        std::string why_all;
-        for (int k = 1; k < a.num_pods; ++k) {
-          const int i = (a.pod_index + k) % a.num_pods;
-          if (a.peers[i].empty()) continue;
-          std::string why;
-          auto steps = peer::fetch(a.peers[i], auth, rank, base, &why);
-          if (!steps.empty()) {
-            peer_steps_[rank] = steps;
-            std::string list;
-            for (int64_t st : steps) {
-              if (!list.empty()) list += ',';
-              list += std::to_string(st);
-            }
-            log::info(kComponent, "fetched the peer copies of a rank",
-                      {{"rank", std::to_string(rank)},
-                       {"from", a.pods[i]},
-                       {"steps", list},
-                       {"seconds", std::to_string(std::chrono::duration<double>(Clock::now() - t0).count())}});
-            break;
-          }
-          if (!why_all.empty()) why_all += "; ";
-          why_all += a.pods[i] + ": " + why;
+  // The operator re-opened this generation after a restart: re-attach with the running assignment. nullopt: the
+  // workers keep running (re-attached, or the service is unreachable: asked again at the next poll).
+  std::optional<std::pair<After, int>> reattach(const rdzv::Assignment& a) {
+    try {
+      // The store the running workers use; no long-poll: the generation is running.
+      auto j = client_.join(join_request(generation_, a.master_port, 0));
+      if (j.outcome == Outcome::Ready) {
+        const auto& b = j.assignment;
+        if (b.ranks == a.ranks && b.world_size == a.world_size && b.master_addr == a.master_addr &&
+            b.master_port == a.master_port) {
+          log::info(kComponent, "re-attached to the re-opened generation");
+        } else {
+          log::info(kComponent, "re-opened generation has another world; restarting workers");
+          return finish(SIGTERM, nullptr, After::Rejoin, 0);
         }
-        if (!peer_steps_.count(rank)) {
-          log::info(kComponent, "no peer copy of a rank: its workers restore from storage",
-                    {{"rank", std::to_string(rank)}, {"why", why_all}});
-        }
+      } else if (j.outcome == Outcome::Superseded || j.outcome == Outcome::Started || j.outcome == Outcome::NotMember) {
+        return finish(SIGTERM, nullptr, After::Rejoin, 0);
       }
+    } catch (const ConfigError& e) {
+      log::error(kComponent, e.what());
+      return finish(SIGTERM, nullptr, After::Exit, kAgentConfigError);
+    } catch (const RendezvousUnavailable&) {
     }
-    peer_first_logged_ = false;
-    std::map<int, std::string> ranks;
-    for (int rank : a.ranks) ranks[rank] = shm_prefix_ + "-r" + std::to_string(rank);
-    peer_sender_->set(std::move(ranks), a.peers[(a.pod_index + 1) % a.num_pods]);
+    return std::nullopt;
   }
 
   // "/railyard-<ns>_<pod>-": the in-memory checkpoint segments of this pod's workers (docs/checkpointing.md).
@@ -835,14 +432,7 @@ class AgentRun {
   // and are removed when the agent ends (its pod terminates or the job is done).
   ~AgentRun() {
     // Stop sending and receiving first: nothing may create a segment after the removal below.
-    peer_sender_.reset();
-    peer_server_.reset();
-    if (const uint64_t n = peer_copies_.load(); n > 0) {
-      log::info(kComponent, "peer copies sent",
-                {{"count", std::to_string(n)},
-                 {"mean_seconds", std::to_string(peer_copy_seconds_sum_.load() / static_cast<double>(n))},
-                 {"max_seconds", std::to_string(peer_copy_seconds_max_.load())}});
-    }
+    if (peer_) peer_->stop();
     if (int n = ckpt::ShmStore::remove_prefix(shm_prefix_); n > 0)
       log::info(kComponent, "removed the in-memory checkpoint segments", {{"count", std::to_string(n)}});
   }
@@ -854,22 +444,17 @@ class AgentRun {
   std::string agent_id_;
   std::string shm_pod_prefix_;
   std::string shm_prefix_;
-  std::vector<Worker> workers_;
-  std::vector<rdzv::ExitReport> pending_;
   int64_t generation_ = 0;
   int64_t last_generation_ = 0;
   bool last_all_ok_ = false;
   std::optional<Clock::time_point> unreachable_since_;
   AgentMetrics metrics_;
-  bool ran_workers_ = false;                        // this agent started workers before (not a replacement pod)
-  std::map<int, std::vector<int64_t>> peer_steps_;  // rank -> steps fetched from a peer for this generation
-  std::atomic<uint64_t> peer_copies_{0};
-  std::atomic<double> peer_copy_seconds_sum_{0}, peer_copy_seconds_max_{0};
-  std::atomic<bool> peer_first_logged_{false};  // the first copy to each new target is logged at info
-  std::unique_ptr<peer::PeerServer> peer_server_;
-  std::unique_ptr<peer::PeerSender> peer_sender_;
+  bool ran_workers_ = false;                 // this agent started workers before (not a replacement pod)
+  std::unique_ptr<PeerRing> peer_;           // null when RAILYARD_AGENT_PEER_PORT is -1
   std::unique_ptr<RankExporter> ranks_out_;  // a program's ranks: their series, served by the agent
   std::unique_ptr<OutputWatch> output_;      // with ranks_out_: the ranks' output, and when they last wrote
+  std::optional<WorkerReports> reports_;     // set in the constructor, after ranks_out_ and output_
+  std::optional<WorkerGroup> workers_;       // likewise
 };
 
 }  // namespace

@@ -1,0 +1,170 @@
+// What the agent starts each local rank with (worker/agent/rank_env.h): the rank's place in the world as
+// torch.distributed.run gives it, the RAILYARD_* worker contract (docs/rendezvous.md "What each worker process
+// gets"), and an inherited environment that cannot override any of it or leak the rendezvous token.
+#include "worker/agent/rank_env.h"
+
+#include <doctest/doctest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+using railyard::WorkerConfig;
+using railyard::rdzv::Assignment;
+using railyard::worker::generation_config;
+using railyard::worker::inherited_env;
+using railyard::worker::rank_env;
+using railyard::worker::RankEnvParams;
+using railyard::worker::worker_command;
+
+namespace {
+
+// Pod 1 of 2, two local ranks (global 2 and 3) of a world of 4, generation 3 restoring a checkpoint.
+Assignment assignment() {
+  Assignment a;
+  a.generation = 3;
+  a.world_size = 4;
+  a.num_pods = 2;
+  a.pod_index = 1;
+  a.local_world_size = 2;
+  a.ranks = {2, 3};
+  a.layout.dp = 2;
+  a.layout.tp = 2;
+  a.layout.pp = 1;
+  a.master_addr = "10.0.0.7";
+  a.master_port = 29511;
+  a.restore = "/ckpt/step-120";
+  a.pods = {"job1-0", "job1-1"};
+  return a;
+}
+
+RankEnvParams params() {
+  // Initialized, not assigned member by member: GCC 12's -Wrestrict misfires on std::string assignments here.
+  return RankEnvParams{.run_id = "ns1_job1",
+                       .max_restarts = "5",
+                       .config_path = "/tmp/agent/gen-3/config.json",
+                       .progress_file = "/tmp/agent/gen-3/progress-1.json",
+                       .shm_prefix = "/railyard-ns1_job1-1-abcd",
+                       .peer_steps = {},
+                       .store_token = "feedbeef"};
+}
+
+// name -> every value it has in env, in order (a name set twice would show as two values).
+std::map<std::string, std::vector<std::string>> by_name(const std::vector<std::string>& env) {
+  std::map<std::string, std::vector<std::string>> m;
+  for (const auto& kv : env) {
+    const auto eq = kv.find('=');
+    REQUIRE(eq != std::string::npos);
+    m[kv.substr(0, eq)].push_back(kv.substr(eq + 1));
+  }
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("a rank's environment names its place in the world and the worker contract") {
+  const auto env = by_name(rank_env({"PATH=/usr/bin"}, assignment(), 1, params()));
+  const std::map<std::string, std::string> want = {
+      {"PATH", "/usr/bin"},
+      {"RANK", "3"},
+      {"LOCAL_RANK", "1"},
+      {"WORLD_SIZE", "4"},
+      {"LOCAL_WORLD_SIZE", "2"},
+      {"GROUP_RANK", "1"},
+      {"GROUP_WORLD_SIZE", "2"},
+      {"ROLE_RANK", "3"},
+      {"ROLE_WORLD_SIZE", "4"},
+      {"ROLE_NAME", "default"},
+      {"TORCHELASTIC_RESTART_COUNT", "2"},
+      {"TORCHELASTIC_MAX_RESTARTS", "5"},
+      {"TORCHELASTIC_RUN_ID", "ns1_job1"},
+      {"TORCHELASTIC_USE_AGENT_STORE", "False"},
+      {"MASTER_ADDR", "10.0.0.7"},
+      {"MASTER_PORT", "29511"},
+      {"RAILYARD_GENERATION", "3"},
+      {"RAILYARD_CONFIG", "/tmp/agent/gen-3/config.json"},
+      {"RAILYARD_RESTORE", "/ckpt/step-120"},
+      {"RAILYARD_POD_INDEX", "1"},
+      {"RAILYARD_NUM_PODS", "2"},
+      {"RAILYARD_DP", "2"},
+      {"RAILYARD_TP", "2"},
+      {"RAILYARD_PP", "1"},
+      {"RAILYARD_PROGRESS_FILE", "/tmp/agent/gen-3/progress-1.json"},
+      {"RAILYARD_SHM_PREFIX", "/railyard-ns1_job1-1-abcd"},
+      {"RAILYARD_STORE_TOKEN", "feedbeef"},
+  };
+  for (const auto& [name, value] : want) {
+    INFO(name);
+    REQUIRE(env.count(name) == 1);
+    CHECK(env.at(name) == std::vector<std::string>{value});
+  }
+  CHECK(env.size() == want.size());  // nothing else; in particular no RAILYARD_SHM_PEER_STEPS without fetched steps
+  CHECK(env.count("RAILYARD_RENDEZVOUS_TOKEN") == 0);
+}
+
+TEST_CASE("the first generation counts no restart, and fetched peer steps are passed on") {
+  Assignment a = assignment();
+  a.generation = 1;
+  a.restore = "";
+  RankEnvParams p = params();
+  p.peer_steps = {100, 120};
+  const auto env = by_name(rank_env({}, a, 0, p));
+  CHECK(env.at("RANK") == std::vector<std::string>{"2"});
+  CHECK(env.at("LOCAL_RANK") == std::vector<std::string>{"0"});
+  CHECK(env.at("TORCHELASTIC_RESTART_COUNT") == std::vector<std::string>{"0"});
+  CHECK(env.at("RAILYARD_RESTORE") == std::vector<std::string>{""});  // set, empty: a fresh start
+  CHECK(env.at("RAILYARD_SHM_PEER_STEPS") == std::vector<std::string>{"100,120"});
+}
+
+TEST_CASE("the inherited environment cannot override the rank's variables nor leak the rendezvous token") {
+  const char* agent_env[] = {"PATH=/usr/bin",
+                             "RANK=99",
+                             "WORLD_SIZE=1",
+                             "MASTER_ADDR=stale.example",
+                             "RAILYARD_CONFIG=/etc/stale.json",
+                             "RAILYARD_SHM_PEER_STEPS=7",
+                             "RAILYARD_RENDEZVOUS_TOKEN=secret",
+                             "RAILYARD_RENDEZVOUS_CA=-----BEGIN CERTIFICATE-----",
+                             "RAILYARD_JOB_NAME=job1",
+                             "NCCL_IB_HCA=",
+                             "NCCL_DEBUG=INFO",
+                             "RANKING=kept",
+                             nullptr};
+  const std::vector<std::string> inherited = inherited_env(agent_env);
+  CHECK(inherited ==
+        std::vector<std::string>{"PATH=/usr/bin", "RAILYARD_JOB_NAME=job1", "NCCL_DEBUG=INFO", "RANKING=kept"});
+
+  const auto env = by_name(rank_env(inherited, assignment(), 0, params()));
+  CHECK(env.at("RANK") == std::vector<std::string>{"2"});
+  CHECK(env.at("WORLD_SIZE") == std::vector<std::string>{"4"});
+  CHECK(env.at("MASTER_ADDR") == std::vector<std::string>{"10.0.0.7"});
+  CHECK(env.at("RAILYARD_CONFIG") == std::vector<std::string>{"/tmp/agent/gen-3/config.json"});
+  CHECK(env.count("RAILYARD_SHM_PEER_STEPS") == 0);
+  CHECK(env.count("RAILYARD_RENDEZVOUS_TOKEN") == 0);
+  CHECK(env.count("RAILYARD_RENDEZVOUS_CA") == 0);
+  CHECK(env.count("NCCL_IB_HCA") == 0);  // set but empty: unset, NCCL's "choose yourself"
+  CHECK(env.at("NCCL_DEBUG") == std::vector<std::string>{"INFO"});
+}
+
+TEST_CASE("the generation's configuration carries its place in the world") {
+  Assignment a = assignment();
+  a.config.layout.emplace().dp = 8;  // the operator's layout is completed, not kept
+  const WorkerConfig c = generation_config(a);
+  REQUIRE(c.layout.has_value());
+  CHECK(c.layout->dp == 2);
+  CHECK(c.layout->tp == 2);
+  CHECK(c.layout->pp == 1);
+  CHECK(c.generation == 3);
+  CHECK(c.world_size == 4);
+  CHECK(c.restore == std::optional<std::string>("/ckpt/step-120"));
+}
+
+TEST_CASE("the worker command is the agent's own, else this binary's train subcommand") {
+  CHECK(worker_command({"python", "train.py"}, "/c.json") == std::vector<std::string>{"python", "train.py"});
+  const auto self = worker_command({}, "/tmp/agent/gen-3/config.json");
+  REQUIRE(self.size() == 4);
+  CHECK(!self[0].empty());
+  CHECK(self[1] == "train");
+  CHECK(self[2] == "--config");
+  CHECK(self[3] == "/tmp/agent/gen-3/config.json");
+}

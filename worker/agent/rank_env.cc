@@ -1,0 +1,116 @@
+#include "worker/agent/rank_env.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <set>
+
+namespace railyard::worker {
+
+WorkerConfig generation_config(const rdzv::Assignment& a) {
+  WorkerConfig config = a.config;
+  WorkerConfig::Layout& layout = config.layout ? *config.layout : config.layout.emplace();
+  layout.dp = a.layout.dp;
+  layout.tp = a.layout.tp;
+  layout.pp = a.layout.pp;
+  config.restore = a.restore;
+  config.generation = a.generation;
+  config.world_size = a.world_size;
+  return config;
+}
+
+std::vector<std::string> worker_command(std::vector<std::string> command, const std::string& config_path) {
+  if (!command.empty()) return command;
+  std::error_code ec;
+  auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return {ec ? std::string("railyard-worker") : self.string(), "train", "--config", config_path};
+}
+
+std::vector<std::string> inherited_env(const char* const* envp) {
+  static const std::set<std::string> kOverridden = {
+      "RANK",
+      "LOCAL_RANK",
+      "WORLD_SIZE",
+      "LOCAL_WORLD_SIZE",
+      "MASTER_ADDR",
+      "MASTER_PORT",
+      "GROUP_RANK",
+      "GROUP_WORLD_SIZE",
+      "ROLE_RANK",
+      "ROLE_WORLD_SIZE",
+      "ROLE_NAME",
+      "TORCHELASTIC_RESTART_COUNT",
+      "TORCHELASTIC_MAX_RESTARTS",
+      "TORCHELASTIC_RUN_ID",
+      "TORCHELASTIC_USE_AGENT_STORE",
+      "RAILYARD_GENERATION",
+      "RAILYARD_CONFIG",
+      "RAILYARD_RESTORE",
+      "RAILYARD_POD_INDEX",
+      "RAILYARD_NUM_PODS",
+      "RAILYARD_DP",
+      "RAILYARD_TP",
+      "RAILYARD_PP",
+      "RAILYARD_PROGRESS_FILE",
+      "RAILYARD_SHM_PREFIX",
+      "RAILYARD_SHM_PEER_STEPS",
+      "RAILYARD_STORE_TOKEN",
+      "RAILYARD_RENDEZVOUS_CA",
+      "RAILYARD_RENDEZVOUS_TOKEN"  // workers never talk to the service: keep the secret in the agent
+  };
+  std::vector<std::string> env;
+  for (const char* const* e = envp; *e != nullptr; ++e) {
+    std::string kv = *e;
+    if (kOverridden.count(kv.substr(0, kv.find('=')))) continue;
+    // NCCL_* from the downward API read as empty when the Binding had no value for them (operator nccl_env.h):
+    // unset, not empty, is NCCL's "choose yourself".
+    if (kv.rfind("NCCL_", 0) == 0 && kv.back() == '=') continue;
+    env.push_back(std::move(kv));
+  }
+  return env;
+}
+
+std::vector<std::string> rank_env(std::vector<std::string> inherited, const rdzv::Assignment& a, int local_rank,
+                                  const RankEnvParams& p) {
+  std::vector<std::string> env = std::move(inherited);
+  auto add = [&](const char* k, const std::string& v) { env.push_back(std::string(k) + "=" + v); };
+  const int global_rank = a.ranks[local_rank];
+  add("RANK", std::to_string(global_rank));
+  add("LOCAL_RANK", std::to_string(local_rank));
+  add("WORLD_SIZE", std::to_string(a.world_size));
+  add("LOCAL_WORLD_SIZE", std::to_string(a.local_world_size));
+  add("GROUP_RANK", std::to_string(a.pod_index));
+  // The rest of what torch.distributed.run gives a script (one role, "default"), so an unmodified torchrun
+  // script runs: a restart count of generation - 1 (every restart or resize opens a generation).
+  add("GROUP_WORLD_SIZE", std::to_string(a.num_pods));
+  add("ROLE_RANK", std::to_string(global_rank));
+  add("ROLE_WORLD_SIZE", std::to_string(a.world_size));
+  add("ROLE_NAME", "default");
+  add("TORCHELASTIC_RESTART_COUNT", std::to_string(std::max<int64_t>(0, a.generation - 1)));
+  add("TORCHELASTIC_MAX_RESTARTS", p.max_restarts);
+  add("TORCHELASTIC_RUN_ID", p.run_id);
+  add("TORCHELASTIC_USE_AGENT_STORE", "False");
+  add("MASTER_ADDR", a.master_addr);
+  add("MASTER_PORT", std::to_string(a.master_port));
+  add("RAILYARD_GENERATION", std::to_string(a.generation));
+  add("RAILYARD_CONFIG", p.config_path);
+  add("RAILYARD_RESTORE", a.restore);
+  add("RAILYARD_POD_INDEX", std::to_string(a.pod_index));
+  add("RAILYARD_NUM_PODS", std::to_string(a.num_pods));
+  add("RAILYARD_DP", std::to_string(a.layout.dp));
+  add("RAILYARD_TP", std::to_string(a.layout.tp));
+  add("RAILYARD_PP", std::to_string(a.layout.pp));
+  add("RAILYARD_PROGRESS_FILE", p.progress_file);
+  add("RAILYARD_SHM_PREFIX", p.shm_prefix);
+  if (!p.peer_steps.empty()) {
+    std::string steps;
+    for (int64_t st : p.peer_steps) {
+      if (!steps.empty()) steps += ',';
+      steps += std::to_string(st);
+    }
+    add("RAILYARD_SHM_PEER_STEPS", steps);
+  }
+  add("RAILYARD_STORE_TOKEN", p.store_token);
+  return env;
+}
+
+}  // namespace railyard::worker

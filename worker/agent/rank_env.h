@@ -1,0 +1,45 @@
+// What one local rank is started with: the generation's configuration file, the worker command, and the
+// environment (docs/rendezvous.md "What each worker process gets"). Pure functions of the assignment and the agent's
+// settings, so the contract with the worker is testable without forking anything.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/rendezvous_protocol.h"
+#include "common/worker_config.h"
+
+namespace railyard::worker {
+
+// The generation's worker configuration (the content of the file RAILYARD_CONFIG names): the operator's, completed
+// with this generation's place in the world (layout, restore, generation, world size).
+WorkerConfig generation_config(const rdzv::Assignment& a);
+
+// The worker command: the agent's own when it was given one (`agent -- COMMAND ...`), else
+// `<this binary> train --config <config_path>`.
+std::vector<std::string> worker_command(std::vector<std::string> command, const std::string& config_path);
+
+// The agent's environment ("NAME=value" entries, e.g. from environ) as every rank inherits it: without the variables
+// rank_env sets (a value in the pod spec never outlives the generation's), without the rendezvous token (workers
+// never talk to the service: the secret stays in the agent), and without NCCL_* variables set but empty.
+std::vector<std::string> inherited_env(const char* const* envp);
+
+// What a rank's environment needs besides the assignment.
+struct RankEnvParams {
+  std::string run_id;               // TORCHELASTIC_RUN_ID: "<namespace>_<job>"
+  std::string max_restarts;         // TORCHELASTIC_MAX_RESTARTS: the job's failurePolicy.maxRestarts
+  std::string config_path;          // RAILYARD_CONFIG
+  std::string progress_file;        // RAILYARD_PROGRESS_FILE (per local rank)
+  std::string shm_prefix;           // RAILYARD_SHM_PREFIX: the agent's in-memory checkpoint segments
+  std::vector<int64_t> peer_steps;  // RAILYARD_SHM_PEER_STEPS: steps fetched from a peer; empty = not set
+  std::string store_token;          // RAILYARD_STORE_TOKEN: the generation's bootstrap store token
+};
+
+// The environment of local rank `local_rank` of assignment a: `inherited` (see inherited_env) followed by the
+// rank's place in the world as torch.distributed.run gives it (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ...) and
+// the RAILYARD_* variables of the worker contract.
+std::vector<std::string> rank_env(std::vector<std::string> inherited, const rdzv::Assignment& a, int local_rank,
+                                  const RankEnvParams& p);
+
+}  // namespace railyard::worker

@@ -1,0 +1,93 @@
+#include "worker/agent/worker_reports.h"
+
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <iterator>
+#include <optional>
+
+#include "common/log.h"
+
+namespace railyard::worker {
+namespace {
+
+using Outcome = RendezvousClient::Outcome;
+constexpr const char* kComponent = "agent";
+
+double unix_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
+
+}  // namespace
+
+WorkerReports::WorkerReports(RendezvousClient& client, rdzv::JobRef ref, RankExporter* ranks_out,
+                             const OutputWatch* output)
+    : client_(client), ref_(std::move(ref)), ranks_out_(ranks_out), output_(output) {}
+
+void WorkerReports::start_generation(int64_t generation) {
+  generation_ = generation;
+  pending_.clear();
+}
+
+void WorkerReports::exited(const Worker& w, const char* reason) {
+  pending_.push_back({ref_, generation_, w.local_rank, w.exit_code, w.signal, reason});
+}
+
+void WorkerReports::flush() {
+  std::vector<rdzv::ExitReport> keep;
+  bool reachable = true;
+  for (const auto& rep : pending_) {
+    if (!reachable) {
+      keep.push_back(rep);
+      continue;
+    }
+    try {
+      auto r = client_.report_exit(rep);
+      if (r.outcome == Outcome::UnknownJob) keep.push_back(rep);  // delivered once the job is re-opened
+    } catch (const RendezvousUnavailable& e) {
+      log::warn(kComponent, "exit report not delivered yet", {{"error", e.what()}});
+      keep.push_back(rep);
+      reachable = false;
+    } catch (const ConfigError& e) {
+      log::error(kComponent, std::string("exit report refused: ") + e.what());
+    }
+  }
+  pending_ = std::move(keep);
+}
+
+void WorkerReports::forward_progress(std::vector<Worker>& workers) {
+  for (auto& w : workers) {
+    if (output_ && ranks_out_) ranks_out_->on_output(w.local_rank, output_->last_output(w.local_rank));
+    std::ifstream in(w.progress_file);
+    if (!in) continue;
+    std::optional<ProgressRecord> p = parse_progress(std::string(std::istreambuf_iterator<char>(in), {}));
+    if (!p || p->step == w.last_step) continue;
+    if (ranks_out_) {
+      struct stat st {};
+      const double written = ::stat(w.progress_file.c_str(), &st) == 0
+                                 ? static_cast<double>(st.st_mtim.tv_sec) + st.st_mtim.tv_nsec * 1e-9
+                                 : unix_now();
+      ranks_out_->on_progress(w.local_rank, *p, written);
+    }
+    if (p->has_loss && !std::isfinite(p->loss)) {
+      // Not a number the job's status can show: the monitor's non-finite rule acts on it (from the series above).
+      w.last_step = p->step;
+      continue;
+    }
+    rdzv::ProgressReport rep;
+    rep.ref = ref_;
+    rep.generation = generation_;
+    rep.local_rank = w.local_rank;
+    rep.step = p->step;
+    rep.loss = p->has_loss ? p->loss : 0.0;
+    rep.tokens_per_second = p->tokens_per_second;
+    try {
+      client_.report_progress(rep);
+      w.last_step = p->step;
+    } catch (const std::exception& e) {
+      log::debug(kComponent, "progress report failed", {{"error", e.what()}});
+    }
+  }
+}
+
+}  // namespace railyard::worker

@@ -1,0 +1,46 @@
+// What the agent tells the rendezvous service about its workers (docs/rendezvous.md "POST /v1/exit",
+// "POST /v1/progress"): every exit, queued and delivered at once (kept while the service is unreachable or has
+// forgotten the job), and each rank's newest step from its progress file. For a program's ranks it also feeds the
+// agent-served series (RankExporter) from the same progress file and output.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common/rendezvous_protocol.h"
+#include "worker/agent/output_watch.h"
+#include "worker/agent/rank_exporter.h"
+#include "worker/agent/rendezvous_client.h"
+#include "worker/agent/worker_group.h"
+
+namespace railyard::worker {
+
+class WorkerReports {
+ public:
+  // ranks_out, output: null unless the agent serves its ranks' series (both set together).
+  WorkerReports(RendezvousClient& client, rdzv::JobRef ref, RankExporter* ranks_out, const OutputWatch* output);
+
+  // A new generation: reports carry its number; what was queued for the previous one is dropped.
+  void start_generation(int64_t generation);
+
+  // Queues the exit report of w (reason: rdzv::kExitExited, kExitStopped, ...).
+  void exited(const Worker& w, const char* reason);
+  bool pending() const { return !pending_.empty(); }
+
+  // Sends queued exit reports; keeps those that could not be delivered. Stops at the first unreachable answer so
+  // that a dead service costs one call's retries, not one per report.
+  void flush();
+
+  // Forwards each worker's newest progress record (a step not forwarded before; w.last_step keeps track).
+  void forward_progress(std::vector<Worker>& workers);
+
+ private:
+  RendezvousClient& client_;
+  rdzv::JobRef ref_;
+  RankExporter* ranks_out_;
+  const OutputWatch* output_;
+  int64_t generation_ = 0;
+  std::vector<rdzv::ExitReport> pending_;
+};
+
+}  // namespace railyard::worker
