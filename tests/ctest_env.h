@@ -18,4 +18,7 @@ inline std::string ctest_env(const char* name) {
 // A built binary: $RAILYARD_BIN_DIR/name.
 inline std::string bin_path(const char* name) { return ctest_env("RAILYARD_BIN_DIR") + "/" + name; }
 
+// A file of the source tree: $RAILYARD_SOURCE_DIR/rel.
+inline std::string source_path(const std::string& rel) { return ctest_env("RAILYARD_SOURCE_DIR") + "/" + rel; }
+
 }  // namespace railyard::test

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "common/error.h"
+#include "tests/ctest_env.h"
 
 using railyard::ConfigError;
 namespace na = railyard::node_agent;
@@ -112,9 +113,7 @@ TEST_CASE("quantities and DNS labels") {
 }
 
 TEST_CASE("every shipped topology file parses; default-4.yaml matches --nodes 4") {
-  const char* src = std::getenv("RAILYARD_SOURCE_DIR");
-  if (src == nullptr) src = RAILYARD_NODE_AGENT_TEST_SOURCE_DIR;
-  std::string dir = std::string(src) + "/deploy/local/topologies";
+  const std::string dir = railyard::test::source_path("deploy/local/topologies");
   int files = 0;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     if (entry.path().extension() != ".yaml") continue;

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/ctest_env.h"
+
 namespace {
 
 constexpr const char* kCrd = "deploy/crds/trainingjobs.railyard.dev.yaml";
@@ -39,14 +41,9 @@ const std::map<std::string, std::vector<std::string>> kAllowlist = {
     {"spec.failurePolicy.excludeFailedNodes", {"monitor/rules.cc", "operator/controller/placement.cc"}},
 };
 
-std::string source_dir() {
-  const char* s = std::getenv("RAILYARD_SOURCE_DIR");
-  return s != nullptr && *s != '\0' ? s : RAILYARD_SOURCE_DIR_FALLBACK;
-}
-
 std::string slurp(const std::string& rel) {
-  std::ifstream in(std::filesystem::path(source_dir()) / rel, std::ios::binary);
-  REQUIRE_MESSAGE(in.good(), "cannot read " << rel << " under " << source_dir());
+  std::ifstream in(railyard::test::source_path(rel), std::ios::binary);
+  REQUIRE_MESSAGE(in.good(), "cannot read " << railyard::test::source_path(rel));
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 

@@ -14,6 +14,7 @@
 #include "operator/controller/failure_policy.h"
 #include "operator/controller/job_spec.h"
 #include "operator/controller/pod_builder.h"
+#include "tests/ctest_env.h"
 #include "tests/unit/operator/job_fixture.h"
 
 using namespace railyard::op;
@@ -162,12 +163,12 @@ namespace {
 // tests/e2e/lib/pod_security.py over a pod: its violations of the "restricted" Pod Security Standard ("" when none),
 // or the checker's own failure.
 std::string restricted_violations(const Json& pod) {
-  const char* src = std::getenv("RAILYARD_SOURCE_DIR");
-  REQUIRE_MESSAGE(src != nullptr, "RAILYARD_SOURCE_DIR is not set (run through ctest)");
   const auto path = std::filesystem::temp_directory_path() / ("railyard-pss-" + std::to_string(::getpid()) + ".json");
   std::ofstream(path) << pod.dump();
   FILE* p = ::popen(
-      ("python3 " + std::string(src) + "/tests/e2e/lib/pod_security.py " + path.string() + " 2>&1").c_str(), "r");
+      ("python3 " + railyard::test::source_path("tests/e2e/lib/pod_security.py") + " " + path.string() + " 2>&1")
+          .c_str(),
+      "r");
   REQUIRE(p != nullptr);
   std::string out;
   char buf[512];

@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "planner/calibration.h"
 #include "planner/cost_model.h"
+#include "tests/ctest_env.h"
 
 using namespace railyard::plan;
 
@@ -25,12 +26,6 @@ Cluster cluster_of(const std::string& gpu, int gpus) {
 }
 
 const Job kGpt3{ModelShape{"gpt3-175b", 96, 12288, 96, 2048, 50257}, 1536, 300e9};
-
-std::string source_dir() {
-  const char* s = std::getenv("RAILYARD_SOURCE_DIR");
-  REQUIRE_MESSAGE(s != nullptr, "RAILYARD_SOURCE_DIR is not set (ctest sets it)");
-  return s;
-}
 
 }  // namespace
 
@@ -149,12 +144,12 @@ TEST_CASE("bad calibration and topology files get one error naming the file and 
 }
 
 TEST_CASE("the local cluster's topology files parse, and the planner places on them") {
-  const Topology t = load_topology(source_dir() + "/deploy/local/topologies/a100-16node-2spine.yaml");
+  const Topology t = load_topology(railyard::test::source_path("deploy/local/topologies/a100-16node-2spine.yaml"));
   CHECK(t.gpu_type == "A100");
   CHECK(t.gpus_per_node == 8);
   CHECK(t.nodes == 16);
   CHECK(t.nodes_per_unit == 4);
-  const Topology mixed = load_topology(source_dir() + "/deploy/local/topologies/mixed-small-6of8.yaml");
+  const Topology mixed = load_topology(railyard::test::source_path("deploy/local/topologies/mixed-small-6of8.yaml"));
   CHECK(mixed.nodes == 6);
   Cluster c;
   c.device = builtin_profile(t.gpu_type);

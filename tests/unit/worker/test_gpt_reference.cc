@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "tests/ctest_env.h"
 #include "tests/unit/worker/worker_test_util.h"
 #include "worker/train/trainer.h"
 
@@ -27,11 +28,6 @@ double rel_err(const float* a, const float* b, size_t n) {
   }
   const double den = std::max(std::sqrt(na), std::sqrt(nb));
   return den == 0 ? 0 : std::sqrt(d) / den;
-}
-
-std::string source_dir() {
-  const char* s = std::getenv("RAILYARD_SOURCE_DIR");
-  return s && *s ? s : RAILYARD_SOURCE_DIR_FALLBACK;
 }
 
 }  // namespace
@@ -86,7 +82,7 @@ TEST_CASE("forward, backward and 10 AdamW steps match PyTorch") {
   write_binary(d + "/inputs.bin", inputs.data(), inputs.size());
   write_binary(d + "/targets.bin", targets.data(), targets.size());
 
-  const std::string script = source_dir() + "/tests/reference/gpt_reference.py";
+  const std::string script = railyard::test::source_path("tests/reference/gpt_reference.py");
   const std::string cmd = "/usr/bin/python3 " + script + " " + d + " 2> " + d + "/stderr.txt";
   const int rc = std::system(cmd.c_str());
   std::string err;
