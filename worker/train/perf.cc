@@ -2,6 +2,7 @@
 
 #include <time.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <vector>
@@ -38,29 +39,60 @@ std::string MemoryBudget::describe() const {
   return buf;
 }
 
+namespace {
+struct GemmShape {
+  int ic, oc;
+};
+// One layer's four linear layers and the LM head.
+std::vector<GemmShape> step_gemm_shapes(const GptConfig& c) {
+  const int C = c.channels;
+  return {{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}, {C, c.padded_vocab_size}};
+}
+}  // namespace
+
+size_t gemm_rate_scratch(const GptConfig& c, size_t rows) {
+  size_t max_w = 0, max_ic = 0, max_oc = 0;
+  for (auto s : step_gemm_shapes(c)) {
+    max_w = std::max(max_w, static_cast<size_t>(s.ic) * s.oc);
+    max_ic = std::max(max_ic, static_cast<size_t>(s.ic));
+    max_oc = std::max(max_oc, static_cast<size_t>(s.oc));
+  }
+  return 2 * max_w + rows * (2 * max_ic + max_oc);  // w, dw; x and dx (rows x ic), y (rows x oc)
+}
+
+size_t gemm_rate_rows(const GptConfig& c, size_t rows, size_t scratch_len) {
+  while (rows > 0 && gemm_rate_scratch(c, rows) > scratch_len) rows = rows == 1 ? 0 : (rows + 1) / 2;
+  return rows;
+}
+
 double measure_gemm_rate(ThreadPool& pool, const GptConfig& c, int B, int T, int reps, float* scratch,
                          size_t scratch_len, double* per_cpu_second) {
   cpu::init_blas_single_threaded();
-  const int N = B * T, C = c.channels, Vp = c.padded_vocab_size;
-  struct Shape {
-    int ic, oc;
-  };
-  const Shape shapes[] = {{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}, {C, Vp}};
-  size_t max_w = 0, max_io = 0;
+  const int N = B * T;
+  const std::vector<GemmShape> shapes = step_gemm_shapes(c);
+  size_t max_w = 0, max_ic = 0, max_oc = 0;
   for (auto s : shapes) {
     max_w = std::max(max_w, static_cast<size_t>(s.ic) * s.oc);
-    max_io = std::max(max_io, static_cast<size_t>(N) * std::max(s.ic, s.oc));
+    max_ic = std::max(max_ic, static_cast<size_t>(s.ic));
+    max_oc = std::max(max_oc, static_cast<size_t>(s.oc));
   }
-  // Small random-ish values: denormals or NaNs would distort the timing.
-  const size_t need = 2 * max_w + 3 * max_io;
+  // Rows per GEMM call: all N in the borrowed buffer when they fit, else blocks of fewer rows (the same FLOPs);
+  // memory of its own only without a buffer, or when not one row fits (tiny models, whose operands are small).
+  int rows = static_cast<int>(gemm_rate_rows(c, static_cast<size_t>(N), scratch != nullptr ? scratch_len : 0));
   std::vector<float> owned;
-  if (scratch == nullptr || scratch_len < need) {
-    owned.resize(need);
+  if (rows == 0) {
+    rows = N;
+    owned.resize(gemm_rate_scratch(c, static_cast<size_t>(N)));
     scratch = owned.data();
   }
-  float *w = scratch, *dw = w + max_w, *x = dw + max_w, *y = x + max_io, *dx = y + max_io;
+  float *w = scratch, *dw = w + max_w, *x = dw + max_w, *y = x + static_cast<size_t>(rows) * max_ic,
+        *dx = y + static_cast<size_t>(rows) * max_oc;
+  // Small random-ish values: denormals or NaNs would distort the timing.
   for (size_t i = 0; i < max_w; ++i) w[i] = static_cast<float>((i * 2654435761u) % 1000) * 1e-4f;
-  for (size_t i = 0; i < max_io; ++i) x[i] = y[i] = static_cast<float>((i * 40503u) % 1000) * 1e-4f;
+  for (size_t i = 0; i < static_cast<size_t>(rows) * max_ic; ++i)
+    x[i] = static_cast<float>((i * 40503u) % 1000) * 1e-4f;
+  for (size_t i = 0; i < static_cast<size_t>(rows) * max_oc; ++i)
+    y[i] = static_cast<float>((i * 40503u) % 1000) * 1e-4f;
   double flops = 0;
   for (auto s : shapes) flops += 3 * 2.0 * N * s.ic * s.oc;
   double best = 0, best_cpu = 0;
@@ -73,10 +105,13 @@ double measure_gemm_rate(ThreadPool& pool, const GptConfig& c, int B, int T, int
     auto t0 = std::chrono::steady_clock::now();
     const double c0 = cpu_now();
     for (auto s : shapes) {
-      // forward: y = x @ w^T; backward: dx = y @ w; dw = y^T @ x  (the same calls the model makes)
-      cpu::gemm<float>(pool, false, true, N, s.oc, s.ic, 1.0f, x, s.ic, w, s.ic, 0.0f, y, s.oc);
-      cpu::gemm<float>(pool, false, false, N, s.ic, s.oc, 1.0f, y, s.oc, w, s.ic, 0.0f, dx, s.ic);
-      cpu::gemm<float>(pool, true, false, s.oc, s.ic, N, 1.0f, y, s.oc, x, s.ic, 0.0f, dw, s.ic);
+      for (int r0 = 0; r0 < N; r0 += rows) {
+        const int m = std::min(rows, N - r0);
+        // forward: y = x @ w^T; backward: dx = y @ w; dw = y^T @ x  (the same calls the model makes)
+        cpu::gemm<float>(pool, false, true, m, s.oc, s.ic, 1.0f, x, s.ic, w, s.ic, 0.0f, y, s.oc);
+        cpu::gemm<float>(pool, false, false, m, s.ic, s.oc, 1.0f, y, s.oc, w, s.ic, 0.0f, dx, s.ic);
+        cpu::gemm<float>(pool, true, false, s.oc, s.ic, m, 1.0f, y, s.oc, x, s.ic, r0 == 0 ? 0.0f : 1.0f, dw, s.ic);
+      }
     }
     const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double cpu = cpu_now() - c0;

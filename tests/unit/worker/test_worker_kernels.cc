@@ -140,3 +140,31 @@ TEST_CASE("warmup + cosine schedule, and the clipping factor") {
   CHECK(!decays(5));   // qkvb
   CHECK(!decays(14));  // lnfw
 }
+
+TEST_CASE("the GEMM-rate measurement fits its operands in the borrowed gradient buffer, in row blocks when needed") {
+  const GptConfig c = model_preset("gpt2-124m");
+  const size_t grads = num_parameters(c);
+  // B=4, T=64: the 256 rows' operands fit in the gradients (no memory beyond the budget).
+  CHECK(gemm_rate_rows(c, 256, grads) == 256);
+  // B=16, T=64: the LM head's 1024 x 50304 output alone is 51.5 M floats; 512-row blocks fit, 1024 do not. (Before,
+  // the measurement allocated 0.93 GB of its own here: peak RSS 36 % over the printed budget.)
+  CHECK(gemm_rate_scratch(c, 1024) > grads);
+  CHECK(gemm_rate_rows(c, 1024, grads) == 512);
+  for (size_t n : {size_t{1}, size_t{100}, size_t{4096}, size_t{65536}}) {
+    const size_t rows = gemm_rate_rows(c, n, grads);
+    CAPTURE(n);
+    REQUIRE(rows > 0);
+    CHECK(gemm_rate_scratch(c, rows) <= grads);
+    CHECK((rows == n || gemm_rate_scratch(c, 2 * rows) > grads));  // the largest halving that fits
+  }
+  // Not one row fits: 0 (the measurement then allocates, as for a tiny model's small operands).
+  CHECK(gemm_rate_rows(c, 256, gemm_rate_scratch(c, 1) - 1) == 0);
+  // Measured in blocks, the rate is still a rate of the same FLOPs: positive and finite.
+  const GptConfig tiny = model_preset("tiny");
+  ThreadPool pool(1);
+  std::vector<float> scratch(gemm_rate_scratch(tiny, 16));
+  const double rate = measure_gemm_rate(pool, tiny, 4, 16, 1, scratch.data(), scratch.size());
+  CHECK(gemm_rate_rows(tiny, 64, scratch.size()) == 16);
+  CHECK(std::isfinite(rate));
+  CHECK(rate > 0);
+}
