@@ -43,6 +43,7 @@ struct Flags {
   int workers = 2;
   double kube_api_qps = 50;
   int kube_api_burst = 100;
+  int api_parallelism = op::ControllerOptions{}.api_parallelism;
   std::string placement = "rail-aware";
   int worker_metrics_port = 9400, agent_metrics_port = 9399;
   std::string data_root, checkpoint_root;
@@ -85,6 +86,8 @@ Runs the TrainingJob controller against the cluster of $KUBECONFIG (or --kubecon
   --workers N                       reconcile threads (default 2)
   --kube-api-qps Q                  client rate limit, requests per second (default 50; 0 = no limit)
   --kube-api-burst B                client burst above the rate (default 100)
+  --api-parallelism N               concurrent create/bind requests of one job's reconcile, in slow-start
+                                    batches (default 16; the rate limit still applies)
   --placement rail-aware|simple     gang placement: rail-aware (default; docs/scheduler.md) or simple first fit
   --worker-metrics-port P           worker pods serve /metrics on P + local rank (default 9400; 0 = off)
   --agent-metrics-port P            the pods' agents serve /metrics on P (default 9399; 0 = off)
@@ -240,6 +243,17 @@ Flags parse_flags(int argc, char** argv) {
       } catch (const std::exception&) {
         usage_error("--kube-api-burst '" + v + "': expected a whole number of requests >= 1");
       }
+    } else if (a == "--api-parallelism") {
+      const std::string v = next();
+      try {
+        size_t used = 0;
+        f.api_parallelism = std::stoi(v, &used);
+        if (used != v.size()) throw std::invalid_argument("");
+      } catch (const std::exception&) {
+        f.api_parallelism = 0;
+      }
+      if (f.api_parallelism < 1 || f.api_parallelism > 1024)
+        usage_error("--api-parallelism '" + v + "': use 1 to 1024");
     } else if (a == "--log-level") {
       std::string v = next();
       try {
@@ -316,7 +330,7 @@ int main(int argc, char** argv) {
     cfg.qps = flags.kube_api_qps;
     cfg.burst = flags.kube_api_burst;
     // One connection per concurrent create/bind of a reconcile's slow-start batch (ControllerOptions).
-    cfg.max_connections = std::max(cfg.max_connections, op::ControllerOptions{}.api_parallelism);
+    cfg.max_connections = std::max(cfg.max_connections, flags.api_parallelism);
     client = std::make_unique<kube::Client>(cfg);
   } catch (const std::exception& e) {
     std::cerr << "railyard-operator: " << e.what() << "\n";
@@ -346,6 +360,7 @@ int main(int argc, char** argv) {
   op::ControllerOptions copts;
   copts.ns = flags.ns;
   copts.workers = flags.workers;
+  copts.api_parallelism = flags.api_parallelism;
   copts.pod.worker_image = flags.worker_image;
   copts.pod.worker_command = {flags.worker_command};
   copts.pod.rendezvous_addr = flags.rendezvous_addr;

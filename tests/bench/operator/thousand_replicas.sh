@@ -3,6 +3,8 @@
 # built-in Job controller creating the same number of pods, on the same local API server and the same nodes.
 #   tests/bench/operator/thousand_replicas.sh [--build-dir DIR] [--replicas N] [--state-dir DIR] [--no-nodes]
 # --no-nodes: no simulated nodes at all; both controllers only create pods (nothing can be bound).
+# Env: OPERATOR_ARGS (more railyard-operator flags, e.g. "--api-parallelism 64"), ONLY_EQUAL=1 (only the runs at
+# equal, unthrottled limits).
 # Starts its own local cluster (N simulated 8-GPU nodes: the operator places one worker pod per node) in --state-dir
 # and stops it at the end. The cluster gets Kubernetes' default node-monitor grace (40 s, not the local default 4 s)
 # and the node agent renews leases every 10 s like a kubelet: N nodes then cost N/10 lease writes per second.
@@ -23,7 +25,7 @@ while [ $# -gt 0 ]; do
     --replicas) N="$2"; shift 2 ;;
     --state-dir) STATE_DIR="$2"; shift 2 ;;
     --no-nodes) NO_NODES=yes; shift ;;
-    -h | --help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "thousand_replicas.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -152,8 +154,9 @@ delete_pods() { k delete --raw "/api/v1/namespaces/$1/pods?labelSelector=$2" >/d
 run_operator() {
   local label=$1 qps=$2 burst=$3 ns=$4
   k create namespace "$ns" >/dev/null
+  # shellcheck disable=SC2086 # OPERATOR_ARGS is a list of flags
   "$BIN/railyard-operator" --namespace "$ns" --leader-elect=false --worker-command /bin/sleep \
-    --kube-api-qps "$qps" --kube-api-burst "$burst" \
+    --kube-api-qps "$qps" --kube-api-burst "$burst" ${OPERATOR_ARGS:-} \
     --metrics-addr "127.0.0.1:$(free_port)" --health-addr "127.0.0.1:$(free_port)" --rendezvous-bind 127.0.0.1:0 \
     >"$WORK/operator-$ns.log" 2>&1 &
   local op=$!
@@ -195,7 +198,7 @@ spec:
       - name: worker
         command: ["/bin/sleep", "3600"]
 TJ
-run_operator "default client limits" 50 100 bench-op
+[ -n "${ONLY_EQUAL:-}" ] || run_operator "default client limits" 50 100 bench-op
 run_operator "equal: effectively unthrottled" 1000 2000 bench-op-equal
 
 # --- The Job controller (kube-controller-manager --controllers=job) with the admin credentials the operator used.
@@ -229,7 +232,7 @@ JOB
   echo "load average before (job controller, $label): $(loadavg)"
   read -r jc jb < <(wait_pods bench-job "bench=$name" no "$t1" 900)
   echo "job controller ($label, qps $qps burst $burst): $N pods created in ${jc} s; CPU $(echo "$(cpu_seconds "$kcm") - $c0" | bc) s, peak RSS $(peak_rss_mib "$kcm") MiB (whole kube-controller-manager); load average $(loadavg)"
-  local op_created=$OP_CREATED_DEFAULT
+  local op_created=${OP_CREATED_DEFAULT:-}
   [ "$label" = "default client limits" ] || op_created=$OP_CREATED_EQUAL
   echo "ratio ($label): job controller / operator (pods created) = $(echo "scale=2; $jc / $op_created" | bc)"
   kill "$kcm"; wait "$kcm" 2>/dev/null || true
@@ -237,5 +240,5 @@ JOB
   delete_pods bench-job "bench=$name"
   wait_gone bench-job "bench=$name"
 }
-run_job_controller "default client limits" 20 30 default-limits
+[ -n "${ONLY_EQUAL:-}" ] || run_job_controller "default client limits" 20 30 default-limits
 run_job_controller "equal: effectively unthrottled" 1000 2000 equal-limits
