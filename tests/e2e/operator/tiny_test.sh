@@ -35,9 +35,12 @@ jp() { kubectl get tj tiny -n "$ns" -o jsonpath="$1" 2>/dev/null; }
 install_crd "$src"
 kubectl create namespace "$ns" >/dev/null
 mport=$(free_port)
+# A bad --api-parallelism is refused naming the flag; a small one still creates and binds the gang in batches.
+out=$("$bin/railyard-operator" --api-parallelism 0 2>&1) && fail "--api-parallelism 0 was accepted"
+grep -q -- "--api-parallelism '0': use 1 to 1024" <<<"$out" || fail "--api-parallelism 0: $out"
 "$bin/railyard-operator" --namespace "$ns" --leader-elect=false --worker-command "$bin/railyard-worker" \
   --metrics-addr "127.0.0.1:$mport" --health-addr "127.0.0.1:$(free_port)" --rendezvous-bind 127.0.0.1:0 \
-  >"$work/op.log" 2>&1 &
+  --api-parallelism 1 >"$work/op.log" 2>&1 &
 op_pid=$!
 
 # The example as shipped, with its data paths pointed at this test's shards.
