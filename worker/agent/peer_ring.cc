@@ -13,8 +13,7 @@ constexpr const char* kComponent = "agent";
 }  // namespace
 
 PeerRing::PeerRing(const AgentConfig& cfg, std::string shm_prefix, AgentMetrics& metrics)
-    : cfg_(cfg),
-      shm_prefix_(std::move(shm_prefix)),
+    : shm_prefix_(std::move(shm_prefix)),
       auth_{cfg.ns + "/" + cfg.job, peer_copy_token(cfg.token, cfg.ns, cfg.job)},
       metrics_(metrics) {
   try {

@@ -45,7 +45,6 @@ class PeerRing {
  private:
   void on_copy(const peer::CopyResult& r, const std::string& error);
 
-  const AgentConfig& cfg_;
   const std::string shm_prefix_;
   const peer::Auth auth_;
   AgentMetrics& metrics_;
