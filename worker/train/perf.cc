@@ -48,16 +48,25 @@ std::vector<GemmShape> step_gemm_shapes(const GptConfig& c) {
   const int C = c.channels;
   return {{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}, {C, c.padded_vocab_size}};
 }
+
+// The largest weight and the widest input and output among those shapes: what the operands must hold.
+struct GemmExtent {
+  size_t w = 0, ic = 0, oc = 0;
+};
+GemmExtent gemm_extent(const std::vector<GemmShape>& shapes) {
+  GemmExtent e;
+  for (auto s : shapes) {
+    e.w = std::max(e.w, static_cast<size_t>(s.ic) * s.oc);
+    e.ic = std::max(e.ic, static_cast<size_t>(s.ic));
+    e.oc = std::max(e.oc, static_cast<size_t>(s.oc));
+  }
+  return e;
+}
 }  // namespace
 
 size_t gemm_rate_scratch(const GptConfig& c, size_t rows) {
-  size_t max_w = 0, max_ic = 0, max_oc = 0;
-  for (auto s : step_gemm_shapes(c)) {
-    max_w = std::max(max_w, static_cast<size_t>(s.ic) * s.oc);
-    max_ic = std::max(max_ic, static_cast<size_t>(s.ic));
-    max_oc = std::max(max_oc, static_cast<size_t>(s.oc));
-  }
-  return 2 * max_w + rows * (2 * max_ic + max_oc);  // w, dw; x and dx (rows x ic), y (rows x oc)
+  const GemmExtent e = gemm_extent(step_gemm_shapes(c));
+  return 2 * e.w + rows * (2 * e.ic + e.oc);  // w, dw; x and dx (rows x ic), y (rows x oc)
 }
 
 size_t gemm_rate_rows(const GptConfig& c, size_t rows, size_t scratch_len) {
@@ -70,12 +79,8 @@ double measure_gemm_rate(ThreadPool& pool, const GptConfig& c, int B, int T, int
   cpu::init_blas_single_threaded();
   const int N = B * T;
   const std::vector<GemmShape> shapes = step_gemm_shapes(c);
-  size_t max_w = 0, max_ic = 0, max_oc = 0;
-  for (auto s : shapes) {
-    max_w = std::max(max_w, static_cast<size_t>(s.ic) * s.oc);
-    max_ic = std::max(max_ic, static_cast<size_t>(s.ic));
-    max_oc = std::max(max_oc, static_cast<size_t>(s.oc));
-  }
+  const GemmExtent e = gemm_extent(shapes);
+  const size_t max_w = e.w, max_ic = e.ic, max_oc = e.oc;
   // Rows per GEMM call: all N in the borrowed buffer when they fit, else blocks of fewer rows (the same FLOPs);
   // memory of its own only without a buffer, or when not one row fits (tiny models, whose operands are small).
   int rows = static_cast<int>(gemm_rate_rows(c, static_cast<size_t>(N), scratch != nullptr ? scratch_len : 0));
