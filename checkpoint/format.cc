@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 
 #include "checkpoint/crc32c.h"
 #include "common/error.h"
@@ -24,6 +25,20 @@ nlohmann::json box_json(const Box& b) { return {{"offset", b.offset}, {"size", b
 
 // Dimensions must be JSON integers: nlohmann converts a float like 6.7e21 to int64_t with undefined behaviour
 // (found by fuzz_checkpoint_manifest).
+// The same for every scalar count of the manifest (rank, step, sizes, offsets): a JSON integer within T's range,
+// else Error naming the field.
+template <class T>
+T integer_at(const nlohmann::json& j, const char* key) {
+  const nlohmann::json& v = j.at(key);
+  const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max())
+                    : v.is_number_integer()
+                        ? v.get<int64_t>() >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
+                              v.get<int64_t>() <= static_cast<int64_t>(std::numeric_limits<T>::max())
+                        : false;
+  if (!fits) throw Error(std::string("field ") + key + " holds " + v.dump() + ", not an integer in range");
+  return v.get<T>();
+}
+
 Shape shape_from(const nlohmann::json& j, const char* what) {
   if (!j.is_array()) throw Error(std::string(what) + " is not an array of integers");
   Shape out;
@@ -70,8 +85,8 @@ SliceRecord slice_from(const nlohmann::json& j) {
   s.tensor = j.at("tensor").get<std::string>();
   s.box = box_from(j.at("box"));
   s.file = j.at("file").get<std::string>();
-  s.offset = j.at("offset").get<uint64_t>();
-  s.bytes = j.at("bytes").get<uint64_t>();
+  s.offset = integer_at<uint64_t>(j, "offset");
+  s.bytes = integer_at<uint64_t>(j, "bytes");
   std::string crc = j.at("crc32c").get<std::string>();
   char* end = nullptr;
   unsigned long v = std::strtoul(crc.c_str(), &end, 16);
@@ -294,11 +309,11 @@ nlohmann::json to_json(const RankRecord& r) {
 RankRecord rank_record_from_json(const nlohmann::json& j, const std::string& where) {
   try {
     RankRecord r;
-    r.rank = j.at("rank").get<int>();
-    r.step = j.at("step").get<int64_t>();
+    r.rank = integer_at<int>(j, "rank");
+    r.step = integer_at<int64_t>(j, "step");
     r.run_id = j.at("run_id").get<std::string>();
     r.file = j.at("file").get<std::string>();
-    r.file_bytes = j.at("file_bytes").get<uint64_t>();
+    r.file_bytes = integer_at<uint64_t>(j, "file_bytes");
     r.state = j.value("state", nlohmann::json());
     for (const auto& t : j.at("tensors")) r.tensors.push_back(tensor_from(t));
     for (const auto& s : j.at("slices")) r.slices.push_back(slice_from(s));
@@ -347,19 +362,23 @@ Manifest parse_manifest(const std::string& text, const std::string& where) {
     std::string got = crc_hex(crc32c(canonical.data(), canonical.size()));
     if (got != want) throw Error(where + ": manifest CRC32C mismatch (stored " + want + ", computed " + got + ")");
     Manifest m;
-    m.format_version = j.at("format_version").get<int>();
+    m.format_version = integer_at<int>(j, "format_version");
     if (m.format_version > kFormatVersion) {
       throw Error(where + ": format_version " + std::to_string(m.format_version) + " is newer than this reader (" +
                   std::to_string(kFormatVersion) + "): upgrade railyard");
     }
-    m.step = j.at("step").get<int64_t>();
+    m.step = integer_at<int64_t>(j, "step");
     m.run_id = j.at("run_id").get<std::string>();
     m.created = j.at("created").get<std::string>();
-    m.world_size = j.at("world_size").get<int>();
+    m.world_size = integer_at<int>(j, "world_size");
     m.layout = j.at("layout");
     for (const auto& t : j.at("tensors")) m.tensors.push_back(tensor_from(t));
     for (const auto& s : j.at("slices")) m.slices.push_back(slice_from(s));
-    for (const auto& [f, n] : j.at("files").items()) m.files[f] = n.get<uint64_t>();
+    for (const auto& [f, n] : j.at("files").items()) {
+      if (!n.is_number_unsigned() && !(n.is_number_integer() && n.get<int64_t>() >= 0))
+        throw Error("field files." + f + " holds " + n.dump() + ", not a byte count");
+      m.files[f] = n.get<uint64_t>();
+    }
     for (const auto& [r, st] : j.at("rank_state").items()) m.rank_state[std::stoi(r)] = st;
     for (const auto& s : m.slices) {
       const TensorRecord* t = m.find_tensor(s.tensor);
