@@ -348,6 +348,10 @@ Json Client::create(const Resource& res, const std::string& ns, const Json& obj)
   return impl_->request_json("POST", resource_path(res, ns), obj.dump(), "");
 }
 
+void Client::create_only(const Resource& res, const std::string& ns, const Json& obj) {
+  impl_->request("POST", resource_path(res, ns), obj.dump(), "");
+}
+
 Json Client::update(const Resource& res, const std::string& ns, const Json& obj) {
   std::string name = name_of(obj);
   if (name.empty()) throw Error("update " + res.plural + ": the object has no metadata.name");
@@ -391,7 +395,7 @@ Json Client::raw(const std::string& method, const std::string& path, const std::
 void Client::stop() { impl_->stop_all->stop(); }
 
 WatchEnd Client::watch(const Resource& res, const std::string& ns, const WatchOptions& opts,
-                       const std::function<bool(const WatchEvent&)>& on_event) {
+                       const std::function<bool(WatchEvent&)>& on_event) {
   std::string path = resource_path(res, ns) + "?watch=1";
   if (!opts.resource_version.empty()) path += "&resourceVersion=" + url_encode(opts.resource_version);
   if (!opts.label_selector.empty()) path += "&labelSelector=" + url_encode(opts.label_selector);
@@ -448,7 +452,7 @@ WatchEnd Client::watch(const Resource& res, const std::string& ns, const WatchOp
     }
     return framer.feed(std::string_view(data, len), [&](std::string_view line) {
       try {
-        auto ev = parse_watch_line(line, context);
+        auto ev = parse_watch_line(line, context, opts.drop_managed_fields);
         if (ev && !on_event(*ev)) {
           handler_stopped = true;
           return false;

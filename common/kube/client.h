@@ -177,6 +177,9 @@ struct WatchOptions {
   bool allow_bookmarks = true;
   int timeout_seconds = 300;          // the server ends the stream after this; callers re-watch from the last RV
   std::shared_ptr<StopToken> stop{};  // optional
+  // Leave out metadata.managedFields while parsing (server-side apply's bookkeeping: half of a worker pod's bytes,
+  // read by nothing here).
+  bool drop_managed_fields = false;
 };
 
 struct WatchEvent {
@@ -201,7 +204,8 @@ class LineFramer {
 
 // Parses one watch line. Returns nullopt for nothing-to-deliver, throws Gone for an ERROR event with code 410,
 // the matching ApiError for other ERROR events, and Error for malformed lines.
-std::optional<WatchEvent> parse_watch_line(std::string_view line, const std::string& context);
+std::optional<WatchEvent> parse_watch_line(std::string_view line, const std::string& context,
+                                           bool drop_managed_fields = false);
 
 // Token bucket: `reserve` returns how long the caller must wait before going ahead (and consumes a token).
 class TokenBucket {
@@ -246,6 +250,9 @@ class Client {
   std::vector<Json> list_all(const Resource& res, const std::string& ns, const ListOptions& opts = {},
                              std::string* list_rv = nullptr);
   Json create(const Resource& res, const std::string& ns, const Json& obj);
+  // create() without parsing the server's reply (the object as stored), for callers that only need it to exist: the
+  // operator's 1,000 worker pods of a gang.
+  void create_only(const Resource& res, const std::string& ns, const Json& obj);
   Json update(const Resource& res, const std::string& ns, const Json& obj);
   Json update_status(const Resource& res, const std::string& ns, const Json& obj);
   Json patch(const Resource& res, const std::string& ns, const std::string& name, const Json& patch,
@@ -259,9 +266,10 @@ class Client {
            const std::string& content_type = "");
 
   // One streaming watch. Returns when the server ends the stream, on_event returns false, or opts.stop / stop()
-  // fires. Throws Gone (410: relist), other ApiErrors, or TransportError (connection lost mid-stream too).
+  // fires. Throws Gone (410: relist), other ApiErrors, or TransportError (connection lost mid-stream too). The event
+  // is the handler's to keep: it may move the object out (the informer does, rather than copy every pod).
   WatchEnd watch(const Resource& res, const std::string& ns, const WatchOptions& opts,
-                 const std::function<bool(const WatchEvent&)>& on_event);
+                 const std::function<bool(WatchEvent&)>& on_event);
 
   // Interrupts every running watch and makes retry loops give up; requests started after stop() still run.
   void stop();
@@ -283,6 +291,10 @@ std::string format_rfc3339(std::chrono::system_clock::time_point t);
 std::chrono::system_clock::time_point parse_rfc3339(const std::string& text);
 
 // Small helpers for object fields that may be missing.
+// obj[key] without a copy (Json::value copies the member): the member itself, or a null when obj is not an object or
+// has no such key. A null's contains() is false and it iterates as empty, so lookups chain: field(field(p, "spec"),
+// ..).
+const Json& field(const Json& obj, std::string_view key);
 std::string name_of(const Json& obj);
 std::string namespace_of(const Json& obj);
 std::string resource_version_of(const Json& obj);

@@ -50,11 +50,25 @@ std::optional<Json> Informer::get(const std::string& key) {
   return *it->second;
 }
 
+std::shared_ptr<const Json> Informer::get_shared(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = cache_.find(key);
+  return it == cache_.end() ? nullptr : it->second;
+}
+
 std::vector<Json> Informer::list() {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<Json> out;
   out.reserve(cache_.size());
   for (const auto& [k, v] : cache_) out.push_back(*v);
+  return out;
+}
+
+std::vector<std::shared_ptr<const Json>> Informer::snapshot() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::shared_ptr<const Json>> out;
+  out.reserve(cache_.size());
+  for (const auto& [k, v] : cache_) out.push_back(v);
   return out;
 }
 
@@ -115,6 +129,8 @@ void Informer::relist() {
     // List items carry no apiVersion/kind; fill them so handlers see the same shape as from a watch.
     if (!it.contains("apiVersion")) it["apiVersion"] = res_.api_version();
     if (!it.contains("kind")) it["kind"] = res_.kind;
+    if (opts_.drop_managed_fields && it.contains("metadata") && it["metadata"].is_object())
+      it["metadata"].erase("managedFields");
     std::string k = key_of(it);
     fresh.emplace(std::move(k), std::make_shared<const Json>(std::move(it)));
   }
@@ -159,7 +175,7 @@ void Informer::relist() {
   cv_.notify_all();
 }
 
-bool Informer::apply(const WatchEvent& ev) {
+bool Informer::apply(WatchEvent& ev) {
   std::string rv = resource_version_of(ev.object);
   if (ev.type == WatchEvent::Type::Bookmark) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -184,7 +200,7 @@ bool Informer::apply(const WatchEvent& ev) {
       // An event for a version we already hold (seen through a relist) is not delivered twice.
       changed = !old || resource_version_of(*old) != rv;
       if (changed) {
-        now = std::make_shared<const Json>(ev.object);
+        now = std::make_shared<const Json>(std::move(ev.object));
         cache_[k] = now;
       }
     }
@@ -194,9 +210,9 @@ bool Informer::apply(const WatchEvent& ev) {
   if (ev.type == WatchEvent::Type::Deleted) {
     for (auto& fn : delete_fns_) call_safely("delete", [&] { fn(ev.object); });
   } else if (old) {
-    for (auto& fn : update_fns_) call_safely("update", [&] { fn(*old, ev.object); });
+    for (auto& fn : update_fns_) call_safely("update", [&] { fn(*old, *now); });
   } else {
-    for (auto& fn : add_fns_) call_safely("add", [&] { fn(ev.object); });
+    for (auto& fn : add_fns_) call_safely("add", [&] { fn(*now); });
   }
   return true;
 }
@@ -231,6 +247,7 @@ void Informer::run() {
       wo.field_selector = opts_.field_selector;
       wo.allow_bookmarks = true;
       wo.timeout_seconds = opts_.watch_timeout_seconds;
+      wo.drop_managed_fields = opts_.drop_managed_fields;
       wo.stop = stop_token_;
       if (!first_watch) {
         std::lock_guard<std::mutex> lock(mu_);
@@ -238,7 +255,7 @@ void Informer::run() {
       }
       first_watch = false;
       bool got_event = false;
-      WatchEnd end = client_.watch(res_, opts_.ns, wo, [&](const WatchEvent& ev) {
+      WatchEnd end = client_.watch(res_, opts_.ns, wo, [&](WatchEvent& ev) {
         got_event = true;
         return apply(ev);
       });

@@ -22,12 +22,16 @@ struct InformerOptions {
   std::chrono::seconds resync_period{0};  // 0: no resync; else on_update(obj, obj) for every object each period
   int watch_timeout_seconds = 300;
   int64_t page_size = 500;
+  // Cache objects without metadata.managedFields (as controller-runtime's TransformStripManagedFields does): a worker
+  // pod is half as large, and every copy and parse of it half as dear.
+  bool drop_managed_fields = true;
   std::chrono::milliseconds min_backoff{200};
   std::chrono::milliseconds max_backoff{10000};
 };
 
-// Handlers run on the informer's thread, one at a time, after the cache was updated; they get copies and must not
-// block for long. Register them before start(). Objects from get()/list() are copies too. After a relist (410 Gone,
+// Handlers run on the informer's thread, one at a time, after the cache was updated; they get the cached object
+// (const: copy what you keep) and must not block for long. Register them before start(). Objects from get()/list()
+// are copies. After a relist (410 Gone,
 // e.g. after an API-server restart) the informer delivers synthetic add/update/delete for the difference between
 // the old cache and the new list, so handlers see every change once: no loss, no duplicates.
 class Informer {
@@ -51,7 +55,11 @@ class Informer {
   bool has_synced();
 
   std::optional<Json> get(const std::string& key);
+  std::shared_ptr<const Json> get_shared(const std::string& key);  // the cached object itself (null: none)
   std::vector<Json> list();
+  // The cached objects themselves, shared and immutable: no copy (list() deep-copies every object). For readers that
+  // only look, such as the operator's node inventory over every pod of the cluster.
+  std::vector<std::shared_ptr<const Json>> snapshot();
   std::vector<std::string> keys();
   size_t size();
   std::string last_resource_version();
@@ -62,7 +70,7 @@ class Informer {
   void run();
   void resync_loop();
   void relist();
-  bool apply(const WatchEvent& ev);
+  bool apply(WatchEvent& ev);  // moves ev.object into the cache
   bool sleep_interruptible(std::chrono::milliseconds d);
 
   Client& client_;

@@ -192,8 +192,16 @@ bool LineFramer::feed(std::string_view chunk, const std::function<bool(std::stri
   }
 }
 
-std::optional<WatchEvent> parse_watch_line(std::string_view line, const std::string& context) {
-  Json j = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+std::optional<WatchEvent> parse_watch_line(std::string_view line, const std::string& context,
+                                           bool drop_managed_fields) {
+  // Depth 1: type, object; 2: the object's fields; 3: metadata's fields. The parser never builds a dropped value.
+  std::string level2;
+  Json::parser_callback_t drop = [&level2](int depth, Json::parse_event_t event, Json& parsed) {
+    if (event != Json::parse_event_t::key) return true;
+    if (depth == 2) level2 = parsed.is_string() ? parsed.get<std::string>() : "";
+    return !(depth == 3 && level2 == "metadata" && parsed == "managedFields");
+  };
+  Json j = Json::parse(line, drop_managed_fields ? drop : nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || !j.contains("type") || !j["type"].is_string()) {
     throw Error(context + ": malformed watch event: " + std::string(line.substr(0, 200)));
   }
@@ -320,6 +328,12 @@ std::chrono::system_clock::time_point parse_rfc3339(const std::string& text) {
 
 // ------------------------------------------------------------------------------------------------ objects
 
+const Json& field(const Json& obj, std::string_view key) {
+  static const Json null;
+  if (!obj.is_object()) return null;
+  auto it = obj.find(key);
+  return it == obj.end() ? null : *it;
+}
 std::string name_of(const Json& obj) {
   if (!obj.is_object() || !obj.contains("metadata")) return "";
   return obj["metadata"].value("name", "");

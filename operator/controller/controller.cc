@@ -110,24 +110,29 @@ Controller::Controller(kube::Client& client, metrics::Registry& registry, Contro
   jo.ns = opts_.ns;
   jo.resync_period = opts_.resync;
   jobs_ = std::make_unique<kube::Informer>(client_, kube::resources::trainingjobs, jo);
+  // Railyard's worker pods of every namespace (a namespace-scoped operator reconciles only its own, but placement
+  // counts every job's pods against the nodes).
   kube::InformerOptions po;
-  po.ns = opts_.ns;
   po.label_selector = kJobLabel;
   pods_ = std::make_unique<kube::Informer>(client_, kube::resources::pods, po);
   nodes_ = std::make_unique<kube::Informer>(client_, kube::resources::nodes, kube::InformerOptions{});
   // Every pod bound to a node, in any namespace and Railyard's or not: placement counts their requests against the
   // nodes' allocatable (NodeResourcesFit), so a node shared with other workloads is not over-committed.
+  // Railyard's own are in pods_ already: each pod is watched (and parsed) once.
   kube::InformerOptions bo;
   bo.field_selector = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed";
+  bo.label_selector = std::string("!") + kJobLabel;
   node_pods_ = std::make_unique<kube::Informer>(client_, kube::resources::pods, bo);
 
   jobs_->on_add([this](const Json& j) { enqueue(kube::key_of(j)); });
   jobs_->on_update([this](const Json&, const Json& j) { enqueue(kube::key_of(j)); });
   jobs_->on_delete([this](const Json& j) { enqueue(kube::key_of(j)); });
   auto pod_key = [this](const Json& p) {
-    const Json labels = p["metadata"].value("labels", Json::object());
-    if (labels.contains(kJobLabel) && labels[kJobLabel].is_string())
-      enqueue(kube::namespace_of(p) + "/" + labels[kJobLabel].get<std::string>());
+    const Json& meta = kube::field(p, "metadata");
+    const Json& job = kube::field(kube::field(meta, "labels"), kJobLabel);
+    const Json& ns = kube::field(meta, "namespace");
+    if (job.is_string() && ns.is_string() && (opts_.ns.empty() || ns == opts_.ns))
+      enqueue(ns.get<std::string>() + "/" + job.get<std::string>());
   };
   pods_->on_add(pod_key);
   pods_->on_update([pod_key](const Json&, const Json& p) { pod_key(p); });
@@ -269,21 +274,24 @@ void Controller::update_phase_gauge() {
 }
 
 std::vector<NodeInfo> Controller::node_inventory() {
-  // The job's own pods from pods_ too: the field-selected cache lags the label-selected one by its own watch.
-  std::vector<Json> pods = node_pods_->list();
-  std::set<std::string> seen;
-  for (const Json& p : pods) seen.insert(uid_of(p));
-  for (Json& p : pods_->list())
-    if (!seen.count(uid_of(p))) pods.push_back(std::move(p));
-  return build_inventory(nodes_->list(), pods);
+  // Other workloads' bound pods (node_pods_) and every Railyard pod (pods_: build_inventory skips the unbound and
+  // finished ones), read in place from the informers' immutable objects.
+  const auto nodes = nodes_->snapshot(), others = node_pods_->snapshot(), ours = pods_->snapshot();
+  std::vector<const Json*> node_ptrs, pod_ptrs;
+  node_ptrs.reserve(nodes.size());
+  pod_ptrs.reserve(others.size() + ours.size());
+  for (const auto& n : nodes) node_ptrs.push_back(n.get());
+  for (const auto& p : others) pod_ptrs.push_back(p.get());
+  for (const auto& p : ours) pod_ptrs.push_back(p.get());
+  return build_inventory_of(node_ptrs, pod_ptrs);
 }
 
-std::vector<Json> Controller::pods_of(const std::string& ns, const std::string& name) {
-  std::vector<Json> out;
-  for (Json& p : pods_->list()) {
-    if (kube::namespace_of(p) != ns) continue;
-    const Json labels = p["metadata"].value("labels", Json::object());
-    if (labels.value(kJobLabel, "") == name) out.push_back(std::move(p));
+std::vector<PodPtr> Controller::pods_of(const std::string& ns, const std::string& name) {
+  std::vector<PodPtr> out;
+  for (PodPtr& p : pods_->snapshot()) {
+    const Json& meta = kube::field(*p, "metadata");
+    if (kube::field(meta, "namespace") == ns && kube::field(kube::field(meta, "labels"), kJobLabel) == name)
+      out.push_back(std::move(p));
   }
   return out;
 }
@@ -423,18 +431,18 @@ void Controller::delete_pod(const std::string& ns, const std::string& name, bool
 }
 
 std::chrono::milliseconds Controller::finish(const Json& job, const JobSpec& spec, Json& status, const Json& orig,
-                                             std::vector<PendingEvent>& events, const std::vector<Json>& pods) {
+                                             std::vector<PendingEvent>& events, const std::vector<PodPtr>& pods) {
   const std::string ns = kube::namespace_of(job), key = kube::key_of(job);
   // Persist the outcome before cleaning up, so a crash in between cannot lose it.
   Json current = job;
   if (status_differs(orig, status)) current = write_status(job, status);
   emit(job, events);
-  for (const Json& p : pods) {
-    if (terminating(p)) continue;
-    const std::string phase = phase_of(p);
+  for (const PodPtr& p : pods) {
+    if (terminating(*p)) continue;
+    const std::string phase = phase_of(*p);
     bool active = phase != "Succeeded" && phase != "Failed";
     if (spec.clean_pod_policy == "All" || (spec.clean_pod_policy == "Running" && active))
-      delete_pod(ns, kube::name_of(p), false);
+      delete_pod(ns, kube::name_of(*p), false);
   }
   {
     std::lock_guard lock(mu_);
@@ -470,11 +478,11 @@ std::chrono::milliseconds Controller::keep_finished(const Json& job, const Finis
   const std::string ns = kube::namespace_of(job), name = kube::name_of(job);
   const Json orig = job.contains("status") && job["status"].is_object() ? job["status"] : Json::object();
   Json status = orig;
-  const std::vector<Json> pods = pods_of(ns, name);
+  const std::vector<PodPtr> pods = pods_of(ns, name);
   // Only the acknowledgements change: the spec version seen and the live pod count (cleanPodPolicy deletes pods).
   status["observedGeneration"] = job["metadata"].value("generation", 0);
   status["replicas"] =
-      static_cast<int>(std::count_if(pods.begin(), pods.end(), [](const Json& p) { return !terminating(p); }));
+      static_cast<int>(std::count_if(pods.begin(), pods.end(), [](const PodPtr& p) { return !terminating(*p); }));
   std::vector<PendingEvent> events;
   for (const std::string& m : done.ignored) events.push_back({true, "IgnoredAfterFinish", m});
   // cleanPodPolicy and ttlSecondsAfterFinished as the spec says now (defaults where it no longer parses).

@@ -23,6 +23,7 @@
 #include "operator/controller/network_policy.h"
 #include "operator/controller/placement.h"
 #include "operator/controller/pod_builder.h"
+#include "operator/controller/pod_state.h"
 #include "operator/rendezvous/rendezvous.h"
 
 namespace railyard::op {
@@ -85,32 +86,33 @@ class Controller {
  private:
   // The stages of reconcile (README.md in this folder). A stage returning a value has settled the job for this
   // reconcile (Invalid, Suspended, Failed, Succeeded): reconcile returns that requeue delay.
-  Sync observe(const std::string& key, Json job);                              // sync_observe.cc
-  std::optional<std::chrono::milliseconds> validate(Sync& s);                  // sync_decide.cc
-  std::optional<std::chrono::milliseconds> suspend_or_resume(Sync& s);         // sync_decide.cc
-  std::optional<std::chrono::milliseconds> check_deadline(Sync& s);            // sync_decide.cc
-  void observe_generation(Sync& s);                                            // sync_observe.cc
-  Completion completion_now(const Sync& s, const std::vector<Json>& job_pods,  // sync_decide.cc
+  Sync observe(const std::string& key, Json job);                                // sync_observe.cc
+  std::optional<std::chrono::milliseconds> validate(Sync& s);                    // sync_decide.cc
+  std::optional<std::chrono::milliseconds> suspend_or_resume(Sync& s);           // sync_decide.cc
+  std::optional<std::chrono::milliseconds> check_deadline(Sync& s);              // sync_decide.cc
+  void observe_generation(Sync& s);                                              // sync_observe.cc
+  Completion completion_now(const Sync& s, const std::vector<PodPtr>& job_pods,  // sync_decide.cc
                             const std::optional<RendezvousService::Progress>& prog);
   std::chrono::milliseconds complete(Sync& s, const Completion& c,
                                      const std::optional<RendezvousService::Progress>& prog,
-                                     const std::vector<Json>& job_pods);
+                                     const std::vector<PodPtr>& job_pods);
   std::optional<RendezvousService::Progress> fresh_progress(const Sync& s);
-  std::optional<std::chrono::milliseconds> collect_triggers(Sync& s);  // sync_decide.cc
-  void replace_into_forming(Sync& s);                                  // sync_decide.cc
-  std::optional<std::chrono::milliseconds> restart_or_fail(Sync& s);   // sync_decide.cc
-  void start_generation(Sync& s);                                      // sync_act.cc
-  void create_pods(Sync& s);                                           // sync_act.cc
-  void bind_gang(Sync& s);                                             // sync_act.cc
-  std::optional<std::chrono::milliseconds> resize_world(Sync& s);      // sync_status.cc
-  void plan_world(Sync& s);                                            // sync_status.cc
-  void write_observed_status(Sync& s);                                 // sync_status.cc
-  void open_generation(Sync& s);                                       // sync_act.cc
+  std::optional<std::chrono::milliseconds> collect_triggers(Sync& s);        // sync_decide.cc
+  void replace_into_forming(Sync& s);                                        // sync_decide.cc
+  std::optional<std::chrono::milliseconds> restart_or_fail(Sync& s);         // sync_decide.cc
+  void start_generation(Sync& s);                                            // sync_act.cc
+  void create_pods(Sync& s);                                                 // sync_act.cc
+  void bind_gang(Sync& s);                                                   // sync_act.cc
+  void place_gang(Sync& s, const std::vector<int>& indices, bool creating);  // sync_place.cc
+  std::optional<std::chrono::milliseconds> resize_world(Sync& s);            // sync_status.cc
+  void plan_world(Sync& s);                                                  // sync_status.cc
+  void write_observed_status(Sync& s);                                       // sync_status.cc
+  void open_generation(Sync& s);                                             // sync_act.cc
 
   void enqueue(const std::string& key);
   void enqueue_all_jobs();
   void worker_loop();
-  std::vector<Json> pods_of(const std::string& ns, const std::string& name);
+  std::vector<PodPtr> pods_of(const std::string& ns, const std::string& name);
   // Nodes with every pod bound to them (node_pods_) and the jobs' own pods, for placement and planning.
   std::vector<NodeInfo> node_inventory();
   std::string ensure_token(const Json& job);
@@ -119,7 +121,7 @@ class Controller {
   void ensure_network_policy(const Json& job, const JobSpec& spec);
   Json write_status(const Json& job, const Json& status);
   std::chrono::milliseconds finish(const Json& job, const JobSpec& spec, Json& status, const Json& orig,
-                                   std::vector<PendingEvent>& events, const std::vector<Json>& pods);
+                                   std::vector<PendingEvent>& events, const std::vector<PodPtr>& pods);
   // A Succeeded or Failed job: clean up and expire it, report what was asked of it since, change nothing else.
   std::chrono::milliseconds keep_finished(const Json& job, const FinishedJob& done);
   void emit(const Json& job, const std::vector<PendingEvent>& events);

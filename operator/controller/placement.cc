@@ -4,15 +4,17 @@
 #include <cctype>
 #include <cmath>
 
+#include "common/kube/client.h"
 #include "operator/controller/nccl_env.h"
 #include "operator/controller/pod_builder.h"
 
 namespace railyard::op {
 
+using kube::field;
+
 bool node_ready(const Json& node) {
-  const Json conds = node.contains("status") ? node["status"].value("conditions", Json::array()) : Json::array();
-  for (const Json& c : conds)
-    if (c.value("type", "") == "Ready") return c.value("status", "") == "True";
+  for (const Json& c : field(field(node, "status"), "conditions"))
+    if (field(c, "type") == "Ready") return field(c, "status") == "True";
   return false;
 }
 
@@ -30,7 +32,7 @@ int64_t quantity(const Json& q) {
   return 0;
 }
 bool terminated(const Json& pod) {
-  const std::string phase = pod.contains("status") ? pod["status"].value("phase", "") : "";
+  const Json& phase = field(field(pod, "status"), "phase");
   return phase == "Succeeded" || phase == "Failed";
 }
 }  // namespace
@@ -95,11 +97,10 @@ int64_t quantity_milli(const Json& q) {
 }
 PodRequests container_requests(const Json& c) {
   PodRequests r;
-  const Json res = c.value("resources", Json::object());
+  const Json& res = field(c, "resources");
   auto get = [&](const char* name) -> int64_t {
     for (const char* part : {"requests", "limits"})  // a limit stands in for a missing request
-      if (res.contains(part) && res[part].is_object() && res[part].contains(name))
-        return quantity_milli(res[part][name]);
+      if (const Json& q = field(field(res, part), name); !q.is_null()) return quantity_milli(q);
     return 0;
   };
   r.cpu_milli = get("cpu");
@@ -110,13 +111,13 @@ PodRequests container_requests(const Json& c) {
 
 PodRequests pod_requests(const Json& pod) {
   PodRequests sum, init;
-  if (!pod.contains("spec") || !pod["spec"].is_object()) return sum;
-  for (const Json& c : pod["spec"].value("containers", Json::array())) {
+  const Json& spec = field(pod, "spec");
+  for (const Json& c : field(spec, "containers")) {
     const PodRequests r = container_requests(c);
     sum.cpu_milli += r.cpu_milli;
     sum.memory += r.memory;
   }
-  for (const Json& c : pod["spec"].value("initContainers", Json::array())) {
+  for (const Json& c : field(spec, "initContainers")) {
     const PodRequests r = container_requests(c);
     init.cpu_milli = std::max(init.cpu_milli, r.cpu_milli);
     init.memory = std::max(init.memory, r.memory);
@@ -133,12 +134,11 @@ std::string resource_shortfall(const NodeInfo& n, const PodRequests& r) {
 
 int64_t pod_resource(const Json& pod, const std::string& resource) {
   int64_t total = 0;
-  if (!pod.contains("spec")) return 0;
-  for (const Json& c : pod["spec"].value("containers", Json::array())) {
-    const Json res = c.value("resources", Json::object());
+  for (const Json& c : field(field(pod, "spec"), "containers")) {
+    const Json& res = field(c, "resources");
     for (const char* part : {"limits", "requests"}) {
-      if (res.contains(part) && res[part].contains(resource)) {
-        total += quantity(res[part][resource]);
+      if (const Json& q = field(field(res, part), resource); !q.is_null()) {
+        total += quantity(q);
         break;
       }
     }
@@ -163,44 +163,54 @@ bool tolerates(const Json& tolerations, const Json& taint) {
 }
 
 std::vector<NodeInfo> build_inventory(const std::vector<Json>& nodes, const std::vector<Json>& pods) {
+  std::vector<const Json*> n, p;
+  for (const Json& x : nodes) n.push_back(&x);
+  for (const Json& x : pods) p.push_back(&x);
+  return build_inventory_of(n, p);
+}
+
+std::vector<NodeInfo> build_inventory_of(const std::vector<const Json*>& nodes, const std::vector<const Json*>& pods) {
+  // Reads the informers' objects in place: 1,000 nodes and their pods are read on every placement.
+  auto string_of = [](const Json& j) { return j.is_string() ? j.get<std::string>() : std::string(); };
   std::map<std::string, NodeInfo> by_name;
-  for (const Json& n : nodes) {
+  for (const Json* np : nodes) {
+    const Json& n = *np;
+    const Json& meta = field(n, "metadata");
     NodeInfo info;
-    info.name = n["metadata"].value("name", "");
+    info.name = string_of(field(meta, "name"));
     info.ready = node_ready(n);
-    const Json spec = n.value("spec", Json::object());
-    info.unschedulable = spec.value("unschedulable", false);
-    info.taints = spec.value("taints", Json::array());
-    const Json labels = n["metadata"].value("labels", Json::object());
-    for (auto it = labels.begin(); it != labels.end(); ++it)
-      if (it.value().is_string()) info.labels[it.key()] = it.value().get<std::string>();
-    const Json annotations = n["metadata"].value("annotations", Json::object());
-    auto annotation = [&](const char* key) {
-      return annotations.contains(key) && annotations[key].is_string() ? annotations[key].get<std::string>() : "";
-    };
-    info.rail_hcas = annotation(kRailHcasAnnotation);
-    info.socket_ifname = annotation(kSocketIfnameAnnotation);
-    const Json status = n.value("status", Json::object());
-    const Json alloc = status.value("allocatable", status.value("capacity", Json::object()));
-    if (alloc.contains(kGpuResource)) info.gpu_allocatable = quantity(alloc[kGpuResource]);
-    if (alloc.contains("cpu")) info.cpu_allocatable_milli = quantity_milli(alloc["cpu"]);
-    if (alloc.contains("memory")) info.memory_allocatable = quantity_milli(alloc["memory"]) / 1000;
-    if (alloc.contains("pods")) info.pods_allocatable = quantity(alloc["pods"]);
+    const Json& spec = field(n, "spec");
+    info.unschedulable = field(spec, "unschedulable") == true;
+    if (const Json& taints = field(spec, "taints"); taints.is_array()) info.taints = taints;
+    for (const auto& [key, value] : field(meta, "labels").items())
+      if (value.is_string()) info.labels[key] = value.get<std::string>();
+    const Json& annotations = field(meta, "annotations");
+    info.rail_hcas = string_of(field(annotations, kRailHcasAnnotation));
+    info.socket_ifname = string_of(field(annotations, kSocketIfnameAnnotation));
+    const Json& status = field(n, "status");
+    const Json& alloc =
+        field(status, "allocatable").is_object() ? field(status, "allocatable") : field(status, "capacity");
+    if (const Json& q = field(alloc, kGpuResource); !q.is_null()) info.gpu_allocatable = quantity(q);
+    if (const Json& q = field(alloc, "cpu"); !q.is_null()) info.cpu_allocatable_milli = quantity_milli(q);
+    if (const Json& q = field(alloc, "memory"); !q.is_null()) info.memory_allocatable = quantity_milli(q) / 1000;
+    if (const Json& q = field(alloc, "pods"); !q.is_null()) info.pods_allocatable = quantity(q);
     by_name[info.name] = std::move(info);
   }
-  for (const Json& p : pods) {
-    const std::string node = p.contains("spec") ? p["spec"].value("nodeName", "") : "";
-    auto it = by_name.find(node);
-    if (node.empty() || it == by_name.end() || terminated(p)) continue;
+  for (const Json* pp : pods) {
+    const Json& p = *pp;
+    const Json& node = field(field(p, "spec"), "nodeName");
+    if (!node.is_string() || terminated(p)) continue;
+    auto it = by_name.find(node.get_ref<const std::string&>());
+    if (it == by_name.end()) continue;
     it->second.gpu_used += pod_resource(p, kGpuResource);
     const PodRequests r = pod_requests(p);
     it->second.cpu_used_milli += r.cpu_milli;
     it->second.memory_used += r.memory;
     it->second.pods_used++;
-    const Json labels = p["metadata"].value("labels", Json::object());
-    if (labels.contains(kJobLabel)) {
+    const Json& meta = field(p, "metadata");
+    if (const Json& job = field(field(meta, "labels"), kJobLabel); job.is_string()) {
       it->second.worker_pods++;
-      it->second.jobs.insert(p["metadata"].value("namespace", "") + "/" + labels[kJobLabel].get<std::string>());
+      it->second.jobs.insert(string_of(field(meta, "namespace")) + "/" + job.get<std::string>());
     }
   }
   std::vector<NodeInfo> out;

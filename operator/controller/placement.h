@@ -163,8 +163,9 @@ metrics::Family<metrics::Histogram>& placement_hops(metrics::Registry& registry)
 std::string resource_shortfall(const NodeInfo& node, const PodRequests& requests);
 
 // The inventory from Node objects and the pods bound to them, Railyard's and every other (pods of unknown nodes,
-// unbound and terminated pods are ignored).
+// unbound and terminated pods are ignored). build_inventory_of reads the objects in place (the informers' own).
 std::vector<NodeInfo> build_inventory(const std::vector<Json>& nodes, const std::vector<Json>& pods);
+std::vector<NodeInfo> build_inventory_of(const std::vector<const Json*>& nodes, const std::vector<const Json*>& pods);
 
 bool node_ready(const Json& node);
 // A pod's request of an extended resource (limits win, as for extended resources they must be equal).

@@ -1,24 +1,41 @@
 // What the controller reads from a worker pod object (and any object's uid): phase, node, deletion, exit code.
 #pragma once
 
+#include <memory>
 #include <string>
 
+#include "common/kube/client.h"
 #include "operator/controller/job_spec.h"
 
 namespace railyard::op {
 
-inline std::string phase_of(const Json& pod) { return pod.contains("status") ? pod["status"].value("phase", "") : ""; }
-inline std::string node_of(const Json& pod) { return pod.contains("spec") ? pod["spec"].value("nodeName", "") : ""; }
-inline bool terminating(const Json& pod) { return pod["metadata"].contains("deletionTimestamp"); }
-inline std::string uid_of(const Json& obj) { return obj["metadata"].value("uid", ""); }
+// A pod as the informer holds it: shared and immutable. A reconcile reads a job's 1,000 pods without copying them,
+// and cannot change the cache by accident.
+using PodPtr = std::shared_ptr<const Json>;
+
+namespace pod_state_detail {
+inline std::string string_or_empty(const Json& j) { return j.is_string() ? j.get<std::string>() : std::string(); }
+}  // namespace pod_state_detail
+
+inline std::string phase_of(const Json& pod) {
+  return pod_state_detail::string_or_empty(kube::field(kube::field(pod, "status"), "phase"));
+}
+inline std::string node_of(const Json& pod) {
+  return pod_state_detail::string_or_empty(kube::field(kube::field(pod, "spec"), "nodeName"));
+}
+inline bool terminating(const Json& pod) { return kube::field(pod, "metadata").contains("deletionTimestamp"); }
+inline std::string uid_of(const Json& obj) {
+  return pod_state_detail::string_or_empty(kube::field(kube::field(obj, "metadata"), "uid"));
+}
 
 // The worker container's exit code from a Failed pod; -1 when the pod failed without one (e.g. evicted).
 inline int pod_exit_code(const Json& pod) {
-  if (!pod.contains("status")) return -1;
-  for (const Json& cs : pod["status"].value("containerStatuses", Json::array())) {
-    if (cs.value("name", "") != "worker") continue;
-    const Json state = cs.value("state", Json::object());
-    if (state.contains("terminated")) return state["terminated"].value("exitCode", -1);
+  for (const Json& cs : kube::field(kube::field(pod, "status"), "containerStatuses")) {
+    if (kube::field(cs, "name") != "worker") continue;
+    const Json& terminated = kube::field(kube::field(cs, "state"), "terminated");
+    if (terminated.is_null()) continue;
+    const Json& code = kube::field(terminated, "exitCode");
+    return code.is_number_integer() ? code.get<int>() : -1;
   }
   return -1;
 }

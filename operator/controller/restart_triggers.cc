@@ -25,7 +25,7 @@ void scan_pods(const JobSpec& spec, const TriggerInputs& in, TriggerScan& out) {
         out.triggers.push_back({"PodLost", "pod " + pod_name + " disappeared", pod_name, "", "operator", "", i * per});
       continue;
     }
-    const Json& p = it->second;
+    const Json& p = *it->second;
     const std::string uid = uid_of(p), node = node_of(p), ph = phase_of(p);
     const bool handled = in.handled_uids.count(uid) > 0;
     out.node_by_pod[pod_name] = node;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "operator/controller/job_spec.h"
+#include "operator/controller/pod_state.h"
 #include "operator/rendezvous/rendezvous.h"
 
 namespace railyard::op {
@@ -27,7 +28,7 @@ struct Trigger {
 struct TriggerInputs {
   std::string name;                        // the job's name (pod names derive from it)
   int64_t generation = 0;                  // the current generation (0: never started, nothing can fail)
-  std::map<int, Json> pods_by_index;       // the job's pods at replica indices 0..replicas-1
+  std::map<int, PodPtr> pods_by_index;     // the job's pods at replica indices 0..replicas-1
   std::vector<std::string> world;          // the current world's pods (status.world.pods); empty: every replica
   std::set<std::string> handled_uids;      // pods whose loss a restart already handled (lastRestart.podUIDs)
   bool was_running = false;                // condition Running was True

@@ -14,6 +14,7 @@
 #include "operator/controller/job_spec.h"
 #include "operator/controller/placement.h"
 #include "operator/controller/plan_glue.h"
+#include "operator/controller/pod_state.h"
 #include "operator/controller/restart_triggers.h"
 #include "operator/rendezvous/rendezvous.h"
 
@@ -26,17 +27,17 @@ struct Sync {
   Json job;
   std::chrono::system_clock::time_point now;
   std::string now_s;
-  Json status, orig;  // the status being built; the status read (or last written), for the final comparison
-  std::vector<Json> pods;
-  int existing = 0;  // pods not being deleted
+  Json status, orig;         // the status being built; the status read (or last written), for the final comparison
+  std::vector<PodPtr> pods;  // the informer's objects: read, never changed
+  int existing = 0;          // pods not being deleted
   RendezvousService* rdzv = nullptr;
   std::vector<WorkerExit> exits;
   std::vector<JoinTimeout> timeouts;
   std::optional<RendezvousService::Progress> progress;  // the current generation's record, when the service has it
   std::string join_timeout;                             // why the world is incomplete, for the Running condition
   std::vector<std::string> old_members;                 // the current world's pods (status.world.pods)
-  std::map<int, Json> by_index;                         // pods at replica indices 0..replicas-1
-  std::vector<Json> extra;                              // pods beyond replicas (or duplicates)
+  std::map<int, PodPtr> by_index;                       // pods at replica indices 0..replicas-1
+  std::vector<PodPtr> extra;                            // pods beyond replicas (or duplicates)
   bool agent = true;                                    // the pods run the worker agent (uses the rendezvous)
 
   // Decided (sync_decide.cc).
@@ -52,11 +53,23 @@ struct Sync {
   bool restarted_now = false;      // a restart opened a new generation
   int64_t label_gen = 0;           // the generation new pods are labelled with
 
+  // Placed (sync_place.cc): where the pods without a node go, when the operator places them (scheduler railyard).
+  // The pods it is about to create are placed with the existing unbound ones, as one gang, and created with their node
+  // (one write per pod); the existing ones are bound (pods/binding).
+  struct GangPlacement {
+    bool tried = false;
+    std::map<int, std::string> node;  // replica index -> node, for the pods placed now
+    std::map<int, Json> annotations;  // replica index -> annotations that go with the node (NCCL settings of GPU pods)
+    std::string how;                  // how it was placed, for the Bound event
+  } placement;
+
   // Done (sync_act.cc).
   std::string token;
-  std::vector<std::string> created, unbound;
-  bool exists_uncached = false;  // a create found the pod already there although the cache does not have it
-  int placed_hops = -1;          // the gang's worst same-rail hops, when placed now
+  std::vector<std::string> created;      // pods created now
+  std::vector<int> unbound;              // replica indices of pods that exist (or were just created) without a node
+  std::vector<std::string> bound_pairs;  // "pod -> node" of every pod given its node now (created with it or bound)
+  bool exists_uncached = false;          // a create found the pod already there although the cache does not have it
+  int placed_hops = -1;                  // the gang's worst same-rail hops, when placed now
   bool capacity_short = false;
 
   // The world and status (sync_status.cc).

@@ -2,15 +2,10 @@
 // rendezvous service. Every change to the cluster a reconcile makes (besides status and events) is here.
 #include <algorithm>
 #include <atomic>
-#include <cctype>
-#include <cmath>
-#include <set>
 
 #include "common/log.h"
 #include "operator/controller/failure_policy.h"
 #include "operator/controller/lifecycle.h"
-#include "operator/controller/nccl_env.h"
-#include "operator/controller/plan_glue.h"
 #include "operator/controller/pod_builder.h"
 #include "operator/controller/pod_state.h"
 #include "operator/controller/slow_start.h"
@@ -21,7 +16,6 @@ namespace railyard::op {
 
 namespace {
 using std::chrono::milliseconds;
-using Clock = std::chrono::steady_clock;
 constexpr const char* kLog = "controller";
 }  // namespace
 
@@ -70,100 +64,115 @@ void Controller::create_pods(Sync& s) {
   const JobSpec& spec = s.spec;
   const int n = s.spec.replicas;
   int64_t& gen = s.gen;
-  std::map<int, Json>& by_index = s.by_index;
-  std::vector<Json>& extra = s.extra;
+  std::map<int, PodPtr>& by_index = s.by_index;
+  std::vector<PodPtr>& extra = s.extra;
   const std::vector<std::pair<std::string, bool>>& to_delete = s.scan.to_delete;
   int64_t& label_gen = s.label_gen;
   std::string& token = s.token;
   std::vector<std::string>& created = s.created;
-  std::vector<std::string>& unbound = s.unbound;
+  std::vector<int>& unbound = s.unbound;
   bool& exists_uncached = s.exists_uncached;
-  // Pods: delete lost/failed and surplus ones, create missing ones, bind the unbound part of the gang.
+  // Pods: delete lost/failed and surplus ones, create missing ones (placed first, scheduler railyard).
   token = ensure_token(job);
   ensure_network_policy(job, spec);
   for (const auto& [pod_name, force] : to_delete) {
     delete_pod(ns, pod_name, force);
     for (auto it = by_index.begin(); it != by_index.end(); ++it)
-      if (kube::name_of(it->second) == pod_name) {
+      if (kube::name_of(*it->second) == pod_name) {
         by_index.erase(it);
         break;
       }
   }
-  for (const Json& p : extra)
-    if (!terminating(p)) delete_pod(ns, kube::name_of(p), false);
-  if (!extra.empty() && std::any_of(extra.begin(), extra.end(), [](const Json& p) { return !terminating(p); }))
+  for (const PodPtr& p : extra)
+    if (!terminating(*p)) delete_pod(ns, kube::name_of(*p), false);
+  if (!extra.empty() && std::any_of(extra.begin(), extra.end(), [](const PodPtr& p) { return !terminating(*p); }))
     events.push_back(
         {false, "DeletedPods",
          "deleted " + std::to_string(extra.size()) + " surplus pods (replicas " + std::to_string(n) + ")"});
   const bool deleting = !to_delete.empty();
   std::vector<Json> to_create;  // built from `job` (our own copy read from the server), never from the cache
+  std::vector<int> to_create_index, unplaced;
   for (int i = 0; i < n; ++i) {
     auto it = by_index.find(i);
     if (it != by_index.end()) {
-      const Json& p = it->second;
-      if (!terminating(p) && node_of(p).empty() && phase_of(p) != "Failed") unbound.push_back(kube::name_of(p));
+      const Json& p = *it->second;
+      if (!terminating(p) && node_of(p).empty() && phase_of(p) != "Failed") {
+        unbound.push_back(i);
+        unplaced.push_back(i);
+      }
       continue;
     }
     if (deleting && std::any_of(to_delete.begin(), to_delete.end(),
                                 [&](const auto& d) { return d.first == worker_pod_name(name, i); }))
       continue;  // the old pod of this name is still going; its deletion event brings us back
     to_create.push_back(build_worker_pod(job, spec, i, label_gen, opts_.pod));
+    to_create_index.push_back(i);
+    unplaced.push_back(i);
   }
-  if (!to_create.empty()) {
-    // Slow-start batches (1, 2, 4, ...; docs/operator.md): a gang of 1,000 is created at the API server's pace,
-    // a template the server refuses costs one request. Names are fixed per replica index, so a pod that already
-    // exists (ours, not yet in the cache, or one still terminating) counts as done and a rerun after a crash
-    // creates only what is missing.
-    std::vector<char> made(to_create.size(), 0);
-    std::atomic<bool> already{false};
-    SlowStartResult r = run_slow_start(static_cast<int>(to_create.size()), opts_.api_parallelism, [&](int k) {
-      try {
-        client_.create(kube::resources::pods, ns, to_create[k]);
-        made[k] = 1;
-      } catch (const kube::AlreadyExists&) {
-        already = true;
+  if (to_create.empty()) return;
+  if (spec.scheduler == kRailyardScheduler) {
+    // The new pods and the existing unbound ones are placed as one gang; a new pod that got a node is created on it.
+    place_gang(s, unplaced, true);
+    for (size_t k = 0; k < to_create.size(); ++k) {
+      auto node = s.placement.node.find(to_create_index[k]);
+      if (node == s.placement.node.end()) continue;
+      to_create[k]["spec"]["nodeName"] = node->second;
+      if (auto a = s.placement.annotations.find(to_create_index[k]); a != s.placement.annotations.end()) {
+        Json& annotations = to_create[k]["metadata"]["annotations"];
+        if (!annotations.is_object()) annotations = Json::object();
+        annotations.update(a->second);
       }
-    });
-    exists_uncached = already;
-    for (size_t k = 0; k < to_create.size(); ++k)
-      if (made[k]) {
-        created.push_back(kube::name_of(to_create[k]));
-        unbound.push_back(kube::name_of(to_create[k]));
-      }
-    if (r.first_error) {
-      log::warn(kLog, "pod creation stopped at the first failure",
-                {{"job", key},
-                 {"created", std::to_string(created.size())},
-                 {"left", std::to_string(to_create.size() - r.attempted)}});
-      std::rethrow_exception(r.first_error);
     }
   }
+  // Slow-start batches (1, 2, 4, ...; docs/operator.md): a gang of 1,000 is created at the API server's pace, a
+  // template the server refuses costs one request. Names are fixed per replica index, so a pod that already exists
+  // (ours, not yet in the cache, or one still terminating) counts as done and a rerun after a crash creates only what
+  // is missing.
+  std::vector<char> made(to_create.size(), 0);
+  std::atomic<bool> already{false};
+  SlowStartResult r = run_slow_start(static_cast<int>(to_create.size()), opts_.api_parallelism, [&](int k) {
+    try {
+      client_.create_only(kube::resources::pods, ns, to_create[k]);
+      made[k] = 1;
+    } catch (const kube::AlreadyExists&) {
+      already = true;
+    }
+  });
+  exists_uncached = already;
+  for (size_t k = 0; k < to_create.size(); ++k) {
+    if (!made[k]) continue;
+    const std::string pod_name = kube::name_of(to_create[k]);
+    created.push_back(pod_name);
+    const std::string node = node_of(to_create[k]);
+    if (node.empty()) {
+      unbound.push_back(to_create_index[k]);
+    } else {
+      s.scan.node_by_pod[pod_name] = node;
+      s.bound_pairs.push_back(pod_name + " -> " + node);
+    }
+  }
+  std::sort(unbound.begin(), unbound.end());
   if (!created.empty())
     events.push_back(
         {false, "CreatedPods", "created " + name_summary(created) + " (generation " + std::to_string(gen) + ")"});
+  if (r.first_error) {
+    log::warn(kLog, "pod creation stopped at the first failure",
+              {{"job", key},
+               {"created", std::to_string(created.size())},
+               {"left", std::to_string(to_create.size() - r.attempted)}});
+    std::rethrow_exception(r.first_error);
+  }
 }
 
 void Controller::bind_gang(Sync& s) {
-  const std::string& key = s.key;
   const std::string& ns = s.ns;
   const std::string& name = s.name;
-  Json& job = s.job;
-  const std::string& now_s = s.now_s;
   Json& status = s.status;
   std::vector<PendingEvent>& events = s.events;
-  auto keep_min = [&s](milliseconds d) { s.keep_min(d); };
   const JobSpec& spec = s.spec;
   const int n = s.spec.replicas;
-  int64_t& gen = s.gen;
-  std::map<int, Json>& by_index = s.by_index;
-  PlacementRequest& job_placement = s.job_placement;
-  std::map<std::string, std::string>& node_by_pod = s.scan.node_by_pod;
-  std::vector<std::string>& created = s.created;
-  std::vector<std::string>& unbound = s.unbound;
-  bool& exists_uncached = s.exists_uncached;
-  int& placed_hops = s.placed_hops;
-  bool& capacity_short = s.capacity_short;
-  int bound_now = 0;
+  std::vector<int>& unbound = s.unbound;
+  std::vector<std::string>& bound_pairs = s.bound_pairs;
   if (spec.scheduler != kRailyardScheduler) {
     // The cluster's scheduler binds the pods (spec.placement.scheduler). The gang is still all or nothing for training:
     // the rendezvous holds every joined pod until the whole world has joined (or reports JoinTimeout).
@@ -171,111 +180,48 @@ void Controller::bind_gang(Sync& s) {
       const std::string msg = std::to_string(unbound.size()) + " of " + std::to_string(n) +
                               " pods wait for scheduler " + spec.scheduler +
                               " to bind them; training starts when every pod has joined";
-      if (set_condition(status, "Scheduled", false, "WaitingForScheduler", msg, now_s))
+      if (set_condition(status, "Scheduled", false, "WaitingForScheduler", msg, s.now_s))
         events.push_back({false, "WaitingForScheduler", msg});
     }
     return;
   }
-  if (exists_uncached && !unbound.empty()) {
+  if (s.exists_uncached && !unbound.empty()) {
     // Some of the gang exist at the server but not yet in the cache (our own creates of an earlier reconcile):
     // binding now would place part of the gang. Their watch events bring us back; the requeue is a safety net.
-    keep_min(milliseconds(1000));
+    s.keep_min(milliseconds(1000));
   } else if (!unbound.empty()) {
-    PlacementRequest req = job_placement;
-    req.job_key = key;
-    req.pods = static_cast<int>(unbound.size());
-    const Json worker_pod = build_worker_pod(job, spec, 0, gen, opts_.pod);
-    req.gpus_per_pod = pod_resource(worker_pod, kGpuResource);
-    req.requests = pod_requests(worker_pod);
-    req.node_selector = spec.node_selector;
-    if (job["spec"].contains("template") && job["spec"]["template"].is_object())
-      req.tolerations = job["spec"]["template"].value("spec", Json::object()).value("tolerations", Json::array());
-    for (int i = 0; i < n; ++i) {
+    if (!s.placement.tried) place_gang(s, unbound, false);
+    std::vector<int> to_bind;  // replica indices placed now
+    for (int i : unbound)
+      if (s.placement.node.count(i)) to_bind.push_back(i);
+    // Bound in slow-start batches like the creates. A failure leaves part of the gang bound; the next reconcile places
+    // the rest around it (PlacementRequest::bound).
+    SlowStartResult b = run_slow_start(static_cast<int>(to_bind.size()), opts_.api_parallelism, [&](int k) {
+      const int i = to_bind[k];
       const std::string pod_name = worker_pod_name(name, i);
-      if (std::find(unbound.begin(), unbound.end(), pod_name) != unbound.end())
-        req.pod_indices.push_back(i);
-      else if (auto it = by_index.find(i); it != by_index.end() && !node_of(it->second).empty())
-        req.bound[i] = node_of(it->second);
-    }
-    req.procs_per_pod = spec.procs_per_replica;
-    const WorldLayout layout = world_layout(spec, n);
-    req.tensor = layout.tensor;
-    req.pipeline = layout.pipeline;
-    auto t0 = Clock::now();
-    const auto inventory = node_inventory();
-    req.step_model = placement_step_model(spec, layout, n, inventory);
-    PlacementResult r = placement_->place(req, inventory);
-    if (!r.ok && spec.min_replicas) {
-      // Elastic: bind the part that fits now; the world shrinks to the pods placed (never below minReplicas) and
-      // grows back when the rest fit.
-      capacity_short = true;
-      std::string why = r.message;
-      for (int k = req.pods - 1; k >= 1 && !r.ok; --k) {
-        PlacementRequest part = req;
-        part.pods = k;
-        part.pod_indices.resize(k);
-        r = placement_->place(part, inventory);
+      Json binding = {{"apiVersion", "v1"},
+                      {"kind", "Binding"},
+                      {"metadata", {{"name", pod_name}}},
+                      {"target", {{"apiVersion", "v1"}, {"kind", "Node"}, {"name", s.placement.node.at(i)}}}};
+      if (auto a = s.placement.annotations.find(i); a != s.placement.annotations.end())
+        binding["metadata"]["annotations"] = a->second;
+      try {
+        client_.create_subresource(kube::resources::pods, ns, pod_name, "binding", binding);
+      } catch (const kube::Conflict&) {
+        // Already bound (an earlier attempt whose answer we did not see).
       }
-      if (r.ok) {
-        unbound.resize(r.nodes.size());
-        set_condition(status, "Scheduled", false, "Unschedulable",
-                      why + "; elastic: bound " + std::to_string(r.nodes.size()) + " of them", now_s);
-      } else {
-        r.message = why;
-      }
-    }
-    placement_seconds_.add({}).observe(std::chrono::duration<double>(Clock::now() - t0).count());
-    if (r.ok) {
-      // GPU pods: the node's NCCL settings ride on the Binding as pod annotations (the API server sets them with
-      // spec.nodeName, in one write), where the pod's env reads them at container start (nccl_env.h).
-      std::vector<Json> binding_annotations(unbound.size(), Json::object());
-      if (req.gpus_per_pod > 0) {
-        std::set<std::string> warned;
-        for (size_t i = 0; i < unbound.size(); ++i) {
-          auto node = std::find_if(inventory.begin(), inventory.end(),
-                                   [&](const NodeInfo& info) { return info.name == r.nodes[i]; });
-          if (node == inventory.end()) continue;
-          std::string warning;
-          binding_annotations[i] = nccl_binding_annotations(*node, &warning);
-          if (!warning.empty() && warned.insert(node->name).second)
-            events.push_back({true, "NodeRailHcas", warning + "; NCCL_IB_HCA left empty (NCCL's own choice)"});
-        }
-      }
-      // Bound in slow-start batches like the creates. A failure leaves part of the gang bound; the next
-      // reconcile places the rest around it (req.bound).
-      SlowStartResult b = run_slow_start(static_cast<int>(unbound.size()), opts_.api_parallelism, [&](int i) {
-        Json binding = {{"apiVersion", "v1"},
-                        {"kind", "Binding"},
-                        {"metadata", {{"name", unbound[i]}}},
-                        {"target", {{"apiVersion", "v1"}, {"kind", "Node"}, {"name", r.nodes[i]}}}};
-        if (!binding_annotations[i].empty()) binding["metadata"]["annotations"] = binding_annotations[i];
-        try {
-          client_.create_subresource(kube::resources::pods, ns, unbound[i], "binding", binding);
-        } catch (const kube::Conflict&) {
-          // Already bound (an earlier attempt whose answer we did not see).
-        }
-      });
-      if (b.first_error) std::rethrow_exception(b.first_error);
-      std::vector<std::string> pairs;
-      for (size_t i = 0; i < unbound.size(); ++i) {
-        node_by_pod[unbound[i]] = r.nodes[i];
-        pairs.push_back(unbound[i] + " -> " + r.nodes[i]);
-        bound_now++;
-      }
-      events.push_back({false, "Bound",
-                        "bound " + std::to_string(unbound.size()) + " pods: " + name_summary(pairs) +
-                            (r.message.empty() ? "" : " (" + r.message + ")")});
-      if (r.worst_hops >= 0) {
-        placement_hops(registry_).add({}).observe(r.worst_hops);
-        placed_hops = r.worst_hops;
-      }
-    } else {
-      capacity_short = true;
-      if (set_condition(status, "Scheduled", false, "Unschedulable", r.message, now_s) || created.size())
-        events.push_back({true, "Unschedulable", r.message});
-      keep_min(opts_.unschedulable_retry);
+    });
+    if (b.first_error) std::rethrow_exception(b.first_error);
+    for (int i : to_bind) {
+      const std::string pod_name = worker_pod_name(name, i), &node = s.placement.node.at(i);
+      s.scan.node_by_pod[pod_name] = node;
+      bound_pairs.push_back(pod_name + " -> " + node);
     }
   }
+  if (!bound_pairs.empty())
+    events.push_back({false, "Bound",
+                      "bound " + std::to_string(bound_pairs.size()) + " pods: " + name_summary(bound_pairs) +
+                          (s.placement.how.empty() ? "" : " (" + s.placement.how + ")")});
 }
 
 void Controller::open_generation(Sync& s) {

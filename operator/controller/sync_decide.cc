@@ -67,13 +67,13 @@ std::optional<std::chrono::milliseconds> Controller::suspend_or_resume(Sync& s) 
   Json& status = s.status;
   Json& orig = s.orig;
   std::vector<PendingEvent>& events = s.events;
-  const std::vector<Json>& pods = s.pods;
+  const std::vector<PodPtr>& pods = s.pods;
   const JobSpec& spec = s.spec;
   bool& resumed = s.resumed;
   // Suspend: no pods, keep the job; resuming starts a new generation.
   if (spec.suspend) {
-    for (const Json& p : pods)
-      if (!terminating(p)) delete_pod(ns, kube::name_of(p), false);
+    for (const PodPtr& p : pods)
+      if (!terminating(*p)) delete_pod(ns, kube::name_of(*p), false);
     if (set_condition(status, "Suspended", true, "Suspended", "runPolicy.suspend is true: pods deleted", now_s))
       events.push_back({false, "Suspended", "runPolicy.suspend is true: deleting the job's pods"});
     if (find_condition(status, "Running"))
@@ -107,7 +107,7 @@ std::optional<std::chrono::milliseconds> Controller::check_deadline(Sync& s) {
   Json& orig = s.orig;
   std::vector<PendingEvent>& events = s.events;
   auto keep_min = [&s](milliseconds d) { s.keep_min(d); };
-  const std::vector<Json>& pods = s.pods;
+  const std::vector<PodPtr>& pods = s.pods;
   const int existing = s.existing;
   const JobSpec& spec = s.spec;
   int64_t& gen = s.gen;
@@ -140,7 +140,7 @@ std::optional<std::chrono::milliseconds> Controller::check_deadline(Sync& s) {
 // again, on fresh state, before a restart or a resize opens a generation: a rank that exits 0 on the last step while a
 // node comes back or goes away must end the job, not leave a generation waiting for agents that have exited
 // (lifecycle.h).
-Completion Controller::completion_now(const Sync& s, const std::vector<Json>& job_pods,
+Completion Controller::completion_now(const Sync& s, const std::vector<PodPtr>& job_pods,
                                       const std::optional<RendezvousService::Progress>& prog) {
   const int n = s.spec.replicas;
   CompletionSignals sig;
@@ -150,10 +150,10 @@ Completion Controller::completion_now(const Sync& s, const std::vector<Json>& jo
     for (int i = 0; i < n; ++i) sig.world.push_back(worker_pod_name(s.name, i));
   else
     sig.world = s.old_members;
-  for (const Json& p : job_pods) {
-    const int i = replica_index_of(p);
+  for (const PodPtr& p : job_pods) {
+    const int i = replica_index_of(*p);
     // A terminating pod counts too: an agent stopped by a deletion exits 128+15, never 0.
-    if (i >= 0 && i < n) sig.pod_phase.emplace(kube::name_of(p), phase_of(p));
+    if (i >= 0 && i < n) sig.pod_phase.emplace(kube::name_of(*p), phase_of(*p));
   }
   sig.rendezvous_all_succeeded = prog && prog->generation == s.gen && prog->all_succeeded;
   return job_completion(sig);
@@ -161,7 +161,7 @@ Completion Controller::completion_now(const Sync& s, const std::vector<Json>& jo
 
 std::chrono::milliseconds Controller::complete(Sync& s, const Completion& c,
                                                const std::optional<RendezvousService::Progress>& prog,
-                                               const std::vector<Json>& job_pods) {
+                                               const std::vector<PodPtr>& job_pods) {
   Json& status = s.status;
   const std::string& now_s = s.now_s;
   status["phase"] = "Succeeded";
@@ -178,8 +178,8 @@ std::chrono::milliseconds Controller::complete(Sync& s, const Completion& c,
     if (find_condition(status, t)) set_condition(status, t, false, "Completed", "the job finished", now_s);
   s.events.push_back({false, "Succeeded", c.message});
   int live = 0;
-  for (const Json& p : job_pods)
-    if (!terminating(p)) live++;
+  for (const PodPtr& p : job_pods)
+    if (!terminating(*p)) live++;
   status["replicas"] = live;
   return finish(s.job, s.spec, status, s.orig, s.events, job_pods);
 }
@@ -204,7 +204,7 @@ std::optional<std::chrono::milliseconds> Controller::collect_triggers(Sync& s) {
   int64_t& gen = s.gen;
   std::vector<WorkerExit>& exits = s.exits;
   std::vector<std::string>& old_members = s.old_members;
-  std::map<int, Json>& by_index = s.by_index;
+  std::map<int, PodPtr>& by_index = s.by_index;
   PlacementRequest& job_placement = s.job_placement;
   std::set<std::string>& handled = s.handled;
   TriggerScan& scan = s.scan;
@@ -224,8 +224,8 @@ std::optional<std::chrono::milliseconds> Controller::collect_triggers(Sync& s) {
   trig_in.was_running = condition_true(orig, "Running");
   trig_in.in_transition = condition_true(orig, "Restarting") || condition_true(orig, "Resizing");
   for (const auto& [i, p] : by_index)
-    if (const std::string node = node_of(p); !node.empty())
-      if (auto n_obj = nodes_->get(node)) trig_in.node_ready[node] = node_ready(*n_obj);
+    if (const std::string node = node_of(*p); !node.empty() && !trig_in.node_ready.count(node))
+      if (auto n_obj = nodes_->get_shared(node)) trig_in.node_ready[node] = node_ready(*n_obj);
   trig_in.excluded_nodes = job_placement.excluded_nodes;
   trig_in.exits = exits;
   trig_in.now = std::chrono::steady_clock::now();
@@ -256,7 +256,7 @@ std::optional<std::chrono::milliseconds> Controller::collect_triggers(Sync& s) {
   }
   if (!triggers.empty()) {
     // A lost node or pod after the last step is not a failure of the job: re-read the end of the generation.
-    const std::vector<Json> now_pods = pods_of(ns, name);
+    const std::vector<PodPtr> now_pods = pods_of(ns, name);
     const auto now_progress = fresh_progress(s);
     if (Completion c = completion_now(s, now_pods, now_progress); c.done) return complete(s, c, now_progress, now_pods);
   }
@@ -320,7 +320,7 @@ std::optional<std::chrono::milliseconds> Controller::restart_or_fail(Sync& s) {
   Json& status = s.status;
   Json& orig = s.orig;
   std::vector<PendingEvent>& events = s.events;
-  const std::vector<Json>& pods = s.pods;
+  const std::vector<PodPtr>& pods = s.pods;
   const int existing = s.existing;
   const JobSpec& spec = s.spec;
   int64_t& gen = s.gen;

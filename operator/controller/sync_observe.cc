@@ -46,8 +46,8 @@ Sync Controller::observe(const std::string& key, Json job) {
   s.status["observedGeneration"] = s.job["metadata"].value("generation", 0);
   s.status["selector"] = job_selector(s.name);
   s.pods = pods_of(s.ns, s.name);
-  for (const Json& p : s.pods)
-    if (!terminating(p)) s.existing++;
+  for (const PodPtr& p : s.pods)
+    if (!terminating(*p)) s.existing++;
   return s;
 }
 
@@ -57,7 +57,7 @@ void Controller::observe_generation(Sync& s) {
   Json& status = s.status;
   Json& orig = s.orig;
   std::vector<PendingEvent>& events = s.events;
-  const std::vector<Json>& pods = s.pods;
+  const std::vector<PodPtr>& pods = s.pods;
   const JobSpec& spec = s.spec;
   const int n = s.spec.replicas;
   int64_t& gen = s.gen;
@@ -67,8 +67,8 @@ void Controller::observe_generation(Sync& s) {
   std::optional<RendezvousService::Progress>& progress = s.progress;
   std::string& join_timeout = s.join_timeout;
   std::vector<std::string>& old_members = s.old_members;
-  std::map<int, Json>& by_index = s.by_index;
-  std::vector<Json>& extra = s.extra;
+  std::map<int, PodPtr>& by_index = s.by_index;
+  std::vector<PodPtr>& extra = s.extra;
   // What the rendezvous service saw.
   {
     std::lock_guard lock(mu_);
@@ -112,8 +112,8 @@ void Controller::observe_generation(Sync& s) {
     }
   }
 
-  for (const Json& p : pods) {
-    int i = replica_index_of(p);
+  for (const PodPtr& p : pods) {
+    int i = replica_index_of(*p);
     if (i >= 0 && i < n && !by_index.count(i))
       by_index[i] = p;
     else

@@ -34,7 +34,7 @@ std::optional<std::chrono::milliseconds> Controller::resize_world(Sync& s) {
   bool& resumed = s.resumed;
   int64_t& gen = s.gen;
   std::vector<std::string>& old_members = s.old_members;
-  std::map<int, Json>& by_index = s.by_index;
+  std::map<int, PodPtr>& by_index = s.by_index;
   std::map<std::string, std::string>& node_by_pod = s.scan.node_by_pod;
   bool& restarted_now = s.restarted_now;
   std::vector<std::string>& created = s.created;
@@ -54,18 +54,18 @@ std::optional<std::chrono::milliseconds> Controller::resize_world(Sync& s) {
     auto it = by_index.find(i);
     bool just_created = std::find(created.begin(), created.end(), pod_name) != created.end();
     if (it == by_index.end() && !just_created) continue;
-    if (it != by_index.end() && terminating(it->second)) continue;
+    if (it != by_index.end() && terminating(*it->second)) continue;
     exist++;
-    std::string node = it != by_index.end() ? node_of(it->second) : "";
+    std::string node = it != by_index.end() ? node_of(*it->second) : "";
     if (node.empty() && node_by_pod.count(pod_name)) node = node_by_pod[pod_name];
     if (!node.empty()) {
       bound++;
       node_of_pod_name[pod_name] = node;
       placed.push_back(node);
     }
-    if (!node.empty() && (it == by_index.end() || phase_of(it->second) != "Failed")) healthy.push_back(pod_name);
+    if (!node.empty() && (it == by_index.end() || phase_of(*it->second) != "Failed")) healthy.push_back(pod_name);
     // A pod whose worker already finished still counts: the job runs until every pod is done.
-    up[pod_name] = it != by_index.end() && (phase_of(it->second) == "Running" || phase_of(it->second) == "Succeeded");
+    up[pod_name] = it != by_index.end() && (phase_of(*it->second) == "Running" || phase_of(*it->second) == "Succeeded");
   }
   // The world: every replica, or for an elastic job short of capacity the healthy pods it can run with.
   if (capacity_short) {
@@ -79,7 +79,7 @@ std::optional<std::chrono::milliseconds> Controller::resize_world(Sync& s) {
     if (!restarted_now) {
       // The creates and binds above took a while: the world may have trained its last step meanwhile (a grow that
       // meets the end of the job). Opening the grow would leave it waiting for agents that have exited.
-      const std::vector<Json> now_pods = pods_of(ns, name);
+      const std::vector<PodPtr> now_pods = pods_of(ns, name);
       const auto now_progress = fresh_progress(s);
       if (Completion c = completion_now(s, now_pods, now_progress); c.done)
         return complete(s, c, now_progress, now_pods);

@@ -4,7 +4,8 @@
 #   tests/bench/operator/thousand_replicas.sh [--build-dir DIR] [--replicas N] [--state-dir DIR] [--no-nodes]
 # --no-nodes: no simulated nodes at all; both controllers only create pods (nothing can be bound).
 # Env: OPERATOR_ARGS (more railyard-operator flags, e.g. "--api-parallelism 64"), ONLY_EQUAL=1 (only the runs at
-# equal, unthrottled limits).
+# equal, unthrottled limits), ROUNDS=N (N alternating rounds of operator and Job controller on the one cluster, then
+# medians with min-max; default 1), PERF_OUT=PREFIX (perf record -g of the operator during each run, to PREFIX.NS).
 # Starts its own local cluster (N simulated 8-GPU nodes: the operator places one worker pod per node) in --state-dir
 # and stops it at the end. The cluster gets Kubernetes' default node-monitor grace (40 s, not the local default 4 s)
 # and the node agent renews leases every 10 s like a kubelet: N nodes then cost N/10 lease writes per second.
@@ -174,7 +175,12 @@ run_operator() {
   sleep 2
   kill -0 "$op" || { cat "$WORK/operator-$ns.log" >&2; exit 1; }
   sed "s/namespace: bench-op/namespace: $ns/" "$WORK/tj.yaml" >"$WORK/tj-$ns.yaml"
-  local cpu0 t0 op_created op_bound op_cpu op_rss
+  local cpu0 t0 op_created op_bound op_cpu op_rss perf=""
+  if [ -n "${PERF_OUT:-}" ]; then
+    perf record -q -F 999 -g -p "$op" -o "$PERF_OUT.$ns" >/dev/null 2>&1 &
+    perf=$!
+    sleep 1
+  fi
   cpu0=$(cpu_seconds "$op")
   echo "load average before ($label): $(loadavg)"
   t0=$(now)
@@ -182,7 +188,9 @@ run_operator() {
   read -r op_created op_bound < <(wait_pods "$ns" railyard.dev/job=big $([ "$NODES" -gt 0 ] && echo yes || echo no) "$t0" "${BIND_LIMIT:-600}")
   op_cpu=$(echo "$(cpu_seconds "$op") - $cpu0" | bc)
   op_rss=$(peak_rss_mib "$op")
+  [ -z "$perf" ] || { kill -INT "$perf"; wait "$perf" 2>/dev/null || true; }
   echo "operator ($label, qps $qps burst $burst): $N pods created in ${op_created} s, all bound in ${op_bound} s; operator CPU ${op_cpu} s, peak RSS ${op_rss} MiB; load average $(loadavg)"
+  echo "row operator|$label|$op_created|$op_bound|$op_cpu|$op_rss" >>"$WORK/rows"
   [ "$label" = "default client limits" ] && OP_CREATED_DEFAULT=$op_created
   [ "$label" != "default client limits" ] && OP_CREATED_EQUAL=$op_created
   kill "$op"; wait "$op" 2>/dev/null || true
@@ -208,8 +216,6 @@ spec:
       - name: worker
         command: ["/bin/sleep", "3600"]
 TJ
-[ -n "${ONLY_EQUAL:-}" ] || run_operator "default client limits" 50 100 bench-op
-run_operator "equal: effectively unthrottled" 1000 2000 bench-op-equal
 
 # --- The Job controller (kube-controller-manager --controllers=job) with the admin credentials the operator used.
 run_job_controller() {
@@ -241,7 +247,10 @@ spec:
 JOB
   echo "load average before (job controller, $label): $(loadavg)"
   read -r jc jb < <(wait_pods bench-job "bench=$name" no "$t1" 900)
-  echo "job controller ($label, qps $qps burst $burst): $N pods created in ${jc} s; CPU $(echo "$(cpu_seconds "$kcm") - $c0" | bc) s, peak RSS $(peak_rss_mib "$kcm") MiB (whole kube-controller-manager); load average $(loadavg)"
+  local jcpu
+  jcpu=$(echo "$(cpu_seconds "$kcm") - $c0" | bc)
+  echo "job controller ($label, qps $qps burst $burst): $N pods created in ${jc} s; CPU $jcpu s, peak RSS $(peak_rss_mib "$kcm") MiB (whole kube-controller-manager); load average $(loadavg)"
+  echo "row job|$label|$jc|-|$jcpu|$(peak_rss_mib "$kcm")" >>"$WORK/rows"
   local op_created=${OP_CREATED_DEFAULT:-}
   [ "$label" = "default client limits" ] || op_created=$OP_CREATED_EQUAL
   echo "ratio ($label): job controller / operator (pods created) = $(echo "scale=2; $jc / $op_created" | bc)"
@@ -250,5 +259,33 @@ JOB
   delete_pods bench-job "bench=$name"
   wait_gone bench-job "bench=$name"
 }
-[ -n "${ONLY_EQUAL:-}" ] || run_job_controller "default client limits" 20 30 default-limits
-run_job_controller "equal: effectively unthrottled" 1000 2000 equal-limits
+# Alternating rounds on the one cluster: operator, Job controller, operator, ... (namespaces and Job names per round,
+# since a deleted namespace takes a while to go).
+for round in $(seq 1 "${ROUNDS:-1}"); do
+  echo "--- round $round"
+  [ -n "${ONLY_EQUAL:-}" ] || run_operator "default client limits" 50 100 "bench-op-r$round"
+  run_operator "equal: effectively unthrottled" 1000 2000 "bench-op-equal-r$round"
+  [ -n "${ONLY_EQUAL:-}" ] || run_job_controller "default client limits" 20 30 "default-limits-r$round"
+  run_job_controller "equal: effectively unthrottled" 1000 2000 "equal-limits-r$round"
+done
+# Medians (min-max) over the rounds, and the issue's ratios per round: operator bound / Job controller created, and
+# CPU operator / Job controller, at equal limits.
+python3 - "$WORK/rows" <<'PY'
+import statistics, sys
+rows = [l.split("|") for l in open(sys.argv[1]).read().split("\n") if l.startswith("row ")]
+def col(who, label, i):
+    return [float(r[i]) for r in rows if r[0] == "row " + who and r[1] == label and r[i] not in ("-", "unbound")]
+def show(name, v):
+    if v:
+        print(f"{name}: median {statistics.median(v):.2f} (min {min(v):.2f}, max {max(v):.2f}, n {len(v)})")
+for label in sorted({r[1] for r in rows}):
+    for who in ("operator", "job"):
+        for i, what in ((2, "created s"), (3, "bound s"), (4, "CPU s")):
+            show(f"{who} [{label}] {what}", col(who, label, i))
+    ob, jc = col("operator", label, 3), col("job", label, 2)
+    oc, jcpu = col("operator", label, 4), col("job", label, 4)
+    if ob and jc and len(ob) == len(jc):
+        show(f"ratio [{label}] operator bound / job controller created", [a / b for a, b in zip(ob, jc)])
+    if oc and jcpu and len(oc) == len(jcpu):
+        show(f"ratio [{label}] operator CPU / job controller CPU", [a / b for a, b in zip(oc, jcpu)])
+PY

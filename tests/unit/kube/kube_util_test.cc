@@ -89,6 +89,23 @@ TEST_CASE("watch line parsing") {
   CHECK_THROWS_AS(parse_watch_line(R"({"type":"WEIRD"})", "t"), railyard::Error);
 }
 
+TEST_CASE("watch line parsing can leave out metadata.managedFields, and only that") {
+  const std::string line =
+      R"({"type":"MODIFIED","object":{"metadata":{"name":"p","managedFields":[{"manager":"kubelet","fieldsV1":{"f:status":{}}}],)"
+      R"("labels":{"managedFields":"kept"}},"spec":{"managedFields":"kept too"}}})";
+  auto kept = parse_watch_line(line, "t");
+  REQUIRE(kept);
+  CHECK(kept->object["metadata"]["managedFields"].size() == 1);
+  auto dropped = parse_watch_line(line, "t", /*drop_managed_fields=*/true);
+  REQUIRE(dropped);
+  CHECK(dropped->type == WatchEvent::Type::Modified);
+  CHECK_FALSE(dropped->object["metadata"].contains("managedFields"));
+  CHECK(dropped->object["metadata"]["name"] == "p");
+  CHECK(dropped->object["metadata"]["labels"]["managedFields"] == "kept");
+  CHECK(dropped->object["spec"]["managedFields"] == "kept too");
+  CHECK_THROWS_AS(parse_watch_line("not json", "t", true), railyard::Error);
+}
+
 namespace {
 template <typename E>
 E catch_as(int status, const std::string& body) {
@@ -194,6 +211,19 @@ TEST_CASE("RFC 3339 time formatting and parsing") {
   CHECK(s.size() == 27);  // 6 fractional digits, as Lease renewTime requires
   CHECK_THROWS_AS(parse_rfc3339("yesterday"), railyard::Error);
   CHECK_THROWS_AS(parse_rfc3339("2026-11-22T02:40:00"), railyard::Error);
+}
+
+TEST_CASE("field: a member by reference, or null, chained through missing levels") {
+  const Json pod = {{"spec", {{"nodeName", "n1"}}}, {"status", "not an object"}};
+  CHECK(field(pod, "spec").is_object());
+  CHECK(&field(pod, "spec") == &pod["spec"]);  // no copy
+  CHECK(field(field(pod, "spec"), "nodeName") == "n1");
+  CHECK(field(field(pod, "metadata"), "name").is_null());
+  CHECK(field(field(pod, "status"), "phase").is_null());
+  CHECK(field(Json::array({1}), "x").is_null());
+  int n = 0;
+  for (const Json& c : field(field(pod, "spec"), "containers")) n += c.is_null() ? 1 : 2;
+  CHECK(n == 0);  // a missing list iterates as empty
 }
 
 TEST_CASE("object helpers") {

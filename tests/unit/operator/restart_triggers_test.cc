@@ -4,6 +4,8 @@
 
 #include <doctest/doctest.h>
 
+#include <functional>
+
 #include "operator/controller/pod_builder.h"
 #include "tests/unit/operator/job_fixture.h"
 
@@ -18,10 +20,17 @@ JobSpec two_replicas() {
   return p.spec;
 }
 
-Json pod(const std::string& name, const std::string& uid, const std::string& node, const std::string& phase) {
+PodPtr pod(const std::string& name, const std::string& uid, const std::string& node, const std::string& phase) {
   Json p = {
       {"metadata", {{"name", name}, {"uid", uid}}}, {"spec", {{"nodeName", node}}}, {"status", {{"phase", phase}}}};
-  return p;
+  return std::make_shared<const Json>(std::move(p));
+}
+
+// The pods are immutable (as in the informer's cache): a changed pod is a new object.
+void edit(PodPtr& p, const std::function<void(Json&)>& change) {
+  Json copy = *p;
+  change(copy);
+  p = std::make_shared<const Json>(std::move(copy));
 }
 
 TriggerInputs running_job() {
@@ -64,9 +73,10 @@ TEST_CASE("lost, failed, deleted pods and lost or excluded nodes") {
   CHECK(scan_triggers(spec, in).triggers.empty());
 
   in = running_job();
-  in.pods_by_index[1]["status"] = {
-      {"phase", "Failed"},
-      {"containerStatuses", {{{"name", "worker"}, {"state", {{"terminated", {{"exitCode", 3}}}}}}}}};
+  edit(in.pods_by_index[1], [](Json& p) {
+    p["status"] = {{"phase", "Failed"},
+                   {"containerStatuses", {{{"name", "worker"}, {"state", {{"terminated", {{"exitCode", 3}}}}}}}}};
+  });
   s = scan_triggers(spec, in);
   REQUIRE(s.triggers.size() == 1);
   CHECK(s.triggers[0].reason == "PodFailed");
@@ -81,7 +91,7 @@ TEST_CASE("lost, failed, deleted pods and lost or excluded nodes") {
   CHECK(s.to_delete.size() == 1);
 
   in = running_job();
-  in.pods_by_index[0]["metadata"]["deletionTimestamp"] = "2026-11-28T03:00:00Z";
+  edit(in.pods_by_index[0], [](Json& p) { p["metadata"]["deletionTimestamp"] = "2026-11-28T03:00:00Z"; });
   s = scan_triggers(spec, in);
   REQUIRE(s.triggers.size() == 1);
   CHECK(s.triggers[0].reason == "PodDeleted");

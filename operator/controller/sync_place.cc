@@ -1,0 +1,104 @@
+// Place: where the worker pods without a node go, when the operator is their scheduler (spec.placement.scheduler
+// railyard). The pods about to be created and the existing unbound ones are placed together as one gang, all or
+// nothing (an elastic job short of capacity: the part that fits). create_pods then creates the new pods with their
+// node in spec.nodeName, one write per pod, and bind_gang binds the existing ones (sync_act.cc).
+#include <algorithm>
+#include <set>
+#include <unordered_map>
+
+#include "operator/controller/nccl_env.h"
+#include "operator/controller/plan_glue.h"
+#include "operator/controller/pod_builder.h"
+#include "operator/controller/pod_state.h"
+#include "operator/controller/status.h"
+#include "operator/controller/sync.h"
+
+namespace railyard::op {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+}  // namespace
+
+// indices: replica indices of the pods to place, ascending. creating: some of them are about to be created (their
+// Unschedulable event is new even when the condition already says so).
+void Controller::place_gang(Sync& s, const std::vector<int>& indices, bool creating) {
+  const JobSpec& spec = s.spec;
+  const int n = spec.replicas;
+  Sync::GangPlacement& out = s.placement;
+  out.tried = true;
+  if (indices.empty()) return;
+
+  PlacementRequest req = s.job_placement;
+  req.job_key = s.key;
+  req.pods = static_cast<int>(indices.size());
+  req.pod_indices = indices;
+  const Json worker_pod = build_worker_pod(s.job, spec, 0, s.gen, opts_.pod);
+  req.gpus_per_pod = pod_resource(worker_pod, kGpuResource);
+  req.requests = pod_requests(worker_pod);
+  req.node_selector = spec.node_selector;
+  if (s.job["spec"].contains("template") && s.job["spec"]["template"].is_object())
+    req.tolerations = s.job["spec"]["template"].value("spec", Json::object()).value("tolerations", Json::array());
+  for (int i = 0; i < n; ++i) {
+    if (std::binary_search(indices.begin(), indices.end(), i)) continue;
+    if (auto it = s.by_index.find(i); it != s.by_index.end() && !node_of(*it->second).empty())
+      req.bound[i] = node_of(*it->second);
+  }
+  req.procs_per_pod = spec.procs_per_replica;
+  const WorldLayout layout = world_layout(spec, n);
+  req.tensor = layout.tensor;
+  req.pipeline = layout.pipeline;
+
+  const auto t0 = Clock::now();
+  const auto inventory = node_inventory();
+  req.step_model = placement_step_model(spec, layout, n, inventory);
+  PlacementResult r = placement_->place(req, inventory);
+  if (!r.ok && spec.min_replicas) {
+    // Elastic: place the part that fits now (the lowest indices); the world shrinks to the pods placed (never below
+    // minReplicas) and grows back when the rest fit.
+    s.capacity_short = true;
+    const std::string why = r.message;
+    for (int k = req.pods - 1; k >= 1 && !r.ok; --k) {
+      PlacementRequest part = req;
+      part.pods = k;
+      part.pod_indices.resize(k);
+      r = placement_->place(part, inventory);
+    }
+    if (r.ok)
+      set_condition(s.status, "Scheduled", false, "Unschedulable",
+                    why + "; elastic: bound " + std::to_string(r.nodes.size()) + " of them", s.now_s);
+    else
+      r.message = why;
+  }
+  placement_seconds_.add({}).observe(std::chrono::duration<double>(Clock::now() - t0).count());
+
+  if (!r.ok) {
+    s.capacity_short = true;
+    if (set_condition(s.status, "Scheduled", false, "Unschedulable", r.message, s.now_s) || creating)
+      s.events.push_back({true, "Unschedulable", r.message});
+    s.keep_min(opts_.unschedulable_retry);
+    return;
+  }
+  // GPU pods: the node's NCCL settings go onto the pod as annotations with its node (at creation, or on the Binding,
+  // which the API server applies with spec.nodeName in one write); the pod's env reads them at container start.
+  std::unordered_map<std::string, const NodeInfo*> info_of;
+  if (req.gpus_per_pod > 0)
+    for (const NodeInfo& info : inventory) info_of[info.name] = &info;
+  std::set<std::string> warned;
+  for (size_t j = 0; j < r.nodes.size(); ++j) {
+    out.node[indices[j]] = r.nodes[j];
+    auto node = info_of.find(r.nodes[j]);
+    if (node == info_of.end()) continue;
+    std::string warning;
+    if (Json a = nccl_binding_annotations(*node->second, &warning); !a.empty())
+      out.annotations[indices[j]] = std::move(a);
+    if (!warning.empty() && warned.insert(r.nodes[j]).second)
+      s.events.push_back({true, "NodeRailHcas", warning + "; NCCL_IB_HCA left empty (NCCL's own choice)"});
+  }
+  out.how = r.message;
+  if (r.worst_hops >= 0) {
+    placement_hops(registry_).add({}).observe(r.worst_hops);
+    s.placed_hops = r.worst_hops;
+  }
+}
+
+}  // namespace railyard::op
