@@ -122,7 +122,9 @@ CertKey make_ca(const std::string& common_name, std::chrono::hours validity) {
   return {to_pem(x.get()), to_pem(key.get())};
 }
 
-CertKey issue_server_cert(const CertKey& ca, const std::vector<std::string>& names, std::chrono::hours validity) {
+// A leaf signed by `ca` for `names` with extendedKeyUsage `key_usage`.
+static CertKey issue_leaf(const CertKey& ca, const std::vector<std::string>& names, std::chrono::hours validity,
+                          const std::string& key_usage) {
   if (names.empty()) throw ConfigError("a server certificate needs at least one DNS name or IP address");
   X509Ptr ca_cert = read_cert(ca.cert_pem, "CA certificate");
   PkeyPtr ca_key = read_key(ca.key_pem, "CA key");
@@ -139,11 +141,19 @@ CertKey issue_server_cert(const CertKey& ca, const std::vector<std::string>& nam
   }
   add_ext(x.get(), ca_cert.get(), NID_basic_constraints, "critical,CA:FALSE");
   add_ext(x.get(), ca_cert.get(), NID_key_usage, "critical,digitalSignature");
-  add_ext(x.get(), ca_cert.get(), NID_ext_key_usage, "serverAuth");
+  add_ext(x.get(), ca_cert.get(), NID_ext_key_usage, key_usage);
   add_ext(x.get(), ca_cert.get(), NID_subject_alt_name, san);
   add_ext(x.get(), ca_cert.get(), NID_authority_key_identifier, "keyid:always");
   if (X509_sign(x.get(), ca_key.get(), EVP_sha256()) <= 0) fail("cannot sign the server certificate");
   return {to_pem(x.get()), to_pem(key.get())};
+}
+
+CertKey issue_server_cert(const CertKey& ca, const std::vector<std::string>& names, std::chrono::hours validity) {
+  return issue_leaf(ca, names, validity, "serverAuth");
+}
+
+CertKey issue_peer_cert(const CertKey& ca, const std::vector<std::string>& names, std::chrono::hours validity) {
+  return issue_leaf(ca, names, validity, "serverAuth,clientAuth");
 }
 
 bool usable(const CertKey& leaf, const std::string& ca_pem, std::chrono::hours margin) {

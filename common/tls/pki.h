@@ -35,6 +35,10 @@ CertKey make_ca(const std::string& common_name, std::chrono::hours validity);
 // `names` is empty or `ca` cannot be read.
 CertKey issue_server_cert(const CertKey& ca, const std::vector<std::string>& names, std::chrono::hours validity);
 
+// The same, with extendedKeyUsage serverAuth and clientAuth: a job's pod identity (common/tls/job_identity.h), which
+// serves and dials with one certificate.
+CertKey issue_peer_cert(const CertKey& ca, const std::vector<std::string>& names, std::chrono::hours validity);
+
 // PEM -> OpenSSL objects; `where` names the source in the ConfigError thrown for anything unreadable.
 X509Ptr read_cert(const std::string& pem, const std::string& where);
 PkeyPtr read_key(const std::string& pem, const std::string& where);

@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "common/metrics/job_labels.h"
 #include "common/rendezvous_protocol.h"
+#include "common/tls/job_identity.h"
 #include "operator/controller/failure_policy.h"
 #include "operator/controller/lifecycle.h"
 #include "operator/controller/nccl_env.h"
@@ -344,7 +345,8 @@ std::string Controller::ensure_token(const Json& job) {
     }
   } else {
     try {
-      secret = client_.create(kube::resources::secrets, ns, build_token_secret(job, random_token(), ca));
+      secret = client_.create(kube::resources::secrets, ns,
+                              build_token_secret(job, random_token(), ca, tls::make_job_ca(ns, kube::name_of(job))));
     } catch (const kube::AlreadyExists&) {
       secret = client_.get(kube::resources::secrets, ns, name);
     }
@@ -352,6 +354,8 @@ std::string Controller::ensure_token(const Json& job) {
   const Json data = secret->value("data", Json::object());
   if (!data.contains(kTokenKey)) throw Error("Secret " + ns + "/" + name + " has no data.token: delete it");
   std::string token = kube::base64_decode(data[kTokenKey].get<std::string>());
+  // A Secret made before jobs had their own CA (or with a broken pair) gets one; the pods' env refers to it.
+  if (auto patch = job_ca_patch(*secret, job)) client_.patch(kube::resources::secrets, ns, name, *patch);
   if (!ca.empty() && (!data.contains(kRendezvousCaKey) || !data[kRendezvousCaKey].is_string() ||
                       kube::base64_decode(data[kRendezvousCaKey].get<std::string>()) != ca)) {
     // Made before TLS was on, or under another CA (the CA Secret was replaced): new pods must trust the current one.

@@ -7,6 +7,8 @@
 #include <set>
 
 #include "common/error.h"
+#include "common/kube/client.h"
+#include "common/tls/job_identity.h"
 #include "operator/controller/nccl_env.h"
 #include "operator/controller/placement.h"
 
@@ -239,6 +241,10 @@ Json build_worker_pod(const Json& job, const JobSpec& spec, int index, int64_t g
       {{"name", "RAILYARD_RENDEZVOUS_TOKEN"},
        {"valueFrom", {{"secretKeyRef", {{"name", token_secret_name(job_name)}, {"key", kTokenKey}}}}}},
   });
+  // The job's own CA: the agent issues its pod's certificate for the peer copies and the bootstrap store with it.
+  for (auto [var, key] : {std::pair{tls::kJobCaCertEnv, tls::kJobCaCertKey}, {tls::kJobCaKeyEnv, tls::kJobCaKeyKey}})
+    env.push_back(
+        {{"name", var}, {"valueFrom", {{"secretKeyRef", {{"name", token_secret_name(job_name)}, {"key", key}}}}}});
   if (opts.rendezvous_tls)
     env.push_back(
         {{"name", "RAILYARD_RENDEZVOUS_CA"},
@@ -334,10 +340,15 @@ Json build_worker_pod(const Json& job, const JobSpec& spec, int index, int64_t g
   return pod;
 }
 
-Json build_token_secret(const Json& job, const std::string& token, const std::string& ca_pem) {
+Json build_token_secret(const Json& job, const std::string& token, const std::string& ca_pem,
+                        const tls::CertKey& job_ca) {
   const std::string job_name = job["metadata"].value("name", "");
   Json data = {{kTokenKey, token}};
   if (!ca_pem.empty()) data[kRendezvousCaKey] = ca_pem;
+  if (!job_ca.cert_pem.empty()) {
+    data[tls::kJobCaCertKey] = job_ca.cert_pem;
+    data[tls::kJobCaKeyKey] = job_ca.key_pem;
+  }
   return {{"apiVersion", "v1"},
           {"kind", "Secret"},
           {"type", "Opaque"},
@@ -347,6 +358,16 @@ Json build_token_secret(const Json& job, const std::string& token, const std::st
             {"labels", {{kJobLabel, job_name}}},
             {"ownerReferences", Json::array({owner_reference(job)})}}},
           {"stringData", data}};
+}
+
+std::optional<Json> job_ca_patch(const Json& secret, const Json& job) {
+  const Json data = secret.value("data", Json::object());
+  auto value = [&](const char* key) {
+    return data.contains(key) && data[key].is_string() ? kube::base64_decode(data[key].get<std::string>()) : "";
+  };
+  if (tls::usable_job_ca({value(tls::kJobCaCertKey), value(tls::kJobCaKeyKey)})) return std::nullopt;
+  const tls::CertKey ca = tls::make_job_ca(job["metadata"].value("namespace", ""), job["metadata"].value("name", ""));
+  return Json{{"stringData", {{tls::kJobCaCertKey, ca.cert_pem}, {tls::kJobCaKeyKey, ca.key_pem}}}};
 }
 
 std::string random_token() {

@@ -2,9 +2,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "common/tls/pki.h"
 #include "operator/controller/job_spec.h"
 
 namespace railyard::op {
@@ -67,9 +69,16 @@ Json owner_reference(const Json& job);
 // and /dev/shm (memory) unless the template mounts those paths.
 Json build_worker_pod(const Json& job, const JobSpec& spec, int index, int64_t generation, const PodOptions& opts);
 
-// The Secret holding the job's rendezvous token (and, when the service speaks TLS, the CA pods trust), owned by the
-// job.
-Json build_token_secret(const Json& job, const std::string& token, const std::string& ca_pem = "");
+// The Secret holding the job's rendezvous token (and, when the service speaks TLS, the CA pods trust; and, when given,
+// the job's own CA, keys job-ca.crt and job-ca.key: common/tls/job_identity.h), owned by the job.
+Json build_token_secret(const Json& job, const std::string& token, const std::string& ca_pem = "",
+                        const tls::CertKey& job_ca = {});
+
+// What a job's Secret (as read, never changed) lacks of the job's own CA: nullopt when job-ca.crt and job-ca.key hold a
+// CA and its key valid for a day more; else a merge patch ({"stringData": ...}) with a new pair for both keys at once
+// (one patch: a crash leaves the old pair or the new one, never half). Pods made before the patch fail to start
+// until it lands (their env refers to the keys), so it lands before any pod: ensure_token runs first.
+std::optional<Json> job_ca_patch(const Json& secret, const Json& job);
 
 // 32 random bytes as hex (OpenSSL RAND_bytes); throws railyard::Error if the RNG fails.
 std::string random_token();

@@ -8,6 +8,7 @@
 
 #include "checkpoint/shm_store.h"
 #include "common/log.h"
+#include "common/tls/ca_file.h"
 
 namespace railyard::worker::peer {
 namespace {
@@ -38,9 +39,28 @@ std::pair<std::string, int> split_addr(const std::string& addr) {
   return {addr.substr(0, colon), port};
 }
 
-std::unique_ptr<httplib::Client> client_for(const std::string& addr) {
+// Over TLS when the job has an identity: this pod's leaf as the client certificate, the job's CA as the only trust
+// anchor (a CaFile: httplib mixes a CA store handed to it with the system roots), the peer's IP in its leaf's SANs.
+struct PeerClient {
+  std::unique_ptr<tls::CaFile> ca;  // httplib reads it at the first connection: it lives as long as the client
+  std::unique_ptr<httplib::ClientImpl> http;
+  httplib::ClientImpl* operator->() const { return http.get(); }
+};
+
+PeerClient client_for(const std::string& addr, const Auth& auth) {
   auto [host, port] = split_addr(addr);
-  auto c = std::make_unique<httplib::Client>(host, port);
+  PeerClient c;
+  if (auth.tls) {
+    tls::X509Ptr cert = tls::read_cert(auth.tls->leaf.cert_pem, "the pod's peer-copy certificate");
+    tls::PkeyPtr key = tls::read_key(auth.tls->leaf.key_pem, "the pod's peer-copy key");
+    auto ssl = std::make_unique<httplib::SSLClient>(host, port, cert.get(), key.get());  // holds its own references
+    c.ca = std::make_unique<tls::CaFile>(auth.tls->ca_pem, tls::kJobCaCertEnv);
+    ssl->set_ca_cert_path(c.ca->path().c_str());
+    ssl->enable_server_certificate_verification(true);
+    c.http = std::move(ssl);
+  } else {
+    c.http = std::make_unique<httplib::ClientImpl>(host, port);
+  }
   c->set_connection_timeout(std::chrono::seconds(2));
   c->set_read_timeout(std::chrono::seconds(30));
   c->set_write_timeout(std::chrono::seconds(30));
@@ -63,7 +83,7 @@ std::string copy_name(const std::string& prefix, int rank, int slot) {
 struct PeerServer::Impl {
   Auth auth;
   std::string prefix;
-  httplib::Server server;
+  std::unique_ptr<httplib::Server> server;
   int port = 0;
   std::thread thread;
   std::mutex mu;                         // guards rank_locks
@@ -105,28 +125,41 @@ struct PeerServer::Impl {
     return steps;
   }
 
-  Impl(const std::string& ip, int want_port, Auth a, std::string p) : auth(std::move(a)), prefix(std::move(p)) {
-    server.new_task_queue = [] { return new httplib::ThreadPool(4); };
-    server.Put(R"(/v1/peer/(\d+))",
-               [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
-                 if (!authorized(req, res)) return;
-                 receive(std::stoi(req.matches[1].str()), req, res, reader);
-               });
-    server.Get(R"(/v1/peer/(\d+))", [this](const httplib::Request& req, httplib::Response& res) {
+  // HTTPS when the job has an identity: this pod's leaf, and only clients whose certificate the job's CA signed
+  // (refused in the handshake, before a header is read).
+  static std::unique_ptr<httplib::Server> make_server(const Auth& auth) {
+    if (!auth.tls) return std::make_unique<httplib::Server>();
+    tls::X509Ptr cert = tls::read_cert(auth.tls->leaf.cert_pem, "the pod's peer-copy certificate");
+    tls::PkeyPtr key = tls::read_key(auth.tls->leaf.key_pem, "the pod's peer-copy key");
+    auto s = std::make_unique<httplib::SSLServer>(cert.get(), key.get(),
+                                                  tls::new_store(auth.tls->ca_pem, tls::kJobCaCertEnv));
+    if (!s->is_valid()) throw Error("peer copy: cannot set up TLS with the pod's certificate: " + tls::openssl_error());
+    return s;
+  }
+
+  Impl(const std::string& ip, int want_port, Auth a, std::string p)
+      : auth(std::move(a)), prefix(std::move(p)), server(make_server(auth)) {
+    server->new_task_queue = [] { return new httplib::ThreadPool(4); };
+    server->Put(R"(/v1/peer/(\d+))",
+                [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+                  if (!authorized(req, res)) return;
+                  receive(std::stoi(req.matches[1].str()), req, res, reader);
+                });
+    server->Get(R"(/v1/peer/(\d+))", [this](const httplib::Request& req, httplib::Response& res) {
       if (!authorized(req, res)) return;
       res.set_content(nlohmann::json{{"steps", steps_of(prefix, std::stoi(req.matches[1].str()))}}.dump(),
                       "application/json");
     });
-    server.Get(R"(/v1/peer/(\d+)/([ab]))", [this](const httplib::Request& req, httplib::Response& res) {
+    server->Get(R"(/v1/peer/(\d+)/([ab]))", [this](const httplib::Request& req, httplib::Response& res) {
       if (!authorized(req, res)) return;
       serve(std::stoi(req.matches[1].str()), req.matches[2].str() == "a" ? 0 : 1, res);
     });
-    port = want_port == 0 ? server.bind_to_any_port(ip) : (server.bind_to_port(ip, want_port) ? want_port : -1);
+    port = want_port == 0 ? server->bind_to_any_port(ip) : (server->bind_to_port(ip, want_port) ? want_port : -1);
     if (port <= 0) {
       throw Error("peer copy: cannot listen on " + ip + ":" + std::to_string(want_port) +
                   " (RAILYARD_AGENT_PEER_PORT; 0 picks a free port)");
     }
-    thread = std::thread([this] { server.listen_after_bind(); });
+    thread = std::thread([this] { server->listen_after_bind(); });
   }
 
   void receive(int rank, const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
@@ -193,7 +226,7 @@ PeerServer::PeerServer(const std::string& ip, int port, Auth auth, std::string p
     : impl_(std::make_unique<Impl>(ip, port, std::move(auth), std::move(prefix))) {}
 
 PeerServer::~PeerServer() {
-  impl_->server.stop();
+  impl_->server->stop();
   if (impl_->thread.joinable()) impl_->thread.join();
 }
 
@@ -206,7 +239,7 @@ CopyResult send_slot(const std::string& addr, const Auth& auth, int rank, const 
   // A slot that was complete when peeked but is torn now: the worker started its next put into it (lag, not an error
   // of the peer).
   if (!img) throw LaggedError("nothing to send: " + why);
-  auto cli = client_for(addr);
+  auto cli = client_for(addr, auth);
   bool overwritten = false;
   httplib::Headers headers = headers_for(auth);
   headers.emplace("X-Railyard-Step", std::to_string(img->step()));  // a hint for the slot choice; the header decides
@@ -234,7 +267,7 @@ CopyResult send_slot(const std::string& addr, const Auth& auth, int rank, const 
 }
 
 std::vector<int64_t> held_steps(const std::string& addr, const Auth& auth, int rank) {
-  auto cli = client_for(addr);
+  auto cli = client_for(addr, auth);
   auto r = cli->Get("/v1/peer/" + std::to_string(rank), headers_for(auth));
   if (!r || r->status != 200)
     throw PeerError("listing copies of rank " + std::to_string(rank) + ": " + describe(r, addr));
@@ -265,7 +298,7 @@ std::vector<int64_t> fetch(const std::string& addr, const Auth& auth, int rank, 
     ckpt::ShmStore dest(base + (s == 0 ? "-a" : "-b"));
     std::string err;
     bool begun = false;
-    auto cli = client_for(addr);
+    auto cli = client_for(addr, auth);
     auto r = cli->Get(
         "/v1/peer/" + std::to_string(rank) + "/" + (s == 0 ? "a" : "b"), headers_for(auth),
         [&](const httplib::Response& res) {

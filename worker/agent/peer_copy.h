@@ -4,8 +4,8 @@
 // copies before it starts its workers. Copies move byte for byte (ckpt::ShmStore::Image), so the receiver checks the
 // same header and CRC32C the worker wrote: a half-received copy is torn (detected), never wrong.
 //
-// HTTP on the pod IP, every request with "Authorization: Bearer <job's rendezvous token>" and
-// "X-Railyard-Job: <namespace>/<job>":
+// HTTPS on the pod IP when the job has its own CA (Auth::tls; plain HTTP otherwise), every request with
+// "Authorization: Bearer <peer_copy_token>" and "X-Railyard-Job: <namespace>/<job>":
 //   PUT /v1/peer/<rank>          body: one slot image; stored into the receiver's older slot of that rank
 //   GET /v1/peer/<rank>          {"steps": [a, b]}: the steps of the complete copies (-1: none)
 //   GET /v1/peer/<rank>/<a|b>    one copy's image
@@ -24,12 +24,16 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/tls/job_identity.h"
 
 namespace railyard::worker::peer {
 
 struct Auth {
   std::string job_key;  // "<namespace>/<job>"
   std::string token;    // the job's peer_copy_token (never the rendezvous token): sent, compared, never logged
+  // This pod's identity under the job's CA (AgentConfig::identity): HTTPS both ways, each side presenting its leaf and
+  // trusting only the job's CA. Null: plain HTTP.
+  std::shared_ptr<const tls::PodIdentity> tls;
 };
 
 class PeerError : public Error {

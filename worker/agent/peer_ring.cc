@@ -14,12 +14,12 @@ constexpr const char* kComponent = "agent";
 
 PeerRing::PeerRing(const AgentConfig& cfg, std::string shm_prefix, AgentMetrics& metrics)
     : shm_prefix_(std::move(shm_prefix)),
-      auth_{cfg.ns + "/" + cfg.job, peer_copy_token(cfg.token, cfg.ns, cfg.job)},
+      auth_{cfg.ns + "/" + cfg.job, peer_copy_token(cfg.token, cfg.ns, cfg.job), cfg.identity},
       metrics_(metrics) {
   try {
     server_ = std::make_unique<peer::PeerServer>(cfg.pod_ip, cfg.peer_port, auth_, shm_prefix_);
     log::info(kComponent, "serving peer copies of the in-memory checkpoint tier",
-              {{"address", cfg.pod_ip + ":" + std::to_string(server_->port())}});
+              {{"address", cfg.pod_ip + ":" + std::to_string(server_->port())}, {"tls", cfg.identity ? "on" : "off"}});
   } catch (const std::exception& e) {
     // Not fatal: the job trains without the peer copy (a lost node then restores from storage).
     log::warn(kComponent, std::string("no peer copy: ") + e.what());

@@ -285,6 +285,7 @@ class AgentRun {
     params.config_path = config_path;
     params.shm_prefix = shm_prefix_;
     params.store_token = store_token(cfg_.token, cfg_.ns, cfg_.job, a.generation);
+    params.peer_tls = cfg_.identity;
     const std::vector<std::string> inherited = inherited_env(environ);
     std::vector<RankLaunch> launches;
     for (int l = 0; l < a.local_world_size; ++l) {
@@ -484,7 +485,20 @@ AgentConfig AgentConfig::from_env(std::vector<std::string> command) {
     if (c.rank_metrics_port < 0)
       throw ConfigError("RAILYARD_AGENT_RANK_METRICS=1 needs RAILYARD_METRICS_PORT: the port of local rank 0's series");
   }
+  c.identity = pod_identity(c.pod_ip);
   return c;
+}
+
+std::shared_ptr<const tls::PodIdentity> pod_identity(const std::string& pod_ip) {
+  const tls::CertKey ca{env_or(tls::kJobCaCertEnv, ""), env_or(tls::kJobCaKeyEnv, "")};
+  if (ca.cert_pem.empty() && ca.key_pem.empty()) return nullptr;
+  const std::string from =
+      std::string(" (secretKeyRef <job>-rendezvous/") + tls::kJobCaCertKey + ", " + tls::kJobCaKeyKey + ")";
+  if (ca.cert_pem.empty() || ca.key_pem.empty())
+    throw ConfigError(std::string(tls::kJobCaCertEnv) + " and " + tls::kJobCaKeyEnv + " go together" + from +
+                      ": only one is set");
+  tls::check_job_ca(ca, tls::kJobCaCertEnv + from, tls::kJobCaKeyEnv + from);
+  return std::make_shared<const tls::PodIdentity>(tls::issue_pod_identity(ca, {pod_ip}));
 }
 
 namespace {

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "common/tls/job_identity.h"
+
 namespace railyard::worker {
 
 struct AgentConfig {
@@ -35,6 +37,10 @@ struct AgentConfig {
   // pod_ip:(RAILYARD_METRICS_PORT + local rank), from its progress file and output, which it copies to its own
   // (worker/agent/rank_exporter.h). -1: the ranks serve their own (the built-in trainer).
   int rank_metrics_port = -1;
+  // RAILYARD_JOB_CA + RAILYARD_JOB_CA_KEY (secretKeyRef <job>-rendezvous/job-ca.crt, job-ca.key): the job's own CA.
+  // from_env issues this pod's leaf under it for pod_ip; the peer copies and the workers' bootstrap store then speak
+  // TLS with it (common/tls/job_identity.h). Null: both without TLS (an operator that predates the job CA).
+  std::shared_ptr<const tls::PodIdentity> identity;
 
   // Reads the environment; throws ConfigError naming the variable and the fix.
   static AgentConfig from_env(std::vector<std::string> command);
@@ -61,5 +67,9 @@ std::string store_token(const std::string& rendezvous_token, const std::string& 
 // HMAC-SHA256 keyed by the rendezvous token over the job. Peer copies travel in cleartext on the pod network, so the
 // rendezvous token itself must not; a copy of this one opens the job's peer copies and nothing else.
 std::string peer_copy_token(const std::string& rendezvous_token, const std::string& ns, const std::string& job);
+
+// This pod's identity under the job CA of RAILYARD_JOB_CA and RAILYARD_JOB_CA_KEY (a leaf for pod_ip); null when
+// neither is set. ConfigError naming the variable when only one is set, one is not PEM, or the key is not the CA's.
+std::shared_ptr<const tls::PodIdentity> pod_identity(const std::string& pod_ip);
 
 }  // namespace railyard::worker

@@ -54,6 +54,11 @@ std::vector<std::string> inherited_env(const char* const* envp) {
       "RAILYARD_SHM_PREFIX",
       "RAILYARD_SHM_PEER_STEPS",
       "RAILYARD_STORE_TOKEN",
+      tls::kPeerCaEnv,
+      tls::kPeerCertEnv,
+      tls::kPeerKeyEnv,
+      tls::kJobCaCertEnv,
+      tls::kJobCaKeyEnv,  // the job CA's key stays in the agent: workers get a leaf, never the power to issue one
       "RAILYARD_RENDEZVOUS_CA",
       "RAILYARD_RENDEZVOUS_TOKEN"  // workers never talk to the service: keep the secret in the agent
   };
@@ -110,6 +115,11 @@ std::vector<std::string> rank_env(std::vector<std::string> inherited, const rdzv
     add("RAILYARD_SHM_PEER_STEPS", steps);
   }
   add("RAILYARD_STORE_TOKEN", p.store_token);
+  if (p.peer_tls) {
+    add(tls::kPeerCaEnv, p.peer_tls->ca_pem);
+    add(tls::kPeerCertEnv, p.peer_tls->leaf.cert_pem);
+    add(tls::kPeerKeyEnv, p.peer_tls->leaf.key_pem);
+  }
   return env;
 }
 

@@ -4,10 +4,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "common/rendezvous_protocol.h"
+#include "common/tls/job_identity.h"
 #include "common/worker_config.h"
 
 namespace railyard::worker {
@@ -21,8 +23,9 @@ WorkerConfig generation_config(const rdzv::Assignment& a);
 std::vector<std::string> worker_command(std::vector<std::string> command, const std::string& config_path);
 
 // The agent's environment ("NAME=value" entries, e.g. from environ) as every rank inherits it: without the variables
-// rank_env sets (a value in the pod spec never outlives the generation's), without the rendezvous token (workers
-// never talk to the service: the secret stays in the agent), and without NCCL_* variables set but empty.
+// rank_env sets (a value in the pod spec never outlives the generation's), without the rendezvous token and the job
+// CA's key (workers never talk to the service and never issue certificates: the secrets stay in the agent), and
+// without NCCL_* variables set but empty.
 std::vector<std::string> inherited_env(const char* const* envp);
 
 // What a rank's environment needs besides the assignment.
@@ -34,6 +37,8 @@ struct RankEnvParams {
   std::string shm_prefix;           // RAILYARD_SHM_PREFIX: the agent's in-memory checkpoint segments
   std::vector<int64_t> peer_steps;  // RAILYARD_SHM_PEER_STEPS: steps fetched from a peer; empty = not set
   std::string store_token;          // RAILYARD_STORE_TOKEN: the generation's bootstrap store token
+  // RAILYARD_PEER_TLS_CA/_CERT/_KEY: the pod's identity under the job's CA, for the store over TLS; null: not set.
+  std::shared_ptr<const tls::PodIdentity> peer_tls;
 };
 
 // The environment of local rank `local_rank` of assignment a: `inherited` (see inherited_env) followed by the

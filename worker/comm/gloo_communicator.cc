@@ -499,13 +499,14 @@ std::unique_ptr<Communicator> connect_gloo(const GlooOptions& o) {
 
   auto boot = std::make_shared<Bootstrap>();
   if (o.serve_store && o.rank == 0) {
-    boot->server = std::make_unique<TcpStoreServer>(o.store_host, o.store_port, o.timeout, o.store_token);
+    boot->server = std::make_unique<TcpStoreServer>(o.store_host, o.store_port, o.timeout, o.store_token, o.store_tls);
     log::info("comm", "serving the bootstrap store",
               {{"address", o.store_host + ":" + std::to_string(o.store_port)},
                {"prefix", o.prefix},
-               {"token", o.store_token.empty() ? "none" : "required"}});
+               {"token", o.store_token.empty() ? "none" : "required"},
+               {"tls", o.store_tls ? "on" : "off"}});
   }
-  boot->store = std::make_unique<TcpStore>(o.store_host, o.store_port, o.prefix, o.timeout, o.store_token);
+  boot->store = std::make_unique<TcpStore>(o.store_host, o.store_port, o.prefix, o.timeout, o.store_token, o.store_tls);
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = o.bind_host;
@@ -547,6 +548,7 @@ GlooOptions gloo_options_from_env() {
   o.timeout = ms(env_int("RAILYARD_COMM_TIMEOUT_MS", "30000", 1, 24 * 3600 * 1000,
                          "set it to the collective deadline in milliseconds"));
   o.store_token = env_or("RAILYARD_STORE_TOKEN", "");
+  o.store_tls = tls::pod_identity_from_env();
   o.bind_host = env_or("RAILYARD_POD_IP", "");
   if (o.bind_host.empty()) {
     if (o.store_host.rfind("127.", 0) == 0 || o.store_host == "localhost") {

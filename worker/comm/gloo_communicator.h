@@ -7,6 +7,7 @@
 #include <string>
 
 #include "worker/comm/communicator.h"
+#include "worker/comm/tcp_store.h"
 
 namespace railyard::worker::comm {
 
@@ -25,6 +26,9 @@ struct GlooOptions {
   // The bootstrap store's token (RAILYARD_STORE_TOKEN, which the agent derives from the job's rendezvous token per
   // generation). Rank 0's server refuses clients without it; empty: the store is open (runs without the agent).
   std::string store_token;
+  // The store over TLS with the pod's identity under the job's CA (RAILYARD_PEER_TLS_CA/_CERT/_KEY, set by the
+  // agent); null: plain TCP.
+  StoreTls store_tls;
 };
 
 // Connects rank `rank` of the world; returns when every rank has connected (or throws CommError/CommTimeout naming
@@ -33,7 +37,8 @@ struct GlooOptions {
 std::unique_ptr<Communicator> connect_gloo(const GlooOptions& options);
 
 // From the launcher's environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (required), RAILYARD_GENERATION
-// (prefix "g<generation>", default 0), RAILYARD_STORE_TOKEN (the store's token, default none), RAILYARD_POD_IP (bind
+// (prefix "g<generation>", default 0), RAILYARD_STORE_TOKEN (the store's token, default none),
+// RAILYARD_PEER_TLS_CA/_CERT/_KEY (the store over TLS, all three or none), RAILYARD_POD_IP (bind
 // address, default MASTER_ADDR when it is a loopback address, else 0.0.0.0 is refused: set it),
 // RAILYARD_COMM_TIMEOUT_MS (default 30000). Throws ConfigError naming the variable and the fix.
 GlooOptions gloo_options_from_env();

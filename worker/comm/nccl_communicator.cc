@@ -504,9 +504,11 @@ std::unique_ptr<Communicator> connect_nccl(const GlooOptions& o, int cuda_device
 
   st->boot = std::make_shared<Bootstrap>();
   if (o.serve_store && o.rank == 0) {
-    st->boot->server = std::make_unique<TcpStoreServer>(o.store_host, o.store_port, o.timeout, o.store_token);
+    st->boot->server =
+        std::make_unique<TcpStoreServer>(o.store_host, o.store_port, o.timeout, o.store_token, o.store_tls);
   }
-  st->boot->store = std::make_unique<TcpStore>(o.store_host, o.store_port, o.prefix, o.timeout, o.store_token);
+  st->boot->store =
+      std::make_unique<TcpStore>(o.store_host, o.store_port, o.prefix, o.timeout, o.store_token, o.store_tls);
   ncclUniqueId id;
   const auto bytes = exchange_nccl_id(*st->boot->store, o.rank, sizeof id.internal, nccl_unique_id);
   std::memcpy(id.internal, bytes.data(), sizeof id.internal);

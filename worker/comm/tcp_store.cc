@@ -28,31 +28,6 @@ constexpr uint32_t kMaxUnauthenticatedField = 4096;
 
 std::string errno_text(int err) { return std::strerror(err); }
 
-// Sends all bytes; MSG_NOSIGNAL so that a vanished peer is an error here, not a SIGPIPE for the whole process.
-bool write_all(int fd, const void* data, size_t n) {
-  auto* p = static_cast<const char*>(data);
-  while (n > 0) {
-    ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
-
-bool read_all(int fd, void* data, size_t n) {
-  auto* p = static_cast<char*>(data);
-  while (n > 0) {
-    ssize_t r = ::recv(fd, p, n, 0);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    p += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
-}
-
 void put_u32(std::vector<char>& out, uint32_t v) {
   for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
 }
@@ -61,13 +36,13 @@ uint32_t get_u32(const unsigned char* p) {
          (static_cast<uint32_t>(p[3]) << 24);
 }
 
-bool read_field(int fd, std::string& out, uint32_t max = kMaxField) {
+bool read_field(tls::Channel& ch, std::string& out, uint32_t max = kMaxField) {
   unsigned char len[4];
-  if (!read_all(fd, len, 4)) return false;
+  if (!ch.read_all(len, 4)) return false;
   uint32_t n = get_u32(len);
   if (n > max) return false;
   out.resize(n);
-  return n == 0 || read_all(fd, out.data(), n);
+  return n == 0 || ch.read_all(out.data(), n);
 }
 
 // Compares without an early exit, so the time taken does not tell how much of a guessed token was right.
@@ -78,13 +53,13 @@ bool same_token(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
-bool write_reply(int fd, uint8_t status, const std::string& reply) {
+bool write_reply(tls::Channel& ch, uint8_t status, const std::string& reply) {
   std::vector<char> out;
   out.reserve(5 + reply.size());
   out.push_back(static_cast<char>(status));
   put_u32(out, static_cast<uint32_t>(reply.size()));
   out.insert(out.end(), reply.begin(), reply.end());
-  return write_all(fd, out.data(), out.size());
+  return ch.write_all(out.data(), out.size());
 }
 
 std::vector<char> encode_i64(int64_t v) {
@@ -123,7 +98,8 @@ struct TcpStoreServer::Impl {
   std::string host;
   int port = 0;
   int listen_fd = -1;
-  std::string token;  // empty: no authentication
+  std::string token;   // empty: no authentication
+  tls::SslCtxPtr ctx;  // null: plain TCP
   std::atomic<size_t> refused{0};
   std::atomic<bool> stop{false};
   std::thread acceptor;
@@ -154,33 +130,51 @@ struct TcpStoreServer::Impl {
     }
   }
 
+  // The connection's channel: TLS when the server has a context (a failed handshake is a refusal: nothing of the
+  // protocol was read), else plain.
+  std::unique_ptr<tls::Channel> open(int fd) {
+    if (!ctx) return std::make_unique<tls::Channel>(fd);
+    std::string why;
+    auto ch = tls::Channel::accept(fd, ctx.get(), &why);
+    if (!ch) {
+      refused.fetch_add(1);
+      ::shutdown(fd, SHUT_RDWR);
+    }
+    return ch;
+  }
+
   void serve(int fd) {
+    std::unique_ptr<tls::Channel> ch = open(fd);
+    if (ch) serve(fd, *ch);
+  }
+
+  void serve(int fd, tls::Channel& ch) {
     bool authenticated = token.empty();
     for (;;) {
       uint8_t op;
       std::string key, value;
       const uint32_t max = authenticated ? kMaxField : kMaxUnauthenticatedField;
-      if (!read_all(fd, &op, 1) || !read_field(fd, key, max) || !read_field(fd, value, max)) {
+      if (!ch.read_all(&op, 1) || !read_field(ch, key, max) || !read_field(ch, value, max)) {
         if (!authenticated) refused.fetch_add(1);
         return;
       }
       if (!authenticated) {
         if (op != kAuth || !same_token(key, token)) {
           refused.fetch_add(1);
-          write_reply(fd, kRefused, "");
+          write_reply(ch, kRefused, "");
           // Nothing was read from or written to the store. The client sees the end of the connection now; the fd
           // itself is closed with the others by the destructor (it owns them).
           ::shutdown(fd, SHUT_RDWR);
           return;
         }
         authenticated = true;
-        if (!write_reply(fd, kOk, "")) return;
+        if (!write_reply(ch, kOk, "")) return;
         continue;
       }
       uint8_t status = kOk;
       std::string reply;
       if (op == kAuth) {  // a client with a token talking to a server without one, or a repeated auth: nothing to do
-        if (!write_reply(fd, kOk, "")) return;
+        if (!write_reply(ch, kOk, "")) return;
         continue;
       }
       {
@@ -215,16 +209,17 @@ struct TcpStoreServer::Impl {
             return;  // unknown op: drop the connection, the client sees a clear error
         }
       }
-      if (!write_reply(fd, status, reply)) return;
+      if (!write_reply(ch, status, reply)) return;
     }
   }
 };
 
 TcpStoreServer::TcpStoreServer(const std::string& host, int port, std::chrono::milliseconds retry_for,
-                               std::string token)
+                               std::string token, StoreTls tls)
     : impl_(std::make_unique<Impl>()) {
   impl_->host = host;
   impl_->token = std::move(token);
+  if (tls) impl_->ctx = tls::server_context(*tls);
   std::string where = "TcpStore server " + host + ":" + std::to_string(port);
   sockaddr_in addr = resolve(host, port, where.c_str());
   const auto give_up = std::chrono::steady_clock::now() + retry_for;
@@ -278,7 +273,7 @@ size_t TcpStoreServer::refused_count() const { return impl_->refused.load(); }
 
 // ---------------------------------------------------------------------------------------------------------------------
 TcpStore::TcpStore(const std::string& host, int port, std::string prefix, std::chrono::milliseconds timeout,
-                   const std::string& token)
+                   const std::string& token, StoreTls tls)
     : host_(host), port_(port), prefix_(std::move(prefix)), timeout_(timeout) {
   if (port <= 0 || port > 65535) {
     throw CommError("TcpStore: port " + std::to_string(port) + " is out of range 1..65535 (set MASTER_PORT)");
@@ -300,6 +295,7 @@ TcpStore::TcpStore(const std::string& host, int port, std::string prefix, std::c
       ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
       ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
       fd_ = fd;
+      start_tls(fd, tls);
       if (!token.empty()) {
         uint8_t status;
         request(kAuth, token, {}, &status);  // a refusal throws from request()
@@ -318,8 +314,28 @@ TcpStore::TcpStore(const std::string& host, int port, std::string prefix, std::c
                     " (is rank 0 running and are MASTER_ADDR/MASTER_PORT the same on every rank?)");
 }
 
-TcpStore::~TcpStore() {
+TcpStore::~TcpStore() { drop(); }
+
+void TcpStore::drop() {
+  ch_.reset();
   if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+void TcpStore::start_tls(int fd, const StoreTls& tls) {
+  if (!tls) {
+    ch_ = std::make_unique<tls::Channel>(fd);
+    return;
+  }
+  std::string why;
+  ch_ = tls::Channel::connect(fd, tls::client_context(*tls).get(), &why);  // the SSL keeps its context alive
+  if (ch_) return;
+  drop();
+  throw CommError("TcpStore " + address() + ": TLS handshake with the bootstrap store failed (" + why +
+                  "): rank 0 serves it over TLS to the ranks of its job only, and this rank's identity (" +
+                  tls::kPeerCaEnv + ", " + tls::kPeerCertEnv +
+                  ", set by the agent) is another job's, or the server "
+                  "speaks plain TCP");
 }
 
 std::string TcpStore::address() const { return host_ + ":" + std::to_string(port_); }
@@ -336,24 +352,21 @@ std::vector<char> TcpStore::request(uint8_t op, const std::string& key, const st
   std::lock_guard<std::mutex> lock(mu_);
   if (fd_ < 0) throw CommError("TcpStore " + address() + ": connection lost earlier");
   unsigned char head[5];
-  if (!write_all(fd_, msg.data(), msg.size()) || !read_all(fd_, head, 5)) {
+  if (!ch_->write_all(msg.data(), msg.size()) || !ch_->read_all(head, 5)) {
     int err = errno;
-    ::close(fd_);
-    fd_ = -1;
+    drop();
     throw CommError("TcpStore " + address() + ": server went away or did not answer within " +
                     std::to_string(timeout_.count()) + " ms (" + (err ? errno_text(err) : "closed") +
                     "); rank 0 serves the store and may have exited");
   }
   *status = head[0];
   if (*status == kRefused) {
-    ::close(fd_);
-    fd_ = -1;
+    drop();
     refused();
   }
   std::vector<char> reply(get_u32(head + 1));
-  if (!reply.empty() && !read_all(fd_, reply.data(), reply.size())) {
-    ::close(fd_);
-    fd_ = -1;
+  if (!reply.empty() && !ch_->read_all(reply.data(), reply.size())) {
+    drop();
     throw CommError("TcpStore " + address() + ": truncated reply");
   }
   return reply;

@@ -10,6 +10,12 @@
 // connection is closed. The agent gives every worker of a generation the same token, derived from the job's
 // rendezvous token (worker/agent, RAILYARD_STORE_TOKEN), so a stray or hostile client on the pod network can neither
 // read the Gloo/NCCL addresses nor plant its own. The token never appears in an error message or a log line.
+//
+// TLS: given a pod identity (common/tls/job_identity.h: the job CA's certificate and this pod's leaf under it, from
+// RAILYARD_PEER_TLS_*), the server and every client speak the same protocol inside TLS 1.3, each presenting its leaf
+// and trusting only the job's CA. A client without a certificate, or with another job's, fails the handshake before
+// it sends a byte of the protocol, so the token and the values cross the pod network only encrypted. Without an
+// identity: plain TCP, as before (tests, single-host runs without the agent).
 #pragma once
 
 #include <gloo/rendezvous/store.h>
@@ -21,15 +27,21 @@
 #include <string>
 #include <vector>
 
+#include "common/tls/channel.h"
+#include "common/tls/job_identity.h"
+
 namespace railyard::worker::comm {
+
+using StoreTls = std::shared_ptr<const tls::PodIdentity>;  // null: plain TCP
 
 class TcpStoreServer {
  public:
   // Binds host:port (port 0: the kernel picks a free one, see port()). A port still held by someone else is retried
   // for up to `retry_for` (the previous generation's rank 0 may still be exiting). Throws CommError naming host:port.
-  // `token` empty: every client is served (tests, single-host runs without the agent).
+  // `token` empty: every client is served (tests, single-host runs without the agent). `tls` set: only over TLS, to
+  // clients whose certificate the job's CA signed (a ConfigError when the identity is unreadable).
   TcpStoreServer(const std::string& host, int port, std::chrono::milliseconds retry_for = std::chrono::milliseconds(0),
-                 std::string token = "");
+                 std::string token = "", StoreTls tls = nullptr);
   // Stops accepting, closes every connection and joins its threads.
   ~TcpStoreServer();
   TcpStoreServer(const TcpStoreServer&) = delete;
@@ -38,7 +50,7 @@ class TcpStoreServer {
   int port() const;
   const std::string& host() const;
   size_t key_count() const;
-  size_t refused_count() const;  // connections closed for a missing or wrong token
+  size_t refused_count() const;  // connections closed for a missing or wrong token, or a failed TLS handshake
 
  private:
   struct Impl;
@@ -52,9 +64,10 @@ class TcpStore : public gloo::rendezvous::Store {
   // Connects to host:port, retrying until `timeout` (rank 0 may start later). Every key is stored as prefix + "/" +
   // key, so a new generation (another prefix) never sees the keys of an old one. Throws CommTimeout naming host:port.
   // A non-empty `token` is presented right after connecting; a server that refuses it (or that wants a token when
-  // none is given) makes the constructor, or the first request, throw CommError saying so.
+  // none is given) makes the constructor, or the first request, throw CommError saying so. `tls` set: the connection
+  // is TLS, the server must prove the job's CA signed its certificate; a failed handshake throws CommError (no retry).
   TcpStore(const std::string& host, int port, std::string prefix, std::chrono::milliseconds timeout,
-           const std::string& token = "");
+           const std::string& token = "", StoreTls tls = nullptr);
   ~TcpStore() override;
 
   void set(const std::string& key, const std::vector<char>& value) override;
@@ -75,6 +88,8 @@ class TcpStore : public gloo::rendezvous::Store {
  private:
   std::vector<char> request(uint8_t op, const std::string& key, const std::vector<char>& value, uint8_t* status);
   [[noreturn]] void refused();
+  void start_tls(int fd, const StoreTls& tls);
+  void drop();  // closes the connection after an error
   std::string full_key(const std::string& key) const { return prefix_ + "/" + key; }
 
   std::string host_;
@@ -83,6 +98,7 @@ class TcpStore : public gloo::rendezvous::Store {
   std::chrono::milliseconds timeout_;
   std::mutex mu_;
   int fd_ = -1;
+  std::unique_ptr<tls::Channel> ch_;  // on fd_
 };
 
 }  // namespace railyard::worker::comm

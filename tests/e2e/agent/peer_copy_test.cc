@@ -1,6 +1,7 @@
 // The peer copy of the in-memory checkpoint tier (worker/agent/peer_copy.h) over real sockets on 127.0.0.1: a full
 // copy arrives bitwise and is fetched back, a torn or damaged copy is rejected (the holder keeps its other copy), a
-// wrong token or another job is refused, and the sender thread follows a worker's puts.
+// wrong token or another job is refused, the sender thread follows a worker's puts, and over TLS (the job's own CA)
+// neither the token nor the bytes cross in cleartext and another job's agents are refused in the handshake.
 #include "worker/agent/peer_copy.h"
 
 #include <arpa/inet.h>
@@ -17,6 +18,8 @@
 #include <thread>
 
 #include "checkpoint/shm_store.h"
+#include "common/tls/job_identity.h"
+#include "tests/recording_proxy.h"
 
 using railyard::ckpt::LoadTarget;
 using railyard::ckpt::ShmStore;
@@ -27,7 +30,7 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 const std::string kToken(64, 'k');
-const peer::Auth kAuth{"ns1/job1", kToken};
+const peer::Auth kAuth{"ns1/job1", kToken, nullptr};
 
 std::string unique_prefix(const char* what) { return "/railyard-peertest-" + std::to_string(::getpid()) + "-" + what; }
 
@@ -223,7 +226,7 @@ TEST_CASE("a wrong token or another job's token is refused and changes nothing")
   peer::send_slot(addr(server), kAuth, 1, a.name());
   put_step(a, 6, state_for(6, 1000));
 
-  const peer::Auth wrong{"ns1/job1", std::string(64, 'x')};
+  const peer::Auth wrong{"ns1/job1", std::string(64, 'x'), nullptr};
   try {
     peer::send_slot(addr(server), wrong, 1, a.name());
     FAIL("a copy with a wrong token was accepted");
@@ -238,7 +241,7 @@ TEST_CASE("a wrong token or another job's token is refused and changes nothing")
   CHECK(why.find("401") != std::string::npos);
   CHECK_FALSE(ShmStore(dest + "-r1-a").peek());
   // The right token for another job: 403.
-  const peer::Auth other{"ns1/job2", kToken};
+  const peer::Auth other{"ns1/job2", kToken, nullptr};
   try {
     peer::send_slot(addr(server), other, 1, a.name());
     FAIL("a copy for another job was accepted");
@@ -304,4 +307,92 @@ TEST_CASE("the sender follows the worker's puts off the training path, and stops
   put_step(slots[0], 13, state_for(13, n));
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   CHECK(copies.load() == before);
+}
+
+namespace {
+
+// One job's CA and the identities two agents issue themselves under it (AgentConfig::identity).
+struct JobTls {
+  railyard::tls::CertKey ca;
+  std::shared_ptr<const railyard::tls::PodIdentity> holder, sender;
+  explicit JobTls(const std::string& name) : ca(railyard::tls::make_job_ca("ns1", name)) {
+    holder = std::make_shared<const railyard::tls::PodIdentity>(railyard::tls::issue_pod_identity(ca, {"127.0.0.1"}));
+    sender = std::make_shared<const railyard::tls::PodIdentity>(railyard::tls::issue_pod_identity(ca, {"127.0.0.1"}));
+  }
+};
+
+peer::Auth with_tls(std::shared_ptr<const railyard::tls::PodIdentity> id) {
+  return {"ns1/job1", kToken, std::move(id)};
+}
+
+std::string proxied(const railyard::test::RecordingProxy& p) { return "127.0.0.1:" + std::to_string(p.port()); }
+
+}  // namespace
+
+TEST_CASE("over TLS a copy arrives and is fetched back, and neither the token nor the bytes cross in cleartext") {
+  Cleanup c;
+  const std::string src = unique_prefix("src5"), holder = unique_prefix("holder5"), dest = unique_prefix("dest5");
+  c.prefixes = {src, holder, dest};
+  const size_t n = 1 << 18;
+  JobTls job("job1");
+  peer::PeerServer server("127.0.0.1", 0, with_tls(job.holder), holder);
+  railyard::test::RecordingProxy wire(server.port());
+  ShmStore a(src + "-r2-a");
+  put_step(a, 11, state_for(11, n));
+  const std::string image = image_bytes(a.name());
+  const std::string sample = image.substr(image.size() / 2, 64);  // checkpoint bytes from the middle of the tensor
+
+  CHECK(peer::send_slot(proxied(wire), with_tls(job.sender), 2, a.name()).step == 11);
+  CHECK(peer::held_steps(proxied(wire), with_tls(job.sender), 2) == std::vector<int64_t>{11, -1});
+  std::string why;
+  CHECK(peer::fetch(proxied(wire), with_tls(job.sender), 2, dest + "-r2", &why) == std::vector<int64_t>{11});
+  CHECK(image_bytes(dest + "-r2-a") == image);
+  CHECK(wire.capture().size() > 2 * image.size());  // the copy and the fetch went through the forwarder
+  CHECK_FALSE(wire.saw(kToken));
+  CHECK_FALSE(wire.saw(kToken.substr(0, 16)));
+  CHECK_FALSE(wire.saw(sample));
+
+  // Plain HTTP through the same kind of forwarder: both are there (the capture above would have caught them).
+  peer::PeerServer plain("127.0.0.1", 0, kAuth, holder + "-plain");
+  c.prefixes.push_back(holder + "-plain");
+  railyard::test::RecordingProxy plain_wire(plain.port());
+  peer::send_slot(proxied(plain_wire), kAuth, 2, a.name());
+  CHECK(plain_wire.saw(kToken));
+  CHECK(plain_wire.saw(sample));
+}
+
+TEST_CASE("over TLS a plain client, another job's agent, and a server of another job are refused") {
+  Cleanup c;
+  const std::string src = unique_prefix("src6"), holder = unique_prefix("holder6");
+  c.prefixes = {src, holder, holder + "-other", unique_prefix("dest6")};
+  JobTls job("job1"), other("job2");
+  peer::PeerServer server("127.0.0.1", 0, with_tls(job.holder), holder);
+  ShmStore a(src + "-r1-a");
+  put_step(a, 3, state_for(3, 1000));
+
+  // Plain HTTP to the TLS listener: the handshake fails, nothing is stored.
+  CHECK_THROWS_AS(peer::send_slot(addr(server), kAuth, 1, a.name()), peer::PeerError);
+  // Another job's agent, even with this job's token: refused in the handshake.
+  try {
+    peer::send_slot(addr(server), with_tls(other.sender), 1, a.name());
+    FAIL("a copy from another job's agent was accepted");
+  } catch (const peer::PeerError& e) {
+    CHECK(std::string(e.what()).find(kToken) == std::string::npos);
+  }
+  // A client that trusts this job's CA but holds another job's certificate: the listener refuses it in the handshake.
+  auto forged = std::make_shared<const railyard::tls::PodIdentity>(
+      railyard::tls::PodIdentity{job.ca.cert_pem, other.sender->leaf});
+  CHECK_THROWS_AS(peer::send_slot(addr(server), with_tls(forged), 1, a.name()), peer::PeerError);
+  CHECK_THROWS_AS(peer::held_steps(addr(server), with_tls(forged), 1), peer::PeerError);
+  CHECK(peer::held_steps(addr(server), with_tls(job.sender), 1) == std::vector<int64_t>{-1, -1});
+
+  // This job's agent never sends its token to a listener of another job: the handshake fails first.
+  peer::PeerServer stranger("127.0.0.1", 0, {"ns1/job1", kToken, other.holder}, holder + "-other");
+  railyard::test::RecordingProxy wire(stranger.port());
+  CHECK_THROWS_AS(peer::send_slot(proxied(wire), with_tls(job.sender), 1, a.name()), peer::PeerError);
+  std::string why;
+  CHECK(peer::fetch(proxied(wire), with_tls(job.sender), 1, unique_prefix("dest6") + "-r1", &why).empty());
+  CHECK_FALSE(wire.capture().empty());
+  CHECK_FALSE(wire.saw(kToken));
+  CHECK(peer::held_steps(addr(stranger), with_tls(other.sender), 1) == std::vector<int64_t>{-1, -1});
 }

@@ -5,9 +5,13 @@
 
 #include <doctest/doctest.h>
 
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <vector>
+
+#include "common/error.h"
+#include "worker/agent/pod_agent.h"
 
 using railyard::WorkerConfig;
 using railyard::rdzv::Assignment;
@@ -46,7 +50,8 @@ RankEnvParams params() {
                        .progress_file = "/tmp/agent/gen-3/progress-1.json",
                        .shm_prefix = "/railyard-ns1_job1-1-abcd",
                        .peer_steps = {},
-                       .store_token = "feedbeef"};
+                       .store_token = "feedbeef",
+                       .peer_tls = nullptr};
 }
 
 // name -> every value it has in env, in order (a name set twice would show as two values).
@@ -93,10 +98,11 @@ TEST_CASE("a rank's environment names its place in the world and the worker cont
       {"RAILYARD_SHM_PREFIX", "/railyard-ns1_job1-1-abcd"},
       {"RAILYARD_STORE_TOKEN", "feedbeef"},
   };
-  for (const auto& [name, value] : want) {
+  for (const auto& kv : want) {  // not a structured binding: clang before 16 cannot capture one in INFO's lambda
+    const std::string& name = kv.first;
     INFO(name);
     REQUIRE(env.count(name) == 1);
-    CHECK(env.at(name) == std::vector<std::string>{value});
+    CHECK(env.at(name) == std::vector<std::string>{kv.second});
   }
   CHECK(env.size() == want.size());  // nothing else; in particular no RAILYARD_SHM_PEER_STEPS without fetched steps
   CHECK(env.count("RAILYARD_RENDEZVOUS_TOKEN") == 0);
@@ -167,4 +173,47 @@ TEST_CASE("the worker command is the agent's own, else this binary's train subco
   CHECK(self[1] == "train");
   CHECK(self[2] == "--config");
   CHECK(self[3] == "/tmp/agent/gen-3/config.json");
+}
+
+TEST_CASE("the ranks get the pod's identity under the job's CA, never the CA's key") {
+  namespace tls = railyard::tls;
+  const tls::CertKey ca = tls::make_job_ca("ns1", "job1");
+  RankEnvParams p = params();
+  p.peer_tls = std::make_shared<const tls::PodIdentity>(tls::issue_pod_identity(ca, {"10.0.0.8"}));
+  const char* pod_env[] = {"RAILYARD_JOB_CA=stale", "RAILYARD_JOB_CA_KEY=secret", "RAILYARD_PEER_TLS_KEY=stale",
+                           "HOME=/home", nullptr};
+  const auto env = by_name(rank_env(inherited_env(pod_env), assignment(), 0, p));
+  CHECK(env.count("RAILYARD_JOB_CA_KEY") == 0);  // the power to issue certificates stays in the agent
+  CHECK(env.count("RAILYARD_JOB_CA") == 0);
+  CHECK(env.at("RAILYARD_PEER_TLS_CA") == std::vector<std::string>{ca.cert_pem});
+  CHECK(env.at("RAILYARD_PEER_TLS_CERT") == std::vector<std::string>{p.peer_tls->leaf.cert_pem});
+  CHECK(env.at("RAILYARD_PEER_TLS_KEY") == std::vector<std::string>{p.peer_tls->leaf.key_pem});
+  CHECK(env.at("HOME") == std::vector<std::string>{"/home"});
+  // Without an identity (an operator without job CAs): none of the three.
+  const auto plain = by_name(rank_env(inherited_env(pod_env), assignment(), 0, params()));
+  CHECK(plain.count("RAILYARD_PEER_TLS_CA") == 0);
+  CHECK(plain.count("RAILYARD_PEER_TLS_KEY") == 0);
+}
+
+TEST_CASE("the agent issues its pod's leaf from RAILYARD_JOB_CA and names a malformed one") {
+  namespace tls = railyard::tls;
+  using railyard::worker::pod_identity;
+  ::unsetenv("RAILYARD_JOB_CA");
+  ::unsetenv("RAILYARD_JOB_CA_KEY");
+  CHECK(pod_identity("10.0.0.8") == nullptr);
+  const tls::CertKey ca = tls::make_job_ca("ns1", "job1");
+  ::setenv("RAILYARD_JOB_CA", ca.cert_pem.c_str(), 1);
+  CHECK_THROWS_WITH_AS(pod_identity("10.0.0.8"), doctest::Contains("only one is set"), railyard::ConfigError);
+  ::setenv("RAILYARD_JOB_CA_KEY", ca.key_pem.c_str(), 1);
+  auto id = pod_identity("10.0.0.8");
+  REQUIRE(id != nullptr);
+  CHECK(id->ca_pem == ca.cert_pem);
+  CHECK(tls::usable(id->leaf, ca.cert_pem, std::chrono::hours(24)));
+  ::setenv("RAILYARD_JOB_CA_KEY", tls::make_job_ca("ns1", "job2").key_pem.c_str(), 1);
+  CHECK_THROWS_WITH_AS(pod_identity("10.0.0.8"), doctest::Contains("RAILYARD_JOB_CA_KEY"), railyard::ConfigError);
+  ::setenv("RAILYARD_JOB_CA", "not PEM", 1);
+  CHECK_THROWS_WITH_AS(pod_identity("10.0.0.8"), doctest::Contains("RAILYARD_JOB_CA (secretKeyRef"),
+                       railyard::ConfigError);
+  ::unsetenv("RAILYARD_JOB_CA");
+  ::unsetenv("RAILYARD_JOB_CA_KEY");
 }

@@ -2,7 +2,9 @@
 #include "operator/controller/pod_builder.h"
 
 #include <doctest/doctest.h>
+#include <openssl/evp.h>
 
+#include "common/tls/job_identity.h"
 #include "tests/unit/operator/job_fixture.h"
 
 using namespace railyard::op;
@@ -293,4 +295,75 @@ TEST_CASE("another scheduler: its schedulerName, gang marks, nodeSelector and ex
   CHECK(own["spec"]["schedulerName"] == "railyard");
   CHECK_FALSE(own["spec"].contains("affinity"));
   CHECK_FALSE(own["metadata"]["labels"].contains("scheduling.x-k8s.io/pod-group"));
+}
+
+namespace {
+
+// What the API server returns for stringData: base64 under data (EVP_EncodeBlock: standard alphabet, padded).
+std::string b64(const std::string& s) {
+  std::string out(4 * ((s.size() + 2) / 3) + 1, '\0');
+  const int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                                reinterpret_cast<const unsigned char*>(s.data()), static_cast<int>(s.size()));
+  out.resize(static_cast<size_t>(n));
+  return out;
+}
+
+Json as_read(const Json& created) {
+  Json secret = created;
+  Json data = Json::object();
+  for (const auto& [k, v] : created["stringData"].items()) data[k] = b64(v.get<std::string>());
+  secret.erase("stringData");
+  secret["data"] = data;
+  return secret;
+}
+
+std::string subject_of(const std::string& cert_pem) {
+  auto x = railyard::tls::read_cert(cert_pem, "job CA");
+  char buf[256] = {0};
+  X509_NAME_get_text_by_NID(X509_get_subject_name(x.get()), NID_commonName, buf, sizeof buf);
+  return buf;
+}
+
+}  // namespace
+
+TEST_CASE("the job's own CA: made with the Secret, added to one without it, left alone when complete") {
+  namespace tls = railyard::tls;
+  const Json job = valid_job();
+  // A Secret made before jobs had their own CA: the patch carries a new pair for both keys, in one patch.
+  const Json old = as_read(build_token_secret(job, "abc"));
+  const Json before = old;
+  auto patch = job_ca_patch(old, job);
+  REQUIRE(patch);
+  CHECK(old == before);  // the Secret read is never changed in place
+  const tls::CertKey ca{(*patch)["stringData"][tls::kJobCaCertKey], (*patch)["stringData"][tls::kJobCaKeyKey]};
+  CHECK_NOTHROW(tls::check_job_ca(ca, "job-ca.crt", "job-ca.key"));
+  CHECK(subject_of(ca.cert_pem) == "railyard-job/team-a/tiny");
+  CHECK((*patch)["stringData"].size() == 2);  // nothing else: the token and ca.crt stay
+  // A pod's leaf under it chains to it and to no other job's CA.
+  const tls::PodIdentity pod = tls::issue_pod_identity(ca, {"10.1.2.3"});
+  CHECK(tls::usable(pod.leaf, ca.cert_pem, std::chrono::hours(24)));
+  CHECK_FALSE(tls::usable(pod.leaf, tls::make_job_ca("team-a", "other").cert_pem, std::chrono::hours(0)));
+
+  // A Secret created with the pair, read back: complete, nothing to patch (and no new key on every pass).
+  const Json created = build_token_secret(job, "abc", "", ca);
+  CHECK(created["stringData"][tls::kJobCaCertKey] == ca.cert_pem);
+  CHECK(created["stringData"][tls::kJobCaKeyKey] == ca.key_pem);
+  CHECK_FALSE(job_ca_patch(as_read(created), job));
+  // Half a pair, or a key that is not the certificate's: a whole new pair.
+  Json half = as_read(created);
+  half["data"].erase(tls::kJobCaKeyKey);
+  CHECK(job_ca_patch(half, job));
+  Json mismatched = as_read(created);
+  mismatched["data"][tls::kJobCaKeyKey] = b64(tls::make_job_ca("team-a", "x").key_pem);
+  CHECK(job_ca_patch(mismatched, job));
+}
+
+TEST_CASE("the agent gets the job's CA and its key from the job's Secret") {
+  Json pod = build_worker_pod(valid_job(), parse_job(valid_job()).spec, 0, 1, options());
+  for (auto [var, key] : {std::pair{"RAILYARD_JOB_CA", "job-ca.crt"}, {"RAILYARD_JOB_CA_KEY", "job-ca.key"}}) {
+    REQUIRE(find_env(pod, var));
+    const Json& ref = (*find_env(pod, var))["valueFrom"]["secretKeyRef"];
+    CHECK(ref["name"] == "tiny-rendezvous");
+    CHECK(ref["key"] == key);
+  }
 }
