@@ -42,7 +42,7 @@ struct Flags {
   double join_timeout = 300;
   int workers = 2;
   double kube_api_qps = 50;
-  int kube_api_burst = 100;
+  int kube_api_burst = 1000;
   int api_parallelism = op::ControllerOptions{}.api_parallelism;
   std::string placement = "rail-aware";
   int worker_metrics_port = 9400, agent_metrics_port = 9399;
@@ -85,7 +85,7 @@ Runs the TrainingJob controller against the cluster of $KUBECONFIG (or --kubecon
                                     service reports a join timeout (default 300)
   --workers N                       reconcile threads (default 2)
   --kube-api-qps Q                  client rate limit, requests per second (default 50; 0 = no limit)
-  --kube-api-burst B                client burst above the rate (default 100)
+  --kube-api-burst B                client burst above the rate (default 1000: one gang of 1,000 pods at once)
   --api-parallelism N               concurrent create/bind requests of one job's reconcile, in slow-start
                                     batches (default 16; the rate limit still applies)
   --placement rail-aware|simple     gang placement: rail-aware (default; docs/scheduler.md) or simple first fit
