@@ -208,6 +208,8 @@ pod_logs=("$state/node-agent/pods/${ns}_"*/*.log)
 [ "${#pod_logs[@]}" -ge 5 ] || fail "found ${#pod_logs[@]} pod logs, want 5"
 grep -q "^RANK=" "${pod_logs[0]}" || fail "the worker's env dump is missing from ${pod_logs[0]}"
 ! grep -q "^RAILYARD_RENDEZVOUS_TOKEN=" "${pod_logs[@]}" || fail "a worker sees RAILYARD_RENDEZVOUS_TOKEN"
+# The job's CA key stays with the agent (it issues the pod's certificate); a worker gets only the pod's own pair.
+! grep -q "^RAILYARD_JOB_CA_KEY=" "${pod_logs[@]}" || fail "a worker sees RAILYARD_JOB_CA_KEY"
 grep -qi "debug" "$work/op.log" || fail "the operator did not log at debug level"
 kubectl get pods,tj,events -n "$ns" -o json >"$work/objects.json"
 grep -q "secretKeyRef" "$work/objects.json" || fail "pods do not take the token from the Secret"
@@ -250,7 +252,14 @@ scanned=("$work/op.log" "$work/monitor.log" "$state/logs/node-agent.log" "${pod_
 ca_key_line=$(kubectl get secret railyard-rendezvous-ca -n "$ns" -o jsonpath='{.data.ca\.key}' | base64 -d |
   grep -v -- '-----' | head -1)
 [ "${#ca_key_line}" -ge 32 ] || fail "no CA key in Secret railyard-rendezvous-ca"
-for t in "$tok_done" "$tok_a" "$tok_b" "$webhook_token" "$ca_key_line"; do
+# And the jobs' own CA keys (job-ca.key, docs/hardening.md "The job's own identity"): the second base64 line, since
+# the first one of every P-256 key starts with the same algorithm identifiers.
+job_ca_key_line() {
+  kubectl get secret "$1-rendezvous" -n "$ns" -o jsonpath='{.data.job-ca\.key}' | base64 -d | grep -v -- '-----' | sed -n 2p
+}
+jk_a=$(job_ca_key_line a) jk_b=$(job_ca_key_line b)
+[ "${#jk_a}" -ge 32 ] && [ "${#jk_b}" -ge 32 ] || fail "no job-ca.key in the Secrets of jobs a and b"
+for t in "$tok_done" "$tok_a" "$tok_b" "$webhook_token" "$ca_key_line" "$jk_a" "$jk_b"; do
   hits=$(grep -lF -- "$t" "${scanned[@]}" || true)
   [ -z "$hits" ] || fail "a secret value appears in: $hits"
 done
