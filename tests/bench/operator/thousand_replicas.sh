@@ -5,7 +5,9 @@
 # --no-nodes: no simulated nodes at all; both controllers only create pods (nothing can be bound).
 # Env: OPERATOR_ARGS (more railyard-operator flags, e.g. "--api-parallelism 64"), ONLY_EQUAL=1 (only the runs at
 # equal, unthrottled limits), ROUNDS=N (N alternating rounds of operator and Job controller on the one cluster, then
-# medians with min-max; default 1), PERF_OUT=PREFIX (perf record -g of the operator during each run, to PREFIX.NS).
+# medians with min-max; default 1), PERF_OUT=PREFIX (perf record -g of the operator during each run, to PREFIX.NS),
+# OPERATOR_ARGS_B (an A/B: each round also runs the operator at equal limits with these flags instead, e.g.
+# "--api-parallelism 64", labelled "equal, B").
 # Starts its own local cluster (N simulated 8-GPU nodes: the operator places one worker pod per node) in --state-dir
 # and stops it at the end. The cluster gets Kubernetes' default node-monitor grace (40 s, not the local default 4 s)
 # and the node agent renews leases every 10 s like a kubelet: N nodes then cost N/10 lease writes per second.
@@ -174,9 +176,11 @@ settle() {
 run_operator() {
   local label=$1 qps=$2 burst=$3 ns=$4
   k create namespace "$ns" >/dev/null
-  # shellcheck disable=SC2086 # OPERATOR_ARGS is a list of flags
+  local args=${OPERATOR_ARGS:-}
+  [ "$label" = "equal, B" ] && args=$OPERATOR_ARGS_B
+  # shellcheck disable=SC2086 # the args are a list of flags
   "$BIN/railyard-operator" --namespace "$ns" --leader-elect=false --worker-command /bin/sleep \
-    --kube-api-qps "$qps" --kube-api-burst "$burst" ${OPERATOR_ARGS:-} \
+    --kube-api-qps "$qps" --kube-api-burst "$burst" $args \
     --metrics-addr "127.0.0.1:$(free_port)" --health-addr "127.0.0.1:$(free_port)" --rendezvous-bind 127.0.0.1:0 \
     >"$WORK/operator-$ns.log" 2>&1 &
   local op=$!
@@ -201,7 +205,7 @@ run_operator() {
   echo "operator ($label, qps $qps burst $burst): $N pods created in ${op_created} s, all bound in ${op_bound} s; operator CPU ${op_cpu} s, peak RSS ${op_rss} MiB; load average $(loadavg)"
   echo "row operator|$label|$op_created|$op_bound|$op_cpu|$op_rss" >>"$WORK/rows"
   [ "$label" = "default client limits" ] && OP_CREATED_DEFAULT=$op_created
-  [ "$label" != "default client limits" ] && OP_CREATED_EQUAL=$op_created
+  [ "$label" = "equal: effectively unthrottled" ] && OP_CREATED_EQUAL=$op_created
   kill "$op"; wait "$op" 2>/dev/null || true
   k delete tj big -n "$ns" --wait=false >/dev/null
   delete_pods "$ns" railyard.dev/job=big
@@ -275,6 +279,7 @@ for round in $(seq 1 "${ROUNDS:-1}"); do
   echo "--- round $round"
   [ -n "${ONLY_EQUAL:-}" ] || run_operator "default client limits" 50 1000 "bench-op-r$round"
   run_operator "equal: effectively unthrottled" 1000 2000 "bench-op-equal-r$round"
+  [ -z "${OPERATOR_ARGS_B:-}" ] || run_operator "equal, B" 1000 2000 "bench-op-b-r$round"
   [ -n "${ONLY_EQUAL:-}" ] || run_job_controller "default client limits" 20 30 "default-limits-r$round"
   run_job_controller "equal: effectively unthrottled" 1000 2000 "equal-limits-r$round"
 done
@@ -292,8 +297,9 @@ for label in sorted({r[1] for r in rows}):
     for who in ("operator", "job"):
         for i, what in ((2, "created s"), (3, "bound s"), (4, "CPU s")):
             show(f"{who} [{label}] {what}", col(who, label, i))
-    ob, jc = col("operator", label, 3), col("job", label, 2)
-    oc, jcpu = col("operator", label, 4), col("job", label, 4)
+    jlabel = "equal: effectively unthrottled" if label == "equal, B" else label  # B runs at equal limits too
+    ob, jc = col("operator", label, 3), col("job", jlabel, 2)
+    oc, jcpu = col("operator", label, 4), col("job", jlabel, 4)
     if ob and jc and len(ob) == len(jc):
         show(f"ratio [{label}] operator bound / job controller created", [a / b for a, b in zip(ob, jc)])
     if oc and jcpu and len(oc) == len(jcpu):
