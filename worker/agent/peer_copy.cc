@@ -54,6 +54,7 @@ PeerClient client_for(const std::string& addr, const Auth& auth) {
     tls::X509Ptr cert = tls::read_cert(auth.tls->leaf.cert_pem, "the pod's peer-copy certificate");
     tls::PkeyPtr key = tls::read_key(auth.tls->leaf.key_pem, "the pod's peer-copy key");
     auto ssl = std::make_unique<httplib::SSLClient>(host, port, cert.get(), key.get());  // holds its own references
+    SSL_CTX_set_min_proto_version(ssl->ssl_context(), TLS1_3_VERSION);  // as the store; httplib sets no floor
     c.ca = std::make_unique<tls::CaFile>(auth.tls->ca_pem, tls::kJobCaCertEnv);
     ssl->set_ca_cert_path(c.ca->path().c_str());
     ssl->enable_server_certificate_verification(true);
@@ -134,6 +135,7 @@ struct PeerServer::Impl {
     auto s = std::make_unique<httplib::SSLServer>(cert.get(), key.get(),
                                                   tls::new_store(auth.tls->ca_pem, tls::kJobCaCertEnv));
     if (!s->is_valid()) throw Error("peer copy: cannot set up TLS with the pod's certificate: " + tls::openssl_error());
+    SSL_CTX_set_min_proto_version(s->ssl_context(), TLS1_3_VERSION);  // each connection's SSL is made from it later
     return s;
   }
 

@@ -7,7 +7,10 @@
 # equal, unthrottled limits), ROUNDS=N (N alternating rounds of operator and Job controller on the one cluster, then
 # medians with min-max; default 1), PERF_OUT=PREFIX (perf record -g of the operator during each run, to PREFIX.NS),
 # OPERATOR_ARGS_B (an A/B: each round also runs the operator at equal limits with these flags instead, e.g.
-# "--api-parallelism 64", labelled "equal, B").
+# "--api-parallelism 64", labelled "equal, B"), PAUSE_NODES=1 (each round also runs the operator at equal limits with
+# the node agent stopped (SIGSTOP) from the create request until the count completes, labelled "equal, nodes paused":
+# what the nodes' own reaction to the bound pods (process starts, status writes, events on the same API server and
+# cores) adds to the time; read it as a decomposition, not as the figure to quote).
 # Starts its own local cluster (N simulated 8-GPU nodes: the operator places one worker pod per node) in --state-dir
 # and stops it at the end. The cluster gets Kubernetes' default node-monitor grace (40 s, not the local default 4 s)
 # and the node agent renews leases every 10 s like a kubelet: N nodes then cost N/10 lease writes per second.
@@ -28,7 +31,7 @@ while [ $# -gt 0 ]; do
     --replicas) N="$2"; shift 2 ;;
     --state-dir) STATE_DIR="$2"; shift 2 ;;
     --no-nodes) NO_NODES=yes; shift ;;
-    -h | --help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "thousand_replicas.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -44,7 +47,7 @@ NODES=$N
 [ "$NO_NODES" = yes ] && NODES=0
 pids=()
 cleanup() {
-  for p in ${pids[@]+"${pids[@]}"}; do kill "$p" 2>/dev/null || true; done
+  for p in ${pids[@]+"${pids[@]}"}; do kill "$p" 2>/dev/null || true; kill -CONT "$p" 2>/dev/null || true; done
   for p in ${pids[@]+"${pids[@]}"}; do wait "$p" 2>/dev/null || true; done
   bash "$CLUSTER" down --state-dir "$STATE_DIR" >/dev/null 2>&1 || true
   [ -n "${KEEP_WORK:-}" ] && echo "work dir kept: $WORK" >&2 || rm -rf "$WORK"
@@ -76,7 +79,8 @@ AGENT_KUBECONFIG="$STATE_DIR/node-agent.kubeconfig"
 [ -f "$AGENT_KUBECONFIG" ] || AGENT_KUBECONFIG="$STATE_DIR/kubeconfig"
 "$BIN/railyard-node-agent" run --kubeconfig "$AGENT_KUBECONFIG" --state-dir "$WORK/node-agent" \
   --topology "$WORK/topology.yaml" --lease-interval 10 --node-status-interval 60 >"$WORK/node-agent.log" 2>&1 &
-pids+=($!)
+NODE_AGENT_PID=$!
+pids+=($NODE_AGENT_PID)
 fi
 eval "$(bash "$CLUSTER" env --state-dir "$STATE_DIR")"
 export KUBECONFIG="$STATE_DIR/kubeconfig"
@@ -178,6 +182,8 @@ run_operator() {
   k create namespace "$ns" >/dev/null
   local args=${OPERATOR_ARGS:-}
   [ "$label" = "equal, B" ] && args=$OPERATOR_ARGS_B
+  local pause=""
+  [ "$label" = "equal, nodes paused" ] && pause=${NODE_AGENT_PID:-}
   # shellcheck disable=SC2086 # the args are a list of flags
   "$BIN/railyard-operator" --namespace "$ns" --leader-elect=false --worker-command /bin/sleep \
     --kube-api-qps "$qps" --kube-api-burst "$burst" $args \
@@ -196,9 +202,12 @@ run_operator() {
   fi
   cpu0=$(cpu_seconds "$op")
   echo "load average before ($label): $(loadavg)"
+  # Leases are renewed every 10 s against a 40 s grace: a pause of a few seconds leaves every node Ready.
+  [ -z "$pause" ] || kill -STOP "$pause"
   t0=$(now)
   k apply -f "$WORK/tj-$ns.yaml" >/dev/null
   read -r op_created op_bound < <(wait_pods "$ns" railyard.dev/job=big $([ "$NODES" -gt 0 ] && echo yes || echo no) "$t0" "${BIND_LIMIT:-600}")
+  [ -z "$pause" ] || kill -CONT "$pause"
   op_cpu=$(echo "$(cpu_seconds "$op") - $cpu0" | bc)
   op_rss=$(peak_rss_mib "$op")
   [ -z "$perf" ] || { kill -INT "$perf"; wait "$perf" 2>/dev/null || true; }
@@ -280,6 +289,7 @@ for round in $(seq 1 "${ROUNDS:-1}"); do
   [ -n "${ONLY_EQUAL:-}" ] || run_operator "default client limits" 50 1000 "bench-op-r$round"
   run_operator "equal: effectively unthrottled" 1000 2000 "bench-op-equal-r$round"
   [ -z "${OPERATOR_ARGS_B:-}" ] || run_operator "equal, B" 1000 2000 "bench-op-b-r$round"
+  [ -z "${PAUSE_NODES:-}" ] || [ "$NODES" = 0 ] || run_operator "equal, nodes paused" 1000 2000 "bench-op-p-r$round"
   [ -n "${ONLY_EQUAL:-}" ] || run_job_controller "default client limits" 20 30 "default-limits-r$round"
   run_job_controller "equal: effectively unthrottled" 1000 2000 "equal-limits-r$round"
 done
@@ -297,7 +307,8 @@ for label in sorted({r[1] for r in rows}):
     for who in ("operator", "job"):
         for i, what in ((2, "created s"), (3, "bound s"), (4, "CPU s")):
             show(f"{who} [{label}] {what}", col(who, label, i))
-    jlabel = "equal: effectively unthrottled" if label == "equal, B" else label  # B runs at equal limits too
+    # B and the paused-nodes runs are at equal limits too
+    jlabel = "equal: effectively unthrottled" if label in ("equal, B", "equal, nodes paused") else label
     ob, jc = col("operator", label, 3), col("job", jlabel, 2)
     oc, jcpu = col("operator", label, 4), col("job", jlabel, 4)
     if ob and jc and len(ob) == len(jc):

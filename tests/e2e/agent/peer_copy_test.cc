@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "checkpoint/shm_store.h"
+#include "common/tls/channel.h"
 #include "common/tls/job_identity.h"
 #include "tests/recording_proxy.h"
 
@@ -395,4 +396,73 @@ TEST_CASE("over TLS a plain client, another job's agent, and a server of another
   CHECK_FALSE(wire.capture().empty());
   CHECK_FALSE(wire.saw(kToken));
   CHECK(peer::held_steps(addr(stranger), with_tls(other.sender), 1) == std::vector<int64_t>{-1, -1});
+}
+
+namespace {
+
+int connect_to(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  return fd;
+}
+
+// The job's own TLS context, held to exactly TLS 1.2: what a downgraded or older peer would offer.
+railyard::tls::SslCtxPtr tls12_only(railyard::tls::SslCtxPtr ctx) {
+  SSL_CTX_set_min_proto_version(ctx.get(), TLS1_2_VERSION);
+  SSL_CTX_set_max_proto_version(ctx.get(), TLS1_2_VERSION);
+  return ctx;
+}
+
+}  // namespace
+
+TEST_CASE("over TLS the peer copies speak TLS 1.3 only, as the store does, even with the job's own certificates") {
+  Cleanup c;
+  const std::string holder = unique_prefix("holder7");
+  c.prefixes = {holder};
+  JobTls job("job1");
+  peer::PeerServer server("127.0.0.1", 0, with_tls(job.holder), holder);
+
+  // The same client context at TLS 1.3 gets through (so the refusal below is the version, not the certificate).
+  auto ok_ctx = railyard::tls::client_context(*job.sender);
+  int fd = connect_to(server.port());
+  std::string why;
+  CHECK(railyard::tls::Channel::connect(fd, ok_ctx.get(), &why) != nullptr);
+  ::close(fd);
+  auto old_ctx = tls12_only(railyard::tls::client_context(*job.sender));
+  fd = connect_to(server.port());
+  CHECK(railyard::tls::Channel::connect(fd, old_ctx.get(), &why) == nullptr);
+  CHECK_MESSAGE(why.find("version") != std::string::npos, why);
+  ::close(fd);
+
+  // Our client against a listener of this job that offers only TLS 1.2: the handshake fails, the token stays home.
+  auto srv_ctx = tls12_only(railyard::tls::server_context(*job.holder));
+  int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(lfd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  socklen_t len = sizeof a;
+  REQUIRE(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::listen(lfd, 4) == 0);
+  REQUIRE(::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  railyard::test::RecordingProxy wire(ntohs(a.sin_port));
+  std::atomic<bool> accepted{false};
+  std::thread t([&] {
+    int cfd = ::accept(lfd, nullptr, nullptr);
+    if (cfd < 0) return;
+    std::string server_why;
+    accepted = railyard::tls::Channel::accept(cfd, srv_ctx.get(), &server_why) != nullptr;
+    ::close(cfd);
+  });
+  CHECK_THROWS_AS(peer::held_steps(proxied(wire), with_tls(job.sender), 1), peer::PeerError);
+  t.join();
+  ::close(lfd);
+  CHECK_FALSE(accepted.load());
+  CHECK_FALSE(wire.capture().empty());  // the client did try, and the forwarder saw the handshake
+  CHECK_FALSE(wire.saw(kToken));
 }
