@@ -72,8 +72,8 @@ std::optional<int64_t> read_slot(const std::string& name, std::vector<float>* ou
 
 std::string addr(const peer::PeerServer& s) { return "127.0.0.1:" + std::to_string(s.port()); }
 
-// A raw HTTP PUT that announces `announced` bytes, sends `body` and closes: a sender that died mid-copy.
-void raw_put(int port, int rank, const std::string& body, size_t announced) {
+// A connected TCP socket to 127.0.0.1:port.
+int connect_to(int port) {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   REQUIRE(fd >= 0);
   sockaddr_in a{};
@@ -81,6 +81,12 @@ void raw_put(int port, int rank, const std::string& body, size_t announced) {
   a.sin_port = htons(static_cast<uint16_t>(port));
   ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
   REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  return fd;
+}
+
+// A raw HTTP PUT that announces `announced` bytes, sends `body` and closes: a sender that died mid-copy.
+void raw_put(int port, int rank, const std::string& body, size_t announced) {
+  int fd = connect_to(port);
   std::string req = "PUT /v1/peer/" + std::to_string(rank) + " HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " +
                     kToken + "\r\nX-Railyard-Job: ns1/job1\r\nContent-Type: application/octet-stream\r\n" +
                     "Content-Length: " + std::to_string(announced) + "\r\nConnection: close\r\n\r\n" + body;
@@ -399,17 +405,6 @@ TEST_CASE("over TLS a plain client, another job's agent, and a server of another
 }
 
 namespace {
-
-int connect_to(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  return fd;
-}
 
 // The job's own TLS context, held to exactly TLS 1.2: what a downgraded or older peer would offer.
 railyard::tls::SslCtxPtr tls12_only(railyard::tls::SslCtxPtr ctx) {
