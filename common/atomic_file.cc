@@ -16,7 +16,7 @@ namespace {
 std::string errno_text(int e) { return std::strerror(e); }
 }  // namespace
 
-AtomicFileWriter::AtomicFileWriter(std::string path) : path_(std::move(path)) {
+AtomicFileWriter::AtomicFileWriter(std::string path, Durability d) : path_(std::move(path)), durability_(d) {
   // pid + counter: several writers in one process (prepare writes train and val) never share a temp name.
   static std::atomic<uint64_t> counter{0};
   tmp_ = path_ + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
@@ -44,15 +44,23 @@ void AtomicFileWriter::write(const void* data, size_t bytes) {
 }
 
 void AtomicFileWriter::commit() {
-  if (::fsync(fd_) != 0) throw Error("cannot flush " + tmp_ + ": " + errno_text(errno));
+  const bool durable = durability_ == Durability::Durable;
+  if (durable && ::fsync(fd_) != 0) throw Error("cannot flush " + tmp_ + ": " + errno_text(errno));
   int rc = ::close(fd_);
   fd_ = -1;
   if (rc != 0) throw Error("cannot close " + tmp_ + ": " + errno_text(errno));
   if (::rename(tmp_.c_str(), path_.c_str()) != 0)
     throw Error("cannot rename " + tmp_ + " to " + path_ + ": " + errno_text(errno));
   committed_ = true;
+  if (!durable) return;
   std::filesystem::path parent = std::filesystem::path(path_).parent_path();
   fsync_directory(parent.empty() ? "." : parent.string());
+}
+
+void write_file_atomic(const std::string& path, const std::string& data, Durability durability) {
+  AtomicFileWriter w(path, durability);
+  w.write(data.data(), data.size());
+  w.commit();
 }
 
 void fsync_directory(const std::string& dir) {

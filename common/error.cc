@@ -1,12 +1,12 @@
 #include "common/error.h"
 
-#include "common/atomic_file.h"
-
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
+
+#include "common/atomic_file.h"
 
 namespace railyard {
 
@@ -20,9 +20,7 @@ std::string read_file(const std::string& path, const std::string& what) {
 }
 
 void write_file_atomic(const std::string& path, const std::string& data) {
-  AtomicFileWriter w(path);
-  w.write(data.data(), data.size());
-  w.commit();
+  write_file_atomic(path, data, Durability::Durable);
 }
 
 std::string env_or(const char* name, const std::string& fallback) {

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/atomic_file.h"
 #include "common/error.h"
 #include "common/log.h"
 
@@ -31,13 +32,25 @@ std::string proc_start_time(pid_t pid) {
   return field;
 }
 
-void ProcessList::save(const Supervisor& supervisor) const {
+void ProcessList::save(const Supervisor& supervisor) {
+  std::lock_guard<std::mutex> l(mu_);
   Json j = Json::object();
+  std::map<std::string, std::pair<pid_t, std::string>> now;
   for (const auto& key : supervisor.keys()) {
-    if (auto pid = supervisor.pid(key)) j[key] = {{"pid", *pid}, {"start", proc_start_time(*pid)}};
+    auto pid = supervisor.pid(key);
+    if (!pid) continue;
+    // Same key and pid as at the last save: the same process, unless the pid was reaped and reused in between; then
+    // the stale start time only makes kill_leftovers spare that process, never kill a stranger.
+    auto was = started_.find(key);
+    const std::string start =
+        was != started_.end() && was->second.first == *pid ? was->second.second : proc_start_time(*pid);
+    now[key] = {*pid, start};
+    j[key] = {{"pid", *pid}, {"start", start}};
   }
+  started_ = std::move(now);
   try {
-    write_file_atomic(path_, j.dump() + "\n");
+    // Only the agent's own crash matters (a machine crash ends the pods too); see ip_allocator.cc.
+    write_file_atomic(path_, j.dump() + "\n", Durability::ProcessCrash);
   } catch (const std::exception& e) {
     log::warn(kComp, "cannot save process list", {{"error", e.what()}});
   }

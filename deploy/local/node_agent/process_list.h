@@ -4,6 +4,8 @@
 
 #include <sys/types.h>
 
+#include <map>
+#include <mutex>
 #include <string>
 #include <utility>
 
@@ -19,13 +21,16 @@ class ProcessList {
  public:
   explicit ProcessList(std::string path) : path_(std::move(path)) {}
 
-  // Records every process the supervisor runs now (best effort: a failure is logged).
-  void save(const Supervisor& supervisor) const;
+  // Records every process the supervisor runs now (best effort: a failure is logged). Called at every start and exit:
+  // each process's start time is read from /proc once, not at every save (1,000 pods made that 10^6 reads).
+  void save(const Supervisor& supervisor);
   // Kills the process groups of the recorded processes that still run, then forgets them.
   void kill_leftovers() const;
 
  private:
   std::string path_;
+  std::mutex mu_;
+  std::map<std::string, std::pair<pid_t, std::string>> started_;  // key -> (pid, start time) of the last save
 };
 
 }  // namespace railyard::node_agent
