@@ -166,12 +166,21 @@ loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
 # deletes per second and the node agent's graceful stop of 1,000 processes one pod at a time (4 minutes here); the
 # node agent still stops the processes, and the next run waits until it has (settle).
 delete_pods() { k delete --raw "/api/v1/namespaces/$1/pods?labelSelector=$2&gracePeriodSeconds=0" >/dev/null; }
+# The next run also waits for the node agent to go idle (its log still for 5 s, at most 5 minutes): after a paused run
+# it works through 1,000 stale pod events, and until 2026-11-29 that backlog ran into the next rounds.
 settle() {
-  local i
+  local i size
   for i in $(seq 1 120); do
     [ "$(pgrep -c -f '^/bin/sleep 3600' || true)" = 0 ] && break
     sleep 1
   done
+  if [ "$NODES" -gt 0 ]; then
+    for i in $(seq 1 60); do
+      size=$(stat -c %s "$WORK/node-agent.log")
+      sleep 5
+      [ "$(stat -c %s "$WORK/node-agent.log")" = "$size" ] && break
+    done
+  fi
   sleep 10
 }
 
