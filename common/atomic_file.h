@@ -1,6 +1,6 @@
 // Streaming atomic file writer (shared by every module that publishes files): data goes to a temp file next to the
-// target, and commit() fsyncs it, renames it over the target and fsyncs the directory, so readers see either the old
-// file or the complete new one.
+// target, and commit() fsyncs it, renames it over the target and fsyncs the directory (no fsyncs for
+// Durability::ProcessCrash), so readers see either the old file or the complete new one.
 #pragma once
 
 #include <cstddef>

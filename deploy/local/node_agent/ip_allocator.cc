@@ -131,8 +131,8 @@ void IpAllocator::save_locked() {
   if (path_.empty()) return;
   nlohmann::json pods = nlohmann::json::object();
   for (const auto& [owner, ip] : by_owner_) pods[owner] = format_ipv4(ip);
-  // Saved on every allocation and release, so only the agent's own crash matters: a machine crash ends every pod too.
-  // Two fsyncs per save made starting 1,000 pods take a minute (docs/benchmarks.md, "1,000 replicas").
+  // Only the agent's own crash matters here (a machine crash ends every pod too), hence no fsync: with two per save, at
+  // every pod start and removal, 1,000 pods took the agent a minute (docs/benchmarks.md, "1,000 replicas").
   write_file_atomic(path_, nlohmann::json{{"next", format_ipv4(next_)}, {"pods", pods}}.dump(1) + "\n",
                     Durability::ProcessCrash);
 }
