@@ -506,6 +506,7 @@ std::chrono::milliseconds Controller::keep_finished(const Json& job, const Finis
 
 std::chrono::milliseconds Controller::reconcile(const std::string& key) {
   const auto [ns, name] = split_key(key);
+  log::debug("controller", "reconcile", {{"job", key}});
   // Read the job from the server, not the cache: a status we just wrote must be seen, or a restart is counted twice.
   auto fetched = client_.try_get(kube::resources::trainingjobs, ns, name);
   if (!fetched || (*fetched)["metadata"].contains("deletionTimestamp")) {
@@ -529,6 +530,7 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
   if (auto r = restart_or_fail(s)) return *r;
 
   // Act: the generation made durable, pods deleted, created and bound.
+  log::debug("controller", "decided", {{"job", key}});
   start_generation(s);
   create_pods(s);
   bind_gang(s);

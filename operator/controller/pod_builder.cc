@@ -206,8 +206,11 @@ void for_other_scheduler(const Json& job, const JobSpec& spec, Json& labels, Jso
 
 }  // namespace
 
-Json build_worker_pod(const Json& job, const JobSpec& spec, int index, int64_t generation, const PodOptions& opts) {
-  const std::string job_name = job["metadata"].value("name", "");
+// Everything of a worker pod but its replica index (metadata.name, spec.hostname, the index label and the
+// RAILYARD_REPLICA_INDEX env, left for WorkerPodBuilder::pod to stamp).
+WorkerPodBuilder::WorkerPodBuilder(const Json& job, const JobSpec& spec, int64_t generation, const PodOptions& opts)
+    : job_name_(job["metadata"].value("name", "")) {
+  const std::string& job_name = job_name_;
   const std::string ns = job["metadata"].value("namespace", "");
   const Json tmpl = job.contains("spec") && job["spec"].contains("template") && job["spec"]["template"].is_object()
                         ? job["spec"]["template"]
@@ -217,7 +220,6 @@ Json build_worker_pod(const Json& job, const JobSpec& spec, int index, int64_t g
 
   Json labels = tmeta.value("labels", Json::object());
   labels[kJobLabel] = job_name;
-  labels[kReplicaIndexLabel] = std::to_string(index);
   labels[kGenerationLabel] = std::to_string(generation);
   Json annotations = tmeta.value("annotations", Json::object());
 
@@ -229,7 +231,7 @@ Json build_worker_pod(const Json& job, const JobSpec& spec, int index, int64_t g
   Json env = Json::array({
       env_value("RAILYARD_JOB_NAME", job_name),
       env_value("RAILYARD_JOB_NAMESPACE", ns),
-      env_value("RAILYARD_REPLICA_INDEX", std::to_string(index)),
+      env_value(kReplicaIndexEnv, ""),  // stamped per pod
       env_value("RAILYARD_PROCS_PER_REPLICA", std::to_string(spec.procs_per_replica)),
       env_value("RAILYARD_PROCS_PER_POD", std::to_string(spec.procs_per_replica)),
       env_value("RAILYARD_DEVICE", spec.device),
@@ -285,7 +287,10 @@ Json build_worker_pod(const Json& job, const JobSpec& spec, int index, int64_t g
       }
       // A template command without args means "run exactly this", not "this plus the agent's args".
       if (tc.contains("command") && !tc.contains("args")) container.erase("args");
-      merge_named(env, tc.value("env", Json::array()));
+      const Json tenv = tc.value("env", Json::array());
+      // A template that sets the index env itself keeps its value in every pod (it wins like any template env).
+      index_env_ours_ = !tenv.is_array() || !has_named(tenv, kReplicaIndexEnv);
+      merge_named(env, tenv);
     }
     for (size_t i = 1; i < tspec["containers"].size(); ++i) containers.push_back(tspec["containers"][i]);
   }
@@ -326,18 +331,30 @@ Json build_worker_pod(const Json& job, const JobSpec& spec, int index, int64_t g
   pod_spec["restartPolicy"] = "Never";
   pod_spec.erase("nodeName");  // binding is the operator's or the chosen scheduler's job, never the template's
   if (spec.scheduler != kRailyardScheduler) for_other_scheduler(job, spec, labels, annotations, pod_spec);
-  pod_spec["hostname"] = worker_pod_name(job_name, index);
 
-  Json pod = {{"apiVersion", "v1"},
-              {"kind", "Pod"},
-              {"metadata",
-               {{"name", worker_pod_name(job_name, index)},
-                {"namespace", ns},
-                {"labels", labels},
-                {"ownerReferences", Json::array({owner_reference(job)})}}},
-              {"spec", pod_spec}};
-  if (!annotations.empty()) pod["metadata"]["annotations"] = annotations;
+  base_ = {
+      {"apiVersion", "v1"},
+      {"kind", "Pod"},
+      {"metadata",
+       {{"name", ""}, {"namespace", ns}, {"labels", labels}, {"ownerReferences", Json::array({owner_reference(job)})}}},
+      {"spec", pod_spec}};
+  if (!annotations.empty()) base_["metadata"]["annotations"] = annotations;
+}
+
+Json WorkerPodBuilder::pod(int index) const {
+  Json pod = base_;
+  const std::string name = worker_pod_name(job_name_, index), idx = std::to_string(index);
+  pod["metadata"]["name"] = name;
+  pod["metadata"]["labels"][kReplicaIndexLabel] = idx;
+  pod["spec"]["hostname"] = name;
+  if (index_env_ours_)
+    for (Json& e : pod["spec"]["containers"][0]["env"])
+      if (e.value("name", "") == kReplicaIndexEnv) e["value"] = idx;
   return pod;
+}
+
+Json build_worker_pod(const Json& job, const JobSpec& spec, int index, int64_t generation, const PodOptions& opts) {
+  return WorkerPodBuilder(job, spec, generation, opts).pod(index);
 }
 
 Json build_token_secret(const Json& job, const std::string& token, const std::string& ca_pem,

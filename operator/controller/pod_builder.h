@@ -14,6 +14,7 @@ namespace railyard::op {
 inline constexpr const char* kJobLabel = "railyard.dev/job";
 inline constexpr const char* kReplicaIndexLabel = "railyard.dev/replica-index";
 inline constexpr const char* kGenerationLabel = "railyard.dev/generation";
+inline constexpr const char* kReplicaIndexEnv = "RAILYARD_REPLICA_INDEX";
 inline constexpr const char* kSchedulerName = kRailyardScheduler;
 // Gang marks on pods of a job whose spec.placement.scheduler is another scheduler (docs/scheduler.md "Another
 // scheduler"): scheduler-plugins' coscheduling, Volcano, Kueue's plain-pod groups (Kueue's only with a queue label on
@@ -68,6 +69,21 @@ Json owner_reference(const Json& job);
 // pod fsGroup) for every field the template's container or pod securityContext leaves unset, and emptyDirs at /tmp
 // and /dev/shm (memory) unless the template mounts those paths.
 Json build_worker_pod(const Json& job, const JobSpec& spec, int index, int64_t generation, const PodOptions& opts);
+
+// The same, for many pods of one job: the pods of a gang differ only in their replica index (name, hostname, the
+// index label, RAILYARD_REPLICA_INDEX), so the merge above runs once and pod(i) stamps the index on a copy. A
+// 1,000-pod gang was 1 s of building before its first create (docs/benchmarks.md); build_worker_pod is this with
+// one pod.
+class WorkerPodBuilder {
+ public:
+  WorkerPodBuilder(const Json& job, const JobSpec& spec, int64_t generation, const PodOptions& opts);
+  Json pod(int index) const;
+
+ private:
+  std::string job_name_;
+  Json base_;
+  bool index_env_ours_ = true;  // false when the template sets RAILYARD_REPLICA_INDEX itself
+};
 
 // The Secret holding the job's rendezvous token (and, when the service speaks TLS, the CA pods trust; and, when given,
 // the job's own CA, keys job-ca.crt and job-ca.key: common/tls/job_identity.h), owned by the job.

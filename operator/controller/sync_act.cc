@@ -2,6 +2,7 @@
 // rendezvous service. Every change to the cluster a reconcile makes (besides status and events) is here.
 #include <algorithm>
 #include <atomic>
+#include <optional>
 
 #include "common/log.h"
 #include "operator/controller/failure_policy.h"
@@ -75,6 +76,7 @@ void Controller::create_pods(Sync& s) {
   // Pods: delete lost/failed and surplus ones, create missing ones (placed first, scheduler railyard).
   token = ensure_token(job);
   ensure_network_policy(job, spec);
+  log::debug(kLog, "secret and network policy in place", {{"job", key}});
   for (const auto& [pod_name, force] : to_delete) {
     delete_pod(ns, pod_name, force);
     for (auto it = by_index.begin(); it != by_index.end(); ++it)
@@ -92,6 +94,7 @@ void Controller::create_pods(Sync& s) {
   const bool deleting = !to_delete.empty();
   std::vector<Json> to_create;  // built from `job` (our own copy read from the server), never from the cache
   std::vector<int> to_create_index, unplaced;
+  std::optional<WorkerPodBuilder> builder;  // the gang's common pod, built once on the first pod to create
   for (int i = 0; i < n; ++i) {
     auto it = by_index.find(i);
     if (it != by_index.end()) {
@@ -105,11 +108,13 @@ void Controller::create_pods(Sync& s) {
     if (deleting && std::any_of(to_delete.begin(), to_delete.end(),
                                 [&](const auto& d) { return d.first == worker_pod_name(name, i); }))
       continue;  // the old pod of this name is still going; its deletion event brings us back
-    to_create.push_back(build_worker_pod(job, spec, i, label_gen, opts_.pod));
+    if (!builder) builder.emplace(job, spec, label_gen, opts_.pod);
+    to_create.push_back(builder->pod(i));
     to_create_index.push_back(i);
     unplaced.push_back(i);
   }
   if (to_create.empty()) return;
+  log::debug(kLog, "pods built", {{"job", key}, {"count", std::to_string(to_create.size())}});
   if (spec.scheduler == kRailyardScheduler) {
     // The new pods and the existing unbound ones are placed as one gang; a new pod that got a node is created on it.
     place_gang(s, unplaced, true);
@@ -128,6 +133,7 @@ void Controller::create_pods(Sync& s) {
   // template the server refuses costs one request. Names are fixed per replica index, so a pod that already exists
   // (ours, not yet in the cache, or one still terminating) counts as done and a rerun after a crash creates only what
   // is missing.
+  log::debug(kLog, "creating pods", {{"job", key}, {"count", std::to_string(to_create.size())}});
   std::vector<char> made(to_create.size(), 0);
   std::atomic<bool> already{false};
   SlowStartResult r = run_slow_start(static_cast<int>(to_create.size()), opts_.api_parallelism, [&](int k) {
@@ -139,6 +145,7 @@ void Controller::create_pods(Sync& s) {
     }
   });
   exists_uncached = already;
+  log::debug(kLog, "pods created", {{"job", key}, {"attempted", std::to_string(r.attempted)}});
   for (size_t k = 0; k < to_create.size(); ++k) {
     if (!made[k]) continue;
     const std::string pod_name = kube::name_of(to_create[k]);

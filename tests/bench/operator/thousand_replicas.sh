@@ -11,6 +11,9 @@
 # the node agent stopped (SIGSTOP) from the create request until the count completes, labelled "equal, nodes paused":
 # what the nodes' own reaction to the bound pods (process starts, status writes, events on the same API server and
 # cores) adds to the time; read it as a decomposition, not as the figure to quote).
+# JC_OUR_PODS=1 (each round also runs the Job controller at equal limits with the operator's own worker pod as its
+# template, labelled "equal, our pods": one pod of the operator's run, less its name, owner, node and status; what the
+# pods' size costs the API server, apart from who creates them).
 # Starts its own local cluster (N simulated 8-GPU nodes: the operator places one worker pod per node) in --state-dir
 # and stops it at the end. The cluster gets Kubernetes' default node-monitor grace (40 s, not the local default 4 s)
 # and the node agent renews leases every 10 s like a kubelet: N nodes then cost N/10 lease writes per second.
@@ -31,7 +34,7 @@ while [ $# -gt 0 ]; do
     --replicas) N="$2"; shift 2 ;;
     --state-dir) STATE_DIR="$2"; shift 2 ;;
     --no-nodes) NO_NODES=yes; shift ;;
-    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "thousand_replicas.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -92,6 +95,20 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 cpu_seconds() { awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) / hz}' "/proc/$1/stat"; }
 peak_rss_mib() { awk '/VmHWM/ {printf "%.0f", $2 / 1024}' "/proc/$1/status"; }
 now() { date +%s.%N; }
+# The control plane's and the nodes' CPU seconds (kube-apiserver, etcd, kube-controller-manager, node agent), for
+# where_cpu: what a run cost the rest of the machine besides the creator.
+plane_pids() {
+  local c
+  for c in kube-apiserver etcd kube-controller-manager; do cat "$STATE_DIR/pids/$c.pid" 2>/dev/null || echo 0; done
+  echo "${NODE_AGENT_PID:-0}"
+}
+plane_cpu() { local p; for p in $(plane_pids); do [ -r "/proc/$p/stat" ] && cpu_seconds "$p" || echo 0; done | xargs; }
+# where_cpu "BEFORE": the CPU seconds each used since plane_cpu printed BEFORE.
+where_cpu() {
+  python3 -c 'import sys; n = ["apiserver", "etcd", "controller-manager", "node agent"]
+b, a = map(float, sys.argv[1].split()), map(float, sys.argv[2].split())
+print("  CPU during the run: " + ", ".join(f"{w} {y - x:.2f} s" for w, x, y in zip(n, b, a)))' "$1" "$(plane_cpu)"
+}
 
 # wait_pods NS SELECTOR NEED_BOUND T0 LIMIT: prints "created_s bound_s" (bound_s "-" when not asked), from one watch
 # stream (`kubectl get -w`: its initial list, then every change). Until 2026-11-29 this listed the 1,000 pods every
@@ -109,6 +126,8 @@ for line in sys.stdin:
     f = line.split()
     if len(f) < 2:
         continue
+    if not seen:  # how long the creator took to send its first pod: the rest is its pace
+        print(f"  first pod seen at {time.time() - t0:.3f} s", file=sys.stderr, flush=True)
     seen.add(f[0])
     if f[1] != "<none>":
         bound.add(f[0])
@@ -165,7 +184,9 @@ loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
 # Between runs, outside the timing: deletecollection (one request) with grace 0, rather than the garbage collector's 20
 # deletes per second and the node agent's graceful stop of 1,000 processes one pod at a time (4 minutes here); the
 # node agent still stops the processes, and the next run waits until it has (settle).
-delete_pods() { k delete --raw "/api/v1/namespaces/$1/pods?labelSelector=$2&gracePeriodSeconds=0" >/dev/null; }
+# The request can outlast its 34 s timeout on a slow API server (1,000 deletes, one by one); the deletion goes on and
+# wait_gone waits for it.
+delete_pods() { k delete --raw "/api/v1/namespaces/$1/pods?labelSelector=$2&gracePeriodSeconds=0" >/dev/null || true; }
 # The next run also waits for the node agent to go idle (its log still for 5 s, at most 5 minutes): after a paused run
 # it works through 1,000 stale pod events, and until 2026-11-29 that backlog ran into the next rounds.
 settle() {
@@ -210,6 +231,8 @@ run_operator() {
     sleep 1
   fi
   cpu0=$(cpu_seconds "$op")
+  local plane0
+  plane0=$(plane_cpu)
   echo "load average before ($label): $(loadavg)"
   # Leases are renewed every 10 s against a 40 s grace: a pause of a few seconds leaves every node Ready.
   [ -z "$pause" ] || kill -STOP "$pause"
@@ -218,12 +241,16 @@ run_operator() {
   read -r op_created op_bound < <(wait_pods "$ns" railyard.dev/job=big $([ "$NODES" -gt 0 ] && echo yes || echo no) "$t0" "${BIND_LIMIT:-600}")
   [ -z "$pause" ] || kill -CONT "$pause"
   op_cpu=$(echo "$(cpu_seconds "$op") - $cpu0" | bc)
+  where_cpu "$plane0"
   op_rss=$(peak_rss_mib "$op")
   [ -z "$perf" ] || { kill -INT "$perf"; wait "$perf" 2>/dev/null || true; }
   echo "operator ($label, qps $qps burst $burst): $N pods created in ${op_created} s, all bound in ${op_bound} s; operator CPU ${op_cpu} s, peak RSS ${op_rss} MiB; load average $(loadavg)"
   echo "row operator|$label|$op_created|$op_bound|$op_cpu|$op_rss" >>"$WORK/rows"
   [ "$label" = "default client limits" ] && OP_CREATED_DEFAULT=$op_created
   [ "$label" = "equal: effectively unthrottled" ] && OP_CREATED_EQUAL=$op_created
+  if [ -n "${JC_OUR_PODS:-}" ] && [ ! -s "$WORK/our-pod.json" ]; then
+    k get pod big-worker-0 -n "$ns" -o json >"$WORK/our-pod.json"
+  fi
   kill "$op"; wait "$op" 2>/dev/null || true
   k delete tj big -n "$ns" --wait=false >/dev/null
   delete_pods "$ns" railyard.dev/job=big
@@ -249,6 +276,23 @@ spec:
         command: ["/bin/sleep", "3600"]
 TJ
 
+# our_pods_job NAME: a Job whose pod template is the operator's saved worker pod (JC_OUR_PODS), as JSON.
+our_pods_job() {
+  python3 - "$WORK/our-pod.json" "$1" "$N" <<'PY'
+import json, sys
+pod, name, n = json.load(open(sys.argv[1])), sys.argv[2], int(sys.argv[3])
+spec = pod["spec"]
+# priority is the Priority admission plugin's to set from the class; the rest places or names one pod
+for k in ("nodeName", "hostname", "subdomain", "priority", "preemptionPolicy"):
+    spec.pop(k, None)
+spec["schedulerName"] = "default-scheduler"  # the Job's pods stay unbound: no scheduler runs here
+meta = {"labels": {"bench": name}, "annotations": pod["metadata"].get("annotations", {})}
+print(json.dumps({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
+                  "spec": {"parallelism": n, "completions": n, "backoffLimit": 0,
+                           "template": {"metadata": meta, "spec": spec}}}))
+PY
+}
+
 # --- The Job controller (kube-controller-manager --controllers=job) with the admin credentials the operator used.
 run_job_controller() {
   local label=$1 qps=$2 burst=$3 name=$4
@@ -260,8 +304,14 @@ run_job_controller() {
   sleep 3
   kill -0 "$kcm" || { cat "$WORK/kcm-$name.log" >&2; exit 1; }
   local c0 t1 jc jb
+  [ "$label" != "equal, our pods" ] || our_pods_job "$name" >"$WORK/job-our-pods-$name.json"
   c0=$(cpu_seconds "$kcm")
+  local plane0
+  plane0=$(plane_cpu)
   t1=$(now)
+  if [ "$label" = "equal, our pods" ]; then
+    k create -n bench-job -f "$WORK/job-our-pods-$name.json" >/dev/null
+  else
   k create -n bench-job -f - >/dev/null <<JOB
 apiVersion: batch/v1
 kind: Job
@@ -277,10 +327,12 @@ spec:
       containers:
       - {name: worker, image: railyard-worker:local, command: ["/bin/sleep", "3600"]}
 JOB
+  fi
   echo "load average before (job controller, $label): $(loadavg)"
   read -r jc jb < <(wait_pods bench-job "bench=$name" no "$t1" 900)
   local jcpu
   jcpu=$(echo "$(cpu_seconds "$kcm") - $c0" | bc)
+  where_cpu "$plane0"
   echo "job controller ($label, qps $qps burst $burst): $N pods created in ${jc} s; CPU $jcpu s, peak RSS $(peak_rss_mib "$kcm") MiB (whole kube-controller-manager); load average $(loadavg)"
   echo "row job|$label|$jc|-|$jcpu|$(peak_rss_mib "$kcm")" >>"$WORK/rows"
   local op_created=${OP_CREATED_DEFAULT:-}
@@ -301,6 +353,7 @@ for round in $(seq 1 "${ROUNDS:-1}"); do
   [ -z "${PAUSE_NODES:-}" ] || [ "$NODES" = 0 ] || run_operator "equal, nodes paused" 1000 2000 "bench-op-p-r$round"
   [ -n "${ONLY_EQUAL:-}" ] || run_job_controller "default client limits" 20 30 "default-limits-r$round"
   run_job_controller "equal: effectively unthrottled" 1000 2000 "equal-limits-r$round"
+  [ -z "${JC_OUR_PODS:-}" ] || run_job_controller "equal, our pods" 1000 2000 "our-pods-r$round"
 done
 # Medians (min-max) over the rounds, and the issue's ratios per round: operator bound / Job controller created, and
 # CPU operator / Job controller, at equal limits.
@@ -324,4 +377,13 @@ for label in sorted({r[1] for r in rows}):
         show(f"ratio [{label}] operator bound / job controller created", [a / b for a, b in zip(ob, jc)])
     if oc and jcpu and len(oc) == len(jcpu):
         show(f"ratio [{label}] operator CPU / job controller CPU", [a / b for a, b in zip(oc, jcpu)])
+# JC_OUR_PODS: what the operator's pods cost the Job controller against its own bare ones, and the operator against
+# the Job controller creating the same pods.
+ours, bare = col("job", "equal, our pods", 2), col("job", "equal: effectively unthrottled", 2)
+if ours and len(ours) == len(bare):
+    show("ratio job controller: our pods / its bare pods (created)", [a / b for a, b in zip(ours, bare)])
+    for label in ("equal: effectively unthrottled", "equal, nodes paused"):
+        ob = col("operator", label, 3)
+        if len(ob) == len(ours):
+            show(f"ratio [{label}] operator bound / job controller creating our pods", [a / b for a, b in zip(ob, ours)])
 PY

@@ -100,6 +100,42 @@ TEST_CASE("the template merges labels, pod fields, env and overrides the command
   CHECK(pod["spec"]["containers"][1]["name"] == "sidecar");
 }
 
+TEST_CASE("one builder per gang: each pod differs from another only in its index, on its own copy") {
+  Json job = job_with(Json::parse(R"({"spec": {"template": {"metadata": {"labels": {"team": "nlp"}},
+      "spec": {"containers": [{"env": [{"name": "FOO", "value": "1"}]}, {"name": "sidecar", "image": "side:1"}]}}}})"));
+  const JobSpec spec = parse_job(job).spec;
+  const WorkerPodBuilder builder(job, spec, 4, options());
+  const Json p7 = builder.pod(7), p0 = builder.pod(0);
+  CHECK(p7["metadata"]["name"] == "tiny-worker-7");
+  CHECK(p7["spec"]["hostname"] == "tiny-worker-7");
+  CHECK(p7["metadata"]["labels"][kReplicaIndexLabel] == "7");
+  CHECK((*find_env(p7, kReplicaIndexEnv))["value"] == "7");
+  CHECK(replica_index_of(p0) == 0);
+  CHECK((*find_env(p0, kReplicaIndexEnv))["value"] == "0");
+  CHECK(p0["metadata"]["labels"]["team"] == "nlp");
+  // Stamping index 7's four fields on pod 0 gives pod 7 exactly: nothing else depends on the index, and pod(0) after
+  // pod(7) kept nothing of 7.
+  Json stamped = p0;
+  stamped["metadata"]["name"] = stamped["spec"]["hostname"] = "tiny-worker-7";
+  stamped["metadata"]["labels"][kReplicaIndexLabel] = "7";
+  for (Json& e : stamped["spec"]["containers"][0]["env"])
+    if (e["name"] == kReplicaIndexEnv) e["value"] = "7";
+  CHECK(stamped == p7);
+  CHECK(builder.pod(7) == p7);
+  CHECK(build_worker_pod(job, spec, 7, 4, options()) == p7);
+}
+
+TEST_CASE("a template that sets the index env keeps its value in every pod") {
+  Json job = job_with(Json::parse(R"({"spec": {"template": {"spec": {"containers": [
+      {"env": [{"name": "RAILYARD_REPLICA_INDEX", "value": "mine"}]}]}}}})"));
+  const WorkerPodBuilder builder(job, parse_job(job).spec, 1, options());
+  for (int i : {0, 5}) {
+    const Json pod = builder.pod(i);
+    CHECK((*find_env(pod, kReplicaIndexEnv))["value"] == "mine");
+    CHECK(replica_index_of(pod) == i);  // the label is always ours
+  }
+}
+
 TEST_CASE("cuda jobs request one GPU per local rank unless they say otherwise") {
   Json job = job_with(Json::parse(R"({"spec": {"device": "cuda", "procsPerReplica": 4}})"));
   Json pod = build_worker_pod(job, parse_job(job).spec, 0, 1, options());
