@@ -71,8 +71,8 @@ Json owner_reference(const Json& job);
 Json build_worker_pod(const Json& job, const JobSpec& spec, int index, int64_t generation, const PodOptions& opts);
 
 // The same, for many pods of one job: the pods of a gang differ only in their replica index (name, hostname, the
-// index label, RAILYARD_REPLICA_INDEX), so the merge above runs once and pod(i) stamps the index on a copy (1,000
-// pods: 70 ms against 115 ms built one by one, docs/benchmarks.md); build_worker_pod is this with one pod.
+// index label, RAILYARD_REPLICA_INDEX), so the merge above runs once and pod(i) stamps the index on a copy
+// (a small saving: docs/benchmarks.md, 2026-12-02); build_worker_pod is this with one pod.
 class WorkerPodBuilder {
  public:
   WorkerPodBuilder(const Json& job, const JobSpec& spec, int64_t generation, const PodOptions& opts);
