@@ -305,7 +305,8 @@ void Controller::forget_job(const std::string& key) {
     exits_.erase(key);
     timeouts_.erase(key);
     tokens_.erase(key);
-    policies_.erase(key);
+    for (const kube::Resource* r : {&kube::resources::networkpolicies, &kube::resources::configmaps})
+      job_objects_.erase(r->plural + "/" + key);
     if (opened_.erase(key) == 0) rdzv = nullptr;
   }
   if (rdzv) rdzv->close_job(key);
@@ -369,44 +370,57 @@ std::string Controller::ensure_token(const Json& job) {
 
 void Controller::ensure_network_policy(const Json& job, const JobSpec& spec) {
   if (opts_.network_policy == NetworkPolicyMode::kNone) return;
-  const std::string key = kube::key_of(job), uid = uid_of(job);
+  ensure_job_object(job, kube::resources::networkpolicies,
+                    build_network_policy(job, spec, opts_.network_policy, opts_.pod), "NetworkPolicyConflict",
+                    "rename or delete it (each job's policy is named <job>-workers), or run the operator with "
+                    "--network-policy none");
+}
+
+void Controller::ensure_job_object(const Json& job, const kube::Resource& res, const Json& want,
+                                   const std::string& conflict_reason, const std::string& fix) {
+  const std::string ns = kube::namespace_of(job), name = kube::name_of(want), uid = uid_of(job);
+  const std::string cache_key = res.plural + "/" + kube::key_of(job), stamp = uid + "\n" + want.dump();
   {
     std::lock_guard lock(mu_);
-    auto it = policies_.find(key);
-    if (it != policies_.end() && it->second == uid) return;
+    auto it = job_objects_.find(cache_key);
+    if (it != job_objects_.end() && it->second == stamp) return;
   }
-  const Json want = build_network_policy(job, spec, opts_.network_policy, opts_.pod);
-  const std::string ns = kube::namespace_of(job), name = kube::name_of(want);
-  auto have = client_.try_get(kube::resources::networkpolicies, ns, name);
+  const std::string what = res.kind + " " + ns + "/" + name;
+  auto have = client_.try_get(res, ns, name);
   if (!have) {
-    client_.create(kube::resources::networkpolicies, ns, want);
+    try {
+      client_.create(res, ns, want);
+    } catch (const kube::AlreadyExists&) {
+      throw kube::Conflict(409, "Conflict", what + " appeared meanwhile; comparing it on the next pass");
+    }
   } else {
     const Claim claim = claim_of(*have, uid);
     if (claim == Claim::kEarlierJob) {
       // Left over from an earlier job of the same name (the garbage collector has not caught up): replace it.
-      client_.remove(kube::resources::networkpolicies, ns, name);
-      throw kube::Conflict(409, "Conflict",
-                           "NetworkPolicy " + ns + "/" + name + " belongs to an older job; replacing it");
+      client_.remove(res, ns, name);
+      throw kube::Conflict(409, "Conflict", what + " belongs to an older job; replacing it");
     }
     if (claim == Claim::kForeign) {
-      // Someone else's policy under the name this job's would take: never delete it, and never run the job without
-      // the isolation the operator was told to give it.
-      const std::string msg = "NetworkPolicy " + ns + "/" + name +
-                              " exists and is not this job's: rename or delete it (each job's policy is named "
-                              "<job>-workers), or run the operator with --network-policy none; no pods until then";
-      recorder_.warning(job, "NetworkPolicyConflict", msg);
+      // Someone else's object under the name this job's would take: never delete or take it over, and never run the
+      // job without what the operator was told to give it.
+      const std::string msg = what + " exists and is not this job's: " + fix + "; no pods until then";
+      recorder_.warning(job, conflict_reason, msg);
       throw Error(msg);
     }
-    // Another mode or other ports (the operator's flags changed): bring it to what this operator builds.
-    if (have->value("spec", Json::object()) != want["spec"] ||
-        have->at("metadata").value("annotations", Json::object()) != want["metadata"]["annotations"]) {
+    // Built differently (the operator's flags or the job's spec changed): bring it to what this operator builds.
+    bool differs = have->at("metadata").value("annotations", Json::object()) !=
+                   want["metadata"].value("annotations", Json::object());
+    for (auto it = want.begin(); it != want.end(); ++it)
+      if (it.key() != "metadata" && it.key() != "apiVersion" && it.key() != "kind")
+        differs = differs || have->value(it.key(), Json()) != it.value();
+    if (differs) {
       Json update = want;
       update["metadata"]["resourceVersion"] = have->at("metadata").value("resourceVersion", "");
-      client_.update(kube::resources::networkpolicies, ns, update);
+      client_.update(res, ns, update);
     }
   }
   std::lock_guard lock(mu_);
-  policies_[key] = uid;
+  job_objects_[cache_key] = stamp;
 }
 
 Json Controller::write_status(const Json& job, const Json& status) {

@@ -116,9 +116,14 @@ class Controller {
   // Nodes with every pod bound to them (node_pods_) and the jobs' own pods, for placement and planning.
   std::vector<NodeInfo> node_inventory();
   std::string ensure_token(const Json& job);
-  // The job's NetworkPolicy exists, is the job's and matches the mode (created or replaced otherwise); remembered per
-  // job uid so that a reconcile costs no request once it is in place.
+  // The job's NetworkPolicy exists, is the job's and matches the mode (created or replaced otherwise).
   void ensure_network_policy(const Json& job, const JobSpec& spec);
+  // A per-job object the pods depend on (NetworkPolicy, the env ConfigMap) exists as `want`: created, or brought to
+  // it (update); one of an earlier job of the same name deleted (Conflict, retried); someone else's never touched
+  // (Warning event `conflict_reason`, an Error that ends with `fix`). Remembered per job uid and content, so that a
+  // reconcile costs no request once it is in place.
+  void ensure_job_object(const Json& job, const kube::Resource& res, const Json& want,
+                         const std::string& conflict_reason, const std::string& fix);
   Json write_status(const Json& job, const Json& status);
   std::chrono::milliseconds finish(const Json& job, const JobSpec& spec, Json& status, const Json& orig,
                                    std::vector<PendingEvent>& events, const std::vector<PodPtr>& pods);
@@ -148,8 +153,9 @@ class Controller {
   // job key -> generation whose recovery was observed: the cache may show the old status for a reconcile or two.
   std::map<std::string, int64_t> recovery_observed_;
   std::map<std::string, std::pair<std::string, std::string>> tokens_;  // job key -> (uid, token)
-  std::string rendezvous_ca_;                    // PEM the jobs' Secrets carry as ca.crt; empty: plain HTTP
-  std::map<std::string, std::string> policies_;  // job key -> uid whose policy is in place
+  std::string rendezvous_ca_;  // PEM the jobs' Secrets carry as ca.crt; empty: plain HTTP
+  // "<plural>/<job key>" -> uid and content of the per-job object in place (ensure_job_object)
+  std::map<std::string, std::string> job_objects_;
 
   // Metrics.
   metrics::Family<metrics::Gauge>& jobs_by_phase_;

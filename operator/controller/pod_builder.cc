@@ -18,6 +18,7 @@ std::string worker_pod_name(const std::string& job_name, int index) {
   return job_name + "-worker-" + std::to_string(index);
 }
 std::string token_secret_name(const std::string& job_name) { return job_name + "-rendezvous"; }
+std::string env_configmap_name(const std::string& job_name) { return job_name + "-env"; }
 std::string job_selector(const std::string& job_name) { return std::string(kJobLabel) + "=" + job_name; }
 
 Json owner_reference(const Json& job) {
@@ -228,16 +229,19 @@ WorkerPodBuilder::WorkerPodBuilder(const Json& job, const JobSpec& spec, int64_t
                     {"image", spec.image.empty() ? opts.worker_image : spec.image},
                     {"command", command},
                     {"args", Json::array({"agent"})}};
+  // Job-wide values go to the job's ConfigMap (env_configmap(), envFrom): written once per job, not once per pod,
+  // which keeps the pod small (each of 1,000 pods is decoded, stored and sent to every watcher: docs/benchmarks.md,
+  // 2026-12-02). Only what differs per pod, refers to the Secret, or must win over the template stays in env.
+  Json shared = {{"RAILYARD_JOB_NAME", job_name},
+                 {"RAILYARD_JOB_NAMESPACE", ns},
+                 {"RAILYARD_POD_NAMESPACE", ns},  // a pod's namespace is its job's
+                 {"RAILYARD_PROCS_PER_REPLICA", std::to_string(spec.procs_per_replica)},
+                 {"RAILYARD_PROCS_PER_POD", std::to_string(spec.procs_per_replica)},
+                 {"RAILYARD_DEVICE", spec.device},
+                 {"RAILYARD_RENDEZVOUS_ADDR", opts.rendezvous_addr}};
   Json env = Json::array({
-      env_value("RAILYARD_JOB_NAME", job_name),
-      env_value("RAILYARD_JOB_NAMESPACE", ns),
       env_value(kReplicaIndexEnv, ""),  // stamped per pod
-      env_value("RAILYARD_PROCS_PER_REPLICA", std::to_string(spec.procs_per_replica)),
-      env_value("RAILYARD_PROCS_PER_POD", std::to_string(spec.procs_per_replica)),
-      env_value("RAILYARD_DEVICE", spec.device),
-      env_value("RAILYARD_RENDEZVOUS_ADDR", opts.rendezvous_addr),
       env_field("RAILYARD_POD_NAME", "metadata.name"),
-      env_field("RAILYARD_POD_NAMESPACE", "metadata.namespace"),
       env_field("RAILYARD_POD_IP", "status.podIP"),
       env_field("RAILYARD_NODE_NAME", "spec.nodeName"),
       {{"name", "RAILYARD_RENDEZVOUS_TOKEN"},
@@ -254,14 +258,14 @@ WorkerPodBuilder::WorkerPodBuilder(const Json& job, const JobSpec& spec, int64_t
 
   if (spec.program) {
     // What a program may use beside torchrun's variables (the agent adds the per-rank ones): docs/programs.md.
-    env.push_back(env_value("RAILYARD_MAX_RESTARTS", std::to_string(spec.max_restarts)));
-    if (!spec.checkpoint_path.empty()) env.push_back(env_value("RAILYARD_CHECKPOINT_DIR", spec.checkpoint_path));
+    shared["RAILYARD_MAX_RESTARTS"] = std::to_string(spec.max_restarts);
+    if (!spec.checkpoint_path.empty()) shared["RAILYARD_CHECKPOINT_DIR"] = spec.checkpoint_path;
     if (spec.checkpoint_interval_steps > 0)
-      env.push_back(env_value("RAILYARD_CHECKPOINT_INTERVAL_STEPS", std::to_string(spec.checkpoint_interval_steps)));
-    if (spec.steps > 0) env.push_back(env_value("RAILYARD_TOTAL_STEPS", std::to_string(spec.steps)));
+      shared["RAILYARD_CHECKPOINT_INTERVAL_STEPS"] = std::to_string(spec.checkpoint_interval_steps);
+    if (spec.steps > 0) shared["RAILYARD_TOTAL_STEPS"] = std::to_string(spec.steps);
   }
-  if (!opts.roots.data.empty()) env.push_back(env_value("RAILYARD_DATA_ROOT", opts.roots.data));
-  if (!opts.roots.checkpoint.empty()) env.push_back(env_value("RAILYARD_CHECKPOINT_ROOT", opts.roots.checkpoint));
+  if (!opts.roots.data.empty()) shared["RAILYARD_DATA_ROOT"] = opts.roots.data;
+  if (!opts.roots.checkpoint.empty()) shared["RAILYARD_CHECKPOINT_ROOT"] = opts.roots.checkpoint;
 
   // Resources: the job's, plus GPUs for cuda jobs that did not ask for them explicitly.
   Json resources = job["spec"].value("resources", Json::object());
@@ -302,7 +306,7 @@ WorkerPodBuilder::WorkerPodBuilder(const Json& job, const JobSpec& spec, int64_t
     merge_named(env, Json::array({env_value("RAILYARD_METRICS_PORT", std::to_string(opts.worker_metrics_port))}));
     // A program serves no railyard_worker_* series: its agent serves them there, from the ranks' progress files and
     // output, so the monitor's rules see a program's ranks like the trainer's (docs/programs.md).
-    if (spec.program) merge_named(env, Json::array({env_value("RAILYARD_AGENT_RANK_METRICS", "1")}));
+    if (spec.program) shared["RAILYARD_AGENT_RANK_METRICS"] = "1";
     for (int l = 0; l < spec.procs_per_replica && l < 8; ++l) {
       // Port names are at most 15 characters: metrics, metrics-1 ... metrics-7 (more local ranks serve unnamed).
       ports.push_back({{"name", l == 0 ? std::string("metrics") : "metrics-" + std::to_string(l)},
@@ -318,10 +322,17 @@ WorkerPodBuilder::WorkerPodBuilder(const Json& job, const JobSpec& spec, int64_t
   // GPU pods: rail-aligned NCCL settings (nccl_env.h). The template's env wins: only names it does not set are added.
   if (pod_resource({{"spec", {{"containers", Json::array({container})}}}}, kGpuResource) > 0) {
     for (const Json& e : nccl_pod_env())
-      if (std::none_of(env.begin(), env.end(), [&](const Json& x) { return x.value("name", "") == e["name"]; }))
+      if (e.contains("value"))
+        shared[e["name"].get<std::string>()] = e["value"];
+      else if (std::none_of(env.begin(), env.end(), [&](const Json& x) { return x.value("name", "") == e["name"]; }))
         env.push_back(e);
   }
   container["env"] = env;
+  // Ours first: a later source wins, so the template's own envFrom and env override the job-wide values by name.
+  Json env_from = Json::array({{{"configMapRef", {{"name", env_configmap_name(job_name)}}}}});
+  if (container.contains("envFrom") && container["envFrom"].is_array())
+    for (const Json& e : container["envFrom"]) env_from.push_back(e);
+  container["envFrom"] = env_from;
   apply_security_defaults(container, pod_spec);
   add_writable_mounts(container, pod_spec);
   if (spec.program) add_launcher(container, pod_spec, spec, opts);
@@ -330,6 +341,9 @@ WorkerPodBuilder::WorkerPodBuilder(const Json& job, const JobSpec& spec, int64_t
   pod_spec["schedulerName"] = spec.scheduler;
   pod_spec["restartPolicy"] = "Never";
   pod_spec.erase("nodeName");  // binding is the operator's or the chosen scheduler's job, never the template's
+  // The worker never calls the API server: no token in its pods unless the template asks for one (least privilege,
+  // and a volume less in each pod).
+  if (!pod_spec.contains("automountServiceAccountToken")) pod_spec["automountServiceAccountToken"] = false;
   if (spec.scheduler != kRailyardScheduler) for_other_scheduler(job, spec, labels, annotations, pod_spec);
 
   base_ = {
@@ -339,6 +353,14 @@ WorkerPodBuilder::WorkerPodBuilder(const Json& job, const JobSpec& spec, int64_t
        {{"name", ""}, {"namespace", ns}, {"labels", labels}, {"ownerReferences", Json::array({owner_reference(job)})}}},
       {"spec", pod_spec}};
   if (!annotations.empty()) base_["metadata"]["annotations"] = annotations;
+  configmap_ = {{"apiVersion", "v1"},
+                {"kind", "ConfigMap"},
+                {"metadata",
+                 {{"name", env_configmap_name(job_name)},
+                  {"namespace", ns},
+                  {"labels", {{kJobLabel, job_name}}},
+                  {"ownerReferences", Json::array({owner_reference(job)})}}},
+                {"data", shared}};
 }
 
 Json WorkerPodBuilder::pod(int index) const {
@@ -355,6 +377,10 @@ Json WorkerPodBuilder::pod(int index) const {
 
 Json build_worker_pod(const Json& job, const JobSpec& spec, int index, int64_t generation, const PodOptions& opts) {
   return WorkerPodBuilder(job, spec, generation, opts).pod(index);
+}
+
+Json build_env_configmap(const Json& job, const JobSpec& spec, const PodOptions& opts) {
+  return WorkerPodBuilder(job, spec, 0, opts).env_configmap();
 }
 
 Json build_token_secret(const Json& job, const std::string& token, const std::string& ca_pem,

@@ -54,6 +54,8 @@ struct PodOptions {
 
 std::string worker_pod_name(const std::string& job_name, int index);
 std::string token_secret_name(const std::string& job_name);
+// "<job>-env": the ConfigMap of the job-wide env every worker pod takes through envFrom.
+std::string env_configmap_name(const std::string& job_name);
 // "railyard.dev/job=<name>": the scale subresource's selector and the pod informer's filter.
 std::string job_selector(const std::string& job_name);
 
@@ -77,10 +79,16 @@ class WorkerPodBuilder {
  public:
   WorkerPodBuilder(const Json& job, const JobSpec& spec, int64_t generation, const PodOptions& opts);
   Json pod(int index) const;
+  // The job's ConfigMap <job>-env (owned by the job, label railyard.dev/job): the env that is the same in every pod
+  // (job name and namespace, procs per pod, device, rendezvous address, a program's restart/checkpoint/step values,
+  // the path roots, NCCL_CROSS_NIC on GPU pods), which the pods take through envFrom. It must exist before the pods:
+  // a pod whose envFrom ConfigMap is missing does not start.
+  const Json& env_configmap() const { return configmap_; }
 
  private:
   std::string job_name_;
   Json base_;
+  Json configmap_;
   bool index_env_ours_ = true;  // false when the template sets RAILYARD_REPLICA_INDEX itself
 };
 
@@ -97,6 +105,9 @@ std::optional<Json> job_ca_patch(const Json& secret, const Json& job);
 
 // 32 random bytes as hex (OpenSSL RAND_bytes); throws railyard::Error if the RNG fails.
 std::string random_token();
+
+// WorkerPodBuilder(job, spec, 0, opts).env_configmap().
+Json build_env_configmap(const Json& job, const JobSpec& spec, const PodOptions& opts);
 
 // Replica index from a pod's label; -1 when absent or malformed.
 int replica_index_of(const Json& pod);

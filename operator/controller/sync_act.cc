@@ -115,6 +115,9 @@ void Controller::create_pods(Sync& s) {
   }
   if (to_create.empty()) return;
   log::debug(kLog, "pods built", {{"job", key}, {"count", std::to_string(to_create.size())}});
+  // The pods take the job-wide env from it (envFrom): it exists, as this spec builds it, before any of them.
+  ensure_job_object(job, kube::resources::configmaps, builder->env_configmap(), "EnvConfigMapConflict",
+                    "rename or delete it (each job's job-wide env is kept in the ConfigMap <job>-env)");
   if (spec.scheduler == kRailyardScheduler) {
     // The new pods and the existing unbound ones are placed as one gang; a new pod that got a node is created on it.
     place_gang(s, unplaced, true);

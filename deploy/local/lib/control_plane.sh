@@ -255,7 +255,7 @@ start_apiserver() {
     --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
     --service-cluster-ip-range "$SERVICE_CIDR" \
     --cert-dir "$STATE_DIR/pki/apiserver-generated" \
-    --endpoint-reconciler-type "$([ "${API_ADVERTISE_ADDR:-127.0.0.1}" = 127.0.0.1 ] && echo none || echo lease)" --profiling=false \
+    --endpoint-reconciler-type "$([ "${API_ADVERTISE_ADDR:-127.0.0.1}" = 127.0.0.1 ] && echo none || echo lease)" --profiling="${RAILYARD_APISERVER_PROFILING:-false}" \
     --default-not-ready-toleration-seconds 2 --default-unreachable-toleration-seconds 2 \
     --kubelet-preferred-address-types InternalIP --kubelet-certificate-authority "$pki/ca.crt" \
     --kubelet-client-certificate "$pki/apiserver-kubelet-client.crt" \

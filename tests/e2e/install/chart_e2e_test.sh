@@ -125,7 +125,9 @@ check "operator may not touch leases outside $ns" can no "$op" update leases.coo
 check "operator may not get namespaces (its start-up check tolerates that)" can no "$op" get "namespace/$ns"
 check "operator may not create deployments" can no "$op" create deployments.apps -n "$ns"
 check "operator may not create clusterroles" can no "$op" create clusterroles.rbac.authorization.k8s.io
-check "operator may not read configmaps" can no "$op" get configmaps -n "$team"
+for v in get create update delete; do check "operator may $v configmaps in a job namespace" can yes "$op" "$v" configmaps -n "$team"; done
+check "operator may not list configmaps" can no "$op" list configmaps -A
+check "operator may not patch configmaps" can no "$op" patch configmaps -n "$team"
 check "operator may not list networkpolicies" can no "$op" list networkpolicies.networking.k8s.io -A
 # The monitor (docs/monitor.md).
 for v in get list patch; do check "monitor may $v trainingjobs" can yes "$mon" "$v" trainingjobs.railyard.dev -A; done

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "operator/controller/job_spec.h"
@@ -35,6 +36,22 @@ inline const nlohmann::json* find_env(const nlohmann::json& pod, const std::stri
   for (const nlohmann::json& e : pod["spec"]["containers"][0]["env"])
     if (e["name"] == name) return &e;
   return nullptr;
+}
+
+// The plain value `name` gets in a worker pod's first container, resolved as the kubelet does: the container's env
+// wins by name over its envFrom sources, of which `configmap` (the job's <job>-env, build_env_configmap) is the
+// first; nullopt when neither gives a plain value (a valueFrom entry, or the pod does not take that ConfigMap).
+inline std::optional<std::string> resolved_env(const nlohmann::json& pod, const nlohmann::json& configmap,
+                                               const std::string& name) {
+  if (const nlohmann::json* e = find_env(pod, name))
+    return e->contains("value") ? std::optional<std::string>((*e)["value"].get<std::string>()) : std::nullopt;
+  const nlohmann::json& c = pod["spec"]["containers"][0];
+  if (!c.contains("envFrom") || c["envFrom"].empty() ||
+      c["envFrom"][0]["configMapRef"]["name"] != configmap["metadata"]["name"])
+    return std::nullopt;
+  const nlohmann::json& data = configmap["data"];
+  if (!data.contains(name)) return std::nullopt;
+  return data[name].get<std::string>();
 }
 
 // The worker configuration of `replicas` pods as it goes over the wire (what the agent and the worker read).

@@ -10,6 +10,7 @@
 using namespace railyard::op;
 using railyard::op::testing::find_env;
 using railyard::op::testing::job_with;
+using railyard::op::testing::resolved_env;
 using railyard::op::testing::valid_job;
 using Json = nlohmann::json;
 
@@ -27,8 +28,7 @@ NodeInfo gpu_node(int gpus, std::map<std::string, std::string> labels = {}, std:
 TEST_CASE("GPU pods get NCCL_CROSS_NIC=0 and NCCL_IB_HCA / NCCL_SOCKET_IFNAME from the binding's annotations") {
   Json job = job_with(Json::parse(R"({"spec": {"device": "cuda", "procsPerReplica": 4}})"));
   Json pod = build_worker_pod(job, parse_job(job).spec, 0, 1, PodOptions{});
-  REQUIRE(find_env(pod, "NCCL_CROSS_NIC"));
-  CHECK((*find_env(pod, "NCCL_CROSS_NIC"))["value"] == "0");
+  CHECK(resolved_env(pod, build_env_configmap(job, parse_job(job).spec, PodOptions{}), "NCCL_CROSS_NIC") == "0");
   REQUIRE(find_env(pod, "NCCL_IB_HCA"));
   CHECK((*find_env(pod, "NCCL_IB_HCA"))["valueFrom"]["fieldRef"]["fieldPath"] ==
         "metadata.annotations['railyard.dev/nccl-ib-hca']");
@@ -37,7 +37,7 @@ TEST_CASE("GPU pods get NCCL_CROSS_NIC=0 and NCCL_IB_HCA / NCCL_SOCKET_IFNAME fr
         "metadata.annotations['railyard.dev/nccl-socket-ifname']");
   // GPUs requested through spec.resources (device auto) count as a GPU pod too.
   Json job2 = job_with(Json::parse(R"({"spec": {"resources": {"limits": {"nvidia.com/gpu": 8}}}})"));
-  CHECK(find_env(build_worker_pod(job2, parse_job(job2).spec, 0, 1, PodOptions{}), "NCCL_CROSS_NIC"));
+  CHECK(build_env_configmap(job2, parse_job(job2).spec, PodOptions{})["data"].contains("NCCL_CROSS_NIC"));
 }
 
 TEST_CASE("CPU pods get no NCCL settings") {
@@ -45,6 +45,8 @@ TEST_CASE("CPU pods get no NCCL settings") {
   Json pod = build_worker_pod(job, parse_job(job).spec, 0, 1, PodOptions{});
   for (const Json& e : pod["spec"]["containers"][0]["env"])
     CHECK_MESSAGE(e["name"].get<std::string>().rfind("NCCL_", 0) != 0, e.dump());
+  for (const auto& [name, value] : build_env_configmap(job, parse_job(job).spec, PodOptions{})["data"].items())
+    CHECK_MESSAGE(name.rfind("NCCL_", 0) != 0, name);
 }
 
 TEST_CASE("the template's own NCCL env wins over the scheduler's") {

@@ -10,6 +10,7 @@
 using namespace railyard::op;
 using railyard::op::testing::find_env;
 using railyard::op::testing::job_with;
+using railyard::op::testing::resolved_env;
 using railyard::op::testing::valid_job;
 using Json = nlohmann::json;
 
@@ -50,11 +51,13 @@ TEST_CASE("a worker pod carries owner, labels, scheduler and the agent command")
 TEST_CASE("the agent env names the job, the pod through the downward API, and the token through a Secret") {
   Json job = valid_job();
   Json pod = build_worker_pod(job, parse_job(job).spec, 0, 1, options());
-  REQUIRE(find_env(pod, "RAILYARD_JOB_NAME"));
-  CHECK((*find_env(pod, "RAILYARD_JOB_NAME"))["value"] == "tiny");
-  CHECK((*find_env(pod, "RAILYARD_JOB_NAMESPACE"))["value"] == "team-a");
-  CHECK((*find_env(pod, "RAILYARD_RENDEZVOUS_ADDR"))["value"] == "127.0.0.1:9090");
-  CHECK((*find_env(pod, "RAILYARD_PROCS_PER_POD"))["value"] == "1");
+  const Json cm = build_env_configmap(job, parse_job(job).spec, options());
+  CHECK(resolved_env(pod, cm, "RAILYARD_JOB_NAME") == "tiny");
+  CHECK(resolved_env(pod, cm, "RAILYARD_JOB_NAMESPACE") == "team-a");
+  CHECK(resolved_env(pod, cm, "RAILYARD_POD_NAMESPACE") == "team-a");
+  CHECK(resolved_env(pod, cm, "RAILYARD_RENDEZVOUS_ADDR") == "127.0.0.1:9090");
+  CHECK(resolved_env(pod, cm, "RAILYARD_PROCS_PER_POD") == "1");
+  CHECK(resolved_env(pod, cm, "RAILYARD_DEVICE") == "cpu");
   CHECK((*find_env(pod, "RAILYARD_POD_IP"))["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP");
   CHECK((*find_env(pod, "RAILYARD_POD_NAME"))["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name");
   const Json& token = (*find_env(pod, "RAILYARD_RENDEZVOUS_TOKEN"))["valueFrom"]["secretKeyRef"];
@@ -68,6 +71,40 @@ TEST_CASE("the agent env names the job, the pod through the downward API, and th
   const Json& ca = (*find_env(tls_pod, "RAILYARD_RENDEZVOUS_CA"))["valueFrom"]["secretKeyRef"];
   CHECK(ca["name"] == "tiny-rendezvous");
   CHECK(ca["key"] == "ca.crt");
+}
+
+TEST_CASE("the job-wide env is the job's ConfigMap, which every pod takes through envFrom before the template's") {
+  Json job = job_with(Json::parse(R"({"spec": {"template": {"spec": {"containers": [
+      {"envFrom": [{"configMapRef": {"name": "team-settings"}}]}]}}}})"));
+  const JobSpec spec = parse_job(job).spec;
+  WorkerPodBuilder builder(job, spec, 1, options());
+  const Json& cm = builder.env_configmap();
+  CHECK(cm["kind"] == "ConfigMap");
+  CHECK(cm["metadata"]["name"] == "tiny-env");
+  CHECK(cm["metadata"]["namespace"] == "team-a");
+  CHECK(cm["metadata"]["labels"]["railyard.dev/job"] == "tiny");
+  CHECK(cm["metadata"]["ownerReferences"][0]["uid"] == "uid-1");
+  for (const auto& [name, value] : cm["data"].items()) CHECK_MESSAGE(value.is_string(), name);
+  for (int i : {0, 1}) {
+    const Json pod = builder.pod(i);
+    const Json& c = pod["spec"]["containers"][0];
+    REQUIRE(c["envFrom"].size() == 2);
+    CHECK(c["envFrom"][0]["configMapRef"]["name"] == "tiny-env");       // ours first ...
+    CHECK(c["envFrom"][1]["configMapRef"]["name"] == "team-settings");  // ... so the template's wins by name
+    // What is the same in every pod is not repeated in each: the pod's env holds only what differs per pod, refers
+    // to the Secret, or must win over the template (the metrics ports).
+    for (const auto& [name, value] : cm["data"].items()) CHECK_MESSAGE(find_env(pod, name) == nullptr, name);
+    CHECK(find_env(pod, kReplicaIndexEnv));
+  }
+  CHECK(cm == build_env_configmap(job, spec, options()));
+}
+
+TEST_CASE("worker pods mount no service account token unless the template asks for one") {
+  Json job = valid_job();
+  CHECK(build_worker_pod(job, parse_job(job).spec, 0, 1, options())["spec"]["automountServiceAccountToken"] == false);
+  Json wants = job_with(Json::parse(R"({"spec": {"template": {"spec": {"automountServiceAccountToken": true}}}})"));
+  CHECK(build_worker_pod(wants, parse_job(wants).spec, 0, 1, options())["spec"]["automountServiceAccountToken"] ==
+        true);
 }
 
 TEST_CASE("the template merges labels, pod fields, env and overrides the command") {
@@ -93,9 +130,12 @@ TEST_CASE("the template merges labels, pod fields, env and overrides the command
   CHECK(c["command"] == Json::array({"sh", "-c", "exit 0"}));
   CHECK_FALSE(c.contains("args"));  // a user command runs as given
   CHECK(c["volumeMounts"][0]["mountPath"] == "/d");
+  const Json cm = build_env_configmap(job, parse_job(job).spec, options());
   CHECK((*find_env(pod, "FOO"))["value"] == "1");
-  CHECK((*find_env(pod, "RAILYARD_DEVICE"))["value"] == "cuda");  // user env replaces ours by name
-  CHECK(find_env(pod, "RAILYARD_RENDEZVOUS_TOKEN"));              // and keeps the rest
+  CHECK(resolved_env(pod, cm, "RAILYARD_DEVICE") == "cuda");  // user env wins by name over the job-wide env
+  CHECK(cm["data"]["RAILYARD_DEVICE"] == "cpu");
+  CHECK(resolved_env(pod, cm, "RAILYARD_JOB_NAME") == "tiny");  // and keeps the rest
+  CHECK(find_env(pod, "RAILYARD_RENDEZVOUS_TOKEN"));
   REQUIRE(pod["spec"]["containers"].size() == 2);
   CHECK(pod["spec"]["containers"][1]["name"] == "sidecar");
 }
@@ -275,14 +315,14 @@ TEST_CASE("the template's security context and mounts win over the defaults") {
 
 TEST_CASE("the operator's path roots reach the worker as env, only when set") {
   Json job = valid_job();
-  CHECK_FALSE(find_env(build_worker_pod(job, parse_job(job).spec, 0, 1, options()), "RAILYARD_DATA_ROOT"));
+  CHECK_FALSE(resolved_env(build_worker_pod(job, parse_job(job).spec, 0, 1, options()),
+                           build_env_configmap(job, parse_job(job).spec, options()), "RAILYARD_DATA_ROOT"));
   PodOptions o = options();
   o.roots = {"/data", "/ckpt"};
   Json pod = build_worker_pod(job, parse_job(job).spec, 0, 1, o);
-  REQUIRE(find_env(pod, "RAILYARD_DATA_ROOT"));
-  CHECK((*find_env(pod, "RAILYARD_DATA_ROOT"))["value"] == "/data");
-  REQUIRE(find_env(pod, "RAILYARD_CHECKPOINT_ROOT"));
-  CHECK((*find_env(pod, "RAILYARD_CHECKPOINT_ROOT"))["value"] == "/ckpt");
+  const Json cm = build_env_configmap(job, parse_job(job).spec, o);
+  CHECK(resolved_env(pod, cm, "RAILYARD_DATA_ROOT") == "/data");
+  CHECK(resolved_env(pod, cm, "RAILYARD_CHECKPOINT_ROOT") == "/ckpt");
 }
 
 TEST_CASE("another scheduler: its schedulerName, gang marks, nodeSelector and excluded nodes as node affinity") {

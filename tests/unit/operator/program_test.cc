@@ -19,6 +19,7 @@
 
 using namespace railyard::op;
 using railyard::op::testing::find_env;
+using railyard::op::testing::resolved_env;
 using railyard::op::testing::valid_job;
 using Json = nlohmann::json;
 
@@ -141,22 +142,22 @@ TEST_CASE("a program pod: the launcher copied by an init container runs the prog
   CHECK(init["securityContext"]["runAsNonRoot"] == true);
   CHECK(init["securityContext"]["readOnlyRootFilesystem"] == true);
   // What the program reads beside torchrun's variables.
-  REQUIRE(find_env(pod, "RAILYARD_CHECKPOINT_DIR"));
-  CHECK((*find_env(pod, "RAILYARD_CHECKPOINT_DIR"))["value"] == "/shared/ckpt/ddp");
-  CHECK((*find_env(pod, "RAILYARD_CHECKPOINT_INTERVAL_STEPS"))["value"] == "20");
-  CHECK((*find_env(pod, "RAILYARD_MAX_RESTARTS"))["value"] == "5");
-  CHECK((*find_env(pod, "RAILYARD_TOTAL_STEPS"))["value"] == "300");
+  const Json cm = build_env_configmap(job, p.spec, opts);
+  CHECK(resolved_env(pod, cm, "RAILYARD_CHECKPOINT_DIR") == "/shared/ckpt/ddp");
+  CHECK(resolved_env(pod, cm, "RAILYARD_CHECKPOINT_INTERVAL_STEPS") == "20");
+  CHECK(resolved_env(pod, cm, "RAILYARD_MAX_RESTARTS") == "5");
+  CHECK(resolved_env(pod, cm, "RAILYARD_TOTAL_STEPS") == "300");
   // The agent serves the ranks' series on the port the monitor scrapes (the program serves none).
-  REQUIRE(find_env(pod, "RAILYARD_AGENT_RANK_METRICS"));
-  CHECK((*find_env(pod, "RAILYARD_AGENT_RANK_METRICS"))["value"] == "1");
-  CHECK((*find_env(pod, "RAILYARD_METRICS_PORT"))["value"] == "9400");
+  CHECK(resolved_env(pod, cm, "RAILYARD_AGENT_RANK_METRICS") == "1");
+  CHECK(resolved_env(pod, cm, "RAILYARD_METRICS_PORT") == "9400");
   CHECK(pod["metadata"]["annotations"]["railyard.dev/metrics-port"] == "9400");
   // A built-in trainer job gets none of it.
   ParsedJob gpt = parse_job(railyard::op::testing::valid_job());
   Json gpod = build_worker_pod(railyard::op::testing::valid_job(), gpt.spec, 0, 1, opts);
   CHECK_FALSE(gpod["spec"].contains("initContainers"));
-  CHECK(find_env(gpod, "RAILYARD_CHECKPOINT_DIR") == nullptr);
-  CHECK(find_env(gpod, "RAILYARD_AGENT_RANK_METRICS") == nullptr);
+  const Json gcm = build_env_configmap(railyard::op::testing::valid_job(), gpt.spec, opts);
+  CHECK_FALSE(resolved_env(gpod, gcm, "RAILYARD_CHECKPOINT_DIR"));
+  CHECK_FALSE(resolved_env(gpod, gcm, "RAILYARD_AGENT_RANK_METRICS"));
 }
 
 namespace {
