@@ -87,8 +87,10 @@ shared=$(bash "$cluster" share "$ns" --state-dir "$state")
 t0=$SECONDS
 kubectl apply -n "$ns" -f "$src/deploy/examples/tiny.yaml" >/dev/null
 wait_for 120 "tiny's pod Running" sh -c "[ \"\$(kubectl get pod tiny-worker-0 -n $ns -o jsonpath='{.status.phase}')\" = Running ]"
-addr=$(kubectl get pod tiny-worker-0 -n "$ns" \
-  -o jsonpath='{.spec.containers[0].env[?(@.name=="RAILYARD_RENDEZVOUS_ADDR")].value}')
+# The job-wide env is the job's ConfigMap, which the pod takes through envFrom (docs/operator.md "What a job gets").
+env_cm=$(kubectl get pod tiny-worker-0 -n "$ns" -o jsonpath='{.spec.containers[0].envFrom[0].configMapRef.name}')
+[ "$env_cm" = tiny-env ] || fail "the worker pod takes its job-wide env from '$env_cm', not the ConfigMap tiny-env"
+addr=$(kubectl get configmap tiny-env -n "$ns" -o jsonpath='{.data.RAILYARD_RENDEZVOUS_ADDR}')
 [ "$addr" = "railyard-rendezvous.$sys.svc:9090" ] || fail "the worker dials the rendezvous at '$addr'"
 # Over TLS: the leader's certificate from the chart's CA Secret names the Service; the agent trusts the job's ca.crt.
 kubectl get secret railyard-rendezvous-ca -n "$sys" >/dev/null || fail "no rendezvous CA Secret railyard-rendezvous-ca"
