@@ -69,7 +69,9 @@ Json owner_reference(const Json& job);
 // Railyard's own labels, schedulerName, restartPolicy and owner always win. The worker container gets secure defaults
 // (non-root uid kWorkerUid, read-only root, no privilege escalation, all capabilities dropped, RuntimeDefault seccomp,
 // pod fsGroup) for every field the template's container or pod securityContext leaves unset, and emptyDirs at /tmp
-// and /dev/shm (memory) unless the template mounts those paths.
+// and /dev/shm (memory) unless the template mounts those paths. The job-wide env is not in the pod but in the job's
+// ConfigMap (WorkerPodBuilder::env_configmap), taken through envFrom; automountServiceAccountToken is false unless
+// the template sets it.
 Json build_worker_pod(const Json& job, const JobSpec& spec, int index, int64_t generation, const PodOptions& opts);
 
 // The same, for many pods of one job: the pods of a gang differ only in their replica index (name, hostname, the
