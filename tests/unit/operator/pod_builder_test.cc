@@ -84,7 +84,8 @@ TEST_CASE("the job-wide env is the job's ConfigMap, which every pod takes throug
   CHECK(cm["metadata"]["namespace"] == "team-a");
   CHECK(cm["metadata"]["labels"]["railyard.dev/job"] == "tiny");
   CHECK(cm["metadata"]["ownerReferences"][0]["uid"] == "uid-1");
-  for (const auto& [name, value] : cm["data"].items()) CHECK_MESSAGE(value.is_string(), name);
+  // (no structured bindings here: clang cannot capture them in doctest's macros)
+  for (auto it = cm["data"].begin(); it != cm["data"].end(); ++it) CHECK_MESSAGE(it.value().is_string(), it.key());
   for (int i : {0, 1}) {
     const Json pod = builder.pod(i);
     const Json& c = pod["spec"]["containers"][0];
@@ -93,7 +94,8 @@ TEST_CASE("the job-wide env is the job's ConfigMap, which every pod takes throug
     CHECK(c["envFrom"][1]["configMapRef"]["name"] == "team-settings");  // ... so the template's wins by name
     // What is the same in every pod is not repeated in each: the pod's env holds only what differs per pod, refers
     // to the Secret, or must win over the template (the metrics ports).
-    for (const auto& [name, value] : cm["data"].items()) CHECK_MESSAGE(find_env(pod, name) == nullptr, name);
+    for (auto it = cm["data"].begin(); it != cm["data"].end(); ++it)
+      CHECK_MESSAGE(find_env(pod, it.key()) == nullptr, it.key());
     CHECK(find_env(pod, kReplicaIndexEnv));
   }
   CHECK(cm == build_env_configmap(job, spec, options()));
