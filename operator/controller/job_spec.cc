@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cctype>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <numeric>
 #include <set>
 
+#include "common/checked_math.h"
 #include "common/model_presets.h"
 #include "common/path_roots.h"
 
@@ -93,13 +95,33 @@ class Checker {
     fail(field, "'" + *v + "' is not one of " + list, "use one of " + list);
     return std::nullopt;
   }
-  std::optional<std::string> string(const Json& obj, const char* key, const std::string& field) {
+  // An optional string of at most `max_length` bytes (the CRD's maxLength, for objects that skipped the schema).
+  std::optional<std::string> string(const Json& obj, const char* key, const std::string& field,
+                                    size_t max_length = kMaxStringLength) {
     if (!obj.is_object() || !obj.contains(key) || obj[key].is_null()) return std::nullopt;
     if (!obj[key].is_string()) {
       fail(field, "must be a string, got " + obj[key].dump(), "quote the value");
       return std::nullopt;
     }
-    return obj[key].get<std::string>();
+    const std::string& v = obj[key].get_ref<const std::string&>();
+    if (v.size() > max_length) {
+      fail(field, "is " + std::to_string(v.size()) + " characters long", "use at most " + std::to_string(max_length));
+      return std::nullopt;
+    }
+    return v;
+  }
+  // The product of spec values (`names`, e.g. "microBatch*data") in 64 bits: an overflow is a violation on `field`,
+  // never a wrapped value (a product that wrapped to 0 once divided the operator by zero: issue #40).
+  std::optional<int64_t> product(const std::string& field, const std::string& names,
+                                 std::initializer_list<int64_t> factors, const std::string& fix) {
+    if (auto p = checked_product(factors)) return p;
+    std::string values;
+    for (int64_t f : factors) {
+      if (!values.empty()) values += '*';
+      values += std::to_string(f);
+    }
+    fail(field, names + " = " + values + " overflows a 64-bit integer", fix);
+    return std::nullopt;
   }
   std::optional<bool> boolean(const Json& obj, const char* key, const std::string& field) {
     if (!obj.is_object() || !obj.contains(key) || obj[key].is_null()) return std::nullopt;
@@ -146,7 +168,9 @@ void read_exit_codes(Checker& c, const Json& fp, const char* key, const std::str
 // Deterministic mode folds each rank's micro-batches as the leaves of one fixed binary tree, which only matches the
 // tree of another data-parallel degree when every rank holds a whole power-of-two subtree (docs/parallel.md).
 bool deterministic_accumulation_ok(const JobSpec& s, int dp) {
-  const int per_rank = s.global_batch / std::max(1, s.micro_batch * dp);
+  const auto per_step = checked_product({s.micro_batch, dp});
+  if (!per_step || *per_step < 1) return false;
+  const int64_t per_rank = s.global_batch / *per_step;
   return per_rank > 0 && (per_rank & (per_rank - 1)) == 0;
 }
 
@@ -178,7 +202,7 @@ void parse_program(Checker& c, JobSpec& s, const Json& spec) {
   if (c.ok() && s.program_command.empty())
     c.fail("spec.program.command", "is missing or empty", "give the program to run, e.g. [python3, /app/train.py]");
   s.program_args = string_list(c, program, "args", "spec.program.args");
-  if (auto v = c.integer(program, "totalSteps", "spec.program.totalSteps", 1, int64_t{1} << 40))
+  if (auto v = c.integer(program, "totalSteps", "spec.program.totalSteps", 1, kMaxSteps))
     s.steps = static_cast<int>(*v);
   for (const char* section : {"model", "data", "training", "parallelism", "memory"}) {
     if (c.ok() && spec.contains(section))
@@ -272,7 +296,7 @@ void parse_data_training(Checker& c, JobSpec& s, const Json& spec) {
 
   // Training.
   Json training = c.object(spec, "training", "spec.training");
-  if (auto v = c.integer(training, "steps", "spec.training.steps", 1, int64_t{1} << 40))
+  if (auto v = c.integer(training, "steps", "spec.training.steps", 1, kMaxSteps))
     s.steps = static_cast<int>(*v);
   else if (c.ok())
     c.fail("spec.training.steps", "is missing", "set the number of optimizer steps");
@@ -401,9 +425,9 @@ void parse_checkpoint_policies(Checker& c, JobSpec& s, const Json& spec) {
              "exit code " + std::to_string(code) + " is also in permanentExitCodes", "list each code in one list only");
   Json rp = c.object(spec, "runPolicy", "spec.runPolicy");
   s.active_deadline_seconds =
-      c.integer(rp, "activeDeadlineSeconds", "spec.runPolicy.activeDeadlineSeconds", 1, int64_t{1} << 40);
+      c.integer(rp, "activeDeadlineSeconds", "spec.runPolicy.activeDeadlineSeconds", 1, kMaxSeconds);
   s.ttl_seconds_after_finished =
-      c.integer(rp, "ttlSecondsAfterFinished", "spec.runPolicy.ttlSecondsAfterFinished", 0, int64_t{1} << 40);
+      c.integer(rp, "ttlSecondsAfterFinished", "spec.runPolicy.ttlSecondsAfterFinished", 0, kMaxSeconds);
   if (auto v = c.boolean(rp, "suspend", "spec.runPolicy.suspend")) s.suspend = *v;
   if (auto v = c.string(rp, "cleanPodPolicy", "spec.runPolicy.cleanPodPolicy")) {
     if (*v != "All" && *v != "Running" && *v != "None")
@@ -459,9 +483,18 @@ void check_cross_fields(Checker& c, JobSpec& s) {
            std::to_string(s.context) + " with auto: the planner chooses context parallelism itself",
            "drop context (auto uses it when no layout fits without), or give the degrees yourself (auto false)");
   if (c.ok() && !s.auto_parallel) {
-    const int world = s.replicas * s.procs_per_replica;
-    const int tpc = s.tensor * s.pipeline * s.context;
+    // Products in 64 bits, checked: context alone reaches 2^20 and data 2^24, so tensor*pipeline*context and
+    // data*(...) overflow an int (a wrapped 0 was a divisor below: issue #40).
+    const std::string tpc_field = s.context > 1 ? "spec.parallelism.context" : "spec.parallelism.pipeline";
+    const std::string tpc_names = s.context > 1 ? "context*tensor*pipeline" : "tensor*pipeline";
     const std::string degrees = s.context > 1 ? "data*context*tensor*pipeline" : "data*tensor*pipeline";
+    const auto world =
+        c.product("spec.replicas", "replicas*procsPerReplica", {s.replicas, s.procs_per_replica}, "use fewer replicas");
+    const auto tpc = c.product(tpc_field, tpc_names, {s.tensor, s.pipeline, s.context},
+                               "choose degrees whose product divides replicas*procsPerReplica");
+    const auto all_degrees =
+        s.data && tpc ? c.product("spec.parallelism.data", degrees, {*s.data, *tpc}, "leave data out") : tpc;
+    if (!c.ok()) return;
     if (s.model.heads % s.tensor != 0)
       c.fail("spec.parallelism.tensor",
              std::to_string(s.tensor) + " does not divide the model's " + std::to_string(s.model.heads) + " heads",
@@ -478,34 +511,47 @@ void check_cross_fields(Checker& c, JobSpec& s) {
       c.fail("spec.parallelism.pipeline",
              std::to_string(s.pipeline) + " does not divide the model's " + std::to_string(s.model.layers) + " layers",
              "use one of " + divisors_of(s.model.layers));
-    else if (s.data && *s.data * tpc != world)
+    else if (s.data && *all_degrees != *world)
       c.fail("spec.parallelism.data",
-             degrees + " = " + std::to_string(*s.data * tpc) +
-                 " differs from the world size replicas*procsPerReplica = " + std::to_string(world),
+             degrees + " = " + std::to_string(*all_degrees) +
+                 " differs from the world size replicas*procsPerReplica = " + std::to_string(*world),
              "set data to " +
-                 (world % tpc == 0
-                      ? std::to_string(world / tpc)
+                 (*world % *tpc == 0
+                      ? std::to_string(*world / *tpc)
                       : std::string(s.context > 1 ? "world/(context*tensor*pipeline)" : "world/(tensor*pipeline)")) +
                  " or leave it out");
-    else if (world % tpc != 0)
-      c.fail(s.context > 1 ? "spec.parallelism.context" : "spec.parallelism.pipeline",
-             std::string(s.context > 1 ? "context*tensor*pipeline = " : "tensor*pipeline = ") + std::to_string(tpc) +
-                 " does not divide the world size " + std::to_string(world),
+    else if (*world % *tpc != 0)
+      c.fail(tpc_field,
+             tpc_names + " = " + std::to_string(*tpc) + " does not divide the world size " + std::to_string(*world),
              "choose degrees whose product divides replicas*procsPerReplica");
   }
   // With auto the planner picks degrees and micro-batch that divide the batch (or says why none does).
   if (c.ok() && !s.auto_parallel) {
     const int dp = world_layout(s, s.replicas).data;
-    if (s.global_batch % (s.micro_batch * dp) != 0)
+    const auto per_step =
+        c.product("spec.training.microBatch", "microBatch*data", {s.micro_batch, dp}, "use a smaller microBatch");
+    if (!per_step) return;
+    if (s.micro_batch > s.global_batch)
+      // A step's batch is split into micro-batches: one larger than the whole batch is the field to fix (and the
+      // modulo below would suggest a "multiple" beyond globalBatch's own maximum).
+      c.fail("spec.training.microBatch",
+             std::to_string(s.micro_batch) + " exceeds globalBatch " + std::to_string(s.global_batch) +
+                 " (microBatch*data = " + std::to_string(s.micro_batch) + "*" + std::to_string(dp) + " = " +
+                 std::to_string(*per_step) + ")",
+             s.global_batch >= dp
+                 ? "use a microBatch that divides globalBatch/data = " + std::to_string(s.global_batch / dp)
+                 : "use microBatch 1 and raise globalBatch to a multiple of data " + std::to_string(dp) +
+                       ", or use fewer replicas");
+    else if (s.global_batch % *per_step != 0)
       c.fail("spec.training.globalBatch",
              std::to_string(s.global_batch) +
                  " is not divisible by microBatch*data = " + std::to_string(s.micro_batch) + "*" + std::to_string(dp),
-             "use a multiple of " + std::to_string(s.micro_batch * dp));
+             "use a multiple of " + std::to_string(*per_step));
     else if (s.deterministic && dp > 1 && !deterministic_accumulation_ok(s, dp))
       c.fail("spec.parallelism.deterministic",
              "needs a power-of-two gradient accumulation per rank, but globalBatch/(microBatch*data) = " +
                  std::to_string(s.global_batch) + "/(" + std::to_string(s.micro_batch) + "*" + std::to_string(dp) +
-                 ") = " + std::to_string(s.global_batch / (s.micro_batch * dp)),
+                 ") = " + std::to_string(s.global_batch / *per_step),
              "choose globalBatch, microBatch and replicas so that it is 1, 2, 4, 8, ..., or set deterministic false");
   }
 }
@@ -538,7 +584,7 @@ ParsedJob parse_job(const Json& job) {
   }
   const Json& spec = job["spec"];
 
-  if (auto v = c.integer(spec, "replicas", "spec.replicas", 1, 100000)) s.replicas = static_cast<int>(*v);
+  if (auto v = c.integer(spec, "replicas", "spec.replicas", 1, kMaxReplicas)) s.replicas = static_cast<int>(*v);
   if (auto v = c.integer(spec, "procsPerReplica", "spec.procsPerReplica", 1, 64))
     s.procs_per_replica = static_cast<int>(*v);
   if (auto v = c.string(spec, "device", "spec.device")) {
@@ -549,9 +595,9 @@ ParsedJob parse_job(const Json& job) {
   if (auto v = c.string(spec, "image", "spec.image")) s.image = *v;
 
   Json elastic = c.object(spec, "elastic", "spec.elastic");
-  if (auto v = c.integer(elastic, "minReplicas", "spec.elastic.minReplicas", 1, 100000))
+  if (auto v = c.integer(elastic, "minReplicas", "spec.elastic.minReplicas", 1, kMaxReplicas))
     s.min_replicas = static_cast<int>(*v);
-  if (auto v = c.integer(elastic, "maxReplicas", "spec.elastic.maxReplicas", 1, 100000))
+  if (auto v = c.integer(elastic, "maxReplicas", "spec.elastic.maxReplicas", 1, kMaxReplicas))
     s.max_replicas = static_cast<int>(*v);
 
   parse_program(c, s, spec);
@@ -570,13 +616,16 @@ ParsedJob parse_job(const Json& job) {
 
 WorldLayout world_layout(const JobSpec& spec, int replicas) {
   WorldLayout w;
-  w.size = replicas * spec.procs_per_replica;
+  // A validated spec keeps these products small (kMaxReplicas x 64); checked all the same, so that a spec that was
+  // not validated gives a wrong layout rather than undefined behaviour.
+  w.size = static_cast<int>(checked_product({replicas, spec.procs_per_replica}, INT_MAX).value_or(INT_MAX));
   // With auto, the controller writes the planned degrees into the spec (apply_plan) before asking for the layout.
   w.tensor = spec.tensor;
   w.pipeline = spec.pipeline;
   w.context = std::max(1, spec.context);
   w.expert = std::max(1, spec.expert);
-  w.data = std::max(1, w.size / std::max(1, w.tensor * w.pipeline * w.context));
+  const int64_t tpc = checked_product({w.tensor, w.pipeline, w.context}).value_or(INT64_MAX);
+  w.data = static_cast<int>(std::max<int64_t>(1, w.size / std::max<int64_t>(1, tpc)));
   return w;
 }
 
@@ -589,11 +638,13 @@ int elastic_world_replicas(const JobSpec& spec, int available) {
   }
   for (int k = std::min(available, spec.replicas); k >= *spec.min_replicas && k >= 1; --k) {
     WorldLayout w = world_layout(spec, k);
-    if (w.size % (w.tensor * w.pipeline * w.context) != 0) continue;
+    const auto tpc = checked_product({w.tensor, w.pipeline, w.context});
+    if (!tpc || *tpc < 1 || w.size % *tpc != 0) continue;
     // Expert-parallel groups are made of data-parallel ranks: a world the degree does not divide makes the worker
     // exit 2.
     if ((w.data * w.context) % w.expert != 0) continue;
-    if (spec.global_batch % (spec.micro_batch * w.data) != 0) continue;
+    const auto per_step = checked_product({spec.micro_batch, w.data});
+    if (!per_step || *per_step < 1 || spec.global_batch % *per_step != 0) continue;
     if (spec.deterministic && w.data > 1 && !deterministic_accumulation_ok(spec, w.data)) continue;
     return k;
   }
@@ -630,7 +681,8 @@ std::optional<Violation> check_family(const JobSpec& s, int replicas) {
              std::to_string(s.expert) + " does not divide the data-parallel degree " + std::to_string(dp_ranks) +
                  " (expert-parallel groups are made of data-parallel ranks)",
              "use one of " + divisors_of(std::gcd(s.moe.experts, dp_ranks)) +
-                 ", or replicas*procsPerReplica a multiple of " + std::to_string(s.expert * w.tensor * w.pipeline));
+                 ", or replicas*procsPerReplica a multiple of " +
+                 std::to_string(checked_product({s.expert, w.tensor, w.pipeline}).value_or(0)));
   }
   // On CUDA the worker runs expert parallelism in the plain data-parallel path with the flat exchange only
   // (docs/gpu.md): the rest is refused here, naming the worker's fixes, rather than by pods that exit 2.
@@ -657,7 +709,8 @@ std::optional<Violation> check_family(const JobSpec& s, int replicas) {
   if (s.expert == 1 && s.expert_all_to_all == "hierarchical" && !s.auto_parallel)
     c.fail("spec.parallelism.expertAllToAll", "hierarchical without expert parallelism (expert 1) exchanges nothing",
            "set spec.parallelism.expert > 1, or drop expertAllToAll");
-  const int tokens = s.micro_batch * (s.seq_len / std::max(1, w.context));
+  // Up to 2^30 x 2^20: 64 bits (an int overflowed here).
+  const int64_t tokens = checked_product({s.micro_batch, s.seq_len / std::max(1, w.context)}).value_or(0);
   if (s.sequence_parallel) {
     if (w.tensor < 2)
       c.fail("spec.parallelism.sequenceParallel",
@@ -728,7 +781,8 @@ WorkerConfig resolved_config(const JobSpec& spec, int replicas) {
   t.global_batch = spec.global_batch;  // sequences
   t.micro_batch = spec.micro_batch;
   t.seq_len = pos(spec.seq_len);
-  t.grad_accumulation = pos(spec.global_batch / std::max(1, spec.micro_batch * w.data));
+  t.grad_accumulation =
+      pos(spec.global_batch / std::max<int64_t>(1, checked_product({spec.micro_batch, w.data}).value_or(INT64_MAX)));
   const Recipe& r = spec.recipe;
   t.learning_rate = r.learning_rate;
   t.min_lr_fraction = r.min_lr_fraction;

@@ -33,6 +33,16 @@ struct Recipe {
   std::optional<int64_t> warmup_steps, seed, val_every, sample_every, sample_tokens;
 };
 
+// Bounds the operator holds a spec to, the CRD's maxima too (tests/unit/operator/limits_test.cc compares every
+// integer field's maximum with what parse_job accepts). Why these: replicas, the gangs the informers and slow-start
+// creation were measured with (docs/benchmarks.md: 1,000 replicas, an informer of 10,000 pods); steps and seconds, what
+// an int and a nanosecond clock hold (a deadline of 2^40 s overflowed the time_point it was added to); strings, a
+// path's PATH_MAX.
+inline constexpr int kMaxReplicas = 10000;
+inline constexpr int64_t kMaxSteps = 2147483647;    // spec.training.steps, spec.program.totalSteps (an int)
+inline constexpr int64_t kMaxSeconds = 2147483647;  // runPolicy.activeDeadlineSeconds, ttlSecondsAfterFinished
+inline constexpr size_t kMaxStringLength = 4096;    // every string field parse_job reads (image, paths, ...)
+
 // spec.placement.scheduler's default: Railyard's own rail-aware gang placement and binding.
 inline constexpr const char* kRailyardScheduler = "railyard";
 

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cmath>
 
+#include "common/checked_math.h"
 #include "common/kube/client.h"
 #include "operator/controller/nccl_env.h"
 #include "operator/controller/pod_builder.h"
@@ -21,7 +22,8 @@ bool node_ready(const Json& node) {
 namespace {
 int64_t quantity(const Json& q) {
   if (q.is_number_integer()) return q.get<int64_t>();
-  if (q.is_number()) return static_cast<int64_t>(q.get<double>());
+  // A double beyond int64 converts to undefined behaviour: such a count is no count (0, as an unreadable one).
+  if (q.is_number()) return std::fabs(q.get<double>()) < 9.2e18 ? static_cast<int64_t>(q.get<double>()) : 0;
   if (q.is_string()) {
     try {
       return std::stoll(q.get<std::string>());
@@ -91,7 +93,10 @@ std::optional<int64_t> parse_quantity_milli(const std::string& q) {
 
 namespace {
 int64_t quantity_milli(const Json& q) {
-  if (q.is_number()) return static_cast<int64_t>(std::ceil(q.get<double>() * 1000.0));
+  if (q.is_number()) {
+    const double milli = std::ceil(q.get<double>() * 1000.0);
+    return std::fabs(milli) < 9.2e18 ? static_cast<int64_t>(milli) : 0;  // as parse_quantity_milli refuses it
+  }
   if (q.is_string()) return parse_quantity_milli(q.get<std::string>()).value_or(0);
   return 0;
 }
@@ -104,7 +109,7 @@ PodRequests container_requests(const Json& c) {
     return 0;
   };
   r.cpu_milli = get("cpu");
-  r.memory = (get("memory") + 999) / 1000;
+  r.memory = saturating_add(get("memory"), 999) / 1000;
   return r;
 }
 }  // namespace
@@ -114,8 +119,9 @@ PodRequests pod_requests(const Json& pod) {
   const Json& spec = field(pod, "spec");
   for (const Json& c : field(spec, "containers")) {
     const PodRequests r = container_requests(c);
-    sum.cpu_milli += r.cpu_milli;
-    sum.memory += r.memory;
+    // Totals saturate: a template's quantities are the user's (9e18 each would wrap an int64 sum negative).
+    sum.cpu_milli = saturating_add(sum.cpu_milli, r.cpu_milli);
+    sum.memory = saturating_add(sum.memory, r.memory);
   }
   for (const Json& c : field(spec, "initContainers")) {
     const PodRequests r = container_requests(c);
@@ -127,8 +133,8 @@ PodRequests pod_requests(const Json& pod) {
 
 std::string resource_shortfall(const NodeInfo& n, const PodRequests& r) {
   if (n.pods_allocatable >= 0 && n.pods_used + 1 > n.pods_allocatable) return "pods";
-  if (r.cpu_milli > 0 && n.cpu_used_milli + r.cpu_milli > n.cpu_allocatable_milli) return "cpu";
-  if (r.memory > 0 && n.memory_used + r.memory > n.memory_allocatable) return "memory";
+  if (r.cpu_milli > 0 && saturating_add(n.cpu_used_milli, r.cpu_milli) > n.cpu_allocatable_milli) return "cpu";
+  if (r.memory > 0 && saturating_add(n.memory_used, r.memory) > n.memory_allocatable) return "memory";
   return "";
 }
 
@@ -138,7 +144,7 @@ int64_t pod_resource(const Json& pod, const std::string& resource) {
     const Json& res = field(c, "resources");
     for (const char* part : {"limits", "requests"}) {
       if (const Json& q = field(field(res, part), resource); !q.is_null()) {
-        total += quantity(q);
+        total = saturating_add(total, quantity(q));
         break;
       }
     }
@@ -202,10 +208,10 @@ std::vector<NodeInfo> build_inventory_of(const std::vector<const Json*>& nodes, 
     if (!node.is_string() || terminated(p)) continue;
     auto it = by_name.find(node.get_ref<const std::string&>());
     if (it == by_name.end()) continue;
-    it->second.gpu_used += pod_resource(p, kGpuResource);
+    it->second.gpu_used = saturating_add(it->second.gpu_used, pod_resource(p, kGpuResource));
     const PodRequests r = pod_requests(p);
-    it->second.cpu_used_milli += r.cpu_milli;
-    it->second.memory_used += r.memory;
+    it->second.cpu_used_milli = saturating_add(it->second.cpu_used_milli, r.cpu_milli);
+    it->second.memory_used = saturating_add(it->second.memory_used, r.memory);
     it->second.pods_used++;
     const Json& meta = field(p, "metadata");
     if (const Json& job = field(field(meta, "labels"), kJobLabel); job.is_string()) {
@@ -239,10 +245,10 @@ PlacementResult ReservingPlacement::place(const PlacementRequest& req, const std
         (r.job_key == req.job_key && placing.count(r.index)))
       continue;
     if (it != by_name.end()) {
-      it->second->gpu_used += r.gpus;
+      it->second->gpu_used = saturating_add(it->second->gpu_used, r.gpus);
       it->second->worker_pods++;
-      it->second->cpu_used_milli += r.requests.cpu_milli;
-      it->second->memory_used += r.requests.memory;
+      it->second->cpu_used_milli = saturating_add(it->second->cpu_used_milli, r.requests.cpu_milli);
+      it->second->memory_used = saturating_add(it->second->memory_used, r.requests.memory);
       it->second->pods_used++;
       it->second->jobs.insert(r.job_key);
     }
@@ -374,7 +380,7 @@ int64_t preferred_affinity_score(const Json& node_affinity, const NodeInfo& node
     bool all = true;
     for (const Json& e : exprs) all = all && e.is_object() && label_expression_holds(e, node.labels);
     const Json w = t.value("weight", Json(0));
-    if (all && w.is_number_integer()) score += w.get<int64_t>();
+    if (all && w.is_number_integer()) score = saturating_add(score, w.get<int64_t>());
   }
   return score;
 }
@@ -410,7 +416,7 @@ PlacementResult SimplePlacement::place(const PlacementRequest& req, const std::v
     }
     bool fits = !n->jobs.count(req.job_key);
     if (req.gpus_per_pod > 0)
-      fits = fits && n->gpu_allocatable - n->gpu_used >= req.gpus_per_pod;
+      fits = fits && saturating_add(n->gpu_used, req.gpus_per_pod) <= n->gpu_allocatable;
     else
       fits = fits && n->worker_pods == 0;
     if (!fits) {
