@@ -250,19 +250,67 @@ void Controller::worker_loop() {
       queue_.add_rate_limited(key);
       wq_retries_.add({{"name", opts_.controller_name}}).increment();
       result = "requeue";
-    } catch (const std::exception& e) {
-      log::warn(kLog, "reconcile failed", {{"job", key}, {"error", e.what()}});
+    } catch (...) {
+      // Whatever one job's reconcile throws stays with that job: the worker goes on to the next key (an exception
+      // leaving this thread would terminate the operator and every job would stop being managed: issue #40).
+      // Operational errors (railyard::Error: the API server, the transport) are retried with the queue's backoff; the
+      // rest says the spec met a value the code cannot handle, and the job is held Invalid naming the cause.
+      const std::optional<std::string> cause = poison_cause(std::current_exception());
+      std::string error = cause.value_or("");
+      if (!cause) {
+        try {
+          throw;
+        } catch (const std::exception& e) {
+          error = e.what();
+        }
+      }
       errors_.add(c).increment();
       cr_errors_.add(c).increment();
-      queue_.add_rate_limited(key);
-      wq_retries_.add({{"name", opts_.controller_name}}).increment();
       result = "error";
+      bool held = false;
+      if (cause) {
+        log::error(kLog, "reconcile threw: holding the job Invalid", {{"job", key}, {"error", *cause}});
+        try {
+          queue_.forget(key);
+          queue_.add_after(key, hold_invalid(key, *cause));
+          held = true;
+        } catch (const std::exception& e) {
+          log::warn(kLog, "could not mark the job Invalid", {{"job", key}, {"error", e.what()}});
+        } catch (...) {
+          log::warn(kLog, "could not mark the job Invalid", {{"job", key}});
+        }
+      } else {
+        log::warn(kLog, "reconcile failed", {{"job", key}, {"error", error}});
+      }
+      if (!held) {
+        queue_.add_rate_limited(key);
+        wq_retries_.add({{"name", opts_.controller_name}}).increment();
+      }
     }
     queue_.done(key);
     cr_total_.add({{"controller", opts_.controller_name}, {"result", result}}).increment();
     cr_time_.add(c).observe(std::chrono::duration<double>(Clock::now() - t0).count());
     update_phase_gauge();
   }
+}
+
+std::chrono::milliseconds Controller::hold_invalid(const std::string& key, const std::string& cause) {
+  const auto [ns, name] = split_key(key);
+  // The job as the server has it now (never the informer's object: it is shared and read-only).
+  auto job = client_.try_get(kube::resources::trainingjobs, ns, name);
+  if (!job || (*job)["metadata"].contains("deletionTimestamp")) {
+    forget_job(key);
+    return milliseconds(0);
+  }
+  const int64_t generation = (*job)["metadata"].value("generation", int64_t{0});
+  const auto delay = poisoned_.record(key, uid_of(*job), generation, cause, Clock::now());
+  const Json orig = job->contains("status") && (*job)["status"].is_object() ? (*job)["status"] : Json::object();
+  const Json status = poisoned_status(orig, cause, generation, kube::format_rfc3339(std::chrono::system_clock::now()));
+  if (status_differs(orig, status)) {
+    write_status(*job, status);  // the one status write
+    recorder_.warning(*job, "Invalid", find_condition(status, "Invalid")->value("message", ""));
+  }
+  return std::chrono::duration_cast<milliseconds>(delay);
 }
 
 void Controller::update_phase_gauge() {
@@ -298,6 +346,7 @@ std::vector<PodPtr> Controller::pods_of(const std::string& ns, const std::string
 }
 
 void Controller::forget_job(const std::string& key) {
+  poisoned_.forget(key);
   RendezvousService* rdzv = nullptr;
   {
     std::lock_guard lock(mu_);
@@ -530,6 +579,15 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
   // Succeeded and Failed are terminal: nothing below may reopen a finished job (lifecycle.h finished_job).
   if (const FinishedJob done = finished_job(finished_facts(*fetched)); done.finished)
     return keep_finished(*fetched, done);
+  // A spec version whose reconcile threw stays Invalid until its next try (poison.h), kept so as written then.
+  const int64_t spec_generation = (*fetched)["metadata"].value("generation", int64_t{0});
+  if (auto hold = poisoned_.held(key, uid_of(*fetched), spec_generation, Clock::now())) {
+    const Json orig = fetched->contains("status") && (*fetched)["status"].is_object() ? (*fetched)["status"] : Json();
+    const Json status =
+        poisoned_status(orig, hold->cause, spec_generation, kube::format_rfc3339(std::chrono::system_clock::now()));
+    if (status_differs(orig, status)) write_status(*fetched, status);
+    return std::chrono::duration_cast<milliseconds>(hold->retry_in) + milliseconds(1);
+  }
 
   // Observe and decide. A stage that settles the job for now (Invalid, Suspended, Failed, Succeeded) returns the
   // requeue delay.
@@ -554,6 +612,7 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
   plan_world(s);
   write_observed_status(s);
   open_generation(s);
+  poisoned_.forget(key);  // this spec version reconciles again
   return s.requeue;
 }
 

@@ -24,6 +24,7 @@
 #include "operator/controller/placement.h"
 #include "operator/controller/pod_builder.h"
 #include "operator/controller/pod_state.h"
+#include "operator/controller/poison.h"
 #include "operator/rendezvous/rendezvous.h"
 
 namespace railyard::op {
@@ -112,6 +113,9 @@ class Controller {
   void enqueue(const std::string& key);
   void enqueue_all_jobs();
   void worker_loop();
+  // A reconcile of `key` threw `cause` (poison.h): the job is held Invalid for its spec version and tried again after
+  // the returned delay. Throws what reading or writing the job throws (the caller then backs off as for any error).
+  std::chrono::milliseconds hold_invalid(const std::string& key, const std::string& cause);
   std::vector<PodPtr> pods_of(const std::string& ns, const std::string& name);
   // Nodes with every pod bound to them (node_pods_) and the jobs' own pods, for placement and planning.
   std::vector<NodeInfo> node_inventory();
@@ -156,6 +160,7 @@ class Controller {
   std::string rendezvous_ca_;  // PEM the jobs' Secrets carry as ca.crt; empty: plain HTTP
   // "<plural>/<job key>" -> uid and content of the per-job object in place (ensure_job_object)
   std::map<std::string, std::string> job_objects_;
+  PoisonedJobs poisoned_;  // jobs held Invalid after their reconcile threw (thread-safe itself)
 
   // Metrics.
   metrics::Family<metrics::Gauge>& jobs_by_phase_;
