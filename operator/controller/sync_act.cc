@@ -92,7 +92,9 @@ void Controller::create_pods(Sync& s) {
         {false, "DeletedPods",
          "deleted " + std::to_string(extra.size()) + " surplus pods (replicas " + std::to_string(n) + ")"});
   const bool deleting = !to_delete.empty();
-  std::vector<Json> to_create;  // built from `job` (our own copy read from the server), never from the cache
+  // Replica indices to create. Each pod is built from `job` (our own copy read from the server, never the cache) only
+  // as its create is sent, so a reconcile holds as many pods as requests in flight (api_parallelism), not the whole
+  // gang: kMaxReplicas copies of a large template would be gigabytes before the first create (issue #40).
   std::vector<int> to_create_index, unplaced;
   std::optional<WorkerPodBuilder> builder;  // the gang's common pod, built once on the first pod to create
   for (int i = 0; i < n; ++i) {
@@ -109,51 +111,55 @@ void Controller::create_pods(Sync& s) {
                                 [&](const auto& d) { return d.first == worker_pod_name(name, i); }))
       continue;  // the old pod of this name is still going; its deletion event brings us back
     if (!builder) builder.emplace(job, spec, label_gen, opts_.pod);
-    to_create.push_back(builder->pod(i));
     to_create_index.push_back(i);
     unplaced.push_back(i);
   }
-  if (to_create.empty()) return;
-  log::debug(kLog, "pods built", {{"job", key}, {"count", std::to_string(to_create.size())}});
+  if (to_create_index.empty()) return;
   // The pods take the job-wide env from it (envFrom): it exists, as this spec builds it, before any of them.
   ensure_job_object(job, kube::resources::configmaps, builder->env_configmap(), "EnvConfigMapConflict",
                     "rename or delete it (each job's job-wide env is kept in the ConfigMap <job>-env)");
-  if (spec.scheduler == kRailyardScheduler) {
-    // The new pods and the existing unbound ones are placed as one gang; a new pod that got a node is created on it.
-    place_gang(s, unplaced, true);
-    for (size_t k = 0; k < to_create.size(); ++k) {
-      auto node = s.placement.node.find(to_create_index[k]);
-      if (node == s.placement.node.end()) continue;
-      to_create[k]["spec"]["nodeName"] = node->second;
-      if (auto a = s.placement.annotations.find(to_create_index[k]); a != s.placement.annotations.end()) {
-        Json& annotations = to_create[k]["metadata"]["annotations"];
-        if (!annotations.is_object()) annotations = Json::object();
-        annotations.update(a->second);
-      }
+  // The new pods and the existing unbound ones are placed as one gang; a new pod that got a node is created on it.
+  if (spec.scheduler == kRailyardScheduler) place_gang(s, unplaced, true);
+  const size_t count = to_create_index.size();
+  // Pod k as it is created: the gang's common pod with its index, and its node (and the node's annotations) when
+  // placed. Called concurrently: it only reads the builder and the placement.
+  auto build = [&](size_t k) {
+    Json pod = builder->pod(to_create_index[k]);
+    auto node = s.placement.node.find(to_create_index[k]);
+    if (node == s.placement.node.end()) return pod;
+    pod["spec"]["nodeName"] = node->second;
+    if (auto a = s.placement.annotations.find(to_create_index[k]); a != s.placement.annotations.end()) {
+      Json& annotations = pod["metadata"]["annotations"];
+      if (!annotations.is_object()) annotations = Json::object();
+      annotations.update(a->second);
     }
-  }
+    return pod;
+  };
   // Slow-start batches (1, 2, 4, ...; docs/operator.md): a gang of 1,000 is created at the API server's pace, a
   // template the server refuses costs one request. Names are fixed per replica index, so a pod that already exists
   // (ours, not yet in the cache, or one still terminating) counts as done and a rerun after a crash creates only what
   // is missing.
-  log::debug(kLog, "creating pods", {{"job", key}, {"count", std::to_string(to_create.size())}});
-  std::vector<char> made(to_create.size(), 0);
+  log::debug(kLog, "creating pods", {{"job", key}, {"count", std::to_string(count)}});
+  std::vector<char> made(count, 0);
+  std::vector<std::string> made_node(count);  // each k is written by the one request that creates it
   std::atomic<bool> already{false};
-  SlowStartResult r = run_slow_start(static_cast<int>(to_create.size()), opts_.api_parallelism, [&](int k) {
+  SlowStartResult r = run_slow_start(static_cast<int>(count), opts_.api_parallelism, [&](int k) {
+    const Json pod = build(static_cast<size_t>(k));
     try {
-      client_.create_only(kube::resources::pods, ns, to_create[k]);
+      client_.create_only(kube::resources::pods, ns, pod);
       made[k] = 1;
+      made_node[k] = node_of(pod);
     } catch (const kube::AlreadyExists&) {
       already = true;
     }
   });
   exists_uncached = already;
   log::debug(kLog, "pods created", {{"job", key}, {"attempted", std::to_string(r.attempted)}});
-  for (size_t k = 0; k < to_create.size(); ++k) {
+  for (size_t k = 0; k < count; ++k) {
     if (!made[k]) continue;
-    const std::string pod_name = kube::name_of(to_create[k]);
+    const std::string pod_name = worker_pod_name(name, to_create_index[k]);
     created.push_back(pod_name);
-    const std::string node = node_of(to_create[k]);
+    const std::string& node = made_node[k];
     if (node.empty()) {
       unbound.push_back(to_create_index[k]);
     } else {
@@ -166,10 +172,9 @@ void Controller::create_pods(Sync& s) {
     events.push_back(
         {false, "CreatedPods", "created " + name_summary(created) + " (generation " + std::to_string(gen) + ")"});
   if (r.first_error) {
-    log::warn(kLog, "pod creation stopped at the first failure",
-              {{"job", key},
-               {"created", std::to_string(created.size())},
-               {"left", std::to_string(to_create.size() - r.attempted)}});
+    log::warn(
+        kLog, "pod creation stopped at the first failure",
+        {{"job", key}, {"created", std::to_string(created.size())}, {"left", std::to_string(count - r.attempted)}});
     std::rethrow_exception(r.first_error);
   }
 }
