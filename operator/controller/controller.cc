@@ -271,8 +271,9 @@ void Controller::worker_loop() {
       if (cause) {
         log::error(kLog, "reconcile threw: holding the job Invalid", {{"job", key}, {"error", *cause}});
         try {
-          queue_.forget(key);
-          queue_.add_after(key, hold_invalid(key, *cause));
+          const milliseconds delay = hold_invalid(key, *cause);
+          queue_.forget(key);  // only once held: if marking fails, the queue's backoff goes on growing
+          queue_.add_after(key, delay);
           held = true;
         } catch (const std::exception& e) {
           log::warn(kLog, "could not mark the job Invalid", {{"job", key}, {"error", e.what()}});
