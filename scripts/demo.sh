@@ -313,4 +313,7 @@ echo
 echo "The cluster, Prometheus ($PROMETHEUS_URL) and the operator keep running; the monitor stopped with the demo."
 echo "Use them with:  eval \"\$(deploy/local/cluster.sh env --state-dir $state)\""
 echo "Stop them with:  kill \$(cat $state/operator.pid); deploy/local/cluster.sh down --state-dir $state"
+echo "scripts/test.sh can run beside them: each cluster with real nodes has its own bridge, pod and Service ranges,"
+echo "DNS address and kube-proxy network namespace (docs/local-cluster.md \"Services and DNS\"); the tests bring up and"
+echo "take down clusters of their own and leave this one alone."
 [ "$phase" = Succeeded ] && [ "$ftphase" = Succeeded ]

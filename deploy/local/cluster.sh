@@ -47,8 +47,9 @@ usage: $PROG COMMAND [options]
       --real-nodes N    also start N real nodes: kubelet + containerd + runc + CNI bridge each, pods as containers
                         from images built here (deploy/images/build.sh); alone (no simulated nodes) unless
                         --nodes or --topology is given too; binaries from \$RAILYARD_BUILD_DIR (default build/).
-                        Services work in pods (kube-proxy, DNS *.svc.cluster.local); one such cluster
-                        per machine. See docs/local-cluster.md "Real nodes"
+                        Services work in pods (kube-proxy in the cluster's own network namespace, DNS
+                        *.svc.cluster.local); such clusters run side by side. See docs/local-cluster.md
+                        "Real nodes"
       --node-monitor-grace S
                         seconds without a lease renewal before a node is NotReady (default 4, for fast
                         failure tests; Kubernetes' default is 40). The node agent renews every S/4 s (>= 1)

@@ -5,8 +5,9 @@
 #
 # Addresses (all on this machine, routed nowhere else): the bridge ry<port> holds POD_NET.1 (the host's address on the
 # pod network: the cluster DNS, and the operator's rendezvous and Prometheus when they run on the host, are reached
-# there; Services through kube-proxy, lib/services.sh) and POD_NET.(10+i) for node i (its kubelet
-# listens there); pods get POD_NET.32-254 from one host-local pool shared by all nodes.
+# there), POD_NET.2 (the cluster's proxy namespace: Services through kube-proxy, lib/services.sh) and POD_NET.(10+i)
+# for node i (its kubelet listens there); pods get POD_NET.32-254 from one host-local pool shared by all nodes.
+# Every name and address is derived from the API server's port, so clusters with real nodes run side by side.
 
 REAL_NODE_PREFIX="ry-real"
 REAL_WAIT_SECONDS=90
@@ -86,15 +87,17 @@ write_node_config() {
   dir=$(real_node_dir "$i")
   mkdir -p "$dir"/{run,root,state,cni,kubelet,logs/pods,logs/containers}
   # One pool for the whole cluster (host-local's file locks keep addresses unique across nodes); no masquerade, no
-  # default route: pods reach each other, the host's bridge address and the Service range (via the host, where
-  # kube-proxy's rules turn a ClusterIP into a pod or the API server relay), nothing else.
+  # default route: pods reach each other, the host's bridge address and the Service range (via POD_NET.2, the
+  # cluster's proxy namespace, where kube-proxy's rules turn a ClusterIP into a pod or the API server relay), nothing
+  # else. isGateway false: the bridge's address is set by setup_bridge, and the plugin would otherwise turn on the
+  # host's ip_forward, which nothing here needs (the proxy namespace forwards).
   cat >"$dir/cni/10-railyard.conflist" <<EOT
 {"cniVersion": "0.4.0", "name": "railyard-$APISERVER_PORT", "plugins": [
-  {"type": "bridge", "bridge": "$BRIDGE", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+  {"type": "bridge", "bridge": "$BRIDGE", "isGateway": false, "ipMasq": false, "hairpinMode": true,
    "ipam": {"type": "host-local", "dataDir": "$STATE_DIR/real/ipam",
             "ranges": [[{"subnet": "$POD_NET.0/24", "rangeStart": "$POD_NET.32", "rangeEnd": "$POD_NET.254",
                          "gateway": "$POD_NET.1"}]],
-            "routes": [{"dst": "$SERVICE_CIDR"}]}},
+            "routes": [{"dst": "$SERVICE_CIDR", "gw": "$POD_NET.2"}]}},
   {"type": "portmap", "capabilities": {"portMappings": true}}]}
 EOT
   # runc wrapper: root here lacks CAP_SYS_RESOURCE, so a negative oom_score_adj (pod sandboxes get -998) must

@@ -4,31 +4,21 @@
 # real_nodes.sh; uses STATE_DIR, POD_NET, BRIDGE, CACHE_BIN, SERVICE_CIDR, APISERVER_PORT and the helpers there.
 #
 #   scheduler      kube-scheduler v1.20.2 for pods of schedulerName default-scheduler (the chart's Deployments).
-#   service proxy  kube-proxy v1.20.2 (built by `cluster.sh build`) in iptables mode, in the host's network namespace,
-#                  which every pod's traffic to a ClusterIP passes through (pods route via the bridge's host address).
-#                  One for the machine, not one per node: all real nodes share that namespace here.
+#   service proxy  kube-proxy v1.20.2 (built by `cluster.sh build`) in iptables mode, in a network namespace of this
+#                  cluster's own (railyard-<API server port>), joined to the bridge by a veth pair at POD_NET.2: pods
+#                  route the Service range to POD_NET.2, where kube-proxy's rules turn a ClusterIP into a pod or the API
+#                  server relay, masquerading every Service connection (--masquerade-all) so that replies come back the
+#                  same way. One for the cluster, not one per node: all real nodes share the bridge here.
 #   cluster DNS    dnsmasq on POD_NET.1:53 (the kubelets' clusterDNS), answering NAME.NAMESPACE.svc.cluster.local
 #                  from a hosts file that cluster_dns_sync.py keeps equal to the Services' ClusterIPs (a watch);
 #                  nothing is forwarded outside. CoreDNS is not packaged in Debian 12.
 #
-# Machine-wide state it changes, restored at `down`: net.ipv4.ip_forward=1 (the host routes pod -> ClusterIP -> pod
-# on the bridge) with FORWARD rules that drop anything between this bridge and another interface, and kube-proxy's
-# own net.ipv4.conf.all.route_localnet=1 (the `kubernetes` Service's endpoint is the API server on 127.0.0.1).
-# kube-proxy's iptables chains (KUBE-SERVICES, ...) are machine-wide too: one cluster with real nodes at a time.
+# Nothing machine-wide changes: kube-proxy's chains, its route_localnet and the forwarding it needs live in the
+# cluster's namespace and go with it at `down`. So clusters with real nodes run side by side (the demo's and the
+# tests'); each has its own bridge, pod range, Service range, DNS address and proxy namespace. The host keeps two
+# FORWARD rules per bridge that drop anything routed between the bridge and another interface.
 
 services_guard_comment() { echo "railyard-$BRIDGE"; }
-
-# A free port in 20000-32767 on 127.0.0.1.
-services_pick_port() {
-  local p tries=0
-  while :; do
-    tries=$((tries + 1))
-    [ $tries -le 200 ] || die "up: no free port on 127.0.0.1 in 20000-32767"
-    p=$((20000 + SRANDOM % 12768))
-    port_in_use "$p" || break
-  done
-  echo "$p"
-}
 
 # gen_client_pki NAME USER: a client certificate and kubeconfig under STATE/real/NAME. The built-in bindings give
 # system:kube-proxy (system:node-proxier: services, endpoints, endpointslices, nodes, events) and
@@ -45,29 +35,38 @@ gen_client_pki() {
   write_kubeconfig_cert "$dir/kubeconfig" "$user" "$dir/client.crt" "$dir/client.key"
 }
 
-# Another cluster's kube-proxy would rewrite the same chains: name its state dir instead of fighting over them.
-services_check_alone() {
-  local pid args
-  for pid in $(pgrep -x kube-proxy || true); do
-    pid_is_ours "$pid" && continue
-    args=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null || true)
-    die "up: another kube-proxy runs on this machine (pid $pid: ${args:0:200}); its iptables chains are" \
-      "machine-wide, so one cluster with real nodes at a time: stop it first (cluster.sh down --state-dir <its dir>)"
-  done
-  return 0
+# The cluster's proxy namespace: kube-proxy's iptables chains and sysctls are per network namespace.
+services_netns() { echo "railyard-$APISERVER_PORT"; }
+services_veth() { echo "ryp$APISERVER_PORT"; }
+in_proxy_netns() { ip netns exec "$(services_netns)" "$@"; }
+
+# The namespace, its end of the veth pair (eth0, POD_NET.2 on the bridge), routing on inside it and no ICMP redirects
+# (a Service packet leaves by the interface it came in on; a redirect would teach a pod to bypass the proxy).
+setup_proxy_netns() {
+  local ns veth
+  ns=$(services_netns)
+  veth=$(services_veth)
+  ip netns list | grep -qw "^$ns" || ip netns add "$ns" || die "up: cannot create network namespace $ns (needs root)"
+  if ! ip link show "$veth" >/dev/null 2>&1; then
+    ip -n "$ns" link del eth0 2>/dev/null || true
+    ip link add "$veth" type veth peer name eth0 netns "$ns" || die "up: cannot create veth pair $veth"
+  fi
+  ip link set "$veth" master "$BRIDGE" up
+  ip -n "$ns" link set lo up
+  ip -n "$ns" addr replace "$POD_NET.2/24" dev eth0
+  ip -n "$ns" link set eth0 up
+  in_proxy_netns sysctl -qw net.ipv4.ip_forward=1 net.ipv4.conf.all.send_redirects=0 \
+    net.ipv4.conf.default.send_redirects=0 net.ipv4.conf.eth0.send_redirects=0 >/dev/null ||
+    die "up: cannot set forwarding in network namespace $ns"
+  echo "$ns" >"$STATE_DIR/real/proxy-netns"
 }
 
 services_up() {
   [ -x "$CACHE_BIN/kube-proxy" ] || die "up: $CACHE_BIN/kube-proxy missing (run cluster.sh build)"
   command -v dnsmasq >/dev/null || die "up: dnsmasq missing (apt-get install dnsmasq-base; scripts/install-deps.sh)"
-  [ "$(cat /proc/sys/net/bridge/bridge-nf-call-iptables 2>/dev/null)" = 1 ] ||
-    die "up: net.bridge.bridge-nf-call-iptables is not 1 (modprobe br_netfilter; sysctl -w" \
-      "net.bridge.bridge-nf-call-iptables=1): replies between pods on one bridge must pass the Service NAT"
-  services_check_alone
+  command -v ip >/dev/null && ip netns list >/dev/null 2>&1 || die "up: 'ip netns' missing (apt-get install iproute2)"
   local dir="$STATE_DIR/real"
-  # Routing on: forwarded only bridge <-> same bridge (pod -> ClusterIP -> pod), never to or from another interface.
-  [ -f "$dir/sysctl.prev" ] || printf 'ip_forward=%s\nroute_localnet=%s\n' \
-    "$(cat /proc/sys/net/ipv4/ip_forward)" "$(cat /proc/sys/net/ipv4/conf/all/route_localnet)" >"$dir/sysctl.prev"
+  # Nothing routed between this bridge and another interface, whatever the machine's own forwarding does.
   local c
   c=$(services_guard_comment)
   iptables -C FORWARD -i "$BRIDGE" ! -o "$BRIDGE" -m comment --comment "$c" -j DROP 2>/dev/null ||
@@ -75,7 +74,7 @@ services_up() {
     die "up: iptables FORWARD rule failed (needs root with CAP_NET_ADMIN)"
   iptables -C FORWARD ! -i "$BRIDGE" -o "$BRIDGE" -m comment --comment "$c" -j DROP 2>/dev/null ||
     iptables -I FORWARD ! -i "$BRIDGE" -o "$BRIDGE" -m comment --comment "$c" -j DROP
-  echo 1 >/proc/sys/net/ipv4/ip_forward
+  setup_proxy_netns
 
   # The `kubernetes` Service's endpoint is POD_NET.1:APISERVER_PORT (the API server's advertise address); the API
   # server itself listens on 127.0.0.1 only, so a relay on the bridge address carries the bytes (TLS end to end: the
@@ -89,16 +88,18 @@ services_up() {
   start_component kube-scheduler "$CACHE_BIN/kube-scheduler" --kubeconfig "$dir/kube-scheduler/kubeconfig" \
     --leader-elect=false --port 0 --secure-port 0 --v 1
   gen_client_pki kube-proxy system:kube-proxy
-  local healthz metrics
-  healthz=$(services_pick_port)
-  metrics=$(services_pick_port)
+  # From its namespace kube-proxy reaches the API server through the relay on the bridge; the server certificate
+  # names `kubernetes` (and 127.0.0.1, the Service IP), not the bridge address, so it verifies that name.
+  sed -i -e "s|server: https://127.0.0.1:$APISERVER_PORT|server: https://$POD_NET.1:$APISERVER_PORT\n    tls-server-name: kubernetes|" \
+    "$dir/kube-proxy/kubeconfig"
+  # Its health and metrics ports are the namespace's own (kube-proxy's defaults); nothing on the host listens there.
   # conntrack settings 0 = leave the machine's as they are (root here cannot raise nf_conntrack_max anyway).
-  start_component kube-proxy "$CACHE_BIN/kube-proxy" --kubeconfig "$dir/kube-proxy/kubeconfig" \
-    --proxy-mode iptables --cluster-cidr "$POD_NET.0/24" --hostname-override "railyard-local-proxy" \
-    --bind-address 127.0.0.1 --healthz-bind-address "127.0.0.1:$healthz" --metrics-bind-address "127.0.0.1:$metrics" \
+  start_component kube-proxy ip netns exec "$(services_netns)" "$CACHE_BIN/kube-proxy" \
+    --kubeconfig "$dir/kube-proxy/kubeconfig" --proxy-mode iptables --masquerade-all \
+    --cluster-cidr "$POD_NET.0/24" --hostname-override "railyard-local-proxy" --bind-address "$POD_NET.2" \
+    --healthz-bind-address 127.0.0.1:10256 --metrics-bind-address 127.0.0.1:10249 \
     --conntrack-max-per-core 0 --conntrack-min 0 --conntrack-tcp-timeout-established 0 \
     --conntrack-tcp-timeout-close-wait 0 --iptables-min-sync-period 0s --iptables-sync-period 30s --v 1
-  echo "$healthz" >"$dir/kube-proxy/healthz-port"
 
   mkdir -p "$dir/dns"
   : >"$dir/dns/services"
@@ -110,8 +111,8 @@ services_up() {
     --apiserver-pid-file "$STATE_DIR/pids/kube-apiserver.pid"
 
   local deadline=$((SECONDS + 30))
-  until curl -fsS "http://127.0.0.1:$healthz/healthz" >/dev/null 2>&1 &&
-    iptables -t nat -S KUBE-SERVICES 2>/dev/null | grep -q "default/kubernetes"; do
+  until in_proxy_netns curl -fsS "http://127.0.0.1:10256/healthz" >/dev/null 2>&1 &&
+    in_proxy_netns iptables -t nat -S KUBE-SERVICES 2>/dev/null | grep -q "default/kubernetes"; do
     component_gone kube-proxy && { log_tail kube-proxy; die "up: kube-proxy exited"; }
     [ $SECONDS -lt $deadline ] || { log_tail kube-proxy; die "up: kube-proxy has no rule for the kubernetes Service after 30 s"; }
     sleep 0.2
@@ -122,7 +123,7 @@ services_up() {
     [ $SECONDS -lt $deadline ] || { log_tail cluster-dns-sync; die "up: no DNS record of the kubernetes Service after 30 s"; }
     sleep 0.2
   done
-  info "up: Services: kube-proxy (iptables) for $SERVICE_CIDR, DNS *.svc.cluster.local on $POD_NET.1:53"
+  info "up: Services: kube-proxy (iptables, network namespace $(services_netns) at $POD_NET.2) for $SERVICE_CIDR, DNS *.svc.cluster.local on $POD_NET.1:53"
 }
 
 services_down() {
@@ -131,31 +132,17 @@ services_down() {
   stop_component cluster-dns 5
   stop_component apiserver-relay 5
   stop_component kube-scheduler 5
-  if [ -f "$STATE_DIR/pids/kube-proxy.pid" ]; then
-    stop_component kube-proxy 10
-    # Its chains outlive it; --cleanup removes every KUBE-* chain and jump it made.
-    [ -x "$CACHE_BIN/kube-proxy" ] && "$CACHE_BIN/kube-proxy" --cleanup >>"$STATE_DIR/logs/kube-proxy.log" 2>&1 || true
-    # ... except its empty canary chains and the two mark chains (no jump refers to them any more).
-    local t ch
-    for t in nat filter mangle; do
-      for ch in KUBE-PROXY-CANARY KUBE-MARK-DROP KUBE-MARK-MASQ; do
-        iptables -t "$t" -F "$ch" 2>/dev/null && iptables -t "$t" -X "$ch" 2>/dev/null || true
-      done
-    done
-  fi
+  stop_component kube-proxy 10
+  # kube-proxy's chains and sysctls live in the namespace and go with it (the veth pair too).
+  local ns
+  ns=$(cat "$dir/proxy-netns" 2>/dev/null || true)
+  if [ -n "$ns" ] && ip netns list | grep -qw "^$ns"; then ip netns del "$ns" 2>/dev/null || true; fi
+  rm -f "$dir/proxy-netns"
   if [ -n "${BRIDGE:-}" ]; then
     local c
     c=$(services_guard_comment)
     while iptables -D FORWARD -i "$BRIDGE" ! -o "$BRIDGE" -m comment --comment "$c" -j DROP 2>/dev/null; do :; done
     while iptables -D FORWARD ! -i "$BRIDGE" -o "$BRIDGE" -m comment --comment "$c" -j DROP 2>/dev/null; do :; done
-  fi
-  if [ -f "$dir/sysctl.prev" ]; then
-    local ip_forward="" route_localnet=""
-    # shellcheck disable=SC1091
-    source "$dir/sysctl.prev"
-    [ -n "$ip_forward" ] && echo "$ip_forward" >/proc/sys/net/ipv4/ip_forward
-    [ -n "$route_localnet" ] && echo "$route_localnet" >/proc/sys/net/ipv4/conf/all/route_localnet
-    rm -f "$dir/sysctl.prev"
   fi
   return 0
 }
