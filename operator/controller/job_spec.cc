@@ -321,7 +321,7 @@ void parse_data_training(Checker& c, JobSpec& s, const Json& spec) {
   r.weight_decay = c.number(training, "weightDecay", "spec.training.weightDecay", 0, 1e6);
   r.grad_clip = c.number(training, "gradClip", "spec.training.gradClip", 0, 1e12);
   r.warmup_steps = c.integer(training, "warmupSteps", "spec.training.warmupSteps", 0, int64_t{1} << 40);
-  r.seed = c.integer(training, "seed", "spec.training.seed", 0, INT64_MAX);
+  r.seed = c.integer(training, "seed", "spec.training.seed", 0, kMaxSeed);
   r.val_every = c.integer(training, "valEvery", "spec.training.valEvery", 0, int64_t{1} << 40);
   r.sample_every = c.integer(training, "sampleEvery", "spec.training.sampleEvery", 0, int64_t{1} << 40);
   r.sample_tokens = c.integer(training, "sampleTokens", "spec.training.sampleTokens", 1, 1048576);

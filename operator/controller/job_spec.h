@@ -42,6 +42,10 @@ inline constexpr int kMaxReplicas = 10000;
 inline constexpr int64_t kMaxSteps = 2147483647;    // spec.training.steps, spec.program.totalSteps (an int)
 inline constexpr int64_t kMaxSeconds = 2147483647;  // runPolicy.activeDeadlineSeconds, ttlSecondsAfterFinished
 inline constexpr size_t kMaxStringLength = 4096;    // every string field parse_job reads (image, paths, ...)
+// spec.training.seed: 2^53 - 1. The API server keeps a schema's maximum as a float64, and INT64_MAX rounds to 2^63,
+// which it turned into INT64_MIN: the CRD with that maximum refused every seed, its own default 1337 included, and
+// could not be installed. Every integer below 2^53 is an exact double.
+inline constexpr int64_t kMaxSeed = 9007199254740991;
 
 // spec.placement.scheduler's default: Railyard's own rail-aware gang placement and binding.
 inline constexpr const char* kRailyardScheduler = "railyard";

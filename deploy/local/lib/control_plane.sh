@@ -244,8 +244,12 @@ start_etcd() {
 
 start_apiserver() {
   local pki="$STATE_DIR/pki"
+  # OwnerReferencesPermissionEnforcement (on top of the default plugins), as on OpenShift and hardened clusters: an
+  # ownerReference with blockOwnerDeletion needs update on the owner's finalizers, so a missing RBAC rule for it shows
+  # here (e2e_install_chart runs the operator with the chart's RBAC) instead of on a user's cluster.
   # Short toleration seconds: pods on a lost simulated node are evicted in seconds, not 5 minutes.
   start_component kube-apiserver "$CACHE_BIN/kube-apiserver" \
+    --enable-admission-plugins OwnerReferencesPermissionEnforcement \
     --etcd-servers "http://127.0.0.1:$ETCD_CLIENT_PORT" \
     --bind-address 127.0.0.1 --advertise-address "${API_ADVERTISE_ADDR:-127.0.0.1}" --secure-port "$APISERVER_PORT" \
     --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \

@@ -103,6 +103,26 @@ case_rbac() {
   done
   "$KUBECTL" get serviceaccount default -n "$ns" -o jsonpath='{.secrets[0].name}' | grep -q 'default-token-' ||
     fail "no default service account token in new namespace $ns after 30 s"
+
+  # OwnerReferencesPermissionEnforcement is on: a user who may create ConfigMaps but not update the owner's finalizers
+  # is refused an ownerReference with blockOwnerDeletion, and allowed the same reference without it. The operator's
+  # RBAC needs trainingjobs/finalizers for this (its children set blockOwnerDeletion).
+  "$KUBECTL" create role ownerref-probe -n "$ns" --verb=create --resource=configmaps >/dev/null
+  "$KUBECTL" create rolebinding ownerref-probe -n "$ns" --role=ownerref-probe --user=ownerref-probe >/dev/null
+  local sa_uid
+  sa_uid=$("$KUBECTL" get serviceaccount default -n "$ns" -o jsonpath='{.metadata.uid}')
+  cm() { # NAME BLOCK: a ConfigMap owned by the namespace's default ServiceAccount
+    printf '{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"%s","ownerReferences":[{"apiVersion":"v1",
+      "kind":"ServiceAccount","name":"default","uid":"%s","blockOwnerDeletion":%s}]}}' "$1" "$sa_uid" "$2"
+  }
+  if out=$(cm blocking true | "$KUBECTL" create --as ownerref-probe -n "$ns" -f - 2>&1); then
+    fail "a user without update on serviceaccounts/finalizers set blockOwnerDeletion (admission plugin off?): $out"
+  fi
+  grep -q 'cannot set blockOwnerDeletion' <<<"$out" || fail "expected the OwnerReferencesPermissionEnforcement refusal, got: $out"
+  out=$(cm plain false | "$KUBECTL" create --as ownerref-probe -n "$ns" -f - 2>&1) ||
+    fail "the same user could not create a ConfigMap with a plain ownerReference: $out"
+  pass "OwnerReferencesPermissionEnforcement: blockOwnerDeletion needs update on the owner's finalizers"
+
   "$KUBECTL" delete namespace "$ns" --wait=true --timeout=60s >/dev/null || fail "namespace $ns not deleted"
   pass "controller manager: service account + token controllers, namespace deletion"
   : "$who"

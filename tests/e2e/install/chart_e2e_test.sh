@@ -99,6 +99,9 @@ mon=$rel-monitor
 # Everything the operator calls (docs/operator.md "RBAC the operator needs"), in any namespace.
 for v in get list watch patch delete; do check "operator may $v trainingjobs" can yes "$op" "$v" trainingjobs.railyard.dev -A; done
 check "operator may update trainingjobs/status" can yes "$op" update trainingjobs.railyard.dev --subresource=status -n "$team"
+# Its children's ownerReferences set blockOwnerDeletion: with OwnerReferencesPermissionEnforcement that needs this.
+check "operator may update trainingjobs/finalizers" can yes "$op" update trainingjobs.railyard.dev --subresource=finalizers -n "$team"
+check "operator may not patch trainingjobs/finalizers" can no "$op" patch trainingjobs.railyard.dev --subresource=finalizers -n "$team"
 for v in get list watch create delete; do check "operator may $v pods" can yes "$op" "$v" pods -A; done
 check "operator may create pods/binding" can yes "$op" create pods --subresource=binding -n "$team"
 for v in get create patch delete; do check "operator may $v secrets in a job namespace" can yes "$op" "$v" secrets -n "$team"; done
@@ -136,6 +139,7 @@ check "monitor may list pods (embedded mode)" can yes "$mon" list pods -A
 check "monitor may not watch trainingjobs" can no "$mon" watch trainingjobs.railyard.dev -A
 check "monitor may not delete trainingjobs" can no "$mon" delete trainingjobs.railyard.dev -n "$team"
 check "monitor may not update trainingjobs/status" can no "$mon" update trainingjobs.railyard.dev --subresource=status -A
+check "monitor may not update trainingjobs/finalizers" can no "$mon" update trainingjobs.railyard.dev --subresource=finalizers -A
 check "monitor may not get pods" can no "$mon" get pods -n "$team"
 check "monitor may not read secrets" can no "$mon" get secrets -n "$team"
 check "monitor may not list nodes" can no "$mon" list nodes
@@ -170,6 +174,10 @@ check "view (bob) may not scale trainingjobs" user_can no bob update trainingjob
 opn=$reln-operator
 check "namespace scope: operator may list trainingjobs in $team" can yes "$opn" list trainingjobs.railyard.dev -n "$team"
 check "namespace scope: operator may create pods in $team" can yes "$opn" create pods -n "$team"
+check "namespace scope: operator may update trainingjobs/finalizers in $team" \
+  can yes "$opn" update trainingjobs.railyard.dev --subresource=finalizers -n "$team"
+check "namespace scope: operator may not update trainingjobs/finalizers in default" \
+  can no "$opn" update trainingjobs.railyard.dev --subresource=finalizers -n default
 check "namespace scope: operator may still list nodes" can yes "$opn" list nodes
 # NodeResourcesFit: every pod bound to a node counts, whatever its namespace (read only).
 for v in list watch; do check "namespace scope: operator may $v pods cluster-wide" can yes "$opn" "$v" pods -A; done

@@ -106,6 +106,17 @@ check "default: the operator ClusterRole has no wildcard, no secrets list/watch,
   ($r | map(.verbs[], .resources[], .apiGroups[]) | index("*") == null)
   and ([$r[] | select(.resources | index("secrets")) | .verbs[]] | (index("list") == null and index("watch") == null))
   and ([$r[] | select(.resources | index("nodes")) | .verbs] == [["get","list","watch"]])' "$work/default.json"
+# Children carry blockOwnerDeletion: true; with OwnerReferencesPermissionEnforcement that needs update on the owner's
+# finalizers (granted exactly: no other verb, and not to the monitor).
+finalizers_rule() { # FILE KIND NAME: the role's rules on trainingjobs/finalizers are exactly one, update
+  q "[.[] | select(.kind == \"$2\" and .metadata.name == \"$3\") | .rules[] | select(.resources | index(\"trainingjobs/finalizers\"))
+    | {apiGroups, resources, verbs}] == [{apiGroups: [\"railyard.dev\"], resources: [\"trainingjobs/finalizers\"], verbs: [\"update\"]}]" "$1"
+}
+check "default: the operator ClusterRole may update trainingjobs/finalizers (blockOwnerDeletion), nothing more on it" \
+  finalizers_rule "$work/default.json" ClusterRole railyard-operator
+check "default: the monitor has no rule on trainingjobs/finalizers" q '
+  [.[] | select(.metadata.name == "railyard-monitor") | .rules[]? | .resources[]] | index("trainingjobs/finalizers") == null' \
+  "$work/default.json"
 check "default: PodDisruptionBudget minAvailable 1 selects the operator pods" q '
   [.[] | select(.kind == "PodDisruptionBudget")][0] as $p | [.[] | select(.kind == "Deployment" and
   .metadata.name == "railyard-operator")][0] as $d | $p.spec.minAvailable == 1
@@ -157,6 +168,8 @@ check "namespace scope: operator and monitor Roles in team-a, cluster-wide only 
   and ([.[] | select(.kind == "ClusterRole" and (.metadata.name | test("-(edit|view)$") | not)) | .rules[]
     | [.resources, .verbs]] == [[["nodes"], ["get","list","watch"]], [["pods"], ["list","watch"]]])' \
   "$work/ns.json"
+check "namespace scope: the operator Role in team-a may update trainingjobs/finalizers (blockOwnerDeletion)" \
+  finalizers_rule "$work/ns.json" Role railyard-operator
 check "namespace scope: operator and monitor watch team-a; monitor queries Prometheus, needs no pods rule" q '
   ([.[] | select(.kind == "Deployment") | .spec.template.spec.containers[0].args | index("--namespace=team-a")]
     | all(. != null))

@@ -249,6 +249,19 @@ TEST_CASE("every integer field of the CRD has a maximum, and parse_job holds a s
   }
 }
 
+TEST_CASE("every bound of the CRD survives the API server's float64: at most 2^53 in magnitude") {
+  // The API server keeps a schema's minimum and maximum as float64 (JSONSchemaProps). A maximum of INT64_MAX rounded to
+  // 2^63 and came back as INT64_MIN: the CRD refused every spec.training.seed, its default included, and did not
+  // install. Every integer of magnitude up to 2^53 is an exact double.
+  constexpr int64_t kExact = int64_t{1} << 53;
+  for (const IntField& f : crd_int_fields()) {
+    CAPTURE(f.path);
+    if (f.max) CHECK(*f.max <= kExact);
+    if (f.min) CHECK(*f.min >= -kExact);
+  }
+  CHECK(kMaxSeed == kExact - 1);
+}
+
 TEST_CASE("replicas are bounded by kMaxReplicas, as documented") {
   CHECK(kMaxReplicas == 10000);
   Json j = job_with(Json::parse(R"({"spec": {"replicas": 10001, "parallelism": null, "training": {"globalBatch": 8,
