@@ -93,7 +93,12 @@ if [ ! -s "$base" ] || [ ! -s "$base.diffid" ]; then
     rootfs="$CACHE/rootfs-$key"
     as_root rm -rf "$rootfs"
     info "base: debootstrap --variant=minbase bookworm + ${pkgs[*]} (once; cached in $CACHE)"
-    as_root debootstrap --variant=minbase --include="$(IFS=,; echo "${pkgs[*]}")" bookworm "$rootfs" "$mirror" \
+    # The machine's own package cache first: scripts/install-deps.sh has just fetched most of these packages (all of
+    # python3-torch's) from the same mirror; debootstrap checks each file against the mirror's index and fetches only
+    # what is missing or differs (issue #39: a cold test run paid the download twice).
+    local debs=()
+    [ -d /var/cache/apt/archives ] && debs=(--cache-dir=/var/cache/apt/archives)
+    as_root debootstrap --variant=minbase "${debs[@]}" --include="$(IFS=,; echo "${pkgs[*]}")" bookworm "$rootfs" "$mirror" \
       >"$CACHE/debootstrap.log" 2>&1 || die "debootstrap failed; last lines of $CACHE/debootstrap.log:
 $(tail -5 "$CACHE/debootstrap.log")"
     # What a container never needs: package lists and caches, documentation, manuals, locales.

@@ -201,8 +201,9 @@ wait_for 120 "a world of 3" sh -c "[ \"\$(kubectl get tj $job -n $ns -o jsonpath
 wait_for 60 "rank 2 of 3 training" sh -c "kubectl logs $job-worker-2 -n $ns 2>/dev/null | grep -q '^rank 2/3'"
 # (grep on a here-string: grep -q ending a pipe early would fail kubectl with SIGPIPE under pipefail)
 grep -q '^resumed from' <<<"$(kubectl logs "$job-worker-2" -n "$ns")" || fail "the third rank did not resume from the checkpoint"
+third=$(resumed_at "$job-worker-2") # now: a finished job's pods go (cleanPodPolicy Running), and their logs with them
 wait_phase Succeeded 300
-log "B. scale 2 -> 3: world of 3, rank 2 resumed at step $(resumed_at "$job-worker-2"), Succeeded $((SECONDS - t0)) s after the job was created"
+log "B. scale 2 -> 3: world of 3, rank 2 resumed at step $third, Succeeded $((SECONDS - t0)) s after the job was created"
 
 # --- C. one job, three faults, the undisturbed run's final loss ----------------------------------------------
 for p in "${ref_pids[@]}"; do wait "$p" || fail "the reference run failed: $(tail -3 "$ref_dir/rank0.log")"; done
