@@ -46,7 +46,7 @@ setup_proxy_netns() {
   local ns veth
   ns=$(services_netns)
   veth=$(services_veth)
-  ip netns list | grep -qw "^$ns" || ip netns add "$ns" || die "up: cannot create network namespace $ns (needs root)"
+  grep -qw "^$ns" <<<"$(ip netns list)" || ip netns add "$ns" || die "up: cannot create network namespace $ns (needs root)"
   if ! ip link show "$veth" >/dev/null 2>&1; then
     ip -n "$ns" link del eth0 2>/dev/null || true
     ip link add "$veth" type veth peer name eth0 netns "$ns" || die "up: cannot create veth pair $veth"
@@ -136,7 +136,7 @@ services_down() {
   # kube-proxy's chains and sysctls live in the namespace and go with it (the veth pair too).
   local ns
   ns=$(cat "$dir/proxy-netns" 2>/dev/null || true)
-  if [ -n "$ns" ] && ip netns list | grep -qw "^$ns"; then ip netns del "$ns" 2>/dev/null || true; fi
+  if [ -n "$ns" ] && grep -qw "^$ns" <<<"$(ip netns list)"; then ip netns del "$ns" 2>/dev/null || true; fi
   rm -f "$dir/proxy-netns"
   if [ -n "${BRIDGE:-}" ]; then
     local c

@@ -94,8 +94,8 @@ bridge_b=$(cat "$state-b/real/bridge")
 netns_b=$(cat "$state-b/real/proxy-netns")
 bash "$cluster" down --state-dir "$state-b" >"$work/down-b.log" 2>&1 || { cat "$work/down-b.log" >&2; fail "cluster b down"; }
 ! ip link show "$bridge_b" >/dev/null 2>&1 || fail "bridge $bridge_b of cluster b is still there after its down"
-! ip netns list | grep -qw "^$netns_b" || fail "network namespace $netns_b of cluster b is still there after its down"
-! iptables -S FORWARD | grep -q "railyard-$bridge_b" || fail "FORWARD rules of cluster b are still there after its down"
+! grep -qw "^$netns_b" <<<"$(ip netns list)" || fail "network namespace $netns_b of cluster b is still there after its down"
+! grep -q "railyard-$bridge_b" <<<"$(iptables -S FORWARD)" || fail "FORWARD rules of cluster b are still there after its down"
 probe a probe-2
 a2=$(probed a probe-2)
 log "cluster b down and gone; cluster a still serves its pods: $a2"
