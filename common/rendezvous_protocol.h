@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/worker_config.h"
@@ -16,6 +17,19 @@ namespace railyard::rdzv {
 // Exit code of a rank whose collective failed because a peer went away (retryable; not a signal number 129-192). The
 // operator holds a restart whose only causes are such exits briefly for the culprit's own report.
 inline constexpr int kExitPeerLost = 200;
+// Exit codes of the pod agent itself for infrastructure reasons, never a verdict on the training: the operator treats
+// them as retryable whatever the job's exit-code policy says (a pod that ends with one is replaced, never failed).
+// Unreachable: RAILYARD_AGENT_UNREACHABLE_SECONDS passed with no workers running and no service. Fenced: the service
+// said another pod (another UID) now holds this pod's name, so this one is a leftover of a lost node and must stop.
+inline constexpr int kAgentExitUnreachable = 201;
+inline constexpr int kAgentExitFenced = 202;
+inline constexpr bool is_agent_infrastructure_exit(int code) {
+  return code == kAgentExitUnreachable || code == kAgentExitFenced;
+}
+// The pod's metadata.uid in the agent's environment (a fieldRef the operator puts in every agent pod).
+inline constexpr const char* kPodUidEnv = "RAILYARD_POD_UID";
+// Longest pod UID a request may carry (Kubernetes UIDs are 36-character UUIDs).
+inline constexpr size_t kMaxPodUidLength = 128;
 
 inline constexpr const char* kJoinPath = "/v1/join";
 inline constexpr const char* kStatusPath = "/v1/status";
@@ -68,17 +82,33 @@ inline double get_number(const nlohmann::json& j, const char* name) {
 
 }  // namespace detail
 
-// Every request names its job and pod; the token travels as "Authorization: Bearer <token>".
+// Every request names its job and pod; the token travels as "Authorization: Bearer <token>". The pod is known by its
+// name and its UID: a name is reused when a pod is replaced, so a container left running on a lost node (its kubelet
+// dead) speaks under the same name as its replacement, and only the UID tells them apart (docs/rendezvous.md
+// "Fencing").
 struct JobRef {
+  JobRef() = default;
+  JobRef(std::string ns_, std::string job_, std::string pod_, std::string uid_ = "")
+      : ns(std::move(ns_)), job(std::move(job_)), pod(std::move(pod_)), uid(std::move(uid_)) {}
   std::string ns;   // "namespace"
   std::string job;  // "job"
   std::string pod;  // "pod"
+  std::string uid;  // "pod_uid": metadata.uid (RAILYARD_POD_UID); "" from an agent that predates fencing
   std::string key() const { return ns + "/" + job; }
 };
 
-inline void to_json(nlohmann::json& j, const JobRef& r) { j = {{"namespace", r.ns}, {"job", r.job}, {"pod", r.pod}}; }
+inline void to_json(nlohmann::json& j, const JobRef& r) {
+  j = {{"namespace", r.ns}, {"job", r.job}, {"pod", r.pod}};
+  if (!r.uid.empty()) j["pod_uid"] = r.uid;
+}
 inline JobRef parse_job_ref(const nlohmann::json& j) {
-  return {detail::get_string(j, "namespace"), detail::get_string(j, "job"), detail::get_string(j, "pod")};
+  JobRef r{detail::get_string(j, "namespace"), detail::get_string(j, "job"), detail::get_string(j, "pod"), ""};
+  if (j.contains("pod_uid")) {
+    r.uid = detail::get_string(j, "pod_uid");
+    if (r.uid.size() > kMaxPodUidLength)
+      throw ProtocolError("field 'pod_uid' is longer than " + std::to_string(kMaxPodUidLength) + " characters");
+  }
+  return r;
 }
 
 struct JoinRequest {
@@ -299,6 +329,7 @@ inline constexpr const char* kDone = "done";                // 200 status: every
 inline constexpr const char* kClosed = "closed";            // 410 / 200 status: the operator closed the job
 inline constexpr const char* kUnknownJob = "unknown_job";   // 404: the service does not know the job (yet)
 inline constexpr const char* kNotMember = "not_member";     // 409 join: pod is not part of the generation
+inline constexpr const char* kFenced = "fenced";            // 409 join / 200 status: another pod UID holds the name
 inline constexpr const char* kStarted = "already_started";  // 409 join: the generation started without this agent
 inline constexpr const char* kTimeout = "timeout";          // 408 join: the world did not complete in time
 inline constexpr const char* kRecorded = "recorded";        // 200 exit/progress

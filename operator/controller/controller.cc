@@ -336,11 +336,13 @@ std::vector<NodeInfo> Controller::node_inventory() {
   return build_inventory_of(node_ptrs, pod_ptrs);
 }
 
-std::vector<PodPtr> Controller::pods_of(const std::string& ns, const std::string& name) {
+std::vector<PodPtr> Controller::pods_of(const Json& job) {
+  const std::string ns = kube::namespace_of(job), name = kube::name_of(job), uid = uid_of(job);
   std::vector<PodPtr> out;
   for (PodPtr& p : pods_->snapshot()) {
     const Json& meta = kube::field(*p, "metadata");
-    if (kube::field(meta, "namespace") == ns && kube::field(kube::field(meta, "labels"), kJobLabel) == name)
+    if (kube::field(meta, "namespace") == ns && kube::field(kube::field(meta, "labels"), kJobLabel) == name &&
+        controlled_by(*p, uid))
       out.push_back(std::move(p));
   }
   return out;
@@ -546,7 +548,7 @@ std::chrono::milliseconds Controller::keep_finished(const Json& job, const Finis
   const std::string ns = kube::namespace_of(job), name = kube::name_of(job);
   const Json orig = job.contains("status") && job["status"].is_object() ? job["status"] : Json::object();
   Json status = orig;
-  const std::vector<PodPtr> pods = pods_of(ns, name);
+  const std::vector<PodPtr> pods = pods_of(job);
   // Only the acknowledgements change: the spec version seen and the live pod count (cleanPodPolicy deletes pods).
   status["observedGeneration"] = job["metadata"].value("generation", 0);
   status["replicas"] =

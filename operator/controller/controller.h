@@ -116,7 +116,10 @@ class Controller {
   // A reconcile of `key` threw `cause` (poison.h): the job is held Invalid for its spec version and tried again after
   // the returned delay. Throws what reading or writing the job throws (the caller then backs off as for any error).
   std::chrono::milliseconds hold_invalid(const std::string& key, const std::string& cause);
-  std::vector<PodPtr> pods_of(const std::string& ns, const std::string& name);
+  // The job's pods: labelled railyard.dev/job=<name> in its namespace and controlled by it (ownerReference with
+  // controller true, the job's uid, group railyard.dev and kind TrainingJob). A pod that only carries the label (made
+  // by someone else, or by an earlier job of the same name) is never counted, adopted or acted on.
+  std::vector<PodPtr> pods_of(const Json& job);
   // Nodes with every pod bound to them (node_pods_) and the jobs' own pods, for placement and planning.
   std::vector<NodeInfo> node_inventory();
   std::string ensure_token(const Json& job);

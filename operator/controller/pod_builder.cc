@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "common/kube/client.h"
+#include "common/rendezvous_protocol.h"
 #include "common/tls/job_identity.h"
 #include "operator/controller/nccl_env.h"
 #include "operator/controller/placement.h"
@@ -242,6 +243,8 @@ WorkerPodBuilder::WorkerPodBuilder(const Json& job, const JobSpec& spec, int64_t
   Json env = Json::array({
       env_value(kReplicaIndexEnv, ""),  // stamped per pod
       env_field("RAILYARD_POD_NAME", "metadata.name"),
+      // The name is reused by a replacement pod; the UID is not (the rendezvous fences by it).
+      env_field(rdzv::kPodUidEnv, "metadata.uid"),
       env_field("RAILYARD_POD_IP", "status.podIP"),
       env_field("RAILYARD_NODE_NAME", "spec.nodeName"),
       {{"name", "RAILYARD_RENDEZVOUS_TOKEN"},

@@ -24,6 +24,21 @@ inline std::string node_of(const Json& pod) {
   return pod_state_detail::string_or_empty(kube::field(kube::field(pod, "spec"), "nodeName"));
 }
 inline bool terminating(const Json& pod) { return kube::field(pod, "metadata").contains("deletionTimestamp"); }
+// Whether obj's controller is the TrainingJob with this uid: ownerReference controller true, the uid, kind
+// TrainingJob and API group railyard.dev (any version). A uid alone could be copied by whoever can write the pod.
+inline bool controlled_by(const Json& obj, const std::string& job_uid) {
+  const Json& refs = kube::field(kube::field(obj, "metadata"), "ownerReferences");
+  if (job_uid.empty() || !refs.is_array()) return false;
+  for (const Json& o : refs) {
+    const Json& controller = kube::field(o, "controller");
+    if (!controller.is_boolean() || !controller.get<bool>()) continue;
+    using pod_state_detail::string_or_empty;
+    return string_or_empty(kube::field(o, "uid")) == job_uid && string_or_empty(kube::field(o, "kind")) == "TrainingJob" &&
+           string_or_empty(kube::field(o, "apiVersion")).rfind("railyard.dev/", 0) == 0;
+  }
+  return false;
+}
+
 inline std::string uid_of(const Json& obj) {
   return pod_state_detail::string_or_empty(kube::field(kube::field(obj, "metadata"), "uid"));
 }

@@ -32,7 +32,9 @@ void scan_pods(const JobSpec& spec, const TriggerInputs& in, TriggerScan& out) {
     if (ph == "Failed") {
       if (!handled) {
         int code = pod_exit_code(p);
-        bool permanent = code > 0 && classify_exit(spec, code) == ExitClass::Permanent;
+        // The agent's own infrastructure exits (service unreachable, fenced) say nothing about the training.
+        bool permanent = code > 0 && classify_exit(spec, code) == ExitClass::Permanent &&
+                         !(in.agent && rdzv::is_agent_infrastructure_exit(code));
         out.triggers.push_back({"PodFailed", "pod " + pod_name + " failed with exit code " + std::to_string(code),
                                 pod_name, node, "operator", uid, i * per, permanent});
       }

@@ -32,6 +32,7 @@ struct TriggerInputs {
   std::vector<std::string> world;          // the current world's pods (status.world.pods); empty: every replica
   std::set<std::string> handled_uids;      // pods whose loss a restart already handled (lastRestart.podUIDs)
   bool was_running = false;                // condition Running was True
+  bool agent = true;                       // the pods run the pod agent (its infrastructure exits are retryable)
   bool in_transition = false;              // condition Restarting or Resizing was True
   std::map<std::string, bool> node_ready;  // each node the pods are bound to: Ready or not; absent: the node is gone
   std::set<std::string> excluded_nodes;    // railyard.dev/exclude-nodes (with excludeFailedNodes)

@@ -252,6 +252,10 @@ void Controller::open_generation(Sync& s) {
   std::vector<int>& dp_split = s.dp_split;
   // Open the (durable) generation at the rendezvous service once per generation and leader.
   if (rdzv && agent) {
+    // Which pod holds each name now (every reconcile: a pod replaced under its name is fenced from then on).
+    std::map<std::string, std::string> uids;
+    for (const auto& [i, pod] : s.by_index)
+      if (!terminating(*pod)) uids[worker_pod_name(s.name, i)] = uid_of(*pod);
     bool open = false;
     {
       std::lock_guard lock(mu_);
@@ -272,9 +276,12 @@ void Controller::open_generation(Sync& s) {
       else if (gen > 1 && world_spec.memory_interval_steps > 0)
         g.config.restore = "auto";  // the in-memory tier alone (no path): the worker falls back to a fresh start
       g.token = token;
+      g.pod_uids = uids;
       rdzv->open_generation(g);
       std::lock_guard lock(mu_);
       opened_[key] = gen;
+    } else {
+      rdzv->set_pod_uids(key, std::move(uids));
     }
   }
 }

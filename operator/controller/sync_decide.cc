@@ -194,7 +194,6 @@ std::optional<RendezvousService::Progress> Controller::fresh_progress(const Sync
 
 std::optional<std::chrono::milliseconds> Controller::collect_triggers(Sync& s) {
   const std::string& key = s.key;
-  const std::string& ns = s.ns;
   const std::string& name = s.name;
   Json& job = s.job;
   Json& status = s.status;
@@ -222,6 +221,7 @@ std::optional<std::chrono::milliseconds> Controller::collect_triggers(Sync& s) {
   trig_in.world = old_members;
   trig_in.handled_uids = handled;
   trig_in.was_running = condition_true(orig, "Running");
+  trig_in.agent = s.agent;
   trig_in.in_transition = condition_true(orig, "Restarting") || condition_true(orig, "Resizing");
   for (const auto& [i, p] : by_index)
     if (const std::string node = node_of(*p); !node.empty() && !trig_in.node_ready.count(node))
@@ -256,7 +256,7 @@ std::optional<std::chrono::milliseconds> Controller::collect_triggers(Sync& s) {
   }
   if (!triggers.empty()) {
     // A lost node or pod after the last step is not a failure of the job: re-read the end of the generation.
-    const std::vector<PodPtr> now_pods = pods_of(ns, name);
+    const std::vector<PodPtr> now_pods = pods_of(s.job);
     const auto now_progress = fresh_progress(s);
     if (Completion c = completion_now(s, now_pods, now_progress); c.done) return complete(s, c, now_progress, now_pods);
   }

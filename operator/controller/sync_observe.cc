@@ -45,7 +45,7 @@ Sync Controller::observe(const std::string& key, Json job) {
   s.orig = s.status;
   s.status["observedGeneration"] = s.job["metadata"].value("generation", 0);
   s.status["selector"] = job_selector(s.name);
-  s.pods = pods_of(s.ns, s.name);
+  s.pods = pods_of(s.job);
   for (const PodPtr& p : s.pods)
     if (!terminating(*p)) s.existing++;
   return s;

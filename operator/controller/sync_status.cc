@@ -24,7 +24,6 @@ using std::chrono::milliseconds;
 }  // namespace
 
 std::optional<std::chrono::milliseconds> Controller::resize_world(Sync& s) {
-  const std::string& ns = s.ns;
   const std::string& name = s.name;
   const std::string& now_s = s.now_s;
   Json& status = s.status;
@@ -79,7 +78,7 @@ std::optional<std::chrono::milliseconds> Controller::resize_world(Sync& s) {
     if (!restarted_now) {
       // The creates and binds above took a while: the world may have trained its last step meanwhile (a grow that
       // meets the end of the job). Opening the grow would leave it waiting for agents that have exited.
-      const std::vector<PodPtr> now_pods = pods_of(ns, name);
+      const std::vector<PodPtr> now_pods = pods_of(s.job);
       const auto now_progress = fresh_progress(s);
       if (Completion c = completion_now(s, now_pods, now_progress); c.done)
         return complete(s, c, now_progress, now_pods);

@@ -87,6 +87,7 @@ void validate(const GenerationSpec& spec) {
 }
 
 struct Member {
+  std::string uid;  // the pod UID it joined with ("" from an agent that predates fencing)
   std::string ip;
   int store_port = 0;
   int peer_port = 0;
@@ -150,6 +151,29 @@ struct RendezvousService::Impl {
   std::condition_variable cv;
   bool stopping = false;
   std::map<std::string, Job> jobs;
+  // Job key -> pod name -> the UID that holds the name now (set_pod_uids); kept across generations.
+  std::map<std::string, std::map<std::string, std::string>> holders;
+
+  enum class Holder { kYes, kUnknown, kFenced };
+  // Whether the pod that sent `ref` is the one that holds its name now.
+  Holder holder_of(const rdzv::JobRef& ref) const {
+    // An agent that predates fencing, or a job whose operator tells no UIDs: known by name alone.
+    if (ref.uid.empty()) return Holder::kYes;
+    auto j = holders.find(ref.key());
+    if (j == holders.end()) return Holder::kYes;
+    auto p = j->second.find(ref.pod);
+    if (p == j->second.end()) return Holder::kUnknown;
+    return p->second == ref.uid ? Holder::kYes : Holder::kFenced;
+  }
+
+  Reply fenced_reply(const rdzv::JobRef& ref, const char* what) {
+    const auto& h = holders.at(ref.key());
+    log::warn(kComponent, "refused a pod that no longer holds its name",
+              {{"job", ref.key()}, {"pod", ref.pod}, {"uid", ref.uid}, {"holder", h.at(ref.pod)}, {"request", what}});
+    return error_reply(409, st::kFenced,
+                       "pod " + ref.pod + " with uid " + ref.uid + " was replaced (the name is now held by uid " +
+                           h.at(ref.pod) + "): this pod is a leftover of a lost node or partition and must stop");
+  }
 
   std::mutex handler_mu;
   std::function<void(const WorkerExit&)> on_exit;
@@ -251,6 +275,19 @@ struct RendezvousService::Impl {
               " runs " + std::to_string(job->spec.procs_per_pod) +
               " processes per pod: set RAILYARD_PROCS_PER_POD=" + std::to_string(job->spec.procs_per_pod));
     }
+    switch (holder_of(req.ref)) {
+      case Holder::kFenced:
+        return fenced_reply(req.ref, "join");
+      case Holder::kUnknown: {
+        Reply r = error_reply(409, st::kNotMember,
+                              "pod " + req.ref.pod + " with uid " + req.ref.uid +
+                                  " is not yet known to the operator as the holder of that name; retry");
+        r.body["generation"] = gen;
+        return r;
+      }
+      case Holder::kYes:
+        break;
+    }
     if (job->complete) {
       const Member& m = job->joined.at(req.ref.pod);
       if (m.agent_id == req.agent_id) return {200, rdzv::to_json(assignment(*job, req.ref.pod))};
@@ -272,6 +309,7 @@ struct RendezvousService::Impl {
       m.window_open = true;
     }
     m.agent_id = req.agent_id;
+    m.uid = req.ref.uid;
     m.ip = req.pod_ip;
     m.store_port = req.store_port;
     m.peer_port = req.peer_port;
@@ -304,6 +342,8 @@ struct RendezvousService::Impl {
       if (it == jobs.end()) return error_reply(404, st::kUnknownJob, "job " + key + " was forgotten: retry");
       Job& j = it->second;
       if (j.closed) return error_reply(410, st::kClosed, "job " + key + " was closed by the operator");
+      // The operator may have seen this pod replaced while it waited (set_pod_uids).
+      if (holder_of(req.ref) == Holder::kFenced) return fenced_reply(req.ref, "join");
       if (j.spec.generation != gen) {
         Reply r = error_reply(409, st::kSuperseded,
                               "generation " + std::to_string(gen) + " was superseded by generation " +
@@ -358,7 +398,10 @@ struct RendezvousService::Impl {
       if (it == jobs.end()) return error_reply(404, st::kUnknownJob, "job " + key + " was forgotten: retry");
       const Job& j = it->second;
       const char* s = nullptr;
-      if (j.closed) {
+      if (holder_of(req.ref) == Holder::kFenced) {
+        fenced_reply(req.ref, "status");  // logs it
+        s = st::kFenced;
+      } else if (j.closed) {
         s = st::kClosed;
       } else if (j.spec.generation != req.generation) {
         s = st::kSuperseded;
@@ -380,7 +423,8 @@ struct RendezvousService::Impl {
     std::lock_guard<std::mutex> lock(mu);
     Job* job = nullptr;
     if (auto r = authorize(req.ref.key(), token, &job)) return *r;
-    if (job->closed || job->spec.generation != req.generation || !job->index.count(req.ref.pod)) {
+    if (job->closed || job->spec.generation != req.generation || !job->index.count(req.ref.pod) ||
+        holder_of(req.ref) != Holder::kYes) {
       return {200, {{"status", st::kStale}, {"generation", job->spec.generation}}};
     }
     if (req.local_rank >= job->spec.procs_per_pod) {
@@ -411,7 +455,8 @@ struct RendezvousService::Impl {
     std::lock_guard<std::mutex> lock(mu);
     Job* job = nullptr;
     if (auto r = authorize(req.ref.key(), token, &job)) return *r;
-    if (job->closed || job->spec.generation != req.generation || !job->index.count(req.ref.pod)) {
+    if (job->closed || job->spec.generation != req.generation || !job->index.count(req.ref.pod) ||
+        holder_of(req.ref) != Holder::kYes) {
       return {200, {{"status", st::kStale}, {"generation", job->spec.generation}}};
     }
     if (req.local_rank >= job->spec.procs_per_pod) {
@@ -554,6 +599,7 @@ void RendezvousService::open_generation(const GenerationSpec& spec) {
     }
     return;
   }
+  if (!spec.pod_uids.empty()) impl_->holders[spec.job_key] = spec.pod_uids;
   Job job;
   job.spec = spec;
   job.layout = layout;
@@ -568,11 +614,35 @@ void RendezvousService::open_generation(const GenerationSpec& spec) {
   impl_->cv.notify_all();
 }
 
+void RendezvousService::set_pod_uids(const std::string& job_key, std::map<std::string, std::string> uids) {
+  std::lock_guard<std::mutex> l(impl_->mu);
+  auto& h = impl_->holders[job_key];
+  if (h == uids) return;
+  h = std::move(uids);
+  auto it = impl_->jobs.find(job_key);
+  if (it != impl_->jobs.end() && !it->second.complete) {
+    // A pod that joined the forming world and was replaced since leaves it: the world waits for its replacement.
+    auto& joined = it->second.joined;
+    for (auto m = joined.begin(); m != joined.end();) {
+      auto holder = h.find(m->first);
+      if (!m->second.uid.empty() && (holder == h.end() || holder->second != m->second.uid)) {
+        log::info(kComponent, "a joined pod was replaced; it leaves the forming world",
+                  {{"job", job_key}, {"pod", m->first}, {"uid", m->second.uid}});
+        m = joined.erase(m);
+      } else {
+        ++m;
+      }
+    }
+  }
+  impl_->cv.notify_all();
+}
+
 void RendezvousService::close_job(const std::string& job_key) {
   std::lock_guard<std::mutex> l(impl_->mu);
   auto it = impl_->jobs.find(job_key);
   if (it == impl_->jobs.end() || it->second.closed) return;
   it->second.closed = true;
+  impl_->holders.erase(job_key);
   it->second.joined.clear();
   it->second.progress.clear();
   log::info(kComponent, "job closed", {{"job", job_key}});

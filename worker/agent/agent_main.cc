@@ -21,6 +21,8 @@ The worker command is everything after `--`; by default `railyard-worker train -
 Environment (set by the operator; docs/rendezvous.md has the whole contract):
   RAILYARD_JOB_NAMESPACE, RAILYARD_JOB_NAME   the TrainingJob
   RAILYARD_POD_NAME, RAILYARD_POD_IP          this pod (downward API)
+  RAILYARD_POD_UID                            this pod's metadata.uid: a replacement under the same name is told
+                                              apart from a lost node's leftover (which is fenced: exit 202)
   RAILYARD_RENDEZVOUS_ADDR                    host:port of the operator's rendezvous service
   RAILYARD_RENDEZVOUS_TOKEN                   the job's token (Secret <job>-rendezvous, key token)
   RAILYARD_RENDEZVOUS_CA                      PEM of the CA that signed the service's certificate (the Secret's key
@@ -29,11 +31,13 @@ Environment (set by the operator; docs/rendezvous.md has the whole contract):
   RAILYARD_AGENT_DIR                          config/progress files (default $TMPDIR/railyard-agent/<ns>_<job>_<pod>)
   RAILYARD_AGENT_GRACE_SECONDS                SIGTERM -> SIGKILL grace for workers (default 10)
   RAILYARD_AGENT_POLL_MS                      status poll period, 50..1000 (default 500)
-  RAILYARD_AGENT_UNREACHABLE_SECONDS          give up (exit 3) after the service is unreachable this long (default 600)
+  RAILYARD_AGENT_UNREACHABLE_SECONDS          with no workers running, give up (exit 201) after the service is
+                                              unreachable this long (default 0: never); running workers are never
+                                              stopped for it
   RAILYARD_AGENT_RANK_METRICS=1               serve the ranks' series on RAILYARD_METRICS_PORT + local rank from
                                               their progress files and output (a program's pod; docs/programs.md)
-Exit codes: 0 job done, 1 job closed after a local failure, 2 configuration/token error, 3 service unreachable,
-128+N stopped by signal N.
+Exit codes: 0 job done, 1 job closed after a local failure, 2 configuration/token error, 201 service unreachable
+(retryable), 202 fenced (another pod holds this pod's name), 128+N stopped by signal N.
 )";
 
 std::atomic<int> g_stop{0};

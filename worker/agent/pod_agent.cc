@@ -131,6 +131,7 @@ class AgentRun {
     log::info(kComponent, "starting",
               {{"job", cfg_.ns + "/" + cfg_.job},
                {"pod", cfg_.pod},
+               {"pod_uid", cfg_.pod_uid},
                {"pod_ip", cfg_.pod_ip},
                {"rendezvous", cfg_.rendezvous_addr},
                {"tls", client_.tls() ? "on" : "off"},
@@ -156,7 +157,7 @@ class AgentRun {
         return kAgentConfigError;
       } catch (const RendezvousUnavailable& e) {
         metrics_.unreachable.increment();
-        if (unreachable_for_too_long(e.what())) return kAgentUnreachable;
+        if (unreachable_for_too_long(e.what(), cfg_.unreachable_limit)) return kAgentUnreachable;
         sleep_interruptible(std::chrono::milliseconds(1000));
         continue;
       }
@@ -196,7 +197,7 @@ class AgentRun {
             unknown = true;
             unknown_since = Clock::now();
           }
-          if (Clock::now() - unknown_since >= cfg_.unreachable_limit) {
+          if (Clock::now() - unknown_since >= cfg_.unknown_job_limit) {
             log::error(kComponent,
                        "rendezvous service refused the token or does not know the job for longer than "
                        "RAILYARD_AGENT_UNREACHABLE_SECONDS; giving up: " +
@@ -207,6 +208,9 @@ class AgentRun {
           sleep_interruptible(std::chrono::milliseconds(1000));
           continue;
         }
+        case Outcome::Fenced:
+          log::error(kComponent, "fenced: " + r.message);
+          return kAgentFenced;
         case Outcome::NotMember:
         case Outcome::Started:
           notice(r.message, log::Level::Warn);
@@ -233,7 +237,7 @@ class AgentRun {
     return o;
   }
 
-  rdzv::JobRef ref() const { return {cfg_.ns, cfg_.job, cfg_.pod}; }
+  rdzv::JobRef ref() const { return {cfg_.ns, cfg_.job, cfg_.pod, cfg_.pod_uid}; }
 
   // store_port: offered for the bootstrap store should this pod get rank 0. wait_ms: the long-poll hold.
   rdzv::JoinRequest join_request(int64_t generation, int store_port, int64_t wait_ms) const {
@@ -254,11 +258,12 @@ class AgentRun {
     while (Clock::now() < until && stop_.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 
-  bool unreachable_for_too_long(const std::string& why) {
+  // limit 0: never too long.
+  bool unreachable_for_too_long(const std::string& why, std::chrono::milliseconds limit) {
     auto now = Clock::now();
     if (!unreachable_since_) unreachable_since_ = now;
     auto gone = std::chrono::duration_cast<std::chrono::milliseconds>(now - *unreachable_since_);
-    if (gone >= cfg_.unreachable_limit) {
+    if (limit.count() > 0 && gone >= limit) {
       log::error(kComponent, "rendezvous service unreachable for too long; giving up",
                  {{"seconds", std::to_string(gone.count() / 1000)}, {"error", why}});
       return true;
@@ -357,8 +362,10 @@ class AgentRun {
         log::error(kComponent, e.what());
         return finish(SIGTERM, nullptr, After::Exit, kAgentConfigError);
       } catch (const RendezvousUnavailable& e) {
+        // The workers keep training while the operator (or its leader election) is away: never a reason to stop
+        // them (docs/rendezvous.md "When the operator is away"). Their exits are reported when it returns.
         metrics_.unreachable.increment();
-        if (unreachable_for_too_long(e.what())) return finish(SIGTERM, nullptr, After::Exit, kAgentUnreachable);
+        unreachable_for_too_long(e.what(), std::chrono::milliseconds(0));
         continue;
       }
       unreachable_since_.reset();
@@ -372,6 +379,11 @@ class AgentRun {
             return {After::Exit, kAgentSucceeded};
           }
           break;
+        case Outcome::Fenced:
+          // A replacement pod holds this name: these workers are a lost node's leftovers. SIGKILL, no grace: they
+          // must not write a checkpoint or report anything more.
+          log::error(kComponent, "fenced: " + r.message);
+          return finish(SIGKILL, nullptr, After::Exit, kAgentFenced);
         case Outcome::Superseded:
           log::info(kComponent, "generation superseded; stopping workers and re-joining",
                     {{"generation", std::to_string(generation_)}, {"new_generation", std::to_string(r.generation)}});
@@ -409,6 +421,9 @@ class AgentRun {
           log::info(kComponent, "re-opened generation has another world; restarting workers");
           return finish(SIGTERM, nullptr, After::Rejoin, 0);
         }
+      } else if (j.outcome == Outcome::Fenced) {
+        log::error(kComponent, "fenced: " + j.message);
+        return finish(SIGKILL, nullptr, After::Exit, kAgentFenced);
       } else if (j.outcome == Outcome::Superseded || j.outcome == Outcome::Started || j.outcome == Outcome::NotMember) {
         return finish(SIGTERM, nullptr, After::Rejoin, 0);
       }
@@ -476,7 +491,12 @@ AgentConfig AgentConfig::from_env(std::vector<std::string> command) {
                       std::string(tmp && *tmp ? tmp : "/tmp") + "/railyard-agent/" + c.ns + "_" + c.job + "_" + c.pod);
   c.poll_interval = std::chrono::milliseconds(int_env("RAILYARD_AGENT_POLL_MS", 500, 50, 1000));
   c.grace = std::chrono::seconds(int_env("RAILYARD_AGENT_GRACE_SECONDS", 10, 0, 3600));
-  c.unreachable_limit = std::chrono::seconds(int_env("RAILYARD_AGENT_UNREACHABLE_SECONDS", 600, 1, 86400));
+  c.unreachable_limit = std::chrono::seconds(int_env("RAILYARD_AGENT_UNREACHABLE_SECONDS", 0, 0, 86400));
+  if (c.unreachable_limit.count() > 0) c.unknown_job_limit = c.unreachable_limit;
+  c.pod_uid = env_or(rdzv::kPodUidEnv, "");
+  if (c.pod_uid.size() > rdzv::kMaxPodUidLength)
+    throw ConfigError(std::string(rdzv::kPodUidEnv) + " is longer than " + std::to_string(rdzv::kMaxPodUidLength) +
+                      " characters: it must hold the pod's metadata.uid (fieldRef)");
   c.metrics_port = static_cast<int>(int_env("RAILYARD_AGENT_METRICS_PORT", -1, 0, 65535));
   c.node = env_or("RAILYARD_NODE_NAME", "");
   c.peer_port = static_cast<int>(int_env("RAILYARD_AGENT_PEER_PORT", 0, -1, 65535));

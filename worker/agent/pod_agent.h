@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/rendezvous_protocol.h"
 #include "common/tls/job_identity.h"
 
 namespace railyard::worker {
@@ -16,6 +17,7 @@ struct AgentConfig {
   std::string ns;               // RAILYARD_JOB_NAMESPACE
   std::string job;              // RAILYARD_JOB_NAME
   std::string pod;              // RAILYARD_POD_NAME
+  std::string pod_uid;          // RAILYARD_POD_UID (metadata.uid): the rendezvous fences a replaced pod by it
   std::string pod_ip;           // RAILYARD_POD_IP
   std::string rendezvous_addr;  // RAILYARD_RENDEZVOUS_ADDR host:port
   std::string token;            // RAILYARD_RENDEZVOUS_TOKEN
@@ -28,7 +30,13 @@ struct AgentConfig {
   std::chrono::milliseconds poll_interval{500};         // RAILYARD_AGENT_POLL_MS: status poll period
   std::chrono::milliseconds join_wait{2000};            // long-poll hold of one join request
   std::chrono::milliseconds grace{10000};               // RAILYARD_AGENT_GRACE_SECONDS: SIGTERM -> SIGKILL
-  std::chrono::milliseconds unreachable_limit{600000};  // RAILYARD_AGENT_UNREACHABLE_SECONDS: then exit 3
+  // RAILYARD_AGENT_UNREACHABLE_SECONDS: how long an agent with no workers running waits for an unreachable service
+  // before it exits kAgentUnreachable (retryable). 0 (the default): for ever. Running workers are never stopped for
+  // it: training outlives its control plane, and the agent reports when the service returns.
+  std::chrono::milliseconds unreachable_limit{0};
+  // How long the service may deny knowing the job (unknown job or a wrong token) before the agent exits
+  // kAgentConfigError: RAILYARD_AGENT_UNREACHABLE_SECONDS when set, else 600 s.
+  std::chrono::milliseconds unknown_job_limit{600000};
   int metrics_port = -1;  // RAILYARD_AGENT_METRICS_PORT: /metrics on pod_ip:port (0 picks one); -1 = off
   std::string node;       // RAILYARD_NODE_NAME (label of the agent's series; may be empty)
   // RAILYARD_AGENT_PEER_PORT: the peer-copy listener of the in-memory tier on pod_ip (0 picks one; -1 = no peer copy).
@@ -50,7 +58,10 @@ struct AgentConfig {
 inline constexpr int kAgentSucceeded = 0;    // all local workers exited 0 and the service said the job is done
 inline constexpr int kAgentFailed = 1;       // the job was closed while local workers had failed
 inline constexpr int kAgentConfigError = 2;  // bad env, token refused, request refused: retrying cannot help
-inline constexpr int kAgentUnreachable = 3;  // the service stayed unreachable for unreachable_limit
+// The service stayed unreachable for unreachable_limit with no workers running (retryable, common/).
+inline constexpr int kAgentUnreachable = rdzv::kAgentExitUnreachable;
+// The service said another pod (UID) holds this pod's name: a leftover of a lost node; workers killed (common/).
+inline constexpr int kAgentFenced = rdzv::kAgentExitFenced;
 
 // Runs until the job is done/closed, a fatal error, or *stop_signal becomes non-zero (then returns 128 + signal
 // after stopping the workers).

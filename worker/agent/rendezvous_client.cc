@@ -20,6 +20,7 @@ Outcome outcome_of(const std::string& s) {
   if (s == st::kDone) return Outcome::Done;
   if (s == st::kSuperseded) return Outcome::Superseded;
   if (s == st::kNotMember) return Outcome::NotMember;
+  if (s == st::kFenced) return Outcome::Fenced;
   if (s == st::kStarted) return Outcome::Started;
   if (s == st::kTimeout) return Outcome::Timeout;
   if (s == st::kUnknownJob) return Outcome::UnknownJob;
@@ -46,6 +47,8 @@ const char* to_string(Outcome o) {
       return "superseded";
     case Outcome::NotMember:
       return "not_member";
+    case Outcome::Fenced:
+      return "fenced";
     case Outcome::Started:
       return "already_started";
     case Outcome::Timeout:

@@ -63,6 +63,7 @@ class RendezvousClient {
     Done,        // status: every rank of the generation exited 0
     Superseded,  // a newer generation exists (generation is set)
     NotMember,   // 409 join: this pod is not in the generation
+    Fenced,      // 409 join / status: another pod (UID) holds this pod's name: stop for good
     Started,     // 409 join: the generation started without this agent
     Timeout,     // 408 join: message names the missing pods
     UnknownJob,  // 404: the service does not know the job (operator restarting?)

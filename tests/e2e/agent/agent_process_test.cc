@@ -434,26 +434,32 @@ TEST_CASE("a refused token or missing env ends the agent with exit 2 and a clear
   CHECK(slurp(log).find("RAILYARD_JOB_NAME is not set") != std::string::npos);
 }
 
-TEST_CASE("after an operator restart agents keep their workers, re-attach, and deliver exits made meanwhile") {
+TEST_CASE(
+    "after an operator outage longer than RAILYARD_AGENT_UNREACHABLE_SECONDS agents keep their workers, re-attach, and "
+    "deliver exits made meanwhile") {
   TempDir tmp;
   auto svc = std::make_unique<RendezvousService>("127.0.0.1", 0);
   const int port = svc->port();
   const std::vector<std::string> pods = {"pod0", "pod1"};
   svc->open_generation(spec(5, pods, 1));
   const std::vector<std::string> cmd = {"sh", "-c", kWorkerScript};
-  AgentProcess a0("pod0", "127.0.13.1", port, 1, tmp.path, cmd);
-  AgentProcess a1("pod1", "127.0.13.2", port, 1, tmp.path, cmd);
+  // The limit applies only to an agent without running workers: training outlives its control plane.
+  const std::map<std::string, std::string> limit = {{"RAILYARD_AGENT_UNREACHABLE_SECONDS", "1"}};
+  AgentProcess a0("pod0", "127.0.13.1", port, 1, tmp.path, cmd, kToken, "job1", limit);
+  AgentProcess a1("pod1", "127.0.13.2", port, 1, tmp.path, cmd, kToken, "job1", limit);
   auto file = [&](int rank, const char* ext) { return tmp.path / ("gen5-rank" + std::to_string(rank) + "." + ext); };
   REQUIRE(wait_for([&] { return fs::exists(file(0, "pid")) && fs::exists(file(1, "pid")); }, 20));
   const std::string env0 = slurp(file(0, "env"));
   const pid_t w0 = std::stoi(slurp(file(0, "pid")));
   const pid_t w1 = std::stoi(slurp(file(1, "pid")));
 
-  // The leader goes away; while it is gone, pod1's worker dies.
+  // The leader goes away for twice the limit; while it is gone, pod1's worker dies.
   svc.reset();
   std::this_thread::sleep_for(std::chrono::milliseconds(700));
   REQUIRE(::kill(w1, SIGKILL) == 0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  CHECK(a0.running());
+  CHECK(a1.running());
 
   // A new leader serves the same address and re-opens the current generation.
   std::mutex mu;
@@ -493,7 +499,7 @@ TEST_CASE("after an operator restart agents keep their workers, re-attach, and d
   CHECK(a1.wait_exit(10) == 1);
 }
 
-TEST_CASE("an unreachable service ends the agent with exit 3 after RAILYARD_AGENT_UNREACHABLE_SECONDS") {
+TEST_CASE("with no workers running, an unreachable service ends the agent with the retryable exit 201") {
   TempDir tmp;
   int port = 0;
   {
@@ -503,8 +509,31 @@ TEST_CASE("an unreachable service ends the agent with exit 3 after RAILYARD_AGEN
   ::setenv("RAILYARD_AGENT_UNREACHABLE_SECONDS", "1", 1);
   AgentProcess a("pod0", "127.0.14.1", port, 1, tmp.path, {"true"});
   ::unsetenv("RAILYARD_AGENT_UNREACHABLE_SECONDS");
-  CHECK(a.wait_exit(30) == 3);
+  CHECK(a.wait_exit(30) == railyard::rdzv::kAgentExitUnreachable);
   CHECK(slurp(a.log).find("unreachable") != std::string::npos);
+}
+
+TEST_CASE("fenced: an agent whose pod was replaced under its name kills its workers at once and exits 202") {
+  TempDir tmp;
+  RendezvousService svc("127.0.0.1", 0);
+  std::atomic<int> exits{0};
+  svc.set_exit_handler([&](const WorkerExit&) { ++exits; });
+  auto g = spec(2, {"pod0"}, 1);
+  g.pod_uids = {{"pod0", "uid-old"}};
+  svc.open_generation(g);
+  const std::vector<std::string> cmd = {"sh", "-c", kWorkerScript};
+  AgentProcess a("pod0", "127.0.16.1", svc.port(), 1, tmp.path, cmd, kToken, "job1",
+                 {{"RAILYARD_POD_UID", "uid-old"}});
+  const fs::path pid_file = tmp.path / "gen2-rank0.pid";
+  REQUIRE(wait_for([&] { return fs::exists(pid_file); }, 20));
+  const pid_t w = std::stoi(slurp(pid_file));
+  // Its node's kubelet died; the operator replaced the pod: another UID holds the name now.
+  svc.set_pod_uids("ns1/job1", {{"pod0", "uid-new"}});
+  CHECK(a.wait_exit(10) == railyard::rdzv::kAgentExitFenced);
+  CHECK(::kill(w, 0) != 0);                           // the worker is gone
+  CHECK_FALSE(fs::exists(tmp.path / "gen2-rank0.term"));  // killed, no grace: it writes nothing more
+  CHECK(slurp(a.log).find("fenced") != std::string::npos);
+  CHECK(exits.load() == 0);  // nothing it said counted
 }
 
 TEST_CASE("a worker command that cannot be executed is reported as exit code 127 with a message") {

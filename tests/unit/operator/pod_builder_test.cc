@@ -59,6 +59,8 @@ TEST_CASE("the agent env names the job, the pod through the downward API, and th
   CHECK(resolved_env(pod, cm, "RAILYARD_PROCS_PER_POD") == "1");
   CHECK(resolved_env(pod, cm, "RAILYARD_DEVICE") == "cpu");
   CHECK((*find_env(pod, "RAILYARD_POD_IP"))["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP");
+  // Fencing: the agent tells the rendezvous its pod UID (a replacement reuses the name, never the UID).
+  CHECK((*find_env(pod, "RAILYARD_POD_UID"))["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid");
   CHECK((*find_env(pod, "RAILYARD_POD_NAME"))["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name");
   const Json& token = (*find_env(pod, "RAILYARD_RENDEZVOUS_TOKEN"))["valueFrom"]["secretKeyRef"];
   CHECK(token["name"] == "tiny-rendezvous");

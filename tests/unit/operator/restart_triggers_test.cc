@@ -6,6 +6,7 @@
 
 #include <functional>
 
+#include "common/rendezvous_protocol.h"
 #include "operator/controller/pod_builder.h"
 #include "tests/unit/operator/job_fixture.h"
 
@@ -48,6 +49,27 @@ TriggerInputs running_job() {
 
 }  // namespace
 
+TEST_CASE("a pod is the job's only when the job controls it: uid, kind and API group of a controller reference") {
+  const Json ref = {{"apiVersion", "railyard.dev/v1alpha1"}, {"kind", "TrainingJob"}, {"uid", "J"}, {"controller", true}};
+  Json p = {{"metadata", {{"ownerReferences", Json::array({ref})}}}};
+  CHECK(controlled_by(p, "J"));
+  CHECK_FALSE(controlled_by(p, "K"));
+  CHECK_FALSE(controlled_by(p, ""));
+  Json q = p;
+  q["metadata"]["ownerReferences"][0]["controller"] = false;  // an owner, not the controller
+  CHECK_FALSE(controlled_by(q, "J"));
+  q = p;
+  q["metadata"]["ownerReferences"][0]["kind"] = "Job";
+  CHECK_FALSE(controlled_by(q, "J"));
+  q = p;
+  q["metadata"]["ownerReferences"][0]["apiVersion"] = "batch.example.com/v1";
+  CHECK_FALSE(controlled_by(q, "J"));
+  q = p;
+  q["metadata"]["ownerReferences"][0]["controller"] = "yes";  // malformed: not ours, never a throw
+  CHECK_FALSE(controlled_by(q, "J"));
+  CHECK_FALSE(controlled_by(Json{{"metadata", Json::object()}}, "J"));  // only the label: not adopted
+}
+
 TEST_CASE("a healthy running job has no trigger") {
   TriggerScan s = scan_triggers(two_replicas(), running_job());
   CHECK(s.triggers.empty());
@@ -84,6 +106,22 @@ TEST_CASE("lost, failed, deleted pods and lost or excluded nodes") {
   CHECK(s.triggers[0].uid == "u1");
   REQUIRE(s.to_delete.size() == 1);
   CHECK(s.to_delete[0] == std::pair<std::string, bool>{"tiny-worker-1", true});
+  // The agent's own infrastructure exits (unreachable service 201, fenced 202) never fail the job, whatever the
+  // exit-code policy; the same codes from a pod without the agent (its own command) follow the policy.
+  for (int code : {railyard::rdzv::kAgentExitUnreachable, railyard::rdzv::kAgentExitFenced}) {
+    TriggerInputs infra = running_job();
+    edit(infra.pods_by_index[1], [code](Json& p) {
+      p["status"] = {{"phase", "Failed"},
+                     {"containerStatuses",
+                      {{{"name", "worker"}, {"state", {{"terminated", {{"exitCode", code}}}}}}}}};
+    });
+    JobSpec strict = spec;
+    strict.permanent_exit_codes = {code};
+    REQUIRE(scan_triggers(strict, infra).triggers.size() == 1);
+    CHECK_FALSE(scan_triggers(strict, infra).triggers[0].permanent);
+    infra.agent = false;
+    CHECK(scan_triggers(strict, infra).triggers[0].permanent);
+  }
   // Handled by an earlier restart: no trigger, but the failed pod still goes.
   in.handled_uids = {"u1"};
   s = scan_triggers(spec, in);

@@ -477,6 +477,90 @@ TEST_CASE("a restarted agent, an unknown job and a closed job") {
   CHECK(c.join(join_req("p0", 1, 0)).outcome == Outcome::Ready);
 }
 
+namespace {
+rdzv::JoinRequest with_uid(rdzv::JoinRequest r, std::string uid) {
+  r.ref.uid = std::move(uid);
+  return r;
+}
+}  // namespace
+
+TEST_CASE("fencing: a replaced pod's leftover (same name, old UID) can neither join nor report, and is told to stop") {
+  RendezvousService svc("127.0.0.1", 0);
+  std::atomic<int> restarted{0}, exits{0};
+  svc.set_exit_handler([&](const WorkerExit& e) { ++(e.reason == "agent_restarted" ? restarted : exits); });
+  auto c = client(svc);
+  auto g2 = spec(2, {"p0", "p1"}, 1);
+  g2.pod_uids = {{"p0", "uid-old0"}, {"p1", "uid-1"}};
+  svc.open_generation(g2);
+  auto old0 = std::async(std::launch::async,
+                         [&] { return c.join(with_uid(join_req("p0", 1, 5000, "old-agent"), "uid-old0")); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  REQUIRE(c.join(with_uid(join_req("p1", 1, 5000), "uid-1")).outcome == Outcome::Ready);
+  REQUIRE(old0.get().outcome == Outcome::Ready);
+
+  // p0's kubelet dies, its container lives on. The operator deletes the pod (nobody holds the name) and opens
+  // generation 3.
+  svc.set_pod_uids("ns1/job1", {{"p1", "uid-1"}});
+  auto g3 = spec(3, {"p0", "p1"}, 1);
+  g3.pod_uids = {{"p1", "uid-1"}};
+  svc.open_generation(g3);
+  const rdzv::JobRef old_ref{"ns1", "job1", "p0", "uid-old0"};
+  CHECK(c.status({old_ref, 2, 0}).outcome == Outcome::Superseded);
+  // While no pod holds the name, the leftover is asked to retry: never a member, never an "agent restarted".
+  CHECK(c.join(with_uid(join_req("p0", 1, 0, "old-agent"), "uid-old0")).outcome == Outcome::NotMember);
+  // The replacement exists: from now on the leftover is fenced, on every path.
+  svc.set_pod_uids("ns1/job1", {{"p0", "uid-new0"}, {"p1", "uid-1"}});
+  auto fenced = c.join(with_uid(join_req("p0", 1, 0, "old-agent"), "uid-old0"));
+  CHECK(fenced.outcome == Outcome::Fenced);
+  CHECK(fenced.message.find("uid-new0") != std::string::npos);
+  CHECK(c.status({old_ref, 3, 0}).outcome == Outcome::Fenced);
+  CHECK(c.status({old_ref, 2, 0}).outcome == Outcome::Fenced);
+  // The replacement and p1 form generation 3.
+  auto new0 =
+      std::async(std::launch::async, [&] { return c.join(with_uid(join_req("p0", 1, 5000, "new-agent"), "uid-new0")); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  REQUIRE(c.join(with_uid(join_req("p1", 1, 5000), "uid-1")).outcome == Outcome::Ready);
+  auto a = new0.get();
+  REQUIRE(a.outcome == Outcome::Ready);
+  CHECK(a.assignment.generation == 3);
+  // Reports of the leftover are stale; the holder's count.
+  rdzv::ExitReport ex;
+  ex.ref = old_ref;
+  ex.generation = 3;
+  ex.exit_code = 1;
+  CHECK(c.report_exit(ex).outcome == Outcome::Stale);
+  rdzv::ProgressReport pr;
+  pr.ref = old_ref;
+  pr.generation = 3;
+  pr.step = 999;
+  CHECK(c.report_progress(pr).outcome == Outcome::Stale);
+  CHECK(svc.progress("ns1/job1")->step == 0);
+  CHECK(c.join(with_uid(join_req("p0", 1, 0, "old-agent"), "uid-old0")).outcome == Outcome::Fenced);
+  ex.ref.uid = "uid-new0";
+  CHECK(c.report_exit(ex).outcome == Outcome::Recorded);
+  CHECK(restarted.load() == 0);  // the leftover never broke the world
+  CHECK(exits.load() == 1);
+  // An over-long UID is refused naming the field.
+  CHECK_THROWS_WITH_AS(c.join(with_uid(join_req("p0", 1, 0), std::string(200, 'u'))),
+                       doctest::Contains("pod_uid"), RendezvousRequestError);
+}
+
+TEST_CASE("fencing: a pod replaced while the world forms leaves it, and the world waits for its replacement") {
+  RendezvousService svc("127.0.0.1", 0);
+  auto g = spec(1, {"p0", "p1"}, 1);
+  g.pod_uids = {{"p0", "a"}, {"p1", "b"}};
+  svc.open_generation(g);
+  auto c = client(svc);
+  CHECK(c.join(with_uid(join_req("p0", 1, 0, "agent-a"), "a")).outcome == Outcome::Waiting);
+  svc.set_pod_uids("ns1/job1", {{"p0", "a2"}, {"p1", "b"}});
+  CHECK(c.join(with_uid(join_req("p1", 1, 0), "b")).outcome == Outcome::Waiting);
+  CHECK(svc.progress("ns1/job1")->missing == std::vector<std::string>{"p0"});
+  CHECK(c.join(with_uid(join_req("p0", 1, 0, "agent-a"), "a")).outcome == Outcome::Fenced);
+  auto r = c.join(with_uid(join_req("p0", 1, 0, "agent-a2"), "a2"));
+  REQUIRE(r.outcome == Outcome::Ready);
+  CHECK(r.assignment.world_size == 2);
+}
+
 TEST_CASE("many pods with long-polls beyond the default thread count") {
   RendezvousOptions o;
   o.threads = 48;
