@@ -7,7 +7,8 @@
 #   cluster.sh up [--state-dir DIR] [--nodes N | --topology FILE] [--node-agent PATH | --no-node-agent]
 #                 [--real-nodes N] [--prometheus] [--node-monitor-grace SECONDS]
 #   cluster.sh down|status|env|restart-apiserver|restart-etcd [--state-dir DIR]
-#   cluster.sh stop-node|start-node NAME [--state-dir DIR]   (real nodes: lose one like a machine, bring it back)
+#   cluster.sh stop-node|start-node|kill-kubelet NAME [--state-dir DIR]   (real nodes: lose one like a machine, or
+#                 only its kubelet while its containers run on; bring it back)
 #   cluster.sh share NAMESPACE [--state-dir DIR]             (PVC railyard-shared over STATE/shared, for the examples)
 # shellcheck source-path=SCRIPTDIR
 set -euo pipefail
@@ -61,7 +62,10 @@ usage: $PROG COMMAND [options]
   restart-apiserver     restart the API server (same flags, ports and data), then the controller manager
   restart-etcd          restart etcd (same data dir and ports); the API server reconnects by itself
   stop-node NAME        real node NAME: stop its kubelet, containerd and containers, as if the machine were lost
-  start-node NAME       real node NAME: start it again (its pods are gone; the node turns Ready again)
+  start-node NAME       real node NAME: start it again (its pods are gone; the node turns Ready again); after
+                        kill-kubelet, only the kubelet starts, over the containerd and containers that ran on
+  kill-kubelet NAME     real node NAME: SIGKILL its kubelet only; containerd and the containers run on (a half-alive
+                        node: NotReady to the API server, its pods' processes still on the pod network)
   share NAMESPACE       create the PersistentVolumeClaim railyard-shared in NAMESPACE (ReadWriteMany, a hostPath volume
                         over STATE/shared that all nodes of this machine see; the examples mount it at /shared);
                         prints the host directory (put the data under its data/)
@@ -75,12 +79,12 @@ EOF
 command="$1"
 shift
 case "$command" in
-  build | up | down | status | env | restart-apiserver | restart-etcd | stop-node | start-node | share) ;;
+  build | up | down | status | env | restart-apiserver | restart-etcd | stop-node | start-node | kill-kubelet | share) ;;
   help | -h | --help)
     usage
     exit 0
     ;;
-  *) die "unknown command '$command' (known: build, up, down, status, env, restart-apiserver, restart-etcd, stop-node, start-node, share, help)" ;;
+  *) die "unknown command '$command' (known: build, up, down, status, env, restart-apiserver, restart-etcd, stop-node, start-node, kill-kubelet, share, help)" ;;
 esac
 
 STATE_DIR="${RAILYARD_STATE_DIR:-$HOME/.local/state/railyard/cluster}"
@@ -155,7 +159,7 @@ while [ $# -gt 0 ]; do
       ;;
     -*) die "unknown option '$1' for '$command' (see '$PROG help')" ;;
     *)
-      case "$command" in stop-node | start-node | share) ;; *) die "unexpected argument '$1' for '$command' (see '$PROG help')" ;; esac
+      case "$command" in stop-node | start-node | kill-kubelet | share) ;; *) die "unexpected argument '$1' for '$command' (see '$PROG help')" ;; esac
       [ -z "$NODE_NAME" ] || die "$command takes one node name"
       NODE_NAME="$1"
       shift
@@ -185,6 +189,6 @@ case "$command" in
     ;;
   restart-apiserver) cmd_restart_apiserver ;;
   restart-etcd) cmd_restart_etcd ;;
-  stop-node | start-node) cmd_real_node "$command" "$NODE_NAME" ;;
+  stop-node | start-node | kill-kubelet) cmd_real_node "$command" "$NODE_NAME" ;;
   share) cmd_share "$NODE_NAME" ;;
 esac

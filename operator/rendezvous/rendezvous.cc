@@ -153,6 +153,24 @@ struct RendezvousService::Impl {
   std::map<std::string, Job> jobs;
   // Job key -> pod name -> the UID that holds the name now (set_pod_uids); kept across generations.
   std::map<std::string, std::map<std::string, std::string>> holders;
+  // Job key -> UIDs that held a name once and no longer do: fenced for good.
+  std::map<std::string, std::set<std::string>> retired;
+
+  // Under mu. Returns whether anything changed.
+  bool replace_holders(const std::string& key, const std::map<std::string, std::string>& uids) {
+    auto& h = holders[key];
+    auto& gone = retired[key];
+    for (const auto& [pod, uid] : h) {
+      auto now = uids.find(pod);
+      if (now == uids.end() || now->second != uid) gone.insert(uid);
+    }
+    std::map<std::string, std::string> next;
+    for (const auto& [pod, uid] : uids)
+      if (!gone.count(uid)) next.emplace(pod, uid);  // a stale cache naming a replaced pod again
+    if (next == h) return false;
+    h = std::move(next);
+    return true;
+  }
 
   enum class Holder { kYes, kUnknown, kFenced };
   // Whether the pod that sent `ref` is the one that holds its name now.
@@ -161,6 +179,7 @@ struct RendezvousService::Impl {
     if (ref.uid.empty()) return Holder::kYes;
     auto j = holders.find(ref.key());
     if (j == holders.end()) return Holder::kYes;
+    if (auto r = retired.find(ref.key()); r != retired.end() && r->second.count(ref.uid)) return Holder::kFenced;
     auto p = j->second.find(ref.pod);
     if (p == j->second.end()) return Holder::kUnknown;
     return p->second == ref.uid ? Holder::kYes : Holder::kFenced;
@@ -168,11 +187,13 @@ struct RendezvousService::Impl {
 
   Reply fenced_reply(const rdzv::JobRef& ref, const char* what) {
     const auto& h = holders.at(ref.key());
+    const auto holder = h.find(ref.pod);
+    const std::string now = holder == h.end() ? std::string("none") : holder->second;
     log::warn(kComponent, "refused a pod that no longer holds its name",
-              {{"job", ref.key()}, {"pod", ref.pod}, {"uid", ref.uid}, {"holder", h.at(ref.pod)}, {"request", what}});
+              {{"job", ref.key()}, {"pod", ref.pod}, {"uid", ref.uid}, {"holder", now}, {"request", what}});
     return error_reply(409, st::kFenced,
-                       "pod " + ref.pod + " with uid " + ref.uid + " was replaced (the name is now held by uid " +
-                           h.at(ref.pod) + "): this pod is a leftover of a lost node or partition and must stop");
+                       "pod " + ref.pod + " with uid " + ref.uid + " was replaced (the name is now held by uid " + now +
+                           "): this pod is a leftover of a lost node or partition and must stop");
   }
 
   std::mutex handler_mu;
@@ -599,7 +620,7 @@ void RendezvousService::open_generation(const GenerationSpec& spec) {
     }
     return;
   }
-  if (!spec.pod_uids.empty()) impl_->holders[spec.job_key] = spec.pod_uids;
+  if (spec.pod_uids) impl_->replace_holders(spec.job_key, *spec.pod_uids);
   Job job;
   job.spec = spec;
   job.layout = layout;
@@ -616,9 +637,8 @@ void RendezvousService::open_generation(const GenerationSpec& spec) {
 
 void RendezvousService::set_pod_uids(const std::string& job_key, std::map<std::string, std::string> uids) {
   std::lock_guard<std::mutex> l(impl_->mu);
-  auto& h = impl_->holders[job_key];
-  if (h == uids) return;
-  h = std::move(uids);
+  if (!impl_->replace_holders(job_key, uids)) return;
+  const auto& h = impl_->holders[job_key];
   auto it = impl_->jobs.find(job_key);
   if (it != impl_->jobs.end() && !it->second.complete) {
     // A pod that joined the forming world and was replaced since leaves it: the world waits for its replacement.
@@ -643,6 +663,7 @@ void RendezvousService::close_job(const std::string& job_key) {
   if (it == impl_->jobs.end() || it->second.closed) return;
   it->second.closed = true;
   impl_->holders.erase(job_key);
+  impl_->retired.erase(job_key);
   it->second.joined.clear();
   it->second.progress.clear();
   log::info(kComponent, "job closed", {{"job", job_key}});

@@ -30,8 +30,9 @@ struct GenerationSpec {
   WorkerConfig config;
   std::string token;  // the job's secret (Secret <job>-rendezvous, key "token"); compared in constant time
   // The UID of the pod that holds each name now (metadata.uid), as far as the operator has seen: see
-  // RendezvousService::set_pod_uids. Empty: the operator tells none, and pods are known by name alone.
-  std::map<std::string, std::string> pod_uids;
+  // RendezvousService::set_pod_uids (a name without a pod is absent). nullopt: the operator tells none, and pods are
+  // known by name alone.
+  std::optional<std::map<std::string, std::string>> pod_uids;
 };
 
 // A worker process of the current generation ended (reported by its agent). Delivered once per
@@ -92,9 +93,10 @@ class RendezvousService {
   // Which pod (UID) holds each of the job's pod names now: the pods the operator sees that are not being deleted.
   // A request that carries another UID for a name comes from a pod that was replaced (a container left running on a
   // node whose kubelet died, a partitioned pod): its join is refused with "fenced" and it is told to stop; its status
-  // poll says "fenced"; its exits and progress are stale. A UID the service has not been told of yet (a pod created
-  // a moment ago, or a name whose pod is being deleted) is asked to retry. A joined pod of a forming generation whose
-  // UID no longer holds its name leaves the world. Replaces what was told before, across generations.
+  // poll says "fenced"; its exits and progress are stale. A UID that held a name once and no longer does is fenced for
+  // good, even if a stale cache names it again. A UID the service has not been told of yet (a pod created a moment
+  // ago) is asked to retry. A joined pod of a forming generation whose UID no longer holds its name leaves the world.
+  // Replaces what was told before, across generations.
   void set_pod_uids(const std::string& job_key, std::map<std::string, std::string> uids);
   // Forgets the job; agents then see status "closed" and stop. Their requests keep being authenticated.
   void close_job(const std::string& job_key);

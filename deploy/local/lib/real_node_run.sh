@@ -12,11 +12,19 @@ name="$(basename "$dir")"
 mkdir -p /var/log/pods /var/log/containers "$dir/logs/pods" "$dir/logs/containers"
 mount --bind "$dir/logs/pods" /var/log/pods
 mount --bind "$dir/logs/containers" /var/log/containers
-containerd --config "$dir/containerd.toml" >>"$state_dir/logs/$name-containerd.log" 2>&1 </dev/null &
-echo $! >"$state_dir/pids/$name-containerd.pid"
-for _ in $(seq 1 300); do
-  [ -S "$dir/run/containerd.sock" ] && break
-  kill -0 "$!" 2>/dev/null || { echo "containerd exited (log: $state_dir/logs/$name-containerd.log)" >&2; exit 1; }
-  sleep 0.1
-done
+# A kubelet restarted over a containerd that outlived it (cluster.sh kill-kubelet, then start-node) finds its
+# containers there, as a kubelet restarted on a real machine does.
+old_containerd=$(cat "$state_dir/pids/$name-containerd.pid" 2>/dev/null || true)
+if [ -n "$old_containerd" ] && [ -S "$dir/run/containerd.sock" ] &&
+  grep -qF -- "--config $dir/containerd.toml" <<<"$(tr '\0' ' ' <"/proc/$old_containerd/cmdline" 2>/dev/null)"; then
+  echo "containerd (pid $old_containerd) still runs: starting the kubelet only" >&2
+else
+  containerd --config "$dir/containerd.toml" >>"$state_dir/logs/$name-containerd.log" 2>&1 </dev/null &
+  echo $! >"$state_dir/pids/$name-containerd.pid"
+  for _ in $(seq 1 300); do
+    [ -S "$dir/run/containerd.sock" ] && break
+    kill -0 "$!" 2>/dev/null || { echo "containerd exited (log: $state_dir/logs/$name-containerd.log)" >&2; exit 1; }
+    sleep 0.1
+  done
+fi
 exec "$kubelet" "$@"

@@ -328,6 +328,14 @@ cmd_real_node() {
   if [ "$what" = stop-node ]; then
     stop_real_node "$i"
     info "stop-node: $name stopped (kubelet, containerd, containers)"
+  elif [ "$what" = kill-kubelet ]; then
+    # The node's component is the kubelet itself (real_node_run.sh execs it); containerd has its own pid.
+    local pid
+    pid=$(component_pid "$name")
+    pid_is_ours "$pid" || die "kill-kubelet: the kubelet of $name is not running"
+    kill -KILL "$pid"
+    while pid_is_ours "$pid"; do sleep 0.1; done
+    info "kill-kubelet: the kubelet of $name killed; containerd and its containers run on"
   else
     component_alive "$name" && { info "start-node: $name already running"; return 0; }
     start_real_node "$i"

@@ -519,7 +519,7 @@ TEST_CASE("fenced: an agent whose pod was replaced under its name kills its work
   std::atomic<int> exits{0};
   svc.set_exit_handler([&](const WorkerExit&) { ++exits; });
   auto g = spec(2, {"pod0"}, 1);
-  g.pod_uids = {{"pod0", "uid-old"}};
+  g.pod_uids = std::map<std::string, std::string>{{"pod0", "uid-old"}};
   svc.open_generation(g);
   const std::vector<std::string> cmd = {"sh", "-c", kWorkerScript};
   AgentProcess a("pod0", "127.0.16.1", svc.port(), 1, tmp.path, cmd, kToken, "job1",

@@ -10,8 +10,9 @@
 #      ry-real-1 (NodeResourcesFit over every pod on the node);
 #   4. kill -9 of the trainer inside its container: in-place restart (same pod, generation 2) from the in-memory
 #      tier, and the job still Succeeds with every step done;
-#   5. a lost node (its kubelet, containerd and containers stopped): the operator replaces the pod on the other node
-#      and the job Succeeds from its last checkpoint;
+#   5. a half-alive node (its kubelet SIGKILLed, its containers running on): the operator replaces the pod on the
+#      other node; the old container, still on the pod network, is fenced by its pod UID (refused, stops) and never
+#      joins again; the kubelet comes back and removes it; the job Succeeds with one restart for the fault;
 #   6. the GPU example as shipped is accepted and waits, its Scheduled condition naming the missing nvidia.com/gpu.
 set -euo pipefail
 src=${RAILYARD_SOURCE_DIR:?}
@@ -148,16 +149,56 @@ gen1_last=$(sed -n '/checkpoint: restored /q;p' <<<"$klog" | grep -oE 'worker: s
   fail "restored step $r, generation 1 had reported ${gen1_last:-nothing}: steps lost"
 log "kill -9: restarted in place, step $r restored from memory (generation 1 reported $gen1_last) after $((SECONDS - t0)) s"
 
-# --- 5. a lost node ----------------------------------------------------------------------------------------
+# --- 5. a half-alive node: its kubelet SIGKILLed while its container trains on ------------------------------
+# The node turns NotReady and the operator replaces the pod under the same name on ry-real-0, while the old container
+# on ry-real-1 still reaches the operator. Fenced by pod UID, it is refused and stops: one restart, no second world.
 wait_for 60 "fit past step 150" sh -c "s=\$(kubectl get tj fit -n $ns -o jsonpath='{.status.step}'); [ \"\${s:-0}\" -ge 150 ]"
 t0=$SECONDS
-bash "$cluster" stop-node ry-real-1 --state-dir "$state" >/dev/null
+old_uid=$(kubectl get pod fit-worker-0 -n "$ns" -o jsonpath='{.metadata.uid}')
+sock1="$state/real/ry-real-1/run/containerd.sock"
+# The tasks of fit's old pod on ry-real-1 as containerd knows them: "<container> <STATUS>" lines; $1 narrows it to one
+# container name (worker; the sandbox is the pod's pause container).
+old_tasks() {
+  local filter="labels.\"io.kubernetes.pod.uid\"==$old_uid" ids id
+  [ -z "${1:-}" ] || filter+=",labels.\"io.kubernetes.container.name\"==$1"
+  ids=$(ctr -a "$sock1" -n k8s.io containers ls -q "$filter" 2>/dev/null)
+  for id in $ids; do ctr -a "$sock1" -n k8s.io tasks ls 2>/dev/null | awk -v id="$id" '$1 == id {print $1, $3}'; done
+}
+worker_is() { [ "$(old_tasks worker | awk '{print $2}')" = "$1" ]; }
+# Its init exited: containerd marks the task STOPPED, and drops it once the shim is gone.
+worker_ended() { ! grep -q RUNNING <<<"$(old_tasks worker)"; }
+none_running() { ! grep -q RUNNING <<<"$(old_tasks)"; }
+fenced_in_log() { grep -q "refused a pod that no longer holds its name.* uid=$old_uid" "$work/op.log"; }
+worker_is RUNNING || fail "no running worker container of fit on ry-real-1 before the fault: $(old_tasks)"
+bash "$cluster" kill-kubelet ry-real-1 --state-dir "$state" >/dev/null
 wait_for 90 "fit's pod replaced on ry-real-0" sh -c "[ \"\$(kubectl get pod fit-worker-0 -n $ns -o jsonpath='{.spec.nodeName}')\" = ry-real-0 ] && [ \"\$(kubectl get pod fit-worker-0 -n $ns -o jsonpath='{.status.phase}')\" = Running ]"
-log "lost node: pod running again on ry-real-0 after $((SECONDS - t0)) s"
+log "half-alive node: pod running again on ry-real-0 after $((SECONDS - t0)) s"
+# The old container, alive under a dead kubelet, asked to join again and was refused by UID; it killed its trainer
+# and exited (the agent's exit 202), with no kubelet to tell it so.
+wait_for 60 "the leftover on ry-real-1 fenced" fenced_in_log
+until worker_ended; do
+  [ $((SECONDS - t0)) -lt 120 ] || {
+    echo "tasks of the old pod: $(old_tasks)" >&2
+    ps -eo pid,ppid,stat,wchan:32,args | grep -E '[r]ailyard-worker|[c]ontainerd-shim' >&2 || true
+    for p in $(pgrep -f '^railyard-worker agent'); do
+      echo "threads of $p:" >&2
+      for t in /proc/"$p"/task/*; do echo "  ${t##*/} $(cat "$t/stat" | cut -d' ' -f3) $(cat "$t/wchan" 2>/dev/null)" >&2; done
+    done
+    tail -n 15 "$state"/real/ry-real-1/logs/pods/"${ns}_fit-worker-0_$old_uid"/worker/*.log >&2 || true
+    fail "the leftover's worker container still runs $((SECONDS - t0)) s after its kubelet died"
+  }
+  sleep 0.3
+done
+grep -q 'agent_restarted' "$work/op.log" && fail "the leftover broke the new world (agent restarted)"
+log "the leftover on ry-real-1 was fenced by UID and stopped $((SECONDS - t0)) s after its kubelet died"
+# The reverse: the kubelet comes back, finds its pod deleted and stops what is left of it. The job is not touched.
+bash "$cluster" start-node ry-real-1 --state-dir "$state" >/dev/null
+wait_for 60 "ry-real-1 Ready again" sh -c "kubectl get node ry-real-1 -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -q True"
+wait_for 90 "the old pod's sandbox stopped by the returning kubelet" none_running
 wait_phase fit Succeeded 400
 [ "$(jp fit '{.status.progress}')" = "2000/2000" ] || fail "fit progress $(jp fit '{.status.progress}'), want 2000/2000"
-[ "$(jp fit '{.status.restarts}')" = 2 ] || fail "fit restarts $(jp fit '{.status.restarts}'), want 2"
-bash "$cluster" start-node ry-real-1 --state-dir "$state" >/dev/null
+[ "$(jp fit '{.status.restarts}')" = 2 ] || fail "fit restarts $(jp fit '{.status.restarts}'), want 2 (one per fault)"
+[ "$(kubectl get pod fit-worker-0 -n "$ns" -o jsonpath='{.spec.nodeName}')" = ry-real-0 ] || fail "fit's pod moved again"
 
 # --- 6. the GPU example on nodes without GPUs --------------------------------------------------------------
 kubectl apply -n "$ns" -f "$src/deploy/examples/gpt2-350m-h100.yaml" >/dev/null

@@ -490,7 +490,7 @@ TEST_CASE("fencing: a replaced pod's leftover (same name, old UID) can neither j
   svc.set_exit_handler([&](const WorkerExit& e) { ++(e.reason == "agent_restarted" ? restarted : exits); });
   auto c = client(svc);
   auto g2 = spec(2, {"p0", "p1"}, 1);
-  g2.pod_uids = {{"p0", "uid-old0"}, {"p1", "uid-1"}};
+  g2.pod_uids = std::map<std::string, std::string>{{"p0", "uid-old0"}, {"p1", "uid-1"}};
   svc.open_generation(g2);
   auto old0 = std::async(std::launch::async,
                          [&] { return c.join(with_uid(join_req("p0", 1, 5000, "old-agent"), "uid-old0")); });
@@ -502,13 +502,17 @@ TEST_CASE("fencing: a replaced pod's leftover (same name, old UID) can neither j
   // generation 3.
   svc.set_pod_uids("ns1/job1", {{"p1", "uid-1"}});
   auto g3 = spec(3, {"p0", "p1"}, 1);
-  g3.pod_uids = {{"p1", "uid-1"}};
+  g3.pod_uids = std::map<std::string, std::string>{{"p1", "uid-1"}};
   svc.open_generation(g3);
   const rdzv::JobRef old_ref{"ns1", "job1", "p0", "uid-old0"};
-  CHECK(c.status({old_ref, 2, 0}).outcome == Outcome::Superseded);
-  // While no pod holds the name, the leftover is asked to retry: never a member, never an "agent restarted".
-  CHECK(c.join(with_uid(join_req("p0", 1, 0, "old-agent"), "uid-old0")).outcome == Outcome::NotMember);
-  // The replacement exists: from now on the leftover is fenced, on every path.
+  // Its UID held the name and no longer does: fenced on every path, never a member, never an "agent restarted".
+  CHECK(c.status({old_ref, 2, 0}).outcome == Outcome::Fenced);
+  CHECK(c.join(with_uid(join_req("p0", 1, 0, "old-agent"), "uid-old0")).outcome == Outcome::Fenced);
+  // A pod the operator has not told of yet (created a moment ago) is asked to retry.
+  CHECK(c.join(with_uid(join_req("p0", 1, 0, "new-agent"), "uid-new0")).outcome == Outcome::NotMember);
+  // The replacement is seen. A stale cache that names the old pod again changes nothing for it.
+  svc.set_pod_uids("ns1/job1", {{"p0", "uid-old0"}, {"p1", "uid-1"}});
+  CHECK(c.join(with_uid(join_req("p0", 1, 0, "old-agent"), "uid-old0")).outcome == Outcome::Fenced);
   svc.set_pod_uids("ns1/job1", {{"p0", "uid-new0"}, {"p1", "uid-1"}});
   auto fenced = c.join(with_uid(join_req("p0", 1, 0, "old-agent"), "uid-old0"));
   CHECK(fenced.outcome == Outcome::Fenced);
@@ -548,7 +552,7 @@ TEST_CASE("fencing: a replaced pod's leftover (same name, old UID) can neither j
 TEST_CASE("fencing: a pod replaced while the world forms leaves it, and the world waits for its replacement") {
   RendezvousService svc("127.0.0.1", 0);
   auto g = spec(1, {"p0", "p1"}, 1);
-  g.pod_uids = {{"p0", "a"}, {"p1", "b"}};
+  g.pod_uids = std::map<std::string, std::string>{{"p0", "a"}, {"p1", "b"}};
   svc.open_generation(g);
   auto c = client(svc);
   CHECK(c.join(with_uid(join_req("p0", 1, 0, "agent-a"), "a")).outcome == Outcome::Waiting);
