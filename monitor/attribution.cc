@@ -16,6 +16,11 @@ bool parse_rank(const std::string& s, int* out) {
 }  // namespace
 
 std::optional<std::pair<int, int>> JobWorld::ranks_of(const std::string& pod) const {
+  if (!index.empty()) {
+    auto it = index.find(pod);
+    if (it == index.end()) return std::nullopt;
+    return std::make_pair(it->second * procs_per_pod, (it->second + 1) * procs_per_pod);
+  }
   for (size_t i = 0; i < pods.size(); ++i)
     if (pods[i] == pod)
       return std::make_pair(static_cast<int>(i) * procs_per_pod, static_cast<int>(i + 1) * procs_per_pod);
@@ -38,6 +43,8 @@ JobWorld world_of(const nlohmann::json& job) {
     const std::string name = job.value("metadata", nlohmann::json::object()).value("name", std::string());
     for (int i = 0; i < replicas; ++i) w.pods.push_back(name + "-worker-" + std::to_string(i));
   }
+  // The first position of a name wins, as in the linear search (a world lists each pod once).
+  for (size_t i = 0; i < w.pods.size(); ++i) w.index.emplace(w.pods[i], static_cast<int>(i));
   return w;
 }
 

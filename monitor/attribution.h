@@ -29,6 +29,7 @@ inline constexpr const char* kPodLabel = "pod";
 struct JobWorld {
   std::vector<std::string> pods;  // pod i runs global ranks [i * procs_per_pod, (i + 1) * procs_per_pod)
   int procs_per_pod = 1;
+  std::map<std::string, int> index;  // pod -> position (world_of fills it: thousands of pods x series per round)
   // The ranks of `pod`: [first, last); nullopt when the pod is not in the world.
   std::optional<std::pair<int, int>> ranks_of(const std::string& pod) const;
 };
