@@ -19,7 +19,10 @@ Sample sample(const std::string& name, const std::string& ns, const std::string&
   return s;
 }
 
-const std::map<JobKey, JobWorld> kWorlds = {{{"b", "v"}, JobWorld{{"v-worker-0", "v-worker-1"}, 2}}};
+// The world world_of would read from status.world.pods ["v-worker-0", "v-worker-1"] with procsPerReplica 2.
+const std::map<JobKey, JobWorld> kWorlds = {
+    {{"b", "v"}, world_of(json::parse(R"({"metadata":{"name":"v"},"spec":{"procsPerReplica":2},
+                              "status":{"world":{"pods":["v-worker-0","v-worker-1"]}}})"))}};
 
 }  // namespace
 
@@ -33,6 +36,10 @@ TEST_CASE("world_of: status.world.pods in rank order, else the replicas' pod nam
   CHECK(w.ranks_of("v-worker-2") == std::make_pair(0, 4));
   CHECK(w.ranks_of("v-worker-0") == std::make_pair(4, 8));
   CHECK_FALSE(w.ranks_of("v-worker-1").has_value());
+  // The same answers without the index (a world built by hand).
+  JobWorld by_hand{w.pods, w.procs_per_pod, {}};
+  CHECK(by_hand.ranks_of("v-worker-0") == std::make_pair(4, 8));
+  CHECK_FALSE(by_hand.ranks_of("v-worker-1").has_value());
   job["status"].erase("world");
   w = world_of(job);
   CHECK(w.pods == std::vector<std::string>{"v-worker-0", "v-worker-1", "v-worker-2"});
