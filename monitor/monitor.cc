@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "common/metrics/job_labels.h"
 #include "monitor/alertmanager.h"
+#include "monitor/attribution.h"
 
 namespace railyard::monitor {
 namespace {
@@ -22,7 +23,8 @@ constexpr const char* kWorkerQuery =
     "last_output_timestamp_seconds|paused|pause_end_timestamp_seconds)|"
     "railyard_worker_step_phase_seconds_total|"
     "railyard_checkpoint_last_(step|timestamp_seconds)\"}";
-constexpr const char* kUpQuery = "up{rank!=\"\"}";
+// Every worker target's health; the target labels (namespace, trainingjob, pod, node) come from the pod's metadata.
+constexpr const char* kUpQuery = "up{trainingjob!=\"\"}";
 
 double unix_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
@@ -102,6 +104,10 @@ Monitor::Monitor(kube::Client& client, Options opts)
            .histogram("railyard_monitor_evaluation_duration_seconds",
                       "Wall time of one evaluation round (reads included).", metrics::exponential_buckets(0.001, 2, 14))
            .add({});
+  rejected_ = &registry_
+                   .counter("railyard_monitor_rejected_series_total",
+                            "Worker series dropped because their target may not speak for the job or rank they name.")
+                   .add({});
   series_ = &registry_.gauge("railyard_monitor_series", "Worker series read in the last evaluation.").add({});
   if (!opts_.prometheus_url.empty()) split_url(opts_.prometheus_url);  // validate early
   if (opts_.interval_s <= 0) throw ConfigError("--interval must be > 0 seconds");
@@ -220,26 +226,28 @@ std::vector<Sample> Monitor::collect_embedded(const std::vector<kube::Json>& job
             err = e.what();
           }
         }
+        // The job, pod and node are the Pod object's, never what the process serves (docs/monitor.md "Who may
+        // speak for a job"): a served label of those names is overwritten; only rank and generation are the
+        // process's, and the Attributor checks the rank against the pod's place in the world.
+        const metrics::Labels identity = {{metrics::kNamespaceLabel, ns},
+                                          {metrics::kTrainingJobLabel, name},
+                                          {kPodLabel, kube::name_of(pod)},
+                                          {"node", node},
+                                          {"instance", target}};
         Sample up;
         up.name = "up";
-        up.labels = {{metrics::kNamespaceLabel, ns}, {metrics::kTrainingJobLabel, name}, {"node", node}};
+        up.labels = identity;
         if (err.empty()) {
-          for (const auto& s : got)
-            if (!s.label("rank").empty() && s.label(metrics::kTrainingJobLabel) == name) {
-              target_ranks_[target] = {std::stoi(s.label("rank")), s.label("node").empty() ? node : s.label("node")};
-              break;
-            }
+          for (auto& s : got) {
+            for (const auto& [k, v] : identity) s.labels[k] = v;
+            out.push_back(std::move(s));
+          }
           up.value = 1;
-          out.insert(out.end(), got.begin(), got.end());
         } else {
           errors_->add({{"source", "scrape"}}).increment();
           log::debug(kLog, "scrape failed", {{"target", target}, {"error", err}});
           up.value = 0;
         }
-        auto known = target_ranks_.find(target);
-        if (known == target_ranks_.end()) continue;  // never scraped successfully: no rank to attribute
-        up.labels["rank"] = std::to_string(known->second.first);
-        if (!known->second.second.empty()) up.labels["node"] = known->second.second;
         out.push_back(up);
       }
     }
@@ -278,6 +286,19 @@ std::vector<Verdict> Monitor::evaluate_once(double now) {
         return acted;
       }
     }
+  }
+  if (!samples.empty()) {
+    std::map<JobKey, JobWorld> worlds;
+    for (const auto& job : active) worlds[{kube::namespace_of(job), kube::name_of(job)}] = world_of(job);
+    auto attributed = attributor_.attribute(samples, worlds);
+    if (attributed.rejected > 0) {
+      rejected_->increment(static_cast<double>(attributed.rejected));
+      // Once per target and reason: a pod that keeps serving another job's series would fill the log every round.
+      for (const auto& note : attributed.notes)
+        if (warned_.size() < 1000 && warned_.insert(note).second)
+          log::warn(kLog, "series rejected: the target may not speak for the job or rank it names", {{"why", note}});
+    }
+    samples = std::move(attributed.kept);
   }
   last_series_ = samples.size();
   series_->set(static_cast<double>(samples.size()));

@@ -7,12 +7,14 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "common/kube/client.h"
 #include "common/kube/event_recorder.h"
 #include "common/metrics/metrics.h"
+#include "monitor/attribution.h"
 #include "monitor/rules.h"
 #include "monitor/samples.h"
 
@@ -72,7 +74,9 @@ class Monitor {
   metrics::Gauge* series_;
   std::mutex mu_;  // evaluator_ and the restart path (the webhook runs on the server thread)
   Evaluator evaluator_;
-  std::map<std::string, std::pair<int, std::string>> target_ranks_;  // embedded: "ip:port" -> rank, node
+  Attributor attributor_;  // which series may speak for which job and rank (both modes)
+  metrics::Counter* rejected_;
+  std::set<std::string> warned_;  // rejection notes already logged
   size_t last_series_ = 0;
   struct Server;
   std::unique_ptr<Server> server_;

@@ -62,3 +62,17 @@ readOnlyRootFilesystem: true
 capabilities:
   drop: [ALL]
 {{- end -}}
+
+{{/*
+The labels that name a worker pod's job, pod and node, from the pod's metadata (the PodMonitor's relabelings).
+*/}}
+{{- define "railyard.podIdentityRelabelings" -}}
+- sourceLabels: [__meta_kubernetes_namespace]
+  targetLabel: namespace
+- sourceLabels: [__meta_kubernetes_pod_label_railyard_dev_job]
+  targetLabel: trainingjob
+- sourceLabels: [__meta_kubernetes_pod_name]
+  targetLabel: pod
+- sourceLabels: [__meta_kubernetes_pod_node_name]
+  targetLabel: node
+{{- end }}

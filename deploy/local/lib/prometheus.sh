@@ -88,8 +88,9 @@ prometheus_write_targets() {
 # prometheus_pod_targets NAME [NAMESPACE]: targets/NAME.json from the Running worker pods (label railyard.dev/job)
 # of NAMESPACE (all namespaces without one), relabelled as deploy/prometheus/prometheus.yml's kubernetes_sd_configs
 # does in a real cluster: podIP:(railyard.dev/metrics-port annotation, else 9400 = the operator's
-# --worker-metrics-port default) with namespace, job, rank (railyard.dev/rank annotation, else the replica index),
-# generation, node and pod. Debian's Prometheus has no Kubernetes discovery: callers run this every second or so.
+# --worker-metrics-port default) with the pod's metadata as namespace, trainingjob, pod and node; no rank or
+# generation (the process serves those, and railyard-monitor checks the rank against the pod's place in the world).
+# Debian's Prometheus has no Kubernetes discovery: callers run this every second or so.
 # Needs kubectl and KUBECONFIG.
 prometheus_pod_targets() {
   local name="$1" json where=(-A)
@@ -102,11 +103,9 @@ for p in json.load(sys.stdin)["items"]:
     if st.get("phase") != "Running" or not st.get("podIP") or md.get("deletionTimestamp"):
         continue
     lab, ann = md.get("labels", {}), md.get("annotations", {})
-    rank = ann.get("railyard.dev/rank", lab.get("railyard.dev/replica-index", ""))
     port = ann.get("railyard.dev/metrics-port", "9400")
     out.append({"targets": [st["podIP"] + ":" + port],
-                "labels": {"namespace": md["namespace"], "trainingjob": lab["railyard.dev/job"], "rank": rank,
-                           "generation": lab.get("railyard.dev/generation", ""),
+                "labels": {"namespace": md["namespace"], "trainingjob": lab["railyard.dev/job"],
                            "node": p["spec"].get("nodeName", ""), "pod": md["name"]}})
 print(json.dumps(out))') || return 1
   prometheus_write_targets "$name" "$json"

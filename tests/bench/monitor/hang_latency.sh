@@ -55,8 +55,8 @@ EOF2
   done
   for r in 0 1; do until [ -s "$tmp/$job/port$r" ]; do sleep 0.05; done; done
   bash "$src/deploy/local/lib/prometheus.sh" write-targets "$tmp/prom" workers \
-    "[{\"targets\":[\"127.0.0.1:$(cat "$tmp/$job/port0")\"],\"labels\":{\"namespace\":\"$ns\",\"trainingjob\":\"$job\",\"rank\":\"0\",\"node\":\"sim-0\"}},
-      {\"targets\":[\"127.0.0.1:$(cat "$tmp/$job/port1")\"],\"labels\":{\"namespace\":\"$ns\",\"trainingjob\":\"$job\",\"rank\":\"1\",\"node\":\"sim-1\"}}]"
+    "[{\"targets\":[\"127.0.0.1:$(cat "$tmp/$job/port0")\"],\"labels\":{\"namespace\":\"$ns\",\"trainingjob\":\"$job\",\"pod\":\"$job-worker-0\",\"node\":\"sim-0\"}},
+      {\"targets\":[\"127.0.0.1:$(cat "$tmp/$job/port1")\"],\"labels\":{\"namespace\":\"$ns\",\"trainingjob\":\"$job\",\"pod\":\"$job-worker-1\",\"node\":\"sim-1\"}}]"
   # Wait until Prometheus has both ranks stepping, then a few more evaluations of a healthy job.
   deadline=$((SECONDS + 30))
   until [ "$(curl -fsS "$PROMETHEUS_URL/api/v1/query" --data-urlencode "query=count(railyard_worker_step{trainingjob=\"$job\"} > 3)" |

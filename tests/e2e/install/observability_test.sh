@@ -114,9 +114,10 @@ prom=$(sed -n 's/^export PROMETHEUS_URL=//p' "$work/prom/prometheus/prometheus.e
 [ -n "$prom" ] || fail "no PROMETHEUS_URL in $work/prom/prometheus/prometheus.env"
 bash "$src/deploy/local/lib/prometheus.sh" write-targets "$work/prom" railyard "[
   {\"targets\": [\"127.0.0.1:$oport\", \"127.0.0.1:$mport\"], \"labels\": {\"job\": \"railyard\"}},
-  {\"targets\": [\"127.0.0.1:$aport\"], \"labels\": {\"namespace\": \"$ns\", \"trainingjob\": \"$job\"}},
+  {\"targets\": [\"127.0.0.1:$aport\"],
+   \"labels\": {\"namespace\": \"$ns\", \"trainingjob\": \"$job\", \"pod\": \"$job-worker-0\", \"node\": \"local\"}},
   {\"targets\": [\"127.0.0.1:$wport\"],
-   \"labels\": {\"namespace\": \"$ns\", \"trainingjob\": \"$job\", \"rank\": \"0\", \"node\": \"local\"}}]" ||
+   \"labels\": {\"namespace\": \"$ns\", \"trainingjob\": \"$job\", \"pod\": \"$job-worker-0\", \"node\": \"local\"}}]" ||
   fail "writing the Prometheus targets"
 # The injected failure, once the operator is scraped: the job's pod exits 137 (a signal: retryable) twice, so that
 # the restart counter goes 1 -> 2 inside Prometheus (a counter's first sample counts as no increase).

@@ -209,11 +209,20 @@ check "prometheus-operator: ServiceMonitor, PodMonitor, PrometheusRule with the 
     == [["PodMonitor","kube-prometheus-stack"],["PrometheusRule","kube-prometheus-stack"],
         ["ServiceMonitor","kube-prometheus-stack"]]
   and ([.[] | select(.kind == "ConfigMap") | .metadata.namespace] == ["monitoring","monitoring"])
-  and ([.[] | select(.kind == "PodMonitor") | .spec.podMetricsEndpoints[0].honorLabels] == [true])
+  and ([.[] | select(.kind == "PodMonitor") | .spec.podMetricsEndpoints[0].honorLabels] == [false])
   and ([.[] | select(.kind == "PodMonitor") | .spec.podMetricsEndpoints[1] | [.port, .honorLabels]]
-    == [["agent-metrics", true]])
-  and ([.[] | select(.kind == "ServiceMonitor") | .spec.endpoints[0] | [.port, .honorLabels]] == [["metrics", true]])' \
+    == [["agent-metrics", false]])
+  and ([.[] | select(.kind == "ServiceMonitor") | .spec.endpoints[0] | [.port, .honorLabels]] == [["metrics", true]])
+  and ([.[] | select(.kind == "ServiceMonitor") | .spec.namespaceSelector.matchNames] == [["railyard-system"]])' \
   "$work/po.json"
+# Metrics cannot be spoofed across jobs (docs/monitor.md "Who may speak for a job"): on both worker endpoints the
+# job, pod and node come from the pod's metadata, and no target label hides the process's rank or generation.
+check "prometheus-operator: the PodMonitor's identity labels come from pod metadata" q '
+  [.[] | select(.kind == "PodMonitor") | .spec.podMetricsEndpoints[]
+    | [.relabelings[] | select(.targetLabel and .targetLabel != "__address__") | {(.targetLabel): .sourceLabels}] | add
+    == {"namespace": ["__meta_kubernetes_namespace"], "trainingjob": ["__meta_kubernetes_pod_label_railyard_dev_job"],
+        "pod": ["__meta_kubernetes_pod_name"], "node": ["__meta_kubernetes_pod_node_name"]}]
+  == [true, true]' "$work/po.json"
 jq -s '.[] | select(.kind == "PrometheusRule") | .spec' "$work/po.json" >"$work/prometheusrule.json"
 check "prometheus-operator: promtool check rules accepts the PrometheusRule content" \
   promtool check rules --lint-fatal "$work/prometheusrule.json"

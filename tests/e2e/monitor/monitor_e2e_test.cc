@@ -149,14 +149,15 @@ class Workers {
       REQUIRE(wait_until(10, [&] { return fs::exists(pf); }));
       ports.push_back(std::stoi(read_all(pf)));
     }
-    // The file-SD list: target labels make `up` attributable to a rank.
+    // The file-SD list: the pods' metadata as target labels, as Kubernetes discovery gives them (no rank: the
+    // process serves it, and the monitor checks it against the pod's place in the world).
     json targets = json::array();
     for (int r = 0; r < world; ++r)
       targets.push_back({{"targets", {"127.0.0.1:" + std::to_string(ports[r])}},
                          {"labels",
                           {{"namespace", ns},
                            {"trainingjob", job},
-                           {"rank", std::to_string(r)},
+                           {"pod", job + "-worker-" + std::to_string(r)},
                            {"node", "sim-node-" + std::to_string(r)}}}});
     { std::ofstream(dir / "targets.json") << targets.dump(); }
     REQUIRE(e.sh("bash " + e.src + "/deploy/local/lib/prometheus.sh write-targets " + (e.tmp / "prom").string() +
@@ -207,6 +208,28 @@ struct TestNamespace {
 };
 
 // A real Prometheus (deploy/local/lib/prometheus.sh, the rules loaded) in the test's directory, stopped by pid.
+// A pod that serves whatever it likes (python3 -m http.server over a directory with a `metrics` file): here, the
+// series of another job's rank, with that job's namespace, trainingjob, pod and node labels.
+struct Spoofer {
+  int port = free_port();
+  std::unique_ptr<Child> server;
+  Spoofer(const Env& e, const std::string& victim_ns, const std::string& victim, int rank, const std::string& pod) {
+    fs::path dir = e.tmp / ("spoof-" + std::to_string(port));
+    fs::create_directories(dir);
+    const std::string labels = "{namespace=\"" + victim_ns + "\",trainingjob=\"" + victim + "\",pod=\"" + pod +
+                               "\",node=\"evil-node\",rank=\"" + std::to_string(rank) + "\",generation=\"0\"}";
+    // A NaN loss restarts the job at once; a rank stuck at step 1 would be the stall rule's "furthest behind".
+    std::ofstream(dir / "metrics") << "railyard_worker_nonfinite_total" << labels << " 7\nrailyard_worker_loss"
+                                   << labels << " NaN\nrailyard_worker_step" << labels << " 1\n";
+    server =
+        std::make_unique<Child>(std::vector<std::string>{"/usr/bin/python3", "-m", "http.server", std::to_string(port),
+                                                         "--bind", "127.0.0.1", "--directory", dir.string()},
+                                (e.tmp / "spoofer.log").string());
+    REQUIRE(wait_until(10, [&] { return static_cast<bool>(httplib::Client("127.0.0.1", port).Get("/metrics")); }));
+  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port); }
+};
+
 struct Prometheus {
   const Env& e;
   std::string dir, url;
@@ -245,6 +268,35 @@ TEST_CASE("monitor against a real Prometheus: stall -> one restart request per g
     return r.size() == 2;
   }));
 
+  // Spoofers (issue #40: metrics cannot be spoofed across jobs), registered like pods, with their own pods'
+  // metadata: a pod of another namespace serving rank 1 of gpt with gpt's labels; a pod of gpt's namespace that is
+  // not in gpt's world; gpt's own pod 0 serving rank 1 (not one of its ranks) on a second port. Each serves a NaN
+  // loss for gpt: if any of them spoke for gpt, the job would be restarted (NonFiniteLoss) in the healthy window
+  // below. Under honor_labels true the first one's served namespace and pod would win.
+  Spoofer spoof(e, ns, name, 1, "gpt-worker-1");
+  const json spoof_targets = {
+      {{"targets", {spoof.address()}},
+       {"labels",
+        {{"namespace", ns + "-evil"}, {"trainingjob", name}, {"pod", "gpt-worker-1"}, {"node", "evil-node"}}}},
+      {{"targets", {spoof.address()}},
+       {"labels", {{"namespace", ns}, {"trainingjob", name}, {"pod", "intruder"}, {"node", "evil-node"}}}},
+      {{"targets", {spoof.address()}},
+       {"labels", {{"namespace", ns}, {"trainingjob", name}, {"pod", "gpt-worker-0"}, {"node", "sim-node-0"}}}}};
+  { std::ofstream(e.tmp / "spoof.json") << spoof_targets.dump(); }
+  REQUIRE(e.sh("bash " + e.src + "/deploy/local/lib/prometheus.sh write-targets " + prometheus.dir + " spoof \"$(cat " +
+               (e.tmp / "spoof.json").string() + ")\"") == 0);
+  // Prometheus scrapes all three, and keeps the served identity only as exported_* labels.
+  REQUIRE_MESSAGE(wait_until(30,
+                             [&] {
+                               return query(prom, "railyard_worker_nonfinite_total{exported_namespace=\"" + ns +
+                                                      "\",exported_node=\"evil-node\"}")
+                                          .size() == 3;
+                             }),
+                  "the spoofers' series are not in Prometheus under exported_namespace/exported_node: "
+                      << query(prom, "railyard_worker_nonfinite_total").dump());
+  CHECK(query(prom, "railyard_worker_nonfinite_total{namespace=\"" + ns + "-evil\",trainingjob=\"" + name + "\"}")
+            .size() == 1);
+
   std::string token = "s3cret-" + std::to_string(getpid());
   { std::ofstream(e.tmp / "token") << token << "\n"; }
   int mport = free_port();
@@ -262,9 +314,18 @@ TEST_CASE("monitor against a real Prometheus: stall -> one restart request per g
     auto r = mcli.Get("/healthz");
     return r && r->status == 200;
   }));
-  // Healthy for a while: no request.
+  // Healthy for a while: no request, though the spoofers serve a NaN loss for gpt all along; the monitor saw and
+  // dropped their series.
   std::this_thread::sleep_for(std::chrono::seconds(4));
-  CHECK(restart_request(c, ns, name).is_null());
+  CHECK_MESSAGE(restart_request(c, ns, name).is_null(),
+                "restarted by a spoofer? " << restart_request(c, ns, name).dump());
+  {
+    auto m = mcli.Get("/metrics");
+    REQUIRE(m);
+    auto at = m->body.find("\nrailyard_monitor_rejected_series_total ");
+    REQUIRE(at != std::string::npos);
+    CHECK(std::stod(m->body.substr(at + std::string("\nrailyard_monitor_rejected_series_total ").size())) >= 3);
+  }
 
   // Freeze rank 1: rank 0 stops at the next barrier but keeps serving metrics.
   auto frozen_at = Clock::now();
@@ -415,6 +476,19 @@ TEST_CASE("embedded mode: the monitor scrapes the job's pods itself (pod IP + ra
     c.patch(railyard::kube::resources::pods, ns, pod, {{"status", {{"phase", "Running"}, {"podIP", "127.0.0.1"}}}},
             railyard::kube::PatchType::Merge, "status");
   }
+  // A pod of the namespace labelled as emb's but not in its world, serving a NaN loss as emb's rank 0 with emb's
+  // own pod and node labels: the monitor takes the identity from the Pod object and drops its series.
+  Spoofer spoof(e, ns, name, 0, "emb-worker-0");
+  c.create(railyard::kube::resources::pods, ns,
+           {{"apiVersion", "v1"},
+            {"kind", "Pod"},
+            {"metadata",
+             {{"name", "intruder"},
+              {"labels", {{"railyard.dev/job", name}}},
+              {"annotations", {{"railyard.dev/metrics-port", std::to_string(spoof.port)}}}}},
+            {"spec", {{"containers", {{{"name", "worker"}, {"image", "railyard/none"}}}}}}});
+  c.patch(railyard::kube::resources::pods, ns, "intruder", {{"status", {{"phase", "Running"}, {"podIP", "127.0.0.1"}}}},
+          railyard::kube::PatchType::Merge, "status");
   int mport = free_port();
   Child monitor({e.bin + "/railyard-monitor", "--kubeconfig", e.state + "/kubeconfig", "--interval", "1", "--listen",
                  "127.0.0.1:" + std::to_string(mport), "--namespace", ns},
@@ -429,7 +503,15 @@ TEST_CASE("embedded mode: the monitor scrapes the job's pods itself (pod IP + ra
     return at != std::string::npos && std::stod(r->body.substr(at + 25)) >= 2 * 8;
   }));
   std::this_thread::sleep_for(std::chrono::seconds(3));
-  CHECK(restart_request(c, ns, name).is_null());
+  CHECK_MESSAGE(restart_request(c, ns, name).is_null(),
+                "restarted by the intruder? " << restart_request(c, ns, name).dump());
+  {
+    auto m = mcli.Get("/metrics");
+    REQUIRE(m);
+    auto at = m->body.find("\nrailyard_monitor_rejected_series_total ");
+    REQUIRE(at != std::string::npos);
+    CHECK(std::stod(m->body.substr(at + std::string("\nrailyard_monitor_rejected_series_total ").size())) >= 3);
+  }
   auto frozen_at = Clock::now();
   workers.rank(1).signal(SIGSTOP);
   json req;
@@ -438,7 +520,11 @@ TEST_CASE("embedded mode: the monitor scrapes the job's pods itself (pod IP + ra
   MESSAGE("embedded mode: detected " << detect_s << " s after SIGSTOP: " << req.dump());
   CHECK(req["rule"] == "stall");
   CHECK(req["rank"] == 1);
-  CHECK(req["node"] == "sim-node-1");
+  // The node is the Pod object's (spec.nodeName), not the sim-node-1 the worker serves: these test pods are bound
+  // to no node (a node name the cluster lacks would get them garbage-collected), so none is blamed or excluded.
+  CHECK(req["node"] == "");
+  CHECK(c.get(railyard::kube::resources::trainingjobs, ns, name)["metadata"]["annotations"].value(
+            "railyard.dev/exclude-nodes", "") == "");
   // 6 s threshold + scrape timeouts of the frozen target (2 s each) + 1 s interval.
   CHECK(detect_s > 5.5);
   CHECK(detect_s < 6 + 6);
@@ -543,8 +629,9 @@ TEST_CASE("a real trainer's validation pass is a pause: no restart, no pending s
                 "--metrics-port",
                 std::to_string(wport)},
                (e.tmp / "worker.log").string());
-  const json targets = {{{"targets", {"127.0.0.1:" + std::to_string(wport)}},
-                         {"labels", {{"namespace", ns}, {"trainingjob", name}, {"rank", "0"}, {"node", "local"}}}}};
+  const json targets = {
+      {{"targets", {"127.0.0.1:" + std::to_string(wport)}},
+       {"labels", {{"namespace", ns}, {"trainingjob", name}, {"pod", "val-worker-0"}, {"node", "local"}}}}};
   { std::ofstream(e.tmp / "targets.json") << targets.dump(); }
   REQUIRE(e.sh("bash " + e.src + "/deploy/local/lib/prometheus.sh write-targets " + prometheus.dir +
                " worker \"$(cat " + (e.tmp / "targets.json").string() + ")\"") == 0);

@@ -15,8 +15,9 @@ out=$(cd "$dir/rules" && promtool test rules railyard.test.yml 2>&1) || fail "te
 out=$(cd "$dir/rules" && promtool test rules goodput.test.yml 2>&1) || fail "test rules (goodput): $out"
 
 # The rule tests must be able to fail: a wrong expectation is reported.
-sed 's/summary: "rank 1 of ns\/j on node n1 is unreachable"/summary: "wrong"/' "$dir/rules/railyard.test.yml" \
-  >"$tmp/broken.test.yml"
+sed 's/summary: "pod j-worker-1 of ns\/j on node n1 is unreachable (10.0.0.2:9400)"/summary: "wrong"/' \
+  "$dir/rules/railyard.test.yml" >"$tmp/broken.test.yml"
+grep -q 'summary: "wrong"' "$tmp/broken.test.yml" || fail "the broken expectation was not written (sed pattern stale)"
 cp "$dir/rules/railyard.rules.yml" "$tmp/"
 if (cd "$tmp" && promtool test rules broken.test.yml >/dev/null 2>&1); then fail "a wrong expectation passed"; fi
 # ... and the pause test needs the pause: without the `unless` on railyard_worker_paused, job v's validation pass
@@ -51,7 +52,7 @@ PY
 # Local template, rendered the way deploy/local/lib/prometheus.sh renders it.
 mkdir -p "$tmp/targets" "$tmp/rules"
 cp "$dir/rules/railyard.rules.yml" "$tmp/rules/"
-echo '[{"targets":["127.0.0.1:9"],"labels":{"namespace":"n","trainingjob":"j","rank":"0"}}]' >"$tmp/targets/t.json"
+echo '[{"targets":["127.0.0.1:9"],"labels":{"namespace":"n","trainingjob":"j","pod":"j-worker-0","node":"x"}}]' >"$tmp/targets/t.json"
 sed -e "s|@TARGETS_DIR@|$tmp/targets|g" -e "s|@RULES_DIR@|$tmp/rules|g" "$dir/prometheus-local.yml" >"$tmp/local.yml"
 out=$(promtool check config "$tmp/local.yml" 2>&1) || fail "check config (local): $out"
 
@@ -60,7 +61,50 @@ out=$(promtool check config "$tmp/local.yml" 2>&1) || fail "check config (local)
 mkdir -p "$tmp/k8s/rules"
 cp "$dir/rules/railyard.rules.yml" "$tmp/k8s/rules/"
 sed -e 's/^    kubernetes_sd_configs:$/    static_configs:/' -e "s/^      - role: pod$/      - targets: ['127.0.0.1:9']/" \
+  -e '/^        namespaces:$/d' -e '/^          names: \[.*\]$/d' \
   "$dir/prometheus.yml" >"$tmp/k8s/prometheus.yml"
 grep -q kubernetes_sd_configs "$tmp/k8s/prometheus.yml" && fail "kubernetes_sd_configs left after substitution"
 out=$(promtool check config "$tmp/k8s/prometheus.yml" 2>&1) || fail "check config (cluster): $out"
-echo "promtool: rules, rule tests and both configs OK"
+
+# Metrics cannot be spoofed across jobs (docs/monitor.md "Who may speak for a job"): every scrape job of pods that
+# tenants create takes the identity labels from the target (the pod's metadata) with honor_labels false; the one
+# job that honours served labels (the operator's) looks only at the operator's namespace.
+cat >"$tmp/identity.py" <<'PY'
+import sys, yaml
+bad = []
+for path in sys.argv[1:]:
+    for job in yaml.safe_load(open(path))["scrape_configs"]:
+        name, relabel = job["job_name"], job.get("relabel_configs", [])
+        honor = job.get("honor_labels", False)
+        targets = {r.get("target_label"): r.get("source_labels") for r in relabel if r.get("target_label")}
+        if name in ("railyard-workers", "railyard-agents"):
+            if honor: bad.append(f"{path} {name}: honor_labels must be false")
+            if "kubernetes_sd_configs" in job:
+                want = {"namespace": ["__meta_kubernetes_namespace"],
+                        "trainingjob": ["__meta_kubernetes_pod_label_railyard_dev_job"],
+                        "pod": ["__meta_kubernetes_pod_name"], "node": ["__meta_kubernetes_pod_node_name"]}
+                for label, src in want.items():
+                    if targets.get(label) != src: bad.append(f"{path} {name}: {label} must come from {src}")
+            else:
+                keep = [r for r in relabel if r.get("action") == "keep"]
+                if not any(r.get("source_labels") == ["namespace", "trainingjob", "pod", "node"] for r in keep):
+                    bad.append(f"{path} {name}: entries without namespace, trainingjob, pod and node must be dropped")
+            for label in ("rank", "generation"):
+                if label in targets: bad.append(f"{path} {name}: {label} is the process's; a target label hides it")
+        elif honor:
+            sd = job.get("kubernetes_sd_configs", [{}])[0]
+            drops = any(r.get("source_labels") == ["trainingjob"] and r.get("action") == "drop" for r in relabel)
+            if "kubernetes_sd_configs" in job and not sd.get("namespaces", {}).get("names"):
+                bad.append(f"{path} {name}: honor_labels true over pods of every namespace")
+            if "file_sd_configs" in job and not drops:
+                bad.append(f"{path} {name}: honor_labels true must not scrape worker entries")
+print("\n".join(bad), file=sys.stderr)
+sys.exit(1 if bad else 0)
+PY
+python3 "$tmp/identity.py" "$dir/prometheus.yml" "$dir/prometheus-local.yml" || fail "identity labels (above)"
+# And the check bites: honor_labels true on the workers' job, or the operator's job over every namespace, fail it.
+sed 's/^    honor_labels: false$/    honor_labels: true/' "$dir/prometheus-local.yml" >"$tmp/honor.yml"
+python3 "$tmp/identity.py" "$tmp/honor.yml" 2>/dev/null && fail "honor_labels true on the workers passed the check"
+sed -e '/^        namespaces:$/d' -e '/^          names: \[.*\]$/d' "$dir/prometheus.yml" >"$tmp/allns.yml"
+python3 "$tmp/identity.py" "$tmp/allns.yml" 2>/dev/null && fail "the operator's job over every namespace passed the check"
+echo "promtool: rules, rule tests, both configs and their identity labels OK"
