@@ -62,6 +62,15 @@ std::string sanitize_message(std::string_view text, size_t max_bytes, bool keep_
       ++i;
       continue;
     }
+    if (cp == 0x1B && i + 1 < text.size() && text[i + 1] == '[') {
+      // A terminal escape sequence (colours, cursor moves): CSI, parameter and intermediate bytes, a final byte.
+      size_t j = i + 2;
+      while (j < text.size() && text[j] >= 0x20 && text[j] <= 0x3F) ++j;
+      if (j < text.size() && text[j] >= 0x40 && text[j] <= 0x7E) {
+        i = j + 1;
+        continue;
+      }
+    }
     if (cp == '\n') {
       out += '\n';
     } else if (cp == '\t') {

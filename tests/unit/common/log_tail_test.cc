@@ -71,7 +71,12 @@ TEST_CASE("a UTF-8 character split across writes survives; broken bytes become '
 TEST_CASE("control characters are stripped, tabs become spaces, CRLF reads as a newline") {
   LogTail t;
   t.append("\x1b[31mred\x1b[0m\tvalue\r\nnul\x00here\x7f\xC2\x85\n"s);
-  CHECK(t.text() == "[31mred[0m value\nnulhere");
+  CHECK(t.text() == "red value\nnulhere");
+  // A lone ESC (no sequence) goes alone.
+  CHECK(sanitize_message("a\x1b"
+                         "]b\x1b"
+                         "c",
+                         64) == "a]bc");
 }
 
 TEST_CASE("sanitize_message bounds, trims and marks the cut") {
