@@ -256,6 +256,9 @@ inline StatusRequest parse_status_request(const nlohmann::json& j) {
 inline constexpr const char* kExitExited = "exited";
 inline constexpr const char* kExitStopped = "stopped";
 
+// The most an exit report's "message" may carry (bytes): the agent sends at most LogTail's 2 KiB; the rest is room.
+inline constexpr size_t kMaxExitMessageBytes = 4096;
+
 struct ExitReport {
   JobRef ref;
   int64_t generation = 0;
@@ -263,6 +266,9 @@ struct ExitReport {
   int exit_code = 0;  // -1 when killed by a signal
   int signal = 0;
   std::string reason = kExitExited;
+  // The rank's last output lines (common/log_tail.h) when it failed: why, in its own words. Optional ("" when an
+  // older agent sends none); a tenant's text, so the service sanitizes it again before it reaches the job's status.
+  std::string message{};  // a default member initializer: positional initializers may leave it out
 };
 
 inline nlohmann::json to_json(const ExitReport& r) {
@@ -272,6 +278,7 @@ inline nlohmann::json to_json(const ExitReport& r) {
   j["exit_code"] = r.exit_code;
   j["signal"] = r.signal;
   j["reason"] = r.reason;
+  if (!r.message.empty()) j["message"] = r.message;
   return j;
 }
 
@@ -285,6 +292,13 @@ inline ExitReport parse_exit_report(const nlohmann::json& j) {
   r.reason = detail::get_string(j, "reason");
   if (r.reason != kExitExited && r.reason != kExitStopped) {
     throw ProtocolError("field 'reason' must be \"exited\" or \"stopped\", got \"" + r.reason + "\"");
+  }
+  if (j.contains("message")) {
+    r.message = detail::get_string(j, "message", true);
+    if (r.message.size() > kMaxExitMessageBytes) {
+      throw ProtocolError("field 'message' must be at most " + std::to_string(kMaxExitMessageBytes) + " bytes, got " +
+                          std::to_string(r.message.size()));
+    }
   }
   return r;
 }

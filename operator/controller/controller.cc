@@ -507,12 +507,33 @@ std::chrono::milliseconds Controller::finish(const Json& job, const JobSpec& spe
   Json current = job;
   if (status_differs(orig, status)) current = write_status(job, status);
   emit(job, events);
+  // cleanPodPolicy Running keeps the pods that ended (their logs and last state, for inspection: a failed job's pods
+  // first of all) and deletes those still running kPodStopWait after the job ended. Closing the job's rendezvous
+  // (below) makes every agent stop its workers and exit, so an agent's pod ends within that wait; what still runs then
+  // (no agent, or one that cannot stop) is deleted rather than left holding its node's GPUs.
+  milliseconds recheck{0};
+  const auto now = std::chrono::system_clock::now();
+  std::optional<std::chrono::system_clock::time_point> ended;
+  if (status.contains("completionTime") && status["completionTime"].is_string()) {
+    try {
+      ended = kube::parse_rfc3339(status["completionTime"].get<std::string>());
+    } catch (const std::exception&) {
+    }
+  }
   for (const PodPtr& p : pods) {
     if (terminating(*p)) continue;
     const std::string phase = phase_of(*p);
     bool active = phase != "Succeeded" && phase != "Failed";
-    if (spec.clean_pod_policy == "All" || (spec.clean_pod_policy == "Running" && active))
+    if (spec.clean_pod_policy == "All") {
       delete_pod(ns, kube::name_of(*p), false);
+    } else if (spec.clean_pod_policy == "Running" && active) {
+      if (!ended || now >= *ended + kPodStopWait) {
+        delete_pod(ns, kube::name_of(*p), false);
+      } else {
+        const auto left = std::chrono::duration_cast<milliseconds>(*ended + kPodStopWait - now) + milliseconds(100);
+        recheck = recheck.count() == 0 ? left : std::min(recheck, left);
+      }
+    }
   }
   {
     std::lock_guard lock(mu_);
@@ -528,7 +549,6 @@ std::chrono::milliseconds Controller::finish(const Json& job, const JobSpec& spe
   if (spec.ttl_seconds_after_finished && status.contains("completionTime")) {
     auto done = kube::parse_rfc3339(status["completionTime"].get<std::string>());
     auto expire = done + std::chrono::seconds(*spec.ttl_seconds_after_finished);
-    auto now = std::chrono::system_clock::now();
     if (now >= expire) {
       log::info(kLog, "deleting finished job after ttlSecondsAfterFinished", {{"job", key}});
       kube::DeleteOptions o;
@@ -539,9 +559,10 @@ std::chrono::milliseconds Controller::finish(const Json& job, const JobSpec& spe
       }
       return milliseconds(0);
     }
-    return std::chrono::duration_cast<milliseconds>(expire - now) + milliseconds(100);
+    const milliseconds ttl = std::chrono::duration_cast<milliseconds>(expire - now) + milliseconds(100);
+    return recheck.count() > 0 ? std::min(recheck, ttl) : ttl;
   }
-  return milliseconds(0);
+  return recheck;
 }
 
 std::chrono::milliseconds Controller::keep_finished(const Json& job, const FinishedJob& done) {

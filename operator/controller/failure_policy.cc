@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "common/log_tail.h"
+
 namespace railyard::op {
 
 ExitClass classify_exit(const JobSpec& spec, int exit_code, int signal) {
@@ -42,6 +44,21 @@ RestartDecision decide_restart(const JobSpec& spec, int restarts_so_far, int64_t
   d.restarts = restarts_so_far + 1;
   d.next_generation = generation + 1;
   return d;
+}
+
+std::string with_cause(const std::string& text, const std::string& cause, size_t max_bytes) {
+  constexpr size_t kMinRoom = 16;  // less than this of the cause says nothing
+  if (text.size() + 2 + kMinRoom > max_bytes) return sanitize_message(text, max_bytes);
+  const std::string c = sanitize_message(cause, std::min(kMaxCauseBytes, max_bytes - text.size() - 2), true);
+  return c.empty() ? text : text + ": " + c;
+}
+
+FailureTexts failure_texts(const RestartDecision& d, const std::string& detail, const std::string& cause) {
+  FailureTexts f;
+  f.last_failure = with_cause(detail, cause, detail.size() + 2 + kMaxCauseBytes);
+  f.condition = with_cause(d.message, cause, d.message.size() + 2 + kMaxCauseBytes);
+  f.event = with_cause(d.reason + ": " + d.message, cause, kMaxEventMessageBytes);
+  return f;
 }
 
 }  // namespace railyard::op

@@ -1,6 +1,7 @@
 // A TrainingJob's spec read into plain values with the CRD's defaults, and the checks the schema cannot express.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -50,6 +51,10 @@ inline constexpr int64_t kMaxSeed = 9007199254740991;
 // spec.placement.scheduler's default: Railyard's own rail-aware gang placement and binding.
 inline constexpr const char* kRailyardScheduler = "railyard";
 
+// How long after a job ends a pod may still run before cleanPodPolicy Running deletes it: the agent learns of the end
+// at its next status poll (RAILYARD_AGENT_POLL_MS, 0.5 s) and gives its workers RAILYARD_AGENT_GRACE_SECONDS (10 s).
+inline constexpr std::chrono::seconds kPodStopWait{20};
+
 struct JobSpec {
   std::string name, ns;
   int replicas = 1;
@@ -97,6 +102,8 @@ struct JobSpec {
   std::vector<int> permanent_exit_codes, retryable_exit_codes;
   std::optional<int64_t> active_deadline_seconds, ttl_seconds_after_finished;
   bool suspend = false;
+  // runPolicy.cleanPodPolicy: All (delete every pod at the end), Running (keep the pods that ended; delete those still
+  // running kPodStopWait after the end), None (keep every pod).
   std::string clean_pod_policy = "Running";
   std::map<std::string, std::string> node_selector;
   // spec.placement.scheduler: kRailyardScheduler (the operator places and binds the gang itself) or the name of the

@@ -336,6 +336,9 @@ WorkerPodBuilder::WorkerPodBuilder(const Json& job, const JobSpec& spec, int64_t
   if (container.contains("envFrom") && container["envFrom"].is_array())
     for (const Json& e : container["envFrom"]) env_from.push_back(e);
   container["envFrom"] = env_from;
+  // A pod that fails without its agent's report still says why: the kubelet keeps the last lines of its log as the
+  // termination message, which the operator shows (pod_termination_message). The template may choose otherwise.
+  if (!container.contains("terminationMessagePolicy")) container["terminationMessagePolicy"] = "FallbackToLogsOnError";
   apply_security_defaults(container, pod_spec);
   add_writable_mounts(container, pod_spec);
   if (spec.program) add_launcher(container, pod_spec, spec, opts);

@@ -55,4 +55,16 @@ inline int pod_exit_code(const Json& pod) {
   return -1;
 }
 
+// The worker container's termination message from a Failed pod (its last log lines under the
+// terminationMessagePolicy FallbackToLogsOnError the operator sets; the kubelet bounds it), raw: a tenant's text,
+// sanitized where it is shown. "" when there is none.
+inline std::string pod_termination_message(const Json& pod) {
+  for (const Json& cs : kube::field(kube::field(pod, "status"), "containerStatuses")) {
+    if (kube::field(cs, "name") != "worker") continue;
+    return pod_state_detail::string_or_empty(
+        kube::field(kube::field(kube::field(cs, "state"), "terminated"), "message"));
+  }
+  return {};
+}
+
 }  // namespace railyard::op

@@ -37,6 +37,7 @@ void scan_pods(const JobSpec& spec, const TriggerInputs& in, TriggerScan& out) {
                          !(in.agent && rdzv::is_agent_infrastructure_exit(code));
         out.triggers.push_back({"PodFailed", "pod " + pod_name + " failed with exit code " + std::to_string(code),
                                 pod_name, node, "operator", uid, i * per, permanent});
+        out.triggers.back().cause = pod_termination_message(p);
       }
       if (!terminating(p)) out.to_delete.push_back({pod_name, true});
     } else if (terminating(p)) {
@@ -85,6 +86,7 @@ void scan_exits(const JobSpec& spec, const TriggerInputs& in, TriggerScan& out) 
                "agent",       "",
                e.global_rank, cls == ExitClass::Permanent};
     tr.peer_lost = e.signal == 0 && e.exit_code == rdzv::kExitPeerLost;
+    tr.cause = e.message;
     tr.age = std::chrono::duration_cast<std::chrono::milliseconds>(in.now - e.received);
     out.triggers.push_back(tr);
   }

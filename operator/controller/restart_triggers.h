@@ -23,6 +23,9 @@ struct Trigger {
   bool permanent = false;
   bool peer_lost = false;            // a survivor's exit kExitPeerLost, not the cause
   std::chrono::milliseconds age{0};  // since the operator received the exit report
+  // The failed process's own words, when it left any (the agent's exit report message; a Failed pod's
+  // terminated.message): a tenant's text, sanitized and bounded where it is shown (failure_policy.h with_cause).
+  std::string cause{};
 };
 
 struct TriggerInputs {

@@ -345,6 +345,9 @@ std::optional<std::chrono::milliseconds> Controller::restart_or_fail(Sync& s) {
     while (uids.size() > 32) uids.erase(uids.begin());
     Json last = {
         {"reason", t->reason}, {"detector", t->detector}, {"time", now_s}, {"podUIDs", uids}, {"message", t->detail}};
+    // The failed process's own last words go into every message (the pod and its log may be gone when someone looks).
+    const FailureTexts texts = failure_texts(d, t->detail, t->cause);
+    last["message"] = texts.last_failure;
     if (t->rank >= 0) last["rank"] = t->rank;
     // What recovery is measured against (see the progress block below): the step the job had reached.
     last["stepAtRestart"] = status.value("step", Json(0));
@@ -375,11 +378,11 @@ std::optional<std::chrono::milliseconds> Controller::restart_or_fail(Sync& s) {
       status["phase"] = "Failed";
       status["completionTime"] = now_s;
       status["lastFailure"] = last;
-      set_condition(status, "Failed", true, d.reason, d.message, now_s);
-      set_condition(status, "Running", false, d.reason, d.message, now_s);
+      set_condition(status, "Failed", true, d.reason, texts.condition, now_s);
+      set_condition(status, "Running", false, d.reason, texts.condition, now_s);
       if (find_condition(status, "Restarting"))
         set_condition(status, "Restarting", false, d.reason, "the job failed", now_s);
-      events.push_back({true, "Failed", d.reason + ": " + d.message});
+      events.push_back({true, "Failed", texts.event});
       status["replicas"] = existing;
       milliseconds after = finish(job, spec, status, orig, events, pods);
       if (!restart_request.empty())
@@ -394,7 +397,7 @@ std::optional<std::chrono::milliseconds> Controller::restart_or_fail(Sync& s) {
     status["generation"] = gen;
     status["restarts"] = restarts;
     status["lastRestart"] = last;
-    set_condition(status, "Restarting", true, t->reason, d.message, now_s);
+    set_condition(status, "Restarting", true, t->reason, texts.condition, now_s);
     restarts_.add({{metrics::kNamespaceLabel, ns}, {metrics::kTrainingJobLabel, name}, {"reason", t->reason}})
         .increment();
     std::string where = "detector " + t->detector;
@@ -402,9 +405,10 @@ std::optional<std::chrono::milliseconds> Controller::restart_or_fail(Sync& s) {
     if (!t->node.empty()) where += ", node " + t->node;
     if (t->rank >= 0) where += ", rank " + std::to_string(t->rank);
     events.push_back({true, "Restarting",
-                      "generation " + std::to_string(gen) + ": " + t->reason + ": " + d.message + " [" + where +
-                          "] (restart " + std::to_string(restarts) + " of at most " +
-                          std::to_string(spec.max_restarts) + ")"});
+                      with_cause("generation " + std::to_string(gen) + ": " + t->reason + ": " + d.message + " [" +
+                                     where + "] (restart " + std::to_string(restarts) + " of at most " +
+                                     std::to_string(spec.max_restarts) + ")",
+                                 t->cause, kMaxEventMessageBytes)});
   }
 
   return std::nullopt;

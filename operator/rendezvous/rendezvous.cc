@@ -15,6 +15,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/log_tail.h"
 #include "common/rendezvous_protocol.h"
 
 namespace railyard::op {
@@ -466,8 +467,9 @@ struct RendezvousService::Impl {
                {"exit_code", std::to_string(req.exit_code)},
                {"signal", std::to_string(req.signal)},
                {"reason", req.reason}});
-    ev.exits.push_back(
-        {req.ref.key(), req.generation, req.ref.pod, req.local_rank, global, req.exit_code, req.signal, req.reason});
+    // The message is a tenant's text: sanitized here as well, whatever the agent did (never trusted to be UTF-8).
+    ev.exits.push_back({req.ref.key(), req.generation, req.ref.pod, req.local_rank, global, req.exit_code, req.signal,
+                        req.reason, sanitize_message(req.message, rdzv::kMaxExitMessageBytes, true)});
     cv.notify_all();
     return {200, {{"status", st::kRecorded}, {"generation", job->spec.generation}}};
   }

@@ -48,6 +48,9 @@ struct WorkerExit {
   int exit_code = -1;  // -1 when killed by a signal
   int signal = 0;      // 0 when it exited normally
   std::string reason = "exited";
+  // The rank's last output lines when it failed (the agent's ExitReport "message"), sanitized and bounded
+  // (kMaxExitMessageBytes); "" when the agent sent none.
+  std::string message{};  // a default member initializer: positional initializers may leave it out
   // When the operator received the report (set by Controller::report_exit): how long a survivor's peer-lost exit has
   // waited for the culprit's own report (op::hold_for_culprit).
   std::chrono::steady_clock::time_point received{};

@@ -27,7 +27,8 @@ void write_all(int fd, const char* p, size_t n) {
 
 }  // namespace
 
-OutputWatch::OutputWatch(int local_ranks) : last_(static_cast<size_t>(local_ranks)) {
+OutputWatch::OutputWatch(int local_ranks)
+    : last_(static_cast<size_t>(local_ranks)), tails_(static_cast<size_t>(local_ranks)) {
   for (auto& t : last_) t.store(0);
   if (::pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0)
     throw Error(std::string("agent: pipe for the output watch failed: ") + std::strerror(errno));
@@ -51,16 +52,41 @@ OutputWatch::ChildEnds OutputWatch::open(int local_rank) {
     ::close(out[1]);
     throw Error(std::string("agent: pipe failed: ") + std::strerror(errno));
   }
+  int serial = 0;
+  {
+    std::lock_guard lock(tail_mu_);
+    Tail& t = tails_.at(static_cast<size_t>(local_rank));
+    t.out.clear();
+    t.err.clear();
+    serial = ++t.serial;
+    t.open = 2;
+  }
   {
     std::lock_guard lock(mu_);
-    sources_.push_back({out[0], local_rank, 1});
-    sources_.push_back({err[0], local_rank, 2});
+    sources_.push_back({out[0], local_rank, 1, serial});
+    sources_.push_back({err[0], local_rank, 2, serial});
   }
   (void)!::write(wake_[1], "x", 1);
   return {out[1], err[1]};
 }
 
 double OutputWatch::last_output(int local_rank) const { return last_.at(static_cast<size_t>(local_rank)).load(); }
+
+std::string OutputWatch::last_words(int local_rank, std::chrono::milliseconds wait) {
+  std::unique_lock lock(tail_mu_);
+  Tail& t = tails_.at(static_cast<size_t>(local_rank));
+  tail_cv_.wait_for(lock, wait, [&t] { return t.open <= 0; });
+  std::string err = t.err.text();
+  return err.empty() ? t.out.text() : err;
+}
+
+void OutputWatch::tail(const Source& s, const char* data, size_t n, bool eof) {
+  std::lock_guard lock(tail_mu_);
+  Tail& t = tails_[static_cast<size_t>(s.local_rank)];
+  if (t.serial != s.serial) return;  // an earlier process of the rank (or what it left running)
+  (s.to == 2 ? t.err : t.out).append(std::string_view(data, n));
+  if (eof && --t.open <= 0) tail_cv_.notify_all();
+}
 
 void OutputWatch::loop() {
   char buf[65536];
@@ -89,8 +115,10 @@ void OutputWatch::loop() {
         any = true;
         last_[static_cast<size_t>(s.local_rank)].store(unix_now());
         write_all(s.to, buf, static_cast<size_t>(r));
+        tail(s, buf, static_cast<size_t>(r), false);
       } else if (r == 0 || (errno != EINTR && errno != EAGAIN)) {
         closed.push_back(s.fd);  // every writer is gone (the rank and what it started)
+        tail(s, buf, 0, true);
       }
     }
     if (!closed.empty()) {

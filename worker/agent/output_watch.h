@@ -1,13 +1,20 @@
 // Copies the ranks' stdout and stderr to the agent's own, noting when each local rank last wrote: the only sign of
-// life of a program that reports no progress (the monitor's silence rule, docs/monitor.md). The ranks' output stays
-// the pod's log, byte for byte and stream for stream; it passes through a pipe and one thread that does nothing else.
+// life of a program that reports no progress (the monitor's silence rule, docs/monitor.md), and keeping the tail of
+// each rank's streams: a failed rank's last words, which the exit report carries to the job's status (the pod and its
+// log may be gone when someone looks). The ranks' output stays the pod's log, byte for byte and stream for stream; it
+// passes through a pipe and one thread that does nothing else.
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
+
+#include "common/log_tail.h"
 
 namespace railyard::worker {
 
@@ -25,15 +32,29 @@ class OutputWatch {
   ChildEnds open(int local_rank);
   // When local rank l last wrote (unix seconds), 0 when never.
   double last_output(int local_rank) const;
+  // The last lines local rank l's current process wrote to stderr (to stdout when it wrote nothing there), sanitized
+  // and bounded (LogTail). Waits up to `wait` for the process's pipes to close first, so that what it wrote just
+  // before it exited is in; a child that keeps them open only costs the wait.
+  std::string last_words(int local_rank, std::chrono::milliseconds wait);
 
  private:
   struct Source {
     int fd;
     int local_rank;
-    int to;  // 1 or 2
+    int to;      // 1 or 2
+    int serial;  // which process of the rank (open()'s count): only the current one's output is its tail
+  };
+  struct Tail {
+    LogTail out, err;
+    int serial = 0;
+    int open = 0;  // the current process's pipes not at EOF yet
   };
   void loop();
+  void tail(const Source& s, const char* data, size_t n, bool eof);
   std::vector<std::atomic<double>> last_;
+  std::mutex tail_mu_;
+  std::condition_variable tail_cv_;
+  std::vector<Tail> tails_;  // guarded by tail_mu_
   std::mutex mu_;
   std::vector<Source> sources_;  // guarded by mu_
   int wake_[2] = {-1, -1};

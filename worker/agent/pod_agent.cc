@@ -117,11 +117,12 @@ class AgentRun {
           cfg.pod_ip, cfg.rank_metrics_port, cfg.procs_per_pod,
           metrics::Labels{
               {metrics::kNamespaceLabel, cfg.ns}, {metrics::kTrainingJobLabel, cfg.job}, {"node", cfg.node}});
-      output_ = std::make_unique<OutputWatch>(cfg.procs_per_pod);
       log::info(kComponent, "serving the ranks' metrics from their progress and output",
                 {{"address", cfg.pod_ip + ":" + std::to_string(ranks_out_->port(0)) + "/metrics"},
                  {"ranks", std::to_string(cfg.procs_per_pod)}});
     }
+    // Every rank's output passes through the agent: a failed rank's last lines go with its exit report.
+    output_ = std::make_unique<OutputWatch>(cfg.procs_per_pod);
     reports_.emplace(client_, ref(), ranks_out_.get(), output_.get());
     workers_.emplace(cfg.grace, metrics_, output_.get(),
                      [this](const Worker& w, const char* reason) { reports_->exited(w, reason); });
@@ -468,7 +469,7 @@ class AgentRun {
   bool ran_workers_ = false;                 // this agent started workers before (not a replacement pod)
   std::unique_ptr<PeerRing> peer_;           // null when RAILYARD_AGENT_PEER_PORT is -1
   std::unique_ptr<RankExporter> ranks_out_;  // a program's ranks: their series, served by the agent
-  std::unique_ptr<OutputWatch> output_;      // with ranks_out_: the ranks' output, and when they last wrote
+  std::unique_ptr<OutputWatch> output_;      // the ranks' output: when they last wrote, and their last lines
   std::optional<WorkerReports> reports_;     // set in the constructor, after ranks_out_ and output_
   std::optional<WorkerGroup> workers_;       // likewise
 };

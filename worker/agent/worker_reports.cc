@@ -7,6 +7,7 @@
 #include <fstream>
 #include <iterator>
 #include <optional>
+#include <string_view>
 
 #include "common/log.h"
 
@@ -15,13 +16,15 @@ namespace {
 
 using Outcome = RendezvousClient::Outcome;
 constexpr const char* kComponent = "agent";
+// How long a failed rank's exit report waits for its last output to pass through the pipes (they close at once unless
+// something the rank started still holds them).
+constexpr std::chrono::milliseconds kLastWordsWait{500};
 
 double unix_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
 }  // namespace
 
-WorkerReports::WorkerReports(RendezvousClient& client, rdzv::JobRef ref, RankExporter* ranks_out,
-                             const OutputWatch* output)
+WorkerReports::WorkerReports(RendezvousClient& client, rdzv::JobRef ref, RankExporter* ranks_out, OutputWatch* output)
     : client_(client), ref_(std::move(ref)), ranks_out_(ranks_out), output_(output) {}
 
 void WorkerReports::start_generation(int64_t generation) {
@@ -30,7 +33,13 @@ void WorkerReports::start_generation(int64_t generation) {
 }
 
 void WorkerReports::exited(const Worker& w, const char* reason) {
-  pending_.push_back({ref_, generation_, w.local_rank, w.exit_code, w.signal, reason});
+  rdzv::ExitReport rep{ref_, generation_, w.local_rank, w.exit_code, w.signal, reason};
+  // Why it failed, in its own words: the operator puts them into the job's status (the pod's log may be gone by the
+  // time someone looks). A stopped rank was stopped by the agent: its output says nothing about the job.
+  const bool failed = w.exit_code != 0 || w.signal != 0;
+  if (output_ && failed && std::string_view(reason) == rdzv::kExitExited)
+    rep.message = output_->last_words(w.local_rank, kLastWordsWait);
+  pending_.push_back(std::move(rep));
 }
 
 void WorkerReports::flush() {

@@ -17,13 +17,15 @@ namespace railyard::worker {
 
 class WorkerReports {
  public:
-  // ranks_out, output: null unless the agent serves its ranks' series (both set together).
-  WorkerReports(RendezvousClient& client, rdzv::JobRef ref, RankExporter* ranks_out, const OutputWatch* output);
+  // ranks_out: null unless the agent serves its ranks' series. output: the ranks' output (a failed rank's exit report
+  // carries its last words from it); null in tests without one.
+  WorkerReports(RendezvousClient& client, rdzv::JobRef ref, RankExporter* ranks_out, OutputWatch* output);
 
   // A new generation: reports carry its number; what was queued for the previous one is dropped.
   void start_generation(int64_t generation);
 
-  // Queues the exit report of w (reason: rdzv::kExitExited, kExitStopped, ...).
+  // Queues the exit report of w (reason: rdzv::kExitExited, kExitStopped, ...). A failed exit's report carries the
+  // rank's last output lines (waiting briefly for the rest of its output to arrive).
   void exited(const Worker& w, const char* reason);
   bool pending() const { return !pending_.empty(); }
 
@@ -38,7 +40,7 @@ class WorkerReports {
   RendezvousClient& client_;
   rdzv::JobRef ref_;
   RankExporter* ranks_out_;
-  const OutputWatch* output_;
+  OutputWatch* output_;
   int64_t generation_ = 0;
   std::vector<rdzv::ExitReport> pending_;
 };

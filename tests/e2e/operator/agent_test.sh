@@ -64,13 +64,34 @@ wait_for 90 "job inplace to succeed" phase_is inplace Succeeded
 [ "$(jp inplace '{.status.conditions[?(@.type=="Succeeded")].reason}')" = AllRanksSucceeded ] || fail "Succeeded reason"
 echo "in-place restart: WorkerExit rank 1 -> generation 2 with the same pods -> Succeeded"
 
-# A permanent exit code (3) fails the job at once.
-job perm 1 1 'sleep 1; exit 3' | kubectl apply -n "$ns" -f - >/dev/null
+# A permanent exit code (3) fails the job at once, and the job says why in the rank's own words: its last stderr
+# lines (colour codes stripped) reach status.lastFailure.message, the Failed condition and the Warning event. Its pods
+# are kept for inspection (cleanPodPolicy Running, the default), stopped: rank 1's agent ends its `sleep 600`.
+job perm 2 1 'if [ $RANK = 0 ]; then sleep 1; echo loading the model; printf '\''\\033[31merror: initFrom /etc/passwd is not a checkpoint\\033[0m\\n'\'' >&2; exit 3; fi; sleep 600' |
+  kubectl apply -n "$ns" -f - >/dev/null
 wait_for 60 "job perm to fail" phase_is perm Failed
+perm_failed_at=$SECONDS
 [ "$(jp perm '{.status.conditions[?(@.type=="Failed")].reason}')" = PermanentExitCode ] || fail "perm reason"
 [ "$(jp perm '{.status.restarts}')" = 0 ] || fail "perm restarted"
-echo "permanent exit through the agent: Failed at once"
-kubectl delete tj inplace perm -n "$ns" >/dev/null
+cause="error: initFrom /etc/passwd is not a checkpoint"
+last=$(jp perm '{.status.lastFailure.message}')
+[ "$last" = "rank 0 (pod perm-worker-0) exited with code 3: $cause" ] || fail "lastFailure.message: $last"
+cond=$(jp perm '{.status.conditions[?(@.type=="Failed")].message}')
+grep -qF "(a permanent exit code: failing without restart): $cause" <<<"$cond" || fail "Failed condition: $cond"
+perm_event() {
+  kubectl get events -n "$ns" --field-selector involvedObject.name=perm,reason=Failed,type=Warning \
+    -o jsonpath='{range .items[*]}{.message}{"\n"}{end}' | grep -qF "PermanentExitCode: rank 0 (pod perm-worker-0) exited with code 3 (a permanent exit code: failing without restart): $cause"
+}
+wait_for 30 "the Failed event naming the cause" perm_event
+# Both pods end (rank 0's failed, rank 1's stopped by its agent when the job closed) and stay.
+pods_ended() {
+  local phases
+  phases=$(kubectl get pods -n "$ns" -l railyard.dev/job=perm -o jsonpath='{range .items[*]}{.status.phase}{" "}{end}')
+  [ "$(wc -w <<<"$phases")" = 2 ] && ! grep -qE "Running|Pending|Unknown" <<<"$phases"
+}
+wait_for 30 "perm's pods to end" pods_ended
+echo "permanent exit through the agent: Failed at once, saying why: $last; pods ended and kept"
+kubectl delete tj inplace -n "$ns" >/dev/null
 
 # A pod that cannot re-join (its processes frozen) surfaces as Running=False, reason JoinTimeout, naming the pod;
 # once thawed, its agent joins the new generation and the job runs again.
@@ -85,4 +106,11 @@ grep -q "stuck-worker-1" <<<"$msg" || fail "JoinTimeout message does not name th
 "$bin/railyard-node-agent" thaw "$ns/stuck-worker-1" --state-dir "$state/node-agent" >/dev/null
 wait_for 60 "job stuck to run again" phase_is stuck Running
 echo "join timeout: $msg; thawed pod re-joined"
+# The failed job's pods are still there once cleanPodPolicy's stop wait (20 s after the end) has passed.
+[ $((SECONDS - perm_failed_at)) -ge 25 ] || sleep $((25 - (SECONDS - perm_failed_at)))
+pods_ended || fail "perm's pods were not kept: $(kubectl get pods -n "$ns" -l railyard.dev/job=perm 2>&1)"
+kubectl get pods -n "$ns" -l railyard.dev/job=perm -o jsonpath='{.items[*].metadata.deletionTimestamp}' | grep -q . &&
+  fail "perm's pods are being deleted"
+kubectl delete tj perm -n "$ns" >/dev/null
+echo "a failed job's pods: kept past the stop wait"
 echo "operator agent e2e: ok"

@@ -160,7 +160,8 @@ kubectl delete tj perm flaky bad -n "$ns" >/dev/null
 job dl 1 "sleep 600" "  runPolicy: {activeDeadlineSeconds: 3}" | kubectl apply -n "$ns" -f - >/dev/null
 wait_for 30 "job dl to hit its deadline" phase_is dl Failed
 [ "$(jp dl '{.status.conditions[?(@.type=="Failed")].reason}')" = DeadlineExceeded ] || fail "dl reason"
-wait_for 30 "dl's running pod to be cleaned up" pods_gone dl
+# cleanPodPolicy Running deletes a pod still running 20 s (kPodStopWait) after the end: its `sleep 600` has no agent.
+wait_for 60 "dl's running pod to be cleaned up" pods_gone dl
 job ttl 1 "exit 0" "  runPolicy: {ttlSecondsAfterFinished: 2}" | kubectl apply -n "$ns" -f - >/dev/null
 wait_for 60 "job ttl to be deleted after finishing" bash -c "! kubectl get tj ttl -n $ns"
 kubectl delete tj dl -n "$ns" >/dev/null

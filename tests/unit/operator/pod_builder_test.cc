@@ -40,6 +40,8 @@ TEST_CASE("a worker pod carries owner, labels, scheduler and the agent command")
   CHECK(pod["metadata"]["labels"][kGenerationLabel] == "3");
   CHECK(pod["spec"]["schedulerName"] == "railyard");
   CHECK(pod["spec"]["restartPolicy"] == "Never");
+  // A pod that fails without its agent's report keeps its log's last lines as its termination message.
+  CHECK(pod["spec"]["containers"][0]["terminationMessagePolicy"] == "FallbackToLogsOnError");
   CHECK_FALSE(pod["spec"].contains("nodeName"));
   const Json& c = pod["spec"]["containers"][0];
   CHECK(c["image"] == "img:1");

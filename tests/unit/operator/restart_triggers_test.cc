@@ -188,6 +188,34 @@ TEST_CASE("worker exits of the current generation") {
   CHECK(s.triggers[0].age == std::chrono::milliseconds(400));
   CHECK(s.triggers[1].peer_lost);
   CHECK(s.triggers[2].reason == "AgentRestarted");
+  CHECK(s.triggers[0].cause.empty());  // an agent that sent no message
+
+  // A failed rank's last words (the agent's exit report message) become the trigger's cause.
+  in.exits = {exit_of(3, 2, 0, "exited")};
+  in.exits[0].message = "error: initFrom /etc/passwd is not a checkpoint";
+  s = scan_triggers(spec, in);
+  REQUIRE(s.triggers.size() == 1);
+  CHECK(s.triggers[0].permanent);
+  CHECK(s.triggers[0].detail == "rank 1 (pod tiny-worker-1) exited with code 2");
+  CHECK(s.triggers[0].cause == "error: initFrom /etc/passwd is not a checkpoint");
+}
+
+TEST_CASE("a Failed pod without the agent's report says why with its termination message") {
+  const JobSpec spec = two_replicas();
+  TriggerInputs in = running_job();
+  edit(in.pods_by_index[1], [](Json& p) {
+    p["status"]["phase"] = "Failed";
+    p["status"]["containerStatuses"] = Json::array(
+        {{{"name", "sidecar"}, {"state", {{"terminated", {{"exitCode", 0}, {"message", "not this one"}}}}}},
+         {{"name", "worker"},
+          {"state", {{"terminated", {{"exitCode", 3}, {"message", "FileNotFoundError: /data/train_0.bin\n"}}}}}}});
+  });
+  TriggerScan s = scan_triggers(spec, in);
+  REQUIRE(s.triggers.size() == 1);
+  CHECK(s.triggers[0].reason == "PodFailed");
+  CHECK(s.triggers[0].permanent);
+  CHECK(s.triggers[0].cause == "FileNotFoundError: /data/train_0.bin\n");
+  CHECK(pod_termination_message(*in.pods_by_index[0]).empty());  // a running pod has none
 }
 
 TEST_CASE("a restart request acts once and names the monitor's rank and node") {

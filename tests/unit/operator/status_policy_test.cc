@@ -91,3 +91,44 @@ TEST_CASE("restarts open a new generation until maxRestarts is spent") {
   CHECK(p.reason == "PermanentExitCode");
   CHECK(p.restarts == 0);
 }
+
+TEST_CASE("a failed job's status, condition and event carry the failed process's own words, bounded") {
+  JobSpec spec = parse_job(valid_job()).spec;
+  const std::string detail = "rank 0 (pod tiny-worker-0) exited with code 2";
+  RestartDecision d = decide_restart(spec, 0, 1, "WorkerExit", detail, true);
+  const std::string cause = "error: initFrom /etc/passwd is not a checkpoint";
+  FailureTexts f = failure_texts(d, detail, cause);
+  CHECK(f.last_failure == detail + ": " + cause);
+  CHECK(f.condition == detail + " (a permanent exit code: failing without restart): " + cause);
+  CHECK(f.event == "PermanentExitCode: " + detail + " (a permanent exit code: failing without restart): " + cause);
+
+  // No cause (an older agent, a pod without a termination message): the messages as before.
+  f = failure_texts(d, detail, "");
+  CHECK(f.last_failure == detail);
+  CHECK(f.condition == d.message);
+  CHECK(f.event == "PermanentExitCode: " + d.message);
+
+  // A hostile cause: huge, control characters, invalid UTF-8. Bounded (its end kept), clean, valid JSON.
+  std::string hostile = "\x1b[2J\x07\xff" + std::string(100000, 'x') + std::string("\x00\x01 the real reason", 18);
+  f = failure_texts(d, detail, hostile);
+  CHECK(f.last_failure.size() <= detail.size() + 2 + kMaxCauseBytes);
+  CHECK(f.condition.size() <= d.message.size() + 2 + kMaxCauseBytes);
+  CHECK(f.event.size() <= kMaxEventMessageBytes);
+  for (const std::string* s : {&f.last_failure, &f.condition, &f.event}) {
+    CHECK(s->ends_with("x the real reason"));
+    CHECK(s->find("...") != std::string::npos);
+    CHECK(s->find('\x01') == std::string::npos);
+    CHECK(s->find('\x1b') == std::string::npos);
+    CHECK_NOTHROW((void)Json(*s).dump());
+  }
+  CHECK(f.last_failure.starts_with(detail + ": ..."));
+  // The same job status with the message in it is written as JSON without error.
+  Json status = Json::object();
+  status["lastFailure"] = {{"message", f.last_failure}};
+  set_condition(status, "Failed", true, d.reason, f.condition, "T1");
+  CHECK(Json::parse(status.dump()) == status);
+
+  // No room left for the cause: just the text, cut.
+  CHECK(with_cause(std::string(2000, 'a'), cause, 1024).size() <= 1024);
+  CHECK(with_cause("short", cause, 1024) == "short: " + cause);
+}

@@ -320,6 +320,26 @@ TEST_CASE("malformed bodies get 400 naming the field") {
   CHECK(r->status == 400);
   CHECK(r->body.find("'reason'") != std::string::npos);
 
+  // "message" is optional (older agents send none) and bounded.
+  auto no_message = rdzv::to_json(rdzv::ExitReport{{"ns1", "job1", "p0"}, 1, 0, 2, 0, "exited"});
+  CHECK_FALSE(no_message.contains("message"));
+  CHECK(rdzv::parse_exit_report(no_message).message.empty());
+  auto with_message = no_message;
+  with_message["message"] = "bad initFrom";
+  CHECK(rdzv::parse_exit_report(with_message).message == "bad initFrom");
+  with_message["message"] = std::string(rdzv::kMaxExitMessageBytes, 'x');
+  CHECK(rdzv::parse_exit_report(with_message).message.size() == rdzv::kMaxExitMessageBytes);
+  with_message["message"] = std::string(rdzv::kMaxExitMessageBytes + 1, 'x');
+  CHECK_THROWS_WITH_AS(rdzv::parse_exit_report(with_message), doctest::Contains("field 'message' must be at most 4096"),
+                       rdzv::ProtocolError);
+  r = raw_post(svc, rdzv::kExitPath, with_message.dump(), kToken);
+  REQUIRE(r);
+  CHECK(r->status == 400);
+  CHECK(r->body.find("'message'") != std::string::npos);
+  with_message["message"] = 42;
+  CHECK_THROWS_WITH_AS(rdzv::parse_exit_report(with_message), doctest::Contains("'message' must be a string"),
+                       rdzv::ProtocolError);
+
   auto nf = raw_post(svc, "/v1/nope", "{}", kToken);
   REQUIRE(nf);
   CHECK(nf->status == 404);
@@ -403,6 +423,7 @@ TEST_CASE("exits are delivered once each, progress is aggregated, and the job re
 
   // A failure: reported twice (the agent retried), delivered once.
   rdzv::ExitReport kill{{"ns1", "job1", "p1"}, 1, 1, -1, 9, "exited"};
+  kill.message = "Traceback:\n\x1b[31mOSError: no such file\x1b[0m";
   CHECK(c.report_exit(kill).outcome == Outcome::Recorded);
   CHECK(c.report_exit(kill).outcome == Outcome::Duplicate);
   {
@@ -415,6 +436,8 @@ TEST_CASE("exits are delivered once each, progress is aggregated, and the job re
     CHECK(exits[0].signal == 9);
     CHECK(exits[0].exit_code == -1);
     CHECK(exits[0].reason == "exited");
+    // The rank's last words reach the operator, their escape sequences stripped.
+    CHECK(exits[0].message == "Traceback:\nOSError: no such file");
   }
   // Generation 2: exits of generation 1 are stale and not delivered.
   svc.open_generation(spec(2, {"p0", "p1"}, 2));
