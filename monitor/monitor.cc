@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "common/http_server_bounds.h"
 #include "common/log.h"
 #include "common/metrics/job_labels.h"
 #include "monitor/alertmanager.h"
@@ -124,6 +125,10 @@ int Monitor::start_server() {
   auto [host, port] = parse_listen(opts_.listen);
   server_ = std::make_unique<Server>();
   auto& http = server_->http;
+  // The webhook takes Alertmanager's batches (a few KiB each; 1 MiB is far above any real one).
+  railyard::http::ServerBounds bounds;
+  bounds.max_body = 1 << 20;
+  railyard::http::apply(http, bounds);
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(registry_.serialize(), "text/plain; version=0.0.4; charset=utf-8");
   });

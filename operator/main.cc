@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <memory>
@@ -13,6 +15,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "common/http_server_bounds.h"
 #include "common/kube/client.h"
 #include "common/kube/leader_elector.h"
 #include "common/log.h"
@@ -324,14 +327,27 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
 
   std::unique_ptr<kube::Client> client;
+  // The leader election's own client: its own connections and rate limiter (never queued behind the controller's
+  // requests), one try per attempt and a short timeout, so a stalled API connection costs it one retry period per
+  // attempt, not the controller's 30 s with retries (kube/leader_elector.h).
+  std::unique_ptr<kube::Client> lease_client;
   try {
     kube::Config cfg =
         flags.kubeconfig.empty() ? kube::default_config() : kube::load_kubeconfig(flags.kubeconfig, flags.context);
+    kube::Config lease_cfg = cfg;
+    lease_cfg.qps = 20;
+    lease_cfg.burst = 20;
+    lease_cfg.max_connections = 2;
+    lease_cfg.retry.max_attempts = 1;
+    const auto attempt = std::chrono::seconds(std::max<int64_t>(1, static_cast<int64_t>(std::ceil(flags.retry_period))));
+    lease_cfg.request_timeout = attempt;
+    lease_cfg.connect_timeout = attempt;
     cfg.qps = flags.kube_api_qps;
     cfg.burst = flags.kube_api_burst;
     // One connection per concurrent create/bind of a reconcile's slow-start batch (ControllerOptions).
     cfg.max_connections = std::max(cfg.max_connections, flags.api_parallelism);
     client = std::make_unique<kube::Client>(cfg);
+    if (flags.leader_elect) lease_client = std::make_unique<kube::Client>(lease_cfg);
   } catch (const std::exception& e) {
     std::cerr << "railyard-operator: " << e.what() << "\n";
     return 2;
@@ -383,6 +399,7 @@ int main(int argc, char** argv) {
   auto [mhost, mport] = split_addr("--metrics-addr", flags.metrics_addr);
   try {
     exposer = std::make_unique<metrics::Exposer>(registry, mhost, mport);
+    railyard::http::apply(health, railyard::http::kSmallRequests);
     health.Get("/healthz",
                [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
     health.Get("/readyz", [&controller](const httplib::Request&, httplib::Response& res) {
@@ -469,15 +486,18 @@ int main(int argc, char** argv) {
     lo.lease_duration = ms(flags.lease_duration);
     lo.renew_deadline = ms(flags.renew_deadline);
     lo.retry_period = ms(flags.retry_period);
-    elector = std::make_unique<kube::LeaderElector>(*client, lo);
+    elector = std::make_unique<kube::LeaderElector>(*lease_client, lo);
     elector->on_started_leading(start_leading);
     elector->on_stopped_leading([&] {
       leader_gauge.set(0);
       if (shutting_down) return;
-      // Like controller-runtime: a replica that lost its lease exits, and its restart becomes a candidate again.
-      log::error(kLog, "lost the leader lease; exiting");
-      exit_code = 1;
-      kill(getpid(), SIGTERM);
+      // Like controller-runtime: a replica that lost its lease exits, and its restart becomes a candidate again. At
+      // once, not after a graceful drain: from the renew deadline on a standby may take the lease, and this replica must
+      // neither serve the rendezvous nor write another object by then. The operator may be killed at any line; the next
+      // leader redoes from the API server what this one left half done.
+      log::error(kLog, "lost the leader lease; exiting at once");
+      std::fflush(nullptr);
+      std::_Exit(1);
     });
     elector->on_new_leader([](const std::string& id) { log::info(kLog, "leader", {{"identity", id}}); });
     log::info(kLog, "waiting for leadership",

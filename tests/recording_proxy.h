@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -44,6 +45,9 @@ class RecordingProxy {
     return bytes_;
   }
   bool saw(const std::string& needle) const { return capture().find(needle) != std::string::npos; }
+  // Stalled: nothing is forwarded either way (connections stay open, bytes wait in the kernel's buffers), as over a
+  // network path that silently stopped delivering. Un-stalled: forwarding resumes.
+  void stall(bool on) { stalled_ = on; }
 
  private:
   static sockaddr_in loopback(int port) {
@@ -75,6 +79,10 @@ class RecordingProxy {
   void pump(int a, int b) {
     char buf[65536];
     for (bool open = true; open && !stop_;) {
+      if (stalled_) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        continue;
+      }
       pollfd p[2] = {{a, POLLIN, 0}, {b, POLLIN, 0}};
       if (::poll(p, 2, 20) <= 0) continue;
       for (int i = 0; i < 2 && open; ++i) {
@@ -101,6 +109,7 @@ class RecordingProxy {
   int listen_fd_ = -1;
   int port_ = 0;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> stalled_{false};
   std::thread acceptor_;
   std::vector<std::thread> pumps_;  // only the acceptor adds; joined after it
   mutable std::mutex mu_;

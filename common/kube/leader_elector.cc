@@ -134,6 +134,27 @@ void LeaderElector::release() {
   }
 }
 
+void LeaderElector::step_down(const char* why) {
+  bool was = true;
+  if (!leader_.compare_exchange_strong(was, false)) return;
+  log::warn("kube.leader", std::string("lost leadership: ") + why,
+            {{"identity", opts_.identity}, {"lease", opts_.lease_name}});
+  if (stopped_fn_) stopped_fn_();
+}
+
+void LeaderElector::watch_renewals() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (watching_ && !stopping_) {
+    const auto deadline = last_renew_ + opts_.renew_deadline;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      lock.unlock();
+      step_down("no renewal within the renew deadline (a renew attempt may still hang)");
+      return;
+    }
+    cv_.wait_until(lock, deadline);
+  }
+}
+
 void LeaderElector::run() {
   std::string last_leader;
   auto report_leader = [&] {
@@ -147,28 +168,46 @@ void LeaderElector::run() {
     bool got = try_acquire_or_renew();
     report_leader();
     if (got) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        last_renew_ = std::chrono::steady_clock::now();
+        watching_ = true;
+      }
       leader_.store(true);
       log::info("kube.leader", "became leader", {{"identity", opts_.identity}, {"lease", opts_.lease_name}});
+      std::thread watchdog([this] { watch_renewals(); });
       if (started_fn_) started_fn_();
-      auto last_renew = std::chrono::steady_clock::now();
       bool stopped = false;
-      while (true) {
+      while (leader_.load()) {
         if (!sleep_interruptible(opts_.retry_period)) {
           stopped = true;
           break;
         }
-        if (try_acquire_or_renew()) {
-          last_renew = std::chrono::steady_clock::now();
-        } else if (std::chrono::steady_clock::now() - last_renew > opts_.renew_deadline) {
-          log::warn("kube.leader", "lost leadership: could not renew within the renew deadline",
-                    {{"identity", opts_.identity}, {"lease", opts_.lease_name}});
+        if (!leader_.load()) break;  // the watchdog stepped down
+        const bool renewed = try_acquire_or_renew();
+        if (!leader_.load()) break;  // stepped down while the attempt hung: its result no longer counts
+        std::unique_lock<std::mutex> lock(mu_);
+        if (renewed) {
+          last_renew_ = std::chrono::steady_clock::now();
+        } else if (std::chrono::steady_clock::now() - last_renew_ > opts_.renew_deadline) {
+          lock.unlock();
+          step_down("could not renew within the renew deadline");
           break;
         }
       }
-      leader_.store(false);
-      if (stopped && opts_.release_on_stop) release();
-      if (stopped_fn_) stopped_fn_();
-      if (stopped) return;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        watching_ = false;
+      }
+      cv_.notify_all();
+      watchdog.join();
+      if (stopped) {
+        if (leader_.exchange(false)) {
+          if (opts_.release_on_stop) release();
+          if (stopped_fn_) stopped_fn_();
+        }
+        return;
+      }
       continue;
     }
     // Poll every retry period, but be there the moment the holder's lease runs out.

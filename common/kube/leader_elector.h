@@ -24,8 +24,14 @@ struct LeaderElectorOptions {
 };
 
 // Expiry is judged by the local time at which this candidate last saw the lease record change (like client-go),
-// never by comparing clocks across machines. Callbacks run on the elector's thread and must return promptly.
+// never by comparing clocks across machines. Callbacks run on the elector's threads and must return promptly.
 // After losing the lease (without stop()) the elector becomes a candidate again.
+//
+// A leader steps down renew_deadline after its last successful renewal even while a renew attempt hangs (a stalled
+// API connection): a watchdog thread ends its leadership at that instant, so the standby's takeover (lease_duration
+// after the renewal, less the margin below) never finds it still leading. Give the elector a Client of its own whose
+// request timeout is short (operator/main.cc: about one retry period, no retries), so that its attempts neither wait
+// behind the controller's requests and rate limiter nor outlast the deadline for long.
 //
 // Hand-over within one lease duration: a candidate polls every retry_period, so it sees a renewal up to one retry
 // period late. It therefore takes over takeover_margin() before `lease_duration` after the renewal it saw (so no
@@ -59,6 +65,9 @@ class LeaderElector {
  private:
   void run();
   void release();
+  // Ends leadership once (whichever of the renew loop and the watchdog comes first) and calls on_stopped_leading.
+  void step_down(const char* why);
+  void watch_renewals();  // the watchdog, while leading
   bool sleep_interruptible(std::chrono::milliseconds d);
 
   Client& client_;
@@ -73,6 +82,8 @@ class LeaderElector {
   std::string observed_holder_;
   std::chrono::steady_clock::time_point observed_time_{};
   std::chrono::steady_clock::time_point expires_{};  // when the holder's lease counts as expired (candidate only)
+  std::chrono::steady_clock::time_point last_renew_{};  // while leading: the last successful renewal (under mu_)
+  bool watching_ = false;                               // the watchdog runs (under mu_)
   std::thread thread_;
 };
 

@@ -1,5 +1,7 @@
 #include "common/metrics/metrics.h"
 
+#include "common/http_server_bounds.h"
+
 #include <httplib.h>
 
 #include <charconv>
@@ -308,6 +310,7 @@ struct Exposer::Impl {
 };
 
 Exposer::Exposer(const Registry& registry, const std::string& host, int port) : impl_(std::make_unique<Impl>()) {
+  railyard::http::apply(impl_->server, railyard::http::kSmallRequests);  // a scrape is a GET: no body, a few threads
   impl_->server.Get("/metrics", [&registry](const httplib::Request&, httplib::Response& res) {
     res.set_content(registry.serialize(), "text/plain; version=0.0.4; charset=utf-8");
   });

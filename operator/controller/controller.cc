@@ -41,13 +41,20 @@ std::pair<std::string, std::string> split_key(const std::string& key) {
 // Whose an object under a name the operator derives from a job is: this job's (owner uid), an earlier job's of the
 // same name (owned by a TrainingJob, awaiting garbage collection) or someone else's (never touched).
 enum class Claim { kOurs, kEarlierJob, kForeign };
+// Ours only under the job's controller reference with its uid, kind and API group (controlled_by): a uid alone can be
+// copied into an object by whoever can write it.
 Claim claim_of(const Json& obj, const std::string& job_uid) {
-  bool a_job = false;
-  for (const Json& o : obj.at("metadata").value("ownerReferences", Json::array())) {
-    if (o.value("uid", "") == job_uid) return Claim::kOurs;
-    if (o.value("kind", "") == kube::resources::trainingjobs.kind) a_job = true;
+  if (controlled_by(obj, job_uid)) return Claim::kOurs;
+  const Json& refs = kube::field(kube::field(obj, "metadata"), "ownerReferences");
+  if (!refs.is_array()) return Claim::kForeign;
+  for (const Json& o : refs) {
+    const Json& kind = kube::field(o, "kind");
+    const Json& api = kube::field(o, "apiVersion");
+    if (kind.is_string() && kind == kube::resources::trainingjobs.kind && api.is_string() &&
+        api.get<std::string>().rfind("railyard.dev/", 0) == 0)
+      return Claim::kEarlierJob;
   }
-  return a_job ? Claim::kEarlierJob : Claim::kForeign;
+  return Claim::kForeign;
 }
 
 FinishedFacts finished_facts(const Json& job) {

@@ -543,6 +543,9 @@ RendezvousService::RendezvousService(std::string host, int port, RendezvousOptio
     if (!ssl->is_valid())
       throw ConfigError("rendezvous: the server certificate and key do not match or are unusable: " +
                         tls::openssl_error());
+    // TLS 1.3 only, like the job's own store and peer copies: every agent is ours and speaks it.
+    if (SSL_CTX_set_min_proto_version(ssl->ssl_context(), TLS1_3_VERSION) != 1)
+      throw ConfigError("rendezvous: cannot require TLS 1.3: " + tls::openssl_error());
     s.server = std::move(ssl);
   }
   const int threads = std::max(4, options.threads);

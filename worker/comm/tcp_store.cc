@@ -5,6 +5,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -12,6 +13,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <thread>
 
 #include "worker/comm/communicator.h"
@@ -102,6 +104,7 @@ struct TcpStoreServer::Impl {
   tls::SslCtxPtr ctx;  // null: plain TCP
   std::atomic<size_t> refused{0};
   std::atomic<bool> stop{false};
+  std::atomic<int64_t> unauthenticated_ms{10000};
   std::thread acceptor;
 
   mutable std::mutex mu;  // guards data, conns
@@ -109,8 +112,28 @@ struct TcpStoreServer::Impl {
   struct Conn {
     int fd;
     std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;  // set by the thread as it returns: then it can be joined at once
   };
   std::vector<Conn> conns;
+
+  static void set_timeouts(int fd, int64_t ms) {
+    timeval tv{static_cast<time_t>(ms / 1000), static_cast<suseconds_t>((ms % 1000) * 1000)};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  }
+
+  // Under mu: joins and closes the connections whose threads have returned.
+  void reap() {
+    for (auto it = conns.begin(); it != conns.end();) {
+      if (it->done->load()) {
+        it->thread.join();
+        ::close(it->fd);
+        it = conns.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
 
   void accept_loop() {
     while (!stop.load()) {
@@ -121,12 +144,25 @@ struct TcpStoreServer::Impl {
       if (fd < 0) continue;
       int one = 1;
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      // Until it has shaken hands and shown its token, a connection gets bounded reads and writes.
+      set_timeouts(fd, unauthenticated_ms.load());
       std::lock_guard<std::mutex> lock(mu);
       if (stop.load()) {
         ::close(fd);
         break;
       }
-      conns.push_back(Conn{fd, std::thread([this, fd] { serve(fd); })});
+      reap();
+      if (conns.size() >= TcpStoreServer::kMaxConnections) {
+        refused.fetch_add(1);
+        ::close(fd);
+        continue;
+      }
+      auto done = std::make_shared<std::atomic<bool>>(false);
+      conns.push_back(Conn{fd, std::thread([this, fd, done] {
+                             serve(fd);
+                             done->store(true);
+                           }),
+                           done});
     }
   }
 
@@ -150,6 +186,7 @@ struct TcpStoreServer::Impl {
 
   void serve(int fd, tls::Channel& ch) {
     bool authenticated = token.empty();
+    if (authenticated) set_timeouts(fd, 0);  // no token to wait for: the handshake was all
     for (;;) {
       uint8_t op;
       std::string key, value;
@@ -168,6 +205,7 @@ struct TcpStoreServer::Impl {
           return;
         }
         authenticated = true;
+        set_timeouts(fd, 0);  // a rank may idle between requests for as long as training runs
         if (!write_reply(ch, kOk, "")) return;
         continue;
       }
@@ -270,6 +308,7 @@ size_t TcpStoreServer::key_count() const {
   return impl_->data.size();
 }
 size_t TcpStoreServer::refused_count() const { return impl_->refused.load(); }
+void TcpStoreServer::set_unauthenticated_deadline(std::chrono::milliseconds d) { impl_->unauthenticated_ms = d.count(); }
 
 // ---------------------------------------------------------------------------------------------------------------------
 TcpStore::TcpStore(const std::string& host, int port, std::string prefix, std::chrono::milliseconds timeout,

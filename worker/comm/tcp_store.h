@@ -51,6 +51,12 @@ class TcpStoreServer {
   const std::string& host() const;
   size_t key_count() const;
   size_t refused_count() const;  // connections closed for a missing or wrong token, or a failed TLS handshake
+  // A connection must complete its TLS handshake and present its token within this (default 10 s), or it is closed:
+  // a peer that connects and says nothing holds no thread for long. Past it, a client may idle as long as it likes.
+  void set_unauthenticated_deadline(std::chrono::milliseconds d);
+  // At most this many connections at a time (default 4096, far above 2 per rank of the largest world); more are
+  // closed at once and counted as refused. Finished connections are reaped as new ones arrive.
+  static constexpr size_t kMaxConnections = 4096;
 
  private:
   struct Impl;

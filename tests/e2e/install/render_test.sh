@@ -38,8 +38,11 @@ objects "$work/default.yaml" >"$work/default.json"
 q() { jq -e -s "$1" "$2" >/dev/null; }
 check "default: CRD, 2 Deployments, 3 Services, PDB, ClusterRoles (operator, monitor, users edit and view), Lease and rendezvous CA Roles, 2 dashboards" q '
   (map(.kind) | sort) == (["ClusterRole","ClusterRole","ClusterRole","ClusterRole","ClusterRoleBinding","ClusterRoleBinding","ConfigMap",
-    "ConfigMap","CustomResourceDefinition","Deployment","Deployment","PodDisruptionBudget","Role","Role","RoleBinding","RoleBinding",
-    "Service","Service","Service","ServiceAccount","ServiceAccount"])' "$work/default.json"
+    "ConfigMap","CustomResourceDefinition","Deployment","Deployment","NetworkPolicy","NetworkPolicy","PodDisruptionBudget","Role","Role",
+    "RoleBinding","RoleBinding","Service","Service","Service","ServiceAccount","ServiceAccount"])' "$work/default.json"
+check "default: NetworkPolicies let in only the ports the operator and the monitor serve (issue #40 item 6)" q '
+  [.[] | select(.kind == "NetworkPolicy")] | map({(.metadata.name): [.spec.ingress[].ports[].port]}) | add ==
+  {"railyard-operator": ["rendezvous","metrics","health"], "railyard-monitor": ["metrics"]}' "$work/default.json"
 check "default: every Deployment is non-root, read-only, drops ALL, RuntimeDefault seccomp, has requests and probes" q '
   [.[] | select(.kind == "Deployment") | .spec.template.spec as $p | $p.containers[] |
     ($p.securityContext.runAsNonRoot == true and $p.securityContext.seccompProfile.type == "RuntimeDefault"

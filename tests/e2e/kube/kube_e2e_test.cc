@@ -20,6 +20,7 @@
 #include "common/kube/event_recorder.h"
 #include "common/kube/informer.h"
 #include "common/kube/leader_elector.h"
+#include "tests/recording_proxy.h"
 
 namespace fs = std::filesystem;
 using namespace railyard::kube;
@@ -571,6 +572,64 @@ TEST_CASE("leader election hands over when the holder stops") {
   CHECK(lease["spec"]["holderIdentity"] == "c");
   CHECK(lease["spec"]["leaseTransitions"].get<int>() >= 2);
   cc.stop();
+}
+
+TEST_CASE("a leader whose API connection stalls steps down before a standby takes over; never two leaders") {
+  TestNamespace ns("kube-lease-stall");
+  LeaderElectorOptions base;
+  base.lease_namespace = ns.name;
+  base.lease_name = "railyard-stall";
+  base.lease_duration = 3000ms;
+  base.renew_deadline = 2000ms;
+  base.retry_period = 250ms;
+  // The leader reaches the API server through a forwarder that will stop delivering, with a request timeout longer
+  // than its renew deadline: only the elector's own deadline can end its leadership in time.
+  const Config real = admin_config();
+  const std::string port = real.server.substr(real.server.rfind(':') + 1);
+  railyard::test::RecordingProxy path(std::stoi(port));
+  Config via = real;
+  via.server = "https://127.0.0.1:" + std::to_string(path.port());
+  via.retry.max_attempts = 1;
+  via.request_timeout = 4s;
+  Client stalled_client(via);
+  LeaderElectorOptions oa = base, ob = base;
+  oa.identity = "a";
+  ob.identity = "b";
+  LeaderElector a(stalled_client, oa), b(admin(), ob);
+  std::mutex mu;
+  std::vector<std::pair<std::string, Clock::time_point>> log;  // who started or stopped leading, when
+  auto note = [&](const char* what) {
+    std::lock_guard<std::mutex> l(mu);
+    log.emplace_back(what, Clock::now());
+  };
+  a.on_started_leading([&] { note("a+"); });
+  a.on_stopped_leading([&] { note("a-"); });
+  b.on_started_leading([&] { note("b+"); });
+  a.start();
+  REQUIRE(eventually([&] { return a.is_leader(); }, 5s));
+  b.start();
+  std::this_thread::sleep_for(1000ms);
+  REQUIRE_FALSE(b.is_leader());
+
+  const auto t_stall = Clock::now();
+  path.stall(true);
+  REQUIRE(eventually([&] { return b.is_leader(); }, 8s));
+  {
+    std::lock_guard<std::mutex> l(mu);
+    std::string order;
+    for (const auto& [what, at] : log) order += what;
+    CHECK(order == "a+a-b+");  // a stopped before b started: never two leaders
+    REQUIRE(log.size() == 3);
+    const auto a_stop = log[1].second;
+    // a stepped down within its renew deadline (plus one retry period) of the stall, while its renew still hung.
+    CHECK(a_stop - t_stall <= base.renew_deadline + base.retry_period + 300ms);
+    MESSAGE("a stepped down " << std::chrono::duration<double>(a_stop - t_stall).count() << " s after the stall; b led "
+                              << std::chrono::duration<double>(log[2].second - a_stop).count() << " s later");
+  }
+  CHECK_FALSE(a.is_leader());
+  path.stall(false);
+  b.stop();
+  a.stop();
 }
 
 TEST_CASE("informer survives an API-server restart and relists after 410 without loss or duplicates") {

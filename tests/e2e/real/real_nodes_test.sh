@@ -147,7 +147,8 @@ gen1_last=$(sed -n '/checkpoint: restored /q;p' <<<"$klog" | grep -oE 'worker: s
 [ "$from" = memory ] || fail "generation 2 restored from '$from', want memory ($rline)"
 [ -n "$gen1_last" ] && [ "$r" -ge "$gen1_last" ] ||
   fail "restored step $r, generation 1 had reported ${gen1_last:-nothing}: steps lost"
-log "kill -9: restarted in place, step $r restored from memory (generation 1 reported $gen1_last) after $((SECONDS - t0)) s"
+kill_recovery=$((SECONDS - t0)) kill_lost=$((gen1_last > r ? gen1_last - r : 0))
+log "kill -9: restarted in place, step $r restored from memory (generation 1 reported $gen1_last) after $kill_recovery s"
 
 # --- 5. a half-alive node: its kubelet SIGKILLed while its container trains on ------------------------------
 # The node turns NotReady and the operator replaces the pod under the same name on ry-real-0, while the old container
@@ -155,6 +156,7 @@ log "kill -9: restarted in place, step $r restored from memory (generation 1 rep
 wait_for 60 "fit past step 150" sh -c "s=\$(kubectl get tj fit -n $ns -o jsonpath='{.status.step}'); [ \"\${s:-0}\" -ge 150 ]"
 t0=$SECONDS
 old_uid=$(kubectl get pod fit-worker-0 -n "$ns" -o jsonpath='{.metadata.uid}')
+reached=$(jp fit '{.status.step}')
 sock1="$state/real/ry-real-1/run/containerd.sock"
 # The tasks of fit's old pod on ry-real-1 as containerd knows them: "<container> <STATUS>" lines; $1 narrows it to one
 # container name (worker; the sandbox is the pod's pause container).
@@ -172,7 +174,12 @@ fenced_in_log() { grep -q "refused a pod that no longer holds its name.* uid=$ol
 worker_is RUNNING || fail "no running worker container of fit on ry-real-1 before the fault: $(old_tasks)"
 bash "$cluster" kill-kubelet ry-real-1 --state-dir "$state" >/dev/null
 wait_for 90 "fit's pod replaced on ry-real-0" sh -c "[ \"\$(kubectl get pod fit-worker-0 -n $ns -o jsonpath='{.spec.nodeName}')\" = ry-real-0 ] && [ \"\$(kubectl get pod fit-worker-0 -n $ns -o jsonpath='{.status.phase}')\" = Running ]"
-log "half-alive node: pod running again on ry-real-0 after $((SECONDS - t0)) s"
+node_recovery=$((SECONDS - t0))
+log "half-alive node: pod running again on ry-real-0 after $node_recovery s"
+wait_for 60 "the replacement restoring" sh -c "kubectl logs fit-worker-0 -n $ns | grep -q 'checkpoint: restored '"
+restored=$(kubectl logs fit-worker-0 -n "$ns" | grep 'checkpoint: restored ' | tail -1 | grep -oE ' step=[0-9]+' | cut -d= -f2)
+node_lost=$((reached > restored ? reached - restored : 0))
+[ "$node_lost" -le 20 ] || fail "the replacement restored step $restored, the job had reached $reached: more than the interval lost"
 # The old container, alive under a dead kubelet, asked to join again and was refused by UID; it killed its trainer
 # and exited (the agent's exit 202), with no kubelet to tell it so.
 wait_for 60 "the leftover on ry-real-1 fenced" fenced_in_log
@@ -199,6 +206,17 @@ wait_phase fit Succeeded 400
 [ "$(jp fit '{.status.progress}')" = "2000/2000" ] || fail "fit progress $(jp fit '{.status.progress}'), want 2000/2000"
 [ "$(jp fit '{.status.restarts}')" = 2 ] || fail "fit restarts $(jp fit '{.status.restarts}'), want 2 (one per fault)"
 [ "$(kubectl get pod fit-worker-0 -n "$ns" -o jsonpath='{.spec.nodeName}')" = ry-real-0 ] || fail "fit's pod moved again"
+if [ -n "${RAILYARD_RESULTS_DIR:-}" ]; then
+  mkdir -p "$RAILYARD_RESULTS_DIR"
+  cat >"$RAILYARD_RESULTS_DIR/real_nodes.json" <<EOT
+{"date": "$(date -u +%FT%TZ)", "job": "fit", "steps": 2000, "restarts": 2, "passed": true,
+ "faults": [
+  {"kind": "trainer kill -9 in its container", "restarts": 1, "steps_lost": $kill_lost, "recovery_s": $kill_recovery,
+   "recovery": "kill to the new generation's restore"},
+  {"kind": "kubelet SIGKILL under a running container (half-alive node), the leftover fenced", "restarts": 1,
+   "steps_lost": $node_lost, "recovery_s": $node_recovery, "recovery": "kill to the replacement Running"}]}
+EOT
+fi
 
 # --- 6. the GPU example on nodes without GPUs --------------------------------------------------------------
 kubectl apply -n "$ns" -f "$src/deploy/examples/gpt2-350m-h100.yaml" >/dev/null

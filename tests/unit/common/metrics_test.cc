@@ -2,8 +2,11 @@
 
 #include <doctest/doctest.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -152,4 +155,26 @@ TEST_CASE("the exposer serves /metrics over HTTP on loopback") {
   res = cli.Get("/metrics");
   REQUIRE(res);
   CHECK(res->body.find("railyard_test_up 0\n") != std::string::npos);
+  // Bounded (issue #40 item 6): a body beyond the cap is refused before it is read into memory.
+  auto big = cli.Post("/metrics", std::string(64 * 1024, 'x'), "text/plain");
+  REQUIRE(big);
+  CHECK(big->status == 413);
+  // A peer that opens a connection and never finishes its request is dropped after the read timeout, and scrapes
+  // meanwhile are answered.
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(ex.port()));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  const std::string partial = "GET /metrics HTTP/1.1\r\nHost: x\r\n";  // no end of headers
+  REQUIRE(::send(fd, partial.data(), partial.size(), 0) == static_cast<ssize_t>(partial.size()));
+  CHECK(cli.Get("/metrics"));
+  timeval tv{12, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  char buf[64];
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK(::recv(fd, buf, sizeof buf, 0) <= 0);  // closed by the server, not by our 12 s receive timeout
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
+  ::close(fd);
 }

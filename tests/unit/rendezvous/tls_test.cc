@@ -2,6 +2,8 @@
 // RendezvousService and verified by the agent's RendezvousClient against exactly that CA and the dialled host.
 #include <doctest/doctest.h>
 #include <httplib.h>
+#include <openssl/bio.h>
+#include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 
 #include <memory>
@@ -145,4 +147,29 @@ TEST_CASE("a server certificate that does not match its key is a clear error, no
   } catch (const railyard::ConfigError& e) {
     CHECK(std::string(e.what()).find("do not match") != std::string::npos);
   }
+}
+
+// A handshake offering at most `max_version` to the service on 127.0.0.1:port: whether it completed.
+static bool handshake_with_at_most(int port, int max_version) {
+  std::unique_ptr<SSL_CTX, decltype(&SSL_CTX_free)> ctx(SSL_CTX_new(TLS_client_method()), SSL_CTX_free);
+  REQUIRE(ctx);
+  SSL_CTX_set_max_proto_version(ctx.get(), max_version);
+  SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_NONE, nullptr);  // the version is under test, not the chain
+  BIO* bio = BIO_new_connect(("127.0.0.1:" + std::to_string(port)).c_str());
+  REQUIRE(bio != nullptr);
+  if (BIO_do_connect(bio) != 1) {
+    BIO_free_all(bio);
+    FAIL("cannot connect to the service");
+  }
+  SSL* ssl = SSL_new(ctx.get());
+  SSL_set_bio(ssl, bio, bio);
+  const bool ok = SSL_connect(ssl) == 1;
+  SSL_free(ssl);
+  return ok;
+}
+
+TEST_CASE("the service speaks TLS 1.3 only: a client that offers at most TLS 1.2 is refused at the handshake") {
+  auto svc = tls_service();
+  CHECK(handshake_with_at_most(svc->port(), TLS1_3_VERSION));
+  CHECK_FALSE(handshake_with_at_most(svc->port(), TLS1_2_VERSION));
 }

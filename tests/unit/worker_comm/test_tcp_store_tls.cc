@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <thread>
@@ -198,4 +199,47 @@ TEST_CASE("connect_gloo over a TLS store; the identity comes from RAILYARD_PEER_
   ::unsetenv(tls::kPeerCaEnv);
   ::unsetenv(tls::kPeerCertEnv);
   ::unsetenv(tls::kPeerKeyEnv);
+}
+
+namespace {
+size_t thread_count() {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/task")) ++n;
+  return n;
+}
+int raw_connect(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  return fd;
+}
+}  // namespace
+
+TEST_CASE("bounded: a connection that never shows its token is closed at the deadline; finished ones hold no thread") {
+  TcpStoreServer server("127.0.0.1", 0, milliseconds(0), kToken);
+  server.set_unauthenticated_deadline(milliseconds(500));
+  // Connects and says nothing: closed by the server, not by our 10 s receive timeout.
+  int fd = raw_connect(server.port());
+  timeval tv{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  char buf[8];
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK(::recv(fd, buf, sizeof buf, 0) <= 0);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+  ::close(fd);
+  // 200 connections come and go: their threads are reaped, not kept until the server ends.
+  const size_t before = thread_count();
+  for (int i = 0; i < 200; ++i) ::close(raw_connect(server.port()));
+  std::this_thread::sleep_for(milliseconds(1200));  // each is closed at the deadline at the latest
+  ::close(raw_connect(server.port()));               // an accept reaps what has finished
+  std::this_thread::sleep_for(milliseconds(200));
+  CHECK(thread_count() < before + 20);
+  // An authenticated client may idle past the deadline and is still served.
+  TcpStore client("127.0.0.1", server.port(), "gen1", milliseconds(5000), kToken);
+  client.set("k", {'v'});
+  std::this_thread::sleep_for(milliseconds(800));
+  CHECK(client.get("k") == std::vector<char>{'v'});
 }
