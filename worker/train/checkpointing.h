@@ -147,6 +147,10 @@ struct CheckpointOptions {
   std::vector<int64_t> shm_peer_steps;
   double term_budget_seconds = 8;  // SIGTERM: deadline for the final save, from the signal
   std::string run_id;              // unique per run and generation; empty = random (one rank only)
+  // The job (<namespace>_<job>) and its generation (RAILYARD_GENERATION): recorded in every manifest, so an older
+  // generation that is still running cannot move `latest` nor delete checkpoints (ckpt::WriterOptions). 0 = by hand.
+  std::string job;
+  int64_t generation = 0;
   int rank = 0;
   int world_size = 1;
   nlohmann::json layout = nlohmann::json::object();
