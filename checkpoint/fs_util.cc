@@ -79,7 +79,8 @@ void write_file_durable(const std::string& path, const std::string& data, bool f
     ::unlink(tmp.c_str());
     throw Error("close " + tmp + ": " + errno_text(e));
   }
-  crash_point("durable-before-rename");
+  // Crash tests name the file: "before-rename:latest", "before-rename:manifest.json", ...
+  crash_point(("before-rename:" + path.substr(path.find_last_of('/') + 1)).c_str());
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     int e = errno;
     ::unlink(tmp.c_str());
