@@ -145,7 +145,8 @@ bool box_within(const Box& b, const Shape& shape) {
   if (b.offset.size() != shape.size() || b.size.size() != shape.size()) return false;
   for (size_t d = 0; d < shape.size(); ++d) {
     // Written so that no sum can overflow: the numbers may come from a damaged file or segment.
-    if (shape[d] < 0 || b.offset[d] < 0 || b.size[d] < 0 || b.offset[d] > shape[d] || b.size[d] > shape[d] - b.offset[d])
+    if (shape[d] < 0 || b.offset[d] < 0 || b.size[d] < 0 || b.offset[d] > shape[d] ||
+        b.size[d] > shape[d] - b.offset[d])
       return false;
   }
   return true;

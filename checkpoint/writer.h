@@ -16,8 +16,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -104,7 +104,7 @@ struct WriterOptions {
   // generations (a run by hand, the reshard tool): never fenced.
   std::string job;
   int64_t generation = 0;
-  int keep = 3;                                      // complete checkpoints kept by rank 0 (0 keeps all)
+  int keep = 3;  // complete checkpoints kept by rank 0 (0 keeps all)
   // Snapshot buffers. 1: a snapshot taken while the previous save is still persisting waits for it (memory =
   // one copy of the rank's state). 2: double buffering, the next snapshot proceeds at once (two copies).
   int buffers = 1;

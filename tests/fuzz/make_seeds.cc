@@ -1,9 +1,8 @@
 // Writes the seed corpora under <out>/<fuzzer>/: valid inputs produced by Railyard's own writers (shards, llm.c
 // models, checkpoint manifests, rendezvous messages, metrics exposition) and by the unit tests' fixtures, so every
 // fuzzer starts from inputs that reach deep into its parser. Usage: railyard_fuzz_seeds <out-dir> <source-dir>.
-#include <yaml-cpp/yaml.h>
-
 #include <unistd.h>
+#include <yaml-cpp/yaml.h>
 
 #include <cstdio>
 #include <filesystem>

@@ -134,14 +134,14 @@ std::vector<ShardSpec> zero_slices_shards(const std::vector<Slice>& map, float* 
 inline constexpr int kPreemptedExitCode = 143;
 
 struct CheckpointOptions {
-  std::string dir;                 // checkpoint root; empty = never save
-  int every = 0;                   // save every N steps (0: only at the end and on SIGTERM)
-  int keep = 3;                    // complete checkpoints kept
-  bool async = true;               // overlap the snapshot copy with the next step's forward/backward
-  bool save_final = true;          // save after the last step
-  std::string resume = "auto";     // auto (newest valid under dir) | never | PATH (a root or one step-N directory)
-  int shm_every = 0;               // also keep the snapshot in shared memory every N steps (0 = off)
-  std::string shm_name;            // ShmStore base name (ckpt::ShmStore::name_for); two slots: shm_name + "-a", "-b"
+  std::string dir;              // checkpoint root; empty = never save
+  int every = 0;                // save every N steps (0: only at the end and on SIGTERM)
+  int keep = 3;                 // complete checkpoints kept
+  bool async = true;            // overlap the snapshot copy with the next step's forward/backward
+  bool save_final = true;       // save after the last step
+  std::string resume = "auto";  // auto (newest valid under dir) | never | PATH (a root or one step-N directory)
+  int shm_every = 0;            // also keep the snapshot in shared memory every N steps (0 = off)
+  std::string shm_name;         // ShmStore base name (ckpt::ShmStore::name_for); two slots: shm_name + "-a", "-b"
   // Steps the agent fetched into this rank's slots from a peer pod (RAILYARD_SHM_PEER_STEPS): a restore of one of
   // them is logged from=peer.
   std::vector<int64_t> shm_peer_steps;
