@@ -144,7 +144,10 @@ int64_t shape_volume(const Shape& shape) {
 bool box_within(const Box& b, const Shape& shape) {
   if (b.offset.size() != shape.size() || b.size.size() != shape.size()) return false;
   for (size_t d = 0; d < shape.size(); ++d) {
-    if (b.offset[d] < 0 || b.size[d] < 0 || b.offset[d] + b.size[d] > shape[d]) return false;
+    // Written so that no sum can overflow: the numbers may come from a damaged file or segment.
+    if (shape[d] < 0 || b.offset[d] < 0 || b.size[d] < 0 || b.offset[d] > shape[d] ||
+        b.size[d] > shape[d] - b.offset[d])
+      return false;
   }
   return true;
 }
@@ -330,6 +333,9 @@ std::string serialize_manifest(const Manifest& m) {
   j["step"] = m.step;
   j["run_id"] = m.run_id;
   j["created"] = m.created;
+  // Only when set, so manifests without them keep their bytes (and their CRC) as before.
+  if (!m.job.empty()) j["job"] = m.job;
+  if (m.generation != 0) j["generation"] = m.generation;
   j["world_size"] = m.world_size;
   j["layout"] = m.layout.is_null() ? nlohmann::json::object() : m.layout;
   j["tensors"] = nlohmann::json::array();
@@ -370,6 +376,11 @@ Manifest parse_manifest(const std::string& text, const std::string& where) {
     m.step = integer_at<int64_t>(j, "step");
     m.run_id = j.at("run_id").get<std::string>();
     m.created = j.at("created").get<std::string>();
+    if (j.contains("job")) m.job = j.at("job").get<std::string>();
+    if (j.contains("generation")) {
+      m.generation = integer_at<int64_t>(j, "generation");
+      if (m.generation < 0) throw Error(where + ": generation " + std::to_string(m.generation) + " is negative");
+    }
     m.world_size = integer_at<int>(j, "world_size");
     m.layout = j.at("layout");
     for (const auto& t : j.at("tensors")) m.tensors.push_back(tensor_from(t));

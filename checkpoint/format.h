@@ -16,6 +16,9 @@ namespace railyard::ckpt {
 inline constexpr int kFormatVersion = 1;
 inline constexpr const char* kManifestName = "manifest.json";
 inline constexpr const char* kLatestName = "latest";
+// Held (flock) by the writer that commits a step, moves `latest`, applies retention or cleans orphans, so these never
+// interleave between writers, and anything temporary found while holding it belongs to a dead writer.
+inline constexpr const char* kCommitLockName = ".commit.lock";
 
 enum class DType { F32, BF16, F16, F64, I32, I64, U8, I8 };
 
@@ -89,6 +92,11 @@ struct Manifest {
   int64_t step = 0;
   std::string run_id;
   std::string created;  // UTC, ISO 8601
+  // The job and the job's generation (rendezvous round) that wrote the step; "" / 0 when not recorded (a run by
+  // hand, the reshard tool, a manifest written before issue 40). A writer of an older generation of the same job
+  // than the one `latest` names is superseded: it commits nothing and deletes nothing.
+  std::string job;
+  int64_t generation = 0;
   int world_size = 1;
   nlohmann::json layout;  // {"dp":..,"tp":..,"pp":..,"zero":..} as given by the writer
   std::vector<TensorRecord> tensors;

@@ -134,10 +134,23 @@ std::vector<CheckpointInfo> list_checkpoints(const std::string& root) {
   return out;
 }
 
+std::string committed_dir_name(const std::string& root, int64_t step) {
+  const std::string name = step_dir_name(step);
+  if (detail::exists(root + "/" + name)) return name;
+  // A writer on a file system without RENAME_EXCHANGE that died between moving the old copy of a re-saved step
+  // aside and moving the new one in: the old copy is still the committed step (the next writer puts it back).
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    const std::string n = entry.path().filename().string();
+    if (n.rfind(name + ".old-", 0) == 0 && detail::exists(entry.path().string() + "/" + kManifestName)) return n;
+  }
+  return name;
+}
+
 VerifyReport verify_checkpoint(const std::string& root, int64_t step, bool checksums) {
   VerifyReport r;
   r.step = step;
-  const std::string label = step_dir_name(step);
+  const std::string label = committed_dir_name(root, step);
   const std::string dir = root + "/" + label;
   Manifest m;
   try {
@@ -248,10 +261,15 @@ std::vector<int64_t> Reader::complete_steps() const {
   std::vector<int64_t> steps;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(root_, ec)) {
-    auto s = parse_step_dir(entry.path().filename().string());
-    if (s && entry.is_directory() && detail::exists(entry.path().string() + "/" + kManifestName)) steps.push_back(*s);
+    const std::string name = entry.path().filename().string();
+    const size_t old = name.find(".old-");
+    auto s = parse_step_dir(old == std::string::npos ? name : name.substr(0, old));
+    if (!s || !entry.is_directory() || !detail::exists(entry.path().string() + "/" + kManifestName)) continue;
+    if (old != std::string::npos && committed_dir_name(root_, *s) != name) continue;  // step-N itself is there
+    steps.push_back(*s);
   }
   std::sort(steps.rbegin(), steps.rend());
+  steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
   return steps;
 }
 
@@ -268,7 +286,7 @@ std::optional<int64_t> Reader::latest_pointer() const {
 }
 
 Manifest Reader::read_manifest(int64_t step) const {
-  const std::string label = step_dir_name(step);
+  const std::string label = committed_dir_name(root_, step);
   const std::string path = root_ + "/" + label + "/" + kManifestName;
   if (!detail::exists(path)) throw Error(label + ": incomplete: no manifest.json");
   return parse_manifest(read_file(path), label + "/" + kManifestName);
@@ -286,7 +304,7 @@ std::optional<int64_t> Reader::newest_valid_step(std::vector<std::string>* skipp
 LoadResult Reader::load_step(int64_t step, const std::vector<LoadTarget>& targets) const {
   LoadResult r;
   r.manifest = read_manifest(step);
-  const std::string dir = root_ + "/" + step_dir_name(step);
+  const std::string dir = root_ + "/" + committed_dir_name(root_, step);
   auto problems = check_files(dir, r.manifest);
   if (!problems.empty()) throw Error(problems.front());
   r.bytes_read = load_from_manifest(dir, r.manifest, targets);

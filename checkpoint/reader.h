@@ -33,6 +33,9 @@ struct VerifyReport {
 };
 
 // Checks the manifest, the files' presence and sizes, and (checksums=true) every slice's CRC32C.
+// The directory name that holds committed step `step` under root: "step-N", or the "step-N.old-RUN" copy a crash
+// left moved aside while step-N is missing (the replace path without RENAME_EXCHANGE; docs/checkpointing.md).
+std::string committed_dir_name(const std::string& root, int64_t step);
 VerifyReport verify_checkpoint(const std::string& root, int64_t step, bool checksums = true);
 
 // A box of a tensor the caller wants, into dense row-major memory of box.volume() elements.

@@ -43,6 +43,29 @@ uint32_t header_crc(Header h) {
 
 uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
+// The header's sizes against the bytes there are: "" when metadata and data lie inside `size` bytes, else the reason.
+// Every sum is checked for overflow first (the fields are read from memory another process wrote).
+std::string header_size_problem(const Header& h, uint64_t size) {
+  if (h.meta_bytes > size || kHeaderBytes > size - h.meta_bytes) {
+    return "metadata of " + std::to_string(h.meta_bytes) + " bytes exceeds the segment's " + std::to_string(size);
+  }
+  if (h.data_offset < kHeaderBytes + h.meta_bytes) return "data offset overlaps the metadata";
+  if (h.data_offset > size || h.data_bytes > size - h.data_offset) {
+    return "data at " + std::to_string(h.data_offset) + " + " + std::to_string(h.data_bytes) +
+           " bytes exceeds the segment's " + std::to_string(size);
+  }
+  return "";
+}
+
+// The bytes of a box's dense contents, or nullopt when the count does not fit 64 bits.
+std::optional<uint64_t> box_bytes(const Box& b, size_t elem_size) {
+  uint64_t v = elem_size;
+  for (int64_t s : b.size) {
+    if (s < 0 || __builtin_mul_overflow(v, static_cast<uint64_t>(s), &v)) return std::nullopt;
+  }
+  return v;
+}
+
 }  // namespace
 
 ShmStore::ShmStore(std::string name) : name_(std::move(name)) {
@@ -173,22 +196,45 @@ void ShmStore::put(int64_t step, const std::vector<TensorShard>& shards, const n
 
 std::optional<int64_t> ShmStore::get(const std::vector<LoadTarget>& targets, nlohmann::json* state, std::string* why,
                                      bool verify) const {
-  auto fail = [&](const std::string& reason) -> std::optional<int64_t> {
-    if (why != nullptr) *why = "shared memory " + name_ + ": " + reason;
-    return std::nullopt;
-  };
   const std::unique_ptr<Image> img = map_image(why);  // checks the state word, the header and its sizes
   if (!img) return std::nullopt;
-  const auto* base = img->data();
-  const uint64_t size = img->map_size_;
-  const Image& h = *img;  // the header as validated when mapped (the live one may change under a new put)
-  if (verify) {
-    uint32_t crc = crc32c(base + kHeaderBytes, h.meta_bytes_);
-    crc = crc32c(base + h.data_offset_, h.data_bytes_, crc);
-    if (crc != h.crc_) return fail("CRC32C mismatch over the snapshot contents (step " + std::to_string(h.step_) + ")");
+  // The image's bytes are parsed under the header as it was validated when mapped (the live one may change under a
+  // new put; the generation check below then rejects what was read).
+  auto step = read_image(name_, img->data(), img->map_size_, targets, state, why, verify);
+  if (!step) return std::nullopt;
+  // A put that started while we copied would have bumped the generation.
+  if (!img->unchanged()) {
+    if (why != nullptr) *why = "shared memory " + name_ + ": torn snapshot: overwritten while reading";
+    return std::nullopt;
   }
-  nlohmann::json meta = nlohmann::json::parse(base + kHeaderBytes, base + kHeaderBytes + h.meta_bytes_, nullptr, false);
-  if (meta.is_discarded()) return fail("snapshot metadata is not valid JSON");
+  return step;
+}
+
+std::optional<int64_t> ShmStore::read_image(const std::string& name, const unsigned char* base, uint64_t size,
+                                            const std::vector<LoadTarget>& targets, nlohmann::json* state,
+                                            std::string* why, bool verify) {
+  auto fail = [&](const std::string& reason) -> std::optional<int64_t> {
+    if (why != nullptr) *why = "shared memory " + name + ": " + reason;
+    return std::nullopt;
+  };
+  if (size < kHeaderBytes) return fail("segment smaller than its header: torn or never written");
+  Header h;
+  std::memcpy(&h, base, sizeof h);
+  if (h.state != kStateComplete) return fail("torn snapshot: a writer started but did not finish");
+  if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) return fail("bad magic: not a railyard snapshot");
+  if (h.version != kVersion) return fail("version " + std::to_string(h.version) + " not supported");
+  if (h.header_crc != header_crc(h)) return fail("torn snapshot: header checksum mismatch");
+  if (const std::string p = header_size_problem(h, size); !p.empty()) {
+    return fail("torn snapshot: header sizes exceed the segment: " + p);
+  }
+  if (verify) {
+    uint32_t crc = crc32c(base + kHeaderBytes, h.meta_bytes);
+    crc = crc32c(base + h.data_offset, h.data_bytes, crc);
+    if (crc != h.crc) return fail("CRC32C mismatch over the snapshot contents (step " + std::to_string(h.step) + ")");
+  }
+  nlohmann::json meta = nlohmann::json::parse(base + kHeaderBytes, base + kHeaderBytes + h.meta_bytes, nullptr, false);
+  if (meta.is_discarded() || !meta.is_object()) return fail("snapshot metadata is not a JSON object");
+  const unsigned char* data = base + h.data_offset;
   try {
     for (const auto& t : targets) {
       const nlohmann::json* tensor = nullptr;
@@ -196,16 +242,37 @@ std::optional<int64_t> ShmStore::get(const std::vector<LoadTarget>& targets, nlo
         if (tj.at("name") == t.name) tensor = &tj;
       }
       if (tensor == nullptr) return fail("tensor '" + t.name + "' not stored");
-      if (parse_dtype(tensor->at("dtype").get<std::string>()) != t.dtype)
-        return fail("tensor '" + t.name + "' dtype differs");
+      const DType dtype = parse_dtype(tensor->at("dtype").get<std::string>());
+      if (dtype != t.dtype) return fail("tensor '" + t.name + "' dtype differs");
+      const Shape shape = tensor->at("shape").get<Shape>();
+      const size_t es = dtype_size(dtype);
       int64_t covered = 0;
       for (const auto& sj : meta.at("slices")) {
         if (sj.at("tensor") != t.name) continue;
-        Box b{sj.at("offset").get<Shape>(), sj.at("size").get<Shape>()};
+        const Box b{sj.at("offset").get<Shape>(), sj.at("size").get<Shape>()};
         const uint64_t at = sj.at("at").get<uint64_t>(), bytes = sj.at("bytes").get<uint64_t>();
-        if (h.data_offset_ + at + bytes > size) return fail("slice of '" + t.name + "' lies outside the segment");
+        const std::string what = "slice " + box_to_string(b) + " of '" + t.name + "'";
+        // Every number below comes from the image: the box must lie in the tensor's shape (so its volume cannot
+        // overflow), its bytes must be what the box needs (copy_region reads volume * element size), and those bytes
+        // must lie inside the data section, hence inside the mapping.
+        if (b.offset.size() != shape.size() || b.size.size() != shape.size() || !box_within(b, shape)) {
+          return fail(what + " is not inside the tensor's shape " + shape_to_string(shape));
+        }
+        if (b.offset.size() != t.box.offset.size()) {
+          return fail(what + " has " + std::to_string(b.offset.size()) + " dimensions, the target box " +
+                      std::to_string(t.box.offset.size()));
+        }
+        const auto need = box_bytes(b, es);
+        if (!need || bytes != *need) {
+          return fail(what + " holds " + std::to_string(bytes) + " bytes, its box needs " +
+                      (need ? std::to_string(*need) : std::string("more than 2^64")));
+        }
+        if (at > h.data_bytes || bytes > h.data_bytes - at) {
+          return fail(what + " at " + std::to_string(at) + " + " + std::to_string(bytes) +
+                      " bytes lies outside the segment's data section (" + std::to_string(h.data_bytes) + " bytes)");
+        }
         if (auto region = intersect(b, t.box)) {
-          copy_region(base + h.data_offset_ + at, b, t.data, t.box, *region, dtype_size(t.dtype));
+          copy_region(data + at, b, t.data, t.box, *region, es);
           covered += region->volume();
         }
       }
@@ -217,9 +284,18 @@ std::optional<int64_t> ShmStore::get(const std::vector<LoadTarget>& targets, nlo
   } catch (const std::exception& e) {
     return fail(std::string("bad snapshot metadata: ") + e.what());
   }
-  // A put that started while we copied would have bumped the generation.
-  if (!img->unchanged()) return fail("torn snapshot: overwritten while reading");
-  return h.step_;
+  return h.step;
+}
+
+void ShmStore::seal_image(unsigned char* base, uint64_t size) {
+  if (size < kHeaderBytes) return;
+  Header h;
+  std::memcpy(&h, base, sizeof h);
+  if (header_size_problem(h, size).empty()) {
+    h.crc = crc32c(base + h.data_offset, h.data_bytes, crc32c(base + kHeaderBytes, h.meta_bytes));
+  }
+  h.header_crc = header_crc(h);
+  std::memcpy(base, &h, sizeof h);
 }
 
 ShmStore::Image::~Image() {
@@ -260,8 +336,8 @@ std::unique_ptr<ShmStore::Image> ShmStore::map_image(std::string* why) const {
   if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) return fail("bad magic: not a railyard snapshot");
   if (h.version != kVersion) return fail("version " + std::to_string(h.version) + " not supported");
   if (h.header_crc != header_crc(h)) return fail("torn snapshot: header checksum mismatch");
-  if (h.data_offset < kHeaderBytes + h.meta_bytes || h.data_offset + h.data_bytes > size) {
-    return fail("torn snapshot: header sizes exceed the segment");
+  if (const std::string problem = header_size_problem(h, size); !problem.empty()) {
+    return fail("torn snapshot: header sizes exceed the segment: " + problem);
   }
   img->size_ = h.data_offset + h.data_bytes;
   img->generation_ = h.generation;
@@ -318,7 +394,7 @@ std::optional<int64_t> ShmStore::commit_image(std::string* why) {
   if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) return fail("bad magic: not a railyard snapshot");
   if (h.version != kVersion) return fail("version " + std::to_string(h.version) + " not supported");
   if (h.state != kStateComplete || h.header_crc != header_crc(h)) return fail("header checksum mismatch");
-  if (h.data_offset < kHeaderBytes + h.meta_bytes || h.data_offset + h.data_bytes != image_size_) {
+  if (!header_size_problem(h, image_size_).empty() || h.data_offset + h.data_bytes != image_size_) {
     return fail("header sizes do not match the " + std::to_string(image_size_) + " bytes received");
   }
   // The same ranges put() checksums (metadata and data, not the padding between them).

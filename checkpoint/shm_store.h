@@ -47,6 +47,16 @@ class ShmStore {
 
   const std::string& name() const { return name_; }
 
+  // What get() does with a segment's bytes (header, metadata, data; `size` = the mapping's size), for any bytes:
+  // every size and offset read from the image is checked against `size` before it is used, and a problem is a
+  // nullopt with the reason in *why naming `name`. For get(), the fuzz target and tests.
+  static std::optional<int64_t> read_image(const std::string& name, const unsigned char* base, uint64_t size,
+                                           const std::vector<LoadTarget>& targets, nlohmann::json* state,
+                                           std::string* why, bool verify = true);
+  // Tests and fuzzers: recomputes the header checksum (and the contents' CRC32C when the header's sizes fit `size`)
+  // of an image built or changed by hand, so the parser's later checks are reached.
+  static void seal_image(unsigned char* base, uint64_t size);
+
   // Byte-for-byte access for the peer copy (worker/agent/peer_copy.h): a complete segment travels whole, header
   // included, so the copy carries the same step, state word and CRC32C, and a half-received copy is torn, never wrong.
   class Image {  // a read-only mapping of a segment that was complete when mapped

@@ -9,6 +9,7 @@
 
 #include "checkpoint/crc32c.h"
 #include "checkpoint/fs_util.h"
+#include "checkpoint/reader.h"
 #include "common/error.h"
 #include "common/log.h"
 
@@ -237,6 +238,59 @@ RankRecord write_rank_shard(const std::string& dir, int rank, int64_t step, cons
   return rec;
 }
 
+namespace {
+
+// The manifest of a committed step, or nullopt when it is missing or does not parse.
+std::optional<Manifest> manifest_of(const std::string& root, int64_t step) {
+  const std::string path = root + "/" + step_dir_name(step) + "/" + kManifestName;
+  if (!detail::exists(path)) return std::nullopt;
+  try {
+    return parse_manifest(read_file(path), path);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
+std::vector<int64_t> steps_with_manifest(const std::string& root) {
+  std::vector<int64_t> steps;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    auto s = parse_step_dir(entry.path().filename().string());
+    if (s && entry.is_directory() && detail::exists(entry.path().string() + "/" + kManifestName)) steps.push_back(*s);
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  return steps;
+}
+
+// Throws SupersededError when `m` was written by an older generation of its job than the one `latest` names.
+void check_fence(const std::string& root, const Manifest& m) {
+  if (m.generation <= 0 || m.job.empty()) return;
+  const auto current = current_generation(root, m.job);
+  if (current && *current > m.generation) {
+    throw SupersededError("generation " + std::to_string(m.generation) + " of job " + m.job +
+                          " is superseded by generation " + std::to_string(*current) + " (the step 'latest' names in " +
+                          root + "): step " + std::to_string(m.step) + " is not committed, nothing is deleted");
+  }
+}
+
+}  // namespace
+
+std::optional<int64_t> current_generation(const std::string& root, const std::string& job) {
+  if (const auto lp = latest_step(root)) {
+    if (const auto m = manifest_of(root, *lp)) {
+      if (m->job != job) return std::nullopt;
+      return m->generation > 0 ? std::optional<int64_t>(m->generation) : std::nullopt;
+    }
+  }
+  // No readable `latest` (never written, or its step is damaged): the newest generation this job committed.
+  std::optional<int64_t> newest;
+  for (int64_t step : steps_with_manifest(root)) {
+    const auto m = manifest_of(root, step);
+    if (m && m->job == job && m->generation > 0 && (!newest || m->generation > *newest)) newest = m->generation;
+  }
+  return newest;
+}
+
 void commit_checkpoint(const std::string& root, const std::string& tmp_dir, Manifest manifest, int keep,
                        bool fsync_files) {
   validate_coverage(manifest);
@@ -250,28 +304,61 @@ void commit_checkpoint(const std::string& root, const std::string& tmp_dir, Mani
   const std::string text = serialize_manifest(manifest);
   detail::write_file_durable(tmp_dir + "/" + kManifestName, text, fsync_files);
   if (fsync_files) detail::fsync_path(tmp_dir);
+  detail::crash_point("commit-manifest-written");
+  // One committer at a time: the fence check and the moves below are one step for every other writer.
+  detail::FileLock lock(root + "/" + kCommitLockName);
+  check_fence(root, manifest);
   const std::string final_dir = root + "/" + step_dir_name(manifest.step);
-  std::string old_dir;
-  if (detail::exists(final_dir)) {  // the same step saved again (e.g. after a restart): replace it
-    old_dir = final_dir + ".old-" + manifest.run_id;
-    detail::remove_all_quiet(old_dir);
-    if (::rename(final_dir.c_str(), old_dir.c_str()) != 0) {
-      throw Error("rename " + final_dir + " to " + old_dir + ": " + errno_text(errno));
+  // Where the replaced step ends up after the swap (removed once `latest` is durable), and how to undo the swap.
+  std::string replaced;
+  bool swapped = false;
+  if (detail::exists(final_dir)) {
+    // The same step saved again (e.g. after a restart): the committed copy is never absent. RENAME_EXCHANGE swaps
+    // the two directories in one step; without it (NFS) the old copy is moved aside first and a crash between the
+    // two renames leaves it as step-N.old-RUN, which clean_orphans puts back.
+    if (detail::exchange_paths(tmp_dir, final_dir)) {
+      replaced = tmp_dir;
+      swapped = true;
+      detail::crash_point("commit-exchanged");
+    } else {
+      replaced = final_dir + ".old-" + manifest.run_id;
+      detail::remove_all_quiet(replaced);
+      if (::rename(final_dir.c_str(), replaced.c_str()) != 0) {
+        throw Error("rename " + final_dir + " to " + replaced + ": " + errno_text(errno));
+      }
+      detail::crash_point("commit-old-moved-aside");
+      if (::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) {
+        const int e = errno;
+        ::rename(replaced.c_str(), final_dir.c_str());
+        throw Error("rename " + tmp_dir + " to " + final_dir + ": " + errno_text(e));
+      }
     }
-  }
-  if (::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) {
+  } else if (::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) {
     throw Error("rename " + tmp_dir + " to " + final_dir + ": " + errno_text(errno));
   }
+  detail::crash_point("commit-renamed");
   try {
     if (fsync_files) detail::fsync_path(root);
     detail::write_file_durable(root + "/" + kLatestName, step_dir_name(manifest.step) + "\n", fsync_files);
     if (fsync_files) detail::fsync_path(root);
   } catch (...) {
-    // Without `latest` moved the save has failed: take the step back out so nothing half-done stays visible.
-    detail::remove_all_quiet(final_dir);
+    // Without `latest` moved the save has failed: take the step back out so nothing half-done stays visible, and
+    // put a replaced step back where it was.
+    if (swapped) {
+      try {
+        detail::exchange_paths(replaced, final_dir);
+      } catch (const Error&) {
+        // Cannot swap back: the new step stays in place, complete (the caller then removes the old copy).
+      }
+    } else {
+      detail::remove_all_quiet(final_dir);
+      if (!replaced.empty()) ::rename(replaced.c_str(), final_dir.c_str());
+    }
     throw;
   }
-  if (!old_dir.empty()) detail::remove_all_quiet(old_dir);
+  detail::crash_point("commit-latest-moved");
+  if (!replaced.empty()) detail::remove_all_quiet(replaced);
+  detail::crash_point("commit-replaced-removed");
   try {
     apply_retention(root, keep);
   } catch (const std::exception& e) {
@@ -281,20 +368,34 @@ void commit_checkpoint(const std::string& root, const std::string& tmp_dir, Mani
 
 std::vector<std::string> clean_orphans(const std::string& root, const std::string& current_run_id) {
   std::vector<std::string> removed;
+  // Under the commit lock no live writer is between its moves: a temporary of `latest` or a step moved aside now
+  // belongs to a writer that died there.
+  detail::FileLock lock(root + "/" + kCommitLockName);
   std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(root, ec)) {
+  std::vector<fs::directory_entry> entries;
+  for (const auto& entry : fs::directory_iterator(root, ec)) entries.push_back(entry);
+  for (const auto& entry : entries) {
     const std::string name = entry.path().filename().string();
     const std::string path = entry.path().string();
     int64_t step = 0;
     std::string run;
     bool orphan = false;
     if (parse_temp_dir(name, &step, &run)) {
-      orphan = run != current_run_id;
-    } else if (name.find(".old-") != std::string::npos && name.rfind("step-", 0) == 0) {
+      // A live writer of another run (another job on the same directory, a generation not yet stopped) holds a
+      // shared flock on its temporary directory until its save ends.
+      orphan = run != current_run_id && !detail::FileLock::held(path);
+    } else if (const size_t old = name.find(".old-"); old != std::string::npos && name.rfind("step-", 0) == 0) {
+      const auto s = parse_step_dir(name.substr(0, old));
+      const std::string step_path = root + "/" + name.substr(0, old);
+      if (s && !detail::exists(step_path) && detail::exists(path + "/" + kManifestName) &&
+          ::rename(path.c_str(), step_path.c_str()) == 0) {
+        removed.push_back(name + " (put back as " + name.substr(0, old) + ")");
+        continue;
+      }
       orphan = true;
     } else if (parse_step_dir(name)) {
       orphan = entry.is_directory() && !detail::exists(path + "/" + kManifestName);
-    } else if (name.rfind(std::string(kLatestName) + ".tmp", 0) == 0) {
+    } else if (detail::is_temp_of(name, kLatestName)) {
       orphan = true;
     }
     if (orphan) {
@@ -322,18 +423,29 @@ std::vector<std::string> apply_retention(const std::string& root, int keep) {
   }
   std::sort(complete.rbegin(), complete.rend());
   const auto latest = latest_step(root);
+  // A manifest alone does not make a step loadable: the newest step that verifies (manifest checksum, every file
+  // present with its size) is kept even when `keep` newer ones exist, so retention never removes the last good step.
+  std::optional<int64_t> newest_valid;
+  for (int64_t step : complete) {
+    if (verify_checkpoint(root, step, /*checksums=*/false).ok) {
+      newest_valid = step;
+      break;
+    }
+  }
   if (keep > 0) {
     for (size_t i = static_cast<size_t>(keep); i < complete.size(); ++i) {
       if (latest && *latest == complete[i]) continue;
+      if (newest_valid && *newest_valid == complete[i]) continue;
       detail::remove_all_quiet(root + "/" + step_dir_name(complete[i]));
       removed.push_back(step_dir_name(complete[i]));
     }
   }
   // Every rank persists in step order and rank 0 commits a step only after all ranks wrote it, so a temporary
-  // directory of a step at or below the newest committed one belongs to an abandoned save.
+  // directory of a step at or below the newest committed one belongs to an abandoned save, unless a live writer of
+  // another run still holds it.
   if (!complete.empty()) {
     for (const auto& [step, name] : temps) {
-      if (step <= complete.front()) {
+      if (step <= complete.front() && !detail::FileLock::held(root + "/" + name)) {
         detail::remove_all_quiet(root + "/" + name);
         removed.push_back(name);
       }
@@ -385,8 +497,19 @@ Writer::Writer(WriterOptions options) : options_(std::move(options)) {
   fs::create_directories(options_.root, ec);
   if (ec) throw ConfigError("checkpoint directory " + options_.root + ": cannot create: " + ec.message());
   if (options_.rank == 0) {
-    for (const auto& name : clean_orphans(options_.root, options_.run_id)) {
-      log::info("ckpt", "removed orphan", {{"root", options_.root}, {"entry", name}});
+    const auto current = options_.generation > 0 && !options_.job.empty()
+                             ? current_generation(options_.root, options_.job)
+                             : std::nullopt;
+    if (current && *current > options_.generation) {
+      // A superseded generation deletes nothing: what looks orphaned may be the newer generation's save in flight.
+      log::warn("ckpt", "this generation is superseded: no orphan cleanup, saves will not commit",
+                {{"root", options_.root},
+                 {"generation", std::to_string(options_.generation)},
+                 {"latest_generation", std::to_string(*current)}});
+    } else {
+      for (const auto& name : clean_orphans(options_.root, options_.run_id)) {
+        log::info("ckpt", "removed orphan", {{"root", options_.root}, {"entry", name}});
+      }
     }
   }
   for (int i = 0; i < options_.buffers; ++i) buffers_.push_back(std::make_unique<Buffer>());
@@ -628,12 +751,15 @@ SaveStatus Writer::persist(Job& job) {
   const auto deadline = Clock::now() + options_.commit_timeout;
   bool shard_written = false;
   bool handed_over = false;
+  std::unique_ptr<detail::FileLock> held;
   std::string shard_path;
   try {
     if (abandoned_) throw Error("save abandoned: the process is stopping");
     std::error_code ec;
     fs::create_directories(tmp_dir, ec);
     if (ec) throw Error("cannot create " + tmp_dir + ": " + ec.message());
+    // Tells clean_orphans of another run that this directory is in use, until the save ends (or the process dies).
+    held = detail::FileLock::shared(tmp_dir);
     RankRecord rec =
         write_rank_shard(tmp_dir, options_.rank, job.step, options_.run_id, job.tensors, job.slices, options_.fsync);
     rec.state = job.state;
@@ -650,6 +776,8 @@ SaveStatus Writer::persist(Job& job) {
       m.step = job.step;
       m.run_id = options_.run_id;
       m.created = detail::now_iso8601();
+      m.job = options_.job;
+      m.generation = options_.generation;
       m.world_size = options_.world_size;
       m.layout = options_.layout;
       for (const auto& r : records) {

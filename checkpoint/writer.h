@@ -17,11 +17,13 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "checkpoint/format.h"
+#include "common/error.h"
 
 namespace railyard::ckpt {
 
@@ -96,7 +98,13 @@ struct WriterOptions {
   // id (allowed only with world_size 1).
   std::string run_id;
   nlohmann::json layout = nlohmann::json::object();  // recorded in the manifest (Layout::to_json())
-  int keep = 3;                                      // complete checkpoints kept by rank 0 (0 keeps all)
+  // The job and its generation (WorkerConfig::generation, RAILYARD_GENERATION), recorded in every manifest. A writer
+  // whose generation is older than the one that wrote the step `latest` names (same job) is superseded: its saves
+  // fail without moving `latest`, and it deletes nothing (no retention, no orphan cleanup). 0 = not part of a job's
+  // generations (a run by hand, the reshard tool): never fenced.
+  std::string job;
+  int64_t generation = 0;
+  int keep = 3;  // complete checkpoints kept by rank 0 (0 keeps all)
   // Snapshot buffers. 1: a snapshot taken while the previous save is still persisting waits for it (memory =
   // one copy of the rank's state). 2: double buffering, the next snapshot proceeds at once (two copies).
   int buffers = 1;
@@ -173,13 +181,27 @@ struct PendingSlice {
 RankRecord write_rank_shard(const std::string& dir, int rank, int64_t step, const std::string& run_id,
                             const std::vector<TensorRecord>& tensors, std::vector<PendingSlice>& slices,
                             bool fsync_files);
-// Rank 0's commit: manifest into tmp_dir, rename to root/step-N, latest, retention. Throws railyard::Error, after
-// which nothing of this step is visible (tmp_dir is left for the caller to remove).
+// Rank 0's commit: manifest into tmp_dir, then under the commit lock (kCommitLockName): the generation fence, tmp_dir
+// renamed to root/step-N (a committed step-N is swapped with it in one renameat2(RENAME_EXCHANGE)), `latest`
+// (its own temporary name + one rename), retention. A crash at any point leaves the previous committed step or
+// the new one readable (docs/checkpointing.md "The commit protocol"). Throws railyard::Error (SupersededError for a
+// superseded generation), after which nothing of this step is visible (tmp_dir is left for the caller to remove).
 void commit_checkpoint(const std::string& root, const std::string& tmp_dir, Manifest manifest, int keep,
                        bool fsync_files);
-// Removes orphans under root (see Writer); returns what was removed.
+// The commit of a writer whose generation is older than the one that wrote the step `latest` names.
+struct SupersededError : Error {
+  using Error::Error;
+};
+// The generation that wrote the step `latest` names, if that step is `job`'s (else, when `latest` is missing or
+// unreadable, the newest generation of `job` among the complete steps); nullopt when none is recorded.
+std::optional<int64_t> current_generation(const std::string& root, const std::string& job);
+// Removes orphans under root (see Writer): temporary directories of other runs that no live writer holds (flock on
+// the directory), step directories without a manifest, temporaries of `latest`; puts back a step that a crash left
+// moved aside (".old-") by the replace path of file systems without RENAME_EXCHANGE. Takes the commit lock.
+// Returns what was removed or restored.
 std::vector<std::string> clean_orphans(const std::string& root, const std::string& current_run_id);
-// Keeps the newest `keep` complete checkpoints; returns what was removed.
+// Keeps the newest `keep` complete checkpoints, and always the newest one that verifies (sizes, manifest) and the
+// one `latest` names; returns what was removed. The caller holds the commit lock.
 std::vector<std::string> apply_retention(const std::string& root, int keep);
 
 std::string temp_dir_name(int64_t step, const std::string& run_id);

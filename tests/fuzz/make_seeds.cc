@@ -1,6 +1,7 @@
 // Writes the seed corpora under <out>/<fuzzer>/: valid inputs produced by Railyard's own writers (shards, llm.c
 // models, checkpoint manifests, rendezvous messages, metrics exposition) and by the unit tests' fixtures, so every
 // fuzzer starts from inputs that reach deep into its parser. Usage: railyard_fuzz_seeds <out-dir> <source-dir>.
+#include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "checkpoint/format.h"
+#include "checkpoint/shm_store.h"
 #include "common/metrics/metrics.h"
 #include "common/rendezvous_protocol.h"
 #include "tests/unit/operator/job_fixture.h"
@@ -154,6 +156,40 @@ void checkpoint_seeds() {
   seed("checkpoint_manifest", "rank-record.json", ckpt::to_json(r).dump());
 }
 
+// A segment as ShmStore::put writes it (tensors "a" (4,8) and "b" (8), what shm_image_fuzzer.cc asks for), read
+// back from /dev/shm; byte 0 of each seed is the target's flags (bit 0 re-seal, bit 1 check the contents' CRC).
+void shm_seeds() {
+  namespace ckpt = railyard::ckpt;
+  const std::string name = "/railyard-fuzz-seed-" + std::to_string(::getpid());
+  std::vector<float> a(32), b(8);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = -static_cast<float>(i);
+  {
+    ckpt::ShmStore store(name);
+    store.put(7,
+              {{"a", ckpt::DType::F32, {4, 8}, {{0, 0}, {4, 8}}, a.data()},
+               {"b", ckpt::DType::F32, {8}, {{0}, {8}}, b.data()}},
+              {{"rng", 1}});
+  }
+  const std::string image = slurp("/dev/shm" + name);
+  ckpt::ShmStore::remove(name);
+  seed("shm_image", "put-verified", std::string(1, '\x02') + image);
+  seed("shm_image", "put-resealed", std::string(1, '\x01') + image);
+}
+
+void annotation_seeds() {
+  seed("restart_annotations", "monitor.json",
+       R"({"detector":"monitor","evidence":"no progress for 120 s","generation":3,"node":"gpu-7","rank":5,)"
+       R"("reason":"Hang","rule":"RailyardHang","source":"rules","time":"2026-11-22T05:00:00Z"})");
+  seed("restart_annotations", "by-hand", "now");
+  seed("restart_annotations", "nodes", "gpu-1, gpu-2,,gpu-3 ,");
+  seed("quantity", "milli", "250m");
+  seed("quantity", "binary", "512Mi");
+  seed("quantity", "decimal", "1.5");
+  seed("quantity", "exponent", "1e9");
+  seed("quantity", "integer", "8");
+}
+
 void binary_seeds(const fs::path& tmp) {
   std::vector<uint16_t> tokens = {1, 2, 3, 50256, 0, 7, 7, 7};
   railyard::worker::write_shard((tmp / "shard.bin").string(), tokens.data(), tokens.size());
@@ -250,6 +286,8 @@ int main(int argc, char** argv) {
   kubeconfig_seeds();
   watch_seeds();
   checkpoint_seeds();
+  shm_seeds();
+  annotation_seeds();
   binary_seeds(tmp);
   rendezvous_seeds();
   monitor_seeds();

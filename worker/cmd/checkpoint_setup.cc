@@ -58,6 +58,9 @@ CheckpointOptions checkpoint_options(const Flags& f, const DistSetup& dist, cons
   if (co.resume.empty()) co.resume = "auto";
   if (co.resume == "auto" && co.dir.empty() && co.shm_every == 0) co.resume = "never";
   const std::string job_id = env_or("RAILYARD_JOB_NAMESPACE", "") + "_" + env_or("RAILYARD_JOB_NAME", "local");
+  // The agent sets RAILYARD_GENERATION (the config's generation); without it (a run by hand) the writer is not fenced.
+  co.job = job_id;
+  co.generation = std::max<int64_t>(0, std::atoll(env_or("RAILYARD_GENERATION", "0").c_str()));
   // The agent names its pod's segments (RAILYARD_SHM_PREFIX) and removes them when the pod ends (worker/agent).
   const int global_rank = static_cast<int>(std::atol(env_or("RANK", "0").c_str()));
   if (const std::string prefix = env_or("RAILYARD_SHM_PREFIX", ""); !prefix.empty()) {

@@ -269,6 +269,8 @@ Checkpointer::Checkpointer(CheckpointOptions options, const GptConfig& model, Tr
     w.rank = opt_.rank;
     w.world_size = opt_.world_size;
     w.run_id = opt_.run_id;
+    w.job = opt_.job;
+    w.generation = opt_.generation;
     w.layout = opt_.layout;
     w.keep = opt_.keep;
     w.on_finished = [this](const ckpt::SaveStatus& st) {

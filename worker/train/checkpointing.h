@@ -134,19 +134,23 @@ std::vector<ShardSpec> zero_slices_shards(const std::vector<Slice>& map, float* 
 inline constexpr int kPreemptedExitCode = 143;
 
 struct CheckpointOptions {
-  std::string dir;                 // checkpoint root; empty = never save
-  int every = 0;                   // save every N steps (0: only at the end and on SIGTERM)
-  int keep = 3;                    // complete checkpoints kept
-  bool async = true;               // overlap the snapshot copy with the next step's forward/backward
-  bool save_final = true;          // save after the last step
-  std::string resume = "auto";     // auto (newest valid under dir) | never | PATH (a root or one step-N directory)
-  int shm_every = 0;               // also keep the snapshot in shared memory every N steps (0 = off)
-  std::string shm_name;            // ShmStore base name (ckpt::ShmStore::name_for); two slots: shm_name + "-a", "-b"
+  std::string dir;              // checkpoint root; empty = never save
+  int every = 0;                // save every N steps (0: only at the end and on SIGTERM)
+  int keep = 3;                 // complete checkpoints kept
+  bool async = true;            // overlap the snapshot copy with the next step's forward/backward
+  bool save_final = true;       // save after the last step
+  std::string resume = "auto";  // auto (newest valid under dir) | never | PATH (a root or one step-N directory)
+  int shm_every = 0;            // also keep the snapshot in shared memory every N steps (0 = off)
+  std::string shm_name;         // ShmStore base name (ckpt::ShmStore::name_for); two slots: shm_name + "-a", "-b"
   // Steps the agent fetched into this rank's slots from a peer pod (RAILYARD_SHM_PEER_STEPS): a restore of one of
   // them is logged from=peer.
   std::vector<int64_t> shm_peer_steps;
   double term_budget_seconds = 8;  // SIGTERM: deadline for the final save, from the signal
   std::string run_id;              // unique per run and generation; empty = random (one rank only)
+  // The job (<namespace>_<job>) and its generation (RAILYARD_GENERATION): recorded in every manifest, so an older
+  // generation that is still running cannot move `latest` nor delete checkpoints (ckpt::WriterOptions). 0 = by hand.
+  std::string job;
+  int64_t generation = 0;
   int rank = 0;
   int world_size = 1;
   nlohmann::json layout = nlohmann::json::object();
