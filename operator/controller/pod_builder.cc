@@ -234,6 +234,9 @@ WorkerPodBuilder::WorkerPodBuilder(const Json& job, const JobSpec& spec, int64_t
   // which keeps the pod small (each of 1,000 pods is decoded, stored and sent to every watcher: docs/benchmarks.md,
   // 2026-12-02). Only what differs per pod, refers to the Secret, or must win over the template stays in env.
   Json shared = {{"RAILYARD_JOB_NAME", job_name},
+                 // Tells this job from an earlier one of the same name (the checkpoint fence compares generations
+                 // only within one job: docs/checkpointing.md).
+                 {"RAILYARD_JOB_UID", job["metadata"].value("uid", "")},
                  {"RAILYARD_JOB_NAMESPACE", ns},
                  {"RAILYARD_POD_NAMESPACE", ns},  // a pod's namespace is its job's
                  {"RAILYARD_PROCS_PER_REPLICA", std::to_string(spec.procs_per_replica)},

@@ -59,7 +59,10 @@ CheckpointOptions checkpoint_options(const Flags& f, const DistSetup& dist, cons
   if (co.resume == "auto" && co.dir.empty() && co.shm_every == 0) co.resume = "never";
   const std::string job_id = env_or("RAILYARD_JOB_NAMESPACE", "") + "_" + env_or("RAILYARD_JOB_NAME", "local");
   // The agent sets RAILYARD_GENERATION (the config's generation); without it (a run by hand) the writer is not fenced.
-  co.job = job_id;
+  // With the job's uid: a re-created job of the same name and checkpoint path starts at generation 1 again and must not
+  // be fenced by its predecessor's `latest`.
+  const std::string job_uid = env_or("RAILYARD_JOB_UID", "");
+  co.job = job_uid.empty() ? job_id : job_id + "_" + job_uid;
   co.generation = std::max<int64_t>(0, std::atoll(env_or("RAILYARD_GENERATION", "0").c_str()));
   // The agent names its pod's segments (RAILYARD_SHM_PREFIX) and removes them when the pod ends (worker/agent).
   const int global_rank = static_cast<int>(std::atol(env_or("RANK", "0").c_str()));

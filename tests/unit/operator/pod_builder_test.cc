@@ -55,6 +55,7 @@ TEST_CASE("the agent env names the job, the pod through the downward API, and th
   Json pod = build_worker_pod(job, parse_job(job).spec, 0, 1, options());
   const Json cm = build_env_configmap(job, parse_job(job).spec, options());
   CHECK(resolved_env(pod, cm, "RAILYARD_JOB_NAME") == "tiny");
+  CHECK(resolved_env(pod, cm, "RAILYARD_JOB_UID") == "uid-1");  // the checkpoint fence tells re-created jobs apart
   CHECK(resolved_env(pod, cm, "RAILYARD_JOB_NAMESPACE") == "team-a");
   CHECK(resolved_env(pod, cm, "RAILYARD_POD_NAMESPACE") == "team-a");
   CHECK(resolved_env(pod, cm, "RAILYARD_RENDEZVOUS_ADDR") == "127.0.0.1:9090");
