@@ -182,6 +182,8 @@ struct TcpStoreServer::Impl {
   void serve(int fd) {
     std::unique_ptr<tls::Channel> ch = open(fd);
     if (ch) serve(fd, *ch);
+    // The peer sees the end now (a deadline passed, a refusal, its own close); the fd is closed when reaped.
+    ::shutdown(fd, SHUT_RDWR);
   }
 
   void serve(int fd, tls::Channel& ch) {
