@@ -328,8 +328,8 @@ int main(int argc, char** argv) {
 
   std::unique_ptr<kube::Client> client;
   // The leader election's own client: its own connections and rate limiter (never queued behind the controller's
-  // requests), one try per attempt and a short timeout, so a stalled API connection costs it one retry period per
-  // attempt, not the controller's 30 s with retries (kube/leader_elector.h).
+  // requests), at most one quick retry and a short timeout, so a stalled API connection costs it about one retry period
+  // per attempt, not the controller's 30 s with retries (kube/leader_elector.h).
   std::unique_ptr<kube::Client> lease_client;
   try {
     kube::Config cfg =
@@ -338,10 +338,12 @@ int main(int argc, char** argv) {
     lease_cfg.qps = 20;
     lease_cfg.burst = 20;
     lease_cfg.max_connections = 2;
-    lease_cfg.retry.max_attempts = 1;
+    // One quick retry for a lost response or a 5xx; the watchdog bounds the whole attempt anyway.
+    lease_cfg.retry.max_attempts = 2;
     const auto attempt = std::chrono::seconds(std::max<int64_t>(1, static_cast<int64_t>(std::ceil(flags.retry_period))));
     lease_cfg.request_timeout = attempt;
     lease_cfg.connect_timeout = attempt;
+    lease_cfg.retry.max_total = attempt;
     cfg.qps = flags.kube_api_qps;
     cfg.burst = flags.kube_api_burst;
     // One connection per concurrent create/bind of a reconcile's slow-start batch (ControllerOptions).
