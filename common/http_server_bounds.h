@@ -1,5 +1,5 @@
-// Bounds for every HTTP listener Railyard runs (issue #40 item 6): a peer that sends an endless body, never finishes its
-// headers or holds connections open must cost one bounded slot, never memory or every thread. cpp-httplib reads a
+// Bounds for every HTTP listener Railyard runs (issue #40 item 6): a peer that sends an endless body, never finishes
+// its headers or holds connections open must cost one bounded slot, never memory or every thread. cpp-httplib reads a
 // request's body into memory before a handler sees it, so the cap must be set on the server itself.
 #pragma once
 
@@ -11,12 +11,12 @@
 namespace railyard::http {
 
 struct ServerBounds {
-  size_t max_body = 4096;                         // larger request bodies get 413 before any handler runs
-  std::chrono::seconds read_timeout{5};           // per read: a peer that stops sending mid-request is dropped
-  std::chrono::seconds write_timeout{5};          // per write: a peer that stops reading is dropped
-  std::chrono::seconds keep_alive{1};             // idle keep-alive connections do not pin a thread
-  size_t keep_alive_requests = 100;               // then the connection is closed
-  size_t threads = 4;                             // requests beyond these wait in the queue
+  size_t max_body = 4096;                 // larger request bodies get 413 before any handler runs
+  std::chrono::seconds read_timeout{5};   // per read: a peer that stops sending mid-request is dropped
+  std::chrono::seconds write_timeout{5};  // per write: a peer that stops reading is dropped
+  std::chrono::seconds keep_alive{1};     // idle keep-alive connections do not pin a thread
+  size_t keep_alive_requests = 100;       // then the connection is closed
+  size_t threads = 4;                     // requests beyond these wait in the queue
 };
 
 // For listeners that answer GETs and small POSTs: metrics, health, readiness.

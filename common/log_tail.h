@@ -13,9 +13,10 @@
 namespace railyard {
 
 // Valid UTF-8 with at most max_bytes bytes: invalid or overlong sequences become '?', terminal escape sequences
-// (ESC [ ... colours) are dropped, a tab becomes a space, other control characters (C0 but newline, DEL, C1) are dropped, and a cut never splits a character. Carriage returns are
-// dropped, so "\r\n" reads as "\n". Leading and trailing whitespace is trimmed. A text longer than max_bytes keeps its
-// start (keep_end: its end) and shows the cut as "..." (within max_bytes).
+// (ESC [ ... colours) are dropped, a tab becomes a space, other control characters (C0 but newline, DEL, C1) are
+// dropped, and a cut never splits a character. Carriage returns are dropped, so "\r\n" reads as "\n". Leading and
+// trailing whitespace is trimmed. A text longer than max_bytes keeps its start (keep_end: its end) and shows the cut as
+// "..." (within max_bytes).
 std::string sanitize_message(std::string_view text, size_t max_bytes, bool keep_end = false);
 
 // Keeps the last max_lines lines of a byte stream, at most max_bytes bytes in all (the oldest lines go first; a

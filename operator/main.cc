@@ -340,7 +340,8 @@ int main(int argc, char** argv) {
     lease_cfg.max_connections = 2;
     // One quick retry for a lost response or a 5xx; the watchdog bounds the whole attempt anyway.
     lease_cfg.retry.max_attempts = 2;
-    const auto attempt = std::chrono::seconds(std::max<int64_t>(1, static_cast<int64_t>(std::ceil(flags.retry_period))));
+    const auto attempt =
+        std::chrono::seconds(std::max<int64_t>(1, static_cast<int64_t>(std::ceil(flags.retry_period))));
     lease_cfg.request_timeout = attempt;
     lease_cfg.connect_timeout = attempt;
     lease_cfg.retry.max_total = attempt;
@@ -494,9 +495,9 @@ int main(int argc, char** argv) {
       leader_gauge.set(0);
       if (shutting_down) return;
       // Like controller-runtime: a replica that lost its lease exits, and its restart becomes a candidate again. At
-      // once, not after a graceful drain: from the renew deadline on a standby may take the lease, and this replica must
-      // neither serve the rendezvous nor write another object by then. The operator may be killed at any line; the next
-      // leader redoes from the API server what this one left half done.
+      // once, not after a graceful drain: from the renew deadline on a standby may take the lease, and this replica
+      // must neither serve the rendezvous nor write another object by then. The operator may be killed at any line; the
+      // next leader redoes from the API server what this one left half done.
       log::error(kLog, "lost the leader lease; exiting at once");
       std::fflush(nullptr);
       std::_Exit(1);

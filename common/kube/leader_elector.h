@@ -81,7 +81,7 @@ class LeaderElector {
   std::string observed_record_;  // holder + renewTime + rv last seen
   std::string observed_holder_;
   std::chrono::steady_clock::time_point observed_time_{};
-  std::chrono::steady_clock::time_point expires_{};  // when the holder's lease counts as expired (candidate only)
+  std::chrono::steady_clock::time_point expires_{};     // when the holder's lease counts as expired (candidate only)
   std::chrono::steady_clock::time_point last_renew_{};  // while leading: the last successful renewal (under mu_)
   bool watching_ = false;                               // the watchdog runs (under mu_)
   std::thread thread_;

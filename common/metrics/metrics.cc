@@ -1,7 +1,5 @@
 #include "common/metrics/metrics.h"
 
-#include "common/http_server_bounds.h"
-
 #include <httplib.h>
 
 #include <charconv>
@@ -10,6 +8,8 @@
 #include <stdexcept>
 #include <thread>
 #include <type_traits>
+
+#include "common/http_server_bounds.h"
 
 namespace railyard::metrics {
 

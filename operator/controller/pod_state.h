@@ -33,7 +33,8 @@ inline bool controlled_by(const Json& obj, const std::string& job_uid) {
     const Json& controller = kube::field(o, "controller");
     if (!controller.is_boolean() || !controller.get<bool>()) continue;
     using pod_state_detail::string_or_empty;
-    return string_or_empty(kube::field(o, "uid")) == job_uid && string_or_empty(kube::field(o, "kind")) == "TrainingJob" &&
+    return string_or_empty(kube::field(o, "uid")) == job_uid &&
+           string_or_empty(kube::field(o, "kind")) == "TrainingJob" &&
            string_or_empty(kube::field(o, "apiVersion")).rfind("railyard.dev/", 0) == 0;
   }
   return false;

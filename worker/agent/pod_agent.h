@@ -27,9 +27,9 @@ struct AgentConfig {
   int procs_per_pod = 1;             // RAILYARD_PROCS_PER_POD
   std::vector<std::string> command;  // worker command; empty = `<this binary> train --config $RAILYARD_CONFIG`
   std::string work_dir;              // RAILYARD_AGENT_DIR: per-generation config and progress files
-  std::chrono::milliseconds poll_interval{500};         // RAILYARD_AGENT_POLL_MS: status poll period
-  std::chrono::milliseconds join_wait{2000};            // long-poll hold of one join request
-  std::chrono::milliseconds grace{10000};               // RAILYARD_AGENT_GRACE_SECONDS: SIGTERM -> SIGKILL
+  std::chrono::milliseconds poll_interval{500};  // RAILYARD_AGENT_POLL_MS: status poll period
+  std::chrono::milliseconds join_wait{2000};     // long-poll hold of one join request
+  std::chrono::milliseconds grace{10000};        // RAILYARD_AGENT_GRACE_SECONDS: SIGTERM -> SIGKILL
   // RAILYARD_AGENT_UNREACHABLE_SECONDS: how long an agent with no workers running waits for an unreachable service
   // before it exits kAgentUnreachable (retryable). 0 (the default): for ever. Running workers are never stopped for
   // it: training outlives its control plane, and the agent reports when the service returns.

@@ -310,7 +310,9 @@ size_t TcpStoreServer::key_count() const {
   return impl_->data.size();
 }
 size_t TcpStoreServer::refused_count() const { return impl_->refused.load(); }
-void TcpStoreServer::set_unauthenticated_deadline(std::chrono::milliseconds d) { impl_->unauthenticated_ms = d.count(); }
+void TcpStoreServer::set_unauthenticated_deadline(std::chrono::milliseconds d) {
+  impl_->unauthenticated_ms = d.count();
+}
 
 // ---------------------------------------------------------------------------------------------------------------------
 TcpStore::TcpStore(const std::string& host, int port, std::string prefix, std::chrono::milliseconds timeout,

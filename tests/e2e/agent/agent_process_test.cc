@@ -522,15 +522,14 @@ TEST_CASE("fenced: an agent whose pod was replaced under its name kills its work
   g.pod_uids = std::map<std::string, std::string>{{"pod0", "uid-old"}};
   svc.open_generation(g);
   const std::vector<std::string> cmd = {"sh", "-c", kWorkerScript};
-  AgentProcess a("pod0", "127.0.16.1", svc.port(), 1, tmp.path, cmd, kToken, "job1",
-                 {{"RAILYARD_POD_UID", "uid-old"}});
+  AgentProcess a("pod0", "127.0.16.1", svc.port(), 1, tmp.path, cmd, kToken, "job1", {{"RAILYARD_POD_UID", "uid-old"}});
   const fs::path pid_file = tmp.path / "gen2-rank0.pid";
   REQUIRE(wait_for([&] { return fs::exists(pid_file); }, 20));
   const pid_t w = std::stoi(slurp(pid_file));
   // Its node's kubelet died; the operator replaced the pod: another UID holds the name now.
   svc.set_pod_uids("ns1/job1", {{"pod0", "uid-new"}});
   CHECK(a.wait_exit(10) == railyard::rdzv::kAgentExitFenced);
-  CHECK(::kill(w, 0) != 0);                           // the worker is gone
+  CHECK(::kill(w, 0) != 0);                               // the worker is gone
   CHECK_FALSE(fs::exists(tmp.path / "gen2-rank0.term"));  // killed, no grace: it writes nothing more
   CHECK(slurp(a.log).find("fenced") != std::string::npos);
   CHECK(exits.load() == 0);  // nothing it said counted

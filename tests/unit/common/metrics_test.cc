@@ -176,7 +176,7 @@ TEST_CASE("the exposer serves /metrics over HTTP on loopback") {
   const auto t0 = std::chrono::steady_clock::now();
   ssize_t n = 0;
   while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) {
-  }  // the server may answer with an error status before it closes
+  }               // the server may answer with an error status before it closes
   CHECK(n == 0);  // closed by the server (EOF), not by our 12 s receive timeout
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
   ::close(fd);

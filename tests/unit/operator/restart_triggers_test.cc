@@ -50,7 +50,8 @@ TriggerInputs running_job() {
 }  // namespace
 
 TEST_CASE("a pod is the job's only when the job controls it: uid, kind and API group of a controller reference") {
-  const Json ref = {{"apiVersion", "railyard.dev/v1alpha1"}, {"kind", "TrainingJob"}, {"uid", "J"}, {"controller", true}};
+  const Json ref = {
+      {"apiVersion", "railyard.dev/v1alpha1"}, {"kind", "TrainingJob"}, {"uid", "J"}, {"controller", true}};
   Json p = {{"metadata", {{"ownerReferences", Json::array({ref})}}}};
   CHECK(controlled_by(p, "J"));
   CHECK_FALSE(controlled_by(p, "K"));
@@ -112,8 +113,7 @@ TEST_CASE("lost, failed, deleted pods and lost or excluded nodes") {
     TriggerInputs infra = running_job();
     edit(infra.pods_by_index[1], [code](Json& p) {
       p["status"] = {{"phase", "Failed"},
-                     {"containerStatuses",
-                      {{{"name", "worker"}, {"state", {{"terminated", {{"exitCode", code}}}}}}}}};
+                     {"containerStatuses", {{{"name", "worker"}, {"state", {{"terminated", {{"exitCode", code}}}}}}}}};
     });
     JobSpec strict = spec;
     strict.permanent_exit_codes = {code};

@@ -543,8 +543,8 @@ TEST_CASE("fencing: a replaced pod's leftover (same name, old UID) can neither j
   CHECK(c.status({old_ref, 3, 0}).outcome == Outcome::Fenced);
   CHECK(c.status({old_ref, 2, 0}).outcome == Outcome::Fenced);
   // The replacement and p1 form generation 3.
-  auto new0 =
-      std::async(std::launch::async, [&] { return c.join(with_uid(join_req("p0", 1, 5000, "new-agent"), "uid-new0")); });
+  auto new0 = std::async(std::launch::async,
+                         [&] { return c.join(with_uid(join_req("p0", 1, 5000, "new-agent"), "uid-new0")); });
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   REQUIRE(c.join(with_uid(join_req("p1", 1, 5000), "uid-1")).outcome == Outcome::Ready);
   auto a = new0.get();
@@ -568,8 +568,8 @@ TEST_CASE("fencing: a replaced pod's leftover (same name, old UID) can neither j
   CHECK(restarted.load() == 0);  // the leftover never broke the world
   CHECK(exits.load() == 1);
   // An over-long UID is refused naming the field.
-  CHECK_THROWS_WITH_AS(c.join(with_uid(join_req("p0", 1, 0), std::string(200, 'u'))),
-                       doctest::Contains("pod_uid"), RendezvousRequestError);
+  CHECK_THROWS_WITH_AS(c.join(with_uid(join_req("p0", 1, 0), std::string(200, 'u'))), doctest::Contains("pod_uid"),
+                       RendezvousRequestError);
 }
 
 TEST_CASE("fencing: a pod replaced while the world forms leaves it, and the world waits for its replacement") {

@@ -234,7 +234,7 @@ TEST_CASE("bounded: a connection that never shows its token is closed at the dea
   const size_t before = thread_count();
   for (int i = 0; i < 200; ++i) ::close(raw_connect(server.port()));
   std::this_thread::sleep_for(milliseconds(1200));  // each is closed at the deadline at the latest
-  ::close(raw_connect(server.port()));               // an accept reaps what has finished
+  ::close(raw_connect(server.port()));              // an accept reaps what has finished
   std::this_thread::sleep_for(milliseconds(200));
   CHECK(thread_count() < before + 20);
   // An authenticated client may idle past the deadline and is still served.
