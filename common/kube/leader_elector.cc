@@ -176,7 +176,10 @@ void LeaderElector::run() {
       leader_.store(true);
       log::info("kube.leader", "became leader", {{"identity", opts_.identity}, {"lease", opts_.lease_name}});
       std::thread watchdog([this] { watch_renewals(); });
-      if (started_fn_) started_fn_();
+      // Renewals go on while the leader starts up (as in client-go, which runs OnStartedLeading in a goroutine): a slow
+      // start must neither let the lease lapse nor be mistaken for a stall by the watchdog.
+      std::thread starter;
+      if (started_fn_) starter = std::thread([this] { started_fn_(); });
       bool stopped = false;
       while (leader_.load()) {
         if (!sleep_interruptible(opts_.retry_period)) {
@@ -201,6 +204,7 @@ void LeaderElector::run() {
       }
       cv_.notify_all();
       watchdog.join();
+      if (starter.joinable()) starter.join();
       if (stopped) {
         if (leader_.exchange(false)) {
           if (opts_.release_on_stop) release();

@@ -24,7 +24,9 @@ struct LeaderElectorOptions {
 };
 
 // Expiry is judged by the local time at which this candidate last saw the lease record change (like client-go),
-// never by comparing clocks across machines. Callbacks run on the elector's threads and must return promptly.
+// never by comparing clocks across machines. Callbacks run on the elector's threads and must return promptly;
+// on_started_leading runs on a thread of its own while the renewals go on, so on_stopped_leading may come while it
+// still runs (a leader that loses the lease during a slow start).
 // After losing the lease (without stop()) the elector becomes a candidate again.
 //
 // A leader steps down renew_deadline after its last successful renewal even while a renew attempt hangs (a stalled
