@@ -180,10 +180,12 @@ struct RendezvousService::Impl {
     if (ref.uid.empty()) return Holder::kYes;
     auto j = holders.find(ref.key());
     if (j == holders.end()) return Holder::kYes;
+    // Fenced only once the operator has seen the name pass to another pod (or its pod deleted). A UID it was never
+    // told of is a replacement created a moment ago (its agent can be quicker than the operator's next reconcile):
+    // it retries, even while the name's holder is still the pod it replaces.
     if (auto r = retired.find(ref.key()); r != retired.end() && r->second.count(ref.uid)) return Holder::kFenced;
     auto p = j->second.find(ref.pod);
-    if (p == j->second.end()) return Holder::kUnknown;
-    return p->second == ref.uid ? Holder::kYes : Holder::kFenced;
+    return p != j->second.end() && p->second == ref.uid ? Holder::kYes : Holder::kUnknown;
   }
 
   Reply fenced_reply(const rdzv::JobRef& ref, const char* what) {

@@ -94,11 +94,11 @@ class RendezvousService {
   // than the current one is ignored (stale).
   void open_generation(const GenerationSpec& spec);
   // Which pod (UID) holds each of the job's pod names now: the pods the operator sees that are not being deleted.
-  // A request that carries another UID for a name comes from a pod that was replaced (a container left running on a
-  // node whose kubelet died, a partitioned pod): its join is refused with "fenced" and it is told to stop; its status
-  // poll says "fenced"; its exits and progress are stale. A UID that held a name once and no longer does is fenced for
-  // good, even if a stale cache names it again. A UID the service has not been told of yet (a pod created a moment
-  // ago) is asked to retry. A joined pod of a forming generation whose UID no longer holds its name leaves the world.
+  // A UID that held a name once and no longer does comes from a pod that was replaced (a container left running on a
+  // node whose kubelet died, a partitioned pod): fenced for good, even if a stale cache names it again. Its join is
+  // refused with "fenced" and it is told to stop; its status poll says "fenced"; its exits and progress are stale. A
+  // UID the service has not been told of yet (a replacement created a moment ago, even while the name's holder is still
+  // the pod it replaces) is asked to retry. A joined pod of a forming generation whose UID no longer holds its name leaves the world.
   // Replaces what was told before, across generations.
   void set_pod_uids(const std::string& job_key, std::map<std::string, std::string> uids);
   // Forgets the job; agents then see status "closed" and stop. Their requests keep being authenticated.

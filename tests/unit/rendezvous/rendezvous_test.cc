@@ -521,6 +521,9 @@ TEST_CASE("fencing: a replaced pod's leftover (same name, old UID) can neither j
   REQUIRE(c.join(with_uid(join_req("p1", 1, 5000), "uid-1")).outcome == Outcome::Ready);
   REQUIRE(old0.get().outcome == Outcome::Ready);
 
+  // The replacement's agent may be quicker than the operator: while the old UID still holds the name, the new one is
+  // asked to retry, never fenced (e2e_elastic_hang met this race), and breaks nothing.
+  CHECK(c.join(with_uid(join_req("p0", 1, 0, "new-agent"), "uid-new0")).outcome == Outcome::NotMember);
   // p0's kubelet dies, its container lives on. The operator deletes the pod (nobody holds the name) and opens
   // generation 3.
   svc.set_pod_uids("ns1/job1", {{"p1", "uid-1"}});
