@@ -1,8 +1,10 @@
 #include "worker/agent/agent_main.h"
 
 #include <signal.h>
+#include <sys/prctl.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -73,6 +75,12 @@ int agent_main(int argc, char** argv) {
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
   ::signal(SIGPIPE, SIG_IGN);  // a service that goes away mid-request must not kill the agent
+  // The agent's environment holds the job's rendezvous token and CA key, which its ranks never get (rank_env.h). The
+  // ranks run as the agent's uid, and a process of the same uid may read /proc/<agent>/environ and /mem: not
+  // dumpable, those files belong to root and only the agent reads its own secrets. The ranks are dumpable again (the
+  // flag resets at exec).
+  if (::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0)
+    log::warn("agent", std::string("prctl(PR_SET_DUMPABLE, 0) failed: ") + std::strerror(errno));
   try {
     AgentConfig cfg = AgentConfig::from_env(std::move(command));
     return run_agent(cfg, g_stop);

@@ -5,7 +5,8 @@
 #   2. the tiny example, exactly as shipped (data and checkpoints on the railyard-shared claim), trains to Succeeded in
 #      a container of localhost/railyard/worker, as uid 65532, with its own pod IP, passing the restricted Pod
 #      Security Standard (its rules on the pod; no new privileges, a seccomp filter, no capabilities on the process); `kubectl logs` and `kubectl exec`
-#      work on the worker pod while it runs; its metrics-port annotation answers with the trainer's metrics;
+#      work on the worker pod while it runs; a process of the pod's uid cannot read the agent's environment (token,
+#      CA key); its metrics-port annotation answers with the trainer's metrics;
 #   3. placement shares a node: a foreign pod holding most of ry-real-0's CPU sends a job that requests CPU to
 #      ry-real-1 (NodeResourcesFit over every pod on the node);
 #   4. kill -9 of the trainer inside its container: in-place restart (same pod, generation 2) from the in-memory
@@ -89,6 +90,11 @@ wait_for 60 "kubectl logs shows training steps" sh -c "kubectl logs $pod -n $ns 
 [ "$(kubectl exec $pod -n "$ns" -- id -u)" = 65532 ] || fail "kubectl exec: the worker does not run as uid 65532"
 restricted_pods "$ns" $pod || fail "tiny's worker pod breaks the restricted Pod Security Standard (above)"
 kubectl exec $pod -n "$ns" -- ls /shared/data | grep -q '^train_' || fail "kubectl exec: no shards under /shared/data"
+# The agent (PID 1) holds the job's token and CA key in its environment; a process of the pod's uid (a rank, an exec)
+# cannot read it: the agent is not dumpable, so its /proc files belong to root. Its own environment it reads.
+secrets=$(kubectl exec $pod -n "$ns" -- sh -c 'tr "\0" "\n" </proc/1/environ 2>&1 | grep -c RAILYARD_RENDEZVOUS_TOKEN || true')
+[ "$secrets" = 0 ] || fail "a process of the pod's uid read the agent's environment (RAILYARD_RENDEZVOUS_TOKEN)"
+kubectl exec $pod -n "$ns" -- sh -c 'tr "\0" "\n" </proc/self/environ | grep -q ^PATH=' || fail "kubectl exec: /proc/self/environ unreadable (the check above proves nothing)"
 mport=$(kubectl get pod $pod -n "$ns" -o jsonpath='{.metadata.annotations.railyard\.dev/metrics-port}')
 [ -n "$mport" ] || fail "no railyard.dev/metrics-port annotation on the worker pod"
 wait_for 30 "the trainer's /metrics on $ip:$mport" sh -c "curl -sf --max-time 2 http://$ip:$mport/metrics | grep -q '^railyard_worker_step'"
