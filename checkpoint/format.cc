@@ -166,10 +166,16 @@ std::optional<Box> intersect(const Box& a, const Box& b) {
 }
 
 std::string box_to_string(const Box& b) {
+  // A box read from a file or a peer may have offsets and sizes of different lengths; it is named, not trusted, so
+  // such a box is printed as its two lists (the caller's error says what is wrong with it).
+  if (b.offset.size() != b.size.size())
+    return "offset " + shape_to_string(b.offset) + " size " + shape_to_string(b.size);
   std::string s = "[";
   for (size_t d = 0; d < b.offset.size(); ++d) {
     if (d > 0) s += ",";
-    s += std::to_string(b.offset[d]) + ":" + std::to_string(b.offset[d] + b.size[d]);
+    // Unsigned: the end of a hostile box may pass INT64_MAX, and only the text of it is wanted here.
+    s += std::to_string(b.offset[d]) + ":" +
+         std::to_string(static_cast<uint64_t>(b.offset[d]) + static_cast<uint64_t>(b.size[d]));
   }
   return s + "]";
 }

@@ -68,3 +68,14 @@ TEST_CASE("checkpoint: a non-integer dimension is a malformed record, not undefi
     CHECK_THROWS_AS(railyard::ckpt::rank_record_from_json(rec, "rank-00000.done"), railyard::Error);
   }
 }
+
+TEST_CASE("checkpoint: a box whose offset and size lists differ in length is named, not read past (fuzz_shm_image)") {
+  using railyard::ckpt::Box;
+  // The shared-memory image's slices carry their offsets and sizes as separate lists; the refusal names the box
+  // before its dimensions are checked, so naming it must not index the shorter list.
+  CHECK(railyard::ckpt::box_to_string(Box{{0, 4}, {8}}) == "offset (0,4) size (8)");
+  CHECK(railyard::ckpt::box_to_string(Box{{}, {1, 2}}) == "offset () size (1,2)");
+  CHECK(railyard::ckpt::box_to_string(Box{{0, 768}, {4, 768}}) == "[0:4,768:1536]");
+  // An end past INT64_MAX is printed, not overflowed.
+  CHECK(railyard::ckpt::box_to_string(Box{{INT64_MAX}, {INT64_MAX}}) == "[9223372036854775807:18446744073709551614]");
+}
