@@ -19,7 +19,7 @@ namespace {
 constexpr const char* kLog = "monitor";
 // One query for every worker series the rules read, one for the targets' health.
 constexpr const char* kWorkerQuery =
-    "{__name__=~\"railyard_worker_(step|step_duration_seconds|step_duration_seconds_sum|"
+    "{__name__=~\"railyard_worker_(step|step_duration_seconds_sum|"
     "step_duration_seconds_count|last_step_timestamp_seconds|loss|nonfinite_total|steps_total|"
     "last_output_timestamp_seconds|paused|pause_end_timestamp_seconds)|"
     "railyard_worker_step_phase_seconds_total|"

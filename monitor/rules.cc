@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "common/metrics/job_labels.h"
+#include "common/metrics/worker_series.h"
 namespace railyard::monitor {
 namespace {
 
@@ -61,6 +62,9 @@ Policy policy_for_job(const json& job, const Policy& defaults) {
 }
 
 std::map<JobKey, std::map<int, RankObs>> group_samples(const std::vector<Sample>& samples) {
+  namespace ws = metrics::worker_series;
+  const std::string kStepDurationSum = std::string(ws::kStepDuration) + "_sum";
+  const std::string kStepDurationCount = std::string(ws::kStepDuration) + "_count";
   std::map<JobKey, std::map<int, RankObs>> out;
   for (const Sample& s : samples) {
     std::string ns = s.label(metrics::kNamespaceLabel), job = s.label(metrics::kTrainingJobLabel);
@@ -73,34 +77,32 @@ std::map<JobKey, std::map<int, RankObs>> group_samples(const std::vector<Sample>
     const std::string& n = s.name;
     if (n == "up")
       r.reachable = s.value == 1;
-    else if (n == "railyard_worker_step")
+    else if (n == ws::kStep)
       r.step = s.value;
-    else if (n == "railyard_worker_last_step_timestamp_seconds")
+    else if (n == ws::kLastStepTimestamp)
       r.last_step_ts = s.value;
-    else if (n == "railyard_worker_step_duration_seconds")
-      r.step_duration = s.value;
-    else if (n == "railyard_worker_step_duration_seconds_sum")
+    else if (n == kStepDurationSum)
       r.duration_sum = s.value;
-    else if (n == "railyard_worker_step_duration_seconds_count")
+    else if (n == kStepDurationCount)
       r.duration_count = s.value;
-    else if (n == "railyard_worker_step_phase_seconds_total" && s.label("phase") == "compute")
+    else if (n == ws::kStepPhaseSecondsTotal && s.label("phase") == "compute")
       r.compute_total = s.value;
-    else if (n == "railyard_worker_steps_total")
+    else if (n == ws::kStepsTotal)
       r.steps_total = s.value;
-    else if (n == "railyard_worker_loss") {
+    else if (n == ws::kLoss) {
       r.loss = s.value;
       r.loss_present = true;
-    } else if (n == "railyard_worker_nonfinite_total")
+    } else if (n == ws::kNonfiniteTotal)
       r.nonfinite_total = s.value;
     else if (n == "railyard_checkpoint_last_step")
       r.checkpoint_step = s.value;
     else if (n == "railyard_checkpoint_last_timestamp_seconds")
       r.checkpoint_ts = s.value;
-    else if (n == "railyard_worker_last_output_timestamp_seconds")
+    else if (n == ws::kLastOutputTimestamp)
       r.last_output_ts = s.value;
-    else if (n == "railyard_worker_paused")
+    else if (n == ws::kPaused)
       r.paused = s.value > 0;
-    else if (n == "railyard_worker_pause_end_timestamp_seconds")
+    else if (n == ws::kPauseEndTimestamp)
       r.pause_end_ts = s.value;
   }
   return out;
@@ -146,9 +148,7 @@ std::optional<Verdict> Evaluator::evaluate(const JobKey& job, int64_t generation
   for (const auto& [r, o] : ranks) {
     RankState& rs = st.ranks[r];
     if (!o.node.empty()) rs.node = o.node;
-    if (finite(o.step_duration) && o.step_duration > 0) {
-      rs.duration = o.step_duration;
-    } else if (finite(o.duration_sum) && finite(o.duration_count) && o.duration_count > 0) {
+    if (finite(o.duration_sum) && finite(o.duration_count) && o.duration_count > 0) {
       if (finite(rs.prev_count) && o.duration_count > rs.prev_count)
         rs.duration = (o.duration_sum - rs.prev_sum) / (o.duration_count - rs.prev_count);
       else if (!finite(rs.prev_count) || o.duration_count < rs.prev_count)

@@ -54,8 +54,7 @@ struct RankObs {
   bool reachable = true;   // false: the scrape target is down
   double step = nan_value();
   double last_step_ts = nan_value();
-  double step_duration = nan_value();  // last step's wall time, if the worker exports the gauge
-  double duration_sum = nan_value();   // else the histogram's _sum and _count
+  double duration_sum = nan_value();  // else the histogram's _sum and _count
   double duration_count = nan_value();
   // Cumulative compute seconds (railyard_worker_step_phase_seconds_total{phase="compute"}) and optimizer steps
   // (railyard_worker_steps_total): time a rank spends on its own work, without the waits in collectives. In

@@ -34,11 +34,14 @@ Histogram::Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)) {
   for (size_t i = 0; i <= bounds_.size(); ++i) buckets_[i].store(0);
 }
 
-void Histogram::observe(double v) {
+void Histogram::observe(double v) { observe(v, 1); }
+
+void Histogram::observe(double v, uint64_t times) {
+  if (times == 0) return;
   // Bucket i counts le=bounds[i] observations (v <= bound); the last bucket is +Inf.
   size_t i = std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin();
-  buckets_[i].fetch_add(1, std::memory_order_relaxed);
-  sum_.fetch_add(v, std::memory_order_relaxed);
+  buckets_[i].fetch_add(times, std::memory_order_relaxed);
+  sum_.fetch_add(v * static_cast<double>(times), std::memory_order_relaxed);
 }
 
 Histogram::Snapshot Histogram::snapshot() const {

@@ -42,6 +42,8 @@ class Histogram {
   // Upper bounds, strictly increasing and finite; +Inf is implicit.
   explicit Histogram(std::vector<double> bounds);
   void observe(double v);
+  // `times` observations of the same value (a source that learns of several equal observations at once).
+  void observe(double v, uint64_t times);
 
   struct Snapshot {
     std::vector<double> bounds;

@@ -313,8 +313,9 @@ WorkerPodBuilder::WorkerPodBuilder(const Json& job, const JobSpec& spec, int64_t
     // A program serves no railyard_worker_* series: its agent serves them there, from the ranks' progress files and
     // output, so the monitor's rules see a program's ranks like the trainer's (docs/programs.md).
     if (spec.program) shared["RAILYARD_AGENT_RANK_METRICS"] = "1";
-    for (int l = 0; l < spec.procs_per_replica && l < 8; ++l) {
-      // Port names are at most 15 characters: metrics, metrics-1 ... metrics-7 (more local ranks serve unnamed).
+    for (int l = 0; l < spec.procs_per_replica; ++l) {
+      // One named port per local rank (metrics, metrics-1 ... metrics-63: procsPerReplica is at most 64, names fit
+      // in 15 characters): Prometheus' pod discovery makes each a target, so every rank is scraped.
       ports.push_back({{"name", l == 0 ? std::string("metrics") : "metrics-" + std::to_string(l)},
                        {"containerPort", opts.worker_metrics_port + l},
                        {"protocol", "TCP"}});

@@ -6,6 +6,7 @@
 #include <regex>
 
 #include "common/error.h"
+#include "common/metrics/worker_series.h"
 
 namespace railyard::worker {
 
@@ -38,27 +39,30 @@ std::optional<ProgressRecord> parse_progress(const std::string& text) {
   return r;
 }
 
+namespace ws = metrics::worker_series;
+
 // One local rank: its registry and endpoint (for the agent's lifetime) and its series (for one generation).
 struct RankExporter::Rank {
   metrics::Registry registry;
-  metrics::Family<metrics::Gauge>& step_f = registry.gauge("railyard_worker_step", "Last completed training step.");
+  metrics::Family<metrics::Gauge>& step_f = registry.gauge(ws::kStep, "Last completed training step.");
   metrics::Family<metrics::Counter>& steps_total_f =
-      registry.counter("railyard_worker_steps_total", "Steps this rank reported in this generation.");
-  metrics::Family<metrics::Gauge>& last_step_ts_f = registry.gauge("railyard_worker_last_step_timestamp_seconds",
-                                                                   "When the last step's progress record was written.");
-  metrics::Family<metrics::Gauge>& duration_f = registry.gauge(
-      "railyard_worker_step_duration_seconds", "Wall time per step between the last two progress records.");
+      registry.counter(ws::kStepsTotal, "Steps this rank reported in this generation.");
+  metrics::Family<metrics::Gauge>& last_step_ts_f =
+      registry.gauge(ws::kLastStepTimestamp, "When the last step's progress record was written.");
+  // A histogram, as the trainer serves it (common/metrics/worker_series.h): the rules read its _sum and _count.
+  metrics::Family<metrics::Histogram>& duration_f =
+      registry.histogram(ws::kStepDuration, "Wall time per step, from the times of the rank's progress records.",
+                         ws::step_duration_buckets());
   metrics::Family<metrics::Gauge>& loss_f =
-      registry.gauge("railyard_worker_loss", "Training loss of the last step (NaN when non-finite).");
+      registry.gauge(ws::kLoss, "Training loss of the last step (NaN when non-finite).");
   metrics::Family<metrics::Gauge>& tps_f =
-      registry.gauge("railyard_worker_tokens_per_second", "Training throughput of the last step.");
+      registry.gauge(ws::kTokensPerSecond, "Training throughput of the last step.");
   metrics::Family<metrics::Counter>& nonfinite_f =
-      registry.counter("railyard_worker_nonfinite_total", "Progress records with a non-finite loss.");
-  metrics::Family<metrics::Counter>& phase_f = registry.counter(
-      "railyard_worker_step_phase_seconds_total", "Seconds per phase; compute: the program's compute_seconds.");
-  metrics::Family<metrics::Gauge>& output_f =
-      registry.gauge("railyard_worker_last_output_timestamp_seconds",
-                     "When the rank last wrote to its stdout or stderr (its start, before it wrote).");
+      registry.counter(ws::kNonfiniteTotal, "Progress records with a non-finite loss.");
+  metrics::Family<metrics::Counter>& phase_f =
+      registry.counter(ws::kStepPhaseSecondsTotal, "Seconds per phase; compute: the program's compute_seconds.");
+  metrics::Family<metrics::Gauge>& output_f = registry.gauge(
+      ws::kLastOutputTimestamp, "When the rank last wrote to its stdout or stderr (its start, before it wrote).");
   std::unique_ptr<metrics::Exposer> exposer;
 
   metrics::Labels labels;  // this generation's; empty before the first
@@ -128,8 +132,12 @@ void RankExporter::on_progress(int local_rank, const ProgressRecord& p, double w
   auto& steps_total = r.steps_total_f.add(r.labels);
   if (!first && p.step > r.prev_step) {
     steps_total.increment(static_cast<double>(p.step - r.prev_step));
-    if (written > r.prev_written)
-      r.duration_f.add(r.labels).set((written - r.prev_written) / static_cast<double>(p.step - r.prev_step));
+    // A record may cover several steps (a program writes its progress at most every so often): their mean, once
+    // per step, keeps _sum/_count the true mean step time.
+    if (written > r.prev_written) {
+      const auto steps = static_cast<uint64_t>(p.step - r.prev_step);
+      r.duration_f.add(r.labels).observe((written - r.prev_written) / static_cast<double>(steps), steps);
+    }
   }
   r.step_f.add(r.labels).set(static_cast<double>(p.step));
   r.last_step_ts_f.add(r.labels).set(written);

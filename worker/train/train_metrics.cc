@@ -5,37 +5,40 @@
 
 #include "common/error.h"
 #include "common/metrics/job_labels.h"
+#include "common/metrics/worker_series.h"
 
 namespace railyard::worker {
 
 TrainMetrics::TrainMetrics(metrics::Registry& r, const metrics::Labels& l)
-    : step_(r.gauge("railyard_worker_step", "Last completed training step.").add(l)),
+    : step_(r.gauge(metrics::worker_series::kStep, "Last completed training step.").add(l)),
       total_steps_(r.gauge("railyard_worker_total_steps", "Steps the run is configured for.").add(l)),
-      steps_total_(r.counter("railyard_worker_steps_total", "Optimizer steps taken by this process.").add(l)),
-      last_step_ts_(r.gauge("railyard_worker_last_step_timestamp_seconds", "When the last step completed.").add(l)),
-      step_seconds_(r.histogram("railyard_worker_step_duration_seconds", "Wall time of one training step.",
-                                metrics::exponential_buckets(0.01, 2, 14))
+      steps_total_(r.counter(metrics::worker_series::kStepsTotal, "Optimizer steps taken by this process.").add(l)),
+      last_step_ts_(r.gauge(metrics::worker_series::kLastStepTimestamp, "When the last step completed.").add(l)),
+      step_seconds_(r.histogram(metrics::worker_series::kStepDuration, "Wall time of one training step.",
+                                metrics::worker_series::step_duration_buckets())
                         .add(l)),
-      loss_(r.gauge("railyard_worker_loss", "Training loss of the last step (NaN when non-finite).").add(l)),
+      loss_(r.gauge(metrics::worker_series::kLoss, "Training loss of the last step (NaN when non-finite).").add(l)),
       val_loss_(r.gauge("railyard_worker_validation_loss", "Loss of the last validation.").add(l)),
       lr_(r.gauge("railyard_worker_learning_rate", "Learning rate of the last step.").add(l)),
       grad_norm_(r.gauge("railyard_worker_grad_norm", "Global gradient norm before clipping.").add(l)),
-      tokens_per_second_(r.gauge("railyard_worker_tokens_per_second", "Training throughput of the last step.").add(l)),
+      tokens_per_second_(
+          r.gauge(metrics::worker_series::kTokensPerSecond, "Training throughput of the last step.").add(l)),
       flops_per_second_(
           r.gauge("railyard_worker_flops_per_second", "Model FLOP/s of the last step (6N + 12LCT per token).").add(l)),
       mfu_(
           r.gauge("railyard_worker_mfu_ratio", "FLOP/s of the last step over the peak it is measured against.").add(l)),
-      nonfinite_(r.counter("railyard_worker_nonfinite_total", "Steps with a non-finite loss or gradient.").add(l)),
+      nonfinite_(
+          r.counter(metrics::worker_series::kNonfiniteTotal, "Steps with a non-finite loss or gradient.").add(l)),
       paused_(
-          r.gauge("railyard_worker_paused",
+          r.gauge(metrics::worker_series::kPaused,
                   "1 while the rank runs a pass that completes no training step (validation, samples, a synchronous "
                   "checkpoint); the stall rules then wait hangTimeoutSeconds.")
               .add(l)),
-      pause_end_(r.gauge("railyard_worker_pause_end_timestamp_seconds",
+      pause_end_(r.gauge(metrics::worker_series::kPauseEndTimestamp,
                          "When the rank's last pause ended (0: none yet); the stall rules count it as progress.")
                      .add(l)) {
   paused_.set(0);  // present from the start, as a 0 (not paused), like every series of this process
-  auto& phases = r.counter("railyard_worker_step_phase_seconds_total",
+  auto& phases = r.counter(metrics::worker_series::kStepPhaseSecondsTotal,
                            "Step wall time by phase: compute, tp_comm (tensor-parallel all-reduces), pp_wait (pipeline "
                            "recv/send waits), dp_comm (data-parallel reduction not hidden by backward), optimizer.");
   auto with = [&](const char* phase) {

@@ -87,8 +87,8 @@ prometheus_write_targets() {
 
 # prometheus_pod_targets NAME [NAMESPACE]: targets/NAME.json from the Running worker pods (label railyard.dev/job)
 # of NAMESPACE (all namespaces without one), relabelled as deploy/prometheus/prometheus.yml's kubernetes_sd_configs
-# does in a real cluster: podIP:(railyard.dev/metrics-port annotation, else 9400 = the operator's
-# --worker-metrics-port default) with the pod's metadata as namespace, trainingjob, pod and node; no rank or
+# does in a real cluster: one target podIP:containerPort per container port named metrics or metrics-N (one per local
+# rank), with the pod's metadata as namespace, trainingjob, pod and node; no rank or
 # generation (the process serves those, and railyard-monitor checks the rank against the pod's place in the world).
 # Debian's Prometheus has no Kubernetes discovery: callers run this every second or so.
 # Needs kubectl and KUBECONFIG.
@@ -96,17 +96,20 @@ prometheus_pod_targets() {
   local name="$1" json where=(-A)
   [ -n "${2:-}" ] && where=(-n "$2")
   json=$(kubectl get pods "${where[@]}" -l railyard.dev/job -o json | python3 -c '
-import json, sys
+import json, re, sys
 out = []
 for p in json.load(sys.stdin)["items"]:
     md, st = p["metadata"], p.get("status", {})
     if st.get("phase") != "Running" or not st.get("podIP") or md.get("deletionTimestamp"):
         continue
-    lab, ann = md.get("labels", {}), md.get("annotations", {})
-    port = ann.get("railyard.dev/metrics-port", "9400")
-    out.append({"targets": [st["podIP"] + ":" + port],
-                "labels": {"namespace": md["namespace"], "trainingjob": lab["railyard.dev/job"],
-                           "node": p["spec"].get("nodeName", ""), "pod": md["name"]}})
+    lab = md.get("labels", {})
+    for c in p["spec"].get("containers", []):
+        for port in c.get("ports", []):
+            if not re.fullmatch(r"metrics(-[0-9]+)?", port.get("name", "")):
+                continue
+            out.append({"targets": [st["podIP"] + ":" + str(port["containerPort"])],
+                        "labels": {"namespace": md["namespace"], "trainingjob": lab["railyard.dev/job"],
+                                   "node": p["spec"].get("nodeName", ""), "pod": md["name"]}})
 print(json.dumps(out))') || return 1
   prometheus_write_targets "$name" "$json"
 }

@@ -638,7 +638,10 @@ TEST_CASE("a program's ranks: the agent serves their series from progress and ou
   CHECK(sample(m0, "railyard_worker_loss", r0) == doctest::Approx(2.25));
   CHECK(sample(m0, "railyard_worker_tokens_per_second", r0) == doctest::Approx(110));
   CHECK(sample(m0, "railyard_worker_step_phase_seconds_total", "phase=\"compute\"") == doctest::Approx(2.0));
-  const double d = sample(m0, "railyard_worker_step_duration_seconds", r0);  // ~1 s over 5 steps
+  // A histogram as the trainer serves it: records at steps 5 and 10, ~1 s apart, are 5 observations of their mean.
+  CHECK(m0.find("# TYPE railyard_worker_step_duration_seconds histogram") != std::string::npos);
+  CHECK(sample(m0, "railyard_worker_step_duration_seconds_count", r0) == 5);
+  const double d = sample(m0, "railyard_worker_step_duration_seconds_sum", r0) / 5;
   CHECK(d > 0.1);
   CHECK(d < 1.0);
   CHECK(sample(m0, "railyard_worker_last_step_timestamp_seconds", r0) > t_start);

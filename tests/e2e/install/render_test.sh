@@ -213,6 +213,9 @@ check "prometheus-operator: ServiceMonitor, PodMonitor, PrometheusRule with the 
         ["ServiceMonitor","kube-prometheus-stack"]]
   and ([.[] | select(.kind == "ConfigMap") | .metadata.namespace] == ["monitoring","monitoring"])
   and ([.[] | select(.kind == "PodMonitor") | .spec.podMetricsEndpoints[0].honorLabels] == [false])
+  and ([.[] | select(.kind == "PodMonitor") | .spec.podMetricsEndpoints[0] | [has("port"), .relabelings[1]]]
+    == [[false, {"sourceLabels": ["__meta_kubernetes_pod_container_port_name"], "regex": "metrics(-[0-9]+)?",
+                 "action": "keep"}]])
   and ([.[] | select(.kind == "PodMonitor") | .spec.podMetricsEndpoints[1] | [.port, .honorLabels]]
     == [["agent-metrics", false]])
   and ([.[] | select(.kind == "ServiceMonitor") | .spec.endpoints[0] | [.port, .honorLabels]] == [["metrics", true]])

@@ -66,6 +66,20 @@ TEST_CASE("exposition of counters, gauges and histograms in text format 0.0.4") 
   CHECK(promtool_check("# HELP railyard_x bad \\t escape\n# TYPE railyard_x gauge\nrailyard_x 1\n", &bad_out) != 0);
 }
 
+TEST_CASE("a histogram observes one value several times: count and buckets by the times, sum by their total") {
+  Histogram h({0.1, 1.0});
+  h.observe(0.5, 4);  // a progress record covering 4 steps of 0.5 s each
+  h.observe(2.0, 0);  // nothing
+  h.observe(0.05);
+  auto s = h.snapshot();
+  CHECK(s.count == 5);
+  CHECK(s.sum == doctest::Approx(2.05));
+  REQUIRE(s.cumulative.size() == 3);
+  CHECK(s.cumulative[0] == 1);
+  CHECK(s.cumulative[1] == 5);
+  CHECK(s.cumulative[2] == 5);
+}
+
 TEST_CASE("label values and help text are escaped exactly and promtool accepts them") {
   CHECK(escape_label_value("a\\b\"c\nd") == "a\\\\b\\\"c\\nd");
   CHECK(escape_help("x\\y\nz \"q\"") == "x\\\\y\\nz \"q\"");

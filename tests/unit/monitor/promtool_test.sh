@@ -85,6 +85,14 @@ for path in sys.argv[1:]:
                         "pod": ["__meta_kubernetes_pod_name"], "node": ["__meta_kubernetes_pod_node_name"]}
                 for label, src in want.items():
                     if targets.get(label) != src: bad.append(f"{path} {name}: {label} must come from {src}")
+                # Every local rank is a target: pod discovery's one target per container port, kept by name, the
+                # address left as discovered (podIP:port).
+                if name == "railyard-workers":
+                    ports = [r for r in relabel if r.get("source_labels") == ["__meta_kubernetes_pod_container_port_name"]]
+                    if [(r.get("regex"), r.get("action")) for r in ports] != [("metrics(-[0-9]+)?", "keep")]:
+                        bad.append(f"{path} {name}: must keep each rank's port (metrics, metrics-N) by name")
+                    if "__address__" in targets:
+                        bad.append(f"{path} {name}: __address__ rewritten: the ranks' targets collapse into one")
             else:
                 keep = [r for r in relabel if r.get("action") == "keep"]
                 if not any(r.get("source_labels") == ["namespace", "trainingjob", "pod", "node"] for r in keep):
@@ -105,6 +113,10 @@ python3 "$tmp/identity.py" "$dir/prometheus.yml" "$dir/prometheus-local.yml" || 
 # And the check bites: honor_labels true on the workers' job, or the operator's job over every namespace, fail it.
 sed 's/^    honor_labels: false$/    honor_labels: true/' "$dir/prometheus-local.yml" >"$tmp/honor.yml"
 python3 "$tmp/identity.py" "$tmp/honor.yml" 2>/dev/null && fail "honor_labels true on the workers passed the check"
+# ... and so does a workers' job that scrapes one port per pod.
+sed 's/^        regex: metrics(-\[0-9\]+)?$/        regex: metrics/' "$dir/prometheus.yml" >"$tmp/onerank.yml"
+grep -qF 'metrics(-[0-9]+)?' "$tmp/onerank.yml" && fail "the one-rank variant was not made"
+python3 "$tmp/identity.py" "$tmp/onerank.yml" 2>/dev/null && fail "one port per pod passed the check"
 sed -e '/^        namespaces:$/d' -e '/^          names: \[.*\]$/d' "$dir/prometheus.yml" >"$tmp/allns.yml"
 python3 "$tmp/identity.py" "$tmp/allns.yml" 2>/dev/null && fail "the operator's job over every namespace passed the check"
 echo "promtool: rules, rule tests, both configs and their identity labels OK"

@@ -4,6 +4,8 @@
 #include <doctest/doctest.h>
 #include <openssl/evp.h>
 
+#include <set>
+
 #include "common/tls/job_identity.h"
 #include "tests/unit/operator/job_fixture.h"
 
@@ -227,8 +229,22 @@ TEST_CASE("metrics ports: env for the worker and agent, one named container port
   CHECK(ports[1]["containerPort"] == 9401);
   CHECK(ports[2]["name"] == "agent-metrics");
   CHECK(ports[2]["containerPort"] == 9399);
-  // Prometheus' pod discovery (deploy/prometheus/prometheus.yml, the chart's PodMonitor) reads this annotation.
+  // The embedded monitor reads the base port from this annotation; Prometheus scrapes the named ports.
   CHECK(pod["metadata"]["annotations"]["railyard.dev/metrics-port"] == "9400");
+
+  // Every local rank has its named port, up to procsPerReplica's maximum of 64 (Prometheus scrapes each).
+  job["spec"]["procsPerReplica"] = 64;
+  Json wide = build_worker_pod(job, parse_job(job).spec, 0, 1, options());
+  const Json& wports = wide["spec"]["containers"][0]["ports"];
+  REQUIRE(wports.size() == 65);
+  CHECK(wports[63]["name"] == "metrics-63");
+  CHECK(wports[63]["containerPort"] == 9463);
+  std::set<std::string> names;
+  for (const Json& p : wports) {
+    CHECK(p["name"].get<std::string>().size() <= 15);
+    names.insert(p["name"].get<std::string>());
+  }
+  CHECK(names.size() == 65);
 
   PodOptions off = options();
   off.worker_metrics_port = 0;
