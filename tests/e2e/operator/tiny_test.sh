@@ -4,6 +4,7 @@
 # `railyard-worker train --config`, progress (step, loss) reaches the job's status, and the job ends Succeeded.
 # Then the MoE example (deploy/examples/moe.yaml, #14): two pods with expert parallelism 2 and recomputation run to
 # completion, and the pods' resolved config carries the family's fields; a job the worker would refuse is Invalid.
+# Last, jobs the trainer itself refuses (missing data, an initFrom that is not a model) fail saying why.
 set -euo pipefail
 src=${RAILYARD_SOURCE_DIR:?}
 state=${RAILYARD_E2E_STATE_DIR:?}
@@ -211,3 +212,26 @@ wait_for 30 "moe-bad Invalid" sh -c "[ \"\$(kubectl get tj moe-bad -n $ns -o jso
 msg=$(kubectl get tj moe-bad -n "$ns" -o jsonpath='{.status.conditions[?(@.type=="Invalid")].message}')
 case "$msg" in "spec.parallelism.expert: 3 does not divide the 4 experts"*) ;; *) fail "moe-bad message: '$msg'" ;; esac
 echo "moe example e2e: ok (expert 2 hierarchical, recompute full; expert 3 Invalid)"
+
+# A job the real trainer refuses says why in the trainer's own words (issue 40: "a failed job says why"): the worker's
+# last stderr lines reach status.lastFailure.message. Two jobs at once: training data that is not there, and an
+# initFrom file that is not a model. Both are the worker's exit 2 (a configuration error: permanent by default), so
+# each fails at once, without restarts.
+sed -e "s|name: tiny|name: nodata|" -e "s|/shared/data/train_|$work/nowhere/train_|" -e "s|/shared/data/|$work/data/|g" \
+  -e "s|/shared/checkpoints/tiny|$work/ckpt-nodata|" "$src/deploy/examples/tiny.yaml" | kubectl apply -n "$ns" -f - >/dev/null
+notmodel=$(ls "$work"/data/val_*.bin | head -1)  # a token shard, not an llm.c model file
+sed -e "s|name: tiny|name: badinit|" -e "s|/shared/data/|$work/data/|g" -e "s|/shared/checkpoints/tiny|$work/ckpt-badinit|" \
+  -e "s|    preset: tiny|    preset: tiny\n    initFrom: $notmodel|" "$src/deploy/examples/tiny.yaml" |
+  kubectl apply -n "$ns" -f - >/dev/null
+for j in nodata badinit; do
+  wait_for 120 "job $j to fail" sh -c "[ \"\$(kubectl get tj $j -n $ns -o jsonpath='{.status.phase}')\" = Failed ]"
+  [ "$(kubectl get tj $j -n "$ns" -o jsonpath='{.status.restarts}')" = 0 ] || fail "job $j restarted"
+done
+msg=$(kubectl get tj nodata -n "$ns" -o jsonpath='{.status.lastFailure.message}')
+grep -qF "$work/nowhere/train_" <<<"$msg" || fail "nodata: lastFailure.message does not name the data path: '$msg'"
+grep -q "exited with code 2: .*ERROR worker: spec.data.train (" <<<"${msg//$'\n'/ }" || fail "nodata: lastFailure.message: '$msg'"
+msg2=$(kubectl get tj badinit -n "$ns" -o jsonpath='{.status.lastFailure.message}')
+grep -qF "$notmodel" <<<"$msg2" || fail "badinit: lastFailure.message does not name the file: '$msg2'"
+grep -q "exited with code 2: .*ERROR worker: spec.model.initFrom (.*not an llm.c GPT-2 checkpoint" <<<"${msg2//$'\n'/ }" ||
+  fail "badinit: lastFailure.message: '$msg2'"
+echo "the trainer's refusals reach status: nodata: $msg | badinit: $msg2"
