@@ -100,41 +100,72 @@ int64_t quantity_milli(const Json& q) {
   if (q.is_string()) return parse_quantity_milli(q.get<std::string>()).value_or(0);
   return 0;
 }
-PodRequests container_requests(const Json& c) {
+// Resources counted apart from `scalar`: cpu and memory have fields of their own, GPUs are the placements' own
+// check, and pods is the node's pod count.
+bool scalar_resource(const std::string& name) {
+  return name != "cpu" && name != "memory" && name != "pods" && name != kGpuResource;
+}
+// requests (limits standing in for missing requests) or spec.overhead: a resource list.
+PodRequests resource_list(const Json& requests, const Json& limits) {
   PodRequests r;
-  const Json& res = field(c, "resources");
-  auto get = [&](const char* name) -> int64_t {
-    for (const char* part : {"requests", "limits"})  // a limit stands in for a missing request
-      if (const Json& q = field(field(res, part), name); !q.is_null()) return quantity_milli(q);
-    return 0;
+  std::set<std::string> given;  // a resource the requests name, even as 0, takes no value from the limits
+  auto take = [&](const Json& list) {
+    if (!list.is_object()) return;
+    for (const auto& [name, q] : list.items()) {
+      if (!given.insert(name).second) continue;
+      const int64_t milli = std::max<int64_t>(0, quantity_milli(q));
+      if (name == "cpu") {
+        r.cpu_milli = milli;
+      } else if (name == "memory") {
+        r.memory = saturating_add(milli, 999) / 1000;
+      } else if (scalar_resource(name) && milli > 0) {
+        r.scalar[name] = milli;
+      }
+    }
   };
-  r.cpu_milli = get("cpu");
-  r.memory = saturating_add(get("memory"), 999) / 1000;
+  take(requests);
+  take(limits);  // a limit stands in for a missing request
   return r;
+}
+PodRequests container_requests(const Json& c) {
+  const Json& res = field(c, "resources");
+  return resource_list(field(res, "requests"), field(res, "limits"));
+}
+// Totals saturate: a template's quantities are the user's (9e18 each would wrap an int64 sum negative).
+void add_into(PodRequests& to, const PodRequests& r) {
+  to.cpu_milli = saturating_add(to.cpu_milli, r.cpu_milli);
+  to.memory = saturating_add(to.memory, r.memory);
+  for (const auto& [name, v] : r.scalar) to.scalar[name] = saturating_add(to.scalar[name], v);
+}
+void max_into(PodRequests& to, const PodRequests& r) {
+  to.cpu_milli = std::max(to.cpu_milli, r.cpu_milli);
+  to.memory = std::max(to.memory, r.memory);
+  for (const auto& [name, v] : r.scalar) to.scalar[name] = std::max(to.scalar[name], v);
 }
 }  // namespace
 
 PodRequests pod_requests(const Json& pod) {
   PodRequests sum, init;
   const Json& spec = field(pod, "spec");
-  for (const Json& c : field(spec, "containers")) {
-    const PodRequests r = container_requests(c);
-    // Totals saturate: a template's quantities are the user's (9e18 each would wrap an int64 sum negative).
-    sum.cpu_milli = saturating_add(sum.cpu_milli, r.cpu_milli);
-    sum.memory = saturating_add(sum.memory, r.memory);
-  }
-  for (const Json& c : field(spec, "initContainers")) {
-    const PodRequests r = container_requests(c);
-    init.cpu_milli = std::max(init.cpu_milli, r.cpu_milli);
-    init.memory = std::max(init.memory, r.memory);
-  }
-  return {std::max(sum.cpu_milli, init.cpu_milli), std::max(sum.memory, init.memory)};
+  for (const Json& c : field(spec, "containers")) add_into(sum, container_requests(c));
+  for (const Json& c : field(spec, "initContainers")) max_into(init, container_requests(c));
+  max_into(sum, init);
+  // The RuntimeClass's overhead, which the admission controller copied into the pod, is asked of the node too.
+  add_into(sum, resource_list(field(spec, "overhead"), Json()));
+  return sum;
 }
 
 std::string resource_shortfall(const NodeInfo& n, const PodRequests& r) {
   if (n.pods_allocatable >= 0 && n.pods_used + 1 > n.pods_allocatable) return "pods";
   if (r.cpu_milli > 0 && saturating_add(n.cpu_used_milli, r.cpu_milli) > n.cpu_allocatable_milli) return "cpu";
   if (r.memory > 0 && saturating_add(n.memory_used, r.memory) > n.memory_allocatable) return "memory";
+  for (const auto& [name, want] : r.scalar) {
+    if (want <= 0) continue;
+    auto alloc = n.scalar_allocatable.find(name);
+    auto used = n.scalar_used.find(name);
+    const int64_t have = alloc == n.scalar_allocatable.end() ? 0 : alloc->second;
+    if (saturating_add(used == n.scalar_used.end() ? 0 : used->second, want) > have) return name;
+  }
   return "";
 }
 
@@ -200,6 +231,9 @@ std::vector<NodeInfo> build_inventory_of(const std::vector<const Json*>& nodes, 
     if (const Json& q = field(alloc, "cpu"); !q.is_null()) info.cpu_allocatable_milli = quantity_milli(q);
     if (const Json& q = field(alloc, "memory"); !q.is_null()) info.memory_allocatable = quantity_milli(q) / 1000;
     if (const Json& q = field(alloc, "pods"); !q.is_null()) info.pods_allocatable = quantity(q);
+    if (alloc.is_object())
+      for (const auto& [name, q] : alloc.items())
+        if (scalar_resource(name)) info.scalar_allocatable[name] = std::max<int64_t>(0, quantity_milli(q));
     by_name[info.name] = std::move(info);
   }
   for (const Json* pp : pods) {
@@ -212,6 +246,8 @@ std::vector<NodeInfo> build_inventory_of(const std::vector<const Json*>& nodes, 
     const PodRequests r = pod_requests(p);
     it->second.cpu_used_milli = saturating_add(it->second.cpu_used_milli, r.cpu_milli);
     it->second.memory_used = saturating_add(it->second.memory_used, r.memory);
+    for (const auto& [name, v] : r.scalar)
+      it->second.scalar_used[name] = saturating_add(it->second.scalar_used[name], v);
     it->second.pods_used++;
     const Json& meta = field(p, "metadata");
     if (const Json& job = field(field(meta, "labels"), kJobLabel); job.is_string()) {
@@ -249,6 +285,8 @@ PlacementResult ReservingPlacement::place(const PlacementRequest& req, const std
       it->second->worker_pods++;
       it->second->cpu_used_milli = saturating_add(it->second->cpu_used_milli, r.requests.cpu_milli);
       it->second->memory_used = saturating_add(it->second->memory_used, r.requests.memory);
+      for (const auto& [name, v] : r.requests.scalar)
+        it->second->scalar_used[name] = saturating_add(it->second->scalar_used[name], v);
       it->second->pods_used++;
       it->second->jobs.insert(r.job_key);
     }
@@ -441,7 +479,7 @@ PlacementResult SimplePlacement::place(const PlacementRequest& req, const std::v
               " excluded by selector, affinity or taints, " + std::to_string(busy) +
               (req.gpus_per_pod > 0 ? " without " + std::to_string(req.gpus_per_pod) + " free GPUs"
                                     : " already running a worker pod") +
-              (no_room ? ", " + std::to_string(no_room) + " without room for the pod's cpu/memory requests" : "") +
+              (no_room ? ", " + std::to_string(no_room) + " without room for the pod's resource requests" : "") +
               "); none bound";
   return r;
 }

@@ -25,9 +25,12 @@ inline constexpr const char* kGpuResource = "nvidia.com/gpu";
 std::optional<int64_t> parse_quantity_milli(const std::string& q);
 
 // What a pod asks of a node, as kube-scheduler's NodeResourcesFit counts it: the containers' requests summed (a limit
-// stands in for a missing request), or the largest init container's if that is larger.
+// stands in for a missing request), or the largest init container's if that is larger, per resource, plus the pod's
+// spec.overhead (RuntimeClass). Every resource counts: cpu and memory here, GPUs (kGpuResource) by the placements
+// themselves, and every other one (ephemeral-storage, hugepages-*, rdma/*, any extended resource) in `scalar`.
 struct PodRequests {
   int64_t cpu_milli = 0, memory = 0;
+  std::map<std::string, int64_t> scalar{};  // resource name -> request in thousandths of its unit (> 0 only)
 };
 PodRequests pod_requests(const Json& pod);
 
@@ -45,6 +48,9 @@ struct NodeInfo {
   // or not. CPU in millicores, memory in bytes.
   int64_t cpu_allocatable_milli = 0, memory_allocatable = 0, pods_allocatable = -1;
   int64_t cpu_used_milli = 0, memory_used = 0, pods_used = 0;
+  // Every other resource the node lists (ephemeral-storage, hugepages-*, extended resources such as rdma/hca), in
+  // thousandths of its unit, and the requests of the pods bound here; a resource it does not list has none.
+  std::map<std::string, int64_t> scalar_allocatable, scalar_used;
   int worker_pods = 0;         // Railyard worker pods (any job) bound here
   std::set<std::string> jobs;  // "ns/name" of jobs with a pod here
   // Node annotations for the NCCL settings of GPU pods (operator/controller/nccl_env.h), raw.
@@ -158,8 +164,9 @@ int64_t preferred_affinity_score(const Json& node_affinity, const NodeInfo& node
 // operator's main registers it at start so it is exported before the first placement).
 metrics::Family<metrics::Histogram>& placement_hops(metrics::Registry& registry);
 
-// "" when the node has room for one more pod with `requests` (CPU, memory, pod count), else the first resource short
-// ("cpu", "memory", "pods"), as kube-scheduler's NodeResourcesFit decides. GPUs are checked by the placements.
+// "" when the node has room for one more pod with `requests` (pod count, CPU, memory, every other resource), else the
+// first resource short ("pods", "cpu", "memory", or its name, e.g. "rdma/hca"), as kube-scheduler's NodeResourcesFit
+// decides. GPUs are checked by the placements.
 std::string resource_shortfall(const NodeInfo& node, const PodRequests& requests);
 
 // The inventory from Node objects and the pods bound to them, Railyard's and every other (pods of unknown nodes,

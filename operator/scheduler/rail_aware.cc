@@ -140,7 +140,7 @@ std::string why_text(Why w, const PlacementRequest& req) {
       return req.gpus_per_pod > 0 ? "without " + std::to_string(req.gpus_per_pod) + " free " + kGpuResource
                                   : "already running a worker pod";
     case Why::kNoRoom:
-      return "without room for the pod's cpu/memory requests (other pods' requests counted)";
+      return "without room for the pod's resource requests (other pods' requests counted)";
     case Why::kFits:
       break;
   }

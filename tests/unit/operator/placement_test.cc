@@ -133,7 +133,7 @@ TEST_CASE("a node shared with foreign pods: their requests count against its all
   req.pods = 2;
   r = p.place(req, inv);
   CHECK_FALSE(r.ok);
-  CHECK(r.message.find("1 without room for the pod's cpu/memory requests") != std::string::npos);
+  CHECK(r.message.find("1 without room for the pod's resource requests") != std::string::npos);
   req.requests = {1000, 0};  // 1 CPU fits beside the foreign pod
   CHECK(p.place(req, inv).ok);
   req.requests = {1000, int64_t{8} << 30};  // but not 8 GiB beside its 1 GiB
@@ -151,4 +151,73 @@ TEST_CASE("a node without a resource in allocatable fits no request of it; witho
   CHECK(resource_shortfall(inv[0], {8001, 0}) == "cpu");
   CHECK(resource_shortfall(inv[0], {0, 1}) == "memory");
   CHECK(resource_shortfall(inv[0], {0, 0}).empty());
+}
+
+TEST_CASE("every resource counts as kube-scheduler counts it: extended, hugepages, ephemeral storage, overhead") {
+  Json rdma = node("rdma", true, 0), plain = node("plain", true, 0);
+  rdma["status"]["allocatable"]["rdma/hca"] = "1";
+  rdma["status"]["allocatable"]["hugepages-2Mi"] = "1Gi";
+  rdma["status"]["allocatable"]["ephemeral-storage"] = "100Gi";
+  plain["status"]["allocatable"]["ephemeral-storage"] = "100Gi";
+  plain["status"]["allocatable"]["hugepages-2Mi"] = "1Gi";
+  for (Json* n : {&rdma, &plain}) (*n)["status"]["allocatable"]["memory"] = "16Gi";
+  // The worker pod asks for one HCA (a limit standing in for the request), 512 MiB of 2 MiB hugepages, 10 GiB of
+  // scratch disk, and its RuntimeClass's overhead of 250m CPU.
+  Json worker = {
+      {"spec",
+       {{"containers",
+         Json::array({{{"resources",
+                        {{"requests", {{"cpu", "1"}, {"hugepages-2Mi", "512Mi"}, {"ephemeral-storage", "10Gi"}}},
+                         {"limits", {{"rdma/hca", "1"}, {"cpu", "2"}}}}}}})},
+        {"overhead", {{"cpu", "250m"}, {"memory", "64Mi"}}}}}};
+  const PodRequests r = pod_requests(worker);
+  CHECK(r.cpu_milli == 1250);  // the request (not the limit) plus the overhead
+  CHECK(r.memory == int64_t{64} << 20);
+  CHECK(r.scalar.at("rdma/hca") == 1000);
+  CHECK(r.scalar.at("hugepages-2Mi") == (int64_t{512} << 20) * 1000);
+  CHECK(r.scalar.at("ephemeral-storage") == (int64_t{10} << 30) * 1000);
+  CHECK(r.scalar.count("cpu") == 0);
+
+  auto inv = build_inventory({rdma, plain}, {});
+  REQUIRE(inv[1].name == "rdma");
+  CHECK(inv[1].scalar_allocatable.at("rdma/hca") == 1000);
+  CHECK(inv[0].scalar_allocatable.count("rdma/hca") == 0);
+  // The node without HCAs has none to give: the one with one is the only fit.
+  CHECK(resource_shortfall(inv[0], r) == "rdma/hca");
+  CHECK(resource_shortfall(inv[1], r).empty());
+  SimplePlacement p;
+  PlacementRequest req{"ns/a", 1, 0, {}, Json::array()};
+  req.requests = r;
+  auto placed = p.place(req, inv);
+  REQUIRE(placed.ok);
+  CHECK(placed.nodes == std::vector<std::string>{"rdma"});
+  req.pods = 2;
+  placed = p.place(req, inv);
+  CHECK_FALSE(placed.ok);
+  CHECK(placed.message.find("1 without room for the pod's resource requests") != std::string::npos);
+
+  // Another workload's pod holding the HCA leaves none; once it ends, the HCA is free again.
+  Json foreign = {
+      {"metadata", {{"name", "ib"}, {"namespace", "apps"}}},
+      {"spec", {{"nodeName", "rdma"}, {"containers", Json::array({{{"resources", {{"limits", {{"rdma/hca", 1}}}}}}})}}},
+      {"status", {{"phase", "Running"}}}};
+  auto busy = build_inventory({rdma}, {foreign});
+  CHECK(busy[0].scalar_used.at("rdma/hca") == 1000);
+  CHECK(resource_shortfall(busy[0], r) == "rdma/hca");
+  foreign["status"]["phase"] = "Failed";
+  CHECK(resource_shortfall(build_inventory({rdma}, {foreign})[0], r).empty());
+  // Hugepages count as well: 512 MiB fit twice into the node's 1 GiB, not three times.
+  PodRequests huge;
+  huge.scalar["hugepages-2Mi"] = (int64_t{512} << 20) * 1000;
+  NodeInfo n = inv[1];
+  CHECK(resource_shortfall(n, huge).empty());
+  n.scalar_used["hugepages-2Mi"] = (int64_t{1} << 30) * 1000;
+  CHECK(resource_shortfall(n, huge) == "hugepages-2Mi");
+
+  // A reservation books them too: two gangs placed at once never share the one HCA.
+  ReservingPlacement reserving(std::make_unique<SimplePlacement>());
+  PlacementRequest a{"ns/a", 1, 0, {}, Json::array()}, b{"ns/b", 1, 0, {}, Json::array()};
+  a.requests = b.requests = r;
+  REQUIRE(reserving.place(a, inv).ok);
+  CHECK_FALSE(reserving.place(b, inv).ok);
 }
