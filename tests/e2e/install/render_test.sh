@@ -57,6 +57,17 @@ check "default: operator probes /healthz and /readyz on its health port, leader 
   and ($c.args | index("--rendezvous-addr=railyard-rendezvous.railyard-system.svc:9090") != null)
   and $c.image == "railyard/operator:0.1.0" and ($c.args | index("--worker-image=railyard/worker:0.1.0") != null)' \
   "$work/default.json"
+check "default: operator replicas spread over nodes by their own selector labels; no PriorityClass unless asked" q '
+  [.[] | select(.kind == "Deployment") | {(.metadata.name): .spec}] | add as $d
+  | $d["railyard-operator"].template.spec.topologySpreadConstraints == [{"maxSkew": 1,
+      "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway",
+      "labelSelector": {"matchLabels": $d["railyard-operator"].selector.matchLabels}}]
+  and ([$d[].template.spec | has("priorityClassName")] == [false, false])' "$work/default.json"
+render "$work/prio.yaml" --set operator.priorityClassName=system-cluster-critical --set monitor.priorityClassName=ops-high \
+  --set operator.spreadAcrossNodes=false || fail "priorityClassName values do not render"
+check "priorityClassName on both Deployments; spreadAcrossNodes false drops the constraint" q '
+  [.[] | select(.kind == "Deployment") | .spec.template.spec | [.priorityClassName, has("topologySpreadConstraints")]]
+  | sort == [["ops-high", false], ["system-cluster-critical", false]]' <(objects "$work/prio.yaml")
 check "default: worker pods serve rank metrics on 9400+ and the agent's on 9399 (--agent-metrics-port)" q '
   [.[] | select(.kind == "Deployment" and .metadata.name == "railyard-operator") | .spec.template.spec.containers[0]
     .args] | .[0] | index("--worker-metrics-port=9400") != null and index("--agent-metrics-port=9399") != null' \
@@ -255,6 +266,8 @@ check "certManager without an issuer" refuses 'rendezvous\.tls\.certManager\.iss
   --set rendezvous.tls.mode=certManager
 check "unknown rendezvous TLS mode" refuses '^- rendezvous\.tls\.mode: .*"auto", "certManager", "off"' \
   --set rendezvous.tls.mode=on
+check "a PriorityClass name that is not a DNS subdomain" refuses '^- operator\.priorityClassName: Does not match pattern' \
+  --set operator.priorityClassName=Not_A_Name
 check "unknown RBAC scope" refuses '^- rbac\.scope: .*"cluster", "namespace"' --set rbac.scope=everything
 check "misspelt value" refuses 'operator: Additional property replica is not allowed' --set operator.replica=2
 check "two replicas without leader election" refuses '^- operator\.replicas: Must be less than or equal to 1' \
