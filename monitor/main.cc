@@ -28,6 +28,8 @@ TrainingJob and requests a checkpoint-restart through the railyard.dev/restart-r
   --namespace NS             only this namespace (default: all)
   --metrics-port PORT        embedded mode: worker port when a pod has no railyard.dev/metrics-port (default 9400)
   --stall-floor SECONDS      lower bound of the stall threshold (default 6)
+  --stopped-seconds SECONDS  a rank whose process is stopped this long is a Hang of that rank (programs; default 2,
+                             0 = off)
   --stall-factor K           stall threshold = max(K x typical step time, floor), at most hangTimeoutSeconds (2)
   --unreachable SECONDS      a rank's target down this long is a verdict (default 30)
   --straggler-window SECONDS a straggler must stay slow this long (default 30)
@@ -84,6 +86,8 @@ int main(int argc, char** argv) {
         opts.metrics_port = static_cast<int>(to_double(a, next()));
       } else if (a == "--stall-floor") {
         opts.defaults.stall_floor_s = to_double(a, next());
+      } else if (a == "--stopped-seconds") {
+        opts.defaults.stopped_s = to_double(a, next());
       } else if (a == "--stall-factor") {
         opts.defaults.stall_factor = to_double(a, next());
       } else if (a == "--unreachable") {

@@ -100,6 +100,8 @@ std::map<JobKey, std::map<int, RankObs>> group_samples(const std::vector<Sample>
       r.checkpoint_ts = s.value;
     else if (n == ws::kLastOutputTimestamp)
       r.last_output_ts = s.value;
+    else if (n == ws::kProcessStoppedSince)
+      r.stopped_since = s.value;
     else if (n == ws::kPaused)
       r.paused = s.value > 0;
     else if (n == ws::kPauseEndTimestamp)
@@ -222,6 +224,20 @@ std::optional<Verdict> Evaluator::evaluate(const JobKey& job, int64_t generation
                                   : "-Inf");
       ev += " at step " + (finite(o.step) ? fmt(o.step, 0) : std::string("?"));
       return verdict("nonfinite", "NonFiniteLoss", r, ev, now, false);
+    }
+  }
+
+  // 1b. Stopped: a rank's process stopped (SIGSTOP, SIGTSTP, a debugger: the agent reads its state from /proc) for
+  // stopped_s. Nothing else stops a process, so the wait is short and the rank is named; not the node's fault.
+  if (p.stopped_s > 0) {
+    for (const auto& [r, o] : ranks) {
+      if (!finite(o.stopped_since) || o.stopped_since <= 0) continue;
+      const double since = std::min(o.stopped_since, now);
+      if (now - since >= p.stopped_s) {
+        const std::string ev = "rank " + std::to_string(r) + "'s process stopped (state T) for " + fmt(now - since, 1) +
+                               "s (threshold " + fmt(p.stopped_s, 1) + "s)";
+        return verdict("stopped", "Hang", r, ev, since, false);
+      }
     }
   }
 

@@ -24,6 +24,9 @@ struct Policy {
   // scrapes this detects a hang within max(3 step times, 10 s), the goal in docs/monitor.md.
   double stall_factor = 2;
   double stall_floor_s = 6;
+  // A rank whose process the agent saw stopped (railyard_worker_process_stopped_since_timestamp_seconds) this long is
+  // a Hang of that rank (the `stopped` rule); 0 turns the rule off (monitor flag --stopped-seconds).
+  double stopped_s = 2;
   double straggler_factor = 2.0;  // spec.failurePolicy.stragglerFactor (vs the median of the other ranks)
   double straggler_window_s = 30;
   double unreachable_s = 30;  // a rank's target down or its series gone for this long
@@ -74,6 +77,8 @@ struct RankObs {
   // checkpoint), and when its last such pass ended (railyard_worker_pause_end_timestamp_seconds).
   bool paused = false;
   double pause_end_ts = nan_value();
+  // When the agent first saw the rank's process stopped; 0 while it runs (programs' ranks only: the agent serves it).
+  double stopped_since = nan_value();
 };
 
 struct JobKey {
@@ -86,7 +91,7 @@ struct JobKey {
 std::map<JobKey, std::map<int, RankObs>> group_samples(const std::vector<Sample>& samples);
 
 struct Verdict {
-  std::string rule;    // stall | silence | unreachable | straggler | nonfinite | loss_spike | checkpoint_age
+  std::string rule;    // stopped | stall | silence | unreachable | straggler | nonfinite | loss_spike | checkpoint_age
   std::string reason;  // the restart reason: Hang, RankUnreachable, Straggler, NonFiniteLoss, LossSpike, ...
   int rank = -1;       // -1: no single rank to blame
   std::string node;

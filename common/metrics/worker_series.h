@@ -23,8 +23,12 @@ inline constexpr const char* kTokensPerSecond = "railyard_worker_tokens_per_seco
 inline constexpr const char* kNonfiniteTotal = "railyard_worker_nonfinite_total";     // counter
 inline constexpr const char* kStepPhaseSecondsTotal = "railyard_worker_step_phase_seconds_total";  // counter, `phase`
 inline constexpr const char* kLastOutputTimestamp = "railyard_worker_last_output_timestamp_seconds";  // gauge (agent)
-inline constexpr const char* kPaused = "railyard_worker_paused";                                      // gauge (trainer)
-inline constexpr const char* kPauseEndTimestamp = "railyard_worker_pause_end_timestamp_seconds";      // gauge (trainer)
+// Gauge (agent, for a program's ranks): when the agent first saw the rank's process stopped (state T or t in
+// /proc/<pid>/stat: SIGSTOP, SIGTSTP, a debugger holding it), 0 while it runs. A stopped process makes no progress
+// and answers nothing; the monitor's `stopped` rule finds it in seconds, naming the rank.
+inline constexpr const char* kProcessStoppedSince = "railyard_worker_process_stopped_since_timestamp_seconds";
+inline constexpr const char* kPaused = "railyard_worker_paused";                                  // gauge (trainer)
+inline constexpr const char* kPauseEndTimestamp = "railyard_worker_pause_end_timestamp_seconds";  // gauge (trainer)
 
 // The step-time buckets both sources use: 10 ms to about 82 s, doubling.
 inline std::vector<double> step_duration_buckets() { return exponential_buckets(0.01, 2, 14); }

@@ -61,12 +61,16 @@ struct RankExporter::Rank {
       registry.counter(ws::kNonfiniteTotal, "Progress records with a non-finite loss.");
   metrics::Family<metrics::Counter>& phase_f =
       registry.counter(ws::kStepPhaseSecondsTotal, "Seconds per phase; compute: the program's compute_seconds.");
+  metrics::Family<metrics::Gauge>& stopped_f =
+      registry.gauge(ws::kProcessStoppedSince,
+                     "When the rank's process was first seen stopped (SIGSTOP, a debugger); 0 while it runs.");
   metrics::Family<metrics::Gauge>& output_f = registry.gauge(
       ws::kLastOutputTimestamp, "When the rank last wrote to its stdout or stderr (its start, before it wrote).");
   std::unique_ptr<metrics::Exposer> exposer;
 
   metrics::Labels labels;  // this generation's; empty before the first
   metrics::Gauge* output = nullptr;
+  metrics::Gauge* stopped = nullptr;
   bool stepped = false;  // the step series exist (a first record arrived in this generation)
   int64_t prev_step = 0;
   double prev_written = 0;
@@ -83,7 +87,9 @@ struct RankExporter::Rank {
     nonfinite_f.remove_matching(labels);
     phase_f.remove_matching(labels);
     output_f.remove_matching(labels);
+    stopped_f.remove_matching(labels);
     output = nullptr;
+    stopped = nullptr;
     stepped = false;
   }
 };
@@ -121,6 +127,8 @@ void RankExporter::start_generation(int64_t generation, const std::vector<int>& 
     r.labels["generation"] = std::to_string(generation);
     r.output = &r.output_f.add(r.labels);
     r.output->set(now);
+    r.stopped = &r.stopped_f.add(r.labels);
+    r.stopped->set(0);
   }
 }
 
@@ -157,6 +165,15 @@ void RankExporter::on_progress(int local_rank, const ProgressRecord& p, double w
   }
   r.prev_step = p.step;
   r.prev_written = written;
+}
+
+void RankExporter::on_process_state(int local_rank, bool stopped, double now) {
+  Rank& r = *ranks_.at(local_rank);
+  if (r.stopped == nullptr) return;
+  if (!stopped)
+    r.stopped->set(0);
+  else if (r.stopped->value() == 0)
+    r.stopped->set(now);  // the first sight; later polls keep it
 }
 
 void RankExporter::on_output(int local_rank, double when) {

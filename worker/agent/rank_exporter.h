@@ -47,6 +47,9 @@ class RankExporter {
   void on_progress(int local_rank, const ProgressRecord& r, double written);
   // Local rank l last wrote to its stdout or stderr at `when` (unix seconds).
   void on_output(int local_rank, double when);
+  // Local rank l's process is (`stopped`) or is not stopped, as seen at `now`: the stopped-since series holds when it
+  // was first seen stopped, 0 while it runs.
+  void on_process_state(int local_rank, bool stopped, double now);
 
   int port(int local_rank) const;
 

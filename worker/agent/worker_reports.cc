@@ -24,6 +24,17 @@ double unix_now() { return std::chrono::duration<double>(std::chrono::system_clo
 
 }  // namespace
 
+std::optional<bool> process_stopped(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  if (!in) return std::nullopt;
+  std::string stat((std::istreambuf_iterator<char>(in)), {});
+  // "pid (comm) S ...": comm may hold spaces and parentheses, so the state follows the last ')'.
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos || close + 2 >= stat.size()) return std::nullopt;
+  const char state = stat[close + 2];
+  return state == 'T' || state == 't';
+}
+
 WorkerReports::WorkerReports(RendezvousClient& client, rdzv::JobRef ref, RankExporter* ranks_out, OutputWatch* output)
     : client_(client), ref_(std::move(ref)), ranks_out_(ranks_out), output_(output) {}
 
@@ -67,6 +78,9 @@ void WorkerReports::flush() {
 void WorkerReports::forward_progress(std::vector<Worker>& workers) {
   for (auto& w : workers) {
     if (output_ && ranks_out_) ranks_out_->on_output(w.local_rank, output_->last_output(w.local_rank));
+    if (ranks_out_ && w.running && w.pid > 0) {
+      if (auto stopped = process_stopped(w.pid)) ranks_out_->on_process_state(w.local_rank, *stopped, unix_now());
+    }
     std::ifstream in(w.progress_file);
     if (!in) continue;
     std::optional<ProgressRecord> p = parse_progress(std::string(std::istreambuf_iterator<char>(in), {}));

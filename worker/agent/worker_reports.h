@@ -4,7 +4,10 @@
 // agent-served series (RankExporter) from the same progress file and output.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "common/rendezvous_protocol.h"
@@ -14,6 +17,10 @@
 #include "worker/agent/worker_group.h"
 
 namespace railyard::worker {
+
+// Whether process `pid` is stopped (state T or t in /proc/<pid>/stat: SIGSTOP, SIGTSTP, a tracer); nullopt when the
+// process is gone or its stat unreadable.
+std::optional<bool> process_stopped(pid_t pid);
 
 class WorkerReports {
  public:

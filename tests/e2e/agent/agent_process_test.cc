@@ -567,6 +567,7 @@ TEST_CASE("a worker command that cannot be executed is reported as exit code 127
 // output to its own.
 const char* kProgramScript = R"(
 p="$RAILYARD_PROGRESS_FILE"
+echo $$ > "$TEST_OUT/pid-$RAILYARD_GENERATION-$RANK"
 put() { echo "$1" > "$p.tmp" && mv "$p.tmp" "$p"; }
 echo "out of rank $RANK generation $RAILYARD_GENERATION"
 echo "err of rank $RANK" >&2
@@ -661,6 +662,28 @@ TEST_CASE("a program's ranks: the agent serves their series from progress and ou
   CHECK(log.find("out of rank 0 generation 1") != std::string::npos);
   CHECK(log.find("out of rank 1 generation 1") != std::string::npos);
   CHECK(log.find("err of rank 1") != std::string::npos);
+
+  // A stopped rank (SIGSTOP, as a hang is injected): the agent sees its state and serves when it first saw it stopped;
+  // 0 again once it runs (the monitor's `stopped` rule reads it).
+  CHECK(sample(m1, "railyard_worker_process_stopped_since_timestamp_seconds", "rank=\"1\"") == 0);
+  const pid_t rank1 = std::stoi(slurp(tmp.path / "pid-1-1"));
+  const double before_stop = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  REQUIRE(::kill(rank1, SIGSTOP) == 0);
+  double since = 0;
+  const bool seen = wait_for(
+      [&] {
+        since = sample(scraped(1), "railyard_worker_process_stopped_since_timestamp_seconds", "rank=\"1\"");
+        return since > 0;
+      },
+      5);
+  ::kill(rank1, SIGCONT);
+  REQUIRE(seen);
+  CHECK(since >= before_stop - 0.01);
+  CHECK(since < before_stop + 3);
+  CHECK(sample(scraped(0), "railyard_worker_process_stopped_since_timestamp_seconds", r0) == 0);  // rank 0 ran on
+  CHECK(wait_for(
+      [&] { return sample(scraped(1), "railyard_worker_process_stopped_since_timestamp_seconds", "rank=\"1\"") == 0; },
+      5));
 
   // A new generation: generation 1's series are gone; generation 2's ranks have their output clock but no step
   // series until they report one (this script reports none in generation 2: the silence rule's case).

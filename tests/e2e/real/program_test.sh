@@ -7,8 +7,9 @@
 # flow took 16-17 minutes; issue #39):
 #   A. a straggler (--straggle-rank 1: rank 1's own work 0.1 s longer per step; the script reports compute_seconds):
 #      the straggler rule names rank 1 from the compute time per step the agent serves, and the job restarts;
-#   B. the script reporting no progress (--no-progress), hangTimeoutSeconds 20: SIGSTOP of rank 1's python -> no
-#      output from any rank -> the silence rule's Hang -> restart, resumed; then a live `kubectl scale --replicas 3`:
+#   B. the script reporting no progress (--no-progress), hangTimeoutSeconds 20: SIGSTOP of rank 1's python -> its
+#      agent sees the process stopped -> the stopped rule's Hang naming rank 1 within seconds (not hangTimeoutSeconds)
+#      -> restart, resumed; then a live `kubectl scale --replicas 3`:
 #      the next generation has WORLD_SIZE 3 (a third pod on the third node), the script resumes from its checkpoint in
 #      the world of 3 and the job Succeeds;
 #   C. the example as shipped (a slower step; excludeFailedNodes false), one job through three faults, and its final loss equals that of the
@@ -19,7 +20,8 @@
 #         profile; no restart request while it trains; the metrics port serves the ranks' series;
 #      2. kill -9 of rank 1's python: the generation restarts in place (same pods), the script resumes from its own
 #         checkpoint losing at most the checkpoint interval (20 steps);
-#      3. SIGSTOP of rank 1's python -> the stall rule requests a restart (Hang) -> the generation restarts in place,
+#      3. SIGSTOP of rank 1's python -> the stall rule requests a restart (Hang; this monitor runs with
+#         --stopped-seconds 0, so the step-based rule stays covered) -> the generation restarts in place,
 #         the script resumes losing at most the interval;
 #      4. a lost node (`cluster.sh stop-node` of rank 1's node, the monitor stopped first): the pod is replaced on
 #         another node, the script resumes from its checkpoint and the job Succeeds, progress 300/300.
@@ -185,11 +187,13 @@ signal_rank "$job-worker-1" SIGSTOP
 t_freeze=$SECONDS
 wait_for 90 "the monitor's restart request" sh -c "kubectl get tj $job -n $ns -o jsonpath='{.metadata.annotations}' | grep -q restart-request"
 detect=$((SECONDS - t_freeze))
-grep -q '"rule":"silence"' <<<"$(annotation)" || fail "restart request: $(annotation)"
-[ "$detect" -ge 15 ] || fail "silence detected after $detect s, before hangTimeoutSeconds (20)"
+grep -q '"rule":"stopped"' <<<"$(annotation)" || fail "restart request: $(annotation)"
+grep -q '"rank":1,' <<<"$(annotation)" || fail "the hang request names another rank: $(annotation)"
+# 2 s stopped, the agent's 0.5 s poll, 1 s evaluations: well inside hangTimeoutSeconds (20), the silence rule's wait.
+[ "$detect" -le 12 ] || fail "the stopped rank found after $detect s"
 wait_for 60 "generation 2" sh -c "[ \"\$(kubectl get tj $job -n $ns -o jsonpath='{.status.generation}')\" -ge 2 ]"
 wait_for 60 "the script resuming" sh -c "kubectl logs $job-worker-0 -n $ns | grep -q '^resumed from'"
-log "B. hang (no progress): silence rule's restart request $detect s after the freeze, resumed at step $(resumed_at "$job-worker-0")"
+log "B. hang (no progress): stopped rule's restart request $detect s after the freeze ($(evidence)), resumed at step $(resumed_at "$job-worker-0")"
 # The resize is the operator's alone: the monitor (started again for C) does not watch it.
 kill "$mon_pid" 2>/dev/null && wait "$mon_pid" 2>/dev/null || true
 mon_pid=""
@@ -213,7 +217,8 @@ ref=$(sed -n 's|^step 300/300 loss ||p' "$ref_dir/rank0.log")
 t0=$SECONDS
 # excludeFailedNodes false: the hang restarts in place, so the node loss after it still finds a free node of the three
 # (flow A shows a blamed node excluded and its pod moved).
-"$bin/railyard-monitor" --namespace "$ns" --listen 127.0.0.1:0 --interval 1 --straggler-window 10 >>"$work/mon.log" 2>&1 &
+"$bin/railyard-monitor" --namespace "$ns" --listen 127.0.0.1:0 --interval 1 --straggler-window 10 --stopped-seconds 0 \
+  >>"$work/mon.log" 2>&1 &
 mon_pid=$!
 export KEEP_NODES=1
 apply_job 0.05 60

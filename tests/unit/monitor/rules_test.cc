@@ -535,3 +535,52 @@ TEST_CASE("restart-request annotation: format, parse back, hand-written values")
   CHECK(add_to_node_list("a,b", "a") == "a,b");
   CHECK(add_to_node_list("a,,b", "c") == "a,b,c");
 }
+
+TEST_CASE("stopped: a rank whose process stays stopped for stopped_s is a Hang of that rank, not of its node") {
+  Evaluator ev;
+  Policy p = fast_policy();
+  p.stopped_s = 2;
+  const double t0 = 1000;
+  auto world = [&](double t, double stopped_since_1) {
+    std::map<int, RankObs> m{{0, rank(0, 10, t - 5)}, {1, rank(1, 10, t - 5)}};
+    m[0].stopped_since = 0;
+    m[1].stopped_since = stopped_since_1;
+    return m;
+  };
+  // A brief stop (a profiler's sample, a debugger stepping) that ends before stopped_s: nothing.
+  CHECK_FALSE(ev.evaluate(kJob, 0, world(t0, t0), p, t0));
+  CHECK_FALSE(ev.evaluate(kJob, 0, world(t0 + 1.5, t0), p, t0 + 1.5));
+  CHECK_FALSE(ev.evaluate(kJob, 0, world(t0 + 2.5, 0), p, t0 + 2.5));
+  // Stopped at t0 + 3 and still at t0 + 5: the verdict names rank 1, the onset is when it was first seen stopped.
+  CHECK_FALSE(ev.evaluate(kJob, 0, world(t0 + 3, t0 + 3), p, t0 + 3));
+  CHECK_FALSE(ev.evaluate(kJob, 0, world(t0 + 4.9, t0 + 3), p, t0 + 4.9));
+  auto v = ev.evaluate(kJob, 0, world(t0 + 5, t0 + 3), p, t0 + 5);
+  REQUIRE(v);
+  CHECK(v->rule == "stopped");
+  CHECK(v->reason == "Hang");
+  CHECK(v->rank == 1);
+  CHECK(v->node == "node-1");
+  CHECK_FALSE(v->node_suspect);
+  CHECK(v->onset == doctest::Approx(t0 + 3));
+  CHECK(v->evidence.find("rank 1's process stopped") != std::string::npos);
+  // Once per generation.
+  CHECK_FALSE(ev.evaluate(kJob, 0, world(t0 + 6, t0 + 3), p, t0 + 6));
+
+  // Off with stopped_s 0: the same world fires nothing before the stall threshold.
+  Evaluator off;
+  Policy p0 = fast_policy();
+  p0.stopped_s = 0;
+  CHECK_FALSE(off.evaluate(kJob, 0, world(t0, t0), p0, t0));
+  CHECK_FALSE(off.evaluate(kJob, 0, world(t0 + 5, t0), p0, t0 + 5));
+}
+
+TEST_CASE("stopped: group_samples reads the agent's stopped-since series") {
+  std::vector<Sample> samples;
+  Sample s;
+  s.name = "railyard_worker_process_stopped_since_timestamp_seconds";
+  s.labels = {{"namespace", "ns"}, {"trainingjob", "job"}, {"rank", "1"}};
+  s.value = 1234.5;
+  samples.push_back(s);
+  auto g = group_samples(samples);
+  CHECK(g[kJob][1].stopped_since == 1234.5);
+}
