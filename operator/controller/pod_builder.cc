@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <charconv>
 #include <set>
+#include <string_view>
 
 #include "common/error.h"
 #include "common/kube/client.h"
@@ -110,7 +111,7 @@ void apply_security_defaults(Json& container, Json& pod_spec) {
 // A read-only root filesystem still needs /tmp (the agent writes /tmp/railyard-agent) and a /dev/shm large enough for
 // the in-memory checkpoint tier (POSIX shm; containers default to 64 MiB). The template's own mounts of either path
 // win. The memory-backed emptyDir has no sizeLimit: its pages count against the container's memory limit.
-void add_writable_mounts(Json& container, Json& pod_spec) {
+void add_writable_mounts(Json& container, Json& pod_spec, bool program) {
   Json mounts = container.contains("volumeMounts") && container["volumeMounts"].is_array() ? container["volumeMounts"]
                                                                                            : Json::array();
   Json volumes = pod_spec.contains("volumes") && pod_spec["volumes"].is_array() ? pod_spec["volumes"] : Json::array();
@@ -118,9 +119,10 @@ void add_writable_mounts(Json& container, Json& pod_spec) {
     const char* name;
     const char* path;
     bool memory;
-  } wanted[] = {{kTmpVolume, "/tmp", false}, {kShmVolume, "/dev/shm", true}};
+  } wanted[] = {{kTmpVolume, "/tmp", false}, {kShmVolume, "/dev/shm", true}, {kHomeVolume, kProgramHome, false}};
   bool changed = false;
   for (const auto& w : wanted) {
+    if (!program && std::string_view(w.name) == kHomeVolume) continue;  // the built-in trainer writes no home
     if (mounts_path(mounts, w.path) || has_named(volumes, w.name)) continue;
     volumes.push_back({{"name", w.name}, {"emptyDir", w.memory ? Json{{"medium", "Memory"}} : Json::object()}});
     mounts.push_back({{"name", w.name}, {"mountPath", w.path}});
@@ -269,6 +271,7 @@ WorkerPodBuilder::WorkerPodBuilder(const Json& job, const JobSpec& spec, int64_t
     if (spec.checkpoint_interval_steps > 0)
       shared["RAILYARD_CHECKPOINT_INTERVAL_STEPS"] = std::to_string(spec.checkpoint_interval_steps);
     if (spec.steps > 0) shared["RAILYARD_TOTAL_STEPS"] = std::to_string(spec.steps);
+    for (const auto& [name, value] : program_home_env()) shared[name] = value;
   }
   if (!opts.roots.data.empty()) shared["RAILYARD_DATA_ROOT"] = opts.roots.data;
   if (!opts.roots.checkpoint.empty()) shared["RAILYARD_CHECKPOINT_ROOT"] = opts.roots.checkpoint;
@@ -344,7 +347,7 @@ WorkerPodBuilder::WorkerPodBuilder(const Json& job, const JobSpec& spec, int64_t
   // termination message, which the operator shows (pod_termination_message). The template may choose otherwise.
   if (!container.contains("terminationMessagePolicy")) container["terminationMessagePolicy"] = "FallbackToLogsOnError";
   apply_security_defaults(container, pod_spec);
-  add_writable_mounts(container, pod_spec);
+  add_writable_mounts(container, pod_spec, spec.program);
   if (spec.program) add_launcher(container, pod_spec, spec, opts);
   containers.insert(containers.begin(), container);
   pod_spec["containers"] = containers;
@@ -383,6 +386,20 @@ Json WorkerPodBuilder::pod(int index) const {
     for (Json& e : pod["spec"]["containers"][0]["env"])
       if (e.value("name", "") == kReplicaIndexEnv) e["value"] = idx;
   return pod;
+}
+
+std::vector<std::pair<std::string, std::string>> program_home_env() {
+  const std::string home = kProgramHome;
+  // Each tool's own variable as well as HOME and XDG_CACHE_HOME: some read only their own (TORCHINDUCTOR_CACHE_DIR's
+  // default needs a user name uid 65532 lacks; Triton's is ~/.triton), and naming each shows where it goes.
+  return {{"HOME", home},
+          {"XDG_CACHE_HOME", home + "/.cache"},
+          {"PIP_CACHE_DIR", home + "/.cache/pip"},
+          {"HF_HOME", home + "/.cache/huggingface"},
+          {"TORCH_HOME", home + "/.cache/torch"},
+          {"TRITON_CACHE_DIR", home + "/.cache/triton"},
+          {"TORCHINDUCTOR_CACHE_DIR", home + "/.cache/torchinductor"},
+          {"MPLCONFIGDIR", home + "/.config/matplotlib"}};
 }
 
 Json build_worker_pod(const Json& job, const JobSpec& spec, int index, int64_t generation, const PodOptions& opts) {

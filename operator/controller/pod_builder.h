@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/tls/pki.h"
@@ -36,6 +37,14 @@ inline constexpr int64_t kWorkerUid = 65532;
 // The writable mounts a read-only root filesystem needs, added unless the template mounts the path itself.
 inline constexpr const char* kTmpVolume = "railyard-tmp";  // emptyDir at /tmp
 inline constexpr const char* kShmVolume = "railyard-shm";  // emptyDir (medium Memory) at /dev/shm
+// A program's home (emptyDir at kProgramHome): HOME and the common caches point there unless the template sets them
+// (program_home_env), so pip, Hugging Face, torch hub, Triton, TorchInductor and matplotlib work under the read-only
+// root filesystem and uid 65532, which has no home in most images.
+inline constexpr const char* kHomeVolume = "railyard-home";
+inline constexpr const char* kProgramHome = "/home/railyard";
+// The variables and their values (under kProgramHome), in the job's ConfigMap: the template's env or envFrom of the
+// same name wins. docs/programs.md "Images that just work".
+std::vector<std::pair<std::string, std::string>> program_home_env();
 
 struct PodOptions {
   std::string worker_image = "railyard/worker:latest";

@@ -16,7 +16,8 @@
 #      same script run undisturbed on the host by two local processes (same Debian PyTorch: stated tolerance 1e-4, the
 #      runs agree to the printed digits; a resumed run sees the same data from the restored step on):
 #      1. the image holds no railyard-worker; the pod's launcher init container copies the agent in, and each rank
-#         runs with torchrun's environment (RANK, WORLD_SIZE, ..., TORCHELASTIC_RUN_ID); the pods pass the restricted
+#         runs with torchrun's environment (RANK, WORLD_SIZE, ..., TORCHELASTIC_RUN_ID) and a writable HOME with its
+#         caches (HOME, XDG_CACHE_HOME, HF_HOME, ...); the pods pass the restricted
 #         profile; no restart request while it trains; the metrics port serves the ranks' series;
 #      2. kill -9 of rank 1's python: the generation restarts in place (same pods), the script resumes from its own
 #         checkpoint losing at most the checkpoint interval (20 steps);
@@ -250,7 +251,16 @@ missing = [k for k in want if k not in env]
 assert not missing, f"missing {missing}"
 assert env["WORLD_SIZE"] == "2" and env["GROUP_WORLD_SIZE"] == "2" and env["TORCHELASTIC_MAX_RESTARTS"] == "5", env
 assert "RAILYARD_RENDEZVOUS_TOKEN" not in env
+assert env.get("HOME") == "/home/railyard" and env.get("HF_HOME") == "/home/railyard/.cache/huggingface", env
 ' 2>"$work/env.err" || fail "torchrun's environment in the container: $(tail -2 "$work/env.err")"
+# The program's home is writable under the read-only root filesystem and uid 65532 (pip, Hugging Face, Triton caches).
+kubectl exec "$pod" -n "$ns" -- python3 -c '
+import os
+for d in ("~", os.environ["XDG_CACHE_HOME"], os.environ["TRITON_CACHE_DIR"], os.environ["MPLCONFIGDIR"]):
+    d = os.path.expanduser(d)
+    os.makedirs(d, exist_ok=True)
+    open(os.path.join(d, "probe"), "w").write("ok")
+' 2>"$work/home.err" || fail "the program's HOME or caches are not writable: $(tail -2 "$work/home.err")"
 # The reference read the same text as the image (Debian's base-files).
 [ "$(kubectl exec "$pod" -n "$ns" -- python3 -c 'import hashlib; print(hashlib.sha256(open("/usr/share/common-licenses/GPL-3", "rb").read()).hexdigest())')" = \
   "$(sha256sum /usr/share/common-licenses/GPL-3 | cut -d' ' -f1)" ] || fail "the image's GPL-3 text differs from the host's"

@@ -211,3 +211,51 @@ TEST_CASE("every pod the operator builds passes the restricted Pod Security Stan
   CHECK(bad.find("securityContext.runAsNonRoot: must be true") != std::string::npos);
   CHECK(bad.find("securityContext.runAsUser: must not be 0") != std::string::npos);
 }
+
+TEST_CASE("a program's home: HOME and the common caches on an emptyDir, unless the template sets them") {
+  auto has_mount = [](const Json& c, const std::string& path) {
+    for (const Json& m : c.value("volumeMounts", Json::array()))
+      if (m.value("mountPath", "") == path) return true;
+    return false;
+  };
+  Json job = program_job();
+  JobSpec spec = parse_job(job).spec;
+  Json pod = build_worker_pod(job, spec, 0, 1, PodOptions{});
+  const Json& c = pod["spec"]["containers"][0];
+  CHECK(has_mount(c, "/home/railyard"));
+  bool volume = false;
+  for (const Json& v : pod["spec"]["volumes"])
+    if (v["name"] == "railyard-home") volume = v.contains("emptyDir");
+  CHECK(volume);
+  // In the job's ConfigMap (envFrom), so a template's env of the same name wins.
+  const Json data = build_env_configmap(job, spec, PodOptions{})["data"];
+  CHECK(data["HOME"] == "/home/railyard");
+  CHECK(data["XDG_CACHE_HOME"] == "/home/railyard/.cache");
+  for (const char* v :
+       {"PIP_CACHE_DIR", "HF_HOME", "TORCH_HOME", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "MPLCONFIGDIR"}) {
+    INFO(v);
+    REQUIRE(data.contains(v));
+    CHECK(data[v].get<std::string>().rfind("/home/railyard/", 0) == 0);
+  }
+  CHECK(c["envFrom"][0]["configMapRef"]["name"] == "ddp-env");
+  // The template's HOME (its own env) comes after the ConfigMap in precedence: Kubernetes lets env win over envFrom.
+  Json mine = program_job(
+      {{"spec",
+        {{"template",
+          {{"spec",
+            {{"containers",
+              Json::array({{{"env", Json::array({{{"name", "HOME"}, {"value", "/data"}}})},
+                            {"volumeMounts", Json::array({{{"name", "h"}, {"mountPath", "/home/railyard"}}})}}})},
+             {"volumes", Json::array({{{"name", "h"}, {"emptyDir", Json::object()}}})}}}}}}}});
+  Json pod2 = build_worker_pod(mine, parse_job(mine).spec, 0, 1, PodOptions{});
+  bool home_env = false;
+  for (const Json& e : pod2["spec"]["containers"][0]["env"]) home_env |= e["name"] == "HOME" && e["value"] == "/data";
+  CHECK(home_env);
+  // The template's own mount of the path is kept, and no second volume is added for it.
+  for (const Json& v : pod2["spec"]["volumes"]) CHECK(v["name"] != "railyard-home");
+  // The built-in trainer gets neither.
+  Json trainer = railyard::op::testing::job_with(Json::object());
+  Json tpod = build_worker_pod(trainer, parse_job(trainer).spec, 0, 1, PodOptions{});
+  CHECK_FALSE(has_mount(tpod["spec"]["containers"][0], "/home/railyard"));
+  CHECK_FALSE(build_env_configmap(trainer, parse_job(trainer).spec, PodOptions{})["data"].contains("HOME"));
+}
