@@ -24,6 +24,7 @@ int run_plan(const Args& args);      // railyard plan ... (plan_command.cc)
 int run_report(const Args& args);    // railyard report ... (report_command.cc)
 int run_eval(const Args& args);      // railyard eval ... (eval_command.cc)
 int run_generate(const Args& args);  // railyard generate ... (generate_command.cc)
+int run_convert(const Args& args);   // railyard convert ... (convert_command.cc)
 
 // Strict numbers for flags: the whole text must parse; throws UsageError naming the flag.
 unsigned long long parse_count(const std::string& flag, const std::string& text);

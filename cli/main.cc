@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "checkpoint/cli.h"
-#include "common/error.h"
 #include "cli/cli.h"
 #include "cli/usage.h"
+#include "common/error.h"
 
 namespace railyard::cli {
 
@@ -32,6 +32,8 @@ constexpr const char* kUsageTail =
                        continue a prompt with a trained model (railyard generate --help)
   report --log FILE [--log FILE...] [--status FILE] [--checkpoints DIR] [--output FILE.html]
                        write a self-contained HTML report of a training run (railyard report --help)
+  convert FILE... [--output FILE]
+                       a Kubeflow PyTorchJob or TrainJob (with its runtime) as a TrainingJob (railyard convert --help)
   ckpt ls|inspect|verify|reshard DIR ...
                        list, inspect, verify and reshard checkpoints (railyard ckpt --help)
   help, --help, -h     this text
@@ -84,6 +86,7 @@ int run(const Args& args) {
   if (cmd == "report") return run_report(rest);
   if (cmd == "eval") return run_eval(rest);
   if (cmd == "generate") return run_generate(rest);
+  if (cmd == "convert") return run_convert(rest);
   if (cmd == "ckpt") {
     // The checkpoint library owns its command line; it expects argv[0] == "ckpt".
     std::vector<std::string> owned(args.begin(), args.end());
@@ -93,7 +96,8 @@ int run(const Args& args) {
     return ckpt::cli_main(static_cast<int>(owned.size()), argv.data());
   }
   if (!cmd.empty() && cmd[0] == '-') throw UsageError{"unknown flag '" + cmd + "'"};
-  throw UsageError{"unknown command '" + cmd + "' (commands: data, model, plan, eval, generate, ckpt, report, help)"};
+  throw UsageError{"unknown command '" + cmd +
+                   "' (commands: data, model, plan, eval, generate, convert, ckpt, report, help)"};
 }
 
 }  // namespace railyard::cli

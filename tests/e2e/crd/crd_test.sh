@@ -19,6 +19,14 @@ for f in "$src"/deploy/examples/*.yaml; do
   kubectl apply -n "$ns" --dry-run=server -f "$f" >/dev/null || fail "example $f refused"
 done
 
+# What `railyard convert` makes of Kubeflow's PyTorchJobs and TrainJobs is accepted too (namespace taken from here).
+bin=${RAILYARD_BIN_DIR:?}
+for f in "$src"/tests/unit/cli/manifests/pytorchjob-*.* "$src"/tests/unit/cli/manifests/trainjob-torch.yaml; do
+  out=$("$bin/railyard" convert "$f" 2>/dev/null) || fail "railyard convert $f failed"
+  sed '/^  namespace: /d' <<<"$out" | kubectl apply -n "$ns" --dry-run=server -f - >/dev/null ||
+    fail "the conversion of $(basename "$f") was refused by the CRD"
+done
+
 # Every malformed manifest is refused, and the message names the field. The API server's own validation is what
 # protects the cluster from any client, so it is checked with kubectl's client-side validation off; unknown fields
 # are pruned by the server (structural schema), so that case is checked with client-side validation on.

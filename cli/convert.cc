@@ -1,0 +1,499 @@
+#include "cli/convert.h"
+
+#include <algorithm>
+#include <cctype>
+#include <map>
+#include <set>
+
+#include "common/error.h"
+
+namespace railyard::cli {
+namespace {
+
+using nlohmann::json;
+
+const json& at(const json& j, const char* key) {
+  static const json null_value;
+  return j.is_object() && j.contains(key) ? j[key] : null_value;
+}
+
+std::string str(const json& j, const char* key) {
+  const json& v = at(j, key);
+  return v.is_string() ? v.get<std::string>() : std::string();
+}
+
+std::vector<std::string> strings(const json& v, const std::string& field) {
+  std::vector<std::string> out;
+  if (v.is_null()) return out;
+  if (!v.is_array()) throw Error(field + ": not a list of strings");
+  for (const json& x : v) {
+    if (!x.is_string()) throw Error(field + ": " + x.dump() + " is not a string");
+    out.push_back(x.get<std::string>());
+  }
+  return out;
+}
+
+// A count as PyTorchJob and TrainJob write it: an integer, or a string of one.
+std::optional<int64_t> count_of(const json& v) {
+  if (v.is_number_integer()) return v.get<int64_t>();
+  if (v.is_string()) {
+    const std::string s = v.get<std::string>();
+    if (!s.empty() && s.size() < 10 && std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isdigit(c); }))
+      return std::stoll(s);
+  }
+  return std::nullopt;
+}
+
+int64_t gpus_of(const json& resources) {
+  for (const char* part : {"limits", "requests"})
+    if (auto n = count_of(at(at(resources, part), "nvidia.com/gpu"))) return *n;
+  return 0;
+}
+
+// The container that runs the training: the one of this name, else the first.
+json* main_container(json& pod_spec, const std::string& name, const std::string& field) {
+  json& cs = pod_spec["containers"];
+  if (!cs.is_array() || cs.empty()) throw Error(field + ".containers: no container to convert");
+  for (json& c : cs)
+    if (str(c, "name") == name) return &c;
+  return &cs[0];
+}
+
+// Processes per pod from torchrun's flag or the operator's setting ("auto", "gpu", "cpu" or a number).
+int64_t procs_from(const std::string& value, const std::string& field, int64_t gpus, std::vector<std::string>& notes) {
+  if (auto n = count_of(json(value))) {
+    if (*n < 1 || *n > 64) throw Error(field + " '" + value + "': Railyard runs 1 to 64 processes per pod");
+    return *n;
+  }
+  if ((value == "auto" || value == "gpu") && gpus > 0) return gpus;
+  notes.push_back(
+      field + " '" + value + "': one process per pod (" +
+      (value == "cpu" || value == "auto" ? "torchrun would start one per CPU core; " : "no GPUs requested; ") +
+      "set spec.procsPerReplica to change it)");
+  return 1;
+}
+
+// The variables Railyard sets for every rank (worker/agent/rank_env.cc): a template's value of them is overridden.
+bool railyard_sets(const std::string& name) {
+  static const std::set<std::string> names = {"MASTER_ADDR", "MASTER_PORT",      "WORLD_SIZE", "RANK",
+                                              "LOCAL_RANK",  "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK"};
+  return names.count(name) || name.rfind("PET_", 0) == 0;
+}
+
+// The parts of a worker container Railyard takes elsewhere (spec.image, spec.program, spec.resources) leave the
+// template; env entries Railyard sets per rank are dropped with a note.
+json template_container(json c, const std::string& field, std::vector<std::string>& notes) {
+  for (const char* k : {"image", "command", "args", "resources"}) c.erase(k);
+  if (c.contains("env") && c["env"].is_array()) {
+    json kept = json::array();
+    for (const json& e : c["env"]) {
+      const std::string n = str(e, "name");
+      if (railyard_sets(n))
+        notes.push_back(field + ".env " + n + ": dropped (Railyard sets it for every rank; docs/migrating.md)");
+      else
+        kept.push_back(e);
+    }
+    c["env"] = kept;
+    if (kept.empty()) c.erase("env");
+  }
+  return c;
+}
+
+// metadata of the output: name, namespace, labels and annotations of the input (without kubectl's own).
+json metadata_from(const json& in, const std::string& from) {
+  json md = json::object();
+  for (const char* k : {"name", "namespace", "labels", "annotations"})
+    if (at(at(in, "metadata"), k).is_string() || at(at(in, "metadata"), k).is_object()) md[k] = in["metadata"][k];
+  if (str(md, "name").empty()) throw Error("metadata.name: the " + from + " has no name");
+  if (md.contains("annotations")) md["annotations"].erase("kubectl.kubernetes.io/last-applied-configuration");
+  md["annotations"]["railyard.dev/converted-from"] =
+      from + " " + (md.contains("namespace") ? str(md, "namespace") + "/" : "") + str(md, "name");
+  return md;
+}
+
+// command + args, with a torchrun launcher turned into the program it runs; procs from its --nproc-per-node.
+struct Program {
+  std::vector<std::string> command, args;
+  std::string nproc;  // "" when no torchrun flag said
+  bool torchrun = false;
+};
+Program program_of(const std::vector<std::string>& command, const std::vector<std::string>& args,
+                   const std::string& field, std::vector<std::string>& notes) {
+  if (command.empty())
+    throw Error(field +
+                ".command: not given, so the image's entrypoint would run, which the manifest does not show; "
+                "give the command (for example [torchrun, /app/train.py] or [python3, /app/train.py])");
+  std::vector<std::string> all = command;
+  all.insert(all.end(), args.begin(), args.end());
+  Program p;
+  if (auto t = split_torchrun(all)) {
+    p.torchrun = true;
+    p.nproc = t->nproc_per_node;
+    // One list: the interpreter and script as command, the script's own arguments as args.
+    const size_t head = std::min<size_t>(t->program.size(), t->program.size() > 1 && t->program[1] == "-m" ? 3 : 2);
+    p.command.assign(t->program.begin(), t->program.begin() + static_cast<std::ptrdiff_t>(head));
+    p.args.assign(t->program.begin() + static_cast<std::ptrdiff_t>(head), t->program.end());
+    std::string dropped;
+    for (const auto& d : t->dropped) dropped += (dropped.empty() ? "" : " ") + d;
+    notes.push_back(field + ".command: torchrun replaced by Railyard's launcher, which starts procsPerReplica " +
+                    "processes per pod with torchrun's environment" +
+                    (dropped.empty() ? std::string() : "; launcher flags left out: " + dropped));
+  } else {
+    p.command = command;
+    p.args = args;
+    for (const std::string& a : all)
+      if (a.find("torchrun") != std::string::npos || a.find("torch.distributed.run") != std::string::npos) {
+        notes.push_back(field + ".command: mentions torchrun inside '" + a +
+                        "', which was not rewritten: Railyard starts the command once per local rank; make it run "
+                        "the script directly");
+        break;
+      }
+  }
+  return p;
+}
+
+void apply_elastic(json& spec, const json& min, const json& max, const std::string& field) {
+  auto lo = count_of(min), hi = count_of(max);
+  if (!lo && !hi) return;
+  const int64_t replicas = spec["replicas"].get<int64_t>();
+  if (lo) spec["elastic"]["minReplicas"] = *lo;
+  if (hi) spec["elastic"]["maxReplicas"] = *hi;
+  if ((lo && *lo > replicas) || (hi && *hi < replicas))
+    throw Error(field + ": the range " + (lo ? std::to_string(*lo) : "") + ".." + (hi ? std::to_string(*hi) : "") +
+                " does not hold the job's " + std::to_string(replicas) + " pods");
+}
+
+Conversion from_pytorchjob(const json& pj) {
+  Conversion out;
+  auto& notes = out.notes;
+  const json& spec = at(pj, "spec");
+  const json& roles = at(spec, "pytorchReplicaSpecs");
+  if (!roles.is_object() || roles.empty()) throw Error("spec.pytorchReplicaSpecs: missing; nothing to convert");
+  for (const auto& [role, _] : roles.items())
+    if (role != "Master" && role != "Worker")
+      throw Error("spec.pytorchReplicaSpecs." + role +
+                  ": only Master and Worker convert (every Railyard pod runs "
+                  "the same template)");
+  const json& master = at(roles, "Master");
+  const json& worker = at(roles, "Worker");
+  int64_t pods = 0;
+  for (const json* r : {&master, &worker})
+    if (r->is_object()) pods += count_of(at(*r, "replicas")).value_or(1);
+  if (master.is_object() && worker.is_object() && at(master, "template") != at(worker, "template"))
+    throw Error(
+        "spec.pytorchReplicaSpecs: Master and Worker have different templates; Railyard runs one template "
+        "for every pod (its pod 0 plays the master): make them equal first");
+  const std::string role = worker.is_object() ? "Worker" : "Master";
+  const std::string field = "spec.pytorchReplicaSpecs." + role + ".template.spec";
+  json pod = at(at(worker.is_object() ? worker : master, "template"), "spec");
+  if (!pod.is_object()) throw Error(field + ": missing");
+  json& c = *main_container(pod, "pytorch", field);
+  const std::string cfield = field + ".containers[" + str(c, "name") + "]";
+  const std::string image = str(c, "image");
+  if (image.empty()) throw Error(cfield + ".image: missing");
+  Program prog = program_of(strings(at(c, "command"), cfield + ".command"), strings(at(c, "args"), cfield + ".args"),
+                            cfield, notes);
+  const json resources = at(c, "resources");
+  const int64_t gpus = gpus_of(resources);
+
+  json job = {{"apiVersion", "railyard.dev/v1alpha1"}, {"kind", "TrainingJob"}};
+  job["metadata"] = metadata_from(pj, "kubeflow.org/v1 PyTorchJob");
+  json& s = job["spec"];
+  s["replicas"] = pods;
+  std::string nproc = prog.nproc;
+  std::string nproc_field = cfield + ".command --nproc-per-node";
+  if (nproc.empty() && at(spec, "nprocPerNode").is_string()) {
+    nproc = spec["nprocPerNode"].get<std::string>(), nproc_field = "spec.nprocPerNode";
+  } else if (nproc.empty() && count_of(at(at(spec, "elasticPolicy"), "nProcPerNode"))) {
+    nproc = std::to_string(*count_of(spec["elasticPolicy"]["nProcPerNode"]));
+    nproc_field = "spec.elasticPolicy.nProcPerNode";
+  }
+  if (!prog.torchrun && !nproc.empty() && nproc != "1")
+    notes.push_back(nproc_field + " '" + nproc +
+                    "': the command is not torchrun, so the PyTorchJob ran it once per "
+                    "pod; Railyard does the same (procsPerReplica 1)");
+  s["procsPerReplica"] = prog.torchrun && !nproc.empty() ? procs_from(nproc, nproc_field, gpus, notes) : 1;
+  s["device"] = gpus > 0 ? "cuda" : "cpu";
+  s["image"] = image;
+  s["program"] = {{"command", prog.command}};
+  if (!prog.args.empty()) s["program"]["args"] = prog.args;
+  if (resources.is_object() && !resources.empty()) s["resources"] = resources;
+  if (s["procsPerReplica"].get<int64_t>() > 1)
+    notes.push_back("WORLD_SIZE and RANK count processes (pods x procsPerReplica), as under torchrun");
+
+  const json& elastic = at(spec, "elasticPolicy");
+  apply_elastic(s, at(elastic, "minReplicas"), at(elastic, "maxReplicas"), "spec.elasticPolicy");
+  const json& run = at(spec, "runPolicy");
+  if (auto n = count_of(at(elastic, "maxRestarts")))
+    s["failurePolicy"]["maxRestarts"] = *n;
+  else if (auto b = count_of(at(run, "backoffLimit")))
+    s["failurePolicy"]["maxRestarts"] = *b;
+  for (const char* k : {"rdzvBackend", "rdzvHost", "rdzvPort", "rdzvId", "rdzvConf", "standalone", "metrics"})
+    if (!at(elastic, k).is_null())
+      notes.push_back(std::string("spec.elasticPolicy.") + k + ": not carried over (" +
+                      (std::string(k) == "metrics" ? "Railyard resizes on lost or returned capacity and kubectl scale, "
+                                                     "not on metrics"
+                                                   : "Railyard's own rendezvous replaces torch's") +
+                      ")");
+  for (const char* k : {"cleanPodPolicy", "ttlSecondsAfterFinished", "activeDeadlineSeconds", "suspend"})
+    if (!at(run, k).is_null()) s["runPolicy"][k] = run[k];
+  if (at(run, "cleanPodPolicy").is_null())
+    notes.push_back(
+        "spec.runPolicy.cleanPodPolicy: not given; Railyard's default is Running (pods that ended are "
+        "kept, running ones deleted when the job ends)");
+  const json& sched = at(run, "schedulingPolicy");
+  if (!str(sched, "queue").empty()) {
+    job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = str(sched, "queue");
+    notes.push_back(
+        "spec.runPolicy.schedulingPolicy.queue: became the label kueue.x-k8s.io/queue-name (Kueue's "
+        "plain-pod groups; docs/scheduler.md)");
+  }
+  if (!str(sched, "priorityClass").empty()) pod["priorityClassName"] = str(sched, "priorityClass");
+  for (const char* k : {"minAvailable", "scheduleTimeoutSeconds"})
+    if (!at(sched, k).is_null())
+      notes.push_back(std::string("spec.runPolicy.schedulingPolicy.") + k +
+                      ": not carried over (Railyard binds the whole gang or none)");
+  for (const auto& [r, rs] : roles.items())
+    if (!str(rs, "restartPolicy").empty() && str(rs, "restartPolicy") != "Never")
+      notes.push_back("spec.pytorchReplicaSpecs." + r + ".restartPolicy " + str(rs, "restartPolicy") +
+                      ": Railyard restarts the whole gang in place from its checkpoint instead (failurePolicy; a "
+                      "program's every exit is retryable by default)");
+
+  c = template_container(c, cfield, notes);
+  pod.erase("restartPolicy");
+  s["template"] = {{"spec", pod}};
+  const json& tmeta = at(at(worker.is_object() ? worker : master, "template"), "metadata");
+  if (tmeta.is_object() && !tmeta.empty()) s["template"]["metadata"] = tmeta;
+  out.job = job;
+  return out;
+}
+
+Conversion from_trainjob(const json& tj, const std::vector<json>& docs) {
+  Conversion out;
+  auto& notes = out.notes;
+  const json& spec = at(tj, "spec");
+  const json& ref = at(spec, "runtimeRef");
+  const std::string rname = str(ref, "name");
+  const std::string rkind = str(ref, "kind").empty() ? "ClusterTrainingRuntime" : str(ref, "kind");
+  if (rname.empty()) throw Error("spec.runtimeRef.name: missing; a TrainJob names its runtime");
+  const json* runtime = nullptr;
+  for (const json& d : docs)
+    if (str(d, "kind") == rkind && str(at(d, "metadata"), "name") == rname) runtime = &d;
+  if (runtime == nullptr) {
+    const std::string lower = rkind == "TrainingRuntime" ? "trainingruntime" : "clustertrainingruntime";
+    throw Error("spec.runtimeRef: the TrainJob runs on " + rkind + " '" + rname +
+                "', which is not in the input; its image, command, processes per node and pod template come from "
+                "there: add it (kubectl get " +
+                lower + " " + rname + " -o yaml) as another document or file");
+  }
+  const json& rspec = at(*runtime, "spec");
+  const json& ml = at(rspec, "mlPolicy");
+  const json& torch = at(ml, "torch");
+  if (!torch.is_object())
+    throw Error(rkind + " '" + rname +
+                "' spec.mlPolicy: no torch policy; only torch runtimes convert (Railyard "
+                "starts PyTorch programs; MPI and DeepSpeed runtimes have no equivalent)");
+  const json& rjobs = at(at(at(rspec, "template"), "spec"), "replicatedJobs");
+  if (!rjobs.is_array() || rjobs.empty())
+    throw Error(rkind + " '" + rname + "' spec.template.spec.replicatedJobs: none");
+  const json* node = nullptr;
+  for (const json& rj : rjobs) {
+    const std::string step =
+        str(at(at(at(rj, "template"), "metadata"), "labels"), "trainer.kubeflow.org/trainjob-ancestor-step");
+    if (str(rj, "name") == "node" || step == "trainer") node = &rj;
+  }
+  for (const json& rj : rjobs)
+    if (&rj != node)
+      notes.push_back(rkind + " '" + rname + "' replicatedJob '" + str(rj, "name") +
+                      "': not carried over (Railyard runs no initializers yet: prepare data and models beforehand)");
+  if (node == nullptr) throw Error(rkind + " '" + rname + "': no replicatedJob named node (the trainer)");
+  const std::string field = rkind + " '" + rname + "' replicatedJob node";
+  json pod = at(at(at(at(*node, "template"), "spec"), "template"), "spec");
+  if (!pod.is_object()) throw Error(field + ": no pod template");
+  json& c = *main_container(pod, "node", field);
+  const std::string cfield = field + " container " + str(c, "name");
+  const json& trainer = at(spec, "trainer");
+
+  const std::string image = !str(trainer, "image").empty() ? str(trainer, "image") : str(c, "image");
+  if (image.empty()) throw Error("spec.trainer.image: missing here and in " + cfield);
+  std::vector<std::string> command = strings(at(trainer, "command"), "spec.trainer.command");
+  std::vector<std::string> args = strings(at(trainer, "args"), "spec.trainer.args");
+  std::string cmd_field = "spec.trainer";
+  if (command.empty()) {
+    command = strings(at(c, "command"), cfield + ".command");
+    if (args.empty()) args = strings(at(c, "args"), cfield + ".args");
+    cmd_field = cfield;
+  }
+  Program prog = program_of(command, args, cmd_field, notes);
+  json resources = at(trainer, "resourcesPerNode").is_object() ? trainer["resourcesPerNode"] : at(c, "resources");
+  const int64_t gpus = gpus_of(resources);
+  const int64_t nodes = count_of(at(trainer, "numNodes")).value_or(count_of(at(ml, "numNodes")).value_or(1));
+  const json& nproc_v =
+      !at(trainer, "numProcPerNode").is_null() ? at(trainer, "numProcPerNode") : at(torch, "numProcPerNode");
+  std::string nproc = nproc_v.is_string()           ? nproc_v.get<std::string>()
+                      : nproc_v.is_number_integer() ? nproc_v.dump()
+                                                    : "auto";
+  std::string nproc_field = !at(trainer, "numProcPerNode").is_null()
+                                ? "spec.trainer.numProcPerNode"
+                                : rkind + " '" + rname + "' mlPolicy.torch.numProcPerNode";
+  if (!prog.nproc.empty()) nproc = prog.nproc, nproc_field = cmd_field + ".command --nproc-per-node";
+
+  json job = {{"apiVersion", "railyard.dev/v1alpha1"}, {"kind", "TrainingJob"}};
+  job["metadata"] = metadata_from(tj, "trainer.kubeflow.org/v1alpha1 TrainJob");
+  json& s = job["spec"];
+  s["replicas"] = nodes;
+  if (prog.torchrun) {
+    s["procsPerReplica"] = procs_from(nproc, nproc_field, gpus, notes);
+  } else {
+    s["procsPerReplica"] = 1;
+    notes.push_back(cmd_field +
+                    ".command: not torchrun, so Trainer ran it once per node; Railyard does the same "
+                    "(procsPerReplica 1)");
+  }
+  s["device"] = gpus > 0 ? "cuda" : "cpu";
+  s["image"] = image;
+  s["program"] = {{"command", prog.command}};
+  if (!prog.args.empty()) s["program"]["args"] = prog.args;
+  if (resources.is_object() && !resources.empty()) s["resources"] = resources;
+  const json& elastic = at(torch, "elasticPolicy");
+  apply_elastic(s, at(elastic, "minNodes"), at(elastic, "maxNodes"),
+                rkind + " '" + rname + "' mlPolicy.torch.elasticPolicy");
+  if (auto n = count_of(at(elastic, "maxRestarts"))) s["failurePolicy"]["maxRestarts"] = *n;
+  if (at(spec, "suspend") == true) s["runPolicy"]["suspend"] = true;
+  if (!at(rspec, "podGroupPolicy").is_null())
+    notes.push_back(rkind + " '" + rname +
+                    "' podGroupPolicy: not carried over (Railyard binds the whole gang or none)");
+  for (const char* k : {"initializer", "podSpecOverrides", "labels", "annotations", "managedBy"})
+    if (!at(spec, k).is_null()) notes.push_back(std::string("spec.") + k + ": not carried over (no equivalent yet)");
+
+  // The trainer's env over the runtime container's, by name.
+  if (at(trainer, "env").is_array()) {
+    json env = at(c, "env").is_array() ? c["env"] : json::array();
+    for (const json& e : trainer["env"]) {
+      auto it = std::find_if(env.begin(), env.end(), [&](const json& x) { return str(x, "name") == str(e, "name"); });
+      if (it != env.end())
+        *it = e;
+      else
+        env.push_back(e);
+    }
+    c["env"] = env;
+  }
+  c = template_container(c, cfield, notes);
+  pod.erase("restartPolicy");
+  s["template"] = {{"spec", pod}};
+  out.job = job;
+  return out;
+}
+
+}  // namespace
+
+std::optional<TorchrunCommand> split_torchrun(const std::vector<std::string>& cmd) {
+  auto base = [](const std::string& p) { return p.substr(p.rfind('/') == std::string::npos ? 0 : p.rfind('/') + 1); };
+  size_t i = 0;
+  std::string interpreter = "python";
+  if (!cmd.empty() && base(cmd[0]) == "torchrun") {
+    i = 1;
+  } else if (cmd.size() >= 3 && base(cmd[0]).rfind("python", 0) == 0 && cmd[1] == "-m" &&
+             (cmd[2] == "torch.distributed.run" || cmd[2] == "torch.distributed.launch")) {
+    interpreter = cmd[0];
+    i = 3;
+  } else {
+    return std::nullopt;
+  }
+  static const std::set<std::string> with_value = {"nnodes",
+                                                   "nproc_per_node",
+                                                   "nproc-per-node",
+                                                   "node_rank",
+                                                   "node-rank",
+                                                   "master_addr",
+                                                   "master-addr",
+                                                   "master_port",
+                                                   "master-port",
+                                                   "rdzv_backend",
+                                                   "rdzv-backend",
+                                                   "rdzv_endpoint",
+                                                   "rdzv-endpoint",
+                                                   "rdzv_id",
+                                                   "rdzv-id",
+                                                   "rdzv_conf",
+                                                   "rdzv-conf",
+                                                   "max_restarts",
+                                                   "max-restarts",
+                                                   "monitor_interval",
+                                                   "monitor-interval",
+                                                   "start_method",
+                                                   "start-method",
+                                                   "role",
+                                                   "log_dir",
+                                                   "log-dir",
+                                                   "redirects",
+                                                   "r",
+                                                   "tee",
+                                                   "t",
+                                                   "local_addr",
+                                                   "local-addr",
+                                                   "logs_specs",
+                                                   "logs-specs",
+                                                   "local_ranks_filter",
+                                                   "local-ranks-filter"};
+  TorchrunCommand t;
+  bool no_python = false, module = false;
+  for (; i < cmd.size() && cmd[i].size() > 1 && cmd[i][0] == '-'; ++i) {
+    const std::string& a = cmd[i];
+    if (a == "--") {
+      ++i;
+      break;
+    }
+    std::string name = a.substr(a[1] == '-' ? 2 : 1);
+    std::string value;
+    bool inline_value = false;
+    if (auto eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      inline_value = true;
+    }
+    std::string shown = a;
+    if (with_value.count(name) && !inline_value && i + 1 < cmd.size()) {
+      value = cmd[++i];
+      shown += " " + value;
+    }
+    if (name == "nproc_per_node" || name == "nproc-per-node") {
+      t.nproc_per_node = value;
+      continue;  // carried over as procsPerReplica
+    }
+    if (name == "no_python" || name == "no-python") no_python = true;
+    if (name == "m" || name == "module") module = true;
+    t.dropped.push_back(shown);
+  }
+  if (i >= cmd.size()) return std::nullopt;  // no script: not something to convert
+  if (no_python) {
+    t.program.assign(cmd.begin() + static_cast<std::ptrdiff_t>(i), cmd.end());
+  } else {
+    t.program = {interpreter};
+    if (module) t.program.push_back("-m");
+    t.program.insert(t.program.end(), cmd.begin() + static_cast<std::ptrdiff_t>(i), cmd.end());
+  }
+  return t;
+}
+
+Conversion convert_manifests(const std::vector<json>& docs) {
+  const json* job = nullptr;
+  for (const json& d : docs) {
+    const std::string kind = str(d, "kind");
+    if (kind == "PyTorchJob" || kind == "TrainJob") {
+      if (job != nullptr) throw Error("the input holds more than one PyTorchJob or TrainJob: convert one at a time");
+      job = &d;
+    }
+  }
+  if (job == nullptr) throw Error("the input holds no PyTorchJob (kubeflow.org/v1) or TrainJob (trainer.kubeflow.org)");
+  const std::string api = str(*job, "apiVersion");
+  if (str(*job, "kind") == "PyTorchJob") {
+    if (api != "kubeflow.org/v1") throw Error("apiVersion '" + api + "': only kubeflow.org/v1 PyTorchJobs convert");
+    return from_pytorchjob(*job);
+  }
+  if (api.rfind("trainer.kubeflow.org/", 0) != 0)
+    throw Error("apiVersion '" + api + "': only trainer.kubeflow.org TrainJobs convert");
+  return from_trainjob(*job, docs);
+}
+
+}  // namespace railyard::cli
