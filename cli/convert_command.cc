@@ -14,7 +14,7 @@ namespace railyard::cli {
 
 namespace {
 constexpr const char* kConvertHelp =
-    R"(railyard convert FILE... [--output FILE]
+    R"(usage: railyard convert FILE... [--output FILE]
 
 Reads a Kubeflow PyTorchJob (kubeflow.org/v1) or a Kubeflow Trainer TrainJob (trainer.kubeflow.org/v1alpha1) together
 with the ClusterTrainingRuntime or TrainingRuntime it names (YAML or JSON, one or more files, '-' for stdin, several

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -69,8 +70,18 @@ inline std::optional<RestartRequest> parse_restart_request(const std::string& va
   str("source", &r.source);
   str("time", &r.time);
   str("onset", &r.onset);
-  if (j.contains("rank") && j["rank"].is_number_integer()) r.rank = j["rank"].get<int>();
-  if (j.contains("generation") && j["generation"].is_number_integer()) r.generation = j["generation"].get<int64_t>();
+  // Anyone who may patch the job writes this annotation: a rank outside int (or a negative one other than -1) blames
+  // no rank rather than another one by wrap-around, and a generation beyond int64 is no generation.
+  if (j.contains("rank") && j["rank"].is_number_integer() && !j["rank"].is_number_unsigned() &&
+      j["rank"].get<int64_t>() >= -1 && j["rank"].get<int64_t>() <= std::numeric_limits<int>::max())
+    r.rank = static_cast<int>(j["rank"].get<int64_t>());
+  else if (j.contains("rank") && j["rank"].is_number_unsigned() &&
+           j["rank"].get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int>::max()))
+    r.rank = static_cast<int>(j["rank"].get<uint64_t>());
+  if (j.contains("generation") && j["generation"].is_number_integer() &&
+      (!j["generation"].is_number_unsigned() ||
+       j["generation"].get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())))
+    r.generation = j["generation"].get<int64_t>();
   return r;
 }
 

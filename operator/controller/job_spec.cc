@@ -181,9 +181,22 @@ std::vector<std::string> string_list(Checker& c, const Json& obj, const char* ke
     c.fail(field, "must be a list of strings, got " + obj[key].dump(), "write e.g. [python3, train.py]");
     return out;
   }
+  // The CRD's bounds (maxItems, items' maxLength), held here too for an operator that reads a job the schema did not
+  // check (an older CRD): a program's argv goes into every pod.
+  if (obj[key].size() > kMaxProgramArgs) {
+    c.fail(field, "has " + std::to_string(obj[key].size()) + " items",
+           "use at most " + std::to_string(kMaxProgramArgs) + " (put long argument lists in a file)");
+    return out;
+  }
   for (size_t i = 0; i < obj[key].size(); ++i) {
     if (!obj[key][i].is_string()) {
       c.fail(field + "[" + std::to_string(i) + "]", "must be a string, got " + obj[key][i].dump(), "quote it");
+      return out;
+    }
+    if (obj[key][i].get_ref<const std::string&>().size() > kMaxProgramArgLength) {
+      c.fail(field + "[" + std::to_string(i) + "]",
+             "is " + std::to_string(obj[key][i].get_ref<const std::string&>().size()) + " characters long",
+             "use at most " + std::to_string(kMaxProgramArgLength));
       return out;
     }
     out.push_back(obj[key][i].get<std::string>());

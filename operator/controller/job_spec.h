@@ -174,6 +174,9 @@ WorkerConfig resolved_config(const JobSpec& spec, int replicas);
 
 // Longest job name whose pod names (`<job>-worker-<index>`) and label values still fit in 63 characters.
 inline constexpr size_t kMaxJobNameLength = 52;
+// spec.program.command and args: items per list and characters per item (the CRD's maxItems and maxLength).
+inline constexpr size_t kMaxProgramArgs = 1024;
+inline constexpr size_t kMaxProgramArgLength = 65536;
 
 // status.progress: "step/total", or just "step" for a program that gave no spec.program.totalSteps.
 std::string progress_text(int64_t step, int total_steps);

@@ -64,3 +64,20 @@ TEST_CASE("restart request: hand-written values") {
   CHECK(std::string(kRestartDetectorAnnotation) == "railyard.dev/restart-detector");
   CHECK(std::string(kExcludeNodesAnnotation) == "railyard.dev/exclude-nodes");
 }
+
+TEST_CASE("restart request: a rank or generation out of range blames no rank and names no generation") {
+  // A wrapped rank would blame (and with excludeFailedNodes, exclude the node of) an innocent rank.
+  for (const char* rank : {"4294967298", "-2", "-4294967295", "18446744073709551615", "2147483648"}) {
+    INFO(rank);
+    auto r = parse_restart_request(std::string(R"({"reason":"Hang","rank":)") + rank + "}");
+    REQUIRE(r);
+    CHECK(r->rank == -1);
+  }
+  auto ok = parse_restart_request(R"({"rank":2147483647,"generation":9223372036854775807})");
+  REQUIRE(ok);
+  CHECK(ok->rank == 2147483647);
+  CHECK(ok->generation == 9223372036854775807LL);
+  auto big = parse_restart_request(R"({"generation":18446744073709551615})");
+  REQUIRE(big);
+  CHECK_FALSE(big->generation);
+}

@@ -259,3 +259,18 @@ TEST_CASE("a program's home: HOME and the common caches on an emptyDir, unless t
   CHECK_FALSE(has_mount(tpod["spec"]["containers"][0], "/home/railyard"));
   CHECK_FALSE(build_env_configmap(trainer, parse_job(trainer).spec, PodOptions{})["data"].contains("HOME"));
 }
+
+TEST_CASE("a program's argv is bounded as the CRD bounds it, naming the field") {
+  Json many = Json::array();
+  for (int i = 0; i < 1025; ++i) many.push_back("x");
+  ParsedJob p = parse_job(program_job({{"spec", {{"program", {{"args", many}}}}}}));
+  REQUIRE(p.violation);
+  CHECK(p.violation->field == "spec.program.args");
+  CHECK(p.violation->message.find("1025 items") != std::string::npos);
+  ParsedJob l = parse_job(
+      program_job({{"spec", {{"program", {{"command", Json::array({"python3", std::string(65537, 'a')})}}}}}}));
+  REQUIRE(l.violation);
+  CHECK(l.violation->field == "spec.program.command[1]");
+  many.erase(many.begin());
+  CHECK_FALSE(parse_job(program_job({{"spec", {{"program", {{"args", many}}}}}})).violation);
+}

@@ -63,7 +63,7 @@ TEST_CASE("every railyard command and subcommand prints its usage for --help and
   // The walk covers what the overview lists today; a parse that found nothing would pass vacuously.
   for (const char* c :
        {"data", "data prepare", "data inspect", "data sample", "model", "model inspect", "model export", "plan", "eval",
-        "generate", "report", "ckpt", "ckpt ls", "ckpt inspect", "ckpt verify", "ckpt reshard"})
+        "generate", "convert", "report", "ckpt", "ckpt ls", "ckpt inspect", "ckpt verify", "ckpt reshard"})
     CHECK_MESSAGE(commands.count(c) == 1, "the overview does not list '" << c << "'");
   for (const std::string& c : commands) {
     for (const char* h : {"--help", "-h"}) {
