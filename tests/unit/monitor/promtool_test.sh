@@ -9,7 +9,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 out=$(promtool check rules --lint-fatal "$dir/rules/railyard.rules.yml" 2>&1) || fail "check rules: $out"
-grep -q "SUCCESS: 16 rules found" <<<"$out" || fail "unexpected rule count: $out"
+grep -q "SUCCESS: 20 rules found" <<<"$out" || fail "unexpected rule count: $out"
 out=$(cd "$dir/rules" && promtool test rules railyard.test.yml 2>&1) || fail "test rules: $out"
 # Goodput (docs/observability.md): a restarted job's recomputed steps count once, a stalled job reads 0.
 out=$(cd "$dir/rules" && promtool test rules goodput.test.yml 2>&1) || fail "test rules (goodput): $out"
