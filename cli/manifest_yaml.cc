@@ -4,6 +4,7 @@
 
 #include <regex>
 #include <sstream>
+#include <string_view>
 
 #include "common/error.h"
 
@@ -70,7 +71,8 @@ bool plain_ok(const std::string& s) {
   if (!std::regex_match(s, safe)) return false;
   if (s.back() == ' ' || s.back() == ':' || s.find(": ") != std::string::npos || s.find(" #") != std::string::npos)
     return false;
-  return s.front() != '[' && s.front() != '{' && s.front() != ',';
+  // YAML's indicators cannot start a plain scalar.
+  return std::string_view("[]{},@%").find(s.front()) == std::string_view::npos;
 }
 
 std::string quoted(const std::string& s) { return json(s).dump(); }  // JSON strings are YAML double-quoted scalars

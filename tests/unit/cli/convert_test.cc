@@ -179,7 +179,8 @@ TEST_CASE("manifest YAML: plain scalars typed, quoted ones strings; the emitter 
       parse_manifests("a: 3\nb: \"3\"\nc: true\nd: 'yes'\ne: 1.5\nf: ~\ng: 0x1F\n---\n---\nh: [1, two]\n", "t");
   REQUIRE(docs.size() == 2);
   CHECK(docs[0] == json::parse(R"({"a": 3, "b": "3", "c": true, "d": "yes", "e": 1.5, "f": null, "g": 31})"));
-  const json tricky = {{"s", json::array({"3", "true", "yes", "a: b", "#x", "", "-1", "1e3", "plain text", "x #y"})},
+  const json tricky = {{"s", json::array({"3", "true", "yes", "a: b", "#x", "", "-1", "1e3", "plain text", "x #y",
+                                          "@at", "%pct", "{x}", "[y]", ",z", "a:b", "x:"})},
                        {"n", json::object()},
                        {"l", json::array({json::object(), json::array(), json::array({1, 2})})},
                        {"needs quote: key", 1}};
