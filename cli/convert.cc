@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <map>
+#include <regex>
 #include <set>
 
 #include "common/error.h"
@@ -50,12 +51,19 @@ int64_t gpus_of(const json& resources) {
   return 0;
 }
 
-// The container that runs the training: the one of this name, else the first.
+// The container that runs the training (the one of this name, else the first), moved to the front: Railyard's pod
+// builder makes the template's first container the worker and keeps the others beside it as they are, so a sidecar
+// listed first would otherwise take the program's place.
 json* main_container(json& pod_spec, const std::string& name, const std::string& field) {
   json& cs = pod_spec["containers"];
   if (!cs.is_array() || cs.empty()) throw Error(field + ".containers: no container to convert");
-  for (json& c : cs)
-    if (str(c, "name") == name) return &c;
+  for (size_t i = 1; i < cs.size(); ++i)
+    if (str(cs[i], "name") == name && str(cs[0], "name") != name) {
+      json c = cs[i];
+      cs.erase(cs.begin() + static_cast<std::ptrdiff_t>(i));
+      cs.insert(cs.begin(), c);
+      break;
+    }
   return &cs[0];
 }
 
@@ -99,6 +107,30 @@ json template_container(json c, const std::string& field, std::vector<std::strin
   return c;
 }
 
+// What Railyard's pod builder does differently from a Kubeflow pod with the same template (pod_builder.cc): say so
+// where the template leaves it to the default.
+void pod_notes(const json& pod, const json& c, const std::string& field, std::vector<std::string>& notes) {
+  if (!str(pod, "serviceAccountName").empty() && at(pod, "automountServiceAccountToken").is_null())
+    notes.push_back(field + ".serviceAccountName " + str(pod, "serviceAccountName") +
+                    ": kept, but Railyard's pods mount no service account token unless the template says "
+                    "automountServiceAccountToken: true (Kubeflow's pods mounted it): add that if the program calls "
+                    "the Kubernetes API with it");
+  const json& sc = at(c, "securityContext");
+  const json& psc = at(pod, "securityContext");
+  auto unset = [&](const char* k) { return at(sc, k).is_null() && at(psc, k).is_null(); };
+  std::vector<std::string> applied;
+  if (unset("runAsUser")) applied.push_back("uid 65532 (not the image's user)");
+  if (at(sc, "readOnlyRootFilesystem").is_null()) applied.push_back("a read-only root filesystem");
+  if (!applied.empty()) {
+    std::string list;
+    for (size_t i = 0; i < applied.size(); ++i) list += (i ? " and " : "") + applied[i];
+    notes.push_back(field + ".securityContext: not set, so the program runs with Railyard's secure defaults, " + list +
+                    ", and HOME and the pip, Hugging Face, torch and Triton caches under /home/railyard; an image "
+                    "that needs root or writes beside its files: set securityContext in spec.template "
+                    "(docs/programs.md \"Images that just work\")");
+  }
+}
+
 // metadata of the output: name, namespace, labels and annotations of the input (without kubectl's own).
 json metadata_from(const json& in, const std::string& from) {
   json md = json::object();
@@ -116,7 +148,34 @@ struct Program {
   std::vector<std::string> command, args;
   std::string nproc;  // "" when no torchrun flag said
   bool torchrun = false;
+  std::string shell_torchrun;  // a shell script (sh -c) that starts torchrun itself: not rewritten (see below)
 };
+
+bool is_shell(const std::string& path) {
+  const std::string b = path.substr(path.rfind('/') == std::string::npos ? 0 : path.rfind('/') + 1);
+  return b == "sh" || b == "bash" || b == "dash" || b == "zsh" || b == "ash" || b == "ksh";
+}
+
+// The script of `sh -c SCRIPT` (also -lc, -ec, -c after other flags); "" when the command is not that shape.
+std::string shell_script(const std::vector<std::string>& all) {
+  if (all.empty() || !is_shell(all[0])) return "";
+  for (size_t i = 1; i + 1 < all.size() && all[i].size() > 1 && all[i][0] == '-'; ++i)
+    if (all[i][1] != '-' && all[i].find('c') != std::string::npos) return all[i + 1];
+  return "";
+}
+
+// torchrun (or python -m torch.distributed.run/launch) as a command word of a shell script.
+bool script_starts_torchrun(const std::string& script) {
+  static const std::regex word(R"re((^|[\s;&|(`'"])([^\s;&|()`'"]*/)?torchrun([\s;&|)`'"]|$))re");
+  static const std::regex module(R"re(-m\s+torch\.distributed\.(run|launch)([\s;&|)`'"]|$))re");
+  return std::regex_search(script, word) || std::regex_search(script, module);
+}
+
+std::string excerpt(const std::string& s) {
+  std::string one = s;
+  std::replace(one.begin(), one.end(), '\n', ' ');
+  return one.size() > 80 ? one.substr(0, 77) + "..." : one;
+}
 Program program_of(const std::vector<std::string>& command, const std::vector<std::string>& args,
                    const std::string& field, std::vector<std::string>& notes) {
   if (command.empty())
@@ -141,15 +200,45 @@ Program program_of(const std::vector<std::string>& command, const std::vector<st
   } else {
     p.command = command;
     p.args = args;
-    for (const std::string& a : all)
-      if (a.find("torchrun") != std::string::npos || a.find("torch.distributed.run") != std::string::npos) {
-        notes.push_back(field + ".command: mentions torchrun inside '" + a +
-                        "', which was not rewritten: Railyard starts the command once per local rank; make it run "
-                        "the script directly");
-        break;
-      }
+    if (const std::string script = shell_script(all); !script.empty() && script_starts_torchrun(script)) {
+      p.shell_torchrun = script;  // the caller refuses it for more than one pod, notes it for one
+    } else {
+      for (const std::string& a : all)
+        if (a.find("torchrun") != std::string::npos || a.find("torch.distributed.run") != std::string::npos) {
+          notes.push_back(field + ".command: mentions torchrun in '" + excerpt(a) +
+                          "', which was not rewritten: Railyard starts the command once per local rank; if it "
+                          "starts torchrun, make it run the script directly");
+          break;
+        }
+    }
   }
   return p;
+}
+
+// torchrun started by a shell script reads its node count, node rank and master from PET_* variables, which the
+// Kubeflow operators set and Railyard does not (its launcher is the torchrun; the torchrun launch mode of issue 41
+// item 1 has not landed): in a gang of several pods each such torchrun would train alone, so that is refused. In one
+// pod it starts its processes as before: a note.
+void check_shell_torchrun(const Program& p, const json& spec, const std::string& field,
+                          std::vector<std::string>& notes) {
+  if (p.shell_torchrun.empty()) return;
+  const int64_t pods =
+      std::max(spec["replicas"].get<int64_t>(), spec.contains("elastic") && spec["elastic"].contains("maxReplicas")
+                                                    ? spec["elastic"]["maxReplicas"].get<int64_t>()
+                                                    : int64_t{0});
+  if (pods > 1)
+    throw Error(field + ".command: the shell script '" + excerpt(p.shell_torchrun) +
+                "' starts torchrun itself; under Railyard it would get none of the PET_* variables (node count, "
+                "node rank, master) that the Kubeflow operator set, and each of the " +
+                std::to_string(pods) +
+                " pods would train alone. Make the command torchrun (or python -m torch.distributed.run) followed "
+                "by the script, e.g. [torchrun, --nproc-per-node=2, /app/train.py] (a setup step belongs in the "
+                "image or an init container), and convert again");
+  notes.push_back(field +
+                  ".command: the shell script starts torchrun itself, which was not rewritten: in this one "
+                  "pod it starts its own processes (procsPerReplica 1, Railyard's launcher runs the script once); "
+                  "for several pods, or to get Railyard's per-rank restarts and metrics, make the command torchrun "
+                  "followed by the script");
 }
 
 void apply_elastic(json& spec, const json& min, const json& max, const std::string& field) {
@@ -208,10 +297,17 @@ Conversion from_pytorchjob(const json& pj) {
     nproc = std::to_string(*count_of(spec["elasticPolicy"]["nProcPerNode"]));
     nproc_field = "spec.elasticPolicy.nProcPerNode";
   }
-  if (!prog.torchrun && !nproc.empty() && nproc != "1")
+  if (!prog.torchrun && !nproc.empty() && nproc != "1") {
+    // training-operator (1.7 on) sets WORLD_SIZE to pods x nprocPerNode when that is a number, whatever the command.
+    const auto n = nproc_field == "spec.nprocPerNode" ? count_of(json(nproc)) : std::nullopt;
     notes.push_back(nproc_field + " '" + nproc +
-                    "': the command is not torchrun, so the PyTorchJob ran it once per "
-                    "pod; Railyard does the same (procsPerReplica 1)");
+                    "': the command is not torchrun, so the PyTorchJob ran it once per pod; Railyard does the same "
+                    "(procsPerReplica 1)" +
+                    (n && master.is_object()
+                         ? "; WORLD_SIZE is the pod count " + std::to_string(pods) +
+                               ", where the PyTorchJob set pods x nprocPerNode = " + std::to_string(pods * *n)
+                         : std::string()));
+  }
   s["procsPerReplica"] = prog.torchrun && !nproc.empty() ? procs_from(nproc, nproc_field, gpus, notes) : 1;
   s["device"] = gpus > 0 ? "cuda" : "cpu";
   s["image"] = image;
@@ -223,6 +319,7 @@ Conversion from_pytorchjob(const json& pj) {
 
   const json& elastic = at(spec, "elasticPolicy");
   apply_elastic(s, at(elastic, "minReplicas"), at(elastic, "maxReplicas"), "spec.elasticPolicy");
+  check_shell_torchrun(prog, s, cfield, notes);
   const json& run = at(spec, "runPolicy");
   if (auto n = count_of(at(elastic, "maxRestarts")))
     s["failurePolicy"]["maxRestarts"] = *n;
@@ -259,6 +356,7 @@ Conversion from_pytorchjob(const json& pj) {
                       ": Railyard restarts the whole gang in place from its checkpoint instead (failurePolicy; a "
                       "program's every exit is retryable by default)");
 
+  pod_notes(pod, c, field, notes);
   c = template_container(c, cfield, notes);
   pod.erase("restartPolicy");
   s["template"] = {{"spec", pod}};
@@ -358,6 +456,7 @@ Conversion from_trainjob(const json& tj, const std::vector<json>& docs) {
   const json& elastic = at(torch, "elasticPolicy");
   apply_elastic(s, at(elastic, "minNodes"), at(elastic, "maxNodes"),
                 rkind + " '" + rname + "' mlPolicy.torch.elasticPolicy");
+  check_shell_torchrun(prog, s, cmd_field, notes);
   if (auto n = count_of(at(elastic, "maxRestarts"))) s["failurePolicy"]["maxRestarts"] = *n;
   if (at(spec, "suspend") == true) s["runPolicy"]["suspend"] = true;
   if (!at(rspec, "podGroupPolicy").is_null())
@@ -378,6 +477,7 @@ Conversion from_trainjob(const json& tj, const std::vector<json>& docs) {
     }
     c["env"] = env;
   }
+  pod_notes(pod, c, field, notes);
   c = template_container(c, cfield, notes);
   pod.erase("restartPolicy");
   s["template"] = {{"spec", pod}};
@@ -476,7 +576,17 @@ std::optional<TorchrunCommand> split_torchrun(const std::vector<std::string>& cm
   return t;
 }
 
-Conversion convert_manifests(const std::vector<json>& docs) {
+Conversion convert_manifests(const std::vector<json>& input) {
+  // `kubectl get ... -o yaml` of several objects writes one List (kind List, or <Kind>List) with them as items.
+  std::vector<json> docs;
+  for (const json& d : input) {
+    const std::string kind = str(d, "kind");
+    if (kind.size() >= 4 && kind.compare(kind.size() - 4, 4, "List") == 0 && at(d, "items").is_array()) {
+      for (const json& item : d["items"]) docs.push_back(item);
+    } else {
+      docs.push_back(d);
+    }
+  }
   const json* job = nullptr;
   for (const json& d : docs) {
     const std::string kind = str(d, "kind");

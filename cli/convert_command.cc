@@ -9,6 +9,7 @@
 #include "cli/convert.h"
 #include "cli/manifest_yaml.h"
 #include "common/error.h"
+#include "operator/controller/job_spec.h"
 
 namespace railyard::cli {
 
@@ -59,6 +60,10 @@ int run_convert(const Args& args) {
     for (auto& d : parse_manifests(text, f == "-" ? "stdin" : f)) docs.push_back(std::move(d));
   }
   const Conversion c = convert_manifests(docs);
+  // What the operator would refuse is refused here, before anyone applies it: the operator's own parser.
+  if (const auto parsed = op::parse_job(c.job); parsed.violation)
+    throw Error("the converted TrainingJob would be refused by Railyard: " + parsed.violation->message +
+                " (change the input's setting it comes from, docs/migrating.md, and convert again)");
   std::ostringstream out;
   out << "# Converted by railyard convert from "
       << c.job["metadata"]["annotations"]["railyard.dev/converted-from"].get<std::string>()

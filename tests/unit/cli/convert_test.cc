@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "operator/controller/job_spec.h"
 #include "tests/ctest_env.h"
+#include "tests/unit/worker_data/test_util.h"
 
 using nlohmann::json;
 using railyard::cli::convert_manifests;
@@ -158,6 +159,129 @@ TEST_CASE("what would change meaning is refused, naming the field and the fix") 
   auto el = manifests("pytorchjob-elastic.json");
   el[0]["spec"]["elasticPolicy"]["maxReplicas"] = 1;
   refused(el, "spec.elasticPolicy: the range 1..1 does not hold the job's 2 pods");
+}
+
+TEST_CASE("a sidecar listed first: the training container becomes the template's first, the sidecar kept as is") {
+  const auto c = convert_manifests(manifests("pytorchjob-sidecar.yaml"));
+  const json& s = c.job["spec"];
+  CHECK(s["replicas"] == 2);
+  CHECK(s["procsPerReplica"] == 4);
+  CHECK(s["device"] == "cuda");
+  CHECK(s["image"] == "example/bert:2.1");
+  CHECK(s["program"]["command"] == json({"python", "/app/finetune.py"}));
+  CHECK(s["runPolicy"] == json({{"cleanPodPolicy", "All"}, {"activeDeadlineSeconds", 86400}}));
+  const json& ps = s["template"]["spec"];
+  REQUIRE(ps["containers"].size() == 2);
+  // The pod builder makes containers[0] the worker: it must be the training container, not the sidecar.
+  CHECK(ps["containers"][0]["name"] == "pytorch");
+  CHECK_FALSE(ps["containers"][0].contains("image"));
+  CHECK(ps["containers"][1] == json::parse(R"({"name": "log-shipper", "image": "example/log-shipper:3",
+      "args": ["--path", "/var/log/train"], "volumeMounts": [{"name": "logs", "mountPath": "/var/log/train"}]})"));
+  CHECK(ps["serviceAccountName"] == "trainer");
+  CHECK(ps["nodeSelector"]["node.kubernetes.io/instance-type"] == "gpu-a100");
+  CHECK(ps["tolerations"][0]["key"] == "nvidia.com/gpu");
+  CHECK(has_note(c, "serviceAccountName trainer: kept, but Railyard's pods mount no service account token"));
+  CHECK(has_note(c, "securityContext: not set, so the program runs with Railyard's secure defaults, uid 65532"));
+  accepted(c.job);
+  // A template that sets both (and the token) gets neither note.
+  auto docs = manifests("pytorchjob-sidecar.yaml");
+  for (const char* r : {"Master", "Worker"}) {
+    json& pod = docs[0]["spec"]["pytorchReplicaSpecs"][r]["template"]["spec"];
+    pod["automountServiceAccountToken"] = true;
+    pod["securityContext"] = {{"runAsUser", 1000}};
+    pod["containers"][1]["securityContext"] = {{"readOnlyRootFilesystem", false}};
+  }
+  const auto quiet = convert_manifests(docs);
+  CHECK_FALSE(has_note(quiet, "serviceAccountName"));
+  CHECK_FALSE(has_note(quiet, "securityContext"));
+}
+
+TEST_CASE("torchrun started by a shell script: refused for several pods (each would train alone), noted for one") {
+  auto docs = manifests("pytorchjob-sidecar.yaml");
+  const json shell = {"bash", "-c",
+                      "pip install --user -r /app/requirements.txt && torchrun --nproc-per-node=4 /app/finetune.py"};
+  for (const char* r : {"Master", "Worker"})
+    docs[0]["spec"]["pytorchReplicaSpecs"][r]["template"]["spec"]["containers"][1]["command"] = shell;
+  try {
+    convert_manifests(docs);
+    FAIL_CHECK("converted a shell-started torchrun in 2 pods");
+  } catch (const railyard::Error& e) {
+    const std::string what = e.what();
+    CHECK_MESSAGE(what.find("spec.pytorchReplicaSpecs.Worker.template.spec.containers[pytorch].command: the shell "
+                            "script 'pip install") != std::string::npos,
+                  what);
+    CHECK_MESSAGE(what.find("each of the 2 pods would train alone") != std::string::npos, what);
+    CHECK_MESSAGE(what.find("[torchrun, --nproc-per-node=2, /app/train.py]") != std::string::npos, what);
+  }
+  // python -m torch.distributed.run inside `sh -ec` is the same thing.
+  auto module = docs;
+  for (const char* r : {"Master", "Worker"})
+    module[0]["spec"]["pytorchReplicaSpecs"][r]["template"]["spec"]["containers"][1]["command"] =
+        json({"/bin/sh", "-ec", "cd /app\npython3 -m torch.distributed.run --nproc_per_node 4 finetune.py"});
+  CHECK_THROWS_WITH_AS(convert_manifests(module), doctest::Contains("starts torchrun itself"), railyard::Error);
+  // One pod: its torchrun starts its processes as before; kept as written, with a note.
+  auto one = docs;
+  one[0]["spec"]["pytorchReplicaSpecs"].erase("Worker");
+  const auto c = convert_manifests(one);
+  CHECK(c.job["spec"]["replicas"] == 1);
+  CHECK(c.job["spec"]["procsPerReplica"] == 1);
+  CHECK(c.job["spec"]["program"]["command"] == shell);
+  CHECK(has_note(c, "the shell script starts torchrun itself, which was not rewritten"));
+  accepted(c.job);
+  // A path that merely contains the word is not torchrun.
+  auto path = manifests("pytorchjob-sidecar.yaml");
+  for (const char* r : {"Master", "Worker"})
+    path[0]["spec"]["pytorchReplicaSpecs"][r]["template"]["spec"]["containers"][1]["command"] =
+        json({"bash", "-c", "python3 /opt/torchrun-recipes/finetune.py"});
+  const auto p = convert_manifests(path);
+  CHECK(p.job["spec"]["replicas"] == 2);
+  CHECK(p.job["spec"]["procsPerReplica"] == 1);
+}
+
+TEST_CASE("a PyTorchJob whose command is not torchrun: WORLD_SIZE counts pods in Railyard, pods x nprocPerNode there") {
+  auto docs = manifests("pytorchjob-sidecar.yaml");
+  for (const char* r : {"Master", "Worker"})
+    docs[0]["spec"]["pytorchReplicaSpecs"][r]["template"]["spec"]["containers"][1]["command"] =
+        json({"python3", "/app/finetune.py"});
+  const auto c = convert_manifests(docs);
+  CHECK(c.job["spec"]["procsPerReplica"] == 1);
+  CHECK(has_note(c, "spec.nprocPerNode '4': the command is not torchrun"));
+  CHECK(has_note(c, "WORLD_SIZE is the pod count 2, where the PyTorchJob set pods x nprocPerNode = 8"));
+  accepted(c.job);
+}
+
+TEST_CASE("kubectl's List of objects: its items are the documents") {
+  const auto docs = manifests("trainjob-torch.yaml");
+  const json list = {{"apiVersion", "v1"}, {"kind", "List"}, {"items", json::array({docs[1], docs[0]})}};
+  CHECK(convert_manifests({list}).job == convert_manifests(docs).job);
+  // A TrainJob in one List, its runtime in another file.
+  const json tj_list = {
+      {"apiVersion", "trainer.kubeflow.org/v1alpha1"}, {"kind", "TrainJobList"}, {"items", json::array({docs[0]})}};
+  CHECK(convert_manifests({tj_list, docs[1]}).job["spec"]["replicas"] == 2);
+}
+
+TEST_CASE("railyard convert refuses what the operator's parser would refuse, naming the field") {
+  railyard::test::TempDir dir;
+  auto docs = manifests("pytorchjob-ddp.yaml");
+  docs[0]["spec"]["runPolicy"]["backoffLimit"] = -1;
+  { std::ofstream(dir.file("bad.json")) << docs[0].dump(); }
+  const auto bad =
+      railyard::test::run_command(railyard::test::bin_path("railyard") + " convert " + dir.file("bad.json"));
+  CHECK(bad.code == 1);
+  CHECK_MESSAGE(bad.output.find("would be refused by Railyard: spec.failurePolicy.maxRestarts") != std::string::npos,
+                bad.output);
+  // The same file, fixed, converts: notes on stderr and as comments above the YAML.
+  docs[0]["spec"]["runPolicy"]["backoffLimit"] = 2;
+  { std::ofstream(dir.file("good.json")) << docs[0].dump(); }
+  const auto good = railyard::test::run_command(railyard::test::bin_path("railyard") + " convert " +
+                                                dir.file("good.json") + " -o " + dir.file("out.yaml"));
+  CHECK_MESSAGE(good.code == 0, good.output);
+  CHECK(good.output.find("railyard convert: note: ") != std::string::npos);
+  const std::string yaml = railyard::test::slurp(dir.file("out.yaml"));
+  CHECK(yaml.rfind("# Converted by railyard convert from kubeflow.org/v1 PyTorchJob team-a/mnist-ddp", 0) == 0);
+  const auto back = parse_manifests(yaml, "out.yaml");
+  REQUIRE(back.size() == 1);
+  CHECK(back[0]["spec"]["failurePolicy"]["maxRestarts"] == 2);
 }
 
 TEST_CASE("torchrun's command line: flags with and without values, -m, --no-python, not torchrun") {
