@@ -131,6 +131,19 @@ void pod_notes(const json& pod, const json& c, const std::string& field, std::ve
   }
 }
 
+// training-operator sets PYTHONUNBUFFERED in every PyTorchJob container (any non-empty value, its "0" included, makes
+// Python write its output at once); Railyard does not, and a Python program's output to a pipe would then arrive in
+// 8 KiB blocks, late in `kubectl logs` and in the agent's output-silence clock. The template keeps it.
+void keep_unbuffered(json& c, std::vector<std::string>& notes) {
+  json env = at(c, "env").is_array() ? c["env"] : json::array();
+  if (std::any_of(env.begin(), env.end(), [](const json& e) { return str(e, "name") == "PYTHONUNBUFFERED"; })) return;
+  env.push_back({{"name", "PYTHONUNBUFFERED"}, {"value", "1"}});
+  c["env"] = env;
+  notes.push_back(
+      "PYTHONUNBUFFERED=1 added to the template's env: the PyTorchJob operator set it in every container "
+      "(Python's output reaches the log at once)");
+}
+
 // metadata of the output: name, namespace, labels and annotations of the input (without kubectl's own).
 json metadata_from(const json& in, const std::string& from) {
   json md = json::object();
@@ -358,6 +371,7 @@ Conversion from_pytorchjob(const json& pj) {
 
   pod_notes(pod, c, field, notes);
   c = template_container(c, cfield, notes);
+  keep_unbuffered(c, notes);
   pod.erase("restartPolicy");
   s["template"] = {{"spec", pod}};
   const json& tmeta = at(at(worker.is_object() ? worker : master, "template"), "metadata");

@@ -70,7 +70,9 @@ TEST_CASE("a PyTorchJob with Master and Workers under torchrun: one gang of 3 po
   CHECK_FALSE(tc.contains("image"));
   CHECK_FALSE(tc.contains("command"));
   CHECK_FALSE(tc.contains("resources"));
-  CHECK(tc["env"] == json::parse(R"([{"name": "NCCL_DEBUG", "value": "INFO"}])"));
+  CHECK(tc["env"] ==
+        json::parse(R"([{"name": "NCCL_DEBUG", "value": "INFO"}, {"name": "PYTHONUNBUFFERED", "value": "1"}])"));
+  CHECK(has_note(c, "PYTHONUNBUFFERED=1 added"));
   CHECK(tc["volumeMounts"][0]["mountPath"] == "/data");
   CHECK(s["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == "mnist-data");
   CHECK(s["template"]["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false");
@@ -190,10 +192,14 @@ TEST_CASE("a sidecar listed first: the training container becomes the template's
     pod["automountServiceAccountToken"] = true;
     pod["securityContext"] = {{"runAsUser", 1000}};
     pod["containers"][1]["securityContext"] = {{"readOnlyRootFilesystem", false}};
+    pod["containers"][1]["env"] = json::parse(R"([{"name": "PYTHONUNBUFFERED", "value": ""}])");
   }
   const auto quiet = convert_manifests(docs);
   CHECK_FALSE(has_note(quiet, "serviceAccountName"));
   CHECK_FALSE(has_note(quiet, "securityContext"));
+  CHECK_FALSE(has_note(quiet, "PYTHONUNBUFFERED"));  // the template's own value stays
+  CHECK(quiet.job["spec"]["template"]["spec"]["containers"][0]["env"] ==
+        json::parse(R"([{"name": "PYTHONUNBUFFERED", "value": ""}])"));
 }
 
 TEST_CASE("torchrun started by a shell script: refused for several pods (each would train alone), noted for one") {
