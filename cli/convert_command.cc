@@ -21,8 +21,10 @@ Reads a Kubeflow PyTorchJob (kubeflow.org/v1) or a Kubeflow Trainer TrainJob (tr
 with the ClusterTrainingRuntime or TrainingRuntime it names (YAML or JSON, one or more files, '-' for stdin, several
 documents per file allowed) and writes the equivalent Railyard TrainingJob (spec.program) as YAML, to stdout or
 --output. Every setting that is not carried over, or carried over with another meaning, is named in a comment at the
-top of the output and on stderr. What cannot be converted without changing its meaning is refused, naming the field.
-Mapping and the variables each system sets: docs/migrating.md.
+top of the output and on stderr. What cannot be converted without changing its meaning is refused, naming the field
+(for example torchrun started by a shell script in a job of several pods), and so is an output that Railyard's own
+parser would refuse. `kubectl get ... -o yaml` output (a List) is read as its items. Mapping and the variables each
+system sets: docs/migrating.md.
 
 Exit codes: 0 converted, 1 the input cannot be converted (message names the field), 2 bad command line.
 )";
