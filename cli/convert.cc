@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cctype>
 #include <map>
-#include <regex>
 #include <set>
+#include <string_view>
 
 #include "common/error.h"
 
@@ -177,11 +177,26 @@ std::string shell_script(const std::vector<std::string>& all) {
   return "";
 }
 
-// torchrun (or python -m torch.distributed.run/launch) as a command word of a shell script.
+// torchrun (or python -m torch.distributed.run/launch) as a word of a shell script. Words split at blanks, quotes
+// and the shell's separators by hand (no std::regex: libstdc++'s recurses per character, and a script may be
+// long).
 bool script_starts_torchrun(const std::string& script) {
-  static const std::regex word(R"re((^|[\s;&|(`'"])([^\s;&|()`'"]*/)?torchrun([\s;&|)`'"]|$))re");
-  static const std::regex module(R"re(-m\s+torch\.distributed\.(run|launch)([\s;&|)`'"]|$))re");
-  return std::regex_search(script, word) || std::regex_search(script, module);
+  std::vector<std::string> words(1);
+  for (const char ch : script) {
+    if (std::string_view(" \t\n\r;&|()`'\"<>").find(ch) != std::string_view::npos) {
+      if (!words.back().empty()) words.emplace_back();
+    } else {
+      words.back() += ch;
+    }
+  }
+  for (size_t i = 0; i < words.size(); ++i) {
+    const std::string& w = words[i];
+    if (w.substr(w.rfind('/') == std::string::npos ? 0 : w.rfind('/') + 1) == "torchrun") return true;
+    if (w == "-m" && i + 1 < words.size() &&
+        (words[i + 1] == "torch.distributed.run" || words[i + 1] == "torch.distributed.launch"))
+      return true;
+  }
+  return false;
 }
 
 std::string excerpt(const std::string& s) {

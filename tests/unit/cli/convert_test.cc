@@ -234,6 +234,12 @@ TEST_CASE("torchrun started by a shell script: refused for several pods (each wo
   CHECK(c.job["spec"]["program"]["command"] == shell);
   CHECK(has_note(c, "the shell script starts torchrun itself, which was not rewritten"));
   accepted(c.job);
+  // A long script (1 MiB of one word, then torchrun) is read without recursion per character.
+  auto big = docs;
+  for (const char* r : {"Master", "Worker"})
+    big[0]["spec"]["pytorchReplicaSpecs"][r]["template"]["spec"]["containers"][1]["command"] =
+        json({"sh", "-c", "echo " + std::string(1 << 20, 'a') + "\ntorchrun x.py"});
+  CHECK_THROWS_WITH_AS(convert_manifests(big), doctest::Contains("starts torchrun itself"), railyard::Error);
   // A path that merely contains the word is not torchrun.
   auto path = manifests("pytorchjob-sidecar.yaml");
   for (const char* r : {"Master", "Worker"})
