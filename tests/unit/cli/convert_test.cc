@@ -11,7 +11,6 @@
 #include "common/error.h"
 #include "operator/controller/job_spec.h"
 #include "tests/ctest_env.h"
-#include "tests/unit/worker_data/test_util.h"
 
 using nlohmann::json;
 using railyard::cli::convert_manifests;
@@ -270,30 +269,6 @@ TEST_CASE("kubectl's List of objects: its items are the documents") {
   const json tj_list = {
       {"apiVersion", "trainer.kubeflow.org/v1alpha1"}, {"kind", "TrainJobList"}, {"items", json::array({docs[0]})}};
   CHECK(convert_manifests({tj_list, docs[1]}).job["spec"]["replicas"] == 2);
-}
-
-TEST_CASE("railyard convert refuses what the operator's parser would refuse, naming the field") {
-  railyard::test::TempDir dir;
-  auto docs = manifests("pytorchjob-ddp.yaml");
-  docs[0]["spec"]["runPolicy"]["backoffLimit"] = -1;
-  { std::ofstream(dir.file("bad.json")) << docs[0].dump(); }
-  const auto bad =
-      railyard::test::run_command(railyard::test::bin_path("railyard") + " convert " + dir.file("bad.json"));
-  CHECK(bad.code == 1);
-  CHECK_MESSAGE(bad.output.find("would be refused by Railyard: spec.failurePolicy.maxRestarts") != std::string::npos,
-                bad.output);
-  // The same file, fixed, converts: notes on stderr and as comments above the YAML.
-  docs[0]["spec"]["runPolicy"]["backoffLimit"] = 2;
-  { std::ofstream(dir.file("good.json")) << docs[0].dump(); }
-  const auto good = railyard::test::run_command(railyard::test::bin_path("railyard") + " convert " +
-                                                dir.file("good.json") + " -o " + dir.file("out.yaml"));
-  CHECK_MESSAGE(good.code == 0, good.output);
-  CHECK(good.output.find("railyard convert: note: ") != std::string::npos);
-  const std::string yaml = railyard::test::slurp(dir.file("out.yaml"));
-  CHECK(yaml.rfind("# Converted by railyard convert from kubeflow.org/v1 PyTorchJob team-a/mnist-ddp", 0) == 0);
-  const auto back = parse_manifests(yaml, "out.yaml");
-  REQUIRE(back.size() == 1);
-  CHECK(back[0]["spec"]["failurePolicy"]["maxRestarts"] == 2);
 }
 
 TEST_CASE("torchrun's command line: flags with and without values, -m, --no-python, not torchrun") {
