@@ -167,6 +167,9 @@ struct Assignment {
   // The peer-copy listener of every pod, in pod order ("ip:port", "" when that agent offered none): the in-memory
   // tier's copies go around this ring (docs/checkpointing.md "The peer copy").
   std::vector<std::string> peers;
+  // Every pod's IP, in pod order ("" where unknown): the hostfile's hosts when the job's pods are not named by DNS
+  // (common/stable_names.h). Empty from a service that predates it.
+  std::vector<std::string> addresses;
   WorkerConfig config;  // the generation's worker configuration (common/worker_config.h)
 };
 
@@ -184,6 +187,7 @@ inline nlohmann::json to_json(const Assignment& a) {
           {"restore", a.restore},
           {"pods", a.pods},
           {"peers", a.peers},
+          {"addresses", a.addresses},
           {"config", to_json(a.config)}};
 }
 
@@ -224,6 +228,17 @@ inline Assignment parse_assignment(const nlohmann::json& j) {
     for (const auto& p : peers) {
       if (!p.is_string()) throw ProtocolError("field 'peers' must be an array of strings, one per pod");
       a.peers.push_back(p.get<std::string>());
+    }
+  }
+  // Absent from a service that predates it: no addresses (the hostfile then needs DNS names).
+  if (j.contains("addresses")) {
+    const auto& addresses = j.at("addresses");
+    if (!addresses.is_array() || addresses.size() != a.pods.size()) {
+      throw ProtocolError("field 'addresses' must be an array of strings, one per pod");
+    }
+    for (const auto& p : addresses) {
+      if (!p.is_string()) throw ProtocolError("field 'addresses' must be an array of strings, one per pod");
+      a.addresses.push_back(p.get<std::string>());
     }
   }
   try {

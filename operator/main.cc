@@ -51,6 +51,7 @@ struct Flags {
   int worker_metrics_port = 9400, agent_metrics_port = 9399;
   std::string data_root, checkpoint_root;
   op::NetworkPolicyMode network_policy = op::NetworkPolicyMode::kIngress;
+  std::string cluster_domain = names::kDefaultClusterDomain;
   op::RendezvousTlsMode rendezvous_tls = op::RendezvousTlsMode::kAuto;
   std::string rendezvous_ca_secret = "railyard-rendezvous-ca";  // [NS/]NAME
   std::string rendezvous_tls_dir;
@@ -100,6 +101,8 @@ Runs the TrainingJob controller against the cluster of $KUBECONFIG (or --kubecon
   --network-policy none|ingress|strict   a NetworkPolicy per job (default ingress): its pods accept connections
                                     only from the job's pods, and on the metrics ports from anyone; strict also
                                     limits where they connect to: the job's pods, the rendezvous port and DNS
+  --cluster-domain DOMAIN           the cluster's DNS domain (the kubelets' clusterDomain; default
+                                    cluster.local): program pods are named <pod>.<job>.<namespace>.svc.DOMAIN
   --log-level debug|info|warn|error
 )";
 
@@ -216,6 +219,10 @@ Flags parse_flags(int argc, char** argv) {
       auto m = op::network_policy_mode_from_string(v);
       if (!m) usage_error("--network-policy '" + v + "': use none, ingress or strict");
       f.network_policy = *m;
+    } else if (a == "--cluster-domain") {
+      f.cluster_domain = next();
+      if (!names::is_dns_subdomain(f.cluster_domain))
+        usage_error("--cluster-domain '" + f.cluster_domain + "': use a lowercase DNS name such as cluster.local");
     } else if (a == "--placement") {
       f.placement = next();
       if (f.placement != "rail-aware" && f.placement != "simple")
@@ -386,6 +393,7 @@ int main(int argc, char** argv) {
   copts.pod.worker_metrics_port = flags.worker_metrics_port;
   copts.pod.agent_metrics_port = flags.agent_metrics_port;
   copts.pod.roots = {flags.data_root, flags.checkpoint_root};
+  copts.pod.cluster_domain = flags.cluster_domain;
   copts.network_policy = flags.network_policy;
   op::placement_hops(registry);  // exported from the start, observed at each gang placement
   std::unique_ptr<op::Placement> placement;

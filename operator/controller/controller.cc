@@ -12,6 +12,7 @@
 #include "common/rendezvous_protocol.h"
 #include "common/tls/job_identity.h"
 #include "operator/controller/failure_policy.h"
+#include "operator/controller/job_service.h"
 #include "operator/controller/lifecycle.h"
 #include "operator/controller/nccl_env.h"
 #include "operator/controller/plan_glue.h"
@@ -132,6 +133,13 @@ Controller::Controller(kube::Client& client, metrics::Registry& registry, Contro
   bo.label_selector = std::string("!") + kJobLabel;
   node_pods_ = std::make_unique<kube::Informer>(client_, kube::resources::pods, bo);
 
+  // The jobs' headless Services (ensure_service), labelled with their job like the pods: one deleted by hand brings
+  // its job back, whose reconcile creates it again. Only where the operator runs jobs (its namespace, or all).
+  kube::InformerOptions so;
+  so.ns = opts_.ns;
+  so.label_selector = kJobLabel;
+  services_ = std::make_unique<kube::Informer>(client_, kube::resources::services, so);
+
   jobs_->on_add([this](const Json& j) { enqueue(kube::key_of(j)); });
   jobs_->on_update([this](const Json&, const Json& j) { enqueue(kube::key_of(j)); });
   jobs_->on_delete([this](const Json& j) { enqueue(kube::key_of(j)); });
@@ -145,6 +153,7 @@ Controller::Controller(kube::Client& client, metrics::Registry& registry, Contro
   pods_->on_add(pod_key);
   pods_->on_update([pod_key](const Json&, const Json& p) { pod_key(p); });
   pods_->on_delete(pod_key);
+  services_->on_delete(pod_key);
   // Nodes change often (conditions' heartbeat times); only readiness, cordons and taints matter to jobs.
   auto node_shape = [](const Json& n) {
     return Json{node_ready(n), n.value("spec", Json::object()).value("unschedulable", false),
@@ -163,12 +172,13 @@ void Controller::start_informers() {
   nodes_->start();
   node_pods_->start();
   pods_->start();
+  services_->start();
   jobs_->start();
 }
 
 bool Controller::wait_for_sync(milliseconds timeout) {
   auto deadline = Clock::now() + timeout;
-  for (kube::Informer* inf : {nodes_.get(), node_pods_.get(), pods_.get(), jobs_.get()}) {
+  for (kube::Informer* inf : {nodes_.get(), node_pods_.get(), pods_.get(), services_.get(), jobs_.get()}) {
     auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
     if (left.count() <= 0 || !inf->wait_for_sync(left)) return false;
   }
@@ -205,6 +215,7 @@ void Controller::stop() {
   workers_.clear();
   jobs_->stop();
   pods_->stop();
+  services_->stop();
   node_pods_->stop();
   nodes_->stop();
 }
@@ -433,6 +444,41 @@ void Controller::ensure_network_policy(const Json& job, const JobSpec& spec) {
                     build_network_policy(job, spec, opts_.network_policy, opts_.pod), "NetworkPolicyConflict",
                     "rename or delete it (each job's policy is named <job>-workers), or run the operator with "
                     "--network-policy none");
+}
+
+void Controller::ensure_service(const Json& job) {
+  const std::string ns = kube::namespace_of(job), name = job_service_name(kube::name_of(job)), uid = uid_of(job);
+  // In the informer as this job's: nothing to do (no request). Its spec is left as it is: the Service is created once
+  // and never rewritten, so what someone changed there stays changed (delete it to get the operator's back).
+  if (auto cached = services_->get_shared(ns + "/" + name); cached && controlled_by(*cached, uid)) return;
+  const std::string what = "Service " + ns + "/" + name;
+  auto have = client_.try_get(kube::resources::services, ns, name);
+  if (!have) {
+    try {
+      client_.create(kube::resources::services, ns, build_job_service(job));
+    } catch (const kube::AlreadyExists&) {
+      throw kube::Conflict(409, "Conflict", what + " appeared meanwhile; comparing it on the next pass");
+    }
+    return;
+  }
+  switch (claim_of(*have, uid)) {
+    case Claim::kOurs:
+      return;  // the informer has not caught up yet (or the label was taken off): it exists, left as it is
+    case Claim::kEarlierJob:
+      // Left over from an earlier job of the same name (the garbage collector has not caught up): replace it.
+      client_.remove(kube::resources::services, ns, name);
+      throw kube::Conflict(409, "Conflict", what + " belongs to an older job; replacing it");
+    case Claim::kForeign: {
+      // Someone else's Service under the job's name: never adopted, changed or deleted. The pods would get names
+      // that Service does not serve (it is not headless over them), so none are made until the name is free.
+      const std::string msg = what +
+                              " exists and is not this job's: rename or delete it (each job's headless Service, which "
+                              "gives its pods their DNS names, is named after the job), or rename the job; no pods "
+                              "until then";
+      recorder_.warning(job, "ServiceConflict", msg);
+      throw Error(msg);
+    }
+  }
 }
 
 void Controller::ensure_job_object(const Json& job, const kube::Resource& res, const Json& want,

@@ -123,6 +123,11 @@ class Controller {
   // Nodes with every pod bound to them (node_pods_) and the jobs' own pods, for placement and planning.
   std::vector<NodeInfo> node_inventory();
   std::string ensure_token(const Json& job);
+  // The job's headless Service <job> exists (job_service.h): created when missing (level-triggered: the Service
+  // informer brings the job back when one is deleted), one of an earlier job of the same name deleted (Conflict,
+  // retried), one that exists as this job's left as it is, someone else's never touched (Warning event
+  // ServiceConflict and an Error: no pods until the name is free).
+  void ensure_service(const Json& job);
   // The job's NetworkPolicy exists, is the job's and matches the mode (created or replaced otherwise).
   void ensure_network_policy(const Json& job, const JobSpec& spec);
   // A per-job object the pods depend on (NetworkPolicy, the env ConfigMap) exists as `want`: created, or brought to
@@ -147,7 +152,7 @@ class Controller {
   std::unique_ptr<Placement> placement_;
   kube::EventRecorder recorder_;
   kube::WorkQueue queue_;
-  std::unique_ptr<kube::Informer> jobs_, pods_, nodes_, node_pods_;
+  std::unique_ptr<kube::Informer> jobs_, pods_, nodes_, node_pods_, services_;
   std::atomic<bool> synced_{false};
   std::atomic<bool> stopping_{false};
   std::vector<std::thread> workers_;

@@ -11,6 +11,7 @@
 #include "common/checked_math.h"
 #include "common/model_presets.h"
 #include "common/path_roots.h"
+#include "common/stable_names.h"
 
 namespace railyard::op {
 namespace {
@@ -217,6 +218,7 @@ void parse_program(Checker& c, JobSpec& s, const Json& spec) {
   s.program_args = string_list(c, program, "args", "spec.program.args");
   if (auto v = c.integer(program, "totalSteps", "spec.program.totalSteps", 1, kMaxSteps))
     s.steps = static_cast<int>(*v);
+  if (auto v = c.one_of(program, "addresses", "spec.program.addresses", {"DNS", "IP"})) s.dns_addresses = *v == "DNS";
   for (const char* section : {"model", "data", "training", "parallelism", "memory"}) {
     if (c.ok() && spec.contains(section))
       c.fail(std::string("spec.") + section, "is for the built-in GPT trainer, but spec.program runs your own program",
@@ -590,6 +592,13 @@ ParsedJob parse_job(const Json& job) {
   if (s.name.size() > kMaxJobNameLength)
     c.fail("metadata.name", "'" + s.name + "' is " + std::to_string(s.name.size()) + " characters long",
            "use at most " + std::to_string(kMaxJobNameLength) + " so pod names and labels fit in 63");
+  // The job's headless Service takes its name (a DNS-1035 label) and each pod's hostname is <job>-worker-<index>
+  // (a DNS-1123 label): a name the API server accepts for a custom resource (a DNS subdomain: dots, a leading digit)
+  // may be neither. Kubeflow's training-operator and JobSet hold their jobs' names to the same rule.
+  if (c.ok() && !s.name.empty() && !names::is_dns1035_label(s.name))
+    c.fail("metadata.name", "'" + s.name + "' is not a DNS-1035 label",
+           "use lowercase letters, digits and '-', starting with a letter and ending with a letter or digit (it names "
+           "the job's headless Service and its pods' hostnames)");
   if (!job.contains("spec") || !job["spec"].is_object()) {
     c.fail("spec", "is missing or not an object", "give spec.model, spec.data and spec.training, or spec.program");
     out.violation = c.take();
@@ -613,6 +622,19 @@ ParsedJob parse_job(const Json& job) {
   if (auto v = c.integer(elastic, "maxReplicas", "spec.elastic.maxReplicas", 1, kMaxReplicas))
     s.max_replicas = static_cast<int>(*v);
 
+  // Each pod's hostname is <job>-worker-<index>: at most 63 characters for the highest index the job can reach.
+  if (c.ok() && !s.name.empty()) {
+    const int most = std::max(s.replicas, s.max_replicas.value_or(0));
+    const size_t host = worker_hostname_length(s.name.size(), most);
+    if (host > names::kMaxLabelLength)
+      c.fail("metadata.name",
+             "'" + s.name + "' is " + std::to_string(s.name.size()) + " characters long: the hostname of pod " +
+                 s.name + "-worker-" + std::to_string(most - 1) + " would be " + std::to_string(host) + " (at most " +
+                 std::to_string(names::kMaxLabelLength) + ")",
+             "use at most " + std::to_string(s.name.size() - (host - names::kMaxLabelLength)) +
+                 " characters for a job of " + std::to_string(most) + " replicas");
+  }
+
   parse_program(c, s, spec);
   if (!s.program) {
     parse_model(c, s, spec);
@@ -625,6 +647,10 @@ ParsedJob parse_job(const Json& job) {
   // With auto the planner picks the degrees the family checks need; plan_parallelism checks its choice.
   if (!out.violation && !s.auto_parallel && !s.program) out.violation = check_family(s, s.replicas);
   return out;
+}
+
+size_t worker_hostname_length(size_t job_name_length, int replicas) {
+  return job_name_length + std::string("-worker-").size() + std::to_string(std::max(0, replicas - 1)).size();
 }
 
 WorldLayout world_layout(const JobSpec& spec, int replicas) {

@@ -73,6 +73,9 @@ struct JobSpec {
   bool program = false;
   std::vector<std::string> program_command, program_args;
   int steps = 0;  // spec.training.steps, or spec.program.totalSteps (0 = not known) for a program
+  // spec.program.addresses: DNS (true, the default) gives a program's ranks MASTER_ADDR and the hostfile as the pods'
+  // DNS names through the job's headless Service; IP, their pod IPs (common/stable_names.h).
+  bool dns_addresses = true;
   int global_batch = 8;
   int micro_batch = 1;
   int seq_len = 0;  // training sequence length (model's when not given)
@@ -172,8 +175,12 @@ std::optional<Violation> check_family(const JobSpec& spec, int replicas);
 // rendezvous service. The generation's own fields (restore, generation, dpSplit) are the caller's.
 WorkerConfig resolved_config(const JobSpec& spec, int replicas);
 
-// Longest job name whose pod names (`<job>-worker-<index>`) and label values still fit in 63 characters.
+// Longest job name whose pod names (`<job>-worker-<index>`, up to index 999) and label values still fit in 63
+// characters. A job of more than 1,000 replicas (spec.replicas or spec.elastic.maxReplicas) needs a name as many
+// characters shorter as its highest index has more digits: pod hostnames are DNS labels (worker_hostname_length).
 inline constexpr size_t kMaxJobNameLength = 52;
+// Length of the hostname `<job>-worker-<replicas - 1>` of a job's last pod.
+size_t worker_hostname_length(size_t job_name_length, int replicas);
 // spec.program.command and args: items per list and characters per item (the CRD's maxItems and maxLength).
 inline constexpr size_t kMaxProgramArgs = 1024;
 inline constexpr size_t kMaxProgramArgLength = 65536;

@@ -19,6 +19,7 @@ namespace railyard::op {
 std::string worker_pod_name(const std::string& job_name, int index) {
   return job_name + "-worker-" + std::to_string(index);
 }
+std::string job_service_name(const std::string& job_name) { return job_name; }
 std::string token_secret_name(const std::string& job_name) { return job_name + "-rendezvous"; }
 std::string env_configmap_name(const std::string& job_name) { return job_name + "-env"; }
 std::string job_selector(const std::string& job_name) { return std::string(kJobLabel) + "=" + job_name; }
@@ -272,6 +273,10 @@ WorkerPodBuilder::WorkerPodBuilder(const Json& job, const JobSpec& spec, int64_t
       shared["RAILYARD_CHECKPOINT_INTERVAL_STEPS"] = std::to_string(spec.checkpoint_interval_steps);
     if (spec.steps > 0) shared["RAILYARD_TOTAL_STEPS"] = std::to_string(spec.steps);
     for (const auto& [name, value] : program_home_env()) shared[name] = value;
+    // Stable names: the agent gives the ranks MASTER_ADDR and the hostfile as <pod>.<this domain> (docs/programs.md
+    // "Stable names"); without it, pod IPs. The built-in trainer keeps pod IPs: its store needs no name.
+    if (spec.dns_addresses)
+      shared[names::kPodDomainEnv] = names::pod_domain(job_service_name(job_name), ns, opts.cluster_domain);
   }
   if (!opts.roots.data.empty()) shared["RAILYARD_DATA_ROOT"] = opts.roots.data;
   if (!opts.roots.checkpoint.empty()) shared["RAILYARD_CHECKPOINT_ROOT"] = opts.roots.checkpoint;
@@ -353,6 +358,9 @@ WorkerPodBuilder::WorkerPodBuilder(const Json& job, const JobSpec& spec, int64_t
   pod_spec["containers"] = containers;
   pod_spec["schedulerName"] = spec.scheduler;
   pod_spec["restartPolicy"] = "Never";
+  // <pod>.<job>.<namespace>.svc.<cluster domain> through the job's headless Service (the hostname, the pod's name, is
+  // stamped per pod). Railyard's: a template's subdomain would name a Service the operator does not keep.
+  pod_spec["subdomain"] = job_service_name(job_name);
   pod_spec.erase("nodeName");  // binding is the operator's or the chosen scheduler's job, never the template's
   // The worker never calls the API server: no token in its pods unless the template asks for one (least privilege,
   // and a volume less in each pod).

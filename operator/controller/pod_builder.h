@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/stable_names.h"
 #include "common/tls/pki.h"
 #include "operator/controller/job_spec.h"
 
@@ -59,9 +60,15 @@ struct PodOptions {
   // --data-root / --checkpoint-root: specs outside them are Invalid, and the workers get them as
   // RAILYARD_DATA_ROOT / RAILYARD_CHECKPOINT_ROOT to refuse paths that resolve (symlinks) outside.
   PathRoots roots;
+  // --cluster-domain: the kubelets' clusterDomain, the last part of a pod's DNS name
+  // <pod>.<job>.<namespace>.svc.<cluster domain> (RAILYARD_POD_DOMAIN, common/stable_names.h).
+  std::string cluster_domain = names::kDefaultClusterDomain;
 };
 
 std::string worker_pod_name(const std::string& job_name, int index);
+// The job's headless Service (operator/controller/job_service.h): the job's name. Every worker pod has it as its
+// subdomain, so <pod>.<service>.<namespace>.svc.<cluster domain> resolves to the pod.
+std::string job_service_name(const std::string& job_name);
 std::string token_secret_name(const std::string& job_name);
 // "<job>-env": the ConfigMap of the job-wide env every worker pod takes through envFrom.
 std::string env_configmap_name(const std::string& job_name);
@@ -71,7 +78,8 @@ std::string job_selector(const std::string& job_name);
 // ownerReference to the job: controller=true, blockOwnerDeletion=true.
 Json owner_reference(const Json& job);
 
-// One worker pod: the agent command and env, labels, owner reference, schedulerName (spec.placement.scheduler,
+// One worker pod: the agent command and env, labels, owner reference, hostname (the pod's name) and subdomain (the
+// job's headless Service; both always Railyard's), schedulerName (spec.placement.scheduler,
 // railyard by default; another scheduler's pods also get its gang marks, nodeSelector and the excluded nodes as node
 // affinity), restartPolicy Never,
 // merged with spec.template (labels, annotations, pod-level fields, container command/args/env/mounts override).
@@ -91,8 +99,9 @@ class WorkerPodBuilder {
   WorkerPodBuilder(const Json& job, const JobSpec& spec, int64_t generation, const PodOptions& opts);
   Json pod(int index) const;
   // The job's ConfigMap <job>-env (owned by the job, label railyard.dev/job): the env that is the same in every pod
-  // (job name and namespace, procs per pod, device, rendezvous address, a program's restart/checkpoint/step values,
-  // the path roots, NCCL_CROSS_NIC on GPU pods), which the pods take through envFrom. It must exist before the pods:
+  // (job name and namespace, procs per pod, device, rendezvous address, a program's restart/checkpoint/step values
+  // and, with spec.program.addresses DNS, its pods' DNS domain RAILYARD_POD_DOMAIN; the path roots, NCCL_CROSS_NIC on
+  // GPU pods), which the pods take through envFrom. It must exist before the pods:
   // a pod whose envFrom ConfigMap is missing does not start.
   const Json& env_configmap() const { return configmap_; }
 

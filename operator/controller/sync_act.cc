@@ -76,7 +76,8 @@ void Controller::create_pods(Sync& s) {
   // Pods: delete lost/failed and surplus ones, create missing ones (placed first, scheduler railyard).
   token = ensure_token(job);
   ensure_network_policy(job, spec);
-  log::debug(kLog, "secret and network policy in place", {{"job", key}});
+  ensure_service(job);
+  log::debug(kLog, "secret, network policy and service in place", {{"job", key}});
   for (const auto& [pod_name, force] : to_delete) {
     delete_pod(ns, pod_name, force);
     for (auto it = by_index.begin(); it != by_index.end(); ++it)

@@ -253,6 +253,7 @@ struct RendezvousService::Impl {
       a.peers.push_back(m != job.joined.end() && m->second.peer_port > 0
                             ? m->second.ip + ":" + std::to_string(m->second.peer_port)
                             : std::string());
+      a.addresses.push_back(m != job.joined.end() ? m->second.ip : std::string());
     }
     a.config = job.spec.config;
     return a;

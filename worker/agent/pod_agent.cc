@@ -20,6 +20,7 @@
 #include "common/log.h"
 #include "common/metrics/job_labels.h"
 #include "worker/agent/agent_metrics.h"
+#include "worker/agent/name_wait.h"
 #include "worker/agent/output_watch.h"
 #include "worker/agent/peer_ring.h"
 #include "worker/agent/rank_env.h"
@@ -275,6 +276,30 @@ class AgentRun {
 
   std::string generation_dir(int64_t gen) const { return cfg_.work_dir + "/gen-" + std::to_string(gen); }
 
+  // Stable names (common/stable_names.h): with a pod domain, whether this pod's DNS name and the master's answer with
+  // their IPs of this generation (waiting up to dns_wait for the cluster DNS to catch up). A pod's record appears a
+  // moment after its IP, and a replaced pod's name can still answer with its predecessor's IP: a rank that met
+  // either would fail to bootstrap. When they do not answer in time the generation runs on pod IPs, and says so.
+  bool names_resolve(const rdzv::Assignment& a) {
+    if (cfg_.pod_domain.empty() || a.pods.empty()) return false;
+    std::vector<NameWant> want = {{names::pod_fqdn(a.pods.at(a.pod_index), cfg_.pod_domain), cfg_.pod_ip}};
+    if (a.pod_index != 0) want.push_back({names::pod_fqdn(a.pods.front(), cfg_.pod_domain), a.master_addr});
+    const auto t0 = Clock::now();
+    if (wait_for_names(want, cfg_.dns_wait, [this] { return stop_.load() != 0; })) {
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+      log::info(kComponent, "the pods' DNS names resolve",
+                {{"domain", cfg_.pod_domain}, {"waited_ms", std::to_string(ms)}});
+      return true;
+    }
+    std::string missing;
+    for (const std::string& m : unresolved(want)) missing += (missing.empty() ? "" : "; ") + m;
+    log::warn(kComponent,
+              "the pods' DNS names do not resolve to their IPs: this generation uses pod IPs (MASTER_ADDR, hostfile); "
+              "check the cluster DNS, or set spec.program.addresses IP",
+              {{"unresolved", missing}, {"waited_s", std::to_string(cfg_.dns_wait.count() / 1000)}});
+    return false;
+  }
+
   // Writes the generation's configuration, then starts its workers, each with the environment of its rank.
   void spawn(const rdzv::Assignment& a) {
     const std::string dir = generation_dir(a.generation);
@@ -292,6 +317,13 @@ class AgentRun {
     params.shm_prefix = shm_prefix_;
     params.store_token = store_token(cfg_.token, cfg_.ns, cfg_.job, a.generation);
     params.peer_tls = cfg_.identity;
+    const WorldHosts hosts = world_hosts(a, cfg_.pod_domain, names_resolve(a));
+    params.master_addr = hosts.master;
+    if (!hosts.hosts.empty()) {
+      // DeepSpeed's and MPI's hostfile, in rank order (common/stable_names.h): every pod of this generation.
+      params.hostfile = dir + "/hostfile";
+      write_file_atomic(params.hostfile, names::hostfile_text(hosts.hosts, a.local_world_size));
+    }
     const std::vector<std::string> inherited = inherited_env(environ);
     std::vector<RankLaunch> launches;
     for (int l = 0; l < a.local_world_size; ++l) {
@@ -507,6 +539,13 @@ AgentConfig AgentConfig::from_env(std::vector<std::string> command) {
       throw ConfigError("RAILYARD_AGENT_RANK_METRICS=1 needs RAILYARD_METRICS_PORT: the port of local rank 0's series");
   }
   c.identity = pod_identity(c.pod_ip);
+  c.pod_domain = env_or(names::kPodDomainEnv, "");
+  // The pod's full name (<pod>.<domain>) must be a DNS name: what the operator sets always is.
+  if (!c.pod_domain.empty() && !names::is_dns_subdomain(names::pod_fqdn(c.pod, c.pod_domain)))
+    throw ConfigError(std::string(names::kPodDomainEnv) + "=\"" + c.pod_domain + "\" with pod " + c.pod +
+                      " is not a DNS name of at most 253 characters: it must hold <service>.<namespace>.svc.<cluster "
+                      "domain> (the operator sets it; unset it to use pod IPs)");
+  c.dns_wait = std::chrono::seconds(int_env(names::kDnsWaitEnv, names::kDefaultDnsWaitSeconds, 0, 3600));
   return c;
 }
 

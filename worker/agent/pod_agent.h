@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/rendezvous_protocol.h"
+#include "common/stable_names.h"
 #include "common/tls/job_identity.h"
 
 namespace railyard::worker {
@@ -49,6 +50,12 @@ struct AgentConfig {
   // from_env issues this pod's leaf under it for pod_ip; the peer copies and the workers' bootstrap store then speak
   // TLS with it (common/tls/job_identity.h). Null: both without TLS (an operator that predates the job CA).
   std::shared_ptr<const tls::PodIdentity> identity;
+  // RAILYARD_POD_DOMAIN (common/stable_names.h): "<service>.<namespace>.svc.<cluster domain>" when the operator names
+  // the job's pods by DNS; the ranks then get MASTER_ADDR and the hostfile as names. "" = pod IPs.
+  std::string pod_domain;
+  // RAILYARD_AGENT_DNS_WAIT_SECONDS: how long a generation waits for this pod's name and the master's to resolve to
+  // their IPs before its ranks start with pod IPs instead (a warning in the agent's log says which name did not).
+  std::chrono::milliseconds dns_wait{names::kDefaultDnsWaitSeconds * 1000};
 
   // Reads the environment; throws ConfigError naming the variable and the fix.
   static AgentConfig from_env(std::vector<std::string> command);

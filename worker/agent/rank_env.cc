@@ -1,5 +1,8 @@
 #include "worker/agent/rank_env.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <set>
@@ -54,6 +57,7 @@ std::vector<std::string> inherited_env(const char* const* envp) {
       "RAILYARD_SHM_PREFIX",
       "RAILYARD_SHM_PEER_STEPS",
       "RAILYARD_STORE_TOKEN",
+      names::kHostfileEnv,
       tls::kPeerCaEnv,
       tls::kPeerCertEnv,
       tls::kPeerKeyEnv,
@@ -72,6 +76,30 @@ std::vector<std::string> inherited_env(const char* const* envp) {
     env.push_back(std::move(kv));
   }
   return env;
+}
+
+namespace {
+bool is_ip(const std::string& s) {
+  unsigned char buf[sizeof(in6_addr)];
+  return inet_pton(AF_INET, s.c_str(), buf) == 1 || inet_pton(AF_INET6, s.c_str(), buf) == 1;
+}
+}  // namespace
+
+WorldHosts world_hosts(const rdzv::Assignment& a, const std::string& pod_domain, bool use_names) {
+  WorldHosts w;
+  if (!pod_domain.empty() && use_names && !a.pods.empty()) {
+    w.names = true;
+    for (const std::string& pod : a.pods) w.hosts.push_back(names::pod_fqdn(pod, pod_domain));
+    w.master = w.hosts.front();
+    return w;
+  }
+  w.master = a.master_addr;
+  if (a.addresses.size() != a.pods.size()) return w;
+  for (const std::string& ip : a.addresses) {
+    if (!is_ip(ip)) return {a.master_addr, {}, false};
+    w.hosts.push_back(ip);
+  }
+  return w;
 }
 
 std::vector<std::string> rank_env(std::vector<std::string> inherited, const rdzv::Assignment& a, int local_rank,
@@ -94,7 +122,7 @@ std::vector<std::string> rank_env(std::vector<std::string> inherited, const rdzv
   add("TORCHELASTIC_MAX_RESTARTS", p.max_restarts);
   add("TORCHELASTIC_RUN_ID", p.run_id);
   add("TORCHELASTIC_USE_AGENT_STORE", "False");
-  add("MASTER_ADDR", a.master_addr);
+  add("MASTER_ADDR", p.master_addr.empty() ? a.master_addr : p.master_addr);
   add("MASTER_PORT", std::to_string(a.master_port));
   add("RAILYARD_GENERATION", std::to_string(a.generation));
   add("RAILYARD_CONFIG", p.config_path);
@@ -115,6 +143,7 @@ std::vector<std::string> rank_env(std::vector<std::string> inherited, const rdzv
     add("RAILYARD_SHM_PEER_STEPS", steps);
   }
   add("RAILYARD_STORE_TOKEN", p.store_token);
+  if (!p.hostfile.empty()) add(names::kHostfileEnv, p.hostfile);
   if (p.peer_tls) {
     add(tls::kPeerCaEnv, p.peer_tls->ca_pem);
     add(tls::kPeerCertEnv, p.peer_tls->leaf.cert_pem);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/rendezvous_protocol.h"
+#include "common/stable_names.h"
 #include "common/tls/job_identity.h"
 #include "common/worker_config.h"
 
@@ -28,6 +29,18 @@ std::vector<std::string> worker_command(std::vector<std::string> command, const 
 // without NCCL_* variables set but empty.
 std::vector<std::string> inherited_env(const char* const* envp);
 
+// How a generation's ranks name its pods: MASTER_ADDR and the hosts of the hostfile (common/stable_names.h).
+struct WorldHosts {
+  std::string master;              // MASTER_ADDR: pod 0's DNS name, or its IP (the assignment's master_addr)
+  std::vector<std::string> hosts;  // one per pod, in pod (rank) order; empty when a pod's IP is unknown: no hostfile
+  bool names = false;              // DNS names (else pod IPs)
+};
+
+// With `pod_domain` (RAILYARD_POD_DOMAIN) and `use_names` (the agent found its own name and the master's resolving),
+// every pod's DNS name `<pod>.<pod_domain>`; else the pods' IPs from the assignment (an address that is not an IPv4 or
+// IPv6 address counts as unknown: it would otherwise go into every pod's hostfile as it came).
+WorldHosts world_hosts(const rdzv::Assignment& a, const std::string& pod_domain, bool use_names);
+
 // What a rank's environment needs besides the assignment.
 struct RankEnvParams {
   std::string run_id;               // TORCHELASTIC_RUN_ID: "<namespace>_<job>"
@@ -39,6 +52,8 @@ struct RankEnvParams {
   std::string store_token;          // RAILYARD_STORE_TOKEN: the generation's bootstrap store token
   // RAILYARD_PEER_TLS_CA/_CERT/_KEY: the pod's identity under the job's CA, for the store over TLS; null: not set.
   std::shared_ptr<const tls::PodIdentity> peer_tls;
+  std::string master_addr;  // MASTER_ADDR: a name (WorldHosts::master); "" = the assignment's master_addr
+  std::string hostfile;     // RAILYARD_HOSTFILE: the generation's hostfile; "" = not set
 };
 
 // The environment of local rank `local_rank` of assignment a: `inherited` (see inherited_env) followed by the

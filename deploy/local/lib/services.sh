@@ -10,8 +10,10 @@
 #                  server relay, masquerading every Service connection (--masquerade-all) so that replies come back the
 #                  same way. One for the cluster, not one per node: all real nodes share the bridge here.
 #   cluster DNS    dnsmasq on POD_NET.1:53 (the kubelets' clusterDNS), answering NAME.NAMESPACE.svc.cluster.local
-#                  from a hosts file that cluster_dns_sync.py keeps equal to the Services' ClusterIPs (a watch);
-#                  nothing is forwarded outside. CoreDNS is not packaged in Debian 12.
+#                  (a ClusterIP, or a headless Service's pods) and HOSTNAME.NAME.NAMESPACE.svc.cluster.local (a pod
+#                  with hostname and subdomain NAME: a TrainingJob's stable names) from a hosts file that
+#                  cluster_dns_sync.py keeps equal to the Services and their Endpoints (two watches); nothing is
+#                  forwarded outside. CoreDNS is not packaged in Debian 12.
 #
 # Nothing machine-wide changes: kube-proxy's chains, its route_localnet and the forwarding it needs live in the
 # cluster's namespace and go with it at `down`. So clusters with real nodes run side by side (the demo's and the

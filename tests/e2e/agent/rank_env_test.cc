@@ -5,12 +5,15 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "common/error.h"
+#include "worker/agent/name_wait.h"
 #include "worker/agent/pod_agent.h"
 
 using railyard::WorkerConfig;
@@ -51,7 +54,9 @@ RankEnvParams params() {
                        .shm_prefix = "/railyard-ns1_job1-1-abcd",
                        .peer_steps = {},
                        .store_token = "feedbeef",
-                       .peer_tls = nullptr};
+                       .peer_tls = nullptr,
+                       .master_addr = "",
+                       .hostfile = ""};
 }
 
 // name -> every value it has in env, in order (a name set twice would show as two values).
@@ -216,4 +221,76 @@ TEST_CASE("the agent issues its pod's leaf from RAILYARD_JOB_CA and names a malf
                        railyard::ConfigError);
   ::unsetenv("RAILYARD_JOB_CA");
   ::unsetenv("RAILYARD_JOB_CA_KEY");
+}
+
+TEST_CASE("stable names: MASTER_ADDR and the hostfile's hosts are the pods' DNS names, else their IPs") {
+  using railyard::worker::world_hosts;
+  Assignment a = assignment();
+  a.addresses = {"10.0.0.7", "10.0.0.8"};
+  const std::string domain = "job1.ns1.svc.cluster.local";
+  auto w = world_hosts(a, domain, true);
+  CHECK(w.names);
+  CHECK(w.master == "job1-0.job1.ns1.svc.cluster.local");
+  CHECK(w.hosts == std::vector<std::string>{"job1-0.job1.ns1.svc.cluster.local", "job1-1.job1.ns1.svc.cluster.local"});
+  // No domain (spec.program.addresses IP, the built-in trainer), or the names did not resolve in time: the IPs.
+  for (const auto& ip : {world_hosts(a, "", true), world_hosts(a, domain, false)}) {
+    CHECK_FALSE(ip.names);
+    CHECK(ip.master == "10.0.0.7");
+    CHECK(ip.hosts == std::vector<std::string>{"10.0.0.7", "10.0.0.8"});
+  }
+  // IPv6 is an address too.
+  a.addresses = {"fd00::7", "10.0.0.8"};
+  CHECK(world_hosts(a, "", false).hosts == std::vector<std::string>{"fd00::7", "10.0.0.8"});
+  // An address that is not one (from an agent that sent anything as its pod_ip), or none from an older service: no
+  // hostfile at all rather than a line that carries it; MASTER_ADDR stays the service's.
+  for (const std::vector<std::string>& bad : {std::vector<std::string>{"10.0.0.7", "10.0.0.8\nevil slots=99"},
+                                              std::vector<std::string>{"10.0.0.7", ""}, std::vector<std::string>{}}) {
+    a.addresses = bad;
+    const auto w2 = world_hosts(a, "", false);
+    CHECK(w2.hosts.empty());
+    CHECK(w2.master == "10.0.0.7");
+  }
+}
+
+TEST_CASE("the ranks get MASTER_ADDR as a name and RAILYARD_HOSTFILE; an inherited one never outlives its generation") {
+  RankEnvParams p = params();
+  p.master_addr = "job1-0.job1.ns1.svc.cluster.local";
+  p.hostfile = "/tmp/agent/gen-3/hostfile";
+  const char* pod_env[] = {"RAILYARD_HOSTFILE=/stale/hostfile", "MASTER_ADDR=10.9.9.9", nullptr};
+  const auto env = by_name(rank_env(inherited_env(pod_env), assignment(), 0, p));
+  CHECK(env.at("MASTER_ADDR") == std::vector<std::string>{"job1-0.job1.ns1.svc.cluster.local"});
+  CHECK(env.at("RAILYARD_HOSTFILE") == std::vector<std::string>{"/tmp/agent/gen-3/hostfile"});
+  // Without names or a hostfile: the assignment's master and no RAILYARD_HOSTFILE (not the inherited one either).
+  const auto plain = by_name(rank_env(inherited_env(pod_env), assignment(), 0, params()));
+  CHECK(plain.at("MASTER_ADDR") == std::vector<std::string>{"10.0.0.7"});
+  CHECK(plain.count("RAILYARD_HOSTFILE") == 0);
+}
+
+TEST_CASE("the agent's wait for names: resolved to the wanted address, or false at the limit or when stopped") {
+  using railyard::worker::NameWant;
+  using railyard::worker::resolve_addresses;
+  using railyard::worker::unresolved;
+  using railyard::worker::wait_for_names;
+  // localhost comes from /etc/hosts: no DNS server is involved, as in every test here.
+  const auto local = resolve_addresses("localhost");
+  REQUIRE(std::find(local.begin(), local.end(), "127.0.0.1") != local.end());
+  CHECK(wait_for_names({{"localhost", "127.0.0.1"}}, std::chrono::milliseconds(0), nullptr));
+  CHECK(wait_for_names({{"localhost", ""}}, std::chrono::milliseconds(0), nullptr));
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_FALSE(wait_for_names({{"localhost", "127.0.0.1"}, {"localhost", "10.255.0.9"}}, std::chrono::milliseconds(600),
+                             nullptr));
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(waited >= 0.6);
+  CHECK(waited < 5);
+  CHECK(unresolved({{"localhost", "127.0.0.1"}, {"localhost", "10.255.0.9"}}) ==
+        std::vector<std::string>{"localhost (got " + [&] {
+          std::string s;
+          for (const auto& x : local) s += (s.empty() ? "" : ", ") + x;
+          return s;
+        }() + ", want 10.255.0.9)"});
+  // A stop (SIGTERM to the agent) ends the wait at once.
+  const auto t1 = std::chrono::steady_clock::now();
+  CHECK_FALSE(wait_for_names({{"localhost", "10.255.0.9"}}, std::chrono::seconds(30), [] { return true; }));
+  CHECK(std::chrono::steady_clock::now() - t1 < std::chrono::seconds(2));
+  CHECK(resolve_addresses("").empty());
 }

@@ -132,6 +132,9 @@ for v in get create update delete; do check "operator may $v configmaps in a job
 check "operator may not list configmaps" can no "$op" list configmaps -A
 check "operator may not patch configmaps" can no "$op" patch configmaps -n "$team"
 check "operator may not list networkpolicies" can no "$op" list networkpolicies.networking.k8s.io -A
+for v in get list watch create delete; do check "operator may $v services in a job namespace" can yes "$op" "$v" services -n "$team"; done
+check "operator may not update services (a job's Service is never rewritten)" can no "$op" update services -n "$team"
+check "operator may not patch services" can no "$op" patch services -n "$team"
 # The monitor (docs/monitor.md).
 for v in get list patch; do check "monitor may $v trainingjobs" can yes "$mon" "$v" trainingjobs.railyard.dev -A; done
 for v in create patch; do check "monitor may $v events" can yes "$mon" "$v" events -n "$team"; done

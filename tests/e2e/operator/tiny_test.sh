@@ -74,6 +74,11 @@ last_loss=$(grep -o 'step=200/200 loss=[0-9.]*' "$log" | tail -1 | sed 's/.*loss
 python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(0 if abs(a - b) <= 1e-5 * abs(b) else 1)" \
   "$loss" "$last_loss" || fail "status.loss $loss is not the last step's loss $last_loss"
 echo "tiny example e2e: ok (node $node, final loss $loss)"
+# Stable names: the job's headless Service <job>, owned by it, over its pods, publishing them before readiness.
+svc=$(kubectl get service tiny -n "$ns" -o json) || fail "no Service tiny"
+jq -e --arg uid "$(jp '{.metadata.uid}')" '.metadata.ownerReferences[0].uid == $uid
+  and .metadata.ownerReferences[0].controller and .spec.clusterIP == "None" and .spec.publishNotReadyAddresses
+  and .spec.selector == {"railyard.dev/job": "tiny"}' <<<"$svc" >/dev/null || fail "Service tiny is not the job's headless Service: $svc"
 
 # Rendezvous over TLS (--rendezvous-tls auto, the default): the operator made its CA (Secret railyard-rendezvous-ca
 # in the namespace it watches), gave the job's Secret the CA certificate, and the agent spoke HTTPS trusting only it.
@@ -174,9 +179,10 @@ jq -e '.spec.policyTypes == ["Ingress", "Egress"]
   and .spec.egress[2].ports == [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]' <<<"$np" >/dev/null ||
   fail "NetworkPolicy moe-workers is not the strict policy: $np"
 [ "$(jq '.spec.egress[1].ports[0].port' <<<"$np")" = "$rport" ] || fail "strict egress port is not the rendezvous port $rport: $np"
-# Someone else's Secret or NetworkPolicy under the name a job's would take is neither deleted nor ignored: a Warning
-# event names it and the fix, and the job gets no pods until the name is free.
+# Someone else's Secret, NetworkPolicy or Service under the name a job's would take is neither deleted nor ignored: a
+# Warning event names it and the fix, and the job gets no pods until the name is free.
 kubectl create secret generic taken-rendezvous -n "$ns" --from-literal=token=theirs >/dev/null
+kubectl create service clusterip taken -n "$ns" --tcp=80:8080 >/dev/null
 kubectl create -n "$ns" -f - >/dev/null <<'EOT'
 apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
@@ -202,8 +208,25 @@ if kubectl get networkpolicy taken-workers -n "$ns" -o jsonpath='{.metadata.owne
 fi
 kubectl delete networkpolicy taken-workers -n "$ns" >/dev/null
 touch_job 2
+wait_for 30 "the ServiceConflict event on job taken" event ServiceConflict
+no_pods || fail "job taken got pods beside a foreign Service"
+clusterip=$(kubectl get service taken -n "$ns" -o jsonpath='{.spec.clusterIP}')
+[ -n "$clusterip" ] && [ "$clusterip" != None ] || fail "the foreign Service was changed (clusterIP '$clusterip')"
+[ -z "$(kubectl get service taken -n "$ns" -o jsonpath='{.metadata.ownerReferences}')" ] ||
+  fail "the foreign Service was taken over"
+kubectl delete service taken -n "$ns" >/dev/null
+touch_job 3
 wait_for 60 "job taken's pod once the names are free" sh -c "kubectl get pods -n $ns -l railyard.dev/job=taken -o name | grep -q ."
+[ "$(kubectl get pod taken-worker-0 -n "$ns" -o jsonpath='{.spec.hostname}/{.spec.subdomain}')" = taken-worker-0/taken ] ||
+  fail "pod taken-worker-0 has no stable name: $(kubectl get pod taken-worker-0 -n "$ns" -o jsonpath='{.spec.hostname}/{.spec.subdomain}')"
+# Level-triggered: the Service deleted by hand comes back (the operator's Service informer brings the job back).
+first=$(kubectl get service taken -n "$ns" -o jsonpath='{.metadata.uid}') || fail "no Service taken"
+kubectl delete service taken -n "$ns" >/dev/null
+wait_for 30 "Service taken made again" sh -c "u=\$(kubectl get service taken -n $ns -o jsonpath='{.metadata.uid}' 2>/dev/null); [ -n \"\$u\" ] && [ \"\$u\" != $first ]"
+[ "$(kubectl get service taken -n "$ns" -o jsonpath='{.spec.clusterIP}')" = None ] || fail "the remade Service is not headless"
 kubectl delete tj taken -n "$ns" --wait=false >/dev/null
+# ... and goes with its job (the garbage collector, through the owner reference).
+wait_for 60 "Service taken deleted with its job" sh -c "! kubectl get service taken -n $ns >/dev/null 2>&1"
 
 # What the worker refuses is refused up front: expert 3 divides neither the 4 experts nor the 2 data-parallel ranks.
 sed -e "s|/shared/data/|$work/data/|g" -e "s|name: moe|name: moe-bad|" -e "s|expert: 2 |expert: 3 |" \

@@ -10,14 +10,16 @@
 #   B. the script reporting no progress (--no-progress), hangTimeoutSeconds 20: SIGSTOP of rank 1's python -> its
 #      agent sees the process stopped -> the stopped rule's Hang naming rank 1 within seconds (not hangTimeoutSeconds)
 #      -> restart, resumed; then a live `kubectl scale --replicas 3`:
-#      the next generation has WORLD_SIZE 3 (a third pod on the third node), the script resumes from its checkpoint in
-#      the world of 3 and the job Succeeds;
+#      the next generation has WORLD_SIZE 3 (a third pod on the third node; its hostfile names the three pods), the
+#      script resumes from its checkpoint in the world of 3 and the job Succeeds;
 #   C. the example as shipped (a slower step; excludeFailedNodes false), one job through three faults, and its final loss equals that of the
 #      same script run undisturbed on the host by two local processes (same Debian PyTorch: stated tolerance 1e-4, the
 #      runs agree to the printed digits; a resumed run sees the same data from the restored step on):
 #      1. the image holds no railyard-worker; the pod's launcher init container copies the agent in, and each rank
 #         runs with torchrun's environment (RANK, WORLD_SIZE, ..., TORCHELASTIC_RUN_ID) and a writable HOME with its
-#         caches (HOME, XDG_CACHE_HOME, HF_HOME, ...); the pods pass the restricted
+#         caches (HOME, XDG_CACHE_HOME, HF_HOME, ...); stable names: MASTER_ADDR is pod 0's DNS name through the
+#         job's headless Service (every fault below trains through it), RAILYARD_HOSTFILE names both pods, and the
+#         names resolve in the pods to their IPs on the local cluster's DNS; the pods pass the restricted
 #         profile; no restart request while it trains; the metrics port serves the ranks' series;
 #      2. kill -9 of rank 1's python: the generation restarts in place (same pods), the script resumes from its own
 #         checkpoint losing at most the checkpoint interval (20 steps);
@@ -149,6 +151,33 @@ for p in os.listdir("/proc"):
     fail "no python rank to signal in $1"
 }
 annotation() { kubectl get tj "$job" -n "$ns" -o jsonpath='{.metadata.annotations.railyard\.dev/restart-request}'; }
+# names_check POD N [RESOLVE]: stable names (issue 41) as POD's python rank sees them in a world of N pods: MASTER_ADDR
+# is pod 0's DNS name, RAILYARD_HOSTFILE lists the N pods by name in rank order, and (unless RESOLVE is 0) each name
+# resolves in the pod (getent: the pod's resolv.conf, the cluster DNS) to that pod's IP.
+names_check() {
+  local dom="$job.$ns.svc.cluster.local" want="" i ip got
+  for ((i = 0; i < $2; i++)); do want+="$job-worker-$i.$dom slots=1"$'\n'; done
+  kubectl exec "$1" -n "$ns" -- python3 -c '
+import os, sys
+env = {}
+for p in os.listdir("/proc"):
+    if p.isdigit() and int(p) != os.getpid():
+        try:
+            if open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")[1:2] == [b"/app/train_gpt.py"]:
+                env = dict(l.split("=", 1) for l in open(f"/proc/{p}/environ", "rb").read().decode().split("\0") if "=" in l)
+        except OSError:
+            pass
+assert env.get("MASTER_ADDR") == sys.argv[1], env.get("MASTER_ADDR")
+sys.stdout.write(open(env["RAILYARD_HOSTFILE"]).read())' "$job-worker-0.$dom" >"$work/hostfile" 2>"$work/names.err" ||
+    fail "$1: MASTER_ADDR or the hostfile: $(tail -2 "$work/names.err")"
+  [ "$(cat "$work/hostfile")"$'\n' = "$want" ] || fail "$1: hostfile $(cat "$work/hostfile"), want $want"
+  [ "${3:-1}" = 0 ] && return 0
+  for ((i = 0; i < $2; i++)); do
+    ip=$(kubectl get pod "$job-worker-$i" -n "$ns" -o jsonpath='{.status.podIP}')
+    got=$(kubectl exec "$1" -n "$ns" -- getent hosts "$job-worker-$i.$dom" 2>/dev/null | cut -d' ' -f1 || true)
+    [ "$got" = "$ip" ] || fail "$1 resolves $job-worker-$i.$dom to '$got', want its IP $ip"
+  done
+}
 # The job's status.loss: rank 0's last progress report (the mean over the ranks). Not the pod's log: a finished job's
 # pods that still run (the agent exiting) are deleted (cleanPodPolicy Running), so the log may be gone already.
 final_loss() { jp '{.status.loss}'; }
@@ -207,6 +236,7 @@ wait_for 60 "rank 2 of 3 training" sh -c "kubectl logs $job-worker-2 -n $ns 2>/d
 # (grep on a here-string: grep -q ending a pipe early would fail kubectl with SIGPIPE under pipefail)
 grep -q '^resumed from' <<<"$(kubectl logs "$job-worker-2" -n "$ns")" || fail "the third rank did not resume from the checkpoint"
 third=$(resumed_at "$job-worker-2") # now: a finished job's pods go (cleanPodPolicy Running), and their logs with them
+names_check "$job-worker-2" 3 0 # the new world's hostfile names all three pods (one exec: the job is near its end)
 wait_phase Succeeded 300
 log "B. scale 2 -> 3: world of 3, rank 2 resumed at step $third, Succeeded $((SECONDS - t0)) s after the job was created"
 
@@ -261,6 +291,9 @@ for d in ("~", os.environ["XDG_CACHE_HOME"], os.environ["TRITON_CACHE_DIR"], os.
     os.makedirs(d, exist_ok=True)
     open(os.path.join(d, "probe"), "w").write("ok")
 ' 2>"$work/home.err" || fail "the program's HOME or caches are not writable: $(tail -2 "$work/home.err")"
+# Stable names: the job's headless Service, MASTER_ADDR a DNS name (training below works with it), the hostfile.
+[ "$(kubectl get service "$job" -n "$ns" -o jsonpath='{.spec.clusterIP}')" = None ] || fail "no headless Service $job"
+names_check "$pod" 2
 # The reference read the same text as the image (Debian's base-files).
 [ "$(kubectl exec "$pod" -n "$ns" -- python3 -c 'import hashlib; print(hashlib.sha256(open("/usr/share/common-licenses/GPL-3", "rb").read()).hexdigest())')" = \
   "$(sha256sum /usr/share/common-licenses/GPL-3 | cut -d' ' -f1)" ] || fail "the image's GPL-3 text differs from the host's"
@@ -270,7 +303,7 @@ wait_for 120 "past step 40" sh -c "s=\$(kubectl get tj $job -n $ns -o jsonpath='
   fail "a restart before any failure (generation $(generation), request '$(annotation)')"
 grep -q 'railyard_worker_step' <<<"$(curl -s "http://$(kubectl get pod "$job-worker-0" -n "$ns" -o jsonpath='{.status.podIP}'):9400/metrics")" ||
   fail "no railyard_worker_step on $job-worker-0's metrics port"
-log "C1. launcher, torchrun environment, restricted pods, no restart while training, metrics served"
+log "C1. launcher, torchrun environment, stable names (MASTER_ADDR $job-worker-0.$job.$ns.svc.cluster.local, hostfile), restricted pods, no restart while training, metrics served"
 
 # 2. kill -9 of one rank
 wait_for 120 "past step 60" sh -c "s=\$(kubectl get tj $job -n $ns -o jsonpath='{.status.step}'); [ \"\${s:-0}\" -ge 60 ]"

@@ -137,6 +137,8 @@ TEST_CASE("ranks are unique and correct, and joins block until the last pod join
     CHECK(a.layout.dp == 6);
     // Every pod learns the peer-copy listeners of the generation in pod order (the ring of the in-memory tier).
     CHECK(a.peers == std::vector<std::string>{"127.0.0.10:41000", "", "127.0.0.12:41002"});
+    // And every pod's IP in pod order (the hostfile's hosts when the job does not name its pods by DNS).
+    CHECK(a.addresses == std::vector<std::string>{"127.0.0.10", "127.0.0.11", "127.0.0.12"});
     CHECK(a.restore == "/ckpt/step-100");
     // The worker configuration arrives as the operator wrote it (typed on both sides).
     REQUIRE(a.config.training);
