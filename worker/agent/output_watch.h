@@ -20,7 +20,10 @@ namespace railyard::worker {
 
 class OutputWatch {
  public:
-  explicit OutputWatch(int local_ranks);
+  // tail_lines, tail_bytes: how much of each rank's streams last_words keeps (a torchrun process keeps more: its
+  // failure summary, which names the failed rank, is about ten lines).
+  explicit OutputWatch(int local_ranks, size_t tail_lines = LogTail::kDefaultLines,
+                       size_t tail_bytes = LogTail::kDefaultBytes);
   ~OutputWatch();  // copies what is still buffered in the pipes, then stops
   OutputWatch(const OutputWatch&) = delete;
   OutputWatch& operator=(const OutputWatch&) = delete;
