@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstring>
@@ -134,6 +135,7 @@ class AgentRun {
                      [this](const Worker& w, const char* reason) { reports_->exited(w, reason); });
     if (cfg.torchrun) {
       reports_->set_torchrun(cfg.procs_per_pod);
+      output_->set_marker(kTorchrunFailedMarker);
       workers_->set_end_process_tree(true);
       // torchrun's ranks outlive a killed torchrun unless someone ends them (torch >= 2 starts them in sessions of
       // their own): as their subreaper the agent finds them as its own children once torchrun is gone.
@@ -357,7 +359,30 @@ class AgentRun {
     return rank_slots_;
   }
 
+  // torchrun mode: a rank failure torchrun announced is reported at once, the first of the generation (torchrun exits
+  // only after its exit barrier, when every pod's torchrun is done or 300 s passed).
+  void torchrun_failures() {
+    for (const std::string& line : output_->take_marked(0)) {
+      const auto f = parse_torchrun_failed_line(line);
+      if (!f || f->local_rank >= cfg_.procs_per_pod || torchrun_failed_) continue;
+      torchrun_failed_ = true;
+      log::info(kComponent, "torchrun reports a failed rank",
+                {{"generation", std::to_string(generation_)},
+                 {"local_rank", std::to_string(f->local_rank)},
+                 {"exit_code", std::to_string(f->exit_code)},
+                 {"signal", std::to_string(f->signal)}});
+      reports_->rank_failed(f->local_rank, f->exit_code, f->signal, line);
+    }
+  }
+
   std::pair<After, int> finish(int sig, const char* reason, After after, int code) {
+    if (cfg_.torchrun && sig == SIGTERM && torchrun_failed_ && !workers_->workers().empty()) {
+      // A torchrun that saw a rank fail and whose ranks are all gone only waits in its exit barrier, in C++ where
+      // Python's SIGTERM handler cannot run: the grace would pass for nothing.
+      const Worker& tr = workers_->workers().front();
+      const auto ranks = tr.running ? find_rank_processes(tr.pid, cfg_.procs_per_pod) : std::vector<pid_t>{};
+      if (std::all_of(ranks.begin(), ranks.end(), [](pid_t p) { return p < 0; })) sig = SIGKILL;
+    }
     workers_->stop(sig, reason);
     if (reason != nullptr) reports_->flush();
     return {after, code};
@@ -365,6 +390,7 @@ class AgentRun {
 
   std::pair<After, int> run_generation(const rdzv::Assignment& a) {
     generation_ = a.generation;
+    torchrun_failed_ = false;
     last_generation_ = a.generation;
     reports_->start_generation(a.generation);
     metrics_.generation.set(static_cast<double>(a.generation));
@@ -391,6 +417,7 @@ class AgentRun {
         return finish(s, rdzv::kExitStopped, After::Exit, 128 + s);
       }
       workers_->reap(rdzv::kExitExited);
+      if (cfg_.torchrun) torchrun_failures();
       // A worker's last steps (the final loss) may have been written after the last poll: forward them before its
       // exit, so the job's status never ends on a stale step or loss.
       if (reports_->pending()) reports_->forward_progress(progress_sources(false));
@@ -519,6 +546,7 @@ class AgentRun {
   std::optional<WorkerReports> reports_;     // set in the constructor, after ranks_out_ and output_
   std::optional<WorkerGroup> workers_;       // likewise
   std::vector<Worker> rank_slots_;           // torchrun mode: the ranks torchrun starts (progress_sources)
+  bool torchrun_failed_ = false;             // torchrun mode: this generation's torchrun announced a failed rank
 };
 
 }  // namespace

@@ -65,6 +65,21 @@ std::optional<TorchrunFailure> parse_torchrun_failure(const std::string& text) {
   return f;
 }
 
+std::optional<TorchrunFailure> parse_torchrun_failed_line(const std::string& line) {
+  const size_t m = line.find(kTorchrunFailedMarker);
+  if (m == std::string::npos) return std::nullopt;
+  const auto code = integer_at(line, m + std::string(kTorchrunFailedMarker).size());
+  const size_t lr = line.find("local_rank:", m);
+  if (!code || lr == std::string::npos) return std::nullopt;
+  const auto local = integer_at(line, lr + std::string("local_rank:").size());
+  if (!local || *local < 0 || *local > 4095 || *code < -128 || *code > 255) return std::nullopt;
+  TorchrunFailure f;
+  f.local_rank = static_cast<int>(*local);
+  f.exit_code = *code < 0 ? -1 : static_cast<int>(*code);
+  f.signal = *code < 0 ? static_cast<int>(-*code) : 0;
+  return f;
+}
+
 std::vector<ProcessEntry> list_processes() {
   std::vector<ProcessEntry> out;
   DIR* d = ::opendir("/proc");

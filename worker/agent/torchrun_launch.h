@@ -24,6 +24,11 @@ struct TorchrunFailure {
 };
 std::optional<TorchrunFailure> parse_torchrun_failure(const std::string& text);
 
+// The line torchrun logs the moment it sees a rank fail, long before it exits (it first waits up to 300 s in its exit
+// barrier for the other pods' torchruns): "failed (exitcode: -9) local_rank: 1 (pid: 413) of binary: ...".
+inline constexpr const char* kTorchrunFailedMarker = "failed (exitcode: ";
+std::optional<TorchrunFailure> parse_torchrun_failed_line(const std::string& line);
+
 // The process table as the agent needs it: pid -> parent.
 struct ProcessEntry {
   pid_t pid = 0;

@@ -74,6 +74,12 @@ void WorkerReports::exited(const Worker& w, const char* reason) {
   pending_.push_back(std::move(rep));
 }
 
+void WorkerReports::rank_failed(int local_rank, int exit_code, int signal, std::string message) {
+  rdzv::ExitReport rep{ref_, generation_, local_rank, exit_code, signal, rdzv::kExitExited};
+  rep.message = std::move(message);
+  pending_.push_back(std::move(rep));
+}
+
 void WorkerReports::flush() {
   std::vector<rdzv::ExitReport> keep;
   bool reachable = true;

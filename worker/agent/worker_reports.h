@@ -42,6 +42,9 @@ class WorkerReports {
   // rank's last output lines (waiting briefly for the rest of its output to arrive).
   void exited(const Worker& w, const char* reason);
   bool pending() const { return !pending_.empty(); }
+  // torchrun mode: torchrun said local rank `local_rank` failed (its "failed (exitcode: ...)" line, `message`), while
+  // it still runs: reported as that rank's exit now, not when torchrun exits.
+  void rank_failed(int local_rank, int exit_code, int signal, std::string message);
 
   // Sends queued exit reports; keeps those that could not be delivered. Stops at the first unreachable answer so
   // that a dead service costs one call's retries, not one per report.
