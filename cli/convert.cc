@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "common/error.h"
+#include "common/torchrun.h"
 
 namespace railyard::cli {
 namespace {
@@ -517,90 +518,22 @@ Conversion from_trainjob(const json& tj, const std::vector<json>& docs) {
 }  // namespace
 
 std::optional<TorchrunCommand> split_torchrun(const std::vector<std::string>& cmd) {
-  auto base = [](const std::string& p) { return p.substr(p.rfind('/') == std::string::npos ? 0 : p.rfind('/') + 1); };
-  size_t i = 0;
-  std::string interpreter = "python";
-  if (!cmd.empty() && base(cmd[0]) == "torchrun") {
-    i = 1;
-  } else if (cmd.size() >= 3 && base(cmd[0]).rfind("python", 0) == 0 && cmd[1] == "-m" &&
-             (cmd[2] == "torch.distributed.run" || cmd[2] == "torch.distributed.launch")) {
-    interpreter = cmd[0];
-    i = 3;
-  } else {
-    return std::nullopt;
-  }
-  static const std::set<std::string> with_value = {"nnodes",
-                                                   "nproc_per_node",
-                                                   "nproc-per-node",
-                                                   "node_rank",
-                                                   "node-rank",
-                                                   "master_addr",
-                                                   "master-addr",
-                                                   "master_port",
-                                                   "master-port",
-                                                   "rdzv_backend",
-                                                   "rdzv-backend",
-                                                   "rdzv_endpoint",
-                                                   "rdzv-endpoint",
-                                                   "rdzv_id",
-                                                   "rdzv-id",
-                                                   "rdzv_conf",
-                                                   "rdzv-conf",
-                                                   "max_restarts",
-                                                   "max-restarts",
-                                                   "monitor_interval",
-                                                   "monitor-interval",
-                                                   "start_method",
-                                                   "start-method",
-                                                   "role",
-                                                   "log_dir",
-                                                   "log-dir",
-                                                   "redirects",
-                                                   "r",
-                                                   "tee",
-                                                   "t",
-                                                   "local_addr",
-                                                   "local-addr",
-                                                   "logs_specs",
-                                                   "logs-specs",
-                                                   "local_ranks_filter",
-                                                   "local-ranks-filter"};
+  const std::optional<torchrun::Command> c = torchrun::parse_command(cmd);
+  if (!c || c->script >= cmd.size()) return std::nullopt;  // no script: not something to convert
   TorchrunCommand t;
-  bool no_python = false, module = false;
-  for (; i < cmd.size() && cmd[i].size() > 1 && cmd[i][0] == '-'; ++i) {
-    const std::string& a = cmd[i];
-    if (a == "--") {
-      ++i;
-      break;
-    }
-    std::string name = a.substr(a[1] == '-' ? 2 : 1);
-    std::string value;
-    bool inline_value = false;
-    if (auto eq = name.find('='); eq != std::string::npos) {
-      value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-      inline_value = true;
-    }
-    std::string shown = a;
-    if (with_value.count(name) && !inline_value && i + 1 < cmd.size()) {
-      value = cmd[++i];
-      shown += " " + value;
-    }
-    if (name == "nproc_per_node" || name == "nproc-per-node") {
-      t.nproc_per_node = value;
+  for (const torchrun::Option& o : c->options) {
+    if (o.dest == "nproc_per_node") {
+      t.nproc_per_node = o.value;
       continue;  // carried over as procsPerReplica
     }
-    if (name == "no_python" || name == "no-python") no_python = true;
-    if (name == "m" || name == "module") module = true;
-    t.dropped.push_back(shown);
+    t.dropped.push_back(o.text);
   }
-  if (i >= cmd.size()) return std::nullopt;  // no script: not something to convert
-  if (no_python) {
-    t.program.assign(cmd.begin() + static_cast<std::ptrdiff_t>(i), cmd.end());
+  if (c->no_python) {
+    t.program.assign(cmd.begin() + static_cast<std::ptrdiff_t>(c->script), cmd.end());
   } else {
-    t.program = {interpreter};
-    if (module) t.program.push_back("-m");
-    t.program.insert(t.program.end(), cmd.begin() + static_cast<std::ptrdiff_t>(i), cmd.end());
+    t.program = {c->interpreter};
+    if (c->module) t.program.push_back("-m");
+    t.program.insert(t.program.end(), cmd.begin() + static_cast<std::ptrdiff_t>(c->script), cmd.end());
   }
   return t;
 }

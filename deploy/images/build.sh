@@ -160,7 +160,7 @@ if [ "$EXAMPLES" = 1 ]; then
   mapfile -t ex_pkgs < <(oci parse "$ex_df" | python3 -c 'import json,sys; print("\n".join(json.load(sys.stdin)["packages"]))')
   ensure_base "${ex_pkgs[@]}"
   out="$OUT_DIR/pytorch-example.tar"
-  if [ ! -s "$out" ] || [ -n "$(find "$ex_df" "$base" "$REPO_ROOT/deploy/examples/pytorch/train_gpt.py" -newer "$out" | head -1)" ]; then
+  if [ ! -s "$out" ] || [ -n "$(find "$ex_df" "$base" "$REPO_ROOT/deploy/examples/pytorch/train_gpt.py" "$REPO_ROOT/deploy/examples/pytorch/torchrun" -newer "$out" | head -1)" ]; then
     oci build --dockerfile "$ex_df" --base-layer "$base" --build-dir "$BUILD_DIR" \
       --name "localhost/railyard/pytorch-example:$TAG" --out "$out" >"$out.json"
   fi

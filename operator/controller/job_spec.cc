@@ -12,6 +12,7 @@
 #include "common/model_presets.h"
 #include "common/path_roots.h"
 #include "common/stable_names.h"
+#include "common/torchrun.h"
 
 namespace railyard::op {
 namespace {
@@ -205,6 +206,40 @@ std::vector<std::string> string_list(Checker& c, const Json& obj, const char* ke
   return out;
 }
 
+// spec.program.launcher: auto (the default) runs torchrun mode when the command is torchrun or `python -m
+// torch.distributed.run`, perRank otherwise. In torchrun mode the agent hands torchrun the world through PET_*, which
+// a flag on the command line would override: such flags are refused here, naming the element (common/torchrun.h).
+void parse_launcher(Checker& c, JobSpec& s, const Json& program) {
+  std::string launcher = torchrun::kLauncherAuto;
+  if (auto v = c.string(program, "launcher", "spec.program.launcher")) launcher = *v;
+  if (!c.ok()) return;
+  std::vector<std::string> argv = s.program_command;
+  argv.insert(argv.end(), s.program_args.begin(), s.program_args.end());
+  if (launcher == torchrun::kLauncherAuto) {
+    s.program_torchrun = torchrun::is_torchrun(argv);
+  } else if (launcher == torchrun::kLauncherTorchrun) {
+    s.program_torchrun = true;
+  } else if (launcher == torchrun::kLauncherPerRank) {
+    s.program_torchrun = false;
+  } else {
+    c.fail("spec.program.launcher", "'" + launcher + "' is not a launcher",
+           "use auto (torchrun when the command is torchrun), torchrun (one process per pod that starts the local "
+           "ranks itself) or perRank (the command once per local rank)");
+    return;
+  }
+  if (!s.program_torchrun) return;
+  // A command that is not recognisable torchrun (a shell script that starts it) has no flags to check.
+  const auto command = torchrun::parse_command(argv);
+  if (!command) return;
+  if (auto conflict = torchrun::check_options(*command, s.procs_per_replica)) {
+    const size_t i = conflict->index;
+    const std::string field = i < s.program_command.size()
+                                  ? "spec.program.command[" + std::to_string(i) + "]"
+                                  : "spec.program.args[" + std::to_string(i - s.program_command.size()) + "]";
+    c.fail(field, conflict->problem, conflict->fix);
+  }
+}
+
 // spec.program: a job that brings its own program. The built-in trainer's sections do not apply to it, and a
 // manifest that sets both is refused naming the section (rather than one of them being silently ignored).
 void parse_program(Checker& c, JobSpec& s, const Json& spec) {
@@ -219,6 +254,7 @@ void parse_program(Checker& c, JobSpec& s, const Json& spec) {
   if (auto v = c.integer(program, "totalSteps", "spec.program.totalSteps", 1, kMaxSteps))
     s.steps = static_cast<int>(*v);
   if (auto v = c.one_of(program, "addresses", "spec.program.addresses", {"DNS", "IP"})) s.dns_addresses = *v == "DNS";
+  parse_launcher(c, s, program);
   for (const char* section : {"model", "data", "training", "parallelism", "memory"}) {
     if (c.ok() && spec.contains(section))
       c.fail(std::string("spec.") + section, "is for the built-in GPT trainer, but spec.program runs your own program",

@@ -72,6 +72,10 @@ struct JobSpec {
   // the built-in GPT trainer; then no model/data/training/parallelism/memory fields apply (docs/programs.md).
   bool program = false;
   std::vector<std::string> program_command, program_args;
+  // spec.program.launcher resolved (auto: torchrun when the command starts torchrun, common/torchrun.h): true = the
+  // agent starts the command once per pod and hands torchrun the world through PET_* (docs/programs.md "torchrun in
+  // the container"); false = once per local rank with torchrun's per-worker variables.
+  bool program_torchrun = false;
   int steps = 0;  // spec.training.steps, or spec.program.totalSteps (0 = not known) for a program
   // spec.program.addresses: DNS (true, the default) gives a program's ranks MASTER_ADDR and the hostfile as the pods'
   // DNS names through the job's headless Service; IP, their pod IPs (common/stable_names.h).

@@ -11,6 +11,7 @@
 #include "common/kube/client.h"
 #include "common/rendezvous_protocol.h"
 #include "common/tls/job_identity.h"
+#include "common/torchrun.h"
 #include "operator/controller/nccl_env.h"
 #include "operator/controller/placement.h"
 
@@ -268,6 +269,8 @@ WorkerPodBuilder::WorkerPodBuilder(const Json& job, const JobSpec& spec, int64_t
   if (spec.program) {
     // What a program may use beside torchrun's variables (the agent adds the per-rank ones): docs/programs.md.
     shared["RAILYARD_MAX_RESTARTS"] = std::to_string(spec.max_restarts);
+    // spec.program.launcher as resolved: torchrun mode starts the command once per pod with PET_* (common/torchrun.h).
+    shared[torchrun::kLauncherEnv] = spec.program_torchrun ? torchrun::kLauncherTorchrun : torchrun::kLauncherPerRank;
     if (!spec.checkpoint_path.empty()) shared["RAILYARD_CHECKPOINT_DIR"] = spec.checkpoint_path;
     if (spec.checkpoint_interval_steps > 0)
       shared["RAILYARD_CHECKPOINT_INTERVAL_STEPS"] = std::to_string(spec.checkpoint_interval_steps);

@@ -30,6 +30,9 @@ Environment (set by the operator; docs/rendezvous.md has the whole contract):
   RAILYARD_RENDEZVOUS_CA                      PEM of the CA that signed the service's certificate (the Secret's key
                                               ca.crt): HTTPS trusting only it; unset: plain HTTP
   RAILYARD_PROCS_PER_POD                      local ranks (default 1)
+  RAILYARD_LAUNCHER                           perRank (default): the command once per local rank; torchrun: once
+                                              per pod with PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK,
+                                              PET_MASTER_ADDR/PORT, PET_MAX_RESTARTS=0 (the command is torchrun)
   RAILYARD_AGENT_DIR                          config/progress files (default $TMPDIR/railyard-agent/<ns>_<job>_<pod>)
   RAILYARD_AGENT_GRACE_SECONDS                SIGTERM -> SIGKILL grace for workers (default 10)
   RAILYARD_AGENT_POLL_MS                      status poll period, 50..1000 (default 500)

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <utility>
 
 #include "common/error.h"
 
@@ -27,8 +28,9 @@ void write_all(int fd, const char* p, size_t n) {
 
 }  // namespace
 
-OutputWatch::OutputWatch(int local_ranks)
-    : last_(static_cast<size_t>(local_ranks)), tails_(static_cast<size_t>(local_ranks)) {
+OutputWatch::OutputWatch(int local_ranks, size_t tail_lines, size_t tail_bytes)
+    : last_(static_cast<size_t>(local_ranks)),
+      tails_(static_cast<size_t>(local_ranks), Tail{LogTail(tail_lines, tail_bytes), LogTail(tail_lines, tail_bytes)}) {
   for (auto& t : last_) t.store(0);
   if (::pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0)
     throw Error(std::string("agent: pipe for the output watch failed: ") + std::strerror(errno));
@@ -58,6 +60,9 @@ OutputWatch::ChildEnds OutputWatch::open(int local_rank) {
     Tail& t = tails_.at(static_cast<size_t>(local_rank));
     t.out.clear();
     t.err.clear();
+    t.partial_out.clear();
+    t.partial_err.clear();
+    t.marked.clear();
     serial = ++t.serial;
     t.open = 2;
   }
@@ -68,6 +73,16 @@ OutputWatch::ChildEnds OutputWatch::open(int local_rank) {
   }
   (void)!::write(wake_[1], "x", 1);
   return {out[1], err[1]};
+}
+
+void OutputWatch::set_marker(std::string marker) {
+  std::lock_guard lock(tail_mu_);
+  marker_ = std::move(marker);
+}
+
+std::vector<std::string> OutputWatch::take_marked(int local_rank) {
+  std::lock_guard lock(tail_mu_);
+  return std::exchange(tails_.at(static_cast<size_t>(local_rank)).marked, {});
 }
 
 double OutputWatch::last_output(int local_rank) const { return last_.at(static_cast<size_t>(local_rank)).load(); }
@@ -85,6 +100,18 @@ void OutputWatch::tail(const Source& s, const char* data, size_t n, bool eof) {
   Tail& t = tails_[static_cast<size_t>(s.local_rank)];
   if (t.serial != s.serial) return;  // an earlier process of the rank (or what it left running)
   (s.to == 2 ? t.err : t.out).append(std::string_view(data, n));
+  if (!marker_.empty()) {
+    std::string& partial = s.to == 2 ? t.partial_err : t.partial_out;
+    partial.append(data, n);
+    size_t start = 0;
+    for (size_t nl; (nl = partial.find('\n', start)) != std::string::npos; start = nl + 1) {
+      const std::string_view line(partial.data() + start, nl - start);
+      if (line.find(marker_) != std::string_view::npos && t.marked.size() < 16)
+        t.marked.push_back(sanitize_message(line, 1024));
+    }
+    partial.erase(0, start);
+    if (partial.size() > 65536) partial.erase(0, partial.size() - 4096);  // a line without end: keep its tail
+  }
   if (eof && --t.open <= 0) tail_cv_.notify_all();
 }
 

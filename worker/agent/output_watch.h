@@ -20,7 +20,10 @@ namespace railyard::worker {
 
 class OutputWatch {
  public:
-  explicit OutputWatch(int local_ranks);
+  // tail_lines, tail_bytes: how much of each rank's streams last_words keeps (a torchrun process keeps more: its
+  // failure summary, which names the failed rank, is about ten lines).
+  explicit OutputWatch(int local_ranks, size_t tail_lines = LogTail::kDefaultLines,
+                       size_t tail_bytes = LogTail::kDefaultBytes);
   ~OutputWatch();  // copies what is still buffered in the pipes, then stops
   OutputWatch(const OutputWatch&) = delete;
   OutputWatch& operator=(const OutputWatch&) = delete;
@@ -36,6 +39,11 @@ class OutputWatch {
   // and bounded (LogTail). Waits up to `wait` for the process's pipes to close first, so that what it wrote just
   // before it exited is in; a child that keeps them open only costs the wait.
   std::string last_words(int local_rank, std::chrono::milliseconds wait);
+  // Lines of the current process of local rank l that contain `marker` (set_marker), since the last call: how the
+  // agent hears at once what a process announces before it ends (torchrun's "failed (exitcode: ...)" line, written
+  // up to its exit barrier's 300 s before it exits). At most 16 kept, each cut to 1 KiB.
+  void set_marker(std::string marker);
+  std::vector<std::string> take_marked(int local_rank);
 
  private:
   struct Source {
@@ -47,7 +55,9 @@ class OutputWatch {
   struct Tail {
     LogTail out, err;
     int serial = 0;
-    int open = 0;  // the current process's pipes not at EOF yet
+    int open = 0;                        // the current process's pipes not at EOF yet
+    std::string partial_out, partial_err;  // the unfinished last line of each, while a marker is set
+    std::vector<std::string> marked;       // lines with the marker, not taken yet
   };
   void loop();
   void tail(const Source& s, const char* data, size_t n, bool eof);
@@ -55,6 +65,7 @@ class OutputWatch {
   std::mutex tail_mu_;
   std::condition_variable tail_cv_;
   std::vector<Tail> tails_;  // guarded by tail_mu_
+  std::string marker_;       // guarded by tail_mu_
   std::mutex mu_;
   std::vector<Source> sources_;  // guarded by mu_
   int wake_[2] = {-1, -1};

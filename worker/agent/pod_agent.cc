@@ -5,11 +5,14 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <random>
@@ -19,6 +22,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/metrics/job_labels.h"
+#include "common/torchrun.h"
 #include "worker/agent/agent_metrics.h"
 #include "worker/agent/name_wait.h"
 #include "worker/agent/output_watch.h"
@@ -26,6 +30,7 @@
 #include "worker/agent/rank_env.h"
 #include "worker/agent/rank_exporter.h"
 #include "worker/agent/rendezvous_client.h"
+#include "worker/agent/torchrun_launch.h"
 #include "worker/agent/worker_group.h"
 #include "worker/agent/worker_reports.h"
 
@@ -122,11 +127,22 @@ class AgentRun {
                 {{"address", cfg.pod_ip + ":" + std::to_string(ranks_out_->port(0)) + "/metrics"},
                  {"ranks", std::to_string(cfg.procs_per_pod)}});
     }
-    // Every rank's output passes through the agent: a failed rank's last lines go with its exit report.
-    output_ = std::make_unique<OutputWatch>(cfg.procs_per_pod);
+    // Every rank's output passes through the agent: a failed rank's last lines go with its exit report. A torchrun
+    // writes a failure summary naming the failed rank: a longer tail keeps all of it.
+    output_ = cfg.torchrun ? std::make_unique<OutputWatch>(cfg.procs_per_pod, 40, 8192)
+                           : std::make_unique<OutputWatch>(cfg.procs_per_pod);
     reports_.emplace(client_, ref(), ranks_out_.get(), output_.get());
     workers_.emplace(cfg.grace, metrics_, output_.get(),
                      [this](const Worker& w, const char* reason) { reports_->exited(w, reason); });
+    if (cfg.torchrun) {
+      reports_->set_torchrun(cfg.procs_per_pod);
+      output_->set_marker(kTorchrunFailedMarker);
+      workers_->set_end_process_tree(true);
+      // torchrun's ranks outlive a killed torchrun unless someone ends them (torch >= 2 starts them in sessions of
+      // their own): as their subreaper the agent finds them as its own children once torchrun is gone.
+      if (::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0)
+        log::warn(kComponent, std::string("prctl(PR_SET_CHILD_SUBREAPER) failed: ") + std::strerror(errno));
+    }
   }
 
   int run() {
@@ -324,18 +340,33 @@ class AgentRun {
       params.hostfile = dir + "/hostfile";
       write_file_atomic(params.hostfile, names::hostfile_text(hosts.hosts, a.local_world_size));
     }
+    params.progress_dir = dir;
     const std::vector<std::string> inherited = inherited_env(environ);
     std::vector<RankLaunch> launches;
+    rank_slots_.clear();
     for (int l = 0; l < a.local_world_size; ++l) {
       RankLaunch r;
       r.local_rank = l;
       r.global_rank = a.ranks[l];
-      r.progress_file = dir + "/progress-" + std::to_string(l) + ".json";
+      r.progress_file = dir + "/" + torchrun::progress_file_name(l);
       // A pod re-created with the same name gets the same work dir: never forward a previous run's progress.
       std::error_code rm_ec;
       std::filesystem::remove(r.progress_file, rm_ec);
       params.progress_file = r.progress_file;
       params.peer_steps = peer_ ? peer_->fetched_steps(r.global_rank) : std::vector<int64_t>{};
+      if (cfg_.torchrun) {
+        // The ranks torchrun will start: their progress files, and their processes once found.
+        Worker slot;
+        slot.local_rank = l;
+        slot.global_rank = r.global_rank;
+        slot.progress_file = r.progress_file;
+        rank_slots_.push_back(slot);
+        if (l == 0) {
+          r.env = torchrun_env(inherited, a, params);
+          launches.push_back(std::move(r));
+        }
+        continue;
+      }
       r.env = rank_env(inherited, a, l, params);
       launches.push_back(std::move(r));
     }
@@ -343,7 +374,47 @@ class AgentRun {
     workers_->start(a.generation, std::move(command), std::move(launches));
   }
 
+  // The workers whose progress and process state the agent forwards: each rank's process, or under torchrun the ranks
+  // it found among torchrun's descendants (by their LOCAL_RANK; not found: no process state, progress still read).
+  std::vector<Worker>& progress_sources(bool refresh) {
+    if (!cfg_.torchrun) return workers_->workers();
+    if (refresh) {
+      const Worker* tr = workers_->workers().empty() ? nullptr : &workers_->workers().front();
+      const bool running = tr != nullptr && tr->running;
+      const std::vector<pid_t> pids =
+          running ? find_rank_processes(tr->pid, static_cast<int>(rank_slots_.size())) : std::vector<pid_t>{};
+      for (size_t l = 0; l < rank_slots_.size(); ++l) {
+        rank_slots_[l].pid = running ? pids[l] : -1;
+        rank_slots_[l].running = running && pids[l] > 0;
+      }
+    }
+    return rank_slots_;
+  }
+
+  // torchrun mode: a rank failure torchrun announced is reported at once, the first of the generation (torchrun exits
+  // only after its exit barrier, when every pod's torchrun is done or 300 s passed).
+  void torchrun_failures() {
+    for (const std::string& line : output_->take_marked(0)) {
+      const auto f = parse_torchrun_failed_line(line);
+      if (!f || f->local_rank >= cfg_.procs_per_pod || torchrun_failed_) continue;
+      torchrun_failed_ = true;
+      log::info(kComponent, "torchrun reports a failed rank",
+                {{"generation", std::to_string(generation_)},
+                 {"local_rank", std::to_string(f->local_rank)},
+                 {"exit_code", std::to_string(f->exit_code)},
+                 {"signal", std::to_string(f->signal)}});
+      reports_->rank_failed(f->local_rank, f->exit_code, f->signal, line);
+    }
+  }
+
   std::pair<After, int> finish(int sig, const char* reason, After after, int code) {
+    if (cfg_.torchrun && sig == SIGTERM && torchrun_failed_ && !workers_->workers().empty()) {
+      // A torchrun that saw a rank fail and whose ranks are all gone only waits in its exit barrier, in C++ where
+      // Python's SIGTERM handler cannot run: the grace would pass for nothing.
+      const Worker& tr = workers_->workers().front();
+      const auto ranks = tr.running ? find_rank_processes(tr.pid, cfg_.procs_per_pod) : std::vector<pid_t>{};
+      if (std::all_of(ranks.begin(), ranks.end(), [](pid_t p) { return p < 0; })) sig = SIGKILL;
+    }
     workers_->stop(sig, reason);
     if (reason != nullptr) reports_->flush();
     return {after, code};
@@ -351,6 +422,7 @@ class AgentRun {
 
   std::pair<After, int> run_generation(const rdzv::Assignment& a) {
     generation_ = a.generation;
+    torchrun_failed_ = false;
     last_generation_ = a.generation;
     reports_->start_generation(a.generation);
     metrics_.generation.set(static_cast<double>(a.generation));
@@ -377,9 +449,10 @@ class AgentRun {
         return finish(s, rdzv::kExitStopped, After::Exit, 128 + s);
       }
       workers_->reap(rdzv::kExitExited);
+      if (cfg_.torchrun) torchrun_failures();
       // A worker's last steps (the final loss) may have been written after the last poll: forward them before its
       // exit, so the job's status never ends on a stale step or loss.
-      if (reports_->pending()) reports_->forward_progress(workers_->workers());
+      if (reports_->pending()) reports_->forward_progress(progress_sources(false));
       if (reports_->pending()) reports_->flush();
       last_all_ok_ = workers_->all_ok();
       if (Clock::now() < next_poll) {
@@ -387,7 +460,7 @@ class AgentRun {
         continue;
       }
       next_poll = Clock::now() + cfg_.poll_interval;
-      reports_->forward_progress(workers_->workers());
+      reports_->forward_progress(progress_sources(true));
       RendezvousClient::Result r;
       try {
         r = client_.status({ref(), generation_, 0});
@@ -504,6 +577,8 @@ class AgentRun {
   std::unique_ptr<OutputWatch> output_;      // the ranks' output: when they last wrote, and their last lines
   std::optional<WorkerReports> reports_;     // set in the constructor, after ranks_out_ and output_
   std::optional<WorkerGroup> workers_;       // likewise
+  std::vector<Worker> rank_slots_;           // torchrun mode: the ranks torchrun starts (progress_sources)
+  bool torchrun_failed_ = false;             // torchrun mode: this generation's torchrun announced a failed rank
 };
 
 }  // namespace
@@ -518,6 +593,12 @@ AgentConfig AgentConfig::from_env(std::vector<std::string> command) {
   c.token = required_env("RAILYARD_RENDEZVOUS_TOKEN", "the job's token (secretKeyRef <job>-rendezvous/token)");
   c.rendezvous_ca = env_or("RAILYARD_RENDEZVOUS_CA", "");
   c.procs_per_pod = static_cast<int>(int_env("RAILYARD_PROCS_PER_POD", 1, 1, 4096));
+  const std::string launcher = env_or(torchrun::kLauncherEnv, torchrun::kLauncherPerRank);
+  if (launcher != torchrun::kLauncherPerRank && launcher != torchrun::kLauncherTorchrun)
+    throw ConfigError(std::string(torchrun::kLauncherEnv) + "=\"" + launcher + "\" must be " +
+                      torchrun::kLauncherTorchrun + " or " + torchrun::kLauncherPerRank +
+                      " (the operator sets it from spec.program.launcher)");
+  c.torchrun = launcher == torchrun::kLauncherTorchrun;
   c.command = std::move(command);
   const char* tmp = std::getenv("TMPDIR");
   c.work_dir = env_or("RAILYARD_AGENT_DIR",

@@ -25,7 +25,11 @@ struct AgentConfig {
   // RAILYARD_RENDEZVOUS_CA (secretKeyRef <job>-rendezvous/ca.crt): the CA of the service's certificate, PEM; the
   // agent then speaks HTTPS and trusts only it. Empty: plain HTTP (the operator runs with --rendezvous-tls off).
   std::string rendezvous_ca;
-  int procs_per_pod = 1;             // RAILYARD_PROCS_PER_POD
+  int procs_per_pod = 1;  // RAILYARD_PROCS_PER_POD
+  // RAILYARD_LAUNCHER=torchrun (spec.program.launcher, resolved by the operator): the command is the pod's torchrun,
+  // started once with PET_* and starting procs_per_pod ranks itself (common/torchrun.h). Unset or perRank: the
+  // command once per local rank.
+  bool torchrun = false;
   std::vector<std::string> command;  // worker command; empty = `<this binary> train --config $RAILYARD_CONFIG`
   std::string work_dir;              // RAILYARD_AGENT_DIR: per-generation config and progress files
   std::chrono::milliseconds poll_interval{500};  // RAILYARD_AGENT_POLL_MS: status poll period

@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <set>
 
+#include "common/torchrun.h"
+
 namespace railyard::worker {
 
 WorkerConfig generation_config(const rdzv::Assignment& a) {
@@ -53,7 +55,8 @@ std::vector<std::string> inherited_env(const char* const* envp) {
       "RAILYARD_DP",
       "RAILYARD_TP",
       "RAILYARD_PP",
-      "RAILYARD_PROGRESS_FILE",
+      torchrun::kProgressFileEnv,
+      torchrun::kProgressDirEnv,
       "RAILYARD_SHM_PREFIX",
       "RAILYARD_SHM_PEER_STEPS",
       "RAILYARD_STORE_TOKEN",
@@ -69,7 +72,11 @@ std::vector<std::string> inherited_env(const char* const* envp) {
   std::vector<std::string> env;
   for (const char* const* e = envp; *e != nullptr; ++e) {
     std::string kv = *e;
-    if (kOverridden.count(kv.substr(0, kv.find('=')))) continue;
+    const std::string name = kv.substr(0, kv.find('='));
+    if (kOverridden.count(name)) continue;
+    // torchrun mode's world (a template's PET_NNODES would be stale after the first resize); unset per rank too.
+    if (std::find(torchrun::kAgentSetEnv.begin(), torchrun::kAgentSetEnv.end(), name) != torchrun::kAgentSetEnv.end())
+      continue;
     // NCCL_* from the downward API read as empty when the Binding had no value for them (operator nccl_env.h):
     // unset, not empty, is NCCL's "choose yourself".
     if (kv.rfind("NCCL_", 0) == 0 && kv.back() == '=') continue;
@@ -83,6 +90,37 @@ bool is_ip(const std::string& s) {
   unsigned char buf[sizeof(in6_addr)];
   return inet_pton(AF_INET, s.c_str(), buf) == 1 || inet_pton(AF_INET6, s.c_str(), buf) == 1;
 }
+
+// The RAILYARD_* variables of the worker contract that do not depend on the local rank (both launch modes).
+void add_railyard_env(std::vector<std::string>& env, const rdzv::Assignment& a, const RankEnvParams& p) {
+  auto add = [&](const char* k, const std::string& v) { env.push_back(std::string(k) + "=" + v); };
+  add("RAILYARD_GENERATION", std::to_string(a.generation));
+  add("RAILYARD_CONFIG", p.config_path);
+  add("RAILYARD_RESTORE", a.restore);
+  add("RAILYARD_POD_INDEX", std::to_string(a.pod_index));
+  add("RAILYARD_NUM_PODS", std::to_string(a.num_pods));
+  add("RAILYARD_DP", std::to_string(a.layout.dp));
+  add("RAILYARD_TP", std::to_string(a.layout.tp));
+  add("RAILYARD_PP", std::to_string(a.layout.pp));
+  add(torchrun::kProgressDirEnv, p.progress_dir);
+  add("RAILYARD_SHM_PREFIX", p.shm_prefix);
+  if (!p.peer_steps.empty()) {
+    std::string steps;
+    for (int64_t st : p.peer_steps) {
+      if (!steps.empty()) steps += ',';
+      steps += std::to_string(st);
+    }
+    add("RAILYARD_SHM_PEER_STEPS", steps);
+  }
+  add("RAILYARD_STORE_TOKEN", p.store_token);
+  if (!p.hostfile.empty()) add(names::kHostfileEnv, p.hostfile);
+  if (p.peer_tls) {
+    add(tls::kPeerCaEnv, p.peer_tls->ca_pem);
+    add(tls::kPeerCertEnv, p.peer_tls->leaf.cert_pem);
+    add(tls::kPeerKeyEnv, p.peer_tls->leaf.key_pem);
+  }
+}
+
 }  // namespace
 
 WorldHosts world_hosts(const rdzv::Assignment& a, const std::string& pod_domain, bool use_names) {
@@ -100,6 +138,22 @@ WorldHosts world_hosts(const rdzv::Assignment& a, const std::string& pod_domain,
     w.hosts.push_back(ip);
   }
   return w;
+}
+
+std::vector<std::string> torchrun_env(std::vector<std::string> inherited, const rdzv::Assignment& a,
+                                      const RankEnvParams& p) {
+  std::vector<std::string> env = std::move(inherited);
+  auto add = [&](const char* k, const std::string& v) { env.push_back(std::string(k) + "=" + v); };
+  add(torchrun::kNnodesEnv, std::to_string(a.num_pods));
+  add(torchrun::kNprocPerNodeEnv, std::to_string(a.local_world_size));
+  add(torchrun::kNodeRankEnv, std::to_string(a.pod_index));
+  add(torchrun::kMasterAddrEnv, p.master_addr.empty() ? a.master_addr : p.master_addr);
+  add(torchrun::kMasterPortEnv, std::to_string(a.master_port));
+  add(torchrun::kMaxRestartsEnv, "0");
+  add(torchrun::kRdzvBackendEnv, "static");
+  add(torchrun::kRdzvIdEnv, p.run_id);
+  add_railyard_env(env, a, p);
+  return env;
 }
 
 std::vector<std::string> rank_env(std::vector<std::string> inherited, const rdzv::Assignment& a, int local_rank,
@@ -124,31 +178,8 @@ std::vector<std::string> rank_env(std::vector<std::string> inherited, const rdzv
   add("TORCHELASTIC_USE_AGENT_STORE", "False");
   add("MASTER_ADDR", p.master_addr.empty() ? a.master_addr : p.master_addr);
   add("MASTER_PORT", std::to_string(a.master_port));
-  add("RAILYARD_GENERATION", std::to_string(a.generation));
-  add("RAILYARD_CONFIG", p.config_path);
-  add("RAILYARD_RESTORE", a.restore);
-  add("RAILYARD_POD_INDEX", std::to_string(a.pod_index));
-  add("RAILYARD_NUM_PODS", std::to_string(a.num_pods));
-  add("RAILYARD_DP", std::to_string(a.layout.dp));
-  add("RAILYARD_TP", std::to_string(a.layout.tp));
-  add("RAILYARD_PP", std::to_string(a.layout.pp));
-  add("RAILYARD_PROGRESS_FILE", p.progress_file);
-  add("RAILYARD_SHM_PREFIX", p.shm_prefix);
-  if (!p.peer_steps.empty()) {
-    std::string steps;
-    for (int64_t st : p.peer_steps) {
-      if (!steps.empty()) steps += ',';
-      steps += std::to_string(st);
-    }
-    add("RAILYARD_SHM_PEER_STEPS", steps);
-  }
-  add("RAILYARD_STORE_TOKEN", p.store_token);
-  if (!p.hostfile.empty()) add(names::kHostfileEnv, p.hostfile);
-  if (p.peer_tls) {
-    add(tls::kPeerCaEnv, p.peer_tls->ca_pem);
-    add(tls::kPeerCertEnv, p.peer_tls->leaf.cert_pem);
-    add(tls::kPeerKeyEnv, p.peer_tls->leaf.key_pem);
-  }
+  add(torchrun::kProgressFileEnv, p.progress_file);
+  add_railyard_env(env, a, p);
   return env;
 }
 

@@ -46,7 +46,8 @@ struct RankEnvParams {
   std::string run_id;               // TORCHELASTIC_RUN_ID: "<namespace>_<job>"
   std::string max_restarts;         // TORCHELASTIC_MAX_RESTARTS: the job's failurePolicy.maxRestarts
   std::string config_path;          // RAILYARD_CONFIG
-  std::string progress_file;        // RAILYARD_PROGRESS_FILE (per local rank)
+  std::string progress_file;        // RAILYARD_PROGRESS_FILE (per local rank; unused by torchrun_env)
+  std::string progress_dir;         // RAILYARD_PROGRESS_DIR: progress-<local rank>.json in it, in both modes
   std::string shm_prefix;           // RAILYARD_SHM_PREFIX: the agent's in-memory checkpoint segments
   std::vector<int64_t> peer_steps;  // RAILYARD_SHM_PEER_STEPS: steps fetched from a peer; empty = not set
   std::string store_token;          // RAILYARD_STORE_TOKEN: the generation's bootstrap store token
@@ -61,5 +62,13 @@ struct RankEnvParams {
 // the RAILYARD_* variables of the worker contract.
 std::vector<std::string> rank_env(std::vector<std::string> inherited, const rdzv::Assignment& a, int local_rank,
                                   const RankEnvParams& p);
+
+// torchrun mode: the environment of the one process per pod (the user's torchrun): `inherited` followed by PET_*
+// (common/torchrun.h: this generation's pod count, the pod's index, procs per pod, pod 0's address and the
+// generation's port, static rendezvous, no restarts of torchrun's own, the run id) and the same RAILYARD_* variables as
+// rank_env but RAILYARD_PROGRESS_FILE, which one environment for all local ranks cannot give per rank. RANK,
+// LOCAL_RANK, WORLD_SIZE, MASTER_*, GROUP_*, ROLE_* and TORCHELASTIC_* are torchrun's to set for its ranks.
+std::vector<std::string> torchrun_env(std::vector<std::string> inherited, const rdzv::Assignment& a,
+                                      const RankEnvParams& p);
 
 }  // namespace railyard::worker

@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "worker/agent/torchrun_launch.h"
 
 namespace railyard::worker {
 namespace {
@@ -120,17 +121,43 @@ void WorkerGroup::stop(int sig, const char* reason) {
       // A stopped (hung, SIGSTOPped) worker cannot act on the signal until it runs again: continue it, so it
       // saves its step and exits within the grace instead of waiting for SIGKILL.
       if (sig != SIGKILL) ::kill(-w.pid, SIGCONT);
+      if (end_tree_ && sig != SIGKILL)
+        for (pid_t d : descendants(list_processes(), w.pid)) ::kill(d, SIGCONT);
     }
   auto until = Clock::now() + grace_;
   while (any_running() && Clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     reap(reason);
   }
+  if (end_tree_) {
+    // Before the workers go: their descendants are found through them (afterwards, through the agent).
+    const auto table = list_processes();
+    for (const auto& w : workers_)
+      for (pid_t d : descendants(table, w.pid)) ::kill(d, SIGKILL);
+  }
   for (auto& w : workers_) {
     ::kill(-w.pid, SIGKILL);  // also orphans left in the group by a worker that already exited
     if (!w.running) continue;
     int status = 0;
     if (::waitpid(w.pid, &status, 0) == w.pid) record_exit(w, status, reason);
+  }
+  if (end_tree_) end_orphans();
+}
+
+void WorkerGroup::end_orphans() {
+  // Every worker is reaped: any child of the agent now is a descendant a worker left behind (the agent is their
+  // subreaper). Killing one may orphan its own children onto the agent, hence the rounds.
+  const pid_t self = ::getpid();
+  for (int round = 0; round < 50; ++round) {
+    std::vector<pid_t> orphans;
+    for (const auto& p : list_processes())
+      if (p.ppid == self) orphans.push_back(p.pid);
+    if (orphans.empty()) return;
+    for (pid_t p : orphans) {
+      ::kill(p, SIGKILL);
+      ::waitpid(p, nullptr, 0);
+    }
+    log::info(kComponent, "ended processes the workers left behind", {{"count", std::to_string(orphans.size())}});
   }
 }
 

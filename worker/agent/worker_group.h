@@ -54,6 +54,12 @@ class WorkerGroup {
   // reason reported to the service, or nullptr to report nothing (the generation is already superseded).
   void stop(int sig, const char* reason);
 
+  // torchrun mode: what a worker starts outside its process group (torch >= 2 gives each rank a session of its own)
+  // goes with it. stop() continues the worker's descendants with its signal (a SIGSTOPped rank can then act on
+  // torchrun's SIGTERM), SIGKILLs them with the group, and ends whatever is left as the agent's children: with the
+  // agent as their subreaper (PR_SET_CHILD_SUBREAPER, set by the caller) a dead torchrun's orphans are those.
+  void set_end_process_tree(bool on) { end_tree_ = on; }
+
   bool any_running() const;
   // Every worker exited 0 (false when none was started).
   bool all_ok() const;
@@ -62,6 +68,7 @@ class WorkerGroup {
 
  private:
   void record_exit(Worker& w, int status, const char* reason);
+  void end_orphans();
 
   std::chrono::milliseconds grace_;
   AgentMetrics& metrics_;
@@ -69,6 +76,7 @@ class WorkerGroup {
   OnExit on_exit_;
   int64_t generation_ = 0;
   std::vector<Worker> workers_;
+  bool end_tree_ = false;
 };
 
 }  // namespace railyard::worker

@@ -10,6 +10,8 @@
 #include <string_view>
 
 #include "common/log.h"
+#include "common/log_tail.h"
+#include "worker/agent/torchrun_launch.h"
 
 namespace railyard::worker {
 namespace {
@@ -48,8 +50,33 @@ void WorkerReports::exited(const Worker& w, const char* reason) {
   // Why it failed, in its own words: the operator puts them into the job's status (the pod's log may be gone by the
   // time someone looks). A stopped rank was stopped by the agent: its output says nothing about the job.
   const bool failed = w.exit_code != 0 || w.signal != 0;
+  if (torchrun_ranks_ > 0) {
+    if (!failed || std::string_view(reason) != rdzv::kExitExited) {
+      for (int l = 0; l < torchrun_ranks_; ++l) {
+        rep.local_rank = l;
+        pending_.push_back(rep);
+      }
+      return;
+    }
+    // torchrun's tail is longer than a rank's (its summary is about ten lines); the report carries its end.
+    const std::string words = output_ ? output_->last_words(0, kLastWordsWait) : std::string();
+    if (auto f = parse_torchrun_failure(words); f && f->local_rank < torchrun_ranks_) {
+      rep.local_rank = f->local_rank;
+      rep.exit_code = f->exit_code;
+      rep.signal = f->signal;
+    }
+    rep.message = sanitize_message(words, LogTail::kDefaultBytes, true);
+    pending_.push_back(std::move(rep));
+    return;
+  }
   if (output_ && failed && std::string_view(reason) == rdzv::kExitExited)
     rep.message = output_->last_words(w.local_rank, kLastWordsWait);
+  pending_.push_back(std::move(rep));
+}
+
+void WorkerReports::rank_failed(int local_rank, int exit_code, int signal, std::string message) {
+  rdzv::ExitReport rep{ref_, generation_, local_rank, exit_code, signal, rdzv::kExitExited};
+  rep.message = std::move(message);
   pending_.push_back(std::move(rep));
 }
 
@@ -77,7 +104,8 @@ void WorkerReports::flush() {
 
 void WorkerReports::forward_progress(std::vector<Worker>& workers) {
   for (auto& w : workers) {
-    if (output_ && ranks_out_) ranks_out_->on_output(w.local_rank, output_->last_output(w.local_rank));
+    if (output_ && ranks_out_)
+      ranks_out_->on_output(w.local_rank, output_->last_output(torchrun_ranks_ > 0 ? 0 : w.local_rank));
     if (ranks_out_ && w.running && w.pid > 0) {
       if (auto stopped = process_stopped(w.pid)) ranks_out_->on_process_state(w.local_rank, *stopped, unix_now());
     }

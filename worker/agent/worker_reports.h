@@ -28,6 +28,13 @@ class WorkerReports {
   // carries its last words from it); null in tests without one.
   WorkerReports(RendezvousClient& client, rdzv::JobRef ref, RankExporter* ranks_out, OutputWatch* output);
 
+  // torchrun mode: the one worker is the pod's torchrun, which runs `local_ranks` ranks. Its exit is reported per rank
+  // as the service counts them: every rank once when it succeeded (torchrun exits 0 only when all did) or was stopped,
+  // and when it failed, the rank its failure summary names with that rank's exit code or signal (local rank 0 and
+  // torchrun's own code when the summary is missing: torchrun itself failed). Every rank's output clock is the
+  // pod's: the ranks write to torchrun's streams.
+  void set_torchrun(int local_ranks) { torchrun_ranks_ = local_ranks; }
+
   // A new generation: reports carry its number; what was queued for the previous one is dropped.
   void start_generation(int64_t generation);
 
@@ -35,6 +42,9 @@ class WorkerReports {
   // rank's last output lines (waiting briefly for the rest of its output to arrive).
   void exited(const Worker& w, const char* reason);
   bool pending() const { return !pending_.empty(); }
+  // torchrun mode: torchrun said local rank `local_rank` failed (its "failed (exitcode: ...)" line, `message`), while
+  // it still runs: reported as that rank's exit now, not when torchrun exits.
+  void rank_failed(int local_rank, int exit_code, int signal, std::string message);
 
   // Sends queued exit reports; keeps those that could not be delivered. Stops at the first unreachable answer so
   // that a dead service costs one call's retries, not one per report.
@@ -50,6 +60,7 @@ class WorkerReports {
   OutputWatch* output_;
   int64_t generation_ = 0;
   std::vector<rdzv::ExitReport> pending_;
+  int torchrun_ranks_ = 0;  // 0: one worker per rank
 };
 
 }  // namespace railyard::worker

@@ -5,9 +5,11 @@ program (deploy/examples/pytorch-ddp.yaml, docs/programs.md).
 Nothing in it is Railyard's: it reads what torchrun would give it (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
 MASTER_PORT through init_process_group's env:// method) and, where present, three optional variables:
 RAILYARD_CHECKPOINT_DIR (where to keep its checkpoint; default ./checkpoints), RAILYARD_CHECKPOINT_INTERVAL_STEPS
-(how often; default 20) and RAILYARD_PROGRESS_FILE (a JSON object {"step", "loss", "tokens_per_second",
-"compute_seconds"} after every step, which Railyard turns into the job's status and the monitor's hang, straggler and
-non-finite-loss rules). The same script runs under torchrun.
+(how often; default 20) and RAILYARD_PROGRESS_DIR (progress-$LOCAL_RANK.json in it: a JSON object {"step", "loss",
+"tokens_per_second", "compute_seconds"} after every step, which Railyard turns into the job's status and the monitor's
+hang, straggler and non-finite-loss rules; RAILYARD_PROGRESS_FILE, the same path per rank, when only it is set). The
+same script runs under Railyard's per-rank launcher, under a torchrun in the container (spec.program.launcher
+torchrun) and under plain torchrun.
 
 Data: characters of a text file (default: the GPL text every Debian image carries), batches drawn from a generator
 seeded by (seed, step, rank), so a run resumed at step s sees the data an undisturbed run saw from s on. The global
@@ -118,7 +120,13 @@ def main():
     print(f"rank {rank}/{world} backend {backend} steps {start}..{a.steps}", flush=True)
 
     per_rank = a.global_batch // world
-    progress = "" if a.no_progress else os.environ.get("RAILYARD_PROGRESS_FILE", "")
+    # One file per local rank in RAILYARD_PROGRESS_DIR: the one way that works when a torchrun in the container starts
+    # the ranks (they share its environment, so no RAILYARD_PROGRESS_FILE can be a rank's own).
+    progress_dir = os.environ.get("RAILYARD_PROGRESS_DIR", "")
+    progress = (os.path.join(progress_dir, f"progress-{os.environ.get('LOCAL_RANK', '0')}.json") if progress_dir
+                else os.environ.get("RAILYARD_PROGRESS_FILE", ""))
+    if a.no_progress:
+        progress = ""
     compute = 0.0  # seconds of batch preparation and forward passes: no collective waits in them
     t_train = time.time()
     last_progress = 0.0

@@ -3,7 +3,7 @@
 //   railyard  `railyard-worker agent -- python3 train_gpt.py` against a rendezvous service in this process, as a
 //             program's pod runs it (RAILYARD_AGENT_RANK_METRICS=1: output through the agent's pipes, the ranks'
 //             series served from their progress files);
-//   torchrun  torch.distributed.run --standalone --nproc_per_node 2 (tests/bench/program/torchrun_py311.py: Debian
+//   torchrun  torch.distributed.run --standalone --nproc_per_node 2 (deploy/examples/pytorch/torchrun: Debian
 //             12's torch 1.13 with its Python 3.11 start-up bug worked around, nothing else changed);
 //   bare      two python3 processes started with the same variables by hand (no launcher at all);
 //   railyard-noprogress  railyard with the script's --no-progress: the launcher alone, without the progress files
@@ -188,7 +188,7 @@ int main(int argc, char** argv) {
   const fs::path exe = fs::read_symlink("/proc/self/exe");
   const fs::path src = RAILYARD_SOURCE_DIR;
   s.script = (src / "deploy/examples/pytorch/train_gpt.py").string();
-  s.torchrun = (src / "tests/bench/program/torchrun_py311.py").string();
+  s.torchrun = (src / "deploy/examples/pytorch/torchrun").string();
   s.worker = (exe.parent_path() / "railyard-worker").string();
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];

@@ -699,3 +699,195 @@ TEST_CASE("a program's ranks: the agent serves their series from progress and ou
   svc.close_job("ns1/job1");
   CHECK(a.wait_exit(10) == 1);
 }
+
+// torchrun mode's rank: a plain Python script (torchrun starts it; no torch needed in it). Writes the environment
+// torchrun gave it, reports progress to its own file in RAILYARD_PROGRESS_DIR, and local rank 0 of each pod starts a
+// process in a session of its own (torch >= 2 starts ranks that way; a signal to torchrun's group never reaches it).
+// Generation 3 succeeds at once.
+const char* kTorchrunRank = R"(
+import json, os, signal, subprocess, sys, time
+e = os.environ
+out = os.path.join(e["TEST_OUT"], "tr-gen%s-rank%s" % (e["RAILYARD_GENERATION"], e["RANK"]))
+if e["RAILYARD_GENERATION"] == "3":
+    sys.exit(0)
+keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+        "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "RAILYARD_GENERATION", "RAILYARD_PROGRESS_FILE"]
+away = subprocess.Popen(["sleep", "600"], start_new_session=True).pid if e["LOCAL_RANK"] == "0" else 0
+with open(out + ".tmp", "w") as f:
+    f.write(" ".join(e.get(k, "unset") for k in keys) + " %d %d %d\n" % (os.getpid(), os.getppid(), away))
+os.replace(out + ".tmp", out + ".env")
+p = os.path.join(e["RAILYARD_PROGRESS_DIR"], "progress-%s.json" % e["LOCAL_RANK"])
+with open(p + ".tmp", "w") as f:
+    json.dump({"step": 20 + int(e["RANK"]), "loss": 1.5}, f)
+os.replace(p + ".tmp", p)
+def term(*_):
+    open(out + ".term", "w").close()
+    sys.exit(143)
+signal.signal(signal.SIGTERM, term)
+while True:
+    time.sleep(0.05)
+)";
+
+bool ports_free(const char* ip, int base, int n) {
+  for (int p = base; p < base + n; ++p) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(p));
+    ::inet_pton(AF_INET, ip, &a.sin_addr);
+    const bool ok = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    if (fd >= 0) ::close(fd);
+    if (!ok) return false;
+  }
+  return true;
+}
+
+TEST_CASE("torchrun mode: the real torchrun gets the world through PET_*, its failed rank is reported, restarts end "
+          "its whole tree, success counts every rank") {
+  // Debian 12's torchrun (torch 1.13) under Python 3.11 through the example image's wrapper of its start-up bug.
+  REQUIRE_MESSAGE(::system("/usr/bin/python3 -c 'import torch.distributed.run' 2>/dev/null") == 0,
+                  "python3-torch is missing (scripts/install-deps.sh --with-torch installs it)");
+  TempDir tmp;
+  const fs::path script = tmp.path / "rank.py";
+  std::ofstream(script) << kTorchrunRank;
+  RendezvousService svc("127.0.0.1", 0);
+  std::mutex mu;
+  std::vector<WorkerExit> exits;
+  svc.set_exit_handler([&](const WorkerExit& e) {
+    std::lock_guard<std::mutex> l(mu);
+    exits.push_back(e);
+  });
+  const std::vector<std::string> pods = {"pod0", "pod1"};
+  svc.open_generation(spec(1, pods, 2));
+  const std::vector<std::string> cmd = {"/usr/bin/python3",
+                                        railyard::test::source_path("deploy/examples/pytorch/torchrun"),
+                                        "--monitor_interval=0.1", script.string()};
+  int metrics = 23000 + (::getpid() % 3000) * 2;
+  while (!ports_free("127.0.14.2", metrics, 2)) metrics += 2;
+  std::vector<std::unique_ptr<AgentProcess>> agents;
+  for (int i = 0; i < 2; ++i) {
+    std::map<std::string, std::string> extra = {{"RAILYARD_LAUNCHER", "torchrun"}, {"RAILYARD_MAX_RESTARTS", "5"}};
+    if (i == 1) {
+      extra["RAILYARD_AGENT_RANK_METRICS"] = "1";
+      extra["RAILYARD_METRICS_PORT"] = std::to_string(metrics);
+    }
+    agents.push_back(std::make_unique<AgentProcess>(pods[i], "127.0.14." + std::to_string(i + 1), svc.port(), 2,
+                                                    tmp.path, cmd, kToken, "job1", extra));
+  }
+  auto env_of = [&](int gen, int rank) {
+    return fields(slurp(tmp.path / ("tr-gen" + std::to_string(gen) + "-rank" + std::to_string(rank) + ".env")));
+  };
+  auto all_env = [&](int gen) {
+    for (int r = 0; r < 4; ++r)
+      if (env_of(gen, r).size() != 14) return false;
+    return true;
+  };
+  const auto t0 = Clock::now();
+  const bool started = wait_for([&] { return all_env(1); }, 60);
+  if (!started)
+    for (auto& a : agents) MESSAGE(slurp(a->log));
+  REQUIRE(started);
+  MESSAGE("two torchruns started four ranks in " << std::chrono::duration<double>(Clock::now() - t0).count() << " s");
+  pid_t torchrun1 = -1;
+  for (int r = 0; r < 4; ++r) {
+    const auto f = env_of(1, r);
+    INFO("rank " << r);
+    CHECK(f[0] == std::to_string(r));      // torchrun's numbering is the rendezvous': pod index x 2 + local rank
+    CHECK(f[1] == std::to_string(r % 2));  // LOCAL_RANK
+    CHECK(f[2] == "4");                    // WORLD_SIZE: 2 pods (PET_NNODES) x 2 (PET_NPROC_PER_NODE)
+    CHECK(f[3] == "2");
+    CHECK(f[4] == std::to_string(r / 2));  // GROUP_RANK: PET_NODE_RANK
+    CHECK(f[5] == "127.0.14.1");           // pod 0, where its torchrun serves the store (PET_MASTER_ADDR)
+    CHECK(f[7] == "0");                    // PET_MAX_RESTARTS: torchrun's own restarts off
+    CHECK(f[8] == "ns1_job1");             // PET_RDZV_ID
+    CHECK(f[9] == "1");
+    CHECK(f[10] == "unset");  // no RAILYARD_PROGRESS_FILE shared by all ranks
+    if (r == 2) torchrun1 = std::stoi(f[12]);
+  }
+  // Each local rank's progress file: global rank 0's reaches the service, pod1's local rank 1 its own series.
+  CHECK(wait_for(
+      [&] {
+        auto p = svc.progress("ns1/job1");
+        return p && p->step == 20;
+      },
+      10));
+  auto scraped = [&](int local_rank) {
+    httplib::Client c("127.0.14.2", metrics + local_rank);
+    c.set_connection_timeout(2);
+    auto r = c.Get("/metrics");
+    return r && r->status == 200 ? r->body : std::string();
+  };
+  CHECK(wait_for([&] { return sample(scraped(1), "railyard_worker_step", "rank=\"3\"") == 23; }, 10));
+  CHECK(sample(scraped(0), "railyard_worker_step", "rank=\"2\"") == 22);
+  // A stopped rank is seen among torchrun's children (the agent reads their LOCAL_RANK), not torchrun itself.
+  const pid_t rank3 = std::stoi(env_of(1, 3)[11]);
+  REQUIRE(::kill(rank3, SIGSTOP) == 0);
+  CHECK(wait_for(
+      [&] { return sample(scraped(1), "railyard_worker_process_stopped_since_timestamp_seconds", "rank=\"3\"") > 0; },
+      5));
+  CHECK(sample(scraped(0), "railyard_worker_process_stopped_since_timestamp_seconds", "rank=\"2\"") == 0);
+  ::kill(rank3, SIGCONT);
+
+  // kill -9 of global rank 3: torchrun ends its other rank and exits 1; the agent reports rank 3 killed by signal 9.
+  REQUIRE(::kill(rank3, SIGKILL) == 0);
+  const bool reported = wait_for(
+      [&] {
+        std::lock_guard<std::mutex> l(mu);
+        return !exits.empty();
+      },
+      30);
+  if (!reported) {
+    for (auto& a : agents) MESSAGE(slurp(a->log));
+    (void)!::system("ps -eo pid,ppid,pgid,sid,stat,wchan:20,cmd | grep -E 'rank.py|torchrun|sleep 600' >&2");
+  }
+  REQUIRE(reported);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  {
+    std::lock_guard<std::mutex> l(mu);
+    REQUIRE(exits.size() == 1);
+    CHECK(exits[0].pod == "pod1");
+    CHECK(exits[0].global_rank == 3);
+    CHECK(exits[0].signal == 9);
+    CHECK(exits[0].reason == "exited");
+    CHECK(exits[0].message.find("Root Cause") != std::string::npos);
+  }
+
+  // Generation 2: pod0's torchrun, still running, is stopped with its ranks and everything they started; both pods
+  // start torchrun again.
+  std::vector<pid_t> gen1;
+  for (int r = 0; r < 4; ++r) {
+    const auto f = env_of(1, r);
+    gen1.push_back(std::stoi(f[11]));  // the rank
+    gen1.push_back(std::stoi(f[12]));  // its torchrun
+    if (f[13] != "0") gen1.push_back(std::stoi(f[13]));  // what it started in a session of its own
+  }
+  CHECK(gen1.size() == 10);
+  svc.open_generation(spec(2, pods, 2));
+  const bool regen = wait_for([&] { return all_env(2); }, 60);
+  if (!regen)
+    for (auto& a : agents) MESSAGE(slurp(a->log));
+  REQUIRE(regen);
+  auto alive = [](pid_t p) {
+    std::ifstream in("/proc/" + std::to_string(p) + "/stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), {});
+    const size_t close = stat.rfind(')');
+    return in && close != std::string::npos && close + 2 < stat.size() && stat[close + 2] != 'Z';
+  };
+  for (pid_t p : gen1) CHECK_MESSAGE(!alive(p), "process " << p << " of generation 1 outlived its torchrun");
+  CHECK(fs::exists(tmp.path / "tr-gen1-rank0.term"));  // pod0's ranks were stopped through torchrun (SIGTERM)
+  CHECK(std::stoi(env_of(2, 2)[12]) != torchrun1);     // a new torchrun
+  {
+    std::lock_guard<std::mutex> l(mu);
+    CHECK(exits.size() == 1);  // ranks stopped for a new generation are no failures
+  }
+
+  // Generation 3: every rank exits 0, so each torchrun does; each agent reports both its ranks, the service counts
+  // four, calls the job done and the agents exit 0.
+  svc.open_generation(spec(3, pods, 2));
+  CHECK(agents[0]->wait_exit(60) == 0);
+  CHECK(agents[1]->wait_exit(60) == 0);
+  auto p = svc.progress("ns1/job1");
+  REQUIRE(p);
+  CHECK(p->all_succeeded);
+  CHECK(p->ranks_done == 4);
+}

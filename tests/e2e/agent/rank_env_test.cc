@@ -22,6 +22,7 @@ using railyard::worker::generation_config;
 using railyard::worker::inherited_env;
 using railyard::worker::rank_env;
 using railyard::worker::RankEnvParams;
+using railyard::worker::torchrun_env;
 using railyard::worker::worker_command;
 
 namespace {
@@ -51,6 +52,7 @@ RankEnvParams params() {
                        .max_restarts = "5",
                        .config_path = "/tmp/agent/gen-3/config.json",
                        .progress_file = "/tmp/agent/gen-3/progress-1.json",
+                       .progress_dir = "/tmp/agent/gen-3",
                        .shm_prefix = "/railyard-ns1_job1-1-abcd",
                        .peer_steps = {},
                        .store_token = "feedbeef",
@@ -100,6 +102,7 @@ TEST_CASE("a rank's environment names its place in the world and the worker cont
       {"RAILYARD_TP", "2"},
       {"RAILYARD_PP", "1"},
       {"RAILYARD_PROGRESS_FILE", "/tmp/agent/gen-3/progress-1.json"},
+      {"RAILYARD_PROGRESS_DIR", "/tmp/agent/gen-3"},  // + progress-$LOCAL_RANK.json: the same file
       {"RAILYARD_SHM_PREFIX", "/railyard-ns1_job1-1-abcd"},
       {"RAILYARD_STORE_TOKEN", "feedbeef"},
   };
@@ -111,6 +114,55 @@ TEST_CASE("a rank's environment names its place in the world and the worker cont
   }
   CHECK(env.size() == want.size());  // nothing else; in particular no RAILYARD_SHM_PEER_STEPS without fetched steps
   CHECK(env.count("RAILYARD_RENDEZVOUS_TOKEN") == 0);
+}
+
+TEST_CASE("torchrun mode: the pod's one process gets the world as PET_*, torchrun's own variables are its to set") {
+  const char* pod_env[] = {
+      "PATH=/usr/bin",
+      "PET_NNODES=7",  // a template's stale world: the generation's replaces it
+      "PET_MASTER_PORT=1",
+      "PET_LOG_DIR=/logs",  // torchrun's other settings stay the user's
+      "LOCAL_RANK=5",      "RAILYARD_PROGRESS_FILE=/stale", "RAILYARD_RENDEZVOUS_TOKEN=secret", nullptr};
+  const auto env = by_name(torchrun_env(inherited_env(pod_env), assignment(), params()));
+  const std::map<std::string, std::string> want = {
+      {"PATH", "/usr/bin"},
+      {"PET_LOG_DIR", "/logs"},
+      {"PET_NNODES", "2"},          // pods in this generation
+      {"PET_NPROC_PER_NODE", "2"},  // local ranks per pod
+      {"PET_NODE_RANK", "1"},       // this pod's index: torchrun numbers its ranks 2 and 3, as the rendezvous did
+      {"PET_MASTER_ADDR", "10.0.0.7"},
+      {"PET_MASTER_PORT", "29511"},
+      {"PET_MAX_RESTARTS", "0"},  // Railyard restarts the generation
+      {"PET_RDZV_BACKEND", "static"},
+      {"PET_RDZV_ID", "ns1_job1"},  // torchrun's TORCHELASTIC_RUN_ID, as per rank
+      {"RAILYARD_GENERATION", "3"},
+      {"RAILYARD_CONFIG", "/tmp/agent/gen-3/config.json"},
+      {"RAILYARD_RESTORE", "/ckpt/step-120"},
+      {"RAILYARD_POD_INDEX", "1"},
+      {"RAILYARD_NUM_PODS", "2"},
+      {"RAILYARD_DP", "2"},
+      {"RAILYARD_TP", "2"},
+      {"RAILYARD_PP", "1"},
+      {"RAILYARD_PROGRESS_DIR", "/tmp/agent/gen-3"},
+      {"RAILYARD_SHM_PREFIX", "/railyard-ns1_job1-1-abcd"},
+      {"RAILYARD_STORE_TOKEN", "feedbeef"},
+  };
+  for (const auto& kv : want) {
+    const std::string& name = kv.first;
+    INFO(name);
+    REQUIRE(env.count(name) == 1);
+    CHECK(env.at(name) == std::vector<std::string>{kv.second});
+  }
+  // Nothing else: no RANK/LOCAL_RANK/WORLD_SIZE/MASTER_*/TORCHELASTIC_* (torchrun sets them per rank; a LOCAL_RANK
+  // on torchrun would also make it look like a rank to the agent) and no one RAILYARD_PROGRESS_FILE for all ranks.
+  CHECK(env.size() == want.size());
+  CHECK(env.count("LOCAL_RANK") == 0);
+  CHECK(env.count("RAILYARD_PROGRESS_FILE") == 0);
+  CHECK(env.count("RAILYARD_RENDEZVOUS_TOKEN") == 0);
+  // Per rank, the PET_* the agent sets for torchrun are dropped too (never a stale world from the template).
+  const auto per_rank = by_name(rank_env(inherited_env(pod_env), assignment(), 0, params()));
+  CHECK(per_rank.count("PET_NNODES") == 0);
+  CHECK(per_rank.at("PET_LOG_DIR") == std::vector<std::string>{"/logs"});
 }
 
 TEST_CASE("the first generation counts no restart, and fetched peer steps are passed on") {

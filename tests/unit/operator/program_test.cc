@@ -274,3 +274,56 @@ TEST_CASE("a program's argv is bounded as the CRD bounds it, naming the field") 
   many.erase(many.begin());
   CHECK_FALSE(parse_job(program_job({{"spec", {{"program", {{"args", many}}}}}})).violation);
 }
+
+TEST_CASE("spec.program.launcher: torchrun detected, chosen or refused; its conflicting flags named; the pod told") {
+  auto with_program = [](const Json& program) { return program_job({{"spec", {{"program", program}}}}); };
+  auto launcher_env = [](const Json& job) {
+    const JobSpec spec = parse_job(job).spec;
+    const Json pod = build_worker_pod(job, spec, 0, 1, PodOptions{});
+    const Json cm = build_env_configmap(job, spec, PodOptions{});
+    return resolved_env(pod, cm, "RAILYARD_LAUNCHER").value_or("<unset>");
+  };
+  // auto (the default): the command decides, the args count too (Kubeflow style: command [torchrun], args the rest).
+  const Json plain = program_job();
+  CHECK_FALSE(parse_job(plain).spec.program_torchrun);
+  CHECK(launcher_env(plain) == "perRank");
+  const Json tr = with_program({{"command", {"torchrun"}}, {"args", {"--nproc-per-node=1", "/app/train.py"}}});
+  REQUIRE_FALSE(parse_job(tr).violation);
+  CHECK(parse_job(tr).spec.program_torchrun);
+  CHECK(launcher_env(tr) == "torchrun");
+  CHECK(parse_job(with_program({{"command", {"python3", "-m", "torch.distributed.run", "/app/t.py"}}}))
+            .spec.program_torchrun);
+  // Said explicitly: a shell that starts torchrun is torchrun mode only when asked for; perRank keeps the old way.
+  const Json shell = with_program({{"command", {"sh", "-c", "pip list && torchrun /app/t.py"}}});
+  CHECK_FALSE(parse_job(shell).spec.program_torchrun);
+  const Json forced = with_program({{"command", {"sh", "-c", "torchrun /app/t.py"}}, {"launcher", "torchrun"}});
+  REQUIRE_FALSE(parse_job(forced).violation);
+  CHECK(parse_job(forced).spec.program_torchrun);
+  CHECK(launcher_env(forced) == "torchrun");
+  const Json per_rank = with_program({{"command", {"torchrun", "/app/t.py"}}, {"launcher", "perRank"}});
+  REQUIRE_FALSE(parse_job(per_rank).violation);
+  CHECK_FALSE(parse_job(per_rank).spec.program_torchrun);
+  // A launcher that is none of the three, naming the choices.
+  const ParsedJob bad = parse_job(with_program({{"command", {"torchrun", "/app/t.py"}}, {"launcher", "mpirun"}}));
+  REQUIRE(bad.violation);
+  CHECK(bad.violation->field == "spec.program.launcher");
+  CHECK(bad.violation->message.find("perRank") != std::string::npos);
+  // Flags that would override the PET_* Railyard sets: refused, naming the element in command or args.
+  const ParsedJob nnodes = parse_job(with_program({{"command", {"torchrun", "--nnodes=2", "/app/t.py"}}}));
+  REQUIRE(nnodes.violation);
+  CHECK(nnodes.violation->field == "spec.program.command[1]");
+  CHECK(nnodes.violation->message.find("remove it") != std::string::npos);
+  const ParsedJob nproc = parse_job(
+      with_program({{"command", {"torchrun"}}, {"args", {"--log-dir=/l", "--nproc-per-node", "4", "/app/t.py"}}}));
+  REQUIRE(nproc.violation);
+  CHECK(nproc.violation->field == "spec.program.args[1]");
+  CHECK(nproc.violation->message.find("set spec.procsPerReplica: 4") != std::string::npos);
+  const Json four = program_job({{"spec",
+                                  {{"procsPerReplica", 4},
+                                   {"program", {{"command", {"torchrun", "--nproc-per-node", "4", "/app/t.py"}}}}}}});
+  CHECK_FALSE(parse_job(four).violation);  // agrees with procsPerReplica: kept
+  // Not checked where the flags are not torchrun's: perRank, or the script's own arguments.
+  CHECK_FALSE(parse_job(with_program({{"command", {"torchrun", "--nnodes=2", "t.py"}}, {"launcher", "perRank"}}))
+                  .violation);
+  CHECK_FALSE(parse_job(with_program({{"command", {"torchrun", "t.py", "--nnodes=2"}}})).violation);
+}
