@@ -181,7 +181,8 @@ std::string shell_script(const std::vector<std::string>& all) {
 // torchrun (or python -m torch.distributed.run/launch) as a word of a shell script. Words split at blanks, quotes
 // and the shell's separators by hand (no std::regex: libstdc++'s recurses per character, and a script may be
 // long).
-bool script_starts_torchrun(const std::string& script) {
+// Also reads the script's --nproc-per-node (either spelling, "=N" or " N") into *nproc when it gives one.
+bool script_starts_torchrun(const std::string& script, std::string* nproc) {
   std::vector<std::string> words(1);
   for (const char ch : script) {
     if (std::string_view(" \t\n\r;&|()`'\"<>").find(ch) != std::string_view::npos) {
@@ -190,14 +191,21 @@ bool script_starts_torchrun(const std::string& script) {
       words.back() += ch;
     }
   }
+  bool found = false;
   for (size_t i = 0; i < words.size(); ++i) {
     const std::string& w = words[i];
-    if (w.substr(w.rfind('/') == std::string::npos ? 0 : w.rfind('/') + 1) == "torchrun") return true;
+    if (w.substr(w.rfind('/') == std::string::npos ? 0 : w.rfind('/') + 1) == "torchrun") found = true;
     if (w == "-m" && i + 1 < words.size() &&
         (words[i + 1] == "torch.distributed.run" || words[i + 1] == "torch.distributed.launch"))
-      return true;
+      found = true;
+    if (!found) continue;
+    for (const char* flag : {"--nproc-per-node", "--nproc_per_node"}) {
+      const std::string f = flag;
+      if (w.rfind(f + "=", 0) == 0) *nproc = w.substr(f.size() + 1);
+      if (w == f && i + 1 < words.size()) *nproc = words[i + 1];
+    }
   }
-  return false;
+  return found;
 }
 
 std::string excerpt(const std::string& s) {
@@ -229,8 +237,8 @@ Program program_of(const std::vector<std::string>& command, const std::vector<st
   } else {
     p.command = command;
     p.args = args;
-    if (const std::string script = shell_script(all); !script.empty() && script_starts_torchrun(script)) {
-      p.shell_torchrun = script;  // the caller refuses it for more than one pod, notes it for one
+    if (const std::string script = shell_script(all); !script.empty() && script_starts_torchrun(script, &p.nproc)) {
+      p.shell_torchrun = script;  // kept as written, run in torchrun mode (apply_shell_torchrun)
     } else {
       for (const std::string& a : all)
         if (a.find("torchrun") != std::string::npos || a.find("torch.distributed.run") != std::string::npos) {
@@ -245,29 +253,18 @@ Program program_of(const std::vector<std::string>& command, const std::vector<st
 }
 
 // torchrun started by a shell script reads its node count, node rank and master from PET_* variables, which the
-// Kubeflow operators set and Railyard does not (its launcher is the torchrun; the torchrun launch mode of issue 41
-// item 1 has not landed): in a gang of several pods each such torchrun would train alone, so that is refused. In one
-// pod it starts its processes as before: a note.
-void check_shell_torchrun(const Program& p, const json& spec, const std::string& field,
-                          std::vector<std::string>& notes) {
+// Kubeflow operators set. Railyard sets them in its torchrun launch mode (spec.program.launcher torchrun, one process
+// per pod), which auto-detection does not pick for a shell: the converted job names it. The script's own torchrun
+// flags cannot be checked by the operator there, so a note says which ones would fight Railyard's.
+void apply_shell_torchrun(const Program& p, json& spec, const std::string& field, std::vector<std::string>& notes) {
   if (p.shell_torchrun.empty()) return;
-  const int64_t pods =
-      std::max(spec["replicas"].get<int64_t>(), spec.contains("elastic") && spec["elastic"].contains("maxReplicas")
-                                                    ? spec["elastic"]["maxReplicas"].get<int64_t>()
-                                                    : int64_t{0});
-  if (pods > 1)
-    throw Error(field + ".command: the shell script '" + excerpt(p.shell_torchrun) +
-                "' starts torchrun itself; under Railyard it would get none of the PET_* variables (node count, "
-                "node rank, master) that the Kubeflow operator set, and each of the " +
-                std::to_string(pods) +
-                " pods would train alone. Make the command torchrun (or python -m torch.distributed.run) followed "
-                "by the script, e.g. [torchrun, --nproc-per-node=2, /app/train.py] (a setup step belongs in the "
-                "image or an init container), and convert again");
-  notes.push_back(field +
-                  ".command: the shell script starts torchrun itself, which was not rewritten: in this one "
-                  "pod it starts its own processes (procsPerReplica 1, Railyard's launcher runs the script once); "
-                  "for several pods, or to get Railyard's per-rank restarts and metrics, make the command torchrun "
-                  "followed by the script");
+  spec["program"]["launcher"] = "torchrun";
+  notes.push_back(field + ".command: the shell script '" + excerpt(p.shell_torchrun) +
+                  "' starts torchrun itself: kept as written, with spec.program.launcher torchrun, so each pod runs "
+                  "it once and its torchrun gets PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR/PORT and "
+                  "PET_NPROC_PER_NODE (procsPerReplica) from Railyard; the script's torchrun must not set --nnodes, "
+                  "--node-rank, --master-*, --rdzv-* or --standalone, nor an --nproc-per-node other than "
+                  "procsPerReplica (the operator cannot read them inside a script)");
 }
 
 void apply_elastic(json& spec, const json& min, const json& max, const std::string& field) {
@@ -326,7 +323,8 @@ Conversion from_pytorchjob(const json& pj) {
     nproc = std::to_string(*count_of(spec["elasticPolicy"]["nProcPerNode"]));
     nproc_field = "spec.elasticPolicy.nProcPerNode";
   }
-  if (!prog.torchrun && !nproc.empty() && nproc != "1") {
+  const bool torchrun = prog.torchrun || !prog.shell_torchrun.empty();
+  if (!torchrun && !nproc.empty() && nproc != "1") {
     // training-operator (1.7 on) sets WORLD_SIZE to pods x nprocPerNode when that is a number, whatever the command.
     const auto n = nproc_field == "spec.nprocPerNode" ? count_of(json(nproc)) : std::nullopt;
     notes.push_back(nproc_field + " '" + nproc +
@@ -337,7 +335,7 @@ Conversion from_pytorchjob(const json& pj) {
                                ", where the PyTorchJob set pods x nprocPerNode = " + std::to_string(pods * *n)
                          : std::string()));
   }
-  s["procsPerReplica"] = prog.torchrun && !nproc.empty() ? procs_from(nproc, nproc_field, gpus, notes) : 1;
+  s["procsPerReplica"] = torchrun && !nproc.empty() ? procs_from(nproc, nproc_field, gpus, notes) : 1;
   s["device"] = gpus > 0 ? "cuda" : "cpu";
   s["image"] = image;
   s["program"] = {{"command", prog.command}};
@@ -348,7 +346,7 @@ Conversion from_pytorchjob(const json& pj) {
 
   const json& elastic = at(spec, "elasticPolicy");
   apply_elastic(s, at(elastic, "minReplicas"), at(elastic, "maxReplicas"), "spec.elasticPolicy");
-  check_shell_torchrun(prog, s, cfield, notes);
+  apply_shell_torchrun(prog, s, cfield, notes);
   const json& run = at(spec, "runPolicy");
   if (auto n = count_of(at(elastic, "maxRestarts")))
     s["failurePolicy"]["maxRestarts"] = *n;
@@ -470,7 +468,7 @@ Conversion from_trainjob(const json& tj, const std::vector<json>& docs) {
   job["metadata"] = metadata_from(tj, "trainer.kubeflow.org/v1alpha1 TrainJob");
   json& s = job["spec"];
   s["replicas"] = nodes;
-  if (prog.torchrun) {
+  if (prog.torchrun || !prog.shell_torchrun.empty()) {
     s["procsPerReplica"] = procs_from(nproc, nproc_field, gpus, notes);
   } else {
     s["procsPerReplica"] = 1;
@@ -486,7 +484,7 @@ Conversion from_trainjob(const json& tj, const std::vector<json>& docs) {
   const json& elastic = at(torch, "elasticPolicy");
   apply_elastic(s, at(elastic, "minNodes"), at(elastic, "maxNodes"),
                 rkind + " '" + rname + "' mlPolicy.torch.elasticPolicy");
-  check_shell_torchrun(prog, s, cmd_field, notes);
+  apply_shell_torchrun(prog, s, cmd_field, notes);
   if (auto n = count_of(at(elastic, "maxRestarts"))) s["failurePolicy"]["maxRestarts"] = *n;
   if (at(spec, "suspend") == true) s["runPolicy"]["suspend"] = true;
   if (!at(rspec, "podGroupPolicy").is_null())

@@ -30,7 +30,8 @@ void write_all(int fd, const char* p, size_t n) {
 
 OutputWatch::OutputWatch(int local_ranks, size_t tail_lines, size_t tail_bytes)
     : last_(static_cast<size_t>(local_ranks)),
-      tails_(static_cast<size_t>(local_ranks), Tail{LogTail(tail_lines, tail_bytes), LogTail(tail_lines, tail_bytes)}) {
+      tails_(static_cast<size_t>(local_ranks),
+             Tail{LogTail(tail_lines, tail_bytes), LogTail(tail_lines, tail_bytes), 0, 0, {}, {}, {}}) {
   for (auto& t : last_) t.store(0);
   if (::pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0)
     throw Error(std::string("agent: pipe for the output watch failed: ") + std::strerror(errno));

@@ -403,7 +403,10 @@ class AgentRun {
                  {"local_rank", std::to_string(f->local_rank)},
                  {"exit_code", std::to_string(f->exit_code)},
                  {"signal", std::to_string(f->signal)}});
-      reports_->rank_failed(f->local_rank, f->exit_code, f->signal, line);
+      // What torchrun printed up to its line: the rank's own last words (its traceback) come before it.
+      std::string words = output_->last_words(0, std::chrono::milliseconds(0));
+      if (words.find(kTorchrunFailedMarker) == std::string::npos) words += (words.empty() ? "" : "\n") + line;
+      reports_->rank_failed(f->local_rank, f->exit_code, f->signal, std::move(words));
     }
   }
 

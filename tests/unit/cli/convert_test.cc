@@ -201,44 +201,49 @@ TEST_CASE("a sidecar listed first: the training container becomes the template's
         json::parse(R"([{"name": "PYTHONUNBUFFERED", "value": ""}])"));
 }
 
-TEST_CASE("torchrun started by a shell script: refused for several pods (each would train alone), noted for one") {
+TEST_CASE(
+    "torchrun started by a shell script: kept as written, in torchrun mode, its --nproc-per-node as the pod's "
+    "process count") {
   auto docs = manifests("pytorchjob-sidecar.yaml");
   const json shell = {"bash", "-c",
                       "pip install --user -r /app/requirements.txt && torchrun --nproc-per-node=4 /app/finetune.py"};
   for (const char* r : {"Master", "Worker"})
     docs[0]["spec"]["pytorchReplicaSpecs"][r]["template"]["spec"]["containers"][1]["command"] = shell;
-  try {
-    convert_manifests(docs);
-    FAIL_CHECK("converted a shell-started torchrun in 2 pods");
-  } catch (const railyard::Error& e) {
-    const std::string what = e.what();
-    CHECK_MESSAGE(what.find("spec.pytorchReplicaSpecs.Worker.template.spec.containers[pytorch].command: the shell "
-                            "script 'pip install") != std::string::npos,
-                  what);
-    CHECK_MESSAGE(what.find("each of the 2 pods would train alone") != std::string::npos, what);
-    CHECK_MESSAGE(what.find("[torchrun, --nproc-per-node=2, /app/train.py]") != std::string::npos, what);
-  }
-  // python -m torch.distributed.run inside `sh -ec` is the same thing.
+  const auto c = convert_manifests(docs);
+  CHECK(c.job["spec"]["replicas"] == 2);
+  CHECK(c.job["spec"]["program"]["command"] == shell);
+  CHECK(c.job["spec"]["program"]["launcher"] == "torchrun");
+  CHECK(c.job["spec"]["procsPerReplica"] == 4);
+  CHECK(has_note(c,
+                 "spec.pytorchReplicaSpecs.Worker.template.spec.containers[pytorch].command: the shell script "
+                 "'pip install"));
+  CHECK(has_note(c, "kept as written, with spec.program.launcher torchrun"));
+  accepted(c.job);
+  // python -m torch.distributed.run inside `sh -ec` is the same thing, "--nproc_per_node 3" read too.
   auto module = docs;
   for (const char* r : {"Master", "Worker"})
     module[0]["spec"]["pytorchReplicaSpecs"][r]["template"]["spec"]["containers"][1]["command"] =
-        json({"/bin/sh", "-ec", "cd /app\npython3 -m torch.distributed.run --nproc_per_node 4 finetune.py"});
-  CHECK_THROWS_WITH_AS(convert_manifests(module), doctest::Contains("starts torchrun itself"), railyard::Error);
-  // One pod: its torchrun starts its processes as before; kept as written, with a note.
-  auto one = docs;
-  one[0]["spec"]["pytorchReplicaSpecs"].erase("Worker");
-  const auto c = convert_manifests(one);
-  CHECK(c.job["spec"]["replicas"] == 1);
-  CHECK(c.job["spec"]["procsPerReplica"] == 1);
-  CHECK(c.job["spec"]["program"]["command"] == shell);
-  CHECK(has_note(c, "the shell script starts torchrun itself, which was not rewritten"));
-  accepted(c.job);
+        json({"/bin/sh", "-ec", "cd /app\npython3 -m torch.distributed.run --nproc_per_node 3 finetune.py"});
+  const auto m = convert_manifests(module);
+  CHECK(m.job["spec"]["program"]["launcher"] == "torchrun");
+  CHECK(m.job["spec"]["procsPerReplica"] == 3);
+  // Without --nproc-per-node in the script: the PyTorchJob's nprocPerNode, as its PET_NPROC_PER_NODE was.
+  auto plain = docs;
+  for (const char* r : {"Master", "Worker"})
+    plain[0]["spec"]["pytorchReplicaSpecs"][r]["template"]["spec"]["containers"][1]["command"] =
+        json({"sh", "-c", "torchrun /app/finetune.py"});
+  plain[0]["spec"]["nprocPerNode"] = "2";
+  const auto n = convert_manifests(plain);
+  CHECK(n.job["spec"]["procsPerReplica"] == 2);
+  CHECK(n.job["spec"]["program"]["launcher"] == "torchrun");
+  // A plain command that is not torchrun: no launcher field (auto picks perRank).
+  CHECK_FALSE(convert_manifests(manifests("pytorchjob-sidecar.yaml")).job["spec"]["program"].contains("launcher"));
   // A long script (1 MiB of one word, then torchrun) is read without recursion per character.
   auto big = docs;
   for (const char* r : {"Master", "Worker"})
     big[0]["spec"]["pytorchReplicaSpecs"][r]["template"]["spec"]["containers"][1]["command"] =
         json({"sh", "-c", "echo " + std::string(1 << 20, 'a') + "\ntorchrun x.py"});
-  CHECK_THROWS_WITH_AS(convert_manifests(big), doctest::Contains("starts torchrun itself"), railyard::Error);
+  CHECK(convert_manifests(big).job["spec"]["program"]["launcher"] == "torchrun");
   // A path that merely contains the word is not torchrun.
   auto path = manifests("pytorchjob-sidecar.yaml");
   for (const char* r : {"Master", "Worker"})
