@@ -5,8 +5,10 @@
 # railyard-monitor watching (embedded mode: it scrapes the pods' metrics port, where the program's agent serves the
 # ranks' series from their progress files). Three jobs, each carrying as many flows as can share it (one job per
 # flow took 16-17 minutes; issue #39):
-#   A. a straggler (--straggle-rank 1: rank 1's own work 0.1 s longer per step; the script reports compute_seconds):
-#      the straggler rule names rank 1 from the compute time per step the agent serves, and the job restarts;
+#   A. torchrun mode (the command `torchrun /app/train_gpt.py`), a straggler (--straggle-rank 1: rank 1's own work
+#      0.1 s longer per step; the script reports compute_seconds to its progress file): the straggler rule names rank 1
+#      from the compute time per step the agent serves, and the job restarts; torchrun got the world in PET_*, the rank
+#      is its child; kill -9 of that rank -> the failure names rank 1 with torchrun's line, one in-place restart;
 #   B. the script reporting no progress (--no-progress), hangTimeoutSeconds 20: SIGSTOP of rank 1's python -> its
 #      agent sees the process stopped -> the stopped rule's Hang naming rank 1 within seconds (not hangTimeoutSeconds)
 #      -> restart, resumed; then a live `kubectl scale --replicas 3`:
@@ -113,7 +115,8 @@ wait_phase() { # phase seconds
 step() { local s; s=$(jp '{.status.step}'); echo "${s:-0}"; }
 # apply_job [SLEEP [HANG_TIMEOUT [ARG...]]]: the example as shipped; with SLEEP, --step-sleep SLEEP appended (a
 # slower run to hit mid-way); with HANG_TIMEOUT, failurePolicy.hangTimeoutSeconds; ARGs appended to the script's;
-# with KEEP_NODES=1 in the environment, failurePolicy.excludeFailedNodes false.
+# with KEEP_NODES=1 in the environment, failurePolicy.excludeFailedNodes false; with TORCHRUN=1, the command is
+# `torchrun /app/train_gpt.py` (torchrun mode: one torchrun per pod starts the rank).
 apply_job() {
   kubectl delete tj "$job" -n "$ns" --wait=true >/dev/null 2>&1 || true
   # The garbage collector deletes the old pods; the new job's pods have the same names. The kubelet here (v1.20.2)
@@ -137,6 +140,8 @@ if len(sys.argv) > 3:
     j["spec"]["failurePolicy"]["hangTimeoutSeconds"] = int(sys.argv[3])
 if os.environ.get("KEEP_NODES") == "1":
     j["spec"]["failurePolicy"]["excludeFailedNodes"] = False
+if os.environ.get("TORCHRUN") == "1":  # the image's torchrun starts the rank (launcher auto picks torchrun mode)
+    j["spec"]["program"]["command"] = ["torchrun", "--monitor_interval=0.2", "/app/train_gpt.py"]
 print(yaml.safe_dump(j))
 PY
   kubectl apply -n "$ns" -f "$work/job.yaml" >/dev/null
@@ -146,7 +151,9 @@ signal_rank() {
   kubectl exec "$1" -n "$ns" -- python3 -c '
 import os, signal, sys
 for p in os.listdir("/proc"):
-    if p.isdigit() and int(p) != os.getpid() and open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")[1:2] == [b"/app/train_gpt.py"]:
+    c = open(f"/proc/{p}/cmdline", "rb").read().split(b"\0") if p.isdigit() and int(p) != os.getpid() else []
+    # python3 /app/train_gpt.py (per rank), python3 -u /app/train_gpt.py (started by torchrun; never torchrun itself)
+    if c[1:2] == [b"/app/train_gpt.py"] or c[1:3] == [b"-u", b"/app/train_gpt.py"]:
         print("signalled", p, flush=True); os.kill(int(p), getattr(signal, sys.argv[1]))' "$2" | grep -q signalled ||
     fail "no python rank to signal in $1"
 }
@@ -199,13 +206,42 @@ mon_pid=$!
 
 # --- A. a straggler ------------------------------------------------------------------------------------------
 t0=$SECONDS
-apply_job 0.02 60 --straggle-rank 1 --straggle-seconds 0.1
+TORCHRUN=1 apply_job 0.02 60 --straggle-rank 1 --straggle-seconds 0.1
 wait_for 120 "the monitor's restart request" sh -c "kubectl get tj $job -n $ns -o jsonpath='{.metadata.annotations}' | grep -q restart-request"
 grep -q '"rule":"straggler"' <<<"$(annotation)" || fail "restart request: $(annotation)"
 grep -q '"rank":1,' <<<"$(annotation)" || fail "the straggler request names another rank: $(annotation)"
 # The restart completes: generation 2 with every pod running (rank 1's replacement on a node not excluded).
 wait_for 120 "generation 2 running" sh -c "[ \"\$(kubectl get tj $job -n $ns -o jsonpath='{.status.generation}/{.status.phase}')\" = 2/Running ]"
 log "A. straggler: $(evidence), $((SECONDS - t0)) s after the job was created"
+# Flow A runs in torchrun mode: in each pod the agent started torchrun with the world in PET_*, and torchrun the rank.
+tr_check='
+import os
+def cmd(p): return open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")
+def env(p): return dict(l.split("=", 1) for l in open(f"/proc/{p}/environ", "rb").read().decode().split("\0") if "=" in l)
+pids = [p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
+tr = [p for p in pids if b"/usr/local/bin/torchrun" in cmd(p)]
+rk = [p for p in pids if cmd(p)[1:3] == [b"-u", b"/app/train_gpt.py"]]
+assert len(tr) == 1 and len(rk) == 1, (tr, rk)
+t, r = env(tr[0]), env(rk[0])
+assert (t["PET_NNODES"], t["PET_NPROC_PER_NODE"], t["PET_NODE_RANK"], t["PET_MAX_RESTARTS"]) == ("2", "1", "1", "0"), t
+assert (r["RANK"], r["WORLD_SIZE"], r["GROUP_RANK"]) == ("1", "2", "1"), r
+assert "RAILYARD_PROGRESS_FILE" not in r and r["RAILYARD_PROGRESS_DIR"], r
+assert open(f"/proc/{rk[0]}/stat").read().rsplit(")", 1)[1].split()[1] == tr[0]  # torchrun is its parent
+'
+tr_ok=0
+for _ in $(seq 60); do # generation 2's torchrun and rank may still be starting
+  kubectl exec "$job-worker-1" -n "$ns" -- python3 -c "$tr_check" 2>"$work/tr.err" && { tr_ok=1; break; }
+  sleep 1
+done
+[ "$tr_ok" = 1 ] || fail "torchrun mode in $job-worker-1: $(tail -2 "$work/tr.err")"
+# kill -9 of the rank torchrun started: torchrun reports it, the agent names the rank at once, one in-place restart.
+signal_rank "$job-worker-1" SIGKILL
+wait_for 60 "generation 3" sh -c "[ \"\$(kubectl get tj $job -n $ns -o jsonpath='{.status.generation}')\" -ge 3 ]"
+grep -q 'exitcode: -9' <<<"$(jp '{.status.lastRestart.message}')" ||
+  fail "the failed rank's report lacks torchrun's line: $(jp '{.status.lastRestart}')"
+[ "$(jp '{.status.lastRestart.rank}')" = 1 ] || fail "the restart names another rank: $(jp '{.status.lastRestart}')"
+wait_for 60 "generation 3 running" sh -c "[ \"\$(kubectl get tj $job -n $ns -o jsonpath='{.status.phase}')\" = Running ]"
+log "A. torchrun mode: PET_* in torchrun, the rank its child; kill -9 of rank 1 -> generation 3 ($(jp '{.status.lastRestart.reason}'))"
 
 # --- B. a frozen rank of a program that reports nothing, then scale 2 -> 3 -----------------------------------
 t0=$SECONDS
