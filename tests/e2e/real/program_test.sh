@@ -8,7 +8,8 @@
 #   A. torchrun mode (the command `torchrun /app/train_gpt.py`), a straggler (--straggle-rank 1: rank 1's own work
 #      0.1 s longer per step; the script reports compute_seconds to its progress file): the straggler rule names rank 1
 #      from the compute time per step the agent serves, and the job restarts; torchrun got the world in PET_*, the rank
-#      is its child; kill -9 of that rank -> the failure names rank 1 with torchrun's line, one in-place restart;
+#      is its child; kill -9 of that rank -> the failure names rank 1 with torchrun's line, one in-place restart; the
+#      rest without the monitor, to the reference run's final loss (the same script, started per rank by hand);
 #   B. the script reporting no progress (--no-progress), hangTimeoutSeconds 20: SIGSTOP of rank 1's python -> its
 #      agent sees the process stopped -> the stopped rule's Hang naming rank 1 within seconds (not hangTimeoutSeconds)
 #      -> restart, resumed; then a live `kubectl scale --replicas 3`:
@@ -242,6 +243,19 @@ grep -q 'exitcode: -9' <<<"$(jp '{.status.lastRestart.message}')" ||
 [ "$(jp '{.status.lastRestart.rank}')" = 1 ] || fail "the restart names another rank: $(jp '{.status.lastRestart}')"
 wait_for 60 "generation 3 running" sh -c "[ \"\$(kubectl get tj $job -n $ns -o jsonpath='{.status.phase}')\" = Running ]"
 log "A. torchrun mode: PET_* in torchrun, the rank its child; kill -9 of rank 1 -> generation 3 ($(jp '{.status.lastRestart.reason}'))"
+# The rest of the run without the monitor (rank 1 still straggles): the same script under torchrun reaches the final
+# loss of the reference run, which started its ranks by hand as the per-rank mode does.
+kill "$mon_pid" 2>/dev/null && wait "$mon_pid" 2>/dev/null || true
+for p in "${ref_pids[@]}"; do wait "$p" || fail "the reference run failed: $(tail -3 "$ref_dir/rank0.log")"; done
+ref_pids=()
+ref=$(sed -n 's|^step 300/300 loss ||p' "$ref_dir/rank0.log")
+[ -n "$ref" ] || fail "no final loss in the reference run"
+wait_phase Succeeded 300
+loss=$(final_loss)
+close "$loss" "$ref" || fail "torchrun mode, after a straggler restart and a kill -9: final loss $loss differs from the reference run's $ref"
+log "A. torchrun mode: Succeeded with the reference's final loss $loss (reference $ref), $((SECONDS - t0)) s after the job was created"
+"$bin/railyard-monitor" --namespace "$ns" --listen 127.0.0.1:0 --interval 1 --straggler-window 10 >>"$work/mon.log" 2>&1 &
+mon_pid=$!
 
 # --- B. a frozen rank of a program that reports nothing, then scale 2 -> 3 -----------------------------------
 t0=$SECONDS
@@ -277,10 +291,6 @@ wait_phase Succeeded 300
 log "B. scale 2 -> 3: world of 3, rank 2 resumed at step $third, Succeeded $((SECONDS - t0)) s after the job was created"
 
 # --- C. one job, three faults, the undisturbed run's final loss ----------------------------------------------
-for p in "${ref_pids[@]}"; do wait "$p" || fail "the reference run failed: $(tail -3 "$ref_dir/rank0.log")"; done
-ref_pids=()
-ref=$(sed -n 's|^step 300/300 loss ||p' "$ref_dir/rank0.log")
-[ -n "$ref" ] || fail "no final loss in the reference run"
 t0=$SECONDS
 # excludeFailedNodes false: the hang restarts in place, so the node loss after it still finds a free node of the three
 # (flow A shows a blamed node excluded and its pod moved).
