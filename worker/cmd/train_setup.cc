@@ -2,10 +2,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
+#include <string>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -182,15 +184,56 @@ ShardGlobs shard_globs(const Flags& f, const ConfigOrigins& origins, const Train
   return {data, val_data};
 }
 
+MemoryRoom memory_room(const std::string& cgroup_max, double phys, int local_ranks) {
+  local_ranks = std::max(1, local_ranks);
+  char buf[160];
+  std::string text = cgroup_max;
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  double limit = 0;
+  if (!text.empty() && text.find_first_not_of("0123456789") == std::string::npos && text.size() < 20)
+    limit = std::stod(text);
+  // cgroup v1 writes "no limit" as a huge page-rounded number; anything at or above the machine is no limit here.
+  if (limit > 0 && (phys <= 0 || limit < phys)) {
+    std::snprintf(buf, sizeof(buf), "the container's memory limit of %.2f GiB", limit / 1073741824.0);
+    MemoryRoom r{limit / local_ranks, buf, true};
+    if (local_ranks > 1) r.what += " shared by " + std::to_string(local_ranks) + " local ranks";
+    return r;
+  }
+  std::snprintf(buf, sizeof(buf), "the machine's %.2f GiB", phys / 1073741824.0);
+  MemoryRoom r{phys / local_ranks, buf, false};
+  if (local_ranks > 1) r.what += " shared by " + std::to_string(local_ranks) + " local ranks";
+  return r;
+}
+
+namespace {
+std::string read_small(const char* path) {
+  std::FILE* f = std::fopen(path, "r");
+  if (f == nullptr) return "";
+  char buf[64] = {};
+  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  return std::string(buf, n);
+}
+}  // namespace
+
 void check_memory_budget(const GptConfig& cfg, const TrainConfig& tc, int threads) {
   const MemoryBudget need = memory_budget(cfg, tc.batch, tc.seq_len, threads, tc.recompute);
   const double phys = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
-  if (phys > 0 && static_cast<double>(need.total()) > phys) {
-    char buf[160];
-    std::snprintf(buf, sizeof(buf), "needs %.2f GiB (%s) but the machine has %.2f GiB", need.total() / 1073741824.0,
-                  "params + grads + AdamW m, v + activations", phys / 1073741824.0);
-    throw ConfigError(std::string("--model/--batch/--seq: training ") + buf +
-                      ": use a smaller model, --batch or --seq (and --global-batch to keep the batch)");
+  std::string cg = read_small("/sys/fs/cgroup/memory.max");                        // cgroup v2
+  if (cg.empty()) cg = read_small("/sys/fs/cgroup/memory/memory.limit_in_bytes");  // cgroup v1
+  const char* lws = std::getenv("LOCAL_WORLD_SIZE");                               // ranks of this pod
+  const int local = lws != nullptr ? std::max(1, std::atoi(lws)) : 1;
+  const MemoryRoom room = memory_room(cg, phys, local);
+  if (room.bytes > 0 && static_cast<double>(need.total()) > room.bytes) {
+    char buf[200];
+    std::snprintf(buf, sizeof(buf),
+                  "needs %.2f GiB per rank (params + grads + AdamW m, v + activations) but has %.2f GiB",
+                  need.total() / 1073741824.0, room.bytes / 1073741824.0);
+    throw ConfigError(std::string("spec.model/spec.training (--model/--batch/--seq): training ") + buf + ", " +
+                      room.what +
+                      ": use a smaller model, microBatch (--batch) or seqLen (--seq), recomputation, "
+                      "ZeRO or offload" +
+                      (room.limit ? ", or raise spec.resources.limits.memory" : ""));
   }
 }
 

@@ -40,4 +40,14 @@ ShardGlobs shard_globs(const Flags& f, const ConfigOrigins& origins, const Train
 // Refuses, before anything is allocated, a model whose training state does not fit in this machine's memory.
 void check_memory_budget(const GptConfig& cfg, const TrainConfig& tc, int threads);
 
+// The memory a rank may count on, and where that figure comes from: the container's memory limit (cgroup v2
+// memory.max, or v1 memory.limit_in_bytes) shared by the pod's local_ranks processes, else the machine's memory.
+struct MemoryRoom {
+  double bytes = 0;    // for one rank
+  std::string what;    // "the container's memory limit of 2.00 GiB shared by 2 local ranks", "the machine's 23.4 GiB"
+  bool limit = false;  // from the container's limit
+};
+// Pure: cgroup_max is the limit file's text ("max", a byte count, or "" when unreadable); phys the machine's bytes.
+MemoryRoom memory_room(const std::string& cgroup_max, double phys, int local_ranks);
+
 }  // namespace railyard::worker

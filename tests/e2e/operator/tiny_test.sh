@@ -4,7 +4,8 @@
 # `railyard-worker train --config`, progress (step, loss) reaches the job's status, and the job ends Succeeded.
 # Then the MoE example (deploy/examples/moe.yaml, #14): two pods with expert parallelism 2 and recomputation run to
 # completion, and the pods' resolved config carries the family's fields; a job the worker would refuse is Invalid.
-# Last, jobs the trainer itself refuses (missing data, an initFrom that is not a model) fail saying why.
+# Last, jobs the trainer itself refuses (missing data, an initFrom that is not a model, a model too big for memory, a
+# vocabulary smaller than the data's tokens) fail saying why.
 set -euo pipefail
 src=${RAILYARD_SOURCE_DIR:?}
 state=${RAILYARD_E2E_STATE_DIR:?}
@@ -258,3 +259,23 @@ grep -qF "$notmodel" <<<"$msg2" || fail "badinit: lastFailure.message does not n
 grep -q "exited with code 2: .*ERROR worker: spec.model.initFrom (.*not an llm.c GPT-2 checkpoint" <<<"${msg2//$'\n'/ }" ||
   fail "badinit: lastFailure.message: '$msg2'"
 echo "the trainer's refusals reach status: nodata: $msg | badinit: $msg2"
+# Two more the trainer refuses on its own: a model whose training state cannot fit in memory (about 360 GiB, so
+# on any test machine), and a vocabulary smaller than the data's tokens (the test's English text is ASCII, bytes 10-126).
+custom() { # NAME LAYERS HIDDEN HEADS VOCAB
+  sed -e "s|name: tiny|name: $1|" -e "s|/shared/data/|$work/data/|g" -e "s|/shared/checkpoints/tiny|$work/ckpt-$1|" \
+    -e "s|    preset: tiny|    preset: custom\n    layers: $2\n    hidden: $3\n    heads: $4\n    seqLen: 64\n    vocab: $5|" \
+    "$src/deploy/examples/tiny.yaml" | kubectl apply -n "$ns" -f - >/dev/null
+}
+custom toobig 48 6400 50 50304
+custom smallvocab 2 64 4 64
+for j in toobig smallvocab; do
+  wait_for 120 "job $j to fail" sh -c "[ \"\$(kubectl get tj $j -n $ns -o jsonpath='{.status.phase}')\" = Failed ]"
+  [ "$(kubectl get tj $j -n "$ns" -o jsonpath='{.status.restarts}')" = 0 ] || fail "job $j restarted"
+done
+msg3=$(kubectl get tj toobig -n "$ns" -o jsonpath='{.status.lastFailure.message}')
+grep -q "exited with code 2: .*spec.model/spec.training (--model/--batch/--seq): training needs [0-9.]* GiB per rank" <<<"${msg3//$'\n'/ }" ||
+  fail "toobig: lastFailure.message: '$msg3'"
+msg4=$(kubectl get tj smallvocab -n "$ns" -o jsonpath='{.status.lastFailure.message}')
+grep -q "exited with code 2: .*token [0-9]* at byte offset [0-9]* is >= vocab size 64" <<<"${msg4//$'\n'/ }" ||
+  fail "smallvocab: lastFailure.message: '$msg4'"
+echo "too big and vocabulary mismatch reach status: toobig: $msg3 | smallvocab: $msg4"

@@ -61,6 +61,25 @@ TEST_CASE("railyard-worker train: prepare, train with validation, export, resume
   REQUIRE_MESSAGE(r.code == 0, r.err);
   CHECK(r.err.find("memory budget") != std::string::npos);
   CHECK(r.err.find("micro_steps=2") != std::string::npos);  // 256 tokens / (4 x 32)
+  // A model that cannot fit is refused before anything is allocated, naming the fields and the room it had: the
+  // machine's memory, or the container's limit (spec.resources.limits.memory) where the test runs under one.
+  {
+    const Run big = run("railyard-worker train --model l=48,c=6400,nh=50,t=1024,v=50304 --data " + d +
+                            "/data --steps 1 --batch 4 --seq 1024 --threads 1",
+                        d);
+    CHECK(big.code == 2);
+    CHECK_MESSAGE(big.err.find("spec.model/spec.training (--model/--batch/--seq): training needs ") != std::string::npos,
+                  big.err);
+    CHECK_MESSAGE(big.err.find(" GiB per rank") != std::string::npos, big.err);
+    CHECK_MESSAGE((big.err.find("the machine's ") != std::string::npos ||
+                   big.err.find("raise spec.resources.limits.memory") != std::string::npos),
+                  big.err);
+    // The pod's memory is shared by its local ranks: the small model does not fit in 1/100000 of it.
+    const Run shared = run("railyard-worker train " + model + " --data " + d + "/data --steps 1 --batch 4 --seq 32",
+                           d, "LOCAL_WORLD_SIZE=100000 ");
+    CHECK(shared.code == 2);
+    CHECK_MESSAGE(shared.err.find("shared by 100000 local ranks") != std::string::npos, shared.err);
+  }
   std::ifstream log(d + "/log.jsonl");
   int steps = 0, vals = 0;
   double first = 0, last = 0;
