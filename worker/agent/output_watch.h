@@ -55,7 +55,7 @@ class OutputWatch {
   struct Tail {
     LogTail out, err;
     int serial = 0;
-    int open = 0;                        // the current process's pipes not at EOF yet
+    int open = 0;                          // the current process's pipes not at EOF yet
     std::string partial_out, partial_err;  // the unfinished last line of each, while a marker is set
     std::vector<std::string> marked;       // lines with the marker, not taken yet
   };

@@ -318,12 +318,12 @@ TEST_CASE("spec.program.launcher: torchrun detected, chosen or refused; its conf
   REQUIRE(nproc.violation);
   CHECK(nproc.violation->field == "spec.program.args[1]");
   CHECK(nproc.violation->message.find("set spec.procsPerReplica: 4") != std::string::npos);
-  const Json four = program_job({{"spec",
-                                  {{"procsPerReplica", 4},
-                                   {"program", {{"command", {"torchrun", "--nproc-per-node", "4", "/app/t.py"}}}}}}});
+  const Json four = program_job(
+      {{"spec",
+        {{"procsPerReplica", 4}, {"program", {{"command", {"torchrun", "--nproc-per-node", "4", "/app/t.py"}}}}}}});
   CHECK_FALSE(parse_job(four).violation);  // agrees with procsPerReplica: kept
   // Not checked where the flags are not torchrun's: perRank, or the script's own arguments.
-  CHECK_FALSE(parse_job(with_program({{"command", {"torchrun", "--nnodes=2", "t.py"}}, {"launcher", "perRank"}}))
-                  .violation);
+  CHECK_FALSE(
+      parse_job(with_program({{"command", {"torchrun", "--nnodes=2", "t.py"}}, {"launcher", "perRank"}})).violation);
   CHECK_FALSE(parse_job(with_program({{"command", {"torchrun", "t.py", "--nnodes=2"}}})).violation);
 }

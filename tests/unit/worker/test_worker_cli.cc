@@ -68,15 +68,16 @@ TEST_CASE("railyard-worker train: prepare, train with validation, export, resume
                             "/data --steps 1 --batch 4 --seq 1024 --threads 1",
                         d);
     CHECK(big.code == 2);
-    CHECK_MESSAGE(big.err.find("spec.model/spec.training (--model/--batch/--seq): training needs ") != std::string::npos,
-                  big.err);
+    CHECK_MESSAGE(
+        big.err.find("spec.model/spec.training (--model/--batch/--seq): training needs ") != std::string::npos,
+        big.err);
     CHECK_MESSAGE(big.err.find(" GiB per rank") != std::string::npos, big.err);
     CHECK_MESSAGE((big.err.find("the machine's ") != std::string::npos ||
                    big.err.find("raise spec.resources.limits.memory") != std::string::npos),
                   big.err);
     // The pod's memory is shared by its local ranks: the small model does not fit in 1/100000 of it.
-    const Run shared = run("railyard-worker train " + model + " --data " + d + "/data --steps 1 --batch 4 --seq 32",
-                           d, "LOCAL_WORLD_SIZE=100000 ");
+    const Run shared = run("railyard-worker train " + model + " --data " + d + "/data --steps 1 --batch 4 --seq 32", d,
+                           "LOCAL_WORLD_SIZE=100000 ");
     CHECK(shared.code == 2);
     CHECK_MESSAGE(shared.err.find("shared by 100000 local ranks") != std::string::npos, shared.err);
   }
