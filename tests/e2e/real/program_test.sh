@@ -159,14 +159,10 @@ for p in os.listdir("/proc"):
     fail "no python rank to signal in $1"
 }
 annotation() { kubectl get tj "$job" -n "$ns" -o jsonpath='{.metadata.annotations.railyard\.dev/restart-request}'; }
-# names_check POD N [RESOLVE]: stable names (issue 41) as POD's python rank sees them in a world of N pods: MASTER_ADDR
-# is pod 0's DNS name, RAILYARD_HOSTFILE lists the N pods by name in rank order, and (unless RESOLVE is 0) each name
-# resolves in the pod (getent: the pod's resolv.conf, the cluster DNS) to that pod's IP.
-names_check() {
-  local dom="$job.$ns.svc.cluster.local" want="" i ip got
-  for ((i = 0; i < $2; i++)); do want+="$job-worker-$i.$dom slots=1"$'\n'; done
-  kubectl exec "$1" -n "$ns" -- python3 -c '
-import os, sys
+# Python that leaves in `env` the environment of the pod's per-rank python (python3 /app/train_gpt.py); a check
+# appended to it runs in the pod (kubectl exec ... python3 -c "$rank_env_py"'CHECK').
+rank_env_py='
+import os
 env = {}
 for p in os.listdir("/proc"):
     if p.isdigit() and int(p) != os.getpid():
@@ -175,6 +171,15 @@ for p in os.listdir("/proc"):
                 env = dict(l.split("=", 1) for l in open(f"/proc/{p}/environ", "rb").read().decode().split("\0") if "=" in l)
         except OSError:
             pass
+'
+# names_check POD N [RESOLVE]: stable names (issue 41) as POD's python rank sees them in a world of N pods: MASTER_ADDR
+# is pod 0's DNS name, RAILYARD_HOSTFILE lists the N pods by name in rank order, and (unless RESOLVE is 0) each name
+# resolves in the pod (getent: the pod's resolv.conf, the cluster DNS) to that pod's IP.
+names_check() {
+  local dom="$job.$ns.svc.cluster.local" want="" i ip got
+  for ((i = 0; i < $2; i++)); do want+="$job-worker-$i.$dom slots=1"$'\n'; done
+  kubectl exec "$1" -n "$ns" -- python3 -c "$rank_env_py"'
+import sys
 assert env.get("MASTER_ADDR") == sys.argv[1], env.get("MASTER_ADDR")
 sys.stdout.write(open(env["RAILYARD_HOSTFILE"]).read())' "$job-worker-0.$dom" >"$work/hostfile" 2>"$work/names.err" ||
     fail "$1: MASTER_ADDR or the hostfile: $(tail -2 "$work/names.err")"
@@ -310,16 +315,7 @@ kubectl exec "$pod" -n "$ns" -- python3 -c 'import shutil, sys; sys.exit(0 if sh
   fail "the example image has a railyard-worker on its PATH: the test would not show the launcher at work"
 # Running means the launcher finished and the agent started; the ranks start once the world is complete.
 wait_for 60 "the python rank in $pod" sh -c "kubectl logs $pod -n $ns | grep -q '^rank 0/2'"
-kubectl exec "$pod" -n "$ns" -- python3 -c '
-import os
-env = {}
-for p in os.listdir("/proc"):
-    if p.isdigit() and int(p) != os.getpid():
-        try:
-            if open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")[1:2] == [b"/app/train_gpt.py"]:
-                env = dict(l.split("=", 1) for l in open(f"/proc/{p}/environ", "rb").read().decode().split("\0") if "=" in l)
-        except OSError:
-            pass
+kubectl exec "$pod" -n "$ns" -- python3 -c "$rank_env_py"'
 want = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
         "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
         "TORCHELASTIC_RUN_ID", "RAILYARD_CHECKPOINT_DIR", "RAILYARD_PROGRESS_FILE"]
