@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <zlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,7 +17,11 @@ namespace railyard::ckpt {
 namespace {
 
 constexpr char kMagic[8] = {'R', 'Y', 'C', 'K', 'S', 'H', 'M', '1'};
+// Version 1: the C++ writers' images, checksummed with CRC32C. Version 2: the same layout written by the Python flash
+// checkpoint module (worker/agent/python/railyard_flash.py), checksummed with zlib's CRC-32, which Python computes at
+// memory speed (zlib.crc32) where a CRC32C would need a compiled extension. Both are read, copied and verified alike.
 constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersionZlib = 2;
 constexpr uint32_t kStateWriting = 1;
 constexpr uint32_t kStateComplete = 2;
 constexpr uint64_t kHeaderBytes = 4096;
@@ -35,10 +40,36 @@ struct Header {
 };
 static_assert(sizeof(Header) <= kHeaderBytes);
 
+bool known_version(uint32_t v) { return v == kVersion || v == kVersionZlib; }
+
+// The checksum of an image of version v: CRC32C (1) or zlib's CRC-32 (2), extending `crc` like crc32c() does.
+uint32_t checksum(uint32_t version, const void* data, uint64_t size, uint32_t crc = 0) {
+  if (version != kVersionZlib) return crc32c(data, size, crc);
+  const auto* p = static_cast<const Bytef*>(data);
+  uLong c = crc;
+  while (size > 0) {  // crc32() takes a uInt length
+    const uInt n = static_cast<uInt>(std::min<uint64_t>(size, 1u << 30));
+    c = ::crc32(c, p, n);
+    p += n;
+    size -= n;
+  }
+  return static_cast<uint32_t>(c);
+}
+
+std::string version_problem(uint32_t v) {
+  return "version " + std::to_string(v) + " not supported (this build reads 1 and 2)";
+}
+
 uint32_t header_crc(Header h) {
   h.state = kStateComplete;
   h.header_crc = 0;
-  return crc32c(&h, offsetof(Header, header_crc));
+  return checksum(h.version, &h, offsetof(Header, header_crc));
+}
+
+// The checksum over an image's metadata and data (not the padding between them), as its version computes it.
+uint32_t contents_crc(const Header& h, const unsigned char* base) {
+  const uint32_t crc = checksum(h.version, base + kHeaderBytes, h.meta_bytes);
+  return checksum(h.version, base + h.data_offset, h.data_bytes, crc);
 }
 
 uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
@@ -112,7 +143,7 @@ std::optional<int64_t> ShmStore::peek(std::string* why) const {
   if (n != static_cast<ssize_t>(sizeof h)) return fail("segment smaller than its header: torn or never written");
   if (h.state != kStateComplete) return fail("torn snapshot: a writer started but did not finish");
   if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) return fail("bad magic: not a railyard snapshot");
-  if (h.version != kVersion) return fail("version " + std::to_string(h.version) + " not supported");
+  if (!known_version(h.version)) return fail(version_problem(h.version));
   if (h.header_crc != header_crc(h)) return fail("torn snapshot: header checksum mismatch");
   return h.step;
 }
@@ -222,15 +253,14 @@ std::optional<int64_t> ShmStore::read_image(const std::string& name, const unsig
   std::memcpy(&h, base, sizeof h);
   if (h.state != kStateComplete) return fail("torn snapshot: a writer started but did not finish");
   if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) return fail("bad magic: not a railyard snapshot");
-  if (h.version != kVersion) return fail("version " + std::to_string(h.version) + " not supported");
+  if (!known_version(h.version)) return fail(version_problem(h.version));
   if (h.header_crc != header_crc(h)) return fail("torn snapshot: header checksum mismatch");
   if (const std::string p = header_size_problem(h, size); !p.empty()) {
     return fail("torn snapshot: header sizes exceed the segment: " + p);
   }
-  if (verify) {
-    uint32_t crc = crc32c(base + kHeaderBytes, h.meta_bytes);
-    crc = crc32c(base + h.data_offset, h.data_bytes, crc);
-    if (crc != h.crc) return fail("CRC32C mismatch over the snapshot contents (step " + std::to_string(h.step) + ")");
+  if (verify && contents_crc(h, base) != h.crc) {
+    return fail(std::string(h.version == kVersionZlib ? "CRC-32" : "CRC32C") +
+                " mismatch over the snapshot contents (step " + std::to_string(h.step) + ")");
   }
   nlohmann::json meta = nlohmann::json::parse(base + kHeaderBytes, base + kHeaderBytes + h.meta_bytes, nullptr, false);
   if (meta.is_discarded() || !meta.is_object()) return fail("snapshot metadata is not a JSON object");
@@ -291,9 +321,7 @@ void ShmStore::seal_image(unsigned char* base, uint64_t size) {
   if (size < kHeaderBytes) return;
   Header h;
   std::memcpy(&h, base, sizeof h);
-  if (header_size_problem(h, size).empty()) {
-    h.crc = crc32c(base + h.data_offset, h.data_bytes, crc32c(base + kHeaderBytes, h.meta_bytes));
-  }
+  if (header_size_problem(h, size).empty()) h.crc = contents_crc(h, base);
   h.header_crc = header_crc(h);
   std::memcpy(base, &h, sizeof h);
 }
@@ -334,7 +362,7 @@ std::unique_ptr<ShmStore::Image> ShmStore::map_image(std::string* why) const {
   Header h;
   std::memcpy(&h, hp, sizeof h);
   if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) return fail("bad magic: not a railyard snapshot");
-  if (h.version != kVersion) return fail("version " + std::to_string(h.version) + " not supported");
+  if (!known_version(h.version)) return fail(version_problem(h.version));
   if (h.header_crc != header_crc(h)) return fail("torn snapshot: header checksum mismatch");
   if (const std::string problem = header_size_problem(h, size); !problem.empty()) {
     return fail("torn snapshot: header sizes exceed the segment: " + problem);
@@ -392,16 +420,17 @@ std::optional<int64_t> ShmStore::commit_image(std::string* why) {
   Header h;
   std::memcpy(&h, image_header_.data(), sizeof h);
   if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) return fail("bad magic: not a railyard snapshot");
-  if (h.version != kVersion) return fail("version " + std::to_string(h.version) + " not supported");
+  if (!known_version(h.version)) return fail(version_problem(h.version));
   if (h.state != kStateComplete || h.header_crc != header_crc(h)) return fail("header checksum mismatch");
   if (!header_size_problem(h, image_size_).empty() || h.data_offset + h.data_bytes != image_size_) {
     return fail("header sizes do not match the " + std::to_string(image_size_) + " bytes received");
   }
   // The same ranges put() checksums (metadata and data, not the padding between them).
   const auto* base = static_cast<const unsigned char*>(map_);
-  uint32_t crc = crc32c(base + kHeaderBytes, h.meta_bytes);
-  crc = crc32c(base + h.data_offset, h.data_bytes, crc);
-  if (crc != h.crc) return fail("CRC32C mismatch over the copied contents (step " + std::to_string(h.step) + ")");
+  if (contents_crc(h, base) != h.crc) {
+    return fail(std::string(h.version == kVersionZlib ? "CRC-32" : "CRC32C") +
+                " mismatch over the copied contents (step " + std::to_string(h.step) + ")");
+  }
   auto* hp = static_cast<Header*>(map_);
   h.generation = __atomic_load_n(&hp->generation, __ATOMIC_ACQUIRE);  // this segment's own count of writes
   h.state = kStateWriting;

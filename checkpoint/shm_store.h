@@ -1,7 +1,9 @@
 // The in-memory tier: the newest snapshot of one rank in POSIX shared memory (/dev/shm), which outlives the worker
 // process, so a restarted worker restores in milliseconds instead of reading storage. A header with a state word,
 // the step and a CRC32C over the contents makes a torn (half-written) or damaged snapshot detectable; the caller
-// then falls back to storage.
+// then falls back to storage. The same layout comes in two checksums: version 1 (CRC32C, what put() writes) and
+// version 2 (zlib's CRC-32, what the Python flash checkpoints write: worker/agent/python/railyard_flash.py, whose
+// docstring spells out the layout); everything here reads, copies and verifies both.
 #pragma once
 
 #include <cstdint>

@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "common/error.h"
+#include "common/flash_checkpoint.h"
 #include "common/kube/client.h"
 #include "common/rendezvous_protocol.h"
 #include "common/tls/job_identity.h"
@@ -271,9 +272,12 @@ WorkerPodBuilder::WorkerPodBuilder(const Json& job, const JobSpec& spec, int64_t
     shared["RAILYARD_MAX_RESTARTS"] = std::to_string(spec.max_restarts);
     // spec.program.launcher as resolved: torchrun mode starts the command once per pod with PET_* (common/torchrun.h).
     shared[torchrun::kLauncherEnv] = spec.program_torchrun ? torchrun::kLauncherTorchrun : torchrun::kLauncherPerRank;
-    if (!spec.checkpoint_path.empty()) shared["RAILYARD_CHECKPOINT_DIR"] = spec.checkpoint_path;
+    if (!spec.checkpoint_path.empty()) shared[flash::kCheckpointDirEnv] = spec.checkpoint_path;
     if (spec.checkpoint_interval_steps > 0)
-      shared["RAILYARD_CHECKPOINT_INTERVAL_STEPS"] = std::to_string(spec.checkpoint_interval_steps);
+      shared[flash::kIntervalEnv] = std::to_string(spec.checkpoint_interval_steps);
+    // The flash checkpoint module's memory interval (0: snapshots only as the staging of disk saves) and retention.
+    shared[flash::kMemoryIntervalEnv] = std::to_string(spec.memory_interval_steps);
+    if (spec.checkpoint_keep && *spec.checkpoint_keep > 0) shared[flash::kKeepEnv] = std::to_string(*spec.checkpoint_keep);
     if (spec.steps > 0) shared["RAILYARD_TOTAL_STEPS"] = std::to_string(spec.steps);
     for (const auto& [name, value] : program_home_env()) shared[name] = value;
     // Stable names: the agent gives the ranks MASTER_ADDR and the hostfile as <pod>.<this domain> (docs/programs.md

@@ -20,10 +20,12 @@
 
 #include "checkpoint/shm_store.h"
 #include "common/error.h"
+#include "common/flash_checkpoint.h"
 #include "common/log.h"
 #include "common/metrics/job_labels.h"
 #include "common/torchrun.h"
 #include "worker/agent/agent_metrics.h"
+#include "worker/agent/flash_module.h"
 #include "worker/agent/name_wait.h"
 #include "worker/agent/output_watch.h"
 #include "worker/agent/peer_ring.h"
@@ -316,6 +318,22 @@ class AgentRun {
     return false;
   }
 
+  // A program's ranks find the flash checkpoint module (docs/programs.md "Flash checkpoints") on their PYTHONPATH: the
+  // agent carries its text and writes it next to its own files, so the image needs nothing installed and the module
+  // always matches the agent that reads its slots. Returns the folder, or "" (with a warning) when it cannot be
+  // written: the job runs on, and `import railyard_flash` fails in the program, naming the module.
+  std::string deliver_flash_module() {
+    const std::string dir = cfg_.work_dir + "/python";
+    try {
+      std::filesystem::create_directories(dir);
+      write_file_atomic(dir + "/" + flash::kModuleFile, kFlashModuleSource);
+      return dir;
+    } catch (const std::exception& e) {
+      log::warn(kComponent, "cannot write the flash checkpoint module for the ranks", {{"error", e.what()}});
+      return "";
+    }
+  }
+
   // Writes the generation's configuration, then starts its workers, each with the environment of its rank.
   void spawn(const rdzv::Assignment& a) {
     const std::string dir = generation_dir(a.generation);
@@ -341,6 +359,7 @@ class AgentRun {
       write_file_atomic(params.hostfile, names::hostfile_text(hosts.hosts, a.local_world_size));
     }
     params.progress_dir = dir;
+    if (!cfg_.command.empty()) params.python_path = deliver_flash_module();
     const std::vector<std::string> inherited = inherited_env(environ);
     std::vector<RankLaunch> launches;
     rank_slots_.clear();

@@ -114,6 +114,19 @@ void add_railyard_env(std::vector<std::string>& env, const rdzv::Assignment& a, 
   }
   add("RAILYARD_STORE_TOKEN", p.store_token);
   if (!p.hostfile.empty()) add(names::kHostfileEnv, p.hostfile);
+  if (!p.python_path.empty()) {
+    std::string value = p.python_path;
+    auto it = std::find_if(env.begin(), env.end(), [](const std::string& kv) { return kv.rfind("PYTHONPATH=", 0) == 0; });
+    if (it != env.end()) {
+      const std::string own = it->substr(std::string_view("PYTHONPATH=").size());
+      env.erase(it);
+      if (!own.empty()) {  // the image's or template's own entries stay, after ours
+        value.push_back(':');
+        value.append(own);
+      }
+    }
+    add("PYTHONPATH", value);
+  }
   if (p.peer_tls) {
     add(tls::kPeerCaEnv, p.peer_tls->ca_pem);
     add(tls::kPeerCertEnv, p.peer_tls->leaf.cert_pem);

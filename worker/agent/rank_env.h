@@ -55,6 +55,9 @@ struct RankEnvParams {
   std::shared_ptr<const tls::PodIdentity> peer_tls;
   std::string master_addr;  // MASTER_ADDR: a name (WorldHosts::master); "" = the assignment's master_addr
   std::string hostfile;     // RAILYARD_HOSTFILE: the generation's hostfile; "" = not set
+  // Prepended to PYTHONPATH (the inherited value, if any, follows): the folder of the flash checkpoint module
+  // (common/flash_checkpoint.h); "" = PYTHONPATH as inherited.
+  std::string python_path;
 };
 
 // The environment of local rank `local_rank` of assignment a: `inherited` (see inherited_env) followed by the
