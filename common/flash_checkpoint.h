@@ -7,10 +7,10 @@
 namespace railyard::flash {
 
 // Set by the operator on program pods (the job's ConfigMap), read by the module.
-inline constexpr const char* kCheckpointDirEnv = "RAILYARD_CHECKPOINT_DIR";                      // spec.checkpoint.path
-inline constexpr const char* kIntervalEnv = "RAILYARD_CHECKPOINT_INTERVAL_STEPS";                // .intervalSteps
+inline constexpr const char* kCheckpointDirEnv = "RAILYARD_CHECKPOINT_DIR";                     // spec.checkpoint.path
+inline constexpr const char* kIntervalEnv = "RAILYARD_CHECKPOINT_INTERVAL_STEPS";               // .intervalSteps
 inline constexpr const char* kMemoryIntervalEnv = "RAILYARD_CHECKPOINT_MEMORY_INTERVAL_STEPS";  // .memoryIntervalSteps
-inline constexpr const char* kKeepEnv = "RAILYARD_CHECKPOINT_KEEP";                              // .keep
+inline constexpr const char* kKeepEnv = "RAILYARD_CHECKPOINT_KEEP";                             // .keep
 
 // Set by the agent per rank (worker/agent/rank_env.cc), read by the module: the in-memory tier's segment prefix
 // (slots <prefix>-r<rank>-a|b), the steps fetched from a peer, and the generation (1: start fresh).

@@ -277,7 +277,8 @@ WorkerPodBuilder::WorkerPodBuilder(const Json& job, const JobSpec& spec, int64_t
       shared[flash::kIntervalEnv] = std::to_string(spec.checkpoint_interval_steps);
     // The flash checkpoint module's memory interval (0: snapshots only as the staging of disk saves) and retention.
     shared[flash::kMemoryIntervalEnv] = std::to_string(spec.memory_interval_steps);
-    if (spec.checkpoint_keep && *spec.checkpoint_keep > 0) shared[flash::kKeepEnv] = std::to_string(*spec.checkpoint_keep);
+    if (spec.checkpoint_keep && *spec.checkpoint_keep > 0)
+      shared[flash::kKeepEnv] = std::to_string(*spec.checkpoint_keep);
     if (spec.steps > 0) shared["RAILYARD_TOTAL_STEPS"] = std::to_string(spec.steps);
     for (const auto& [name, value] : program_home_env()) shared[name] = value;
     // Stable names: the agent gives the ranks MASTER_ADDR and the hostfile as <pod>.<this domain> (docs/programs.md

@@ -116,7 +116,8 @@ void add_railyard_env(std::vector<std::string>& env, const rdzv::Assignment& a, 
   if (!p.hostfile.empty()) add(names::kHostfileEnv, p.hostfile);
   if (!p.python_path.empty()) {
     std::string value = p.python_path;
-    auto it = std::find_if(env.begin(), env.end(), [](const std::string& kv) { return kv.rfind("PYTHONPATH=", 0) == 0; });
+    auto it =
+        std::find_if(env.begin(), env.end(), [](const std::string& kv) { return kv.rfind("PYTHONPATH=", 0) == 0; });
     if (it != env.end()) {
       const std::string own = it->substr(std::string_view("PYTHONPATH=").size());
       env.erase(it);

@@ -893,3 +893,211 @@ TEST_CASE(
   CHECK(p->all_succeeded);
   CHECK(p->ranks_done == 4);
 }
+
+// A program's rank with flash checkpoints (worker/agent/python/railyard_flash.py, on PYTHONPATH from the agent): a
+// small data-parallel model over Gloo, a snapshot into shared memory after every step before the progress record, and
+// at the end the SHA-256 of its parameters.
+const char* kFlashRank = R"(
+import hashlib, json, os, sys, time
+import torch, torch.distributed as dist
+from railyard_flash import Checkpoint
+out, gen, rank = os.environ["TEST_OUT"], os.environ.get("RAILYARD_GENERATION", "ref"), int(os.environ["RANK"])
+f = f"{out}/flash-gen{gen}-rank{rank}"
+with open(f + ".pid.tmp", "w") as p:
+    p.write(str(os.getpid()))
+os.replace(f + ".pid.tmp", f + ".pid")
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 16))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+ckpt = Checkpoint(replicated=True)
+start = ckpt.load({"model": model, "opt": opt}) + 1
+with open(f + ".restored", "w") as r:
+    json.dump({"step": start - 1, "from": ckpt.restored_from, "pythonpath": os.environ.get("PYTHONPATH", "")}, r)
+progress = os.environ.get("RAILYARD_PROGRESS_FILE", "")
+for step in range(start, 121):
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(step * 31 + rank))
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= dist.get_world_size()
+    opt.step()
+    ckpt.save(step, {"model": model, "opt": opt})  # before the step is reported: a reported step is held
+    if progress:
+        with open(progress + ".tmp", "w") as pf:
+            json.dump({"step": step, "loss": loss.item()}, pf)
+        os.replace(progress + ".tmp", progress)
+    with open(f"{out}/flash-steps-{gen}-rank{rank}", "a") as d:  # where a run departs from the reference, if it does
+        d.write(f"{step} {hashlib.sha256(b''.join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()}\n")
+    time.sleep(0.05)
+ckpt.close()
+digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
+with open(f"{out}/flash-final-{gen}-rank{rank}", "w") as d:
+    d.write(digest)
+sys.stdout.flush()
+os._exit(0)
+)";
+
+TEST_CASE(
+    "flash checkpoints: the agent delivers railyard_flash; a kill -9 restores from memory with no step lost, a "
+    "replaced pod from its peer's copy, and the run ends with an undisturbed run's parameters") {
+  REQUIRE_MESSAGE(::system("/usr/bin/python3 -c 'import torch.distributed' 2>/dev/null") == 0,
+                  "python3-torch is missing (scripts/install-deps.sh --with-torch installs it)");
+  TempDir tmp;
+  const fs::path script = tmp.path / "flash_rank.py";
+  std::ofstream(script) << kFlashRank;
+  const std::vector<std::string> cmd = {"/usr/bin/python3", script.string()};
+
+  // The undisturbed run: the same two ranks without the agent (the module from the source tree, a fresh start).
+  {
+    int port = 29400 + (::getpid() % 500) * 2;
+    while (!ports_free("127.0.0.1", port, 1)) port += 2;
+    const std::string prefix = "/railyard-flashref-" + std::to_string(::getpid());
+    std::vector<pid_t> ranks;
+    for (int r = 0; r < 2; ++r) {
+      pid_t pid = ::fork();
+      REQUIRE(pid >= 0);
+      if (pid == 0) {
+        ::setenv("PYTHONPATH", railyard::test::source_path("worker/agent/python").c_str(), 1);
+        ::setenv("TEST_OUT", tmp.path.c_str(), 1);
+        ::setenv("RANK", std::to_string(r).c_str(), 1);
+        ::setenv("WORLD_SIZE", "2", 1);
+        ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+        ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+        ::setenv("RAILYARD_SHM_PREFIX", prefix.c_str(), 1);
+        ::setenv("OMP_NUM_THREADS", "1", 1);
+        ::execl("/usr/bin/python3", "python3", script.c_str(), static_cast<char*>(nullptr));
+        ::_exit(127);
+      }
+      ranks.push_back(pid);
+    }
+    for (pid_t pid : ranks) {
+      int st = 0;
+      ::waitpid(pid, &st, 0);
+      CHECK(WIFEXITED(st));
+      CHECK(WEXITSTATUS(st) == 0);
+    }
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator("/dev/shm", ec))
+      if (e.path().filename().string().rfind(prefix.substr(1), 0) == 0) fs::remove(e.path(), ec);
+  }
+  const std::string reference = slurp(tmp.path / "flash-final-ref-rank0");
+  REQUIRE(reference.size() == 64);
+  CHECK(slurp(tmp.path / "flash-final-ref-rank1") == reference);
+
+  RendezvousService svc("127.0.0.1", 0);
+  std::mutex mu;
+  std::vector<WorkerExit> exits;
+  svc.set_exit_handler([&](const WorkerExit& e) {
+    std::lock_guard<std::mutex> l(mu);
+    exits.push_back(e);
+  });
+  auto flash_spec = [&](int64_t gen) {
+    GenerationSpec s = spec(gen, {"pod0", "pod1"}, 1);
+    s.config.checkpoint.emplace().memory_interval_steps = 1;  // the in-memory tier on: the agents keep peer copies
+    return s;
+  };
+  // The ranks under the agents see what the reference's saw: OpenBLAS picks its kernels (and so the last bits of a
+  // GEMM) from OPENBLAS_CORETYPE, which some machines set.
+  std::map<std::string, std::string> env = {{"OMP_NUM_THREADS", "1"}};
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string kv = *e;
+    if (kv.rfind("OPENBLAS_", 0) == 0) env[kv.substr(0, kv.find('='))] = kv.substr(kv.find('=') + 1);
+  }
+  svc.open_generation(flash_spec(1));
+  auto pod0 = std::make_unique<AgentProcess>("pod0", "127.0.16.1", svc.port(), 1, tmp.path, cmd, kToken, "job1", env);
+  auto pod1 = std::make_unique<AgentProcess>("pod1", "127.0.16.2", svc.port(), 1, tmp.path, cmd, kToken, "job1", env);
+  auto step_now = [&] {
+    auto p = svc.progress("ns1/job1");
+    return p ? p->step : int64_t{0};
+  };
+  auto restored = [&](int gen, int rank) {
+    const std::string t =
+        slurp(tmp.path / ("flash-gen" + std::to_string(gen) + "-rank" + std::to_string(rank) + ".restored"));
+    return t.empty() ? nlohmann::json() : nlohmann::json::parse(t, nullptr, false);
+  };
+  auto pid_of = [&](int gen, int rank) {
+    return std::stoi(slurp(tmp.path / ("flash-gen" + std::to_string(gen) + "-rank" + std::to_string(rank) + ".pid")));
+  };
+  auto dump_logs = [&] {
+    MESSAGE(slurp(pod0->log));
+    MESSAGE(slurp(pod1->log));
+  };
+  const bool trained = wait_for([&] { return step_now() >= 15; }, 90);
+  if (!trained) dump_logs();
+  REQUIRE(trained);
+  {
+    const auto r = restored(1, 1);
+    REQUIRE(r.is_object());
+    CHECK(r["step"] == 0);  // generation 1 starts fresh
+    // The module's folder first on PYTHONPATH: the agent's own copy, not the source tree's.
+    CHECK(r["pythonpath"].get<std::string>().rfind((tmp.path / "agent-pod1" / "python").string(), 0) == 0);
+  }
+
+  // kill -9 of rank 1 in the middle of training: every step reported so far is held in memory by both ranks.
+  REQUIRE(::kill(pid_of(1, 1), SIGKILL) == 0);
+  REQUIRE(wait_for(
+      [&] {
+        std::lock_guard<std::mutex> l(mu);
+        return !exits.empty();
+      },
+      30));
+  const int64_t reported = step_now();
+  svc.open_generation(flash_spec(2));
+  const bool back = wait_for([&] { return restored(2, 0).is_object() && restored(2, 1).is_object(); }, 60);
+  if (!back) dump_logs();
+  REQUIRE(back);
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << restored(2, r).dump());
+    CHECK(restored(2, r)["from"] == "memory");
+    CHECK(restored(2, r)["step"].get<int64_t>() >= reported);  // no reported step is trained again
+  }
+  CHECK(restored(2, 0)["step"] == restored(2, 1)["step"]);
+  MESSAGE("kill -9 after step " << reported << " reported: both ranks restored step " << restored(2, 0)["step"]
+                                << " from memory");
+
+  // The pod of rank 1 is lost with its memory (its agent and rank SIGKILLed; the replacement's agent removes what
+  // the old one left in this machine's shared /dev/shm): the replacement fetches rank 1's copy from pod0.
+  const int64_t gen2_start = restored(2, 0)["step"].get<int64_t>();
+  REQUIRE(wait_for([&] { return step_now() >= gen2_start + 10; }, 60));
+  ::kill(pod1->pid, SIGKILL);
+  pod1->wait_exit(10);
+  const int64_t reported2 = step_now();
+  svc.open_generation(flash_spec(3));
+  pod1 = std::make_unique<AgentProcess>("pod1", "127.0.16.2", svc.port(), 1, tmp.path, cmd, kToken, "job1", env);
+  const bool again = wait_for([&] { return restored(3, 0).is_object() && restored(3, 1).is_object(); }, 60);
+  if (!again) dump_logs();
+  REQUIRE(again);
+  INFO("rank 0: " << restored(3, 0).dump() << " rank 1: " << restored(3, 1).dump());
+  CHECK(restored(3, 0)["from"] == "memory");
+  CHECK(restored(3, 1)["from"] == "peer");
+  CHECK(restored(3, 0)["step"] == restored(3, 1)["step"]);
+  // The copy lags the snapshot by at most one memory interval (here one step).
+  CHECK(restored(3, 1)["step"].get<int64_t>() >= reported2 - 1);
+  CHECK(slurp(pod1->log).find("fetched the peer copies of a rank") != std::string::npos);
+
+  // Both run to the end: the parameters of the run that was never disturbed, bit for bit.
+  CHECK(pod0->wait_exit(90) == 0);
+  CHECK(pod1->wait_exit(30) == 0);
+  CHECK(slurp(tmp.path / "flash-final-3-rank0") == reference);
+  CHECK(slurp(tmp.path / "flash-final-3-rank1") == reference);
+  // Each generation's steps against the reference's: the first step that differs, if any.
+  auto steps = [&](const std::string& gen, int rank) {
+    std::map<int, std::string> m;
+    std::istringstream in(slurp(tmp.path / ("flash-steps-" + gen + "-rank" + std::to_string(rank))));
+    for (int st; in >> st;) in >> m[st];
+    return m;
+  };
+  for (int r = 0; r < 2; ++r) {
+    const auto ref = steps("ref", r);
+    for (const char* gen : {"1", "2", "3"}) {
+      for (const auto& [st, digest] : steps(gen, r)) {
+        if (ref.count(st) && ref.at(st) == digest) continue;
+        FAIL_CHECK("generation " << gen << " rank " << r << " departs from the reference at step " << st);
+        break;
+      }
+    }
+  }
+}

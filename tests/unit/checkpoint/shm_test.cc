@@ -7,10 +7,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <random>
 
 #include "checkpoint/shm_store.h"
 #include "test_util.h"
+#include "tests/ctest_env.h"
 
 using namespace railyard::ckpt;
 using namespace railyard::ckpt::test;
@@ -168,4 +170,101 @@ TEST_CASE("shm: a writer killed mid-put never yields a wrong snapshot") {
   }
   MESSAGE("killed puts: " << torn << " torn (detected), " << complete << " complete and exact");
   ShmStore::remove(name);
+}
+
+// The Python flash checkpoint module (worker/agent/python/railyard_flash.py) writes the same layout with zlib's CRC-32
+// (format version 2): the C++ side reads it, rejects a flipped byte, and the peer copy's receive path accepts it.
+TEST_CASE("shm: a version-2 image written by railyard_flash.py reads, verifies and copies") {
+  const std::string name = unique_name("py");
+  const std::string copy_name = unique_name("pycopy");
+  ShmStore::remove(name);
+  ShmStore::remove(copy_name);
+  std::vector<float> w(3 * 5);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = 0.25f * static_cast<float>(i) - 1.0f;
+  std::string hex;
+  for (unsigned char c : std::string(reinterpret_cast<const char*>(w.data()), w.size() * 4)) {
+    static const char* d = "0123456789abcdef";
+    hex += d[c >> 4];
+    hex += d[c & 15];
+  }
+  // No torch needed: the module's raw writer, into /dev/shm as the agent's workers name their slots.
+  const std::string script =
+      "import os, sys\n"
+      "sys.path.insert(0, '" +
+      railyard::test::source_path("worker/agent/python") +
+      "')\n"
+      "import railyard_flash as rf\n"
+      "t = [('w', 'f32', [3, 5], bytes.fromhex('" +
+      hex +
+      "')), ('n', 'i64', [2], (7).to_bytes(8, 'little') * 2)]\n"
+      "meta, offs, total = rf.image_layout([(a, b, c, len(d)) for a, b, c, d in t], {'flash': {'x': 1}})\n"
+      "p = '/dev/shm" +
+      name +
+      "'\n"
+      "with open(p, 'wb') as f: f.truncate(total)\n"
+      "import mmap\n"
+      "fd = os.open(p, os.O_RDWR); m = mmap.mmap(fd, total); os.close(fd)\n"
+      "rf.write_image_raw(m, 41, 1, t, {'flash': {'x': 1}})\n"
+      "m.flush()\n";
+  const std::string py = "/tmp/railyard-shm-test-" + std::to_string(::getpid()) + ".py";
+  {
+    FILE* f = std::fopen(py.c_str(), "w");
+    REQUIRE(f != nullptr);
+    std::fputs(script.c_str(), f);
+    std::fclose(f);
+  }
+  REQUIRE(std::system(("python3 " + py).c_str()) == 0);
+  std::remove(py.c_str());
+
+  ShmStore store(name);
+  std::string why;
+  REQUIRE_MESSAGE(store.peek(&why) == std::optional<int64_t>(41), why);
+  std::vector<float> got(w.size(), 0.0f);
+  std::vector<int64_t> n(2, 0);
+  std::vector<LoadTarget> targets = {{"w", DType::F32, Box{{0, 0}, {3, 5}}, got.data()},
+                                     {"n", DType::I64, Box{{0}, {2}}, n.data()}};
+  nlohmann::json state;
+  REQUIRE_MESSAGE(store.get(targets, &state, &why) == std::optional<int64_t>(41), why);
+  CHECK(got == w);
+  CHECK(n == std::vector<int64_t>{7, 7});
+  CHECK(state["flash"]["x"] == 1);
+
+  // The peer copy's path: the image travels whole and is verified on arrival.
+  {
+    auto img = store.map_image(&why);
+    REQUIRE_MESSAGE(img != nullptr, why);
+    CHECK(img->step() == 41);
+    ShmStore dest(copy_name);
+    dest.begin_image(img->size());
+    dest.write_image(img->data(), img->size());
+    REQUIRE_MESSAGE(dest.commit_image(&why) == std::optional<int64_t>(41), why);
+    std::vector<float> again(w.size(), 0.0f);
+    REQUIRE(dest.get({{"w", DType::F32, Box{{0, 0}, {3, 5}}, again.data()}}, nullptr, &why).has_value());
+    CHECK(again == w);
+    // A byte flipped on the way: refused, naming the checksum.
+    std::vector<unsigned char> bad(img->data(), img->data() + img->size());
+    bad[bad.size() - 70] ^= 0x40;
+    ShmStore dest2(copy_name);
+    dest2.begin_image(bad.size());
+    dest2.write_image(bad.data(), bad.size());
+    CHECK_FALSE(dest2.commit_image(&why));
+    CHECK_MESSAGE(why.find("CRC-32 mismatch") != std::string::npos, why);
+  }
+  // A byte flipped in place (inside w's data, whose offset the header holds at byte 40): get() refuses it.
+  {
+    int fd = ::shm_open(name.c_str(), O_RDWR, 0);
+    void* p = ::mmap(nullptr, 64, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    uint64_t data_offset = 0;
+    std::memcpy(&data_offset, static_cast<unsigned char*>(p) + 40, 8);
+    ::munmap(p, 64);
+    unsigned char b = 0;
+    REQUIRE(::pread(fd, &b, 1, static_cast<off_t>(data_offset) + 5) == 1);
+    b ^= 0x01;
+    REQUIRE(::pwrite(fd, &b, 1, static_cast<off_t>(data_offset) + 5) == 1);
+    ::close(fd);
+  }
+  CHECK_FALSE(store.get(targets, nullptr, &why));
+  CHECK_MESSAGE(why.find("CRC-32 mismatch") != std::string::npos, why);
+  ShmStore::remove(name);
+  ShmStore::remove(copy_name);
 }
