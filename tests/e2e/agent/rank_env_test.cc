@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/flash_checkpoint.h"
+#include "worker/agent/flash_module.h"
 #include "worker/agent/name_wait.h"
 #include "worker/agent/pod_agent.h"
 
@@ -58,7 +60,8 @@ RankEnvParams params() {
                        .store_token = "feedbeef",
                        .peer_tls = nullptr,
                        .master_addr = "",
-                       .hostfile = ""};
+                       .hostfile = "",
+                       .python_path = ""};
 }
 
 // name -> every value it has in env, in order (a name set twice would show as two values).
@@ -345,4 +348,39 @@ TEST_CASE("the agent's wait for names: resolved to the wanted address, or false 
   CHECK_FALSE(wait_for_names({{"localhost", "10.255.0.9"}}, std::chrono::seconds(30), [] { return true; }));
   CHECK(std::chrono::steady_clock::now() - t1 < std::chrono::seconds(2));
   CHECK(resolve_addresses("").empty());
+}
+
+TEST_CASE("flash checkpoints: the module's folder leads PYTHONPATH in both modes, the image's entries follow") {
+  RankEnvParams p = params();
+  p.python_path = "/tmp/agent/python";
+  // The image's (or the template's) own PYTHONPATH stays, after the module's folder, and is set once.
+  const auto env = by_name(rank_env({"PYTHONPATH=/app/lib:/opt/x", "HOME=/h"}, assignment(), 0, p));
+  CHECK(env.at("PYTHONPATH") == std::vector<std::string>{"/tmp/agent/python:/app/lib:/opt/x"});
+  const auto tr = by_name(torchrun_env({"PYTHONPATH=/app/lib"}, assignment(), p));
+  CHECK(tr.at("PYTHONPATH") == std::vector<std::string>{"/tmp/agent/python:/app/lib"});
+  CHECK(by_name(rank_env({"PYTHONPATH="}, assignment(), 0, p)).at("PYTHONPATH") ==
+        std::vector<std::string>{"/tmp/agent/python"});
+  // Without the module (the built-in trainer), PYTHONPATH is the inherited one, untouched.
+  const auto plain = by_name(rank_env({"PYTHONPATH=/app/lib"}, assignment(), 0, params()));
+  CHECK(plain.at("PYTHONPATH") == std::vector<std::string>{"/app/lib"});
+  CHECK(by_name(rank_env({}, assignment(), 0, params())).count("PYTHONPATH") == 0);
+}
+
+TEST_CASE("flash checkpoints: the module the agent carries reads the variables the operator and the agent set") {
+  const std::string module = kFlashModuleSource;
+  REQUIRE(module.size() > 1000);
+  for (const char* name : {railyard::flash::kCheckpointDirEnv, railyard::flash::kIntervalEnv,
+                           railyard::flash::kMemoryIntervalEnv, railyard::flash::kKeepEnv,
+                           railyard::flash::kShmPrefixEnv, railyard::flash::kPeerStepsEnv,
+                           railyard::flash::kGenerationEnv}) {
+    INFO(name);
+    CHECK(module.find(std::string("\"") + name + "\"") != std::string::npos);
+  }
+  // The agent sets the segment prefix and the peer steps under exactly these names.
+  RankEnvParams p = params();
+  p.peer_steps = {7};
+  const auto env = by_name(rank_env({}, assignment(), 0, p));
+  CHECK(env.count(railyard::flash::kShmPrefixEnv) == 1);
+  CHECK(env.count(railyard::flash::kPeerStepsEnv) == 1);
+  CHECK(env.count(railyard::flash::kGenerationEnv) == 1);
 }

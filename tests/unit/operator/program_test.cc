@@ -160,6 +160,28 @@ TEST_CASE("a program pod: the launcher copied by an init container runs the prog
   CHECK_FALSE(resolved_env(gpod, gcm, "RAILYARD_AGENT_RANK_METRICS"));
 }
 
+TEST_CASE("flash checkpoints: a program pod gets the memory interval and retention, and the agents keep peer copies") {
+  PodOptions opts;
+  opts.worker_image = "railyard/worker:0.1.0";
+  opts.rendezvous_addr = "rdzv:9090";
+  Json job = program_job({{"spec", {{"checkpoint", {{"memoryIntervalSteps", 2}, {"keep", 4}}}}}});
+  ParsedJob p = parse_job(job);
+  REQUIRE_FALSE(p.violation);
+  Json pod = build_worker_pod(job, p.spec, 0, 2, opts);
+  const Json cm = build_env_configmap(job, p.spec, opts);
+  CHECK(resolved_env(pod, cm, "RAILYARD_CHECKPOINT_MEMORY_INTERVAL_STEPS") == "2");
+  CHECK(resolved_env(pod, cm, "RAILYARD_CHECKPOINT_KEEP") == "4");
+  CHECK(resolved_env(pod, cm, "RAILYARD_CHECKPOINT_INTERVAL_STEPS") == "20");
+  // The in-memory tier is on in the generation's configuration: the agents copy the ranks' slots to their peers.
+  CHECK(railyard::op::resolved_config(p.spec, 2).memory_tier_on());
+  // Off by default: "0" tells the module to snapshot only as the staging of its disk saves.
+  ParsedJob off = parse_job(program_job());
+  Json opod = build_worker_pod(program_job(), off.spec, 0, 2, opts);
+  const Json ocm = build_env_configmap(program_job(), off.spec, opts);
+  CHECK(resolved_env(opod, ocm, "RAILYARD_CHECKPOINT_MEMORY_INTERVAL_STEPS") == "0");
+  CHECK_FALSE(railyard::op::resolved_config(off.spec, 2).memory_tier_on());
+}
+
 namespace {
 // tests/e2e/lib/pod_security.py over a pod: its violations of the "restricted" Pod Security Standard ("" when none),
 // or the checker's own failure.
