@@ -28,6 +28,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+try:  # Railyard's agent puts its flash checkpoint module on PYTHONPATH (docs/programs.md "Flash checkpoints")
+    from railyard_flash import Checkpoint
+except ImportError:  # elsewhere (plain torchrun, a laptop): torch.save every RAILYARD_CHECKPOINT_INTERVAL_STEPS
+    Checkpoint = None
+
 
 class Block(nn.Module):
     def __init__(self, c, heads):
@@ -88,6 +93,7 @@ def main():
     p.add_argument("--straggle-rank", type=int, default=-1,
                    help="this rank's own work takes --straggle-seconds longer per step (tests: the straggler rule)")
     p.add_argument("--straggle-seconds", type=float, default=0.1)
+    p.add_argument("--no-flash", action="store_true", help="torch.save only, even where railyard_flash is available")
     a = p.parse_args()
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -107,7 +113,16 @@ def main():
     every = int(os.environ.get("RAILYARD_CHECKPOINT_INTERVAL_STEPS", "20"))
     ckpt = os.path.join(ckpt_dir, "ckpt.pt")
     start = 1
-    if os.path.exists(ckpt):
+    # Flash checkpoints: every step (spec.checkpoint.memoryIntervalSteps) into the pod's shared memory, copied to a
+    # peer pod, every intervalSteps to ckpt_dir/flash in the background; a restart resumes from memory (a process),
+    # a peer's copy (a lost pod) or the disk (a resize), whichever is newest and held by every rank.
+    flash = Checkpoint(replicated=True) if Checkpoint is not None and not a.no_flash else None
+    if flash is not None:
+        start = flash.load({"model": model, "opt": opt}) + 1
+        if start > 1:
+            print(f"resumed from {flash.restored_from} at step {start - 1} (restart "
+                  f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}, world {world})", flush=True)
+    elif os.path.exists(ckpt):
         state = torch.load(ckpt, map_location="cpu")
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
@@ -148,6 +163,8 @@ def main():
         mean = loss.detach().clone()
         dist.all_reduce(mean)
         mean = mean.item() / world
+        if flash is not None:  # before the step is reported: a step the job reported is held by every rank
+            flash.save(step, {"model": model, "opt": opt})
         if a.step_sleep > 0:
             time.sleep(a.step_sleep)
         tps = per_rank * a.block / max(time.time() - t0, 1e-9)
@@ -158,15 +175,19 @@ def main():
             last_progress = time.time()
         if rank == 0:
             print(f"step {step}/{a.steps} loss {mean:.6f}", flush=True)
-            if step % every == 0 or step == a.steps:
+            if flash is None and (step % every == 0 or step == a.steps):
                 os.makedirs(ckpt_dir, exist_ok=True)
                 torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, ckpt + ".tmp")
                 os.replace(ckpt + ".tmp", ckpt)  # a crash mid-save leaves the previous checkpoint
-        dist.barrier()  # no rank runs ahead of rank 0's save: a restart resumes every rank from one step
+        if flash is None:
+            dist.barrier()  # no rank runs ahead of rank 0's save: a restart resumes every rank from one step
+    if flash is not None:
+        flash.close()  # the last disk save, if one is under way
     if rank == 0 and a.steps >= start:
         n = a.steps - start + 1
         took = time.time() - t_train
-        print(f"trained steps {start}..{a.steps} in {took:.3f} s ({took / n * 1000:.2f} ms/step)", flush=True)
+        saves = f", {flash.stats['saves']} flash saves blocking {flash.stats['blocked_seconds'] / max(1, flash.stats['saves']) * 1000:.2f} ms each" if flash else ""
+        print(f"trained steps {start}..{a.steps} in {took:.3f} s ({took / n * 1000:.2f} ms/step){saves}", flush=True)
     dist.destroy_process_group()
     # Leave without the interpreter's teardown: with torch 1.13 it can deadlock destroying DDP's gloo process group
     # (the main thread joins a gloo worker that waits for the GIL to free a tensor; seen once in ~30 runs here, a rank

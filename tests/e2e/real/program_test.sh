@@ -240,14 +240,22 @@ for _ in $(seq 60); do # generation 2's torchrun and rank may still be starting
   sleep 1
 done
 [ "$tr_ok" = 1 ] || fail "torchrun mode in $job-worker-1: $(tail -2 "$work/tr.err")"
-# kill -9 of the rank torchrun started: torchrun reports it, the agent names the rank at once, one in-place restart.
+# kill -9 of the rank torchrun started: torchrun reports it, the agent names the rank at once, one in-place restart;
+# the ranks resume from their flash checkpoints in memory, at or after the last step the job reported (0 lost).
+resumes=$(grep -c '^resumed from' <<<"$(kubectl logs "$job-worker-0" -n "$ns")" || true)
+reported=$(step)
 signal_rank "$job-worker-1" SIGKILL
 wait_for 60 "generation 3" sh -c "[ \"\$(kubectl get tj $job -n $ns -o jsonpath='{.status.generation}')\" -ge 3 ]"
 grep -q 'exitcode: -9' <<<"$(jp '{.status.lastRestart.message}')" ||
   fail "the failed rank's report lacks torchrun's line: $(jp '{.status.lastRestart}')"
 [ "$(jp '{.status.lastRestart.rank}')" = 1 ] || fail "the restart names another rank: $(jp '{.status.lastRestart}')"
 wait_for 60 "generation 3 running" sh -c "[ \"\$(kubectl get tj $job -n $ns -o jsonpath='{.status.phase}')\" = Running ]"
-log "A. torchrun mode: PET_* in torchrun, the rank its child; kill -9 of rank 1 -> generation 3 ($(jp '{.status.lastRestart.reason}'))"
+wait_for 60 "the script resuming in generation 3" sh -c "[ \"\$(kubectl logs $job-worker-0 -n $ns | grep -c '^resumed from')\" -gt $resumes ]"
+flash=$(kubectl logs "$job-worker-0" -n "$ns" | grep '^resumed from' | tail -1)
+grep -q '^resumed from memory ' <<<"$flash" || fail "after kill -9: '$flash', want a resume from memory"
+resumed=$(resumed_at "$job-worker-0")
+[ "$resumed" -ge "$reported" ] || fail "flash checkpoints: resumed at step $resumed after step $reported was reported"
+log "A. torchrun mode: PET_* in torchrun, the rank its child; kill -9 of rank 1 -> generation 3 ($(jp '{.status.lastRestart.reason}')), resumed from memory at step $resumed (step $reported reported: 0 lost)"
 # The rest of the run without the monitor (rank 1 still straggles): the same script under torchrun reaches the final
 # loss of the reference run, which started its ranks by hand as the per-rank mode does.
 kill "$mon_pid" 2>/dev/null && wait "$mon_pid" 2>/dev/null || true
@@ -357,8 +365,10 @@ wait_for 60 "the script resuming" sh -c "kubectl logs $job-worker-0 -n $ns | gre
 resumed=$(resumed_at "$job-worker-0")
 [ "$(kubectl get pods -n "$ns" -l "railyard.dev/job=$job" -o jsonpath='{.items[*].metadata.uid}')" = "$uids" ] ||
   fail "the kill re-created pods (want an in-place restart)"
-[ "$((reached - resumed))" -le 20 ] || fail "resumed at $resumed after reaching $reached: more than the interval lost"
-log "C2. kill -9: in place, resumed at step $resumed (reached ~$reached, <= 20 lost)"
+[ "$resumed" -ge "$reached" ] || fail "resumed at $resumed after step $reached was reported: flash checkpoints lost steps"
+grep -q '^resumed from memory ' <<<"$(kubectl logs "$job-worker-0" -n "$ns" | grep '^resumed from' | tail -1)" ||
+  fail "after kill -9: not resumed from memory"
+log "C2. kill -9: in place, resumed from memory at step $resumed (step $reached reported: 0 lost)"
 
 # 3. a frozen rank: the monitor's stall rule (once the new generation has trained 40 steps and been scraped)
 wait_for 120 "40 steps past the resume" sh -c "s=\$(kubectl get tj $job -n $ns -o jsonpath='{.status.step}/{.status.generation}'); [ \"\${s#*/}\" = 2 ] && [ \"\${s%/*}\" -ge $((resumed + 40)) ]"
@@ -384,10 +394,13 @@ lost=$(kubectl get pod "$job-worker-1" -n "$ns" -o jsonpath='{.spec.nodeName}')
 bash "$cluster" stop-node "$lost" --state-dir "$state" >/dev/null
 wait_for 120 "$job-worker-1 replaced on another node" sh -c "n=\$(kubectl get pod $job-worker-1 -n $ns -o jsonpath='{.spec.nodeName}'); [ -n \"\$n\" ] && [ \"\$n\" != $lost ] && [ \"\$(kubectl get pod $job-worker-1 -n $ns -o jsonpath='{.status.phase}')\" = Running ]"
 wait_for 120 "the replaced rank resuming" sh -c "kubectl logs $job-worker-1 -n $ns | grep -q '^resumed from'"
+# Its memory went with the node; pod 0 held a copy of rank 1's slots (the peer copy), which the new pod fetched.
+from_where=$(kubectl logs "$job-worker-1" -n "$ns" | sed -n 's|^resumed from \([a-z]*\) at step \([0-9]*\) .*|\1 \2|p' | tail -1)
+[ "${from_where%% *}" = peer ] || fail "the replaced rank resumed from '${from_where}', want its peer's copy"
 wait_phase Succeeded 300
 [ "$(jp '{.status.progress}')" = 300/300 ] || fail "progress $(jp '{.status.progress}'), want 300/300"
 [ "$(jp '{.status.restarts}')" = 3 ] || fail "restarts $(jp '{.status.restarts}'), want 3 (one per fault)"
 loss=$(final_loss)
 close "$loss" "$ref" || fail "after kill -9, a hang and a node loss: final loss $loss differs from the reference run's $ref"
-log "C4. node $lost lost (generation $gen -> $(generation)): $job-worker-1 moved to $(kubectl get pod "$job-worker-1" -n "$ns" -o jsonpath='{.spec.nodeName}'), resumed; Succeeded 300/300 with 3 restarts in $((SECONDS - t0)) s, final loss $loss (reference $ref)"
+log "C4. node $lost lost (generation $gen -> $(generation)): $job-worker-1 moved to $(kubectl get pod "$job-worker-1" -n "$ns" -o jsonpath='{.spec.nodeName}'), resumed from its peer's copy at step ${from_where#* }; Succeeded 300/300 with 3 restarts in $((SECONDS - t0)) s, final loss $loss (reference $ref)"
 log "program e2e: ok in $((SECONDS - t_all)) s"

@@ -122,18 +122,26 @@ def write_image_raw(buf, step, generation, tensors, state):
     seal(buf, step, generation, len(meta), data_offset, total - data_offset)
 
 
-def image_layout(entries, state):
-    """(meta JSON bytes, each tensor's offset in the data section, total image size) for [(name, dtype, shape, nbytes)]."""
-    doc = {"tensors": [], "slices": [], "state": state}
-    at, offsets = 0, []
-    for name, dtype, shape, nbytes in entries:
-        doc["tensors"].append({"name": name, "dtype": dtype, "shape": list(shape)})
-        doc["slices"].append({"tensor": name, "offset": [0] * len(shape), "size": list(shape), "at": at,
-                              "bytes": nbytes})
-        offsets.append(at)
-        at = _align(at + nbytes, 64)
-    meta = json.dumps(doc, separators=(",", ":")).encode()
-    return meta, offsets, _align(HEADER_BYTES + len(meta), 4096) + at
+def image_layout(entries, state, cache=None):
+    """(meta JSON bytes, each tensor's offset in the data section, total image size) for [(name, dtype, shape, nbytes)].
+    cache: a dict kept by the caller; the tensors' part of the JSON is reused while the entries stay the same."""
+    key = tuple((n, d, tuple(s), b) for n, d, s, b in entries)
+    hit = cache.get(key) if cache is not None else None
+    if hit is None:
+        tensors, slices, at, offsets = [], [], 0, []
+        for name, dtype, shape, nbytes in entries:
+            tensors.append({"name": name, "dtype": dtype, "shape": list(shape)})
+            slices.append({"tensor": name, "offset": [0] * len(shape), "size": list(shape), "at": at, "bytes": nbytes})
+            offsets.append(at)
+            at = _align(at + nbytes, 64)
+        part = json.dumps({"tensors": tensors, "slices": slices}, separators=(",", ":"))[:-1]  # without the '}'
+        hit = (part.encode(), offsets, at)
+        if cache is not None:
+            cache.clear()
+            cache[key] = hit
+    part, offsets, data_bytes = hit
+    meta = part + b',"state":' + json.dumps(state, separators=(",", ":")).encode() + b"}"
+    return meta, offsets, _align(HEADER_BYTES + len(meta), 4096) + data_bytes
 
 
 def _begin(buf, generation):
@@ -312,6 +320,7 @@ class Checkpoint:
         self.extra = None
         self.stats = {"saves": 0, "skipped": 0, "blocked_seconds": 0.0, "last_blocked_seconds": 0.0,
                       "persisted": 0, "persist_errors": 0, "last_persist_seconds": 0.0}
+        self._layout_cache = {}
         self._cv = threading.Condition()
         self._seal_job = None     # the snapshot being checksummed (one at a time: save waits for it)
         self._persist_job = None  # the sealed snapshot being written to disk (its slot is pinned meanwhile)
@@ -359,7 +368,7 @@ class Checkpoint:
         flash = {"skeleton": base64.b64encode(pickle.dumps(skeleton, protocol=4)).decode(),
                  "extra": base64.b64encode(pickle.dumps(extra, protocol=4)).decode(),
                  "dtypes": kinds, "rank": self.rank, "world_size": self.world, "replicated": self.replicated}
-        meta, offsets, total = image_layout(entries, {"flash": flash})
+        meta, offsets, total = image_layout(entries, {"flash": flash}, self._layout_cache)
         slot = self.slots[target]
         buf = slot.mapping(total)
         generation = slot.generation() + 1
