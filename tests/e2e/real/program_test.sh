@@ -243,6 +243,8 @@ done
 # kill -9 of the rank torchrun started: torchrun reports it, the agent names the rank at once, one in-place restart;
 # the ranks resume from their flash checkpoints in memory, at or after the last step the job reported (0 lost).
 resumes=$(grep -c '^resumed from' <<<"$(kubectl logs "$job-worker-0" -n "$ns")" || true)
+base=$(resumed_at "$job-worker-0")
+wait_for 60 "generation 2 reporting steps past $((${base:-0} + 5))" sh -c "s=\$(kubectl get tj $job -n $ns -o jsonpath='{.status.step}'); [ \"\${s:-0}\" -ge $((${base:-0} + 5)) ]"
 reported=$(step)
 signal_rank "$job-worker-1" SIGKILL
 wait_for 60 "generation 3" sh -c "[ \"\$(kubectl get tj $job -n $ns -o jsonpath='{.status.generation}')\" -ge 3 ]"

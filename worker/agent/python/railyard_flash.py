@@ -230,22 +230,18 @@ class _Slot:
         return struct.unpack_from("<Q", self.map, 16)[0] if self.map is not None and len(self.map) >= 64 else 0
 
     def read(self):
-        """A private copy of the segment's bytes (a later save overwrites the slot)."""
-        return _read_file(self.path)
+        """The segment mapped read-only (no save runs while a rank restores)."""
+        return _map_file(self.path)
 
 
-def _read_file(path):
-    """The file's bytes in a bytearray (writable: torch.frombuffer views it without a copy or a warning)."""
-    with open(path, "rb", buffering=0) as f:
-        buf = bytearray(os.fstat(f.fileno()).st_size)
-        mv, at = memoryview(buf), 0
-        while at < len(buf):
-            n = f.readinto(mv[at:])
-            if not n:
-                break
-            at += n
-        mv.release()
-    return buf
+def _map_file(path):
+    """The file (a slot in /dev/shm, or a checkpoint file) mapped read-only: restoring reads it in place, without
+    allocating a private copy (fresh pages cost more than the copy itself on some VMs: docs/benchmarks.md)."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            return b""
+        return mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
 
 
 def _same_kind(obj, items):
@@ -283,6 +279,18 @@ def _unflatten(obj, tensors):
         return [_unflatten(v, tensors) for v in obj]
     if isinstance(obj, tuple):
         return tuple(_unflatten(v, tensors) for v in obj)
+    return obj
+
+
+def _clone_tensors(obj):
+    """obj with every tensor in it replaced by a copy."""
+    import torch
+    if torch.is_tensor(obj):
+        return obj.clone()
+    if isinstance(obj, dict):
+        return _same_kind(obj, [(k, _clone_tensors(v)) for k, v in obj.items()])
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_clone_tensors(v) for v in obj)
     return obj
 
 
@@ -549,7 +557,7 @@ class Checkpoint:
         if floor > 0:
             owner = 0 if self._disk_replicated(floor) else self.rank
             path = os.path.join(self.directory, "flash", f"step-{floor:08d}", f"rank-{owner:05d}.img")
-            state, why = self._try(lambda: _read_file(path), floor)
+            state, why = self._try(lambda: _map_file(path), floor)
             oks = gather((state is not None, why))
             if all(ok for ok, _ in oks):
                 self.restored_from = "disk"
@@ -591,27 +599,50 @@ class Checkpoint:
         return (buf, meta), None
 
     def _apply(self, objs, state, step, t0):
+        import warnings
         import torch
         buf, meta = state
         flash = meta["state"]["flash"]
         data_offset = read_header(buf)[1][6]
         tensors = []
-        for sl, (dtype, shape) in zip(meta["slices"], flash["dtypes"]):
-            n = sl["bytes"]
-            # Views of the private buffer (no copy); load_state_dict copies what it keeps (an optimizer may keep
-            # the view itself, which is why the buffer is a private copy and not the shared slot).
-            raw = torch.frombuffer(buf, dtype=torch.uint8, count=n, offset=data_offset + sl["at"]) \
-                if n else torch.empty(0, dtype=torch.uint8)
-            dt = getattr(torch, dtype)
-            t = raw.to(torch.bool) if dt == torch.bool else raw.view(dt)
-            tensors.append(t.reshape(shape))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns that the read-only mapping is not writable: nothing writes it
+            for sl, (dtype, shape) in zip(meta["slices"], flash["dtypes"]):
+                n = sl["bytes"]
+                raw = torch.frombuffer(buf, dtype=torch.uint8, count=n, offset=data_offset + sl["at"]) \
+                    if n else torch.empty(0, dtype=torch.uint8)
+                dt = getattr(torch, dtype)
+                t = raw.to(torch.bool) if dt == torch.bool else raw.view(dt)
+                tensors.append(t.reshape(shape))
         restored = _unflatten(pickle.loads(base64.b64decode(flash["skeleton"])), tensors)
+        # The tensors are views of the mapping, which a later save overwrites (a slot) or which goes away: nothing may
+        # keep one. A module copies into its own parameters; an optimizer may keep what it is given (torch 2 keeps
+        # same-dtype tensors as they are; 1.13 deep-copies), so what it kept of the mapping is copied afterwards; any
+        # other object gets copies.
+        lo = tensors[0].data_ptr() - data_offset - meta["slices"][0]["at"] if tensors else 0
+        hi = lo + len(buf)
         for k, obj in objs.items():
             if k not in restored:
                 raise KeyError(f"railyard_flash: step {step} holds no '{k}' (it holds {sorted(restored)})")
-            if hasattr(obj, "load_state_dict"):
+            if not hasattr(obj, "load_state_dict"):
+                continue
+            if isinstance(obj, torch.nn.Module):
                 obj.load_state_dict(restored[k])
+            elif isinstance(obj, torch.optim.Optimizer):
+                obj.load_state_dict(restored[k])
+                for st in obj.state.values():
+                    for key, v in list(st.items()):
+                        if torch.is_tensor(v) and v.numel() and lo <= v.data_ptr() < hi:
+                            st[key] = v.clone()
+            else:
+                obj.load_state_dict(_clone_tensors(restored[k]))
         self.extra = pickle.loads(base64.b64decode(flash["extra"]))
+        del restored, tensors
+        if isinstance(buf, mmap.mmap):
+            try:
+                buf.close()
+            except BufferError:  # a view still referenced somewhere: the mapping goes with it
+                pass
         _log("restored", step=step, **{"from": self.restored_from},
              seconds=f"{time.perf_counter() - t0:.3f}")
         return step
