@@ -161,7 +161,8 @@ json metadata_from(const json& in, const std::string& from) {
 struct Program {
   std::vector<std::string> command, args;
   std::string nproc;  // "" when no torchrun flag said
-  bool torchrun = false;
+  bool torchrun = false;         // torchrun's processes per pod apply (nproc)
+  bool direct_torchrun = false;  // the command is torchrun, kept (torchrun mode)
   std::string shell_torchrun;  // a shell script (sh -c) that starts torchrun itself: not rewritten (see below)
 };
 
@@ -222,7 +223,33 @@ Program program_of(const std::vector<std::string>& command, const std::vector<st
   std::vector<std::string> all = command;
   all.insert(all.end(), args.begin(), args.end());
   Program p;
-  if (auto t = split_torchrun(all)) {
+  const std::optional<torchrun::Command> tc = torchrun::parse_command(all);
+  if (tc && tc->script < all.size() && !tc->deprecated_launch) {
+    // torchrun itself, kept: Railyard's torchrun mode starts it once per pod and hands it the world through PET_*,
+    // as the Kubeflow operators do. Its flags that would fight those variables go (the operator would refuse them);
+    // --nproc-per-node becomes procsPerReplica (PET_NPROC_PER_NODE). No guess at the interpreter that torchrun runs.
+    p.torchrun = p.direct_torchrun = true;
+    std::set<size_t> drop;
+    std::string dropped;
+    for (const torchrun::Option& o : tc->options) {
+      torchrun::Command one = *tc;
+      one.options = {o};
+      if (o.dest == "nproc_per_node") {
+        p.nproc = o.value;
+      } else if (!torchrun::check_options(one, 1)) {
+        continue;
+      } else {
+        dropped += (dropped.empty() ? "" : " ") + o.text;
+      }
+      for (size_t k = 0; k < o.count; ++k) drop.insert(o.index + k);
+    }
+    for (size_t i = 0; i < all.size(); ++i)
+      if (!drop.count(i)) (i <= tc->script ? p.command : p.args).push_back(all[i]);
+    notes.push_back(field + ".command: torchrun kept, in Railyard's torchrun mode (spec.program.launcher torchrun): " +
+                    "one torchrun per pod, given PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR/PORT and " +
+                    "PET_NPROC_PER_NODE (procsPerReplica) by Railyard" +
+                    (dropped.empty() ? std::string() : "; its flags that set those left out: " + dropped));
+  } else if (auto t = split_torchrun(all)) {  // python -m torch.distributed.launch: run the script per rank
     p.torchrun = true;
     p.nproc = t->nproc_per_node;
     // One list: the interpreter and script as command, the script's own arguments as args.
@@ -257,6 +284,7 @@ Program program_of(const std::vector<std::string>& command, const std::vector<st
 // per pod), which auto-detection does not pick for a shell: the converted job names it. The script's own torchrun
 // flags cannot be checked by the operator there, so a note says which ones would fight Railyard's.
 void apply_shell_torchrun(const Program& p, json& spec, const std::string& field, std::vector<std::string>& notes) {
+  if (p.direct_torchrun) spec["program"]["launcher"] = "torchrun";  // what auto picks too: said, for the reader
   if (p.shell_torchrun.empty()) return;
   spec["program"]["launcher"] = "torchrun";
   notes.push_back(field + ".command: the shell script '" + excerpt(p.shell_torchrun) +

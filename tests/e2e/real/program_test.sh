@@ -5,7 +5,8 @@
 # railyard-monitor watching (embedded mode: it scrapes the pods' metrics port, where the program's agent serves the
 # ranks' series from their progress files). Three jobs, each carrying as many flows as can share it (one job per
 # flow took 16-17 minutes; issue #39):
-#   A. torchrun mode (the command `torchrun /app/train_gpt.py`), a straggler (--straggle-rank 1: rank 1's own work
+#   A. a Kubeflow PyTorchJob (tests/e2e/real/pytorchjob.yaml) converted by `railyard convert`: torchrun mode (the
+#      command `torchrun --monitor_interval=0.2 /app/train_gpt.py`, its --nnodes dropped), a straggler (--straggle-rank 1: rank 1's own work
 #      0.1 s longer per step; the script reports compute_seconds to its progress file): the straggler rule names rank 1
 #      from the compute time per step the agent serves, and the job restarts; torchrun got the world in PET_*, the rank
 #      is its child; kill -9 of that rank -> the failure names rank 1 with torchrun's line, one in-place restart; the
@@ -116,8 +117,9 @@ wait_phase() { # phase seconds
 step() { local s; s=$(jp '{.status.step}'); echo "${s:-0}"; }
 # apply_job [SLEEP [HANG_TIMEOUT [ARG...]]]: the example as shipped; with SLEEP, --step-sleep SLEEP appended (a
 # slower run to hit mid-way); with HANG_TIMEOUT, failurePolicy.hangTimeoutSeconds; ARGs appended to the script's;
-# with KEEP_NODES=1 in the environment, failurePolicy.excludeFailedNodes false; with TORCHRUN=1, the command is
-# `torchrun /app/train_gpt.py` (torchrun mode: one torchrun per pod starts the rank).
+# with KEEP_NODES=1 in the environment, failurePolicy.excludeFailedNodes false; with CONVERT=1, the job is
+# tests/e2e/real/pytorchjob.yaml (a Kubeflow PyTorchJob whose command is torchrun) through `railyard convert`, with
+# the example's checkpoint section and step count (torchrun mode: one torchrun per pod starts the rank).
 apply_job() {
   kubectl delete tj "$job" -n "$ns" --wait=true >/dev/null 2>&1 || true
   # The garbage collector deletes the old pods; the new job's pods have the same names. The kubelet here (v1.20.2)
@@ -132,17 +134,29 @@ apply_job() {
     wait_for 30 "the previous job's pods gone" sh -c "$gone"
   fi
   rm -rf "$shared/checkpoints/$job"
+  if [ "${CONVERT:-0}" = 1 ]; then # flow A: the PyTorchJob converted, as a user coming from Kubeflow would
+    "$bin/railyard" convert "$src/tests/e2e/real/pytorchjob.yaml" >"$work/converted.yaml" 2>"$work/convert.err" ||
+      fail "railyard convert: $(cat "$work/convert.err")"
+  fi
   python3 - "$src/deploy/examples/pytorch-ddp.yaml" "$@" >"$work/job.yaml" <<'PY'
 import os, sys, yaml
 j = yaml.safe_load(open(sys.argv[1]))
+if os.environ.get("CONVERT") == "1":
+    # The converted PyTorchJob as it came out (image, torchrun command and launcher, replicas, procs, restarts,
+    # template), plus what a PyTorchJob has no field for: Railyard's checkpoint section (flash checkpoints) and the
+    # step count the status shows.
+    c = yaml.safe_load(open(os.path.join(os.environ["work"], "converted.yaml")))
+    assert c["spec"]["program"]["command"] == ["torchrun", "--monitor_interval=0.2", "/app/train_gpt.py"], c["spec"]
+    assert c["spec"]["program"]["launcher"] == "torchrun" and c["spec"]["replicas"] == 2, c["spec"]
+    c["spec"]["checkpoint"] = j["spec"]["checkpoint"]
+    c["spec"]["program"]["totalSteps"] = j["spec"]["program"]["totalSteps"]
+    j = c
 if len(sys.argv) > 2:
     j["spec"]["program"]["args"] = ["--step-sleep", sys.argv[2]] + sys.argv[4:]
 if len(sys.argv) > 3:
     j["spec"]["failurePolicy"]["hangTimeoutSeconds"] = int(sys.argv[3])
 if os.environ.get("KEEP_NODES") == "1":
     j["spec"]["failurePolicy"]["excludeFailedNodes"] = False
-if os.environ.get("TORCHRUN") == "1":  # the image's torchrun starts the rank (launcher auto picks torchrun mode)
-    j["spec"]["program"]["command"] = ["torchrun", "--monitor_interval=0.2", "/app/train_gpt.py"]
 print(yaml.safe_dump(j))
 PY
   kubectl apply -n "$ns" -f "$work/job.yaml" >/dev/null
@@ -212,7 +226,9 @@ mon_pid=$!
 
 # --- A. a straggler ------------------------------------------------------------------------------------------
 t0=$SECONDS
-TORCHRUN=1 apply_job 0.02 60 --straggle-rank 1 --straggle-seconds 0.1
+CONVERT=1 work=$work apply_job 0.02 60 --straggle-rank 1 --straggle-seconds 0.1
+grep -q 'railyard.dev/converted-from' <<<"$(kubectl get tj "$job" -n "$ns" -o jsonpath='{.metadata.annotations}')" ||
+  fail "flow A's job is not the converted PyTorchJob"
 wait_for 120 "the monitor's restart request" sh -c "kubectl get tj $job -n $ns -o jsonpath='{.metadata.annotations}' | grep -q restart-request"
 grep -q '"rule":"straggler"' <<<"$(annotation)" || fail "restart request: $(annotation)"
 grep -q '"rank":1,' <<<"$(annotation)" || fail "the straggler request names another rank: $(annotation)"

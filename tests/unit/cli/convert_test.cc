@@ -58,8 +58,11 @@ TEST_CASE("a PyTorchJob with Master and Workers under torchrun: one gang of 3 po
   CHECK(s["procsPerReplica"] == 2);
   CHECK(s["device"] == "cpu");
   CHECK(s["image"] == "example/mnist:1.0");
-  CHECK(s["program"]["command"] == json({"python", "/opt/mnist/train.py"}));
+  // torchrun kept, in torchrun mode (one per pod, the world in PET_*); its --nproc-per-node is procsPerReplica.
+  CHECK(s["program"]["command"] == json({"torchrun", "/opt/mnist/train.py"}));
   CHECK(s["program"]["args"] == json({"--epochs", "3"}));
+  CHECK(s["program"]["launcher"] == "torchrun");
+  CHECK(has_note(c, "torchrun kept, in Railyard's torchrun mode"));
   CHECK(s["resources"]["limits"]["memory"] == "8Gi");
   CHECK(s["failurePolicy"]["maxRestarts"] == 4);  // runPolicy.backoffLimit
   CHECK(s["runPolicy"]["cleanPodPolicy"] == "None");
@@ -82,7 +85,8 @@ TEST_CASE("a PyTorchJob with Master and Workers under torchrun: one gang of 3 po
   CHECK(spec.program);
   CHECK(spec.replicas == 3);
   CHECK(spec.procs_per_replica == 2);
-  CHECK(spec.program_command == std::vector<std::string>{"python", "/opt/mnist/train.py"});
+  CHECK(spec.program_command == std::vector<std::string>{"torchrun", "/opt/mnist/train.py"});
+  CHECK(spec.program_torchrun);
 }
 
 TEST_CASE("an elastic PyTorchJob: python -m torch.distributed.run, GPUs per node, the elastic range and restarts") {
@@ -91,13 +95,13 @@ TEST_CASE("an elastic PyTorchJob: python -m torch.distributed.run, GPUs per node
   CHECK(s["replicas"] == 2);
   CHECK(s["procsPerReplica"] == 8);  // --nproc_per_node gpu with 8 GPUs a pod
   CHECK(s["device"] == "cuda");
-  CHECK(s["program"]["command"] == json({"python3", "train.py"}));
+  CHECK(s["program"]["command"] == json({"python3", "-m", "torch.distributed.run", "train.py"}));
   CHECK(s["program"]["args"] == json({"--batch", "32"}));
   CHECK(s["elastic"] == json({{"minReplicas", 1}, {"maxReplicas", 4}}));
   CHECK(s["failurePolicy"]["maxRestarts"] == 10);
   CHECK(s["template"]["spec"]["tolerations"][0]["key"] == "nvidia.com/gpu");
   CHECK(has_note(
-      c, "launcher flags left out: --nnodes 1:4 --rdzv_backend=c10d --rdzv_endpoint=elastic-gpt-worker-0:29400"));
+      c, "its flags that set those left out: --nnodes 1:4 --rdzv_backend=c10d --rdzv_endpoint=elastic-gpt-worker-0:29400"));
   CHECK(has_note(c, "spec.elasticPolicy.rdzvBackend: not carried over"));
   CHECK(has_note(c, "cleanPodPolicy: not given"));
   const auto spec = accepted(c.job);
@@ -113,7 +117,7 @@ TEST_CASE("a TrainJob on a torch runtime: the trainer's settings over the runtim
   CHECK(s["replicas"] == 2);         // trainer.numNodes over mlPolicy.numNodes
   CHECK(s["procsPerReplica"] == 2);  // numProcPerNode auto: the 2 GPUs per node
   CHECK(s["image"] == "example/fashion-mnist:1");
-  CHECK(s["program"]["command"] == json({"python", "/app/train.py"}));
+  CHECK(s["program"]["command"] == json({"torchrun", "/app/train.py"}));
   CHECK(s["program"]["args"] == json({"--epochs", "2"}));
   CHECK(s["resources"]["limits"]["nvidia.com/gpu"] == 2);
   // env: the runtime's, with the trainer's LR winning.
@@ -169,7 +173,7 @@ TEST_CASE("a sidecar listed first: the training container becomes the template's
   CHECK(s["procsPerReplica"] == 4);
   CHECK(s["device"] == "cuda");
   CHECK(s["image"] == "example/bert:2.1");
-  CHECK(s["program"]["command"] == json({"python", "/app/finetune.py"}));
+  CHECK(s["program"]["command"] == json({"torchrun", "/app/finetune.py"}));
   CHECK(s["runPolicy"] == json({{"cleanPodPolicy", "All"}, {"activeDeadlineSeconds", 86400}}));
   const json& ps = s["template"]["spec"];
   REQUIRE(ps["containers"].size() == 2);
@@ -237,7 +241,11 @@ TEST_CASE(
   CHECK(n.job["spec"]["procsPerReplica"] == 2);
   CHECK(n.job["spec"]["program"]["launcher"] == "torchrun");
   // A plain command that is not torchrun: no launcher field (auto picks perRank).
-  CHECK_FALSE(convert_manifests(manifests("pytorchjob-sidecar.yaml")).job["spec"]["program"].contains("launcher"));
+  auto py = manifests("pytorchjob-sidecar.yaml");
+  for (const char* r : {"Master", "Worker"})
+    py[0]["spec"]["pytorchReplicaSpecs"][r]["template"]["spec"]["containers"][1]["command"] =
+        json({"python3", "/app/finetune.py"});
+  CHECK_FALSE(convert_manifests(py).job["spec"]["program"].contains("launcher"));
   // A long script (1 MiB of one word, then torchrun) is read without recursion per character.
   auto big = docs;
   for (const char* r : {"Master", "Worker"})
