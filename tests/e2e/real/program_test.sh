@@ -217,6 +217,11 @@ resumed_at() { # POD: the step the script resumed from in this pod's log (the la
   kubectl logs "$1" -n "$ns" | sed -n 's|^resumed from .* at step \([0-9]*\) .*|\1|p' | tail -1
 }
 generation() { jp '{.status.generation}'; }
+flash_lines() { # what both ranks' flash checkpoints said (restores), for a failure message
+  for p in "$job-worker-0" "$job-worker-1"; do
+    echo "$p: $(kubectl logs "$p" -n "$ns" 2>/dev/null | grep -E '^resumed from|railyard_flash' | tr '\n' ';')"
+  done
+}
 evidence() { annotation | python3 -c 'import json,sys; print(json.load(sys.stdin)["evidence"])'; }
 
 # The monitor watches every job of the test from the start (a restart request before a failure fails the test);
@@ -258,10 +263,11 @@ done
 [ "$tr_ok" = 1 ] || fail "torchrun mode in $job-worker-1: $(tail -2 "$work/tr.err")"
 # kill -9 of the rank torchrun started: torchrun reports it, the agent names the rank at once, one in-place restart;
 # the ranks resume from their flash checkpoints in memory, at or after the last step the job reported (0 lost).
+# Rank 0 of generation 2 resumed and printed 5 steps since (its log, not status.step, which may still hold generation
+# 1's last report); the last step it printed was saved first (the example saves, then reports).
+wait_for 90 "generation 2 training" sh -c "kubectl logs $job-worker-0 -n $ns | awk '/^resumed from/ {r = 1; n = 0} r && /^step [0-9]+\\// {n++} END {exit !(r && n >= 5)}'"
 resumes=$(grep -c '^resumed from' <<<"$(kubectl logs "$job-worker-0" -n "$ns")" || true)
-base=$(resumed_at "$job-worker-0")
-wait_for 60 "generation 2 reporting steps past $((${base:-0} + 5))" sh -c "s=\$(kubectl get tj $job -n $ns -o jsonpath='{.status.step}'); [ \"\${s:-0}\" -ge $((${base:-0} + 5)) ]"
-reported=$(step)
+reported=$(steps_logged "$job-worker-0")
 signal_rank "$job-worker-1" SIGKILL
 wait_for 60 "generation 3" sh -c "[ \"\$(kubectl get tj $job -n $ns -o jsonpath='{.status.generation}')\" -ge 3 ]"
 grep -q 'exitcode: -9' <<<"$(jp '{.status.lastRestart.message}')" ||
@@ -272,7 +278,7 @@ wait_for 60 "the script resuming in generation 3" sh -c "[ \"\$(kubectl logs $jo
 flash=$(kubectl logs "$job-worker-0" -n "$ns" | grep '^resumed from' | tail -1)
 grep -q '^resumed from memory ' <<<"$flash" || fail "after kill -9: '$flash', want a resume from memory"
 resumed=$(resumed_at "$job-worker-0")
-[ "$resumed" -ge "$reported" ] || fail "flash checkpoints: resumed at step $resumed after step $reported was reported"
+[ "$resumed" -ge "$reported" ] || fail "flash checkpoints: resumed at step $resumed after step $reported was reported; $(flash_lines)"
 log "A. torchrun mode: PET_* in torchrun, the rank its child; kill -9 of rank 1 -> generation 3 ($(jp '{.status.lastRestart.reason}')), resumed from memory at step $resumed (step $reported reported: 0 lost)"
 # The rest of the run without the monitor (rank 1 still straggles): the same script under torchrun reaches the final
 # loss of the reference run, which started its ranks by hand as the per-rank mode does.
