@@ -326,6 +326,7 @@ class Checkpoint:
         self.peer_steps = {int(s) for s in os.environ.get(ENV_PEER_STEPS, "").split(",") if s.strip()}
         self.restored_from = None
         self.extra = None
+        self._held = ""
         self.stats = {"saves": 0, "skipped": 0, "blocked_seconds": 0.0, "last_blocked_seconds": 0.0,
                       "persisted": 0, "persist_errors": 0, "last_persist_seconds": 0.0}
         self._layout_cache = {}
@@ -547,6 +548,8 @@ class Checkpoint:
         views = gather((sorted(mine), disk[-1] if disk else 0))
         common = set(views[0][0]).intersection(*[set(v[0]) for v in views[1:]])
         floor = max(v[1] for v in views)
+        # What each rank held, for the restore's log line: why this step and not another is then plain to see.
+        self._held = ",".join("/".join(str(x) for x in v[0]) or "-" for v in views) + f" disk={floor}"
         t0 = time.perf_counter()
         for step in sorted((s for s in common if s >= floor), reverse=True):
             state, why = self._try(lambda: self.slots[mine[step]].read(), step)
@@ -644,7 +647,7 @@ class Checkpoint:
             except BufferError:  # a view still referenced somewhere: the mapping goes with it
                 pass
         _log("restored", step=step, **{"from": self.restored_from},
-             seconds=f"{time.perf_counter() - t0:.3f}")
+             seconds=f"{time.perf_counter() - t0:.3f}", held=self._held)
         return step
 
 
