@@ -1058,42 +1058,32 @@ TEST_CASE(
   MESSAGE("kill -9 after step " << reported << " reported: both ranks restored step " << restored(2, 0)["step"]
                                 << " from memory");
 
-  // The pod of rank 1 is lost with its memory (its agent and rank SIGKILLed; the replacement's agent removes what
-  // the old one left in this machine's shared /dev/shm): the replacement fetches rank 1's copy from pod0.
-  const int64_t gen2_start = restored(2, 0)["step"].get<int64_t>();
-  REQUIRE(wait_for([&] { return step_now() >= gen2_start + 10; }, 60));
-  ::kill(pod1->pid, SIGKILL);
-  pod1->wait_exit(10);
-  const int64_t reported2 = step_now();
-  svc.open_generation(flash_spec(3));
-  pod1 = std::make_unique<AgentProcess>("pod1", "127.0.16.2", svc.port(), 1, tmp.path, cmd, kToken, "job1", env);
-  const bool again = wait_for([&] { return restored(3, 0).is_object() && restored(3, 1).is_object(); }, 60);
-  if (!again) dump_logs();
-  REQUIRE(again);
-  INFO("rank 0: " << restored(3, 0).dump() << " rank 1: " << restored(3, 1).dump());
-  CHECK(restored(3, 0)["from"] == "memory");
-  CHECK(restored(3, 1)["from"] == "peer");
-  CHECK(restored(3, 0)["step"] == restored(3, 1)["step"]);
-  // The copy lags the snapshot by at most one memory interval (here one step).
-  CHECK(restored(3, 1)["step"].get<int64_t>() >= reported2 - 1);
-  CHECK(slurp(pod1->log).find("fetched the peer copies of a rank") != std::string::npos);
-
-  // The pod of rank 1 deleted (its agent SIGTERMed, as the kubelet does; a straggler's or an excluded node's pod is
-  // moved this way) while training: the replacement restores its peer's copy, losing at most one step.
-  const int64_t gen3_start = restored(3, 0)["step"].get<int64_t>();
-  REQUIRE(wait_for([&] { return step_now() >= gen3_start + 10; }, 60));
-  ::kill(pod1->pid, SIGTERM);
-  pod1->wait_exit(30);
-  const int64_t reported3 = step_now();
-  svc.open_generation(flash_spec(4));
-  pod1 = std::make_unique<AgentProcess>("pod1", "127.0.16.2", svc.port(), 1, tmp.path, cmd, kToken, "job1", env);
-  const bool fourth = wait_for([&] { return restored(4, 0).is_object() && restored(4, 1).is_object(); }, 60);
-  if (!fourth) dump_logs();
-  REQUIRE(fourth);
-  INFO("rank 0: " << restored(4, 0).dump() << " rank 1: " << restored(4, 1).dump() << " reported " << reported3);
-  CHECK(restored(4, 1)["from"] == "peer");
-  CHECK(restored(4, 0)["step"] == restored(4, 1)["step"]);
-  CHECK(restored(4, 1)["step"].get<int64_t>() >= reported3 - 1);
+  // Rank 1's pod goes with its memory while training, `sig` to its agent, and generation `gen` opens with a new pod1:
+  // the replacement fetches rank 1's copy from pod0 and both restore one step, rank 0 from its memory.
+  auto replace_pod1 = [&](int gen, int sig) {
+    const int64_t start = restored(gen - 1, 0)["step"].get<int64_t>();
+    REQUIRE(wait_for([&] { return step_now() >= start + 10; }, 60));
+    ::kill(pod1->pid, sig);
+    pod1->wait_exit(30);
+    const int64_t reported_then = step_now();
+    svc.open_generation(flash_spec(gen));
+    pod1 = std::make_unique<AgentProcess>("pod1", "127.0.16.2", svc.port(), 1, tmp.path, cmd, kToken, "job1", env);
+    const bool back_again = wait_for([&] { return restored(gen, 0).is_object() && restored(gen, 1).is_object(); }, 60);
+    if (!back_again) dump_logs();
+    REQUIRE(back_again);
+    INFO("signal " << sig << ", rank 0: " << restored(gen, 0).dump() << " rank 1: " << restored(gen, 1).dump()
+                   << " reported " << reported_then);
+    CHECK(restored(gen, 0)["from"] == "memory");
+    CHECK(restored(gen, 1)["from"] == "peer");
+    CHECK(restored(gen, 0)["step"] == restored(gen, 1)["step"]);
+    // The copy lags the snapshot by at most one memory interval (here one step).
+    CHECK(restored(gen, 1)["step"].get<int64_t>() >= reported_then - 1);
+    CHECK(slurp(pod1->log).find("fetched the peer copies of a rank") != std::string::npos);
+  };
+  // Lost (agent and rank SIGKILLed, as with a node; the replacement's agent removes what the old one left in this
+  // machine's shared /dev/shm), then deleted (SIGTERM, as the kubelet does when a straggler's pod is moved).
+  replace_pod1(3, SIGKILL);
+  replace_pod1(4, SIGTERM);
 
   // Both run to the end: the parameters of the run that was never disturbed, bit for bit.
   CHECK(pod0->wait_exit(90) == 0);
