@@ -2,9 +2,10 @@
 # E2E: a job that brings its own program (issue #25), on real nodes. deploy/examples/pytorch-ddp.yaml as shipped
 # (a small GPT in plain PyTorch with DDP over gloo, in localhost/railyard/pytorch-example: Debian's python3-torch and
 # the script, no Railyard binary) on a cluster of its own with 3 real nodes, the operator on the host and
-# railyard-monitor watching (embedded mode: it scrapes the pods' metrics port, where the program's agent serves the
-# ranks' series from their progress files). Three jobs, each carrying as many flows as can share it (one job per
-# flow took 16-17 minutes; issue #39):
+# railyard-monitor watching: in flows A and B through a real Prometheus (cluster.sh up --prometheus) that scrapes every
+# rank's metrics port of the real pods, in C in embedded mode (the monitor scrapes the ports itself); either way the
+# program's agent serves the ranks' series from their progress files and /proc. Three jobs, each carrying as many
+# flows as can share it (one job per flow took 16-17 minutes; issue #39):
 #   A. a Kubeflow PyTorchJob (tests/e2e/real/pytorchjob.yaml) converted by `railyard convert`: torchrun mode (the
 #      command `torchrun --monitor_interval=0.2 /app/train_gpt.py`, its --nnodes dropped), a straggler (--straggle-rank 1: rank 1's own work
 #      0.1 s longer per step; the script reports compute_seconds to its progress file): the straggler rule names rank 1
@@ -42,6 +43,7 @@ job=pytorch-ddp
 work=$(mktemp -d /tmp/program-e2e.XXXXXX)
 op_pid=""
 mon_pid=""
+targets_pid=""
 t_all=$SECONDS
 log() { echo "[$((SECONDS - t_all))s] $*"; }
 fail() {
@@ -66,6 +68,7 @@ cleanup() {
   for p in "${ref_pids[@]}"; do kill "$p" 2>/dev/null || true; done
   [ -n "$op_pid" ] && kill "$op_pid" 2>/dev/null && wait "$op_pid" 2>/dev/null || true
   [ -n "$mon_pid" ] && kill "$mon_pid" 2>/dev/null && wait "$mon_pid" 2>/dev/null || true
+  [ -n "$targets_pid" ] && kill "$targets_pid" 2>/dev/null && wait "$targets_pid" 2>/dev/null || true
   bash "$cluster" down --state-dir "$state" >/dev/null 2>&1 || true
   rm -rf "$work"
 }
@@ -89,8 +92,9 @@ done
 
 bash "$cluster" down --state-dir "$state" >/dev/null 2>&1 || true
 t0=$SECONDS
-bash "$cluster" up --state-dir "$state" --real-nodes 3 >"$work/up.log" 2>&1 || { cat "$work/up.log" >&2; fail "cluster up"; }
+bash "$cluster" up --state-dir "$state" --real-nodes 3 --prometheus >"$work/up.log" 2>&1 || { cat "$work/up.log" >&2; fail "cluster up"; }
 eval "$(bash "$cluster" env --state-dir "$state")"
+[ -n "${PROMETHEUS_URL:-}" ] || fail "cluster up --prometheus: no PROMETHEUS_URL"
 # The example's image (its python3-torch base is built once and cached, about 3 minutes cold).
 socks=()
 for d in "$state"/real/ry-real-*/run/containerd.sock; do socks+=(--load "$d"); done
@@ -103,6 +107,14 @@ shared=$(bash "$cluster" share "$ns" --state-dir "$state")
   --metrics-addr "127.0.0.1:$(free_port)" --health-addr "127.0.0.1:$(free_port)" \
   --rendezvous-bind "$RAILYARD_POD_HOST_ADDR:0" >"$work/op.log" 2>&1 &
 op_pid=$!
+# Flows A and B watch through a real Prometheus scraping every rank's port of the real pods: the target list is the
+# pods' metrics ports with their metadata (prometheus.sh pod-targets, what kubernetes_sd_configs does in a cluster;
+# Debian's Prometheus has none), rewritten every second.
+(while :; do
+  bash "$src/deploy/local/lib/prometheus.sh" pod-targets "$state" workers "$ns" >/dev/null 2>&1 || true
+  sleep 1
+done) &
+targets_pid=$!
 jp() { kubectl get tj "$job" -n "$ns" -o jsonpath="$1" 2>/dev/null; }
 wait_phase() { # phase seconds
   local t=$SECONDS p
@@ -226,7 +238,8 @@ evidence() { annotation | python3 -c 'import json,sys; print(json.load(sys.stdin
 
 # The monitor watches every job of the test from the start (a restart request before a failure fails the test);
 # it is stopped before the node loss, which is the operator's to handle.
-"$bin/railyard-monitor" --namespace "$ns" --listen 127.0.0.1:0 --interval 1 --straggler-window 10 >"$work/mon.log" 2>&1 &
+"$bin/railyard-monitor" --namespace "$ns" --listen 127.0.0.1:0 --interval 1 --straggler-window 10 \
+  --prometheus-url "$PROMETHEUS_URL" >"$work/mon.log" 2>&1 &
 mon_pid=$!
 
 # --- A. a straggler ------------------------------------------------------------------------------------------
@@ -239,7 +252,9 @@ grep -q '"rule":"straggler"' <<<"$(annotation)" || fail "restart request: $(anno
 grep -q '"rank":1,' <<<"$(annotation)" || fail "the straggler request names another rank: $(annotation)"
 # The restart completes: generation 2 with every pod running (rank 1's replacement on a node not excluded).
 wait_for 120 "generation 2 running" sh -c "[ \"\$(kubectl get tj $job -n $ns -o jsonpath='{.status.generation}/{.status.phase}')\" = 2/Running ]"
-log "A. straggler: $(evidence), $((SECONDS - t0)) s after the job was created"
+log "A. straggler (through Prometheus): $(evidence), $((SECONDS - t0)) s after the job was created"
+kill "$mon_pid" 2>/dev/null && wait "$mon_pid" 2>/dev/null || true # the rest of A is the agents' and the operator's
+mon_pid=""
 # Flow A runs in torchrun mode: in each pod the agent started torchrun with the world in PET_*, and torchrun the rank.
 tr_check='
 import os
@@ -291,7 +306,8 @@ wait_phase Succeeded 300
 loss=$(final_loss)
 close "$loss" "$ref" || fail "torchrun mode, after a straggler restart and a kill -9: final loss $loss differs from the reference run's $ref"
 log "A. torchrun mode: Succeeded with the reference's final loss $loss (reference $ref), $((SECONDS - t0)) s after the job was created"
-"$bin/railyard-monitor" --namespace "$ns" --listen 127.0.0.1:0 --interval 1 --straggler-window 10 >>"$work/mon.log" 2>&1 &
+"$bin/railyard-monitor" --namespace "$ns" --listen 127.0.0.1:0 --interval 1 --straggler-window 10 \
+  --prometheus-url "$PROMETHEUS_URL" >>"$work/mon.log" 2>&1 &
 mon_pid=$!
 
 # --- B. a frozen rank of a program that reports nothing, then scale 2 -> 3 -----------------------------------
@@ -310,7 +326,7 @@ grep -q '"rank":1,' <<<"$(annotation)" || fail "the hang request names another r
 [ "$detect" -le 12 ] || fail "the stopped rank found after $detect s"
 wait_for 60 "generation 2" sh -c "[ \"\$(kubectl get tj $job -n $ns -o jsonpath='{.status.generation}')\" -ge 2 ]"
 wait_for 60 "the script resuming" sh -c "kubectl logs $job-worker-0 -n $ns | grep -q '^resumed from'"
-log "B. hang (no progress): stopped rule's restart request $detect s after the freeze ($(evidence)), resumed at step $(resumed_at "$job-worker-0")"
+log "B. hang (no progress, through Prometheus): stopped rule's restart request $detect s after the freeze ($(evidence)), resumed at step $(resumed_at "$job-worker-0")"
 # The resize is the operator's alone: the monitor (started again for C) does not watch it.
 kill "$mon_pid" 2>/dev/null && wait "$mon_pid" 2>/dev/null || true
 mon_pid=""
