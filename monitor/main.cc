@@ -30,6 +30,8 @@ TrainingJob and requests a checkpoint-restart through the railyard.dev/restart-r
   --stall-floor SECONDS      lower bound of the stall threshold (default 6)
   --stopped-seconds SECONDS  a rank whose process is stopped this long is a Hang of that rank (programs; default 2,
                              0 = off)
+  --idle-seconds SECONDS     every rank of a program using no CPU this long, no step meanwhile, is a Hang naming the
+                             rank that went idle first (default 15, 0 = off)
   --stall-factor K           stall threshold = max(K x typical step time, floor), at most hangTimeoutSeconds (2)
   --unreachable SECONDS      a rank's target down this long is a verdict (default 30)
   --straggler-window SECONDS a straggler must stay slow this long (default 30)
@@ -88,6 +90,8 @@ int main(int argc, char** argv) {
         opts.defaults.stall_floor_s = to_double(a, next());
       } else if (a == "--stopped-seconds") {
         opts.defaults.stopped_s = to_double(a, next());
+      } else if (a == "--idle-seconds") {
+        opts.defaults.idle_s = to_double(a, next());
       } else if (a == "--stall-factor") {
         opts.defaults.stall_factor = to_double(a, next());
       } else if (a == "--unreachable") {

@@ -21,7 +21,8 @@ constexpr const char* kLog = "monitor";
 constexpr const char* kWorkerQuery =
     "{__name__=~\"railyard_worker_(step|step_duration_seconds_sum|"
     "step_duration_seconds_count|last_step_timestamp_seconds|loss|nonfinite_total|steps_total|"
-    "last_output_timestamp_seconds|paused|pause_end_timestamp_seconds|process_stopped_since_timestamp_seconds)|"
+    "last_output_timestamp_seconds|paused|pause_end_timestamp_seconds|process_stopped_since_timestamp_seconds|"
+    "cpu_idle_since_timestamp_seconds)|"
     "railyard_worker_step_phase_seconds_total|"
     "railyard_checkpoint_last_(step|timestamp_seconds)\"}";
 // Every worker target's health; the target labels (namespace, trainingjob, pod, node) come from the pod's metadata.

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <limits>
 #include <sstream>
 
 #include "common/metrics/job_labels.h"
@@ -51,6 +52,13 @@ Policy policy_for_job(const json& job, const Policy& defaults) {
       p.straggler_factor = fp["stragglerFactor"].get<double>();
     if (fp.contains("excludeFailedNodes") && fp["excludeFailedNodes"].is_boolean())
       p.exclude_failed_nodes = fp["excludeFailedNodes"].get<bool>();
+  }
+  if (job.contains("status") && job["status"].is_object() && job["status"].contains("world") &&
+      job["status"]["world"].is_object()) {
+    const json& w = job["status"]["world"];
+    if (w.contains("size") && w["size"].is_number_integer() && w["size"].get<int64_t>() > 0 &&
+        w["size"].get<int64_t>() <= 1000000)
+      p.world_size = static_cast<int>(w["size"].get<int64_t>());
   }
   if (spec.contains("checkpoint") && spec["checkpoint"].is_object()) {
     const json& ck = spec["checkpoint"];
@@ -102,6 +110,8 @@ std::map<JobKey, std::map<int, RankObs>> group_samples(const std::vector<Sample>
       r.last_output_ts = s.value;
     else if (n == ws::kProcessStoppedSince)
       r.stopped_since = s.value;
+    else if (n == ws::kCpuIdleSince)
+      r.cpu_idle_since = s.value;
     else if (n == ws::kPaused)
       r.paused = s.value > 0;
     else if (n == ws::kPauseEndTimestamp)
@@ -238,6 +248,42 @@ std::optional<Verdict> Evaluator::evaluate(const JobKey& job, int64_t generation
                                "s (threshold " + fmt(p.stopped_s, 1) + "s)";
         return verdict("stopped", "Hang", r, ev, since, false);
       }
+    }
+  }
+
+  // 1c. Idle: every rank of the world has used no CPU for idle_s (the agent reads each rank's CPU time from /proc)
+  // and none reported a step meanwhile: a job blocked for good (a deadlock, a rank waiting on a peer that will never
+  // send, a sleep), found in seconds without a progress file. The stuck rank goes idle first, its peers at their next
+  // collective: it is named when it went idle at least a second before the others. Not the node's fault.
+  if (p.idle_s > 0 && p.world_size > 0 && static_cast<int>(ranks.size()) == p.world_size) {
+    bool all_idle = true;
+    double first = std::numeric_limits<double>::infinity(), second = first, last = 0, latest_step = 0;
+    int first_rank = -1;
+    for (const auto& [r, o] : ranks) {
+      if (!o.reachable || !finite(o.cpu_idle_since) || o.cpu_idle_since <= 0) {
+        all_idle = false;
+        break;
+      }
+      const double since = std::min(o.cpu_idle_since, now);
+      if (since < first) {
+        second = first;
+        first = since;
+        first_rank = r;
+      } else if (since < second) {
+        second = since;
+      }
+      last = std::max(last, since);
+      for (double ts : {o.last_step_ts, o.pause_end_ts})
+        if (finite(ts)) latest_step = std::max(latest_step, ts);
+    }
+    if (all_idle && now - last >= p.idle_s && now - latest_step >= p.idle_s) {
+      const bool named = ranks.size() == 1 || second - first >= 1.0;
+      std::string ev = "every rank of the world (" + std::to_string(ranks.size()) + ") has used no CPU for " +
+                       fmt(now - last, 1) + "s (threshold " + fmt(p.idle_s, 1) + "s), no step meanwhile";
+      ev += named ? "; rank " + std::to_string(first_rank) + " went idle first, " + fmt(second - first, 1) +
+                        "s before the others"
+                  : "; all went idle together";
+      return verdict("idle", "Hang", named ? first_rank : -1, ev, last, false);
     }
   }
 

@@ -27,6 +27,11 @@ struct Policy {
   // A rank whose process the agent saw stopped (railyard_worker_process_stopped_since_timestamp_seconds) this long is
   // a Hang of that rank (the `stopped` rule); 0 turns the rule off (monitor flag --stopped-seconds).
   double stopped_s = 2;
+  // Every rank of the world using no CPU (railyard_worker_cpu_idle_since_timestamp_seconds, served by a program's
+  // agent) this long, with no step reported meanwhile, is a Hang (the `idle` rule), naming the rank that went idle
+  // first; 0 turns the rule off (monitor flag --idle-seconds).
+  double idle_s = 15;
+  int world_size = 0;             // status.world.size of the job (0: unknown, and the idle rule waits)
   double straggler_factor = 2.0;  // spec.failurePolicy.stragglerFactor (vs the median of the other ranks)
   double straggler_window_s = 30;
   double unreachable_s = 30;  // a rank's target down or its series gone for this long
@@ -79,6 +84,9 @@ struct RankObs {
   double pause_end_ts = nan_value();
   // When the agent first saw the rank's process stopped; 0 while it runs (programs' ranks only: the agent serves it).
   double stopped_since = nan_value();
+  // Since when the rank's process has used no CPU time; 0 while it computes (programs' ranks only: the agent serves
+  // it).
+  double cpu_idle_since = nan_value();
 };
 
 struct JobKey {
@@ -91,7 +99,8 @@ struct JobKey {
 std::map<JobKey, std::map<int, RankObs>> group_samples(const std::vector<Sample>& samples);
 
 struct Verdict {
-  std::string rule;    // stopped | stall | silence | unreachable | straggler | nonfinite | loss_spike | checkpoint_age
+  std::string
+      rule;  // stopped | idle | stall | silence | unreachable | straggler | nonfinite | loss_spike | checkpoint_age
   std::string reason;  // the restart reason: Hang, RankUnreachable, Straggler, NonFiniteLoss, LossSpike, ...
   int rank = -1;       // -1: no single rank to blame
   std::string node;

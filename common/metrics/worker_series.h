@@ -27,6 +27,12 @@ inline constexpr const char* kLastOutputTimestamp = "railyard_worker_last_output
 // /proc/<pid>/stat: SIGSTOP, SIGTSTP, a debugger holding it), 0 while it runs. A stopped process makes no progress
 // and answers nothing; the monitor's `stopped` rule finds it in seconds, naming the rank.
 inline constexpr const char* kProcessStoppedSince = "railyard_worker_process_stopped_since_timestamp_seconds";
+// Gauge (agent, for a program's ranks): since when the rank's process tree has used no CPU time (utime + stime of the
+// process, its live descendants and their reaped children in /proc advancing by less than 1 % of the agent's poll
+// interval), 0 while it computes. A rank
+// blocked for good (a deadlock, a lost peer, a sleep) stops using CPU first, its peers at their next collective; the
+// monitor's `idle` rule finds a job whose every rank is idle, naming the one that went idle first.
+inline constexpr const char* kCpuIdleSince = "railyard_worker_cpu_idle_since_timestamp_seconds";
 inline constexpr const char* kPaused = "railyard_worker_paused";                                  // gauge (trainer)
 inline constexpr const char* kPauseEndTimestamp = "railyard_worker_pause_end_timestamp_seconds";  // gauge (trainer)
 

@@ -64,6 +64,8 @@ struct RankExporter::Rank {
   metrics::Family<metrics::Gauge>& stopped_f =
       registry.gauge(ws::kProcessStoppedSince,
                      "When the rank's process was first seen stopped (SIGSTOP, a debugger); 0 while it runs.");
+  metrics::Family<metrics::Gauge>& idle_f =
+      registry.gauge(ws::kCpuIdleSince, "Since when the rank's process has used no CPU time; 0 while it computes.");
   metrics::Family<metrics::Gauge>& output_f = registry.gauge(
       ws::kLastOutputTimestamp, "When the rank last wrote to its stdout or stderr (its start, before it wrote).");
   std::unique_ptr<metrics::Exposer> exposer;
@@ -71,7 +73,11 @@ struct RankExporter::Rank {
   metrics::Labels labels;  // this generation's; empty before the first
   metrics::Gauge* output = nullptr;
   metrics::Gauge* stopped = nullptr;
-  bool stepped = false;  // the step series exist (a first record arrived in this generation)
+  metrics::Gauge* idle = nullptr;
+  double cpu_prev = -1;       // the process's CPU seconds at the previous sample (-1: none yet)
+  double cpu_sampled_at = 0;  // when
+  double cpu_busy_at = 0;     // the last sample at which it had advanced (or the first sample)
+  bool stepped = false;       // the step series exist (a first record arrived in this generation)
   int64_t prev_step = 0;
   double prev_written = 0;
   double prev_compute = 0;
@@ -88,8 +94,11 @@ struct RankExporter::Rank {
     phase_f.remove_matching(labels);
     output_f.remove_matching(labels);
     stopped_f.remove_matching(labels);
+    idle_f.remove_matching(labels);
     output = nullptr;
     stopped = nullptr;
+    idle = nullptr;
+    cpu_prev = -1;
     stepped = false;
   }
 };
@@ -129,6 +138,8 @@ void RankExporter::start_generation(int64_t generation, const std::vector<int>& 
     r.output->set(now);
     r.stopped = &r.stopped_f.add(r.labels);
     r.stopped->set(0);
+    r.idle = &r.idle_f.add(r.labels);
+    r.idle->set(0);
   }
 }
 
@@ -174,6 +185,30 @@ void RankExporter::on_process_state(int local_rank, bool stopped, double now) {
     r.stopped->set(0);
   else if (r.stopped->value() == 0)
     r.stopped->set(now);  // the first sight; later polls keep it
+}
+
+void RankExporter::on_process_cpu(int local_rank, double cpu_seconds, double now) {
+  Rank& r = *ranks_.at(local_rank);
+  if (r.idle == nullptr) return;
+  // A new process (a restart in place) starts over; so does a sample after a long gap (the agent was busy elsewhere).
+  if (r.cpu_prev < 0 || cpu_seconds < r.cpu_prev) {
+    r.cpu_prev = cpu_seconds;
+    r.cpu_sampled_at = r.cpu_busy_at = now;
+    r.idle->set(0);
+    return;
+  }
+  const double wall = now - r.cpu_sampled_at;
+  if (wall <= 0) return;
+  // Less than 1 % of one core over the interval: a process blocked in a receive, a lock or a sleep uses none; one
+  // that computes or spins (a busy-wait, a GPU synchronisation by default) uses far more.
+  if (cpu_seconds - r.cpu_prev > 0.01 * wall) {
+    r.cpu_busy_at = now;
+    r.idle->set(0);
+  } else {
+    r.idle->set(r.cpu_busy_at);
+  }
+  r.cpu_prev = cpu_seconds;
+  r.cpu_sampled_at = now;
 }
 
 void RankExporter::on_output(int local_rank, double when) {

@@ -1,12 +1,14 @@
 #include "worker/agent/worker_reports.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
 #include <fstream>
 #include <iterator>
 #include <optional>
+#include <sstream>
 #include <string_view>
 
 #include "common/log.h"
@@ -26,15 +28,39 @@ double unix_now() { return std::chrono::duration<double>(std::chrono::system_clo
 
 }  // namespace
 
-std::optional<bool> process_stopped(pid_t pid) {
+std::optional<ProcessStat> process_stat(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
   if (!in) return std::nullopt;
   std::string stat((std::istreambuf_iterator<char>(in)), {});
-  // "pid (comm) S ...": comm may hold spaces and parentheses, so the state follows the last ')'.
+  // "pid (comm) S ppid ...": comm may hold spaces and parentheses, so the fields follow the last ')'. After it: state
+  // (field 3), then fields 4..; utime and stime are fields 14 and 15, in clock ticks.
   const size_t close = stat.rfind(')');
   if (close == std::string::npos || close + 2 >= stat.size()) return std::nullopt;
+  ProcessStat ps;
   const char state = stat[close + 2];
-  return state == 'T' || state == 't';
+  ps.stopped = state == 'T' || state == 't';
+  std::istringstream fields(stat.substr(close + 2));
+  std::string f;
+  unsigned long long used = 0;  // utime, stime, cutime, cstime: fields 14-17
+  for (int field = 3; field <= 17 && (fields >> f); ++field)
+    if (field >= 14) used += std::strtoull(f.c_str(), nullptr, 10);
+  static const long ticks = ::sysconf(_SC_CLK_TCK) > 0 ? ::sysconf(_SC_CLK_TCK) : 100;
+  ps.cpu_seconds = static_cast<double>(used) / static_cast<double>(ticks);
+  return ps;
+}
+
+std::optional<double> tree_cpu_seconds(pid_t pid, const std::vector<ProcessEntry>& table) {
+  auto own = process_stat(pid);
+  if (!own) return std::nullopt;
+  double total = own->cpu_seconds;
+  for (pid_t d : descendants(table, pid))
+    if (auto c = process_stat(d)) total += c->cpu_seconds;
+  return total;
+}
+
+std::optional<bool> process_stopped(pid_t pid) {
+  auto ps = process_stat(pid);
+  return ps ? std::optional<bool>(ps->stopped) : std::nullopt;
 }
 
 WorkerReports::WorkerReports(RendezvousClient& client, rdzv::JobRef ref, RankExporter* ranks_out, OutputWatch* output)
@@ -103,11 +129,17 @@ void WorkerReports::flush() {
 }
 
 void WorkerReports::forward_progress(std::vector<Worker>& workers) {
+  // One process table per poll for every rank's CPU time (a pod's is small: the agent and its ranks' trees).
+  const std::vector<ProcessEntry> table = ranks_out_ ? list_processes() : std::vector<ProcessEntry>{};
   for (auto& w : workers) {
     if (output_ && ranks_out_)
       ranks_out_->on_output(w.local_rank, output_->last_output(torchrun_ranks_ > 0 ? 0 : w.local_rank));
     if (ranks_out_ && w.running && w.pid > 0) {
-      if (auto stopped = process_stopped(w.pid)) ranks_out_->on_process_state(w.local_rank, *stopped, unix_now());
+      if (auto ps = process_stat(w.pid)) {
+        const double now = unix_now();
+        ranks_out_->on_process_state(w.local_rank, ps->stopped, now);
+        if (auto cpu = tree_cpu_seconds(w.pid, table)) ranks_out_->on_process_cpu(w.local_rank, *cpu, now);
+      }
     }
     std::ifstream in(w.progress_file);
     if (!in) continue;

@@ -14,6 +14,7 @@
 #include "worker/agent/output_watch.h"
 #include "worker/agent/rank_exporter.h"
 #include "worker/agent/rendezvous_client.h"
+#include "worker/agent/torchrun_launch.h"
 #include "worker/agent/worker_group.h"
 
 namespace railyard::worker {
@@ -21,6 +22,17 @@ namespace railyard::worker {
 // Whether process `pid` is stopped (state T or t in /proc/<pid>/stat: SIGSTOP, SIGTSTP, a tracer); nullopt when the
 // process is gone or its stat unreadable.
 std::optional<bool> process_stopped(pid_t pid);
+
+// What /proc/<pid>/stat says of a process: whether it is stopped (as process_stopped) and the CPU time it and the
+// children it reaped have used (utime + stime + cutime + cstime, in seconds); nullopt when it cannot be read (gone).
+struct ProcessStat {
+  bool stopped = false;
+  double cpu_seconds = 0;
+};
+std::optional<ProcessStat> process_stat(pid_t pid);
+// The CPU time of `pid` and of every live descendant in `table` (list_processes): a rank whose command is a shell
+// (`sh -c "python train.py"`) computes in a child, and a DataLoader's workers are children too. nullopt when gone.
+std::optional<double> tree_cpu_seconds(pid_t pid, const std::vector<ProcessEntry>& table);
 
 class WorkerReports {
  public:

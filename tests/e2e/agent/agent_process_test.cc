@@ -580,6 +580,11 @@ if [ "$RAILYARD_GENERATION" = 1 ]; then
   fi
 fi
 echo done > "$TEST_OUT/quiet-$RAILYARD_GENERATION-$RANK"
+if [ "$RAILYARD_GENERATION" = 2 ]; then
+  [ "$RANK" = 1 ] && exec sleep 600  # blocked for good: the process uses no CPU
+  sh -c 'while :; do :; done' &      # computing in a child while this shell waits (a wrapper script's shape)
+  wait
+fi
 while true; do sleep 0.05; done
 )";
 
@@ -696,6 +701,20 @@ TEST_CASE("a program's ranks: the agent serves their series from progress and ou
   CHECK(sample(g2, "railyard_worker_last_output_timestamp_seconds", "generation=\"2\"") >= out0);
   CHECK(std::isnan(sample(g2, "railyard_worker_step")));
   CHECK(slurp(a.log).find("out of rank 0 generation 2") != std::string::npos);
+  // CPU time (the monitor's `idle` rule): rank 1, blocked in a sleep, is served idle since about when it stopped
+  // computing; rank 0, whose shell waits while its child computes, 0 (the rank's whole process tree counts).
+  double idle1 = 0;
+  const bool idle_seen = wait_for(
+      [&] {
+        idle1 = sample(scraped(1), "railyard_worker_cpu_idle_since_timestamp_seconds", "rank=\"1\"");
+        return idle1 > 0;
+      },
+      5);
+  CHECK(idle_seen);
+  const double now_idle = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  CHECK(idle1 > t_start);
+  CHECK(idle1 <= now_idle);
+  CHECK(sample(scraped(0), "railyard_worker_cpu_idle_since_timestamp_seconds", "rank=\"0\"") == 0);
   svc.close_job("ns1/job1");
   CHECK(a.wait_exit(10) == 1);
 }
@@ -1073,6 +1092,7 @@ TEST_CASE(
     REQUIRE(back_again);
     INFO("signal " << sig << ", rank 0: " << restored(gen, 0).dump() << " rank 1: " << restored(gen, 1).dump()
                    << " reported " << reported_then);
+    if (restored(gen, 1)["from"] != "peer") dump_logs();
     CHECK(restored(gen, 0)["from"] == "memory");
     CHECK(restored(gen, 1)["from"] == "peer");
     CHECK(restored(gen, 0)["step"] == restored(gen, 1)["step"]);

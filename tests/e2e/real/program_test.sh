@@ -29,7 +29,7 @@
 #      2. kill -9 of rank 1's python: the generation restarts in place (same pods), the script resumes from its own
 #         checkpoint losing at most the checkpoint interval (20 steps);
 #      3. SIGSTOP of rank 1's python -> the stall rule requests a restart (Hang; this monitor runs with
-#         --stopped-seconds 0, so the step-based rule stays covered) -> the generation restarts in place,
+#         --stopped-seconds 0 --idle-seconds 0, so the step-based rule stays covered) -> the generation restarts in place,
 #         the script resumes losing at most the interval;
 #      4. a lost node (`cluster.sh stop-node` of rank 1's node, the monitor stopped first): the pod is replaced on
 #         another node, the script resumes from its checkpoint and the job Succeeds, progress 300/300.
@@ -347,7 +347,7 @@ log "B. scale 2 -> 3: world of 3, rank 2 resumed at step $third, Succeeded $((SE
 t0=$SECONDS
 # excludeFailedNodes false: the hang restarts in place, so the node loss after it still finds a free node of the three
 # (flow A shows a blamed node excluded and its pod moved).
-"$bin/railyard-monitor" --namespace "$ns" --listen 127.0.0.1:0 --interval 1 --straggler-window 10 --stopped-seconds 0 \
+"$bin/railyard-monitor" --namespace "$ns" --listen 127.0.0.1:0 --interval 1 --straggler-window 10 --stopped-seconds 0 --idle-seconds 0 \
   >>"$work/mon.log" 2>&1 &
 mon_pid=$!
 export KEEP_NODES=1

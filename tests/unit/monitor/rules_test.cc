@@ -584,3 +584,78 @@ TEST_CASE("stopped: group_samples reads the agent's stopped-since series") {
   auto g = group_samples(samples);
   CHECK(g[kJob][1].stopped_since == 1234.5);
 }
+
+TEST_CASE("idle: every rank using no CPU for idle_s, no step meanwhile, is a Hang naming the rank idle first") {
+  Policy p = fast_policy();
+  p.idle_s = 5;
+  p.world_size = 2;
+  p.hang_timeout_s = 300;
+  p.stall_floor_s = 1000;  // the stall rule stays out of the way: this is the idle rule's case
+  p.stall_factor = 1000;
+  const double t0 = 1000;
+  // Program ranks without a progress file: no step series; idle since (0 = computing).
+  auto world = [&](double idle0, double idle1) {
+    RankObs a, b;
+    a.rank = 0, a.node = "node-0", a.cpu_idle_since = idle0;
+    b.rank = 1, b.node = "node-1", b.cpu_idle_since = idle1;
+    return std::map<int, RankObs>{{0, a}, {1, b}};
+  };
+  Evaluator ev;
+  CHECK_FALSE(ev.evaluate(kJob, 0, world(0, 0), p, t0));  // both compute
+  // Rank 1 stuck at t0 + 1; rank 0 computes on until its next collective at t0 + 3.
+  CHECK_FALSE(ev.evaluate(kJob, 0, world(0, t0 + 1), p, t0 + 2));
+  CHECK_FALSE(ev.evaluate(kJob, 0, world(t0 + 3, t0 + 1), p, t0 + 7.9));  // the last went idle 4.9 s ago
+  auto v = ev.evaluate(kJob, 0, world(t0 + 3, t0 + 1), p, t0 + 8);
+  REQUIRE(v);
+  CHECK(v->rule == "idle");
+  CHECK(v->reason == "Hang");
+  CHECK(v->rank == 1);
+  CHECK(v->node == "node-1");
+  CHECK_FALSE(v->node_suspect);
+  CHECK(v->onset == doctest::Approx(t0 + 3));
+  CHECK(v->evidence.find("rank 1 went idle first, 2.0s before") != std::string::npos);
+  CHECK_FALSE(ev.evaluate(kJob, 0, world(t0 + 3, t0 + 1), p, t0 + 9));  // once per generation
+
+  // All idle within a second of each other (a shared wait: the whole job blocked on storage): no rank is named.
+  Evaluator together;
+  auto w = together.evaluate(kJob, 0, world(t0 + 1, t0 + 1.5), p, t0 + 7);
+  REQUIRE(w);
+  CHECK(w->rank == -1);
+  CHECK(w->evidence.find("all went idle together") != std::string::npos);
+
+  // Must not fire: one rank computing (a straggler, or the others waiting on it), a step reported in the window (a
+  // GPU job whose CPU sleeps while the device works), a world not fully seen, the rule off.
+  Evaluator busy;
+  CHECK_FALSE(busy.evaluate(kJob, 0, world(t0 + 1, 0), p, t0 + 20));
+  Evaluator stepping;
+  auto ws = world(t0 + 1, t0 + 1);
+  ws[0].last_step_ts = t0 + 18;
+  ws[0].step = 40;
+  CHECK_FALSE(stepping.evaluate(kJob, 0, ws, p, t0 + 20));
+  Evaluator partial;
+  Policy p3 = p;
+  p3.world_size = 3;  // the third rank's pod is still starting: its peers wait for it in init_process_group
+  CHECK_FALSE(partial.evaluate(kJob, 0, world(t0 + 1, t0 + 1), p3, t0 + 20));
+  Evaluator off;
+  Policy p0 = p;
+  p0.idle_s = 0;
+  CHECK_FALSE(off.evaluate(kJob, 0, world(t0 + 1, t0 + 1), p0, t0 + 20));
+  Evaluator unknown;
+  Policy pw = p;
+  pw.world_size = 0;
+  CHECK_FALSE(unknown.evaluate(kJob, 0, world(t0 + 1, t0 + 1), pw, t0 + 20));
+}
+
+TEST_CASE("idle: the world size comes from the job's status, the idle series from the agent") {
+  nlohmann::json job = {{"spec", nlohmann::json::object()}, {"status", {{"world", {{"size", 4}}}}}};
+  CHECK(policy_for_job(job, Policy{}).world_size == 4);
+  job["status"]["world"]["size"] = "4";
+  CHECK(policy_for_job(job, Policy{}).world_size == 0);
+  std::vector<Sample> samples;
+  Sample s;
+  s.name = "railyard_worker_cpu_idle_since_timestamp_seconds";
+  s.labels = {{"namespace", "ns"}, {"trainingjob", "job"}, {"rank", "1"}};
+  s.value = 99.5;
+  samples.push_back(s);
+  CHECK(group_samples(samples)[kJob][1].cpu_idle_since == 99.5);
+}

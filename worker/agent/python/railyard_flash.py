@@ -567,6 +567,8 @@ class Checkpoint:
                 return self._apply(objs, state, floor, t0)
             raise RuntimeError(f"railyard_flash: the newest complete step {floor} on disk does not load: "
                                + "; ".join(f"rank {r}: {w}" for r, (ok, w) in enumerate(oks) if not ok))
+        if any(v[0] for v in views):
+            _log("no step that every rank holds and none on disk: starting from step 1", held=self._held)
         return 0
 
     def _disk_replicated(self, step):
