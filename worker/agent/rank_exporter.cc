@@ -190,6 +190,11 @@ void RankExporter::on_process_state(int local_rank, bool stopped, double now) {
 void RankExporter::on_process_cpu(int local_rank, double cpu_seconds, double now) {
   Rank& r = *ranks_.at(local_rank);
   if (r.idle == nullptr) return;
+  if (cpu_seconds < 0) {  // the process is gone
+    r.cpu_prev = -1;
+    r.idle->set(0);
+    return;
+  }
   // A new process (a restart in place) starts over; so does a sample after a long gap (the agent was busy elsewhere).
   if (r.cpu_prev < 0 || cpu_seconds < r.cpu_prev) {
     r.cpu_prev = cpu_seconds;

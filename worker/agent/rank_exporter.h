@@ -51,7 +51,8 @@ class RankExporter {
   // was first seen stopped, 0 while it runs.
   void on_process_state(int local_rank, bool stopped, double now);
   // Local rank l's process had used `cpu_seconds` of CPU time (user + system) at `now`: the idle-since series holds
-  // the last sample at which that had advanced (by at least 1 % of the time between samples), 0 while it advances.
+  // the last sample at which that had advanced (by at least 1 % of the time between samples), 0 while it advances;
+  // cpu_seconds < 0: the process is gone (exited: not idle, 0).
   void on_process_cpu(int local_rank, double cpu_seconds, double now);
 
   int port(int local_rank) const;

@@ -134,6 +134,8 @@ void WorkerReports::forward_progress(std::vector<Worker>& workers) {
   for (auto& w : workers) {
     if (output_ && ranks_out_)
       ranks_out_->on_output(w.local_rank, output_->last_output(torchrun_ranks_ > 0 ? 0 : w.local_rank));
+    // A rank that exited is not hung (its exit is reported as such): it never counts as idle.
+    if (ranks_out_ && !w.running) ranks_out_->on_process_cpu(w.local_rank, -1, unix_now());
     if (ranks_out_ && w.running && w.pid > 0) {
       if (auto ps = process_stat(w.pid)) {
         const double now = unix_now();
