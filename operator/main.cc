@@ -21,6 +21,7 @@
 #include "common/log.h"
 #include "common/metrics/metrics.h"
 #include "operator/controller/controller.h"
+#include "operator/controller/leader_endpoints.h"
 #include "operator/controller/pod_builder.h"
 #include "operator/controller/serving_tls.h"
 #include "operator/rendezvous/rendezvous.h"
@@ -56,6 +57,7 @@ struct Flags {
   std::string rendezvous_ca_secret = "railyard-rendezvous-ca";  // [NS/]NAME
   std::string rendezvous_tls_dir;
   std::vector<std::string> rendezvous_tls_names;
+  std::string leader_endpoints;  // Endpoints the leader writes with its own address (--leader-endpoints)
 };
 
 const char* kUsage = R"(usage: railyard-operator [flags]
@@ -85,6 +87,10 @@ Runs the TrainingJob controller against the cluster of $KUBECONFIG (or --kubecon
   --rendezvous-tls-dir DIR          files: the mounted certificate; the operator exits to be restarted when
                                     tls.crt changes (a renewal)
   --rendezvous-tls-names N1,N2      auto: more DNS names or IP addresses for the certificate
+  --leader-endpoints NAME           the leader writes the Endpoints NAME in the operator's namespace with its own
+                                    pod as the only address (POD_IP, POD_NAME, POD_UID from the downward API): the
+                                    rendezvous Service of that name has no selector, so agents reach the leader
+                                    and never a standby (default: none)
   --join-timeout S                  how long a joined pod waits for the rest of its generation before the
                                     service reports a join timeout (default 300)
   --workers N                       reconcile threads (default 2)
@@ -193,6 +199,9 @@ Flags parse_flags(int argc, char** argv) {
       f.rendezvous_ca_secret = next();
       if (f.rendezvous_ca_secret.empty() || f.rendezvous_ca_secret.back() == '/')
         usage_error("--rendezvous-ca-secret '" + f.rendezvous_ca_secret + "': use NAME or NAMESPACE/NAME");
+    } else if (a == "--leader-endpoints") {
+      f.leader_endpoints = next();
+      if (f.leader_endpoints.empty()) usage_error("--leader-endpoints: name the rendezvous Service");
     } else if (a == "--rendezvous-tls-dir") {
       f.rendezvous_tls_dir = next();
     } else if (a == "--rendezvous-tls-names") {
@@ -322,6 +331,31 @@ std::string default_lease_namespace() {
   return ns.empty() ? "railyard-system" : ns;
 }
 
+// The leader's Endpoints (--leader-endpoints), kept level-triggered: written at once, then checked every 10 s and
+// rewritten if anything else changed it, until `stop`. Errors are logged and retried after 1 s: until it is written,
+// agents that dial the Service are refused or wait, as with no leader.
+std::thread keep_leader_endpoints(kube::Client& client, op::LeaderEndpoint e, const std::atomic<bool>& stop) {
+  return std::thread([&client, e, &stop] {
+    bool logged_error = false;
+    while (!stop) {
+      int wait_ms = 10000;
+      try {
+        if (op::publish_leader_endpoints(client, e))
+          log::info(kLog, "the rendezvous Service now names this replica",
+                    {{"endpoints", e.ns + "/" + e.name}, {"pod", e.pod_name}, {"address", e.pod_ip + ":" + std::to_string(e.port)}});
+        logged_error = false;
+      } catch (const std::exception& ex) {
+        if (!logged_error)
+          log::error(kLog, "cannot write the rendezvous Endpoints (grant endpoints get, create, update in this namespace)",
+                     {{"endpoints", e.ns + "/" + e.name}, {"error", ex.what()}});
+        logged_error = true;
+        wait_ms = 1000;
+      }
+      for (int t = 0; t < wait_ms && !stop; t += 100) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -364,6 +398,14 @@ int main(int argc, char** argv) {
   }
 
   const std::string lease_ns = flags.le_namespace.empty() ? default_lease_namespace() : flags.le_namespace;
+  op::LeaderEndpoint leader_endpoint;
+  if (!flags.leader_endpoints.empty()) {
+    auto env = [](const char* k) { const char* v = std::getenv(k); return std::string(v ? v : ""); };
+    leader_endpoint = {lease_ns, flags.leader_endpoints, env("POD_NAME"), env("POD_UID"), env("POD_IP"), 0};
+    if (leader_endpoint.pod_ip.empty())
+      usage_error("--leader-endpoints: POD_IP is not set (give the container env POD_IP from fieldRef status.podIP, "
+                  "and POD_NAME, POD_UID from metadata.name, metadata.uid)");
+  }
   if (flags.leader_elect) {
     // A missing namespace would otherwise only show as a candidate that never leads.
     try {
@@ -445,6 +487,7 @@ int main(int argc, char** argv) {
   std::atomic<bool> shutting_down{false};
   std::atomic<int> exit_code{0};
   op::ServingTls serving;  // what the leader serves; the CA goes to the jobs' Secrets
+  std::thread endpoints_thread;  // the leader's Endpoints (--leader-endpoints)
   auto start_leading = [&] {
     auto [rhost, rport] = split_addr("--rendezvous-bind", flags.rendezvous_bind);
     try {
@@ -480,6 +523,10 @@ int main(int argc, char** argv) {
     std::string addr =
         flags.rendezvous_addr.empty() ? rhost + ":" + std::to_string(rdzv->port()) : flags.rendezvous_addr;
     controller.set_rendezvous(rdzv.get(), addr, serving.ca_pem);
+    if (!flags.leader_endpoints.empty()) {
+      leader_endpoint.port = rdzv->port();
+      endpoints_thread = keep_leader_endpoints(*client, leader_endpoint, shutting_down);
+    }
     controller.start_workers();
     leader_gauge.set(1);
     log::info(kLog, "leading: reconciling", {{"rendezvous", addr}, {"workers", std::to_string(flags.workers)}});
@@ -551,6 +598,7 @@ int main(int argc, char** argv) {
   sigwait(&sigs, &sig);
   shutting_down = true;
   if (renewal_watch.joinable()) renewal_watch.join();
+  if (endpoints_thread.joinable()) endpoints_thread.join();
   log::info(kLog, "shutting down", {{"signal", std::to_string(sig)}});
   controller.stop();
   if (elector) elector->stop();

@@ -47,7 +47,14 @@ summary() {
   for i in "${!stage_names[@]}"; do printf '   %-56s %4d s\n' "${stage_names[$i]}" "${stage_secs[$i]}"; done
   return $rc
 }
-trap summary EXIT
+real_pid=""
+on_exit() {
+  local rc=$?
+  [ -z "$real_pid" ] || { pkill -TERM -P "$real_pid"; kill "$real_pid"; } 2>/dev/null || true
+  (exit $rc)
+  summary
+}
+trap on_exit EXIT
 # CI stops the whole run at 90 minutes. The budget guard is a diagnostic, never a skip: every stage runs, and a stage
 # that starts with less time left than it needs is announced loudly and turns the run red at the end, so a run that
 # did not check everything it claims never passes (docs/hardening.md "CI time").
@@ -89,8 +96,28 @@ fi
 
 step "tests"
 cd build
-# Tests run one at a time: the machine has 2 cores and the trainer tests use both.
-ctest --output-on-failure --no-tests=error "${labels[@]}" "${extra[@]}" || failed+=("tests")
+if [ "${labels[*]}" = "-LE bench|demo" ] && [ ${#extra[@]} -eq 0 ]; then
+  # Two lanes, each one test at a time (issue 39): the unit tests and then the real-node tests (label real: each
+  # brings up a cluster of its own, in network namespaces of its own, and waits on kubelets and containers about half
+  # the time) beside the other e2e tests (one shared control plane, the e2e_cluster fixture, which only this lane
+  # sets up). One lane of all 132 took 39 min here; the two take about 25 (docs/benchmarks.md "Test time"). The
+  # first lane's output is printed when both are done.
+  lane_log=$PWD/Testing/unit-real-lane.log
+  mkdir -p Testing
+  (t=$(date +%s)
+    ctest --output-on-failure --no-tests=error -L 'real|unit' -LE 'bench|demo' >"$lane_log" 2>&1
+    echo "$? $(($(date +%s) - t))" >"$lane_log.rc") &
+  real_pid=$!
+  ctest --output-on-failure --no-tests=error -LE 'bench|demo|real|unit' || failed+=("e2e tests")
+  wait "$real_pid" || true
+  real_pid=""
+  read -r lane_rc lane_s <"$lane_log.rc" || lane_rc=1 lane_s=0
+  printf '\n== the unit and real-node lane (ran beside the e2e tests above, %d min %02d s):\n' $((lane_s / 60)) $((lane_s % 60))
+  cat "$lane_log"
+  [ "$lane_rc" = 0 ] || failed+=("unit and real-node tests")
+else
+  ctest --output-on-failure --no-tests=error "${labels[@]}" "${extra[@]}" || failed+=("tests")
+fi
 fi
 
 if [ "$hardening" = 1 ]; then

@@ -122,8 +122,8 @@ struct Resource {
 };
 
 namespace resources {
-extern const Resource pods, nodes, namespaces, events, leases, secrets, configmaps, services, serviceaccounts,
-    customresourcedefinitions, networkpolicies, trainingjobs;
+extern const Resource pods, nodes, namespaces, events, leases, secrets, configmaps, services, endpoints,
+    serviceaccounts, customresourcedefinitions, networkpolicies, trainingjobs;
 }
 
 // "/api/v1/namespaces/ns/pods/name/status" or "/apis/g/v/plural". `ns` is ignored for cluster-scoped resources;

@@ -64,6 +64,7 @@ const Resource leases{"coordination.k8s.io", "v1", "leases", "Lease", true};
 const Resource secrets{"", "v1", "secrets", "Secret", true};
 const Resource configmaps{"", "v1", "configmaps", "ConfigMap", true};
 const Resource services{"", "v1", "services", "Service", true};
+const Resource endpoints{"", "v1", "endpoints", "Endpoints", true};
 const Resource serviceaccounts{"", "v1", "serviceaccounts", "ServiceAccount", true};
 const Resource customresourcedefinitions{"apiextensions.k8s.io", "v1", "customresourcedefinitions",
                                          "CustomResourceDefinition", false};

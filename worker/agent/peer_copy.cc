@@ -15,6 +15,7 @@ namespace {
 
 constexpr const char* kComponent = "agent";
 constexpr const char* kJobHeader = "X-Railyard-Job";
+constexpr const char* kGenerationHeader = "X-Railyard-Generation";
 constexpr size_t kChunk = size_t{1} << 20;  // bytes handed to the socket per provider call
 
 using Clock = std::chrono::steady_clock;
@@ -117,6 +118,26 @@ struct PeerServer::Impl {
     return true;
   }
 
+  // Refuses (409) a copy from a generation older than this agent's: its sender was superseded (fenced by the
+  // rendezvous, or about to be) and its slot may be older than the copy it would replace. A copy without the header
+  // comes from no generation at all and is refused too once this agent is in one.
+  bool current(const httplib::Request& req, httplib::Response& res) {
+    const int64_t mine = auth.generation ? auth.generation->load() : 0;
+    if (mine <= 0) return true;
+    const std::string g = req.get_header_value(kGenerationHeader);
+    char* end = nullptr;
+    const long long theirs = g.empty() ? -1 : std::strtoll(g.c_str(), &end, 10);
+    if (!g.empty() && end && *end == '\0' && theirs >= mine) return true;
+    res.status = 409;
+    res.set_content("peer copy from generation " + (g.empty() ? std::string("(none)") : g.substr(0, 20)) +
+                        " refused: this pod is in generation " + std::to_string(mine) +
+                        "; the sender was superseded and must stop\n",
+                    "text/plain");
+    log::warn(kComponent, "peer copy: refused a copy from a superseded generation",
+              {{"remote", req.remote_addr}, {"their_generation", g.substr(0, 20)}, {"generation", std::to_string(mine)}});
+    return false;
+  }
+
   static std::vector<int64_t> steps_of(const std::string& prefix, int rank) {
     std::vector<int64_t> steps;
     for (int s = 0; s < 2; ++s) {
@@ -144,7 +165,7 @@ struct PeerServer::Impl {
     server->new_task_queue = [] { return new httplib::ThreadPool(4); };
     server->Put(R"(/v1/peer/(\d+))",
                 [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
-                  if (!authorized(req, res)) return;
+                  if (!authorized(req, res) || !current(req, res)) return;
                   receive(std::stoi(req.matches[1].str()), req, res, reader);
                 });
     server->Get(R"(/v1/peer/(\d+))", [this](const httplib::Request& req, httplib::Response& res) {
@@ -245,6 +266,7 @@ CopyResult send_slot(const std::string& addr, const Auth& auth, int rank, const 
   bool overwritten = false;
   httplib::Headers headers = headers_for(auth);
   headers.emplace("X-Railyard-Step", std::to_string(img->step()));  // a hint for the slot choice; the header decides
+  if (auth.generation) headers.emplace(kGenerationHeader, std::to_string(auth.generation->load()));
   auto r = cli->Put(
       "/v1/peer/" + std::to_string(rank), headers, img->size(),
       [&](size_t offset, size_t length, httplib::DataSink& sink) {

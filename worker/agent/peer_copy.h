@@ -6,11 +6,13 @@
 //
 // HTTPS on the pod IP when the job has its own CA (Auth::tls; plain HTTP otherwise), every request with
 // "Authorization: Bearer <peer_copy_token>" and "X-Railyard-Job: <namespace>/<job>":
-//   PUT /v1/peer/<rank>          body: one slot image; stored into the receiver's older slot of that rank
+//   PUT /v1/peer/<rank>          body: one slot image; stored into the receiver's older slot of that rank; with
+//                                "X-Railyard-Generation: <g>", refused (409) when g is older than the receiver's
 //   GET /v1/peer/<rank>          {"steps": [a, b]}: the steps of the complete copies (-1: none)
 //   GET /v1/peer/<rank>/<a|b>    one copy's image
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -34,6 +36,11 @@ struct Auth {
   // This pod's identity under the job's CA (AgentConfig::identity): HTTPS both ways, each side presenting its leaf and
   // trusting only the job's CA. Null: plain HTTP.
   std::shared_ptr<const tls::PodIdentity> tls;
+  // The generation this agent is in (PeerRing::set_up), shared by its server and its sender; 0 before the first.
+  // A sender puts it on every copy (X-Railyard-Generation); a server refuses a copy from an older generation than its
+  // own (409): a superseded pod (the old container on a node whose kubelet died, a paused agent) cannot replace a
+  // current copy with its stale one (issue #40 item 2). Null: no generation (tests, a server that accepts any).
+  std::shared_ptr<std::atomic<int64_t>> generation;
 };
 
 class PeerError : public Error {

@@ -14,7 +14,8 @@ constexpr const char* kComponent = "agent";
 
 PeerRing::PeerRing(const AgentConfig& cfg, std::string shm_prefix, AgentMetrics& metrics)
     : shm_prefix_(std::move(shm_prefix)),
-      auth_{cfg.ns + "/" + cfg.job, peer_copy_token(cfg.token, cfg.ns, cfg.job), cfg.identity},
+      auth_{cfg.ns + "/" + cfg.job, peer_copy_token(cfg.token, cfg.ns, cfg.job), cfg.identity,
+            std::make_shared<std::atomic<int64_t>>(0)},
       metrics_(metrics) {
   try {
     server_ = std::make_unique<peer::PeerServer>(cfg.pod_ip, cfg.peer_port, auth_, shm_prefix_);
@@ -54,6 +55,8 @@ void PeerRing::on_copy(const peer::CopyResult& r, const std::string& error) {
 void PeerRing::set_up(const rdzv::Assignment& a, bool replacement) {
   steps_.clear();
   if (!sender_) return;  // stopped
+  // From now on this agent's server refuses copies of older generations, and its sender labels its own.
+  auth_.generation->store(a.generation);
   const bool on = a.config.memory_tier_on() && a.num_pods > 1 && static_cast<int>(a.peers.size()) == a.num_pods;
   if (!on) {
     sender_->set({}, "");

@@ -93,6 +93,11 @@ def main():
     p.add_argument("--straggle-rank", type=int, default=-1,
                    help="this rank's own work takes --straggle-seconds longer per step (tests: the straggler rule)")
     p.add_argument("--straggle-seconds", type=float, default=0.1)
+    p.add_argument("--straggle-factor", type=float, default=0.0,
+                   help="instead of --straggle-seconds: its own work takes this many times as long (a ratio that "
+                        "holds however busy the host is)")
+    p.add_argument("--straggle-generation", type=int, default=0,
+                   help="straggle only in this generation of the job (RAILYARD_GENERATION); 0: in every one")
     p.add_argument("--no-flash", action="store_true", help="torch.save only, even where railyard_flash is available")
     a = p.parse_args()
 
@@ -143,6 +148,7 @@ def main():
     if a.no_progress:
         progress = ""
     compute = 0.0  # seconds of batch preparation and forward passes: no collective waits in them
+    straggle = rank == a.straggle_rank and a.straggle_generation in (0, int(os.environ.get("RAILYARD_GENERATION", "1")))
     t_train = time.time()
     last_progress = 0.0
     for step in range(start, a.steps + 1):
@@ -153,8 +159,8 @@ def main():
         x, y = batch(data, step, rank, per_rank, a.block, a.seed)
         logits = ddp(x.to(device))
         loss = F.cross_entropy(logits.view(-1, 256), y.to(device).view(-1))
-        if rank == a.straggle_rank:
-            time.sleep(a.straggle_seconds)  # a slower device or a busy host: before the gradient exchange
+        if straggle:  # a slower device or a busy host: before the gradient exchange
+            time.sleep(a.straggle_seconds if a.straggle_factor <= 0 else (a.straggle_factor - 1) * (time.time() - t0))
         compute += time.time() - t0
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -164,6 +164,52 @@ TEST_CASE("a full copy arrives bitwise, the holder keeps the two newest, and a r
   CHECK(why.find("empty or torn") != std::string::npos);
 }
 
+TEST_CASE("a copy from a superseded generation is refused and the holder keeps its current copies") {
+  // issue #40 item 2: the old container of a pod whose kubelet died still runs its agent for a while; its sender must
+  // not replace the new generation's copy with its stale slot.
+  Cleanup c;
+  const std::string src = unique_prefix("gsrc"), holder = unique_prefix("gholder");
+  c.prefixes = {src, holder};
+  const size_t n = 1024;
+  auto gen = [](int64_t g) {
+    peer::Auth a = kAuth;
+    a.generation = std::make_shared<std::atomic<int64_t>>(g);
+    return a;
+  };
+  const peer::Auth holder_auth = gen(3);
+  peer::PeerServer server("127.0.0.1", 0, holder_auth, holder);
+  ShmStore a(src + "-r1-a"), b(src + "-r1-b");
+  put_step(a, 40, state_for(40, n));
+  put_step(b, 41, state_for(41, n));
+  peer::send_slot(addr(server), gen(3), 1, a.name());
+  peer::send_slot(addr(server), gen(3), 1, b.name());
+  REQUIRE(peer::held_steps(addr(server), kAuth, 1) == std::vector<int64_t>{40, 41});
+
+  ShmStore stale(src + "-stale-r1-a");
+  put_step(stale, 99, state_for(99, n));  // a newer step number than either copy: only the generation tells
+  for (const auto& who : {gen(2), gen(1), kAuth /* no generation at all */}) {
+    try {
+      peer::send_slot(addr(server), who, 1, stale.name());
+      FAIL("a superseded generation's copy was accepted");
+    } catch (const peer::PeerError& e) {
+      CHECK(std::string(e.what()).find("409") != std::string::npos);
+      CHECK(std::string(e.what()).find("generation 3") != std::string::npos);
+    }
+  }
+  CHECK(peer::held_steps(addr(server), kAuth, 1) == std::vector<int64_t>{40, 41});
+  std::vector<float> got;
+  REQUIRE(read_slot(peer::copy_name(holder, 1, 0), &got, n) == 40);
+  CHECK(got == state_for(40, n));
+
+  // The same generation and a newer one (a sender whose agent joined the next generation first) are accepted; the
+  // holder moving on to generation 4 fences generation 3.
+  put_step(a, 42, state_for(42, n));
+  CHECK(peer::send_slot(addr(server), gen(4), 1, a.name()).step == 42);
+  holder_auth.generation->store(4);
+  CHECK_THROWS_AS(peer::send_slot(addr(server), gen(3), 1, b.name()), peer::PeerError);
+  CHECK(peer::held_steps(addr(server), kAuth, 1) == std::vector<int64_t>{42, 41});
+}
+
 TEST_CASE("a torn or damaged copy is rejected and the holder keeps its newer copy") {
   Cleanup c;
   const std::string src = unique_prefix("src2"), holder = unique_prefix("holder2"), dest = unique_prefix("dest2");

@@ -4,7 +4,8 @@
 #   1. the `kubernetes` Service has the API server's relay as its endpoint (pods reach the API server in-cluster);
 #   2. the Helm chart, rendered by tools/minihelm with the cluster's API versions and only the image names changed
 #      (deploy/local/values/real-nodes.yaml), applied with kubectl: the operator Deployment gets its 2 replicas
-#      Available from localhost/railyard/operator, exactly one holds the leader Lease; the monitor Deployment is
+#      Available from localhost/railyard/operator, exactly one holds the leader Lease and the rendezvous Service (no
+#      selector) has the leader's pod as its only endpoint, written by the leader; the monitor Deployment is
 #      Available (its flags as the chart writes them: --flag=value); both pass the restricted Pod Security Standard;
 #   3. the tiny example, as shipped, trains to Succeeded through that in-cluster operator: its worker dials the
 #      rendezvous at the Service name the chart gives (DNS + kube-proxy), and the monitor pod, in its embedded mode,
@@ -12,7 +13,8 @@
 #   3b. jobs with spec.placement.scheduler default-scheduler: kube-scheduler binds a 2-pod job, which trains to
 #      Succeeded; a 2-pod job only one of whose pods fits never trains a step (its bound pod waits at the rendezvous)
 #      and is reported as JoinTimeout naming the missing pod;
-#   4. the leader pod deleted: the other replica takes the Lease and the Deployment is back to 2 Available;
+#   4. the leader pod deleted: the other replica takes the Lease, rewrites the rendezvous Endpoints with its own pod,
+#      and the Deployment is back to 2 Available;
 #   5. `kubectl kustomize deploy/` (the `apply -k` objects; its policy/v1 PDB left out on this 1.20 server) applied
 #      over the chart's objects with the same image names: the Deployments roll out Available again.
 set -euo pipefail
@@ -80,6 +82,14 @@ leader=$(holder)
 leader_pod=""
 for p in $(op_pods); do case "$leader" in "$p"*) leader_pod=$p ;; esac; done
 [ -n "$leader_pod" ] || fail "the Lease holder '$leader' is none of the operator pods ($(op_pods))"
+# The rendezvous Service has no selector: its only endpoint is the leader's pod, which the leader writes itself
+# (--leader-endpoints), so no agent's connection reaches a standby.
+[ -z "$(kubectl get service railyard-rendezvous -n "$sys" -o jsonpath='{.spec.selector}')" ] ||
+  fail "the rendezvous Service selects pods: $(kubectl get service railyard-rendezvous -n "$sys" -o jsonpath='{.spec.selector}')"
+endpoints() { kubectl get endpoints railyard-rendezvous -n "$sys" -o jsonpath='{.subsets[*].addresses[*].ip}/{.subsets[*].addresses[*].targetRef.name}/{.subsets[*].ports[*].port}' 2>/dev/null; }
+endpoints_are() { [ "$(endpoints)" = "$1" ]; }
+pod_ip() { kubectl get pod "$1" -n "$sys" -o jsonpath='{.status.podIP}'; }
+wait_for 30 "the rendezvous Endpoints naming the leader $leader_pod alone" endpoints_are "$(pod_ip "$leader_pod")/$leader_pod/9090"
 
 # --- 3. tiny through the in-cluster operator ---------------------------------------------------------------
 shared=$(bash "$cluster" share "$ns" --state-dir "$state")
@@ -158,7 +168,12 @@ log "ksbig (does not fit): $running waits at the rendezvous, $pending Unschedula
 t0=$SECONDS
 kubectl delete pod "$leader_pod" -n "$sys" --wait=false >/dev/null
 wait_for 60 "another replica holding the Lease" sh -c "h=\$(kubectl get lease railyard-operator -n $sys -o jsonpath='{.spec.holderIdentity}'); [ -n \"\$h\" ] && case \"\$h\" in $leader_pod*) false ;; *) true ;; esac"
-log "leader $leader_pod deleted: $(holder) leads after $((SECONDS - t0)) s"
+new_leader_pod=""
+for p in $(op_pods); do case "$(holder)" in "$p"*) new_leader_pod=$p ;; esac; done
+[ -n "$new_leader_pod" ] || fail "the new Lease holder '$(holder)' is none of the operator pods ($(op_pods))"
+wait_for 30 "the rendezvous Endpoints naming the new leader $new_leader_pod alone" \
+  endpoints_are "$(pod_ip "$new_leader_pod")/$new_leader_pod/9090"
+log "leader $leader_pod deleted: $(holder) leads after $((SECONDS - t0)) s; the rendezvous Endpoints name it after $((SECONDS - t0)) s"
 wait_for 120 "the operator Deployment back to 2 Available" available railyard-operator 2
 
 # --- 5. the kustomize objects over the chart's -------------------------------------------------------------

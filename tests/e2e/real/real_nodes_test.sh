@@ -13,7 +13,8 @@
 #      tier, and the job still Succeeds with every step done;
 #   5. a half-alive node (its kubelet SIGKILLed, its containers running on): the operator replaces the pod on the
 #      other node; the old container, still on the pod network, is fenced by its pod UID (refused, stops) and never
-#      joins again; the kubelet comes back and removes it; the job Succeeds with one restart for the fault;
+#      joins again; the kubelet comes back and removes it; the job Succeeds with one restart for the fault, and its
+#      final parameters equal bit for bit those of the same config trained undisturbed on the host;
 #   6. the GPU example as shipped is accepted and waits, its Scheduled condition naming the missing nvidia.com/gpu.
 set -euo pipefail
 src=${RAILYARD_SOURCE_DIR:?}
@@ -23,6 +24,7 @@ cluster="$src/deploy/local/cluster.sh"
 ns=real-e2e
 work=$(mktemp -d /tmp/real-e2e.XXXXXX)
 op_pid=""
+ref_pid=""
 t_all=$SECONDS
 log() { echo "[$((SECONDS - t_all))s] $*"; }
 fail() {
@@ -35,6 +37,7 @@ fail() {
   exit 1
 }
 cleanup() {
+  [ -n "$ref_pid" ] && kill "$ref_pid" 2>/dev/null || true
   [ -n "$op_pid" ] && kill "$op_pid" 2>/dev/null && wait "$op_pid" 2>/dev/null || true
   bash "$cluster" down --state-dir "$state" >/dev/null 2>&1 || true
   rm -rf "$work"
@@ -134,6 +137,29 @@ kubectl delete pod foreign -n "$ns" --grace-period=0 --force >/dev/null 2>&1 || 
 # --- 4. kill -9 of the trainer inside its container --------------------------------------------------------
 uid=$(kubectl get pod fit-worker-0 -n "$ns" -o jsonpath='{.metadata.uid}')
 wait_for 60 "fit past step 40" sh -c "s=\$(kubectl get tj fit -n $ns -o jsonpath='{.status.step}'); [ \"\${s:-0}\" -ge 40 ]"
+# The undisturbed run, for the final parameters after both faults (one process: dp=1 needs no deterministic mode):
+# the very config generation 1's trainer got (the agent keeps it in its work dir in the container), its /shared paths
+# mapped to the host's directory behind the claim, without checkpoints, on as many threads as the container's trainer;
+# it trains on the host beside the job and exports its final weights.
+kubectl exec fit-worker-0 -n "$ns" -- cat "/tmp/railyard-agent/${ns}_fit_fit-worker-0/gen-1/config.json" >"$work/gen1.json" ||
+  fail "no generation-1 config in fit-worker-0"
+fit_threads=$(kubectl logs fit-worker-0 -n "$ns" | grep -oE 'worker: model .*threads=[0-9]+' | head -1 | grep -oE '[0-9]+$')
+[ -n "$fit_threads" ] || fail "the trainer's log names no thread count"
+python3 - "$work/gen1.json" "$work/ref.json" "$shared" <<'PY' || fail "generation 1's config: unexpected shape"
+import json, sys
+c = json.load(open(sys.argv[1]))
+def host(v):
+    return v.replace("/shared/", sys.argv[3] + "/", 1) if isinstance(v, str) and v.startswith("/shared/") else v
+def walk(x):
+    return {k: walk(v) for k, v in x.items()} if isinstance(x, dict) else [walk(v) for v in x] if isinstance(x, list) else host(x)
+c = walk(c)
+assert c.get("world_size", 1) == 1, c.get("world_size")
+c.update(restore="")
+c.pop("checkpoint", None)
+json.dump(c, open(sys.argv[2], "w"))
+PY
+"$bin/railyard-worker" train --config "$work/ref.json" --threads "$fit_threads" --export "$work/ref.bin" >"$work/ref.log" 2>&1 &
+ref_pid=$!
 t0=$SECONDS
 kubectl exec fit-worker-0 -n "$ns" -- sh -c 'for d in /proc/[0-9]*; do
   if tr "\0" " " <"$d/cmdline" 2>/dev/null | grep -q "[r]ailyard-worker train"; then kill -9 "${d#/proc/}"; echo killed; fi
@@ -211,6 +237,21 @@ wait_phase fit Succeeded 400
 [ "$(jp fit '{.status.progress}')" = "2000/2000" ] || fail "fit progress $(jp fit '{.status.progress}'), want 2000/2000"
 [ "$(jp fit '{.status.restarts}')" = 2 ] || fail "fit restarts $(jp fit '{.status.restarts}'), want 2 (one per fault)"
 [ "$(kubectl get pod fit-worker-0 -n "$ns" -o jsonpath='{.spec.nodeName}')" = ry-real-0 ] || fail "fit's pod moved again"
+# The final parameters equal the undisturbed run's, bit for bit: the job's last checkpoint (step 2000), restored by one
+# process and exported as the reference was (parameters only: equal bytes, equal parameters).
+wait "$ref_pid" || { tail -n 20 "$work/ref.log" >&2; fail "the undisturbed reference run failed"; }
+ref_pid=""
+grep -q "threads=$fit_threads\$" <<<"$(grep -oE 'worker: model .*threads=[0-9]+' "$work/ref.log")" ||
+  fail "the reference ran on other threads than the job's $fit_threads"
+last=$(cat "$shared/checkpoints/fit/latest")
+[ "$last" = step-00002000 ] || fail "fit's newest checkpoint is $last, not step 2000"
+"$bin/railyard-worker" train --config "$work/ref.json" --threads "$fit_threads" --resume "$shared/checkpoints/fit/$last" \
+  --export "$work/final.bin" >"$work/final.log" 2>&1 || { tail -n 20 "$work/final.log" >&2; fail "exporting fit's final checkpoint"; }
+! grep -q 'worker: step step=' "$work/final.log" || fail "the export trained steps past the final checkpoint"
+params_sha=$(sha256sum <"$work/final.bin" | cut -d' ' -f1)
+[ "$params_sha" = "$(sha256sum <"$work/ref.bin" | cut -d' ' -f1)" ] ||
+  fail "fit's final parameters after kill -9 and a half-alive node differ from the undisturbed run's"
+log "fit: final parameters after both faults bitwise the undisturbed run's (sha256 ${params_sha:0:16})"
 if [ -n "${RAILYARD_RESULTS_DIR:-}" ]; then
   mkdir -p "$RAILYARD_RESULTS_DIR"
   cat >"$RAILYARD_RESULTS_DIR/real_nodes.json" <<EOT
