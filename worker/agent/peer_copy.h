@@ -40,7 +40,7 @@ struct Auth {
   // A sender puts it on every copy (X-Railyard-Generation); a server refuses a copy from an older generation than its
   // own (409): a superseded pod (the old container on a node whose kubelet died, a paused agent) cannot replace a
   // current copy with its stale one (issue #40 item 2). Null: no generation (tests, a server that accepts any).
-  std::shared_ptr<std::atomic<int64_t>> generation;
+  std::shared_ptr<std::atomic<int64_t>> generation = nullptr;
 };
 
 class PeerError : public Error {

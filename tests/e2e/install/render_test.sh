@@ -36,10 +36,18 @@ check "deploy/crds: no schema key made of a description split at a comma" crd_st
 render "$work/default.yaml" --include-crds || fail "the default values do not render"
 objects "$work/default.yaml" >"$work/default.json"
 q() { jq -e -s "$1" "$2" >/dev/null; }
-check "default: CRD, 2 Deployments, 3 Services, PDB, ClusterRoles (operator, monitor, users edit and view), Lease and rendezvous CA Roles, 2 dashboards" q '
+check "default: CRD, 2 Deployments, 3 Services, PDB, ClusterRoles (operator, monitor, users edit and view), Lease, rendezvous CA and rendezvous Endpoints Roles, 2 dashboards" q '
   (map(.kind) | sort) == (["ClusterRole","ClusterRole","ClusterRole","ClusterRole","ClusterRoleBinding","ClusterRoleBinding","ConfigMap",
     "ConfigMap","CustomResourceDefinition","Deployment","Deployment","NetworkPolicy","NetworkPolicy","PodDisruptionBudget","Role","Role",
-    "RoleBinding","RoleBinding","Service","Service","Service","ServiceAccount","ServiceAccount"])' "$work/default.json"
+    "Role","RoleBinding","RoleBinding","RoleBinding","Service","Service","Service","ServiceAccount","ServiceAccount"])' "$work/default.json"
+check "default: the rendezvous Service has no selector and the leader writes its Endpoints (--leader-endpoints, POD_IP)" q '
+  ([.[] | select(.kind == "Service" and .metadata.name == "railyard-rendezvous")][0].spec | has("selector") | not) and
+  ([.[] | select(.kind == "Deployment" and .metadata.name == "railyard-operator")][0].spec.template.spec.containers[0] |
+    (.args | index("--leader-endpoints=railyard-rendezvous") != null) and
+    ([.env[] | select(.name == "POD_IP") | .valueFrom.fieldRef.fieldPath] == ["status.podIP"])) and
+  ([.[] | select(.kind == "Role" and .metadata.name == "railyard-operator-rendezvous-endpoints")][0].rules ==
+    [{"apiGroups": [""], "resources": ["endpoints"], "resourceNames": ["railyard-rendezvous"], "verbs": ["get", "update"]},
+     {"apiGroups": [""], "resources": ["endpoints"], "verbs": ["create"]}])' "$work/default.json"
 check "default: NetworkPolicies let in only the ports the operator and the monitor serve (issue #40 item 6)" q '
   [.[] | select(.kind == "NetworkPolicy")] | map({(.metadata.name): [.spec.ingress[].ports[].port]}) | add ==
   {"railyard-operator": ["rendezvous","metrics","health"], "railyard-monitor": ["metrics"]}' "$work/default.json"
