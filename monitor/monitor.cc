@@ -111,6 +111,8 @@ Monitor::Monitor(kube::Client& client, Options opts)
                             "Worker series dropped because their target may not speak for the job or rank they name.")
                    .add({});
   series_ = &registry_.gauge("railyard_monitor_series", "Worker series read in the last evaluation.").add({});
+  leader_ = &registry_.gauge("railyard_monitor_leader", "1 while this replica evaluates (leads, or runs alone).").add({});
+  leader_->set(1);
   if (!opts_.prometheus_url.empty()) split_url(opts_.prometheus_url);  // validate early
   if (opts_.interval_s <= 0) throw ConfigError("--interval must be > 0 seconds");
 }
@@ -385,11 +387,18 @@ bool Monitor::request_restart(const kube::Json& job, const RestartRequest& req, 
   return true;
 }
 
+void Monitor::set_leading(bool leading) {
+  leading_ = leading;
+  leader_->set(leading ? 1 : 0);
+}
+
 std::pair<int, std::string> Monitor::handle_webhook(const std::string& authorization, const std::string& body) {
   auto reply = [this](int code, kube::Json j) {
     webhook_requests_->add({{"code", std::to_string(code)}}).increment();
     return std::make_pair(code, j.dump());
   };
+  if (!leading_)
+    return reply(503, {{"error", "this railyard-monitor replica is a standby; the leader takes the webhook (retry)"}});
   if (opts_.webhook_token.empty())
     return reply(503, {{"error",
                         "webhook disabled: start railyard-monitor with --webhook-token-file or "

@@ -47,8 +47,11 @@ class Monitor {
   void run(const std::atomic<bool>& stop);
   // One round over every job; returns the verdicts acted on (restart requests and warnings). `now` in unix seconds.
   std::vector<Verdict> evaluate_once(double now);
-  // The Alertmanager receiver: HTTP status and a JSON body.
+  // The Alertmanager receiver: HTTP status and a JSON body. A standby (set_leading(false)) answers 503, which
+  // Alertmanager retries, so only the leader turns alerts into restart requests.
   std::pair<int, std::string> handle_webhook(const std::string& authorization, const std::string& body);
+  // With leader election (--leader-elect): false on a standby until it leads; railyard_monitor_leader follows it.
+  void set_leading(bool leading);
 
   // For the benchmark: the rules over samples already in memory, without Kubernetes.
   size_t last_series() const { return last_series_; }
@@ -72,6 +75,8 @@ class Monitor {
   metrics::Histogram* detection_latency_;
   metrics::Histogram* evaluation_duration_;
   metrics::Gauge* series_;
+  metrics::Gauge* leader_;
+  std::atomic<bool> leading_{true};
   std::mutex mu_;  // evaluator_ and the restart path (the webhook runs on the server thread)
   Evaluator evaluator_;
   Attributor attributor_;  // which series may speak for which job and rank (both modes)

@@ -302,32 +302,19 @@ std::string join(const std::vector<std::string>& v, const std::string& sep) {
   return out;
 }
 
-std::string in_cluster_namespace() {
-  const char* path = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
-  if (access(path, R_OK) == 0) {
-    try {
-      std::string ns = read_file(path);
-      while (!ns.empty() && (ns.back() == '\n' || ns.back() == ' ')) ns.pop_back();
-      return ns;
-    } catch (const std::exception&) {
-    }
-  }
-  return "";
-}
-
 // --rendezvous-ca-secret [NS/]NAME: without NS, the operator's own namespace (its pod's in-cluster, else the one
 // namespace it watches, else railyard-system).
 std::pair<std::string, std::string> ca_secret_ref(const Flags& f) {
   const auto slash = f.rendezvous_ca_secret.find('/');
   if (slash != std::string::npos)
     return {f.rendezvous_ca_secret.substr(0, slash), f.rendezvous_ca_secret.substr(slash + 1)};
-  std::string ns = in_cluster_namespace();
+  std::string ns = kube::in_cluster_namespace();
   if (ns.empty()) ns = f.ns.empty() ? "railyard-system" : f.ns;
   return {ns, f.rendezvous_ca_secret};
 }
 
 std::string default_lease_namespace() {
-  const std::string ns = in_cluster_namespace();
+  const std::string ns = kube::in_cluster_namespace();
   return ns.empty() ? "railyard-system" : ns;
 }
 
@@ -375,17 +362,8 @@ int main(int argc, char** argv) {
   try {
     kube::Config cfg =
         flags.kubeconfig.empty() ? kube::default_config() : kube::load_kubeconfig(flags.kubeconfig, flags.context);
-    kube::Config lease_cfg = cfg;
-    lease_cfg.qps = 20;
-    lease_cfg.burst = 20;
-    lease_cfg.max_connections = 2;
-    // One quick retry for a lost response or a 5xx; the watchdog bounds the whole attempt anyway.
-    lease_cfg.retry.max_attempts = 2;
-    const auto attempt =
-        std::chrono::seconds(std::max<int64_t>(1, static_cast<int64_t>(std::ceil(flags.retry_period))));
-    lease_cfg.request_timeout = attempt;
-    lease_cfg.connect_timeout = attempt;
-    lease_cfg.retry.max_total = attempt;
+    const kube::Config lease_cfg = kube::lease_client_config(
+        cfg, std::chrono::milliseconds(static_cast<int64_t>(flags.retry_period * 1000)));
     cfg.qps = flags.kube_api_qps;
     cfg.burst = flags.kube_api_burst;
     // One connection per concurrent create/bind of a reconcile's slow-start batch (ControllerOptions).

@@ -50,7 +50,8 @@ summary() {
 real_pid=""
 on_exit() {
   local rc=$?
-  [ -z "$real_pid" ] || { pkill -TERM -P "$real_pid"; kill "$real_pid"; } 2>/dev/null || true
+  local p
+  for p in $real_pid $hardening_build_pid; do { pkill -TERM -P "$p"; kill "$p"; } 2>/dev/null || true; done
   (exit $rc)
   summary
 }
@@ -71,6 +72,18 @@ fits() { # minutes-needed stage-name
   fi
   return 0
 }
+
+# The two sanitizer trees (docs/hardening.md), each building only what it runs: clang with ASan+UBSan+libFuzzer and
+# gcc with TSan. Configured and built in one go, so that the test stage can have it done beside it.
+sanitizer_flags=(-DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-g1 -O1" "-DCMAKE_C_FLAGS_DEBUG=-g1 -O1")
+build_sanitizer_trees() {
+  cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ "${sanitizer_flags[@]}" \
+    -DRAILYARD_FUZZ=ON -DRAILYARD_SANITIZE=address &&
+    cmake --build build-fuzz -j2 --target railyard_fuzz_targets railyard_asan_tests &&
+    cmake -S . -B build-tsan "${sanitizer_flags[@]}" -DRAILYARD_SANITIZE=thread &&
+    cmake --build build-tsan -j2 --target railyard_tsan_tests
+}
+hardening_build_pid=""
 
 step "dependencies"
 bash scripts/install-deps.sh --with-torch
@@ -95,6 +108,15 @@ if [ "${labels[*]}" != "-L unit" ]; then
 fi
 
 step "tests"
+if [ "$hardening" = 1 ]; then
+  # The sanitizer trees build beside the tests at the lowest CPU priority: the tests leave about a third of the two
+  # cores idle (waiting on kubelets, sleeps and sockets), which this build takes without slowing them. Its output
+  # goes to build-hardening.log; the hardening stages below wait for it.
+  (nice -n 19 bash -c "$(declare -p sanitizer_flags); $(declare -f build_sanitizer_trees); build_sanitizer_trees" \
+    >"$root/build-hardening.log" 2>&1
+    echo $? >"$root/build-hardening.rc") &
+  hardening_build_pid=$!
+fi
 cd build
 if [ "${labels[*]}" = "-LE bench|demo" ] && [ ${#extra[@]} -eq 0 ]; then
   # Two lanes, each one test at a time (issue 39): the unit tests and then the real-node tests (label real: each
@@ -125,14 +147,22 @@ if [ "$hardening" = 1 ]; then
   # for RAILYARD_FUZZ_SECONDS each, then the unit tests of build-fuzz/hardening/asan.txt), and gcc with TSan (the
   # concurrency tests of build-tsan/hardening/tsan.txt, the informer's against a local cluster of its own).
   cd "$root"
-  sanitizer_flags=(-DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-g1 -O1" "-DCMAKE_C_FLAGS_DEBUG=-g1 -O1")
-  fits 20 "clang ASan+UBSan+libFuzzer tree, fuzzers, ASan unit tests"
-  step "hardening: clang ASan+UBSan+libFuzzer tree"
-  cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ "${sanitizer_flags[@]}" \
-    -DRAILYARD_FUZZ=ON -DRAILYARD_SANITIZE=address >build-fuzz-configure.log 2>&1 ||
-    { cat build-fuzz-configure.log; exit 1; }
-  rm -f build-fuzz-configure.log
-  cmake --build build-fuzz -j2 --target railyard_fuzz_targets railyard_asan_tests
+  fits 20 "sanitizer trees, fuzzers, ASan and TSan unit tests"
+  step "hardening: clang ASan+UBSan+libFuzzer and gcc TSan trees"
+  if [ -n "$hardening_build_pid" ]; then
+    echo "(built beside the tests at nice 19; waiting for the rest; output in build-hardening.log)"
+    wait "$hardening_build_pid" || true
+    hardening_build_pid=""
+    if [ "$(cat build-hardening.rc 2>/dev/null)" != 0 ]; then
+      tail -n 60 build-hardening.log
+      echo "scripts/test.sh: building the sanitizer trees failed (build-hardening.log)" >&2
+      exit 1
+    fi
+  else
+    build_sanitizer_trees >build-hardening.log 2>&1 || { tail -n 60 build-hardening.log; exit 1; }
+  fi
+  # kube_e2e_informer (TSan) runs against the local cluster (its fixture brings one up in build-tsan/e2e-cluster).
+  bash deploy/local/cluster.sh build
   step "hardening: fuzzers"
   # The JUnit file keeps the tail of each fuzzer's output (libFuzzer's final stats) for scripts/reliability_report.py.
   # Two at a time: each fuzzes for a fixed RAILYARD_FUZZ_SECONDS on one core, so two cores do the same work in half
@@ -145,14 +175,6 @@ if [ "$hardening" = 1 ]; then
     ctest --output-on-failure --no-tests=error -R "^($asan_tests)\$" --output-junit "$PWD/hardening/asan.xml") ||
     failed+=("ASan+UBSan unit tests")
 
-  fits 15 "gcc TSan tree and concurrency tests"
-  step "hardening: gcc TSan tree"
-  cmake -S . -B build-tsan "${sanitizer_flags[@]}" -DRAILYARD_SANITIZE=thread >build-tsan-configure.log 2>&1 ||
-    { cat build-tsan-configure.log; exit 1; }
-  rm -f build-tsan-configure.log
-  cmake --build build-tsan -j2 --target railyard_tsan_tests
-  # kube_e2e_informer runs against the local cluster (its fixture brings one up in build-tsan/e2e-cluster).
-  bash deploy/local/cluster.sh build
   step "hardening: concurrency tests under TSan"
   tsan_tests=$(paste -sd'|' build-tsan/hardening/tsan.txt)
   (cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$root/tests/fuzz/tsan.supp" \

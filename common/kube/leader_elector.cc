@@ -1,11 +1,40 @@
 #include "common/kube/leader_elector.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 
+#include "common/error.h"
 #include "common/log.h"
 
 namespace railyard::kube {
+
+std::string in_cluster_namespace() {
+  const char* path = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+  if (access(path, R_OK) != 0) return "";
+  try {
+    std::string ns = read_file(path);
+    while (!ns.empty() && (ns.back() == '\n' || ns.back() == ' ')) ns.pop_back();
+    return ns;
+  } catch (const std::exception&) {
+    return "";
+  }
+}
+
+Config lease_client_config(Config c, std::chrono::milliseconds retry_period) {
+  c.qps = 20;
+  c.burst = 20;
+  c.max_connections = 2;
+  // One quick retry for a lost response or a 5xx; the watchdog bounds the whole attempt anyway.
+  c.retry.max_attempts = 2;
+  const auto attempt = std::chrono::seconds(
+      std::max<int64_t>(1, static_cast<int64_t>(std::ceil(std::chrono::duration<double>(retry_period).count()))));
+  c.request_timeout = attempt;
+  c.connect_timeout = attempt;
+  c.retry.max_total = attempt;
+  return c;
+}
 
 std::chrono::milliseconds takeover_margin(const LeaderElectorOptions& o) {
   return std::clamp(o.lease_duration - o.renew_deadline - o.retry_period, std::chrono::milliseconds(0), o.retry_period);

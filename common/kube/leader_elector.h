@@ -45,6 +45,16 @@ struct LeaderElectorOptions {
 // min(retry_period, lease_duration - renew_deadline - retry_period), and never below zero.
 std::chrono::milliseconds takeover_margin(const LeaderElectorOptions& opts);
 
+// The namespace of this pod's ServiceAccount when running in a cluster; "" elsewhere. The default namespace of a
+// component's Lease (and of what else it keeps next to itself).
+std::string in_cluster_namespace();
+
+// The leader election's own client configuration, derived from the component's: its own connections and rate limit
+// (never queued behind the component's other requests), at most one quick retry, and timeouts of about one retry
+// period per attempt, so a stalled API connection costs an attempt about one retry period, not a regular request's
+// 30 s with retries.
+Config lease_client_config(Config base, std::chrono::milliseconds retry_period);
+
 class LeaderElector {
  public:
   LeaderElector(Client& client, LeaderElectorOptions opts);

@@ -36,10 +36,23 @@ check "deploy/crds: no schema key made of a description split at a comma" crd_st
 render "$work/default.yaml" --include-crds || fail "the default values do not render"
 objects "$work/default.yaml" >"$work/default.json"
 q() { jq -e -s "$1" "$2" >/dev/null; }
-check "default: CRD, 2 Deployments, 3 Services, PDB, ClusterRoles (operator, monitor, users edit and view), Lease, rendezvous CA and rendezvous Endpoints Roles, 2 dashboards" q '
+check "default: CRD, 2 Deployments, 3 Services, PDB, ClusterRoles (operator, monitor, users edit and view), operator and monitor Lease, rendezvous CA and rendezvous Endpoints Roles, 2 dashboards" q '
   (map(.kind) | sort) == (["ClusterRole","ClusterRole","ClusterRole","ClusterRole","ClusterRoleBinding","ClusterRoleBinding","ConfigMap",
     "ConfigMap","CustomResourceDefinition","Deployment","Deployment","NetworkPolicy","NetworkPolicy","PodDisruptionBudget","Role","Role",
-    "Role","RoleBinding","RoleBinding","RoleBinding","Service","Service","Service","ServiceAccount","ServiceAccount"])' "$work/default.json"
+    "Role","Role","RoleBinding","RoleBinding","RoleBinding","RoleBinding","Service","Service","Service","ServiceAccount","ServiceAccount"])' "$work/default.json"
+check "default: the monitor runs 2 replicas with leader election on the Lease railyard-monitor, spread over nodes" q '
+  [.[] | select(.kind == "Deployment" and .metadata.name == "railyard-monitor")][0].spec as $d |
+  $d.replicas == 2 and ($d | has("strategy") | not) and
+  ($d.template.spec.containers[0].args | index("--leader-elect=true") != null and
+    index("--leader-election-id=railyard-monitor") != null and index("--leader-election-namespace=railyard-system") != null) and
+  ($d.template.spec.topologySpreadConstraints[0].topologyKey == "kubernetes.io/hostname")' "$work/default.json"
+render "$work/mon1.yaml" --set monitor.leaderElection.enabled=false --set monitor.replicas=1 ||
+  fail "monitor.leaderElection.enabled=false with 1 replica does not render"
+check "monitor.leaderElection.enabled=false: 1 replica, Recreate, no --leader-elect, no monitor Lease Role" q '
+  ([.[] | select(.kind == "Deployment" and .metadata.name == "railyard-monitor")][0].spec |
+    .replicas == 1 and .strategy.type == "Recreate" and (.template.spec.containers[0].args | index("--leader-elect=true") == null))
+  and ([.[] | select(.kind == "Role" and .metadata.name == "railyard-monitor-leader-election")] | length == 0)' \
+  <(objects "$work/mon1.yaml")
 check "default: the rendezvous Service has no selector and the leader writes its Endpoints (--leader-endpoints, POD_IP)" q '
   ([.[] | select(.kind == "Service" and .metadata.name == "railyard-rendezvous")][0].spec | has("selector") | not) and
   ([.[] | select(.kind == "Deployment" and .metadata.name == "railyard-operator")][0].spec.template.spec.containers[0] |
@@ -72,7 +85,7 @@ check "default: operator replicas spread over nodes by their own selector labels
       "labelSelector": {"matchLabels": $d["railyard-operator"].selector.matchLabels}}]
   and ([$d[].template.spec | has("priorityClassName")] == [false, false])' "$work/default.json"
 render "$work/prio.yaml" --set operator.priorityClassName=system-cluster-critical --set monitor.priorityClassName=ops-high \
-  --set operator.spreadAcrossNodes=false || fail "priorityClassName values do not render"
+  --set operator.spreadAcrossNodes=false --set monitor.spreadAcrossNodes=false || fail "priorityClassName values do not render"
 check "priorityClassName on both Deployments; spreadAcrossNodes false drops the constraint" q '
   [.[] | select(.kind == "Deployment") | .spec.template.spec | [.priorityClassName, has("topologySpreadConstraints")]]
   | sort == [["ops-high", false], ["system-cluster-critical", false]]' <(objects "$work/prio.yaml")
@@ -280,6 +293,8 @@ check "unknown RBAC scope" refuses '^- rbac\.scope: .*"cluster", "namespace"' --
 check "misspelt value" refuses 'operator: Additional property replica is not allowed' --set operator.replica=2
 check "two replicas without leader election" refuses '^- operator\.replicas: Must be less than or equal to 1' \
   --set operator.leaderElection.enabled=false
+check "two monitor replicas without leader election" refuses '^- monitor\.replicas: Must be less than or equal to 1' \
+  --set monitor.leaderElection.enabled=false
 check "agent metrics port out of range" refuses '^- worker\.agentMetricsPort: Must be less than or equal to 65535' \
   --set worker.agentMetricsPort=70000
 check "rendezvous port out of range" refuses '^- rendezvous\.port: Must be less than or equal to 65535' \

@@ -6,15 +6,16 @@
 #      (deploy/local/values/real-nodes.yaml), applied with kubectl: the operator Deployment gets its 2 replicas
 #      Available from localhost/railyard/operator, exactly one holds the leader Lease and the rendezvous Service (no
 #      selector) has the leader's pod as its only endpoint, written by the leader; the monitor Deployment is
-#      Available (its flags as the chart writes them: --flag=value); both pass the restricted Pod Security Standard;
+#      Available with 2 replicas, one of which holds the Lease railyard-monitor (its flags as the chart writes them:
+#      --flag=value); both pass the restricted Pod Security Standard;
 #   3. the tiny example, as shipped, trains to Succeeded through that in-cluster operator: its worker dials the
-#      rendezvous at the Service name the chart gives (DNS + kube-proxy), and the monitor pod, in its embedded mode,
-#      reads the worker's series (railyard_monitor_series > 0 on its /metrics);
+#      rendezvous at the Service name the chart gives (DNS + kube-proxy), and the monitor's leader, in its embedded
+#      mode, reads the worker's series (railyard_monitor_series > 0 on its /metrics) while the standby reads none;
 #   3b. jobs with spec.placement.scheduler default-scheduler: kube-scheduler binds a 2-pod job, which trains to
 #      Succeeded; a 2-pod job only one of whose pods fits never trains a step (its bound pod waits at the rendezvous)
 #      and is reported as JoinTimeout naming the missing pod;
 #   4. the leader pod deleted: the other replica takes the Lease, rewrites the rendezvous Endpoints with its own pod,
-#      and the Deployment is back to 2 Available;
+#      and the Deployment is back to 2 Available; the monitor's leader pod deleted: the standby takes its Lease;
 #   5. `kubectl kustomize deploy/` (the `apply -k` objects; its policy/v1 PDB left out on this 1.20 server) applied
 #      over the chart's objects with the same image names: the Deployments roll out Available again.
 set -euo pipefail
@@ -69,8 +70,8 @@ kubectl apply -f "$work/chart.yaml" >"$work/apply.log" 2>&1 || { cat "$work/appl
 available() { [ "$(kubectl get deploy "$1" -n "$sys" -o jsonpath='{.status.availableReplicas}')" = "$2" ]; }
 t0=$SECONDS
 wait_for 150 "the operator Deployment's 2 replicas Available" available railyard-operator 2
-wait_for 60 "the monitor Deployment Available" available railyard-monitor 1
-log "chart installed: operator 2/2 and monitor 1/1 Available in $((SECONDS - t0)) s"
+wait_for 90 "the monitor Deployment's 2 replicas Available" available railyard-monitor 2
+log "chart installed: operator 2/2 and monitor 2/2 Available in $((SECONDS - t0)) s"
 restricted_pods "$sys" app.kubernetes.io/component=operator || fail "an operator pod breaks the restricted profile (above)"
 restricted_pods "$sys" app.kubernetes.io/component=monitor || fail "the monitor pod breaks the restricted profile (above)"
 img=$(kubectl get deploy railyard-operator -n "$sys" -o jsonpath='{.spec.template.spec.containers[0].image}')
@@ -105,10 +106,23 @@ addr=$(kubectl get configmap tiny-env -n "$ns" -o jsonpath='{.data.RAILYARD_REND
 # Over TLS: the leader's certificate from the chart's CA Secret names the Service; the agent trusts the job's ca.crt.
 kubectl get secret railyard-rendezvous-ca -n "$sys" >/dev/null || fail "no rendezvous CA Secret railyard-rendezvous-ca"
 wait_for 30 "the agent's start line saying tls=on" sh -c "kubectl logs tiny-worker-0 -n $ns | grep -q 'rendezvous=railyard-rendezvous.$sys.svc:9090 tls=on'"
-mon_ip=$(kubectl get pods -n "$sys" -l app.kubernetes.io/component=monitor -o jsonpath='{.items[0].status.podIP}')
-series() { curl -sf --max-time 2 "http://$mon_ip:9402/metrics" | awk '$1 == "railyard_monitor_series" {print $2}'; }
-wait_for 90 "the monitor pod reading the worker's series" sh -c "v=\$(curl -sf --max-time 2 http://$mon_ip:9402/metrics | awk '\$1 == \"railyard_monitor_series\" {print \$2}'); [ -n \"\$v\" ] && [ \"\${v%.*}\" -gt 0 ]"
-log "monitor pod reads $(series) worker series"
+# The monitor's 2 replicas: one holds the Lease railyard-monitor (identity <pod name>_<pid>) and evaluates (it reads the
+# worker's series), the other waits (reads nothing, railyard_monitor_leader 0).
+mon_holder() { kubectl get lease railyard-monitor -n "$sys" -o jsonpath='{.spec.holderIdentity}' 2>/dev/null; }
+mon_pods() { kubectl get pods -n "$sys" -l app.kubernetes.io/component=monitor -o jsonpath='{.items[*].metadata.name}'; }
+wait_for 60 "a monitor leader" sh -c "[ -n \"\$(kubectl get lease railyard-monitor -n $sys -o jsonpath='{.spec.holderIdentity}')\" ]"
+mon_leader="" mon_standby=""
+for p in $(mon_pods); do case "$(mon_holder)" in "${p}_"*) mon_leader=$p ;; *) mon_standby=$p ;; esac; done
+[ -n "$mon_leader" ] && [ -n "$mon_standby" ] || fail "monitor Lease holder '$(mon_holder)' among pods '$(mon_pods)'"
+mon_metric() { # POD NAME: the value of the series NAME on the monitor pod's /metrics
+  curl -sf --max-time 2 "http://$(kubectl get pod "$1" -n "$sys" -o jsonpath='{.status.podIP}'):9402/metrics" |
+    awk -v n="$2" '$1 == n {print $2}'
+}
+series_read() { local v; v=$(mon_metric "$1" railyard_monitor_series); [ -n "$v" ] && [ "${v%.*}" -gt 0 ]; }
+wait_for 90 "the monitor leader $mon_leader reading the worker's series" series_read "$mon_leader"
+[ "$(mon_metric "$mon_standby" railyard_monitor_leader)" = 0 ] && [ "$(mon_metric "$mon_standby" railyard_monitor_series)" = 0 ] ||
+  fail "the standby monitor $mon_standby evaluates (leader $(mon_metric "$mon_standby" railyard_monitor_leader), series $(mon_metric "$mon_standby" railyard_monitor_series))"
+log "monitor leader $mon_leader reads $(mon_metric "$mon_leader" railyard_monitor_series) worker series; $mon_standby stands by"
 wait_for 240 "tiny Succeeded" sh -c "[ \"\$(kubectl get tj tiny -n $ns -o jsonpath='{.status.phase}')\" = Succeeded ]"
 kubectl logs "$leader_pod" -n "$sys" | grep -q "world complete job=$ns/tiny generation=1" ||
   fail "the leader's rendezvous did not see tiny's world complete"
@@ -175,6 +189,13 @@ wait_for 30 "the rendezvous Endpoints naming the new leader $new_leader_pod alon
   endpoints_are "$(pod_ip "$new_leader_pod")/$new_leader_pod/9090"
 log "leader $leader_pod deleted: $(holder) leads after $((SECONDS - t0)) s; the rendezvous Endpoints name it after $((SECONDS - t0)) s"
 wait_for 120 "the operator Deployment back to 2 Available" available railyard-operator 2
+# The monitor's leader pod deleted: the standby takes its Lease and evaluates.
+t0=$SECONDS
+kubectl delete pod "$mon_leader" -n "$sys" --wait=false >/dev/null
+wait_for 60 "the standby monitor $mon_standby holding the Lease" sh -c "case \"\$(kubectl get lease railyard-monitor -n $sys -o jsonpath='{.spec.holderIdentity}')\" in ${mon_standby}_*) true ;; *) false ;; esac"
+wait_for 30 "$mon_standby evaluating" sh -c "[ \"\$(curl -sf --max-time 2 http://$(kubectl get pod "$mon_standby" -n "$sys" -o jsonpath='{.status.podIP}'):9402/metrics | awk '\$1 == \"railyard_monitor_leader\" {print \$2}')\" = 1 ]"
+log "monitor leader $mon_leader deleted: $mon_standby leads after $((SECONDS - t0)) s"
+wait_for 90 "the monitor Deployment back to 2 Available" available railyard-monitor 2
 
 # --- 5. the kustomize objects over the chart's -------------------------------------------------------------
 kubectl kustomize "$src/deploy" >"$work/kustomize.yaml" || fail "kubectl kustomize deploy/"
