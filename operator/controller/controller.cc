@@ -154,10 +154,16 @@ Controller::Controller(kube::Client& client, metrics::Registry& registry, Contro
   pods_->on_update([pod_key](const Json&, const Json& p) { pod_key(p); });
   pods_->on_delete(pod_key);
   services_->on_delete(pod_key);
-  // Nodes change often (conditions' heartbeat times); only readiness, cordons and taints matter to jobs.
+  // Nodes change often (conditions' heartbeat times); what matters to jobs is readiness, cordons, taints, labels
+  // (affinity, topology) and allocatable: a device plugin that registers its GPUs or RDMA devices after the node is
+  // Ready, or an admin advertising an extended resource, must wake the gangs waiting for them.
   auto node_shape = [](const Json& n) {
-    return Json{node_ready(n), n.value("spec", Json::object()).value("unschedulable", false),
-                n.value("spec", Json::object()).value("taints", Json::array())};
+    const Json& spec = kube::field(n, "spec");
+    const Json& status = kube::field(n, "status");
+    const Json& meta = kube::field(n, "metadata");
+    return Json{node_ready(n), spec.is_object() ? spec.value("unschedulable", false) : false,
+                spec.is_object() ? spec.value("taints", Json::array()) : Json::array(),
+                kube::field(meta, "labels"), kube::field(status, "allocatable")};
   };
   nodes_->on_add([this](const Json&) { enqueue_all_jobs(); });
   nodes_->on_delete([this](const Json&) { enqueue_all_jobs(); });

@@ -8,7 +8,9 @@
 #     replacement never lands there;
 #  3. a gang that does not fit waits Unschedulable with a message saying why, with none of its pods bound, and
 #     starts once capacity returns, inside one unit (placement.mode hard, topologyKeys [unit]);
-#  4. two gangs submitted at once land whole in separate units.
+#  4. two gangs submitted at once land whole in separate units;
+#  5. an extended resource (example.com/nic, advertised in 2, then 3 nodes' status): a 3-pod gang asking one per pod
+#     waits naming it, none bound, then starts on exactly the nodes that have it.
 # Along the way, the rail-aligned NCCL env of GPU pods (docs/scheduler.md "NCCL settings"): every pod prints its
 # NCCL_* env at start, as the node agent resolved it from the Binding's annotations: the default HCAs
 # mlx5_0..mlx5_7 (1.), the nodes' railyard.dev/rail-hcas and nccl-socket-ifname annotations (1.), a Warning event
@@ -175,4 +177,43 @@ e0=$(unit_of "$(node_of east-worker-0)") e1=$(unit_of "$(node_of east-worker-1)"
 v0=$(unit_of "$(node_of west-worker-0)") v1=$(unit_of "$(node_of west-worker-1)")
 [ "$e0" = "$e1" ] && [ "$v0" = "$v1" ] && [ "$e0" != "$v0" ] || fail "east ($e0, $e1) and west ($v0, $v1) are not whole in separate units"
 echo "two at once: east in $e0, west in $v0"
+
+# 5. An extended resource (issue #43 item 4): placement counts what kube-scheduler counts, here example.com/nic that
+# nodes advertise in their status (as a device plugin or an admin would). A 3-pod gang asking one per pod waits while
+# only 2 nodes have one, saying so, with no pod bound; a third node advertising one lets it start, on those 3 nodes.
+kubectl delete tj east west -n "$ns" --wait=false >/dev/null
+wait_for 90 "the pods of east and west gone" bash -c "[ -z \"\$(kubectl get pods -n $ns -o name)\" ]"
+proxy_port=$(free_port)
+kubectl proxy --port "$proxy_port" >"$work/proxy.log" 2>&1 &
+proxy_pid=$!
+wait_for 20 "kubectl proxy" curl -sf "http://127.0.0.1:$proxy_port/api"
+nic() { # NODE add|remove: example.com/nic 1 in the node's capacity and allocatable (JSON patch of its status)
+  local ops
+  if [ "$2" = add ]; then
+    ops='[{"op":"add","path":"/status/capacity/example.com~1nic","value":"1"},{"op":"add","path":"/status/allocatable/example.com~1nic","value":"1"}]'
+  else
+    ops='[{"op":"remove","path":"/status/capacity/example.com~1nic"},{"op":"remove","path":"/status/allocatable/example.com~1nic"}]'
+  fi
+  curl -sf -X PATCH -H 'Content-Type: application/json-patch+json' --data "$ops" \
+    "http://127.0.0.1:$proxy_port/api/v1/nodes/$1/status" >/dev/null
+}
+mapfile -t sim < <(kubectl get nodes -l railyard.dev/simulated=true -o jsonpath='{range .items[*]}{.metadata.name}{"\n"}{end}' | sort)
+nic_nodes=()
+cleanup_nic() { for n in "${nic_nodes[@]}"; do nic "$n" remove || true; done; kill "$proxy_pid" 2>/dev/null || true; }
+trap 'cleanup_nic; cleanup' EXIT
+for n in "${sim[0]}" "${sim[1]}"; do nic "$n" add || fail "advertising example.com/nic on $n"; nic_nodes+=("$n"); done
+job nics 3 1 '  resources: {requests: {example.com/nic: "1"}, limits: {example.com/nic: "1"}}' | kubectl apply -n "$ns" -f - >/dev/null
+wait_for 60 "nics Unschedulable" bash -c \
+  "kubectl get tj nics -n $ns -o jsonpath='{.status.conditions[?(@.type==\"Scheduled\")].reason}' | grep -qx Unschedulable"
+msg=$(jp nics '{.status.conditions[?(@.type=="Scheduled")].message}')
+grep -q 'example.com/nic' <<<"$msg" || fail "nics waits without naming example.com/nic: $msg"
+for i in 0 1 2; do [ -z "$(node_of nics-worker-$i)" ] || fail "nics-worker-$i bound while only 2 nodes have a NIC"; done
+echo "extended resource: waiting: $msg"
+nic "${sim[2]}" add || fail "advertising example.com/nic on ${sim[2]}"
+nic_nodes+=("${sim[2]}")
+wait_for 60 "nics bound" bash -c "for i in 0 1 2; do [ -n \"\$(kubectl get pod nics-worker-\$i -n $ns -o jsonpath='{.spec.nodeName}')\" ] || exit 1; done"
+got=$(for i in 0 1 2; do node_of "nics-worker-$i"; done | sort | tr '\n' ' ')
+want=$(printf '%s\n' "${sim[0]}" "${sim[1]}" "${sim[2]}" | sort | tr '\n' ' ')
+[ "$got" = "$want" ] || fail "nics placed on $got; the nodes with example.com/nic are $want"
+echo "extended resource: started on $got(the 3 nodes advertising example.com/nic)"
 echo "PASS"
