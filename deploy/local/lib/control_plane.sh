@@ -270,8 +270,10 @@ start_apiserver() {
 start_controller_manager() {
   local pki="$STATE_DIR/pki"
   local kcm_controllers=garbagecollector,namespace,nodelifecycle,serviceaccount,serviceaccount-token,podgc,persistentvolume-binder,clusterrole-aggregation
-  # Real nodes run the chart's Deployments and reach Services: their controllers and the Services' endpoints.
-  [ "${REAL_NODES:-0}" -gt 0 ] && kcm_controllers+=,deployment,replicaset,endpoint,endpointslice,disruption
+  # Real nodes run the chart's Deployments and reach Services: their controllers and the Services' endpoints, with the
+  # mirroring of hand-written Endpoints into EndpointSlices (what kube-proxy reads) that every real cluster runs: the
+  # rendezvous Service has no selector, its leader writes its Endpoints.
+  [ "${REAL_NODES:-0}" -gt 0 ] && kcm_controllers+=,deployment,replicaset,endpoint,endpointslice,endpointslicemirroring,disruption
   start_component kube-controller-manager "$CACHE_BIN/kube-controller-manager" \
     --kubeconfig "$STATE_DIR/controller-manager.kubeconfig" \
     --bind-address 127.0.0.1 --secure-port "$KCM_PORT" --port 0 \
