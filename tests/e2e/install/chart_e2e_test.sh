@@ -110,6 +110,13 @@ check "operator may get its rendezvous CA Secret" can yes "$op" get "secret/$rel
 check "namespace scope: operator may get its rendezvous CA Secret" can yes "$reln-operator" get "secret/$reln-rendezvous-ca" -n "$ns"
 check "namespace scope: operator may create its rendezvous CA Secret" can yes "$reln-operator" create secrets -n "$ns"
 check "namespace scope: operator may not get other Secrets of its namespace" can no "$reln-operator" get secret/other -n "$ns"
+# The rendezvous Service's Endpoints, which the leader writes (--leader-endpoints): that name only, and create.
+for v in get update; do
+  check "operator may $v the rendezvous Endpoints" can yes "$op" "$v" "endpoints/$rel-rendezvous" -n "$ns"
+done
+check "operator may create Endpoints in its namespace" can yes "$op" create endpoints -n "$ns"
+check "operator may not update other Endpoints" can no "$op" update endpoints/other -n "$ns"
+check "operator may not touch Endpoints in a job namespace" can no "$op" update "endpoints/$rel-rendezvous" -n "$team"
 for v in get list watch; do check "operator may $v nodes" can yes "$op" "$v" nodes; done
 for v in create patch; do check "operator may $v events" can yes "$op" "$v" events -n "$team"; done
 for v in get create update delete; do check "operator may $v networkpolicies in a job namespace" can yes "$op" "$v" networkpolicies.networking.k8s.io -n "$team"; done
@@ -208,9 +215,11 @@ sa_kubeconfig "$mon" "$work/monitor.kubeconfig"
 mapfile -t args < <("$minihelm" yaml2json "$work/ns.yaml" | jq -r 'select(.kind == "Deployment" and
   .metadata.name == "'"$opn"'") | .spec.template.spec.containers[0].args[]' |
   grep -vE '^--(metrics-addr|health-addr|rendezvous-bind|rendezvous-addr|worker-command|worker-image)=')
-# The operator with its ServiceAccount's token and the chart's arguments (local binary, loopback addresses).
+# The operator with its ServiceAccount's token and the chart's arguments (local binary, loopback addresses); the pod
+# fields the chart gives it from the downward API (POD_IP, POD_NAME, POD_UID) for the Endpoints it writes as leader.
 start_operator() {
-  "$bin/railyard-operator" --kubeconfig "$work/operator.kubeconfig" "${args[@]}" --metrics-addr 127.0.0.1:0 \
+  POD_IP=127.0.0.1 POD_NAME=operator-e2e POD_UID=00000000-0000-0000-0000-00000000e2e0 \
+    "$bin/railyard-operator" --kubeconfig "$work/operator.kubeconfig" "${args[@]}" --metrics-addr 127.0.0.1:0 \
     --health-addr 127.0.0.1:0 --rendezvous-bind 127.0.0.1:0 --worker-command "$bin/railyard-worker" \
     --lease-duration 4 --renew-deadline 3 --retry-period 1 >"$work/operator.log" 2>&1 &
   op_pid=$!
@@ -292,6 +301,8 @@ mon_pid=$!
   fail "railyard data prepare"
 check "the operator with exactly the shipped namespace-scope RBAC trains the tiny example to Succeeded" tiny_flow 240
 check "the operator logged no Forbidden" bash -c "! grep -qi forbidden '$work/operator.log'"
+check "as leader, the operator wrote the rendezvous Endpoints with its own address (the shipped Role suffices)" bash -c \
+  "[ \"\$(kubectl get endpoints '$reln-rendezvous' -n '$ns' -o jsonpath='{.subsets[0].addresses[0].ip}/{.subsets[0].addresses[0].targetRef.name}')\" = 127.0.0.1/operator-e2e ]"
 # What a user has after the run: the job's status, the pod's log (kubectl logs; the node agent keeps it in its state
 # directory) and the checkpoint directory. The report must agree with the status.
 kubectl get tj tiny -n "$team" -o json >"$work/tiny.json"
