@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# E2E flow 3a (issue #10): a worker hangs. A 2-replica data-parallel job (200 steps) trains the tiny model
+# E2E flow 3a (issue #10): a worker hangs. A 2-replica data-parallel job (500 steps) trains the tiny model
 # (deterministic mode, a checkpoint every 5 steps, the default failure policy: excludeFailedNodes true) while a real
 # Prometheus scrapes both trainers and railyard-monitor reads them through it. Rank 1's trainer process gets SIGSTOP
 # (its agent keeps running, as with a hung kernel): its /metrics goes with it and rank 0 waits in the gradient
@@ -14,7 +14,7 @@ job_name=hang
 job_deterministic=1
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
-steps=200
+steps=500 # long enough to be caught mid-run when the machine is busy (200 finished in 14 s, before a loaded test found a trainer)
 interval=5
 start_operator
 start_monitor_prometheus

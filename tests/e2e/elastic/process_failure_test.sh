@@ -12,7 +12,7 @@ job_memory=1
 job_deterministic=1
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
-steps=100
+steps=300 # long enough to be caught mid-run when the machine is busy (100 finished in 7 s, before a loaded test found a trainer)
 start_operator
 job_yaml "$job_name" 2 "$steps" | kubectl apply -n "$ns" -f - >/dev/null
 wait_for 90 "the job to run" phase_is Running
