@@ -50,8 +50,8 @@ summary() {
 real_pid=""
 on_exit() {
   local rc=$?
-  local p
-  for p in $real_pid $hardening_build_pid; do { pkill -TERM -P "$p"; kill "$p"; } 2>/dev/null || true; done
+  [ -z "$real_pid" ] || { pkill -TERM -P "$real_pid"; kill "$real_pid"; } 2>/dev/null || true
+  [ -z "$hardening_build_pid" ] || { kill -TERM -- "-$hardening_build_pid"; kill -CONT -- "-$hardening_build_pid"; } 2>/dev/null || true
   (exit $rc)
   summary
 }
@@ -109,34 +109,41 @@ fi
 
 step "tests"
 if [ "$hardening" = 1 ]; then
-  # The sanitizer trees build beside the tests at the lowest CPU priority: the tests leave about a third of the two
-  # cores idle (waiting on kubelets, sleeps and sockets), which this build takes without slowing them. Its output
-  # goes to build-hardening.log; the hardening stages below wait for it.
-  (nice -n 19 bash -c "$(declare -p sanitizer_flags); $(declare -f build_sanitizer_trees); build_sanitizer_trees" \
-    >"$root/build-hardening.log" 2>&1
-    echo $? >"$root/build-hardening.rc") &
+  # The sanitizer trees build beside the real-node and unit tests at the lowest CPU priority, in a process group of
+  # their own: the real-node tests leave about half of the two cores idle (waiting on kubelets, sleeps and sockets),
+  # which this build takes. It is stopped (SIGSTOP to its group) while the other e2e tests run, which are timed against
+  # their jobs, and resumed after them; the hardening stages below wait for it. Output: build-hardening.log.
+  rm -f "$root/build-hardening.rc"
+  setsid nice -n 19 bash -c "$(declare -p sanitizer_flags); $(declare -f build_sanitizer_trees)
+    build_sanitizer_trees >'$root/build-hardening.log' 2>&1; echo \$? >'$root/build-hardening.rc'" &
   hardening_build_pid=$!
 fi
 cd build
 if [ "${labels[*]}" = "-LE bench|demo" ] && [ ${#extra[@]} -eq 0 ]; then
-  # Two lanes, each one test at a time (issue 39): the unit tests and then the real-node tests (label real: each
-  # brings up a cluster of its own, in network namespaces of its own, and waits on kubelets and containers about half
-  # the time) beside the other e2e tests (one shared control plane, the e2e_cluster fixture, which only this lane
-  # sets up). One lane of all 132 took 39 min here; the two take about 25 (docs/benchmarks.md "Test time"). The
-  # first lane's output is printed when both are done.
-  lane_log=$PWD/Testing/unit-real-lane.log
+  # Two phases (issue 39). First the real-node tests (label real: each brings up a cluster of its own, in network
+  # namespaces of its own, and waits on kubelets and containers about half the time) beside the unit tests (no
+  # cluster); then the other e2e tests alone, on the shared control plane (the e2e_cluster fixture). Those are timed
+  # against their jobs (a fault injected mid-run, a straggler found before the end): beside the real-node tests they
+  # lost those races (tried 2026-12-05: 5 of 39 failed), so they keep the machine to themselves. The real-node lane's
+  # output is printed when it is done.
+  lane_log=$PWD/Testing/real-lane.log
   mkdir -p Testing
   (t=$(date +%s)
-    ctest --output-on-failure --no-tests=error -L 'real|unit' -LE 'bench|demo' >"$lane_log" 2>&1
+    ctest --output-on-failure --no-tests=error -L real -LE 'bench|demo' >"$lane_log" 2>&1
     echo "$? $(($(date +%s) - t))" >"$lane_log.rc") &
   real_pid=$!
-  ctest --output-on-failure --no-tests=error -LE 'bench|demo|real|unit' || failed+=("e2e tests")
+  ctest --output-on-failure --no-tests=error -L unit -LE 'bench|demo|real' || failed+=("unit tests")
+  printf '\n== unit tests done (%d min into the run); waiting for the real-node tests beside them\n' $((SECONDS / 60))
   wait "$real_pid" || true
   real_pid=""
   read -r lane_rc lane_s <"$lane_log.rc" || lane_rc=1 lane_s=0
-  printf '\n== the unit and real-node lane (ran beside the e2e tests above, %d min %02d s):\n' $((lane_s / 60)) $((lane_s % 60))
+  printf '\n== the real-node tests (beside the unit tests, %d min %02d s):\n' $((lane_s / 60)) $((lane_s % 60))
   cat "$lane_log"
-  [ "$lane_rc" = 0 ] || failed+=("unit and real-node tests")
+  [ "$lane_rc" = 0 ] || failed+=("real-node tests")
+  printf '\n== the other e2e tests (%d min into the run)\n' $((SECONDS / 60))
+  [ -z "$hardening_build_pid" ] || kill -STOP -- "-$hardening_build_pid" 2>/dev/null || true
+  ctest --output-on-failure --no-tests=error -LE 'bench|demo|real|unit' || failed+=("e2e tests")
+  [ -z "$hardening_build_pid" ] || kill -CONT -- "-$hardening_build_pid" 2>/dev/null || true
 else
   ctest --output-on-failure --no-tests=error "${labels[@]}" "${extra[@]}" || failed+=("tests")
 fi
@@ -150,7 +157,8 @@ if [ "$hardening" = 1 ]; then
   fits 20 "sanitizer trees, fuzzers, ASan and TSan unit tests"
   step "hardening: clang ASan+UBSan+libFuzzer and gcc TSan trees"
   if [ -n "$hardening_build_pid" ]; then
-    echo "(built beside the tests at nice 19; waiting for the rest; output in build-hardening.log)"
+    echo "(built beside the real-node and unit tests at nice 19; waiting for the rest; output in build-hardening.log)"
+    kill -CONT -- "-$hardening_build_pid" 2>/dev/null || true
     wait "$hardening_build_pid" || true
     hardening_build_pid=""
     if [ "$(cat build-hardening.rc 2>/dev/null)" != 0 ]; then
