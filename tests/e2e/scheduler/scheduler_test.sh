@@ -202,7 +202,8 @@ nic_nodes=()
 cleanup_nic() { for n in "${nic_nodes[@]}"; do nic "$n" remove || true; done; kill "$proxy_pid" 2>/dev/null || true; }
 trap 'cleanup_nic; cleanup' EXIT
 for n in "${sim[0]}" "${sim[1]}"; do nic "$n" add || fail "advertising example.com/nic on $n"; nic_nodes+=("$n"); done
-job nics 3 1 '  resources: {requests: {example.com/nic: "1"}, limits: {example.com/nic: "1"}}' | kubectl apply -n "$ns" -f - >/dev/null
+job_manifest nics replicas=3 procs=1 device=cuda globalBatch=12 maxRestarts=5 command='exec sleep 600' \
+  extra='  resources: {requests: {example.com/nic: "1"}, limits: {example.com/nic: "1"}}' | kubectl apply -n "$ns" -f - >/dev/null
 wait_for 60 "nics Unschedulable" bash -c \
   "kubectl get tj nics -n $ns -o jsonpath='{.status.conditions[?(@.type==\"Scheduled\")].reason}' | grep -qx Unschedulable"
 msg=$(jp nics '{.status.conditions[?(@.type=="Scheduled")].message}')
