@@ -301,8 +301,12 @@ mon_pid=$!
   fail "railyard data prepare"
 check "the operator with exactly the shipped namespace-scope RBAC trains the tiny example to Succeeded" tiny_flow 240
 check "the operator logged no Forbidden" bash -c "! grep -qi forbidden '$work/operator.log'"
-check "as leader, the operator wrote the rendezvous Endpoints with its own address (the shipped Role suffices)" bash -c \
-  "[ \"\$(kubectl get endpoints '$reln-rendezvous' -n '$ns' -o jsonpath='{.subsets[0].addresses[0].ip}/{.subsets[0].addresses[0].targetRef.name}')\" = 127.0.0.1/operator-e2e ]"
+endpoints_written() {
+  [ "$(kubectl get endpoints "$reln-rendezvous" -n "$ns" -o jsonpath='{.subsets[0].addresses[0].ip}/{.subsets[0].addresses[0].targetRef.name}')" = 127.0.0.1/operator-e2e ] && return 0
+  grep -E 'Endpoints|rendezvous Service|leader' "$work/operator.log" >&2 || true
+  return 1
+}
+check "as leader, the operator wrote the rendezvous Endpoints with its own address (the shipped Role suffices)" endpoints_written
 # What a user has after the run: the job's status, the pod's log (kubectl logs; the node agent keeps it in its state
 # directory) and the checkpoint directory. The report must agree with the status.
 kubectl get tj tiny -n "$team" -o json >"$work/tiny.json"
