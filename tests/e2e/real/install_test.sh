@@ -15,7 +15,7 @@
 #      Succeeded; a 2-pod job only one of whose pods fits never trains a step (its bound pod waits at the rendezvous)
 #      and is reported as JoinTimeout naming the missing pod;
 #   4. the leader pod deleted: the other replica takes the Lease, rewrites the rendezvous Endpoints with its own pod,
-#      and the Deployment is back to 2 Available; the monitor's leader pod deleted: the standby takes its Lease;
+#      and the Deployment is back to 2 Available; the monitor's leader pod deleted: another replica takes its Lease;
 #   5. `kubectl kustomize deploy/` (the `apply -k` objects; its policy/v1 PDB left out on this 1.20 server) applied
 #      over the chart's objects with the same image names: the Deployments roll out Available again.
 set -euo pipefail
@@ -189,12 +189,17 @@ wait_for 30 "the rendezvous Endpoints naming the new leader $new_leader_pod alon
   endpoints_are "$(pod_ip "$new_leader_pod")/$new_leader_pod/9090"
 log "leader $leader_pod deleted: $(holder) leads after $((SECONDS - t0)) s; the rendezvous Endpoints name it after $((SECONDS - t0)) s"
 wait_for 120 "the operator Deployment back to 2 Available" available railyard-operator 2
-# The monitor's leader pod deleted: the standby takes its Lease and evaluates.
+# The monitor's leader pod deleted: it releases the Lease on SIGTERM and another replica (the standby, or the
+# Deployment's replacement pod if it starts first) takes it and evaluates.
 t0=$SECONDS
 kubectl delete pod "$mon_leader" -n "$sys" --wait=false >/dev/null
-wait_for 60 "the standby monitor $mon_standby holding the Lease" sh -c "case \"\$(kubectl get lease railyard-monitor -n $sys -o jsonpath='{.spec.holderIdentity}')\" in ${mon_standby}_*) true ;; *) false ;; esac"
-wait_for 30 "$mon_standby evaluating" sh -c "[ \"\$(curl -sf --max-time 2 http://$(kubectl get pod "$mon_standby" -n "$sys" -o jsonpath='{.status.podIP}'):9402/metrics | awk '\$1 == \"railyard_monitor_leader\" {print \$2}')\" = 1 ]"
-log "monitor leader $mon_leader deleted: $mon_standby leads after $((SECONDS - t0)) s"
+wait_for 60 "another monitor replica holding the Lease" sh -c "h=\$(kubectl get lease railyard-monitor -n $sys -o jsonpath='{.spec.holderIdentity}'); [ -n \"\$h\" ] && case \"\$h\" in ${mon_leader}_*) false ;; *) true ;; esac"
+new_mon="" h=$(mon_holder)
+for p in $(mon_pods); do case "$h" in "${p}_"*) new_mon=$p ;; esac; done
+[ -n "$new_mon" ] || fail "the monitor Lease holder '$h' is none of the monitor pods ($(mon_pods))"
+leads() { [ "$(mon_metric "$1" railyard_monitor_leader)" = 1 ]; }
+wait_for 30 "$new_mon evaluating (railyard_monitor_leader 1)" leads "$new_mon"
+log "monitor leader $mon_leader deleted: $new_mon leads after $((SECONDS - t0)) s"
 wait_for 90 "the monitor Deployment back to 2 Available" available railyard-monitor 2
 
 # --- 5. the kustomize objects over the chart's -------------------------------------------------------------
