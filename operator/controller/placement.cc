@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <set>
 
 #include "common/checked_math.h"
 #include "common/kube/client.h"
@@ -423,6 +424,14 @@ int64_t preferred_affinity_score(const Json& node_affinity, const NodeInfo& node
   return score;
 }
 
+namespace {
+std::string join_names(const std::set<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out.empty() ? "resource requests" : out;
+}
+}  // namespace
+
 PlacementResult SimplePlacement::place(const PlacementRequest& req, const std::vector<NodeInfo>& nodes) {
   PlacementResult r;
   std::vector<const NodeInfo*> sorted;
@@ -432,6 +441,7 @@ PlacementResult SimplePlacement::place(const PlacementRequest& req, const std::v
     return std::pair(req.avoided_nodes.count(a->name), a->name) < std::pair(req.avoided_nodes.count(b->name), b->name);
   });
   int not_ready = 0, busy = 0, filtered = 0, excluded = 0, no_room = 0;
+  std::set<std::string> short_of;  // what the nodes without room lack, named in the message
   for (const NodeInfo* n : sorted) {
     if (static_cast<int>(r.nodes.size()) == req.pods) break;
     if (!n->ready || n->unschedulable) {
@@ -461,8 +471,9 @@ PlacementResult SimplePlacement::place(const PlacementRequest& req, const std::v
       busy++;
       continue;
     }
-    if (!resource_shortfall(*n, req.requests).empty()) {
+    if (auto name = resource_shortfall(*n, req.requests); !name.empty()) {
       no_room++;
+      short_of.insert(name);
       continue;
     }
     r.nodes.push_back(n->name);
@@ -479,7 +490,7 @@ PlacementResult SimplePlacement::place(const PlacementRequest& req, const std::v
               " excluded by selector, affinity or taints, " + std::to_string(busy) +
               (req.gpus_per_pod > 0 ? " without " + std::to_string(req.gpus_per_pod) + " free GPUs"
                                     : " already running a worker pod") +
-              (no_room ? ", " + std::to_string(no_room) + " without room for the pod's resource requests" : "") +
+              (no_room ? ", " + std::to_string(no_room) + " without room for the pod's " + join_names(short_of) : "") +
               "); none bound";
   return r;
 }

@@ -124,7 +124,8 @@ std::string need_text(const PlacementRequest& req) {
                               : "without a Railyard worker pod";
 }
 
-std::string why_text(Why w, const PlacementRequest& req) {
+// `short_of`: the resources the nodes without room lack (kNoRoom), named in its text.
+std::string why_text(Why w, const PlacementRequest& req, const std::string& short_of) {
   switch (w) {
     case Why::kNotReady:
       return "not Ready or cordoned";
@@ -140,7 +141,8 @@ std::string why_text(Why w, const PlacementRequest& req) {
       return req.gpus_per_pod > 0 ? "without " + std::to_string(req.gpus_per_pod) + " free " + kGpuResource
                                   : "already running a worker pod";
     case Why::kNoRoom:
-      return "without room for the pod's resource requests (other pods' requests counted)";
+      return "without room for the pod's " + (short_of.empty() ? std::string("resource requests") : short_of) +
+             " (other pods' requests counted)";
     case Why::kFits:
       break;
   }
@@ -438,6 +440,15 @@ PlacementResult RailAwarePlacement::place(const PlacementRequest& req, const std
   Search s(topo, nodes, req, false);
   std::map<Why, int> by_why;
   for (int i = 0; i < topo.size(); ++i) by_why[s.why(i)]++;
+  // What the nodes without room lack (the first short resource of each, e.g. memory, example.com/nic), so that the
+  // message names the resource to add rather than "resources".
+  std::set<std::string> short_set;
+  if (by_why[Why::kNoRoom])
+    for (const NodeInfo& n : nodes)
+      if (const int i = topo.index(n.name); i >= 0 && s.why(i) == Why::kNoRoom)
+        if (auto name = resource_shortfall(n, req.requests); !name.empty()) short_set.insert(name);
+  std::string short_of;
+  for (const auto& name : short_set) short_of += (short_of.empty() ? "" : ", ") + name;
   const int widest = topo.levels() - 1;
   const std::string need = "needs " + std::to_string(req.pods) + " node" + (req.pods == 1 ? " " : "s ") +
                            need_text(req) +
@@ -449,7 +460,7 @@ PlacementResult RailAwarePlacement::place(const PlacementRequest& req, const std
     int listed = 0;
     for (int i = 0; i < topo.size() && listed < 4; ++i)
       if (topo.domain(i, level) == d && s.why(i) != Why::kFits) {
-        unfit += (listed++ ? ", " : "") + topo.name(i) + " " + why_text(s.why(i), req);
+        unfit += (listed++ ? ", " : "") + topo.name(i) + " " + why_text(s.why(i), req, short_of);
       }
     r.missing = req.pods - s.count(level, d);
     r.message = need + "; largest " + topo.level_noun(level) + " " + s.domain_name(level, d) + " has " +
@@ -460,7 +471,7 @@ PlacementResult RailAwarePlacement::place(const PlacementRequest& req, const std
   std::string detail;
   for (Why w : {Why::kNotReady, Why::kExcluded, Why::kFiltered, Why::kTainted, Why::kBusy, Why::kNoRoom}) {
     if (!by_why[w]) continue;
-    detail += ", " + std::to_string(by_why[w]) + " " + why_text(w, req);
+    detail += ", " + std::to_string(by_why[w]) + " " + why_text(w, req, short_of);
     if (w == Why::kExcluded) {
       std::string names;
       int listed = 0;

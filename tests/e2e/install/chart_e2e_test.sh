@@ -216,9 +216,10 @@ mapfile -t args < <("$minihelm" yaml2json "$work/ns.yaml" | jq -r 'select(.kind 
   .metadata.name == "'"$opn"'") | .spec.template.spec.containers[0].args[]' |
   grep -vE '^--(metrics-addr|health-addr|rendezvous-bind|rendezvous-addr|worker-command|worker-image)=')
 # The operator with its ServiceAccount's token and the chart's arguments (local binary, loopback addresses); the pod
-# fields the chart gives it from the downward API (POD_IP, POD_NAME, POD_UID) for the Endpoints it writes as leader.
+# fields the chart gives it from the downward API (POD_IP, POD_NAME, POD_UID) for the Endpoints it writes as leader
+# (an address the API server accepts in Endpoints: not loopback; nothing dials it here).
 start_operator() {
-  POD_IP=127.0.0.1 POD_NAME=operator-e2e POD_UID=00000000-0000-0000-0000-00000000e2e0 \
+  POD_IP=10.255.255.1 POD_NAME=operator-e2e POD_UID=00000000-0000-0000-0000-00000000e2e0 \
     "$bin/railyard-operator" --kubeconfig "$work/operator.kubeconfig" "${args[@]}" --metrics-addr 127.0.0.1:0 \
     --health-addr 127.0.0.1:0 --rendezvous-bind 127.0.0.1:0 --worker-command "$bin/railyard-worker" \
     --lease-duration 4 --renew-deadline 3 --retry-period 1 >"$work/operator.log" 2>&1 &
@@ -302,7 +303,7 @@ mon_pid=$!
 check "the operator with exactly the shipped namespace-scope RBAC trains the tiny example to Succeeded" tiny_flow 240
 check "the operator logged no Forbidden" bash -c "! grep -qi forbidden '$work/operator.log'"
 endpoints_written() {
-  [ "$(kubectl get endpoints "$reln-rendezvous" -n "$ns" -o jsonpath='{.subsets[0].addresses[0].ip}/{.subsets[0].addresses[0].targetRef.name}')" = 127.0.0.1/operator-e2e ] && return 0
+  [ "$(kubectl get endpoints "$reln-rendezvous" -n "$ns" -o jsonpath='{.subsets[0].addresses[0].ip}/{.subsets[0].addresses[0].targetRef.name}')" = 10.255.255.1/operator-e2e ] && return 0
   grep -E 'Endpoints|rendezvous Service|leader' "$work/operator.log" >&2 || true
   return 1
 }

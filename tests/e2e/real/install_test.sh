@@ -124,7 +124,7 @@ wait_for 90 "the monitor leader $mon_leader reading the worker's series" series_
   fail "the standby monitor $mon_standby evaluates (leader $(mon_metric "$mon_standby" railyard_monitor_leader), series $(mon_metric "$mon_standby" railyard_monitor_series))"
 log "monitor leader $mon_leader reads $(mon_metric "$mon_leader" railyard_monitor_series) worker series; $mon_standby stands by"
 wait_for 240 "tiny Succeeded" sh -c "[ \"\$(kubectl get tj tiny -n $ns -o jsonpath='{.status.phase}')\" = Succeeded ]"
-kubectl logs "$leader_pod" -n "$sys" | grep -q "world complete job=$ns/tiny generation=1" ||
+grep -q "world complete job=$ns/tiny generation=1" <<<"$(kubectl logs "$leader_pod" -n "$sys")" ||
   fail "the leader's rendezvous did not see tiny's world complete"
 log "tiny Succeeded through the in-cluster operator in $((SECONDS - t0)) s (progress $(kubectl get tj tiny -n "$ns" -o jsonpath='{.status.progress}'))"
 

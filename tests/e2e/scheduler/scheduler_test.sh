@@ -204,10 +204,11 @@ trap 'cleanup_nic; cleanup' EXIT
 for n in "${sim[0]}" "${sim[1]}"; do nic "$n" add || fail "advertising example.com/nic on $n"; nic_nodes+=("$n"); done
 job_manifest nics replicas=3 procs=1 device=cuda globalBatch=12 maxRestarts=5 command='exec sleep 600' \
   extra='  resources: {requests: {example.com/nic: "1"}, limits: {example.com/nic: "1"}}' | kubectl apply -n "$ns" -f - >/dev/null
-wait_for 60 "nics Unschedulable" bash -c \
-  "kubectl get tj nics -n $ns -o jsonpath='{.status.conditions[?(@.type==\"Scheduled\")].reason}' | grep -qx Unschedulable"
+# (The first evaluation may still count east's GPUs, gone a moment before; the condition is rewritten every 5 s.)
+nic_msg() { jp nics '{.status.conditions[?(@.type=="Scheduled")].reason}/{.status.conditions[?(@.type=="Scheduled")].message}'; }
+names_nic() { grep -q "^Unschedulable/.*2 without room for the pod's example.com/nic" <<<"$(nic_msg)"; }
+wait_for 60 "nics Unschedulable, naming example.com/nic" names_nic || fail "nics waits with: $(nic_msg)"
 msg=$(jp nics '{.status.conditions[?(@.type=="Scheduled")].message}')
-grep -q 'example.com/nic' <<<"$msg" || fail "nics waits without naming example.com/nic: $msg"
 for i in 0 1 2; do [ -z "$(node_of nics-worker-$i)" ] || fail "nics-worker-$i bound while only 2 nodes have a NIC"; done
 echo "extended resource: waiting: $msg"
 nic "${sim[2]}" add || fail "advertising example.com/nic on ${sim[2]}"

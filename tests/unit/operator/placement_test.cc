@@ -133,7 +133,7 @@ TEST_CASE("a node shared with foreign pods: their requests count against its all
   req.pods = 2;
   r = p.place(req, inv);
   CHECK_FALSE(r.ok);
-  CHECK(r.message.find("1 without room for the pod's resource requests") != std::string::npos);
+  CHECK(r.message.find("1 without room for the pod's cpu") != std::string::npos);
   req.requests = {1000, 0};  // 1 CPU fits beside the foreign pod
   CHECK(p.place(req, inv).ok);
   req.requests = {1000, int64_t{8} << 30};  // but not 8 GiB beside its 1 GiB
@@ -194,7 +194,7 @@ TEST_CASE("every resource counts as kube-scheduler counts it: extended, hugepage
   req.pods = 2;
   placed = p.place(req, inv);
   CHECK_FALSE(placed.ok);
-  CHECK(placed.message.find("1 without room for the pod's resource requests") != std::string::npos);
+  CHECK(placed.message.find("1 without room for the pod's rdma/hca") != std::string::npos);
 
   // Another workload's pod holding the HCA leaves none; once it ends, the HCA is free again.
   Json foreign = {
