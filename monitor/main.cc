@@ -1,14 +1,13 @@
 // railyard-monitor: health rules over the workers' metrics; a verdict becomes a checkpoint-restart request.
 #include <signal.h>
-
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <memory>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <thread>
 

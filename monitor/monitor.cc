@@ -111,7 +111,8 @@ Monitor::Monitor(kube::Client& client, Options opts)
                             "Worker series dropped because their target may not speak for the job or rank they name.")
                    .add({});
   series_ = &registry_.gauge("railyard_monitor_series", "Worker series read in the last evaluation.").add({});
-  leader_ = &registry_.gauge("railyard_monitor_leader", "1 while this replica evaluates (leads, or runs alone).").add({});
+  leader_ =
+      &registry_.gauge("railyard_monitor_leader", "1 while this replica evaluates (leads, or runs alone).").add({});
   leader_->set(1);
   if (!opts_.prometheus_url.empty()) split_url(opts_.prometheus_url);  // validate early
   if (opts_.interval_s <= 0) throw ConfigError("--interval must be > 0 seconds");

@@ -329,11 +329,14 @@ std::thread keep_leader_endpoints(kube::Client& client, op::LeaderEndpoint e, co
       try {
         if (op::publish_leader_endpoints(client, e))
           log::info(kLog, "the rendezvous Service now names this replica",
-                    {{"endpoints", e.ns + "/" + e.name}, {"pod", e.pod_name}, {"address", e.pod_ip + ":" + std::to_string(e.port)}});
+                    {{"endpoints", e.ns + "/" + e.name},
+                     {"pod", e.pod_name},
+                     {"address", e.pod_ip + ":" + std::to_string(e.port)}});
         logged_error = false;
       } catch (const std::exception& ex) {
         if (!logged_error)
-          log::error(kLog, "cannot write the rendezvous Endpoints (grant endpoints get, create, update in this namespace)",
+          log::error(kLog,
+                     "cannot write the rendezvous Endpoints (grant endpoints get, create, update in this namespace)",
                      {{"endpoints", e.ns + "/" + e.name}, {"error", ex.what()}});
         logged_error = true;
         wait_ms = 1000;
@@ -362,8 +365,8 @@ int main(int argc, char** argv) {
   try {
     kube::Config cfg =
         flags.kubeconfig.empty() ? kube::default_config() : kube::load_kubeconfig(flags.kubeconfig, flags.context);
-    const kube::Config lease_cfg = kube::lease_client_config(
-        cfg, std::chrono::milliseconds(static_cast<int64_t>(flags.retry_period * 1000)));
+    const kube::Config lease_cfg =
+        kube::lease_client_config(cfg, std::chrono::milliseconds(static_cast<int64_t>(flags.retry_period * 1000)));
     cfg.qps = flags.kube_api_qps;
     cfg.burst = flags.kube_api_burst;
     // One connection per concurrent create/bind of a reconcile's slow-start batch (ControllerOptions).
@@ -378,11 +381,15 @@ int main(int argc, char** argv) {
   const std::string lease_ns = flags.le_namespace.empty() ? default_lease_namespace() : flags.le_namespace;
   op::LeaderEndpoint leader_endpoint;
   if (!flags.leader_endpoints.empty()) {
-    auto env = [](const char* k) { const char* v = std::getenv(k); return std::string(v ? v : ""); };
+    auto env = [](const char* k) {
+      const char* v = std::getenv(k);
+      return std::string(v ? v : "");
+    };
     leader_endpoint = {lease_ns, flags.leader_endpoints, env("POD_NAME"), env("POD_UID"), env("POD_IP"), 0};
     if (leader_endpoint.pod_ip.empty())
-      usage_error("--leader-endpoints: POD_IP is not set (give the container env POD_IP from fieldRef status.podIP, "
-                  "and POD_NAME, POD_UID from metadata.name, metadata.uid)");
+      usage_error(
+          "--leader-endpoints: POD_IP is not set (give the container env POD_IP from fieldRef status.podIP, "
+          "and POD_NAME, POD_UID from metadata.name, metadata.uid)");
   }
   if (flags.leader_elect) {
     // A missing namespace would otherwise only show as a candidate that never leads.
@@ -464,7 +471,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<op::RendezvousService> rdzv;
   std::atomic<bool> shutting_down{false};
   std::atomic<int> exit_code{0};
-  op::ServingTls serving;  // what the leader serves; the CA goes to the jobs' Secrets
+  op::ServingTls serving;        // what the leader serves; the CA goes to the jobs' Secrets
   std::thread endpoints_thread;  // the leader's Endpoints (--leader-endpoints)
   auto start_leading = [&] {
     auto [rhost, rport] = split_addr("--rendezvous-bind", flags.rendezvous_bind);

@@ -162,8 +162,8 @@ Controller::Controller(kube::Client& client, metrics::Registry& registry, Contro
     const Json& status = kube::field(n, "status");
     const Json& meta = kube::field(n, "metadata");
     return Json{node_ready(n), spec.is_object() ? spec.value("unschedulable", false) : false,
-                spec.is_object() ? spec.value("taints", Json::array()) : Json::array(),
-                kube::field(meta, "labels"), kube::field(status, "allocatable")};
+                spec.is_object() ? spec.value("taints", Json::array()) : Json::array(), kube::field(meta, "labels"),
+                kube::field(status, "allocatable")};
   };
   nodes_->on_add([this](const Json&) { enqueue_all_jobs(); });
   nodes_->on_delete([this](const Json&) { enqueue_all_jobs(); });

@@ -16,13 +16,12 @@ kube::Json subsets_of(const LeaderEndpoint& e) {
 }  // namespace
 
 kube::Json leader_endpoints_object(const LeaderEndpoint& e) {
-  return {{"apiVersion", "v1"},
-          {"kind", "Endpoints"},
-          {"metadata",
-           {{"name", e.name},
-            {"namespace", e.ns},
-            {"labels", {{"app.kubernetes.io/managed-by", "railyard-operator"}}}}},
-          {"subsets", subsets_of(e)}};
+  return {
+      {"apiVersion", "v1"},
+      {"kind", "Endpoints"},
+      {"metadata",
+       {{"name", e.name}, {"namespace", e.ns}, {"labels", {{"app.kubernetes.io/managed-by", "railyard-operator"}}}}},
+      {"subsets", subsets_of(e)}};
 }
 
 bool leader_endpoints_current(const kube::Json& current, const LeaderEndpoint& e) {

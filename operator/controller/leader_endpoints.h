@@ -16,8 +16,8 @@
 namespace railyard::op {
 
 struct LeaderEndpoint {
-  std::string ns;    // the operator's namespace (the Service's)
-  std::string name;  // the Service's name (--leader-endpoints)
+  std::string ns;                         // the operator's namespace (the Service's)
+  std::string name;                       // the Service's name (--leader-endpoints)
   std::string pod_name, pod_uid, pod_ip;  // this replica's pod (downward API: POD_NAME, POD_UID, POD_IP)
   int port = 0;                           // the rendezvous port this replica listens on
   std::string port_name = "rendezvous";   // the Service port's name (an Endpoints port must carry it)

@@ -133,8 +133,9 @@ struct PeerServer::Impl {
                         " refused: this pod is in generation " + std::to_string(mine) +
                         "; the sender was superseded and must stop\n",
                     "text/plain");
-    log::warn(kComponent, "peer copy: refused a copy from a superseded generation",
-              {{"remote", req.remote_addr}, {"their_generation", g.substr(0, 20)}, {"generation", std::to_string(mine)}});
+    log::warn(
+        kComponent, "peer copy: refused a copy from a superseded generation",
+        {{"remote", req.remote_addr}, {"their_generation", g.substr(0, 20)}, {"generation", std::to_string(mine)}});
     return false;
   }
 

@@ -30,9 +30,10 @@ TEST_CASE("the Endpoints name the leader's pod, IP and rendezvous port, and noth
   const auto& s = o["subsets"][0];
   REQUIRE(s["addresses"].size() == 1);
   CHECK(s["addresses"][0]["ip"] == "10.244.1.7");
-  CHECK(s["addresses"][0]["targetRef"] ==
-        Json{{"kind", "Pod"}, {"namespace", "railyard-system"}, {"name", "railyard-operator-7d9c-abcde"},
-             {"uid", "0b1f6c1e-4a8e-4c3e-9d0f-1f2e3d4c5b6a"}});
+  CHECK(s["addresses"][0]["targetRef"] == Json{{"kind", "Pod"},
+                                               {"namespace", "railyard-system"},
+                                               {"name", "railyard-operator-7d9c-abcde"},
+                                               {"uid", "0b1f6c1e-4a8e-4c3e-9d0f-1f2e3d4c5b6a"}});
   CHECK_FALSE(s.contains("notReadyAddresses"));
   // A selector-less Service matches an Endpoints port by the Service port's name.
   CHECK(s["ports"] == Json::array({{{"name", "rendezvous"}, {"port", 9090}, {"protocol", "TCP"}}}));
