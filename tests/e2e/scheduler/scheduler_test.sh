@@ -214,7 +214,7 @@ echo "extended resource: waiting: $msg"
 nic "${sim[2]}" add || fail "advertising example.com/nic on ${sim[2]}"
 nic_nodes+=("${sim[2]}")
 wait_for 60 "nics bound" bash -c "for i in 0 1 2; do [ -n \"\$(kubectl get pod nics-worker-\$i -n $ns -o jsonpath='{.spec.nodeName}')\" ] || exit 1; done"
-got=$(for i in 0 1 2; do node_of "nics-worker-$i"; done | sort | tr '\n' ' ')
+got=$(for i in 0 1 2; do printf '%s\n' "$(node_of "nics-worker-$i")"; done | sort | tr '\n' ' ')
 want=$(printf '%s\n' "${sim[0]}" "${sim[1]}" "${sim[2]}" | sort | tr '\n' ' ')
 [ "$got" = "$want" ] || fail "nics placed on $got; the nodes with example.com/nic are $want"
 echo "extended resource: started on $got(the 3 nodes advertising example.com/nic)"
