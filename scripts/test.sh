@@ -47,15 +47,7 @@ summary() {
   for i in "${!stage_names[@]}"; do printf '   %-56s %4d s\n' "${stage_names[$i]}" "${stage_secs[$i]}"; done
   return $rc
 }
-real_pid=""
-on_exit() {
-  local rc=$?
-  [ -z "$real_pid" ] || { pkill -TERM -P "$real_pid"; kill "$real_pid"; } 2>/dev/null || true
-  [ -z "$hardening_build_pid" ] || { kill -TERM -- "-$hardening_build_pid"; kill -CONT -- "-$hardening_build_pid"; } 2>/dev/null || true
-  (exit $rc)
-  summary
-}
-trap on_exit EXIT
+trap summary EXIT
 # CI stops the whole run at 90 minutes. The budget guard is a diagnostic, never a skip: every stage runs, and a stage
 # that starts with less time left than it needs is announced loudly and turns the run red at the end, so a run that
 # did not check everything it claims never passes (docs/hardening.md "CI time").
@@ -72,18 +64,6 @@ fits() { # minutes-needed stage-name
   fi
   return 0
 }
-
-# The two sanitizer trees (docs/hardening.md), each building only what it runs: clang with ASan+UBSan+libFuzzer and
-# gcc with TSan. Configured and built in one go, so that the test stage can have it done beside it.
-sanitizer_flags=(-DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-g1 -O1" "-DCMAKE_C_FLAGS_DEBUG=-g1 -O1")
-build_sanitizer_trees() {
-  cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ "${sanitizer_flags[@]}" \
-    -DRAILYARD_FUZZ=ON -DRAILYARD_SANITIZE=address &&
-    cmake --build build-fuzz -j2 --target railyard_fuzz_targets railyard_asan_tests &&
-    cmake -S . -B build-tsan "${sanitizer_flags[@]}" -DRAILYARD_SANITIZE=thread &&
-    cmake --build build-tsan -j2 --target railyard_tsan_tests
-}
-hardening_build_pid=""
 
 step "dependencies"
 bash scripts/install-deps.sh --with-torch
@@ -108,45 +88,9 @@ if [ "${labels[*]}" != "-L unit" ]; then
 fi
 
 step "tests"
-if [ "$hardening" = 1 ]; then
-  # The sanitizer trees build beside the real-node and unit tests at the lowest CPU priority, in a process group of
-  # their own: the real-node tests leave about half of the two cores idle (waiting on kubelets, sleeps and sockets),
-  # which this build takes. It is stopped (SIGSTOP to its group) while the other e2e tests run, which are timed against
-  # their jobs, and resumed after them; the hardening stages below wait for it. Output: build-hardening.log.
-  rm -f "$root/build-hardening.rc"
-  setsid nice -n 19 bash -c "$(declare -p sanitizer_flags); $(declare -f build_sanitizer_trees)
-    build_sanitizer_trees >'$root/build-hardening.log' 2>&1; echo \$? >'$root/build-hardening.rc'" &
-  hardening_build_pid=$!
-fi
 cd build
-if [ "${labels[*]}" = "-LE bench|demo" ] && [ ${#extra[@]} -eq 0 ]; then
-  # Two phases (issue 39). First the real-node tests (label real: each brings up a cluster of its own, in network
-  # namespaces of its own, and waits on kubelets and containers about half the time) beside the unit tests (no
-  # cluster); then the other e2e tests alone, on the shared control plane (the e2e_cluster fixture). Those are timed
-  # against their jobs (a fault injected mid-run, a straggler found before the end): beside the real-node tests they
-  # lost those races (tried 2026-12-05: 5 of 39 failed), so they keep the machine to themselves. The real-node lane's
-  # output is printed when it is done.
-  lane_log=$PWD/Testing/real-lane.log
-  mkdir -p Testing
-  (t=$(date +%s)
-    ctest --output-on-failure --no-tests=error -L real -LE 'bench|demo' >"$lane_log" 2>&1
-    echo "$? $(($(date +%s) - t))" >"$lane_log.rc") &
-  real_pid=$!
-  ctest --output-on-failure --no-tests=error -L unit -LE 'bench|demo|real' || failed+=("unit tests")
-  printf '\n== unit tests done (%d min into the run); waiting for the real-node tests beside them\n' $((SECONDS / 60))
-  wait "$real_pid" || true
-  real_pid=""
-  read -r lane_rc lane_s <"$lane_log.rc" || lane_rc=1 lane_s=0
-  printf '\n== the real-node tests (beside the unit tests, %d min %02d s):\n' $((lane_s / 60)) $((lane_s % 60))
-  cat "$lane_log"
-  [ "$lane_rc" = 0 ] || failed+=("real-node tests")
-  printf '\n== the other e2e tests (%d min into the run)\n' $((SECONDS / 60))
-  [ -z "$hardening_build_pid" ] || kill -STOP -- "-$hardening_build_pid" 2>/dev/null || true
-  ctest --output-on-failure --no-tests=error -LE 'bench|demo|real|unit' || failed+=("e2e tests")
-  [ -z "$hardening_build_pid" ] || kill -CONT -- "-$hardening_build_pid" 2>/dev/null || true
-else
-  ctest --output-on-failure --no-tests=error "${labels[@]}" "${extra[@]}" || failed+=("tests")
-fi
+# Tests run one at a time: the machine has 2 cores and the trainer tests use both.
+ctest --output-on-failure --no-tests=error "${labels[@]}" "${extra[@]}" || failed+=("tests")
 fi
 
 if [ "$hardening" = 1 ]; then
@@ -154,23 +98,14 @@ if [ "$hardening" = 1 ]; then
   # for RAILYARD_FUZZ_SECONDS each, then the unit tests of build-fuzz/hardening/asan.txt), and gcc with TSan (the
   # concurrency tests of build-tsan/hardening/tsan.txt, the informer's against a local cluster of its own).
   cd "$root"
-  fits 20 "sanitizer trees, fuzzers, ASan and TSan unit tests"
-  step "hardening: clang ASan+UBSan+libFuzzer and gcc TSan trees"
-  if [ -n "$hardening_build_pid" ]; then
-    echo "(built beside the real-node and unit tests at nice 19; waiting for the rest; output in build-hardening.log)"
-    kill -CONT -- "-$hardening_build_pid" 2>/dev/null || true
-    wait "$hardening_build_pid" || true
-    hardening_build_pid=""
-    if [ "$(cat build-hardening.rc 2>/dev/null)" != 0 ]; then
-      tail -n 60 build-hardening.log
-      echo "scripts/test.sh: building the sanitizer trees failed (build-hardening.log)" >&2
-      exit 1
-    fi
-  else
-    build_sanitizer_trees >build-hardening.log 2>&1 || { tail -n 60 build-hardening.log; exit 1; }
-  fi
-  # kube_e2e_informer (TSan) runs against the local cluster (its fixture brings one up in build-tsan/e2e-cluster).
-  bash deploy/local/cluster.sh build
+  sanitizer_flags=(-DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-g1 -O1" "-DCMAKE_C_FLAGS_DEBUG=-g1 -O1")
+  fits 20 "clang ASan+UBSan+libFuzzer tree, fuzzers, ASan unit tests"
+  step "hardening: clang ASan+UBSan+libFuzzer tree"
+  cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ "${sanitizer_flags[@]}" \
+    -DRAILYARD_FUZZ=ON -DRAILYARD_SANITIZE=address >build-fuzz-configure.log 2>&1 ||
+    { cat build-fuzz-configure.log; exit 1; }
+  rm -f build-fuzz-configure.log
+  cmake --build build-fuzz -j2 --target railyard_fuzz_targets railyard_asan_tests
   step "hardening: fuzzers"
   # The JUnit file keeps the tail of each fuzzer's output (libFuzzer's final stats) for scripts/reliability_report.py.
   # Two at a time: each fuzzes for a fixed RAILYARD_FUZZ_SECONDS on one core, so two cores do the same work in half
@@ -183,6 +118,14 @@ if [ "$hardening" = 1 ]; then
     ctest --output-on-failure --no-tests=error -R "^($asan_tests)\$" --output-junit "$PWD/hardening/asan.xml") ||
     failed+=("ASan+UBSan unit tests")
 
+  fits 15 "gcc TSan tree and concurrency tests"
+  step "hardening: gcc TSan tree"
+  cmake -S . -B build-tsan "${sanitizer_flags[@]}" -DRAILYARD_SANITIZE=thread >build-tsan-configure.log 2>&1 ||
+    { cat build-tsan-configure.log; exit 1; }
+  rm -f build-tsan-configure.log
+  cmake --build build-tsan -j2 --target railyard_tsan_tests
+  # kube_e2e_informer runs against the local cluster (its fixture brings one up in build-tsan/e2e-cluster).
+  bash deploy/local/cluster.sh build
   step "hardening: concurrency tests under TSan"
   tsan_tests=$(paste -sd'|' build-tsan/hardening/tsan.txt)
   (cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$root/tests/fuzz/tsan.supp" \
