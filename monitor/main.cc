@@ -182,8 +182,10 @@ int main(int argc, char** argv) {
       lo.renew_deadline = ms(renew_deadline);
       lo.retry_period = ms(retry_period);
       elector = std::make_unique<kube::LeaderElector>(*lease_client, lo);
-      elector->on_started_leading([&] {
-        log::info("monitor", "leading: evaluating", {{"lease", lo.lease_namespace + "/" + lo.lease_name}});
+      const std::string lease =
+          lo.lease_namespace + "/" + lo.lease_name;  // lo ends with this block; the callbacks don't
+      elector->on_started_leading([&, lease] {
+        log::info("monitor", "leading: evaluating", {{"lease", lease}});
         mon.set_leading(true);
         loop = std::thread([&] { mon.run(stop); });
       });

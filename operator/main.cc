@@ -583,10 +583,12 @@ int main(int argc, char** argv) {
   sigwait(&sigs, &sig);
   shutting_down = true;
   if (renewal_watch.joinable()) renewal_watch.join();
-  if (endpoints_thread.joinable()) endpoints_thread.join();
   log::info(kLog, "shutting down", {{"signal", std::to_string(sig)}});
   controller.stop();
   if (elector) elector->stop();
+  // After the elector: a start_leading that raced the signal has finished (the elector joins it), so the thread it may
+  // have started is seen here; it ends on shutting_down.
+  if (endpoints_thread.joinable()) endpoints_thread.join();
   controller.set_rendezvous(nullptr);
   rdzv.reset();
   health.stop();
