@@ -69,6 +69,7 @@ const Resource serviceaccounts{"", "v1", "serviceaccounts", "ServiceAccount", tr
 const Resource customresourcedefinitions{"apiextensions.k8s.io", "v1", "customresourcedefinitions",
                                          "CustomResourceDefinition", false};
 const Resource networkpolicies{"networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", true};
+const Resource priorityclasses{"scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", false};
 const Resource trainingjobs{"railyard.dev", "v1alpha1", "trainingjobs", "TrainingJob", true};
 }  // namespace resources
 

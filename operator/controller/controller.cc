@@ -125,6 +125,8 @@ Controller::Controller(kube::Client& client, metrics::Registry& registry, Contro
   po.label_selector = kJobLabel;
   pods_ = std::make_unique<kube::Informer>(client_, kube::resources::pods, po);
   nodes_ = std::make_unique<kube::Informer>(client_, kube::resources::nodes, kube::InformerOptions{});
+  priority_classes_ =
+      std::make_unique<kube::Informer>(client_, kube::resources::priorityclasses, kube::InformerOptions{});
   // Every pod bound to a node, in any namespace and Railyard's or not: placement counts their requests against the
   // nodes' allocatable (NodeResourcesFit), so a node shared with other workloads is not over-committed.
   // Railyard's own are in pods_ already: each pod is watched (and parsed) once.
@@ -176,6 +178,7 @@ Controller::~Controller() { stop(); }
 
 void Controller::start_informers() {
   nodes_->start();
+  priority_classes_->start();
   node_pods_->start();
   pods_->start();
   services_->start();
@@ -184,7 +187,8 @@ void Controller::start_informers() {
 
 bool Controller::wait_for_sync(milliseconds timeout) {
   auto deadline = Clock::now() + timeout;
-  for (kube::Informer* inf : {nodes_.get(), node_pods_.get(), pods_.get(), services_.get(), jobs_.get()}) {
+  for (kube::Informer* inf :
+       {nodes_.get(), priority_classes_.get(), node_pods_.get(), pods_.get(), services_.get(), jobs_.get()}) {
     auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
     if (left.count() <= 0 || !inf->wait_for_sync(left)) return false;
   }
@@ -223,6 +227,7 @@ void Controller::stop() {
   pods_->stop();
   services_->stop();
   node_pods_->stop();
+  priority_classes_->stop();
   nodes_->stop();
 }
 

@@ -18,6 +18,7 @@
 #include "common/kube/work_queue.h"
 #include "common/metrics/metrics.h"
 #include "common/restart_request.h"
+#include "operator/controller/gang_order.h"
 #include "operator/controller/job_spec.h"
 #include "operator/controller/lifecycle.h"
 #include "operator/controller/network_policy.h"
@@ -105,10 +106,12 @@ class Controller {
   void create_pods(Sync& s);                                                 // sync_act.cc
   void bind_gang(Sync& s);                                                   // sync_act.cc
   void place_gang(Sync& s, const std::vector<int>& indices, bool creating);  // sync_place.cc
-  std::optional<std::chrono::milliseconds> resize_world(Sync& s);            // sync_status.cc
-  void plan_world(Sync& s);                                                  // sync_status.cc
-  void write_observed_status(Sync& s);                                       // sync_status.cc
-  void open_generation(Sync& s);                                             // sync_act.cc
+  // The gangs waiting for nodes that go before s's job (gang_order.h), as placement requests, first first.
+  std::vector<PlacementRequest> gangs_ahead(const Sync& s);        // sync_place.cc
+  std::optional<std::chrono::milliseconds> resize_world(Sync& s);  // sync_status.cc
+  void plan_world(Sync& s);                                        // sync_status.cc
+  void write_observed_status(Sync& s);                             // sync_status.cc
+  void open_generation(Sync& s);                                   // sync_act.cc
 
   void enqueue(const std::string& key);
   void enqueue_all_jobs();
@@ -153,6 +156,7 @@ class Controller {
   kube::EventRecorder recorder_;
   kube::WorkQueue queue_;
   std::unique_ptr<kube::Informer> jobs_, pods_, nodes_, node_pods_, services_;
+  std::unique_ptr<kube::Informer> priority_classes_;  // scheduling.k8s.io PriorityClasses: the order of waiting gangs
   std::atomic<bool> synced_{false};
   std::atomic<bool> stopping_{false};
   std::vector<std::thread> workers_;

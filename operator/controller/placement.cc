@@ -281,24 +281,52 @@ PlacementResult ReservingPlacement::place(const PlacementRequest& req, const std
     if (r.until <= now || (it != by_name.end() && it->second->jobs.count(r.job_key)) ||
         (r.job_key == req.job_key && placing.count(r.index)))
       continue;
-    if (it != by_name.end()) {
-      it->second->gpu_used = saturating_add(it->second->gpu_used, r.gpus);
-      it->second->worker_pods++;
-      it->second->cpu_used_milli = saturating_add(it->second->cpu_used_milli, r.requests.cpu_milli);
-      it->second->memory_used = saturating_add(it->second->memory_used, r.requests.memory);
-      for (const auto& [name, v] : r.requests.scalar)
-        it->second->scalar_used[name] = saturating_add(it->second->scalar_used[name], v);
-      it->second->pods_used++;
-      it->second->jobs.insert(r.job_key);
-    }
+    if (it != by_name.end()) add_pod(*it->second, r.job_key, r.gpus, r.requests);
     kept.push_back(std::move(r));
   }
   reserved_ = std::move(kept);
+  const std::vector<std::string> ahead = book_ahead(req, view);
   PlacementResult result = inner_->place(req, view);
+  if (!result.ok && !ahead.empty()) {
+    std::string names;
+    for (size_t i = 0; i < ahead.size() && i < 3; ++i) names += (i ? ", " : "") + ahead[i];
+    if (ahead.size() > 3) names += ", ...";
+    result.message += "; room held first for " + std::to_string(ahead.size()) + " waiting gang" +
+                      (ahead.size() == 1 ? "" : "s") + " of higher priority (" + names + ")";
+  }
   if (result.ok)
     for (size_t k = 0; k < result.nodes.size() && k < indices.size(); ++k)
       reserved_.push_back({req.job_key, result.nodes[k], indices[k], req.gpus_per_pod, req.requests, now + hold_});
   return result;
+}
+
+std::vector<std::string> ReservingPlacement::book_ahead(const PlacementRequest& req, std::vector<NodeInfo>& view) {
+  std::vector<std::string> booked;
+  std::map<std::string, NodeInfo*> by_name;
+  for (NodeInfo& n : view) by_name[n.name] = &n;
+  for (const PlacementRequest& a : req.ahead) {
+    // A gang placed moments ago holds its reservations already (its pods are not in the cache yet).
+    if (a.job_key == req.job_key ||
+        std::any_of(reserved_.begin(), reserved_.end(), [&](const Reservation& r) { return r.job_key == a.job_key; }))
+      continue;
+    const PlacementResult r = inner_->place(a, view);
+    if (!r.ok) continue;
+    for (const std::string& node : r.nodes)
+      if (auto it = by_name.find(node); it != by_name.end())
+        add_pod(*it->second, a.job_key, a.gpus_per_pod, a.requests);
+    booked.push_back(a.job_key);
+  }
+  return booked;
+}
+
+void add_pod(NodeInfo& node, const std::string& job_key, int64_t gpus, const PodRequests& requests) {
+  node.gpu_used = saturating_add(node.gpu_used, gpus);
+  node.worker_pods++;
+  node.cpu_used_milli = saturating_add(node.cpu_used_milli, requests.cpu_milli);
+  node.memory_used = saturating_add(node.memory_used, requests.memory);
+  for (const auto& [name, v] : requests.scalar) node.scalar_used[name] = saturating_add(node.scalar_used[name], v);
+  node.pods_used++;
+  node.jobs.insert(job_key);
 }
 
 std::set<std::string> parse_node_list(const std::string& list) {

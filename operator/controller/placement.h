@@ -95,6 +95,11 @@ struct PlacementRequest {
   bool hard = false;
   std::vector<std::string> topology_keys{};
   PodRequests requests{};  // CPU and memory of each pod (pod_requests of the worker pod), against NodeResourcesFit
+  // Gangs that go before this one (gang_order.h: PriorityClass, then creation order) and wait for nodes. A
+  // ReservingPlacement books each of them that fits on what is left, in this order, before it places this gang: a
+  // gang of higher priority gets the nodes first whichever job is reconciled first. One that does not fit at all
+  // holds nothing (kube-scheduler's queue does the same for pods: a big pending pod does not block smaller ones).
+  std::vector<PlacementRequest> ahead{};
 };
 
 struct PlacementResult {
@@ -131,6 +136,8 @@ class ReservingPlacement : public Placement {
   PlacementResult place(const PlacementRequest& req, const std::vector<NodeInfo>& nodes) override;
 
  private:
+  // Books the gangs of req.ahead that fit onto `view` (placed by inner_, no reservation kept); their keys, in order.
+  std::vector<std::string> book_ahead(const PlacementRequest& req, std::vector<NodeInfo>& view);
   struct Reservation {
     std::string job_key, node;
     int index;
@@ -163,6 +170,9 @@ int64_t preferred_affinity_score(const Json& node_affinity, const NodeInfo& node
 // railyard_operator_placement_hops: the worst same-rail switch hops of each gang placed (registered once; the
 // operator's main registers it at start so it is exported before the first placement).
 metrics::Family<metrics::Histogram>& placement_hops(metrics::Registry& registry);
+
+// Counts one more pod of `job_key` (`gpus` GPUs, `requests`) against the node, as a bound pod would.
+void add_pod(NodeInfo& node, const std::string& job_key, int64_t gpus, const PodRequests& requests);
 
 // "" when the node has room for one more pod with `requests` (pod count, CPU, memory, every other resource), else the
 // first resource short ("pods", "cpu", "memory", or its name, e.g. "rdma/hca"), as kube-scheduler's NodeResourcesFit

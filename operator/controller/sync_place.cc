@@ -17,7 +17,64 @@ namespace railyard::op {
 
 namespace {
 using Clock = std::chrono::steady_clock;
+
+// At most this many waiting gangs are booked ahead of one placement (each costs one placement of its own).
+constexpr size_t kMaxGangsAhead = 32;
+
+// What each worker pod of the job asks of a node and where it may go, onto `req` (its placement options already in):
+// the worker pod as built for generation `gen`, the template's tolerations, the world layout.
+void fill_gang_request(PlacementRequest& req, const Json& job, const JobSpec& spec, int64_t gen,
+                       const PodOptions& pod_opts) {
+  const Json worker_pod = build_worker_pod(job, spec, 0, gen, pod_opts);
+  req.gpus_per_pod = pod_resource(worker_pod, kGpuResource);
+  req.requests = pod_requests(worker_pod);
+  req.node_selector = spec.node_selector;
+  if (job["spec"].contains("template") && job["spec"]["template"].is_object())
+    req.tolerations = job["spec"]["template"].value("spec", Json::object()).value("tolerations", Json::array());
+  req.procs_per_pod = spec.procs_per_replica;
+  const WorldLayout layout = world_layout(spec, spec.replicas);
+  req.tensor = layout.tensor;
+  req.pipeline = layout.pipeline;
+}
 }  // namespace
+
+std::vector<PlacementRequest> Controller::gangs_ahead(const Sync& s) {
+  std::vector<const Json*> classes;
+  const auto class_objects = priority_classes_->snapshot();
+  for (const auto& c : class_objects) classes.push_back(c.get());
+  const GangOrder mine = gang_order(s.job, classes);
+  // Jobs with a pod that is not going away are placed (or being placed): only the others wait for nodes.
+  std::set<std::string> with_pods;
+  for (const auto& p : pods_->snapshot()) {
+    const Json& meta = kube::field(*p, "metadata");
+    const Json& job = kube::field(kube::field(meta, "labels"), kJobLabel);
+    if (job.is_string() && !terminating(*p)) with_pods.insert(kube::namespace_of(*p) + "/" + job.get<std::string>());
+  }
+  std::vector<std::pair<GangOrder, std::shared_ptr<const Json>>> waiting;
+  for (auto& j : jobs_->snapshot()) {
+    GangOrder o = gang_order(*j, classes);
+    if (o.key == s.key || !goes_before(o, mine) || with_pods.count(o.key) || !waiting_gang(*j)) continue;
+    waiting.emplace_back(std::move(o), std::move(j));
+  }
+  std::sort(waiting.begin(), waiting.end(), [](const auto& a, const auto& b) { return goes_before(a.first, b.first); });
+  std::vector<PlacementRequest> out;
+  for (const auto& [order, job] : waiting) {
+    if (out.size() == kMaxGangsAhead) break;
+    const ParsedJob parsed = parse_job(*job);
+    if (parsed.violation || parsed.spec.suspend || parsed.spec.scheduler != kRailyardScheduler) continue;
+    PlacementRequest req;
+    apply_job_options(*job, req);
+    req.job_key = order.key;
+    req.pods = parsed.spec.replicas;
+    try {
+      fill_gang_request(req, *job, parsed.spec, 1, opts_.pod);
+    } catch (const std::exception&) {
+      continue;  // its own reconcile reports why its pods cannot be built
+    }
+    out.push_back(std::move(req));
+  }
+  return out;
+}
 
 // indices: replica indices of the pods to place, ascending. creating: some of them are about to be created (their
 // Unschedulable event is new even when the condition already says so).
@@ -32,21 +89,14 @@ void Controller::place_gang(Sync& s, const std::vector<int>& indices, bool creat
   req.job_key = s.key;
   req.pods = static_cast<int>(indices.size());
   req.pod_indices = indices;
-  const Json worker_pod = build_worker_pod(s.job, spec, 0, s.gen, opts_.pod);
-  req.gpus_per_pod = pod_resource(worker_pod, kGpuResource);
-  req.requests = pod_requests(worker_pod);
-  req.node_selector = spec.node_selector;
-  if (s.job["spec"].contains("template") && s.job["spec"]["template"].is_object())
-    req.tolerations = s.job["spec"]["template"].value("spec", Json::object()).value("tolerations", Json::array());
+  fill_gang_request(req, s.job, spec, s.gen, opts_.pod);
   for (int i = 0; i < n; ++i) {
     if (std::binary_search(indices.begin(), indices.end(), i)) continue;
     if (auto it = s.by_index.find(i); it != s.by_index.end() && !node_of(*it->second).empty())
       req.bound[i] = node_of(*it->second);
   }
-  req.procs_per_pod = spec.procs_per_replica;
+  req.ahead = gangs_ahead(s);
   const WorldLayout layout = world_layout(spec, n);
-  req.tensor = layout.tensor;
-  req.pipeline = layout.pipeline;
 
   const auto t0 = Clock::now();
   const auto inventory = node_inventory();
