@@ -43,17 +43,19 @@ std::vector<PlacementRequest> Controller::gangs_ahead(const Sync& s) {
   const auto class_objects = priority_classes_->snapshot();
   for (const auto& c : class_objects) classes.push_back(c.get());
   const GangOrder mine = gang_order(s.job, classes);
-  // Jobs with a pod that is not going away are placed (or being placed): only the others wait for nodes.
-  std::set<std::string> with_pods;
+  // Jobs with a pod bound to a node (and not going away) are placed: only the others wait for nodes. A waiting gang's
+  // pods may exist, unbound (created before they fit; bound once the whole gang does).
+  std::set<std::string> placed;
   for (const auto& p : pods_->snapshot()) {
     const Json& meta = kube::field(*p, "metadata");
     const Json& job = kube::field(kube::field(meta, "labels"), kJobLabel);
-    if (job.is_string() && !terminating(*p)) with_pods.insert(kube::namespace_of(*p) + "/" + job.get<std::string>());
+    if (job.is_string() && !terminating(*p) && !node_of(*p).empty())
+      placed.insert(kube::namespace_of(*p) + "/" + job.get<std::string>());
   }
   std::vector<std::pair<GangOrder, std::shared_ptr<const Json>>> waiting;
   for (auto& j : jobs_->snapshot()) {
     GangOrder o = gang_order(*j, classes);
-    if (o.key == s.key || !goes_before(o, mine) || with_pods.count(o.key) || !waiting_gang(*j)) continue;
+    if (o.key == s.key || !goes_before(o, mine) || placed.count(o.key) || !waiting_gang(*j)) continue;
     waiting.emplace_back(std::move(o), std::move(j));
   }
   std::sort(waiting.begin(), waiting.end(), [](const auto& a, const auto& b) { return goes_before(a.first, b.first); });

@@ -118,6 +118,8 @@ check "operator may create Endpoints in its namespace" can yes "$op" create endp
 check "operator may not update other Endpoints" can no "$op" update endpoints/other -n "$ns"
 check "operator may not touch Endpoints in a job namespace" can no "$op" update "endpoints/$rel-rendezvous" -n "$team"
 for v in get list watch; do check "operator may $v nodes" can yes "$op" "$v" nodes; done
+for v in list watch; do check "operator may $v priorityclasses" can yes "$op" "$v" priorityclasses.scheduling.k8s.io; done
+check "operator may not create priorityclasses" can no "$op" create priorityclasses.scheduling.k8s.io
 for v in create patch; do check "operator may $v events" can yes "$op" "$v" events -n "$team"; done
 for v in get create update delete; do check "operator may $v networkpolicies in a job namespace" can yes "$op" "$v" networkpolicies.networking.k8s.io -n "$team"; done
 for v in get create update; do check "operator may $v leases in $ns" can yes "$op" "$v" leases.coordination.k8s.io -n "$ns"; done

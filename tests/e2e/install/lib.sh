@@ -36,12 +36,14 @@ render() {
 }
 # objects FILE.yaml: one compact JSON line per document.
 objects() { "$minihelm" yaml2json "$1"; }
-# Canonical form for comparing the chart with the kustomize output: Helm's bookkeeping labels dropped, empty and null
-# values dropped (yaml.v2 and kustomize's yaml.v3 disagree on a flow-mapping key without a value), sorted by kind,
+# Canonical form for comparing the chart with the kustomize output: Helm's bookkeeping labels and the CRD's keep
+# annotation (Helm's alone) dropped, empty and null values dropped (yaml.v2 and kustomize's yaml.v3 disagree on a
+# flow-mapping key without a value), sorted by kind,
 # namespace and name; the Namespace object only exists in the kustomization.
 canonical() {
-  objects "$1" | jq -c 'walk(if type == "object" then del(."helm.sh/chart", ."app.kubernetes.io/managed-by")
-      | with_entries(select(.value != null and .value != "")) else . end) | select(.kind != "Namespace")' |
+  objects "$1" | jq -c 'walk(if type == "object" then del(."helm.sh/chart", ."app.kubernetes.io/managed-by",
+      ."helm.sh/resource-policy") | with_entries(select(.value != null and .value != "" and .value != {})) else . end)
+      | select(.kind != "Namespace")' |
     jq -s -c 'sort_by(.kind, .metadata.namespace // "", .metadata.name)[]'
 }
 # fresh_namespace NAME: creates NAME, first waiting for a deleted one of an earlier run to be gone.

@@ -12,7 +12,11 @@ same_files() { # DIR_A DIR_B GLOB: the same file names, byte-identical
   [ "$(cd "$a" && ls $g)" = "$(cd "$b" && ls $g)" ] || { echo "  $a and $b hold different $g files" >&2; return 1; }
   for f in $(cd "$a" && ls $g); do cmp "$a/$f" "$b/$f" || { echo "  copy it: cp $a/$f $b/$f" >&2; return 1; }; done
 }
-check "charts/railyard/crds is a byte-identical copy of deploy/crds" same_files "$src/deploy/crds" "$chart/crds" '*.yaml'
+check "charts/railyard/files/crds is a byte-identical copy of deploy/crds" \
+  same_files "$src/deploy/crds" "$chart/files/crds" '*.yaml'
+# Helm installs crds/ once and never upgrades it; the CRD lives in templates/crds.yaml instead (crds.enabled).
+check "the chart has no crds/ folder (Helm would install it beside the template's CRD and never upgrade it)" \
+  test ! -e "$chart/crds"
 check "chart dashboards are byte-identical copies of deploy/grafana" \
   same_files "$src/deploy/grafana" "$chart/files/dashboards" '*.json'
 check "chart rules are a byte-identical copy of deploy/prometheus/rules/railyard.rules.yml" \
@@ -26,7 +30,7 @@ crd_stray_keys() {
     jq -r '[paths | select(.[-1] | type == "string" and test(" ")) | map(tostring) | join(".")] | .[]')
   [ -z "$bad" ] && return 0
   echo "  stray keys (quote the description in deploy/crds/trainingjobs.railyard.dev.yaml, then copy it to" \
-    "charts/railyard/crds/):" >&2
+    "charts/railyard/files/crds/):" >&2
   sed 's/^/    /' <<<"$bad" >&2
   return 1
 }
@@ -40,6 +44,25 @@ check "default: CRD, 2 Deployments, 3 Services, PDB, ClusterRoles (operator, mon
   (map(.kind) | sort) == (["ClusterRole","ClusterRole","ClusterRole","ClusterRole","ClusterRoleBinding","ClusterRoleBinding","ConfigMap",
     "ConfigMap","CustomResourceDefinition","Deployment","Deployment","NetworkPolicy","NetworkPolicy","PodDisruptionBudget","Role","Role",
     "Role","Role","RoleBinding","RoleBinding","RoleBinding","RoleBinding","Service","Service","Service","ServiceAccount","ServiceAccount"])' "$work/default.json"
+# The CRD from the template is deploy/crds' own, kept on uninstall; crds.keep=false drops the annotation and
+# crds.enabled=false the CRD.
+crd_of() { jq -S -s '[.[] | select(.kind == "CustomResourceDefinition")]' "$1"; }
+check "default: the CRD is deploy/crds/trainingjobs.railyard.dev.yaml, with helm.sh/resource-policy keep" q '
+  [.[] | select(.kind == "CustomResourceDefinition")] | length == 1 and
+    .[0].metadata.annotations == {"helm.sh/resource-policy": "keep"}' "$work/default.json"
+check "default: the rendered CRD equals deploy/crds' but for the keep annotation" cmp \
+  <(crd_of "$work/default.json" | jq -S '.[0] | del(.metadata.annotations)') \
+  <(objects "$src/deploy/crds/trainingjobs.railyard.dev.yaml" | jq -S .)
+render "$work/crds-nokeep.yaml" --set crds.keep=false || fail "crds.keep=false does not render"
+check "crds.keep=false: the CRD without annotations" q \
+  '[.[] | select(.kind == "CustomResourceDefinition")] | length == 1 and (.[0].metadata | has("annotations") | not)' \
+  <(objects "$work/crds-nokeep.yaml")
+render "$work/crds-off.yaml" --set crds.enabled=false || fail "crds.enabled=false does not render"
+check "crds.enabled=false: no CRD, everything else as by default" q \
+  '([.[] | select(.kind == "CustomResourceDefinition")] | length == 0) and length == 26' <(objects "$work/crds-off.yaml")
+check "crds.enabled must be a boolean (values.schema.json)" bash -c \
+  "! \"\$0\" template \"\$1\" --name railyard --namespace railyard-system --set-string crds.enabled=yes >/dev/null 2>&1" \
+  "$minihelm" "$chart"
 check "default: the monitor runs 2 replicas with leader election on the Lease railyard-monitor, spread over nodes" q '
   [.[] | select(.kind == "Deployment" and .metadata.name == "railyard-monitor")][0].spec as $d |
   $d.replicas == 2 and ($d | has("strategy") | not) and
@@ -197,11 +220,12 @@ check "rbac.userRoles=false: no users' roles" bash -c "! grep -Eq 'name: railyar
 # --- non-default value sets ----------------------------------------------------------------------------------------
 render "$work/ns.yaml" -f "$values_dir/namespace-scope.yaml" || fail "namespace-scope.yaml does not render"
 objects "$work/ns.yaml" >"$work/ns.json"
-check "namespace scope: operator and monitor Roles in team-a, cluster-wide only reading nodes and pods" q '
+check "namespace scope: operator and monitor Roles in team-a, cluster-wide only reading nodes, priorityclasses, pods" q '
   ([.[] | select(.kind == "Role" and .metadata.namespace == "team-a") | .metadata.name] | sort)
     == ["railyard-monitor","railyard-operator"]
   and ([.[] | select(.kind == "ClusterRole" and (.metadata.name | test("-(edit|view)$") | not)) | .rules[]
-    | [.resources, .verbs]] == [[["nodes"], ["get","list","watch"]], [["pods"], ["list","watch"]]])' \
+    | [.resources, .verbs]] == [[["nodes"], ["get","list","watch"]], [["priorityclasses"], ["list","watch"]],
+      [["pods"], ["list","watch"]]])' \
   "$work/ns.json"
 check "namespace scope: the operator Role in team-a may update trainingjobs/finalizers (blockOwnerDeletion)" \
   finalizers_rule "$work/ns.json" Role railyard-operator

@@ -10,7 +10,8 @@
 #     starts once capacity returns, inside one unit (placement.mode hard, topologyKeys [unit]);
 #  4. two gangs submitted at once land whole in separate units;
 #  5. an extended resource (example.com/nic, advertised in 2, then 3 nodes' status): a 3-pod gang asking one per pod
-#     waits naming it, none bound, then starts on exactly the nodes that have it.
+#     waits naming it, none bound, then starts on exactly the nodes that have it;
+#  6. PriorityClass order: of two gangs waiting for the same nodes, the higher-priority one (created later) gets them.
 # Along the way, the rail-aligned NCCL env of GPU pods (docs/scheduler.md "NCCL settings"): every pod prints its
 # NCCL_* env at start, as the node agent resolved it from the Binding's annotations: the default HCAs
 # mlx5_0..mlx5_7 (1.), the nodes' railyard.dev/rail-hcas and nccl-socket-ifname annotations (1.), a Warning event
@@ -218,4 +219,41 @@ got=$(for i in 0 1 2; do printf '%s\n' "$(node_of "nics-worker-$i")"; done | sor
 want=$(printf '%s\n' "${sim[0]}" "${sim[1]}" "${sim[2]}" | sort | tr '\n' ' ')
 [ "$got" = "$want" ] || fail "nics placed on $got; the nodes with example.com/nic are $want"
 echo "extended resource: started on $got(the 3 nodes advertising example.com/nic)"
+
+# 6. PriorityClass order (issue #43 item 4): two gangs wait for the same 2 nodes; the one whose pods have the higher
+# priority gets them although the other is older and is the one reconciled at the moment they free up (an annotation
+# wakes it at once, while the high one waits for its 5 s retry): the low one books the high one first and keeps
+# waiting. Without the order the low gang, reconciled first, would take the nodes.
+kubectl delete tj nics -n "$ns" --wait=false >/dev/null
+wait_for 90 "the pods of nics gone" bash -c "[ -z \"\$(kubectl get pods -n $ns -o name)\" ]"
+pc=sched-e2e-high-$$
+kubectl create priorityclass "$pc" --value=1000 --description="scheduler_test.sh case 6" >/dev/null
+trap 'kubectl delete priorityclass "$pc" --wait=false >/dev/null 2>&1 || true; cleanup_nic; cleanup' EXIT
+with_priority() { sed "/^    spec:\$/a\\      priorityClassName: $pc"; }
+{ job fill-a 2 8; echo "---"; job fill-b 2 8; } | kubectl apply -n "$ns" -f - >/dev/null
+for j in fill-a fill-b; do
+  wait_for 60 "$j bound" bash -c "[ -n \"\$(kubectl get pod $j-worker-0 -n $ns -o jsonpath='{.spec.nodeName}')\" ] &&
+    [ -n \"\$(kubectl get pod $j-worker-1 -n $ns -o jsonpath='{.spec.nodeName}')\" ]"
+done
+unschedulable() { [ "$(jp "$1" '{.status.conditions[?(@.type=="Scheduled")].reason}')" = Unschedulable ]; }
+job low 2 8 | kubectl apply -n "$ns" -f - >/dev/null
+wait_for 60 "low Unschedulable" unschedulable low
+job high 2 8 | with_priority | kubectl apply -n "$ns" -f - >/dev/null
+wait_for 60 "high Unschedulable" unschedulable high
+kubectl delete tj fill-a -n "$ns" --wait=false >/dev/null
+wait_for 90 "the pods of fill-a gone" bash -c "[ -z \"\$(kubectl get pods -n $ns -l railyard.dev/job=fill-a -o name)\" ]"
+kubectl annotate tj low -n "$ns" --overwrite e2e/wake="$(date +%s%N)" >/dev/null
+wait_for 60 "high bound" bash -c "[ -n \"\$(kubectl get pod high-worker-0 -n $ns -o jsonpath='{.spec.nodeName}')\" ] &&
+  [ -n \"\$(kubectl get pod high-worker-1 -n $ns -o jsonpath='{.spec.nodeName}')\" ]"
+[ "$(kubectl get pod high-worker-0 -n "$ns" -o jsonpath='{.spec.priority}')" = 1000 ] ||
+  fail "high's pods do not carry the class's priority 1000"
+sleep 6  # one more of low's retries: it must still find no room
+for i in 0 1; do [ -z "$(node_of low-worker-$i)" ] || fail "low-worker-$i bound ahead of the higher-priority gang"; done
+unschedulable low || fail "low is not Unschedulable after high took the nodes"
+echo "priority: high (priority 1000, created after low) took the 2 free nodes; low waits: $(jp low '{.status.conditions[?(@.type=="Scheduled")].message}')"
+# The low gang still starts when room returns.
+kubectl delete tj fill-b -n "$ns" --wait=false >/dev/null
+wait_for 90 "low bound" bash -c "[ -n \"\$(kubectl get pod low-worker-0 -n $ns -o jsonpath='{.spec.nodeName}')\" ] &&
+  [ -n \"\$(kubectl get pod low-worker-1 -n $ns -o jsonpath='{.spec.nodeName}')\" ]"
+echo "priority: low started once fill-b was gone"
 echo "PASS"
