@@ -21,7 +21,7 @@
 namespace {
 
 constexpr const char* kCrd = "deploy/crds/trainingjobs.railyard.dev.yaml";
-constexpr const char* kChartCrd = "charts/railyard/crds/trainingjobs.railyard.dev.yaml";
+constexpr const char* kChartCrd = "charts/railyard/files/crds/trainingjobs.railyard.dev.yaml";
 constexpr const char* kJobSpec = "operator/controller/job_spec.cc";
 
 // Fields that job_spec.cc does not read because another component acts on them, with the files that read them
@@ -167,5 +167,5 @@ spec:
 TEST_CASE("the Helm chart's copy of the CRD is identical to deploy/crds/") {
   const bool same = slurp(kCrd) == slurp(kChartCrd);
   CHECK_MESSAGE(same, std::string(kChartCrd) << " differs from " << std::string(kCrd) << ": cp " << std::string(kCrd)
-                                             << " charts/railyard/crds/");
+                                             << " charts/railyard/files/crds/");
 }
