@@ -18,8 +18,10 @@
 #include "common/http_server_bounds.h"
 #include "common/kube/client.h"
 #include "common/kube/leader_elector.h"
+#include "common/kube/request_auth.h"
 #include "common/log.h"
 #include "common/metrics/metrics.h"
+#include "common/tls/pki.h"
 #include "operator/controller/controller.h"
 #include "operator/controller/leader_endpoints.h"
 #include "operator/controller/pod_builder.h"
@@ -58,6 +60,8 @@ struct Flags {
   std::string rendezvous_tls_dir;
   std::vector<std::string> rendezvous_tls_names;
   std::string leader_endpoints;  // Endpoints the leader writes with its own address (--leader-endpoints)
+  bool metrics_secure = false;   // /metrics over HTTPS, readers reviewed by the API server (--metrics-secure)
+  std::string metrics_cert_dir;  // tls.crt + tls.key to serve instead of a self-signed certificate
 };
 
 const char* kUsage = R"(usage: railyard-operator [flags]
@@ -67,6 +71,10 @@ Runs the TrainingJob controller against the cluster of $KUBECONFIG (or --kubecon
   --namespace NS                    watch one namespace (default: all)
   --metrics-addr HOST:PORT          Prometheus /metrics (default 127.0.0.1:8080; port 0 picks one)
   --health-addr HOST:PORT           /healthz and /readyz (default 127.0.0.1:8081; port 0 picks one)
+  --metrics-secure[=true|false]     serve /metrics over HTTPS and only to a bearer token whose user may `get` the
+                                    path (TokenReview, SubjectAccessReview; docs/hardening.md). Default false
+  --metrics-cert-dir DIR            with --metrics-secure: serve DIR/tls.crt and DIR/tls.key (default: a
+                                    self-signed certificate made at start)
   --leader-elect[=true|false]       elect a leader through a Lease (default true)
   --leader-election-namespace NS    namespace of the Lease (default: the pod's namespace in-cluster, else
                                     railyard-system; the namespace must exist)
@@ -168,6 +176,12 @@ Flags parse_flags(int argc, char** argv) {
       f.metrics_addr = next();
     } else if (a == "--health-addr") {
       f.health_addr = next();
+    } else if (a == "--metrics-secure") {
+      std::string v = has_value ? value : "true";
+      if (v != "true" && v != "false") usage_error("--metrics-secure='" + v + "': use true or false");
+      f.metrics_secure = v == "true";
+    } else if (a == "--metrics-cert-dir") {
+      f.metrics_cert_dir = next();
     } else if (a == "--leader-elect") {
       std::string v = has_value ? value : "true";
       if (v != "true" && v != "false") usage_error("--leader-elect='" + v + "': use true or false");
@@ -293,6 +307,8 @@ Flags parse_flags(int argc, char** argv) {
     usage_error("--rendezvous-tls files needs --rendezvous-tls-dir DIR (where tls.crt, tls.key and ca.crt are)");
   if (f.rendezvous_tls != op::RendezvousTlsMode::kFiles && !f.rendezvous_tls_dir.empty())
     usage_error("--rendezvous-tls-dir is read only with --rendezvous-tls files");
+  if (!f.metrics_secure && !f.metrics_cert_dir.empty())
+    usage_error("--metrics-cert-dir is read only with --metrics-secure");
   return f;
 }
 
@@ -344,6 +360,38 @@ std::thread keep_leader_endpoints(kube::Client& client, op::LeaderEndpoint e, co
       for (int t = 0; t < wait_ms && !stop; t += 100) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
   });
+}
+
+// /metrics: plain HTTP for anyone, or (--metrics-secure) HTTPS for whom the API server says may `get` /metrics.
+std::unique_ptr<metrics::Exposer> metrics_exposer(const Flags& flags, const metrics::Registry& registry,
+                                                  kube::Client& client, const std::string& host, int port) {
+  if (!flags.metrics_secure) return std::make_unique<metrics::Exposer>(registry, host, port);
+  tls::CertKey serving;
+  if (!flags.metrics_cert_dir.empty()) {
+    serving = {read_file(flags.metrics_cert_dir + "/tls.crt", "--metrics-cert-dir certificate"),
+               read_file(flags.metrics_cert_dir + "/tls.key", "--metrics-cert-dir key")};
+  } else {
+    // Self-signed, as controller-runtime's metrics server does without a certificate: scrapers skip verification
+    // (what they must not skip is the token, which the reviews below check).
+    char hostname[256] = {};
+    gethostname(hostname, sizeof(hostname) - 1);
+    std::vector<std::string> names{"localhost"};
+    if (hostname[0]) names.insert(names.begin(), hostname);
+    serving = tls::issue_server_cert(tls::make_ca("railyard-operator metrics", std::chrono::hours(24 * 365)), names,
+                                     std::chrono::hours(24 * 365));
+  }
+  tls::X509Ptr cert = tls::read_cert(serving.cert_pem, "--metrics-cert-dir tls.crt");
+  tls::PkeyPtr key = tls::read_key(serving.key_pem, "--metrics-cert-dir tls.key");
+  auto server = std::make_unique<httplib::SSLServer>(cert.get(), key.get());  // takes its own references
+  if (!server->is_valid()) throw ConfigError("--metrics-secure: cannot serve the certificate");
+  auto authorizer = std::make_shared<kube::RequestAuthorizer>(client);
+  auto authorize = [authorizer](const std::string& authorization, const std::string& path) {
+    const kube::AccessDecision d = authorizer->check(authorization, path, "get");
+    if (d.status != 200)
+      log::debug(kLog, "metrics request refused", {{"status", std::to_string(d.status)}, {"why", d.reason}});
+    return std::make_pair(d.status, d.reason);
+  };
+  return std::make_unique<metrics::Exposer>(registry, host, port, std::move(server), std::move(authorize));
 }
 
 }  // namespace
@@ -436,7 +484,7 @@ int main(int argc, char** argv) {
   auto [hhost, hport] = split_addr("--health-addr", flags.health_addr);
   auto [mhost, mport] = split_addr("--metrics-addr", flags.metrics_addr);
   try {
-    exposer = std::make_unique<metrics::Exposer>(registry, mhost, mport);
+    exposer = metrics_exposer(flags, registry, *client, mhost, mport);
     railyard::http::apply(health, railyard::http::kSmallRequests);
     health.Get("/healthz",
                [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
@@ -461,7 +509,8 @@ int main(int argc, char** argv) {
   }
   log::info(
       kLog, "serving",
-      {{"metrics", mhost + ":" + std::to_string(exposer->port())}, {"health", hhost + ":" + std::to_string(hport)}});
+      {{"metrics", (flags.metrics_secure ? "https://" : "http://") + mhost + ":" + std::to_string(exposer->port())},
+       {"health", hhost + ":" + std::to_string(hport)}});
 
   controller.start_informers();
   while (!controller.wait_for_sync(std::chrono::seconds(10)))

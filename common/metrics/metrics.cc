@@ -308,28 +308,44 @@ std::string Registry::serialize() const {
 }
 
 struct Exposer::Impl {
-  httplib::Server server;
+  std::unique_ptr<httplib::Server> server;
   std::thread thread;
 };
 
-Exposer::Exposer(const Registry& registry, const std::string& host, int port) : impl_(std::make_unique<Impl>()) {
-  railyard::http::apply(impl_->server, railyard::http::kSmallRequests);  // a scrape is a GET: no body, a few threads
-  impl_->server.Get("/metrics", [&registry](const httplib::Request&, httplib::Response& res) {
+Exposer::Exposer(const Registry& registry, const std::string& host, int port)
+    : Exposer(registry, host, port, nullptr, nullptr) {}
+
+Exposer::Exposer(const Registry& registry, const std::string& host, int port, std::unique_ptr<httplib::Server> server,
+                 Authorize authorize)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->server = server ? std::move(server) : std::make_unique<httplib::Server>();
+  httplib::Server& srv = *impl_->server;
+  railyard::http::apply(srv, railyard::http::kSmallRequests);  // a scrape is a GET: no body, a few threads
+  if (authorize)
+    srv.set_pre_routing_handler(
+        [authorize = std::move(authorize)](const httplib::Request& req, httplib::Response& res) {
+          auto [status, why] = authorize(req.get_header_value("Authorization"), req.path);
+          if (status == 200) return httplib::Server::HandlerResponse::Unhandled;
+          res.status = status;
+          if (status == 401) res.set_header("WWW-Authenticate", "Bearer");
+          res.set_content(why + "\n", "text/plain");
+          return httplib::Server::HandlerResponse::Handled;
+        });
+  srv.Get("/metrics", [&registry](const httplib::Request&, httplib::Response& res) {
     res.set_content(registry.serialize(), "text/plain; version=0.0.4; charset=utf-8");
   });
-  impl_->server.Get("/healthz",
-                    [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
+  srv.Get("/healthz", [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
   if (port == 0) {
-    port_ = impl_->server.bind_to_any_port(host);
+    port_ = srv.bind_to_any_port(host);
   } else {
-    port_ = impl_->server.bind_to_port(host, port) ? port : -1;
+    port_ = srv.bind_to_port(host, port) ? port : -1;
   }
   if (port_ <= 0) throw std::runtime_error("metrics: cannot listen on " + host + ":" + std::to_string(port));
-  impl_->thread = std::thread([this] { impl_->server.listen_after_bind(); });
+  impl_->thread = std::thread([this] { impl_->server->listen_after_bind(); });
 }
 
 Exposer::~Exposer() {
-  impl_->server.stop();
+  impl_->server->stop();
   if (impl_->thread.joinable()) impl_->thread.join();
 }
 

@@ -6,11 +6,16 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
+
+namespace httplib {
+class Server;
+}
 
 namespace railyard::metrics {
 
@@ -125,11 +130,19 @@ std::string format_value(double v);
 void validate_metric_name(const std::string& name);  // throws std::invalid_argument naming the rule
 void validate_label_name(const std::string& name);
 
+// What may read an Exposer: called with the request's Authorization header and path before anything is served;
+// returns 200 to serve it, else the status to answer with and a body saying why.
+using Authorize = std::function<std::pair<int, std::string>(const std::string& authorization, const std::string& path)>;
+
 // Serves GET /metrics (and /healthz) from a registry on host:port in a background thread; port 0 picks a free
 // port. Stops in the destructor.
 class Exposer {
  public:
   Exposer(const Registry& registry, const std::string& host, int port);
+  // Over `server` (an httplib::SSLServer for HTTPS; null: plain HTTP), every request first through `authorize`
+  // (null: everyone).
+  Exposer(const Registry& registry, const std::string& host, int port, std::unique_ptr<httplib::Server> server,
+          Authorize authorize);
   ~Exposer();
   Exposer(const Exposer&) = delete;
   Exposer& operator=(const Exposer&) = delete;

@@ -310,6 +310,68 @@ endpoints_written() {
   return 1
 }
 check "as leader, the operator wrote the rendezvous Endpoints with its own address (the shipped Role suffices)" endpoints_written
+
+# The operator's /metrics as the chart serves it (operator.metricsSecure, default true): HTTPS, and only to a token
+# whose user the API server says may get /metrics. Asked with the operator's own token (the shipped RBAC lets it
+# create the reviews), answered for three callers: none, a ServiceAccount without the right, one bound to the chart's
+# ClusterRole <release>-metrics-reader. Then with a certificate of ours (--metrics-cert-dir), verified by curl.
+sa_token() { # SA: its token (the token Secret the controller manager makes for it)
+  wait_for 60 "the token Secret of $1" bash -c "kubectl get sa $1 -n $ns -o jsonpath='{.secrets[0].name}' | grep -q ."
+  kubectl get secret -n "$ns" "$(kubectl get sa "$1" -n "$ns" -o jsonpath='{.secrets[0].name}')" \
+    -o jsonpath='{.data.token}' | base64 -d
+}
+kubectl create serviceaccount metrics-reader-e2e -n "$ns" >/dev/null
+kubectl create serviceaccount metrics-other-e2e -n "$ns" >/dev/null
+kubectl create clusterrolebinding "$reln-metrics-reader-e2e" --clusterrole "$reln-metrics-reader" \
+  --serviceaccount "$ns:metrics-reader-e2e" >/dev/null
+kubectl label clusterrolebinding "$reln-metrics-reader-e2e" app.kubernetes.io/instance="$reln" >/dev/null
+reader_token=$(sa_token metrics-reader-e2e)
+other_token=$(sa_token metrics-other-e2e)
+metrics_url() { # the https URL the running operator logged for /metrics
+  local url=""
+  for _ in $(seq 100); do
+    url=$(grep -oE 'metrics=https://[0-9.]+:[0-9]+' "$work/operator.log" | head -1 | cut -d= -f2)
+    [ -n "$url" ] && break
+    sleep 0.1
+  done
+  echo "$url/metrics"
+}
+status_of() { curl -s -o "$work/metrics.out" -w '%{http_code}' --max-time 10 "$@"; }
+secure_metrics() {
+  local url code
+  url=$(metrics_url)
+  [[ $url == https://* ]] || { echo "  the operator logged no https metrics address" >&2; return 1; }
+  code=$(status_of -k "$url")
+  [ "$code" = 401 ] || { echo "  no token: HTTP $code, want 401" >&2; return 1; }
+  code=$(status_of -k -H "Authorization: Bearer not-a-token" "$url")
+  [ "$code" = 401 ] || { echo "  a made-up token: HTTP $code, want 401" >&2; return 1; }
+  code=$(status_of -k -H "Authorization: Bearer $other_token" "$url")
+  [ "$code" = 403 ] && grep -q "may not get /metrics" "$work/metrics.out" ||
+    { echo "  a token without the right: HTTP $code ($(cat "$work/metrics.out")), want 403" >&2; return 1; }
+  code=$(status_of -k -H "Authorization: Bearer $reader_token" "$url")
+  [ "$code" = 200 ] && grep -q '^railyard_operator_jobs' "$work/metrics.out" ||
+    { echo "  the metrics reader: HTTP $code, want 200 with railyard_operator_jobs" >&2; return 1; }
+  code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "${url/https:/http:}")
+  [ "$code" != 200 ] || { echo "  plain HTTP served /metrics" >&2; return 1; }
+}
+start_operator
+check "--metrics-secure (the chart's default): 401 without or with a made-up token, 403 without the right, 200 for the metrics reader, no plain HTTP" secure_metrics
+stop_operator || true # (its kill -9 of an operator that already stopped fails)
+mkdir -p "$work/metrics-tls"
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=127.0.0.1 \
+  -addext subjectAltName=IP:127.0.0.1 -keyout "$work/metrics-tls/tls.key" -out "$work/metrics-tls/tls.crt" 2>/dev/null ||
+  fail "openssl: a certificate for --metrics-cert-dir"
+chart_args=("${args[@]}")
+args+=(--metrics-cert-dir "$work/metrics-tls")
+start_operator
+own_cert() {
+  local code
+  code=$(status_of --cacert "$work/metrics-tls/tls.crt" -H "Authorization: Bearer $reader_token" "$(metrics_url)")
+  [ "$code" = 200 ] || { echo "  with our certificate verified: HTTP $code, want 200" >&2; return 1; }
+}
+check "--metrics-cert-dir: the operator serves the mounted certificate (curl verifies it) to the metrics reader" own_cert
+stop_operator || true
+args=("${chart_args[@]}")
 # What a user has after the run: the job's status, the pod's log (kubectl logs; the node agent keeps it in its state
 # directory) and the checkpoint directory. The report must agree with the status.
 kubectl get tj tiny -n "$team" -o json >"$work/tiny.json"

@@ -40,8 +40,8 @@ check "deploy/crds: no schema key made of a description split at a comma" crd_st
 render "$work/default.yaml" --include-crds || fail "the default values do not render"
 objects "$work/default.yaml" >"$work/default.json"
 q() { jq -e -s "$1" "$2" >/dev/null; }
-check "default: CRD, 2 Deployments, 3 Services, PDB, ClusterRoles (operator, monitor, users edit and view), operator and monitor Lease, rendezvous CA and rendezvous Endpoints Roles, 2 dashboards" q '
-  (map(.kind) | sort) == (["ClusterRole","ClusterRole","ClusterRole","ClusterRole","ClusterRoleBinding","ClusterRoleBinding","ConfigMap",
+check "default: CRD, 2 Deployments, 3 Services, PDB, ClusterRoles (operator, monitor, metrics reader, users edit and view), operator and monitor Lease, rendezvous CA and rendezvous Endpoints Roles, 2 dashboards" q '
+  (map(.kind) | sort) == (["ClusterRole","ClusterRole","ClusterRole","ClusterRole","ClusterRole","ClusterRoleBinding","ClusterRoleBinding","ConfigMap",
     "ConfigMap","CustomResourceDefinition","Deployment","Deployment","NetworkPolicy","NetworkPolicy","PodDisruptionBudget","Role","Role",
     "Role","Role","RoleBinding","RoleBinding","RoleBinding","RoleBinding","Service","Service","Service","ServiceAccount","ServiceAccount"])' "$work/default.json"
 # The CRD from the template is deploy/crds' own, kept on uninstall; crds.keep=false drops the annotation and
@@ -59,10 +59,25 @@ check "crds.keep=false: the CRD without annotations" q \
   <(objects "$work/crds-nokeep.yaml")
 render "$work/crds-off.yaml" --set crds.enabled=false || fail "crds.enabled=false does not render"
 check "crds.enabled=false: no CRD, everything else as by default" q \
-  '([.[] | select(.kind == "CustomResourceDefinition")] | length == 0) and length == 26' <(objects "$work/crds-off.yaml")
+  '([.[] | select(.kind == "CustomResourceDefinition")] | length == 0) and length == 27' <(objects "$work/crds-off.yaml")
 check "crds.enabled must be a boolean (values.schema.json)" bash -c \
   "! \"\$0\" template \"\$1\" --name railyard --namespace railyard-system --set-string crds.enabled=yes >/dev/null 2>&1" \
   "$minihelm" "$chart"
+# operator.metricsSecure (default true): HTTPS /metrics behind TokenReview + SubjectAccessReview, the rights to ask
+# both, a ClusterRole for readers; false: none of it.
+check "default: --metrics-secure, tokenreviews/subjectaccessreviews create, ClusterRole railyard-metrics-reader (get /metrics)" q '
+  ([.[] | select(.kind == "Deployment" and .metadata.name == "railyard-operator")][0].spec.template.spec.containers[0].args
+    | index("--metrics-secure=true") != null)
+  and ([.[] | select(.kind == "ClusterRole" and .metadata.name == "railyard-operator") | .rules[]
+    | select(.resources == ["tokenreviews"] or .resources == ["subjectaccessreviews"]) | [.apiGroups[0], .verbs]]
+    == [["authentication.k8s.io", ["create"]], ["authorization.k8s.io", ["create"]]])
+  and ([.[] | select(.kind == "ClusterRole" and .metadata.name == "railyard-metrics-reader") | .rules]
+    == [[{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]])' "$work/default.json"
+render "$work/plainmetrics.yaml" --set operator.metricsSecure=false || fail "operator.metricsSecure=false does not render"
+check "operator.metricsSecure=false: no --metrics-secure, no review rights, no metrics-reader ClusterRole" q '
+  ([.[] | select(.kind == "Deployment") | .spec.template.spec.containers[0].args[]] | index("--metrics-secure=true") == null)
+  and ([.[] | select(.kind == "ClusterRole") | .rules[] | .resources // [] | .[]] | index("tokenreviews") == null)
+  and ([.[] | select(.metadata.name == "railyard-metrics-reader")] | length == 0)' <(objects "$work/plainmetrics.yaml")
 check "default: the monitor runs 2 replicas with leader election on the Lease railyard-monitor, spread over nodes" q '
   [.[] | select(.kind == "Deployment" and .metadata.name == "railyard-monitor")][0].spec as $d |
   $d.replicas == 2 and ($d | has("strategy") | not) and
@@ -223,9 +238,9 @@ objects "$work/ns.yaml" >"$work/ns.json"
 check "namespace scope: operator and monitor Roles in team-a, cluster-wide only reading nodes, priorityclasses, pods" q '
   ([.[] | select(.kind == "Role" and .metadata.namespace == "team-a") | .metadata.name] | sort)
     == ["railyard-monitor","railyard-operator"]
-  and ([.[] | select(.kind == "ClusterRole" and (.metadata.name | test("-(edit|view)$") | not)) | .rules[]
+  and ([.[] | select(.kind == "ClusterRole" and (.metadata.name | test("-(edit|view|metrics-reader)$") | not)) | .rules[]
     | [.resources, .verbs]] == [[["nodes"], ["get","list","watch"]], [["priorityclasses"], ["list","watch"]],
-      [["pods"], ["list","watch"]]])' \
+      [["tokenreviews"], ["create"]], [["subjectaccessreviews"], ["create"]], [["pods"], ["list","watch"]]])' \
   "$work/ns.json"
 check "namespace scope: the operator Role in team-a may update trainingjobs/finalizers (blockOwnerDeletion)" \
   finalizers_rule "$work/ns.json" Role railyard-operator
@@ -266,7 +281,7 @@ objects "$work/po.yaml" >"$work/po.json"
 check "prometheus-operator: ServiceMonitor, PodMonitor, PrometheusRule with the release label; dashboards in monitoring" q '
   ([.[] | select(.apiVersion == "monitoring.coreos.com/v1") | [.kind, .metadata.labels.release]] | sort)
     == [["PodMonitor","kube-prometheus-stack"],["PrometheusRule","kube-prometheus-stack"],
-        ["ServiceMonitor","kube-prometheus-stack"]]
+        ["ServiceMonitor","kube-prometheus-stack"],["ServiceMonitor","kube-prometheus-stack"]]
   and ([.[] | select(.kind == "ConfigMap") | .metadata.namespace] == ["monitoring","monitoring"])
   and ([.[] | select(.kind == "PodMonitor") | .spec.podMetricsEndpoints[0].honorLabels] == [false])
   and ([.[] | select(.kind == "PodMonitor") | .spec.podMetricsEndpoints[0] | [has("port"), .relabelings[1]]]
@@ -274,8 +289,14 @@ check "prometheus-operator: ServiceMonitor, PodMonitor, PrometheusRule with the 
                  "action": "keep"}]])
   and ([.[] | select(.kind == "PodMonitor") | .spec.podMetricsEndpoints[1] | [.port, .honorLabels]]
     == [["agent-metrics", false]])
-  and ([.[] | select(.kind == "ServiceMonitor") | .spec.endpoints[0] | [.port, .honorLabels]] == [["metrics", true]])
-  and ([.[] | select(.kind == "ServiceMonitor") | .spec.namespaceSelector.matchNames] == [["railyard-system"]])' \
+  and ([.[] | select(.kind == "ServiceMonitor") | .spec.endpoints[0] | [.port, .honorLabels]]
+    == [["metrics", true], ["metrics", true]])
+  and ([.[] | select(.kind == "ServiceMonitor") | .spec.namespaceSelector.matchNames]
+    == [["railyard-system"], ["railyard-system"]])
+  and ([.[] | select(.kind == "ServiceMonitor") | [.spec.selector.matchExpressions[1].values[0], .spec.endpoints[0].scheme,
+      .spec.endpoints[0].bearerTokenFile, .spec.endpoints[0].tlsConfig.insecureSkipVerify]]
+    == [["railyard-operator", "https", "/var/run/secrets/kubernetes.io/serviceaccount/token", true],
+        ["railyard-monitor", null, null, null]])' \
   "$work/po.json"
 # Metrics cannot be spoofed across jobs (docs/monitor.md "Who may speak for a job"): on both worker endpoints the
 # job, pod and node come from the pod's metadata, and no target label hides the process's rank or generation.

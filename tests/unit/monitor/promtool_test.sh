@@ -60,8 +60,11 @@ out=$(promtool check config "$tmp/local.yml" 2>&1) || fail "check config (local)
 # kubernetes_sd_configs. Swap each for an equivalent static list and check everything else (relabelling, rules).
 mkdir -p "$tmp/k8s/rules"
 cp "$dir/rules/railyard.rules.yml" "$tmp/k8s/rules/"
+# promtool also wants the ServiceAccount token file a pod would have: a stand-in.
+echo stand-in >"$tmp/k8s/token"
 sed -e 's/^    kubernetes_sd_configs:$/    static_configs:/' -e "s/^      - role: pod$/      - targets: ['127.0.0.1:9']/" \
   -e '/^        namespaces:$/d' -e '/^          names: \[.*\]$/d' \
+  -e "s|/var/run/secrets/kubernetes.io/serviceaccount/token|$tmp/k8s/token|" \
   "$dir/prometheus.yml" >"$tmp/k8s/prometheus.yml"
 grep -q kubernetes_sd_configs "$tmp/k8s/prometheus.yml" && fail "kubernetes_sd_configs left after substitution"
 out=$(promtool check config "$tmp/k8s/prometheus.yml" 2>&1) || fail "check config (cluster): $out"
