@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages Railyard needs. Idempotent and quiet when everything is present.
-# Usage: scripts/install-deps.sh [--with-torch]   (--with-torch adds python3-torch for reference tests
-# and benchmarks; the test command passes it).
+# Usage: scripts/install-deps.sh [--with-torch] [--with-buildah]   (--with-torch adds python3-torch for reference
+# tests and benchmarks; the test command passes it. --with-buildah adds buildah, which builds deploy/docker/'s
+# Dockerfiles without a Docker daemon: deploy/images/buildah.sh, test e2e_buildah_images, docs/images.md).
 set -euo pipefail
 
 pkgs=(
@@ -23,7 +24,8 @@ command -v npm >/dev/null || pkgs+=(npm)
 for arg in "$@"; do
   case "$arg" in
     --with-torch) pkgs+=(python3-torch python3-numpy) ;;
-    *) echo "install-deps.sh: unknown option '$arg' (known: --with-torch)" >&2; exit 2 ;;
+    --with-buildah) pkgs+=(buildah) ;;
+    *) echo "install-deps.sh: unknown option '$arg' (known: --with-torch, --with-buildah)" >&2; exit 2 ;;
   esac
 done
 

@@ -11,6 +11,8 @@
 # Output: OCI image-layout tarballs in OUT (default BUILD/images); --load SOCK imports them into a containerd.
 #
 #   deploy/images/build.sh [--build-dir BUILD] [--out OUT] [--tag TAG] [--cuda] [--examples] [--load CONTAINERD_SOCK]...
+#   deploy/images/build.sh --debian-base   (only prints the path of a plain Debian 12 minbase layer, .tar.gz, built
+#                                           once: the FROM images of deploy/images/buildah.sh)
 set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BUILD_DIR="$REPO_ROOT/build"
@@ -18,6 +20,7 @@ OUT_DIR=""
 TAG="0.1.0"
 CUDA=0
 EXAMPLES=0
+DEBIAN_BASE=0
 LOADS=()
 die() {
   echo "images: error: $*" >&2
@@ -46,12 +49,16 @@ while [ $# -gt 0 ]; do
       EXAMPLES=1
       shift
       ;;
+    --debian-base)
+      DEBIAN_BASE=1
+      shift
+      ;;
     --load)
       LOADS+=("${2:?--load needs a containerd socket}")
       shift 2
       ;;
     -h | --help)
-      sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *) die "unknown option '$1' (see --help)" ;;
@@ -92,13 +99,15 @@ if [ ! -s "$base" ] || [ ! -s "$base.diffid" ]; then
     command -v debootstrap >/dev/null || bash "$REPO_ROOT/scripts/install-deps.sh" >&2
     rootfs="$CACHE/rootfs-$key"
     as_root rm -rf "$rootfs"
-    info "base: debootstrap --variant=minbase bookworm + ${pkgs[*]} (once; cached in $CACHE)"
+    info "base: debootstrap --variant=minbase bookworm${pkgs[*]:+ + ${pkgs[*]}} (once; cached in $CACHE)"
     # The machine's own package cache first: scripts/install-deps.sh has just fetched most of these packages (all of
     # python3-torch's) from the same mirror; debootstrap checks each file against the mirror's index and fetches only
     # what is missing or differs (issue #39: a cold test run paid the download twice).
     local debs=()
     [ -d /var/cache/apt/archives ] && debs=(--cache-dir=/var/cache/apt/archives)
-    as_root debootstrap --variant=minbase "${debs[@]}" --include="$(IFS=,; echo "${pkgs[*]}")" bookworm "$rootfs" "$mirror" \
+    local include=()
+    [ ${#pkgs[@]} -eq 0 ] || include=(--include="$(IFS=,; echo "${pkgs[*]}")")
+    as_root debootstrap --variant=minbase "${debs[@]}" "${include[@]}" bookworm "$rootfs" "$mirror" \
       >"$CACHE/debootstrap.log" 2>&1 || die "debootstrap failed; last lines of $CACHE/debootstrap.log:
 $(tail -5 "$CACHE/debootstrap.log")"
     # What a container never needs: package lists and caches, documentation, manuals, locales.
@@ -116,6 +125,11 @@ $(tail -5 "$CACHE/debootstrap.log")"
   exec 9>&-
 fi
 }
+if [ "$DEBIAN_BASE" = 1 ]; then
+  ensure_base
+  echo "$base"
+  exit 0
+fi
 ensure_base "${pkgs[@]}"
 
 # --- 3. operator, worker (and worker-cuda) -----------------------------------------------------------------

@@ -109,12 +109,23 @@ void Controller::place_gang(Sync& s, const std::vector<int>& indices, bool creat
     // minReplicas) and grows back when the rest fit.
     s.capacity_short = true;
     const std::string why = r.message;
-    for (int k = req.pods - 1; k >= 1 && !r.ok; --k) {
+    // The most pods that fit, by bisection (if k pods fit, fewer do): a few placements, not one per replica, each of
+    // which also books the gangs ahead (req.ahead).
+    PlacementResult best;
+    for (int lo = 1, hi = req.pods - 1; lo <= hi;) {
+      const int k = lo + (hi - lo) / 2;
       PlacementRequest part = req;
       part.pods = k;
       part.pod_indices.resize(k);
-      r = placement_->place(part, inventory);
+      PlacementResult attempt = placement_->place(part, inventory);
+      if (attempt.ok) {
+        best = std::move(attempt);
+        lo = k + 1;
+      } else {
+        hi = k - 1;
+      }
     }
+    if (best.ok) r = std::move(best);
     if (r.ok)
       set_condition(s.status, "Scheduled", false, "Unschedulable",
                     why + "; elastic: bound " + std::to_string(r.nodes.size()) + " of them", s.now_s);
