@@ -514,7 +514,10 @@ int main(int argc, char** argv) {
 
   controller.start_informers();
   while (!controller.wait_for_sync(std::chrono::seconds(10)))
-    log::warn(kLog, "informers not synced yet (is the CRD installed? kubectl apply -f deploy/crds/)");
+    log::warn(
+        kLog,
+        "informers not synced yet (is the CRD installed? kubectl apply -f deploy/crds/; may the operator list and "
+        "watch trainingjobs, pods, services, nodes and priorityclasses? deploy/rbac/operator.yaml)");
   log::info(kLog, "informers synced");
 
   std::unique_ptr<op::RendezvousService> rdzv;
