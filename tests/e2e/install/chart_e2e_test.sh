@@ -221,6 +221,9 @@ mapfile -t args < <("$minihelm" yaml2json "$work/ns.yaml" | jq -r 'select(.kind 
 # fields the chart gives it from the downward API (POD_IP, POD_NAME, POD_UID) for the Endpoints it writes as leader
 # (an address the API server accepts in Endpoints: not loopback; nothing dials it here).
 start_operator() {
+  # RAILYARD_OPERATOR_LOG_ARCHIVE=FILE keeps every run's log (when debugging; $work goes with the test).
+  [ -z "${RAILYARD_OPERATOR_LOG_ARCHIVE:-}" ] || [ ! -f "$work/operator.log" ] ||
+    { echo "=== $(date +%T)"; cat "$work/operator.log"; } >>"$RAILYARD_OPERATOR_LOG_ARCHIVE"
   POD_IP=10.255.255.1 POD_NAME=operator-e2e POD_UID=00000000-0000-0000-0000-00000000e2e0 \
     "$bin/railyard-operator" --kubeconfig "$work/operator.kubeconfig" "${args[@]}" --metrics-addr 127.0.0.1:0 \
     --health-addr 127.0.0.1:0 --rendezvous-bind 127.0.0.1:0 --worker-command "$bin/railyard-worker" \
@@ -427,6 +430,8 @@ if [ "${RAILYARD_RBAC_NECESSITY:-0}" = 1 ]; then
       i=$((i + 1))
       what=$(jq -r --arg k "$kind" --arg n "$role" --argjson r "$r" 'select(.kind == $k and .metadata.name == $n) |
         .rules[$r] | "\(.resources | join(",")) [\(.verbs | join(","))]"' "$work/ns-rbac.json")
+      # RAILYARD_RBAC_NECESSITY_ONLY=REGEX: only the rules whose resources and verbs match (when debugging one).
+      if [ -n "${RAILYARD_RBAC_NECESSITY_ONLY:-}" ] && ! grep -qE "$RAILYARD_RBAC_NECESSITY_ONLY" <<<"$what"; then continue; fi
       jq -c --arg k "$kind" --arg n "$role" --argjson r "$r" 'select(.kind == $k and .metadata.name == $n) |
         .rules |= del(.[$r])' "$work/ns-rbac.json" | kubectl apply -f - >/dev/null
       # Every run a first start: the operator must create its rendezvous CA (or the create rule would look unneeded).
