@@ -509,7 +509,8 @@ int main(int argc, char** argv) {
   }
   log::info(
       kLog, "serving",
-      {{"metrics", (flags.metrics_secure ? "https://" : "http://") + mhost + ":" + std::to_string(exposer->port())},
+      {{"metrics", mhost + ":" + std::to_string(exposer->port())},
+       {"metrics_tls", flags.metrics_secure ? "on" : "off"},
        {"health", hhost + ":" + std::to_string(hport)}});
 
   controller.start_informers();

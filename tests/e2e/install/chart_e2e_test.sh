@@ -330,20 +330,20 @@ kubectl create clusterrolebinding "$reln-metrics-reader-e2e" --clusterrole "$rel
 kubectl label clusterrolebinding "$reln-metrics-reader-e2e" app.kubernetes.io/instance="$reln" >/dev/null
 reader_token=$(sa_token metrics-reader-e2e)
 other_token=$(sa_token metrics-other-e2e)
-metrics_url() { # the https URL the running operator logged for /metrics
-  local url=""
+metrics_url() { # the https URL of /metrics the running operator logged (serving metrics=HOST:PORT metrics_tls=on)
+  local addr=""
   for _ in $(seq 100); do
-    url=$(grep -oE 'metrics=https://[0-9.]+:[0-9]+' "$work/operator.log" | head -1 | cut -d= -f2)
-    [ -n "$url" ] && break
+    addr=$(grep -oE 'metrics=[0-9.]+:[0-9]+ metrics_tls=on' "$work/operator.log" | head -1 | cut -d' ' -f1 | cut -d= -f2)
+    [ -n "$addr" ] && break
     sleep 0.1
   done
-  echo "$url/metrics"
+  echo "https://$addr/metrics"
 }
 status_of() { curl -s -o "$work/metrics.out" -w '%{http_code}' --max-time 10 "$@"; }
 secure_metrics() {
   local url code
   url=$(metrics_url)
-  [[ $url == https://* ]] || { echo "  the operator logged no https metrics address" >&2; return 1; }
+  [[ $url != https:///metrics ]] || { echo "  the operator logged no metrics address with metrics_tls=on" >&2; return 1; }
   code=$(status_of -k "$url")
   [ "$code" = 401 ] || { echo "  no token: HTTP $code, want 401" >&2; return 1; }
   code=$(status_of -k -H "Authorization: Bearer not-a-token" "$url")
