@@ -13,12 +13,6 @@ const Resource kTokenReviews{"authentication.k8s.io", "v1", "tokenreviews", "Tok
 const Resource kSubjectAccessReviews{"authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview",
                                      false};
 
-const Json& member(const Json& j, const char* key) {
-  static const Json null;
-  if (!j.is_object()) return null;
-  auto it = j.find(key);
-  return it == j.end() ? null : *it;
-}
 std::string text(const Json& j) { return j.is_string() ? j.get<std::string>() : std::string(); }
 
 // The cache key: never the token itself (a heap dump or a debugger must not find live tokens in a map).
@@ -49,16 +43,16 @@ Json token_review_request(const std::string& token) {
 
 ReviewedUser parse_token_review(const Json& review) {
   ReviewedUser u;
-  const Json& status = member(review, "status");
-  u.error = text(member(status, "error"));
-  if (member(status, "authenticated") != true) return u;
-  const Json& user = member(status, "user");
-  u.user = text(member(user, "username"));
-  u.uid = text(member(user, "uid"));
-  if (const Json& groups = member(user, "groups"); groups.is_array())
+  const Json& status = field(review, "status");
+  u.error = text(field(status, "error"));
+  if (field(status, "authenticated") != true) return u;
+  const Json& user = field(status, "user");
+  u.user = text(field(user, "username"));
+  u.uid = text(field(user, "uid"));
+  if (const Json& groups = field(user, "groups"); groups.is_array())
     for (const Json& g : groups)
       if (g.is_string()) u.groups.push_back(g.get<std::string>());
-  if (const Json& extra = member(user, "extra"); extra.is_object())
+  if (const Json& extra = field(user, "extra"); extra.is_object())
     for (const auto& [k, values] : extra.items())
       if (values.is_array())
         for (const Json& v : values)
@@ -76,12 +70,12 @@ Json subject_access_review_request(const ReviewedUser& user, const std::string& 
 }
 
 bool parse_subject_access_review(const Json& review, std::string* reason) {
-  const Json& status = member(review, "status");
+  const Json& status = field(review, "status");
   if (reason) {
-    *reason = text(member(status, "reason"));
-    if (reason->empty()) *reason = text(member(status, "evaluationError"));
+    *reason = text(field(status, "reason"));
+    if (reason->empty()) *reason = text(field(status, "evaluationError"));
   }
-  return member(status, "allowed") == true && member(status, "denied") != true;
+  return field(status, "allowed") == true && field(status, "denied") != true;
 }
 
 RequestAuthorizer::RequestAuthorizer(Client& client, std::chrono::seconds ttl, size_t max_entries)
