@@ -16,6 +16,7 @@
 #include <random>
 
 #include "common/error.h"
+#include "common/pod_env.h"
 
 namespace railyard::ckpt::detail {
 
@@ -94,7 +95,7 @@ bool is_temp_of(const std::string& name, const std::string& base) {
 }
 
 bool exchange_paths(const std::string& a, const std::string& b) {
-  if (std::getenv("RAILYARD_CKPT_NO_EXCHANGE") != nullptr) {  // tests: the path of file systems without it
+  if (std::getenv(pod_env::kCkptNoExchange) != nullptr) {  // tests: the path of file systems without it
     errno = EINVAL;
     return false;
   }
@@ -141,7 +142,7 @@ bool FileLock::held(const std::string& path) {
 }
 
 void crash_point(const char* point) {
-  const char* want = std::getenv("RAILYARD_CKPT_CRASH_AT");
+  const char* want = std::getenv(pod_env::kCkptCrashAt);
   if (want != nullptr && std::strcmp(want, point) == 0) ::kill(::getpid(), SIGKILL);
 }
 

@@ -9,7 +9,7 @@
 #include "cli/convert.h"
 #include "cli/manifest_yaml.h"
 #include "common/error.h"
-#include "operator/controller/job_spec.h"
+#include "operator/controller/api.h"
 
 namespace railyard::cli {
 

@@ -6,9 +6,11 @@
 #include <limits>
 #include <map>
 
+#include "cli/report.h"
 #include "common/error.h"
 #include "common/kube/client.h"
-#include "cli/report.h"
+#include "common/metrics/job_labels.h"
+#include "common/metrics/names.h"
 
 namespace railyard::cli::report {
 
@@ -67,23 +69,24 @@ RunLog from_prometheus(const std::string& url, const std::string& ns, const std:
   cli.set_connection_timeout(5);
   cli.set_read_timeout(30);
   const long long start = now - since_seconds, step = std::max(1LL, since_seconds / 1000);
-  const std::string sel = "{namespace=\"" + ns + "\", trainingjob=\"" + job + "\"}";
+  const std::string sel = std::string("{") + metrics::kNamespaceLabel + "=\"" + ns + "\", " +
+                          metrics::kTrainingJobLabel + "=\"" + job + "\"}";
   auto q = [&](const std::string& expr) { return query_range(cli, prefix, url, expr, start, now, step); };
-  const Samples steps = q("max(railyard_worker_step" + sel + ")");
+  // agg(NAME{sel}) for a gauge of names.h.
+  auto of = [&](const char* agg, metrics::GaugeName g) { return q(std::string(agg) + "(" + g.name + sel + ")"); };
+  namespace n = metrics::names;
+  const Samples steps = of("max", n::kWorkerStep);
   if (steps.empty()) {
-    throw Error("--prometheus " + url + ": no railyard_worker_step for namespace=\"" + ns + "\", trainingjob=\"" + job +
-                "\" in the last " + std::to_string(since_seconds) + " s (wrong job, or a longer --since?)");
+    throw Error("--prometheus " + url + ": no " + n::kWorkerStep.name + " for namespace=\"" + ns +
+                "\", trainingjob=\"" + job + "\" in the last " + std::to_string(since_seconds) +
+                " s (wrong job, or a longer --since?)");
   }
-  const Samples total = q("max(railyard_worker_total_steps" + sel + ")"),
-                loss = q("avg(railyard_worker_loss" + sel + ")"),
-                val = q("avg(railyard_worker_validation_loss" + sel + ")"),
-                tokens = q("max(railyard_worker_tokens_per_second" + sel + ")"),
-                step_ms = q("1000 * max(rate(railyard_worker_step_duration_seconds_sum" + sel +
-                            "[1m]) / rate(railyard_worker_step_duration_seconds_count" + sel + "[1m]))"),
-                mfu = q("avg(railyard_worker_mfu_ratio" + sel + ")"),
-                lr = q("max(railyard_worker_learning_rate" + sel + ")"),
-                grad = q("max(railyard_worker_grad_norm" + sel + ")"),
-                generation = q("max(railyard_agent_generation" + sel + ")");
+  const Samples total = of("max", n::kWorkerTotalSteps), loss = of("avg", n::kWorkerLoss),
+                val = of("avg", n::kWorkerValidationLoss), tokens = of("max", n::kWorkerTokensPerSecond),
+                step_ms = q("1000 * max(rate(" + metrics::sum_series(n::kWorkerStepDuration) + sel + "[1m]) / rate(" +
+                            metrics::count_series(n::kWorkerStepDuration) + sel + "[1m]))"),
+                mfu = of("avg", n::kWorkerMfuRatio), lr = of("max", n::kWorkerLearningRate),
+                grad = of("max", n::kWorkerGradNorm), generation = of("max", n::kAgentGeneration);
   RunLog log;
   log.name = "Prometheus " + url + " " + ns + "/" + job;
   int64_t last_step = -1;

@@ -9,11 +9,13 @@
 #include <ctime>
 #include <stdexcept>
 
+#include "common/pod_env.h"
+
 namespace railyard::log {
 namespace {
 
 Level initial_level() {
-  const char* env = std::getenv("RAILYARD_LOG_LEVEL");
+  const char* env = std::getenv(pod_env::kLogLevel);
   if (env == nullptr || *env == '\0') return Level::Info;
   try {
     return parse_level(env);

@@ -15,6 +15,7 @@
 #include "common/kube/client.h"
 #include "common/kube/leader_elector.h"
 #include "common/log.h"
+#include "common/pod_env.h"
 #include "monitor/monitor.h"
 
 namespace {
@@ -138,7 +139,7 @@ int main(int argc, char** argv) {
         opts.webhook_token.pop_back();
       if (opts.webhook_token.empty()) throw ConfigError("--webhook-token-file " + token_file + " is empty");
     } else {
-      opts.webhook_token = env_or("RAILYARD_MONITOR_WEBHOOK_TOKEN", "");
+      opts.webhook_token = env_or(pod_env::kMonitorWebhookToken, "");
     }
     monitor::parse_listen(opts.listen);
 

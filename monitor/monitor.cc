@@ -8,8 +8,11 @@
 
 #include "common/error.h"
 #include "common/http_server_bounds.h"
+#include "common/job_spec.h"
 #include "common/log.h"
 #include "common/metrics/job_labels.h"
+#include "common/pod_env.h"
+#include "common/wellknown.h"
 #include "monitor/alertmanager.h"
 #include "monitor/attribution.h"
 
@@ -17,16 +20,15 @@ namespace railyard::monitor {
 namespace {
 
 constexpr const char* kLog = "monitor";
-// One query for every worker series the rules read, one for the targets' health.
-constexpr const char* kWorkerQuery =
-    "{__name__=~\"railyard_worker_(step|step_duration_seconds_sum|"
-    "step_duration_seconds_count|last_step_timestamp_seconds|loss|nonfinite_total|steps_total|"
-    "last_output_timestamp_seconds|paused|pause_end_timestamp_seconds|process_stopped_since_timestamp_seconds|"
-    "cpu_idle_since_timestamp_seconds)|"
-    "railyard_worker_step_phase_seconds_total|"
-    "railyard_checkpoint_last_(step|timestamp_seconds)\"}";
+// One query for every worker series the rules read (rules.h read_series, but `up`), one for the targets' health.
+std::string worker_query() {
+  std::string alternatives;
+  for (const std::string& name : read_series())
+    if (name != metrics::names::kUp.name) alternatives += (alternatives.empty() ? "" : "|") + name;
+  return "{__name__=~\"" + alternatives + "\"}";
+}
 // Every worker target's health; the target labels (namespace, trainingjob, pod, node) come from the pod's metadata.
-constexpr const char* kUpQuery = "up{trainingjob!=\"\"}";
+std::string up_query() { return std::string(metrics::names::kUp.name) + "{trainingjob!=\"\"}"; }
 
 double unix_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
@@ -89,30 +91,31 @@ struct Monitor::Server {
 
 Monitor::Monitor(kube::Client& client, Options opts)
     : client_(client), opts_(std::move(opts)), recorder_(client, {"railyard-monitor", "", std::chrono::seconds(600)}) {
-  evaluations_ = &registry_.counter("railyard_monitor_evaluations_total", "Evaluation rounds over all jobs.").add({});
-  verdicts_ = &registry_.counter("railyard_monitor_verdicts_total",
+  evaluations_ =
+      &registry_.counter(metrics::names::kMonitorEvaluationsTotal, "Evaluation rounds over all jobs.").add({});
+  verdicts_ = &registry_.counter(metrics::names::kMonitorVerdictsTotal,
                                  "Restart requests made, by rule (alertmanager for the webhook path).");
-  errors_ =
-      &registry_.counter("railyard_monitor_query_errors_total", "Failed reads, by source (prometheus, scrape, kube).");
+  errors_ = &registry_.counter(metrics::names::kMonitorQueryErrorsTotal,
+                               "Failed reads, by source (prometheus, scrape, kube).");
   webhook_requests_ =
-      &registry_.counter("railyard_monitor_webhook_requests_total", "Alertmanager webhook requests, by HTTP code.");
+      &registry_.counter(metrics::names::kMonitorWebhookRequestsTotal, "Alertmanager webhook requests, by HTTP code.");
   detection_latency_ = &registry_
-                            .histogram("railyard_monitor_detection_latency_seconds",
+                            .histogram(metrics::names::kMonitorDetectionLatencySeconds,
                                        "From the onset of a condition (e.g. the last step progress) to the verdict.",
                                        metrics::exponential_buckets(1, 2, 12))
                             .add({});
   evaluation_duration_ =
       &registry_
-           .histogram("railyard_monitor_evaluation_duration_seconds",
+           .histogram(metrics::names::kMonitorEvaluationDurationSeconds,
                       "Wall time of one evaluation round (reads included).", metrics::exponential_buckets(0.001, 2, 14))
            .add({});
   rejected_ = &registry_
-                   .counter("railyard_monitor_rejected_series_total",
+                   .counter(metrics::names::kMonitorRejectedSeriesTotal,
                             "Worker series dropped because their target may not speak for the job or rank they name.")
                    .add({});
-  series_ = &registry_.gauge("railyard_monitor_series", "Worker series read in the last evaluation.").add({});
-  leader_ =
-      &registry_.gauge("railyard_monitor_leader", "1 while this replica evaluates (leads, or runs alone).").add({});
+  series_ = &registry_.gauge(metrics::names::kMonitorSeries, "Worker series read in the last evaluation.").add({});
+  leader_ = &registry_.gauge(metrics::names::kMonitorLeader, "1 while this replica evaluates (leads, or runs alone).")
+                 .add({});
   leader_->set(1);
   if (!opts_.prometheus_url.empty()) split_url(opts_.prometheus_url);  // validate early
   if (opts_.interval_s <= 0) throw ConfigError("--interval must be > 0 seconds");
@@ -172,8 +175,9 @@ std::vector<Sample> Monitor::collect_prometheus() {
   cli.set_connection_timeout(std::chrono::milliseconds(static_cast<int64_t>(opts_.scrape_timeout_s * 1000)));
   cli.set_read_timeout(std::chrono::milliseconds(static_cast<int64_t>(opts_.scrape_timeout_s * 1000)));
   std::vector<Sample> out;
-  for (const char* q : {kWorkerQuery, kUpQuery}) {
-    std::string path = prefix + "/api/v1/query?query=" + kube::url_encode(q);
+  static const std::string worker = worker_query(), up = up_query();
+  for (const std::string* q : {&worker, &up}) {
+    std::string path = prefix + "/api/v1/query?query=" + kube::url_encode(*q);
     auto res = cli.Get(path);
     std::string where = opts_.prometheus_url + "/api/v1/query";
     if (!res) throw Error(where + ": " + httplib::to_string(res.error()));
@@ -189,12 +193,12 @@ std::vector<Sample> Monitor::collect_embedded(const std::vector<kube::Json>& job
   std::vector<Sample> out;
   for (const auto& job : jobs) {
     std::string ns = kube::namespace_of(job), name = kube::name_of(job);
-    int procs = 1;
-    if (job.contains("spec") && job["spec"].contains("procsPerReplica") &&
-        job["spec"]["procsPerReplica"].is_number_integer())
-      procs = std::max(1, job["spec"]["procsPerReplica"].get<int>());
+    // The spec through the operator's reader (common/job_spec.h); a spec it refuses runs no pods.
+    const api::ParsedJob parsed = api::parse_job(job);
+    if (parsed.violation) continue;
+    const int procs = parsed.spec.procs_per_replica;
     kube::ListOptions lo;
-    lo.label_selector = "railyard.dev/job=" + name;
+    lo.label_selector = std::string(wellknown::kJobLabel) + "=" + name;
     std::vector<kube::Json> pods;
     try {
       pods = client_.list_all(kube::resources::pods, ns, lo);
@@ -208,7 +212,7 @@ std::vector<Sample> Monitor::collect_embedded(const std::vector<kube::Json>& job
       if (ip.empty() || pod["status"].value("phase", std::string()) != "Running") continue;
       std::string node = pod.value("spec", kube::Json::object()).value("nodeName", std::string());
       int port = opts_.metrics_port;
-      std::string ann = annotation(pod, kMetricsPortAnnotation);
+      std::string ann = annotation(pod, wellknown::kMetricsPortAnnotation);
       if (!ann.empty()) {
         try {
           port = std::stoi(ann);
@@ -244,7 +248,7 @@ std::vector<Sample> Monitor::collect_embedded(const std::vector<kube::Json>& job
                                           {"node", node},
                                           {"instance", target}};
         Sample up;
-        up.name = "up";
+        up.name = metrics::names::kUp.name;
         up.labels = identity;
         if (err.empty()) {
           for (auto& s : got) {
@@ -401,9 +405,10 @@ std::pair<int, std::string> Monitor::handle_webhook(const std::string& authoriza
   if (!leading_)
     return reply(503, {{"error", "this railyard-monitor replica is a standby; the leader takes the webhook (retry)"}});
   if (opts_.webhook_token.empty())
-    return reply(503, {{"error",
-                        "webhook disabled: start railyard-monitor with --webhook-token-file or "
-                        "RAILYARD_MONITOR_WEBHOOK_TOKEN"}});
+    return reply(
+        503,
+        {{"error",
+          "webhook disabled: start railyard-monitor with --webhook-token-file or " pod_env::kMonitorWebhookToken}});
   const std::string bearer = "Bearer ";
   if (authorization.rfind(bearer, 0) != 0 ||
       !constant_time_equal(authorization.substr(bearer.size()), opts_.webhook_token))

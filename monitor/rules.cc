@@ -8,8 +8,9 @@
 #include <limits>
 #include <sstream>
 
+#include "common/job_spec.h"
 #include "common/metrics/job_labels.h"
-#include "common/metrics/worker_series.h"
+#include "common/metrics/names.h"
 namespace railyard::monitor {
 namespace {
 
@@ -42,37 +43,83 @@ bool parse_rank(const std::string& s, int* out) {
 
 Policy policy_for_job(const json& job, const Policy& defaults) {
   Policy p = defaults;
-  if (!job.is_object() || !job.contains("spec") || !job["spec"].is_object()) return p;
-  const json& spec = job["spec"];
-  if (spec.contains("failurePolicy") && spec["failurePolicy"].is_object()) {
-    const json& fp = spec["failurePolicy"];
-    if (fp.contains("hangTimeoutSeconds") && fp["hangTimeoutSeconds"].is_number() && fp["hangTimeoutSeconds"] > 0)
-      p.hang_timeout_s = fp["hangTimeoutSeconds"].get<double>();
-    if (fp.contains("stragglerFactor") && fp["stragglerFactor"].is_number() && fp["stragglerFactor"] >= 1)
-      p.straggler_factor = fp["stragglerFactor"].get<double>();
-    if (fp.contains("excludeFailedNodes") && fp["excludeFailedNodes"].is_boolean())
-      p.exclude_failed_nodes = fp["excludeFailedNodes"].get<bool>();
+  // The spec through the operator's own reader (common/job_spec.h): the same defaults and bounds. A spec it refuses is
+  // the operator's to mark Invalid; its job runs no pods, and the defaults stand meanwhile.
+  const api::ParsedJob parsed = api::parse_job(job);
+  if (!parsed.violation) {
+    const api::JobSpec& spec = parsed.spec;
+    p.hang_timeout_s = static_cast<double>(spec.hang_timeout_seconds);
+    p.straggler_factor = spec.straggler_factor;
+    p.exclude_failed_nodes = spec.exclude_failed_nodes;
+    // spec.checkpoint turns the checkpoint-age rule on, at the worker's save interval.
+    if (spec.checkpoint)
+      p.checkpoint_interval_steps = static_cast<int>(std::min<int64_t>(
+          spec.checkpoint_interval_steps > 0 ? spec.checkpoint_interval_steps : api::kDefaultCheckpointIntervalSteps,
+          int64_t{1} << 30));
   }
-  if (job.contains("status") && job["status"].is_object() && job["status"].contains("world") &&
+  // The world is status, which the operator writes: not part of the spec's reader.
+  if (job.is_object() && job.contains("status") && job["status"].is_object() && job["status"].contains("world") &&
       job["status"]["world"].is_object()) {
     const json& w = job["status"]["world"];
     if (w.contains("size") && w["size"].is_number_integer() && w["size"].get<int64_t>() > 0 &&
         w["size"].get<int64_t>() <= 1000000)
       p.world_size = static_cast<int>(w["size"].get<int64_t>());
   }
-  if (spec.contains("checkpoint") && spec["checkpoint"].is_object()) {
-    const json& ck = spec["checkpoint"];
-    p.checkpoint_interval_steps = 100;  // the CRD's default
-    if (ck.contains("intervalSteps") && ck["intervalSteps"].is_number_integer() && ck["intervalSteps"] > 0)
-      p.checkpoint_interval_steps = ck["intervalSteps"].get<int>();
-  }
   return p;
 }
 
+namespace {
+
+// Where each series the rules read goes in RankObs; the monitor's query selects exactly these names.
+struct SeriesReader {
+  std::string name;
+  void (*read)(const Sample& s, RankObs& r);
+};
+
+const std::vector<SeriesReader>& series_readers() {
+  namespace n = metrics::names;
+  static const std::vector<SeriesReader> readers = {
+      {n::kUp.name, [](const Sample& s, RankObs& r) { r.reachable = s.value == 1; }},
+      {n::kWorkerStep.name, [](const Sample& s, RankObs& r) { r.step = s.value; }},
+      {n::kWorkerLastStepTimestamp.name, [](const Sample& s, RankObs& r) { r.last_step_ts = s.value; }},
+      {metrics::sum_series(n::kWorkerStepDuration), [](const Sample& s, RankObs& r) { r.duration_sum = s.value; }},
+      {metrics::count_series(n::kWorkerStepDuration), [](const Sample& s, RankObs& r) { r.duration_count = s.value; }},
+      {n::kWorkerStepPhaseSecondsTotal.name,
+       [](const Sample& s, RankObs& r) {
+         if (s.label("phase") == "compute") r.compute_total = s.value;
+       }},
+      {n::kWorkerStepsTotal.name, [](const Sample& s, RankObs& r) { r.steps_total = s.value; }},
+      {n::kWorkerLoss.name,
+       [](const Sample& s, RankObs& r) {
+         r.loss = s.value;
+         r.loss_present = true;
+       }},
+      {n::kWorkerNonfiniteTotal.name, [](const Sample& s, RankObs& r) { r.nonfinite_total = s.value; }},
+      {n::kCheckpointLastStep.name, [](const Sample& s, RankObs& r) { r.checkpoint_step = s.value; }},
+      {n::kCheckpointLastTimestamp.name, [](const Sample& s, RankObs& r) { r.checkpoint_ts = s.value; }},
+      {n::kWorkerLastOutputTimestamp.name, [](const Sample& s, RankObs& r) { r.last_output_ts = s.value; }},
+      {n::kWorkerProcessStoppedSince.name, [](const Sample& s, RankObs& r) { r.stopped_since = s.value; }},
+      {n::kWorkerCpuIdleSince.name, [](const Sample& s, RankObs& r) { r.cpu_idle_since = s.value; }},
+      {n::kWorkerPaused.name, [](const Sample& s, RankObs& r) { r.paused = s.value > 0; }},
+      {n::kWorkerPauseEndTimestamp.name, [](const Sample& s, RankObs& r) { r.pause_end_ts = s.value; }},
+  };
+  return readers;
+}
+
+}  // namespace
+
+std::vector<std::string> read_series() {
+  std::vector<std::string> out;
+  for (const SeriesReader& r : series_readers()) out.push_back(r.name);
+  return out;
+}
+
 std::map<JobKey, std::map<int, RankObs>> group_samples(const std::vector<Sample>& samples) {
-  namespace ws = metrics::worker_series;
-  const std::string kStepDurationSum = std::string(ws::kStepDuration) + "_sum";
-  const std::string kStepDurationCount = std::string(ws::kStepDuration) + "_count";
+  static const std::map<std::string, void (*)(const Sample&, RankObs&)> by_name = [] {
+    std::map<std::string, void (*)(const Sample&, RankObs&)> m;
+    for (const SeriesReader& r : series_readers()) m.emplace(r.name, r.read);
+    return m;
+  }();
   std::map<JobKey, std::map<int, RankObs>> out;
   for (const Sample& s : samples) {
     std::string ns = s.label(metrics::kNamespaceLabel), job = s.label(metrics::kTrainingJobLabel);
@@ -82,40 +129,7 @@ std::map<JobKey, std::map<int, RankObs>> group_samples(const std::vector<Sample>
     r.rank = rank;
     if (r.node.empty()) r.node = s.label("node");
     if (r.generation.empty()) r.generation = s.label("generation");
-    const std::string& n = s.name;
-    if (n == "up")
-      r.reachable = s.value == 1;
-    else if (n == ws::kStep)
-      r.step = s.value;
-    else if (n == ws::kLastStepTimestamp)
-      r.last_step_ts = s.value;
-    else if (n == kStepDurationSum)
-      r.duration_sum = s.value;
-    else if (n == kStepDurationCount)
-      r.duration_count = s.value;
-    else if (n == ws::kStepPhaseSecondsTotal && s.label("phase") == "compute")
-      r.compute_total = s.value;
-    else if (n == ws::kStepsTotal)
-      r.steps_total = s.value;
-    else if (n == ws::kLoss) {
-      r.loss = s.value;
-      r.loss_present = true;
-    } else if (n == ws::kNonfiniteTotal)
-      r.nonfinite_total = s.value;
-    else if (n == "railyard_checkpoint_last_step")
-      r.checkpoint_step = s.value;
-    else if (n == "railyard_checkpoint_last_timestamp_seconds")
-      r.checkpoint_ts = s.value;
-    else if (n == ws::kLastOutputTimestamp)
-      r.last_output_ts = s.value;
-    else if (n == ws::kProcessStoppedSince)
-      r.stopped_since = s.value;
-    else if (n == ws::kCpuIdleSince)
-      r.cpu_idle_since = s.value;
-    else if (n == ws::kPaused)
-      r.paused = s.value > 0;
-    else if (n == ws::kPauseEndTimestamp)
-      r.pause_end_ts = s.value;
+    if (auto it = by_name.find(s.name); it != by_name.end()) it->second(s, r);
   }
   return out;
 }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/restart_request.h"
+#include "common/wellknown.h"
 #include "monitor/samples.h"
 
 namespace railyard::monitor {
@@ -97,6 +98,9 @@ struct JobKey {
 // Groups worker samples (railyard_worker_*, railyard_checkpoint_last_*, up) by namespace/job and rank. Series
 // without namespace, job or an integer rank label are skipped: they are not a training worker's.
 std::map<JobKey, std::map<int, RankObs>> group_samples(const std::vector<Sample>& samples);
+// The names of the series group_samples reads (common/metrics/names.h; a histogram's _sum and _count): the monitor
+// asks Prometheus for these and no others.
+std::vector<std::string> read_series();
 
 struct Verdict {
   std::string
@@ -158,7 +162,6 @@ class Evaluator {
 };
 
 // The annotation contract (keys, RestartRequest, format and parse) is common/restart_request.h (docs/monitor.md).
-inline constexpr const char* kMetricsPortAnnotation = "railyard.dev/metrics-port";
 
 RestartRequest request_from_verdict(const Verdict& v, const std::string& time);
 // "a,b" + "c" -> "a,b,c" (no duplicates, empty parts dropped).

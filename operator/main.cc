@@ -457,7 +457,7 @@ int main(int argc, char** argv) {
   }
 
   metrics::Registry registry;
-  auto& leader_gauge = registry.gauge("railyard_operator_leader", "1 while this replica is the leader.").add({});
+  auto& leader_gauge = registry.gauge(metrics::names::kOperatorLeader, "1 while this replica is the leader.").add({});
   op::ControllerOptions copts;
   copts.ns = flags.ns;
   copts.workers = flags.workers;
@@ -507,11 +507,10 @@ int main(int argc, char** argv) {
     std::cerr << "railyard-operator: " << e.what() << "\n";
     return 2;
   }
-  log::info(
-      kLog, "serving",
-      {{"metrics", mhost + ":" + std::to_string(exposer->port())},
-       {"metrics_tls", flags.metrics_secure ? "on" : "off"},
-       {"health", hhost + ":" + std::to_string(hport)}});
+  log::info(kLog, "serving",
+            {{"metrics", mhost + ":" + std::to_string(exposer->port())},
+             {"metrics_tls", flags.metrics_secure ? "on" : "off"},
+             {"health", hhost + ":" + std::to_string(hport)}});
 
   controller.start_informers();
   while (!controller.wait_for_sync(std::chrono::seconds(10)))

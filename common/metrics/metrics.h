@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "common/metrics/names.h"
+
 namespace httplib {
 class Server;
 }
@@ -68,8 +70,6 @@ class Histogram {
 std::vector<double> exponential_buckets(double start, double factor, int count);
 std::vector<double> linear_buckets(double start, double width, int count);
 
-enum class Type { Counter, Gauge, Histogram };
-
 template <typename T>
 class Family {
  public:
@@ -106,6 +106,17 @@ class Registry {
   Family<Gauge>& gauge(const std::string& name, const std::string& help, const Labels& const_labels = {});
   Family<Histogram>& histogram(const std::string& name, const std::string& help, std::vector<double> bounds,
                                const Labels& const_labels = {});
+  // The same with a name from names.h, whose type decides which of the three can take it.
+  Family<Counter>& counter(CounterName name, const std::string& help, const Labels& const_labels = {}) {
+    return counter(std::string(name.name), help, const_labels);
+  }
+  Family<Gauge>& gauge(GaugeName name, const std::string& help, const Labels& const_labels = {}) {
+    return gauge(std::string(name.name), help, const_labels);
+  }
+  Family<Histogram>& histogram(HistogramName name, const std::string& help, std::vector<double> bounds,
+                               const Labels& const_labels = {}) {
+    return histogram(std::string(name.name), help, std::move(bounds), const_labels);
+  }
 
   // Text exposition format 0.0.4, families in registration order, ending with a newline.
   std::string serialize() const;

@@ -11,6 +11,7 @@
 #include "common/metrics/job_labels.h"
 #include "common/rendezvous_protocol.h"
 #include "common/tls/job_identity.h"
+#include "common/wellknown.h"
 #include "operator/controller/failure_policy.h"
 #include "operator/controller/job_service.h"
 #include "operator/controller/lifecycle.h"
@@ -84,27 +85,30 @@ Controller::Controller(kube::Client& client, metrics::Registry& registry, Contro
       opts_(std::move(opts)),
       placement_(placement ? std::move(placement) : std::make_unique<SimplePlacement>()),
       recorder_(client, kube::EventRecorderOptions{"railyard-operator", "", std::chrono::seconds(600)}),
-      jobs_by_phase_(registry.gauge("railyard_operator_jobs", "TrainingJobs by phase, from the informer cache.")),
-      restarts_(registry.counter("railyard_operator_restarts_total", "Restarts (new generations) by reason.")),
-      errors_(registry.counter("railyard_operator_reconcile_errors_total", "Reconciles that ended in an error.")),
-      placement_seconds_(registry.histogram("railyard_operator_placement_seconds",
+      jobs_by_phase_(registry.gauge(metrics::names::kOperatorJobs, "TrainingJobs by phase, from the informer cache.")),
+      restarts_(registry.counter(metrics::names::kOperatorRestartsTotal, "Restarts (new generations) by reason.")),
+      errors_(registry.counter(metrics::names::kOperatorReconcileErrorsTotal, "Reconciles that ended in an error.")),
+      placement_seconds_(registry.histogram(metrics::names::kOperatorPlacementSeconds,
                                             "Time to compute one gang placement.",
                                             metrics::exponential_buckets(0.0001, 4, 10))),
       recovery_seconds_(registry.histogram(
-          "railyard_operator_recovery_seconds",
+          metrics::names::kOperatorRecoverySeconds,
           "From a restart decision to the first training step of the new generation, by restart reason.",
           metrics::exponential_buckets(0.5, 2, 12))),
       detection_seconds_(registry.histogram(
-          "railyard_operator_detection_seconds",
+          metrics::names::kOperatorDetectionSeconds,
           "From a symptom's onset to the restart request that reported it (monitor requests), by symptom.",
           metrics::exponential_buckets(0.5, 2, 12))),
-      wq_depth_(registry.gauge("workqueue_depth", "Current depth of the work queue.")),
-      wq_adds_(registry.counter("workqueue_adds_total", "Adds handled by the work queue.")),
-      wq_retries_(registry.counter("workqueue_retries_total", "Rate-limited retries handled by the work queue.")),
-      cr_total_(registry.counter("controller_runtime_reconcile_total", "Reconciles per controller and result.")),
-      cr_errors_(registry.counter("controller_runtime_reconcile_errors_total", "Reconcile errors per controller.")),
-      cr_time_(registry.histogram("controller_runtime_reconcile_time_seconds", "Length of reconciles per controller.",
-                                  metrics::exponential_buckets(0.001, 2, 16))) {
+      wq_depth_(registry.gauge(metrics::names::kWorkqueueDepth, "Current depth of the work queue.")),
+      wq_adds_(registry.counter(metrics::names::kWorkqueueAddsTotal, "Adds handled by the work queue.")),
+      wq_retries_(
+          registry.counter(metrics::names::kWorkqueueRetriesTotal, "Rate-limited retries handled by the work queue.")),
+      cr_total_(
+          registry.counter(metrics::names::kControllerRuntimeReconcileTotal, "Reconciles per controller and result.")),
+      cr_errors_(
+          registry.counter(metrics::names::kControllerRuntimeReconcileErrorsTotal, "Reconcile errors per controller.")),
+      cr_time_(registry.histogram(metrics::names::kControllerRuntimeReconcileTimeSeconds,
+                                  "Length of reconciles per controller.", metrics::exponential_buckets(0.001, 2, 16))) {
   for (const auto& p : kPhases) jobs_by_phase_.add({{"phase", p}}).set(0);
   const metrics::Labels c{{"controller", opts_.controller_name}};
   errors_.add(c);
@@ -122,7 +126,7 @@ Controller::Controller(kube::Client& client, metrics::Registry& registry, Contro
   // Railyard's worker pods of every namespace (a namespace-scoped operator reconciles only its own, but placement
   // counts every job's pods against the nodes).
   kube::InformerOptions po;
-  po.label_selector = kJobLabel;
+  po.label_selector = wellknown::kJobLabel;
   pods_ = std::make_unique<kube::Informer>(client_, kube::resources::pods, po);
   nodes_ = std::make_unique<kube::Informer>(client_, kube::resources::nodes, kube::InformerOptions{});
   priority_classes_ =
@@ -132,14 +136,14 @@ Controller::Controller(kube::Client& client, metrics::Registry& registry, Contro
   // Railyard's own are in pods_ already: each pod is watched (and parsed) once.
   kube::InformerOptions bo;
   bo.field_selector = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed";
-  bo.label_selector = std::string("!") + kJobLabel;
+  bo.label_selector = std::string("!") + wellknown::kJobLabel;
   node_pods_ = std::make_unique<kube::Informer>(client_, kube::resources::pods, bo);
 
   // The jobs' headless Services (ensure_service), labelled with their job like the pods: one deleted by hand brings
   // its job back, whose reconcile creates it again. Only where the operator runs jobs (its namespace, or all).
   kube::InformerOptions so;
   so.ns = opts_.ns;
-  so.label_selector = kJobLabel;
+  so.label_selector = wellknown::kJobLabel;
   services_ = std::make_unique<kube::Informer>(client_, kube::resources::services, so);
 
   jobs_->on_add([this](const Json& j) { enqueue(kube::key_of(j)); });
@@ -147,7 +151,7 @@ Controller::Controller(kube::Client& client, metrics::Registry& registry, Contro
   jobs_->on_delete([this](const Json& j) { enqueue(kube::key_of(j)); });
   auto pod_key = [this](const Json& p) {
     const Json& meta = kube::field(p, "metadata");
-    const Json& job = kube::field(kube::field(meta, "labels"), kJobLabel);
+    const Json& job = kube::field(kube::field(meta, "labels"), wellknown::kJobLabel);
     const Json& ns = kube::field(meta, "namespace");
     if (job.is_string() && ns.is_string() && (opts_.ns.empty() || ns == opts_.ns))
       enqueue(ns.get<std::string>() + "/" + job.get<std::string>());
@@ -370,8 +374,8 @@ std::vector<PodPtr> Controller::pods_of(const Json& job) {
   std::vector<PodPtr> out;
   for (PodPtr& p : pods_->snapshot()) {
     const Json& meta = kube::field(*p, "metadata");
-    if (kube::field(meta, "namespace") == ns && kube::field(kube::field(meta, "labels"), kJobLabel) == name &&
-        controlled_by(*p, uid))
+    if (kube::field(meta, "namespace") == ns &&
+        kube::field(kube::field(meta, "labels"), wellknown::kJobLabel) == name && controlled_by(*p, uid))
       out.push_back(std::move(p));
   }
   return out;

@@ -4,7 +4,7 @@
 #include <cstddef>
 #include <string>
 
-#include "operator/controller/job_spec.h"
+#include "operator/controller/api.h"
 
 namespace railyard::op {
 

@@ -4,6 +4,8 @@
 #include <cctype>
 #include <charconv>
 
+#include "common/wellknown.h"
+
 namespace railyard::op {
 
 namespace {
@@ -27,7 +29,7 @@ bool valid_hca(const std::string& s) {
 
 int node_rails(const NodeInfo& node) {
   int rails = 0;
-  if (auto it = node.labels.find(kRailsLabel); it != node.labels.end()) {
+  if (auto it = node.labels.find(wellknown::kRailsLabel); it != node.labels.end()) {
     const std::string& v = it->second;
     auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), rails);
     if (ec != std::errc() || end != v.data() + v.size()) rails = 0;
@@ -62,7 +64,8 @@ RailHcas rail_hcas(const NodeInfo& node) {
     }
   if (static_cast<int>(names.size()) != rails) {
     out.error = where + ": lists " + std::to_string(names.size()) + " HCAs but the node has " + std::to_string(rails) +
-                " rails (label " + kRailsLabel + ", else its nvidia.com/gpu): list one HCA per rail, in rail order";
+                " rails (label " + wellknown::kRailsLabel +
+                ", else its nvidia.com/gpu): list one HCA per rail, in rail order";
     return out;
   }
   out.hcas = std::move(names);

@@ -7,11 +7,11 @@
 #include <string>
 #include <vector>
 
+#include "common/wellknown.h"
 #include "operator/controller/placement.h"
 
 namespace railyard::op {
 
-inline constexpr const char* kRailsLabel = "railyard.dev/rails";
 // Node annotation: the node's InfiniBand/RoCE HCAs in rail order, comma separated ("mlx5_0,mlx5_1,...": rail i's NIC
 // at position i; NCCL's "name:port" form is allowed). Default when absent: mlx5_0 ... mlx5_{R-1}, R = node_rails().
 // An annotation, not a label: label values cannot hold commas.

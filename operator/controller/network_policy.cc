@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "common/wellknown.h"
+
 namespace railyard::op {
 
 std::optional<NetworkPolicyMode> network_policy_mode_from_string(const std::string& s) {
@@ -27,7 +29,7 @@ std::string network_policy_name(const std::string& job_name) { return job_name +
 
 Json build_network_policy(const Json& job, const JobSpec& spec, NetworkPolicyMode mode, const PodOptions& opts) {
   const std::string job_name = job["metadata"].value("name", "");
-  const Json job_pods = {{"podSelector", {{"matchLabels", {{kJobLabel, job_name}}}}}};
+  const Json job_pods = {{"podSelector", {{"matchLabels", {{wellknown::kJobLabel, job_name}}}}}};
   auto tcp = [](int port) { return Json{{"protocol", "TCP"}, {"port", port}}; };
   // Anyone may scrape the metrics (Prometheus and railyard-monitor live wherever the platform put them): the worker
   // ports (one per local rank) and the agent's. Everything else (Gloo/NCCL pairs, the bootstrap store, peer copies of
@@ -38,7 +40,7 @@ Json build_network_policy(const Json& job, const JobSpec& spec, NetworkPolicyMod
   if (opts.agent_metrics_port > 0) metrics.push_back(tcp(opts.agent_metrics_port));
   Json ingress = Json::array({{{"from", Json::array({job_pods})}}});
   if (!metrics.empty()) ingress.push_back({{"ports", metrics}});
-  Json spec_json = {{"podSelector", {{"matchLabels", {{kJobLabel, job_name}}}}}, {"ingress", ingress}};
+  Json spec_json = {{"podSelector", {{"matchLabels", {{wellknown::kJobLabel, job_name}}}}}, {"ingress", ingress}};
   Json types = Json::array({"Ingress"});
   if (mode == NetworkPolicyMode::kStrict) {
     // Out: the job's pods, the rendezvous (by port: the operator's pods and namespace carry labels this builder
@@ -57,7 +59,7 @@ Json build_network_policy(const Json& job, const JobSpec& spec, NetworkPolicyMod
           {"metadata",
            {{"name", network_policy_name(job_name)},
             {"namespace", job["metadata"].value("namespace", "")},
-            {"labels", {{kJobLabel, job_name}}},
+            {"labels", {{wellknown::kJobLabel, job_name}}},
             {"annotations", {{"railyard.dev/network-policy", to_string(mode)}}},
             {"ownerReferences", Json::array({owner_reference(job)})}}},
           {"spec", spec_json}};

@@ -7,6 +7,7 @@
 
 #include "common/checked_math.h"
 #include "common/kube/client.h"
+#include "common/wellknown.h"
 #include "operator/controller/nccl_env.h"
 #include "operator/controller/pod_builder.h"
 
@@ -251,7 +252,7 @@ std::vector<NodeInfo> build_inventory_of(const std::vector<const Json*>& nodes, 
       it->second.scalar_used[name] = saturating_add(it->second.scalar_used[name], v);
     it->second.pods_used++;
     const Json& meta = field(p, "metadata");
-    if (const Json& job = field(field(meta, "labels"), kJobLabel); job.is_string()) {
+    if (const Json& job = field(field(meta, "labels"), wellknown::kJobLabel); job.is_string()) {
       it->second.worker_pods++;
       it->second.jobs.insert(string_of(field(meta, "namespace")) + "/" + job.get<std::string>());
     }
@@ -428,7 +429,7 @@ bool matches_node_affinity(const Json& node_affinity, const NodeInfo& node) {
 }
 
 metrics::Family<metrics::Histogram>& placement_hops(metrics::Registry& registry) {
-  return registry.histogram("railyard_operator_placement_hops",
+  return registry.histogram(metrics::names::kOperatorPlacementHops,
                             "Worst same-rail switch hops between communicating pods of each gang placed (0: one node, "
                             "1: one unit, 3: one leaf, 5: one spine).",
                             {0, 1, 3, 5, 7, 9});

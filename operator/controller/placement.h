@@ -13,7 +13,7 @@
 
 #include "common/metrics/metrics.h"
 #include "common/restart_request.h"
-#include "operator/controller/job_spec.h"
+#include "operator/controller/api.h"
 #include "planner/cost_model.h"
 
 namespace railyard::op {

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "common/error.h"
+#include "common/wellknown.h"
 #include "planner/calibration.h"
 #include "planner/context_parallel.h"
 #include "planner/hetero.h"
@@ -15,13 +16,6 @@
 
 namespace railyard::op {
 namespace {
-
-// Same labels as the scheduler (operator/scheduler/topology.h); repeated here because the controller library does
-// not link the scheduler.
-constexpr const char* kGpuTypeLabel = "railyard.dev/gpu-type";
-constexpr const char* kUnitLabel = "railyard.dev/unit";
-constexpr const char* kLeafLabel = "railyard.dev/leaf";
-constexpr const char* kSpineLabel = "railyard.dev/spine";
 
 std::string label_of(const NodeInfo& n, const char* key) {
   auto it = n.labels.find(key);
@@ -60,7 +54,7 @@ std::map<std::string, int> gpu_types(const JobSpec& spec, const std::vector<Node
     if (!std::all_of(spec.node_selector.begin(), spec.node_selector.end(),
                      [&n](const auto& kv) { return label_of(n, kv.first.c_str()) == kv.second; }))
       continue;
-    types[label_of(n, kGpuTypeLabel)]++;
+    types[label_of(n, wellknown::kGpuTypeLabel)]++;
   }
   return types;
 }
@@ -117,7 +111,7 @@ plan::Cluster plan_cluster(const JobSpec& spec, int replicas, const std::vector<
           std::string("spec.device cuda: no ready node with nvidia.com/gpu matches the job: add GPU "
                       "nodes or set spec.device to cpu"));
     std::map<std::string, int> types;  // the most common GPU type among the usable GPU nodes
-    for (const NodeInfo* n : gpu_nodes) types[label_of(*n, kGpuTypeLabel)]++;
+    for (const NodeInfo* n : gpu_nodes) types[label_of(*n, wellknown::kGpuTypeLabel)]++;
     type = std::max_element(types.begin(), types.end(), [](auto& a, auto& b) { return a.second < b.second; })->first;
     // Mixed types: the layout must fit on every replica, so it is planned on the smallest usable memory (the speeds
     // enter through plan_parallelism's mixed estimate).
@@ -135,7 +129,7 @@ plan::Cluster plan_cluster(const JobSpec& spec, int replicas, const std::vector<
       }
     }
     if (type.empty())
-      throw ConfigError(std::string("node label ") + kGpuTypeLabel +
+      throw ConfigError(std::string("node label ") + wellknown::kGpuTypeLabel +
                         " is missing on the GPU nodes: label them (e.g. a100-80gb, h100-sxm, h200) so the planner "
                         "knows the device, or give spec.parallelism degrees instead of auto");
     usable = gpu_nodes;
@@ -143,16 +137,16 @@ plan::Cluster plan_cluster(const JobSpec& spec, int replicas, const std::vector<
   try {
     c.device = plan::builtin_profile(type);
   } catch (const ConfigError& e) {
-    throw ConfigError(std::string("node label ") + kGpuTypeLabel + "=" + type + ": " + e.what() +
+    throw ConfigError(std::string("node label ") + wellknown::kGpuTypeLabel + "=" + type + ": " + e.what() +
                       "; or give spec.parallelism degrees instead of auto");
   }
   c.topology.origin = "nodes";
   c.topology.gpu_type = c.device.name;
   // One pod per node, procsPerReplica ranks per pod: the pod is the planner's "node" (tensor groups stay inside it).
   c.topology.gpus_per_node = spec.procs_per_replica;
-  c.topology.nodes_per_unit = widest(usable, nullptr, kUnitLabel);
-  c.topology.units_per_leaf = widest(usable, kUnitLabel, kLeafLabel);
-  c.topology.leaves_per_spine = widest(usable, kLeafLabel, kSpineLabel);
+  c.topology.nodes_per_unit = widest(usable, nullptr, wellknown::kUnitLabel);
+  c.topology.units_per_leaf = widest(usable, wellknown::kUnitLabel, wellknown::kLeafLabel);
+  c.topology.leaves_per_spine = widest(usable, wellknown::kLeafLabel, wellknown::kSpineLabel);
   c.topology.nodes = replicas;
   c.gpus = replicas * spec.procs_per_replica;
   return c;

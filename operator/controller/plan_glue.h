@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "operator/controller/job_spec.h"
+#include "operator/controller/api.h"
 #include "operator/controller/placement.h"
 #include "planner/cost_model.h"
 #include "planner/moe_cost.h"

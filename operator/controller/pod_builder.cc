@@ -10,9 +10,11 @@
 #include "common/error.h"
 #include "common/flash_checkpoint.h"
 #include "common/kube/client.h"
+#include "common/pod_env.h"
 #include "common/rendezvous_protocol.h"
 #include "common/tls/job_identity.h"
 #include "common/torchrun.h"
+#include "common/wellknown.h"
 #include "operator/controller/nccl_env.h"
 #include "operator/controller/placement.h"
 
@@ -24,7 +26,7 @@ std::string worker_pod_name(const std::string& job_name, int index) {
 std::string job_service_name(const std::string& job_name) { return job_name; }
 std::string token_secret_name(const std::string& job_name) { return job_name + "-rendezvous"; }
 std::string env_configmap_name(const std::string& job_name) { return job_name + "-env"; }
-std::string job_selector(const std::string& job_name) { return std::string(kJobLabel) + "=" + job_name; }
+std::string job_selector(const std::string& job_name) { return std::string(wellknown::kJobLabel) + "=" + job_name; }
 
 Json owner_reference(const Json& job) {
   return {{"apiVersion", job.value("apiVersion", "railyard.dev/v1alpha1")},
@@ -226,8 +228,8 @@ WorkerPodBuilder::WorkerPodBuilder(const Json& job, const JobSpec& spec, int64_t
   const Json tspec = tmpl.value("spec", Json::object());
 
   Json labels = tmeta.value("labels", Json::object());
-  labels[kJobLabel] = job_name;
-  labels[kGenerationLabel] = std::to_string(generation);
+  labels[wellknown::kJobLabel] = job_name;
+  labels[wellknown::kGenerationLabel] = std::to_string(generation);
   Json annotations = tmeta.value("annotations", Json::object());
 
   std::vector<std::string> command = opts.worker_command;
@@ -238,24 +240,24 @@ WorkerPodBuilder::WorkerPodBuilder(const Json& job, const JobSpec& spec, int64_t
   // Job-wide values go to the job's ConfigMap (env_configmap(), envFrom): written once per job, not once per pod,
   // which keeps the pod small (each of 1,000 pods is decoded, stored and sent to every watcher: docs/benchmarks.md,
   // 2026-12-02). Only what differs per pod, refers to the Secret, or must win over the template stays in env.
-  Json shared = {{"RAILYARD_JOB_NAME", job_name},
+  Json shared = {{pod_env::kJobName, job_name},
                  // Tells this job from an earlier one of the same name (the checkpoint fence compares generations
                  // only within one job: docs/checkpointing.md).
-                 {"RAILYARD_JOB_UID", job["metadata"].value("uid", "")},
-                 {"RAILYARD_JOB_NAMESPACE", ns},
-                 {"RAILYARD_POD_NAMESPACE", ns},  // a pod's namespace is its job's
-                 {"RAILYARD_PROCS_PER_REPLICA", std::to_string(spec.procs_per_replica)},
-                 {"RAILYARD_PROCS_PER_POD", std::to_string(spec.procs_per_replica)},
-                 {"RAILYARD_DEVICE", spec.device},
-                 {"RAILYARD_RENDEZVOUS_ADDR", opts.rendezvous_addr}};
+                 {pod_env::kJobUid, job["metadata"].value("uid", "")},
+                 {pod_env::kJobNamespace, ns},
+                 {pod_env::kPodNamespace, ns},  // a pod's namespace is its job's
+                 {pod_env::kProcsPerReplica, std::to_string(spec.procs_per_replica)},
+                 {pod_env::kProcsPerPod, std::to_string(spec.procs_per_replica)},
+                 {pod_env::kDevice, spec.device},
+                 {pod_env::kRendezvousAddr, opts.rendezvous_addr}};
   Json env = Json::array({
-      env_value(kReplicaIndexEnv, ""),  // stamped per pod
-      env_field("RAILYARD_POD_NAME", "metadata.name"),
+      env_value(pod_env::kReplicaIndex, ""),  // stamped per pod
+      env_field(pod_env::kPodName, "metadata.name"),
       // The name is reused by a replacement pod; the UID is not (the rendezvous fences by it).
       env_field(rdzv::kPodUidEnv, "metadata.uid"),
-      env_field("RAILYARD_POD_IP", "status.podIP"),
-      env_field("RAILYARD_NODE_NAME", "spec.nodeName"),
-      {{"name", "RAILYARD_RENDEZVOUS_TOKEN"},
+      env_field(pod_env::kPodIp, "status.podIP"),
+      env_field(pod_env::kNodeName, "spec.nodeName"),
+      {{"name", pod_env::kRendezvousToken},
        {"valueFrom", {{"secretKeyRef", {{"name", token_secret_name(job_name)}, {"key", kTokenKey}}}}}},
   });
   // The job's own CA: the agent issues its pod's certificate for the peer copies and the bootstrap store with it.
@@ -264,12 +266,12 @@ WorkerPodBuilder::WorkerPodBuilder(const Json& job, const JobSpec& spec, int64_t
         {{"name", var}, {"valueFrom", {{"secretKeyRef", {{"name", token_secret_name(job_name)}, {"key", key}}}}}});
   if (opts.rendezvous_tls)
     env.push_back(
-        {{"name", "RAILYARD_RENDEZVOUS_CA"},
+        {{"name", pod_env::kRendezvousCa},
          {"valueFrom", {{"secretKeyRef", {{"name", token_secret_name(job_name)}, {"key", kRendezvousCaKey}}}}}});
 
   if (spec.program) {
     // What a program may use beside torchrun's variables (the agent adds the per-rank ones): docs/programs.md.
-    shared["RAILYARD_MAX_RESTARTS"] = std::to_string(spec.max_restarts);
+    shared[pod_env::kMaxRestarts] = std::to_string(spec.max_restarts);
     // spec.program.launcher as resolved: torchrun mode starts the command once per pod with PET_* (common/torchrun.h).
     shared[torchrun::kLauncherEnv] = spec.program_torchrun ? torchrun::kLauncherTorchrun : torchrun::kLauncherPerRank;
     if (!spec.checkpoint_path.empty()) shared[flash::kCheckpointDirEnv] = spec.checkpoint_path;
@@ -279,15 +281,15 @@ WorkerPodBuilder::WorkerPodBuilder(const Json& job, const JobSpec& spec, int64_t
     shared[flash::kMemoryIntervalEnv] = std::to_string(spec.memory_interval_steps);
     if (spec.checkpoint_keep && *spec.checkpoint_keep > 0)
       shared[flash::kKeepEnv] = std::to_string(*spec.checkpoint_keep);
-    if (spec.steps > 0) shared["RAILYARD_TOTAL_STEPS"] = std::to_string(spec.steps);
+    if (spec.steps > 0) shared[pod_env::kTotalSteps] = std::to_string(spec.steps);
     for (const auto& [name, value] : program_home_env()) shared[name] = value;
     // Stable names: the agent gives the ranks MASTER_ADDR and the hostfile as <pod>.<this domain> (docs/programs.md
     // "Stable names"); without it, pod IPs. The built-in trainer keeps pod IPs: its store needs no name.
     if (spec.dns_addresses)
       shared[names::kPodDomainEnv] = names::pod_domain(job_service_name(job_name), ns, opts.cluster_domain);
   }
-  if (!opts.roots.data.empty()) shared["RAILYARD_DATA_ROOT"] = opts.roots.data;
-  if (!opts.roots.checkpoint.empty()) shared["RAILYARD_CHECKPOINT_ROOT"] = opts.roots.checkpoint;
+  if (!opts.roots.data.empty()) shared[pod_env::kDataRoot] = opts.roots.data;
+  if (!opts.roots.checkpoint.empty()) shared[pod_env::kCheckpointRoot] = opts.roots.checkpoint;
 
   // Resources: the job's, plus GPUs for cuda jobs that did not ask for them explicitly.
   Json resources = job["spec"].value("resources", Json::object());
@@ -315,7 +317,7 @@ WorkerPodBuilder::WorkerPodBuilder(const Json& job, const JobSpec& spec, int64_t
       if (tc.contains("command") && !tc.contains("args")) container.erase("args");
       const Json tenv = tc.value("env", Json::array());
       // A template that sets the index env itself keeps its value in every pod (it wins like any template env).
-      index_env_ours_ = !tenv.is_array() || !has_named(tenv, kReplicaIndexEnv);
+      index_env_ours_ = !tenv.is_array() || !has_named(tenv, pod_env::kReplicaIndex);
       merge_named(env, tenv);
     }
     for (size_t i = 1; i < tspec["containers"].size(); ++i) containers.push_back(tspec["containers"][i]);
@@ -324,11 +326,11 @@ WorkerPodBuilder::WorkerPodBuilder(const Json& job, const JobSpec& spec, int64_t
   // template's env so a template cannot silently disagree with the ports declared here.
   Json ports = container.value("ports", Json::array());
   if (opts.worker_metrics_port > 0) {
-    annotations[kMetricsPortAnnotation] = std::to_string(opts.worker_metrics_port);
-    merge_named(env, Json::array({env_value("RAILYARD_METRICS_PORT", std::to_string(opts.worker_metrics_port))}));
+    annotations[wellknown::kMetricsPortAnnotation] = std::to_string(opts.worker_metrics_port);
+    merge_named(env, Json::array({env_value(pod_env::kMetricsPort, std::to_string(opts.worker_metrics_port))}));
     // A program serves no railyard_worker_* series: its agent serves them there, from the ranks' progress files and
     // output, so the monitor's rules see a program's ranks like the trainer's (docs/programs.md).
-    if (spec.program) shared["RAILYARD_AGENT_RANK_METRICS"] = "1";
+    if (spec.program) shared[pod_env::kAgentRankMetrics] = "1";
     for (int l = 0; l < spec.procs_per_replica; ++l) {
       // One named port per local rank (metrics, metrics-1 ... metrics-63: procsPerReplica is at most 64, names fit
       // in 15 characters): Prometheus' pod discovery makes each a target, so every rank is scraped.
@@ -338,7 +340,7 @@ WorkerPodBuilder::WorkerPodBuilder(const Json& job, const JobSpec& spec, int64_t
     }
   }
   if (opts.agent_metrics_port > 0) {
-    merge_named(env, Json::array({env_value("RAILYARD_AGENT_METRICS_PORT", std::to_string(opts.agent_metrics_port))}));
+    merge_named(env, Json::array({env_value(pod_env::kAgentMetricsPort, std::to_string(opts.agent_metrics_port))}));
     ports.push_back({{"name", "agent-metrics"}, {"containerPort", opts.agent_metrics_port}, {"protocol", "TCP"}});
   }
   if (!ports.empty()) container["ports"] = ports;
@@ -387,7 +389,7 @@ WorkerPodBuilder::WorkerPodBuilder(const Json& job, const JobSpec& spec, int64_t
                 {"metadata",
                  {{"name", env_configmap_name(job_name)},
                   {"namespace", ns},
-                  {"labels", {{kJobLabel, job_name}}},
+                  {"labels", {{wellknown::kJobLabel, job_name}}},
                   {"ownerReferences", Json::array({owner_reference(job)})}}},
                 {"data", shared}};
 }
@@ -396,11 +398,11 @@ Json WorkerPodBuilder::pod(int index) const {
   Json pod = base_;
   const std::string name = worker_pod_name(job_name_, index), idx = std::to_string(index);
   pod["metadata"]["name"] = name;
-  pod["metadata"]["labels"][kReplicaIndexLabel] = idx;
+  pod["metadata"]["labels"][wellknown::kReplicaIndexLabel] = idx;
   pod["spec"]["hostname"] = name;
   if (index_env_ours_)
     for (Json& e : pod["spec"]["containers"][0]["env"])
-      if (e.value("name", "") == kReplicaIndexEnv) e["value"] = idx;
+      if (e.value("name", "") == pod_env::kReplicaIndex) e["value"] = idx;
   return pod;
 }
 
@@ -441,7 +443,7 @@ Json build_token_secret(const Json& job, const std::string& token, const std::st
           {"metadata",
            {{"name", token_secret_name(job_name)},
             {"namespace", job["metadata"].value("namespace", "")},
-            {"labels", {{kJobLabel, job_name}}},
+            {"labels", {{wellknown::kJobLabel, job_name}}},
             {"ownerReferences", Json::array({owner_reference(job)})}}},
           {"stringData", data}};
 }
@@ -470,8 +472,8 @@ std::string random_token() {
 
 int replica_index_of(const Json& pod) {
   const Json& labels = pod["metadata"].value("labels", Json::object());
-  if (!labels.contains(kReplicaIndexLabel) || !labels[kReplicaIndexLabel].is_string()) return -1;
-  const std::string v = labels[kReplicaIndexLabel].get<std::string>();
+  if (!labels.contains(wellknown::kReplicaIndexLabel) || !labels[wellknown::kReplicaIndexLabel].is_string()) return -1;
+  const std::string v = labels[wellknown::kReplicaIndexLabel].get<std::string>();
   int out = -1;
   auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
   if (ec != std::errc() || p != v.data() + v.size() || out < 0) return -1;

@@ -7,16 +7,14 @@
 #include <utility>
 #include <vector>
 
+#include "common/pod_env.h"
 #include "common/stable_names.h"
 #include "common/tls/pki.h"
-#include "operator/controller/job_spec.h"
+#include "common/wellknown.h"
+#include "operator/controller/api.h"
 
 namespace railyard::op {
 
-inline constexpr const char* kJobLabel = "railyard.dev/job";
-inline constexpr const char* kReplicaIndexLabel = "railyard.dev/replica-index";
-inline constexpr const char* kGenerationLabel = "railyard.dev/generation";
-inline constexpr const char* kReplicaIndexEnv = "RAILYARD_REPLICA_INDEX";
 inline constexpr const char* kSchedulerName = kRailyardScheduler;
 // Gang marks on pods of a job whose spec.placement.scheduler is another scheduler (docs/scheduler.md "Another
 // scheduler"): scheduler-plugins' coscheduling, Volcano, Kueue's plain-pod groups (Kueue's only with a queue label on
@@ -28,7 +26,6 @@ inline constexpr const char* kKueuePodGroupLabel = "kueue.x-k8s.io/pod-group-nam
 inline constexpr const char* kKueuePodGroupCountAnnotation = "kueue.x-k8s.io/pod-group-total-count";
 // The first local rank's metrics port (rank l serves port + l): what deploy/prometheus/prometheus.yml and the
 // chart's PodMonitor scrape.
-inline constexpr const char* kMetricsPortAnnotation = "railyard.dev/metrics-port";
 inline constexpr const char* kTokenKey = "token";
 // The CA of the rendezvous service's certificate in the job's Secret <job>-rendezvous (RAILYARD_RENDEZVOUS_CA).
 inline constexpr const char* kRendezvousCaKey = "ca.crt";

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "operator/controller/api.h"
 #include "operator/controller/controller.h"
-#include "operator/controller/job_spec.h"
 #include "operator/controller/placement.h"
 #include "operator/controller/plan_glue.h"
 #include "operator/controller/pod_state.h"

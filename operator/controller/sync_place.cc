@@ -6,6 +6,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "common/wellknown.h"
 #include "operator/controller/nccl_env.h"
 #include "operator/controller/plan_glue.h"
 #include "operator/controller/pod_builder.h"
@@ -48,7 +49,7 @@ std::vector<PlacementRequest> Controller::gangs_ahead(const Sync& s) {
   std::set<std::string> placed;
   for (const auto& p : pods_->snapshot()) {
     const Json& meta = kube::field(*p, "metadata");
-    const Json& job = kube::field(kube::field(meta, "labels"), kJobLabel);
+    const Json& job = kube::field(kube::field(meta, "labels"), wellknown::kJobLabel);
     if (job.is_string() && !terminating(*p) && !node_of(*p).empty())
       placed.insert(kube::namespace_of(*p) + "/" + job.get<std::string>());
   }

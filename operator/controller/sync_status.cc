@@ -7,6 +7,7 @@
 #include <set>
 
 #include "common/log.h"
+#include "common/wellknown.h"
 #include "operator/controller/failure_policy.h"
 #include "operator/controller/lifecycle.h"
 #include "operator/controller/nccl_env.h"
@@ -133,7 +134,7 @@ void Controller::plan_world(Sync& s) {
       if (it == node_of_pod_name.end()) break;
       for (const NodeInfo& ni : inventory)
         if (ni.name == it->second) {
-          auto label = ni.labels.find("railyard.dev/gpu-type");
+          auto label = ni.labels.find(wellknown::kGpuTypeLabel);
           pod_types.push_back(label == ni.labels.end() ? "" : label->second);
         }
     }

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <map>
 
+#include "common/wellknown.h"
 #include "operator/controller/nccl_env.h"
 
 namespace railyard::op::sched {
@@ -34,7 +35,7 @@ double oversubscription(int tier) {
 }  // namespace
 
 Topology::Topology(const std::vector<NodeInfo>& nodes, std::vector<std::string> keys) : keys_(std::move(keys)) {
-  if (keys_.empty()) keys_ = {kUnitLabel, kLeafLabel, kSpineLabel};
+  if (keys_.empty()) keys_ = {wellknown::kUnitLabel, wellknown::kLeafLabel, wellknown::kSpineLabel};
   const int n = static_cast<int>(nodes.size());
   const int levels = static_cast<int>(keys_.size());
   names_.reserve(n);
@@ -73,7 +74,7 @@ Topology::Topology(const std::vector<NodeInfo>& nodes, std::vector<std::string> 
       domain_[l][i] = it->second;
     }
     rails_.push_back(node_rails(node));
-    auto gt = node.labels.find(kGpuTypeLabel);
+    auto gt = node.labels.find(wellknown::kGpuTypeLabel);
     GpuLinks links = links_for(gt == node.labels.end() ? "" : gt->second);
     nvlink_gbps_.push_back(links.nvlink);
     nic_gbps_.push_back(links.nic);
@@ -87,9 +88,9 @@ int Topology::index(const std::string& node_name) const {
 
 std::string Topology::level_noun(int level) const {
   const std::string& k = keys_[level];
-  if (k == kUnitLabel) return "unit";
-  if (k == kLeafLabel) return "leaf";
-  if (k == kSpineLabel) return "spine";
+  if (k == wellknown::kUnitLabel) return "unit";
+  if (k == wellknown::kLeafLabel) return "leaf";
+  if (k == wellknown::kSpineLabel) return "spine";
   return k;
 }
 

@@ -6,16 +6,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/wellknown.h"
 #include "operator/controller/nccl_env.h"
 #include "operator/controller/placement.h"
 
 namespace railyard::op::sched {
-
-inline constexpr const char* kUnitLabel = "railyard.dev/unit";
-inline constexpr const char* kLeafLabel = "railyard.dev/leaf";
-inline constexpr const char* kSpineLabel = "railyard.dev/spine";
-inline constexpr const char* kGpuTypeLabel = "railyard.dev/gpu-type";
-using op::kRailsLabel;  // railyard.dev/rails: rails per node (op::node_rails() reads it)
 
 // One path between a GPU of one node and a GPU of another.
 struct Link {

@@ -1,9 +1,9 @@
-// TrainingJob decoding and validation (operator/controller/job_spec.h): any JSON object the API server could hand
+// TrainingJob decoding and validation (common/job_spec.h): any JSON object the API server could hand
 // the operator. parse_job promises never to throw; a spec it accepts must be usable by everything downstream.
 #include <cstdint>
 #include <nlohmann/json.hpp>
 
-#include "operator/controller/job_spec.h"
+#include "operator/controller/api.h"
 #include "tests/fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

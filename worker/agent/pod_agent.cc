@@ -23,6 +23,7 @@
 #include "common/flash_checkpoint.h"
 #include "common/log.h"
 #include "common/metrics/job_labels.h"
+#include "common/pod_env.h"
 #include "common/torchrun.h"
 #include "worker/agent/agent_metrics.h"
 #include "worker/agent/flash_module.h"
@@ -345,7 +346,7 @@ class AgentRun {
     RankEnvParams params;
     params.run_id = cfg_.ns + "_" + cfg_.job;
     // The job's failurePolicy.maxRestarts, as the operator passes it to program pods (0 when not told).
-    const char* mr = std::getenv("RAILYARD_MAX_RESTARTS");
+    const char* mr = std::getenv(pod_env::kMaxRestarts);
     params.max_restarts = mr != nullptr && *mr != '\0' ? mr : "0";
     params.config_path = config_path;
     params.shm_prefix = shm_prefix_;
@@ -607,14 +608,14 @@ class AgentRun {
 
 AgentConfig AgentConfig::from_env(std::vector<std::string> command) {
   AgentConfig c;
-  c.ns = required_env("RAILYARD_JOB_NAMESPACE", "the TrainingJob's namespace");
-  c.job = required_env("RAILYARD_JOB_NAME", "the TrainingJob's name");
-  c.pod = required_env("RAILYARD_POD_NAME", "this pod's name (fieldRef metadata.name)");
-  c.pod_ip = required_env("RAILYARD_POD_IP", "this pod's IP (fieldRef status.podIP)");
-  c.rendezvous_addr = required_env("RAILYARD_RENDEZVOUS_ADDR", "the operator's rendezvous service as host:port");
-  c.token = required_env("RAILYARD_RENDEZVOUS_TOKEN", "the job's token (secretKeyRef <job>-rendezvous/token)");
-  c.rendezvous_ca = env_or("RAILYARD_RENDEZVOUS_CA", "");
-  c.procs_per_pod = static_cast<int>(int_env("RAILYARD_PROCS_PER_POD", 1, 1, 4096));
+  c.ns = required_env(pod_env::kJobNamespace, "the TrainingJob's namespace");
+  c.job = required_env(pod_env::kJobName, "the TrainingJob's name");
+  c.pod = required_env(pod_env::kPodName, "this pod's name (fieldRef metadata.name)");
+  c.pod_ip = required_env(pod_env::kPodIp, "this pod's IP (fieldRef status.podIP)");
+  c.rendezvous_addr = required_env(pod_env::kRendezvousAddr, "the operator's rendezvous service as host:port");
+  c.token = required_env(pod_env::kRendezvousToken, "the job's token (secretKeyRef <job>-rendezvous/token)");
+  c.rendezvous_ca = env_or(pod_env::kRendezvousCa, "");
+  c.procs_per_pod = static_cast<int>(int_env(pod_env::kProcsPerPod, 1, 1, 4096));
   const std::string launcher = env_or(torchrun::kLauncherEnv, torchrun::kLauncherPerRank);
   if (launcher != torchrun::kLauncherPerRank && launcher != torchrun::kLauncherTorchrun)
     throw ConfigError(std::string(torchrun::kLauncherEnv) + "=\"" + launcher + "\" must be " +
@@ -623,21 +624,21 @@ AgentConfig AgentConfig::from_env(std::vector<std::string> command) {
   c.torchrun = launcher == torchrun::kLauncherTorchrun;
   c.command = std::move(command);
   const char* tmp = std::getenv("TMPDIR");
-  c.work_dir = env_or("RAILYARD_AGENT_DIR",
+  c.work_dir = env_or(pod_env::kAgentDir,
                       std::string(tmp && *tmp ? tmp : "/tmp") + "/railyard-agent/" + c.ns + "_" + c.job + "_" + c.pod);
-  c.poll_interval = std::chrono::milliseconds(int_env("RAILYARD_AGENT_POLL_MS", 500, 50, 1000));
-  c.grace = std::chrono::seconds(int_env("RAILYARD_AGENT_GRACE_SECONDS", 10, 0, 3600));
-  c.unreachable_limit = std::chrono::seconds(int_env("RAILYARD_AGENT_UNREACHABLE_SECONDS", 0, 0, 86400));
+  c.poll_interval = std::chrono::milliseconds(int_env(pod_env::kAgentPollMs, 500, 50, 1000));
+  c.grace = std::chrono::seconds(int_env(pod_env::kAgentGraceSeconds, 10, 0, 3600));
+  c.unreachable_limit = std::chrono::seconds(int_env(pod_env::kAgentUnreachableSeconds, 0, 0, 86400));
   if (c.unreachable_limit.count() > 0) c.unknown_job_limit = c.unreachable_limit;
   c.pod_uid = env_or(rdzv::kPodUidEnv, "");
   if (c.pod_uid.size() > rdzv::kMaxPodUidLength)
     throw ConfigError(std::string(rdzv::kPodUidEnv) + " is longer than " + std::to_string(rdzv::kMaxPodUidLength) +
                       " characters: it must hold the pod's metadata.uid (fieldRef)");
-  c.metrics_port = static_cast<int>(int_env("RAILYARD_AGENT_METRICS_PORT", -1, 0, 65535));
-  c.node = env_or("RAILYARD_NODE_NAME", "");
-  c.peer_port = static_cast<int>(int_env("RAILYARD_AGENT_PEER_PORT", 0, -1, 65535));
-  if (env_or("RAILYARD_AGENT_RANK_METRICS", "") == "1") {
-    c.rank_metrics_port = static_cast<int>(int_env("RAILYARD_METRICS_PORT", -1, 1, 65535 - c.procs_per_pod));
+  c.metrics_port = static_cast<int>(int_env(pod_env::kAgentMetricsPort, -1, 0, 65535));
+  c.node = env_or(pod_env::kNodeName, "");
+  c.peer_port = static_cast<int>(int_env(pod_env::kAgentPeerPort, 0, -1, 65535));
+  if (env_or(pod_env::kAgentRankMetrics, "") == "1") {
+    c.rank_metrics_port = static_cast<int>(int_env(pod_env::kMetricsPort, -1, 1, 65535 - c.procs_per_pod));
     if (c.rank_metrics_port < 0)
       throw ConfigError("RAILYARD_AGENT_RANK_METRICS=1 needs RAILYARD_METRICS_PORT: the port of local rank 0's series");
   }

@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <set>
 
+#include "common/flash_checkpoint.h"
+#include "common/pod_env.h"
 #include "common/torchrun.h"
 
 namespace railyard::worker {
@@ -47,27 +49,27 @@ std::vector<std::string> inherited_env(const char* const* envp) {
       "TORCHELASTIC_MAX_RESTARTS",
       "TORCHELASTIC_RUN_ID",
       "TORCHELASTIC_USE_AGENT_STORE",
-      "RAILYARD_GENERATION",
-      "RAILYARD_CONFIG",
-      "RAILYARD_RESTORE",
-      "RAILYARD_POD_INDEX",
-      "RAILYARD_NUM_PODS",
-      "RAILYARD_DP",
-      "RAILYARD_TP",
-      "RAILYARD_PP",
+      flash::kGenerationEnv,
+      pod_env::kConfig,
+      pod_env::kRestore,
+      pod_env::kPodIndex,
+      pod_env::kNumPods,
+      pod_env::kDp,
+      pod_env::kTp,
+      pod_env::kPp,
       torchrun::kProgressFileEnv,
       torchrun::kProgressDirEnv,
-      "RAILYARD_SHM_PREFIX",
-      "RAILYARD_SHM_PEER_STEPS",
-      "RAILYARD_STORE_TOKEN",
+      flash::kShmPrefixEnv,
+      flash::kPeerStepsEnv,
+      pod_env::kStoreToken,
       names::kHostfileEnv,
       tls::kPeerCaEnv,
       tls::kPeerCertEnv,
       tls::kPeerKeyEnv,
       tls::kJobCaCertEnv,
       tls::kJobCaKeyEnv,  // the job CA's key stays in the agent: workers get a leaf, never the power to issue one
-      "RAILYARD_RENDEZVOUS_CA",
-      "RAILYARD_RENDEZVOUS_TOKEN"  // workers never talk to the service: keep the secret in the agent
+      pod_env::kRendezvousCa,
+      pod_env::kRendezvousToken  // workers never talk to the service: keep the secret in the agent
   };
   std::vector<std::string> env;
   for (const char* const* e = envp; *e != nullptr; ++e) {
@@ -94,25 +96,25 @@ bool is_ip(const std::string& s) {
 // The RAILYARD_* variables of the worker contract that do not depend on the local rank (both launch modes).
 void add_railyard_env(std::vector<std::string>& env, const rdzv::Assignment& a, const RankEnvParams& p) {
   auto add = [&](const char* k, const std::string& v) { env.push_back(std::string(k) + "=" + v); };
-  add("RAILYARD_GENERATION", std::to_string(a.generation));
-  add("RAILYARD_CONFIG", p.config_path);
-  add("RAILYARD_RESTORE", a.restore);
-  add("RAILYARD_POD_INDEX", std::to_string(a.pod_index));
-  add("RAILYARD_NUM_PODS", std::to_string(a.num_pods));
-  add("RAILYARD_DP", std::to_string(a.layout.dp));
-  add("RAILYARD_TP", std::to_string(a.layout.tp));
-  add("RAILYARD_PP", std::to_string(a.layout.pp));
+  add(flash::kGenerationEnv, std::to_string(a.generation));
+  add(pod_env::kConfig, p.config_path);
+  add(pod_env::kRestore, a.restore);
+  add(pod_env::kPodIndex, std::to_string(a.pod_index));
+  add(pod_env::kNumPods, std::to_string(a.num_pods));
+  add(pod_env::kDp, std::to_string(a.layout.dp));
+  add(pod_env::kTp, std::to_string(a.layout.tp));
+  add(pod_env::kPp, std::to_string(a.layout.pp));
   add(torchrun::kProgressDirEnv, p.progress_dir);
-  add("RAILYARD_SHM_PREFIX", p.shm_prefix);
+  add(flash::kShmPrefixEnv, p.shm_prefix);
   if (!p.peer_steps.empty()) {
     std::string steps;
     for (int64_t st : p.peer_steps) {
       if (!steps.empty()) steps += ',';
       steps += std::to_string(st);
     }
-    add("RAILYARD_SHM_PEER_STEPS", steps);
+    add(flash::kPeerStepsEnv, steps);
   }
-  add("RAILYARD_STORE_TOKEN", p.store_token);
+  add(pod_env::kStoreToken, p.store_token);
   if (!p.hostfile.empty()) add(names::kHostfileEnv, p.hostfile);
   if (!p.python_path.empty()) {
     std::string value = p.python_path;

@@ -6,7 +6,7 @@
 #include <regex>
 
 #include "common/error.h"
-#include "common/metrics/worker_series.h"
+#include "common/metrics/names.h"
 
 namespace railyard::worker {
 
@@ -39,35 +39,35 @@ std::optional<ProgressRecord> parse_progress(const std::string& text) {
   return r;
 }
 
-namespace ws = metrics::worker_series;
-
 // One local rank: its registry and endpoint (for the agent's lifetime) and its series (for one generation).
 struct RankExporter::Rank {
   metrics::Registry registry;
-  metrics::Family<metrics::Gauge>& step_f = registry.gauge(ws::kStep, "Last completed training step.");
+  metrics::Family<metrics::Gauge>& step_f =
+      registry.gauge(metrics::names::kWorkerStep, "Last completed training step.");
   metrics::Family<metrics::Counter>& steps_total_f =
-      registry.counter(ws::kStepsTotal, "Steps this rank reported in this generation.");
+      registry.counter(metrics::names::kWorkerStepsTotal, "Steps this rank reported in this generation.");
   metrics::Family<metrics::Gauge>& last_step_ts_f =
-      registry.gauge(ws::kLastStepTimestamp, "When the last step's progress record was written.");
-  // A histogram, as the trainer serves it (common/metrics/worker_series.h): the rules read its _sum and _count.
-  metrics::Family<metrics::Histogram>& duration_f =
-      registry.histogram(ws::kStepDuration, "Wall time per step, from the times of the rank's progress records.",
-                         ws::step_duration_buckets());
+      registry.gauge(metrics::names::kWorkerLastStepTimestamp, "When the last step's progress record was written.");
+  // A histogram, as the trainer serves it (common/metrics/names.h): the rules read its _sum and _count.
+  metrics::Family<metrics::Histogram>& duration_f = registry.histogram(
+      metrics::names::kWorkerStepDuration, "Wall time per step, from the times of the rank's progress records.",
+      metrics::names::worker_step_duration_buckets());
   metrics::Family<metrics::Gauge>& loss_f =
-      registry.gauge(ws::kLoss, "Training loss of the last step (NaN when non-finite).");
+      registry.gauge(metrics::names::kWorkerLoss, "Training loss of the last step (NaN when non-finite).");
   metrics::Family<metrics::Gauge>& tps_f =
-      registry.gauge(ws::kTokensPerSecond, "Training throughput of the last step.");
+      registry.gauge(metrics::names::kWorkerTokensPerSecond, "Training throughput of the last step.");
   metrics::Family<metrics::Counter>& nonfinite_f =
-      registry.counter(ws::kNonfiniteTotal, "Progress records with a non-finite loss.");
-  metrics::Family<metrics::Counter>& phase_f =
-      registry.counter(ws::kStepPhaseSecondsTotal, "Seconds per phase; compute: the program's compute_seconds.");
+      registry.counter(metrics::names::kWorkerNonfiniteTotal, "Progress records with a non-finite loss.");
+  metrics::Family<metrics::Counter>& phase_f = registry.counter(
+      metrics::names::kWorkerStepPhaseSecondsTotal, "Seconds per phase; compute: the program's compute_seconds.");
   metrics::Family<metrics::Gauge>& stopped_f =
-      registry.gauge(ws::kProcessStoppedSince,
+      registry.gauge(metrics::names::kWorkerProcessStoppedSince,
                      "When the rank's process was first seen stopped (SIGSTOP, a debugger); 0 while it runs.");
-  metrics::Family<metrics::Gauge>& idle_f =
-      registry.gauge(ws::kCpuIdleSince, "Since when the rank's process has used no CPU time; 0 while it computes.");
-  metrics::Family<metrics::Gauge>& output_f = registry.gauge(
-      ws::kLastOutputTimestamp, "When the rank last wrote to its stdout or stderr (its start, before it wrote).");
+  metrics::Family<metrics::Gauge>& idle_f = registry.gauge(
+      metrics::names::kWorkerCpuIdleSince, "Since when the rank's process has used no CPU time; 0 while it computes.");
+  metrics::Family<metrics::Gauge>& output_f =
+      registry.gauge(metrics::names::kWorkerLastOutputTimestamp,
+                     "When the rank last wrote to its stdout or stderr (its start, before it wrote).");
   std::unique_ptr<metrics::Exposer> exposer;
 
   metrics::Labels labels;  // this generation's; empty before the first

@@ -7,6 +7,8 @@
 
 #include "checkpoint/shm_store.h"
 #include "common/error.h"
+#include "common/flash_checkpoint.h"
+#include "common/pod_env.h"
 
 namespace railyard::worker {
 
@@ -54,25 +56,25 @@ CheckpointOptions checkpoint_options(const Flags& f, const DistSetup& dist, cons
   co.shm_every = static_cast<int>(to_int(f, "ckpt-shm-every", 0));
   co.term_budget_seconds = to_double(f, "ckpt-term-budget", 8);
   // --resume, else the agent's RAILYARD_RESTORE, else auto.
-  co.resume = f.count("resume") ? f.at("resume") : env_or("RAILYARD_RESTORE", "");
+  co.resume = f.count("resume") ? f.at("resume") : env_or(pod_env::kRestore, "");
   if (co.resume.empty()) co.resume = "auto";
   if (co.resume == "auto" && co.dir.empty() && co.shm_every == 0) co.resume = "never";
-  const std::string job_id = env_or("RAILYARD_JOB_NAMESPACE", "") + "_" + env_or("RAILYARD_JOB_NAME", "local");
+  const std::string job_id = env_or(pod_env::kJobNamespace, "") + "_" + env_or(pod_env::kJobName, "local");
   // The agent sets RAILYARD_GENERATION (the config's generation); without it (a run by hand) the writer is not fenced.
   // With the job's uid: a re-created job of the same name and checkpoint path starts at generation 1 again and must not
   // be fenced by its predecessor's `latest`.
-  const std::string job_uid = env_or("RAILYARD_JOB_UID", "");
+  const std::string job_uid = env_or(pod_env::kJobUid, "");
   co.job = job_uid.empty() ? job_id : job_id + "_" + job_uid;
-  co.generation = std::max<int64_t>(0, std::atoll(env_or("RAILYARD_GENERATION", "0").c_str()));
+  co.generation = std::max<int64_t>(0, std::atoll(env_or(flash::kGenerationEnv, "0").c_str()));
   // The agent names its pod's segments (RAILYARD_SHM_PREFIX) and removes them when the pod ends (worker/agent).
   const int global_rank = static_cast<int>(std::atol(env_or("RANK", "0").c_str()));
-  if (const std::string prefix = env_or("RAILYARD_SHM_PREFIX", ""); !prefix.empty()) {
+  if (const std::string prefix = env_or(flash::kShmPrefixEnv, ""); !prefix.empty()) {
     co.shm_name = prefix + "-r" + std::to_string(global_rank);
   } else {
     co.shm_name = ckpt::ShmStore::name_for(job_id, global_rank);
   }
   // Steps the agent fetched from a peer pod into this rank's slots (a replacement pod; docs/checkpointing.md).
-  for (std::string rest = env_or("RAILYARD_SHM_PEER_STEPS", ""); !rest.empty();) {
+  for (std::string rest = env_or(flash::kPeerStepsEnv, ""); !rest.empty();) {
     const auto comma = rest.find(',');
     co.shm_peer_steps.push_back(std::atoll(rest.substr(0, comma).c_str()));
     rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
@@ -84,7 +86,7 @@ CheckpointOptions checkpoint_options(const Flags& f, const DistSetup& dist, cons
     // same step on SIGTERM.
     co.rank = std::atoi(env_or("RANK", "0").c_str());
     co.world_size = world;
-    co.run_id = job_id + "-g" + env_or("RAILYARD_GENERATION", "0") + "-" + env_or("MASTER_ADDR", "") + "-" +
+    co.run_id = job_id + "-g" + env_or(flash::kGenerationEnv, "0") + "-" + env_or("MASTER_ADDR", "") + "-" +
                 env_or("MASTER_PORT", "");
     for (char& c : co.run_id)
       if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') c = '-';

@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "common/path_roots.h"
+#include "common/pod_env.h"
 #include "worker/data/data_loader.h"
 
 namespace railyard::worker {
@@ -19,8 +20,8 @@ void enforce_path_roots(const Flags& f, const ConfigOrigins& origins) {
     return {"", ""};
   };
   const bool from_config = f.count("config") != 0;
-  const auto [data_root, data_root_name] = root_of("data-root", "RAILYARD_DATA_ROOT");
-  const auto [ckpt_root, ckpt_root_name] = root_of("ckpt-root", "RAILYARD_CHECKPOINT_ROOT");
+  const auto [data_root, data_root_name] = root_of("data-root", pod_env::kDataRoot);
+  const auto [ckpt_root, ckpt_root_name] = root_of("ckpt-root", pod_env::kCheckpointRoot);
   std::vector<std::tuple<std::string, std::string, std::string, std::string>> checks;  // what, path, root, root name
   // Data sources are globs: the pattern itself (lexically and through its existing directories), and every file it
   // matches (a symlinked shard, or a directory a wildcard crosses, that leads out of the root); the validation shards

@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/metrics/metrics.h"
+#include "common/pod_env.h"
 #include "worker/cmd/checkpoint_setup.h"
 #include "worker/cmd/config_file.h"
 #include "worker/cmd/flags.h"
@@ -103,7 +104,7 @@ std::unique_ptr<MetricsServer> serve_metrics(const Flags& f, Trainer& trainer) {
     port = to_int(f, "metrics-port", 0);
     // One flag for a whole --nproc world: rank r serves on P + LOCAL_RANK (0 stays "any free port").
     if (*port > 0) *port += std::atol(env_or("LOCAL_RANK", "0").c_str());
-  } else if (const char* p = std::getenv("RAILYARD_METRICS_PORT"); p != nullptr && *p != '\0') {
+  } else if (const char* p = std::getenv(pod_env::kMetricsPort); p != nullptr && *p != '\0') {
     char* end = nullptr;
     const long base = std::strtol(p, &end, 10);
     if (*end != '\0' || base < 0) throw ConfigError(std::string("RAILYARD_METRICS_PORT '") + p + "' is not a port");
@@ -112,7 +113,7 @@ std::unique_ptr<MetricsServer> serve_metrics(const Flags& f, Trainer& trainer) {
   if (!port) return nullptr;
   if (*port < 0 || *port > 65535) throw ConfigError("--metrics-port must be in 0..65535");
   auto m = std::make_unique<MetricsServer>();
-  const std::string host = f.count("metrics-host") ? f.at("metrics-host") : env_or("RAILYARD_POD_IP", "127.0.0.1");
+  const std::string host = f.count("metrics-host") ? f.at("metrics-host") : env_or(pod_env::kPodIp, "127.0.0.1");
   m->train = std::make_unique<TrainMetrics>(m->registry, TrainMetrics::labels_from_env());
   trainer.set_metrics(m->train.get());
   m->exposer = std::make_unique<metrics::Exposer>(m->registry, host, static_cast<int>(*port));
@@ -173,7 +174,7 @@ int cmd_train(int argc, char** argv) {
   // The device first: a wrong --device / spec.device fails before any data or model is touched.
   const DeviceChoice device = choose_device(f);
   if (!f.count("data")) {
-    if (const char* d = std::getenv("RAILYARD_DATA_DIR"); d != nullptr && *d != '\0') f["data"] = d;
+    if (const char* d = std::getenv(pod_env::kDataDir); d != nullptr && *d != '\0') f["data"] = d;
   }
   if (!f.count("data")) {
     usage_error(

@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/torchrun.h"
 #include "worker/data/data_loader.h"
 #include "worker/interop/llmc_model.h"
 #include "worker/train/perf.h"
@@ -139,7 +140,7 @@ TrainConfig train_config(const Flags& f, const GptConfig& cfg) {
   tc.cp = static_cast<int>(to_int(f, "cp", 1));
   if (f.count("offload")) tc.offload = parse_offload(f.at("offload"));
   tc.offload_threads = static_cast<int>(to_int(f, "offload-threads", 1));
-  if (const char* p = std::getenv("RAILYARD_PROGRESS_FILE"); p != nullptr && *p != '\0') tc.progress_file = p;
+  if (const char* p = std::getenv(torchrun::kProgressFileEnv); p != nullptr && *p != '\0') tc.progress_file = p;
   tc.validate(cfg);
   if (f.count("dp-split")) tc.dp_split = int_list(f, "dp-split");
   if (f.count("slow-ranks") != f.count("slow-factor"))

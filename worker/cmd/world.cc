@@ -7,6 +7,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/pod_env.h"
 #include "worker/comm/connect.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/nccl_module.h"
@@ -238,7 +239,7 @@ int launch_train_world(int argc, char** argv, const Flags& f) {
     if (a.rfind("--nproc=", 0) == 0) continue;
     o.args.push_back(a);
   }
-  if (!f.count("threads") && env_or("RAILYARD_NUM_THREADS", "").empty()) {
+  if (!f.count("threads") && env_or(pod_env::kNumThreads, "").empty()) {
     // The ranks share this machine's cores.
     o.args.push_back("--threads");
     o.args.push_back(std::to_string(std::max(1, default_num_threads() / o.nproc)));

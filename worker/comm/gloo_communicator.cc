@@ -21,7 +21,9 @@
 #include <stdexcept>
 
 #include "common/error.h"
+#include "common/flash_checkpoint.h"
 #include "common/log.h"
+#include "common/pod_env.h"
 #include "worker/comm/bf16.h"
 #include "worker/comm/tcp_store.h"
 
@@ -541,15 +543,15 @@ GlooOptions gloo_options_from_env() {
   o.store_host = env_or("MASTER_ADDR", "");
   if (o.store_host.empty()) throw ConfigError("MASTER_ADDR is not set: set it to the address of rank 0");
   o.store_port = env_int("MASTER_PORT", "", 1, 65535, "set it to the port where rank 0 serves the store");
-  int gen = env_int("RAILYARD_GENERATION", "0", 0, 1 << 30, "set it to the rendezvous generation (an integer)");
+  int gen = env_int(flash::kGenerationEnv, "0", 0, 1 << 30, "set it to the rendezvous generation (an integer)");
   char prefix[24];  // snprintf, not "g" + to_string: GCC 12 emits a false -Wrestrict for that concatenation
   std::snprintf(prefix, sizeof prefix, "g%d", gen);
   o.prefix = prefix;
-  o.timeout = ms(env_int("RAILYARD_COMM_TIMEOUT_MS", "30000", 1, 24 * 3600 * 1000,
+  o.timeout = ms(env_int(pod_env::kCommTimeoutMs, "30000", 1, 24 * 3600 * 1000,
                          "set it to the collective deadline in milliseconds"));
-  o.store_token = env_or("RAILYARD_STORE_TOKEN", "");
+  o.store_token = env_or(pod_env::kStoreToken, "");
   o.store_tls = tls::pod_identity_from_env();
-  o.bind_host = env_or("RAILYARD_POD_IP", "");
+  o.bind_host = env_or(pod_env::kPodIp, "");
   if (o.bind_host.empty()) {
     if (o.store_host.rfind("127.", 0) == 0 || o.store_host == "localhost") {
       o.bind_host = "127.0.0.1";

@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "common/error.h"
+#include "common/pod_env.h"
 #include "worker/data/gpt2_pretokenizer.h"
 
 namespace railyard::worker {
@@ -64,7 +65,7 @@ class ByteAlphabet {
 }  // namespace
 
 std::string default_gpt2_vocab_dir() {
-  if (const char* env = std::getenv("RAILYARD_GPT2_DIR"); env != nullptr && *env != '\0') return env;
+  if (const char* env = std::getenv(pod_env::kGpt2Dir); env != nullptr && *env != '\0') return env;
   const char* home = std::getenv("HOME");
   return std::string(home != nullptr && *home != '\0' ? home : ".") + "/.cache/railyard/gpt2";
 }

@@ -10,6 +10,7 @@
 #include <mutex>
 
 #include "common/error.h"
+#include "common/pod_env.h"
 
 namespace railyard::worker {
 
@@ -46,7 +47,7 @@ int gpu_device_nodes(const std::string& dev_dir) {
 }
 
 std::string cuda_module_path() {
-  if (const char* p = std::getenv("RAILYARD_CUDA_MODULE"); p != nullptr && *p != '\0') return p;
+  if (const char* p = std::getenv(pod_env::kCudaModule); p != nullptr && *p != '\0') return p;
   std::error_code ec;
   const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (ec) return kCudaModuleFile;  // the dynamic loader's search path

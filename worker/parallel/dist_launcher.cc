@@ -18,6 +18,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/pod_env.h"
 
 extern char** environ;
 
@@ -80,7 +81,7 @@ int exit_code(int status) {
 
 int default_grace_ms() {
   long ms = 30000;
-  if (const char* t = std::getenv("RAILYARD_COMM_TIMEOUT_MS"); t != nullptr && *t != '\0') ms = std::atol(t);
+  if (const char* t = std::getenv(pod_env::kCommTimeoutMs); t != nullptr && *t != '\0') ms = std::atol(t);
   return static_cast<int>(std::max(0L, ms) + 5000);
 }
 

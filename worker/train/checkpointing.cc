@@ -84,36 +84,39 @@ struct Checkpointer::Metrics {
   Metrics(metrics::Registry& r, const metrics::Labels& l)
       : reg(r),
         labels(l),
-        snapshot(r.histogram("railyard_checkpoint_snapshot_seconds",
+        snapshot(r.histogram(metrics::names::kCheckpointSnapshotSeconds,
                              "Time to copy the state into the snapshot buffer (overlapped with the next step when "
                              "async).",
                              metrics::exponential_buckets(0.001, 2, 16))
                      .add(l)),
-        stall(r.histogram("railyard_checkpoint_stall_seconds",
+        stall(r.histogram(metrics::names::kCheckpointStallSeconds,
                           "Time a training step waited for a checkpoint snapshot (the training cost of a save).",
                           metrics::exponential_buckets(0.0001, 2, 18))
                   .add(l)),
-        persist(r.histogram("railyard_checkpoint_persist_seconds",
+        persist(r.histogram(metrics::names::kCheckpointPersistSeconds,
                             "Background time to checksum, write, fsync and commit a checkpoint.",
                             metrics::exponential_buckets(0.01, 2, 14))
                     .add(l)),
-        save_bytes(r.gauge("railyard_checkpoint_save_bytes", "Bytes this rank wrote for its last checkpoint.").add(l)),
-        saves(r.counter("railyard_checkpoint_saves_total", "Checkpoint saves by result (committed or failed).")),
+        save_bytes(
+            r.gauge(metrics::names::kCheckpointSaveBytes, "Bytes this rank wrote for its last checkpoint.").add(l)),
+        saves(r.counter(metrics::names::kCheckpointSavesTotal, "Checkpoint saves by result (committed or failed).")),
         restore_seconds(
-            r.gauge("railyard_checkpoint_restore_seconds", "Time the restore at start took (0: fresh start).").add(l)),
-        restore_bytes(r.gauge("railyard_checkpoint_restore_bytes", "Bytes read by the restore at start.").add(l)),
-        restored_step(r.gauge("railyard_checkpoint_restored_step", "Step restored at start (0: fresh start).").add(l)),
-        restored_from_memory(r.gauge("railyard_checkpoint_restored_from_memory",
+            r.gauge(metrics::names::kCheckpointRestoreSeconds, "Time the restore at start took (0: fresh start).")
+                .add(l)),
+        restore_bytes(r.gauge(metrics::names::kCheckpointRestoreBytes, "Bytes read by the restore at start.").add(l)),
+        restored_step(
+            r.gauge(metrics::names::kCheckpointRestoredStep, "Step restored at start (0: fresh start).").add(l)),
+        restored_from_memory(r.gauge(metrics::names::kCheckpointRestoredFromMemory,
                                      "1 when the restore at start read the in-memory tier (own memory or a peer copy), "
                                      "0 otherwise.")
                                  .add(l)),
-        memory_put(r.histogram("railyard_checkpoint_memory_snapshot_seconds",
+        memory_put(r.histogram(metrics::names::kCheckpointMemorySnapshotSeconds,
                                "Time to copy the state into the in-memory tier (shared memory) after a step; the "
                                "step waits for it.",
                                metrics::exponential_buckets(0.0001, 2, 18))
                        .add(l)),
-        last_step(r.gauge("railyard_checkpoint_last_step", "Step of the last complete checkpoint.")),
-        last_ts(r.gauge("railyard_checkpoint_last_timestamp_seconds", "Unix time the last checkpoint completed.")) {
+        last_step(r.gauge(metrics::names::kCheckpointLastStep, "Step of the last complete checkpoint.")),
+        last_ts(r.gauge(metrics::names::kCheckpointLastTimestamp, "Unix time the last checkpoint completed.")) {
     for (const char* res : {"committed", "failed"}) {
       metrics::Labels x = l;
       x["result"] = res;

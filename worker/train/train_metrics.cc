@@ -4,41 +4,43 @@
 #include <cmath>
 
 #include "common/error.h"
+#include "common/flash_checkpoint.h"
 #include "common/metrics/job_labels.h"
-#include "common/metrics/worker_series.h"
+#include "common/metrics/names.h"
+#include "common/pod_env.h"
 
 namespace railyard::worker {
 
 TrainMetrics::TrainMetrics(metrics::Registry& r, const metrics::Labels& l)
-    : step_(r.gauge(metrics::worker_series::kStep, "Last completed training step.").add(l)),
-      total_steps_(r.gauge("railyard_worker_total_steps", "Steps the run is configured for.").add(l)),
-      steps_total_(r.counter(metrics::worker_series::kStepsTotal, "Optimizer steps taken by this process.").add(l)),
-      last_step_ts_(r.gauge(metrics::worker_series::kLastStepTimestamp, "When the last step completed.").add(l)),
-      step_seconds_(r.histogram(metrics::worker_series::kStepDuration, "Wall time of one training step.",
-                                metrics::worker_series::step_duration_buckets())
+    : step_(r.gauge(metrics::names::kWorkerStep, "Last completed training step.").add(l)),
+      total_steps_(r.gauge(metrics::names::kWorkerTotalSteps, "Steps the run is configured for.").add(l)),
+      steps_total_(r.counter(metrics::names::kWorkerStepsTotal, "Optimizer steps taken by this process.").add(l)),
+      last_step_ts_(r.gauge(metrics::names::kWorkerLastStepTimestamp, "When the last step completed.").add(l)),
+      step_seconds_(r.histogram(metrics::names::kWorkerStepDuration, "Wall time of one training step.",
+                                metrics::names::worker_step_duration_buckets())
                         .add(l)),
-      loss_(r.gauge(metrics::worker_series::kLoss, "Training loss of the last step (NaN when non-finite).").add(l)),
-      val_loss_(r.gauge("railyard_worker_validation_loss", "Loss of the last validation.").add(l)),
-      lr_(r.gauge("railyard_worker_learning_rate", "Learning rate of the last step.").add(l)),
-      grad_norm_(r.gauge("railyard_worker_grad_norm", "Global gradient norm before clipping.").add(l)),
+      loss_(r.gauge(metrics::names::kWorkerLoss, "Training loss of the last step (NaN when non-finite).").add(l)),
+      val_loss_(r.gauge(metrics::names::kWorkerValidationLoss, "Loss of the last validation.").add(l)),
+      lr_(r.gauge(metrics::names::kWorkerLearningRate, "Learning rate of the last step.").add(l)),
+      grad_norm_(r.gauge(metrics::names::kWorkerGradNorm, "Global gradient norm before clipping.").add(l)),
       tokens_per_second_(
-          r.gauge(metrics::worker_series::kTokensPerSecond, "Training throughput of the last step.").add(l)),
+          r.gauge(metrics::names::kWorkerTokensPerSecond, "Training throughput of the last step.").add(l)),
       flops_per_second_(
-          r.gauge("railyard_worker_flops_per_second", "Model FLOP/s of the last step (6N + 12LCT per token).").add(l)),
-      mfu_(
-          r.gauge("railyard_worker_mfu_ratio", "FLOP/s of the last step over the peak it is measured against.").add(l)),
-      nonfinite_(
-          r.counter(metrics::worker_series::kNonfiniteTotal, "Steps with a non-finite loss or gradient.").add(l)),
+          r.gauge(metrics::names::kWorkerFlopsPerSecond, "Model FLOP/s of the last step (6N + 12LCT per token).")
+              .add(l)),
+      mfu_(r.gauge(metrics::names::kWorkerMfuRatio, "FLOP/s of the last step over the peak it is measured against.")
+               .add(l)),
+      nonfinite_(r.counter(metrics::names::kWorkerNonfiniteTotal, "Steps with a non-finite loss or gradient.").add(l)),
       paused_(
-          r.gauge(metrics::worker_series::kPaused,
+          r.gauge(metrics::names::kWorkerPaused,
                   "1 while the rank runs a pass that completes no training step (validation, samples, a synchronous "
                   "checkpoint); the stall rules then wait hangTimeoutSeconds.")
               .add(l)),
-      pause_end_(r.gauge(metrics::worker_series::kPauseEndTimestamp,
+      pause_end_(r.gauge(metrics::names::kWorkerPauseEndTimestamp,
                          "When the rank's last pause ended (0: none yet); the stall rules count it as progress.")
                      .add(l)) {
   paused_.set(0);  // present from the start, as a 0 (not paused), like every series of this process
-  auto& phases = r.counter(metrics::worker_series::kStepPhaseSecondsTotal,
+  auto& phases = r.counter(metrics::names::kWorkerStepPhaseSecondsTotal,
                            "Step wall time by phase: compute, tp_comm (tensor-parallel all-reduces), pp_wait (pipeline "
                            "recv/send waits), dp_comm (data-parallel reduction not hidden by backward), optimizer.");
   auto with = [&](const char* phase) {
@@ -85,11 +87,11 @@ TrainMetrics::Pause::~Pause() {
 }
 
 metrics::Labels TrainMetrics::labels_from_env() {
-  return {{metrics::kNamespaceLabel, env_or("RAILYARD_JOB_NAMESPACE", "")},
-          {metrics::kTrainingJobLabel, env_or("RAILYARD_JOB_NAME", "")},
-          {"generation", env_or("RAILYARD_GENERATION", "")},
+  return {{metrics::kNamespaceLabel, env_or(pod_env::kJobNamespace, "")},
+          {metrics::kTrainingJobLabel, env_or(pod_env::kJobName, "")},
+          {"generation", env_or(flash::kGenerationEnv, "")},
           {"rank", env_or("RANK", "0")},
-          {"node", env_or("RAILYARD_NODE_NAME", "")}};
+          {"node", env_or(pod_env::kNodeName, "")}};
 }
 
 }  // namespace railyard::worker

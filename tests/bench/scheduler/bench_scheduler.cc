@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/wellknown.h"
 #include "operator/scheduler/rail_aware.h"
 
 using namespace railyard::op;
@@ -38,11 +39,11 @@ std::vector<NodeInfo> cluster(int nodes, int per_unit, int units_per_leaf, int l
     n.name = name;
     n.ready = true;
     n.gpu_allocatable = 8;
-    n.labels = {{kUnitLabel, numbered("u", unit)},
-                {kLeafLabel, numbered("leaf", leaf)},
-                {kSpineLabel, numbered("spine", spine)},
-                {kGpuTypeLabel, "H100"},
-                {kRailsLabel, "8"}};
+    n.labels = {{wellknown::kUnitLabel, numbered("u", unit)},
+                {wellknown::kLeafLabel, numbered("leaf", leaf)},
+                {wellknown::kSpineLabel, numbered("spine", spine)},
+                {wellknown::kGpuTypeLabel, "H100"},
+                {wellknown::kRailsLabel, "8"}};
     v.push_back(n);
   }
   std::sort(v.begin(), v.end(), [](const NodeInfo& a, const NodeInfo& b) { return a.name < b.name; });
@@ -109,7 +110,7 @@ class SpreadPlacement : public Placement {
     for (const NodeInfo& n : nodes)
       if (n.ready && n.worker_pods == 0 && n.gpu_allocatable - n.gpu_used >= req.gpus_per_pod) {
         fit.push_back(&n);
-        free_in_unit[n.labels.at(kUnitLabel)]++;
+        free_in_unit[n.labels.at(wellknown::kUnitLabel)]++;
       }
     if (static_cast<int>(fit.size()) < req.pods) {
       r.missing = req.pods - static_cast<int>(fit.size());
@@ -119,11 +120,11 @@ class SpreadPlacement : public Placement {
     for (int k = 0; k < req.pods; ++k) {
       int best = -1;
       for (int i = 0; i < static_cast<int>(fit.size()); ++i)
-        if (!used[i] &&
-            (best < 0 || free_in_unit[fit[i]->labels.at(kUnitLabel)] > free_in_unit[fit[best]->labels.at(kUnitLabel)]))
+        if (!used[i] && (best < 0 || free_in_unit[fit[i]->labels.at(wellknown::kUnitLabel)] >
+                                         free_in_unit[fit[best]->labels.at(wellknown::kUnitLabel)]))
           best = i;
       used[best] = 1;
-      free_in_unit[fit[best]->labels.at(kUnitLabel)]--;
+      free_in_unit[fit[best]->labels.at(wellknown::kUnitLabel)]--;
       r.nodes.push_back(fit[best]->name);
     }
     r.ok = true;

@@ -1,5 +1,5 @@
 // railyard convert (cli/convert.h): Kubeflow's PyTorchJob and TrainJob as TrainingJobs that Railyard's own parser
-// (operator/controller/job_spec.h) accepts, field by field; what cannot be converted is refused naming the field.
+// (common/job_spec.h) accepts, field by field; what cannot be converted is refused naming the field.
 #include "cli/convert.h"
 
 #include <doctest/doctest.h>
@@ -9,7 +9,7 @@
 
 #include "cli/manifest_yaml.h"
 #include "common/error.h"
-#include "operator/controller/job_spec.h"
+#include "operator/controller/api.h"
 #include "tests/ctest_env.h"
 
 using nlohmann::json;
@@ -100,8 +100,9 @@ TEST_CASE("an elastic PyTorchJob: python -m torch.distributed.run, GPUs per node
   CHECK(s["elastic"] == json({{"minReplicas", 1}, {"maxReplicas", 4}}));
   CHECK(s["failurePolicy"]["maxRestarts"] == 10);
   CHECK(s["template"]["spec"]["tolerations"][0]["key"] == "nvidia.com/gpu");
-  CHECK(has_note(
-      c, "its flags that set those left out: --nnodes 1:4 --rdzv_backend=c10d --rdzv_endpoint=elastic-gpt-worker-0:29400"));
+  CHECK(has_note(c,
+                 "its flags that set those left out: --nnodes 1:4 --rdzv_backend=c10d "
+                 "--rdzv_endpoint=elastic-gpt-worker-0:29400"));
   CHECK(has_note(c, "spec.elasticPolicy.rdzvBackend: not carried over"));
   CHECK(has_note(c, "cleanPodPolicy: not given"));
   const auto spec = accepted(c.job);

@@ -5,7 +5,7 @@
 #include <optional>
 #include <string>
 
-#include "operator/controller/job_spec.h"
+#include "operator/controller/api.h"
 
 namespace railyard::op::testing {
 

@@ -4,6 +4,7 @@
 
 #include <doctest/doctest.h>
 
+#include "common/wellknown.h"
 #include "operator/controller/pod_builder.h"
 #include "tests/unit/operator/job_fixture.h"
 
@@ -65,10 +66,10 @@ TEST_CASE("the template's own NCCL env wins over the scheduler's") {
 
 TEST_CASE("rails and default HCAs: the rails label, else the GPUs, else one") {
   CHECK(node_rails(gpu_node(8)) == 8);
-  CHECK(node_rails(gpu_node(8, {{kRailsLabel, "4"}})) == 4);
-  CHECK(node_rails(gpu_node(8, {{kRailsLabel, "4x"}})) == 8);  // not a number: the GPUs
+  CHECK(node_rails(gpu_node(8, {{wellknown::kRailsLabel, "4"}})) == 4);
+  CHECK(node_rails(gpu_node(8, {{wellknown::kRailsLabel, "4x"}})) == 8);  // not a number: the GPUs
   CHECK(node_rails(gpu_node(0)) == 1);
-  RailHcas h = rail_hcas(gpu_node(0, {{kRailsLabel, "3"}}));
+  RailHcas h = rail_hcas(gpu_node(0, {{wellknown::kRailsLabel, "3"}}));
   CHECK(h.error.empty());
   CHECK_FALSE(h.from_annotation);
   CHECK(h.hcas == std::vector<std::string>{"mlx5_0", "mlx5_1", "mlx5_2"});

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "common/tls/job_identity.h"
+#include "common/wellknown.h"
 #include "tests/unit/operator/job_fixture.h"
 
 using namespace railyard::op;
@@ -37,9 +38,9 @@ TEST_CASE("a worker pod carries owner, labels, scheduler and the agent command")
   CHECK(owner["kind"] == "TrainingJob");
   CHECK(owner["controller"] == true);
   CHECK(owner["blockOwnerDeletion"] == true);
-  CHECK(pod["metadata"]["labels"][kJobLabel] == "tiny");
-  CHECK(pod["metadata"]["labels"][kReplicaIndexLabel] == "1");
-  CHECK(pod["metadata"]["labels"][kGenerationLabel] == "3");
+  CHECK(pod["metadata"]["labels"][wellknown::kJobLabel] == "tiny");
+  CHECK(pod["metadata"]["labels"][wellknown::kReplicaIndexLabel] == "1");
+  CHECK(pod["metadata"]["labels"][wellknown::kGenerationLabel] == "3");
   CHECK(pod["spec"]["schedulerName"] == "railyard");
   CHECK(pod["spec"]["restartPolicy"] == "Never");
   // A pod that fails without its agent's report keeps its log's last lines as its termination message.
@@ -103,7 +104,7 @@ TEST_CASE("the job-wide env is the job's ConfigMap, which every pod takes throug
     // to the Secret, or must win over the template (the metrics ports).
     for (auto it = cm["data"].begin(); it != cm["data"].end(); ++it)
       CHECK_MESSAGE(find_env(pod, it.key()) == nullptr, it.key());
-    CHECK(find_env(pod, kReplicaIndexEnv));
+    CHECK(find_env(pod, pod_env::kReplicaIndex));
   }
   CHECK(cm == build_env_configmap(job, spec, options()));
 }
@@ -157,18 +158,18 @@ TEST_CASE("one builder per gang: each pod differs from another only in its index
   const Json p7 = builder.pod(7), p0 = builder.pod(0);
   CHECK(p7["metadata"]["name"] == "tiny-worker-7");
   CHECK(p7["spec"]["hostname"] == "tiny-worker-7");
-  CHECK(p7["metadata"]["labels"][kReplicaIndexLabel] == "7");
-  CHECK((*find_env(p7, kReplicaIndexEnv))["value"] == "7");
+  CHECK(p7["metadata"]["labels"][wellknown::kReplicaIndexLabel] == "7");
+  CHECK((*find_env(p7, pod_env::kReplicaIndex))["value"] == "7");
   CHECK(replica_index_of(p0) == 0);
-  CHECK((*find_env(p0, kReplicaIndexEnv))["value"] == "0");
+  CHECK((*find_env(p0, pod_env::kReplicaIndex))["value"] == "0");
   CHECK(p0["metadata"]["labels"]["team"] == "nlp");
   // Stamping index 7's four fields on pod 0 gives pod 7 exactly: nothing else depends on the index, and pod(0) after
   // pod(7) kept nothing of 7.
   Json stamped = p0;
   stamped["metadata"]["name"] = stamped["spec"]["hostname"] = "tiny-worker-7";
-  stamped["metadata"]["labels"][kReplicaIndexLabel] = "7";
+  stamped["metadata"]["labels"][wellknown::kReplicaIndexLabel] = "7";
   for (Json& e : stamped["spec"]["containers"][0]["env"])
-    if (e["name"] == kReplicaIndexEnv) e["value"] = "7";
+    if (e["name"] == pod_env::kReplicaIndex) e["value"] = "7";
   CHECK(stamped == p7);
   CHECK(builder.pod(7) == p7);
   CHECK(build_worker_pod(job, spec, 7, 4, options()) == p7);
@@ -180,7 +181,7 @@ TEST_CASE("a template that sets the index env keeps its value in every pod") {
   const WorkerPodBuilder builder(job, parse_job(job).spec, 1, options());
   for (int i : {0, 5}) {
     const Json pod = builder.pod(i);
-    CHECK((*find_env(pod, kReplicaIndexEnv))["value"] == "mine");
+    CHECK((*find_env(pod, pod_env::kReplicaIndex))["value"] == "mine");
     CHECK(replica_index_of(pod) == i);  // the label is always ours
   }
 }

@@ -11,8 +11,8 @@
 #include <fstream>
 #include <string>
 
+#include "operator/controller/api.h"
 #include "operator/controller/failure_policy.h"
-#include "operator/controller/job_spec.h"
 #include "operator/controller/pod_builder.h"
 #include "tests/ctest_env.h"
 #include "tests/unit/operator/job_fixture.h"

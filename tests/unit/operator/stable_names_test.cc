@@ -5,8 +5,9 @@
 
 #include <string>
 
+#include "common/wellknown.h"
+#include "operator/controller/api.h"
 #include "operator/controller/job_service.h"
-#include "operator/controller/job_spec.h"
 #include "operator/controller/pod_builder.h"
 #include "tests/unit/operator/job_fixture.h"
 
@@ -41,13 +42,13 @@ TEST_CASE("the job's headless Service: named after the job, over its pods, owned
   CHECK(svc["kind"] == "Service");
   CHECK(svc["metadata"]["name"] == "ddp");
   CHECK(svc["metadata"]["namespace"] == "team-a");
-  CHECK(svc["metadata"]["labels"][kJobLabel] == "ddp");  // the operator's Service informer selects on it
+  CHECK(svc["metadata"]["labels"][wellknown::kJobLabel] == "ddp");  // the operator's Service informer selects on it
   const Json& owner = svc["metadata"]["ownerReferences"][0];
   CHECK(owner["kind"] == "TrainingJob");
   CHECK(owner["uid"] == "uid-9");
   CHECK(owner["controller"] == true);  // garbage-collected with the job; claim_of tells it from someone else's
   CHECK(svc["spec"]["clusterIP"] == "None");
-  CHECK(svc["spec"]["selector"] == Json{{kJobLabel, "ddp"}});
+  CHECK(svc["spec"]["selector"] == Json{{wellknown::kJobLabel, "ddp"}});
   CHECK(svc["spec"]["publishNotReadyAddresses"] == true);
   CHECK_FALSE(svc["spec"].contains("ports"));  // a headless Service needs none; the DNS answers with the pods
 }

@@ -333,7 +333,7 @@ TEST_CASE("railyard-worker train --config: the parallelism family from the opera
   const std::string d = dir.path();
   Run r = run("railyard data prepare --input /usr/share/common-licenses/Apache-2.0 --output " + d + "/data", d);
   REQUIRE_MESSAGE(r.code == 0, r.err);
-  // The keys operator/controller/job_spec.cc resolved_config writes for a MoE job with expert parallelism 2.
+  // The keys common/job_spec.cc resolved_config writes for a MoE job with expert parallelism 2.
   nlohmann::json cfg = {
       {"model",
        {{"preset", "custom"},
@@ -415,7 +415,7 @@ TEST_CASE("railyard-worker train --config: spec.model.initFrom, and spec.data.tr
   const std::vector<double> exported = val_losses(d + "/a.jsonl");
   REQUIRE(exported.size() == 2);  // steps 0 and 3
 
-  // The operator's resolved config (operator/controller/job_spec.cc resolved_config) for a custom model of the
+  // The operator's resolved config (common/job_spec.cc resolved_config) for a custom model of the
   // file's shape with spec.model.initFrom, validation every step.
   const nlohmann::json base = {
       {"model",

@@ -6,11 +6,12 @@
 #include <string>
 
 #include "common/error.h"
+#include "common/pod_env.h"
 
 namespace railyard::worker {
 
 int default_num_threads() {
-  if (const char* env = std::getenv("RAILYARD_NUM_THREADS"); env != nullptr && *env != '\0') {
+  if (const char* env = std::getenv(pod_env::kNumThreads); env != nullptr && *env != '\0') {
     char* end = nullptr;
     long n = std::strtol(env, &end, 10);
     if (*end != '\0' || n <= 0 || n > 4096) {

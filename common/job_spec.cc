@@ -1,10 +1,11 @@
-#include "operator/controller/job_spec.h"
+#include "common/job_spec.h"
 
 #include <algorithm>
 #include <cctype>
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <set>
 
@@ -14,7 +15,7 @@
 #include "common/stable_names.h"
 #include "common/torchrun.h"
 
-namespace railyard::op {
+namespace railyard::api {
 namespace {
 
 // "spec.parallelism.tensor" -> "InvalidParallelismTensor" (the spec. prefix adds nothing to a reason).
@@ -447,6 +448,7 @@ void parse_scheduler(Checker& c, JobSpec& s, const Json& placement) {
 void parse_checkpoint_policies(Checker& c, JobSpec& s, const Json& spec) {
   // Checkpoint and placement: types only (their semantics belong to the worker and the scheduler).
   Json ckpt = c.object(spec, "checkpoint", "spec.checkpoint");
+  s.checkpoint = spec.is_object() && spec.contains("checkpoint") && spec["checkpoint"].is_object();
   if (auto path = c.string(ckpt, "path", "spec.checkpoint.path")) s.checkpoint_path = *path;
   if (auto v = c.integer(ckpt, "intervalSteps", "spec.checkpoint.intervalSteps", 1, int64_t{1} << 40))
     s.checkpoint_interval_steps = *v;
@@ -468,6 +470,13 @@ void parse_checkpoint_policies(Checker& c, JobSpec& s, const Json& spec) {
   Json fp = c.object(spec, "failurePolicy", "spec.failurePolicy");
   if (auto v = c.integer(fp, "maxRestarts", "spec.failurePolicy.maxRestarts", 0, 1000000))
     s.max_restarts = static_cast<int>(*v);
+  if (auto v = c.integer(fp, "hangTimeoutSeconds", "spec.failurePolicy.hangTimeoutSeconds", 1, kMaxSeconds))
+    s.hang_timeout_seconds = *v;
+  if (auto v =
+          c.number(fp, "stragglerFactor", "spec.failurePolicy.stragglerFactor", 1, std::numeric_limits<double>::max()))
+    s.straggler_factor = *v;
+  if (auto v = c.boolean(fp, "excludeFailedNodes", "spec.failurePolicy.excludeFailedNodes"))
+    s.exclude_failed_nodes = *v;
   read_exit_codes(c, fp, "permanentExitCodes", "spec.failurePolicy.permanentExitCodes", s.permanent_exit_codes);
   read_exit_codes(c, fp, "retryableExitCodes", "spec.failurePolicy.retryableExitCodes", s.retryable_exit_codes);
   for (int code : s.permanent_exit_codes)
@@ -926,4 +935,4 @@ std::string progress_text(int64_t step, int total_steps) {
   return total_steps > 0 ? std::to_string(step) + "/" + std::to_string(total_steps) : std::to_string(step);
 }
 
-}  // namespace railyard::op
+}  // namespace railyard::api

@@ -1,4 +1,6 @@
-// A TrainingJob's spec read into plain values with the CRD's defaults, and the checks the schema cannot express.
+// A TrainingJob's spec read into plain values with the CRD's defaults, and the checks the schema cannot express: the
+// one reader of the API, used by the operator (which holds a spec to it), railyard-monitor (the failure policy's
+// thresholds) and the CLI (railyard convert).
 #pragma once
 
 #include <chrono>
@@ -11,7 +13,7 @@
 
 #include "common/worker_config.h"
 
-namespace railyard::op {
+namespace railyard::api {
 
 using Json = nlohmann::json;
 
@@ -47,6 +49,9 @@ inline constexpr size_t kMaxStringLength = 4096;    // every string field parse_
 // which it turned into INT64_MIN: the CRD with that maximum refused every seed, its own default 1337 included, and
 // could not be installed. Every integer below 2^53 is an exact double.
 inline constexpr int64_t kMaxSeed = 9007199254740991;
+
+// spec.checkpoint.intervalSteps' default (the CRD's): what a spec.checkpoint without it saves at.
+inline constexpr int64_t kDefaultCheckpointIntervalSteps = 100;
 
 // spec.placement.scheduler's default: Railyard's own rail-aware gang placement and binding.
 inline constexpr const char* kRailyardScheduler = "railyard";
@@ -107,6 +112,11 @@ struct JobSpec {
   int recompute_layers = -1;
   int max_restarts = 3;
   std::vector<int> permanent_exit_codes, retryable_exit_codes;
+  // spec.failurePolicy's detection settings, acted on by railyard-monitor's rules (monitor/rules.h Policy) and, for
+  // exclude_failed_nodes, by the operator's placement too.
+  int64_t hang_timeout_seconds = 300;
+  double straggler_factor = 2.0;
+  bool exclude_failed_nodes = true;
   std::optional<int64_t> active_deadline_seconds, ttl_seconds_after_finished;
   bool suspend = false;
   // runPolicy.cleanPodPolicy: All (delete every pod at the end), Running (keep the pods that ended; delete those still
@@ -122,6 +132,7 @@ struct JobSpec {
   // spec.checkpoint.intervalSteps (0 = not given): the worker's save interval; a program gets it as
   // RAILYARD_CHECKPOINT_INTERVAL_STEPS. keep and async: the built-in trainer's (unset: its defaults, the CRD's).
   int64_t checkpoint_interval_steps = 0;
+  bool checkpoint = false;  // spec.checkpoint given (railyard-monitor's checkpoint-age rule applies)
   std::optional<int64_t> checkpoint_keep;
   std::optional<bool> checkpoint_async;
   // spec.data.train / spec.data.val / spec.checkpoint.path as written ("" when absent); checked against the
@@ -192,4 +203,4 @@ inline constexpr size_t kMaxProgramArgLength = 65536;
 // status.progress: "step/total", or just "step" for a program that gave no spec.program.totalSteps.
 std::string progress_text(int64_t step, int total_steps);
 
-}  // namespace railyard::op
+}  // namespace railyard::api
