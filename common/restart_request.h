@@ -8,7 +8,9 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
+#include <vector>
 
 namespace railyard {
 
@@ -83,6 +85,42 @@ inline std::optional<RestartRequest> parse_restart_request(const std::string& va
        j["generation"].get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())))
     r.generation = j["generation"].get<int64_t>();
   return r;
+}
+
+// The node list of kExcludeNodesAnnotation: "a,b,c". The operator reads it as a set (blanks around names and empty
+// items ignored); the monitor adds the node a verdict blamed, keeping the list's order and each name once.
+inline std::set<std::string> parse_node_list(const std::string& list) {
+  std::set<std::string> out;
+  size_t start = 0;
+  while (start <= list.size()) {
+    size_t comma = list.find(',', start);
+    if (comma == std::string::npos) comma = list.size();
+    std::string item = list.substr(start, comma - start);
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    if (!item.empty()) out.insert(item);
+    start = comma + 1;
+  }
+  return out;
+}
+
+inline std::string add_to_node_list(const std::string& list, const std::string& node) {
+  std::vector<std::string> parts;
+  std::set<std::string> seen;
+  size_t start = 0;
+  while (start <= list.size()) {
+    size_t comma = list.find(',', start);
+    if (comma == std::string::npos) comma = list.size();
+    std::string item = list.substr(start, comma - start);
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    if (!item.empty() && seen.insert(item).second) parts.push_back(item);
+    start = comma + 1;
+  }
+  if (!node.empty() && seen.insert(node).second) parts.push_back(node);
+  std::string out;
+  for (const std::string& p : parts) out += (out.empty() ? "" : ",") + p;
+  return out;
 }
 
 }  // namespace railyard

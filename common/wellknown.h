@@ -20,4 +20,11 @@ inline constexpr const char* kLeafLabel = "railyard.dev/leaf";
 inline constexpr const char* kSpineLabel = "railyard.dev/spine";
 inline constexpr const char* kGpuTypeLabel = "railyard.dev/gpu-type";
 
+// Node annotation: the node's InfiniBand/RoCE HCAs in rail order, comma separated ("mlx5_0,mlx5_1,...": rail i's NIC
+// at position i; NCCL's "name:port" form is allowed). Default when absent: mlx5_0 ... mlx5_{R-1}, R = node_rails().
+// An annotation, not a label: label values cannot hold commas.
+inline constexpr const char* kRailHcasAnnotation = "railyard.dev/rail-hcas";
+// Node annotation (optional): the interface NCCL's bootstrap and socket transport should use (NCCL_SOCKET_IFNAME).
+inline constexpr const char* kSocketIfnameAnnotation = "railyard.dev/nccl-socket-ifname";
+
 }  // namespace railyard::wellknown

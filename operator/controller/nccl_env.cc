@@ -54,7 +54,8 @@ RailHcas rail_hcas(const NodeInfo& node) {
     if (comma == std::string::npos) break;
     start = comma + 1;
   }
-  const std::string where = "node " + node.name + ": annotation " + kRailHcasAnnotation + "='" + node.rail_hcas + "'";
+  const std::string where =
+      "node " + node.name + ": annotation " + wellknown::kRailHcasAnnotation + "='" + node.rail_hcas + "'";
   for (const auto& n : names)
     if (!valid_hca(n)) {
       out.error = where + ": '" + n +

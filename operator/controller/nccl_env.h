@@ -12,12 +12,6 @@
 
 namespace railyard::op {
 
-// Node annotation: the node's InfiniBand/RoCE HCAs in rail order, comma separated ("mlx5_0,mlx5_1,...": rail i's NIC
-// at position i; NCCL's "name:port" form is allowed). Default when absent: mlx5_0 ... mlx5_{R-1}, R = node_rails().
-// An annotation, not a label: label values cannot hold commas.
-inline constexpr const char* kRailHcasAnnotation = "railyard.dev/rail-hcas";
-// Node annotation (optional): the interface NCCL's bootstrap and socket transport should use (NCCL_SOCKET_IFNAME).
-inline constexpr const char* kSocketIfnameAnnotation = "railyard.dev/nccl-socket-ifname";
 // Pod annotations the Binding sets, read by the env below.
 inline constexpr const char* kPodIbHcaAnnotation = "railyard.dev/nccl-ib-hca";
 inline constexpr const char* kPodSocketIfnameAnnotation = "railyard.dev/nccl-socket-ifname";
@@ -31,8 +25,8 @@ struct RailHcas {
   bool from_annotation = false;
   std::string error;  // names the node, the annotation and the fix
 };
-// The node's HCAs in rail order: kRailHcasAnnotation when present (it must list exactly node_rails() valid names),
-// else the default mlx5_0 ... mlx5_{R-1}.
+// The node's HCAs in rail order: wellknown::kRailHcasAnnotation when present (it must list exactly node_rails() valid
+// names), else the default mlx5_0 ... mlx5_{R-1}.
 RailHcas rail_hcas(const NodeInfo& node);
 
 // NCCL_IB_HCA's value: "=" (exact names: mlx5_1 must not also match mlx5_10) and the HCAs in rail order, so local

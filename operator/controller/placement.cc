@@ -8,8 +8,6 @@
 #include "common/checked_math.h"
 #include "common/kube/client.h"
 #include "common/wellknown.h"
-#include "operator/controller/nccl_env.h"
-#include "operator/controller/pod_builder.h"
 
 namespace railyard::op {
 
@@ -224,8 +222,8 @@ std::vector<NodeInfo> build_inventory_of(const std::vector<const Json*>& nodes, 
     for (const auto& [key, value] : field(meta, "labels").items())
       if (value.is_string()) info.labels[key] = value.get<std::string>();
     const Json& annotations = field(meta, "annotations");
-    info.rail_hcas = string_of(field(annotations, kRailHcasAnnotation));
-    info.socket_ifname = string_of(field(annotations, kSocketIfnameAnnotation));
+    info.rail_hcas = string_of(field(annotations, wellknown::kRailHcasAnnotation));
+    info.socket_ifname = string_of(field(annotations, wellknown::kSocketIfnameAnnotation));
     const Json& status = field(n, "status");
     const Json& alloc =
         field(status, "allocatable").is_object() ? field(status, "allocatable") : field(status, "capacity");
@@ -328,21 +326,6 @@ void add_pod(NodeInfo& node, const std::string& job_key, int64_t gpus, const Pod
   for (const auto& [name, v] : requests.scalar) node.scalar_used[name] = saturating_add(node.scalar_used[name], v);
   node.pods_used++;
   node.jobs.insert(job_key);
-}
-
-std::set<std::string> parse_node_list(const std::string& list) {
-  std::set<std::string> out;
-  size_t start = 0;
-  while (start <= list.size()) {
-    size_t comma = list.find(',', start);
-    if (comma == std::string::npos) comma = list.size();
-    std::string item = list.substr(start, comma - start);
-    item.erase(0, item.find_first_not_of(" \t"));
-    item.erase(item.find_last_not_of(" \t") + 1);
-    if (!item.empty()) out.insert(item);
-    start = comma + 1;
-  }
-  return out;
 }
 
 void apply_job_options(const Json& job, PlacementRequest& req) {

@@ -156,9 +156,6 @@ class ReservingPlacement : public Placement {
 // the node of a NodeLost restart (status.lastRestart).
 void apply_job_options(const Json& job, PlacementRequest& req);
 
-// A comma-separated node list (the exclude-nodes annotation) as a set; blanks are dropped.
-std::set<std::string> parse_node_list(const std::string& list);
-
 // True when the node passes the required terms of `node_affinity` (spec.affinity.nodeAffinity): any term matches,
 // every expression of a term holds (In, NotIn, Exists, DoesNotExist, Gt, Lt; matchFields on metadata.name).
 bool matches_node_affinity(const Json& node_affinity, const NodeInfo& node);

@@ -1,13 +1,12 @@
 // The TrainingJob annotations a person or the monitor writes and the operator reads: railyard.dev/restart-request
 // (common/restart_request.h parse_restart_request, hand-written values included) and railyard.dev/exclude-nodes
-// (operator/controller/placement.h parse_node_list). Properties besides "no crash": a parsed request survives
+// (common/restart_request.h parse_node_list). Properties besides "no crash": a parsed request survives
 // format -> parse unchanged (the operator writes requests back in that form), and a node list holds no blank or
 // comma-bearing name.
 #include <cstdint>
 #include <string>
 
 #include "common/restart_request.h"
-#include "operator/controller/placement.h"
 #include "tests/fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -21,7 +20,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       __builtin_trap();
     }
   }
-  for (const auto& node : railyard::op::parse_node_list(text)) {
+  for (const auto& node : railyard::parse_node_list(text)) {
     if (node.empty() || node.find(',') != std::string::npos) __builtin_trap();
   }
   return 0;
