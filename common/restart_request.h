@@ -87,10 +87,9 @@ inline std::optional<RestartRequest> parse_restart_request(const std::string& va
   return r;
 }
 
-// The node list of kExcludeNodesAnnotation: "a,b,c". The operator reads it as a set (blanks around names and empty
-// items ignored); the monitor adds the node a verdict blamed, keeping the list's order and each name once.
-inline std::set<std::string> parse_node_list(const std::string& list) {
-  std::set<std::string> out;
+// The node list of kExcludeNodesAnnotation: "a,b,c". Its names in order, blanks around them and empty items dropped.
+inline std::vector<std::string> split_node_list(const std::string& list) {
+  std::vector<std::string> out;
   size_t start = 0;
   while (start <= list.size()) {
     size_t comma = list.find(',', start);
@@ -98,28 +97,26 @@ inline std::set<std::string> parse_node_list(const std::string& list) {
     std::string item = list.substr(start, comma - start);
     item.erase(0, item.find_first_not_of(" \t"));
     item.erase(item.find_last_not_of(" \t") + 1);
-    if (!item.empty()) out.insert(item);
+    if (!item.empty()) out.push_back(item);
     start = comma + 1;
   }
   return out;
 }
 
+// The operator reads the list as a set.
+inline std::set<std::string> parse_node_list(const std::string& list) {
+  const std::vector<std::string> names = split_node_list(list);
+  return {names.begin(), names.end()};
+}
+
+// The monitor adds the node a verdict blamed, keeping the list's order and each name once.
 inline std::string add_to_node_list(const std::string& list, const std::string& node) {
-  std::vector<std::string> parts;
+  std::vector<std::string> names = split_node_list(list);
+  names.push_back(node);
   std::set<std::string> seen;
-  size_t start = 0;
-  while (start <= list.size()) {
-    size_t comma = list.find(',', start);
-    if (comma == std::string::npos) comma = list.size();
-    std::string item = list.substr(start, comma - start);
-    item.erase(0, item.find_first_not_of(" \t"));
-    item.erase(item.find_last_not_of(" \t") + 1);
-    if (!item.empty() && seen.insert(item).second) parts.push_back(item);
-    start = comma + 1;
-  }
-  if (!node.empty() && seen.insert(node).second) parts.push_back(node);
   std::string out;
-  for (const std::string& p : parts) out += (out.empty() ? "" : ",") + p;
+  for (const std::string& n : names)
+    if (!n.empty() && seen.insert(n).second) out += (out.empty() ? "" : ",") + n;
   return out;
 }
 
