@@ -3,6 +3,9 @@
 
 #include <doctest/doctest.h>
 
+#include <set>
+#include <string>
+
 using namespace railyard;
 
 TEST_CASE("restart request: every field survives format and parse") {
@@ -80,4 +83,17 @@ TEST_CASE("restart request: a rank or generation out of range blames no rank and
   auto big = parse_restart_request(R"({"generation":18446744073709551615})");
   REQUIRE(big);
   CHECK_FALSE(big->generation);
+}
+
+TEST_CASE("exclude-nodes list: what the monitor writes is what the operator reads") {
+  CHECK(add_to_node_list("", "a") == "a");
+  CHECK(add_to_node_list("a,b", "a") == "a,b");
+  CHECK(add_to_node_list("a,,b", "c") == "a,b,c");
+  CHECK(add_to_node_list(" b , a", "") == "b,a");  // order kept, blanks dropped, no empty name added
+  CHECK(parse_node_list(" n1 ,n2,,n1, ") == std::set<std::string>{"n1", "n2"});
+  // Round trip: every name added is read back, once.
+  std::string list;
+  for (const char* n : {"node-b", "node-a", "node-b", "node-c"}) list = add_to_node_list(list, n);
+  CHECK(list == "node-b,node-a,node-c");
+  CHECK(parse_node_list(list) == std::set<std::string>{"node-a", "node-b", "node-c"});
 }
