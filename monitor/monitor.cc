@@ -405,10 +405,8 @@ std::pair<int, std::string> Monitor::handle_webhook(const std::string& authoriza
   if (!leading_)
     return reply(503, {{"error", "this railyard-monitor replica is a standby; the leader takes the webhook (retry)"}});
   if (opts_.webhook_token.empty())
-    return reply(
-        503,
-        {{"error",
-          "webhook disabled: start railyard-monitor with --webhook-token-file or " pod_env::kMonitorWebhookToken}});
+    return reply(503, {{"error", std::string("webhook disabled: start railyard-monitor with --webhook-token-file or ") +
+                                     pod_env::kMonitorWebhookToken}});
   const std::string bearer = "Bearer ";
   if (authorization.rfind(bearer, 0) != 0 ||
       !constant_time_equal(authorization.substr(bearer.size()), opts_.webhook_token))

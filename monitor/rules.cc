@@ -512,16 +512,4 @@ RestartRequest request_from_verdict(const Verdict& v, const std::string& time) {
   return r;
 }
 
-std::string add_to_node_list(const std::string& list, const std::string& node) {
-  std::vector<std::string> parts;
-  std::stringstream ss(list);
-  std::string item;
-  while (std::getline(ss, item, ','))
-    if (!item.empty() && std::find(parts.begin(), parts.end(), item) == parts.end()) parts.push_back(item);
-  if (!node.empty() && std::find(parts.begin(), parts.end(), node) == parts.end()) parts.push_back(node);
-  std::string out;
-  for (const auto& p : parts) out += (out.empty() ? "" : ",") + p;
-  return out;
-}
-
 }  // namespace railyard::monitor

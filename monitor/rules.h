@@ -164,7 +164,5 @@ class Evaluator {
 // The annotation contract (keys, RestartRequest, format and parse) is common/restart_request.h (docs/monitor.md).
 
 RestartRequest request_from_verdict(const Verdict& v, const std::string& time);
-// "a,b" + "c" -> "a,b,c" (no duplicates, empty parts dropped).
-std::string add_to_node_list(const std::string& list, const std::string& node);
 
 }  // namespace railyard::monitor

@@ -2,7 +2,7 @@
 // common/job_spec.h (shared with railyard-monitor and the CLI) and are used unqualified inside railyard::op.
 #pragma once
 
-#include "operator/controller/api.h"
+#include "common/job_spec.h"
 
 namespace railyard::op {
 using namespace railyard::api;  // NOLINT(google-build-using-namespace): the API's types are the operator's vocabulary

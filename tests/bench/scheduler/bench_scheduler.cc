@@ -17,6 +17,7 @@
 #include "operator/scheduler/rail_aware.h"
 
 using namespace railyard::op;
+namespace wellknown = railyard::wellknown;
 using namespace railyard::op::sched;
 
 namespace {

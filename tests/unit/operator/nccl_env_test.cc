@@ -9,6 +9,7 @@
 #include "tests/unit/operator/job_fixture.h"
 
 using namespace railyard::op;
+namespace wellknown = railyard::wellknown;
 using railyard::op::testing::find_env;
 using railyard::op::testing::job_with;
 using railyard::op::testing::resolved_env;

@@ -11,6 +11,8 @@
 #include "tests/unit/operator/job_fixture.h"
 
 using namespace railyard::op;
+namespace wellknown = railyard::wellknown;
+namespace pod_env = railyard::pod_env;
 using railyard::op::testing::find_env;
 using railyard::op::testing::job_with;
 using railyard::op::testing::resolved_env;
