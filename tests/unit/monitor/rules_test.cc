@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <limits>
+#include <string_view>
+#include <vector>
 
 using namespace railyard;
 using namespace railyard::monitor;
@@ -658,4 +660,43 @@ TEST_CASE("idle: the world size comes from the job's status, the idle series fro
   s.value = 99.5;
   samples.push_back(s);
   CHECK(group_samples(samples)[kJob][1].cpu_idle_since == 99.5);
+}
+
+TEST_CASE("rules: evaluated in the documented priority") {
+  // docs/monitor.md "The rules": the first rule that finds something gives the verdict.
+  const std::vector<std::string_view> want = {"nonfinite",   "stopped",   "idle",       "silence",       "stall",
+                                              "unreachable", "straggler", "loss_spike", "checkpoint_age"};
+  CHECK(rule_names() == want);
+}
+
+TEST_CASE("rules: when two hold in one evaluation, the earlier rule in the table gives the verdict") {
+  // Every verdict but checkpoint_age's (the last rule) restarts and ends the generation's evaluation, so that the
+  // later rules are not run is seen only in which rule wins. Rank 2 becomes a straggler (0.5 s, then 2 s per step,
+  // as in the test above); a NaN loss on rank 0 in the very evaluation the straggler rule fires in wins.
+  Policy p = fast_policy();
+  auto run = [&](int nan_at_step) {
+    Evaluator ev;
+    double t = 0;
+    for (int i = 1; i < 40; ++i, t += 1) {
+      std::map<int, RankObs> m;
+      for (int r = 0; r < 3; ++r) {
+        RankObs o = rank(r, i, t, 0);
+        o.duration_count = i;
+        o.duration_sum = r < 2 ? 0.5 * i : (i <= 10 ? 0.5 * i : 5 + 2.0 * (i - 10));
+        if (r == 0 && i == nan_at_step) o.loss = std::numeric_limits<double>::quiet_NaN();
+        m[r] = o;
+      }
+      if (auto v = ev.evaluate(kJob, 0, m, p, t)) return std::make_pair(i, *v);
+    }
+    return std::make_pair(-1, Verdict{});
+  };
+  const auto [straggler_step, straggler] = run(-1);
+  REQUIRE(straggler_step > 0);
+  CHECK(straggler.rule == "straggler");
+  CHECK(straggler.rank == 2);
+  const auto [step, v] = run(straggler_step);
+  CHECK(step == straggler_step);
+  CHECK(v.rule == "nonfinite");
+  CHECK(v.rank == 0);
+  CHECK(v.at == straggler.at);
 }
