@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/restart_request.h"
@@ -103,8 +104,7 @@ std::map<JobKey, std::map<int, RankObs>> group_samples(const std::vector<Sample>
 std::vector<std::string> read_series();
 
 struct Verdict {
-  std::string
-      rule;  // stopped | idle | stall | silence | unreachable | straggler | nonfinite | loss_spike | checkpoint_age
+  std::string rule;    // one of rule_names()
   std::string reason;  // the restart reason: Hang, RankUnreachable, Straggler, NonFiniteLoss, LossSpike, ...
   int rank = -1;       // -1: no single rank to blame
   std::string node;
@@ -130,22 +130,32 @@ class Evaluator {
   bool fired(const JobKey& job, int64_t generation) const;
   void forget(const JobKey& job);
 
- private:
-  struct RankState {
+  // What the evaluator keeps of a job between evaluations, reset by each generation. Public only so that the rule
+  // functions in rules.cc can name the parts they own; nothing else uses it.
+  struct RankState {  // the bookkeeping pass's, for each rank seen in this generation
     std::string node;
     double down_since = -1;
     int down_evals = 0;
-    double slow_since = -1;
-    int slow_evals = 0;
     double prev_sum = nan_value(), prev_count = nan_value();
     double duration = nan_value();
     // (time, compute_total, steps_total) of the last few evaluations: the compute time per step is taken over
     // kComputeHorizonS, as a rate() would, because one evaluation's few steps are too noisy to compare.
     std::deque<std::array<double, 3>> compute_hist;
     double compute = nan_value();  // compute seconds per step over the horizon
+  };
+  struct StragglerState {  // the straggler rule's, per rank
+    double slow_since = -1;
+    int slow_evals = 0;
+  };
+  struct LossState {  // the loss_spike rule's, per rank
     std::vector<double> losses;
     double last_loss_step = nan_value();
     int spike_steps = 0;
+  };
+  struct CheckpointState {  // the checkpoint_age rule's
+    double old_since = -1;
+    int old_evals = 0;
+    bool warned = false;
   };
   struct JobState {
     int64_t generation = -1;
@@ -153,15 +163,22 @@ class Evaluator {
     double first_seen = -1;
     double max_step = nan_value();
     double progress_at = 0;
-    double ckpt_old_since = -1;
-    int ckpt_old_evals = 0;
-    bool ckpt_warned = false;
     std::map<int, RankState> ranks;
+    std::map<int, StragglerState> straggler;
+    std::map<int, LossState> loss;
+    CheckpointState checkpoint;
   };
+
+ private:
   std::map<JobKey, JobState> jobs_;
 };
 
 // The annotation contract (keys, RestartRequest, format and parse) is common/restart_request.h (docs/monitor.md).
+
+// The rules in the order Evaluator::evaluate tries them (docs/monitor.md "The rules"): nonfinite, stopped, idle,
+// silence, stall, unreachable, straggler, loss_spike, checkpoint_age. The first that finds something gives the
+// verdict and the rules after it are not run in that evaluation.
+std::vector<std::string_view> rule_names();
 
 RestartRequest request_from_verdict(const Verdict& v, const std::string& time);
 

@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <limits>
+#include <string_view>
+#include <vector>
 
 using namespace railyard;
 using namespace railyard::monitor;
@@ -21,7 +23,7 @@ RankObs rank(int r, double step, double ts, double dur = 0.5, const std::string&
   o.node = node.empty() ? "node-" + std::to_string(r) : node;
   o.step = step;
   o.last_step_ts = ts;
-  // The step time as every source serves it, a histogram (common/metrics/worker_series.h): one observation of `dur`
+  // The step time as every source serves it, a histogram (common/metrics/names.h): one observation of `dur`
   // (a first sight reads _sum/_count as the mean so far; a later unchanged count keeps it).
   if (dur > 0) {
     o.duration_sum = dur;
@@ -454,17 +456,35 @@ TEST_CASE("stall: a paused rank (validation, samples, a synchronous checkpoint) 
   CHECK(v->evidence.find("rank 0 is paused") != std::string::npos);
 }
 
-TEST_CASE("policy from the TrainingJob spec overrides the defaults") {
-  auto job = nlohmann::json::parse(R"({"spec":{"failurePolicy":{"hangTimeoutSeconds":42,"stragglerFactor":1.5,
-      "excludeFailedNodes":false},"checkpoint":{"intervalSteps":7}}})");
-  Policy p = policy_for_job(job, Policy{});
+TEST_CASE("policy from the TrainingJob spec overrides the defaults, read as the operator reads it") {
+  // A whole valid job (common/job_spec.h's parse_job accepts it), with failurePolicy and checkpoint set.
+  const auto program_job = [](const nlohmann::json& extra) {
+    nlohmann::json job = nlohmann::json::parse(R"({"apiVersion": "railyard.dev/v1alpha1", "kind": "TrainingJob",
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u"},
+        "spec": {"replicas": 2, "image": "worker:1", "program": {"command": ["python3", "train.py"]}}})");
+    job["spec"].merge_patch(extra);
+    return job;
+  };
+  Policy p = policy_for_job(program_job(nlohmann::json::parse(R"({"failurePolicy": {"hangTimeoutSeconds": 42,
+      "stragglerFactor": 1.5, "excludeFailedNodes": false}, "checkpoint": {"path": "/ckpt", "intervalSteps": 7}})")),
+                            Policy{});
   CHECK(p.hang_timeout_s == 42);
   CHECK(p.straggler_factor == 1.5);
   CHECK_FALSE(p.exclude_failed_nodes);
   CHECK(p.checkpoint_interval_steps == 7);
-  Policy d = policy_for_job(nlohmann::json::parse(R"({"spec":{}})"), Policy{});
+  // spec.checkpoint without intervalSteps: the CRD's default interval.
+  CHECK(policy_for_job(program_job({{"checkpoint", {{"path", "/ckpt"}}}}), Policy{}).checkpoint_interval_steps == 100);
+  // Nothing given: the defaults, and no checkpoint rule.
+  Policy d = policy_for_job(program_job(nlohmann::json::object()), Policy{});
   CHECK(d.hang_timeout_s == 300);
   CHECK(d.checkpoint_interval_steps == 0);
+  // A spec the operator refuses (here: a hang timeout of 0, below the CRD's minimum) keeps every default: its job is
+  // Invalid and runs no pods.
+  Policy bad = policy_for_job(program_job(nlohmann::json::parse(R"({"failurePolicy": {"hangTimeoutSeconds": 0,
+      "stragglerFactor": 3}})")),
+                              Policy{});
+  CHECK(bad.hang_timeout_s == 300);
+  CHECK(bad.straggler_factor == 2.0);
 }
 
 TEST_CASE("group_samples: by namespace/job/rank; foreign series skipped") {
@@ -531,9 +551,6 @@ TEST_CASE("restart-request annotation: format, parse back, hand-written values")
   REQUIRE(parse_restart_request("{\"reason\":\"x\"}"));
   CHECK_FALSE(parse_restart_request("{\"reason\":\"x\"}")->generation);
   CHECK_FALSE(parse_restart_request("{\"generation\":\"1\"}")->generation);
-  CHECK(add_to_node_list("", "a") == "a");
-  CHECK(add_to_node_list("a,b", "a") == "a,b");
-  CHECK(add_to_node_list("a,,b", "c") == "a,b,c");
 }
 
 TEST_CASE("stopped: a rank whose process stays stopped for stopped_s is a Hang of that rank, not of its node") {
@@ -658,4 +675,43 @@ TEST_CASE("idle: the world size comes from the job's status, the idle series fro
   s.value = 99.5;
   samples.push_back(s);
   CHECK(group_samples(samples)[kJob][1].cpu_idle_since == 99.5);
+}
+
+TEST_CASE("rules: evaluated in the documented priority") {
+  // docs/monitor.md "The rules": the first rule that finds something gives the verdict.
+  const std::vector<std::string_view> want = {"nonfinite",   "stopped",   "idle",       "silence",       "stall",
+                                              "unreachable", "straggler", "loss_spike", "checkpoint_age"};
+  CHECK(rule_names() == want);
+}
+
+TEST_CASE("rules: when two hold in one evaluation, the earlier rule in the table gives the verdict") {
+  // Every verdict but checkpoint_age's (the last rule) restarts and ends the generation's evaluation, so that the
+  // later rules are not run is seen only in which rule wins. Rank 2 becomes a straggler (0.5 s, then 2 s per step,
+  // as in the test above); a NaN loss on rank 0 in the very evaluation the straggler rule fires in wins.
+  Policy p = fast_policy();
+  auto run = [&](int nan_at_step) {
+    Evaluator ev;
+    double t = 0;
+    for (int i = 1; i < 40; ++i, t += 1) {
+      std::map<int, RankObs> m;
+      for (int r = 0; r < 3; ++r) {
+        RankObs o = rank(r, i, t, 0);
+        o.duration_count = i;
+        o.duration_sum = r < 2 ? 0.5 * i : (i <= 10 ? 0.5 * i : 5 + 2.0 * (i - 10));
+        if (r == 0 && i == nan_at_step) o.loss = std::numeric_limits<double>::quiet_NaN();
+        m[r] = o;
+      }
+      if (auto v = ev.evaluate(kJob, 0, m, p, t)) return std::make_pair(i, *v);
+    }
+    return std::make_pair(-1, Verdict{});
+  };
+  const auto [straggler_step, straggler] = run(-1);
+  REQUIRE(straggler_step > 0);
+  CHECK(straggler.rule == "straggler");
+  CHECK(straggler.rank == 2);
+  const auto [step, v] = run(straggler_step);
+  CHECK(step == straggler_step);
+  CHECK(v.rule == "nonfinite");
+  CHECK(v.rank == 0);
+  CHECK(v.at == straggler.at);
 }
