@@ -293,9 +293,9 @@ struct Leadership {
   op::LeaderEndpoint endpoint;
   const std::atomic<bool>& shutting_down;
   std::atomic<int>& exit_code;
-  std::unique_ptr<op::RendezvousService> rdzv;
-  op::ServingTls serving;        // what the leader serves; the CA goes to the jobs' Secrets
-  std::thread endpoints_thread;  // the leader's Endpoints (--leader-endpoints)
+  std::unique_ptr<op::RendezvousService> rdzv{};
+  op::ServingTls serving{};        // what the leader serves; the CA goes to the jobs' Secrets
+  std::thread endpoints_thread{};  // the leader's Endpoints (--leader-endpoints)
 
   void start() {
     auto [rhost, rport] = op::split_addr("--rendezvous-bind", flags.rendezvous_bind);
