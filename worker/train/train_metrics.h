@@ -3,7 +3,7 @@
 #pragma once
 
 #include "common/metrics/metrics.h"
-#include "worker/train/trainer.h"
+#include "worker/train/step_result.h"
 
 namespace railyard::worker {
 

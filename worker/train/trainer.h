@@ -20,6 +20,7 @@
 #include "worker/train/grad_sync.h"
 #include "worker/train/perf.h"
 #include "worker/train/sharded_model.h"
+#include "worker/train/step_result.h"
 
 namespace railyard::worker {
 
@@ -86,24 +87,6 @@ struct TrainConfig {
 
   int micro_steps() const;                      // global batch / (B*T)
   void validate(const GptConfig& model) const;  // throws ConfigError naming the flag
-};
-
-struct StepResult {
-  int64_t step = 0;  // 0-based index of the step just taken
-  double loss = 0;   // mean over the global batch
-  double lr = 0;
-  double grad_norm = 0;  // before clipping
-  bool skipped = false;  // non-finite loss or gradients: no update
-  double seconds = 0;
-  double cpu_seconds = 0;  // process CPU time of the step (all threads): less sensitive to a busy machine
-  double tokens_per_second = 0;
-  double flops_per_second = 0;
-  double mfu = 0;             // flops_per_second / peak (0 if no peak known)
-  parallel::StepTimes times;  // where the step's wall time went (compute, tp/pp/dp communication, optimizer)
-  // Mixture of experts: the load-balancing loss (included in `loss`) and the share of (token, choice) assignments
-  // dropped at capacity, over the step's micro-batches.
-  double moe_aux_loss = 0;
-  double moe_dropped_fraction = 0;
 };
 
 // What a checkpoint needs besides the loader's own state (which the BatchSource owner keeps): views of the flat
