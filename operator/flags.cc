@@ -69,14 +69,19 @@ namespace {
 [[noreturn]] void refuse(const std::string& what) { throw ConfigError(what); }
 
 // The value's parsers: each names the flag and what it takes.
-double seconds(const std::string& flag, const std::string& v) {
+// A decimal number of at least `min` (above it when `strict`); `fix` ends the message.
+double decimal(const std::string& flag, const std::string& v, double min, bool strict, const std::string& fix) {
   try {
     size_t used = 0;
     const double d = std::stod(v, &used);
-    if (used == v.size() && d > 0) return d;
+    if (used == v.size() && (strict ? d > min : d >= min)) return d;
   } catch (const std::exception&) {
   }
-  refuse(flag + " '" + v + "': expected a positive number of seconds");
+  refuse(flag + " '" + v + "': " + fix);
+}
+
+double seconds(const std::string& flag, const std::string& v) {
+  return decimal(flag, v, 0, true, "expected a positive number of seconds");
 }
 
 // A whole number in [lo, hi]; `fix` ends the message.
@@ -104,6 +109,21 @@ struct FlagSpec {
 // A flag that copies its value into a string field.
 FlagSpec text(std::string OperatorFlags::*field) {
   return {false, [field](OperatorFlags& f, const std::string&, const std::string& v) { f.*field = v; }};
+}
+
+// A flag whose value is an absolute directory.
+FlagSpec directory(std::string OperatorFlags::*field) {
+  return {false, [field](OperatorFlags& f, const std::string& a, const std::string& v) {
+            if (v.empty() || v.front() != '/') refuse(a + " '" + v + "': use an absolute directory");
+            f.*field = v;
+          }};
+}
+
+// A flag whose value is a port, 0 turning the endpoint off.
+FlagSpec port(int OperatorFlags::*field) {
+  return {false, [field](OperatorFlags& f, const std::string& a, const std::string& v) {
+            f.*field = whole(a, v, 0, 65535, "use a port number, or 0 to turn it off");
+          }};
 }
 
 const std::map<std::string, FlagSpec>& flag_table() {
@@ -155,24 +175,10 @@ const std::map<std::string, FlagSpec>& flag_table() {
           for (std::string n; std::getline(ss, n, ',');)
             if (!n.empty()) f.rendezvous_tls_names.push_back(n);
         }}},
-      {"--data-root",
-       {false,
-        [](F& f, S a, S v) {
-          if (v.empty() || v.front() != '/') refuse(a + " '" + v + "': use an absolute directory");
-          f.data_root = v;
-        }}},
-      {"--checkpoint-root",
-       {false,
-        [](F& f, S a, S v) {
-          if (v.empty() || v.front() != '/') refuse(a + " '" + v + "': use an absolute directory");
-          f.checkpoint_root = v;
-        }}},
-      {"--worker-metrics-port",
-       {false, [](F& f, S a,
-                  S v) { f.worker_metrics_port = whole(a, v, 0, 65535, "use a port number, or 0 to turn it off"); }}},
-      {"--agent-metrics-port",
-       {false, [](F& f, S a,
-                  S v) { f.agent_metrics_port = whole(a, v, 0, 65535, "use a port number, or 0 to turn it off"); }}},
+      {"--data-root", directory(&F::data_root)},
+      {"--checkpoint-root", directory(&F::checkpoint_root)},
+      {"--worker-metrics-port", port(&F::worker_metrics_port)},
+      {"--agent-metrics-port", port(&F::agent_metrics_port)},
       {"--network-policy",
        {false,
         [](F& f, S a, S v) {
@@ -196,13 +202,7 @@ const std::map<std::string, FlagSpec>& flag_table() {
       {"--kube-api-qps",
        {false,
         [](F& f, S a, S v) {
-          try {
-            size_t used = 0;
-            f.kube_api_qps = std::stod(v, &used);
-            if (used == v.size() && f.kube_api_qps >= 0) return;
-          } catch (const std::exception&) {
-          }
-          refuse(a + " '" + v + "': expected a number of requests per second >= 0 (0 = no limit)");
+          f.kube_api_qps = decimal(a, v, 0, false, "expected a number of requests per second >= 0 (0 = no limit)");
         }}},
       {"--kube-api-burst",
        {false, [](F& f, S a,

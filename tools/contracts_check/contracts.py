@@ -45,7 +45,8 @@ def walk(entries, exts):
             yield p
             continue
         for d, dirs, files in os.walk(p):
-            dirs[:] = [x for x in dirs if x not in ("build", "node_modules", "__pycache__", ".git")]
+            # build trees (build/, build-fuzz/, build-tsan/) hold generated CMake files and copies, not sources
+            dirs[:] = [x for x in dirs if not x.startswith("build") and x not in ("node_modules", "__pycache__", ".git")]
             for f in sorted(files):
                 if f.endswith(exts):
                     yield os.path.join(d, f)
