@@ -51,6 +51,18 @@ inline constexpr const char* kPp = "RAILYARD_PP";
 inline constexpr const char* kRestore = "RAILYARD_RESTORE";         // the step to restore ("" = newest)
 inline constexpr const char* kStoreToken = "RAILYARD_STORE_TOKEN";  // the rendezvous store's per-generation secret
 
+// --- The world in torch.distributed's names (env:// initialisation): the agent (worker/agent/rank_env.cc) and
+// `railyard-worker train --nproc` (worker/parallel/dist_launcher.cc) set them on every rank; the worker, Gloo's
+// store (worker/comm) and programs read them; `railyard convert` recognises them in a PyTorchJob.
+inline constexpr const char* kRank = "RANK";
+inline constexpr const char* kLocalRank = "LOCAL_RANK";
+inline constexpr const char* kWorldSize = "WORLD_SIZE";
+inline constexpr const char* kLocalWorldSize = "LOCAL_WORLD_SIZE";
+inline constexpr const char* kMasterAddr = "MASTER_ADDR";
+inline constexpr const char* kMasterPort = "MASTER_PORT";
+inline constexpr const char* kGroupRank = "GROUP_RANK";  // the pod's index (torchrun's node rank)
+inline constexpr const char* kRoleRank = "ROLE_RANK";
+
 // --- The worker process's own settings (any launcher).
 inline constexpr const char* kCommTimeoutMs = "RAILYARD_COMM_TIMEOUT_MS";  // Gloo collectives' timeout
 inline constexpr const char* kNumThreads = "RAILYARD_NUM_THREADS";         // CPU kernels' threads

@@ -34,15 +34,15 @@ std::vector<std::string> worker_command(std::vector<std::string> command, const 
 
 std::vector<std::string> inherited_env(const char* const* envp) {
   static const std::set<std::string> kOverridden = {
-      "RANK",
-      "LOCAL_RANK",
-      "WORLD_SIZE",
-      "LOCAL_WORLD_SIZE",
-      "MASTER_ADDR",
-      "MASTER_PORT",
-      "GROUP_RANK",
+      pod_env::kRank,
+      pod_env::kLocalRank,
+      pod_env::kWorldSize,
+      pod_env::kLocalWorldSize,
+      pod_env::kMasterAddr,
+      pod_env::kMasterPort,
+      pod_env::kGroupRank,
       "GROUP_WORLD_SIZE",
-      "ROLE_RANK",
+      pod_env::kRoleRank,
       "ROLE_WORLD_SIZE",
       "ROLE_NAME",
       "TORCHELASTIC_RESTART_COUNT",
@@ -177,23 +177,23 @@ std::vector<std::string> rank_env(std::vector<std::string> inherited, const rdzv
   std::vector<std::string> env = std::move(inherited);
   auto add = [&](const char* k, const std::string& v) { env.push_back(std::string(k) + "=" + v); };
   const int global_rank = a.ranks[local_rank];
-  add("RANK", std::to_string(global_rank));
-  add("LOCAL_RANK", std::to_string(local_rank));
-  add("WORLD_SIZE", std::to_string(a.world_size));
-  add("LOCAL_WORLD_SIZE", std::to_string(a.local_world_size));
-  add("GROUP_RANK", std::to_string(a.pod_index));
+  add(pod_env::kRank, std::to_string(global_rank));
+  add(pod_env::kLocalRank, std::to_string(local_rank));
+  add(pod_env::kWorldSize, std::to_string(a.world_size));
+  add(pod_env::kLocalWorldSize, std::to_string(a.local_world_size));
+  add(pod_env::kGroupRank, std::to_string(a.pod_index));
   // The rest of what torch.distributed.run gives a script (one role, "default"), so an unmodified torchrun
   // script runs: a restart count of generation - 1 (every restart or resize opens a generation).
   add("GROUP_WORLD_SIZE", std::to_string(a.num_pods));
-  add("ROLE_RANK", std::to_string(global_rank));
+  add(pod_env::kRoleRank, std::to_string(global_rank));
   add("ROLE_WORLD_SIZE", std::to_string(a.world_size));
   add("ROLE_NAME", "default");
   add("TORCHELASTIC_RESTART_COUNT", std::to_string(std::max<int64_t>(0, a.generation - 1)));
   add("TORCHELASTIC_MAX_RESTARTS", p.max_restarts);
   add("TORCHELASTIC_RUN_ID", p.run_id);
   add("TORCHELASTIC_USE_AGENT_STORE", "False");
-  add("MASTER_ADDR", p.master_addr.empty() ? a.master_addr : p.master_addr);
-  add("MASTER_PORT", std::to_string(a.master_port));
+  add(pod_env::kMasterAddr, p.master_addr.empty() ? a.master_addr : p.master_addr);
+  add(pod_env::kMasterPort, std::to_string(a.master_port));
   add(torchrun::kProgressFileEnv, p.progress_file);
   add_railyard_env(env, a, p);
   return env;

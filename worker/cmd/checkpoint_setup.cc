@@ -1,5 +1,6 @@
 #include "worker/cmd/checkpoint_setup.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
@@ -7,8 +8,6 @@
 
 #include "checkpoint/shm_store.h"
 #include "common/error.h"
-#include "common/flash_checkpoint.h"
-#include "common/pod_env.h"
 
 namespace railyard::worker {
 
@@ -42,52 +41,47 @@ std::vector<ShardSpec> checkpoint_shards(const GptConfig& cfg, Trainer& trainer,
                             dist.sync->shard_v(), owned, c.tp, l.tp, c.dp, l.dp);
 }
 
-CheckpointOptions checkpoint_options(const Flags& f, const DistSetup& dist, const parallel::ExpertParallel* ep,
+CheckpointOptions checkpoint_options(const TrainOptions& o, const DistSetup& dist, const parallel::ExpertParallel* ep,
                                      std::vector<ShardSpec>& shards) {
   // Checkpoints (docs/checkpointing.md): restore before the first step, save every --ckpt-every steps, and on
   // SIGTERM save and exit 143.
+  const LauncherEnv& env = o.env;
   CheckpointOptions co;
-  if (f.count("ckpt-dir")) co.dir = f.at("ckpt-dir");
-  co.every = static_cast<int>(to_int(f, "ckpt-every", 0));
-  co.keep = static_cast<int>(to_int(f, "ckpt-keep", 3));
-  const std::string async = f.count("ckpt-async") ? f.at("ckpt-async") : "on";
-  if (async != "on" && async != "off") throw ConfigError("--ckpt-async must be on or off");
-  co.async = async == "on";
-  co.shm_every = static_cast<int>(to_int(f, "ckpt-shm-every", 0));
-  co.term_budget_seconds = to_double(f, "ckpt-term-budget", 8);
-  // --resume, else the agent's RAILYARD_RESTORE, else auto.
-  co.resume = f.count("resume") ? f.at("resume") : env_or(pod_env::kRestore, "");
-  if (co.resume.empty()) co.resume = "auto";
-  if (co.resume == "auto" && co.dir.empty() && co.shm_every == 0) co.resume = "never";
-  const std::string job_id = env_or(pod_env::kJobNamespace, "") + "_" + env_or(pod_env::kJobName, "local");
+  co.dir = o.ckpt_dir;
+  co.every = o.ckpt_every;
+  co.keep = o.ckpt_keep;
+  co.async = o.ckpt_async;
+  co.shm_every = o.ckpt_shm_every;
+  co.term_budget_seconds = o.ckpt_term_budget;
+  co.resume = o.resume;
+  const std::string job_id = env.job_namespace + "_" + (env.job_name.empty() ? "local" : env.job_name);
   // The agent sets RAILYARD_GENERATION (the config's generation); without it (a run by hand) the writer is not fenced.
   // With the job's uid: a re-created job of the same name and checkpoint path starts at generation 1 again and must not
   // be fenced by its predecessor's `latest`.
-  const std::string job_uid = env_or(pod_env::kJobUid, "");
-  co.job = job_uid.empty() ? job_id : job_id + "_" + job_uid;
-  co.generation = std::max<int64_t>(0, std::atoll(env_or(flash::kGenerationEnv, "0").c_str()));
+  co.job = env.job_uid.empty() ? job_id : job_id + "_" + env.job_uid;
+  const std::string generation = env.generation.empty() ? "0" : env.generation;
+  co.generation = std::max<int64_t>(0, std::atoll(generation.c_str()));
   // The agent names its pod's segments (RAILYARD_SHM_PREFIX) and removes them when the pod ends (worker/agent).
-  const int global_rank = static_cast<int>(std::atol(env_or("RANK", "0").c_str()));
-  if (const std::string prefix = env_or(flash::kShmPrefixEnv, ""); !prefix.empty()) {
-    co.shm_name = prefix + "-r" + std::to_string(global_rank);
+  const int global_rank = env.rank_number();
+  if (!env.shm_prefix.empty()) {
+    co.shm_name = env.shm_prefix + "-r" + std::to_string(global_rank);
   } else {
     co.shm_name = ckpt::ShmStore::name_for(job_id, global_rank);
   }
   // Steps the agent fetched from a peer pod into this rank's slots (a replacement pod; docs/checkpointing.md).
-  for (std::string rest = env_or(flash::kPeerStepsEnv, ""); !rest.empty();) {
+  for (std::string rest = env.peer_steps; !rest.empty();) {
     const auto comma = rest.find(',');
     co.shm_peer_steps.push_back(std::atoll(rest.substr(0, comma).c_str()));
     rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
   }
   co.layout = nlohmann::json{{"dp", 1}, {"tp", 1}, {"pp", 1}, {"zero", dist.zero}};
-  if (const int world = std::atoi(env_or("WORLD_SIZE", "1").c_str()); world > 1) {
+  if (const int world = std::atoi(env.world_size.empty() ? "1" : env.world_size.c_str()); world > 1) {
     // Every rank of the world saves into the same directory under its global rank, with one run id for all ranks
     // of this world; data-parallel replicas split the writes of their identical state, and all ranks stop at the
     // same step on SIGTERM.
-    co.rank = std::atoi(env_or("RANK", "0").c_str());
+    co.rank = global_rank;
     co.world_size = world;
-    co.run_id = job_id + "-g" + env_or(flash::kGenerationEnv, "0") + "-" + env_or("MASTER_ADDR", "") + "-" +
-                env_or("MASTER_PORT", "");
+    co.run_id = job_id + "-g" + generation + "-" + env.master_addr + "-" + env.master_port;
     for (char& c : co.run_id)
       if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') c = '-';
     if (dist.groups != nullptr) {

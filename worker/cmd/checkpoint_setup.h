@@ -3,7 +3,7 @@
 
 #include <vector>
 
-#include "worker/cmd/flags.h"
+#include "worker/cmd/train_options.h"
 #include "worker/cmd/world.h"
 #include "worker/train/checkpointing.h"
 
@@ -15,11 +15,11 @@ namespace railyard::worker {
 std::vector<ShardSpec> checkpoint_shards(const GptConfig& cfg, Trainer& trainer, const DistSetup& dist,
                                          parallel::ExpertParallel* ep);
 
-// --ckpt-* and --resume (else RAILYARD_RESTORE), the shared-memory slot the agent named (RAILYARD_SHM_PREFIX) and
+// --ckpt-* and --resume (train_options.h resolves it), the shared-memory slot the agent named (RAILYARD_SHM_PREFIX) and
 // the peer steps it fetched, and in a world the rank, run id, layout and collectives that make every rank save and
 // stop together. Data-parallel replicas of an unsharded state split the writes of `shards` (their fields are set
 // here). `dist` must outlive the options (their collectives use it).
-CheckpointOptions checkpoint_options(const Flags& f, const DistSetup& dist, const parallel::ExpertParallel* ep,
+CheckpointOptions checkpoint_options(const TrainOptions& o, const DistSetup& dist, const parallel::ExpertParallel* ep,
                                      std::vector<ShardSpec>& shards);
 
 }  // namespace railyard::worker

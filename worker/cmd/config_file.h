@@ -1,24 +1,14 @@
 // `railyard-worker train --config FILE`: the operator's resolved training config (docs/rendezvous.md, the agent
-// writes it per generation) mapped onto the train command's flags, for every flag the command line did not give.
+// writes it per generation) onto every option the command line did not give.
 #pragma once
 
-#include <map>
-#include <string>
+#include "worker/cmd/train_options.h"
 
 namespace railyard::worker {
 
-// Which config field set a flag (messages name the TrainingJob's field, e.g. spec.data.train); "" = the command
-// line or the environment.
-struct ConfigOrigins {
-  std::string data, val_data, init_from;
-};
-
-// How a flag is named in messages: "--data", or "spec.data.train (--config FILE)".
-std::string flag_name(const std::string& flag, const std::string& origin, const std::map<std::string, std::string>& f);
-
-// Maps a JSON training config (the operator's resolved config, docs/rendezvous.md) onto flags that were not given
-// explicitly. The operator's globalBatch counts sequences; --global-batch counts tokens. Throws ConfigError naming
-// --config and the field.
-ConfigOrigins apply_config_file(const std::string& path, std::map<std::string, std::string>& f);
+// Reads o.config (a JSON worker configuration, common/worker_config.h) and sets every option whose flag is not in
+// o.given; records the flags it set in o.configured and, for the paths, the TrainingJob field in o.origins. The
+// operator's globalBatch counts sequences; the option counts tokens. Throws ConfigError naming --config and the field.
+void apply_config_file(TrainOptions& o);
 
 }  // namespace railyard::worker

@@ -1,11 +1,7 @@
 #include "worker/cmd/flags.h"
 
-#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-
-#include "common/error.h"
-#include "worker/kernels/cpu/thread_pool.h"
 
 namespace railyard::worker {
 
@@ -40,48 +36,6 @@ std::map<std::string, std::string> parse_flags(int argc, char** argv, int first,
     out[key] = value;
   }
   return out;
-}
-
-long long to_int(const std::map<std::string, std::string>& f, const std::string& key, long long fallback) {
-  auto it = f.find(key);
-  if (it == f.end()) return fallback;
-  char* end = nullptr;
-  long long v = std::strtoll(it->second.c_str(), &end, 10);
-  if (it->second.empty() || *end != '\0') throw ConfigError("--" + key + " '" + it->second + "' is not an integer");
-  return v;
-}
-
-double to_double(const std::map<std::string, std::string>& f, const std::string& key, double fallback) {
-  auto it = f.find(key);
-  if (it == f.end()) return fallback;
-  char* end = nullptr;
-  double v = std::strtod(it->second.c_str(), &end);
-  if (it->second.empty() || *end != '\0') throw ConfigError("--" + key + " '" + it->second + "' is not a number");
-  return v;
-}
-
-std::vector<int> int_list(const std::map<std::string, std::string>& f, const std::string& key) {
-  const std::string& text = f.at(key);
-  std::vector<int> out;
-  size_t start = 0;
-  while (start <= text.size()) {
-    size_t end = text.find(',', start);
-    if (end == std::string::npos) end = text.size();
-    const std::string item = text.substr(start, end - start);
-    char* stop = nullptr;
-    const long v = std::strtol(item.c_str(), &stop, 10);
-    if (item.empty() || *stop != '\0' || v < INT32_MIN || v > INT32_MAX)
-      throw ConfigError("--" + key + " '" + text + "' is not a comma-separated list of integers (e.g. 3,1)");
-    out.push_back(static_cast<int>(v));
-    start = end + 1;
-  }
-  return out;
-}
-
-int threads_from(const std::map<std::string, std::string>& f) {
-  const long long t = to_int(f, "threads", 0);
-  if (t < 0 || t > 4096) throw ConfigError("--threads must be in 1..4096");
-  return t > 0 ? static_cast<int>(t) : default_num_threads();
 }
 
 }  // namespace railyard::worker

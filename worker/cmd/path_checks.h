@@ -1,8 +1,8 @@
-// The platform's roots for the worker's paths (the operator's --data-root / --checkpoint-root, as env or flags).
+// The platform's roots for the worker's paths (the operator's --data-root / --checkpoint-root, as flags or the
+// variables it sets).
 #pragma once
 
-#include "worker/cmd/config_file.h"
-#include "worker/cmd/flags.h"
+#include "worker/cmd/train_options.h"
 
 namespace railyard::worker {
 
@@ -10,6 +10,6 @@ namespace railyard::worker {
 // so a symlink out of a root is caught too: --data/--val-data and every shard they match, --ckpt-dir, --resume PATH,
 // --export under their root, --init-from under either. ConfigError (exit 2) naming the flag, the config field and the
 // root.
-void enforce_path_roots(const Flags& f, const ConfigOrigins& origins);
+void enforce_path_roots(const TrainOptions& o);
 
 }  // namespace railyard::worker

@@ -14,9 +14,9 @@
 #include "common/metrics/metrics.h"
 #include "common/pod_env.h"
 #include "worker/cmd/checkpoint_setup.h"
-#include "worker/cmd/config_file.h"
 #include "worker/cmd/flags.h"
 #include "worker/cmd/path_checks.h"
+#include "worker/cmd/train_options.h"
 #include "worker/cmd/train_setup.h"
 #include "worker/cmd/world.h"
 #include "worker/data/data_loader.h"
@@ -31,66 +31,6 @@
 namespace railyard::worker {
 namespace {
 
-const std::vector<std::string> kTrainFlags = {"model",
-                                              "device",
-                                              "data",
-                                              "val-data",
-                                              "steps",
-                                              "batch",
-                                              "seq",
-                                              "global-batch",
-                                              "lr",
-                                              "warmup",
-                                              "min-lr-frac",
-                                              "weight-decay",
-                                              "grad-clip",
-                                              "seed",
-                                              "val-every",
-                                              "val-steps",
-                                              "sample-every",
-                                              "sample-tokens",
-                                              "threads",
-                                              "init-from",
-                                              "export",
-                                              "log-json",
-                                              "peak-flops",
-                                              "max-bad-steps",
-                                              "gemm-split",
-                                              "config",
-                                              "metrics-port",
-                                              "metrics-host",
-                                              "ckpt-dir",
-                                              "ckpt-every",
-                                              "ckpt-keep",
-                                              "ckpt-async",
-                                              "ckpt-shm-every",
-                                              "ckpt-term-budget",
-                                              "resume",
-                                              "data-root",
-                                              "ckpt-root",
-                                              "nproc",
-                                              "tp",
-                                              "pp",
-                                              "zero",
-                                              "deterministic",
-                                              "sequence-parallel",
-                                              "cp",
-                                              "bucket-mb",
-                                              "recompute",
-                                              "recompute-layers",
-                                              "offload",
-                                              "offload-threads",
-                                              "moe-experts",
-                                              "moe-top-k",
-                                              "moe-capacity-factor",
-                                              "moe-aux-coef",
-                                              "ep",
-                                              "ep-a2a",
-                                              "ep-node-size",
-                                              "dp-split",
-                                              "slow-ranks",
-                                              "slow-factor"};
-
 // --metrics-port (rank r of a --nproc world on P + LOCAL_RANK) or RAILYARD_METRICS_PORT + LOCAL_RANK: the same
 // numbers as the step log line, for Prometheus and railyard-monitor. Null when neither is set.
 struct MetricsServer {
@@ -98,25 +38,13 @@ struct MetricsServer {
   std::unique_ptr<TrainMetrics> train;
   std::unique_ptr<metrics::Exposer> exposer;
 };
-std::unique_ptr<MetricsServer> serve_metrics(const Flags& f, Trainer& trainer) {
-  std::optional<int64_t> port;
-  if (f.count("metrics-port")) {
-    port = to_int(f, "metrics-port", 0);
-    // One flag for a whole --nproc world: rank r serves on P + LOCAL_RANK (0 stays "any free port").
-    if (*port > 0) *port += std::atol(env_or("LOCAL_RANK", "0").c_str());
-  } else if (const char* p = std::getenv(pod_env::kMetricsPort); p != nullptr && *p != '\0') {
-    char* end = nullptr;
-    const long base = std::strtol(p, &end, 10);
-    if (*end != '\0' || base < 0) throw ConfigError(std::string("RAILYARD_METRICS_PORT '") + p + "' is not a port");
-    port = base + std::atol(env_or("LOCAL_RANK", "0").c_str());
-  }
-  if (!port) return nullptr;
-  if (*port < 0 || *port > 65535) throw ConfigError("--metrics-port must be in 0..65535");
+std::unique_ptr<MetricsServer> serve_metrics(const TrainOptions& o, Trainer& trainer) {
+  if (!o.metrics_port) return nullptr;
   auto m = std::make_unique<MetricsServer>();
-  const std::string host = f.count("metrics-host") ? f.at("metrics-host") : env_or(pod_env::kPodIp, "127.0.0.1");
+  const std::string& host = o.metrics_host;
   m->train = std::make_unique<TrainMetrics>(m->registry, TrainMetrics::labels_from_env());
   trainer.set_metrics(m->train.get());
-  m->exposer = std::make_unique<metrics::Exposer>(m->registry, host, static_cast<int>(*port));
+  m->exposer = std::make_unique<metrics::Exposer>(m->registry, host, *o.metrics_port);
   log::info("worker", "serving metrics", {{"address", host + ":" + std::to_string(m->exposer->port())}});
   return m;
 }
@@ -124,13 +52,13 @@ std::unique_ptr<MetricsServer> serve_metrics(const Flags& f, Trainer& trainer) {
 // --init-from / spec.model.initFrom: the starting weights when no checkpoint was restored (a restore wins: a
 // restarted job continues from its checkpoint, not from the file). Called after restore(), which may also have
 // re-initialised the weights after a damaged in-memory snapshot.
-void load_initial_weights(const Flags& f, const ConfigOrigins& origins, const GptConfig& cfg, bool restored,
-                          DistSetup& dist, DeviceKind device, Trainer& trainer) {
-  if (!f.count("init-from")) return;
-  const std::string& path = f.at("init-from");
+void load_initial_weights(const TrainOptions& o, const GptConfig& cfg, bool restored, DistSetup& dist,
+                          DeviceKind device, Trainer& trainer) {
+  if (!o.init_from) return;
+  const std::string& path = *o.init_from;
   if (restored) {
     log::info("worker", "restored a checkpoint: not initialising from the llm.c model",
-              {{"path", path}, {"field", flag_name("init-from", origins.init_from, f)}});
+              {{"path", path}, {"field", o.name_of("init-from", o.origins.init_from)}});
     return;
   }
   if (dist.sharded != nullptr) {
@@ -149,9 +77,9 @@ void load_initial_weights(const Flags& f, const ConfigOrigins& origins, const Gp
 
 // --export: the final weights as an llm.c model file, written by rank 0 (a tp/pp stage gathers them first: a
 // collective every rank joins).
-void export_model(const Flags& f, const GptConfig& cfg, const DistSetup& dist, Trainer& trainer) {
-  if (!f.count("export")) return;
-  const std::string& path = f.at("export");
+void export_model(const TrainOptions& o, const GptConfig& cfg, const DistSetup& dist, Trainer& trainer) {
+  if (!o.export_to) return;
+  const std::string& path = *o.export_to;
   if (dist.sharded != nullptr) {
     const std::vector<float> full = dist.sharded->gather_full(dist.groups->coord().dp);  // collective
     if (dist.groups->rank() != 0) return;
@@ -167,27 +95,22 @@ void export_model(const Flags& f, const GptConfig& cfg, const DistSetup& dist, T
 }  // namespace
 
 int cmd_train(int argc, char** argv) {
-  Flags f = parse_flags(argc, argv, 2, kTrainFlags);
-  if (f.count("nproc")) return launch_train_world(argc, argv, f);
-  ConfigOrigins origins;
-  if (f.count("config")) origins = apply_config_file(f.at("config"), f);
+  const TrainOptions o = parse_train_options(argc, argv, 2, LauncherEnv::from_process());
+  if (o.nproc > 0) return launch_train_world(argc, argv, o);
   // The device first: a wrong --device / spec.device fails before any data or model is touched.
-  const DeviceChoice device = choose_device(f);
-  if (!f.count("data")) {
-    if (const char* d = std::getenv(pod_env::kDataDir); d != nullptr && *d != '\0') f["data"] = d;
-  }
-  if (!f.count("data")) {
+  const DeviceChoice device = choose_device(o);
+  if (!o.data) {
     usage_error(
         "--data DIR is required (make shards with `railyard data prepare`; or data.train in --config, or "
         "RAILYARD_DATA_DIR)");
   }
-  enforce_path_roots(f, origins);
-  const GptConfig cfg = model_config(f, origins);
-  TrainConfig tc = train_config(f, cfg);
-  const ShardGlobs shards = shard_globs(f, origins, tc);
+  enforce_path_roots(o);
+  const GptConfig cfg = model_config(o);
+  TrainConfig tc = train_config(o, cfg);
+  const ShardGlobs shards = shard_globs(o, tc);
 
   // Joins the world the launcher (--nproc or the agent) describes in RANK/WORLD_SIZE/MASTER_*; one process otherwise.
-  DistSetup dist = join_world(f, tc, device.kind, device.visible_gpus, device.cuda);
+  DistSetup dist = join_world(o, tc, device.kind, device.visible_gpus, device.cuda);
   const bool model_parallel =
       dist.groups != nullptr && (dist.groups->layout().tp * dist.groups->layout().pp > 1 || tc.cp > 1);
   if ((!tc.dp_split.empty() || tc.slow_factor > 1) && model_parallel)
@@ -204,17 +127,15 @@ int cmd_train(int argc, char** argv) {
         std::make_unique<DataLoader>(shards.val, tc.batch, tc.seq_len, 0, 1, tc.seed, cfg.vocab_size, false));
   }
 
-  const int threads = threads_from(f);
+  const int threads = o.threads;
   // Refuse up front what cannot fit, instead of dying in an allocation or the OOM killer later. With expert-parallel
   // storage a rank holds E/ep experts (every shard the same size); a bad --ep is refused below.
-  const int ep_flag = static_cast<int>(to_int(f, "ep", 1));
+  const int ep_flag = o.ep;
   const bool ep_storage =
       ep_flag > 1 && cfg.moe.experts > 0 && cfg.moe.experts % ep_flag == 0 && dist.zero == 0 && !dist.deterministic;
-  check_memory_budget(ep_storage ? expert_shard_config(cfg, ep_flag, 0) : cfg, tc, threads);
-  const std::string split = f.count("gemm-split") ? f.at("gemm-split") : "pool";
-  if (split != "pool" && split != "openblas") throw ConfigError("--gemm-split must be pool or openblas");
+  check_memory_budget(ep_storage ? expert_shard_config(cfg, ep_flag, 0) : cfg, tc, o);
   ThreadPool pool(threads);
-  cpu::set_gemm_threading(split == "pool" ? cpu::GemmThreading::kPool : cpu::GemmThreading::kOpenBlas, threads);
+  cpu::set_gemm_threading(o.gemm_split, threads);
   if (tc.sample_every > 0) {
     // Samples come from a whole model in one process; data-parallel replicas hold the same one, so rank 0 alone
     // draws them.
@@ -228,7 +149,7 @@ int cmd_train(int argc, char** argv) {
   // which enqueues on its stream (after join_world: on CUDA that made this rank's GPU current).
   std::unique_ptr<Kernels<float>> kernels;
   if (device.kind == DeviceKind::kCuda) kernels = device.cuda->create_kernels();
-  ParallelModel pm = build_parallel_model(f, cfg, tc, dist, device.kind, device.cuda, kernels.get(), pool);
+  ParallelModel pm = build_parallel_model(o, cfg, tc, dist, device.kind, device.cuda, kernels.get(), pool);
   Trainer trainer(pm.local_cfg, tc, pool, train, val.get(), dist.sync.get(), dist.sharded.get(), kernels.get());
   if (dist.groups != nullptr) trainer.set_layout(dist.groups->describe());
   if (pm.experts && dist.sharded != nullptr) {
@@ -236,40 +157,39 @@ int cmd_train(int argc, char** argv) {
   } else if (pm.experts) {
     pm.experts->attach(trainer.model());
   }
-  const std::unique_ptr<MetricsServer> metrics = serve_metrics(f, trainer);
+  const std::unique_ptr<MetricsServer> metrics = serve_metrics(o, trainer);
 
   // Checkpoints (docs/checkpointing.md): restore before the first step, save every --ckpt-every steps, and on
   // SIGTERM save and exit 143.
   std::vector<ShardSpec> ckpt_shards = checkpoint_shards(cfg, trainer, dist, pm.experts.get());
-  const CheckpointOptions co = checkpoint_options(f, dist, pm.experts.get(), ckpt_shards);
+  const CheckpointOptions co = checkpoint_options(o, dist, pm.experts.get(), ckpt_shards);
   Checkpointer checkpointer(co, cfg, trainer, std::move(ckpt_shards), metrics ? &metrics->registry : nullptr,
                             TrainMetrics::labels_from_env());
   const bool restored = checkpointer.restore().has_value();
-  load_initial_weights(f, origins, cfg, restored, dist, device.kind, trainer);
+  load_initial_weights(o, cfg, restored, dist, device.kind, trainer);
   checkpointer.attach();
   Checkpointer::install_signal_handlers();
   const int rc = trainer.run();
   checkpointer.finish();
-  if (rc == 0) export_model(f, cfg, dist, trainer);
+  if (rc == 0) export_model(o, cfg, dist, trainer);
   return rc;
 }
 
 int cmd_gemm_rate(int argc, char** argv) {
-  Flags f = parse_flags(argc, argv, 2, {"model", "batch", "seq", "threads", "split"});
-  const GptConfig cfg = parse_model_spec(f.count("model") ? f.at("model") : "gpt2-124m");
-  const int B = static_cast<int>(to_int(f, "batch", 4)), T = static_cast<int>(to_int(f, "seq", 64));
-  const std::string split = f.count("split") ? f.at("split") : "pool";
-  if (split != "pool" && split != "openblas") throw ConfigError("--split must be pool or openblas");
-  const int threads = threads_from(f);
+  const GemmRateOptions o = parse_gemm_rate_options(argc, argv, 2);
+  const GptConfig cfg = parse_model_spec(o.model);
+  const int B = o.batch, T = o.seq;
+  const int threads = o.threads > 0 ? o.threads : default_num_threads();
+  const char* split = o.split == cpu::GemmThreading::kPool ? "pool" : "openblas";
   ThreadPool pool(threads);
   double rate;
-  cpu::set_gemm_threading(split == "pool" ? cpu::GemmThreading::kPool : cpu::GemmThreading::kOpenBlas, threads);
+  cpu::set_gemm_threading(o.split, threads);
   double per_cpu = 0;
   rate = measure_gemm_rate(pool, cfg, B, T, 5, nullptr, 0, &per_cpu);
   std::printf(
       "{\"gemm_flops_per_s\": %.6g, \"gemm_flops_per_cpu_s\": %.6g, \"threads\": %d, \"split\": \"%s\", "
       "\"model\": \"%s\", \"B\": %d, \"T\": %d}\n",
-      rate, per_cpu, threads, split.c_str(), describe(cfg).c_str(), B, T);
+      rate, per_cpu, threads, split, describe(cfg).c_str(), B, T);
   return 0;
 }
 

@@ -18,8 +18,8 @@
 
 namespace railyard::worker {
 
-DeviceChoice choose_device(const Flags& f) {
-  const std::string device_spec = f.count("device") ? f.at("device") : "auto";
+DeviceChoice choose_device(const TrainOptions& o) {
+  const std::string& device_spec = o.device;
   // The CUDA libraries are a module loaded only for CUDA runs (worker/device/cuda_module.h): `cuda`, or `auto` with
   // GPU device nodes. Its runtime then gives the GPU count resolve_device sees; CPU runs never load it.
   DeviceChoice d;
@@ -51,17 +51,18 @@ DeviceChoice choose_device(const Flags& f) {
   return d;
 }
 
-GptConfig model_config(const Flags& f, const ConfigOrigins& origins) {
+GptConfig model_config(const TrainOptions& o) {
+  const ConfigOrigins& origins = o.origins;
   std::optional<GptConfig> cfg;
-  if (f.count("model")) cfg = parse_model_spec(f.at("model"));
-  if (f.count("init-from")) {
-    const std::string& from = f.at("init-from");
+  if (o.model) cfg = parse_model_spec(*o.model);
+  if (o.init_from) {
+    const std::string& from = *o.init_from;
     GptConfig file_cfg;
     try {
       file_cfg = read_llmc_header(from);
     } catch (const ConfigError& e) {
       if (origins.init_from.empty()) throw;
-      throw ConfigError(flag_name("init-from", origins.init_from, f) + ": " + e.what());
+      throw ConfigError(o.name_of("init-from", origins.init_from) + ": " + e.what());
     }
     if (auto m = cfg ? llmc_shape_mismatch(*cfg, file_cfg) : std::nullopt) {
       const std::string dims = "(" + m->dimension + " " + std::to_string(m->file) + " in the file, " +
@@ -70,7 +71,7 @@ GptConfig model_config(const Flags& f, const ConfigOrigins& origins) {
         throw ConfigError("--init-from " + from + " holds " + describe(file_cfg) + " but --model says " +
                           describe(*cfg) + " " + dims + ": drop --model or pick the matching shape");
       }
-      throw ConfigError(flag_name("init-from", origins.init_from, f) + " '" + from + "' holds " + describe(file_cfg) +
+      throw ConfigError(o.name_of("init-from", origins.init_from) + " '" + from + "' holds " + describe(file_cfg) +
                         ", but spec.model." + (m->dimension == "vocab (padded)" ? std::string("vocab") : m->dimension) +
                         " is " + std::to_string(m->expected) + " where the file has " + std::to_string(m->file) +
                         (m->dimension == "vocab (padded)" ? " (padded vocabulary)" : "") +
@@ -83,19 +84,17 @@ GptConfig model_config(const Flags& f, const ConfigOrigins& origins) {
     cfg = file_cfg;
   }
   if (!cfg) cfg = model_preset("tiny");
-  if (f.count("moe-experts") || f.count("moe-top-k") || f.count("moe-capacity-factor") || f.count("moe-aux-coef")) {
-    if (!f.count("moe-experts"))
-      throw ConfigError("--moe-top-k/--moe-capacity-factor/--moe-aux-coef need --moe-experts");
-    cfg->moe =
-        make_moe_config(static_cast<int>(to_int(f, "moe-experts", 0)), static_cast<int>(to_int(f, "moe-top-k", 1)),
-                        to_double(f, "moe-capacity-factor", 1.25), to_double(f, "moe-aux-coef", 0.01));
+  if (o.moe_experts || o.moe_tuning_given) {
+    if (!o.moe_experts) throw ConfigError("--moe-top-k/--moe-capacity-factor/--moe-aux-coef need --moe-experts");
+    cfg->moe = make_moe_config(*o.moe_experts, o.moe_top_k, o.moe_capacity_factor, o.moe_aux_coef);
     // Not done yet with experts (docs/parallel.md "Mixture of experts"): say so instead of running something untested.
-    for (const char* flag : {"init-from", "export"}) {
-      if (f.count(flag)) {
+    for (const auto& [flag, given] :
+         {std::pair{"init-from", o.init_from.has_value()}, {"export", o.export_to.has_value()}}) {
+      if (given) {
         throw ConfigError(std::string("--") + flag + " with --moe-experts: llm.c files of MoE models do not exist");
       }
     }
-    if (to_int(f, "cp", 1) > 1) {
+    if (o.cp > 1) {
       throw ConfigError(
           "--moe-experts with --cp: mixture-of-experts layers are not built for context parallelism (routing and "
           "capacity are per micro-batch, which cp splits); drop --cp (--tp/--pp/--sequence-parallel compose)");
@@ -104,62 +103,44 @@ GptConfig model_config(const Flags& f, const ConfigOrigins& origins) {
   return *cfg;
 }
 
-TrainConfig train_config(const Flags& f, const GptConfig& cfg) {
+TrainConfig train_config(const TrainOptions& o, const GptConfig& cfg) {
   TrainConfig tc;
-  tc.steps = static_cast<int>(to_int(f, "steps", 10));
-  tc.batch = static_cast<int>(to_int(f, "batch", 4));
-  tc.seq_len = static_cast<int>(to_int(f, "seq", 64));
-  tc.global_batch_tokens = to_int(f, "global-batch", 0);
-  tc.lr = to_double(f, "lr", 6e-4);
-  tc.warmup_steps = static_cast<int>(to_int(f, "warmup", 0));
-  tc.min_lr_frac = to_double(f, "min-lr-frac", 0.1);
-  tc.weight_decay = to_double(f, "weight-decay", 0.1);
-  tc.grad_clip = to_double(f, "grad-clip", 1.0);
-  tc.seed = static_cast<uint64_t>(to_int(f, "seed", 1337));
-  tc.val_every = static_cast<int>(to_int(f, "val-every", 0));
-  tc.val_steps = static_cast<int>(to_int(f, "val-steps", 10));
-  tc.sample_every = static_cast<int>(to_int(f, "sample-every", 0));
-  tc.sample_tokens = static_cast<int>(to_int(f, "sample-tokens", 64));
-  tc.peak_flops = to_double(f, "peak-flops", 0);
-  tc.max_bad_steps = static_cast<int>(to_int(f, "max-bad-steps", 3));
-  if (f.count("log-json")) tc.log_json = f.at("log-json");
-  if (f.count("recompute") || f.count("recompute-layers")) {
-    tc.recompute = parse_recompute(f.count("recompute") ? f.at("recompute") : "none",
-                                   static_cast<int>(to_int(f, "recompute-layers", -1)), cfg);
-  }
-  if (f.count("sequence-parallel")) {
-    const std::string v = f.at("sequence-parallel");
-    if (v != "true" && v != "false" && v != "1" && v != "0") {
-      throw ConfigError("--sequence-parallel=" + v + ": give it without a value, or true/false");
-    }
-    tc.sequence_parallel = v == "true" || v == "1";
-    if (tc.sequence_parallel && to_int(f, "tp", 1) < 2) {
-      throw ConfigError("--sequence-parallel needs tensor parallelism: add --tp 2 (or more) or drop the flag");
-    }
-  }
-  tc.cp = static_cast<int>(to_int(f, "cp", 1));
-  if (f.count("offload")) tc.offload = parse_offload(f.at("offload"));
-  tc.offload_threads = static_cast<int>(to_int(f, "offload-threads", 1));
-  if (const char* p = std::getenv(torchrun::kProgressFileEnv); p != nullptr && *p != '\0') tc.progress_file = p;
+  tc.steps = o.steps;
+  tc.batch = o.batch;
+  tc.seq_len = o.seq;
+  tc.global_batch_tokens = o.global_batch_tokens;
+  tc.lr = o.lr;
+  tc.warmup_steps = o.warmup;
+  tc.min_lr_frac = o.min_lr_frac;
+  tc.weight_decay = o.weight_decay;
+  tc.grad_clip = o.grad_clip;
+  tc.seed = o.seed;
+  tc.val_every = o.val_every;
+  tc.val_steps = o.val_steps;
+  tc.sample_every = o.sample_every;
+  tc.sample_tokens = o.sample_tokens;
+  tc.peak_flops = o.peak_flops;
+  tc.max_bad_steps = o.max_bad_steps;
+  tc.log_json = o.log_json;
+  if (o.recompute || o.recompute_layers)
+    tc.recompute = parse_recompute(o.recompute.value_or("none"), o.recompute_layers.value_or(-1), cfg);
+  tc.sequence_parallel = o.sequence_parallel;
+  tc.cp = o.cp;
+  tc.offload = o.offload;
+  tc.offload_threads = o.offload_threads;
+  tc.progress_file = o.env.progress_file;
   tc.validate(cfg);
-  if (f.count("dp-split")) tc.dp_split = int_list(f, "dp-split");
-  if (f.count("slow-ranks") != f.count("slow-factor"))
-    throw ConfigError("--slow-ranks and --slow-factor go together (e.g. --slow-ranks 1 --slow-factor 2)");
-  if (f.count("slow-ranks")) {
-    const double factor = to_double(f, "slow-factor", 1);
-    if (!(factor >= 1) || !std::isfinite(factor)) throw ConfigError("--slow-factor must be a number >= 1");
-    const int me = static_cast<int>(std::atol(env_or("RANK", "0").c_str()));
-    for (int r : int_list(f, "slow-ranks")) {
-      if (r < 0) throw ConfigError("--slow-ranks: ranks are >= 0");
-      if (r == me) tc.slow_factor = factor;
-    }
-  }
+  tc.dp_split = o.dp_split;
+  // --slow-ranks: this rank's own factor.
+  for (int r : o.slow_ranks)
+    if (r == o.env.rank_number()) tc.slow_factor = o.slow_factor;
   return tc;
 }
 
-ShardGlobs shard_globs(const Flags& f, const ConfigOrigins& origins, const TrainConfig& tc) {
-  const std::string data = f.at("data");
-  const std::string val_data = f.count("val-data") ? shard_glob(f.at("val-data"), "val_*.bin") : default_val_glob(data);
+ShardGlobs shard_globs(const TrainOptions& o, const TrainConfig& tc) {
+  const ConfigOrigins& origins = o.origins;
+  const std::string data = o.data.value_or("");
+  const std::string val_data = o.val_data ? shard_glob(*o.val_data, "val_*.bin") : default_val_glob(data);
   auto expand = [&](const std::string& pattern, const std::string& name) {
     try {
       return expand_shard_pattern(pattern);
@@ -167,14 +148,14 @@ ShardGlobs shard_globs(const Flags& f, const ConfigOrigins& origins, const Train
       throw ConfigError(name + ": " + e.what());
     }
   };
-  const size_t train_shards = expand(data, flag_name("data", origins.data, f)).size();
+  const size_t train_shards = expand(data, o.name_of("data", origins.data)).size();
   log::info("worker", "data",
             {{"train", shard_glob(data)},
              {"train_shards", std::to_string(train_shards)},
              {"val", val_data},
              {"val_shards",
               tc.val_every > 0
-                  ? std::to_string(expand(val_data, f.count("val-data") ? flag_name("val-data", origins.val_data, f)
+                  ? std::to_string(expand(val_data, o.val_data ? o.name_of("val-data", origins.val_data)
                                                     : origins.data.empty()
                                                         ? "--val-every with the default --val-data (val_*.bin beside "
                                                           "the --data shards)"
@@ -217,14 +198,12 @@ std::string read_small(const char* path) {
 }
 }  // namespace
 
-void check_memory_budget(const GptConfig& cfg, const TrainConfig& tc, int threads) {
-  const MemoryBudget need = memory_budget(cfg, tc.batch, tc.seq_len, threads, tc.recompute);
+void check_memory_budget(const GptConfig& cfg, const TrainConfig& tc, const TrainOptions& o) {
+  const MemoryBudget need = memory_budget(cfg, tc.batch, tc.seq_len, o.threads, tc.recompute);
   const double phys = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
   std::string cg = read_small("/sys/fs/cgroup/memory.max");                        // cgroup v2
   if (cg.empty()) cg = read_small("/sys/fs/cgroup/memory/memory.limit_in_bytes");  // cgroup v1
-  const char* lws = std::getenv("LOCAL_WORLD_SIZE");                               // ranks of this pod
-  const int local = lws != nullptr ? std::max(1, std::atoi(lws)) : 1;
-  const MemoryRoom room = memory_room(cg, phys, local);
+  const MemoryRoom room = memory_room(cg, phys, o.env.local_world_number());       // shared by the pod's ranks
   if (room.bytes > 0 && static_cast<double>(need.total()) > room.bytes) {
     char buf[200];
     std::snprintf(buf, sizeof(buf),

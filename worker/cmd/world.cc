@@ -70,18 +70,14 @@ void set_device_reduction(DistSetup& d, Kernels<float>* device, const CudaModule
   dpo.device_dp = d.grad_comm.get();
 }
 
-DistSetup join_world(Flags& f, TrainConfig& tc, DeviceKind device, int visible_gpus, const CudaModule* cuda_module) {
+DistSetup join_world(const TrainOptions& o, TrainConfig& tc, DeviceKind device, int visible_gpus,
+                     const CudaModule* cuda_module) {
   DistSetup d;
-  const long long zero = to_int(f, "zero", 0);
-  if (zero < 0 || zero > 2) throw ConfigError("--zero " + std::to_string(zero) + ": must be 0, 1 or 2");
-  d.zero = static_cast<int>(zero);
-  d.deterministic = f.count("deterministic") && f["deterministic"] != "false" && f["deterministic"] != "0";
-  const double mb = to_double(f, "bucket-mb", 25);
-  if (!(mb > 0) || mb > 65536) throw ConfigError("--bucket-mb must be a positive number of MiB");
-  d.bucket_bytes = static_cast<size_t>(mb * 1048576.0);
-  const long long tp = to_int(f, "tp", 1), pp = to_int(f, "pp", 1);
-  if (tp < 1 || pp < 1) throw ConfigError("--tp and --pp must be >= 1");
-  const std::string ws = env_or("WORLD_SIZE", "");
+  d.zero = o.zero;
+  d.deterministic = o.deterministic;
+  d.bucket_bytes = static_cast<size_t>(o.bucket_mb * 1048576.0);
+  const long long tp = o.tp, pp = o.pp;
+  const std::string& ws = o.env.world_size;
   char* end = nullptr;
   const long world = ws.empty() ? 1 : std::strtol(ws.c_str(), &end, 10);
   if (!ws.empty() && (*end != '\0' || world < 1)) {
@@ -104,9 +100,8 @@ DistSetup join_world(Flags& f, TrainConfig& tc, DeviceKind device, int visible_g
                       " ranks must be a multiple of cp (dp x cp), and --deterministic is not supported with it");
   }
   // One place builds the groups by device (Gloo on the CPU; Gloo for host values plus NCCL on CUDA).
-  const int cuda_device = device == DeviceKind::kCuda
-                              ? comm::cuda_device_for(std::atoi(env_or("LOCAL_RANK", "0").c_str()), visible_gpus)
-                              : 0;
+  const int cuda_device =
+      device == DeviceKind::kCuda ? comm::cuda_device_for(o.env.local_rank_number(), visible_gpus) : 0;
   comm::WorkerGroups wg = comm::connect_worker_groups(device, layout, comm::gloo_options_from_env(), cuda_device,
                                                       nccl_world_from(cuda_module));
   d.groups = std::move(wg.host);
@@ -130,17 +125,14 @@ DistSetup join_world(Flags& f, TrainConfig& tc, DeviceKind device, int visible_g
 
 // --ep/--ep-a2a/--ep-node-size: expert-parallel groups of consecutive dp ranks (docs/parallel.md "Expert
 // parallelism"), installed in the trainer's model by attach(). Null without --ep (or --ep 1).
-std::unique_ptr<parallel::ExpertParallel> join_expert_parallel(Flags& f, const GptConfig& cfg, const TrainConfig& tc,
-                                                               DistSetup& dist, DeviceKind device) {
+std::unique_ptr<parallel::ExpertParallel> join_expert_parallel(const TrainOptions& opts, const GptConfig& cfg,
+                                                               const TrainConfig& tc, DistSetup& dist,
+                                                               DeviceKind device) {
   parallel::ExpertParallelOptions o;
-  o.ep = static_cast<int>(to_int(f, "ep", 1));
-  o.algorithm = f.count("ep-a2a") ? f["ep-a2a"] : "flat";
-  o.node_size = static_cast<int>(to_int(f, "ep-node-size", 0));
+  o.ep = opts.ep;
+  o.algorithm = opts.ep_a2a;
+  o.node_size = opts.ep_node_size;
   o.deterministic = dist.deterministic;
-  if (o.node_size < 0) throw ConfigError("--ep-node-size must be >= 1 (ranks per node)");
-  if (o.ep == 1 && (f.count("ep-a2a") || f.count("ep-node-size"))) {
-    throw ConfigError("--ep-a2a/--ep-node-size need --ep N > 1");
-  }
   const comm::Layout l = dist.groups != nullptr ? dist.groups->layout() : comm::Layout{};
   parallel::validate_expert_parallel(cfg, o, l.dp, l.tp, l.pp, dist.zero, dist.deterministic, !tc.dp_split.empty());
   if (o.ep == 1) return nullptr;
@@ -174,7 +166,7 @@ bool expert_storage_sharded(const parallel::ExpertParallel* ep, const DistSetup&
   return ep != nullptr && dist.zero == 0 && !dist.deterministic && dist.sharded == nullptr;
 }
 
-ParallelModel build_parallel_model(Flags& f, const GptConfig& cfg, const TrainConfig& tc, DistSetup& dist,
+ParallelModel build_parallel_model(const TrainOptions& o, const GptConfig& cfg, const TrainConfig& tc, DistSetup& dist,
                                    DeviceKind device, const CudaModule* cuda, Kernels<float>* kernels,
                                    ThreadPool& pool) {
   const bool model_parallel =
@@ -198,7 +190,7 @@ ParallelModel build_parallel_model(Flags& f, const GptConfig& cfg, const TrainCo
     }
   }
   ParallelModel out;
-  out.experts = join_expert_parallel(f, cfg, tc, dist, device);
+  out.experts = join_expert_parallel(o, cfg, tc, dist, device);
   std::unique_ptr<parallel::ExpertParallel>& expert_parallel = out.experts;
   // The layout of this rank's buffers: the global one, or with expert-parallel storage its E/ep experts per layer.
   out.local_cfg = expert_storage_sharded(expert_parallel.get(), dist) ? expert_parallel->local_config(cfg) : cfg;
@@ -222,14 +214,13 @@ ParallelModel build_parallel_model(Flags& f, const GptConfig& cfg, const TrainCo
 }
 
 // `train --nproc N ...`: N copies of this command (without --nproc) as one local world.
-int launch_train_world(int argc, char** argv, const Flags& f) {
-  const long long n = to_int(f, "nproc", 1);
-  if (n < 1 || n > 256) throw ConfigError("--nproc must be in 1..256");
-  if (const std::string ws = env_or("WORLD_SIZE", ""); !ws.empty()) {
+int launch_train_world(int argc, char** argv, const TrainOptions& opts) {
+  const int n = opts.nproc;
+  if (const std::string& ws = opts.env.world_size; !ws.empty()) {
     throw ConfigError("--nproc inside a world (WORLD_SIZE=" + ws + " is set): the agent already launched the ranks");
   }
   parallel::LaunchOptions o;
-  o.nproc = static_cast<int>(n);
+  o.nproc = n;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--nproc") {
@@ -239,7 +230,7 @@ int launch_train_world(int argc, char** argv, const Flags& f) {
     if (a.rfind("--nproc=", 0) == 0) continue;
     o.args.push_back(a);
   }
-  if (!f.count("threads") && env_or(pod_env::kNumThreads, "").empty()) {
+  if (!opts.has("threads") && opts.env.num_threads.empty()) {
     // The ranks share this machine's cores.
     o.args.push_back("--threads");
     o.args.push_back(std::to_string(std::max(1, default_num_threads() / o.nproc)));

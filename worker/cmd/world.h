@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <memory>
 
-#include "worker/cmd/flags.h"
+#include "worker/cmd/train_options.h"
 #include "worker/comm/process_groups.h"
 #include "worker/device/cuda_module.h"
 #include "worker/device/device.h"
@@ -44,11 +44,13 @@ void set_device_reduction(DistSetup& d, Kernels<float>* device, const CudaModule
 
 // --zero, --deterministic, --bucket-mb, --tp/--pp and --cp over the world of the environment (one process without
 // WORLD_SIZE); on ranks other than 0 the job-wide files and step lines are turned off in `tc`.
-DistSetup join_world(Flags& f, TrainConfig& tc, DeviceKind device, int visible_gpus, const CudaModule* cuda_module);
+DistSetup join_world(const TrainOptions& o, TrainConfig& tc, DeviceKind device, int visible_gpus,
+                     const CudaModule* cuda_module);
 
 // --ep/--ep-a2a/--ep-node-size: expert-parallel groups of consecutive dp ranks; null without --ep (or --ep 1).
-std::unique_ptr<parallel::ExpertParallel> join_expert_parallel(Flags& f, const GptConfig& cfg, const TrainConfig& tc,
-                                                               DistSetup& dist, DeviceKind device);
+std::unique_ptr<parallel::ExpertParallel> join_expert_parallel(const TrainOptions& o, const GptConfig& cfg,
+                                                               const TrainConfig& tc, DistSetup& dist,
+                                                               DeviceKind device);
 
 // A rank holds only its ep group's share of the experts (not with ZeRO, --deterministic or a tp/pp stage).
 bool expert_storage_sharded(const parallel::ExpertParallel* ep, const DistSetup& dist);
@@ -60,11 +62,11 @@ struct ParallelModel {
   std::unique_ptr<parallel::ExpertParallel> experts;  // null without --ep
   GptConfig local_cfg;  // the layout of this rank's buffers: the model's, or with expert storage its E/ep experts
 };
-ParallelModel build_parallel_model(Flags& f, const GptConfig& cfg, const TrainConfig& tc, DistSetup& dist,
+ParallelModel build_parallel_model(const TrainOptions& o, const GptConfig& cfg, const TrainConfig& tc, DistSetup& dist,
                                    DeviceKind device, const CudaModule* cuda, Kernels<float>* kernels,
                                    ThreadPool& pool);
 
 // `train --nproc N ...`: N copies of this command (without --nproc) as one local world; their exit code.
-int launch_train_world(int argc, char** argv, const Flags& f);
+int launch_train_world(int argc, char** argv, const TrainOptions& o);
 
 }  // namespace railyard::worker

@@ -538,11 +538,11 @@ std::unique_ptr<Communicator> connect_gloo(const GlooOptions& o) {
 
 GlooOptions gloo_options_from_env() {
   GlooOptions o;
-  o.size = env_int("WORLD_SIZE", "", 1, 1 << 20, "set it to the number of ranks");
-  o.rank = env_int("RANK", "", 0, o.size - 1, "set it to this process's global rank, below WORLD_SIZE");
-  o.store_host = env_or("MASTER_ADDR", "");
+  o.size = env_int(pod_env::kWorldSize, "", 1, 1 << 20, "set it to the number of ranks");
+  o.rank = env_int(pod_env::kRank, "", 0, o.size - 1, "set it to this process's global rank, below WORLD_SIZE");
+  o.store_host = env_or(pod_env::kMasterAddr, "");
   if (o.store_host.empty()) throw ConfigError("MASTER_ADDR is not set: set it to the address of rank 0");
-  o.store_port = env_int("MASTER_PORT", "", 1, 65535, "set it to the port where rank 0 serves the store");
+  o.store_port = env_int(pod_env::kMasterPort, "", 1, 65535, "set it to the port where rank 0 serves the store");
   int gen = env_int(flash::kGenerationEnv, "0", 0, 1 << 30, "set it to the rendezvous generation (an integer)");
   char prefix[24];  // snprintf, not "g" + to_string: GCC 12 emits a false -Wrestrict for that concatenation
   std::snprintf(prefix, sizeof prefix, "g%d", gen);

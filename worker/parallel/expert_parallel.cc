@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "common/error.h"
+#include "common/pod_env.h"
 
 namespace railyard::worker::parallel {
 
@@ -70,7 +71,7 @@ ExpertParallel::ExpertParallel(comm::Communicator& dp, const ExpertParallelOptio
   }
   int node = o.node_size;
   if (node == 0 && o.algorithm == "hierarchical") {
-    const char* env = std::getenv("LOCAL_WORLD_SIZE");
+    const char* env = std::getenv(pod_env::kLocalWorldSize);
     node = env != nullptr ? std::atoi(env) : 0;
     // A node holding more ranks than the group: the whole group is node-local.
     if (node > group_->size()) node = group_->size();

@@ -90,7 +90,7 @@ metrics::Labels TrainMetrics::labels_from_env() {
   return {{metrics::kNamespaceLabel, env_or(pod_env::kJobNamespace, "")},
           {metrics::kTrainingJobLabel, env_or(pod_env::kJobName, "")},
           {"generation", env_or(flash::kGenerationEnv, "")},
-          {"rank", env_or("RANK", "0")},
+          {"rank", env_or(pod_env::kRank, "0")},
           {"node", env_or(pod_env::kNodeName, "")}};
 }
 
