@@ -25,8 +25,8 @@
 #include "worker/kernels/cpu/thread_pool.h"
 #include "worker/model/gpt.h"
 #include "worker/parallel/zero.h"
-#include "worker/train/grad_sync.h"
-#include "worker/train/trainer.h"
+#include "worker/parallel/grad_sync.h"
+#include "worker/optim/train_config.h"
 
 namespace railyard::worker::parallel {
 

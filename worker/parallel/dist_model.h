@@ -1,4 +1,4 @@
-// hB's tensor/pipeline-parallel ParallelModel as the trainer's ShardedModel (worker/train/sharded_model.h): the
+// hB's tensor/pipeline-parallel ParallelModel as the trainer's ShardedModel (worker/parallel/sharded_model.h): the
 // schedule, the tied-embedding sync, the count-once grad norm over tp x pp, a skip flag agreed over the whole world,
 // and AdamW over the local flat buffer with the decay rule of the llm.c tensor each local piece comes from.
 #pragma once
@@ -12,8 +12,8 @@
 #include "worker/parallel/data_parallel.h"
 #include "worker/parallel/parallel_model.h"
 #include "worker/parallel/zero.h"
-#include "worker/train/sharded_model.h"
-#include "worker/train/trainer.h"
+#include "worker/parallel/sharded_model.h"
+#include "worker/optim/train_config.h"
 
 namespace railyard::worker::parallel {
 
