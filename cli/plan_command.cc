@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/cli.h"
 #include "common/error.h"
 #include "common/model_presets.h"
 #include "planner/calibration.h"
@@ -22,7 +23,6 @@
 #include "planner/hetero.h"
 #include "planner/moe_cost.h"
 #include "planner/search.h"
-#include "cli/cli.h"
 #include "worker/comm/local_world.h"
 #include "worker/kernels/cpu/kernels.h"
 #include "worker/kernels/cpu/thread_pool.h"
@@ -200,11 +200,24 @@ double best_time(int reps, bool per_thread_cpu, int threads, F&& fn) {
   return best;
 }
 
-plan::DeviceProfile calibrate_cpu(int threads, bool cpu_clock) {
-  using namespace railyard::worker;
-  cpu::init_blas_single_threaded();
-  ThreadPool pool(threads);
-  plan::DeviceProfile p = plan::builtin_profile("cpu");  // keeps the assumed fields
+// One calibration run: the profile it fills, how it times kernels, and where each measured field came from.
+struct Calibration {
+  worker::ThreadPool& pool;
+  int threads;
+  bool cpu_clock;
+  std::string where;  // " on HOST, N threads, CLOCK, DATE", the end of every measured field's source
+  plan::DeviceProfile p;
+
+  template <typename F>
+  double best_of_3(F&& fn) const {
+    return best_time(3, cpu_clock, threads, std::forward<F>(fn));
+  }
+  void measured(const std::string& key, const std::string& how) {
+    p.sources[key] = "measured by railyard plan --calibrate (" + how + ")" + where;
+  }
+};
+
+std::string calibration_where(int threads, bool cpu_clock) {
   const std::string when = [] {
     char buf[32];
     const time_t t = time(nullptr);
@@ -215,147 +228,180 @@ plan::DeviceProfile calibrate_cpu(int threads, bool cpu_clock) {
   }();
   utsname u{};
   uname(&u);
-  const std::string where = " on " + std::string(u.nodename) + ", " + std::to_string(threads) + " threads, " +
-                            (cpu_clock ? "per-thread CPU time" : "wall time") + ", " + when;
-  auto measured = [&](const std::string& key, const std::string& how) {
-    p.sources[key] = "measured by railyard plan --calibrate (" + how + ")" + where;
-  };
+  return " on " + std::string(u.nodename) + ", " + std::to_string(threads) + " threads, " +
+         (cpu_clock ? "per-thread CPU time" : "wall time") + ", " + when;
+}
 
+void measure_gemms(Calibration& c) {
+  using namespace railyard::worker;
+  plan::DeviceProfile& p = c.p;
   // GEMMs: the worker's own GEMM path on gpt2-124m's shapes at B*T = 256 rows (railyard-worker gemm-rate).
   const GptConfig cfg = model_preset("gpt2-124m");
   double per_cpu_second = 0;
-  p.peak_flops = measure_gemm_rate(pool, cfg, 4, 64, 5, nullptr, 0, &per_cpu_second);
-  if (cpu_clock) p.peak_flops = per_cpu_second * threads;
-  measured("peak_flops", "our GEMM path on gpt2-124m's layer and LM-head shapes, 256 rows");
+  p.peak_flops = measure_gemm_rate(c.pool, cfg, 4, 64, 5, nullptr, 0, &per_cpu_second);
+  if (c.cpu_clock) p.peak_flops = per_cpu_second * c.threads;
+  c.measured("peak_flops", "our GEMM path on gpt2-124m's layer and LM-head shapes, 256 rows");
   p.gemm_efficiency = 1.0;
   p.sources["gemm_efficiency"] = "definition (peak_flops is the measured GEMM rate)";
   // Small GEMMs: the rate of the smallest GEMM we train (tiny's 128 x 128 projection at 256 rows) against the rate
   // above gives the half-efficiency size. (An 8-row GEMM was used first: it measures the packing overhead of a
   // degenerate panel, a shape training never runs, and made the model charge tiny's 256-row GEMMs half the peak
   // although they run at the full rate, per CPU second, here.)
-  {
-    const int M = 256, N = 128, K = 128;
-    std::vector<float> a(size_t(M) * K, 0.01f), b(size_t(N) * K, 0.02f), c(size_t(M) * N);
-    const int inner = 100;
-    const double t = best_time(3, cpu_clock, threads, [&] {
-      for (int i = 0; i < inner; ++i)
-        cpu::gemm<float>(pool, false, true, M, N, K, 1.0f, a.data(), K, b.data(), K, 0.0f, c.data(), N);
-    });
-    const double flops = 2.0 * M * N * K;
-    const double eff = std::min(0.99, flops * inner / t / p.peak_flops);
-    p.gemm_half_flops = flops * (1 - eff) / eff;  // eff = W / (W + half)
-    measured("gemm_half_flops", "rate of a 256x128x128 GEMM against peak_flops");
-  }
+  const int M = 256, N = 128, K = 128;
+  std::vector<float> a(size_t(M) * K, 0.01f), b(size_t(N) * K, 0.02f), out(size_t(M) * N);
+  const int inner = 100;
+  const double t = c.best_of_3([&] {
+    for (int i = 0; i < inner; ++i)
+      cpu::gemm<float>(c.pool, false, true, M, N, K, 1.0f, a.data(), K, b.data(), K, 0.0f, out.data(), N);
+  });
+  const double flops = 2.0 * M * N * K;
+  const double eff = std::min(0.99, flops * inner / t / p.peak_flops);
+  p.gemm_half_flops = flops * (1 - eff) / eff;  // eff = W / (W + half)
+  c.measured("gemm_half_flops", "rate of a 256x128x128 GEMM against peak_flops");
+}
+
+void measure_bandwidth(Calibration& c) {
+  using namespace railyard::worker;
+  plan::DeviceProfile& p = c.p;
   // Memory bandwidth: the residual add (reads 2, writes 1) over 3 x 128 MiB.
-  {
-    const size_t n = size_t(32) << 20;
-    std::vector<float> x(n, 1.0f), y(n, 2.0f), z(n);
-    const double t =
-        best_time(3, cpu_clock, threads, [&] { cpu::residual_forward<float>(pool, z.data(), x.data(), y.data(), n); });
-    p.memory_bandwidth = 3.0 * n * sizeof(float) / t;
-    p.memory_efficiency = 1.0;
-    measured("memory_bandwidth", "our residual-add kernel over 3 x 128 MiB");
-    p.sources["memory_efficiency"] = "definition (memory_bandwidth is what our kernels reach)";
-    // Optimizer offload on a CPU: the "host" is the same RAM, so its copies and update run at this bandwidth too.
-    p.host_link_bandwidth = p.host_memory_bandwidth = p.memory_bandwidth;
-    p.sources["host_link_bandwidth"] = p.sources["host_memory_bandwidth"] = "assumed (the same RAM: memory_bandwidth)";
-  }
-  // Kernel overhead: one pool dispatch of a tiny kernel.
-  {
-    std::vector<float> x(64, 1.0f), y(64, 2.0f), z(64);
-    const int inner = 2000;
-    const double t = best_time(3, cpu_clock, threads, [&] {
-      for (int i = 0; i < inner; ++i) cpu::residual_forward<float>(pool, z.data(), x.data(), y.data(), 64);
-    });
-    p.kernel_overhead_s = t / inner;
-    measured("kernel_overhead_s", "a 64-element kernel through the thread pool");
-  }
+  const size_t n = size_t(32) << 20;
+  std::vector<float> x(n, 1.0f), y(n, 2.0f), z(n);
+  const double t = c.best_of_3([&] { cpu::residual_forward<float>(c.pool, z.data(), x.data(), y.data(), n); });
+  p.memory_bandwidth = 3.0 * n * sizeof(float) / t;
+  p.memory_efficiency = 1.0;
+  c.measured("memory_bandwidth", "our residual-add kernel over 3 x 128 MiB");
+  p.sources["memory_efficiency"] = "definition (memory_bandwidth is what our kernels reach)";
+  // Optimizer offload on a CPU: the "host" is the same RAM, so its copies and update run at this bandwidth too.
+  p.host_link_bandwidth = p.host_memory_bandwidth = p.memory_bandwidth;
+  p.sources["host_link_bandwidth"] = p.sources["host_memory_bandwidth"] = "assumed (the same RAM: memory_bandwidth)";
+}
+
+// Kernel overhead: one pool dispatch of a tiny kernel.
+void measure_kernel_overhead(Calibration& c) {
+  std::vector<float> x(64, 1.0f), y(64, 2.0f), z(64);
+  const int inner = 2000;
+  const double t = c.best_of_3([&] {
+    for (int i = 0; i < inner; ++i) worker::cpu::residual_forward<float>(c.pool, z.data(), x.data(), y.data(), 64);
+  });
+  c.p.kernel_overhead_s = t / inner;
+  c.measured("kernel_overhead_s", "a 64-element kernel through the thread pool");
+}
+
+void measure_attention(Calibration& c) {
+  using namespace railyard::worker;
+  plan::DeviceProfile& p = c.p;
   // Attention core: our fused causal attention forward + backward at gpt2-124m's width, T = 256.
-  {
-    const int B = 2, T = 256, C = 768, NH = 12;
-    std::vector<float> qkv(size_t(B) * T * 3 * C), att(size_t(B) * NH * T * T), out(size_t(B) * T * C);
-    std::vector<float> dout(out.size(), 1e-3f), dqkv(qkv.size()), scratch(size_t(pool.size()) * T * T);
-    for (size_t i = 0; i < qkv.size(); ++i) qkv[i] = float((i * 2654435761u) % 1000) * 1e-4f;
-    const double t = best_time(3, cpu_clock, threads, [&] {
-      cpu::attention_forward<float>(pool, out.data(), att.data(), qkv.data(), B, T, C, NH);
-      cpu::attention_backward<float>(pool, dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), B, T, C,
-                                     NH);
-    });
-    // The cost model charges 4*b*s^2*h FLOPs forward and twice that backward at attention_efficiency, plus the
-    // softmax's memory passes; fit the efficiency so the model reproduces this time.
-    const double flops = 3 * 4.0 * B * double(T) * T * C;
-    const double scores = double(B) * NH * T * T;
-    const double softmax = 3 * (scores * (4 * p.activation_bytes + 1)) / p.memory_bandwidth;
-    const double compute = std::max(t - softmax, 0.25 * t);
-    p.attention_efficiency = std::min(1.0, flops / compute / p.peak_flops);
-    measured("attention_efficiency", "our attention forward + backward, B2 T256 C768 NH12");
-  }
-  // Collectives between processes of this machine: a 2-rank Gloo world over loopback TCP (what `railyard-worker
-  // train --nproc` uses). Bus bandwidth from a 64 MiB all-reduce, latency per ring step from a 1-element one.
-  {
-    const size_t count = size_t(16) << 20, kMid = size_t(64) << 10;
-    double big = 1e30, small = 1e30;
-    comm::run_local_world(2, [&](comm::Communicator& c) {
-      std::vector<float> buf(count, 1.0f);
-      for (int r = 0; r < 4; ++r) {
-        c.barrier();
-        const double t0 = now_s(), c0 = process_cpu_s();
-        c.all_reduce(buf.data(), count, comm::DType::kFloat32, comm::ReduceOp::kSum);
-        c.barrier();
-        // By the CPU clock: the process's CPU time over both ranks (and Gloo's threads), per rank; the copies through
-        // loopback TCP are CPU work, the waiting is not.
-        const double t = cpu_clock ? (process_cpu_s() - c0) / 2 : now_s() - t0;
-        if (c.rank() == 0 && r > 0) big = std::min(big, t);
-      }
-      // The fixed cost per call from a 256 KiB all-reduce, the size of tiny's tensor-parallel all-reduces, by the same
-      // clock and as the median of 20 (a 1-float all-reduce's best wall time, used first, was 30 us and missed that
-      // each of the hundreds of small collectives of a tensor-parallel step costs the processes far more).
-      std::vector<double> mids;
-      for (int r = 0; r < 21; ++r) {
-        c.barrier();
-        const double t0 = now_s(), c0 = process_cpu_s();
-        c.all_reduce(buf.data(), kMid, comm::DType::kFloat32, comm::ReduceOp::kSum);
-        c.barrier();
-        const double t = cpu_clock ? (process_cpu_s() - c0) / 2 : now_s() - t0;
-        if (c.rank() == 0 && r > 0) mids.push_back(t);
-      }
-      if (c.rank() == 0) {
-        std::sort(mids.begin(), mids.end());
-        small = mids[mids.size() / 2];
-      }
-    });
-    // Ring model on n = 2: time = 2 (n-1)/n S / busbw + 2 (n-1) latency; two points (64 MiB, 256 KiB).
-    const double big_bytes = double(count) * sizeof(float), mid_bytes = double(kMid) * sizeof(float);
-    p.nvlink_bandwidth = (big_bytes - mid_bytes) / std::max(big - small, 1e-9);
-    p.collective_latency_s = std::max(1e-7, (small - mid_bytes / p.nvlink_bandwidth) / 2);
-    p.nic_bandwidth = p.nvlink_bandwidth;
-    p.nvlink_efficiency = p.nic_efficiency = 1.0;
-    const std::string how =
-        std::string("2-rank Gloo all-reduce over loopback TCP, 64 MiB") + (cpu_clock ? ", CPU time per rank" : "");
-    measured("nvlink_bandwidth", how + " (between processes of one machine)");
-    measured("nic_bandwidth", how + " (the same loopback path; a real NIC is not modelled)");
-    measured("collective_latency_s", std::string("2-rank Gloo all-reduce of 256 KiB over loopback TCP, median of 20") +
-                                         (cpu_clock ? ", CPU time per rank" : "") +
-                                         ", less its bytes at that bandwidth");
-    p.sources["nvlink_efficiency"] = p.sources["nic_efficiency"] =
-        "definition (the bandwidths are measured bus bandwidths)";
-  }
-  p.memory_bytes = 0;
-  {
-    std::ifstream mi("/proc/meminfo");
-    std::string key;
-    double kb = 0;
-    std::string unit;
-    while (mi >> key >> kb >> unit) {
-      if (key == "MemTotal:") {
-        p.memory_bytes = kb * 1024;
-        break;
-      }
+  const int B = 2, T = 256, C = 768, NH = 12;
+  std::vector<float> qkv(size_t(B) * T * 3 * C), att(size_t(B) * NH * T * T), out(size_t(B) * T * C);
+  std::vector<float> dout(out.size(), 1e-3f), dqkv(qkv.size()), scratch(size_t(c.pool.size()) * T * T);
+  for (size_t i = 0; i < qkv.size(); ++i) qkv[i] = float((i * 2654435761u) % 1000) * 1e-4f;
+  const double t = c.best_of_3([&] {
+    cpu::attention_forward<float>(c.pool, out.data(), att.data(), qkv.data(), B, T, C, NH);
+    cpu::attention_backward<float>(c.pool, dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), B, T, C,
+                                   NH);
+  });
+  // The cost model charges 4*b*s^2*h FLOPs forward and twice that backward at attention_efficiency, plus the
+  // softmax's memory passes; fit the efficiency so the model reproduces this time.
+  const double flops = 3 * 4.0 * B * double(T) * T * C;
+  const double scores = double(B) * NH * T * T;
+  const double softmax = 3 * (scores * (4 * p.activation_bytes + 1)) / p.memory_bandwidth;
+  const double compute = std::max(t - softmax, 0.25 * t);
+  p.attention_efficiency = std::min(1.0, flops / compute / p.peak_flops);
+  c.measured("attention_efficiency", "our attention forward + backward, B2 T256 C768 NH12");
+}
+
+// One all-reduce of the first n floats of buf between barriers, by the calibration's clock.
+double timed_all_reduce(worker::comm::Communicator& c, std::vector<float>& buf, size_t n, bool cpu_clock) {
+  c.barrier();
+  const double t0 = now_s(), c0 = process_cpu_s();
+  c.all_reduce(buf.data(), n, worker::comm::DType::kFloat32, worker::comm::ReduceOp::kSum);
+  c.barrier();
+  // By the CPU clock: the process's CPU time over both ranks (and Gloo's threads), per rank; the copies through
+  // loopback TCP are CPU work, the waiting is not.
+  return cpu_clock ? (process_cpu_s() - c0) / 2 : now_s() - t0;
+}
+
+struct AllReduceTimes {
+  double big = 1e30;    // best of 3 of `count` floats
+  double small = 1e30;  // median of 20 of `mid` floats
+};
+
+AllReduceTimes time_loopback_all_reduce(size_t count, size_t mid, bool cpu_clock) {
+  AllReduceTimes times;
+  worker::comm::run_local_world(2, [&](worker::comm::Communicator& c) {
+    std::vector<float> buf(count, 1.0f);
+    for (int r = 0; r < 4; ++r) {
+      const double t = timed_all_reduce(c, buf, count, cpu_clock);
+      if (c.rank() == 0 && r > 0) times.big = std::min(times.big, t);
     }
-    if (p.memory_bytes <= 0) p.memory_bytes = 8e9;
-    measured("memory_bytes", "/proc/meminfo MemTotal");
+    // The fixed cost per call from a 256 KiB all-reduce, the size of tiny's tensor-parallel all-reduces, by the same
+    // clock and as the median of 20 (a 1-float all-reduce's best wall time, used first, was 30 us and missed that
+    // each of the hundreds of small collectives of a tensor-parallel step costs the processes far more).
+    std::vector<double> mids;
+    for (int r = 0; r < 21; ++r) {
+      const double t = timed_all_reduce(c, buf, mid, cpu_clock);
+      if (c.rank() == 0 && r > 0) mids.push_back(t);
+    }
+    if (c.rank() == 0) {
+      std::sort(mids.begin(), mids.end());
+      times.small = mids[mids.size() / 2];
+    }
+  });
+  return times;
+}
+
+// Collectives between processes of this machine: a 2-rank Gloo world over loopback TCP (what `railyard-worker
+// train --nproc` uses). Bus bandwidth from a 64 MiB all-reduce, latency per ring step from a 1-element one.
+void measure_collectives(Calibration& c) {
+  plan::DeviceProfile& p = c.p;
+  const size_t count = size_t(16) << 20, kMid = size_t(64) << 10;
+  const auto [big, small] = time_loopback_all_reduce(count, kMid, c.cpu_clock);
+  // Ring model on n = 2: time = 2 (n-1)/n S / busbw + 2 (n-1) latency; two points (64 MiB, 256 KiB).
+  const double big_bytes = double(count) * sizeof(float), mid_bytes = double(kMid) * sizeof(float);
+  p.nvlink_bandwidth = (big_bytes - mid_bytes) / std::max(big - small, 1e-9);
+  p.collective_latency_s = std::max(1e-7, (small - mid_bytes / p.nvlink_bandwidth) / 2);
+  p.nic_bandwidth = p.nvlink_bandwidth;
+  p.nvlink_efficiency = p.nic_efficiency = 1.0;
+  const std::string how =
+      std::string("2-rank Gloo all-reduce over loopback TCP, 64 MiB") + (c.cpu_clock ? ", CPU time per rank" : "");
+  c.measured("nvlink_bandwidth", how + " (between processes of one machine)");
+  c.measured("nic_bandwidth", how + " (the same loopback path; a real NIC is not modelled)");
+  c.measured("collective_latency_s", std::string("2-rank Gloo all-reduce of 256 KiB over loopback TCP, median of 20") +
+                                         (c.cpu_clock ? ", CPU time per rank" : "") +
+                                         ", less its bytes at that bandwidth");
+  p.sources["nvlink_efficiency"] = p.sources["nic_efficiency"] =
+      "definition (the bandwidths are measured bus bandwidths)";
+}
+
+void read_memory_size(Calibration& c) {
+  plan::DeviceProfile& p = c.p;
+  p.memory_bytes = 0;
+  std::ifstream mi("/proc/meminfo");
+  std::string key;
+  double kb = 0;
+  std::string unit;
+  while (mi >> key >> kb >> unit) {
+    if (key == "MemTotal:") {
+      p.memory_bytes = kb * 1024;
+      break;
+    }
   }
-  return p;
+  if (p.memory_bytes <= 0) p.memory_bytes = 8e9;
+  c.measured("memory_bytes", "/proc/meminfo MemTotal");
+}
+
+plan::DeviceProfile calibrate_cpu(int threads, bool cpu_clock) {
+  worker::cpu::init_blas_single_threaded();
+  worker::ThreadPool pool(threads);
+  // The built-in cpu profile keeps the assumed fields.
+  Calibration c{pool, threads, cpu_clock, calibration_where(threads, cpu_clock), plan::builtin_profile("cpu")};
+  measure_gemms(c);
+  measure_bandwidth(c);
+  measure_kernel_overhead(c);
+  measure_attention(c);
+  measure_collectives(c);
+  read_memory_size(c);
+  return c.p;
 }
 
 int run_calibrate(const std::map<std::string, std::string>& f) {
