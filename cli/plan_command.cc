@@ -599,7 +599,10 @@ void print_moe(std::ostream& os, std::map<std::string, std::string>& f, const pl
   }
 }
 
-int run_plan(const Args& args) {
+namespace {
+
+// The flags of a plan command line by name (a switch maps to "1"); nullopt for --help.
+std::optional<std::map<std::string, std::string>> parse_plan_flags(const Args& args) {
   static const std::vector<std::string> kValueFlags = {
       "model",    "layers",     "hidden",  "heads",  "seq",     "vocab", "global-batch", "gpus",   "gpu",
       "topology", "tokens",     "top",     "tp",     "pp",      "dp",    "micro-batch",  "zero",   "recompute",
@@ -609,10 +612,7 @@ int run_plan(const Args& args) {
   std::map<std::string, std::string> f;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
-    if (a == "--help" || a == "-h" || a == "help") {
-      std::cout << kPlanUsage;
-      return kExitOk;
-    }
+    if (a == "--help" || a == "-h" || a == "help") return std::nullopt;
     if (a.rfind("--", 0) != 0) throw UsageError{"plan: unexpected argument '" + a + "'"};
     std::string name = a.substr(2), value;
     const size_t eq = name.find('=');
@@ -637,9 +637,11 @@ int run_plan(const Args& args) {
     if (f.count(name)) throw UsageError{"plan: --" + name + " given twice"};
     f[name] = value;
   }
-  if (f.count("calibrate")) return run_calibrate(f);
+  return f;
+}
 
-  // Model: preset, then field overrides.
+// Model: preset, then field overrides.
+plan::ModelShape model_from_flags(std::map<std::string, std::string>& f) {
   plan::ModelShape model;
   if (f.count("model")) {
     auto p = find_preset(f["model"]);
@@ -666,23 +668,28 @@ int run_plan(const Args& args) {
     throw UsageError{"--hidden " + std::to_string(model.hidden) + " is not divisible by --heads " +
                      std::to_string(model.heads)};
   }
+  return model;
+}
+
+plan::Job job_from_flags(std::map<std::string, std::string>& f) {
+  plan::Job job;
+  job.model = model_from_flags(f);
   if (!f.count("global-batch")) throw UsageError{"--global-batch (sequences per step) is required"};
-  model.dropout = false;  // what Railyard's worker runs
+  job.model.dropout = false;  // what Railyard's worker runs
   if (f.count("dropout")) {
     if (f["dropout"] != "on" && f["dropout"] != "off") throw UsageError{"--dropout must be on or off"};
-    model.dropout = f["dropout"] == "on";
+    job.model.dropout = f["dropout"] == "on";
   }
-  plan::Job job;
-  job.model = model;
   job.global_batch = positive_int("--global-batch", f["global-batch"]);
   if (f.count("tokens")) {
     job.tokens = parse_fraction("--tokens", f["tokens"]);
     if (!(job.tokens > 0) || !std::isfinite(job.tokens)) throw UsageError{"--tokens must be a positive number"};
   }
+  return job;
+}
 
-  if (f.count("mixed")) return run_mixed(job, f);
-
-  // Cluster: topology (optional), device profile, GPU count.
+// Cluster: topology (optional), device profile, GPU count.
+plan::Cluster cluster_from_flags(std::map<std::string, std::string>& f) {
   plan::Cluster cluster;
   if (f.count("topology")) {
     cluster.topology = plan::load_topology(f["topology"]);
@@ -691,14 +698,7 @@ int run_plan(const Args& args) {
   }
   std::string gpu = f.count("gpu") ? f["gpu"] : cluster.topology.gpu_type;
   if (gpu.empty()) throw UsageError{"--gpu is required (a100, h100, h200, cpu or a calibration file)"};
-  const bool is_file = gpu.find('/') != std::string::npos || gpu.find(".yaml") != std::string::npos ||
-                       gpu.find(".json") != std::string::npos;
-  try {
-    cluster.device = is_file ? plan::load_profile(gpu) : plan::builtin_profile(gpu);
-  } catch (const ConfigError& e) {
-    if (is_file) throw;
-    throw UsageError{std::string("--gpu: ") + e.what()};
-  }
+  cluster.device = profile_arg("--gpu", gpu);
   if (!f.count("topology")) cluster.topology.gpus_per_node = cluster.device.gpus_per_node;
   if (f.count("gpus")) {
     cluster.gpus = positive_int("--gpus", f["gpus"], 1 << 24);
@@ -707,7 +707,11 @@ int run_plan(const Args& args) {
   } else {
     throw UsageError{"--gpus is required without --topology"};
   }
+  return cluster;
+}
 
+// The choices pinned by --tp, --pp, ... (the search tries every value of the others).
+plan::SearchOptions search_options_from_flags(std::map<std::string, std::string>& f) {
   plan::SearchOptions o;
   if (f.count("top")) o.top = positive_int("--top", f["top"], 1000);
   if (f.count("tp")) o.tp = positive_int("--tp", f["tp"]);
@@ -739,55 +743,86 @@ int run_plan(const Args& args) {
     if (f["offload"] != "on" && f["offload"] != "off") throw UsageError{"--offload must be on or off"};
     o.offload = f["offload"] == "on";
   }
+  return o;
+}
 
-  const plan::SearchResult r = plan::search(job, cluster, o);
-  const bool json = f.count("json") > 0;
-  if (json) {
-    nlohmann::json j;
-    j["model"] = {{"name", model.name},       {"layers", model.layers},
-                  {"hidden", model.hidden},   {"heads", model.heads},
-                  {"seq", model.seq},         {"vocab", model.vocab},
-                  {"dropout", model.dropout}, {"parameters", plan::parameter_count(model)}};
-    j["cluster"] = {{"gpus", cluster.gpus},
-                    {"gpu", cluster.device.name},
-                    {"gpusPerNode", cluster.topology.gpus_per_node},
-                    {"topology", cluster.topology.origin}};
-    j["globalBatch"] = job.global_batch;
-    j["tokens"] = job.tokens;
-    j["evaluated"] = r.evaluated;
-    j["rejectedMemory"] = r.rejected_memory;
-    j["invalid"] = r.invalid;
-    j["plans"] = nlohmann::json::array();
-    for (const auto& p : r.plans) j["plans"].push_back(to_json(p.estimate, p.why));
-    std::cout << j.dump(2) << "\n";
+void print_search_json(std::ostream& out, const plan::Job& job, const plan::Cluster& cluster,
+                       const plan::SearchResult& r) {
+  const plan::ModelShape& model = job.model;
+  nlohmann::json j;
+  j["model"] = {{"name", model.name},       {"layers", model.layers},
+                {"hidden", model.hidden},   {"heads", model.heads},
+                {"seq", model.seq},         {"vocab", model.vocab},
+                {"dropout", model.dropout}, {"parameters", plan::parameter_count(model)}};
+  j["cluster"] = {{"gpus", cluster.gpus},
+                  {"gpu", cluster.device.name},
+                  {"gpusPerNode", cluster.topology.gpus_per_node},
+                  {"topology", cluster.topology.origin}};
+  j["globalBatch"] = job.global_batch;
+  j["tokens"] = job.tokens;
+  j["evaluated"] = r.evaluated;
+  j["rejectedMemory"] = r.rejected_memory;
+  j["invalid"] = r.invalid;
+  j["plans"] = nlohmann::json::array();
+  for (const auto& p : r.plans) j["plans"].push_back(to_json(p.estimate, p.why));
+  out << j.dump(2) << "\n";
+}
+
+void print_search_text(std::ostream& out, std::map<std::string, std::string>& f, const plan::Job& job,
+                       const plan::Cluster& cluster, const plan::SearchResult& r) {
+  const plan::ModelShape& model = job.model;
+  out << "model " << model.name << ": L" << model.layers << " h" << model.hidden << " a" << model.heads << " s"
+      << model.seq << " V" << model.vocab << ", " << params_text(plan::parameter_count(model))
+      << " parameters; global batch " << job.global_batch << " sequences ("
+      << fmt("%.3g", double(job.global_batch) * model.seq) << " tokens) per step\n";
+  out << "cluster: " << cluster.gpus << " x " << cluster.device.name << " (" << cluster.topology.gpus_per_node
+      << " per node, " << cluster.topology.nodes_per_unit << " nodes per unit, topology " << cluster.topology.origin
+      << ")\n";
+  long long invalid = 0;
+  for (const auto& kv : r.invalid) invalid += kv.second;
+  out << "searched " << r.evaluated + invalid << " layouts: " << r.evaluated - r.rejected_memory << " fit, "
+      << r.rejected_memory << " over memory, " << invalid << " invalid\n\n";
+  int rank = 0;
+  for (const auto& p : r.plans) print_plan(out, ++rank, p.estimate, p.why, job.tokens);
+  if (f.count("moe-experts") && !r.plans.empty()) print_moe(out, f, job, cluster, r.plans.front().estimate);
+}
+
+// Why a search found no plan: the smallest layout's memory against the usable, or what made every layout invalid.
+std::string no_fit_reason(const plan::SearchResult& r) {
+  std::string msg = "no layout fits: ";
+  if (r.smallest_nonfitting) {
+    msg += "the smallest needs " + gb(r.smallest_nonfitting->memory.total()) + " GB per GPU (" +
+           plan::describe(r.smallest_nonfitting->layout) + ") but " + gb(r.smallest_nonfitting->memory_capacity) +
+           " GB are usable; add GPUs or use larger ones";
   } else {
-    std::cout << "model " << model.name << ": L" << model.layers << " h" << model.hidden << " a" << model.heads << " s"
-              << model.seq << " V" << model.vocab << ", " << params_text(plan::parameter_count(model))
-              << " parameters; global batch " << job.global_batch << " sequences ("
-              << fmt("%.3g", double(job.global_batch) * model.seq) << " tokens) per step\n";
-    std::cout << "cluster: " << cluster.gpus << " x " << cluster.device.name << " (" << cluster.topology.gpus_per_node
-              << " per node, " << cluster.topology.nodes_per_unit << " nodes per unit, topology "
-              << cluster.topology.origin << ")\n";
-    long long invalid = 0;
-    for (const auto& kv : r.invalid) invalid += kv.second;
-    std::cout << "searched " << r.evaluated + invalid << " layouts: " << r.evaluated - r.rejected_memory << " fit, "
-              << r.rejected_memory << " over memory, " << invalid << " invalid\n\n";
-    int rank = 0;
-    for (const auto& p : r.plans) print_plan(std::cout, ++rank, p.estimate, p.why, job.tokens);
-    if (f.count("moe-experts") && !r.plans.empty()) print_moe(std::cout, f, job, cluster, r.plans.front().estimate);
+    msg += "no valid layout (";
+    for (const auto& kv : r.invalid) msg += kv.first + ": " + std::to_string(kv.second) + "; ";
+    msg += "check --gpus against heads, layers and --global-batch)";
+  }
+  return msg;
+}
+
+}  // namespace
+
+int run_plan(const Args& args) {
+  auto parsed = parse_plan_flags(args);
+  if (!parsed) {
+    std::cout << kPlanUsage;
+    return kExitOk;
+  }
+  std::map<std::string, std::string>& f = *parsed;
+  if (f.count("calibrate")) return run_calibrate(f);
+  const plan::Job job = job_from_flags(f);
+  if (f.count("mixed")) return run_mixed(job, f);
+  const plan::Cluster cluster = cluster_from_flags(f);
+  const plan::SearchResult r = plan::search(job, cluster, search_options_from_flags(f));
+  if (f.count("json")) {
+    print_search_json(std::cout, job, cluster, r);
+  } else {
+    print_search_text(std::cout, f, job, cluster, r);
   }
   if (r.plans.empty()) {
-    std::string msg = "no layout fits: ";
-    if (r.smallest_nonfitting) {
-      msg += "the smallest needs " + gb(r.smallest_nonfitting->memory.total()) + " GB per GPU (" +
-             plan::describe(r.smallest_nonfitting->layout) + ") but " + gb(r.smallest_nonfitting->memory_capacity) +
-             " GB are usable; add GPUs or use larger ones";
-    } else {
-      msg += "no valid layout (";
-      for (const auto& kv : r.invalid) msg += kv.first + ": " + std::to_string(kv.second) + "; ";
-      msg += "check --gpus against heads, layers and --global-batch)";
-    }
-    std::cerr << "railyard plan: " << msg << "\n";
+    std::cerr << "railyard plan: " << no_fit_reason(r) << "\n";
     return kExitFailed;
   }
   return kExitOk;
