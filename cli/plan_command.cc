@@ -435,17 +435,14 @@ plan::DeviceProfile profile_arg(const std::string& flag, const std::string& gpu)
   }
 }
 
-// --mixed a100:64,h100:64: Whale-style data parallelism over replicas of different GPU types.
-int run_mixed(const plan::Job& job, std::map<std::string, std::string>& f) {
-  for (const char* clash : {"gpu", "gpus", "topology", "dp"}) {
-    if (f.count(clash)) throw UsageError{std::string("--mixed replaces --") + clash + ": give one or the other"};
-  }
-  struct Part {
-    plan::DeviceProfile device;
-    int gpus;
-  };
-  std::vector<Part> parts;
-  const std::string spec = f["mixed"];
+// One TYPE:GPUS group of --mixed.
+struct MixedPart {
+  plan::DeviceProfile device;
+  int gpus;
+};
+
+std::vector<MixedPart> parse_mixed(const std::string& spec) {
+  std::vector<MixedPart> parts;
   size_t start = 0;
   while (start <= spec.size()) {
     size_t end = spec.find(',', start);
@@ -459,8 +456,12 @@ int run_mixed(const plan::Job& job, std::map<std::string, std::string>& f) {
     start = end + 1;
   }
   if (parts.size() < 2) throw UsageError{"--mixed needs at least two TYPE:GPUS groups"};
-  // The layout must fit on every type: search it on the smallest-memory one with all the GPUs.
-  const Part* smallest = &parts[0];
+  return parts;
+}
+
+// The layout must fit on every type: search it on the smallest-memory one with all the GPUs.
+plan::Cluster smallest_type_cluster(const std::vector<MixedPart>& parts) {
+  const MixedPart* smallest = &parts[0];
   int total = 0;
   for (const auto& p : parts) {
     total += p.gpus;
@@ -473,19 +474,11 @@ int run_mixed(const plan::Job& job, std::map<std::string, std::string>& f) {
   cluster.topology.origin = "default";
   cluster.topology.gpus_per_node = cluster.device.gpus_per_node;
   cluster.gpus = total;
-  plan::SearchOptions o;
-  o.top = 1;
-  if (f.count("tp")) o.tp = positive_int("--tp", f["tp"]);
-  if (f.count("pp")) o.pp = positive_int("--pp", f["pp"]);
-  if (f.count("micro-batch")) o.micro_batch = positive_int("--micro-batch", f["micro-batch"]);
-  o.interleave = 1;
-  o.interleaves = {1};
-  const plan::SearchResult r = plan::search(job, cluster, o);
-  if (r.plans.empty()) {
-    std::cerr << "railyard plan: no layout fits on " << cluster.device.name << " with " << total << " GPUs\n";
-    return kExitFailed;
-  }
-  plan::Layout layout = r.plans[0].estimate.layout;
+  return cluster;
+}
+
+// Each type's GPUs as whole replicas of the layout.
+std::vector<plan::ReplicaGroup> replica_groups(const std::vector<MixedPart>& parts, const plan::Layout& layout) {
   const int replica_gpus = layout.tp * layout.pp;
   std::vector<plan::ReplicaGroup> groups;
   for (const auto& p : parts) {
@@ -496,71 +489,121 @@ int run_mixed(const plan::Job& job, std::map<std::string, std::string>& f) {
     }
     groups.push_back({p.device, p.gpus / replica_gpus});
   }
-  const plan::HeteroEstimate even = plan::estimate_mixed_dp(job, cluster.topology, groups, layout, false);
-  const plan::HeteroEstimate balanced = plan::estimate_mixed_dp(job, cluster.topology, groups, layout, true);
+  return groups;
+}
+
+// What --mixed compares: the even and the speed-balanced batch split over the replica groups, and (where the types
+// hold whole stages) the even and the speed-proportional cut of a pipeline that spans the types.
+struct MixedResult {
+  plan::Layout layout;
+  std::vector<plan::ReplicaGroup> groups;
+  plan::HeteroEstimate even, balanced;
+  std::optional<plan::MixedPipelineEstimate> pipe_even, pipe_bal;
+};
+
+// Whale's other option: every pipeline spans the types (stages per type in proportion to its GPUs), cut in
+// proportion to speed with the larger-memory GPUs on the early stages, against the even cut.
+void estimate_mixed_pipelines(const plan::Job& job, const plan::Cluster& cluster, const std::vector<MixedPart>& parts,
+                              MixedResult& m) {
+  const plan::Layout& layout = m.layout;
+  if (layout.pp < 2) return;
+  const int total = cluster.gpus;
+  std::vector<plan::DeviceProfile> stage_devices;
+  bool whole = true;
+  for (const auto& p : parts) {
+    whole = whole && (static_cast<long long>(p.gpus) * layout.pp) % total == 0;
+    for (long long k = 0; whole && k < static_cast<long long>(p.gpus) * layout.pp / total; ++k)
+      stage_devices.push_back(p.device);
+  }
+  if (whole && static_cast<int>(stage_devices.size()) == layout.pp && layout.zero <= 1) {
+    m.pipe_even = plan::estimate_mixed_pipeline(job, cluster.topology, stage_devices, layout, false);
+    m.pipe_bal = plan::estimate_mixed_pipeline(job, cluster.topology, stage_devices, layout, true);
+  }
+}
+
+nlohmann::json mixed_to_json(const plan::Job& job, const MixedResult& m) {
   const double tokens_per_step = double(job.global_batch) * job.model.seq;
   nlohmann::json j;
-  j["layout"] = plan::describe(layout);
-  j["evenStepSeconds"] = even.step;
-  j["balancedStepSeconds"] = balanced.step;
-  j["speedup"] = even.step / balanced.step;
-  j["balancedMicroBatchesPerReplica"] = balanced.micro_batches;
-  j["balancedTokensPerSecond"] = tokens_per_step / balanced.step;
-  if (job.tokens > 0) j["balancedDays"] = job.tokens / (tokens_per_step / balanced.step) / 86400;
-  // Whale's other option: every pipeline spans the types (stages per type in proportion to its GPUs), cut in
-  // proportion to speed with the larger-memory GPUs on the early stages, against the even cut.
-  std::optional<plan::MixedPipelineEstimate> pipe_even, pipe_bal;
-  if (layout.pp >= 2) {
-    std::vector<plan::DeviceProfile> stage_devices;
-    bool whole = true;
-    for (const auto& p : parts) {
-      whole = whole && (static_cast<long long>(p.gpus) * layout.pp) % total == 0;
-      for (long long k = 0; whole && k < static_cast<long long>(p.gpus) * layout.pp / total; ++k)
-        stage_devices.push_back(p.device);
-    }
-    if (whole && static_cast<int>(stage_devices.size()) == layout.pp && layout.zero <= 1) {
-      pipe_even = plan::estimate_mixed_pipeline(job, cluster.topology, stage_devices, layout, false);
-      pipe_bal = plan::estimate_mixed_pipeline(job, cluster.topology, stage_devices, layout, true);
-      j["mixedPipeline"] = {{"evenStepSeconds", pipe_even->step},
-                            {"balancedStepSeconds", pipe_bal->step},
-                            {"speedup", pipe_even->step / pipe_bal->step},
-                            {"stageDevices", pipe_bal->device},
-                            {"stageLayers", pipe_bal->cut.layers},
-                            {"evenStageLayers", pipe_even->cut.layers},
-                            {"fits", pipe_bal->fits},
-                            {"stageMemoryBytes", pipe_bal->stage_memory}};
-    }
+  j["layout"] = plan::describe(m.layout);
+  j["evenStepSeconds"] = m.even.step;
+  j["balancedStepSeconds"] = m.balanced.step;
+  j["speedup"] = m.even.step / m.balanced.step;
+  j["balancedMicroBatchesPerReplica"] = m.balanced.micro_batches;
+  j["balancedTokensPerSecond"] = tokens_per_step / m.balanced.step;
+  if (job.tokens > 0) j["balancedDays"] = job.tokens / (tokens_per_step / m.balanced.step) / 86400;
+  if (m.pipe_bal) {
+    j["mixedPipeline"] = {{"evenStepSeconds", m.pipe_even->step},
+                          {"balancedStepSeconds", m.pipe_bal->step},
+                          {"speedup", m.pipe_even->step / m.pipe_bal->step},
+                          {"stageDevices", m.pipe_bal->device},
+                          {"stageLayers", m.pipe_bal->cut.layers},
+                          {"evenStageLayers", m.pipe_even->cut.layers},
+                          {"fits", m.pipe_bal->fits},
+                          {"stageMemoryBytes", m.pipe_bal->stage_memory}};
   }
-  if (f.count("json")) {
-    std::cout << j.dump(2) << "\n";
-    return kExitOk;
-  }
-  std::cout << "mixed cluster: ";
-  for (size_t i = 0; i < parts.size(); ++i)
-    std::cout << (i ? " + " : "") << parts[i].gpus << " x " << parts[i].device.name;
-  std::cout << "; replica layout " << plan::describe(layout) << " (planned on " << cluster.device.name << ")\n";
-  std::cout << "even split:     step " << secs(even.step) << "\n";
-  std::cout << "balanced split: step " << secs(balanced.step) << " (" << fmt("%.2f", even.step / balanced.step)
-            << "x); micro-batches per replica by group:";
+  return j;
+}
+
+void print_mixed(std::ostream& out, const std::vector<MixedPart>& parts, const plan::Cluster& cluster,
+                 const MixedResult& m) {
+  const plan::Layout& layout = m.layout;
+  out << "mixed cluster: ";
+  for (size_t i = 0; i < parts.size(); ++i) out << (i ? " + " : "") << parts[i].gpus << " x " << parts[i].device.name;
+  out << "; replica layout " << plan::describe(layout) << " (planned on " << cluster.device.name << ")\n";
+  out << "even split:     step " << secs(m.even.step) << "\n";
+  out << "balanced split: step " << secs(m.balanced.step) << " (" << fmt("%.2f", m.even.step / m.balanced.step)
+      << "x); micro-batches per replica by group:";
   size_t k = 0;
-  for (const auto& g : groups) {
-    std::cout << " " << g.device.name << " " << balanced.micro_batches[k];
+  for (const auto& g : m.groups) {
+    out << " " << g.device.name << " " << m.balanced.micro_batches[k];
     k += g.replicas;
   }
-  std::cout << "\n";
-  if (pipe_bal) {
-    std::cout << "mixed pipeline (every replica's " << layout.pp << " stages span the types):\n";
-    std::cout << "  even cut:               step " << secs(pipe_even->step) << "\n";
-    std::cout << "  speed-proportional cut: step " << secs(pipe_bal->step) << " ("
-              << fmt("%.2f", pipe_even->step / pipe_bal->step) << "x); stages:";
-    for (size_t s = 0; s < pipe_bal->device.size(); ++s)
-      std::cout << " " << pipe_bal->device[s] << " " << pipe_bal->cut.layers[s] << "L "
-                << fmt("%.1f", pipe_bal->stage_memory[s] / 1e9) << "GB";
-    std::cout << (pipe_bal->fits ? "" : " (does NOT fit)") << "\n";
+  out << "\n";
+  if (m.pipe_bal) {
+    out << "mixed pipeline (every replica's " << layout.pp << " stages span the types):\n";
+    out << "  even cut:               step " << secs(m.pipe_even->step) << "\n";
+    out << "  speed-proportional cut: step " << secs(m.pipe_bal->step) << " ("
+        << fmt("%.2f", m.pipe_even->step / m.pipe_bal->step) << "x); stages:";
+    for (size_t s = 0; s < m.pipe_bal->device.size(); ++s)
+      out << " " << m.pipe_bal->device[s] << " " << m.pipe_bal->cut.layers[s] << "L "
+          << fmt("%.1f", m.pipe_bal->stage_memory[s] / 1e9) << "GB";
+    out << (m.pipe_bal->fits ? "" : " (does NOT fit)") << "\n";
   } else if (layout.pp >= 2) {
-    std::cout << "mixed pipeline: not evaluated (each type's GPUs must hold a whole number of the " << layout.pp
-              << " stages of every replica, ZeRO <= 1)\n";
+    out << "mixed pipeline: not evaluated (each type's GPUs must hold a whole number of the " << layout.pp
+        << " stages of every replica, ZeRO <= 1)\n";
   }
+}
+
+// --mixed a100:64,h100:64: Whale-style data parallelism over replicas of different GPU types.
+int run_mixed(const plan::Job& job, std::map<std::string, std::string>& f) {
+  for (const char* clash : {"gpu", "gpus", "topology", "dp"}) {
+    if (f.count(clash)) throw UsageError{std::string("--mixed replaces --") + clash + ": give one or the other"};
+  }
+  const std::vector<MixedPart> parts = parse_mixed(f["mixed"]);
+  const plan::Cluster cluster = smallest_type_cluster(parts);
+  plan::SearchOptions o;
+  o.top = 1;
+  if (f.count("tp")) o.tp = positive_int("--tp", f["tp"]);
+  if (f.count("pp")) o.pp = positive_int("--pp", f["pp"]);
+  if (f.count("micro-batch")) o.micro_batch = positive_int("--micro-batch", f["micro-batch"]);
+  o.interleave = 1;
+  o.interleaves = {1};
+  const plan::SearchResult r = plan::search(job, cluster, o);
+  if (r.plans.empty()) {
+    std::cerr << "railyard plan: no layout fits on " << cluster.device.name << " with " << cluster.gpus << " GPUs\n";
+    return kExitFailed;
+  }
+  MixedResult m;
+  m.layout = r.plans[0].estimate.layout;
+  m.groups = replica_groups(parts, m.layout);
+  m.even = plan::estimate_mixed_dp(job, cluster.topology, m.groups, m.layout, false);
+  m.balanced = plan::estimate_mixed_dp(job, cluster.topology, m.groups, m.layout, true);
+  estimate_mixed_pipelines(job, cluster, parts, m);
+  if (f.count("json")) {
+    std::cout << mixed_to_json(job, m).dump(2) << "\n";
+    return kExitOk;
+  }
+  print_mixed(std::cout, parts, cluster, m);
   return kExitOk;
 }
 
