@@ -160,10 +160,10 @@ json metadata_from(const json& in, const std::string& from) {
 // command + args, with a torchrun launcher turned into the program it runs; procs from its --nproc-per-node.
 struct Program {
   std::vector<std::string> command, args;
-  std::string nproc;  // "" when no torchrun flag said
+  std::string nproc;             // "" when no torchrun flag said
   bool torchrun = false;         // torchrun's processes per pod apply (nproc)
   bool direct_torchrun = false;  // the command is torchrun, kept (torchrun mode)
-  std::string shell_torchrun;  // a shell script (sh -c) that starts torchrun itself: not rewritten (see below)
+  std::string shell_torchrun;    // a shell script (sh -c) that starts torchrun itself: not rewritten (see below)
 };
 
 bool is_shell(const std::string& path) {
@@ -306,11 +306,25 @@ void apply_elastic(json& spec, const json& min, const json& max, const std::stri
                 " does not hold the job's " + std::to_string(replicas) + " pods");
 }
 
-Conversion from_pytorchjob(const json& pj) {
-  Conversion out;
-  auto& notes = out.notes;
-  const json& spec = at(pj, "spec");
-  const json& roles = at(spec, "pytorchReplicaSpecs");
+// The spec fields a converted job takes from its main container: device, image, program and resources.
+void set_program(json& s, const std::string& image, const Program& prog, const json& resources, int64_t gpus) {
+  s["device"] = gpus > 0 ? "cuda" : "cpu";
+  s["image"] = image;
+  s["program"] = {{"command", prog.command}};
+  if (!prog.args.empty()) s["program"]["args"] = prog.args;
+  if (resources.is_object() && !resources.empty()) s["resources"] = resources;
+}
+
+// A PyTorchJob's roles: Master and Worker only, with one template between them; `main` is the Worker, else the Master.
+struct PyTorchRoles {
+  const json& master;
+  const json& worker;
+  const json& main;
+  std::string field;  // the main role's pod spec, for notes and errors
+  int64_t pods = 0;   // of both roles
+};
+
+PyTorchRoles pytorch_roles(const json& roles) {
   if (!roles.is_object() || roles.empty()) throw Error("spec.pytorchReplicaSpecs: missing; nothing to convert");
   for (const auto& [role, _] : roles.items())
     if (role != "Master" && role != "Worker")
@@ -327,22 +341,14 @@ Conversion from_pytorchjob(const json& pj) {
         "spec.pytorchReplicaSpecs: Master and Worker have different templates; Railyard runs one template "
         "for every pod (its pod 0 plays the master): make them equal first");
   const std::string role = worker.is_object() ? "Worker" : "Master";
-  const std::string field = "spec.pytorchReplicaSpecs." + role + ".template.spec";
-  json pod = at(at(worker.is_object() ? worker : master, "template"), "spec");
-  if (!pod.is_object()) throw Error(field + ": missing");
-  json& c = *main_container(pod, "pytorch", field);
-  const std::string cfield = field + ".containers[" + str(c, "name") + "]";
-  const std::string image = str(c, "image");
-  if (image.empty()) throw Error(cfield + ".image: missing");
-  Program prog = program_of(strings(at(c, "command"), cfield + ".command"), strings(at(c, "args"), cfield + ".args"),
-                            cfield, notes);
-  const json resources = at(c, "resources");
-  const int64_t gpus = gpus_of(resources);
+  return {master, worker, worker.is_object() ? worker : master, "spec.pytorchReplicaSpecs." + role + ".template.spec",
+          pods};
+}
 
-  json job = {{"apiVersion", "railyard.dev/v1alpha1"}, {"kind", "TrainingJob"}};
-  job["metadata"] = metadata_from(pj, "kubeflow.org/v1 PyTorchJob");
-  json& s = job["spec"];
-  s["replicas"] = pods;
+// procsPerReplica: torchrun's --nproc-per-node, else spec.nprocPerNode or elasticPolicy.nProcPerNode; a command that
+// is not torchrun runs once per pod whatever they say.
+int64_t pytorch_procs(const json& spec, const PyTorchRoles& r, const Program& prog, const std::string& cfield,
+                      int64_t gpus, std::vector<std::string>& notes) {
   std::string nproc = prog.nproc;
   std::string nproc_field = cfield + ".command --nproc-per-node";
   if (nproc.empty() && at(spec, "nprocPerNode").is_string()) {
@@ -358,20 +364,34 @@ Conversion from_pytorchjob(const json& pj) {
     notes.push_back(nproc_field + " '" + nproc +
                     "': the command is not torchrun, so the PyTorchJob ran it once per pod; Railyard does the same "
                     "(procsPerReplica 1)" +
-                    (n && master.is_object()
-                         ? "; WORLD_SIZE is the pod count " + std::to_string(pods) +
-                               ", where the PyTorchJob set pods x nprocPerNode = " + std::to_string(pods * *n)
+                    (n && r.master.is_object()
+                         ? "; WORLD_SIZE is the pod count " + std::to_string(r.pods) +
+                               ", where the PyTorchJob set pods x nprocPerNode = " + std::to_string(r.pods * *n)
                          : std::string()));
   }
-  s["procsPerReplica"] = torchrun && !nproc.empty() ? procs_from(nproc, nproc_field, gpus, notes) : 1;
-  s["device"] = gpus > 0 ? "cuda" : "cpu";
-  s["image"] = image;
-  s["program"] = {{"command", prog.command}};
-  if (!prog.args.empty()) s["program"]["args"] = prog.args;
-  if (resources.is_object() && !resources.empty()) s["resources"] = resources;
-  if (s["procsPerReplica"].get<int64_t>() > 1)
-    notes.push_back("WORLD_SIZE and RANK count processes (pods x procsPerReplica), as under torchrun");
+  return torchrun && !nproc.empty() ? procs_from(nproc, nproc_field, gpus, notes) : 1;
+}
 
+// spec.runPolicy.schedulingPolicy: the queue becomes Kueue's label, the priority class the pod's.
+void apply_scheduling_policy(const json& run, json& job, json& pod, std::vector<std::string>& notes) {
+  const json& sched = at(run, "schedulingPolicy");
+  if (!str(sched, "queue").empty()) {
+    job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = str(sched, "queue");
+    notes.push_back(
+        "spec.runPolicy.schedulingPolicy.queue: became the label kueue.x-k8s.io/queue-name (Kueue's "
+        "plain-pod groups; docs/scheduler.md)");
+  }
+  if (!str(sched, "priorityClass").empty()) pod["priorityClassName"] = str(sched, "priorityClass");
+  for (const char* k : {"minAvailable", "scheduleTimeoutSeconds"})
+    if (!at(sched, k).is_null())
+      notes.push_back(std::string("spec.runPolicy.schedulingPolicy.") + k +
+                      ": not carried over (Railyard binds the whole gang or none)");
+}
+
+// A PyTorchJob's elasticPolicy and runPolicy in Railyard's terms, with notes on what has no equivalent.
+void apply_pytorch_policies(const json& spec, const Program& prog, const std::string& cfield, json& job, json& pod,
+                            std::vector<std::string>& notes) {
+  json& s = job["spec"];
   const json& elastic = at(spec, "elasticPolicy");
   apply_elastic(s, at(elastic, "minReplicas"), at(elastic, "maxReplicas"), "spec.elasticPolicy");
   apply_shell_torchrun(prog, s, cfield, notes);
@@ -393,63 +413,81 @@ Conversion from_pytorchjob(const json& pj) {
     notes.push_back(
         "spec.runPolicy.cleanPodPolicy: not given; Railyard's default is Running (pods that ended are "
         "kept, running ones deleted when the job ends)");
-  const json& sched = at(run, "schedulingPolicy");
-  if (!str(sched, "queue").empty()) {
-    job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = str(sched, "queue");
-    notes.push_back(
-        "spec.runPolicy.schedulingPolicy.queue: became the label kueue.x-k8s.io/queue-name (Kueue's "
-        "plain-pod groups; docs/scheduler.md)");
-  }
-  if (!str(sched, "priorityClass").empty()) pod["priorityClassName"] = str(sched, "priorityClass");
-  for (const char* k : {"minAvailable", "scheduleTimeoutSeconds"})
-    if (!at(sched, k).is_null())
-      notes.push_back(std::string("spec.runPolicy.schedulingPolicy.") + k +
-                      ": not carried over (Railyard binds the whole gang or none)");
-  for (const auto& [r, rs] : roles.items())
+  apply_scheduling_policy(run, job, pod, notes);
+  for (const auto& [r, rs] : at(spec, "pytorchReplicaSpecs").items())
     if (!str(rs, "restartPolicy").empty() && str(rs, "restartPolicy") != "Never")
       notes.push_back("spec.pytorchReplicaSpecs." + r + ".restartPolicy " + str(rs, "restartPolicy") +
                       ": Railyard restarts the whole gang in place from its checkpoint instead (failurePolicy; a "
                       "program's every exit is retryable by default)");
+}
 
-  pod_notes(pod, c, field, notes);
+Conversion from_pytorchjob(const json& pj) {
+  Conversion out;
+  auto& notes = out.notes;
+  const json& spec = at(pj, "spec");
+  const PyTorchRoles r = pytorch_roles(at(spec, "pytorchReplicaSpecs"));
+  json pod = at(at(r.main, "template"), "spec");
+  if (!pod.is_object()) throw Error(r.field + ": missing");
+  json& c = *main_container(pod, "pytorch", r.field);
+  const std::string cfield = r.field + ".containers[" + str(c, "name") + "]";
+  const std::string image = str(c, "image");
+  if (image.empty()) throw Error(cfield + ".image: missing");
+  Program prog = program_of(strings(at(c, "command"), cfield + ".command"), strings(at(c, "args"), cfield + ".args"),
+                            cfield, notes);
+  const json resources = at(c, "resources");
+  const int64_t gpus = gpus_of(resources);
+
+  json job = {{"apiVersion", "railyard.dev/v1alpha1"}, {"kind", "TrainingJob"}};
+  job["metadata"] = metadata_from(pj, "kubeflow.org/v1 PyTorchJob");
+  json& s = job["spec"];
+  s["replicas"] = r.pods;
+  s["procsPerReplica"] = pytorch_procs(spec, r, prog, cfield, gpus, notes);
+  set_program(s, image, prog, resources, gpus);
+  if (s["procsPerReplica"].get<int64_t>() > 1)
+    notes.push_back("WORLD_SIZE and RANK count processes (pods x procsPerReplica), as under torchrun");
+  apply_pytorch_policies(spec, prog, cfield, job, pod, notes);
+
+  pod_notes(pod, c, r.field, notes);
   c = template_container(c, cfield, notes);
   keep_unbuffered(c, notes);
   pod.erase("restartPolicy");
   s["template"] = {{"spec", pod}};
-  const json& tmeta = at(at(worker.is_object() ? worker : master, "template"), "metadata");
+  const json& tmeta = at(at(r.main, "template"), "metadata");
   if (tmeta.is_object() && !tmeta.empty()) s["template"]["metadata"] = tmeta;
   out.job = job;
   return out;
 }
 
-Conversion from_trainjob(const json& tj, const std::vector<json>& docs) {
-  Conversion out;
-  auto& notes = out.notes;
-  const json& spec = at(tj, "spec");
+// The TrainingRuntime or ClusterTrainingRuntime a TrainJob runs on, found among the input documents.
+struct Runtime {
+  const json* doc = nullptr;
+  std::string kind, name;
+  std::string label() const { return kind + " '" + name + "'"; }  // for notes and errors
+};
+
+Runtime find_runtime(const json& spec, const std::vector<json>& docs) {
   const json& ref = at(spec, "runtimeRef");
-  const std::string rname = str(ref, "name");
-  const std::string rkind = str(ref, "kind").empty() ? "ClusterTrainingRuntime" : str(ref, "kind");
-  if (rname.empty()) throw Error("spec.runtimeRef.name: missing; a TrainJob names its runtime");
-  const json* runtime = nullptr;
+  Runtime rt;
+  rt.name = str(ref, "name");
+  rt.kind = str(ref, "kind").empty() ? "ClusterTrainingRuntime" : str(ref, "kind");
+  if (rt.name.empty()) throw Error("spec.runtimeRef.name: missing; a TrainJob names its runtime");
   for (const json& d : docs)
-    if (str(d, "kind") == rkind && str(at(d, "metadata"), "name") == rname) runtime = &d;
-  if (runtime == nullptr) {
-    const std::string lower = rkind == "TrainingRuntime" ? "trainingruntime" : "clustertrainingruntime";
-    throw Error("spec.runtimeRef: the TrainJob runs on " + rkind + " '" + rname +
+    if (str(d, "kind") == rt.kind && str(at(d, "metadata"), "name") == rt.name) rt.doc = &d;
+  if (rt.doc == nullptr) {
+    const std::string lower = rt.kind == "TrainingRuntime" ? "trainingruntime" : "clustertrainingruntime";
+    throw Error("spec.runtimeRef: the TrainJob runs on " + rt.kind + " '" + rt.name +
                 "', which is not in the input; its image, command, processes per node and pod template come from "
                 "there: add it (kubectl get " +
-                lower + " " + rname + " -o yaml) as another document or file");
+                lower + " " + rt.name + " -o yaml) as another document or file");
   }
-  const json& rspec = at(*runtime, "spec");
-  const json& ml = at(rspec, "mlPolicy");
-  const json& torch = at(ml, "torch");
-  if (!torch.is_object())
-    throw Error(rkind + " '" + rname +
-                "' spec.mlPolicy: no torch policy; only torch runtimes convert (Railyard "
-                "starts PyTorch programs; MPI and DeepSpeed runtimes have no equivalent)");
+  return rt;
+}
+
+// The runtime's trainer replicatedJob ("node", or the one labelled the trainer step); the others (initializers) are
+// noted as not carried over.
+const json& trainer_node(const Runtime& rt, const json& rspec, std::vector<std::string>& notes) {
   const json& rjobs = at(at(at(rspec, "template"), "spec"), "replicatedJobs");
-  if (!rjobs.is_array() || rjobs.empty())
-    throw Error(rkind + " '" + rname + "' spec.template.spec.replicatedJobs: none");
+  if (!rjobs.is_array() || rjobs.empty()) throw Error(rt.label() + " spec.template.spec.replicatedJobs: none");
   const json* node = nullptr;
   for (const json& rj : rjobs) {
     const std::string step =
@@ -458,11 +496,74 @@ Conversion from_trainjob(const json& tj, const std::vector<json>& docs) {
   }
   for (const json& rj : rjobs)
     if (&rj != node)
-      notes.push_back(rkind + " '" + rname + "' replicatedJob '" + str(rj, "name") +
+      notes.push_back(rt.label() + " replicatedJob '" + str(rj, "name") +
                       "': not carried over (Railyard runs no initializers yet: prepare data and models beforehand)");
-  if (node == nullptr) throw Error(rkind + " '" + rname + "': no replicatedJob named node (the trainer)");
-  const std::string field = rkind + " '" + rname + "' replicatedJob node";
-  json pod = at(at(at(at(*node, "template"), "spec"), "template"), "spec");
+  if (node == nullptr) throw Error(rt.label() + ": no replicatedJob named node (the trainer)");
+  return *node;
+}
+
+// A TrainJob's command: spec.trainer's, else the runtime container's (args too, unless the trainer gives them).
+struct TrainerCommand {
+  std::vector<std::string> command, args;
+  std::string field;  // where the command came from
+};
+
+TrainerCommand trainer_command(const json& trainer, const json& c, const std::string& cfield) {
+  TrainerCommand t;
+  t.command = strings(at(trainer, "command"), "spec.trainer.command");
+  t.args = strings(at(trainer, "args"), "spec.trainer.args");
+  t.field = "spec.trainer";
+  if (t.command.empty()) {
+    t.command = strings(at(c, "command"), cfield + ".command");
+    if (t.args.empty()) t.args = strings(at(c, "args"), cfield + ".args");
+    t.field = cfield;
+  }
+  return t;
+}
+
+// Processes per node as the TrainJob or its runtime sets them, and the field that set them; torchrun's own
+// --nproc-per-node wins.
+std::pair<std::string, std::string> trainjob_nproc(const json& trainer, const json& torch, const Runtime& rt,
+                                                   const Program& prog, const std::string& cmd_field) {
+  const json& nproc_v =
+      !at(trainer, "numProcPerNode").is_null() ? at(trainer, "numProcPerNode") : at(torch, "numProcPerNode");
+  std::string nproc = nproc_v.is_string()           ? nproc_v.get<std::string>()
+                      : nproc_v.is_number_integer() ? nproc_v.dump()
+                                                    : "auto";
+  std::string nproc_field = !at(trainer, "numProcPerNode").is_null() ? "spec.trainer.numProcPerNode"
+                                                                     : rt.label() + " mlPolicy.torch.numProcPerNode";
+  if (!prog.nproc.empty()) nproc = prog.nproc, nproc_field = cmd_field + ".command --nproc-per-node";
+  return {nproc, nproc_field};
+}
+
+// The trainer's env over the runtime container's, by name.
+void merge_trainer_env(const json& trainer, json& c) {
+  if (!at(trainer, "env").is_array()) return;
+  json env = at(c, "env").is_array() ? c["env"] : json::array();
+  for (const json& e : trainer["env"]) {
+    auto it = std::find_if(env.begin(), env.end(), [&](const json& x) { return str(x, "name") == str(e, "name"); });
+    if (it != env.end())
+      *it = e;
+    else
+      env.push_back(e);
+  }
+  c["env"] = env;
+}
+
+Conversion from_trainjob(const json& tj, const std::vector<json>& docs) {
+  Conversion out;
+  auto& notes = out.notes;
+  const json& spec = at(tj, "spec");
+  const Runtime rt = find_runtime(spec, docs);
+  const json& rspec = at(*rt.doc, "spec");
+  const json& ml = at(rspec, "mlPolicy");
+  const json& torch = at(ml, "torch");
+  if (!torch.is_object())
+    throw Error(rt.label() +
+                " spec.mlPolicy: no torch policy; only torch runtimes convert (Railyard "
+                "starts PyTorch programs; MPI and DeepSpeed runtimes have no equivalent)");
+  const std::string field = rt.label() + " replicatedJob node";
+  json pod = at(at(at(at(trainer_node(rt, rspec, notes), "template"), "spec"), "template"), "spec");
   if (!pod.is_object()) throw Error(field + ": no pod template");
   json& c = *main_container(pod, "node", field);
   const std::string cfield = field + " container " + str(c, "name");
@@ -470,27 +571,12 @@ Conversion from_trainjob(const json& tj, const std::vector<json>& docs) {
 
   const std::string image = !str(trainer, "image").empty() ? str(trainer, "image") : str(c, "image");
   if (image.empty()) throw Error("spec.trainer.image: missing here and in " + cfield);
-  std::vector<std::string> command = strings(at(trainer, "command"), "spec.trainer.command");
-  std::vector<std::string> args = strings(at(trainer, "args"), "spec.trainer.args");
-  std::string cmd_field = "spec.trainer";
-  if (command.empty()) {
-    command = strings(at(c, "command"), cfield + ".command");
-    if (args.empty()) args = strings(at(c, "args"), cfield + ".args");
-    cmd_field = cfield;
-  }
-  Program prog = program_of(command, args, cmd_field, notes);
+  const TrainerCommand cmd = trainer_command(trainer, c, cfield);
+  Program prog = program_of(cmd.command, cmd.args, cmd.field, notes);
   json resources = at(trainer, "resourcesPerNode").is_object() ? trainer["resourcesPerNode"] : at(c, "resources");
   const int64_t gpus = gpus_of(resources);
   const int64_t nodes = count_of(at(trainer, "numNodes")).value_or(count_of(at(ml, "numNodes")).value_or(1));
-  const json& nproc_v =
-      !at(trainer, "numProcPerNode").is_null() ? at(trainer, "numProcPerNode") : at(torch, "numProcPerNode");
-  std::string nproc = nproc_v.is_string()           ? nproc_v.get<std::string>()
-                      : nproc_v.is_number_integer() ? nproc_v.dump()
-                                                    : "auto";
-  std::string nproc_field = !at(trainer, "numProcPerNode").is_null()
-                                ? "spec.trainer.numProcPerNode"
-                                : rkind + " '" + rname + "' mlPolicy.torch.numProcPerNode";
-  if (!prog.nproc.empty()) nproc = prog.nproc, nproc_field = cmd_field + ".command --nproc-per-node";
+  const auto [nproc, nproc_field] = trainjob_nproc(trainer, torch, rt, prog, cmd.field);
 
   json job = {{"apiVersion", "railyard.dev/v1alpha1"}, {"kind", "TrainingJob"}};
   job["metadata"] = metadata_from(tj, "trainer.kubeflow.org/v1alpha1 TrainJob");
@@ -500,39 +586,22 @@ Conversion from_trainjob(const json& tj, const std::vector<json>& docs) {
     s["procsPerReplica"] = procs_from(nproc, nproc_field, gpus, notes);
   } else {
     s["procsPerReplica"] = 1;
-    notes.push_back(cmd_field +
+    notes.push_back(cmd.field +
                     ".command: not torchrun, so Trainer ran it once per node; Railyard does the same "
                     "(procsPerReplica 1)");
   }
-  s["device"] = gpus > 0 ? "cuda" : "cpu";
-  s["image"] = image;
-  s["program"] = {{"command", prog.command}};
-  if (!prog.args.empty()) s["program"]["args"] = prog.args;
-  if (resources.is_object() && !resources.empty()) s["resources"] = resources;
+  set_program(s, image, prog, resources, gpus);
   const json& elastic = at(torch, "elasticPolicy");
-  apply_elastic(s, at(elastic, "minNodes"), at(elastic, "maxNodes"),
-                rkind + " '" + rname + "' mlPolicy.torch.elasticPolicy");
-  apply_shell_torchrun(prog, s, cmd_field, notes);
+  apply_elastic(s, at(elastic, "minNodes"), at(elastic, "maxNodes"), rt.label() + " mlPolicy.torch.elasticPolicy");
+  apply_shell_torchrun(prog, s, cmd.field, notes);
   if (auto n = count_of(at(elastic, "maxRestarts"))) s["failurePolicy"]["maxRestarts"] = *n;
   if (at(spec, "suspend") == true) s["runPolicy"]["suspend"] = true;
   if (!at(rspec, "podGroupPolicy").is_null())
-    notes.push_back(rkind + " '" + rname +
-                    "' podGroupPolicy: not carried over (Railyard binds the whole gang or none)");
+    notes.push_back(rt.label() + " podGroupPolicy: not carried over (Railyard binds the whole gang or none)");
   for (const char* k : {"initializer", "podSpecOverrides", "labels", "annotations", "managedBy"})
     if (!at(spec, k).is_null()) notes.push_back(std::string("spec.") + k + ": not carried over (no equivalent yet)");
 
-  // The trainer's env over the runtime container's, by name.
-  if (at(trainer, "env").is_array()) {
-    json env = at(c, "env").is_array() ? c["env"] : json::array();
-    for (const json& e : trainer["env"]) {
-      auto it = std::find_if(env.begin(), env.end(), [&](const json& x) { return str(x, "name") == str(e, "name"); });
-      if (it != env.end())
-        *it = e;
-      else
-        env.push_back(e);
-    }
-    c["env"] = env;
-  }
+  merge_trainer_env(trainer, c);
   pod_notes(pod, c, field, notes);
   c = template_container(c, cfield, notes);
   pod.erase("restartPolicy");

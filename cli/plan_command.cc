@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/cli.h"
 #include "common/error.h"
 #include "common/model_presets.h"
 #include "planner/calibration.h"
@@ -22,7 +23,6 @@
 #include "planner/hetero.h"
 #include "planner/moe_cost.h"
 #include "planner/search.h"
-#include "cli/cli.h"
 #include "worker/comm/local_world.h"
 #include "worker/kernels/cpu/kernels.h"
 #include "worker/kernels/cpu/thread_pool.h"
@@ -200,11 +200,24 @@ double best_time(int reps, bool per_thread_cpu, int threads, F&& fn) {
   return best;
 }
 
-plan::DeviceProfile calibrate_cpu(int threads, bool cpu_clock) {
-  using namespace railyard::worker;
-  cpu::init_blas_single_threaded();
-  ThreadPool pool(threads);
-  plan::DeviceProfile p = plan::builtin_profile("cpu");  // keeps the assumed fields
+// One calibration run: the profile it fills, how it times kernels, and where each measured field came from.
+struct Calibration {
+  worker::ThreadPool& pool;
+  int threads;
+  bool cpu_clock;
+  std::string where;  // " on HOST, N threads, CLOCK, DATE", the end of every measured field's source
+  plan::DeviceProfile p;
+
+  template <typename F>
+  double best_of_3(F&& fn) const {
+    return best_time(3, cpu_clock, threads, std::forward<F>(fn));
+  }
+  void measured(const std::string& key, const std::string& how) {
+    p.sources[key] = "measured by railyard plan --calibrate (" + how + ")" + where;
+  }
+};
+
+std::string calibration_where(int threads, bool cpu_clock) {
   const std::string when = [] {
     char buf[32];
     const time_t t = time(nullptr);
@@ -215,147 +228,180 @@ plan::DeviceProfile calibrate_cpu(int threads, bool cpu_clock) {
   }();
   utsname u{};
   uname(&u);
-  const std::string where = " on " + std::string(u.nodename) + ", " + std::to_string(threads) + " threads, " +
-                            (cpu_clock ? "per-thread CPU time" : "wall time") + ", " + when;
-  auto measured = [&](const std::string& key, const std::string& how) {
-    p.sources[key] = "measured by railyard plan --calibrate (" + how + ")" + where;
-  };
+  return " on " + std::string(u.nodename) + ", " + std::to_string(threads) + " threads, " +
+         (cpu_clock ? "per-thread CPU time" : "wall time") + ", " + when;
+}
 
+void measure_gemms(Calibration& c) {
+  using namespace railyard::worker;
+  plan::DeviceProfile& p = c.p;
   // GEMMs: the worker's own GEMM path on gpt2-124m's shapes at B*T = 256 rows (railyard-worker gemm-rate).
   const GptConfig cfg = model_preset("gpt2-124m");
   double per_cpu_second = 0;
-  p.peak_flops = measure_gemm_rate(pool, cfg, 4, 64, 5, nullptr, 0, &per_cpu_second);
-  if (cpu_clock) p.peak_flops = per_cpu_second * threads;
-  measured("peak_flops", "our GEMM path on gpt2-124m's layer and LM-head shapes, 256 rows");
+  p.peak_flops = measure_gemm_rate(c.pool, cfg, 4, 64, 5, nullptr, 0, &per_cpu_second);
+  if (c.cpu_clock) p.peak_flops = per_cpu_second * c.threads;
+  c.measured("peak_flops", "our GEMM path on gpt2-124m's layer and LM-head shapes, 256 rows");
   p.gemm_efficiency = 1.0;
   p.sources["gemm_efficiency"] = "definition (peak_flops is the measured GEMM rate)";
   // Small GEMMs: the rate of the smallest GEMM we train (tiny's 128 x 128 projection at 256 rows) against the rate
   // above gives the half-efficiency size. (An 8-row GEMM was used first: it measures the packing overhead of a
   // degenerate panel, a shape training never runs, and made the model charge tiny's 256-row GEMMs half the peak
   // although they run at the full rate, per CPU second, here.)
-  {
-    const int M = 256, N = 128, K = 128;
-    std::vector<float> a(size_t(M) * K, 0.01f), b(size_t(N) * K, 0.02f), c(size_t(M) * N);
-    const int inner = 100;
-    const double t = best_time(3, cpu_clock, threads, [&] {
-      for (int i = 0; i < inner; ++i)
-        cpu::gemm<float>(pool, false, true, M, N, K, 1.0f, a.data(), K, b.data(), K, 0.0f, c.data(), N);
-    });
-    const double flops = 2.0 * M * N * K;
-    const double eff = std::min(0.99, flops * inner / t / p.peak_flops);
-    p.gemm_half_flops = flops * (1 - eff) / eff;  // eff = W / (W + half)
-    measured("gemm_half_flops", "rate of a 256x128x128 GEMM against peak_flops");
-  }
+  const int M = 256, N = 128, K = 128;
+  std::vector<float> a(size_t(M) * K, 0.01f), b(size_t(N) * K, 0.02f), out(size_t(M) * N);
+  const int inner = 100;
+  const double t = c.best_of_3([&] {
+    for (int i = 0; i < inner; ++i)
+      cpu::gemm<float>(c.pool, false, true, M, N, K, 1.0f, a.data(), K, b.data(), K, 0.0f, out.data(), N);
+  });
+  const double flops = 2.0 * M * N * K;
+  const double eff = std::min(0.99, flops * inner / t / p.peak_flops);
+  p.gemm_half_flops = flops * (1 - eff) / eff;  // eff = W / (W + half)
+  c.measured("gemm_half_flops", "rate of a 256x128x128 GEMM against peak_flops");
+}
+
+void measure_bandwidth(Calibration& c) {
+  using namespace railyard::worker;
+  plan::DeviceProfile& p = c.p;
   // Memory bandwidth: the residual add (reads 2, writes 1) over 3 x 128 MiB.
-  {
-    const size_t n = size_t(32) << 20;
-    std::vector<float> x(n, 1.0f), y(n, 2.0f), z(n);
-    const double t =
-        best_time(3, cpu_clock, threads, [&] { cpu::residual_forward<float>(pool, z.data(), x.data(), y.data(), n); });
-    p.memory_bandwidth = 3.0 * n * sizeof(float) / t;
-    p.memory_efficiency = 1.0;
-    measured("memory_bandwidth", "our residual-add kernel over 3 x 128 MiB");
-    p.sources["memory_efficiency"] = "definition (memory_bandwidth is what our kernels reach)";
-    // Optimizer offload on a CPU: the "host" is the same RAM, so its copies and update run at this bandwidth too.
-    p.host_link_bandwidth = p.host_memory_bandwidth = p.memory_bandwidth;
-    p.sources["host_link_bandwidth"] = p.sources["host_memory_bandwidth"] = "assumed (the same RAM: memory_bandwidth)";
-  }
-  // Kernel overhead: one pool dispatch of a tiny kernel.
-  {
-    std::vector<float> x(64, 1.0f), y(64, 2.0f), z(64);
-    const int inner = 2000;
-    const double t = best_time(3, cpu_clock, threads, [&] {
-      for (int i = 0; i < inner; ++i) cpu::residual_forward<float>(pool, z.data(), x.data(), y.data(), 64);
-    });
-    p.kernel_overhead_s = t / inner;
-    measured("kernel_overhead_s", "a 64-element kernel through the thread pool");
-  }
+  const size_t n = size_t(32) << 20;
+  std::vector<float> x(n, 1.0f), y(n, 2.0f), z(n);
+  const double t = c.best_of_3([&] { cpu::residual_forward<float>(c.pool, z.data(), x.data(), y.data(), n); });
+  p.memory_bandwidth = 3.0 * n * sizeof(float) / t;
+  p.memory_efficiency = 1.0;
+  c.measured("memory_bandwidth", "our residual-add kernel over 3 x 128 MiB");
+  p.sources["memory_efficiency"] = "definition (memory_bandwidth is what our kernels reach)";
+  // Optimizer offload on a CPU: the "host" is the same RAM, so its copies and update run at this bandwidth too.
+  p.host_link_bandwidth = p.host_memory_bandwidth = p.memory_bandwidth;
+  p.sources["host_link_bandwidth"] = p.sources["host_memory_bandwidth"] = "assumed (the same RAM: memory_bandwidth)";
+}
+
+// Kernel overhead: one pool dispatch of a tiny kernel.
+void measure_kernel_overhead(Calibration& c) {
+  std::vector<float> x(64, 1.0f), y(64, 2.0f), z(64);
+  const int inner = 2000;
+  const double t = c.best_of_3([&] {
+    for (int i = 0; i < inner; ++i) worker::cpu::residual_forward<float>(c.pool, z.data(), x.data(), y.data(), 64);
+  });
+  c.p.kernel_overhead_s = t / inner;
+  c.measured("kernel_overhead_s", "a 64-element kernel through the thread pool");
+}
+
+void measure_attention(Calibration& c) {
+  using namespace railyard::worker;
+  plan::DeviceProfile& p = c.p;
   // Attention core: our fused causal attention forward + backward at gpt2-124m's width, T = 256.
-  {
-    const int B = 2, T = 256, C = 768, NH = 12;
-    std::vector<float> qkv(size_t(B) * T * 3 * C), att(size_t(B) * NH * T * T), out(size_t(B) * T * C);
-    std::vector<float> dout(out.size(), 1e-3f), dqkv(qkv.size()), scratch(size_t(pool.size()) * T * T);
-    for (size_t i = 0; i < qkv.size(); ++i) qkv[i] = float((i * 2654435761u) % 1000) * 1e-4f;
-    const double t = best_time(3, cpu_clock, threads, [&] {
-      cpu::attention_forward<float>(pool, out.data(), att.data(), qkv.data(), B, T, C, NH);
-      cpu::attention_backward<float>(pool, dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), B, T, C,
-                                     NH);
-    });
-    // The cost model charges 4*b*s^2*h FLOPs forward and twice that backward at attention_efficiency, plus the
-    // softmax's memory passes; fit the efficiency so the model reproduces this time.
-    const double flops = 3 * 4.0 * B * double(T) * T * C;
-    const double scores = double(B) * NH * T * T;
-    const double softmax = 3 * (scores * (4 * p.activation_bytes + 1)) / p.memory_bandwidth;
-    const double compute = std::max(t - softmax, 0.25 * t);
-    p.attention_efficiency = std::min(1.0, flops / compute / p.peak_flops);
-    measured("attention_efficiency", "our attention forward + backward, B2 T256 C768 NH12");
-  }
-  // Collectives between processes of this machine: a 2-rank Gloo world over loopback TCP (what `railyard-worker
-  // train --nproc` uses). Bus bandwidth from a 64 MiB all-reduce, latency per ring step from a 1-element one.
-  {
-    const size_t count = size_t(16) << 20, kMid = size_t(64) << 10;
-    double big = 1e30, small = 1e30;
-    comm::run_local_world(2, [&](comm::Communicator& c) {
-      std::vector<float> buf(count, 1.0f);
-      for (int r = 0; r < 4; ++r) {
-        c.barrier();
-        const double t0 = now_s(), c0 = process_cpu_s();
-        c.all_reduce(buf.data(), count, comm::DType::kFloat32, comm::ReduceOp::kSum);
-        c.barrier();
-        // By the CPU clock: the process's CPU time over both ranks (and Gloo's threads), per rank; the copies through
-        // loopback TCP are CPU work, the waiting is not.
-        const double t = cpu_clock ? (process_cpu_s() - c0) / 2 : now_s() - t0;
-        if (c.rank() == 0 && r > 0) big = std::min(big, t);
-      }
-      // The fixed cost per call from a 256 KiB all-reduce, the size of tiny's tensor-parallel all-reduces, by the same
-      // clock and as the median of 20 (a 1-float all-reduce's best wall time, used first, was 30 us and missed that
-      // each of the hundreds of small collectives of a tensor-parallel step costs the processes far more).
-      std::vector<double> mids;
-      for (int r = 0; r < 21; ++r) {
-        c.barrier();
-        const double t0 = now_s(), c0 = process_cpu_s();
-        c.all_reduce(buf.data(), kMid, comm::DType::kFloat32, comm::ReduceOp::kSum);
-        c.barrier();
-        const double t = cpu_clock ? (process_cpu_s() - c0) / 2 : now_s() - t0;
-        if (c.rank() == 0 && r > 0) mids.push_back(t);
-      }
-      if (c.rank() == 0) {
-        std::sort(mids.begin(), mids.end());
-        small = mids[mids.size() / 2];
-      }
-    });
-    // Ring model on n = 2: time = 2 (n-1)/n S / busbw + 2 (n-1) latency; two points (64 MiB, 256 KiB).
-    const double big_bytes = double(count) * sizeof(float), mid_bytes = double(kMid) * sizeof(float);
-    p.nvlink_bandwidth = (big_bytes - mid_bytes) / std::max(big - small, 1e-9);
-    p.collective_latency_s = std::max(1e-7, (small - mid_bytes / p.nvlink_bandwidth) / 2);
-    p.nic_bandwidth = p.nvlink_bandwidth;
-    p.nvlink_efficiency = p.nic_efficiency = 1.0;
-    const std::string how =
-        std::string("2-rank Gloo all-reduce over loopback TCP, 64 MiB") + (cpu_clock ? ", CPU time per rank" : "");
-    measured("nvlink_bandwidth", how + " (between processes of one machine)");
-    measured("nic_bandwidth", how + " (the same loopback path; a real NIC is not modelled)");
-    measured("collective_latency_s", std::string("2-rank Gloo all-reduce of 256 KiB over loopback TCP, median of 20") +
-                                         (cpu_clock ? ", CPU time per rank" : "") +
-                                         ", less its bytes at that bandwidth");
-    p.sources["nvlink_efficiency"] = p.sources["nic_efficiency"] =
-        "definition (the bandwidths are measured bus bandwidths)";
-  }
-  p.memory_bytes = 0;
-  {
-    std::ifstream mi("/proc/meminfo");
-    std::string key;
-    double kb = 0;
-    std::string unit;
-    while (mi >> key >> kb >> unit) {
-      if (key == "MemTotal:") {
-        p.memory_bytes = kb * 1024;
-        break;
-      }
+  const int B = 2, T = 256, C = 768, NH = 12;
+  std::vector<float> qkv(size_t(B) * T * 3 * C), att(size_t(B) * NH * T * T), out(size_t(B) * T * C);
+  std::vector<float> dout(out.size(), 1e-3f), dqkv(qkv.size()), scratch(size_t(c.pool.size()) * T * T);
+  for (size_t i = 0; i < qkv.size(); ++i) qkv[i] = float((i * 2654435761u) % 1000) * 1e-4f;
+  const double t = c.best_of_3([&] {
+    cpu::attention_forward<float>(c.pool, out.data(), att.data(), qkv.data(), B, T, C, NH);
+    cpu::attention_backward<float>(c.pool, dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), B, T, C,
+                                   NH);
+  });
+  // The cost model charges 4*b*s^2*h FLOPs forward and twice that backward at attention_efficiency, plus the
+  // softmax's memory passes; fit the efficiency so the model reproduces this time.
+  const double flops = 3 * 4.0 * B * double(T) * T * C;
+  const double scores = double(B) * NH * T * T;
+  const double softmax = 3 * (scores * (4 * p.activation_bytes + 1)) / p.memory_bandwidth;
+  const double compute = std::max(t - softmax, 0.25 * t);
+  p.attention_efficiency = std::min(1.0, flops / compute / p.peak_flops);
+  c.measured("attention_efficiency", "our attention forward + backward, B2 T256 C768 NH12");
+}
+
+// One all-reduce of the first n floats of buf between barriers, by the calibration's clock.
+double timed_all_reduce(worker::comm::Communicator& c, std::vector<float>& buf, size_t n, bool cpu_clock) {
+  c.barrier();
+  const double t0 = now_s(), c0 = process_cpu_s();
+  c.all_reduce(buf.data(), n, worker::comm::DType::kFloat32, worker::comm::ReduceOp::kSum);
+  c.barrier();
+  // By the CPU clock: the process's CPU time over both ranks (and Gloo's threads), per rank; the copies through
+  // loopback TCP are CPU work, the waiting is not.
+  return cpu_clock ? (process_cpu_s() - c0) / 2 : now_s() - t0;
+}
+
+struct AllReduceTimes {
+  double big = 1e30;    // best of 3 of `count` floats
+  double small = 1e30;  // median of 20 of `mid` floats
+};
+
+AllReduceTimes time_loopback_all_reduce(size_t count, size_t mid, bool cpu_clock) {
+  AllReduceTimes times;
+  worker::comm::run_local_world(2, [&](worker::comm::Communicator& c) {
+    std::vector<float> buf(count, 1.0f);
+    for (int r = 0; r < 4; ++r) {
+      const double t = timed_all_reduce(c, buf, count, cpu_clock);
+      if (c.rank() == 0 && r > 0) times.big = std::min(times.big, t);
     }
-    if (p.memory_bytes <= 0) p.memory_bytes = 8e9;
-    measured("memory_bytes", "/proc/meminfo MemTotal");
+    // The fixed cost per call from a 256 KiB all-reduce, the size of tiny's tensor-parallel all-reduces, by the same
+    // clock and as the median of 20 (a 1-float all-reduce's best wall time, used first, was 30 us and missed that
+    // each of the hundreds of small collectives of a tensor-parallel step costs the processes far more).
+    std::vector<double> mids;
+    for (int r = 0; r < 21; ++r) {
+      const double t = timed_all_reduce(c, buf, mid, cpu_clock);
+      if (c.rank() == 0 && r > 0) mids.push_back(t);
+    }
+    if (c.rank() == 0) {
+      std::sort(mids.begin(), mids.end());
+      times.small = mids[mids.size() / 2];
+    }
+  });
+  return times;
+}
+
+// Collectives between processes of this machine: a 2-rank Gloo world over loopback TCP (what `railyard-worker
+// train --nproc` uses). Bus bandwidth from a 64 MiB all-reduce, latency per ring step from a 1-element one.
+void measure_collectives(Calibration& c) {
+  plan::DeviceProfile& p = c.p;
+  const size_t count = size_t(16) << 20, kMid = size_t(64) << 10;
+  const auto [big, small] = time_loopback_all_reduce(count, kMid, c.cpu_clock);
+  // Ring model on n = 2: time = 2 (n-1)/n S / busbw + 2 (n-1) latency; two points (64 MiB, 256 KiB).
+  const double big_bytes = double(count) * sizeof(float), mid_bytes = double(kMid) * sizeof(float);
+  p.nvlink_bandwidth = (big_bytes - mid_bytes) / std::max(big - small, 1e-9);
+  p.collective_latency_s = std::max(1e-7, (small - mid_bytes / p.nvlink_bandwidth) / 2);
+  p.nic_bandwidth = p.nvlink_bandwidth;
+  p.nvlink_efficiency = p.nic_efficiency = 1.0;
+  const std::string how =
+      std::string("2-rank Gloo all-reduce over loopback TCP, 64 MiB") + (c.cpu_clock ? ", CPU time per rank" : "");
+  c.measured("nvlink_bandwidth", how + " (between processes of one machine)");
+  c.measured("nic_bandwidth", how + " (the same loopback path; a real NIC is not modelled)");
+  c.measured("collective_latency_s", std::string("2-rank Gloo all-reduce of 256 KiB over loopback TCP, median of 20") +
+                                         (c.cpu_clock ? ", CPU time per rank" : "") +
+                                         ", less its bytes at that bandwidth");
+  p.sources["nvlink_efficiency"] = p.sources["nic_efficiency"] =
+      "definition (the bandwidths are measured bus bandwidths)";
+}
+
+void read_memory_size(Calibration& c) {
+  plan::DeviceProfile& p = c.p;
+  p.memory_bytes = 0;
+  std::ifstream mi("/proc/meminfo");
+  std::string key;
+  double kb = 0;
+  std::string unit;
+  while (mi >> key >> kb >> unit) {
+    if (key == "MemTotal:") {
+      p.memory_bytes = kb * 1024;
+      break;
+    }
   }
-  return p;
+  if (p.memory_bytes <= 0) p.memory_bytes = 8e9;
+  c.measured("memory_bytes", "/proc/meminfo MemTotal");
+}
+
+plan::DeviceProfile calibrate_cpu(int threads, bool cpu_clock) {
+  worker::cpu::init_blas_single_threaded();
+  worker::ThreadPool pool(threads);
+  // The built-in cpu profile keeps the assumed fields.
+  Calibration c{pool, threads, cpu_clock, calibration_where(threads, cpu_clock), plan::builtin_profile("cpu")};
+  measure_gemms(c);
+  measure_bandwidth(c);
+  measure_kernel_overhead(c);
+  measure_attention(c);
+  measure_collectives(c);
+  read_memory_size(c);
+  return c.p;
 }
 
 int run_calibrate(const std::map<std::string, std::string>& f) {
@@ -389,17 +435,14 @@ plan::DeviceProfile profile_arg(const std::string& flag, const std::string& gpu)
   }
 }
 
-// --mixed a100:64,h100:64: Whale-style data parallelism over replicas of different GPU types.
-int run_mixed(const plan::Job& job, std::map<std::string, std::string>& f) {
-  for (const char* clash : {"gpu", "gpus", "topology", "dp"}) {
-    if (f.count(clash)) throw UsageError{std::string("--mixed replaces --") + clash + ": give one or the other"};
-  }
-  struct Part {
-    plan::DeviceProfile device;
-    int gpus;
-  };
-  std::vector<Part> parts;
-  const std::string spec = f["mixed"];
+// One TYPE:GPUS group of --mixed.
+struct MixedPart {
+  plan::DeviceProfile device;
+  int gpus;
+};
+
+std::vector<MixedPart> parse_mixed(const std::string& spec) {
+  std::vector<MixedPart> parts;
   size_t start = 0;
   while (start <= spec.size()) {
     size_t end = spec.find(',', start);
@@ -413,8 +456,12 @@ int run_mixed(const plan::Job& job, std::map<std::string, std::string>& f) {
     start = end + 1;
   }
   if (parts.size() < 2) throw UsageError{"--mixed needs at least two TYPE:GPUS groups"};
-  // The layout must fit on every type: search it on the smallest-memory one with all the GPUs.
-  const Part* smallest = &parts[0];
+  return parts;
+}
+
+// The layout must fit on every type: search it on the smallest-memory one with all the GPUs.
+plan::Cluster smallest_type_cluster(const std::vector<MixedPart>& parts) {
+  const MixedPart* smallest = &parts[0];
   int total = 0;
   for (const auto& p : parts) {
     total += p.gpus;
@@ -427,19 +474,11 @@ int run_mixed(const plan::Job& job, std::map<std::string, std::string>& f) {
   cluster.topology.origin = "default";
   cluster.topology.gpus_per_node = cluster.device.gpus_per_node;
   cluster.gpus = total;
-  plan::SearchOptions o;
-  o.top = 1;
-  if (f.count("tp")) o.tp = positive_int("--tp", f["tp"]);
-  if (f.count("pp")) o.pp = positive_int("--pp", f["pp"]);
-  if (f.count("micro-batch")) o.micro_batch = positive_int("--micro-batch", f["micro-batch"]);
-  o.interleave = 1;
-  o.interleaves = {1};
-  const plan::SearchResult r = plan::search(job, cluster, o);
-  if (r.plans.empty()) {
-    std::cerr << "railyard plan: no layout fits on " << cluster.device.name << " with " << total << " GPUs\n";
-    return kExitFailed;
-  }
-  plan::Layout layout = r.plans[0].estimate.layout;
+  return cluster;
+}
+
+// Each type's GPUs as whole replicas of the layout.
+std::vector<plan::ReplicaGroup> replica_groups(const std::vector<MixedPart>& parts, const plan::Layout& layout) {
   const int replica_gpus = layout.tp * layout.pp;
   std::vector<plan::ReplicaGroup> groups;
   for (const auto& p : parts) {
@@ -450,71 +489,121 @@ int run_mixed(const plan::Job& job, std::map<std::string, std::string>& f) {
     }
     groups.push_back({p.device, p.gpus / replica_gpus});
   }
-  const plan::HeteroEstimate even = plan::estimate_mixed_dp(job, cluster.topology, groups, layout, false);
-  const plan::HeteroEstimate balanced = plan::estimate_mixed_dp(job, cluster.topology, groups, layout, true);
+  return groups;
+}
+
+// What --mixed compares: the even and the speed-balanced batch split over the replica groups, and (where the types
+// hold whole stages) the even and the speed-proportional cut of a pipeline that spans the types.
+struct MixedResult {
+  plan::Layout layout;
+  std::vector<plan::ReplicaGroup> groups;
+  plan::HeteroEstimate even, balanced;
+  std::optional<plan::MixedPipelineEstimate> pipe_even, pipe_bal;
+};
+
+// Whale's other option: every pipeline spans the types (stages per type in proportion to its GPUs), cut in
+// proportion to speed with the larger-memory GPUs on the early stages, against the even cut.
+void estimate_mixed_pipelines(const plan::Job& job, const plan::Cluster& cluster, const std::vector<MixedPart>& parts,
+                              MixedResult& m) {
+  const plan::Layout& layout = m.layout;
+  if (layout.pp < 2) return;
+  const int total = cluster.gpus;
+  std::vector<plan::DeviceProfile> stage_devices;
+  bool whole = true;
+  for (const auto& p : parts) {
+    whole = whole && (static_cast<long long>(p.gpus) * layout.pp) % total == 0;
+    for (long long k = 0; whole && k < static_cast<long long>(p.gpus) * layout.pp / total; ++k)
+      stage_devices.push_back(p.device);
+  }
+  if (whole && static_cast<int>(stage_devices.size()) == layout.pp && layout.zero <= 1) {
+    m.pipe_even = plan::estimate_mixed_pipeline(job, cluster.topology, stage_devices, layout, false);
+    m.pipe_bal = plan::estimate_mixed_pipeline(job, cluster.topology, stage_devices, layout, true);
+  }
+}
+
+nlohmann::json mixed_to_json(const plan::Job& job, const MixedResult& m) {
   const double tokens_per_step = double(job.global_batch) * job.model.seq;
   nlohmann::json j;
-  j["layout"] = plan::describe(layout);
-  j["evenStepSeconds"] = even.step;
-  j["balancedStepSeconds"] = balanced.step;
-  j["speedup"] = even.step / balanced.step;
-  j["balancedMicroBatchesPerReplica"] = balanced.micro_batches;
-  j["balancedTokensPerSecond"] = tokens_per_step / balanced.step;
-  if (job.tokens > 0) j["balancedDays"] = job.tokens / (tokens_per_step / balanced.step) / 86400;
-  // Whale's other option: every pipeline spans the types (stages per type in proportion to its GPUs), cut in
-  // proportion to speed with the larger-memory GPUs on the early stages, against the even cut.
-  std::optional<plan::MixedPipelineEstimate> pipe_even, pipe_bal;
-  if (layout.pp >= 2) {
-    std::vector<plan::DeviceProfile> stage_devices;
-    bool whole = true;
-    for (const auto& p : parts) {
-      whole = whole && (static_cast<long long>(p.gpus) * layout.pp) % total == 0;
-      for (long long k = 0; whole && k < static_cast<long long>(p.gpus) * layout.pp / total; ++k)
-        stage_devices.push_back(p.device);
-    }
-    if (whole && static_cast<int>(stage_devices.size()) == layout.pp && layout.zero <= 1) {
-      pipe_even = plan::estimate_mixed_pipeline(job, cluster.topology, stage_devices, layout, false);
-      pipe_bal = plan::estimate_mixed_pipeline(job, cluster.topology, stage_devices, layout, true);
-      j["mixedPipeline"] = {{"evenStepSeconds", pipe_even->step},
-                            {"balancedStepSeconds", pipe_bal->step},
-                            {"speedup", pipe_even->step / pipe_bal->step},
-                            {"stageDevices", pipe_bal->device},
-                            {"stageLayers", pipe_bal->cut.layers},
-                            {"evenStageLayers", pipe_even->cut.layers},
-                            {"fits", pipe_bal->fits},
-                            {"stageMemoryBytes", pipe_bal->stage_memory}};
-    }
+  j["layout"] = plan::describe(m.layout);
+  j["evenStepSeconds"] = m.even.step;
+  j["balancedStepSeconds"] = m.balanced.step;
+  j["speedup"] = m.even.step / m.balanced.step;
+  j["balancedMicroBatchesPerReplica"] = m.balanced.micro_batches;
+  j["balancedTokensPerSecond"] = tokens_per_step / m.balanced.step;
+  if (job.tokens > 0) j["balancedDays"] = job.tokens / (tokens_per_step / m.balanced.step) / 86400;
+  if (m.pipe_bal) {
+    j["mixedPipeline"] = {{"evenStepSeconds", m.pipe_even->step},
+                          {"balancedStepSeconds", m.pipe_bal->step},
+                          {"speedup", m.pipe_even->step / m.pipe_bal->step},
+                          {"stageDevices", m.pipe_bal->device},
+                          {"stageLayers", m.pipe_bal->cut.layers},
+                          {"evenStageLayers", m.pipe_even->cut.layers},
+                          {"fits", m.pipe_bal->fits},
+                          {"stageMemoryBytes", m.pipe_bal->stage_memory}};
   }
-  if (f.count("json")) {
-    std::cout << j.dump(2) << "\n";
-    return kExitOk;
-  }
-  std::cout << "mixed cluster: ";
-  for (size_t i = 0; i < parts.size(); ++i)
-    std::cout << (i ? " + " : "") << parts[i].gpus << " x " << parts[i].device.name;
-  std::cout << "; replica layout " << plan::describe(layout) << " (planned on " << cluster.device.name << ")\n";
-  std::cout << "even split:     step " << secs(even.step) << "\n";
-  std::cout << "balanced split: step " << secs(balanced.step) << " (" << fmt("%.2f", even.step / balanced.step)
-            << "x); micro-batches per replica by group:";
+  return j;
+}
+
+void print_mixed(std::ostream& out, const std::vector<MixedPart>& parts, const plan::Cluster& cluster,
+                 const MixedResult& m) {
+  const plan::Layout& layout = m.layout;
+  out << "mixed cluster: ";
+  for (size_t i = 0; i < parts.size(); ++i) out << (i ? " + " : "") << parts[i].gpus << " x " << parts[i].device.name;
+  out << "; replica layout " << plan::describe(layout) << " (planned on " << cluster.device.name << ")\n";
+  out << "even split:     step " << secs(m.even.step) << "\n";
+  out << "balanced split: step " << secs(m.balanced.step) << " (" << fmt("%.2f", m.even.step / m.balanced.step)
+      << "x); micro-batches per replica by group:";
   size_t k = 0;
-  for (const auto& g : groups) {
-    std::cout << " " << g.device.name << " " << balanced.micro_batches[k];
+  for (const auto& g : m.groups) {
+    out << " " << g.device.name << " " << m.balanced.micro_batches[k];
     k += g.replicas;
   }
-  std::cout << "\n";
-  if (pipe_bal) {
-    std::cout << "mixed pipeline (every replica's " << layout.pp << " stages span the types):\n";
-    std::cout << "  even cut:               step " << secs(pipe_even->step) << "\n";
-    std::cout << "  speed-proportional cut: step " << secs(pipe_bal->step) << " ("
-              << fmt("%.2f", pipe_even->step / pipe_bal->step) << "x); stages:";
-    for (size_t s = 0; s < pipe_bal->device.size(); ++s)
-      std::cout << " " << pipe_bal->device[s] << " " << pipe_bal->cut.layers[s] << "L "
-                << fmt("%.1f", pipe_bal->stage_memory[s] / 1e9) << "GB";
-    std::cout << (pipe_bal->fits ? "" : " (does NOT fit)") << "\n";
+  out << "\n";
+  if (m.pipe_bal) {
+    out << "mixed pipeline (every replica's " << layout.pp << " stages span the types):\n";
+    out << "  even cut:               step " << secs(m.pipe_even->step) << "\n";
+    out << "  speed-proportional cut: step " << secs(m.pipe_bal->step) << " ("
+        << fmt("%.2f", m.pipe_even->step / m.pipe_bal->step) << "x); stages:";
+    for (size_t s = 0; s < m.pipe_bal->device.size(); ++s)
+      out << " " << m.pipe_bal->device[s] << " " << m.pipe_bal->cut.layers[s] << "L "
+          << fmt("%.1f", m.pipe_bal->stage_memory[s] / 1e9) << "GB";
+    out << (m.pipe_bal->fits ? "" : " (does NOT fit)") << "\n";
   } else if (layout.pp >= 2) {
-    std::cout << "mixed pipeline: not evaluated (each type's GPUs must hold a whole number of the " << layout.pp
-              << " stages of every replica, ZeRO <= 1)\n";
+    out << "mixed pipeline: not evaluated (each type's GPUs must hold a whole number of the " << layout.pp
+        << " stages of every replica, ZeRO <= 1)\n";
   }
+}
+
+// --mixed a100:64,h100:64: Whale-style data parallelism over replicas of different GPU types.
+int run_mixed(const plan::Job& job, std::map<std::string, std::string>& f) {
+  for (const char* clash : {"gpu", "gpus", "topology", "dp"}) {
+    if (f.count(clash)) throw UsageError{std::string("--mixed replaces --") + clash + ": give one or the other"};
+  }
+  const std::vector<MixedPart> parts = parse_mixed(f["mixed"]);
+  const plan::Cluster cluster = smallest_type_cluster(parts);
+  plan::SearchOptions o;
+  o.top = 1;
+  if (f.count("tp")) o.tp = positive_int("--tp", f["tp"]);
+  if (f.count("pp")) o.pp = positive_int("--pp", f["pp"]);
+  if (f.count("micro-batch")) o.micro_batch = positive_int("--micro-batch", f["micro-batch"]);
+  o.interleave = 1;
+  o.interleaves = {1};
+  const plan::SearchResult r = plan::search(job, cluster, o);
+  if (r.plans.empty()) {
+    std::cerr << "railyard plan: no layout fits on " << cluster.device.name << " with " << cluster.gpus << " GPUs\n";
+    return kExitFailed;
+  }
+  MixedResult m;
+  m.layout = r.plans[0].estimate.layout;
+  m.groups = replica_groups(parts, m.layout);
+  m.even = plan::estimate_mixed_dp(job, cluster.topology, m.groups, m.layout, false);
+  m.balanced = plan::estimate_mixed_dp(job, cluster.topology, m.groups, m.layout, true);
+  estimate_mixed_pipelines(job, cluster, parts, m);
+  if (f.count("json")) {
+    std::cout << mixed_to_json(job, m).dump(2) << "\n";
+    return kExitOk;
+  }
+  print_mixed(std::cout, parts, cluster, m);
   return kExitOk;
 }
 
@@ -553,7 +642,10 @@ void print_moe(std::ostream& os, std::map<std::string, std::string>& f, const pl
   }
 }
 
-int run_plan(const Args& args) {
+namespace {
+
+// The flags of a plan command line by name (a switch maps to "1"); nullopt for --help.
+std::optional<std::map<std::string, std::string>> parse_plan_flags(const Args& args) {
   static const std::vector<std::string> kValueFlags = {
       "model",    "layers",     "hidden",  "heads",  "seq",     "vocab", "global-batch", "gpus",   "gpu",
       "topology", "tokens",     "top",     "tp",     "pp",      "dp",    "micro-batch",  "zero",   "recompute",
@@ -563,10 +655,7 @@ int run_plan(const Args& args) {
   std::map<std::string, std::string> f;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
-    if (a == "--help" || a == "-h" || a == "help") {
-      std::cout << kPlanUsage;
-      return kExitOk;
-    }
+    if (a == "--help" || a == "-h" || a == "help") return std::nullopt;
     if (a.rfind("--", 0) != 0) throw UsageError{"plan: unexpected argument '" + a + "'"};
     std::string name = a.substr(2), value;
     const size_t eq = name.find('=');
@@ -591,9 +680,11 @@ int run_plan(const Args& args) {
     if (f.count(name)) throw UsageError{"plan: --" + name + " given twice"};
     f[name] = value;
   }
-  if (f.count("calibrate")) return run_calibrate(f);
+  return f;
+}
 
-  // Model: preset, then field overrides.
+// Model: preset, then field overrides.
+plan::ModelShape model_from_flags(std::map<std::string, std::string>& f) {
   plan::ModelShape model;
   if (f.count("model")) {
     auto p = find_preset(f["model"]);
@@ -620,23 +711,28 @@ int run_plan(const Args& args) {
     throw UsageError{"--hidden " + std::to_string(model.hidden) + " is not divisible by --heads " +
                      std::to_string(model.heads)};
   }
+  return model;
+}
+
+plan::Job job_from_flags(std::map<std::string, std::string>& f) {
+  plan::Job job;
+  job.model = model_from_flags(f);
   if (!f.count("global-batch")) throw UsageError{"--global-batch (sequences per step) is required"};
-  model.dropout = false;  // what Railyard's worker runs
+  job.model.dropout = false;  // what Railyard's worker runs
   if (f.count("dropout")) {
     if (f["dropout"] != "on" && f["dropout"] != "off") throw UsageError{"--dropout must be on or off"};
-    model.dropout = f["dropout"] == "on";
+    job.model.dropout = f["dropout"] == "on";
   }
-  plan::Job job;
-  job.model = model;
   job.global_batch = positive_int("--global-batch", f["global-batch"]);
   if (f.count("tokens")) {
     job.tokens = parse_fraction("--tokens", f["tokens"]);
     if (!(job.tokens > 0) || !std::isfinite(job.tokens)) throw UsageError{"--tokens must be a positive number"};
   }
+  return job;
+}
 
-  if (f.count("mixed")) return run_mixed(job, f);
-
-  // Cluster: topology (optional), device profile, GPU count.
+// Cluster: topology (optional), device profile, GPU count.
+plan::Cluster cluster_from_flags(std::map<std::string, std::string>& f) {
   plan::Cluster cluster;
   if (f.count("topology")) {
     cluster.topology = plan::load_topology(f["topology"]);
@@ -645,14 +741,7 @@ int run_plan(const Args& args) {
   }
   std::string gpu = f.count("gpu") ? f["gpu"] : cluster.topology.gpu_type;
   if (gpu.empty()) throw UsageError{"--gpu is required (a100, h100, h200, cpu or a calibration file)"};
-  const bool is_file = gpu.find('/') != std::string::npos || gpu.find(".yaml") != std::string::npos ||
-                       gpu.find(".json") != std::string::npos;
-  try {
-    cluster.device = is_file ? plan::load_profile(gpu) : plan::builtin_profile(gpu);
-  } catch (const ConfigError& e) {
-    if (is_file) throw;
-    throw UsageError{std::string("--gpu: ") + e.what()};
-  }
+  cluster.device = profile_arg("--gpu", gpu);
   if (!f.count("topology")) cluster.topology.gpus_per_node = cluster.device.gpus_per_node;
   if (f.count("gpus")) {
     cluster.gpus = positive_int("--gpus", f["gpus"], 1 << 24);
@@ -661,7 +750,11 @@ int run_plan(const Args& args) {
   } else {
     throw UsageError{"--gpus is required without --topology"};
   }
+  return cluster;
+}
 
+// The choices pinned by --tp, --pp, ... (the search tries every value of the others).
+plan::SearchOptions search_options_from_flags(std::map<std::string, std::string>& f) {
   plan::SearchOptions o;
   if (f.count("top")) o.top = positive_int("--top", f["top"], 1000);
   if (f.count("tp")) o.tp = positive_int("--tp", f["tp"]);
@@ -693,55 +786,86 @@ int run_plan(const Args& args) {
     if (f["offload"] != "on" && f["offload"] != "off") throw UsageError{"--offload must be on or off"};
     o.offload = f["offload"] == "on";
   }
+  return o;
+}
 
-  const plan::SearchResult r = plan::search(job, cluster, o);
-  const bool json = f.count("json") > 0;
-  if (json) {
-    nlohmann::json j;
-    j["model"] = {{"name", model.name},       {"layers", model.layers},
-                  {"hidden", model.hidden},   {"heads", model.heads},
-                  {"seq", model.seq},         {"vocab", model.vocab},
-                  {"dropout", model.dropout}, {"parameters", plan::parameter_count(model)}};
-    j["cluster"] = {{"gpus", cluster.gpus},
-                    {"gpu", cluster.device.name},
-                    {"gpusPerNode", cluster.topology.gpus_per_node},
-                    {"topology", cluster.topology.origin}};
-    j["globalBatch"] = job.global_batch;
-    j["tokens"] = job.tokens;
-    j["evaluated"] = r.evaluated;
-    j["rejectedMemory"] = r.rejected_memory;
-    j["invalid"] = r.invalid;
-    j["plans"] = nlohmann::json::array();
-    for (const auto& p : r.plans) j["plans"].push_back(to_json(p.estimate, p.why));
-    std::cout << j.dump(2) << "\n";
+void print_search_json(std::ostream& out, const plan::Job& job, const plan::Cluster& cluster,
+                       const plan::SearchResult& r) {
+  const plan::ModelShape& model = job.model;
+  nlohmann::json j;
+  j["model"] = {{"name", model.name},       {"layers", model.layers},
+                {"hidden", model.hidden},   {"heads", model.heads},
+                {"seq", model.seq},         {"vocab", model.vocab},
+                {"dropout", model.dropout}, {"parameters", plan::parameter_count(model)}};
+  j["cluster"] = {{"gpus", cluster.gpus},
+                  {"gpu", cluster.device.name},
+                  {"gpusPerNode", cluster.topology.gpus_per_node},
+                  {"topology", cluster.topology.origin}};
+  j["globalBatch"] = job.global_batch;
+  j["tokens"] = job.tokens;
+  j["evaluated"] = r.evaluated;
+  j["rejectedMemory"] = r.rejected_memory;
+  j["invalid"] = r.invalid;
+  j["plans"] = nlohmann::json::array();
+  for (const auto& p : r.plans) j["plans"].push_back(to_json(p.estimate, p.why));
+  out << j.dump(2) << "\n";
+}
+
+void print_search_text(std::ostream& out, std::map<std::string, std::string>& f, const plan::Job& job,
+                       const plan::Cluster& cluster, const plan::SearchResult& r) {
+  const plan::ModelShape& model = job.model;
+  out << "model " << model.name << ": L" << model.layers << " h" << model.hidden << " a" << model.heads << " s"
+      << model.seq << " V" << model.vocab << ", " << params_text(plan::parameter_count(model))
+      << " parameters; global batch " << job.global_batch << " sequences ("
+      << fmt("%.3g", double(job.global_batch) * model.seq) << " tokens) per step\n";
+  out << "cluster: " << cluster.gpus << " x " << cluster.device.name << " (" << cluster.topology.gpus_per_node
+      << " per node, " << cluster.topology.nodes_per_unit << " nodes per unit, topology " << cluster.topology.origin
+      << ")\n";
+  long long invalid = 0;
+  for (const auto& kv : r.invalid) invalid += kv.second;
+  out << "searched " << r.evaluated + invalid << " layouts: " << r.evaluated - r.rejected_memory << " fit, "
+      << r.rejected_memory << " over memory, " << invalid << " invalid\n\n";
+  int rank = 0;
+  for (const auto& p : r.plans) print_plan(out, ++rank, p.estimate, p.why, job.tokens);
+  if (f.count("moe-experts") && !r.plans.empty()) print_moe(out, f, job, cluster, r.plans.front().estimate);
+}
+
+// Why a search found no plan: the smallest layout's memory against the usable, or what made every layout invalid.
+std::string no_fit_reason(const plan::SearchResult& r) {
+  std::string msg = "no layout fits: ";
+  if (r.smallest_nonfitting) {
+    msg += "the smallest needs " + gb(r.smallest_nonfitting->memory.total()) + " GB per GPU (" +
+           plan::describe(r.smallest_nonfitting->layout) + ") but " + gb(r.smallest_nonfitting->memory_capacity) +
+           " GB are usable; add GPUs or use larger ones";
   } else {
-    std::cout << "model " << model.name << ": L" << model.layers << " h" << model.hidden << " a" << model.heads << " s"
-              << model.seq << " V" << model.vocab << ", " << params_text(plan::parameter_count(model))
-              << " parameters; global batch " << job.global_batch << " sequences ("
-              << fmt("%.3g", double(job.global_batch) * model.seq) << " tokens) per step\n";
-    std::cout << "cluster: " << cluster.gpus << " x " << cluster.device.name << " (" << cluster.topology.gpus_per_node
-              << " per node, " << cluster.topology.nodes_per_unit << " nodes per unit, topology "
-              << cluster.topology.origin << ")\n";
-    long long invalid = 0;
-    for (const auto& kv : r.invalid) invalid += kv.second;
-    std::cout << "searched " << r.evaluated + invalid << " layouts: " << r.evaluated - r.rejected_memory << " fit, "
-              << r.rejected_memory << " over memory, " << invalid << " invalid\n\n";
-    int rank = 0;
-    for (const auto& p : r.plans) print_plan(std::cout, ++rank, p.estimate, p.why, job.tokens);
-    if (f.count("moe-experts") && !r.plans.empty()) print_moe(std::cout, f, job, cluster, r.plans.front().estimate);
+    msg += "no valid layout (";
+    for (const auto& kv : r.invalid) msg += kv.first + ": " + std::to_string(kv.second) + "; ";
+    msg += "check --gpus against heads, layers and --global-batch)";
+  }
+  return msg;
+}
+
+}  // namespace
+
+int run_plan(const Args& args) {
+  auto parsed = parse_plan_flags(args);
+  if (!parsed) {
+    std::cout << kPlanUsage;
+    return kExitOk;
+  }
+  std::map<std::string, std::string>& f = *parsed;
+  if (f.count("calibrate")) return run_calibrate(f);
+  const plan::Job job = job_from_flags(f);
+  if (f.count("mixed")) return run_mixed(job, f);
+  const plan::Cluster cluster = cluster_from_flags(f);
+  const plan::SearchResult r = plan::search(job, cluster, search_options_from_flags(f));
+  if (f.count("json")) {
+    print_search_json(std::cout, job, cluster, r);
+  } else {
+    print_search_text(std::cout, f, job, cluster, r);
   }
   if (r.plans.empty()) {
-    std::string msg = "no layout fits: ";
-    if (r.smallest_nonfitting) {
-      msg += "the smallest needs " + gb(r.smallest_nonfitting->memory.total()) + " GB per GPU (" +
-             plan::describe(r.smallest_nonfitting->layout) + ") but " + gb(r.smallest_nonfitting->memory_capacity) +
-             " GB are usable; add GPUs or use larger ones";
-    } else {
-      msg += "no valid layout (";
-      for (const auto& kv : r.invalid) msg += kv.first + ": " + std::to_string(kv.second) + "; ";
-      msg += "check --gpus against heads, layers and --global-batch)";
-    }
-    std::cerr << "railyard plan: " << msg << "\n";
+    std::cerr << "railyard plan: " << no_fit_reason(r) << "\n";
     return kExitFailed;
   }
   return kExitOk;

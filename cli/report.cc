@@ -345,19 +345,15 @@ std::string card(const std::string& label, const std::string& value, const std::
          esc(value.empty() ? "-" : value) + "</div></div>\n";
 }
 
-}  // namespace
+// What the page's sections share: the first log (the summary: cards, markers, split, tables) and the TrainingJob
+// (an empty object without --status).
+struct Page {
+  const Inputs& in;
+  const RunLog* main_log;
+  nlohmann::json st;
+};
 
-std::string render_html(const Inputs& in) {
-  std::ostringstream o;
-  std::vector<double> step_ms, tok, mfu;
-  size_t restarts_in_logs = 0;
-  for (const auto& l : in.logs) {
-    for (const auto& p : l.steps) step_ms.push_back(p.step_ms), tok.push_back(p.tokens_per_s), mfu.push_back(p.mfu);
-    restarts_in_logs = std::max(restarts_in_logs, l.segments.empty() ? 0 : l.segments.size() - 1);
-  }
-  const RunLog* main_log = in.logs.empty() ? nullptr : &in.logs.front();
-  const nlohmann::json st = in.status ? *in.status : nlohmann::json::object();
-
+void write_head(std::ostream& o, const Inputs& in) {
   o << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>" << esc(in.title)
     << "</title>\n<style>\n"
        "body{font-family:sans-serif;margin:24px;color:#222;background:#fff;max-width:980px}\n"
@@ -375,33 +371,66 @@ std::string render_html(const Inputs& in) {
   for (const auto& l : in.logs) o << " " << esc(l.name);
   if (in.status) o << ", the TrainingJob status";
   if (!in.checkpoint_dir.empty()) o << ", " << esc(in.checkpoint_dir);
-  o << ".</div>\n<div class=\"cards\">\n";
+  o << ".</div>\n";
+}
 
-  if (in.status) o << card("phase", jstr(st, "/status/phase"), "card-phase");
+// The per-step rates of every log (for the medians) and the most restarts any one log shows.
+struct Rates {
+  std::vector<double> step_ms, tok, mfu;
+  size_t restarts_in_logs = 0;
+};
+
+Rates rates_of(const std::vector<RunLog>& logs) {
+  Rates r;
+  for (const auto& l : logs) {
+    for (const auto& p : l.steps)
+      r.step_ms.push_back(p.step_ms), r.tok.push_back(p.tokens_per_s), r.mfu.push_back(p.mfu);
+    r.restarts_in_logs = std::max(r.restarts_in_logs, l.segments.empty() ? 0 : l.segments.size() - 1);
+  }
+  return r;
+}
+
+// How far the first log got: its last step and losses; the status's totalSteps wins over the log's.
+struct Progress {
   int64_t last_step = 0, total = 0;
   double last_loss = kNaN, min_loss = kNaN;
-  if (main_log != nullptr) {
-    for (const auto& p : main_log->steps) {
-      last_step = std::max(last_step, p.step);
-      if (std::isfinite(p.loss)) min_loss = std::isfinite(min_loss) ? std::min(min_loss, p.loss) : p.loss;
+};
+
+Progress progress_of(const Page& page) {
+  Progress g;
+  if (page.main_log != nullptr) {
+    for (const auto& p : page.main_log->steps) {
+      g.last_step = std::max(g.last_step, p.step);
+      if (std::isfinite(p.loss)) g.min_loss = std::isfinite(g.min_loss) ? std::min(g.min_loss, p.loss) : p.loss;
     }
-    last_loss = main_log->steps.back().loss;
-    total = main_log->total_steps;
+    g.last_loss = page.main_log->steps.back().loss;
+    g.total = page.main_log->total_steps;
   }
-  if (in.status && st.contains("status") && st["status"].contains("totalSteps")) {
-    total = st["status"]["totalSteps"].get<int64_t>();
+  const nlohmann::json& st = page.st;
+  if (page.in.status && st.contains("status") && st["status"].contains("totalSteps")) {
+    g.total = st["status"]["totalSteps"].get<int64_t>();
   }
-  o << card("steps", std::to_string(last_step) + (total > 0 ? " / " + std::to_string(total) : ""), "card-steps");
-  o << card("final loss", human(last_loss), "card-loss") << card("lowest loss", human(min_loss), "card-min-loss");
-  if (main_log != nullptr && !main_log->val.empty()) {
-    o << card("validation loss", human(main_log->val.back().val_loss), "card-val-loss");
+  return g;
+}
+
+void write_cards(std::ostream& o, const Page& page) {
+  const Inputs& in = page.in;
+  const nlohmann::json& st = page.st;
+  const Rates r = rates_of(in.logs);
+  const Progress g = progress_of(page);
+  o << "<div class=\"cards\">\n";
+  if (in.status) o << card("phase", jstr(st, "/status/phase"), "card-phase");
+  o << card("steps", std::to_string(g.last_step) + (g.total > 0 ? " / " + std::to_string(g.total) : ""), "card-steps");
+  o << card("final loss", human(g.last_loss), "card-loss") << card("lowest loss", human(g.min_loss), "card-min-loss");
+  if (page.main_log != nullptr && !page.main_log->val.empty()) {
+    o << card("validation loss", human(page.main_log->val.back().val_loss), "card-val-loss");
   }
-  o << card("tokens/s (median)", human(median_of(tok)), "card-tokens");
-  o << card("step time p50 / p90", human(median_of(step_ms)) + " / " + human(quantile_of(step_ms, 0.9)) + " ms",
+  o << card("tokens/s (median)", human(median_of(r.tok)), "card-tokens");
+  o << card("step time p50 / p90", human(median_of(r.step_ms)) + " / " + human(quantile_of(r.step_ms, 0.9)) + " ms",
             "card-step-time");
-  o << card("MFU (median)", std::isfinite(median_of(mfu)) ? fmt("%.1f%%", 100 * median_of(mfu)) : "-", "card-mfu");
+  o << card("MFU (median)", std::isfinite(median_of(r.mfu)) ? fmt("%.1f%%", 100 * median_of(r.mfu)) : "-", "card-mfu");
   const std::string status_restarts = jstr(st, "/status/restarts");
-  o << card("restarts", in.status && !status_restarts.empty() ? status_restarts : std::to_string(restarts_in_logs),
+  o << card("restarts", in.status && !status_restarts.empty() ? status_restarts : std::to_string(r.restarts_in_logs),
             "card-restarts");
   if (in.status) o << card("generation", jstr(st, "/status/generation"), "card-generation");
   size_t complete = 0;
@@ -411,143 +440,181 @@ std::string render_html(const Inputs& in) {
     o << card("last checkpoint step", jstr(st, "/status/lastCheckpoint/step"), "card-last-checkpoint");
   }
   o << "</div>\n";
+}
 
-  // Markers: restarts (where a segment starts after the first) and kept checkpoints.
+// Markers: restarts (where a segment starts after the first) and kept checkpoints.
+std::vector<Marker> markers_of(const Page& page) {
   std::vector<Marker> markers;
-  if (main_log != nullptr) {
-    for (size_t i = 1; i < main_log->segments.size(); ++i) {
-      markers.push_back({static_cast<double>(main_log->segments[i].first_step), main_log->segments[i].start, kRestart});
+  if (page.main_log != nullptr) {
+    const auto& segments = page.main_log->segments;
+    for (size_t i = 1; i < segments.size(); ++i) {
+      markers.push_back({static_cast<double>(segments[i].first_step), segments[i].start, kRestart});
     }
   }
-  for (const auto& c : in.checkpoints) {
+  for (const auto& c : page.in.checkpoints) {
     if (c.complete)
       markers.push_back({static_cast<double>(c.step), "checkpoint step " + std::to_string(c.step), kCheckpoint});
   }
+  return markers;
+}
 
-  auto per_log = [&](auto value, const std::string& suffix, const char* color) {
-    std::vector<Series> out;
-    for (size_t i = 0; i < in.logs.size(); ++i) {
-      Series s;
-      s.name = (in.logs.size() > 1 ? in.logs[i].name + " " : "") + suffix;
-      s.color = i == 0 ? color : kOthers[(i - 1) % 6];
-      for (const auto& p : in.logs[i].steps) s.pts.emplace_back(static_cast<double>(p.step), value(p));
-      out.push_back(std::move(s));
-    }
-    return out;
-  };
-  o << "<h2>Training</h2>\n";
-  auto loss = per_log([](const StepPoint& p) { return p.loss; }, "training loss", kLoss);
-  for (size_t i = 0; i < in.logs.size(); ++i) {
-    if (in.logs[i].val.empty()) continue;
+// One series of value(step) per log, named after the log when there are several; the first log takes `color`.
+template <typename Value>
+std::vector<Series> per_log(const std::vector<RunLog>& logs, Value value, const std::string& suffix,
+                            const char* color) {
+  std::vector<Series> out;
+  for (size_t i = 0; i < logs.size(); ++i) {
+    Series s;
+    s.name = (logs.size() > 1 ? logs[i].name + " " : "") + suffix;
+    s.color = i == 0 ? color : kOthers[(i - 1) % 6];
+    for (const auto& p : logs[i].steps) s.pts.emplace_back(static_cast<double>(p.step), value(p));
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+// The training loss of every log with its validation losses as dots.
+std::vector<Series> loss_series(const std::vector<RunLog>& logs) {
+  auto loss = per_log(
+      logs, [](const StepPoint& p) { return p.loss; }, "training loss", kLoss);
+  for (size_t i = 0; i < logs.size(); ++i) {
+    if (logs[i].val.empty()) continue;
     Series v;
-    v.name = (in.logs.size() > 1 ? in.logs[i].name + " " : "") + "validation loss";
+    v.name = (logs.size() > 1 ? logs[i].name + " " : "") + "validation loss";
     v.color = i == 0 ? kValLoss : kOthers[(i + 2) % 6];
     v.dots = true;
-    for (const auto& p : in.logs[i].val) v.pts.emplace_back(static_cast<double>(p.step), p.val_loss);
+    for (const auto& p : logs[i].val) v.pts.emplace_back(static_cast<double>(p.step), p.val_loss);
     loss.push_back(std::move(v));
   }
-  o << line_chart("chart-loss", "Loss", "", loss, markers);
+  return loss;
+}
+
+void write_training_charts(std::ostream& o, const std::vector<RunLog>& logs, const std::vector<Marker>& markers) {
+  o << "<h2>Training</h2>\n";
+  o << line_chart("chart-loss", "Loss", "", loss_series(logs), markers);
   o << "<div class=\"sub\">Red dashed lines: restarts (the run resumed from a checkpoint and replayed steps); green: "
        "checkpoints kept on disk.</div>\n";
   o << line_chart("chart-tokens", "Throughput", "tokens/s",
-                  per_log([](const StepPoint& p) { return p.tokens_per_s; }, "tokens/s", kTokens), markers);
+                  per_log(
+                      logs, [](const StepPoint& p) { return p.tokens_per_s; }, "tokens/s", kTokens),
+                  markers);
   o << line_chart("chart-step-time", "Step time", "ms",
-                  per_log([](const StepPoint& p) { return p.step_ms; }, "step time", kStepTime), markers);
+                  per_log(
+                      logs, [](const StepPoint& p) { return p.step_ms; }, "step time", kStepTime),
+                  markers);
   o << line_chart("chart-mfu", "Model FLOP utilisation", "%",
-                  per_log([](const StepPoint& p) { return 100 * p.mfu; }, "MFU", kMfu), markers);
+                  per_log(
+                      logs, [](const StepPoint& p) { return 100 * p.mfu; }, "MFU", kMfu),
+                  markers);
+}
 
-  // Where a step's time goes (mean over steps of the first log).
-  if (main_log != nullptr) {
-    const char* names[5] = {"compute", "tensor-parallel comm", "pipeline wait", "data-parallel comm", "optimizer"};
-    double mean[5] = {0, 0, 0, 0, 0};
-    size_t n = 0;
-    for (const auto& p : main_log->steps) {
-      if (!std::isfinite(p.split_ms[0])) continue;
-      for (int k = 0; k < 5; ++k) mean[k] += std::isfinite(p.split_ms[k]) ? p.split_ms[k] : 0;
-      ++n;
-    }
-    o << "<h2>Step time split</h2>\n";
-    if (n == 0) {
-      o << "<p class=\"sub\">The log has no per-phase times.</p>\n";
-    } else {
-      double sum = 0;
-      for (double& m : mean) m /= static_cast<double>(n), sum += m;
-      o << "<svg id=\"chart-split\" xmlns=\"http://www.w3.org/2000/svg\" width=\"920\" height=\"70\">\n";
-      double x = 10;
-      for (int k = 0; k < 5; ++k) {
-        const double w = sum > 0 ? mean[k] / sum * 900 : 0;
-        if (w <= 0) continue;
-        o << "<rect x=\"" << fmt("%.1f", x) << "\" y=\"8\" width=\"" << fmt("%.1f", w) << "\" height=\"26\" fill=\""
-          << kSplit[k] << "\"><title>" << names[k] << " " << fmt("%.2f", mean[k]) << " ms</title></rect>\n";
-        x += w;
-      }
-      x = 10;
-      for (int k = 0; k < 5; ++k) {
-        o << "<rect x=\"" << x << "\" y=\"46\" width=\"12\" height=\"12\" fill=\"" << kSplit[k] << "\"/><text x=\""
-          << x + 16 << "\" y=\"57\" class=\"legend\">" << names[k] << " " << fmt("%.1f", mean[k]) << " ms</text>\n";
-        x += 180;
-      }
-      o << "</svg>\n";
-    }
+// Where a step's time goes (mean over steps of the first log).
+void write_step_split(std::ostream& o, const RunLog& main_log) {
+  const char* names[5] = {"compute", "tensor-parallel comm", "pipeline wait", "data-parallel comm", "optimizer"};
+  double mean[5] = {0, 0, 0, 0, 0};
+  size_t n = 0;
+  for (const auto& p : main_log.steps) {
+    if (!std::isfinite(p.split_ms[0])) continue;
+    for (int k = 0; k < 5; ++k) mean[k] += std::isfinite(p.split_ms[k]) ? p.split_ms[k] : 0;
+    ++n;
   }
+  o << "<h2>Step time split</h2>\n";
+  if (n == 0) {
+    o << "<p class=\"sub\">The log has no per-phase times.</p>\n";
+    return;
+  }
+  double sum = 0;
+  for (double& m : mean) m /= static_cast<double>(n), sum += m;
+  o << "<svg id=\"chart-split\" xmlns=\"http://www.w3.org/2000/svg\" width=\"920\" height=\"70\">\n";
+  double x = 10;
+  for (int k = 0; k < 5; ++k) {
+    const double w = sum > 0 ? mean[k] / sum * 900 : 0;
+    if (w <= 0) continue;
+    o << "<rect x=\"" << fmt("%.1f", x) << "\" y=\"8\" width=\"" << fmt("%.1f", w) << "\" height=\"26\" fill=\""
+      << kSplit[k] << "\"><title>" << names[k] << " " << fmt("%.2f", mean[k]) << " ms</title></rect>\n";
+    x += w;
+  }
+  x = 10;
+  for (int k = 0; k < 5; ++k) {
+    o << "<rect x=\"" << x << "\" y=\"46\" width=\"12\" height=\"12\" fill=\"" << kSplit[k] << "\"/><text x=\""
+      << x + 16 << "\" y=\"57\" class=\"legend\">" << names[k] << " " << fmt("%.1f", mean[k]) << " ms</text>\n";
+    x += 180;
+  }
+  o << "</svg>\n";
+}
 
+void write_segments(std::ostream& o, const RunLog& main_log) {
+  o << "<table id=\"segments\"><tr><th>#</th><th>started by</th><th>first step</th><th>last step</th>"
+       "<th>steps logged</th></tr>\n";
+  for (size_t i = 0; i < main_log.segments.size(); ++i) {
+    const auto& s = main_log.segments[i];
+    o << "<tr><td>" << i + 1 << "</td><td>" << esc(s.start) << "</td><td>" << s.first_step << "</td><td>" << s.last_step
+      << "</td><td>" << s.steps << "</td></tr>\n";
+  }
+  o << "</table>\n";
+}
+
+// The TrainingJob's status.lastRestart and conditions, where it has them.
+void write_status_tables(std::ostream& o, const nlohmann::json& st) {
+  const auto& s = st.value("status", nlohmann::json::object());
+  if (s.contains("lastRestart")) {
+    o << "<p>Last restart (status.lastRestart):</p><table id=\"last-restart\">";
+    for (auto& [k, v] : s["lastRestart"].items()) {
+      o << "<tr><th>" << esc(k) << "</th><td>" << esc(v.is_string() ? v.get<std::string>() : v.dump()) << "</td></tr>";
+    }
+    o << "</table>\n";
+  }
+  if (s.contains("conditions")) {
+    o << "<p>Conditions:</p><table id=\"conditions\"><tr><th>type</th><th>status</th><th>reason</th><th>message</th>"
+         "<th>last transition</th></tr>\n";
+    for (const auto& c : s["conditions"]) {
+      o << "<tr><td>" << esc(c.value("type", "")) << "</td><td>" << esc(c.value("status", "")) << "</td><td>"
+        << esc(c.value("reason", "")) << "</td><td>" << esc(c.value("message", "")) << "</td><td>"
+        << esc(c.value("lastTransitionTime", "")) << "</td></tr>\n";
+    }
+    o << "</table>\n";
+  }
+}
+
+void write_samples(std::ostream& o, const RunLog& main_log) {
+  o << "<h2>Samples</h2>\n<div class=\"sub\">Text the model generated while training (--sample-every, "
+       "spec.training.sampleEvery), from the first log.</div>\n<table id=\"samples\"><tr><th>step</th><th>text</th>"
+       "</tr>\n";
+  for (const auto& smp : main_log.samples) {
+    o << "<tr><td>" << smp.step << "</td><td><pre>" << esc(smp.text) << "</pre></td></tr>\n";
+  }
+  o << "</table>\n";
+}
+
+void write_checkpoints(std::ostream& o, const Inputs& in) {
+  o << "<h2>Checkpoints</h2>\n<table id=\"checkpoints\"><tr><th>step</th><th>state</th><th>size</th><th>modified "
+       "(UTC)</th></tr>\n";
+  for (const auto& c : in.checkpoints) {
+    char when[32] = "-";
+    std::tm tm{};
+    if (c.modified > 0 && gmtime_r(&c.modified, &tm) != nullptr) std::strftime(when, sizeof when, "%F %T", &tm);
+    o << "<tr><td>" << c.step << "</td><td>" << (c.complete ? "complete" : esc("incomplete: " + c.problem))
+      << "</td><td>" << human(static_cast<double>(c.bytes)) << "B</td><td>" << when << "</td></tr>\n";
+  }
+  o << "</table>\n";
+  if (in.checkpoints.empty()) o << "<p class=\"sub\">No checkpoint in " << esc(in.checkpoint_dir) << ".</p>\n";
+}
+
+}  // namespace
+
+std::string render_html(const Inputs& in) {
+  const Page page{in, in.logs.empty() ? nullptr : &in.logs.front(), in.status ? *in.status : nlohmann::json::object()};
+  std::ostringstream o;
+  write_head(o, in);
+  write_cards(o, page);
+  write_training_charts(o, in.logs, markers_of(page));
+  if (page.main_log != nullptr) write_step_split(o, *page.main_log);
   // Restarts and generations.
   o << "<h2>Restarts and generations</h2>\n";
-  if (main_log != nullptr) {
-    o << "<table id=\"segments\"><tr><th>#</th><th>started by</th><th>first step</th><th>last step</th>"
-         "<th>steps logged</th></tr>\n";
-    for (size_t i = 0; i < main_log->segments.size(); ++i) {
-      const auto& s = main_log->segments[i];
-      o << "<tr><td>" << i + 1 << "</td><td>" << esc(s.start) << "</td><td>" << s.first_step << "</td><td>"
-        << s.last_step << "</td><td>" << s.steps << "</td></tr>\n";
-    }
-    o << "</table>\n";
-  }
-  if (in.status) {
-    const auto& s = st.value("status", nlohmann::json::object());
-    if (s.contains("lastRestart")) {
-      o << "<p>Last restart (status.lastRestart):</p><table id=\"last-restart\">";
-      for (auto& [k, v] : s["lastRestart"].items()) {
-        o << "<tr><th>" << esc(k) << "</th><td>" << esc(v.is_string() ? v.get<std::string>() : v.dump())
-          << "</td></tr>";
-      }
-      o << "</table>\n";
-    }
-    if (s.contains("conditions")) {
-      o << "<p>Conditions:</p><table id=\"conditions\"><tr><th>type</th><th>status</th><th>reason</th><th>message</th>"
-           "<th>last transition</th></tr>\n";
-      for (const auto& c : s["conditions"]) {
-        o << "<tr><td>" << esc(c.value("type", "")) << "</td><td>" << esc(c.value("status", "")) << "</td><td>"
-          << esc(c.value("reason", "")) << "</td><td>" << esc(c.value("message", "")) << "</td><td>"
-          << esc(c.value("lastTransitionTime", "")) << "</td></tr>\n";
-      }
-      o << "</table>\n";
-    }
-  }
-
-  if (main_log != nullptr && !main_log->samples.empty()) {
-    o << "<h2>Samples</h2>\n<div class=\"sub\">Text the model generated while training (--sample-every, "
-         "spec.training.sampleEvery), from the first log.</div>\n<table id=\"samples\"><tr><th>step</th><th>text</th>"
-         "</tr>\n";
-    for (const auto& smp : main_log->samples) {
-      o << "<tr><td>" << smp.step << "</td><td><pre>" << esc(smp.text) << "</pre></td></tr>\n";
-    }
-    o << "</table>\n";
-  }
-
-  if (!in.checkpoint_dir.empty()) {
-    o << "<h2>Checkpoints</h2>\n<table id=\"checkpoints\"><tr><th>step</th><th>state</th><th>size</th><th>modified "
-         "(UTC)</th></tr>\n";
-    for (const auto& c : in.checkpoints) {
-      char when[32] = "-";
-      std::tm tm{};
-      if (c.modified > 0 && gmtime_r(&c.modified, &tm) != nullptr) std::strftime(when, sizeof when, "%F %T", &tm);
-      o << "<tr><td>" << c.step << "</td><td>" << (c.complete ? "complete" : esc("incomplete: " + c.problem))
-        << "</td><td>" << human(static_cast<double>(c.bytes)) << "B</td><td>" << when << "</td></tr>\n";
-    }
-    o << "</table>\n";
-    if (in.checkpoints.empty()) o << "<p class=\"sub\">No checkpoint in " << esc(in.checkpoint_dir) << ".</p>\n";
-  }
+  if (page.main_log != nullptr) write_segments(o, *page.main_log);
+  if (in.status) write_status_tables(o, page.st);
+  if (page.main_log != nullptr && !page.main_log->samples.empty()) write_samples(o, *page.main_log);
+  if (!in.checkpoint_dir.empty()) write_checkpoints(o, in);
   o << "</body></html>\n";
   return o.str();
 }
