@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "common/error.h"
+#include "common/pod_env.h"
 #include "common/torchrun.h"
 
 namespace railyard::cli {
@@ -84,8 +85,9 @@ int64_t procs_from(const std::string& value, const std::string& field, int64_t g
 
 // The variables Railyard sets for every rank (worker/agent/rank_env.cc): a template's value of them is overridden.
 bool railyard_sets(const std::string& name) {
-  static const std::set<std::string> names = {"MASTER_ADDR", "MASTER_PORT",      "WORLD_SIZE", "RANK",
-                                              "LOCAL_RANK",  "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK"};
+  static const std::set<std::string> names = {pod_env::kMasterAddr, pod_env::kMasterPort, pod_env::kWorldSize,
+                                              pod_env::kRank,       pod_env::kLocalRank,  pod_env::kLocalWorldSize,
+                                              pod_env::kGroupRank,  "NODE_RANK"};
   return names.count(name) || name.rfind("PET_", 0) == 0;
 }
 

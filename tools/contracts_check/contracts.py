@@ -96,6 +96,15 @@ for path in walk(["common"], (".h",)):
             envs[m.group(1)] = os.path.relpath(path, ROOT)
 if len(envs) < 40:
     problem(os.path.join(ROOT, "common/pod_env.h"), 0, f"only {len(envs)} environment names parsed: fix this checker")
+# The world in torch.distributed's names (RANK, WORLD_SIZE, ...): constants of common/pod_env.h too.
+world_envs = {}
+for n, line in enumerate(lines(os.path.join(ROOT, "common/pod_env.h")), 1):
+    m = re.search(r"inline constexpr const char\* k\w+ = \"([A-Z_]+)\"", line)
+    if m and not m.group(1).startswith("RAILYARD_"):
+        world_envs[m.group(1)] = "common/pod_env.h"
+for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+    if name not in world_envs:
+        problem(os.path.join(ROOT, "common/pod_env.h"), 0, f"{name} is not defined as a constant")
 
 
 # CMake targets (railyard_worker_data, ...) share the metrics' prefixes and CMake options (RAILYARD_CUDA) the
@@ -134,6 +143,10 @@ for path in walk(CPP_DIRS, (".cc", ".h", ".cu", ".cuh")):
                     "common/"):
                 hint = f"use the constant of {envs[lit]}" if lit in envs else "define it in common/pod_env.h"
                 problem(path, n, f"\"{lit}\" literal: {hint}")
+        if not rel.startswith("common/"):
+            for lit in re.findall(r"\"([A-Z_]+)\"", line):
+                if lit in world_envs:
+                    problem(path, n, f"\"{lit}\" literal: use the constant of common/pod_env.h")
         for text in re.findall(r'"((?:[^"\\]|\\.)*)"', line):  # messages that name a variable
             for tok in ENV_TOKEN.findall(text):
                 if tok not in envs and tok not in options:

@@ -116,8 +116,8 @@ std::vector<std::string> inherited_env() {
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string kv = *e;
     const std::string key = kv.substr(0, kv.find('='));
-    if (key == "RANK" || key == "LOCAL_RANK" || key == "WORLD_SIZE" || key == "LOCAL_WORLD_SIZE" ||
-        key == "MASTER_ADDR" || key == "MASTER_PORT") {
+    if (key == pod_env::kRank || key == pod_env::kLocalRank || key == pod_env::kWorldSize ||
+        key == pod_env::kLocalWorldSize || key == pod_env::kMasterAddr || key == pod_env::kMasterPort) {
       continue;
     }
     base_env.push_back(kv);

@@ -47,6 +47,9 @@ expect_failure "a metric name as a literal in C++" worker/train/train_metrics.cc
 expect_failure "an environment name as a literal in C++" worker/agent/pod_agent.cc \
   "s.replace('pod_env::kPodName', '\"RAILYARD_POD_NAME\"', 1)" \
   '"RAILYARD_POD_NAME" literal'
+expect_failure "a torch.distributed world name as a literal in C++" worker/cmd/train_options.cc \
+  "s.replace('pod_env::kWorldSize', '\"WORLD_SIZE\"', 1)" \
+  '"WORLD_SIZE" literal'
 expect_failure "an environment name defined twice" common/torchrun.h \
   "s.replace('inline constexpr const char* kLauncherEnv', 'inline constexpr const char* kTwice = \"RAILYARD_POD_NAME\";\ninline constexpr const char* kLauncherEnv', 1)" \
   "RAILYARD_POD_NAME defined twice"
