@@ -45,7 +45,6 @@ std::string join_ints(const std::vector<int>& v) {
 
 }  // namespace
 
-
 namespace {
 // Refuses what the CUDA trainer cannot run yet, before anything is allocated on the device.
 Kernels<float>* check_device(Kernels<float>* device, GradSync* sync, ShardedModel* sharded) {
@@ -152,6 +151,8 @@ Trainer::Trainer(const GptConfig& model, const TrainConfig& config, ThreadPool& 
     json_ = std::make_unique<std::ofstream>(cfg_.log_json, std::ios::app);
     if (!*json_) throw ConfigError("--log-json " + cfg_.log_json + ": cannot open for writing");
   }
+  pass_ = choose_pass();
+  update_ = choose_update();
 }
 
 Gpt<float>& Trainer::model() {
@@ -227,156 +228,232 @@ void Trainer::add_global_moe_stats(const double local[3], int micro, StepResult&
   }
 }
 
+// The step, once its paths are chosen (choose_pass, choose_update at construction): the forward and backward pass of
+// this rank's micro-batches with the data-parallel reduction, the gradient norm, the skip decision every rank shares,
+// the update, and the rates.
 StepResult Trainer::step() {
-  const auto t0 = std::chrono::steady_clock::now();
+  const auto t0 = Clock::now();
   const double cpu0 = process_cpu_seconds();
   StepResult r;
   r.step = step_;
   r.lr = schedule_.at(step_);
   if (offload_) offload_->take_wait_seconds();  // waits outside steps (validation, checkpoints) are not this step's
   const int micro = cfg_.micro_steps();
-  const auto phase = [](std::chrono::steady_clock::time_point a) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
-  };
-  // The slow-down test knob: stretch this micro-batch's forward + backward to slow_factor x its wall time.
-  const auto slow_down = [this](std::chrono::steady_clock::time_point since) {
-    if (cfg_.slow_factor <= 1) return;
-    std::this_thread::sleep_for((std::chrono::steady_clock::now() - since) * (cfg_.slow_factor - 1));
-  };
-  double loss_sum = 0;
-  if (sharded_ != nullptr && sync_ != nullptr && sync_->deterministic()) {
-    // Deterministic tp/pp: each of this replica's virtual micro-batches is one leaf, run through the pipeline alone
-    // (M = 1: no overlap of micro-batches, the price of a fixed summation order).
-    const int A = micro / sync_->size(), first = sync_->rank() * A;
-    std::vector<double> leaf_losses, leaf_aux;
-    double moe_local[3] = {0, 0, 0};
-    for (int v = 0; v < micro; ++v) {
-      if (v < first || v >= first + A) {
-        train_.next_batch(inputs_.data(), targets_.data());  // another replica's leaf
-        continue;
-      }
-      leaf_losses.push_back(sharded_->forward_backward(
-          1, [&](int32_t* in, int32_t* tgt) { train_.next_batch(in, tgt); }, 1.0f / static_cast<float>(micro),
-          &r.times));
-      sync_->add_leaf(sharded_->grads());
-      if (double s[3]; sharded_->moe_stats(s)) {
-        for (int i = 0; i < 3; ++i) moe_local[i] += s[i];
-        leaf_aux.push_back(s[2]);
-      } else {
-        leaf_aux.push_back(0);
-      }
-    }
-    if (gpt_.moe.experts > 0) add_global_moe_stats(moe_local, micro, r, &leaf_aux);
-    const auto t_dp = std::chrono::steady_clock::now();
-    sync_->finish(sharded_->grads());
-    for (double l : sync_->all_gather(leaf_losses)) loss_sum += l;  // virtual order
-    r.loss = loss_sum / micro;
-    sync_->take_comm_seconds();
-    r.times.dp_comm = phase(t_dp);
-  } else if (sharded_ != nullptr) {
-    // Tensor/pipeline parallel: the schedule runs this replica's A micro-batches; dp buckets are reduced as the
-    // last micro-batch's backward finishes them.
-    const int dp = sync_ != nullptr ? sync_->size() : 1, A = micro / (dp / cfg_.cp);  // cp ranks share a replica's
-    if (sync_ != nullptr) sync_->arm(sharded_->grads());
-    r.loss = sharded_->forward_backward(
-        A, [&](int32_t* in, int32_t* tgt) { train_.next_batch(in, tgt); }, 1.0f / static_cast<float>(A), &r.times);
-    // Mixture of experts: the replica's statistics (summed over its stages), then over the dp replicas.
-    if (double s[3]; sharded_->moe_stats(s)) add_global_moe_stats(s, micro, r);
-    if (sync_ != nullptr) {
-      const auto t_dp = std::chrono::steady_clock::now();
-      sync_->finish(sharded_->grads());
-      double sum = 0;
-      for (double l : sync_->all_gather({r.loss})) sum += l;
-      r.loss = sum / dp;
-      sync_->take_comm_seconds();
-      r.times.dp_comm = phase(t_dp);
-    }
-  } else if (sync_ == nullptr) {
-    size_t moe_assigned = 0, moe_dropped = 0;
-    double moe_aux = 0;
-    for (int m = 0; m < micro; ++m) {
-      train_.next_batch(inputs_.data(), targets_.data());
-      const auto tm = std::chrono::steady_clock::now();
-      loss_sum += model_->forward(inputs_.data(), targets_.data(), Gpt<float>::Mode::kTrain, 1.0f / micro);
-      model_->backward(/*accumulate=*/m > 0);  // the first micro-batch overwrites: no zero_grad() pass
-      slow_down(tm);
-      moe_assigned += model_->moe_stats().assignments;
-      moe_dropped += model_->moe_stats().dropped;
-      moe_aux += model_->moe_stats().aux_loss / micro;
-    }
-    if (moe_assigned > 0) {
-      r.moe_aux_loss = moe_aux;
-      r.moe_dropped_fraction = static_cast<double>(moe_dropped) / static_cast<double>(moe_assigned);
-    }
-    r.loss = loss_sum / micro;
-    r.times.compute = phase(t0);
-  } else if (sync_->deterministic()) {
-    // Virtual micro-batch v of the job's sequence is a leaf of the fixed tree; this rank owns [r*A, (r+1)*A).
-    const int A = micro / sync_->size(), first = sync_->rank() * A;
-    std::vector<double> leaf_losses, leaf_aux;
-    double moe_local[3] = {0, 0, 0};
-    for (int v = 0; v < micro; ++v) {
-      train_.next_batch(inputs_.data(), targets_.data());
-      if (v < first || v >= first + A) continue;
-      const auto tm = std::chrono::steady_clock::now();
-      leaf_losses.push_back(
-          model_->forward(inputs_.data(), targets_.data(), Gpt<float>::Mode::kTrain, 1.0f / static_cast<float>(micro)));
-      model_->backward(/*accumulate=*/false);
-      slow_down(tm);
-      sync_->add_leaf(model_->grads());
-      moe_local[0] += static_cast<double>(model_->moe_stats().assignments);
-      moe_local[1] += static_cast<double>(model_->moe_stats().dropped);
-      moe_local[2] += model_->moe_stats().aux_loss;
-      leaf_aux.push_back(model_->moe_stats().aux_loss);
-    }
-    if (gpt_.moe.experts > 0) add_global_moe_stats(moe_local, micro, r, &leaf_aux);
-    r.times.compute = phase(t0);
-    sync_->finish(model_->grads());
-    for (double l : sync_->all_gather(leaf_losses)) loss_sum += l;  // virtual order, whatever D is
-    r.loss = loss_sum / micro;
-    r.times.dp_comm = sync_->take_comm_seconds();
-  } else {
-    const int D = sync_->size();
-    const bool uneven = !cfg_.dp_split.empty();
-    // Uneven: this replica owns the run [first, first + A) of the job's micro-batches (its loader yields all of them)
-    // and scales its gradients by D/micro, so the group's average is the sum over all micro-batches / micro, the
-    // single-process step whatever the split. Even: its own loader's A micro-batches, scaled 1/A (= D/micro).
-    const int A = uneven ? cfg_.dp_split[sync_->rank()] : micro / D;
-    const int first = uneven ? std::accumulate(cfg_.dp_split.begin(), cfg_.dp_split.begin() + sync_->rank(), 0) : 0;
-    const float scale = uneven ? static_cast<float>(D) / static_cast<float>(micro) : 1.0f / static_cast<float>(A);
-    double moe_local[3] = {0, 0, 0};  // assignments, dropped, aux loss summed over this replica's micro-batches
-    for (int v = 0, m = 0; v < (uneven ? micro : A); ++v) {
-      train_.next_batch(inputs_.data(), targets_.data());
-      if (v < first || v >= first + A) continue;  // another replica's micro-batch (uneven only)
-      const auto tm = std::chrono::steady_clock::now();
-      loss_sum += model_->forward(inputs_.data(), targets_.data(), Gpt<float>::Mode::kTrain, scale);
-      if (m == A - 1) sync_->arm(model_->grads());  // only the last micro-batch's backward communicates
-      model_->backward(/*accumulate=*/m > 0);
-      slow_down(tm);
-      moe_local[0] += static_cast<double>(model_->moe_stats().assignments);
-      moe_local[1] += static_cast<double>(model_->moe_stats().dropped);
-      moe_local[2] += model_->moe_stats().aux_loss;
-      ++m;
-    }
-    r.times.compute = phase(t0);
-    sync_->finish(model_->grads());
-    double sum = 0;
-    // Rank order: the same bits on every rank. Uneven: sums of losses, weighted by micro-batches.
-    for (double l : sync_->all_gather({uneven ? loss_sum : loss_sum / A})) sum += l;
-    r.loss = uneven ? sum / micro : sum / D;
-    if (gpt_.moe.experts > 0) add_global_moe_stats(moe_local, micro, r);
-    r.times.dp_comm = sync_->take_comm_seconds();
+  switch (pass_) {
+    case Pass::kStageDeterministic:
+      pass_stage_deterministic(r, micro);
+      break;
+    case Pass::kStage:
+      pass_stage(r, micro);
+      break;
+    case Pass::kSingle:
+      pass_single(r, micro, t0);
+      break;
+    case Pass::kDeterministic:
+      pass_deterministic(r, micro, t0);
+      break;
+    case Pass::kDataParallel:
+      pass_data_parallel(r, micro, t0);
+      break;
   }
-  const auto t_opt = std::chrono::steady_clock::now();
+  const auto t_opt = Clock::now();
+  r.grad_norm = gradient_norm();
+  if (any_rank_bad(r)) {
+    r.skipped = true;
+    ++bad_total_;
+    ++bad_consecutive_;
+  } else {
+    bad_consecutive_ = 0;
+    if (hooks_.before_update) hooks_.before_update();
+    update(r);
+  }
+  if (sync_ != nullptr) {
+    sync_->take_comm_seconds();  // the norm/flag gathers belong to the optimizer phase
+    sync_->take_gather_seconds();
+  }
+  r.times.optimizer = seconds_since(t_opt);
+  if (offload_) {
+    // The forward's waits for the previous step's update: optimizer time the overlap did not hide.
+    const double w = offload_->take_wait_seconds();
+    r.times.compute -= w;
+    r.times.optimizer += w;
+  }
+  ++step_;
+  r.seconds = seconds_since(t0);
+  r.cpu_seconds = process_cpu_seconds() - cpu0;
+  measure_rates(r, micro);
+  return r;
+}
+
+double Trainer::seconds_since(Clock::time_point a) { return std::chrono::duration<double>(Clock::now() - a).count(); }
+
+// The slow-down test knob: stretch this micro-batch's forward + backward to slow_factor x its wall time.
+void Trainer::slow_down(Clock::time_point since) const {
+  if (cfg_.slow_factor <= 1) return;
+  std::this_thread::sleep_for((Clock::now() - since) * (cfg_.slow_factor - 1));
+}
+
+Trainer::Pass Trainer::choose_pass() const {
+  if (sharded_ != nullptr) return sync_ != nullptr && sync_->deterministic() ? Pass::kStageDeterministic : Pass::kStage;
+  if (sync_ == nullptr) return Pass::kSingle;
+  return sync_->deterministic() ? Pass::kDeterministic : Pass::kDataParallel;
+}
+
+Trainer::Update Trainer::choose_update() const {
   const bool zero = sync_ != nullptr && sync_->zero_stage() > 0;
-  if (sharded_ != nullptr) {
-    r.grad_norm = zero ? sync_->grad_norm(sharded_->grads()) : sharded_->grad_norm(sharded_->grads());
-  } else {
-    // Expert-parallel storage: replicas hold different experts, so the sync adds the parts (owns_grad_norm).
-    r.grad_norm = zero || (sync_ != nullptr && sync_->owns_grad_norm()) ? sync_->grad_norm(model_->grads())
-                  : offload_ ? offload_norm_kernels()->global_norm(model_->grads(), model_->num_params())
-                             : opt_->global_norm(model_->grads());
+  if (sharded_ != nullptr) return zero ? Update::kStageZero : Update::kStage;
+  if (zero) return Update::kZero;
+  return offload_ ? Update::kOffload : Update::kAdamW;
+}
+
+// Deterministic tp/pp: each of this replica's virtual micro-batches is one leaf, run through the pipeline alone
+// (M = 1: no overlap of micro-batches, the price of a fixed summation order).
+void Trainer::pass_stage_deterministic(StepResult& r, int micro) {
+  double loss_sum = 0;
+  const int A = micro / sync_->size(), first = sync_->rank() * A;
+  std::vector<double> leaf_losses, leaf_aux;
+  double moe_local[3] = {0, 0, 0};
+  for (int v = 0; v < micro; ++v) {
+    if (v < first || v >= first + A) {
+      train_.next_batch(inputs_.data(), targets_.data());  // another replica's leaf
+      continue;
+    }
+    leaf_losses.push_back(sharded_->forward_backward(
+        1, [&](int32_t* in, int32_t* tgt) { train_.next_batch(in, tgt); }, 1.0f / static_cast<float>(micro), &r.times));
+    sync_->add_leaf(sharded_->grads());
+    if (double s[3]; sharded_->moe_stats(s)) {
+      for (int i = 0; i < 3; ++i) moe_local[i] += s[i];
+      leaf_aux.push_back(s[2]);
+    } else {
+      leaf_aux.push_back(0);
+    }
   }
+  if (gpt_.moe.experts > 0) add_global_moe_stats(moe_local, micro, r, &leaf_aux);
+  const auto t_dp = Clock::now();
+  sync_->finish(sharded_->grads());
+  for (double l : sync_->all_gather(leaf_losses)) loss_sum += l;  // virtual order
+  r.loss = loss_sum / micro;
+  sync_->take_comm_seconds();
+  r.times.dp_comm = seconds_since(t_dp);
+}
+
+// Tensor/pipeline parallel: the schedule runs this replica's A micro-batches; dp buckets are reduced as the last
+// micro-batch's backward finishes them.
+void Trainer::pass_stage(StepResult& r, int micro) {
+  const int dp = sync_ != nullptr ? sync_->size() : 1, A = micro / (dp / cfg_.cp);  // cp ranks share a replica's
+  if (sync_ != nullptr) sync_->arm(sharded_->grads());
+  r.loss = sharded_->forward_backward(
+      A, [&](int32_t* in, int32_t* tgt) { train_.next_batch(in, tgt); }, 1.0f / static_cast<float>(A), &r.times);
+  // Mixture of experts: the replica's statistics (summed over its stages), then over the dp replicas.
+  if (double s[3]; sharded_->moe_stats(s)) add_global_moe_stats(s, micro, r);
+  if (sync_ != nullptr) {
+    const auto t_dp = Clock::now();
+    sync_->finish(sharded_->grads());
+    double sum = 0;
+    for (double l : sync_->all_gather({r.loss})) sum += l;
+    r.loss = sum / dp;
+    sync_->take_comm_seconds();
+    r.times.dp_comm = seconds_since(t_dp);
+  }
+}
+
+// One process: every micro-batch of the step, gradients accumulated.
+void Trainer::pass_single(StepResult& r, int micro, Clock::time_point t0) {
+  double loss_sum = 0;
+  size_t moe_assigned = 0, moe_dropped = 0;
+  double moe_aux = 0;
+  for (int m = 0; m < micro; ++m) {
+    train_.next_batch(inputs_.data(), targets_.data());
+    const auto tm = Clock::now();
+    loss_sum += model_->forward(inputs_.data(), targets_.data(), Gpt<float>::Mode::kTrain, 1.0f / micro);
+    model_->backward(/*accumulate=*/m > 0);  // the first micro-batch overwrites: no zero_grad() pass
+    slow_down(tm);
+    moe_assigned += model_->moe_stats().assignments;
+    moe_dropped += model_->moe_stats().dropped;
+    moe_aux += model_->moe_stats().aux_loss / micro;
+  }
+  if (moe_assigned > 0) {
+    r.moe_aux_loss = moe_aux;
+    r.moe_dropped_fraction = static_cast<double>(moe_dropped) / static_cast<double>(moe_assigned);
+  }
+  r.loss = loss_sum / micro;
+  r.times.compute = seconds_since(t0);
+}
+
+// Virtual micro-batch v of the job's sequence is a leaf of the fixed tree; this rank owns [r*A, (r+1)*A).
+void Trainer::pass_deterministic(StepResult& r, int micro, Clock::time_point t0) {
+  double loss_sum = 0;
+  const int A = micro / sync_->size(), first = sync_->rank() * A;
+  std::vector<double> leaf_losses, leaf_aux;
+  double moe_local[3] = {0, 0, 0};
+  for (int v = 0; v < micro; ++v) {
+    train_.next_batch(inputs_.data(), targets_.data());
+    if (v < first || v >= first + A) continue;
+    const auto tm = Clock::now();
+    leaf_losses.push_back(
+        model_->forward(inputs_.data(), targets_.data(), Gpt<float>::Mode::kTrain, 1.0f / static_cast<float>(micro)));
+    model_->backward(/*accumulate=*/false);
+    slow_down(tm);
+    sync_->add_leaf(model_->grads());
+    moe_local[0] += static_cast<double>(model_->moe_stats().assignments);
+    moe_local[1] += static_cast<double>(model_->moe_stats().dropped);
+    moe_local[2] += model_->moe_stats().aux_loss;
+    leaf_aux.push_back(model_->moe_stats().aux_loss);
+  }
+  if (gpt_.moe.experts > 0) add_global_moe_stats(moe_local, micro, r, &leaf_aux);
+  r.times.compute = seconds_since(t0);
+  sync_->finish(model_->grads());
+  for (double l : sync_->all_gather(leaf_losses)) loss_sum += l;  // virtual order, whatever D is
+  r.loss = loss_sum / micro;
+  r.times.dp_comm = sync_->take_comm_seconds();
+}
+
+// Data parallel, even or uneven (--dp-split): the last micro-batch's backward hands its buckets to the reducer.
+void Trainer::pass_data_parallel(StepResult& r, int micro, Clock::time_point t0) {
+  double loss_sum = 0;
+  const int D = sync_->size();
+  const bool uneven = !cfg_.dp_split.empty();
+  // Uneven: this replica owns the run [first, first + A) of the job's micro-batches (its loader yields all of them)
+  // and scales its gradients by D/micro, so the group's average is the sum over all micro-batches / micro, the
+  // single-process step whatever the split. Even: its own loader's A micro-batches, scaled 1/A (= D/micro).
+  const int A = uneven ? cfg_.dp_split[sync_->rank()] : micro / D;
+  const int first = uneven ? std::accumulate(cfg_.dp_split.begin(), cfg_.dp_split.begin() + sync_->rank(), 0) : 0;
+  const float scale = uneven ? static_cast<float>(D) / static_cast<float>(micro) : 1.0f / static_cast<float>(A);
+  double moe_local[3] = {0, 0, 0};  // assignments, dropped, aux loss summed over this replica's micro-batches
+  for (int v = 0, m = 0; v < (uneven ? micro : A); ++v) {
+    train_.next_batch(inputs_.data(), targets_.data());
+    if (v < first || v >= first + A) continue;  // another replica's micro-batch (uneven only)
+    const auto tm = Clock::now();
+    loss_sum += model_->forward(inputs_.data(), targets_.data(), Gpt<float>::Mode::kTrain, scale);
+    if (m == A - 1) sync_->arm(model_->grads());  // only the last micro-batch's backward communicates
+    model_->backward(/*accumulate=*/m > 0);
+    slow_down(tm);
+    moe_local[0] += static_cast<double>(model_->moe_stats().assignments);
+    moe_local[1] += static_cast<double>(model_->moe_stats().dropped);
+    moe_local[2] += model_->moe_stats().aux_loss;
+    ++m;
+  }
+  r.times.compute = seconds_since(t0);
+  sync_->finish(model_->grads());
+  double sum = 0;
+  // Rank order: the same bits on every rank. Uneven: sums of losses, weighted by micro-batches.
+  for (double l : sync_->all_gather({uneven ? loss_sum : loss_sum / A})) sum += l;
+  r.loss = uneven ? sum / micro : sum / D;
+  if (gpt_.moe.experts > 0) add_global_moe_stats(moe_local, micro, r);
+  r.times.dp_comm = sync_->take_comm_seconds();
+}
+
+double Trainer::gradient_norm() {
+  const bool zero = update_ == Update::kStageZero || update_ == Update::kZero;
+  if (sharded_ != nullptr) return zero ? sync_->grad_norm(sharded_->grads()) : sharded_->grad_norm(sharded_->grads());
+  // Expert-parallel storage: replicas hold different experts, so the sync adds the parts (owns_grad_norm).
+  if (zero || (sync_ != nullptr && sync_->owns_grad_norm())) return sync_->grad_norm(model_->grads());
+  return offload_ ? offload_norm_kernels()->global_norm(model_->grads(), model_->num_params())
+                  : opt_->global_norm(model_->grads());
+}
+
+// Non-finite loss or gradient norm on any rank: every rank skips the update together.
+bool Trainer::any_rank_bad(const StepResult& r) {
   bool bad = !std::isfinite(r.loss) || !std::isfinite(r.grad_norm);
   if (sharded_ != nullptr) {
     bad = sharded_->any(bad);  // over the whole world: tp/pp peers and dp replicas take the same branch
@@ -387,48 +464,41 @@ StepResult Trainer::step() {
       bad = bad || f != 0;
     }
   }
-  if (bad) {
-    r.skipped = true;
-    ++bad_total_;
-    ++bad_consecutive_;
-  } else {
-    bad_consecutive_ = 0;
-    if (hooks_.before_update) hooks_.before_update();
-    const float lr = static_cast<float>(r.lr), scale = clip_factor(r.grad_norm, cfg_.grad_clip);
-    if (sharded_ != nullptr && zero) {
+  return bad;
+}
+
+// AdamW on this rank's parameters, through the path chosen at construction.
+void Trainer::update(const StepResult& r) {
+  const float lr = static_cast<float>(r.lr), scale = clip_factor(r.grad_norm, cfg_.grad_clip);
+  switch (update_) {
+    case Update::kStageZero:
       sync_->update(sharded_->params(), sharded_->grads(), lr, scale);  // own pieces, then all-gather over dp
       sharded_->params_changed();  // off the host: state() refreshes its parameter copy (a no-op on the CPU)
-    } else if (sharded_ != nullptr) {
+      break;
+    case Update::kStage:
       sharded_->update(sharded_->params(), sharded_->grads(), lr, scale);
-    } else if (zero) {
+      break;
+    case Update::kZero:
       sync_->update(model_->params(), model_->grads(), lr, scale);
-    } else if (offload_) {
+      break;
+    case Update::kOffload:
       // Off the host the update thread's side copies are not ordered after the compute stream: every kernel that
       // wrote the gradients or reads the parameters must be done first (on CUDA the norm's read already waited).
       if (!on_host()) device_->synchronize();
       offload_->start(model_->params(), model_->grads(), lr, scale);  // runs on while the next forward starts
-    } else {
+      break;
+    case Update::kAdamW:
       opt_->update(model_->params(), model_->grads(), lr, scale);
-    }
-    // The host copies are refreshed only when state() is asked for them (checkpoint, export): on CUDA that is
-    // 3 x 4 bytes x params of device->host traffic saved on every other step. (A sharded model and ZeRO's sync keep
-    // their own flags; state() asks them to refresh.)
-    if (!on_host() && model_) host_stale_ = true;
+      break;
   }
-  if (sync_ != nullptr) {
-    sync_->take_comm_seconds();  // the norm/flag gathers belong to the optimizer phase
-    sync_->take_gather_seconds();
-  }
-  r.times.optimizer = phase(t_opt);
-  if (offload_) {
-    // The forward's waits for the previous step's update: optimizer time the overlap did not hide.
-    const double w = offload_->take_wait_seconds();
-    r.times.compute -= w;
-    r.times.optimizer += w;
-  }
-  ++step_;
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  r.cpu_seconds = process_cpu_seconds() - cpu0;
+  // The host copies are refreshed only when state() is asked for them (checkpoint, export): on CUDA that is
+  // 3 x 4 bytes x params of device->host traffic saved on every other step. (A sharded model and ZeRO's sync keep
+  // their own flags; state() asks them to refresh.)
+  if (!on_host() && model_) host_stale_ = true;
+}
+
+// Tokens, FLOP/s and MFU of the step that took r.seconds.
+void Trainer::measure_rates(StepResult& r, int micro) {
   // Tokens of the whole job's step: with data parallelism every replica reports the global rate.
   const double tokens = static_cast<double>(micro) * cfg_.batch * cfg_.seq_len;
   r.tokens_per_second = tokens / r.seconds;
@@ -444,7 +514,6 @@ StepResult Trainer::step() {
     peak_flops_ = per_process;
   }
   r.mfu = peak_flops_ > 0 ? per_process / peak_flops_ : 0;
-  return r;
 }
 
 double Trainer::validate() {

@@ -2,6 +2,7 @@
 // warmup + cosine LR, periodic validation, NaN/Inf detection, and one log line per step.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <fstream>
 #include <functional>
@@ -17,10 +18,10 @@
 #include "worker/optim/adamw.h"
 #include "worker/optim/offload.h"
 #include "worker/optim/train_config.h"
-#include "worker/parallel/step_times.h"
 #include "worker/parallel/grad_sync.h"
-#include "worker/train/perf.h"
 #include "worker/parallel/sharded_model.h"
+#include "worker/parallel/step_times.h"
+#include "worker/train/perf.h"
 #include "worker/train/step_result.h"
 
 namespace railyard::worker {
@@ -38,7 +39,6 @@ class BatchSource {
   virtual std::optional<LoaderState> loader_state() const { return std::nullopt; }
   virtual void restore_loader(const LoaderState&) {}
 };
-
 
 // What a checkpoint needs besides the loader's own state (which the BatchSource owner keeps): views of the flat
 // buffers plus the counters. There is no training-time RNG (no dropout); the seed only fixes the initial weights.
@@ -139,6 +139,26 @@ class Trainer {
   const std::vector<std::pair<int64_t, double>>& val_history() const { return val_history_; }
 
  private:
+  using Clock = std::chrono::steady_clock;
+  // The step's forward and backward pass and its update, each chosen once at construction from the layout: a
+  // tensor/pipeline stage (deterministic or not), one process, the deterministic tree, or data parallelism (even or
+  // --dp-split); AdamW through the stage, ZeRO's sync, the offload thread or in memory.
+  enum class Pass { kStageDeterministic, kStage, kSingle, kDeterministic, kDataParallel };
+  enum class Update { kStageZero, kStage, kZero, kOffload, kAdamW };
+  Pass choose_pass() const;
+  Update choose_update() const;
+  // Each pass leaves r.loss (the step's mean over the whole job), the gradients reduced over dp, and its times.
+  void pass_stage_deterministic(StepResult& r, int micro);
+  void pass_stage(StepResult& r, int micro);
+  void pass_single(StepResult& r, int micro, Clock::time_point t0);
+  void pass_deterministic(StepResult& r, int micro, Clock::time_point t0);
+  void pass_data_parallel(StepResult& r, int micro, Clock::time_point t0);
+  double gradient_norm();
+  bool any_rank_bad(const StepResult& r);  // collective: every rank gets the same answer
+  void update(const StepResult& r);
+  void measure_rates(StepResult& r, int micro);
+  static double seconds_since(Clock::time_point a);
+  void slow_down(Clock::time_point since) const;
   // Data parallel: the step's MoE drop fraction and load-balancing loss over all replicas (collective over dp).
   // `leaf_aux` (deterministic mode): this rank's per-leaf load-balancing losses, summed in virtual order.
   void add_global_moe_stats(const double local[3], int micro, StepResult& r,
@@ -174,6 +194,8 @@ class Trainer {
   TrainMetrics* metrics_ = nullptr;
   TrainerHooks hooks_;
   std::string layout_;
+  Pass pass_ = Pass::kSingle;
+  Update update_ = Update::kAdamW;
   // Last member: destroyed first, so its thread stops before the model buffers it writes go away.
   std::unique_ptr<OffloadAdamW> offload_;
 };
