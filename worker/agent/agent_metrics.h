@@ -5,7 +5,7 @@
 #include <memory>
 
 #include "common/metrics/metrics.h"
-#include "worker/agent/pod_agent.h"
+#include "worker/agent/agent_config.h"
 
 namespace railyard::worker {
 

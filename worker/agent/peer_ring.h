@@ -14,7 +14,7 @@
 #include "common/rendezvous_protocol.h"
 #include "worker/agent/agent_metrics.h"
 #include "worker/agent/peer_copy.h"
-#include "worker/agent/pod_agent.h"
+#include "worker/agent/agent_config.h"
 
 namespace railyard::worker {
 

@@ -1,4 +1,5 @@
-// The options of `railyard-worker train`, typed and complete: built once by parse_train_options from, in this order of
+// The options of `railyard-worker train`, typed and complete: built once by parse_train_options (command_line.h) from,
+// in this order of
 // precedence, the command line, the worker configuration (--config FILE, what the agent writes from the TrainingJob),
 // the environment (LauncherEnv), and the defaults written in TrainOptions below (the only place they live). Every stage
 // of cmd_train reads this struct; none parses a flag or reads the environment again. docs/worker.md "Options".
@@ -110,21 +111,5 @@ struct TrainOptions {
   // How messages name an option: "--data", or "spec.data.train (--config FILE)" when the configuration set it.
   std::string name_of(const std::string& flag, const std::string& origin) const;
 };
-
-// Builds the options of `train` from argv[first..] (--help prints the usage and exits 0; a syntax error or an
-// unknown flag prints it and exits 2), the --config file and `env`. Throws ConfigError naming the flag, the
-// configuration's field or the variable, and the fix.
-TrainOptions parse_train_options(int argc, char** argv, int first, const LauncherEnv& env);
-
-// Every flag `train` takes (without "--"), sorted; usage.cc documents each.
-std::vector<std::string> train_flag_names();
-
-// The options of `railyard-worker gemm-rate`.
-struct GemmRateOptions {
-  std::string model = "gpt2-124m";
-  int batch = 4, seq = 64, threads = 0;
-  cpu::GemmThreading split = cpu::GemmThreading::kPool;
-};
-GemmRateOptions parse_gemm_rate_options(int argc, char** argv, int first);
 
 }  // namespace railyard::worker

@@ -1,7 +1,7 @@
 // `railyard-worker train`'s options (worker/cmd/train_options.h): built once from the command line, the worker
 // configuration (--config), the environment and the defaults, in that precedence; a bad value is refused naming the
 // flag, the configuration's field or the variable.
-#include "worker/cmd/train_options.h"
+#include "worker/cmd/command_line.h"
 
 #include <doctest/doctest.h>
 #include <unistd.h>
