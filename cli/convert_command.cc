@@ -8,6 +8,7 @@
 #include "cli/cli.h"
 #include "cli/convert.h"
 #include "cli/manifest_yaml.h"
+#include "common/atomic_file.h"
 #include "common/error.h"
 #include "operator/controller/api.h"
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cli/cli.h"
+#include "common/atomic_file.h"
 #include "common/error.h"
 #include "common/model_presets.h"
 #include "planner/calibration.h"

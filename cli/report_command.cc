@@ -9,6 +9,7 @@
 #include "checkpoint/reader.h"
 #include "cli/cli.h"
 #include "cli/report.h"
+#include "common/atomic_file.h"
 #include "common/error.h"
 
 namespace railyard::cli {

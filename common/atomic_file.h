@@ -33,8 +33,9 @@ class AtomicFileWriter {
   bool committed_ = false;
 };
 
-// The whole-file form with a choice of durability (error.h's write_file_atomic is the Durable one).
-void write_file_atomic(const std::string& path, const std::string& data, Durability durability);
+// Writes a whole file atomically (temp file in the same directory, fsync, rename, fsync the directory unless
+// durability says otherwise); throws Error.
+void write_file_atomic(const std::string& path, const std::string& data, Durability durability = Durability::Durable);
 
 // fsync a directory so renames inside it survive a crash; throws railyard::Error.
 void fsync_directory(const std::string& dir);

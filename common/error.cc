@@ -6,8 +6,6 @@
 #include <fstream>
 #include <sstream>
 
-#include "common/atomic_file.h"
-
 namespace railyard {
 
 std::string read_file(const std::string& path, const std::string& what) {
@@ -17,10 +15,6 @@ std::string read_file(const std::string& path, const std::string& what) {
   ss << in.rdbuf();
   if (in.bad()) throw ConfigError(what + " " + path + ": read failed: " + std::strerror(errno));
   return ss.str();
-}
-
-void write_file_atomic(const std::string& path, const std::string& data) {
-  write_file_atomic(path, data, Durability::Durable);
 }
 
 std::string env_or(const char* name, const std::string& fallback) {

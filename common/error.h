@@ -22,10 +22,6 @@ class ConfigError : public Error {
 // Reads a whole file; throws ConfigError("<what> <path>: <strerror>") when it cannot.
 std::string read_file(const std::string& path, const std::string& what = "file");
 
-// Writes a file atomically (temp file in the same directory, fsync, rename, fsync the directory); throws Error.
-// common/atomic_file.h has the streaming form.
-void write_file_atomic(const std::string& path, const std::string& data);
-
 // Environment variable or fallback.
 std::string env_or(const char* name, const std::string& fallback);
 

@@ -22,6 +22,7 @@
 #include "operator/controller/gang_order.h"
 #include "operator/controller/lifecycle.h"
 #include "operator/controller/network_policy.h"
+#include "operator/controller/pending_event.h"
 #include "operator/controller/placement.h"
 #include "operator/controller/pod_builder.h"
 #include "operator/controller/pod_state.h"
@@ -32,12 +33,6 @@ namespace railyard::op {
 
 // The restart request annotations (railyard.dev/restart-request, -detector, -handled) and the monitor's request JSON
 // are the contract in common/restart_request.h.
-
-// An event recorded once the reconcile's status is written.
-struct PendingEvent {
-  bool warning;
-  std::string reason, message;
-};
 
 struct Sync;  // one reconcile's state through the stages (sync.h)
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "operator/controller/api.h"
-#include "operator/controller/controller.h"
+#include "operator/controller/pending_event.h"
 #include "operator/controller/placement.h"
 #include "operator/controller/plan_glue.h"
 #include "operator/controller/pod_state.h"

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "common/log.h"
+#include "operator/controller/controller.h"
 #include "operator/controller/failure_policy.h"
 #include "operator/controller/lifecycle.h"
 #include "operator/controller/pod_builder.h"

@@ -9,6 +9,7 @@
 
 #include "common/log.h"
 #include "common/metrics/job_labels.h"
+#include "operator/controller/controller.h"
 #include "operator/controller/failure_policy.h"
 #include "operator/controller/lifecycle.h"
 #include "operator/controller/nccl_env.h"

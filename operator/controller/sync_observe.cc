@@ -7,6 +7,7 @@
 #include <set>
 
 #include "common/log.h"
+#include "operator/controller/controller.h"
 #include "operator/controller/failure_policy.h"
 #include "operator/controller/lifecycle.h"
 #include "operator/controller/nccl_env.h"

@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "common/wellknown.h"
+#include "operator/controller/controller.h"
 #include "operator/controller/nccl_env.h"
 #include "operator/controller/plan_glue.h"
 #include "operator/controller/pod_builder.h"

@@ -8,6 +8,7 @@
 
 #include "common/log.h"
 #include "common/wellknown.h"
+#include "operator/controller/controller.h"
 #include "operator/controller/failure_policy.h"
 #include "operator/controller/lifecycle.h"
 #include "operator/controller/nccl_env.h"

@@ -36,6 +36,7 @@
 #include <string>
 #include <thread>
 
+#include "common/atomic_file.h"
 #include "common/error.h"
 #include "common/log.h"
 

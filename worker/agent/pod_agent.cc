@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "checkpoint/shm_store.h"
+#include "common/atomic_file.h"
 #include "common/error.h"
 #include "common/flash_checkpoint.h"
 #include "common/log.h"

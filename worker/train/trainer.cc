@@ -9,6 +9,7 @@
 #include <numeric>
 #include <thread>
 
+#include "common/atomic_file.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "worker/data/gpt2_bpe.h"

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "common/atomic_file.h"
 #include "common/log.h"
 
 namespace railyard::node_agent {

@@ -7,19 +7,10 @@
 #include <string>
 
 #include "common/kube/client.h"
+#include "deploy/local/node_agent/agent_options.h"
 #include "deploy/local/node_agent/topology.h"
 
 namespace railyard::node_agent {
-
-struct AgentOptions {
-  std::string state_dir;
-  Topology topology;
-  std::chrono::milliseconds lease_interval{1000};
-  int lease_duration_seconds = 40;
-  std::chrono::seconds node_status_interval{10};  // Ready=True re-asserted this often for up nodes
-  int heartbeat_workers = 8;                      // concurrent lease renewals (and node registrations)
-  std::chrono::seconds shutdown_grace{5};         // SIGTERM -> SIGKILL for pods when the agent stops
-};
 
 class Agent {
  public:

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "common/kube/client.h"
-#include "deploy/local/node_agent/node_agent.h"
+#include "deploy/local/node_agent/agent_options.h"
 #include "deploy/local/node_agent/topology.h"
 
 namespace railyard::node_agent {

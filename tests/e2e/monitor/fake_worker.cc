@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 
+#include "common/atomic_file.h"
 #include "common/error.h"
 #include "common/metrics/metrics.h"
 

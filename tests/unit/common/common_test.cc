@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <string>
 
+#include "common/atomic_file.h"
 #include "common/error.h"
 #include "common/log.h"
 

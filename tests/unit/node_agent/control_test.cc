@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <string>
 
+#include "common/atomic_file.h"
 #include "common/error.h"
 
 namespace na = railyard::node_agent;

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 
+#include "common/atomic_file.h"
 #include "common/error.h"
 
 using namespace railyard::op;
