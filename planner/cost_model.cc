@@ -241,50 +241,68 @@ std::string check_layout(const Job& job, const Cluster& c, const Layout& l) {
 
 Estimate estimate(const Job& job, const Cluster& c, const Layout& l) { return estimate(job, c, l, PlacedTiers{}); }
 
-Estimate estimate(const Job& job, const Cluster& c, const Layout& l, const PlacedTiers& placed) {
-  const std::string why = check_layout(job, c, l);
-  if (!why.empty()) throw ConfigError("layout " + describe(l) + ": " + why);
-  const ModelShape& m = job.model;
-  const DeviceProfile& d = c.device;
-  const Topology& topo = c.topology;
-  const int gpn = topo.gpus_per_node;
-  Estimate e;
-  e.layout = l;
-  const long long mb = job.global_batch / (static_cast<long long>(l.dp) * l.micro_batch);
-  e.micro_batches = static_cast<int>(mb);
-  e.params_total = parameter_count(m);
+namespace {
 
-  // Placement: tensor ranks fastest, then data, then pipeline (rank = (pp_rank*dp + dp_rank)*tp + tp_rank), packed
-  // from a unit boundary. A stage is dp*tp GPUs.
+// The tiers the data-parallel and the pipeline rings run on.
+struct RingTiers {
+  Tier dp = kNode, pp = kNode;
+};
+
+// Placement: tensor ranks fastest, then data, then pipeline (rank = (pp_rank*dp + dp_rank)*tp + tp_rank), packed
+// from a unit boundary. A stage is dp*tp GPUs. `placed` (the scheduler's actual placement) overrides each tier.
+RingTiers ring_tiers(const Layout& l, const Topology& topo, const PlacedTiers& placed) {
+  const int gpn = topo.gpus_per_node;
   const long long stage_gpus = static_cast<long long>(l.dp) * l.tp;
   const long long stage_nodes = (stage_gpus + gpn - 1) / gpn;
-  Tier dp_tier = kNode, pp_tier = kNode;
+  RingTiers r;
   if (stage_gpus > gpn) {
-    for (int k = 0; k < l.pp; ++k) dp_tier = std::max(dp_tier, tier_of_block(k * stage_nodes, stage_nodes, topo));
+    for (int k = 0; k < l.pp; ++k) r.dp = std::max(r.dp, tier_of_block(k * stage_nodes, stage_nodes, topo));
   }
   if (l.pp > 1 && 2 * stage_gpus > gpn) {
     for (int k = 0; k + 1 < l.pp; ++k) {
-      pp_tier = std::max(pp_tier, tier_of_block(k * stage_nodes, std::max<long long>(2, 2 * stage_nodes), topo));
+      r.pp = std::max(r.pp, tier_of_block(k * stage_nodes, std::max<long long>(2, 2 * stage_nodes), topo));
     }
   }
-  if (placed.dp >= 0) dp_tier = static_cast<Tier>(std::min<int>(placed.dp, kSpine));
-  if (placed.pp >= 0) pp_tier = static_cast<Tier>(std::min<int>(placed.pp, kSpine));
-  e.dp_tier = l.dp == 1 ? "none" : kTierNames[dp_tier];
-  const Link tp_link = nvlink(d), dp_link = rail(d, topo, dp_tier), pp_link = rail(d, topo, pp_tier);
+  if (placed.dp >= 0) r.dp = static_cast<Tier>(std::min<int>(placed.dp, kSpine));
+  if (placed.pp >= 0) r.pp = static_cast<Tier>(std::min<int>(placed.pp, kSpine));
+  return r;
+}
 
-  // Compute per micro-batch of the first and the last stage (embedding on the first, LM head + loss on the last).
+// The bottleneck stage, per micro-batch: what the time, parameter and memory steps share.
+struct Stage {
+  double layers = 0;  // v chunks of ceil(L/(p v)) layers
+  LayerTime lt;
+  double n = 0, h = 0, V = 0, t = 0;  // tokens per micro-batch, hidden size, vocabulary, tensor degree
+  double head = 0, embed = 0;         // LM head + loss (last stage), embedding (first stage)
+};
+
+Stage stage_of(const ModelShape& m, const DeviceProfile& d, const Layout& l, const Link& tp_link) {
+  Stage st;
   // The bottleneck stage's layers: v chunks of ceil(L/(p v)) (chunks differ by at most one layer).
   const int chunks = l.pp * l.interleave;
-  const double layers_per_stage = double(l.interleave) * ((m.layers + chunks - 1) / chunks);
-  const LayerTime lt = layer_time(m, d, l, tp_link);
-  const double n = double(l.micro_batch) * m.seq, h = m.hidden, V = m.vocab, t = l.tp;
-  const double head = 3 * gemm_time(d, n, V / t, h) + memory_time(d, n * V / t * 4 * 4, 4);
-  const double embed = memory_time(d, 3 * n * h * d.activation_bytes, 2);
-  const double layers_compute = layers_per_stage * (lt.forward + lt.backward + lt.recompute);
-  const double first = layers_compute + embed + (l.pp == 1 ? head : 0);
-  const double last = layers_compute + head;
+  st.layers = double(l.interleave) * ((m.layers + chunks - 1) / chunks);
+  st.lt = layer_time(m, d, l, tp_link);
+  st.n = double(l.micro_batch) * m.seq;
+  st.h = m.hidden;
+  st.V = m.vocab;
+  st.t = l.tp;
+  const double n = st.n, h = st.h, V = st.V, t = st.t;
+  st.head = 3 * gemm_time(d, n, V / t, h) + memory_time(d, n * V / t * 4 * 4, 4);
+  st.embed = memory_time(d, 3 * n * h * d.activation_bytes, 2);
+  return st;
+}
+
+// Compute per micro-batch of the first and the last stage (embedding on the first, LM head + loss on the last),
+// their collectives and the bubble: e.time's compute, tp_comm, pp_comm and bubble, and e.bubble_fraction. Returns
+// the pipeline's time per step.
+double pipeline_time(Estimate& e, const Stage& st, const Layout& l, const DeviceProfile& d, const Link& pp_link,
+                     long long mb) {
+  const double n = st.n, h = st.h, t = st.t;
+  const double layers_compute = st.layers * (st.lt.forward + st.lt.backward + st.lt.recompute);
+  const double first = layers_compute + st.embed + (l.pp == 1 ? st.head : 0);
+  const double last = layers_compute + st.head;
   const double stage_compute = std::max(first, last);
-  const double stage_tp = layers_per_stage * lt.tp_comm;
+  const double stage_tp = st.layers * st.lt.tp_comm;
   // Send activations forward, gradients backward; Megatron's scatter-gather sends 1/t of them per tensor rank.
   double stage_pp = 0;
   if (l.pp > 1) {
@@ -298,15 +316,28 @@ Estimate estimate(const Job& job, const Cluster& c, const Layout& l, const Place
   e.time.bubble = l.pp > 1 ? double(l.pp - 1) / l.interleave * per_micro_batch : 0;
   const double pipeline = mb * per_micro_batch + e.time.bubble;
   e.bubble_fraction = pipeline > 0 ? e.time.bubble / pipeline : 0;
+  return pipeline;
+}
 
-  // Parameters per GPU of the first and last stages (the last holds the tied LM head's copy of the embedding).
-  const double layer_local = layers_per_stage * layer_params_local(m, l.tp);
-  const double first_params = layer_local + V * h / t + double(m.seq) * h + (l.pp == 1 ? 2 * h : 0);
-  const double last_params = layer_local + V * h / t + 2 * h;
-  const double local_params = l.pp == 1 ? first_params : std::max(first_params, last_params);
-  e.params_per_gpu = local_params;
+// Parameters per GPU of the first and last stages, and of this GPU (the larger).
+struct StageParams {
+  double first = 0, last = 0, local = 0;
+};
 
-  // Data-parallel reduction of this GPU's gradients (ring on the dp group's tier).
+// The last stage holds the tied LM head's copy of the embedding.
+StageParams stage_params(const ModelShape& m, const Layout& l, const Stage& st) {
+  const double h = st.h, V = st.V, t = st.t;
+  const double layer_local = st.layers * layer_params_local(m, l.tp);
+  StageParams p;
+  p.first = layer_local + V * h / t + double(m.seq) * h + (l.pp == 1 ? 2 * h : 0);
+  p.last = layer_local + V * h / t + 2 * h;
+  p.local = l.pp == 1 ? p.first : std::max(p.first, p.last);
+  return p;
+}
+
+// Data-parallel reduction of this GPU's gradients (ring on the dp group's tier): e.time's dp_comm and dp_exposed.
+void dp_time(Estimate& e, const DeviceProfile& d, const Layout& l, const Link& dp_link, const Stage& st,
+             double local_params, long long mb) {
   const double grad_bytes = local_params * d.grad_bytes, weight_bytes = local_params * d.weight_bytes;
   double reduce = 0, gather = 0;
   if (l.zero == 0) {
@@ -317,22 +348,33 @@ Estimate estimate(const Job& job, const Cluster& c, const Layout& l, const Place
     if (l.zero == 3) gather = 2.0 * mb * gather;           // weights gathered for every forward and backward
   }
   e.time.dp_comm = reduce + gather;
-  const double window = d.overlap_dp ? lt.backward * layers_per_stage : 0;
+  const double window = d.overlap_dp ? st.lt.backward * st.layers : 0;
   e.time.dp_exposed = std::max(0.0, reduce - window) + gather;
+}
 
+// The optimizer step's exposed time (e.time.optimizer) and, offloaded, its host update (e.time.offload).
+void optimizer_time(Estimate& e, const ModelShape& m, const DeviceProfile& d, const Layout& l, const Stage& st,
+                    double local_params) {
+  const double h = st.h, V = st.V;
   const double optimizer_params = local_params / (l.zero >= 1 ? l.dp : 1);
   e.time.optimizer = memory_time(d, optimizer_params * d.optimizer_step_bytes, 4);
   if (l.offload) {
     // The update of step k runs on the host while step k+1's first forward reads the groups it has finished.
     e.time.offload = offload_update_seconds(d, optimizer_params);
     const double embedding_share = (V * h + double(m.seq) * h) / local_params;
-    const double forward = layers_per_stage * lt.forward + embed;
+    const double forward = st.layers * st.lt.forward + st.embed;
     e.time.optimizer = offload_exposed_seconds(e.time.offload, embedding_share, forward);
   }
-  e.time.step = pipeline + e.time.dp_exposed + e.time.optimizer;
+}
 
-  // Memory of the first stage (most micro-batches in flight) and the last (LM head logits); keep the larger.
-  auto sharded = [&](double per_param, int from_stage) { return per_param / (l.zero >= from_stage ? l.dp : 1); };
+// Activation bytes of the first stage (most micro-batches in flight) and the last (LM head logits).
+struct StageActivations {
+  double first = 0, last = 0;
+};
+
+StageActivations stage_activations(const ModelShape& m, const DeviceProfile& d, const Layout& l, const Stage& st,
+                                   long long mb) {
+  const double n = st.n, h = st.h, V = st.V, t = st.t;
   const double layer_act = layer_activation_bytes(m, d, l);
   const double in_flight = l.pp == 1 ? 1.0
                            : l.interleave == 1
@@ -345,29 +387,34 @@ Estimate estimate(const Job& job, const Cluster& c, const Layout& l, const Place
   const double embed_act = n * h * d.activation_bytes / (l.sequence_parallel ? t : 1);
   // Narrow (16-bit) logits get an fp32 copy for the loss; fp32 logits are used as they are.
   const double logits = n * V / t * (d.activation_bytes + (d.activation_bytes < 4 ? 4 : 0));
-  const double first_act =
-      layers_per_stage * layer_act * in_flight + working + in_flight * embed_act + (l.pp == 1 ? logits : 0);
-  const double last_act = layers_per_stage * layer_act + working + logits;
-  auto memory_of = [&](double params, double act) {
-    MemoryBreakdown mem;
-    mem.params = sharded(params * d.weight_bytes, 3);
-    mem.grads = sharded(params * d.grad_bytes, 2);
-    mem.optimizer = sharded(params * d.optimizer_bytes, 1);
-    if (l.offload) {
-      // The state moves to the host, with a gradient copy to update from (zero 0 only: nothing is sharded).
-      mem.host = mem.optimizer + params * d.grad_bytes;
-      mem.optimizer = 0;
-    }
-    mem.activations = act;
-    mem.workspace = d.workspace_bytes;
-    return mem;
-  };
-  const MemoryBreakdown mf = memory_of(first_params, first_act);
-  const MemoryBreakdown ml = memory_of(last_params, last_act);
-  e.memory = (l.pp == 1 || mf.total() >= ml.total()) ? mf : ml;
-  e.memory_capacity = d.memory_bytes * d.usable_memory_fraction;
-  e.fits = e.memory.total() <= e.memory_capacity;
+  StageActivations a;
+  a.first = st.layers * layer_act * in_flight + working + in_flight * embed_act + (l.pp == 1 ? logits : 0);
+  a.last = st.layers * layer_act + working + logits;
+  return a;
+}
 
+// A stage's memory: weights, gradients and optimizer state, sharded by ZeRO from the stage that shards each.
+MemoryBreakdown memory_of(const DeviceProfile& d, const Layout& l, double params, double act) {
+  auto sharded = [&](double per_param, int from_stage) { return per_param / (l.zero >= from_stage ? l.dp : 1); };
+  MemoryBreakdown mem;
+  mem.params = sharded(params * d.weight_bytes, 3);
+  mem.grads = sharded(params * d.grad_bytes, 2);
+  mem.optimizer = sharded(params * d.optimizer_bytes, 1);
+  if (l.offload) {
+    // The state moves to the host, with a gradient copy to update from (zero 0 only: nothing is sharded).
+    mem.host = mem.optimizer + params * d.grad_bytes;
+    mem.optimizer = 0;
+  }
+  mem.activations = act;
+  mem.workspace = d.workspace_bytes;
+  return mem;
+}
+
+// Tokens per second, model and hardware FLOP/s per GPU, MFU and days to the token budget.
+void throughput(Estimate& e, const Job& job, const Cluster& c, const Layout& l) {
+  const ModelShape& m = job.model;
+  const DeviceProfile& d = c.device;
+  const double h = m.hidden;
   const double tokens_per_step = double(job.global_batch) * m.seq;
   e.tokens_per_s = tokens_per_step / e.time.step;
   const double model_flops = model_flops_per_token(m);
@@ -378,6 +425,43 @@ Estimate estimate(const Job& job, const Cluster& c, const Layout& l, const Place
   e.hardware_flops_per_gpu = (model_flops + extra) * e.tokens_per_s / c.gpus;
   e.mfu = e.model_flops_per_gpu / d.peak_flops;
   e.days = job.tokens > 0 ? job.tokens / e.tokens_per_s / 86400.0 : 0;
+}
+
+}  // namespace
+
+Estimate estimate(const Job& job, const Cluster& c, const Layout& l, const PlacedTiers& placed) {
+  const std::string why = check_layout(job, c, l);
+  if (!why.empty()) throw ConfigError("layout " + describe(l) + ": " + why);
+  const ModelShape& m = job.model;
+  const DeviceProfile& d = c.device;
+  const Topology& topo = c.topology;
+  Estimate e;
+  e.layout = l;
+  const long long mb = job.global_batch / (static_cast<long long>(l.dp) * l.micro_batch);
+  e.micro_batches = static_cast<int>(mb);
+  e.params_total = parameter_count(m);
+
+  const RingTiers tiers = ring_tiers(l, topo, placed);
+  e.dp_tier = l.dp == 1 ? "none" : kTierNames[tiers.dp];
+  const Link tp_link = nvlink(d), dp_link = rail(d, topo, tiers.dp), pp_link = rail(d, topo, tiers.pp);
+
+  const Stage st = stage_of(m, d, l, tp_link);
+  const double pipeline = pipeline_time(e, st, l, d, pp_link, mb);
+  const StageParams params = stage_params(m, l, st);
+  e.params_per_gpu = params.local;
+  dp_time(e, d, l, dp_link, st, params.local, mb);
+  optimizer_time(e, m, d, l, st, params.local);
+  e.time.step = pipeline + e.time.dp_exposed + e.time.optimizer;
+
+  // Memory of the first stage and the last; keep the larger.
+  const StageActivations act = stage_activations(m, d, l, st, mb);
+  const MemoryBreakdown mf = memory_of(d, l, params.first, act.first);
+  const MemoryBreakdown ml = memory_of(d, l, params.last, act.last);
+  e.memory = (l.pp == 1 || mf.total() >= ml.total()) ? mf : ml;
+  e.memory_capacity = d.memory_bytes * d.usable_memory_fraction;
+  e.fits = e.memory.total() <= e.memory_capacity;
+
+  throughput(e, job, c, l);
   return e;
 }
 

@@ -285,20 +285,36 @@ struct RendezvousService::Impl {
     if (auto r = authorize(req.ref.key(), token, &job)) return *r;
     if (job->closed) return error_reply(410, st::kClosed, "job " + req.ref.key() + " was closed by the operator");
     const int64_t gen = job->spec.generation;
-    if (!job->index.count(req.ref.pod)) {
+    if (auto r = refuse_join(req, *job, gen)) return *r;
+    if (job->complete) return join_started(req, *job, gen, ev);
+
+    const auto now = Clock::now();
+    const Member& m = record_join(req, *job, now);
+    if (job->joined.size() == job->spec.pods.size()) return complete_world(req, *job, gen);
+
+    const auto hold = std::min<int64_t>(req.wait_ms, opts.max_poll.count());
+    const auto hold_until = now + std::chrono::milliseconds(hold);
+    const auto deadline = m.wait_start + opts.join_timeout;
+    return wait_for_world(lock, req, gen, deadline, hold_until, ev);
+  }
+
+  // Under mu. The reply refusing a join of `req` to generation `gen` of `job`: a pod that is not a member, a process
+  // count the generation does not run, a pod that no longer (or not yet) holds its name; nullopt when it may join.
+  std::optional<Reply> refuse_join(const rdzv::JoinRequest& req, const Job& job, int64_t gen) {
+    if (!job.index.count(req.ref.pod)) {
       Reply r = error_reply(409, st::kNotMember,
                             "pod " + req.ref.pod + " is not part of generation " + std::to_string(gen) + " of job " +
-                                req.ref.key() + " (pods: " + join_names(job->spec.pods) +
+                                req.ref.key() + " (pods: " + join_names(job.spec.pods) +
                                 "); wait for the operator to open a generation with it");
       r.body["generation"] = gen;
       return r;
     }
-    if (req.local_procs != job->spec.procs_per_pod) {
+    if (req.local_procs != job.spec.procs_per_pod) {
       return error_reply(
           400, st::kError,
           "field 'local_procs' is " + std::to_string(req.local_procs) + " but generation " + std::to_string(gen) +
-              " runs " + std::to_string(job->spec.procs_per_pod) +
-              " processes per pod: set RAILYARD_PROCS_PER_POD=" + std::to_string(job->spec.procs_per_pod));
+              " runs " + std::to_string(job.spec.procs_per_pod) +
+              " processes per pod: set RAILYARD_PROCS_PER_POD=" + std::to_string(job.spec.procs_per_pod));
     }
     switch (holder_of(req.ref)) {
       case Holder::kFenced:
@@ -313,22 +329,28 @@ struct RendezvousService::Impl {
       case Holder::kYes:
         break;
     }
-    if (job->complete) {
-      const Member& m = job->joined.at(req.ref.pod);
-      if (m.agent_id == req.agent_id) return {200, rdzv::to_json(assignment(*job, req.ref.pod))};
-      if (job->exits.insert({req.ref.pod, -1}).second) {
-        ev.exits.push_back({req.ref.key(), gen, req.ref.pod, -1, -1, -1, 0, "agent_restarted"});
-      }
-      Reply r = error_reply(409, st::kStarted,
-                            "generation " + std::to_string(gen) + " of job " + req.ref.key() +
-                                " already started with another agent on pod " + req.ref.pod +
-                                "; wait for the operator to open a new generation");
-      r.body["generation"] = gen;
-      return r;
-    }
+    return std::nullopt;
+  }
 
-    const auto now = Clock::now();
-    Member& m = job->joined[req.ref.pod];
+  // Under mu. A join to a generation that already started: the same agent gets its assignment again; another agent
+  // on the pod is an agent restart, reported once as an exit of the pod (local rank -1).
+  Reply join_started(const rdzv::JoinRequest& req, Job& job, int64_t gen, Events& ev) {
+    const Member& m = job.joined.at(req.ref.pod);
+    if (m.agent_id == req.agent_id) return {200, rdzv::to_json(assignment(job, req.ref.pod))};
+    if (job.exits.insert({req.ref.pod, -1}).second) {
+      ev.exits.push_back({req.ref.key(), gen, req.ref.pod, -1, -1, -1, 0, "agent_restarted"});
+    }
+    Reply r = error_reply(409, st::kStarted,
+                          "generation " + std::to_string(gen) + " of job " + req.ref.key() +
+                              " already started with another agent on pod " + req.ref.pod +
+                              "; wait for the operator to open a new generation");
+    r.body["generation"] = gen;
+    return r;
+  }
+
+  // Under mu. Records the pod as joined; another agent, or the first join after a 408, opens a new wait window.
+  const Member& record_join(const rdzv::JoinRequest& req, Job& job, Clock::time_point now) {
+    Member& m = job.joined[req.ref.pod];
     if (m.agent_id != req.agent_id || !m.window_open) {
       m.wait_start = now;
       m.window_open = true;
@@ -338,26 +360,31 @@ struct RendezvousService::Impl {
     m.ip = req.pod_ip;
     m.store_port = req.store_port;
     m.peer_port = req.peer_port;
+    return m;
+  }
 
-    if (job->joined.size() == job->spec.pods.size()) {
-      job->complete = true;
-      const Member& zero = job->joined.at(job->spec.pods.front());
-      job->master_addr = zero.ip;
-      job->master_port = zero.store_port > 0
-                             ? zero.store_port
-                             : opts.default_store_port_base + static_cast<int>(fnv1a(req.ref.key()) % 1000);
-      log::info(kComponent, "world complete",
-                {{"job", req.ref.key()},
-                 {"generation", std::to_string(gen)},
-                 {"world_size", std::to_string(job->world())},
-                 {"master", job->master_addr + ":" + std::to_string(job->master_port)}});
-      cv.notify_all();
-      return {200, rdzv::to_json(assignment(*job, req.ref.pod))};
-    }
+  // Under mu. Every pod has joined: the world is complete, its master is the first pod's store; wakes the waiters.
+  Reply complete_world(const rdzv::JoinRequest& req, Job& job, int64_t gen) {
+    job.complete = true;
+    const Member& zero = job.joined.at(job.spec.pods.front());
+    job.master_addr = zero.ip;
+    job.master_port = zero.store_port > 0
+                          ? zero.store_port
+                          : opts.default_store_port_base + static_cast<int>(fnv1a(req.ref.key()) % 1000);
+    log::info(kComponent, "world complete",
+              {{"job", req.ref.key()},
+               {"generation", std::to_string(gen)},
+               {"world_size", std::to_string(job.world())},
+               {"master", job.master_addr + ":" + std::to_string(job.master_port)}});
+    cv.notify_all();
+    return {200, rdzv::to_json(assignment(job, req.ref.pod))};
+  }
 
-    const auto hold = std::min<int64_t>(req.wait_ms, opts.max_poll.count());
-    const auto hold_until = now + std::chrono::milliseconds(hold);
-    const auto deadline = m.wait_start + opts.join_timeout;
+  // `lock` holds mu, released only while waiting on cv. Waits for generation `gen` to complete: the assignment, or
+  // 408 at `deadline`, 202 (still waiting) at `hold_until`, or what changed meanwhile (the job closed, forgotten,
+  // superseded, this pod fenced, the world started without this agent, the service stopping).
+  Reply wait_for_world(std::unique_lock<std::mutex>& lock, const rdzv::JoinRequest& req, int64_t gen,
+                       Clock::time_point deadline, Clock::time_point hold_until, Events& ev) {
     const std::string key = req.ref.key();
     const std::string pod = req.ref.pod;
     const std::string agent_id = req.agent_id;
@@ -382,22 +409,7 @@ struct RendezvousService::Impl {
         return error_reply(409, st::kStarted, "generation started without this agent: wait for a new generation");
       }
       const auto t = Clock::now();
-      if (t >= deadline) {
-        auto missing = j.missing();
-        auto mit = j.joined.find(pod);
-        if (mit != j.joined.end()) mit->second.window_open = false;
-        const std::string msg = "generation " + std::to_string(gen) + " of job " + key + " did not complete within " +
-                                std::to_string(opts.join_timeout.count()) + " ms: missing pods " + join_names(missing);
-        log::warn(kComponent, "join timed out", {{"job", key}, {"pod", pod}, {"missing", join_names(missing)}});
-        if (!j.timeout_reported) {
-          j.timeout_reported = true;
-          ev.timeouts.push_back({key, gen, missing, j.joined_names()});
-        }
-        Reply r = error_reply(408, st::kTimeout, msg);
-        r.body["missing"] = missing;
-        r.body["generation"] = gen;
-        return r;
-      }
+      if (t >= deadline) return join_timeout(j, key, pod, gen, ev);
       if (t >= hold_until) {
         auto missing = j.missing();
         return {202,
@@ -409,6 +421,25 @@ struct RendezvousService::Impl {
       }
       cv.wait_until(lock, std::min(deadline, hold_until));
     }
+  }
+
+  // Under mu. The pod's wait window closed at its deadline: 408 naming the missing pods; the join timeout event goes
+  // out once per generation.
+  Reply join_timeout(Job& j, const std::string& key, const std::string& pod, int64_t gen, Events& ev) {
+    auto missing = j.missing();
+    auto mit = j.joined.find(pod);
+    if (mit != j.joined.end()) mit->second.window_open = false;
+    const std::string msg = "generation " + std::to_string(gen) + " of job " + key + " did not complete within " +
+                            std::to_string(opts.join_timeout.count()) + " ms: missing pods " + join_names(missing);
+    log::warn(kComponent, "join timed out", {{"job", key}, {"pod", pod}, {"missing", join_names(missing)}});
+    if (!j.timeout_reported) {
+      j.timeout_reported = true;
+      ev.timeouts.push_back({key, gen, missing, j.joined_names()});
+    }
+    Reply r = error_reply(408, st::kTimeout, msg);
+    r.body["missing"] = missing;
+    r.body["generation"] = gen;
+    return r;
   }
 
   Reply status(const rdzv::StatusRequest& req, const std::string& token) {

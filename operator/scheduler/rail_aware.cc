@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <string>
 #include <tuple>
@@ -370,59 +371,73 @@ class Search {
   std::vector<int> anchor_nodes_;
 };
 
-}  // namespace
+// The gang a request places: the replica indices of the pods asked for, the gang's size (those, the bound pods and
+// the request's count) and its communication edges.
+struct Gang {
+  std::vector<int> indices;
+  int size = 0;
+  std::vector<CommEdge> edges;
+};
 
-PlacementResult RailAwarePlacement::place(const PlacementRequest& req, const std::vector<NodeInfo>& nodes) {
-  PlacementResult r;
-  if (req.pods <= 0) {
-    r.ok = true;
-    return r;
+Gang gang_of(const PlacementRequest& req) {
+  Gang g;
+  g.indices = req.pod_indices;
+  if (static_cast<int>(g.indices.size()) != req.pods) {
+    g.indices.resize(req.pods);
+    std::iota(g.indices.begin(), g.indices.end(), 0);
   }
-  Topology topo(nodes, req.topology_keys);
-  std::vector<int> indices = req.pod_indices;
-  if (static_cast<int>(indices.size()) != req.pods) {
-    indices.resize(req.pods);
-    std::iota(indices.begin(), indices.end(), 0);
-  }
-  int gang = req.pods + static_cast<int>(req.bound.size());
-  for (int i : indices) gang = std::max(gang, i + 1);
-  for (const auto& [i, node] : req.bound) gang = std::max(gang, i + 1);
-  const auto edges = gang_edges(gang, req.procs_per_pod, req.tensor, req.pipeline);
-  auto finish = [&](const std::vector<int>& chosen) {
-    std::vector<int> node_of_pod(gang, -1);
-    for (const auto& [index, node] : req.bound)
-      if (index >= 0 && index < gang) node_of_pod[index] = topo.index(node);
-    for (int k = 0; k < req.pods; ++k) node_of_pod[indices[k]] = chosen[k];
-    GangCost c = gang_cost(topo, node_of_pod, edges);
-    r.worst_hops = c.worst_hops;
-    r.mean_hops = c.mean_hops;
-    std::set<int> units;
-    for (int n : node_of_pod)
-      if (n >= 0) units.insert(topo.domain(n, 0));
-    r.message = std::to_string(units.size()) + " " + topo.level_noun(0) + (units.size() == 1 ? "" : "s") +
-                ", same-rail hops worst " + std::to_string(c.worst_hops) + " mean " + fmt_mean(c.mean_hops);
-  };
+  g.size = req.pods + static_cast<int>(req.bound.size());
+  for (int i : g.indices) g.size = std::max(g.size, i + 1);
+  for (const auto& [i, node] : req.bound) g.size = std::max(g.size, i + 1);
+  g.edges = gang_edges(g.size, req.procs_per_pod, req.tensor, req.pipeline);
+  return g;
+}
 
-  if (!req.rail_aware) {
-    r = SimplePlacement().place(req, nodes);
-    if (r.ok) {
-      std::vector<int> chosen;
-      for (const auto& n : r.nodes) chosen.push_back(topo.index(n));
-      finish(chosen);
-      r.message = "first fit (placement.railAware false): " + r.message;
-    }
-    return r;
-  }
+// The hops of the placed gang (`chosen`: the nodes of the pods asked for, bound pods where they are) into `r`, and
+// its message: the domains used and the same-rail hops.
+void describe_gang(PlacementResult& r, const Topology& topo, const PlacementRequest& req, const Gang& gang,
+                   const std::vector<int>& chosen) {
+  std::vector<int> node_of_pod(gang.size, -1);
+  for (const auto& [index, node] : req.bound)
+    if (index >= 0 && index < gang.size) node_of_pod[index] = topo.index(node);
+  for (int k = 0; k < req.pods; ++k) node_of_pod[gang.indices[k]] = chosen[k];
+  GangCost c = gang_cost(topo, node_of_pod, gang.edges);
+  r.worst_hops = c.worst_hops;
+  r.mean_hops = c.mean_hops;
+  std::set<int> units;
+  for (int n : node_of_pod)
+    if (n >= 0) units.insert(topo.domain(n, 0));
+  r.message = std::to_string(units.size()) + " " + topo.level_noun(0) + (units.size() == 1 ? "" : "s") +
+              ", same-rail hops worst " + std::to_string(c.worst_hops) + " mean " + fmt_mean(c.mean_hops);
+}
 
+// placement.railAware false: SimplePlacement's first fit, with the hops it comes to.
+PlacementResult first_fit(const PlacementRequest& req, const std::vector<NodeInfo>& nodes, const Topology& topo,
+                          const Gang& gang) {
+  PlacementResult r = SimplePlacement().place(req, nodes);
+  if (r.ok) {
+    std::vector<int> chosen;
+    for (const auto& n : r.nodes) chosen.push_back(topo.index(n));
+    describe_gang(r, topo, req, gang, chosen);
+    r.message = "first fit (placement.railAware false): " + r.message;
+  }
+  return r;
+}
+
+// The rail-aware search: first without the nodes that lost a pod of the job, then (only when some did) with them.
+// nullopt when neither fits.
+std::optional<PlacementResult> search_placement(const PlacementRequest& req, const std::vector<NodeInfo>& nodes,
+                                                const Topology& topo, const Gang& gang) {
   const int max_level = req.hard ? topo.levels() - 1 : topo.levels();
   for (bool avoid : {true, false}) {
     if (!avoid && req.avoided_nodes.empty()) break;
     Search s(topo, nodes, req, avoid);
-    auto choice = s.best(max_level, edges, indices, gang);
+    auto choice = s.best(max_level, gang.edges, gang.indices, gang.size);
     if (choice.nodes.empty()) continue;
+    PlacementResult r;
     r.ok = true;
     for (int n : choice.nodes) r.nodes.push_back(topo.name(n));
-    finish(choice.nodes);
+    describe_gang(r, topo, req, gang, choice.nodes);
     std::string where = choice.level < topo.levels()
                             ? topo.level_noun(choice.level) + " " + s.domain_name(choice.level, choice.domain)
                             : "whole cluster";
@@ -435,38 +450,45 @@ PlacementResult RailAwarePlacement::place(const PlacementRequest& req, const std
     if (!avoid) r.message += " (uses a node that lost a pod of the job: nothing else fits)";
     return r;
   }
+  return std::nullopt;
+}
 
-  // Why not: counted with the avoided nodes usable, since they were tried last.
-  Search s(topo, nodes, req, false);
-  std::map<Why, int> by_why;
-  for (int i = 0; i < topo.size(); ++i) by_why[s.why(i)]++;
-  // What the nodes without room lack (the first short resource of each, e.g. memory, example.com/nic), so that the
-  // message names the resource to add rather than "resources".
+// What the nodes without room lack (the first short resource of each, e.g. memory, example.com/nic), so that the
+// message names the resource to add rather than "resources".
+std::string short_resources(const Search& s, const Topology& topo, const std::vector<NodeInfo>& nodes,
+                            const PlacementRequest& req) {
   std::set<std::string> short_set;
-  if (by_why[Why::kNoRoom])
-    for (const NodeInfo& n : nodes)
-      if (const int i = topo.index(n.name); i >= 0 && s.why(i) == Why::kNoRoom)
-        if (auto name = resource_shortfall(n, req.requests); !name.empty()) short_set.insert(name);
+  for (const NodeInfo& n : nodes)
+    if (const int i = topo.index(n.name); i >= 0 && s.why(i) == Why::kNoRoom)
+      if (auto name = resource_shortfall(n, req.requests); !name.empty()) short_set.insert(name);
   std::string short_of;
   for (const auto& name : short_set) short_of += (short_of.empty() ? "" : ", ") + name;
-  const int widest = topo.levels() - 1;
-  const std::string need = "needs " + std::to_string(req.pods) + " node" + (req.pods == 1 ? " " : "s ") +
-                           need_text(req) +
-                           (req.hard ? " in one " + topo.level_noun(widest) + " (placement.mode hard)" : "");
-  if (req.hard && s.fitting() >= req.pods) {
-    const int level = widest;
-    const int d = s.largest(level);
-    std::string unfit;
-    int listed = 0;
-    for (int i = 0; i < topo.size() && listed < 4; ++i)
-      if (topo.domain(i, level) == d && s.why(i) != Why::kFits) {
-        unfit += (listed++ ? ", " : "") + topo.name(i) + " " + why_text(s.why(i), req, short_of);
-      }
-    r.missing = req.pods - s.count(level, d);
-    r.message = need + "; largest " + topo.level_noun(level) + " " + s.domain_name(level, d) + " has " +
-                std::to_string(s.count(level, d)) + (unfit.empty() ? "" : " (" + unfit + ")") + "; none bound";
-    return r;
-  }
+  return short_of;
+}
+
+// placement.mode hard with enough fitting nodes, but no one widest domain holding the gang: the largest such domain
+// and why (up to four of) its other nodes do not fit.
+PlacementResult refuse_hard(const Search& s, const Topology& topo, const PlacementRequest& req, const std::string& need,
+                            const std::string& short_of) {
+  PlacementResult r;
+  const int level = topo.levels() - 1;
+  const int d = s.largest(level);
+  std::string unfit;
+  int listed = 0;
+  for (int i = 0; i < topo.size() && listed < 4; ++i)
+    if (topo.domain(i, level) == d && s.why(i) != Why::kFits) {
+      unfit += (listed++ ? ", " : "") + topo.name(i) + " " + why_text(s.why(i), req, short_of);
+    }
+  r.missing = req.pods - s.count(level, d);
+  r.message = need + "; largest " + topo.level_noun(level) + " " + s.domain_name(level, d) + " has " +
+              std::to_string(s.count(level, d)) + (unfit.empty() ? "" : " (" + unfit + ")") + "; none bound";
+  return r;
+}
+
+// Too few fitting nodes: how many fit, and how many of the others fail each check (the excluded ones named).
+PlacementResult refuse_short(const Search& s, const Topology& topo, const PlacementRequest& req,
+                             std::map<Why, int>& by_why, const std::string& need, const std::string& short_of) {
+  PlacementResult r;
   r.missing = std::max(1, req.pods - s.fitting());
   std::string detail;
   for (Why w : {Why::kNotReady, Why::kExcluded, Why::kFiltered, Why::kTainted, Why::kBusy, Why::kNoRoom}) {
@@ -483,6 +505,35 @@ PlacementResult RailAwarePlacement::place(const PlacementRequest& req, const std
   r.message = need + "; " + std::to_string(s.fitting()) + " of " + std::to_string(topo.size()) + " nodes fit" + detail +
               "; none bound";
   return r;
+}
+
+// Why not: counted with the avoided nodes usable, since they were tried last.
+PlacementResult refuse(const PlacementRequest& req, const std::vector<NodeInfo>& nodes, const Topology& topo) {
+  Search s(topo, nodes, req, false);
+  std::map<Why, int> by_why;
+  for (int i = 0; i < topo.size(); ++i) by_why[s.why(i)]++;
+  const std::string short_of = by_why[Why::kNoRoom] ? short_resources(s, topo, nodes, req) : std::string();
+  const int widest = topo.levels() - 1;
+  const std::string need = "needs " + std::to_string(req.pods) + " node" + (req.pods == 1 ? " " : "s ") +
+                           need_text(req) +
+                           (req.hard ? " in one " + topo.level_noun(widest) + " (placement.mode hard)" : "");
+  if (req.hard && s.fitting() >= req.pods) return refuse_hard(s, topo, req, need, short_of);
+  return refuse_short(s, topo, req, by_why, need, short_of);
+}
+
+}  // namespace
+
+PlacementResult RailAwarePlacement::place(const PlacementRequest& req, const std::vector<NodeInfo>& nodes) {
+  PlacementResult r;
+  if (req.pods <= 0) {
+    r.ok = true;
+    return r;
+  }
+  Topology topo(nodes, req.topology_keys);
+  const Gang gang = gang_of(req);
+  if (!req.rail_aware) return first_fit(req, nodes, topo, gang);
+  if (auto placed = search_placement(req, nodes, topo, gang)) return *placed;
+  return refuse(req, nodes, topo);
 }
 
 }  // namespace railyard::op::sched

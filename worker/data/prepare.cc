@@ -184,9 +184,8 @@ void read_input(const std::string& in, uint64_t expected_size, Chunk&& chunk) {
   }
 }
 
-}  // namespace
-
-PrepareResult prepare_dataset(const PrepareOptions& o) {
+// Refuses options no run could use; returns whether the tokenizer is GPT-2's (else the byte tokenizer).
+bool check_options(const PrepareOptions& o) {
   if (o.inputs.empty()) throw ConfigError("data prepare: --input is missing: give one or more text files");
   if (o.output_dir.empty()) throw ConfigError("data prepare: --output is missing: give a directory for the shards");
   if (!(o.val_fraction >= 0.0 && o.val_fraction < 1.0)) {
@@ -201,25 +200,30 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
   if (!gpt2 && o.tokenizer != "bytes") {
     throw ConfigError("data prepare: unknown tokenizer '" + o.tokenizer + "' (bytes, gpt2)");
   }
+  return gpt2;
+}
 
+// The inputs' sizes in bytes as stat reports them (read_input checks them again), in the order given.
+struct InputSizes {
   std::vector<uint64_t> sizes;
   uint64_t total = 0;
-  for (const auto& in : o.inputs) {
-    struct stat st {};
-    if (::stat(in.c_str(), &st) != 0) throw ConfigError("input " + in + ": " + std::strerror(errno));
-    if (!S_ISREG(st.st_mode)) throw ConfigError("input " + in + ": not a regular file");
-    sizes.push_back(static_cast<uint64_t>(st.st_size));
-    total += sizes.back();
-  }
-  if (total == 0) throw ConfigError("data prepare: the inputs are empty: nothing to tokenize");
-  // The byte tokenizer knows its token count now; GPT-2 after encoding (its split is checked then). The vocabulary
-  // is read before the output is touched, so a missing file leaves nothing behind.
-  uint64_t train = 0, val = 0;
-  if (!gpt2) std::tie(train, val) = split_sizes(total, o.val_fraction, "bytes");
-  std::optional<Gpt2Vocab> vocab;
-  if (gpt2) vocab = Gpt2Vocab::load(o.vocab_dir.empty() ? default_gpt2_vocab_dir() : o.vocab_dir);
+};
 
-  const fs::path out(o.output_dir);
+InputSizes input_sizes(const PrepareOptions& o) {
+  InputSizes in;
+  for (const auto& path : o.inputs) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) throw ConfigError("input " + path + ": " + std::strerror(errno));
+    if (!S_ISREG(st.st_mode)) throw ConfigError("input " + path + ": not a regular file");
+    in.sizes.push_back(static_cast<uint64_t>(st.st_size));
+    in.total += in.sizes.back();
+  }
+  if (in.total == 0) throw ConfigError("data prepare: the inputs are empty: nothing to tokenize");
+  return in;
+}
+
+// Creates the output directory; returns the shards already in it, refused unless --force.
+std::vector<fs::path> open_output(const PrepareOptions& o, const fs::path& out) {
   std::error_code ec;
   fs::create_directories(out, ec);
   if (ec || !fs::is_directory(out)) {
@@ -234,38 +238,59 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
     throw ConfigError("output " + o.output_dir + " already holds shards (e.g. " + existing.front().filename().string() +
                       "): pass --force to replace them or choose another directory");
   }
+  return existing;
+}
 
-  StagingGuard staging{out / (".railyard-prepare." + std::to_string(::getpid()))};
+// A fresh, empty staging directory (what a previous run with this pid left there goes first).
+void create_staging(const PrepareOptions& o, const StagingGuard& staging) {
+  std::error_code ec;
   fs::remove_all(staging.dir, ec);
   if (!fs::create_directory(staging.dir, ec) || ec) {
     throw ConfigError("output " + o.output_dir + ": cannot create staging directory: " + ec.message());
   }
-  // GPT-2: encode every file into the spill first (each a document led by <|endoftext|>), then split by tokens.
-  std::vector<uint64_t> doc_tokens;
-  std::unique_ptr<TokenSpill> spill;
-  if (gpt2) {
-    spill = std::make_unique<TokenSpill>((staging.dir / "tokens.tmp").string());
-    Gpt2Tokenizer tokenizer(*vocab);
-    std::vector<uint16_t> tokens;
-    std::string carry;  // bytes of a piece that the next read may extend
-    for (size_t f = 0; f < o.inputs.size(); ++f) {
-      const uint64_t before = spill->count();
-      tokens.assign(1, kGpt2EndOfText);
-      carry.clear();
-      read_input(o.inputs[f], sizes[f], [&](const unsigned char* p, size_t n) {
-        carry.append(reinterpret_cast<const char*>(p), n);
-        carry.erase(0, tokenizer.encode_prefix(carry, false, tokens));
-        spill->append(tokens);
-        tokens.clear();
-      });
-      tokenizer.encode_prefix(carry, true, tokens);
-      spill->append(tokens);
-      doc_tokens.push_back(spill->count() - before);
-    }
-    total = spill->count();
-    std::tie(train, val) = split_sizes(total, o.val_fraction, "tokens");
-  }
+}
 
+// GPT-2's tokens of every input, in a spill file, and how many each input (document) came to.
+struct Gpt2Tokens {
+  std::unique_ptr<TokenSpill> spill;
+  std::vector<uint64_t> doc_tokens;  // with its leading <|endoftext|>
+};
+
+// GPT-2: encode every file into the spill first (each a document led by <|endoftext|>), then split by tokens.
+Gpt2Tokens encode_gpt2(const PrepareOptions& o, const InputSizes& in, const Gpt2Vocab& vocab,
+                       const StagingGuard& staging) {
+  Gpt2Tokens out;
+  out.spill = std::make_unique<TokenSpill>((staging.dir / "tokens.tmp").string());
+  TokenSpill& spill = *out.spill;
+  Gpt2Tokenizer tokenizer(vocab);
+  std::vector<uint16_t> tokens;
+  std::string carry;  // bytes of a piece that the next read may extend
+  for (size_t f = 0; f < o.inputs.size(); ++f) {
+    const uint64_t before = spill.count();
+    tokens.assign(1, kGpt2EndOfText);
+    carry.clear();
+    read_input(o.inputs[f], in.sizes[f], [&](const unsigned char* p, size_t n) {
+      carry.append(reinterpret_cast<const char*>(p), n);
+      carry.erase(0, tokenizer.encode_prefix(carry, false, tokens));
+      spill.append(tokens);
+      tokens.clear();
+    });
+    tokenizer.encode_prefix(carry, true, tokens);
+    spill.append(tokens);
+    out.doc_tokens.push_back(spill.count() - before);
+  }
+  return out;
+}
+
+// The shards written into staging, by split, in order.
+struct ShardNames {
+  std::vector<std::string> train, val;
+};
+
+// Writes the first `train` tokens as train shards and the `val` after them as val shards: from the GPT-2 spill
+// (consumed) or, with the byte tokenizer, the inputs read again.
+ShardNames write_shards(const PrepareOptions& o, const InputSizes& in, std::unique_ptr<TokenSpill> spill,
+                        const StagingGuard& staging, uint64_t train, uint64_t val) {
   SplitWriter train_w("train", staging.dir, train, o.shard_tokens);
   SplitWriter val_w("val", staging.dir, val, o.shard_tokens);
   uint64_t offset = 0;  // tokens consumed so far
@@ -280,24 +305,23 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
     val_w.push(p, len);
     offset += len;
   };
-  if (gpt2) {
+  if (spill) {
     spill->replay(push);
     spill.reset();
   } else {
-    for (size_t f = 0; f < o.inputs.size(); ++f) read_input(o.inputs[f], sizes[f], push);
+    for (size_t f = 0; f < o.inputs.size(); ++f) read_input(o.inputs[f], in.sizes[f], push);
   }
   if (train_w.remaining() != 0 || val_w.remaining() != 0) throw Error("data prepare: internal split accounting error");
+  return {train_w.names(), val_w.names()};
+}
 
-  // All shards are complete: swap them in. Old shards that the new set does not overwrite go first, so the
-  // directory never mixes the two runs' files under loader patterns for longer than this loop.
-  PrepareResult r;
-  r.tokenizer = o.tokenizer;
-  r.vocab_size = gpt2 ? kGpt2VocabSize : kByteVocabSize;
-  r.total_tokens = total;
-  r.train_tokens = train;
-  r.val_tokens = val;
-  std::vector<std::string> names = train_w.names();
-  names.insert(names.end(), val_w.names().begin(), val_w.names().end());
+// All shards are complete: swap them in. Old shards that the new set does not overwrite go first, so the
+// directory never mixes the two runs' files under loader patterns for longer than this loop.
+void swap_in(const PrepareOptions& o, const fs::path& out, const StagingGuard& staging,
+             const std::vector<fs::path>& existing, const ShardNames& shards) {
+  std::error_code ec;
+  std::vector<std::string> names = shards.train;
+  names.insert(names.end(), shards.val.begin(), shards.val.end());
   for (const auto& old : existing) {
     if (std::find(names.begin(), names.end(), old.filename().string()) == names.end()) fs::remove(old, ec);
   }
@@ -306,24 +330,64 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
     if (ec) throw Error("output " + o.output_dir + ": cannot move shard " + n + " into place: " + ec.message());
   }
   fsync_directory(out.string());
-  for (const auto& n : train_w.names()) r.train_shards.push_back((out / n).string());
-  for (const auto& n : val_w.names()) r.val_shards.push_back((out / n).string());
+}
 
+// DIR/prepare.json: the run's options, inputs and shards.
+void write_manifest(const PrepareOptions& o, const InputSizes& in, const std::vector<uint64_t>& doc_tokens,
+                    const ShardNames& shards, const PrepareResult& r) {
+  const bool gpt2 = r.tokenizer == "gpt2";
   nlohmann::json inputs = nlohmann::json::array();
   for (size_t f = 0; f < o.inputs.size(); ++f) {
-    inputs.push_back({{"path", o.inputs[f]}, {"bytes", sizes[f]}});
+    inputs.push_back({{"path", o.inputs[f]}, {"bytes", in.sizes[f]}});
     if (gpt2) inputs.back()["tokens"] = doc_tokens[f];  // with its leading <|endoftext|>
   }
   nlohmann::json manifest = {
-      {"tokenizer", o.tokenizer},       {"vocab_size", r.vocab_size},      {"inputs", inputs},
-      {"total_tokens", total},          {"val_fraction", o.val_fraction},  {"split_offset", train},
-      {"shard_tokens", o.shard_tokens}, {"train_shards", train_w.names()}, {"val_shards", val_w.names()}};
+      {"tokenizer", o.tokenizer},       {"vocab_size", r.vocab_size},     {"inputs", inputs},
+      {"total_tokens", r.total_tokens}, {"val_fraction", o.val_fraction}, {"split_offset", r.train_tokens},
+      {"shard_tokens", o.shard_tokens}, {"train_shards", shards.train},   {"val_shards", shards.val}};
   if (gpt2) {
     manifest["eot_token"] = kGpt2EndOfText;
     manifest["documents"] = "one per input file, each starting with eot_token";
   }
-  r.manifest = (out / "prepare.json").string();
   write_file_atomic(r.manifest, manifest.dump(2) + "\n");
+}
+
+}  // namespace
+
+PrepareResult prepare_dataset(const PrepareOptions& o) {
+  const bool gpt2 = check_options(o);
+  const InputSizes in = input_sizes(o);
+  // The byte tokenizer knows its token count now; GPT-2 after encoding (its split is checked then). The vocabulary
+  // is read before the output is touched, so a missing file leaves nothing behind.
+  uint64_t train = 0, val = 0;
+  if (!gpt2) std::tie(train, val) = split_sizes(in.total, o.val_fraction, "bytes");
+  std::optional<Gpt2Vocab> vocab;
+  if (gpt2) vocab = Gpt2Vocab::load(o.vocab_dir.empty() ? default_gpt2_vocab_dir() : o.vocab_dir);
+
+  const fs::path out(o.output_dir);
+  const std::vector<fs::path> existing = open_output(o, out);
+  StagingGuard staging{out / (".railyard-prepare." + std::to_string(::getpid()))};
+  create_staging(o, staging);
+  uint64_t total = in.total;
+  Gpt2Tokens encoded;
+  if (gpt2) {
+    encoded = encode_gpt2(o, in, *vocab, staging);
+    total = encoded.spill->count();
+    std::tie(train, val) = split_sizes(total, o.val_fraction, "tokens");
+  }
+  const ShardNames shards = write_shards(o, in, std::move(encoded.spill), staging, train, val);
+
+  PrepareResult r;
+  r.tokenizer = o.tokenizer;
+  r.vocab_size = gpt2 ? kGpt2VocabSize : kByteVocabSize;
+  r.total_tokens = total;
+  r.train_tokens = train;
+  r.val_tokens = val;
+  swap_in(o, out, staging, existing, shards);
+  for (const auto& n : shards.train) r.train_shards.push_back((out / n).string());
+  for (const auto& n : shards.val) r.val_shards.push_back((out / n).string());
+  r.manifest = (out / "prepare.json").string();
+  write_manifest(o, in, encoded.doc_tokens, shards, r);
   return r;
 }
 

@@ -88,20 +88,7 @@ double ParallelModel::run(int M, const std::function<void(int32_t*, int32_t*)>& 
   }
   const auto t_start = Clock::now();
   const size_t N = static_cast<size_t>(B_) * T_, C = config_.channels;
-  batch_.resize(static_cast<size_t>(M) * 2 * N);
-  for (int m = 0; m < M; ++m) next(batch_.data() + m * 2 * N, batch_.data() + m * 2 * N + N);
-  // Every rank checks every token (all hold the batch), so bad data fails all ranks alike instead of one stage
-  // throwing while its peers wait for it until the deadline.
-  const int V = config_.vocab_size;
-  for (size_t i = 0; i < batch_.size(); ++i) {
-    if (batch_[i] < 0 || batch_[i] >= V) {
-      const size_t m = i / (2 * N), within = i % (2 * N);
-      throw Error(std::string("micro-batch ") + std::to_string(m) + ": " + (within < N ? "input" : "target") +
-                  " token " + std::to_string(batch_[i]) + " at position " + std::to_string(within % N) +
-                  " is outside the vocabulary [0, " + std::to_string(V) +
-                  "): the data was tokenized for another vocabulary");
-    }
-  }
+  load_batch(M, N, next);
 
   GptStage& st = *stage_;
   const StageShape& sh = st.shape();
@@ -153,14 +140,44 @@ double ParallelModel::run(int M, const std::function<void(int32_t*, int32_t*)>& 
   for (auto& r : send_fwd_) wait(r, &waited);
   for (auto& r : send_bwd_) wait(r, &waited);
 
-  double loss = loss_sum / M;
+  double loss = pipeline_loss(loss_sum / M, backward, &waited);
+  if (st.cp_size() > 1) loss = mean_over_cp(loss, &waited);
+  if (times != nullptr) {
+    const double tp = st.take_tp_comm_seconds();
+    times->tp_comm += tp;
+    times->pp_wait += waited;
+    times->compute += std::max(0.0, since(t_start) - tp - waited);
+  }
+  return loss;
+}
+
+void ParallelModel::load_batch(int M, size_t N, const std::function<void(int32_t*, int32_t*)>& next) {
+  batch_.resize(static_cast<size_t>(M) * 2 * N);
+  for (int m = 0; m < M; ++m) next(batch_.data() + m * 2 * N, batch_.data() + m * 2 * N + N);
+  // Every rank checks every token (all hold the batch), so bad data fails all ranks alike instead of one stage
+  // throwing while its peers wait for it until the deadline.
+  const int V = config_.vocab_size;
+  for (size_t i = 0; i < batch_.size(); ++i) {
+    if (batch_[i] < 0 || batch_[i] >= V) {
+      const size_t m = i / (2 * N), within = i % (2 * N);
+      throw Error(std::string("micro-batch ") + std::to_string(m) + ": " + (within < N ? "input" : "target") +
+                  " token " + std::to_string(batch_[i]) + " at position " + std::to_string(within % N) +
+                  " is outside the vocabulary [0, " + std::to_string(V) +
+                  "): the data was tokenized for another vocabulary");
+    }
+  }
+}
+
+double ParallelModel::pipeline_loss(double loss, bool backward, double* waited) {
+  GptStage& st = *stage_;
+  const int P = st.shape().pp_size;
   const bool moe = config_.moe.experts > 0;
   if (moe) {
     // Every stage's forward returned its layers' load-balancing loss (the last one also the cross entropy): the
     // objective is their sum over stages, and so are the statistics (rank order, the same bits on every stage).
     const MoeStats ms = st.take_moe_stats();
     const std::vector<double> sums =
-        sum_over_pp({loss, ms.aux_loss, static_cast<double>(ms.assignments), static_cast<double>(ms.dropped)}, &waited);
+        sum_over_pp({loss, ms.aux_loss, static_cast<double>(ms.assignments), static_cast<double>(ms.dropped)}, waited);
     loss = sums[0];
     if (backward) {
       moe_stats_.aux_loss = sums[1];
@@ -172,33 +189,30 @@ double ParallelModel::run(int M, const std::function<void(int32_t*, int32_t*)>& 
     const auto t0 = Clock::now();
     int64_t bits = 0;
     std::memcpy(&bits, &loss, sizeof bits);
-    pp->broadcast(&bits, 1, comm::DType::kInt64, P - 1);
+    groups_.pp->broadcast(&bits, 1, comm::DType::kInt64, P - 1);
     std::memcpy(&loss, &bits, sizeof bits);
-    waited += since(t0);
+    *waited += since(t0);
   }
-  if (st.cp_size() > 1) {
-    // each cp rank's loss is the mean over its positions (equally many): the sequence's mean is their mean, summed
-    // in rank order so every rank has the same bits
-    const auto t0 = Clock::now();
-    int64_t bits = 0;
-    std::memcpy(&bits, &loss, sizeof bits);
-    std::vector<int64_t> all(static_cast<size_t>(st.cp_size()));
-    groups_.cp->all_gather(&bits, all.data(), 1, comm::DType::kInt64);
-    double sum = 0;
-    for (int64_t b : all) {
-      double v = 0;
-      std::memcpy(&v, &b, sizeof v);
-      sum += v;
-    }
-    loss = sum / st.cp_size();
-    waited += since(t0);
+  return loss;
+}
+
+double ParallelModel::mean_over_cp(double loss, double* waited) {
+  // each cp rank's loss is the mean over its positions (equally many): the sequence's mean is their mean, summed
+  // in rank order so every rank has the same bits
+  const int cp = stage_->cp_size();
+  const auto t0 = Clock::now();
+  int64_t bits = 0;
+  std::memcpy(&bits, &loss, sizeof bits);
+  std::vector<int64_t> all(static_cast<size_t>(cp));
+  groups_.cp->all_gather(&bits, all.data(), 1, comm::DType::kInt64);
+  double sum = 0;
+  for (int64_t b : all) {
+    double v = 0;
+    std::memcpy(&v, &b, sizeof v);
+    sum += v;
   }
-  if (times != nullptr) {
-    const double tp = st.take_tp_comm_seconds();
-    times->tp_comm += tp;
-    times->pp_wait += waited;
-    times->compute += std::max(0.0, since(t_start) - tp - waited);
-  }
+  loss = sum / cp;
+  *waited += since(t0);
   return loss;
 }
 

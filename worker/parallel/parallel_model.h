@@ -94,6 +94,13 @@ class ParallelModel {
 
  private:
   double run(int M, const std::function<void(int32_t*, int32_t*)>& next, float dloss, bool backward, StepTimes* times);
+  // Fills batch_ with M micro-batches of N tokens each (inputs, then targets) and checks them against the vocabulary.
+  void load_batch(int M, size_t N, const std::function<void(int32_t*, int32_t*)>& next);
+  // The step's mean loss on every stage from this stage's `loss`: with MoE summed over the stages (and the routing
+  // statistics with it, kept when `backward`), else the last stage's broadcast. Adds the time spent to *waited.
+  double pipeline_loss(double loss, bool backward, double* waited);
+  // The mean of the cp ranks' losses, in rank order. Adds the time spent to *waited.
+  double mean_over_cp(double loss, double* waited);
   void wait(std::unique_ptr<comm::Request>& r, double* waited);
   // Element-wise sums over the pp group in rank order (fp64 as int64 bit patterns): the same bits on every stage.
   std::vector<double> sum_over_pp(const std::vector<double>& local, double* waited);
