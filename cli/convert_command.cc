@@ -10,7 +10,7 @@
 #include "cli/manifest_yaml.h"
 #include "common/atomic_file.h"
 #include "common/error.h"
-#include "operator/controller/api.h"
+#include "operator/api.h"
 
 namespace railyard::cli {
 

@@ -15,7 +15,7 @@
 #include "operator/controller/failure_policy.h"
 #include "operator/controller/job_service.h"
 #include "operator/controller/lifecycle.h"
-#include "operator/controller/nccl_env.h"
+#include "operator/scheduler/nccl_env.h"
 #include "operator/controller/plan_glue.h"
 #include "operator/controller/pod_state.h"
 #include "operator/controller/restart_triggers.h"

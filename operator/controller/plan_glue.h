@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "operator/controller/api.h"
-#include "operator/controller/placement.h"
+#include "operator/api.h"
+#include "operator/scheduler/placement.h"
 #include "planner/cost_model.h"
 #include "planner/moe_cost.h"
 

@@ -15,8 +15,8 @@
 #include "common/tls/job_identity.h"
 #include "common/torchrun.h"
 #include "common/wellknown.h"
-#include "operator/controller/nccl_env.h"
-#include "operator/controller/placement.h"
+#include "operator/scheduler/nccl_env.h"
+#include "operator/scheduler/placement.h"
 
 namespace railyard::op {
 

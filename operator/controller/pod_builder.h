@@ -11,7 +11,7 @@
 #include "common/stable_names.h"
 #include "common/tls/pki.h"
 #include "common/wellknown.h"
-#include "operator/controller/api.h"
+#include "operator/api.h"
 
 namespace railyard::op {
 

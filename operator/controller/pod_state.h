@@ -5,7 +5,7 @@
 #include <string>
 
 #include "common/kube/client.h"
-#include "operator/controller/api.h"
+#include "operator/api.h"
 
 namespace railyard::op {
 

@@ -13,7 +13,7 @@
 #include <optional>
 #include <string>
 
-#include "operator/controller/api.h"
+#include "operator/api.h"
 
 namespace railyard::op {
 

@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "operator/controller/api.h"
+#include "operator/api.h"
 #include "operator/controller/pod_state.h"
 #include "operator/rendezvous/rendezvous.h"
 

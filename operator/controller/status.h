@@ -4,7 +4,7 @@
 #include <optional>
 #include <string>
 
-#include "operator/controller/api.h"
+#include "operator/api.h"
 
 namespace railyard::op {
 

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "operator/controller/api.h"
+#include "operator/api.h"
 #include "operator/controller/pending_event.h"
-#include "operator/controller/placement.h"
+#include "operator/scheduler/placement.h"
 #include "operator/controller/plan_glue.h"
 #include "operator/controller/pod_state.h"
 #include "operator/controller/restart_triggers.h"

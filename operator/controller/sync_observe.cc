@@ -10,7 +10,7 @@
 #include "operator/controller/controller.h"
 #include "operator/controller/failure_policy.h"
 #include "operator/controller/lifecycle.h"
-#include "operator/controller/nccl_env.h"
+#include "operator/scheduler/nccl_env.h"
 #include "operator/controller/plan_glue.h"
 #include "operator/controller/pod_builder.h"
 #include "operator/controller/pod_state.h"

@@ -8,7 +8,7 @@
 
 #include "common/wellknown.h"
 #include "operator/controller/controller.h"
-#include "operator/controller/nccl_env.h"
+#include "operator/scheduler/nccl_env.h"
 #include "operator/controller/plan_glue.h"
 #include "operator/controller/pod_builder.h"
 #include "operator/controller/pod_state.h"

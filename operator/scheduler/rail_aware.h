@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "operator/controller/placement.h"
+#include "operator/scheduler/placement.h"
 #include "operator/scheduler/topology.h"
 
 namespace railyard::op::sched {

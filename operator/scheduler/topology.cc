@@ -5,7 +5,7 @@
 #include <map>
 
 #include "common/wellknown.h"
-#include "operator/controller/nccl_env.h"
+#include "operator/scheduler/nccl_env.h"
 
 namespace railyard::op::sched {
 

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "common/wellknown.h"
-#include "operator/controller/nccl_env.h"
-#include "operator/controller/placement.h"
+#include "operator/scheduler/nccl_env.h"
+#include "operator/scheduler/placement.h"
 
 namespace railyard::op::sched {
 

@@ -1,11 +1,11 @@
-// Kubernetes resource quantities from a TrainingJob or a node (operator/controller/placement.h parse_quantity_milli:
+// Kubernetes resource quantities from a TrainingJob or a node (operator/scheduler/placement.h parse_quantity_milli:
 // "250m", "1.5", "512Mi", "1e9"): user-controlled text, parsed into thousandths with overflow to guard. Properties
 // besides "no crash": a result is never negative for a quantity without a sign, and a plain integer N that fits
 // parses to N * 1000.
 #include <cstdint>
 #include <string>
 
-#include "operator/controller/placement.h"
+#include "operator/scheduler/placement.h"
 #include "tests/fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

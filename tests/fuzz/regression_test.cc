@@ -7,7 +7,7 @@
 #include "checkpoint/format.h"
 #include "common/error.h"
 #include "common/kube/client.h"
-#include "operator/controller/api.h"
+#include "operator/api.h"
 #include "tests/unit/operator/job_fixture.h"
 
 using nlohmann::json;

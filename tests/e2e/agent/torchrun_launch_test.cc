@@ -62,6 +62,13 @@ std::string slurp(const fs::path& p) {
   return ss.str();
 }
 
+// The shell's `echo $! > FILE` is done: the redirection creates the file before echo writes the pid and its newline,
+// so a file that merely exists may still be empty.
+bool written(const fs::path& p) {
+  const std::string s = slurp(p);
+  return !s.empty() && s.back() == '\n';
+}
+
 bool wait_for(const std::function<bool()>& cond, double seconds) {
   const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   while (std::chrono::steady_clock::now() < until) {
@@ -150,7 +157,8 @@ TEST_CASE("the rank processes are torchrun's topmost descendants with each LOCAL
       "LOCAL_RANK=0 sleep 30 & echo $! > $OUT/r0; "
       "LOCAL_RANK=1 sh -c 'sleep 30 & echo $! > $OUT/r1child; wait' & echo $! > $OUT/r1; wait",
       tmp.path);
-  REQUIRE(wait_for([&] { return fs::exists(tmp.path / "r0") && fs::exists(tmp.path / "r1child"); }, 10));
+  REQUIRE(wait_for(
+      [&] { return written(tmp.path / "r0") && written(tmp.path / "r1") && written(tmp.path / "r1child"); }, 10));
   const pid_t r0 = std::stoi(slurp(tmp.path / "r0"));
   const pid_t r1 = std::stoi(slurp(tmp.path / "r1"));
   const pid_t r1child = std::stoi(slurp(tmp.path / "r1child"));
@@ -174,7 +182,7 @@ TEST_CASE("a worker's whole tree ends with it, processes in sessions of their ow
   RankLaunch launch;
   launch.env = {"PATH=/usr/bin:/bin"};
   group.start(1, {"/bin/sh", "-c", script}, {launch});
-  REQUIRE(wait_for([&] { return fs::exists(tmp.path / "away") && fs::exists(tmp.path / "near"); }, 10));
+  REQUIRE(wait_for([&] { return written(tmp.path / "away") && written(tmp.path / "near"); }, 10));
   const pid_t away = std::stoi(slurp(tmp.path / "away"));  // setsid: neither in the worker's group nor its session
   const pid_t near = std::stoi(slurp(tmp.path / "near"));
   REQUIRE(alive(away));
@@ -184,7 +192,7 @@ TEST_CASE("a worker's whole tree ends with it, processes in sessions of their ow
 
   // The worker died first (torchrun killed on its own): what it left is the agent's child now, and ends at stop().
   group.start(2, {"/bin/sh", "-c", "setsid sleep 30 & echo $! > " + (tmp.path / "orphan").string()}, {launch});
-  REQUIRE(wait_for([&] { return fs::exists(tmp.path / "orphan"); }, 10));
+  REQUIRE(wait_for([&] { return written(tmp.path / "orphan"); }, 10));
   const pid_t orphan = std::stoi(slurp(tmp.path / "orphan"));
   REQUIRE(wait_for(
       [&] {

@@ -9,7 +9,7 @@
 
 #include "cli/manifest_yaml.h"
 #include "common/error.h"
-#include "operator/controller/api.h"
+#include "operator/api.h"
 #include "tests/ctest_env.h"
 
 using nlohmann::json;

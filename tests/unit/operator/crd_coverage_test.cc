@@ -29,12 +29,12 @@ constexpr const char* kJobSpec = "common/job_spec.cc";
 // what its description says in the file named.
 const std::map<std::string, std::vector<std::string>> kAllowlist = {
     // Container resources of the worker pods: copied into the pod (pod_builder) and counted by placement.
-    {"spec.resources.requests", {"operator/controller/pod_builder.cc", "operator/controller/placement.cc"}},
-    {"spec.resources.limits", {"operator/controller/pod_builder.cc", "operator/controller/placement.cc"}},
+    {"spec.resources.requests", {"operator/controller/pod_builder.cc", "operator/scheduler/placement.cc"}},
+    {"spec.resources.limits", {"operator/controller/pod_builder.cc", "operator/scheduler/placement.cc"}},
     // Rail-aware placement: the controller's placement request (the scheduler acts on it).
-    {"spec.placement.railAware", {"operator/controller/placement.cc"}},
-    {"spec.placement.mode", {"operator/controller/placement.cc"}},
-    {"spec.placement.topologyKeys", {"operator/controller/placement.cc"}},
+    {"spec.placement.railAware", {"operator/scheduler/placement.cc"}},
+    {"spec.placement.mode", {"operator/scheduler/placement.cc"}},
+    {"spec.placement.topologyKeys", {"operator/scheduler/placement.cc"}},
 };
 
 std::string slurp(const std::string& rel) {

@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "operator/controller/api.h"
+#include "operator/api.h"
 #include "tests/unit/operator/job_fixture.h"
 
 using namespace railyard::op;

@@ -4,7 +4,7 @@
 
 #include <doctest/doctest.h>
 
-#include "operator/controller/placement.h"
+#include "operator/scheduler/placement.h"
 
 using namespace railyard::op;
 

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "common/checked_math.h"
-#include "operator/controller/api.h"
-#include "operator/controller/placement.h"
+#include "operator/api.h"
+#include "operator/scheduler/placement.h"
 #include "tests/ctest_env.h"
 #include "tests/unit/operator/job_fixture.h"
 

@@ -1,6 +1,6 @@
-// Rail-aligned NCCL settings of GPU worker pods (operator/controller/nccl_env.h): what the pod builder adds, what
+// Rail-aligned NCCL settings of GPU worker pods (operator/scheduler/nccl_env.h): what the pod builder adds, what
 // the Binding carries per node, and the node annotations' defaults and errors.
-#include "operator/controller/nccl_env.h"
+#include "operator/scheduler/nccl_env.h"
 
 #include <doctest/doctest.h>
 

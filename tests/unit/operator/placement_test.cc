@@ -1,5 +1,5 @@
 // Gang placement: all of a gang or none.
-#include "operator/controller/placement.h"
+#include "operator/scheduler/placement.h"
 
 #include <doctest/doctest.h>
 

@@ -11,7 +11,7 @@
 #include <fstream>
 #include <string>
 
-#include "operator/controller/api.h"
+#include "operator/api.h"
 #include "operator/controller/failure_policy.h"
 #include "operator/controller/pod_builder.h"
 #include "tests/ctest_env.h"

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "common/wellknown.h"
-#include "operator/controller/api.h"
+#include "operator/api.h"
 #include "operator/controller/job_service.h"
 #include "operator/controller/pod_builder.h"
 #include "tests/unit/operator/job_fixture.h"

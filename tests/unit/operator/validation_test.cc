@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "operator/controller/api.h"
+#include "operator/api.h"
 #include "tests/unit/operator/job_fixture.h"
 
 using namespace railyard::op;

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "common/wellknown.h"
-#include "operator/controller/placement.h"
+#include "operator/scheduler/placement.h"
 
 namespace railyard::op {
 

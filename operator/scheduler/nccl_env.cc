@@ -1,4 +1,4 @@
-#include "operator/controller/nccl_env.h"
+#include "operator/scheduler/nccl_env.h"
 
 #include <algorithm>
 #include <cctype>

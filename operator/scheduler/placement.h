@@ -13,7 +13,7 @@
 
 #include "common/metrics/metrics.h"
 #include "common/restart_request.h"
-#include "operator/controller/api.h"
+#include "operator/api.h"
 #include "planner/cost_model.h"
 
 namespace railyard::op {
@@ -53,7 +53,7 @@ struct NodeInfo {
   std::map<std::string, int64_t> scalar_allocatable, scalar_used;
   int worker_pods = 0;         // Railyard worker pods (any job) bound here
   std::set<std::string> jobs;  // "ns/name" of jobs with a pod here
-  // Node annotations for the NCCL settings of GPU pods (operator/controller/nccl_env.h), raw.
+  // Node annotations for the NCCL settings of GPU pods (operator/scheduler/nccl_env.h), raw.
   std::string rail_hcas;      // railyard.dev/rail-hcas
   std::string socket_ifname;  // railyard.dev/nccl-socket-ifname
 };

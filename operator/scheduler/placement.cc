@@ -1,4 +1,4 @@
-#include "operator/controller/placement.h"
+#include "operator/scheduler/placement.h"
 
 #include <algorithm>
 #include <cctype>
