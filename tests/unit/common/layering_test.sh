@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# tools/layering on the source tree passes, and on a copy of it fails for each kind of break it exists to find: an
+# include loop, an upward include inside worker/ and inside operator/, and a component including one it must not.
+set -euo pipefail
+src=${RAILYARD_SOURCE_DIR:?}
+check="$src/tools/layering/layering.py"
+python3 "$check" "$src"
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+tar -C "$src" --exclude=./build --exclude='./build-*' --exclude=./.git -cf - operator worker monitor cli common planner \
+  checkpoint deploy/local/node_agent tools | tar -C "$tmp" -xf -
+
+# expect_failure NAME FILE LINE WANTED-TEXT: adds LINE after the first #include of FILE in the copy, expects the check
+# to fail naming WANTED-TEXT, then restores FILE.
+expect_failure() {
+  local name=$1 file=$2 line=$3 want=$4 out rc=0
+  cp "$tmp/$file" "$tmp/$file.orig"
+  python3 - "$tmp/$file" "$line" <<'PY'
+import re, sys
+p, line = sys.argv[1], sys.argv[2]
+s = open(p).read()
+m = re.search(r'^#include .*\n', s, re.M)
+assert m, "no #include in " + p
+open(p, "w").write(s[:m.end()] + line + "\n" + s[m.end():])
+PY
+  out=$(python3 "$check" "$tmp" 2>&1) || rc=$?
+  mv "$tmp/$file.orig" "$tmp/$file"
+  if [[ $rc -eq 0 ]]; then
+    echo "FAIL $name: the check passed"
+    exit 1
+  fi
+  if ! grep -qF -- "$want" <<<"$out"; then
+    echo "FAIL $name: no '$want' in:"
+    echo "$out"
+    exit 1
+  fi
+  echo "ok   $name"
+}
+
+expect_failure "an include loop" worker/cmd/config_file.h '#include "worker/cmd/command_line.h"' \
+  'include loop: worker/cmd/command_line -> worker/cmd/config_file'
+expect_failure "worker/parallel including worker/train" worker/parallel/data_parallel.h \
+  '#include "worker/train/trainer.h"' 'worker/train is not below worker/parallel'
+expect_failure "the scheduler including the controller" operator/scheduler/placement.h \
+  '#include "operator/controller/controller.h"' 'operator/controller is not below operator/scheduler'
+expect_failure "the monitor including the operator" monitor/flags.h '#include "operator/api.h"' \
+  'monitor/ must not depend on operator/'
+mkdir -p "$tmp/worker/newdir" && echo '#pragma once' >"$tmp/worker/newdir/x.h"
+expect_failure "a new worker folder without a layer" worker/train/trainer.h '#include "worker/newdir/x.h"' \
+  'has no layer'
+echo "layering: all checks"
