@@ -1,6 +1,7 @@
 #include "worker/cmd/command_line.h"
 
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <functional>
 #include <map>
@@ -23,7 +24,12 @@ long long integer(const std::string& flag, const std::string& v) {
   return n;
 }
 
-int small_integer(const std::string& flag, const std::string& v) { return static_cast<int>(integer(flag, v)); }
+// An int option: a value beyond int's range is refused, not wrapped (--metrics-port 4294976696 is not 9400).
+int small_integer(const std::string& flag, const std::string& v) {
+  const long long n = integer(flag, v);
+  if (n < INT32_MIN || n > INT32_MAX) throw ConfigError("--" + flag + " '" + v + "' is out of range");
+  return static_cast<int>(n);
+}
 
 double number(const std::string& flag, const std::string& v) {
   char* end = nullptr;
@@ -173,7 +179,7 @@ void complete_from_environment(TrainOptions& o) {
   } else if (!e.metrics_port.empty()) {
     char* end = nullptr;
     const long base = std::strtol(e.metrics_port.c_str(), &end, 10);
-    if (*end != '\0' || base < 0)
+    if (*end != '\0' || base < 0 || base > 65535)
       throw ConfigError(std::string(pod_env::kMetricsPort) + " '" + e.metrics_port + "' is not a port");
     o.metrics_port = static_cast<int>(base) + e.local_rank_number();
   }

@@ -4,6 +4,7 @@
 #include <optional>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 
 #include "common/error.h"
 #include "common/worker_config.h"
@@ -14,10 +15,14 @@ namespace railyard::worker {
 namespace {
 
 // Sets `field` from the configuration's value unless the command line gave `flag` (it wins) or the configuration
-// leaves the field unset (the worker's default stays).
+// leaves the field unset (the worker's default stays). A number the option cannot hold is refused, not wrapped.
 template <typename Field, typename Value>
 void set(TrainOptions& o, const std::string& flag, Field& field, const std::optional<Value>& v) {
   if (o.has(flag) || !v) return;
+  if constexpr (std::is_integral_v<Field> && std::is_integral_v<Value> && !std::is_same_v<Field, bool>) {
+    if (!std::in_range<Field>(*v))
+      throw ConfigError("--config " + o.config + ": " + std::to_string(*v) + " is out of range for --" + flag);
+  }
   field = static_cast<Field>(*v);
   o.configured.insert(flag);
 }

@@ -1,8 +1,6 @@
 // `railyard-worker train`'s options (worker/cmd/train_options.h): built once from the command line, the worker
 // configuration (--config), the environment and the defaults, in that precedence; a bad value is refused naming the
 // flag, the configuration's field or the variable.
-#include "worker/cmd/command_line.h"
-
 #include <doctest/doctest.h>
 #include <unistd.h>
 
@@ -13,6 +11,7 @@
 
 #include "common/error.h"
 #include "common/worker_config.h"
+#include "worker/cmd/command_line.h"
 #include "worker/cmd/flags.h"
 
 using namespace railyard;
@@ -191,6 +190,8 @@ TEST_CASE("train options: bad values are refused naming the flag, the field or t
   CHECK(refusal({"--slow-ranks", "1"}).find("--slow-ranks and --slow-factor go together") == 0);
   CHECK(refusal({"--slow-ranks", "1", "--slow-factor", "0.5"}) == "--slow-factor must be a number >= 1");
   CHECK(refusal({"--metrics-port", "70000"}) == "--metrics-port must be in 0..65535");
+  CHECK(refusal({"--metrics-port", "4294976696"}) == "--metrics-port '4294976696' is out of range");  // not 9400
+  CHECK(refusal({"--steps", "99999999999"}) == "--steps '99999999999' is out of range");
   CHECK(refusal({"--nproc", "0"}) == "--nproc must be in 1..256");
   LauncherEnv env;
   env.metrics_port = std::string("http");
@@ -201,6 +202,13 @@ TEST_CASE("train options: bad values are refused naming the flag, the field or t
   c.world_size = 2;
   const ConfigFile file(c);
   CHECK(refusal({"--config", file.path}).find("--config " + file.path + ": world size 2, but WORLD_SIZE is ''") == 0);
+  // A configuration's number the option cannot hold is refused, not wrapped (2^32 + 10 steps is not 10).
+  WorkerConfig big;
+  big.training = WorkerConfig::Training{};
+  big.training->steps = (int64_t{1} << 32) + 10;
+  const ConfigFile big_file(big);
+  CHECK(refusal({"--config", big_file.path}) ==
+        "--config " + big_file.path + ": 4294967306 is out of range for --steps");
   LauncherEnv two;
   two.world_size = std::string("2");
   CHECK(refusal({"--config", file.path}, two).empty());
