@@ -87,11 +87,12 @@ build_sanitizer_trees() {
     cmake -S . -B build-tsan "${sanitizer_flags[@]}" -DRAILYARD_SANITIZE=thread &&
     cmake --build build-tsan -j2 --target railyard_tsan_tests
 }
-# With the tests, the sanitizer trees build beside them at the lowest priority there is (SCHED_IDLE, idle I/O): the
-# e2e tests leave about half of the 2 cores idle while they wait on real time (pods, leases, detection windows), and
-# a compile at SCHED_IDLE only ever gets a core nobody else wants, so the tests run as fast as alone (measured in
-# docs/benchmarks.md "Test time") and a change to a common header no longer costs its ~17 minutes of sanitizer
-# compiles after the tests. RAILYARD_HARDENING_BESIDE_TESTS=0 builds them after the tests instead.
+# The sanitizer trees build beside the simulated-cluster e2e tests, at the lowest priority there is (SCHED_IDLE, idle
+# I/O, nice 19): those tests leave about half of the 2 cores idle while they wait on real time (pods, leases, detection
+# windows), and a change to a common header then no longer costs its ~17 minutes of sanitizer compiles after them.
+# Not beside the unit tests (they keep both cores busy) nor the real-node tests: beside a compile, even at SCHED_IDLE,
+# the real-node tests took 61 % longer (e2e_real_program 851 s against 479 s), the simulated ones 19 %
+# (docs/benchmarks.md "Test time", run 10). RAILYARD_HARDENING_BESIDE_TESTS=0 builds them after the tests instead.
 hardening_pid=""
 hardening_log=$root/build/sanitizer-trees.log
 start_hardening_build() {
@@ -122,14 +123,16 @@ if [ "${labels[*]}" != "-L unit" ]; then
   bash deploy/local/cluster.sh build
 fi
 
-if [ "$hardening" = 1 ] && [ "${RAILYARD_HARDENING_BESIDE_TESTS:-1}" = 1 ]; then start_hardening_build; fi
 step "tests"
 cd build
 # The unit tests two at a time (each is short; those that train use both cores and just take longer), then the rest
-# one at a time: the e2e tests share one API server and several are timed against their own jobs.
+# one at a time: the e2e tests share one API server and several are timed against their own jobs. The real-node
+# tests before the simulated-cluster ones, which have the sanitizer trees' compile beside them (above).
 if [ "${labels[*]}" = "-LE bench|demo" ] && [ ${#extra[@]} -eq 0 ]; then
-  ctest -j2 --output-on-failure --no-tests=error -L unit "${extra[@]}" || failed+=("unit tests")
-  ctest --output-on-failure --no-tests=error -LE 'bench|demo|unit' "${extra[@]}" || failed+=("tests")
+  ctest -j2 --output-on-failure --no-tests=error -L unit || failed+=("unit tests")
+  ctest --output-on-failure --no-tests=error -L real -LE 'bench|demo' || failed+=("real-node tests")
+  if [ "$hardening" = 1 ] && [ "${RAILYARD_HARDENING_BESIDE_TESTS:-1}" = 1 ]; then start_hardening_build; fi
+  ctest --output-on-failure --no-tests=error -LE 'bench|demo|unit|real' || failed+=("tests")
 elif [ "${labels[*]}" = "-L unit" ]; then
   ctest -j2 --output-on-failure --no-tests=error -L unit "${extra[@]}" || failed+=("unit tests")
 else
