@@ -34,7 +34,7 @@ endif()
 
 if(railyard_san_flags)
   # Frame pointers and line tables: readable stacks (function, file:line) in every report. -g1, not -g: full debug
-  # info adds 10-20 % to each compile (measured on two units, clang ASan -O1) and the reports need only the lines; it
+  # info adds 9-16 % to each compile (measured on two units, clang ASan -O1) and the reports need only the lines; it
   # also overrode the -g1 that scripts/test.sh asks for.
   add_compile_options(${railyard_san_flags} -fno-omit-frame-pointer -g1)
   if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
