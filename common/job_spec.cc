@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <limits>
 #include <numeric>
+#include <regex>
 #include <set>
 
 #include "common/checked_math.h"
@@ -445,6 +446,70 @@ void parse_scheduler(Checker& c, JobSpec& s, const Json& placement) {
            "remove them (the pod template's affinity reaches " + s.scheduler + "), or use scheduler railyard");
 }
 
+// spec.storage: what the claim is made of, and a mount the pod template does not already have.
+void parse_storage(Checker& c, JobSpec& s, const Json& spec) {
+  if (!spec.is_object() || !spec.contains("storage") || spec["storage"].is_null()) return;
+  Json st = c.object(spec, "storage", "spec.storage");
+  if (!c.ok()) return;
+  StorageSpec out;
+  auto size = c.string(st, "size", "spec.storage.size", 64);
+  if (!c.ok()) return;
+  if (!size) {
+    c.fail("spec.storage.size", "is missing", "give the volume's size as a quantity, e.g. 10Gi");
+    return;
+  }
+  if (!is_storage_quantity(*size))
+    c.fail("spec.storage.size", "'" + *size + "' is not a size", "write a quantity greater than 0, e.g. 10Gi or 500M");
+  out.size = *size;
+  out.storage_class = c.string(st, "storageClassName", "spec.storage.storageClassName", 253);
+  if (auto v = c.string(st, "accessMode", "spec.storage.accessMode")) {
+    if (*v != "ReadWriteMany" && *v != "ReadWriteOnce")
+      c.fail("spec.storage.accessMode", "'" + *v + "' is not offered",
+             "use ReadWriteMany (pods on several nodes) or ReadWriteOnce (every pod on one node)");
+    out.access_mode = *v;
+  }
+  if (auto v = c.string(st, "mountPath", "spec.storage.mountPath", 1024)) {
+    std::string p = *v;
+    while (p.size() > 1 && p.back() == '/') p.pop_back();
+    if (p.empty() || p[0] != '/' || p == "/" || ("/" + p + "/").find("/../") != std::string::npos)
+      c.fail("spec.storage.mountPath", "'" + *v + "' is not an absolute directory below /",
+             "write an absolute path without '..', e.g. /shared");
+    out.mount_path = p;
+  }
+  if (auto v = c.string(st, "whenDeleted", "spec.storage.whenDeleted")) {
+    if (*v != "Delete" && *v != "Retain")
+      c.fail("spec.storage.whenDeleted", "'" + *v + "' is not a policy",
+             "use Delete (the claim goes with the job) or Retain (it stays, for a later job of this name)");
+    out.retain = *v == "Retain";
+  }
+  if (!c.ok()) return;
+  // The template's own volume of that name or mount at that path would make two of each in the pod.
+  const Json tspec = spec.contains("template") && spec["template"].is_object() && spec["template"].contains("spec") &&
+                             spec["template"]["spec"].is_object()
+                         ? spec["template"]["spec"]
+                         : Json::object();
+  if (tspec.contains("volumes") && tspec["volumes"].is_array())
+    for (const Json& v : tspec["volumes"])
+      if (v.is_object() && v.value("name", Json()) == kStorageVolumeName)
+        c.fail("spec.template.spec.volumes",
+               std::string("a volume is named ") + kStorageVolumeName + ", the name of spec.storage's volume",
+               "rename the template's volume");
+  if (tspec.contains("containers") && tspec["containers"].is_array() && !tspec["containers"].empty() &&
+      tspec["containers"][0].is_object() && tspec["containers"][0].contains("volumeMounts") &&
+      tspec["containers"][0]["volumeMounts"].is_array())
+    for (const Json& m : tspec["containers"][0]["volumeMounts"]) {
+      if (!m.is_object() || !m.contains("mountPath") || !m["mountPath"].is_string()) continue;
+      std::string p = m["mountPath"].get<std::string>();
+      while (p.size() > 1 && p.back() == '/') p.pop_back();
+      if (p == out.mount_path)
+        c.fail("spec.storage.mountPath",
+               "the template's worker container already mounts " + p +
+                   (m.contains("name") ? " (" + m["name"].dump() + ")" : ""),
+               "choose another spec.storage.mountPath, or remove that mount from the template");
+    }
+  if (c.ok()) s.storage = out;
+}
+
 void parse_checkpoint_policies(Checker& c, JobSpec& s, const Json& spec) {
   // Checkpoint and placement: types only (their semantics belong to the worker and the scheduler).
   Json ckpt = c.object(spec, "checkpoint", "spec.checkpoint");
@@ -687,11 +752,20 @@ ParsedJob parse_job(const Json& job) {
     parse_parallelism_memory(c, s, spec);
   }
   parse_checkpoint_policies(c, s, spec);
+  parse_storage(c, s, spec);
   if (!s.program) check_cross_fields(c, s);
   out.violation = c.take();
   // With auto the planner picks the degrees the family checks need; plan_parallelism checks its choice.
   if (!out.violation && !s.auto_parallel && !s.program) out.violation = check_family(s, s.replicas);
   return out;
+}
+
+bool is_storage_quantity(const std::string& q) {
+  // A number, then nothing, a binary suffix (Ki .. Ei), a decimal one (k, M .. E) or an exponent.
+  static const std::regex kQuantity(R"(^([0-9]+(\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|[eE][+]?[0-9]+)?$)");
+  std::smatch m;
+  if (q.size() > 64 || !std::regex_match(q, m, kQuantity)) return false;
+  return std::stod(m[1].str()) > 0;
 }
 
 size_t worker_hostname_length(size_t job_name_length, int replicas) {

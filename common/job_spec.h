@@ -60,6 +60,21 @@ inline constexpr const char* kRailyardScheduler = "railyard";
 // at its next status poll (RAILYARD_AGENT_POLL_MS, 0.5 s) and gives its workers RAILYARD_AGENT_GRACE_SECONDS (10 s).
 inline constexpr std::chrono::seconds kPodStopWait{20};
 
+// spec.storage: a volume the job owns (docs/storage.md). The operator makes the PersistentVolumeClaim
+// storage_claim_name(job) before the first pod and mounts it in every worker container at mount_path.
+struct StorageSpec {
+  std::string size;                          // a Kubernetes quantity ("10Gi"), the claim's requested storage
+  std::optional<std::string> storage_class;  // absent: the cluster's default class; "": no class (a static volume)
+  std::string access_mode = "ReadWriteMany";
+  std::string mount_path = "/shared";
+  bool retain = false;  // whenDeleted Retain: the claim outlives the job, and a later job of the name reuses it
+};
+inline constexpr const char* kStorageVolumeName = "railyard-storage";
+inline std::string storage_claim_name(const std::string& job) { return job + "-storage"; }
+// A Kubernetes quantity of bytes as the API server reads one: a decimal number, then an SI or binary suffix or an
+// exponent ("10Gi", "500M", "1e9", "1.5Ti"); greater than zero.
+bool is_storage_quantity(const std::string& q);
+
 struct JobSpec {
   std::string name, ns;
   int replicas = 1;
@@ -139,6 +154,7 @@ struct JobSpec {
   // operator's --data-root / --checkpoint-root. train and val are globs (a directory means its train_*.bin /
   // val_*.bin); val "" = val_*.bin beside the training shards. The resolved config carries them as data.train/val.
   std::string data_train, data_val, checkpoint_path;
+  std::optional<StorageSpec> storage;  // spec.storage
 };
 
 // What is wrong and how to fix it. `reason` is a CamelCase condition reason naming the field

@@ -123,7 +123,8 @@ struct Resource {
 
 namespace resources {
 extern const Resource pods, nodes, namespaces, events, leases, secrets, configmaps, services, endpoints,
-    serviceaccounts, customresourcedefinitions, networkpolicies, priorityclasses, trainingjobs;
+    serviceaccounts, customresourcedefinitions, networkpolicies, priorityclasses, persistentvolumeclaims,
+    storageclasses, trainingjobs;
 }
 
 // "/api/v1/namespaces/ns/pods/name/status" or "/apis/g/v/plural". `ns` is ignored for cluster-scoped resources;

@@ -70,6 +70,8 @@ const Resource customresourcedefinitions{"apiextensions.k8s.io", "v1", "customre
                                          "CustomResourceDefinition", false};
 const Resource networkpolicies{"networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", true};
 const Resource priorityclasses{"scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", false};
+const Resource persistentvolumeclaims{"", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", true};
+const Resource storageclasses{"storage.k8s.io", "v1", "storageclasses", "StorageClass", false};
 const Resource trainingjobs{"railyard.dev", "v1alpha1", "trainingjobs", "TrainingJob", true};
 }  // namespace resources
 

@@ -14,14 +14,15 @@
 #include "common/wellknown.h"
 #include "operator/controller/failure_policy.h"
 #include "operator/controller/job_service.h"
+#include "operator/controller/job_storage.h"
 #include "operator/controller/lifecycle.h"
-#include "operator/scheduler/nccl_env.h"
 #include "operator/controller/plan_glue.h"
 #include "operator/controller/pod_state.h"
 #include "operator/controller/restart_triggers.h"
 #include "operator/controller/slow_start.h"
 #include "operator/controller/status.h"
 #include "operator/controller/sync.h"
+#include "operator/scheduler/nccl_env.h"
 
 namespace railyard::op {
 
@@ -494,6 +495,84 @@ void Controller::ensure_service(const Json& job) {
       throw Error(msg);
     }
   }
+}
+
+std::optional<Json> Controller::ensure_storage(const Json& job, const JobSpec& spec,
+                                               std::vector<PendingEvent>& events) {
+  if (!spec.storage) return std::nullopt;
+  const api::StorageSpec& st = *spec.storage;
+  const std::string ns = kube::namespace_of(job), name = api::storage_claim_name(kube::name_of(job));
+  const std::string cache_key = "persistentvolumeclaims/" + kube::key_of(job),
+                    stamp = uid_of(job) + (st.retain ? "\nRetain" : "\nDelete");
+  {
+    std::lock_guard lock(mu_);
+    auto it = job_objects_.find(cache_key);
+    if (it != job_objects_.end() && it->second == stamp) return std::nullopt;
+  }
+  const std::string what = "PersistentVolumeClaim " + ns + "/" + name;
+  std::optional<Json> have = client_.try_get(kube::resources::persistentvolumeclaims, ns, name);
+  if (!have) {
+    try {
+      have = client_.create(kube::resources::persistentvolumeclaims, ns, build_storage_claim(job, st));
+    } catch (const kube::AlreadyExists&) {
+      throw kube::Conflict(409, "Conflict", what + " appeared meanwhile; comparing it on the next pass");
+    } catch (const kube::Invalid& e) {
+      recorder_.warning(job, "StorageInvalid", what + " was refused: " + e.what() + "; fix spec.storage");
+      throw;
+    }
+    events.push_back({false, "StorageCreated", "created " + what + " (" + describe_storage(st) + ")"});
+  } else {
+    switch (storage_owner(*have, job)) {
+      case StorageOwner::kThisJob:
+        break;
+      case StorageOwner::kRetained:
+        events.push_back({false, "StorageReused",
+                          "reusing " + what + ", which an earlier job of this name retained (whenDeleted Retain)"});
+        break;
+      case StorageOwner::kGoing:
+        // An earlier job's claim on its way out (the garbage collector, or its pods still using it): its data goes
+        // with it, and this job gets a new one once the name is free.
+        throw kube::Conflict(409, "Conflict", what + " belongs to an earlier job and is being deleted; waiting for it");
+      case StorageOwner::kForeign: {
+        const std::string msg = what +
+                                " exists and is not this job's: rename or delete it (spec.storage's claim is named "
+                                "<job>-storage), label it railyard.dev/job=" +
+                                kube::name_of(job) +
+                                " and railyard.dev/storage=true to give it to this job, or "
+                                "remove spec.storage; no pods until then";
+        recorder_.warning(job, "StorageConflict", msg);
+        throw Error(msg);
+      }
+    }
+    if (auto patch = storage_owner_patch(*have, job, st.retain))
+      have = client_.patch(kube::resources::persistentvolumeclaims, ns, name, *patch);
+  }
+  // Cached once Bound: until then every pass reads it again, so that a gang placed later still names its node.
+  if (kube::field(kube::field(*have, "status"), "phase") == "Bound") {
+    std::lock_guard lock(mu_);
+    job_objects_[cache_key] = stamp;
+  }
+  return have;
+}
+
+void Controller::select_storage_node(const Json& job, const Json& claim, const std::map<int, std::string>& placed) {
+  if (placed.empty()) return;
+  const Json& cls = kube::field(kube::field(claim, "spec"), "storageClassName");
+  if (!cls.is_string() || cls.get<std::string>().empty()) return;
+  std::optional<Json> storage_class;
+  try {
+    storage_class = client_.try_get(kube::resources::storageclasses, "", cls.get<std::string>());
+  } catch (const kube::Forbidden& e) {
+    log::warn(kLog, "cannot read the claim's StorageClass (RBAC: storageclasses get)",
+              {{"job", kube::key_of(job)}, {"error", e.what()}});
+    return;
+  }
+  if (!waits_for_selected_node(claim, storage_class ? &*storage_class : nullptr)) return;
+  const std::string& node = placed.begin()->second;
+  Json patch = {{"metadata", {{"annotations", {{kSelectedNodeAnnotation, node}}}}}};
+  client_.patch(kube::resources::persistentvolumeclaims, kube::namespace_of(job), kube::name_of(claim), patch);
+  log::info(kLog, "claim waits for its first consumer: selected the gang's first node",
+            {{"job", kube::key_of(job)}, {"claim", kube::name_of(claim)}, {"node", node}});
 }
 
 void Controller::ensure_job_object(const Json& job, const kube::Resource& res, const Json& want,

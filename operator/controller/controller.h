@@ -23,11 +23,11 @@
 #include "operator/controller/lifecycle.h"
 #include "operator/controller/network_policy.h"
 #include "operator/controller/pending_event.h"
-#include "operator/scheduler/placement.h"
 #include "operator/controller/pod_builder.h"
 #include "operator/controller/pod_state.h"
 #include "operator/controller/poison.h"
 #include "operator/rendezvous/rendezvous.h"
+#include "operator/scheduler/placement.h"
 
 namespace railyard::op {
 
@@ -134,6 +134,15 @@ class Controller {
   // reconcile costs no request once it is in place.
   void ensure_job_object(const Json& job, const kube::Resource& res, const Json& want,
                          const std::string& conflict_reason, const std::string& fix);
+  // spec.storage (job_storage.h, docs/storage.md): the job's claim exists and follows whenDeleted. Created when
+  // missing (event StorageCreated); one a job of this name retained is reused (StorageReused); one being deleted or
+  // an earlier job's that the garbage collector takes is waited for (Conflict, retried); someone else's is never
+  // touched (Warning StorageConflict and an Error: no pods until the name is free). Returns the claim when it was
+  // read or made now; once it is Bound and follows the spec, later passes make no request (nullopt).
+  std::optional<Json> ensure_storage(const Json& job, const JobSpec& spec, std::vector<PendingEvent>& events);
+  // A claim whose class binds WaitForFirstConsumer gets the node of the gang's first placed pod (what kube-scheduler
+  // does for the pods it binds), so that its provisioner makes the volume where the pods run.
+  void select_storage_node(const Json& job, const Json& claim, const std::map<int, std::string>& placed);
   Json write_status(const Json& job, const Json& status);
   std::chrono::milliseconds finish(const Json& job, const JobSpec& spec, Json& status, const Json& orig,
                                    std::vector<PendingEvent>& events, const std::vector<PodPtr>& pods);

@@ -138,6 +138,18 @@ void add_writable_mounts(Json& container, Json& pod_spec, bool program) {
   pod_spec["volumes"] = volumes;
 }
 
+// spec.storage: the pod's volume of the job's claim and the worker container's mount of it (docs/storage.md).
+void add_storage_mount(Json& container, Json& pod_spec, const StorageSpec& st, const std::string& job_name) {
+  Json volumes = pod_spec.contains("volumes") && pod_spec["volumes"].is_array() ? pod_spec["volumes"] : Json::array();
+  volumes.push_back({{"name", api::kStorageVolumeName},
+                     {"persistentVolumeClaim", {{"claimName", api::storage_claim_name(job_name)}}}});
+  pod_spec["volumes"] = volumes;
+  Json mounts = container.contains("volumeMounts") && container["volumeMounts"].is_array() ? container["volumeMounts"]
+                                                                                           : Json::array();
+  mounts.push_back({{"name", api::kStorageVolumeName}, {"mountPath", st.mount_path}});
+  container["volumeMounts"] = mounts;
+}
+
 // A program job's launcher: the init container copies railyard-worker (the agent) with every shared library it
 // links, the dynamic loader included, into an emptyDir, so that the agent runs in any image on the same CPU
 // architecture (no Railyard binary, no Debian 12 libraries needed there). The worker container starts the loader
@@ -362,6 +374,7 @@ WorkerPodBuilder::WorkerPodBuilder(const Json& job, const JobSpec& spec, int64_t
   // termination message, which the operator shows (pod_termination_message). The template may choose otherwise.
   if (!container.contains("terminationMessagePolicy")) container["terminationMessagePolicy"] = "FallbackToLogsOnError";
   apply_security_defaults(container, pod_spec);
+  if (spec.storage) add_storage_mount(container, pod_spec, *spec.storage, job_name);
   add_writable_mounts(container, pod_spec, spec.program);
   if (spec.program) add_launcher(container, pod_spec, spec, opts);
   containers.insert(containers.begin(), container);

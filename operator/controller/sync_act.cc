@@ -78,7 +78,8 @@ void Controller::create_pods(Sync& s) {
   token = ensure_token(job);
   ensure_network_policy(job, spec);
   ensure_service(job);
-  log::debug(kLog, "secret, network policy and service in place", {{"job", key}});
+  const std::optional<Json> claim = ensure_storage(job, spec, events);
+  log::debug(kLog, "secret, network policy, service and storage in place", {{"job", key}});
   for (const auto& [pod_name, force] : to_delete) {
     delete_pod(ns, pod_name, force);
     for (auto it = by_index.begin(); it != by_index.end(); ++it)
@@ -121,7 +122,10 @@ void Controller::create_pods(Sync& s) {
   ensure_job_object(job, kube::resources::configmaps, builder->env_configmap(), "EnvConfigMapConflict",
                     "rename or delete it (each job's job-wide env is kept in the ConfigMap <job>-env)");
   // The new pods and the existing unbound ones are placed as one gang; a new pod that got a node is created on it.
-  if (spec.scheduler == kRailyardScheduler) place_gang(s, unplaced, true);
+  if (spec.scheduler == kRailyardScheduler) {
+    place_gang(s, unplaced, true);
+    if (claim) select_storage_node(job, *claim, s.placement.node);
+  }
   const size_t count = to_create_index.size();
   // Pod k as it is created: the gang's common pod with its index, and its node (and the node's annotations) when
   // placed. Called concurrently: it only reads the builder and the placement.

@@ -235,12 +235,12 @@ check "rbac.userRoles=false: no users' roles" bash -c "! grep -Eq 'name: railyar
 # --- non-default value sets ----------------------------------------------------------------------------------------
 render "$work/ns.yaml" -f "$values_dir/namespace-scope.yaml" || fail "namespace-scope.yaml does not render"
 objects "$work/ns.yaml" >"$work/ns.json"
-check "namespace scope: operator and monitor Roles in team-a, cluster-wide only reading nodes, priorityclasses, pods" q '
+check "namespace scope: operator and monitor Roles in team-a, cluster-wide only reading nodes, priorityclasses, storageclasses, pods" q '
   ([.[] | select(.kind == "Role" and .metadata.namespace == "team-a") | .metadata.name] | sort)
     == ["railyard-monitor","railyard-operator"]
   and ([.[] | select(.kind == "ClusterRole" and (.metadata.name | test("-(edit|view|metrics-reader)$") | not)) | .rules[]
     | [.resources, .verbs]] == [[["nodes"], ["get","list","watch"]], [["priorityclasses"], ["list","watch"]],
-      [["tokenreviews"], ["create"]], [["subjectaccessreviews"], ["create"]], [["pods"], ["list","watch"]]])' \
+      [["storageclasses"], ["get"]], [["tokenreviews"], ["create"]], [["subjectaccessreviews"], ["create"]], [["pods"], ["list","watch"]]])' \
   "$work/ns.json"
 check "namespace scope: the operator Role in team-a may update trainingjobs/finalizers (blockOwnerDeletion)" \
   finalizers_rule "$work/ns.json" Role railyard-operator
