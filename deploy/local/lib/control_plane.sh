@@ -269,7 +269,7 @@ start_apiserver() {
 
 start_controller_manager() {
   local pki="$STATE_DIR/pki"
-  local kcm_controllers=garbagecollector,namespace,nodelifecycle,serviceaccount,serviceaccount-token,podgc,persistentvolume-binder,clusterrole-aggregation
+  local kcm_controllers=garbagecollector,namespace,nodelifecycle,serviceaccount,serviceaccount-token,podgc,persistentvolume-binder,pvc-protection,pv-protection,clusterrole-aggregation
   # Real nodes run the chart's Deployments and reach Services: their controllers and the Services' endpoints, with the
   # mirroring of hand-written Endpoints into EndpointSlices (what kube-proxy reads) that every real cluster runs: the
   # rendezvous Service has no selector, its leader writes its Endpoints.

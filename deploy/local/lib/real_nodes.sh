@@ -281,7 +281,25 @@ EOT
     }
     sleep 0.5
   done
+  start_local_storage
   info "up: $REAL_NODES real node(s) Ready on $BRIDGE ($POD_NET.0/24; host address $POD_NET.1)"
+}
+
+# StorageClass railyard-local, the cluster's default, and its provisioner (lib/local_provisioner.sh): claims of it get
+# a hostPath directory under STATE/volumes that every node of this machine mounts (docs/storage.md "The local cluster").
+start_local_storage() {
+  command -v jq >/dev/null || die "up: 'jq' missing for the local provisioner (scripts/install-deps.sh installs it)"
+  kubectl_admin apply -f - >>"$STATE_DIR/logs/kubectl.log" 2>&1 <<'EOT' || die "up: StorageClass railyard-local failed"
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: railyard-local
+  annotations: {storageclass.kubernetes.io/is-default-class: "true"}
+provisioner: railyard.dev/local-hostpath
+reclaimPolicy: Delete
+volumeBindingMode: Immediate
+EOT
+  start_component local-provisioner bash "$REPO_ROOT/deploy/local/lib/local_provisioner.sh" "$STATE_DIR" "$CACHE_BIN/kubectl"
 }
 
 # Stops node i like a lost machine: kubelet, containerd, shims and every container of the node.
@@ -309,6 +327,7 @@ stop_real_nodes() {
   source "$STATE_DIR/real/net.env"
   local i
   for ((i = 0; i < REAL_NODES; i++)); do stop_real_node "$i"; done
+  stop_component local-provisioner 10
   services_down
   # libcni's result cache (/var/lib/cni/results/<network>-<container>-<ifname>) is machine-wide: drop this cluster's.
   rm -f /var/lib/cni/results/"railyard-${BRIDGE#ry}"-* 2>/dev/null || true
