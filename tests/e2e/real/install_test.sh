@@ -14,6 +14,8 @@
 #   3b. jobs with spec.placement.scheduler default-scheduler: kube-scheduler binds a 2-pod job, which trains to
 #      Succeeded; a 2-pod job only one of whose pods fits never trains a step (its bound pod waits at the rendezvous)
 #      and is reported as JoinTimeout naming the missing pod;
+#   3c. a job with spec.storage gets its own claim of the default class railyard-local (the local provisioner), its
+#      2 pods write their checkpoints there, and the claim, the volume and its directory go with the job;
 #   4. the leader pod deleted: the other replica takes the Lease, rewrites the rendezvous Endpoints with its own pod,
 #      and the Deployment is back to 2 Available; the monitor's leader pod deleted: another replica takes its Lease;
 #   5. `kubectl kustomize deploy/` (the `apply -k` objects; its policy/v1 PDB left out on this 1.20 server) applied
@@ -177,6 +179,26 @@ case "$(kubectl get tj ksbig -n "$ns" -o jsonpath='{.status.progress}')" in "" |
 ! kubectl logs "$running" -n "$ns" | grep -q "step=" || fail "$running trained without its whole world"
 kubectl delete tj ksbig -n "$ns" --wait=false >/dev/null
 log "ksbig (does not fit): $running waits at the rendezvous, $pending Unschedulable, JoinTimeout reported, no step trained"
+
+# --- 3c. spec.storage on the local cluster's default class ----------------------------------------------------
+# The job asks for its own volume: the operator (with the chart's RBAC) makes sto-storage, the local provisioner binds
+# it to a hostPath directory (class railyard-local, the default), both pods mount it at /shared and the checkpoints
+# land there; the data come read-only from the namespace's shared claim. The job deleted, the garbage collector deletes
+# the claim and the provisioner the volume and its directory (docs/storage.md).
+t0=$SECONDS
+gang_job sto 2 20 "j['spec'].pop('placement'); j['spec']['storage'] = {'size': '1Gi'}; j['spec']['data'] = {'train': '/in/data/train_*.bin', 'val': '/in/data/val_*.bin'}; j['spec']['template']['spec']['containers'][0]['volumeMounts'] = [{'name': 'shared', 'mountPath': '/in', 'readOnly': True}]" |
+  kubectl apply -n "$ns" -f - >/dev/null
+wait_for 60 "sto-storage Bound" sh -c "[ \"\$(kubectl get pvc sto-storage -n $ns -o jsonpath='{.status.phase}')\" = Bound ]"
+[ "$(kubectl get pvc sto-storage -n "$ns" -o jsonpath='{.spec.storageClassName}')" = railyard-local ] ||
+  fail "sto-storage's class is '$(kubectl get pvc sto-storage -n "$ns" -o jsonpath='{.spec.storageClassName}')', want the default railyard-local"
+pv=$(kubectl get pvc sto-storage -n "$ns" -o jsonpath='{.spec.volumeName}')
+dir=$(kubectl get pv "$pv" -o jsonpath='{.spec.hostPath.path}')
+[ "$dir" = "$state/volumes/$pv" ] || fail "sto-storage's volume $pv lies at '$dir'"
+wait_for 240 "sto Succeeded on its own volume" sh -c "[ \"\$(kubectl get tj sto -n $ns -o jsonpath='{.status.phase}')\" = Succeeded ]"
+ls "$dir"/checkpoints/sto/* >/dev/null 2>&1 || fail "no checkpoint of sto in its volume $dir: $(find "$dir" | head)"
+kubectl delete tj sto -n "$ns" --wait=false >/dev/null
+wait_for 90 "sto-storage, its volume $pv and $dir deleted with the job" sh -c "! kubectl get pvc sto-storage -n $ns >/dev/null 2>&1 && ! kubectl get pv $pv >/dev/null 2>&1 && [ ! -e '$dir' ]"
+log "sto trained on its own claim (railyard-local, checkpoints in $pv); deleted with the job in $((SECONDS - t0)) s in all"
 
 # --- 4. leader failover ------------------------------------------------------------------------------------
 t0=$SECONDS
