@@ -1,9 +1,12 @@
 // railyard data prepare | inspect
 #include <algorithm>
+#include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "cli/cli.h"
+#include "cli/data_fetch.h"
+#include "common/error.h"
 #include "worker/data/data_loader.h"
 #include "worker/data/prepare.h"
 #include "worker/data/shard.h"
@@ -20,8 +23,18 @@ const std::string& flag_value(const Args& a, size_t& i) {
   return a[++i];
 }
 
+// Removes the directory URL inputs were fetched into, whatever happens.
+struct FetchDir {
+  std::string path;
+  ~FetchDir() {
+    std::error_code ec;
+    if (!path.empty()) std::filesystem::remove_all(path, ec);
+  }
+};
+
 int prepare(const Args& a) {
   worker::PrepareOptions o;
+  bool reuse = false;
   for (size_t i = 0; i < a.size(); ++i) {
     if (a[i] == "--input") {
       // --input takes every following non-flag argument, so shell globs work: --input texts/*.txt
@@ -37,6 +50,8 @@ int prepare(const Args& a) {
       if (o.shard_tokens == 0) throw UsageError{"--shard-tokens must be positive"};
     } else if (a[i] == "--force") {
       o.force = true;
+    } else if (a[i] == "--reuse") {
+      reuse = true;
     } else if (a[i] == "--tokenizer") {
       o.tokenizer = flag_value(a, i);
       if (o.tokenizer != "bytes" && o.tokenizer != "gpt2") {
@@ -53,6 +68,32 @@ int prepare(const Args& a) {
   if (o.inputs.empty()) throw UsageError{"data prepare: --input FILE... is required"};
   if (o.output_dir.empty()) throw UsageError{"data prepare: --output DIR is required"};
   if (!o.vocab_dir.empty() && o.tokenizer != "gpt2") throw UsageError{"--vocab-dir needs --tokenizer gpt2"};
+  // URL inputs are fetched into the output directory first (a hidden directory, removed afterwards); every input's
+  // content digest goes into prepare.json, and with --reuse shards made from the same content are kept as they are.
+  FetchDir fetched;
+  for (size_t i = 0; i < o.inputs.size(); ++i) {
+    o.sources.push_back(o.inputs[i]);
+    if (!is_url(o.inputs[i])) continue;
+    if (fetched.path.empty()) {
+      fetched.path = (std::filesystem::path(o.output_dir) / ".railyard-fetch").string();
+      std::error_code ec;
+      std::filesystem::create_directories(fetched.path, ec);
+      if (ec) throw ConfigError("data prepare: cannot create " + fetched.path + ": " + ec.message());
+    }
+    const std::string file = fetched.path + "/input-" + std::to_string(i);
+    std::cout << "fetching " << o.inputs[i] << std::endl;
+    fetch_url(o.inputs[i], file);
+    o.inputs[i] = file;
+  }
+  for (const std::string& in : o.inputs) o.sha256.push_back(sha256_file(in));
+  if (reuse) {
+    if (prepared_already(o)) {
+      std::cout << "up to date: " << o.output_dir << "/prepare.json records the same " << o.inputs.size()
+                << " input(s) (by SHA-256) and options; shards kept\n";
+      return kExitOk;
+    }
+    o.force = true;  // other content or options: the shards there are replaced
+  }
   const worker::PrepareResult r = worker::prepare_dataset(o);
   // Byte tokens are input bytes; GPT-2 tokens are counted in the token stream (documents led by <|endoftext|>).
   const char* range = r.tokenizer == "gpt2" ? "tokens" : "input bytes";

@@ -19,7 +19,7 @@ struct CommandUsage {
 const std::vector<CommandUsage>& table() {
   static const std::vector<CommandUsage> t = {
       {"data", "prepare",
-       "--input FILE... --output DIR [--val-fraction F] [--shard-tokens N] [--force]\n"
+       "--input FILE|URL... --output DIR [--val-fraction F] [--shard-tokens N] [--force|--reuse]\n"
        "[--tokenizer bytes|gpt2] [--vocab-dir DIR]",
        "tokenize text files into llm.c .bin shards:\n"
        "DIR/train_000000.bin..., DIR/val_000000.bin..., DIR/prepare.json\n"
@@ -28,7 +28,9 @@ const std::vector<CommandUsage>& table() {
        "its encoder.json and vocab.bpe come from --vocab-dir (default $RAILYARD_GPT2_DIR, else\n"
        "~/.cache/railyard/gpt2), filled by scripts/fetch_gpt2_vocab.sh\n"
        "(defaults: --val-fraction 0.1 = the last 10% of the tokens, --shard-tokens 100000000;\n"
-       "--force replaces shards already in DIR)"},
+       "--force replaces shards already in DIR; --reuse keeps them when DIR/prepare.json records\n"
+       "the same inputs by SHA-256 and the same options, and replaces them otherwise);\n"
+       "an http:// or https:// input is fetched first (HTTPS verified against the system CAs)"},
       {"data", "inspect", "FILE [--tokens N] [--vocab V]",
        "validate a shard and show its header and first N tokens (default 64), decoded when\n"
        "they are bytes; --vocab (default 65536) refuses tokens >= V"},

@@ -340,6 +340,8 @@ void write_manifest(const PrepareOptions& o, const InputSizes& in, const std::ve
   for (size_t f = 0; f < o.inputs.size(); ++f) {
     inputs.push_back({{"path", o.inputs[f]}, {"bytes", in.sizes[f]}});
     if (gpt2) inputs.back()["tokens"] = doc_tokens[f];  // with its leading <|endoftext|>
+    if (f < o.sources.size()) inputs.back()["source"] = o.sources[f];
+    if (f < o.sha256.size()) inputs.back()["sha256"] = o.sha256[f];
   }
   nlohmann::json manifest = {
       {"tokenizer", o.tokenizer},       {"vocab_size", r.vocab_size},     {"inputs", inputs},

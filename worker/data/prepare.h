@@ -24,6 +24,9 @@ struct PrepareOptions {
   bool force = false;                   // replace existing shards in output_dir
   std::string tokenizer = "bytes";      // "bytes" or "gpt2"
   std::string vocab_dir;                // gpt2: encoder.json + vocab.bpe; empty = default_gpt2_vocab_dir()
+  // Recorded in prepare.json per input when given (one per input): where it came from (a URL the caller fetched into
+  // the input file) and its content's SHA-256, by which `railyard data prepare --reuse` knows shards it made before.
+  std::vector<std::string> sources, sha256;
 };
 
 struct PrepareResult {

@@ -78,7 +78,7 @@ TEST_CASE("every railyard command and subcommand prints its usage for --help and
   // A subcommand's own help names it and its flags; --help wins wherever it stands on the line.
   auto r = run_command(bin + " data prepare --input a.txt --help 2>/dev/null");
   CHECK(r.code == 0);
-  CHECK(r.output.rfind("usage: railyard data prepare --input FILE...", 0) == 0);
+  CHECK(r.output.rfind("usage: railyard data prepare --input FILE|URL...", 0) == 0);
   CHECK(contains(r.output, "--shard-tokens"));
   CHECK_FALSE(contains(r.output, "data inspect"));
   r = run_command(bin + " data --help 2>/dev/null");

@@ -27,7 +27,7 @@ TEST_CASE("railyard --help and usage errors exit 0 and 2") {
   const std::string bin = cli();
   auto r = run_command(bin + " --help");
   CHECK(r.code == 0);
-  CHECK(contains(r.output, "data prepare --input FILE..."));
+  CHECK(contains(r.output, "data prepare --input FILE|URL..."));
   CHECK(contains(r.output, "model inspect FILE"));
 
   r = run_command(bin);

@@ -1,0 +1,118 @@
+// `railyard data prepare` with URL inputs and --reuse (what a job's initializer pod runs: docs/storage.md
+// "Initializer"), against a real HTTP server on a loopback socket.
+#include <doctest/doctest.h>
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "tests/unit/worker_data/test_util.h"
+
+using railyard::test::run_command;
+using railyard::test::slurp;
+using railyard::test::TempDir;
+
+namespace {
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// Serves /corpus.txt (what `body` holds at the time of the request) and counts its requests; 404 for anything else.
+struct CorpusServer {
+  httplib::Server server;
+  std::thread thread;
+  int port = 0;
+  std::mutex mu;
+  std::string body;
+  std::atomic<int> gets{0};
+  CorpusServer() {
+    server.Get("/corpus.txt", [this](const httplib::Request&, httplib::Response& res) {
+      ++gets;
+      std::lock_guard lock(mu);
+      res.set_content(body, "text/plain");
+    });
+    server.Get("/moved", [](const httplib::Request&, httplib::Response& res) { res.set_redirect("/corpus.txt"); });
+    port = server.bind_to_any_port("127.0.0.1");
+    thread = std::thread([this] { server.listen_after_bind(); });
+    while (!server.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ~CorpusServer() {
+    server.stop();
+    thread.join();
+  }
+  std::string url(const std::string& path) const { return "http://127.0.0.1:" + std::to_string(port) + path; }
+  void set(const std::string& b) {
+    std::lock_guard lock(mu);
+    body = b;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("data prepare fetches URL inputs, records their digests, and --reuse keeps shards of the same content") {
+  const std::string bin = railyard::test::bin_path("railyard");
+  CorpusServer srv;
+  srv.set(slurp("/usr/share/common-licenses/GPL-3"));
+  TempDir dir;
+  const std::string out = dir.file("data");
+  const std::string cmd = bin + " data prepare --input " + srv.url("/corpus.txt") + " --output " + out + " --reuse";
+
+  auto r = run_command(cmd);
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK(contains(r.output, "fetching " + srv.url("/corpus.txt")));
+  CHECK(std::filesystem::exists(out + "/train_000000.bin"));
+  CHECK_FALSE(std::filesystem::exists(out + "/.railyard-fetch"));  // the fetched text does not stay
+  nlohmann::json m = nlohmann::json::parse(slurp(out + "/prepare.json"));
+  CHECK(m["inputs"][0]["source"] == srv.url("/corpus.txt"));
+  CHECK(m["inputs"][0]["sha256"].get<std::string>().size() == 64);
+  CHECK(m["inputs"][0]["bytes"] == std::filesystem::file_size("/usr/share/common-licenses/GPL-3"));
+  const auto first_write = std::filesystem::last_write_time(out + "/train_000000.bin");
+
+  // Same content again (a restarted initializer): fetched, found prepared, shards kept.
+  r = run_command(cmd);
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK(contains(r.output, "up to date"));
+  CHECK(std::filesystem::last_write_time(out + "/train_000000.bin") == first_write);
+  // Through a redirect it is the same content: still up to date.
+  r = run_command(bin + " data prepare --input " + srv.url("/moved") + " --output " + out + " --reuse");
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK(contains(r.output, "up to date"));
+
+  // Other content: the shards are replaced (no --force needed with --reuse), and the manifest says so.
+  srv.set(slurp("/usr/share/common-licenses/GPL-2"));
+  r = run_command(cmd);
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK_FALSE(contains(r.output, "up to date"));
+  m = nlohmann::json::parse(slurp(out + "/prepare.json"));
+  CHECK(m["inputs"][0]["bytes"] == std::filesystem::file_size("/usr/share/common-licenses/GPL-2"));
+  // Other options (validation fraction) over the same content: prepared again.
+  r = run_command(cmd + " --val-fraction 0.2");
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK_FALSE(contains(r.output, "up to date"));
+  CHECK(srv.gets.load() == 5);
+
+  // Without --reuse, shards already there are refused as before.
+  r = run_command(bin + " data prepare --input " + srv.url("/corpus.txt") + " --output " + out);
+  CHECK(r.code == 1);
+  CHECK(contains(r.output, "already holds shards"));
+}
+
+TEST_CASE("data prepare names the URL and the cause when a fetch fails") {
+  const std::string bin = railyard::test::bin_path("railyard");
+  CorpusServer srv;
+  TempDir dir;
+  auto r = run_command(bin + " data prepare --input " + srv.url("/missing.txt") + " --output " + dir.file("d"));
+  CHECK(r.code == 1);
+  CHECK(contains(r.output, srv.url("/missing.txt") + ": the server answered HTTP 404"));
+  CHECK_FALSE(std::filesystem::exists(dir.file("d/train_000000.bin")));
+  // Nothing listens on the server's port once it is stopped: the connection fails, named.
+  const std::string gone = srv.url("/corpus.txt");
+  srv.server.stop();
+  r = run_command(bin + " data prepare --input " + gone + " --output " + dir.file("e"));
+  CHECK(r.code == 1);
+  CHECK(contains(r.output, gone + ": the request failed"));
+}
