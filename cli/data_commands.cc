@@ -1,8 +1,13 @@
 // railyard data prepare | inspect
+#include <httplib.h>
+#include <pthread.h>
+
 #include <algorithm>
+#include <csignal>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "cli/cli.h"
 #include "cli/data_fetch.h"
@@ -105,6 +110,51 @@ int prepare(const Args& a) {
             << "val:   " << r.val_tokens << " tokens in " << r.val_shards.size() << " shard(s), " << range << " ["
             << r.train_tokens << ", " << r.total_tokens << ")\n"
             << "wrote " << o.output_dir << " (manifest " << r.manifest << ")\n";
+  return kExitOk;
+}
+
+// Serves DIR's files read-only over HTTP until stopped: a corpus for jobs' initializers on a cluster that reaches no
+// outside server (docs/storage.md "Initializer"; e2e_real_install serves one from a pod).
+int serve(const Args& a) {
+  std::string dir, address = "0.0.0.0";
+  unsigned long long port = 8080;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] == "--port") {
+      port = parse_count("--port", flag_value(a, i));
+      if (port == 0 || port > 65535) throw UsageError{"--port must be in 1..65535"};
+    } else if (a[i] == "--address") {
+      address = flag_value(a, i);
+    } else if (is_flag(a[i])) {
+      throw UsageError{"data serve: unknown flag '" + a[i] + "'"};
+    } else if (dir.empty()) {
+      dir = a[i];
+    } else {
+      throw UsageError{"data serve: one DIR expected, got '" + dir + "' and '" + a[i] + "'"};
+    }
+  }
+  if (dir.empty()) throw UsageError{"data serve: DIR is required"};
+  httplib::Server server;
+  if (!server.set_mount_point("/", dir)) throw ConfigError("data serve: " + dir + " is not a readable directory");
+  server.set_logger([](const httplib::Request& req, const httplib::Response& res) {
+    std::cout << req.method << " " << req.path << " " << res.status << std::endl;
+  });
+  if (!server.bind_to_port(address, static_cast<int>(port)))
+    throw ConfigError("data serve: cannot listen on " + address + ":" + std::to_string(port) + " (in use?)");
+  std::cout << "serving " << dir << " on http://" << address << ":" << port << "/" << std::endl;
+  // SIGTERM or SIGINT stops it (as PID 1 of a container nothing else would): a thread waits for them.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  std::thread stopper([&] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    server.stop();
+  });
+  server.listen_after_bind();
+  pthread_kill(stopper.native_handle(), SIGTERM);  // stopped otherwise (it is not): let the waiter go
+  stopper.join();
   return kExitOk;
 }
 
@@ -221,12 +271,13 @@ int sample(const Args& a) {
 }  // namespace
 
 int run_data(const Args& args) {
-  if (args.empty()) throw UsageError{"data: subcommand required (prepare, inspect, sample)"};
+  if (args.empty()) throw UsageError{"data: subcommand required (prepare, inspect, sample, serve)"};
   const Args rest(args.begin() + 1, args.end());
   if (args[0] == "prepare") return prepare(rest);
+  if (args[0] == "serve") return serve(rest);
   if (args[0] == "inspect") return inspect(rest);
   if (args[0] == "sample") return sample(rest);
-  throw UsageError{"data: unknown subcommand '" + args[0] + "' (prepare, inspect, sample)"};
+  throw UsageError{"data: unknown subcommand '" + args[0] + "' (prepare, inspect, sample, serve)"};
 }
 
 }  // namespace railyard::cli

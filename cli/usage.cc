@@ -39,6 +39,9 @@ const std::vector<CommandUsage>& table() {
        "[--vocab V] [--no-shuffle]",
        "print the batches the training loader yields (decoded as JSON strings when they are\n"
        "bytes; defaults B 2, T 64, rank 0 of 1, seed 1, 1 step, vocab 256) and its final state"},
+      {"data", "serve", "DIR [--port P] [--address A]",
+       "serve DIR's files read-only over HTTP until stopped (default port 8080 on 0.0.0.0):\n"
+       "a corpus for jobs' spec.initializer on a cluster that reaches no outside server"},
       {"model", "inspect", "FILE", "show an llm.c GPT-2 checkpoint's header, parameter count and tensor layout"},
       {"model", "export", "(--model FILE | --checkpoint DIR [--step N]) --output PATH [--format hf|llmc]",
        "write a model (an llm.c file, or a checkpoint of any parallel layout) for other tools:\n"

@@ -510,6 +510,57 @@ void parse_storage(Checker& c, JobSpec& s, const Json& spec) {
   if (c.ok()) s.storage = out;
 }
 
+// spec.initializer.data: sources that can be fetched or read, and a directory to prepare them into.
+void parse_initializer(Checker& c, JobSpec& s, const Json& spec) {
+  if (!spec.is_object() || !spec.contains("initializer") || spec["initializer"].is_null()) return;
+  Json init = c.object(spec, "initializer", "spec.initializer");
+  Json data = c.object(init, "data", "spec.initializer.data");
+  if (!c.ok()) return;
+  if (!init.contains("data")) {
+    c.fail("spec.initializer.data", "is missing", "give data.sources: the URLs or files to prepare");
+    return;
+  }
+  InitializerSpec out;
+  out.sources = string_list(c, data, "sources", "spec.initializer.data.sources");
+  if (!c.ok()) return;
+  if (out.sources.empty() || out.sources.size() > kMaxInitializerSources) {
+    c.fail("spec.initializer.data.sources",
+           out.sources.empty() ? std::string("is missing or empty")
+                               : "has " + std::to_string(out.sources.size()) + " items",
+           "give 1 to " + std::to_string(kMaxInitializerSources) +
+               " http(s) URLs or absolute file paths (concatenate many small files into one)");
+    return;
+  }
+  for (size_t i = 0; i < out.sources.size(); ++i) {
+    const std::string& src = out.sources[i];
+    const bool url =
+        (src.rfind("http://", 0) == 0 && src.size() > 7) || (src.rfind("https://", 0) == 0 && src.size() > 8);
+    if (!url && (src.empty() || src[0] != '/'))
+      c.fail("spec.initializer.data.sources[" + std::to_string(i) + "]",
+             "'" + src + "' is neither a URL nor an absolute path",
+             "write an http:// or https:// URL, or the absolute path of a file in the pod (a volume of spec.template)");
+  }
+  if (auto v = c.string(data, "tokenizer", "spec.initializer.data.tokenizer")) {
+    if (*v != "bytes" && *v != "gpt2")
+      c.fail("spec.initializer.data.tokenizer", "'" + *v + "' is not known", "use bytes or gpt2");
+    out.tokenizer = *v;
+  }
+  if (auto v = c.number(data, "valFraction", "spec.initializer.data.valFraction", 0, 0.999999)) out.val_fraction = *v;
+  if (auto v = c.string(data, "output", "spec.initializer.data.output", 1024)) {
+    if (v->empty() || (*v)[0] != '/' || ("/" + *v + "/").find("/../") != std::string::npos)
+      c.fail("spec.initializer.data.output", "'" + *v + "' is not an absolute path",
+             "write the directory the shards go to, e.g. /shared/data");
+    out.output = *v;
+  } else if (s.storage) {
+    out.output = s.storage->mount_path + "/data";
+  } else {
+    c.fail("spec.initializer.data.output", "is missing and the job has no spec.storage",
+           "give the directory (on a volume every pod mounts) the shards go to, or add spec.storage (then it is "
+           "<mountPath>/data)");
+  }
+  if (c.ok()) s.initializer = out;
+}
+
 void parse_checkpoint_policies(Checker& c, JobSpec& s, const Json& spec) {
   // Checkpoint and placement: types only (their semantics belong to the worker and the scheduler).
   Json ckpt = c.object(spec, "checkpoint", "spec.checkpoint");
@@ -753,6 +804,7 @@ ParsedJob parse_job(const Json& job) {
   }
   parse_checkpoint_policies(c, s, spec);
   parse_storage(c, s, spec);
+  parse_initializer(c, s, spec);
   if (!s.program) check_cross_fields(c, s);
   out.violation = c.take();
   // With auto the planner picks the degrees the family checks need; plan_parallelism checks its choice.

@@ -75,6 +75,16 @@ inline std::string storage_claim_name(const std::string& job) { return job + "-s
 // exponent ("10Gi", "500M", "1e9", "1.5Ti"); greater than zero.
 bool is_storage_quantity(const std::string& q);
 
+// spec.initializer.data: what the job's initializer pod prepares before the gang's first pod (docs/storage.md
+// "Initializer"): `railyard data prepare --reuse` over these sources into `output`.
+struct InitializerSpec {
+  std::vector<std::string> sources;  // http(s) URLs, or absolute paths of files in the pod (its volumes)
+  std::string tokenizer = "bytes";   // bytes | gpt2
+  double val_fraction = 0.1;
+  std::string output;  // given, or <spec.storage.mountPath>/data
+};
+inline constexpr size_t kMaxInitializerSources = 64;
+
 struct JobSpec {
   std::string name, ns;
   int replicas = 1;
@@ -154,7 +164,8 @@ struct JobSpec {
   // operator's --data-root / --checkpoint-root. train and val are globs (a directory means its train_*.bin /
   // val_*.bin); val "" = val_*.bin beside the training shards. The resolved config carries them as data.train/val.
   std::string data_train, data_val, checkpoint_path;
-  std::optional<StorageSpec> storage;  // spec.storage
+  std::optional<StorageSpec> storage;          // spec.storage
+  std::optional<InitializerSpec> initializer;  // spec.initializer.data
 };
 
 // What is wrong and how to fix it. `reason` is a CamelCase condition reason naming the field

@@ -14,6 +14,7 @@
 #include "common/wellknown.h"
 #include "operator/controller/failure_policy.h"
 #include "operator/controller/job_service.h"
+#include "operator/controller/initializer.h"
 #include "operator/controller/job_storage.h"
 #include "operator/controller/lifecycle.h"
 #include "operator/controller/plan_glue.h"
@@ -376,7 +377,8 @@ std::vector<PodPtr> Controller::pods_of(const Json& job) {
   for (PodPtr& p : pods_->snapshot()) {
     const Json& meta = kube::field(*p, "metadata");
     if (kube::field(meta, "namespace") == ns &&
-        kube::field(kube::field(meta, "labels"), wellknown::kJobLabel) == name && controlled_by(*p, uid))
+        kube::field(kube::field(meta, "labels"), wellknown::kJobLabel) == name && controlled_by(*p, uid) &&
+        !is_initializer_pod(*p))
       out.push_back(std::move(p));
   }
   return out;
@@ -391,7 +393,8 @@ void Controller::forget_job(const std::string& key) {
     exits_.erase(key);
     timeouts_.erase(key);
     tokens_.erase(key);
-    for (const kube::Resource* r : {&kube::resources::networkpolicies, &kube::resources::configmaps})
+    for (const kube::Resource* r : {&kube::resources::networkpolicies, &kube::resources::configmaps,
+                                    &kube::resources::persistentvolumeclaims})
       job_objects_.erase(r->plural + "/" + key);
     if (opened_.erase(key) == 0) rdzv = nullptr;
   }
@@ -766,6 +769,7 @@ std::chrono::milliseconds Controller::reconcile(const std::string& key) {
   if (auto r = validate(s)) return *r;
   if (auto r = suspend_or_resume(s)) return *r;
   if (auto r = check_deadline(s)) return *r;
+  if (auto r = initialize(s)) return *r;
   observe_generation(s);
   if (Completion c = completion_now(s, s.pods, s.progress); c.done) return complete(s, c, s.progress, s.pods);
   if (auto r = collect_triggers(s)) return *r;

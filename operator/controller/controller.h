@@ -87,6 +87,9 @@ class Controller {
   std::optional<std::chrono::milliseconds> validate(Sync& s);                    // sync_decide.cc
   std::optional<std::chrono::milliseconds> suspend_or_resume(Sync& s);           // sync_decide.cc
   std::optional<std::chrono::milliseconds> check_deadline(Sync& s);              // sync_decide.cc
+  std::optional<std::chrono::milliseconds> initialize(Sync& s);                  // sync_initialize.cc
+  std::chrono::milliseconds fail_initializer(Sync& s, Json init, const std::string& cause);
+  PodPtr initializer_pod_of(const Json& job);  // the job's initializer pod in the informer, or null
   void observe_generation(Sync& s);                                              // sync_observe.cc
   Completion completion_now(const Sync& s, const std::vector<PodPtr>& job_pods,  // sync_decide.cc
                             const std::optional<RendezvousService::Progress>& prog);

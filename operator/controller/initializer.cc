@@ -1,0 +1,85 @@
+#include "operator/controller/initializer.h"
+
+#include <cstdio>
+
+#include "common/kube/client.h"
+#include "common/log_tail.h"
+#include "common/wellknown.h"
+#include "operator/controller/failure_policy.h"
+
+namespace railyard::op {
+
+std::string initializer_pod_name(const std::string& job_name) { return job_name + "-initializer"; }
+
+bool is_initializer_pod(const Json& pod) {
+  return kube::field(kube::field(kube::field(pod, "metadata"), "labels"), kRoleLabel) == kInitializerRole;
+}
+
+std::vector<std::string> initializer_command(const InitializerSpec& init, const PodOptions& opts) {
+  std::string cli = "railyard";
+  const std::string agent = opts.worker_command.empty() ? "" : opts.worker_command.front();
+  if (!agent.empty() && agent.front() == '/') cli = agent.substr(0, agent.rfind('/')) + "/railyard";
+  std::vector<std::string> argv = {cli, "data", "prepare", "--input"};
+  argv.insert(argv.end(), init.sources.begin(), init.sources.end());
+  char fraction[32];
+  std::snprintf(fraction, sizeof fraction, "%.6g", init.val_fraction);
+  for (const std::string& a : {std::string("--output"), init.output, std::string("--tokenizer"), init.tokenizer,
+                               std::string("--val-fraction"), std::string(fraction), std::string("--reuse")})
+    argv.push_back(a);
+  return argv;
+}
+
+Json build_initializer_pod(const Json& job, const JobSpec& spec, const PodOptions& opts) {
+  Json pod = WorkerPodBuilder(job, spec, 0, opts).pod(0);
+  const std::string job_name = kube::name_of(job);
+  Json& meta = pod["metadata"];
+  meta["name"] = initializer_pod_name(job_name);
+  meta["labels"].erase(wellknown::kReplicaIndexLabel);
+  meta["labels"].erase(wellknown::kGenerationLabel);
+  // Not a member of the gang another scheduler or Kueue waits for.
+  for (const char* gang : {kPodGroupLabel, kKueuePodGroupLabel, kKueueQueueLabel}) meta["labels"].erase(gang);
+  meta["labels"][kRoleLabel] = kInitializerRole;
+  meta.erase("annotations");  // the metrics port and the scheduler's gang marks are the workers'
+  Json& ps = pod["spec"];
+  ps.erase("hostname");
+  ps.erase("subdomain");
+  ps.erase("initContainers");  // a program's launcher: the initializer runs Railyard's own CLI
+  ps["restartPolicy"] = "Never";
+  ps["schedulerName"] = spec.scheduler == kRailyardScheduler ? std::string("default-scheduler") : spec.scheduler;
+  Json c = ps["containers"][0];
+  c["name"] = kInitializerContainer;
+  c["command"] = initializer_command(*spec.initializer, opts);
+  c.erase("args");
+  c.erase("ports");
+  c.erase("envFrom");  // the job's ConfigMap and Secret are the workers' (and need not exist yet)
+  for (const char* probe : {"livenessProbe", "readinessProbe", "startupProbe"}) c.erase(probe);
+  // The template's own env (a proxy, credentials from its Secrets) stays; the agent's env does not.
+  Json env = Json::array();
+  const Json& tmpl = kube::field(kube::field(kube::field(job, "spec"), "template"), "spec");
+  const Json& tcs = kube::field(tmpl, "containers");
+  if (tcs.is_array() && !tcs.empty() && tcs[0].is_object() && tcs[0].contains("env") && tcs[0]["env"].is_array())
+    env = tcs[0]["env"];
+  c["env"] = env;
+  // CPU, memory and ephemeral storage only: GPUs, RDMA devices and other extended resources are the gang's.
+  if (c.contains("resources") && c["resources"].is_object())
+    for (const char* part : {"requests", "limits"}) {
+      if (!c["resources"].contains(part) || !c["resources"][part].is_object()) continue;
+      Json kept = Json::object();
+      for (auto it = c["resources"][part].begin(); it != c["resources"][part].end(); ++it)
+        if (it.key() == "cpu" || it.key() == "memory" || it.key() == "ephemeral-storage") kept[it.key()] = it.value();
+      c["resources"][part] = kept;
+    }
+  ps["containers"] = Json::array({c});
+  return pod;
+}
+
+std::string initializer_message(const Json& pod) {
+  for (const Json& cs : kube::field(kube::field(pod, "status"), "containerStatuses")) {
+    if (kube::field(cs, "name") != kInitializerContainer) continue;
+    const Json& msg = kube::field(kube::field(kube::field(cs, "state"), "terminated"), "message");
+    if (msg.is_string()) return sanitize_message(msg.get<std::string>(), kMaxCauseBytes, true);
+  }
+  return {};
+}
+
+}  // namespace railyard::op
