@@ -14,8 +14,10 @@
 #   3b. jobs with spec.placement.scheduler default-scheduler: kube-scheduler binds a 2-pod job, which trains to
 #      Succeeded; a 2-pod job only one of whose pods fits never trains a step (its bound pod waits at the rendezvous)
 #      and is reported as JoinTimeout naming the missing pod;
-#   3c. a job with spec.storage gets its own claim of the default class railyard-local (the local provisioner), its
-#      2 pods write their checkpoints there, and the claim, the volume and its directory go with the job;
+#   3c. a job with spec.storage and spec.initializer gets its own claim of the default class railyard-local (the local
+#      provisioner) and its data (an initializer pod fetching a corpus from a server pod through a Service), its 2
+#      pods train and checkpoint there, and the claim, the volume and its directory go with the job; a 404 source
+#      fails its job after 3 attempts, naming it;
 #   4. the leader pod deleted: the other replica takes the Lease, rewrites the rendezvous Endpoints with its own pod,
 #      and the Deployment is back to 2 Available; the monitor's leader pod deleted: another replica takes its Lease;
 #   5. `kubectl kustomize deploy/` (the `apply -k` objects; its policy/v1 PDB left out on this 1.20 server) applied
@@ -180,25 +182,70 @@ case "$(kubectl get tj ksbig -n "$ns" -o jsonpath='{.status.progress}')" in "" |
 kubectl delete tj ksbig -n "$ns" --wait=false >/dev/null
 log "ksbig (does not fit): $running waits at the rendezvous, $pending Unschedulable, JoinTimeout reported, no step trained"
 
-# --- 3c. spec.storage on the local cluster's default class ----------------------------------------------------
-# The job asks for its own volume: the operator (with the chart's RBAC) makes sto-storage, the local provisioner binds
-# it to a hostPath directory (class railyard-local, the default), both pods mount it at /shared and the checkpoints
-# land there; the data come read-only from the namespace's shared claim. The job deleted, the garbage collector deletes
-# the claim and the provisioner the volume and its directory (docs/storage.md).
+# --- 3c. a first job that needs nothing prepared by hand: spec.storage and spec.initializer --------------------
+# A corpus served over HTTP inside the cluster (`railyard data serve` in a pod behind the Service corpus). The job asks
+# for its own volume and its data: the operator (with the chart's RBAC) makes sto-storage, the local provisioner binds
+# it to a hostPath directory (class railyard-local, the default), the initializer pod (bound by kube-scheduler)
+# fetches the corpus through the Service's DNS name and tokenizes it into /shared/data, then both workers train on it
+# and checkpoint there. The job deleted, the claim, the volume and its directory go with it. A job whose URL answers
+# 404 fails after 3 attempts naming it (docs/storage.md).
 t0=$SECONDS
-gang_job sto 2 20 "j['spec'].pop('placement'); j['spec']['storage'] = {'size': '1Gi'}; j['spec']['data'] = {'train': '/in/data/train_*.bin', 'val': '/in/data/val_*.bin'}; j['spec']['template']['spec']['containers'][0]['volumeMounts'] = [{'name': 'shared', 'mountPath': '/in', 'readOnly': True}]" |
-  kubectl apply -n "$ns" -f - >/dev/null
+mkdir -p "$shared/corpus" && cp /usr/share/common-licenses/GPL-3 "$shared/corpus/gpl-3.txt"
+kubectl apply -n "$ns" -f - >/dev/null <<EOT
+apiVersion: v1
+kind: Pod
+metadata: {name: corpus, labels: {app: corpus}}
+spec:
+  containers:
+    - name: serve
+      image: localhost/railyard/worker:0.1.0
+      imagePullPolicy: Never
+      command: [railyard, data, serve, /srv/corpus, --port, "8080"]
+      ports: [{containerPort: 8080}]
+      volumeMounts: [{name: shared, mountPath: /srv, readOnly: true}]
+      securityContext: {runAsNonRoot: true, runAsUser: 65532, allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: {drop: [ALL]}}
+  volumes: [{name: shared, persistentVolumeClaim: {claimName: railyard-shared}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: corpus}
+spec: {selector: {app: corpus}, ports: [{port: 8080, targetPort: 8080}]}
+EOT
+wait_for 60 "the corpus server Running" sh -c "[ \"\$(kubectl get pod corpus -n $ns -o jsonpath='{.status.phase}')\" = Running ]"
+corpus_url="http://corpus.$ns.svc:8080"
+own_job() { # NAME SOURCE-URL: a 2-pod job on its own volume and data, nothing else mounted
+  gang_job "$1" 2 20 "j['spec'].pop('placement'); j['spec'].pop('template'); j['spec']['storage'] = {'size': '1Gi'}; j['spec']['initializer'] = {'data': {'sources': ['$2']}}; j['spec']['data'] = {'train': '/shared/data/train_*.bin', 'val': '/shared/data/val_*.bin'}"
+}
+own_job sto "$corpus_url/gpl-3.txt" | kubectl apply -n "$ns" -f - >/dev/null
 wait_for 60 "sto-storage Bound" sh -c "[ \"\$(kubectl get pvc sto-storage -n $ns -o jsonpath='{.status.phase}')\" = Bound ]"
 [ "$(kubectl get pvc sto-storage -n "$ns" -o jsonpath='{.spec.storageClassName}')" = railyard-local ] ||
   fail "sto-storage's class is '$(kubectl get pvc sto-storage -n "$ns" -o jsonpath='{.spec.storageClassName}')', want the default railyard-local"
 pv=$(kubectl get pvc sto-storage -n "$ns" -o jsonpath='{.spec.volumeName}')
 dir=$(kubectl get pv "$pv" -o jsonpath='{.spec.hostPath.path}')
 [ "$dir" = "$state/volumes/$pv" ] || fail "sto-storage's volume $pv lies at '$dir'"
-wait_for 240 "sto Succeeded on its own volume" sh -c "[ \"\$(kubectl get tj sto -n $ns -o jsonpath='{.status.phase}')\" = Succeeded ]"
+wait_for 120 "sto's initializer Succeeded" sh -c "[ \"\$(kubectl get tj sto -n $ns -o jsonpath='{.status.initializer.phase}')\" = Succeeded ]"
+[ "$(kubectl get pod sto-initializer -n "$ns" -o jsonpath='{.spec.schedulerName}')" = default-scheduler ] ||
+  fail "the initializer pod was not left to kube-scheduler"
+kubectl logs sto-initializer -n "$ns" | grep -q "fetching $corpus_url/gpl-3.txt" || fail "the initializer did not fetch the corpus: $(kubectl logs sto-initializer -n "$ns")"
+jq -e --arg u "$corpus_url/gpl-3.txt" '.inputs[0].source == $u and (.inputs[0].sha256 | length) == 64' "$dir/data/prepare.json" >/dev/null ||
+  fail "no prepare.json of the corpus in the job's volume: $(cat "$dir/data/prepare.json" 2>&1)"
+wait_for 240 "sto Succeeded on its own volume and data" sh -c "[ \"\$(kubectl get tj sto -n $ns -o jsonpath='{.status.phase}')\" = Succeeded ]"
+[ "$(kubectl get tj sto -n "$ns" -o jsonpath='{.status.conditions[?(@.type=="Initialized")].status}')" = True ] ||
+  fail "sto's Initialized condition: $(kubectl get tj sto -n "$ns" -o jsonpath='{.status.conditions}')"
 ls "$dir"/checkpoints/sto/* >/dev/null 2>&1 || fail "no checkpoint of sto in its volume $dir: $(find "$dir" | head)"
-kubectl delete tj sto -n "$ns" --wait=false >/dev/null
+# The URL that answers 404: three attempts, then Failed with the pod's own words.
+own_job nodata "$corpus_url/missing.txt" | kubectl apply -n "$ns" -f - >/dev/null
+wait_for 150 "nodata Failed" sh -c "[ \"\$(kubectl get tj nodata -n $ns -o jsonpath='{.status.phase}')\" = Failed ]"
+[ "$(kubectl get tj nodata -n "$ns" -o jsonpath='{.status.conditions[?(@.type=="Failed")].reason}')" = InitializerFailed ] ||
+  fail "nodata failed for another reason: $(kubectl get tj nodata -n "$ns" -o jsonpath='{.status.conditions}')"
+kubectl get tj nodata -n "$ns" -o jsonpath='{.status.conditions[?(@.type=="Failed")].message}' | grep -q "missing.txt: the server answered HTTP 404" ||
+  fail "nodata's Failed message does not name the 404: $(kubectl get tj nodata -n "$ns" -o jsonpath='{.status.conditions[?(@.type=="Failed")].message}')"
+[ "$(kubectl get tj nodata -n "$ns" -o jsonpath='{.status.initializer.attempts}')" = 3 ] || fail "nodata's initializer attempts: $(kubectl get tj nodata -n "$ns" -o jsonpath='{.status.initializer}')"
+[ "$(kubectl get pods -n "$ns" -l railyard.dev/job=nodata,railyard.dev/role!=initializer -o name | wc -l)" = 0 ] || fail "nodata got worker pods"
+kubectl delete tj sto nodata -n "$ns" --wait=false >/dev/null
 wait_for 90 "sto-storage, its volume $pv and $dir deleted with the job" sh -c "! kubectl get pvc sto-storage -n $ns >/dev/null 2>&1 && ! kubectl get pv $pv >/dev/null 2>&1 && [ ! -e '$dir' ]"
-log "sto trained on its own claim (railyard-local, checkpoints in $pv); deleted with the job in $((SECONDS - t0)) s in all"
+kubectl delete pod corpus -n "$ns" --wait=false >/dev/null
+log "sto: own claim (railyard-local) and data (initializer from $corpus_url), trained, deleted with the job; nodata failed naming the 404; $((SECONDS - t0)) s in all"
 
 # --- 4. leader failover ------------------------------------------------------------------------------------
 t0=$SECONDS
