@@ -245,6 +245,13 @@ kubectl get tj nodata -n "$ns" -o jsonpath='{.status.conditions[?(@.type=="Faile
 kubectl delete tj sto nodata -n "$ns" --wait=false >/dev/null
 wait_for 90 "sto-storage, its volume $pv and $dir deleted with the job" sh -c "! kubectl get pvc sto-storage -n $ns >/dev/null 2>&1 && ! kubectl get pv $pv >/dev/null 2>&1 && [ ! -e '$dir' ]"
 kubectl delete pod corpus -n "$ns" --wait=false >/dev/null
+# The example the chart's NOTES.txt points at, applied unchanged: its own volume and data, nothing made by hand.
+t1=$SECONDS
+kubectl apply -n "$ns" -f "$src/deploy/examples/first-job.yaml" >/dev/null
+wait_for 240 "deploy/examples/first-job.yaml Succeeded as shipped" sh -c "[ \"\$(kubectl get tj first-job -n $ns -o jsonpath='{.status.phase}')\" = Succeeded ]"
+[ "$(kubectl get tj first-job -n "$ns" -o jsonpath='{.status.progress}')" = 100/100 ] || fail "first-job progress $(kubectl get tj first-job -n "$ns" -o jsonpath='{.status.progress}')"
+kubectl delete tj first-job -n "$ns" --wait=false >/dev/null
+log "deploy/examples/first-job.yaml as shipped: Succeeded in $((SECONDS - t1)) s"
 log "sto: own claim (railyard-local) and data (initializer from $corpus_url), trained, deleted with the job; nodata failed naming the 404; $((SECONDS - t0)) s in all"
 
 # --- 4. leader failover ------------------------------------------------------------------------------------
