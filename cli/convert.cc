@@ -498,8 +498,10 @@ const json& trainer_node(const Runtime& rt, const json& rspec, std::vector<std::
   }
   for (const json& rj : rjobs)
     if (&rj != node)
-      notes.push_back(rt.label() + " replicatedJob '" + str(rj, "name") +
-                      "': not carried over (Railyard runs no initializers yet: prepare data and models beforehand)");
+      notes.push_back(
+          rt.label() + " replicatedJob '" + str(rj, "name") +
+          "': not carried over (its initializer image does not run here: give the job spec.initializer.data with the "
+          "dataset's http(s) URLs or files, and spec.storage for its volume: docs/storage.md)");
   if (node == nullptr) throw Error(rt.label() + ": no replicatedJob named node (the trainer)");
   return *node;
 }

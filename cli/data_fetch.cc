@@ -50,7 +50,7 @@ void fetch_url(const std::string& url, const std::string& path) {
   out.close();
   if (status != 0 && status != 200)
     throw ConfigError("data prepare: input " + url + ": the server answered HTTP " + std::to_string(status) +
-                      ": check the URL (spec.initializer.data.url)");
+                      ": check the URL (spec.initializer.data.sources)");
   if (!res)
     throw ConfigError("data prepare: input " + url + ": the request failed (" + httplib::to_string(res.error()) + ")" +
                       ": check that the host is reachable from the pod (DNS, NetworkPolicy, TLS certificate)");
