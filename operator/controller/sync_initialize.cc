@@ -17,6 +17,11 @@ namespace railyard::op {
 namespace {
 using std::chrono::milliseconds;
 constexpr const char* kLog = "controller";
+// A string field of status.initializer, "" when absent or not a string (status is read back from the server).
+std::string str(const Json& init, const char* key) {
+  const Json& v = kube::field(init, key);
+  return v.is_string() ? v.get<std::string>() : std::string();
+}
 }  // namespace
 
 PodPtr Controller::initializer_pod_of(const Json& job) {
@@ -32,7 +37,7 @@ std::optional<milliseconds> Controller::initialize(Sync& s) {
   Json& status = s.status;
   Json init =
       status.contains("initializer") && status["initializer"].is_object() ? status["initializer"] : Json::object();
-  if (init.value("phase", "") == "Succeeded") return std::nullopt;
+  if (str(init, "phase") == "Succeeded") return std::nullopt;
   // Added to a job that has started: its data are in place already; not run (docs/storage.md).
   if (s.gen > 0 && !status.contains("initializer")) return std::nullopt;
   const InitializerSpec& spec = *s.spec.initializer;
@@ -42,7 +47,7 @@ std::optional<milliseconds> Controller::initialize(Sync& s) {
   auto wait = [&](const std::string& reason, const std::string& message) {
     status["initializer"] = init;
     set_condition(status, "Initialized", false, reason, message, s.now_s);
-    if (status.value("phase", "") == "" || status.value("phase", "") == "Pending") status["phase"] = "Pending";
+    if (str(status, "phase").empty() || str(status, "phase") == "Pending") status["phase"] = "Pending";
     if (status_differs(s.orig, status)) write_status(s.job, status);
     emit(s.job, s.events);
     return milliseconds(0);
@@ -51,8 +56,8 @@ std::optional<milliseconds> Controller::initialize(Sync& s) {
   ensure_storage(s.job, s.spec, s.events);  // the claim the pod mounts exists first
   const PodPtr pod = initializer_pod_of(s.job);
   if (!pod) {
-    if (init.value("phase", "") == "Running" && attempts > 0 && init.value("pod", "") == pod_name &&
-        init.value("podUID", "") != "") {
+    if (str(init, "phase") == "Running" && attempts > 0 && str(init, "pod") == pod_name &&
+        str(init, "podUID") != "") {
       // The pod of a recorded attempt is gone before it ended (deleted by hand, evicted): one more try.
       s.events.push_back({true, "InitializerLost", "initializer pod " + pod_name + " disappeared before it ended"});
     }
