@@ -17,11 +17,6 @@ Json init_job(const Json& init, bool storage = true) {
   if (storage) patch["spec"]["storage"] = {{"size", "1Gi"}};
   return job_with(patch);
 }
-PodOptions options() {
-  PodOptions o;
-  o.rendezvous_addr = "railyard-rendezvous.railyard-system.svc:29400";
-  return o;
-}
 }  // namespace
 
 TEST_CASE("spec.initializer: defaults, the output under spec.storage, and each field read") {
@@ -77,7 +72,7 @@ TEST_CASE("the command: railyard data prepare --reuse, next to the agent binary 
   init.sources = {"http://corpus/a.txt", "/in/b.txt"};
   init.output = "/shared/data";
   init.val_fraction = 0.05;
-  PodOptions o = options();
+  PodOptions o = railyard::op::testing::pod_options();
   CHECK(initializer_command(init, o) == std::vector<std::string>{"railyard", "data", "prepare", "--input",
                                                                  "http://corpus/a.txt", "/in/b.txt", "--output",
                                                                  "/shared/data", "--tokenizer", "bytes",
@@ -99,7 +94,7 @@ TEST_CASE("the initializer pod: the workers' volumes and constraints, none of th
                             {"name": "sidecar", "image": "busybox"}]}})");
   ParsedJob p = parse_job(job);
   REQUIRE_FALSE(p.violation);
-  Json pod = build_initializer_pod(job, p.spec, options());
+  Json pod = build_initializer_pod(job, p.spec, railyard::op::testing::pod_options());
   CHECK(pod["metadata"]["name"] == "tiny-initializer");
   CHECK(pod["metadata"]["labels"]["railyard.dev/job"] == "tiny");
   CHECK(pod["metadata"]["labels"]["railyard.dev/role"] == "initializer");
@@ -132,14 +127,14 @@ TEST_CASE("the initializer pod: the workers' volumes and constraints, none of th
   }
   CHECK(in);
   CHECK(storage);
-  CHECK_FALSE(is_initializer_pod(build_worker_pod(job, p.spec, 0, 1, options())));
+  CHECK_FALSE(is_initializer_pod(build_worker_pod(job, p.spec, 0, 1, railyard::op::testing::pod_options())));
 
   // Another scheduler binds it like the job's pods, without the gang marks that would make it wait for the gang.
   job["spec"]["placement"] = {{"scheduler", "volcano"}};
   job["metadata"]["labels"] = {{"kueue.x-k8s.io/queue-name", "q"}};
   p = parse_job(job);
   REQUIRE_FALSE(p.violation);
-  pod = build_initializer_pod(job, p.spec, options());
+  pod = build_initializer_pod(job, p.spec, railyard::op::testing::pod_options());
   CHECK(pod["spec"]["schedulerName"] == "volcano");
   CHECK_FALSE(pod["metadata"]["labels"].contains("scheduling.x-k8s.io/pod-group"));
   CHECK_FALSE(pod["metadata"]["labels"].contains("kueue.x-k8s.io/queue-name"));

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "operator/api.h"
+#include "operator/controller/pod_builder.h"
 
 namespace railyard::op::testing {
 
@@ -57,6 +58,13 @@ inline std::optional<std::string> resolved_env(const nlohmann::json& pod, const 
 // The worker configuration of `replicas` pods as it goes over the wire (what the agent and the worker read).
 inline nlohmann::json config_json(const JobSpec& spec, int replicas) {
   return railyard::to_json(resolved_config(spec, replicas));
+}
+
+// The operator's pod options with a rendezvous address, as the flags give one.
+inline PodOptions pod_options() {
+  PodOptions o;
+  o.rendezvous_addr = "railyard-rendezvous.railyard-system.svc:29400";
+  return o;
 }
 
 }  // namespace railyard::op::testing

@@ -12,11 +12,6 @@ using Json = nlohmann::json;
 
 namespace {
 Json storage_job(const Json& storage) { return job_with({{"spec", {{"storage", storage}}}}); }
-PodOptions options() {
-  PodOptions o;
-  o.rendezvous_addr = "railyard-rendezvous.railyard-system.svc:29400";
-  return o;
-}
 }  // namespace
 
 TEST_CASE("quantities: what the API server reads as a size greater than zero") {
@@ -188,7 +183,7 @@ TEST_CASE("worker pods mount the claim at mountPath, beside the template's own v
   job["spec"]["template"] = {{"spec", {{"volumes", Json::array({{{"name", "data"}, {"emptyDir", Json::object()}}})}}}};
   ParsedJob p = parse_job(job);
   REQUIRE_FALSE(p.violation);
-  Json pod = WorkerPodBuilder(job, p.spec, 1, options()).pod(1);
+  Json pod = WorkerPodBuilder(job, p.spec, 1, railyard::op::testing::pod_options()).pod(1);
   const Json& volumes = pod["spec"]["volumes"];
   auto volume =
       std::find_if(volumes.begin(), volumes.end(), [](const Json& v) { return v["name"] == "railyard-storage"; });
@@ -200,6 +195,6 @@ TEST_CASE("worker pods mount the claim at mountPath, beside the template's own v
                     [](const Json& m) { return m["name"] == "railyard-storage" && m["mountPath"] == "/ckpt"; }));
   // No spec.storage, no such volume.
   Json plain = railyard::op::testing::valid_job();
-  Json plain_pod = WorkerPodBuilder(plain, parse_job(plain).spec, 1, options()).pod(0);
+  Json plain_pod = WorkerPodBuilder(plain, parse_job(plain).spec, 1, railyard::op::testing::pod_options()).pod(0);
   for (const Json& v : plain_pod["spec"]["volumes"]) CHECK(v["name"] != "railyard-storage");
 }
