@@ -61,7 +61,8 @@ std::optional<milliseconds> Controller::initialize(Sync& s) {
       // The pod of a recorded attempt is gone before it ended (deleted by hand, evicted): one more try.
       s.events.push_back({true, "InitializerLost", "initializer pod " + pod_name + " disappeared before it ended"});
     }
-    if (attempts >= kInitializerAttempts) return fail_initializer(s, init, "no attempt left");
+    if (attempts >= kInitializerAttempts)
+      return fail_initializer(s, init, "the pod of the last attempt disappeared before it ended");
     Json created;
     try {
       created = client_.create(kube::resources::pods, s.ns, build_initializer_pod(s.job, s.spec, opts_.pod));
@@ -102,6 +103,7 @@ std::optional<milliseconds> Controller::initialize(Sync& s) {
     init["message"] = with_cause("pod " + pod_name + " failed", cause, kMaxCauseBytes);
     if (attempts < kInitializerAttempts) {
       delete_pod(s.ns, pod_name, false);
+      init.erase("podUID");  // deleted on purpose: its absence is not a loss
       s.events.push_back({true, "InitializerRetrying",
                           with_cause("attempt " + std::to_string(attempts) + " of " +
                                          std::to_string(kInitializerAttempts) + " failed, trying again",
