@@ -1,8 +1,11 @@
-// railyard model inspect | export
+// railyard model inspect | export | fetch
+#include <filesystem>
 #include <iostream>
 
 #include "cli/cli.h"
+#include "cli/data_fetch.h"
 #include "cli/model_source.h"
+#include "common/error.h"
 #include "worker/interop/hf_gpt2.h"
 #include "worker/interop/llmc_model.h"
 
@@ -35,6 +38,59 @@ int inspect(const Args& a) {
     std::cout << "  " << worker::kParamNames[i] << " " << sizes[i] << " " << offset << "\n";
     offset += sizes[i] * elem;
   }
+  return kExitOk;
+}
+
+// railyard model fetch SOURCE --output FILE: an llm.c model file from a URL (or a path in the pod) into FILE, checked
+// before it replaces FILE; FILE of the same content is left as it is. A job's initializer runs this for
+// spec.initializer.model (docs/storage.md "Initializer").
+int fetch_model(const Args& a) {
+  std::string source, output;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] == "--output") {
+      if (i + 1 >= a.size() || (a[i + 1].size() > 1 && a[i + 1][0] == '-'))
+        throw UsageError{"model fetch: --output needs a value"};
+      output = a[++i];
+    } else if (a[i].size() > 1 && a[i][0] == '-') {
+      throw UsageError{"model fetch: unknown flag '" + a[i] + "'"};
+    } else if (source.empty()) {
+      source = a[i];
+    } else {
+      throw UsageError{"model fetch: one SOURCE expected, got '" + source + "' and '" + a[i] + "'"};
+    }
+  }
+  if (source.empty()) throw UsageError{"model fetch: SOURCE (a URL or a file) is required"};
+  if (output.empty()) throw UsageError{"model fetch: --output FILE is required"};
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::path(output).has_parent_path()) fs::create_directories(fs::path(output).parent_path(), ec);
+  const std::string part = output + ".part";
+  struct Cleanup {
+    std::string path;
+    ~Cleanup() {
+      std::error_code e;
+      fs::remove(path, e);
+    }
+  } cleanup{part};
+  if (is_url(source)) {
+    std::cout << "fetching " << source << std::endl;
+    fetch_url(source, part);
+  } else {
+    fs::copy_file(source, part, fs::copy_options::overwrite_existing, ec);
+    if (ec) throw ConfigError("model fetch: cannot copy " + source + ": " + ec.message());
+  }
+  // Checked before it replaces anything: a page of HTML or a truncated download never becomes the model.
+  const worker::LlmcModelInfo info = worker::inspect_llmc_model(part);
+  const std::string digest = sha256_file(part);
+  if (fs::exists(output) && sha256_file(output) == digest) {
+    std::cout << "up to date: " << output << " has the same content (sha256 " << digest << ")\n";
+    return kExitOk;
+  }
+  fs::rename(part, output, ec);
+  if (ec) throw ConfigError("model fetch: cannot move the model into " + output + ": " + ec.message());
+  std::cout << "wrote " << output << ": llm.c GPT-2, " << info.config.num_layers << " layers, " << info.config.channels
+            << " channels, vocab " << info.config.vocab_size << ", " << info.num_parameters << " parameters, sha256 "
+            << digest << "\n";
   return kExitOk;
 }
 
@@ -75,11 +131,12 @@ int export_model(const Args& a) {
 }  // namespace
 
 int run_model(const Args& args) {
-  if (args.empty()) throw UsageError{"model: subcommand required (inspect, export)"};
+  if (args.empty()) throw UsageError{"model: subcommand required (inspect, export, fetch)"};
   const Args rest(args.begin() + 1, args.end());
   if (args[0] == "inspect") return inspect(rest);
   if (args[0] == "export") return export_model(rest);
-  throw UsageError{"model: unknown subcommand '" + args[0] + "' (inspect, export)"};
+  if (args[0] == "fetch") return fetch_model(rest);
+  throw UsageError{"model: unknown subcommand '" + args[0] + "' (inspect, export, fetch)"};
 }
 
 }  // namespace railyard::cli

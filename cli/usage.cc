@@ -47,6 +47,9 @@ const std::vector<CommandUsage>& table() {
        "write a model (an llm.c file, or a checkpoint of any parallel layout) for other tools:\n"
        "--format hf (default): PATH/model.safetensors + PATH/config.json, Hugging Face GPT-2;\n"
        "--format llmc: the llm.c GPT-2 file PATH"},
+      {"model", "fetch", "SOURCE --output FILE",
+       "an llm.c GPT-2 model file from an http(s) URL (or a file) into FILE, checked first (header\n"
+       "and size); FILE of the same content (SHA-256) is left as it is"},
   };
   return t;
 }

@@ -515,12 +515,37 @@ void parse_initializer(Checker& c, JobSpec& s, const Json& spec) {
   if (!spec.is_object() || !spec.contains("initializer") || spec["initializer"].is_null()) return;
   Json init = c.object(spec, "initializer", "spec.initializer");
   Json data = c.object(init, "data", "spec.initializer.data");
+  Json model = c.object(init, "model", "spec.initializer.model");
   if (!c.ok()) return;
+  const auto source_ok = [](const std::string& src) {
+    return (src.rfind("http://", 0) == 0 && src.size() > 7) || (src.rfind("https://", 0) == 0 && src.size() > 8) ||
+           (!src.empty() && src[0] == '/');
+  };
+  InitializerSpec out;
+  if (init.contains("model")) {
+    auto src = c.string(model, "source", "spec.initializer.model.source", 4096);
+    if (!c.ok()) return;
+    if (!src || !source_ok(*src))
+      c.fail("spec.initializer.model.source",
+             src ? "'" + *src + "' is neither a URL nor an absolute path" : "is missing",
+             "write the http(s) URL of an llm.c GPT-2 model file, or its absolute path in the pod");
+    else if (s.program)
+      c.fail("spec.initializer.model", "a program loads its own model", "fetch it in your program, or drop it");
+    else if (s.init_from.empty())
+      c.fail("spec.initializer.model", "has nowhere to go: spec.model.initFrom is not given",
+             "set spec.model.initFrom to the file the trainer starts from (on a volume the pods mount, e.g. "
+             "/shared/model/initial.bin): the initializer fetches the model there");
+    else
+      out.model_source = *src;
+    if (!c.ok()) return;
+  }
   if (!init.contains("data")) {
-    c.fail("spec.initializer.data", "is missing", "give data.sources: the URLs or files to prepare");
+    if (out.model_source.empty())
+      c.fail("spec.initializer", "gives neither data nor model", "give data.sources (and/or model.source)");
+    else
+      s.initializer = out;
     return;
   }
-  InitializerSpec out;
   out.sources = string_list(c, data, "sources", "spec.initializer.data.sources");
   if (!c.ok()) return;
   if (out.sources.empty() || out.sources.size() > kMaxInitializerSources) {
@@ -533,9 +558,7 @@ void parse_initializer(Checker& c, JobSpec& s, const Json& spec) {
   }
   for (size_t i = 0; i < out.sources.size(); ++i) {
     const std::string& src = out.sources[i];
-    const bool url =
-        (src.rfind("http://", 0) == 0 && src.size() > 7) || (src.rfind("https://", 0) == 0 && src.size() > 8);
-    if (!url && (src.empty() || src[0] != '/'))
+    if (!source_ok(src))
       c.fail("spec.initializer.data.sources[" + std::to_string(i) + "]",
              "'" + src + "' is neither a URL nor an absolute path",
              "write an http:// or https:// URL, or the absolute path of a file in the pod (a volume of spec.template)");

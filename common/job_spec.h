@@ -75,10 +75,13 @@ inline std::string storage_claim_name(const std::string& job) { return job + "-s
 // exponent ("10Gi", "500M", "1e9", "1.5Ti"); greater than zero.
 bool is_storage_quantity(const std::string& q);
 
-// spec.initializer.data: what the job's initializer pod prepares before the gang's first pod (docs/storage.md
-// "Initializer"): `railyard data prepare --reuse` over these sources into `output`.
+// spec.initializer: what the job's initializer pod prepares before the gang's first pod (docs/storage.md
+// "Initializer"): `railyard data prepare --reuse` over the data sources into `output`, and the initial model.
 struct InitializerSpec {
-  std::vector<std::string> sources;  // http(s) URLs, or absolute paths of files in the pod (its volumes)
+  // spec.initializer.model.source: an llm.c model file (URL or path in the pod) fetched into spec.model.initFrom by
+  // `railyard model fetch`; "" = none.
+  std::string model_source;
+  std::vector<std::string> sources;  // data: http(s) URLs, or absolute paths of files in the pod; empty = no data
   std::string tokenizer = "bytes";   // bytes | gpt2
   double val_fraction = 0.1;
   std::string output;  // given, or <spec.storage.mountPath>/data

@@ -15,11 +15,21 @@ bool is_initializer_pod(const Json& pod) {
   return kube::field(kube::field(kube::field(pod, "metadata"), "labels"), kRoleLabel) == kInitializerRole;
 }
 
-std::vector<std::string> initializer_command(const InitializerSpec& init, const PodOptions& opts) {
-  std::string cli = "railyard";
+namespace {
+std::string railyard_cli(const PodOptions& opts) {
   const std::string agent = opts.worker_command.empty() ? "" : opts.worker_command.front();
-  if (!agent.empty() && agent.front() == '/') cli = agent.substr(0, agent.rfind('/')) + "/railyard";
-  std::vector<std::string> argv = {cli, "data", "prepare", "--input"};
+  if (!agent.empty() && agent.front() == '/') return agent.substr(0, agent.rfind('/')) + "/railyard";
+  return "railyard";
+}
+}  // namespace
+
+std::vector<std::string> model_fetch_command(const InitializerSpec& init, const std::string& init_from,
+                                             const PodOptions& opts) {
+  return {railyard_cli(opts), "model", "fetch", init.model_source, "--output", init_from};
+}
+
+std::vector<std::string> initializer_command(const InitializerSpec& init, const PodOptions& opts) {
+  std::vector<std::string> argv = {railyard_cli(opts), "data", "prepare", "--input"};
   argv.insert(argv.end(), init.sources.begin(), init.sources.end());
   char fraction[32];
   std::snprintf(fraction, sizeof fraction, "%.6g", init.val_fraction);
@@ -48,7 +58,9 @@ Json build_initializer_pod(const Json& job, const JobSpec& spec, const PodOption
   ps["schedulerName"] = spec.scheduler == kRailyardScheduler ? std::string("default-scheduler") : spec.scheduler;
   Json c = ps["containers"][0];
   c["name"] = kInitializerContainer;
-  c["command"] = initializer_command(*spec.initializer, opts);
+  const InitializerSpec& init = *spec.initializer;
+  c["command"] =
+      init.sources.empty() ? model_fetch_command(init, spec.init_from, opts) : initializer_command(init, opts);
   c.erase("args");
   c.erase("ports");
   c.erase("envFrom");  // the job's ConfigMap and Secret are the workers' (and need not exist yet)
@@ -70,15 +82,27 @@ Json build_initializer_pod(const Json& job, const JobSpec& spec, const PodOption
       c["resources"][part] = kept;
     }
   ps["containers"] = Json::array({c});
+  if (!init.model_source.empty() && !init.sources.empty()) {
+    Json m = c;  // the same image, mounts, env and limits
+    m["name"] = kModelInitContainer;
+    m["command"] = model_fetch_command(init, spec.init_from, opts);
+    ps["initContainers"] = Json::array({m});
+  }
   return pod;
 }
 
 std::string initializer_message(const Json& pod) {
-  for (const Json& cs : kube::field(kube::field(pod, "status"), "containerStatuses")) {
-    if (kube::field(cs, "name") != kInitializerContainer) continue;
-    const Json& msg = kube::field(kube::field(kube::field(cs, "state"), "terminated"), "message");
-    if (msg.is_string()) return sanitize_message(msg.get<std::string>(), kMaxCauseBytes, true);
-  }
+  const Json& st = kube::field(pod, "status");
+  for (const auto& [list, name] :
+       {std::pair{"initContainerStatuses", kModelInitContainer}, std::pair{"containerStatuses", kInitializerContainer}})
+    for (const Json& cs : kube::field(st, list)) {
+      if (kube::field(cs, "name") != name) continue;
+      const Json& term = kube::field(kube::field(cs, "state"), "terminated");
+      const Json& msg = kube::field(term, "message");
+      const Json& code = kube::field(term, "exitCode");
+      if (msg.is_string() && code.is_number_integer() && code.get<int>() != 0)
+        return sanitize_message(msg.get<std::string>(), kMaxCauseBytes, true);
+    }
   return {};
 }
 

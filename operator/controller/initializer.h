@@ -24,16 +24,21 @@ bool is_initializer_pod(const Json& pod);
 // `railyard data prepare --reuse` over spec.initializer.data: the `railyard` next to the agent binary the operator
 // runs (PodOptions::worker_command: an absolute path on the local cluster), else `railyard` from the image's PATH.
 std::vector<std::string> initializer_command(const InitializerSpec& init, const PodOptions& opts);
+// `railyard model fetch SOURCE --output <spec.model.initFrom>` (spec.initializer.model), the same `railyard`.
+std::vector<std::string> model_fetch_command(const InitializerSpec& init, const std::string& init_from,
+                                             const PodOptions& opts);
+inline constexpr const char* kModelInitContainer = "model";
 
 // The initializer pod: the job's worker pod as the template and the operator's flags build it (image, volumes and
 // mounts, spec.storage's claim, node constraints, tolerations, secure defaults), with one container running
-// initializer_command; no Railyard env, ports, probes, sidecars or init containers, no GPU or other extended
-// resources (it needs CPU and memory only); restartPolicy Never; bound by the cluster's default scheduler when the
-// job's pods are Railyard's (kube-scheduler), else by the job's scheduler. Owned by the job.
+// initializer_command (and, with spec.initializer.model, an init container `model` running model_fetch_command first;
+// with the model alone, that is the one container); no Railyard env, ports, probes, sidecars or init containers, no GPU
+// or other extended resources (it needs CPU and memory only); restartPolicy Never; bound by the cluster's default
+// scheduler when the job's pods are Railyard's (kube-scheduler), else by the job's scheduler. Owned by the job.
 Json build_initializer_pod(const Json& job, const JobSpec& spec, const PodOptions& opts);
 
-// The initializer container's termination message (its last log lines when it failed: FallbackToLogsOnError),
-// sanitized and bounded; "" when there is none.
+// The failed container's termination message (the model init container's, else the initializer container's) (its last
+// log lines when it failed: FallbackToLogsOnError), sanitized and bounded; "" when there is none.
 std::string initializer_message(const Json& pod);
 
 }  // namespace railyard::op

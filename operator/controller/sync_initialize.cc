@@ -17,6 +17,19 @@ namespace railyard::op {
 namespace {
 using std::chrono::milliseconds;
 constexpr const char* kLog = "controller";
+// "prepares SOURCES into OUTPUT (tokenizer T); fetches the model SOURCE into FILE", for events and conditions.
+std::string what_it_does(const InitializerSpec& spec, const std::string& init_from) {
+  std::string out;
+  if (!spec.sources.empty()) {
+    std::string srcs;
+    for (size_t i = 0; i < spec.sources.size() && i < 3; ++i) srcs += (i ? ", " : "") + spec.sources[i];
+    if (spec.sources.size() > 3) srcs += ", ... (" + std::to_string(spec.sources.size()) + " in all)";
+    out = "prepares " + srcs + " into " + spec.output + " (tokenizer " + spec.tokenizer + ")";
+  }
+  if (!spec.model_source.empty())
+    out += (out.empty() ? "" : "; ") + std::string("fetches the model ") + spec.model_source + " into " + init_from;
+  return out;
+}
 // A string field of status.initializer, "" when absent or not a string (status is read back from the server).
 std::string str(const Json& init, const char* key) {
   const Json& v = kube::field(init, key);
@@ -56,8 +69,7 @@ std::optional<milliseconds> Controller::initialize(Sync& s) {
   ensure_storage(s.job, s.spec, s.events);  // the claim the pod mounts exists first
   const PodPtr pod = initializer_pod_of(s.job);
   if (!pod) {
-    if (str(init, "phase") == "Running" && attempts > 0 && str(init, "pod") == pod_name &&
-        str(init, "podUID") != "") {
+    if (str(init, "phase") == "Running" && attempts > 0 && str(init, "pod") == pod_name && str(init, "podUID") != "") {
       // The pod of a recorded attempt is gone before it ended (deleted by hand, evicted): one more try.
       s.events.push_back({true, "InitializerLost", "initializer pod " + pod_name + " disappeared before it ended"});
     }
@@ -76,15 +88,11 @@ std::optional<milliseconds> Controller::initialize(Sync& s) {
     init["attempts"] = attempts;
     if (!init.contains("startTime")) init["startTime"] = s.now_s;
     init.erase("completionTime");
-    std::string srcs;
-    for (size_t i = 0; i < spec.sources.size() && i < 3; ++i) srcs += (i ? ", " : "") + spec.sources[i];
-    if (spec.sources.size() > 3) srcs += ", ... (" + std::to_string(spec.sources.size()) + " in all)";
     s.events.push_back({false, "InitializerStarted",
-                        "pod " + pod_name + " prepares " + srcs + " into " + spec.output + " (tokenizer " +
-                            spec.tokenizer + ", attempt " + std::to_string(attempts) + " of " +
-                            std::to_string(kInitializerAttempts) + ")"});
+                        "pod " + pod_name + " " + what_it_does(spec, s.spec.init_from) + " (attempt " +
+                            std::to_string(attempts) + " of " + std::to_string(kInitializerAttempts) + ")"});
     log::info(kLog, "initializer started", {{"job", s.key}, {"pod", pod_name}, {"attempt", std::to_string(attempts)}});
-    return wait("Initializing", "pod " + pod_name + " prepares the data into " + spec.output);
+    return wait("Initializing", "pod " + pod_name + " " + what_it_does(spec, s.spec.init_from));
   }
   if (terminating(*pod)) return wait("Initializing", "pod " + pod_name + " is being deleted; another follows");
   const std::string phase = phase_of(*pod);
@@ -93,9 +101,9 @@ std::optional<milliseconds> Controller::initialize(Sync& s) {
     init["completionTime"] = s.now_s;
     init.erase("message");
     status["initializer"] = init;
-    set_condition(status, "Initialized", true, "Initialized",
-                  "pod " + pod_name + " prepared the data into " + spec.output, s.now_s);
-    s.events.push_back({false, "InitializerSucceeded", "pod " + pod_name + " prepared the data into " + spec.output});
+    const std::string done = "pod " + pod_name + " succeeded: " + what_it_does(spec, s.spec.init_from);
+    set_condition(status, "Initialized", true, "Initialized", done, s.now_s);
+    s.events.push_back({false, "InitializerSucceeded", done});
     return std::nullopt;  // the gang starts in this same reconcile
   }
   if (phase == "Failed") {
@@ -117,9 +125,9 @@ std::optional<milliseconds> Controller::initialize(Sync& s) {
 
 milliseconds Controller::fail_initializer(Sync& s, Json init, const std::string& cause) {
   Json& status = s.status;
-  const std::string msg = with_cause("the initializer failed " + std::to_string(kInitializerAttempts) +
-                                         " times (spec.initializer.data); the last attempt",
-                                     cause, kMaxCauseBytes);
+  const std::string msg = with_cause(
+      "the initializer failed " + std::to_string(kInitializerAttempts) + " times (spec.initializer); the last attempt",
+      cause, kMaxCauseBytes);
   init["phase"] = "Failed";
   init["completionTime"] = s.now_s;
   status["initializer"] = init;

@@ -191,6 +191,10 @@ log "ksbig (does not fit): $running waits at the rendezvous, $pending Unschedula
 # 404 fails after 3 attempts naming it (docs/storage.md).
 t0=$SECONDS
 mkdir -p "$shared/corpus" && cp /usr/share/common-licenses/GPL-3 "$shared/corpus/gpl-3.txt"
+# An initial model too: tiny's last checkpoint (step 3) as an llm.c file, which sto's initializer fetches into
+# spec.model.initFrom.
+"$bin/railyard" model export --checkpoint "$shared/checkpoints/tiny" --output "$shared/corpus/tiny.bin" --format llmc >/dev/null ||
+  fail "exporting tiny's checkpoint as an llm.c model"
 kubectl apply -n "$ns" -f - >/dev/null <<EOT
 apiVersion: v1
 kind: Pod
@@ -213,10 +217,13 @@ spec: {selector: {app: corpus}, ports: [{port: 8080, targetPort: 8080}]}
 EOT
 wait_for 60 "the corpus server Running" sh -c "[ \"\$(kubectl get pod corpus -n $ns -o jsonpath='{.status.phase}')\" = Running ]"
 corpus_url="http://corpus.$ns.svc:8080"
-own_job() { # NAME SOURCE-URL: a 2-pod job on its own volume and data, nothing else mounted
-  gang_job "$1" 2 20 "j['spec'].pop('placement'); j['spec'].pop('template'); j['spec']['storage'] = {'size': '1Gi'}; j['spec']['initializer'] = {'data': {'sources': ['$2']}}; j['spec']['data'] = {'train': '/shared/data/train_*.bin', 'val': '/shared/data/val_*.bin'}"
+own_job() { # NAME SOURCE-URL [MODEL-URL]: a 2-pod job on its own volume and data (and model), nothing else mounted
+  gang_job "$1" 2 20 "j['spec'].pop('placement'); j['spec'].pop('template'); j['spec']['storage'] = {'size': '1Gi'}; j['spec']['initializer'] = {'data': {'sources': ['$2']}}; j['spec']['data'] = {'train': '/shared/data/train_*.bin', 'val': '/shared/data/val_*.bin'}
+if '${3:-}':
+    j['spec']['initializer']['model'] = {'source': '${3:-}'}
+    j['spec']['model']['initFrom'] = '/shared/model/initial.bin'"
 }
-own_job sto "$corpus_url/gpl-3.txt" | kubectl apply -n "$ns" -f - >/dev/null
+own_job sto "$corpus_url/gpl-3.txt" "$corpus_url/tiny.bin" | kubectl apply -n "$ns" -f - >/dev/null
 wait_for 60 "sto-storage Bound" sh -c "[ \"\$(kubectl get pvc sto-storage -n $ns -o jsonpath='{.status.phase}')\" = Bound ]"
 [ "$(kubectl get pvc sto-storage -n "$ns" -o jsonpath='{.spec.storageClassName}')" = railyard-local ] ||
   fail "sto-storage's class is '$(kubectl get pvc sto-storage -n "$ns" -o jsonpath='{.spec.storageClassName}')', want the default railyard-local"
@@ -229,6 +236,9 @@ wait_for 120 "sto's initializer Succeeded" sh -c "[ \"\$(kubectl get tj sto -n $
 kubectl logs sto-initializer -n "$ns" | grep -q "fetching $corpus_url/gpl-3.txt" || fail "the initializer did not fetch the corpus: $(kubectl logs sto-initializer -n "$ns")"
 jq -e --arg u "$corpus_url/gpl-3.txt" '.inputs[0].source == $u and (.inputs[0].sha256 | length) == 64' "$dir/data/prepare.json" >/dev/null ||
   fail "no prepare.json of the corpus in the job's volume: $(cat "$dir/data/prepare.json" 2>&1)"
+cmp -s "$dir/model/initial.bin" "$shared/corpus/tiny.bin" || fail "the initial model in sto's volume is not the served one"
+kubectl logs sto-initializer -n "$ns" -c model | grep -q "wrote /shared/model/initial.bin: llm.c GPT-2" ||
+  fail "the model init container's log: $(kubectl logs sto-initializer -n "$ns" -c model 2>&1)"
 wait_for 240 "sto Succeeded on its own volume and data" sh -c "[ \"\$(kubectl get tj sto -n $ns -o jsonpath='{.status.phase}')\" = Succeeded ]"
 [ "$(kubectl get tj sto -n "$ns" -o jsonpath='{.status.conditions[?(@.type=="Initialized")].status}')" = True ] ||
   fail "sto's Initialized condition: $(kubectl get tj sto -n "$ns" -o jsonpath='{.status.conditions}')"

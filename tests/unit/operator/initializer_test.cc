@@ -43,7 +43,10 @@ TEST_CASE("spec.initializer: each bad value names its field and the fix") {
     bool storage;
     const char* field;
   } cases[] = {
-      {Json::object(), true, "spec.initializer.data"},
+      {Json::object(), true, "spec.initializer"},
+      {{{"model", Json::object()}}, true, "spec.initializer.model.source"},
+      {{{"model", {{"source", "model.bin"}}}}, true, "spec.initializer.model.source"},
+      {{{"model", {{"source", "https://m/x.bin"}}}}, true, "spec.initializer.model"},  // no spec.model.initFrom
       {{{"data", Json::object()}}, true, "spec.initializer.data.sources"},
       {{{"data", {{"sources", Json::array()}}}}, true, "spec.initializer.data.sources"},
       {{{"data", {{"sources", {"ftp://x/y"}}}}}, true, "spec.initializer.data.sources[0]"},
@@ -150,4 +153,46 @@ TEST_CASE("the failed initializer's own words, sanitized") {
                {"state", {{"terminated", {{"exitCode", 1}, {"message", "fetching\n\x1b[31mHTTP 404\x1b[0m"}}}}}}})}}}};
   CHECK(initializer_message(pod) == "fetching\nHTTP 404");
   CHECK(initializer_message(Json::object()).empty());
+}
+
+TEST_CASE("spec.initializer.model: fetched into spec.model.initFrom, before the data or alone") {
+  Json job = init_job(
+      {{"model", {{"source", "https://models.example/gpt2.bin"}}}, {"data", {{"sources", {"http://corpus/a.txt"}}}}});
+  job["spec"]["model"]["initFrom"] = "/shared/model/initial.bin";
+  ParsedJob p = parse_job(job);
+  REQUIRE_MESSAGE(!p.violation, (p.violation ? p.violation->message : ""));
+  CHECK(p.spec.initializer->model_source == "https://models.example/gpt2.bin");
+  Json pod = build_initializer_pod(job, p.spec, railyard::op::testing::pod_options());
+  REQUIRE(pod["spec"]["initContainers"].size() == 1);
+  const Json& m = pod["spec"]["initContainers"][0];
+  CHECK(m["name"] == "model");
+  CHECK(m["command"] == Json::array({"railyard", "model", "fetch", "https://models.example/gpt2.bin", "--output",
+                                     "/shared/model/initial.bin"}));
+  CHECK(m["volumeMounts"] == pod["spec"]["containers"][0]["volumeMounts"]);
+  CHECK(pod["spec"]["containers"][0]["command"][2] == "prepare");
+
+  // The model alone: the one container fetches it.
+  job["spec"]["initializer"].erase("data");
+  p = parse_job(job);
+  REQUIRE_FALSE(p.violation);
+  CHECK(p.spec.initializer->sources.empty());
+  pod = build_initializer_pod(job, p.spec, railyard::op::testing::pod_options());
+  CHECK_FALSE(pod["spec"].contains("initContainers"));
+  CHECK(pod["spec"]["containers"][0]["command"][1] == "model");
+
+  // A program loads its own model.
+  Json prog = job_with(Json::parse(R"({"spec": {"model": null, "data": null, "training": null, "parallelism": null,
+    "program": {"command": ["python3", "/app/train.py"]}, "storage": {"size": "1Gi"},
+    "initializer": {"model": {"source": "https://m/x.bin"}}}})"));
+  p = parse_job(prog);
+  REQUIRE(p.violation);
+  CHECK(p.violation->field == "spec.initializer.model");
+
+  // A failed model fetch speaks for the pod (its init container), not the container that never ran.
+  Json failed = {
+      {"status",
+       {{"initContainerStatuses",
+         Json::array({{{"name", "model"}, {"state", {{"terminated", {{"exitCode", 1}, {"message", "bad magic"}}}}}}})},
+        {"containerStatuses", Json::array({{{"name", "initializer"}, {"state", {{"waiting", Json::object()}}}}})}}}};
+  CHECK(initializer_message(failed) == "bad magic");
 }

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "tests/unit/worker_data/test_util.h"
+#include "worker/interop/llmc_model.h"
 
 using railyard::test::run_command;
 using railyard::test::slurp;
@@ -115,4 +116,45 @@ TEST_CASE("data prepare names the URL and the cause when a fetch fails") {
   r = run_command(bin + " data prepare --input " + gone + " --output " + dir.file("e"));
   CHECK(r.code == 1);
   CHECK(contains(r.output, gone + ": the request failed"));
+}
+
+TEST_CASE("model fetch: an llm.c file from a URL into place, checked first; the same content left as it is") {
+  const std::string bin = railyard::test::bin_path("railyard");
+  TempDir dir;
+  railyard::worker::GptConfig c;
+  c.max_seq_len = 32;
+  c.vocab_size = 256;
+  c.padded_vocab_size = 256;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.channels = 16;
+  std::vector<float> params(railyard::worker::num_parameters(c), 0.5f);
+  railyard::worker::save_llmc_model(dir.file("served.bin"), c, params.data());
+  CorpusServer srv;
+  srv.set(slurp(dir.file("served.bin")));
+  const std::string out = dir.file("model/initial.bin");
+  const std::string cmd = bin + " model fetch " + srv.url("/corpus.txt") + " --output " + out;
+
+  auto r = run_command(cmd);
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK(contains(r.output, "wrote " + out + ": llm.c GPT-2, 2 layers, 16 channels, vocab 256"));
+  CHECK(slurp(out) == slurp(dir.file("served.bin")));
+  CHECK_FALSE(std::filesystem::exists(out + ".part"));
+  const auto written = std::filesystem::last_write_time(out);
+  r = run_command(cmd);
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK(contains(r.output, "up to date"));
+  CHECK(std::filesystem::last_write_time(out) == written);
+
+  // Not a model (a text where the model was expected): refused, naming why, and the model in place stays.
+  srv.set(slurp("/usr/share/common-licenses/GPL-3"));
+  r = run_command(cmd);
+  CHECK(r.code == 1);
+  CHECK(contains(r.output, "initial.bin.part"));
+  CHECK(slurp(out) == slurp(dir.file("served.bin")));
+  CHECK_FALSE(std::filesystem::exists(out + ".part"));
+  // A file in the pod is copied the same way.
+  r = run_command(bin + " model fetch " + dir.file("served.bin") + " --output " + dir.file("copy.bin"));
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK(slurp(dir.file("copy.bin")) == slurp(dir.file("served.bin")));
 }
