@@ -262,6 +262,16 @@ wait_for 240 "deploy/examples/first-job.yaml Succeeded as shipped" sh -c "[ \"\$
 [ "$(kubectl get tj first-job -n "$ns" -o jsonpath='{.status.progress}')" = 100/100 ] || fail "first-job progress $(kubectl get tj first-job -n "$ns" -o jsonpath='{.status.progress}')"
 kubectl delete tj first-job -n "$ns" --wait=false >/dev/null
 log "deploy/examples/first-job.yaml as shipped: Succeeded in $((SECONDS - t1)) s"
+# deploy/examples/elastic.yaml as shipped (2,000 steps: not to the end): its initializer, then its pods training.
+t1=$SECONDS
+kubectl apply -n "$ns" -f "$src/deploy/examples/elastic.yaml" >/dev/null
+stepped() { local p; p=$(kubectl get tj elastic -n "$ns" -o jsonpath='{.status.progress}'); [ -n "$p" ] && [ "${p%%/*}" -gt 0 ]; }
+wait_for 180 "deploy/examples/elastic.yaml training as shipped" stepped
+# An elastic world of 2 to 4 pods: what fits beside the chart's and this test's pods on the 2 nodes.
+world=$(kubectl get tj elastic -n "$ns" -o jsonpath='{.status.world.size}')
+[ "$world" -ge 2 ] && [ "$world" -le 4 ] || fail "elastic's world: $(kubectl get tj elastic -n "$ns" -o jsonpath='{.status.world}')"
+kubectl delete tj elastic -n "$ns" --wait=false >/dev/null
+log "deploy/examples/elastic.yaml as shipped: initialized, a world of $world pods training after $((SECONDS - t1)) s (deleted there)"
 log "sto: own claim (railyard-local) and data (initializer from $corpus_url), trained, deleted with the job; nodata failed naming the 404; $((SECONDS - t0)) s in all"
 
 # --- 4. leader failover ------------------------------------------------------------------------------------
