@@ -46,8 +46,13 @@ EOT
 
 reclaim() {
   local pv="$1" dir="$2"
-  # Only directories this provisioner made: a hand-edited path elsewhere is never removed.
-  case "$dir" in "$state/volumes/pvc-"*) rm -rf -- "$dir" ;; *) log "not removing $dir of $pv: not ours" ;; esac
+  # Only the directory this provisioner made for this volume (STATE/volumes/<its name>, a name it gave): a path edited
+  # to lie elsewhere (or to climb out with ..) is never removed.
+  if [[ "$pv" =~ ^pvc-[0-9a-f-]+$ ]] && [ "$dir" = "$state/volumes/$pv" ]; then
+    rm -rf -- "$dir"
+  else
+    log "not removing $dir of $pv: not a directory this provisioner made"
+  fi
   k delete pv "$pv" --wait=false >/dev/null 2>&1 && log "deleted $pv and $dir (released)"
 }
 
