@@ -58,6 +58,8 @@ Json build_initializer_pod(const Json& job, const JobSpec& spec, const PodOption
   ps["schedulerName"] = spec.scheduler == kRailyardScheduler ? std::string("default-scheduler") : spec.scheduler;
   Json c = ps["containers"][0];
   c["name"] = kInitializerContainer;
+  // A program's image is the user's and need not hold Railyard's CLI: the initializer runs in Railyard's worker image.
+  if (spec.program) c["image"] = opts.worker_image;
   const InitializerSpec& init = *spec.initializer;
   c["command"] =
       init.sources.empty() ? model_fetch_command(init, spec.init_from, opts) : initializer_command(init, opts);

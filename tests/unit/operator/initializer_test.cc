@@ -187,6 +187,16 @@ TEST_CASE("spec.initializer.model: fetched into spec.model.initFrom, before the 
   p = parse_job(prog);
   REQUIRE(p.violation);
   CHECK(p.violation->field == "spec.initializer.model");
+  // A program's data: prepared in Railyard's worker image (the program's own image need not have the CLI).
+  prog["spec"]["initializer"] = {{"data", {{"sources", {"http://corpus/a.txt"}}}}};
+  prog["spec"]["image"] = "example/pytorch:1";
+  p = parse_job(prog);
+  REQUIRE_FALSE(p.violation);
+  const PodOptions opts = railyard::op::testing::pod_options();
+  Json prog_pod = build_initializer_pod(prog, p.spec, opts);
+  CHECK(prog_pod["spec"]["containers"][0]["image"] == opts.worker_image);
+  CHECK_FALSE(prog_pod["spec"].contains("initContainers"));  // no launcher
+  CHECK(build_worker_pod(prog, p.spec, 0, 1, opts)["spec"]["containers"][0]["image"] == "example/pytorch:1");
 
   // A failed model fetch speaks for the pod (its init container), not the container that never ran.
   Json failed = {
