@@ -8,13 +8,14 @@
 #include <set>
 
 #include "common/log.h"
+#include "common/log_tail.h"
 #include "common/metrics/job_labels.h"
 #include "common/rendezvous_protocol.h"
 #include "common/tls/job_identity.h"
 #include "common/wellknown.h"
 #include "operator/controller/failure_policy.h"
-#include "operator/controller/job_service.h"
 #include "operator/controller/initializer.h"
+#include "operator/controller/job_service.h"
 #include "operator/controller/job_storage.h"
 #include "operator/controller/lifecycle.h"
 #include "operator/controller/plan_glue.h"
@@ -40,25 +41,6 @@ std::pair<std::string, std::string> split_key(const std::string& key) {
   auto slash = key.find('/');
   if (slash == std::string::npos) return {"", key};
   return {key.substr(0, slash), key.substr(slash + 1)};
-}
-
-// Whose an object under a name the operator derives from a job is: this job's (owner uid), an earlier job's of the
-// same name (owned by a TrainingJob, awaiting garbage collection) or someone else's (never touched).
-enum class Claim { kOurs, kEarlierJob, kForeign };
-// Ours only under the job's controller reference with its uid, kind and API group (controlled_by): a uid alone can be
-// copied into an object by whoever can write it.
-Claim claim_of(const Json& obj, const std::string& job_uid) {
-  if (controlled_by(obj, job_uid)) return Claim::kOurs;
-  const Json& refs = kube::field(kube::field(obj, "metadata"), "ownerReferences");
-  if (!refs.is_array()) return Claim::kForeign;
-  for (const Json& o : refs) {
-    const Json& kind = kube::field(o, "kind");
-    const Json& api = kube::field(o, "apiVersion");
-    if (kind.is_string() && kind == kube::resources::trainingjobs.kind && api.is_string() &&
-        api.get<std::string>().rfind("railyard.dev/", 0) == 0)
-      return Claim::kEarlierJob;
-  }
-  return Claim::kForeign;
 }
 
 FinishedFacts finished_facts(const Json& job) {
@@ -393,8 +375,8 @@ void Controller::forget_job(const std::string& key) {
     exits_.erase(key);
     timeouts_.erase(key);
     tokens_.erase(key);
-    for (const kube::Resource* r : {&kube::resources::networkpolicies, &kube::resources::configmaps,
-                                    &kube::resources::persistentvolumeclaims})
+    for (const kube::Resource* r :
+         {&kube::resources::networkpolicies, &kube::resources::configmaps, &kube::resources::persistentvolumeclaims})
       job_objects_.erase(r->plural + "/" + key);
     if (opened_.erase(key) == 0) rdzv = nullptr;
   }
@@ -523,7 +505,8 @@ std::optional<Json> Controller::ensure_storage(const Json& job, const JobSpec& s
       recorder_.warning(job, "StorageInvalid", what + " was refused: " + e.what() + "; fix spec.storage");
       throw;
     }
-    events.push_back({false, "StorageCreated", "created " + what + " (" + describe_storage(st) + ")"});
+    events.push_back({false, "StorageCreated",
+                      sanitize_message("created " + what + " (" + describe_storage(st) + ")", kMaxEventMessageBytes)});
   } else {
     switch (storage_owner(*have, job)) {
       case StorageOwner::kThisJob:

@@ -9,11 +9,6 @@ namespace railyard::op {
 
 namespace {
 
-bool is_training_job_ref(const Json& ref) {
-  return ref.is_object() && ref.value("kind", Json()) == "TrainingJob" && ref.contains("apiVersion") &&
-         ref["apiVersion"].is_string() && ref["apiVersion"].get<std::string>().rfind("railyard.dev/", 0) == 0;
-}
-
 Json storage_labels(const std::string& job_name) { return {{wellknown::kJobLabel, job_name}, {kStorageLabel, "true"}}; }
 
 }  // namespace
@@ -32,11 +27,14 @@ Json build_storage_claim(const Json& job, const api::StorageSpec& st) {
 StorageOwner storage_owner(const Json& claim, const Json& job) {
   const Json& meta = kube::field(claim, "metadata");
   if (meta.contains("deletionTimestamp")) return StorageOwner::kGoing;
-  if (controlled_by(claim, job["metadata"].value("uid", ""))) return StorageOwner::kThisJob;
-  const Json& refs = kube::field(meta, "ownerReferences");
-  if (refs.is_array())
-    for (const Json& r : refs)
-      if (is_training_job_ref(r)) return StorageOwner::kGoing;  // an earlier job's (same name, another uid)
+  switch (claim_of(claim, job["metadata"].value("uid", ""))) {
+    case Claim::kOurs:
+      return StorageOwner::kThisJob;
+    case Claim::kEarlierJob:
+      return StorageOwner::kGoing;  // the garbage collector takes it with its job
+    case Claim::kForeign:
+      break;  // retained by a job of this name (its labels), or someone else's
+  }
   const Json& labels = kube::field(meta, "labels");
   const Json want = storage_labels(kube::name_of(job));
   bool labelled = labels.is_object();

@@ -56,6 +56,26 @@ inline int pod_exit_code(const Json& pod) {
   return -1;
 }
 
+// Whether an ownerReference names a TrainingJob (kind and API group railyard.dev, any version).
+inline bool is_training_job_ref(const Json& ref) {
+  using pod_state_detail::string_or_empty;
+  return string_or_empty(kube::field(ref, "kind")) == "TrainingJob" &&
+         string_or_empty(kube::field(ref, "apiVersion")).rfind("railyard.dev/", 0) == 0;
+}
+
+// Whose an object under a name the operator derives from a job is: this job's (its controller reference:
+// controlled_by; a uid alone can be copied by whoever can write the object), an earlier job's of the same name (owned
+// by a TrainingJob, awaiting garbage collection) or someone else's (never touched).
+enum class Claim { kOurs, kEarlierJob, kForeign };
+inline Claim claim_of(const Json& obj, const std::string& job_uid) {
+  if (controlled_by(obj, job_uid)) return Claim::kOurs;
+  const Json& refs = kube::field(kube::field(obj, "metadata"), "ownerReferences");
+  if (refs.is_array())
+    for (const Json& r : refs)
+      if (is_training_job_ref(r)) return Claim::kEarlierJob;
+  return Claim::kForeign;
+}
+
 // The worker container's termination message from a Failed pod (its last log lines under the
 // terminationMessagePolicy FallbackToLogsOnError the operator sets; the kubelet bounds it), raw: a tenant's text,
 // sanitized where it is shown. "" when there is none.

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "common/log.h"
+#include "common/log_tail.h"
 #include "operator/controller/controller.h"
 #include "operator/controller/failure_policy.h"
 #include "operator/controller/initializer.h"
@@ -17,7 +18,8 @@ namespace railyard::op {
 namespace {
 using std::chrono::milliseconds;
 constexpr const char* kLog = "controller";
-// "prepares SOURCES into OUTPUT (tokenizer T); fetches the model SOURCE into FILE", for events and conditions.
+// "prepares SOURCES into OUTPUT (tokenizer T); fetches the model SOURCE into FILE", for events and conditions:
+// the tenant's URLs and paths (64 of up to 4 KiB each), so sanitized and cut to what an event note may carry.
 std::string what_it_does(const InitializerSpec& spec, const std::string& init_from) {
   std::string out;
   if (!spec.sources.empty()) {
@@ -28,7 +30,7 @@ std::string what_it_does(const InitializerSpec& spec, const std::string& init_fr
   }
   if (!spec.model_source.empty())
     out += (out.empty() ? "" : "; ") + std::string("fetches the model ") + spec.model_source + " into " + init_from;
-  return out;
+  return sanitize_message(out, kMaxEventMessageBytes / 2);
 }
 // A string field of status.initializer, "" when absent or not a string (status is read back from the server).
 std::string str(const Json& init, const char* key) {
