@@ -121,13 +121,7 @@ TEST_CASE("data prepare names the URL and the cause when a fetch fails") {
 TEST_CASE("model fetch: an llm.c file from a URL into place, checked first; the same content left as it is") {
   const std::string bin = railyard::test::bin_path("railyard");
   TempDir dir;
-  railyard::worker::GptConfig c;
-  c.max_seq_len = 32;
-  c.vocab_size = 256;
-  c.padded_vocab_size = 256;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.channels = 16;
+  const railyard::worker::GptConfig c = railyard::test::small_byte_gpt();
   std::vector<float> params(railyard::worker::num_parameters(c), 0.5f);
   railyard::worker::save_llmc_model(dir.file("served.bin"), c, params.data());
   CorpusServer srv;

@@ -133,13 +133,7 @@ TEST_CASE("railyard data prepare and inspect on a real text file") {
 TEST_CASE("railyard model inspect shows the llm.c header and parameter count") {
   const std::string bin = cli();
   TempDir dir;
-  worker::GptConfig c;
-  c.max_seq_len = 32;
-  c.vocab_size = 256;
-  c.padded_vocab_size = 256;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.channels = 16;
+  const worker::GptConfig c = railyard::test::small_byte_gpt();
   std::vector<float> params(worker::num_parameters(c), 1.0f);
   const std::string path = dir.file("m.bin");
   worker::save_llmc_model(path, c, params.data());
