@@ -533,8 +533,8 @@ TEST_CASE("leader election hands over when the holder stops") {
   ob.identity = "b";
   ob.release_on_stop = false;  // b "crashes": c must wait for the lease to expire
   oc.identity = "c";
+  std::atomic<int> a_started{0}, a_stopped{0}, b_started{0};  // declared first: outlive the electors' threads
   LeaderElector a(c, oa), b(c, ob), cc(c, oc);
-  std::atomic<int> a_started{0}, a_stopped{0}, b_started{0};
   a.on_started_leading([&] { ++a_started; });
   a.on_stopped_leading([&] { ++a_stopped; });
   b.on_started_leading([&] { ++b_started; });
@@ -595,9 +595,11 @@ TEST_CASE("a leader whose API connection stalls steps down before a standby take
   LeaderElectorOptions oa = base, ob = base;
   oa.identity = "a";
   ob.identity = "b";
-  LeaderElector a(stalled_client, oa), b(admin(), ob);
+  // The log outlives the electors: their threads call back into it until they are destroyed (a failed REQUIRE below
+  // unwinds this scope while they still run).
   std::mutex mu;
   std::vector<std::pair<std::string, Clock::time_point>> log;  // who started or stopped leading, when
+  LeaderElector a(stalled_client, oa), b(admin(), ob);
   auto note = [&](const char* what) {
     std::lock_guard<std::mutex> l(mu);
     log.emplace_back(what, Clock::now());
@@ -614,6 +616,13 @@ TEST_CASE("a leader whose API connection stalls steps down before a standby take
   const auto t_stall = Clock::now();
   path.stall(true);
   REQUIRE(eventually([&] { return b.is_leader(); }, 8s));
+  // The started-leading callback runs just after is_leader() turns true.
+  REQUIRE(eventually(
+      [&] {
+        std::lock_guard<std::mutex> l(mu);
+        return log.size() >= 3;
+      },
+      2s));
   {
     std::lock_guard<std::mutex> l(mu);
     std::string order;
