@@ -65,12 +65,13 @@ if [ "$mode" = real ]; then
   shared=$(bash deploy/local/cluster.sh share default --state-dir "$state")
   data=$shared/data
   ckpt_root=$shared/checkpoints
-  # The examples' paths as they are; only name, size and schedule change.
-  job_yaml() { sed -e "s|/shared/checkpoints/tiny|/shared/checkpoints/$1|"; }
+  # The examples' paths as they are, on the shared claim in place of a volume of each job's own (the demo prepares
+  # the data once for all its jobs); only name, size and schedule change.
+  job_yaml() { python3 tests/e2e/lib/example_on_claim.py /dev/stdin railyard-shared | sed -e "s|/shared/checkpoints/tiny|/shared/checkpoints/$1|"; }
 else
   data=$state/demo-data
   ckpt_root=$state/ckpt
-  job_yaml() { sed -e "s|/shared/data/|$data/|g" -e "s|/shared/checkpoints/tiny|$ckpt_root/$1|"; }
+  job_yaml() { python3 tests/e2e/lib/example_on_claim.py /dev/stdin | sed -e "s|/shared/data/|$data/|g" -e "s|/shared/checkpoints/tiny|$ckpt_root/$1|"; }
 fi
 "$build"/bin/railyard data prepare --force --input /usr/share/common-licenses/* --output "$data"
 

@@ -86,7 +86,8 @@ trainer_kill() { # kind pod
 }
 job() { # name steps
   sed -e "s|name: tiny|name: $1|" -e "s|steps: 200|steps: $2|" -e "s|/shared/checkpoints/tiny|/shared/checkpoints/$1|" \
-    -e "s|intervalSteps: 50|intervalSteps: 10|" "$src/deploy/examples/tiny.yaml" | job_paths | kubectl apply -n bench -f - >/dev/null
+    -e "s|intervalSteps: 50|intervalSteps: 10|" <(python3 "$src/tests/e2e/lib/example_on_claim.py" "$src/deploy/examples/tiny.yaml" $claim) |
+    job_paths | kubectl apply -n bench -f - >/dev/null
 }
 phase() { kubectl get tj "$1" -n bench -o jsonpath='{.status.phase}' 2>/dev/null; }
 wait_phase() { # job phase
@@ -115,11 +116,13 @@ round() { # kind
     data="$(bash "$cluster" share bench --state-dir "$state")/data"
     opargs=(--worker-image localhost/railyard/worker:0.1.0 --rendezvous-bind "$RAILYARD_POD_HOST_ADDR:0")
     job_paths() { cat; }
+    claim=railyard-shared  # the data prepared once for every round, on the shared claim
   else
     kubectl create namespace bench >/dev/null
     data=$work/shared/data  # the examples' /shared, on this machine (job_paths)
     opargs=(--worker-command "$bin/railyard-worker" --rendezvous-bind 127.0.0.1:0)
     job_paths() { sed -e "s|/shared/|$work/shared/|g"; }
+    claim=""
   fi
   "$bin/railyard" data prepare --force --input /usr/share/common-licenses/* --output "$data" >/dev/null
   "$bin/railyard-operator" --namespace bench --leader-elect=false "${opargs[@]}" \

@@ -274,7 +274,7 @@ tiny_flow() {
   local limit=$1 t0=$SECONDS phase=""
   start_operator
   sed -e "s|/shared/data/|$work/data/|g" -e "s|/shared/checkpoints/tiny|$work/ckpt|" \
-    "$src/deploy/examples/tiny.yaml" | kubectl apply -n "$team" -f - >/dev/null
+    <(python3 "$src/tests/e2e/lib/example_on_claim.py" "$src/deploy/examples/tiny.yaml") | kubectl apply -n "$team" -f - >/dev/null
   until [ "$phase" = Succeeded ]; do
     phase=$(kubectl get tj tiny -n "$team" -o jsonpath='{.status.phase}')
     case $phase in Failed | Invalid)

@@ -37,3 +37,10 @@ restricted_pods() {
   [ -z "$bad" ] || { echo "$pod PID 1:$bad"$'\n'"$(grep -E '^(Uid|NoNewPrivs|Seccomp|Cap)' <<<"$st")" >&2; return 1; }
   echo "restricted: $pod PID 1 runs without privileges ($(grep -E '^Uid' <<<"$st" | awk '{print "uid " $2}'), seccomp filter, no capabilities)"
 }
+
+# example_as_on_host NAME [CLAIM]: deploy/examples/NAME.yaml without its own volume and initializer, for a test that
+# points the job at shards it prepared itself; with CLAIM, mounted where the job's own volume would be
+# (tests/e2e/lib/example_on_claim.py).
+example_as_on_host() {
+  python3 "$src/tests/e2e/lib/example_on_claim.py" "$src/deploy/examples/$1.yaml" "${@:2}"
+}

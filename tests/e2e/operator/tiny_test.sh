@@ -45,9 +45,10 @@ grep -q -- "--api-parallelism '0': use 1 to 1024" <<<"$out" || fail "--api-paral
   --api-parallelism 1 >"$work/op.log" 2>&1 &
 op_pid=$!
 
-# The example as shipped, with its data paths pointed at this test's shards.
+# The example as shipped, with its data paths pointed at this test's shards (its own volume and initializer left out:
+# simulated nodes mount nothing; tests/e2e/real runs it unchanged).
 sed -e "s|/shared/data/|$work/data/|g" -e "s|/shared/checkpoints/tiny|$work/ckpt|" \
-  "$src/deploy/examples/tiny.yaml" | kubectl apply -n "$ns" -f - >/dev/null
+  <(example_as_on_host tiny) | kubectl apply -n "$ns" -f - >/dev/null
 
 saw_running=no
 t0=$SECONDS
@@ -132,9 +133,10 @@ op_pid=$!
 # The MoE example: expert parallelism 2 across the two pods, hierarchical all-to-all, full recomputation. TMPDIR
 # (through the template) puts the agents' per-generation config.json where this test can read it.
 t0=$SECONDS
-# The example's template already names the worker container: the env goes there.
-sed -e "s|/shared/data/|$work/data/|g" "$src/deploy/examples/moe.yaml" |
-  python3 -c 'import sys, yaml; j = yaml.safe_load(sys.stdin); j["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": "TMPDIR", "value": sys.argv[1]}]; print(yaml.safe_dump(j))' "$work/tmp" |
+# The example as shipped on this test's shards (its own volume and initializer left out: simulated nodes mount
+# nothing), TMPDIR in a template of the test's own.
+sed -e "s|/shared/data/|$work/data/|g" <(example_as_on_host moe) |
+  python3 -c 'import sys, yaml; j = yaml.safe_load(sys.stdin); j["spec"]["template"] = {"spec": {"containers": [{"name": "worker", "env": [{"name": "TMPDIR", "value": sys.argv[1]}]}]}}; print(yaml.safe_dump(j))' "$work/tmp" |
   kubectl apply -n "$ns" -f - >/dev/null
 mjp() { kubectl get tj moe -n "$ns" -o jsonpath="$1" 2>/dev/null; }
 expert_seen=""
@@ -191,7 +193,7 @@ metadata: {name: taken-workers}
 spec: {podSelector: {}, policyTypes: [Ingress]}
 EOT
 sed -e "s|name: tiny|name: taken|" -e "s|/shared/data/|$work/data/|g" -e "s|/shared/checkpoints/tiny|$work/ckpt-taken|" \
-  "$src/deploy/examples/tiny.yaml" | kubectl apply -n "$ns" -f - >/dev/null
+  <(example_as_on_host tiny) | kubectl apply -n "$ns" -f - >/dev/null
 event() { kubectl get events -n "$ns" --field-selector "involvedObject.name=taken,reason=$1" -o name | grep -q .; }
 no_pods() { [ -z "$(kubectl get pods -n "$ns" -l railyard.dev/job=taken -o name)" ]; }
 # A change to the job brings the next reconcile forward (the failed ones back off).
@@ -230,8 +232,8 @@ kubectl delete tj taken -n "$ns" --wait=false >/dev/null
 wait_for 60 "Service taken deleted with its job" sh -c "! kubectl get service taken -n $ns >/dev/null 2>&1"
 
 # What the worker refuses is refused up front: expert 3 divides neither the 4 experts nor the 2 data-parallel ranks.
-sed -e "s|/shared/data/|$work/data/|g" -e "s|name: moe|name: moe-bad|" -e "s|expert: 2 |expert: 3 |" \
-  "$src/deploy/examples/moe.yaml" | kubectl apply -n "$ns" -f - >/dev/null
+sed -e "s|/shared/data/|$work/data/|g" -e "s|name: moe|name: moe-bad|" -e "s|expert: 2$|expert: 3|" \
+  <(example_as_on_host moe) | kubectl apply -n "$ns" -f - >/dev/null
 wait_for 30 "moe-bad Invalid" sh -c "[ \"\$(kubectl get tj moe-bad -n $ns -o jsonpath='{.status.phase}')\" = Invalid ]"
 msg=$(kubectl get tj moe-bad -n "$ns" -o jsonpath='{.status.conditions[?(@.type=="Invalid")].message}')
 case "$msg" in "spec.parallelism.expert: 3 does not divide the 4 experts"*) ;; *) fail "moe-bad message: '$msg'" ;; esac
@@ -242,10 +244,10 @@ echo "moe example e2e: ok (expert 2 hierarchical, recompute full; expert 3 Inval
 # initFrom file that is not a model. Both are the worker's exit 2 (a configuration error: permanent by default), so
 # each fails at once, without restarts.
 sed -e "s|name: tiny|name: nodata|" -e "s|/shared/data/train_|$work/nowhere/train_|" -e "s|/shared/data/|$work/data/|g" \
-  -e "s|/shared/checkpoints/tiny|$work/ckpt-nodata|" "$src/deploy/examples/tiny.yaml" | kubectl apply -n "$ns" -f - >/dev/null
+  -e "s|/shared/checkpoints/tiny|$work/ckpt-nodata|" <(example_as_on_host tiny) | kubectl apply -n "$ns" -f - >/dev/null
 notmodel=$(ls "$work"/data/val_*.bin | head -1)  # a token shard, not an llm.c model file
 sed -e "s|name: tiny|name: badinit|" -e "s|/shared/data/|$work/data/|g" -e "s|/shared/checkpoints/tiny|$work/ckpt-badinit|" \
-  -e "s|    preset: tiny|    preset: tiny\n    initFrom: $notmodel|" "$src/deploy/examples/tiny.yaml" |
+  -e "s|    preset: tiny|    preset: tiny\n    initFrom: $notmodel|" <(example_as_on_host tiny) |
   kubectl apply -n "$ns" -f - >/dev/null
 for j in nodata badinit; do
   wait_for 120 "job $j to fail" sh -c "[ \"\$(kubectl get tj $j -n $ns -o jsonpath='{.status.phase}')\" = Failed ]"
@@ -264,7 +266,7 @@ echo "the trainer's refusals reach status: nodata: $msg | badinit: $msg2"
 custom() { # NAME LAYERS HIDDEN HEADS VOCAB
   sed -e "s|name: tiny|name: $1|" -e "s|/shared/data/|$work/data/|g" -e "s|/shared/checkpoints/tiny|$work/ckpt-$1|" \
     -e "s|    preset: tiny|    preset: custom\n    layers: $2\n    hidden: $3\n    heads: $4\n    seqLen: 64\n    vocab: $5|" \
-    "$src/deploy/examples/tiny.yaml" | kubectl apply -n "$ns" -f - >/dev/null
+    <(example_as_on_host tiny) | kubectl apply -n "$ns" -f - >/dev/null
 }
 custom toobig 48 6400 50 50304
 custom smallvocab 2 64 4 64

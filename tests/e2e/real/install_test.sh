@@ -8,7 +8,8 @@
 #      selector) has the leader's pod as its only endpoint, written by the leader; the monitor Deployment is
 #      Available with 2 replicas, one of which holds the Lease railyard-monitor (its flags as the chart writes them:
 #      --flag=value); both pass the restricted Pod Security Standard;
-#   3. the tiny example, as shipped, trains to Succeeded through that in-cluster operator: its worker dials the
+#   3. the tiny example, as shipped (its own volume, its data prepared by its initializer pod), trains to Succeeded
+#      through that in-cluster operator: its worker dials the
 #      rendezvous at the Service name the chart gives (DNS + kube-proxy), and the monitor's leader, in its embedded
 #      mode, reads the worker's series (railyard_monitor_series > 0 on its /metrics) while the standby reads none;
 #   3b. jobs with spec.placement.scheduler default-scheduler: kube-scheduler binds a 2-pod job, which trains to
@@ -17,7 +18,9 @@
 #   3c. a job with spec.storage and spec.initializer gets its own claim of the default class railyard-local (the local
 #      provisioner) and its data (an initializer pod fetching a corpus from a server pod through a Service), its 2
 #      pods train and checkpoint there, and the claim, the volume and its directory go with the job; a 404 source
-#      fails its job after 3 attempts, naming it;
+#      fails its job after 3 attempts, naming it; deploy/examples/first-job.yaml and moe.yaml as shipped train to
+#      the end side by side, elastic.yaml as shipped starts training (tiny.yaml in 3; pytorch-ddp.yaml in
+#      tests/e2e/real/program_test.sh, gpt2-350m-h100.yaml admitted in real_nodes_test.sh);
 #   4. the leader pod deleted: the other replica takes the Lease, rewrites the rendezvous Endpoints with its own pod,
 #      and the Deployment is back to 2 Available; the monitor's leader pod deleted: another replica takes its Lease;
 #   5. `kubectl kustomize deploy/` (the `apply -k` objects; its policy/v1 PDB left out on this 1.20 server) applied
@@ -97,6 +100,8 @@ pod_ip() { kubectl get pod "$1" -n "$sys" -o jsonpath='{.status.podIP}'; }
 wait_for 30 "the rendezvous Endpoints naming the leader $leader_pod alone" endpoints_are "$(pod_ip "$leader_pod")/$leader_pod/9090"
 
 # --- 3. tiny through the in-cluster operator ---------------------------------------------------------------
+# The example as shipped: its own volume (tiny-storage) and data (its initializer pod), nothing made by hand. The
+# jobs of 3b and 3c's corpus server use the shared claim and shards prepared here.
 shared=$(bash "$cluster" share "$ns" --state-dir "$state")
 "$bin/railyard" data prepare --input /usr/share/common-licenses/* --output "$shared/data" >/dev/null
 t0=$SECONDS
@@ -131,11 +136,16 @@ wait_for 240 "tiny Succeeded" sh -c "[ \"\$(kubectl get tj tiny -n $ns -o jsonpa
 grep -q "world complete job=$ns/tiny generation=1" <<<"$(kubectl logs "$leader_pod" -n "$sys")" ||
   fail "the leader's rendezvous did not see tiny's world complete"
 log "tiny Succeeded through the in-cluster operator in $((SECONDS - t0)) s (progress $(kubectl get tj tiny -n "$ns" -o jsonpath='{.status.progress}'))"
+[ "$(kubectl get tj tiny -n "$ns" -o jsonpath='{.status.initializer.phase}')" = Succeeded ] ||
+  fail "tiny's initializer: $(kubectl get tj tiny -n "$ns" -o jsonpath='{.status.initializer}')"
+tiny_dir=$state/volumes/$(kubectl get pvc tiny-storage -n "$ns" -o jsonpath='{.spec.volumeName}')
+ls "$tiny_dir"/checkpoints/tiny/* >/dev/null 2>&1 || fail "no checkpoint of tiny in its volume $tiny_dir: $(find "$tiny_dir" | head)"
 
 # --- 3b. the cluster's own scheduler (spec.placement.scheduler: default-scheduler) ---------------------------
 # kube-scheduler binds the pods; Railyard still runs the rendezvous and the job to Succeeded.
 gang_job() { # NAME REPLICAS STEPS [python expression applied to the job j]
-  python3 - "$src/deploy/examples/tiny.yaml" "$@" <<'PY'
+  # tiny.yaml on the shared claim and its shards (tests/e2e/lib/example_on_claim.py), renamed and reshaped.
+  python3 - <(python3 "$src/tests/e2e/lib/example_on_claim.py" "$src/deploy/examples/tiny.yaml" railyard-shared) "$@" <<'PY'
 import sys, yaml
 j = yaml.safe_load(open(sys.argv[1]))
 name, replicas, steps = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
@@ -193,7 +203,7 @@ t0=$SECONDS
 mkdir -p "$shared/corpus" && cp /usr/share/common-licenses/GPL-3 "$shared/corpus/gpl-3.txt"
 # An initial model too: tiny's last checkpoint (step 3) as an llm.c file, which sto's initializer fetches into
 # spec.model.initFrom.
-"$bin/railyard" model export --checkpoint "$shared/checkpoints/tiny" --output "$shared/corpus/tiny.bin" --format llmc >/dev/null ||
+"$bin/railyard" model export --checkpoint "$tiny_dir/checkpoints/tiny" --output "$shared/corpus/tiny.bin" --format llmc >/dev/null ||
   fail "exporting tiny's checkpoint as an llm.c model"
 kubectl apply -n "$ns" -f - >/dev/null <<EOT
 apiVersion: v1
@@ -255,13 +265,19 @@ kubectl get tj nodata -n "$ns" -o jsonpath='{.status.conditions[?(@.type=="Faile
 kubectl delete tj sto nodata -n "$ns" --wait=false >/dev/null
 wait_for 90 "sto-storage, its volume $pv and $dir deleted with the job" sh -c "! kubectl get pvc sto-storage -n $ns >/dev/null 2>&1 && ! kubectl get pv $pv >/dev/null 2>&1 && [ ! -e '$dir' ]"
 kubectl delete pod corpus -n "$ns" --wait=false >/dev/null
-# The example the chart's NOTES.txt points at, applied unchanged: its own volume and data, nothing made by hand.
+# The example the chart's NOTES.txt points at, and the MoE example (two pods, expert parallelism 2), applied
+# unchanged side by side: each its own volume and data, nothing made by hand, to the end.
 t1=$SECONDS
 kubectl apply -n "$ns" -f "$src/deploy/examples/first-job.yaml" >/dev/null
-wait_for 240 "deploy/examples/first-job.yaml Succeeded as shipped" sh -c "[ \"\$(kubectl get tj first-job -n $ns -o jsonpath='{.status.phase}')\" = Succeeded ]"
-[ "$(kubectl get tj first-job -n "$ns" -o jsonpath='{.status.progress}')" = 100/100 ] || fail "first-job progress $(kubectl get tj first-job -n "$ns" -o jsonpath='{.status.progress}')"
-kubectl delete tj first-job -n "$ns" --wait=false >/dev/null
-log "deploy/examples/first-job.yaml as shipped: Succeeded in $((SECONDS - t1)) s"
+kubectl apply -n "$ns" -f "$src/deploy/examples/moe.yaml" >/dev/null
+for ex in first-job:100 moe:30; do
+  j=${ex%%:*} n=${ex#*:}
+  wait_for 300 "deploy/examples/$j.yaml Succeeded as shipped" sh -c "[ \"\$(kubectl get tj $j -n $ns -o jsonpath='{.status.phase}')\" = Succeeded ]"
+  [ "$(kubectl get tj "$j" -n "$ns" -o jsonpath='{.status.progress}')" = "$n/$n" ] || fail "$j progress $(kubectl get tj "$j" -n "$ns" -o jsonpath='{.status.progress}')"
+  [ "$(kubectl get tj "$j" -n "$ns" -o jsonpath='{.status.initializer.phase}')" = Succeeded ] || fail "$j's initializer: $(kubectl get tj "$j" -n "$ns" -o jsonpath='{.status.initializer}')"
+done
+kubectl delete tj first-job moe -n "$ns" --wait=false >/dev/null
+log "deploy/examples/first-job.yaml and moe.yaml as shipped: Succeeded in $((SECONDS - t1)) s"
 # deploy/examples/elastic.yaml as shipped (2,000 steps: not to the end): its initializer, then its pods training.
 t1=$SECONDS
 kubectl apply -n "$ns" -f "$src/deploy/examples/elastic.yaml" >/dev/null

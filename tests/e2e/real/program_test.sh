@@ -34,6 +34,9 @@
 #         the script resumes losing at most the interval;
 #      4. a lost node (`cluster.sh stop-node` of rank 1's node, the monitor stopped first): the pod is replaced on
 #         another node, the script resumes from its checkpoint and the job Succeeds, progress 300/300.
+#   (Flows A-C run the example on the shared claim, whose files this test reads on the host.)
+#   D. deploy/examples/pytorch-ddp.yaml exactly as shipped: its own volume (spec.storage, the default class
+#      railyard-local), trained to Succeeded with its checkpoints there.
 set -euo pipefail
 src=${RAILYARD_SOURCE_DIR:?}
 bin=${RAILYARD_BIN_DIR:?}
@@ -147,7 +150,9 @@ apply_job() {
     "$bin/railyard" convert "$src/tests/e2e/real/pytorchjob.yaml" >"$work/converted.yaml" 2>"$work/convert.err" ||
       fail "railyard convert: $(cat "$work/convert.err")"
   fi
-  JOB=$job python3 - "$src/deploy/examples/pytorch-ddp.yaml" "$@" >"$work/job.yaml" <<'PY'
+  # The example on the shared claim in place of a volume of its own (this test reads the checkpoints on the host).
+  JOB=$job python3 - <(python3 "$src/tests/e2e/lib/example_on_claim.py" "$src/deploy/examples/pytorch-ddp.yaml" railyard-shared) \
+    "$@" >"$work/job.yaml" <<'PY'
 import os, sys, yaml
 j = yaml.safe_load(open(sys.argv[1]))
 if os.environ.get("CONVERT") == "1":
@@ -445,4 +450,15 @@ wait_phase Succeeded 300
 loss=$(final_loss)
 close "$loss" "$ref" || fail "after kill -9, a hang and a node loss: final loss $loss differs from the reference run's $ref"
 log "C4. node $lost lost (generation $gen -> $(generation)): $job-worker-1 moved to $(kubectl get pod "$job-worker-1" -n "$ns" -o jsonpath='{.spec.nodeName}'), resumed from its peer's copy at step ${from_where#* }; Succeeded 300/300 with 3 restarts in $((SECONDS - t0)) s, final loss $loss (reference $ref)"
+
+# --- D. deploy/examples/pytorch-ddp.yaml exactly as shipped: its own volume, nothing made by hand ---------------
+t0=$SECONDS
+kubectl delete tj "$job" -n "$ns" --wait=false >/dev/null
+job=pytorch-ddp
+kubectl apply -n "$ns" -f "$src/deploy/examples/pytorch-ddp.yaml" >/dev/null
+wait_phase Succeeded 300
+[ "$(jp '{.status.progress}')" = 300/300 ] || fail "progress $(jp '{.status.progress}'), want 300/300"
+dir=$state/volumes/$(kubectl get pvc pytorch-ddp-storage -n "$ns" -o jsonpath='{.spec.volumeName}')
+ls "$dir"/checkpoints/pytorch-ddp/* >/dev/null 2>&1 || fail "no checkpoint of pytorch-ddp in its volume $dir: $(find "$dir" | head)"
+log "D. deploy/examples/pytorch-ddp.yaml as shipped: Succeeded 300/300 on its own volume in $((SECONDS - t0)) s"
 log "program e2e: ok in $((SECONDS - t_all)) s"

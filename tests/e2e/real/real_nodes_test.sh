@@ -2,7 +2,8 @@
 # E2E on real nodes: `cluster.sh up --real-nodes 2` (kubelets + containerd + runc + a CNI bridge, images built by
 # deploy/images/build.sh). Checks, in order:
 #   1. the nodes register Ready with containerd as their runtime and carry the topology labels;
-#   2. the tiny example, exactly as shipped (data and checkpoints on the railyard-shared claim), trains to Succeeded in
+#   2. the tiny example, exactly as shipped (its own volume of the default class, its data prepared by its initializer
+#      pod, checkpoints there), trains to Succeeded in
 #      a container of localhost/railyard/worker, as uid 65532, with its own pod IP, passing the restricted Pod
 #      Security Standard (its rules on the pod; no new privileges, a seccomp filter, no capabilities on the process); `kubectl logs` and `kubectl exec`
 #      work on the worker pod while it runs; a process of the pod's uid cannot read the agent's environment (token,
@@ -15,7 +16,9 @@
 #      other node; the old container, still on the pod network, is fenced by its pod UID (refused, stops) and never
 #      joins again; the kubelet comes back and removes it; the job Succeeds with one restart for the fault, and its
 #      final parameters equal bit for bit those of the same config trained undisturbed on the host;
-#   6. the GPU example as shipped is accepted and waits, its Scheduled condition naming the missing nvidia.com/gpu.
+#   6. the GPU example as shipped is accepted: its volume is made and its initializer pod (the worker's 32 CPUs and
+#      256 GiB, no GPU) waits for a node that fits, no worker pod before it; with its data taken as prepared (the
+#      initializer left out), it waits with its Scheduled condition naming the missing nvidia.com/gpu.
 set -euo pipefail
 src=${RAILYARD_SOURCE_DIR:?}
 bin=${RAILYARD_BIN_DIR:?}
@@ -80,9 +83,13 @@ wait_phase() { # job phase seconds
 }
 
 # --- 2. the tiny example, unchanged ------------------------------------------------------------------------
+# Its own volume (tiny-storage, of the default class railyard-local) and data (its initializer pod) before its worker.
 t0=$SECONDS
 kubectl apply -n "$ns" -f "$src/deploy/examples/tiny.yaml" >/dev/null
 pod=tiny-worker-0
+wait_for 120 "tiny's initializer Succeeded" sh -c "[ \"\$(kubectl get tj tiny -n $ns -o jsonpath='{.status.initializer.phase}')\" = Succeeded ]"
+log "tiny: its volume and data ready after $((SECONDS - t0)) s"
+tiny_dir=$state/volumes/$(kubectl get pvc tiny-storage -n "$ns" -o jsonpath='{.spec.volumeName}')
 wait_for 120 "tiny's pod Running" sh -c "[ \"\$(kubectl get pod $pod -n $ns -o jsonpath='{.status.phase}')\" = Running ]"
 log "tiny: pod Running after $((SECONDS - t0)) s on $(kubectl get pod $pod -n "$ns" -o jsonpath='{.spec.nodeName}')"
 ip=$(kubectl get pod $pod -n "$ns" -o jsonpath='{.status.podIP}')
@@ -103,7 +110,7 @@ wait_for 30 "the trainer's /metrics on $ip:$mport" sh -c "curl -sf --max-time 2 
 wait_phase tiny Succeeded 300
 log "tiny: Succeeded after $((SECONDS - t0)) s"
 [ "$(jp tiny '{.status.progress}')" = "200/200" ] || fail "tiny progress $(jp tiny '{.status.progress}'), want 200/200"
-ls "$shared/checkpoints/tiny" | grep -q . || fail "no checkpoint under the shared volume's checkpoints/tiny"
+ls "$tiny_dir/checkpoints/tiny" | grep -q . || fail "no checkpoint under tiny's volume $tiny_dir: $(find "$tiny_dir" | head)"
 
 # --- 3. a node shared with a foreign pod -------------------------------------------------------------------
 alloc=$(kubectl get node ry-real-0 -o jsonpath='{.status.allocatable.cpu}')
@@ -125,7 +132,7 @@ wait_for 60 "the foreign pod Running" sh -c "[ \"\$(kubectl get pod foreign -n $
 # A longer job that asks for 1 CPU (does not fit beside the foreign pod), checkpoints every 10 steps and keeps
 # every step in memory.
 sed -e "s|name: tiny|name: fit|" -e "s|steps: 200|steps: 2000|" -e "s|/shared/checkpoints/tiny|/shared/checkpoints/fit|" \
-  -e "s|intervalSteps: 50|intervalSteps: 10|" "$src/deploy/examples/tiny.yaml" |
+  -e "s|intervalSteps: 50|intervalSteps: 10|" <(example_as_on_host tiny railyard-shared) |
   python3 -c '
 import os, sys, yaml
 j = yaml.safe_load(sys.stdin)
@@ -275,11 +282,26 @@ fi
 
 # --- 6. the GPU example on nodes without GPUs --------------------------------------------------------------
 kubectl apply -n "$ns" -f "$src/deploy/examples/gpt2-350m-h100.yaml" >/dev/null
-gmsg() { kubectl get tj gpt2-350m -n "$ns" -o jsonpath='{.status.conditions[?(@.type=="Scheduled")].message}' 2>/dev/null; }
-wait_for 60 "gpt2-350m's Scheduled condition" sh -c "kubectl get tj gpt2-350m -n $ns -o jsonpath='{.status.conditions[?(@.type==\"Scheduled\")].status}' | grep -q False"
-case "$(gmsg)" in *"nvidia.com/gpu"*) ;; *) fail "gpt2-350m waits without naming the missing GPUs: '$(gmsg)'" ;; esac
+wait_for 60 "gpt2-350m's volume and initializer pod" sh -c "kubectl get pvc gpt2-350m-storage -n $ns >/dev/null 2>&1 && kubectl get pod gpt2-350m-initializer -n $ns >/dev/null 2>&1"
 [ "$(jp gpt2-350m '{.status.phase}')" != Invalid ] || fail "gpt2-350m is Invalid: $(jp gpt2-350m '{.status.conditions}')"
-[ -z "$(kubectl get pods -n "$ns" -l railyard.dev/job=gpt2-350m -o jsonpath='{.items[?(@.spec.nodeName)].metadata.name}')" ] ||
-  fail "a gpt2-350m pod was bound to a node without GPUs"
-log "gpt2-350m-h100 example: accepted, waiting: $(gmsg)"
+[ "$(kubectl get pvc gpt2-350m-storage -n "$ns" -o jsonpath='{.spec.resources.requests.storage}')" = 1Ti ] ||
+  fail "gpt2-350m-storage: $(kubectl get pvc gpt2-350m-storage -n "$ns" -o jsonpath='{.spec}')"
+[ "$(kubectl get pod gpt2-350m-initializer -n "$ns" -o jsonpath='{.spec.containers[0].resources.requests.cpu}')" = 32 ] ||
+  fail "gpt2-350m's initializer does not ask for the worker's CPUs: $(kubectl get pod gpt2-350m-initializer -n "$ns" -o jsonpath='{.spec.containers[0].resources}')"
+kubectl get pod gpt2-350m-initializer -n "$ns" -o jsonpath='{.spec.containers[0].resources}' | grep -q nvidia.com/gpu &&
+  fail "gpt2-350m's initializer asks for GPUs"
+wait_for 60 "gpt2-350m's initializer unschedulable" sh -c "kubectl get pod gpt2-350m-initializer -n $ns -o jsonpath='{.status.conditions[?(@.type==\"PodScheduled\")].reason}' | grep -q Unschedulable"
+[ "$(jp gpt2-350m '{.status.conditions[?(@.type=="Initialized")].status}')" = False ] ||
+  fail "gpt2-350m's Initialized condition: $(jp gpt2-350m '{.status.conditions}')"
+[ -z "$(kubectl get pods -n "$ns" -l railyard.dev/job=gpt2-350m,railyard.dev/role!=initializer -o name)" ] ||
+  fail "gpt2-350m got worker pods before its data"
+log "gpt2-350m-h100 example: accepted, its volume made, its initializer waiting for a node with 32 CPUs and 256 GiB"
+kubectl delete tj gpt2-350m -n "$ns" --wait=false >/dev/null
+example_as_on_host gpt2-350m-h100 | sed -e "s|name: gpt2-350m|name: gpt2-noinit|" | kubectl apply -n "$ns" -f - >/dev/null
+gmsg() { kubectl get tj gpt2-noinit -n "$ns" -o jsonpath='{.status.conditions[?(@.type=="Scheduled")].message}' 2>/dev/null; }
+wait_for 60 "gpt2-noinit's Scheduled condition" sh -c "kubectl get tj gpt2-noinit -n $ns -o jsonpath='{.status.conditions[?(@.type==\"Scheduled\")].status}' | grep -q False"
+case "$(gmsg)" in *"nvidia.com/gpu"*) ;; *) fail "gpt2-noinit waits without naming the missing GPUs: '$(gmsg)'" ;; esac
+[ -z "$(kubectl get pods -n "$ns" -l railyard.dev/job=gpt2-noinit -o jsonpath='{.items[?(@.spec.nodeName)].metadata.name}')" ] ||
+  fail "a gpt2-noinit pod was bound to a node without GPUs"
+log "gpt2-350m-h100 example without its initializer: waiting: $(gmsg)"
 log "real nodes e2e: ok ($((SECONDS - t_all)) s)"
