@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -250,35 +251,61 @@ void create_staging(const PrepareOptions& o, const StagingGuard& staging) {
   }
 }
 
-// GPT-2's tokens of every input, in a spill file, and how many each input (document) came to.
-struct Gpt2Tokens {
+// An input that is already tokens: an llm.c token shard (its first two ints are the magic and the version), e.g. one
+// of llm.c's FineWeb shards fetched by URL. Its tokens are taken as they are, not tokenized again.
+bool is_token_shard_input(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::array<int32_t, 2> h{};
+  f.read(reinterpret_cast<char*>(h.data()), sizeof h);
+  return f.gcount() == static_cast<std::streamsize>(sizeof h) && h[0] == kShardMagic && h[1] == kShardVersion;
+}
+
+// The tokens of every input in a spill file, and how many each input came to.
+struct SpilledTokens {
   std::unique_ptr<TokenSpill> spill;
-  std::vector<uint64_t> doc_tokens;  // with its leading <|endoftext|>
+  std::vector<uint64_t> doc_tokens;  // GPT-2 text: with its leading <|endoftext|>
 };
 
-// GPT-2: encode every file into the spill first (each a document led by <|endoftext|>), then split by tokens.
-Gpt2Tokens encode_gpt2(const PrepareOptions& o, const InputSizes& in, const Gpt2Vocab& vocab,
-                       const StagingGuard& staging) {
-  Gpt2Tokens out;
+// Every input into the spill first, then split by tokens: GPT-2 text encoded (each file a document led by
+// <|endoftext|>), byte text byte by byte, a token shard's tokens as they are (each below the tokenizer's vocabulary,
+// which MappedShard checks, naming the shard and the offending token's offset).
+SpilledTokens encode_to_spill(const PrepareOptions& o, const InputSizes& in, const std::vector<bool>& shard,
+                              const Gpt2Vocab* vocab, int vocab_size, const StagingGuard& staging) {
+  SpilledTokens out;
   out.spill = std::make_unique<TokenSpill>((staging.dir / "tokens.tmp").string());
   TokenSpill& spill = *out.spill;
-  Gpt2Tokenizer tokenizer(vocab);
+  std::optional<Gpt2Tokenizer> tokenizer;
+  if (vocab != nullptr) tokenizer.emplace(*vocab);
   std::vector<uint16_t> tokens;
   std::string carry;  // bytes of a piece that the next read may extend
   for (size_t f = 0; f < o.inputs.size(); ++f) {
     const uint64_t before = spill.count();
-    tokens.assign(1, kGpt2EndOfText);
-    carry.clear();
-    read_input(o.inputs[f], in.sizes[f], [&](const unsigned char* p, size_t n) {
-      carry.append(reinterpret_cast<const char*>(p), n);
-      carry.erase(0, tokenizer.encode_prefix(carry, false, tokens));
+    if (shard[f]) {
+      const MappedShard s(o.inputs[f], vocab_size);
+      for (size_t i = 0; i < s.num_tokens(); i += size_t{1} << 20) {
+        tokens.assign(s.tokens() + i, s.tokens() + std::min(s.num_tokens(), i + (size_t{1} << 20)));
+        spill.append(tokens);
+      }
+    } else if (tokenizer) {
+      tokens.assign(1, kGpt2EndOfText);
+      carry.clear();
+      read_input(o.inputs[f], in.sizes[f], [&](const unsigned char* p, size_t n) {
+        carry.append(reinterpret_cast<const char*>(p), n);
+        carry.erase(0, tokenizer->encode_prefix(carry, false, tokens));
+        spill.append(tokens);
+        tokens.clear();
+      });
+      tokenizer->encode_prefix(carry, true, tokens);
       spill.append(tokens);
-      tokens.clear();
-    });
-    tokenizer.encode_prefix(carry, true, tokens);
-    spill.append(tokens);
+    } else {
+      read_input(o.inputs[f], in.sizes[f], [&](const unsigned char* p, size_t n) {
+        tokens.assign(p, p + n);
+        spill.append(tokens);
+      });
+    }
     out.doc_tokens.push_back(spill.count() - before);
   }
+  tokens.clear();
   return out;
 }
 
@@ -334,12 +361,13 @@ void swap_in(const PrepareOptions& o, const fs::path& out, const StagingGuard& s
 
 // DIR/prepare.json: the run's options, inputs and shards.
 void write_manifest(const PrepareOptions& o, const InputSizes& in, const std::vector<uint64_t>& doc_tokens,
-                    const ShardNames& shards, const PrepareResult& r) {
+                    const std::vector<bool>& shard, const ShardNames& shards, const PrepareResult& r) {
   const bool gpt2 = r.tokenizer == "gpt2";
   nlohmann::json inputs = nlohmann::json::array();
   for (size_t f = 0; f < o.inputs.size(); ++f) {
     inputs.push_back({{"path", o.inputs[f]}, {"bytes", in.sizes[f]}});
-    if (gpt2) inputs.back()["tokens"] = doc_tokens[f];  // with its leading <|endoftext|>
+    if (shard[f]) inputs.back()["format"] = "token shard";             // its tokens taken as they are
+    if (!doc_tokens.empty()) inputs.back()["tokens"] = doc_tokens[f];  // GPT-2 text: with its leading <|endoftext|>
     if (f < o.sources.size()) inputs.back()["source"] = o.sources[f];
     if (f < o.sha256.size()) inputs.back()["sha256"] = o.sha256[f];
   }
@@ -349,7 +377,7 @@ void write_manifest(const PrepareOptions& o, const InputSizes& in, const std::ve
       {"shard_tokens", o.shard_tokens}, {"train_shards", shards.train},   {"val_shards", shards.val}};
   if (gpt2) {
     manifest["eot_token"] = kGpt2EndOfText;
-    manifest["documents"] = "one per input file, each starting with eot_token";
+    manifest["documents"] = "one per input text file, each starting with eot_token";
   }
   write_file_atomic(r.manifest, manifest.dump(2) + "\n");
 }
@@ -359,29 +387,37 @@ void write_manifest(const PrepareOptions& o, const InputSizes& in, const std::ve
 PrepareResult prepare_dataset(const PrepareOptions& o) {
   const bool gpt2 = check_options(o);
   const InputSizes in = input_sizes(o);
-  // The byte tokenizer knows its token count now; GPT-2 after encoding (its split is checked then). The vocabulary
-  // is read before the output is touched, so a missing file leaves nothing behind.
+  std::vector<bool> shard;
+  for (const auto& path : o.inputs) shard.push_back(is_token_shard_input(path));
+  const bool any_shard = std::find(shard.begin(), shard.end(), true) != shard.end();
+  const bool any_text = std::find(shard.begin(), shard.end(), false) != shard.end();
+  // Byte text alone knows its token count now; GPT-2 text and token shards after the spill (the split is checked
+  // then). The vocabulary is read before the output is touched, so a missing file leaves nothing behind; token
+  // shards alone need none.
+  const bool spilled = gpt2 || any_shard;
   uint64_t train = 0, val = 0;
-  if (!gpt2) std::tie(train, val) = split_sizes(in.total, o.val_fraction, "bytes");
+  if (!spilled) std::tie(train, val) = split_sizes(in.total, o.val_fraction, "bytes");
   std::optional<Gpt2Vocab> vocab;
-  if (gpt2) vocab = Gpt2Vocab::load(o.vocab_dir.empty() ? default_gpt2_vocab_dir() : o.vocab_dir);
+  if (gpt2 && any_text) vocab = Gpt2Vocab::load(o.vocab_dir.empty() ? default_gpt2_vocab_dir() : o.vocab_dir);
+  const int vocab_size = gpt2 ? kGpt2VocabSize : kByteVocabSize;
 
   const fs::path out(o.output_dir);
   const std::vector<fs::path> existing = open_output(o, out);
   StagingGuard staging{out / (".railyard-prepare." + std::to_string(::getpid()))};
   create_staging(o, staging);
   uint64_t total = in.total;
-  Gpt2Tokens encoded;
-  if (gpt2) {
-    encoded = encode_gpt2(o, in, *vocab, staging);
+  SpilledTokens encoded;
+  if (spilled) {
+    encoded = encode_to_spill(o, in, shard, vocab ? &*vocab : nullptr, vocab_size, staging);
     total = encoded.spill->count();
+    if (total == 0) throw ConfigError("data prepare: the inputs hold no tokens: nothing to split");
     std::tie(train, val) = split_sizes(total, o.val_fraction, "tokens");
   }
   const ShardNames shards = write_shards(o, in, std::move(encoded.spill), staging, train, val);
 
   PrepareResult r;
   r.tokenizer = o.tokenizer;
-  r.vocab_size = gpt2 ? kGpt2VocabSize : kByteVocabSize;
+  r.vocab_size = vocab_size;
   r.total_tokens = total;
   r.train_tokens = train;
   r.val_tokens = val;
@@ -389,7 +425,7 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
   for (const auto& n : shards.train) r.train_shards.push_back((out / n).string());
   for (const auto& n : shards.val) r.val_shards.push_back((out / n).string());
   r.manifest = (out / "prepare.json").string();
-  write_manifest(o, in, encoded.doc_tokens, shards, r);
+  write_manifest(o, in, encoded.doc_tokens, shard, shards, r);
   return r;
 }
 

@@ -1,4 +1,4 @@
-// `railyard data prepare`: text files -> train/val token shards.
+// `railyard data prepare`: text files (and token shards) -> train/val token shards.
 //
 // Tokenizers: "bytes" (the default: token = byte, vocab 256) and "gpt2" (GPT-2's byte-level BPE, vocab 50257,
 // worker/data/gpt2_bpe.h). With "bytes" the inputs are concatenated in the order given (no separator: the byte
@@ -7,6 +7,10 @@
 // train split and the rest the val split, each cut into shards of at most shard_tokens tokens: DIR/train_000000.bin
 // ..., DIR/val_000000.bin ... plus DIR/prepare.json describing the run. Shards are staged in a hidden directory and
 // renamed into place only when all are complete.
+//
+// An input that is already an llm.c token shard (magic and version in its first bytes: e.g. llm.c's FineWeb shards)
+// is taken token for token, in its place among the inputs, and re-split with the rest; its tokens must be below the
+// tokenizer's vocabulary (256 or 50257). Shards alone need no GPT-2 vocabulary files.
 #pragma once
 
 #include <cstddef>

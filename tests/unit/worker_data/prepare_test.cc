@@ -165,3 +165,86 @@ TEST_CASE("prepare refuses bad options and inputs, naming them") {
   // Nothing was created by the failed runs.
   CHECK_FALSE(fs::exists(dir.file("out/train_000000.bin")));
 }
+
+namespace {
+// Every token of the shards, in order.
+std::vector<uint16_t> tokens_of(const std::vector<std::string>& shards, int vocab) {
+  std::vector<uint16_t> out;
+  for (const auto& p : shards) {
+    MappedShard s(p, vocab);
+    out.insert(out.end(), s.tokens(), s.tokens() + s.num_tokens());
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("prepare takes token shards as inputs: their tokens as they are, beside text, re-split into train and val") {
+  TempDir dir;
+  // A GPT-2 token shard (tokens up to 50000, as llm.c's FineWeb shards), given alone: no vocabulary files needed.
+  std::vector<uint16_t> gpt2_tokens(30000);
+  for (size_t i = 0; i < gpt2_tokens.size(); ++i) gpt2_tokens[i] = static_cast<uint16_t>((i * 7919) % 50000);
+  write_shard(dir.file("fineweb_train_000001.bin"), gpt2_tokens.data(), gpt2_tokens.size());
+  PrepareOptions o;
+  o.inputs = {dir.file("fineweb_train_000001.bin")};
+  o.output_dir = dir.file("gpt2");
+  o.tokenizer = "gpt2";
+  o.vocab_dir = dir.file("no-vocab-here");  // never read: no text to encode
+  o.val_fraction = 0.25;
+  o.shard_tokens = 10000;
+  const PrepareResult r = prepare_dataset(o);
+  CHECK(r.vocab_size == 50257);
+  CHECK(r.total_tokens == 30000);
+  CHECK(r.val_tokens == 7500);
+  CHECK(r.train_shards.size() == 3);
+  std::vector<uint16_t> got = tokens_of(r.train_shards, 50257);
+  const std::vector<uint16_t> val = tokens_of(r.val_shards, 50257);
+  got.insert(got.end(), val.begin(), val.end());
+  CHECK(got == gpt2_tokens);
+  const auto m = nlohmann::json::parse(test::slurp(r.manifest));
+  CHECK(m["inputs"][0]["format"] == "token shard");
+  CHECK(m["inputs"][0]["tokens"] == 30000);
+
+  // Byte text and a shard of byte tokens under the byte tokenizer: the text's bytes, then the shard's tokens.
+  const std::string text = test::slurp(kInputs[0]);
+  std::vector<uint16_t> bytes_tokens(5000);
+  for (size_t i = 0; i < bytes_tokens.size(); ++i) bytes_tokens[i] = static_cast<uint16_t>(i % 256);
+  write_shard(dir.file("bytes.bin"), bytes_tokens.data(), bytes_tokens.size());
+  PrepareOptions b;
+  b.inputs = {kInputs[0], dir.file("bytes.bin")};
+  b.output_dir = dir.file("mixed");
+  const PrepareResult rb = prepare_dataset(b);
+  CHECK(rb.total_tokens == text.size() + bytes_tokens.size());
+  std::vector<uint16_t> want(text.begin(), text.end());
+  for (auto& t : want) t &= 0xff;  // char -> unsigned byte
+  want.insert(want.end(), bytes_tokens.begin(), bytes_tokens.end());
+  std::vector<uint16_t> all = tokens_of(rb.train_shards, 256);
+  const std::vector<uint16_t> bval = tokens_of(rb.val_shards, 256);
+  all.insert(all.end(), bval.begin(), bval.end());
+  CHECK(all == want);
+  const auto mb = nlohmann::json::parse(test::slurp(rb.manifest));
+  CHECK_FALSE(mb["inputs"][0].contains("format"));
+  CHECK(mb["inputs"][1]["format"] == "token shard");
+
+  // A GPT-2 shard under the byte tokenizer is refused naming the shard and the token; a shard cut short (a broken
+  // download) naming the file; nothing is written either time.
+  PrepareOptions bad;
+  bad.inputs = {dir.file("fineweb_train_000001.bin")};
+  bad.output_dir = dir.file("bad");
+  try {
+    prepare_dataset(bad);
+    FAIL("a GPT-2 shard was taken as byte tokens");
+  } catch (const ConfigError& e) {
+    CHECK(std::string(e.what()).find("fineweb_train_000001.bin") != std::string::npos);
+    CHECK(std::string(e.what()).find(">= vocab size 256") != std::string::npos);
+  }
+  const std::string whole = test::slurp(dir.file("bytes.bin"));
+  test::write_bytes(dir.file("cut.bin"), whole.data(), whole.size() - 100);
+  bad.inputs = {dir.file("cut.bin")};
+  try {
+    prepare_dataset(bad);
+    FAIL("a truncated shard was taken");
+  } catch (const ConfigError& e) {
+    CHECK(std::string(e.what()).find("cut.bin") != std::string::npos);
+  }
+  CHECK_FALSE(fs::exists(dir.file("bad/train_000000.bin")));
+}
