@@ -75,6 +75,7 @@ int prepare(const Args& a) {
   if (!o.vocab_dir.empty() && o.tokenizer != "gpt2") throw UsageError{"--vocab-dir needs --tokenizer gpt2"};
   // URL inputs are fetched into the output directory first (a hidden directory, removed afterwards); every input's
   // content digest goes into prepare.json, and with --reuse shards made from the same content are kept as they are.
+  o.inputs = expand_directories(o.inputs);
   FetchDir fetched;
   for (size_t i = 0; i < o.inputs.size(); ++i) {
     o.sources.push_back(o.inputs[i]);

@@ -3,6 +3,7 @@
 #include <httplib.h>
 #include <openssl/evp.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -55,6 +56,25 @@ void fetch_url(const std::string& url, const std::string& path) {
     throw ConfigError("data prepare: input " + url + ": the request failed (" + httplib::to_string(res.error()) + ")" +
                       ": check that the host is reachable from the pod (DNS, NetworkPolicy, TLS certificate)");
   if (!out) throw ConfigError("data prepare: writing " + path + " failed (fetching " + url + "): disk full?");
+}
+
+std::vector<std::string> expand_directories(const std::vector<std::string>& inputs) {
+  std::vector<std::string> out;
+  for (const std::string& in : inputs) {
+    std::error_code ec;
+    if (is_url(in) || !fs::is_directory(in, ec)) {
+      out.push_back(in);
+      continue;
+    }
+    std::vector<std::string> files;
+    for (fs::recursive_directory_iterator it(in, ec), end; !ec && it != end; it.increment(ec))
+      if (it->is_regular_file(ec)) files.push_back(it->path().string());
+    if (ec) throw ConfigError("data prepare: cannot list input directory " + in + ": " + ec.message());
+    if (files.empty()) throw ConfigError("data prepare: input directory " + in + " holds no files");
+    std::sort(files.begin(), files.end());
+    out.insert(out.end(), files.begin(), files.end());
+  }
+  return out;
 }
 
 std::string sha256_file(const std::string& path) {

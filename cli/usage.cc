@@ -31,7 +31,8 @@ const std::vector<CommandUsage>& table() {
        "--force replaces shards already in DIR; --reuse keeps them when DIR/prepare.json records\n"
        "the same inputs by SHA-256 and the same options, and replaces them otherwise);\n"
        "an http:// or https:// input is fetched first (HTTPS verified against the system CAs);\n"
-       "an input that is an llm.c token shard is taken token for token (each below the vocab)"},
+       "an input that is an llm.c token shard is taken token for token (each below the vocab);\n"
+       "a directory input stands for the files under it, in path order"},
       {"data", "inspect", "FILE [--tokens N] [--vocab V]",
        "validate a shard and show its header and first N tokens (default 64), decoded when\n"
        "they are bytes; --vocab (default 65536) refuses tokens >= V"},

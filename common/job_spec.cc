@@ -548,12 +548,44 @@ void parse_initializer(Checker& c, JobSpec& s, const Json& spec) {
   }
   out.sources = string_list(c, data, "sources", "spec.initializer.data.sources");
   if (!c.ok()) return;
-  if (out.sources.empty() || out.sources.size() > kMaxInitializerSources) {
+  if (data.contains("image")) {
+    Json image = c.object(data, "image", "spec.initializer.data.image");
+    if (!c.ok()) return;
+    auto ref = c.string(image, "reference", "spec.initializer.data.image.reference", 1024);
+    auto path = c.string(image, "path", "spec.initializer.data.image.path", 1024);
+    auto policy = c.string(image, "pullPolicy", "spec.initializer.data.image.pullPolicy");
+    if (!c.ok()) return;
+    if (!ref || ref->empty())
+      c.fail("spec.initializer.data.image.reference", "is missing", "name the image that holds the data");
+    else if (!path || path->empty() || (*path)[0] != '/' || ("/" + *path + "/").find("/../") != std::string::npos)
+      c.fail("spec.initializer.data.image.path", path ? "'" + *path + "' is not an absolute path" : "is missing",
+             "write the absolute path in the image of the file or directory to prepare, e.g. /corpus");
+    else if (policy && *policy != "Always" && *policy != "IfNotPresent" && *policy != "Never")
+      c.fail("spec.initializer.data.image.pullPolicy", "'" + *policy + "' is not a pull policy",
+             "use Always, IfNotPresent or Never (or leave it out: the cluster's default)");
+    if (!c.ok()) return;
+    out.image = *ref;
+    out.image_path = *path;
+    out.image_pull_policy = policy.value_or("");
+    const Json* tvols = nullptr;
+    if (spec.contains("template") && spec["template"].is_object() && spec["template"].contains("spec") &&
+        spec["template"]["spec"].is_object() && spec["template"]["spec"].contains("volumes"))
+      tvols = &spec["template"]["spec"]["volumes"];
+    if (tvols != nullptr && tvols->is_array())
+      for (const Json& v : *tvols)
+        if (v.is_object() && v.value("name", Json()) == kImageDataVolumeName)
+          c.fail("spec.template.spec.volumes",
+                 std::string("a volume is named ") + kImageDataVolumeName +
+                     ", the name of the initializer's volume for spec.initializer.data.image",
+                 "rename the template's volume");
+    if (!c.ok()) return;
+  }
+  if ((out.sources.empty() && out.image.empty()) || out.sources.size() > kMaxInitializerSources) {
     c.fail("spec.initializer.data.sources",
-           out.sources.empty() ? std::string("is missing or empty")
+           out.sources.empty() ? std::string("is missing or empty, and there is no data.image")
                                : "has " + std::to_string(out.sources.size()) + " items",
            "give 1 to " + std::to_string(kMaxInitializerSources) +
-               " http(s) URLs or absolute file paths (concatenate many small files into one)");
+               " http(s) URLs or absolute file paths (concatenate many small files into one), or data.image");
     return;
   }
   for (size_t i = 0; i < out.sources.size(); ++i) {

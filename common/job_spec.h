@@ -81,11 +81,18 @@ struct InitializerSpec {
   // spec.initializer.model.source: an llm.c model file (URL or path in the pod) fetched into spec.model.initFrom by
   // `railyard model fetch`; "" = none.
   std::string model_source;
-  std::vector<std::string> sources;  // data: http(s) URLs, or absolute paths of files in the pod; empty = no data
-  std::string tokenizer = "bytes";   // bytes | gpt2
+  std::vector<std::string> sources;  // data: http(s) URLs, or absolute paths of files in the pod
+  // spec.initializer.data.image: a directory of an image (a corpus shipped as an image) whose files are data too,
+  // after the sources; "" = none. Copied out by an init container of that image (docs/storage.md).
+  std::string image, image_path, image_pull_policy;  // reference, absolute path in it, "" = the cluster's default
+  std::string tokenizer = "bytes";                   // bytes | gpt2
   double val_fraction = 0.1;
   std::string output;  // given, or <spec.storage.mountPath>/data
+  bool has_data() const { return !sources.empty() || !image.empty(); }
 };
+// The emptyDir the image's files are copied into, and where the initializer's containers mount it.
+inline constexpr const char* kImageDataVolumeName = "railyard-image-data";
+inline constexpr const char* kImageDataMountPath = "/railyard-image-data";
 inline constexpr size_t kMaxInitializerSources = 64;
 
 struct JobSpec {

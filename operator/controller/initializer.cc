@@ -28,9 +28,19 @@ std::vector<std::string> model_fetch_command(const InitializerSpec& init, const 
   return {railyard_cli(opts), "model", "fetch", init.model_source, "--output", init_from};
 }
 
+std::vector<std::string> data_image_command(const InitializerSpec& init) {
+  // $0: where to (the pod's new emptyDir: restartPolicy Never, so never a copy of an earlier try), $1: what (a file,
+  // or a directory: its contents).
+  return {
+      "sh", "-c",
+      R"(set -e; if [ -d "$1" ]; then cp -R "$1"/. "$0"/; else cp "$1" "$0"/; fi; echo "copied $1 out of the image")",
+      kImageDataMountPath, init.image_path};
+}
+
 std::vector<std::string> initializer_command(const InitializerSpec& init, const PodOptions& opts) {
   std::vector<std::string> argv = {railyard_cli(opts), "data", "prepare", "--input"};
   argv.insert(argv.end(), init.sources.begin(), init.sources.end());
+  if (!init.image.empty()) argv.push_back(kImageDataMountPath);  // a directory: its files, in name order
   char fraction[32];
   std::snprintf(fraction, sizeof fraction, "%.6g", init.val_fraction);
   for (const std::string& a : {std::string("--output"), init.output, std::string("--tokenizer"), init.tokenizer,
@@ -61,8 +71,7 @@ Json build_initializer_pod(const Json& job, const JobSpec& spec, const PodOption
   // A program's image is the user's and need not hold Railyard's CLI: the initializer runs in Railyard's worker image.
   if (spec.program) c["image"] = opts.worker_image;
   const InitializerSpec& init = *spec.initializer;
-  c["command"] =
-      init.sources.empty() ? model_fetch_command(init, spec.init_from, opts) : initializer_command(init, opts);
+  c["command"] = init.has_data() ? initializer_command(init, opts) : model_fetch_command(init, spec.init_from, opts);
   c.erase("args");
   c.erase("ports");
   c.erase("envFrom");  // the job's ConfigMap and Secret are the workers' (and need not exist yet)
@@ -83,20 +92,44 @@ Json build_initializer_pod(const Json& job, const JobSpec& spec, const PodOption
         if (it.key() == "cpu" || it.key() == "memory" || it.key() == "ephemeral-storage") kept[it.key()] = it.value();
       c["resources"][part] = kept;
     }
-  ps["containers"] = Json::array({c});
-  if (!init.model_source.empty() && !init.sources.empty()) {
-    Json m = c;  // the same image, mounts, env and limits
-    m["name"] = kModelInitContainer;
-    m["command"] = model_fetch_command(init, spec.init_from, opts);
-    ps["initContainers"] = Json::array({m});
+  Json inits = Json::array();
+  Json model_fetch;  // the same image, mounts, env and limits as the initializer container (not the image's copy)
+  if (!init.model_source.empty() && init.has_data()) {
+    model_fetch = c;
+    model_fetch["name"] = kModelInitContainer;
+    model_fetch["command"] = model_fetch_command(init, spec.init_from, opts);
   }
+  if (!init.image.empty()) {
+    // The data image's files, copied by a container of that image into an emptyDir that the initializer container
+    // reads: the image needs sh and cp (any image with a shell). It mounts nothing else of the job's (least
+    // privilege: a corpus image has no business with the job's volume) and gets no env; the same limits and secure
+    // defaults as the initializer container.
+    Json d = c;
+    d["name"] = kDataImageContainer;
+    d["image"] = init.image;
+    if (init.image_pull_policy.empty())
+      d.erase("imagePullPolicy");
+    else
+      d["imagePullPolicy"] = init.image_pull_policy;
+    d["command"] = data_image_command(init);
+    d["env"] = Json::array();
+    d["volumeMounts"] = Json::array({{{"name", kImageDataVolumeName}, {"mountPath", kImageDataMountPath}}});
+    inits.push_back(d);
+    ps["volumes"].push_back({{"name", kImageDataVolumeName}, {"emptyDir", Json::object()}});
+    c["volumeMounts"].push_back(
+        {{"name", kImageDataVolumeName}, {"mountPath", kImageDataMountPath}, {"readOnly", true}});
+  }
+  if (!model_fetch.is_null()) inits.push_back(model_fetch);
+  ps["containers"] = Json::array({c});
+  if (!inits.empty()) ps["initContainers"] = inits;
   return pod;
 }
 
 std::string initializer_message(const Json& pod) {
   const Json& st = kube::field(pod, "status");
   for (const auto& [list, name] :
-       {std::pair{"initContainerStatuses", kModelInitContainer}, std::pair{"containerStatuses", kInitializerContainer}})
+       {std::pair{"initContainerStatuses", kDataImageContainer},
+        std::pair{"initContainerStatuses", kModelInitContainer}, std::pair{"containerStatuses", kInitializerContainer}})
     for (const Json& cs : kube::field(st, list)) {
       if (kube::field(cs, "name") != name) continue;
       const Json& term = kube::field(kube::field(cs, "state"), "terminated");

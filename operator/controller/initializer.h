@@ -28,17 +28,24 @@ std::vector<std::string> initializer_command(const InitializerSpec& init, const 
 std::vector<std::string> model_fetch_command(const InitializerSpec& init, const std::string& init_from,
                                              const PodOptions& opts);
 inline constexpr const char* kModelInitContainer = "model";
+// spec.initializer.data.image: the init container of that image that copies its path into the emptyDir
+// kImageDataVolumeName, which the initializer container reads at kImageDataMountPath (an input directory).
+inline constexpr const char* kDataImageContainer = "data-image";
+std::vector<std::string> data_image_command(const InitializerSpec& init);
 
 // The initializer pod: the job's worker pod as the template and the operator's flags build it (image, volumes and
 // mounts, spec.storage's claim, node constraints, tolerations, secure defaults), with one container running
-// initializer_command (and, with spec.initializer.model, an init container `model` running model_fetch_command first;
-// with the model alone, that is the one container); no Railyard env, ports, probes, sidecars or init containers, no GPU
-// or other extended resources (it needs CPU and memory only); restartPolicy Never; bound by the cluster's default
-// scheduler when the job's pods are Railyard's (kube-scheduler), else by the job's scheduler. Owned by the job.
+// initializer_command (and, with spec.initializer.data.image, an init container `data-image` of that image copying
+// its files into an emptyDir the initializer reads; with spec.initializer.model, an init container `model` running
+// model_fetch_command first; with the model alone, that is the one container); no Railyard env, ports, probes, sidecars
+// or init containers, no GPU or other extended resources (it needs CPU and memory only); restartPolicy Never; bound by
+// the cluster's default scheduler when the job's pods are Railyard's (kube-scheduler), else by the job's scheduler.
+// Owned by the job.
 Json build_initializer_pod(const Json& job, const JobSpec& spec, const PodOptions& opts);
 
-// The failed container's termination message (the model init container's, else the initializer container's) (its last
-// log lines when it failed: FallbackToLogsOnError), sanitized and bounded; "" when there is none.
+// The failed container's termination message (the data-image or model init container's, else the initializer
+// container's) (its last log lines when it failed: FallbackToLogsOnError), sanitized and bounded; "" when there is
+// none.
 std::string initializer_message(const Json& pod);
 
 }  // namespace railyard::op

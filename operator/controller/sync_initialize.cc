@@ -22,10 +22,11 @@ constexpr const char* kLog = "controller";
 // the tenant's URLs and paths (64 of up to 4 KiB each), so sanitized and cut to what an event note may carry.
 std::string what_it_does(const InitializerSpec& spec, const std::string& init_from) {
   std::string out;
-  if (!spec.sources.empty()) {
+  if (spec.has_data()) {
     std::string srcs;
     for (size_t i = 0; i < spec.sources.size() && i < 3; ++i) srcs += (i ? ", " : "") + spec.sources[i];
     if (spec.sources.size() > 3) srcs += ", ... (" + std::to_string(spec.sources.size()) + " in all)";
+    if (!spec.image.empty()) srcs += (srcs.empty() ? "" : ", ") + spec.image_path + " of the image " + spec.image;
     out = "prepares " + srcs + " into " + spec.output + " (tokenizer " + spec.tokenizer + ")";
   }
   if (!spec.model_source.empty())

@@ -17,7 +17,8 @@
 #      and is reported as JoinTimeout naming the missing pod;
 #   3c. a job with spec.storage and spec.initializer gets its own claim of the default class railyard-local (the local
 #      provisioner) and its data (an initializer pod fetching a corpus from a server pod through a Service), its 2
-#      pods train and checkpoint there, and the claim, the volume and its directory go with the job; a 404 source
+#      pods train and checkpoint there, and the claim, the volume and its directory go with the job; beside it a job
+#      whose data is a directory of an image (spec.initializer.data.image) trains on its files; a 404 source
 #      fails its job after 3 attempts, naming it; deploy/examples/first-job.yaml and moe.yaml as shipped train to
 #      the end side by side, elastic.yaml as shipped starts training (tiny.yaml in 3; pytorch-ddp.yaml in
 #      tests/e2e/real/program_test.sh, gpt2-350m-h100.yaml admitted in real_nodes_test.sh);
@@ -234,6 +235,9 @@ if '${3:-}':
     j['spec']['model']['initFrom'] = '/shared/model/initial.bin'"
 }
 own_job sto "$corpus_url/gpl-3.txt" "$corpus_url/tiny.bin" | kubectl apply -n "$ns" -f - >/dev/null
+# Beside it, a job whose data is an image's directory (spec.initializer.data.image: the worker image's licence texts).
+gang_job img 2 20 "j['spec'].pop('placement'); j['spec'].pop('template'); j['spec']['storage'] = {'size': '1Gi'}; j['spec']['initializer'] = {'data': {'image': {'reference': 'localhost/railyard/worker:0.1.0', 'path': '/usr/share/common-licenses', 'pullPolicy': 'Never'}}}; j['spec']['data'] = {'train': '/shared/data/train_*.bin', 'val': '/shared/data/val_*.bin'}" |
+  kubectl apply -n "$ns" -f - >/dev/null
 wait_for 60 "sto-storage Bound" sh -c "[ \"\$(kubectl get pvc sto-storage -n $ns -o jsonpath='{.status.phase}')\" = Bound ]"
 [ "$(kubectl get pvc sto-storage -n "$ns" -o jsonpath='{.spec.storageClassName}')" = railyard-local ] ||
   fail "sto-storage's class is '$(kubectl get pvc sto-storage -n "$ns" -o jsonpath='{.spec.storageClassName}')', want the default railyard-local"
@@ -253,6 +257,15 @@ wait_for 240 "sto Succeeded on its own volume and data" sh -c "[ \"\$(kubectl ge
 [ "$(kubectl get tj sto -n "$ns" -o jsonpath='{.status.conditions[?(@.type=="Initialized")].status}')" = True ] ||
   fail "sto's Initialized condition: $(kubectl get tj sto -n "$ns" -o jsonpath='{.status.conditions}')"
 ls "$dir"/checkpoints/sto/* >/dev/null 2>&1 || fail "no checkpoint of sto in its volume $dir: $(find "$dir" | head)"
+wait_for 120 "img Succeeded on the data of an image" sh -c "[ \"\$(kubectl get tj img -n $ns -o jsonpath='{.status.phase}')\" = Succeeded ]"
+kubectl logs img-initializer -n "$ns" -c data-image | grep -q "copied /usr/share/common-licenses out of the image" ||
+  fail "img's data-image container: $(kubectl logs img-initializer -n "$ns" -c data-image 2>&1)"
+img_dir=$state/volumes/$(kubectl get pvc img-storage -n "$ns" -o jsonpath='{.spec.volumeName}')
+jq -e '(.inputs | length) >= 5 and all(.inputs[]; .path | startswith("/railyard-image-data/"))
+  and any(.inputs[]; .path == "/railyard-image-data/GPL-3")' "$img_dir/data/prepare.json" >/dev/null ||
+  fail "img's prepare.json does not list the image's files: $(jq -c '[.inputs[].path]' "$img_dir/data/prepare.json" 2>&1)"
+[ "$(kubectl get tj img -n "$ns" -o jsonpath='{.status.progress}')" = 20/20 ] || fail "img progress $(kubectl get tj img -n "$ns" -o jsonpath='{.status.progress}')"
+log "img: trained on the files of an image's directory ($(jq '.inputs | length' "$img_dir/data/prepare.json") files copied out by its data-image container)"
 # The URL that answers 404: three attempts, then Failed with the pod's own words.
 own_job nodata "$corpus_url/missing.txt" | kubectl apply -n "$ns" -f - >/dev/null
 wait_for 150 "nodata Failed" sh -c "[ \"\$(kubectl get tj nodata -n $ns -o jsonpath='{.status.phase}')\" = Failed ]"
@@ -262,7 +275,7 @@ kubectl get tj nodata -n "$ns" -o jsonpath='{.status.conditions[?(@.type=="Faile
   fail "nodata's Failed message does not name the 404: $(kubectl get tj nodata -n "$ns" -o jsonpath='{.status.conditions[?(@.type=="Failed")].message}')"
 [ "$(kubectl get tj nodata -n "$ns" -o jsonpath='{.status.initializer.attempts}')" = 3 ] || fail "nodata's initializer attempts: $(kubectl get tj nodata -n "$ns" -o jsonpath='{.status.initializer}')"
 [ "$(kubectl get pods -n "$ns" -l railyard.dev/job=nodata,railyard.dev/role!=initializer -o name | wc -l)" = 0 ] || fail "nodata got worker pods"
-kubectl delete tj sto nodata -n "$ns" --wait=false >/dev/null
+kubectl delete tj sto nodata img -n "$ns" --wait=false >/dev/null
 wait_for 90 "sto-storage, its volume $pv and $dir deleted with the job" sh -c "! kubectl get pvc sto-storage -n $ns >/dev/null 2>&1 && ! kubectl get pv $pv >/dev/null 2>&1 && [ ! -e '$dir' ]"
 kubectl delete pod corpus -n "$ns" --wait=false >/dev/null
 # The example the chart's NOTES.txt points at, and the MoE example (two pods, expert parallelism 2), applied

@@ -4,6 +4,11 @@
 #include "operator/controller/initializer.h"
 
 #include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 
 #include "tests/unit/operator/job_fixture.h"
 
@@ -205,4 +210,131 @@ TEST_CASE("spec.initializer.model: fetched into spec.model.initFrom, before the 
          Json::array({{{"name", "model"}, {"state", {{"terminated", {{"exitCode", 1}, {"message", "bad magic"}}}}}}})},
         {"containerStatuses", Json::array({{{"name", "initializer"}, {"state", {{"waiting", Json::object()}}}}})}}}};
   CHECK(initializer_message(failed) == "bad magic");
+}
+
+TEST_CASE(
+    "spec.initializer.data.image: read and checked; an init container of the image copies it for the initializer") {
+  Json job = init_job(
+      {{"data",
+        {{"sources", {"http://corpus/a.txt"}},
+         {"image",
+          {{"reference", "registry.example/corpus:v1"}, {"path", "/corpus"}, {"pullPolicy", "IfNotPresent"}}}}}});
+  job["spec"]["model"]["initFrom"] = "/shared/model/initial.bin";
+  job["spec"]["initializer"]["model"] = {{"source", "https://m/x.bin"}};
+  ParsedJob p = parse_job(job);
+  REQUIRE_MESSAGE(!p.violation, (p.violation ? p.violation->message : ""));
+  const InitializerSpec& init = *p.spec.initializer;
+  CHECK(init.image == "registry.example/corpus:v1");
+  CHECK(init.image_path == "/corpus");
+  CHECK(init.image_pull_policy == "IfNotPresent");
+  const PodOptions opts = railyard::op::testing::pod_options();
+  // The copy is an input directory after the sources.
+  const std::vector<std::string> cmd = initializer_command(init, opts);
+  REQUIRE(cmd.size() > 6);
+  CHECK(cmd[4] == "http://corpus/a.txt");
+  CHECK(cmd[5] == "/railyard-image-data");
+  CHECK(cmd[6] == "--output");
+
+  Json pod = build_initializer_pod(job, p.spec, opts);
+  const Json& ps = pod["spec"];
+  REQUIRE(ps["initContainers"].size() == 2);  // the image's copy first, then the model
+  const Json& d = ps["initContainers"][0];
+  const Json& c = ps["containers"][0];
+  CHECK(d["name"] == "data-image");
+  CHECK(ps["initContainers"][1]["name"] == "model");
+  CHECK(d["image"] == "registry.example/corpus:v1");
+  CHECK(d["imagePullPolicy"] == "IfNotPresent");
+  CHECK(d["command"][0] == "sh");
+  CHECK(d["command"].back() == "/corpus");
+  CHECK(d["env"] == Json::array());
+  // It mounts the emptyDir alone: nothing of the job's volumes.
+  CHECK(d["volumeMounts"] == Json::array({{{"name", "railyard-image-data"}, {"mountPath", "/railyard-image-data"}}}));
+  CHECK(d["securityContext"] == c["securityContext"]);
+  CHECK(d.value("resources", Json()) == c.value("resources", Json()));
+  bool empty_dir = false, read_only = false;
+  for (const Json& v : ps["volumes"])
+    empty_dir = empty_dir || (v["name"] == "railyard-image-data" && v.contains("emptyDir"));
+  for (const Json& m : c["volumeMounts"])
+    read_only = read_only || (m["name"] == "railyard-image-data" && m["mountPath"] == "/railyard-image-data" &&
+                              m["readOnly"] == true);
+  CHECK(empty_dir);
+  CHECK(read_only);
+  // The model's init container reads no image data.
+  for (const Json& m : ps["initContainers"][1]["volumeMounts"]) CHECK(m["name"] != "railyard-image-data");
+
+  // The image alone is data enough; no pull policy: the cluster's default.
+  job["spec"]["initializer"] = {{"data", {{"image", {{"reference", "corpus:v1"}, {"path", "/corpus/all.txt"}}}}}};
+  p = parse_job(job);
+  REQUIRE_MESSAGE(!p.violation, (p.violation ? p.violation->message : ""));
+  CHECK(p.spec.initializer->sources.empty());
+  pod = build_initializer_pod(job, p.spec, opts);
+  CHECK(pod["spec"]["containers"][0]["command"][2] == "prepare");
+  CHECK(pod["spec"]["containers"][0]["command"][4] == "/railyard-image-data");
+  CHECK_FALSE(pod["spec"]["initContainers"][0].contains("imagePullPolicy"));
+
+  // Each bad value names its field.
+  struct Case {
+    Json image;
+    const char* field;
+  } cases[] = {
+      {{{"path", "/c"}}, "spec.initializer.data.image.reference"},
+      {{{"reference", ""}, {"path", "/c"}}, "spec.initializer.data.image.reference"},
+      {{{"reference", "x:1"}}, "spec.initializer.data.image.path"},
+      {{{"reference", "x:1"}, {"path", "corpus"}}, "spec.initializer.data.image.path"},
+      {{{"reference", "x:1"}, {"path", "/a/../etc"}}, "spec.initializer.data.image.path"},
+      {{{"reference", "x:1"}, {"path", "/c"}, {"pullPolicy", "Sometimes"}}, "spec.initializer.data.image.pullPolicy"},
+      {"x:1", "spec.initializer.data.image"},
+  };
+  for (const auto& k : cases) {
+    ParsedJob bad = parse_job(init_job({{"data", {{"image", k.image}}}}));
+    REQUIRE_MESSAGE(bad.violation, k.image.dump());
+    CHECK_MESSAGE(bad.violation->field == k.field, (k.image.dump() + " -> " + bad.violation->field));
+  }
+  // The template's own volume of the initializer's volume name.
+  Json clash = init_job({{"data", {{"image", {{"reference", "x:1"}, {"path", "/c"}}}}}});
+  clash["spec"]["template"] =
+      Json::parse(R"({"spec": {"volumes": [{"name": "railyard-image-data", "emptyDir": {}}], "containers": [{}]}})");
+  ParsedJob bad = parse_job(clash);
+  REQUIRE(bad.violation);
+  CHECK(bad.violation->field == "spec.template.spec.volumes");
+
+  // Its failure is the one named.
+  Json failed = {
+      {"status",
+       {{"initContainerStatuses",
+         Json::array({{{"name", "data-image"},
+                       {"state", {{"terminated", {{"exitCode", 1}, {"message", "cp: /corpus: No such file"}}}}}}})}}}};
+  CHECK(initializer_message(failed) == "cp: /corpus: No such file");
+}
+
+TEST_CASE("the data-image container's script copies a directory's contents, or a file, with sh and cp") {
+  namespace fs = std::filesystem;
+  const fs::path tmp = fs::temp_directory_path() / ("railyard-image-copy-" + std::to_string(::getpid()));
+  fs::remove_all(tmp);
+  fs::create_directories(tmp / "image/corpus/sub");
+  std::ofstream(tmp / "image/corpus/a.txt") << "alpha";
+  std::ofstream(tmp / "image/corpus/sub/b.txt") << "beta";
+  auto run = [&](const std::string& path, const fs::path& dest) {
+    fs::create_directories(dest);
+    InitializerSpec init;
+    init.image_path = path;
+    std::vector<std::string> argv = data_image_command(init);
+    argv[3] = dest.string();  // $0: the emptyDir's mount, here a directory of the test's
+    std::string line;
+    for (const std::string& a : argv) {
+      std::string q = "'";
+      for (char ch : a) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+      line += q + "' ";
+    }
+    return std::system((line + ">/dev/null 2>&1").c_str());
+  };
+  REQUIRE(data_image_command(InitializerSpec{}).size() == 5);
+  CHECK(run((tmp / "image/corpus").string(), tmp / "dir") == 0);
+  CHECK(fs::exists(tmp / "dir/a.txt"));
+  CHECK(fs::exists(tmp / "dir/sub/b.txt"));
+  CHECK_FALSE(fs::exists(tmp / "dir/corpus"));  // the contents, not the directory itself
+  CHECK(run((tmp / "image/corpus/a.txt").string(), tmp / "file") == 0);
+  CHECK(fs::exists(tmp / "file/a.txt"));
+  CHECK(run((tmp / "image/missing").string(), tmp / "none") != 0);  // fails: the pod's message names it
+  fs::remove_all(tmp);
 }

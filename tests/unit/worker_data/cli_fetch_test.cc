@@ -152,3 +152,39 @@ TEST_CASE("model fetch: an llm.c file from a URL into place, checked first; the 
   REQUIRE_MESSAGE(r.code == 0, r.output);
   CHECK(slurp(dir.file("copy.bin")) == slurp(dir.file("served.bin")));
 }
+
+TEST_CASE("data prepare: a directory input stands for the files under it, in path order (data.image's copy)") {
+  const std::string bin = railyard::test::bin_path("railyard");
+  TempDir dir;
+  const std::string in = dir.file("image-data");
+  std::filesystem::create_directories(in + "/b");
+  std::filesystem::copy_file("/usr/share/common-licenses/GPL-3", in + "/b/gpl-3.txt");
+  std::filesystem::copy_file("/usr/share/common-licenses/Apache-2.0", in + "/a.txt");
+  std::filesystem::copy_file("/usr/share/common-licenses/MPL-2.0", in + "/c.txt");
+  const std::string out = dir.file("data");
+  auto r = run_command(bin + " data prepare --input " + in + " --output " + out + " --val-fraction 0 --reuse");
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  nlohmann::json m = nlohmann::json::parse(slurp(out + "/prepare.json"));
+  REQUIRE(m["inputs"].size() == 3);
+  CHECK(m["inputs"][0]["path"] == in + "/a.txt");
+  CHECK(m["inputs"][1]["path"] == in + "/b/gpl-3.txt");
+  CHECK(m["inputs"][2]["path"] == in + "/c.txt");
+  CHECK(m["inputs"][1]["sha256"].get<std::string>().size() == 64);
+  // The byte tokens are the three files' bytes in that order.
+  const std::string want = slurp("/usr/share/common-licenses/Apache-2.0") + slurp("/usr/share/common-licenses/GPL-3") +
+                           slurp("/usr/share/common-licenses/MPL-2.0");
+  CHECK(m["total_tokens"] == want.size());
+  const std::string shard = slurp(out + "/train_000000.bin");
+  REQUIRE(shard.size() == 1024 + 2 * want.size());
+  CHECK(shard[1024] == want[0]);
+  CHECK(shard[1024 + 2 * (want.size() - 1)] == want.back());
+  // The same files again: up to date (a retried initializer pod copies the image out again).
+  r = run_command(bin + " data prepare --input " + in + " --output " + out + " --val-fraction 0 --reuse");
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK(contains(r.output, "up to date"));
+  // A directory with no file in it is refused naming it.
+  std::filesystem::create_directories(dir.file("empty/sub"));
+  r = run_command(bin + " data prepare --input " + dir.file("empty") + " --output " + dir.file("out2"));
+  CHECK(r.code == 1);
+  CHECK(contains(r.output, "input directory " + dir.file("empty") + " holds no files"));
+}
