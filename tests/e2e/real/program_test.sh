@@ -34,7 +34,8 @@
 #         the script resumes losing at most the interval;
 #      4. a lost node (`cluster.sh stop-node` of rank 1's node, the monitor stopped first): the pod is replaced on
 #         another node, the script resumes from its checkpoint and the job Succeeds, progress 300/300.
-#   (Flows A-C run the example on the shared claim, whose files this test reads on the host.)
+#   (Flows A-C run the example on the shared claim railyard-shared in place of a volume of its own: the flows' jobs
+#   share it, each with an empty checkpoint directory of its name, emptied on the host before it starts.)
 #   D. deploy/examples/pytorch-ddp.yaml exactly as shipped: its own volume (spec.storage, the default class
 #      railyard-local), trained to Succeeded with its checkpoints there.
 set -euo pipefail
@@ -150,7 +151,7 @@ apply_job() {
     "$bin/railyard" convert "$src/tests/e2e/real/pytorchjob.yaml" >"$work/converted.yaml" 2>"$work/convert.err" ||
       fail "railyard convert: $(cat "$work/convert.err")"
   fi
-  # The example on the shared claim in place of a volume of its own (this test reads the checkpoints on the host).
+  # The example on the shared claim in place of a volume of its own (its checkpoint directory emptied above).
   JOB=$job python3 - <(python3 "$src/tests/e2e/lib/example_on_claim.py" "$src/deploy/examples/pytorch-ddp.yaml" railyard-shared) \
     "$@" >"$work/job.yaml" <<'PY'
 import os, sys, yaml
