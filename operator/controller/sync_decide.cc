@@ -12,13 +12,13 @@
 #include "operator/controller/controller.h"
 #include "operator/controller/failure_policy.h"
 #include "operator/controller/lifecycle.h"
-#include "operator/scheduler/nccl_env.h"
 #include "operator/controller/plan_glue.h"
 #include "operator/controller/pod_builder.h"
 #include "operator/controller/pod_state.h"
 #include "operator/controller/slow_start.h"
 #include "operator/controller/status.h"
 #include "operator/controller/sync.h"
+#include "operator/scheduler/nccl_env.h"
 
 namespace railyard::op {
 
@@ -75,6 +75,18 @@ std::optional<std::chrono::milliseconds> Controller::suspend_or_resume(Sync& s) 
   if (spec.suspend) {
     for (const PodPtr& p : pods)
       if (!terminating(*p)) delete_pod(ns, kube::name_of(*p), false);
+    // An initializer at work stops too; the attempt it was on does not count (it did not fail), and its pod's absence
+    // is no loss: resumed, the job starts it again (sync_initialize.cc).
+    if (const PodPtr init = initializer_pod_of(job);
+        init && !terminating(*init) && phase_of(*init) != "Succeeded" && phase_of(*init) != "Failed") {
+      delete_pod(ns, kube::name_of(*init), false);
+      Json* st = status.contains("initializer") ? &status["initializer"] : nullptr;
+      if (st != nullptr && st->is_object() && st->value("phase", "") == "Running") {
+        if (st->contains("attempts") && (*st)["attempts"].is_number_integer())
+          (*st)["attempts"] = std::max(0, (*st)["attempts"].get<int>() - 1);
+        st->erase("podUID");
+      }
+    }
     if (set_condition(status, "Suspended", true, "Suspended", "runPolicy.suspend is true: pods deleted", now_s))
       events.push_back({false, "Suspended", "runPolicy.suspend is true: deleting the job's pods"});
     if (find_condition(status, "Running"))

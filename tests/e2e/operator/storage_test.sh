@@ -11,7 +11,9 @@
 #      as the job's storage it is taken (StorageReused), owned under whenDeleted Delete, and the pods come;
 #   4. whenDeleted Retain: the claim has no owner and outlives the job; a new job of the name reuses it
 #      (StorageReused); switched to Delete on the running job, the job owns it and the garbage collector deletes it
-#      with the job.
+#      with the job;
+#   5. runPolicy.suspend while the initializer pod is at work (Pending here: no kube-scheduler) deletes it, the
+#      attempt not counted; resumed, a new initializer pod is attempt 1, with no InitializerLost event.
 set -euo pipefail
 src=${RAILYARD_SOURCE_DIR:?}
 state=${RAILYARD_E2E_STATE_DIR:?}
@@ -144,6 +146,27 @@ wait_for 30 "kp owning kp-storage after whenDeleted Delete" sh -c "[ \"\$(kubect
 kubectl delete tj kp -n "$ns" --wait=false >/dev/null
 gone() { ! kubectl get pvc kp-storage -n "$ns" >/dev/null 2>&1; }
 wait_for 60 "the garbage collector deleting kp-storage with its job" gone
-! grep -q "terminate called\|Segmentation" "$work/op.log" || fail "the operator crashed"
 echo "4. Retain: kp-storage outlived kp and was reused by the next kp; switched to Delete, it went with the job"
+
+# --- 5. suspend stops an initializer at work; resumed, it starts again without counting the stop -----------------
+# Simulated nodes run no kube-scheduler, so the initializer pod (default-scheduler) stays Pending: at work.
+job ini "exit 0" "{size: 1Gi, storageClassName: $none}"$'\n'"  initializer: {data: {sources: [/in/a.txt]}}" |
+  kubectl apply -n "$ns" -f - >/dev/null
+init_status() { kubectl get tj ini -n "$ns" -o jsonpath='{.status.initializer.phase}/{.status.initializer.attempts}'; }
+wait_for 30 "ini's initializer pod" kubectl get pod ini-initializer -n "$ns"
+wait_for 30 "ini's initializer Running, attempt 1" sh -c "[ \"\$(kubectl get tj ini -n $ns -o jsonpath='{.status.initializer.phase}/{.status.initializer.attempts}')\" = Running/1 ]"
+first_pod=$(kubectl get pod ini-initializer -n "$ns" -o jsonpath='{.metadata.uid}')
+kubectl patch tj ini -n "$ns" --type=merge -p '{"spec":{"runPolicy":{"suspend":true}}}' >/dev/null
+wait_for 30 "ini Suspended" phase_is ini Suspended
+wait_for 30 "ini-initializer deleted by the suspend" sh -c "! kubectl get pod ini-initializer -n $ns >/dev/null 2>&1 || [ -n \"\$(kubectl get pod ini-initializer -n $ns -o jsonpath='{.metadata.deletionTimestamp}')\" ]"
+[ "$(init_status)" = Running/0 ] || fail "ini's initializer after the suspend: $(init_status) (want the stopped attempt not counted)"
+kubectl delete pod ini-initializer -n "$ns" --force --grace-period=0 >/dev/null 2>&1 || true  # never bound: nothing to stop
+kubectl patch tj ini -n "$ns" --type=merge -p '{"spec":{"runPolicy":{"suspend":false}}}' >/dev/null
+wait_for 30 "a new ini-initializer after the resume" sh -c "u=\$(kubectl get pod ini-initializer -n $ns -o jsonpath='{.metadata.uid}' 2>/dev/null); [ -n \"\$u\" ] && [ \"\$u\" != $first_pod ]"
+wait_for 30 "ini's initializer Running, attempt 1 again" sh -c "[ \"\$(kubectl get tj ini -n $ns -o jsonpath='{.status.initializer.phase}/{.status.initializer.attempts}')\" = Running/1 ]"
+! event ini InitializerLost "" || fail "the suspend's deletion was reported as InitializerLost"
+[ "$(pods_of ini)" = 1 ] || fail "ini has worker pods while its initializer has not finished: $(kubectl get pods -n "$ns" -l railyard.dev/job=ini -o name)"
+kubectl delete tj ini -n "$ns" --wait=false >/dev/null
+echo "5. suspend deleted ini's initializer pod at work and did not count the attempt; resumed, a new pod is attempt 1"
+! grep -q "terminate called\|Segmentation" "$work/op.log" || fail "the operator crashed"
 echo "PASS"

@@ -266,8 +266,11 @@ jq -e '(.inputs | length) >= 5 and all(.inputs[]; .path | startswith("/railyard-
   fail "img's prepare.json does not list the image's files: $(jq -c '[.inputs[].path]' "$img_dir/data/prepare.json" 2>&1)"
 [ "$(kubectl get tj img -n "$ns" -o jsonpath='{.status.progress}')" = 20/20 ] || fail "img progress $(kubectl get tj img -n "$ns" -o jsonpath='{.status.progress}')"
 log "img: trained on the files of an image's directory ($(jq '.inputs | length' "$img_dir/data/prepare.json") files copied out by its data-image container)"
-# The URL that answers 404: three attempts, then Failed with the pod's own words.
-own_job nodata "$corpus_url/missing.txt" | kubectl apply -n "$ns" -f - >/dev/null
+# The URL that answers 404: three attempts, then Failed with the pod's own words; cleanPodPolicy All then deletes the
+# last failed initializer pod too (Running, the default, keeps it for kubectl logs).
+own_job nodata "$corpus_url/missing.txt" |
+  python3 -c 'import sys, yaml; j = yaml.safe_load(sys.stdin); j["spec"]["runPolicy"] = {"cleanPodPolicy": "All"}; print(yaml.safe_dump(j))' |
+  kubectl apply -n "$ns" -f - >/dev/null
 wait_for 150 "nodata Failed" sh -c "[ \"\$(kubectl get tj nodata -n $ns -o jsonpath='{.status.phase}')\" = Failed ]"
 [ "$(kubectl get tj nodata -n "$ns" -o jsonpath='{.status.conditions[?(@.type=="Failed")].reason}')" = InitializerFailed ] ||
   fail "nodata failed for another reason: $(kubectl get tj nodata -n "$ns" -o jsonpath='{.status.conditions}')"
@@ -275,6 +278,7 @@ kubectl get tj nodata -n "$ns" -o jsonpath='{.status.conditions[?(@.type=="Faile
   fail "nodata's Failed message does not name the 404: $(kubectl get tj nodata -n "$ns" -o jsonpath='{.status.conditions[?(@.type=="Failed")].message}')"
 [ "$(kubectl get tj nodata -n "$ns" -o jsonpath='{.status.initializer.attempts}')" = 3 ] || fail "nodata's initializer attempts: $(kubectl get tj nodata -n "$ns" -o jsonpath='{.status.initializer}')"
 [ "$(kubectl get pods -n "$ns" -l railyard.dev/job=nodata,railyard.dev/role!=initializer -o name | wc -l)" = 0 ] || fail "nodata got worker pods"
+wait_for 30 "nodata's failed initializer pod deleted (cleanPodPolicy All)" sh -c "! kubectl get pod nodata-initializer -n $ns >/dev/null 2>&1"
 kubectl delete tj sto nodata img -n "$ns" --wait=false >/dev/null
 wait_for 90 "sto-storage, its volume $pv and $dir deleted with the job" sh -c "! kubectl get pvc sto-storage -n $ns >/dev/null 2>&1 && ! kubectl get pv $pv >/dev/null 2>&1 && [ ! -e '$dir' ]"
 kubectl delete pod corpus -n "$ns" --wait=false >/dev/null
