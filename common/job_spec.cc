@@ -555,8 +555,14 @@ void parse_initializer(Checker& c, JobSpec& s, const Json& spec) {
     auto path = c.string(image, "path", "spec.initializer.data.image.path", 1024);
     auto policy = c.string(image, "pullPolicy", "spec.initializer.data.image.pullPolicy");
     if (!c.ok()) return;
+    const auto printable = [](const std::string& v) {
+      return std::all_of(v.begin(), v.end(), [](char ch) { return ch > ' ' && ch < 0x7f; });
+    };
     if (!ref || ref->empty())
       c.fail("spec.initializer.data.image.reference", "is missing", "name the image that holds the data");
+    else if (!printable(*ref))
+      c.fail("spec.initializer.data.image.reference", "holds a space or a character that is not printable ASCII",
+             "write the image reference as a container's image field takes it (registry/corpus:v1)");
     else if (!path || path->empty() || (*path)[0] != '/' || ("/" + *path + "/").find("/../") != std::string::npos)
       c.fail("spec.initializer.data.image.path", path ? "'" + *path + "' is not an absolute path" : "is missing",
              "write the absolute path in the image of the file or directory to prepare, e.g. /corpus");

@@ -279,6 +279,8 @@ TEST_CASE(
   } cases[] = {
       {{{"path", "/c"}}, "spec.initializer.data.image.reference"},
       {{{"reference", ""}, {"path", "/c"}}, "spec.initializer.data.image.reference"},
+      {{{"reference", "corpus v1"}, {"path", "/c"}}, "spec.initializer.data.image.reference"},
+      {{{"reference", "corpus:v1\n"}, {"path", "/c"}}, "spec.initializer.data.image.reference"},
       {{{"reference", "x:1"}}, "spec.initializer.data.image.path"},
       {{{"reference", "x:1"}, {"path", "corpus"}}, "spec.initializer.data.image.path"},
       {{{"reference", "x:1"}, {"path", "/a/../etc"}}, "spec.initializer.data.image.path"},
