@@ -70,7 +70,7 @@ spec:
       command: [$2, --help]
 YAML
   wait_for 90 "$1 Succeeded" sh -c "[ \"\$(kubectl get pod $1 -n $ns -o jsonpath='{.status.phase}')\" = Succeeded ]"
-  kubectl logs "$1" -n "$ns" | grep -q "^usage: $2" || fail "$1: no usage line in its log: $(kubectl logs "$1" -n "$ns" | head -3)"
+  grep -q "^usage: $2" <<<"$(kubectl logs "$1" -n "$ns")" || fail "$1: no usage line in its log: $(kubectl logs "$1" -n "$ns" | head -3)"
 }
 run_help op-help railyard-operator
 run_help mon-help railyard-monitor

@@ -189,7 +189,7 @@ kubectl get pod "$pending" -n "$ns" -o jsonpath='{.status.conditions[?(@.type=="
 [ "$(kubectl get tj ksbig -n "$ns" -o jsonpath='{.status.conditions[?(@.type=="Scheduled")].reason}')" = WaitingForScheduler ] ||
   fail "ksbig's Scheduled condition: $(kubectl get tj ksbig -n "$ns" -o jsonpath='{.status.conditions}')"
 case "$(kubectl get tj ksbig -n "$ns" -o jsonpath='{.status.progress}')" in "" | 0/20) ;; *) fail "ksbig made progress with half a gang" ;; esac
-! kubectl logs "$running" -n "$ns" | grep -q "step=" || fail "$running trained without its whole world"
+! grep -q "step=" <<<"$(kubectl logs "$running" -n "$ns")" || fail "$running trained without its whole world"
 kubectl delete tj ksbig -n "$ns" --wait=false >/dev/null
 log "ksbig (does not fit): $running waits at the rendezvous, $pending Unschedulable, JoinTimeout reported, no step trained"
 
@@ -247,18 +247,18 @@ dir=$(kubectl get pv "$pv" -o jsonpath='{.spec.hostPath.path}')
 wait_for 120 "sto's initializer Succeeded" sh -c "[ \"\$(kubectl get tj sto -n $ns -o jsonpath='{.status.initializer.phase}')\" = Succeeded ]"
 [ "$(kubectl get pod sto-initializer -n "$ns" -o jsonpath='{.spec.schedulerName}')" = default-scheduler ] ||
   fail "the initializer pod was not left to kube-scheduler"
-kubectl logs sto-initializer -n "$ns" | grep -q "fetching $corpus_url/gpl-3.txt" || fail "the initializer did not fetch the corpus: $(kubectl logs sto-initializer -n "$ns")"
+grep -q "fetching $corpus_url/gpl-3.txt" <<<"$(kubectl logs sto-initializer -n "$ns")" || fail "the initializer did not fetch the corpus: $(kubectl logs sto-initializer -n "$ns")"
 jq -e --arg u "$corpus_url/gpl-3.txt" '.inputs[0].source == $u and (.inputs[0].sha256 | length) == 64' "$dir/data/prepare.json" >/dev/null ||
   fail "no prepare.json of the corpus in the job's volume: $(cat "$dir/data/prepare.json" 2>&1)"
 cmp -s "$dir/model/initial.bin" "$shared/corpus/tiny.bin" || fail "the initial model in sto's volume is not the served one"
-kubectl logs sto-initializer -n "$ns" -c model | grep -q "wrote /shared/model/initial.bin: llm.c GPT-2" ||
+grep -q "wrote /shared/model/initial.bin: llm.c GPT-2" <<<"$(kubectl logs sto-initializer -n "$ns" -c model)" ||
   fail "the model init container's log: $(kubectl logs sto-initializer -n "$ns" -c model 2>&1)"
 wait_for 240 "sto Succeeded on its own volume and data" sh -c "[ \"\$(kubectl get tj sto -n $ns -o jsonpath='{.status.phase}')\" = Succeeded ]"
 [ "$(kubectl get tj sto -n "$ns" -o jsonpath='{.status.conditions[?(@.type=="Initialized")].status}')" = True ] ||
   fail "sto's Initialized condition: $(kubectl get tj sto -n "$ns" -o jsonpath='{.status.conditions}')"
 ls "$dir"/checkpoints/sto/* >/dev/null 2>&1 || fail "no checkpoint of sto in its volume $dir: $(find "$dir" | head)"
 wait_for 120 "img Succeeded on the data of an image" sh -c "[ \"\$(kubectl get tj img -n $ns -o jsonpath='{.status.phase}')\" = Succeeded ]"
-kubectl logs img-initializer -n "$ns" -c data-image | grep -q "copied /usr/share/common-licenses out of the image" ||
+grep -q "copied /usr/share/common-licenses out of the image" <<<"$(kubectl logs img-initializer -n "$ns" -c data-image)" ||
   fail "img's data-image container: $(kubectl logs img-initializer -n "$ns" -c data-image 2>&1)"
 img_dir=$state/volumes/$(kubectl get pvc img-storage -n "$ns" -o jsonpath='{.spec.volumeName}')
 jq -e '(.inputs | length) >= 5 and all(.inputs[]; .path | startswith("/railyard-image-data/"))

@@ -99,7 +99,7 @@ case "$ip" in "${RAILYARD_POD_HOST_ADDR%.1}".*) ;; *) fail "pod IP '$ip' is not 
 wait_for 60 "kubectl logs shows training steps" sh -c "kubectl logs $pod -n $ns | grep -q 'step='"
 [ "$(kubectl exec $pod -n "$ns" -- id -u)" = 65532 ] || fail "kubectl exec: the worker does not run as uid 65532"
 restricted_pods "$ns" $pod || fail "tiny's worker pod breaks the restricted Pod Security Standard (above)"
-kubectl exec $pod -n "$ns" -- ls /shared/data | grep -q '^train_' || fail "kubectl exec: no shards under /shared/data"
+grep -q '^train_' <<<"$(kubectl exec $pod -n "$ns" -- ls /shared/data)" || fail "kubectl exec: no shards under /shared/data"
 # The agent (PID 1) holds the job's token and CA key in its environment; a process of the pod's uid (a rank, an exec)
 # cannot read it: the agent is not dumpable, so its /proc files belong to root. Its own environment it reads.
 secrets=$(kubectl exec $pod -n "$ns" -- sh -c 'tr "\0" "\n" </proc/1/environ 2>&1 | grep -c RAILYARD_RENDEZVOUS_TOKEN || true')
