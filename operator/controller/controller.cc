@@ -668,8 +668,8 @@ std::chrono::milliseconds Controller::finish(const Json& job, const JobSpec& spe
       }
     }
   }
-  // The initializer pod (not among `pods`): one still at work when the job ended (a deadline, a failure) has no
-  // rendezvous to tell it to stop, so it goes at once unless cleanPodPolicy is None; All deletes it in any state.
+  // The initializer pod (not among `pods`): one still at work when the job ended (it ended another way meanwhile) has
+  // no agent to stop it, so it goes at once unless cleanPodPolicy is None; All deletes it in any state.
   if (const PodPtr init = initializer_pod_of(job); init && !terminating(*init)) {
     const std::string phase = phase_of(*init);
     const bool active = phase != "Succeeded" && phase != "Failed";

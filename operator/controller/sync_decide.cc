@@ -80,8 +80,11 @@ std::optional<std::chrono::milliseconds> Controller::suspend_or_resume(Sync& s) 
     if (const PodPtr init = initializer_pod_of(job);
         init && !terminating(*init) && phase_of(*init) != "Succeeded" && phase_of(*init) != "Failed") {
       delete_pod(ns, kube::name_of(*init), false);
+      // Once per attempt (idempotent against a cache that still shows the pod): the status read from the server
+      // names this pod's UID until the first pass erases it.
       Json* st = status.contains("initializer") ? &status["initializer"] : nullptr;
-      if (st != nullptr && st->is_object() && st->value("phase", "") == "Running") {
+      if (st != nullptr && st->is_object() && st->value("phase", "") == "Running" &&
+          st->value("podUID", "") == uid_of(*init)) {
         if (st->contains("attempts") && (*st)["attempts"].is_number_integer())
           (*st)["attempts"] = std::max(0, (*st)["attempts"].get<int>() - 1);
         st->erase("podUID");
