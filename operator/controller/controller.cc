@@ -669,8 +669,10 @@ std::chrono::milliseconds Controller::finish(const Json& job, const JobSpec& spe
     }
   }
   // The initializer pod (not among `pods`): one still at work when the job ended (it ended another way meanwhile) has
-  // no agent to stop it, so it goes at once unless cleanPodPolicy is None; All deletes it in any state.
-  if (const PodPtr init = initializer_pod_of(job); init && !terminating(*init)) {
+  // no agent to stop it, so it goes at once unless cleanPodPolicy is None; All deletes it in any state. Looked for only
+  // where one ran (status.initializer): the look is a scan of the pod cache.
+  if (const PodPtr init = status.contains("initializer") ? initializer_pod_of(job) : nullptr;
+      init && !terminating(*init)) {
     const std::string phase = phase_of(*init);
     const bool active = phase != "Succeeded" && phase != "Failed";
     if (spec.clean_pod_policy == "All" || (spec.clean_pod_policy == "Running" && active))
