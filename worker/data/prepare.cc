@@ -305,7 +305,6 @@ SpilledTokens encode_to_spill(const PrepareOptions& o, const InputSizes& in, con
     }
     out.doc_tokens.push_back(spill.count() - before);
   }
-  tokens.clear();
   return out;
 }
 
