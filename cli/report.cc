@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "common/goodput.h"
 
 namespace railyard::cli::report {
 
@@ -554,8 +555,17 @@ void write_segments(std::ostream& o, const RunLog& main_log) {
   o << "</table>\n";
 }
 
-// The TrainingJob's status.lastRestart and conditions, where it has them.
+// The TrainingJob's goodput ledger, status.lastRestart and conditions, where it has them.
 void write_status_tables(std::ostream& o, const nlohmann::json& st) {
+  double wall = 0;
+  if (const std::vector<TimeRow> rows = time_rows(st, &wall); !rows.empty()) {
+    o << "<p>Where the time went (status.goodput): " << fmt("%.1f", wall) << " s since the job's creation</p>"
+         "<table id=\"goodput\"><tr><th>cause</th><th>seconds</th><th>share</th><th>what</th></tr>\n";
+    for (const TimeRow& r : rows)
+      o << "<tr><td>" << esc(r.cause) << "</td><td>" << fmt("%.1f", r.seconds) << "</td><td>"
+        << fmt("%.1f", r.share * 100) << " %</td><td>" << esc(r.what) << "</td></tr>\n";
+    o << "</table>\n";
+  }
   const auto& s = st.value("status", nlohmann::json::object());
   if (s.contains("lastRestart")) {
     o << "<p>Last restart (status.lastRestart):</p><table id=\"last-restart\">";
@@ -601,6 +611,46 @@ void write_checkpoints(std::ostream& o, const Inputs& in) {
 }
 
 }  // namespace
+
+std::vector<TimeRow> time_rows(const nlohmann::json& training_job, double* wall_seconds) {
+  std::vector<TimeRow> rows;
+  if (!training_job.is_object() || !training_job.contains("status") || !training_job["status"].is_object())
+    return rows;
+  const nlohmann::json& s = training_job["status"];
+  if (!s.contains("goodput") || !s["goodput"].is_object() || !s["goodput"].contains("seconds") ||
+      !s["goodput"]["seconds"].is_object())
+    return rows;
+  const nlohmann::json& secs = s["goodput"]["seconds"];
+  double wall = 0;
+  for (const auto& [cause, v] : secs.items())
+    if (v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() > 0) wall += v.get<double>();
+  for (const auto& c : goodput::kCauses) {
+    const std::string name(c.name);
+    if (!secs.contains(name) || !secs[name].is_number()) continue;
+    const double v = secs[name].get<double>();
+    if (!std::isfinite(v) || v <= 0) continue;
+    rows.push_back({name, std::string(c.what), v, wall > 0 ? v / wall : 0});
+  }
+  if (wall_seconds) *wall_seconds = wall;
+  return rows;
+}
+
+std::vector<std::string> time_summary(const nlohmann::json& training_job) {
+  double wall = 0;
+  const std::vector<TimeRow> rows = time_rows(training_job, &wall);
+  std::vector<std::string> lines;
+  if (rows.empty()) return lines;
+  const nlohmann::json& g = training_job["status"]["goodput"];
+  const std::string since = g.contains("since") && g["since"].is_string() ? g["since"].get<std::string>() : "?";
+  lines.push_back("where the time went (status.goodput, as of " + since + "): " + fmt("%.1f", wall) + " s");
+  for (const TimeRow& r : rows) {
+    char line[160];
+    std::snprintf(line, sizeof line, "  %-19s %9.1f s %5.1f %%  %s", r.cause.c_str(), r.seconds, r.share * 100,
+                  r.what.c_str());
+    lines.push_back(line);
+  }
+  return lines;
+}
 
 std::string render_html(const Inputs& in) {
   const Page page{in, in.logs.empty() ? nullptr : &in.logs.front(), in.status ? *in.status : nlohmann::json::object()};

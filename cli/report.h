@@ -81,6 +81,19 @@ struct Inputs {
   std::string generated_at;  // UTC, ISO 8601
 };
 
+// One row of a TrainingJob's goodput ledger (status.goodput, common/goodput.h): the seconds of one cause up to the
+// ledger's last update and its share of the wall time.
+struct TimeRow {
+  std::string cause, what;
+  double seconds = 0, share = 0;
+};
+// The ledger's rows in common/goodput.h's order (causes with no time left out), and its wall time; empty when the
+// object has no status.goodput.
+std::vector<TimeRow> time_rows(const nlohmann::json& training_job, double* wall_seconds = nullptr);
+// The ledger as lines for a terminal: "where the time went (status.goodput, as of SINCE): W s", then one line per
+// cause; empty without a ledger.
+std::vector<std::string> time_summary(const nlohmann::json& training_job);
+
 // The whole page. Deterministic for given inputs.
 std::string render_html(const Inputs& in);
 

@@ -25,7 +25,8 @@ loss and validation loss, tokens/s, step time, MFU, the step-time split, restart
   --log FILE          the trainer's log: the JSON lines of `railyard-worker train --log-json FILE`, or the worker
                       pod's text log (`kubectl logs POD > FILE`); repeat for several ranks (the first is the summary)
   --status FILE       the TrainingJob as JSON (`kubectl get tj NAME -o json > FILE`): phase, restarts, generation,
-                      conditions, last restart, last checkpoint
+                      conditions, last restart, last checkpoint, and where the job's time went (status.goodput:
+                      a table on the page, and the same lines printed here)
   --checkpoints DIR   the job's checkpoint directory (spec.checkpoint.path): the checkpoints kept
   --prometheus URL    read the job's worker series from this Prometheus (http://HOST:PORT[/PREFIX]) with range
                       queries, instead of or besides logs: needs NAMESPACE/JOB
@@ -181,6 +182,8 @@ int run_report(const Args& args) {
   in.generated_at = utc_now_iso8601();
   write_file_atomic(q.output, report::render_html(in));
   std::cout << "report: wrote " << std::filesystem::absolute(q.output).string() << "\n";
+  if (in.status)
+    for (const std::string& line : report::time_summary(*in.status)) std::cout << line << "\n";
   return kExitOk;
 }
 

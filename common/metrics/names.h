@@ -115,6 +115,9 @@ inline constexpr HistogramName kOperatorPlacementSeconds{"railyard_operator_plac
 inline constexpr HistogramName kOperatorPlacementHops{"railyard_operator_placement_hops"};
 inline constexpr HistogramName kOperatorRecoverySeconds{"railyard_operator_recovery_seconds"};    // `reason`
 inline constexpr HistogramName kOperatorDetectionSeconds{"railyard_operator_detection_seconds"};  // `symptom`
+// A job's goodput ledger (status.goodput, operator/controller/goodput.h): seconds by `cause`, as of its last status
+// write.
+inline constexpr GaugeName kOperatorJobSeconds{"railyard_operator_job_seconds"};  // `cause`
 // controller-runtime's names and meanings, so that dashboards made for Kubebuilder operators read ours.
 inline constexpr GaugeName kWorkqueueDepth{"workqueue_depth"};
 inline constexpr CounterName kWorkqueueAddsTotal{"workqueue_adds_total"};
@@ -187,6 +190,7 @@ inline constexpr AnyName kAll[] = {
     any(kOperatorPlacementHops),
     any(kOperatorRecoverySeconds),
     any(kOperatorDetectionSeconds),
+    any(kOperatorJobSeconds),
     any(kWorkqueueDepth),
     any(kWorkqueueAddsTotal),
     any(kWorkqueueRetriesTotal),

@@ -14,6 +14,7 @@
 #include "common/tls/job_identity.h"
 #include "common/wellknown.h"
 #include "operator/controller/failure_policy.h"
+#include "operator/controller/goodput.h"
 #include "operator/controller/initializer.h"
 #include "operator/controller/job_service.h"
 #include "operator/controller/job_storage.h"
@@ -83,6 +84,9 @@ Controller::Controller(kube::Client& client, metrics::Registry& registry, Contro
           metrics::names::kOperatorDetectionSeconds,
           "From a symptom's onset to the restart request that reported it (monitor requests), by symptom.",
           metrics::exponential_buckets(0.5, 2, 12))),
+      job_seconds_(registry.gauge(metrics::names::kOperatorJobSeconds,
+                                  "A job's wall time since its creation by where it went (status.goodput): training "
+                                  "kept, or the cause it was lost to; as of the job's last status write.")),
       wq_depth_(registry.gauge(metrics::names::kWorkqueueDepth, "Current depth of the work queue.")),
       wq_adds_(registry.counter(metrics::names::kWorkqueueAddsTotal, "Adds handled by the work queue.")),
       wq_retries_(
@@ -382,9 +386,12 @@ void Controller::forget_job(const std::string& key) {
   }
   if (rdzv) rdzv->close_job(key);
   // The job is gone: its per-job series would otherwise stay in /metrics (and in memory) for the operator's life.
-  if (auto slash = key.find('/'); slash != std::string::npos)
-    restarts_.remove_matching(
-        {{metrics::kNamespaceLabel, key.substr(0, slash)}, {metrics::kTrainingJobLabel, key.substr(slash + 1)}});
+  if (auto slash = key.find('/'); slash != std::string::npos) {
+    const metrics::Labels of_job = {{metrics::kNamespaceLabel, key.substr(0, slash)},
+                                    {metrics::kTrainingJobLabel, key.substr(slash + 1)}};
+    restarts_.remove_matching(of_job);
+    job_seconds_.remove_matching(of_job);
+  }
 }
 
 std::string Controller::ensure_token(const Json& job) {
@@ -612,7 +619,28 @@ Json Controller::write_status(const Json& job, const Json& status) {
   Json obj = job;
   obj["status"] = status;
   stamp_conditions(obj["status"]);
+  account_goodput(obj);
   return client_.update_status(kube::resources::trainingjobs, kube::namespace_of(job), obj);
+}
+
+void Controller::account_goodput(Json& obj) {
+  const auto now = std::chrono::system_clock::now();
+  auto created = now;
+  try {
+    created = kube::parse_rfc3339(obj["metadata"].value("creationTimestamp", ""));
+  } catch (const std::exception&) {
+    // A job object without its creation time (not one the API server returned): the ledger starts now.
+  }
+  Json& status = obj["status"];
+  status["goodput"] = goodput::account(status.value("goodput", Json()), status, created, now);
+  const Json& ledger = status["goodput"];
+  const metrics::Labels job_labels = {{metrics::kNamespaceLabel, kube::namespace_of(obj)},
+                                      {metrics::kTrainingJobLabel, kube::name_of(obj)}};
+  for (const auto& cause : goodput::kCauses) {
+    metrics::Labels l = job_labels;
+    l["cause"] = std::string(cause.name);
+    job_seconds_.add(l).set(ledger["seconds"].value(std::string(cause.name), 0.0));
+  }
 }
 
 void Controller::emit(const Json& job, const std::vector<PendingEvent>& events) {

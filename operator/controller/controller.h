@@ -146,7 +146,9 @@ class Controller {
   // A claim whose class binds WaitForFirstConsumer gets the node of the gang's first placed pod (what kube-scheduler
   // does for the pods it binds), so that its provisioner makes the volume where the pods run.
   void select_storage_node(const Json& job, const Json& claim, const std::map<int, std::string>& placed);
+  // The one way status is written: conditions stamped, the goodput ledger brought up to now (goodput.h), then PUT.
   Json write_status(const Json& job, const Json& status);
+  void account_goodput(Json& obj);
   std::chrono::milliseconds finish(const Json& job, const JobSpec& spec, Json& status, const Json& orig,
                                    std::vector<PendingEvent>& events, const std::vector<PodPtr>& pods);
   // A Succeeded or Failed job: clean up and expire it, report what was asked of it since, change nothing else.
@@ -188,6 +190,7 @@ class Controller {
   metrics::Family<metrics::Histogram>& placement_seconds_;
   metrics::Family<metrics::Histogram>& recovery_seconds_;
   metrics::Family<metrics::Histogram>& detection_seconds_;
+  metrics::Family<metrics::Gauge>& job_seconds_;  // the goodput ledger, by cause
   metrics::Family<metrics::Gauge>& wq_depth_;
   metrics::Family<metrics::Counter>& wq_adds_;
   metrics::Family<metrics::Counter>& wq_retries_;

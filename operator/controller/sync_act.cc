@@ -50,6 +50,8 @@ void Controller::start_generation(Sync& s) {
   if (restarted_now || replaced_now || status["generation"] != orig.value("generation", Json(0))) {
     Json written = write_status(job, status);
     job["metadata"]["resourceVersion"] = written["metadata"]["resourceVersion"];
+    if (written.contains("status") && written["status"].contains("goodput"))
+      status["goodput"] = written["status"]["goodput"];  // brought up to now by the write
     orig = status;  // what we just wrote is the baseline for the final comparison
   }
   if (!restart_request.empty())

@@ -367,6 +367,9 @@ std::optional<std::chrono::milliseconds> Controller::restart_or_fail(Sync& s) {
     if (t->rank >= 0) last["rank"] = t->rank;
     // What recovery is measured against (see the progress block below): the step the job had reached.
     last["stepAtRestart"] = status.value("step", Json(0));
+    // Where the failed generation last made progress: the goodput ledger charges the time since to detection.
+    if (s.progress && s.progress->generation == gen && s.progress->last_step_at.time_since_epoch().count() > 0)
+      last["lastProgressTime"] = kube::format_rfc3339_micro(s.progress->last_step_at);
     if (t->reason == "RestartRequested" && !restart_request.empty()) {
       // The monitor's request carries the symptom, its onset and when it was requested: time to detect.
       if (const std::optional<RestartRequest> r = parse_restart_request(restart_request)) {

@@ -10,6 +10,7 @@
 #include "common/wellknown.h"
 #include "operator/controller/controller.h"
 #include "operator/controller/failure_policy.h"
+#include "operator/controller/goodput.h"
 #include "operator/controller/lifecycle.h"
 #include "operator/scheduler/nccl_env.h"
 #include "operator/controller/plan_glue.h"
@@ -276,8 +277,14 @@ void Controller::write_observed_status(Sync& s) {
     status["tokensPerSecond"] = progress->tokens_per_second;
     status["progress"] = progress_text(progress->step, spec.steps);
   }
-  // The rendezvous service has no callback for a completed world or progress: poll it while the job runs.
-  if (agent && rdzv) keep_min(world_up ? milliseconds(5000) : milliseconds(500));
+  // The rendezvous service has no callback for a completed world or progress: poll it while the job runs; each
+  // second while the world waits for its first step or retrains lost steps, so the goodput ledger (goodput.h) sees
+  // those end within a second.
+  if (agent && rdzv) {
+    const std::string ledger_state = goodput::state_of(status);
+    const bool short_state = ledger_state == "rendezvousAndInit" || ledger_state == "recomputing";
+    keep_min(!world_up ? milliseconds(500) : short_state ? milliseconds(1000) : milliseconds(5000));
+  }
   if (status_differs(orig, status)) write_status(job, status);
   emit(job, events);
 }

@@ -113,6 +113,9 @@ struct Job {
   // The first step any rank of this generation reported, and when it arrived: where recovery ends.
   int64_t first_step = 0;
   std::chrono::system_clock::time_point first_step_at{};
+  // The highest step any rank reported, and when it arrived: where a failed generation last made progress.
+  int64_t last_step = 0;
+  std::chrono::system_clock::time_point last_step_at{};
   bool timeout_reported = false;
 
   int world() const { return static_cast<int>(spec.pods.size()) * spec.procs_per_pod; }
@@ -525,6 +528,10 @@ struct RendezvousService::Impl {
       job->first_step = req.step;
       job->first_step_at = std::chrono::system_clock::now();
     }
+    if (req.step > job->last_step) {
+      job->last_step = req.step;
+      job->last_step_at = std::chrono::system_clock::now();
+    }
     return {200, {{"status", st::kRecorded}, {"generation", job->spec.generation}}};
   }
 
@@ -739,6 +746,7 @@ std::optional<RendezvousService::Progress> RendezvousService::progress(const std
   }
   p.first_step = j.first_step;
   p.first_step_at = j.first_step_at;
+  p.last_step_at = j.last_step_at;
   return p;
 }
 

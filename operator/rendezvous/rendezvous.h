@@ -120,6 +120,7 @@ class RendezvousService {
     std::vector<std::string> missing;  // pods that have not joined yet
     int64_t first_step = 0;            // the first step any rank reported in this generation (0: none yet)
     std::chrono::system_clock::time_point first_step_at{};  // when it arrived
+    std::chrono::system_clock::time_point last_step_at{};   // when the highest step so far arrived (epoch: none)
   };
   std::optional<Progress> progress(const std::string& job_key) const;
 

@@ -82,6 +82,25 @@ check "a status that is not a TrainingJob" refuses "pod.json: kind is 'Pod', exp
 check "a missing checkpoint directory" refuses 'nope: not a directory' --log run.jsonl --checkpoints nope
 check "no page written for refused input" test ! -e bad.html
 
+# --status with a goodput ledger (status.goodput, as the operator writes it): a table on the page and the same lines
+# on stdout, in common/goodput.h's order, causes without time left out, shares of the summed wall time.
+cat >tj.json <<'EOF'
+{"kind": "TrainingJob", "metadata": {"namespace": "team-a", "name": "tiny"},
+ "status": {"phase": "Succeeded", "restarts": 1,
+  "goodput": {"wallSeconds": 40, "since": "2026-12-06T10:00:40.000000Z", "state": "", "ratio": 0.7,
+   "seconds": {"training": 28, "recomputing": 2, "detection": 1, "scheduling": 6, "waitingForCapacity": 0,
+               "rendezvousAndInit": 3, "initializing": 0, "suspended": 0, "invalid": 0}}}}
+EOF
+"$bin/railyard" report --log run.jsonl --status tj.json --output ledger.html >ledger.out || fail "report --status failed"
+check "the ledger's lines on stdout: wall, then training 70 %, detection 2.5 %" bash -c \
+  "grep -q 'where the time went (status.goodput, as of 2026-12-06T10:00:40.000000Z): 40.0 s' ledger.out &&
+   grep -Eq '^  training +28.0 s  70.0 %' ledger.out && grep -Eq '^  detection +1.0 s   2.5 %' ledger.out"
+check "causes in order, none without time" test "$(awk '/^  /{print $1}' ledger.out | tr '\n' ' ')" = \
+  "training recomputing detection scheduling rendezvousAndInit "
+check "the page has the ledger table" bash -c "grep -q 'id=\"goodput\"' ledger.html &&
+   grep -q '<td>recomputing</td><td>2.0</td><td>5.0 %</td>' ledger.html"
+check "no ledger, no lines" bash -c "! grep -q 'where the time went' report.out"
+
 # --- headless Chromium ---------------------------------------------------------------------------------------------
 browser=$(command -v chromium || command -v chromium-browser || true)
 if [ -z "$browser" ]; then

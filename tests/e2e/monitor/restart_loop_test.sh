@@ -163,6 +163,35 @@ PY
   fail "railyard_operator_recovery_seconds_sum != status.lastRestart.recoverySeconds: $(grep recovery_seconds_sum <<<"$op_text")"
 grep -q '^railyard_operator_detection_seconds_count{symptom="Hang"} 1' <<<"$op_text" ||
   fail "railyard_operator_detection_seconds has no Hang observation: $(grep detection_seconds_count <<<"$op_text")"
+# The goodput ledger (status.goodput, docs/observability.md "Where a job's time went"): stopped at Succeeded; its causes
+# add up to its wall time, which is the job's life (creation to the Succeeded write); the hang's time from the last
+# step to the restart decision is detection (about the monitor's detectSeconds, plus the request's way to the
+# operator), two worlds' start-up is scheduling and rendezvousAndInit, the rest trained; the operator's gauge says the
+# same.
+python3 - "$(kubectl get tj "$job" -n "$ns" -o json)" "$op_text" <<'PY' || fail "status.goodput: $(jp '{.status.goodput}')"
+import json, sys, re
+from datetime import datetime, timezone
+tj, metrics = json.loads(sys.argv[1]), sys.argv[2]
+g, last = tj["status"]["goodput"], tj["status"]["lastRestart"]
+secs = g["seconds"]
+def t(s): return datetime.strptime(s.replace("Z", "+00:00"), "%Y-%m-%dT%H:%M:%S.%f%z" if "." in s else "%Y-%m-%dT%H:%M:%S%z")
+life = (t(g["since"]) - t(tj["metadata"]["creationTimestamp"])).total_seconds()
+print("goodput ledger:", json.dumps(g))
+problems = []
+if g["state"] != "": problems.append("state %r after Succeeded" % g["state"])
+if abs(sum(secs.values()) - g["wallSeconds"]) > 0.01: problems.append("causes sum to %.3f, wall %.3f" % (sum(secs.values()), g["wallSeconds"]))
+if not (life - 0.1 <= g["wallSeconds"] <= life + 1.1): problems.append("wall %.3f, life %.3f" % (g["wallSeconds"], life))
+if not (last["detectSeconds"] - 1.5 <= secs["detection"] <= last["detectSeconds"] + 10):
+    problems.append("detection %.3f vs the monitor's detectSeconds %.1f" % (secs["detection"], last["detectSeconds"]))
+for c in ("training", "scheduling", "rendezvousAndInit"):
+    if secs[c] <= 0: problems.append(c + " is 0")
+if not (0 < g["ratio"] < 1): problems.append("ratio %r" % g["ratio"])
+for c, v in secs.items():
+    m = re.search(r'^railyard_operator_job_seconds\{[^}]*cause="%s"[^}]*trainingjob="%s"[^}]*\} (\S+)$' % (c, tj["metadata"]["name"]), metrics, re.M)
+    if not m or abs(float(m.group(1)) - v) > 0.01: problems.append("gauge for %s: %s, status %.3f" % (c, m and m.group(1), v))
+for p in problems: print("  " + p, file=sys.stderr)
+sys.exit(1 if problems else 0)
+PY
 detect=$(python3 -c "print(f'{$t_detect - $t_freeze:.1f}')")
 recover=$(python3 -c "print(f'{$t_recover - $t_detect:.1f}')")
 annotated=$(python3 -c "import json,sys; from datetime import datetime as d; r=json.loads(sys.argv[1]); f='%Y-%m-%dT%H:%M:%SZ'; \

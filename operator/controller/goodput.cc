@@ -1,0 +1,146 @@
+#include "operator/controller/goodput.h"
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+
+#include "common/kube/client.h"
+#include "operator/controller/status.h"
+
+namespace railyard::op::goodput {
+
+namespace {
+
+std::optional<TimePoint> time_at(const Json& obj, const char* field) {
+  if (!obj.is_object() || !obj.contains(field) || !obj[field].is_string()) return std::nullopt;
+  try {
+    return kube::parse_rfc3339(obj[field].get<std::string>());
+  } catch (const std::exception&) {
+    return std::nullopt;  // not a time (a hand-edited status): nothing to measure from
+  }
+}
+
+int64_t int_of(const Json& obj, const char* field, int64_t fallback = 0) {
+  if (!obj.is_object() || !obj.contains(field) || !obj[field].is_number_integer()) return fallback;
+  return obj[field].get<int64_t>();
+}
+
+double number_of(const Json& obj, const char* field) {
+  if (!obj.is_object() || !obj.contains(field) || !obj[field].is_number()) return 0;
+  const double v = obj[field].get<double>();
+  return std::isfinite(v) && v > 0 ? v : 0;
+}
+
+std::string string_of(const Json& obj, const char* field) {
+  if (!obj.is_object() || !obj.contains(field) || !obj[field].is_string()) return "";
+  return obj[field].get<std::string>();
+}
+
+bool is_cause(std::string_view s) {
+  return std::any_of(kCauses.begin(), kCauses.end(), [s](const auto& c) { return c.name == s; });
+}
+
+// Milliseconds are as fine as a ledger of reconciles can be, and keep the JSON short.
+double ms(double secs) { return std::round(secs * 1000) / 1000; }
+
+double seconds_between(TimePoint from, TimePoint to) {
+  return std::max(0.0, std::chrono::duration<double>(to - from).count());  // a clock that stepped back adds nothing
+}
+
+}  // namespace
+
+std::string state_of(const Json& status) {
+  const std::string phase = string_of(status, "phase");
+  if (phase == "Succeeded" || phase == "Failed") return "";
+  if (phase == "Suspended") return "suspended";
+  if (phase == "Invalid") return "invalid";
+  if (status.contains("initializer") && status["initializer"].is_object() &&
+      string_of(status["initializer"], "phase") == "Running")
+    return "initializing";
+  // Restarting or Resizing: a generation is forming (both turn False as it forms; Running may still read True in the
+  // write that records the decision).
+  if (condition_true(status, "Running") && !condition_true(status, "Restarting") &&
+      !condition_true(status, "Resizing")) {
+    // Running: every pod joined the current generation. status.step is that generation's (the rendezvous service
+    // keeps progress per generation), so 0 means its first step has not come yet.
+    const int64_t step = int_of(status, "step");
+    if (step <= 0) return "rendezvousAndInit";
+    const Json last = status.contains("lastRestart") ? status["lastRestart"] : Json();
+    if (int_of(last, "generation", -1) == int_of(status, "generation") && step <= int_of(last, "stepAtRestart"))
+      return "recomputing";
+    return "training";
+  }
+  if (const auto sched = find_condition(status, "Scheduled");
+      sched && string_of(*sched, "status") == "False" && string_of(*sched, "reason") == "Unschedulable")
+    return "waitingForCapacity";
+  return "scheduling";
+}
+
+Json account(const Json& previous, const Json& status, TimePoint created, TimePoint now) {
+  Json l = previous;
+  if (!l.is_object() || !l.contains("since")) {
+    // A job that never had a generation is new: its ledger starts at its creation. One that ran before the ledger
+    // existed (an operator upgraded under it) starts now, with no restart owed.
+    const bool fresh = int_of(status, "generation") == 0;
+    l = {{"since", kube::format_rfc3339_micro(fresh ? std::min(created, now) : now)},
+         {"state", state_of(status)},
+         {"restarts", int_of(status, "restarts")},
+         {"generation", int_of(status, "generation")},
+         {"generationTraining", 0}};
+  }
+  if (string_of(l, "state").empty() && l.contains("seconds")) return l;  // finished: the ledger stays as it was
+  Json seconds = Json::object();
+  const Json before = l.contains("seconds") ? l["seconds"] : Json();
+  for (const auto& c : kCauses) seconds[std::string(c.name)] = number_of(before, std::string(c.name).c_str());
+
+  // The time since the last write went to the state that write recorded.
+  const TimePoint since = time_at(l, "since").value_or(now);
+  const double elapsed = seconds_between(since, now);
+  const std::string state = string_of(l, "state");
+  if (is_cause(state)) seconds[state] = seconds[state].get<double>() + elapsed;
+  double gen_training = number_of(l, "generationTraining");
+  if (state == "training" || state == "recomputing") gen_training += elapsed;
+
+  // A restart decided since: the failed generation trained nothing after its last reported step; that time, up to
+  // the restart decision (now: the decision is written first), went to noticing the fault.
+  const int64_t restarts = int_of(status, "restarts");
+  if (restarts > int_of(l, "restarts")) {
+    const Json last = status.contains("lastRestart") ? status["lastRestart"] : Json();
+    if (const auto progress_at = time_at(last, "lastProgressTime")) {
+      double owed = std::min(seconds_between(*progress_at, now), gen_training);
+      for (const char* from : {"training", "recomputing"}) {
+        const double take = std::min(owed, seconds[from].get<double>());
+        seconds[from] = seconds[from].get<double>() - take;
+        seconds["detection"] = seconds["detection"].get<double>() + take;
+        owed -= take;
+      }
+    }
+  }
+  if (int_of(status, "generation") != int_of(l, "generation")) gen_training = 0;
+
+  double wall = 0, lost_to_suspend = number_of(seconds, "suspended");
+  for (auto& [cause, v] : seconds.items()) {
+    v = ms(v.get<double>());
+    wall += v.get<double>();
+  }
+  const double active = wall - lost_to_suspend;
+  Json out = {{"wallSeconds", ms(wall)},
+              {"seconds", seconds},
+              {"state", state_of(status)},
+              {"since", kube::format_rfc3339_micro(std::max(since, now))},
+              {"restarts", restarts},
+              {"generation", int_of(status, "generation")},
+              {"generationTraining", ms(gen_training)}};
+  if (active > 0) out["ratio"] = std::round(number_of(seconds, "training") / active * 1e4) / 1e4;
+  return out;
+}
+
+double seconds_until(const Json& ledger, std::string_view cause, TimePoint now) {
+  if (!ledger.is_object()) return 0;
+  double v = number_of(ledger.contains("seconds") ? ledger["seconds"] : Json(), std::string(cause).c_str());
+  if (string_of(ledger, "state") == cause)
+    if (const auto since = time_at(ledger, "since")) v += seconds_between(*since, now);
+  return v;
+}
+
+}  // namespace railyard::op::goodput

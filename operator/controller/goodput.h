@@ -1,0 +1,38 @@
+// The goodput ledger (status.goodput; docs/observability.md "Where a job's time went"): the job's wall time since its
+// creation, split into time training kept and time lost by cause. Kept in status, so it survives an operator restart
+// and needs nothing in memory: every status write (Controller::write_status) adds the time since the ledger's `since`
+// to the state the previous write recorded, then records the state the new status shows. A state change always
+// changes status (phase, a condition, the step), so the ledger costs no write of its own.
+//
+// Pure: the status JSON in, the ledger JSON out, time passed in; unit-tested in tests/unit/operator/goodput_test.cc.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <string_view>
+
+#include "common/goodput.h"
+#include "operator/api.h"
+
+namespace railyard::op::goodput {
+
+using TimePoint = std::chrono::system_clock::time_point;
+
+// The causes: common/goodput.h (status.goodput.seconds keys, shared with `railyard report`).
+using railyard::goodput::kCauses;
+
+// Where the time from now on goes, read from the status about to be written; "" once the job has finished (the
+// ledger stops).
+std::string state_of(const Json& status);
+
+// The ledger after a status write at `now`: `previous` is the status.goodput the job had (null or not an object: a
+// new ledger, started at `created` when the job has never had a generation, else at `now`), `status` the status being
+// written. A restart the ledger has not seen yet (status.restarts above its count) charges the time from the failed
+// generation's last reported step (status.lastRestart.lastProgressTime) to `now` to detection, taken from that
+// generation's training. A finished ledger is returned as it was.
+Json account(const Json& previous, const Json& status, TimePoint created, TimePoint now);
+
+// The seconds of `cause` up to `now`: the ledger's, plus now - since when the ledger's state is `cause`.
+double seconds_until(const Json& ledger, std::string_view cause, TimePoint now);
+
+}  // namespace railyard::op::goodput
