@@ -559,7 +559,8 @@ void write_segments(std::ostream& o, const RunLog& main_log) {
 void write_status_tables(std::ostream& o, const nlohmann::json& st) {
   double wall = 0;
   if (const std::vector<TimeRow> rows = time_rows(st, &wall); !rows.empty()) {
-    o << "<p>Where the time went (status.goodput): " << fmt("%.1f", wall) << " s since the job's creation</p>"
+    o << "<p>Where the time went (status.goodput): " << fmt("%.1f", wall)
+      << " s since the job's creation</p>"
          "<table id=\"goodput\"><tr><th>cause</th><th>seconds</th><th>share</th><th>what</th></tr>\n";
     for (const TimeRow& r : rows)
       o << "<tr><td>" << esc(r.cause) << "</td><td>" << fmt("%.1f", r.seconds) << "</td><td>"
@@ -614,8 +615,7 @@ void write_checkpoints(std::ostream& o, const Inputs& in) {
 
 std::vector<TimeRow> time_rows(const nlohmann::json& training_job, double* wall_seconds) {
   std::vector<TimeRow> rows;
-  if (!training_job.is_object() || !training_job.contains("status") || !training_job["status"].is_object())
-    return rows;
+  if (!training_job.is_object() || !training_job.contains("status") || !training_job["status"].is_object()) return rows;
   const nlohmann::json& s = training_job["status"];
   if (!s.contains("goodput") || !s["goodput"].is_object() || !s["goodput"].contains("seconds") ||
       !s["goodput"]["seconds"].is_object())

@@ -632,8 +632,12 @@ void Controller::account_goodput(Json& obj) {
     // A job object without its creation time (not one the API server returned): the ledger starts now.
   }
   Json& status = obj["status"];
-  status["goodput"] = goodput::account(status.value("goodput", Json()), status, created, now);
-  const Json& ledger = status["goodput"];
+  Json ledger = goodput::account(status.contains("goodput") ? status["goodput"] : Json(), status, created, now);
+  if (ledger.is_null()) {
+    status.erase("goodput");
+    return;
+  }
+  status["goodput"] = ledger;
   const metrics::Labels job_labels = {{metrics::kNamespaceLabel, kube::namespace_of(obj)},
                                       {metrics::kTrainingJobLabel, kube::name_of(obj)}};
   for (const auto& cause : goodput::kCauses) {

@@ -51,7 +51,7 @@ double seconds_between(TimePoint from, TimePoint to) {
 
 std::string state_of(const Json& status) {
   const std::string phase = string_of(status, "phase");
-  if (phase == "Succeeded" || phase == "Failed") return "";
+  if (phase == "Succeeded" || phase == "Failed") return kEnded;
   if (phase == "Suspended") return "suspended";
   if (phase == "Invalid") return "invalid";
   if (status.contains("initializer") && status["initializer"].is_object() &&
@@ -79,16 +79,18 @@ std::string state_of(const Json& status) {
 Json account(const Json& previous, const Json& status, TimePoint created, TimePoint now) {
   Json l = previous;
   if (!l.is_object() || !l.contains("since")) {
-    // A job that never had a generation is new: its ledger starts at its creation. One that ran before the ledger
-    // existed (an operator upgraded under it) starts now, with no restart owed.
-    const bool fresh = int_of(status, "generation") == 0;
+    // A job that had ended before the operator kept ledgers gets none: its time is not known.
+    if (state_of(status) == kEnded) return Json();
+    // A job in its first generation starts its ledger at its creation (its first status write already carries
+    // generation 1). One further on when the ledger began (an operator upgraded under it) starts now, no restart owed.
+    const bool fresh = int_of(status, "generation") <= 1 && int_of(status, "restarts") == 0;
     l = {{"since", kube::format_rfc3339_micro(fresh ? std::min(created, now) : now)},
          {"state", state_of(status)},
          {"restarts", int_of(status, "restarts")},
          {"generation", int_of(status, "generation")},
          {"generationTraining", 0}};
   }
-  if (string_of(l, "state").empty() && l.contains("seconds")) return l;  // finished: the ledger stays as it was
+  if (string_of(l, "state") == kEnded && l.contains("seconds")) return l;  // the ledger stays as it was
   Json seconds = Json::object();
   const Json before = l.contains("seconds") ? l["seconds"] : Json();
   for (const auto& c : kCauses) seconds[std::string(c.name)] = number_of(before, std::string(c.name).c_str());

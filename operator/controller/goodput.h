@@ -21,15 +21,19 @@ using TimePoint = std::chrono::system_clock::time_point;
 // The causes: common/goodput.h (status.goodput.seconds keys, shared with `railyard report`).
 using railyard::goodput::kCauses;
 
-// Where the time from now on goes, read from the status about to be written; "" once the job has finished (the
-// ledger stops).
+// The ledger's state once the job has ended (Succeeded or Failed): it stops. Not "": the API server (1.20) takes an
+// empty string in a custom resource's status for null and refuses it.
+inline constexpr const char* kEnded = "ended";
+
+// Where the time from now on goes, read from the status about to be written: one of kCauses, or kEnded.
 std::string state_of(const Json& status);
 
 // The ledger after a status write at `now`: `previous` is the status.goodput the job had (null or not an object: a
-// new ledger, started at `created` when the job has never had a generation, else at `now`), `status` the status being
-// written. A restart the ledger has not seen yet (status.restarts above its count) charges the time from the failed
-// generation's last reported step (status.lastRestart.lastProgressTime) to `now` to detection, taken from that
-// generation's training. A finished ledger is returned as it was.
+// new ledger, started at `created` while the job is in its first generation with no restart, else at `now`), `status`
+// the status being written. A restart the ledger has not seen yet (status.restarts above its count) charges the time
+// from the failed generation's last reported step (status.lastRestart.lastProgressTime) to `now` to detection, taken
+// from that generation's training. A finished ledger is returned as it was; a job that ended without one gets none
+// (null).
 Json account(const Json& previous, const Json& status, TimePoint created, TimePoint now);
 
 // The seconds of `cause` up to `now`: the ledger's, plus now - since when the ledger's state is `cause`.

@@ -52,7 +52,7 @@ void Controller::start_generation(Sync& s) {
     job["metadata"]["resourceVersion"] = written["metadata"]["resourceVersion"];
     if (written.contains("status") && written["status"].contains("goodput"))
       status["goodput"] = written["status"]["goodput"];  // brought up to now by the write
-    orig = status;  // what we just wrote is the baseline for the final comparison
+    orig = status;                                       // what we just wrote is the baseline for the final comparison
   }
   if (!restart_request.empty())
     client_.patch(kube::resources::trainingjobs, ns, name,

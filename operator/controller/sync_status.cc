@@ -12,13 +12,13 @@
 #include "operator/controller/failure_policy.h"
 #include "operator/controller/goodput.h"
 #include "operator/controller/lifecycle.h"
-#include "operator/scheduler/nccl_env.h"
 #include "operator/controller/plan_glue.h"
 #include "operator/controller/pod_builder.h"
 #include "operator/controller/pod_state.h"
 #include "operator/controller/slow_start.h"
 #include "operator/controller/status.h"
 #include "operator/controller/sync.h"
+#include "operator/scheduler/nccl_env.h"
 
 namespace railyard::op {
 

@@ -98,8 +98,8 @@ class RendezvousService {
   // node whose kubelet died, a partitioned pod): fenced for good, even if a stale cache names it again. Its join is
   // refused with "fenced" and it is told to stop; its status poll says "fenced"; its exits and progress are stale. A
   // UID the service has not been told of yet (a replacement created a moment ago, even while the name's holder is still
-  // the pod it replaces) is asked to retry. A joined pod of a forming generation whose UID no longer holds its name leaves the world.
-  // Replaces what was told before, across generations.
+  // the pod it replaces) is asked to retry. A joined pod of a forming generation whose UID no longer holds its name
+  // leaves the world. Replaces what was told before, across generations.
   void set_pod_uids(const std::string& job_key, std::map<std::string, std::string> uids);
   // Forgets the job; agents then see status "closed" and stop. Their requests keep being authenticated.
   void close_job(const std::string& job_key);

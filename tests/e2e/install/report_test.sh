@@ -87,7 +87,7 @@ check "no page written for refused input" test ! -e bad.html
 cat >tj.json <<'EOF'
 {"kind": "TrainingJob", "metadata": {"namespace": "team-a", "name": "tiny"},
  "status": {"phase": "Succeeded", "restarts": 1,
-  "goodput": {"wallSeconds": 40, "since": "2026-12-06T10:00:40.000000Z", "state": "", "ratio": 0.7,
+  "goodput": {"wallSeconds": 40, "since": "2026-12-06T10:00:40.000000Z", "state": "ended", "ratio": 0.7,
    "seconds": {"training": 28, "recomputing": 2, "detection": 1, "scheduling": 6, "waitingForCapacity": 0,
                "rendezvousAndInit": 3, "initializing": 0, "suspended": 0, "invalid": 0}}}}
 EOF

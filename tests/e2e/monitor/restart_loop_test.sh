@@ -178,7 +178,7 @@ def t(s): return datetime.strptime(s.replace("Z", "+00:00"), "%Y-%m-%dT%H:%M:%S.
 life = (t(g["since"]) - t(tj["metadata"]["creationTimestamp"])).total_seconds()
 print("goodput ledger:", json.dumps(g))
 problems = []
-if g["state"] != "": problems.append("state %r after Succeeded" % g["state"])
+if g["state"] != "ended": problems.append("state %r after Succeeded" % g["state"])
 if abs(sum(secs.values()) - g["wallSeconds"]) > 0.01: problems.append("causes sum to %.3f, wall %.3f" % (sum(secs.values()), g["wallSeconds"]))
 if not (life - 0.1 <= g["wallSeconds"] <= life + 1.1): problems.append("wall %.3f, life %.3f" % (g["wallSeconds"], life))
 if not (last["detectSeconds"] - 1.5 <= secs["detection"] <= last["detectSeconds"] + 10):

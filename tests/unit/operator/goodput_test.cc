@@ -33,9 +33,9 @@ TEST_CASE("state_of: phase, initializer, capacity, the world, its first step, re
   Json s = Json::object();
   CHECK(goodput::state_of(s) == "scheduling");
   s["phase"] = "Succeeded";
-  CHECK(goodput::state_of(s) == "");
+  CHECK(goodput::state_of(s) == "ended");
   s["phase"] = "Failed";
-  CHECK(goodput::state_of(s) == "");
+  CHECK(goodput::state_of(s) == "ended");
   s["phase"] = "Suspended";
   CHECK(goodput::state_of(s) == "suspended");
   s["phase"] = "Invalid";
@@ -118,7 +118,7 @@ TEST_CASE(
   j.condition("Running", false);
   j.write(40.0);
   CHECK(j.secs("training") == doctest::Approx(28.0));
-  CHECK(j.status["goodput"]["state"] == "");
+  CHECK(j.status["goodput"]["state"] == "ended");
   // Ended: later writes (cleanPodPolicy, observedGeneration) leave the ledger as it was.
   const Json final_ledger = j.status["goodput"];
   j.write(500.0);
@@ -164,10 +164,15 @@ TEST_CASE("a ledger starts at creation for a new job, now for a job that ran bef
   Json fresh = Json::object();
   Json l = goodput::account(Json(), fresh, t0, at(3));
   CHECK(l["seconds"]["scheduling"] == doctest::Approx(3.0));
+  // The first write of a new job already carries generation 1 (start_generation writes it): still from creation.
+  l = goodput::account(Json(), Json{{"generation", 1}}, t0, at(0.6));
+  CHECK(l["seconds"]["scheduling"] == doctest::Approx(0.6));
   Json running = {{"generation", 4}, {"restarts", 2}, {"phase", "Running"}};
   l = goodput::account(Json(), running, t0, at(3));
   CHECK(l["wallSeconds"] == 0);
   CHECK(l["restarts"] == 2);  // no detection owed for restarts before the ledger
+  // A job that ended before the operator kept ledgers gets none.
+  CHECK(goodput::account(Json(), Json{{"phase", "Succeeded"}, {"generation", 3}}, t0, at(3)).is_null());
   // A hand-edited ledger: wrong types and unknown causes are ignored, a bad time starts from now.
   Json status = {{"goodput", {{"since", "yesterday"}, {"state", "coffee"}, {"seconds", {{"training", "x"}}}}}};
   l = goodput::account(status["goodput"], status, t0, at(3));
