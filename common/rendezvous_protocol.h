@@ -3,8 +3,10 @@
 // and throws ProtocolError naming the field, which the service turns into a 400.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -318,6 +320,9 @@ inline ExitReport parse_exit_report(const nlohmann::json& j) {
   return r;
 }
 
+// Upper bound of the optional seconds in a progress report (about 31 years): a bound, so that no sum overflows.
+inline constexpr double kMaxReportedSeconds = 1e9;
+
 struct ProgressReport {
   JobRef ref;
   int64_t generation = 0;
@@ -325,6 +330,10 @@ struct ProgressReport {
   int64_t step = 0;
   double loss = 0;
   double tokens_per_second = 0;
+  // Optional, cumulative for the rank's process: seconds its steps waited for synchronous checkpoint saves, and its
+  // checkpoint restore took (the operator's goodput ledger splits them out of training and start-up).
+  std::optional<double> checkpoint_stall_seconds{};
+  std::optional<double> restore_seconds{};
 };
 
 inline nlohmann::json to_json(const ProgressReport& r) {
@@ -334,6 +343,8 @@ inline nlohmann::json to_json(const ProgressReport& r) {
   j["step"] = r.step;
   j["loss"] = r.loss;
   j["tokens_per_second"] = r.tokens_per_second;
+  if (r.checkpoint_stall_seconds) j["checkpoint_stall_seconds"] = *r.checkpoint_stall_seconds;
+  if (r.restore_seconds) j["restore_seconds"] = *r.restore_seconds;
   return j;
 }
 
@@ -345,6 +356,14 @@ inline ProgressReport parse_progress_report(const nlohmann::json& j) {
   r.step = detail::get_int(j, "step", 0, INT64_MAX);
   r.loss = detail::get_number(j, "loss");
   r.tokens_per_second = detail::get_number(j, "tokens_per_second");
+  for (auto [name, field] : {std::pair{"checkpoint_stall_seconds", &r.checkpoint_stall_seconds},
+                             std::pair{"restore_seconds", &r.restore_seconds}}) {
+    if (!j.contains(name)) continue;
+    const double v = detail::get_number(j, name);
+    if (!std::isfinite(v) || v < 0 || v > kMaxReportedSeconds)
+      throw ProtocolError(std::string("field '") + name + "' must be seconds from 0 to 1e9");
+    *field = v;
+  }
   return r;
 }
 

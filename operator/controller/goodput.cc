@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <tuple>
+#include <vector>
 
 #include "common/kube/client.h"
 #include "operator/controller/status.h"
@@ -120,6 +122,27 @@ Json account(const Json& previous, const Json& status, TimePoint created, TimePo
   }
   if (int_of(status, "generation") != int_of(l, "generation")) gen_training = 0;
 
+  // The workers' own account of checkpoint stalls and the restore: what is new since the last charge moves out of
+  // training (recomputing) and rendezvousAndInit, never more than those hold.
+  const Json workers = l.contains("workers") ? l["workers"] : Json();
+  const Json charged_before = l.contains("charged") ? l["charged"] : Json();
+  const int64_t workers_gen = int_of(workers, "generation", -1);
+  const bool same_gen = int_of(charged_before, "generation", -2) == workers_gen;
+  Json charged = {{"generation", workers_gen}};
+  for (auto [key, to, froms] : {std::tuple{"checkpointStall", "checkpointStall", std::vector<const char*>{"training", "recomputing"}},
+                                std::tuple{"restore", "restore", std::vector<const char*>{"rendezvousAndInit"}}}) {
+    double done = same_gen ? number_of(charged_before, key) : 0;
+    double owed = std::max(0.0, number_of(workers, key) - done);
+    for (const char* from : froms) {
+      const double take = std::min(owed, seconds[from].get<double>());
+      seconds[from] = seconds[from].get<double>() - take;
+      seconds[to] = seconds[to].get<double>() + take;
+      owed -= take;
+      done += take;
+    }
+    charged[key] = done;
+  }
+
   double wall = 0, lost_to_suspend = number_of(seconds, "suspended");
   for (auto& [cause, v] : seconds.items()) {
     v = ms(v.get<double>());
@@ -133,8 +156,19 @@ Json account(const Json& previous, const Json& status, TimePoint created, TimePo
               {"restarts", restarts},
               {"generation", int_of(status, "generation")},
               {"generationTraining", ms(gen_training)}};
+  if (workers.is_object()) {
+    out["workers"] = workers;
+    out["charged"] = charged;
+  }
   if (active > 0) out["ratio"] = std::round(number_of(seconds, "training") / active * 1e4) / 1e4;
   return out;
+}
+
+void note_worker_times(Json& status, int64_t generation, double checkpoint_stall_s, double restore_s) {
+  if (!status.contains("goodput") || !status["goodput"].is_object()) return;
+  auto ok = [](double v) { return std::isfinite(v) && v > 0 ? ms(v) : 0.0; };
+  status["goodput"]["workers"] = {
+      {"generation", generation}, {"checkpointStall", ok(checkpoint_stall_s)}, {"restore", ok(restore_s)}};
 }
 
 double seconds_until(const Json& ledger, std::string_view cause, TimePoint now) {

@@ -36,6 +36,11 @@ std::string state_of(const Json& status);
 // (null).
 Json account(const Json& previous, const Json& status, TimePoint created, TimePoint now);
 
+// What the current generation's workers reported (RendezvousService::Progress: the most of any rank, cumulative for
+// its process): kept in the ledger by the status stage (`workers`), so that the next write moves what is new of it
+// out of training (checkpointStall) and rendezvousAndInit (restore). No-op before the job has a ledger.
+void note_worker_times(Json& status, int64_t generation, double checkpoint_stall_s, double restore_s);
+
 // The seconds of `cause` up to `now`: the ledger's, plus now - since when the ledger's state is `cause`.
 double seconds_until(const Json& ledger, std::string_view cause, TimePoint now);
 

@@ -271,6 +271,8 @@ void Controller::write_observed_status(Sync& s) {
       if (first_time) recovery_seconds_.add({{"reason", last.value("reason", "")}}).observe(std::max(0.0, secs));
     }
   }
+  if (progress && progress->generation == gen)
+    goodput::note_worker_times(status, gen, progress->checkpoint_stall_seconds, progress->restore_seconds);
   if (progress) {
     status["step"] = progress->step;
     status["loss"] = progress->loss;

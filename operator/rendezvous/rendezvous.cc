@@ -744,6 +744,10 @@ std::optional<RendezvousService::Progress> RendezvousService::progress(const std
     p.loss = r.loss;
     p.tokens_per_second = r.tokens_per_second;
   }
+  for (const auto& [rank, r] : j.progress) {
+    p.checkpoint_stall_seconds = std::max(p.checkpoint_stall_seconds, r.checkpoint_stall_seconds.value_or(0));
+    p.restore_seconds = std::max(p.restore_seconds, r.restore_seconds.value_or(0));
+  }
   p.first_step = j.first_step;
   p.first_step_at = j.first_step_at;
   p.last_step_at = j.last_step_at;

@@ -121,6 +121,10 @@ class RendezvousService {
     int64_t first_step = 0;            // the first step any rank reported in this generation (0: none yet)
     std::chrono::system_clock::time_point first_step_at{};  // when it arrived
     std::chrono::system_clock::time_point last_step_at{};   // when the highest step so far arrived (epoch: none)
+    // The most any rank of this generation reported (cumulative for its process): seconds its steps waited for
+    // synchronous checkpoint saves, and its checkpoint restore took. 0 when none reported them.
+    double checkpoint_stall_seconds = 0;
+    double restore_seconds = 0;
   };
   std::optional<Progress> progress(const std::string& job_key) const;
 

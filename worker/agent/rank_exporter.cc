@@ -7,6 +7,7 @@
 
 #include "common/error.h"
 #include "common/metrics/names.h"
+#include "common/rendezvous_protocol.h"
 
 namespace railyard::worker {
 
@@ -36,6 +37,15 @@ std::optional<ProgressRecord> parse_progress(const std::string& text) {
     r.tokens_per_second = j["tokens_per_second"].get<double>();
   if (j.contains("compute_seconds") && j["compute_seconds"].is_number() && j["compute_seconds"].get<double>() >= 0)
     r.compute_seconds = j["compute_seconds"].get<double>();
+  // Seconds a job's ledger can use: finite, not negative, below the protocol's bound (else left out, not fatal).
+  auto seconds = [&j](const char* key) -> std::optional<double> {
+    if (!j.contains(key) || !j[key].is_number()) return std::nullopt;
+    const double v = j[key].get<double>();
+    if (!std::isfinite(v) || v < 0 || v > rdzv::kMaxReportedSeconds) return std::nullopt;
+    return v;
+  };
+  r.checkpoint_stall_seconds = seconds("checkpoint_stall_seconds");
+  r.restore_seconds = seconds("restore_seconds");
   return r;
 }
 

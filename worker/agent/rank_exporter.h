@@ -28,6 +28,10 @@ struct ProgressRecord {
   double loss = 0;  // NaN/Inf when the program reported a non-finite loss (has_loss true)
   double tokens_per_second = 0;
   std::optional<double> compute_seconds;
+  // Cumulative seconds this process's steps waited for synchronous checkpoint saves, and its checkpoint restore took
+  // (the trainer writes both; optional for programs): forwarded to the rendezvous service for the goodput ledger.
+  std::optional<double> checkpoint_stall_seconds;
+  std::optional<double> restore_seconds;
 };
 
 // Parses the file's text; nullopt when it is not such a record (a torn or foreign file is skipped, not fatal).

@@ -166,6 +166,8 @@ void WorkerReports::forward_progress(std::vector<Worker>& workers) {
     rep.step = p->step;
     rep.loss = p->has_loss ? p->loss : 0.0;
     rep.tokens_per_second = p->tokens_per_second;
+    rep.checkpoint_stall_seconds = p->checkpoint_stall_seconds;
+    rep.restore_seconds = p->restore_seconds;
     try {
       client_.report_progress(rep);
       w.last_step = p->step;

@@ -458,6 +458,7 @@ std::optional<RestoreInfo> Checkpointer::restore() {
     info.bytes = r.bytes_read;
   }
   info.seconds = since(t0);
+  restore_seconds_ = info.seconds;
   if (metrics_) {
     metrics_->restore_seconds.set(info.seconds);
     metrics_->restore_bytes.set(static_cast<double>(info.bytes));
@@ -477,6 +478,10 @@ void Checkpointer::attach() {
   TrainerHooks h;
   h.before_update = [this] { join_copy(); };
   h.after_step = [this](const StepResult& r) { return after_step(r); };
+  h.progress_extras = [this](nlohmann::json& record) {
+    record["checkpoint_stall_seconds"] = stall_seconds_;
+    record["restore_seconds"] = restore_seconds_;
+  };
   trainer_.set_hooks(std::move(h));
 }
 

@@ -220,6 +220,7 @@ class Checkpointer {
   std::thread copy_;
   std::chrono::steady_clock::time_point copy_started_{};
   double stall_seconds_ = 0;
+  double restore_seconds_ = 0;  // the restore() of this process (0: none)
   std::atomic<int64_t> committed_step_{-1};
   int64_t last_snapshot_step_ = -1;
 

@@ -566,9 +566,9 @@ void Trainer::log_step(const StepResult& r) {
     // The agent forwards this file to the rendezvous service (docs/rendezvous.md); a failed write must not stop
     // training, so it is logged and dropped.
     try {
-      write_file_atomic(
-          cfg_.progress_file,
-          nlohmann::json{{"step", r.step + 1}, {"loss", r.loss}, {"tokens_per_second", r.tokens_per_second}}.dump());
+      nlohmann::json record = {{"step", r.step + 1}, {"loss", r.loss}, {"tokens_per_second", r.tokens_per_second}};
+      if (hooks_.progress_extras) hooks_.progress_extras(record);
+      write_file_atomic(cfg_.progress_file, record.dump());
     } catch (const std::exception& e) {
       log::warn("worker", "cannot write the progress file", {{"path", cfg_.progress_file}, {"error", e.what()}});
     }

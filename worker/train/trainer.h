@@ -65,6 +65,9 @@ class TrainMetrics;
 struct TrainerHooks {
   std::function<void()> before_update;
   std::function<std::optional<int>(const StepResult&)> after_step;
+  // Adds to each progress record (the agent forwards it to the rendezvous service): the checkpointer's cumulative
+  // checkpoint_stall_seconds and restore_seconds, which the operator's goodput ledger splits out.
+  std::function<void(nlohmann::json&)> progress_extras;
 };
 
 class Trainer {

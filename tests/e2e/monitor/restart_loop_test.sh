@@ -166,8 +166,8 @@ grep -q '^railyard_operator_detection_seconds_count{symptom="Hang"} 1' <<<"$op_t
 # The goodput ledger (status.goodput, docs/observability.md "Where a job's time went"): stopped at Succeeded; its causes
 # add up to its wall time, which is the job's life (creation to the Succeeded write); the hang's time from the last
 # step to the restart decision is detection (about the monitor's detectSeconds, plus the request's way to the
-# operator), two worlds' start-up is scheduling and rendezvousAndInit, the rest trained; the operator's gauge says the
-# same.
+# operator), two worlds' start-up is scheduling and rendezvousAndInit, the checkpoint restore the workers reported is
+# restore, the rest trained; the operator's gauge says the same.
 python3 - "$(kubectl get tj "$job" -n "$ns" -o json)" "$op_text" <<'PY' || fail "status.goodput: $(jp '{.status.goodput}')"
 import json, sys, re
 from datetime import datetime, timezone
@@ -183,8 +183,11 @@ if abs(sum(secs.values()) - g["wallSeconds"]) > 0.01: problems.append("causes su
 if not (life - 0.1 <= g["wallSeconds"] <= life + 1.1): problems.append("wall %.3f, life %.3f" % (g["wallSeconds"], life))
 if not (last["detectSeconds"] - 1.5 <= secs["detection"] <= last["detectSeconds"] + 10):
     problems.append("detection %.3f vs the monitor's detectSeconds %.1f" % (secs["detection"], last["detectSeconds"]))
-for c in ("training", "scheduling", "rendezvousAndInit"):
+# Generation 2 restored a checkpoint: its workers' restore time moved out of rendezvousAndInit.
+for c in ("training", "scheduling", "rendezvousAndInit", "restore"):
     if secs[c] <= 0: problems.append(c + " is 0")
+if g["workers"]["generation"] != 2 or g["charged"]["restore"] != g["workers"]["restore"]:
+    problems.append("workers/charged: %r / %r" % (g["workers"], g["charged"]))
 if not (0 < g["ratio"] < 1): problems.append("ratio %r" % g["ratio"])
 for c, v in secs.items():
     m = re.search(r'^railyard_operator_job_seconds\{[^}]*cause="%s"[^}]*trainingjob="%s"[^}]*\} (\S+)$' % (c, tj["metadata"]["name"]), metrics, re.M)

@@ -132,6 +132,48 @@ TEST_CASE(
   CHECK(goodput::seconds_until(j.status["goodput"], "training", at(900)) == doctest::Approx(28.0));
 }
 
+TEST_CASE("the workers' checkpoint stalls and restore move out of training and start-up, once each, per generation") {
+  Job j;
+  j.status["generation"] = 1;
+  j.condition("Running", true);
+  j.write(0.0);  // world formed: rendezvousAndInit
+  j.status["step"] = 1;
+  goodput::note_worker_times(j.status, 1, 0, 0.75);  // the first step's report: the restore took 0.75 s
+  j.write(2.0);
+  CHECK(j.secs("rendezvousAndInit") == doctest::Approx(1.25));
+  CHECK(j.secs("restore") == doctest::Approx(0.75));
+  j.status["step"] = 40;
+  goodput::note_worker_times(j.status, 1, 1.5, 0.75);  // a synchronous save stalled 1.5 s
+  j.write(10.0);
+  CHECK(j.secs("training") == doctest::Approx(6.5));
+  CHECK(j.secs("checkpointStall") == doctest::Approx(1.5));
+  j.status["step"] = 41;
+  j.write(11.0);  // nothing new reported: nothing moves again
+  CHECK(j.secs("checkpointStall") == doctest::Approx(1.5));
+  CHECK(j.secs("restore") == doctest::Approx(0.75));
+  // A new generation's workers report from 0 again; their restore is new.
+  j.status["restarts"] = 1;
+  j.status["generation"] = 2;
+  j.status["lastRestart"] = {{"generation", 2}};
+  j.condition("Restarting", true);
+  j.write(12.0);
+  j.condition("Restarting", false);
+  j.status["step"] = 0;
+  j.write(13.0);
+  j.status["step"] = 42;
+  goodput::note_worker_times(j.status, 2, 0, 0.5);
+  j.write(14.0);
+  CHECK(j.secs("restore") == doctest::Approx(1.25));
+  CHECK(j.secs("rendezvousAndInit") == doctest::Approx(1.75));
+  // A report larger than the time the ledger holds moves only that much (the rest waits for the next write).
+  goodput::note_worker_times(j.status, 2, 100, 0.5);
+  j.write(15.0);
+  CHECK(j.secs("training") == doctest::Approx(0.0));
+  double sum = 0;
+  for (auto& [cause, v] : j.status["goodput"]["seconds"].items()) sum += v.get<double>();
+  CHECK(sum == doctest::Approx(15.0));
+}
+
 TEST_CASE("detection never takes more than the failed generation trained; a fault during init charges nothing") {
   Job j;
   j.status["generation"] = 1;

@@ -422,6 +422,28 @@ TEST_CASE("exits are delivered once each, progress is aggregated, and the job re
   CHECK(p->loss == doctest::Approx(3.25));
   CHECK(p->tokens_per_second == doctest::Approx(2000));
   CHECK(p->world_complete);
+  CHECK(p->last_step_at.time_since_epoch().count() > 0);
+  // Checkpoint stalls and the restore (optional, cumulative per process): the most of any rank, for the ledger.
+  CHECK(p->checkpoint_stall_seconds == 0);
+  rdzv::ProgressReport timed{{"ns1", "job1", "p1"}, 1, 1, 43, 3.4, 1000};
+  timed.checkpoint_stall_seconds = 1.5;
+  timed.restore_seconds = 0.25;
+  // Through the wire format, as the agent sends it.
+  CHECK(c.report_progress(rdzv::parse_progress_report(rdzv::to_json(timed))).outcome == Outcome::Recorded);
+  timed.ref.pod = "p0";
+  timed.local_rank = 0;
+  timed.checkpoint_stall_seconds = 0.5;
+  timed.restore_seconds = std::nullopt;
+  CHECK(c.report_progress(timed).outcome == Outcome::Recorded);
+  p = svc.progress("ns1/job1");
+  CHECK(p->checkpoint_stall_seconds == doctest::Approx(1.5));
+  CHECK(p->restore_seconds == doctest::Approx(0.25));
+  // Not seconds: refused naming the field.
+  nlohmann::json bad = rdzv::to_json(timed);
+  bad["restore_seconds"] = -1;
+  CHECK_THROWS_WITH_AS(rdzv::parse_progress_report(bad), doctest::Contains("restore_seconds"), rdzv::ProtocolError);
+  bad["restore_seconds"] = 2e9;
+  CHECK_THROWS_WITH_AS(rdzv::parse_progress_report(bad), doctest::Contains("restore_seconds"), rdzv::ProtocolError);
 
   // A failure: reported twice (the agent retried), delivered once.
   rdzv::ExitReport kill{{"ns1", "job1", "p1"}, 1, 1, -1, 9, "exited"};
