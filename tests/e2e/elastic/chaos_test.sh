@@ -202,6 +202,28 @@ else
   params_sha="(not compared)"
 fi
 
+# The goodput ledger (status.goodput) through every fault kind and the operator's kill -9 restarts: stopped at
+# Succeeded, its causes summing to its wall time, which is the job's whole life (creation to the Succeeded write:
+# nothing lost while the operator was down); the faults' detection, the new worlds' scheduling and start-up charged.
+python3 - "$(kubectl get tj "$job_name" -n "$ns" -o json)" <<'PY' || fail "status.goodput: $(jp '{.status.goodput}')"
+import json, sys
+from datetime import datetime
+tj = json.loads(sys.argv[1])
+g = tj["status"]["goodput"]
+secs = g["seconds"]
+def t(s): return datetime.strptime(s.replace("Z", "+00:00"), "%Y-%m-%dT%H:%M:%S.%f%z" if "." in s else "%Y-%m-%dT%H:%M:%S%z")
+life = (t(g["since"]) - t(tj["metadata"]["creationTimestamp"])).total_seconds()
+print("chaos: goodput ledger " + json.dumps(secs) + " wall %.1f s, ratio %s" % (g["wallSeconds"], g.get("ratio")))
+bad = []
+if g["state"] != "ended": bad.append("state %r" % g["state"])
+if abs(sum(secs.values()) - g["wallSeconds"]) > 0.02: bad.append("causes sum to %.3f, wall %.3f" % (sum(secs.values()), g["wallSeconds"]))
+if not (life - 0.1 <= g["wallSeconds"] <= life + 1.1): bad.append("wall %.3f, life %.3f" % (g["wallSeconds"], life))
+bad += [c + " is 0" for c in ("training", "detection", "scheduling", "rendezvousAndInit") if secs[c] <= 0]
+if not (0 < g.get("ratio", 0) < 1): bad.append("ratio %r" % g.get("ratio"))
+for b in bad: print("  " + b, file=sys.stderr)
+sys.exit(1 if bad else 0)
+PY
+
 # Per fault, from the pods' logs (timestamps in ms): detection = the first "generation superseded"/"joined
 # generation" line of either agent after the fault; recovery = the first step rank 0 completed after its next restore;
 # steps lost = the last step rank 0 reported before that restore minus the restored step.
