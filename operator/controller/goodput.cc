@@ -27,10 +27,12 @@ int64_t int_of(const Json& obj, const char* field, int64_t fallback = 0) {
   return obj[field].get<int64_t>();
 }
 
+// Seconds from status: a status someone else wrote may hold anything; past 1e10 s (three centuries) is not a job's
+// time, and a sum of such values must stay finite (JSON has no infinity: the write would fail).
 double number_of(const Json& obj, const char* field) {
   if (!obj.is_object() || !obj.contains(field) || !obj[field].is_number()) return 0;
   const double v = obj[field].get<double>();
-  return std::isfinite(v) && v > 0 ? v : 0;
+  return std::isfinite(v) && v > 0 ? std::min(v, 1e10) : 0;
 }
 
 std::string string_of(const Json& obj, const char* field) {
@@ -129,8 +131,9 @@ Json account(const Json& previous, const Json& status, TimePoint created, TimePo
   const int64_t workers_gen = int_of(workers, "generation", -1);
   const bool same_gen = int_of(charged_before, "generation", -2) == workers_gen;
   Json charged = {{"generation", workers_gen}};
-  for (auto [key, to, froms] : {std::tuple{"checkpointStall", "checkpointStall", std::vector<const char*>{"training", "recomputing"}},
-                                std::tuple{"restore", "restore", std::vector<const char*>{"rendezvousAndInit"}}}) {
+  for (auto [key, to, froms] :
+       {std::tuple{"checkpointStall", "checkpointStall", std::vector<const char*>{"training", "recomputing"}},
+        std::tuple{"restore", "restore", std::vector<const char*>{"rendezvousAndInit"}}}) {
     double done = same_gen ? number_of(charged_before, key) : 0;
     double owed = std::max(0.0, number_of(workers, key) - done);
     for (const char* from : froms) {

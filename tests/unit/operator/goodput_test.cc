@@ -4,6 +4,8 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
+
 #include "common/kube/client.h"
 #include "operator/controller/status.h"
 
@@ -220,6 +222,14 @@ TEST_CASE("a ledger starts at creation for a new job, now for a job that ran bef
   l = goodput::account(status["goodput"], status, t0, at(3));
   CHECK(l["wallSeconds"] == 0);
   CHECK(l["state"] == "scheduling");
+  // Absurd numbers stay finite (a JSON write of an infinity would fail every reconcile of the job).
+  Json huge = {{"since", "2026-12-06T10:00:00Z"},
+               {"state", "training"},
+               {"seconds", {{"training", 1e308}, {"detection", 1e308}}},
+               {"workers", {{"checkpointStall", 1e308}}}};
+  Json sane = goodput::account(huge, Json{{"generation", 1}}, t0, at(1));
+  CHECK(std::isfinite(sane["wallSeconds"].get<double>()));
+  CHECK(sane["wallSeconds"].get<double>() <= 3e10 + 1);
   // A clock that stepped back adds nothing.
   Json later = goodput::account(l, status, t0, at(1));
   CHECK(later["wallSeconds"] == 0);
