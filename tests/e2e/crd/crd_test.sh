@@ -61,6 +61,10 @@ header=$(head -1 <<<"$listing")
 for col in NAME PHASE PROGRESS LOSS RESTARTS AGE; do
   grep -qw "$col" <<<"$header" || fail "column $col missing from: $header"
 done
+wide=$(kubectl get tj -n "$ns" -o wide)
+for col in WORLD GENERATION GOODPUT; do
+  grep -qw "$col" <<<"$(head -1 <<<"$wide")" || fail "column $col missing from -o wide: $(head -1 <<<"$wide")"
+done
 names=$(kubectl get railyard -n "$ns" -o name)
 grep -q trainingjob.railyard.dev/tiny <<<"$names" || fail "category railyard: $names"
 
