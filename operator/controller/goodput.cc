@@ -160,7 +160,10 @@ Json account(const Json& previous, const Json& status, TimePoint created, TimePo
               {"generation", int_of(status, "generation")},
               {"generationTraining", ms(gen_training)}};
   if (workers.is_object()) {
-    out["workers"] = workers;
+    // Rebuilt from what was read, not copied: whatever else a status held does not go back to the API server.
+    out["workers"] = {{"generation", workers_gen},
+                      {"checkpointStall", number_of(workers, "checkpointStall")},
+                      {"restore", number_of(workers, "restore")}};
     out["charged"] = charged;
   }
   if (active > 0) out["ratio"] = std::round(number_of(seconds, "training") / active * 1e4) / 1e4;
@@ -172,14 +175,6 @@ void note_worker_times(Json& status, int64_t generation, double checkpoint_stall
   auto ok = [](double v) { return std::isfinite(v) && v > 0 ? ms(v) : 0.0; };
   status["goodput"]["workers"] = {
       {"generation", generation}, {"checkpointStall", ok(checkpoint_stall_s)}, {"restore", ok(restore_s)}};
-}
-
-double seconds_until(const Json& ledger, std::string_view cause, TimePoint now) {
-  if (!ledger.is_object()) return 0;
-  double v = number_of(ledger.contains("seconds") ? ledger["seconds"] : Json(), std::string(cause).c_str());
-  if (string_of(ledger, "state") == cause)
-    if (const auto since = time_at(ledger, "since")) v += seconds_between(*since, now);
-  return v;
 }
 
 }  // namespace railyard::op::goodput

@@ -41,7 +41,4 @@ Json account(const Json& previous, const Json& status, TimePoint created, TimePo
 // out of training (checkpointStall) and rendezvousAndInit (restore). No-op before the job has a ledger.
 void note_worker_times(Json& status, int64_t generation, double checkpoint_stall_s, double restore_s);
 
-// The seconds of `cause` up to `now`: the ledger's, plus now - since when the ledger's state is `cause`.
-double seconds_until(const Json& ledger, std::string_view cause, TimePoint now);
-
 }  // namespace railyard::op::goodput
