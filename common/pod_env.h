@@ -40,6 +40,10 @@ inline constexpr const char* kAgentGraceSeconds = "RAILYARD_AGENT_GRACE_SECONDS"
 inline constexpr const char* kAgentPeerPort = "RAILYARD_AGENT_PEER_PORT";
 inline constexpr const char* kAgentPollMs = "RAILYARD_AGENT_POLL_MS";
 inline constexpr const char* kAgentUnreachableSeconds = "RAILYARD_AGENT_UNREACHABLE_SECONDS";
+// The agent's hang detection (worker/agent/hang_watch.h): seconds a rank's process may stay stopped, and the floor of
+// the stall threshold; decimal seconds, 0 turns the rule off. Set them in the job's pod template to tune one job.
+inline constexpr const char* kHangStoppedSeconds = "RAILYARD_HANG_STOPPED_SECONDS";
+inline constexpr const char* kHangStallSeconds = "RAILYARD_HANG_STALL_SECONDS";
 
 // --- Set by the agent on each rank's process (worker/agent/rank_env.cc) and read by the worker or a program.
 inline constexpr const char* kConfig = "RAILYARD_CONFIG";  // the resolved worker configuration's file

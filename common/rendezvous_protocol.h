@@ -272,6 +272,9 @@ inline StatusRequest parse_status_request(const nlohmann::json& j) {
 // Reasons an exit report carries (see WorkerExit in operator/rendezvous/rendezvous.h).
 inline constexpr const char* kExitExited = "exited";
 inline constexpr const char* kExitStopped = "stopped";
+// The rank still runs but its agent found it hung (worker/agent/hang_watch.h: stopped, or no step and no CPU); the
+// message says which and why. exit_code and signal are 0: nothing exited.
+inline constexpr const char* kExitHung = "hung";
 
 // The most an exit report's "message" may carry (bytes): the agent sends at most LogTail's 2 KiB; the rest is room.
 inline constexpr size_t kMaxExitMessageBytes = 4096;
@@ -286,7 +289,13 @@ struct ExitReport {
   // The rank's last output lines (common/log_tail.h) when it failed: why, in its own words. Optional ("" when an
   // older agent sends none); a tenant's text, so the service sanitizes it again before it reaches the job's status.
   std::string message{};  // a default member initializer: positional initializers may leave it out
+  // reason "hung": when the hang began (unix seconds: the rank's last progress, or when it was first seen stopped); the
+  // operator's time to detect. Optional (0: not sent), 0..kMaxOnset.
+  double onset = 0;
 };
+
+// Upper bound of an exit report's onset (unix seconds, year 33658): a bound, so that no difference overflows.
+inline constexpr double kMaxOnset = 1e12;
 
 inline nlohmann::json to_json(const ExitReport& r) {
   nlohmann::json j = r.ref;
@@ -296,6 +305,7 @@ inline nlohmann::json to_json(const ExitReport& r) {
   j["signal"] = r.signal;
   j["reason"] = r.reason;
   if (!r.message.empty()) j["message"] = r.message;
+  if (r.onset > 0) j["onset"] = r.onset;
   return j;
 }
 
@@ -307,8 +317,8 @@ inline ExitReport parse_exit_report(const nlohmann::json& j) {
   r.exit_code = static_cast<int>(detail::get_int(j, "exit_code", -1, 255));
   r.signal = static_cast<int>(detail::get_int(j, "signal", 0, 128));
   r.reason = detail::get_string(j, "reason");
-  if (r.reason != kExitExited && r.reason != kExitStopped) {
-    throw ProtocolError("field 'reason' must be \"exited\" or \"stopped\", got \"" + r.reason + "\"");
+  if (r.reason != kExitExited && r.reason != kExitStopped && r.reason != kExitHung) {
+    throw ProtocolError("field 'reason' must be \"exited\", \"stopped\" or \"hung\", got \"" + r.reason + "\"");
   }
   if (j.contains("message")) {
     r.message = detail::get_string(j, "message", true);
@@ -316,6 +326,12 @@ inline ExitReport parse_exit_report(const nlohmann::json& j) {
       throw ProtocolError("field 'message' must be at most " + std::to_string(kMaxExitMessageBytes) + " bytes, got " +
                           std::to_string(r.message.size()));
     }
+  }
+  if (j.contains("onset")) {
+    const auto& o = j["onset"];
+    if (!o.is_number() || !(o.get<double>() >= 0 && o.get<double>() <= kMaxOnset))
+      throw ProtocolError("field 'onset' must be a number of unix seconds in 0..1e12");
+    r.onset = o.get<double>();
   }
   return r;
 }

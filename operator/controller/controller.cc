@@ -80,10 +80,11 @@ Controller::Controller(kube::Client& client, metrics::Registry& registry, Contro
           metrics::names::kOperatorRecoverySeconds,
           "From a restart decision to the first training step of the new generation, by restart reason.",
           metrics::exponential_buckets(0.5, 2, 12))),
-      detection_seconds_(registry.histogram(
-          metrics::names::kOperatorDetectionSeconds,
-          "From a symptom's onset to the restart request that reported it (monitor requests), by symptom.",
-          metrics::exponential_buckets(0.5, 2, 12))),
+      detection_seconds_(
+          registry.histogram(metrics::names::kOperatorDetectionSeconds,
+                             "From a symptom's onset to the restart request that reported it (monitor requests; an "
+                             "agent's hang report: to the operator's decision), by symptom.",
+                             metrics::exponential_buckets(0.5, 2, 12))),
       job_seconds_(registry.gauge(metrics::names::kOperatorJobSeconds,
                                   "A job's wall time since its creation by where it went (status.goodput): training "
                                   "kept, or the cause it was lost to; as of the job's last status write.")),

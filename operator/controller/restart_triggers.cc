@@ -77,6 +77,21 @@ void scan_exits(const JobSpec& spec, const TriggerInputs& in, TriggerScan& out) 
            "agent", "", -1});
       continue;
     }
+    if (e.reason == rdzv::kExitHung) {
+      // The rank runs, but its agent saw it stopped, or blocked with no step and no CPU: the message says which.
+      Trigger tr;
+      tr.reason = "Hang";
+      tr.detail = "rank " + std::to_string(e.global_rank) + " (pod " + e.pod + ") hung";
+      tr.pod = e.pod;
+      tr.node = node;
+      tr.detector = "agent";
+      tr.rank = e.global_rank;
+      tr.cause = e.message;
+      tr.onset = e.onset;
+      tr.age = std::chrono::duration_cast<std::chrono::milliseconds>(in.now - e.received);
+      out.triggers.push_back(tr);
+      continue;
+    }
     if (e.exit_code == 0 && e.signal == 0) continue;
     ExitClass cls = classify_exit(spec, e.exit_code, e.signal);
     std::string how = e.signal > 0 ? "was killed by signal " + std::to_string(e.signal)

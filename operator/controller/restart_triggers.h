@@ -26,6 +26,7 @@ struct Trigger {
   // The failed process's own words, when it left any (the agent's exit report message; a Failed pod's
   // terminated.message): a tenant's text, sanitized and bounded where it is shown (failure_policy.h with_cause).
   std::string cause{};
+  double onset = 0;  // Hang reported by an agent: when the hang began (unix seconds), for the time to detect
 };
 
 struct TriggerInputs {
@@ -54,8 +55,9 @@ struct TriggerScan {
 };
 
 // Triggers: PodLost (a pod of a Running world vanished), PodFailed (with its exit code through the failure policy),
-// PodDeleted, NodeLost (not Ready or gone), NodeExcluded, AgentRestarted and WorkerExit (for the current
-// generation), RestartRequested (a new annotation value; its rank and node from the monitor's request).
+// PodDeleted, NodeLost (not Ready or gone), NodeExcluded, AgentRestarted, WorkerExit and Hang (an agent found its rank
+// hung; for the current generation), RestartRequested (a new annotation value; its rank and node from the monitor's
+// request).
 TriggerScan scan_triggers(const JobSpec& spec, const TriggerInputs& in);
 
 }  // namespace railyard::op

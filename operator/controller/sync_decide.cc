@@ -391,6 +391,17 @@ std::optional<std::chrono::milliseconds> Controller::restart_or_fail(Sync& s) {
         }
       }
     }
+    if (t->reason == "Hang") {
+      // An agent's report: the hang's onset (its clock; the operator's on one machine or NTP) to now.
+      last["symptom"] = "Hang";
+      if (t->onset > 0) {
+        const double now_unix =
+            std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+        const double secs = std::clamp(now_unix - t->onset, 0.0, 1e9);
+        last["detectSeconds"] = std::round(secs * 10) / 10;
+        detection_seconds_.add({{"symptom", "Hang"}}).observe(secs);
+      }
+    }
     if (!t->pod.empty()) last["pod"] = t->pod;
     if (!t->node.empty()) last["node"] = t->node;
     if (d.fail) {

@@ -506,7 +506,7 @@ struct RendezvousService::Impl {
                {"reason", req.reason}});
     // The message is a tenant's text: sanitized here as well, whatever the agent did (never trusted to be UTF-8).
     ev.exits.push_back({req.ref.key(), req.generation, req.ref.pod, req.local_rank, global, req.exit_code, req.signal,
-                        req.reason, sanitize_message(req.message, rdzv::kMaxExitMessageBytes, true)});
+                        req.reason, sanitize_message(req.message, rdzv::kMaxExitMessageBytes, true), req.onset});
     cv.notify_all();
     return {200, {{"status", st::kRecorded}, {"generation", job->spec.generation}}};
   }

@@ -37,7 +37,8 @@ struct GenerationSpec {
 
 // A worker process of the current generation ended (reported by its agent). Delivered once per
 // (generation, pod, local_rank). reason: "exited" (the process ended on its own), "stopped" (the agent stopped
-// it because the agent itself got SIGTERM/SIGINT, e.g. pod deletion), "agent_restarted" (a new agent instance
+// it because the agent itself got SIGTERM/SIGINT, e.g. pod deletion), "hung" (it runs, but its agent found it hung:
+// message says why, onset since when), "agent_restarted" (a new agent instance
 // joined a generation that had already started: the world is broken; local_rank/global_rank are -1).
 struct WorkerExit {
   std::string job_key;
@@ -51,6 +52,7 @@ struct WorkerExit {
   // The rank's last output lines when it failed (the agent's ExitReport "message"), sanitized and bounded
   // (kMaxExitMessageBytes); "" when the agent sent none.
   std::string message{};  // a default member initializer: positional initializers may leave it out
+  double onset = 0;       // reason "hung": when the hang began (unix seconds; the ExitReport's), else 0
   // When the operator received the report (set by Controller::report_exit): how long a survivor's peer-lost exit has
   // waited for the culprit's own report (op::hold_for_culprit).
   std::chrono::steady_clock::time_point received{};

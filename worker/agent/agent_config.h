@@ -11,6 +11,7 @@
 
 #include "common/stable_names.h"
 #include "common/tls/job_identity.h"
+#include "worker/agent/hang_watch.h"
 
 namespace railyard::worker {
 
@@ -60,6 +61,9 @@ struct AgentConfig {
   // RAILYARD_AGENT_DNS_WAIT_SECONDS: how long a generation waits for this pod's name and the master's to resolve to
   // their IPs before its ranks start with pod IPs instead (a warning in the agent's log says which name did not).
   std::chrono::milliseconds dns_wait{names::kDefaultDnsWaitSeconds * 1000};
+  // RAILYARD_HANG_STOPPED_SECONDS, RAILYARD_HANG_STALL_SECONDS: the agent's own hang detection (hang_watch.h; 0 turns
+  // a rule off). Not in torchrun mode.
+  HangPolicy hang;
 
   // Reads the environment; throws ConfigError naming the variable and the fix.
   static AgentConfig from_env(std::vector<std::string> command);

@@ -67,6 +67,20 @@ int64_t int_env(const char* name, int64_t fallback, int64_t min, int64_t max) {
   return x;
 }
 
+// Seconds as a decimal number in [0, max] (0 turns the feature off); unset: fallback.
+double seconds_env(const char* name, double fallback, double max) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  errno = 0;
+  const double x = std::strtod(v, &end);
+  if (errno != 0 || end == v || *end != '\0' || !(x >= 0 && x <= max)) {
+    throw ConfigError(std::string(name) + "=\"" + v + "\" must be a number of seconds in [0, " +
+                      std::to_string(static_cast<int>(max)) + "] (0 turns it off)");
+  }
+  return x;
+}
+
 double unix_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
 std::string random_id() {
@@ -134,6 +148,7 @@ class AgentRun {
     output_ = cfg.torchrun ? std::make_unique<OutputWatch>(cfg.procs_per_pod, 40, 8192)
                            : std::make_unique<OutputWatch>(cfg.procs_per_pod);
     reports_.emplace(client_, ref(), ranks_out_.get(), output_.get());
+    if (!cfg.torchrun) reports_->watch_hangs(cfg.hang);
     workers_.emplace(cfg.grace, metrics_, output_.get(),
                      [this](const Worker& w, const char* reason) { reports_->exited(w, reason); });
     if (cfg.torchrun) {
@@ -649,6 +664,8 @@ AgentConfig AgentConfig::from_env(std::vector<std::string> command) {
                       " is not a DNS name of at most 253 characters: it must hold <service>.<namespace>.svc.<cluster "
                       "domain> (the operator sets it; unset it to use pod IPs)");
   c.dns_wait = std::chrono::seconds(int_env(names::kDnsWaitEnv, names::kDefaultDnsWaitSeconds, 0, 3600));
+  c.hang.stopped_s = seconds_env(pod_env::kHangStoppedSeconds, c.hang.stopped_s, 86400);
+  c.hang.stall_floor_s = seconds_env(pod_env::kHangStallSeconds, c.hang.stall_floor_s, 86400);
   return c;
 }
 

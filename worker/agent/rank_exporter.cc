@@ -46,6 +46,7 @@ std::optional<ProgressRecord> parse_progress(const std::string& text) {
   };
   r.checkpoint_stall_seconds = seconds("checkpoint_stall_seconds");
   r.restore_seconds = seconds("restore_seconds");
+  if (j.contains("paused") && j["paused"].is_boolean()) r.paused = j["paused"].get<bool>();
   return r;
 }
 

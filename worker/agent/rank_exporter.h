@@ -32,6 +32,9 @@ struct ProgressRecord {
   // (the trainer writes both; optional for programs): forwarded to the rendezvous service for the goodput ledger.
   std::optional<double> checkpoint_stall_seconds;
   std::optional<double> restore_seconds;
+  // Whether the rank is in a pass that completes no step (validation, samples, a synchronous checkpoint); absent when
+  // the rank does not mark its pauses (the agent's hang watch then counts no stall: worker/agent/hang_watch.h).
+  std::optional<bool> paused;
 };
 
 // Parses the file's text; nullopt when it is not such a record (a torn or foreign file is skipped, not fatal).

@@ -69,6 +69,7 @@ WorkerReports::WorkerReports(RendezvousClient& client, rdzv::JobRef ref, RankExp
 void WorkerReports::start_generation(int64_t generation) {
   generation_ = generation;
   pending_.clear();
+  if (hangs_) hangs_->start_generation();
 }
 
 void WorkerReports::exited(const Worker& w, const char* reason) {
@@ -106,6 +107,18 @@ void WorkerReports::rank_failed(int local_rank, int exit_code, int signal, std::
   pending_.push_back(std::move(rep));
 }
 
+void WorkerReports::hung(const Worker& w, const HangVerdict& v) {
+  log::error(kComponent, "rank hung",
+             {{"local_rank", std::to_string(w.local_rank)},
+              {"rank", std::to_string(w.global_rank)},
+              {"rule", v.rule},
+              {"evidence", v.message}});
+  rdzv::ExitReport rep{ref_, generation_, w.local_rank, 0, 0, rdzv::kExitHung};
+  rep.message = v.message;
+  rep.onset = v.onset;
+  pending_.push_back(std::move(rep));
+}
+
 void WorkerReports::flush() {
   std::vector<rdzv::ExitReport> keep;
   bool reachable = true;
@@ -136,24 +149,40 @@ void WorkerReports::forward_progress(std::vector<Worker>& workers) {
       ranks_out_->on_output(w.local_rank, output_->last_output(torchrun_ranks_ > 0 ? 0 : w.local_rank));
     // A rank that exited is not hung (its exit is reported as such): it never counts as idle.
     if (ranks_out_ && !w.running) ranks_out_->on_process_cpu(w.local_rank, -1, unix_now());
-    if (ranks_out_ && w.running && w.pid > 0) {
+    RankSight sight;
+    sight.now = unix_now();
+    sight.running = w.running && w.pid > 0;
+    if (sight.running) {
       if (auto ps = process_stat(w.pid)) {
-        const double now = unix_now();
-        ranks_out_->on_process_state(w.local_rank, ps->stopped, now);
-        if (auto cpu = tree_cpu_seconds(w.pid, table)) ranks_out_->on_process_cpu(w.local_rank, *cpu, now);
+        sight.stopped = ps->stopped;
+        // A program's rank may compute in children (a shell, DataLoader workers): its tree's CPU time; a trainer's
+        // threads are its own.
+        sight.cpu_seconds = ranks_out_ ? tree_cpu_seconds(w.pid, table) : std::optional<double>(ps->cpu_seconds);
+        if (ranks_out_) {
+          ranks_out_->on_process_state(w.local_rank, ps->stopped, sight.now);
+          if (sight.cpu_seconds) ranks_out_->on_process_cpu(w.local_rank, *sight.cpu_seconds, sight.now);
+        }
       }
     }
-    std::ifstream in(w.progress_file);
-    if (!in) continue;
-    std::optional<ProgressRecord> p = parse_progress(std::string(std::istreambuf_iterator<char>(in), {}));
-    if (!p || p->step == w.last_step) continue;
-    if (ranks_out_) {
+    std::optional<ProgressRecord> p;
+    double written = 0;
+    if (std::ifstream in(w.progress_file); in) {
+      p = parse_progress(std::string(std::istreambuf_iterator<char>(in), {}));
       struct stat st {};
-      const double written = ::stat(w.progress_file.c_str(), &st) == 0
-                                 ? static_cast<double>(st.st_mtim.tv_sec) + st.st_mtim.tv_nsec * 1e-9
-                                 : unix_now();
-      ranks_out_->on_progress(w.local_rank, *p, written);
+      written = ::stat(w.progress_file.c_str(), &st) == 0
+                    ? static_cast<double>(st.st_mtim.tv_sec) + st.st_mtim.tv_nsec * 1e-9
+                    : sight.now;
     }
+    if (p) {
+      sight.step = p->step;
+      sight.paused = p->paused;
+      sight.written = written;
+    }
+    if (hangs_) {
+      if (auto v = hangs_->observe(w.local_rank, sight)) hung(w, *v);
+    }
+    if (!p || p->step == w.last_step) continue;
+    if (ranks_out_) ranks_out_->on_progress(w.local_rank, *p, written);
     if (p->has_loss && !std::isfinite(p->loss)) {
       // Not a number the job's status can show: the monitor's non-finite rule acts on it (from the series above).
       w.last_step = p->step;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/rendezvous_protocol.h"
+#include "worker/agent/hang_watch.h"
 #include "worker/agent/output_watch.h"
 #include "worker/agent/rank_exporter.h"
 #include "worker/agent/rendezvous_client.h"
@@ -62,8 +63,13 @@ class WorkerReports {
   // that a dead service costs one call's retries, not one per report.
   void flush();
 
-  // Forwards each worker's newest progress record (a step not forwarded before; w.last_step keeps track).
+  // Forwards each worker's newest progress record (a step not forwarded before; w.last_step keeps track), and shows
+  // each running worker to the hang watch: a rank it finds hung is reported (reason "hung") as if it had exited.
   void forward_progress(std::vector<Worker>& workers);
+
+  // The agent's hang detection (hang_watch.h); off until set (torchrun mode keeps it off: its one worker is torchrun,
+  // not a rank).
+  void watch_hangs(const HangPolicy& p) { hangs_.emplace(p); }
 
  private:
   RendezvousClient& client_;
@@ -73,6 +79,9 @@ class WorkerReports {
   int64_t generation_ = 0;
   std::vector<rdzv::ExitReport> pending_;
   int torchrun_ranks_ = 0;  // 0: one worker per rank
+  std::optional<HangWatch> hangs_;
+  // Queues a hung rank's report (rank still running: exit code and signal 0).
+  void hung(const Worker& w, const HangVerdict& v);
 };
 
 }  // namespace railyard::worker

@@ -78,12 +78,15 @@ void TrainMetrics::on_step(const StepResult& res, int64_t total_steps) {
 void TrainMetrics::on_validation(double val_loss) { val_loss_.set(val_loss); }
 
 TrainMetrics::Pause::Pause(TrainMetrics* m) : m_(m) {
-  if (m_ != nullptr) m_->paused_.set(1);
+  if (m_ == nullptr || m_->pause_depth_++ > 0) return;
+  m_->paused_.set(1);
+  if (m_->pause_listener_) m_->pause_listener_(true);
 }
 TrainMetrics::Pause::~Pause() {
-  if (m_ == nullptr) return;
+  if (m_ == nullptr || --m_->pause_depth_ > 0) return;
   m_->pause_end_.set_to_current_time();
   m_->paused_.set(0);
+  if (m_->pause_listener_) m_->pause_listener_(false);
 }
 
 metrics::Labels TrainMetrics::labels_from_env() {

@@ -2,6 +2,8 @@
 // (docs/monitor.md "metric contract"). Labels: namespace, job, generation, rank, node.
 #pragma once
 
+#include <functional>
+
 #include "common/metrics/metrics.h"
 #include "worker/train/step_result.h"
 
@@ -27,6 +29,10 @@ class TrainMetrics {
     TrainMetrics* m_;
   };
 
+  // Called with true when the first nested Pause begins and with false when the last ends: the trainer marks its
+  // progress file with it, which the pod agent's hang watch reads (worker/agent/hang_watch.h).
+  void set_pause_listener(std::function<void(bool paused)> f) { pause_listener_ = std::move(f); }
+
   // Labels of this process from the agent's environment (RAILYARD_JOB_NAMESPACE, RAILYARD_JOB_NAME,
   // RAILYARD_GENERATION, RANK, RAILYARD_NODE_NAME); missing values become "" (rank "0").
   static metrics::Labels labels_from_env();
@@ -47,6 +53,8 @@ class TrainMetrics {
   metrics::Counter& nonfinite_;
   metrics::Gauge& paused_;
   metrics::Gauge& pause_end_;
+  int pause_depth_ = 0;  // nested Pauses (the training loop's thread only)
+  std::function<void(bool)> pause_listener_;
   // railyard_worker_step_phase_seconds_total{phase}: compute, tp_comm, pp_wait, dp_comm, optimizer.
   metrics::Counter *phase_compute_, *phase_tp_, *phase_pp_, *phase_dp_, *phase_opt_;
 };

@@ -568,7 +568,11 @@ void Trainer::log_step(const StepResult& r) {
     try {
       nlohmann::json record = {{"step", r.step + 1}, {"loss", r.loss}, {"tokens_per_second", r.tokens_per_second}};
       if (hooks_.progress_extras) hooks_.progress_extras(record);
-      write_file_atomic(cfg_.progress_file, record.dump());
+      // With metrics, pauses are marked (set_metrics): "paused" tells the agent's hang watch that this rank says so.
+      if (metrics_ != nullptr) record["paused"] = false;
+      std::lock_guard<std::mutex> lock(progress_mu_);
+      last_progress_ = record.dump();
+      write_file_atomic(cfg_.progress_file, last_progress_);
     } catch (const std::exception& e) {
       log::warn("worker", "cannot write the progress file", {{"path", cfg_.progress_file}, {"error", e.what()}});
     }
@@ -789,6 +793,28 @@ void Trainer::restore_counters(const TrainerState& s) {
       device_->to_device(opt_->v(), host_v_.data(), bytes);
     }
     host_stale_ = false;  // device and host copies hold the same values again
+  }
+}
+
+void Trainer::set_metrics(TrainMetrics* m) {
+  metrics_ = m;
+  if (m != nullptr && !cfg_.progress_file.empty()) m->set_pause_listener([this](bool paused) { mark_pause(paused); });
+}
+
+// The last step's record again, with "paused": the agent sees the file change (a pause mark, its end counts as
+// progress) and whether the rank is in a pass that completes no step. Nothing before the first step: the agent counts
+// no stall before it has step times.
+void Trainer::mark_pause(bool paused) {
+  std::lock_guard<std::mutex> lock(progress_mu_);
+  if (last_progress_.empty()) return;
+  nlohmann::json record = nlohmann::json::parse(last_progress_, nullptr, false);
+  if (!record.is_object()) return;
+  record["paused"] = paused;
+  try {
+    write_file_atomic(cfg_.progress_file, record.dump());
+  } catch (const std::exception& e) {
+    log::warn("worker", "cannot mark a pause in the progress file",
+              {{"path", cfg_.progress_file}, {"error", e.what()}});
   }
 }
 

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -126,7 +127,8 @@ class Trainer {
   void restore_counters(const TrainerState& s);
 
   // Optional: every step and validation is also published as Prometheus series (train_metrics.h).
-  void set_metrics(TrainMetrics* m) { metrics_ = m; }
+  // Also marks the progress file while a Pause lives ("paused": the pod agent's hang watch counts no stall then).
+  void set_metrics(TrainMetrics* m);
   TrainMetrics* metrics() const { return metrics_; }  // null when none was set
   void set_hooks(TrainerHooks h) { hooks_ = std::move(h); }
   // The process-group layout (ProcessGroups::describe()) for the line run() logs at start.
@@ -195,6 +197,10 @@ class Trainer {
   std::vector<std::pair<int64_t, double>> val_history_;
   std::unique_ptr<std::ofstream> json_;
   TrainMetrics* metrics_ = nullptr;
+  // The last progress record written (JSON text), rewritten with "paused" at a pause's start and end (mark_pause).
+  std::string last_progress_;
+  std::mutex progress_mu_;
+  void mark_pause(bool paused);
   TrainerHooks hooks_;
   std::string layout_;
   Pass pass_ = Pass::kSingle;

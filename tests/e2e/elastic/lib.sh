@@ -71,7 +71,9 @@ restored_step() { grep 'checkpoint: restored ' "$(pod_log "$1")" | tail -1 | gre
 # job_yaml NAME REPLICAS STEPS [MIN_REPLICAS] [NODE_SELECTOR_UNIT]: the tiny model, dp = replicas, checkpoint every
 # 5 steps, global batch 8 sequences (accumulation 2 at dp=2, 4 at dp=1); `job_memory=N` adds the in-memory tier
 # (spec.checkpoint.memoryIntervalSteps), `job_deterministic=1` the dp-independent reduction
-# (spec.parallelism.deterministic).
+# (spec.parallelism.deterministic), `job_val_every=N` validation every N steps, `job_ckpt_sync=1` synchronous
+# checkpoint saves (checkpoint.async false), `job_agent_hang=off` the agent's own hang detection off,
+# `job_hang_stopped=S` its stopped rule's seconds (RAILYARD_HANG_STOPPED_SECONDS).
 # One OpenBLAS kernel set for the job's trainers and the reference run (final_params_match). OpenBLAS 0.3.21 does not
 # know the newest EPYCs (seen 2026-11-28: a CPU with avx512_vp2intersect) and falls back to its Haswell kernels, with
 # which the deterministic dp=2 job and the dp=1 reference differ in the last bits (772,345 of 858,880 parameters,
@@ -89,12 +91,18 @@ spec:
   device: cpu
   model: {preset: tiny}
   data: {train: $work/data/train_*.bin}
-  training: {steps: $3, globalBatch: 8, microBatch: 2, seqLen: 64, learningRate: 0.001, warmupSteps: 5}
-  checkpoint: {path: $work/ckpt/$1, intervalSteps: 5${job_memory:+, memoryIntervalSteps: $job_memory}}
+  training: {steps: $3, globalBatch: 8, microBatch: 2, seqLen: 64, learningRate: 0.001, warmupSteps: 5${job_val_every:+, valEvery: $job_val_every}}
+  checkpoint: {path: $work/ckpt/$1, intervalSteps: 5${job_memory:+, memoryIntervalSteps: $job_memory}${job_ckpt_sync:+, async: false}}
   failurePolicy: {maxRestarts: 3}
 YAML
-  [ -n "${OPENBLAS_CORETYPE:-}" ] &&
-    echo "  template: {spec: {containers: [{env: [{name: OPENBLAS_CORETYPE, value: $OPENBLAS_CORETYPE}]}]}}"
+  # The pod's environment: OPENBLAS_CORETYPE when set; with job_agent_hang=off the agent's own hang detection is off
+  # (worker/agent/hang_watch.h), for the flows that test what the monitor finds.
+  local env=()
+  [ -n "${OPENBLAS_CORETYPE:-}" ] && env+=("{name: OPENBLAS_CORETYPE, value: $OPENBLAS_CORETYPE}")
+  [ -n "${job_hang_stopped:-}" ] && env+=("{name: RAILYARD_HANG_STOPPED_SECONDS, value: '$job_hang_stopped'}")
+  [ "${job_agent_hang:-}" = off ] &&
+    env+=("{name: RAILYARD_HANG_STOPPED_SECONDS, value: '0'}" "{name: RAILYARD_HANG_STALL_SECONDS, value: '0'}")
+  [ ${#env[@]} -gt 0 ] && echo "  template: {spec: {containers: [{env: [$(IFS=,; echo "${env[*]}")]}]}}"
   [ -n "${job_deterministic:-}" ] && echo "  parallelism: {deterministic: true}"
   [ -n "${4:-}" ] && echo "  elastic: {minReplicas: $4, maxReplicas: $2}"
   [ -n "${5:-}" ] && echo "  placement: {nodeSelector: {railyard.dev/unit: $5}}"

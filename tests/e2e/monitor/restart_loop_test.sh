@@ -74,6 +74,13 @@ spec:
   training: {steps: 600, globalBatch: 4, microBatch: 4, seqLen: 64, learningRate: 0.001, warmupSteps: 10}
   checkpoint: {path: $ckpt, intervalSteps: 20, keep: 3}
   failurePolicy: {maxRestarts: 2, hangTimeoutSeconds: 60, excludeFailedNodes: false}
+  # The monitor's stall rule is under test: the agent's own hang watch (it finds a stopped trainer in about 1 s) is off.
+  template:
+    spec:
+      containers:
+      - env:
+        - {name: RAILYARD_HANG_STOPPED_SECONDS, value: "0"}
+        - {name: RAILYARD_HANG_STALL_SECONDS, value: "0"}
 EOF
 
 # Generation 1 trains and checkpoints.

@@ -134,7 +134,8 @@ wait_phase() { # phase seconds
 step() { local s; s=$(jp '{.status.step}'); echo "${s:-0}"; }
 # apply_job [SLEEP [HANG_TIMEOUT [ARG...]]]: the example as shipped; with SLEEP, --step-sleep SLEEP appended (a
 # slower run to hit mid-way); with HANG_TIMEOUT, failurePolicy.hangTimeoutSeconds; ARGs appended to the script's;
-# with KEEP_NODES=1 in the environment, failurePolicy.excludeFailedNodes false; with CONVERT=1, the job is
+# with KEEP_NODES=1 in the environment, failurePolicy.excludeFailedNodes false; with AGENT_HANG=off, the agent's own
+# hang watch off (RAILYARD_HANG_*_SECONDS=0 in the pod template); with CONVERT=1, the job is
 # tests/e2e/real/pytorchjob.yaml (a Kubeflow PyTorchJob whose command is torchrun) through `railyard convert`, with
 # the example's checkpoint section and step count (torchrun mode: one torchrun per pod starts the rank).
 apply_job() {
@@ -174,6 +175,11 @@ if len(sys.argv) > 3:
     j["spec"]["failurePolicy"]["hangTimeoutSeconds"] = int(sys.argv[3])
 if os.environ.get("KEEP_NODES") == "1":
     j["spec"]["failurePolicy"]["excludeFailedNodes"] = False
+if os.environ.get("AGENT_HANG") == "off":
+    # The monitor's rules are under test: the agent's own hang watch (a stopped rank in about 1 s) is off.
+    c = j["spec"].setdefault("template", {}).setdefault("spec", {}).setdefault("containers", [{}])
+    c[0].setdefault("env", []).extend([{"name": "RAILYARD_HANG_STOPPED_SECONDS", "value": "0"},
+                                       {"name": "RAILYARD_HANG_STALL_SECONDS", "value": "0"}])
 print(yaml.safe_dump(j))
 PY
   kubectl apply -n "$ns" -f "$work/job.yaml" >/dev/null
@@ -319,7 +325,7 @@ mon_pid=$!
 # --- B. a frozen rank of a program that reports nothing, then scale 2 -> 3 -----------------------------------
 t0=$SECONDS
 job=pytorch-ddp-b
-apply_job 0.05 20 --no-progress
+AGENT_HANG=off apply_job 0.05 20 --no-progress
 wait_for 120 "past step 40" sh -c "kubectl logs $job-worker-0 -n $ns 2>/dev/null | grep -q '^step 40/'"
 [ -z "$(jp '{.status.step}')" ] || [ "$(jp '{.status.step}')" = 0 ] || fail "status.step $(jp '{.status.step}') from a run that reports none"
 [ "$(generation)" = 1 ] || fail "a restart before any failure: $(jp '{.status.lastRestart}')"
@@ -359,7 +365,7 @@ t0=$SECONDS
 mon_pid=$!
 export KEEP_NODES=1
 job=pytorch-ddp-c
-apply_job 0.05 60
+AGENT_HANG=off apply_job 0.05 60
 unset KEEP_NODES
 wait_for 120 "the job's pods Running" sh -c "[ \"\$(kubectl get pods -n $ns -l railyard.dev/job=$job --field-selector=status.phase=Running -o name | wc -l)\" = 2 ]"
 # 1. the launcher, the ranks' environment, the restricted profile

@@ -200,6 +200,37 @@ TEST_CASE("worker exits of the current generation") {
   CHECK(s.triggers[0].cause == "error: initFrom /etc/passwd is not a checkpoint");
 }
 
+TEST_CASE("an agent's hang report is a Hang of that rank, with its evidence and onset") {
+  const JobSpec spec = two_replicas();
+  TriggerInputs in = running_job();
+  railyard::op::WorkerExit e;
+  e.generation = 3;
+  e.pod = "tiny-worker-1";
+  e.global_rank = 1;
+  e.exit_code = 0;  // nothing exited: the rank still runs
+  e.signal = 0;
+  e.reason = "hung";
+  e.message = "process stopped (state T: SIGSTOP, SIGTSTP or a debugger) for 1.0s (threshold 1.0s), seen by its agent";
+  e.onset = 1.7e9;
+  e.received = in.now;
+  in.exits = {e};
+  TriggerScan s = scan_triggers(spec, in);
+  REQUIRE(s.triggers.size() == 1);
+  CHECK(s.triggers[0].reason == "Hang");
+  CHECK(s.triggers[0].detector == "agent");
+  CHECK(s.triggers[0].rank == 1);
+  CHECK(s.triggers[0].pod == "tiny-worker-1");
+  CHECK(s.triggers[0].node == "n1");
+  CHECK_FALSE(s.triggers[0].permanent);
+  CHECK_FALSE(s.triggers[0].peer_lost);
+  CHECK(s.triggers[0].onset == 1.7e9);
+  CHECK(s.triggers[0].detail == "rank 1 (pod tiny-worker-1) hung");
+  CHECK(s.triggers[0].cause == e.message);
+  // Of an older generation: nothing.
+  in.exits[0].generation = 2;
+  CHECK(scan_triggers(spec, in).triggers.empty());
+}
+
 TEST_CASE("a Failed pod without the agent's report says why with its termination message") {
   const JobSpec spec = two_replicas();
   TriggerInputs in = running_job();

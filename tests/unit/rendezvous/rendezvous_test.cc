@@ -341,6 +341,17 @@ TEST_CASE("malformed bodies get 400 naming the field") {
   with_message["message"] = 42;
   CHECK_THROWS_WITH_AS(rdzv::parse_exit_report(with_message), doctest::Contains("'message' must be a string"),
                        rdzv::ProtocolError);
+  // A hang report (the rank still runs): reason "hung" with its onset; the onset is bounded and optional.
+  rdzv::ExitReport hung{{"ns1", "job1", "p0"}, 1, 0, 0, 0, rdzv::kExitHung};
+  hung.onset = 1.7e9;
+  auto hung_body = rdzv::to_json(hung);
+  CHECK(rdzv::parse_exit_report(hung_body).reason == "hung");
+  CHECK(rdzv::parse_exit_report(hung_body).onset == 1.7e9);
+  CHECK_FALSE(rdzv::to_json(rdzv::ExitReport{{"ns1", "job1", "p0"}, 1, 0, 0, 0, rdzv::kExitHung}).contains("onset"));
+  for (const nlohmann::json& bad : {nlohmann::json(-1), nlohmann::json(2e12), nlohmann::json("soon")}) {
+    hung_body["onset"] = bad;
+    CHECK_THROWS_WITH_AS(rdzv::parse_exit_report(hung_body), doctest::Contains("field 'onset'"), rdzv::ProtocolError);
+  }
 
   auto nf = raw_post(svc, "/v1/nope", "{}", kToken);
   REQUIRE(nf);
@@ -463,6 +474,19 @@ TEST_CASE("exits are delivered once each, progress is aggregated, and the job re
     // The rank's last words reach the operator, their escape sequences stripped.
     CHECK(exits[0].message == "Traceback:\nOSError: no such file");
   }
+  // A hang report of the other pod's rank: delivered with its onset and evidence.
+  rdzv::ExitReport hang{{"ns1", "job1", "p0"}, 1, 1, 0, 0, rdzv::kExitHung};
+  hang.message = "no step for 2.1s after step 42";
+  hang.onset = 1.7e9;
+  CHECK(c.report_exit(hang).outcome == Outcome::Recorded);
+  {
+    std::lock_guard<std::mutex> l(mu);
+    REQUIRE(exits.size() == 2);
+    CHECK(exits[1].reason == "hung");
+    CHECK(exits[1].global_rank == 1);
+    CHECK(exits[1].onset == 1.7e9);
+    CHECK(exits[1].message == "no step for 2.1s after step 42");
+  }
   // Generation 2: exits of generation 1 are stale and not delivered.
   svc.open_generation(spec(2, {"p0", "p1"}, 2));
   CHECK(c.report_exit({{"ns1", "job1", "p0"}, 1, 0, -1, 15, "exited"}).outcome == Outcome::Stale);
@@ -485,9 +509,9 @@ TEST_CASE("exits are delivered once each, progress is aggregated, and the job re
   CHECK(c.status({{"ns1", "job1", "p0"}, 2, 0}).outcome == Outcome::Done);
   {
     std::lock_guard<std::mutex> l(mu);
-    CHECK(exits.size() == 5);
+    CHECK(exits.size() == 6);  // generation 1's kill and hang, then generation 2's four
     std::set<int> ranks;
-    for (size_t i = 1; i < exits.size(); ++i) {
+    for (size_t i = 2; i < exits.size(); ++i) {
       CHECK(exits[i].generation == 2);
       CHECK(exits[i].exit_code == 0);
       ranks.insert(exits[i].global_rank);
