@@ -16,7 +16,7 @@ src=$(cd "$(dirname "$0")/../../.." && pwd)
 out=${RAILYARD_BENCH_OUT:-$build/bench/elastic}
 period=${RAILYARD_BENCH_PERIOD:-20}
 steps=${RAILYARD_BENCH_STEPS:-600}
-flows=${RAILYARD_BENCH_FLOWS:-baseline kill pod node resize}
+flows=${RAILYARD_BENCH_FLOWS:-baseline kill hang pod node resize}
 mkdir -p "$out"
 for flow in $flows; do
   [ -z "${RAILYARD_BENCH_SUMMARY_ONLY:-}" ] || break # the table of runs already in OUT

@@ -4,13 +4,15 @@
 #
 # A 2-replica data-parallel job (tiny model, deterministic mode, checkpoint every 5 steps, in-memory tier every step,
 # maxRestarts 100) trains RAILYARD_CHAOS_STEPS steps. Faults come in rounds; each round is a seeded permutation of the
-# kinds (RAILYARD_CHAOS_KINDS, default all four), so every kind fires once per round:
+# kinds (RAILYARD_CHAOS_KINDS, default all five), so every kind fires once per round:
 #   kill      kill -9 of a random rank's trainer (flow 1: in place, restore from memory)
 #   pod       kubectl delete pod of a random rank (flow 2/5: replacement, save on SIGTERM)
 #   node      railyard-node-agent node-down of a random rank's node, node-up once the job runs again (flow 2: the
 #             pod is replaced on a healthy node; with RAILYARD_CHAOS_CONFINE=UNIT the job is confined to that unit
 #             with minReplicas 1, so the same fault is a shrink and then a grow: flow 4)
 #   operator  kill -9 of the operator, restarted 0.5-3 s later (flow 6)
+#   hang      SIGSTOP of a random rank's trainer: its agent finds it stopped and reports it (docs/rendezvous.md "Hangs
+#             the agent finds"; no monitor runs here), the generation restarts in place and restores from memory
 # The next fault comes once the job has trained a seeded 5-12 more steps (RAILYARD_CHAOS_GAP_SECONDS=S instead waits
 # S seconds), while the fault window RAILYARD_CHAOS_SECONDS (default 60) lasts and the job is not near its end.
 # RAILYARD_CHAOS_SEED (default: random, printed) makes the sequence of kinds, targets and gaps reproducible; the
@@ -20,7 +22,8 @@
 # none; status.restarts = generation - 1 (every restart is one generation: none lost, none counted twice) and at most
 # two per fault (kept loose: since a pod lost before it joins a forming generation is replaced into it, a node loss
 # should count one, but this test was not re-run with that change; docs/elastic.md); steps lost 0 for a
-# kill (restored from memory) and at most the checkpoint interval (5) otherwise, except that a disk restore loses the
+# kill (restored from memory), at most 1 for a hang (restored from memory; the stopped trainer, continued to save on
+# SIGTERM, may finish the step it was in) and at most the checkpoint interval (5) otherwise, except that a disk restore loses the
 # steps since the newest step rank 0 had committed (it must restore that one; the next save may still have been
 # persisting when the node died, so up to the interval plus that save's persist time); final loss and parameters equal to the
 # undisturbed run's. Per fault: detection (until the agents hear of the new generation), recovery (until the first
@@ -35,12 +38,12 @@ source "$(dirname "$0")/lib.sh"
 t_start=$SECONDS
 secs=${RAILYARD_CHAOS_SECONDS:-45}
 seed=${RAILYARD_CHAOS_SEED:-$((RANDOM * 32768 + RANDOM))}
-kinds=${RAILYARD_CHAOS_KINDS-kill pod node operator} # set and empty: no faults (the benchmark's baseline)
+kinds=${RAILYARD_CHAOS_KINDS-kill pod node operator hang} # set and empty: no faults (the benchmark's baseline)
 confine=${RAILYARD_CHAOS_CONFINE:-}
 steps=${RAILYARD_CHAOS_STEPS:-$((secs * 10 > 500 ? secs * 10 : 500))}
 gap_secs=${RAILYARD_CHAOS_GAP_SECONDS:-}
 for k in $kinds; do
-  case "$k" in kill | pod | node | operator) ;; *) fail "RAILYARD_CHAOS_KINDS: unknown kind '$k' (kill, pod, node, operator)" ;; esac
+  case "$k" in kill | pod | node | operator | hang) ;; *) fail "RAILYARD_CHAOS_KINDS: unknown kind '$k' (kill, pod, node, operator, hang)" ;; esac
 done
 echo "chaos: seed $seed (RAILYARD_CHAOS_SEED=$seed reproduces the sequence), kinds '$kinds', window ${secs} s, $steps steps${confine:+, confined to unit $confine (node = shrink/grow)}"
 rdzv_port=$(free_port)
@@ -121,6 +124,13 @@ while [ -n "${kinds// /}" ] && { [ $((SECONDS - t_window)) -lt "$secs" ] || ! al
     pod)
       t=$(ts_now)
       kubectl delete pod "$pod" -n "$ns" --wait=false >/dev/null
+      ;;
+    hang)
+      pid=$(trainer_pid "$pod")
+      [ -n "$pid" ] || fail "no trainer in $pod to stop"
+      t=$(ts_now)
+      kill -STOP "$pid"
+      stopped_pids+=("$pid")
       ;;
     node)
       target=$(pod_node "$pod")
@@ -256,7 +266,7 @@ for t, l in log0:
         prev = (t, s)
 first_step = next(t for t, l in log0 if step_re.search(l))
 events, bad = [], []
-names = {"kill": "trainer kill -9", "pod": "pod delete", "node": "node down (shrink/grow)" if confine else "node down",
+names = {"kill": "trainer kill -9", "hang": "trainer SIGSTOP (found by its agent)", "pod": "pod delete", "node": "node down (shrink/grow)" if confine else "node down",
          "operator": "operator kill -9 + restart"}
 for i, (t, kind, target, g0, s0) in enumerate(faults):
     t = float(t)
@@ -295,7 +305,7 @@ for i, (t, kind, target, g0, s0) in enumerate(faults):
     ev.update(detect_s=round(det - t, 2) if det else None, recovery_s=round(nxt - t, 2) if nxt else None,
               steps_lost=lost, restored=r, restored_from="memory" if src == "memory" else "disk", reached=reached)
     events.append(ev)
-    limit = 0 if kind == "kill" else 5
+    limit = {"kill": 0, "hang": 1}.get(kind, 5)
     if src not in ("memory", "peer"):
         # A disk restore can only be as new as the newest step rank 0 had committed ("ckpt: committed"); the save
         # of the step after it may still have been persisting when the node died (its rank's shard never
@@ -314,7 +324,7 @@ wall = float(t_done) - first_step
 step_s = statistics.median(intervals) if intervals else None
 goodput = int(steps) * step_s / wall if step_s else None
 by_kind = []
-for k in ["kill", "pod", "node", "operator"]:
+for k in ["kill", "hang", "pod", "node", "operator"]:
     ev = [e for e in events if e["kind"] == k]
     if not ev:
         continue
