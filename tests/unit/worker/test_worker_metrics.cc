@@ -126,16 +126,29 @@ namespace {
 // A batch source that reads the registry while it is asked for a batch: what a scrape during validation sees.
 class ScrapingSource : public BatchSource {
  public:
-  ScrapingSource(BatchSource& inner, metrics::Registry& r) : inner_(inner), r_(r) {}
+  ScrapingSource(BatchSource& inner, metrics::Registry& r, std::string progress = "")
+      : inner_(inner), r_(r), progress_(std::move(progress)) {}
   void next_batch(int32_t* inputs, int32_t* targets) override {
     seen.push_back(r_.serialize());
+    if (!progress_.empty()) marks.push_back(pause_mark(progress_));
     inner_.next_batch(inputs, targets);
   }
+  // The progress file's "paused" as the pod agent reads it: "true", "false", "none" (no such field) or "absent".
+  static std::string pause_mark(const std::string& path) {
+    std::ifstream in(path);
+    if (!in) return "absent";
+    const std::string text((std::istreambuf_iterator<char>(in)), {});
+    if (text.find("\"paused\":true") != std::string::npos) return "true";
+    if (text.find("\"paused\":false") != std::string::npos) return "false";
+    return "none";
+  }
   std::vector<std::string> seen;
+  std::vector<std::string> marks;
 
  private:
   BatchSource& inner_;
   metrics::Registry& r_;
+  std::string progress_;
 };
 
 std::string lines(const std::string& text) {
@@ -157,22 +170,35 @@ TEST_CASE("railyard_worker_paused is 1 during validation and a pause scope, 0 wh
   tc.val_every = 2;
   tc.val_steps = 2;
   tc.quiet = true;
+  // The progress file the pod agent reads: the trainer marks its pauses there too ("paused"), for the agent's hang
+  // watch (worker/agent/hang_watch.h).
+  const std::string progress =
+      (std::filesystem::temp_directory_path() / ("railyard-pause-marks-" + std::to_string(::getpid()) + ".json"))
+          .string();
+  std::filesystem::remove(progress);
+  tc.progress_file = progress;
   metrics::Registry registry;
   WindowSource train_inner(tokens, tc.batch, tc.seq_len, 5), val_inner(tokens, tc.batch, tc.seq_len, 6);
-  ScrapingSource train(train_inner, registry), val(val_inner, registry);
+  ScrapingSource train(train_inner, registry, progress), val(val_inner, registry, progress);
   ThreadPool pool(1);
   Trainer trainer(g, tc, pool, train, &val);
   TrainMetrics tm(registry, {{"rank", "0"}});
   trainer.set_metrics(&tm);
-  std::vector<std::string> in_hook;
+  std::vector<std::string> in_hook, hook_marks, save_marks, nested_marks;
   TrainerHooks hooks;
   std::vector<std::string> in_save;
   hooks.after_step = [&](const StepResult&) -> std::optional<int> {
     // The hook itself is not a pause (the checkpointer's per-step agreement is a collective where a hung peer must
     // show as a stall); a synchronous save inside it is (Checkpointer::after_step opens a Pause around it).
     in_hook.push_back(registry.serialize());
+    hook_marks.push_back(ScrapingSource::pause_mark(progress));
     TrainMetrics::Pause save(trainer.metrics());
     in_save.push_back(registry.serialize());
+    save_marks.push_back(ScrapingSource::pause_mark(progress));
+    {
+      TrainMetrics::Pause inner(trainer.metrics());  // nested: its end does not end the outer pause
+    }
+    nested_marks.push_back(ScrapingSource::pause_mark(progress));
     return std::nullopt;
   };
   trainer.set_hooks(hooks);
@@ -191,4 +217,20 @@ TEST_CASE("railyard_worker_paused is 1 during validation and a pause scope, 0 wh
   const std::string after = lines(registry.serialize());
   CHECK(sample(after, "railyard_worker_paused" + l) == 0);
   CHECK(sample(after, "railyard_worker_pause_end_timestamp_seconds" + l) > 1.7e9);
+  // The same in the progress file, from the first step's record on (before it, the agent counts no stall anyway):
+  // validation at step 0 before any record, at steps 2 and 4 marked; each step's own record says false; the hook's
+  // save marked, and still marked after a nested pause ended inside it.
+  REQUIRE(val.marks.size() == 6);
+  CHECK(val.marks[0] == "absent");
+  CHECK(val.marks[1] == "absent");
+  for (size_t i = 2; i < 6; ++i) CHECK(val.marks[i] == "true");
+  REQUIRE(hook_marks.size() == 4);
+  CHECK(hook_marks[0] == "absent");  // the hook runs before step 1's record is written
+  for (size_t i = 1; i < 4; ++i) CHECK(hook_marks[i] == "false");
+  CHECK(save_marks[0] == "absent");
+  for (size_t i = 1; i < 4; ++i) CHECK(save_marks[i] == "true");
+  for (size_t i = 1; i < 4; ++i) CHECK(nested_marks[i] == "true");
+  for (size_t i = 1; i < train.marks.size(); ++i) CHECK(train.marks[i] != "true");
+  CHECK(ScrapingSource::pause_mark(progress) == "false");
+  std::filesystem::remove(progress);
 }
