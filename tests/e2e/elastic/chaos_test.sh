@@ -40,7 +40,7 @@ secs=${RAILYARD_CHAOS_SECONDS:-45}
 seed=${RAILYARD_CHAOS_SEED:-$((RANDOM * 32768 + RANDOM))}
 kinds=${RAILYARD_CHAOS_KINDS-kill pod node operator hang} # set and empty: no faults (the benchmark's baseline)
 confine=${RAILYARD_CHAOS_CONFINE:-}
-steps=${RAILYARD_CHAOS_STEPS:-$((secs * 10 > 500 ? secs * 10 : 500))}
+steps=${RAILYARD_CHAOS_STEPS:-$((secs * 10 > 700 ? secs * 10 : 700))}
 gap_secs=${RAILYARD_CHAOS_GAP_SECONDS:-}
 for k in $kinds; do
   case "$k" in kill | pod | node | operator | hang) ;; *) fail "RAILYARD_CHAOS_KINDS: unknown kind '$k' (kill, pod, node, operator, hang)" ;; esac
