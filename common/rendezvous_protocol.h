@@ -122,7 +122,12 @@ struct JoinRequest {
   std::string agent_id;  // random per agent process: tells a retried join from a restarted agent
   int64_t wait_ms = 0;   // long-poll: hold the request up to this long while the world is incomplete
   int peer_port = 0;     // port of the agent's peer-copy listener on pod_ip (0: it keeps no peer copies)
+  // The agent promises a request (a status poll) at least this often for as long as it runs, whatever it is doing
+  // (kMaxHeartbeatMs at most; 0: no promise). The service may then take a long silence of the pod as its loss
+  // (docs/rendezvous.md "A pod that falls silent").
+  int64_t heartbeat_ms = 0;
 };
+inline constexpr int64_t kMaxHeartbeatMs = 60000;
 
 inline nlohmann::json to_json(const JoinRequest& r) {
   nlohmann::json j = r.ref;
@@ -133,6 +138,7 @@ inline nlohmann::json to_json(const JoinRequest& r) {
   j["agent_id"] = r.agent_id;
   j["wait_ms"] = r.wait_ms;
   j["peer_port"] = r.peer_port;
+  if (r.heartbeat_ms > 0) j["heartbeat_ms"] = r.heartbeat_ms;
   return j;
 }
 
@@ -146,6 +152,7 @@ inline JoinRequest parse_join_request(const nlohmann::json& j) {
   r.agent_id = detail::get_string(j, "agent_id");
   r.wait_ms = detail::get_int_or(j, "wait_ms", 0, 3600000, 0);
   r.peer_port = static_cast<int>(detail::get_int_or(j, "peer_port", 0, 65535, 0));
+  r.heartbeat_ms = detail::get_int_or(j, "heartbeat_ms", 0, kMaxHeartbeatMs, 0);
   return r;
 }
 

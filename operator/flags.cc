@@ -45,6 +45,10 @@ Runs the TrainingJob controller against the cluster of $KUBECONFIG (or --kubecon
                                     and never a standby (default: none)
   --join-timeout S                  how long a joined pod waits for the rest of its generation before the
                                     service reports a join timeout (default 300)
+  --agent-silence-seconds S         a pod whose agent sent no request for S seconds (at least 3 of its
+                                    heartbeats) while a peer's did is taken as lost and replaced at once,
+                                    without waiting for its node to turn NotReady (default 4; 0 = off;
+                                    docs/rendezvous.md "A pod that falls silent")
   --workers N                       reconcile threads (default 2)
   --kube-api-qps Q                  client rate limit, requests per second (default 50; 0 = no limit)
   --kube-api-burst B                client burst above the rate (default 1000: one gang of 1,000 pods at once)
@@ -144,6 +148,12 @@ const std::map<std::string, FlagSpec>& flag_table() {
       {"--renew-deadline", {false, [](F& f, S a, S v) { f.renew_deadline = seconds(a, v); }}},
       {"--retry-period", {false, [](F& f, S a, S v) { f.retry_period = seconds(a, v); }}},
       {"--join-timeout", {false, [](F& f, S a, S v) { f.join_timeout = seconds(a, v); }}},
+      {"--agent-silence-seconds",
+       {false,
+        [](F& f, S a, S v) {
+          f.agent_silence = decimal(a, v, 0, false, "expected seconds, 0 (off) or more (at least 1 s when on)");
+          if (f.agent_silence > 0 && f.agent_silence < 1) refuse(a + " '" + v + "': at least 1 s when on (0 = off)");
+        }}},
       {"--worker-image", text(&F::worker_image)},
       {"--worker-command", text(&F::worker_command)},
       {"--rendezvous-bind", text(&F::rendezvous_bind)},

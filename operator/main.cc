@@ -302,6 +302,7 @@ struct Leadership {
     try {
       op::RendezvousOptions ro;
       ro.join_timeout = std::chrono::milliseconds(static_cast<int64_t>(flags.join_timeout * 1000));
+      ro.silence_after = std::chrono::milliseconds(static_cast<int64_t>(flags.agent_silence * 1000));
       serving = rendezvous_tls(flags, client, rhost);
       ro.serving = serving.serving;
       rdzv = std::make_unique<op::RendezvousService>(rhost, rport, ro);

@@ -373,6 +373,7 @@ std::vector<PodPtr> Controller::pods_of(const Json& job) {
 
 void Controller::forget_job(const std::string& key) {
   poisoned_.forget(key);
+  suspects_.forget(key);
   RendezvousService* rdzv = nullptr;
   {
     std::lock_guard lock(mu_);

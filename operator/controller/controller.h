@@ -26,6 +26,7 @@
 #include "operator/controller/pod_builder.h"
 #include "operator/controller/pod_state.h"
 #include "operator/controller/poison.h"
+#include "operator/controller/suspect_nodes.h"
 #include "operator/rendezvous/rendezvous.h"
 #include "operator/scheduler/placement.h"
 
@@ -182,6 +183,7 @@ class Controller {
   // "<plural>/<job key>" -> uid and content of the per-job object in place (ensure_job_object)
   std::map<std::string, std::string> job_objects_;
   PoisonedJobs poisoned_;  // jobs held Invalid after their reconcile threw (thread-safe itself)
+  SuspectNodes suspects_;  // nodes of pods that fell silent, kept off a while per job (thread-safe itself)
 
   // Metrics.
   metrics::Family<metrics::Gauge>& jobs_by_phase_;

@@ -70,7 +70,8 @@ bool replace_into_forming_generation(const FormingGeneration& g, const std::vect
   if (triggers.empty() || !g.restarting || !g.rendezvous_known || g.world_complete) return false;
   for (const TriggerFacts& t : triggers) {
     if (t.permanent || t.pod.empty()) return false;
-    if (t.reason != "PodFailed" && t.reason != "NodeLost" && t.reason != "NodeExcluded") return false;
+    if (t.reason != "PodFailed" && t.reason != "NodeLost" && t.reason != "NodeExcluded" && t.reason != "AgentSilent")
+      return false;
     if (!contains(g.missing, t.pod) || contains(g.replaced, t.pod)) return false;
   }
   return true;

@@ -77,6 +77,32 @@ void scan_exits(const JobSpec& spec, const TriggerInputs& in, TriggerScan& out) 
            "agent", "", -1});
       continue;
     }
+    if (e.reason == kExitSilent) {
+      // The service heard nothing from the pod for the silence threshold while a peer was heard: it is frozen,
+      // partitioned or gone with its node, whose kubelet may still say Ready. Replaced at once (force: a frozen
+      // kubelet never confirms), fenced by its UID should it wake. Only the pod that fell silent: a replacement of the
+      // same name, or a pod that failed or is being deleted (scan_pods has it), is not.
+      const Json* pod = nullptr;
+      for (const auto& [i, p] : in.pods_by_index)
+        if (worker_pod_name(in.name, i) == e.pod) pod = p.get();
+      if (!pod || e.uid.empty() || uid_of(*pod) != e.uid || in.handled_uids.count(e.uid) || terminating(*pod) ||
+          phase_of(*pod) == "Failed" || phase_of(*pod) == "Succeeded")
+        continue;
+      Trigger tr;
+      tr.reason = "AgentSilent";
+      tr.detail = "pod " + e.pod + (node.empty() ? "" : " on node " + node) + " fell silent";
+      tr.pod = e.pod;
+      tr.node = node;
+      tr.detector = "rendezvous";
+      tr.uid = e.uid;
+      tr.cause = e.message;
+      tr.onset = e.onset;
+      tr.age = std::chrono::duration_cast<std::chrono::milliseconds>(in.now - e.received);
+      out.triggers.push_back(tr);
+      out.to_delete.push_back({e.pod, true});
+      if (!node.empty()) out.suspect_nodes.push_back(node);
+      continue;
+    }
     if (e.reason == rdzv::kExitHung) {
       // The rank runs, but its agent saw it stopped, or blocked with no step and no CPU: the message says which.
       Trigger tr;

@@ -26,7 +26,8 @@ struct Trigger {
   // The failed process's own words, when it left any (the agent's exit report message; a Failed pod's
   // terminated.message): a tenant's text, sanitized and bounded where it is shown (failure_policy.h with_cause).
   std::string cause{};
-  double onset = 0;  // Hang reported by an agent: when the hang began (unix seconds), for the time to detect
+  double onset = 0;  // Hang: when the hang began; AgentSilent: when the pod was last heard (unix seconds), for the time
+                     // to detect
 };
 
 struct TriggerInputs {
@@ -51,13 +52,17 @@ struct TriggerScan {
   std::vector<Trigger> triggers;
   std::vector<std::pair<std::string, bool>> to_delete;  // (pod, force): failed pods and pods on lost/excluded nodes
   std::map<std::string, std::string> node_by_pod;       // bound pods -> their node
+  // Nodes of pods that fell silent (AgentSilent): the job's replacements stay off them a while (suspect_nodes.h), as
+  // such a node may be frozen and still look Ready.
+  std::vector<std::string> suspect_nodes;
   std::string restart_request;  // a restart request not handled before (this reconcile handles it), else empty
 };
 
 // Triggers: PodLost (a pod of a Running world vanished), PodFailed (with its exit code through the failure policy),
 // PodDeleted, NodeLost (not Ready or gone), NodeExcluded, AgentRestarted, WorkerExit and Hang (an agent found its rank
-// hung; for the current generation), RestartRequested (a new annotation value; its rank and node from the monitor's
-// request).
+// hung; for the current generation), AgentSilent (the rendezvous service heard nothing from a pod for the silence
+// threshold: the pod, with that UID, is deleted with force and replaced), RestartRequested (a new annotation value; its
+// rank and node from the monitor's request).
 TriggerScan scan_triggers(const JobSpec& spec, const TriggerInputs& in);
 
 }  // namespace railyard::op

@@ -82,6 +82,9 @@ void Controller::create_pods(Sync& s) {
   ensure_service(job);
   const std::optional<Json> claim = ensure_storage(job, spec, events);
   log::debug(kLog, "secret, network policy, service and storage in place", {{"job", key}});
+  // A pod that fell silent: its node is suspect (frozen or cut off, though it may look Ready for a while). Noted
+  // before the pod is deleted, so its replacement's placement stays off it (suspect_nodes.h).
+  for (const std::string& node : s.scan.suspect_nodes) suspects_.add(key, node, s.now);
   for (const auto& [pod_name, force] : to_delete) {
     delete_pod(ns, pod_name, force);
     for (auto it = by_index.begin(); it != by_index.end(); ++it)

@@ -391,15 +391,17 @@ std::optional<std::chrono::milliseconds> Controller::restart_or_fail(Sync& s) {
         }
       }
     }
-    if (t->reason == "Hang") {
-      // An agent's report: the hang's onset (its clock; the operator's on one machine or NTP) to now.
-      last["symptom"] = "Hang";
+    if (t->reason == "Hang" || t->reason == "AgentSilent") {
+      // An agent's report: the hang's onset (its clock; the operator's on one machine or NTP) to now. A silent pod:
+      // when the service last heard it.
+      const char* symptom = t->reason == "Hang" ? "Hang" : "Silent";
+      last["symptom"] = symptom;
       if (t->onset > 0) {
         const double now_unix =
             std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
         const double secs = std::clamp(now_unix - t->onset, 0.0, 1e9);
         last["detectSeconds"] = std::round(secs * 10) / 10;
-        detection_seconds_.add({{"symptom", "Hang"}}).observe(secs);
+        detection_seconds_.add({{"symptom", symptom}}).observe(secs);
       }
     }
     if (!t->pod.empty()) last["pod"] = t->pod;

@@ -8,12 +8,12 @@
 
 #include "common/wellknown.h"
 #include "operator/controller/controller.h"
-#include "operator/scheduler/nccl_env.h"
 #include "operator/controller/plan_glue.h"
 #include "operator/controller/pod_builder.h"
 #include "operator/controller/pod_state.h"
 #include "operator/controller/status.h"
 #include "operator/controller/sync.h"
+#include "operator/scheduler/nccl_env.h"
 
 namespace railyard::op {
 
@@ -91,6 +91,13 @@ void Controller::place_gang(Sync& s, const std::vector<int>& indices, bool creat
 
   PlacementRequest req = s.job_placement;
   req.job_key = s.key;
+  // Nodes where a pod of this job fell silent lately: they may look Ready and be frozen (suspect_nodes.h).
+  for (const std::string& node :
+       suspects_.active(s.key, std::chrono::system_clock::now(), [this](const std::string& node_name) {
+         const auto obj = nodes_->get_shared(node_name);
+         return obj ? ready_transition(*obj) : std::optional<SuspectNodes::Time>();
+       }))
+    req.excluded_nodes.insert(node);
   req.pods = static_cast<int>(indices.size());
   req.pod_indices = indices;
   fill_gang_request(req, s.job, spec, s.gen, opts_.pod);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
 #include <map>
 #include <mutex>
 #include <set>
@@ -17,6 +18,7 @@
 #include "common/log.h"
 #include "common/log_tail.h"
 #include "common/rendezvous_protocol.h"
+#include "operator/rendezvous/silence.h"
 
 namespace railyard::op {
 namespace {
@@ -26,6 +28,12 @@ using nlohmann::json;
 namespace st = rdzv::status;
 
 constexpr const char* kComponent = "rendezvous";
+// Job::exits key of a pod reported silent (once per generation); -1 is an agent restart, >= 0 a local rank.
+constexpr int kSilentMark = -2;
+// How often the service looks for silent pods, and the gap in its own ticks that counts as its own stall (a paused
+// or starved operator heard nobody meanwhile; silences are counted from when it ran again).
+constexpr auto kWatchTick = std::chrono::milliseconds(100);
+constexpr auto kOwnStall = std::chrono::milliseconds(1000);
 
 uint32_t fnv1a(const std::string& s) {
   uint32_t h = 2166136261u;
@@ -159,6 +167,39 @@ struct RendezvousService::Impl {
   std::map<std::string, std::map<std::string, std::string>> holders;
   // Job key -> UIDs that held a name once and no longer do: fenced for good.
   std::map<std::string, std::set<std::string>> retired;
+  // Job key -> pod name -> what was last heard from the pod (UID) holding it, across generations: who fell silent.
+  struct HeardFrom {
+    std::string uid;
+    Clock::time_point last{};
+    int in_flight = 0;
+    int64_t heartbeat_ms = 0;
+  };
+  std::map<std::string, std::map<std::string, HeardFrom>> heard;
+  Clock::time_point service_resumed{};  // the end of the service's own last stall (watch)
+  std::condition_variable watch_cv;
+  std::thread watcher;  // runs watch() when opts.silence_after > 0
+
+  // Under mu: a request of the pod that holds its name (a fenced or unknown UID, or none, says nothing). in_flight:
+  // +1 as a long-poll starts, -1 as it ends.
+  void hear(const rdzv::JobRef& ref, int in_flight = 0, int64_t heartbeat_ms = -1) {
+    if (ref.uid.empty() || holder_of(ref) != Holder::kYes) return;
+    HeardFrom& h = heard[ref.key()][ref.pod];
+    if (h.uid != ref.uid) h = HeardFrom{ref.uid};
+    h.last = Clock::now();
+    h.in_flight = std::max(0, h.in_flight + in_flight);
+    if (heartbeat_ms >= 0) h.heartbeat_ms = heartbeat_ms;
+  }
+  // A request held open (a long-poll) is heard for as long as it is held. Lives inside the request's lock.
+  struct Listening {
+    Impl& s;
+    rdzv::JobRef ref;
+    Listening(Impl& impl, const rdzv::JobRef& r, int64_t heartbeat_ms = -1) : s(impl), ref(r) {
+      s.hear(ref, +1, heartbeat_ms);
+    }
+    ~Listening() { s.hear(ref, -1); }
+    Listening(const Listening&) = delete;
+    Listening& operator=(const Listening&) = delete;
+  };
 
   // Under mu. Returns whether anything changed.
   bool replace_holders(const std::string& key, const std::map<std::string, std::string>& uids) {
@@ -238,6 +279,80 @@ struct RendezvousService::Impl {
     }
   }
 
+  // Under mu: the pods of running or forming generations that fell silent (silence.h), each reported once per
+  // generation as a "silent" exit.
+  void find_silent(Clock::time_point now, Events& ev) {
+    for (auto& [key, job] : jobs) {
+      if (job.closed || job.ranks_ok == job.world()) continue;
+      auto heard_of = heard.find(key);
+      auto holders_of = holders.find(key);
+      if (heard_of == heard.end() || holders_of == holders.end()) continue;
+      std::vector<silence::Heard> pods;
+      for (const std::string& pod : job.spec.pods) {
+        auto h = heard_of->second.find(pod);
+        if (h == heard_of->second.end()) continue;
+        silence::Heard x;
+        x.pod = pod;
+        x.uid = h->second.uid;
+        if (auto holder = holders_of->second.find(pod); holder != holders_of->second.end())
+          x.holder_uid = holder->second;
+        x.last = h->second.last;
+        x.in_flight = h->second.in_flight;
+        x.heartbeat_ms = h->second.heartbeat_ms;
+        for (const auto& [exited_pod, rank] : job.exits)
+          x.exited = x.exited || (exited_pod == pod && rank != kSilentMark);
+        pods.push_back(std::move(x));
+      }
+      for (const silence::Silent& q : silence::find_silent(pods, now, service_resumed, opts.silence_after)) {
+        if (!job.exits.insert({q.pod, kSilentMark}).second) continue;
+        char quiet[32], peer[32];
+        std::snprintf(quiet, sizeof quiet, "%.1f", q.seconds);
+        std::snprintf(peer, sizeof peer, "%.1f", q.peer_seconds);
+        const std::string msg = "no request from the agent of pod " + q.pod + " (uid " + q.uid + ") for " + quiet +
+                                " s although it promised one every " +
+                                std::to_string(heard_of->second[q.pod].heartbeat_ms) + " ms, while pod " +
+                                q.heard_peer + " was heard " + peer +
+                                " s ago: the pod, its node or its network is frozen or gone";
+        log::warn(kComponent, "a pod fell silent",
+                  {{"job", key},
+                   {"generation", std::to_string(job.spec.generation)},
+                   {"pod", q.pod},
+                   {"uid", q.uid},
+                   {"silent_seconds", quiet},
+                   {"heard_peer", q.heard_peer}});
+        WorkerExit e;
+        e.job_key = key;
+        e.generation = job.spec.generation;
+        e.pod = q.pod;
+        e.exit_code = 0;
+        e.reason = kExitSilent;
+        e.message = msg;
+        e.uid = q.uid;
+        e.onset = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count() -
+                  std::chrono::duration<double>(now - q.last).count();
+        ev.exits.push_back(std::move(e));
+      }
+    }
+  }
+  void watch() {
+    std::unique_lock<std::mutex> lock(mu);
+    Clock::time_point last_tick = Clock::now();
+    while (!stopping) {
+      watch_cv.wait_for(lock, kWatchTick);
+      if (stopping) break;
+      const auto now = Clock::now();
+      if (now - last_tick > kOwnStall) service_resumed = now;
+      last_tick = now;
+      Events ev;
+      find_silent(now, ev);
+      if (!ev.exits.empty()) {
+        lock.unlock();
+        deliver(ev);
+        lock.lock();
+      }
+    }
+  }
+
   rdzv::Assignment assignment(const Job& job, const std::string& pod) const {
     rdzv::Assignment a;
     a.generation = job.spec.generation;
@@ -286,6 +401,7 @@ struct RendezvousService::Impl {
     std::unique_lock<std::mutex> lock(mu);
     Job* job = nullptr;
     if (auto r = authorize(req.ref.key(), token, &job)) return *r;
+    const Listening listening(*this, req.ref, req.heartbeat_ms);
     if (job->closed) return error_reply(410, st::kClosed, "job " + req.ref.key() + " was closed by the operator");
     const int64_t gen = job->spec.generation;
     if (auto r = refuse_join(req, *job, gen)) return *r;
@@ -449,6 +565,7 @@ struct RendezvousService::Impl {
     std::unique_lock<std::mutex> lock(mu);
     Job* job = nullptr;
     if (auto r = authorize(req.ref.key(), token, &job)) return *r;
+    const Listening listening(*this, req.ref);
     const std::string key = req.ref.key();
     const auto hold_until =
         Clock::now() + std::chrono::milliseconds(std::min<int64_t>(req.wait_ms, opts.max_poll.count()));
@@ -482,6 +599,7 @@ struct RendezvousService::Impl {
     std::lock_guard<std::mutex> lock(mu);
     Job* job = nullptr;
     if (auto r = authorize(req.ref.key(), token, &job)) return *r;
+    hear(req.ref);
     if (job->closed || job->spec.generation != req.generation || !job->index.count(req.ref.pod) ||
         holder_of(req.ref) != Holder::kYes) {
       return {200, {{"status", st::kStale}, {"generation", job->spec.generation}}};
@@ -515,6 +633,7 @@ struct RendezvousService::Impl {
     std::lock_guard<std::mutex> lock(mu);
     Job* job = nullptr;
     if (auto r = authorize(req.ref.key(), token, &job)) return *r;
+    hear(req.ref);
     if (job->closed || job->spec.generation != req.generation || !job->index.count(req.ref.pod) ||
         holder_of(req.ref) != Holder::kYes) {
       return {200, {{"status", st::kStale}, {"generation", job->spec.generation}}};
@@ -633,6 +752,7 @@ RendezvousService::RendezvousService(std::string host, int port, RendezvousOptio
     s.thread.join();
     throw Error("rendezvous: server on " + host + ":" + std::to_string(s.port) + " stopped at once");
   }
+  if (options.silence_after.count() > 0) s.watcher = std::thread([&s] { s.watch(); });
   log::info(
       kComponent, "serving",
       {{"address", host + ":" + std::to_string(s.port)}, {"tls", options.serving.cert_pem.empty() ? "off" : "on"}});
@@ -644,6 +764,8 @@ RendezvousService::~RendezvousService() {
     impl_->stopping = true;
   }
   impl_->cv.notify_all();
+  impl_->watch_cv.notify_all();
+  if (impl_->watcher.joinable()) impl_->watcher.join();
   impl_->server->stop();
   if (impl_->thread.joinable()) impl_->thread.join();
 }
@@ -710,6 +832,7 @@ void RendezvousService::close_job(const std::string& job_key) {
   it->second.closed = true;
   impl_->holders.erase(job_key);
   impl_->retired.erase(job_key);
+  impl_->heard.erase(job_key);
   it->second.joined.clear();
   it->second.progress.clear();
   log::info(kComponent, "job closed", {{"job", job_key}});

@@ -39,7 +39,11 @@ struct GenerationSpec {
 // (generation, pod, local_rank). reason: "exited" (the process ended on its own), "stopped" (the agent stopped
 // it because the agent itself got SIGTERM/SIGINT, e.g. pod deletion), "hung" (it runs, but its agent found it hung:
 // message says why, onset since when), "agent_restarted" (a new agent instance
-// joined a generation that had already started: the world is broken; local_rank/global_rank are -1).
+// joined a generation that had already started: the world is broken; local_rank/global_rank are -1), "silent" (no
+// agent sent it: the service heard nothing from the pod for RendezvousOptions::silence_after while a peer was heard;
+// uid names the pod, onset is when it was last heard, message says so; ranks are -1).
+inline constexpr const char* kExitSilent = "silent";  // WorkerExit::reason of a pod that fell silent
+
 struct WorkerExit {
   std::string job_key;
   int64_t generation = 0;
@@ -52,7 +56,8 @@ struct WorkerExit {
   // The rank's last output lines when it failed (the agent's ExitReport "message"), sanitized and bounded
   // (kMaxExitMessageBytes); "" when the agent sent none.
   std::string message{};  // a default member initializer: positional initializers may leave it out
-  double onset = 0;       // reason "hung": when the hang began (unix seconds; the ExitReport's), else 0
+  double onset = 0;       // reason "hung": when the hang began (unix seconds; the ExitReport's); "silent": last heard
+  std::string uid{};      // reason "silent": the UID of the pod that fell silent
   // When the operator received the report (set by Controller::report_exit): how long a survivor's peer-lost exit has
   // waited for the culprit's own report (op::hold_for_culprit).
   std::chrono::steady_clock::time_point received{};
@@ -77,6 +82,9 @@ struct RendezvousOptions {
   // The server certificate (chained to the CA the pods trust, RAILYARD_RENDEZVOUS_CA) and its key, PEM. Empty:
   // plain HTTP (--rendezvous-tls off; the token then crosses the pod network in cleartext).
   tls::CertKey serving;
+  // A pod whose agent promised a heartbeat and sent no request for max(this, 3 x its heartbeat) while a peer of its job
+  // was heard is reported as a "silent" exit (silence.h; docs/rendezvous.md "A pod that falls silent"). 0: never.
+  std::chrono::milliseconds silence_after{0};
 };
 
 class RendezvousService {

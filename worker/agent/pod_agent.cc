@@ -26,6 +26,7 @@
 #include "common/torchrun.h"
 #include "worker/agent/agent_metrics.h"
 #include "worker/agent/flash_module.h"
+#include "worker/agent/heartbeat.h"
 #include "worker/agent/name_wait.h"
 #include "worker/agent/output_watch.h"
 #include "worker/agent/peer_ring.h"
@@ -172,6 +173,19 @@ class AgentRun {
                {"tls", client_.tls() ? "on" : "off"},
                {"procs", std::to_string(cfg_.procs_per_pod)},
                {"agent_id", agent_id_}});
+    // The beat that tells the service this pod is alive while the loops below are busy elsewhere (join, stopping
+    // workers, peer copies): a status poll for the generation it last knew, its answer ignored (the loops act on
+    // their own polls). Stops with run().
+    const Heartbeat beat(cfg_.poll_interval, [this] {
+      // Only while the loops are silent: a request of theirs in flight, or one that ended within the period, is heard
+      // already (no extra load on the service while training).
+      if (speaking_.load() > 0 || steady_ms() - spoke_at_ms_.load() < cfg_.poll_interval.count()) return;
+      try {
+        client_.status({ref(), beat_generation_.load(), 0});
+      } catch (const std::exception&) {
+        // Unreachable or refused: the main loop sees the same on its own requests and acts on it.
+      }
+    });
     std::string last_notice;
     std::optional<Clock::time_point> round_start;  // first join request since the last generation ended
     // The service answers unknown_job for a job it has not opened and for a wrong token alike (it does not tell which
@@ -186,7 +200,9 @@ class AgentRun {
       }
       RendezvousClient::Result r;
       try {
-        r = client_.join(join_request(last_generation_, free_port(cfg_.pod_ip), cfg_.join_wait.count()));
+        r = speak([&] {
+          return client_.join(join_request(last_generation_, free_port(cfg_.pod_ip), cfg_.join_wait.count()));
+        });
       } catch (const ConfigError& e) {
         log::error(kComponent, e.what());
         return kAgentConfigError;
@@ -274,6 +290,26 @@ class AgentRun {
 
   rdzv::JobRef ref() const { return {cfg_.ns, cfg_.job, cfg_.pod, cfg_.pod_uid}; }
 
+  static int64_t steady_ms() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch()).count();
+  }
+  // A request of the main loop: the heartbeat stays quiet while it is in flight and for a period after.
+  template <typename Call>
+  auto speak(Call call) -> decltype(call()) {
+    struct Speaking {
+      AgentRun& a;
+      explicit Speaking(AgentRun& run) : a(run) {
+        ++a.speaking_;
+        a.spoke_at_ms_ = steady_ms();
+      }
+      ~Speaking() {
+        a.spoke_at_ms_ = steady_ms();
+        --a.speaking_;
+      }
+    } speaking(*this);
+    return call();
+  }
+
   // store_port: offered for the bootstrap store should this pod get rank 0. wait_ms: the long-poll hold.
   rdzv::JoinRequest join_request(int64_t generation, int store_port, int64_t wait_ms) const {
     rdzv::JoinRequest req;
@@ -285,6 +321,7 @@ class AgentRun {
     req.agent_id = agent_id_;
     req.wait_ms = wait_ms;
     req.peer_port = peer_ ? peer_->port() : 0;
+    req.heartbeat_ms = cfg_.poll_interval.count();
     return req;
   }
 
@@ -459,6 +496,7 @@ class AgentRun {
 
   std::pair<After, int> run_generation(const rdzv::Assignment& a) {
     generation_ = a.generation;
+    beat_generation_ = a.generation;
     torchrun_failed_ = false;
     last_generation_ = a.generation;
     reports_->start_generation(a.generation);
@@ -500,7 +538,7 @@ class AgentRun {
       reports_->forward_progress(progress_sources(true));
       RendezvousClient::Result r;
       try {
-        r = client_.status({ref(), generation_, 0});
+        r = speak([&] { return client_.status({ref(), generation_, 0}); });
       } catch (const ConfigError& e) {
         log::error(kComponent, e.what());
         return finish(SIGTERM, nullptr, After::Exit, kAgentConfigError);
@@ -554,7 +592,7 @@ class AgentRun {
   std::optional<std::pair<After, int>> reattach(const rdzv::Assignment& a) {
     try {
       // The store the running workers use; no long-poll: the generation is running.
-      auto j = client_.join(join_request(generation_, a.master_port, 0));
+      auto j = speak([&] { return client_.join(join_request(generation_, a.master_port, 0)); });
       if (j.outcome == Outcome::Ready) {
         const auto& b = j.assignment;
         if (b.ranks == a.ranks && b.world_size == a.world_size && b.master_addr == a.master_addr &&
@@ -604,6 +642,9 @@ class AgentRun {
   std::string shm_pod_prefix_;
   std::string shm_prefix_;
   int64_t generation_ = 0;
+  std::atomic<int64_t> beat_generation_{0};  // generation_, for the heartbeat's thread
+  std::atomic<int> speaking_{0};             // requests of the main loop in flight (speak)
+  std::atomic<int64_t> spoke_at_ms_{0};      // when one last started or ended (steady_ms)
   int64_t last_generation_ = 0;
   bool last_all_ok_ = false;
   std::optional<Clock::time_point> unreachable_since_;

@@ -9,6 +9,8 @@
 # Job 2: the same with the stopped rule off (RAILYARD_HANG_STOPPED_SECONDS=0): rank 1's SIGSTOP leaves both ranks
 # without a step and without CPU (rank 0 blocks in the gradient exchange), and the stall rule finds it: Hang, detector
 # agent, the evidence "no step for", detectSeconds <= 3 (max(3 s, 3 x the step time), steps here are well under 1 s).
+# Job 3: pod 1 frozen whole (agent included): the rendezvous service finds it silent (issue 44 item 1, a node or pod
+# that vanishes without closing its sockets), and the operator replaces it on another node at once.
 set -euo pipefail
 job_name=agenthang
 job_memory=1
@@ -77,4 +79,41 @@ stopped_pids+=("$tp")
 t_stop=$(date +%s.%N)
 # Both ranks stall (rank 1 stopped, rank 0 blocked on it) and both agents report: the first report names the rank.
 hang_restart "$t_stop" "no step for" "[0, 1]"
-echo "agent hang e2e: ok (a stopped rank found by its agent, restored in place from memory with $lost steps lost; a blocked world found by the stall rule)"
+
+# --- Job 3: a pod frozen whole (its agent too): the rendezvous service finds it silent ----------------------------
+# SIGSTOP of pod 1's whole process group (agent and trainer; its node is fine): its sockets stay open, so rank 0 blocks
+# in the gradient exchange with no error, and pod 1's agent sends nothing more. The service hears pod 0's agent and not
+# pod 1's: after --agent-silence-seconds (4 by default) it reports pod 1 silent; the operator restarts (lastRestart
+# AgentSilent, detector rendezvous, symptom Silent, detectSeconds from when pod 1 was last heard), deletes pod 1 with
+# force and creates its replacement on another node (the frozen one is suspect for a while). The agents' own hang
+# rules are off in this job, so the silence is what finds it (with them on, pod 0's agent reports its rank blocked
+# first and the silent pod is replaced into that restart's generation: operator_unit_tests lifecycle).
+kubectl delete tj "$job_name" -n "$ns" --wait=false >/dev/null
+job_name=agentsilent
+job_agent_hang=off job_yaml "$job_name" 2 "$steps" | kubectl apply -n "$ns" -f - >/dev/null
+wait_for 90 "job 3 to run" phase_is Running
+wait_for 120 "job 3 at step 30" at_step 30
+uid1=$(pod_uid "$job_name-worker-1")
+node1=$(pod_node "$job_name-worker-1")
+agent_ctl freeze "$ns/$job_name-worker-1" >/dev/null
+t_stop=$(date +%s.%N)
+echo "froze pod $job_name-worker-1 (agent and trainer, node $node1) at step $(steps_of "$job_name-worker-0" | tail -1 | cut -d' ' -f1)"
+wait_for 30 "the restart" bash -c "[ \"\$(kubectl get tj $job_name -n $ns -o jsonpath='{.status.restarts}')\" -ge 1 ]"
+t_seen=$(date +%s.%N)
+last=$(jp '{.status.lastRestart}')
+jq -e --arg pod "$job_name-worker-1" --arg node "$node1" '.reason == "AgentSilent" and .symptom == "Silent" and
+  .detector == "rendezvous" and .pod == $pod and .node == $node and .detectSeconds >= 3.5 and .detectSeconds <= 6 and
+  (.message | contains("fell silent"))' <<<"$last" >/dev/null ||
+  fail "status.lastRestart is not pod 1's silence found in 4-6 s: $last"
+python3 -c "import sys; d = float(sys.argv[2]) - float(sys.argv[1]); print(f'freeze -> restart seen by the test in {d:.1f} s'); sys.exit(0 if d <= 7 else 1)" \
+  "$t_stop" "$t_seen" || fail "the restart came more than 7 s after the freeze"
+replaced() {
+  u=$(pod_uid "$job_name-worker-1") && [ -n "$u" ] && [ "$u" != "$uid1" ] && n=$(pod_node "$job_name-worker-1") &&
+    [ -n "$n" ] && [ "$n" != "$node1" ]
+}
+wait_for 30 "pod 1's replacement on another node" replaced
+echo "pod 1 replaced on node $(pod_node "$job_name-worker-1") $(python3 -c "import sys, time; print(f'{time.time() - float(sys.argv[1]):.1f}')" "$t_stop") s after the freeze"
+wait_succeeded 240
+[ "$(jp '{.status.restarts}')" = 1 ] || fail "restarts $(jp '{.status.restarts}'), want 1 for one frozen pod"
+echo "lastRestart: $last"
+echo "agent hang e2e: ok (a stopped rank found by its agent, restored in place from memory with $lost steps lost; a blocked world found by the stall rule; a frozen pod found silent and replaced on another node)"

@@ -42,7 +42,10 @@ install_crd "$src"
 kubectl create namespace "$ns" >/dev/null
 wait_for 60 "the default service account token" \
   bash -c "kubectl get sa default -n $ns -o jsonpath='{.secrets[0].name}' | grep -q ."
+# The frozen pod below shows the join timeout: the silence rule (which would replace it after 4 s) is off here and
+# tested in e2e_elastic_agent_hang.
 "$bin/railyard-operator" --namespace "$ns" --leader-elect=false --worker-command "$agent_bin" --join-timeout 3 \
+  --agent-silence-seconds 0 \
   --metrics-addr "127.0.0.1:$(free_port)" --health-addr "127.0.0.1:$(free_port)" --rendezvous-bind 127.0.0.1:0 \
   >"$work/op.log" 2>&1 &
 op_pid=$!

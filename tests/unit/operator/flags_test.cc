@@ -120,3 +120,13 @@ TEST_CASE("operator flags: pairs that must agree") {
   CHECK(refusal({"--rendezvous-tls", "files", "--rendezvous-tls-dir", "/tls"}).empty());
   CHECK(split_addr("--x", "[::1]:80") == std::pair<std::string, int>{"[::1]", 80});
 }
+
+TEST_CASE("--agent-silence-seconds: 4 by default, 0 turns it off, a fraction of a second is refused naming the flag") {
+  CHECK(parse_operator_flags({}).agent_silence == 4);
+  CHECK(parse_operator_flags({"--agent-silence-seconds", "0"}).agent_silence == 0);
+  CHECK(parse_operator_flags({"--agent-silence-seconds=2.5"}).agent_silence == 2.5);
+  CHECK(refusal({"--agent-silence-seconds", "0.2"}).find("--agent-silence-seconds '0.2': at least 1 s") !=
+        std::string::npos);
+  CHECK(refusal({"--agent-silence-seconds", "-1"}).find("--agent-silence-seconds") != std::string::npos);
+  CHECK(refusal({"--agent-silence-seconds", "soon"}).find("--agent-silence-seconds") != std::string::npos);
+}

@@ -67,6 +67,9 @@ TEST_CASE("a node loss is one generation: the lost pod is replaced into the gene
   CHECK(replace_into_forming_generation(g, node_lost));
   CHECK(replace_into_forming_generation(g, {{"PodFailed", "j-worker-1", false}}));
   CHECK(replace_into_forming_generation(g, {{"NodeExcluded", "j-worker-1", false}}));
+  // A frozen pod: its peers' agents found them hung (the restart), and it fell silent before it could re-join.
+  CHECK(replace_into_forming_generation(g, {{"AgentSilent", "j-worker-1", false}}));
+  CHECK_FALSE(replace_into_forming_generation(g, {{"Hang", "j-worker-1", false}}));
 
   // A pod that joined is part of the world: losing it is a new fault.
   CHECK_FALSE(replace_into_forming_generation(g, {{"NodeLost", "j-worker-0", false}}));

@@ -231,6 +231,52 @@ TEST_CASE("an agent's hang report is a Hang of that rank, with its evidence and 
   CHECK(scan_triggers(spec, in).triggers.empty());
 }
 
+TEST_CASE("a pod the rendezvous service found silent is replaced at once, only while that UID holds the name") {
+  const JobSpec spec = two_replicas();
+  TriggerInputs in = running_job();
+  railyard::op::WorkerExit e;
+  e.generation = 3;
+  e.pod = "tiny-worker-1";
+  e.exit_code = 0;
+  e.reason = railyard::op::kExitSilent;
+  e.uid = "u1";
+  e.message = "no request from the agent of pod tiny-worker-1 (uid u1) for 4.1 s ...";
+  e.onset = 1.7e9;
+  e.received = in.now;
+  in.exits = {e};
+  TriggerScan s = scan_triggers(spec, in);
+  REQUIRE(s.triggers.size() == 1);
+  CHECK(s.triggers[0].reason == "AgentSilent");
+  CHECK(s.triggers[0].detector == "rendezvous");
+  CHECK(s.triggers[0].pod == "tiny-worker-1");
+  CHECK(s.triggers[0].node == "n1");
+  CHECK(s.triggers[0].uid == "u1");  // handled once: lastRestart.podUIDs
+  CHECK(s.triggers[0].onset == 1.7e9);
+  CHECK(s.triggers[0].cause == e.message);
+  CHECK_FALSE(s.triggers[0].permanent);
+  // Deleted with force (a frozen kubelet never confirms a graceful deletion): its replacement is created next.
+  REQUIRE(s.to_delete.size() == 1);
+  CHECK(s.to_delete[0] == std::make_pair(std::string("tiny-worker-1"), true));
+  // The name is held by a replacement now, the restart handled this UID already, the pod failed or is being deleted
+  // (scan_pods speaks for it), or the report is of an older generation: nothing.
+  TriggerInputs replaced = in;
+  edit(replaced.pods_by_index[1], [](Json& p) { p["metadata"]["uid"] = "u1b"; });
+  CHECK(scan_triggers(spec, replaced).triggers.empty());
+  CHECK(scan_triggers(spec, replaced).to_delete.empty());
+  TriggerInputs handled = in;
+  handled.handled_uids = {"u1"};
+  CHECK(scan_triggers(spec, handled).triggers.empty());
+  TriggerInputs deleting = in;
+  edit(deleting.pods_by_index[1], [](Json& p) { p["metadata"]["deletionTimestamp"] = "2026-12-07T00:00:00Z"; });
+  for (const Trigger& t : scan_triggers(spec, deleting).triggers) CHECK(t.reason != "AgentSilent");
+  TriggerInputs gone = in;
+  gone.pods_by_index.erase(1);
+  for (const Trigger& t : scan_triggers(spec, gone).triggers) CHECK(t.reason != "AgentSilent");
+  TriggerInputs older = in;
+  older.exits[0].generation = 2;
+  CHECK(scan_triggers(spec, older).triggers.empty());
+}
+
 TEST_CASE("a Failed pod without the agent's report says why with its termination message") {
   const JobSpec spec = two_replicas();
   TriggerInputs in = running_job();

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <future>
 #include <mutex>
@@ -306,6 +307,16 @@ TEST_CASE("malformed bodies get 400 naming the field") {
   auto [c4, b4] = post(bad_port.dump());
   CHECK(c4 == 400);
   CHECK(b4.find("'store_port'") != std::string::npos);
+  // The heartbeat promise: optional (older agents send none), bounded, and an agent cannot announce "silent" itself.
+  CHECK(rdzv::parse_join_request(good).heartbeat_ms == 0);
+  auto beat = good;
+  beat["heartbeat_ms"] = 500;
+  CHECK(rdzv::parse_join_request(beat).heartbeat_ms == 500);
+  CHECK(rdzv::to_json(rdzv::parse_join_request(beat))["heartbeat_ms"] == 500);
+  beat["heartbeat_ms"] = rdzv::kMaxHeartbeatMs + 1;
+  auto [c5, b5] = post(beat.dump());
+  CHECK(c5 == 400);
+  CHECK(b5.find("'heartbeat_ms'") != std::string::npos);
 
   // Valid shape, wrong value: local_procs disagrees with the generation.
   auto c = client(svc);
@@ -321,6 +332,10 @@ TEST_CASE("malformed bodies get 400 naming the field") {
   REQUIRE(r);
   CHECK(r->status == 400);
   CHECK(r->body.find("'reason'") != std::string::npos);
+  exit_body["reason"] = railyard::op::kExitSilent;
+  r = raw_post(svc, rdzv::kExitPath, exit_body.dump(), kToken);
+  REQUIRE(r);
+  CHECK(r->status == 400);
 
   // "message" is optional (older agents send none) and bounded.
   auto no_message = rdzv::to_json(rdzv::ExitReport{{"ns1", "job1", "p0"}, 1, 0, 2, 0, "exited"});
@@ -780,4 +795,80 @@ TEST_CASE("the agent's configuration errors name the variable") {
   CHECK_THROWS_WITH_AS(railyard::worker::AgentConfig::from_env({}), doctest::Contains("RAILYARD_POD_IP is not set"),
                        railyard::ConfigError);
   for (auto [k, v] : env) ::unsetenv(k);
+}
+
+TEST_CASE(
+    "a pod that falls silent while its peers are heard is reported once, with its UID and when it was last heard") {
+  RendezvousOptions o;
+  o.silence_after = std::chrono::milliseconds(400);
+  RendezvousService svc("127.0.0.1", 0, o);
+  std::mutex mu;
+  std::vector<std::pair<WorkerExit, Clock::time_point>> silent;
+  svc.set_exit_handler([&](const WorkerExit& e) {
+    std::lock_guard<std::mutex> l(mu);
+    if (e.reason == railyard::op::kExitSilent) silent.push_back({e, Clock::now()});
+  });
+  auto c = client(svc);
+  auto g = spec(1, {"p0", "p1", "p2", "p3"}, 1);
+  g.pod_uids = std::map<std::string, std::string>{{"p0", "u0"}, {"p1", "u1"}, {"p2", "u2"}, {"p3", "u3"}};
+  svc.open_generation(g);
+  auto join = [&](const std::string& pod, const std::string& uid, int64_t heartbeat_ms) {
+    auto r = with_uid(join_req(pod, 1, 5000), uid);
+    r.heartbeat_ms = heartbeat_ms;
+    return std::async(std::launch::async, [&c, r] { return c.join(r); });
+  };
+  // p3's agent promised no heartbeat (an older agent): never blamed.
+  auto j0 = join("p0", "u0", 100), j1 = join("p1", "u1", 100), j2 = join("p2", "u2", 100), j3 = join("p3", "u3", 0);
+  REQUIRE(j0.get().outcome == Outcome::Ready);
+  REQUIRE(j1.get().outcome == Outcome::Ready);
+  REQUIRE(j2.get().outcome == Outcome::Ready);
+  REQUIRE(j3.get().outcome == Outcome::Ready);
+  const auto p2_last = Clock::now();
+  const double p2_last_unix =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  // p0 and p1 poll every 100 ms for 1.5 s; p2 and p3 send nothing.
+  const auto poll_until = [&](Clock::time_point until) {
+    while (Clock::now() < until) {
+      CHECK(c.status({{"ns1", "job1", "p0", "u0"}, 1, 0}).outcome == Outcome::Running);
+      CHECK(c.status({{"ns1", "job1", "p1", "u1"}, 1, 0}).outcome == Outcome::Running);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  };
+  poll_until(p2_last + std::chrono::milliseconds(1500));
+  {
+    std::lock_guard<std::mutex> l(mu);
+    REQUIRE(silent.size() == 1);
+    const WorkerExit& e = silent[0].first;
+    CHECK(e.pod == "p2");
+    CHECK(e.uid == "u2");
+    CHECK(e.generation == 1);
+    CHECK(e.global_rank == -1);
+    CHECK(e.message.find("pod p2") != std::string::npos);
+    CHECK(e.message.find("every 100 ms") != std::string::npos);
+    CHECK(std::abs(e.onset - p2_last_unix) < 0.3);
+    // Not before the threshold, and within it plus a few watch ticks (a loaded machine may lag more).
+    const double after_s = std::chrono::duration<double>(silent[0].second - p2_last).count();
+    CHECK(after_s >= 0.4);
+    CHECK(after_s < 1.4);
+  }
+  // Once per generation, however long the silence lasts and even if it speaks again.
+  CHECK(c.status({{"ns1", "job1", "p2", "u2"}, 1, 0}).outcome == Outcome::Running);
+  poll_until(Clock::now() + std::chrono::milliseconds(700));
+  {
+    std::lock_guard<std::mutex> l(mu);
+    CHECK(silent.size() == 1);
+  }
+  // The operator replaced p2 (another UID holds the name): its old UID is fenced, and the new one not yet heard.
+  svc.set_pod_uids("ns1/job1", {{"p0", "u0"}, {"p1", "u1"}, {"p2", "u2b"}, {"p3", "u3"}});
+  poll_until(Clock::now() + std::chrono::milliseconds(700));
+  {
+    std::lock_guard<std::mutex> l(mu);
+    CHECK(silent.size() == 1);
+  }
+  // Everyone goes quiet (the operator's own network, say): nobody is blamed.
+  auto g2 = spec(2, {"p0", "p1"}, 1);
+  svc.open_generation(g2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  std::lock_guard<std::mutex> l(mu);
+  CHECK(silent.size() == 1);
 }
