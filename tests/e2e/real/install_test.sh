@@ -96,9 +96,11 @@ for p in $(op_pods); do case "$leader" in "$p"*) leader_pod=$p ;; esac; done
 [ -z "$(kubectl get service railyard-rendezvous -n "$sys" -o jsonpath='{.spec.selector}')" ] ||
   fail "the rendezvous Service selects pods: $(kubectl get service railyard-rendezvous -n "$sys" -o jsonpath='{.spec.selector}')"
 endpoints() { kubectl get endpoints railyard-rendezvous -n "$sys" -o jsonpath='{.subsets[*].addresses[*].ip}/{.subsets[*].addresses[*].targetRef.name}/{.subsets[*].ports[*].port}' 2>/dev/null; }
-endpoints_are() { [ "$(endpoints)" = "$1" ]; }
 pod_ip() { kubectl get pod "$1" -n "$sys" -o jsonpath='{.status.podIP}'; }
-wait_for 30 "the rendezvous Endpoints naming the leader $leader_pod alone" endpoints_are "$(pod_ip "$leader_pod")/$leader_pod/9090"
+# The pod's IP is read at every try: a Deployment's replacement pod can win the Lease before its kubelet has reported
+# its IP (seen 2026-12-07: the expected address, read once, was empty and never matched).
+names_leader() { local ip; ip=$(pod_ip "$1") && [ -n "$ip" ] && [ "$(endpoints)" = "$ip/$1/9090" ]; }
+wait_for 30 "the rendezvous Endpoints naming the leader $leader_pod alone" names_leader "$leader_pod"
 
 # --- 3. tiny through the in-cluster operator ---------------------------------------------------------------
 # The example as shipped: its own volume (tiny-storage) and data (its initializer pod), nothing made by hand. The
@@ -315,7 +317,7 @@ new_leader_pod=""
 for p in $(op_pods); do case "$(holder)" in "$p"*) new_leader_pod=$p ;; esac; done
 [ -n "$new_leader_pod" ] || fail "the new Lease holder '$(holder)' is none of the operator pods ($(op_pods))"
 wait_for 30 "the rendezvous Endpoints naming the new leader $new_leader_pod alone" \
-  endpoints_are "$(pod_ip "$new_leader_pod")/$new_leader_pod/9090"
+  names_leader "$new_leader_pod"
 log "leader $leader_pod deleted: $(holder) leads after $((SECONDS - t0)) s; the rendezvous Endpoints name it after $((SECONDS - t0)) s"
 wait_for 120 "the operator Deployment back to 2 Available" available railyard-operator 2
 # The monitor's leader pod deleted: it releases the Lease on SIGTERM and another replica (the standby, or the
