@@ -355,6 +355,11 @@ third=$(resumed_at "$job-worker-2") # now: a finished job's pods go (cleanPodPol
 names_check "$job-worker-2" 3 0 # the new world's hostfile names all three pods (one exec: the job is near its end)
 wait_phase Succeeded 300
 log "B. scale 2 -> 3: world of 3, rank 2 resumed at step $third, Succeeded $((SECONDS - t0)) s after the job was created"
+# C needs 2 of the 3 nodes free of worker pods: B's pods end a moment after it Succeeded (their agents exit, the
+# kubelets report). Applied before that, C's gang was placed 1 of 2 and grew to 2 (generation 2), which C's checks
+# below take for a restart (seen 2026-12-07).
+b_pods_ended() { [ -z "$(kubectl get pods -n "$ns" -l railyard.dev/job="$job" --field-selector=status.phase=Running -o name)" ]; }
+wait_for 60 "B's pods to end" b_pods_ended
 
 # --- C. one job, three faults, the undisturbed run's final loss ----------------------------------------------
 t0=$SECONDS
