@@ -287,6 +287,10 @@ struct RendezvousService::Impl {
       auto heard_of = heard.find(key);
       auto holders_of = holders.find(key);
       if (heard_of == heard.end() || holders_of == holders.end()) continue;
+      // Linear in the job's pods and exits (a tick must stay cheap for a gang of thousands).
+      std::set<std::string> exited;
+      for (const auto& [pod, rank] : job.exits)
+        if (rank != kSilentMark) exited.insert(pod);
       std::vector<silence::Heard> pods;
       for (const std::string& pod : job.spec.pods) {
         auto h = heard_of->second.find(pod);
@@ -299,8 +303,7 @@ struct RendezvousService::Impl {
         x.last = h->second.last;
         x.in_flight = h->second.in_flight;
         x.heartbeat_ms = h->second.heartbeat_ms;
-        for (const auto& [exited_pod, rank] : job.exits)
-          x.exited = x.exited || (exited_pod == pod && rank != kSilentMark);
+        x.exited = exited.count(pod) > 0;
         pods.push_back(std::move(x));
       }
       for (const silence::Silent& q : silence::find_silent(pods, now, service_resumed, opts.silence_after)) {

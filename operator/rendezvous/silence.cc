@@ -20,22 +20,29 @@ std::vector<Silent> find_silent(const std::vector<Heard>& pods, Clock::time_poin
                                 Clock::time_point service_resumed, std::chrono::milliseconds after) {
   std::vector<Silent> out;
   if (after.count() <= 0) return out;
+  // The two most recently heard pods that hold their names (a request in flight counts as heard now): every pod's
+  // freshest peer is one of them. One pass: a job of thousands of pods costs linear time per look, never quadratic.
+  const auto heard_at = [&](const Heard& q) { return q.in_flight > 0 ? now : q.last; };
+  const Heard* first = nullptr;
+  const Heard* second = nullptr;
+  for (const Heard& q : pods) {
+    if (!current(q)) continue;
+    if (!first || heard_at(q) > heard_at(*first)) {
+      second = first;
+      first = &q;
+    } else if (!second || heard_at(q) > heard_at(*second)) {
+      second = &q;
+    }
+  }
   for (const Heard& h : pods) {
     if (!current(h) || h.heartbeat_ms <= 0 || h.in_flight > 0 || h.exited) continue;
     const Clock::duration limit = threshold(h, after);
     const Clock::duration quiet = now - std::max(h.last, service_resumed);
     if (quiet < limit) continue;
     // A peer heard recently: the service runs and hears the job's pods, only this one is missing.
-    const Heard* peer = nullptr;
-    for (const Heard& q : pods) {
-      if (&q == &h || q.pod == h.pod || !current(q)) continue;
-      if (q.in_flight > 0 || now - q.last <= limit / 2) {
-        if (!peer || q.last > peer->last) peer = &q;
-      }
-    }
-    if (!peer) continue;
-    out.push_back({h.pod, h.uid, seconds(now - h.last), peer->pod,
-                   peer->in_flight > 0 ? 0.0 : seconds(now - peer->last), h.last});
+    const Heard* peer = first == &h ? second : first;
+    if (!peer || peer->pod == h.pod || now - heard_at(*peer) > limit / 2) continue;
+    out.push_back({h.pod, h.uid, seconds(now - h.last), peer->pod, seconds(now - heard_at(*peer)), h.last});
   }
   return out;
 }
