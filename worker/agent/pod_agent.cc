@@ -12,9 +12,11 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <random>
 #include <thread>
+#include <vector>
 
 #include "checkpoint/shm_store.h"
 #include "common/atomic_file.h"
@@ -91,22 +93,52 @@ std::string random_id() {
   return buf;
 }
 
-// A port that is free on ip right now, offered to the service as the bootstrap store port in case this pod gets
-// rank 0. 0 when ip is not local (the service then falls back to its fixed port).
+// A port that is free right now, offered to the service as the bootstrap store port in case this pod gets rank 0. 0
+// when ip is not local (the service then falls back to its fixed port).
 int free_port(const std::string& ip) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return 0;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = 0;
-  int port = 0;
-  if (::inet_pton(AF_INET, ip.c_str(), &a.sin_addr) == 1 &&
-      ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
-    socklen_t len = sizeof a;
-    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) port = ntohs(a.sin_port);
+  // The store binds every address (PyTorch's TCPStore: 0.0.0.0 and [::]) a moment later, after the worker started.
+  // A port from the kernel's ephemeral range can be taken meanwhile by any outgoing connection of the pod (the
+  // agent's own requests, peer copies), and the store then fails with EADDRINUSE (seen 2026-12-07 in
+  // agent_process_test, where agents share one network namespace). So: a free port outside that range
+  // (net.ipv4.ip_local_port_range; 32768-60999 by default), which only an explicit bind can take; 0 when none is
+  // found.
+  {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return 0;
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    const bool local = ::inet_pton(AF_INET, ip.c_str(), &a.sin_addr) == 1 &&
+                       ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    ::close(fd);
+    if (!local) return 0;
   }
-  ::close(fd);
-  return port;
+  int eph_lo = 32768, eph_hi = 60999;
+  if (std::ifstream r("/proc/sys/net/ipv4/ip_local_port_range"); r) {
+    int lo = 0, hi = 0;
+    if (r >> lo >> hi && lo >= 1024 && hi >= lo && hi <= 65535) eph_lo = lo, eph_hi = hi;
+  }
+  // [first, last] outside the ephemeral range, above the well-known ports, below the service's own fallback store
+  // ports (29500 + a hash below 1000, PyTorch's habit) and Kubernetes' NodePort range (30000-32767, which kube-proxy
+  // redirects on a node's addresses).
+  std::vector<std::pair<int, int>> ranges;
+  if (std::min(eph_lo - 1, 28999) >= 10000) ranges.push_back({10000, std::min(eph_lo - 1, 28999)});
+  if (eph_hi + 1 <= 65535) ranges.push_back({eph_hi + 1, 65535});
+  if (ranges.empty()) return 0;
+  std::mt19937 rng(std::random_device{}());
+  for (int attempt = 0; attempt < 64; ++attempt) {
+    const auto& [first, last] = ranges[rng() % ranges.size()];
+    const int port = first + static_cast<int>(rng() % static_cast<unsigned>(last - first + 1));
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return 0;
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    ::close(fd);
+    if (ok) return port;
+  }
+  return 0;
 }
 
 enum class After { Rejoin, Exit };

@@ -846,9 +846,10 @@ TEST_CASE(
     CHECK(e.message.find("pod p2") != std::string::npos);
     CHECK(e.message.find("every 100 ms") != std::string::npos);
     CHECK(std::abs(e.onset - p2_last_unix) < 0.3);
-    // Not before the threshold, and within it plus a few watch ticks (a loaded machine may lag more).
+    // Not before the threshold, and within it plus a few watch ticks (a loaded machine may lag more). p2_last was
+    // taken as the joins returned, a little after the service last heard p2 (seen 0.3997 s on a loaded run).
     const double after_s = std::chrono::duration<double>(silent[0].second - p2_last).count();
-    CHECK(after_s >= 0.4);
+    CHECK(after_s >= 0.35);
     CHECK(after_s < 1.4);
   }
   // Once per generation, however long the silence lasts and even if it speaks again.
