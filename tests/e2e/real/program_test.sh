@@ -138,6 +138,10 @@ step() { local s; s=$(jp '{.status.step}'); echo "${s:-0}"; }
 # hang watch off (RAILYARD_HANG_*_SECONDS=0 in the pod template); with CONVERT=1, the job is
 # tests/e2e/real/pytorchjob.yaml (a Kubeflow PyTorchJob whose command is torchrun) through `railyard convert`, with
 # the example's checkpoint section and step count (torchrun mode: one torchrun per pod starts the rank).
+# The flows need 2 of the 3 nodes free of worker pods: the previous flow's pods end a moment after its job Succeeded
+# or was deleted (their agents exit, the kubelets report). A job applied before that had its gang placed 1 of 2 and
+# grown to 2 (generation 2), which the flows' checks take for a restart (seen 2026-12-07, twice, before B and C).
+pods_ended() { [ -z "$(kubectl get pods -n "$ns" -l railyard.dev/job="$1" --field-selector=status.phase=Running -o name)" ]; }
 apply_job() {
   # Each flow's job has a name of its own (pytorch-ddp-a, -b, -c; set in $job by the caller) and its own checkpoint
   # path: the previous job is deleted and its pods are left to the garbage collector and the kubelets, without waiting.
@@ -324,6 +328,7 @@ mon_pid=$!
 
 # --- B. a frozen rank of a program that reports nothing, then scale 2 -> 3 -----------------------------------
 t0=$SECONDS
+wait_for 60 "A's pods to end" pods_ended "$job"
 job=pytorch-ddp-b
 AGENT_HANG=off apply_job 0.05 20 --no-progress
 wait_for 120 "past step 40" sh -c "kubectl logs $job-worker-0 -n $ns 2>/dev/null | grep -q '^step 40/'"
@@ -355,11 +360,7 @@ third=$(resumed_at "$job-worker-2") # now: a finished job's pods go (cleanPodPol
 names_check "$job-worker-2" 3 0 # the new world's hostfile names all three pods (one exec: the job is near its end)
 wait_phase Succeeded 300
 log "B. scale 2 -> 3: world of 3, rank 2 resumed at step $third, Succeeded $((SECONDS - t0)) s after the job was created"
-# C needs 2 of the 3 nodes free of worker pods: B's pods end a moment after it Succeeded (their agents exit, the
-# kubelets report). Applied before that, C's gang was placed 1 of 2 and grew to 2 (generation 2), which C's checks
-# below take for a restart (seen 2026-12-07).
-b_pods_ended() { [ -z "$(kubectl get pods -n "$ns" -l railyard.dev/job="$job" --field-selector=status.phase=Running -o name)" ]; }
-wait_for 60 "B's pods to end" b_pods_ended
+wait_for 60 "B's pods to end" pods_ended "$job"
 
 # --- C. one job, three faults, the undisturbed run's final loss ----------------------------------------------
 t0=$SECONDS
@@ -466,6 +467,7 @@ log "C4. node $lost lost (generation $gen -> $(generation)): $job-worker-1 moved
 # --- D. deploy/examples/pytorch-ddp.yaml exactly as shipped: its own volume, nothing made by hand ---------------
 t0=$SECONDS
 kubectl delete tj "$job" -n "$ns" --wait=false >/dev/null
+wait_for 60 "C's pods to end" pods_ended "$job"
 job=pytorch-ddp
 kubectl apply -n "$ns" -f "$src/deploy/examples/pytorch-ddp.yaml" >/dev/null
 wait_phase Succeeded 300
