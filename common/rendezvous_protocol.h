@@ -390,6 +390,12 @@ inline ProgressReport parse_progress_report(const nlohmann::json& j) {
   return r;
 }
 
+// A 202 or 408 join reply names at most this many missing pods ("missing", in pod order) and counts them all in
+// "missing_count"; messages that list pods do the same ("a, b, ... (N in all)"). Every waiting agent of a world of N
+// gets such a reply, so a full list would cost N x N names (10,000 pods: 10^8) at the moment the service is busiest.
+inline constexpr size_t kMaxPodsNamed = 20;
+inline constexpr const char* kMissingCountKey = "missing_count";
+
 // The "status" values of responses (docs/rendezvous.md has the status code of each).
 namespace status {
 inline constexpr const char* kReady = "ready";              // 200 join: the assignment

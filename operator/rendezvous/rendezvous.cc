@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 #include <openssl/crypto.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
@@ -18,6 +19,7 @@
 #include "common/log.h"
 #include "common/log_tail.h"
 #include "common/rendezvous_protocol.h"
+#include "operator/rendezvous/request_pool.h"
 #include "operator/rendezvous/silence.h"
 
 namespace railyard::op {
@@ -49,9 +51,11 @@ bool tokens_equal(const std::string& a, const std::string& b) {
   return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
+// "a, b, c"; past rdzv::kMaxPodsNamed names, "a, b, ... (N in all)": a message stays short for a world of thousands.
 std::string join_names(const std::vector<std::string>& names) {
   std::string out;
-  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  for (size_t i = 0; i < names.size() && i < rdzv::kMaxPodsNamed; ++i) out += (out.empty() ? "" : ", ") + names[i];
+  if (names.size() > rdzv::kMaxPodsNamed) out += ", ... (" + std::to_string(names.size()) + " in all)";
   return out;
 }
 
@@ -126,13 +130,21 @@ struct Job {
   std::chrono::system_clock::time_point last_step_at{};
   bool timeout_reported = false;
 
+  // The assignment's fields shared by every pod, serialized once when the world completes (ready_reply): with N pods
+  // each assignment lists N pods, peers and addresses, and N agents ask for one.
+  std::shared_ptr<const std::string> shared_assignment;
+
   int world() const { return static_cast<int>(spec.pods.size()) * spec.procs_per_pod; }
-  std::vector<std::string> missing() const {
+  // The pods that have not joined, in pod order; at most `limit` of them.
+  std::vector<std::string> missing(size_t limit = SIZE_MAX) const {
     std::vector<std::string> out;
-    for (const auto& p : spec.pods)
+    for (const auto& p : spec.pods) {
+      if (out.size() >= limit) break;
       if (!joined.count(p)) out.push_back(p);
+    }
     return out;
   }
+  size_t missing_count() const { return spec.pods.size() - joined.size(); }  // joined holds members only
   std::vector<std::string> joined_names() const {
     std::vector<std::string> out;
     for (const auto& p : spec.pods)
@@ -142,8 +154,12 @@ struct Job {
 };
 
 struct Reply {
+  Reply() = default;
+  Reply(int c, json b) : code(c), body(std::move(b)) {}
+  Reply(int c, std::shared_ptr<const std::string> serialized) : code(c), raw(std::move(serialized)) {}
   int code = 200;
   json body;
+  std::shared_ptr<const std::string> raw;  // set: the body, already serialized (an assignment: ready_reply)
 };
 
 Reply error_reply(int code, const char* status, const std::string& message) {
@@ -158,6 +174,7 @@ struct RendezvousService::Impl {
   std::thread thread;
   std::atomic<bool> listen_returned{false};
   int port = 0;
+  int listen_fd = -1;  // the server's listening socket (set_socket_options), for its backlog
 
   mutable std::mutex mu;
   std::condition_variable cv;
@@ -356,7 +373,24 @@ struct RendezvousService::Impl {
     }
   }
 
-  rdzv::Assignment assignment(const Job& job, const std::string& pod) const {
+  // Under mu. The 200 join reply of `pod` in the complete world of `job`: its own fields (status, pod_index, ranks),
+  // then the ones every pod shares, serialized once per generation (Job::shared_assignment; the world's members no
+  // longer change once it is complete). The same JSON as rdzv::to_json(assignment(job, pod)).
+  Reply ready_reply(Job& job, const std::string& pod) const {
+    if (!job.shared_assignment) {
+      json shared = rdzv::to_json(assignment(job, pod));
+      for (const char* k : {"status", "pod_index", "ranks"}) shared.erase(k);
+      job.shared_assignment = std::make_shared<const std::string>(shared.dump());
+    }
+    const rdzv::Assignment own = assignment(job, pod, false);
+    std::string body = json{{"status", st::kReady}, {"pod_index", own.pod_index}, {"ranks", own.ranks}}.dump();
+    body.back() = ',';                         // "{own...}" -> "{own...,"
+    body.append(*job.shared_assignment, 1);    // + "shared...}" (never empty: it holds the generation)
+    return {200, std::make_shared<const std::string>(std::move(body))};
+  }
+
+  // The whole assignment of `pod`; with all = false only its own fields (pod_index, ranks) and the counts.
+  rdzv::Assignment assignment(const Job& job, const std::string& pod, bool all = true) const {
     rdzv::Assignment a;
     a.generation = job.spec.generation;
     a.world_size = job.world();
@@ -364,6 +398,7 @@ struct RendezvousService::Impl {
     a.pod_index = job.index.at(pod);
     a.local_world_size = job.spec.procs_per_pod;
     for (int l = 0; l < a.local_world_size; ++l) a.ranks.push_back(a.pod_index * a.local_world_size + l);
+    if (!all) return a;
     a.layout = job.layout;
     a.master_addr = job.master_addr;
     a.master_port = job.master_port;
@@ -458,7 +493,7 @@ struct RendezvousService::Impl {
   // on the pod is an agent restart, reported once as an exit of the pod (local rank -1).
   Reply join_started(const rdzv::JoinRequest& req, Job& job, int64_t gen, Events& ev) {
     const Member& m = job.joined.at(req.ref.pod);
-    if (m.agent_id == req.agent_id) return {200, rdzv::to_json(assignment(job, req.ref.pod))};
+    if (m.agent_id == req.agent_id) return ready_reply(job, req.ref.pod);
     if (job.exits.insert({req.ref.pod, -1}).second) {
       ev.exits.push_back({req.ref.key(), gen, req.ref.pod, -1, -1, -1, 0, "agent_restarted"});
     }
@@ -499,7 +534,7 @@ struct RendezvousService::Impl {
                {"world_size", std::to_string(job.world())},
                {"master", job.master_addr + ":" + std::to_string(job.master_port)}});
     cv.notify_all();
-    return {200, rdzv::to_json(assignment(job, req.ref.pod))};
+    return ready_reply(job, req.ref.pod);
   }
 
   // `lock` holds mu, released only while waiting on cv. Waits for generation `gen` to complete: the assignment, or
@@ -527,17 +562,17 @@ struct RendezvousService::Impl {
       }
       if (j.complete) {
         auto mit = j.joined.find(pod);
-        if (mit != j.joined.end() && mit->second.agent_id == agent_id) return {200, rdzv::to_json(assignment(j, pod))};
+        if (mit != j.joined.end() && mit->second.agent_id == agent_id) return ready_reply(j, pod);
         return error_reply(409, st::kStarted, "generation started without this agent: wait for a new generation");
       }
       const auto t = Clock::now();
       if (t >= deadline) return join_timeout(j, key, pod, gen, ev);
       if (t >= hold_until) {
-        auto missing = j.missing();
         return {202,
                 {{"status", st::kWaiting},
                  {"generation", gen},
-                 {"missing", missing},
+                 {"missing", j.missing(rdzv::kMaxPodsNamed)},
+                 {rdzv::kMissingCountKey, j.missing_count()},
                  {"joined", j.joined.size()},
                  {"expected", j.spec.pods.size()}}};
       }
@@ -559,7 +594,9 @@ struct RendezvousService::Impl {
       ev.timeouts.push_back({key, gen, missing, j.joined_names()});
     }
     Reply r = error_reply(408, st::kTimeout, msg);
+    if (missing.size() > rdzv::kMaxPodsNamed) missing.resize(rdzv::kMaxPodsNamed);
     r.body["missing"] = missing;
+    r.body[rdzv::kMissingCountKey] = j.missing_count();
     r.body["generation"] = gen;
     return r;
   }
@@ -687,7 +724,7 @@ struct RendezvousService::Impl {
         }
       }
       res.status = reply.code;
-      res.set_content(reply.body.dump(), "application/json");
+      res.set_content(reply.raw ? *reply.raw : reply.body.dump(), "application/json");
       deliver(ev);
     });
   }
@@ -711,8 +748,17 @@ RendezvousService::RendezvousService(std::string host, int port, RendezvousOptio
       throw ConfigError("rendezvous: cannot require TLS 1.3: " + tls::openssl_error());
     s.server = std::move(ssl);
   }
-  const int threads = std::max(4, options.threads);
-  s.server->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  RequestPoolOptions pool;
+  pool.core = static_cast<size_t>(std::max(4, options.threads));
+  pool.max = std::max(pool.core, static_cast<size_t>(std::max(0, options.max_threads)));
+  s.server->new_task_queue = [pool] { return new RequestPool(pool); };
+  // cpp-httplib listens with a backlog of 5: a gang of thousands connecting at once would overflow it, and each
+  // dropped SYN costs its agent a 1 s retransmit. The socket is remembered here and listen() is called again on it
+  // after the bind with the system's maximum (Linux takes a second listen() as a new backlog).
+  s.server->set_socket_options([&s](int sock) {
+    httplib::default_socket_options(sock);
+    if (s.listen_fd < 0) s.listen_fd = sock;  // the first socket is the listener (made before any accept)
+  });
   // Agents open one connection per call; a short keep-alive stops idle connections from pinning workers.
   s.server->set_keep_alive_timeout(1);
   s.server->set_read_timeout(10, 0);
@@ -745,6 +791,7 @@ RendezvousService::RendezvousService(std::string host, int port, RendezvousOptio
     }
     s.port = port;
   }
+  if (s.listen_fd >= 0) ::listen(s.listen_fd, SOMAXCONN);
   s.thread = std::thread([&s] {
     s.server->listen_after_bind();
     s.listen_returned = true;

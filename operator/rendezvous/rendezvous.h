@@ -76,7 +76,11 @@ struct RendezvousOptions {
   std::chrono::milliseconds join_timeout{300000};
   // Upper bound for one long-poll request (join/status "wait_ms"); the agent re-polls after it.
   std::chrono::milliseconds max_poll{10000};
-  int threads = 64;  // HTTP worker threads; long-polls each hold one
+  // HTTP request threads: `threads` always run; a request that finds none idle gets one more, up to `max_threads`
+  // (request_pool.h). A long-poll (a join while the world forms) holds its thread, so a world of N pods forming at
+  // once needs about N; beyond max_threads requests wait for a free thread.
+  int threads = 64;
+  int max_threads = 4096;
   // Base for the bootstrap store port when rank 0's agent reported none (29500 + fnv1a(job_key) % 1000).
   int default_store_port_base = 29500;
   // The server certificate (chained to the CA the pods trust, RAILYARD_RENDEZVOUS_CA) and its key, PEM. Empty:

@@ -264,6 +264,7 @@ class AgentRun {
         case Outcome::Waiting: {
           std::string missing;
           for (const auto& m : r.missing) missing += (missing.empty() ? "" : ",") + m;
+          if (r.missing_count > r.missing.size()) missing += ",... (" + std::to_string(r.missing_count) + " in all)";
           notice("waiting for generation " + std::to_string(r.generation) + " to complete; missing pods: " + missing,
                  log::Level::Info);
           continue;

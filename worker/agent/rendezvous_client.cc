@@ -154,6 +154,9 @@ RendezvousClient::Result RendezvousClient::call(const char* path, const nlohmann
       for (const auto& m : reply["missing"])
         if (m.is_string()) r.missing.push_back(m.get<std::string>());
     }
+    r.missing_count = r.missing.size();
+    if (reply.contains(rdzv::kMissingCountKey) && reply[rdzv::kMissingCountKey].is_number_unsigned())
+      r.missing_count = std::max(r.missing_count, reply[rdzv::kMissingCountKey].get<size_t>());
     if (r.outcome == Outcome::Ready) {
       try {
         r.assignment = rdzv::parse_assignment(reply);

@@ -77,7 +77,8 @@ class RendezvousClient {
     int http_status = 0;
     int64_t generation = 0;  // the service's current generation, when it said
     std::string message;
-    std::vector<std::string> missing;
+    std::vector<std::string> missing;  // the first rdzv::kMaxPodsNamed missing pods
+    size_t missing_count = 0;          // how many are missing in all
     rdzv::Assignment assignment;
   };
 

@@ -697,6 +697,72 @@ TEST_CASE("many pods with long-polls beyond the default thread count") {
   CHECK(seconds_since(start) < 15.0);
 }
 
+TEST_CASE("a world far beyond the core threads forms while every join is held: each first join gets its assignment") {
+  // Each join holds its request thread until the world is complete (10 s hold here). With a fixed pool of 4 the first
+  // four joins would hold every thread and the others could not even register: those four would get 202 after their
+  // hold, and the world would form only over many holds (1,000 agents: 44 s with the former fixed 64 threads,
+  // docs/benchmarks.md "Rendezvous at 10,000 agents"). The pool gives each held join a thread of its own.
+  RendezvousOptions o;
+  o.threads = 4;
+  RendezvousService svc("127.0.0.1", 0, o);
+  const int n = 300;
+  std::vector<std::string> pods;
+  for (int i = 0; i < n; ++i) pods.push_back(numbered("p", i));
+  svc.open_generation(spec(1, pods, 1));
+  railyard::worker::RendezvousClientOptions co;
+  co.max_attempts = 5;
+  RendezvousClient c("127.0.0.1:" + std::to_string(svc.port()), kToken, co);
+  std::vector<std::future<std::string>> fs;
+  for (int i = 0; i < n; ++i) {
+    fs.push_back(std::async(std::launch::async, [&c, i]() -> std::string {
+      rdzv::JoinRequest r = join_req("p0", 1, 10000);
+      r.ref.pod = numbered("p", i);
+      r.agent_id = numbered("a", i);
+      try {
+        auto res = c.join(r);  // one request: the first answer must be the assignment
+        if (res.outcome == Outcome::Ready) return numbered("rank", res.assignment.ranks.at(0));
+        return std::string("first answer ") + railyard::worker::to_string(res.outcome);
+      } catch (const std::exception& e) {
+        return std::string("error: ") + e.what();
+      }
+    }));
+  }
+  std::set<std::string> ranks;
+  for (auto& f : fs) {
+    auto got = f.get();
+    CHECK_MESSAGE(got.rfind("rank", 0) == 0, got);
+    ranks.insert(got);
+  }
+  CHECK(ranks.size() == static_cast<size_t>(n));
+}
+
+TEST_CASE("a waiting or timed-out join names at most 20 missing pods and counts them all") {
+  RendezvousOptions o;
+  o.join_timeout = std::chrono::milliseconds(600);
+  RendezvousService svc("127.0.0.1", 0, o);
+  std::vector<std::string> pods;
+  for (int i = 0; i < 30; ++i) pods.push_back(numbered("p", i));
+  svc.open_generation(spec(1, pods, 1));
+  auto c = client(svc);
+  auto w = c.join(join_req("p0", 1, 100));
+  REQUIRE(w.outcome == Outcome::Waiting);
+  REQUIRE(w.missing.size() == rdzv::kMaxPodsNamed);
+  CHECK(w.missing.front() == "p1");
+  CHECK(w.missing.back() == "p20");
+  CHECK(w.missing_count == 29);
+  auto t = c.join(join_req("p0", 1, 5000));
+  REQUIRE(t.outcome == Outcome::Timeout);
+  CHECK(t.missing.size() == rdzv::kMaxPodsNamed);
+  CHECK(t.missing_count == 29);
+  CHECK_MESSAGE(t.message.find("p1, p2") != std::string::npos, t.message);
+  CHECK_MESSAGE(t.message.find("... (29 in all)") != std::string::npos, t.message);
+  CHECK_MESSAGE(t.message.find("p29") == std::string::npos, t.message);
+  // The operator's join-timeout event still gets every missing pod (sync_observe names them in the job's condition).
+  auto p = svc.progress("ns1/job1");
+  REQUIRE(p);
+  CHECK(p->missing.size() == 29);
+}
+
 TEST_CASE("garbage on every endpoint gets 400 naming the problem, never a crash") {
   RendezvousService svc("127.0.0.1", 0);
   svc.open_generation(spec(1, {"p0"}, 1));
