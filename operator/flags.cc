@@ -49,6 +49,9 @@ Runs the TrainingJob controller against the cluster of $KUBECONFIG (or --kubecon
                                     heartbeats) while a peer's did is taken as lost and replaced at once,
                                     without waiting for its node to turn NotReady (default 4; 0 = off;
                                     docs/rendezvous.md "A pod that falls silent")
+  --rendezvous-max-threads N        most request threads of the rendezvous service (default 4096, 64..65536): a
+                                    pod's join holds one while its world forms, so a job of more pods than this
+                                    forms over several join holds; each held join costs about 30 KiB of memory
   --workers N                       reconcile threads (default 2)
   --kube-api-qps Q                  client rate limit, requests per second (default 50; 0 = no limit)
   --kube-api-burst B                client burst above the rate (default 1000: one gang of 1,000 pods at once)
@@ -154,6 +157,8 @@ const std::map<std::string, FlagSpec>& flag_table() {
           f.agent_silence = decimal(a, v, 0, false, "expected seconds, 0 (off) or more (at least 1 s when on)");
           if (f.agent_silence > 0 && f.agent_silence < 1) refuse(a + " '" + v + "': at least 1 s when on (0 = off)");
         }}},
+      {"--rendezvous-max-threads",
+       {false, [](F& f, S a, S v) { f.rendezvous_max_threads = whole(a, v, 64, 65536, "use 64 to 65536 threads"); }}},
       {"--worker-image", text(&F::worker_image)},
       {"--worker-command", text(&F::worker_command)},
       {"--rendezvous-bind", text(&F::rendezvous_bind)},

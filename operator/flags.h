@@ -29,6 +29,7 @@ struct OperatorFlags {
   std::string rendezvous_addr;
   double join_timeout = 300;
   double agent_silence = 4;  // --agent-silence-seconds (0 = off)
+  int rendezvous_max_threads = RendezvousOptions{}.max_threads;  // --rendezvous-max-threads
   int workers = 2;
   double kube_api_qps = 50;
   int kube_api_burst = 1000;

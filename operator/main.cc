@@ -303,6 +303,7 @@ struct Leadership {
       op::RendezvousOptions ro;
       ro.join_timeout = std::chrono::milliseconds(static_cast<int64_t>(flags.join_timeout * 1000));
       ro.silence_after = std::chrono::milliseconds(static_cast<int64_t>(flags.agent_silence * 1000));
+      ro.max_threads = flags.rendezvous_max_threads;
       serving = rendezvous_tls(flags, client, rhost);
       ro.serving = serving.serving;
       rdzv = std::make_unique<op::RendezvousService>(rhost, rport, ro);

@@ -8,40 +8,57 @@
 namespace railyard::op {
 
 RequestPool::RequestPool(RequestPoolOptions options) : opts_(options) {
-  std::lock_guard<std::mutex> l(mu_);
-  for (size_t i = 0; i < opts_.core; ++i) start_thread();
+  for (size_t i = 0; i < opts_.core; ++i) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      reserve_thread();
+    }
+    launch_thread();
+  }
 }
 
 RequestPool::~RequestPool() { shutdown(); }
 
-bool RequestPool::start_thread() {
+void RequestPool::reserve_thread() {
+  ++live_;
+  ++idle_;  // free until it takes a request: a request queued meanwhile needs no thread of its own
+  peak_ = std::max(peak_, live_);
+}
+
+void RequestPool::launch_thread() {
   pthread_attr_t attr;
   pthread_attr_init(&attr);
   pthread_attr_setstacksize(&attr, opts_.stack_bytes);
   pthread_t t;
   const int rc = pthread_create(&t, &attr, &RequestPool::thread_main, this);
   pthread_attr_destroy(&attr);
-  if (rc != 0) {
-    // Out of threads or memory: the request waits for a running thread, as with a fixed pool. Said once per burst.
-    if (start_failures_++ == 0)
-      log::warn("rendezvous", "cannot start another request thread; requests wait for a free one",
-                {{"threads", std::to_string(live_)}, {"error", std::to_string(rc)}});
-    return false;
-  }
-  ++live_;
-  ++idle_;  // free until it takes a request: a request queued meanwhile needs no thread of its own
-  peak_ = std::max(peak_, live_);
-  return true;
+  if (rc == 0) return;
+  // Out of threads or memory: the request waits for a running thread, as with a fixed pool. Said once.
+  std::lock_guard<std::mutex> l(mu_);
+  --live_;
+  --idle_;
+  growing_ = false;
+  if (start_failures_++ == 0)
+    log::warn("rendezvous", "cannot start another request thread; requests wait for a free one",
+              {{"threads", std::to_string(live_)}, {"error", std::to_string(rc)}});
+  ended_cv_.notify_all();
 }
 
 void RequestPool::enqueue(std::function<void()> fn) {
+  bool grow = false;
   {
     std::lock_guard<std::mutex> l(mu_);
     queue_.push_back(std::move(fn));
     // Each idle thread takes one request; a request beyond them gets a thread of its own while there is room.
-    if (queue_.size() > idle_ && live_ < opts_.max) start_thread();
+    // The accept thread starts at most one: each new thread starts the next while requests still lack one, so a
+    // burst of connections is accepted at the rate of a queue push, not of a thread start.
+    if (!growing_ && queue_.size() > idle_ && live_ < opts_.max) {
+      reserve_thread();
+      growing_ = grow = true;
+    }
   }
   work_cv_.notify_one();
+  if (grow) launch_thread();  // outside the lock: running threads go on meanwhile
   join_ended();
 }
 
@@ -52,6 +69,17 @@ void* RequestPool::thread_main(void* self) {
 
 void RequestPool::work() {
   std::unique_lock<std::mutex> l(mu_);
+  if (growing_) {
+    // This thread is part of a growth: start the next one while requests still outnumber the free threads.
+    if (queue_.size() > idle_ && live_ < opts_.max && !stop_) {
+      reserve_thread();
+      l.unlock();
+      launch_thread();
+      l.lock();
+    } else {
+      growing_ = false;
+    }
+  }
   while (true) {
     if (!queue_.empty()) {
       std::function<void()> fn = std::move(queue_.front());

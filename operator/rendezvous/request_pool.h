@@ -50,8 +50,9 @@ class RequestPool : public httplib::TaskQueue {
  private:
   static void* thread_main(void* self);
   void work();
-  bool start_thread();  // under mu_
-  void join_ended();    // joins the threads that ended (not under mu_)
+  void reserve_thread();  // under mu_: counts a thread about to start as running and idle
+  void launch_thread();   // not under mu_: starts it, or takes the reservation back when it cannot
+  void join_ended();      // joins the threads that ended (not under mu_)
 
   const RequestPoolOptions opts_;
   mutable std::mutex mu_;
@@ -61,6 +62,7 @@ class RequestPool : public httplib::TaskQueue {
   size_t live_ = 0, peak_ = 0, start_failures_ = 0;
   size_t idle_ = 0;  // threads running no request (starting, or waiting for one)
   bool stop_ = false, shut_down_ = false;
+  bool growing_ = false;          // a chain of thread starts is under way (enqueue)
   std::vector<pthread_t> ended_;  // threads that returned, to be joined
 };
 

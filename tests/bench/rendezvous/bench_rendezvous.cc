@@ -12,6 +12,7 @@
 // it (an assignment lists every pod: on this 2-core machine N agents parsing N such lists in one process measure the
 // load generator, not the service; on a cluster each agent parses its own on its own node).
 // Prints one line per round and the median and spread of "after last join" (docs/benchmarks.md "Rendezvous").
+#include <httplib.h>
 #include <pthread.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -29,8 +30,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <httplib.h>
 
 #include "common/rendezvous_protocol.h"
 #include "common/tls/pki.h"
@@ -55,9 +54,9 @@ const std::string kJob = "bench/world";
 struct Args {
   int agents = 1000;
   bool tls = false;
-  int join_wait_ms = 2000;  // the agent's default (worker/agent/agent_config.h join_wait)
-  int threads = 64;         // RendezvousOptions::threads default
-  int max_threads = 0;      // 0: the service's default
+  int join_wait_ms = 2000;     // the agent's default (worker/agent/agent_config.h join_wait)
+  int threads = 64;            // RendezvousOptions::threads default
+  int max_threads = 0;         // 0: the service's default
   double silence_seconds = 4;  // the operator's --agent-silence-seconds default: its watcher runs as in the operator
   bool parse = true;
   int rounds = 1;
@@ -67,14 +66,22 @@ Args parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--agents") a.agents = std::stoi(v);
-    else if (k == "--tls") a.tls = v == "on";
-    else if (k == "--join-wait-ms") a.join_wait_ms = std::stoi(v);
-    else if (k == "--threads") a.threads = std::stoi(v);
-    else if (k == "--max-threads") a.max_threads = std::stoi(v);
-    else if (k == "--rounds") a.rounds = std::stoi(v);
-    else if (k == "--silence-seconds") a.silence_seconds = std::stod(v);
-    else if (k == "--parse") a.parse = v == "on";
+    if (k == "--agents")
+      a.agents = std::stoi(v);
+    else if (k == "--tls")
+      a.tls = v == "on";
+    else if (k == "--join-wait-ms")
+      a.join_wait_ms = std::stoi(v);
+    else if (k == "--threads")
+      a.threads = std::stoi(v);
+    else if (k == "--max-threads")
+      a.max_threads = std::stoi(v);
+    else if (k == "--rounds")
+      a.rounds = std::stoi(v);
+    else if (k == "--silence-seconds")
+      a.silence_seconds = std::stod(v);
+    else if (k == "--parse")
+      a.parse = v == "on";
     else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       std::exit(2);
