@@ -13,7 +13,7 @@ echo "date: $(date -u +%FT%TZ)  host: $(nproc) cores, $(awk '/MemTotal/ {printf 
 echo "cpu: $(lscpu | sed -n 's/^Model name: *//p')"
 echo "cpu flags of note: $(grep -m1 -o -w -E 'avx2|avx512f|avx512_bf16|amx_tile|amx_bf16' /proc/cpuinfo | sort -u | tr '\n' ' ')"
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
-run() { "$bench" "$@" 2>&1 | grep -E '^(round|rendezvous bench|after last join|agent failed)' | sed 's/^/  /'; }
+run() { "$bench" "$@" 2>&1 | grep -E '^(round|rendezvous bench|after last join|agent failed|silence rule)' | sed 's/^/  /'; }
 for r in $(seq 1 "$rounds"); do
   echo "== round $r: 1,000 agents, fixed pool of 64 (the former service)"
   run --agents 1000 --max-threads 64
