@@ -754,7 +754,7 @@ RendezvousService::RendezvousService(std::string host, int port, RendezvousOptio
   s.server->new_task_queue = [pool] { return new RequestPool(pool); };
   // cpp-httplib listens with a backlog of 5: a gang of thousands connecting at once would overflow it, and each
   // dropped SYN costs its agent a 1 s retransmit. The socket is remembered here and listen() is called again on it
-  // after the bind with the system's maximum (Linux takes a second listen() as a new backlog).
+  // after the bind with a large backlog (Linux takes a second listen() as a new backlog).
   s.server->set_socket_options([&s](int sock) {
     httplib::default_socket_options(sock);
     if (s.listen_fd < 0) s.listen_fd = sock;  // the first socket is the listener (made before any accept)
@@ -791,7 +791,8 @@ RendezvousService::RendezvousService(std::string host, int port, RendezvousOptio
     }
     s.port = port;
   }
-  if (s.listen_fd >= 0) ::listen(s.listen_fd, SOMAXCONN);
+  // The kernel caps the backlog at net.core.somaxconn (4096 by default): asking for more lets hosts that raised it use it.
+  if (s.listen_fd >= 0) ::listen(s.listen_fd, 65535);
   s.thread = std::thread([&s] {
     s.server->listen_after_bind();
     s.listen_returned = true;
