@@ -49,9 +49,9 @@ Runs the TrainingJob controller against the cluster of $KUBECONFIG (or --kubecon
                                     heartbeats) while a peer's did is taken as lost and replaced at once,
                                     without waiting for its node to turn NotReady (default 4; 0 = off;
                                     docs/rendezvous.md "A pod that falls silent")
-  --rendezvous-max-threads N        most request threads of the rendezvous service (default 4096, 64..65536): a
+  --rendezvous-max-threads N        most request threads of the rendezvous service (default 2048, 64..65536): a
                                     pod's join holds one while its world forms, so a job of more pods than this
-                                    forms over several join holds; each held join costs about 30 KiB of memory
+                                    forms over several join holds; each held join costs 30-75 KiB of memory
   --workers N                       reconcile threads (default 2)
   --kube-api-qps Q                  client rate limit, requests per second (default 50; 0 = no limit)
   --kube-api-burst B                client burst above the rate (default 1000: one gang of 1,000 pods at once)

@@ -80,7 +80,7 @@ struct RendezvousOptions {
   // (request_pool.h). A long-poll (a join while the world forms) holds its thread, so a world of N pods forming at
   // once needs about N; beyond max_threads requests wait for a free thread.
   int threads = 64;
-  int max_threads = 4096;
+  int max_threads = 2048;
   // Base for the bootstrap store port when rank 0's agent reported none (29500 + fnv1a(job_key) % 1000).
   int default_store_port_base = 29500;
   // The server certificate (chained to the CA the pods trust, RAILYARD_RENDEZVOUS_CA) and its key, PEM. Empty:

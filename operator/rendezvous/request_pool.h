@@ -21,7 +21,7 @@ namespace railyard::op {
 
 struct RequestPoolOptions {
   size_t core = 64;
-  size_t max = 4096;
+  size_t max = 2048;
   // Each thread reserves this much address space for its stack (resident: only the pages it touches). A request's
   // deepest path (TLS handshake, JSON parse, the join handler) uses far less.
   size_t stack_bytes = 512 * 1024;

@@ -14,27 +14,15 @@
 
 #include "common/kube/client.h"
 #include "common/kube/informer.h"
+#include "tests/bench/process_stats.h"
 
 using namespace railyard::kube;
 using Clock = std::chrono::steady_clock;
 
 namespace {
 
-long status_kib(const char* field) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(field, 0) == 0) return std::atol(line.c_str() + std::string(field).size());
-  }
-  return -1;
-}
-
-double cpu_seconds() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
-         static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
-}
+using railyard::bench::cpu_seconds;
+using railyard::bench::status_kib;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 

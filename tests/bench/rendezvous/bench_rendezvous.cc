@@ -35,6 +35,7 @@
 #include "common/tls/pki.h"
 #include "operator/rendezvous/rendezvous.h"
 #include "operator/rendezvous/silence.h"
+#include "tests/bench/process_stats.h"
 #include "worker/agent/rendezvous_client.h"
 
 namespace {
@@ -93,20 +94,8 @@ Args parse(int argc, char** argv) {
 
 std::string pod(int i) { return "world-worker-" + std::to_string(i); }
 
-long status_kib(const char* key) {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind(key, 0) == 0) return std::atol(line.c_str() + std::strlen(key));
-  return -1;
-}
-
-double cpu_seconds() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
-         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
-}
+using railyard::bench::cpu_seconds;
+using railyard::bench::status_kib;
 
 // The child: serves one generation of N pods until its stdin (the parent's pipe) closes, sampling its thread count;
 // then prints "threads_peak rss_peak_kib cpu_s" on the report pipe.

@@ -17,7 +17,7 @@ run() { "$bench" "$@" 2>&1 | grep -E '^(round|rendezvous bench|after last join|a
 for r in $(seq 1 "$rounds"); do
   echo "== round $r: 1,000 agents, fixed pool of 64 (the former service)"
   run --agents 1000 --max-threads 64
-  echo "== round $r: 1,000 agents, growing pool (default cap 4096)"
+  echo "== round $r: 1,000 agents, growing pool (default cap 2048)"
   run --agents 1000
 done
 for r in $(seq 1 "$rounds"); do
@@ -26,6 +26,6 @@ for r in $(seq 1 "$rounds"); do
   echo "== round $r: 10,000 agents, growing pool capped at 12,000, replies read not parsed"
   run --agents 10000 --max-threads 12000 --parse off
 done
-echo "== 10,000 agents at the default cap (4096), replies read not parsed"
-run --agents 10000 --parse off
+echo "== 10,000 agents at a cap of 4096, replies read not parsed"
+run --agents 10000 --max-threads 4096 --parse off
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -121,8 +121,8 @@ TEST_CASE("operator flags: pairs that must agree") {
   CHECK(split_addr("--x", "[::1]:80") == std::pair<std::string, int>{"[::1]", 80});
 }
 
-TEST_CASE("--rendezvous-max-threads: 4096 by default, 64..65536, anything else refused naming the flag") {
-  CHECK(parse_operator_flags({}).rendezvous_max_threads == 4096);
+TEST_CASE("--rendezvous-max-threads: 2048 by default, 64..65536, anything else refused naming the flag") {
+  CHECK(parse_operator_flags({}).rendezvous_max_threads == 2048);
   CHECK(parse_operator_flags({"--rendezvous-max-threads", "12000"}).rendezvous_max_threads == 12000);
   CHECK(parse_operator_flags({"--rendezvous-max-threads=64"}).rendezvous_max_threads == 64);
   CHECK(refusal({"--rendezvous-max-threads", "63"}).find("--rendezvous-max-threads") != std::string::npos);

@@ -654,49 +654,6 @@ TEST_CASE("fencing: a pod replaced while the world forms leaves it, and the worl
   CHECK(r.assignment.world_size == 2);
 }
 
-TEST_CASE("many pods with long-polls beyond the default thread count") {
-  RendezvousOptions o;
-  o.threads = 48;
-  RendezvousService svc("127.0.0.1", 0, o);
-  const int n = 32;
-  std::vector<std::string> pods;
-  for (int i = 0; i < n; ++i) pods.push_back(numbered("p", i));
-  svc.open_generation(spec(1, pods, 1));
-  railyard::worker::RendezvousClientOptions co;
-  co.max_attempts = 5;  // retries as the agent's client has them (a burst of connects may still meet a full queue)
-  RendezvousClient c("127.0.0.1:" + std::to_string(svc.port()), kToken, co);
-  // Threads never REQUIRE (a failed thread must not leave the others polling forever): they report what they got.
-  std::vector<std::future<std::string>> fs;
-  auto start = Clock::now();
-  for (int i = 0; i < n; ++i) {
-    fs.push_back(std::async(std::launch::async, [&c, i, start]() -> std::string {
-      rdzv::JoinRequest r = join_req("p0", 1, 8000);
-      r.ref.pod = numbered("p", i);
-      r.agent_id = numbered("a", i);
-      try {
-        while (seconds_since(start) < 30) {
-          auto res = c.join(r);
-          if (res.outcome == Outcome::Ready) return numbered("rank", res.assignment.ranks.at(0));
-          if (res.outcome != Outcome::Waiting)
-            return std::string("unexpected ") + railyard::worker::to_string(res.outcome);
-        }
-        return "gave up";
-      } catch (const std::exception& e) {
-        return std::string("error: ") + e.what();
-      }
-    }));
-  }
-  std::set<std::string> ranks;
-  for (auto& f : fs) {
-    auto got = f.get();
-    CHECK_MESSAGE(got.rfind("rank", 0) == 0, got);
-    ranks.insert(got);
-  }
-  CHECK(ranks.size() == static_cast<size_t>(n));
-  CHECK(ranks.count(numbered("rank", n - 1)) == 1);
-  CHECK(seconds_since(start) < 15.0);
-}
-
 TEST_CASE("a world far beyond the core threads forms while every join is held: each first join gets its assignment") {
   // Each join holds its request thread until the world is complete (10 s hold here). With a fixed pool of 4 the first
   // four joins would hold every thread and the others could not even register: those four would get 202 after their
