@@ -723,8 +723,8 @@ TEST_CASE("a waiting or timed-out join names at most 20 missing pods and counts 
 TEST_CASE("garbage on every endpoint gets 400 naming the problem, never a crash") {
   RendezvousService svc("127.0.0.1", 0);
   svc.open_generation(spec(1, {"p0"}, 1));
-  std::string deep(20000, '[');
-  deep += std::string(20000, ']');
+  std::string deep(500000, '[');  // 1 MB with the closing half: the largest body the service reads
+  deep += std::string(500000, ']');
   const std::vector<std::string> bodies = {"",
                                            "null",
                                            "{}",
