@@ -1,6 +1,7 @@
 #include "operator/rendezvous/rendezvous.h"
 
 #include <httplib.h>
+#include <netinet/in.h>
 #include <openssl/crypto.h>
 #include <sys/socket.h>
 
@@ -49,6 +50,20 @@ uint32_t fnv1a(const std::string& s) {
 bool tokens_equal(const std::string& a, const std::string& b) {
   // Length is not secret (tokens have a fixed length); the content comparison is constant time.
   return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+// Whether fd is a listening socket bound to `port`.
+bool is_listener_on(int fd, int port) {
+  if (fd < 0) return false;
+  int listening = 0;
+  socklen_t len = sizeof listening;
+  sockaddr_storage addr{};
+  socklen_t alen = sizeof addr;
+  if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || listening == 0) return false;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &alen) != 0) return false;
+  if (addr.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in*>(&addr)->sin_port) == port;
+  if (addr.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_port) == port;
+  return false;
 }
 
 // "a, b, c"; past rdzv::kMaxPodsNamed names, "a, b, ... (N in all)": a message stays short for a world of thousands.
@@ -384,8 +399,8 @@ struct RendezvousService::Impl {
     }
     const rdzv::Assignment own = assignment(job, pod, false);
     std::string body = json{{"status", st::kReady}, {"pod_index", own.pod_index}, {"ranks", own.ranks}}.dump();
-    body.back() = ',';                         // "{own...}" -> "{own...,"
-    body.append(*job.shared_assignment, 1);    // + "shared...}" (never empty: it holds the generation)
+    body.back() = ',';                       // "{own...}" -> "{own...,"
+    body.append(*job.shared_assignment, 1);  // + "shared...}" (never empty: it holds the generation)
     return {200, std::make_shared<const std::string>(std::move(body))};
   }
 
@@ -757,7 +772,7 @@ RendezvousService::RendezvousService(std::string host, int port, RendezvousOptio
   // after the bind with a large backlog (Linux takes a second listen() as a new backlog).
   s.server->set_socket_options([&s](int sock) {
     httplib::default_socket_options(sock);
-    if (s.listen_fd < 0) s.listen_fd = sock;  // the first socket is the listener (made before any accept)
+    s.listen_fd = sock;  // the last one offered is the one that bound (an address that failed is closed)
   });
   // Agents open one connection per call; a short keep-alive stops idle connections from pinning workers.
   s.server->set_keep_alive_timeout(1);
@@ -791,8 +806,9 @@ RendezvousService::RendezvousService(std::string host, int port, RendezvousOptio
     }
     s.port = port;
   }
-  // The kernel caps the backlog at net.core.somaxconn (4096 by default): asking for more lets hosts that raised it use it.
-  if (s.listen_fd >= 0) ::listen(s.listen_fd, 65535);
+  // The kernel caps the backlog at net.core.somaxconn (4096 by default): asking for more lets hosts that raised it use
+  // it. Only on the socket that listens on our port: anything else keeps cpp-httplib's backlog.
+  if (is_listener_on(s.listen_fd, s.port)) ::listen(s.listen_fd, 65535);
   s.thread = std::thread([&s] {
     s.server->listen_after_bind();
     s.listen_returned = true;
