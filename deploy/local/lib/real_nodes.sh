@@ -276,7 +276,14 @@ EOT
     ready=$(ready_real_nodes)
     [ "$ready" -ge "$REAL_NODES" ] && break
     [ $SECONDS -lt $deadline ] || {
-      log_tail "$(real_node_name 0)"
+      # Which node, and what its kubelet said: each node's Ready condition, and the logs of those not Ready.
+      kubectl_admin get nodes -l railyard.dev/real=true -o jsonpath='{range .items[*]}{.metadata.name}{" Ready="}{range .status.conditions[?(@.type=="Ready")]}{.status}{" "}{.reason}{": "}{.message}{end}{"\n"}{end}' >&2 2>/dev/null || true
+      local n
+      for ((n = 0; n < REAL_NODES; n++)); do
+        [ "$(kubectl_admin get node "$(real_node_name "$n")" \
+          -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null || true)" = True ] ||
+          { log_tail "$(real_node_name "$n")"; log_tail "$(real_node_name "$n")-containerd"; }
+      done
       die "up: only $ready of $REAL_NODES real nodes Ready after ${REAL_WAIT_SECONDS}s (logs: $STATE_DIR/logs/)"
     }
     sleep 0.5
