@@ -108,6 +108,7 @@ save_state() {
     printf 'KCM_TOKEN=%q\n' "$KCM_TOKEN"
     printf 'NODE_AGENT_TOKEN=%q\n' "$NODE_AGENT_TOKEN"
     printf 'NODE_MONITOR_GRACE=%q\n' "${NODE_MONITOR_GRACE:-4}"
+    printf 'CONTROLLER_MANAGER_QPS=%q\n' "${CONTROLLER_MANAGER_QPS:-}"
     printf 'REAL_NODES=%q\n' "${REAL_NODES:-0}"
     printf 'API_ADVERTISE_ADDR=%q\n' "${API_ADVERTISE_ADDR:-127.0.0.1}"
   } >"$STATE_DIR/state.env"
@@ -274,6 +275,9 @@ start_controller_manager() {
   # mirroring of hand-written Endpoints into EndpointSlices (what kube-proxy reads) that every real cluster runs: the
   # rendezvous Service has no selector, its leader writes its Endpoints.
   [ "${REAL_NODES:-0}" -gt 0 ] && kcm_controllers+=,deployment,replicaset,endpoint,endpointslice,endpointslicemirroring,disruption
+  local limits=()
+  [ -z "${CONTROLLER_MANAGER_QPS:-}" ] ||
+    limits=(--kube-api-qps "$CONTROLLER_MANAGER_QPS" --kube-api-burst "$((2 * CONTROLLER_MANAGER_QPS))")
   start_component kube-controller-manager "$CACHE_BIN/kube-controller-manager" \
     --kubeconfig "$STATE_DIR/controller-manager.kubeconfig" \
     --bind-address 127.0.0.1 --secure-port "$KCM_PORT" --port 0 \
@@ -285,7 +289,7 @@ start_controller_manager() {
     --allocate-node-cidrs=false --pvclaimbinder-sync-period 1s \
     --node-monitor-period 1s --node-monitor-grace-period "${NODE_MONITOR_GRACE:-4}s" \
     --node-startup-grace-period "${NODE_MONITOR_GRACE:-4}s" \
-    --unhealthy-zone-threshold 1.0 --node-eviction-rate 100
+    --unhealthy-zone-threshold 1.0 --node-eviction-rate 100 ${limits[@]+"${limits[@]}"}
   wait_for kube-controller-manager 60 kcm_healthy
 }
 

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # 1,000-replica benchmark (issue 3): the Railyard operator creating and binding the pods of one TrainingJob vs the
 # built-in Job controller creating the same number of pods, on the same local API server and the same nodes.
-#   tests/bench/operator/thousand_replicas.sh [--build-dir DIR] [--replicas N] [--state-dir DIR] [--no-nodes]
-# --no-nodes: no simulated nodes at all; both controllers only create pods (nothing can be bound).
+#   tests/bench/operator/thousand_replicas.sh [--build-dir DIR] [--replicas N[,N...]] [--nodes M] [--state-dir DIR]
+#                                             [--no-nodes]
+# --replicas 1000,3000,10000: the rounds run every size in turn on the one cluster (the scaling curve: medians per
+# size, and the operator's CPU and peak RSS per 1,000 pods); default 1000.
+# --nodes M: M simulated nodes (default: the largest size; a worker pod holds a whole node, so a gang of N pods needs
+# N nodes). --no-nodes: no simulated nodes at all; both controllers only create pods (nothing can be bound).
 # Env: OPERATOR_ARGS (more railyard-operator flags, e.g. "--api-parallelism 64"), ONLY_EQUAL=1 (only the runs at
 # equal, unthrottled limits), ROUNDS=N (N alternating rounds of operator and Job controller on the one cluster, then
 # medians with min-max; default 1), PERF_OUT=PREFIX (perf record -g of the operator during each run, to PREFIX.NS),
@@ -14,9 +18,15 @@
 # JC_OUR_PODS=1 (each round also runs the Job controller at equal limits with the operator's own worker pod as its
 # template, labelled "equal, our pods": one pod of the operator's run, less its name, owner, node and status; what the
 # pods' size costs the API server, apart from who creates them).
-# Starts its own local cluster (N simulated 8-GPU nodes: the operator places one worker pod per node) in --state-dir
-# and stops it at the end. The cluster gets Kubernetes' default node-monitor grace (40 s, not the local default 4 s)
-# and the node agent renews leases every 10 s like a kubelet: N nodes then cost N/10 lease writes per second.
+# Starts its own local cluster (M simulated 8-GPU nodes: the operator places one worker pod per node, one pod of a
+# job per node being Railyard's model) in --state-dir and stops it at the end. Up to 1,000 nodes the cluster gets
+# Kubernetes' default node-monitor grace (40 s, not the local default 4 s) and the node agent renews leases every 10 s
+# like a kubelet: 1,000 nodes cost 100 lease writes per second. Above 1,000 nodes the lease interval grows with the
+# node count (M/100 s, grace 4x that, at most 600 s; node status every 6 lease intervals), so that the nodes' own
+# writes stay at about 100 per second at every size: 10,000 kubelets' 1,000 writes per second would be the 2-core
+# machine's whole API server, and the curve would show the harness, not the operator. The controller manager that
+# lifts new nodes' not-ready taints runs at 200 QPS (cluster.sh --controller-manager-qps) so that 10,000 nodes are
+# schedulable in minutes; the Job controller under test is a separate controller manager at the limits below.
 # The operator runs twice: at its default client limits (QPS 50 / burst 1000) and at the Job controller's
 # unthrottled setting (1000 / 2000); the Job controller at its defaults (20 / 30) and at 1000 / 2000.
 # Timing: from the create request to the watch event (kubectl get -w, one stream) that completes the count of N pods created
@@ -25,20 +35,28 @@
 set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
 BUILD_DIR="$REPO_ROOT/build"
-N=1000
+SIZES=1000
+NODES=""
 NO_NODES=no
 STATE_DIR=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --build-dir) BUILD_DIR="$2"; shift 2 ;;
-    --replicas) N="$2"; shift 2 ;;
+    --replicas) SIZES="$2"; shift 2 ;;
+    --nodes) NODES="$2"; shift 2 ;;
     --state-dir) STATE_DIR="$2"; shift 2 ;;
     --no-nodes) NO_NODES=yes; shift ;;
-    -h | --help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,39p' "$0"; exit 0 ;;
     *) echo "thousand_replicas.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
-[[ "$N" =~ ^[0-9]+$ ]] && [ "$N" -ge 8 ] && [ $((N % 8)) = 0 ] || { echo "thousand_replicas.sh: --replicas '$N': give a multiple of 8" >&2; exit 2; }
+IFS=, read -r -a SIZE_LIST <<<"$SIZES"
+MAX_N=0
+for N in "${SIZE_LIST[@]}"; do
+  [[ "$N" =~ ^[0-9]+$ ]] && [ "$N" -ge 8 ] && [ $((N % 8)) = 0 ] ||
+    { echo "thousand_replicas.sh: --replicas '$SIZES': give multiples of 8, separated by commas" >&2; exit 2; }
+  [ "$N" -le "$MAX_N" ] || MAX_N=$N
+done
 BIN="$BUILD_DIR/bin"
 for b in railyard-operator railyard-node-agent; do
   [ -x "$BIN/$b" ] || { echo "thousand_replicas.sh: $BIN/$b missing: cmake --build $BUILD_DIR --target $b" >&2; exit 1; }
@@ -46,8 +64,14 @@ done
 STATE_DIR="${STATE_DIR:-$BUILD_DIR/bench-operator-cluster}"
 CLUSTER="$REPO_ROOT/deploy/local/cluster.sh"
 WORK="$(mktemp -d)"
-NODES=$N
+NODES=${NODES:-$MAX_N}
+[[ "$NODES" =~ ^[0-9]+$ ]] && [ $((NODES % 8)) = 0 ] && [ "$NODES" -ge "$MAX_N" ] ||
+  { echo "thousand_replicas.sh: --nodes '$NODES': give a multiple of 8, at least the largest size ($MAX_N)" >&2; exit 2; }
 [ "$NO_NODES" = yes ] && NODES=0
+# The nodes' write rate held at about 100 per second (see the top).
+LEASE_S=$((NODES > 1000 ? NODES / 100 : 10))
+GRACE_S=$((4 * LEASE_S > 600 ? 600 : 4 * LEASE_S))
+STATUS_S=$((LEASE_S > 10 ? 6 * LEASE_S : 60))
 pids=()
 cleanup() {
   for p in ${pids[@]+"${pids[@]}"}; do kill "$p" 2>/dev/null || true; kill -CONT "$p" 2>/dev/null || true; done
@@ -58,7 +82,7 @@ cleanup() {
 trap cleanup EXIT
 
 cat >"$WORK/topology.yaml" <<TOPO
-# $NODES simulated 8-GPU nodes for the $N-replica benchmark.
+# $NODES simulated 8-GPU nodes for the gang benchmark ($SIZES replicas).
 gpuType: h100-sxm
 gpusPerNode: 8
 nodesPerUnit: 8
@@ -72,16 +96,18 @@ namePrefix: bench
 TOPO
 echo "date: $(date -u +%FT%TZ)"
 echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr)"
-echo "cluster: $NODES nodes x 8 GPUs (node agent), starting..."
+echo "cluster: $NODES nodes x 8 GPUs (node agent: lease every $LEASE_S s, grace $GRACE_S s, status every $STATUS_S s), starting..."
 # cluster.sh waits 60 s for the nodes; registering 1,000 takes longer (about 7 per second here), so the control plane
 # comes up without the agent and the agent is started (and stopped) here.
-bash "$CLUSTER" up --state-dir "$STATE_DIR" --no-node-agent --node-monitor-grace 40 >"$WORK/up.log" 2>&1 ||
+bash "$CLUSTER" up --state-dir "$STATE_DIR" --no-node-agent --node-monitor-grace "$GRACE_S" \
+  --controller-manager-qps 200 >"$WORK/up.log" 2>&1 ||
   { cat "$WORK/up.log" >&2; exit 1; }
 if [ "$NODES" -gt 0 ]; then
 AGENT_KUBECONFIG="$STATE_DIR/node-agent.kubeconfig"
 [ -f "$AGENT_KUBECONFIG" ] || AGENT_KUBECONFIG="$STATE_DIR/kubeconfig"
 "$BIN/railyard-node-agent" run --kubeconfig "$AGENT_KUBECONFIG" --state-dir "$WORK/node-agent" \
-  --topology "$WORK/topology.yaml" --lease-interval 10 --node-status-interval 60 >"$WORK/node-agent.log" 2>&1 &
+  --topology "$WORK/topology.yaml" --lease-interval "$LEASE_S" --node-status-interval "$STATUS_S" \
+  >"$WORK/node-agent.log" 2>&1 &
 NODE_AGENT_PID=$!
 pids+=($NODE_AGENT_PID)
 fi
@@ -147,10 +173,12 @@ else:
     sys.exit(1)
 ' "$N" "$need_bound" "$t0"
 }
+# One pod asked for (limit=1), not the whole list: at 10,000 pods a list per second is the API server's main load.
 wait_gone() {
   local ns=$1 sel=$2 i
   for i in $(seq 1 600); do
-    [ "$(k get pods -n "$ns" -l "$sel" --no-headers 2>/dev/null | grep -c . || true)" = 0 ] && return 0
+    k get --raw "/api/v1/namespaces/$ns/pods?labelSelector=$sel&limit=1" 2>/dev/null | grep -q '"items":\[\]' &&
+      return 0
     sleep 1
   done
   echo "thousand_replicas.sh: pods of $sel still exist after 600 s" >&2
@@ -165,13 +193,13 @@ t_nodes=$SECONDS
 while :; do
   ready=$(k get nodes --no-headers 2>/dev/null | grep -c ' Ready ' || true)
   [ "$ready" -ge "$NODES" ] && break
-  [ $((SECONDS - t_nodes)) -lt 900 ] || { echo "thousand_replicas.sh: only $ready of $NODES nodes Ready after 900 s" >&2; tail -5 "$WORK/node-agent.log" >&2; exit 1; }
+  [ $((SECONDS - t_nodes)) -lt $((900 + NODES / 10)) ] || { echo "thousand_replicas.sh: only $ready of $NODES nodes Ready after $((SECONDS - t_nodes)) s" >&2; tail -5 "$WORK/node-agent.log" >&2; exit 1; }
   sleep 5
 done
 echo "nodes ready: $ready (registered in $((SECONDS - t_nodes)) s)"
 # The API server taints every new node node.kubernetes.io/not-ready:NoSchedule (TaintNodesByCondition) and the node
-# controller lifts it once it sees Ready, at the controller manager's 20 requests per second: until then the gang
-# does not fit.
+# controller lifts it once it sees Ready, through the controller manager's client limit (200 QPS here; at Kubernetes'
+# default 20, 1,000 nodes took 203 s): until then the gang does not fit.
 t_taints=$SECONDS
 while :; do
   tainted=$(k get nodes -o jsonpath='{range .items[*]}{.spec.taints[*].key}{"\n"}{end}' 2>/dev/null | grep -c not-ready || true)
@@ -193,7 +221,7 @@ delete_pods() { k delete --raw "/api/v1/namespaces/$1/pods?labelSelector=$2&grac
 # it works through 1,000 stale pod events, and until 2026-11-29 that backlog ran into the next rounds.
 settle() {
   local i size
-  for i in $(seq 1 120); do
+  for i in $(seq 1 $((N > 1000 ? N / 10 : 120))); do
     [ "$(pgrep -c -f '^/bin/sleep 3600' || true)" = 0 ] && break
     sleep 1
   done
@@ -240,14 +268,14 @@ run_operator() {
   [ -z "$pause" ] || kill -STOP "$pause"
   t0=$(now)
   k apply -f "$WORK/tj-$ns.yaml" >/dev/null
-  read -r op_created op_bound < <(wait_pods "$ns" railyard.dev/job=big $([ "$NODES" -gt 0 ] && echo yes || echo no) "$t0" "${BIND_LIMIT:-600}")
+  read -r op_created op_bound < <(wait_pods "$ns" railyard.dev/job=big $([ "$NODES" -gt 0 ] && echo yes || echo no) "$t0" "${BIND_LIMIT:-$((600 + N / 10))}")
   [ -z "$pause" ] || kill -CONT "$pause"
   op_cpu=$(echo "$(cpu_seconds "$op") - $cpu0" | bc)
   where_cpu "$plane0"
   op_rss=$(peak_rss_mib "$op")
   [ -z "$perf" ] || { kill -INT "$perf"; wait "$perf" 2>/dev/null || true; }
   echo "operator ($label, qps $qps burst $burst): $N pods created in ${op_created} s, all bound in ${op_bound} s; operator CPU ${op_cpu} s, peak RSS ${op_rss} MiB; load average $(loadavg)"
-  echo "row operator|$label|$op_created|$op_bound|$op_cpu|$op_rss" >>"$WORK/rows"
+  echo "row operator|$label|$op_created|$op_bound|$op_cpu|$op_rss|$N" >>"$WORK/rows"
   [ "$label" = "default client limits" ] && OP_CREATED_DEFAULT=$op_created
   [ "$label" = "equal: effectively unthrottled" ] && OP_CREATED_EQUAL=$op_created
   if [ -n "${JC_OUR_PODS:-}" ] && [ ! -s "$WORK/our-pod.json" ]; then
@@ -259,6 +287,8 @@ run_operator() {
   wait_gone "$ns" railyard.dev/job=big
   settle
 }
+# write_tj: the TrainingJob of the current size N.
+write_tj() {
 cat >"$WORK/tj.yaml" <<TJ
 apiVersion: railyard.dev/v1alpha1
 kind: TrainingJob
@@ -277,6 +307,7 @@ spec:
       - name: worker
         command: ["/bin/sleep", "3600"]
 TJ
+}
 
 # our_pods_job NAME: a Job whose pod template is the operator's saved worker pod (JC_OUR_PODS), as JSON.
 our_pods_job() {
@@ -331,12 +362,12 @@ spec:
 JOB
   fi
   echo "load average before (job controller, $label): $(loadavg)"
-  read -r jc jb < <(wait_pods bench-job "bench=$name" no "$t1" 900)
+  read -r jc jb < <(wait_pods bench-job "bench=$name" no "$t1" $((900 + N / 10)))
   local jcpu
   jcpu=$(echo "$(cpu_seconds "$kcm") - $c0" | bc)
   where_cpu "$plane0"
   echo "job controller ($label, qps $qps burst $burst): $N pods created in ${jc} s; CPU $jcpu s, peak RSS $(peak_rss_mib "$kcm") MiB (whole kube-controller-manager); load average $(loadavg)"
-  echo "row job|$label|$jc|-|$jcpu|$(peak_rss_mib "$kcm")" >>"$WORK/rows"
+  echo "row job|$label|$jc|-|$jcpu|$(peak_rss_mib "$kcm")|$N" >>"$WORK/rows"
   local op_created=${OP_CREATED_DEFAULT:-}
   [ "$label" = "default client limits" ] || op_created=$OP_CREATED_EQUAL
   echo "ratio ($label): job controller / operator (pods created) = $(echo "scale=2; $jc / $op_created" | bc)"
@@ -345,47 +376,68 @@ JOB
   delete_pods bench-job "bench=$name"
   wait_gone bench-job "bench=$name"
 }
-# Alternating rounds on the one cluster: operator, Job controller, operator, ... (namespaces and Job names per round,
-# since a deleted namespace takes a while to go).
+# Alternating rounds on the one cluster: operator, Job controller, operator, ... (namespaces and Job names per round
+# and size, since a deleted namespace takes a while to go); each round runs every size in the order given.
 for round in $(seq 1 "${ROUNDS:-1}"); do
-  echo "--- round $round"
-  [ -n "${ONLY_EQUAL:-}" ] || run_operator "default client limits" 50 1000 "bench-op-r$round"
-  run_operator "equal: effectively unthrottled" 1000 2000 "bench-op-equal-r$round"
-  [ -z "${OPERATOR_ARGS_B:-}" ] || run_operator "equal, B" 1000 2000 "bench-op-b-r$round"
-  [ -z "${PAUSE_NODES:-}" ] || [ "$NODES" = 0 ] || run_operator "equal, nodes paused" 1000 2000 "bench-op-p-r$round"
-  [ -n "${ONLY_EQUAL:-}" ] || run_job_controller "default client limits" 20 30 "default-limits-r$round"
-  run_job_controller "equal: effectively unthrottled" 1000 2000 "equal-limits-r$round"
-  [ -z "${JC_OUR_PODS:-}" ] || run_job_controller "equal, our pods" 1000 2000 "our-pods-r$round"
+  for N in "${SIZE_LIST[@]}"; do
+    echo "--- round $round, $N replicas"
+    write_tj
+    r=r$round-n$N
+    [ -n "${ONLY_EQUAL:-}" ] || run_operator "default client limits" 50 1000 "bench-op-$r"
+    run_operator "equal: effectively unthrottled" 1000 2000 "bench-op-equal-$r"
+    [ -z "${OPERATOR_ARGS_B:-}" ] || run_operator "equal, B" 1000 2000 "bench-op-b-$r"
+    [ -z "${PAUSE_NODES:-}" ] || [ "$NODES" = 0 ] || run_operator "equal, nodes paused" 1000 2000 "bench-op-p-$r"
+    [ -n "${ONLY_EQUAL:-}" ] || run_job_controller "default client limits" 20 30 "default-limits-$r"
+    run_job_controller "equal: effectively unthrottled" 1000 2000 "equal-limits-$r"
+    [ -z "${JC_OUR_PODS:-}" ] || run_job_controller "equal, our pods" 1000 2000 "our-pods-$r"
+  done
 done
 # Medians (min-max) over the rounds, and the issue's ratios per round: operator bound / Job controller created, and
 # CPU operator / Job controller, at equal limits.
 python3 - "$WORK/rows" <<'PY'
 import statistics, sys
-rows = [l.split("|") for l in open(sys.argv[1]).read().split("\n") if l.startswith("row ")]
+all_rows = [l.split("|") for l in open(sys.argv[1]).read().split("\n") if l.startswith("row ")]
 def col(who, label, i):
     return [float(r[i]) for r in rows if r[0] == "row " + who and r[1] == label and r[i] not in ("-", "unbound")]
 def show(name, v):
     if v:
         print(f"{name}: median {statistics.median(v):.2f} (min {min(v):.2f}, max {max(v):.2f}, n {len(v)})")
-for label in sorted({r[1] for r in rows}):
-    for who in ("operator", "job"):
-        for i, what in ((2, "created s"), (3, "bound s"), (4, "CPU s")):
-            show(f"{who} [{label}] {what}", col(who, label, i))
-    # B and the paused-nodes runs are at equal limits too
-    jlabel = "equal: effectively unthrottled" if label in ("equal, B", "equal, nodes paused") else label
-    ob, jc = col("operator", label, 3), col("job", jlabel, 2)
-    oc, jcpu = col("operator", label, 4), col("job", jlabel, 4)
-    if ob and jc and len(ob) == len(jc):
-        show(f"ratio [{label}] operator bound / job controller created", [a / b for a, b in zip(ob, jc)])
-    if oc and jcpu and len(oc) == len(jcpu):
-        show(f"ratio [{label}] operator CPU / job controller CPU", [a / b for a, b in zip(oc, jcpu)])
-# JC_OUR_PODS: what the operator's pods cost the Job controller against its own bare ones, and the operator against
-# the Job controller creating the same pods.
-ours, bare = col("job", "equal, our pods", 2), col("job", "equal: effectively unthrottled", 2)
-if ours and len(ours) == len(bare):
-    show("ratio job controller: our pods / its bare pods (created)", [a / b for a, b in zip(ours, bare)])
-    for label in ("equal: effectively unthrottled", "equal, nodes paused"):
-        ob = col("operator", label, 3)
-        if len(ob) == len(ours):
-            show(f"ratio [{label}] operator bound / job controller creating our pods", [a / b for a, b in zip(ob, ours)])
+def med(v):
+    return statistics.median(v) if v else float("nan")
+sizes = sorted({int(r[6]) for r in all_rows})
+curve = []
+for size in sizes:
+  rows = [r for r in all_rows if int(r[6]) == size]
+  print(f"=== {size} replicas")
+  for label in sorted({r[1] for r in rows}):
+      for who in ("operator", "job"):
+          for i, what in ((2, "created s"), (3, "bound s"), (4, "CPU s")):
+              show(f"{who} [{label}] {what}", col(who, label, i))
+      # B and the paused-nodes runs are at equal limits too
+      jlabel = "equal: effectively unthrottled" if label in ("equal, B", "equal, nodes paused") else label
+      ob, jc = col("operator", label, 3), col("job", jlabel, 2)
+      oc, jcpu = col("operator", label, 4), col("job", jlabel, 4)
+      if ob and jc and len(ob) == len(jc):
+          show(f"ratio [{label}] operator bound / job controller created", [a / b for a, b in zip(ob, jc)])
+      if oc and jcpu and len(oc) == len(jcpu):
+          show(f"ratio [{label}] operator CPU / job controller CPU", [a / b for a, b in zip(oc, jcpu)])
+  # JC_OUR_PODS: what the operator's pods cost the Job controller against its own bare ones, and the operator against
+  # the Job controller creating the same pods.
+  ours, bare = col("job", "equal, our pods", 2), col("job", "equal: effectively unthrottled", 2)
+  if ours and len(ours) == len(bare):
+      show("ratio job controller: our pods / its bare pods (created)", [a / b for a, b in zip(ours, bare)])
+      for label in ("equal: effectively unthrottled", "equal, nodes paused"):
+          ob = col("operator", label, 3)
+          if len(ob) == len(ours):
+              show(f"ratio [{label}] operator bound / job controller creating our pods", [a / b for a, b in zip(ob, ours)])
+  eq = "equal: effectively unthrottled"
+  curve.append((size, med(col("operator", eq, 3)), med(col("job", eq, 2)), med(col("operator", eq, 4)),
+                med(col("operator", eq, 5)), med(col("job", eq, 4))))
+# The scaling curve at equal limits: medians per size; per 1,000 pods, so that linear growth reads as a flat column.
+if len(curve) > 1:
+    print("=== curve (equal limits, medians): replicas | operator bound s | job controller created s | ratio | "
+          "operator CPU s | CPU s per 1,000 pods | operator peak RSS MiB | RSS MiB per 1,000 pods | job controller CPU s")
+    for size, ob, jc, cpu, rss, jcpu in curve:
+        print(f"{size} | {ob:.2f} | {jc:.2f} | {ob / jc:.2f} | {cpu:.2f} | {cpu / size * 1000:.3f} | {rss:.0f} | "
+              f"{rss / size * 1000:.1f} | {jcpu:.2f}")
 PY
