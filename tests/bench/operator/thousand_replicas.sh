@@ -82,12 +82,13 @@ cleanup() {
 trap cleanup EXIT
 
 cat >"$WORK/topology.yaml" <<TOPO
-# $NODES simulated 8-GPU nodes for the gang benchmark ($SIZES replicas).
+# $NODES simulated 8-GPU nodes for the gang benchmark ($SIZES replicas): units of 8 nodes, leaves of at most 1,000
+# nodes (the topology's limit is 1,024 units per leaf), one spine.
 gpuType: h100-sxm
 gpusPerNode: 8
 nodesPerUnit: 8
-unitsPerLeaf: $((NODES / 8))
-leavesPerSpine: 1
+unitsPerLeaf: $((NODES > 1000 ? 125 : NODES / 8))
+leavesPerSpine: $(((NODES + 999) / 1000))
 units: $((NODES / 8))
 cpu: "64"
 memory: 512Gi
@@ -193,6 +194,7 @@ t_nodes=$SECONDS
 while :; do
   ready=$(k get nodes --no-headers 2>/dev/null | grep -c ' Ready ' || true)
   [ "$ready" -ge "$NODES" ] && break
+  kill -0 "$NODE_AGENT_PID" 2>/dev/null || { echo "thousand_replicas.sh: the node agent exited:" >&2; tail -5 "$WORK/node-agent.log" >&2; exit 1; }
   [ $((SECONDS - t_nodes)) -lt $((900 + NODES / 10)) ] || { echo "thousand_replicas.sh: only $ready of $NODES nodes Ready after $((SECONDS - t_nodes)) s" >&2; tail -5 "$WORK/node-agent.log" >&2; exit 1; }
   sleep 5
 done
