@@ -30,10 +30,12 @@ namespace {
 
 constexpr const char* kUsage = R"(usage:
   railyard-node-agent run --kubeconfig FILE --state-dir DIR (--nodes N | --topology FILE)
-                          [--lease-interval S] [--node-status-interval S]
+                          [--lease-interval S] [--node-status-interval S] [--no-pods]
       --lease-interval S        renew each node's lease every S seconds (default 1: the local cluster's
                                 node-monitor grace is 4 s; a kubelet renews every 10 s for the default 40 s)
       --node-status-interval S  re-assert each up node's Ready=True every S seconds (default 10)
+      --no-pods                 nodes only: pods bound to them are left alone (no process, no status), for
+                                benchmarks of pod creation and binding at thousands of nodes
   railyard-node-agent nodes (--nodes N | --topology FILE)          print the node names a topology gives
   railyard-node-agent kill NAMESPACE/POD [--signal KILL|TERM|INT|9|15...] --state-dir DIR
   railyard-node-agent freeze NAMESPACE/POD --state-dir DIR             SIGSTOP the pod's process group
@@ -54,7 +56,8 @@ Args parse_args(int argc, char** argv) {
   static const std::map<std::string, bool> known = {
       {"--kubeconfig", true}, {"--state-dir", true},      {"--nodes", true},
       {"--topology", true},   {"--signal", true},         {"--json", false},
-      {"--log-level", true},  {"--lease-interval", true}, {"--node-status-interval", true}};
+      {"--log-level", true},  {"--lease-interval", true}, {"--node-status-interval", true},
+      {"--no-pods", false}};
   Args a;
   if (argc < 2) throw ConfigError("no command given");
   a.command = argv[1];
@@ -131,6 +134,7 @@ int run_agent(const Args& a) {
   opts.lease_interval =
       std::chrono::milliseconds(static_cast<int64_t>(seconds_flag("--lease-interval", 1, 0.1) * 1000));
   opts.node_status_interval = std::chrono::seconds(static_cast<int64_t>(seconds_flag("--node-status-interval", 10, 1)));
+  opts.run_pods = !a.flags.count("--no-pods");
 
   // One agent per state dir: a second one would fight over the same nodes, processes and addresses.
   std::string lock_path = opts.state_dir + "/agent.lock";

@@ -521,7 +521,10 @@ void Agent::run(const std::atomic<bool>& stop) {
   log::info(kComp, "nodes ready", {{"count", std::to_string(d.nodes.nodes().size())}, {"state_dir", d.opts.state_dir}});
 
   d.nodes.start_heartbeats();
-  std::thread watcher([&d] { d.watch_loop(); });
+  if (!d.opts.run_pods) log::info(kComp, "pods are left alone (--no-pods): nodes only");
+  std::thread watcher([&d] {
+    if (d.opts.run_pods) d.watch_loop();
+  });
 
   // The loop thread is the one that forks pod processes; their PDEATHSIG is tied to it, so it must outlive them.
   d.loop(stop);

@@ -15,6 +15,10 @@
 # the node agent stopped (SIGSTOP) from the create request until the count completes, labelled "equal, nodes paused":
 # what the nodes' own reaction to the bound pods (process starts, status writes, events on the same API server and
 # cores) adds to the time; read it as a decomposition, not as the figure to quote).
+# NODES_IDLE=1 (the node agent runs with --no-pods: nodes register and stay Ready, but bound pods get no process,
+# status write or event: the API server then serves the creators alone, as it does for the Job controller's unbound
+# pods. Needed above a few thousand pods: one node agent on 2 cores removed about 11 pods a second and started fewer,
+# and would work through a 10,000-pod round for many minutes, into the next runs; docs/node-agent.md).
 # JC_OUR_PODS=1 (each round also runs the Job controller at equal limits with the operator's own worker pod as its
 # template, labelled "equal, our pods": one pod of the operator's run, less its name, owner, node and status; what the
 # pods' size costs the API server, apart from who creates them).
@@ -97,7 +101,7 @@ namePrefix: bench
 TOPO
 echo "date: $(date -u +%FT%TZ)"
 echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr)"
-echo "cluster: $NODES nodes x 8 GPUs (node agent: lease every $LEASE_S s, grace $GRACE_S s, status every $STATUS_S s), starting..."
+echo "cluster: $NODES nodes x 8 GPUs (node agent: lease every $LEASE_S s, grace $GRACE_S s, status every $STATUS_S s$([ -n "${NODES_IDLE:-}" ] && echo ", pods left alone: NODES_IDLE")), starting..."
 # cluster.sh waits 60 s for the nodes; registering 1,000 takes longer (about 7 per second here), so the control plane
 # comes up without the agent and the agent is started (and stopped) here.
 bash "$CLUSTER" up --state-dir "$STATE_DIR" --no-node-agent --node-monitor-grace "$GRACE_S" \
@@ -108,7 +112,7 @@ AGENT_KUBECONFIG="$STATE_DIR/node-agent.kubeconfig"
 [ -f "$AGENT_KUBECONFIG" ] || AGENT_KUBECONFIG="$STATE_DIR/kubeconfig"
 "$BIN/railyard-node-agent" run --kubeconfig "$AGENT_KUBECONFIG" --state-dir "$WORK/node-agent" \
   --topology "$WORK/topology.yaml" --lease-interval "$LEASE_S" --node-status-interval "$STATUS_S" \
-  >"$WORK/node-agent.log" 2>&1 &
+  $([ -n "${NODES_IDLE:-}" ] && echo --no-pods) >"$WORK/node-agent.log" 2>&1 &
 NODE_AGENT_PID=$!
 pids+=($NODE_AGENT_PID)
 fi

@@ -451,3 +451,58 @@ TEST_CASE("agent restart: a pod whose process died with the old agent is marked 
   admin().create(resources::pods, ns.name, pod_manifest("fresh", first_node(), "exit 0"));
   CHECK(wait_phase(ns, "fresh", "Succeeded"));
 }
+
+TEST_CASE("--no-pods: the agent's nodes are Ready, but a pod bound to them gets no process and no status") {
+  // A second agent with its own state dir and one node of its own name ("idle-u0-n0"), beside the fixture's agent.
+  // The node holds at most one pod and the test's pod is bound to it before the node exists, so no other test's pod
+  // can be placed there (it would never start).
+  TestNamespace ns("na-no-pods");
+  const std::string node = "idle-u0-n0";
+  const std::string marker = ns.dir + "/ran";
+  admin().create(resources::pods, ns.name, pod_manifest("left-alone", node, "touch " + marker + "; sleep 300"));
+  const std::string state = ns.dir + "/agent";
+  fs::create_directories(state);
+  {
+    std::ofstream topo(ns.dir + "/idle.yaml");
+    topo << "gpuType: h100-sxm\ngpusPerNode: 8\nnodesPerUnit: 1\nunitsPerLeaf: 1\nleavesPerSpine: 1\nunits: 1\n"
+            "cpu: \"4\"\nmemory: 8Gi\npods: 1\nnamePrefix: idle\n";
+  }
+  const std::string pid_file = ns.dir + "/agent.pid";
+  const std::string start = "setsid " + agent_bin() + " run --kubeconfig " + env("RAILYARD_E2E_STATE_DIR") +
+                            "/node-agent.kubeconfig --state-dir " + state + " --topology " + ns.dir +
+                            "/idle.yaml --lease-interval 1 --no-pods </dev/null >" + ns.dir +
+                            "/agent.log 2>&1 & echo $! > " + pid_file;
+  REQUIRE(std::system(start.c_str()) == 0);
+  struct Stop {
+    std::string pid_file, node, ns;
+    ~Stop() {
+      try {
+        ::kill(std::stoi(slurp(pid_file)), SIGTERM);
+        // No kubelet finishes this pod's graceful delete: remove it outright, then the node.
+        DeleteOptions now;
+        now.grace_period_seconds = 0;
+        admin().remove(resources::pods, ns, "left-alone", now);
+        std::this_thread::sleep_for(500ms);
+        admin().remove(resources::nodes, "", node);
+      } catch (const std::exception&) {
+      }
+    }
+  } stop{pid_file, node, ns.name};
+  REQUIRE_MESSAGE(wait_for(
+                      [&] {
+                        auto n = admin().try_get(resources::nodes, "", node);
+                        return n && ready_status(*n) == "True";
+                      },
+                      20s),
+                  slurp(ns.dir + "/agent.log"));
+  CHECK(slurp(ns.dir + "/agent.log").find("pods are left alone") != std::string::npos);
+  // A running agent starts a bound pod within a second or two (the cases above); this one must not, at all.
+  std::this_thread::sleep_for(4s);
+  Json pod = get_pod(ns, "left-alone");
+  CHECK(pod["status"].value("phase", "") == "Pending");
+  CHECK_FALSE(pod["status"].contains("containerStatuses"));
+  CHECK_FALSE(fs::exists(marker));
+  auto n = admin().try_get(resources::nodes, "", node);
+  REQUIRE(n);
+  CHECK(ready_status(*n) == "True");
+}
