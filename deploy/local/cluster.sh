@@ -5,7 +5,7 @@
 #
 #   cluster.sh build
 #   cluster.sh up [--state-dir DIR] [--nodes N | --topology FILE] [--node-agent PATH | --no-node-agent]
-#                 [--real-nodes N] [--prometheus] [--node-monitor-grace SECONDS]
+#                 [--real-nodes N] [--prometheus] [--node-monitor-grace SECONDS] [--controller-manager-qps Q]
 #   cluster.sh down|status|env|restart-apiserver|restart-etcd [--state-dir DIR]
 #   cluster.sh stop-node|start-node|kill-kubelet NAME [--state-dir DIR]   (real nodes: lose one like a machine, or
 #                 only its kubelet while its containers run on; bring it back)
