@@ -50,7 +50,7 @@ while [ $# -gt 0 ]; do
     --nodes) NODES="$2"; shift 2 ;;
     --state-dir) STATE_DIR="$2"; shift 2 ;;
     --no-nodes) NO_NODES=yes; shift ;;
-    -h | --help) sed -n '2,39p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,38p' "$0"; exit 0 ;;
     *) echo "thousand_replicas.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
