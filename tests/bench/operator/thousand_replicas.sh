@@ -225,14 +225,12 @@ loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
 # Since 2026-12-07 the deletes are sent by 32 threads, one pod each: the API server runs a deletecollection one pod at
 # a time (--delete-collection-workers 1), about 25 a second with 10,000 pods, so one 10,000-pod run took 7 minutes to
 # clean up. A pod already gone counts as deleted.
+API_SERVER=$(k config view --raw --minify -o jsonpath='{.clusters[0].cluster.server}')
+API_TOKEN=$(k config view --raw --minify -o jsonpath='{.users[0].user.token}')
+k config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d >"$WORK/api-ca.crt"
 delete_pods() {
-  local server token ca
-  server=$(k config view --raw --minify -o jsonpath='{.clusters[0].cluster.server}')
-  token=$(k config view --raw --minify -o jsonpath='{.users[0].user.token}')
-  ca="$WORK/api-ca.crt"
-  k config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d >"$ca"
   k get pods -n "$1" -l "$2" -o name 2>/dev/null | sed 's|^pod/||' |
-    TOKEN="$token" python3 -c '
+    TOKEN="$API_TOKEN" python3 -c '
 import http.client, os, ssl, sys, threading, urllib.parse
 server, ns, ca = sys.argv[1], sys.argv[2], sys.argv[3]
 u = urllib.parse.urlparse(server)
@@ -256,7 +254,7 @@ threads = [threading.Thread(target=work) for _ in range(32)]
 [t.join() for t in threads]
 if failed:
     print(f"thousand_replicas.sh: {len(failed)} deletes failed, e.g. {failed[0]}", file=sys.stderr)
-' "$server" "$1" "$ca" || true
+' "$API_SERVER" "$1" "$WORK/api-ca.crt" || true
 }
 # The next run also waits for the node agent to go idle (its log still for 5 s, at most 5 minutes): after a paused run
 # it works through 1,000 stale pod events, and until 2026-11-29 that backlog ran into the next rounds.
