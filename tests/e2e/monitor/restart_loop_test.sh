@@ -156,7 +156,14 @@ ok = (r["generation"] == 2 and r["detectSeconds"] > 0 and 0 < r["recoverySeconds
       and r["resumedStep"] >= first and r["stepAtRestart"] > 0)
 sys.exit(0 if ok else 1)
 PY
-op_text=$(curl -s "http://$op_metrics/metrics")
+# Scraped until the series shows (about 5 s at most): the status above was written after the observation, so a scrape
+# without it is the scrape's own failure (a scrape with no recovery series at all was seen once, 2026-12-07), not a missing one.
+op_text=""
+for _ in $(seq 1 10); do
+  op_text=$(curl -s --max-time 5 "http://$op_metrics/metrics" || true)
+  grep -q '^railyard_operator_recovery_seconds_count{reason="RestartRequested"}' <<<"$op_text" && break
+  sleep 0.5
+done
 grep -q '^railyard_operator_recovery_seconds_count{reason="RestartRequested"} 1' <<<"$op_text" ||
   fail "railyard_operator_recovery_seconds has no RestartRequested observation: $(grep recovery_seconds_count <<<"$op_text")"
 # The one observation is the recovery the status reports (status rounds to 0.1 s), not a time measured against the
