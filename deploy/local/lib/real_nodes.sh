@@ -73,6 +73,10 @@ setup_bridge() {
   if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
     ip link add "$BRIDGE" type bridge || die "up: cannot create bridge $BRIDGE (needs root with CAP_NET_ADMIN)"
   fi
+  # A fixed MAC: a bridge without one takes the smallest MAC of its ports, so it changed whenever a pod's veth came or
+  # went, and every pod's ARP entry for POD_NET.1 (the operator's rendezvous, the DNS) pointed at the old one until the
+  # kernel probed again: seconds of silence that the rendezvous rightly took for a frozen pod (AgentSilent).
+  ip link set "$BRIDGE" address "$(printf '02:72:79:%02x:%02x:01' $((APISERVER_PORT >> 8 & 255)) $((APISERVER_PORT & 255)))"
   ip addr replace "$POD_NET.1/24" dev "$BRIDGE"
   local i
   for ((i = 0; i < REAL_NODES; i++)); do ip addr replace "$(real_node_ip "$i")/24" dev "$BRIDGE"; done

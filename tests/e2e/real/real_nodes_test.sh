@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # E2E on real nodes: `cluster.sh up --real-nodes 2` (kubelets + containerd + runc + a CNI bridge, images built by
 # deploy/images/build.sh). Checks, in order:
-#   1. the nodes register Ready with containerd as their runtime and carry the topology labels;
+#   1. the nodes register Ready with containerd as their runtime and carry the topology labels; the pod bridge has a
+#      MAC of its own, unchanged at the end after every pod below came and went;
 #   2. the tiny example, exactly as shipped (its own volume of the default class, its data prepared by its initializer
 #      pod, checkpoints there), trains to Succeeded in
 #      a container of localhost/railyard/worker, as uid 65532, with its own pod IP, passing the restricted Pod
@@ -54,6 +55,11 @@ bash "$cluster" down --state-dir "$state" >/dev/null 2>&1 || true
 t0=$SECONDS
 bash "$cluster" up --state-dir "$state" --real-nodes 2 >"$work/up.log" 2>&1 || { cat "$work/up.log" >&2; fail "cluster up"; }
 log "cluster with 2 real nodes up in $((SECONDS - t0)) s"
+# The pod bridge keeps the MAC cluster.sh gave it while pods come and go (without one it follows its ports' smallest,
+# and the pods' ARP entries for the operator's address go stale: a pod falls silent for seconds).
+bridge=$(cat "$state/real/bridge")
+[ "$(cat "/sys/class/net/$bridge/addr_assign_type")" = 3 ] || fail "bridge $bridge has no MAC of its own (addr_assign_type $(cat "/sys/class/net/$bridge/addr_assign_type"))"
+bridge_mac=$(cat "/sys/class/net/$bridge/address")
 eval "$(bash "$cluster" env --state-dir "$state")"
 [ -n "${RAILYARD_POD_HOST_ADDR:-}" ] || fail "cluster.sh env gives no RAILYARD_POD_HOST_ADDR"
 for n in ry-real-0 ry-real-1; do
@@ -304,4 +310,6 @@ case "$(gmsg)" in *"nvidia.com/gpu"*) ;; *) fail "gpt2-noinit waits without nami
 [ -z "$(kubectl get pods -n "$ns" -l railyard.dev/job=gpt2-noinit -o jsonpath='{.items[?(@.spec.nodeName)].metadata.name}')" ] ||
   fail "a gpt2-noinit pod was bound to a node without GPUs"
 log "gpt2-350m-h100 example without its initializer: waiting: $(gmsg)"
+[ "$(cat "/sys/class/net/$bridge/address")" = "$bridge_mac" ] ||
+  fail "bridge $bridge changed its MAC from $bridge_mac to $(cat "/sys/class/net/$bridge/address") while pods came and went"
 log "real nodes e2e: ok ($((SECONDS - t_all)) s)"
