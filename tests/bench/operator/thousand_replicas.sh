@@ -415,20 +415,32 @@ JOB
   delete_pods bench-job "bench=$name"
   wait_gone bench-job "bench=$name"
 }
-# Alternating rounds on the one cluster: operator, Job controller, operator, ... (namespaces and Job names per round
-# and size, since a deleted namespace takes a while to go); each round runs every size in the order given.
+# Alternating rounds on the one cluster (namespaces and Job names per round and size, since a deleted namespace takes a
+# while to go); each round runs every size in the order given, the operator's runs first in odd rounds and the Job
+# controller's first in even ones (A-B, then B-A: a drift of the machine during a round favours neither side).
+operator_runs() {
+  [ -n "${ONLY_EQUAL:-}" ] || run_operator "default client limits" 50 1000 "bench-op-$r"
+  run_operator "equal: effectively unthrottled" 1000 2000 "bench-op-equal-$r"
+  [ -z "${OPERATOR_ARGS_B:-}" ] || run_operator "equal, B" 1000 2000 "bench-op-b-$r"
+  [ -z "${PAUSE_NODES:-}" ] || [ "$NODES" = 0 ] || run_operator "equal, nodes paused" 1000 2000 "bench-op-p-$r"
+}
+job_controller_runs() {
+  [ -n "${ONLY_EQUAL:-}" ] || run_job_controller "default client limits" 20 30 "default-limits-$r"
+  run_job_controller "equal: effectively unthrottled" 1000 2000 "equal-limits-$r"
+  [ -z "${JC_OUR_PODS:-}" ] || run_job_controller "equal, our pods" 1000 2000 "our-pods-$r"
+}
 for round in $(seq 1 "${ROUNDS:-1}"); do
   for N in "${SIZE_LIST[@]}"; do
-    echo "--- round $round, $N replicas"
+    echo "--- round $round, $N replicas ($([ $((round % 2)) = 1 ] && echo "operator first" || echo "Job controller first"))"
     write_tj
     r=r$round-n$N
-    [ -n "${ONLY_EQUAL:-}" ] || run_operator "default client limits" 50 1000 "bench-op-$r"
-    run_operator "equal: effectively unthrottled" 1000 2000 "bench-op-equal-$r"
-    [ -z "${OPERATOR_ARGS_B:-}" ] || run_operator "equal, B" 1000 2000 "bench-op-b-$r"
-    [ -z "${PAUSE_NODES:-}" ] || [ "$NODES" = 0 ] || run_operator "equal, nodes paused" 1000 2000 "bench-op-p-$r"
-    [ -n "${ONLY_EQUAL:-}" ] || run_job_controller "default client limits" 20 30 "default-limits-$r"
-    run_job_controller "equal: effectively unthrottled" 1000 2000 "equal-limits-$r"
-    [ -z "${JC_OUR_PODS:-}" ] || run_job_controller "equal, our pods" 1000 2000 "our-pods-$r"
+    if [ $((round % 2)) = 1 ]; then
+      operator_runs
+      job_controller_runs
+    else
+      job_controller_runs
+      operator_runs
+    fi
   done
 done
 # Medians (min-max) over the rounds, and the ratios per round: operator bound / Job controller created, and
