@@ -1,0 +1,257 @@
+#!/usr/bin/env bash
+# Benchmark (issue 44 item 2): what one fault costs the built-in trainer on real nodes, as lost goodput, and the
+# goodput of a job under a fault every PERIOD seconds. A cluster of its own with 3 real nodes (kubelet + containerd +
+# runc, pods as containers), the operator on the host; a 2-replica data-parallel job of the tiny model (every step in
+# the pods' memory, a disk checkpoint every 10 steps, excludeFailedNodes false so that a node brought back serves
+# again). Every fault hits rank 1 (pod <job>-worker-1); rank 0's container runs through all of them, so its log is one
+# record, written by the trainer with this machine's clock, the same clock the faults are taken on.
+#
+# Part 1, per fault kind, ROUNDS rounds each, one after another in one long job:
+#   kill   kill -9 of rank 1's trainer process (found from the host by its pod name: no kubectl exec on the clock)
+#   pod    kubectl delete pod of rank 1 (the default grace: the agent stops the trainer, a replacement pod)
+#   node   cluster.sh stop-node of rank 1's node (kubelet, containerd and containers SIGKILLed, as a lost machine);
+#          start-node once the job trains again, so the next round has a spare node
+# Per fault at T: r, the step the next generation restored (its first restore after T); s and t, the last step rank 0
+# logged before that restore (the old generation may go on past T until the fault reaches it); t1, when rank 0 logged
+# step r+1 after the restore; d, the median step time of the 30 steps before T. Lost goodput = (t1 - t) - (r + 1 - s)
+# x d: the time the job spent beyond what the steps it advanced cost undisturbed (the steps redone, s - r, are in it).
+# Recovery = t1 - T.
+#
+# Part 2, a fault schedule: a job of SCHEDULE_STEPS steps, a fault every PERIOD seconds (kinds drawn from kill, pod,
+# node by SEED), to Succeeded. Goodput = (last step - first step) x d / (time of the last step - time of the first),
+# d from the undisturbed steps before the first fault; beside it the job's own ledger (status.goodput.ratio, which
+# counts from the job's creation: its pods' first start is in it).
+#
+#   tests/bench/elastic/real_faults.sh BUILD_DIR [ROUNDS]
+# Env: RAILYARD_BENCH_KINDS (default "kill pod node"), RAILYARD_BENCH_PERIOD (60), RAILYARD_BENCH_SCHEDULE_SECONDS
+# (480: the schedule job's steps are sized to train about that long undisturbed; 0 skips part 2), RAILYARD_BENCH_SEED
+# (7). Needs a quiet machine and no other real-node cluster; prints the load, the CPU flags and Markdown tables for
+# docs/benchmarks.md.
+set -euo pipefail
+build=${1:?usage: real_faults.sh BUILD_DIR [ROUNDS]}
+rounds=${2:-3}
+build=$(cd "$build" && pwd)
+src=$(cd "$(dirname "$0")/../../.." && pwd)
+bin=$build/bin
+kinds=${RAILYARD_BENCH_KINDS:-kill pod node}
+period=${RAILYARD_BENCH_PERIOD:-60}
+schedule_s=${RAILYARD_BENCH_SCHEDULE_SECONDS:-480}
+seed=${RAILYARD_BENCH_SEED:-7}
+state=$build/bench-real-faults
+cluster="$src/deploy/local/cluster.sh"
+ns=bench-faults
+work=$(mktemp -d /tmp/bench-real-faults.XXXXXX)
+out=${RAILYARD_BENCH_OUT:-$build/bench/real-faults} # rank 0's log after each fault, kept
+mkdir -p "$out"
+op_pid=""
+stopped=""
+cleanup() {
+  [ -n "$op_pid" ] && kill "$op_pid" 2>/dev/null && wait "$op_pid" 2>/dev/null || true
+  bash "$cluster" down --state-dir "$state" >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+die() {
+  echo "real faults bench: $*" >&2
+  kubectl get tj,pods -n "$ns" -o wide >&2 || true
+  tail -n 20 "$work/op.log" >&2 || true
+  exit 1
+}
+# shellcheck source=../../e2e/operator/lib.sh
+source "$src/tests/e2e/operator/lib.sh"
+fail() { die "$@"; } # lib.sh's wait_for calls fail
+
+for k in $kinds; do case "$k" in kill | pod | node) ;; *) die "RAILYARD_BENCH_KINDS: unknown kind '$k' (kill, pod, node)" ;; esac; done
+flags=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|avx512f|avx512_bf16|amx_tile|amx_bf16)$' | tr '\n' ' ' || true)
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), flags: ${flags:-none of avx2/avx512f/avx512_bf16/amx}, $(date -u +%FT%TZ), commit $(git -C "$src" rev-parse --short HEAD)"
+bash "$cluster" down --state-dir "$state" >/dev/null 2>&1 || true
+bash "$cluster" up --state-dir "$state" --real-nodes 3 >"$work/up.log" 2>&1 || { tail -5 "$work/up.log"; die "cluster up"; }
+eval "$(bash "$cluster" env --state-dir "$state")"
+install_crd "$src"
+shared=$(bash "$cluster" share "$ns" --state-dir "$state")
+"$bin/railyard" data prepare --input /usr/share/common-licenses/* --output "$shared/data" >/dev/null
+"$bin/railyard-operator" --namespace "$ns" --leader-elect=false --worker-image localhost/railyard/worker:0.1.0 \
+  --metrics-addr "127.0.0.1:$(free_port)" --health-addr "127.0.0.1:$(free_port)" \
+  --rendezvous-bind "$RAILYARD_POD_HOST_ADDR:0" >"$work/op.log" 2>&1 &
+op_pid=$!
+
+job=""
+jp() { kubectl get tj "$job" -n "$ns" -o jsonpath="$1" 2>/dev/null; }
+# apply_job NAME STEPS: the tiny example on the shared claim, 2 replicas, every step in memory.
+apply_job() {
+  job=$1
+  python3 "$src/tests/e2e/lib/example_on_claim.py" "$src/deploy/examples/tiny.yaml" railyard-shared |
+    python3 -c '
+import sys, yaml
+j = yaml.safe_load(sys.stdin)
+s = j["spec"]
+j["metadata"]["name"] = sys.argv[1]
+s["replicas"] = 2
+s["training"].update(steps=int(sys.argv[2]), valEvery=0)
+s["checkpoint"].update(path="/shared/checkpoints/" + sys.argv[1], intervalSteps=10, memoryIntervalSteps=1)
+s["failurePolicy"].update(maxRestarts=1000, excludeFailedNodes=False)
+print(yaml.safe_dump(j))' "$1" "$2" >"$work/$1.yaml"
+  kubectl apply -n "$ns" -f "$work/$1.yaml" >/dev/null
+}
+# Rank 0's step and restore lines as "TIME step N" / "TIME restored N" (unix seconds, the trainer's own clock).
+steps_of() {
+  kubectl logs "$job-worker-0" -n "$ns" | python3 -c '
+import datetime, re, sys
+for l in sys.stdin:
+    m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+)Z \S+\s+(worker: step|checkpoint: restored) .*?step=(\d+)", l)
+    if not m: continue
+    t = datetime.datetime.fromisoformat(m.group(1)).replace(tzinfo=datetime.timezone.utc).timestamp()
+    print(f"{t:.3f}", "step" if m.group(2) == "worker: step" else "restored", m.group(3))'
+}
+step_now() { steps_of | awk '$2 == "step" {s = $3} END {print s + 0}'; }
+wait_steps() { # N: wait until rank 0 logged N more steps than now
+  local want=$(($(step_now) + $1)) t=$SECONDS
+  until [ "$(step_now)" -ge "$want" ]; do
+    [ $((SECONDS - t)) -lt 240 ] || die "$job: no step $want after 240 s"
+    sleep 0.5
+  done
+}
+# kill -9 of the trainer process of POD, found from the host by the pod name in its environment.
+kill_trainer() {
+  python3 - "$1" <<'PY' || die "no trainer process of $1 on this machine"
+import os, signal, sys
+want = ("RAILYARD_POD_NAME=" + sys.argv[1]).encode()
+for p in os.listdir("/proc"):
+    if not p.isdigit():
+        continue
+    try:
+        cmd = open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")
+        env = open(f"/proc/{p}/environ", "rb").read().split(b"\0")
+    except OSError:
+        continue
+    if any(c.endswith(b"railyard-worker") for c in cmd[:1]) and b"train" in cmd[1:2] and want in env:
+        os.kill(int(p), signal.SIGKILL)
+        sys.exit(0)
+sys.exit(1)
+PY
+}
+node_of() { kubectl get pod "$1" -n "$ns" -o jsonpath='{.spec.nodeName}'; }
+inject() { # KIND: a fault on rank 1; prints nothing
+  case "$1" in
+    kill) kill_trainer "$job-worker-1" ;;
+    pod) kubectl delete pod "$job-worker-1" -n "$ns" --wait=false >/dev/null ;;
+    node)
+      stopped=$(node_of "$job-worker-1")
+      bash "$cluster" stop-node "$stopped" --state-dir "$state" >/dev/null
+      ;;
+  esac
+}
+bring_back() { # after a node fault: the node serves again
+  [ -n "$stopped" ] || return 0
+  bash "$cluster" start-node "$stopped" --state-dir "$state" >/dev/null
+  wait_for 120 "$stopped Ready" sh -c "kubectl get node $stopped -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -q True"
+  stopped=""
+}
+# measure T: "RECOVERY LOST REDONE RESTORED" for the fault at T, from rank 0's log, once step r+1 is logged.
+measure() {
+  local t=$1 line t0=$SECONDS
+  while :; do
+    line=$(steps_of | python3 -c '
+import statistics, sys
+T = float(sys.argv[1])
+rows = [(float(t), k, int(s)) for t, k, s in (l.split() for l in sys.stdin)]  # in the order of the log
+# The first restore after T, the last step of the old generation before it (it may have gone on past T until the fault
+# reached it), and the first step of the new generation after it.
+i = next((i for i, (t, k, s) in enumerate(rows) if k == "restored" and t >= T), None)
+if i is None: sys.exit(1)
+r = rows[i][2]
+old = [(t, s) for t, k, s in rows[:i] if k == "step"]
+t1 = next((t for t, k, s in rows[i + 1:] if k == "step" and s == r + 1), None)
+if t1 is None or len(old) < 31: sys.exit(1)
+t_last, s_last = old[-1]
+before = [(t, s) for t, s in old if t < T][-31:]
+d = statistics.median(b[0] - a[0] for a, b in zip(before, before[1:]) if b[1] == a[1] + 1)
+print(f"{t1 - T:.2f} {(t1 - t_last) - (r + 1 - s_last) * d:.2f} {max(0, s_last - r)} {r} {d:.4f} "
+      f"T={T:.3f} last={s_last}@{t_last:.3f} first={r + 1}@{t1:.3f}")' "$t") && { echo "$line"; return; }
+    [ $((SECONDS - t0)) -lt 240 ] || die "$job: no step after a restore 240 s after the fault"
+    sleep 1
+  done
+}
+
+# --- Part 1: per fault kind ------------------------------------------------------------------------------------
+results=$work/results.txt
+: >"$results"
+apply_job faults 1000000
+wait_for 300 "faults Running" sh -c "[ \"\$(kubectl get tj faults -n $ns -o jsonpath='{.status.phase}')\" = Running ]"
+wait_steps 40
+for kind in $kinds; do
+  for r in $(seq 1 "$rounds"); do
+    sleep "0.$((RANDOM % 10))" # not always right after a step
+    t=$(date +%s.%N)
+    inject "$kind"
+    read -r rec lost redone restored d raw <<<"$(measure "$t")"
+    kubectl logs "$job-worker-0" -n "$ns" >"$out/$kind-$r.worker-0.log" 2>&1 || true
+    echo "$kind round $r: recovery $rec s, lost goodput $lost s, steps redone $redone (restored step $restored, step ${d}s; $raw), generation $(jp '{.status.generation}'), load $(cut -d' ' -f1 /proc/loadavg)"
+    echo "$kind $rec $lost $redone" >>"$results"
+    echo "$d" >"$work/d.txt"
+    bring_back
+    wait_steps 40 # 30 undisturbed steps before the next fault's d
+  done
+done
+echo "ledger of the per-fault job: $(jp '{.status.goodput.seconds}') ratio $(jp '{.status.goodput.ratio}'), restarts $(jp '{.status.restarts}')"
+kubectl delete tj faults -n "$ns" --wait=true >/dev/null 2>&1 || true
+wait_for 120 "faults' pods gone" sh -c "[ -z \"\$(kubectl get pods -n $ns -l railyard.dev/job=faults -o name)\" ]"
+
+# --- Part 2: a fault every PERIOD seconds -------------------------------------------------------------------------
+sched=""
+if [ "$schedule_s" -gt 0 ]; then
+  # Steps for about schedule_s seconds undisturbed, at part 1's step time (rank 0 of the same layout).
+  d=$(cat "$work/d.txt" 2>/dev/null || echo 0.1)
+  steps=$(python3 -c "print(int($schedule_s / $d))")
+  apply_job schedule "$steps"
+  wait_for 300 "schedule Running" sh -c "[ \"\$(kubectl get tj schedule -n $ns -o jsonpath='{.status.phase}')\" = Running ]"
+  wait_steps 40
+  n=0
+  RANDOM=$seed
+  read -r -a kind_list <<<"$kinds"
+  while :; do
+    next=$((SECONDS + period))
+    while [ $SECONDS -lt $next ]; do
+      [ "$(jp '{.status.phase}')" = Succeeded ] && break 2
+      sleep 1
+    done
+    [ "$(step_now)" -lt $((steps - 30)) ] || continue # no fault in the last steps: the job would end before recovering
+    kind=${kind_list[$((RANDOM % ${#kind_list[@]}))]}
+    inject "$kind"
+    n=$((n + 1))
+    echo "schedule: fault $n ($kind) at step $(step_now), load $(cut -d' ' -f1 /proc/loadavg)"
+    wait_steps 5
+    bring_back
+  done
+  sched=$(steps_of | python3 -c '
+import statistics, sys
+rows = [l.split() for l in sys.stdin if l.split()[1] == "step"]
+pts = [(float(t), int(s)) for t, _, s in rows]
+d = statistics.median(b[0] - a[0] for a, b in zip(pts[:60], pts[1:61]) if b[1] == a[1] + 1)
+(ta, sa), (tb, sb) = pts[0], pts[-1]
+print(f"{sb - sa} {tb - ta:.1f} {(sb - sa) * d / (tb - ta):.3f} {d:.4f}")')
+  echo "schedule: $n faults, $(jp '{.status.phase}'), restarts $(jp '{.status.restarts}'), ledger ratio $(jp '{.status.goodput.ratio}') seconds $(jp '{.status.goodput.seconds}')"
+  echo "schedule: steps wall goodput step_time = $sched"
+  ratio=$(jp '{.status.goodput.ratio}')
+  echo "$n $sched ${ratio:-none}" >"$work/sched.txt"
+fi
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%FT%TZ)"
+python3 - "$results" "$work/sched.txt" "$period" <<'PY'
+import os, statistics, sys
+rows = {}
+for l in open(sys.argv[1]):
+    k, rec, lost, redone = l.split()
+    rows.setdefault(k, []).append((float(rec), float(lost), int(redone)))
+goal = {"kill": 1, "pod": 3, "node": 5}
+print("| fault | rounds | lost goodput: median (min-max) | goal | recovery (fault -> first new step): median (min-max) | steps redone: max |")
+print("|---|---|---|---|---|---|")
+for k, v in rows.items():
+    rec = [x[0] for x in v]; lost = [x[1] for x in v]
+    print(f"| {k} | {len(v)} | {statistics.median(lost):.2f} s ({min(lost):.2f}-{max(lost):.2f}) | <= {goal[k]} s | "
+          f"{statistics.median(rec):.2f} s ({min(rec):.2f}-{max(rec):.2f}) | {max(x[2] for x in v)} |")
+if os.path.exists(sys.argv[2]) and os.path.getsize(sys.argv[2]):
+    n, steps, wall, g, d, ledger = open(sys.argv[2]).read().split()
+    print()
+    print(f"Schedule: {n} faults, one every {sys.argv[3]} s, {steps} steps in {wall} s from the first step to the last: "
+          f"goodput {g} (step {float(d) * 1000:.1f} ms undisturbed; goal >= 0.95); the job's ledger {ledger}.")
+PY
