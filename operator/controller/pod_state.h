@@ -56,6 +56,31 @@ inline int pod_exit_code(const Json& pod) {
   return -1;
 }
 
+// Whether every process of the pod has ended, as its kubelet reports it: the pod Succeeded or Failed, or each of its
+// containers has a terminated state and no init container still runs. A pod being deleted whose processes ended
+// holds nothing but its name (the kubelet still unmounts its volumes and removes its cgroup before it confirms the
+// deletion, seconds on an idle node): force-deleting it then lets its replacement start that much sooner.
+inline bool processes_ended(const Json& pod) {
+  const std::string phase = phase_of(pod);
+  if (phase == "Succeeded" || phase == "Failed") return true;
+  const Json& spec = kube::field(pod, "spec");
+  const Json& status = kube::field(pod, "status");
+  const Json& containers = kube::field(spec, "containers");
+  const Json& statuses = kube::field(status, "containerStatuses");
+  if (!containers.is_array() || containers.empty() || !statuses.is_array()) return false;
+  for (const Json& init : kube::field(status, "initContainerStatuses"))
+    if (!kube::field(kube::field(init, "state"), "running").is_null()) return false;
+  for (const Json& c : containers) {
+    const Json& name = kube::field(c, "name");
+    bool ended = false;
+    for (const Json& cs : statuses)
+      if (kube::field(cs, "name") == name && !kube::field(kube::field(cs, "state"), "terminated").is_null())
+        ended = true;
+    if (!ended) return false;
+  }
+  return true;
+}
+
 // Whether an ownerReference names a TrainingJob (kind and API group railyard.dev, any version).
 inline bool is_training_job_ref(const Json& ref) {
   using pod_state_detail::string_or_empty;

@@ -39,11 +39,15 @@ void scan_pods(const JobSpec& spec, const TriggerInputs& in, TriggerScan& out) {
                                 pod_name, node, "operator", uid, i * per, permanent});
         out.triggers.back().cause = pod_termination_message(p);
       }
-      if (!terminating(p)) out.to_delete.push_back({pod_name, true});
+      // Deleted too, even when its deletion is under way: its processes ended (pod_state.h processes_ended), and only
+      // the kubelet's clean-up would hold the name its replacement needs (seconds).
+      out.to_delete.push_back({pod_name, true});
     } else if (terminating(p)) {
       if (!handled && !in.in_transition && ph != "Succeeded")
         out.triggers.push_back(
             {"PodDeleted", "pod " + pod_name + " is being deleted", pod_name, node, "operator", uid, i * per});
+      // Its processes ended: only the kubelet's clean-up holds the name its replacement needs (pod_state.h).
+      if (processes_ended(p)) out.to_delete.push_back({pod_name, true});
     } else if (!node.empty()) {
       auto ready = in.node_ready.find(node);
       if (ready == in.node_ready.end() || !ready->second) {

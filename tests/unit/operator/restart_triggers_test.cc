@@ -135,6 +135,34 @@ TEST_CASE("lost, failed, deleted pods and lost or excluded nodes") {
   CHECK(s.triggers[0].reason == "PodDeleted");
   CHECK(s.to_delete.empty());
 
+  // Being deleted and its processes ended (the kubelet says so): force-deleted, so that only the kubelet's clean-up
+  // of volumes and cgroups does not hold the name its replacement needs.
+  edit(in.pods_by_index[0], [](Json& p) {
+    p["spec"]["containers"] = Json::array({{{"name", "worker"}}});
+    p["status"]["containerStatuses"] = Json::array(
+        {{{"name", "worker"}, {"state", {{"running", {{"startedAt", "2026-11-28T02:00:00Z"}}}}}}});
+  });
+  CHECK(scan_triggers(spec, in).to_delete.empty());  // still running: its grace is its own
+  edit(in.pods_by_index[0], [](Json& p) {
+    p["status"]["containerStatuses"][0]["state"] = {{"terminated", {{"exitCode", 143}}}};
+  });
+  s = scan_triggers(spec, in);
+  REQUIRE(s.to_delete.size() == 1);
+  CHECK(s.to_delete[0] == std::make_pair(std::string("tiny-worker-0"), true));
+  CHECK(s.triggers.size() == 1);  // still one PodDeleted restart
+  edit(in.pods_by_index[0], [](Json& p) {
+    p["spec"]["containers"].push_back({{"name", "sidecar"}});  // a container without a status has not ended
+  });
+  CHECK(scan_triggers(spec, in).to_delete.empty());
+  // The agent exited on the deletion's SIGTERM, so the kubelet calls the pod Failed before it confirms the deletion:
+  // force-deleted as well.
+  edit(in.pods_by_index[0], [](Json& p) { p["status"]["phase"] = "Failed"; });
+  in.handled_uids = {"u0"};
+  s = scan_triggers(spec, in);
+  REQUIRE(s.to_delete.size() == 1);
+  CHECK(s.to_delete[0] == std::make_pair(std::string("tiny-worker-0"), true));
+  CHECK(s.triggers.empty());
+
   in = running_job();
   in.node_ready["n0"] = false;
   in.node_ready.erase("n1");
