@@ -17,17 +17,17 @@
 # x d: the time the job spent beyond what the steps it advanced cost undisturbed (the steps redone, s - r, are in it).
 # Recovery = t1 - T.
 #
-# Part 2, a fault schedule: a job of SCHEDULE_STEPS steps, a fault every PERIOD seconds (kinds drawn from kill, pod,
-# node by SEED), to Succeeded. Goodput = (last step - first step) x d / (time of the last step - time of the first),
-# d the mean step time from step 10 to the first fault (its checkpoint saves included, which the same job undisturbed
-# pays too); beside it the job's own ledger (status.goodput.ratio, which counts from the job's creation: its pods'
-# first start is in it, and checkpoint stalls count as lost).
+# Part 2, a fault schedule: the same job (steps for about SCHEDULE_SECONDS undisturbed) run to Succeeded undisturbed
+# and with a fault every PERIOD seconds (kinds drawn from kill, pod, node by SEED), in SCHEDULE_PAIRS pairs that
+# alternate which goes first. Goodput = steps per second from the first step to the last under faults, over the same
+# undisturbed (a pace estimated from part of one run was off by more than the faults cost); beside it the job's own
+# ledger (status.goodput.ratio: from the job's creation, checkpoint stalls counted as lost).
 #
 #   tests/bench/elastic/real_faults.sh BUILD_DIR [ROUNDS]
 # Env: RAILYARD_BENCH_KINDS (default "kill pod node"), RAILYARD_BENCH_PERIOD (60), RAILYARD_BENCH_SCHEDULE_SECONDS
-# (480: the schedule job's steps are sized to train about that long undisturbed; 0 skips part 2), RAILYARD_BENCH_SEED
-# (7). Needs a quiet machine and no other real-node cluster; prints the load, the CPU flags and Markdown tables for
-# docs/benchmarks.md.
+# (480: the schedule job's steps are sized to train about that long undisturbed; 0 skips part 2),
+# RAILYARD_BENCH_SCHEDULE_PAIRS (2), RAILYARD_BENCH_SEED (7). Needs a quiet machine and no other real-node cluster;
+# prints the load, the CPU flags and Markdown tables for docs/benchmarks.md.
 set -euo pipefail
 build=${1:?usage: real_faults.sh BUILD_DIR [ROUNDS]}
 rounds=${2:-3}
@@ -38,6 +38,7 @@ kinds=${RAILYARD_BENCH_KINDS:-kill pod node}
 period=${RAILYARD_BENCH_PERIOD:-60}
 schedule_s=${RAILYARD_BENCH_SCHEDULE_SECONDS:-480}
 seed=${RAILYARD_BENCH_SEED:-7}
+pairs=${RAILYARD_BENCH_SCHEDULE_PAIRS:-2}
 state=$build/bench-real-faults
 cluster="$src/deploy/local/cluster.sh"
 ns=bench-faults
@@ -198,47 +199,57 @@ echo "ledger of the per-fault job: $(jp '{.status.goodput.seconds}') ratio $(jp 
 kubectl delete tj faults -n "$ns" --wait=true >/dev/null 2>&1 || true
 wait_for 120 "faults' pods gone" sh -c "[ -z \"\$(kubectl get pods -n $ns -l railyard.dev/job=faults -o name)\" ]"
 
-# --- Part 2: a fault every PERIOD seconds -------------------------------------------------------------------------
-sched=""
+# --- Part 2: a fault every PERIOD seconds, against the same job undisturbed -------------------------------------------
+# first_last: "STEPS SECONDS" between the first and the last step rank 0 of $job logged.
+first_last() { steps_of | awk '$2 == "step" {if (t0 == "") {t0 = $1; s0 = $3}; t1 = $1; s1 = $3} END {printf "%d %.1f\n", s1 - s0, t1 - t0}'; }
+# run_schedule NAME FAULTS: the job of $steps steps to Succeeded, with a fault every PERIOD seconds when FAULTS is 1;
+# appends "NAME STEPS SECONDS FAULTS RESTARTS LEDGER_RATIO" to $work/sched.txt.
+run_schedule() {
+  local name=$1 faulty=$2 n=0 next kind
+  apply_job "$name" "$steps"
+  wait_for 300 "$name Running" sh -c "[ \"\$(kubectl get tj $name -n $ns -o jsonpath='{.status.phase}')\" = Running ]"
+  wait_steps 40
+  local limit=$((SECONDS + schedule_s * 4 + 300))
+  while [ "$(jp '{.status.phase}')" != Succeeded ]; do
+    [ $SECONDS -lt $limit ] || die "$name not Succeeded after $((schedule_s * 4 + 300)) s"
+    if [ "$faulty" = 0 ]; then
+      sleep 1
+      continue
+    fi
+    next=$((SECONDS + period))
+    while [ $SECONDS -lt $next ] && [ "$(jp '{.status.phase}')" != Succeeded ]; do sleep 1; done
+    [ "$(jp '{.status.phase}')" != Succeeded ] || break
+    [ "$(step_now)" -lt $((steps - 30)) ] || continue # no fault in the last steps: the job would end before recovering
+    kind=${kind_list[$((RANDOM % ${#kind_list[@]}))]}
+    inject "$kind"
+    n=$((n + 1))
+    echo "$name: fault $n ($kind) at step $(step_now), load $(cut -d' ' -f1 /proc/loadavg)"
+    wait_steps 5
+    bring_back
+  done
+  local ratio
+  ratio=$(jp '{.status.goodput.ratio}')
+  echo "$name: Succeeded, $(first_last) (steps, seconds from the first step to the last), $n faults, restarts $(jp '{.status.restarts}'), ledger ratio ${ratio:-none} seconds $(jp '{.status.goodput.seconds}'), load $(cut -d' ' -f1 /proc/loadavg)"
+  echo "$name $(first_last) $n $(jp '{.status.restarts}') ${ratio:-none}" >>"$work/sched.txt"
+  kubectl delete tj "$name" -n "$ns" --wait=true >/dev/null 2>&1 || true
+  wait_for 120 "$name's pods gone" sh -c "[ -z \"\$(kubectl get pods -n $ns -l railyard.dev/job=$name -o name)\" ]"
+}
 if [ "$schedule_s" -gt 0 ]; then
   # Steps for about schedule_s seconds undisturbed, at part 1's step time (rank 0 of the same layout).
   d=$(cat "$work/d.txt" 2>/dev/null || echo 0.1)
   steps=$(python3 -c "print(int($schedule_s / $d))")
-  apply_job schedule "$steps"
-  wait_for 300 "schedule Running" sh -c "[ \"\$(kubectl get tj schedule -n $ns -o jsonpath='{.status.phase}')\" = Running ]"
-  wait_steps 40
-  n=0
   RANDOM=$seed
   read -r -a kind_list <<<"$kinds"
-  while :; do
-    next=$((SECONDS + period))
-    while [ $SECONDS -lt $next ]; do
-      [ "$(jp '{.status.phase}')" = Succeeded ] && break 2
-      sleep 1
-    done
-    [ "$(step_now)" -lt $((steps - 30)) ] || continue # no fault in the last steps: the job would end before recovering
-    kind=${kind_list[$((RANDOM % ${#kind_list[@]}))]}
-    [ -s "$work/first_fault" ] || date +%s.%N >"$work/first_fault"
-    inject "$kind"
-    n=$((n + 1))
-    echo "schedule: fault $n ($kind) at step $(step_now), load $(cut -d' ' -f1 /proc/loadavg)"
-    wait_steps 5
-    bring_back
+  # Pairs of the same job undisturbed and under faults, alternating which goes first.
+  for p in $(seq 1 "$pairs"); do
+    if [ $((p % 2)) = 1 ]; then
+      run_schedule "calm-$p" 0
+      run_schedule "faulty-$p" 1
+    else
+      run_schedule "faulty-$p" 1
+      run_schedule "calm-$p" 0
+    fi
   done
-  sched=$(steps_of | python3 -c '
-import sys
-first_fault = float(open(sys.argv[1]).read())
-pts = [(float(t), int(s)) for t, k, s in (l.split() for l in sys.stdin) if k == "step"]
-# The undisturbed pace: steps 10 on (past the start) up to the first fault, checkpoint saves included, as the same job
-# undisturbed would pay them.
-calm = [(t, s) for t, s in pts if t < first_fault and s >= 10]
-d = (calm[-1][0] - calm[0][0]) / (calm[-1][1] - calm[0][1])
-(ta, sa), (tb, sb) = pts[0], pts[-1]
-print(f"{sb - sa} {tb - ta:.1f} {(sb - sa) * d / (tb - ta):.3f} {d:.4f}")' "$work/first_fault")
-  echo "schedule: $n faults, $(jp '{.status.phase}'), restarts $(jp '{.status.restarts}'), ledger ratio $(jp '{.status.goodput.ratio}') seconds $(jp '{.status.goodput.seconds}')"
-  echo "schedule: steps wall goodput step_time = $sched"
-  ratio=$(jp '{.status.goodput.ratio}')
-  echo "$n $sched ${ratio:-none}" >"$work/sched.txt"
 fi
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%FT%TZ)"
 python3 - "$results" "$work/sched.txt" "$period" <<'PY'
@@ -255,9 +266,24 @@ for k, v in rows.items():
     print(f"| {k} | {len(v)} | {statistics.median(lost):.2f} s ({min(lost):.2f}-{max(lost):.2f}) | <= {goal[k]} s | "
           f"{statistics.median(rec):.2f} s ({min(rec):.2f}-{max(rec):.2f}) | {max(x[2] for x in v)} |")
 if os.path.exists(sys.argv[2]) and os.path.getsize(sys.argv[2]):
-    n, steps, wall, g, d, ledger = open(sys.argv[2]).read().split()
+    runs = {}
+    for l in open(sys.argv[2]):
+        name, steps, secs, faults, restarts, ledger = l.split()
+        kind, pair = name.split("-")
+        runs.setdefault(pair, {})[kind] = (int(steps), float(secs), int(faults), ledger)
+    g, lines = [], []
+    for pair, r in sorted(runs.items()):
+        if "calm" not in r or "faulty" not in r:
+            continue
+        (cs, ct, _, _), (fs, ft, fn, fl) = r["calm"], r["faulty"]
+        g.append((fs / ft) / (cs / ct))  # steps per second under faults over steps per second undisturbed
+        lines.append(f"pair {pair}: undisturbed {cs} steps in {ct:.1f} s, under faults {fs} in {ft:.1f} s with {fn} faults "
+                     f"(ledger {fl}): {g[-1]:.3f}")
+    if not g:
+        sys.exit("no complete pair of schedule runs")
     print()
-    print(f"Schedule: {n} faults, one every {sys.argv[3]} s, {steps} steps in {wall} s from the first step to the last: "
-          f"goodput {g} (mean step {float(d) * 1000:.1f} ms undisturbed, saves included; goal >= 0.95); the job's ledger "
-          f"{ledger}.")
+    print(f"Schedule: a fault every {sys.argv[3]} s; goodput against the same job undisturbed (steps per second, first "
+          f"step to last): median {statistics.median(g):.3f} ({min(g):.3f}-{max(g):.3f}) over {len(g)} pairs; goal >= 0.95.")
+    for l in lines:
+        print("  " + l)
 PY
