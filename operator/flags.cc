@@ -47,8 +47,9 @@ Runs the TrainingJob controller against the cluster of $KUBECONFIG (or --kubecon
                                     service reports a join timeout (default 300)
   --agent-silence-seconds S         a pod whose agent sent no request for S seconds (at least 3 of its
                                     heartbeats) while a peer's did is taken as lost and replaced at once,
-                                    without waiting for its node to turn NotReady (default 4; 0 = off;
-                                    docs/rendezvous.md "A pod that falls silent")
+                                    without waiting for its node to turn NotReady (default 4; 0 = off; half
+                                    of it once a survivor reported losing a peer; docs/rendezvous.md "A pod
+                                    that falls silent")
   --rendezvous-max-threads N        most request threads of the rendezvous service (default 2048, 64..65536): a
                                     pod's join holds one while its world forms, so a job of more pods than this
                                     forms over several join holds; each held join costs 30-75 KiB of memory

@@ -207,6 +207,9 @@ struct RendezvousService::Impl {
     int64_t heartbeat_ms = 0;
   };
   std::map<std::string, std::map<std::string, HeardFrom>> heard;
+  // Job key -> when a survivor last reported that its collective lost a peer (kExitPeerLost): a pod not heard since
+  // then is judged silent sooner (silence.h).
+  std::map<std::string, Clock::time_point> peer_lost;
   Clock::time_point service_resumed{};  // the end of the service's own last stall (watch)
   std::condition_variable watch_cv;
   std::thread watcher;  // runs watch() when opts.silence_after > 0
@@ -338,7 +341,9 @@ struct RendezvousService::Impl {
         x.exited = exited.count(pod) > 0;
         pods.push_back(std::move(x));
       }
-      for (const silence::Silent& q : silence::find_silent(pods, now, service_resumed, opts.silence_after)) {
+      const auto lost = peer_lost.find(key);
+      const Clock::time_point lost_at = lost == peer_lost.end() ? Clock::time_point{} : lost->second;
+      for (const silence::Silent& q : silence::find_silent(pods, now, service_resumed, opts.silence_after, lost_at)) {
         if (!job.exits.insert({q.pod, kSilentMark}).second) continue;
         char quiet[32], peer[32];
         std::snprintf(quiet, sizeof quiet, "%.1f", q.seconds);
@@ -346,15 +351,17 @@ struct RendezvousService::Impl {
         const std::string msg = "no request from the agent of pod " + q.pod + " (uid " + q.uid + ") for " + quiet +
                                 " s although it promised one every " +
                                 std::to_string(heard_of->second[q.pod].heartbeat_ms) + " ms, while pod " +
-                                q.heard_peer + " was heard " + peer +
-                                " s ago: the pod, its node or its network is frozen or gone";
+                                q.heard_peer + " was heard " + peer + " s ago" +
+                                (q.corroborated ? " and a survivor reported losing a peer since" : "") +
+                                ": the pod, its node or its network is frozen or gone";
         log::warn(kComponent, "a pod fell silent",
                   {{"job", key},
                    {"generation", std::to_string(job.spec.generation)},
                    {"pod", q.pod},
                    {"uid", q.uid},
                    {"silent_seconds", quiet},
-                   {"heard_peer", q.heard_peer}});
+                   {"heard_peer", q.heard_peer},
+                   {"after_peer_lost", q.corroborated ? "true" : "false"}});
         WorkerExit e;
         e.job_key = key;
         e.generation = job.spec.generation;
@@ -669,6 +676,7 @@ struct RendezvousService::Impl {
     }
     const int global = job->index.at(req.ref.pod) * job->spec.procs_per_pod + req.local_rank;
     if (req.exit_code == 0 && req.signal == 0 && req.reason == rdzv::kExitExited) ++job->ranks_ok;
+    if (req.exit_code == rdzv::kExitPeerLost && req.signal == 0) peer_lost[req.ref.key()] = Clock::now();
     log::info(kComponent, "worker exit",
               {{"job", req.ref.key()},
                {"generation", std::to_string(req.generation)},
@@ -900,6 +908,7 @@ void RendezvousService::close_job(const std::string& job_key) {
   impl_->holders.erase(job_key);
   impl_->retired.erase(job_key);
   impl_->heard.erase(job_key);
+  impl_->peer_lost.erase(job_key);
   it->second.joined.clear();
   it->second.progress.clear();
   log::info(kComponent, "job closed", {{"job", job_key}});

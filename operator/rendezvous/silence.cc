@@ -8,8 +8,12 @@ namespace {
 
 bool current(const Heard& h) { return !h.uid.empty() && h.uid == h.holder_uid; }
 
-Clock::duration threshold(const Heard& h, std::chrono::milliseconds after) {
-  return std::max<Clock::duration>(after, std::chrono::milliseconds(3 * h.heartbeat_ms));
+bool corroborated(const Heard& h, Clock::time_point peer_lost) {
+  return peer_lost != Clock::time_point{} && peer_lost > h.last;
+}
+
+Clock::duration threshold(const Heard& h, std::chrono::milliseconds after, bool corroborated) {
+  return std::max<Clock::duration>(corroborated ? after / 2 : after, std::chrono::milliseconds(3 * h.heartbeat_ms));
 }
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
@@ -17,7 +21,8 @@ double seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 }  // namespace
 
 std::vector<Silent> find_silent(const std::vector<Heard>& pods, Clock::time_point now,
-                                Clock::time_point service_resumed, std::chrono::milliseconds after) {
+                                Clock::time_point service_resumed, std::chrono::milliseconds after,
+                                Clock::time_point peer_lost) {
   std::vector<Silent> out;
   if (after.count() <= 0) return out;
   // The two most recently heard pods that hold their names (a request in flight counts as heard now): every pod's
@@ -36,13 +41,14 @@ std::vector<Silent> find_silent(const std::vector<Heard>& pods, Clock::time_poin
   }
   for (const Heard& h : pods) {
     if (!current(h) || h.heartbeat_ms <= 0 || h.in_flight > 0 || h.exited) continue;
-    const Clock::duration limit = threshold(h, after);
+    const bool agree = corroborated(h, peer_lost);
+    const Clock::duration limit = threshold(h, after, agree);
     const Clock::duration quiet = now - std::max(h.last, service_resumed);
     if (quiet < limit) continue;
     // A peer heard recently: the service runs and hears the job's pods, only this one is missing.
     const Heard* peer = first == &h ? second : first;
     if (!peer || peer->pod == h.pod || now - heard_at(*peer) > limit / 2) continue;
-    out.push_back({h.pod, h.uid, seconds(now - h.last), peer->pod, seconds(now - heard_at(*peer)), h.last});
+    out.push_back({h.pod, h.uid, seconds(now - h.last), peer->pod, seconds(now - heard_at(*peer)), h.last, agree});
   }
   return out;
 }

@@ -31,6 +31,7 @@ struct Silent {
   std::string heard_peer;   // a peer heard meanwhile: the service and the network to it work
   double peer_seconds = 0;  // how long ago that peer was heard
   Clock::time_point last;   // when it was last heard
+  bool corroborated = false;  // judged by the shorter threshold: a survivor reported a lost peer after it was heard
 };
 
 // after: the operator's silence threshold (--agent-silence-seconds; 0 = never). A pod is silent when it holds its
@@ -38,7 +39,14 @@ struct Silent {
 // counted from max(last, service_resumed); and some other pod holding its name was heard within half of that (or has
 // a request in flight): when every pod is quiet the silence is the service's or its network's, and nobody is blamed.
 // service_resumed: the end of the service's own last stall (a paused or starved operator hears nobody meanwhile).
+//
+// peer_lost: when a survivor of the job last reported that its collective lost a peer (an exit kExitPeerLost: a
+// connection reset or closed under it). For a pod not heard since then the two signals agree (the data plane lost
+// someone, and this pod stopped talking before that loss was known), so the silence needs only
+// max(after / 2, 3 x its heartbeat): a node lost with its containers is replaced seconds sooner. A pod heard after the
+// report (a killed rank's agent goes on talking) is judged by the full threshold.
 std::vector<Silent> find_silent(const std::vector<Heard>& pods, Clock::time_point now,
-                                Clock::time_point service_resumed, std::chrono::milliseconds after);
+                                Clock::time_point service_resumed, std::chrono::milliseconds after,
+                                Clock::time_point peer_lost = {});
 
 }  // namespace railyard::op::silence

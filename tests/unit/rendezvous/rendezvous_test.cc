@@ -896,3 +896,58 @@ TEST_CASE(
   std::lock_guard<std::mutex> l(mu);
   CHECK(silent.size() == 1);
 }
+
+TEST_CASE("a survivor's lost-peer exit makes a pod quiet since before it silent at half the threshold") {
+  // 2 s threshold, 100 ms heartbeats. p1 goes quiet; p0 keeps polling and, 0.3 s in, reports that its collective lost
+  // a peer (kExitPeerLost): p1 is silent at about 1 s, not 2 s. A second job without the report waits the full 2 s.
+  RendezvousOptions o;
+  o.silence_after = std::chrono::milliseconds(2000);
+  RendezvousService svc("127.0.0.1", 0, o);
+  std::mutex mu;
+  std::map<std::string, std::pair<WorkerExit, Clock::time_point>> silent;  // by job
+  svc.set_exit_handler([&](const WorkerExit& e) {
+    std::lock_guard<std::mutex> l(mu);
+    if (e.reason == railyard::op::kExitSilent) silent.emplace(e.job_key, std::make_pair(e, Clock::now()));
+  });
+  auto c = client(svc);
+  for (const char* job : {"job1", "job2"}) {
+    auto g = spec(1, {"p0", "p1"}, 1, std::string("ns1/") + job);
+    g.pod_uids = std::map<std::string, std::string>{{"p0", "u0"}, {"p1", "u1"}};
+    svc.open_generation(g);
+  }
+  std::vector<std::future<decltype(c.join(join_req("p0", 1, 0)))>> joins;
+  for (const char* job : {"job1", "job2"})
+    for (const char* pod : {"p0", "p1"}) {
+      auto r = with_uid(join_req(pod, 1, 5000, "", 0, "ns1", job), std::string("u") + pod[1]);
+      r.heartbeat_ms = 100;
+      joins.push_back(std::async(std::launch::async, [&c, r] { return c.join(r); }));
+    }
+  for (auto& j : joins) REQUIRE(j.get().outcome == Outcome::Ready);
+  const auto p1_last = Clock::now();
+  bool reported = false;
+  while (Clock::now() < p1_last + std::chrono::milliseconds(2600)) {
+    for (const char* job : {"job1", "job2"}) {
+      const auto st = c.status({{"ns1", job, "p0", "u0"}, 1, 0}).outcome;
+      CHECK((st == Outcome::Running || st == Outcome::Waiting));
+    }
+    if (!reported && Clock::now() > p1_last + std::chrono::milliseconds(300)) {
+      CHECK(c.report_exit({{"ns1", "job1", "p0", "u0"}, 1, 0, rdzv::kExitPeerLost, 0, "exited"}).outcome ==
+            Outcome::Recorded);
+      reported = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  std::lock_guard<std::mutex> l(mu);
+  REQUIRE(silent.count("ns1/job1") == 1);
+  REQUIRE(silent.count("ns1/job2") == 1);
+  const auto& [e1, at1] = silent.at("ns1/job1");
+  CHECK(e1.pod == "p1");
+  CHECK(e1.message.find("a survivor reported losing a peer since") != std::string::npos);
+  const double s1 = std::chrono::duration<double>(at1 - p1_last).count();
+  CHECK(s1 >= 0.9);
+  CHECK(s1 < 1.7);  // plus a few watch ticks on a loaded machine; well before the full 2 s
+  const auto& [e2, at2] = silent.at("ns1/job2");
+  CHECK(e2.pod == "p1");
+  CHECK(e2.message.find("survivor") == std::string::npos);
+  CHECK(std::chrono::duration<double>(at2 - p1_last).count() >= 1.9);
+}

@@ -98,3 +98,31 @@ TEST_CASE("two silent pods of four are both found") {
   CHECK(r[1].pod == "p3");
   CHECK(r[0].heard_peer == "p0");  // the most recently heard peer
 }
+
+TEST_CASE("a survivor's lost-peer report after a pod was last heard halves its threshold; one before it does not") {
+  const auto after = milliseconds(4000);
+  const Clock::time_point none{};
+  // p1 last heard 2.0 s ago; a survivor reported losing a peer 1.8 s ago (after p1 fell quiet): silent at after / 2.
+  auto r = find_silent({pod("p0", 100), pod("p1", 2000)}, t0, none, after, t0 - milliseconds(1800));
+  REQUIRE(r.size() == 1);
+  CHECK(r[0].pod == "p1");
+  CHECK(r[0].corroborated);
+  CHECK(r[0].seconds == doctest::Approx(2.0));
+  // Not a moment before the halved threshold.
+  CHECK(find_silent({pod("p0", 100), pod("p1", 1990)}, t0, none, after, t0 - milliseconds(1800)).empty());
+  // Without the report, the same quiet is not enough.
+  CHECK(find_silent({pod("p0", 100), pod("p1", 2000)}, t0, none, after).empty());
+  // The report came before p1 was last heard (a killed rank's agent goes on talking): the full threshold.
+  CHECK(find_silent({pod("p0", 100), pod("p1", 2000)}, t0, none, after, t0 - milliseconds(2500)).empty());
+  auto full = find_silent({pod("p0", 100), pod("p1", 4000)}, t0, none, after, t0 - milliseconds(4500));
+  REQUIRE(full.size() == 1);
+  CHECK_FALSE(full[0].corroborated);
+  // Never below three heartbeats: a 1 s heartbeat keeps 3 s even when corroborated.
+  CHECK(find_silent({pod("p0", 100), pod("p1", 2500, 1000)}, t0, none, after, t0 - milliseconds(2400)).empty());
+  CHECK(find_silent({pod("p0", 100), pod("p1", 3000, 1000)}, t0, none, after, t0 - milliseconds(2400)).size() == 1);
+  // The peer must still be heard within half of the (halved) threshold: every pod quiet blames nobody.
+  CHECK(find_silent({pod("p0", 1100), pod("p1", 2000)}, t0, none, after, t0 - milliseconds(1800)).empty());
+  // A service stall still restarts the count.
+  CHECK(find_silent({pod("p0", 100), pod("p1", 2000)}, t0, t0 - milliseconds(500), after, t0 - milliseconds(1800))
+            .empty());
+}
