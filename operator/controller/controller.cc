@@ -658,13 +658,23 @@ void Controller::emit(const Json& job, const std::vector<PendingEvent>& events) 
   }
 }
 
-void Controller::delete_pod(const std::string& ns, const std::string& name, bool force) {
+void Controller::delete_pod(const std::string& ns, const std::string& name, const std::string& uid, bool force) {
   kube::DeleteOptions o;
   if (force) o.grace_period_seconds = 0;
+  o.precondition_uid = uid;
   try {
     client_.remove(kube::resources::pods, ns, name, o);
   } catch (const kube::NotFound&) {
+  } catch (const kube::Conflict& e) {
+    // The UID precondition failed: another pod holds the name now (the view this delete was decided on is stale, or
+    // the name was replaced meanwhile). That pod is not the one meant; the next reconcile sees it as it is.
+    log::info(kLog, "pod not deleted: its name is held by another pod now",
+              {{"namespace", ns}, {"pod", name}, {"uid", uid}, {"error", e.what()}});
   }
+}
+
+void Controller::delete_pod(const std::string& ns, const Json& pod) {
+  delete_pod(ns, kube::name_of(pod), uid_of(pod), false);
 }
 
 std::chrono::milliseconds Controller::finish(const Json& job, const JobSpec& spec, Json& status, const Json& orig,
@@ -692,10 +702,10 @@ std::chrono::milliseconds Controller::finish(const Json& job, const JobSpec& spe
     const std::string phase = phase_of(*p);
     bool active = phase != "Succeeded" && phase != "Failed";
     if (spec.clean_pod_policy == "All") {
-      delete_pod(ns, kube::name_of(*p), false);
+      delete_pod(ns, *p);
     } else if (spec.clean_pod_policy == "Running" && active) {
       if (!ended || now >= *ended + kPodStopWait) {
-        delete_pod(ns, kube::name_of(*p), false);
+        delete_pod(ns, *p);
       } else {
         const auto left = std::chrono::duration_cast<milliseconds>(*ended + kPodStopWait - now) + milliseconds(100);
         recheck = recheck.count() == 0 ? left : std::min(recheck, left);
@@ -709,8 +719,7 @@ std::chrono::milliseconds Controller::finish(const Json& job, const JobSpec& spe
       init && !terminating(*init)) {
     const std::string phase = phase_of(*init);
     const bool active = phase != "Succeeded" && phase != "Failed";
-    if (spec.clean_pod_policy == "All" || (spec.clean_pod_policy == "Running" && active))
-      delete_pod(ns, kube::name_of(*init), false);
+    if (spec.clean_pod_policy == "All" || (spec.clean_pod_policy == "Running" && active)) delete_pod(ns, *init);
   }
   {
     std::lock_guard lock(mu_);

@@ -155,7 +155,10 @@ class Controller {
   // A Succeeded or Failed job: clean up and expire it, report what was asked of it since, change nothing else.
   std::chrono::milliseconds keep_finished(const Json& job, const FinishedJob& done);
   void emit(const Json& job, const std::vector<PendingEvent>& events);
-  void delete_pod(const std::string& ns, const std::string& name, bool force);
+  // Deletes pod `name` only while `uid` holds the name (a UID precondition; "" = any): a delete decided on a stale
+  // view never removes the replacement that took the name since. force: grace period 0.
+  void delete_pod(const std::string& ns, const std::string& name, const std::string& uid, bool force);
+  void delete_pod(const std::string& ns, const Json& pod);  // gracefully, the pod observed (its name and UID)
   void forget_job(const std::string& key);
   void update_phase_gauge();
 

@@ -41,13 +41,13 @@ void scan_pods(const JobSpec& spec, const TriggerInputs& in, TriggerScan& out) {
       }
       // Deleted too, even when its deletion is under way: its processes ended (pod_state.h processes_ended), and only
       // the kubelet's clean-up would hold the name its replacement needs (seconds).
-      out.to_delete.push_back({pod_name, true});
+      out.to_delete.push_back({pod_name, uid, true});
     } else if (terminating(p)) {
       if (!handled && !in.in_transition && ph != "Succeeded")
         out.triggers.push_back(
             {"PodDeleted", "pod " + pod_name + " is being deleted", pod_name, node, "operator", uid, i * per});
       // Its processes ended: only the kubelet's clean-up holds the name its replacement needs (pod_state.h).
-      if (processes_ended(p)) out.to_delete.push_back({pod_name, true});
+      if (processes_ended(p)) out.to_delete.push_back({pod_name, uid, true});
     } else if (!node.empty()) {
       auto ready = in.node_ready.find(node);
       if (ready == in.node_ready.end() || !ready->second) {
@@ -56,14 +56,14 @@ void scan_pods(const JobSpec& spec, const TriggerInputs& in, TriggerScan& out) {
               {"NodeLost",
                "node " + node + " of pod " + pod_name + " is " + (ready != in.node_ready.end() ? "not Ready" : "gone"),
                pod_name, node, "operator", uid, i * per});
-        out.to_delete.push_back({pod_name, true});
+        out.to_delete.push_back({pod_name, uid, true});
       } else if (in.excluded_nodes.count(node)) {
         // The node was blamed for a failure (railyard.dev/exclude-nodes): move the pod off it.
         if (!handled)
           out.triggers.push_back({"NodeExcluded",
                                   "node " + node + " of pod " + pod_name + " is in " + kExcludeNodesAnnotation,
                                   pod_name, node, "operator", uid, i * per});
-        out.to_delete.push_back({pod_name, true});
+        out.to_delete.push_back({pod_name, uid, true});
       }
     }
   }
@@ -103,7 +103,7 @@ void scan_exits(const JobSpec& spec, const TriggerInputs& in, TriggerScan& out) 
       tr.onset = e.onset;
       tr.age = std::chrono::duration_cast<std::chrono::milliseconds>(in.now - e.received);
       out.triggers.push_back(tr);
-      out.to_delete.push_back({e.pod, true});
+      out.to_delete.push_back({e.pod, e.uid, true});
       if (!node.empty()) out.suspect_nodes.push_back(node);
       continue;
     }

@@ -48,10 +48,19 @@ struct TriggerInputs {
   std::string request_handled;                  // status.restartRequestHandled
 };
 
+// A pod to delete: by name, on the condition that it is still the pod observed (its UID), so a delete decided on a
+// stale view can never remove a replacement that took the name meanwhile (fenced by identity, not by name alone).
+struct PodDeletion {
+  std::string pod;
+  std::string uid;
+  bool force = true;  // grace period 0: its processes ended, or its node cannot confirm a graceful deletion
+  bool operator==(const PodDeletion&) const = default;
+};
+
 struct TriggerScan {
   std::vector<Trigger> triggers;
-  std::vector<std::pair<std::string, bool>> to_delete;  // (pod, force): failed pods and pods on lost/excluded nodes
-  std::map<std::string, std::string> node_by_pod;       // bound pods -> their node
+  std::vector<PodDeletion> to_delete;              // failed pods and pods on lost/excluded nodes
+  std::map<std::string, std::string> node_by_pod;  // bound pods -> their node
   // Nodes of pods that fell silent (AgentSilent): the job's replacements stay off them a while (suspect_nodes.h), as
   // such a node may be frozen and still look Ready.
   std::vector<std::string> suspect_nodes;

@@ -70,7 +70,7 @@ void Controller::create_pods(Sync& s) {
   int64_t& gen = s.gen;
   std::map<int, PodPtr>& by_index = s.by_index;
   std::vector<PodPtr>& extra = s.extra;
-  const std::vector<std::pair<std::string, bool>>& to_delete = s.scan.to_delete;
+  const std::vector<PodDeletion>& to_delete = s.scan.to_delete;
   int64_t& label_gen = s.label_gen;
   std::string& token = s.token;
   std::vector<std::string>& created = s.created;
@@ -85,16 +85,16 @@ void Controller::create_pods(Sync& s) {
   // A pod that fell silent: its node is suspect (frozen or cut off, though it may look Ready for a while). Noted
   // before the pod is deleted, so its replacement's placement stays off it (suspect_nodes.h).
   for (const std::string& node : s.scan.suspect_nodes) suspects_.add(key, node, s.now);
-  for (const auto& [pod_name, force] : to_delete) {
-    delete_pod(ns, pod_name, force);
+  for (const PodDeletion& d : to_delete) {
+    delete_pod(ns, d.pod, d.uid, d.force);
     for (auto it = by_index.begin(); it != by_index.end(); ++it)
-      if (kube::name_of(*it->second) == pod_name) {
+      if (kube::name_of(*it->second) == d.pod) {
         by_index.erase(it);
         break;
       }
   }
   for (const PodPtr& p : extra)
-    if (!terminating(*p)) delete_pod(ns, kube::name_of(*p), false);
+    if (!terminating(*p)) delete_pod(ns, *p);
   if (!extra.empty() && std::any_of(extra.begin(), extra.end(), [](const PodPtr& p) { return !terminating(*p); }))
     events.push_back(
         {false, "DeletedPods",
@@ -116,7 +116,7 @@ void Controller::create_pods(Sync& s) {
       continue;
     }
     if (deleting && std::any_of(to_delete.begin(), to_delete.end(),
-                                [&](const auto& d) { return d.first == worker_pod_name(name, i); }))
+                                [&](const PodDeletion& d) { return d.pod == worker_pod_name(name, i); }))
       continue;  // the old pod of this name is still going; its deletion event brings us back
     if (!builder) builder.emplace(job, spec, label_gen, opts_.pod);
     to_create_index.push_back(i);

@@ -74,12 +74,12 @@ std::optional<std::chrono::milliseconds> Controller::suspend_or_resume(Sync& s) 
   // Suspend: no pods, keep the job; resuming starts a new generation.
   if (spec.suspend) {
     for (const PodPtr& p : pods)
-      if (!terminating(*p)) delete_pod(ns, kube::name_of(*p), false);
+      if (!terminating(*p)) delete_pod(ns, *p);
     // An initializer at work stops too; the attempt it was on does not count (it did not fail), and its pod's absence
     // is no loss: resumed, the job starts it again (sync_initialize.cc).
     if (const PodPtr init = status.contains("initializer") ? initializer_pod_of(job) : nullptr;
         init && !terminating(*init) && phase_of(*init) != "Succeeded" && phase_of(*init) != "Failed") {
-      delete_pod(ns, kube::name_of(*init), false);
+      delete_pod(ns, *init);
       // Once per attempt (idempotent against a cache that still shows the pod): the status read from the server
       // names this pod's UID until the first pass erases it.
       Json* st = status.contains("initializer") ? &status["initializer"] : nullptr;

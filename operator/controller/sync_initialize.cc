@@ -113,7 +113,7 @@ std::optional<milliseconds> Controller::initialize(Sync& s) {
     const std::string cause = initializer_message(*pod);
     init["message"] = with_cause("pod " + pod_name + " failed", cause, kMaxCauseBytes);
     if (attempts < kInitializerAttempts) {
-      delete_pod(s.ns, pod_name, false);
+      delete_pod(s.ns, *pod);
       init.erase("podUID");  // deleted on purpose: its absence is not a loss
       s.events.push_back({true, "InitializerRetrying",
                           with_cause("attempt " + std::to_string(attempts) + " of " +

@@ -226,7 +226,16 @@ TEST_CASE("ConfigMap CRUD, AlreadyExists and Conflict on a stale resourceVersion
   Json bad = configmap("Bad_Name!", "x");
   CHECK_THROWS_AS(c.create(resources::configmaps, ns.name, bad), Invalid);
 
-  c.remove(resources::configmaps, ns.name, "cm1");
+  // A delete fenced by identity: the UID precondition of an object that no longer holds the name is a Conflict and
+  // deletes nothing (the operator's pod deletions rely on it: controller.cc delete_pod).
+  const std::string cm1_uid = c.get(resources::configmaps, ns.name, "cm1")["metadata"]["uid"].get<std::string>();
+  DeleteOptions gone;
+  gone.precondition_uid = "00000000-0000-0000-0000-000000000000";
+  CHECK_THROWS_AS(c.remove(resources::configmaps, ns.name, "cm1", gone), Conflict);
+  CHECK(c.try_get(resources::configmaps, ns.name, "cm1").has_value());
+  DeleteOptions same;
+  same.precondition_uid = cm1_uid;
+  c.remove(resources::configmaps, ns.name, "cm1", same);
   CHECK_THROWS_AS(c.get(resources::configmaps, ns.name, "cm1"), NotFound);
   CHECK_FALSE(c.try_get(resources::configmaps, ns.name, "cm1").has_value());
   CHECK_THROWS_AS(c.remove(resources::configmaps, ns.name, "cm1"), NotFound);

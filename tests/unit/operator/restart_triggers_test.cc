@@ -106,7 +106,7 @@ TEST_CASE("lost, failed, deleted pods and lost or excluded nodes") {
   CHECK(s.triggers[0].permanent);  // 1-127 are permanent without lists
   CHECK(s.triggers[0].uid == "u1");
   REQUIRE(s.to_delete.size() == 1);
-  CHECK(s.to_delete[0] == std::pair<std::string, bool>{"tiny-worker-1", true});
+  CHECK(s.to_delete[0] == PodDeletion{"tiny-worker-1", "u1", true});  // fenced by its UID
   // The agent's own infrastructure exits (unreachable service 201, fenced 202) never fail the job, whatever the
   // exit-code policy; the same codes from a pod without the agent (its own command) follow the policy.
   for (int code : {railyard::rdzv::kAgentExitUnreachable, railyard::rdzv::kAgentExitFenced}) {
@@ -148,7 +148,7 @@ TEST_CASE("lost, failed, deleted pods and lost or excluded nodes") {
   });
   s = scan_triggers(spec, in);
   REQUIRE(s.to_delete.size() == 1);
-  CHECK(s.to_delete[0] == std::make_pair(std::string("tiny-worker-0"), true));
+  CHECK(s.to_delete[0] == PodDeletion{"tiny-worker-0", "u0", true});
   CHECK(s.triggers.size() == 1);  // still one PodDeleted restart
   edit(in.pods_by_index[0], [](Json& p) {
     p["spec"]["containers"].push_back({{"name", "sidecar"}});  // a container without a status has not ended
@@ -160,7 +160,7 @@ TEST_CASE("lost, failed, deleted pods and lost or excluded nodes") {
   in.handled_uids = {"u0"};
   s = scan_triggers(spec, in);
   REQUIRE(s.to_delete.size() == 1);
-  CHECK(s.to_delete[0] == std::make_pair(std::string("tiny-worker-0"), true));
+  CHECK(s.to_delete[0] == PodDeletion{"tiny-worker-0", "u0", true});
   CHECK(s.triggers.empty());
 
   in = running_job();
@@ -171,7 +171,9 @@ TEST_CASE("lost, failed, deleted pods and lost or excluded nodes") {
   CHECK(s.triggers[0].reason == "NodeLost");
   CHECK(s.triggers[0].detail.find("not Ready") != std::string::npos);
   CHECK(s.triggers[1].detail.find("gone") != std::string::npos);
-  CHECK(s.to_delete.size() == 2);
+  REQUIRE(s.to_delete.size() == 2);
+  CHECK(s.to_delete[0] == PodDeletion{"tiny-worker-0", "u0", true});
+  CHECK(s.to_delete[1] == PodDeletion{"tiny-worker-1", "u1", true});
 
   in = running_job();
   in.excluded_nodes = {"n1"};
@@ -284,7 +286,7 @@ TEST_CASE("a pod the rendezvous service found silent is replaced at once, only w
   CHECK_FALSE(s.triggers[0].permanent);
   // Deleted with force (a frozen kubelet never confirms a graceful deletion): its replacement is created next.
   REQUIRE(s.to_delete.size() == 1);
-  CHECK(s.to_delete[0] == std::make_pair(std::string("tiny-worker-1"), true));
+  CHECK(s.to_delete[0] == PodDeletion{"tiny-worker-1", "u1", true});
   // The name is held by a replacement now, the restart handled this UID already, the pod failed or is being deleted
   // (scan_pods speaks for it), or the report is of an older generation: nothing.
   TriggerInputs replaced = in;
