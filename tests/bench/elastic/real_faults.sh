@@ -19,8 +19,10 @@
 #
 # Part 2, a fault schedule: the same job (steps for about SCHEDULE_SECONDS undisturbed) run to Succeeded undisturbed
 # and with a fault every PERIOD seconds (kinds drawn from kill, pod, node by SEED), in SCHEDULE_PAIRS pairs that
-# alternate which goes first. Goodput = steps per second from the first step to the last under faults, over the same
-# undisturbed (a pace estimated from part of one run was off by more than the faults cost); beside it the job's own
+# alternate which goes first. Two goodputs: between runs, steps per second from the first step to the last under
+# faults over the same undisturbed (a pace estimated from part of one run was off by more than the faults cost, and
+# the pace of whole runs can differ too); within the run, 1 - the faults' lost goodput (each measured as in part 1,
+# against the pace of the 30 steps before it) over the time from the first step to the last. Beside them the job's own
 # ledger (status.goodput.ratio: from the job's creation, checkpoint stalls counted as lost).
 #
 #   tests/bench/elastic/real_faults.sh BUILD_DIR [ROUNDS]
@@ -221,9 +223,12 @@ run_schedule() {
     [ "$(jp '{.status.phase}')" != Succeeded ] || break
     [ "$(step_now)" -lt $((steps - 30)) ] || continue # no fault in the last steps: the job would end before recovering
     kind=${kind_list[$((RANDOM % ${#kind_list[@]}))]}
+    t=$(date +%s.%N)
     inject "$kind"
     n=$((n + 1))
-    echo "$name: fault $n ($kind) at step $(step_now), load $(cut -d' ' -f1 /proc/loadavg)"
+    read -r rec lost redone restored d raw <<<"$(measure "$t")"
+    echo "$name: fault $n ($kind) at step $(step_now): recovery $rec s, lost goodput $lost s, steps redone $redone (step ${d}s before it), load $(cut -d' ' -f1 /proc/loadavg)"
+    echo "$name $kind $rec $lost $redone $d" >>"$work/sched-faults.txt"
     wait_steps 5
     bring_back
   done
@@ -252,7 +257,8 @@ if [ "$schedule_s" -gt 0 ]; then
   done
 fi
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%FT%TZ)"
-python3 - "$results" "$work/sched.txt" "$period" <<'PY'
+touch "$work/sched-faults.txt"
+python3 - "$results" "$work/sched.txt" "$period" "$work/sched-faults.txt" <<'PY'
 import os, statistics, sys
 rows = {}
 for l in open(sys.argv[1]):
@@ -272,13 +278,26 @@ if os.path.exists(sys.argv[2]) and os.path.getsize(sys.argv[2]):
         kind, pair = name.split("-")
         runs.setdefault(pair, {})[kind] = (int(steps), float(secs), int(faults), ledger)
     g, lines = [], []
+    lost_in = {}  # faulty run -> its faults' lost goodput, each measured as in part 1 (the pace before it)
+    for l in open(sys.argv[4]):
+        name, kind, rec, lost, redone, d = l.split()
+        lost_in.setdefault(name.split("-")[1], []).append(float(lost))
+    inrun = []
     for pair, r in sorted(runs.items()):
+        if "faulty" in r:
+            fs, ft, fn, fl = r["faulty"]
+            inrun.append((ft - sum(lost_in.get(pair, []))) / ft)
+            print(f"faulty-{pair}: {fn} faults lost {sum(lost_in.get(pair, [])):.1f} s of {ft:.1f} s (each against the "
+                  f"pace of the 30 steps before it): goodput {inrun[-1]:.3f}")
         if "calm" not in r or "faulty" not in r:
             continue
         (cs, ct, _, _), (fs, ft, fn, fl) = r["calm"], r["faulty"]
         g.append((fs / ft) / (cs / ct))  # steps per second under faults over steps per second undisturbed
         lines.append(f"pair {pair}: undisturbed {cs} steps in {ct:.1f} s, under faults {fs} in {ft:.1f} s with {fn} faults "
                      f"(ledger {fl}): {g[-1]:.3f}")
+    if inrun:
+        print(f"Schedule, within the run: goodput 1 - (lost to faults) / (first step to last): median "
+              f"{statistics.median(inrun):.3f} ({min(inrun):.3f}-{max(inrun):.3f}) over {len(inrun)} runs; goal >= 0.95.")
     if not g:
         sys.exit("no complete pair of schedule runs")
     print()

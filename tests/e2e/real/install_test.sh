@@ -20,7 +20,7 @@
 #      pods train and checkpoint there, and the claim, the volume and its directory go with the job; beside it a job
 #      whose data is a directory of an image (spec.initializer.data.image) trains on its files; a 404 source
 #      fails its job after 3 attempts, naming it; deploy/examples/first-job.yaml and moe.yaml as shipped train to
-#      the end side by side, elastic.yaml as shipped starts training (tiny.yaml in 3; pytorch-ddp.yaml in
+#      the end side by side, elastic.yaml as shipped starts training and ends Succeeded after 4 and 5 (tiny.yaml in 3; pytorch-ddp.yaml in
 #      tests/e2e/real/program_test.sh, gpt2-350m-h100.yaml admitted in real_nodes_test.sh);
 #   4. the leader pod deleted: the other replica takes the Lease, rewrites the rendezvous Endpoints with its own pod,
 #      and the Deployment is back to 2 Available; the monitor's leader pod deleted: another replica takes its Lease;
@@ -297,7 +297,9 @@ for ex in first-job:100 moe:30; do
 done
 kubectl delete tj first-job moe -n "$ns" --wait=false >/dev/null
 log "deploy/examples/first-job.yaml and moe.yaml as shipped: Succeeded in $((SECONDS - t1)) s"
-# deploy/examples/elastic.yaml as shipped (2,000 steps: not to the end): its initializer, then its pods training.
+# deploy/examples/elastic.yaml as shipped: its initializer, then its pods training; it trains on through sections 4
+# and 5 (the operator's and the monitor's leader pods deleted, the kustomize roll-out replacing every operator pod) and
+# must end Succeeded after them, all 2,000 steps: a job outlives its operator's pods.
 t1=$SECONDS
 kubectl apply -n "$ns" -f "$src/deploy/examples/elastic.yaml" >/dev/null
 stepped() { local p; p=$(kubectl get tj elastic -n "$ns" -o jsonpath='{.status.progress}'); [ -n "$p" ] && [ "${p%%/*}" -gt 0 ]; }
@@ -305,8 +307,8 @@ wait_for 180 "deploy/examples/elastic.yaml training as shipped" stepped
 # An elastic world of 2 to 4 pods: what fits beside the chart's and this test's pods on the 2 nodes.
 world=$(kubectl get tj elastic -n "$ns" -o jsonpath='{.status.world.size}')
 [ "$world" -ge 2 ] && [ "$world" -le 4 ] || fail "elastic's world: $(kubectl get tj elastic -n "$ns" -o jsonpath='{.status.world}')"
-kubectl delete tj elastic -n "$ns" --wait=false >/dev/null
-log "deploy/examples/elastic.yaml as shipped: initialized, a world of $world pods training after $((SECONDS - t1)) s (deleted there)"
+t_elastic=$t1
+log "deploy/examples/elastic.yaml as shipped: initialized, a world of $world pods training after $((SECONDS - t1)) s"
 log "sto: own claim (railyard-local) and data (initializer from $corpus_url), trained, deleted with the job; nodata failed naming the 404; $((SECONDS - t0)) s in all"
 
 # --- 4. leader failover ------------------------------------------------------------------------------------
@@ -352,4 +354,15 @@ kubectl rollout status deploy/railyard-operator -n "$sys" --timeout 150s >/dev/n
 kubectl rollout status deploy/railyard-monitor -n "$sys" --timeout 90s >/dev/null || fail "monitor rollout after apply -k"
 wait_for 60 "a leader after apply -k" sh -c "[ -n \"\$(kubectl get lease railyard-operator -n $sys -o jsonpath='{.spec.holderIdentity}')\" ]"
 log "kustomize objects applied over the chart's: operator and monitor rolled out"
+# deploy/examples/elastic.yaml, applied in 3c, to the end through the leader changes and the roll-out above.
+elastic_ended() {
+  elastic_phase=$(kubectl get tj elastic -n "$ns" -o jsonpath='{.status.phase}')
+  [ "$elastic_phase" = Succeeded ] || [ "$elastic_phase" = Failed ]
+}
+wait_for 600 "deploy/examples/elastic.yaml to end" elastic_ended
+[ "$elastic_phase" = Succeeded ] ||
+  fail "elastic ended $elastic_phase: $(kubectl get tj elastic -n "$ns" -o jsonpath='{.status.conditions}')"
+[ "$(kubectl get tj elastic -n "$ns" -o jsonpath='{.status.progress}')" = 2000/2000 ] ||
+  fail "elastic progress $(kubectl get tj elastic -n "$ns" -o jsonpath='{.status.progress}')"
+log "deploy/examples/elastic.yaml as shipped: Succeeded $((SECONDS - t_elastic)) s after it was applied, restarts $(kubectl get tj elastic -n "$ns" -o jsonpath='{.status.restarts}')"
 log "real install e2e: ok in $((SECONDS - t_all)) s"
