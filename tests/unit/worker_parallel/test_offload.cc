@@ -28,15 +28,8 @@ const GptConfig kCfg = make_gpt_config(/*L=*/2, /*C=*/64, /*NH=*/4, /*maxT=*/32,
 constexpr int kB = 2, kT = 32, kMicro = 4, kSteps = 6;
 
 TrainConfig train_config(OffloadMode offload, int offload_threads = 1) {
-  TrainConfig tc;
-  tc.steps = kSteps;
-  tc.batch = kB;
-  tc.seq_len = kT;
-  tc.global_batch_tokens = static_cast<int64_t>(kMicro) * kB * kT;
-  tc.lr = 3e-3;
-  tc.warmup_steps = 2;
+  TrainConfig tc = testing::small_train_config(kSteps, kB, kT, kMicro, /*lr=*/3e-3, /*warmup_steps=*/2);
   tc.grad_clip = 1.0;  // clipping on: the update needs the whole gradient's norm first
-  tc.quiet = true;
   tc.peak_flops = 1e9;
   tc.offload = offload;
   tc.offload_threads = offload_threads;

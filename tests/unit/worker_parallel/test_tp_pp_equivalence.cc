@@ -37,27 +37,10 @@ Data make_data(int M, uint32_t seed = 11) {
   return railyard::worker::testing::random_tokens(M, kB, kT, kCfg.vocab_size, seed);
 }
 
-struct Reference {
-  double loss = 0;
-  std::vector<float> grads;
-};
+using Reference = testing::AccumulatedGrads;
 
 // Gradient accumulation over M micro-batches in one process, each weighted 1/M.
-Reference reference(const Data& d, int M) {
-  ThreadPool pool(1);
-  Gpt<float> model(kCfg, kB, kT, pool);
-  model.init_weights(kSeed);
-  model.zero_grad();
-  Reference r;
-  const size_t N = kB * kT;
-  for (int m = 0; m < M; ++m) {
-    r.loss += model.forward(d.in.data() + m * N, d.tgt.data() + m * N, Gpt<float>::Mode::kTrain, 1.0f / M);
-    model.backward(true);
-  }
-  r.loss /= M;
-  r.grads.assign(model.grads(), model.grads() + model.num_params());
-  return r;
-}
+Reference reference(const Data& d, int M) { return testing::accumulate_grads(kCfg, kB, kT, kSeed, d, M); }
 
 // Max-norm relative error of one tensor: max |a - b| / max |b|.
 double rel_err(const float* a, const float* b, size_t n) {
