@@ -123,6 +123,18 @@ start_operator() {
   wait_for 30 "the operator to start" grep -q "leading: reconciling" "$work/op.log"
 }
 
+# start_two_replica_job STEPS: the operator, then a 2-replica job of STEPS steps, Running; sets uid0 and uid1 (the pods'
+# UIDs, so that the test can tell later whether a pod was re-created).
+start_two_replica_job() {
+  start_operator
+  job_yaml "$job_name" 2 "$1" | kubectl apply -n "$ns" -f - >/dev/null
+  wait_for 90 "the job to run" phase_is Running
+  # shellcheck disable=SC2034 # read by the tests that source this file
+  uid0=$(pod_uid "$job_name-worker-0")
+  # shellcheck disable=SC2034
+  uid1=$(pod_uid "$job_name-worker-1")
+}
+
 # wait_succeeded SECONDS: until the job is Succeeded (fails at once on Failed/Invalid).
 wait_succeeded() {
   local t0=$SECONDS phase

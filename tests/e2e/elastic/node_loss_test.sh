@@ -18,10 +18,7 @@ job_agent_hang=off
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 steps=300 # long enough to be caught mid-run when the machine is busy (100 finished in 7 s, before a loaded test found a trainer)
-start_operator
-job_yaml "$job_name" 2 "$steps" | kubectl apply -n "$ns" -f - >/dev/null
-wait_for 90 "the job to run" phase_is Running
-uid1=$(pod_uid "$job_name-worker-1")
+start_two_replica_job "$steps"
 node0=$(pod_node "$job_name-worker-0")
 node1=$(pod_node "$job_name-worker-1")
 [ -n "$node1" ] && [ "$node0" != "$node1" ] || fail "the pods share node '$node0' (want one per node)"
