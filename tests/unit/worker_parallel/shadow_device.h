@@ -12,6 +12,7 @@
 
 #include "tests/unit/worker/shadow_cpu.h"
 #include "worker/comm/communicator.h"
+#include "worker/parallel/data_parallel.h"
 #include "worker/parallel/parallel_model.h"
 
 namespace railyard::worker::testing {
@@ -83,6 +84,21 @@ inline std::vector<std::unique_ptr<DeviceComm>> take_device_memory(parallel::Mod
     *c = wrapped.back().get();
   }
   return wrapped;
+}
+
+// Data-parallel options with these buckets, ZeRO stage and tree, and on the device the data-parallel state on `dev`'s
+// buffers with the gradients reduced over `grad_dev`, as railyard-worker wires NCCL on CUDA.
+inline parallel::DataParallelOptions device_dp_options(size_t bucket_bytes, int zero_stage, bool deterministic,
+                                                       bool device, Kernels<float>& dev, comm::Communicator* grad_dev) {
+  parallel::DataParallelOptions o;
+  o.bucket_bytes = bucket_bytes;
+  o.zero_stage = zero_stage;
+  o.deterministic = deterministic;
+  if (device) {
+    o.device = &dev;
+    o.device_dp = grad_dev;
+  }
+  return o;
 }
 
 }  // namespace railyard::worker::testing

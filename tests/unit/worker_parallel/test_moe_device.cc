@@ -128,24 +128,11 @@ TrainRun train(bool device, int stage, bool deterministic) {
   comm::run_local_world(n, [&](comm::Communicator& c) {
     ThreadPool pool(1);
     ShadowCpu dev(pool);
-    TrainConfig tc;
-    tc.steps = kSteps;
-    tc.batch = kB;
-    tc.seq_len = kT;
-    tc.global_batch_tokens = int64_t{2} * n * kB * kT;
-    tc.lr = 1e-2;
-    tc.quiet = true;
+    TrainConfig tc = testing::small_train_config(kSteps, kB, kT, 2 * n, 1e-2);
     testing::StreamSource src(c.rank(), n, kB, kT, cfg.vocab_size);
     auto grad = c.dup("dp-grad");
     DeviceComm grad_dev(*grad, dev);
-    DataParallelOptions o;
-    o.bucket_bytes = 16 << 10;
-    o.zero_stage = stage;
-    o.deterministic = deterministic;
-    if (device) {
-      o.device = &dev;
-      o.device_dp = &grad_dev;
-    }
+    const DataParallelOptions o = testing::device_dp_options(16 << 10, stage, deterministic, device, dev, &grad_dev);
     auto sync = gpt_data_parallel(&c, cfg, tc, pool, o);
     Trainer tr(cfg, tc, pool, src, nullptr, sync.get(), nullptr, device ? &dev : nullptr);
     std::vector<double> losses, aux;
@@ -241,14 +228,8 @@ EpRun ep_train(bool device, int n, int ep, bool sharded, int stage, bool determi
   comm::run_local_world(n, [&](comm::Communicator& c) {
     ThreadPool pool(1);
     ShadowCpu dev(pool);
-    TrainConfig tc;
-    tc.steps = kSteps;
-    tc.batch = kB;
-    tc.seq_len = kT;
-    tc.global_batch_tokens = int64_t{2} * n * kB * kT;
-    tc.lr = 1e-2;
+    TrainConfig tc = testing::small_train_config(kSteps, kB, kT, 2 * n, 1e-2);
     tc.grad_clip = grad_clip;
-    tc.quiet = true;
     testing::StreamSource src(c.rank(), n, kB, kT, cfg.vocab_size);
     DeviceComm dp_dev(c, dev);  // the NCCL dp group of DistSetup::device_groups
     ExpertParallel xp(c, {ep, "flat", 0, deterministic}, device ? &dp_dev : nullptr);

@@ -199,13 +199,7 @@ TEST_CASE("offload off the host with the deterministic data-parallel tree (dp=2)
       tc.global_batch_tokens = static_cast<int64_t>(4) * kB * kT;  // 2 micro-batches per replica
       auto grad = c.dup("dp-grad");
       DeviceComm grad_dev(*grad, dev);
-      DataParallelOptions o;
-      o.bucket_bytes = 16 << 10;
-      o.deterministic = true;
-      if (device) {
-        o.device = &dev;
-        o.device_dp = &grad_dev;
-      }
+      const DataParallelOptions o = testing::device_dp_options(16 << 10, 0, true, device, dev, &grad_dev);
       auto sync = gpt_data_parallel(&c, kCfg, tc, pool, o);
       Trainer tr(kCfg, tc, pool, src, nullptr, sync.get(), nullptr, device ? &dev : nullptr);
       runs[c.rank()] = train(tr, nullptr, kSteps);

@@ -56,7 +56,8 @@ inline TokenData random_tokens(int M, int B, int T, int vocab, uint32_t seed) {
 
 // The quiet TrainConfig the trainer tests start from: `steps` steps of `micro` (B, T) micro-batches per global batch,
 // the rest (grad clipping among it) TrainConfig's defaults unless the test sets it.
-inline TrainConfig small_train_config(int steps, int B, int T, int micro, double lr, int warmup_steps) {
+inline TrainConfig small_train_config(int steps, int B, int T, int micro, double lr,
+                                      int warmup_steps = TrainConfig{}.warmup_steps) {
   TrainConfig tc;
   tc.steps = steps;
   tc.batch = B;
