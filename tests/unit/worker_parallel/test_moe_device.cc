@@ -388,15 +388,7 @@ StageRun stage_run(bool device, int tp, int pp, bool sp, const testing::TokenDat
     model.init_weights(7);
     model.zero_grad();
     const size_t N = kB * kT;
-    int next = 0;
-    const double loss = model.forward_backward(
-        M,
-        [&](int32_t* in, int32_t* tgt) {
-          std::memcpy(in, data.in.data() + next * N, N * sizeof(int32_t));
-          std::memcpy(tgt, data.tgt.data() + next * N, N * sizeof(int32_t));
-          ++next;
-        },
-        1.0f / M);
+    const double loss = model.forward_backward(M, testing::micro_batches(data.in, data.tgt, 0, N), 1.0f / M);
     model.finish_grads();
     std::vector<ShardSlice> primary;
     for (const ShardSlice& s : model.shard_map())

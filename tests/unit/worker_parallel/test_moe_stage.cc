@@ -86,16 +86,9 @@ Grads run_layout(int dp, int tp, int pp, bool sp, const Data& d, int M, const Re
     }
     model.init_weights(kSeed);
     model.zero_grad();
-    int next = groups.coord().dp * M;
     const size_t N = kB * kT;
-    double loss = model.forward_backward(
-        M,
-        [&](int32_t* in, int32_t* tgt) {
-          std::memcpy(in, d.in.data() + next * N, N * sizeof(int32_t));
-          std::memcpy(tgt, d.tgt.data() + next * N, N * sizeof(int32_t));
-          ++next;
-        },
-        1.0f / (M * dp));
+    double loss =
+        model.forward_backward(M, testing::micro_batches(d.in, d.tgt, groups.coord().dp * M, N), 1.0f / (M * dp));
     model.finish_grads();
     if (ep > 1) {
       // Expert parallelism really split the experts: before the dp reduction a rank has fcw gradients for its own
@@ -154,14 +147,7 @@ Grads run_layout(int dp, int tp, int pp, bool sp, const Data& d, int M, const Re
   return res;
 }
 
-double rel_err(const float* a, const float* b, size_t n) {
-  double d = 0, m = 0;
-  for (size_t i = 0; i < n; ++i) {
-    d = std::max(d, std::fabs(double(a[i]) - double(b[i])));
-    m = std::max(m, std::fabs(double(b[i])));
-  }
-  return m == 0 ? d : d / m;
-}
+using testing::rel_err;
 
 void check_close(const Grads& got, const Grads& ref, double tol) {
   CHECK(std::fabs(got.loss - ref.loss) <= tol * std::fabs(ref.loss));

@@ -16,6 +16,7 @@
 #include "common/error.h"
 #include "planner/calibration.h"
 #include "planner/context_parallel.h"
+#include "tests/unit/worker_parallel/trainer_test_util.h"
 #include "worker/comm/local_world.h"
 #include "worker/comm/process_groups.h"
 #include "worker/kernels/cpu/kernels.h"
@@ -163,15 +164,7 @@ TEST_CASE("context parallel model: dp x cp = 1x2, 1x4, 2x2 equal one process (lo
       ParallelModel model(kModel, kMB, kMT, M, pool, groups);
       model.init_weights(42);
       model.zero_grad();
-      int next = replica * M;
-      double loss = model.forward_backward(
-          M,
-          [&](int32_t* i, int32_t* t) {
-            std::memcpy(i, in.data() + next * N, N * sizeof(int32_t));
-            std::memcpy(t, tgt.data() + next * N, N * sizeof(int32_t));
-            ++next;
-          },
-          1.0f / (M * dp * cp));
+      double loss = model.forward_backward(M, testing::micro_batches(in, tgt, replica * M, N), 1.0f / (M * dp * cp));
       // cp ranks hold different positions and dp ranks different sequences: both are summed like replicas
       world.all_reduce(model.grads(), model.num_params(), comm::DType::kFloat32, comm::ReduceOp::kSum);
       float l = static_cast<float>(loss);
@@ -238,15 +231,7 @@ TEST_CASE("context parallel with tensor or pipeline parallelism: tp=2 x cp=2 and
       ParallelModel model(kModel, kMB, kMT, M, pool, groups);
       model.init_weights(42);
       model.zero_grad();
-      int next = 0;
-      const double loss = model.forward_backward(
-          M,
-          [&](int32_t* i, int32_t* t) {
-            std::memcpy(i, in.data() + next * N, N * sizeof(int32_t));
-            std::memcpy(t, tgt.data() + next * N, N * sizeof(int32_t));
-            ++next;
-          },
-          1.0f / (M * cp));
+      const double loss = model.forward_backward(M, testing::micro_batches(in, tgt, 0, N), 1.0f / (M * cp));
       model.finish_grads();
       pg.dp().all_reduce(model.grads(), model.num_params(), comm::DType::kFloat32, comm::ReduceOp::kSum);
       std::lock_guard<std::mutex> lock(mu);
@@ -295,15 +280,7 @@ TEST_CASE("context parallel with full and selective recomputation: bitwise the s
       ParallelModel model(kModel, kMB, kMT, M, pool, groups, {}, spec);
       model.init_weights(42);
       model.zero_grad();
-      int next = 0;
-      const double loss = model.forward_backward(
-          M,
-          [&](int32_t* i, int32_t* t) {
-            std::memcpy(i, in.data() + next * N, N * sizeof(int32_t));
-            std::memcpy(t, tgt.data() + next * N, N * sizeof(int32_t));
-            ++next;
-          },
-          1.0f / (M * cp));
+      const double loss = model.forward_backward(M, testing::micro_batches(in, tgt, 0, N), 1.0f / (M * cp));
       std::lock_guard<std::mutex> lock(mu);
       if (world.rank() == 1) {  // the rank whose attention sees both blocks
         grads.assign(model.grads(), model.grads() + model.num_params());

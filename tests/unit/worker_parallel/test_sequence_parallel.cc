@@ -71,16 +71,9 @@ Grads run_layout(int dp, int tp, int pp, bool sp, const Data& d, int M, const Re
     ParallelModel model(kCfg, kB, kT, M, pool, model_groups(groups), {}, recompute, sp);
     model.init_weights(kSeed);
     model.zero_grad();
-    int next = groups.coord().dp * M;
     const size_t N = kB * kT;
-    double loss = model.forward_backward(
-        M,
-        [&](int32_t* in, int32_t* tgt) {
-          std::memcpy(in, d.in.data() + next * N, N * sizeof(int32_t));
-          std::memcpy(tgt, d.tgt.data() + next * N, N * sizeof(int32_t));
-          ++next;
-        },
-        1.0f / (M * dp));
+    double loss =
+        model.forward_backward(M, testing::micro_batches(d.in, d.tgt, groups.coord().dp * M, N), 1.0f / (M * dp));
     model.finish_grads();
     if (dp > 1) {
       groups.dp().all_reduce(model.grads(), model.num_params(), comm::DType::kFloat32, comm::ReduceOp::kSum);
@@ -114,14 +107,7 @@ Grads run_layout(int dp, int tp, int pp, bool sp, const Data& d, int M, const Re
   return res;
 }
 
-double rel_err(const float* a, const float* b, size_t n) {
-  double d = 0, m = 0;
-  for (size_t i = 0; i < n; ++i) {
-    d = std::max(d, std::fabs(double(a[i]) - double(b[i])));
-    m = std::max(m, std::fabs(double(b[i])));
-  }
-  return m == 0 ? d : d / m;
-}
+using testing::rel_err;
 
 bool is_layernorm(int i) { return i == 2 || i == 3 || i == 8 || i == 9 || i == 14 || i == 15; }
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <vector>
@@ -108,6 +109,27 @@ inline LayoutRun run_single_trainer(const GptConfig& cfg, const TrainConfig& tc)
   for (int s = 0; s < tc.steps; ++s) out.steps.push_back(tr.step());
   out.params.assign(tr.model().params(), tr.model().params() + tr.model().num_params());
   return out;
+}
+
+// Max-norm relative error of one tensor: max |a - b| / max |b| (max |a - b| where b is all zeros).
+inline double rel_err(const float* a, const float* b, size_t n) {
+  double d = 0, m = 0;
+  for (size_t i = 0; i < n; ++i) {
+    d = std::max(d, std::fabs(double(a[i]) - double(b[i])));
+    m = std::max(m, std::fabs(double(b[i])));
+  }
+  return m == 0 ? d : d / m;
+}
+
+// ParallelModel::forward_backward's next_micro_batch: the micro-batches of N tokens of `in` and `tgt` from index
+// `first` on, one a call (a replica's share of what one process accumulates).
+inline std::function<void(int32_t*, int32_t*)> micro_batches(const std::vector<int32_t>& in,
+                                                             const std::vector<int32_t>& tgt, int first, size_t N) {
+  return [&in, &tgt, next = static_cast<size_t>(first), N](int32_t* i, int32_t* t) mutable {
+    std::memcpy(i, in.data() + next * N, N * sizeof(int32_t));
+    std::memcpy(t, tgt.data() + next * N, N * sizeof(int32_t));
+    ++next;
+  };
 }
 
 // max |v[i]|: the scale parameter tolerances are relative to.
