@@ -17,6 +17,7 @@
 #include "common/tls/channel.h"
 #include "common/tls/job_identity.h"
 #include "tests/recording_proxy.h"
+#include "tests/unit/worker_comm/comm_test_util.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/tcp_store.h"
@@ -155,18 +156,9 @@ TEST_CASE("a TLS store refuses a client without TLS, one of another job, and a T
 
 TEST_CASE("connect_gloo over a TLS store; the identity comes from RAILYARD_PEER_TLS_*, malformed ones are named") {
   Job job("a");
-  int port;
-  {
-    TcpStoreServer probe("127.0.0.1", 0);
-    port = probe.port();
-  }
+  const int port = testing::free_store_port();
   auto options = [&](int rank) {
-    GlooOptions o;
-    o.store_port = port;
-    o.rank = rank;
-    o.size = 2;
-    o.timeout = milliseconds(5000);
-    o.prefix = "g1";
+    GlooOptions o = testing::gloo_options(port, rank, 2, milliseconds(5000), "g1");
     o.store_token = kToken;
     o.store_tls = rank == 0 ? job.server : job.client;
     return o;
