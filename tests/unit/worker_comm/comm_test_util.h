@@ -1,11 +1,6 @@
-// Shared by the communicator tests (test_tcp_store.cc, test_tcp_store_tls.cc): a free port for a store and the options
-// of one rank of a small Gloo world on 127.0.0.1.
+// Shared by the communicator tests (test_tcp_store.cc, test_tcp_store_tls.cc): a free port for a store.
 #pragma once
 
-#include <chrono>
-#include <string>
-
-#include "worker/comm/gloo_communicator.h"
 #include "worker/comm/tcp_store.h"
 
 namespace railyard::worker::comm::testing {
@@ -14,18 +9,6 @@ namespace railyard::worker::comm::testing {
 inline int free_store_port() {
   TcpStoreServer probe("127.0.0.1", 0);
   return probe.port();
-}
-
-// Rank `rank` of a world of `size` whose store is on 127.0.0.1:`port` (rank 0 serves it), keys under `prefix`.
-inline GlooOptions gloo_options(int port, int rank, int size, std::chrono::milliseconds timeout,
-                                const std::string& prefix = GlooOptions{}.prefix) {
-  GlooOptions o;
-  o.store_port = port;
-  o.rank = rank;
-  o.size = size;
-  o.timeout = timeout;
-  o.prefix = prefix;
-  return o;
 }
 
 }  // namespace railyard::worker::comm::testing
