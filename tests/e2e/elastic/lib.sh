@@ -333,13 +333,20 @@ check_resumed() {
   if [ "$lost" -lt 0 ] || [ "$lost" -gt "$1" ]; then
     fail "the interrupted generation reached step $gen1_last, restored $r: $lost steps lost, want 0..$1"
   fi
+  check_first_step_after_restore "$r"
+  # When the step was done, from the log line's own time (the file may be written later than that).
+  t_step=$(date -d "$(after_restore | grep -m1 'worker: step step=' | cut -c1-24)" +%s.%N)
+}
+# check_first_step_after_restore R: waits for rank 0's first step after its last restore, and fails unless it is R + 1.
+# Leaves after_restore (rank 0's log from its last restore on, read from $log0) defined for the caller.
+check_first_step_after_restore() {
+  local log0 after
+  log0=$(pod_log "$job_name-worker-0")
   after_restore() { awk '/checkpoint: restored /{buf=""} {buf = buf $0 "\n"} END{printf "%s", buf}' "$log0"; }
   wait_for 60 "the first step after the restore" \
     bash -c "$(declare -f after_restore); log0='$log0'; after_restore | grep -q 'worker: step step='"
-  # When the step was done, from the log line's own time (the file may be written later than that).
-  t_step=$(date -d "$(after_restore | grep -m1 'worker: step step=' | cut -c1-24)" +%s.%N)
   after=$(after_restore | grep -oE 'worker: step step=[0-9]+' | head -1 | cut -d= -f2)
-  [ "$after" = $((r + 1)) ] || fail "first step after the restore is '$after', want $((r + 1))"
+  [ "$after" = $(($1 + 1)) ] || fail "first step after the restore is '$after', want $(($1 + 1))"
 }
 # check_succeeded_as_undisturbed STEPS RESTARTS: the job ends Succeeded, STEPS/STEPS, with RESTARTS restarts, rank 0's
 # last step is STEPS with the undisturbed run's loss, and its final parameters are bitwise the undisturbed run's.

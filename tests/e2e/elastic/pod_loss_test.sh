@@ -49,10 +49,7 @@ for i in 0 1; do
   [ "$(restored_from "$job_name-worker-$i")" = "$stop_dir" ] ||
     fail "$job_name-worker-$i restored from '$(restored_from "$job_name-worker-$i")', not the checkpoint saved on SIGTERM ($stop_dir)"
 done
-after_restore() { awk '/checkpoint: restored /{buf=""} {buf = buf $0 "\n"} END{printf "%s", buf}' "$log0"; }
-wait_for 60 "the first step after the restore" bash -c "$(declare -f after_restore); log0='$log0'; after_restore | grep -q 'worker: step step='"
-after=$(after_restore | grep -oE 'worker: step step=[0-9]+' | head -1 | cut -d= -f2)
-[ "$after" = $((r0 + 1)) ] || fail "first step after the restore is '$after', want $((r0 + 1))"
+check_first_step_after_restore "$r0"
 t_step=$(date +%s.%N)
 wait_succeeded 180
 [ "$(jp '{.status.progress}')" = "$steps/$steps" ] || fail "progress '$(jp '{.status.progress}')'"
