@@ -11,9 +11,11 @@
 #include <vector>
 
 #include "tests/unit/worker/shadow_cpu.h"
+#include "tests/unit/worker_parallel/trainer_test_util.h"
 #include "worker/comm/communicator.h"
 #include "worker/parallel/data_parallel.h"
 #include "worker/parallel/parallel_model.h"
+#include "worker/train/trainer.h"
 
 namespace railyard::worker::testing {
 
@@ -100,5 +102,26 @@ inline parallel::DataParallelOptions device_dp_options(size_t bucket_bytes, int 
   }
   return o;
 }
+
+// One rank of the plain Gpt trainer at dp = c.size() on StreamSource data (its share of the job's micro-batches), with
+// device_dp_options' data-parallel state: on the CPU, or with `device` on ShadowCpu, the gradients over a DeviceComm of
+// a group of its own, as railyard-worker wires NCCL on CUDA.
+struct DeviceDpTrainer {
+  DeviceDpTrainer(comm::Communicator& c, ThreadPool& pool, const GptConfig& cfg, const TrainConfig& tc,
+                  size_t bucket_bytes, int zero_stage, bool deterministic, bool device)
+      : dev(pool),
+        src(c.rank(), c.size(), tc.batch, tc.seq_len, cfg.vocab_size),
+        grad(c.dup("dp-grad")),
+        grad_dev(*grad, dev),
+        sync(parallel::gpt_data_parallel(
+            &c, cfg, tc, pool, device_dp_options(bucket_bytes, zero_stage, deterministic, device, dev, &grad_dev))),
+        trainer(cfg, tc, pool, src, nullptr, sync.get(), nullptr, device ? &dev : nullptr) {}
+  ShadowCpu dev;
+  StreamSource src;
+  std::unique_ptr<comm::Communicator> grad;
+  DeviceComm grad_dev;
+  std::unique_ptr<parallel::DataParallel> sync;
+  Trainer trainer;
+};
 
 }  // namespace railyard::worker::testing

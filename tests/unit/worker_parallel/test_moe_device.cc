@@ -127,14 +127,9 @@ TrainRun train(bool device, int stage, bool deterministic) {
   std::mutex mu;
   comm::run_local_world(n, [&](comm::Communicator& c) {
     ThreadPool pool(1);
-    ShadowCpu dev(pool);
-    TrainConfig tc = testing::small_train_config(kSteps, kB, kT, 2 * n, 1e-2);
-    testing::StreamSource src(c.rank(), n, kB, kT, cfg.vocab_size);
-    auto grad = c.dup("dp-grad");
-    DeviceComm grad_dev(*grad, dev);
-    const DataParallelOptions o = testing::device_dp_options(16 << 10, stage, deterministic, device, dev, &grad_dev);
-    auto sync = gpt_data_parallel(&c, cfg, tc, pool, o);
-    Trainer tr(cfg, tc, pool, src, nullptr, sync.get(), nullptr, device ? &dev : nullptr);
+    const TrainConfig tc = testing::small_train_config(kSteps, kB, kT, 2 * n, 1e-2);
+    testing::DeviceDpTrainer rank(c, pool, cfg, tc, 16 << 10, stage, deterministic, device);
+    Trainer& tr = rank.trainer;
     std::vector<double> losses, aux;
     for (int s = 0; s < tc.steps; ++s) {
       const StepResult r = tr.step();
@@ -142,7 +137,7 @@ TrainRun train(bool device, int stage, bool deterministic) {
       aux.push_back(r.moe_aux_loss);
     }
     const TrainerState st = tr.state();
-    if (device) CHECK(grad_dev.device_calls > 0);  // the gradients travelled as device memory
+    if (device) CHECK(rank.grad_dev.device_calls > 0);  // the gradients travelled as device memory
     std::lock_guard<std::mutex> lock(mu);
     res.losses[c.rank()] = losses;
     res.aux[c.rank()] = aux;

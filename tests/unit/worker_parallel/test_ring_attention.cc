@@ -121,6 +121,22 @@ struct Grads {
   std::vector<float> grads;
 };
 
+// Every parameter tensor's gradient in `got` within 1e-5 of the largest element of that tensor in `ref`.
+void check_tensors_close(const std::vector<float>& got, const std::vector<float>& ref) {
+  const auto sizes = param_sizes(kModel);
+  size_t off = 0;
+  for (int i = 0; i < kNumParamTensors; ++i) {
+    CAPTURE(kParamNames[i]);
+    double d = 0, m = 0;
+    for (size_t k = off; k < off + sizes[i]; ++k) {
+      d = std::max(d, std::fabs(double(got[k]) - double(ref[k])));
+      m = std::max(m, std::fabs(double(ref[k])));
+    }
+    CHECK(d <= 1e-5 * m);
+    off += sizes[i];
+  }
+}
+
 }  // namespace
 
 TEST_CASE("context parallel model: dp x cp = 1x2, 1x4, 2x2 equal one process (loss, every gradient)") {
@@ -128,26 +144,12 @@ TEST_CASE("context parallel model: dp x cp = 1x2, 1x4, 2x2 equal one process (lo
   for (auto [dp, cp] : {std::pair{1, 2}, {1, 4}, {2, 2}}) {
     CAPTURE(dp);
     CAPTURE(cp);
-    std::mt19937 rng(3);
     const size_t N = static_cast<size_t>(kMB) * kMT;
-    std::vector<int32_t> in(M * dp * N), tgt(M * dp * N);
-    for (size_t i = 0; i < in.size(); ++i) {
-      in[i] = static_cast<int32_t>(rng() % kModel.vocab_size);
-      tgt[i] = static_cast<int32_t>(rng() % kModel.vocab_size);
-    }
-    Grads ref;
-    {
-      ThreadPool pool(1);
-      Gpt<float> model(kModel, kMB, kMT, pool);
-      model.init_weights(42);
-      model.zero_grad();
-      for (int m = 0; m < M * dp; ++m) {
-        ref.loss += model.forward(in.data() + m * N, tgt.data() + m * N, Gpt<float>::Mode::kTrain, 1.0f / (M * dp));
-        model.backward(true);
-      }
-      ref.loss /= M * dp;
-      ref.grads.assign(model.grads(), model.grads() + model.num_params());
-    }
+    const testing::TokenData tokens = testing::random_tokens(M * dp, kMB, kMT, kModel.vocab_size, 3);
+    const std::vector<int32_t>& in = tokens.in;
+    const std::vector<int32_t>& tgt = tokens.tgt;
+    const testing::AccumulatedGrads acc = testing::accumulate_grads(kModel, kMB, kMT, 42, tokens, M * dp);
+    const Grads ref{acc.loss, acc.grads};
     Grads got;
     got.grads.assign(num_parameters(kModel), 0);
     std::vector<double> losses(static_cast<size_t>(dp * cp));
@@ -179,43 +181,18 @@ TEST_CASE("context parallel model: dp x cp = 1x2, 1x4, 2x2 equal one process (lo
     for (double l : losses) CHECK(std::fabs(l - ref.loss) <= 1e-5 * ref.loss);
     CHECK(bytes == expected);
     CHECK(bytes[0] < stage_activation_bytes(make_stage_shape(kModel, kMT, 1, 0, 1, 0, {}), kMB, kMT, 1, 1));
-    const auto sizes = param_sizes(kModel);
-    size_t off = 0;
-    for (int i = 0; i < kNumParamTensors; ++i) {
-      CAPTURE(kParamNames[i]);
-      double d = 0, m = 0;
-      for (size_t k = off; k < off + sizes[i]; ++k) {
-        d = std::max(d, std::fabs(double(got.grads[k]) - double(ref.grads[k])));
-        m = std::max(m, std::fabs(double(ref.grads[k])));
-      }
-      CHECK(d <= 1e-5 * m);
-      off += sizes[i];
-    }
+    check_tensors_close(got.grads, ref.grads);
   }
 }
 
 TEST_CASE("context parallel with tensor or pipeline parallelism: tp=2 x cp=2 and pp=2 x cp=2 equal one process") {
   const int M = 2;
   const size_t N = static_cast<size_t>(kMB) * kMT;
-  std::mt19937 rng(4);
-  std::vector<int32_t> in(M * N), tgt(M * N);
-  for (size_t i = 0; i < in.size(); ++i) {
-    in[i] = static_cast<int32_t>(rng() % kModel.vocab_size);
-    tgt[i] = static_cast<int32_t>(rng() % kModel.vocab_size);
-  }
-  Grads ref;
-  {
-    ThreadPool pool(1);
-    Gpt<float> model(kModel, kMB, kMT, pool);
-    model.init_weights(42);
-    model.zero_grad();
-    for (int m = 0; m < M; ++m) {
-      ref.loss += model.forward(in.data() + m * N, tgt.data() + m * N, Gpt<float>::Mode::kTrain, 1.0f / M);
-      model.backward(true);
-    }
-    ref.loss /= M;
-    ref.grads.assign(model.grads(), model.grads() + model.num_params());
-  }
+  const testing::TokenData tokens = testing::random_tokens(M, kMB, kMT, kModel.vocab_size, 4);
+  const std::vector<int32_t>& in = tokens.in;
+  const std::vector<int32_t>& tgt = tokens.tgt;
+  const testing::AccumulatedGrads acc = testing::accumulate_grads(kModel, kMB, kMT, 42, tokens, M);
+  const Grads ref{acc.loss, acc.grads};
   for (auto [tp, pp] : {std::pair{2, 1}, {1, 2}}) {
     CAPTURE(tp);
     CAPTURE(pp);
@@ -244,18 +221,7 @@ TEST_CASE("context parallel with tensor or pipeline parallelism: tp=2 x cp=2 and
       copy_local_to_full(primary, kModel, model.grads(), grads.data());
     });
     for (double l : losses) CHECK(std::fabs(l - ref.loss) <= 1e-5 * ref.loss);
-    const auto sizes = param_sizes(kModel);
-    size_t off = 0;
-    for (int i = 0; i < kNumParamTensors; ++i) {
-      CAPTURE(kParamNames[i]);
-      double d = 0, m = 0;
-      for (size_t k = off; k < off + sizes[i]; ++k) {
-        d = std::max(d, std::fabs(double(grads[k]) - double(ref.grads[k])));
-        m = std::max(m, std::fabs(double(ref.grads[k])));
-      }
-      CHECK(d <= 1e-5 * m);
-      off += sizes[i];
-    }
+    check_tensors_close(grads, ref.grads);
   }
 }
 

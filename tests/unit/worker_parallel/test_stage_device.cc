@@ -545,21 +545,17 @@ PlainRun plain_zero(bool device, int n, int stage) {
   std::mutex mu;
   comm::run_local_world(n, [&](comm::Communicator& c) {
     ThreadPool pool(1);
-    ShadowCpu dev(pool);
-    TrainConfig tc = testing::small_train_config(kHybridSteps, kB, kT, 2 * n, 1e-2);
-    testing::StreamSource src(c.rank(), n, kB, kT, kCfg.vocab_size);
-    auto grad = c.dup("dp-grad");
-    DeviceComm grad_dev(*grad, dev);
-    const DataParallelOptions o = testing::device_dp_options(16 << 10, stage, false, device, dev, &grad_dev);
-    auto sync = gpt_data_parallel(&c, kCfg, tc, pool, o);
+    const TrainConfig tc = testing::small_train_config(kHybridSteps, kB, kT, 2 * n, 1e-2);
+    testing::DeviceDpTrainer rank(c, pool, kCfg, tc, 16 << 10, stage, false, device);
+    const auto& sync = rank.sync;
     CHECK(sync->device_buffers() == device);
-    Trainer tr(kCfg, tc, pool, src, nullptr, sync.get(), nullptr, device ? &dev : nullptr);
+    Trainer& tr = rank.trainer;
     std::vector<double> losses;
     for (int s = 0; s < tc.steps; ++s) losses.push_back(tr.step().loss);
     const TrainerState st = tr.state();
-    CHECK_FALSE(dev.owns(st.params));
+    CHECK_FALSE(rank.dev.owns(st.params));
     CHECK(st.adam_m == nullptr);  // ZeRO: the moments are the sync's shard
-    if (device && n > 1) CHECK(grad_dev.device_calls >= static_cast<size_t>(2 * kHybridSteps));
+    if (device && n > 1) CHECK(rank.grad_dev.device_calls >= static_cast<size_t>(2 * kHybridSteps));
     std::lock_guard<std::mutex> lock(mu);
     res.losses[c.rank()] = losses;
     res.params[c.rank()].assign(st.params, st.params + st.num_params);
