@@ -15,6 +15,16 @@ inline std::string ctest_env(const char* name) {
   return v;
 }
 
+// $name as an e2e test's fixture sets it (ctest runs the fixture first); throws naming it and the fixture otherwise.
+inline std::string fixture_env(const char* name, const char* fixture) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == 0) {
+    throw std::runtime_error(std::string(name) + " is not set: run through ctest (the " + fixture +
+                             " fixture sets it)");
+  }
+  return v;
+}
+
 // A built binary: $RAILYARD_BIN_DIR/name.
 inline std::string bin_path(const char* name) { return ctest_env("RAILYARD_BIN_DIR") + "/" + name; }
 

@@ -19,6 +19,9 @@ inline long status_kib(const char* field) {
   return -1;
 }
 
+// Resident set size in bytes (VmRSS).
+inline double rss_bytes() { return static_cast<double>(status_kib("VmRSS:")) * 1024; }
+
 // User + system CPU seconds of this process so far.
 inline double cpu_seconds() {
   rusage ru{};

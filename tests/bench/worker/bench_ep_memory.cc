@@ -5,12 +5,12 @@
 // (fp32 CPU profile, ZeRO 0). Usage: bench_ep_memory [--experts 8] [--top-k 2] [--dp 4] [--eps 1,2,4]
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "planner/calibration.h"
 #include "planner/moe_cost.h"
+#include "tests/bench/process_stats.h"
 #include "worker/kernels/cpu/thread_pool.h"
 #include "worker/model/gpt.h"
 #include "worker/model/gpt_config.h"
@@ -19,16 +19,7 @@
 using namespace railyard;
 using namespace railyard::worker;
 
-namespace {
-
-double rss_bytes() {
-  std::ifstream f("/proc/self/status");
-  for (std::string line; std::getline(f, line);)
-    if (line.rfind("VmRSS:", 0) == 0) return std::atof(line.c_str() + 6) * 1024;
-  return 0;
-}
-
-}  // namespace
+using bench::rss_bytes;
 
 int main(int argc, char** argv) {
   int experts = 8, top_k = 2, dp = 4;

@@ -11,7 +11,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -20,6 +19,7 @@
 #include "common/log.h"
 #include "planner/calibration.h"
 #include "planner/cost_model.h"
+#include "tests/bench/process_stats.h"
 #include "tests/unit/worker_parallel/trainer_test_util.h"
 #include "worker/kernels/cpu/thread_pool.h"
 #include "worker/model/gpt_config.h"
@@ -30,12 +30,7 @@ using namespace railyard::worker;
 
 namespace {
 
-double rss_bytes() {
-  std::ifstream f("/proc/self/status");
-  for (std::string line; std::getline(f, line);)
-    if (line.rfind("VmRSS:", 0) == 0) return std::atof(line.c_str() + 6) * 1024;
-  return 0;
-}
+using bench::rss_bytes;
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;

@@ -26,6 +26,7 @@
 
 #include "operator/rendezvous/rendezvous.h"
 #include "tests/ctest_env.h"
+#include "tests/e2e/agent/agent_test_util.h"
 #include "worker/agent/pod_agent.h"
 
 namespace fs = std::filesystem;
@@ -33,6 +34,9 @@ using railyard::op::GenerationSpec;
 using railyard::op::RendezvousService;
 using railyard::op::WorkerExit;
 using Clock = std::chrono::steady_clock;
+
+using railyard::agent_testing::slurp;
+using railyard::agent_testing::TempDir;
 
 namespace {
 
@@ -42,26 +46,6 @@ std::string agent_binary() {
   const std::string p = railyard::test::bin_path("railyard-worker");
   REQUIRE_MESSAGE(fs::exists(p), "no " << p);
   return p;
-}
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    char tmpl[] = "/tmp/railyard-agent-test-XXXXXX";
-    REQUIRE(::mkdtemp(tmpl) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 bool wait_for(const std::function<bool()>& cond, double seconds) {
@@ -203,7 +187,7 @@ std::vector<std::string> fields(const std::string& line) {
 }  // namespace
 
 TEST_CASE("agents run workers with the right env, report a kill -9, re-join a new generation, forward SIGTERM") {
-  TempDir tmp;
+  TempDir tmp("railyard-agent-test");
   RendezvousService svc("127.0.0.1", 0);
   std::mutex mu;
   std::vector<WorkerExit> exits;
@@ -374,7 +358,7 @@ TEST_CASE("agents run workers with the right env, report a kill -9, re-join a ne
 }
 
 TEST_CASE("agents exit 0 once every rank succeeded and the service says the job is done") {
-  TempDir tmp;
+  TempDir tmp("railyard-agent-test");
   RendezvousService svc("127.0.0.1", 0);
   svc.open_generation(spec(1, {"pod0", "pod1"}, 1));
   // pod1's worker finishes a second after pod0's: pod0's agent must wait for the whole job, not just its workers.
@@ -404,7 +388,7 @@ TEST_CASE("agents exit 0 once every rank succeeded and the service says the job 
 }
 
 TEST_CASE("a refused token or missing env ends the agent with exit 2 and a clear message") {
-  TempDir tmp;
+  TempDir tmp("railyard-agent-test");
   RendezvousService svc("127.0.0.1", 0);
   svc.open_generation(spec(1, {"pod0"}, 1));
   // A wrong token looks like an unknown job (the service does not say which job names exist): the agent retries for
@@ -437,7 +421,7 @@ TEST_CASE("a refused token or missing env ends the agent with exit 2 and a clear
 TEST_CASE(
     "after an operator outage longer than RAILYARD_AGENT_UNREACHABLE_SECONDS agents keep their workers, re-attach, and "
     "deliver exits made meanwhile") {
-  TempDir tmp;
+  TempDir tmp("railyard-agent-test");
   auto svc = std::make_unique<RendezvousService>("127.0.0.1", 0);
   const int port = svc->port();
   const std::vector<std::string> pods = {"pod0", "pod1"};
@@ -500,7 +484,7 @@ TEST_CASE(
 }
 
 TEST_CASE("with no workers running, an unreachable service ends the agent with the retryable exit 201") {
-  TempDir tmp;
+  TempDir tmp("railyard-agent-test");
   int port = 0;
   {
     RendezvousService probe("127.0.0.1", 0);  // a port that was free a moment ago and now has no listener
@@ -514,7 +498,7 @@ TEST_CASE("with no workers running, an unreachable service ends the agent with t
 }
 
 TEST_CASE("fenced: an agent whose pod was replaced under its name kills its workers at once and exits 202") {
-  TempDir tmp;
+  TempDir tmp("railyard-agent-test");
   RendezvousService svc("127.0.0.1", 0);
   std::atomic<int> exits{0};
   svc.set_exit_handler([&](const WorkerExit&) { ++exits; });
@@ -536,7 +520,7 @@ TEST_CASE("fenced: an agent whose pod was replaced under its name kills its work
 }
 
 TEST_CASE("a worker command that cannot be executed is reported as exit code 127 with a message") {
-  TempDir tmp;
+  TempDir tmp("railyard-agent-test");
   RendezvousService svc("127.0.0.1", 0);
   std::mutex mu;
   std::vector<WorkerExit> exits;
@@ -609,7 +593,7 @@ static int two_free_ports() {
 }
 
 TEST_CASE("a program's ranks: the agent serves their series from progress and output, and copies the output") {
-  TempDir tmp;
+  TempDir tmp("railyard-agent-test");
   RendezvousService svc("127.0.0.1", 0);
   svc.open_generation(spec(1, {"pod0"}, 2));
   const int port = two_free_ports();
@@ -767,7 +751,7 @@ TEST_CASE(
   // Debian 12's torchrun (torch 1.13) under Python 3.11 through the example image's wrapper of its start-up bug.
   REQUIRE_MESSAGE(::system("/usr/bin/python3 -c 'import torch.distributed.run' 2>/dev/null") == 0,
                   "python3-torch is missing (scripts/install-deps.sh --with-torch installs it)");
-  TempDir tmp;
+  TempDir tmp("railyard-agent-test");
   const fs::path script = tmp.path / "rank.py";
   std::ofstream(script) << kTorchrunRank;
   RendezvousService svc("127.0.0.1", 0);
@@ -964,7 +948,7 @@ TEST_CASE(
     "replaced pod from its peer's copy, and the run ends with an undisturbed run's parameters") {
   REQUIRE_MESSAGE(::system("/usr/bin/python3 -c 'import torch.distributed' 2>/dev/null") == 0,
                   "python3-torch is missing (scripts/install-deps.sh --with-torch installs it)");
-  TempDir tmp;
+  TempDir tmp("railyard-agent-test");
   const fs::path script = tmp.path / "flash_rank.py";
   std::ofstream(script) << kFlashRank;
   const std::vector<std::string> cmd = {"/usr/bin/python3", script.string()};

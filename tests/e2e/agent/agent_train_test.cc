@@ -23,37 +23,21 @@
 
 #include "operator/rendezvous/rendezvous.h"
 #include "tests/ctest_env.h"
+#include "tests/e2e/agent/agent_test_util.h"
 
 namespace fs = std::filesystem;
 using railyard::op::GenerationSpec;
 using railyard::op::RendezvousService;
 using Clock = std::chrono::steady_clock;
 
+using railyard::agent_testing::slurp;
+using railyard::agent_testing::TempDir;
+
 namespace {
 
 const std::string kToken = "agent-train-test-token-0123456789ab";
 
 std::string bin(const std::string& name) { return railyard::test::bin_path(name.c_str()); }
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    char tmpl[] = "/tmp/railyard-agent-train-XXXXXX";
-    REQUIRE(::mkdtemp(tmpl) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
 
 // One simulated pod running the agent; killed by pid if still running at the end.
 struct Agent {
@@ -174,7 +158,7 @@ void run_world(const fs::path& dir, int pods, int procs, int dp, int tp, int pp,
 }  // namespace
 
 TEST_CASE("agents run the real trainer as one world: dp=2 over 2 pods, tp=2 x pp=2 over 2 pods x 2 procs") {
-  TempDir tmp;
+  TempDir tmp("railyard-agent-train");
   const std::string prep = bin("railyard") + " data prepare --input /usr/share/common-licenses/GPL-3 --output " +
                            (tmp.path / "data").string() + " > " + (tmp.path / "prep.txt").string() + " 2>&1";
   REQUIRE(std::system(prep.c_str()) == 0);

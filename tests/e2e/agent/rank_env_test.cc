@@ -75,6 +75,17 @@ std::map<std::string, std::vector<std::string>> by_name(const std::vector<std::s
   return m;
 }
 
+// Every name of `want` is set in `env` exactly once, to want's value.
+void check_has_once(const std::map<std::string, std::vector<std::string>>& env,
+                    const std::map<std::string, std::string>& want) {
+  for (const auto& kv : want) {  // not a structured binding: clang before 16 cannot capture one in INFO's lambda
+    const std::string& name = kv.first;
+    INFO(name);
+    REQUIRE(env.count(name) == 1);
+    CHECK(env.at(name) == std::vector<std::string>{kv.second});
+  }
+}
+
 }  // namespace
 
 TEST_CASE("a rank's environment names its place in the world and the worker contract") {
@@ -109,12 +120,7 @@ TEST_CASE("a rank's environment names its place in the world and the worker cont
       {"RAILYARD_SHM_PREFIX", "/railyard-ns1_job1-1-abcd"},
       {"RAILYARD_STORE_TOKEN", "feedbeef"},
   };
-  for (const auto& kv : want) {  // not a structured binding: clang before 16 cannot capture one in INFO's lambda
-    const std::string& name = kv.first;
-    INFO(name);
-    REQUIRE(env.count(name) == 1);
-    CHECK(env.at(name) == std::vector<std::string>{kv.second});
-  }
+  check_has_once(env, want);
   CHECK(env.size() == want.size());  // nothing else; in particular no RAILYARD_SHM_PEER_STEPS without fetched steps
   CHECK(env.count("RAILYARD_RENDEZVOUS_TOKEN") == 0);
 }
@@ -150,12 +156,7 @@ TEST_CASE("torchrun mode: the pod's one process gets the world as PET_*, torchru
       {"RAILYARD_SHM_PREFIX", "/railyard-ns1_job1-1-abcd"},
       {"RAILYARD_STORE_TOKEN", "feedbeef"},
   };
-  for (const auto& kv : want) {
-    const std::string& name = kv.first;
-    INFO(name);
-    REQUIRE(env.count(name) == 1);
-    CHECK(env.at(name) == std::vector<std::string>{kv.second});
-  }
+  check_has_once(env, want);
   // Nothing else: no RANK/LOCAL_RANK/WORLD_SIZE/MASTER_*/TORCHELASTIC_* (torchrun sets them per rank; a LOCAL_RANK
   // on torchrun would also make it look like a rank to the agent) and no one RAILYARD_PROGRESS_FILE for all ranks.
   CHECK(env.size() == want.size());

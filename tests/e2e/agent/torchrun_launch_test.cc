@@ -17,11 +17,15 @@
 #include <thread>
 #include <vector>
 
+#include "tests/e2e/agent/agent_test_util.h"
 #include "worker/agent/agent_metrics.h"
 #include "worker/agent/worker_group.h"
 
 namespace fs = std::filesystem;
 using namespace railyard::worker;
+
+using railyard::agent_testing::slurp;
+using railyard::agent_testing::TempDir;
 
 namespace {
 
@@ -55,13 +59,6 @@ Root Cause (first observed failure):
   traceback : Signal 9 (SIGKILL) received by PID 413
 ============================================================)";
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 // The shell's `echo $! > FILE` is done: the redirection creates the file before echo writes the pid and its newline,
 // so a file that merely exists may still be empty.
 bool written(const fs::path& p) {
@@ -86,19 +83,6 @@ bool alive(pid_t p) {
   const size_t close = stat.rfind(')');
   return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] != 'Z';
 }
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    char tmpl[] = "/tmp/railyard-torchrun-test-XXXXXX";
-    REQUIRE(::mkdtemp(tmpl) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
 
 // sh -c script with only PATH and OUT in its environment (no LOCAL_RANK: it plays torchrun).
 pid_t spawn_shell(const std::string& script, const fs::path& out) {
@@ -150,7 +134,7 @@ TEST_CASE("descendants are followed through every level of a process table") {
 }
 
 TEST_CASE("the rank processes are torchrun's topmost descendants with each LOCAL_RANK") {
-  TempDir tmp;
+  TempDir tmp("railyard-torchrun-test");
   // "torchrun" (no LOCAL_RANK) starts rank 0 directly and rank 1 as a shell with a child of its own (a DataLoader
   // worker inherits its rank's LOCAL_RANK); nobody is rank 2.
   const pid_t root = spawn_shell(
@@ -171,7 +155,7 @@ TEST_CASE("the rank processes are torchrun's topmost descendants with each LOCAL
 }
 
 TEST_CASE("a worker's whole tree ends with it, processes in sessions of their own included") {
-  TempDir tmp;
+  TempDir tmp("railyard-torchrun-test");
   REQUIRE(::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0);  // as the agent in torchrun mode
   AgentConfig cfg;                                            // no metrics endpoint
   AgentMetrics metrics(cfg);

@@ -19,7 +19,6 @@ job_ckpt_sync=1
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 steps=300
-start_operator
 # at_step N: rank 0 logged step N or later.
 at_step() { [ "$(steps_of "$job_name-worker-0" | tail -1 | cut -d' ' -f1)" -ge "$1" ] 2>/dev/null; }
 
@@ -40,10 +39,7 @@ hang_restart() {
 }
 
 # --- Job 1: pauses are not hangs; a stopped rank is found by its agent -----------------------------------------
-job_yaml "$job_name" 2 "$steps" | kubectl apply -n "$ns" -f - >/dev/null
-wait_for 90 "the job to run" phase_is Running
-uid0=$(pod_uid "$job_name-worker-0")
-uid1=$(pod_uid "$job_name-worker-1")
+start_two_replica_job "$steps"
 # Past a few validations and synchronous saves, and the pause marks in the progress files.
 wait_for 120 "step 60" at_step 60
 [ "$(grep -c 'validation' "$(pod_log "$job_name-worker-0")")" -ge 3 ] || fail "no validation passes in rank 0's log"

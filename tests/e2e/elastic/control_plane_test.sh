@@ -21,11 +21,7 @@ cluster=$src/deploy/local/cluster.sh
 steps=200
 rdzv_port=$(free_port)
 op_extra="--rendezvous-bind 127.0.0.1:$rdzv_port"
-start_operator
-job_yaml "$job_name" 2 "$steps" | kubectl apply -n "$ns" -f - >/dev/null
-wait_for 90 "the job to run" phase_is Running
-uid0=$(pod_uid "$job_name-worker-0")
-uid1=$(pod_uid "$job_name-worker-1")
+start_two_replica_job "$steps"
 log0=$(pod_log "$job_name-worker-0")
 log1=$(pod_log "$job_name-worker-1")
 wait_for 90 "a first checkpoint" latest_at_least 10

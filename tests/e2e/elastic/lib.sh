@@ -123,6 +123,18 @@ start_operator() {
   wait_for 30 "the operator to start" grep -q "leading: reconciling" "$work/op.log"
 }
 
+# start_two_replica_job STEPS: the operator, then a 2-replica job of STEPS steps, Running; sets uid0 and uid1 (the pods'
+# UIDs, so that the test can tell later whether a pod was re-created).
+start_two_replica_job() {
+  start_operator
+  job_yaml "$job_name" 2 "$1" | kubectl apply -n "$ns" -f - >/dev/null
+  wait_for 90 "the job to run" phase_is Running
+  # shellcheck disable=SC2034 # read by the tests that source this file
+  uid0=$(pod_uid "$job_name-worker-0")
+  # shellcheck disable=SC2034
+  uid1=$(pod_uid "$job_name-worker-1")
+}
+
 # wait_succeeded SECONDS: until the job is Succeeded (fails at once on Failed/Invalid).
 wait_succeeded() {
   local t0=$SECONDS phase
@@ -321,13 +333,20 @@ check_resumed() {
   if [ "$lost" -lt 0 ] || [ "$lost" -gt "$1" ]; then
     fail "the interrupted generation reached step $gen1_last, restored $r: $lost steps lost, want 0..$1"
   fi
+  check_first_step_after_restore "$r"
+  # When the step was done, from the log line's own time (the file may be written later than that).
+  t_step=$(date -d "$(after_restore | grep -m1 'worker: step step=' | cut -c1-24)" +%s.%N)
+}
+# check_first_step_after_restore R: waits for rank 0's first step after its last restore, and fails unless it is R + 1.
+# Leaves after_restore (rank 0's log from its last restore on, read from $log0) defined for the caller.
+check_first_step_after_restore() {
+  local log0 after
+  log0=$(pod_log "$job_name-worker-0")
   after_restore() { awk '/checkpoint: restored /{buf=""} {buf = buf $0 "\n"} END{printf "%s", buf}' "$log0"; }
   wait_for 60 "the first step after the restore" \
     bash -c "$(declare -f after_restore); log0='$log0'; after_restore | grep -q 'worker: step step='"
-  # When the step was done, from the log line's own time (the file may be written later than that).
-  t_step=$(date -d "$(after_restore | grep -m1 'worker: step step=' | cut -c1-24)" +%s.%N)
   after=$(after_restore | grep -oE 'worker: step step=[0-9]+' | head -1 | cut -d= -f2)
-  [ "$after" = $((r + 1)) ] || fail "first step after the restore is '$after', want $((r + 1))"
+  [ "$after" = $(($1 + 1)) ] || fail "first step after the restore is '$after', want $(($1 + 1))"
 }
 # check_succeeded_as_undisturbed STEPS RESTARTS: the job ends Succeeded, STEPS/STEPS, with RESTARTS restarts, rank 0's
 # last step is STEPS with the undisturbed run's loss, and its final parameters are bitwise the undisturbed run's.

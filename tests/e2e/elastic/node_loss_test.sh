@@ -18,10 +18,7 @@ job_agent_hang=off
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 steps=300 # long enough to be caught mid-run when the machine is busy (100 finished in 7 s, before a loaded test found a trainer)
-start_operator
-job_yaml "$job_name" 2 "$steps" | kubectl apply -n "$ns" -f - >/dev/null
-wait_for 90 "the job to run" phase_is Running
-uid1=$(pod_uid "$job_name-worker-1")
+start_two_replica_job "$steps"
 node0=$(pod_node "$job_name-worker-0")
 node1=$(pod_node "$job_name-worker-1")
 [ -n "$node1" ] && [ "$node0" != "$node1" ] || fail "the pods share node '$node0' (want one per node)"
@@ -102,10 +99,7 @@ lost=$((gen1_last - r0))
 [ "$lost" -le 1 ] || fail "restored step $r0 but generation 1 reported $gen1_last: $lost steps lost, want at most 1"
 [ "$r0" -le $((gen1_last + 1)) ] || fail "restored step $r0 is more than one past generation 1's last report $gen1_last"
 restore_s=$(grep 'checkpoint: restored ' "$log1" | tail -1 | grep -oE ' seconds=[0-9.]+' | cut -d= -f2)
-after_restore() { awk '/checkpoint: restored /{buf=""} {buf = buf $0 "\n"} END{printf "%s", buf}' "$log0"; }
-wait_for 60 "the first step after the restore" bash -c "$(declare -f after_restore); log0='$log0'; after_restore | grep -q 'worker: step step='"
-after=$(after_restore | grep -oE 'worker: step step=[0-9]+' | head -1 | cut -d= -f2)
-[ "$after" = $((r0 + 1)) ] || fail "first step after the restore is '$after', want $((r0 + 1))"
+check_first_step_after_restore "$r0"
 t_step=$(date +%s.%N)
 
 wait_succeeded 180

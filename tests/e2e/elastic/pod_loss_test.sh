@@ -11,11 +11,7 @@ job_deterministic=1
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 steps=300 # long enough to be caught mid-run when the machine is busy (100 finished in 7 s, before a loaded test found a trainer)
-start_operator
-job_yaml "$job_name" 2 "$steps" | kubectl apply -n "$ns" -f - >/dev/null
-wait_for 90 "the job to run" phase_is Running
-uid0=$(pod_uid "$job_name-worker-0")
-uid1=$(pod_uid "$job_name-worker-1")
+start_two_replica_job "$steps"
 wait_for 90 "a first checkpoint" latest_at_least 10
 t_delete=$(date +%s.%N)
 kubectl delete pod "$job_name-worker-1" -n "$ns" --wait=false >/dev/null
@@ -53,10 +49,7 @@ for i in 0 1; do
   [ "$(restored_from "$job_name-worker-$i")" = "$stop_dir" ] ||
     fail "$job_name-worker-$i restored from '$(restored_from "$job_name-worker-$i")', not the checkpoint saved on SIGTERM ($stop_dir)"
 done
-after_restore() { awk '/checkpoint: restored /{buf=""} {buf = buf $0 "\n"} END{printf "%s", buf}' "$log0"; }
-wait_for 60 "the first step after the restore" bash -c "$(declare -f after_restore); log0='$log0'; after_restore | grep -q 'worker: step step='"
-after=$(after_restore | grep -oE 'worker: step step=[0-9]+' | head -1 | cut -d= -f2)
-[ "$after" = $((r0 + 1)) ] || fail "first step after the restore is '$after', want $((r0 + 1))"
+check_first_step_after_restore "$r0"
 t_step=$(date +%s.%N)
 wait_succeeded 180
 [ "$(jp '{.status.progress}')" = "$steps/$steps" ] || fail "progress '$(jp '{.status.progress}')'"

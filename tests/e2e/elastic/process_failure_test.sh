@@ -13,11 +13,7 @@ job_deterministic=1
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 steps=300 # long enough to be caught mid-run when the machine is busy (100 finished in 7 s, before a loaded test found a trainer)
-start_operator
-job_yaml "$job_name" 2 "$steps" | kubectl apply -n "$ns" -f - >/dev/null
-wait_for 90 "the job to run" phase_is Running
-uid0=$(pod_uid "$job_name-worker-0")
-uid1=$(pod_uid "$job_name-worker-1")
+start_two_replica_job "$steps"
 wait_for 90 "a first checkpoint" latest_at_least 10
 
 # The pod's process group is the agent's; the trainer is the agent's child in a group of its own.

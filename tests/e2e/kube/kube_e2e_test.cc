@@ -20,7 +20,9 @@
 #include "common/kube/event_recorder.h"
 #include "common/kube/informer.h"
 #include "common/kube/leader_elector.h"
+#include "tests/ctest_env.h"
 #include "tests/recording_proxy.h"
+#include "tests/unit/kube/kube_test_util.h"
 
 namespace fs = std::filesystem;
 using namespace railyard::kube;
@@ -29,13 +31,7 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-std::string env(const char* name) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') {
-    throw std::runtime_error(std::string(name) + " is not set: run through ctest (the e2e_cluster fixture sets it)");
-  }
-  return v;
-}
+std::string env(const char* name) { return railyard::test::fixture_env(name, "e2e_cluster"); }
 
 // KEY=value pairs of $RAILYARD_E2E_STATE_DIR/cluster.env ("export KEY=value" lines).
 std::map<std::string, std::string> cluster_env() {
@@ -130,39 +126,7 @@ bool port_open(int port) {
   return ok;
 }
 
-std::string b64(const std::string& in) {
-  static const char* t = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  int val = 0, bits = -6;
-  for (unsigned char c : in) {
-    val = (val << 8) + c;
-    bits += 8;
-    while (bits >= 0) {
-      out.push_back(t[(val >> bits) & 0x3F]);
-      bits -= 6;
-    }
-  }
-  if (bits > -6) out.push_back(t[((val << 8) >> (bits + 8)) & 0x3F]);
-  while (out.size() % 4) out.push_back('=');
-  return out;
-}
-
-std::string b64_decode(const std::string& in) {
-  static const char* t = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  int val = 0, bits = -8;
-  for (char ch : in) {
-    const char* pos = std::strchr(t, ch);
-    if (ch == '=' || ch == '\0' || pos == nullptr) break;
-    val = (val << 6) + static_cast<int>(pos - t);
-    bits += 6;
-    if (bits >= 0) {
-      out.push_back(static_cast<char>((val >> bits) & 0xFF));
-      bits -= 8;
-    }
-  }
-  return out;
-}
+using railyard::kube::testing::b64;
 
 // POST to etcd's v3 HTTP gateway.
 Json etcd_post(const std::string& path, const Json& body) {
@@ -481,7 +445,7 @@ TEST_CASE("a service account without RBAC is Forbidden, for requests and for wat
           if (sec.value("type", "") == "kubernetes.io/service-account-token" &&
               sec["metadata"]["annotations"].value("kubernetes.io/service-account.name", "") == "nobody" &&
               sec.contains("data") && sec["data"].contains("token")) {
-            token = b64_decode(sec["data"]["token"].get<std::string>());
+            token = base64_decode(sec["data"]["token"].get<std::string>());
             return true;
           }
         }

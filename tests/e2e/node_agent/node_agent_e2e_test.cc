@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "common/kube/client.h"
+#include "tests/ctest_env.h"
 
 namespace fs = std::filesystem;
 using namespace railyard::kube;
@@ -25,13 +26,7 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-std::string env(const char* name) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') {
-    throw std::runtime_error(std::string(name) + " is not set: run through ctest (the e2e_cluster fixture sets it)");
-  }
-  return v;
-}
+std::string env(const char* name) { return railyard::test::fixture_env(name, "e2e_cluster"); }
 
 Client& admin() {
   static Client c(load_kubeconfig(env("KUBECONFIG")));

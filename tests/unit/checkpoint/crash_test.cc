@@ -39,12 +39,7 @@ const GlobalState& base_state() {
 // Forks a child that generates the state of `step`, writes one byte to the pipe, then saves and exits 0 when
 // committed. Returns the pid and the read end of the pipe.
 std::pair<pid_t, int> start_saver(const std::string& root, int64_t step) {
-  int fds[2];
-  REQUIRE(::pipe(fds) == 0);
-  pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    ::close(fds[0]);
+  return fork_child([&](int fd) {
     int code = 1;
     try {
       GlobalState g = step_state(base_state(), step);
@@ -54,23 +49,14 @@ std::pair<pid_t, int> start_saver(const std::string& root, int64_t step) {
       o.keep = 2;
       Writer w(o);
       char b = 'x';
-      if (::write(fds[1], &b, 1) != 1) ::_exit(5);
+      if (::write(fd, &b, 1) != 1) ::_exit(5);
       w.snapshot(step, rs.shards, {{"step", step}});
       code = w.wait(step, Clock::now() + std::chrono::seconds(60)).state == SaveState::Committed ? 0 : 3;
     } catch (...) {
       code = 4;
     }
-    ::_exit(code);
-  }
-  ::close(fds[1]);
-  return {pid, fds[0]};
-}
-
-void wait_ready(int fd) {
-  char b = 0;
-  ssize_t n = ::read(fd, &b, 1);
-  ::close(fd);
-  REQUIRE(n == 1);
+    return code;
+  });
 }
 
 }  // namespace

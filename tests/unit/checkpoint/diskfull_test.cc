@@ -116,12 +116,7 @@ TEST_CASE("disk full during save fails cleanly and keeps the previous checkpoint
   }
   MESSAGE("disk-full mechanism: RLIMIT_FSIZE 2 MiB in a child, SIGXFSZ ignored (EFBIG); mount failed: "
           << std::string(std::strerror(errno)));
-  int fds[2];
-  REQUIRE(::pipe(fds) == 0);
-  pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    ::close(fds[0]);
+  const auto [pid, fd] = fork_child([&](int out) {
     ::signal(SIGXFSZ, SIG_IGN);
     struct rlimit lim {
       2u << 20, 2u << 20
@@ -133,15 +128,14 @@ TEST_CASE("disk full during save fails cleanly and keeps the previous checkpoint
     } catch (const std::exception& e) {
       problems = std::string("exception: ") + e.what();
     }
-    if (!problems.empty() && ::write(fds[1], problems.data(), problems.size()) < 0) ::_exit(3);
-    ::_exit(problems.empty() ? 0 : 1);
-  }
-  ::close(fds[1]);
+    if (!problems.empty() && ::write(out, problems.data(), problems.size()) < 0) ::_exit(3);
+    return problems.empty() ? 0 : 1;
+  });
   std::string problems;
   char buf[512];
   ssize_t n;
-  while ((n = ::read(fds[0], buf, sizeof buf)) > 0) problems.append(buf, static_cast<size_t>(n));
-  ::close(fds[0]);
+  while ((n = ::read(fd, buf, sizeof buf)) > 0) problems.append(buf, static_cast<size_t>(n));
+  ::close(fd);
   int st = 0;
   ::waitpid(pid, &st, 0);
   CHECK_MESSAGE((WIFEXITED(st) && WEXITSTATUS(st) == 0), problems);

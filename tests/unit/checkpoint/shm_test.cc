@@ -135,24 +135,16 @@ TEST_CASE("shm: a writer killed mid-put never yields a wrong snapshot") {
   for (int i = 0; i < 8; ++i) {
     const int64_t step = 100 + i;
     GlobalState g = GlobalState::make(defs, static_cast<uint64_t>(step));
-    int fds[2];
-    REQUIRE(::pipe(fds) == 0);
-    pid_t pid = ::fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      ::close(fds[0]);
+    const auto [pid, fd] = fork_child([&](int ready) {
       RankState rs = rank_state(g, Layout{}, 0);
       ShmStore store(name);
       store.put(step, rs.shards);
       char b = 'x';
-      if (::write(fds[1], &b, 1) != 1) ::_exit(2);
+      if (::write(ready, &b, 1) != 1) ::_exit(2);
       for (int k = 0; k < 1000; ++k) store.put(step, rs.shards);  // keep writing until killed
-      ::_exit(0);
-    }
-    ::close(fds[1]);
-    char b = 0;
-    REQUIRE(::read(fds[0], &b, 1) == 1);
-    ::close(fds[0]);
+      return 0;
+    });
+    wait_ready(fd);
     std::this_thread::sleep_for(std::chrono::microseconds(rng() % 30000));
     ::kill(pid, SIGKILL);
     ::waitpid(pid, nullptr, 0);

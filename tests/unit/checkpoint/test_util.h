@@ -4,6 +4,8 @@
 
 #include <doctest/doctest.h>
 #include <stdlib.h>
+#include <sys/types.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
@@ -11,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "checkpoint/format.h"
@@ -137,6 +140,30 @@ inline size_t count_mismatches(const GlobalState& g, const std::map<std::string,
 inline std::vector<TensorDef> small_gpt(bool with_optimizer) {
   // L=4 C=32 maxT=16 Vp=128: divisible by tp up to 4, layers by pp up to 4.
   return gpt_tensor_defs(4, 32, 16, 128, with_optimizer);
+}
+
+// Forks a child that runs `child(fd)`, fd the write end of a pipe to the parent, and _exits with what it returns.
+// Returns the child's pid and the read end: the crash tests' way to learn that a child has got to a given point.
+template <class Child>
+std::pair<pid_t, int> fork_child(Child&& child) {
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::close(fds[0]);
+    ::_exit(child(fds[1]));
+  }
+  ::close(fds[1]);
+  return {pid, fds[0]};
+}
+
+// Waits for the byte a fork_child child writes when it is ready, and closes the pipe.
+inline void wait_ready(int fd) {
+  char b = 0;
+  ssize_t n = ::read(fd, &b, 1);
+  ::close(fd);
+  REQUIRE(n == 1);
 }
 
 }  // namespace railyard::ckpt::test

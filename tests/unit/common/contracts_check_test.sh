@@ -5,16 +5,14 @@
 set -euo pipefail
 src=${RAILYARD_SOURCE_DIR:?}
 check="$src/tools/contracts_check/contracts.py"
-python3 "$check" "$src"
-
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-tar -C "$src" --exclude=./build --exclude='./build-*' --exclude=./.git -cf - . | tar -C "$tmp" -xf -
+# shellcheck source=tool_check_lib.sh
+source "$(dirname "$0")/tool_check_lib.sh"
+copy_tree .
 
 # expect_failure NAME FILE PYTHON-EXPR-ON-s WANTED-TEXT: edits FILE of the copy, expects the check to fail naming
 # WANTED-TEXT, then restores FILE.
 expect_failure() {
-  local name=$1 file=$2 edit=$3 want=$4 out rc=0
+  local name=$1 file=$2 edit=$3 want=$4
   cp "$tmp/$file" "$tmp/$file.orig"
   python3 - "$tmp/$file" "$edit" <<'PY'
 import sys
@@ -24,18 +22,7 @@ t = eval(edit)
 assert t != s, "the edit changed nothing: " + edit
 open(p, "w").write(t)
 PY
-  out=$(python3 "$check" "$tmp" 2>&1) || rc=$?
-  mv "$tmp/$file.orig" "$tmp/$file"
-  if [[ $rc -eq 0 ]]; then
-    echo "FAIL $name: the check passed"
-    exit 1
-  fi
-  if ! grep -qF -- "$want" <<<"$out"; then
-    echo "FAIL $name: no '$want' in:"
-    echo "$out"
-    exit 1
-  fi
-  echo "ok   $name"
+  expect_check_fails "$name" "$file" "$want"
 }
 
 expect_failure "a metric name defined twice with two types" common/metrics/names.h \

@@ -4,17 +4,14 @@
 set -euo pipefail
 src=${RAILYARD_SOURCE_DIR:?}
 check="$src/tools/layering/layering.py"
-python3 "$check" "$src"
-
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-tar -C "$src" --exclude=./build --exclude='./build-*' --exclude=./.git -cf - operator worker monitor cli common planner \
-  checkpoint deploy/local/node_agent tools | tar -C "$tmp" -xf -
+# shellcheck source=tool_check_lib.sh
+source "$(dirname "$0")/tool_check_lib.sh"
+copy_tree operator worker monitor cli common planner checkpoint deploy/local/node_agent tools
 
 # expect_failure NAME FILE LINE WANTED-TEXT: adds LINE after the first #include of FILE in the copy, expects the check
 # to fail naming WANTED-TEXT, then restores FILE.
 expect_failure() {
-  local name=$1 file=$2 line=$3 want=$4 out rc=0
+  local name=$1 file=$2 line=$3 want=$4
   cp "$tmp/$file" "$tmp/$file.orig"
   python3 - "$tmp/$file" "$line" <<'PY'
 import re, sys
@@ -24,18 +21,7 @@ m = re.search(r'^#include .*\n', s, re.M)
 assert m, "no #include in " + p
 open(p, "w").write(s[:m.end()] + line + "\n" + s[m.end():])
 PY
-  out=$(python3 "$check" "$tmp" 2>&1) || rc=$?
-  mv "$tmp/$file.orig" "$tmp/$file"
-  if [[ $rc -eq 0 ]]; then
-    echo "FAIL $name: the check passed"
-    exit 1
-  fi
-  if ! grep -qF -- "$want" <<<"$out"; then
-    echo "FAIL $name: no '$want' in:"
-    echo "$out"
-    exit 1
-  fi
-  echo "ok   $name"
+  expect_check_fails "$name" "$file" "$want"
 }
 
 expect_failure "an include loop" worker/cmd/config_file.h '#include "worker/cmd/command_line.h"' \

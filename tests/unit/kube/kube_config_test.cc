@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "common/kube/client.h"
+#include "tests/unit/kube/kube_test_util.h"
 
 namespace fs = std::filesystem;
 using namespace railyard::kube;
@@ -17,22 +18,7 @@ const char* kCa = "-----BEGIN CERTIFICATE-----\nMIIBfakeCA\n-----END CERTIFICATE
 const char* kCert = "-----BEGIN CERTIFICATE-----\nMIIBfakeCLIENT\n-----END CERTIFICATE-----\n";
 const char* kKey = "-----BEGIN PRIVATE KEY-----\nMIIBfakeKEY\n-----END PRIVATE KEY-----\n";
 
-std::string b64(const std::string& in) {
-  static const char* t = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  int val = 0, bits = -6;
-  for (unsigned char c : in) {
-    val = (val << 8) + c;
-    bits += 8;
-    while (bits >= 0) {
-      out.push_back(t[(val >> bits) & 0x3F]);
-      bits -= 6;
-    }
-  }
-  if (bits > -6) out.push_back(t[((val << 8) >> (bits + 8)) & 0x3F]);
-  while (out.size() % 4) out.push_back('=');
-  return out;
-}
+using railyard::kube::testing::b64;
 
 struct TempDir {
   fs::path path;

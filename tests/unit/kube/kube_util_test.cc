@@ -236,26 +236,28 @@ TEST_CASE("object helpers") {
 
 TEST_CASE("leader election: a candidate takes over early by at most what keeps two leaders apart") {
   using std::chrono::milliseconds;
-  railyard::kube::LeaderElectorOptions o;
-  // The operator's defaults 15/10/2: the whole retry period (lease - deadline - retry = 3 s allows it).
-  o.lease_duration = milliseconds(15000);
-  o.renew_deadline = milliseconds(10000);
-  o.retry_period = milliseconds(2000);
-  CHECK(railyard::kube::takeover_margin(o) == milliseconds(2000));
-  // The operator e2e's 6/4/1: exactly room for it.
-  o.lease_duration = milliseconds(6000);
-  o.renew_deadline = milliseconds(4000);
-  o.retry_period = milliseconds(1000);
-  CHECK(railyard::kube::takeover_margin(o) == milliseconds(1000));
-  // 4/3/1: a leader may keep acting until 3 s + 1 s after its last renewal, so no margin at all.
-  o.lease_duration = milliseconds(4000);
-  o.renew_deadline = milliseconds(3000);
-  CHECK(railyard::kube::takeover_margin(o) == milliseconds(0));
-  // 10/8/1.5: only the 0.5 s left between the leader's give-up and the lease's end.
-  o.lease_duration = milliseconds(10000);
-  o.renew_deadline = milliseconds(8000);
-  o.retry_period = milliseconds(1500);
-  CHECK(railyard::kube::takeover_margin(o) == milliseconds(500));
+  struct Case {
+    int lease_ms, deadline_ms, retry_ms, margin_ms;
+  };
+  for (const Case& c : {
+           // The operator's defaults 15/10/2: the whole retry period (lease - deadline - retry = 3 s allows it).
+           Case{15000, 10000, 2000, 2000},
+           // The operator e2e's 6/4/1: exactly room for it.
+           Case{6000, 4000, 1000, 1000},
+           // 4/3/1: a leader may keep acting until 3 s + 1 s after its last renewal, so no margin at all.
+           Case{4000, 3000, 1000, 0},
+           // 10/8/1.5: only the 0.5 s left between the leader's give-up and the lease's end.
+           Case{10000, 8000, 1500, 500},
+       }) {
+    CAPTURE(c.lease_ms);
+    CAPTURE(c.deadline_ms);
+    CAPTURE(c.retry_ms);
+    railyard::kube::LeaderElectorOptions o;
+    o.lease_duration = milliseconds(c.lease_ms);
+    o.renew_deadline = milliseconds(c.deadline_ms);
+    o.retry_period = milliseconds(c.retry_ms);
+    CHECK(railyard::kube::takeover_margin(o) == milliseconds(c.margin_ms));
+  }
 }
 
 TEST_CASE("base64 of Secret data: padding, empty input, and malformed input refused") {

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <string_view>
 #include <vector>
@@ -41,6 +42,22 @@ Policy fast_policy() {
   p.unreachable_s = 5;
   p.straggler_window_s = 6;
   return p;
+}
+
+// One evaluation a second (t = 0, 1, ...) of steps 1 to 39 of ranks 0, 1 and 2, `obs(r, i, t)` rank r's observation
+// at step i, until a verdict; none may come by step `quiet_through`.
+std::optional<Verdict> first_verdict(const std::function<RankObs(int r, int i, double t)>& obs, int quiet_through) {
+  Evaluator ev;
+  const Policy p = fast_policy();
+  double t = 0;
+  std::optional<Verdict> v;
+  for (int i = 1; i < 40 && !v; ++i, t += 1) {
+    std::map<int, RankObs> m;
+    for (int r = 0; r < 3; ++r) m[r] = obs(r, i, t);
+    v = ev.evaluate(kJob, 0, m, p, t);
+    if (i <= quiet_through) CHECK_FALSE(v);
+  }
+  return v;
 }
 
 }  // namespace
@@ -263,22 +280,15 @@ TEST_CASE("straggler: above factor x median of the others for the window; a shor
 }
 
 TEST_CASE("straggler: step time from the histogram's _sum/_count deltas") {
-  Evaluator ev;
-  Policy p = fast_policy();
-  double t = 0;
-  std::optional<Verdict> v;
-  for (int i = 1; i < 40 && !v; ++i, t += 1) {
-    std::map<int, RankObs> m;
-    for (int r = 0; r < 3; ++r) {
-      RankObs o = rank(r, i, t, 0);
-      // Ranks 0,1: 0.5 s per step always. Rank 2: 0.5 s for 10 steps, then 2 s per step.
-      o.duration_count = i;
-      o.duration_sum = r < 2 ? 0.5 * i : (i <= 10 ? 0.5 * i : 5 + 2.0 * (i - 10));
-      m[r] = o;
-    }
-    v = ev.evaluate(kJob, 0, m, p, t);
-    if (i <= 10) CHECK_FALSE(v);
-  }
+  const std::optional<Verdict> v = first_verdict(
+      [](int r, int i, double t) {
+        RankObs o = rank(r, i, t, 0);
+        // Ranks 0,1: 0.5 s per step always. Rank 2: 0.5 s for 10 steps, then 2 s per step.
+        o.duration_count = i;
+        o.duration_sum = r < 2 ? 0.5 * i : (i <= 10 ? 0.5 * i : 5 + 2.0 * (i - 10));
+        return o;
+      },
+      /*quiet_through=*/10);
   REQUIRE(v);
   CHECK(v->rule == "straggler");
   CHECK(v->rank == 2);
@@ -289,21 +299,14 @@ TEST_CASE("straggler: in a synchronous job the compute time per step tells the s
   // Data parallel in lock step: every rank's step takes 1.0 s of wall time. Ranks 0 and 1 compute 0.2 s of it and
   // wait for rank 2, which computes 0.9 s from step 6 on. Wall time alone names nobody; the compute counters name
   // rank 2.
-  Evaluator ev;
-  Policy p = fast_policy();
-  double t = 0;
-  std::optional<Verdict> v;
-  for (int i = 1; i < 40 && !v; ++i, t += 1) {
-    std::map<int, RankObs> m;
-    for (int r = 0; r < 3; ++r) {
-      RankObs o = rank(r, i, t, 1.0);
-      o.steps_total = i;
-      o.compute_total = (r == 2 && i > 5 ? 0.9 : 0.2) * i;
-      m[r] = o;
-    }
-    v = ev.evaluate(kJob, 0, m, p, t);
-    if (i <= 6) CHECK_FALSE(v);
-  }
+  const std::optional<Verdict> v = first_verdict(
+      [](int r, int i, double t) {
+        RankObs o = rank(r, i, t, 1.0);
+        o.steps_total = i;
+        o.compute_total = (r == 2 && i > 5 ? 0.9 : 0.2) * i;
+        return o;
+      },
+      /*quiet_through=*/6);
   REQUIRE(v);
   CHECK(v->rule == "straggler");
   CHECK(v->rank == 2);
@@ -312,7 +315,8 @@ TEST_CASE("straggler: in a synchronous job the compute time per step tells the s
 
   // Without the compute counters the same job shows no straggler (equal wall times): the rule falls back to them.
   Evaluator plain;
-  t = 0;
+  const Policy p = fast_policy();
+  double t = 0;
   for (int i = 1; i < 40; ++i, t += 1)
     CHECK_FALSE(
         plain.evaluate(kJob, 0, {{0, rank(0, i, t, 1.0)}, {1, rank(1, i, t, 1.0)}, {2, rank(2, i, t, 1.0)}}, p, t));
@@ -322,18 +326,16 @@ TEST_CASE("straggler: compute time per step is a rate over a few seconds, not on
   // Rank 1 computes 0.9 s and 0.3 s per step in turn (a slow node whose stalls land in some steps only): one
   // evaluation alone is sometimes below 2 x rank 0's 0.2 s, which would restart the window every other second; over
   // the horizon it is 0.6 s, 3x.
-  Evaluator ev;
-  Policy p = fast_policy();
-  double t = 0, c1 = 0;
-  std::optional<Verdict> v;
-  for (int i = 1; i < 40 && !v; ++i, t += 1) {
-    c1 += i % 2 ? 0.9 : 0.3;
-    RankObs r0 = rank(0, i, t, 1.0), r1 = rank(1, i, t, 1.0), r2 = rank(2, i, t, 1.0);
-    r0.steps_total = r1.steps_total = r2.steps_total = i;
-    r0.compute_total = r2.compute_total = 0.2 * i;
-    r1.compute_total = c1;
-    v = ev.evaluate(kJob, 0, {{0, r0}, {1, r1}, {2, r2}}, p, t);
-  }
+  double c1 = 0;
+  const std::optional<Verdict> v = first_verdict(
+      [&](int r, int i, double t) {
+        RankObs o = rank(r, i, t, 1.0);
+        o.steps_total = i;
+        if (r == 1) c1 += i % 2 ? 0.9 : 0.3;
+        o.compute_total = r == 1 ? c1 : 0.2 * i;
+        return o;
+      },
+      /*quiet_through=*/0);
   REQUIRE(v);
   CHECK(v->rule == "straggler");
   CHECK(v->rank == 1);

@@ -8,22 +8,14 @@
 
 #include "common/atomic_file.h"
 #include "common/error.h"
+#include "tests/unit/node_agent/temp_dir.h"
 
 namespace na = railyard::node_agent;
 
-namespace {
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/na-ctl-XXXXXX";
-    path = mkdtemp(tmpl);
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-};
-}  // namespace
+using railyard::node_agent::testing::TempDir;
 
 TEST_CASE("control endpoint: port file, success replies, errors become one-line messages") {
-  TempDir d;
+  TempDir d("na-ctl");
   std::string seen_action;
   {
     na::ControlServer server(d.path, [&](const std::string& action, const nlohmann::json& args) -> nlohmann::json {

@@ -7,18 +7,11 @@
 #include <fstream>
 #include <set>
 
+#include "tests/unit/node_agent/temp_dir.h"
+
 namespace na = railyard::node_agent;
 
-namespace {
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/na-ip-XXXXXX";
-    path = mkdtemp(tmpl);
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-};
-}  // namespace
+using railyard::node_agent::testing::TempDir;
 
 TEST_CASE("ip parse/format") {
   CHECK(na::parse_ipv4("127.16.0.1") == ((127u << 24) | (16u << 16) | 1u));
@@ -47,7 +40,7 @@ TEST_CASE("ip allocator: unique loopback addresses, never 127.0.0.1, stable per 
 }
 
 TEST_CASE("ip allocator: persisted across restarts, released addresses not reused at once") {
-  TempDir d;
+  TempDir d("na-ip");
   std::string file = d.path + "/ips.json";
   std::string ip_a, ip_b;
   {
@@ -79,7 +72,7 @@ TEST_CASE("ip allocator: exhaustion is a clear error; corrupt file names the fil
   a.release("2");
   CHECK(a.allocate("4") == "127.20.1.1");
 
-  TempDir d;
+  TempDir d("na-ip");
   std::string file = d.path + "/ips.json";
   std::ofstream(file) << "{not json";
   auto load = [&] { na::IpAllocator reloaded(file); };

@@ -9,23 +9,15 @@
 
 #include "common/atomic_file.h"
 #include "common/error.h"
+#include "tests/unit/node_agent/temp_dir.h"
 
 namespace na = railyard::node_agent;
 using namespace std::chrono_literals;
 
-namespace {
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/na-procs-XXXXXX";
-    path = mkdtemp(tmpl);
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-};
-}  // namespace
+using railyard::node_agent::testing::TempDir;
 
 TEST_CASE("process list: a restarted agent kills what the earlier run recorded, and nothing else") {
-  TempDir d;
+  TempDir d("na-procs");
   const std::string file = d.path + "/processes.json";
   na::Supervisor sup;
   sup.start("uid-1", {{"sleep", "30"}, {}, d.path, d.path + "/uid-1.log"});

@@ -14,20 +14,14 @@
 #include <thread>
 
 #include "deploy/local/node_agent/signals.h"
+#include "tests/unit/node_agent/temp_dir.h"
 
 namespace na = railyard::node_agent;
 using namespace std::chrono_literals;
 
-namespace {
+using railyard::node_agent::testing::TempDir;
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/na-sup-XXXXXX";
-    path = mkdtemp(tmpl);
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-};
+namespace {
 
 // Records exits reported by the supervisor's callback.
 struct Exits {
@@ -101,7 +95,7 @@ pid_t read_pid(const std::string& path) {
 }  // namespace
 
 TEST_CASE("supervisor: exit codes, env, working dir and log file") {
-  TempDir d;
+  TempDir d("na-sup");
   Exits exits;
   na::Supervisor sup(exits.callback());
   sup.start("a", sh(d, "echo out $GREETING; echo err >&2; pwd; exit 3"));
@@ -123,7 +117,7 @@ TEST_CASE("supervisor: exit codes, env, working dir and log file") {
 }
 
 TEST_CASE("supervisor: exec failure is a SpawnError naming the command") {
-  TempDir d;
+  TempDir d("na-sup");
   na::Supervisor sup;
   na::SpawnSpec spec{{"/nonexistent/binary"}, {}, d.path, d.path + "/x.log"};
   CHECK_THROWS_WITH_AS(sup.start("x", spec), doctest::Contains("/nonexistent/binary"), na::SpawnError);
@@ -136,7 +130,7 @@ TEST_CASE("supervisor: exec failure is a SpawnError naming the command") {
 }
 
 TEST_CASE("supervisor: death by signal") {
-  TempDir d;
+  TempDir d("na-sup");
   Exits exits;
   na::Supervisor sup(exits.callback());
   sup.start("k", sh(d, "sleep 30"));
@@ -152,7 +146,7 @@ TEST_CASE("supervisor: death by signal") {
 }
 
 TEST_CASE("supervisor: SIGTERM is delivered and handled within the grace period") {
-  TempDir d;
+  TempDir d("na-sup");
   Exits exits;
   na::Supervisor sup(exits.callback());
   std::string marker = d.path + "/marker";
@@ -168,7 +162,7 @@ TEST_CASE("supervisor: SIGTERM is delivered and handled within the grace period"
 }
 
 TEST_CASE("supervisor: SIGKILL after the grace period when SIGTERM is ignored") {
-  TempDir d;
+  TempDir d("na-sup");
   Exits exits;
   na::Supervisor sup(exits.callback());
   sup.start("i", sh(d, "trap '' TERM; echo 1 > " + d.path + "/ready; while :; do sleep 0.1; done"));
@@ -187,7 +181,7 @@ TEST_CASE("supervisor: SIGKILL after the grace period when SIGTERM is ignored") 
 }
 
 TEST_CASE("supervisor: signals reach the whole process group, grandchildren included") {
-  TempDir d;
+  TempDir d("na-sup");
   Exits exits;
   na::Supervisor sup(exits.callback());
   std::string pidfile = d.path + "/grandchild";
@@ -222,7 +216,7 @@ TEST_CASE("supervisor: signals reach the whole process group, grandchildren incl
 }
 
 TEST_CASE("supervisor: what is left of a group dies with its main process") {
-  TempDir d;
+  TempDir d("na-sup");
   na::Supervisor sup;
   std::string pidfile = d.path + "/bg";
   sup.start("b", sh(d, "sleep 300 & echo $! > " + pidfile + "; exit 0"));
@@ -233,7 +227,7 @@ TEST_CASE("supervisor: what is left of a group dies with its main process") {
 }
 
 TEST_CASE("supervisor: stop_all terminates everything, destructor does not hang") {
-  TempDir d;
+  TempDir d("na-sup");
   auto t0 = std::chrono::steady_clock::now();
   {
     na::Supervisor sup;

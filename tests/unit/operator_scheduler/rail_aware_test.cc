@@ -65,6 +65,13 @@ PlacementRequest gpu_job(int pods, int64_t gpus = 8) {
 std::string unit_of(const std::string& node) { return node.substr(7, 2); }  // "rynode-u2-n1" -> "u2"
 int leaf_of(const std::string& node) { return (node[8] - '0') / 2; }
 
+// A refused gang: nothing bound, `missing` nodes short, and the message that says why.
+void check_refused(const PlacementResult& r, int missing, const std::string& message) {
+  CHECK_FALSE(r.ok);
+  CHECK(r.nodes.empty());
+  CHECK(r.missing == missing);
+  CHECK(r.message == message);
+}
 }  // namespace
 
 TEST_CASE("topology: hops by tier, rails, and defaults for unlabelled nodes") {
@@ -230,12 +237,9 @@ TEST_CASE("an excluded node is never chosen, and the message names it") {
   }
   req.pods = 6;
   auto r = p.place(req, nodes);
-  CHECK_FALSE(r.ok);
-  CHECK(r.nodes.empty());
-  CHECK(r.missing == 1);
-  CHECK(r.message ==
-        "needs 6 nodes with 8 free nvidia.com/gpu; 5 of 8 nodes fit, 3 excluded by failure (rynode-u0-n0, "
-        "rynode-u0-n1, rynode-u1-n0); none bound");
+  check_refused(r, 1,
+                "needs 6 nodes with 8 free nvidia.com/gpu; 5 of 8 nodes fit, 3 excluded by failure (rynode-u0-n0, "
+                "rynode-u0-n1, rynode-u1-n0); none bound");
 }
 
 TEST_CASE("hard mode: one domain of the widest key or nothing, with a message that says why") {
@@ -247,12 +251,9 @@ TEST_CASE("hard mode: one domain of the widest key or nothing, with a message th
   req.hard = true;
   req.excluded_nodes = {"rynode-u1-n1"};
   auto r = p.place(req, nodes);
-  CHECK_FALSE(r.ok);
-  CHECK(r.nodes.empty());
-  CHECK(r.missing == 1);
-  CHECK(r.message ==
-        "needs 4 nodes with 8 free nvidia.com/gpu in one leaf (placement.mode hard); largest leaf leaf0 has 3 "
-        "(rynode-u1-n1 excluded by failure); none bound");
+  check_refused(r, 1,
+                "needs 4 nodes with 8 free nvidia.com/gpu in one leaf (placement.mode hard); largest leaf leaf0 has 3 "
+                "(rynode-u1-n1 excluded by failure); none bound");
   req.hard = false;  // soft: takes the best available across the spine
   r = p.place(req, nodes);
   REQUIRE(r.ok);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "tests/unit/worker_comm/comm_test_util.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/tcp_store.h"
@@ -80,11 +81,7 @@ TEST_CASE("wait throws CommTimeout naming the missing key within the timeout") {
 }
 
 TEST_CASE("connecting to a port nobody serves fails with the address after the timeout") {
-  int port;
-  {
-    TcpStoreServer probe("127.0.0.1", 0);
-    port = probe.port();
-  }
+  const int port = testing::free_store_port();
   auto t0 = std::chrono::steady_clock::now();
   try {
     TcpStore s("127.0.0.1", port, "g0", milliseconds(300));
@@ -221,11 +218,7 @@ TEST_CASE("a store with a token serves only clients that present it, and never s
 }
 
 TEST_CASE("connect_gloo: ranks with the store token connect, a rank with another token is refused") {
-  int port;
-  {
-    TcpStoreServer probe("127.0.0.1", 0);
-    port = probe.port();
-  }
+  const int port = testing::free_store_port();
   auto options = [&](int rank, const std::string& token) {
     GlooOptions o;
     o.store_port = port;
@@ -313,11 +306,7 @@ TEST_CASE("connect_gloo: bad options name the field") {
 }
 
 TEST_CASE("connect_gloo with rank 0 serving the store on a fixed port, as under the agent") {
-  int port;
-  {
-    TcpStoreServer probe("127.0.0.1", 0);
-    port = probe.port();
-  }
+  const int port = testing::free_store_port();
   std::vector<float> got(2);
   std::vector<std::thread> ts;
   for (int r = 0; r < 2; ++r) {

@@ -17,6 +17,7 @@
 #include "common/tls/channel.h"
 #include "common/tls/job_identity.h"
 #include "tests/recording_proxy.h"
+#include "tests/unit/worker_comm/comm_test_util.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/tcp_store.h"
@@ -155,11 +156,7 @@ TEST_CASE("a TLS store refuses a client without TLS, one of another job, and a T
 
 TEST_CASE("connect_gloo over a TLS store; the identity comes from RAILYARD_PEER_TLS_*, malformed ones are named") {
   Job job("a");
-  int port;
-  {
-    TcpStoreServer probe("127.0.0.1", 0);
-    port = probe.port();
-  }
+  const int port = testing::free_store_port();
   auto options = [&](int rank) {
     GlooOptions o;
     o.store_port = port;

@@ -31,14 +31,19 @@ std::string eval_val_loss(const std::string& out) {
   return m[1];
 }
 
+// Shards of the GPL text in DIR/data, a fifth of it for validation; returns that directory.
+std::string prepare_data(const TempDir& dir) {
+  const std::string data = dir.file("data");
+  REQUIRE(run_command(bin("railyard") + " data prepare --input /usr/share/common-licenses/GPL-3 --output " + data +
+                      " --val-fraction 0.2")
+              .code == 0);
+  return data;
+}
 }  // namespace
 
 TEST_CASE("railyard eval prints the trainer's validation loss for an exported model and its checkpoints") {
   TempDir dir;
-  const std::string data = dir.file("data"), cli = bin("railyard"), worker = bin("railyard-worker");
-  REQUIRE(run_command(cli + " data prepare --input /usr/share/common-licenses/GPL-3 --output " + data +
-                      " --val-fraction 0.2")
-              .code == 0);
+  const std::string data = prepare_data(dir), cli = bin("railyard"), worker = bin("railyard-worker");
   const std::string shape = " --data " + data + " --batch 4 --seq 32 --threads 1";
   const auto train =
       run_command(worker + " train --model tiny --steps 20 --val-every 10 --val-steps 5" + shape + " --export " +
@@ -77,10 +82,7 @@ TEST_CASE("railyard eval prints the trainer's validation loss for an exported mo
 
 TEST_CASE("railyard eval reads a checkpoint a tensor-parallel ZeRO world wrote") {
   TempDir dir;
-  const std::string data = dir.file("data"), cli = bin("railyard"), worker = bin("railyard-worker");
-  REQUIRE(run_command(cli + " data prepare --input /usr/share/common-licenses/GPL-3 --output " + data +
-                      " --val-fraction 0.2")
-              .code == 0);
+  const std::string data = prepare_data(dir), cli = bin("railyard"), worker = bin("railyard-worker");
   const std::string shape = " --data " + data + " --batch 4 --seq 32 --threads 1";
   // dp 2 x tp 2, one micro-batch per step and rank: 5 validation batches run in 5 rounds.
   const auto train = run_command(worker + " train --nproc 4 --tp 2 --zero 1 --global-batch 256 --model tiny" +

@@ -2,6 +2,8 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <string>
+#include <vector>
 
 #include "tests/unit/worker_data/test_util.h"
 #include "worker/data/shard.h"
@@ -25,48 +27,38 @@ bool contains(const std::string& s, const std::string& part) { return s.find(par
 
 TEST_CASE("railyard --help and usage errors exit 0 and 2") {
   const std::string bin = cli();
-  auto r = run_command(bin + " --help");
-  CHECK(r.code == 0);
-  CHECK(contains(r.output, "data prepare --input FILE|URL..."));
-  CHECK(contains(r.output, "model inspect FILE"));
-
-  r = run_command(bin);
-  CHECK(r.code == 2);
-  CHECK(contains(r.output, "no command given"));
-  r = run_command(bin + " frobnicate");
-  CHECK(r.code == 2);
-  CHECK(contains(r.output, "unknown command 'frobnicate'"));
-  r = run_command(bin + " --frob");
-  CHECK(r.code == 2);
-  CHECK(contains(r.output, "unknown flag '--frob'"));
-  r = run_command(bin + " data shuffle");
-  CHECK(r.code == 2);
-  CHECK(contains(r.output, "unknown subcommand 'shuffle'"));
-  r = run_command(bin + " data prepare --input /usr/share/common-licenses/GPL-3 --outptu /tmp/x");
-  CHECK(r.code == 2);
-  CHECK(contains(r.output, "unknown flag '--outptu'"));
-  r = run_command(bin + " data prepare --input /usr/share/common-licenses/GPL-3");
-  CHECK(r.code == 2);
-  CHECK(contains(r.output, "--output DIR is required"));
-  r = run_command(bin + " data prepare --input a --output b --shard-tokens 12k");
-  CHECK(r.code == 2);
-  CHECK(contains(r.output, "--shard-tokens '12k' is not a non-negative integer"));
-  r = run_command(bin + " data prepare --input a --output b --val-fraction 1.5");
-  CHECK(r.code == 2);
-  r = run_command(bin + " data prepare --input a --output b --tokenizer sentencepiece");
-  CHECK(r.code == 2);
-  CHECK(contains(r.output, "--tokenizer 'sentencepiece' is not known (bytes, gpt2)"));
-  r = run_command(bin + " data prepare --input a --output b --vocab-dir /tmp");
-  CHECK(r.code == 2);
-  CHECK(contains(r.output, "--vocab-dir needs --tokenizer gpt2"));
-  // `ckpt` is dispatched to the checkpoint library's command line.
-  r = run_command(bin + " ckpt");
-  CHECK(r.code == 2);
-  CHECK(contains(r.output, "usage: railyard ckpt"));
-  r = run_command(bin + " model inspect");
-  CHECK(r.code == 2);
-  r = run_command(bin + " model export x");
-  CHECK(r.code == 2);
+  struct Case {
+    std::string args;  // after the binary
+    int code;
+    std::vector<std::string> says;  // each somewhere in the output
+  };
+  const std::vector<Case> cases = {
+      {" --help", 0, {"data prepare --input FILE|URL...", "model inspect FILE"}},
+      {"", 2, {"no command given"}},
+      {" frobnicate", 2, {"unknown command 'frobnicate'"}},
+      {" --frob", 2, {"unknown flag '--frob'"}},
+      {" data shuffle", 2, {"unknown subcommand 'shuffle'"}},
+      {" data prepare --input /usr/share/common-licenses/GPL-3 --outptu /tmp/x", 2, {"unknown flag '--outptu'"}},
+      {" data prepare --input /usr/share/common-licenses/GPL-3", 2, {"--output DIR is required"}},
+      {" data prepare --input a --output b --shard-tokens 12k",
+       2,
+       {"--shard-tokens '12k' is not a non-negative integer"}},
+      {" data prepare --input a --output b --val-fraction 1.5", 2, {}},
+      {" data prepare --input a --output b --tokenizer sentencepiece",
+       2,
+       {"--tokenizer 'sentencepiece' is not known (bytes, gpt2)"}},
+      {" data prepare --input a --output b --vocab-dir /tmp", 2, {"--vocab-dir needs --tokenizer gpt2"}},
+      // `ckpt` is dispatched to the checkpoint library's command line.
+      {" ckpt", 2, {"usage: railyard ckpt"}},
+      {" model inspect", 2, {}},
+      {" model export x", 2, {}},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.args);
+    const auto r = run_command(bin + c.args);
+    CHECK(r.code == c.code);
+    for (const std::string& part : c.says) CHECK(contains(r.output, part));
+  }
 }
 
 TEST_CASE("railyard data prepare and inspect on a real text file") {

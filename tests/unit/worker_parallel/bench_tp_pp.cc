@@ -9,11 +9,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "common/error.h"
+#include "tests/unit/worker_parallel/bench_util.h"
 #include "worker/comm/local_world.h"
 #include "worker/comm/process_groups.h"
 #include "worker/parallel/parallel_model.h"
@@ -22,20 +22,10 @@ using namespace railyard::worker;
 using namespace railyard::worker::parallel;
 namespace comm = railyard::worker::comm;
 
-namespace {
-
-int env_int(const char* name, int fallback) {
-  const std::string v = railyard::env_or(name, "");
-  return v.empty() ? fallback : std::stoi(v);
-}
-
-}  // namespace
-
 TEST_CASE("tp/pp step time split") {
-  const GptConfig cfg = model_preset(railyard::env_or("RAILYARD_BENCH_MODEL", "tiny"));
-  const int B = env_int("RAILYARD_BENCH_B", 4), T = env_int("RAILYARD_BENCH_T", 64);
-  const int M = env_int("RAILYARD_BENCH_M", 4), steps = env_int("RAILYARD_BENCH_STEPS", 3);
-  std::printf("model %s, B=%d T=%d M=%d, %d timed steps after 1 warm-up\n", describe(cfg).c_str(), B, T, M, steps);
+  const testing::BenchShape shape = testing::bench_shape(/*default_T=*/64, /*default_M=*/4);
+  const GptConfig& cfg = shape.cfg;
+  const int B = shape.B, T = shape.T, M = shape.M, steps = shape.steps;
   std::printf("%-10s %4s %10s %10s %10s %10s %10s\n", "layout", "rank", "step_s", "compute_s", "tp_comm_s", "pp_wait_s",
               "ideal_bub");
   struct L {
@@ -51,13 +41,7 @@ TEST_CASE("tp/pp step time split") {
       ThreadPool pool(1);
       ParallelModel model(cfg, B, T, M, pool, model_groups(groups));
       model.init_weights(1);
-      std::mt19937 rng(5);
-      auto next = [&](int32_t* in, int32_t* tgt) {
-        for (int i = 0; i < B * T; ++i) {
-          in[i] = static_cast<int32_t>(rng() % cfg.vocab_size);
-          tgt[i] = static_cast<int32_t>(rng() % cfg.vocab_size);
-        }
-      };
+      auto next = testing::random_micro_batches(cfg.vocab_size, B * T, 5);
       StepTimes sum;
       double secs = 0;
       for (int s = 0; s <= steps; ++s) {

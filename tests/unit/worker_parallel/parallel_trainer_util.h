@@ -17,11 +17,6 @@
 
 namespace railyard::worker::testing {
 
-struct LayoutRun {
-  std::vector<StepResult> steps;  // rank 0's (checked equal in loss on every rank)
-  std::vector<float> params;      // full buffer after the last step
-};
-
 // tc.steps steps on `layout` (dp x tp x pp ranks, micro-batches split over dp, 16 KiB dp buckets) from
 // StreamSource data. Every rank must log the same loss bits each step.
 inline LayoutRun run_parallel_trainer(const GptConfig& cfg, const TrainConfig& tc, comm::Layout layout) {

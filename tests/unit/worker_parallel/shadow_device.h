@@ -11,8 +11,11 @@
 #include <vector>
 
 #include "tests/unit/worker/shadow_cpu.h"
+#include "tests/unit/worker_parallel/trainer_test_util.h"
 #include "worker/comm/communicator.h"
+#include "worker/parallel/data_parallel.h"
 #include "worker/parallel/parallel_model.h"
+#include "worker/train/trainer.h"
 
 namespace railyard::worker::testing {
 
@@ -84,5 +87,41 @@ inline std::vector<std::unique_ptr<DeviceComm>> take_device_memory(parallel::Mod
   }
   return wrapped;
 }
+
+// Data-parallel options with these buckets, ZeRO stage and tree, and on the device the data-parallel state on `dev`'s
+// buffers with the gradients reduced over `grad_dev`, as railyard-worker wires NCCL on CUDA.
+inline parallel::DataParallelOptions device_dp_options(size_t bucket_bytes, int zero_stage, bool deterministic,
+                                                       bool device, Kernels<float>& dev, comm::Communicator* grad_dev) {
+  parallel::DataParallelOptions o;
+  o.bucket_bytes = bucket_bytes;
+  o.zero_stage = zero_stage;
+  o.deterministic = deterministic;
+  if (device) {
+    o.device = &dev;
+    o.device_dp = grad_dev;
+  }
+  return o;
+}
+
+// One rank of the plain Gpt trainer at dp = c.size() on StreamSource data (its share of the job's micro-batches), with
+// device_dp_options' data-parallel state: on the CPU, or with `device` on ShadowCpu, the gradients over a DeviceComm of
+// a group of its own, as railyard-worker wires NCCL on CUDA.
+struct DeviceDpTrainer {
+  DeviceDpTrainer(comm::Communicator& c, ThreadPool& pool, const GptConfig& cfg, const TrainConfig& tc,
+                  size_t bucket_bytes, int zero_stage, bool deterministic, bool device)
+      : dev(pool),
+        src(c.rank(), c.size(), tc.batch, tc.seq_len, cfg.vocab_size),
+        grad(c.dup("dp-grad")),
+        grad_dev(*grad, dev),
+        sync(parallel::gpt_data_parallel(
+            &c, cfg, tc, pool, device_dp_options(bucket_bytes, zero_stage, deterministic, device, dev, &grad_dev))),
+        trainer(cfg, tc, pool, src, nullptr, sync.get(), nullptr, device ? &dev : nullptr) {}
+  ShadowCpu dev;
+  StreamSource src;
+  std::unique_ptr<comm::Communicator> grad;
+  DeviceComm grad_dev;
+  std::unique_ptr<parallel::DataParallel> sync;
+  Trainer trainer;
+};
 
 }  // namespace railyard::worker::testing

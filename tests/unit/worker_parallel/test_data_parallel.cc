@@ -33,15 +33,8 @@ const GptConfig kCfg = make_gpt_config(/*L=*/2, /*C=*/64, /*NH=*/4, /*maxT=*/32,
 constexpr int kB = 2, kT = 32, kMicro = 4, kSteps = 10;
 
 TrainConfig train_config() {
-  TrainConfig tc;
-  tc.steps = kSteps;
-  tc.batch = kB;
-  tc.seq_len = kT;
-  tc.global_batch_tokens = static_cast<int64_t>(kMicro) * kB * kT;
-  tc.lr = 3e-3;
-  tc.warmup_steps = 2;
+  TrainConfig tc = testing::small_train_config(kSteps, kB, kT, kMicro, /*lr=*/3e-3, /*warmup_steps=*/2);
   tc.grad_clip = 1.0;
-  tc.quiet = true;
   return tc;
 }
 
@@ -51,16 +44,12 @@ struct Run {
 };
 
 Run single_process() {
-  ThreadPool pool(1);
-  testing::StreamSource src(0, 1, kB, kT, kCfg.vocab_size);
-  Trainer tr(kCfg, train_config(), pool, src);
-  Run out;
-  for (int s = 0; s < kSteps; ++s) {
-    const StepResult r = tr.step();
-    out.losses.push_back(r.loss);
-    out.norms.push_back(r.grad_norm);
+  const testing::LayoutRun r = testing::run_single_trainer(kCfg, train_config());
+  Run out{{}, {}, r.params};
+  for (const StepResult& s : r.steps) {
+    out.losses.push_back(s.loss);
+    out.norms.push_back(s.grad_norm);
   }
-  out.params.assign(tr.model().params(), tr.model().params() + tr.model().num_params());
   return out;
 }
 

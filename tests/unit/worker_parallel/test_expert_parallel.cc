@@ -31,15 +31,8 @@ GptConfig moe_config() {
 constexpr int kB = 2, kT = 16, kMicro = 4, kSteps = 6, kWorld = 4;
 
 TrainConfig train_config() {
-  TrainConfig tc;
-  tc.steps = kSteps;
-  tc.batch = kB;
-  tc.seq_len = kT;
-  tc.global_batch_tokens = static_cast<int64_t>(kMicro) * kB * kT;
-  tc.lr = 3e-3;
-  tc.warmup_steps = 1;
+  TrainConfig tc = testing::small_train_config(kSteps, kB, kT, kMicro, /*lr=*/3e-3, /*warmup_steps=*/1);
   tc.grad_clip = 1.0;
-  tc.quiet = true;
   return tc;
 }
 
@@ -55,13 +48,10 @@ void record(Run& out, const StepResult& r) {
 }
 
 Run single_process() {
-  ThreadPool pool(1);
-  const GptConfig cfg = moe_config();
-  testing::StreamSource src(0, 1, kB, kT, cfg.vocab_size);
-  Trainer tr(cfg, train_config(), pool, src);
+  const testing::LayoutRun r = testing::run_single_trainer(moe_config(), train_config());
   Run out;
-  for (int s = 0; s < kSteps; ++s) record(out, tr.step());
-  out.params.assign(tr.model().params(), tr.model().params() + tr.model().num_params());
+  for (const StepResult& s : r.steps) record(out, s);
+  out.params = r.params;
   return out;
 }
 

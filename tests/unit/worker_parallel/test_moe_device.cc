@@ -127,27 +127,9 @@ TrainRun train(bool device, int stage, bool deterministic) {
   std::mutex mu;
   comm::run_local_world(n, [&](comm::Communicator& c) {
     ThreadPool pool(1);
-    ShadowCpu dev(pool);
-    TrainConfig tc;
-    tc.steps = kSteps;
-    tc.batch = kB;
-    tc.seq_len = kT;
-    tc.global_batch_tokens = int64_t{2} * n * kB * kT;
-    tc.lr = 1e-2;
-    tc.quiet = true;
-    testing::StreamSource src(c.rank(), n, kB, kT, cfg.vocab_size);
-    auto grad = c.dup("dp-grad");
-    DeviceComm grad_dev(*grad, dev);
-    DataParallelOptions o;
-    o.bucket_bytes = 16 << 10;
-    o.zero_stage = stage;
-    o.deterministic = deterministic;
-    if (device) {
-      o.device = &dev;
-      o.device_dp = &grad_dev;
-    }
-    auto sync = gpt_data_parallel(&c, cfg, tc, pool, o);
-    Trainer tr(cfg, tc, pool, src, nullptr, sync.get(), nullptr, device ? &dev : nullptr);
+    const TrainConfig tc = testing::small_train_config(kSteps, kB, kT, 2 * n, 1e-2);
+    testing::DeviceDpTrainer rank(c, pool, cfg, tc, 16 << 10, stage, deterministic, device);
+    Trainer& tr = rank.trainer;
     std::vector<double> losses, aux;
     for (int s = 0; s < tc.steps; ++s) {
       const StepResult r = tr.step();
@@ -155,7 +137,7 @@ TrainRun train(bool device, int stage, bool deterministic) {
       aux.push_back(r.moe_aux_loss);
     }
     const TrainerState st = tr.state();
-    if (device) CHECK(grad_dev.device_calls > 0);  // the gradients travelled as device memory
+    if (device) CHECK(rank.grad_dev.device_calls > 0);  // the gradients travelled as device memory
     std::lock_guard<std::mutex> lock(mu);
     res.losses[c.rank()] = losses;
     res.aux[c.rank()] = aux;
@@ -241,14 +223,8 @@ EpRun ep_train(bool device, int n, int ep, bool sharded, int stage, bool determi
   comm::run_local_world(n, [&](comm::Communicator& c) {
     ThreadPool pool(1);
     ShadowCpu dev(pool);
-    TrainConfig tc;
-    tc.steps = kSteps;
-    tc.batch = kB;
-    tc.seq_len = kT;
-    tc.global_batch_tokens = int64_t{2} * n * kB * kT;
-    tc.lr = 1e-2;
+    TrainConfig tc = testing::small_train_config(kSteps, kB, kT, 2 * n, 1e-2);
     tc.grad_clip = grad_clip;
-    tc.quiet = true;
     testing::StreamSource src(c.rank(), n, kB, kT, cfg.vocab_size);
     DeviceComm dp_dev(c, dev);  // the NCCL dp group of DistSetup::device_groups
     ExpertParallel xp(c, {ep, "flat", 0, deterministic}, device ? &dp_dev : nullptr);
@@ -407,15 +383,7 @@ StageRun stage_run(bool device, int tp, int pp, bool sp, const testing::TokenDat
     model.init_weights(7);
     model.zero_grad();
     const size_t N = kB * kT;
-    int next = 0;
-    const double loss = model.forward_backward(
-        M,
-        [&](int32_t* in, int32_t* tgt) {
-          std::memcpy(in, data.in.data() + next * N, N * sizeof(int32_t));
-          std::memcpy(tgt, data.tgt.data() + next * N, N * sizeof(int32_t));
-          ++next;
-        },
-        1.0f / M);
+    const double loss = model.forward_backward(M, testing::micro_batches(data.in, data.tgt, 0, N), 1.0f / M);
     model.finish_grads();
     std::vector<ShardSlice> primary;
     for (const ShardSlice& s : model.shard_map())

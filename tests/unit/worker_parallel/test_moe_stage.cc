@@ -55,21 +55,14 @@ struct Grads {
 };
 
 Grads single_process(const Data& d, int M) {
-  ThreadPool pool(1);
-  Gpt<float> model(kCfg, kB, kT, pool);
-  model.init_weights(kSeed);
-  model.zero_grad();
   Grads r;
-  const size_t N = kB * kT;
-  for (int m = 0; m < M; ++m) {
-    r.loss += model.forward(d.in.data() + m * N, d.tgt.data() + m * N, Gpt<float>::Mode::kTrain, 1.0f / M);
-    model.backward(true);
+  testing::AccumulatedGrads a = testing::accumulate_grads(kCfg, kB, kT, kSeed, d, M, [&](const Gpt<float>& model) {
     r.stats.aux_loss += model.moe_stats().aux_loss;
     r.stats.assignments += model.moe_stats().assignments;
     r.stats.dropped += model.moe_stats().dropped;
-  }
-  r.loss /= M;
-  r.grads.assign(model.grads(), model.grads() + model.num_params());
+  });
+  r.loss = a.loss;
+  r.grads = std::move(a.grads);
   return r;
 }
 
@@ -93,16 +86,9 @@ Grads run_layout(int dp, int tp, int pp, bool sp, const Data& d, int M, const Re
     }
     model.init_weights(kSeed);
     model.zero_grad();
-    int next = groups.coord().dp * M;
     const size_t N = kB * kT;
-    double loss = model.forward_backward(
-        M,
-        [&](int32_t* in, int32_t* tgt) {
-          std::memcpy(in, d.in.data() + next * N, N * sizeof(int32_t));
-          std::memcpy(tgt, d.tgt.data() + next * N, N * sizeof(int32_t));
-          ++next;
-        },
-        1.0f / (M * dp));
+    double loss =
+        model.forward_backward(M, testing::micro_batches(d.in, d.tgt, groups.coord().dp * M, N), 1.0f / (M * dp));
     model.finish_grads();
     if (ep > 1) {
       // Expert parallelism really split the experts: before the dp reduction a rank has fcw gradients for its own
@@ -161,14 +147,7 @@ Grads run_layout(int dp, int tp, int pp, bool sp, const Data& d, int M, const Re
   return res;
 }
 
-double rel_err(const float* a, const float* b, size_t n) {
-  double d = 0, m = 0;
-  for (size_t i = 0; i < n; ++i) {
-    d = std::max(d, std::fabs(double(a[i]) - double(b[i])));
-    m = std::max(m, std::fabs(double(b[i])));
-  }
-  return m == 0 ? d : d / m;
-}
+using testing::rel_err;
 
 void check_close(const Grads& got, const Grads& ref, double tol) {
   CHECK(std::fabs(got.loss - ref.loss) <= tol * std::fabs(ref.loss));
@@ -241,14 +220,7 @@ namespace {
 constexpr int kMicro = 4, kSteps = 5;
 
 TrainConfig train_config(bool sp) {
-  TrainConfig tc;
-  tc.steps = kSteps;
-  tc.batch = kB;
-  tc.seq_len = kT;
-  tc.global_batch_tokens = static_cast<int64_t>(kMicro) * kB * kT;
-  tc.lr = 1e-2;
-  tc.warmup_steps = 2;
-  tc.quiet = true;
+  TrainConfig tc = testing::small_train_config(kSteps, kB, kT, kMicro, /*lr=*/1e-2, /*warmup_steps=*/2);
   tc.sequence_parallel = sp;
   return tc;
 }
@@ -256,18 +228,10 @@ TrainConfig train_config(bool sp) {
 }  // namespace
 
 TEST_CASE("MoE AdamW steps through the Trainer: pp=2, tp=2 + sp and dp=2 x tp=2 + sp train like one process") {
-  testing::LayoutRun ref;
-  {
-    ThreadPool pool(1);
-    testing::StreamSource src(0, 1, kB, kT, kCfg.vocab_size);
-    Trainer tr(kCfg, train_config(false), pool, src);
-    for (int s = 0; s < kSteps; ++s) ref.steps.push_back(tr.step());
-    ref.params.assign(tr.model().params(), tr.model().params() + tr.model().num_params());
-  }
+  const testing::LayoutRun ref = testing::run_single_trainer(kCfg, train_config(false));
   REQUIRE(ref.steps.back().loss < ref.steps.front().loss);
   REQUIRE(ref.steps.front().moe_dropped_fraction > 0);
-  double scale = 0;
-  for (float p : ref.params) scale = std::max(scale, static_cast<double>(std::abs(p)));
+  const double scale = testing::max_abs(ref.params);
   struct Case {
     comm::Layout layout;
     bool sp;
@@ -284,10 +248,7 @@ TEST_CASE("MoE AdamW steps through the Trainer: pp=2, tp=2 + sp and dp=2 x tp=2 
       CHECK(std::abs(a.moe_aux_loss - b.moe_aux_loss) <= 1e-5 * b.moe_aux_loss);
       CHECK(std::abs(a.moe_dropped_fraction - b.moe_dropped_fraction) <= 1e-5);
     }
-    double worst = 0;
-    for (size_t i = 0; i < ref.params.size(); ++i) {
-      worst = std::max(worst, static_cast<double>(std::abs(got.params[i] - ref.params[i])));
-    }
+    const double worst = testing::max_abs_diff(got.params, ref.params);
     INFO("max |param diff| " << worst << " of max |param| " << scale);
     // Sequence parallelism: 5e-5 as in worker_parallel_sp (the layernorm, expert and router gradients are summed per
     // rank's rows, then over tp, and AdamW's normalised update makes a last-bit difference of a near-zero gradient

@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "planner/calibration.h"
 #include "planner/cost_model.h"
+#include "tests/unit/worker_parallel/offload_test_util.h"
 #include "tests/unit/worker_parallel/trainer_test_util.h"
 #include "worker/comm/local_world.h"
 #include "worker/optim/offload.h"
@@ -28,44 +29,14 @@ const GptConfig kCfg = make_gpt_config(/*L=*/2, /*C=*/64, /*NH=*/4, /*maxT=*/32,
 constexpr int kB = 2, kT = 32, kMicro = 4, kSteps = 6;
 
 TrainConfig train_config(OffloadMode offload, int offload_threads = 1) {
-  TrainConfig tc;
-  tc.steps = kSteps;
-  tc.batch = kB;
-  tc.seq_len = kT;
-  tc.global_batch_tokens = static_cast<int64_t>(kMicro) * kB * kT;
-  tc.lr = 3e-3;
-  tc.warmup_steps = 2;
-  tc.grad_clip = 1.0;  // clipping on: the update needs the whole gradient's norm first
-  tc.quiet = true;
-  tc.peak_flops = 1e9;
-  tc.offload = offload;
-  tc.offload_threads = offload_threads;
-  return tc;
+  return testing::offload_train_config(kSteps, kB, kT, kMicro, offload, offload_threads);
 }
 
-struct Run {
-  std::vector<double> losses, norms, vals;
-  std::vector<float> params, m, v;
-  int64_t adam_t = 0;
-};
+using Run = testing::OffloadRun;
+using testing::check_bitwise;
 
-// kSteps steps; after every other step a validation pass, whose forward runs while the offloaded update of the step
-// before is still writing (it must wait for each group like the training forward).
-Run train(Trainer& tr, BatchSource* val) {
-  Run out;
-  for (int s = 0; s < kSteps; ++s) {
-    const StepResult r = tr.step();
-    out.losses.push_back(r.loss);
-    out.norms.push_back(r.grad_norm);
-    if (val != nullptr && s % 2 == 0) out.vals.push_back(tr.validate());
-  }
-  const TrainerState st = tr.state();
-  out.params.assign(st.params, st.params + st.num_params);
-  out.m.assign(st.adam_m, st.adam_m + st.num_params);
-  out.v.assign(st.adam_v, st.adam_v + st.num_params);
-  out.adam_t = st.adam_t;
-  return out;
-}
+// kSteps steps of testing::train_offload (validation after every other step).
+Run train(Trainer& tr, BatchSource* val) { return testing::train_offload(tr, val, kSteps); }
 
 Run single_process(OffloadMode offload, int offload_threads = 1, const GptConfig& cfg = kCfg) {
   ThreadPool pool(2);
@@ -91,21 +62,6 @@ std::vector<Run> data_parallel(int dp, OffloadMode offload, bool deterministic) 
     runs[c.rank()] = train(tr, nullptr);
   });
   return runs;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-void check_bitwise(const Run& got, const Run& want) {
-  REQUIRE(got.losses.size() == want.losses.size());
-  CHECK(got.losses == want.losses);
-  CHECK(got.norms == want.norms);
-  CHECK(got.vals == want.vals);
-  CHECK(got.adam_t == want.adam_t);
-  CHECK(same_bits(got.params, want.params));
-  CHECK(same_bits(got.m, want.m));
-  CHECK(same_bits(got.v, want.v));
 }
 
 }  // namespace

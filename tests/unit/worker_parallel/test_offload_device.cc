@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tests/unit/worker/shadow_cpu.h"
+#include "tests/unit/worker_parallel/offload_test_util.h"
 #include "tests/unit/worker_parallel/shadow_device.h"
 #include "tests/unit/worker_parallel/trainer_test_util.h"
 #include "worker/comm/local_world.h"
@@ -32,48 +33,17 @@ const GptConfig kCfg = make_gpt_config(/*L=*/2, /*C=*/64, /*NH=*/4, /*maxT=*/32,
 constexpr int kB = 2, kT = 32, kMicro = 3, kSteps = 6;
 
 TrainConfig train_config(OffloadMode offload, int offload_threads = 1) {
-  TrainConfig tc;
-  tc.steps = kSteps;
-  tc.batch = kB;
-  tc.seq_len = kT;
-  tc.global_batch_tokens = static_cast<int64_t>(kMicro) * kB * kT;
-  tc.lr = 3e-3;
-  tc.warmup_steps = 2;
-  tc.grad_clip = 1.0;  // clipping on: the update starts only after the whole gradient's norm
+  TrainConfig tc = testing::offload_train_config(kSteps, kB, kT, kMicro, offload, offload_threads);
   tc.val_steps = 2;
-  tc.quiet = true;
-  tc.peak_flops = 1e9;
-  tc.offload = offload;
-  tc.offload_threads = offload_threads;
   return tc;
 }
 
-struct Run {
-  std::vector<double> losses, norms, vals;
-  std::vector<float> params, m, v;
-  int64_t adam_t = 0;
-};
-
-void take_state(Trainer& tr, Run& out) {
-  const TrainerState st = tr.state();
-  out.params.assign(st.params, st.params + st.num_params);
-  out.m.assign(st.adam_m, st.adam_m + st.num_params);
-  out.v.assign(st.adam_v, st.adam_v + st.num_params);
-  out.adam_t = st.adam_t;
-}
+using Run = testing::OffloadRun;
+using testing::check_bitwise;
+using testing::same_bits;
 
 // `steps` steps; after every other step a validation pass, whose forward races the update still running.
-Run train(Trainer& tr, BatchSource* val, int steps) {
-  Run out;
-  for (int s = 0; s < steps; ++s) {
-    const StepResult r = tr.step();
-    out.losses.push_back(r.loss);
-    out.norms.push_back(r.grad_norm);
-    if (val != nullptr && s % 2 == 0) out.vals.push_back(tr.validate());
-  }
-  take_state(tr, out);
-  return out;
-}
+Run train(Trainer& tr, BatchSource* val, int steps) { return testing::train_offload(tr, val, steps); }
 
 // A run in one process; device null = the CPU.
 Run single(OffloadMode offload, Kernels<float>* device, int offload_threads = 1) {
@@ -82,21 +52,6 @@ Run single(OffloadMode offload, Kernels<float>* device, int offload_threads = 1)
   testing::StreamSource val(0, 1, kB, kT, kCfg.vocab_size);
   Trainer tr(kCfg, train_config(offload, offload_threads), pool, src, &val, nullptr, nullptr, device);
   return train(tr, &val, kSteps);
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-void check_bitwise(const Run& got, const Run& want) {
-  REQUIRE(got.losses.size() == want.losses.size());
-  CHECK(got.losses == want.losses);
-  CHECK(got.norms == want.norms);
-  CHECK(got.vals == want.vals);
-  CHECK(got.adam_t == want.adam_t);
-  CHECK(same_bits(got.params, want.params));
-  CHECK(same_bits(got.m, want.m));
-  CHECK(same_bits(got.v, want.v));
 }
 
 size_t round64(size_t bytes) { return (bytes + 63) / 64 * 64; }
@@ -206,13 +161,7 @@ TEST_CASE("offload off the host with the deterministic data-parallel tree (dp=2)
       tc.global_batch_tokens = static_cast<int64_t>(4) * kB * kT;  // 2 micro-batches per replica
       auto grad = c.dup("dp-grad");
       DeviceComm grad_dev(*grad, dev);
-      DataParallelOptions o;
-      o.bucket_bytes = 16 << 10;
-      o.deterministic = true;
-      if (device) {
-        o.device = &dev;
-        o.device_dp = &grad_dev;
-      }
+      const DataParallelOptions o = testing::device_dp_options(16 << 10, 0, true, device, dev, &grad_dev);
       auto sync = gpt_data_parallel(&c, kCfg, tc, pool, o);
       Trainer tr(kCfg, tc, pool, src, nullptr, sync.get(), nullptr, device ? &dev : nullptr);
       runs[c.rank()] = train(tr, nullptr, kSteps);

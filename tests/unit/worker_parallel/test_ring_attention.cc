@@ -16,6 +16,7 @@
 #include "common/error.h"
 #include "planner/calibration.h"
 #include "planner/context_parallel.h"
+#include "tests/unit/worker_parallel/trainer_test_util.h"
 #include "worker/comm/local_world.h"
 #include "worker/comm/process_groups.h"
 #include "worker/kernels/cpu/kernels.h"
@@ -120,6 +121,22 @@ struct Grads {
   std::vector<float> grads;
 };
 
+// Every parameter tensor's gradient in `got` within 1e-5 of the largest element of that tensor in `ref`.
+void check_tensors_close(const std::vector<float>& got, const std::vector<float>& ref) {
+  const auto sizes = param_sizes(kModel);
+  size_t off = 0;
+  for (int i = 0; i < kNumParamTensors; ++i) {
+    CAPTURE(kParamNames[i]);
+    double d = 0, m = 0;
+    for (size_t k = off; k < off + sizes[i]; ++k) {
+      d = std::max(d, std::fabs(double(got[k]) - double(ref[k])));
+      m = std::max(m, std::fabs(double(ref[k])));
+    }
+    CHECK(d <= 1e-5 * m);
+    off += sizes[i];
+  }
+}
+
 }  // namespace
 
 TEST_CASE("context parallel model: dp x cp = 1x2, 1x4, 2x2 equal one process (loss, every gradient)") {
@@ -127,26 +144,12 @@ TEST_CASE("context parallel model: dp x cp = 1x2, 1x4, 2x2 equal one process (lo
   for (auto [dp, cp] : {std::pair{1, 2}, {1, 4}, {2, 2}}) {
     CAPTURE(dp);
     CAPTURE(cp);
-    std::mt19937 rng(3);
     const size_t N = static_cast<size_t>(kMB) * kMT;
-    std::vector<int32_t> in(M * dp * N), tgt(M * dp * N);
-    for (size_t i = 0; i < in.size(); ++i) {
-      in[i] = static_cast<int32_t>(rng() % kModel.vocab_size);
-      tgt[i] = static_cast<int32_t>(rng() % kModel.vocab_size);
-    }
-    Grads ref;
-    {
-      ThreadPool pool(1);
-      Gpt<float> model(kModel, kMB, kMT, pool);
-      model.init_weights(42);
-      model.zero_grad();
-      for (int m = 0; m < M * dp; ++m) {
-        ref.loss += model.forward(in.data() + m * N, tgt.data() + m * N, Gpt<float>::Mode::kTrain, 1.0f / (M * dp));
-        model.backward(true);
-      }
-      ref.loss /= M * dp;
-      ref.grads.assign(model.grads(), model.grads() + model.num_params());
-    }
+    const testing::TokenData tokens = testing::random_tokens(M * dp, kMB, kMT, kModel.vocab_size, 3);
+    const std::vector<int32_t>& in = tokens.in;
+    const std::vector<int32_t>& tgt = tokens.tgt;
+    const testing::AccumulatedGrads acc = testing::accumulate_grads(kModel, kMB, kMT, 42, tokens, M * dp);
+    const Grads ref{acc.loss, acc.grads};
     Grads got;
     got.grads.assign(num_parameters(kModel), 0);
     std::vector<double> losses(static_cast<size_t>(dp * cp));
@@ -163,15 +166,7 @@ TEST_CASE("context parallel model: dp x cp = 1x2, 1x4, 2x2 equal one process (lo
       ParallelModel model(kModel, kMB, kMT, M, pool, groups);
       model.init_weights(42);
       model.zero_grad();
-      int next = replica * M;
-      double loss = model.forward_backward(
-          M,
-          [&](int32_t* i, int32_t* t) {
-            std::memcpy(i, in.data() + next * N, N * sizeof(int32_t));
-            std::memcpy(t, tgt.data() + next * N, N * sizeof(int32_t));
-            ++next;
-          },
-          1.0f / (M * dp * cp));
+      double loss = model.forward_backward(M, testing::micro_batches(in, tgt, replica * M, N), 1.0f / (M * dp * cp));
       // cp ranks hold different positions and dp ranks different sequences: both are summed like replicas
       world.all_reduce(model.grads(), model.num_params(), comm::DType::kFloat32, comm::ReduceOp::kSum);
       float l = static_cast<float>(loss);
@@ -186,43 +181,18 @@ TEST_CASE("context parallel model: dp x cp = 1x2, 1x4, 2x2 equal one process (lo
     for (double l : losses) CHECK(std::fabs(l - ref.loss) <= 1e-5 * ref.loss);
     CHECK(bytes == expected);
     CHECK(bytes[0] < stage_activation_bytes(make_stage_shape(kModel, kMT, 1, 0, 1, 0, {}), kMB, kMT, 1, 1));
-    const auto sizes = param_sizes(kModel);
-    size_t off = 0;
-    for (int i = 0; i < kNumParamTensors; ++i) {
-      CAPTURE(kParamNames[i]);
-      double d = 0, m = 0;
-      for (size_t k = off; k < off + sizes[i]; ++k) {
-        d = std::max(d, std::fabs(double(got.grads[k]) - double(ref.grads[k])));
-        m = std::max(m, std::fabs(double(ref.grads[k])));
-      }
-      CHECK(d <= 1e-5 * m);
-      off += sizes[i];
-    }
+    check_tensors_close(got.grads, ref.grads);
   }
 }
 
 TEST_CASE("context parallel with tensor or pipeline parallelism: tp=2 x cp=2 and pp=2 x cp=2 equal one process") {
   const int M = 2;
   const size_t N = static_cast<size_t>(kMB) * kMT;
-  std::mt19937 rng(4);
-  std::vector<int32_t> in(M * N), tgt(M * N);
-  for (size_t i = 0; i < in.size(); ++i) {
-    in[i] = static_cast<int32_t>(rng() % kModel.vocab_size);
-    tgt[i] = static_cast<int32_t>(rng() % kModel.vocab_size);
-  }
-  Grads ref;
-  {
-    ThreadPool pool(1);
-    Gpt<float> model(kModel, kMB, kMT, pool);
-    model.init_weights(42);
-    model.zero_grad();
-    for (int m = 0; m < M; ++m) {
-      ref.loss += model.forward(in.data() + m * N, tgt.data() + m * N, Gpt<float>::Mode::kTrain, 1.0f / M);
-      model.backward(true);
-    }
-    ref.loss /= M;
-    ref.grads.assign(model.grads(), model.grads() + model.num_params());
-  }
+  const testing::TokenData tokens = testing::random_tokens(M, kMB, kMT, kModel.vocab_size, 4);
+  const std::vector<int32_t>& in = tokens.in;
+  const std::vector<int32_t>& tgt = tokens.tgt;
+  const testing::AccumulatedGrads acc = testing::accumulate_grads(kModel, kMB, kMT, 42, tokens, M);
+  const Grads ref{acc.loss, acc.grads};
   for (auto [tp, pp] : {std::pair{2, 1}, {1, 2}}) {
     CAPTURE(tp);
     CAPTURE(pp);
@@ -238,15 +208,7 @@ TEST_CASE("context parallel with tensor or pipeline parallelism: tp=2 x cp=2 and
       ParallelModel model(kModel, kMB, kMT, M, pool, groups);
       model.init_weights(42);
       model.zero_grad();
-      int next = 0;
-      const double loss = model.forward_backward(
-          M,
-          [&](int32_t* i, int32_t* t) {
-            std::memcpy(i, in.data() + next * N, N * sizeof(int32_t));
-            std::memcpy(t, tgt.data() + next * N, N * sizeof(int32_t));
-            ++next;
-          },
-          1.0f / (M * cp));
+      const double loss = model.forward_backward(M, testing::micro_batches(in, tgt, 0, N), 1.0f / (M * cp));
       model.finish_grads();
       pg.dp().all_reduce(model.grads(), model.num_params(), comm::DType::kFloat32, comm::ReduceOp::kSum);
       std::lock_guard<std::mutex> lock(mu);
@@ -259,18 +221,7 @@ TEST_CASE("context parallel with tensor or pipeline parallelism: tp=2 x cp=2 and
       copy_local_to_full(primary, kModel, model.grads(), grads.data());
     });
     for (double l : losses) CHECK(std::fabs(l - ref.loss) <= 1e-5 * ref.loss);
-    const auto sizes = param_sizes(kModel);
-    size_t off = 0;
-    for (int i = 0; i < kNumParamTensors; ++i) {
-      CAPTURE(kParamNames[i]);
-      double d = 0, m = 0;
-      for (size_t k = off; k < off + sizes[i]; ++k) {
-        d = std::max(d, std::fabs(double(grads[k]) - double(ref.grads[k])));
-        m = std::max(m, std::fabs(double(ref.grads[k])));
-      }
-      CHECK(d <= 1e-5 * m);
-      off += sizes[i];
-    }
+    check_tensors_close(grads, ref.grads);
   }
 }
 
@@ -295,15 +246,7 @@ TEST_CASE("context parallel with full and selective recomputation: bitwise the s
       ParallelModel model(kModel, kMB, kMT, M, pool, groups, {}, spec);
       model.init_weights(42);
       model.zero_grad();
-      int next = 0;
-      const double loss = model.forward_backward(
-          M,
-          [&](int32_t* i, int32_t* t) {
-            std::memcpy(i, in.data() + next * N, N * sizeof(int32_t));
-            std::memcpy(t, tgt.data() + next * N, N * sizeof(int32_t));
-            ++next;
-          },
-          1.0f / (M * cp));
+      const double loss = model.forward_backward(M, testing::micro_batches(in, tgt, 0, N), 1.0f / (M * cp));
       std::lock_guard<std::mutex> lock(mu);
       if (world.rank() == 1) {  // the rank whose attention sees both blocks
         grads.assign(model.grads(), model.grads() + model.num_params());

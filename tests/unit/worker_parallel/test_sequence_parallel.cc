@@ -52,18 +52,10 @@ struct Grads {
 };
 
 Grads single_process(const Data& d, int M) {
-  ThreadPool pool(1);
-  Gpt<float> model(kCfg, kB, kT, pool);
-  model.init_weights(kSeed);
-  model.zero_grad();
+  testing::AccumulatedGrads a = testing::accumulate_grads(kCfg, kB, kT, kSeed, d, M);
   Grads r;
-  const size_t N = kB * kT;
-  for (int m = 0; m < M; ++m) {
-    r.loss += model.forward(d.in.data() + m * N, d.tgt.data() + m * N, Gpt<float>::Mode::kTrain, 1.0f / M);
-    model.backward(true);
-  }
-  r.loss /= M;
-  r.grads.assign(model.grads(), model.grads() + model.num_params());
+  r.loss = a.loss;
+  r.grads = std::move(a.grads);
   return r;
 }
 
@@ -79,16 +71,9 @@ Grads run_layout(int dp, int tp, int pp, bool sp, const Data& d, int M, const Re
     ParallelModel model(kCfg, kB, kT, M, pool, model_groups(groups), {}, recompute, sp);
     model.init_weights(kSeed);
     model.zero_grad();
-    int next = groups.coord().dp * M;
     const size_t N = kB * kT;
-    double loss = model.forward_backward(
-        M,
-        [&](int32_t* in, int32_t* tgt) {
-          std::memcpy(in, d.in.data() + next * N, N * sizeof(int32_t));
-          std::memcpy(tgt, d.tgt.data() + next * N, N * sizeof(int32_t));
-          ++next;
-        },
-        1.0f / (M * dp));
+    double loss =
+        model.forward_backward(M, testing::micro_batches(d.in, d.tgt, groups.coord().dp * M, N), 1.0f / (M * dp));
     model.finish_grads();
     if (dp > 1) {
       groups.dp().all_reduce(model.grads(), model.num_params(), comm::DType::kFloat32, comm::ReduceOp::kSum);
@@ -122,14 +107,7 @@ Grads run_layout(int dp, int tp, int pp, bool sp, const Data& d, int M, const Re
   return res;
 }
 
-double rel_err(const float* a, const float* b, size_t n) {
-  double d = 0, m = 0;
-  for (size_t i = 0; i < n; ++i) {
-    d = std::max(d, std::fabs(double(a[i]) - double(b[i])));
-    m = std::max(m, std::fabs(double(b[i])));
-  }
-  return m == 0 ? d : d / m;
-}
+using testing::rel_err;
 
 bool is_layernorm(int i) { return i == 2 || i == 3 || i == 8 || i == 9 || i == 14 || i == 15; }
 
@@ -217,14 +195,7 @@ namespace {
 constexpr int kMicro = 4, kSteps = 10;
 
 TrainConfig train_config(bool sp) {
-  TrainConfig tc;
-  tc.steps = kSteps;
-  tc.batch = kB;
-  tc.seq_len = kT;
-  tc.global_batch_tokens = static_cast<int64_t>(kMicro) * kB * kT;
-  tc.lr = 1e-2;
-  tc.warmup_steps = 2;
-  tc.quiet = true;
+  TrainConfig tc = testing::small_train_config(kSteps, kB, kT, kMicro, /*lr=*/1e-2, /*warmup_steps=*/2);
   tc.sequence_parallel = sp;
   return tc;
 }
@@ -244,17 +215,11 @@ Run trainer_run(comm::Layout layout, bool sp) {
 }  // namespace
 
 TEST_CASE("10 AdamW steps with sequence parallelism train like one process") {
-  Run ref;
-  {
-    ThreadPool pool(1);
-    testing::StreamSource src(0, 1, kB, kT, kCfg.vocab_size);
-    Trainer tr(kCfg, train_config(false), pool, src);
-    for (int s = 0; s < kSteps; ++s) ref.losses.push_back(tr.step().loss);
-    ref.params.assign(tr.model().params(), tr.model().params() + tr.model().num_params());
-  }
+  const testing::LayoutRun one = testing::run_single_trainer(kCfg, train_config(false));
+  Run ref{{}, one.params};
+  for (const StepResult& s : one.steps) ref.losses.push_back(s.loss);
   REQUIRE(ref.losses.back() < ref.losses.front());
-  double scale = 0;
-  for (float p : ref.params) scale = std::max(scale, static_cast<double>(std::abs(p)));
+  const double scale = testing::max_abs(ref.params);
   for (const comm::Layout& L : {comm::Layout{1, 2, 1}, comm::Layout{2, 2, 2}, comm::Layout{1, 4, 1}}) {
     INFO("layout dp=" << L.dp << " tp=" << L.tp << " pp=" << L.pp);
     const Run got = trainer_run(L, true);
@@ -263,10 +228,7 @@ TEST_CASE("10 AdamW steps with sequence parallelism train like one process") {
       INFO("step " << s << ": " << got.losses[s] << " vs " << ref.losses[s]);
       CHECK(std::abs(got.losses[s] - ref.losses[s]) <= 1e-5 * std::abs(ref.losses[s]));
     }
-    double worst = 0;
-    for (size_t i = 0; i < ref.params.size(); ++i) {
-      worst = std::max(worst, static_cast<double>(std::abs(got.params[i] - ref.params[i])));
-    }
+    const double worst = testing::max_abs_diff(got.params, ref.params);
     INFO("max |param diff| " << worst << " of max |param| " << scale);
     // 5e-5 rather than the 1e-5 of the plain layouts: the layernorm weight gradients are summed in another order
     // (per rank's rows, then over tp), and AdamW's normalised update (about lr = 1e-2 per element whatever the

@@ -182,13 +182,7 @@ TrainRun train(bool device) {
     ModelGroups mg = model_groups(groups);
     std::vector<std::unique_ptr<DeviceComm>> wrapped;
     if (device) wrapped = take_device_memory(mg, dev);
-    TrainConfig tc;
-    tc.steps = 3;
-    tc.batch = kB;
-    tc.seq_len = kT;
-    tc.global_batch_tokens = 2 * kB * kT;
-    tc.lr = 1e-2;
-    tc.quiet = true;
+    TrainConfig tc = testing::small_train_config(3, kB, kT, 2, 1e-2);
     Batches src;
     ParallelGpt model(kCfg, tc, tc.micro_steps(), pool, world, mg, device ? &dev : nullptr);
     Trainer trainer(kCfg, tc, pool, src, nullptr, nullptr, &model, device ? &dev : nullptr);
@@ -280,13 +274,8 @@ HybridRun train_hybrid(comm::Layout layout, bool device, int zero = 0, bool dete
     ModelGroups mg = model_groups(groups);
     std::vector<std::unique_ptr<DeviceComm>> wrapped;
     if (device) wrapped = take_device_memory(mg, dev);
-    TrainConfig tc;
-    tc.steps = kHybridSteps;
-    tc.batch = kB;
-    tc.seq_len = kT;
-    tc.global_batch_tokens = static_cast<int64_t>(2 * layout.dp) * kB * kT;  // 2 micro-batches per replica
-    tc.lr = 1e-2;
-    tc.quiet = true;
+    TrainConfig tc =
+        testing::small_train_config(kHybridSteps, kB, kT, 2 * layout.dp, 1e-2);  // 2 micro-batches per replica
     // Deterministic: every replica reads the whole sequence and keeps its run of the virtual micro-batches.
     testing::StreamSource src(deterministic ? 0 : groups.coord().dp, deterministic ? 1 : layout.dp, kB, kT,
                               kCfg.vocab_size);
@@ -474,25 +463,14 @@ struct DeviceZeroRank {
                  int skip_steps, int stage, bool device = true, int steps = kHybridSteps)
       : dev(pool), mg(model_groups(groups)), src(groups.coord().dp, layout.dp, kB, kT, kCfg.vocab_size) {
     if (device) wrapped = take_device_memory(mg, dev);
-    tc.steps = steps;
-    tc.batch = kB;
-    tc.seq_len = kT;
-    tc.global_batch_tokens = static_cast<int64_t>(2 * layout.dp) * kB * kT;
-    tc.lr = 1e-2;
-    tc.quiet = true;
+    tc = testing::small_train_config(steps, kB, kT, 2 * layout.dp, 1e-2);
     std::vector<int32_t> in(kB * kT), tgt(kB * kT);
     for (int i = 0; i < 2 * skip_steps; ++i) src.next_batch(in.data(), tgt.data());  // the loader's position
     model = std::make_unique<ParallelGpt>(kCfg, tc, 2, pool, world, mg, device ? &dev : nullptr);
     model_bytes = dev.used();
     grad = groups.dp().dup("dp-grad");
     grad_dev = std::make_unique<DeviceComm>(*grad, dev);
-    DataParallelOptions o;
-    o.bucket_bytes = 8 << 10;
-    o.zero_stage = stage;
-    if (device) {
-      o.device = &dev;
-      o.device_dp = grad_dev.get();
-    }
+    const DataParallelOptions o = testing::device_dp_options(8 << 10, stage, false, device, dev, grad_dev.get());
     sync = parallel_gpt_data_parallel(&groups.dp(), *model, mg, tc, pool, o);
     trainer = std::make_unique<Trainer>(kCfg, tc, pool, src, nullptr, sync.get(), model.get(), device ? &dev : nullptr);
     setup_bytes = dev.used();
@@ -567,33 +545,17 @@ PlainRun plain_zero(bool device, int n, int stage) {
   std::mutex mu;
   comm::run_local_world(n, [&](comm::Communicator& c) {
     ThreadPool pool(1);
-    ShadowCpu dev(pool);
-    TrainConfig tc;
-    tc.steps = kHybridSteps;
-    tc.batch = kB;
-    tc.seq_len = kT;
-    tc.global_batch_tokens = static_cast<int64_t>(2 * n) * kB * kT;
-    tc.lr = 1e-2;
-    tc.quiet = true;
-    testing::StreamSource src(c.rank(), n, kB, kT, kCfg.vocab_size);
-    auto grad = c.dup("dp-grad");
-    DeviceComm grad_dev(*grad, dev);
-    DataParallelOptions o;
-    o.bucket_bytes = 16 << 10;
-    o.zero_stage = stage;
-    if (device) {
-      o.device = &dev;
-      o.device_dp = &grad_dev;
-    }
-    auto sync = gpt_data_parallel(&c, kCfg, tc, pool, o);
+    const TrainConfig tc = testing::small_train_config(kHybridSteps, kB, kT, 2 * n, 1e-2);
+    testing::DeviceDpTrainer rank(c, pool, kCfg, tc, 16 << 10, stage, false, device);
+    const auto& sync = rank.sync;
     CHECK(sync->device_buffers() == device);
-    Trainer tr(kCfg, tc, pool, src, nullptr, sync.get(), nullptr, device ? &dev : nullptr);
+    Trainer& tr = rank.trainer;
     std::vector<double> losses;
     for (int s = 0; s < tc.steps; ++s) losses.push_back(tr.step().loss);
     const TrainerState st = tr.state();
-    CHECK_FALSE(dev.owns(st.params));
+    CHECK_FALSE(rank.dev.owns(st.params));
     CHECK(st.adam_m == nullptr);  // ZeRO: the moments are the sync's shard
-    if (device && n > 1) CHECK(grad_dev.device_calls >= static_cast<size_t>(2 * kHybridSteps));
+    if (device && n > 1) CHECK(rank.grad_dev.device_calls >= static_cast<size_t>(2 * kHybridSteps));
     std::lock_guard<std::mutex> lock(mu);
     res.losses[c.rank()] = losses;
     res.params[c.rank()].assign(st.params, st.params + st.num_params);
@@ -642,24 +604,14 @@ namespace {
 struct PlainDetRank {
   PlainDetRank(comm::Communicator& c, ThreadPool& pool, bool device, int stage, int skip_steps = 0)
       : dev(pool), src(0, 1, kB, kT, kCfg.vocab_size) {
-    tc.steps = kHybridSteps;
-    tc.batch = kB;
-    tc.seq_len = kT;
-    tc.global_batch_tokens = int64_t{4} * kB * kT;
-    tc.lr = 1e-2;
+    tc = testing::small_train_config(kHybridSteps, kB, kT, 4, 1e-2);
     tc.grad_clip = 0.5;  // binding for these steps: the norm's bits reach the parameters
-    tc.quiet = true;
     std::vector<int32_t> in(kB * kT), tgt(kB * kT);
     for (int i = 0; i < 4 * skip_steps; ++i) src.next_batch(in.data(), tgt.data());
     grad = c.dup("dp-grad");
     grad_dev = std::make_unique<DeviceComm>(*grad, dev);
-    DataParallelOptions o;
-    o.zero_stage = stage;
-    o.deterministic = true;
-    if (device) {
-      o.device = &dev;
-      o.device_dp = grad_dev.get();
-    }
+    const DataParallelOptions o =
+        testing::device_dp_options(DataParallelOptions{}.bucket_bytes, stage, true, device, dev, grad_dev.get());
     sync = gpt_data_parallel(c.size() > 1 ? &c : nullptr, kCfg, tc, pool, o);  // one process: no group (main's)
     trainer = std::make_unique<Trainer>(kCfg, tc, pool, src, nullptr, sync.get(), nullptr, device ? &dev : nullptr);
   }
@@ -950,23 +902,12 @@ namespace {
 struct PlainZeroRank {
   PlainZeroRank(comm::Communicator& c, ThreadPool& pool, bool device, int stage, int skip_steps = 0)
       : dev(pool), src(c.rank(), c.size(), kB, kT, kCfg.vocab_size) {
-    tc.steps = kSaveSteps;
-    tc.batch = kB;
-    tc.seq_len = kT;
-    tc.global_batch_tokens = static_cast<int64_t>(2 * c.size()) * kB * kT;
-    tc.lr = 1e-2;
-    tc.quiet = true;
+    tc = testing::small_train_config(kSaveSteps, kB, kT, 2 * c.size(), 1e-2);
     std::vector<int32_t> in(kB * kT), tgt(kB * kT);
     for (int i = 0; i < 2 * skip_steps; ++i) src.next_batch(in.data(), tgt.data());
     grad = c.dup("dp-grad");
     grad_dev = std::make_unique<DeviceComm>(*grad, dev);
-    DataParallelOptions o;
-    o.bucket_bytes = 16 << 10;
-    o.zero_stage = stage;
-    if (device) {
-      o.device = &dev;
-      o.device_dp = grad_dev.get();
-    }
+    const DataParallelOptions o = testing::device_dp_options(16 << 10, stage, false, device, dev, grad_dev.get());
     sync = gpt_data_parallel(&c, kCfg, tc, pool, o);
     trainer = std::make_unique<Trainer>(kCfg, tc, pool, src, nullptr, sync.get(), nullptr, device ? &dev : nullptr);
   }

@@ -37,37 +37,12 @@ Data make_data(int M, uint32_t seed = 11) {
   return railyard::worker::testing::random_tokens(M, kB, kT, kCfg.vocab_size, seed);
 }
 
-struct Reference {
-  double loss = 0;
-  std::vector<float> grads;
-};
+using Reference = testing::AccumulatedGrads;
 
 // Gradient accumulation over M micro-batches in one process, each weighted 1/M.
-Reference reference(const Data& d, int M) {
-  ThreadPool pool(1);
-  Gpt<float> model(kCfg, kB, kT, pool);
-  model.init_weights(kSeed);
-  model.zero_grad();
-  Reference r;
-  const size_t N = kB * kT;
-  for (int m = 0; m < M; ++m) {
-    r.loss += model.forward(d.in.data() + m * N, d.tgt.data() + m * N, Gpt<float>::Mode::kTrain, 1.0f / M);
-    model.backward(true);
-  }
-  r.loss /= M;
-  r.grads.assign(model.grads(), model.grads() + model.num_params());
-  return r;
-}
+Reference reference(const Data& d, int M) { return testing::accumulate_grads(kCfg, kB, kT, kSeed, d, M); }
 
-// Max-norm relative error of one tensor: max |a - b| / max |b|.
-double rel_err(const float* a, const float* b, size_t n) {
-  double d = 0, m = 0;
-  for (size_t i = 0; i < n; ++i) {
-    d = std::max(d, std::fabs(double(a[i]) - double(b[i])));
-    m = std::max(m, std::fabs(double(b[i])));
-  }
-  return m == 0 ? d : d / m;
-}
+using testing::rel_err;
 
 struct Result {
   std::vector<double> losses;  // per rank
@@ -99,17 +74,9 @@ Result run_parallel(int tp, int pp, const Data& d, int M, bool finish = true, in
     ParallelModel model(kCfg, kB, kT, M, pool, model_groups(groups), {}, recompute);
     model.init_weights(kSeed);
     model.zero_grad();
-    int next = replica * M;
     const size_t N = kB * kT;
     StepTimes t;
-    double loss = model.forward_backward(
-        M,
-        [&](int32_t* in, int32_t* tgt) {
-          std::memcpy(in, d.in.data() + next * N, N * sizeof(int32_t));
-          std::memcpy(tgt, d.tgt.data() + next * N, N * sizeof(int32_t));
-          ++next;
-        },
-        1.0f / (M * dp), &t);
+    double loss = model.forward_backward(M, testing::micro_batches(d.in, d.tgt, replica * M, N), 1.0f / (M * dp), &t);
     if (finish) model.finish_grads(&t);
     if (dp > 1) {
       groups.dp().all_reduce(model.grads(), model.num_params(), comm::DType::kFloat32, comm::ReduceOp::kSum);
@@ -243,23 +210,12 @@ TEST_CASE("three SGD steps and a validation pass: tp=2 x pp=2 parameters and los
     model.init_weights(kSeed);
     std::vector<double> mine;
     for (const Data& d : data) {
-      int next = 0;
-      auto feed = [&](int32_t* in, int32_t* tgt) {
-        std::memcpy(in, d.in.data() + next * N, N * sizeof(int32_t));
-        std::memcpy(tgt, d.tgt.data() + next * N, N * sizeof(int32_t));
-        ++next;
-      };
       model.zero_grad();
-      mine.push_back(model.forward_backward(M, feed, 1.0f / M));
+      mine.push_back(model.forward_backward(M, testing::micro_batches(d.in, d.tgt, 0, N), 1.0f / M));
       model.finish_grads();
       for (size_t i = 0; i < model.num_params(); ++i) model.params()[i] -= lr * model.grads()[i];
     }
-    int next = 0;
-    const double eval = model.evaluate(1, [&](int32_t* in, int32_t* tgt) {
-      std::memcpy(in, data[0].in.data() + next * N, N * sizeof(int32_t));
-      std::memcpy(tgt, data[0].tgt.data() + next * N, N * sizeof(int32_t));
-      ++next;
-    });
+    const double eval = model.evaluate(1, testing::micro_batches(data[0].in, data[0].tgt, 0, N));
     std::lock_guard<std::mutex> lock(mu);
     losses[world.rank()] = mine;
     evals[world.rank()] = eval;
@@ -329,16 +285,8 @@ TEST_CASE("the grad-ready hook reports every local gradient once, already final"
         }
       });
       model.zero_grad();
-      int next = 0;
       const size_t N = kB * kT;
-      model.forward_backward(
-          M,
-          [&](int32_t* in, int32_t* tgt) {
-            std::memcpy(in, d.in.data() + next * N, N * sizeof(int32_t));
-            std::memcpy(tgt, d.tgt.data() + next * N, N * sizeof(int32_t));
-            ++next;
-          },
-          1.0f / M);
+      model.forward_backward(M, testing::micro_batches(d.in, d.tgt, 0, N), 1.0f / M);
       model.finish_grads();
       bool once = true, final = true;
       for (size_t i = 0; i < model.num_params(); ++i) {

@@ -28,15 +28,7 @@ const GptConfig kCfg = make_gpt_config(/*L=*/4, /*C=*/32, /*NH=*/4, /*maxT=*/16,
 constexpr int kB = 2, kT = 8, kMicro = 4, kSteps = 10;
 
 TrainConfig train_config() {
-  TrainConfig tc;
-  tc.steps = kSteps;
-  tc.batch = kB;
-  tc.seq_len = kT;
-  tc.global_batch_tokens = static_cast<int64_t>(kMicro) * kB * kT;
-  tc.lr = 1e-2;
-  tc.warmup_steps = 2;
-  tc.quiet = true;
-  return tc;
+  return testing::small_train_config(kSteps, kB, kT, kMicro, /*lr=*/1e-2, /*warmup_steps=*/2);
 }
 
 struct Run {
@@ -45,12 +37,9 @@ struct Run {
 };
 
 Run single_process() {
-  ThreadPool pool(1);
-  testing::StreamSource src(0, 1, kB, kT, kCfg.vocab_size);
-  Trainer tr(kCfg, train_config(), pool, src);
-  Run out;
-  for (int s = 0; s < kSteps; ++s) out.losses.push_back(tr.step().loss);
-  out.params.assign(tr.model().params(), tr.model().params() + tr.model().num_params());
+  const testing::LayoutRun r = testing::run_single_trainer(kCfg, train_config());
+  Run out{{}, r.params};
+  for (const StepResult& s : r.steps) out.losses.push_back(s.loss);
   return out;
 }
 
@@ -96,11 +85,7 @@ Run layout_run(comm::Layout layout, int zero = 0, bool deterministic = false) {
 constexpr double kParamTolerance = 3e-5;
 
 void check_like(const Run& got, const Run& ref) {
-  double scale = 0, worst = 0;
-  for (size_t i = 0; i < ref.params.size(); ++i) {
-    scale = std::max(scale, static_cast<double>(std::abs(ref.params[i])));
-    worst = std::max(worst, static_cast<double>(std::abs(got.params[i] - ref.params[i])));
-  }
+  const double scale = testing::max_abs(ref.params), worst = testing::max_abs_diff(got.params, ref.params);
   REQUIRE(got.losses.size() == ref.losses.size());
   for (size_t s = 0; s < ref.losses.size(); ++s) {
     INFO("step " << s << ": " << got.losses[s] << " vs " << ref.losses[s]);
@@ -122,8 +107,6 @@ TEST_CASE("ZeRO-1/2 with tensor and pipeline parallelism: count-once norm, shard
 TEST_CASE("every (dp, tp, pp) layout trains like one process for 10 steps") {
   const Run ref = single_process();
   REQUIRE(ref.losses.back() < ref.losses.front());
-  double scale = 0;
-  for (float p : ref.params) scale = std::max(scale, static_cast<double>(std::abs(p)));
   std::vector<comm::Layout> layouts;
   for (int dp : {1, 2}) {
     for (int tp : {1, 2}) {
@@ -134,18 +117,7 @@ TEST_CASE("every (dp, tp, pp) layout trains like one process for 10 steps") {
   layouts.push_back({1, 1, 4});
   for (const auto& L : layouts) {
     INFO("layout dp=" << L.dp << " tp=" << L.tp << " pp=" << L.pp);
-    const Run got = layout_run(L);
-    REQUIRE(got.losses.size() == ref.losses.size());
-    for (size_t s = 0; s < ref.losses.size(); ++s) {
-      INFO("step " << s << ": " << got.losses[s] << " vs " << ref.losses[s]);
-      CHECK(std::abs(got.losses[s] - ref.losses[s]) <= 1e-5 * std::abs(ref.losses[s]));
-    }
-    double worst = 0;
-    for (size_t i = 0; i < ref.params.size(); ++i) {
-      worst = std::max(worst, static_cast<double>(std::abs(got.params[i] - ref.params[i])));
-    }
-    INFO("max |param diff| " << worst << " of max |param| " << scale);
-    CHECK(worst <= kParamTolerance * scale);
+    check_like(layout_run(L), ref);
   }
 }
 
