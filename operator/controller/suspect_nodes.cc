@@ -9,24 +9,6 @@ void SuspectNodes::add(const std::string& job_key, const std::string& node, Time
   by_job_[job_key][node] = now;
 }
 
-SuspectAwarePlacement place_preferring_others(const std::set<std::string>& suspects, PlacementRequest req,
-                                              const std::function<PlacementResult(const PlacementRequest&)>& place) {
-  SuspectAwarePlacement out;
-  const std::set<std::string> excluded = req.excluded_nodes;  // the job's own exclusions stay hard
-  bool added = false;
-  for (const std::string& node : suspects) added |= req.excluded_nodes.insert(node).second;
-  out.result = place(req);
-  if (out.result.ok || !added) return out;
-  req.excluded_nodes = excluded;
-  PlacementResult fallback = place(req);
-  if (!fallback.ok) return out;  // the first answer's reason: what the job would get without the suspicion too
-  out.result = std::move(fallback);
-  std::set<std::string> used;
-  for (const std::string& node : out.result.nodes)
-    if (suspects.count(node) && !excluded.count(node) && used.insert(node).second) out.suspects_used.push_back(node);
-  return out;
-}
-
 void SuspectNodes::forget(const std::string& job_key) {
   std::lock_guard<std::mutex> l(mu_);
   by_job_.erase(job_key);

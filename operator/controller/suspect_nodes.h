@@ -1,7 +1,6 @@
 // Nodes a job's replacement pods stay off for a while: the node of a pod that fell silent (restart_triggers.h
 // AgentSilent). Such a node may be frozen or cut off while its Node object still says Ready (for the node lifecycle's
-// grace period, 40 s by default), and a replacement placed there would never start; avoided while the gang fits
-// elsewhere (place_preferring_others, below). Not an exclusion for good (that
+// grace period, 40 s by default), and a replacement placed there would never start. Not an exclusion for good (that
 // is railyard.dev/exclude-nodes, written by the monitor): the pod alone may have been frozen on a healthy node. A
 // suspicion ends when the node's Ready condition changes after it (it went NotReady, or came back) or after
 // kSuspectFor. Per job (one tenant's frozen pod never moves another's), in memory: a restarted operator forgets
@@ -9,7 +8,6 @@
 #pragma once
 
 #include <chrono>
-#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -17,7 +15,6 @@
 #include <string>
 
 #include "operator/api.h"
-#include "operator/scheduler/placement.h"
 
 namespace railyard::op {
 
@@ -56,17 +53,5 @@ class SuspectNodes {
 
 // A Node's Ready condition lastTransitionTime; nullopt when it has none (or not RFC 3339).
 std::optional<SuspectNodes::Time> ready_transition(const Json& node);
-
-// A suspicion is a preference, not an exclusion: `place` (the whole placement attempt, an elastic job's partial one
-// included) runs with the suspect nodes added to req.excluded_nodes, and only when nothing can be placed that way,
-// once more without them. A pod frozen on a healthy node must not leave its job unplaceable on a small cluster for
-// kSuspectFor; a node that really is frozen turns NotReady within the node lifecycle's grace period, and its pod is
-// replaced then (NodeLost). suspects_used: the suspect nodes the result places pods on (empty when it avoided them).
-struct SuspectAwarePlacement {
-  PlacementResult result;
-  std::vector<std::string> suspects_used;
-};
-SuspectAwarePlacement place_preferring_others(const std::set<std::string>& suspects, PlacementRequest req,
-                                              const std::function<PlacementResult(const PlacementRequest&)>& place);
 
 }  // namespace railyard::op

@@ -91,13 +91,13 @@ void Controller::place_gang(Sync& s, const std::vector<int>& indices, bool creat
 
   PlacementRequest req = s.job_placement;
   req.job_key = s.key;
-  // Nodes where a pod of this job fell silent lately: they may look Ready and be frozen (suspect_nodes.h). Avoided
-  // while anything else fits.
-  const std::set<std::string> suspects =
-      suspects_.active(s.key, std::chrono::system_clock::now(), [this](const std::string& node_name) {
-        const auto obj = nodes_->get_shared(node_name);
-        return obj ? ready_transition(*obj) : std::optional<SuspectNodes::Time>();
-      });
+  // Nodes where a pod of this job fell silent lately: they may look Ready and be frozen (suspect_nodes.h).
+  for (const std::string& node :
+       suspects_.active(s.key, std::chrono::system_clock::now(), [this](const std::string& node_name) {
+         const auto obj = nodes_->get_shared(node_name);
+         return obj ? ready_transition(*obj) : std::optional<SuspectNodes::Time>();
+       }))
+    req.excluded_nodes.insert(node);
   req.pods = static_cast<int>(indices.size());
   req.pod_indices = indices;
   fill_gang_request(req, s.job, spec, s.gen, opts_.pod);
@@ -112,43 +112,35 @@ void Controller::place_gang(Sync& s, const std::vector<int>& indices, bool creat
   const auto t0 = Clock::now();
   const auto inventory = node_inventory();
   req.step_model = placement_step_model(spec, layout, n, inventory);
-  std::string short_of;  // elastic, placed in part: why the whole gang did not fit
-  const auto attempt = [&](const PlacementRequest& whole) {
-    short_of.clear();
-    PlacementResult r = placement_->place(whole, inventory);
-    if (r.ok || !spec.min_replicas) return r;
+  PlacementResult r = placement_->place(req, inventory);
+  if (!r.ok && spec.min_replicas) {
     // Elastic: place the part that fits now (the lowest indices); the world shrinks to the pods placed (never below
-    // minReplicas) and grows back when the rest fit. The most pods that fit, by bisection (if k pods fit, fewer do): a
-    // few placements, not one per replica, each of which also books the gangs ahead (req.ahead).
+    // minReplicas) and grows back when the rest fit.
+    s.capacity_short = true;
+    const std::string why = r.message;
+    // The most pods that fit, by bisection (if k pods fit, fewer do): a few placements, not one per replica, each of
+    // which also books the gangs ahead (req.ahead).
     PlacementResult best;
-    for (int lo = 1, hi = whole.pods - 1; lo <= hi;) {
+    for (int lo = 1, hi = req.pods - 1; lo <= hi;) {
       const int k = lo + (hi - lo) / 2;
-      PlacementRequest part = whole;
+      PlacementRequest part = req;
       part.pods = k;
       part.pod_indices.resize(k);
-      PlacementResult tried = placement_->place(part, inventory);
-      if (tried.ok) {
-        best = std::move(tried);
+      PlacementResult attempt = placement_->place(part, inventory);
+      if (attempt.ok) {
+        best = std::move(attempt);
         lo = k + 1;
       } else {
         hi = k - 1;
       }
     }
-    if (!best.ok) return r;
-    short_of = r.message;
-    return best;
-  };
-  const SuspectAwarePlacement placed = place_preferring_others(suspects, req, attempt);
-  PlacementResult r = placed.result;
-  if (!short_of.empty() && r.ok) {
-    s.capacity_short = true;
-    set_condition(s.status, "Scheduled", false, "Unschedulable",
-                  short_of + "; elastic: bound " + std::to_string(r.nodes.size()) + " of them", s.now_s);
+    if (best.ok) r = std::move(best);
+    if (r.ok)
+      set_condition(s.status, "Scheduled", false, "Unschedulable",
+                    why + "; elastic: bound " + std::to_string(r.nodes.size()) + " of them", s.now_s);
+    else
+      r.message = why;
   }
-  if (!placed.suspects_used.empty())
-    s.events.push_back({true, "SuspectNodeUsed",
-                        "placed on " + name_summary(placed.suspects_used) +
-                            ", where a pod of this job fell silent lately: no other node fits"});
   placement_seconds_.add({}).observe(std::chrono::duration<double>(Clock::now() - t0).count());
 
   if (!r.ok) {

@@ -8,14 +8,6 @@
 using namespace railyard::op;
 using std::chrono::seconds;
 
-namespace {
-Json ready_node(const std::string& name) {
-  return {{"metadata", {{"name", name}}},
-          {"status",
-           {{"allocatable", {{"cpu", "8"}}}, {"conditions", Json::array({{{"type", "Ready"}, {"status", "True"}}})}}}};
-}
-}  // namespace
-
 TEST_CASE("a silent pod's node is kept off until its Ready condition changes or the suspicion expires, per job") {
   SuspectNodes s;
   const auto t0 = std::chrono::system_clock::now();
@@ -50,49 +42,4 @@ TEST_CASE("a Node's Ready lastTransitionTime, and nothing from a node that says 
   CHECK_FALSE(ready_transition(Json{{"status", {{"conditions", {{{"type", "Ready"}, {"lastTransitionTime", 5}}}}}}}));
   CHECK_FALSE(
       ready_transition(Json{{"status", {{"conditions", {{{"type", "Ready"}, {"lastTransitionTime", "soon"}}}}}}}));
-}
-
-TEST_CASE("suspect nodes are avoided while the gang fits elsewhere, and used when nothing else fits") {
-  // One pod of a job per node (SimplePlacement), three Ready nodes.
-  const auto inv = build_inventory({ready_node("n1"), ready_node("n2"), ready_node("n3")}, {});
-  SimplePlacement simple;
-  int calls = 0;
-  const auto place = [&](const PlacementRequest& req) {
-    ++calls;
-    return simple.place(req, inv);
-  };
-  PlacementRequest req{"ns/a", 2, 0, {}, Json::array()};
-  // Two pods, n1 suspect: n2 and n3, in one attempt.
-  auto r = place_preferring_others({"n1"}, req, place);
-  REQUIRE(r.result.ok);
-  CHECK(r.result.nodes == std::vector<std::string>{"n2", "n3"});
-  CHECK(r.suspects_used.empty());
-  CHECK(calls == 1);
-  // n1 and n2 suspect: only n3 is beyond suspicion, so the gang goes on the suspects too (first fit: n1, n2).
-  calls = 0;
-  r = place_preferring_others({"n1", "n2"}, req, place);
-  REQUIRE(r.result.ok);
-  CHECK(r.result.nodes == std::vector<std::string>{"n1", "n2"});
-  CHECK(r.suspects_used == std::vector<std::string>{"n1", "n2"});
-  CHECK(calls == 2);
-  // The job's own exclusions (excludeFailedNodes, the monitor's railyard.dev/exclude-nodes) stay hard: with n3
-  // excluded and n1, n2 suspect, the fallback uses the suspects only.
-  req.excluded_nodes = {"n3"};
-  r = place_preferring_others({"n1", "n2"}, req, place);
-  REQUIRE(r.result.ok);
-  CHECK(r.result.nodes == std::vector<std::string>{"n1", "n2"});
-  // Excluded and suspect: never used.
-  req.excluded_nodes = {"n1", "n3"};
-  calls = 0;
-  r = place_preferring_others({"n1"}, req, place);
-  CHECK_FALSE(r.result.ok);
-  CHECK(calls == 1);  // nothing to relax
-  CHECK(r.suspects_used.empty());
-  // Does not fit even with the suspects: the answer says why, as without any suspicion.
-  req.excluded_nodes = {};
-  req.pods = 4;
-  r = place_preferring_others({"n1"}, req, place);
-  CHECK_FALSE(r.result.ok);
-  CHECK(r.result.message.find("do not fit") != std::string::npos);
-  CHECK(r.suspects_used.empty());
 }
