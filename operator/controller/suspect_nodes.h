@@ -5,10 +5,10 @@
 // to a node that had just lost its kubelet and containers, because the only other node, started again seconds before,
 // did not fit yet; that cost a second restart when the node turned NotReady (docs/benchmarks.md, 2026-12-07 17:14).
 // Not an exclusion for good (that is railyard.dev/exclude-nodes, written by the monitor): the pod alone may have been
-// frozen on a healthy node. A
-// suspicion ends when the node's Ready condition changes after it (it went NotReady, or came back) or after
-// kSuspectFor. Per job (one tenant's frozen pod never moves another's), in memory: a restarted operator forgets
-// (docs/rendezvous.md "A pod that falls silent"). Thread-safe (reconciles of different jobs run in parallel).
+// frozen on a healthy node. A suspicion ends when the node's Ready condition changes after it (it went NotReady, or
+// came back) or after kSuspectFor. Per job (one tenant's frozen pod never moves another's), in memory: a restarted
+// operator forgets (docs/rendezvous.md "A pod that falls silent"). Thread-safe (reconciles of different jobs run in
+// parallel).
 #pragma once
 
 #include <chrono>
