@@ -20,12 +20,14 @@
 #      pods train and checkpoint there, and the claim, the volume and its directory go with the job; beside it a job
 #      whose data is a directory of an image (spec.initializer.data.image) trains on its files; a 404 source
 #      fails its job after 3 attempts, naming it; deploy/examples/first-job.yaml and moe.yaml as shipped train to
-#      the end side by side, elastic.yaml as shipped starts training and ends Succeeded after 4 and 5 (tiny.yaml in 3; pytorch-ddp.yaml in
-#      tests/e2e/real/program_test.sh, gpt2-350m-h100.yaml admitted in real_nodes_test.sh);
+#      the end side by side, elastic.yaml as shipped starts training and ends Succeeded after 4 and 5 (tiny.yaml in 3;
+#      pytorch-ddp.yaml in 6, gpt2-350m-h100.yaml admitted in real_nodes_test.sh);
 #   4. the leader pod deleted: the other replica takes the Lease, rewrites the rendezvous Endpoints with its own pod,
 #      and the Deployment is back to 2 Available; the monitor's leader pod deleted: another replica takes its Lease;
 #   5. `kubectl kustomize deploy/` (the `apply -k` objects; its policy/v1 PDB left out on this 1.20 server) applied
-#      over the chart's objects with the same image names: the Deployments roll out Available again.
+#      over the chart's objects with the same image names: the Deployments roll out Available again;
+#   6. deploy/examples/pytorch-ddp.yaml as shipped under the chart's operator (its image built and loaded as its
+#      header says): Succeeded 300/300 with its checkpoints in its own volume.
 set -euo pipefail
 src=${RAILYARD_SOURCE_DIR:?}
 bin=${RAILYARD_BIN_DIR:?}
@@ -365,4 +367,27 @@ wait_for 600 "deploy/examples/elastic.yaml to end" elastic_ended
 [ "$(kubectl get tj elastic -n "$ns" -o jsonpath='{.status.progress}')" = 2000/2000 ] ||
   fail "elastic progress $(kubectl get tj elastic -n "$ns" -o jsonpath='{.status.progress}')"
 log "deploy/examples/elastic.yaml as shipped: Succeeded $((SECONDS - t_elastic)) s after it was applied, restarts $(kubectl get tj elastic -n "$ns" -o jsonpath='{.status.restarts}')"
+
+# --- 6. deploy/examples/pytorch-ddp.yaml as shipped, under the chart's operator -------------------------------------
+# The example's image as its header says (deploy/images/build.sh --examples --load, its python3-torch base built once
+# and cached), then the YAML unchanged: its own volume, 300 steps of the user's PyTorch script, flash checkpoints.
+t0=$SECONDS
+socks=()
+for d in "$state"/real/ry-real-*/run/containerd.sock; do socks+=(--load "$d"); done
+bash "$src/deploy/images/build.sh" --build-dir "$(dirname "$bin")" --examples "${socks[@]}" >"$work/images.log" 2>&1 ||
+  { tail -5 "$work/images.log" >&2; fail "building the example image"; }
+kubectl apply -n "$ns" -f "$src/deploy/examples/pytorch-ddp.yaml" >/dev/null
+ddp_ended() {
+  ddp_phase=$(kubectl get tj pytorch-ddp -n "$ns" -o jsonpath='{.status.phase}')
+  [ "$ddp_phase" = Succeeded ] || [ "$ddp_phase" = Failed ]
+}
+wait_for 420 "deploy/examples/pytorch-ddp.yaml to end" ddp_ended
+[ "$ddp_phase" = Succeeded ] ||
+  fail "pytorch-ddp ended $ddp_phase: $(kubectl get tj pytorch-ddp -n "$ns" -o jsonpath='{.status.conditions}')"
+[ "$(kubectl get tj pytorch-ddp -n "$ns" -o jsonpath='{.status.progress}')" = 300/300 ] ||
+  fail "pytorch-ddp progress $(kubectl get tj pytorch-ddp -n "$ns" -o jsonpath='{.status.progress}')"
+ddp_dir=$state/volumes/$(kubectl get pvc pytorch-ddp-storage -n "$ns" -o jsonpath='{.spec.volumeName}')
+ls "$ddp_dir"/checkpoints/pytorch-ddp/* >/dev/null 2>&1 ||
+  fail "no checkpoint of pytorch-ddp in its volume $ddp_dir: $(find "$ddp_dir" | head)"
+log "deploy/examples/pytorch-ddp.yaml as shipped under the chart's operator: Succeeded 300/300 on its own volume in $((SECONDS - t0)) s (its image built and loaded included)"
 log "real install e2e: ok in $((SECONDS - t_all)) s"

@@ -36,8 +36,8 @@
 #         another node, the script resumes from its checkpoint and the job Succeeds, progress 300/300.
 #   (Flows A-C run the example on the shared claim railyard-shared in place of a volume of its own: the flows' jobs
 #   share it, each with an empty checkpoint directory of its name, emptied on the host before it starts.)
-#   D. deploy/examples/pytorch-ddp.yaml exactly as shipped: its own volume (spec.storage, the default class
-#      railyard-local), trained to Succeeded with its checkpoints there.
+#   (deploy/examples/pytorch-ddp.yaml exactly as shipped, its own volume and all, runs under the chart's operator in
+#   tests/e2e/real/install_test.sh section 6.)
 set -euo pipefail
 src=${RAILYARD_SOURCE_DIR:?}
 bin=${RAILYARD_BIN_DIR:?}
@@ -464,15 +464,4 @@ loss=$(final_loss)
 close "$loss" "$ref" || fail "after kill -9, a hang and a node loss: final loss $loss differs from the reference run's $ref"
 log "C4. node $lost lost (generation $gen -> $(generation)): $job-worker-1 moved to $(kubectl get pod "$job-worker-1" -n "$ns" -o jsonpath='{.spec.nodeName}'), resumed from its peer's copy at step ${from_where#* }; Succeeded 300/300 with 3 restarts in $((SECONDS - t0)) s, final loss $loss (reference $ref)"
 
-# --- D. deploy/examples/pytorch-ddp.yaml exactly as shipped: its own volume, nothing made by hand ---------------
-t0=$SECONDS
-kubectl delete tj "$job" -n "$ns" --wait=false >/dev/null
-wait_for 60 "C's pods to end" pods_ended "$job"
-job=pytorch-ddp
-kubectl apply -n "$ns" -f "$src/deploy/examples/pytorch-ddp.yaml" >/dev/null
-wait_phase Succeeded 300
-[ "$(jp '{.status.progress}')" = 300/300 ] || fail "progress $(jp '{.status.progress}'), want 300/300"
-dir=$state/volumes/$(kubectl get pvc pytorch-ddp-storage -n "$ns" -o jsonpath='{.spec.volumeName}')
-ls "$dir"/checkpoints/pytorch-ddp/* >/dev/null 2>&1 || fail "no checkpoint of pytorch-ddp in its volume $dir: $(find "$dir" | head)"
-log "D. deploy/examples/pytorch-ddp.yaml as shipped: Succeeded 300/300 on its own volume in $((SECONDS - t0)) s"
 log "program e2e: ok in $((SECONDS - t_all)) s"
