@@ -357,13 +357,18 @@ kubectl rollout status deploy/railyard-monitor -n "$sys" --timeout 90s >/dev/nul
 wait_for 60 "a leader after apply -k" sh -c "[ -n \"\$(kubectl get lease railyard-operator -n $sys -o jsonpath='{.spec.holderIdentity}')\" ]"
 log "kustomize objects applied over the chart's: operator and monitor rolled out"
 # deploy/examples/elastic.yaml, applied in 3c, to the end through the leader changes and the roll-out above.
-elastic_ended() {
-  elastic_phase=$(kubectl get tj elastic -n "$ns" -o jsonpath='{.status.phase}')
-  [ "$elastic_phase" = Succeeded ] || [ "$elastic_phase" = Failed ]
+# ended JOB: the job Succeeded or Failed (its phase in $phase). run_to_end JOB SECONDS: waits until the example JOB
+# ends, and fails unless it Succeeded (at once when it Failed).
+ended() {
+  phase=$(kubectl get tj "$1" -n "$ns" -o jsonpath='{.status.phase}')
+  [ "$phase" = Succeeded ] || [ "$phase" = Failed ]
 }
-wait_for 600 "deploy/examples/elastic.yaml to end" elastic_ended
-[ "$elastic_phase" = Succeeded ] ||
-  fail "elastic ended $elastic_phase: $(kubectl get tj elastic -n "$ns" -o jsonpath='{.status.conditions}')"
+run_to_end() {
+  wait_for "$2" "deploy/examples/$1.yaml to end" ended "$1"
+  [ "$phase" = Succeeded ] ||
+    fail "$1 ended $phase: $(kubectl get tj "$1" -n "$ns" -o jsonpath='{.status.conditions}')"
+}
+run_to_end elastic 600
 [ "$(kubectl get tj elastic -n "$ns" -o jsonpath='{.status.progress}')" = 2000/2000 ] ||
   fail "elastic progress $(kubectl get tj elastic -n "$ns" -o jsonpath='{.status.progress}')"
 log "deploy/examples/elastic.yaml as shipped: Succeeded $((SECONDS - t_elastic)) s after it was applied, restarts $(kubectl get tj elastic -n "$ns" -o jsonpath='{.status.restarts}')"
@@ -377,13 +382,7 @@ for d in "$state"/real/ry-real-*/run/containerd.sock; do socks+=(--load "$d"); d
 bash "$src/deploy/images/build.sh" --build-dir "$(dirname "$bin")" --examples "${socks[@]}" >"$work/images.log" 2>&1 ||
   { tail -5 "$work/images.log" >&2; fail "building the example image"; }
 kubectl apply -n "$ns" -f "$src/deploy/examples/pytorch-ddp.yaml" >/dev/null
-ddp_ended() {
-  ddp_phase=$(kubectl get tj pytorch-ddp -n "$ns" -o jsonpath='{.status.phase}')
-  [ "$ddp_phase" = Succeeded ] || [ "$ddp_phase" = Failed ]
-}
-wait_for 420 "deploy/examples/pytorch-ddp.yaml to end" ddp_ended
-[ "$ddp_phase" = Succeeded ] ||
-  fail "pytorch-ddp ended $ddp_phase: $(kubectl get tj pytorch-ddp -n "$ns" -o jsonpath='{.status.conditions}')"
+run_to_end pytorch-ddp 420
 [ "$(kubectl get tj pytorch-ddp -n "$ns" -o jsonpath='{.status.progress}')" = 300/300 ] ||
   fail "pytorch-ddp progress $(kubectl get tj pytorch-ddp -n "$ns" -o jsonpath='{.status.progress}')"
 ddp_dir=$state/volumes/$(kubectl get pvc pytorch-ddp-storage -n "$ns" -o jsonpath='{.spec.volumeName}')
