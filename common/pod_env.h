@@ -54,6 +54,9 @@ inline constexpr const char* kTp = "RAILYARD_TP";
 inline constexpr const char* kPp = "RAILYARD_PP";
 inline constexpr const char* kRestore = "RAILYARD_RESTORE";         // the step to restore ("" = newest)
 inline constexpr const char* kStoreToken = "RAILYARD_STORE_TOKEN";  // the rendezvous store's per-generation secret
+// "1" while the agent copies this rank's in-memory snapshots to a peer pod: the built-in trainer then reads what the
+// peer holds (checkpoint/peer_held.h) before each put and keeps the snapshot the peer holds. Not set: no peer copy.
+inline constexpr const char* kShmPeerCopy = "RAILYARD_SHM_PEER_COPY";
 
 // --- The world in torch.distributed's names (env:// initialisation): the agent (worker/agent/rank_env.cc) and
 // `railyard-worker train --nproc` (worker/parallel/dist_launcher.cc) set them on every rank; the worker, Gloo's

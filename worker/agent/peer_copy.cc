@@ -6,6 +6,7 @@
 #include <atomic>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/peer_held.h"
 #include "checkpoint/shm_store.h"
 #include "common/log.h"
 #include "common/tls/ca_file.h"
@@ -375,7 +376,22 @@ PeerSender::~PeerSender() {
   if (thread_.joinable()) thread_.join();
 }
 
+void PeerSender::record_held(int rank, const std::string& base, const std::vector<int64_t>& steps) {
+  try {
+    ckpt::write_peer_held(ckpt::peer_held_name(base), steps);
+  } catch (const std::exception& e) {
+    // The worker then finds no record and keeps waiting for its newest snapshot to be held (a bounded wait): the
+    // copies themselves go on.
+    log::warn(kComponent, "cannot record what the peer holds", {{"rank", std::to_string(rank)}, {"error", e.what()}});
+  }
+}
+
 void PeerSender::set(std::map<int, std::string> ranks, std::string target) {
+  // Before this generation's workers start: what an earlier target held says nothing about the new one, so each
+  // rank's record starts empty (its workers keep their newest snapshot until the new target holds it).
+  if (!target.empty()) {
+    for (const auto& [rank, base] : ranks) record_held(rank, base, {});
+  }
   {
     std::lock_guard<std::mutex> l(mu_);
     ranks_ = std::move(ranks);
@@ -390,6 +406,7 @@ void PeerSender::loop() {
   std::string target;
   uint64_t version = 0;
   std::map<int, std::set<int64_t>> held;  // steps the target holds, per rank (as far as this sender knows)
+  std::map<int, std::vector<int64_t>> written;  // what the ranks' held records say (ckpt::write_peer_held)
   std::string last_error;
   Clock::time_point retry_at{};
   while (true) {
@@ -402,6 +419,7 @@ void PeerSender::loop() {
         ranks = ranks_;
         target = target_;
         held.clear();
+        written.clear();  // set() emptied the records
         last_error.clear();
         retry_at = {};
       }
@@ -443,6 +461,10 @@ void PeerSender::loop() {
         for (const auto& s : slots)
           if (h.count(s.first)) keep.insert(s.first);
         h = std::move(keep);
+        if (std::vector<int64_t> now(h.begin(), h.end()); now != written[rank]) {
+          record_held(rank, base, now);
+          written[rank] = std::move(now);
+        }
         if (relist) held.erase(rank);
       }
       last_error.clear();

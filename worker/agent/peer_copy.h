@@ -91,7 +91,9 @@ std::vector<int64_t> fetch(const std::string& addr, const Auth& auth, int rank, 
                            std::string* why);
 
 // The agent's sending side: a thread that polls the local slots of its ranks (peek: the header only) and sends each
-// newly completed one to the target. Off the training path: the worker never waits for it.
+// newly completed one to the target. Off the training path: the worker never waits for a copy to finish; it only
+// reads, before a put, which of its steps the target holds (ckpt::write_peer_held, updated after every change), so
+// that it keeps the one the target holds.
 class PeerSender {
  public:
   using OnCopy = std::function<void(const CopyResult&, const std::string& error)>;  // error empty on success
@@ -104,6 +106,8 @@ class PeerSender {
 
  private:
   void loop();
+  // Writes the steps the target holds of `rank` (slots base + "-a|-b") for the rank's workers (checkpoint/peer_held.h).
+  static void record_held(int rank, const std::string& base, const std::vector<int64_t>& steps);
   Auth auth_;
   std::chrono::milliseconds poll_;
   OnCopy on_copy_;

@@ -54,10 +54,12 @@ void PeerRing::on_copy(const peer::CopyResult& r, const std::string& error) {
 
 void PeerRing::set_up(const rdzv::Assignment& a, bool replacement) {
   steps_.clear();
+  copying_ = false;
   if (!sender_) return;  // stopped
   // From now on this agent's server refuses copies of older generations, and its sender labels its own.
   auth_.generation->store(a.generation);
   const bool on = a.config.memory_tier_on() && a.num_pods > 1 && static_cast<int>(a.peers.size()) == a.num_pods;
+  copying_ = on;
   if (!on) {
     sender_->set({}, "");
     return;

@@ -38,6 +38,9 @@ class PeerRing {
 
   // The steps fetched for `rank` in this generation's set_up (RAILYARD_SHM_PEER_STEPS); empty when none.
   std::vector<int64_t> fetched_steps(int rank) const;
+  // This generation's slots are copied to a peer pod (set_up found more than one pod with addresses): the ranks get
+  // RAILYARD_SHM_PEER_COPY and read what the peer holds before each put.
+  bool copying() const { return copying_; }
 
   // Stops sending and receiving, and logs what was sent; nothing may create a segment after this. Idempotent.
   void stop();
@@ -49,6 +52,7 @@ class PeerRing {
   const peer::Auth auth_;
   AgentMetrics& metrics_;
   std::map<int, std::vector<int64_t>> steps_;  // rank -> steps fetched from a peer for this generation
+  bool copying_ = false;
   std::atomic<uint64_t> copies_{0};
   std::atomic<double> copy_seconds_sum_{0}, copy_seconds_max_{0};
   std::atomic<bool> first_logged_{false};  // the first copy to each new target is logged at info

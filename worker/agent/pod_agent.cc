@@ -434,6 +434,7 @@ class AgentRun {
     params.max_restarts = mr != nullptr && *mr != '\0' ? mr : "0";
     params.config_path = config_path;
     params.shm_prefix = shm_prefix_;
+    params.peer_copy = peer_ && peer_->copying();
     params.store_token = store_token(cfg_.token, cfg_.ns, cfg_.job, a.generation);
     params.peer_tls = cfg_.identity;
     const WorldHosts hosts = world_hosts(a, cfg_.pod_domain, names_resolve(a));

@@ -62,6 +62,7 @@ std::vector<std::string> inherited_env(const char* const* envp) {
       flash::kShmPrefixEnv,
       flash::kPeerStepsEnv,
       pod_env::kStoreToken,
+      pod_env::kShmPeerCopy,
       names::kHostfileEnv,
       tls::kPeerCaEnv,
       tls::kPeerCertEnv,
@@ -115,6 +116,7 @@ void add_railyard_env(std::vector<std::string>& env, const rdzv::Assignment& a, 
     add(flash::kPeerStepsEnv, steps);
   }
   add(pod_env::kStoreToken, p.store_token);
+  if (p.peer_copy) add(pod_env::kShmPeerCopy, "1");
   if (!p.hostfile.empty()) add(names::kHostfileEnv, p.hostfile);
   if (!p.python_path.empty()) {
     std::string value = p.python_path;

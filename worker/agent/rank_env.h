@@ -50,6 +50,7 @@ struct RankEnvParams {
   std::string progress_dir;         // RAILYARD_PROGRESS_DIR: progress-<local rank>.json in it, in both modes
   std::string shm_prefix;           // RAILYARD_SHM_PREFIX: the agent's in-memory checkpoint segments
   std::vector<int64_t> peer_steps;  // RAILYARD_SHM_PEER_STEPS: steps fetched from a peer; empty = not set
+  bool peer_copy = false;           // RAILYARD_SHM_PEER_COPY=1: the agent copies the rank's slots to a peer pod
   std::string store_token;          // RAILYARD_STORE_TOKEN: the generation's bootstrap store token
   // RAILYARD_PEER_TLS_CA/_CERT/_KEY: the pod's identity under the job's CA, for the store over TLS; null: not set.
   std::shared_ptr<const tls::PodIdentity> peer_tls;

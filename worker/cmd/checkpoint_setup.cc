@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "checkpoint/peer_held.h"
 #include "checkpoint/shm_store.h"
 #include "common/error.h"
 
@@ -68,6 +69,8 @@ CheckpointOptions checkpoint_options(const TrainOptions& o, const DistSetup& dis
   } else {
     co.shm_name = ckpt::ShmStore::name_for(job_id, global_rank);
   }
+  // The agent copies this rank's slots to a peer pod and records which steps the peer holds: keep that one.
+  if (env.shm_peer_copy == "1") co.shm_peer_held = ckpt::peer_held_name(co.shm_name);
   // Steps the agent fetched from a peer pod into this rank's slots (a replacement pod; docs/checkpointing.md).
   for (std::string rest = env.peer_steps; !rest.empty();) {
     const auto comma = rest.find(',');

@@ -29,6 +29,7 @@ LauncherEnv LauncherEnv::from_process() {
   e.generation = env_or(flash::kGenerationEnv, "");
   e.shm_prefix = env_or(flash::kShmPrefixEnv, "");
   e.peer_steps = env_or(flash::kPeerStepsEnv, "");
+  e.shm_peer_copy = env_or(pod_env::kShmPeerCopy, "");
   e.progress_file = env_or(torchrun::kProgressFileEnv, "");
   e.num_threads = env_or(pod_env::kNumThreads, "");
   return e;

@@ -26,6 +26,7 @@ struct LauncherEnv {
   std::string restore;                               // RAILYARD_RESTORE
   std::string job_namespace, job_name, job_uid;      // the TrainingJob, for the checkpoints' identity
   std::string generation, shm_prefix, peer_steps;    // the in-memory tier (common/flash_checkpoint.h)
+  std::string shm_peer_copy;                         // RAILYARD_SHM_PEER_COPY ("1": slots copied to a peer)
   std::string progress_file;                         // RAILYARD_PROGRESS_FILE (common/torchrun.h)
   std::string num_threads;                           // RAILYARD_NUM_THREADS
 

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "checkpoint/layout.h"
+#include "checkpoint/peer_held.h"
 #include "checkpoint/reader.h"
 #include "checkpoint/shm_store.h"
 #include "checkpoint/writer.h"
@@ -294,6 +295,14 @@ Checkpointer::Checkpointer(CheckpointOptions options, const GptConfig& model, Tr
     // Overwrite the older slot first, so the newest snapshot survives a put that a kill tears.
     const auto a = shm_[0]->peek(), b = shm_[1]->peek();
     shm_next_ = (a && (!b || *a > *b)) ? 1 : 0;
+    shm_steps_[0] = a.value_or(-1);
+    shm_steps_[1] = b.value_or(-1);
+    if (!opt_.shm_peer_held.empty()) {
+      // The skip must be the same on every rank (a step one rank holds and another skipped is no use to a restore).
+      peer_gate_ = opt_.world_size == 1 || static_cast<bool>(opt_.any_rank);
+      if (!peer_gate_)
+        log::info("checkpoint", "in-memory tier: no collective to skip puts together: puts do not wait for the peer");
+    }
   }
 }
 
@@ -564,7 +573,9 @@ void Checkpointer::put_memory(int64_t step) {
   try {
     const nlohmann::json state = {
         {"trainer", state_json(trainer_.state())}, {"layout", opt_.layout}, {"world_size", opt_.world_size}};
+    shm_steps_[slot] = -1;  // torn until the put completes
     shm_[slot]->put(step, tensor_shards(shards_, true), state);
+    shm_steps_[slot] = step;
     shm_next_ = 1 - slot;
   } catch (const std::exception& e) {
     // The slot may be torn now; the other keeps the previous snapshot, so the next put goes to this one again.
@@ -574,6 +585,41 @@ void Checkpointer::put_memory(int64_t step) {
   const double took = since(t0);
   stall_seconds_ += took;
   if (metrics_) metrics_->memory_put.observe(took);
+}
+
+// Gemini's rule for the peer copy (docs/checkpointing.md "The peer copy"): the slot that survives a put must hold a
+// step the peer also holds. Otherwise a node loss right after the put leaves the survivors with two steps newer than
+// any copy of the lost ranks, and the job restores from the disk (steps redone). So while the peer does not yet hold
+// the newest snapshot (its copy is on the way), the put is skipped; the ranks decide together, since a step is only of
+// use to a restore when every rank holds it. Costs no step time beyond one small collective per put: the worker never
+// waits for a copy. After kMaxPeerWaits skips in a row the put goes ahead anyway.
+bool Checkpointer::wait_for_peer(int64_t step) {
+  const int64_t kept = shm_steps_[1 - shm_next_];
+  bool wait = false;
+  if (peer_gate_ && kept >= 0) {
+    const std::vector<int64_t> held = ckpt::read_peer_held(opt_.shm_peer_held);
+    wait = std::find(held.begin(), held.end(), kept) == held.end();
+  }
+  // Every rank votes at every put, with or without a peer copy of its own: no rank may skip a collective that
+  // another one makes (a pod whose agent copies nothing still takes part).
+  if (opt_.any_rank) wait = opt_.any_rank(wait);
+  if (!wait) {
+    peer_waits_ = 0;
+    return false;
+  }
+  if (peer_waits_ < kMaxPeerWaits) {
+    ++peer_waits_;
+    ++peer_waits_total_;
+    return true;
+  }
+  if (peer_forced_total_++ == 0) {
+    log::warn("checkpoint", "in-memory tier: the peer copy lags; putting this step anyway",
+              {{"step", std::to_string(step)},
+               {"kept_step", std::to_string(kept)},
+               {"puts_skipped_in_a_row", std::to_string(peer_waits_)}});
+  }
+  peer_waits_ = 0;
+  return false;
 }
 
 void Checkpointer::start_save(int64_t step, bool async) {
@@ -606,7 +652,7 @@ std::optional<int> Checkpointer::after_step(const StepResult& r) {
   // The in-memory snapshot is taken before the ranks' agreement below (a collective): no rank gets past this step
   // (and reports it: the trainer logs a step after this hook) before every rank holds it in memory. So a process
   // failure never loses a step that was reported.
-  if (shm_[0] && step % opt_.shm_every == 0) put_memory(step);
+  if (shm_[0] && step % opt_.shm_every == 0 && !wait_for_peer(step)) put_memory(step);
   bool stop = stop_requested();
   if (opt_.any_rank) stop = opt_.any_rank(stop);
   if (stop) return save_on_stop(step);
@@ -677,6 +723,10 @@ void Checkpointer::on_finished(int64_t step, bool ok, double persist_seconds, ui
 void Checkpointer::finish() {
   join_copy();
   if (writer_) writer_->flush();
+  if (peer_waits_total_ > 0 || peer_forced_total_ > 0) {
+    log::info("checkpoint", "in-memory tier: puts skipped while the peer copy caught up",
+              {{"skipped", std::to_string(peer_waits_total_)}, {"put_anyway", std::to_string(peer_forced_total_)}});
+  }
 }
 
 }  // namespace railyard::worker

@@ -17,6 +17,7 @@
 #include <random>
 #include <thread>
 
+#include "checkpoint/peer_held.h"
 #include "checkpoint/shm_store.h"
 #include "common/tls/channel.h"
 #include "common/tls/job_identity.h"
@@ -349,12 +350,18 @@ TEST_CASE("the sender follows the worker's puts off the training path, and stops
   CHECK(got == state_for(12, n));
   CHECK(copies.load() >= 4);
   CHECK(copies.load() <= 12);  // each step at most once
+  // The worker's record of what the target holds (checkpoint/peer_held.h) follows: it keeps step 12 until it is held.
+  const std::string record = railyard::ckpt::peer_held_name(src + "-r2");
+  CHECK(eventually([&] { return railyard::ckpt::read_peer_held(record) == std::vector<int64_t>{12, 11}; }));
   MESSAGE("sender: " << copies.load() << " copies, mean " << total_s.load() / copies.load() * 1e3 << " ms per "
                      << (n * 4) / 1e6 << " MB slot");
 
-  // Target gone: errors are counted and retried, never thrown out of the thread.
+  // Target gone: errors are counted and retried, never thrown out of the thread. The new target holds nothing that
+  // the old one held: the record is emptied before set() returns (before a new generation's workers start).
   sender.set({{2, src + "-r2"}}, "127.0.0.1:1");
+  CHECK(railyard::ckpt::read_peer_held(record).empty());
   CHECK(eventually([&] { return errors.load() > 0; }));
+  CHECK(railyard::ckpt::read_peer_held(record).empty());
   sender.set({}, "");
   const int before = copies.load();
   put_step(slots[0], 13, state_for(13, n));

@@ -181,6 +181,9 @@ TEST_CASE("the first generation counts no restart, and fetched peer steps are pa
   CHECK(env.at("TORCHELASTIC_RESTART_COUNT") == std::vector<std::string>{"0"});
   CHECK(env.at("RAILYARD_RESTORE") == std::vector<std::string>{""});  // set, empty: a fresh start
   CHECK(env.at("RAILYARD_SHM_PEER_STEPS") == std::vector<std::string>{"100,120"});
+  CHECK(env.count("RAILYARD_SHM_PEER_COPY") == 0);  // no peer copy this generation
+  p.peer_copy = true;  // the agent copies the rank's slots to a peer: the trainer keeps what the peer holds
+  CHECK(by_name(rank_env({}, a, 0, p)).at("RAILYARD_SHM_PEER_COPY") == std::vector<std::string>{"1"});
 }
 
 TEST_CASE("the inherited environment cannot override the rank's variables nor leak the rendezvous token") {
@@ -190,6 +193,7 @@ TEST_CASE("the inherited environment cannot override the rank's variables nor le
                              "MASTER_ADDR=stale.example",
                              "RAILYARD_CONFIG=/etc/stale.json",
                              "RAILYARD_SHM_PEER_STEPS=7",
+                             "RAILYARD_SHM_PEER_COPY=1",
                              "RAILYARD_RENDEZVOUS_TOKEN=secret",
                              "RAILYARD_RENDEZVOUS_CA=-----BEGIN CERTIFICATE-----",
                              "RAILYARD_JOB_NAME=job1",
@@ -207,6 +211,7 @@ TEST_CASE("the inherited environment cannot override the rank's variables nor le
   CHECK(env.at("MASTER_ADDR") == std::vector<std::string>{"10.0.0.7"});
   CHECK(env.at("RAILYARD_CONFIG") == std::vector<std::string>{"/tmp/agent/gen-3/config.json"});
   CHECK(env.count("RAILYARD_SHM_PEER_STEPS") == 0);
+  CHECK(env.count("RAILYARD_SHM_PEER_COPY") == 0);  // a stale one would make the trainer wait for a record
   CHECK(env.count("RAILYARD_RENDEZVOUS_TOKEN") == 0);
   CHECK(env.count("RAILYARD_RENDEZVOUS_CA") == 0);
   CHECK(env.count("NCCL_IB_HCA") == 0);  // set but empty: unset, NCCL's "choose yourself"

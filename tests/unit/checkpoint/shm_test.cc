@@ -10,6 +10,7 @@
 #include <cstring>
 #include <random>
 
+#include "checkpoint/peer_held.h"
 #include "checkpoint/shm_store.h"
 #include "test_util.h"
 #include "tests/ctest_env.h"
@@ -259,4 +260,31 @@ TEST_CASE("shm: a version-2 image written by railyard_flash.py reads, verifies a
   CHECK_MESSAGE(why.find("CRC-32 mismatch") != std::string::npos, why);
   ShmStore::remove(name);
   ShmStore::remove(copy_name);
+}
+
+TEST_CASE("peer held record: written and read back newest first, missing or damaged reads as nothing held") {
+  const std::string base = "/railyard-shmtest-held-" + std::to_string(::getpid()) + "-r0";
+  const std::string name = peer_held_name(base);
+  CHECK(name == base + "-held");
+  CHECK(read_peer_held(name).empty());  // missing
+  write_peer_held(name, {11, 12});
+  CHECK(read_peer_held(name) == std::vector<int64_t>{12, 11});
+  write_peer_held(name, {-1, 7});  // -1: an empty or torn slot of the peer
+  CHECK(read_peer_held(name) == std::vector<int64_t>{7});
+  write_peer_held(name, {3, 9, 5});  // at most two: the newest
+  CHECK(read_peer_held(name) == std::vector<int64_t>{9, 5});
+  write_peer_held(name, {});
+  CHECK(read_peer_held(name).empty());
+  // A record caught half written (one step changed, its check word not yet): nothing held, never a wrong step.
+  write_peer_held(name, {20, 19});
+  {
+    const int fd = ::shm_open(name.c_str(), O_RDWR, 0);
+    REQUIRE(fd >= 0);
+    const int64_t other = 21;
+    REQUIRE(::pwrite(fd, &other, sizeof other, 0) == static_cast<ssize_t>(sizeof other));
+    ::close(fd);
+  }
+  CHECK(read_peer_held(name).empty());
+  ShmStore::remove_prefix(base);
+  CHECK(read_peer_held(name).empty());
 }

@@ -21,12 +21,14 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <tuple>
 #include <vector>
 
+#include "checkpoint/peer_held.h"
 #include "checkpoint/shm_store.h"
 #include "tests/ctest_env.h"
 #include "tests/unit/checkpoint/test_util.h"
@@ -422,6 +424,43 @@ TEST_CASE("in-memory tier with 2 ranks: both restore the newest step every rank 
     CHECK_MESSAGE(log.find("in-memory snapshot not usable on every rank") != std::string::npos, log);
     CHECK(std::regex_search(log, std::regex("rank 1\\][^\\n]*restored step=7 from=memory")));
     CHECK(slurp(fx.dir / "d.bin") == slurp(fx.dir / "a.bin"));
+  }
+}
+
+TEST_CASE(
+    "with a peer copy, a put never overwrites the only snapshot the peer holds, the ranks skip together, and "
+    "after kMaxPeerWaits skips a put goes ahead") {
+  // The slots expected below count worker::kMaxPeerWaits = 8 skips in a row (worker/train/checkpointing.h).
+  Fixture fx;
+  ShmPrefix shm;
+  ::setenv("RAILYARD_SHM_PEER_COPY", "1", 1);  // as the agent sets it while it copies the slots to a peer
+  struct Unset {
+    ~Unset() { ::unsetenv("RAILYARD_SHM_PEER_COPY"); }
+  } unset;
+  auto slots = [&](int rank) {
+    std::set<int64_t> s;
+    for (const char* x : {"-a", "-b"}) s.insert(shm_slot_step(shm.prefix + "-r" + std::to_string(rank) + x));
+    return s;
+  };
+  const std::string held0 = railyard::ckpt::peer_held_name(shm.prefix + "-r0");
+  SUBCASE("one process whose peer holds step 1 only: step 2 is put (step 1 stays), then 3-10 wait, 11 goes ahead") {
+    railyard::ckpt::write_peer_held(held0, {1});
+    REQUIRE_MESSAGE(run(fx.train(12, fx.dir / "ck1", {"--ckpt-shm-every", "1"}), fx.dir / "one.log") == 0,
+                    slurp(fx.dir / "one.log"));
+    CHECK(slots(0) == std::set<int64_t>{2, 11});  // without the rule: 11 and 12
+    const std::string log = slurp(fx.dir / "one.log");
+    CHECK_MESSAGE(log.find("the peer copy lags; putting this step anyway") != std::string::npos, log);
+    CHECK_MESSAGE(std::regex_search(log, std::regex("puts skipped while the peer copy caught up[^\\n]*skipped=9")),
+                  log);
+  }
+  SUBCASE("two ranks: rank 0's peer holds its step 1, rank 1's holds nothing: both skip, so both hold 1 and 10") {
+    railyard::ckpt::write_peer_held(held0, {1});
+    REQUIRE_MESSAGE(
+        run(fx.train(12, fx.dir / "ck2", {"--global-batch", "256", "--nproc", "2", "--ckpt-shm-every", "1"}),
+            fx.dir / "two.log") == 0,
+        slurp(fx.dir / "two.log"));
+    CHECK(slots(0) == std::set<int64_t>{1, 10});  // alone, rank 0 would hold 2 and 11
+    CHECK(slots(1) == std::set<int64_t>{1, 10});
   }
 }
 
