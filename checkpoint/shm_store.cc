@@ -130,7 +130,7 @@ int ShmStore::remove_prefix(const std::string& prefix) {
   return removed;
 }
 
-std::optional<int64_t> ShmStore::peek(std::string* why) const {
+std::optional<int64_t> ShmStore::peek(std::string* why, uint64_t* writes) const {
   auto fail = [&](const std::string& reason) -> std::optional<int64_t> {
     if (why != nullptr) *why = "shared memory " + name_ + ": " + reason;
     return std::nullopt;
@@ -145,6 +145,7 @@ std::optional<int64_t> ShmStore::peek(std::string* why) const {
   if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) return fail("bad magic: not a railyard snapshot");
   if (!known_version(h.version)) return fail(version_problem(h.version));
   if (h.header_crc != header_crc(h)) return fail("torn snapshot: header checksum mismatch");
+  if (writes != nullptr) *writes = h.generation;
   return h.step;
 }
 

@@ -35,8 +35,9 @@ class ShmStore {
   static int remove_prefix(const std::string& prefix);
 
   // The step of the complete snapshot in the segment from its header alone (no copy, no checksum of the contents),
-  // or nullopt with the reason (missing, torn, other format). get() still verifies the contents.
-  std::optional<int64_t> peek(std::string* why = nullptr) const;
+  // or nullopt with the reason (missing, torn, other format). get() still verifies the contents. *writes (when not
+  // null): the segment's count of puts, which tells a rewrite of the same step from the snapshot seen before.
+  std::optional<int64_t> peek(std::string* why = nullptr, uint64_t* writes = nullptr) const;
 
   // Stores every shard's full box (replica fields are ignored: each rank keeps what it holds) and `state`.
   // The segment grows as needed; space is reserved up front so a full /dev/shm is an Error, not a SIGBUS.

@@ -407,6 +407,8 @@ void PeerSender::loop() {
   uint64_t version = 0;
   std::map<int, std::set<int64_t>> held;  // steps the target holds, per rank (as far as this sender knows)
   std::map<int, std::vector<int64_t>> written;  // what the ranks' held records say (ckpt::write_peer_held)
+  // Each local slot's step and count of puts when last looked at (kept across generations: the slots stay).
+  std::map<std::string, std::pair<int64_t, uint64_t>> seen;
   std::string last_error;
   Clock::time_point retry_at{};
   while (true) {
@@ -436,11 +438,23 @@ void PeerSender::loop() {
         // Complete local slots, newest first: when the copies lag, the newest matters; the receiver overwrites its
         // older copy, so newest-then-older still leaves it both.
         std::vector<std::pair<int64_t, std::string>> slots;
+        std::vector<int64_t> rewritten;
         for (const char* suffix : {"-a", "-b"}) {
-          if (auto st = ckpt::ShmStore(base + suffix).peek()) slots.emplace_back(*st, base + suffix);
+          uint64_t writes = 0;
+          const std::string name = base + suffix;
+          if (auto st = ckpt::ShmStore(name).peek(nullptr, &writes)) {
+            slots.emplace_back(*st, name);
+            // A slot put since it was last seen holds a snapshot the target has not received, even under a step
+            // number it holds: after a restore to an older step, the new generation computes that step again, and
+            // the target's copy is of the abandoned run. Send it again, and do not count it as held meanwhile.
+            auto it = seen.find(name);
+            if (it != seen.end() && it->second != std::make_pair(*st, writes)) rewritten.push_back(*st);
+            seen[name] = {*st, writes};
+          }
         }
         std::sort(slots.rbegin(), slots.rend());
         auto& h = held[rank];
+        for (int64_t s : rewritten) h.erase(s);
         bool relist = false;
         for (const auto& [step, name] : slots) {
           if (h.count(step)) continue;

@@ -353,6 +353,15 @@ TEST_CASE("the sender follows the worker's puts off the training path, and stops
   // The worker's record of what the target holds (checkpoint/peer_held.h) follows: it keeps step 12 until it is held.
   const std::string record = railyard::ckpt::peer_held_name(src + "-r2");
   CHECK(eventually([&] { return railyard::ckpt::read_peer_held(record) == std::vector<int64_t>{12, 11}; }));
+  // Step 12 put again with other contents (a new generation computed it again after a restore to step 11): the
+  // target's copy is of the abandoned run, so the sender sends the slot again although the target holds a step 12.
+  put_step(slots[1], 12, state_for(1012, n));
+  CHECK(eventually([&] {
+    const auto now = peer::held_steps(addr(server), kAuth, 2);
+    const int slot = now[0] == 12 ? 0 : (now[1] == 12 ? 1 : -1);
+    std::vector<float> v;
+    return slot >= 0 && read_slot(peer::copy_name(holder, 2, slot), &v, n) == 12 && v == state_for(1012, n);
+  }));
   MESSAGE("sender: " << copies.load() << " copies, mean " << total_s.load() / copies.load() * 1e3 << " ms per "
                      << (n * 4) / 1e6 << " MB slot");
 
