@@ -297,11 +297,16 @@ Checkpointer::Checkpointer(CheckpointOptions options, const GptConfig& model, Tr
     shm_next_ = (a && (!b || *a > *b)) ? 1 : 0;
     shm_steps_[0] = a.value_or(-1);
     shm_steps_[1] = b.value_or(-1);
+    // Every rank has the third slot (no segment until a put goes there): when any rank's peer lags, all divert.
+    scratch_ = std::make_unique<ckpt::ShmStore>(opt_.shm_name + "-c");
+    scratch_step_ = scratch_->peek().value_or(-1);
     if (!opt_.shm_peer_held.empty()) {
-      // The skip must be the same on every rank (a step one rank holds and another skipped is no use to a restore).
+      // The choice of slot must be the same on every rank (a step held in different kinds of slot on different ranks
+      // is no use to a restore after a node loss).
       peer_gate_ = opt_.world_size == 1 || static_cast<bool>(opt_.any_rank);
       if (!peer_gate_)
-        log::info("checkpoint", "in-memory tier: no collective to skip puts together: puts do not wait for the peer");
+        log::info("checkpoint",
+                  "in-memory tier: no collective to choose slots together: puts do not wait for the peer");
     }
   }
 }
@@ -401,6 +406,18 @@ void Checkpointer::apply_state(const nlohmann::json& j, int64_t step) {
 }
 
 std::optional<RestoreInfo> Checkpointer::restore() {
+  std::optional<RestoreInfo> info = restore_any();
+  // The third slot holds a step of the run being restored only up to the restored one: a newer one is of a run
+  // abandoned by this restore (its next steps are computed again), so a later restore must never pick it.
+  if (scratch_ && scratch_step_ > (info ? info->step : 0)) {
+    ckpt::ShmStore::remove(scratch_->name());
+    scratch_ = std::make_unique<ckpt::ShmStore>(opt_.shm_name + "-c");
+    scratch_step_ = -1;
+  }
+  return info;
+}
+
+std::optional<RestoreInfo> Checkpointer::restore_any() {
   if (opt_.resume == "never") return std::nullopt;
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<ckpt::LoadTarget> targets;
@@ -516,26 +533,33 @@ std::optional<int64_t> Checkpointer::restore_from_memory(const std::vector<ckpt:
     log::info("checkpoint", "in-memory tier: no collective to agree on a step with the other ranks: reading the disk");
     return std::nullopt;
   }
-  // Each rank's two slots (-1: unusable). A rank killed in the middle of a put has a torn slot; its other slot holds
-  // the step before. Every rank gets the same list, so all pick the same step: the newest one that every rank holds,
-  // at least as new as the disk's newest.
-  std::vector<int64_t> mine(2, -1);
-  std::vector<std::string> why(2);
-  for (int i = 0; i < 2; ++i)
-    if (auto st = shm_[i]->peek(&why[i])) mine[static_cast<size_t>(i)] = *st;
+  // Each rank's slots, a, b and the third (-1: unusable or none; three entries on every rank, so the lists line up).
+  // A rank killed in the middle of a put has a torn slot; another holds the step before. Every rank gets the same
+  // list, so all pick the same step: the newest one that every rank holds, at least as new as the disk's newest.
+  constexpr size_t kSlots = 3;
+  ckpt::ShmStore* const slots[kSlots] = {shm_[0].get(), shm_[1].get(), scratch_.get()};
+  std::vector<int64_t> mine(kSlots, -1);
+  std::vector<std::string> why(kSlots);
+  for (size_t i = 0; i < kSlots; ++i)
+    if (slots[i] != nullptr)
+      if (auto st = slots[i]->peek(&why[i])) mine[i] = *st;
   const std::vector<int64_t> all = opt_.all_gather ? opt_.all_gather(mine) : mine;
-  const size_t ranks = all.size() / 2;
+  const size_t ranks = all.size() / kSlots;
   std::vector<int64_t> candidates;
-  for (size_t i = 0; i < 2; ++i) {
+  for (size_t i = 0; i < kSlots; ++i) {
     const int64_t s = all[i];  // rank 0's slots: a step every rank holds is among them
     if (s < 0 || s < disk_newest) continue;
     bool everywhere = true;
-    for (size_t r = 0; r < ranks && everywhere; ++r) everywhere = all[2 * r] == s || all[2 * r + 1] == s;
+    for (size_t r = 0; r < ranks && everywhere; ++r)
+      everywhere = std::find(all.begin() + static_cast<std::ptrdiff_t>(kSlots * r),
+                             all.begin() + static_cast<std::ptrdiff_t>(kSlots * (r + 1)),
+                             s) != all.begin() + static_cast<std::ptrdiff_t>(kSlots * (r + 1));
     if (everywhere && std::find(candidates.begin(), candidates.end(), s) == candidates.end()) candidates.push_back(s);
   }
   std::sort(candidates.rbegin(), candidates.rend());
   if (candidates.empty()) {
     std::string mine_text = std::to_string(mine[0]) + "," + std::to_string(mine[1]);
+    if (scratch_) mine_text += "," + std::to_string(mine[2]);
     log::info("checkpoint", "no in-memory snapshot that every rank holds and is at least as new as the disk",
               {{"memory_steps", mine_text},
                {"disk_step", std::to_string(disk_newest)},
@@ -543,10 +567,11 @@ std::optional<int64_t> Checkpointer::restore_from_memory(const std::vector<ckpt:
     return std::nullopt;
   }
   for (const int64_t step : candidates) {
-    const int slot = mine[0] == step ? 0 : 1;
+    // The first slot holding it: a or b before the third (a step in both was put in a or b since).
+    const int slot = static_cast<int>(std::find(mine.begin(), mine.end(), step) - mine.begin());
     nlohmann::json state;
     std::string reason;
-    const std::optional<int64_t> got = shm_[slot]->get(targets, &state, &reason);
+    const std::optional<int64_t> got = slots[slot]->get(targets, &state, &reason);
     bool ok = got && *got == step;
     if (ok &&
         (state.value("layout", nlohmann::json()) != opt_.layout || state.value("world_size", 0) != opt_.world_size)) {
@@ -558,7 +583,7 @@ std::optional<int64_t> Checkpointer::restore_from_memory(const std::vector<ckpt:
     if (!ok && got) reason = reason.empty() ? "slot changed step while reading" : reason;
     if (all_ranks(ok)) {
       apply_state(state.at("trainer"), step);
-      shm_next_ = 1 - slot;  // keep the restored snapshot until the next put has completed
+      if (slot < 2) shm_next_ = 1 - slot;  // keep the restored snapshot until the next put has completed
       return step;
     }
     log::warn("checkpoint", "in-memory snapshot not usable on every rank: trying an older one",
@@ -568,31 +593,40 @@ std::optional<int64_t> Checkpointer::restore_from_memory(const std::vector<ckpt:
 }
 
 void Checkpointer::put_memory(int64_t step) {
-  const auto t0 = std::chrono::steady_clock::now();
   const int slot = shm_next_;
+  shm_steps_[slot] = -1;  // torn until the put completes
+  if (put_slot(*shm_[slot], step)) {
+    shm_steps_[slot] = step;
+    shm_next_ = 1 - slot;
+  }
+  // Failed: the slot may be torn now; the other keeps the previous snapshot, so the next put goes to this one again.
+}
+
+bool Checkpointer::put_slot(ckpt::ShmStore& slot, int64_t step) {
+  const auto t0 = std::chrono::steady_clock::now();
+  bool ok = true;
   try {
     const nlohmann::json state = {
         {"trainer", state_json(trainer_.state())}, {"layout", opt_.layout}, {"world_size", opt_.world_size}};
-    shm_steps_[slot] = -1;  // torn until the put completes
-    shm_[slot]->put(step, tensor_shards(shards_, true), state);
-    shm_steps_[slot] = step;
-    shm_next_ = 1 - slot;
+    slot.put(step, tensor_shards(shards_, true), state);
   } catch (const std::exception& e) {
-    // The slot may be torn now; the other keeps the previous snapshot, so the next put goes to this one again.
+    ok = false;
     log::error("checkpoint", "in-memory snapshot failed: training goes on",
-               {{"step", std::to_string(step)}, {"error", e.what()}});
+               {{"step", std::to_string(step)}, {"slot", slot.name()}, {"error", e.what()}});
   }
   const double took = since(t0);
   stall_seconds_ += took;
   if (metrics_) metrics_->memory_put.observe(took);
+  return ok;
 }
 
 // Gemini's rule for the peer copy (docs/checkpointing.md "The peer copy"): the slot that survives a put must hold a
 // step the peer also holds. Otherwise a node loss right after the put leaves the survivors with two steps newer than
 // any copy of the lost ranks, and the job restores from the disk (steps redone). So while the peer does not yet hold
-// the newest snapshot (its copy is on the way), the put is skipped; the ranks decide together, since a step is only of
-// use to a restore when every rank holds it. Costs no step time beyond one small collective per put: the worker never
-// waits for a copy. After kMaxPeerWaits skips in a row the put goes ahead anyway.
+// the newest snapshot (its copy is on the way), the step goes into the third slot instead, which a restart in place
+// restores from (a kill -9 still loses no step); the ranks decide together, since a step is only of use to a restore
+// when every rank holds it. Costs no step time beyond one small collective per put: the worker never waits for a copy.
+// After kMaxPeerWaits diversions in a row the put goes to the two slots anyway. True: divert this put.
 bool Checkpointer::wait_for_peer(int64_t step) {
   const int64_t kept = shm_steps_[1 - shm_next_];
   bool wait = false;
@@ -613,10 +647,10 @@ bool Checkpointer::wait_for_peer(int64_t step) {
     return true;
   }
   if (peer_forced_total_++ == 0) {
-    log::warn("checkpoint", "in-memory tier: the peer copy lags; putting this step anyway",
+    log::warn("checkpoint", "in-memory tier: the peer copy lags; putting this step in the copied slots anyway",
               {{"step", std::to_string(step)},
                {"kept_step", std::to_string(kept)},
-               {"puts_skipped_in_a_row", std::to_string(peer_waits_)}});
+               {"diverted_in_a_row", std::to_string(peer_waits_)}});
   }
   peer_waits_ = 0;
   return false;
@@ -652,7 +686,14 @@ std::optional<int> Checkpointer::after_step(const StepResult& r) {
   // The in-memory snapshot is taken before the ranks' agreement below (a collective): no rank gets past this step
   // (and reports it: the trainer logs a step after this hook) before every rank holds it in memory. So a process
   // failure never loses a step that was reported.
-  if (shm_[0] && step % opt_.shm_every == 0 && !wait_for_peer(step)) put_memory(step);
+  if (shm_[0] && step % opt_.shm_every == 0) {
+    if (!wait_for_peer(step)) {
+      put_memory(step);
+    } else {
+      scratch_step_ = -1;
+      if (put_slot(*scratch_, step)) scratch_step_ = step;
+    }
+  }
   bool stop = stop_requested();
   if (opt_.any_rank) stop = opt_.any_rank(stop);
   if (stop) return save_on_stop(step);
@@ -724,8 +765,8 @@ void Checkpointer::finish() {
   join_copy();
   if (writer_) writer_->flush();
   if (peer_waits_total_ > 0 || peer_forced_total_ > 0) {
-    log::info("checkpoint", "in-memory tier: puts skipped while the peer copy caught up",
-              {{"skipped", std::to_string(peer_waits_total_)}, {"put_anyway", std::to_string(peer_forced_total_)}});
+    log::info("checkpoint", "in-memory tier: puts diverted to the third slot while the peer copy caught up",
+              {{"diverted", std::to_string(peer_waits_total_)}, {"put_anyway", std::to_string(peer_forced_total_)}});
   }
 }
 

@@ -133,8 +133,9 @@ std::vector<ShardSpec> zero_slices_shards(const std::vector<Slice>& map, float* 
 // the operator's failure policy).
 inline constexpr int kPreemptedExitCode = 143;
 
-// Puts skipped in a row while the peer copy catches up, before a put goes ahead anyway (a peer that never acknowledges,
-// e.g. one whose /dev/shm is full, must not freeze the in-memory tier: the own restart after a kill -9 needs it).
+// Puts diverted to the third slot in a row while the peer copy catches up, before a put goes ahead anyway (a peer that
+// never acknowledges, e.g. one whose /dev/shm is full, must not freeze the in-memory tier: the own restart after a kill
+// -9 needs it).
 inline constexpr int kMaxPeerWaits = 8;
 
 struct CheckpointOptions {
@@ -151,8 +152,9 @@ struct CheckpointOptions {
   std::vector<int64_t> shm_peer_steps;
   // The agent's record of which of this rank's in-memory steps its peer pod holds (checkpoint/peer_held.h; named
   // when RAILYARD_SHM_PEER_COPY=1). With it a put never overwrites the only own snapshot that the peer also holds:
-  // while the peer does not yet hold the snapshot that would survive the put, the put is skipped (every rank together,
-  // so that all hold the same steps), at most kMaxPeerWaits times in a row. "" = no peer copy: every put goes ahead.
+  // while the peer does not yet hold the snapshot that would survive the put, the step goes into a third slot
+  // (shm_name + "-c", never copied: for a restart in place) instead (every rank together, so that all hold the same
+  // steps in the same slots), at most kMaxPeerWaits times in a row. "" = no peer copy: two slots, written in turn.
   std::string shm_peer_held;
   double term_budget_seconds = 8;  // SIGTERM: deadline for the final save, from the signal
   std::string run_id;              // unique per run and generation; empty = random (one rank only)
@@ -213,7 +215,9 @@ class Checkpointer {
   void join_copy();
   void start_save(int64_t step, bool async);
   void put_memory(int64_t step);
+  bool put_slot(ckpt::ShmStore& slot, int64_t step);
   bool wait_for_peer(int64_t step);
+  std::optional<RestoreInfo> restore_any();
   std::optional<int64_t> restore_from_memory(const std::vector<ckpt::LoadTarget>& targets, int64_t disk_newest);
   bool all_ranks(bool mine);
   std::optional<int> after_step(const StepResult& r);
@@ -228,6 +232,10 @@ class Checkpointer {
   std::unique_ptr<ckpt::ShmStore> shm_[2];  // two slots, written in turn: a put torn by a kill leaves the other
   int shm_next_ = 0;
   int64_t shm_steps_[2] = {-1, -1};  // the complete step in each slot as this process knows it (-1: none or torn)
+  // The third slot (opt_.shm_peer_held named): the newest step while the two slots wait for the peer copy. The agent
+  // neither copies it nor fetches into it, so it serves a restart in place (kill -9 of a trainer) only.
+  std::unique_ptr<ckpt::ShmStore> scratch_;
+  int64_t scratch_step_ = -1;
   bool peer_gate_ = false;           // opt_.shm_peer_held is named and the ranks can decide together
   int peer_waits_ = 0;               // puts skipped in a row (the same on every rank: decided together)
   int64_t peer_waits_total_ = 0, peer_forced_total_ = 0;

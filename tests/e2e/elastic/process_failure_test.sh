@@ -22,10 +22,14 @@ agent_pid=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.
 worker_pid=$(pgrep -P "$agent_pid" | head -1)
 [ -n "$worker_pid" ] || fail "no trainer process under the agent of $job_name-worker-1 (pid $agent_pid)"
 # Each rank keeps two slots in the pod's shared memory, named by its agent (/railyard-<ns>_<pod>-<agent id>-r<rank>);
-# the agent also holds the other pod's two peer copies (...-peer-r<rank>-a|b, docs/checkpointing.md "The peer copy").
-shm_of() { find /dev/shm -maxdepth 1 -name "railyard-${ns}_$1-*" ! -name '*-peer-r*' 2>/dev/null | wc -l; }
+# the agent also holds the other pod's two peer copies (...-peer-r<rank>-a|b, docs/checkpointing.md "The peer copy")
+# and, per rank, the record of which steps its peer holds (...-r<rank>-held, checkpoint/peer_held.h); a third slot
+# (...-r<rank>-c) appears once a put waited for the peer copy.
+shm_of() { find /dev/shm -maxdepth 1 -name "railyard-${ns}_$1-*-r[0-9]*-[ab]" ! -name '*-peer-r*' 2>/dev/null | wc -l; }
+held_of() { find /dev/shm -maxdepth 1 -name "railyard-${ns}_$1-*-r[0-9]*-held" 2>/dev/null | wc -l; }
 for i in 0 1; do
-  [ "$(shm_of "$job_name-worker-$i")" = 2 ] || fail "pod $i: $(shm_of "$job_name-worker-$i") shared-memory segments, want 2"
+  [ "$(shm_of "$job_name-worker-$i")" = 2 ] || fail "pod $i: $(shm_of "$job_name-worker-$i") shared-memory slots, want 2"
+  [ "$(held_of "$job_name-worker-$i")" = 1 ] || fail "pod $i: $(held_of "$job_name-worker-$i") peer-held records, want 1"
 done
 ckpt_before=$(latest_step)
 kill -9 "$worker_pid"

@@ -428,32 +428,42 @@ TEST_CASE("in-memory tier with 2 ranks: both restore the newest step every rank 
 }
 
 TEST_CASE(
-    "with a peer copy, a put never overwrites the only snapshot the peer holds, the ranks skip together, and "
-    "after kMaxPeerWaits skips a put goes ahead") {
-  // The slots expected below count worker::kMaxPeerWaits = 8 skips in a row (worker/train/checkpointing.h).
+    "with a peer copy, a put never overwrites the only snapshot the peer holds: the step goes to the third "
+    "slot (all ranks together) until the peer holds it, a restart in place restores it, and after kMaxPeerWaits "
+    "diversions a put goes ahead") {
+  // The slots expected below count worker::kMaxPeerWaits = 8 diversions in a row (worker/train/checkpointing.h).
   Fixture fx;
   ShmPrefix shm;
   ::setenv("RAILYARD_SHM_PEER_COPY", "1", 1);  // as the agent sets it while it copies the slots to a peer
   struct Unset {
     ~Unset() { ::unsetenv("RAILYARD_SHM_PEER_COPY"); }
   } unset;
-  auto slots = [&](int rank) {
+  auto slots = [&](int rank) {  // the two copied slots
     std::set<int64_t> s;
     for (const char* x : {"-a", "-b"}) s.insert(shm_slot_step(shm.prefix + "-r" + std::to_string(rank) + x));
     return s;
   };
+  auto third = [&](int rank) { return shm_slot_step(shm.prefix + "-r" + std::to_string(rank) + "-c"); };
   const std::string held0 = railyard::ckpt::peer_held_name(shm.prefix + "-r0");
-  SUBCASE("one process whose peer holds step 1 only: step 2 is put (step 1 stays), then 3-10 wait, 11 goes ahead") {
+  SUBCASE(
+      "one process whose peer holds step 1 only: step 2 is put (step 1 stays), 3-10 go to the third slot, 11 "
+      "goes ahead, 12 to the third; a restart in place restores 12 from there") {
     railyard::ckpt::write_peer_held(held0, {1});
     REQUIRE_MESSAGE(run(fx.train(12, fx.dir / "ck1", {"--ckpt-shm-every", "1"}), fx.dir / "one.log") == 0,
                     slurp(fx.dir / "one.log"));
     CHECK(slots(0) == std::set<int64_t>{2, 11});  // without the rule: 11 and 12
+    CHECK(third(0) == 12);
     const std::string log = slurp(fx.dir / "one.log");
-    CHECK_MESSAGE(log.find("the peer copy lags; putting this step anyway") != std::string::npos, log);
-    CHECK_MESSAGE(std::regex_search(log, std::regex("puts skipped while the peer copy caught up[^\\n]*skipped=9")),
+    CHECK_MESSAGE(log.find("the peer copy lags; putting this step in the copied slots anyway") != std::string::npos,
                   log);
+    CHECK_MESSAGE(std::regex_search(log, std::regex("puts diverted to the third slot[^\\n]*diverted=9")), log);
+    // Started again (as after a kill -9) with the disk's newest removed: step 12 is in the third slot only.
+    fs::remove_all(fx.dir / "ck1/step-00000012");
+    REQUIRE(run(fx.train(13, fx.dir / "ck1", {"--ckpt-shm-every", "1"}), fx.dir / "again.log") == 0);
+    const std::string again = slurp(fx.dir / "again.log");
+    CHECK_MESSAGE(again.find("restored step=12 from=memory") != std::string::npos, again);
   }
-  SUBCASE("two ranks: rank 0's peer holds its step 1, rank 1's holds nothing: both skip, so both hold 1 and 10") {
+  SUBCASE("two ranks: rank 0's peer holds its step 1, rank 1's holds nothing: both divert, so both hold 1 and 10") {
     railyard::ckpt::write_peer_held(held0, {1});
     REQUIRE_MESSAGE(
         run(fx.train(12, fx.dir / "ck2", {"--global-batch", "256", "--nproc", "2", "--ckpt-shm-every", "1"}),
@@ -461,6 +471,22 @@ TEST_CASE(
         slurp(fx.dir / "two.log"));
     CHECK(slots(0) == std::set<int64_t>{1, 10});  // alone, rank 0 would hold 2 and 11
     CHECK(slots(1) == std::set<int64_t>{1, 10});
+    CHECK(third(0) == 12);
+    CHECK(third(1) == 12);
+  }
+  SUBCASE("a restore to an older step removes a newer third slot: it is of the run that restore abandons") {
+    railyard::ckpt::write_peer_held(held0, {1});
+    REQUIRE(run(fx.train(12, fx.dir / "ck3", {"--ckpt-shm-every", "1", "--ckpt-every", "4"}), fx.dir / "three.log") ==
+            0);
+    REQUIRE(third(0) == 12);
+    // Resumed from the disk's step 8, without a peer copy (the puts go to a and b): the third slot's 12 is gone.
+    ::unsetenv("RAILYARD_SHM_PEER_COPY");
+    REQUIRE(run(fx.train(10, fx.dir / "ck3", {"--ckpt-shm-every", "1", "--resume", fx.dir / "ck3/step-00000008"}),
+                fx.dir / "older.log") == 0);
+    CHECK_MESSAGE(slurp(fx.dir / "older.log").find("restored step=8") != std::string::npos,
+                  slurp(fx.dir / "older.log"));
+    CHECK(third(0) == -1);
+    CHECK(slots(0) == std::set<int64_t>{9, 10});
   }
 }
 
