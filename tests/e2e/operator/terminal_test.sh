@@ -4,12 +4,8 @@
 # request is reported in an IgnoredAfterFinish event. Regression: a `kubectl scale` of a Succeeded job turned it
 # Invalid, and scaling it back opened a generation that ended Failed.
 set -euo pipefail
-src=${RAILYARD_SOURCE_DIR:?}
-state=${RAILYARD_E2E_STATE_DIR:?}
-bin=${RAILYARD_BIN_DIR:?}
-eval "$(bash "$src/deploy/local/cluster.sh" env --state-dir "$state")"
-ns=op-terminal-$$
-work=$(mktemp -d /tmp/op-terminal.XXXXXX)
+# shellcheck source=../lib/cluster_env.sh
+source "${RAILYARD_SOURCE_DIR:?}/tests/e2e/lib/cluster_env.sh" op-terminal
 op_pid=""
 fail() {
   echo "FAIL: $*" >&2

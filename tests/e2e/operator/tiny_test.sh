@@ -7,12 +7,8 @@
 # Last, jobs the trainer itself refuses (missing data, an initFrom that is not a model, a model too big for memory, a
 # vocabulary smaller than the data's tokens) fail saying why.
 set -euo pipefail
-src=${RAILYARD_SOURCE_DIR:?}
-state=${RAILYARD_E2E_STATE_DIR:?}
-bin=${RAILYARD_BIN_DIR:?}
-eval "$(bash "$src/deploy/local/cluster.sh" env --state-dir "$state")"
-ns=op-tiny-e2e-$$
-work=$(mktemp -d /tmp/op-tiny-e2e.XXXXXX)
+# shellcheck source=../lib/cluster_env.sh
+source "${RAILYARD_SOURCE_DIR:?}/tests/e2e/lib/cluster_env.sh" op-tiny-e2e
 op_pid=""
 fail() {
   echo "FAIL: $*" >&2
