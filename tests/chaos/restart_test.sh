@@ -36,11 +36,7 @@ submit() { shell_job "$@" | kubectl apply -n "$ns" -f - >/dev/null; }
 submit_retry() { for _ in $(seq 1 40); do submit "$@" && return 0; sleep 0.5; done; fail "cannot submit $1"; }
 
 setup_namespace
-"$bin/railyard-operator" --namespace "$ns" --leader-elect=false \
-  --metrics-addr 127.0.0.1:0 --health-addr 127.0.0.1:0 --rendezvous-bind 127.0.0.1:0 >"$work/op.log" 2>&1 &
-op_pid=$!
-pids+=("$op_pid")
-wait_for 30 "the operator to start" grep -q "leading: reconciling" "$work/op.log"
+start_operator_direct
 
 # end-in-etcd exits 0 about 1 s into the etcd restart (which takes about 2 s) and end-in-api exits 137 (retryable)
 # 2 s into the API-server restart (about 15 s): the pods' final status must still reach the API server (a node agent

@@ -44,11 +44,7 @@ expect() { # expect JOB PHASE RESTARTS GENERATION
 }
 
 setup_namespace
-"$bin/railyard-operator" --namespace "$ns" --leader-elect=false \
-  --metrics-addr 127.0.0.1:0 --health-addr 127.0.0.1:0 --rendezvous-bind 127.0.0.1:0 >"$work/op.log" 2>&1 &
-op_pid=$!
-pids+=("$op_pid")
-wait_for 30 "the operator to start" grep -q "leading: reconciling" "$work/op.log"
+start_operator_direct
 
 sample() { # prints: seconds-since-start rss-KiB open-fds
   local rss fds
