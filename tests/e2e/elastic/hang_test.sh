@@ -28,11 +28,7 @@ uid1=$(pod_uid "$job_name-worker-1")
 node1=$(pod_node "$job_name-worker-1")
 wait_for 90 "a first checkpoint" latest_at_least 10
 wait_for 60 "Prometheus to scrape both trainers" prom_sees_ranks 2
-tp=$(trainer_pid "$job_name-worker-1")
-[ -n "$tp" ] || fail "no trainer process in $job_name-worker-1"
-kill -STOP "$tp"
-stopped_pids+=("$tp")
-t_stop=$(date +%s.%N)
+stop_rank1_trainer
 echo "SIGSTOP rank 1's trainer (pid $tp, node $node1) at step $(steps_of "$job_name-worker-0" | tail -1 | cut -d' ' -f1), checkpoint $(latest_step)"
 
 # Detection: the monitor's request, through Prometheus (the monitor has no other source of worker metrics).

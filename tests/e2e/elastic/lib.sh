@@ -277,6 +277,19 @@ PY
 # continues every pid listed in `stopped_pids` before lib.sh's cleanup runs.
 mon_pid="" prom_dir="" prom_url="" targets_pid=""
 stopped_pids=()
+# rank1_trainer: tp, the trainer process of pod worker-1 (rank 1 of the two-replica job); fails without one.
+rank1_trainer() {
+  tp=$(trainer_pid "$job_name-worker-1")
+  [ -n "$tp" ] || fail "no trainer process in $job_name-worker-1"
+}
+# stop_rank1_trainer: SIGSTOPs it, listed in stopped_pids (the EXIT trap continues it); t_stop, when.
+stop_rank1_trainer() {
+  rank1_trainer
+  kill -STOP "$tp"
+  stopped_pids+=("$tp")
+  # shellcheck disable=SC2034  # the script's
+  t_stop=$(date +%s.%N)
+}
 start_monitor_prometheus() {
   [ -x "$bin/railyard-monitor" ] || fail "no railyard-monitor in $bin (build it first)"
   prom_dir=$work/prom

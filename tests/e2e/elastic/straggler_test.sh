@@ -30,8 +30,7 @@ uid1=$(pod_uid "$job_name-worker-1")
 node1=$(pod_node "$job_name-worker-1")
 wait_for 90 "a first checkpoint" latest_at_least 10
 wait_for 60 "Prometheus to scrape both trainers" prom_sees_ranks 2
-tp=$(trainer_pid "$job_name-worker-1")
-[ -n "$tp" ] || fail "no trainer process in $job_name-worker-1"
+rank1_trainer
 # The slowdown runs until the restart request (or the trainer's end); it always leaves the trainer running.
 touch "$work/slow"
 (while [ -f "$work/slow" ] && kill -STOP "$tp" 2>/dev/null; do
