@@ -21,6 +21,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "common/error.h"
@@ -185,6 +187,27 @@ json restart_request(railyard::kube::Client& c, const std::string& ns, const std
   return json::parse(ann["railyard.dev/restart-request"].get<std::string>());
 }
 
+// SIGSTOPs `proc` and waits `seconds` at most for the job's restart request: the request, and how many seconds after
+// the SIGSTOP it came.
+std::pair<json, double> freeze_until_request(Child& proc, railyard::kube::Client& c, const std::string& ns,
+                                             const std::string& name, double seconds) {
+  const auto frozen_at = Clock::now();
+  proc.signal(SIGSTOP);
+  json req;
+  REQUIRE(wait_until(seconds, [&] { return !(req = restart_request(c, ns, name)).is_null(); }));
+  return {req, std::chrono::duration<double>(Clock::now() - frozen_at).count()};
+}
+
+// The monitor (its /metrics at `mcli`) dropped at least `at_least` series that were not the job's own.
+void check_rejected_series(httplib::Client& mcli, double at_least) {
+  auto m = mcli.Get("/metrics");
+  REQUIRE(m);
+  const std::string key = "\nrailyard_monitor_rejected_series_total ";
+  auto at = m->body.find(key);
+  REQUIRE(at != std::string::npos);
+  CHECK(std::stod(m->body.substr(at + key.size())) >= at_least);
+}
+
 // The CRD installed and a fresh namespace on the shared local cluster, deleted when the test ends.
 struct TestNamespace {
   std::unique_ptr<railyard::kube::Client> client;
@@ -319,20 +342,12 @@ TEST_CASE("monitor against a real Prometheus: stall -> one restart request per g
   std::this_thread::sleep_for(std::chrono::seconds(4));
   CHECK_MESSAGE(restart_request(c, ns, name).is_null(),
                 "restarted by a spoofer? " << restart_request(c, ns, name).dump());
-  {
-    auto m = mcli.Get("/metrics");
-    REQUIRE(m);
-    auto at = m->body.find("\nrailyard_monitor_rejected_series_total ");
-    REQUIRE(at != std::string::npos);
-    CHECK(std::stod(m->body.substr(at + std::string("\nrailyard_monitor_rejected_series_total ").size())) >= 3);
-  }
+  check_rejected_series(mcli, 3);
 
   // Freeze rank 1: rank 0 stops at the next barrier but keeps serving metrics.
-  auto frozen_at = Clock::now();
-  workers->rank(1).signal(SIGSTOP);
   json req;
-  REQUIRE(wait_until(40, [&] { return !(req = restart_request(c, ns, name)).is_null(); }));
-  double detect_s = std::chrono::duration<double>(Clock::now() - frozen_at).count();
+  double detect_s = 0;
+  std::tie(req, detect_s) = freeze_until_request(workers->rank(1), c, ns, name, 40);
   MESSAGE("stall detected " << detect_s << " s after SIGSTOP: " << req.dump());
   CHECK(req["rule"] == "stall");
   CHECK(req["reason"] == "Hang");
@@ -390,7 +405,7 @@ TEST_CASE("monitor against a real Prometheus: stall -> one restart request per g
   REQUIRE(wait_until(30, [&] {
     return query(prom, "railyard_worker_step{namespace=\"" + ns + "\",generation=\"1\"} > 5").size() == 2;
   }));
-  frozen_at = Clock::now();
+  auto frozen_at = Clock::now();
   workers->rank(0).signal(SIGSTOP);
   REQUIRE(wait_until(40, [&] {
     req = restart_request(c, ns, name);
@@ -505,18 +520,8 @@ TEST_CASE("embedded mode: the monitor scrapes the job's pods itself (pod IP + ra
   std::this_thread::sleep_for(std::chrono::seconds(3));
   CHECK_MESSAGE(restart_request(c, ns, name).is_null(),
                 "restarted by the intruder? " << restart_request(c, ns, name).dump());
-  {
-    auto m = mcli.Get("/metrics");
-    REQUIRE(m);
-    auto at = m->body.find("\nrailyard_monitor_rejected_series_total ");
-    REQUIRE(at != std::string::npos);
-    CHECK(std::stod(m->body.substr(at + std::string("\nrailyard_monitor_rejected_series_total ").size())) >= 3);
-  }
-  auto frozen_at = Clock::now();
-  workers.rank(1).signal(SIGSTOP);
-  json req;
-  REQUIRE(wait_until(40, [&] { return !(req = restart_request(c, ns, name)).is_null(); }));
-  double detect_s = std::chrono::duration<double>(Clock::now() - frozen_at).count();
+  check_rejected_series(mcli, 3);
+  const auto [req, detect_s] = freeze_until_request(workers.rank(1), c, ns, name, 40);
   MESSAGE("embedded mode: detected " << detect_s << " s after SIGSTOP: " << req.dump());
   CHECK(req["rule"] == "stall");
   CHECK(req["rank"] == 1);
@@ -670,12 +675,8 @@ TEST_CASE("a real trainer's validation pass is a pause: no restart, no pending s
   MESSAGE("longest time without a step: " << gap_s << " s");
   CHECK(gap_s > 10);
   // The monitor is alive and watching: a frozen trainer is a hang (its target goes down: no pause is read from it).
-  auto frozen_at = Clock::now();
-  worker.signal(SIGSTOP);
-  json req;
-  REQUIRE(wait_until(60, [&] { return !(req = restart_request(c, ns, name)).is_null(); }));
-  MESSAGE("frozen trainer: " << std::chrono::duration<double>(Clock::now() - frozen_at).count() << " s to "
-                             << req.dump());
+  const auto [req, frozen_s] = freeze_until_request(worker, c, ns, name, 60);
+  MESSAGE("frozen trainer: " << frozen_s << " s to " << req.dump());
   CHECK(req["rule"] == "stall");
   monitor.stop(SIGTERM);
 }
