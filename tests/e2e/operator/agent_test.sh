@@ -21,14 +21,9 @@ fail() {
   tail -n 40 "$work/op.log" >&2
   exit 1
 }
-cleanup() {
-  [ -n "$op_pid" ] && kill "$op_pid" 2>/dev/null && wait "$op_pid" 2>/dev/null || true
-  kubectl delete namespace "$ns" --wait=false >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
+trap cleanup_operator_ns EXIT
 jp() { kubectl get tj "$1" -n "$ns" -o jsonpath="$2" 2>/dev/null; }
 phase_is() { [ "$(jp "$1" '{.status.phase}')" = "$2" ]; }
 restarts_is() { [ "$(jp "$1" '{.status.restarts}')" = "$2" ]; }

@@ -13,6 +13,15 @@ wait_for() {
   done
 }
 
+# The EXIT trap's work in a script that runs one operator (op_pid, empty until it starts) in namespace ns: stops it,
+# drops the namespace (without waiting) and the work dir.
+# shellcheck disable=SC2154  # op_pid, ns and work are the script's
+cleanup_operator_ns() {
+  if [ -n "$op_pid" ]; then kill "$op_pid" 2>/dev/null || true; wait "$op_pid" 2>/dev/null || true; fi
+  kubectl delete namespace "$ns" --wait=false >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+
 # Installs the TrainingJob CRD from the checkout and waits until it is served.
 install_crd() {
   kubectl apply -f "$1/deploy/crds/trainingjobs.railyard.dev.yaml" >/dev/null

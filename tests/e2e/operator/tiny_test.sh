@@ -19,14 +19,9 @@ fail() {
   for f in "$state"/node-agent/pods/"${ns}"_*/*.log; do [ -f "$f" ] && { echo "== $f" >&2; tail -n 20 "$f" >&2; }; done
   exit 1
 }
-cleanup() {
-  [ -n "$op_pid" ] && kill "$op_pid" 2>/dev/null && wait "$op_pid" 2>/dev/null || true
-  kubectl delete namespace "$ns" --wait=false >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
+trap cleanup_operator_ns EXIT
 jp() { kubectl get tj tiny -n "$ns" -o jsonpath="$1" 2>/dev/null; }
 
 "$bin/railyard" data prepare --input /usr/share/common-licenses/* --output "$work/data" >/dev/null

@@ -34,15 +34,13 @@ unannotate_nodes() {
     kubectl annotate "$n" railyard.dev/rail-hcas- railyard.dev/nccl-socket-ifname- >/dev/null 2>&1 || true
   done
 }
-cleanup() {
-  unannotate_nodes
-  [ -z "$op_pid" ] || { kill "$op_pid" 2>/dev/null || true; wait "$op_pid" 2>/dev/null || true; }
-  kubectl delete namespace "$ns" --wait=false >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
 # shellcheck source=../operator/lib.sh
 source "$src/tests/e2e/operator/lib.sh"
+cleanup() {
+  unannotate_nodes
+  cleanup_operator_ns
+}
+trap cleanup EXIT
 
 jp() { kubectl get tj "$1" -n "$ns" -o jsonpath="$2" 2>/dev/null; }
 node_of() { kubectl get pod "$1" -n "$ns" -o jsonpath='{.spec.nodeName}' 2>/dev/null; }
