@@ -74,10 +74,7 @@ eval "$(bash "$cluster" env --state-dir "$state")"
 install_crd "$src"
 shared=$(bash "$cluster" share "$ns" --state-dir "$state")
 "$bin/railyard" data prepare --input /usr/share/common-licenses/* --output "$shared/data" >/dev/null
-"$bin/railyard-operator" --namespace "$ns" --leader-elect=false --worker-image localhost/railyard/worker:0.1.0 \
-  --metrics-addr "127.0.0.1:$(free_port)" --health-addr "127.0.0.1:$(free_port)" \
-  --rendezvous-bind "$RAILYARD_POD_HOST_ADDR:0" >"$work/op.log" 2>&1 &
-op_pid=$!
+start_host_operator
 
 job=""
 jp() { kubectl get tj "$job" -n "$ns" -o jsonpath="$1" 2>/dev/null; }

@@ -91,10 +91,7 @@ log "operator image: railyard-operator and railyard-monitor run (--help), as uid
 # --- 3. the worker image trains the tiny example ---------------------------------------------------------------------
 shared=$(bash "$cluster" share "$ns" --state-dir "$state")
 "$bin/railyard" data prepare --input /usr/share/common-licenses/* --output "$shared/data" >/dev/null
-"$bin/railyard-operator" --namespace "$ns" --leader-elect=false --worker-image localhost/railyard/worker:0.1.0 \
-  --metrics-addr "127.0.0.1:$(free_port)" --health-addr "127.0.0.1:$(free_port)" \
-  --rendezvous-bind "$RAILYARD_POD_HOST_ADDR:0" >"$work/op.log" 2>&1 &
-op_pid=$!
+start_host_operator
 t0=$SECONDS
 sed 's|^  replicas: 1$|  replicas: 1\n  image: localhost/railyard/worker:e2e|' "$src/deploy/examples/tiny.yaml" |
   kubectl apply -n "$ns" -f - >/dev/null

@@ -22,6 +22,17 @@ cleanup_operator_ns() {
   rm -rf "$work"
 }
 
+# The operator on the host for a cluster of real nodes (deploy/local/cluster.sh up --real-nodes): its pods run the
+# worker image localhost/railyard/worker:0.1.0 and dial its rendezvous at the host's address on the pod network
+# ($RAILYARD_POD_HOST_ADDR). Logs to $work/op.log; op_pid is its pid.
+# shellcheck disable=SC2154  # bin, ns and work are the script's
+start_host_operator() {
+  "$bin/railyard-operator" --namespace "$ns" --leader-elect=false --worker-image localhost/railyard/worker:0.1.0 \
+    --metrics-addr "127.0.0.1:$(free_port)" --health-addr "127.0.0.1:$(free_port)" \
+    --rendezvous-bind "$RAILYARD_POD_HOST_ADDR:0" >"$work/op.log" 2>&1 &
+  op_pid=$!
+}
+
 # Installs the TrainingJob CRD from the checkout and waits until it is served.
 install_crd() {
   kubectl apply -f "$1/deploy/crds/trainingjobs.railyard.dev.yaml" >/dev/null

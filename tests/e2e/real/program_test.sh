@@ -108,10 +108,7 @@ bash "$src/deploy/images/build.sh" --build-dir "$(dirname "$bin")" --examples "$
 log "cluster with 3 real nodes and the example image up in $((SECONDS - t0)) s"
 install_crd "$src"
 shared=$(bash "$cluster" share "$ns" --state-dir "$state")
-"$bin/railyard-operator" --namespace "$ns" --leader-elect=false --worker-image localhost/railyard/worker:0.1.0 \
-  --metrics-addr "127.0.0.1:$(free_port)" --health-addr "127.0.0.1:$(free_port)" \
-  --rendezvous-bind "$RAILYARD_POD_HOST_ADDR:0" >"$work/op.log" 2>&1 &
-op_pid=$!
+start_host_operator
 # Flows A and B watch through a real Prometheus scraping every rank's port of the real pods: the target list is the
 # pods' metrics ports with their metadata (prometheus.sh pod-targets, what kubernetes_sd_configs does in a cluster;
 # Debian's Prometheus has none), rewritten every second.

@@ -72,10 +72,7 @@ done
 install_crd "$src"
 shared=$(bash "$cluster" share "$ns" --state-dir "$state")
 "$bin/railyard" data prepare --input /usr/share/common-licenses/* --output "$shared/data" >/dev/null
-"$bin/railyard-operator" --namespace "$ns" --leader-elect=false --worker-image localhost/railyard/worker:0.1.0 \
-  --metrics-addr "127.0.0.1:$(free_port)" --health-addr "127.0.0.1:$(free_port)" \
-  --rendezvous-bind "$RAILYARD_POD_HOST_ADDR:0" >"$work/op.log" 2>&1 &
-op_pid=$!
+start_host_operator
 jp() { kubectl get tj "$1" -n "$ns" -o jsonpath="$2" 2>/dev/null; }
 wait_phase() { # job phase seconds
   local t=$SECONDS p
