@@ -42,11 +42,7 @@ wait_for 60 "the restart" restarts_is 1
 [ "$(jp '{.status.lastRestart.reason}')" = WorkerExit ] || fail "lastRestart.reason '$(jp '{.status.lastRestart.reason}')', want WorkerExit"
 wait_for 60 "both ranks to restore" bash -c "grep -q 'checkpoint: restored ' '$log0' && grep -q 'checkpoint: restored ' '$log1'"
 r1=$(restored_step "$job_name-worker-0")
-for i in 0 1; do
-  p=$job_name-worker-$i
-  [ "$(restored_from "$p")" = memory ] || fail "phase 1: $p restored from '$(restored_from "$p")', want memory"
-  [ "$(restored_step "$p")" = "$r1" ] || fail "phase 1: $p restored step $(restored_step "$p"), rank 0 restored $r1"
-done
+check_both_from_memory "$r1" "phase 1"
 gen1_last=$(sed -n '/checkpoint: restored /q;p' "$log0" | grep -oE 'worker: step step=[0-9]+' | tail -1 | cut -d= -f2)
 lost1=$((gen1_last > r1 ? gen1_last - r1 : 0))
 [ "$lost1" = 0 ] || fail "phase 1: restored step $r1 but generation 1 had reported $gen1_last: $lost1 steps lost, want 0"

@@ -268,6 +268,16 @@ PY
   grep -oE 'worker: step step=[0-9]+/[0-9]+ loss=[0-9.]+' "$work/ref.log" | tail -1 | sed -E 's/.*loss=//'
 }
 
+# check_both_from_memory STEP [WHAT]: both ranks restored STEP from their own memory; WHAT: the failure's prefix.
+check_both_from_memory() {
+  local p i
+  for i in 0 1; do
+    p=$job_name-worker-$i
+    [ "$(restored_from "$p")" = memory ] || fail "${2:+$2: }$p restored from '$(restored_from "$p")', want memory"
+    [ "$(restored_step "$p")" = "$1" ] || fail "${2:+$2: }$p restored step $(restored_step "$p"), rank 0 restored $1"
+  done
+}
+
 # ---- The monitor through a real Prometheus (hang and straggler flows) ----
 # start_monitor_prometheus [MONITOR FLAGS...]: a real Prometheus of its own ($work/prom, deploy/local/lib/prometheus.sh
 # up: 1 s scrapes, the shipped rules) scraping the namespace's Running worker pods, and railyard-monitor querying it

@@ -53,11 +53,7 @@ for i in 0 1; do
   wait_for 60 "$p to restore" bash -c "grep -q 'checkpoint: restored ' '$(pod_log "$p")'"
 done
 r=$(restored_step "$job_name-worker-0")
-for i in 0 1; do
-  p=$job_name-worker-$i
-  [ "$(restored_from "$p")" = memory ] || fail "$p restored from '$(restored_from "$p")', want memory"
-  [ "$(restored_step "$p")" = "$r" ] || fail "$p restored step $(restored_step "$p"), rank 0 restored $r"
-done
+check_both_from_memory "$r"
 [ "$r" -ge "$ckpt_at_kill" ] || fail "restored step $r is older than the newest checkpoint on disk at the kill ($ckpt_at_kill)"
 gen1_last=$(sed -n '/checkpoint: restored /q;p' "$log0" | grep -oE 'worker: step step=[0-9]+' | tail -1 | cut -d= -f2)
 # Zero steps lost: nothing generation 1 reported is redone. The restored step can be one ahead of the report: every
