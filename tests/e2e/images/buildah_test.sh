@@ -8,12 +8,8 @@
 #      (200/200 steps) under the operator on the host.
 #   ctest -L bench -R e2e_buildah_images   (docs/images.md "With buildah")
 set -euo pipefail
-src=${RAILYARD_SOURCE_DIR:?}
-bin=${RAILYARD_BIN_DIR:?}
-state=${RAILYARD_REAL_STATE_DIR:?}
-cluster="$src/deploy/local/cluster.sh"
-ns=buildah-e2e
-work=$(mktemp -d /tmp/buildah-e2e.XXXXXX)
+# shellcheck source=../lib/real_env.sh
+source "${RAILYARD_SOURCE_DIR:?}/tests/e2e/lib/real_env.sh" buildah-e2e
 op_pid=""
 t_all=$SECONDS
 log() { echo "[$((SECONDS - t_all))s] $*"; }

@@ -39,13 +39,9 @@
 #   (deploy/examples/pytorch-ddp.yaml exactly as shipped, its own volume and all, runs under the chart's operator in
 #   tests/e2e/real/install_test.sh section 6.)
 set -euo pipefail
-src=${RAILYARD_SOURCE_DIR:?}
-bin=${RAILYARD_BIN_DIR:?}
-state=${RAILYARD_REAL_STATE_DIR:?}
-cluster="$src/deploy/local/cluster.sh"
-ns=program-e2e
+# shellcheck source=../lib/real_env.sh
+source "${RAILYARD_SOURCE_DIR:?}/tests/e2e/lib/real_env.sh" program-e2e
 job=pytorch-ddp-a # each flow its own job: pytorch-ddp-a, -b, -c (apply_job)
-work=$(mktemp -d /tmp/program-e2e.XXXXXX)
 op_pid=""
 mon_pid=""
 targets_pid=""

@@ -21,12 +21,8 @@
 #      256 GiB, no GPU) waits for a node that fits, no worker pod before it; with its data taken as prepared (the
 #      initializer left out), it waits with its Scheduled condition naming the missing nvidia.com/gpu.
 set -euo pipefail
-src=${RAILYARD_SOURCE_DIR:?}
-bin=${RAILYARD_BIN_DIR:?}
-state=${RAILYARD_REAL_STATE_DIR:?}
-cluster="$src/deploy/local/cluster.sh"
-ns=real-e2e
-work=$(mktemp -d /tmp/real-e2e.XXXXXX)
+# shellcheck source=../lib/real_env.sh
+source "${RAILYARD_SOURCE_DIR:?}/tests/e2e/lib/real_env.sh" real-e2e
 op_pid=""
 ref_pid=""
 t_all=$SECONDS
