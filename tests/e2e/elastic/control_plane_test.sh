@@ -87,11 +87,7 @@ kill -0 "$op_pid" 2>/dev/null || fail "the operator exited"
 [ "$(jp '{.status.generation}')" = 3 ] || fail "generation $(jp '{.status.generation}'), want 3"
 gens0=$(grep -oE 'agent: joined generation=[0-9]+' "$log0" | cut -d= -f2 | sort -un | tr '\n' ' ')
 [ "$gens0" = "1 2 3 " ] || fail "rank 0's agent joined generations '$gens0', want '1 2 3 '"
-last=$(steps_of "$job_name-worker-0" | tail -1)
-[ "${last%% *}" = "$steps" ] || fail "rank 0's last step is '$last', want $steps"
-ref_loss=$(reference_params "$steps")
-[ "${last#* }" = "$ref_loss" ] || fail "final loss ${last#* } differs from the undisturbed run's $ref_loss"
-params_sha=$(final_params_match "$steps")
+check_final_undisturbed "$steps"
 python3 - "$log0" "$log1" "$t_kill" "$t_op_back" "$t_delete" "$t_api_back" "$t_step2" <<'PY'
 import sys
 from datetime import datetime

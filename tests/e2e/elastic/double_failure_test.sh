@@ -40,9 +40,5 @@ restarts=$(jp '{.status.restarts}')
 [ "$(jp '{.status.progress}')" = "$steps/$steps" ] || fail "progress '$(jp '{.status.progress}')'"
 r=$(restored_step "$job_name-worker-0")
 [ "$r" -gt 0 ] || fail "the last generation restored step $r (a fresh start)"
-last=$(steps_of "$job_name-worker-0" | tail -1)
-[ "${last%% *}" = "$steps" ] || fail "rank 0's last step is '$last', want $steps"
-ref_loss=$(reference_params "$steps")
-[ "${last#* }" = "$ref_loss" ] || fail "final loss ${last#* } differs from the undisturbed run's $ref_loss"
-params_sha=$(final_params_match "$steps")
+check_final_undisturbed "$steps"
 echo "double failure e2e: ok (generation $(jp '{.status.generation}'), restarts 2, last restore step $r, final loss ${last#* }, final parameters bitwise the undisturbed run's, sha256 ${params_sha:0:16})"

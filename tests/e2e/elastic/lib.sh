@@ -278,6 +278,17 @@ check_both_from_memory() {
   done
 }
 
+# check_final_undisturbed STEPS: rank 0's last step is STEPS, its loss the undisturbed run's, and the final parameters
+# bitwise that run's. Sets last (rank 0's last "step loss") and params_sha.
+check_final_undisturbed() {
+  local ref_loss
+  last=$(steps_of "$job_name-worker-0" | tail -1)
+  [ "${last%% *}" = "$1" ] || fail "rank 0's last step is '$last', want $1"
+  ref_loss=$(reference_params "$1")
+  [ "${last#* }" = "$ref_loss" ] || fail "final loss ${last#* } differs from the undisturbed run's $ref_loss"
+  params_sha=$(final_params_match "$1")
+}
+
 # ---- The monitor through a real Prometheus (hang and straggler flows) ----
 # start_monitor_prometheus [MONITOR FLAGS...]: a real Prometheus of its own ($work/prom, deploy/local/lib/prometheus.sh
 # up: 1 s scrapes, the shipped rules) scraping the namespace's Running worker pods, and railyard-monitor querying it
@@ -375,14 +386,11 @@ check_first_step_after_restore() {
 # last step is STEPS with the undisturbed run's loss, and its final parameters are bitwise the undisturbed run's.
 # Sets final_loss and params_sha.
 check_succeeded_as_undisturbed() {
-  local final ref_loss
+  local last # check_final_undisturbed's, not the script's
   wait_succeeded 180
   [ "$(jp '{.status.restarts}')" = "$2" ] || fail "restarts $(jp '{.status.restarts}'), want $2"
   [ "$(jp '{.status.progress}')" = "$1/$1" ] || fail "progress '$(jp '{.status.progress}')'"
-  final=$(steps_of "$job_name-worker-0" | tail -1)
-  [ "${final%% *}" = "$1" ] || fail "rank 0's last step is '$final', want $1"
-  final_loss=${final#* }
-  ref_loss=$(reference_params "$1")
-  [ "$final_loss" = "$ref_loss" ] || fail "final loss $final_loss differs from the undisturbed run's $ref_loss"
-  params_sha=$(final_params_match "$1")
+  check_final_undisturbed "$1"
+  # shellcheck disable=SC2034  # the script's
+  final_loss=${last#* }
 }

@@ -55,11 +55,7 @@ wait_succeeded 180
 [ "$(jp '{.status.progress}')" = "$steps/$steps" ] || fail "progress '$(jp '{.status.progress}')'"
 restarts=$(jp '{.status.restarts}')
 [ "$restarts" -ge 1 ] && [ "$restarts" -le 2 ] || fail "restarts $restarts, want 1 (2 if the agent's exit report races the pod deletion)"
-last=$(steps_of "$job_name-worker-0" | tail -1)
-[ "${last%% *}" = "$steps" ] || fail "rank 0's last step is '$last', want $steps"
-ref_loss=$(reference_params "$steps")
-[ "${last#* }" = "$ref_loss" ] || fail "final loss ${last#* } differs from the undisturbed run's $ref_loss"
-params_sha=$(final_params_match "$steps")
+check_final_undisturbed "$steps"
 python3 -c "import sys; sys.exit(0 if 0 < float(sys.argv[1]) < 4.5 else 1)" "${last#* }" ||
   fail "final loss ${last#* } not below 4.5"
 python3 - "$t_delete" "$t_replaced" "$t_step" <<'PY'
