@@ -72,14 +72,10 @@ wait_succeeded 180
 [ "$(jp '{.status.restarts}')" = 1 ] || fail "restarts $(jp '{.status.restarts}'), want 1"
 [ "$(jp '{.status.generation}')" = 2 ] || fail "generation $(jp '{.status.generation}'), want 2"
 [ "$(jp '{.status.progress}')" = "$steps/$steps" ] || fail "progress '$(jp '{.status.progress}')'"
-last=$(steps_of "$job_name-worker-0" | tail -1)
-[ "${last%% *}" = "$steps" ] || fail "rank 0's last step is '$last', want $steps"
 # Both generations trained in deterministic mode at dp=2 (the field reached the trainers through the operator).
 [ "$(grep -c 'data_parallel="dp=2 zero=0 deterministic ' "$log0")" = 2 ] ||
   fail "rank 0 did not train both generations in deterministic mode: $(grep 'data_parallel=' "$log0")"
-ref_loss=$(reference_params "$steps")
-[ "${last#* }" = "$ref_loss" ] || fail "final loss ${last#* } differs from the undisturbed run's $ref_loss"
-params_sha=$(final_params_match "$steps")
+check_final_undisturbed "$steps"
 # The pods have ended: their agents removed the segments.
 wait_for 30 "the agents to remove the shared-memory segments" \
   bash -c "[ -z \"\$(find /dev/shm -maxdepth 1 -name 'railyard-${ns}_*' 2>/dev/null)\" ]"
