@@ -49,20 +49,15 @@ out=${RAILYARD_BENCH_OUT:-$build/bench/real-faults} # rank 0's log after each fa
 mkdir -p "$out"
 op_pid=""
 stopped=""
-cleanup() {
-  [ -n "$op_pid" ] && kill "$op_pid" 2>/dev/null && wait "$op_pid" 2>/dev/null || true
-  bash "$cluster" down --state-dir "$state" >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+# shellcheck source=../../e2e/operator/lib.sh
+source "$src/tests/e2e/operator/lib.sh"
+trap cleanup_operator_cluster EXIT
 die() {
   echo "real faults bench: $*" >&2
   kubectl get tj,pods -n "$ns" -o wide >&2 || true
   tail -n 20 "$work/op.log" >&2 || true
   exit 1
 }
-# shellcheck source=../../e2e/operator/lib.sh
-source "$src/tests/e2e/operator/lib.sh"
 fail() { die "$@"; } # lib.sh's wait_for calls fail
 
 for k in $kinds; do case "$k" in kill | pod | node) ;; *) die "RAILYARD_BENCH_KINDS: unknown kind '$k' (kill, pod, node)" ;; esac; done

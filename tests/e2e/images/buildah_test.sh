@@ -20,14 +20,9 @@ fail() {
   [ -f "$work/op.log" ] && tail -20 "$work/op.log" >&2
   exit 1
 }
-cleanup() {
-  [ -n "$op_pid" ] && kill "$op_pid" 2>/dev/null && wait "$op_pid" 2>/dev/null || true
-  bash "$cluster" down --state-dir "$state" >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
 # shellcheck source=../operator/lib.sh
 source "$src/tests/e2e/operator/lib.sh"
+trap cleanup_operator_cluster EXIT
 
 # --- 0. build ------------------------------------------------------------------------------------------------------
 t0=$SECONDS

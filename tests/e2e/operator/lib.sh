@@ -22,6 +22,15 @@ cleanup_operator_ns() {
   rm -rf "$work"
 }
 
+# The same for a script that brought up its own cluster (deploy/local/cluster.sh at $cluster, its state in $state,
+# real nodes most often): stops the operator, takes the cluster down and removes the work dir.
+# shellcheck disable=SC2154  # op_pid, cluster, state and work are the script's
+cleanup_operator_cluster() {
+  if [ -n "$op_pid" ]; then kill "$op_pid" 2>/dev/null || true; wait "$op_pid" 2>/dev/null || true; fi
+  bash "$cluster" down --state-dir "$state" >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+
 # The operator on the host for a cluster of real nodes (deploy/local/cluster.sh up --real-nodes): its pods run the
 # worker image localhost/railyard/worker:0.1.0 and dial its rendezvous at the host's address on the pod network
 # ($RAILYARD_POD_HOST_ADDR). Logs to $work/op.log; op_pid is its pid.

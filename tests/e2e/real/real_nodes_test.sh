@@ -36,15 +36,13 @@ fail() {
   for f in "$state"/logs/ry-real-*.log; do [ -f "$f" ] && { echo "== $f" >&2; tail -n 8 "$f" >&2; }; done
   exit 1
 }
-cleanup() {
-  [ -n "$ref_pid" ] && kill "$ref_pid" 2>/dev/null || true
-  [ -n "$op_pid" ] && kill "$op_pid" 2>/dev/null && wait "$op_pid" 2>/dev/null || true
-  bash "$cluster" down --state-dir "$state" >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
 # shellcheck source=../operator/lib.sh
 source "$src/tests/e2e/operator/lib.sh"
+cleanup() {
+  [ -n "$ref_pid" ] && kill "$ref_pid" 2>/dev/null || true
+  cleanup_operator_cluster
+}
+trap cleanup EXIT
 
 # --- 1. nodes ----------------------------------------------------------------------------------------------
 bash "$cluster" down --state-dir "$state" >/dev/null 2>&1 || true
