@@ -187,6 +187,22 @@ json restart_request(railyard::kube::Client& c, const std::string& ns, const std
   return json::parse(ann["railyard.dev/restart-request"].get<std::string>());
 }
 
+// Creates TrainingJob `name`: the tiny preset, `replicas` ranks, 100000 steps of data that is never read (no operator
+// runs here: the tests play its part), and `failure_policy` unless it is empty.
+void create_tiny_job(railyard::kube::Client& c, const std::string& ns, const std::string& name, int replicas,
+                     const json& failure_policy = json::object()) {
+  json spec = {{"replicas", replicas},
+               {"model", {{"preset", "tiny"}}},
+               {"data", {{"train", "/tmp/none_*.bin"}}},
+               {"training", {{"steps", 100000}}}};
+  if (!failure_policy.empty()) spec["failurePolicy"] = failure_policy;
+  c.create(railyard::kube::resources::trainingjobs, ns,
+           {{"apiVersion", "railyard.dev/v1alpha1"},
+            {"kind", "TrainingJob"},
+            {"metadata", {{"name", name}}},
+            {"spec", spec}});
+}
+
 // SIGSTOPs `proc` and waits `seconds` at most for the job's restart request: the request, and how many seconds after
 // the SIGSTOP it came.
 std::pair<json, double> freeze_until_request(Child& proc, railyard::kube::Client& c, const std::string& ns,
@@ -275,10 +291,7 @@ TEST_CASE("monitor against a real Prometheus: stall -> one restart request per g
   TestNamespace tns(e, "monitor-e2e");
   auto& c = *tns.client;
   const std::string ns = tns.ns, name = "gpt";
-  c.create(railyard::kube::resources::trainingjobs, ns,
-           json::parse(R"({"apiVersion":"railyard.dev/v1alpha1","kind":"TrainingJob","metadata":{"name":"gpt"},
-             "spec":{"replicas":2,"model":{"preset":"tiny"},"data":{"train":"/tmp/none_*.bin"},
-                     "training":{"steps":100000},"failurePolicy":{"hangTimeoutSeconds":60,"excludeFailedNodes":true}}})"));
+  create_tiny_job(c, ns, name, 2, {{"hangTimeoutSeconds", 60}, {"excludeFailedNodes", true}});
 
   // Prometheus, through the same script cluster.sh uses.
   Prometheus prometheus(e);
@@ -470,10 +483,7 @@ TEST_CASE("embedded mode: the monitor scrapes the job's pods itself (pod IP + ra
   TestNamespace tns(e, "monitor-emb");
   auto& c = *tns.client;
   const std::string ns = tns.ns, name = "emb";
-  c.create(railyard::kube::resources::trainingjobs, ns,
-           json::parse(R"({"apiVersion":"railyard.dev/v1alpha1","kind":"TrainingJob","metadata":{"name":"emb"},
-             "spec":{"replicas":2,"model":{"preset":"tiny"},"data":{"train":"/tmp/none_*.bin"},
-                     "training":{"steps":100000}}})"));
+  create_tiny_job(c, ns, name, 2);
   // Workers without Prometheus: the prometheus dir only receives an unused target list.
   fs::create_directories(e.tmp / "prom");
   Workers workers(e, ns, name, 0, 2);
@@ -541,17 +551,7 @@ TEST_CASE("straggler and NaN loss over Prometheus: the fake workers' test knobs 
   TestNamespace tns(e, "monitor-knobs");
   auto& c = *tns.client;
   const std::string ns = tns.ns;
-  for (const char* name : {"slow", "nan"})
-    c.create(railyard::kube::resources::trainingjobs, ns,
-             {{"apiVersion", "railyard.dev/v1alpha1"},
-              {"kind", "TrainingJob"},
-              {"metadata", {{"name", name}}},
-              {"spec",
-               {{"replicas", 3},
-                {"model", {{"preset", "tiny"}}},
-                {"data", {{"train", "/tmp/none_*.bin"}}},
-                {"training", {{"steps", 100000}}},
-                {"failurePolicy", {{"stragglerFactor", 2.0}}}}}});
+  for (const char* name : {"slow", "nan"}) create_tiny_job(c, ns, name, 3, {{"stragglerFactor", 2.0}});
   Prometheus prometheus(e);
   const std::string prom = prometheus.url, prom_dir = prometheus.dir;
   // "slow": independent ranks, rank 2 takes 3x as long per step. "nan": rank 1's loss turns NaN at step 60.
@@ -595,10 +595,7 @@ TEST_CASE("a real trainer's validation pass is a pause: no restart, no pending s
   TestNamespace tns(e, "monitor-pause");
   auto& c = *tns.client;
   const std::string ns = tns.ns, name = "val";
-  c.create(railyard::kube::resources::trainingjobs, ns,
-           json::parse(R"({"apiVersion":"railyard.dev/v1alpha1","kind":"TrainingJob","metadata":{"name":"val"},
-             "spec":{"replicas":1,"model":{"preset":"tiny"},"data":{"train":"/tmp/none_*.bin"},
-                     "training":{"steps":100000},"failurePolicy":{"hangTimeoutSeconds":120}}})"));
+  create_tiny_job(c, ns, name, 1, {{"hangTimeoutSeconds", 120}});
   Prometheus prometheus(e);
   const std::string prom = prometheus.url;
   REQUIRE(e.sh(e.bin + "/railyard data prepare --input /usr/share/common-licenses/GPL-3 --output " +
