@@ -11,8 +11,6 @@ set -euo pipefail
 # shellcheck source=../lib/real_env.sh
 source "${RAILYARD_SOURCE_DIR:?}/tests/e2e/lib/real_env.sh" buildah-e2e
 op_pid=""
-t_all=$SECONDS
-log() { echo "[$((SECONDS - t_all))s] $*"; }
 fail() {
   echo "FAIL: $*" >&2
   kubectl get tj,pods -n "$ns" -o wide >&2 || true

@@ -45,8 +45,6 @@ job=pytorch-ddp-a # each flow its own job: pytorch-ddp-a, -b, -c (apply_job)
 op_pid=""
 mon_pid=""
 targets_pid=""
-t_all=$SECONDS
-log() { echo "[$((SECONDS - t_all))s] $*"; }
 fail() {
   echo "FAIL: $*" >&2
   kubectl get tj,pods -n "$ns" -o wide >&2 || true

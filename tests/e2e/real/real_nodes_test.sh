@@ -25,8 +25,6 @@ set -euo pipefail
 source "${RAILYARD_SOURCE_DIR:?}/tests/e2e/lib/real_env.sh" real-e2e
 op_pid=""
 ref_pid=""
-t_all=$SECONDS
-log() { echo "[$((SECONDS - t_all))s] $*"; }
 fail() {
   echo "FAIL: $*" >&2
   kubectl get nodes -o wide >&2 || true
