@@ -289,6 +289,24 @@ check_final_undisturbed() {
   params_sha=$(final_params_match "$1")
 }
 
+# request_timing WHAT NOTE T_FAULT T_REQUEST T_STEP REQUEST [evidence]: prints how long after the fault (WHAT) the
+# restart request REQUEST was seen, its own time minus onset and NOTE, and how long after it the new generation's first
+# step came; with `evidence`, the request's evidence too.
+request_timing() {
+  python3 - "$@" <<'PY'
+import json, sys
+from datetime import datetime
+what, note = sys.argv[1:3]
+fault, req_t, step_t = map(float, sys.argv[3:6])
+r = json.loads(sys.argv[6])
+f = "%Y-%m-%dT%H:%M:%SZ"
+onset = (datetime.strptime(r["time"], f) - datetime.strptime(r["onset"], f)).total_seconds()
+tail = f"; evidence: {r['evidence']}" if sys.argv[7:] == ["evidence"] else ""
+print(f"{what} -> restart request seen {req_t - fault:.1f} s (request time - onset {onset:.0f} s, {note}); "
+      f"request -> first step of the new generation {step_t - req_t:.1f} s{tail}")
+PY
+}
+
 # ---- The monitor through a real Prometheus (hang and straggler flows) ----
 # start_monitor_prometheus [MONITOR FLAGS...]: a real Prometheus of its own ($work/prom, deploy/local/lib/prometheus.sh
 # up: 1 s scrapes, the shipped rules) scraping the namespace's Running worker pods, and railyard-monitor querying it

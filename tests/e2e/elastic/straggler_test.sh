@@ -75,14 +75,5 @@ check_resumed "$interval"
 [ "$(pod_uid "$job_name-worker-1")" = "$uid1" ] || fail "pod 1 was re-created although excludeFailedNodes is false"
 
 check_succeeded_as_undisturbed "$steps" 1
-python3 - "$t_slow" "$t_req" "$t_step" "$req" <<'PY'
-import json, sys
-from datetime import datetime
-slow, req_t, step_t = map(float, sys.argv[1:4])
-r = json.loads(sys.argv[4])
-f = "%Y-%m-%dT%H:%M:%SZ"
-onset = (datetime.strptime(r["time"], f) - datetime.strptime(r["onset"], f)).total_seconds()
-print(f"straggler: slowdown -> restart request seen {req_t - slow:.1f} s (request time - onset {onset:.0f} s, the "
-      f"window is 5 s); request -> first step of the new generation {step_t - req_t:.1f} s; evidence: {r['evidence']}")
-PY
+request_timing "straggler: slowdown" "the window is 5 s" "$t_slow" "$t_req" "$t_step" "$req" evidence
 echo "straggler e2e: ok (Straggler of rank 1 by the monitor through Prometheus, no exclusion, same pods; restored $r, generation 1 reached $gen1_last: $lost steps lost; final loss $final_loss, final parameters bitwise the undisturbed run's, sha256 ${params_sha:0:16})"
