@@ -5,14 +5,9 @@
 # workers in a new generation without new pods, a permanent exit fails the job at once, and a clean finish of
 # every rank makes the job Succeeded.
 set -euo pipefail
-src=${RAILYARD_SOURCE_DIR:?}
-state=${RAILYARD_E2E_STATE_DIR:?}
-bin=${RAILYARD_BIN_DIR:?}
+# shellcheck source=../lib/cluster_env.sh
+source "${RAILYARD_SOURCE_DIR:?}/tests/e2e/lib/cluster_env.sh" op-agent-e2e railyard-worker
 agent_bin=$bin/railyard-worker
-[ -x "$agent_bin" ] || { echo "FAIL: no agent binary at $agent_bin (build railyard-worker)" >&2; exit 1; }
-eval "$(bash "$src/deploy/local/cluster.sh" env --state-dir "$state")"
-ns=op-agent-e2e-$$
-work=$(mktemp -d /tmp/op-agent-e2e.XXXXXX)
 op_pid=""
 fail() {
   echo "FAIL: $*" >&2
