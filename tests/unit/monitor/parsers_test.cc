@@ -8,6 +8,7 @@
 #include "common/metrics/metrics.h"
 #include "monitor/alertmanager.h"
 #include "monitor/samples.h"
+#include "tests/unit/monitor/sample_payloads.h"
 
 using namespace railyard::monitor;
 
@@ -94,12 +95,7 @@ TEST_CASE("text format: bad input is refused naming the line") {
 }
 
 TEST_CASE("query response: a vector with labels and special values") {
-  auto s = parse_query_response(
-      R"({"status":"success","data":{"resultType":"vector","result":[
-        {"metric":{"__name__":"railyard_worker_step","job":"j","rank":"0"},"value":[1700000000.5,"12"]},
-        {"metric":{"__name__":"railyard_worker_loss","rank":"1"},"value":[1700000000.5,"NaN"]},
-        {"metric":{},"value":[1,"+Inf"]}]}})",
-      "prom");
+  auto s = parse_query_response(testing::kQueryVector, "prom");
   REQUIRE(s.size() == 3);
   CHECK(s[0].name == "railyard_worker_step");
   CHECK(s[0].label("job") == "j");
@@ -144,13 +140,7 @@ TEST_CASE("query response: malformed answers are errors naming what is wrong") {
 }
 
 TEST_CASE("alertmanager v4 payload: good") {
-  auto p = parse_alertmanager_payload(R"({"version":"4","groupKey":"{}:{alertname=\"X\"}","status":"firing",
-    "receiver":"railyard","groupLabels":{},"commonLabels":{},"commonAnnotations":{},"externalURL":"http://am",
-    "truncatedAlerts":0,"alerts":[
-      {"status":"firing","labels":{"alertname":"RailyardJobStalled","namespace":"ns","trainingjob":"j","rank":"1"},
-       "annotations":{"summary":"stalled"},"startsAt":"2026-11-22T03:00:00Z","endsAt":"0001-01-01T00:00:00Z",
-       "generatorURL":"http://p","fingerprint":"abc"},
-      {"status":"resolved","labels":{"alertname":"Other"}}]})");
+  auto p = parse_alertmanager_payload(testing::kAlertmanagerFiring);
   CHECK(p.status == "firing");
   CHECK(p.receiver == "railyard");
   REQUIRE(p.alerts.size() == 2);
