@@ -14,18 +14,15 @@
 using namespace railyard::op;
 namespace wellknown = railyard::wellknown;
 using railyard::op::testing::job_with;
+using railyard::op::testing::program_job_with;
 using railyard::op::testing::resolved_env;
 using Json = nlohmann::json;
 
 namespace {
 
+// The fixture's program job with 4 processes a replica.
 Json program_job(const Json& patch = Json::object()) {
-  Json j = Json::parse(R"({
-    "apiVersion": "railyard.dev/v1alpha1", "kind": "TrainingJob",
-    "metadata": {"name": "ddp", "namespace": "team-a", "uid": "uid-9", "generation": 1},
-    "spec": {"replicas": 2, "procsPerReplica": 4, "image": "example/pytorch:1",
-             "program": {"command": ["python3", "/app/train.py"]}}
-  })");
+  Json j = program_job_with({{"spec", {{"procsPerReplica", 4}}}});
   j.merge_patch(patch);
   return j;
 }
