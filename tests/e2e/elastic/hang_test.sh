@@ -22,12 +22,7 @@ interval=5
 start_operator
 start_monitor_prometheus
 job_yaml "$job_name" 2 "$steps" | kubectl apply -n "$ns" -f - >/dev/null
-wait_for 90 "the job to run" phase_is Running
-uid0=$(pod_uid "$job_name-worker-0")
-uid1=$(pod_uid "$job_name-worker-1")
-node1=$(pod_node "$job_name-worker-1")
-wait_for 90 "a first checkpoint" latest_at_least 10
-wait_for 60 "Prometheus to scrape both trainers" prom_sees_ranks 2
+wait_monitored_run
 stop_rank1_trainer
 echo "SIGSTOP rank 1's trainer (pid $tp, node $node1) at step $(steps_of "$job_name-worker-0" | tail -1 | cut -d' ' -f1), checkpoint $(latest_step)"
 

@@ -316,6 +316,17 @@ PY
 # continues every pid listed in `stopped_pids` before lib.sh's cleanup runs.
 mon_pid="" prom_dir="" prom_url="" targets_pid=""
 stopped_pids=()
+# wait_monitored_run: the two-replica job runs, has a first checkpoint, and Prometheus scrapes both its trainers. Sets
+# uid0 and uid1 (the pods' UIDs) and node1 (pod 1's node), for the checks after the restart.
+# shellcheck disable=SC2034  # the script's
+wait_monitored_run() {
+  wait_for 90 "the job to run" phase_is Running
+  uid0=$(pod_uid "$job_name-worker-0")
+  uid1=$(pod_uid "$job_name-worker-1")
+  node1=$(pod_node "$job_name-worker-1")
+  wait_for 90 "a first checkpoint" latest_at_least 10
+  wait_for 60 "Prometheus to scrape both trainers" prom_sees_ranks 2
+}
 # rank1_trainer: tp, the trainer process of pod worker-1 (rank 1 of the two-replica job); fails without one.
 rank1_trainer() {
   tp=$(trainer_pid "$job_name-worker-1")

@@ -24,12 +24,7 @@ start_operator
 start_monitor_prometheus --straggler-window 5
 job_yaml "$job_name" 2 "$steps" | sed 's/failurePolicy: {maxRestarts: 3}/failurePolicy: {maxRestarts: 3, excludeFailedNodes: false}/' |
   kubectl apply -n "$ns" -f - >/dev/null
-wait_for 90 "the job to run" phase_is Running
-uid0=$(pod_uid "$job_name-worker-0")
-uid1=$(pod_uid "$job_name-worker-1")
-node1=$(pod_node "$job_name-worker-1")
-wait_for 90 "a first checkpoint" latest_at_least 10
-wait_for 60 "Prometheus to scrape both trainers" prom_sees_ranks 2
+wait_monitored_run
 rank1_trainer
 # The slowdown runs until the restart request (or the trainer's end); it always leaves the trainer running.
 touch "$work/slow"
