@@ -9,9 +9,7 @@ job_name=twice
 job_deterministic=1
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
-steps=300 # long enough to be caught mid-run when the machine is busy (100 finished in 7 s, before a loaded test found a trainer)
-start_two_replica_job "$steps"
-wait_for 90 "a first checkpoint" latest_at_least 10
+start_fault_run
 old0=$(trainer_pid "$job_name-worker-0")
 p1=$(trainer_pid "$job_name-worker-1")
 [ -n "$old0" ] && [ -n "$p1" ] || fail "trainer processes not found (rank 0: '$old0', rank 1: '$p1')"

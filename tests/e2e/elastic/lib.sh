@@ -135,6 +135,16 @@ start_two_replica_job() {
   uid1=$(pod_uid "$job_name-worker-1")
 }
 
+# The fault tests' job length: long enough to be caught mid-run when the machine is busy (100 finished in 7 s, before
+# a loaded test found a trainer).
+fault_steps=300
+# start_fault_run: that job (steps=$fault_steps) started as start_two_replica_job does, and past its first checkpoint.
+start_fault_run() {
+  steps=$fault_steps
+  start_two_replica_job "$steps"
+  wait_for 90 "a first checkpoint" latest_at_least 10
+}
+
 # wait_succeeded SECONDS: until the job is Succeeded (fails at once on Failed/Invalid).
 wait_succeeded() {
   local t0=$SECONDS phase

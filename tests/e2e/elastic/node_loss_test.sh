@@ -17,7 +17,7 @@ job_deterministic=1
 job_agent_hang=off
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
-steps=300 # long enough to be caught mid-run when the machine is busy (100 finished in 7 s, before a loaded test found a trainer)
+steps=$fault_steps
 start_two_replica_job "$steps"
 node0=$(pod_node "$job_name-worker-0")
 node1=$(pod_node "$job_name-worker-1")

@@ -10,9 +10,7 @@ job_name=podloss
 job_deterministic=1
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
-steps=300 # long enough to be caught mid-run when the machine is busy (100 finished in 7 s, before a loaded test found a trainer)
-start_two_replica_job "$steps"
-wait_for 90 "a first checkpoint" latest_at_least 10
+start_fault_run
 t_delete=$(date +%s.%N)
 kubectl delete pod "$job_name-worker-1" -n "$ns" --wait=false >/dev/null
 echo "deleted pod $job_name-worker-1 (uid $uid1) after checkpoint step $(latest_step)"
