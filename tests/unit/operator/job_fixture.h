@@ -33,14 +33,16 @@ inline nlohmann::json job_with(const nlohmann::json& patch) {
 }
 
 // A valid program-mode job (spec.program: the image's own command, no Railyard trainer): ddp in team-a, 2 replicas of
-// example/pytorch:1 running python3 /app/train.py, with a JSON merge patch applied.
-inline nlohmann::json program_job_with(const nlohmann::json& patch) {
+// example/pytorch:1 running python3 /app/train.py, with the JSON merge patches `patch`, then `then`, applied.
+inline nlohmann::json program_job_with(const nlohmann::json& patch,
+                                       const nlohmann::json& then = nlohmann::json::object()) {
   nlohmann::json j = nlohmann::json::parse(R"({
     "apiVersion": "railyard.dev/v1alpha1", "kind": "TrainingJob",
     "metadata": {"name": "ddp", "namespace": "team-a", "uid": "uid-9", "generation": 1},
     "spec": {"replicas": 2, "image": "example/pytorch:1", "program": {"command": ["python3", "/app/train.py"]}}
   })");
   j.merge_patch(patch);
+  j.merge_patch(then);
   return j;
 }
 

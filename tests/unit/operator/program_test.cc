@@ -19,22 +19,21 @@
 
 using namespace railyard::op;
 using railyard::op::testing::find_env;
-using railyard::op::testing::program_job_with;
 using railyard::op::testing::resolved_env;
 using railyard::op::testing::valid_job;
 using Json = nlohmann::json;
 
 namespace {
 
-// The fixture's program job, elastic from 1 to 3 replicas, with its arguments, step count, checkpoints and restarts.
+// The fixture's program job, elastic from 1 to 3 replicas, with its arguments, step count, checkpoints and restarts;
+// then `patch`.
 Json program_job(const Json& patch = Json::object()) {
-  Json j = program_job_with(Json::parse(R"({"spec": {
+  return testing::program_job_with(Json::parse(R"({"spec": {
       "program": {"args": ["--steps", "300"], "totalSteps": 300},
       "elastic": {"minReplicas": 1, "maxReplicas": 3},
       "checkpoint": {"path": "/shared/ckpt/ddp", "intervalSteps": 20},
-      "failurePolicy": {"maxRestarts": 5}}})"));
-  j.merge_patch(patch);
-  return j;
+      "failurePolicy": {"maxRestarts": 5}}})"),
+                                   patch);
 }
 
 }  // namespace

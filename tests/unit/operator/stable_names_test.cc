@@ -14,17 +14,14 @@
 using namespace railyard::op;
 namespace wellknown = railyard::wellknown;
 using railyard::op::testing::job_with;
-using railyard::op::testing::program_job_with;
 using railyard::op::testing::resolved_env;
 using Json = nlohmann::json;
 
 namespace {
 
-// The fixture's program job with 4 processes a replica.
+// The fixture's program job with 4 processes a replica, then `patch`.
 Json program_job(const Json& patch = Json::object()) {
-  Json j = program_job_with({{"spec", {{"procsPerReplica", 4}}}});
-  j.merge_patch(patch);
-  return j;
+  return testing::program_job_with({{"spec", {{"procsPerReplica", 4}}}}, patch);
 }
 
 std::string violation_of(const Json& job) {
