@@ -18,7 +18,6 @@
 #include "tests/unit/operator/job_fixture.h"
 
 using namespace railyard::op;
-using railyard::op::testing::find_env;
 using railyard::op::testing::resolved_env;
 using railyard::op::testing::valid_job;
 using Json = nlohmann::json;
