@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace railyard::cli {
@@ -17,6 +18,20 @@ struct UsageError {
 };
 
 using Args = std::vector<std::string>;
+
+// A command group's subcommands (name, what runs it), in the order its usage errors list them.
+using Subcommands = std::vector<std::pair<std::string, int (*)(const Args&)>>;
+
+// Runs the subcommand args[0] with the rest of args; without one, or for an unknown one, a UsageError that lists the
+// group's subcommands.
+inline int run_subcommand(const std::string& group, const Args& args, const Subcommands& subcommands) {
+  std::string names;
+  for (const auto& [name, run] : subcommands) names += (names.empty() ? "" : ", ") + name;
+  if (args.empty()) throw UsageError{group + ": subcommand required (" + names + ")"};
+  for (const auto& [name, run] : subcommands)
+    if (args[0] == name) return run(Args(args.begin() + 1, args.end()));
+  throw UsageError{group + ": unknown subcommand '" + args[0] + "' (" + names + ")"};
+}
 
 int run_data(const Args& args);      // railyard data ...
 int run_model(const Args& args);     // railyard model ...

@@ -272,13 +272,8 @@ int sample(const Args& a) {
 }  // namespace
 
 int run_data(const Args& args) {
-  if (args.empty()) throw UsageError{"data: subcommand required (prepare, inspect, sample, serve)"};
-  const Args rest(args.begin() + 1, args.end());
-  if (args[0] == "prepare") return prepare(rest);
-  if (args[0] == "serve") return serve(rest);
-  if (args[0] == "inspect") return inspect(rest);
-  if (args[0] == "sample") return sample(rest);
-  throw UsageError{"data: unknown subcommand '" + args[0] + "' (prepare, inspect, sample, serve)"};
+  return run_subcommand("data", args,
+                        {{"prepare", prepare}, {"inspect", inspect}, {"sample", sample}, {"serve", serve}});
 }
 
 }  // namespace railyard::cli

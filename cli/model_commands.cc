@@ -131,12 +131,7 @@ int export_model(const Args& a) {
 }  // namespace
 
 int run_model(const Args& args) {
-  if (args.empty()) throw UsageError{"model: subcommand required (inspect, export, fetch)"};
-  const Args rest(args.begin() + 1, args.end());
-  if (args[0] == "inspect") return inspect(rest);
-  if (args[0] == "export") return export_model(rest);
-  if (args[0] == "fetch") return fetch_model(rest);
-  throw UsageError{"model: unknown subcommand '" + args[0] + "' (inspect, export, fetch)"};
+  return run_subcommand("model", args, {{"inspect", inspect}, {"export", export_model}, {"fetch", fetch_model}});
 }
 
 }  // namespace railyard::cli

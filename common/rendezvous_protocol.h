@@ -82,6 +82,21 @@ inline double get_number(const nlohmann::json& j, const char* name) {
   return v.get<double>();
 }
 
+// Field `name` of j, an array of strings; with `per_pod`, exactly that many (one per pod).
+inline std::vector<std::string> get_strings(const nlohmann::json& j, const char* name,
+                                            std::optional<size_t> per_pod = std::nullopt) {
+  const auto& v = field(j, name);
+  const std::string bad =
+      std::string("field '") + name + "' must be an array of strings" + (per_pod ? ", one per pod" : "");
+  if (!v.is_array() || (per_pod && v.size() != *per_pod)) throw ProtocolError(bad);
+  std::vector<std::string> out;
+  for (const auto& s : v) {
+    if (!s.is_string()) throw ProtocolError(bad);
+    out.push_back(s.get<std::string>());
+  }
+  return out;
+}
+
 }  // namespace detail
 
 // Every request names its job and pod; the token travels as "Authorization: Bearer <token>". The pod is known by its
@@ -222,34 +237,11 @@ inline Assignment parse_assignment(const nlohmann::json& j) {
   a.master_addr = detail::get_string(j, "master_addr");
   a.master_port = static_cast<int>(detail::get_int(j, "master_port", 1, 65535));
   a.restore = detail::get_string(j, "restore", true);
-  const auto& pods = detail::field(j, "pods");
-  if (!pods.is_array()) throw ProtocolError("field 'pods' must be an array of strings");
-  for (const auto& p : pods) {
-    if (!p.is_string()) throw ProtocolError("field 'pods' must be an array of strings");
-    a.pods.push_back(p.get<std::string>());
-  }
+  a.pods = detail::get_strings(j, "pods");
   // Absent from a service that predates the peer copy: no peers.
-  if (j.contains("peers")) {
-    const auto& peers = j.at("peers");
-    if (!peers.is_array() || peers.size() != a.pods.size()) {
-      throw ProtocolError("field 'peers' must be an array of strings, one per pod");
-    }
-    for (const auto& p : peers) {
-      if (!p.is_string()) throw ProtocolError("field 'peers' must be an array of strings, one per pod");
-      a.peers.push_back(p.get<std::string>());
-    }
-  }
+  if (j.contains("peers")) a.peers = detail::get_strings(j, "peers", a.pods.size());
   // Absent from a service that predates it: no addresses (the hostfile then needs DNS names).
-  if (j.contains("addresses")) {
-    const auto& addresses = j.at("addresses");
-    if (!addresses.is_array() || addresses.size() != a.pods.size()) {
-      throw ProtocolError("field 'addresses' must be an array of strings, one per pod");
-    }
-    for (const auto& p : addresses) {
-      if (!p.is_string()) throw ProtocolError("field 'addresses' must be an array of strings, one per pod");
-      a.addresses.push_back(p.get<std::string>());
-    }
-  }
+  if (j.contains("addresses")) a.addresses = detail::get_strings(j, "addresses", a.pods.size());
   try {
     a.config = parse_worker_config(detail::field(j, "config"));
   } catch (const WorkerConfigError& e) {

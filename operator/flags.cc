@@ -2,6 +2,7 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "common/log.h"
@@ -134,6 +135,16 @@ FlagSpec port(int OperatorFlags::*field) {
           }};
 }
 
+// A flag whose value names a mode: `parse` reads it (nullopt: no such name), `names` lists the ones there are.
+template <class Mode>
+FlagSpec mode(Mode OperatorFlags::*field, std::optional<Mode> (*parse)(const std::string&), const char* names) {
+  return {false, [field, parse, names](OperatorFlags& f, const std::string& a, const std::string& v) {
+            const std::optional<Mode> m = parse(v);
+            if (!m) refuse(a + " '" + v + "': use " + names);
+            f.*field = *m;
+          }};
+}
+
 const std::map<std::string, FlagSpec>& flag_table() {
   using F = OperatorFlags;
   using S = const std::string&;
@@ -164,13 +175,7 @@ const std::map<std::string, FlagSpec>& flag_table() {
       {"--worker-command", text(&F::worker_command)},
       {"--rendezvous-bind", text(&F::rendezvous_bind)},
       {"--rendezvous-addr", text(&F::rendezvous_addr)},
-      {"--rendezvous-tls",
-       {false,
-        [](F& f, S a, S v) {
-          const auto m = rendezvous_tls_mode_from_string(v);
-          if (!m) refuse(a + " '" + v + "': use auto, files or off");
-          f.rendezvous_tls = *m;
-        }}},
+      {"--rendezvous-tls", mode(&F::rendezvous_tls, rendezvous_tls_mode_from_string, "auto, files or off")},
       {"--rendezvous-ca-secret",
        {false,
         [](F& f, S a, S v) {
@@ -195,13 +200,7 @@ const std::map<std::string, FlagSpec>& flag_table() {
       {"--checkpoint-root", directory(&F::checkpoint_root)},
       {"--worker-metrics-port", port(&F::worker_metrics_port)},
       {"--agent-metrics-port", port(&F::agent_metrics_port)},
-      {"--network-policy",
-       {false,
-        [](F& f, S a, S v) {
-          const auto m = network_policy_mode_from_string(v);
-          if (!m) refuse(a + " '" + v + "': use none, ingress or strict");
-          f.network_policy = *m;
-        }}},
+      {"--network-policy", mode(&F::network_policy, network_policy_mode_from_string, "none, ingress or strict")},
       {"--cluster-domain",
        {false,
         [](F& f, S a, S v) {

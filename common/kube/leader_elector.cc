@@ -87,6 +87,14 @@ bool LeaderElector::try_acquire_or_renew() {
   const std::string now_s = format_rfc3339_micro(now);
   const int64_t duration_s =
       std::max<int64_t>(1, static_cast<int64_t>(std::ceil(static_cast<double>(opts_.lease_duration.count()) / 1000.0)));
+  // After this candidate's own create or update of the lease: it holds the record it wrote, seen now.
+  auto wrote = [&] {
+    std::lock_guard<std::mutex> lock(mu_);
+    observed_record_ = opts_.identity + "|" + now_s;
+    observed_holder_ = opts_.identity;
+    observed_time_ = std::chrono::steady_clock::now();
+    return true;
+  };
   try {
     std::optional<Json> lease = client_.try_get(resources::leases, opts_.lease_namespace, opts_.lease_name);
     if (!lease) {
@@ -100,11 +108,7 @@ bool LeaderElector::try_acquire_or_renew() {
                     {"renewTime", now_s},
                     {"leaseTransitions", 0}}}};
       client_.create(resources::leases, opts_.lease_namespace, obj);
-      std::lock_guard<std::mutex> lock(mu_);
-      observed_record_ = opts_.identity + "|" + now_s;
-      observed_holder_ = opts_.identity;
-      observed_time_ = std::chrono::steady_clock::now();
-      return true;
+      return wrote();
     }
     Json spec = lease->value("spec", Json::object());
     std::string holder = spec.value("holderIdentity", "");
@@ -135,11 +139,7 @@ bool LeaderElector::try_acquire_or_renew() {
     Json updated = *lease;
     updated["spec"] = nspec;  // metadata.resourceVersion stays: a concurrent writer makes this a Conflict
     client_.update(resources::leases, opts_.lease_namespace, updated);
-    std::lock_guard<std::mutex> lock(mu_);
-    observed_record_ = opts_.identity + "|" + now_s;
-    observed_holder_ = opts_.identity;
-    observed_time_ = std::chrono::steady_clock::now();
-    return true;
+    return wrote();
   } catch (const Conflict&) {
     return false;  // someone else wrote first; look again next round
   } catch (const std::exception& e) {

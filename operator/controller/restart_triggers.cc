@@ -74,6 +74,13 @@ void scan_exits(const JobSpec& spec, const TriggerInputs& in, TriggerScan& out) 
   for (const WorkerExit& e : in.exits) {
     if (e.generation != in.generation || e.reason == "stopped") continue;
     const std::string node = out.node_by_pod.count(e.pod) ? out.node_by_pod.at(e.pod) : "";
+    // A trigger from this report: its pod and node, the process's own words and how long ago the report came.
+    auto reported = [&](const char* reason, std::string detail, const char* detector) {
+      Trigger tr{reason, std::move(detail), e.pod, node, detector, "", -1};
+      tr.cause = e.message;
+      tr.age = std::chrono::duration_cast<std::chrono::milliseconds>(in.now - e.received);
+      return tr;
+    };
     if (e.reason == "agent_restarted") {
       out.triggers.push_back(
           {"AgentRestarted",
@@ -92,16 +99,10 @@ void scan_exits(const JobSpec& spec, const TriggerInputs& in, TriggerScan& out) 
       if (!pod || e.uid.empty() || uid_of(*pod) != e.uid || in.handled_uids.count(e.uid) || terminating(*pod) ||
           phase_of(*pod) == "Failed" || phase_of(*pod) == "Succeeded")
         continue;
-      Trigger tr;
-      tr.reason = "AgentSilent";
-      tr.detail = "pod " + e.pod + (node.empty() ? "" : " on node " + node) + " fell silent";
-      tr.pod = e.pod;
-      tr.node = node;
-      tr.detector = "rendezvous";
+      Trigger tr = reported("AgentSilent", "pod " + e.pod + (node.empty() ? "" : " on node " + node) + " fell silent",
+                            "rendezvous");
       tr.uid = e.uid;
-      tr.cause = e.message;
       tr.onset = e.onset;
-      tr.age = std::chrono::duration_cast<std::chrono::milliseconds>(in.now - e.received);
       out.triggers.push_back(tr);
       out.to_delete.push_back({e.pod, e.uid, true});
       if (!node.empty()) out.suspect_nodes.push_back(node);
@@ -109,16 +110,9 @@ void scan_exits(const JobSpec& spec, const TriggerInputs& in, TriggerScan& out) 
     }
     if (e.reason == rdzv::kExitHung) {
       // The rank runs, but its agent saw it stopped, or blocked with no step and no CPU: the message says which.
-      Trigger tr;
-      tr.reason = "Hang";
-      tr.detail = "rank " + std::to_string(e.global_rank) + " (pod " + e.pod + ") hung";
-      tr.pod = e.pod;
-      tr.node = node;
-      tr.detector = "agent";
+      Trigger tr = reported("Hang", "rank " + std::to_string(e.global_rank) + " (pod " + e.pod + ") hung", "agent");
       tr.rank = e.global_rank;
-      tr.cause = e.message;
       tr.onset = e.onset;
-      tr.age = std::chrono::duration_cast<std::chrono::milliseconds>(in.now - e.received);
       out.triggers.push_back(tr);
       continue;
     }
@@ -126,13 +120,11 @@ void scan_exits(const JobSpec& spec, const TriggerInputs& in, TriggerScan& out) 
     ExitClass cls = classify_exit(spec, e.exit_code, e.signal);
     std::string how = e.signal > 0 ? "was killed by signal " + std::to_string(e.signal)
                                    : "exited with code " + std::to_string(e.exit_code);
-    Trigger tr{"WorkerExit",  "rank " + std::to_string(e.global_rank) + " (pod " + e.pod + ") " + how,
-               e.pod,         node,
-               "agent",       "",
-               e.global_rank, cls == ExitClass::Permanent};
+    Trigger tr =
+        reported("WorkerExit", "rank " + std::to_string(e.global_rank) + " (pod " + e.pod + ") " + how, "agent");
+    tr.rank = e.global_rank;
+    tr.permanent = cls == ExitClass::Permanent;
     tr.peer_lost = e.signal == 0 && e.exit_code == rdzv::kExitPeerLost;
-    tr.cause = e.message;
-    tr.age = std::chrono::duration_cast<std::chrono::milliseconds>(in.now - e.received);
     out.triggers.push_back(tr);
   }
 }

@@ -457,6 +457,21 @@ struct RendezvousService::Impl {
     return std::nullopt;
   }
 
+  // authorize, then hears the pod and checks that this replica holds the job, the job is open at the report's
+  // generation and the pod is one of its members. Exit and progress reports take the same checks; one that fails
+  // them is answered 200 stale, not an error.
+  std::optional<Reply> authorize_current(const rdzv::JobRef& ref, int64_t generation, const std::string& token,
+                                         Job** out) {
+    if (auto r = authorize(ref.key(), token, out)) return r;
+    hear(ref);
+    const Job& job = **out;
+    if (job.closed || job.spec.generation != generation || !job.index.count(ref.pod) ||
+        holder_of(ref) != Holder::kYes) {
+      return Reply{200, {{"status", st::kStale}, {"generation", job.spec.generation}}};
+    }
+    return std::nullopt;
+  }
+
   Reply join(const rdzv::JoinRequest& req, const std::string& token, Events& ev) {
     std::unique_lock<std::mutex> lock(mu);
     Job* job = nullptr;
@@ -660,12 +675,7 @@ struct RendezvousService::Impl {
   Reply exit(const rdzv::ExitReport& req, const std::string& token, Events& ev) {
     std::lock_guard<std::mutex> lock(mu);
     Job* job = nullptr;
-    if (auto r = authorize(req.ref.key(), token, &job)) return *r;
-    hear(req.ref);
-    if (job->closed || job->spec.generation != req.generation || !job->index.count(req.ref.pod) ||
-        holder_of(req.ref) != Holder::kYes) {
-      return {200, {{"status", st::kStale}, {"generation", job->spec.generation}}};
-    }
+    if (auto r = authorize_current(req.ref, req.generation, token, &job)) return *r;
     if (req.local_rank >= job->spec.procs_per_pod) {
       return error_reply(400, st::kError,
                          "field 'local_rank' is " + std::to_string(req.local_rank) + " but the generation runs " +
@@ -695,12 +705,7 @@ struct RendezvousService::Impl {
   Reply progress_report(const rdzv::ProgressReport& req, const std::string& token) {
     std::lock_guard<std::mutex> lock(mu);
     Job* job = nullptr;
-    if (auto r = authorize(req.ref.key(), token, &job)) return *r;
-    hear(req.ref);
-    if (job->closed || job->spec.generation != req.generation || !job->index.count(req.ref.pod) ||
-        holder_of(req.ref) != Holder::kYes) {
-      return {200, {{"status", st::kStale}, {"generation", job->spec.generation}}};
-    }
+    if (auto r = authorize_current(req.ref, req.generation, token, &job)) return *r;
     if (req.local_rank >= job->spec.procs_per_pod) {
       return error_reply(400, st::kError, "field 'local_rank' is out of range for the generation's processes per pod");
     }

@@ -1,4 +1,4 @@
-# Shared helpers of the tests/chaos e2e scripts (sourced). The script sets src, ns, work and pids (processes it
+# Shared helpers of the tests/chaos e2e scripts (sourced). The script sets src, bin, ns, work and pids (processes it
 # started, stopped by pid on exit) and defines its own fail() (what to dump differs).
 # shellcheck shell=bash disable=SC2154
 
@@ -31,6 +31,16 @@ setup_namespace() {
   kubectl create namespace "$ns" >/dev/null
   wait_for 60 "the default service account token" \
     bash -c "kubectl get sa default -n $ns -o jsonpath='{.secrets[0].name}' | grep -q ."
+}
+
+# The operator straight at the API server (no proxy, no leader election, every port its own), logging to
+# $work/op.log; op_pid is its pid, also in pids. Returns once it reconciles.
+start_operator_direct() {
+  "$bin/railyard-operator" --namespace "$ns" --leader-elect=false \
+    --metrics-addr 127.0.0.1:0 --health-addr 127.0.0.1:0 --rendezvous-bind 127.0.0.1:0 >"$work/op.log" 2>&1 &
+  op_pid=$!
+  pids+=("$op_pid")
+  wait_for 30 "the operator to start" grep -q "leading: reconciling" "$work/op.log"
 }
 
 # shell_job NAME REPLICAS MAXRESTARTS COMMAND: a TrainingJob whose pods run `sh -c COMMAND` (no agent).

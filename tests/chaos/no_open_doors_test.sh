@@ -12,16 +12,9 @@
 # leaves the operator's --data-root through '..' is Invalid (PathOutsideRoot) and gets no pods.
 # Writes $RAILYARD_RESULTS_DIR/no_open_doors.json (counts of the checks) when that variable is set.
 set -euo pipefail
-src=${RAILYARD_SOURCE_DIR:?}
-state=${RAILYARD_E2E_STATE_DIR:?}
-bin=${RAILYARD_BIN_DIR:?}
+# shellcheck source=../e2e/lib/cluster_env.sh
+source "${RAILYARD_SOURCE_DIR:?}/tests/e2e/lib/cluster_env.sh" doors-e2e railyard-operator railyard-worker railyard-monitor
 agent_bin=$bin/railyard-worker
-for b in railyard-operator railyard-worker railyard-monitor; do
-  [ -x "$bin/$b" ] || { echo "FAIL: no $b in $bin (build it)" >&2; exit 1; }
-done
-eval "$(bash "$src/deploy/local/cluster.sh" env --state-dir "$state")"
-ns=doors-e2e-$$
-work=$(mktemp -d /tmp/doors-e2e.XXXXXX)
 pids=()
 t_start=$SECONDS
 fail() {

@@ -5,12 +5,8 @@
 # and no pod created more often than its restarts require. Then the network heals and a new job must complete
 # within seconds. kubectl (the test's own view) talks to the API server directly.
 set -euo pipefail
-src=${RAILYARD_SOURCE_DIR:?}
-state=${RAILYARD_E2E_STATE_DIR:?}
-bin=${RAILYARD_BIN_DIR:?}
-eval "$(bash "$src/deploy/local/cluster.sh" env --state-dir "$state")"
-ns=chaos-e2e-$$
-work=$(mktemp -d /tmp/chaos-e2e.XXXXXX)
+# shellcheck source=../e2e/lib/cluster_env.sh
+source "${RAILYARD_SOURCE_DIR:?}/tests/e2e/lib/cluster_env.sh" chaos-e2e
 pids=()
 t_start=$SECONDS
 fail() {

@@ -36,11 +36,7 @@ submit() { shell_job "$@" | kubectl apply -n "$ns" -f - >/dev/null; }
 submit_retry() { for _ in $(seq 1 40); do submit "$@" && return 0; sleep 0.5; done; fail "cannot submit $1"; }
 
 setup_namespace
-"$bin/railyard-operator" --namespace "$ns" --leader-elect=false \
-  --metrics-addr 127.0.0.1:0 --health-addr 127.0.0.1:0 --rendezvous-bind 127.0.0.1:0 >"$work/op.log" 2>&1 &
-op_pid=$!
-pids+=("$op_pid")
-wait_for 30 "the operator to start" grep -q "leading: reconciling" "$work/op.log"
+start_operator_direct
 
 # end-in-etcd exits 0 about 1 s into the etcd restart (which takes about 2 s) and end-in-api exits 137 (retryable)
 # 2 s into the API-server restart (about 15 s): the pods' final status must still reach the API server (a node agent
@@ -59,31 +55,32 @@ wait_for 60 "job end-in-api to run" phase_is end-in-api Running
 unfinished() { kubectl get tj -n "$ns" -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}' |
   grep -cv '^Succeeded$\|^Failed$' || true; }
 
+# timed_restart KEY COMMAND LABEL: counts the unfinished jobs (affected), touches $work/KEY-restarting (the jobs
+# waiting for it end now), times `cluster.sh COMMAND` (restart_s), then how long a new job after-KEY takes to succeed
+# (recovery_s).
+timed_restart() {
+  local key=$1 command=$2 label=$3 t0 t_back
+  affected=$(unfinished)
+  t0=$(now)
+  touch "$work/$key-restarting"
+  bash "$cluster" "$command" --state-dir "$state" 2>>"$work/cluster.log" || fail "$command failed"
+  restart_s=$(elapsed "$t0")
+  t_back=$(now)
+  submit_retry "after-$key" 1 1 "exit 0"
+  wait_for 60 "job after-$key to succeed" phase_is "after-$key" Succeeded
+  recovery_s=$(elapsed "$t_back")
+  echo "$label restarted in ${restart_s}s; a new job succeeded ${recovery_s}s later"
+}
+
 # etcd restart while everything runs.
-etcd_affected=$(unfinished)
-t0=$(now)
-touch "$work/etcd-restarting"
-bash "$cluster" restart-etcd --state-dir "$state" 2>>"$work/cluster.log" || fail "restart-etcd failed"
-etcd_restart_s=$(elapsed "$t0")
-t_etcd_back=$(now)
-submit_retry after-etcd 1 1 "exit 0"
-wait_for 60 "job after-etcd to succeed" phase_is after-etcd Succeeded
-etcd_recovery_s=$(elapsed "$t_etcd_back")
-echo "etcd restarted in ${etcd_restart_s}s; a new job succeeded ${etcd_recovery_s}s later"
+timed_restart etcd restart-etcd etcd
+etcd_affected=$affected etcd_restart_s=$restart_s etcd_recovery_s=$recovery_s
 
 # API-server restart (with the controller manager) while long and end-in-api still run.
 wait_for 60 "job end-in-etcd to succeed" phase_is end-in-etcd Succeeded
 phase_is end-in-api Running || fail "job end-in-api is not running before the API-server restart"
-api_affected=$(unfinished)
-t0=$(now)
-touch "$work/api-restarting"
-bash "$cluster" restart-apiserver --state-dir "$state" 2>>"$work/cluster.log" || fail "restart-apiserver failed"
-api_restart_s=$(elapsed "$t0")
-t_api_back=$(now)
-submit_retry after-api 1 1 "exit 0"
-wait_for 60 "job after-api to succeed" phase_is after-api Succeeded
-api_recovery_s=$(elapsed "$t_api_back")
-echo "API server restarted in ${api_restart_s}s; a new job succeeded ${api_recovery_s}s later"
+timed_restart api restart-apiserver "API server"
+api_affected=$affected api_restart_s=$restart_s api_recovery_s=$recovery_s
 
 wait_for 60 "job end-in-api to succeed" phase_is end-in-api Succeeded
 sleep 2 # anything the restarts left pending would show now

@@ -12,14 +12,10 @@
 #     status object per job) exceeds this within a few minutes, a smaller leak only in an hours-long run.
 # Writes $RAILYARD_RESULTS_DIR/soak.json when that variable is set.
 set -euo pipefail
-src=${RAILYARD_SOURCE_DIR:?}
-state=${RAILYARD_E2E_STATE_DIR:?}
-bin=${RAILYARD_BIN_DIR:?}
 duration=${RAILYARD_SOAK_SECONDS:-45}
 [[ "$duration" =~ ^[1-9][0-9]*$ ]] || { echo "RAILYARD_SOAK_SECONDS='$duration': give a whole number of seconds" >&2; exit 2; }
-eval "$(bash "$src/deploy/local/cluster.sh" env --state-dir "$state")"
-ns=soak-e2e-$$
-work=$(mktemp -d /tmp/soak-e2e.XXXXXX)
+# shellcheck source=../e2e/lib/cluster_env.sh
+source "${RAILYARD_SOURCE_DIR:?}/tests/e2e/lib/cluster_env.sh" soak-e2e
 pids=()
 t_start=$SECONDS
 fail() {
@@ -44,11 +40,7 @@ expect() { # expect JOB PHASE RESTARTS GENERATION
 }
 
 setup_namespace
-"$bin/railyard-operator" --namespace "$ns" --leader-elect=false \
-  --metrics-addr 127.0.0.1:0 --health-addr 127.0.0.1:0 --rendezvous-bind 127.0.0.1:0 >"$work/op.log" 2>&1 &
-op_pid=$!
-pids+=("$op_pid")
-wait_for 30 "the operator to start" grep -q "leading: reconciling" "$work/op.log"
+start_operator_direct
 
 sample() { # prints: seconds-since-start rss-KiB open-fds
   local rss fds

@@ -17,6 +17,7 @@
 #include "checkpoint/shm_store.h"
 #include "common/metrics/metrics.h"
 #include "common/rendezvous_protocol.h"
+#include "tests/unit/monitor/sample_payloads.h"
 #include "tests/unit/operator/job_fixture.h"
 #include "worker/data/shard.h"
 #include "worker/interop/llmc_model.h"
@@ -247,17 +248,8 @@ void rendezvous_seeds() {
 }
 
 void monitor_seeds() {
-  seed("alertmanager", "firing.json", R"({"version":"4","groupKey":"{}:{alertname=\"X\"}","status":"firing",
-    "receiver":"railyard","groupLabels":{},"commonLabels":{},"commonAnnotations":{},"externalURL":"http://am",
-    "truncatedAlerts":0,"alerts":[
-      {"status":"firing","labels":{"alertname":"RailyardJobStalled","namespace":"ns","trainingjob":"j","rank":"1"},
-       "annotations":{"summary":"stalled"},"startsAt":"2026-11-22T03:00:00Z","endsAt":"0001-01-01T00:00:00Z",
-       "generatorURL":"http://p","fingerprint":"abc"},
-      {"status":"resolved","labels":{"alertname":"Other"}}]})");
-  seed("prometheus_query", "vector.json", R"({"status":"success","data":{"resultType":"vector","result":[
-        {"metric":{"__name__":"railyard_worker_step","job":"j","rank":"0"},"value":[1700000000.5,"12"]},
-        {"metric":{"__name__":"railyard_worker_loss","rank":"1"},"value":[1700000000.5,"NaN"]},
-        {"metric":{},"value":[1,"+Inf"]}]}})");
+  seed("alertmanager", "firing.json", railyard::monitor::testing::kAlertmanagerFiring);
+  seed("prometheus_query", "vector.json", railyard::monitor::testing::kQueryVector);
   seed("prometheus_query", "scalar.json", R"({"status":"success","data":{"resultType":"scalar","result":[1,"2"]}})");
   seed("prometheus_query", "error.json",
        R"({"status":"error","errorType":"bad_data","error":"parse error at char 3"})");

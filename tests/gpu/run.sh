@@ -63,33 +63,26 @@ run() { # run <description> <ctest args...>: a skipped test counts as failed her
   fi
   printf '%s\n' "$out"
 }
+# run_with_gpus N TEST DESCRIPTION: runs ctest's TEST (as run does) on a machine with N GPUs or more, else lists it as
+# not run, saying why.
+run_with_gpus() {
+  if [ "$gpus" -ge "$1" ]; then
+    run "$3" -R "^$2\$"
+  else
+    not_run+=("$2: needs $1 GPUs, this machine has $gpus")
+  fi
+}
 run "worker/comm NCCL backend: all_reduce over every GPU" -R '^worker_comm_nccl$'
-if [ "$gpus" -ge 2 ]; then
-  run "worker/comm NCCL backend: every operation equals Gloo's; the watchdog aborts and names a hung all_reduce" \
-    -R '^worker_comm_nccl_gpu$'
-else
-  not_run+=("worker_comm_nccl_gpu: needs 2 GPUs, this machine has $gpus")
-fi
+run_with_gpus 2 worker_comm_nccl_gpu \
+  "worker/comm NCCL backend: every operation equals Gloo's; the watchdog aborts and names a hung all_reduce"
 run "worker/kernels/cuda launch plans and device selection" -R '^worker_cuda_unit$'
 run "worker/kernels/cuda parity with the CPU kernels (all kernels, cuBLASLt GEMMs)" -R '^worker_cuda_parity$'
-if [ "$gpus" -ge 2 ]; then
-  run "worker/parallel on CUDA over NCCL: tp=2, pp=2 (tp=2 x pp=2 with 4+ GPUs) equal the CPU layout" \
-    -R '^worker_cuda_stage_nccl$'
-else
-  not_run+=("worker_cuda_stage_nccl: needs 2 GPUs, this machine has $gpus")
-fi
-if [ "$gpus" -ge 2 ]; then
-  run "data parallelism on CUDA: train --nproc 2 --device cuda over NCCL equals the CPU/Gloo run within 2%" \
-    -R '^worker_train_dp_cuda$'
-else
-  not_run+=("worker_train_dp_cuda: needs 2 GPUs, this machine has $gpus")
-fi
-if [ "$gpus" -ge 4 ]; then
-  run "dp x tp/pp on CUDA: train --nproc 4 --tp 2, --pp 2, --tp 2 --zero 1 (dp=2 over NCCL) equal the CPU layouts within 2%" \
-    -R '^worker_train_dp_tp_cuda$'
-else
-  not_run+=("worker_train_dp_tp_cuda: needs 4 GPUs, this machine has $gpus")
-fi
+run_with_gpus 2 worker_cuda_stage_nccl \
+  "worker/parallel on CUDA over NCCL: tp=2, pp=2 (tp=2 x pp=2 with 4+ GPUs) equal the CPU layout"
+run_with_gpus 2 worker_train_dp_cuda \
+  "data parallelism on CUDA: train --nproc 2 --device cuda over NCCL equals the CPU/Gloo run within 2%"
+run_with_gpus 4 worker_train_dp_tp_cuda \
+  "dp x tp/pp on CUDA: train --nproc 4 --tp 2, --pp 2, --tp 2 --zero 1 (dp=2 over NCCL) equal the CPU layouts within 2%"
 others='^(worker_cuda_parity|worker_comm_nccl_gpu|worker_cuda_stage_nccl|worker_train_dp_cuda|worker_train_dp_tp_cuda)$'
 if (cd "$build" && ctest -N -L gpu -E "$others" | grep -q 'Total Tests: [1-9]'); then
   cmake --build "$build" -j"$(nproc)"

@@ -49,20 +49,15 @@ out=${RAILYARD_BENCH_OUT:-$build/bench/real-faults} # rank 0's log after each fa
 mkdir -p "$out"
 op_pid=""
 stopped=""
-cleanup() {
-  [ -n "$op_pid" ] && kill "$op_pid" 2>/dev/null && wait "$op_pid" 2>/dev/null || true
-  bash "$cluster" down --state-dir "$state" >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+# shellcheck source=../../e2e/operator/lib.sh
+source "$src/tests/e2e/operator/lib.sh"
+trap cleanup_operator_cluster EXIT
 die() {
   echo "real faults bench: $*" >&2
   kubectl get tj,pods -n "$ns" -o wide >&2 || true
   tail -n 20 "$work/op.log" >&2 || true
   exit 1
 }
-# shellcheck source=../../e2e/operator/lib.sh
-source "$src/tests/e2e/operator/lib.sh"
 fail() { die "$@"; } # lib.sh's wait_for calls fail
 
 for k in $kinds; do case "$k" in kill | pod | node) ;; *) die "RAILYARD_BENCH_KINDS: unknown kind '$k' (kill, pod, node)" ;; esac; done
@@ -74,10 +69,7 @@ eval "$(bash "$cluster" env --state-dir "$state")"
 install_crd "$src"
 shared=$(bash "$cluster" share "$ns" --state-dir "$state")
 "$bin/railyard" data prepare --input /usr/share/common-licenses/* --output "$shared/data" >/dev/null
-"$bin/railyard-operator" --namespace "$ns" --leader-elect=false --worker-image localhost/railyard/worker:0.1.0 \
-  --metrics-addr "127.0.0.1:$(free_port)" --health-addr "127.0.0.1:$(free_port)" \
-  --rendezvous-bind "$RAILYARD_POD_HOST_ADDR:0" >"$work/op.log" 2>&1 &
-op_pid=$!
+start_host_operator
 
 job=""
 jp() { kubectl get tj "$job" -n "$ns" -o jsonpath="$1" 2>/dev/null; }

@@ -26,13 +26,9 @@ work=$(mktemp -d /tmp/real-bench.XXXXXX)
 state=$work/cluster
 op_pid=""
 results=$work/results.txt
-cleanup() {
-  [ -n "$op_pid" ] && kill "$op_pid" 2>/dev/null && wait "$op_pid" 2>/dev/null || true
-  bash "$cluster" down --state-dir "$state" >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+# shellcheck source=../../e2e/operator/lib.sh
 source "$src/tests/e2e/operator/lib.sh"
+trap cleanup_operator_cluster EXIT
 fail() { echo "FAIL: $*" >&2; tail -20 "$work/op.log" >&2 || true; exit 1; }
 now() { date +%s.%N; }
 record() { echo "$1 $2 $3" >>"$results"; printf '  %-9s %-22s %6.2f s\n' "$1" "$2" "$3"; }

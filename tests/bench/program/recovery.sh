@@ -49,10 +49,7 @@ bash "$src/deploy/images/build.sh" --build-dir "$build" --examples "${socks[@]}"
   { tail -5 "$work/images.log"; die "images"; }
 install_crd "$src"
 shared=$(bash "$cluster" share "$ns" --state-dir "$state")
-"$bin/railyard-operator" --namespace "$ns" --leader-elect=false --worker-image localhost/railyard/worker:0.1.0 \
-  --metrics-addr "127.0.0.1:$(free_port)" --health-addr "127.0.0.1:$(free_port)" \
-  --rendezvous-bind "$RAILYARD_POD_HOST_ADDR:0" >"$work/op.log" 2>&1 &
-op_pid=$!
+start_host_operator
 "$bin/railyard-monitor" --namespace "$ns" --listen 127.0.0.1:0 --interval 1 >"$work/mon.log" 2>&1 &
 mon_pid=$!
 

@@ -6,20 +6,17 @@
 #   tests/bench/worker/device_ab.sh A/railyard-worker B/railyard-worker [railyard-cli-for-data-prepare]
 # env: MODEL (gpt2-124m), B (4), T (64), STEPS (4), ROUNDS (3), THREADS (2)
 set -euo pipefail
-A=${1:?binary A}; Bbin=${2:?binary B}
+# shellcheck source=ab_lib.sh
+source "$(dirname "$0")/ab_lib.sh" "$@"
 CLI=${3:-$(dirname "$Bbin")/railyard}
 MODEL=${MODEL:-gpt2-124m} BATCH=${B:-4} SEQ=${T:-64} STEPS=${STEPS:-4} ROUNDS=${ROUNDS:-3} THREADS=${THREADS:-2}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 "$CLI" data prepare --input /usr/share/common-licenses/GPL-3 /usr/share/common-licenses/Apache-2.0 \
   --output "$work/data" >/dev/null 2>&1
-for r in $(seq 1 "$ROUNDS"); do
-  for side in A B; do
-    bin=$A; [[ $side == B ]] && bin=$Bbin
-    "$bin" train --model "$MODEL" --data "$work/data" --steps "$STEPS" --batch "$BATCH" --seq "$SEQ" \
-      --threads "$THREADS" --peak-flops 1e11 --log-json "$work/$side.$r.jsonl" 2>"$work/$side.$r.log"
-  done
-done
+train_run() { # BIN SIDE ROUND
+  "$1" train --model "$MODEL" --data "$work/data" --steps "$STEPS" --batch "$BATCH" --seq "$SEQ" \
+    --threads "$THREADS" --peak-flops 1e11 --log-json "$work/$2.$3.jsonl" 2>"$work/$2.$3.log"
+}
+alternate_ab "$ROUNDS" train_run
 /usr/bin/python3 - "$work" "$ROUNDS" <<'PY'
 import json, statistics, sys
 work, rounds = sys.argv[1], int(sys.argv[2])

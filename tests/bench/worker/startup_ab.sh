@@ -6,21 +6,18 @@
 #   tests/bench/worker/startup_ab.sh A/railyard-worker B/railyard-worker
 # env: ROUNDS (7), DEVICE (cpu), DATA (unset), STEPS (2)
 set -euo pipefail
-A=${1:?binary A}; Bbin=${2:?binary B}
+# shellcheck source=ab_lib.sh
+source "$(dirname "$0")/ab_lib.sh" "$@"
 ROUNDS=${ROUNDS:-7} DEVICE=${DEVICE:-cpu} STEPS=${STEPS:-2}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 args=(train --device "$DEVICE")
 if [[ -n ${DATA:-} ]]; then
   args+=(--model l=1,c=32,nh=2,t=32,v=256 --data "$DATA" --steps "$STEPS" --batch 2 --seq 16 --threads 1
          --peak-flops 1e11)
 fi
-for r in $(seq 1 "$ROUNDS"); do
-  for side in A B; do
-    bin=$A; [[ $side == B ]] && bin=$Bbin
-    /usr/bin/time -f "%e %M" -o "$work/$side.$r" "$bin" "${args[@]}" >/dev/null 2>&1 || true
-  done
-done
+timed_run() { # BIN SIDE ROUND
+  /usr/bin/time -f "%e %M" -o "$work/$2.$3" "$1" "${args[@]}" >/dev/null 2>&1 || true
+}
+alternate_ab "$ROUNDS" timed_run
 /usr/bin/python3 - "$work" "$ROUNDS" <<'PY'
 import statistics, sys
 work, rounds = sys.argv[1], int(sys.argv[2])

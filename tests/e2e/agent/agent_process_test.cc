@@ -18,7 +18,6 @@
 #include <fstream>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -27,12 +26,14 @@
 #include "operator/rendezvous/rendezvous.h"
 #include "tests/ctest_env.h"
 #include "tests/e2e/agent/agent_test_util.h"
+#include "tests/unit/rendezvous/exit_log.h"
 #include "worker/agent/pod_agent.h"
 
 namespace fs = std::filesystem;
 using railyard::op::GenerationSpec;
 using railyard::op::RendezvousService;
 using railyard::op::WorkerExit;
+using railyard::op::testing::ExitLog;
 using Clock = std::chrono::steady_clock;
 
 using railyard::agent_testing::slurp;
@@ -189,12 +190,7 @@ std::vector<std::string> fields(const std::string& line) {
 TEST_CASE("agents run workers with the right env, report a kill -9, re-join a new generation, forward SIGTERM") {
   TempDir tmp("railyard-agent-test");
   RendezvousService svc("127.0.0.1", 0);
-  std::mutex mu;
-  std::vector<WorkerExit> exits;
-  svc.set_exit_handler([&](const WorkerExit& e) {
-    std::lock_guard<std::mutex> l(mu);
-    exits.push_back(e);
-  });
+  ExitLog exit_log(svc);
   const std::vector<std::string> pods = {"pod0", "pod1", "pod2"};
   svc.open_generation(spec(1, pods, 2));
   const std::vector<std::string> cmd = {"sh", "-c", kWorkerScript};
@@ -274,15 +270,10 @@ TEST_CASE("agents run workers with the right env, report a kill -9, re-join a ne
   // kill -9 one worker: its agent reports the exit at once; nobody else's.
   const pid_t victim = std::stoi(slurp(file(1, 3, "pid")));
   REQUIRE(::kill(victim, SIGKILL) == 0);
-  REQUIRE(wait_for(
-      [&] {
-        std::lock_guard<std::mutex> l(mu);
-        return !exits.empty();
-      },
-      5));
+  REQUIRE(wait_for([&] { return exit_log.size() > 0; }, 5));
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   {
-    std::lock_guard<std::mutex> l(mu);
+    const std::vector<WorkerExit> exits = exit_log.all();
     REQUIRE(exits.size() == 1);
     CHECK(exits[0].generation == 1);
     CHECK(exits[0].pod == "pod1");
@@ -330,7 +321,7 @@ TEST_CASE("agents run workers with the right env, report a kill -9, re-join a ne
     CHECK(m.find("node=\"n1\"") != std::string::npos);
   }
   {
-    std::lock_guard<std::mutex> l(mu);
+    const std::vector<WorkerExit> exits = exit_log.all();
     CHECK(exits.size() == 1);  // the workers stopped for the new generation are not reported as failures
   }
 
@@ -343,7 +334,7 @@ TEST_CASE("agents run workers with the right env, report a kill -9, re-join a ne
   CHECK(fs::exists(file(2, 5, "term")));
   CHECK(::kill(std::stoi(slurp(file(2, 4, "pid"))), 0) == -1);
   {
-    std::lock_guard<std::mutex> l(mu);
+    const std::vector<WorkerExit> exits = exit_log.all();
     int stopped = 0;
     for (const auto& e : exits)
       if (e.generation == 2 && e.pod == "pod2" && e.reason == "stopped") ++stopped;
@@ -446,13 +437,8 @@ TEST_CASE(
   CHECK(a1.running());
 
   // A new leader serves the same address and re-opens the current generation.
-  std::mutex mu;
-  std::vector<WorkerExit> exits;
   RendezvousService again("127.0.0.1", port);
-  again.set_exit_handler([&](const WorkerExit& e) {
-    std::lock_guard<std::mutex> l(mu);
-    exits.push_back(e);
-  });
+  ExitLog exit_log(again);
   again.open_generation(spec(5, pods, 1));
   REQUIRE(wait_for(
       [&] {
@@ -460,14 +446,9 @@ TEST_CASE(
         return p && p->world_complete;
       },
       15));
-  CHECK(wait_for(
-      [&] {
-        std::lock_guard<std::mutex> l(mu);
-        return exits.size() == 1;
-      },
-      10));
+  CHECK(wait_for([&] { return exit_log.size() == 1; }, 10));
   {
-    std::lock_guard<std::mutex> l(mu);
+    const std::vector<WorkerExit> exits = exit_log.all();
     REQUIRE(exits.size() == 1);
     CHECK(exits[0].global_rank == 1);
     CHECK(exits[0].signal == 9);
@@ -522,22 +503,12 @@ TEST_CASE("fenced: an agent whose pod was replaced under its name kills its work
 TEST_CASE("a worker command that cannot be executed is reported as exit code 127 with a message") {
   TempDir tmp("railyard-agent-test");
   RendezvousService svc("127.0.0.1", 0);
-  std::mutex mu;
-  std::vector<WorkerExit> exits;
-  svc.set_exit_handler([&](const WorkerExit& e) {
-    std::lock_guard<std::mutex> l(mu);
-    exits.push_back(e);
-  });
+  ExitLog exit_log(svc);
   svc.open_generation(spec(1, {"pod0"}, 1));
   AgentProcess a("pod0", "127.0.15.1", svc.port(), 1, tmp.path, {"/nonexistent/railyard-train"});
-  REQUIRE(wait_for(
-      [&] {
-        std::lock_guard<std::mutex> l(mu);
-        return !exits.empty();
-      },
-      15));
+  REQUIRE(wait_for([&] { return exit_log.size() > 0; }, 15));
   {
-    std::lock_guard<std::mutex> l(mu);
+    const std::vector<WorkerExit> exits = exit_log.all();
     CHECK(exits[0].exit_code == 127);
     CHECK(exits[0].signal == 0);
   }
@@ -755,12 +726,7 @@ TEST_CASE(
   const fs::path script = tmp.path / "rank.py";
   std::ofstream(script) << kTorchrunRank;
   RendezvousService svc("127.0.0.1", 0);
-  std::mutex mu;
-  std::vector<WorkerExit> exits;
-  svc.set_exit_handler([&](const WorkerExit& e) {
-    std::lock_guard<std::mutex> l(mu);
-    exits.push_back(e);
-  });
+  ExitLog exit_log(svc);
   const std::vector<std::string> pods = {"pod0", "pod1"};
   svc.open_generation(spec(1, pods, 2));
   const std::vector<std::string> cmd = {"/usr/bin/python3",
@@ -834,12 +800,7 @@ TEST_CASE(
 
   // kill -9 of global rank 3: torchrun ends its other rank and exits 1; the agent reports rank 3 killed by signal 9.
   REQUIRE(::kill(rank3, SIGKILL) == 0);
-  const bool reported = wait_for(
-      [&] {
-        std::lock_guard<std::mutex> l(mu);
-        return !exits.empty();
-      },
-      30);
+  const bool reported = wait_for([&] { return exit_log.size() > 0; }, 30);
   if (!reported) {
     for (auto& a : agents) MESSAGE(slurp(a->log));
     (void)!::system("ps -eo pid,ppid,pgid,sid,stat,wchan:20,cmd | grep -E 'rank.py|torchrun|sleep 600' >&2");
@@ -847,7 +808,7 @@ TEST_CASE(
   REQUIRE(reported);
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   {
-    std::lock_guard<std::mutex> l(mu);
+    const std::vector<WorkerExit> exits = exit_log.all();
     REQUIRE(exits.size() == 1);
     CHECK(exits[0].pod == "pod1");
     CHECK(exits[0].global_rank == 3);
@@ -882,7 +843,7 @@ TEST_CASE(
   CHECK(fs::exists(tmp.path / "tr-gen1-rank0.term"));  // pod0's ranks were stopped through torchrun (SIGTERM)
   CHECK(std::stoi(env_of(2, 2)[12]) != torchrun1);     // a new torchrun
   {
-    std::lock_guard<std::mutex> l(mu);
+    const std::vector<WorkerExit> exits = exit_log.all();
     CHECK(exits.size() == 1);  // ranks stopped for a new generation are no failures
   }
 
@@ -991,12 +952,7 @@ TEST_CASE(
   CHECK(slurp(tmp.path / "flash-final-ref-rank1") == reference);
 
   RendezvousService svc("127.0.0.1", 0);
-  std::mutex mu;
-  std::vector<WorkerExit> exits;
-  svc.set_exit_handler([&](const WorkerExit& e) {
-    std::lock_guard<std::mutex> l(mu);
-    exits.push_back(e);
-  });
+  ExitLog exit_log(svc);
   auto flash_spec = [&](int64_t gen) {
     GenerationSpec s = spec(gen, {"pod0", "pod1"}, 1);
     s.config.checkpoint.emplace().memory_interval_steps = 1;  // the in-memory tier on: the agents keep peer copies
@@ -1041,12 +997,7 @@ TEST_CASE(
 
   // kill -9 of rank 1 in the middle of training: every step reported so far is held in memory by both ranks.
   REQUIRE(::kill(pid_of(1, 1), SIGKILL) == 0);
-  REQUIRE(wait_for(
-      [&] {
-        std::lock_guard<std::mutex> l(mu);
-        return !exits.empty();
-      },
-      30));
+  REQUIRE(wait_for([&] { return exit_log.size() > 0; }, 30));
   const int64_t reported = step_now();
   svc.open_generation(flash_spec(2));
   const bool back = wait_for([&] { return restored(2, 0).is_object() && restored(2, 1).is_object(); }, 60);

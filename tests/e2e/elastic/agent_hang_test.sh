@@ -44,11 +44,7 @@ start_two_replica_job "$steps"
 wait_for 120 "step 60" at_step 60
 [ "$(grep -c 'validation' "$(pod_log "$job_name-worker-0")")" -ge 3 ] || fail "no validation passes in rank 0's log"
 [ "$(jp '{.status.restarts}')" = 0 ] || fail "a restart before any fault: $(jp '{.status.lastRestart}')"
-tp=$(trainer_pid "$job_name-worker-1")
-[ -n "$tp" ] || fail "no trainer process in $job_name-worker-1"
-kill -STOP "$tp"
-stopped_pids+=("$tp")
-t_stop=$(date +%s.%N)
+stop_rank1_trainer
 echo "SIGSTOP rank 1's trainer (pid $tp) at step $(steps_of "$job_name-worker-0" | tail -1 | cut -d' ' -f1)"
 hang_restart "$t_stop" "process stopped (state T" "[1]"
 grep -q '"rank hung"\|rank hung' "$(pod_log "$job_name-worker-1")" || fail "pod 1's agent did not log the hang"
@@ -68,11 +64,7 @@ job_name=agentstall
 job_hang_stopped=0 job_yaml "$job_name" 2 "$steps" | kubectl apply -n "$ns" -f - >/dev/null
 wait_for 90 "job 2 to run" phase_is Running
 wait_for 120 "job 2 at step 30" at_step 30
-tp=$(trainer_pid "$job_name-worker-1")
-[ -n "$tp" ] || fail "no trainer process in $job_name-worker-1"
-kill -STOP "$tp"
-stopped_pids+=("$tp")
-t_stop=$(date +%s.%N)
+stop_rank1_trainer
 # Both ranks stall (rank 1 stopped, rank 0 blocked on it) and both agents report: the first report names the rank.
 hang_restart "$t_stop" "no step for" "[0, 1]"
 

@@ -42,11 +42,7 @@ wait_for 60 "the restart" restarts_is 1
 [ "$(jp '{.status.lastRestart.reason}')" = WorkerExit ] || fail "lastRestart.reason '$(jp '{.status.lastRestart.reason}')', want WorkerExit"
 wait_for 60 "both ranks to restore" bash -c "grep -q 'checkpoint: restored ' '$log0' && grep -q 'checkpoint: restored ' '$log1'"
 r1=$(restored_step "$job_name-worker-0")
-for i in 0 1; do
-  p=$job_name-worker-$i
-  [ "$(restored_from "$p")" = memory ] || fail "phase 1: $p restored from '$(restored_from "$p")', want memory"
-  [ "$(restored_step "$p")" = "$r1" ] || fail "phase 1: $p restored step $(restored_step "$p"), rank 0 restored $r1"
-done
+check_both_from_memory "$r1" "phase 1"
 gen1_last=$(sed -n '/checkpoint: restored /q;p' "$log0" | grep -oE 'worker: step step=[0-9]+' | tail -1 | cut -d= -f2)
 lost1=$((gen1_last > r1 ? gen1_last - r1 : 0))
 [ "$lost1" = 0 ] || fail "phase 1: restored step $r1 but generation 1 had reported $gen1_last: $lost1 steps lost, want 0"
@@ -91,11 +87,7 @@ kill -0 "$op_pid" 2>/dev/null || fail "the operator exited"
 [ "$(jp '{.status.generation}')" = 3 ] || fail "generation $(jp '{.status.generation}'), want 3"
 gens0=$(grep -oE 'agent: joined generation=[0-9]+' "$log0" | cut -d= -f2 | sort -un | tr '\n' ' ')
 [ "$gens0" = "1 2 3 " ] || fail "rank 0's agent joined generations '$gens0', want '1 2 3 '"
-last=$(steps_of "$job_name-worker-0" | tail -1)
-[ "${last%% *}" = "$steps" ] || fail "rank 0's last step is '$last', want $steps"
-ref_loss=$(reference_params "$steps")
-[ "${last#* }" = "$ref_loss" ] || fail "final loss ${last#* } differs from the undisturbed run's $ref_loss"
-params_sha=$(final_params_match "$steps")
+check_final_undisturbed "$steps"
 python3 - "$log0" "$log1" "$t_kill" "$t_op_back" "$t_delete" "$t_api_back" "$t_step2" <<'PY'
 import sys
 from datetime import datetime

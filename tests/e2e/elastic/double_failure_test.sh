@@ -9,9 +9,7 @@ job_name=twice
 job_deterministic=1
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
-steps=300 # long enough to be caught mid-run when the machine is busy (100 finished in 7 s, before a loaded test found a trainer)
-start_two_replica_job "$steps"
-wait_for 90 "a first checkpoint" latest_at_least 10
+start_fault_run
 old0=$(trainer_pid "$job_name-worker-0")
 p1=$(trainer_pid "$job_name-worker-1")
 [ -n "$old0" ] && [ -n "$p1" ] || fail "trainer processes not found (rank 0: '$old0', rank 1: '$p1')"
@@ -40,9 +38,5 @@ restarts=$(jp '{.status.restarts}')
 [ "$(jp '{.status.progress}')" = "$steps/$steps" ] || fail "progress '$(jp '{.status.progress}')'"
 r=$(restored_step "$job_name-worker-0")
 [ "$r" -gt 0 ] || fail "the last generation restored step $r (a fresh start)"
-last=$(steps_of "$job_name-worker-0" | tail -1)
-[ "${last%% *}" = "$steps" ] || fail "rank 0's last step is '$last', want $steps"
-ref_loss=$(reference_params "$steps")
-[ "${last#* }" = "$ref_loss" ] || fail "final loss ${last#* } differs from the undisturbed run's $ref_loss"
-params_sha=$(final_params_match "$steps")
+check_final_undisturbed "$steps"
 echo "double failure e2e: ok (generation $(jp '{.status.generation}'), restarts 2, last restore step $r, final loss ${last#* }, final parameters bitwise the undisturbed run's, sha256 ${params_sha:0:16})"

@@ -22,17 +22,8 @@ interval=5
 start_operator
 start_monitor_prometheus
 job_yaml "$job_name" 2 "$steps" | kubectl apply -n "$ns" -f - >/dev/null
-wait_for 90 "the job to run" phase_is Running
-uid0=$(pod_uid "$job_name-worker-0")
-uid1=$(pod_uid "$job_name-worker-1")
-node1=$(pod_node "$job_name-worker-1")
-wait_for 90 "a first checkpoint" latest_at_least 10
-wait_for 60 "Prometheus to scrape both trainers" prom_sees_ranks 2
-tp=$(trainer_pid "$job_name-worker-1")
-[ -n "$tp" ] || fail "no trainer process in $job_name-worker-1"
-kill -STOP "$tp"
-stopped_pids+=("$tp")
-t_stop=$(date +%s.%N)
+wait_monitored_run
+stop_rank1_trainer
 echo "SIGSTOP rank 1's trainer (pid $tp, node $node1) at step $(steps_of "$job_name-worker-0" | tail -1 | cut -d' ' -f1), checkpoint $(latest_step)"
 
 # Detection: the monitor's request, through Prometheus (the monitor has no other source of worker metrics).
@@ -82,14 +73,6 @@ check_resumed "$interval"
 [ "$(grep -c 'agent: starting ' "$(pod_log "$job_name-worker-0")")" = 1 ] || fail "pod 0's agent started more than once"
 
 check_succeeded_as_undisturbed "$steps" 1
-python3 - "$t_stop" "$t_req" "$t_step" "$req" "$(jp '{.status.lastRestart.detectSeconds}')" <<'PY'
-import json, sys
-from datetime import datetime
-stop, req_t, step_t = map(float, sys.argv[1:4])
-r = json.loads(sys.argv[4])
-f = "%Y-%m-%dT%H:%M:%SZ"
-onset = (datetime.strptime(r["time"], f) - datetime.strptime(r["onset"], f)).total_seconds()
-print(f"hang: SIGSTOP -> restart request seen {req_t - stop:.1f} s (request time - onset {onset:.0f} s, "
-      f"status.lastRestart.detectSeconds {sys.argv[5]}); request -> first step of the new generation {step_t - req_t:.1f} s")
-PY
+request_timing "hang: SIGSTOP" "status.lastRestart.detectSeconds $(jp '{.status.lastRestart.detectSeconds}')" \
+  "$t_stop" "$t_req" "$t_step" "$req"
 echo "hang e2e: ok (Hang of rank 1 by the monitor through Prometheus, node $node1 excluded, pod 1 moved to $new_node1; restored $r, generation 1 reached $gen1_last: $lost steps lost; final loss $final_loss, final parameters bitwise the undisturbed run's, sha256 ${params_sha:0:16})"

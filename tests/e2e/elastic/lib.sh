@@ -135,6 +135,16 @@ start_two_replica_job() {
   uid1=$(pod_uid "$job_name-worker-1")
 }
 
+# The fault tests' job length: long enough to be caught mid-run when the machine is busy (100 finished in 7 s, before
+# a loaded test found a trainer).
+fault_steps=300
+# start_fault_run: that job (steps=$fault_steps) started as start_two_replica_job does, and past its first checkpoint.
+start_fault_run() {
+  steps=$fault_steps
+  start_two_replica_job "$steps"
+  wait_for 90 "a first checkpoint" latest_at_least 10
+}
+
 # wait_succeeded SECONDS: until the job is Succeeded (fails at once on Failed/Invalid).
 wait_succeeded() {
   local t0=$SECONDS phase
@@ -268,6 +278,45 @@ PY
   grep -oE 'worker: step step=[0-9]+/[0-9]+ loss=[0-9.]+' "$work/ref.log" | tail -1 | sed -E 's/.*loss=//'
 }
 
+# check_both_from_memory STEP [WHAT]: both ranks restored STEP from their own memory; WHAT: the failure's prefix.
+check_both_from_memory() {
+  local p i
+  for i in 0 1; do
+    p=$job_name-worker-$i
+    [ "$(restored_from "$p")" = memory ] || fail "${2:+$2: }$p restored from '$(restored_from "$p")', want memory"
+    [ "$(restored_step "$p")" = "$1" ] || fail "${2:+$2: }$p restored step $(restored_step "$p"), rank 0 restored $1"
+  done
+}
+
+# check_final_undisturbed STEPS: rank 0's last step is STEPS, its loss the undisturbed run's, and the final parameters
+# bitwise that run's. Sets last (rank 0's last "step loss") and params_sha.
+check_final_undisturbed() {
+  local ref_loss
+  last=$(steps_of "$job_name-worker-0" | tail -1)
+  [ "${last%% *}" = "$1" ] || fail "rank 0's last step is '$last', want $1"
+  ref_loss=$(reference_params "$1")
+  [ "${last#* }" = "$ref_loss" ] || fail "final loss ${last#* } differs from the undisturbed run's $ref_loss"
+  params_sha=$(final_params_match "$1")
+}
+
+# request_timing WHAT NOTE T_FAULT T_REQUEST T_STEP REQUEST [evidence]: prints how long after the fault (WHAT) the
+# restart request REQUEST was seen, its own time minus onset and NOTE, and how long after it the new generation's first
+# step came; with `evidence`, the request's evidence too.
+request_timing() {
+  python3 - "$@" <<'PY'
+import json, sys
+from datetime import datetime
+what, note = sys.argv[1:3]
+fault, req_t, step_t = map(float, sys.argv[3:6])
+r = json.loads(sys.argv[6])
+f = "%Y-%m-%dT%H:%M:%SZ"
+onset = (datetime.strptime(r["time"], f) - datetime.strptime(r["onset"], f)).total_seconds()
+tail = f"; evidence: {r['evidence']}" if sys.argv[7:] == ["evidence"] else ""
+print(f"{what} -> restart request seen {req_t - fault:.1f} s (request time - onset {onset:.0f} s, {note}); "
+      f"request -> first step of the new generation {step_t - req_t:.1f} s{tail}")
+PY
+}
+
 # ---- The monitor through a real Prometheus (hang and straggler flows) ----
 # start_monitor_prometheus [MONITOR FLAGS...]: a real Prometheus of its own ($work/prom, deploy/local/lib/prometheus.sh
 # up: 1 s scrapes, the shipped rules) scraping the namespace's Running worker pods, and railyard-monitor querying it
@@ -277,6 +326,30 @@ PY
 # continues every pid listed in `stopped_pids` before lib.sh's cleanup runs.
 mon_pid="" prom_dir="" prom_url="" targets_pid=""
 stopped_pids=()
+# wait_monitored_run: the two-replica job runs, has a first checkpoint, and Prometheus scrapes both its trainers. Sets
+# uid0 and uid1 (the pods' UIDs) and node1 (pod 1's node), for the checks after the restart.
+# shellcheck disable=SC2034  # the script's
+wait_monitored_run() {
+  wait_for 90 "the job to run" phase_is Running
+  uid0=$(pod_uid "$job_name-worker-0")
+  uid1=$(pod_uid "$job_name-worker-1")
+  node1=$(pod_node "$job_name-worker-1")
+  wait_for 90 "a first checkpoint" latest_at_least 10
+  wait_for 60 "Prometheus to scrape both trainers" prom_sees_ranks 2
+}
+# rank1_trainer: tp, the trainer process of pod worker-1 (rank 1 of the two-replica job); fails without one.
+rank1_trainer() {
+  tp=$(trainer_pid "$job_name-worker-1")
+  [ -n "$tp" ] || fail "no trainer process in $job_name-worker-1"
+}
+# stop_rank1_trainer: SIGSTOPs it, listed in stopped_pids (the EXIT trap continues it); t_stop, when.
+stop_rank1_trainer() {
+  rank1_trainer
+  kill -STOP "$tp"
+  stopped_pids+=("$tp")
+  # shellcheck disable=SC2034  # the script's
+  t_stop=$(date +%s.%N)
+}
 start_monitor_prometheus() {
   [ -x "$bin/railyard-monitor" ] || fail "no railyard-monitor in $bin (build it first)"
   prom_dir=$work/prom
@@ -352,14 +425,11 @@ check_first_step_after_restore() {
 # last step is STEPS with the undisturbed run's loss, and its final parameters are bitwise the undisturbed run's.
 # Sets final_loss and params_sha.
 check_succeeded_as_undisturbed() {
-  local final ref_loss
+  local last # check_final_undisturbed's, not the script's
   wait_succeeded 180
   [ "$(jp '{.status.restarts}')" = "$2" ] || fail "restarts $(jp '{.status.restarts}'), want $2"
   [ "$(jp '{.status.progress}')" = "$1/$1" ] || fail "progress '$(jp '{.status.progress}')'"
-  final=$(steps_of "$job_name-worker-0" | tail -1)
-  [ "${final%% *}" = "$1" ] || fail "rank 0's last step is '$final', want $1"
-  final_loss=${final#* }
-  ref_loss=$(reference_params "$1")
-  [ "$final_loss" = "$ref_loss" ] || fail "final loss $final_loss differs from the undisturbed run's $ref_loss"
-  params_sha=$(final_params_match "$1")
+  check_final_undisturbed "$1"
+  # shellcheck disable=SC2034  # the script's
+  final_loss=${last#* }
 }

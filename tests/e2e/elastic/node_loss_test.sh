@@ -17,7 +17,7 @@ job_deterministic=1
 job_agent_hang=off
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
-steps=300 # long enough to be caught mid-run when the machine is busy (100 finished in 7 s, before a loaded test found a trainer)
+steps=$fault_steps
 start_two_replica_job "$steps"
 node0=$(pod_node "$job_name-worker-0")
 node1=$(pod_node "$job_name-worker-1")
@@ -104,11 +104,7 @@ t_step=$(date +%s.%N)
 
 wait_succeeded 180
 [ "$(jp '{.status.progress}')" = "$steps/$steps" ] || fail "progress '$(jp '{.status.progress}')'"
-last=$(steps_of "$job_name-worker-0" | tail -1)
-[ "${last%% *}" = "$steps" ] || fail "rank 0's last step is '$last', want $steps"
-ref_loss=$(reference_params "$steps")
-[ "${last#* }" = "$ref_loss" ] || fail "final loss ${last#* } differs from the undisturbed run's $ref_loss"
-params_sha=$(final_params_match "$steps")
+check_final_undisturbed "$steps"
 # The agents remove their segments and the copies they held when they exit; the lost pod's were removed by the
 # replacement's agent (same pod name) at its start.
 wait_for 30 "no shared-memory segment of the namespace" bash -c "[ \$(find /dev/shm -maxdepth 1 -name 'railyard-${ns}_*' | wc -l) = 0 ]"

@@ -10,9 +10,7 @@ job_name=podloss
 job_deterministic=1
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
-steps=300 # long enough to be caught mid-run when the machine is busy (100 finished in 7 s, before a loaded test found a trainer)
-start_two_replica_job "$steps"
-wait_for 90 "a first checkpoint" latest_at_least 10
+start_fault_run
 t_delete=$(date +%s.%N)
 kubectl delete pod "$job_name-worker-1" -n "$ns" --wait=false >/dev/null
 echo "deleted pod $job_name-worker-1 (uid $uid1) after checkpoint step $(latest_step)"
@@ -55,11 +53,7 @@ wait_succeeded 180
 [ "$(jp '{.status.progress}')" = "$steps/$steps" ] || fail "progress '$(jp '{.status.progress}')'"
 restarts=$(jp '{.status.restarts}')
 [ "$restarts" -ge 1 ] && [ "$restarts" -le 2 ] || fail "restarts $restarts, want 1 (2 if the agent's exit report races the pod deletion)"
-last=$(steps_of "$job_name-worker-0" | tail -1)
-[ "${last%% *}" = "$steps" ] || fail "rank 0's last step is '$last', want $steps"
-ref_loss=$(reference_params "$steps")
-[ "${last#* }" = "$ref_loss" ] || fail "final loss ${last#* } differs from the undisturbed run's $ref_loss"
-params_sha=$(final_params_match "$steps")
+check_final_undisturbed "$steps"
 python3 -c "import sys; sys.exit(0 if 0 < float(sys.argv[1]) < 4.5 else 1)" "${last#* }" ||
   fail "final loss ${last#* } not below 4.5"
 python3 - "$t_delete" "$t_replaced" "$t_step" <<'PY'

@@ -12,9 +12,7 @@ job_memory=1
 job_deterministic=1
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
-steps=300 # long enough to be caught mid-run when the machine is busy (100 finished in 7 s, before a loaded test found a trainer)
-start_two_replica_job "$steps"
-wait_for 90 "a first checkpoint" latest_at_least 10
+start_fault_run
 
 # The pod's process group is the agent's; the trainer is the agent's child in a group of its own.
 agent_pid=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]]["pid"])' \
@@ -57,11 +55,7 @@ for i in 0 1; do
   wait_for 60 "$p to restore" bash -c "grep -q 'checkpoint: restored ' '$(pod_log "$p")'"
 done
 r=$(restored_step "$job_name-worker-0")
-for i in 0 1; do
-  p=$job_name-worker-$i
-  [ "$(restored_from "$p")" = memory ] || fail "$p restored from '$(restored_from "$p")', want memory"
-  [ "$(restored_step "$p")" = "$r" ] || fail "$p restored step $(restored_step "$p"), rank 0 restored $r"
-done
+check_both_from_memory "$r"
 [ "$r" -ge "$ckpt_at_kill" ] || fail "restored step $r is older than the newest checkpoint on disk at the kill ($ckpt_at_kill)"
 gen1_last=$(sed -n '/checkpoint: restored /q;p' "$log0" | grep -oE 'worker: step step=[0-9]+' | tail -1 | cut -d= -f2)
 # Zero steps lost: nothing generation 1 reported is redone. The restored step can be one ahead of the report: every
@@ -80,14 +74,10 @@ wait_succeeded 180
 [ "$(jp '{.status.restarts}')" = 1 ] || fail "restarts $(jp '{.status.restarts}'), want 1"
 [ "$(jp '{.status.generation}')" = 2 ] || fail "generation $(jp '{.status.generation}'), want 2"
 [ "$(jp '{.status.progress}')" = "$steps/$steps" ] || fail "progress '$(jp '{.status.progress}')'"
-last=$(steps_of "$job_name-worker-0" | tail -1)
-[ "${last%% *}" = "$steps" ] || fail "rank 0's last step is '$last', want $steps"
 # Both generations trained in deterministic mode at dp=2 (the field reached the trainers through the operator).
 [ "$(grep -c 'data_parallel="dp=2 zero=0 deterministic ' "$log0")" = 2 ] ||
   fail "rank 0 did not train both generations in deterministic mode: $(grep 'data_parallel=' "$log0")"
-ref_loss=$(reference_params "$steps")
-[ "${last#* }" = "$ref_loss" ] || fail "final loss ${last#* } differs from the undisturbed run's $ref_loss"
-params_sha=$(final_params_match "$steps")
+check_final_undisturbed "$steps"
 # The pods have ended: their agents removed the segments.
 wait_for 30 "the agents to remove the shared-memory segments" \
   bash -c "[ -z \"\$(find /dev/shm -maxdepth 1 -name 'railyard-${ns}_*' 2>/dev/null)\" ]"

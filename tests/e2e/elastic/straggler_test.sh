@@ -24,14 +24,8 @@ start_operator
 start_monitor_prometheus --straggler-window 5
 job_yaml "$job_name" 2 "$steps" | sed 's/failurePolicy: {maxRestarts: 3}/failurePolicy: {maxRestarts: 3, excludeFailedNodes: false}/' |
   kubectl apply -n "$ns" -f - >/dev/null
-wait_for 90 "the job to run" phase_is Running
-uid0=$(pod_uid "$job_name-worker-0")
-uid1=$(pod_uid "$job_name-worker-1")
-node1=$(pod_node "$job_name-worker-1")
-wait_for 90 "a first checkpoint" latest_at_least 10
-wait_for 60 "Prometheus to scrape both trainers" prom_sees_ranks 2
-tp=$(trainer_pid "$job_name-worker-1")
-[ -n "$tp" ] || fail "no trainer process in $job_name-worker-1"
+wait_monitored_run
+rank1_trainer
 # The slowdown runs until the restart request (or the trainer's end); it always leaves the trainer running.
 touch "$work/slow"
 (while [ -f "$work/slow" ] && kill -STOP "$tp" 2>/dev/null; do
@@ -76,14 +70,5 @@ check_resumed "$interval"
 [ "$(pod_uid "$job_name-worker-1")" = "$uid1" ] || fail "pod 1 was re-created although excludeFailedNodes is false"
 
 check_succeeded_as_undisturbed "$steps" 1
-python3 - "$t_slow" "$t_req" "$t_step" "$req" <<'PY'
-import json, sys
-from datetime import datetime
-slow, req_t, step_t = map(float, sys.argv[1:4])
-r = json.loads(sys.argv[4])
-f = "%Y-%m-%dT%H:%M:%SZ"
-onset = (datetime.strptime(r["time"], f) - datetime.strptime(r["onset"], f)).total_seconds()
-print(f"straggler: slowdown -> restart request seen {req_t - slow:.1f} s (request time - onset {onset:.0f} s, the "
-      f"window is 5 s); request -> first step of the new generation {step_t - req_t:.1f} s; evidence: {r['evidence']}")
-PY
+request_timing "straggler: slowdown" "the window is 5 s" "$t_slow" "$t_req" "$t_step" "$req" evidence
 echo "straggler e2e: ok (Straggler of rank 1 by the monitor through Prometheus, no exclusion, same pods; restored $r, generation 1 reached $gen1_last: $lost steps lost; final loss $final_loss, final parameters bitwise the undisturbed run's, sha256 ${params_sha:0:16})"

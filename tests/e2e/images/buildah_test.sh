@@ -8,15 +8,9 @@
 #      (200/200 steps) under the operator on the host.
 #   ctest -L bench -R e2e_buildah_images   (docs/images.md "With buildah")
 set -euo pipefail
-src=${RAILYARD_SOURCE_DIR:?}
-bin=${RAILYARD_BIN_DIR:?}
-state=${RAILYARD_REAL_STATE_DIR:?}
-cluster="$src/deploy/local/cluster.sh"
-ns=buildah-e2e
-work=$(mktemp -d /tmp/buildah-e2e.XXXXXX)
+# shellcheck source=../lib/real_env.sh
+source "${RAILYARD_SOURCE_DIR:?}/tests/e2e/lib/real_env.sh" buildah-e2e
 op_pid=""
-t_all=$SECONDS
-log() { echo "[$((SECONDS - t_all))s] $*"; }
 fail() {
   echo "FAIL: $*" >&2
   kubectl get tj,pods -n "$ns" -o wide >&2 || true
@@ -24,14 +18,9 @@ fail() {
   [ -f "$work/op.log" ] && tail -20 "$work/op.log" >&2
   exit 1
 }
-cleanup() {
-  [ -n "$op_pid" ] && kill "$op_pid" 2>/dev/null && wait "$op_pid" 2>/dev/null || true
-  bash "$cluster" down --state-dir "$state" >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
 # shellcheck source=../operator/lib.sh
 source "$src/tests/e2e/operator/lib.sh"
+trap cleanup_operator_cluster EXIT
 
 # --- 0. build ------------------------------------------------------------------------------------------------------
 t0=$SECONDS
@@ -91,10 +80,7 @@ log "operator image: railyard-operator and railyard-monitor run (--help), as uid
 # --- 3. the worker image trains the tiny example ---------------------------------------------------------------------
 shared=$(bash "$cluster" share "$ns" --state-dir "$state")
 "$bin/railyard" data prepare --input /usr/share/common-licenses/* --output "$shared/data" >/dev/null
-"$bin/railyard-operator" --namespace "$ns" --leader-elect=false --worker-image localhost/railyard/worker:0.1.0 \
-  --metrics-addr "127.0.0.1:$(free_port)" --health-addr "127.0.0.1:$(free_port)" \
-  --rendezvous-bind "$RAILYARD_POD_HOST_ADDR:0" >"$work/op.log" 2>&1 &
-op_pid=$!
+start_host_operator
 t0=$SECONDS
 sed 's|^  replicas: 1$|  replicas: 1\n  image: localhost/railyard/worker:e2e|' "$src/deploy/examples/tiny.yaml" |
   kubectl apply -n "$ns" -f - >/dev/null

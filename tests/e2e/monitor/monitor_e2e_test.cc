@@ -21,6 +21,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "common/error.h"
@@ -185,6 +187,43 @@ json restart_request(railyard::kube::Client& c, const std::string& ns, const std
   return json::parse(ann["railyard.dev/restart-request"].get<std::string>());
 }
 
+// Creates TrainingJob `name`: the tiny preset, `replicas` ranks, 100000 steps of data that is never read (no operator
+// runs here: the tests play its part), and `failure_policy` unless it is empty.
+void create_tiny_job(railyard::kube::Client& c, const std::string& ns, const std::string& name, int replicas,
+                     const json& failure_policy = json::object()) {
+  json spec = {{"replicas", replicas},
+               {"model", {{"preset", "tiny"}}},
+               {"data", {{"train", "/tmp/none_*.bin"}}},
+               {"training", {{"steps", 100000}}}};
+  if (!failure_policy.empty()) spec["failurePolicy"] = failure_policy;
+  c.create(railyard::kube::resources::trainingjobs, ns,
+           {{"apiVersion", "railyard.dev/v1alpha1"},
+            {"kind", "TrainingJob"},
+            {"metadata", {{"name", name}}},
+            {"spec", spec}});
+}
+
+// SIGSTOPs `proc` and waits `seconds` at most for the job's restart request: the request, and how many seconds after
+// the SIGSTOP it came.
+std::pair<json, double> freeze_until_request(Child& proc, railyard::kube::Client& c, const std::string& ns,
+                                             const std::string& name, double seconds) {
+  const auto frozen_at = Clock::now();
+  proc.signal(SIGSTOP);
+  json req;
+  REQUIRE(wait_until(seconds, [&] { return !(req = restart_request(c, ns, name)).is_null(); }));
+  return {req, std::chrono::duration<double>(Clock::now() - frozen_at).count()};
+}
+
+// The monitor (its /metrics at `mcli`) dropped at least `at_least` series that were not the job's own.
+void check_rejected_series(httplib::Client& mcli, double at_least) {
+  auto m = mcli.Get("/metrics");
+  REQUIRE(m);
+  const std::string key = "\nrailyard_monitor_rejected_series_total ";
+  auto at = m->body.find(key);
+  REQUIRE(at != std::string::npos);
+  CHECK(std::stod(m->body.substr(at + key.size())) >= at_least);
+}
+
 // The CRD installed and a fresh namespace on the shared local cluster, deleted when the test ends.
 struct TestNamespace {
   std::unique_ptr<railyard::kube::Client> client;
@@ -252,10 +291,7 @@ TEST_CASE("monitor against a real Prometheus: stall -> one restart request per g
   TestNamespace tns(e, "monitor-e2e");
   auto& c = *tns.client;
   const std::string ns = tns.ns, name = "gpt";
-  c.create(railyard::kube::resources::trainingjobs, ns,
-           json::parse(R"({"apiVersion":"railyard.dev/v1alpha1","kind":"TrainingJob","metadata":{"name":"gpt"},
-             "spec":{"replicas":2,"model":{"preset":"tiny"},"data":{"train":"/tmp/none_*.bin"},
-                     "training":{"steps":100000},"failurePolicy":{"hangTimeoutSeconds":60,"excludeFailedNodes":true}}})"));
+  create_tiny_job(c, ns, name, 2, {{"hangTimeoutSeconds", 60}, {"excludeFailedNodes", true}});
 
   // Prometheus, through the same script cluster.sh uses.
   Prometheus prometheus(e);
@@ -319,20 +355,12 @@ TEST_CASE("monitor against a real Prometheus: stall -> one restart request per g
   std::this_thread::sleep_for(std::chrono::seconds(4));
   CHECK_MESSAGE(restart_request(c, ns, name).is_null(),
                 "restarted by a spoofer? " << restart_request(c, ns, name).dump());
-  {
-    auto m = mcli.Get("/metrics");
-    REQUIRE(m);
-    auto at = m->body.find("\nrailyard_monitor_rejected_series_total ");
-    REQUIRE(at != std::string::npos);
-    CHECK(std::stod(m->body.substr(at + std::string("\nrailyard_monitor_rejected_series_total ").size())) >= 3);
-  }
+  check_rejected_series(mcli, 3);
 
   // Freeze rank 1: rank 0 stops at the next barrier but keeps serving metrics.
-  auto frozen_at = Clock::now();
-  workers->rank(1).signal(SIGSTOP);
   json req;
-  REQUIRE(wait_until(40, [&] { return !(req = restart_request(c, ns, name)).is_null(); }));
-  double detect_s = std::chrono::duration<double>(Clock::now() - frozen_at).count();
+  double detect_s = 0;
+  std::tie(req, detect_s) = freeze_until_request(workers->rank(1), c, ns, name, 40);
   MESSAGE("stall detected " << detect_s << " s after SIGSTOP: " << req.dump());
   CHECK(req["rule"] == "stall");
   CHECK(req["reason"] == "Hang");
@@ -390,7 +418,7 @@ TEST_CASE("monitor against a real Prometheus: stall -> one restart request per g
   REQUIRE(wait_until(30, [&] {
     return query(prom, "railyard_worker_step{namespace=\"" + ns + "\",generation=\"1\"} > 5").size() == 2;
   }));
-  frozen_at = Clock::now();
+  auto frozen_at = Clock::now();
   workers->rank(0).signal(SIGSTOP);
   REQUIRE(wait_until(40, [&] {
     req = restart_request(c, ns, name);
@@ -455,10 +483,7 @@ TEST_CASE("embedded mode: the monitor scrapes the job's pods itself (pod IP + ra
   TestNamespace tns(e, "monitor-emb");
   auto& c = *tns.client;
   const std::string ns = tns.ns, name = "emb";
-  c.create(railyard::kube::resources::trainingjobs, ns,
-           json::parse(R"({"apiVersion":"railyard.dev/v1alpha1","kind":"TrainingJob","metadata":{"name":"emb"},
-             "spec":{"replicas":2,"model":{"preset":"tiny"},"data":{"train":"/tmp/none_*.bin"},
-                     "training":{"steps":100000}}})"));
+  create_tiny_job(c, ns, name, 2);
   // Workers without Prometheus: the prometheus dir only receives an unused target list.
   fs::create_directories(e.tmp / "prom");
   Workers workers(e, ns, name, 0, 2);
@@ -505,18 +530,8 @@ TEST_CASE("embedded mode: the monitor scrapes the job's pods itself (pod IP + ra
   std::this_thread::sleep_for(std::chrono::seconds(3));
   CHECK_MESSAGE(restart_request(c, ns, name).is_null(),
                 "restarted by the intruder? " << restart_request(c, ns, name).dump());
-  {
-    auto m = mcli.Get("/metrics");
-    REQUIRE(m);
-    auto at = m->body.find("\nrailyard_monitor_rejected_series_total ");
-    REQUIRE(at != std::string::npos);
-    CHECK(std::stod(m->body.substr(at + std::string("\nrailyard_monitor_rejected_series_total ").size())) >= 3);
-  }
-  auto frozen_at = Clock::now();
-  workers.rank(1).signal(SIGSTOP);
-  json req;
-  REQUIRE(wait_until(40, [&] { return !(req = restart_request(c, ns, name)).is_null(); }));
-  double detect_s = std::chrono::duration<double>(Clock::now() - frozen_at).count();
+  check_rejected_series(mcli, 3);
+  const auto [req, detect_s] = freeze_until_request(workers.rank(1), c, ns, name, 40);
   MESSAGE("embedded mode: detected " << detect_s << " s after SIGSTOP: " << req.dump());
   CHECK(req["rule"] == "stall");
   CHECK(req["rank"] == 1);
@@ -536,17 +551,7 @@ TEST_CASE("straggler and NaN loss over Prometheus: the fake workers' test knobs 
   TestNamespace tns(e, "monitor-knobs");
   auto& c = *tns.client;
   const std::string ns = tns.ns;
-  for (const char* name : {"slow", "nan"})
-    c.create(railyard::kube::resources::trainingjobs, ns,
-             {{"apiVersion", "railyard.dev/v1alpha1"},
-              {"kind", "TrainingJob"},
-              {"metadata", {{"name", name}}},
-              {"spec",
-               {{"replicas", 3},
-                {"model", {{"preset", "tiny"}}},
-                {"data", {{"train", "/tmp/none_*.bin"}}},
-                {"training", {{"steps", 100000}}},
-                {"failurePolicy", {{"stragglerFactor", 2.0}}}}}});
+  for (const char* name : {"slow", "nan"}) create_tiny_job(c, ns, name, 3, {{"stragglerFactor", 2.0}});
   Prometheus prometheus(e);
   const std::string prom = prometheus.url, prom_dir = prometheus.dir;
   // "slow": independent ranks, rank 2 takes 3x as long per step. "nan": rank 1's loss turns NaN at step 60.
@@ -590,10 +595,7 @@ TEST_CASE("a real trainer's validation pass is a pause: no restart, no pending s
   TestNamespace tns(e, "monitor-pause");
   auto& c = *tns.client;
   const std::string ns = tns.ns, name = "val";
-  c.create(railyard::kube::resources::trainingjobs, ns,
-           json::parse(R"({"apiVersion":"railyard.dev/v1alpha1","kind":"TrainingJob","metadata":{"name":"val"},
-             "spec":{"replicas":1,"model":{"preset":"tiny"},"data":{"train":"/tmp/none_*.bin"},
-                     "training":{"steps":100000},"failurePolicy":{"hangTimeoutSeconds":120}}})"));
+  create_tiny_job(c, ns, name, 1, {{"hangTimeoutSeconds", 120}});
   Prometheus prometheus(e);
   const std::string prom = prometheus.url;
   REQUIRE(e.sh(e.bin + "/railyard data prepare --input /usr/share/common-licenses/GPL-3 --output " +
@@ -670,12 +672,8 @@ TEST_CASE("a real trainer's validation pass is a pause: no restart, no pending s
   MESSAGE("longest time without a step: " << gap_s << " s");
   CHECK(gap_s > 10);
   // The monitor is alive and watching: a frozen trainer is a hang (its target goes down: no pause is read from it).
-  auto frozen_at = Clock::now();
-  worker.signal(SIGSTOP);
-  json req;
-  REQUIRE(wait_until(60, [&] { return !(req = restart_request(c, ns, name)).is_null(); }));
-  MESSAGE("frozen trainer: " << std::chrono::duration<double>(Clock::now() - frozen_at).count() << " s to "
-                             << req.dump());
+  const auto [req, frozen_s] = freeze_until_request(worker, c, ns, name, 60);
+  MESSAGE("frozen trainer: " << frozen_s << " s to " << req.dump());
   CHECK(req["rule"] == "stall");
   monitor.stop(SIGTERM);
 }

@@ -7,13 +7,9 @@
 # and to recover. A real Prometheus scrapes the operator throughout; at the end the "Railyard / Operator" dashboard's
 # time-to-detect and time-to-recover panels (deploy/grafana) return data from it.
 set -euo pipefail
-src=${RAILYARD_SOURCE_DIR:?}
-state=${RAILYARD_E2E_STATE_DIR:?}
-bin=${RAILYARD_BIN_DIR:?}
-eval "$(bash "$src/deploy/local/cluster.sh" env --state-dir "$state")"
-ns=ckpt-loop-e2e-$$
+# shellcheck source=../lib/cluster_env.sh
+source "${RAILYARD_SOURCE_DIR:?}/tests/e2e/lib/cluster_env.sh" ckpt-loop-e2e
 job=loop
-work=$(mktemp -d /tmp/ckpt-loop-e2e.XXXXXX)
 op_pid="" mon_pid="" frozen="" prom_dir=""
 fail() {
   echo "FAIL: $*" >&2

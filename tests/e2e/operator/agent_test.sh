@@ -5,14 +5,9 @@
 # workers in a new generation without new pods, a permanent exit fails the job at once, and a clean finish of
 # every rank makes the job Succeeded.
 set -euo pipefail
-src=${RAILYARD_SOURCE_DIR:?}
-state=${RAILYARD_E2E_STATE_DIR:?}
-bin=${RAILYARD_BIN_DIR:?}
+# shellcheck source=../lib/cluster_env.sh
+source "${RAILYARD_SOURCE_DIR:?}/tests/e2e/lib/cluster_env.sh" op-agent-e2e railyard-worker
 agent_bin=$bin/railyard-worker
-[ -x "$agent_bin" ] || { echo "FAIL: no agent binary at $agent_bin (build railyard-worker)" >&2; exit 1; }
-eval "$(bash "$src/deploy/local/cluster.sh" env --state-dir "$state")"
-ns=op-agent-e2e-$$
-work=$(mktemp -d /tmp/op-agent-e2e.XXXXXX)
 op_pid=""
 fail() {
   echo "FAIL: $*" >&2
@@ -21,14 +16,9 @@ fail() {
   tail -n 40 "$work/op.log" >&2
   exit 1
 }
-cleanup() {
-  [ -n "$op_pid" ] && kill "$op_pid" 2>/dev/null && wait "$op_pid" 2>/dev/null || true
-  kubectl delete namespace "$ns" --wait=false >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
+trap cleanup_operator_ns EXIT
 jp() { kubectl get tj "$1" -n "$ns" -o jsonpath="$2" 2>/dev/null; }
 phase_is() { [ "$(jp "$1" '{.status.phase}')" = "$2" ]; }
 restarts_is() { [ "$(jp "$1" '{.status.restarts}')" = "$2" ]; }

@@ -13,6 +13,35 @@ wait_for() {
   done
 }
 
+# The EXIT trap's work in a script that runs one operator (op_pid, empty until it starts) in namespace ns: stops it,
+# drops the namespace (without waiting) and the work dir.
+# shellcheck disable=SC2154  # op_pid, ns and work are the script's
+cleanup_operator_ns() {
+  if [ -n "$op_pid" ]; then kill "$op_pid" 2>/dev/null || true; wait "$op_pid" 2>/dev/null || true; fi
+  kubectl delete namespace "$ns" --wait=false >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+
+# The same for a script that brought up its own cluster (deploy/local/cluster.sh at $cluster, its state in $state,
+# real nodes most often): stops the operator, takes the cluster down and removes the work dir.
+# shellcheck disable=SC2154  # op_pid, cluster, state and work are the script's
+cleanup_operator_cluster() {
+  if [ -n "$op_pid" ]; then kill "$op_pid" 2>/dev/null || true; wait "$op_pid" 2>/dev/null || true; fi
+  bash "$cluster" down --state-dir "$state" >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+
+# The operator on the host for a cluster of real nodes (deploy/local/cluster.sh up --real-nodes): its pods run the
+# worker image localhost/railyard/worker:0.1.0 and dial its rendezvous at the host's address on the pod network
+# ($RAILYARD_POD_HOST_ADDR). Logs to $work/op.log; op_pid is its pid.
+# shellcheck disable=SC2154  # bin, ns and work are the script's
+start_host_operator() {
+  "$bin/railyard-operator" --namespace "$ns" --leader-elect=false --worker-image localhost/railyard/worker:0.1.0 \
+    --metrics-addr "127.0.0.1:$(free_port)" --health-addr "127.0.0.1:$(free_port)" \
+    --rendezvous-bind "$RAILYARD_POD_HOST_ADDR:0" >"$work/op.log" 2>&1 &
+  op_pid=$!
+}
+
 # Installs the TrainingJob CRD from the checkout and waits until it is served.
 install_crd() {
   kubectl apply -f "$1/deploy/crds/trainingjobs.railyard.dev.yaml" >/dev/null

@@ -4,13 +4,9 @@
 # columns, events, garbage collection, Invalid, failure policy, restart request, scale, lost pod, operator restart
 # without duplicates, and leader hand-over between two replicas.
 set -euo pipefail
-src=${RAILYARD_SOURCE_DIR:?}
-state=${RAILYARD_E2E_STATE_DIR:?}
-bin=${RAILYARD_BIN_DIR:?}
-eval "$(bash "$src/deploy/local/cluster.sh" env --state-dir "$state")"
-ns=op-e2e-$$
+# shellcheck source=../lib/cluster_env.sh
+source "${RAILYARD_SOURCE_DIR:?}/tests/e2e/lib/cluster_env.sh" op-e2e
 lease=op-e2e-$$
-work=$(mktemp -d /tmp/op-e2e.XXXXXX)
 pids=()
 fail() {
   echo "FAIL: $*" >&2

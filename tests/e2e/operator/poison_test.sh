@@ -16,13 +16,10 @@
 # shows no crash. RAILYARD_BIN_DIR may point at another build's bin/ (it only needs railyard-operator): against the
 # operator before the fix (65b572a) this test fails with the operator dead of SIGFPE.
 set -euo pipefail
-src=${RAILYARD_SOURCE_DIR:?}
-state=${RAILYARD_E2E_STATE_DIR:?}
-bin=${RAILYARD_BIN_DIR:?}
-eval "$(bash "$src/deploy/local/cluster.sh" env --state-dir "$state")"
+# shellcheck source=../lib/cluster_env.sh
+source "${RAILYARD_SOURCE_DIR:?}/tests/e2e/lib/cluster_env.sh" op-poison # its ns unused: two namespaces below
 good_ns=op-poison-good-$$
 bad_ns=op-poison-hostile-$$
-work=$(mktemp -d /tmp/op-poison.XXXXXX)
 op_pid=""
 fail() {
   echo "FAIL: $*" >&2

@@ -15,12 +15,8 @@
 #   5. runPolicy.suspend while the initializer pod is at work (Pending here: no kube-scheduler) deletes it, the
 #      attempt not counted; resumed, a new initializer pod is attempt 1, with no InitializerLost event.
 set -euo pipefail
-src=${RAILYARD_SOURCE_DIR:?}
-state=${RAILYARD_E2E_STATE_DIR:?}
-bin=${RAILYARD_BIN_DIR:?}
-eval "$(bash "$src/deploy/local/cluster.sh" env --state-dir "$state")"
-ns=op-storage-$$
-work=$(mktemp -d /tmp/op-storage.XXXXXX)
+# shellcheck source=../lib/cluster_env.sh
+source "${RAILYARD_SOURCE_DIR:?}/tests/e2e/lib/cluster_env.sh" op-storage
 op_pid=""
 fail() {
   echo "FAIL: $*" >&2

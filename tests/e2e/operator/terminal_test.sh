@@ -4,12 +4,8 @@
 # request is reported in an IgnoredAfterFinish event. Regression: a `kubectl scale` of a Succeeded job turned it
 # Invalid, and scaling it back opened a generation that ended Failed.
 set -euo pipefail
-src=${RAILYARD_SOURCE_DIR:?}
-state=${RAILYARD_E2E_STATE_DIR:?}
-bin=${RAILYARD_BIN_DIR:?}
-eval "$(bash "$src/deploy/local/cluster.sh" env --state-dir "$state")"
-ns=op-terminal-$$
-work=$(mktemp -d /tmp/op-terminal.XXXXXX)
+# shellcheck source=../lib/cluster_env.sh
+source "${RAILYARD_SOURCE_DIR:?}/tests/e2e/lib/cluster_env.sh" op-terminal
 op_pid=""
 fail() {
   echo "FAIL: $*" >&2
@@ -19,15 +15,9 @@ fail() {
   tail -n 40 "$work/op.log" >&2 || true
   exit 1
 }
-cleanup() {
-  if [ -n "$op_pid" ]; then kill "$op_pid" 2>/dev/null || true; wait "$op_pid" 2>/dev/null || true; fi
-  kubectl delete namespace "$ns" --wait=false >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
+trap cleanup_operator_ns EXIT
 jp() { kubectl get tj "$1" -n "$ns" -o jsonpath="$2" 2>/dev/null; }
 phase_is() { [ "$(jp "$1" '{.status.phase}')" = "$2" ]; }
 # The result: the whole status but the acknowledgements a finished job still gets (the spec version seen, also on each

@@ -7,12 +7,8 @@
 # Last, jobs the trainer itself refuses (missing data, an initFrom that is not a model, a model too big for memory, a
 # vocabulary smaller than the data's tokens) fail saying why.
 set -euo pipefail
-src=${RAILYARD_SOURCE_DIR:?}
-state=${RAILYARD_E2E_STATE_DIR:?}
-bin=${RAILYARD_BIN_DIR:?}
-eval "$(bash "$src/deploy/local/cluster.sh" env --state-dir "$state")"
-ns=op-tiny-e2e-$$
-work=$(mktemp -d /tmp/op-tiny-e2e.XXXXXX)
+# shellcheck source=../lib/cluster_env.sh
+source "${RAILYARD_SOURCE_DIR:?}/tests/e2e/lib/cluster_env.sh" op-tiny-e2e
 op_pid=""
 fail() {
   echo "FAIL: $*" >&2
@@ -23,14 +19,9 @@ fail() {
   for f in "$state"/node-agent/pods/"${ns}"_*/*.log; do [ -f "$f" ] && { echo "== $f" >&2; tail -n 20 "$f" >&2; }; done
   exit 1
 }
-cleanup() {
-  [ -n "$op_pid" ] && kill "$op_pid" 2>/dev/null && wait "$op_pid" 2>/dev/null || true
-  kubectl delete namespace "$ns" --wait=false >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
+trap cleanup_operator_ns EXIT
 jp() { kubectl get tj tiny -n "$ns" -o jsonpath="$1" 2>/dev/null; }
 
 "$bin/railyard" data prepare --input /usr/share/common-licenses/* --output "$work/data" >/dev/null

@@ -39,18 +39,12 @@
 #   (deploy/examples/pytorch-ddp.yaml exactly as shipped, its own volume and all, runs under the chart's operator in
 #   tests/e2e/real/install_test.sh section 6.)
 set -euo pipefail
-src=${RAILYARD_SOURCE_DIR:?}
-bin=${RAILYARD_BIN_DIR:?}
-state=${RAILYARD_REAL_STATE_DIR:?}
-cluster="$src/deploy/local/cluster.sh"
-ns=program-e2e
+# shellcheck source=../lib/real_env.sh
+source "${RAILYARD_SOURCE_DIR:?}/tests/e2e/lib/real_env.sh" program-e2e
 job=pytorch-ddp-a # each flow its own job: pytorch-ddp-a, -b, -c (apply_job)
-work=$(mktemp -d /tmp/program-e2e.XXXXXX)
 op_pid=""
 mon_pid=""
 targets_pid=""
-t_all=$SECONDS
-log() { echo "[$((SECONDS - t_all))s] $*"; }
 fail() {
   echo "FAIL: $*" >&2
   kubectl get tj,pods -n "$ns" -o wide >&2 || true
@@ -108,10 +102,7 @@ bash "$src/deploy/images/build.sh" --build-dir "$(dirname "$bin")" --examples "$
 log "cluster with 3 real nodes and the example image up in $((SECONDS - t0)) s"
 install_crd "$src"
 shared=$(bash "$cluster" share "$ns" --state-dir "$state")
-"$bin/railyard-operator" --namespace "$ns" --leader-elect=false --worker-image localhost/railyard/worker:0.1.0 \
-  --metrics-addr "127.0.0.1:$(free_port)" --health-addr "127.0.0.1:$(free_port)" \
-  --rendezvous-bind "$RAILYARD_POD_HOST_ADDR:0" >"$work/op.log" 2>&1 &
-op_pid=$!
+start_host_operator
 # Flows A and B watch through a real Prometheus scraping every rank's port of the real pods: the target list is the
 # pods' metrics ports with their metadata (prometheus.sh pod-targets, what kubernetes_sd_configs does in a cluster;
 # Debian's Prometheus has none), rewritten every second.

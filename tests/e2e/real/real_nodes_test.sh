@@ -21,16 +21,10 @@
 #      256 GiB, no GPU) waits for a node that fits, no worker pod before it; with its data taken as prepared (the
 #      initializer left out), it waits with its Scheduled condition naming the missing nvidia.com/gpu.
 set -euo pipefail
-src=${RAILYARD_SOURCE_DIR:?}
-bin=${RAILYARD_BIN_DIR:?}
-state=${RAILYARD_REAL_STATE_DIR:?}
-cluster="$src/deploy/local/cluster.sh"
-ns=real-e2e
-work=$(mktemp -d /tmp/real-e2e.XXXXXX)
+# shellcheck source=../lib/real_env.sh
+source "${RAILYARD_SOURCE_DIR:?}/tests/e2e/lib/real_env.sh" real-e2e
 op_pid=""
 ref_pid=""
-t_all=$SECONDS
-log() { echo "[$((SECONDS - t_all))s] $*"; }
 fail() {
   echo "FAIL: $*" >&2
   kubectl get nodes -o wide >&2 || true
@@ -40,15 +34,13 @@ fail() {
   for f in "$state"/logs/ry-real-*.log; do [ -f "$f" ] && { echo "== $f" >&2; tail -n 8 "$f" >&2; }; done
   exit 1
 }
-cleanup() {
-  [ -n "$ref_pid" ] && kill "$ref_pid" 2>/dev/null || true
-  [ -n "$op_pid" ] && kill "$op_pid" 2>/dev/null && wait "$op_pid" 2>/dev/null || true
-  bash "$cluster" down --state-dir "$state" >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
 # shellcheck source=../operator/lib.sh
 source "$src/tests/e2e/operator/lib.sh"
+cleanup() {
+  [ -n "$ref_pid" ] && kill "$ref_pid" 2>/dev/null || true
+  cleanup_operator_cluster
+}
+trap cleanup EXIT
 
 # --- 1. nodes ----------------------------------------------------------------------------------------------
 bash "$cluster" down --state-dir "$state" >/dev/null 2>&1 || true
@@ -72,10 +64,7 @@ done
 install_crd "$src"
 shared=$(bash "$cluster" share "$ns" --state-dir "$state")
 "$bin/railyard" data prepare --input /usr/share/common-licenses/* --output "$shared/data" >/dev/null
-"$bin/railyard-operator" --namespace "$ns" --leader-elect=false --worker-image localhost/railyard/worker:0.1.0 \
-  --metrics-addr "127.0.0.1:$(free_port)" --health-addr "127.0.0.1:$(free_port)" \
-  --rendezvous-bind "$RAILYARD_POD_HOST_ADDR:0" >"$work/op.log" 2>&1 &
-op_pid=$!
+start_host_operator
 jp() { kubectl get tj "$1" -n "$ns" -o jsonpath="$2" 2>/dev/null; }
 wait_phase() { # job phase seconds
   local t=$SECONDS p

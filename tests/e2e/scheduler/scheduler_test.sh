@@ -17,12 +17,8 @@
 # mlx5_0..mlx5_7 (1.), the nodes' railyard.dev/rail-hcas and nccl-socket-ifname annotations (1.), a Warning event
 # and no HCA list for an invalid annotation (3.).
 set -euo pipefail
-src=${RAILYARD_SOURCE_DIR:?}
-state=${RAILYARD_E2E_STATE_DIR:?}
-bin=${RAILYARD_BIN_DIR:?}
-eval "$(bash "$src/deploy/local/cluster.sh" env --state-dir "$state")"
-ns=sched-e2e-$$
-work=$(mktemp -d /tmp/sched-e2e.XXXXXX)
+# shellcheck source=../lib/cluster_env.sh
+source "${RAILYARD_SOURCE_DIR:?}/tests/e2e/lib/cluster_env.sh" sched-e2e
 op_pid=
 fail() {
   echo "FAIL: $*" >&2
@@ -38,15 +34,13 @@ unannotate_nodes() {
     kubectl annotate "$n" railyard.dev/rail-hcas- railyard.dev/nccl-socket-ifname- >/dev/null 2>&1 || true
   done
 }
-cleanup() {
-  unannotate_nodes
-  [ -z "$op_pid" ] || { kill "$op_pid" 2>/dev/null || true; wait "$op_pid" 2>/dev/null || true; }
-  kubectl delete namespace "$ns" --wait=false >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
 # shellcheck source=../operator/lib.sh
 source "$src/tests/e2e/operator/lib.sh"
+cleanup() {
+  unannotate_nodes
+  cleanup_operator_ns
+}
+trap cleanup EXIT
 
 jp() { kubectl get tj "$1" -n "$ns" -o jsonpath="$2" 2>/dev/null; }
 node_of() { kubectl get pod "$1" -n "$ns" -o jsonpath='{.spec.nodeName}' 2>/dev/null; }

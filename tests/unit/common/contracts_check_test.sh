@@ -12,9 +12,7 @@ copy_tree .
 # expect_failure NAME FILE PYTHON-EXPR-ON-s WANTED-TEXT: edits FILE of the copy, expects the check to fail naming
 # WANTED-TEXT, then restores FILE.
 expect_failure() {
-  local name=$1 file=$2 edit=$3 want=$4
-  cp "$tmp/$file" "$tmp/$file.orig"
-  python3 - "$tmp/$file" "$edit" <<'PY'
+  expect_edit_fails "$1" "$2" "$4" "$3" <<'PY'
 import sys
 p, edit = sys.argv[1], sys.argv[2]
 s = open(p).read()
@@ -22,7 +20,6 @@ t = eval(edit)
 assert t != s, "the edit changed nothing: " + edit
 open(p, "w").write(t)
 PY
-  expect_check_fails "$name" "$file" "$want"
 }
 
 expect_failure "a metric name defined twice with two types" common/metrics/names.h \

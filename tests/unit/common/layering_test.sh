@@ -11,9 +11,7 @@ copy_tree operator worker monitor cli common planner checkpoint deploy/local/nod
 # expect_failure NAME FILE LINE WANTED-TEXT: adds LINE after the first #include of FILE in the copy, expects the check
 # to fail naming WANTED-TEXT, then restores FILE.
 expect_failure() {
-  local name=$1 file=$2 line=$3 want=$4
-  cp "$tmp/$file" "$tmp/$file.orig"
-  python3 - "$tmp/$file" "$line" <<'PY'
+  expect_edit_fails "$1" "$2" "$4" "$3" <<'PY'
 import re, sys
 p, line = sys.argv[1], sys.argv[2]
 s = open(p).read()
@@ -21,7 +19,6 @@ m = re.search(r'^#include .*\n', s, re.M)
 assert m, "no #include in " + p
 open(p, "w").write(s[:m.end()] + line + "\n" + s[m.end():])
 PY
-  expect_check_fails "$name" "$file" "$want"
 }
 
 expect_failure "an include loop" worker/cmd/config_file.h '#include "worker/cmd/command_line.h"' \

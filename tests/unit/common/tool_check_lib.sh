@@ -32,3 +32,13 @@ expect_check_fails() {
   fi
   echo "ok   $name"
 }
+
+# expect_edit_fails NAME FILE WANTED-TEXT ARG <<PROGRAM: edits FILE of the copy with the Python PROGRAM (read from
+# stdin; its argv: the file's path in the copy, then ARG), expects the check to fail naming WANTED-TEXT, then restores
+# FILE.
+expect_edit_fails() {
+  local name=$1 file=$2 want=$3 arg=$4
+  cp "$tmp/$file" "$tmp/$file.orig"
+  python3 - "$tmp/$file" "$arg"
+  expect_check_fails "$name" "$file" "$want"
+}

@@ -2,12 +2,15 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <functional>
+#include <initializer_list>
 #include <string>
 
 #include "common/error.h"
 #include "common/metrics/metrics.h"
 #include "monitor/alertmanager.h"
 #include "monitor/samples.h"
+#include "tests/unit/monitor/sample_payloads.h"
 
 using namespace railyard::monitor;
 
@@ -20,6 +23,23 @@ std::string error_of(auto fn) {
     return e.what();
   }
   return "";
+}
+
+// An input a parser must refuse, and a piece of what its error must say.
+struct Refusal {
+  const char* input;
+  const char* want;
+};
+
+// Each input given to `parse` throws a railyard::Error whose message holds the case's `want` (and `also`, if given).
+void check_refusals(std::initializer_list<Refusal> cases, const std::function<void(const std::string&)>& parse,
+                    const char* also = nullptr) {
+  for (const auto& c : cases) {
+    CAPTURE(c.input);
+    std::string err = error_of([&] { parse(c.input); });
+    if (also) CHECK(err.find(also) != std::string::npos);
+    CHECK(err.find(c.want) != std::string::npos);
+  }
 }
 
 }  // namespace
@@ -67,39 +87,27 @@ TEST_CASE("text format: comments, blanks, timestamps, special values") {
 }
 
 TEST_CASE("text format: bad input is refused naming the line") {
-  struct Case {
-    const char* text;
-    const char* want;
-  };
-  Case cases[] = {
-      {"ok 1\nbad{a=\"1\" 2\n", "t line 2"},
-      {"ok 1\n1bad 2\n", "t line 2: expected a name"},
-      {"x{a=\"\\q\"} 1\n", "invalid escape sequence"},
-      {"x{a=\"1\",a=\"2\"} 1\n", "duplicate label 'a'"},
-      {"x 1 2 3\n", "unexpected text after the timestamp"},
-      {"x abc\n", "'abc' is not a number"},
-      {"x 0x10\n", "is not a number"},
-      {"x\n", "missing value"},
-      {"x 1 12.5\n", "timestamp '12.5' is not an integer"},
-      {"# TYPE x bogus\nx 1\n", "t line 1: unknown metric type 'bogus'"},
-      {"# TYPE x gauge\n# TYPE x gauge\n", "t line 2: second TYPE line"},
-      {"x 1", "does not end with a newline"},
-      {"x{a=\"1} 1\n", "unterminated label value"},
-  };
-  for (const auto& c : cases) {
-    CAPTURE(c.text);
-    std::string err = error_of([&] { parse_text_format(c.text, "t"); });
-    CHECK(err.find(c.want) != std::string::npos);
-  }
+  check_refusals(
+      {
+          {"ok 1\nbad{a=\"1\" 2\n", "t line 2"},
+          {"ok 1\n1bad 2\n", "t line 2: expected a name"},
+          {"x{a=\"\\q\"} 1\n", "invalid escape sequence"},
+          {"x{a=\"1\",a=\"2\"} 1\n", "duplicate label 'a'"},
+          {"x 1 2 3\n", "unexpected text after the timestamp"},
+          {"x abc\n", "'abc' is not a number"},
+          {"x 0x10\n", "is not a number"},
+          {"x\n", "missing value"},
+          {"x 1 12.5\n", "timestamp '12.5' is not an integer"},
+          {"# TYPE x bogus\nx 1\n", "t line 1: unknown metric type 'bogus'"},
+          {"# TYPE x gauge\n# TYPE x gauge\n", "t line 2: second TYPE line"},
+          {"x 1", "does not end with a newline"},
+          {"x{a=\"1} 1\n", "unterminated label value"},
+      },
+      [](const std::string& text) { parse_text_format(text, "t"); });
 }
 
 TEST_CASE("query response: a vector with labels and special values") {
-  auto s = parse_query_response(
-      R"({"status":"success","data":{"resultType":"vector","result":[
-        {"metric":{"__name__":"railyard_worker_step","job":"j","rank":"0"},"value":[1700000000.5,"12"]},
-        {"metric":{"__name__":"railyard_worker_loss","rank":"1"},"value":[1700000000.5,"NaN"]},
-        {"metric":{},"value":[1,"+Inf"]}]}})",
-      "prom");
+  auto s = parse_query_response(testing::kQueryVector, "prom");
   REQUIRE(s.size() == 3);
   CHECK(s[0].name == "railyard_worker_step");
   CHECK(s[0].label("job") == "j");
@@ -113,44 +121,32 @@ TEST_CASE("query response: a vector with labels and special values") {
 }
 
 TEST_CASE("query response: malformed answers are errors naming what is wrong") {
-  struct Case {
-    const char* body;
-    const char* want;
-  };
-  Case cases[] = {
-      {"<html>", "not JSON"},
-      {"[]", "not a JSON object"},
-      {R"({"data":{}})", "'status'"},
-      {R"({"status":"error","errorType":"bad_data","error":"parse error at char 3"})", "bad_data): parse error"},
-      {R"({"status":"success"})", "'data'"},
-      {R"({"status":"success","data":{"result":[]}})", "data.resultType"},
-      {R"({"status":"success","data":{"resultType":"matrix","result":[]}})", "'matrix', expected 'vector'"},
-      {R"({"status":"success","data":{"resultType":"vector","result":{}}})", "data.result is not an array"},
-      {R"({"status":"success","data":{"resultType":"vector","result":[{"value":[1,"2"]}]}})", "data.result[0].metric"},
-      {R"({"status":"success","data":{"resultType":"vector","result":[{"metric":{}}]}})", "data.result[0].value is"},
-      {R"({"status":"success","data":{"resultType":"vector","result":[{"metric":{},"value":[1,2]}]}})",
-       "data.result[0].value is not [<unix time>"},
-      {R"({"status":"success","data":{"resultType":"vector","result":[{"metric":{},"value":[1,"x"]}]}})",
-       "'x' is not a number"},
-      {R"({"status":"success","data":{"resultType":"vector","result":[{"metric":{"a":1},"value":[1,"1"]}]}})",
-       "data.result[0].metric.a is not a string"},
-  };
-  for (const auto& c : cases) {
-    CAPTURE(c.body);
-    std::string err = error_of([&] { parse_query_response(c.body, "http://p/api/v1/query"); });
-    CHECK(err.find("http://p/api/v1/query") != std::string::npos);
-    CHECK(err.find(c.want) != std::string::npos);
-  }
+  check_refusals(
+      {
+          {"<html>", "not JSON"},
+          {"[]", "not a JSON object"},
+          {R"({"data":{}})", "'status'"},
+          {R"({"status":"error","errorType":"bad_data","error":"parse error at char 3"})", "bad_data): parse error"},
+          {R"({"status":"success"})", "'data'"},
+          {R"({"status":"success","data":{"result":[]}})", "data.resultType"},
+          {R"({"status":"success","data":{"resultType":"matrix","result":[]}})", "'matrix', expected 'vector'"},
+          {R"({"status":"success","data":{"resultType":"vector","result":{}}})", "data.result is not an array"},
+          {R"({"status":"success","data":{"resultType":"vector","result":[{"value":[1,"2"]}]}})",
+           "data.result[0].metric"},
+          {R"({"status":"success","data":{"resultType":"vector","result":[{"metric":{}}]}})",
+           "data.result[0].value is"},
+          {R"({"status":"success","data":{"resultType":"vector","result":[{"metric":{},"value":[1,2]}]}})",
+           "data.result[0].value is not [<unix time>"},
+          {R"({"status":"success","data":{"resultType":"vector","result":[{"metric":{},"value":[1,"x"]}]}})",
+           "'x' is not a number"},
+          {R"({"status":"success","data":{"resultType":"vector","result":[{"metric":{"a":1},"value":[1,"1"]}]}})",
+           "data.result[0].metric.a is not a string"},
+      },
+      [](const std::string& body) { parse_query_response(body, "http://p/api/v1/query"); }, "http://p/api/v1/query");
 }
 
 TEST_CASE("alertmanager v4 payload: good") {
-  auto p = parse_alertmanager_payload(R"({"version":"4","groupKey":"{}:{alertname=\"X\"}","status":"firing",
-    "receiver":"railyard","groupLabels":{},"commonLabels":{},"commonAnnotations":{},"externalURL":"http://am",
-    "truncatedAlerts":0,"alerts":[
-      {"status":"firing","labels":{"alertname":"RailyardJobStalled","namespace":"ns","trainingjob":"j","rank":"1"},
-       "annotations":{"summary":"stalled"},"startsAt":"2026-11-22T03:00:00Z","endsAt":"0001-01-01T00:00:00Z",
-       "generatorURL":"http://p","fingerprint":"abc"},
-      {"status":"resolved","labels":{"alertname":"Other"}}]})");
+  auto p = parse_alertmanager_payload(testing::kAlertmanagerFiring);
   CHECK(p.status == "firing");
   CHECK(p.receiver == "railyard");
   REQUIRE(p.alerts.size() == 2);
@@ -161,30 +157,24 @@ TEST_CASE("alertmanager v4 payload: good") {
 }
 
 TEST_CASE("alertmanager payload: wrong version or missing fields are refused naming the field") {
-  struct Case {
-    const char* body;
-    const char* want;
-  };
-  Case cases[] = {
-      {"nope", "not JSON"},
-      {R"({"status":"firing","alerts":[]})", "'version' is missing"},
-      {R"({"version":"3","status":"firing","alerts":[]})", "'version' is \"3\", only \"4\""},
-      {R"({"version":4,"status":"firing","alerts":[]})", "'version' is missing"},
-      {R"({"version":"4","alerts":[]})", "'status' is missing"},
-      {R"({"version":"4","status":"firing"})", "'alerts' is missing"},
-      {R"({"version":"4","status":"firing","alerts":{}})", "'alerts' is not an array"},
-      {R"({"version":"4","status":"firing","alerts":[{"labels":{"alertname":"x"}}]})", "'alerts[0].status' is missing"},
-      {R"({"version":"4","status":"firing","alerts":[{"status":"firing"}]})", "'alerts[0].labels' is missing"},
-      {R"({"version":"4","status":"firing","alerts":[{"status":"firing","labels":{"a":"b"}}]})",
-       "'alerts[0].labels.alertname' is missing"},
-      {R"({"version":"4","status":"firing","alerts":[{"status":"firing","labels":{"alertname":1}}]})",
-       "'alerts[0].labels.alertname' is not a string"},
-      {R"({"version":"4","status":"firing","alerts":[{"status":"odd","labels":{"alertname":"x"}}]})",
-       "'alerts[0].status' is \"odd\""},
-  };
-  for (const auto& c : cases) {
-    CAPTURE(c.body);
-    std::string err = error_of([&] { parse_alertmanager_payload(c.body); });
-    CHECK(err.find(c.want) != std::string::npos);
-  }
+  check_refusals(
+      {
+          {"nope", "not JSON"},
+          {R"({"status":"firing","alerts":[]})", "'version' is missing"},
+          {R"({"version":"3","status":"firing","alerts":[]})", "'version' is \"3\", only \"4\""},
+          {R"({"version":4,"status":"firing","alerts":[]})", "'version' is missing"},
+          {R"({"version":"4","alerts":[]})", "'status' is missing"},
+          {R"({"version":"4","status":"firing"})", "'alerts' is missing"},
+          {R"({"version":"4","status":"firing","alerts":{}})", "'alerts' is not an array"},
+          {R"({"version":"4","status":"firing","alerts":[{"labels":{"alertname":"x"}}]})",
+           "'alerts[0].status' is missing"},
+          {R"({"version":"4","status":"firing","alerts":[{"status":"firing"}]})", "'alerts[0].labels' is missing"},
+          {R"({"version":"4","status":"firing","alerts":[{"status":"firing","labels":{"a":"b"}}]})",
+           "'alerts[0].labels.alertname' is missing"},
+          {R"({"version":"4","status":"firing","alerts":[{"status":"firing","labels":{"alertname":1}}]})",
+           "'alerts[0].labels.alertname' is not a string"},
+          {R"({"version":"4","status":"firing","alerts":[{"status":"odd","labels":{"alertname":"x"}}]})",
+           "'alerts[0].status' is \"odd\""},
+      },
+      [](const std::string& body) { parse_alertmanager_payload(body); });
 }

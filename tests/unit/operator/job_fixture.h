@@ -32,6 +32,20 @@ inline nlohmann::json job_with(const nlohmann::json& patch) {
   return j;
 }
 
+// A valid program-mode job (spec.program: the image's own command, no Railyard trainer): ddp in team-a, 2 replicas of
+// example/pytorch:1 running python3 /app/train.py, with the JSON merge patches `patch`, then `then`, applied.
+inline nlohmann::json program_job_with(const nlohmann::json& patch,
+                                       const nlohmann::json& then = nlohmann::json::object()) {
+  nlohmann::json j = nlohmann::json::parse(R"({
+    "apiVersion": "railyard.dev/v1alpha1", "kind": "TrainingJob",
+    "metadata": {"name": "ddp", "namespace": "team-a", "uid": "uid-9", "generation": 1},
+    "spec": {"replicas": 2, "image": "example/pytorch:1", "program": {"command": ["python3", "/app/train.py"]}}
+  })");
+  j.merge_patch(patch);
+  j.merge_patch(then);
+  return j;
+}
+
 // The env entry `name` of a worker pod's first container, or null.
 inline const nlohmann::json* find_env(const nlohmann::json& pod, const std::string& name) {
   for (const nlohmann::json& e : pod["spec"]["containers"][0]["env"])

@@ -21,6 +21,21 @@ Json pod(const std::string& job, const std::string& node_name, int gpus, const s
   if (gpus) p["spec"]["containers"][0]["resources"] = {{"limits", {{"nvidia.com/gpu", gpus}}}};
   return p;
 }
+// One pod asking `requests` goes to `only` (the one node with room); a gang of two does not fit, and the message
+// names `resource` as what the other node lacks.
+void check_one_pod_fits_only_on(const std::vector<NodeInfo>& inv, const PodRequests& requests, const std::string& only,
+                                const std::string& resource) {
+  SimplePlacement p;
+  PlacementRequest req{"ns/a", 1, 0, {}, Json::array()};
+  req.requests = requests;
+  auto r = p.place(req, inv);
+  REQUIRE(r.ok);
+  CHECK(r.nodes == std::vector<std::string>{only});
+  req.pods = 2;
+  r = p.place(req, inv);
+  CHECK_FALSE(r.ok);
+  CHECK(r.message.find("1 without room for the pod's " + resource) != std::string::npos);
+}
 }  // namespace
 
 TEST_CASE("cpu pods go one per node, and a gang that does not fit binds nothing") {
@@ -124,16 +139,10 @@ TEST_CASE("a node shared with foreign pods: their requests count against its all
   CHECK(inv[0].pods_used == 1);
   CHECK(inv[0].worker_pods == 0);
 
+  check_one_pod_fits_only_on(inv, {2000, int64_t{1} << 30}, "n2", "cpu");  // 2 CPUs: n1 has 1 left, n2 has 4
+  // Gangs of two pods from here on.
   SimplePlacement p;
-  PlacementRequest req{"ns/a", 1, 0, {}, Json::array()};
-  req.requests = {2000, int64_t{1} << 30};  // 2 CPUs: n1 has 1 left, n2 has 4
-  auto r = p.place(req, inv);
-  REQUIRE(r.ok);
-  CHECK(r.nodes == std::vector<std::string>{"n2"});
-  req.pods = 2;
-  r = p.place(req, inv);
-  CHECK_FALSE(r.ok);
-  CHECK(r.message.find("1 without room for the pod's cpu") != std::string::npos);
+  PlacementRequest req{"ns/a", 2, 0, {}, Json::array()};
   req.requests = {1000, 0};  // 1 CPU fits beside the foreign pod
   CHECK(p.place(req, inv).ok);
   req.requests = {1000, int64_t{8} << 30};  // but not 8 GiB beside its 1 GiB
@@ -185,16 +194,7 @@ TEST_CASE("every resource counts as kube-scheduler counts it: extended, hugepage
   // The node without HCAs has none to give: the one with one is the only fit.
   CHECK(resource_shortfall(inv[0], r) == "rdma/hca");
   CHECK(resource_shortfall(inv[1], r).empty());
-  SimplePlacement p;
-  PlacementRequest req{"ns/a", 1, 0, {}, Json::array()};
-  req.requests = r;
-  auto placed = p.place(req, inv);
-  REQUIRE(placed.ok);
-  CHECK(placed.nodes == std::vector<std::string>{"rdma"});
-  req.pods = 2;
-  placed = p.place(req, inv);
-  CHECK_FALSE(placed.ok);
-  CHECK(placed.message.find("1 without room for the pod's rdma/hca") != std::string::npos);
+  check_one_pod_fits_only_on(inv, r, "rdma", "rdma/hca");
 
   // Another workload's pod holding the HCA leaves none; once it ends, the HCA is free again.
   Json foreign = {

@@ -18,27 +18,21 @@
 #include "tests/unit/operator/job_fixture.h"
 
 using namespace railyard::op;
-using railyard::op::testing::find_env;
 using railyard::op::testing::resolved_env;
 using railyard::op::testing::valid_job;
 using Json = nlohmann::json;
 
 namespace {
 
+// The fixture's program job, elastic from 1 to 3 replicas, with its arguments, step count, checkpoints and restarts;
+// then `patch`.
 Json program_job(const Json& patch = Json::object()) {
-  Json j = Json::parse(R"({
-    "apiVersion": "railyard.dev/v1alpha1", "kind": "TrainingJob",
-    "metadata": {"name": "ddp", "namespace": "team-a", "uid": "uid-9", "generation": 1},
-    "spec": {
-      "replicas": 2, "image": "example/pytorch:1",
-      "program": {"command": ["python3", "/app/train.py"], "args": ["--steps", "300"], "totalSteps": 300},
+  return testing::program_job_with(Json::parse(R"({"spec": {
+      "program": {"args": ["--steps", "300"], "totalSteps": 300},
       "elastic": {"minReplicas": 1, "maxReplicas": 3},
       "checkpoint": {"path": "/shared/ckpt/ddp", "intervalSteps": 20},
-      "failurePolicy": {"maxRestarts": 5}
-    }
-  })");
-  j.merge_patch(patch);
-  return j;
+      "failurePolicy": {"maxRestarts": 5}}})"),
+                                   patch);
 }
 
 }  // namespace

@@ -19,15 +19,9 @@ using Json = nlohmann::json;
 
 namespace {
 
+// The fixture's program job with 4 processes a replica, then `patch`.
 Json program_job(const Json& patch = Json::object()) {
-  Json j = Json::parse(R"({
-    "apiVersion": "railyard.dev/v1alpha1", "kind": "TrainingJob",
-    "metadata": {"name": "ddp", "namespace": "team-a", "uid": "uid-9", "generation": 1},
-    "spec": {"replicas": 2, "procsPerReplica": 4, "image": "example/pytorch:1",
-             "program": {"command": ["python3", "/app/train.py"]}}
-  })");
-  j.merge_patch(patch);
-  return j;
+  return testing::program_job_with({{"spec", {{"procsPerReplica", 4}}}}, patch);
 }
 
 std::string violation_of(const Json& job) {

@@ -15,6 +15,7 @@
 #include <set>
 #include <thread>
 
+#include "tests/unit/rendezvous/exit_log.h"
 #include "worker/agent/pod_agent.h"
 #include "worker/agent/rendezvous_client.h"
 
@@ -23,6 +24,7 @@ using railyard::op::JoinTimeout;
 using railyard::op::RendezvousOptions;
 using railyard::op::RendezvousService;
 using railyard::op::WorkerExit;
+using railyard::op::testing::ExitLog;
 using railyard::worker::RendezvousClient;
 using railyard::worker::RendezvousRequestError;
 using Outcome = RendezvousClient::Outcome;
@@ -427,12 +429,7 @@ TEST_CASE("a new generation supersedes waiting and running agents within a secon
 
 TEST_CASE("exits are delivered once each, progress is aggregated, and the job reports done") {
   RendezvousService svc("127.0.0.1", 0);
-  std::mutex mu;
-  std::vector<WorkerExit> exits;
-  svc.set_exit_handler([&](const WorkerExit& e) {
-    std::lock_guard<std::mutex> l(mu);
-    exits.push_back(e);
-  });
+  ExitLog exit_log(svc);
   svc.open_generation(spec(1, {"p0", "p1"}, 2));
   auto c = client(svc);
   auto j0 = std::async(std::launch::async, [&] { return c.join(join_req("p0", 2, 5000)); });
@@ -477,7 +474,7 @@ TEST_CASE("exits are delivered once each, progress is aggregated, and the job re
   CHECK(c.report_exit(kill).outcome == Outcome::Recorded);
   CHECK(c.report_exit(kill).outcome == Outcome::Duplicate);
   {
-    std::lock_guard<std::mutex> l(mu);
+    const std::vector<WorkerExit> exits = exit_log.all();
     REQUIRE(exits.size() == 1);
     CHECK(exits[0].job_key == "ns1/job1");
     CHECK(exits[0].pod == "p1");
@@ -495,7 +492,7 @@ TEST_CASE("exits are delivered once each, progress is aggregated, and the job re
   hang.onset = 1.7e9;
   CHECK(c.report_exit(hang).outcome == Outcome::Recorded);
   {
-    std::lock_guard<std::mutex> l(mu);
+    const std::vector<WorkerExit> exits = exit_log.all();
     REQUIRE(exits.size() == 2);
     CHECK(exits[1].reason == "hung");
     CHECK(exits[1].global_rank == 1);
@@ -523,7 +520,7 @@ TEST_CASE("exits are delivered once each, progress is aggregated, and the job re
   CHECK(p->all_succeeded);
   CHECK(c.status({{"ns1", "job1", "p0"}, 2, 0}).outcome == Outcome::Done);
   {
-    std::lock_guard<std::mutex> l(mu);
+    const std::vector<WorkerExit> exits = exit_log.all();
     CHECK(exits.size() == 6);  // generation 1's kill and hang, then generation 2's four
     std::set<int> ranks;
     for (size_t i = 2; i < exits.size(); ++i) {

@@ -220,12 +220,7 @@ TEST_CASE("a store with a token serves only clients that present it, and never s
 TEST_CASE("connect_gloo: ranks with the store token connect, a rank with another token is refused") {
   const int port = testing::free_store_port();
   auto options = [&](int rank, const std::string& token) {
-    GlooOptions o;
-    o.store_port = port;
-    o.rank = rank;
-    o.size = 2;
-    o.timeout = milliseconds(5000);
-    o.prefix = "g1";
+    GlooOptions o = testing::gloo_options(port, rank, 2, milliseconds(5000), "g1");
     o.store_token = token;
     return o;
   };
@@ -311,12 +306,7 @@ TEST_CASE("connect_gloo with rank 0 serving the store on a fixed port, as under 
   std::vector<std::thread> ts;
   for (int r = 0; r < 2; ++r) {
     ts.emplace_back([&, r] {
-      GlooOptions o;
-      o.store_port = port;
-      o.rank = r;
-      o.size = 2;
-      o.timeout = milliseconds(10000);
-      auto c = connect_gloo(o);
+      auto c = connect_gloo(testing::gloo_options(port, r, 2, milliseconds(10000)));
       float x = static_cast<float>(r + 1);
       c->all_reduce(&x, 1, DType::kFloat32, ReduceOp::kSum);
       got[static_cast<size_t>(r)] = x;

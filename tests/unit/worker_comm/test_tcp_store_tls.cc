@@ -158,12 +158,7 @@ TEST_CASE("connect_gloo over a TLS store; the identity comes from RAILYARD_PEER_
   Job job("a");
   const int port = testing::free_store_port();
   auto options = [&](int rank) {
-    GlooOptions o;
-    o.store_port = port;
-    o.rank = rank;
-    o.size = 2;
-    o.timeout = milliseconds(5000);
-    o.prefix = "g1";
+    GlooOptions o = testing::gloo_options(port, rank, 2, milliseconds(5000), "g1");
     o.store_token = kToken;
     o.store_tls = rank == 0 ? job.server : job.client;
     return o;

@@ -219,11 +219,7 @@ namespace {
 
 constexpr int kMicro = 4, kSteps = 5;
 
-TrainConfig train_config(bool sp) {
-  TrainConfig tc = testing::small_train_config(kSteps, kB, kT, kMicro, /*lr=*/1e-2, /*warmup_steps=*/2);
-  tc.sequence_parallel = sp;
-  return tc;
-}
+TrainConfig train_config(bool sp) { return testing::sp_train_config(kSteps, kB, kT, kMicro, sp); }
 
 }  // namespace
 

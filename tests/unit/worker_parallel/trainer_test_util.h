@@ -70,6 +70,14 @@ inline TrainConfig small_train_config(int steps, int B, int T, int micro, double
   return tc;
 }
 
+// small_train_config at lr 1e-2 with 2 warm-up steps, sequence parallelism on or off: what the sequence-parallel
+// comparisons (worker_parallel_sp, worker_parallel_moe_stage) train with and without it.
+inline TrainConfig sp_train_config(int steps, int B, int T, int micro, bool sp) {
+  TrainConfig tc = small_train_config(steps, B, T, micro, /*lr=*/1e-2, /*warmup_steps=*/2);
+  tc.sequence_parallel = sp;
+  return tc;
+}
+
 // What the model-level layout tests compare against: gradient accumulation over the M (B, T) micro-batches of `d` in
 // one process from init_weights(seed), each weighted 1/M. `after_micro` sees the model after each backward.
 struct AccumulatedGrads {
