@@ -42,10 +42,20 @@ start_host_operator() {
   op_pid=$!
 }
 
-# Installs the TrainingJob CRD from the checkout and waits until it is served.
+# Installs the TrainingJob CRD from the checkout and waits until it is served. Polls the condition rather than
+# trusting one `kubectl wait`: right after a cluster came up, one such wait exited at once with an error that its
+# silenced output hid (a CI run of 2026-12-07: e2e_scheduler failed in 0.95 s with no line printed).
 install_crd() {
   kubectl apply -f "$1/deploy/crds/trainingjobs.railyard.dev.yaml" >/dev/null
-  kubectl wait --for=condition=Established --timeout=60s crd/trainingjobs.railyard.dev >/dev/null 2>&1
+  local t0=$SECONDS got=""
+  while [ $((SECONDS - t0)) -lt 60 ]; do
+    got=$(kubectl get crd trainingjobs.railyard.dev \
+      -o jsonpath='{.status.conditions[?(@.type=="Established")].status}' 2>&1) || true
+    [ "$got" = True ] && return 0
+    sleep 0.3
+  done
+  echo "FAIL: the TrainingJob CRD is not Established 60 s after kubectl apply (last: $got)" >&2
+  return 1
 }
 
 # restricted_pods NS SELECTOR-OR-POD: the pods pass the "restricted" Pod Security Standard's rules
