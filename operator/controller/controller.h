@@ -103,6 +103,9 @@ class Controller {
   std::optional<std::chrono::milliseconds> restart_or_fail(Sync& s);         // sync_decide.cc
   void start_generation(Sync& s);                                            // sync_act.cc
   void create_pods(Sync& s);                                                 // sync_act.cc
+  void delete_pods(Sync& s);                                                 // sync_act.cc
+  // Creates the pods of `indices` from `builder`, in slow-start batches, each on its placed node when it has one.
+  void send_creates(Sync& s, const WorkerPodBuilder& builder, const std::vector<int>& indices);  // sync_act.cc
   void bind_gang(Sync& s);                                                   // sync_act.cc
   void place_gang(Sync& s, const std::vector<int>& indices, bool creating);  // sync_place.cc
   // The gangs waiting for nodes that go before s's job (gang_order.h), as placement requests, first first.

@@ -97,4 +97,56 @@ size_t attribution(const std::vector<TriggerFacts>& triggers) {
   return 0;
 }
 
+WorldStatus world_status(const WorldFacts& f) {
+  WorldStatus w;
+  const std::string n = std::to_string(f.replicas), gen = std::to_string(f.generation);
+  const bool all_exist = f.exist == f.replicas, all_bound = f.bound == f.replicas;
+  w.conditions.push_back({"Created", all_exist, all_exist ? "PodsCreated" : "CreatingPods",
+                          std::to_string(f.exist) + " of " + n + " worker pods exist"});
+  if (all_bound) w.conditions.push_back({"Scheduled", true, "Bound", "all " + n + " pods are bound to nodes"});
+  w.world_up = f.running == f.world && (!f.rendezvous || f.world_formed);
+  if (w.world_up) {
+    w.conditions.push_back({"Running", true, "AllPodsRunning",
+                            f.rendezvous ? "every pod joined generation " + gen
+                                         : std::to_string(f.world) + " of " + n + " worker pods are running"});
+    if (f.restarting) w.conditions.push_back({"Restarting", false, "Recovered", "generation " + gen + " is running"});
+    if (f.resizing)
+      w.conditions.push_back(
+          {"Resizing", false, "Resized", "generation " + gen + " runs " + std::to_string(f.world) + " replicas"});
+  } else if (!f.join_timeout.empty() && f.running == f.world) {
+    w.conditions.push_back({"Running", false, "JoinTimeout", f.join_timeout});
+  } else {
+    w.conditions.push_back(
+        {"Running", false, "PodsNotRunning",
+         std::to_string(f.running) + " of " + std::to_string(f.world) + " worker pods of the world running"});
+  }
+  if (f.restarting && !w.world_up)
+    w.phase = "Restarting";
+  else if (f.resizing && !w.world_up)
+    w.phase = "Resizing";
+  else if (w.world_up)
+    w.phase = "Running";
+  else if (all_bound)
+    w.phase = "Scheduled";
+  else if (all_exist)
+    w.phase = "Created";
+  else
+    w.phase = "Pending";
+  return w;
+}
+
+GangGaps gang_gaps(int replicas, const std::map<int, PodPtr>& pods_by_index, const std::set<int>& deleting) {
+  GangGaps g;
+  for (int i = 0; i < replicas; ++i) {
+    auto it = pods_by_index.find(i);
+    if (it == pods_by_index.end()) {
+      if (!deleting.count(i)) g.create.push_back(i);
+      continue;
+    }
+    const Json& p = *it->second;
+    if (!terminating(p) && node_of(p).empty() && phase_of(p) != "Failed") g.unbound.push_back(i);
+  }
+  return g;
+}
+
 }  // namespace railyard::op

@@ -7,8 +7,11 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
+
+#include "operator/controller/pod_state.h"
 
 namespace railyard::op {
 
@@ -98,5 +101,46 @@ std::chrono::milliseconds hold_for_culprit(const std::vector<TriggerFacts>& trig
 // is not a survivor's peer-lost exit (once the culprit's report is in, it names the failure, whichever report came
 // first), else the first. Index into `triggers` (0 when empty).
 size_t attribution(const std::vector<TriggerFacts>& triggers);
+
+// What the world's pods and the rendezvous service say about the current generation, for its conditions and phase.
+struct WorldFacts {
+  int replicas = 0;           // spec.replicas
+  int world = 0;              // the world's pods (an elastic world short of capacity runs fewer)
+  int exist = 0;              // replica pods that exist and are not being deleted
+  int bound = 0;              // of those, bound to a node
+  int running = 0;            // world pods running (or already finished)
+  int64_t generation = 0;     // the current generation
+  bool rendezvous = false;    // the pods join the rendezvous service (agent jobs with the service on)
+  bool world_formed = false;  // the service says every pod joined `generation` (its record of that generation)
+  std::string join_timeout;   // why the world is incomplete after the join timeout; empty when it is not
+  bool restarting = false;    // condition Restarting is True (a restart waits for its world)
+  bool resizing = false;      // condition Resizing is True
+};
+
+struct ConditionChange {
+  std::string type;
+  bool value = false;
+  std::string reason, message;
+};
+
+struct WorldStatus {
+  bool world_up = false;                    // every world pod runs and, with the rendezvous, the generation formed
+  std::vector<ConditionChange> conditions;  // to set, in order (status.h set_condition)
+  std::string phase;
+};
+
+// Created (every replica's pod exists), Scheduled (every one bound), Running (the world up, else why not: the join
+// timeout's message once every pod runs, else how many run); a restart or resize ends (Recovered, Resized) when the
+// world is up. The phase: Restarting or Resizing while those wait, then Running, Scheduled, Created, Pending.
+WorldStatus world_status(const WorldFacts& f);
+
+// The gang's gaps: replica indices without a pod get one now (`create`), unless the old pod of that name is still
+// being deleted (`deleting`: its deletion event brings the reconcile back); pods that exist without a node, not
+// terminating nor failed, wait for one (`unbound`). Both in index order.
+struct GangGaps {
+  std::vector<int> create;
+  std::vector<int> unbound;
+};
+GangGaps gang_gaps(int replicas, const std::map<int, PodPtr>& pods_by_index, const std::set<int>& deleting);
 
 }  // namespace railyard::op

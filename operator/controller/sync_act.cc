@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <optional>
+#include <set>
 
 #include "common/log.h"
 #include "operator/controller/controller.h"
@@ -59,83 +60,75 @@ void Controller::start_generation(Sync& s) {
                   {{"metadata", {{"annotations", {{kRestartHandledAnnotation, restart_request}}}}}});
 }
 
-void Controller::create_pods(Sync& s) {
-  const std::string& key = s.key;
-  const std::string& ns = s.ns;
-  const std::string& name = s.name;
-  Json& job = s.job;
-  std::vector<PendingEvent>& events = s.events;
-  const JobSpec& spec = s.spec;
-  const int n = s.spec.replicas;
-  int64_t& gen = s.gen;
-  std::map<int, PodPtr>& by_index = s.by_index;
-  std::vector<PodPtr>& extra = s.extra;
-  const std::vector<PodDeletion>& to_delete = s.scan.to_delete;
-  int64_t& label_gen = s.label_gen;
-  std::string& token = s.token;
-  std::vector<std::string>& created = s.created;
-  std::vector<int>& unbound = s.unbound;
-  bool& exists_uncached = s.exists_uncached;
-  // Pods: delete lost/failed and surplus ones, create missing ones (placed first, scheduler railyard).
-  token = ensure_token(job);
-  ensure_network_policy(job, spec);
-  ensure_service(job);
-  const std::optional<Json> claim = ensure_storage(job, spec, events);
-  log::debug(kLog, "secret, network policy, service and storage in place", {{"job", key}});
+void Controller::delete_pods(Sync& s) {
   // A pod that fell silent: its node is suspect (frozen or cut off, though it may look Ready for a while). Noted
   // before the pod is deleted, so its replacement's placement stays off it (suspect_nodes.h).
-  for (const std::string& node : s.scan.suspect_nodes) suspects_.add(key, node, s.now);
-  for (const PodDeletion& d : to_delete) {
-    delete_pod(ns, d.pod, d.uid, d.force);
-    for (auto it = by_index.begin(); it != by_index.end(); ++it)
+  for (const std::string& node : s.scan.suspect_nodes) suspects_.add(s.key, node, s.now);
+  for (const PodDeletion& d : s.scan.to_delete) {
+    delete_pod(s.ns, d.pod, d.uid, d.force);
+    for (auto it = s.by_index.begin(); it != s.by_index.end(); ++it)
       if (kube::name_of(*it->second) == d.pod) {
-        by_index.erase(it);
+        s.by_index.erase(it);
         break;
       }
   }
-  for (const PodPtr& p : extra)
-    if (!terminating(*p)) delete_pod(ns, *p);
-  if (!extra.empty() && std::any_of(extra.begin(), extra.end(), [](const PodPtr& p) { return !terminating(*p); }))
-    events.push_back(
-        {false, "DeletedPods",
-         "deleted " + std::to_string(extra.size()) + " surplus pods (replicas " + std::to_string(n) + ")"});
-  const bool deleting = !to_delete.empty();
+  bool surplus = false;
+  for (const PodPtr& p : s.extra)
+    if (!terminating(*p)) {
+      delete_pod(s.ns, *p);
+      surplus = true;
+    }
+  if (surplus)
+    s.events.push_back({false, "DeletedPods",
+                        "deleted " + std::to_string(s.extra.size()) + " surplus pods (replicas " +
+                            std::to_string(s.spec.replicas) + ")"});
+}
+
+// Pods: delete lost/failed and surplus ones, create missing ones (placed first, scheduler railyard).
+void Controller::create_pods(Sync& s) {
+  Json& job = s.job;
+  const JobSpec& spec = s.spec;
+  s.token = ensure_token(job);
+  ensure_network_policy(job, spec);
+  ensure_service(job);
+  const std::optional<Json> claim = ensure_storage(job, spec, s.events);
+  log::debug(kLog, "secret, network policy, service and storage in place", {{"job", s.key}});
+  delete_pods(s);
+  std::set<int> deleting;  // indices whose old pod is still going
+  for (const PodDeletion& d : s.scan.to_delete)
+    for (int i = 0; i < spec.replicas; ++i)
+      if (d.pod == worker_pod_name(s.name, i)) deleting.insert(i);
   // Replica indices to create. Each pod is built from `job` (our own copy read from the server, never the cache) only
   // as its create is sent, so a reconcile holds as many pods as requests in flight (api_parallelism), not the whole
   // gang: kMaxReplicas copies of a large template would be gigabytes before the first create (issue #40).
-  std::vector<int> to_create_index, unplaced;
-  std::optional<WorkerPodBuilder> builder;  // the gang's common pod, built once on the first pod to create
-  for (int i = 0; i < n; ++i) {
-    auto it = by_index.find(i);
-    if (it != by_index.end()) {
-      const Json& p = *it->second;
-      if (!terminating(p) && node_of(p).empty() && phase_of(p) != "Failed") {
-        unbound.push_back(i);
-        unplaced.push_back(i);
-      }
-      continue;
-    }
-    if (deleting && std::any_of(to_delete.begin(), to_delete.end(),
-                                [&](const PodDeletion& d) { return d.pod == worker_pod_name(name, i); }))
-      continue;  // the old pod of this name is still going; its deletion event brings us back
-    if (!builder) builder.emplace(job, spec, label_gen, opts_.pod);
-    to_create_index.push_back(i);
-    unplaced.push_back(i);
-  }
+  const GangGaps gaps = gang_gaps(spec.replicas, s.by_index, deleting);
+  s.unbound = gaps.unbound;
+  const std::vector<int>& to_create_index = gaps.create;
   if (to_create_index.empty()) return;
+  std::vector<int> unplaced = gaps.unbound;  // the new pods and the existing unbound ones, in index order
+  unplaced.insert(unplaced.end(), to_create_index.begin(), to_create_index.end());
+  std::sort(unplaced.begin(), unplaced.end());
+  const WorkerPodBuilder builder(job, spec, s.label_gen, opts_.pod);  // the gang's common pod, built once
   // The pods take the job-wide env from it (envFrom): it exists, as this spec builds it, before any of them.
-  ensure_job_object(job, kube::resources::configmaps, builder->env_configmap(), "EnvConfigMapConflict",
+  ensure_job_object(job, kube::resources::configmaps, builder.env_configmap(), "EnvConfigMapConflict",
                     "rename or delete it (each job's job-wide env is kept in the ConfigMap <job>-env)");
   // The new pods and the existing unbound ones are placed as one gang; a new pod that got a node is created on it.
   if (spec.scheduler == kRailyardScheduler) {
     place_gang(s, unplaced, true);
     if (claim) select_storage_node(job, *claim, s.placement.node);
   }
+  send_creates(s, builder, to_create_index);
+}
+
+void Controller::send_creates(Sync& s, const WorkerPodBuilder& builder, const std::vector<int>& to_create_index) {
+  const std::string& key = s.key;
+  const std::string& ns = s.ns;
+  const std::string& name = s.name;
   const size_t count = to_create_index.size();
   // Pod k as it is created: the gang's common pod with its index, and its node (and the node's annotations) when
   // placed. Called concurrently: it only reads the builder and the placement.
   auto build = [&](size_t k) {
-    Json pod = builder->pod(to_create_index[k]);
+    Json pod = builder.pod(to_create_index[k]);
     auto node = s.placement.node.find(to_create_index[k]);
     if (node == s.placement.node.end()) return pod;
     pod["spec"]["nodeName"] = node->second;
@@ -164,28 +157,28 @@ void Controller::create_pods(Sync& s) {
       already = true;
     }
   });
-  exists_uncached = already;
+  s.exists_uncached = already;
   log::debug(kLog, "pods created", {{"job", key}, {"attempted", std::to_string(r.attempted)}});
   for (size_t k = 0; k < count; ++k) {
     if (!made[k]) continue;
     const std::string pod_name = worker_pod_name(name, to_create_index[k]);
-    created.push_back(pod_name);
+    s.created.push_back(pod_name);
     const std::string& node = made_node[k];
     if (node.empty()) {
-      unbound.push_back(to_create_index[k]);
+      s.unbound.push_back(to_create_index[k]);
     } else {
       s.scan.node_by_pod[pod_name] = node;
       s.bound_pairs.push_back(pod_name + " -> " + node);
     }
   }
-  std::sort(unbound.begin(), unbound.end());
-  if (!created.empty())
-    events.push_back(
-        {false, "CreatedPods", "created " + name_summary(created) + " (generation " + std::to_string(gen) + ")"});
+  std::sort(s.unbound.begin(), s.unbound.end());
+  if (!s.created.empty())
+    s.events.push_back(
+        {false, "CreatedPods", "created " + name_summary(s.created) + " (generation " + std::to_string(s.gen) + ")"});
   if (r.first_error) {
     log::warn(
         kLog, "pod creation stopped at the first failure",
-        {{"job", key}, {"created", std::to_string(created.size())}, {"left", std::to_string(count - r.attempted)}});
+        {{"job", key}, {"created", std::to_string(s.created.size())}, {"left", std::to_string(count - r.attempted)}});
     std::rethrow_exception(r.first_error);
   }
 }

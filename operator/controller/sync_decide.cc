@@ -1,10 +1,7 @@
 // Decide: validation, suspend, deadline, completion, and why and how the job restarts. The decisions themselves are
-// pure functions tested without a server (job_spec.h, lifecycle.h, restart_triggers.h, failure_policy.h); these
-// stages feed them what was observed and record the outcome in status and events.
+// pure functions tested without a server (job_spec.h, lifecycle.h, restart_triggers.h, restart_plan.h,
+// failure_policy.h); these stages feed them what was observed and record the outcome in status and events.
 #include <algorithm>
-#include <atomic>
-#include <cctype>
-#include <cmath>
 #include <set>
 
 #include "common/log.h"
@@ -15,6 +12,7 @@
 #include "operator/controller/plan_glue.h"
 #include "operator/controller/pod_builder.h"
 #include "operator/controller/pod_state.h"
+#include "operator/controller/restart_plan.h"
 #include "operator/controller/slow_start.h"
 #include "operator/controller/status.h"
 #include "operator/controller/sync.h"
@@ -318,7 +316,7 @@ void Controller::replace_into_forming(Sync& s) {
                               t.detector + "]; the pod never joined this generation, so its replacement joins it " +
                               "(no new generation, restart " + std::to_string(restarts) + " continues)"});
       }
-      while (uids.size() > 32) uids.erase(uids.begin());
+      while (uids.size() > kMaxHandledUids) uids.erase(uids.begin());
       last["podUIDs"] = uids;
       last["replacedPods"] = replaced;
       status["lastRestart"] = last;
@@ -329,120 +327,48 @@ void Controller::replace_into_forming(Sync& s) {
 }
 
 std::optional<std::chrono::milliseconds> Controller::restart_or_fail(Sync& s) {
-  const std::string& ns = s.ns;
-  const std::string& name = s.name;
-  Json& job = s.job;
-  const std::string& now_s = s.now_s;
-  Json& status = s.status;
-  Json& orig = s.orig;
-  std::vector<PendingEvent>& events = s.events;
-  const std::vector<PodPtr>& pods = s.pods;
-  const int existing = s.existing;
-  const JobSpec& spec = s.spec;
-  int64_t& gen = s.gen;
-  int& restarts = s.restarts;
-  std::set<std::string>& handled = s.handled;
   std::vector<Trigger>& triggers = s.scan.triggers;
-  const std::string& restart_request = s.scan.restart_request;
-  bool& restarted_now = s.restarted_now;
-  if (!triggers.empty()) {
-    // The cause wins the attribution (lifecycle.h attribution): a monitor's request that also blamed a node
-    // (excludeFailedNodes) shows up as NodeExcluded of that node's pod in the same pass; the restart is recorded as the
-    // request (symptom, detector, time to detect) while the pod is still moved off the node below. A killed rank's
-    // report beats its survivors' peer-lost exits even when theirs arrived first.
-    std::vector<TriggerFacts> facts;
-    for (const Trigger& x : triggers) facts.push_back({x.reason, x.pod, x.permanent, x.peer_lost, x.age});
-    const Trigger* t = &triggers[attribution(facts)];
-    RestartDecision d = decide_restart(spec, restarts, gen, t->reason, t->detail, t->permanent);
-    Json uids = Json::array();
-    for (const auto& u : handled) uids.push_back(u);
-    for (const Trigger& x : triggers)
-      if (!x.uid.empty()) uids.push_back(x.uid);
-    while (uids.size() > 32) uids.erase(uids.begin());
-    Json last = {
-        {"reason", t->reason}, {"detector", t->detector}, {"time", now_s}, {"podUIDs", uids}, {"message", t->detail}};
-    // The failed process's own last words go into every message (the pod and its log may be gone when someone looks).
-    const FailureTexts texts = failure_texts(d, t->detail, t->cause);
-    last["message"] = texts.last_failure;
-    if (t->rank >= 0) last["rank"] = t->rank;
-    // What recovery is measured against (see the progress block below): the step the job had reached.
-    last["stepAtRestart"] = status.value("step", Json(0));
-    // Where the failed generation last made progress: the goodput ledger charges the time since to detection.
-    if (s.progress && s.progress->generation == gen && s.progress->last_step_at.time_since_epoch().count() > 0)
-      last["lastProgressTime"] = kube::format_rfc3339_micro(s.progress->last_step_at);
-    if (t->reason == "RestartRequested" && !restart_request.empty()) {
-      // The monitor's request carries the symptom, its onset and when it was requested: time to detect.
-      if (const std::optional<RestartRequest> r = parse_restart_request(restart_request)) {
-        if (!r->reason.empty()) {
-          // A label value: only a short word (the monitor's rules: Hang, Straggler, NaN, ...), else "other".
-          const bool word = r->reason.size() <= 32 && std::all_of(r->reason.begin(), r->reason.end(),
-                                                                  [](unsigned char c) { return std::isalnum(c); });
-          last["symptom"] = word ? r->reason : "other";
-        }
-        if (!r->onset.empty() && !r->time.empty()) {
-          try {
-            const double secs =
-                std::chrono::duration<double>(kube::parse_rfc3339(r->time) - kube::parse_rfc3339(r->onset)).count();
-            last["detectSeconds"] = std::round(std::max(0.0, secs) * 10) / 10;
-            detection_seconds_.add({{"symptom", last.value("symptom", "unknown")}}).observe(std::max(0.0, secs));
-          } catch (const std::exception&) {
-            // Not RFC 3339 (a hand-written request): nothing to measure.
-          }
-        }
-      }
-    }
-    if (t->reason == "Hang" || t->reason == "AgentSilent") {
-      // An agent's report: the hang's onset (its clock; the operator's on one machine or NTP) to now. A silent pod:
-      // when the service last heard it.
-      const char* symptom = t->reason == "Hang" ? "Hang" : "Silent";
-      last["symptom"] = symptom;
-      if (t->onset > 0) {
-        const double now_unix =
-            std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-        const double secs = std::clamp(now_unix - t->onset, 0.0, 1e9);
-        last["detectSeconds"] = std::round(secs * 10) / 10;
-        detection_seconds_.add({{"symptom", symptom}}).observe(secs);
-      }
-    }
-    if (!t->pod.empty()) last["pod"] = t->pod;
-    if (!t->node.empty()) last["node"] = t->node;
-    if (d.fail) {
-      status["phase"] = "Failed";
-      status["completionTime"] = now_s;
-      status["lastFailure"] = last;
-      set_condition(status, "Failed", true, d.reason, texts.condition, now_s);
-      set_condition(status, "Running", false, d.reason, texts.condition, now_s);
-      if (find_condition(status, "Restarting"))
-        set_condition(status, "Restarting", false, d.reason, "the job failed", now_s);
-      events.push_back({true, "Failed", texts.event});
-      status["replicas"] = existing;
-      milliseconds after = finish(job, spec, status, orig, events, pods);
-      if (!restart_request.empty())
-        client_.patch(kube::resources::trainingjobs, ns, name,
-                      {{"metadata", {{"annotations", {{kRestartHandledAnnotation, restart_request}}}}}});
-      return after;
-    }
-    restarted_now = true;
-    gen = d.next_generation;
-    last["generation"] = gen;
-    restarts = d.restarts;
-    status["generation"] = gen;
-    status["restarts"] = restarts;
-    status["lastRestart"] = last;
-    set_condition(status, "Restarting", true, t->reason, texts.condition, now_s);
-    restarts_.add({{metrics::kNamespaceLabel, ns}, {metrics::kTrainingJobLabel, name}, {"reason", t->reason}})
-        .increment();
-    std::string where = "detector " + t->detector;
-    if (!t->pod.empty()) where += ", pod " + t->pod;
-    if (!t->node.empty()) where += ", node " + t->node;
-    if (t->rank >= 0) where += ", rank " + std::to_string(t->rank);
-    events.push_back({true, "Restarting",
-                      with_cause("generation " + std::to_string(gen) + ": " + t->reason + ": " + d.message + " [" +
-                                     where + "] (restart " + std::to_string(restarts) + " of at most " +
-                                     std::to_string(spec.max_restarts) + ")",
-                                 t->cause, kMaxEventMessageBytes)});
+  if (triggers.empty()) return std::nullopt;
+  Json& status = s.status;
+  RestartInputs in;
+  in.restarts = s.restarts;
+  in.generation = s.gen;
+  in.triggers = triggers;
+  in.handled_uids = s.handled;
+  in.now_s = s.now_s;
+  in.now = std::chrono::system_clock::now();
+  in.step = status.value("step", Json(0));
+  if (s.progress && s.progress->generation == s.gen) in.last_progress = s.progress->last_step_at;
+  in.restart_request = s.scan.restart_request;
+  const RestartPlan plan = plan_restart(s.spec, in);
+  const Trigger& t = triggers[plan.attributed];
+  const RestartDecision& d = plan.decision;
+  if (plan.detection) detection_seconds_.add({{"symptom", plan.detection->symptom}}).observe(plan.detection->seconds);
+  s.events.push_back(plan.event);
+  if (d.fail) {
+    status["phase"] = "Failed";
+    status["completionTime"] = s.now_s;
+    status["lastFailure"] = plan.record;
+    set_condition(status, "Failed", true, d.reason, plan.condition, s.now_s);
+    set_condition(status, "Running", false, d.reason, plan.condition, s.now_s);
+    if (find_condition(status, "Restarting"))
+      set_condition(status, "Restarting", false, d.reason, "the job failed", s.now_s);
+    status["replicas"] = s.existing;
+    milliseconds after = finish(s.job, s.spec, status, s.orig, s.events, s.pods);
+    if (!s.scan.restart_request.empty())
+      client_.patch(kube::resources::trainingjobs, s.ns, s.name,
+                    {{"metadata", {{"annotations", {{kRestartHandledAnnotation, s.scan.restart_request}}}}}});
+    return after;
   }
-
+  s.restarted_now = true;
+  s.gen = d.next_generation;
+  s.restarts = d.restarts;
+  status["generation"] = s.gen;
+  status["restarts"] = s.restarts;
+  status["lastRestart"] = plan.record;
+  set_condition(status, "Restarting", true, t.reason, plan.condition, s.now_s);
+  restarts_.add({{metrics::kNamespaceLabel, s.ns}, {metrics::kTrainingJobLabel, s.name}, {"reason", t.reason}})
+      .increment();
   return std::nullopt;
 }
 

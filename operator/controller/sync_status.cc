@@ -15,6 +15,7 @@
 #include "operator/controller/plan_glue.h"
 #include "operator/controller/pod_builder.h"
 #include "operator/controller/pod_state.h"
+#include "operator/controller/restart_plan.h"
 #include "operator/controller/slow_start.h"
 #include "operator/controller/status.h"
 #include "operator/controller/sync.h"
@@ -166,129 +167,76 @@ void Controller::plan_world(Sync& s) {
 }
 
 void Controller::write_observed_status(Sync& s) {
-  const std::string& key = s.key;
-  Json& job = s.job;
-  const std::string& now_s = s.now_s;
   Json& status = s.status;
-  Json& orig = s.orig;
-  std::vector<PendingEvent>& events = s.events;
-  auto keep_min = [&s](milliseconds d) { s.keep_min(d); };
-  const JobSpec& spec = s.spec;
   const int n = s.spec.replicas;
-  int64_t& gen = s.gen;
-  RendezvousService*& rdzv = s.rdzv;
-  std::optional<RendezvousService::Progress>& progress = s.progress;
-  std::string& join_timeout = s.join_timeout;
-  const bool agent = s.agent;
-  int& placed_hops = s.placed_hops;
-  int& exist = s.exist;
-  int& bound = s.bound;
-  Json& placed = s.placed;
-  std::map<std::string, bool>& up = s.up;
-  std::vector<std::string>& members = s.members;
-  int& m = s.m;
-  JobSpec& world_spec = s.world_spec;
-  WorldLayout w = world_layout(world_spec, m);
+  const WorldLayout w = world_layout(s.world_spec, s.m);
   status["world"] = {
-      {"size", w.size}, {"data", w.data}, {"tensor", w.tensor}, {"pipeline", w.pipeline}, {"pods", members}};
+      {"size", w.size}, {"data", w.data}, {"tensor", w.tensor}, {"pipeline", w.pipeline}, {"pods", s.members}};
   if (w.context > 1) status["world"]["context"] = w.context;
   if (w.expert > 1) status["world"]["expert"] = w.expert;
-  int running = 0;
-  for (const auto& pod_name : members)
-    if (up[pod_name]) running++;
-  status["replicas"] = exist;
-  if (bound == n) {
-    Json pl = {{"nodes", placed}};
-    if (placed_hops >= 0)
-      pl["hops"] = placed_hops;
-    else if (orig.contains("placement") && orig["placement"].value("nodes", Json()) == placed &&
-             orig["placement"].contains("hops"))
-      pl["hops"] = orig["placement"]["hops"];
+  status["replicas"] = s.exist;
+  if (s.bound == n) {
+    Json pl = {{"nodes", s.placed}};
+    if (s.placed_hops >= 0)
+      pl["hops"] = s.placed_hops;
+    else if (s.orig.contains("placement") && s.orig["placement"].value("nodes", Json()) == s.placed &&
+             s.orig["placement"].contains("hops"))
+      pl["hops"] = s.orig["placement"]["hops"];
     status["placement"] = pl;
   }
-  set_condition(status, "Created", exist == n, exist == n ? "PodsCreated" : "CreatingPods",
-                std::to_string(exist) + " of " + std::to_string(n) + " worker pods exist", now_s);
-  if (bound == n)
-    set_condition(status, "Scheduled", true, "Bound", "all " + std::to_string(n) + " pods are bound to nodes", now_s);
-  bool world_up = running == m;
-  // `progress` is the generation this reconcile started with: a generation opened above has not formed yet.
-  if (world_up && agent && rdzv) world_up = progress && progress->generation == gen && progress->world_complete;
-  if (world_up) {
-    set_condition(status, "Running", true, "AllPodsRunning",
-                  agent && rdzv ? "every pod joined generation " + std::to_string(gen)
-                                : std::to_string(m) + " of " + std::to_string(n) + " worker pods are running",
-                  now_s);
-    if (condition_true(status, "Restarting"))
-      set_condition(status, "Restarting", false, "Recovered", "generation " + std::to_string(gen) + " is running",
-                    now_s);
-    if (condition_true(status, "Resizing"))
-      set_condition(status, "Resizing", false, "Resized",
-                    "generation " + std::to_string(gen) + " runs " + std::to_string(m) + " replicas", now_s);
-  } else {
-    if (!join_timeout.empty() && running == m)
-      set_condition(status, "Running", false, "JoinTimeout", join_timeout, now_s);
-    else
-      set_condition(status, "Running", false, "PodsNotRunning",
-                    std::to_string(running) + " of " + std::to_string(m) + " worker pods of the world running", now_s);
-  }
-  if (condition_true(status, "Restarting"))
-    status["phase"] = "Restarting";
-  else if (condition_true(status, "Resizing"))
-    status["phase"] = "Resizing";
-  else if (world_up)
-    status["phase"] = "Running";
-  else if (bound == n)
-    status["phase"] = "Scheduled";
-  else if (exist == n)
-    status["phase"] = "Created";
-  else
-    status["phase"] = "Pending";
-  // `progress` was fetched for the generation this reconcile started with; a restart above moved `gen` on, and the
-  // old generation's first step must not count as the new one's recovery.
-  if (progress && progress->generation == gen && progress->first_step > 0 && status.contains("lastRestart") &&
-      status["lastRestart"].is_object()) {
+  // `progress` was fetched for the generation this reconcile started with: a generation opened or a restart decided
+  // above moved `gen` on, and that generation has neither formed nor trained a first step yet.
+  const RendezvousService::Progress* progress = s.progress && s.progress->generation == s.gen ? &*s.progress : nullptr;
+  WorldFacts facts;
+  facts.replicas = n;
+  facts.world = s.m;
+  facts.exist = s.exist;
+  facts.bound = s.bound;
+  for (const auto& pod_name : s.members)
+    if (s.up[pod_name]) facts.running++;
+  facts.generation = s.gen;
+  facts.rendezvous = s.agent && s.rdzv;
+  facts.world_formed = progress && progress->world_complete;
+  facts.join_timeout = s.join_timeout;
+  facts.restarting = condition_true(status, "Restarting");
+  facts.resizing = condition_true(status, "Resizing");
+  const WorldStatus world = world_status(facts);
+  for (const ConditionChange& c : world.conditions)
+    set_condition(status, c.type, c.value, c.reason, c.message, s.now_s);
+  status["phase"] = world.phase;
+  if (progress && progress->first_step > 0 && status.contains("lastRestart") && status["lastRestart"].is_object()) {
     // Recovered: the new generation reported its first step (progress files are per generation, so any step seen
     // here was trained after the restart). Time and work lost are kept in status and observed once.
     Json& last = status["lastRestart"];
-    if (last.value("generation", Json(-1)) == Json(gen) && !last.contains("recoveredTime") && last.contains("time") &&
-        last["time"].is_string()) {
-      // Timed by when the rendezvous service received the first step, not by this (polling) reconcile.
-      const double secs =
-          std::chrono::duration<double>(progress->first_step_at - kube::parse_rfc3339(last["time"].get<std::string>()))
-              .count();
-      last["recoveredTime"] = kube::format_rfc3339(progress->first_step_at);
-      last["recoverySeconds"] = std::round(std::max(0.0, secs) * 10) / 10;
-      // The first step the service received: within one agent poll period of the first step trained, so not the
-      // step after the restored checkpoint (the worker logs that one).
-      last["resumedStep"] = progress->first_step;
+    if (const std::optional<double> secs = mark_recovered(last, s.gen, progress->first_step_at, progress->first_step)) {
       bool first_time = false;
       {
         std::lock_guard lock(mu_);
-        auto [it, inserted] = recovery_observed_.emplace(key, gen);
-        first_time = inserted || it->second != gen;
-        it->second = gen;
+        auto [it, inserted] = recovery_observed_.emplace(s.key, s.gen);
+        first_time = inserted || it->second != s.gen;
+        it->second = s.gen;
       }
-      if (first_time) recovery_seconds_.add({{"reason", last.value("reason", "")}}).observe(std::max(0.0, secs));
+      if (first_time) recovery_seconds_.add({{"reason", last.value("reason", "")}}).observe(*secs);
     }
   }
-  if (progress && progress->generation == gen)
-    goodput::note_worker_times(status, gen, progress->checkpoint_stall_seconds, progress->restore_seconds);
-  if (progress) {
-    status["step"] = progress->step;
-    status["loss"] = progress->loss;
-    status["tokensPerSecond"] = progress->tokens_per_second;
-    status["progress"] = progress_text(progress->step, spec.steps);
+  if (progress)
+    goodput::note_worker_times(status, s.gen, progress->checkpoint_stall_seconds, progress->restore_seconds);
+  if (s.progress) {
+    status["step"] = s.progress->step;
+    status["loss"] = s.progress->loss;
+    status["tokensPerSecond"] = s.progress->tokens_per_second;
+    status["progress"] = progress_text(s.progress->step, s.spec.steps);
   }
   // The rendezvous service has no callback for a completed world or progress: poll it while the job runs; each
   // second while the world waits for its first step or retrains lost steps, so the goodput ledger (goodput.h) sees
   // those end within a second.
-  if (agent && rdzv) {
+  if (s.agent && s.rdzv) {
     const std::string ledger_state = goodput::state_of(status);
     const bool short_state = ledger_state == "rendezvousAndInit" || ledger_state == "recomputing";
-    keep_min(!world_up ? milliseconds(500) : short_state ? milliseconds(1000) : milliseconds(5000));
+    s.keep_min(!world.world_up ? milliseconds(500) : short_state ? milliseconds(1000) : milliseconds(5000));
   }
-  if (status_differs(orig, status)) write_status(job, status);
-  emit(job, events);
+  if (status_differs(s.orig, status)) write_status(s.job, status);
+  emit(s.job, s.events);
 }
 
 }  // namespace railyard::op
