@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "operator/controller/pod_builder.h"
+
 namespace railyard::op {
 
 namespace {
@@ -147,6 +149,43 @@ GangGaps gang_gaps(int replicas, const std::map<int, PodPtr>& pods_by_index, con
     if (!terminating(p) && node_of(p).empty() && phase_of(p) != "Failed") g.unbound.push_back(i);
   }
   return g;
+}
+
+GangState gang_state(const std::string& job_name, int replicas, const std::map<int, PodPtr>& pods_by_index,
+                     const std::vector<std::string>& created, const std::map<std::string, std::string>& known_nodes) {
+  GangState g;
+  for (int i = 0; i < replicas; ++i) {
+    const std::string pod_name = worker_pod_name(job_name, i);
+    auto it = pods_by_index.find(i);
+    const PodPtr pod = it != pods_by_index.end() ? it->second : nullptr;
+    if (!pod && !contains(created, pod_name)) continue;
+    if (pod && terminating(*pod)) continue;
+    g.exist++;
+    std::string node = pod ? node_of(*pod) : "";
+    if (node.empty())
+      if (auto k = known_nodes.find(pod_name); k != known_nodes.end()) node = k->second;
+    const std::string phase = pod ? phase_of(*pod) : "";
+    if (!node.empty()) {
+      g.bound++;
+      g.node_of[pod_name] = node;
+      g.placed.push_back(node);
+      if (phase != "Failed") g.healthy.push_back(pod_name);
+    }
+    g.up[pod_name] = phase == "Running" || phase == "Succeeded";
+  }
+  return g;
+}
+
+std::vector<std::string> world_members(const JobSpec& spec, const std::string& job_name, bool capacity_short,
+                                       const std::vector<std::string>& healthy) {
+  std::vector<std::string> members;
+  if (capacity_short) {
+    const int k = elastic_world_replicas(spec, static_cast<int>(healthy.size()));
+    if (k > 0) members.assign(healthy.begin(), healthy.begin() + k);
+  }
+  if (members.empty())
+    for (int i = 0; i < spec.replicas; ++i) members.push_back(worker_pod_name(job_name, i));
+  return members;
 }
 
 }  // namespace railyard::op

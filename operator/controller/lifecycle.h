@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "operator/api.h"
 #include "operator/controller/pod_state.h"
 
 namespace railyard::op {
@@ -142,5 +143,27 @@ struct GangGaps {
   std::vector<int> unbound;
 };
 GangGaps gang_gaps(int replicas, const std::map<int, PodPtr>& pods_by_index, const std::set<int>& deleting);
+
+// The gang after this reconcile's creates: the replica pods that exist (not being deleted; a pod created now counts,
+// though the cache has not seen it), which of them are bound and where, which are healthy (bound and not failed: an
+// elastic world short of capacity runs those) and which run (or already finished: the job runs until every pod is
+// done).
+struct GangState {
+  int exist = 0;
+  int bound = 0;
+  std::vector<std::string> placed;             // the bound pods' nodes, in index order
+  std::map<std::string, std::string> node_of;  // bound pod -> its node
+  std::vector<std::string> healthy;            // in index order
+  std::map<std::string, bool> up;              // pod -> Running or Succeeded
+};
+// `created`: the pods this reconcile created; `known_nodes`: pod -> node as this reconcile knows it (the bound pods the
+// trigger scan saw, and those it created on a node or bound now), for pods the cache does not show bound yet.
+GangState gang_state(const std::string& job_name, int replicas, const std::map<int, PodPtr>& pods_by_index,
+                     const std::vector<std::string>& created, const std::map<std::string, std::string>& known_nodes);
+
+// The world: every replica, or for an elastic job short of capacity the first healthy pods it can run with
+// (common/job_spec.h elastic_world_replicas).
+std::vector<std::string> world_members(const JobSpec& spec, const std::string& job_name, bool capacity_short,
+                                       const std::vector<std::string>& healthy);
 
 }  // namespace railyard::op

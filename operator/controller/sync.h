@@ -11,12 +11,13 @@
 #include <vector>
 
 #include "operator/api.h"
+#include "operator/controller/lifecycle.h"
 #include "operator/controller/pending_event.h"
-#include "operator/scheduler/placement.h"
 #include "operator/controller/plan_glue.h"
 #include "operator/controller/pod_state.h"
 #include "operator/controller/restart_triggers.h"
 #include "operator/rendezvous/rendezvous.h"
+#include "operator/scheduler/placement.h"
 
 namespace railyard::op {
 
@@ -73,11 +74,7 @@ struct Sync {
   bool capacity_short = false;
 
   // The world and status (sync_status.cc).
-  std::map<std::string, std::string> node_of_pod_name;  // bound pods -> their nodes
-  int exist = 0, bound = 0;
-  Json placed = Json::array();
-  std::vector<std::string> healthy;  // bound, not terminating, not failed; index order
-  std::map<std::string, bool> up;    // pod -> running (or already finished)
+  GangState gang;                    // the replica pods after the creates and binds (lifecycle.h gang_state)
   std::vector<std::string> members;  // the world's pods
   int m = 0;                         // members.size()
   JobSpec world_spec;                // with auto, an elastic world of m < replicas gets its own plan

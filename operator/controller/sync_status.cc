@@ -28,58 +28,20 @@ using std::chrono::milliseconds;
 }  // namespace
 
 std::optional<std::chrono::milliseconds> Controller::resize_world(Sync& s) {
-  const std::string& name = s.name;
   const std::string& now_s = s.now_s;
   Json& status = s.status;
   std::vector<PendingEvent>& events = s.events;
   const JobSpec& spec = s.spec;
   const int n = s.spec.replicas;
-  bool& resumed = s.resumed;
   int64_t& gen = s.gen;
-  std::vector<std::string>& old_members = s.old_members;
-  std::map<int, PodPtr>& by_index = s.by_index;
-  std::map<std::string, std::string>& node_by_pod = s.scan.node_by_pod;
-  bool& restarted_now = s.restarted_now;
-  std::vector<std::string>& created = s.created;
-  bool& capacity_short = s.capacity_short;
-  std::map<std::string, std::string>& node_of_pod_name = s.node_of_pod_name;
-  int& exist = s.exist;
-  int& bound = s.bound;
-  Json& placed = s.placed;
-  std::vector<std::string>& healthy = s.healthy;
-  std::map<std::string, bool>& up = s.up;
+  const std::vector<std::string>& old_members = s.old_members;
   std::vector<std::string>& members = s.members;
   int& m = s.m;
-  // Observed state -> conditions and phase.
-  // Bound pods -> their nodes (the mixed-GPU split reads the nodes' GPU types).
-  for (int i = 0; i < n; ++i) {
-    const std::string pod_name = worker_pod_name(name, i);
-    auto it = by_index.find(i);
-    bool just_created = std::find(created.begin(), created.end(), pod_name) != created.end();
-    if (it == by_index.end() && !just_created) continue;
-    if (it != by_index.end() && terminating(*it->second)) continue;
-    exist++;
-    std::string node = it != by_index.end() ? node_of(*it->second) : "";
-    if (node.empty() && node_by_pod.count(pod_name)) node = node_by_pod[pod_name];
-    if (!node.empty()) {
-      bound++;
-      node_of_pod_name[pod_name] = node;
-      placed.push_back(node);
-    }
-    if (!node.empty() && (it == by_index.end() || phase_of(*it->second) != "Failed")) healthy.push_back(pod_name);
-    // A pod whose worker already finished still counts: the job runs until every pod is done.
-    up[pod_name] = it != by_index.end() && (phase_of(*it->second) == "Running" || phase_of(*it->second) == "Succeeded");
-  }
-  // The world: every replica, or for an elastic job short of capacity the healthy pods it can run with.
-  if (capacity_short) {
-    int k = elastic_world_replicas(spec, static_cast<int>(healthy.size()));
-    if (k > 0) members.assign(healthy.begin(), healthy.begin() + k);
-  }
-  if (members.empty())
-    for (int i = 0; i < n; ++i) members.push_back(worker_pod_name(name, i));
+  s.gang = gang_state(s.name, n, s.by_index, s.created, s.scan.node_by_pod);
+  members = world_members(spec, s.name, s.capacity_short, s.gang.healthy);
   m = static_cast<int>(members.size());
-  if (gen > 0 && !old_members.empty() && members != old_members && !resumed) {
-    if (!restarted_now) {
+  if (gen > 0 && !old_members.empty() && members != old_members && !s.resumed) {
+    if (!s.restarted_now) {
       // The creates and binds above took a while: the world may have trained its last step meanwhile (a grow that
       // meets the end of the job). Opening the grow would leave it waiting for agents that have exited.
       const std::vector<PodPtr> now_pods = pods_of(s.job);
@@ -114,7 +76,7 @@ void Controller::plan_world(Sync& s) {
   const JobSpec& spec = s.spec;
   const int n = s.spec.replicas;
   std::optional<AutoPlan>& auto_plan = s.auto_plan;
-  std::map<std::string, std::string>& node_of_pod_name = s.node_of_pod_name;
+  const std::map<std::string, std::string>& node_of_pod_name = s.gang.node_of;
   std::vector<std::string>& members = s.members;
   int& m = s.m;
   JobSpec& world_spec = s.world_spec;
@@ -174,12 +136,14 @@ void Controller::write_observed_status(Sync& s) {
       {"size", w.size}, {"data", w.data}, {"tensor", w.tensor}, {"pipeline", w.pipeline}, {"pods", s.members}};
   if (w.context > 1) status["world"]["context"] = w.context;
   if (w.expert > 1) status["world"]["expert"] = w.expert;
-  status["replicas"] = s.exist;
-  if (s.bound == n) {
-    Json pl = {{"nodes", s.placed}};
+  const GangState& gang = s.gang;
+  const Json placed = gang.placed;
+  status["replicas"] = gang.exist;
+  if (gang.bound == n) {
+    Json pl = {{"nodes", placed}};
     if (s.placed_hops >= 0)
       pl["hops"] = s.placed_hops;
-    else if (s.orig.contains("placement") && s.orig["placement"].value("nodes", Json()) == s.placed &&
+    else if (s.orig.contains("placement") && s.orig["placement"].value("nodes", Json()) == placed &&
              s.orig["placement"].contains("hops"))
       pl["hops"] = s.orig["placement"]["hops"];
     status["placement"] = pl;
@@ -190,10 +154,10 @@ void Controller::write_observed_status(Sync& s) {
   WorldFacts facts;
   facts.replicas = n;
   facts.world = s.m;
-  facts.exist = s.exist;
-  facts.bound = s.bound;
+  facts.exist = gang.exist;
+  facts.bound = gang.bound;
   for (const auto& pod_name : s.members)
-    if (s.up[pod_name]) facts.running++;
+    if (auto it = gang.up.find(pod_name); it != gang.up.end() && it->second) facts.running++;
   facts.generation = s.gen;
   facts.rendezvous = s.agent && s.rdzv;
   facts.world_formed = progress && progress->world_complete;

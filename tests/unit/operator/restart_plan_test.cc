@@ -273,3 +273,45 @@ TEST_CASE("the gang's gaps: missing pods are created unless their old pod is sti
   CHECK(g.create == std::vector<int>{4, 5});
   CHECK(gang_gaps(0, pods, {}).create.empty());
 }
+
+TEST_CASE("the gang after the creates: pods created now count, bound where this reconcile put them") {
+  auto pod = [](const std::string& node, const std::string& phase, bool deleting) {
+    Json p = {{"metadata", {{"name", "p"}}}, {"spec", Json::object()}, {"status", {{"phase", phase}}}};
+    if (!node.empty()) p["spec"]["nodeName"] = node;
+    if (deleting) p["metadata"]["deletionTimestamp"] = "2026-12-07T10:00:00Z";
+    return std::make_shared<const Json>(p);
+  };
+  const std::map<int, PodPtr> pods = {
+      {0, pod("n0", "Running", false)},   {1, pod("n1", "Failed", false)},  // bound but failed: exists, not healthy
+      {2, pod("n2", "Running", true)},     // being deleted: does not exist for the world
+      {3, pod("", "Pending", false)},      // bound by this reconcile (known_nodes), not seen bound yet
+      {6, pod("n6", "Succeeded", false)},  // beyond replicas: not the gang's
+  };
+  // j-worker-4 was created now on n4; j-worker-5 created now without a node.
+  const GangState g =
+      gang_state("j", 6, pods, {"j-worker-4", "j-worker-5"}, {{"j-worker-3", "n3"}, {"j-worker-4", "n4"}});
+  CHECK(g.exist == 5);
+  CHECK(g.bound == 4);
+  CHECK(g.placed == std::vector<std::string>{"n0", "n1", "n3", "n4"});
+  CHECK(g.node_of.at("j-worker-3") == "n3");
+  CHECK_FALSE(g.node_of.count("j-worker-5"));
+  CHECK(g.healthy == std::vector<std::string>{"j-worker-0", "j-worker-3", "j-worker-4"});
+  CHECK(g.up.at("j-worker-0"));
+  CHECK_FALSE(g.up.at("j-worker-3"));
+  CHECK_FALSE(g.up.at("j-worker-4"));
+  CHECK_FALSE(g.up.count("j-worker-2"));
+
+  // The world: every replica, unless an elastic job is short of capacity and can run on the healthy pods.
+  JobSpec spec;
+  spec.replicas = 6;
+  CHECK(world_members(spec, "j", false, g.healthy).size() == 6);
+  CHECK(world_members(spec, "j", true, g.healthy).size() == 6);  // not elastic: the whole gang or nothing
+  spec.min_replicas = 2;
+  spec.max_replicas = 6;
+  spec.global_batch = 12;  // divisible by a data degree of 3
+  spec.micro_batch = 1;
+  CHECK(world_members(spec, "j", true, g.healthy) ==
+        std::vector<std::string>{"j-worker-0", "j-worker-3", "j-worker-4"});
+  spec.min_replicas = 4;  // too few healthy pods for the smallest world: the whole gang again
+  CHECK(world_members(spec, "j", true, g.healthy).size() == 6);
+}
