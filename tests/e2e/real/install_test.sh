@@ -242,6 +242,11 @@ own_job sto "$corpus_url/gpl-3.txt" "$corpus_url/tiny.bin" | kubectl apply -n "$
 # Beside it, a job whose data is an image's directory (spec.initializer.data.image: the worker image's licence texts).
 gang_job img 2 20 "j['spec'].pop('placement'); j['spec'].pop('template'); j['spec']['storage'] = {'size': '1Gi'}; j['spec']['initializer'] = {'data': {'image': {'reference': 'localhost/railyard/worker:0.1.0', 'path': '/usr/share/common-licenses', 'pullPolicy': 'Never'}}}; j['spec']['data'] = {'train': '/shared/data/train_*.bin', 'val': '/shared/data/val_*.bin'}" |
   kubectl apply -n "$ns" -f - >/dev/null
+# Beside them from the start (its attempts fail within seconds each, and it never gets worker pods), a job whose URL
+# answers 404 (checked below).
+own_job nodata "$corpus_url/missing.txt" |
+  python3 -c 'import sys, yaml; j = yaml.safe_load(sys.stdin); j["spec"]["runPolicy"] = {"cleanPodPolicy": "All"}; print(yaml.safe_dump(j))' |
+  kubectl apply -n "$ns" -f - >/dev/null
 wait_for 60 "sto-storage Bound" sh -c "[ \"\$(kubectl get pvc sto-storage -n $ns -o jsonpath='{.status.phase}')\" = Bound ]"
 [ "$(kubectl get pvc sto-storage -n "$ns" -o jsonpath='{.spec.storageClassName}')" = railyard-local ] ||
   fail "sto-storage's class is '$(kubectl get pvc sto-storage -n "$ns" -o jsonpath='{.spec.storageClassName}')', want the default railyard-local"
@@ -270,11 +275,9 @@ jq -e '(.inputs | length) >= 5 and all(.inputs[]; .path | startswith("/railyard-
   fail "img's prepare.json does not list the image's files: $(jq -c '[.inputs[].path]' "$img_dir/data/prepare.json" 2>&1)"
 [ "$(kubectl get tj img -n "$ns" -o jsonpath='{.status.progress}')" = 20/20 ] || fail "img progress $(kubectl get tj img -n "$ns" -o jsonpath='{.status.progress}')"
 log "img: trained on the files of an image's directory ($(jq '.inputs | length' "$img_dir/data/prepare.json") files copied out by its data-image container)"
-# The URL that answers 404: three attempts, then Failed with the pod's own words; cleanPodPolicy All then deletes the
-# last failed initializer pod too (Running, the default, keeps it for kubectl logs).
-own_job nodata "$corpus_url/missing.txt" |
-  python3 -c 'import sys, yaml; j = yaml.safe_load(sys.stdin); j["spec"]["runPolicy"] = {"cleanPodPolicy": "All"}; print(yaml.safe_dump(j))' |
-  kubectl apply -n "$ns" -f - >/dev/null
+# nodata, applied with sto and img above: the URL that answers 404, three attempts, then Failed with the pod's own
+# words; cleanPodPolicy All then deletes the last failed initializer pod too (Running, the default, keeps it for
+# kubectl logs).
 wait_for 150 "nodata Failed" sh -c "[ \"\$(kubectl get tj nodata -n $ns -o jsonpath='{.status.phase}')\" = Failed ]"
 [ "$(kubectl get tj nodata -n "$ns" -o jsonpath='{.status.conditions[?(@.type=="Failed")].reason}')" = InitializerFailed ] ||
   fail "nodata failed for another reason: $(kubectl get tj nodata -n "$ns" -o jsonpath='{.status.conditions}')"
