@@ -19,14 +19,7 @@ namespace railyard::test {
 
 // A byte-level GPT small enough to write as an llm.c file in a test (2 layers, 4 heads, 16 channels, T 32).
 inline worker::GptConfig small_byte_gpt() {
-  worker::GptConfig c;
-  c.max_seq_len = 32;
-  c.vocab_size = 256;
-  c.padded_vocab_size = 256;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.channels = 16;
-  return c;
+  return worker::make_gpt_config(/*L=*/2, /*C=*/16, /*NH=*/4, /*maxT=*/32, /*V=*/256);
 }
 
 class TempDir {
