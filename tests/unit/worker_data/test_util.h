@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "tests/ctest_env.h"  // ctest_env, bin_path
+#include "tests/temp_dir.h"
 #include "worker/model/gpt_config.h"
 
 namespace railyard::test {
@@ -22,24 +23,11 @@ inline worker::GptConfig small_byte_gpt() {
   return worker::make_gpt_config(/*L=*/2, /*C=*/16, /*NH=*/4, /*maxT=*/32, /*V=*/256);
 }
 
-class TempDir {
+class TempDir : public ScopedTempDir {
  public:
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "railyard-data-test-XXXXXX").string();
-    if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
+  TempDir() : ScopedTempDir("railyard-data-test") {}
+  std::string file(const std::string& name) const { return (dir() / name).string(); }
+  const std::filesystem::path& path() const { return dir(); }
 };
 
 inline std::string slurp(const std::string& path) {
