@@ -3,7 +3,6 @@
 // the step-by-step loss comparison.
 #pragma once
 
-#include <cuda_runtime_api.h>
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -11,17 +10,13 @@
 #include <string>
 #include <vector>
 
+#include "tests/cuda_gpus.h"
 #include "tests/unit/worker_parallel/launch_test_util.h"
 #include "worker/parallel/dist_launcher.h"
 
 namespace railyard::worker::testing {
 
-// Exits 77 (Skipped) naming `test` unless `need` CUDA devices are usable (skip_without_gpus).
-inline void require_gpus(const char* test, int need, const char* what) {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
-  skip_without_gpus(test, n, need, what);
-}
+using railyard::test::require_gpus;
 
 // NCCL's bootstrap stays on 127.0.0.1: a fresh free port for NCCL_COMM_ID (call it before each launch), sockets on lo.
 inline void nccl_on_loopback() {

@@ -34,15 +34,6 @@ inline int sh(const std::string& cmd) {
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
-// GPU tests: exits 77 (CTest reports Skipped, never Passed) with a message naming the test when fewer than `need`
-// GPUs are usable (`have`: the caller's cudaGetDeviceCount, 0 on error).
-inline void skip_without_gpus(const char* test, int have, int need, const char* what) {
-  if (have >= need) return;
-  std::fprintf(stderr, "%s: SKIPPED: %d usable CUDA device(s); %s needs %d or more (one GPU per rank)\n", test, have,
-               what, need);
-  std::exit(77);
-}
-
 // `railyard data prepare` of the license texts `licenses` (under /usr/share/common-licenses) into `d`/data, its
 // output in `d`/prep.txt: the small corpus the training tests run on.
 inline void prepare_data(const std::string& d, std::initializer_list<const char*> licenses = {"GPL-3", "Apache-2.0"}) {
