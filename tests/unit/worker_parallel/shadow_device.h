@@ -108,12 +108,13 @@ inline parallel::DataParallelOptions device_dp_options(size_t bucket_bytes, int 
 
 // One rank of the plain Gpt trainer at dp = c.size() on StreamSource data (its share of the job's micro-batches), with
 // device_dp_options' data-parallel state: on the CPU, or with `device` on ShadowCpu, the gradients over a DeviceComm of
-// a group of its own, as railyard-worker wires NCCL on CUDA.
+// a group of its own, as railyard-worker wires NCCL on CUDA. `first_batch`: the batches its loader has already read (a
+// restore).
 struct DeviceDpTrainer {
   DeviceDpTrainer(comm::Communicator& c, ThreadPool& pool, const GptConfig& cfg, const TrainConfig& tc,
-                  size_t bucket_bytes, int zero_stage, bool deterministic, bool device)
+                  size_t bucket_bytes, int zero_stage, bool deterministic, bool device, uint64_t first_batch = 0)
       : dev(pool),
-        src(c.rank(), c.size(), tc.batch, tc.seq_len, cfg.vocab_size),
+        src(c.rank(), c.size(), tc.batch, tc.seq_len, cfg.vocab_size, first_batch),
         grad(c.dup("dp-grad")),
         grad_dev(*grad, dev),
         sync(parallel::gpt_data_parallel(

@@ -434,11 +434,11 @@ namespace {
 struct DeviceZeroRank {
   DeviceZeroRank(comm::Communicator& world, comm::ProcessGroups& groups, comm::Layout layout, ThreadPool& pool,
                  int skip_steps, int stage, bool device = true, int steps = kHybridSteps)
-      : dev(pool), mg(model_groups(groups)), src(groups.coord().dp, layout.dp, kB, kT, kCfg.vocab_size) {
+      : dev(pool),
+        mg(model_groups(groups)),
+        src(groups.coord().dp, layout.dp, kB, kT, kCfg.vocab_size, 2 * skip_steps) {  // the loader's position
     if (device) wrapped = take_device_memory(mg, dev);
     tc = testing::small_train_config(steps, kB, kT, 2 * layout.dp, 1e-2);
-    std::vector<int32_t> in(kB * kT), tgt(kB * kT);
-    for (int i = 0; i < 2 * skip_steps; ++i) src.next_batch(in.data(), tgt.data());  // the loader's position
     model = std::make_unique<ParallelGpt>(kCfg, tc, 2, pool, world, mg, device ? &dev : nullptr);
     model_bytes = dev.used();
     grad = groups.dp().dup("dp-grad");
@@ -565,11 +565,9 @@ namespace {
 // and its all_to_all/all_gather over a DeviceComm. `skip_steps`: the loader starts that many steps in (a restore).
 struct PlainDetRank {
   PlainDetRank(comm::Communicator& c, ThreadPool& pool, bool device, int stage, int skip_steps = 0)
-      : dev(pool), src(0, 1, kB, kT, kCfg.vocab_size) {
+      : dev(pool), src(0, 1, kB, kT, kCfg.vocab_size, 4 * skip_steps) {
     tc = testing::small_train_config(kHybridSteps, kB, kT, 4, 1e-2);
     tc.grad_clip = 0.5;  // binding for these steps: the norm's bits reach the parameters
-    std::vector<int32_t> in(kB * kT), tgt(kB * kT);
-    for (int i = 0; i < 4 * skip_steps; ++i) src.next_batch(in.data(), tgt.data());
     grad = c.dup("dp-grad");
     grad_dev = std::make_unique<DeviceComm>(*grad, dev);
     const DataParallelOptions o =
@@ -846,33 +844,6 @@ TEST_CASE("ZeRO-1/2 with dp=2 x tp=2 on that device: state copied to the host on
   }
 }
 
-namespace {
-
-// One rank of the plain Gpt trainer with ZeRO over dp = c.size(), on ShadowCpu (device) or the CPU; the loader
-// `skip_steps` steps in (a restore).
-struct PlainZeroRank {
-  PlainZeroRank(comm::Communicator& c, ThreadPool& pool, bool device, int stage, int skip_steps = 0)
-      : dev(pool), src(c.rank(), c.size(), kB, kT, kCfg.vocab_size) {
-    tc = testing::small_train_config(kSaveSteps, kB, kT, 2 * c.size(), 1e-2);
-    std::vector<int32_t> in(kB * kT), tgt(kB * kT);
-    for (int i = 0; i < 2 * skip_steps; ++i) src.next_batch(in.data(), tgt.data());
-    grad = c.dup("dp-grad");
-    grad_dev = std::make_unique<DeviceComm>(*grad, dev);
-    const DataParallelOptions o = testing::device_dp_options(16 << 10, stage, false, device, dev, grad_dev.get());
-    sync = gpt_data_parallel(&c, kCfg, tc, pool, o);
-    trainer = std::make_unique<Trainer>(kCfg, tc, pool, src, nullptr, sync.get(), nullptr, device ? &dev : nullptr);
-  }
-  ShadowCpu dev;
-  testing::StreamSource src;
-  TrainConfig tc;
-  std::unique_ptr<comm::Communicator> grad;
-  std::unique_ptr<DeviceComm> grad_dev;
-  std::unique_ptr<DataParallel> sync;
-  std::unique_ptr<Trainer> trainer;
-};
-
-}  // namespace
-
 TEST_CASE("ZeRO-1/2 with the plain Gpt trainer on that device (dp=1, 2): state copied to the host only on save steps") {
   for (const auto& [stage, n] : {std::pair{1, 2}, std::pair{2, 2}, std::pair{2, 1}}) {
     CAPTURE(stage);
@@ -880,15 +851,18 @@ TEST_CASE("ZeRO-1/2 with the plain Gpt trainer on that device (dp=1, 2): state c
     comm::run_local_world(n, [&](comm::Communicator& c) {
       ThreadPool pool(1);
       const size_t P = num_parameters(kCfg);
-      PlainZeroRank cpu(c, pool, false, stage);
-      const SavingRun on_cpu = train_saving(*cpu.trainer, *cpu.sync, cpu.dev, P);
-      PlainZeroRank a(c, pool, true, stage);
-      const SavingRun on_dev = train_saving(*a.trainer, *a.sync, a.dev, P);
+      // The plain Gpt trainer with ZeRO over dp = c.size(), 2 micro-batches per rank a step.
+      const TrainConfig tc = testing::small_train_config(kSaveSteps, kB, kT, 2 * c.size(), 1e-2);
+      testing::DeviceDpTrainer cpu(c, pool, kCfg, tc, 16 << 10, stage, false, /*device=*/false);
+      const SavingRun on_cpu = train_saving(cpu.trainer, *cpu.sync, cpu.dev, P);
+      testing::DeviceDpTrainer a(c, pool, kCfg, tc, 16 << 10, stage, false, /*device=*/true);
+      const SavingRun on_dev = train_saving(a.trainer, *a.sync, a.dev, P);
       check_saves_follow_cpu(on_dev, on_cpu);
 
-      PlainZeroRank b(c, pool, true, stage, 6);
-      CHECK(restore_and_step(*b.trainer, *b.sync, on_dev.saved.at(6), 6) == on_dev.losses[6]);
-      const TrainerState got = b.trainer->state();
+      // restored at step 6: its loader 2 x 6 batches in
+      testing::DeviceDpTrainer b(c, pool, kCfg, tc, 16 << 10, stage, false, /*device=*/true, /*first_batch=*/2 * 6);
+      CHECK(restore_and_step(b.trainer, *b.sync, on_dev.saved.at(6), 6) == on_dev.losses[6]);
+      const TrainerState got = b.trainer.state();
       CHECK(std::vector<float>(got.params, got.params + got.num_params) == on_dev.saved.at(7).params);
       CHECK(std::vector<float>(b.sync->shard_m(), b.sync->shard_m() + b.sync->shard_size()) == on_dev.saved.at(7).m);
       CHECK(std::vector<float>(b.sync->shard_v(), b.sync->shard_v() + b.sync->shard_size()) == on_dev.saved.at(7).v);
