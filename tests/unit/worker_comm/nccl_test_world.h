@@ -34,6 +34,16 @@ inline int free_loopback_port() {
   return ntohs(a.sin_port);
 }
 
+// Rank `rank` of `size` joining the store that the test itself serves on 127.0.0.1:`store_port`.
+inline GlooOptions store_client(int store_port, int rank, int size) {
+  GlooOptions o;
+  o.store_port = store_port;
+  o.rank = rank;
+  o.size = size;
+  o.serve_store = false;
+  return o;
+}
+
 // Runs fn(comm) on n ranks over NCCL (rank r on GPU r), with the collective `timeout` and the store keys under
 // `prefix`; returns each rank's error ("" = none). NCCL_COMM_ID (a fresh loopback port) and NCCL_SOCKET_IFNAME (lo,
 // unless the caller set it) are set before the threads start: NCCL reads them in ncclGetUniqueId and at init, so
@@ -48,11 +58,7 @@ inline std::vector<std::string> run_nccl_world(int n, std::chrono::milliseconds 
   for (int r = 0; r < n; ++r)
     ts.emplace_back([&, r] {
       try {
-        GlooOptions o;
-        o.store_port = server.port();
-        o.rank = r;
-        o.size = n;
-        o.serve_store = false;
+        GlooOptions o = store_client(server.port(), r, n);
         o.timeout = timeout;
         o.prefix = prefix;
         auto comm = connect_nccl(o, r);

@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "tests/cuda_gpus.h"
+#include "tests/unit/worker_comm/nccl_test_world.h"
 #include "worker/comm/connect.h"
 #include "worker/comm/nccl_bootstrap.h"
 #include "worker/comm/nccl_communicator.h"
@@ -40,12 +41,7 @@ TEST_CASE("NCCL all_reduce and all_gather on every GPU of this host") {
   for (int r = 0; r < n; ++r) {
     ts.emplace_back([&, r] {
       try {
-        GlooOptions o;
-        o.store_port = server.port();
-        o.rank = r;
-        o.size = n;
-        o.serve_store = false;
-        auto comm = connect_nccl(o, r);
+        auto comm = connect_nccl(testing::store_client(server.port(), r, n), r);
         const size_t count = 1 << 20;
         std::vector<float> host(count);
         for (size_t i = 0; i < count; ++i) host[i] = static_cast<float>((r + 1) * (i % 7));
