@@ -41,6 +41,15 @@ int run_eval(const Args& args);      // railyard eval ... (eval_command.cc)
 int run_generate(const Args& args);  // railyard generate ... (generate_command.cc)
 int run_convert(const Args& args);   // railyard convert ... (convert_command.cc)
 
+// `arg`, not a flag the caller knows, as the one positional argument of `command` (`what` names it in messages, e.g.
+// "DIR"): an unknown flag or a second positional argument is a UsageError.
+inline void take_one_positional(const std::string& command, const std::string& what, const std::string& arg,
+                                std::string& into) {
+  if (arg.size() > 1 && arg[0] == '-') throw UsageError{command + ": unknown flag '" + arg + "'"};
+  if (!into.empty()) throw UsageError{command + ": one " + what + " expected, got '" + into + "' and '" + arg + "'"};
+  into = arg;
+}
+
 // Strict numbers for flags: the whole text must parse; throws UsageError naming the flag.
 unsigned long long parse_count(const std::string& flag, const std::string& text);
 double parse_fraction(const std::string& flag, const std::string& text);

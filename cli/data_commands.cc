@@ -125,12 +125,8 @@ int serve(const Args& a) {
       if (port == 0 || port > 65535) throw UsageError{"--port must be in 1..65535"};
     } else if (a[i] == "--address") {
       address = flag_value(a, i);
-    } else if (is_flag(a[i])) {
-      throw UsageError{"data serve: unknown flag '" + a[i] + "'"};
-    } else if (dir.empty()) {
-      dir = a[i];
     } else {
-      throw UsageError{"data serve: one DIR expected, got '" + dir + "' and '" + a[i] + "'"};
+      take_one_positional("data serve", "DIR", a[i], dir);
     }
   }
   if (dir.empty()) throw UsageError{"data serve: DIR is required"};
@@ -172,12 +168,8 @@ int inspect(const Args& a) {
         throw UsageError{"--vocab must be in 1..65536"};
       }
       vocab = static_cast<int>(v);
-    } else if (is_flag(a[i])) {
-      throw UsageError{"data inspect: unknown flag '" + a[i] + "'"};
-    } else if (file.empty()) {
-      file = a[i];
     } else {
-      throw UsageError{"data inspect: one FILE expected, got '" + file + "' and '" + a[i] + "'"};
+      take_one_positional("data inspect", "FILE", a[i], file);
     }
   }
   if (file.empty()) throw UsageError{"data inspect: FILE is required"};
@@ -234,12 +226,8 @@ int sample(const Args& a) {
       skip = parse_count("--skip", flag_value(a, i));
     } else if (a[i] == "--no-shuffle") {
       shuffle = false;
-    } else if (is_flag(a[i])) {
-      throw UsageError{"data sample: unknown flag '" + a[i] + "'"};
-    } else if (source.empty()) {
-      source = a[i];
     } else {
-      throw UsageError{"data sample: one DIR or PATTERN expected, got '" + source + "' and '" + a[i] + "'"};
+      take_one_positional("data sample", "DIR or PATTERN", a[i], source);
     }
   }
   if (source.empty()) throw UsageError{"data sample: DIR or PATTERN is required"};

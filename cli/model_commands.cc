@@ -51,12 +51,8 @@ int fetch_model(const Args& a) {
       if (i + 1 >= a.size() || (a[i + 1].size() > 1 && a[i + 1][0] == '-'))
         throw UsageError{"model fetch: --output needs a value"};
       output = a[++i];
-    } else if (a[i].size() > 1 && a[i][0] == '-') {
-      throw UsageError{"model fetch: unknown flag '" + a[i] + "'"};
-    } else if (source.empty()) {
-      source = a[i];
     } else {
-      throw UsageError{"model fetch: one SOURCE expected, got '" + source + "' and '" + a[i] + "'"};
+      take_one_positional("model fetch", "SOURCE", a[i], source);
     }
   }
   if (source.empty()) throw UsageError{"model fetch: SOURCE (a URL or a file) is required"};

@@ -198,13 +198,8 @@ void binary_seeds(const fs::path& tmp) {
   railyard::worker::write_shard((tmp / "empty.bin").string(), tokens.data(), 0);
   seed("token_shard", "empty.bin", slurp(tmp / "empty.bin"));
 
-  railyard::worker::GptConfig cfg;
-  cfg.max_seq_len = 8;
-  cfg.vocab_size = 16;
-  cfg.padded_vocab_size = 128;
-  cfg.num_layers = 1;
-  cfg.num_heads = 2;
-  cfg.channels = 8;
+  const railyard::worker::GptConfig cfg =
+      railyard::worker::make_gpt_config(/*L=*/1, /*C=*/8, /*NH=*/2, /*maxT=*/8, /*V=*/16);  // Vp 128
   std::vector<float> params(railyard::worker::num_parameters(cfg), 0.5f);
   railyard::worker::save_llmc_model((tmp / "model.bin").string(), cfg, params.data());
   seed("llmc_model", "tiny-fp32.bin", slurp(tmp / "model.bin"));

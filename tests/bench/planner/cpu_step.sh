@@ -13,15 +13,11 @@
 # and wall time on the shared 2-core machine measures the other load (see docs/planner.md).
 # Usage: tests/bench/planner/cpu_step.sh [BIN_DIR]   (env: STEPS=4 THREADS=2 FACTOR=1.5)
 set -euo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-src=$(cd "$here/../../.." && pwd)
-bin=${1:-${RAILYARD_BIN_DIR:-$src/build/bin}}
+# shellcheck source=../bin_lib.sh
+source "$(dirname "$0")/../bin_lib.sh" "$@"
 STEPS=${STEPS:-4}
 THREADS=${THREADS:-2}
 FACTOR=${FACTOR:-1.5}
-for f in "$bin/railyard-worker" "$bin/railyard"; do
-  [ -x "$f" ] || { echo "cpu_step.sh: $f missing: build the railyard-worker and railyard targets" >&2; exit 1; }
-done
 (( THREADS >= 2 && THREADS % 2 == 0 )) || { echo "cpu_step.sh: THREADS must be even and >= 2" >&2; exit 1; }
 work=$(mktemp -d /tmp/railyard-plan-bench-XXXXXX)
 trap 'rm -rf "$work"' EXIT

@@ -10,16 +10,12 @@
 # Fails when the balanced split is not at least MIN_SPEEDUP x faster than the even one (measured).
 # Usage: tests/bench/planner/hetero_step.sh [BIN_DIR]   (env: STEPS=5 ROUNDS=3 F=2 MIN_SPEEDUP=1.15)
 set -euo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-src=$(cd "$here/../../.." && pwd)
-bin=${1:-${RAILYARD_BIN_DIR:-$src/build/bin}}
+# shellcheck source=../bin_lib.sh
+source "$(dirname "$0")/../bin_lib.sh" "$@"
 STEPS=${STEPS:-5}
 ROUNDS=${ROUNDS:-3}
 F=${F:-2}
 MIN_SPEEDUP=${MIN_SPEEDUP:-1.15}
-for f in "$bin/railyard-worker" "$bin/railyard"; do
-  [ -x "$f" ] || { echo "hetero_step.sh: $f missing: build the railyard-worker and railyard targets" >&2; exit 1; }
-done
 work=$(mktemp -d /tmp/railyard-hetero-bench-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 "$bin/railyard" data prepare --input /usr/share/common-licenses/* --output "$work/data" >/dev/null

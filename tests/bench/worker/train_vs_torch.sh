@@ -10,17 +10,14 @@
 # a run fails. Results go to docs/benchmarks.md by hand.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-src=$(cd "$here/../../.." && pwd)
-bin=${1:-${RAILYARD_BIN_DIR:-$src/build/bin}}
+# shellcheck source=../bin_lib.sh
+source "$(dirname "$0")/../bin_lib.sh" "$@"
 STEPS=${STEPS:-6}
 ROUNDS=${ROUNDS:-3}
 MODEL=${MODEL:-gpt2-124m}
 THREADS=${THREADS:-2}
 B=${B:-4}
 T=${T:-64}
-for f in "$bin/railyard-worker" "$bin/railyard"; do
-  [ -x "$f" ] || { echo "train_vs_torch.sh: $f missing: build with cmake --build build --target railyard-worker railyard" >&2; exit 1; }
-done
 /usr/bin/python3 -c 'import torch' 2>/dev/null || { echo "train_vs_torch.sh: /usr/bin/python3 has no torch: scripts/install-deps.sh --with-torch" >&2; exit 1; }
 blas=$(update-alternatives --query libblas.so.3-x86_64-linux-gnu 2>/dev/null | awk '/^Value:/ {print $2}')
 case "$blas" in

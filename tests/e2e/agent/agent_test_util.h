@@ -10,22 +10,14 @@
 #include <sstream>
 #include <string>
 
+#include "tests/temp_dir.h"
+
 namespace railyard::agent_testing {
 
 // A fresh directory /tmp/PREFIX-XXXXXX, removed with everything in it at the end of the scope.
-struct TempDir {
-  std::filesystem::path path;
-  explicit TempDir(const std::string& prefix) {
-    std::string tmpl = "/tmp/" + prefix + "-XXXXXX";
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
+struct TempDir : railyard::test::ScopedTempDir {
+  explicit TempDir(const std::string& prefix) : ScopedTempDir(prefix, "/tmp"), path(dir()) {}
+  const std::filesystem::path path;
 };
 
 // The whole file (empty when it cannot be read).

@@ -86,11 +86,30 @@ void check_has_once(const std::map<std::string, std::vector<std::string>>& env,
   }
 }
 
+// `want` plus the generation's RAILYARD_* variables for assignment() and params(), which a rank and torchrun's one
+// process get alike (the worker contract, docs/worker.md).
+std::map<std::string, std::string> with_generation_vars(std::map<std::string, std::string> want) {
+  want.insert({
+      {"RAILYARD_GENERATION", "3"},
+      {"RAILYARD_CONFIG", "/tmp/agent/gen-3/config.json"},
+      {"RAILYARD_RESTORE", "/ckpt/step-120"},
+      {"RAILYARD_POD_INDEX", "1"},
+      {"RAILYARD_NUM_PODS", "2"},
+      {"RAILYARD_DP", "2"},
+      {"RAILYARD_TP", "2"},
+      {"RAILYARD_PP", "1"},
+      {"RAILYARD_PROGRESS_DIR", "/tmp/agent/gen-3"},  // + progress-$LOCAL_RANK.json: a rank's RAILYARD_PROGRESS_FILE
+      {"RAILYARD_SHM_PREFIX", "/railyard-ns1_job1-1-abcd"},
+      {"RAILYARD_STORE_TOKEN", "feedbeef"},
+  });
+  return want;
+}
+
 }  // namespace
 
 TEST_CASE("a rank's environment names its place in the world and the worker contract") {
   const auto env = by_name(rank_env({"PATH=/usr/bin"}, assignment(), 1, params()));
-  const std::map<std::string, std::string> want = {
+  const std::map<std::string, std::string> want = with_generation_vars({
       {"PATH", "/usr/bin"},
       {"RANK", "3"},
       {"LOCAL_RANK", "1"},
@@ -107,19 +126,8 @@ TEST_CASE("a rank's environment names its place in the world and the worker cont
       {"TORCHELASTIC_USE_AGENT_STORE", "False"},
       {"MASTER_ADDR", "10.0.0.7"},
       {"MASTER_PORT", "29511"},
-      {"RAILYARD_GENERATION", "3"},
-      {"RAILYARD_CONFIG", "/tmp/agent/gen-3/config.json"},
-      {"RAILYARD_RESTORE", "/ckpt/step-120"},
-      {"RAILYARD_POD_INDEX", "1"},
-      {"RAILYARD_NUM_PODS", "2"},
-      {"RAILYARD_DP", "2"},
-      {"RAILYARD_TP", "2"},
-      {"RAILYARD_PP", "1"},
-      {"RAILYARD_PROGRESS_FILE", "/tmp/agent/gen-3/progress-1.json"},
-      {"RAILYARD_PROGRESS_DIR", "/tmp/agent/gen-3"},  // + progress-$LOCAL_RANK.json: the same file
-      {"RAILYARD_SHM_PREFIX", "/railyard-ns1_job1-1-abcd"},
-      {"RAILYARD_STORE_TOKEN", "feedbeef"},
-  };
+      {"RAILYARD_PROGRESS_FILE", "/tmp/agent/gen-3/progress-1.json"},  // = RAILYARD_PROGRESS_DIR/progress-1.json
+  });
   check_has_once(env, want);
   CHECK(env.size() == want.size());  // nothing else; in particular no RAILYARD_SHM_PEER_STEPS without fetched steps
   CHECK(env.count("RAILYARD_RENDEZVOUS_TOKEN") == 0);
@@ -133,7 +141,7 @@ TEST_CASE("torchrun mode: the pod's one process gets the world as PET_*, torchru
       "PET_LOG_DIR=/logs",  // torchrun's other settings stay the user's
       "LOCAL_RANK=5",      "RAILYARD_PROGRESS_FILE=/stale", "RAILYARD_RENDEZVOUS_TOKEN=secret", nullptr};
   const auto env = by_name(torchrun_env(inherited_env(pod_env), assignment(), params()));
-  const std::map<std::string, std::string> want = {
+  const std::map<std::string, std::string> want = with_generation_vars({
       {"PATH", "/usr/bin"},
       {"PET_LOG_DIR", "/logs"},
       {"PET_NNODES", "2"},          // pods in this generation
@@ -144,18 +152,7 @@ TEST_CASE("torchrun mode: the pod's one process gets the world as PET_*, torchru
       {"PET_MAX_RESTARTS", "0"},  // Railyard restarts the generation
       {"PET_RDZV_BACKEND", "static"},
       {"PET_RDZV_ID", "ns1_job1"},  // torchrun's TORCHELASTIC_RUN_ID, as per rank
-      {"RAILYARD_GENERATION", "3"},
-      {"RAILYARD_CONFIG", "/tmp/agent/gen-3/config.json"},
-      {"RAILYARD_RESTORE", "/ckpt/step-120"},
-      {"RAILYARD_POD_INDEX", "1"},
-      {"RAILYARD_NUM_PODS", "2"},
-      {"RAILYARD_DP", "2"},
-      {"RAILYARD_TP", "2"},
-      {"RAILYARD_PP", "1"},
-      {"RAILYARD_PROGRESS_DIR", "/tmp/agent/gen-3"},
-      {"RAILYARD_SHM_PREFIX", "/railyard-ns1_job1-1-abcd"},
-      {"RAILYARD_STORE_TOKEN", "feedbeef"},
-  };
+  });
   check_has_once(env, want);
   // Nothing else: no RANK/LOCAL_RANK/WORLD_SIZE/MASTER_*/TORCHELASTIC_* (torchrun sets them per rank; a LOCAL_RANK
   // on torchrun would also make it look like a rank to the agent) and no one RAILYARD_PROGRESS_FILE for all ranks.

@@ -21,23 +21,13 @@
 #include "checkpoint/reader.h"
 #include "checkpoint/writer.h"
 #include "common/error.h"
+#include "tests/temp_dir.h"
 
 namespace railyard::ckpt::test {
 
-class TempDir {
+class TempDir : public railyard::test::ScopedTempDir {
  public:
-  explicit TempDir(const std::string& prefix = "ckpt-test") {
-    std::string tmpl = (std::filesystem::temp_directory_path() / (prefix + "-XXXXXX")).string();
-    char* p = ::mkdtemp(tmpl.data());
-    REQUIRE(p != nullptr);
-    path_ = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
+  explicit TempDir(const std::string& prefix = "ckpt-test") : ScopedTempDir(prefix), path_(dir().string()) {}
   const std::string& path() const { return path_; }
   std::string operator/(const std::string& s) const { return path_ + "/" + s; }
 

@@ -2,23 +2,16 @@
 // the scope.
 #pragma once
 
-#include <stdlib.h>
-
-#include <filesystem>
 #include <string>
+
+#include "tests/temp_dir.h"
 
 namespace railyard::node_agent::testing {
 
-struct TempDir {
-  std::string path;
+struct TempDir : railyard::test::ScopedTempDir {
   // prefix: names the test in the directory's name (/tmp/PREFIX-XXXXXX).
-  explicit TempDir(const std::string& prefix) {
-    std::string tmpl = "/tmp/" + prefix + "-XXXXXX";
-    path = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
+  explicit TempDir(const std::string& prefix) : ScopedTempDir(prefix, "/tmp"), path(dir().string()) {}
+  const std::string path;
 };
 
 }  // namespace railyard::node_agent::testing

@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "planner/calibration.h"
 #include "planner/cost_model.h"
+#include "tests/unit/worker/planner_fixture.h"
 #include "worker/model/gpt.h"
 #include "worker/train/trainer.h"
 #include "worker_test_util.h"
@@ -126,15 +127,11 @@ TEST_CASE("--recompute parsing and its errors") {
 TEST_CASE("gpt2-124m: allocated activation bytes and their drop match the planner within 15%") {
   namespace plan = railyard::plan;
   const GptConfig g = model_preset("gpt2-124m");
-  plan::Cluster cluster;
-  cluster.device = plan::builtin_profile("cpu");
-  cluster.gpus = 1;
+  const plan::Cluster cluster = testing::cpu_cluster();
   const int threads = 2;
   for (int B : {1, 2}) {
     CAPTURE(B);
-    plan::Job job{plan::ModelShape{"gpt2-124m", g.num_layers, g.channels, g.num_heads, g.max_seq_len, g.vocab_size,
-                                   /*dropout=*/false},
-                  B, 0};
+    const plan::Job job = testing::planner_job("gpt2-124m", g, B);
     auto predicted = [&](plan::Recompute r) {
       plan::Layout l;
       l.micro_batch = B;

@@ -10,22 +10,18 @@
 #include <vector>
 
 #include "common/error.h"
+#include "tests/cuda_gpus.h"
+#include "tests/unit/worker_comm/nccl_test_world.h"
 #include "worker/comm/connect.h"
 #include "worker/comm/nccl_bootstrap.h"
 #include "worker/comm/nccl_communicator.h"
 #include "worker/comm/tcp_store.h"
 
 using namespace railyard::worker::comm;
-
-namespace {
-int gpu_count() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
-}
-}  // namespace
+using railyard::test::usable_gpus;
 
 TEST_CASE("connect_nccl without a usable GPU fails with a CommError naming the CUDA call") {
-  if (gpu_count() > 0) return;  // the next test covers real devices
+  if (usable_gpus() > 0) return;  // the next test covers real devices
   TcpStoreServer server("127.0.0.1", 0);
   GlooOptions o;
   o.store_port = server.port();
@@ -37,7 +33,7 @@ TEST_CASE("connect_nccl without a usable GPU fails with a CommError naming the C
 }
 
 TEST_CASE("NCCL all_reduce and all_gather on every GPU of this host") {
-  const int n = std::min(gpu_count(), 4);
+  const int n = std::min(usable_gpus(), 4);
   if (n == 0) return;
   TcpStoreServer server("127.0.0.1", 0);
   std::vector<std::string> errors(static_cast<size_t>(n));
@@ -45,12 +41,7 @@ TEST_CASE("NCCL all_reduce and all_gather on every GPU of this host") {
   for (int r = 0; r < n; ++r) {
     ts.emplace_back([&, r] {
       try {
-        GlooOptions o;
-        o.store_port = server.port();
-        o.rank = r;
-        o.size = n;
-        o.serve_store = false;
-        auto comm = connect_nccl(o, r);
+        auto comm = connect_nccl(testing::store_client(server.port(), r, n), r);
         const size_t count = 1 << 20;
         std::vector<float> host(count);
         for (size_t i = 0; i < count; ++i) host[i] = static_cast<float>((r + 1) * (i % 7));
@@ -139,7 +130,7 @@ TEST_CASE("connect_worker_groups: Gloo groups on the CPU; on CUDA the NCCL world
         g.tensors().dp().all_reduce(&x, 1, DType::kFloat32, ReduceOp::kSum);
         sums[static_cast<size_t>(r)] = x;
       }
-      if (gpu_count() > 0) return;
+      if (usable_gpus() > 0) return;
       // CUDA without a GPU: the Gloo world of generation 2 comes up (rank 0 serves its store), then NCCL fails on
       // every rank naming the CUDA call, never a hang.
       o.prefix = "g2";
@@ -154,7 +145,7 @@ TEST_CASE("connect_worker_groups: Gloo groups on the CPU; on CUDA the NCCL world
   }
   for (auto& t : ts) t.join();
   CHECK(sums == std::vector<float>{3.0f, 3.0f});
-  if (gpu_count() == 0) {
+  if (usable_gpus() == 0) {
     for (const auto& e : errors) {
       INFO(e);
       CHECK(e.find("cudaSetDevice(0)") != std::string::npos);

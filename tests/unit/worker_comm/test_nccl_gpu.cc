@@ -6,12 +6,8 @@
 //     NCCL (device buffers) as over Gloo (host buffers), for fp32, bf16 and int32, in the world and in split groups;
 //  2. the watchdog: a rank that never joins a collective makes the others fail with CommTimeout naming the operation
 //     and the group, within the deadline plus a generous margin, and the communicator refuses later calls.
-#include <arpa/inet.h>
 #include <cuda_runtime_api.h>
 #include <doctest/doctest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -26,6 +22,8 @@
 #include <thread>
 #include <vector>
 
+#include "tests/cuda_gpus.h"
+#include "tests/unit/worker_comm/nccl_test_world.h"
 #include "worker/comm/bf16.h"
 #include "worker/comm/local_world.h"
 #include "worker/comm/nccl_communicator.h"
@@ -36,67 +34,16 @@ using namespace std::chrono_literals;
 
 namespace {
 
-int gpu_count() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
-}
-
+// NCCL refuses two ranks on one GPU: 2 or more, and up to 4 ranks.
 int ranks() {
-  static const int n = [] {
-    const int g = gpu_count();
-    if (g < 2) {
-      std::fprintf(stderr,
-                   "worker_comm_nccl_gpu: SKIPPED: %d usable CUDA device(s); the NCCL tests need 2 or more "
-                   "(NCCL refuses two ranks on one GPU)\n",
-                   g);
-      std::exit(77);
-    }
-    return std::min(g, 4);
-  }();
+  static const int n = std::min(railyard::test::require_gpus("worker_comm_nccl_gpu", 2, "NCCL"), 4);
   return n;
 }
 
-int free_loopback_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
-// Runs fn(comm) on n ranks over NCCL (rank r on GPU r); returns each rank's error ("" = none). Set before the threads
-// start: NCCL reads the env in ncclGetUniqueId and at init.
+// The world of every test here: its store keys under one prefix (testing::run_nccl_world).
 std::vector<std::string> run_nccl_world(int n, std::chrono::milliseconds timeout,
                                         const std::function<void(Communicator&)>& fn) {
-  ::setenv("NCCL_COMM_ID", ("127.0.0.1:" + std::to_string(free_loopback_port())).c_str(), 1);
-  ::setenv("NCCL_SOCKET_IFNAME", "lo", 0);
-  TcpStoreServer server("127.0.0.1", 0);
-  std::vector<std::string> errors(static_cast<size_t>(n));
-  std::vector<std::thread> ts;
-  for (int r = 0; r < n; ++r)
-    ts.emplace_back([&, r] {
-      try {
-        GlooOptions o;
-        o.store_port = server.port();
-        o.rank = r;
-        o.size = n;
-        o.serve_store = false;
-        o.timeout = timeout;
-        o.prefix = "nccl-gpu-test";
-        auto comm = connect_nccl(o, r);
-        fn(*comm);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      } catch (...) {
-        errors[static_cast<size_t>(r)] = "a failed REQUIRE (see above)";
-      }
-    });
-  for (auto& t : ts) t.join();
-  return errors;
+  return testing::run_nccl_world(n, timeout, "nccl-gpu-test", fn);
 }
 
 // A buffer the scenario works on: host memory under Gloo, device memory under NCCL (copied in and out).

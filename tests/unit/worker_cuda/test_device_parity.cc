@@ -17,6 +17,7 @@
 #include <random>
 #include <vector>
 
+#include "tests/unit/worker_cuda/gpt_on_both.h"
 #include "tests/unit/worker_cuda/parity_util.h"
 #include "worker/comm/bf16.h"
 #include "worker/device/cpu_kernels.h"
@@ -115,12 +116,8 @@ TEST_CASE("device interface: CudaKernels against CpuKernels<float>, kernel by ke
 
 TEST_CASE("device interface: one Gpt<float> training step on CUDA against the CPU") {
   skip_without_gpu();
-  ThreadPool pool(2);
-  cuda::CudaKernels g;
-  const GptConfig cfg = make_gpt_config(2, C, NH, 64, V);
-  Gpt<float> on_cpu(cfg, B, Tn, pool), on_gpu(cfg, B, Tn, pool, {}, &g);
-  on_cpu.init_weights(7);
-  on_gpu.init_weights(7);
+  GptOnBoth both(make_gpt_config(2, C, NH, 64, V), B, Tn, /*seed=*/7);
+  auto& [pool, g, cfg, on_cpu, on_gpu] = both;
   const auto in = tokens(N, V, 30), tg = tokens(N, V, 31);
   const float l_cpu = on_cpu.forward(in.data(), tg.data(), Gpt<float>::Mode::kTrain);
   const float l_gpu = on_gpu.forward(in.data(), tg.data(), Gpt<float>::Mode::kTrain);
@@ -128,9 +125,7 @@ TEST_CASE("device interface: one Gpt<float> training step on CUDA against the CP
   on_cpu.backward(false);
   on_gpu.backward(false);
   const size_t P = on_cpu.num_params();
-  std::vector<float> g_gpu(P);
-  g.to_host(g_gpu.data(), on_gpu.grads(), P * sizeof(float));
-  const double grad_err = rel_l2(g_gpu.data(), on_cpu.grads(), P);
+  const double grad_err = rel_l2(both.gpu_grads().data(), on_cpu.grads(), P);
   INFO("relative L2 error of the gradients: " << grad_err);
   CHECK(grad_err <= 5e-2);
 
@@ -212,12 +207,8 @@ TEST_CASE("device interface: fused forms against their CPU compositions, persist
 
 TEST_CASE("device interface: three Gpt<float> steps on CUDA follow the CPU (bf16 weight copies kept current)") {
   skip_without_gpu();
-  ThreadPool pool(2);
-  cuda::CudaKernels g;
-  const GptConfig cfg = make_gpt_config(2, C, NH, 64, V);
-  Gpt<float> on_cpu(cfg, B, Tn, pool), on_gpu(cfg, B, Tn, pool, {}, &g);
-  on_cpu.init_weights(9);
-  on_gpu.init_weights(9);
+  GptOnBoth both(make_gpt_config(2, C, NH, 64, V), B, Tn, /*seed=*/9);
+  auto& [pool, g, cfg, on_cpu, on_gpu] = both;
   AdamW opt_cpu(cfg, AdamWHyper{}, pool), opt_gpu(cfg, AdamWHyper{}, pool, &g);
   const auto in = tokens(N, V, 32), tg = tokens(N, V, 33);
   for (int step = 0; step < 3; ++step) {

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <vector>
 
+#include "tests/unit/worker_cuda/gpt_on_both.h"
 #include "tests/unit/worker_cuda/parity_util.h"
 #include "worker/device/cpu_kernels.h"
 #include "worker/kernels/cuda/cuda_device.h"
@@ -82,14 +83,11 @@ TEST_CASE("MoE kernels: CudaKernels against CpuKernels<float> (route, gather, ga
 
 TEST_CASE("a Gpt<float> with experts on CUDA against the CPU: forward/backward, then three steps") {
   skip_without_gpu();
-  ThreadPool pool(2);
-  cuda::CudaKernels g;
   constexpr int B = 2, Tn = 45, NH = 3, V = 301;
-  GptConfig cfg = make_gpt_config(2, static_cast<int>(C), NH, 64, V);
-  cfg.moe = make_moe_config(4, 2, 1.25, 0.01);
-  Gpt<float> on_cpu(cfg, B, Tn, pool), on_gpu(cfg, B, Tn, pool, {}, &g);
-  on_cpu.init_weights(9);
-  on_gpu.init_weights(9);
+  GptConfig moe_cfg = make_gpt_config(2, static_cast<int>(C), NH, 64, V);
+  moe_cfg.moe = make_moe_config(4, 2, 1.25, 0.01);
+  GptOnBoth both(moe_cfg, B, Tn, /*seed=*/9);
+  auto& [pool, g, cfg, on_cpu, on_gpu] = both;
   AdamW opt_cpu(cfg, AdamWHyper{}, pool), opt_gpu(cfg, AdamWHyper{}, pool, &g);
   const auto in = tokens(B * Tn, V, 50), tg = tokens(B * Tn, V, 51);
   std::vector<float> losses_gpu;
@@ -103,8 +101,7 @@ TEST_CASE("a Gpt<float> with experts on CUDA against the CPU: forward/backward, 
     on_gpu.backward(false);
     if (step == 0) {
       const size_t P = on_cpu.num_params();
-      std::vector<float> g_gpu(P);
-      g.to_host(g_gpu.data(), on_gpu.grads(), P * sizeof(float));
+      const std::vector<float> g_gpu = both.gpu_grads();
       const double err = rel_l2(g_gpu.data(), on_cpu.grads(), P);
       INFO("gradient relative L2 error " << err);
       CHECK(err <= 1e-1);

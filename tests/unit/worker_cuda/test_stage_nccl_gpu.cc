@@ -5,12 +5,8 @@
 // 127.0.0.1 (NCCL_COMM_ID, and NCCL_SOCKET_IFNAME=lo unless set), as worker_comm_nccl_gpu. Tolerances (bf16 GEMMs in
 // every layer, as test_device_parity.cc's whole-model case): loss 1e-2 relative, gathered gradients 5e-2 relative L2.
 // Set a priori, not observed yet.
-#include <arpa/inet.h>
 #include <cuda_runtime_api.h>
 #include <doctest/doctest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -20,13 +16,14 @@
 #include <mutex>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "tests/cuda_gpus.h"
+#include "tests/unit/worker_comm/nccl_test_world.h"
+#include "tests/unit/worker_parallel/stage_test_util.h"
 #include "worker/comm/local_world.h"
 #include "worker/comm/nccl_communicator.h"
 #include "worker/comm/process_groups.h"
-#include "worker/comm/tcp_store.h"
 #include "worker/kernels/cuda/cuda_device.h"
 #include "worker/parallel/parallel_model.h"
 
@@ -40,31 +37,8 @@ const GptConfig kCfg = make_gpt_config(/*L=*/4, /*C=*/64, /*NH=*/4, /*maxT=*/32,
 constexpr int kB = 2, kT = 32, kM = 3;
 
 int gpus() {
-  static const int n = [] {
-    int g = 0;
-    if (cudaGetDeviceCount(&g) != cudaSuccess) g = 0;
-    if (g < 2) {
-      std::fprintf(stderr,
-                   "worker_cuda_stage_nccl: SKIPPED: %d usable CUDA device(s); tp/pp over NCCL needs 2 or more (run "
-                   "tests/gpu/run.sh on a multi-GPU machine)\n",
-                   g);
-      std::exit(77);
-    }
-    return g;
-  }();
+  static const int n = railyard::test::require_gpus("worker_cuda_stage_nccl", 2, "tp/pp over NCCL");
   return n;
-}
-
-int free_loopback_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
 }
 
 std::vector<int32_t> make_data() {
@@ -87,39 +61,20 @@ void run_rank(comm::Communicator& world, int tp, int pp, int cp, Kernels<float>*
   comm::ProcessGroups groups(world, comm::Layout{.dp = cp, .tp = tp, .pp = pp});
   ThreadPool pool(1);
   ModelGroups mg = model_groups(groups);
-  std::unique_ptr<comm::Communicator> cp_group;
-  if (cp > 1) {
-    std::vector<int> all(static_cast<size_t>(cp));
-    for (int i = 0; i < cp; ++i) all[static_cast<size_t>(i)] = i;
-    cp_group = groups.dp().split(all, "cp");
-    mg.cp = cp_group.get();
-  }
+  const std::unique_ptr<comm::Communicator> cp_group = testing::attach_cp_group(groups, mg, cp);
   ParallelModel model(kCfg, kB, kT, kM, pool, mg, {}, {}, false, dev);
   model.init_weights(7);
   model.zero_grad();
-  const size_t N = kB * kT;
-  int next = 0;
-  const double loss = model.forward_backward(
-      kM,
-      [&](int32_t* in, int32_t* tgt) {
-        std::memcpy(in, data.data() + next * 2 * N, N * sizeof(int32_t));
-        std::memcpy(tgt, data.data() + next * 2 * N + N, N * sizeof(int32_t));
-        ++next;
-      },
-      1.0f / kM);
+  const double loss = model.forward_backward(kM, testing::interleaved_micro_batches(data, kB * kT), 1.0f / kM);
   model.finish_grads();
   if (cp_group) {
     model.stage().device().synchronize();
     cp_group->all_reduce(model.grads(), model.num_params(), comm::DType::kFloat32, comm::ReduceOp::kSum);
   }
-  std::vector<float> local(model.num_params());
-  model.stage().device().to_host(local.data(), model.grads(), local.size() * sizeof(float));
-  std::vector<ShardSlice> primary;
-  for (const ShardSlice& s : model.shard_map())
-    if (!s.tied_copy) primary.push_back(s);
+  const testing::HostGrads grads = testing::host_grads(model);
   std::lock_guard<std::mutex> lock(mu);
   if (world.rank() == 0) out.loss = loss;
-  if (groups.dp().rank() == 0) copy_local_to_full(primary, kCfg, local.data(), out.grads.data());
+  if (groups.dp().rank() == 0) grads.copy_to_full(kCfg, out.grads.data());
 }
 
 Out on_cpu(int tp, int pp, int cp, const std::vector<int32_t>& data) {
@@ -131,34 +86,16 @@ Out on_cpu(int tp, int pp, int cp, const std::vector<int32_t>& data) {
 
 Out on_gpus(int tp, int pp, int cp, const std::vector<int32_t>& data) {
   const int n = tp * pp * cp;
-  ::setenv("NCCL_COMM_ID", ("127.0.0.1:" + std::to_string(free_loopback_port())).c_str(), 1);
-  ::setenv("NCCL_SOCKET_IFNAME", "lo", 0);
-  comm::TcpStoreServer server("127.0.0.1", 0);
   Out out;
   std::mutex mu;
-  std::vector<std::string> errors(static_cast<size_t>(n));
-  std::vector<std::thread> ts;
-  for (int r = 0; r < n; ++r)
-    ts.emplace_back([&, r] {
-      try {
-        comm::GlooOptions o;
-        o.store_port = server.port();
-        o.rank = r;
-        o.size = n;
-        o.serve_store = false;
-        o.timeout = std::chrono::seconds(120);
-        o.prefix = "stage-nccl-" + std::to_string(tp) + "x" + std::to_string(pp) + "x" + std::to_string(cp);
-        auto world = comm::connect_nccl(o, r);
-        REQUIRE(cudaSetDevice(r) == cudaSuccess);
+  const std::vector<std::string> errors = comm::testing::run_nccl_world(
+      n, std::chrono::seconds(120),
+      "stage-nccl-" + std::to_string(tp) + "x" + std::to_string(pp) + "x" + std::to_string(cp),
+      [&](comm::Communicator& world) {
+        REQUIRE(cudaSetDevice(world.rank()) == cudaSuccess);
         cuda::CudaKernels dev;
-        run_rank(*world, tp, pp, cp, &dev, data, out, mu);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      } catch (...) {
-        errors[static_cast<size_t>(r)] = "a failed REQUIRE (see above)";
-      }
-    });
-  for (auto& t : ts) t.join();
+        run_rank(world, tp, pp, cp, &dev, data, out, mu);
+      });
   for (int r = 0; r < n; ++r) {
     INFO("rank " << r << ": " << errors[static_cast<size_t>(r)]);
     CHECK(errors[static_cast<size_t>(r)].empty());

@@ -15,16 +15,8 @@ using railyard::test::TempDir;
 
 namespace {
 
-GptConfig small_config() {
-  GptConfig c;
-  c.max_seq_len = 16;
-  c.vocab_size = 50;
-  c.padded_vocab_size = 128;
-  c.num_layers = 2;
-  c.num_heads = 2;
-  c.channels = 8;
-  return c;
-}
+// V 50 pads to Vp 128: the padded rows are part of what the file carries.
+GptConfig small_config() { return make_gpt_config(/*L=*/2, /*C=*/8, /*NH=*/2, /*maxT=*/16, /*V=*/50); }
 
 // llm.c's tensor sizes written out from its layout, independently of param_sizes().
 std::vector<size_t> llmc_sizes(size_t Vp, size_t maxT, size_t L, size_t C) {

@@ -13,40 +13,21 @@
 #include <vector>
 
 #include "tests/ctest_env.h"  // ctest_env, bin_path
+#include "tests/temp_dir.h"
 #include "worker/model/gpt_config.h"
 
 namespace railyard::test {
 
 // A byte-level GPT small enough to write as an llm.c file in a test (2 layers, 4 heads, 16 channels, T 32).
 inline worker::GptConfig small_byte_gpt() {
-  worker::GptConfig c;
-  c.max_seq_len = 32;
-  c.vocab_size = 256;
-  c.padded_vocab_size = 256;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.channels = 16;
-  return c;
+  return worker::make_gpt_config(/*L=*/2, /*C=*/16, /*NH=*/4, /*maxT=*/32, /*V=*/256);
 }
 
-class TempDir {
+class TempDir : public ScopedTempDir {
  public:
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "railyard-data-test-XXXXXX").string();
-    if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
+  TempDir() : ScopedTempDir("railyard-data-test") {}
+  std::string file(const std::string& name) const { return (dir() / name).string(); }
+  const std::filesystem::path& path() const { return dir(); }
 };
 
 inline std::string slurp(const std::string& path) {

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -33,22 +34,21 @@ inline int sh(const std::string& cmd) {
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
-// GPU tests: exits 77 (CTest reports Skipped, never Passed) with a message naming the test when fewer than `need`
-// GPUs are usable (`have`: the caller's cudaGetDeviceCount, 0 on error).
-inline void skip_without_gpus(const char* test, int have, int need, const char* what) {
-  if (have >= need) return;
-  std::fprintf(stderr, "%s: SKIPPED: %d usable CUDA device(s); %s needs %d or more (one GPU per rank)\n", test, have,
-               what, need);
-  std::exit(77);
+// `railyard data prepare` of the license texts `licenses` (under /usr/share/common-licenses) into `d`/data, its
+// output in `d`/prep.txt: the small corpus the training tests run on.
+inline void prepare_data(const std::string& d, std::initializer_list<const char*> licenses = {"GPL-3", "Apache-2.0"}) {
+  std::string inputs;
+  for (const char* l : licenses) inputs += std::string(" /usr/share/common-licenses/") + l;
+  REQUIRE(sh(bin_dir() + "/railyard data prepare --input" + inputs + " --output " + d + "/data > " + d +
+             "/prep.txt 2>&1") == 0);
 }
 
-// A fresh directory under the temp dir (`prefix` + pid) with `data/` prepared by `railyard data prepare` from two
-// license texts: the small corpus of the CUDA-vs-CPU training tests.
+// A fresh directory under the temp dir (`prefix` + pid) with `data/` prepared from two license texts (prepare_data):
+// the small corpus of the CUDA-vs-CPU training tests.
 inline std::string prepared_data_dir(const std::string& prefix) {
   const std::string d = (std::filesystem::temp_directory_path() / (prefix + std::to_string(getpid()))).string();
   std::filesystem::create_directories(d);
-  REQUIRE(sh(bin_dir() + "/railyard data prepare --input /usr/share/common-licenses/GPL-3 " +
-             "/usr/share/common-licenses/Apache-2.0 --output " + d + "/data > " + d + "/prep.txt 2>&1") == 0);
+  prepare_data(d);
   return d;
 }
 

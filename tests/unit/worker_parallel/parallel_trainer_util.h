@@ -17,9 +17,11 @@
 
 namespace railyard::worker::testing {
 
-// tc.steps steps on `layout` (dp x tp x pp ranks, micro-batches split over dp, 16 KiB dp buckets) from
-// StreamSource data. Every rank must log the same loss bits each step.
-inline LayoutRun run_parallel_trainer(const GptConfig& cfg, const TrainConfig& tc, comm::Layout layout) {
+// tc.steps steps on `layout` (dp x tp x pp ranks, micro-batches split over dp, 16 KiB dp buckets: several and a padded
+// last one on every stage) from StreamSource data, with ZeRO `zero_stage` or the deterministic tree (every replica
+// then reads the job's whole sequence and keeps its own leaves). Every rank must log the same loss bits each step.
+inline LayoutRun run_parallel_trainer(const GptConfig& cfg, const TrainConfig& tc, comm::Layout layout,
+                                      int zero_stage = 0, bool deterministic = false) {
   LayoutRun out;
   out.params.assign(num_parameters(cfg), 0.0f);
   std::mutex mu;
@@ -27,12 +29,15 @@ inline LayoutRun run_parallel_trainer(const GptConfig& cfg, const TrainConfig& t
   comm::run_local_world(layout.world(), [&](comm::Communicator& world) {
     comm::ProcessGroups pg(world, layout);
     ThreadPool pool(1);
-    StreamSource src(pg.coord().dp, layout.dp, tc.batch, tc.seq_len, cfg.vocab_size);
+    StreamSource src(deterministic ? 0 : pg.coord().dp, deterministic ? 1 : layout.dp, tc.batch, tc.seq_len,
+                     cfg.vocab_size);
     const parallel::ModelGroups groups{&pg.tp(), &pg.pp(), pg.embedding()};
     parallel::ParallelGpt model(cfg, tc, tc.micro_steps() / layout.dp, pool, world, groups);
     std::unique_ptr<parallel::DataParallel> sync;
-    if (layout.dp > 1) {
+    if (layout.dp > 1 || zero_stage > 0 || deterministic) {
       parallel::DataParallelOptions o;
+      o.zero_stage = zero_stage;
+      o.deterministic = deterministic;
       o.bucket_bytes = 16 << 10;
       sync = parallel::parallel_gpt_data_parallel(&pg.dp(), model, groups, tc, pool, o);
     }

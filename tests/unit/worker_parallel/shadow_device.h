@@ -5,7 +5,10 @@
 // stage-device test cases fail). take_device_memory puts a model's groups behind such wrappers.
 #pragma once
 
+#include <doctest/doctest.h>
+
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -105,12 +108,13 @@ inline parallel::DataParallelOptions device_dp_options(size_t bucket_bytes, int 
 
 // One rank of the plain Gpt trainer at dp = c.size() on StreamSource data (its share of the job's micro-batches), with
 // device_dp_options' data-parallel state: on the CPU, or with `device` on ShadowCpu, the gradients over a DeviceComm of
-// a group of its own, as railyard-worker wires NCCL on CUDA.
+// a group of its own, as railyard-worker wires NCCL on CUDA. `first_batch`: the batches its loader has already read (a
+// restore).
 struct DeviceDpTrainer {
   DeviceDpTrainer(comm::Communicator& c, ThreadPool& pool, const GptConfig& cfg, const TrainConfig& tc,
-                  size_t bucket_bytes, int zero_stage, bool deterministic, bool device)
+                  size_t bucket_bytes, int zero_stage, bool deterministic, bool device, uint64_t first_batch = 0)
       : dev(pool),
-        src(c.rank(), c.size(), tc.batch, tc.seq_len, cfg.vocab_size),
+        src(c.rank(), c.size(), tc.batch, tc.seq_len, cfg.vocab_size, first_batch),
         grad(c.dup("dp-grad")),
         grad_dev(*grad, dev),
         sync(parallel::gpt_data_parallel(
@@ -123,5 +127,19 @@ struct DeviceDpTrainer {
   std::unique_ptr<parallel::DataParallel> sync;
   Trainer trainer;
 };
+
+// `a` equals `b` (the CPU's) up to `rel` of b's largest magnitude, and neither is empty: ZeRO on the device sums the
+// grad norm per tensor run (the CPU element by element), so the clip factor may differ in the last bit.
+inline bool close_to(const std::vector<float>& a, const std::vector<float>& b, double rel = 1e-6) {
+  return a.size() == b.size() && !a.empty() && max_abs_diff(a, b) <= rel * max_abs(b);
+}
+
+// Each step's loss on the device within `rel` of the CPU's (same number of steps required by the caller).
+inline void check_losses_close(const std::vector<double>& dev, const std::vector<double>& cpu, double rel = 1e-6) {
+  for (size_t s = 0; s < cpu.size(); ++s) {
+    CAPTURE(s);
+    CHECK(std::fabs(dev[s] - cpu[s]) <= rel * cpu[s]);
+  }
+}
 
 }  // namespace railyard::worker::testing

@@ -21,23 +21,38 @@
 
 using namespace railyard::worker::testing;
 
+namespace {
+
+// The MoE job every case trains on `d`/data, 6 steps; the layout's flags follow.
+std::string moe_train_command(const std::string& d) {
+  return bin_dir() +
+         "/railyard-worker train --model l=2,c=32,nh=4,t=32,v=256 --moe-experts 4 --moe-top-k 2 --batch 2 --seq 32 "
+         "--global-batch 256 --threads 1 --peak-flops 1e11 --data " +
+         d + "/data --steps 6 ";
+}
+
+// The uninterrupted run of `cmd`, checkpointing every 3 steps into `d`/`ck`, its log in `d`/`name`.{jsonl,out,err}:
+// it must exit 0, log 6 losses (returned) and leave the step-3 checkpoint.
+std::vector<double> checkpointed_run(const std::string& cmd, const std::string& d, const std::string& name,
+                                     const std::string& ck) {
+  REQUIRE(sh(cmd + " --ckpt-dir " + d + "/" + ck + " --ckpt-every 3 --log-json " + d + "/" + name + ".jsonl > " + d +
+             "/" + name + ".out 2> " + d + "/" + name + ".err") == 0);
+  const auto out = losses(d + "/" + name + ".jsonl");
+  REQUIRE(out.size() == 6);
+  REQUIRE(std::filesystem::exists(d + "/" + ck + "/step-00000003"));
+  return out;
+}
+
+}  // namespace
+
 TEST_CASE("MoE checkpoints reshard across expert-parallel degrees; unsupported combinations exit 2") {
-  const std::string bin = bin_dir();
   TempDir dir;
   const std::string d = dir.path();
-  REQUIRE(sh(bin + "/railyard data prepare --input /usr/share/common-licenses/GPL-3 " +
-             "/usr/share/common-licenses/Apache-2.0 --output " + d + "/data > " + d + "/prep.txt 2>&1") == 0);
+  prepare_data(d);
   // 4 micro-batches of B2 T32 per step: 1 process accumulates 4, 2 ranks 2 each, 4 ranks 1 each.
-  const std::string common = bin +
-                             "/railyard-worker train --model l=2,c=32,nh=4,t=32,v=256 --moe-experts 4 --moe-top-k 2 "
-                             "--batch 2 --seq 32 --global-batch 256 --threads 1 --peak-flops 1e11 --data " +
-                             d + "/data --steps 6 ";
-  REQUIRE(sh(common + "--nproc 2 --ep 2 --ckpt-dir " + d + "/ck --ckpt-every 3 --log-json " + d + "/full.jsonl > " + d +
-             "/full.out 2> " + d + "/full.err") == 0);
+  const std::string common = moe_train_command(d);
+  const auto full = checkpointed_run(common + "--nproc 2 --ep 2", d, "full", "ck");
   CHECK(slurp(d + "/full.err").find("ep=2 group [0,1] flat all_to_all over 2") != std::string::npos);
-  const auto full = losses(d + "/full.jsonl");
-  REQUIRE(full.size() == 6);
-  REQUIRE(std::filesystem::exists(d + "/ck/step-00000003"));
   struct Case {
     std::string name, flags;
   };
@@ -79,10 +94,7 @@ TEST_CASE("MoE checkpoints reshard across expert-parallel degrees; unsupported c
     std::sort(fcw.begin(), fcw.end());
     CHECK(fcw == std::vector<std::pair<int64_t, int64_t>>{{0, 2}, {2, 2}});
   }
-  REQUIRE(sh(common + "--nproc 4 --ep 4 --ckpt-dir " + d + "/ck4 --ckpt-every 3 --log-json " + d + "/four.jsonl > " +
-             d + "/four.out 2> " + d + "/four.err") == 0);
-  const auto four = losses(d + "/four.jsonl");
-  REQUIRE(four.size() == 6);
+  const auto four = checkpointed_run(common + "--nproc 4 --ep 4", d, "four", "ck4");
   for (size_t i = 0; i < 6; ++i) CHECK(std::abs(four[i] - full[i]) <= 1e-6 * full[i]);
   for (const Case& c :
        {Case{"from4_ep2", "--nproc 2 --ep 2"}, Case{"from4_ep2x2", "--nproc 4 --ep 2"}, Case{"from4_ep1", ""}}) {
@@ -104,23 +116,14 @@ TEST_CASE("MoE checkpoints reshard across expert-parallel degrees; unsupported c
 }
 
 TEST_CASE("MoE checkpoints saved by the pipeline stage path resume in one process and at --ep 2") {
-  const std::string bin = bin_dir();
   TempDir dir;
   const std::string d = dir.path();
-  REQUIRE(sh(bin + "/railyard data prepare --input /usr/share/common-licenses/GPL-3 --output " + d + "/data > " + d +
-             "/prep.txt 2>&1") == 0);
-  const std::string common = bin +
-                             "/railyard-worker train --model l=2,c=32,nh=4,t=32,v=256 --moe-experts 4 --moe-top-k 2 "
-                             "--batch 2 --seq 32 --global-batch 256 --threads 1 --peak-flops 1e11 --data " +
-                             d + "/data --steps 6 ";
-  REQUIRE(sh(common + "--nproc 2 --pp 2 --ckpt-dir " + d + "/ck --ckpt-every 3 --log-json " + d + "/full.jsonl > " + d +
-             "/full.out 2> " + d + "/full.err") == 0);
+  prepare_data(d, {"GPL-3"});
+  const std::string common = moe_train_command(d);
+  const auto full = checkpointed_run(common + "--nproc 2 --pp 2", d, "full", "ck");
   const std::string err = slurp(d + "/full.err");
   CHECK(err.find("stage 1/2") != std::string::npos);
   CHECK(err.find("dropped_fraction") != std::string::npos);  // the moe line, with the stages' statistics summed
-  const auto full = losses(d + "/full.jsonl");
-  REQUIRE(full.size() == 6);
-  REQUIRE(std::filesystem::exists(d + "/ck/step-00000003"));
   for (const std::string& flags : {std::string(""), std::string("--nproc 2 --ep 2")}) {
     CAPTURE(flags);
     const std::string ck = d + "/ck_" + std::to_string(flags.size());

@@ -87,8 +87,7 @@ TEST_CASE("train --nproc 2: both ranks run, rank 0 reports, losses equal one pro
   const std::string bin = bin_dir();
   TempDir dir;
   const std::string d = dir.path();
-  REQUIRE(sh(bin + "/railyard data prepare --input /usr/share/common-licenses/GPL-3 " +
-             "/usr/share/common-licenses/Apache-2.0 --output " + d + "/data > " + d + "/prep.txt 2>&1") == 0);
+  prepare_data(d);
   const std::string common = bin + "/railyard-worker train " + kModel + " --data " + d + "/data --steps 4 ";
 
   SUBCASE("data parallel run equals the single process") {

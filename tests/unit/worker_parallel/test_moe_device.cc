@@ -15,6 +15,7 @@
 
 #include "common/error.h"
 #include "tests/unit/worker_parallel/shadow_device.h"
+#include "tests/unit/worker_parallel/stage_test_util.h"
 #include "tests/unit/worker_parallel/trainer_test_util.h"
 #include "worker/comm/local_world.h"
 #include "worker/comm/process_groups.h"
@@ -169,14 +170,8 @@ TEST_CASE("an MoE model trains on that device with dp=2 (ZeRO 1/2, deterministic
         continue;
       }
       // ZeRO on the device sums its count-once norm per tensor run: equal up to rounding
-      for (size_t s = 0; s < cpu.losses[r].size(); ++s)
-        CHECK(std::fabs(dev.losses[r][s] - cpu.losses[r][s]) <= 1e-6 * cpu.losses[r][s]);
-      double worst = 0, scale = 0;
-      for (size_t i = 0; i < cpu.params[r].size(); ++i) {
-        scale = std::max(scale, static_cast<double>(std::fabs(cpu.params[r][i])));
-        worst = std::max(worst, static_cast<double>(std::fabs(dev.params[r][i] - cpu.params[r][i])));
-      }
-      CHECK(worst <= 1e-6 * scale);
+      testing::check_losses_close(dev.losses[r], cpu.losses[r]);
+      CHECK(testing::close_to(dev.params[r], cpu.params[r]));
     }
     CHECK(dev.params[0] == dev.params[1]);  // both replicas hold the same parameters
   }
@@ -298,14 +293,9 @@ TEST_CASE("expert parallelism on that device (exchange and expert gradients in d
       CHECK(dev.aux[r] == cpu.aux[r]);
       CHECK(cpu.aux[r].front() > 0);
       if (c.stage > 0) {  // ZeRO on the device sums its norm per tensor run: equal up to rounding
-        for (size_t s = 0; s < cpu.losses[r].size(); ++s)
-          CHECK(std::fabs(dev.losses[r][s] - cpu.losses[r][s]) <= 1e-6 * cpu.losses[r][s]);
-        double worst = 0, scale = 0;
-        for (size_t i = 0; i < cpu.params[r].size(); ++i) {
-          scale = std::max(scale, static_cast<double>(std::fabs(cpu.params[r][i])));
-          worst = std::max(worst, static_cast<double>(std::fabs(dev.params[r][i] - cpu.params[r][i])));
-        }
-        CHECK(worst <= 1e-6 * scale);
+        REQUIRE(dev.losses[r].size() == cpu.losses[r].size());
+        testing::check_losses_close(dev.losses[r], cpu.losses[r]);
+        CHECK(testing::close_to(dev.params[r], cpu.params[r]));
         continue;
       }
       // bitwise: the same kernels in the same order, the exchange moves bits, the span mean is the same division
@@ -385,15 +375,11 @@ StageRun stage_run(bool device, int tp, int pp, bool sp, const testing::TokenDat
     const size_t N = kB * kT;
     const double loss = model.forward_backward(M, testing::micro_batches(data.in, data.tgt, 0, N), 1.0f / M);
     model.finish_grads();
-    std::vector<ShardSlice> primary;
-    for (const ShardSlice& s : model.shard_map())
-      if (!s.tied_copy) primary.push_back(s);
-    std::vector<float> local(model.num_params());
-    model.stage().device().to_host(local.data(), model.grads(), local.size() * sizeof(float));
+    const testing::HostGrads grads = testing::host_grads(model);
     std::lock_guard<std::mutex> lock(mu);
     res.losses[world.rank()] = loss;
     res.stats[world.rank()] = model.moe_stats();
-    copy_local_to_full(primary, cfg, local.data(), res.grads.data());
+    grads.copy_to_full(cfg, res.grads.data());
     res.copies += dev.copies;
     for (auto& w : wrapped) res.device_comm += w->device_calls;
   });

@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "planner/calibration.h"
 #include "planner/cost_model.h"
+#include "tests/unit/worker/planner_fixture.h"
 #include "tests/unit/worker_parallel/offload_test_util.h"
 #include "tests/unit/worker_parallel/trainer_test_util.h"
 #include "worker/comm/local_world.h"
@@ -182,14 +183,10 @@ TEST_CASE("the trainer allocates what memory_budget() says, with and without off
 TEST_CASE("gpt2-124m: device memory with and without offload, and its drop, match the planner within 15%") {
   namespace plan = railyard::plan;
   const GptConfig g = model_preset("gpt2-124m");
-  plan::Cluster cluster;
-  cluster.device = plan::builtin_profile("cpu");
-  cluster.gpus = 1;
+  const plan::Cluster cluster = testing::cpu_cluster();
   for (int B : {1, 2}) {
     CAPTURE(B);
-    const plan::Job job{plan::ModelShape{"gpt2-124m", g.num_layers, g.channels, g.num_heads, g.max_seq_len,
-                                         g.vocab_size, /*dropout=*/false},
-                        B, 0};
+    const plan::Job job = testing::planner_job("gpt2-124m", g, B);
     auto predicted = [&](bool offload) {
       plan::Layout l;
       l.micro_batch = B;

@@ -16,6 +16,7 @@
 #include "common/error.h"
 #include "planner/calibration.h"
 #include "planner/context_parallel.h"
+#include "tests/unit/worker/planner_fixture.h"
 #include "tests/unit/worker_parallel/trainer_test_util.h"
 #include "worker/comm/local_world.h"
 #include "worker/comm/process_groups.h"
@@ -270,14 +271,10 @@ TEST_CASE("context parallel with full and selective recomputation: bitwise the s
 TEST_CASE("gpt2-124m: context parallel activation bytes and their drop match the planner within 15%") {
   namespace plan = railyard::plan;
   const GptConfig g = model_preset("gpt2-124m");
-  plan::Cluster cluster;
-  cluster.device = plan::builtin_profile("cpu");
-  cluster.gpus = 1;
+  const plan::Cluster cluster = testing::cpu_cluster();
   const StageShape sh = make_stage_shape(g, g.max_seq_len, 1, 0, 1, 0, {});
   for (int B : {1, 2}) {
-    plan::Job job{plan::ModelShape{"gpt2-124m", g.num_layers, g.channels, g.num_heads, g.max_seq_len, g.vocab_size,
-                                   /*dropout=*/false},
-                  B, 0};
+    const plan::Job job = testing::planner_job("gpt2-124m", g, B);
     plan::Layout l;
     l.micro_batch = B;
     const double m1 = static_cast<double>(stage_activation_bytes(sh, B, g.max_seq_len, 1, 2));

@@ -22,6 +22,7 @@
 #include "common/error.h"
 #include "planner/calibration.h"
 #include "planner/cost_model.h"
+#include "tests/unit/worker/planner_fixture.h"
 #include "tests/unit/worker_parallel/parallel_trainer_util.h"
 #include "worker/comm/local_world.h"
 #include "worker/comm/process_groups.h"
@@ -250,12 +251,8 @@ TEST_CASE("gpt2-124m: sequence parallel activation bytes and their drop match th
         CAPTURE(tp);
         CAPTURE(B);
         CAPTURE(static_cast<int>(r));
-        plan::Cluster cluster;
-        cluster.device = plan::builtin_profile("cpu");
-        cluster.gpus = tp;
-        plan::Job job{plan::ModelShape{"gpt2-124m", g.num_layers, g.channels, g.num_heads, g.max_seq_len, g.vocab_size,
-                                       /*dropout=*/false},
-                      B, 0};
+        const plan::Cluster cluster = testing::cpu_cluster(tp);
+        const plan::Job job = testing::planner_job("gpt2-124m", g, B);
         auto predicted = [&](bool sp) {
           plan::Layout l;
           l.tp = tp;

@@ -20,6 +20,7 @@
 
 #include "common/error.h"
 #include "tests/unit/worker_parallel/shadow_device.h"
+#include "tests/unit/worker_parallel/stage_test_util.h"
 #include "tests/unit/worker_parallel/trainer_test_util.h"
 #include "worker/comm/local_world.h"
 #include "worker/comm/process_groups.h"
@@ -61,39 +62,20 @@ Run run(bool device, bool sp, const std::vector<int32_t>& data, int tp = 2, int 
     ThreadPool pool(1);
     ShadowCpu dev(pool);
     ModelGroups mg = model_groups(groups);
-    std::unique_ptr<comm::Communicator> cp_group;
-    if (cp > 1) {
-      std::vector<int> all(cp);
-      for (int i = 0; i < cp; ++i) all[i] = i;
-      cp_group = groups.dp().split(all, "cp");
-      mg.cp = cp_group.get();
-    }
+    const std::unique_ptr<comm::Communicator> cp_group = testing::attach_cp_group(groups, mg, cp);
     std::vector<std::unique_ptr<DeviceComm>> wrapped;
     if (device) wrapped = take_device_memory(mg, dev);
     ParallelModel model(kCfg, kB, kT, kM, pool, mg, {}, {}, sp, device ? &dev : nullptr);
     model.init_weights(7);
     model.zero_grad();
-    const size_t N = kB * kT;
-    int next = 0;
-    const double loss = model.forward_backward(
-        kM,
-        [&](int32_t* in, int32_t* tgt) {
-          std::memcpy(in, data.data() + next * 2 * N, N * sizeof(int32_t));
-          std::memcpy(tgt, data.data() + next * 2 * N + N, N * sizeof(int32_t));
-          ++next;
-        },
-        1.0f / kM);
+    const double loss = model.forward_backward(kM, testing::interleaved_micro_batches(data, kB * kT), 1.0f / kM);
     model.finish_grads();
     const double sq = model.sum_squares_once(model.grads());
-    std::vector<ShardSlice> primary;
-    for (const ShardSlice& s : model.shard_map())
-      if (!s.tied_copy) primary.push_back(s);
-    std::vector<float> local(model.num_params());
-    model.stage().device().to_host(local.data(), model.grads(), local.size() * sizeof(float));
+    const testing::HostGrads grads = testing::host_grads(model);
     std::lock_guard<std::mutex> lock(mu);
     res.losses[world.rank()] = loss;
     res.sumsq[world.rank()] = sq;
-    copy_local_to_full(primary, kCfg, local.data(), res.grads.data() + P * groups.dp().rank());
+    grads.copy_to_full(kCfg, res.grads.data() + P * groups.dp().rank());
     res.copies += dev.copies;
     for (auto& w : wrapped) res.device_comm += w->device_calls;
   });
@@ -381,23 +363,14 @@ void check_hybrid_zero(comm::Layout layout, int stage = 1) {
   CHECK(dev.dp_device_calls >= static_cast<size_t>(2 * n * kHybridSteps));  // reduce-scatter + all-gather, device
   REQUIRE(cpu.losses[0].size() == static_cast<size_t>(kHybridSteps));
   CHECK(cpu.losses[0].back() < cpu.losses[0].front());
-  auto close = [](const std::vector<float>& a, const std::vector<float>& b) {
-    if (a.size() != b.size() || a.empty()) return false;
-    double scale = 0, worst = 0;
-    for (size_t i = 0; i < a.size(); ++i) {
-      scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
-      worst = std::max(worst, static_cast<double>(std::fabs(a[i] - b[i])));
-    }
-    return worst <= 1e-6 * scale;
-  };
   for (int r = 0; r < n; ++r) {
     CAPTURE(r);
-    for (int s = 0; s < kHybridSteps; ++s) {
-      CHECK(std::fabs(dev.losses[r][s] - cpu.losses[r][s]) <= 1e-6 * cpu.losses[r][s]);
+    REQUIRE(dev.losses[r].size() == static_cast<size_t>(kHybridSteps));
+    testing::check_losses_close(dev.losses[r], cpu.losses[r]);
+    for (int s = 0; s < kHybridSteps; ++s)
       CHECK(std::fabs(dev.norms[r][s] - cpu.norms[r][s]) <= 1e-9 * cpu.norms[r][s]);
-    }
-    CHECK(close(dev.params[r], cpu.params[r]));  // state(): the host copy after ZeRO's all-gather
-    CHECK(close(dev.shard_m[r], cpu.shard_m[r]));
+    CHECK(testing::close_to(dev.params[r], cpu.params[r]));  // state(): the host copy after ZeRO's all-gather
+    CHECK(testing::close_to(dev.shard_m[r], cpu.shard_m[r]));
   }
   for (int r = 0; r < n; ++r) {
     if ((r / layout.tp) % layout.dp != 0) continue;
@@ -461,11 +434,11 @@ namespace {
 struct DeviceZeroRank {
   DeviceZeroRank(comm::Communicator& world, comm::ProcessGroups& groups, comm::Layout layout, ThreadPool& pool,
                  int skip_steps, int stage, bool device = true, int steps = kHybridSteps)
-      : dev(pool), mg(model_groups(groups)), src(groups.coord().dp, layout.dp, kB, kT, kCfg.vocab_size) {
+      : dev(pool),
+        mg(model_groups(groups)),
+        src(groups.coord().dp, layout.dp, kB, kT, kCfg.vocab_size, 2 * skip_steps) {  // the loader's position
     if (device) wrapped = take_device_memory(mg, dev);
     tc = testing::small_train_config(steps, kB, kT, 2 * layout.dp, 1e-2);
-    std::vector<int32_t> in(kB * kT), tgt(kB * kT);
-    for (int i = 0; i < 2 * skip_steps; ++i) src.next_batch(in.data(), tgt.data());  // the loader's position
     model = std::make_unique<ParallelGpt>(kCfg, tc, 2, pool, world, mg, device ? &dev : nullptr);
     model_bytes = dev.used();
     grad = groups.dp().dup("dp-grad");
@@ -574,22 +547,11 @@ TEST_CASE("ZeRO-1 and -2 on that device with the plain Gpt trainer (dp=1 and dp=
     for (int r = 0; r < n; ++r) {
       CAPTURE(r);
       REQUIRE(dev.losses[r].size() == cpu.losses[r].size());
-      for (size_t s = 0; s < cpu.losses[r].size(); ++s)
-        CHECK(std::fabs(dev.losses[r][s] - cpu.losses[r][s]) <= 1e-6 * cpu.losses[r][s]);
-      double worst = 0, scale = 0;
-      for (size_t i = 0; i < cpu.params[r].size(); ++i) {
-        scale = std::max(scale, static_cast<double>(std::fabs(cpu.params[r][i])));
-        worst = std::max(worst, static_cast<double>(std::fabs(dev.params[r][i] - cpu.params[r][i])));
-      }
-      CHECK(worst <= 1e-6 * scale);
+      testing::check_losses_close(dev.losses[r], cpu.losses[r]);
+      CHECK(testing::close_to(dev.params[r], cpu.params[r]));
       REQUIRE(dev.shard_m[r].size() == cpu.shard_m[r].size());
-      double mworst = 0, mscale = 0;
-      for (size_t i = 0; i < cpu.shard_m[r].size(); ++i) {
-        mscale = std::max(mscale, static_cast<double>(std::fabs(cpu.shard_m[r][i])));
-        mworst = std::max(mworst, static_cast<double>(std::fabs(dev.shard_m[r][i] - cpu.shard_m[r][i])));
-      }
-      CHECK(mscale > 0);
-      CHECK(mworst <= 1e-6 * mscale);
+      CHECK(testing::max_abs(cpu.shard_m[r]) > 0);
+      CHECK(testing::close_to(dev.shard_m[r], cpu.shard_m[r]));
     }
     CHECK(cpu.losses[0].back() < cpu.losses[0].front());
     CHECK(dev.params.front() == dev.params.back());  // the all-gather: both replicas hold the same parameters
@@ -603,11 +565,9 @@ namespace {
 // and its all_to_all/all_gather over a DeviceComm. `skip_steps`: the loader starts that many steps in (a restore).
 struct PlainDetRank {
   PlainDetRank(comm::Communicator& c, ThreadPool& pool, bool device, int stage, int skip_steps = 0)
-      : dev(pool), src(0, 1, kB, kT, kCfg.vocab_size) {
+      : dev(pool), src(0, 1, kB, kT, kCfg.vocab_size, 4 * skip_steps) {
     tc = testing::small_train_config(kHybridSteps, kB, kT, 4, 1e-2);
     tc.grad_clip = 0.5;  // binding for these steps: the norm's bits reach the parameters
-    std::vector<int32_t> in(kB * kT), tgt(kB * kT);
-    for (int i = 0; i < 4 * skip_steps; ++i) src.next_batch(in.data(), tgt.data());
     grad = c.dup("dp-grad");
     grad_dev = std::make_unique<DeviceComm>(*grad, dev);
     const DataParallelOptions o =
@@ -811,17 +771,7 @@ SavingRun train_saving(Trainer& tr, DataParallel& sync, const ShadowCpu& dev, si
   return run;
 }
 
-// Equal up to 1e-6 of the largest magnitude: ZeRO on the device sums the grad norm per run (the CPU element by
-// element), so the clip factor may differ in the last bit.
-bool close_to(const std::vector<float>& a, const std::vector<float>& b) {
-  if (a.size() != b.size() || a.empty()) return false;
-  double scale = 0, worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
-    worst = std::max(worst, static_cast<double>(std::fabs(a[i] - b[i])));
-  }
-  return worst <= 1e-6 * scale;
-}
+using testing::close_to;
 
 // The saves at start (the parameters only: nothing was updated, the moments are the zeros the host copies hold) and
 // after steps 3, 6 and 7 (parameters, m, v); none inside a step. Before the copies were lazy, every step's update
@@ -832,8 +782,7 @@ void check_saves_follow_cpu(const SavingRun& dev, const SavingRun& cpu) {
   CHECK(dev.state_copies_after == kWantCopies);
   CHECK(cpu.state_copies_after.empty());  // the CPU's state() is read in place
   REQUIRE(dev.losses.size() == cpu.losses.size());
-  for (size_t s = 0; s < cpu.losses.size(); ++s)
-    CHECK(std::fabs(dev.losses[s] - cpu.losses[s]) <= 1e-6 * cpu.losses[s]);
+  testing::check_losses_close(dev.losses, cpu.losses);
   CHECK(cpu.losses.back() < cpu.losses.front());
   for (int step : {3, 6, 7}) {
     CAPTURE(step);
@@ -895,33 +844,6 @@ TEST_CASE("ZeRO-1/2 with dp=2 x tp=2 on that device: state copied to the host on
   }
 }
 
-namespace {
-
-// One rank of the plain Gpt trainer with ZeRO over dp = c.size(), on ShadowCpu (device) or the CPU; the loader
-// `skip_steps` steps in (a restore).
-struct PlainZeroRank {
-  PlainZeroRank(comm::Communicator& c, ThreadPool& pool, bool device, int stage, int skip_steps = 0)
-      : dev(pool), src(c.rank(), c.size(), kB, kT, kCfg.vocab_size) {
-    tc = testing::small_train_config(kSaveSteps, kB, kT, 2 * c.size(), 1e-2);
-    std::vector<int32_t> in(kB * kT), tgt(kB * kT);
-    for (int i = 0; i < 2 * skip_steps; ++i) src.next_batch(in.data(), tgt.data());
-    grad = c.dup("dp-grad");
-    grad_dev = std::make_unique<DeviceComm>(*grad, dev);
-    const DataParallelOptions o = testing::device_dp_options(16 << 10, stage, false, device, dev, grad_dev.get());
-    sync = gpt_data_parallel(&c, kCfg, tc, pool, o);
-    trainer = std::make_unique<Trainer>(kCfg, tc, pool, src, nullptr, sync.get(), nullptr, device ? &dev : nullptr);
-  }
-  ShadowCpu dev;
-  testing::StreamSource src;
-  TrainConfig tc;
-  std::unique_ptr<comm::Communicator> grad;
-  std::unique_ptr<DeviceComm> grad_dev;
-  std::unique_ptr<DataParallel> sync;
-  std::unique_ptr<Trainer> trainer;
-};
-
-}  // namespace
-
 TEST_CASE("ZeRO-1/2 with the plain Gpt trainer on that device (dp=1, 2): state copied to the host only on save steps") {
   for (const auto& [stage, n] : {std::pair{1, 2}, std::pair{2, 2}, std::pair{2, 1}}) {
     CAPTURE(stage);
@@ -929,15 +851,18 @@ TEST_CASE("ZeRO-1/2 with the plain Gpt trainer on that device (dp=1, 2): state c
     comm::run_local_world(n, [&](comm::Communicator& c) {
       ThreadPool pool(1);
       const size_t P = num_parameters(kCfg);
-      PlainZeroRank cpu(c, pool, false, stage);
-      const SavingRun on_cpu = train_saving(*cpu.trainer, *cpu.sync, cpu.dev, P);
-      PlainZeroRank a(c, pool, true, stage);
-      const SavingRun on_dev = train_saving(*a.trainer, *a.sync, a.dev, P);
+      // The plain Gpt trainer with ZeRO over dp = c.size(), 2 micro-batches per rank a step.
+      const TrainConfig tc = testing::small_train_config(kSaveSteps, kB, kT, 2 * c.size(), 1e-2);
+      testing::DeviceDpTrainer cpu(c, pool, kCfg, tc, 16 << 10, stage, false, /*device=*/false);
+      const SavingRun on_cpu = train_saving(cpu.trainer, *cpu.sync, cpu.dev, P);
+      testing::DeviceDpTrainer a(c, pool, kCfg, tc, 16 << 10, stage, false, /*device=*/true);
+      const SavingRun on_dev = train_saving(a.trainer, *a.sync, a.dev, P);
       check_saves_follow_cpu(on_dev, on_cpu);
 
-      PlainZeroRank b(c, pool, true, stage, 6);
-      CHECK(restore_and_step(*b.trainer, *b.sync, on_dev.saved.at(6), 6) == on_dev.losses[6]);
-      const TrainerState got = b.trainer->state();
+      // restored at step 6: its loader 2 x 6 batches in
+      testing::DeviceDpTrainer b(c, pool, kCfg, tc, 16 << 10, stage, false, /*device=*/true, /*first_batch=*/2 * 6);
+      CHECK(restore_and_step(b.trainer, *b.sync, on_dev.saved.at(6), 6) == on_dev.losses[6]);
+      const TrainerState got = b.trainer.state();
       CHECK(std::vector<float>(got.params, got.params + got.num_params) == on_dev.saved.at(7).params);
       CHECK(std::vector<float>(b.sync->shard_m(), b.sync->shard_m() + b.sync->shard_size()) == on_dev.saved.at(7).m);
       CHECK(std::vector<float>(b.sync->shard_v(), b.sync->shard_v() + b.sync->shard_size()) == on_dev.saved.at(7).v);

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <vector>
 
+#include "tests/unit/worker_parallel/parallel_trainer_util.h"
 #include "tests/unit/worker_parallel/trainer_test_util.h"
 #include "worker/comm/local_world.h"
 #include "worker/comm/process_groups.h"
@@ -36,45 +37,17 @@ struct Run {
   std::vector<float> params;  // full llm.c buffer
 };
 
-Run single_process() {
-  const testing::LayoutRun r = testing::run_single_trainer(kCfg, train_config());
+Run losses_and_params(const testing::LayoutRun& r) {
   Run out{{}, r.params};
   for (const StepResult& s : r.steps) out.losses.push_back(s.loss);
   return out;
 }
 
+Run single_process() { return losses_and_params(testing::run_single_trainer(kCfg, train_config())); }
+
+// dp x tp x pp ranks with ZeRO `zero` or the deterministic tree (testing::run_parallel_trainer).
 Run layout_run(comm::Layout layout, int zero = 0, bool deterministic = false) {
-  Run out;
-  out.params.assign(num_parameters(kCfg), 0.0f);
-  std::mutex mu;
-  std::vector<std::vector<double>> losses(static_cast<size_t>(layout.world()));
-  comm::run_local_world(layout.world(), [&](comm::Communicator& world) {
-    comm::ProcessGroups pg(world, layout);
-    ThreadPool pool(1);
-    const TrainConfig tc = train_config();
-    // Deterministic mode: every replica reads the job's whole sequence and keeps its own leaves.
-    testing::StreamSource src(deterministic ? 0 : pg.coord().dp, deterministic ? 1 : layout.dp, kB, kT,
-                              kCfg.vocab_size);
-    ParallelGpt model(kCfg, tc, kMicro / layout.dp, pool, world, ModelGroups{&pg.tp(), &pg.pp(), pg.embedding()});
-    std::unique_ptr<DataParallel> sync;
-    if (layout.dp > 1 || zero > 0 || deterministic) {
-      DataParallelOptions o;
-      o.zero_stage = zero;
-      o.deterministic = deterministic;
-      o.bucket_bytes = 16 << 10;  // several buckets and a padded last one on every stage
-      sync = parallel_gpt_data_parallel(&pg.dp(), model, ModelGroups{&pg.tp(), &pg.pp(), pg.embedding()}, tc, pool, o);
-    }
-    Trainer tr(kCfg, tc, pool, src, nullptr, sync.get(), &model);
-    auto& mine = losses[static_cast<size_t>(world.rank())];
-    for (int s = 0; s < kSteps; ++s) mine.push_back(tr.step().loss);
-    if (pg.coord().dp == 0) {
-      std::lock_guard<std::mutex> lk(mu);
-      model.model().gather_into_full(model.params(), out.params.data());
-    }
-  });
-  for (const auto& l : losses) CHECK(l == losses[0]);  // every rank reports the same loss
-  out.losses = losses[0];
-  return out;
+  return losses_and_params(testing::run_parallel_trainer(kCfg, train_config(), layout, zero, deterministic));
 }
 
 }  // namespace

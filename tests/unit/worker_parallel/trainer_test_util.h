@@ -16,11 +16,12 @@
 namespace railyard::worker::testing {
 
 // One global sequence of (B, T) samples over the license corpus (token ids modulo `vocab`); call k of rank r in a
-// world of D gets samples [(k*D + r)*B, +B), as DataLoader(rank r, world D) does.
+// world of D gets samples [(k*D + r)*B, +B), as DataLoader(rank r, world D) does. `first_call`: the calls already
+// made (a loader restored at that position).
 class StreamSource : public BatchSource {
  public:
-  StreamSource(int rank, int world, int B, int T, int vocab)
-      : rank_(rank), world_(world), B_(B), T_(T), vocab_(vocab) {}
+  StreamSource(int rank, int world, int B, int T, int vocab, uint64_t first_call = 0)
+      : rank_(rank), world_(world), B_(B), T_(T), vocab_(vocab), calls_(first_call) {}
   void next_batch(int32_t* inputs, int32_t* targets) override {
     static const std::vector<int32_t> c = license_corpus();
     for (int b = 0; b < B_; ++b) {
@@ -37,7 +38,7 @@ class StreamSource : public BatchSource {
  private:
   uint64_t rank_, world_;
   int B_, T_, vocab_;
-  uint64_t calls_ = 0;
+  uint64_t calls_;
 };
 
 // M random (B, T) micro-batches of inputs and targets in [0, vocab), back to back: what the model-level equivalence

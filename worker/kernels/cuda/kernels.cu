@@ -49,6 +49,24 @@ __global__ void encoder_backward_wpe_kernel(float* dwpe, const float* dout, int 
 // ---------------------------------------------------------------------------------------------------------------
 // layernorm: one warp per row
 
+// The rest of one warp's row once each lane has summed its share of x (`lane_sum`): o = (x - mean) * rstd * w + b,
+// and from lane 0 the row's *mean and *rstd for the backward pass.
+__device__ __forceinline__ void layernorm_row(float* o, float* mean, float* rstd, const float* x, float lane_sum,
+                                              const float* w, const float* b, int C, int lane) {
+  const float m = warp_sum(lane_sum) / C;
+  float var = 0.0f;
+  for (int c = lane; c < C; c += kWarpSize) {
+    const float d = x[c] - m;
+    var += d * d;
+  }
+  const float s = 1.0f / sqrtf(warp_sum(var) / C + 1e-5f);
+  for (int c = lane; c < C; c += kWarpSize) o[c] = (x[c] - m) * s * w[c] + b[c];
+  if (lane == 0) {
+    *mean = m;
+    *rstd = s;
+  }
+}
+
 __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp, const float* w,
                                          const float* b, size_t N, int C) {
   const size_t row = blockIdx.x * static_cast<size_t>(kRowsPerBlock) + threadIdx.x / kWarpSize;
@@ -57,19 +75,7 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
   const float* x = inp + row * C;
   float sum = 0.0f;
   for (int c = lane; c < C; c += kWarpSize) sum += x[c];
-  const float m = warp_sum(sum) / C;
-  float var = 0.0f;
-  for (int c = lane; c < C; c += kWarpSize) {
-    const float d = x[c] - m;
-    var += d * d;
-  }
-  const float s = 1.0f / sqrtf(warp_sum(var) / C + 1e-5f);
-  float* o = out + row * C;
-  for (int c = lane; c < C; c += kWarpSize) o[c] = (x[c] - m) * s * w[c] + b[c];
-  if (lane == 0) {
-    mean[row] = m;
-    rstd[row] = s;
-  }
+  layernorm_row(out + row * C, mean + row, rstd + row, x, sum, w, b, C, lane);
 }
 
 __global__ void residual_layernorm_forward_kernel(float* residual, float* out, float* mean, float* rstd, const float* a,
@@ -84,19 +90,7 @@ __global__ void residual_layernorm_forward_kernel(float* residual, float* out, f
     x[c] = r;  // re-read below by the same lane only: no synchronisation needed
     sum += r;
   }
-  const float m = warp_sum(sum) / C;
-  float var = 0.0f;
-  for (int c = lane; c < C; c += kWarpSize) {
-    const float d = x[c] - m;
-    var += d * d;
-  }
-  const float s = 1.0f / sqrtf(warp_sum(var) / C + 1e-5f);
-  float* o = out + row * C;
-  for (int c = lane; c < C; c += kWarpSize) o[c] = (x[c] - m) * s * w[c] + bias[c];
-  if (lane == 0) {
-    mean[row] = m;
-    rstd[row] = s;
-  }
+  layernorm_row(out + row * C, mean + row, rstd + row, x, sum, w, bias, C, lane);
 }
 
 __global__ void layernorm_backward_dinp_kernel(float* dinp, const float* dout, const float* inp, const float* w,
