@@ -23,41 +23,28 @@ constexpr const char* kLog = "controller";
 }  // namespace
 
 void Controller::start_generation(Sync& s) {
-  const std::string& ns = s.ns;
-  const std::string& name = s.name;
-  Json& job = s.job;
-  const std::string& now_s = s.now_s;
-  Json& status = s.status;
-  Json& orig = s.orig;
-  const int n = s.spec.replicas;
-  bool& resumed = s.resumed;
-  int64_t& gen = s.gen;
-  std::vector<std::string>& old_members = s.old_members;
-  const std::string& restart_request = s.scan.restart_request;
-  bool& replaced_now = s.replaced_now;
-  bool& restarted_now = s.restarted_now;
-  int64_t& label_gen = s.label_gen;
-  if (gen == 0 || resumed) {
-    gen++;
-    status["generation"] = gen;
+  if (s.gen == 0 || s.resumed) {
+    s.gen++;
+    s.status["generation"] = s.gen;
   }
-  if (!status.contains("startTime")) status["startTime"] = now_s;
+  if (!s.status.contains("startTime")) s.status["startTime"] = s.now_s;
   // A change of the world (kubectl scale, or an elastic job losing or regaining capacity) opens a new generation
   // below, once the pods are placed; pods created for a scale-up carry that coming generation.
-  const bool started_now = gen != orig.value("generation", Json(0)).get<int64_t>() && !restarted_now;
-  label_gen = gen + ((!restarted_now && !started_now && static_cast<int>(old_members.size()) != n) ? 1 : 0);
+  const bool started_now = s.gen != s.orig.value("generation", Json(0)).get<int64_t>() && !s.restarted_now;
+  s.label_gen =
+      s.gen + ((!s.restarted_now && !started_now && static_cast<int>(s.old_members.size()) != s.spec.replicas) ? 1 : 0);
 
   // A restart or failure decision is made durable before acting on it, so a crash cannot count it twice or lose it.
-  if (restarted_now || replaced_now || status["generation"] != orig.value("generation", Json(0))) {
-    Json written = write_status(job, status);
-    job["metadata"]["resourceVersion"] = written["metadata"]["resourceVersion"];
+  if (s.restarted_now || s.replaced_now || s.status["generation"] != s.orig.value("generation", Json(0))) {
+    Json written = write_status(s.job, s.status);
+    s.job["metadata"]["resourceVersion"] = written["metadata"]["resourceVersion"];
     if (written.contains("status") && written["status"].contains("goodput"))
-      status["goodput"] = written["status"]["goodput"];  // brought up to now by the write
-    orig = status;                                       // what we just wrote is the baseline for the final comparison
+      s.status["goodput"] = written["status"]["goodput"];  // brought up to now by the write
+    s.orig = s.status;  // what we just wrote is the baseline for the final comparison
   }
-  if (!restart_request.empty())
-    client_.patch(kube::resources::trainingjobs, ns, name,
-                  {{"metadata", {{"annotations", {{kRestartHandledAnnotation, restart_request}}}}}});
+  if (!s.scan.restart_request.empty())
+    client_.patch(kube::resources::trainingjobs, s.ns, s.name,
+                  {{"metadata", {{"annotations", {{kRestartHandledAnnotation, s.scan.restart_request}}}}}});
 }
 
 void Controller::delete_pods(Sync& s) {
@@ -86,44 +73,39 @@ void Controller::delete_pods(Sync& s) {
 
 // Pods: delete lost/failed and surplus ones, create missing ones (placed first, scheduler railyard).
 void Controller::create_pods(Sync& s) {
-  Json& job = s.job;
-  const JobSpec& spec = s.spec;
-  s.token = ensure_token(job);
-  ensure_network_policy(job, spec);
-  ensure_service(job);
-  const std::optional<Json> claim = ensure_storage(job, spec, s.events);
+  s.token = ensure_token(s.job);
+  ensure_network_policy(s.job, s.spec);
+  ensure_service(s.job);
+  const std::optional<Json> claim = ensure_storage(s.job, s.spec, s.events);
   log::debug(kLog, "secret, network policy, service and storage in place", {{"job", s.key}});
   delete_pods(s);
   std::set<int> deleting;  // indices whose old pod is still going
   for (const PodDeletion& d : s.scan.to_delete)
-    for (int i = 0; i < spec.replicas; ++i)
+    for (int i = 0; i < s.spec.replicas; ++i)
       if (d.pod == worker_pod_name(s.name, i)) deleting.insert(i);
   // Replica indices to create. Each pod is built from `job` (our own copy read from the server, never the cache) only
   // as its create is sent, so a reconcile holds as many pods as requests in flight (api_parallelism), not the whole
   // gang: kMaxReplicas copies of a large template would be gigabytes before the first create (issue #40).
-  const GangGaps gaps = gang_gaps(spec.replicas, s.by_index, deleting);
+  const GangGaps gaps = gang_gaps(s.spec.replicas, s.by_index, deleting);
   s.unbound = gaps.unbound;
   const std::vector<int>& to_create_index = gaps.create;
   if (to_create_index.empty()) return;
   std::vector<int> unplaced = gaps.unbound;  // the new pods and the existing unbound ones, in index order
   unplaced.insert(unplaced.end(), to_create_index.begin(), to_create_index.end());
   std::sort(unplaced.begin(), unplaced.end());
-  const WorkerPodBuilder builder(job, spec, s.label_gen, opts_.pod);  // the gang's common pod, built once
+  const WorkerPodBuilder builder(s.job, s.spec, s.label_gen, opts_.pod);  // the gang's common pod, built once
   // The pods take the job-wide env from it (envFrom): it exists, as this spec builds it, before any of them.
-  ensure_job_object(job, kube::resources::configmaps, builder.env_configmap(), "EnvConfigMapConflict",
+  ensure_job_object(s.job, kube::resources::configmaps, builder.env_configmap(), "EnvConfigMapConflict",
                     "rename or delete it (each job's job-wide env is kept in the ConfigMap <job>-env)");
   // The new pods and the existing unbound ones are placed as one gang; a new pod that got a node is created on it.
-  if (spec.scheduler == kRailyardScheduler) {
+  if (s.spec.scheduler == kRailyardScheduler) {
     place_gang(s, unplaced, true);
-    if (claim) select_storage_node(job, *claim, s.placement.node);
+    if (claim) select_storage_node(s.job, *claim, s.placement.node);
   }
   send_creates(s, builder, to_create_index);
 }
 
 void Controller::send_creates(Sync& s, const WorkerPodBuilder& builder, const std::vector<int>& to_create_index) {
-  const std::string& key = s.key;
-  const std::string& ns = s.ns;
-  const std::string& name = s.name;
   const size_t count = to_create_index.size();
   // Pod k as it is created: the gang's common pod with its index, and its node (and the node's annotations) when
   // placed. Called concurrently: it only reads the builder and the placement.
@@ -143,14 +125,14 @@ void Controller::send_creates(Sync& s, const WorkerPodBuilder& builder, const st
   // template the server refuses costs one request. Names are fixed per replica index, so a pod that already exists
   // (ours, not yet in the cache, or one still terminating) counts as done and a rerun after a crash creates only what
   // is missing.
-  log::debug(kLog, "creating pods", {{"job", key}, {"count", std::to_string(count)}});
+  log::debug(kLog, "creating pods", {{"job", s.key}, {"count", std::to_string(count)}});
   std::vector<char> made(count, 0);
   std::vector<std::string> made_node(count);  // each k is written by the one request that creates it
   std::atomic<bool> already{false};
   SlowStartResult r = run_slow_start(static_cast<int>(count), opts_.api_parallelism, [&](int k) {
     const Json pod = build(static_cast<size_t>(k));
     try {
-      client_.create_only(kube::resources::pods, ns, pod);
+      client_.create_only(kube::resources::pods, s.ns, pod);
       made[k] = 1;
       made_node[k] = node_of(pod);
     } catch (const kube::AlreadyExists&) {
@@ -158,10 +140,10 @@ void Controller::send_creates(Sync& s, const WorkerPodBuilder& builder, const st
     }
   });
   s.exists_uncached = already;
-  log::debug(kLog, "pods created", {{"job", key}, {"attempted", std::to_string(r.attempted)}});
+  log::debug(kLog, "pods created", {{"job", s.key}, {"attempted", std::to_string(r.attempted)}});
   for (size_t k = 0; k < count; ++k) {
     if (!made[k]) continue;
-    const std::string pod_name = worker_pod_name(name, to_create_index[k]);
+    const std::string pod_name = worker_pod_name(s.name, to_create_index[k]);
     s.created.push_back(pod_name);
     const std::string& node = made_node[k];
     if (node.empty()) {
@@ -178,46 +160,38 @@ void Controller::send_creates(Sync& s, const WorkerPodBuilder& builder, const st
   if (r.first_error) {
     log::warn(
         kLog, "pod creation stopped at the first failure",
-        {{"job", key}, {"created", std::to_string(s.created.size())}, {"left", std::to_string(count - r.attempted)}});
+        {{"job", s.key}, {"created", std::to_string(s.created.size())}, {"left", std::to_string(count - r.attempted)}});
     std::rethrow_exception(r.first_error);
   }
 }
 
 void Controller::bind_gang(Sync& s) {
-  const std::string& ns = s.ns;
-  const std::string& name = s.name;
-  Json& status = s.status;
-  std::vector<PendingEvent>& events = s.events;
-  const JobSpec& spec = s.spec;
-  const int n = s.spec.replicas;
-  std::vector<int>& unbound = s.unbound;
-  std::vector<std::string>& bound_pairs = s.bound_pairs;
-  if (spec.scheduler != kRailyardScheduler) {
+  if (s.spec.scheduler != kRailyardScheduler) {
     // The cluster's scheduler binds the pods (spec.placement.scheduler). The gang is still all or nothing for training:
     // the rendezvous holds every joined pod until the whole world has joined (or reports JoinTimeout).
-    if (!unbound.empty()) {
-      const std::string msg = std::to_string(unbound.size()) + " of " + std::to_string(n) +
-                              " pods wait for scheduler " + spec.scheduler +
+    if (!s.unbound.empty()) {
+      const std::string msg = std::to_string(s.unbound.size()) + " of " + std::to_string(s.spec.replicas) +
+                              " pods wait for scheduler " + s.spec.scheduler +
                               " to bind them; training starts when every pod has joined";
-      if (set_condition(status, "Scheduled", false, "WaitingForScheduler", msg, s.now_s))
-        events.push_back({false, "WaitingForScheduler", msg});
+      if (set_condition(s.status, "Scheduled", false, "WaitingForScheduler", msg, s.now_s))
+        s.events.push_back({false, "WaitingForScheduler", msg});
     }
     return;
   }
-  if (s.exists_uncached && !unbound.empty()) {
+  if (s.exists_uncached && !s.unbound.empty()) {
     // Some of the gang exist at the server but not yet in the cache (our own creates of an earlier reconcile):
     // binding now would place part of the gang. Their watch events bring us back; the requeue is a safety net.
     s.keep_min(milliseconds(1000));
-  } else if (!unbound.empty()) {
-    if (!s.placement.tried) place_gang(s, unbound, false);
+  } else if (!s.unbound.empty()) {
+    if (!s.placement.tried) place_gang(s, s.unbound, false);
     std::vector<int> to_bind;  // replica indices placed now
-    for (int i : unbound)
+    for (int i : s.unbound)
       if (s.placement.node.count(i)) to_bind.push_back(i);
     // Bound in slow-start batches like the creates. A failure leaves part of the gang bound; the next reconcile places
     // the rest around it (PlacementRequest::bound).
     SlowStartResult b = run_slow_start(static_cast<int>(to_bind.size()), opts_.api_parallelism, [&](int k) {
       const int i = to_bind[k];
-      const std::string pod_name = worker_pod_name(name, i);
+      const std::string pod_name = worker_pod_name(s.name, i);
       Json binding = {{"apiVersion", "v1"},
                       {"kind", "Binding"},
                       {"metadata", {{"name", pod_name}}},
@@ -225,37 +199,27 @@ void Controller::bind_gang(Sync& s) {
       if (auto a = s.placement.annotations.find(i); a != s.placement.annotations.end())
         binding["metadata"]["annotations"] = a->second;
       try {
-        client_.create_subresource(kube::resources::pods, ns, pod_name, "binding", binding);
+        client_.create_subresource(kube::resources::pods, s.ns, pod_name, "binding", binding);
       } catch (const kube::Conflict&) {
         // Already bound (an earlier attempt whose answer we did not see).
       }
     });
     if (b.first_error) std::rethrow_exception(b.first_error);
     for (int i : to_bind) {
-      const std::string pod_name = worker_pod_name(name, i), &node = s.placement.node.at(i);
+      const std::string pod_name = worker_pod_name(s.name, i), &node = s.placement.node.at(i);
       s.scan.node_by_pod[pod_name] = node;
-      bound_pairs.push_back(pod_name + " -> " + node);
+      s.bound_pairs.push_back(pod_name + " -> " + node);
     }
   }
-  if (!bound_pairs.empty())
-    events.push_back({false, "Bound",
-                      "bound " + std::to_string(bound_pairs.size()) + " pods: " + name_summary(bound_pairs) +
-                          (s.placement.how.empty() ? "" : " (" + s.placement.how + ")")});
+  if (!s.bound_pairs.empty())
+    s.events.push_back({false, "Bound",
+                        "bound " + std::to_string(s.bound_pairs.size()) + " pods: " + name_summary(s.bound_pairs) +
+                            (s.placement.how.empty() ? "" : " (" + s.placement.how + ")")});
 }
 
 void Controller::open_generation(Sync& s) {
-  const std::string& key = s.key;
-  const JobSpec& spec = s.spec;
-  int64_t& gen = s.gen;
-  RendezvousService*& rdzv = s.rdzv;
-  const bool agent = s.agent;
-  std::string& token = s.token;
-  std::vector<std::string>& members = s.members;
-  int& m = s.m;
-  JobSpec& world_spec = s.world_spec;
-  std::vector<int>& dp_split = s.dp_split;
   // Open the (durable) generation at the rendezvous service once per generation and leader.
-  if (rdzv && agent) {
+  if (s.rdzv && s.agent) {
     // Which pod holds each name now (every reconcile: a pod replaced under its name is fenced from then on).
     std::map<std::string, std::string> uids;
     for (const auto& [i, pod] : s.by_index)
@@ -263,29 +227,29 @@ void Controller::open_generation(Sync& s) {
     bool open = false;
     {
       std::lock_guard lock(mu_);
-      auto it = opened_.find(key);
-      open = it == opened_.end() || it->second != gen;
+      auto it = opened_.find(s.key);
+      open = it == opened_.end() || it->second != s.gen;
     }
     if (open) {
       GenerationSpec g;
-      g.job_key = key;
-      g.generation = gen;
-      g.pods = members;
-      g.procs_per_pod = spec.procs_per_replica;
-      g.config = resolved_config(world_spec, m);
-      g.config.generation = gen;
-      if (g.config.parallelism) g.config.parallelism->dp_split = dp_split;
-      if (gen > 1 && !world_spec.checkpoint_path.empty())
-        g.config.restore = world_spec.checkpoint_path;
-      else if (gen > 1 && world_spec.memory_interval_steps > 0)
+      g.job_key = s.key;
+      g.generation = s.gen;
+      g.pods = s.members;
+      g.procs_per_pod = s.spec.procs_per_replica;
+      g.config = resolved_config(s.world_spec, s.m);
+      g.config.generation = s.gen;
+      if (g.config.parallelism) g.config.parallelism->dp_split = s.dp_split;
+      if (s.gen > 1 && !s.world_spec.checkpoint_path.empty())
+        g.config.restore = s.world_spec.checkpoint_path;
+      else if (s.gen > 1 && s.world_spec.memory_interval_steps > 0)
         g.config.restore = "auto";  // the in-memory tier alone (no path): the worker falls back to a fresh start
-      g.token = token;
+      g.token = s.token;
       g.pod_uids = uids;
-      rdzv->open_generation(g);
+      s.rdzv->open_generation(g);
       std::lock_guard lock(mu_);
-      opened_[key] = gen;
+      opened_[s.key] = s.gen;
     } else {
-      rdzv->set_pod_uids(key, std::move(uids));
+      s.rdzv->set_pod_uids(s.key, std::move(uids));
     }
   }
 }

@@ -127,23 +127,22 @@ std::optional<milliseconds> Controller::initialize(Sync& s) {
 }
 
 milliseconds Controller::fail_initializer(Sync& s, Json init, const std::string& cause) {
-  Json& status = s.status;
   const std::string msg = with_cause(
       "the initializer failed " + std::to_string(kInitializerAttempts) + " times (spec.initializer); the last attempt",
       cause, kMaxCauseBytes);
   init["phase"] = "Failed";
   init["completionTime"] = s.now_s;
-  status["initializer"] = init;
-  status["phase"] = "Failed";
-  status["completionTime"] = s.now_s;
-  set_condition(status, "Initialized", false, "InitializerFailed", msg, s.now_s);
-  set_condition(status, "Failed", true, "InitializerFailed", msg, s.now_s);
+  s.status["initializer"] = init;
+  s.status["phase"] = "Failed";
+  s.status["completionTime"] = s.now_s;
+  set_condition(s.status, "Initialized", false, "InitializerFailed", msg, s.now_s);
+  set_condition(s.status, "Failed", true, "InitializerFailed", msg, s.now_s);
   s.events.push_back(
       {true, "Failed",
        with_cause("InitializerFailed: the initializer failed " + std::to_string(kInitializerAttempts) + " times", cause,
                   kMaxEventMessageBytes)});
-  status["replicas"] = s.existing;
-  return finish(s.job, s.spec, status, s.orig, s.events, s.pods);
+  s.status["replicas"] = s.existing;
+  return finish(s.job, s.spec, s.status, s.orig, s.events, s.pods);
 }
 
 }  // namespace railyard::op

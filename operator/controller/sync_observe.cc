@@ -53,72 +53,55 @@ Sync Controller::observe(const std::string& key, Json job) {
 }
 
 void Controller::observe_generation(Sync& s) {
-  const std::string& key = s.key;
-  const std::string& name = s.name;
-  Json& status = s.status;
-  Json& orig = s.orig;
-  std::vector<PendingEvent>& events = s.events;
-  const std::vector<PodPtr>& pods = s.pods;
-  const JobSpec& spec = s.spec;
-  const int n = s.spec.replicas;
-  int64_t& gen = s.gen;
-  RendezvousService*& rdzv = s.rdzv;
-  std::vector<WorkerExit>& exits = s.exits;
-  std::vector<JoinTimeout>& timeouts = s.timeouts;
-  std::optional<RendezvousService::Progress>& progress = s.progress;
-  std::string& join_timeout = s.join_timeout;
-  std::vector<std::string>& old_members = s.old_members;
-  std::map<int, PodPtr>& by_index = s.by_index;
-  std::vector<PodPtr>& extra = s.extra;
   // What the rendezvous service saw.
   {
     std::lock_guard lock(mu_);
-    rdzv = rdzv_;
-    if (auto it = exits_.find(key); it != exits_.end()) {
-      exits = std::move(it->second);
+    s.rdzv = rdzv_;
+    if (auto it = exits_.find(s.key); it != exits_.end()) {
+      s.exits = std::move(it->second);
       exits_.erase(it);
     }
-    if (auto it = timeouts_.find(key); it != timeouts_.end()) {
-      timeouts = std::move(it->second);
+    if (auto it = timeouts_.find(s.key); it != timeouts_.end()) {
+      s.timeouts = std::move(it->second);
       timeouts_.erase(it);
     }
   }
-  if (rdzv && gen > 0) {
-    progress = rdzv->progress(key);
-    if (progress && progress->generation != gen) progress.reset();
+  if (s.rdzv && s.gen > 0) {
+    s.progress = s.rdzv->progress(s.key);
+    if (s.progress && s.progress->generation != s.gen) s.progress.reset();
   }
-  for (const JoinTimeout& t : timeouts) {
-    if (t.generation != gen) continue;
+  for (const JoinTimeout& t : s.timeouts) {
+    if (t.generation != s.gen) continue;
     std::string missing;
     for (const auto& m : t.missing) missing += (missing.empty() ? "" : ", ") + m;
-    join_timeout = "generation " + std::to_string(gen) + ": pods never joined the rendezvous: " + missing;
-    events.push_back({true, "JoinTimeout", join_timeout});
+    s.join_timeout = "generation " + std::to_string(s.gen) + ": pods never joined the rendezvous: " + missing;
+    s.events.push_back({true, "JoinTimeout", s.join_timeout});
   }
-  if (join_timeout.empty()) {
+  if (s.join_timeout.empty()) {
     // A timeout seen by an earlier reconcile stays visible until the world completes or the generation moves on.
-    auto c = find_condition(orig, "Running");
+    auto c = find_condition(s.orig, "Running");
     if (c && c->value("reason", "") == "JoinTimeout" &&
-        c->value("message", "").rfind("generation " + std::to_string(gen) + ":", 0) == 0)
-      join_timeout = c->value("message", "");
+        c->value("message", "").rfind("generation " + std::to_string(s.gen) + ":", 0) == 0)
+      s.join_timeout = c->value("message", "");
   }
 
   // The pods of the current generation's world (status.world.pods; older statuses only have world.size).
-  if (status.contains("world") && status["world"].is_object()) {
-    if (status["world"].contains("pods") && status["world"]["pods"].is_array()) {
-      for (const Json& p : status["world"]["pods"])
-        if (p.is_string()) old_members.push_back(p.get<std::string>());
-    } else if (status["world"].contains("size")) {
-      int size = status["world"]["size"].get<int>() / std::max(1, spec.procs_per_replica);
-      for (int i = 0; i < size; ++i) old_members.push_back(worker_pod_name(name, i));
+  if (s.status.contains("world") && s.status["world"].is_object()) {
+    if (s.status["world"].contains("pods") && s.status["world"]["pods"].is_array()) {
+      for (const Json& p : s.status["world"]["pods"])
+        if (p.is_string()) s.old_members.push_back(p.get<std::string>());
+    } else if (s.status["world"].contains("size")) {
+      int size = s.status["world"]["size"].get<int>() / std::max(1, s.spec.procs_per_replica);
+      for (int i = 0; i < size; ++i) s.old_members.push_back(worker_pod_name(s.name, i));
     }
   }
 
-  for (const PodPtr& p : pods) {
+  for (const PodPtr& p : s.pods) {
     int i = replica_index_of(*p);
-    if (i >= 0 && i < n && !by_index.count(i))
-      by_index[i] = p;
+    if (i >= 0 && i < s.spec.replicas && !s.by_index.count(i))
+      s.by_index[i] = p;
     else
-      extra.push_back(p);
+      s.extra.push_back(p);
   }
 
   s.agent = uses_agent(s.job);

@@ -83,8 +83,7 @@ std::vector<PlacementRequest> Controller::gangs_ahead(const Sync& s) {
 // indices: replica indices of the pods to place, ascending. creating: some of them are about to be created (their
 // Unschedulable event is new even when the condition already says so).
 void Controller::place_gang(Sync& s, const std::vector<int>& indices, bool creating) {
-  const JobSpec& spec = s.spec;
-  const int n = spec.replicas;
+  const int n = s.spec.replicas;
   Sync::GangPlacement& out = s.placement;
   out.tried = true;
   if (indices.empty()) return;
@@ -100,20 +99,20 @@ void Controller::place_gang(Sync& s, const std::vector<int>& indices, bool creat
     req.excluded_nodes.insert(node);
   req.pods = static_cast<int>(indices.size());
   req.pod_indices = indices;
-  fill_gang_request(req, s.job, spec, s.gen, opts_.pod);
+  fill_gang_request(req, s.job, s.spec, s.gen, opts_.pod);
   for (int i = 0; i < n; ++i) {
     if (std::binary_search(indices.begin(), indices.end(), i)) continue;
     if (auto it = s.by_index.find(i); it != s.by_index.end() && !node_of(*it->second).empty())
       req.bound[i] = node_of(*it->second);
   }
   req.ahead = gangs_ahead(s);
-  const WorldLayout layout = world_layout(spec, n);
+  const WorldLayout layout = world_layout(s.spec, n);
 
   const auto t0 = Clock::now();
   const auto inventory = node_inventory();
-  req.step_model = placement_step_model(spec, layout, n, inventory);
+  req.step_model = placement_step_model(s.spec, layout, n, inventory);
   PlacementResult r = placement_->place(req, inventory);
-  if (!r.ok && spec.min_replicas) {
+  if (!r.ok && s.spec.min_replicas) {
     // Elastic: place the part that fits now (the lowest indices); the world shrinks to the pods placed (never below
     // minReplicas) and grows back when the rest fit.
     s.capacity_short = true;

@@ -43,6 +43,14 @@ RestartInputs inputs(std::vector<Trigger> triggers) {
   return in;
 }
 
+// A pod as the informer holds it: on `node` (none when empty), in `phase`, being deleted or not.
+PodPtr pod(const std::string& node, const std::string& phase, bool deleting) {
+  Json p = {{"metadata", {{"name", "p"}}}, {"spec", Json::object()}, {"status", {{"phase", phase}}}};
+  if (!node.empty()) p["spec"]["nodeName"] = node;
+  if (deleting) p["metadata"]["deletionTimestamp"] = "2026-12-07T10:00:00Z";
+  return std::make_shared<const Json>(p);
+}
+
 }  // namespace
 
 TEST_CASE("a restart: the next generation, its record and its event name the culprit, not a survivor") {
@@ -253,12 +261,6 @@ TEST_CASE("the world's conditions and phase") {
 }
 
 TEST_CASE("the gang's gaps: missing pods are created unless their old pod is still going; pods without a node wait") {
-  auto pod = [](const std::string& node, const std::string& phase, bool deleting) {
-    Json p = {{"metadata", {{"name", "p"}}}, {"spec", Json::object()}, {"status", {{"phase", phase}}}};
-    if (!node.empty()) p["spec"]["nodeName"] = node;
-    if (deleting) p["metadata"]["deletionTimestamp"] = "2026-12-07T10:00:00Z";
-    return std::make_shared<const Json>(p);
-  };
   std::map<int, PodPtr> pods = {
       {0, pod("n0", "Running", false)},  // bound: nothing to do
       {1, pod("", "Pending", false)},    // waits for a node
@@ -275,12 +277,6 @@ TEST_CASE("the gang's gaps: missing pods are created unless their old pod is sti
 }
 
 TEST_CASE("the gang after the creates: pods created now count, bound where this reconcile put them") {
-  auto pod = [](const std::string& node, const std::string& phase, bool deleting) {
-    Json p = {{"metadata", {{"name", "p"}}}, {"spec", Json::object()}, {"status", {{"phase", phase}}}};
-    if (!node.empty()) p["spec"]["nodeName"] = node;
-    if (deleting) p["metadata"]["deletionTimestamp"] = "2026-12-07T10:00:00Z";
-    return std::make_shared<const Json>(p);
-  };
   const std::map<int, PodPtr> pods = {
       {0, pod("n0", "Running", false)},   {1, pod("n1", "Failed", false)},  // bound but failed: exists, not healthy
       {2, pod("n2", "Running", true)},     // being deleted: does not exist for the world
