@@ -38,12 +38,17 @@ log1=$(pod_log "$job_name-worker-1")
 # 10 MB slot took 0.1-0.2 s against steps of ~0.1 s, so at a random moment pod 0 may hold rank 1's step N-2 while the
 # survivors hold N and N-1, and the restore then reads the disk (docs/checkpointing.md says so). To assert the restore
 # path rather than that race, the moment is pinned: rank 1's trainer is stopped (SIGSTOP; rank 0 then blocks in the
-# next collective), pod 0's copy catches up with rank 1's newest slot (read from the headers: state word at byte 12,
-# step at 24), and then the node goes down (SIGKILL to everything on it, as before).
-caught_up() {
-  python3 - "/dev/shm" "railyard-${ns}_$job_name-worker-1-" "railyard-${ns}_$job_name-worker-0-" <<'PY'
+# next collective), pod 0's copy catches up with rank 1's newest step (read from the slots' headers: state word at
+# byte 12, step at 24), and then the node goes down (SIGKILL to everything on it, as before). Under load the copy can
+# stay behind for several steps: the ranks then put their newest steps into the third slot, never copied
+# (docs/checkpointing.md "The survivors keep a step the peer holds"), the two copied slots keep older steps, and the
+# disk checkpoint may be newer than they are; a loss then restores from the disk, rightly, and no stop lets the copy
+# catch up with the third slot. So a moment counts only when pod 0 holds rank 1's newest step in any slot and one at
+# least as new as the disk; else rank 1 runs on a little (SIGCONT, 0.4 s) and is stopped again, up to 15 times.
+caught_up() { # [DISK-STEP]: pod 0 holds rank 1's newest step, and one at least DISK-STEP
+  python3 - "/dev/shm" "railyard-${ns}_$job_name-worker-1-" "railyard-${ns}_$job_name-worker-0-" "${1:--1}" <<'PY'
 import os, struct, sys
-d, own, holder = sys.argv[1:]
+d, own, holder, disk = sys.argv[1:]
 def steps(match):
     out = []
     for f in os.listdir(d):
@@ -57,19 +62,32 @@ def steps(match):
             except OSError:
                 pass
     return out
-mine = steps(lambda f: f.startswith(own) and "-peer-" not in f and f.endswith(("-r1-a", "-r1-b")))
+# Rank 1's newest step in any of its slots, the third (never copied) included: pod 0 must hold that one.
+mine = steps(lambda f: f.startswith(own) and "-peer-" not in f and f.endswith(("-r1-a", "-r1-b", "-r1-c")))
 held = steps(lambda f: f.startswith(holder) and f.endswith(("-peer-r1-a", "-peer-r1-b")))
-sys.exit(0 if mine and held and max(held) >= max(mine) else 1)
+sys.exit(0 if mine and held and max(held) >= max(mine) and max(held) >= int(disk) else 1)
 PY
 }
 t1=$(trainer_pid "$job_name-worker-1")
 [ -n "$t1" ] || fail "no trainer process under pod 1's agent"
-kill -STOP "$t1"
-wait_for 20 "pod 0's copy of rank 1 to catch up with rank 1's newest slot" caught_up
+pinned=0 stops=0
+for _ in $(seq 15); do
+  kill -STOP "$t1"
+  stops=$((stops + 1))
+  # The copy of the copied slots catches up within a copy time; the third slot's step, if newer, never does.
+  for _ in $(seq 20); do caught_up && break; sleep 0.1; done
+  if caught_up "$(latest_step)"; then
+    pinned=1
+    break
+  fi
+  kill -CONT "$t1"
+  sleep 0.4
+done
+[ "$pinned" = 1 ] || fail "pod 0 never held rank 1's newest step (and one as new as the disk's $(latest_step)) in 15 stops"
 t_down=$(date +%s.%N)
 agent_ctl node-down "$node1" >/dev/null
 nodes_down+=("$node1")
-echo "node $node1 (pod $job_name-worker-1) down at step $(steps_of "$job_name-worker-0" | tail -1 | cut -d' ' -f1), checkpoint $(latest_step)"
+echo "node $node1 (pod $job_name-worker-1) down at step $(steps_of "$job_name-worker-0" | tail -1 | cut -d' ' -f1), checkpoint $(latest_step), pinned after $stops stop(s)"
 wait_for 40 "the restart" bash -c "[ \"\$(kubectl get tj $job_name -n $ns -o jsonpath='{.status.restarts}')\" -ge 1 ]"
 new_pod() {
   u=$(pod_uid "$job_name-worker-1") && [ -n "$u" ] && [ "$u" != "$uid1" ] && n=$(pod_node "$job_name-worker-1") &&
